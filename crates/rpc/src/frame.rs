@@ -1,0 +1,142 @@
+//! Bounded frames: a fixed 24-byte header (see [`crate::wire::FrameHeader`]) then a body.
+use std::io::{self, Read, Write};
+
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::wire::{FrameHeader, FrameKind, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
+
+/// Why a frame was refused. The connection that sent it is closed; the component keeps serving others.
+#[derive(Debug)]
+pub enum FrameError {
+    Io(io::Error),
+    BadMagic(u32),
+    BadVersion(u16),
+    BadKind(u8),
+    TooLarge(u32),
+    Undecodable(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Io(e) => write!(f, "i/o: {e}"),
+            FrameError::BadMagic(m) => write!(f, "bad magic {m:#010x} (not a splitos peer)"),
+            FrameError::BadVersion(v) => write!(f, "wire version {v}, this build speaks {WIRE_VERSION}"),
+            FrameError::BadKind(k) => write!(f, "unknown frame kind {k}"),
+            FrameError::TooLarge(n) => write!(f, "frame body of {n} bytes exceeds the {MAX_BODY}-byte bound"),
+            FrameError::Undecodable(e) => write!(f, "body does not decode: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl From<io::Error> for FrameError {
+    fn from(e: io::Error) -> Self {
+        FrameError::Io(e)
+    }
+}
+
+/// A decoded frame.
+#[derive(Debug)]
+pub struct Frame {
+    pub kind: FrameKind,
+    pub req_id: u64,
+    pub msg: Msg,
+}
+
+pub fn encode(kind: FrameKind, req_id: u64, msg: &Msg) -> Vec<u8> {
+    let mut buf = vec![0u8; FrameHeader::SIZE];
+    let body = postcard::to_extend(msg, buf).expect("encoding into a Vec cannot fail");
+    let mut buf = body;
+    let len = (buf.len() - FrameHeader::SIZE) as u32;
+    let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: kind as u8, flags: 0, req_id, len, reserved: 0 };
+    buf[..FrameHeader::SIZE].copy_from_slice(hdr.as_bytes());
+    buf
+}
+
+pub fn write_frame<W: Write>(w: &mut W, kind: FrameKind, req_id: u64, msg: &Msg) -> io::Result<()> {
+    let buf = encode(kind, req_id, msg);
+    if buf.len() - FrameHeader::SIZE > MAX_BODY as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("message body of {} bytes exceeds the frame bound", buf.len())));
+    }
+    w.write_all(&buf)
+}
+
+/// Reads one frame. `Ok(None)` is a clean end of stream between frames.
+pub fn read_frame<R: Read>(r: &mut R) -> Result<Option<Frame>, FrameError> {
+    let mut hdr_bytes = [0u8; FrameHeader::SIZE];
+    let mut got = 0;
+    while got < hdr_bytes.len() {
+        match r.read(&mut hdr_bytes[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(FrameError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame header"))),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let hdr = FrameHeader::read_from_bytes(&hdr_bytes).expect("header size is fixed");
+    if hdr.magic != MAGIC {
+        return Err(FrameError::BadMagic(hdr.magic));
+    }
+    if hdr.version != WIRE_VERSION {
+        return Err(FrameError::BadVersion(hdr.version));
+    }
+    let kind = FrameKind::from_u8(hdr.kind).ok_or(FrameError::BadKind(hdr.kind))?;
+    if hdr.len > MAX_BODY {
+        return Err(FrameError::TooLarge(hdr.len));
+    }
+    let mut body = vec![0u8; hdr.len as usize];
+    r.read_exact(&mut body).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            FrameError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body"))
+        } else {
+            FrameError::Io(e)
+        }
+    })?;
+    let msg: Msg = postcard::from_bytes(&body).map_err(|e| FrameError::Undecodable(e.to_string()))?;
+    Ok(Some(Frame { kind, req_id: hdr.req_id, msg }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trip() {
+        let m = Msg::P2M_FETCH { who: crate::wire::Who { vnode: "v".into(), pid: 7 }, vpn: 42 };
+        let buf = encode(FrameKind::Request, 9, &m);
+        let f = read_frame(&mut &buf[..]).unwrap().unwrap();
+        assert_eq!(f.req_id, 9);
+        assert!(matches!(f.msg, Msg::P2M_FETCH { vpn: 42, .. }));
+    }
+
+    #[test]
+    fn oversized_and_garbage_are_refused() {
+        let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY + 1, reserved: 0 };
+        assert!(matches!(read_frame(&mut hdr.as_bytes()), Err(FrameError::TooLarge(_))));
+        let junk = [0xffu8; 64];
+        assert!(matches!(read_frame(&mut &junk[..]), Err(FrameError::BadMagic(_))));
+        let m = Msg::C2X_PING;
+        let buf = encode(FrameKind::Request, 1, &m);
+        assert!(matches!(read_frame(&mut &buf[..buf.len() - 1]), Err(_)) || buf.len() == FrameHeader::SIZE);
+        assert!(matches!(read_frame(&mut &buf[..10]), Err(FrameError::Io(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = read_frame(&mut &bytes[..]);
+        }
+
+        #[test]
+        fn arbitrary_bodies_with_valid_header_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: body.len() as u32, reserved: 0 };
+            let mut buf = hdr.as_bytes().to_vec();
+            buf.extend_from_slice(&body);
+            let _ = read_frame(&mut &buf[..]);
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The byte-stream transport under the RPC layer. TCP is the default; the trait is the seam
+//! where a researcher plugs in another (an RDMA verbs backend, a UCX one).
+//!
+//! [`TcpTransport`] can inject a delay per message and drop connections, because `tc netem`
+//! does not exist on our machines and tests need a slow or lossy network.
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub trait Conn: Read + Write + Send {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>>;
+    fn close(&self);
+    fn peer(&self) -> String;
+}
+
+pub trait Listener: Send {
+    fn accept(&self) -> io::Result<Box<dyn Conn>>;
+    fn local_addr(&self) -> String;
+}
+
+pub trait Transport: Send + Sync + 'static {
+    fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Conn>>;
+    fn listen(&self, addr: &str) -> io::Result<Box<dyn Listener>>;
+}
+
+/// TCP with Nagle off. `delay_us` is added before every write (fault injection; 0 = none).
+#[derive(Default, Clone)]
+pub struct TcpTransport {
+    pub delay_us: Arc<AtomicU64>,
+}
+
+impl TcpTransport {
+    /// Reads `SPLITOS_NET_DELAY_US` so that a test can slow every component's network.
+    pub fn from_env() -> Self {
+        let t = TcpTransport::default();
+        if let Some(us) = std::env::var("SPLITOS_NET_DELAY_US").ok().and_then(|v| v.parse().ok()) {
+            t.delay_us.store(us, Ordering::Relaxed);
+        }
+        t
+    }
+}
+
+struct TcpConn {
+    s: TcpStream,
+    delay_us: Arc<AtomicU64>,
+}
+
+impl Read for TcpConn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.s.read(buf)
+    }
+}
+
+impl Write for TcpConn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let d = self.delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d));
+        }
+        self.s.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.s.flush()
+    }
+}
+
+impl Conn for TcpConn {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
+        Ok(Box::new(TcpConn { s: self.s.try_clone()?, delay_us: self.delay_us.clone() }))
+    }
+    fn close(&self) {
+        let _ = self.s.shutdown(Shutdown::Both);
+    }
+    fn peer(&self) -> String {
+        self.s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into())
+    }
+}
+
+struct TcpListen {
+    l: TcpListener,
+    delay_us: Arc<AtomicU64>,
+}
+
+impl Listener for TcpListen {
+    fn accept(&self) -> io::Result<Box<dyn Conn>> {
+        let (s, _) = self.l.accept()?;
+        s.set_nodelay(true)?;
+        Ok(Box::new(TcpConn { s, delay_us: self.delay_us.clone() }))
+    }
+    fn local_addr(&self) -> String {
+        self.l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+    }
+}
+
+impl Transport for TcpTransport {
+    fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Conn>> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
+        for sa in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&sa, timeout) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    return Ok(Box::new(TcpConn { s, delay_us: self.delay_us.clone() }));
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+    fn listen(&self, addr: &str) -> io::Result<Box<dyn Listener>> {
+        Ok(Box::new(TcpListen { l: TcpListener::bind(addr)?, delay_us: self.delay_us.clone() }))
+    }
+}

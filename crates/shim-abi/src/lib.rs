@@ -1,0 +1,191 @@
+//! The local protocol between the shim (loaded into a program) and its pComponent, over a Unix
+//! stream socket. Fixed-size, plain-old-data records so that the shim can speak it without
+//! allocating: it runs inside malloc.
+//!
+//! A connection starts with a [`Hello`] that carries the program's userfaultfd and the memfd
+//! behind its heap region (SCM_RIGHTS). After that, each [`ShimReq`] gets one [`ShimResp`].
+#![no_std]
+
+pub const SHIM_ABI_VERSION: u32 = 1;
+
+/// Where the heap region sits in every program (the same address in a parent and a forked child).
+pub const REGION_BASE: u64 = 0x2000_0000_0000;
+pub const DEFAULT_REGION_SIZE: u64 = 256 << 30;
+
+/// Environment variables the shim reads.
+pub const ENV_SOCK: &str = "SPLITOS_PCOMP_SOCK";
+pub const ENV_VNODE: &str = "SPLITOS_VNODE";
+pub const ENV_RUN_ID: &str = "SPLITOS_RUN_ID";
+pub const ENV_REGION_SIZE: &str = "SPLITOS_REGION_SIZE";
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Hello {
+    pub abi: u32,
+    pub _pad: u32,
+    pub region_base: u64,
+    pub region_size: u64,
+    /// Non-zero in a forked child: the process id its parent's FORK_PREPARE returned.
+    pub fork_token: u64,
+    pub run_id: u64,
+    pub os_pid: u64,
+    pub vnode: [u8; 64],
+}
+
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Op {
+    Mmap = 1,
+    Munmap = 2,
+    Mprotect = 3,
+    Dontneed = 4,
+    Mremap = 5,
+    ForkPrepare = 6,
+    ForkAbort = 7,
+}
+
+impl Op {
+    pub fn from_u32(v: u32) -> Option<Op> {
+        Some(match v {
+            1 => Op::Mmap,
+            2 => Op::Munmap,
+            3 => Op::Mprotect,
+            4 => Op::Dontneed,
+            5 => Op::Mremap,
+            6 => Op::ForkPrepare,
+            7 => Op::ForkAbort,
+            _ => return None,
+        })
+    }
+}
+
+pub const MMAP_FIXED: u64 = 1;
+pub const MREMAP_MAYMOVE: u64 = 1;
+pub const MREMAP_FIXED: u64 = 2;
+
+/// One request. Argument meaning by op:
+/// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED?) -> val=addr; Munmap(a=addr, b=len);
+/// Mprotect(a, b, c=prot); Dontneed(a, b); Mremap(a=old, b=old_len, c=new_len, d=flags,
+/// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ShimReq {
+    pub op: u32,
+    pub _pad: u32,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub e: u64,
+}
+
+/// `ret` is 0 or a negative errno. The reply to a Hello of a forked child is followed by
+/// `val2` [`VmaRec`]s: the protections the child must re-apply to its new region.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ShimResp {
+    pub ret: i64,
+    pub val: u64,
+    pub val2: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct VmaRec {
+    pub start: u64,
+    pub end: u64,
+    pub prot: u64,
+}
+
+/// Views a plain-old-data record as bytes.
+///
+/// # Safety
+/// `T` must be `repr(C)` with no padding that carries meaning (all records above qualify).
+pub unsafe fn as_bytes<T>(v: &T) -> &[u8] {
+    core::slice::from_raw_parts(v as *const T as *const u8, core::mem::size_of::<T>())
+}
+
+/// # Safety
+/// As [`as_bytes`]; every bit pattern must be a valid `T` (true for the records above).
+pub unsafe fn as_bytes_mut<T>(v: &mut T) -> &mut [u8] {
+    core::slice::from_raw_parts_mut(v as *mut T as *mut u8, core::mem::size_of::<T>())
+}
+
+/// The userfaultfd uapi subset both sides use (include/uapi/linux/userfaultfd.h).
+pub mod uffd {
+    pub const UFFD_API: u64 = 0xAA;
+    pub const UFFDIO_API: u64 = 0xc018_aa3f;
+    pub const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+    pub const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+    pub const UFFDIO_WAKE: u64 = 0x8010_aa02;
+    pub const UFFDIO_COPY: u64 = 0xc028_aa03;
+    pub const UFFDIO_WRITEPROTECT: u64 = 0xc018_aa06;
+
+    pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+    pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
+
+    pub const REGISTER_MODE_MISSING: u64 = 1;
+    pub const REGISTER_MODE_WP: u64 = 2;
+
+    pub const COPY_MODE_DONTWAKE: u64 = 1;
+    pub const COPY_MODE_WP: u64 = 2;
+    pub const WP_MODE_WP: u64 = 1;
+    pub const WP_MODE_DONTWAKE: u64 = 2;
+
+    pub const EVENT_PAGEFAULT: u8 = 0x12;
+    pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+    pub const PAGEFAULT_FLAG_WP: u64 = 2;
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct Api {
+        pub api: u64,
+        pub features: u64,
+        pub ioctls: u64,
+    }
+
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    pub struct Range {
+        pub start: u64,
+        pub len: u64,
+    }
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct Register {
+        pub range: Range,
+        pub mode: u64,
+        pub ioctls: u64,
+    }
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct Copy {
+        pub dst: u64,
+        pub src: u64,
+        pub len: u64,
+        pub mode: u64,
+        pub copy: i64,
+    }
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct WriteProtect {
+        pub range: Range,
+        pub mode: u64,
+    }
+
+    /// `struct uffd_msg` for a page fault: event at byte 0, flags at 8, address at 16.
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    pub struct Msg {
+        pub event: u8,
+        pub _r1: u8,
+        pub _r2: u16,
+        pub _r3: u32,
+        pub flags: u64,
+        pub address: u64,
+        pub arg: u64,
+    }
+}
