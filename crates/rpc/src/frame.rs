@@ -46,16 +46,14 @@ pub struct Frame {
 }
 
 pub fn encode(kind: FrameKind, req_id: u64, msg: &Msg) -> Vec<u8> {
-    let mut buf = vec![0u8; FrameHeader::SIZE];
-    let body = postcard::to_extend(msg, buf).expect("encoding into a Vec cannot fail");
-    let mut buf = body;
+    let mut buf = postcard::to_extend(msg, vec![0u8; FrameHeader::SIZE]).expect("encoding into a Vec cannot fail");
     let len = (buf.len() - FrameHeader::SIZE) as u32;
     let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: kind as u8, flags: 0, req_id, len, reserved: 0 };
     buf[..FrameHeader::SIZE].copy_from_slice(hdr.as_bytes());
     buf
 }
 
-pub fn write_frame<W: Write>(w: &mut W, kind: FrameKind, req_id: u64, msg: &Msg) -> io::Result<()> {
+pub fn write_frame<W: Write + ?Sized>(w: &mut W, kind: FrameKind, req_id: u64, msg: &Msg) -> io::Result<()> {
     let buf = encode(kind, req_id, msg);
     if buf.len() - FrameHeader::SIZE > MAX_BODY as usize {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("message body of {} bytes exceeds the frame bound", buf.len())));
@@ -64,7 +62,7 @@ pub fn write_frame<W: Write>(w: &mut W, kind: FrameKind, req_id: u64, msg: &Msg)
 }
 
 /// Reads one frame. `Ok(None)` is a clean end of stream between frames.
-pub fn read_frame<R: Read>(r: &mut R) -> Result<Option<Frame>, FrameError> {
+pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameError> {
     let mut hdr_bytes = [0u8; FrameHeader::SIZE];
     let mut got = 0;
     while got < hdr_bytes.len() {

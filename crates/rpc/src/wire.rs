@@ -163,9 +163,9 @@ pub enum Msg {
     G2X_COMPONENT { comp: ComponentRef },
 
     // ---- pComponent -> home mComponent: virtual memory calls of a process
-    P2M_PROC_CREATE { who: Who },
+    P2M_PROC_CREATE { who: Who, region_base: u64, region_size: u64 },
     P2M_MMAP { who: Who, hint: u64, len: u64, prot: u32, fixed: bool },
-    M2P_MAPPED { addr: u64, owners: Vec<VregionOwner> },
+    M2P_MAPPED { addr: u64, prot: u32, owners: Vec<VregionOwner> },
     P2M_MUNMAP { who: Who, addr: u64, len: u64 },
     P2M_MPROTECT { who: Who, addr: u64, len: u64, prot: u32 },
     P2M_MREMAP { who: Who, old: u64, old_len: u64, new_len: u64, may_move: bool, fixed_to: Option<u64> },
@@ -180,8 +180,9 @@ pub enum Msg {
     P2M_FETCH { who: Who, vpn: u64 },
     M2P_PAGE { data: ByteBuf },
     P2M_FLUSH { who: Who, vpn: u64, data: ByteBuf },
-    /// A dirty victim and a miss to the same owner in one round trip (LegoOS piggyback).
-    P2M_FLUSH_FETCH { who: Who, flush_vpn: u64, data: ByteBuf, fetch_vpn: u64 },
+    /// A dirty victim and a miss to the same owner in one round trip (LegoOS piggyback). The
+    /// victim may belong to another process of the same pComponent.
+    P2M_FLUSH_FETCH { who: Who, fetch_vpn: u64, flush_who: Who, flush_vpn: u64, data: ByteBuf },
 
     // ---- home mComponent -> vRegion owner
     M2M_VMA_ADD { who: Who, start: u64, end: u64, prot: u32 },

@@ -1,1 +1,258 @@
-fn main() {}
+//! splitos: one binary for every monitor, the global managers and the user.
+mod config;
+mod control;
+mod gm;
+mod mmon;
+mod node;
+mod pmon;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use config::parse_size;
+
+#[derive(Parser)]
+#[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a program with its heap on mComponents.
+    ///
+    /// Finds the cluster in this order: --gm, $SPLITOS_GM, the cluster started by
+    /// `splitos cluster up` (its state file), else starts an embedded cluster (global managers,
+    /// one pComponent, two mComponents, each its own process on loopback) for the duration of
+    /// the program. The program's stdout, stderr and exit status are its own.
+    #[command(trailing_var_arg = true)]
+    Run {
+        /// ExCache capacity of the embedded cluster's pComponent (e.g. 64M).
+        #[arg(long, value_parser = size)]
+        excache: Option<u64>,
+        /// ExCache associativity: lines per set (0 = fully associative). Default 8.
+        #[arg(long)]
+        ways: Option<usize>,
+        /// Eviction policy: fifo, or clock (LRU approximated by a reference bit).
+        #[arg(long)]
+        policy: Option<String>,
+        /// Send dirty flushes and miss fills as separate RPCs even to the same mComponent.
+        #[arg(long)]
+        no_piggyback: bool,
+        /// Threads of the pComponent serving misses. Default 2.
+        #[arg(long)]
+        fault_workers: Option<usize>,
+        /// Number of mComponents of the embedded cluster.
+        #[arg(long, default_value_t = 2)]
+        mcomponents: usize,
+        /// Memory each embedded mComponent offers (e.g. 8G).
+        #[arg(long, value_parser = size)]
+        mem_capacity: Option<u64>,
+        /// Worker threads per embedded mComponent. Default 2.
+        #[arg(long)]
+        mem_workers: Option<usize>,
+        /// vRegion size of the embedded cluster (power of two, e.g. 1G or 16M).
+        #[arg(long, value_parser = size)]
+        vregion_size: Option<u64>,
+        /// Always start an embedded cluster, even if one is running.
+        #[arg(long)]
+        embedded: bool,
+        /// Address of the global managers of a running cluster.
+        #[arg(long)]
+        gm: Option<String>,
+        /// The vNode to run the process in.
+        #[arg(long, default_value = "default")]
+        vnode: String,
+        /// Write the run's counters as JSON to this file.
+        #[arg(long)]
+        stats_json: Option<PathBuf>,
+        /// Print the run's counters to stderr when it ends.
+        #[arg(long)]
+        stats: bool,
+        /// Also run the program natively first and report both times.
+        #[arg(long)]
+        compare_native: bool,
+        /// Run a statically linked program natively (with a warning) instead of refusing it.
+        #[arg(long)]
+        allow_native: bool,
+        /// The program and its arguments.
+        #[arg(required = true)]
+        program: Vec<String>,
+    },
+    /// Manage a long-lived cluster on this host.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
+    /// Run the global managers (GPM, GMM).
+    Gm {
+        #[arg(long, default_value = "127.0.0.1:7100")]
+        listen: String,
+        #[arg(long, value_parser = size, default_value = "1G")]
+        vregion_size: u64,
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        /// Serve Prometheus metrics over HTTP here.
+        #[arg(long)]
+        metrics_addr: Option<String>,
+    },
+    /// Run a memory monitor (mComponent).
+    Mem {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value = "127.0.0.1:7100")]
+        gm: String,
+        #[arg(long, value_parser = size, default_value = "8G")]
+        capacity: u64,
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        #[arg(long)]
+        metrics_addr: Option<String>,
+    },
+    /// Run a process monitor (pComponent).
+    Proc {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value = "127.0.0.1:7100")]
+        gm: String,
+        #[arg(long, value_parser = size, default_value = "64M")]
+        excache: u64,
+        #[arg(long, default_value_t = 8)]
+        ways: usize,
+        #[arg(long, default_value = "fifo")]
+        policy: String,
+        #[arg(long)]
+        no_piggyback: bool,
+        #[arg(long, default_value_t = 2)]
+        fault_workers: usize,
+        /// Unix socket where programs' shims connect.
+        #[arg(long)]
+        shim_sock: PathBuf,
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        #[arg(long)]
+        metrics_addr: Option<String>,
+    },
+    /// Tools for testing and debugging components.
+    Debug {
+        #[command(subcommand)]
+        cmd: DebugCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Start a cluster that outlives this command (state in $SPLITOS_STATE_DIR or /run/splitos).
+    Up {
+        /// Cluster configuration (TOML); default: 1 pComponent, 2 mComponents on loopback.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Show every component, its liveness and its memory.
+    Status {
+        #[arg(long)]
+        gm: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the cluster started by `cluster up`.
+    Down,
+    /// Print every component's counters in Prometheus text format.
+    Metrics {
+        #[arg(long)]
+        gm: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum DebugCmd {
+    /// Send one P2M_FETCH to an mComponent, as a pComponent would, and print the answer.
+    Fetch {
+        #[arg(long)]
+        mcomp: String,
+        #[arg(long)]
+        vnode: String,
+        #[arg(long)]
+        pid: u64,
+        #[arg(long, value_parser = clap_num_u64)]
+        vaddr: u64,
+    },
+}
+
+fn clap_num_u64(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).map_err(|e| e.to_string()),
+        None => s.parse().map_err(|e: std::num::ParseIntError| e.to_string()),
+    }
+}
+
+/// Ends the process shortly after the current reply is on its way.
+pub fn exit_soon() {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::process::exit(0);
+    });
+}
+
+pub fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    node::init_logging();
+    let r = match cli.cmd {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
+            control::run::run(control::run::RunArgs {
+                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
+            })
+            .map(|code| std::process::exit(code))
+        }
+        Cmd::Cluster { cmd } => match cmd {
+            ClusterCmd::Up { config } => control::up(config),
+            ClusterCmd::Status { gm, json } => control::status(gm, json),
+            ClusterCmd::Down => control::down(),
+            ClusterCmd::Metrics { gm } => control::metrics(gm),
+        },
+        Cmd::Gm { listen, vregion_size, ready_file, metrics_addr } => {
+            node::init_metrics();
+            gm::run(gm::GmArgs { listen, vregion_size, ready_file, metrics_addr })
+        }
+        Cmd::Mem { listen, gm, capacity, workers, ready_file, metrics_addr } => {
+            node::init_metrics();
+            mmon::run(mmon::MemArgs { listen, gm, capacity, workers, ready_file, metrics_addr })
+        }
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, ready_file, metrics_addr } => {
+            node::init_metrics();
+            let cfg = pmon::PcompConfig { excache_bytes: excache, ways, policy, piggyback: !no_piggyback, fault_workers };
+            pmon::run(pmon::ProcArgs { listen, gm, shim_sock, cfg, ready_file, metrics_addr })
+        }
+        Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => debug_fetch(&mcomp, vnode, pid, vaddr),
+    };
+    if let Err(e) = r {
+        eprintln!("splitos: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
+    let c = control::cluster::client(mcomp)?;
+    match c.call(&splitos_rpc::Msg::P2M_FETCH { who: splitos_rpc::Who { vnode, pid }, vpn: vaddr / 4096 }) {
+        Ok(splitos_rpc::Msg::M2P_PAGE { data }) => {
+            println!("page {:#x}: {} bytes, first bytes {:02x?}", vaddr & !4095, data.len(), &data[..16.min(data.len())]);
+            Ok(())
+        }
+        Ok(other) => anyhow::bail!("unexpected reply {}", other.name()),
+        Err(e) => anyhow::bail!("refused: {e}"),
+    }
+}

@@ -1,0 +1,208 @@
+//! Starting, finding, inspecting and stopping a cluster of component processes on this host.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use splitos_rpc::transport::TcpTransport;
+use splitos_rpc::{Client, ComponentInfo, Msg, Role};
+
+use crate::config::ClusterConfig;
+
+/// What `cluster up` leaves behind so that `run`, `status` and `down` find the cluster.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ClusterState {
+    pub gm: String,
+    pub dir: PathBuf,
+    pub pids: Vec<u32>,
+}
+
+/// The directory of the long-lived cluster's state: $SPLITOS_STATE_DIR, else /run/splitos
+/// for root, else a directory in the temp dir named after the user.
+pub fn state_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("SPLITOS_STATE_DIR") {
+        return PathBuf::from(d);
+    }
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 {
+        PathBuf::from("/run/splitos")
+    } else {
+        std::env::temp_dir().join(format!("splitos-{uid}"))
+    }
+}
+
+pub fn state_file() -> PathBuf {
+    state_dir().join("cluster.json")
+}
+
+pub fn read_state() -> Option<ClusterState> {
+    serde_json::from_str(&std::fs::read_to_string(state_file()).ok()?).ok()
+}
+
+pub fn client(addr: &str) -> anyhow::Result<Client> {
+    Client::connect(&TcpTransport::from_env(), addr, Duration::from_secs(5)).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// A running set of component processes started by us.
+pub struct Cluster {
+    pub state: ClusterState,
+    children: Vec<Child>,
+}
+
+fn self_exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot locate the splitos binary: {e}"))
+}
+
+fn spawn(dir: &Path, name: &str, args: &[String], detach: bool) -> anyhow::Result<(Child, PathBuf)> {
+    let ready = dir.join(format!("{name}.ready"));
+    let _ = std::fs::remove_file(&ready);
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    let mut cmd = Command::new(self_exe()?);
+    cmd.args(args).arg("--ready-file").arg(&ready).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.env_remove("LD_PRELOAD");
+    if detach {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
+    Ok((child, ready))
+}
+
+fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow::Result<String> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Ok(addr) = std::fs::read_to_string(ready) {
+            return Ok(addr);
+        }
+        if let Some(st) = child.try_wait()? {
+            let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            anyhow::bail!("{name} exited during start-up ({st}):\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    anyhow::bail!("{name} did not become ready within 20 s (log: {})", dir.join(format!("{name}.log")).display())
+}
+
+impl Cluster {
+    /// Starts every component of `cfg`, each its own process, and waits until all registered.
+    pub fn start(cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<Cluster> {
+        std::fs::create_dir_all(dir)?;
+        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new() }, children: Vec::new() };
+        let r = c.start_all(cfg, dir, detach);
+        if let Err(e) = r {
+            c.stop();
+            return Err(e);
+        }
+        Ok(c)
+    }
+
+    fn start_all(&mut self, cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<()> {
+        let args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string()];
+        let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;
+        let gm = wait_ready(&mut ch, &ready, "gm", dir);
+        self.state.pids.push(ch.id());
+        self.children.push(ch);
+        self.state.gm = gm?;
+        let mut pending = Vec::new();
+        for (i, m) in cfg.mcomponent.iter().enumerate() {
+            let args = vec![
+                "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
+                "--capacity".into(), m.capacity.0.to_string(), "--workers".into(), m.workers.to_string(),
+            ];
+            pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach)?));
+        }
+        for (i, p) in cfg.pcomponent.iter().enumerate() {
+            let mut args = vec![
+                "proc".into(), "--listen".into(), p.listen.clone(), "--gm".into(), self.state.gm.clone(),
+                "--excache".into(), p.excache.0.to_string(), "--ways".into(), p.ways.to_string(),
+                "--policy".into(), p.policy.clone(), "--fault-workers".into(), p.fault_workers.to_string(),
+                "--shim-sock".into(), dir.join(format!("proc{i}.sock")).to_string_lossy().to_string(),
+            ];
+            if !p.piggyback {
+                args.push("--no-piggyback".into());
+            }
+            pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach)?));
+        }
+        for (name, (mut ch, ready)) in pending {
+            let r = wait_ready(&mut ch, &ready, &name, dir);
+            self.state.pids.push(ch.id());
+            self.children.push(ch);
+            r?;
+        }
+        let want = cfg.mcomponent.len() + cfg.pcomponent.len();
+        let t0 = Instant::now();
+        loop {
+            let alive = status(&self.state.gm).map(|s| s.iter().filter(|c| c.alive && c.role != Role::Gm).count()).unwrap_or(0);
+            if alive >= want {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                anyhow::bail!("only {alive} of {want} components registered with the global managers");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Leaves the processes running (for `cluster up`).
+    pub fn detach(mut self) -> ClusterState {
+        self.children.clear();
+        self.state.clone()
+    }
+
+    pub fn stop(&mut self) {
+        stop_pids(&self.state.pids);
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.children.is_empty() {
+            self.stop();
+        }
+    }
+}
+
+/// Ends component processes by PID: SIGTERM, then SIGKILL for any still there after 2 s.
+pub fn stop_pids(pids: &[u32]) {
+    for p in pids {
+        unsafe { libc::kill(*p as i32, libc::SIGTERM) };
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        if pids.iter().all(|p| !pid_alive(*p)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for p in pids {
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie child of ours still answers kill(0); look at its state instead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
+    match client(gm)?.call(&Msg::C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))? {
+        Msg::G2C_STATUS { components, .. } => Ok(components),
+        other => anyhow::bail!("unexpected reply {}", other.name()),
+    }
+}
+
+/// Asks one component for its own statistics (exact, unlike heartbeat load).
+pub fn component_stats(addr: &str) -> anyhow::Result<serde_json::Value> {
+    match client(addr)?.call(&Msg::C2X_STATS).map_err(|e| anyhow::anyhow!("component at {addr}: {e}"))? {
+        Msg::X2C_STATS { json } => Ok(serde_json::from_str(&json)?),
+        other => anyhow::bail!("unexpected reply {}", other.name()),
+    }
+}

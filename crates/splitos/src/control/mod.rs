@@ -1,0 +1,104 @@
+//! The control plane's command-line side: running programs and managing a cluster.
+pub mod cluster;
+pub mod run;
+
+use comfy_table::Table;
+use splitos_rpc::{Msg, Role};
+
+use crate::config::ClusterConfig;
+use cluster::{Cluster, ClusterState};
+
+fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
+    gm.or_else(|| std::env::var("SPLITOS_GM").ok())
+        .or_else(|| cluster::read_state().map(|s| s.gm))
+        .ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))
+}
+
+pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    if let Some(s) = cluster::read_state() {
+        if cluster::status(&s.gm).is_ok() {
+            anyhow::bail!("a cluster is already running (global managers at {}); `splitos cluster down` first", s.gm);
+        }
+    }
+    let cfg = match &config {
+        Some(p) => ClusterConfig::load(p).map_err(|e| anyhow::anyhow!(e))?,
+        None => ClusterConfig::embedded(),
+    };
+    let dir = cluster::state_dir();
+    let c = Cluster::start(&cfg, &dir, true)?;
+    let state: ClusterState = c.detach();
+    std::fs::write(cluster::state_file(), serde_json::to_string_pretty(&state)?)?;
+    println!("cluster up: global managers at {}, {} pComponent(s), {} mComponent(s); logs in {}", state.gm, cfg.pcomponent.len(), cfg.mcomponent.len(), dir.display());
+    Ok(())
+}
+
+pub fn down() -> anyhow::Result<()> {
+    let Some(s) = cluster::read_state() else {
+        println!("no cluster is running");
+        return Ok(());
+    };
+    cluster::stop_pids(&s.pids);
+    let _ = std::fs::remove_file(cluster::state_file());
+    println!("cluster down: stopped {} component process(es)", s.pids.len());
+    Ok(())
+}
+
+fn human(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1}K", b as f64 / 1024.0),
+        b => format!("{b}"),
+    }
+}
+
+pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
+    let gm = gm_addr(gm)?;
+    let comps = cluster::status(&gm)?;
+    let mut rows = Vec::new();
+    for c in &comps {
+        let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
+        rows.push(serde_json::json!({
+            "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive,
+            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "stats": stats,
+        }));
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "components": rows}))?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.set_header(["id", "role", "address", "alive", "processes", "threads", "memory used", "committed", "capacity"]);
+    for (c, r) in comps.iter().zip(&rows) {
+        let s = &r["stats"];
+        let (used, committed) = match c.role {
+            Role::Mem => (human(s["used"].as_u64().unwrap_or(c.load.used)), human(s["committed"].as_u64().unwrap_or(c.load.committed))),
+            _ => ("-".into(), "-".into()),
+        };
+        t.add_row([
+            c.id.to_string(),
+            c.role.name().to_string(),
+            c.addr.clone(),
+            if c.alive { "yes".into() } else { format!("NO ({} ms)", c.since_heartbeat_ms) },
+            c.load.processes.to_string(),
+            c.load.threads.to_string(),
+            used,
+            committed,
+            human(c.load.capacity),
+        ]);
+    }
+    println!("global managers at {gm}\n{t}");
+    Ok(())
+}
+
+pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
+    let gm = gm_addr(gm)?;
+    let mut addrs = vec![gm.clone()];
+    addrs.extend(cluster::status(&gm)?.into_iter().filter(|c| c.alive).map(|c| c.addr));
+    for a in addrs {
+        if let Ok(Msg::X2C_METRICS { text }) = cluster::client(&a)?.call(&Msg::C2X_METRICS) {
+            println!("# component {a}\n{text}");
+        }
+    }
+    Ok(())
+}

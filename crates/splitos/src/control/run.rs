@@ -1,0 +1,215 @@
+//! `splitos run`: runs an unmodified program with its heap on the cluster's mComponents.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use splitos_rpc::Msg;
+use splitos_shim_abi::{ENV_RUN_ID, ENV_SOCK, ENV_VNODE};
+
+use super::cluster::{self, Cluster};
+use crate::config::{ClusterConfig, Size};
+
+pub struct RunArgs {
+    pub program: Vec<String>,
+    pub gm: Option<String>,
+    pub embedded: bool,
+    pub excache: Option<u64>,
+    pub ways: Option<usize>,
+    pub policy: Option<String>,
+    pub no_piggyback: bool,
+    pub fault_workers: Option<usize>,
+    pub mcomponents: usize,
+    pub mem_capacity: Option<u64>,
+    pub mem_workers: Option<usize>,
+    pub vregion_size: Option<u64>,
+    pub vnode: String,
+    pub stats_json: Option<PathBuf>,
+    pub compare_native: bool,
+    pub allow_native: bool,
+    pub print_stats: bool,
+}
+
+/// Finds `prog` the way execvp would.
+fn resolve(prog: &str) -> Option<PathBuf> {
+    if prog.contains('/') {
+        return Some(PathBuf::from(prog));
+    }
+    std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(prog)).find(|p| p.is_file()))
+}
+
+/// `Some(false)` for a static ELF executable (no interpreter: LD_PRELOAD cannot reach it).
+fn is_dynamic_elf(path: &Path) -> Option<bool> {
+    let data = std::fs::read(path).ok()?;
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
+        return None;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap()) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        if o + 4 > data.len() {
+            return None;
+        }
+        if u32::from_le_bytes(data[o..o + 4].try_into().unwrap()) == 3 {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+pub fn shim_path() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("SPLITOS_SHIM") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let p = exe.with_file_name("libsplitos_shim.so");
+    if p.is_file() {
+        Ok(p)
+    } else {
+        anyhow::bail!("cannot find the shim at {} (build the whole workspace: cargo build --release --workspace)", p.display())
+    }
+}
+
+fn exit_code(st: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let prog = a.program.first().ok_or_else(|| anyhow::anyhow!("no program given"))?;
+    let path = resolve(prog).ok_or_else(|| anyhow::anyhow!("{prog}: command not found"))?;
+    if is_dynamic_elf(&path) == Some(false) {
+        if !a.allow_native {
+            anyhow::bail!(
+                "{} is statically linked: the splitos shim cannot be loaded into it, so its memory cannot be disaggregated. \
+                 Use a dynamically linked build, or pass --allow-native to run it natively.",
+                path.display()
+            );
+        }
+        eprintln!("splitos: warning: {} is statically linked; running it NATIVELY, its memory is not disaggregated", path.display());
+        let st = Command::new(&path).args(&a.program[1..]).status()?;
+        return Ok(exit_code(st));
+    }
+
+    let native_secs = if a.compare_native {
+        let t0 = Instant::now();
+        let out = Command::new(&path).args(&a.program[1..]).output()?;
+        Some((t0.elapsed().as_secs_f64(), out))
+    } else {
+        None
+    };
+
+    // Find the cluster: --gm, $SPLITOS_GM, a cluster started by `cluster up`, else embedded.
+    let mut embedded = None;
+    let gm = match (a.embedded, a.gm.clone().or_else(|| std::env::var("SPLITOS_GM").ok())) {
+        (false, Some(gm)) => gm,
+        _ => match cluster::read_state().filter(|s| !a.embedded && cluster::status(&s.gm).is_ok()) {
+            Some(s) => s.gm,
+            None => {
+                let mut cfg = ClusterConfig::embedded();
+                let p = &mut cfg.pcomponent[0];
+                p.excache = Size(a.excache.unwrap_or(p.excache.0));
+                p.ways = a.ways.unwrap_or(p.ways);
+                p.policy = a.policy.clone().unwrap_or(p.policy.clone());
+                p.piggyback = !a.no_piggyback;
+                p.fault_workers = a.fault_workers.unwrap_or(p.fault_workers);
+                cfg.mcomponent = (0..a.mcomponents.max(1))
+                    .map(|_| {
+                        let mut m = crate::config::default_mcomp();
+                        m.capacity = Size(a.mem_capacity.unwrap_or(m.capacity.0));
+                        m.workers = a.mem_workers.unwrap_or(m.workers);
+                        m
+                    })
+                    .collect();
+                if let Some(v) = a.vregion_size {
+                    cfg.cluster.vregion_size = Size(v);
+                }
+                cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+                let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
+                let c = Cluster::start(&cfg, &dir, false)?;
+                let gm = c.state.gm.clone();
+                embedded = Some((c, dir));
+                gm
+            }
+        },
+    };
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback) {
+        eprintln!("splitos: note: ExCache options apply to the embedded cluster; the running cluster keeps its configured ExCache");
+    }
+
+    let result = run_on(&gm, &path, &a);
+    if let Some((mut c, dir)) = embedded {
+        c.stop();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let (code, secs, stats) = result?;
+    if a.print_stats {
+        let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99"];
+        let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
+        eprintln!("splitos: {}", parts.join(" "));
+    }
+    if let Some((native, out)) = native_secs {
+        let same = out.status.code() == Some(code);
+        eprintln!(
+            "splitos: native {:.3} s, splitos {:.3} s ({:.2}x native); exit status {}",
+            native,
+            secs,
+            secs / native.max(1e-9),
+            if same { "identical".to_string() } else { format!("DIFFERS (native {})", exit_code(out.status)) }
+        );
+    }
+    Ok(code)
+}
+
+fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value)> {
+    let pcomp = match cluster::client(gm)?.call(&Msg::C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))? {
+        Msg::G2C_PLACED { pcomp } => pcomp,
+        other => anyhow::bail!("unexpected reply {}", other.name()),
+    };
+    let sock = pcomp.shim_sock.clone().ok_or_else(|| anyhow::anyhow!("pComponent {} has no program socket", pcomp.id))?;
+    let shim = shim_path()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
+        _ => shim.display().to_string(),
+    };
+    let run_id = (std::process::id() as u64) << 32 | rand_bits();
+    let t0 = Instant::now();
+    let mut child = Command::new(path)
+        .args(&a.program[1..])
+        .env("LD_PRELOAD", preload)
+        .env(ENV_SOCK, &sock)
+        .env(ENV_RUN_ID, run_id.to_string())
+        .env(ENV_VNODE, &a.vnode)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
+    // The terminal's ^C reaches the program; we only wait for it.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let st = child.wait()?;
+    let secs = t0.elapsed().as_secs_f64();
+    let stats = match cluster::client(&pcomp.addr)?.call(&Msg::C2P_RUN_STATS { run_id }) {
+        Ok(Msg::X2C_STATS { json }) => serde_json::from_str(&json)?,
+        _ => serde_json::json!({}),
+    };
+    if let Some(errs) = stats.get("errors").and_then(|e| e.as_array()) {
+        for e in errs {
+            eprintln!("splitos: {}", e.as_str().unwrap_or_default());
+        }
+    }
+    if let Some(f) = &a.stats_json {
+        let mut s = stats.clone();
+        s["wall_s"] = serde_json::json!(secs);
+        s["exit_code"] = serde_json::json!(exit_code(st));
+        s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
+        std::fs::write(f, serde_json::to_string_pretty(&s)?)?;
+    }
+    Ok((exit_code(st), secs, stats))
+}
+
+fn rand_bits() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    u64::from_le_bytes(b) & 0xffff_ffff
+}

@@ -1,0 +1,147 @@
+//! The global managers: GPM places processes on pComponents, GMM picks home mComponents and
+//! vRegion owners. Both decide from approximate load that components report in heartbeats;
+//! neither is ever on the data path.
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use splitos_rpc::{serve, ComponentInfo, ComponentRef, ErrCode, Handler, Msg, Role, ServerConfig};
+
+use crate::node::{self, HEARTBEAT};
+
+/// How many missed heartbeats make a component dead.
+const MISSED_BEATS: u32 = 4;
+
+struct Entry {
+    info: ComponentInfo,
+    last: Instant,
+    /// Bytes GMM promised to vRegions since the last heartbeat, so that a burst of placements
+    /// between two heartbeats spreads instead of piling onto one stale minimum.
+    pending: u64,
+}
+
+pub struct Gm {
+    vregion_size: u64,
+    comps: Mutex<Vec<Entry>>,
+    started: Instant,
+}
+
+impl Gm {
+    fn alive(e: &Entry) -> bool {
+        e.last.elapsed() < HEARTBEAT * MISSED_BEATS
+    }
+
+    fn snapshot(&self) -> Vec<ComponentInfo> {
+        self.comps
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, ..e.info.clone() })
+            .collect()
+    }
+
+    /// GMM: the least loaded alive mComponent with at least `need` bytes free.
+    fn pick_memory(&self, need: u64) -> Msg {
+        let mut comps = self.comps.lock().unwrap();
+        let best = comps
+            .iter_mut()
+            .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
+            .filter(|e| e.info.load.capacity.saturating_sub(e.info.load.committed + e.pending) >= need)
+            .min_by_key(|e| (e.info.load.committed + e.pending) * 1000 / e.info.load.capacity.max(1));
+        match best {
+            Some(e) => {
+                e.pending += need;
+                Msg::G2M_OWNER { mcomp: ComponentRef { id: e.info.id, addr: e.info.addr.clone() } }
+            }
+            None => Msg::err(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")),
+        }
+    }
+}
+
+impl Handler for Gm {
+    fn handle(&self, msg: Msg) -> Msg {
+        match msg {
+            Msg::X2G_REGISTER { role, addr, shim_sock, load } => {
+                let mut comps = self.comps.lock().unwrap();
+                // A component restarting at the same address replaces its old entry.
+                comps.retain(|e| !(e.info.addr == addr && e.info.role == role));
+                let id = comps.iter().map(|e| e.info.id).max().unwrap_or(0) + 1;
+                tracing::info!(id, role = role.name(), %addr, "component registered");
+                let info = ComponentInfo { id, role, addr, shim_sock, load, alive: true, since_heartbeat_ms: 0 };
+                comps.push(Entry { info, last: Instant::now(), pending: 0 });
+                metrics::gauge!("gm_components").set(comps.len() as f64);
+                Msg::G2X_REGISTERED { id, vregion_size: self.vregion_size }
+            }
+            Msg::X2G_HEARTBEAT { id, load } => {
+                let mut comps = self.comps.lock().unwrap();
+                match comps.iter_mut().find(|e| e.info.id == id) {
+                    Some(e) => {
+                        if !Gm::alive(e) {
+                            tracing::info!(id, addr = %e.info.addr, "component is back");
+                        }
+                        e.info.load = load;
+                        e.last = Instant::now();
+                        e.pending = 0;
+                        Msg::OK
+                    }
+                    None => Msg::err(ErrCode::NotFound, format!("component {id} is not registered")),
+                }
+            }
+            Msg::C2G_STATUS => Msg::G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size },
+            Msg::C2G_PLACE_PROCESS => {
+                let comps = self.comps.lock().unwrap();
+                let best = comps.iter().filter(|e| e.info.role == Role::Proc && Gm::alive(e)).min_by_key(|e| e.info.load.threads);
+                match best {
+                    Some(e) => {
+                        metrics::counter!("gpm_placements_total").increment(1);
+                        Msg::G2C_PLACED { pcomp: e.info.clone() }
+                    }
+                    None => Msg::err(ErrCode::Unreachable, "no pComponent is alive"),
+                }
+            }
+            Msg::P2G_PICK_HOME => match self.pick_memory(0) {
+                Msg::G2M_OWNER { mcomp } => Msg::G2P_HOME { mcomp },
+                other => other,
+            },
+            Msg::M2G_PICK_OWNER { bytes } => {
+                metrics::counter!("gmm_vregion_placements_total").increment(1);
+                self.pick_memory(bytes)
+            }
+            Msg::G2X_LOOKUP { id } => match self.snapshot().into_iter().find(|c| c.id == id) {
+                Some(c) => Msg::G2X_COMPONENT { comp: ComponentRef { id: c.id, addr: c.addr } },
+                None => Msg::err(ErrCode::NotFound, format!("no component {id}")),
+            },
+            Msg::C2X_PING => Msg::X2C_PONG { role: Role::Gm, id: 0 },
+            Msg::C2X_METRICS => Msg::X2C_METRICS { text: node::render_metrics() },
+            Msg::C2X_STATS => Msg::X2C_STATS {
+                json: serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len()}).to_string(),
+            },
+            Msg::C2X_SHUTDOWN => {
+                crate::exit_soon();
+                Msg::OK
+            }
+            other => Msg::err(ErrCode::Invalid, format!("the global managers do not handle {}", other.name())),
+        }
+    }
+}
+
+pub struct GmArgs {
+    pub listen: String,
+    pub vregion_size: u64,
+    pub ready_file: Option<std::path::PathBuf>,
+    pub metrics_addr: Option<String>,
+}
+
+pub fn run(args: GmArgs) -> anyhow::Result<()> {
+    let transport = splitos_rpc::transport::TcpTransport::from_env();
+    let listener = splitos_rpc::transport::Transport::listen(&transport, &args.listen)
+        .map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, comps: Mutex::new(Vec::new()), started: Instant::now() });
+    let h = serve(listener, gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
+    if let Some(m) = &args.metrics_addr {
+        let at = node::serve_metrics_http(m)?;
+        tracing::info!(metrics = %at, "serving Prometheus metrics");
+    }
+    tracing::info!(addr = %h.addr, role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, "splitos global managers started");
+    node::announce_ready(args.ready_file.as_deref(), &h.addr);
+    crate::park_forever()
+}

@@ -1,0 +1,121 @@
+//! What every component process shares: logging, the metrics registry, its RPC server, and
+//! registration plus heartbeats with the global managers.
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use splitos_rpc::transport::{TcpTransport, Transport};
+use splitos_rpc::{ClientPool, Load, Msg, Role, RpcError};
+
+pub const HEARTBEAT: Duration = Duration::from_millis(300);
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPLITOS_LOG").unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+pub fn init_metrics() {
+    METRICS.get_or_init(|| PrometheusBuilder::new().install_recorder().expect("metrics recorder"));
+}
+
+/// The component's counters in Prometheus text format.
+pub fn render_metrics() -> String {
+    METRICS.get().map(|h| h.render()).unwrap_or_default()
+}
+
+/// Serves `GET /metrics` for Prometheus scrapers, when `--metrics-addr` is given.
+pub fn serve_metrics_http(addr: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind(addr)?;
+    let local = l.local_addr()?.to_string();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let body = render_metrics();
+            let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        }
+    });
+    Ok(local)
+}
+
+/// A component's link to the rest of the cluster.
+pub struct Node {
+    pub role: Role,
+    pub addr: String,
+    pub gm: String,
+    pub pool: ClientPool,
+    pub transport: Arc<TcpTransport>,
+    id: AtomicU32,
+}
+
+impl Node {
+    pub fn new(role: Role, gm: &str) -> Arc<Node> {
+        let transport = Arc::new(TcpTransport::from_env());
+        let pool = ClientPool::new(transport.clone() as Arc<dyn Transport>, RPC_TIMEOUT);
+        Arc::new(Node { role, addr: String::new(), gm: gm.to_string(), pool, transport, id: AtomicU32::new(0) })
+    }
+
+    pub fn with_addr(self: Arc<Self>, addr: String) -> Arc<Node> {
+        let n = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("node shared before its address was set"));
+        Arc::new(Node { addr, ..n })
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id.load(Ordering::Relaxed)
+    }
+
+    pub fn call_gm(&self, msg: &Msg) -> Result<Msg, RpcError> {
+        self.pool.call(&self.gm, msg)
+    }
+
+    /// Registers with the global managers (retrying while they start) and returns the
+    /// cluster's vRegion size.
+    pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<u64, RpcError> {
+        let mut last = None;
+        for _ in 0..100 {
+            let msg = Msg::X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone() };
+            match self.call_gm(&msg) {
+                Ok(Msg::G2X_REGISTERED { id, vregion_size }) => {
+                    self.id.store(id, Ordering::Relaxed);
+                    return Ok(vregion_size);
+                }
+                Ok(other) => return Err(RpcError::Remote { code: splitos_rpc::ErrCode::Invalid, msg: format!("unexpected {}", other.name()) }),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    /// Heartbeats forever; re-registers if the global managers forgot us (they restarted).
+    pub fn heartbeat_forever(self: Arc<Self>, shim_sock: Option<String>, load: impl Fn() -> Load + Send + 'static) {
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || loop {
+                std::thread::sleep(HEARTBEAT);
+                match self.call_gm(&Msg::X2G_HEARTBEAT { id: self.id(), load: load() }) {
+                    Ok(_) => {}
+                    Err(RpcError::Remote { code: splitos_rpc::ErrCode::NotFound, .. }) => {
+                        let _ = self.register(shim_sock.clone(), load());
+                    }
+                    Err(e) => tracing::debug!(error = %e, "heartbeat to the global managers failed"),
+                }
+            })
+            .expect("spawn heartbeat");
+    }
+}
+
+/// Writes the bound address where a parent that started us with `--ready-file` waits for it.
+pub fn announce_ready(ready_file: Option<&std::path::Path>, addr: &str) {
+    if let Some(p) = ready_file {
+        let tmp = p.with_extension("tmp");
+        if std::fs::write(&tmp, addr).and_then(|_| std::fs::rename(&tmp, p)).is_err() {
+            tracing::error!(path = %p.display(), "cannot write the ready file");
+        }
+    }
+}

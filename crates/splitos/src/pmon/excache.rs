@@ -1,0 +1,304 @@
+//! The ExCache: a set-associative, virtually indexed cache of 4 KB lines of remote memory,
+//! owned by the pComponent and shared by all of its processes. This is its bookkeeping; the
+//! pComponent moves the data (fault.rs). A line is tagged by (process, virtual page).
+//!
+//! Eviction policy is a swappable component ([`EvictionPolicy`]): FIFO evicts in fill order;
+//! CLOCK approximates LRU with a reference bit and a hand per set.
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineState {
+    /// Claimed by a miss that is still fetching; never a victim.
+    Filling,
+    Ready,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Line {
+    pub pid: u64,
+    pub vpn: u64,
+    pub state: LineState,
+    /// Written since it was last written back: must be flushed when evicted.
+    pub dirty: bool,
+    /// Mapped write-protected in the program, so the next write traps to us.
+    pub wp: bool,
+    /// CLOCK's reference bit: set on fill and on every write we observe.
+    pub referenced: bool,
+    /// Set by a policy that cleared `referenced` and wants the next write observed again.
+    pub rearm: bool,
+    /// Fill order, for FIFO.
+    pub seq: u64,
+}
+
+pub trait EvictionPolicy: Send {
+    fn name(&self) -> &'static str;
+    /// Picks the way to evict from a full set, among `Ready` lines. `hand` is the set's own
+    /// policy state (CLOCK's hand). `None` if every way is still filling.
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
+}
+
+pub struct Fifo;
+
+impl EvictionPolicy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
+        set.iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.filter(|l| l.state == LineState::Ready).map(|l| (i, l.seq)))
+            .min_by_key(|(_, seq)| *seq)
+            .map(|(i, _)| i)
+    }
+}
+
+pub struct Clock;
+
+impl EvictionPolicy for Clock {
+    fn name(&self) -> &'static str {
+        "clock"
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+        let n = set.len();
+        // Two sweeps: the first clears reference bits, the second must find an unreferenced line.
+        for _ in 0..2 * n + 1 {
+            let i = *hand % n;
+            *hand = (i + 1) % n;
+            if let Some(l) = set[i].as_mut() {
+                if l.state != LineState::Ready {
+                    continue;
+                }
+                if l.referenced {
+                    l.referenced = false;
+                    l.rearm = !l.wp;
+                    continue;
+                }
+                return Some(i);
+            }
+        }
+        None
+    }
+}
+
+pub fn policy_by_name(name: &str) -> Option<Box<dyn EvictionPolicy>> {
+    match name {
+        "fifo" => Some(Box::new(Fifo)),
+        "clock" | "lru" => Some(Box::new(Clock)),
+        _ => None,
+    }
+}
+
+pub const POLICIES: &[&str] = &["fifo", "clock"];
+
+/// What a miss got: the slot it fills and the line it displaced, if any.
+pub struct Claim {
+    pub slot: usize,
+    pub victim: Option<Line>,
+}
+
+pub struct ExCache {
+    nsets: usize,
+    ways: usize,
+    slots: Vec<Option<Line>>,
+    hands: Vec<usize>,
+    index: HashMap<u64, BTreeMap<u64, usize>>,
+    policy: Box<dyn EvictionPolicy>,
+    seq: u64,
+}
+
+impl ExCache {
+    /// `lines` total lines in sets of `ways` (0 = fully associative).
+    pub fn new(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>) -> ExCache {
+        let lines = lines.max(1);
+        let ways = if ways == 0 || ways > lines { lines } else { ways };
+        let nsets = lines / ways;
+        ExCache { nsets, ways, slots: vec![None; nsets * ways], hands: vec![0; nsets], index: HashMap::new(), policy, seq: 0 }
+    }
+
+    pub fn lines(&self) -> usize {
+        self.slots.len()
+    }
+    pub fn ways(&self) -> usize {
+        self.ways
+    }
+    pub fn sets(&self) -> usize {
+        self.nsets
+    }
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    pub fn set_of(&self, vpn: u64) -> usize {
+        (vpn % self.nsets as u64) as usize
+    }
+
+    pub fn lookup(&self, pid: u64, vpn: u64) -> Option<usize> {
+        self.index.get(&pid).and_then(|m| m.get(&vpn)).copied()
+    }
+
+    pub fn line(&self, slot: usize) -> &Line {
+        self.slots[slot].as_ref().expect("slot holds a line")
+    }
+
+    pub fn line_mut(&mut self, slot: usize) -> &mut Line {
+        self.slots[slot].as_mut().expect("slot holds a line")
+    }
+
+    /// Claims a way for (pid, vpn) in its set: a free one (lowest index first, as a free list
+    /// would hand out), else the policy's victim, which leaves the cache here.
+    pub fn claim(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
+        let set = self.set_of(vpn);
+        let base = set * self.ways;
+        let range = base..base + self.ways;
+        let slot = match self.slots[range.clone()].iter().position(|s| s.is_none()) {
+            Some(i) => (base + i, None),
+            None => {
+                let i = self.policy.victim(&mut self.slots[range], &mut self.hands[set])?;
+                let v = self.slots[base + i].take().expect("victim is a line");
+                self.unindex(v.pid, v.vpn);
+                (base + i, Some(v))
+            }
+        };
+        self.seq += 1;
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq });
+        self.index.entry(pid).or_default().insert(vpn, slot.0);
+        Some(Claim { slot: slot.0, victim: slot.1 })
+    }
+
+    /// Lines a policy wants write-protected again (CLOCK cleared their reference bit).
+    pub fn take_rearm(&mut self, vpn: u64) -> Vec<(u64, u64)> {
+        let base = self.set_of(vpn) * self.ways;
+        let mut out = Vec::new();
+        for l in self.slots[base..base + self.ways].iter_mut().flatten() {
+            if l.rearm {
+                l.rearm = false;
+                l.wp = true;
+                out.push((l.pid, l.vpn));
+            }
+        }
+        out
+    }
+
+    pub fn complete(&mut self, slot: usize, dirty: bool, wp: bool) {
+        let l = self.line_mut(slot);
+        l.state = LineState::Ready;
+        l.dirty = dirty;
+        l.wp = wp;
+        l.referenced = true;
+    }
+
+    fn unindex(&mut self, pid: u64, vpn: u64) {
+        if let Some(m) = self.index.get_mut(&pid) {
+            m.remove(&vpn);
+            if m.is_empty() {
+                self.index.remove(&pid);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, pid: u64, vpn: u64) -> Option<Line> {
+        let slot = self.lookup(pid, vpn)?;
+        self.unindex(pid, vpn);
+        self.slots[slot].take()
+    }
+
+    /// Resident (pid, vpn) lines in [first, end) of virtual pages.
+    pub fn resident_in(&self, pid: u64, first: u64, end: u64) -> Vec<(u64, usize)> {
+        self.index.get(&pid).map(|m| m.range(first..end).map(|(v, s)| (*v, *s)).collect()).unwrap_or_default()
+    }
+
+    pub fn resident_of(&self, pid: u64) -> usize {
+        self.index.get(&pid).map_or(0, |m| m.len())
+    }
+
+    pub fn used(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(c: &mut ExCache, pid: u64, vpn: u64, dirty: bool) -> Option<Line> {
+        let cl = c.claim(pid, vpn).expect("a way");
+        c.complete(cl.slot, dirty, !dirty);
+        cl.victim
+    }
+
+    #[test]
+    fn sets_are_virtually_indexed_and_bounded_by_ways() {
+        let mut c = ExCache::new(8, 2, Box::new(Fifo));
+        assert_eq!((c.sets(), c.ways()), (4, 2));
+        assert!(fill(&mut c, 1, 0, false).is_none());
+        assert!(fill(&mut c, 1, 4, false).is_none());
+        // vpn 8 maps to set 0 as well: the set is full although other sets are empty.
+        let v = fill(&mut c, 1, 8, false).expect("eviction in a full set");
+        assert_eq!(v.vpn, 0);
+        assert_eq!(c.used(), 2);
+        assert!(c.lookup(1, 0).is_none());
+        assert!(c.lookup(1, 8).is_some());
+    }
+
+    #[test]
+    fn free_ways_are_used_before_any_eviction() {
+        let mut c = ExCache::new(4, 4, Box::new(Fifo));
+        for v in 0..4 {
+            assert!(fill(&mut c, 7, v, true).is_none());
+        }
+        assert_eq!(c.used(), 4);
+        c.remove(7, 2);
+        assert!(fill(&mut c, 7, 9, true).is_none(), "the freed way is reused");
+    }
+
+    #[test]
+    fn fifo_evicts_in_fill_order_regardless_of_use() {
+        let mut c = ExCache::new(3, 3, Box::new(Fifo));
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, false);
+        }
+        let s = c.lookup(1, 10).unwrap();
+        c.line_mut(s).referenced = true;
+        assert_eq!(fill(&mut c, 1, 13, false).unwrap().vpn, 10);
+        assert_eq!(fill(&mut c, 1, 14, false).unwrap().vpn, 11);
+    }
+
+    #[test]
+    fn clock_spares_referenced_lines_and_asks_to_rearm_them() {
+        let mut c = ExCache::new(3, 3, Box::new(Clock));
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, true);
+        }
+        // All referenced after fill: the first sweep clears, the second evicts the hand's first.
+        assert_eq!(fill(&mut c, 1, 13, true).unwrap().vpn, 10);
+        let rearm = c.take_rearm(13);
+        assert_eq!(rearm.len(), 2, "dirty writable lines whose bit was cleared get write-protected");
+        // 11 is written again (its bit set); 12 is not: CLOCK evicts 12, FIFO would evict 11.
+        let s = c.lookup(1, 11).unwrap();
+        c.line_mut(s).referenced = true;
+        assert_eq!(fill(&mut c, 1, 14, true).unwrap().vpn, 12);
+    }
+
+    #[test]
+    fn filling_lines_are_never_victims() {
+        let mut c = ExCache::new(2, 2, Box::new(Fifo));
+        c.claim(1, 0).unwrap();
+        c.claim(1, 2).unwrap();
+        assert!(c.claim(1, 4).is_none());
+        let mut k = ExCache::new(2, 2, Box::new(Clock));
+        k.claim(1, 0).unwrap();
+        k.claim(1, 2).unwrap();
+        assert!(k.claim(1, 4).is_none());
+    }
+
+    #[test]
+    fn lines_are_tagged_by_process() {
+        let mut c = ExCache::new(4, 4, Box::new(Fifo));
+        fill(&mut c, 1, 5, false);
+        fill(&mut c, 2, 5, true);
+        assert_ne!(c.lookup(1, 5), c.lookup(2, 5));
+        assert_eq!(c.resident_in(2, 0, 10).len(), 1);
+        assert!(c.remove(1, 5).is_some());
+        assert!(c.lookup(2, 5).is_some());
+    }
+}

@@ -1,0 +1,110 @@
+//! The userfaultfd and memfd operations the pComponent performs on a program's heap region.
+//! Both descriptors were created by the program's shim and handed over at hello; every ioctl
+//! here acts on the program's address space, not ours.
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use splitos_shim_abi::uffd;
+
+pub const PAGE: u64 = 4096;
+
+fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
+    // SAFETY: `arg` is the record this ioctl expects (see splitos_shim_abi::uffd).
+    if unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+pub enum Install {
+    Done,
+    /// Someone installed the page first; waiters were woken.
+    Exists,
+    /// The program is gone.
+    Gone,
+}
+
+/// Installs a page and wakes the faulting threads. `wp` maps it write-protected, so that the
+/// first write traps and marks the line dirty.
+pub fn copy(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+    loop {
+        let mut c = uffd::Copy { dst: addr, src: data.as_ptr() as u64, len: PAGE, mode: if wp { uffd::COPY_MODE_WP } else { 0 }, copy: 0 };
+        match ioctl(uffd_fd, uffd::UFFDIO_COPY, &mut c) {
+            Ok(()) => return Ok(Install::Done),
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EEXIST) => {
+                    wake(uffd_fd, addr, PAGE);
+                    return Ok(Install::Exists);
+                }
+                Some(libc::EAGAIN) => std::thread::yield_now(),
+                Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT) => return Ok(Install::Gone),
+                _ => return Err(e),
+            },
+        }
+    }
+}
+
+pub fn wake(uffd_fd: &OwnedFd, addr: u64, len: u64) {
+    let mut r = uffd::Range { start: addr, len };
+    let _ = ioctl(uffd_fd, uffd::UFFDIO_WAKE, &mut r);
+}
+
+/// Sets or clears write protection of resident pages; clearing wakes writers waiting on it.
+pub fn write_protect(uffd_fd: &OwnedFd, addr: u64, len: u64, protect: bool) -> io::Result<()> {
+    let mut w = uffd::WriteProtect { range: uffd::Range { start: addr, len }, mode: if protect { uffd::WP_MODE_WP } else { 0 } };
+    match ioctl(uffd_fd, uffd::UFFDIO_WRITEPROTECT, &mut w) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
+        r => r,
+    }
+}
+
+/// Reads a resident page's current contents through the memfd.
+pub fn read_page(memfd: &OwnedFd, off: u64, buf: &mut [u8]) -> io::Result<()> {
+    let n = unsafe { libc::pread(memfd.as_raw_fd(), buf.as_mut_ptr() as *mut _, PAGE as usize, off as i64) };
+    if n == PAGE as isize {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Drops pages from the program: unmaps them and frees the local memory behind them. The
+/// next access faults to us again.
+pub fn punch(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    if unsafe { libc::fallocate(memfd.as_raw_fd(), mode, off as i64, len as i64) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Waits up to `timeout_ms` for faults; returns page-fault (flags, address) pairs, or `None`
+/// when `stop` was signalled.
+pub fn read_faults(uffd_fd: &OwnedFd, stop: &OwnedFd, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
+    let mut pfd = [
+        libc::pollfd { fd: uffd_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    let n = unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) };
+    if n <= 0 {
+        return Some(());
+    }
+    if pfd[1].revents != 0 {
+        return None;
+    }
+    if pfd[0].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+        return None;
+    }
+    let mut msgs = [uffd::Msg::default(); 16];
+    let n = unsafe { libc::read(uffd_fd.as_raw_fd(), msgs.as_mut_ptr() as *mut _, std::mem::size_of_val(&msgs)) };
+    if n > 0 {
+        for m in &msgs[..n as usize / std::mem::size_of::<uffd::Msg>()] {
+            if m.event == uffd::EVENT_PAGEFAULT {
+                out.push((m.flags, m.address));
+            }
+        }
+    }
+    Some(())
+}
