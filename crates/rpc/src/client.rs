@@ -165,6 +165,49 @@ fn fail_all(inner: &Inner) {
     }
 }
 
+thread_local! {
+    static DIRECT: std::cell::RefCell<HashMap<String, (Box<dyn Conn>, u64)>> = std::cell::RefCell::new(HashMap::new());
+}
+
+/// A call on a connection owned by the calling thread: no reader thread, no hand-off between
+/// threads. The data path (one miss, one round trip) uses this; the connection is made on the
+/// thread's first call to `addr` and dropped after any error.
+pub fn call_direct(transport: &dyn Transport, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+    DIRECT.with(|d| {
+        let mut d = d.borrow_mut();
+        if !d.contains_key(addr) {
+            let c = transport.connect(addr, timeout.min(Duration::from_secs(3))).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+            let _ = c.set_read_timeout(Some(timeout));
+            d.insert(addr.to_string(), (c, 1));
+        }
+        let (conn, next) = d.get_mut(addr).expect("inserted above");
+        *next += 1;
+        let id = *next;
+        let r = write_frame(&mut **conn, FrameKind::Request, id, msg)
+            .map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })
+            .and_then(|_| loop {
+                match read_frame(&mut **conn) {
+                    Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
+                    // A reply to an earlier call that timed out: skip it.
+                    Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id < id => continue,
+                    Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
+                    Err(crate::frame::FrameError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout })
+                    }
+                    Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
+                }
+            });
+        match r {
+            Ok(Msg::ERR { code, msg }) => Err(RpcError::Remote { code, msg }),
+            Ok(m) => Ok(m),
+            Err(e) => {
+                d.remove(addr);
+                Err(e)
+            }
+        }
+    })
+}
+
 /// One client per peer address, reconnected when its connection died.
 pub struct ClientPool {
     transport: Arc<dyn Transport>,
@@ -190,5 +233,10 @@ impl ClientPool {
 
     pub fn call(&self, addr: &str, msg: &Msg) -> Result<Msg, RpcError> {
         self.get(addr)?.call(msg)
+    }
+
+    /// [`call_direct`] with this pool's transport and timeout.
+    pub fn call_direct(&self, addr: &str, msg: &Msg) -> Result<Msg, RpcError> {
+        call_direct(&*self.transport, addr, msg, self.timeout)
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 pub trait Conn: Read + Write + Send {
     fn try_clone_box(&self) -> io::Result<Box<dyn Conn>>;
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     fn close(&self);
     fn peer(&self) -> String;
 }
@@ -69,6 +70,9 @@ impl Write for TcpConn {
 impl Conn for TcpConn {
     fn try_clone_box(&self) -> io::Result<Box<dyn Conn>> {
         Ok(Box::new(TcpConn { s: self.s.try_clone()?, delay_us: self.delay_us.clone() }))
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.s.set_read_timeout(t)
     }
     fn close(&self) {
         let _ = self.s.shutdown(Shutdown::Both);

@@ -32,6 +32,25 @@ const PAGE: u64 = 4096;
 /// The shim's descriptors live high so that programs which close their low fds keep them.
 const HIGH_FD: c_int = 900;
 
+/// What the shim read from the environment at start-up. A forked child must not call getenv:
+/// a program may keep its environment in heap memory that the child has not mapped yet.
+struct EnvCache {
+    sock: [u8; 108],
+    vnode: [u8; 64],
+    run_id: u64,
+}
+
+static mut ENV: EnvCache = EnvCache { sock: [0; 108], vnode: [0; 64], run_id: 0 };
+
+fn env() -> &'static EnvCache {
+    // SAFETY: written once in init(), before STATE becomes READY; read-only afterwards.
+    unsafe { &*core::ptr::addr_of!(ENV) }
+}
+
+fn until_nul(b: &[u8]) -> &[u8] {
+    &b[..b.iter().position(|c| *c == 0).unwrap_or(b.len())]
+}
+
 fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
@@ -147,6 +166,18 @@ unsafe fn init() -> bool {
     }
     let size = parse_u64(cstr(libc::getenv(c"SPLITOS_REGION_SIZE".as_ptr()))).unwrap_or(DEFAULT_REGION_SIZE);
     debug_assert_eq!(ENV_REGION_SIZE, "SPLITOS_REGION_SIZE");
+    let e = &mut *core::ptr::addr_of_mut!(ENV);
+    let sock = cstr(path);
+    if sock.len() >= e.sock.len() {
+        die(&[b"the pComponent socket path is too long: ", sock]);
+    }
+    e.sock[..sock.len()].copy_from_slice(sock);
+    let vnode = cstr(libc::getenv(c"SPLITOS_VNODE".as_ptr()));
+    let vnode: &[u8] = if vnode.is_empty() { b"default" } else { vnode };
+    let n = vnode.len().min(e.vnode.len() - 1);
+    e.vnode[..n].copy_from_slice(&vnode[..n]);
+    e.run_id = parse_u64(cstr(libc::getenv(c"SPLITOS_RUN_ID".as_ptr()))).unwrap_or(0);
+    debug_assert_eq!((ENV_RUN_ID, ENV_VNODE), ("SPLITOS_RUN_ID", "SPLITOS_VNODE"));
     REGION_SIZE.store(size & !(PAGE - 1), Relaxed);
     // mimalloc's default reserve would commit a GiB of an mComponent per process.
     libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_RESERVE, 64 * 1024);
@@ -206,7 +237,7 @@ unsafe fn register_range(uffd: c_int, start: u64, len: u64) {
 }
 
 unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
-    let path = cstr(libc::getenv(c"SPLITOS_PCOMP_SOCK".as_ptr()));
+    let path = until_nul(&env().sock);
     let sock = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
     let mut sa: libc::sockaddr_un = core::mem::zeroed();
     sa.sun_family = libc::AF_UNIX as _;
@@ -222,25 +253,20 @@ unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     let sock = high_fd(sock);
     SOCK.store(sock, Relaxed);
 
-    let mut hello = Hello {
+    let hello = Hello {
         abi: splitos_shim_abi::SHIM_ABI_VERSION,
         _pad: 0,
         region_base: REGION_BASE,
         region_size: REGION_SIZE.load(Relaxed),
         fork_token,
-        run_id: parse_u64(cstr(libc::getenv(c"SPLITOS_RUN_ID".as_ptr()))).unwrap_or(0),
+        run_id: env().run_id,
         os_pid: libc::getpid() as u64,
-        vnode: [0; 64],
+        vnode: env().vnode,
     };
-    debug_assert_eq!((ENV_RUN_ID, ENV_VNODE), ("SPLITOS_RUN_ID", "SPLITOS_VNODE"));
-    let vnode = cstr(libc::getenv(c"SPLITOS_VNODE".as_ptr()));
-    let vnode: &[u8] = if vnode.is_empty() { b"default" } else { vnode };
-    let n = vnode.len().min(63);
-    hello.vnode[..n].copy_from_slice(&vnode[..n]);
 
     let fds = [uffd, memfd];
     let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: &mut hello as *mut _ as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
+    let mut iov = libc::iovec { iov_base: &hello as *const _ as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
     let mut msg: libc::msghdr = core::mem::zeroed();
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -359,9 +385,14 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
     let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
     if !is_heap_mapping(prot, flags, fd) || !ready() || (fixed && !in_region(a, len as u64)) {
         if fixed && overlaps_region(a, len as u64) && ready() {
-            // A file or exec mapping placed over heap the program reserved (a JVM's archive):
-            // the kernel replaces those pages, so the mComponents forget them.
-            let r = request(Op::Munmap, a, len as u64, 0, 0, 0);
+            // A file or executable mapping placed over heap the program reserved (a JIT's code
+            // cache, a JVM's class archive): the kernel replaces those pages, so the
+            // mComponents drop their contents but keep the range reserved (an inaccessible,
+            // unaccounted area) so that it is never handed out again while the foreign mapping
+            // lives. The program's munmap of it gives the range back.
+            let start = a.max(REGION_BASE);
+            let end = page_up((a + len as u64).min(REGION_BASE + REGION_SIZE.load(Relaxed))).unwrap_or(0);
+            let r = request(Op::Mmap, start, end - start, libc::PROT_NONE as u64, MMAP_FIXED, 0);
             if r.ret < 0 {
                 set_errno((-r.ret) as c_int);
                 return libc::MAP_FAILED;

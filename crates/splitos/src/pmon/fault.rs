@@ -9,20 +9,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::Receiver;
 use serde_bytes::ByteBuf;
 use splitos_rpc::{ComponentRef, Msg, RpcError, PAGE_SIZE};
 use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
 
 use super::uffd::{self, Install, PAGE};
 use super::{excache::LineState, Pcomp, Proc};
-
-pub struct FaultJob {
-    pub proc: Arc<Proc>,
-    pub flags: u64,
-    pub addr: u64,
-    pub t0: Instant,
-}
 
 /// A dirty page on its way to its owner.
 pub struct Writeback {
@@ -31,8 +23,10 @@ pub struct Writeback {
     pub data: Vec<u8>,
 }
 
-/// Reads one uffd per process and queues its faults for the fault workers.
-pub fn reader(p: Arc<Pcomp>, proc_: Arc<Proc>) {
+/// One of a process's fault workers: each polls the process's uffd and serves the faults it
+/// reads itself, so a miss crosses no thread boundary inside the pComponent. Several workers
+/// serve several faulting threads of the program at once.
+pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
     let mut faults = Vec::with_capacity(16);
     while proc_.alive.load(Relaxed) {
         faults.clear();
@@ -41,18 +35,12 @@ pub fn reader(p: Arc<Pcomp>, proc_: Arc<Proc>) {
         }
         let t0 = Instant::now();
         for &(flags, addr) in &faults {
-            let _ = p.faults.send(FaultJob { proc: proc_.clone(), flags, addr, t0 });
+            p.handle_fault(&proc_, flags, addr, t0);
         }
     }
 }
 
 impl Pcomp {
-    pub(super) fn fault_worker(self: Arc<Self>, rx: Receiver<FaultJob>) {
-        for job in rx {
-            self.handle_fault(job);
-        }
-    }
-
     /// Write-protects a dirty line and copies it out; the caller removes or cleans the line and
     /// marks it in flight before releasing the lock.
     fn capture(&self, vp: &Arc<Proc>, vpn: u64, wp: bool) -> Option<Writeback> {
@@ -71,12 +59,11 @@ impl Pcomp {
         }
     }
 
-    fn handle_fault(&self, job: FaultJob) {
-        let p = &job.proc;
-        let vpn = job.addr / PAGE;
+    fn handle_fault(&self, p: &Arc<Proc>, flags: u64, addr: u64, t0: Instant) {
+        let vpn = addr / PAGE;
         let page_addr = vpn * PAGE;
-        let write = job.flags & PAGEFAULT_FLAG_WRITE != 0;
-        let wp_fault = job.flags & PAGEFAULT_FLAG_WP != 0;
+        let write = flags & PAGEFAULT_FLAG_WRITE != 0;
+        let wp_fault = flags & PAGEFAULT_FLAG_WP != 0;
 
         let mut g = self.inner.lock().unwrap();
         let (slot, victim, materialized) = loop {
@@ -177,7 +164,7 @@ impl Pcomp {
         }
         drop(g);
         self.cv.notify_all();
-        let ns = job.t0.elapsed().as_nanos() as u64;
+        let ns = t0.elapsed().as_nanos() as u64;
         self.bump(p, |s| {
             s.misses.fetch_add(1, Relaxed);
             if materialized {
@@ -203,11 +190,11 @@ impl Pcomp {
                     flush_vpn: wb.vpn,
                     data: ByteBuf::from(wb.data.clone()),
                 };
-                let r = self.node.pool.call(&o.addr, &msg);
+                let r = self.node.pool.call_direct(&o.addr, &msg);
                 self.written_back(&wb, r.is_ok(), true);
                 return page_of(r, o, vpn);
             }
-            let r = self.node.pool.call(&vowner.addr, &Msg::P2M_FLUSH { who: wb.proc.who.clone(), vpn: wb.vpn, data: ByteBuf::from(wb.data.clone()) });
+            let r = self.node.pool.call_direct(&vowner.addr, &Msg::P2M_FLUSH { who: wb.proc.who.clone(), vpn: wb.vpn, data: ByteBuf::from(wb.data.clone()) });
             let ok = r.is_ok();
             self.written_back(&wb, ok, false);
             if let Err(e) = r {
@@ -216,7 +203,7 @@ impl Pcomp {
         }
         match owner {
             Some(o) => {
-                let r = self.node.pool.call(&o.addr, &Msg::P2M_FETCH { who: p.who.clone(), vpn });
+                let r = self.node.pool.call_direct(&o.addr, &Msg::P2M_FETCH { who: p.who.clone(), vpn });
                 page_of(r, &o, vpn)
             }
             None => Ok(vec![0u8; PAGE_SIZE]),
@@ -270,7 +257,7 @@ impl Pcomp {
         }
         let mut result = Ok(());
         for wb in wbs {
-            let r = self.owner_of(p, wb.vpn).and_then(|o| self.node.pool.call(&o.addr, &Msg::P2M_FLUSH { who: p.who.clone(), vpn: wb.vpn, data: ByteBuf::from(wb.data.clone()) }));
+            let r = self.owner_of(p, wb.vpn).and_then(|o| self.node.pool.call_direct(&o.addr, &Msg::P2M_FLUSH { who: p.who.clone(), vpn: wb.vpn, data: ByteBuf::from(wb.data.clone()) }));
             self.written_back(&wb, r.is_ok(), false);
             if let Err(e) = r {
                 result = Err(describe(&e, "write back", wb.vpn));

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
 use splitos_rpc::{serve, ComponentRef, ErrCode, Handler, Load, Msg, Role, RpcError, ServerConfig, Who};
 
@@ -130,7 +129,6 @@ pub struct Pcomp {
     next_pid: AtomicU64,
     runs: Mutex<HashMap<u64, Arc<RunStats>>>,
     total: Arc<RunStats>,
-    faults: Sender<fault::FaultJob>,
     started: Instant,
 }
 
@@ -171,7 +169,7 @@ impl Pcomp {
         if let Some(o) = p.vregions.lock().unwrap().get(&idx) {
             return Ok(o.clone());
         }
-        match self.node.pool.call(&p.home.addr, &Msg::P2M_VREGION { who: p.who.clone(), index: idx })? {
+        match self.node.pool.call_direct(&p.home.addr, &Msg::P2M_VREGION { who: p.who.clone(), index: idx })? {
             Msg::M2P_VREGION { owner: Some(o) } => {
                 p.vregions.lock().unwrap().insert(idx, o.clone());
                 Ok(o)
@@ -285,7 +283,6 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if lines == 0 {
         anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
     }
-    let (tx, rx) = crossbeam_channel::unbounded();
     let p = Arc::new(Pcomp {
         node: node.clone(),
         cfg: args.cfg.clone(),
@@ -296,13 +293,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         next_pid: AtomicU64::new(1),
         runs: Mutex::new(HashMap::new()),
         total: Arc::new(RunStats::default()),
-        faults: tx,
         started: Instant::now(),
     });
-    for i in 0..args.cfg.fault_workers.max(1) {
-        let (p, rx) = (p.clone(), rx.clone());
-        std::thread::Builder::new().name(format!("fault{i}")).spawn(move || p.fault_worker(rx))?;
-    }
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
     shim::listen(p.clone(), &args.shim_sock)?;
     let h = serve(listener, p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });

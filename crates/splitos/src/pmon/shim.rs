@@ -93,9 +93,10 @@ impl Pcomp {
                 return;
             }
         };
-        let p2 = self.clone();
-        let pr = proc_.clone();
-        let _ = std::thread::Builder::new().name(format!("uffd{}", proc_.os_pid)).spawn(move || fault::reader(p2, pr));
+        for i in 0..self.cfg.fault_workers.max(1) {
+            let (p2, pr) = (self.clone(), proc_.clone());
+            let _ = std::thread::Builder::new().name(format!("fault{}.{i}", proc_.os_pid)).spawn(move || fault::worker(p2, pr));
+        }
         loop {
             let mut req = ShimReq::default();
             if s.read_exact(unsafe { as_bytes_mut(&mut req) }).is_err() {
