@@ -66,7 +66,7 @@ pub struct PcompSection {
     pub policy: String,
     #[serde(default = "yes")]
     pub piggyback: bool,
-    #[serde(default = "default_workers")]
+    #[serde(default = "default_fault_workers")]
     pub fault_workers: usize,
 }
 
@@ -77,7 +77,8 @@ pub struct McompSection {
     pub listen: String,
     #[serde(default = "default_capacity")]
     pub capacity: Size,
-    #[serde(default = "default_workers")]
+    /// Worker threads for data-path requests; 0 serves them on each connection's receiving thread.
+    #[serde(default)]
     pub workers: usize,
 }
 
@@ -113,8 +114,8 @@ fn default_policy() -> String {
 fn yes() -> bool {
     true
 }
-fn default_workers() -> usize {
-    2
+fn default_fault_workers() -> usize {
+    1
 }
 fn default_capacity() -> Size {
     Size(8 << 30)
@@ -124,11 +125,11 @@ fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: default_listen(), excache: default_excache(), ways: default_ways(), policy: default_policy(), piggyback: true, fault_workers: default_workers() }
+    PcompSection { listen: default_listen(), excache: default_excache(), ways: default_ways(), policy: default_policy(), piggyback: true, fault_workers: default_fault_workers() }
 }
 
 pub fn default_mcomp() -> McompSection {
-    McompSection { listen: default_listen(), capacity: default_capacity(), workers: default_workers() }
+    McompSection { listen: default_listen(), capacity: default_capacity(), workers: 0 }
 }
 
 impl ClusterConfig {
@@ -169,9 +170,6 @@ impl ClusterConfig {
         for (i, m) in self.mcomponent.iter().enumerate() {
             if m.capacity.0 < 4096 {
                 return Err(format!("mcomponent[{i}].capacity: {} bytes is less than one page", m.capacity.0));
-            }
-            if m.workers == 0 {
-                return Err(format!("mcomponent[{i}].workers: must be at least 1"));
             }
         }
         Ok(())

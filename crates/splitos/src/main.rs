@@ -1,4 +1,5 @@
 //! splitos: one binary for every monitor, the global managers and the user.
+mod bench;
 mod config;
 mod control;
 mod gm;
@@ -45,7 +46,7 @@ enum Cmd {
         /// Send dirty flushes and miss fills as separate RPCs even to the same mComponent.
         #[arg(long)]
         no_piggyback: bool,
-        /// Threads of the pComponent serving misses. Default 2.
+        /// Threads of the pComponent serving the misses of each process. Default 1.
         #[arg(long)]
         fault_workers: Option<usize>,
         /// Number of mComponents of the embedded cluster.
@@ -54,7 +55,8 @@ enum Cmd {
         /// Memory each embedded mComponent offers (e.g. 8G).
         #[arg(long, value_parser = size)]
         mem_capacity: Option<u64>,
-        /// Worker threads per embedded mComponent. Default 2.
+        /// Worker threads per embedded mComponent; 0 (default) serves requests on each
+        /// connection's receiving thread.
         #[arg(long)]
         mem_workers: Option<usize>,
         /// vRegion size of the embedded cluster (power of two, e.g. 1G or 16M).
@@ -110,7 +112,8 @@ enum Cmd {
         gm: String,
         #[arg(long, value_parser = size, default_value = "8G")]
         capacity: u64,
-        #[arg(long, default_value_t = 2)]
+        /// Worker threads for data-path requests; 0 serves them on each connection's receiving thread.
+        #[arg(long, default_value_t = 0)]
         workers: usize,
         #[arg(long)]
         ready_file: Option<PathBuf>,
@@ -131,7 +134,8 @@ enum Cmd {
         policy: String,
         #[arg(long)]
         no_piggyback: bool,
-        #[arg(long, default_value_t = 2)]
+        /// Threads serving the misses of each process.
+        #[arg(long, default_value_t = 1)]
         fault_workers: usize,
         /// Unix socket where programs' shims connect.
         #[arg(long)]
@@ -140,6 +144,14 @@ enum Cmd {
         ready_file: Option<PathBuf>,
         #[arg(long)]
         metrics_addr: Option<String>,
+    },
+    /// Measure the floors a miss is compared with (JSON on stdout).
+    BenchFloor {
+        #[arg(long, default_value_t = 20000)]
+        n: usize,
+        /// Also time the splitos RPC round trip to this mComponent.
+        #[arg(long)]
+        mcomp: Option<String>,
     },
     /// Tools for testing and debugging components.
     Debug {
@@ -237,6 +249,7 @@ fn main() {
             let cfg = pmon::PcompConfig { excache_bytes: excache, ways, policy, piggyback: !no_piggyback, fault_workers };
             pmon::run(pmon::ProcArgs { listen, gm, shim_sock, cfg, ready_file, metrics_addr })
         }
+        Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => debug_fetch(&mcomp, vnode, pid, vaddr),
     };
     if let Err(e) = r {

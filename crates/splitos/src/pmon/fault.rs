@@ -131,8 +131,9 @@ impl Pcomp {
             break (claim.slot, victim, materialized);
         };
         drop(g);
-
+        let t_evicted = Instant::now();
         let data = self.fill(p, vpn, materialized, victim);
+        let t_fetched = Instant::now();
         let data = match data {
             Ok(d) => d,
             Err(e) => {
@@ -164,8 +165,15 @@ impl Pcomp {
         }
         drop(g);
         self.cv.notify_all();
-        let ns = t0.elapsed().as_nanos() as u64;
+        let t_done = Instant::now();
+        let ns = (t_done - t0).as_nanos() as u64;
+        let parts = [(t_evicted - t0), (t_fetched - t_evicted), (t_done - t_fetched)].map(|d| (d.as_nanos() as u64).max(1));
         self.bump(p, |s| {
+            let _ = s.evict_ns.lock().unwrap().record(parts[0]);
+            if materialized {
+                let _ = s.rpc_ns.lock().unwrap().record(parts[1]);
+            }
+            let _ = s.install_ns.lock().unwrap().record(parts[2]);
             s.misses.fetch_add(1, Relaxed);
             if materialized {
                 s.bytes_fetched.fetch_add(PAGE, Relaxed);

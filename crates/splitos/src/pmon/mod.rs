@@ -42,7 +42,16 @@ pub struct RunStats {
     wp_faults: AtomicU64,
     processes: AtomicU64,
     miss_ns: Mutex<Histogram<u64>>,
+    /// Where a miss spends its time inside the pComponent: choosing and dropping a victim,
+    /// the network round trip(s), and installing the line into the program.
+    evict_ns: Mutex<Histogram<u64>>,
+    rpc_ns: Mutex<Histogram<u64>>,
+    install_ns: Mutex<Histogram<u64>>,
     errors: Mutex<Vec<String>>,
+}
+
+fn histogram() -> Mutex<Histogram<u64>> {
+    Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"))
 }
 
 impl Default for RunStats {
@@ -57,7 +66,10 @@ impl Default for RunStats {
             bytes_flushed: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
             processes: AtomicU64::new(0),
-            miss_ns: Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")),
+            miss_ns: histogram(),
+            evict_ns: histogram(),
+            rpc_ns: histogram(),
+            install_ns: histogram(),
             errors: Mutex::new(Vec::new()),
         }
     }
@@ -66,6 +78,7 @@ impl Default for RunStats {
 impl RunStats {
     fn json(&self) -> serde_json::Value {
         let h = self.miss_ns.lock().unwrap();
+        let p50 = |m: &Mutex<Histogram<u64>>| m.lock().unwrap().value_at_quantile(0.5);
         serde_json::json!({
             "misses": self.misses.load(Relaxed),
             "evictions": self.evictions.load(Relaxed),
@@ -79,6 +92,7 @@ impl RunStats {
             "miss_ns_p50": h.value_at_quantile(0.5),
             "miss_ns_p99": h.value_at_quantile(0.99),
             "miss_ns_mean": h.mean() as u64,
+            "miss_breakdown_ns_p50": {"evict": p50(&self.evict_ns), "rpc": p50(&self.rpc_ns), "install": p50(&self.install_ns)},
             "errors": *self.errors.lock().unwrap(),
         })
     }

@@ -1,0 +1,132 @@
+//! `splitos bench floor`: the floors a miss is compared with, measured on this machine in the
+//! same run as the benchmark: a native first-touch page fault, a userfaultfd fault served by
+//! another thread with a local page, a raw TCP loopback round trip carrying 4 KB, and the
+//! splitos RPC round trip carrying 4 KB to a running mComponent.
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use splitos_shim_abi::uffd;
+
+const PAGE: usize = 4096;
+
+fn summary(name: &str, h: &Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({"name": name, "n": h.len(), "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "mean_ns": h.mean() as u64})
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("bounds")
+}
+
+/// First touch of fresh anonymous memory, served by the kernel.
+fn native_first_touch(n: usize) -> Histogram<u64> {
+    let mut h = hist();
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+    for i in 0..n {
+        let t = Instant::now();
+        unsafe { std::ptr::write_volatile(p.add(i * PAGE), 1) };
+        let _ = h.record(t.elapsed().as_nanos() as u64);
+    }
+    unsafe { libc::munmap(p as *mut _, n * PAGE) };
+    h
+}
+
+/// A missing fault on a uffd-registered shared-memory page, served by another thread with
+/// UFFDIO_COPY: the trap-and-install cost with no network at all.
+fn uffd_floor(n: usize) -> Histogram<u64> {
+    let memfd = unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) };
+    unsafe { libc::ftruncate(memfd, (n * PAGE) as i64) };
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd, 0) } as u64;
+    let ufd = unsafe { OwnedFd::from_raw_fd(libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32) };
+    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM, ioctls: 0 };
+    unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) };
+    let mut reg = uffd::Register { range: uffd::Range { start: base, len: (n * PAGE) as u64 }, mode: uffd::REGISTER_MODE_MISSING, ioctls: 0 };
+    unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) };
+    let raw = ufd.as_raw_fd();
+    let server = std::thread::spawn(move || {
+        let page = vec![7u8; PAGE];
+        let mut served = 0;
+        while served < n {
+            let mut pfd = libc::pollfd { fd: raw, events: libc::POLLIN, revents: 0 };
+            unsafe { libc::poll(&mut pfd, 1, 1000) };
+            let mut m = uffd::Msg::default();
+            let r = unsafe { libc::read(raw, &mut m as *mut _ as *mut libc::c_void, std::mem::size_of::<uffd::Msg>()) };
+            if r <= 0 || m.event != uffd::EVENT_PAGEFAULT {
+                continue;
+            }
+            let mut c = uffd::Copy { dst: m.address & !(PAGE as u64 - 1), src: page.as_ptr() as u64, len: PAGE as u64, mode: 0, copy: 0 };
+            unsafe { libc::ioctl(raw, uffd::UFFDIO_COPY as _, &mut c) };
+            served += 1;
+        }
+    });
+    let mut h = hist();
+    for i in 0..n {
+        let t = Instant::now();
+        unsafe { std::ptr::read_volatile((base as *const u8).add(i * PAGE)) };
+        let _ = h.record(t.elapsed().as_nanos() as u64);
+    }
+    server.join().expect("uffd server");
+    unsafe {
+        libc::munmap(base as *mut _, n * PAGE);
+        libc::close(memfd);
+    }
+    h
+}
+
+/// A 64-byte request answered with 4 KB over TCP loopback, echo server on another thread.
+fn tcp_floor(n: usize) -> Histogram<u64> {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_nodelay(true).ok();
+        let page = vec![1u8; PAGE];
+        let mut req = [0u8; 64];
+        while s.read_exact(&mut req).is_ok() {
+            if s.write_all(&page).is_err() {
+                break;
+            }
+        }
+    });
+    let mut c = TcpStream::connect(addr).expect("connect");
+    c.set_nodelay(true).ok();
+    let mut page = vec![0u8; PAGE];
+    let mut h = hist();
+    for _ in 0..n {
+        let t = Instant::now();
+        c.write_all(&[0u8; 64]).expect("write");
+        c.read_exact(&mut page).expect("read");
+        let _ = h.record(t.elapsed().as_nanos() as u64);
+    }
+    h
+}
+
+/// The splitos RPC round trip with a 4 KB payload: C2X_PING is empty, so this sends a
+/// P2M_FLUSH of a page to a process that does not exist and times the refusal, which exercises
+/// the same framing, hand-off to a worker and reply path as a fetch.
+fn rpc_floor(addr: &str, n: usize) -> anyhow::Result<Histogram<u64>> {
+    let t = splitos_rpc::transport::TcpTransport::from_env();
+    let mut h = hist();
+    let msg = splitos_rpc::Msg::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: serde_bytes::ByteBuf::from(vec![0u8; PAGE]) };
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let _ = splitos_rpc::call_direct(&t, addr, &msg, std::time::Duration::from_secs(5));
+        let _ = h.record(t0.elapsed().as_nanos() as u64);
+    }
+    Ok(h)
+}
+
+pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
+    let mut out = vec![
+        summary("native_first_touch", &native_first_touch(n)),
+        summary("uffd_fault_local_page", &uffd_floor(n)),
+        summary("tcp_rtt_4k", &tcp_floor(n)),
+    ];
+    if let Some(a) = mcomp {
+        out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n)?));
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
