@@ -176,12 +176,19 @@ impl Mem {
                 Ok(Msg::OK)
             }
             Msg::P2M_FLUSH_FETCH { who, fetch_vpn, flush_who, flush_vpn, data } => {
-                let victim = self.owner_proc(&flush_who)?;
                 let p = self.owner_proc(&who)?;
-                self.c.flushes.fetch_add(1, Relaxed);
+                // The victim's process may have exited since it was evicted: its page is
+                // garbage then, and the fetch must not fail for it.
+                match self.owner_proc(&flush_who) {
+                    Ok(victim) => {
+                        self.c.flushes.fetch_add(1, Relaxed);
+                        self.c.piggybacked.fetch_add(1, Relaxed);
+                        self.store(&mut victim.lock().unwrap(), flush_vpn, &data)?;
+                    }
+                    Err((ErrCode::NotFound, _)) => {}
+                    Err(e) => return Err(e),
+                }
                 self.c.fetches.fetch_add(1, Relaxed);
-                self.c.piggybacked.fetch_add(1, Relaxed);
-                self.store(&mut victim.lock().unwrap(), flush_vpn, &data)?;
                 let data = Mem::load_page(&p.lock().unwrap(), fetch_vpn)?;
                 Ok(Msg::M2P_PAGE { data })
             }

@@ -108,7 +108,7 @@ impl Pcomp {
             let mut victim = None;
             if let Some(v) = claim.victim {
                 if let Some(vp) = g.procs.get(&v.pid).cloned() {
-                    if v.dirty {
+                    if v.dirty && vp.alive.load(Relaxed) {
                         victim = self.capture(&vp, v.vpn, v.wp);
                         if victim.is_some() {
                             g.inflight.insert((v.pid, v.vpn));

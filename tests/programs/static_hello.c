@@ -1,0 +1,2 @@
+#include <stdio.h>
+int main(void) { puts("hello from a static binary"); return 0; }
