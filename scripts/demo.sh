@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The main job: a real, unmodified program (CPython running a word-frequency workload) on the
+# embedded local cluster (global managers, one pComponent, two mComponents, each its own
+# process), with an ExCache of a quarter of the program's working set. Prints the program's
+# output, the ExCache counters, and native vs splitos time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+prog=(python3 scripts/workloads/wordfreq.py "${WORDS:-400000}")
+rss_kb=$(python3 - "${prog[@]}" <<'PY'
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+PY
+)
+excache_mb=$(( rss_kb / 1024 / 4 ))
+echo "== working set (native peak RSS): $(( rss_kb / 1024 )) MiB; ExCache: ${excache_mb} MiB (25%)"
+echo "== ${prog[*]} under splitos:"
+exec target/release/splitos run --excache "${excache_mb}M" --stats --compare-native -- "${prog[@]}"

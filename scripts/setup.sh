@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what splitos needs beyond the toolchains, then builds it. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v g++ >/dev/null || need+=(g++)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+command -v python3 >/dev/null || need+=(python3)
+command -v node >/dev/null || need+=(nodejs)
+command -v javac >/dev/null || need+=(default-jdk-headless)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${need[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+if [ "$(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0)" != 1 ] && [ "$(id -u)" -ne 0 ]; then
+    echo "setup: note: userfaultfd needs root or vm.unprivileged_userfaultfd=1" >&2
+fi
+cargo build --release --workspace --quiet

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Every test: unit tests, then end-to-end tests that start real component processes and run
+# real programs (C, C++, Python, Node.js, Java, bash) against native runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+cargo test --release --workspace --no-fail-fast "$@"
