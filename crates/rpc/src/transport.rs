@@ -27,8 +27,7 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 /// TCP with Nagle off. `delay_us` is added before every write (fault injection; 0 = none).
-/// A read first polls the socket for up to `spin_us` before sleeping in the kernel: on
-/// virtual machines, waking a halted vCPU costs more than a whole loopback round trip.
+/// A read first polls the socket for up to `spin_us` ([`spin_poll`]) before sleeping.
 #[derive(Clone)]
 pub struct TcpTransport {
     pub delay_us: Arc<AtomicU64>,
@@ -65,26 +64,51 @@ struct TcpConn {
 
 impl Read for TcpConn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let spin = self.spin_us.load(Ordering::Relaxed);
-        if spin > 0 && !buf.is_empty() {
-            use std::os::fd::AsRawFd;
-            let t0 = std::time::Instant::now();
-            loop {
-                let n = unsafe { libc::recv(self.s.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
+        use std::os::fd::AsRawFd;
+        let spin = Duration::from_micros(self.spin_us.load(Ordering::Relaxed));
+        if !buf.is_empty() {
+            let fd = self.s.as_raw_fd();
+            let r = spin_poll(spin, || {
+                let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
                 if n >= 0 {
-                    return Ok(n as usize);
+                    return Some(Ok(n as usize));
                 }
                 let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
+                    _ => Some(Err(e)),
                 }
-                if t0.elapsed() >= Duration::from_micros(spin) {
-                    break;
-                }
-                std::hint::spin_loop();
+            });
+            if let Some(r) = r {
+                return r;
             }
         }
         self.s.read(buf)
+    }
+}
+
+/// Calls `try_once` until it yields something or `budget` passes: polling hard for the first
+/// quarter, then yielding the CPU between polls. The caller then sleeps in the kernel. On
+/// virtual machines waking a halted vCPU costs more than a loopback round trip; a yielding
+/// poller keeps its vCPU awake while any runnable thread (the peer it waits for) still gets it.
+pub fn spin_poll<T>(budget: Duration, mut try_once: impl FnMut() -> Option<T>) -> Option<T> {
+    if budget.is_zero() {
+        return try_once();
+    }
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(v) = try_once() {
+            return Some(v);
+        }
+        let waited = t0.elapsed();
+        if waited >= budget {
+            return None;
+        }
+        if waited < budget / 4 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -121,6 +145,7 @@ struct TcpListen {
     delay_us: Arc<AtomicU64>,
     spin_us: Arc<AtomicU64>,
 }
+
 
 impl Listener for TcpListen {
     fn accept(&self) -> io::Result<Box<dyn Conn>> {

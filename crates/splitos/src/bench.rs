@@ -1,16 +1,20 @@
 //! `splitos bench floor`: the floors a miss is compared with, measured on this machine in the
 //! same run as the benchmark: a native first-touch page fault, a userfaultfd fault served by
 //! another thread with a local page, a raw TCP loopback round trip carrying 4 KB, and the
-//! splitos RPC round trip carrying 4 KB to a running mComponent.
+//! splitos RPC round trip carrying 4 KB to a running mComponent. Waiters poll before they
+//! sleep, as the system's own do.
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
+use splitos_rpc::transport::{spin_poll, TcpTransport, Transport};
 use splitos_shim_abi::uffd;
 
 const PAGE: usize = 4096;
+/// The floors poll as hard as the system does (see `spin_poll`), so that the comparison is
+/// between mechanisms, not between a polling and a sleeping waiter.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(splitos_rpc::transport::DEFAULT_SPIN_US);
 
 fn summary(name: &str, h: &Histogram<u64>) -> serde_json::Value {
     serde_json::json!({"name": name, "n": h.len(), "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "mean_ns": h.mean() as u64})
@@ -49,11 +53,17 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
         let page = vec![7u8; PAGE];
         let mut served = 0;
         while served < n {
-            let mut pfd = libc::pollfd { fd: raw, events: libc::POLLIN, revents: 0 };
-            unsafe { libc::poll(&mut pfd, 1, 1000) };
             let mut m = uffd::Msg::default();
-            let r = unsafe { libc::read(raw, &mut m as *mut _ as *mut libc::c_void, std::mem::size_of::<uffd::Msg>()) };
-            if r <= 0 || m.event != uffd::EVENT_PAGEFAULT {
+            let got = spin_poll(SPIN, || {
+                let r = unsafe { libc::read(raw, &mut m as *mut _ as *mut libc::c_void, std::mem::size_of::<uffd::Msg>()) };
+                (r > 0).then_some(())
+            });
+            if got.is_none() {
+                let mut pfd = libc::pollfd { fd: raw, events: libc::POLLIN, revents: 0 };
+                unsafe { libc::poll(&mut pfd, 1, 1000) };
+                continue;
+            }
+            if m.event != uffd::EVENT_PAGEFAULT {
                 continue;
             }
             let mut c = uffd::Copy { dst: m.address & !(PAGE as u64 - 1), src: page.as_ptr() as u64, len: PAGE as u64, mode: 0, copy: 0 };
@@ -75,13 +85,16 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
     h
 }
 
-/// A 64-byte request answered with 4 KB over TCP loopback, echo server on another thread.
-fn tcp_floor(n: usize) -> Histogram<u64> {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
+/// A 64-byte request answered with 4 KB over TCP loopback, echo server on another thread,
+/// both ends reading through the transport splitos uses, polling for `spin_us` first (0: a
+/// plain blocking read, which the scheduler often turns into a same-CPU ping-pong).
+fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
+    let t = TcpTransport::from_env();
+    t.spin_us.store(spin_us, std::sync::atomic::Ordering::Relaxed);
+    let l = t.listen("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr();
     std::thread::spawn(move || {
-        let (mut s, _) = l.accept().expect("accept");
-        s.set_nodelay(true).ok();
+        let mut s = l.accept().expect("accept");
         let page = vec![1u8; PAGE];
         let mut req = [0u8; 64];
         while s.read_exact(&mut req).is_ok() {
@@ -90,15 +103,14 @@ fn tcp_floor(n: usize) -> Histogram<u64> {
             }
         }
     });
-    let mut c = TcpStream::connect(addr).expect("connect");
-    c.set_nodelay(true).ok();
+    let mut c = t.connect(&addr, std::time::Duration::from_secs(3)).expect("connect");
     let mut page = vec![0u8; PAGE];
     let mut h = hist();
     for _ in 0..n {
-        let t = Instant::now();
+        let t0 = Instant::now();
         c.write_all(&[0u8; 64]).expect("write");
         c.read_exact(&mut page).expect("read");
-        let _ = h.record(t.elapsed().as_nanos() as u64);
+        let _ = h.record(t0.elapsed().as_nanos() as u64);
     }
     h
 }
@@ -122,7 +134,8 @@ pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
     let mut out = vec![
         summary("native_first_touch", &native_first_touch(n)),
         summary("uffd_fault_local_page", &uffd_floor(n)),
-        summary("tcp_rtt_4k", &tcp_floor(n)),
+        summary("tcp_rtt_4k", &tcp_floor(n, 0)),
+        summary("tcp_rtt_4k_polling", &tcp_floor(n, splitos_rpc::transport::DEFAULT_SPIN_US)),
     ];
     if let Some(a) = mcomp {
         out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n)?));

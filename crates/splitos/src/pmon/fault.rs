@@ -27,10 +27,17 @@ pub struct Writeback {
 /// reads itself, so a miss crosses no thread boundary inside the pComponent. Several workers
 /// serve several faulting threads of the program at once.
 pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
+    let wait = match uffd::FaultWait::new(&proc_.uffd, &proc_.stop) {
+        Ok(w) => w,
+        Err(e) => {
+            p.fail_process(&proc_, format!("cannot wait for page faults: {e}"));
+            return;
+        }
+    };
     let mut faults = Vec::with_capacity(16);
     while proc_.alive.load(Relaxed) {
         faults.clear();
-        if uffd::read_faults(&proc_.uffd, &proc_.stop, 1000, &mut faults).is_none() {
+        if wait.next(&proc_.uffd, p.fault_spin, 1000, &mut faults).is_none() {
             break;
         }
         let t0 = Instant::now();

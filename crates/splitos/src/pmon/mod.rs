@@ -143,6 +143,9 @@ pub struct Pcomp {
     next_pid: AtomicU64,
     runs: Mutex<HashMap<u64, Arc<RunStats>>>,
     total: Arc<RunStats>,
+    /// How long a fault worker polls for the next fault before sleeping (the transport's
+    /// `SPLITOS_NET_SPIN_US` budget).
+    fault_spin: std::time::Duration,
     started: Instant,
 }
 
@@ -307,6 +310,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         next_pid: AtomicU64::new(1),
         runs: Mutex::new(HashMap::new()),
         total: Arc::new(RunStats::default()),
+        fault_spin: std::time::Duration::from_micros(node.transport.spin_us.load(Relaxed)),
         started: Instant::now(),
     });
     let shim_sock = args.shim_sock.to_string_lossy().to_string();

@@ -80,23 +80,53 @@ pub fn punch(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
     }
 }
 
-/// Waits up to `timeout_ms` for faults; returns page-fault (flags, address) pairs, or `None`
-/// when `stop` was signalled.
-pub fn read_faults(uffd_fd: &OwnedFd, stop: &OwnedFd, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
-    let mut pfd = [
-        libc::pollfd { fd: uffd_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-    ];
-    let n = unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) };
-    if n <= 0 {
-        return Some(());
+/// One fault worker's wait: an epoll set holding the process's uffd exclusively (a fault wakes
+/// one worker, not all of them) and the process's stop eventfd.
+pub struct FaultWait {
+    ep: OwnedFd,
+}
+
+impl FaultWait {
+    pub fn new(uffd_fd: &OwnedFd, stop: &OwnedFd) -> io::Result<FaultWait> {
+        use std::os::fd::FromRawFd;
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        for (fd, flags, tag) in [(uffd_fd, libc::EPOLLIN | libc::EPOLLEXCLUSIVE, 0u64), (stop, libc::EPOLLIN, 1)] {
+            let mut ev = libc::epoll_event { events: flags as u32, u64: tag };
+            if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(FaultWait { ep })
     }
-    if pfd[1].revents != 0 {
-        return None;
+
+    /// Waits up to `timeout_ms` for faults; appends page-fault (flags, address) pairs to `out`.
+    /// `None` when the process was told to stop.
+    /// Polls the uffd for up to `spin` first (a busy program faults again within microseconds,
+    /// and a sleeping worker's vCPU is slow to wake).
+    pub fn next(&self, uffd_fd: &OwnedFd, spin: std::time::Duration, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
+        if splitos_rpc::transport::spin_poll(spin, || (read_msgs(uffd_fd, out) > 0).then_some(())).is_some() {
+            return Some(());
+        }
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 2, timeout_ms) };
+        if n <= 0 {
+            return Some(());
+        }
+        if evs[..n as usize].iter().any(|e| e.u64 == 1 || e.events & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0) {
+            return None;
+        }
+        read_msgs(uffd_fd, out);
+        Some(())
     }
-    if pfd[0].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
-        return None;
-    }
+}
+
+/// Reads pending uffd messages without blocking; returns how many page faults it added.
+fn read_msgs(uffd_fd: &OwnedFd, out: &mut Vec<(u64, u64)>) -> usize {
+    let before = out.len();
     let mut msgs = [uffd::Msg::default(); 16];
     let n = unsafe { libc::read(uffd_fd.as_raw_fd(), msgs.as_mut_ptr() as *mut _, std::mem::size_of_val(&msgs)) };
     if n > 0 {
@@ -106,5 +136,5 @@ pub fn read_faults(uffd_fd: &OwnedFd, stop: &OwnedFd, timeout_ms: i32, out: &mut
             }
         }
     }
-    Some(())
+    out.len() - before
 }
