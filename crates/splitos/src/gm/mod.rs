@@ -88,11 +88,14 @@ impl Handler for Gm {
             }
             Msg::C2G_STATUS => Msg::G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size },
             Msg::C2G_PLACE_PROCESS => {
-                let comps = self.comps.lock().unwrap();
-                let best = comps.iter().filter(|e| e.info.role == Role::Proc && Gm::alive(e)).min_by_key(|e| e.info.load.threads);
+                let mut comps = self.comps.lock().unwrap();
+                let best = comps.iter_mut().filter(|e| e.info.role == Role::Proc && Gm::alive(e)).min_by_key(|e| e.info.load.threads);
                 match best {
                     Some(e) => {
                         metrics::counter!("gpm_placements_total").increment(1);
+                        // Count the new process's thread until the next heartbeat reports it, so
+                        // that processes started together spread.
+                        e.info.load.threads += 1;
                         Msg::G2C_PLACED { pcomp: e.info.clone() }
                     }
                     None => Msg::err(ErrCode::Unreachable, "no pComponent is alive"),
