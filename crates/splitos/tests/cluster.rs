@@ -173,3 +173,19 @@ fn knobs_of_a_configured_cluster_take_effect() {
     let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
     assert!(text(&out.stdout).contains("pcomp_misses_total"), "Prometheus counters: {}", text(&out.stdout));
 }
+
+#[test]
+fn a_dead_pcomponent_stops_its_programs_with_a_message() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let p = program("hold");
+    let mut child = c.spawn(&[], &[p.to_str().unwrap(), "8"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let os_pid = c.components("pcomponent")[0]["stats"]["processes"][0]["os_pid"].as_i64().unwrap() as i32;
+    let pcomp_addr = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    unsafe { libc::kill(c.state_pids()[2], libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("pComponent") && err.contains(&pcomp_addr), "{err}");
+    assert!(!std::path::Path::new(&format!("/proc/{os_pid}")).exists(), "the program does not outlive its pComponent");
+}

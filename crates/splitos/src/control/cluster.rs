@@ -60,9 +60,12 @@ fn spawn(dir: &Path, name: &str, args: &[String], detach: bool) -> anyhow::Resul
     let mut cmd = Command::new(self_exe()?);
     cmd.args(args).arg("--ready-file").arg(&ready).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     cmd.env_remove("LD_PRELOAD");
+    use std::os::unix::process::CommandExt;
     if detach {
-        use std::os::unix::process::CommandExt;
         cmd.process_group(0);
+    } else {
+        // An embedded cluster ends with the run that started it, even if that run is killed.
+        unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
     }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
     Ok((child, ready))

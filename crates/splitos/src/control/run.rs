@@ -1,6 +1,9 @@
 //! `splitos run`: runs an unmodified program with its heap on the cluster's mComponents.
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use splitos_rpc::Msg;
@@ -140,10 +143,21 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 
     let result = run_on(&gm, &path, &a);
     if let Some((mut c, dir)) = embedded {
+        // Processes the program left behind (a pipeline's other end, a daemon) would hang on
+        // their first miss once the cluster is gone: stop them, and say so.
+        if let Ok((_, _, _, run_id)) = &result {
+            let left = processes_of_run(*run_id);
+            for pid in &left {
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            if !left.is_empty() {
+                eprintln!("splitos: stopped {} process(es) the program left running; the embedded cluster ends with the run", left.len());
+            }
+        }
         c.stop();
         let _ = std::fs::remove_dir_all(dir);
     }
-    let (code, secs, stats) = result?;
+    let (code, secs, stats, _) = result?;
     if a.print_stats {
         let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99"];
         let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
@@ -162,7 +176,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value)> {
+fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
     let pcomp = match cluster::client(gm)?.call(&Msg::C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))? {
         Msg::G2C_PLACED { pcomp } => pcomp,
         other => anyhow::bail!("unexpected reply {}", other.name()),
@@ -175,17 +189,26 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
     };
     let run_id = (std::process::id() as u64) << 32 | rand_bits();
     let t0 = Instant::now();
-    let mut child = Command::new(path)
-        .args(&a.program[1..])
-        .env("LD_PRELOAD", preload)
-        .env(ENV_SOCK, &sock)
-        .env(ENV_RUN_ID, run_id.to_string())
-        .env(ENV_VNODE, &a.vnode)
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
-    // The terminal's ^C reaches the program; we only wait for it.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let mut cmd = Command::new(path);
+    cmd.args(&a.program[1..]).env("LD_PRELOAD", preload).env(ENV_SOCK, &sock).env(ENV_RUN_ID, run_id.to_string()).env(ENV_VNODE, &a.vnode);
+    // SAFETY: prctl is async-signal-safe; the program dies with us rather than outliving the
+    // run that owns its cluster.
+    unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
+    let mut child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
+    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    unsafe {
+        // The terminal's ^C reaches the program itself; a SIGTERM or SIGHUP sent to us is passed on.
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, forward as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, forward as *const () as libc::sighandler_t);
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let lost = watch_pcomponent(pcomp.clone(), run_id, done.clone());
     let st = child.wait()?;
+    done.store(true, Ordering::Relaxed);
+    if let Some(why) = lost.lock().unwrap().take() {
+        anyhow::bail!("{why}");
+    }
     let secs = t0.elapsed().as_secs_f64();
     let stats = match cluster::client(&pcomp.addr)?.call(&Msg::C2P_RUN_STATS { run_id }) {
         Ok(Msg::X2C_STATS { json }) => serde_json::from_str(&json)?,
@@ -203,7 +226,54 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
         std::fs::write(f, serde_json::to_string_pretty(&s)?)?;
     }
-    Ok((exit_code(st), secs, stats))
+    Ok((exit_code(st), secs, stats, run_id))
+}
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Every process of this run (the program and whatever it forked or executed).
+fn processes_of_run(run_id: u64) -> Vec<i32> {
+    let needle = format!("{ENV_RUN_ID}={run_id}");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes())))
+        .collect()
+}
+
+/// The program's heap is served by its pComponent: if that component goes away, the
+/// program's faults can never be served. Stop every process of the run with a message naming
+/// the component instead of leaving them hung.
+fn watch_pcomponent(pcomp: splitos_rpc::ComponentInfo, run_id: u64, done: Arc<AtomicBool>) -> Arc<Mutex<Option<String>>> {
+    let lost = Arc::new(Mutex::new(None));
+    let l2 = lost.clone();
+    std::thread::spawn(move || {
+        let mut failures = 0;
+        while !done.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            let alive = cluster::client(&pcomp.addr).ok().and_then(|c| c.call_timeout(&Msg::C2X_PING, std::time::Duration::from_secs(2)).ok()).is_some();
+            failures = if alive { 0 } else { failures + 1 };
+            if failures >= 3 && !done.load(Ordering::Relaxed) {
+                let why = format!("pComponent {} at {} is unreachable; its programs' memory cannot be served, so they were stopped", pcomp.id, pcomp.addr);
+                eprintln!("splitos: {why}");
+                *l2.lock().unwrap() = Some(why);
+                for pid in processes_of_run(run_id) {
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                return;
+            }
+        }
+    });
+    lost
 }
 
 fn rand_bits() -> u64 {

@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""The LegoOS memory evaluation (section 6, figures 10-15) reproduced on this machine.
+
+Real programs nobody on the team wrote run natively with all the memory they want (the 1.0
+line), under splitos with an ExCache of 12.5/25/50/100% of their measured working set, and
+under Linux with the same memory limit (a cgroup) swapping to a swap file and to zram. Every
+run's output is checked against the native run. Also: ExCache management (figure 13), the
+number of mComponents (figure 14) and two programs at once (figure 15).
+
+    python3 scripts/bench/suite.py [--quick] [--reps N] [--out DIR]
+
+Writes DIR/suite.json, one PNG per figure, and the report DIR/benchmarks.md section (by
+default results/ and docs/). Needs root (cgroups, swap) and installs what it needs itself:
+Debian packages it lacks and a Python environment in .bench/ with scikit-learn, matplotlib
+and tqdm.
+"""
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SPLITOS = os.path.join(ROOT, "target", "release", "splitos")
+WORK = os.path.join(ROOT, ".bench")
+VENV = os.path.join(WORK, "venv")
+VPY = os.path.join(VENV, "bin", "python")
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+# ----------------------------------------------------------------------------- set-up
+
+def ensure_env():
+    """Debian packages and the Python environment; then re-run this script inside it."""
+    need = [pkg for cmd, pkg in (("xz", "xz-utils"), ("sqlite3", "sqlite3"), ("mkswap", "util-linux"), ("gcc", "gcc")) if not shutil.which(cmd)]
+    if need:
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if not os.path.exists(VPY):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    probe = subprocess.run([VPY, "-c", "import sklearn, matplotlib, tqdm"], capture_output=True)
+    if probe.returncode != 0:
+        subprocess.run([VPY, "-m", "pip", "install", "-q", "scikit-learn", "matplotlib", "tqdm"], check=True)
+    if not os.path.exists(SPLITOS):
+        subprocess.run(["cargo", "build", "--release", "--workspace", "--quiet"], cwd=ROOT, check=True)
+    if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+        os.execv(VPY, [VPY, *sys.argv])
+
+
+def machine():
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024
+    return {"cores": os.cpu_count(), "cpu": cpu, "memory_mib": mem, "kernel": platform.release()}
+
+
+def corpus(path, mib):
+    """A deterministic English-like text of `mib` MiB."""
+    if os.path.exists(path) and os.path.getsize(path) >= mib << 20:
+        return path
+    rng = random.Random(11)
+    vocab = ["".join(rng.choice("etaoinshrdlucmfwypvbgkqjxz") for _ in range(rng.randint(2, 9))) for _ in range(30000)]
+    with open(path + ".tmp", "w") as f:
+        written = 0
+        while written < mib << 20:
+            line = " ".join(vocab[int(len(vocab) * rng.random() ** 2)] for _ in range(12)) + "\n"
+            f.write(line)
+            written += len(line)
+    os.rename(path + ".tmp", path)
+    return path
+
+
+# ----------------------------------------------------------------------------- workloads
+
+def workloads(quick):
+    data = os.path.join(WORK, "data")
+    os.makedirs(data, exist_ok=True)
+    text = corpus(os.path.join(data, f"corpus-{'q' if quick else 'f'}.txt"), 1 if quick else 24)
+    rows = 20000 if quick else 400000
+    sql = os.path.join(data, f"workload-{rows}.sql")
+    with open(sql, "w") as f:
+        f.write(f"""CREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT, v INTEGER);
+WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < {rows})
+INSERT INTO t SELECT i, printf('key%07d', (i * 7919) % {rows}), (i * 104729) % 1000 FROM c;
+CREATE INDEX tk ON t(k);
+SELECT count(*), sum(v), min(k), max(k) FROM t;
+SELECT v % 10, count(*), avg(v) FROM t GROUP BY v % 10 ORDER BY 1;
+SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
+""")
+    sh = lambda s: ["bash", "-c", s]
+    return {
+        "ml-train (scikit-learn MLP, CIFAR-shaped)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "mltrain.py"), "300" if quick else "6000", "1" if quick else "6"],
+                                                       "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
+        "wordcount (tr | sort | uniq -c)": {"cmd": sh(f"tr -cs 'A-Za-z' '\\n' < {text} | sort -S 512M | uniq -c | sort -rn -S 64M | head -20")},
+        "sort (GNU sort, in memory)": {"cmd": sh(f"sort -S 1G -k3 {text} | md5sum")},
+        "xz (compress, -6)": {"cmd": sh(f"xz -6 -T1 -c {text} | md5sum")},
+        "sqlite3 (in-memory database)": {"cmd": ["sqlite3", ":memory:", f".read {sql}"]},
+    }
+
+
+# ----------------------------------------------------------------------------- running
+
+TIMEOUT = {"s": None}
+
+
+def run(cmd, env=None, prefix=()):
+    """Runs a command; returns (wall seconds, stdout digest, exit code, stdout, stderr). A run
+    longer than TIMEOUT is stopped and reported as taking the timeout (exit code -1)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+    try:
+        out, err = p.communicate(timeout=TIMEOUT["s"])
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        try:
+            out, err = p.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        code = -1
+    secs = time.monotonic() - t0
+    return secs, hashlib.sha256(out).hexdigest(), code, out, err
+
+
+def working_set_kib(cmd, env):
+    """Peak resident set of the largest process of the command, run natively."""
+    code = "import resource, subprocess, sys, os; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    return int(subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, check=True, env=dict(os.environ, **(env or {}))).stdout)
+
+
+def splitos_prefix(excache_kib, stats, extra=()):
+    return [SPLITOS, "run", "--embedded", "--excache", f"{max(excache_kib, 1024)}K", "--stats-json", stats, *extra, "--"]
+
+
+@contextlib.contextmanager
+def swap_device(kind, mib):
+    """A swap file or zram device, the only swap while the block runs."""
+    off = [l.split()[0] for l in open("/proc/swaps").read().splitlines()[1:]]
+    for dev in off:
+        subprocess.run(["swapoff", dev], check=True)
+    path = os.path.join(WORK, "swapfile") if kind == "file" else "/dev/zram0"
+    try:
+        if kind == "file":
+            subprocess.run(["fallocate", "-l", f"{mib}M", path], check=True)
+            os.chmod(path, 0o600)
+        else:
+            open("/sys/block/zram0/reset", "w").write("1")
+            open("/sys/block/zram0/disksize", "w").write(f"{mib}M")
+        subprocess.run(["mkswap", "-q", path], check=True, capture_output=True)
+        subprocess.run(["swapon", path], check=True)
+        yield path
+    finally:
+        subprocess.run(["swapoff", path], capture_output=True)
+        if kind == "file":
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        else:
+            with contextlib.suppress(OSError):
+                open("/sys/block/zram0/reset", "w").write("1")
+        for dev in off:
+            subprocess.run(["swapon", dev], capture_output=True)
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes):
+    """A cgroup-v1 memory cgroup limited to `limit_bytes`; yields the command prefix that runs
+    a program inside it."""
+    cg = os.path.join(CGROUP_ROOT, f"splitos-bench-{os.getpid()}")
+    os.makedirs(cg, exist_ok=True)
+    try:
+        open(os.path.join(cg, "memory.limit_in_bytes"), "w").write(str(limit_bytes))
+        with contextlib.suppress(OSError):
+            open(os.path.join(cg, "memory.swappiness"), "w").write("60")
+        yield ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"]
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(cg)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small inputs, one repetition: a few minutes")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per configuration (default 3, quick 1)")
+    ap.add_argument("--out", default=None, help="directory for suite.json, the plots and benchmarks.md (default: results/ and docs/)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("the suite needs root: memory cgroups and swap devices")
+    ensure_env()
+    from tqdm import tqdm
+
+    reps = args.reps or (1 if args.quick else 3)
+    fractions = [0.25, 1.0] if args.quick else [0.125, 0.25, 0.5, 1.0]
+    limits = [0.25] if args.quick else [0.25, 0.5]
+    wl = workloads(args.quick)
+    res = {"machine": machine(), "quick": args.quick, "reps": reps, "workloads": {}}
+
+    # The plan first, so that the progress bar knows its length.
+    plan = []
+    for name in wl:
+        plan += [(name, "native", None)] * reps
+        plan += [(name, "splitos", f) for f in fractions for _ in range(reps)]
+        plan += [(name, kind, f) for kind in ("swap-file", "zram") for f in limits for _ in range(reps)]
+    fig13 = [("fifo", True, 0), ("clock", True, 0), ("fifo", False, 0), ("fifo", True, 1), ("fifo", True, 4), ("clock", False, 4)]
+    if args.quick:
+        fig13 = fig13[:3]
+    mcomps = (1, 2) if args.quick else (1, 2, 3, 4)
+    fig13_wl = "wordcount (tr | sort | uniq -c)"
+    plan += [("fig13", c, None) for c in fig13 for _ in range(reps)]
+    plan += [("fig14", m, None) for m in mcomps for _ in range(reps)]
+    plan += [("fig15", c, None) for c in ("alone", "2 pComponents on 1 mComponent", "1 pComponent on 2 mComponents") for _ in range(reps)]
+
+    bar = tqdm(total=len(plan), unit="run", file=sys.stderr, dynamic_ncols=True)
+    native_out, ws = {}, {}
+    for name, spec in wl.items():
+        env = spec.get("env")
+        ws[name] = working_set_kib(spec["cmd"], env)
+        r = res["workloads"][name] = {"working_set_kib": ws[name], "native_s": [], "splitos": {}, "swap-file": {}, "zram": {}, "mismatches": []}
+        TIMEOUT["s"] = None
+        for _ in range(reps):
+            bar.set_description(f"{name[:24]}: native")
+            secs, digest, code, out, err = run(spec["cmd"], env)
+            if code != 0:
+                sys.exit(f"{name} failed natively: {err.decode()[-500:]}")
+            native_out[name] = digest
+            r["native_s"].append(secs)
+            r["native_output"] = out.decode(errors="replace")[-400:]
+            bar.update()
+        # No configuration may take more than this many times native: beyond it the run is
+        # stopped and reported at the bound (marked in the report).
+        r["timeout_s"] = TIMEOUT["s"] = max(20.0 if args.quick else 60.0, 40 * med(r["native_s"]))
+        for f in fractions:
+            runs = r["splitos"][str(f)] = []
+            for _ in range(reps):
+                bar.set_description(f"{name[:24]}: splitos {f:.1%}")
+                with tempfile.NamedTemporaryFile(suffix=".json") as st:
+                    secs, digest, code, _, err = run(spec["cmd"], env, splitos_prefix(int(ws[name] * f), st.name))
+                    stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}
+                if code == -1:
+                    r.setdefault("timed_out", []).append(f"splitos {f:.1%}")
+                elif digest != native_out[name] or code != 0:
+                    r["mismatches"].append({"config": f"splitos {f}", "stderr": err.decode(errors="replace")[-300:]})
+                runs.append({"s": secs, **{k: stats.get(k) for k in ("misses", "evictions", "flushes", "piggybacked", "plocal_fills", "wp_faults", "miss_ns_p50", "miss_ns_p99", "miss_ns_mean")}})
+                bar.update()
+        for kind in ("swap-file", "zram"):
+            for f in limits:
+                limit = int(ws[name] * f) * 1024
+                runs = r[kind][str(f)] = []
+                with swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as pre:
+                    for _ in range(reps):
+                        bar.set_description(f"{name[:24]}: {kind} {f:.0%}")
+                        secs, digest, code, _, err = run(spec["cmd"], env, pre)
+                        if code == -1:
+                            r.setdefault("timed_out", []).append(f"{kind} {f:.0%}")
+                        elif digest != native_out[name] or code != 0:
+                            r["mismatches"].append({"config": f"{kind} {f}", "stderr": err.decode(errors="replace")[-300:]})
+                        runs.append({"s": secs})
+                        bar.update()
+
+    spec = wl[fig13_wl]
+    res["fig13"] = {"workload": fig13_wl, "fraction": 0.25, "native_s": statistics.median(res["workloads"][fig13_wl]["native_s"]), "configs": []}
+    for policy, piggy, workers in fig13:
+        rs = []
+        for _ in range(reps):
+            bar.set_description(f"fig13 {policy} piggyback={piggy} workers={workers}")
+            extra = ["--policy", policy, "--mem-workers", str(workers), "--mcomponents", "1"] + ([] if piggy else ["--no-piggyback"])
+            with tempfile.NamedTemporaryFile(suffix=".json") as st:
+                secs, digest, code, _, _ = run(spec["cmd"], spec.get("env"), splitos_prefix(ws[fig13_wl] // 4, st.name, extra))
+                stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}
+            rs.append({"s": secs, "ok": digest == native_out[fig13_wl], "misses": stats.get("misses"), "piggybacked": stats.get("piggybacked")})
+            bar.update()
+        res["fig13"]["configs"].append({"policy": policy, "piggyback": piggy, "workers": workers, "runs": rs})
+
+    res["fig14"] = {"workload": fig13_wl, "fraction": 0.25, "configs": []}
+    for m in mcomps:
+        rs = []
+        for _ in range(reps):
+            bar.set_description(f"fig14 {m} mComponents")
+            with tempfile.NamedTemporaryFile(suffix=".json") as st:
+                secs, digest, *_ = run(spec["cmd"], spec.get("env"), splitos_prefix(ws[fig13_wl] // 4, st.name, ["--mcomponents", str(m)]))
+            rs.append({"s": secs, "ok": digest == native_out[fig13_wl]})
+            bar.update()
+        res["fig14"]["configs"].append({"mcomponents": m, "runs": rs})
+
+    res["fig15"] = two_programs(spec, ws[fig13_wl] // 4, native_out[fig13_wl], reps, bar)
+    bar.close()
+
+    out = args.out or os.path.join(ROOT, "results")
+    docs = args.out or os.path.join(ROOT, "docs")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "suite.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    plots(res, docs)
+    report(res, docs)
+    bad = [(n, m) for n, w in res["workloads"].items() for m in w["mismatches"]]
+    if bad:
+        sys.exit(f"outputs differ from native runs: {bad}")
+
+
+def two_programs(spec, excache_kib, native_digest, reps, bar):
+    """Figure 15: the same program twice at once, on 2 pComponents sharing 1 mComponent, and
+    on 1 pComponent with 2 mComponents; against one program alone."""
+    layouts = {
+        "alone": ("", 1),
+        "2 pComponents on 1 mComponent": ("[[pcomponent]]\nexcache = \"{e}K\"\n[[pcomponent]]\nexcache = \"{e}K\"\n[[mcomponent]]\n", 2),
+        "1 pComponent on 2 mComponents": ("[[pcomponent]]\nexcache = \"{e}K\"\n[[mcomponent]]\n[[mcomponent]]\n", 2),
+    }
+    out = {"configs": []}
+    for name, (cfg, copies) in layouts.items():
+        rs = []
+        for _ in range(reps):
+            bar.set_description(f"fig15 {name}")
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(os.environ, SPLITOS_STATE_DIR=d)
+                conf = os.path.join(d, "c.toml")
+                # One pComponent running both programs gets room for both.
+                e = excache_kib * (2 if "1 pComponent" in name else 1)
+                open(conf, "w").write(cfg.format(e=e) if cfg else f"[[pcomponent]]\nexcache = \"{e}K\"\n[[mcomponent]]\n")
+                subprocess.run([SPLITOS, "cluster", "up", "--config", conf], env=env, check=True, capture_output=True)
+                try:
+                    t0 = time.monotonic()
+                    procs = [subprocess.Popen([SPLITOS, "run", "--", *spec["cmd"]], env=dict(env, **spec.get("env", {})), stdout=subprocess.PIPE) for _ in range(copies)]
+                    outs = [p.communicate()[0] for p in procs]
+                    secs = time.monotonic() - t0
+                    ok = all(hashlib.sha256(o).hexdigest() == native_digest for o in outs) and all(p.returncode == 0 for p in procs)
+                finally:
+                    subprocess.run([SPLITOS, "cluster", "down"], env=env, capture_output=True)
+            rs.append({"s": secs, "ok": ok})
+            bar.update()
+        out["configs"].append({"layout": name, "programs": copies, "runs": rs})
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def slowdowns(res):
+    rows = {}
+    for name, w in res["workloads"].items():
+        nat = med(w["native_s"])
+        row = {"native": (1.0, 1.0, 1.0)}
+        for f, runs in w["splitos"].items():
+            s = [r["s"] / nat for r in runs]
+            row[f"splitos {float(f):.1%}"] = (med(s), min(s), max(s))
+        for kind in ("swap-file", "zram"):
+            for f, runs in w[kind].items():
+                s = [r["s"] / nat for r in runs]
+                row[f"{kind} {float(f):.0%}"] = (med(s), min(s), max(s))
+        rows[name] = row
+    return rows
+
+
+def plots(res, docs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = slowdowns(res)
+    configs = list(next(iter(rows.values())).keys())
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    width = 0.8 / len(configs)
+    for i, c in enumerate(configs):
+        vals = [rows[w][c][0] for w in rows]
+        errs = [[rows[w][c][0] - rows[w][c][1] for w in rows], [rows[w][c][2] - rows[w][c][0] for w in rows]]
+        ax.bar([x + i * width for x in range(len(rows))], vals, width, yerr=errs, label=c, capsize=2)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
+    ax.set_xticklabels([w.split(" (")[0] for w in rows])
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("time / native (log scale; lower is better)")
+    ax.set_title("Figures 10-12: slowdown vs native; splitos ExCache and Linux swap limit as % of working set")
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(os.path.join(docs, "suite-slowdown.png"), dpi=100)
+
+    fig, axs = plt.subplots(1, 3, figsize=(13, 3.8))
+    f13 = res["fig13"]
+    labels = [f"{c['policy']}\n{'piggy' if c['piggyback'] else 'no piggy'}\n{c['workers']} workers" for c in f13["configs"]]
+    axs[0].bar(labels, [med([r["s"] for r in c["runs"]]) / f13["native_s"] for c in f13["configs"]])
+    axs[0].set_title("Fig. 13: ExCache management (25%)")
+    axs[0].set_ylabel("time / native")
+    axs[0].tick_params(axis="x", labelsize=7)
+    f14 = res["fig14"]
+    axs[1].plot([c["mcomponents"] for c in f14["configs"]], [med([r["s"] for r in c["runs"]]) / f13["native_s"] for c in f14["configs"]], marker="o")
+    axs[1].set_title("Fig. 14: number of mComponents (25%)")
+    axs[1].set_xlabel("mComponents")
+    f15 = res["fig15"]
+    axs[2].bar([c["layout"].replace(" on ", "\non ") for c in f15["configs"]], [med([r["s"] for r in c["runs"]]) for c in f15["configs"]])
+    axs[2].set_title("Fig. 15: two programs at once")
+    axs[2].set_ylabel("seconds until all finish")
+    axs[2].tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(docs, "suite-figs13-15.png"), dpi=100)
+
+
+def report(res, docs):
+    m = res["machine"]
+    rows = slowdowns(res)
+    lines = [
+        "<!-- suite:begin (generated by scripts/bench/suite.py; do not edit by hand) -->",
+        "## Memory evaluation: LegoOS figures 10-15" + (" (quick mode: small inputs, one run each)" if res["quick"] else ""),
+        "",
+        f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Medians of {res['reps']} run(s); "
+        "every run's output was compared with the native run's. Numbers are time divided by native time (1.0 = native); "
+        "the range is min–max over the runs. Linux swap baselines run in a memory cgroup limited to the same share of the "
+        "working set, swapping to a swap file or to zram.",
+        "",
+        "| workload | working set | native s | " + " | ".join(next(iter(rows.values())).keys()) + " |",
+        "|---|---|---|" + "---|" * len(next(iter(rows.values()))),
+    ]
+    for name, row in rows.items():
+        w = res["workloads"][name]
+        cells = [f"{v[0]:.2f} ({v[1]:.2f}–{v[2]:.2f})" if k != "native" else "1.00" for k, v in row.items()]
+        lines.append(f"| {name} | {w['working_set_kib'] // 1024} MiB | {med(w['native_s']):.2f} | " + " | ".join(cells) + " |")
+    stopped = [f"{n}: {', '.join(w['timed_out'])}" for n, w in res["workloads"].items() if w.get("timed_out")]
+    if stopped:
+        lines += ["", "Runs stopped at the time bound (their numbers are lower bounds): " + "; ".join(stopped) + "."]
+    lines += ["", "![slowdown](suite-slowdown.png)", "", "What each result says:", ""]
+    for name, row in rows.items():
+        w = res["workloads"][name]
+        q = w["splitos"]["0.25"]
+        sp, swf, zr = row["splitos 25.0%"][0], row["swap-file 25%"][0], row["zram 25%"][0]
+        misses = med([r["misses"] or 0 for r in q])
+        miss_us = med([(r["miss_ns_mean"] or 0) / 1000 for r in q])
+        wp = med([r["wp_faults"] or 0 for r in q])
+        total = med([r["s"] for r in q])
+        in_miss = misses * miss_us / 1e6
+        verdict = "faster than" if sp < min(swf, zr) else ("between" if sp < max(swf, zr) else "slower than")
+        lines.append(
+            f"- **{name}**: at 25% splitos runs {sp:.2f}x native, {verdict} Linux swapping under the same limit "
+            f"(swap file {swf:.2f}x, zram {zr:.2f}x). It took {misses:.0f} misses at {miss_us:.1f} µs mean "
+            f"(≈{in_miss:.1f} s of its {total:.1f} s) and {wp:.0f} write-protect faults."
+        )
+    lines += [
+        "",
+        "Where splitos is slower than LegoOS's 1.68x (TensorFlow) and 1.34x (Phoenix) at 25%, the counters say why: "
+        "every miss is a userfaultfd trap plus a TCP round trip (tens of µs here, against LegoOS's ~10 µs over "
+        "InfiniBand), and these programs miss often at 25% because their heaps are touched all over (interpreters' "
+        "garbage collectors and reference counts, hash tables). What would close the gap: prefetching sequential "
+        "misses in batches, installing lines that are read and then written as dirty at once (saving the "
+        "write-protect fault), a faster transport (RDMA, or shared memory on one host), and an ExCache policy that "
+        "sees reads (an accessed-bit interface).",
+        "",
+    ]
+    f13, f14, f15 = res["fig13"], res["fig14"], res["fig15"]
+    lines += ["### Figure 13: ExCache management (" + f13["workload"] + ", 25%)", "", "| policy | piggyback | mComponent workers | time / native | misses | piggybacked |", "|---|---|---|---|---|---|"]
+    for c in f13["configs"]:
+        lines.append(f"| {c['policy']} | {'on' if c['piggyback'] else 'off'} | {c['workers']} | {med([r['s'] for r in c['runs']]) / f13['native_s']:.2f} | "
+                     f"{med([r['misses'] or 0 for r in c['runs']]):.0f} | {med([r['piggybacked'] or 0 for r in c['runs']]):.0f} |")
+    lines += ["", "Piggyback turns a dirty eviction and the fill that caused it into one round trip; CLOCK keeps lines "
+              "written since its hand passed; worker pools add a thread hand-off per request, which two cores pay for.", ""]
+    lines += ["### Figure 14: number of mComponents (25%)", "", "| mComponents | time / native |", "|---|---|"]
+    for c in f14["configs"]:
+        lines.append(f"| {c['mcomponents']} | {med([r['s'] for r in c['runs']]) / f13['native_s']:.2f} |")
+    lines += ["", "More mComponents spread vRegions but cut piggybacking (flush and fill must go to the same owner), "
+              "as in LegoOS; on one host they also compete for the same two cores.", ""]
+    lines += ["### Figure 15: two programs at once", "", "| layout | programs | seconds until all finish |", "|---|---|---|"]
+    for c in f15["configs"]:
+        lines.append(f"| {c['layout']} | {c['programs']} | {med([r['s'] for r in c['runs']]):.2f} |")
+    lines += ["", "Two programs on one host share its two cores whichever layout runs them; the layouts differ in "
+              "whether they share a memory component or an ExCache.", "", "![figures 13-15](suite-figs13-15.png)", "<!-- suite:end -->"]
+    path = os.path.join(docs, "benchmarks.md")
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
+    block = "\n".join(lines) + "\n"
+    if "<!-- suite:begin" in text:
+        head, rest = text.split("<!-- suite:begin", 1)
+        text = head + block + rest.split("<!-- suite:end -->", 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    open(path, "w").write(text)
+
+
+if __name__ == "__main__":
+    main()
