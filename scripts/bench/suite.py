@@ -169,6 +169,14 @@ def swap_device(kind, mib):
             subprocess.run(["swapon", dev], capture_output=True)
 
 
+def oom_kills(cg):
+    """How many processes the OOM killer has ended in this cgroup so far."""
+    for line in open(os.path.join(cg, "memory.oom_control")):
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
 @contextlib.contextmanager
 def memory_cgroup(limit_bytes):
     """A cgroup-v1 memory cgroup limited to `limit_bytes`; yields the command prefix that runs
@@ -179,7 +187,7 @@ def memory_cgroup(limit_bytes):
         open(os.path.join(cg, "memory.limit_in_bytes"), "w").write(str(limit_bytes))
         with contextlib.suppress(OSError):
             open(os.path.join(cg, "memory.swappiness"), "w").write("60")
-        yield ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"]
+        yield ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"], lambda: oom_kills(cg)
     finally:
         for _ in range(50):
             try:
@@ -261,13 +269,14 @@ def main():
             for f in limits:
                 limit = int(ws[name] * f) * 1024
                 runs = r[kind][str(f)] = []
-                with swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as pre:
+                with swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
                     for _ in range(reps):
                         bar.set_description(f"{name[:24]}: {kind} {f:.0%}")
+                        before = kills()
                         secs, digest, code, _, err = run(spec["cmd"], env, pre)
                         if code == -1:
                             r.setdefault("timed_out", []).append(f"{kind} {f:.0%}")
-                        elif code == -9:
+                        elif kills() > before:
                             # The kernel's OOM killer ended it: Linux could not run it under this limit.
                             r.setdefault("oom_killed", []).append(f"{kind} {f:.0%}")
                         elif digest != native_out[name] or code != 0:

@@ -84,6 +84,9 @@ impl Pcomp {
                     continue;
                 }
                 if (wp_fault || write) && line.wp {
+                    if !line.dirty {
+                        p.written_after_read.fetch_add(1, Relaxed);
+                    }
                     let l = g.cache.line_mut(slot);
                     l.wp = false;
                     l.dirty = true;
@@ -154,7 +157,13 @@ impl Pcomp {
                 return;
             }
         };
-        let installed = match uffd::copy(&p.uffd, page_addr, &data, !write) {
+        // A line installed writable is dirty from the start: no write to it can go unseen.
+        let writable = write || p.predicts_write();
+        if !writable {
+            // Only lines installed write-protected can show whether a write follows.
+            p.read_fills.fetch_add(1, Relaxed);
+        }
+        let installed = match uffd::copy(&p.uffd, page_addr, &data, !writable) {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(pid = p.pid, addr = page_addr, error = %e, "cannot install a line");
@@ -164,7 +173,7 @@ impl Pcomp {
         let mut g = self.inner.lock().unwrap();
         if g.cache.lookup(p.pid, vpn) == Some(slot) {
             match installed {
-                Install::Done | Install::Exists => g.cache.complete(slot, write, !write),
+                Install::Done | Install::Exists => g.cache.complete(slot, writable, !writable),
                 Install::Gone => {
                     g.cache.remove(p.pid, vpn);
                 }

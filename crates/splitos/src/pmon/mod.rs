@@ -111,6 +111,18 @@ pub struct Proc {
     run: Arc<RunStats>,
     alive: AtomicBool,
     stop: OwnedFd,
+    /// Lines this process faulted in by a read, and how many of those it then wrote: when most
+    /// reads are followed by a write (reference counts, hash-table updates), read misses are
+    /// installed writable and dirty, saving the write-protect fault each would take.
+    read_fills: AtomicU64,
+    written_after_read: AtomicU64,
+}
+
+impl Proc {
+    fn predicts_write(&self) -> bool {
+        let reads = self.read_fills.load(Relaxed);
+        reads >= 64 && self.written_after_read.load(Relaxed) * 2 > reads
+    }
 }
 
 /// Everything the miss path changes, under one lock.

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use splitos_rpc::{ComponentRef, ErrCode, Msg, RpcError, Who};
@@ -145,6 +145,8 @@ impl Pcomp {
             run: child.run,
             alive: AtomicBool::new(true),
             stop,
+            read_fills: AtomicU64::new(0),
+            written_after_read: AtomicU64::new(0),
         });
         self.learn_owners(&p, &child.owners);
         self.bump(&p, |s| {
