@@ -82,10 +82,6 @@ impl Client {
         Ok(Client { inner })
     }
 
-    pub fn addr(&self) -> &str {
-        &self.inner.addr
-    }
-
     pub fn is_dead(&self) -> bool {
         self.inner.dead.load(Ordering::Acquire)
     }
@@ -165,8 +161,11 @@ fn fail_all(inner: &Inner) {
     }
 }
 
+/// A thread's own connections, by peer address, each with its next request id.
+type DirectConns = HashMap<String, (Box<dyn Conn>, u64)>;
+
 thread_local! {
-    static DIRECT: std::cell::RefCell<HashMap<String, (Box<dyn Conn>, u64)>> = std::cell::RefCell::new(HashMap::new());
+    static DIRECT: std::cell::RefCell<DirectConns> = std::cell::RefCell::new(HashMap::new());
 }
 
 /// A call on a connection owned by the calling thread: no reader thread, no hand-off between

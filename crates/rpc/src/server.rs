@@ -7,7 +7,6 @@
 //! own receiving thread, so requests on different connections still run in parallel; on a
 //! machine with few cores this saves the hand-off, which costs more than the work (a wake-up
 //! of a halted virtual CPU per request).
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -33,22 +32,15 @@ pub struct ServerConfig {
     pub fanout_workers: usize,
 }
 
+/// A running server; it serves until its process ends.
 pub struct ServerHandle {
     pub addr: String,
-    stop: Arc<AtomicBool>,
-}
-
-impl ServerHandle {
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-    }
 }
 
 type Job = (Arc<Mutex<Box<dyn Conn>>>, u64, Msg);
 
 pub fn serve(listener: Box<dyn Listener>, handler: Arc<dyn Handler>, cfg: ServerConfig) -> ServerHandle {
     let addr = listener.local_addr();
-    let stop = Arc::new(AtomicBool::new(false));
     let (leaf_tx, leaf_rx) = unbounded::<Job>();
     let (fan_tx, fan_rx) = unbounded::<Job>();
     if cfg.workers > 0 {
@@ -57,27 +49,24 @@ pub fn serve(listener: Box<dyn Listener>, handler: Arc<dyn Handler>, cfg: Server
     let inline = cfg.workers == 0;
     spawn_pool(&cfg.name, "f", cfg.fanout_workers.max(1), fan_rx, handler.clone());
     let name = cfg.name.clone();
-    let stop2 = stop.clone();
     std::thread::Builder::new()
         .name(format!("{name}-accept"))
-        .spawn(move || {
-            while !stop2.load(Ordering::Acquire) {
-                match listener.accept() {
-                    Ok(conn) => {
-                        let (leaf_tx, fan_tx, handler) = (leaf_tx.clone(), fan_tx.clone(), handler.clone());
-                        let _ = std::thread::Builder::new()
-                            .name(format!("{name}-rx"))
-                            .spawn(move || receive_loop(conn, leaf_tx, fan_tx, handler, inline));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
+        .spawn(move || loop {
+            match listener.accept() {
+                Ok(conn) => {
+                    let (leaf_tx, fan_tx, handler) = (leaf_tx.clone(), fan_tx.clone(), handler.clone());
+                    let _ = std::thread::Builder::new()
+                        .name(format!("{name}-rx"))
+                        .spawn(move || receive_loop(conn, leaf_tx, fan_tx, handler, inline));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
                 }
             }
         })
         .expect("spawn accept thread");
-    ServerHandle { addr, stop }
+    ServerHandle { addr }
 }
 
 fn spawn_pool(name: &str, tag: &str, n: usize, rx: Receiver<Job>, handler: Arc<dyn Handler>) {

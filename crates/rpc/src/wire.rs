@@ -159,8 +159,6 @@ pub enum Msg {
     /// GMM: which mComponent owns a newly active vRegion.
     M2G_PICK_OWNER { bytes: u64 },
     G2M_OWNER { mcomp: ComponentRef },
-    G2X_LOOKUP { id: u32 },
-    G2X_COMPONENT { comp: ComponentRef },
 
     // ---- pComponent -> home mComponent: virtual memory calls of a process
     P2M_PROC_CREATE { who: Who, region_base: u64, region_size: u64 },
@@ -216,8 +214,4 @@ impl Msg {
     pub fn name(&self) -> &'static str {
         self.into()
     }
-}
-
-pub fn page_buf(data: &[u8]) -> ByteBuf {
-    ByteBuf::from(data.to_vec())
 }

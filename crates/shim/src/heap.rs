@@ -53,7 +53,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
 }
 
 fn valid_alignment(a: size_t) -> bool {
-    a.is_power_of_two() && a % core::mem::size_of::<usize>() == 0
+    a.is_power_of_two() && a.is_multiple_of(core::mem::size_of::<usize>())
 }
 
 #[no_mangle]

@@ -438,7 +438,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     if STATE.load(Acquire) != READY || !overlaps_region(a, len as u64) {
         return libc::syscall(libc::SYS_munmap, a, len) as c_int;
     }
-    if a % PAGE != 0 || len == 0 || !in_region(a, len as u64) {
+    if !a.is_multiple_of(PAGE) || len == 0 || !in_region(a, len as u64) {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -475,7 +475,7 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
     if STATE.load(Acquire) != READY || !in_region(a, len as u64) {
         return libc::syscall(libc::SYS_madvise, a, len, advice) as c_int;
     }
-    if a % PAGE != 0 {
+    if !a.is_multiple_of(PAGE) {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -519,7 +519,7 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     };
-    if o % PAGE != 0 || nl == 0 || !in_region(o, ol) {
+    if !o.is_multiple_of(PAGE) || nl == 0 || !in_region(o, ol) {
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     }

@@ -109,10 +109,6 @@ impl Handler for Gm {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
                 self.pick_memory(bytes)
             }
-            Msg::G2X_LOOKUP { id } => match self.snapshot().into_iter().find(|c| c.id == id) {
-                Some(c) => Msg::G2X_COMPONENT { comp: ComponentRef { id: c.id, addr: c.addr } },
-                None => Msg::err(ErrCode::NotFound, format!("no component {id}")),
-            },
             Msg::C2X_PING => Msg::X2C_PONG { role: Role::Gm, id: 0 },
             Msg::C2X_METRICS => Msg::X2C_METRICS { text: node::render_metrics() },
             Msg::C2X_STATS => Msg::X2C_STATS {

@@ -391,7 +391,7 @@ impl Mem {
 
     fn check_range(h: &HomeProc, addr: u64, len: u64) -> Result<u64, (ErrCode, String)> {
         let end = addr.checked_add(len).ok_or_else(|| bad(ErrCode::Invalid, "range overflows"))?;
-        if addr % PAGE != 0 || len % PAGE != 0 || len == 0 || addr < h.base || end > h.limit {
+        if !addr.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || len == 0 || addr < h.base || end > h.limit {
             return Err(bad(ErrCode::Invalid, format!("range {addr:#x}+{len:#x} is not page-aligned inside the heap region")));
         }
         Ok(end)
