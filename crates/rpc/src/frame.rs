@@ -117,10 +117,13 @@ mod tests {
         assert!(matches!(read_frame(&mut hdr.as_bytes()), Err(FrameError::TooLarge(_))));
         let junk = [0xffu8; 64];
         assert!(matches!(read_frame(&mut &junk[..]), Err(FrameError::BadMagic(_))));
-        let m = Msg::C2X_PING;
+        let m = Msg::P2M_FETCH { who: crate::wire::Who { vnode: "v".into(), pid: 1 }, vpn: 2 };
         let buf = encode(FrameKind::Request, 1, &m);
-        assert!(matches!(read_frame(&mut &buf[..buf.len() - 1]), Err(_)) || buf.len() == FrameHeader::SIZE);
-        assert!(matches!(read_frame(&mut &buf[..10]), Err(FrameError::Io(_))));
+        assert!(matches!(read_frame(&mut &buf[..buf.len() - 1]), Err(FrameError::Io(_))), "truncated body");
+        assert!(matches!(read_frame(&mut &buf[..10]), Err(FrameError::Io(_))), "truncated header");
+        let mut bad_version = buf.clone();
+        bad_version[4] = 9;
+        assert!(matches!(read_frame(&mut &bad_version[..]), Err(FrameError::BadVersion(9))));
     }
 
     proptest! {

@@ -19,7 +19,6 @@ pub const WIRE_VERSION: u16 = 1;
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
 pub const PAGE_SIZE: usize = 4096;
-pub const PAGE_SHIFT: u32 = 12;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable)]

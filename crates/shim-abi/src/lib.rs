@@ -116,7 +116,6 @@ pub mod uffd {
     pub const UFFD_API: u64 = 0xAA;
     pub const UFFDIO_API: u64 = 0xc018_aa3f;
     pub const UFFDIO_REGISTER: u64 = 0xc020_aa00;
-    pub const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
     pub const UFFDIO_WAKE: u64 = 0x8010_aa02;
     pub const UFFDIO_COPY: u64 = 0xc028_aa03;
     pub const UFFDIO_WRITEPROTECT: u64 = 0xc018_aa06;
@@ -127,10 +126,8 @@ pub mod uffd {
     pub const REGISTER_MODE_MISSING: u64 = 1;
     pub const REGISTER_MODE_WP: u64 = 2;
 
-    pub const COPY_MODE_DONTWAKE: u64 = 1;
     pub const COPY_MODE_WP: u64 = 2;
     pub const WP_MODE_WP: u64 = 1;
-    pub const WP_MODE_DONTWAKE: u64 = 2;
 
     pub const EVENT_PAGEFAULT: u8 = 0x12;
     pub const PAGEFAULT_FLAG_WRITE: u64 = 1;

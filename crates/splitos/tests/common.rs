@@ -49,6 +49,11 @@ pub fn native(cmd: &[&str]) -> Output {
 
 /// `splitos run [opts] -- cmd...` on an embedded cluster (unless opts name another).
 pub fn under_splitos(opts: &[&str], cmd: &[&str]) -> Output {
+    under_splitos_env(opts, cmd, &[])
+}
+
+/// As [`under_splitos`], with extra environment for splitos and its components.
+pub fn under_splitos_env(opts: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(splitos())
         .arg("run")
         .args(opts)
@@ -56,6 +61,7 @@ pub fn under_splitos(opts: &[&str], cmd: &[&str]) -> Output {
         .args(cmd)
         .env_remove("SPLITOS_GM")
         .env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster"))
+        .envs(env.iter().copied())
         .output()
         .expect("splitos run")
 }
@@ -75,12 +81,17 @@ pub fn same_as_native(opts: &[&str], cmd: &[&str]) -> Output {
 }
 
 pub fn stats_of(opts: &[&str], cmd: &[&str]) -> (Output, serde_json::Value) {
+    stats_of_env(opts, cmd, &[])
+}
+
+/// Runs `cmd` under splitos with `--stats-json`; asserts native output; returns the counters.
+pub fn stats_of_env(opts: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> (Output, serde_json::Value) {
     let f = tempfile::NamedTempFile::new().unwrap();
     let mut o: Vec<&str> = opts.to_vec();
     let path = f.path().to_str().unwrap().to_string();
     o.extend(["--stats-json", &path]);
     let n = native(cmd);
-    let out = under_splitos(&o, cmd);
+    let out = under_splitos_env(&o, cmd, env);
     assert_eq!(text(&out.stdout), text(&n.stdout), "stdout differs for {cmd:?}; stderr:\n{}", text(&out.stderr));
     assert_eq!(out.status.code(), n.status.code());
     let v = serde_json::from_str(&std::fs::read_to_string(f.path()).unwrap()).unwrap();

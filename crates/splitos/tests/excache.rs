@@ -56,16 +56,7 @@ fn injected_network_delay_slows_every_miss() {
     let cmd = [p.to_str().unwrap(), "4", "8", "30"];
     let opts = ["--excache", "4M", "--ways", "1"];
     let (_, fast) = stats_of(&opts, &cmd);
-    let f = tempfile::NamedTempFile::new().unwrap();
-    let out = std::process::Command::new(splitos())
-        .args(["run", "--excache", "4M", "--ways", "1", "--stats-json", f.path().to_str().unwrap(), "--"])
-        .args(cmd)
-        .env("SPLITOS_NET_DELAY_US", "3000")
-        .env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster"))
-        .output()
-        .unwrap();
-    assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
-    let slow: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f.path()).unwrap()).unwrap();
+    let (_, slow) = stats_of_env(&opts, &cmd, &[("SPLITOS_NET_DELAY_US", "3000")]);
     assert!(n(&slow, "evictions") >= 200, "{slow}");
     assert!(n(&slow, "miss_ns_p50") >= 3_000_000, "a remote miss waits for the delay: {slow}");
     assert!(n(&fast, "miss_ns_p50") < 3_000_000, "{fast}");
