@@ -1,0 +1,66 @@
+//! The benchmark suite's quick mode, end to end, so that it cannot rot: real workloads under
+//! native Linux, splitos and Linux swapping in a memory cgroup, with every figure produced.
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn swaps() -> String {
+    std::fs::read_to_string("/proc/swaps").unwrap()
+}
+
+#[test]
+fn quick_suite_runs_every_configuration_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_path_buf();
+    let swaps_before = swaps();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/suite.py");
+    let run = Command::new("python3")
+        .arg(&script)
+        .args(["--quick", "--out"])
+        .arg(&out)
+        .env("SPLITOS_BIN", common::splitos())
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "suite failed: {}", &stderr[stderr.len().saturating_sub(3000)..]);
+
+    let res: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("suite.json")).unwrap()).unwrap();
+    let workloads = res["workloads"].as_object().unwrap();
+    assert!(workloads.len() >= 5, "{workloads:?}");
+    for (name, w) in workloads {
+        assert_eq!(w["mismatches"].as_array().unwrap().len(), 0, "{name}: outputs differ from native");
+        assert!(w["native_s"][0].as_f64().unwrap() > 0.0, "{name}");
+        for frac in ["0.25", "1.0"] {
+            let r = &w["splitos"][frac][0];
+            assert!(r["s"].as_f64().unwrap() > 0.0, "{name} at {frac}: {r}");
+        }
+        // At a quarter of its working set a program must miss in the ExCache.
+        assert!(w["splitos"]["0.25"][0]["misses"].as_u64().unwrap() > 0, "{name}: no misses at 25%");
+        for kind in ["swap-file", "zram"] {
+            assert!(w[kind]["0.25"][0]["s"].as_f64().unwrap() > 0.0, "{name} {kind}");
+        }
+    }
+    assert!(res["fig13"]["configs"].as_array().unwrap().len() >= 3);
+    assert!(res["fig14"]["configs"].as_array().unwrap().len() >= 2);
+    let f15 = res["fig15"]["configs"].as_array().unwrap();
+    assert_eq!(f15.len(), 3);
+    for c in f15 {
+        assert_eq!(c["runs"][0]["slowdown"].as_object().unwrap().len(), 2, "{c}");
+    }
+    for png in ["suite-slowdown.png", "suite-fig13.png", "suite-fig14.png", "suite-fig15.png"] {
+        let bytes = std::fs::read(out.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
+        assert_eq!(&bytes[1..4], b"PNG", "{png}");
+    }
+    let report = std::fs::read_to_string(out.join("benchmarks.md")).unwrap();
+    for want in ["<!-- suite:begin", "Machine:", "Figure 13", "Figure 14", "Figure 15", "<!-- suite:end -->"] {
+        assert!(report.contains(want), "report lacks {want}");
+    }
+
+    // Swap devices and memory cgroups are the suite's to undo.
+    assert_eq!(swaps(), swaps_before, "swap devices left behind");
+    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/memory")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("splitos-bench-")).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+}
