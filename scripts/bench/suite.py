@@ -100,7 +100,7 @@ SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
 """)
     sh = lambda s: ["bash", "-c", s]
     return {
-        "ml-train (scikit-learn MLP, CIFAR-shaped)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "mltrain.py"), "300" if quick else "1500", "1" if quick else "2"],
+        "ml-train (scikit-learn MLP, CIFAR-shaped)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "mltrain.py"), "300" if quick else "1000", "1" if quick else "2"],
                                                        "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
         "wordcount (tr, sort, uniq -c)": {"cmd": sh(f"tr -cs 'A-Za-z' '\\n' < {text} | sort -S 512M | uniq -c | sort -rn -S 64M | head -20")},
         "sort (GNU sort, in memory)": {"cmd": sh(f"sort -S 1G -k3 {text} | md5sum")},
@@ -253,7 +253,7 @@ def main():
             bar.update()
         # No configuration may take more than this many times native: beyond it the run is
         # stopped and reported at the bound (marked in the report).
-        r["timeout_s"] = TIMEOUT["s"] = max(20.0 if args.quick else 30.0, 30 * med(r["native_s"]))
+        r["timeout_s"] = TIMEOUT["s"] = max(20.0, 15 * med(r["native_s"]))
         for f in fractions:
             runs = r["splitos"][str(f)] = []
             for _ in range(reps):

@@ -1,9 +1,10 @@
-//! The splitos wire format, version 1. This file is the one place it is defined; docs/wire.md
+//! The splitos wire format, version 2. This file is the one place it is defined; docs/wire.md
 //! describes it for people.
 //!
 //! Every frame is a 24-byte little-endian [`FrameHeader`] followed by `len` bytes of body, the
 //! postcard encoding of one [`Msg`]. Message names say who sends them to whom:
-//! `P` processor monitor (pComponent), `M` memory monitor (mComponent), `G` global managers,
+//! `P` processor monitor (pComponent), `M` memory monitor (mComponent), `S` storage monitor
+//! (sComponent), `G` global managers,
 //! `C` a control client (the CLI), `X` any component. `P2M_FETCH` goes from a pComponent to an
 //! mComponent. Replies use the same frame with kind `Reply`; a refused request gets `ERR`.
 #![allow(non_camel_case_types)]
@@ -14,7 +15,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "SPOS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
-pub const WIRE_VERSION: u16 = 1;
+/// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
+pub const WIRE_VERSION: u16 = 2;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -65,6 +67,7 @@ pub enum Role {
     Gm,
     Proc,
     Mem,
+    Storage,
 }
 
 impl Role {
@@ -73,6 +76,7 @@ impl Role {
             Role::Gm => "global-managers",
             Role::Proc => "pcomponent",
             Role::Mem => "mcomponent",
+            Role::Storage => "scomponent",
         }
     }
 }
@@ -135,6 +139,51 @@ pub enum ErrCode {
     /// A component this request needed could not be reached.
     Unreachable,
     Internal,
+    /// A file-system error the program sees as this Linux errno (ENOENT, ENOSPC, ...).
+    Errno(i32),
+}
+
+/// What a file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// A file's attributes as the sComponent keeps them. Times are nanoseconds since the epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileAttr {
+    pub ino: u64,
+    pub kind: FileKind,
+    /// Permission bits (07777).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Bytes reserved on the sComponent's disk for this file (counted against its quota).
+    pub alloc: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: u64,
+    pub kind: FileKind,
+}
+
+/// Attribute changes of `P2S_SETATTR`; `None` leaves a field alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime_ns: Option<i64>,
+    pub mtime_ns: Option<i64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, strum::IntoStaticStr)]
@@ -158,6 +207,12 @@ pub enum Msg {
     /// GMM: which mComponent owns a newly active vRegion.
     M2G_PICK_OWNER { bytes: u64 },
     G2M_OWNER { mcomp: ComponentRef },
+    /// GSM: which sComponent stores a vNode's files.
+    P2G_VNODE_STORAGE { vnode: String },
+    G2P_STORAGE { scomp: ComponentRef },
+    /// GMM: which mComponent holds the buffer cache of one file.
+    P2G_FILE_CACHE { vnode: String, ino: u64 },
+    G2P_FILE_CACHE { mcomp: ComponentRef },
 
     // ---- pComponent -> home mComponent: virtual memory calls of a process
     P2M_PROC_CREATE { who: Who, region_base: u64, region_size: u64 },
@@ -192,6 +247,60 @@ pub enum Msg {
     M2M_PUT_PAGES { who: Who, pages: Vec<(u64, ByteBuf)> },
     M2M_FORK { parent: Who, child: u64, start: u64, end: u64 },
     M2M_EXIT { who: Who },
+
+    // ---- pComponent -> sComponent: the namespace of a vNode. Every request names the vNode and a
+    // full path (or, for an inode that may have no name left, its number), like NFS v2.
+    P2S_LOOKUP { vnode: String, path: String },
+    S2P_ATTR { attr: FileAttr },
+    X2S_GETATTR { vnode: String, ino: u64 },
+    /// Creates a file, directory or symlink (`target`); `excl` fails with EEXIST if the name
+    /// exists, otherwise an existing regular file is returned as it is.
+    P2S_CREATE { vnode: String, path: String, kind: FileKind, perm: u32, uid: u32, gid: u32, excl: bool, target: Option<String> },
+    P2S_SETATTR { vnode: String, ino: u64, set: SetAttr },
+    P2S_READLINK { vnode: String, ino: u64 },
+    S2P_TARGET { target: String },
+    /// Removes a name. The inode it named is detached (kept, with its data) until
+    /// `P2S_DROP`: a program may still have it open.
+    P2S_UNLINK { vnode: String, path: String, dir: bool },
+    S2P_DETACHED { ino: Option<u64> },
+    /// Renames; an existing target is replaced (and detached, as by `P2S_UNLINK`) unless
+    /// `noreplace`.
+    P2S_RENAME { vnode: String, from: String, to: String, noreplace: bool },
+    P2S_READDIR { vnode: String, path: String, after: Option<String> },
+    S2P_ENTRIES { entries: Vec<DirEntry>, more: bool },
+    P2S_DROP { vnode: String, ino: u64 },
+    P2S_STATFS { vnode: String },
+    S2P_STATFS { quota: u64, used: u64, files: u64 },
+    /// Makes the data of `ino` (if given) and every namespace change so far durable.
+    X2S_SYNC { vnode: String, ino: Option<u64> },
+
+    // ---- mComponent (buffer cache) -> sComponent: file data by inode and absolute offset
+    M2S_READ { vnode: String, ino: u64, offset: u64, len: u32 },
+    S2M_DATA { data: ByteBuf },
+    /// Writes back dirty data; `size` is the file's size as the buffer cache knows it.
+    M2S_WRITE { vnode: String, ino: u64, offset: u64, data: ByteBuf, size: u64 },
+    /// Reserves disk space up to `bytes` for the file: ENOSPC if the quota or disk is full.
+    M2S_RESERVE { vnode: String, ino: u64, bytes: u64 },
+    M2S_SETSIZE { vnode: String, ino: u64, size: u64 },
+
+    // ---- pComponent -> the mComponent holding a file's buffer cache. `scomp` is where the
+    // file is stored, so the mComponent needs no other state to reach it.
+    P2M_FILE_READ { scomp: String, vnode: String, ino: u64, offset: u64, len: u32 },
+    M2P_FILE_DATA { data: ByteBuf },
+    P2M_FILE_WRITE { scomp: String, vnode: String, ino: u64, offset: u64, data: ByteBuf },
+    M2P_FILE_SIZE { size: Option<u64>, mtime_ns: i64 },
+    P2M_FILE_SETSIZE { scomp: String, vnode: String, ino: u64, size: u64 },
+    /// Writes the file's dirty blocks back and makes them durable (fsync).
+    P2M_FILE_SYNC { scomp: String, vnode: String, ino: u64 },
+    /// The file's size while its buffer cache holds it (`None`: ask the sComponent).
+    P2M_FILE_STAT { vnode: String, ino: u64 },
+    /// Drops a deleted file's blocks without writing them back.
+    P2M_FILE_FORGET { vnode: String, ino: u64 },
+
+    // ---- control client -> pComponent
+    /// Mounts the vNode's file system on this pComponent (if not yet) and says where.
+    C2P_MOUNT_VNODE { vnode: String },
+    P2C_MOUNTED { dir: String },
 
     // ---- control client -> any component
     C2X_PING,

@@ -80,6 +80,21 @@ pub struct McompSection {
     /// Worker threads for data-path requests; 0 serves them on each connection's receiving thread.
     #[serde(default)]
     pub workers: usize,
+    /// Storage buffer cache this mComponent holds for files placed on it.
+    #[serde(default = "default_bcache")]
+    pub bcache: Size,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScompSection {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Where files are kept (default: the data directory's `storage`, see docs/storage.md).
+    pub dir: Option<std::path::PathBuf>,
+    /// Bytes of file data this sComponent stores for all vNodes together.
+    #[serde(default = "default_quota")]
+    pub quota: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -91,6 +106,9 @@ pub struct ClusterConfig {
     pub pcomponent: Vec<PcompSection>,
     #[serde(default)]
     pub mcomponent: Vec<McompSection>,
+    /// Storage components; without one, runs get no vNode file system.
+    #[serde(default)]
+    pub scomponent: Vec<ScompSection>,
 }
 
 fn default_gm() -> String {
@@ -120,6 +138,12 @@ fn default_fault_workers() -> usize {
 fn default_capacity() -> Size {
     Size(8 << 30)
 }
+fn default_bcache() -> Size {
+    Size(256 << 20)
+}
+fn default_quota() -> Size {
+    Size(16 << 30)
+}
 fn default_cluster() -> ClusterSection {
     ClusterSection { gm: default_gm(), vregion_size: default_vregion() }
 }
@@ -129,13 +153,17 @@ pub fn default_pcomp() -> PcompSection {
 }
 
 pub fn default_mcomp() -> McompSection {
-    McompSection { listen: default_listen(), capacity: default_capacity(), workers: 0 }
+    McompSection { listen: default_listen(), capacity: default_capacity(), workers: 0, bcache: default_bcache() }
+}
+
+pub fn default_scomp() -> ScompSection {
+    ScompSection { listen: default_listen(), dir: None, quota: default_quota() }
 }
 
 impl ClusterConfig {
-    /// The embedded cluster: global managers, one pComponent, two mComponents.
+    /// The embedded cluster: global managers, one pComponent, two mComponents, one sComponent.
     pub fn embedded() -> ClusterConfig {
-        ClusterConfig { cluster: default_cluster(), pcomponent: vec![default_pcomp()], mcomponent: vec![default_mcomp(), default_mcomp()] }
+        ClusterConfig { cluster: default_cluster(), pcomponent: vec![default_pcomp()], mcomponent: vec![default_mcomp(), default_mcomp()], scomponent: vec![default_scomp()] }
     }
 
     pub fn load(path: &Path) -> Result<ClusterConfig, String> {
@@ -170,6 +198,18 @@ impl ClusterConfig {
         for (i, m) in self.mcomponent.iter().enumerate() {
             if m.capacity.0 < 4096 {
                 return Err(format!("mcomponent[{i}].capacity: {} bytes is less than one page", m.capacity.0));
+            }
+            if m.bcache.0 < 4096 {
+                return Err(format!("mcomponent[{i}].bcache: {} bytes is less than one 4 KiB block", m.bcache.0));
+            }
+        }
+        let mut dirs = std::collections::HashSet::new();
+        for (i, s) in self.scomponent.iter().enumerate() {
+            if s.quota.0 == 0 {
+                return Err(format!("scomponent[{i}].quota: must be more than 0"));
+            }
+            if !dirs.insert(s.dir.clone()) {
+                return Err(format!("scomponent[{i}].dir: two sComponents cannot share a storage directory"));
             }
         }
         Ok(())

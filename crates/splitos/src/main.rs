@@ -6,6 +6,7 @@ mod gm;
 mod mmon;
 mod node;
 mod pmon;
+mod smon;
 
 use std::path::PathBuf;
 
@@ -115,6 +116,9 @@ enum Cmd {
         /// Worker threads for data-path requests; 0 serves them on each connection's receiving thread.
         #[arg(long, default_value_t = 0)]
         workers: usize,
+        /// Storage buffer cache held for the files the global managers place here.
+        #[arg(long, value_parser = size, default_value = "256M")]
+        bcache: u64,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -140,6 +144,26 @@ enum Cmd {
         /// Unix socket where programs' shims connect.
         #[arg(long)]
         shim_sock: PathBuf,
+        /// Directory under which each vNode's file system is mounted (one subdirectory per vNode).
+        #[arg(long)]
+        vnode_root: PathBuf,
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        #[arg(long)]
+        metrics_addr: Option<String>,
+    },
+    /// Run a storage monitor (sComponent): vNodes' files, kept durably under --dir.
+    Storage {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value = "127.0.0.1:7100")]
+        gm: String,
+        /// Directory holding the namespace database and file data.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Bytes of file data stored for all vNodes together; beyond it writes fail with ENOSPC.
+        #[arg(long, value_parser = size, default_value = "16G")]
+        quota: u64,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -240,14 +264,18 @@ fn main() {
             node::init_metrics();
             gm::run(gm::GmArgs { listen, vregion_size, ready_file, metrics_addr })
         }
-        Cmd::Mem { listen, gm, capacity, workers, ready_file, metrics_addr } => {
+        Cmd::Mem { listen, gm, capacity, workers, bcache, ready_file, metrics_addr } => {
             node::init_metrics();
-            mmon::run(mmon::MemArgs { listen, gm, capacity, workers, ready_file, metrics_addr })
+            mmon::run(mmon::MemArgs { listen, gm, capacity, workers, bcache, ready_file, metrics_addr })
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, ready_file, metrics_addr } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, vnode_root, ready_file, metrics_addr } => {
             node::init_metrics();
             let cfg = pmon::PcompConfig { excache_bytes: excache, ways, policy, piggyback: !no_piggyback, fault_workers };
-            pmon::run(pmon::ProcArgs { listen, gm, shim_sock, cfg, ready_file, metrics_addr })
+            pmon::run(pmon::ProcArgs { listen, gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
+        }
+        Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr } => {
+            node::init_metrics();
+            smon::run(smon::StorageArgs { listen, gm, dir, quota, ready_file, metrics_addr })
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => debug_fetch(&mcomp, vnode, pid, vaddr),

@@ -31,6 +31,19 @@ pub fn state_dir() -> PathBuf {
     }
 }
 
+/// Where sComponents keep files unless configured otherwise: $SPLITOS_DATA_DIR, else
+/// /var/lib/splitos for root, else ~/.local/share/splitos. Unlike the state directory it
+/// outlives reboots.
+pub fn data_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("SPLITOS_DATA_DIR") {
+        return PathBuf::from(d);
+    }
+    if unsafe { libc::getuid() } == 0 {
+        return PathBuf::from("/var/lib/splitos");
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share/splitos")).unwrap_or_else(|| std::env::temp_dir().join("splitos-data"))
+}
+
 pub fn state_file() -> PathBuf {
     state_dir().join("cluster.json")
 }
@@ -112,6 +125,7 @@ impl Cluster {
             let args = vec![
                 "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--capacity".into(), m.capacity.0.to_string(), "--workers".into(), m.workers.to_string(),
+                "--bcache".into(), m.bcache.0.to_string(),
             ];
             pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach)?));
         }
@@ -121,19 +135,38 @@ impl Cluster {
                 "--excache".into(), p.excache.0.to_string(), "--ways".into(), p.ways.to_string(),
                 "--policy".into(), p.policy.clone(), "--fault-workers".into(), p.fault_workers.to_string(),
                 "--shim-sock".into(), dir.join(format!("proc{i}.sock")).to_string_lossy().to_string(),
+                "--vnode-root".into(), dir.join("vnodes").to_string_lossy().to_string(),
             ];
             if !p.piggyback {
                 args.push("--no-piggyback".into());
             }
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach)?));
         }
+        for (i, sc) in cfg.scomponent.iter().enumerate() {
+            let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
+            let args = vec![
+                "storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(),
+                "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string(),
+            ];
+            pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach)?));
+        }
+        let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len();
         for (name, (mut ch, ready)) in pending {
             let r = wait_ready(&mut ch, &ready, &name, dir);
             self.state.pids.push(ch.id());
             self.children.push(ch);
-            r?;
+            match r {
+                // Two embedded runs at once share one storage directory, which only one
+                // sComponent can open: the second run goes on without files.
+                Err(e) if !detach && name.starts_with("storage") => {
+                    eprintln!("splitos: note: this run has no vNode file system: {e}");
+                    want -= 1;
+                }
+                r => {
+                    r?;
+                }
+            }
         }
-        let want = cfg.mcomponent.len() + cfg.pcomponent.len();
         let t0 = Instant::now();
         loop {
             let alive = status(&self.state.gm).map(|s| s.iter().filter(|c| c.alive && c.role != Role::Gm).count()).unwrap_or(0);
@@ -159,6 +192,7 @@ impl Cluster {
             let _ = c.wait();
         }
         self.children.clear();
+        unmount_vnodes(&self.state.dir);
     }
 }
 
@@ -167,6 +201,14 @@ impl Drop for Cluster {
         if !self.children.is_empty() {
             self.stop();
         }
+    }
+}
+
+/// Detaches vNode mounts a pComponent left under a cluster's directory (it was killed before
+/// it could unmount them), so that nothing walks into a dead mount.
+pub fn unmount_vnodes(dir: &Path) {
+    for m in crate::pmon::mounts_under(&dir.join("vnodes")) {
+        crate::pmon::unmount(&m);
     }
 }
 

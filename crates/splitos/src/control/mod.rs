@@ -28,7 +28,14 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let c = Cluster::start(&cfg, &dir, true)?;
     let state: ClusterState = c.detach();
     std::fs::write(cluster::state_file(), serde_json::to_string_pretty(&state)?)?;
-    println!("cluster up: global managers at {}, {} pComponent(s), {} mComponent(s); logs in {}", state.gm, cfg.pcomponent.len(), cfg.mcomponent.len(), dir.display());
+    println!(
+        "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}",
+        state.gm,
+        cfg.pcomponent.len(),
+        cfg.mcomponent.len(),
+        cfg.scomponent.len(),
+        dir.display()
+    );
     Ok(())
 }
 
@@ -38,6 +45,7 @@ pub fn down() -> anyhow::Result<()> {
         return Ok(());
     };
     cluster::stop_pids(&s.pids);
+    cluster::unmount_vnodes(&s.dir);
     let _ = std::fs::remove_file(cluster::state_file());
     println!("cluster down: stopped {} component process(es)", s.pids.len());
     Ok(())
@@ -72,7 +80,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     for (c, r) in comps.iter().zip(&rows) {
         let s = &r["stats"];
         let (used, committed) = match c.role {
-            Role::Mem => (human(s["used"].as_u64().unwrap_or(c.load.used)), human(s["committed"].as_u64().unwrap_or(c.load.committed))),
+            Role::Mem | Role::Storage => (human(s["used"].as_u64().unwrap_or(c.load.used)), human(s["committed"].as_u64().unwrap_or(c.load.committed))),
             _ => ("-".into(), "-".into()),
         };
         t.add_row([

@@ -9,6 +9,9 @@ use std::time::Instant;
 use splitos_rpc::Msg;
 use splitos_shim_abi::{ENV_RUN_ID, ENV_SOCK, ENV_VNODE};
 
+/// Where the program finds its vNode's files.
+pub const ENV_VNODE_DIR: &str = "SPLITOS_VNODE_DIR";
+
 use super::cluster::{self, Cluster};
 use crate::config::{ClusterConfig, Size};
 
@@ -187,10 +190,21 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
         _ => shim.display().to_string(),
     };
+    let vnode_dir = match cluster::client(&pcomp.addr)?.call(&Msg::C2P_MOUNT_VNODE { vnode: a.vnode.clone() }) {
+        Ok(Msg::P2C_MOUNTED { dir }) => Some(dir),
+        // A cluster without sComponents has no files to show.
+        Err(splitos_rpc::RpcError::Remote { code: splitos_rpc::ErrCode::Unreachable, .. }) => None,
+        Err(e) => anyhow::bail!("pComponent {} cannot mount vNode {:?}: {e}", pcomp.id, a.vnode),
+        Ok(other) => anyhow::bail!("unexpected reply {}", other.name()),
+    };
     let run_id = (std::process::id() as u64) << 32 | rand_bits();
     let t0 = Instant::now();
     let mut cmd = Command::new(path);
     cmd.args(&a.program[1..]).env("LD_PRELOAD", preload).env(ENV_SOCK, &sock).env(ENV_RUN_ID, run_id.to_string()).env(ENV_VNODE, &a.vnode);
+    match &vnode_dir {
+        Some(d) => cmd.env(ENV_VNODE_DIR, d),
+        None => cmd.env_remove(ENV_VNODE_DIR),
+    };
     // SAFETY: prctl is async-signal-safe; the program dies with us rather than outliving the
     // run that owns its cluster.
     unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };

@@ -1,6 +1,12 @@
-//! The global managers: GPM places processes on pComponents, GMM picks home mComponents and
-//! vRegion owners. Both decide from approximate load that components report in heartbeats;
-//! neither is ever on the data path.
+//! The global managers: GPM places processes on pComponents, GMM picks home mComponents,
+//! vRegion owners and the mComponent of each file's buffer cache, GSM picks the sComponent of
+//! each vNode. They decide from approximate load that components report in heartbeats, and
+//! are never on the data path.
+//!
+//! Storage placements must come out the same after a restart of the global managers (which
+//! keep no state) and on every pComponent, so GSM and the buffer-cache placement use
+//! rendezvous hashing over the live components: deterministic, and moving only the share of
+//! a component that died.
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -57,6 +63,20 @@ impl Gm {
     }
 }
 
+/// Rendezvous (highest random weight) choice among the live components of a role.
+fn rendezvous(comps: &[Entry], role: Role, key: &str) -> Option<ComponentRef> {
+    comps
+        .iter()
+        .filter(|e| e.info.role == role && Gm::alive(e))
+        .max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes()))
+        .map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
+}
+
+/// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
 impl Handler for Gm {
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
@@ -108,6 +128,17 @@ impl Handler for Gm {
             Msg::M2G_PICK_OWNER { bytes } => {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
                 self.pick_memory(bytes)
+            }
+            Msg::P2G_VNODE_STORAGE { vnode } => match rendezvous(&self.comps.lock().unwrap(), Role::Storage, &vnode) {
+                Some(scomp) => Msg::G2P_STORAGE { scomp },
+                None => Msg::err(ErrCode::Unreachable, "no sComponent is alive"),
+            },
+            Msg::P2G_FILE_CACHE { vnode, ino } => {
+                metrics::counter!("gmm_file_cache_placements_total").increment(1);
+                match rendezvous(&self.comps.lock().unwrap(), Role::Mem, &format!("{vnode}\0{ino}")) {
+                    Some(mcomp) => Msg::G2P_FILE_CACHE { mcomp },
+                    None => Msg::err(ErrCode::Unreachable, "no mComponent is alive"),
+                }
             }
             Msg::C2X_PING => Msg::X2C_PONG { role: Role::Gm, id: 0 },
             Msg::C2X_METRICS => Msg::X2C_METRICS { text: node::render_metrics() },

@@ -7,6 +7,9 @@
 //! Memory is accounted when a mapping becomes writable, never when a page is flushed, so a
 //! flush can never fail for lack of space: an mComponent out of memory fails the mmap, which
 //! the program sees as ENOMEM (malloc returns NULL).
+//!
+//! It also holds the storage buffer cache of the files placed on it ([`bcache`]).
+mod bcache;
 mod vma;
 
 use std::collections::{BTreeMap, HashMap};
@@ -62,6 +65,7 @@ pub struct Mem {
     used: AtomicU64,
     homes: Mutex<HashMap<u64, Arc<Mutex<HomeProc>>>>,
     owned: Mutex<HashMap<u64, Arc<Mutex<OwnerProc>>>>,
+    bcache: Arc<bcache::BufferCache>,
     c: Counters,
 }
 
@@ -576,7 +580,7 @@ impl Mem {
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc,
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
-            "out_of_memory": self.c.oom.load(Relaxed),
+            "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(),
         })
         .to_string()
     }
@@ -598,6 +602,12 @@ impl Handler for Mem {
                 crate::exit_soon();
                 Ok(Msg::OK)
             }
+            m @ (Msg::P2M_FILE_READ { .. }
+            | Msg::P2M_FILE_WRITE { .. }
+            | Msg::P2M_FILE_SETSIZE { .. }
+            | Msg::P2M_FILE_SYNC { .. }
+            | Msg::P2M_FILE_STAT { .. }
+            | Msg::P2M_FILE_FORGET { .. }) => self.bcache.handle(m),
             other => self.handle_home(other),
         };
         r.unwrap_or_else(|(code, msg)| {
@@ -619,6 +629,8 @@ pub struct MemArgs {
     pub gm: String,
     pub capacity: u64,
     pub workers: usize,
+    /// Bytes of storage buffer cache.
+    pub bcache: u64,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
@@ -636,6 +648,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         used: AtomicU64::new(0),
         homes: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
+        bcache: bcache::BufferCache::new(node.clone(), args.bcache),
         c: Counters::default(),
     });
     let h = serve(listener, mem.clone(), ServerConfig { name: "mcomp".into(), workers: args.workers, fanout_workers: 2 });
@@ -647,7 +660,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %h.addr, id = node.id(), role = "mcomponent", capacity = args.capacity, workers = args.workers, "splitos memory monitor started");
+    tracing::info!(addr = %h.addr, id = node.id(), role = "mcomponent", capacity = args.capacity, buffer_cache = args.bcache, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &h.addr);
     crate::park_forever()
 }

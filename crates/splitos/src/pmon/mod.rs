@@ -2,11 +2,12 @@
 //! connects over a Unix socket and hands over its heap region (a userfaultfd and a memfd).
 //! The pComponent owns the ExCache shared by all its processes, serves every miss from the
 //! vRegion owner, writes back dirty victims, and forwards the processes' virtual-memory calls
-//! to their home mComponents.
+//! to their home mComponents. It also mounts each vNode's file system ([`vfs`]).
 mod excache;
 mod fault;
 mod shim;
 mod uffd;
+mod vfs;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -18,6 +19,7 @@ use hdrhistogram::Histogram;
 use splitos_rpc::{serve, ComponentRef, ErrCode, Handler, Load, Msg, Role, RpcError, ServerConfig, Who};
 
 pub use excache::{policy_by_name, EvictionPolicy, ExCache, POLICIES};
+pub use vfs::{mounts_under, unmount};
 
 use crate::node::{self, Node};
 
@@ -148,6 +150,7 @@ struct PendingChild {
 pub struct Pcomp {
     node: Arc<Node>,
     cfg: PcompConfig,
+    mounts: vfs::Mounts,
     vregion_size: AtomicU64,
     inner: Mutex<Inner>,
     cv: Condvar,
@@ -168,6 +171,7 @@ fn errno_of(e: &RpcError) -> i64 {
         ErrCode::Denied => libc::EACCES as i64,
         ErrCode::NotFound => libc::EINVAL as i64,
         ErrCode::Unreachable | ErrCode::Internal => libc::ENOMEM as i64,
+        ErrCode::Errno(n) => n as i64,
     }
 }
 
@@ -283,7 +287,12 @@ impl Handler for Pcomp {
                     None => Msg::err(ErrCode::NotFound, format!("no run {run_id} on this pComponent")),
                 }
             }
+            Msg::C2P_MOUNT_VNODE { vnode } => match self.mounts.mount(&vnode) {
+                Ok(dir) => Msg::P2C_MOUNTED { dir: dir.to_string_lossy().into_owned() },
+                Err((code, msg)) => Msg::ERR { code, msg },
+            },
             Msg::C2X_SHUTDOWN => {
+                self.mounts.unmount_all();
                 crate::exit_soon();
                 Msg::OK
             }
@@ -296,12 +305,40 @@ pub struct ProcArgs {
     pub listen: String,
     pub gm: String,
     pub shim_sock: std::path::PathBuf,
+    /// Where vNode file systems are mounted (one directory per vNode).
+    pub vnode_root: std::path::PathBuf,
     pub cfg: PcompConfig,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
 
+/// Blocks SIGTERM and SIGINT in every thread (call before any thread starts) and returns a
+/// waiter for them: the pComponent unmounts its vNode file systems before it exits, or
+/// programs would find dead mounts.
+fn block_stop_signals() -> impl FnOnce(Arc<Pcomp>) {
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    move |p: Arc<Pcomp>| {
+        std::thread::Builder::new()
+            .name("stop-signals".into())
+            .spawn(move || {
+                let mut sig = 0;
+                unsafe { libc::sigwait(&set, &mut sig) };
+                tracing::info!(signal = sig, "stopping: unmounting vNode file systems");
+                p.mounts.unmount_all();
+                std::process::exit(0);
+            })
+            .expect("spawn signal thread");
+    }
+}
+
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
+    let on_stop = block_stop_signals();
     let policy = policy_by_name(&args.cfg.policy)
         .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
     let node = Node::new(Role::Proc, &args.gm);
@@ -315,6 +352,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let p = Arc::new(Pcomp {
         node: node.clone(),
         cfg: args.cfg.clone(),
+        mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
         vregion_size: AtomicU64::new(1 << 30),
         inner: Mutex::new(Inner { cache: ExCache::new(lines, args.cfg.ways, policy), inflight: HashSet::new(), materialized: HashMap::new(), procs: HashMap::new() }),
         cv: Condvar::new(),
@@ -325,6 +363,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         fault_spin: std::time::Duration::from_micros(node.transport.spin_us.load(Relaxed)),
         started: Instant::now(),
     });
+    on_stop(p.clone());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
     shim::listen(p.clone(), &args.shim_sock)?;
     let h = serve(listener, p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });

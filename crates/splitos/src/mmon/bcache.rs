@@ -1,0 +1,400 @@
+//! The storage buffer cache an mComponent holds for the files the global managers placed on
+//! it (LegoOS §4.5: sComponents have little memory, so file caching lives with memory).
+//!
+//! Blocks of 4 KiB, keyed by (vNode, inode, block); least recently used blocks are evicted,
+//! dirty ones written back first. A file's size lives here while the file is cached, so that
+//! writes cost one round trip from the pComponent; it reaches the sComponent with every write
+//! back. Writes reach the sComponent on fsync, on eviction, and from a background thread
+//! every `WRITEBACK_EVERY`. Space on the sComponent is reserved ahead of the size in
+//! `RESERVE_STEP`s, so a full disk or quota fails the write that needs the space (ENOSPC), not
+//! a later write back.
+//!
+//! One lock serialises the cache, sComponent calls included: a miss never races a write back
+//! of the same block. That bounds it to one outstanding sComponent request per mComponent,
+//! which the single-threaded programs of the storage benchmark do not notice.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::{ErrCode, Msg, PAGE_SIZE};
+
+use crate::node::Node;
+
+const BLOCK: u64 = PAGE_SIZE as u64;
+const RESERVE_STEP: u64 = 1 << 20;
+/// Largest run of blocks one sComponent request carries.
+const RUN_BLOCKS: u64 = 256;
+pub const WRITEBACK_EVERY: Duration = Duration::from_secs(1);
+
+type Key = (String, u64);
+type Reply = Result<Msg, (ErrCode, String)>;
+
+struct Block {
+    data: Box<[u8; PAGE_SIZE]>,
+    dirty: bool,
+    tick: u64,
+}
+
+struct FileState {
+    scomp: String,
+    size: u64,
+    reserved: u64,
+    mtime_ns: i64,
+    blocks: BTreeMap<u64, Block>,
+}
+
+#[derive(Default)]
+struct Inner {
+    files: HashMap<Key, FileState>,
+    /// Recency order of every cached block: tick -> (file, block).
+    lru: BTreeMap<u64, (Key, u64)>,
+    tick: u64,
+    blocks: usize,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    writebacks: AtomicU64,
+    evictions: AtomicU64,
+}
+
+pub struct BufferCache {
+    node: Arc<Node>,
+    capacity: usize,
+    inner: Mutex<Inner>,
+    c: Counters,
+}
+
+fn fs_err(e: splitos_rpc::RpcError) -> (ErrCode, String) {
+    match e.code() {
+        ErrCode::Errno(n) => (ErrCode::Errno(n), e.to_string()),
+        // The sComponent cannot be reached: the program sees EIO, and the next request retries.
+        _ => (ErrCode::Errno(libc::EIO), e.to_string()),
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+impl BufferCache {
+    pub fn new(node: Arc<Node>, capacity_bytes: u64) -> Arc<BufferCache> {
+        let bc = Arc::new(BufferCache { node, capacity: (capacity_bytes / BLOCK).max(1) as usize, inner: Mutex::new(Inner::default()), c: Counters::default() });
+        let weak = Arc::downgrade(&bc);
+        std::thread::Builder::new()
+            .name("bcache-writeback".into())
+            .spawn(move || loop {
+                std::thread::sleep(WRITEBACK_EVERY);
+                let Some(bc) = weak.upgrade() else { return };
+                bc.write_back_all();
+            })
+            .expect("spawn write-back thread");
+        bc
+    }
+
+    fn call(&self, scomp: &str, msg: &Msg) -> Result<Msg, (ErrCode, String)> {
+        self.node.pool.call(scomp, msg).map_err(fs_err)
+    }
+
+    /// The file's state, loaded from the sComponent on first use.
+    fn file<'a>(&self, g: &'a mut Inner, scomp: &str, key: &Key) -> Result<&'a mut FileState, (ErrCode, String)> {
+        if !g.files.contains_key(key) {
+            let a = match self.call(scomp, &Msg::X2S_GETATTR { vnode: key.0.clone(), ino: key.1 })? {
+                Msg::S2P_ATTR { attr } => attr,
+                other => return Err((ErrCode::Internal, format!("unexpected {} to X2S_GETATTR", other.name()))),
+            };
+            g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
+        }
+        let f = g.files.get_mut(key).expect("just inserted");
+        // The pComponent knows where the file is stored now (an sComponent may have moved).
+        if f.scomp != scomp {
+            f.scomp = scomp.to_string();
+        }
+        Ok(f)
+    }
+
+    fn touch(g: &mut Inner, key: &Key, blk: u64) {
+        g.tick += 1;
+        let t = g.tick;
+        if let Some(b) = g.files.get_mut(key).and_then(|f| f.blocks.get_mut(&blk)) {
+            g.lru.remove(&b.tick);
+            b.tick = t;
+            g.lru.insert(t, (key.clone(), blk));
+        }
+    }
+
+    /// Writes dirty blocks [from, to) of a file back, in runs.
+    fn write_back(&self, g: &mut Inner, key: &Key, range: std::ops::Range<u64>) -> Result<(), (ErrCode, String)> {
+        let Some(f) = g.files.get_mut(key) else { return Ok(()) };
+        let dirty: Vec<u64> = f.blocks.range(range).filter(|(_, b)| b.dirty).map(|(k, _)| *k).collect();
+        let mut i = 0;
+        while i < dirty.len() {
+            let start = dirty[i];
+            let mut end = start + 1;
+            while i + 1 < dirty.len() && dirty[i + 1] == end && end - start < RUN_BLOCKS {
+                i += 1;
+                end += 1;
+            }
+            i += 1;
+            let off = start * BLOCK;
+            let upto = (end * BLOCK).min(f.size);
+            if upto <= off {
+                for b in start..end {
+                    f.blocks.get_mut(&b).expect("dirty block").dirty = false;
+                }
+                continue;
+            }
+            let mut data = Vec::with_capacity((upto - off) as usize);
+            for b in start..end {
+                data.extend_from_slice(&f.blocks[&b].data[..]);
+            }
+            data.truncate((upto - off) as usize);
+            let msg = Msg::M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size };
+            match self.node.pool.call(&f.scomp, &msg) {
+                Ok(Msg::OK) => {}
+                // The file was deleted meanwhile: nothing to keep.
+                Err(e) if e.code() == ErrCode::Errno(libc::ENOENT) => {}
+                Ok(other) => return Err((ErrCode::Internal, format!("unexpected {} to M2S_WRITE", other.name()))),
+                Err(e) => return Err(fs_err(e)),
+            }
+            self.c.writebacks.fetch_add(end - start, Relaxed);
+            metrics::counter!("mcomp_bcache_writeback_blocks_total").increment(end - start);
+            for b in start..end {
+                f.blocks.get_mut(&b).expect("dirty block").dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for `n` more blocks, writing back dirty victims.
+    fn make_room(&self, g: &mut Inner, n: usize) -> Result<(), (ErrCode, String)> {
+        while g.blocks + n > self.capacity {
+            let Some((&t, (key, blk))) = g.lru.iter().next() else { return Ok(()) };
+            let (key, blk) = (key.clone(), *blk);
+            if g.files.get(&key).and_then(|f| f.blocks.get(&blk)).is_some_and(|b| b.dirty) {
+                self.write_back(g, &key, blk..blk + 1)?;
+            }
+            g.lru.remove(&t);
+            let f = g.files.get_mut(&key).expect("cached file");
+            f.blocks.remove(&blk);
+            g.blocks -= 1;
+            self.c.evictions.fetch_add(1, Relaxed);
+            metrics::counter!("mcomp_bcache_evictions_total").increment(1);
+        }
+        Ok(())
+    }
+
+    fn insert(&self, g: &mut Inner, key: &Key, blk: u64, data: Box<[u8; PAGE_SIZE]>, dirty: bool) {
+        g.tick += 1;
+        let t = g.tick;
+        g.lru.insert(t, (key.clone(), blk));
+        g.blocks += 1;
+        g.files.get_mut(key).expect("cached file").blocks.insert(blk, Block { data, dirty, tick: t });
+    }
+
+    /// Reads blocks [start, end) of a file from the sComponent (zeros past its end).
+    fn fetch(&self, scomp: &str, key: &Key, start: u64, end: u64) -> Result<Vec<Box<[u8; PAGE_SIZE]>>, (ErrCode, String)> {
+        let msg = Msg::M2S_READ { vnode: key.0.clone(), ino: key.1, offset: start * BLOCK, len: ((end - start) * BLOCK) as u32 };
+        let data = match self.call(scomp, &msg)? {
+            Msg::S2M_DATA { data } => data.into_vec(),
+            other => return Err((ErrCode::Internal, format!("unexpected {} to M2S_READ", other.name()))),
+        };
+        self.c.misses.fetch_add(end - start, Relaxed);
+        metrics::counter!("mcomp_bcache_misses_total").increment(end - start);
+        Ok((start..end)
+            .map(|b| {
+                let mut blk = Box::new([0u8; PAGE_SIZE]);
+                let o = ((b - start) * BLOCK) as usize;
+                if o < data.len() {
+                    let n = (data.len() - o).min(PAGE_SIZE);
+                    blk[..n].copy_from_slice(&data[o..o + n]);
+                }
+                blk
+            })
+            .collect())
+    }
+
+    fn read(&self, scomp: &str, key: Key, offset: u64, len: u32) -> Reply {
+        let mut g = self.inner.lock().unwrap();
+        let f = self.file(&mut g, scomp, &key)?;
+        let end = (offset + len as u64).min(f.size);
+        if end <= offset {
+            return Ok(Msg::M2P_FILE_DATA { data: ByteBuf::new() });
+        }
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        let missing: Vec<u64> = (first..=last).filter(|b| !f.blocks.contains_key(b)).collect();
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut fetched: HashMap<u64, Box<[u8; PAGE_SIZE]>> = HashMap::new();
+        let mut i = 0;
+        while i < missing.len() {
+            let s = missing[i];
+            let mut e = s + 1;
+            while i + 1 < missing.len() && missing[i + 1] == e && e - s < RUN_BLOCKS {
+                i += 1;
+                e += 1;
+            }
+            i += 1;
+            for (b, data) in (s..e).zip(self.fetch(scomp, &key, s, e)?) {
+                fetched.insert(b, data);
+            }
+        }
+        let f = g.files.get(&key).expect("cached file");
+        for b in first..=last {
+            let data: &[u8; PAGE_SIZE] = match f.blocks.get(&b) {
+                Some(blk) => &blk.data,
+                None => &fetched[&b],
+            };
+            let bstart = b * BLOCK;
+            let from = offset.max(bstart);
+            let to = end.min(bstart + BLOCK);
+            out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&data[(from - bstart) as usize..(to - bstart) as usize]);
+        }
+        let hits = (last - first + 1) - fetched.len() as u64;
+        self.c.hits.fetch_add(hits, Relaxed);
+        metrics::counter!("mcomp_bcache_hits_total").increment(hits);
+        for b in first..=last {
+            Self::touch(&mut g, &key, b);
+        }
+        // Blocks a read brought in are kept only as far as the cache holds them.
+        let mut fetched: Vec<_> = fetched.into_iter().collect();
+        fetched.sort_by_key(|(b, _)| *b);
+        let keep = fetched.len().min(self.capacity);
+        self.make_room(&mut g, keep)?;
+        for (b, data) in fetched.into_iter().rev().take(keep) {
+            self.insert(&mut g, &key, b, data, false);
+        }
+        Ok(Msg::M2P_FILE_DATA { data: ByteBuf::from(out) })
+    }
+
+    fn write(&self, scomp: &str, key: Key, offset: u64, data: &[u8]) -> Reply {
+        let mut g = self.inner.lock().unwrap();
+        let f = self.file(&mut g, scomp, &key)?;
+        let end = offset + data.len() as u64;
+        if end > f.reserved {
+            let want = end.div_ceil(RESERVE_STEP) * RESERVE_STEP;
+            self.call(scomp, &Msg::M2S_RESERVE { vnode: key.0.clone(), ino: key.1, bytes: want })?;
+            f.reserved = want;
+        }
+        if data.is_empty() {
+            return Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns });
+        }
+        let old_size = f.size;
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        for b in first..=last {
+            let bstart = b * BLOCK;
+            let from = offset.max(bstart);
+            let to = end.min(bstart + BLOCK);
+            let cached = g.files[&key].blocks.contains_key(&b);
+            if !cached {
+                let whole = from == bstart && to == bstart + BLOCK;
+                // A partly written block keeps the rest of its bytes: read it first if it has any.
+                let mut blk = if !whole && bstart < old_size { self.fetch(scomp, &key, b, b + 1)?.pop().expect("one block") } else { Box::new([0u8; PAGE_SIZE]) };
+                blk[(from - bstart) as usize..(to - bstart) as usize].copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                self.make_room(&mut g, 1)?;
+                self.insert(&mut g, &key, b, blk, true);
+            } else {
+                let f = g.files.get_mut(&key).expect("cached file");
+                let blk = f.blocks.get_mut(&b).expect("cached block");
+                blk.data[(from - bstart) as usize..(to - bstart) as usize].copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                blk.dirty = true;
+                Self::touch(&mut g, &key, b);
+            }
+        }
+        let f = g.files.get_mut(&key).expect("cached file");
+        f.size = f.size.max(end);
+        f.mtime_ns = now_ns();
+        Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns })
+    }
+
+    fn set_size(&self, scomp: &str, key: Key, size: u64) -> Reply {
+        let mut g = self.inner.lock().unwrap();
+        self.file(&mut g, scomp, &key)?;
+        self.call(scomp, &Msg::M2S_SETSIZE { vnode: key.0.clone(), ino: key.1, size })?;
+        let keep_blocks = size.div_ceil(BLOCK);
+        let f = g.files.get_mut(&key).expect("cached file");
+        let gone: Vec<(u64, u64)> = f.blocks.range(keep_blocks..).map(|(b, blk)| (*b, blk.tick)).collect();
+        for (b, _) in &gone {
+            f.blocks.remove(b);
+        }
+        if size % BLOCK != 0 {
+            if let Some(blk) = f.blocks.get_mut(&(size / BLOCK)) {
+                blk.data[(size % BLOCK) as usize..].fill(0);
+            }
+        }
+        f.size = size;
+        f.reserved = size;
+        f.mtime_ns = now_ns();
+        let reply = Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns };
+        for (_, t) in gone {
+            g.lru.remove(&t);
+            g.blocks -= 1;
+        }
+        Ok(reply)
+    }
+
+    fn sync(&self, scomp: &str, key: Key) -> Reply {
+        let mut g = self.inner.lock().unwrap();
+        if g.files.contains_key(&key) {
+            self.write_back(&mut g, &key, 0..u64::MAX)?;
+        }
+        drop(g);
+        self.call(scomp, &Msg::X2S_SYNC { vnode: key.0, ino: Some(key.1) })?;
+        Ok(Msg::OK)
+    }
+
+    fn forget(&self, key: Key) {
+        let mut g = self.inner.lock().unwrap();
+        if let Some(f) = g.files.remove(&key) {
+            for blk in f.blocks.values() {
+                g.lru.remove(&blk.tick);
+            }
+            g.blocks -= f.blocks.len();
+        }
+    }
+
+    /// The background write back: every file's dirty blocks, one file per lock hold.
+    fn write_back_all(&self) {
+        let keys: Vec<Key> = self.inner.lock().unwrap().files.iter().filter(|(_, f)| f.blocks.values().any(|b| b.dirty)).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            let mut g = self.inner.lock().unwrap();
+            if let Err((_, e)) = self.write_back(&mut g, &k, 0..u64::MAX) {
+                tracing::warn!(vnode = %k.0, ino = k.1, error = %e, "background write back failed; will retry");
+            }
+        }
+    }
+
+    pub fn handle(&self, msg: Msg) -> Reply {
+        match msg {
+            Msg::P2M_FILE_READ { scomp, vnode, ino, offset, len } => self.read(&scomp, (vnode, ino), offset, len.min(splitos_rpc::MAX_BODY / 2)),
+            Msg::P2M_FILE_WRITE { scomp, vnode, ino, offset, data } => self.write(&scomp, (vnode, ino), offset, &data),
+            Msg::P2M_FILE_SETSIZE { scomp, vnode, ino, size } => self.set_size(&scomp, (vnode, ino), size),
+            Msg::P2M_FILE_SYNC { scomp, vnode, ino } => self.sync(&scomp, (vnode, ino)),
+            Msg::P2M_FILE_STAT { vnode, ino } => {
+                let g = self.inner.lock().unwrap();
+                Ok(match g.files.get(&(vnode, ino)) {
+                    Some(f) => Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns },
+                    None => Msg::M2P_FILE_SIZE { size: None, mtime_ns: 0 },
+                })
+            }
+            Msg::P2M_FILE_FORGET { vnode, ino } => {
+                self.forget((vnode, ino));
+                Ok(Msg::OK)
+            }
+            other => Err((ErrCode::Invalid, format!("the buffer cache does not handle {}", other.name()))),
+        }
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        let g = self.inner.lock().unwrap();
+        let dirty: usize = g.files.values().map(|f| f.blocks.values().filter(|b| b.dirty).count()).sum();
+        serde_json::json!({
+            "capacity_blocks": self.capacity, "blocks": g.blocks, "dirty_blocks": dirty, "files": g.files.len(),
+            "hits": self.c.hits.load(Relaxed), "misses": self.c.misses.load(Relaxed),
+            "writebacks": self.c.writebacks.load(Relaxed), "evictions": self.c.evictions.load(Relaxed),
+        })
+    }
+}

@@ -1,0 +1,634 @@
+//! The vNode file system: a FUSE mount on the pComponent per vNode, where programs see their
+//! vNode's files as a normal hierarchy (LegoOS §4.5; the paper's "extended Linux state layer").
+//!
+//! The pComponent keeps no file data. Names and attributes go to the vNode's sComponent (full
+//! paths, stateless); file data goes to the mComponent holding that file's buffer cache, which
+//! reads from and writes back to the sComponent. Files are opened with direct I/O, so no page
+//! cache on the pComponent stands between a program and the buffer cache; reading mmaps are
+//! still allowed (FUSE_DIRECT_IO_ALLOW_MMAP).
+//!
+//! A name removed while a program still has the file open keeps its inode (detached at the
+//! sComponent) until the last close here, as POSIX wants.
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+};
+use serde_bytes::ByteBuf;
+use splitos_rpc::{ErrCode, FileAttr, FileKind, Msg, SetAttr};
+
+use crate::node::Node;
+
+/// How long the kernel may trust a name or attributes without asking again.
+const TTL: Duration = Duration::from_secs(1);
+const ROOT: u64 = 1;
+/// Largest write the kernel sends in one request (the RPC frame bound is 2 MiB).
+const MAX_WRITE: u32 = 1 << 20;
+
+type R<T> = Result<T, Errno>;
+
+struct State {
+    scomp: Option<String>,
+    /// Full path of every inode the kernel knows (FUSE speaks inode numbers, the sComponent paths).
+    paths: HashMap<u64, String>,
+    /// Where each file's buffer cache is (asked of the global managers once per file).
+    caches: HashMap<u64, String>,
+    open: HashMap<u64, u32>,
+    /// Inodes whose name is gone but which are still open here.
+    detached: HashSet<u64>,
+    /// Directory listings by handle, taken at opendir so that offsets stay stable.
+    listings: HashMap<u64, Vec<(u64, FileType, String)>>,
+    next_fh: u64,
+}
+
+pub struct VnodeFs {
+    vnode: String,
+    node: Arc<Node>,
+    st: Mutex<State>,
+}
+
+fn errno_of(e: &splitos_rpc::RpcError) -> Errno {
+    match e.code() {
+        ErrCode::Errno(n) => Errno::from_i32(n),
+        ErrCode::NoMemory => Errno::ENOSPC,
+        ErrCode::Invalid => Errno::EINVAL,
+        ErrCode::Denied => Errno::EACCES,
+        _ => Errno::EIO,
+    }
+}
+
+fn unreachable(e: &splitos_rpc::RpcError) -> bool {
+    !matches!(e, splitos_rpc::RpcError::Remote { .. })
+}
+
+fn to_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn to_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn kind_of(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+    }
+}
+
+fn fuse_attr(a: &FileAttr) -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: to_time(a.atime_ns),
+        mtime: to_time(a.mtime_ns),
+        ctime: to_time(a.ctime_ns),
+        crtime: to_time(a.ctime_ns),
+        kind: kind_of(a.kind),
+        perm: a.perm as u16,
+        nlink: if a.kind == FileKind::Dir { 2 } else { 1 },
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn join(parent: &str, name: &OsStr) -> R<String> {
+    let name = name.to_str().ok_or(Errno::EINVAL)?;
+    Ok(if parent == "/" { format!("/{name}") } else { format!("{parent}/{name}") })
+}
+
+impl VnodeFs {
+    pub fn new(vnode: String, node: Arc<Node>) -> VnodeFs {
+        let mut paths = HashMap::new();
+        paths.insert(ROOT, "/".to_string());
+        VnodeFs {
+            vnode,
+            node,
+            st: Mutex::new(State { scomp: None, paths, caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }),
+        }
+    }
+
+    /// The vNode's sComponent, as GSM placed it.
+    pub fn storage(&self) -> R<String> {
+        if let Some(s) = self.st.lock().unwrap().scomp.clone() {
+            return Ok(s);
+        }
+        match self.node.call_gm(&Msg::P2G_VNODE_STORAGE { vnode: self.vnode.clone() }) {
+            Ok(Msg::G2P_STORAGE { scomp }) => {
+                self.st.lock().unwrap().scomp = Some(scomp.addr.clone());
+                Ok(scomp.addr)
+            }
+            Ok(_) => Err(Errno::EIO),
+            Err(e) => {
+                tracing::warn!(vnode = %self.vnode, error = %e, "no sComponent for the vNode");
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    /// A request to the sComponent; if it cannot be reached, ask GSM again once (it may
+    /// have come back elsewhere). Still unreachable: EIO.
+    fn s_call(&self, msg: Msg) -> R<Msg> {
+        for attempt in 0..2 {
+            let s = self.storage()?;
+            match self.node.pool.call(&s, &msg) {
+                Ok(m) => return Ok(m),
+                Err(e) if unreachable(&e) && attempt == 0 => {
+                    self.st.lock().unwrap().scomp = None;
+                }
+                Err(e) => {
+                    if unreachable(&e) {
+                        tracing::warn!(vnode = %self.vnode, error = %e, "sComponent unreachable: EIO");
+                    }
+                    return Err(errno_of(&e));
+                }
+            }
+        }
+        Err(Errno::EIO)
+    }
+
+    fn cache_of(&self, ino: u64) -> R<String> {
+        if let Some(m) = self.st.lock().unwrap().caches.get(&ino).cloned() {
+            return Ok(m);
+        }
+        match self.node.call_gm(&Msg::P2G_FILE_CACHE { vnode: self.vnode.clone(), ino }) {
+            Ok(Msg::G2P_FILE_CACHE { mcomp }) => {
+                self.st.lock().unwrap().caches.insert(ino, mcomp.addr.clone());
+                Ok(mcomp.addr)
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// A request to the mComponent holding the file's buffer cache; if it is gone, GMM
+    /// places the cache again (on a live one) and the request is retried once.
+    fn m_call(&self, ino: u64, msg: impl Fn(String) -> Msg) -> R<Msg> {
+        for attempt in 0..2 {
+            let (m, s) = (self.cache_of(ino)?, self.storage()?);
+            match self.node.pool.call(&m, &msg(s)) {
+                Ok(r) => return Ok(r),
+                Err(e) if unreachable(&e) && attempt == 0 => {
+                    let mut st = self.st.lock().unwrap();
+                    st.caches.remove(&ino);
+                    st.scomp = None;
+                }
+                Err(e) => return Err(errno_of(&e)),
+            }
+        }
+        Err(Errno::EIO)
+    }
+
+    fn path(&self, ino: u64) -> R<String> {
+        self.st.lock().unwrap().paths.get(&ino).cloned().ok_or(Errno::ESTALE)
+    }
+
+    /// Attributes with the size and mtime the buffer cache knows, for files it holds.
+    fn complete(&self, mut a: FileAttr) -> R<FileAttr> {
+        if a.kind == FileKind::File {
+            if let Msg::M2P_FILE_SIZE { size: Some(size), mtime_ns } = self.m_call(a.ino, |_| Msg::P2M_FILE_STAT { vnode: self.vnode.clone(), ino: a.ino })? {
+                a.size = size;
+                a.mtime_ns = a.mtime_ns.max(mtime_ns);
+            }
+        }
+        Ok(a)
+    }
+
+    fn attr_reply(&self, m: Msg) -> R<FileAttr> {
+        match m {
+            Msg::S2P_ATTR { attr } => self.complete(attr),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    fn learn(&self, path: String, a: &FileAttr) {
+        self.st.lock().unwrap().paths.insert(a.ino, path);
+    }
+
+    fn lookup_path(&self, path: String) -> R<FileAttr> {
+        let a = self.attr_reply(self.s_call(Msg::P2S_LOOKUP { vnode: self.vnode.clone(), path: path.clone() })?)?;
+        self.learn(path, &a);
+        Ok(a)
+    }
+
+    fn create_node(&self, req: &Request, parent: INodeNo, name: &OsStr, kind: FileKind, perm: u32, excl: bool, target: Option<String>) -> R<FileAttr> {
+        let path = join(&self.path(parent.0)?, name)?;
+        let m = self.s_call(Msg::P2S_CREATE { vnode: self.vnode.clone(), path: path.clone(), kind, perm, uid: req.uid(), gid: req.gid(), excl, target })?;
+        let a = self.attr_reply(m)?;
+        self.learn(path, &a);
+        Ok(a)
+    }
+
+    /// Frees a detached inode now, or at its last close here.
+    fn detached(&self, ino: Option<u64>) {
+        let Some(ino) = ino else { return };
+        {
+            let mut st = self.st.lock().unwrap();
+            st.paths.remove(&ino);
+            if st.open.get(&ino).copied().unwrap_or(0) > 0 {
+                st.detached.insert(ino);
+                return;
+            }
+        }
+        self.free(ino);
+    }
+
+    fn free(&self, ino: u64) {
+        let _ = self.m_call(ino, |_| Msg::P2M_FILE_FORGET { vnode: self.vnode.clone(), ino });
+        if let Err(e) = self.s_call(Msg::P2S_DROP { vnode: self.vnode.clone(), ino }) {
+            tracing::warn!(vnode = %self.vnode, ino, error = ?e, "could not free a deleted file; the sComponent frees it when it restarts");
+        }
+        self.st.lock().unwrap().caches.remove(&ino);
+    }
+
+    fn open_fh(&self, ino: u64) -> u64 {
+        let mut st = self.st.lock().unwrap();
+        *st.open.entry(ino).or_insert(0) += 1;
+        st.next_fh += 1;
+        st.next_fh
+    }
+
+    fn do_setattr(&self, ino: u64, perm: Option<u32>, uid: Option<u32>, gid: Option<u32>, size: Option<u64>, atime: Option<TimeOrNow>, mtime: Option<TimeOrNow>) -> R<FileAttr> {
+        if let Some(size) = size {
+            self.m_call(ino, |scomp| Msg::P2M_FILE_SETSIZE { scomp, vnode: self.vnode.clone(), ino, size })?;
+        }
+        let t = |x: Option<TimeOrNow>| {
+            x.map(|v| match v {
+                TimeOrNow::SpecificTime(t) => to_ns(t),
+                TimeOrNow::Now => to_ns(SystemTime::now()),
+            })
+        };
+        let set = SetAttr { perm, uid, gid, atime_ns: t(atime), mtime_ns: t(mtime) };
+        let mut a = self.attr_reply(self.s_call(Msg::P2S_SETATTR { vnode: self.vnode.clone(), ino, set: set.clone() })?)?;
+        if let Some(mt) = set.mtime_ns {
+            // An explicit mtime (tar, touch -d) wins over the time of a buffered write.
+            a.mtime_ns = mt;
+        }
+        Ok(a)
+    }
+
+    fn list(&self, ino: u64) -> R<Vec<(u64, FileType, String)>> {
+        let path = self.path(ino)?;
+        // The kernel answers ".." itself; its inode number here is only informative.
+        let mut out = vec![(ino, FileType::Directory, ".".to_string()), (ROOT, FileType::Directory, "..".to_string())];
+        let mut after = None;
+        loop {
+            match self.s_call(Msg::P2S_READDIR { vnode: self.vnode.clone(), path: path.clone(), after: after.clone() })? {
+                Msg::S2P_ENTRIES { entries, more } => {
+                    after = entries.last().map(|e| e.name.clone());
+                    out.extend(entries.into_iter().map(|e| (e.ino, kind_of(e.kind), e.name)));
+                    if !more {
+                        return Ok(out);
+                    }
+                }
+                _ => return Err(Errno::EIO),
+            }
+        }
+    }
+}
+
+impl Filesystem for VnodeFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        // Reading mmaps of direct-I/O files (Linux 6.6 and later; older kernels refuse mmap).
+        let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.path(parent.0).and_then(|p| join(&p, name)).and_then(|p| self.lookup_path(p)) {
+            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.s_call(Msg::X2S_GETATTR { vnode: self.vnode.clone(), ino: ino.0 }).and_then(|m| self.attr_reply(m)) {
+            Ok(a) => reply.attr(&TTL, &fuse_attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self.do_setattr(ino.0, mode.map(|m| m & 0o7777), uid, gid, size, atime, mtime) {
+            Ok(a) => reply.attr(&TTL, &fuse_attr(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.s_call(Msg::P2S_READLINK { vnode: self.vnode.clone(), ino: ino.0 }) {
+            Ok(Msg::S2P_TARGET { target }) => reply.data(target.as_bytes()),
+            Ok(_) => reply.error(Errno::EIO),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _rdev: u32, reply: ReplyEntry) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        match self.create_node(req, parent, name, FileKind::File, mode & !umask, true, None) {
+            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        match self.create_node(req, parent, name, FileKind::Dir, mode & !umask, true, None) {
+            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let Some(t) = target.to_str() else { return reply.error(Errno::EINVAL) };
+        match self.create_node(req, parent, link_name, FileKind::Symlink, 0o777, true, Some(t.to_string())) {
+            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|path| self.s_call(Msg::P2S_UNLINK { vnode: self.vnode.clone(), path, dir: false }));
+        match r {
+            Ok(Msg::S2P_DETACHED { ino }) => {
+                self.detached(ino);
+                reply.ok()
+            }
+            Ok(_) => reply.error(Errno::EIO),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.path(parent.0).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        match self.s_call(Msg::P2S_UNLINK { vnode: self.vnode.clone(), path: path.clone(), dir: true }) {
+            Ok(_) => {
+                self.st.lock().unwrap().paths.retain(|_, p| *p != path);
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        if flags.intersects(RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let paths = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|from| Ok((from, join(&self.path(newparent.0)?, newname)?)));
+        let (from, to) = match paths {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        match self.s_call(Msg::P2S_RENAME { vnode: self.vnode.clone(), from: from.clone(), to: to.clone(), noreplace }) {
+            Ok(Msg::S2P_DETACHED { ino }) => {
+                {
+                    let mut st = self.st.lock().unwrap();
+                    let below = format!("{from}/");
+                    for p in st.paths.values_mut() {
+                        if *p == from {
+                            *p = to.clone();
+                        } else if let Some(rest) = p.strip_prefix(&below) {
+                            *p = format!("{to}/{rest}");
+                        }
+                    }
+                }
+                self.detached(ino);
+                reply.ok()
+            }
+            Ok(_) => reply.error(Errno::EIO),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        // Hard links would need a link count in the flat namespace; programs fall back to copies.
+        reply.error(Errno::EPERM);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(self.open_fh(ino.0)), FopenFlags::FOPEN_DIRECT_IO);
+    }
+
+    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+        let ino = ino.0;
+        match self.m_call(ino, |scomp| Msg::P2M_FILE_READ { scomp, vnode: self.vnode.clone(), ino, offset, len: size }) {
+            Ok(Msg::M2P_FILE_DATA { data }) => reply.data(&data),
+            Ok(_) => reply.error(Errno::EIO),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let ino = ino.0;
+        match self.m_call(ino, |scomp| Msg::P2M_FILE_WRITE { scomp, vnode: self.vnode.clone(), ino, offset, data: ByteBuf::from(data.to_vec()) }) {
+            Ok(_) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: fuser::LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        let free = {
+            let mut st = self.st.lock().unwrap();
+            let n = st.open.entry(ino.0).or_insert(1);
+            *n -= 1;
+            if *n == 0 {
+                st.open.remove(&ino.0);
+                st.detached.remove(&ino.0)
+            } else {
+                false
+            }
+        };
+        if free {
+            self.free(ino.0);
+        }
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let ino = ino.0;
+        match self.m_call(ino, |scomp| Msg::P2M_FILE_SYNC { scomp, vnode: self.vnode.clone(), ino }) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.list(ino.0) {
+            Ok(entries) => {
+                let mut st = self.st.lock().unwrap();
+                st.next_fh += 1;
+                let fh = st.next_fh;
+                st.listings.insert(fh, entries);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let st = self.st.lock().unwrap();
+        let Some(entries) = st.listings.get(&fh.0) else { return reply.error(Errno::EBADF) };
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.st.lock().unwrap().listings.remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.s_call(Msg::X2S_SYNC { vnode: self.vnode.clone(), ino: None }) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.s_call(Msg::P2S_STATFS { vnode: self.vnode.clone() }) {
+            Ok(Msg::S2P_STATFS { quota, used, files }) => {
+                let free = quota.saturating_sub(used) / 4096;
+                reply.statfs(quota / 4096, free, free, files, u32::MAX as u64, 4096, crate::smon::NAME_MAX as u32, 4096)
+            }
+            Ok(_) => reply.error(Errno::EIO),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        match self.create_node(req, parent, name, FileKind::File, mode & !umask, flags & libc::O_EXCL != 0, None) {
+            Ok(a) => {
+                let fh = self.open_fh(a.ino);
+                reply.created(&TTL, &fuse_attr(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+/// The vNode mounts of one pComponent.
+pub struct Mounts {
+    root: PathBuf,
+    node: Arc<Node>,
+    live: Mutex<HashMap<String, (PathBuf, fuser::BackgroundSession)>>,
+}
+
+/// Detaches whatever is mounted at `dir` (a mount left by a pComponent that was killed).
+pub fn unmount(dir: &Path) {
+    if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Every mount point under `dir`, deepest first (from /proc/self/mountinfo).
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    let mut v: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
+    v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    v
+}
+
+impl Mounts {
+    pub fn new(root: PathBuf, node: Arc<Node>) -> Mounts {
+        Mounts { root, node, live: Mutex::new(HashMap::new()) }
+    }
+
+    /// Mounts the vNode's file system (once) and returns its mount point.
+    pub fn mount(&self, vnode: &str) -> Result<PathBuf, (ErrCode, String)> {
+        let mut live = self.live.lock().unwrap();
+        if let Some((dir, _)) = live.get(vnode) {
+            return Ok(dir.clone());
+        }
+        if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
+            return Err((ErrCode::Invalid, format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')")));
+        }
+        let fs = VnodeFs::new(vnode.to_string(), self.node.clone());
+        fs.storage().map_err(|_| (ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
+        let dir = self.root.join(vnode);
+        unmount(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| (ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
+        let mut cfg = fuser::Config::default();
+        cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions];
+        cfg.acl = fuser::SessionACL::All;
+        cfg.n_threads = Some(2);
+        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| (ErrCode::Internal, format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display())))?;
+        tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
+        metrics::counter!("pcomp_vnode_mounts_total").increment(1);
+        live.insert(vnode.to_string(), (dir.clone(), session));
+        Ok(dir)
+    }
+
+    /// Unmounts every vNode (the pComponent is stopping).
+    pub fn unmount_all(&self) {
+        for (_, (dir, _session)) in self.live.lock().unwrap().drain() {
+            unmount(&dir);
+        }
+    }
+}

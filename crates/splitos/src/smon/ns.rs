@@ -1,0 +1,687 @@
+//! The durable state of an sComponent: every vNode's namespace and inodes in one redb database,
+//! file data in one file per inode under the vNode's directory.
+//!
+//! The paper keys a hash table by full path. We keep the full path as the key, split as
+//! (parent path, name) in a B-tree: a lookup is still one probe by name, and a directory
+//! listing is a range scan of its children instead of a walk over the whole vNode. A rename of
+//! a directory rewrites the keys of its subtree, as the paper's flat table must too; data is
+//! kept by inode number, so no data moves.
+//!
+//! Ordinary changes commit without fsync; `sync` commits durably (which also persists every
+//! change before it) after an fdatasync of the file's data. So an acknowledged fsync survives
+//! a kill -9 of any component and a restart of this one.
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
+use serde::{Deserialize, Serialize};
+use splitos_rpc::{DirEntry, FileAttr, FileKind, SetAttr};
+
+pub type FsResult<T> = Result<T, i32>;
+
+pub const NAME_MAX: usize = 255;
+pub const PATH_MAX: usize = 4096;
+const ROOT_INO: u64 = 1;
+/// Entries per directory-listing reply.
+const LIST_BATCH: usize = 256;
+/// Open data files kept around between requests.
+const OPEN_FILES: usize = 256;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+#[derive(Serialize, Deserialize, Clone)]
+struct Inode {
+    attr: FileAttr,
+    target: Option<String>,
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+/// Checks a full path from a request and splits it into (parent, name). Only absolute paths
+/// of plain names are accepted: no empty, `.` or `..` components, so no request can name
+/// anything outside its vNode's namespace.
+pub fn split(path: &str) -> FsResult<(&str, &str)> {
+    if path.len() > PATH_MAX {
+        return Err(libc::ENAMETOOLONG);
+    }
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(libc::EINVAL);
+    }
+    if path == "/" {
+        return Ok(("", "/"));
+    }
+    for c in path[1..].split('/') {
+        if c.is_empty() || c == "." || c == ".." {
+            return Err(libc::EINVAL);
+        }
+        if c.len() > NAME_MAX {
+            return Err(libc::ENAMETOOLONG);
+        }
+    }
+    let cut = path.rfind('/').expect("absolute");
+    Ok((if cut == 0 { "/" } else { &path[..cut] }, &path[cut + 1..]))
+}
+
+fn internal(e: impl std::fmt::Display) -> i32 {
+    tracing::error!(error = %e, "storage error");
+    libc::EIO
+}
+
+fn io_errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// A vNode name made safe as a table and directory name.
+fn vnode_key(vnode: &str) -> FsResult<String> {
+    if vnode.is_empty() || vnode.len() > 128 {
+        return Err(libc::EINVAL);
+    }
+    Ok(vnode.bytes().map(|b| format!("{b:02x}")).collect())
+}
+
+pub struct Store {
+    db: Database,
+    dir: PathBuf,
+    quota: u64,
+    used: Mutex<u64>,
+    files: Mutex<HashMap<(String, u64), File>>,
+}
+
+type NsTable<'a> = TableDefinition<'a, (&'static str, &'static str), u64>;
+type InoTable<'a> = TableDefinition<'a, u64, &'static [u8]>;
+type DetachedTable<'a> = TableDefinition<'a, u64, ()>;
+
+struct Tables {
+    ns: String,
+    ino: String,
+    detached: String,
+}
+
+impl Tables {
+    fn of(vkey: &str) -> Tables {
+        Tables { ns: format!("ns/{vkey}"), ino: format!("ino/{vkey}"), detached: format!("detached/{vkey}") }
+    }
+    fn ns(&self) -> NsTable<'_> {
+        TableDefinition::new(&self.ns)
+    }
+    fn ino(&self) -> InoTable<'_> {
+        TableDefinition::new(&self.ino)
+    }
+    fn detached(&self) -> DetachedTable<'_> {
+        TableDefinition::new(&self.detached)
+    }
+}
+
+fn enc(i: &Inode) -> Vec<u8> {
+    postcard::to_allocvec(i).expect("inode encodes")
+}
+
+fn dec(b: &[u8]) -> FsResult<Inode> {
+    postcard::from_bytes(b).map_err(internal)
+}
+
+impl Store {
+    /// Opens (or creates) the store under `dir`. Inodes detached by an earlier run and never
+    /// dropped (their pComponent went away) are freed now.
+    pub fn open(dir: &Path, quota: u64) -> anyhow::Result<Store> {
+        std::fs::create_dir_all(dir.join("data"))?;
+        let db = Database::create(dir.join("namespace.redb")).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!("storage directory {} is in use by another sComponent", dir.display()),
+            e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
+        })?;
+        let s = Store { db, dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
+        s.recover()?;
+        Ok(s)
+    }
+
+    fn recover(&self) -> anyhow::Result<()> {
+        let tx = self.db.begin_write()?;
+        let names: Vec<String> = tx.list_tables()?.map(|h| h.name().to_string()).collect();
+        let mut used = 0u64;
+        let mut freed = 0u64;
+        for name in names.iter().filter_map(|n| n.strip_prefix("detached/")) {
+            let t = Tables::of(name);
+            let gone: Vec<u64> = {
+                let d = tx.open_table(t.detached())?;
+                d.iter()?.filter_map(|r| r.ok().map(|(k, _)| k.value())).collect()
+            };
+            let mut ino = tx.open_table(t.ino())?;
+            for i in gone {
+                ino.remove(i)?;
+                let _ = std::fs::remove_file(self.data_path(name, i));
+                freed += 1;
+            }
+            tx.delete_table(t.detached())?;
+        }
+        for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
+            let t = Tables::of(name);
+            let ino = tx.open_table(t.ino())?;
+            for r in ino.iter()? {
+                let (_, v) = r?;
+                used += dec(v.value()).map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?.attr.alloc;
+            }
+        }
+        tx.commit()?;
+        *self.used.lock().unwrap() = used;
+        if freed > 0 {
+            tracing::info!(freed, "freed inodes detached by an earlier run");
+        }
+        Ok(())
+    }
+
+    fn data_path(&self, vkey: &str, ino: u64) -> PathBuf {
+        self.dir.join("data").join(vkey).join(ino.to_string())
+    }
+
+    pub fn used(&self) -> u64 {
+        *self.used.lock().unwrap()
+    }
+
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// Runs `f` in a write transaction on the vNode's tables (created with their root on first
+    /// use) and commits it, durably if asked.
+    fn write<T>(&self, vnode: &str, durable: bool, f: impl FnOnce(&redb::WriteTransaction, &Tables, &str) -> FsResult<T>) -> FsResult<T> {
+        let vkey = vnode_key(vnode)?;
+        let t = Tables::of(&vkey);
+        let mut tx = self.db.begin_write().map_err(internal)?;
+        tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(internal)?;
+        {
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            if ino.get(ROOT_INO).map_err(internal)?.is_none() {
+                let now = now_ns();
+                let root = FileAttr { ino: ROOT_INO, kind: FileKind::Dir, perm: 0o755, uid: 0, gid: 0, size: 0, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
+                ino.insert(ROOT_INO, enc(&Inode { attr: root, target: None }).as_slice()).map_err(internal)?;
+            }
+        }
+        let r = f(&tx, &t, &vkey)?;
+        tx.commit().map_err(internal)?;
+        Ok(r)
+    }
+
+    fn read<T>(&self, vnode: &str, f: impl FnOnce(&redb::ReadTransaction, &Tables) -> FsResult<T>) -> FsResult<T> {
+        let vkey = vnode_key(vnode)?;
+        let tx = self.db.begin_read().map_err(internal)?;
+        f(&tx, &Tables::of(&vkey))
+    }
+
+    fn next_ino(tx: &redb::WriteTransaction) -> FsResult<u64> {
+        let mut m = tx.open_table(META).map_err(internal)?;
+        let n = m.get("next_ino").map_err(internal)?.map(|v| v.value()).unwrap_or(ROOT_INO + 1);
+        m.insert("next_ino", n + 1).map_err(internal)?;
+        Ok(n)
+    }
+
+    fn get_inode<T: ReadableTable<u64, &'static [u8]>>(t: &T, ino: u64) -> FsResult<Inode> {
+        match t.get(ino).map_err(internal)? {
+            Some(v) => dec(v.value()),
+            None => Err(libc::ENOENT),
+        }
+    }
+
+    fn put_inode(t: &mut redb::Table<u64, &'static [u8]>, i: &Inode) -> FsResult<()> {
+        t.insert(i.attr.ino, enc(i).as_slice()).map_err(internal)?;
+        Ok(())
+    }
+
+    /// The inode number of a full path, checking that every parent on the way is a directory.
+    fn resolve<N: ReadableTable<(&'static str, &'static str), u64>, I: ReadableTable<u64, &'static [u8]>>(ns: &N, ino: &I, path: &str) -> FsResult<u64> {
+        let (parent, name) = split(path)?;
+        if parent.is_empty() {
+            return Ok(ROOT_INO);
+        }
+        let p = Store::resolve(ns, ino, parent)?;
+        if Store::get_inode(ino, p)?.attr.kind != FileKind::Dir {
+            return Err(libc::ENOTDIR);
+        }
+        match ns.get((parent, name)).map_err(internal)? {
+            Some(v) => Ok(v.value()),
+            None => Err(libc::ENOENT),
+        }
+    }
+
+    /// The parent of `path` must exist and be a directory.
+    fn parent_dir<N: ReadableTable<(&'static str, &'static str), u64>, I: ReadableTable<u64, &'static [u8]>>(ns: &N, ino: &I, path: &str) -> FsResult<u64> {
+        let (parent, _) = split(path)?;
+        if parent.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        let p = Store::resolve(ns, ino, parent)?;
+        if Store::get_inode(ino, p)?.attr.kind != FileKind::Dir {
+            return Err(libc::ENOTDIR);
+        }
+        Ok(p)
+    }
+
+    fn touch_dir(ino: &mut redb::Table<u64, &'static [u8]>, dir: u64) -> FsResult<()> {
+        let mut d = Store::get_inode(ino, dir)?;
+        let now = now_ns();
+        d.attr.mtime_ns = now;
+        d.attr.ctime_ns = now;
+        Store::put_inode(ino, &d)
+    }
+
+    pub fn lookup(&self, vnode: &str, path: &str) -> FsResult<FileAttr> {
+        if path == "/" {
+            return self.getattr(vnode, ROOT_INO);
+        }
+        self.read(vnode, |tx, t| {
+            let (ns, ino) = match (tx.open_table(t.ns()), tx.open_table(t.ino())) {
+                (Ok(n), Ok(i)) => (n, i),
+                _ => return Err(libc::ENOENT),
+            };
+            let i = Store::resolve(&ns, &ino, path)?;
+            Ok(Store::get_inode(&ino, i)?.attr)
+        })
+    }
+
+    pub fn getattr(&self, vnode: &str, ino: u64) -> FsResult<FileAttr> {
+        match self.read(vnode, |tx, t| Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(|_| libc::ENOENT)?, ino)?.attr)) {
+            // A vNode's root exists from its first request on.
+            Err(libc::ENOENT) if ino == ROOT_INO => self.write(vnode, false, |tx, t, _| Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(internal)?, ROOT_INO)?.attr)),
+            r => r,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(&self, vnode: &str, path: &str, kind: FileKind, perm: u32, uid: u32, gid: u32, excl: bool, target: Option<String>) -> FsResult<FileAttr> {
+        if kind == FileKind::Symlink && target.as_ref().is_none_or(|t| t.is_empty() || t.len() > PATH_MAX) {
+            return Err(libc::EINVAL);
+        }
+        self.write(vnode, false, |tx, t, _| {
+            let mut ns = tx.open_table(t.ns()).map_err(internal)?;
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let dir = Store::parent_dir(&ns, &ino, path)?;
+            let (parent, name) = split(path)?;
+            if let Some(existing) = ns.get((parent, name)).map_err(internal)?.map(|v| v.value()) {
+                let e = Store::get_inode(&ino, existing)?;
+                return match (excl, kind, e.attr.kind) {
+                    (true, _, _) => Err(libc::EEXIST),
+                    (false, FileKind::File, FileKind::Dir) => Err(libc::EISDIR),
+                    (false, FileKind::File, _) => Ok(e.attr),
+                    _ => Err(libc::EEXIST),
+                };
+            }
+            let now = now_ns();
+            let n = Store::next_ino(tx)?;
+            let size = target.as_ref().map(|t| t.len() as u64).unwrap_or(0);
+            let attr = FileAttr { ino: n, kind, perm: perm & 0o7777, uid, gid, size, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
+            Store::put_inode(&mut ino, &Inode { attr: attr.clone(), target })?;
+            ns.insert((parent, name), n).map_err(internal)?;
+            Store::touch_dir(&mut ino, dir)?;
+            Ok(attr)
+        })
+    }
+
+    pub fn setattr(&self, vnode: &str, ino_no: u64, set: &SetAttr) -> FsResult<FileAttr> {
+        self.write(vnode, false, |tx, t, _| {
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let mut i = Store::get_inode(&ino, ino_no)?;
+            let a = &mut i.attr;
+            if let Some(p) = set.perm {
+                a.perm = p & 0o7777;
+            }
+            if let Some(u) = set.uid {
+                a.uid = u;
+            }
+            if let Some(g) = set.gid {
+                a.gid = g;
+            }
+            if let Some(at) = set.atime_ns {
+                a.atime_ns = at;
+            }
+            if let Some(mt) = set.mtime_ns {
+                a.mtime_ns = mt;
+            }
+            a.ctime_ns = now_ns();
+            Store::put_inode(&mut ino, &i)?;
+            Ok(i.attr)
+        })
+    }
+
+    pub fn readlink(&self, vnode: &str, ino: u64) -> FsResult<String> {
+        self.read(vnode, |tx, t| {
+            let i = Store::get_inode(&tx.open_table(t.ino()).map_err(|_| libc::ENOENT)?, ino)?;
+            i.target.ok_or(libc::EINVAL)
+        })
+    }
+
+    fn has_children<N: ReadableTable<(&'static str, &'static str), u64>>(ns: &N, dir: &str) -> FsResult<bool> {
+        Ok(ns.range((dir, "")..).map_err(internal)?.next().map(|r| r.map(|(k, _)| k.value().0 == dir)).transpose().map_err(internal)?.unwrap_or(false))
+    }
+
+    /// Removes `path`'s name. A file's inode is detached (kept until `drop_inode`) and returned.
+    pub fn unlink(&self, vnode: &str, path: &str, want_dir: bool) -> FsResult<Option<u64>> {
+        self.write(vnode, false, |tx, t, _| {
+            let mut ns = tx.open_table(t.ns()).map_err(internal)?;
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let (parent, name) = split(path)?;
+            if parent.is_empty() {
+                return Err(libc::EBUSY);
+            }
+            let dir = Store::parent_dir(&ns, &ino, path)?;
+            let victim = ns.get((parent, name)).map_err(internal)?.map(|v| v.value()).ok_or(libc::ENOENT)?;
+            let v = Store::get_inode(&ino, victim)?;
+            match (want_dir, v.attr.kind == FileKind::Dir) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                (true, true) if Store::has_children(&ns, path)? => return Err(libc::ENOTEMPTY),
+                _ => {}
+            }
+            ns.remove((parent, name)).map_err(internal)?;
+            Store::touch_dir(&mut ino, dir)?;
+            if v.attr.kind == FileKind::File {
+                tx.open_table(t.detached()).map_err(internal)?.insert(victim, ()).map_err(internal)?;
+                Ok(Some(victim))
+            } else {
+                ino.remove(victim).map_err(internal)?;
+                Ok(None)
+            }
+        })
+    }
+
+    /// Renames `from` to `to`; returns the inode an existing `to` named, now detached.
+    pub fn rename(&self, vnode: &str, from: &str, to: &str, noreplace: bool) -> FsResult<Option<u64>> {
+        self.write(vnode, false, |tx, t, _| {
+            let mut ns = tx.open_table(t.ns()).map_err(internal)?;
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let (fp, fname) = split(from)?;
+            let (tp, tname) = split(to)?;
+            if fp.is_empty() || tp.is_empty() {
+                return Err(libc::EBUSY);
+            }
+            let fdir = Store::parent_dir(&ns, &ino, from)?;
+            let tdir = Store::parent_dir(&ns, &ino, to)?;
+            let src = ns.get((fp, fname)).map_err(internal)?.map(|v| v.value()).ok_or(libc::ENOENT)?;
+            if from == to {
+                return Ok(None);
+            }
+            let s = Store::get_inode(&ino, src)?;
+            let is_dir = s.attr.kind == FileKind::Dir;
+            if is_dir && to.starts_with(&format!("{from}/")) {
+                return Err(libc::EINVAL);
+            }
+            let mut detached = None;
+            if let Some(dst) = ns.get((tp, tname)).map_err(internal)?.map(|v| v.value()) {
+                if noreplace {
+                    return Err(libc::EEXIST);
+                }
+                let d = Store::get_inode(&ino, dst)?;
+                match (is_dir, d.attr.kind == FileKind::Dir) {
+                    (false, true) => return Err(libc::EISDIR),
+                    (true, false) => return Err(libc::ENOTDIR),
+                    (true, true) if Store::has_children(&ns, to)? => return Err(libc::ENOTEMPTY),
+                    _ => {}
+                }
+                if d.attr.kind == FileKind::File {
+                    tx.open_table(t.detached()).map_err(internal)?.insert(dst, ()).map_err(internal)?;
+                    detached = Some(dst);
+                } else {
+                    ino.remove(dst).map_err(internal)?;
+                }
+            }
+            ns.remove((fp, fname)).map_err(internal)?;
+            ns.insert((tp, tname), src).map_err(internal)?;
+            if is_dir {
+                // Children of `from` and everything below: parent == from, or parent under "from/".
+                let below = format!("{from}/");
+                let upper = format!("{from}0");
+                let mut moved = Vec::new();
+                for r in ns.range((from, "")..(from, "\u{10FFFF}")).map_err(internal)?.chain(ns.range((below.as_str(), "")..(upper.as_str(), "")).map_err(internal)?) {
+                    let (k, v) = r.map_err(internal)?;
+                    let (p, n) = k.value();
+                    moved.push((p.to_string(), n.to_string(), v.value()));
+                }
+                for (p, n, i) in moved {
+                    ns.remove((p.as_str(), n.as_str())).map_err(internal)?;
+                    let np = format!("{to}{}", &p[from.len()..]);
+                    ns.insert((np.as_str(), n.as_str()), i).map_err(internal)?;
+                }
+            }
+            let mut s = s;
+            s.attr.ctime_ns = now_ns();
+            Store::put_inode(&mut ino, &s)?;
+            Store::touch_dir(&mut ino, fdir)?;
+            if tdir != fdir {
+                Store::touch_dir(&mut ino, tdir)?;
+            }
+            Ok(detached)
+        })
+    }
+
+    pub fn readdir(&self, vnode: &str, path: &str, after: Option<&str>) -> FsResult<(Vec<DirEntry>, bool)> {
+        if path != "/" {
+            if self.lookup(vnode, path)?.kind != FileKind::Dir {
+                return Err(libc::ENOTDIR);
+            }
+        }
+        self.read(vnode, |tx, t| {
+            let (ns, ino) = match (tx.open_table(t.ns()), tx.open_table(t.ino())) {
+                (Ok(n), Ok(i)) => (n, i),
+                _ => return Ok((Vec::new(), false)),
+            };
+            let start = (path, after.unwrap_or(""));
+            let mut out = Vec::new();
+            for r in ns.range(start..(path, "\u{10FFFF}")).map_err(internal)? {
+                let (k, v) = r.map_err(internal)?;
+                let (_, name) = k.value();
+                if Some(name) == after {
+                    continue;
+                }
+                if out.len() == LIST_BATCH {
+                    return Ok((out, true));
+                }
+                let i = Store::get_inode(&ino, v.value())?;
+                out.push(DirEntry { name: name.to_string(), ino: i.attr.ino, kind: i.attr.kind });
+            }
+            Ok((out, false))
+        })
+    }
+
+    /// Frees a detached inode and its data. Named inodes are left alone.
+    pub fn drop_inode(&self, vnode: &str, ino_no: u64) -> FsResult<()> {
+        let freed = self.write(vnode, false, |tx, t, vkey| {
+            let mut det = tx.open_table(t.detached()).map_err(internal)?;
+            if det.remove(ino_no).map_err(internal)?.is_none() {
+                return Ok(0);
+            }
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let i = Store::get_inode(&ino, ino_no)?;
+            ino.remove(ino_no).map_err(internal)?;
+            self.files.lock().unwrap().remove(&(vkey.to_string(), ino_no));
+            let _ = std::fs::remove_file(self.data_path(vkey, ino_no));
+            Ok(i.attr.alloc)
+        })?;
+        *self.used.lock().unwrap() -= freed;
+        Ok(())
+    }
+
+    pub fn files(&self, vnode: &str) -> FsResult<u64> {
+        self.read(vnode, |tx, t| Ok(tx.open_table(t.ino()).map(|i| i.len().unwrap_or(0)).unwrap_or(0)))
+    }
+
+    /// Runs `f` on the data file of an inode, opened (and created) on demand.
+    fn with_file<T>(&self, vkey: &str, ino: u64, f: impl FnOnce(&File) -> std::io::Result<T>) -> FsResult<T> {
+        let mut files = self.files.lock().unwrap();
+        let key = (vkey.to_string(), ino);
+        if !files.contains_key(&key) {
+            if files.len() >= OPEN_FILES {
+                files.clear();
+            }
+            let p = self.data_path(vkey, ino);
+            std::fs::create_dir_all(p.parent().expect("data dir")).map_err(io_errno)?;
+            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(io_errno)?;
+            files.insert(key.clone(), file);
+        }
+        f(&files[&key]).map_err(io_errno)
+    }
+
+    /// Data of a regular file; bytes never written read as zeros, nothing past its size.
+    pub fn read_data(&self, vnode: &str, ino: u64, offset: u64, len: u32) -> FsResult<Vec<u8>> {
+        let a = self.getattr(vnode, ino)?;
+        if a.kind != FileKind::File {
+            return Err(libc::EISDIR);
+        }
+        let n = a.size.saturating_sub(offset).min(len as u64) as usize;
+        let mut buf = vec![0u8; n];
+        if n > 0 {
+            let vkey = vnode_key(vnode)?;
+            let mut got = 0;
+            self.with_file(&vkey, ino, |f| {
+                while got < n {
+                    match f.read_at(&mut buf[got..], offset + got as u64)? {
+                        0 => break,
+                        k => got += k,
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(buf)
+    }
+
+    /// Grows an inode's reservation to `bytes`, within the quota and the disk.
+    fn reserve_in(&self, i: &mut Inode, vkey: &str, bytes: u64) -> FsResult<()> {
+        if bytes <= i.attr.alloc {
+            return Ok(());
+        }
+        let grow = bytes - i.attr.alloc;
+        let mut used = self.used.lock().unwrap();
+        if *used + grow > self.quota {
+            return Err(libc::ENOSPC);
+        }
+        let (from, len) = (i.attr.alloc as libc::off_t, grow as libc::off_t);
+        self.with_file(vkey, i.attr.ino, |f| {
+            use std::os::fd::AsRawFd;
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, from, len) };
+            match r {
+                0 => Ok(()),
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    // A file system without fallocate still has to hold the data: let writes find out.
+                    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }
+            }
+        })?;
+        *used += grow;
+        i.attr.alloc = bytes;
+        Ok(())
+    }
+
+    pub fn reserve(&self, vnode: &str, ino_no: u64, bytes: u64) -> FsResult<()> {
+        self.write(vnode, false, |tx, t, vkey| {
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let mut i = Store::get_inode(&ino, ino_no)?;
+            self.reserve_in(&mut i, vkey, bytes)?;
+            Store::put_inode(&mut ino, &i)
+        })
+    }
+
+    pub fn write_data(&self, vnode: &str, ino_no: u64, offset: u64, data: &[u8], size: u64) -> FsResult<()> {
+        self.write(vnode, false, |tx, t, vkey| {
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let mut i = Store::get_inode(&ino, ino_no)?;
+            if i.attr.kind != FileKind::File {
+                return Err(libc::EISDIR);
+            }
+            self.reserve_in(&mut i, vkey, size.max(offset + data.len() as u64))?;
+            self.with_file(vkey, ino_no, |f| f.write_all_at(data, offset))?;
+            i.attr.size = size;
+            let now = now_ns();
+            i.attr.mtime_ns = now;
+            i.attr.ctime_ns = now;
+            Store::put_inode(&mut ino, &i)
+        })
+    }
+
+    pub fn set_size(&self, vnode: &str, ino_no: u64, size: u64) -> FsResult<()> {
+        let released = self.write(vnode, false, |tx, t, vkey| {
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let mut i = Store::get_inode(&ino, ino_no)?;
+            if i.attr.kind != FileKind::File {
+                return Err(libc::EISDIR);
+            }
+            self.reserve_in(&mut i, vkey, size)?;
+            self.with_file(vkey, ino_no, |f| f.set_len(size))?;
+            // Truncation frees the blocks past the new end, reservations included.
+            let released = i.attr.alloc.saturating_sub(size);
+            i.attr.alloc = size;
+            i.attr.size = size;
+            let now = now_ns();
+            i.attr.mtime_ns = now;
+            i.attr.ctime_ns = now;
+            Store::put_inode(&mut ino, &i)?;
+            Ok(released)
+        })?;
+        *self.used.lock().unwrap() -= released;
+        Ok(())
+    }
+
+    /// fdatasync of the inode's data, then a durable commit of every namespace change so far.
+    pub fn sync(&self, vnode: &str, ino: Option<u64>) -> FsResult<()> {
+        if let Some(i) = ino {
+            let vkey = vnode_key(vnode)?;
+            if self.data_path(&vkey, i).exists() {
+                self.with_file(&vkey, i, |f| f.sync_data())?;
+            }
+        }
+        self.write(vnode, true, |_, _, _| Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_cannot_leave_the_namespace() {
+        assert_eq!(split("/a/b"), Ok(("/a", "b")));
+        assert_eq!(split("/a"), Ok(("/", "a")));
+        assert_eq!(split("/"), Ok(("", "/")));
+        for bad in ["a/b", "/a/../b", "/..", "/a//b", "/a/", "/./a", ""] {
+            assert_eq!(split(bad), Err(libc::EINVAL), "{bad}");
+        }
+        assert_eq!(split(&format!("/{}", "x".repeat(256))), Err(libc::ENAMETOOLONG));
+        assert_eq!(split(&"/x".repeat(3000)), Err(libc::ENAMETOOLONG));
+    }
+
+    #[test]
+    fn namespace_operations_and_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path(), 1 << 20).unwrap();
+        let v = "vn";
+        s.create(v, "/d", FileKind::Dir, 0o755, 0, 0, true, None).unwrap();
+        let f = s.create(v, "/d/f", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        assert_eq!(s.create(v, "/d/f", FileKind::File, 0o644, 0, 0, true, None), Err(libc::EEXIST));
+        assert_eq!(s.create(v, "/d/f/x", FileKind::File, 0o644, 0, 0, true, None), Err(libc::ENOTDIR));
+        assert_eq!(s.create(v, "/nope/x", FileKind::File, 0o644, 0, 0, true, None), Err(libc::ENOENT));
+        assert_eq!(s.unlink(v, "/d", true), Err(libc::ENOTEMPTY));
+        assert_eq!(s.unlink(v, "/d", false), Err(libc::EISDIR));
+        s.write_data(v, f.ino, 0, b"hello", 5).unwrap();
+        s.rename(v, "/d", "/e", false).unwrap();
+        assert_eq!(s.lookup(v, "/e/f").unwrap().ino, f.ino);
+        assert_eq!(s.lookup(v, "/d/f"), Err(libc::ENOENT));
+        assert_eq!(s.read_data(v, f.ino, 0, 100).unwrap(), b"hello");
+        assert_eq!(s.rename(v, "/e", "/e/inside", false), Err(libc::EINVAL));
+        let (names, more) = s.readdir(v, "/", None).unwrap();
+        assert_eq!((names.len(), more), (1, false));
+        assert_eq!(s.lookup("other", "/e"), Err(libc::ENOENT), "vNodes do not share names");
+        assert_eq!(s.write_data(v, f.ino, 0, &vec![1u8; 2 << 20], 2 << 20), Err(libc::ENOSPC));
+        let gone = s.unlink(v, "/e/f", false).unwrap().unwrap();
+        assert_eq!(s.read_data(v, gone, 0, 5).unwrap(), b"hello", "a detached inode keeps its data");
+        s.drop_inode(v, gone).unwrap();
+        assert_eq!(s.getattr(v, gone), Err(libc::ENOENT));
+        assert_eq!(s.used(), 0);
+    }
+}
