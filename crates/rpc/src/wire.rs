@@ -161,6 +161,8 @@ pub struct FileAttr {
     pub uid: u32,
     pub gid: u32,
     pub size: u64,
+    /// Names of the inode (hard links); directories report 2.
+    pub nlink: u32,
     /// Bytes reserved on the sComponent's disk for this file (counted against its quota).
     pub alloc: u64,
     pub atime_ns: i64,
@@ -257,10 +259,12 @@ pub enum Msg {
     /// exists, otherwise an existing regular file is returned as it is.
     P2S_CREATE { vnode: String, path: String, kind: FileKind, perm: u32, uid: u32, gid: u32, excl: bool, target: Option<String> },
     P2S_SETATTR { vnode: String, ino: u64, set: SetAttr },
+    /// A further name for a file (a hard link).
+    P2S_LINK { vnode: String, ino: u64, to: String },
     P2S_READLINK { vnode: String, ino: u64 },
     S2P_TARGET { target: String },
-    /// Removes a name. The inode it named is detached (kept, with its data) until
-    /// `P2S_DROP`: a program may still have it open.
+    /// Removes a name. An inode that loses its last name is detached (kept, with its data)
+    /// until `P2S_DROP`: a program may still have it open.
     P2S_UNLINK { vnode: String, path: String, dir: bool },
     S2P_DETACHED { ino: Option<u64> },
     /// Renames; an existing target is replaced (and detached, as by `P2S_UNLINK`) unless

@@ -54,6 +54,9 @@ pub fn under_splitos(opts: &[&str], cmd: &[&str]) -> Output {
 
 /// As [`under_splitos`], with extra environment for splitos and its components.
 pub fn under_splitos_env(opts: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Output {
+    // Each run's embedded sComponent gets its own storage directory: runs of parallel tests
+    // would otherwise contend for the default one.
+    let data = tempfile::Builder::new().prefix("splitos-test-data-").tempdir().unwrap();
     Command::new(splitos())
         .arg("run")
         .args(opts)
@@ -61,6 +64,7 @@ pub fn under_splitos_env(opts: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> O
         .args(cmd)
         .env_remove("SPLITOS_GM")
         .env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster"))
+        .env("SPLITOS_DATA_DIR", data.path())
         .envs(env.iter().copied())
         .output()
         .expect("splitos run")
@@ -112,7 +116,7 @@ impl TestCluster {
     pub fn up(config: Option<&str>) -> TestCluster {
         let dir = tempfile::Builder::new().prefix("splitos-cluster-").tempdir().unwrap();
         let mut cmd = Command::new(splitos());
-        cmd.args(["cluster", "up"]).env("SPLITOS_STATE_DIR", dir.path());
+        cmd.args(["cluster", "up"]).env("SPLITOS_STATE_DIR", dir.path()).env("SPLITOS_DATA_DIR", dir.path().join("data"));
         if let Some(c) = config {
             let p = dir.path().join("cluster.toml");
             std::fs::write(&p, c).unwrap();
@@ -126,7 +130,7 @@ impl TestCluster {
 
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(splitos());
-        c.args(args).env("SPLITOS_STATE_DIR", self.dir.path()).env_remove("SPLITOS_GM");
+        c.args(args).env("SPLITOS_STATE_DIR", self.dir.path()).env("SPLITOS_DATA_DIR", self.dir.path().join("data")).env_remove("SPLITOS_GM");
         c
     }
 
@@ -183,6 +187,17 @@ impl Drop for TestCluster {
                 unsafe { libc::kill(p.as_i64().unwrap() as i32, libc::SIGKILL) };
             }
         }
+        unmount_under(self.dir.path());
+    }
+}
+
+/// Detaches every mount under `dir` (vNode mounts a killed pComponent left), so that removing
+/// the directory never walks into one.
+pub fn unmount_under(dir: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for m in info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| Path::new(m).starts_with(dir)) {
+        let c = std::ffi::CString::new(m).unwrap();
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
 }
 

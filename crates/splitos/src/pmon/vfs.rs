@@ -100,7 +100,7 @@ fn fuse_attr(a: &FileAttr) -> fuser::FileAttr {
         crtime: to_time(a.ctime_ns),
         kind: kind_of(a.kind),
         perm: a.perm as u16,
-        nlink: if a.kind == FileKind::Dir { 2 } else { 1 },
+        nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
         rdev: 0,
@@ -439,9 +439,16 @@ impl Filesystem for VnodeFs {
         }
     }
 
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
-        // Hard links would need a link count in the flat namespace; programs fall back to copies.
-        reply.error(Errno::EPERM);
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let r = self
+            .path(newparent.0)
+            .and_then(|p| join(&p, newname))
+            .and_then(|to| self.s_call(Msg::P2S_LINK { vnode: self.vnode.clone(), ino: ino.0, to }))
+            .and_then(|m| self.attr_reply(m));
+        match r {
+            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -50,6 +50,7 @@ impl Storage {
             Msg::X2S_GETATTR { vnode, ino } => Msg::S2P_ATTR { attr: s.getattr(&vnode, ino)? },
             Msg::P2S_CREATE { vnode, path, kind, perm, uid, gid, excl, target } => Msg::S2P_ATTR { attr: s.create(&vnode, &path, kind, perm, uid, gid, excl, target)? },
             Msg::P2S_SETATTR { vnode, ino, set } => Msg::S2P_ATTR { attr: s.setattr(&vnode, ino, &set)? },
+            Msg::P2S_LINK { vnode, ino, to } => Msg::S2P_ATTR { attr: s.link(&vnode, ino, &to)? },
             Msg::P2S_READLINK { vnode, ino } => Msg::S2P_TARGET { target: s.readlink(&vnode, ino)? },
             Msg::P2S_UNLINK { vnode, path, dir } => Msg::S2P_DETACHED { ino: s.unlink(&vnode, &path, dir)? },
             Msg::P2S_RENAME { vnode, from, to, noreplace } => Msg::S2P_DETACHED { ino: s.rename(&vnode, &from, &to, noreplace)? },

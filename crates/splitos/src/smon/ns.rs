@@ -197,7 +197,7 @@ impl Store {
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;
             if ino.get(ROOT_INO).map_err(internal)?.is_none() {
                 let now = now_ns();
-                let root = FileAttr { ino: ROOT_INO, kind: FileKind::Dir, perm: 0o755, uid: 0, gid: 0, size: 0, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
+                let root = FileAttr { ino: ROOT_INO, kind: FileKind::Dir, perm: 0o755, uid: 0, gid: 0, size: 0, nlink: 2, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
                 ino.insert(ROOT_INO, enc(&Inode { attr: root, target: None }).as_slice()).map_err(internal)?;
             }
         }
@@ -312,7 +312,8 @@ impl Store {
             let now = now_ns();
             let n = Store::next_ino(tx)?;
             let size = target.as_ref().map(|t| t.len() as u64).unwrap_or(0);
-            let attr = FileAttr { ino: n, kind, perm: perm & 0o7777, uid, gid, size, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
+            let nlink = if kind == FileKind::Dir { 2 } else { 1 };
+            let attr = FileAttr { ino: n, kind, perm: perm & 0o7777, uid, gid, size, nlink, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
             Store::put_inode(&mut ino, &Inode { attr: attr.clone(), target })?;
             ns.insert((parent, name), n).map_err(internal)?;
             Store::touch_dir(&mut ino, dir)?;
@@ -377,13 +378,51 @@ impl Store {
             }
             ns.remove((parent, name)).map_err(internal)?;
             Store::touch_dir(&mut ino, dir)?;
-            if v.attr.kind == FileKind::File {
-                tx.open_table(t.detached()).map_err(internal)?.insert(victim, ()).map_err(internal)?;
-                Ok(Some(victim))
-            } else {
-                ino.remove(victim).map_err(internal)?;
-                Ok(None)
+            Store::unname(tx, t, &mut ino, v)
+        })
+    }
+
+    /// One name of `v` is gone: a directory or symlink goes with it; a file loses a link and
+    /// is detached (returned) when that was its last.
+    fn unname(tx: &redb::WriteTransaction, t: &Tables, ino: &mut redb::Table<u64, &'static [u8]>, mut v: Inode) -> FsResult<Option<u64>> {
+        let i = v.attr.ino;
+        if v.attr.kind != FileKind::File {
+            ino.remove(i).map_err(internal)?;
+            return Ok(None);
+        }
+        v.attr.nlink = v.attr.nlink.saturating_sub(1);
+        v.attr.ctime_ns = now_ns();
+        Store::put_inode(ino, &v)?;
+        if v.attr.nlink > 0 {
+            return Ok(None);
+        }
+        tx.open_table(t.detached()).map_err(internal)?.insert(i, ()).map_err(internal)?;
+        Ok(Some(i))
+    }
+
+    /// A further name `to` for the file `ino_no`.
+    pub fn link(&self, vnode: &str, ino_no: u64, to: &str) -> FsResult<FileAttr> {
+        self.write(vnode, false, |tx, t, _| {
+            let mut ns = tx.open_table(t.ns()).map_err(internal)?;
+            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+            let mut i = Store::get_inode(&ino, ino_no)?;
+            if i.attr.kind == FileKind::Dir {
+                return Err(libc::EPERM);
             }
+            if tx.open_table(t.detached()).map_err(internal)?.get(ino_no).map_err(internal)?.is_some() {
+                return Err(libc::ENOENT);
+            }
+            let dir = Store::parent_dir(&ns, &ino, to)?;
+            let (parent, name) = split(to)?;
+            if ns.get((parent, name)).map_err(internal)?.is_some() {
+                return Err(libc::EEXIST);
+            }
+            ns.insert((parent, name), ino_no).map_err(internal)?;
+            i.attr.nlink += 1;
+            i.attr.ctime_ns = now_ns();
+            Store::put_inode(&mut ino, &i)?;
+            Store::touch_dir(&mut ino, dir)?;
+            Ok(i.attr)
         })
     }
 
@@ -413,6 +452,10 @@ impl Store {
                 if noreplace {
                     return Err(libc::EEXIST);
                 }
+                if dst == src {
+                    // Two names of one file: POSIX says rename does nothing.
+                    return Ok(None);
+                }
                 let d = Store::get_inode(&ino, dst)?;
                 match (is_dir, d.attr.kind == FileKind::Dir) {
                     (false, true) => return Err(libc::EISDIR),
@@ -420,12 +463,7 @@ impl Store {
                     (true, true) if Store::has_children(&ns, to)? => return Err(libc::ENOTEMPTY),
                     _ => {}
                 }
-                if d.attr.kind == FileKind::File {
-                    tx.open_table(t.detached()).map_err(internal)?.insert(dst, ()).map_err(internal)?;
-                    detached = Some(dst);
-                } else {
-                    ino.remove(dst).map_err(internal)?;
-                }
+                detached = Store::unname(tx, t, &mut ino, d)?;
             }
             ns.remove((fp, fname)).map_err(internal)?;
             ns.insert((tp, tname), src).map_err(internal)?;
