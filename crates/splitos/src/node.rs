@@ -110,6 +110,39 @@ impl Node {
     }
 }
 
+/// SIGTERM and SIGINT, blocked in every thread and taken by one waiter, so that a component
+/// can finish its work (unmount, write back, commit) before it exits.
+pub struct StopSignals(libc::sigset_t);
+
+/// Blocks the stop signals; call before the component starts any thread (threads inherit the mask).
+pub fn block_stop_signals() -> StopSignals {
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    StopSignals(set)
+}
+
+impl StopSignals {
+    /// Runs `f` when a stop signal arrives, then exits.
+    pub fn on_stop(self, f: impl FnOnce() + Send + 'static) {
+        let set = self.0;
+        std::thread::Builder::new()
+            .name("stop-signals".into())
+            .spawn(move || {
+                let mut sig = 0;
+                unsafe { libc::sigwait(&set, &mut sig) };
+                tracing::info!(signal = sig, "stopping");
+                f();
+                std::process::exit(0);
+            })
+            .expect("spawn signal thread");
+    }
+}
+
 /// Writes the bound address where a parent that started us with `--ready-file` waits for it.
 pub fn announce_ready(ready_file: Option<&std::path::Path>, addr: &str) {
     if let Some(p) = ready_file {

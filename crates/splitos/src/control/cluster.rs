@@ -120,7 +120,17 @@ impl Cluster {
         self.state.pids.push(ch.id());
         self.children.push(ch);
         self.state.gm = gm?;
+        // Started in dependency order and stopped in reverse: pComponents unmount first,
+        // mComponents write their buffer caches back, and sComponents commit last.
         let mut pending = Vec::new();
+        for (i, sc) in cfg.scomponent.iter().enumerate() {
+            let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
+            let args = vec![
+                "storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(),
+                "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string(),
+            ];
+            pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach)?));
+        }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
             let args = vec![
                 "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
@@ -141,14 +151,6 @@ impl Cluster {
                 args.push("--no-piggyback".into());
             }
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach)?));
-        }
-        for (i, sc) in cfg.scomponent.iter().enumerate() {
-            let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
-            let args = vec![
-                "storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(),
-                "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string(),
-            ];
-            pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach)?));
         }
         let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len();
         for (name, (mut ch, ready)) in pending {
@@ -212,20 +214,18 @@ pub fn unmount_vnodes(dir: &Path) {
     }
 }
 
-/// Ends component processes by PID: SIGTERM, then SIGKILL for any still there after 2 s.
+/// Ends component processes by PID, last started first: SIGTERM, then SIGKILL for one still
+/// there after 3 s.
 pub fn stop_pids(pids: &[u32]) {
-    for p in pids {
+    for p in pids.iter().rev() {
         unsafe { libc::kill(*p as i32, libc::SIGTERM) };
-    }
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(2) {
-        if pids.iter().all(|p| !pid_alive(*p)) {
-            return;
+        let t0 = Instant::now();
+        while pid_alive(*p) && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for p in pids {
-        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+        if pid_alive(*p) {
+            unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+        }
     }
 }
 

@@ -202,9 +202,14 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
     let mut cmd = Command::new(path);
     cmd.args(&a.program[1..]).env("LD_PRELOAD", preload).env(ENV_SOCK, &sock).env(ENV_RUN_ID, run_id.to_string()).env(ENV_VNODE, &a.vnode);
     match &vnode_dir {
-        Some(d) => cmd.env(ENV_VNODE_DIR, d),
-        None => cmd.env_remove(ENV_VNODE_DIR),
-    };
+        Some(d) => {
+            cmd.env(ENV_VNODE_DIR, d);
+            isolate_vnode(&mut cmd, Path::new(d));
+        }
+        None => {
+            cmd.env_remove(ENV_VNODE_DIR);
+        }
+    }
     // SAFETY: prctl is async-signal-safe; the program dies with us rather than outliving the
     // run that owns its cluster.
     unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
@@ -241,6 +246,37 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         std::fs::write(f, serde_json::to_string_pretty(&s)?)?;
     }
     Ok((exit_code(st), secs, stats, run_id))
+}
+
+/// Other vNodes' file systems are mounted on the same pComponent, next to this one: a program
+/// could reach them with `..`. As root, the program gets a private mount namespace without
+/// them. Without the privilege the mounts stay visible (see docs/storage.md).
+fn isolate_vnode(cmd: &mut Command, mine: &Path) {
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let Some(root) = mine.parent() else { return };
+    let others: Vec<std::ffi::CString> = crate::pmon::mounts_under(root)
+        .into_iter()
+        .filter(|m| m != mine)
+        .filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok())
+        .collect();
+    // SAFETY: only async-signal-safe system calls on memory prepared before fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Keep unmounts below from reaching the pComponent's namespace.
+            if libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for m in &others {
+                libc::umount2(m.as_ptr(), libc::MNT_DETACH);
+            }
+            Ok(())
+        })
+    };
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);

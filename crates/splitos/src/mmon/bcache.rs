@@ -283,6 +283,9 @@ impl BufferCache {
             return Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns });
         }
         let old_size = f.size;
+        // The new size first: a block of this write evicted before the loop ends is written
+        // back only up to the size.
+        f.size = f.size.max(end);
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         for b in first..=last {
             let bstart = b * BLOCK;
@@ -305,7 +308,6 @@ impl BufferCache {
             }
         }
         let f = g.files.get_mut(&key).expect("cached file");
-        f.size = f.size.max(end);
         f.mtime_ns = now_ns();
         Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns })
     }
@@ -357,7 +359,7 @@ impl BufferCache {
     }
 
     /// The background write back: every file's dirty blocks, one file per lock hold.
-    fn write_back_all(&self) {
+    pub fn write_back_all(&self) {
         let keys: Vec<Key> = self.inner.lock().unwrap().files.iter().filter(|(_, f)| f.blocks.values().any(|b| b.dirty)).map(|(k, _)| k.clone()).collect();
         for k in keys {
             let mut g = self.inner.lock().unwrap();

@@ -636,6 +636,7 @@ pub struct MemArgs {
 }
 
 pub fn run(args: MemArgs) -> anyhow::Result<()> {
+    let stop = node::block_stop_signals();
     let node = Node::new(Role::Mem, &args.gm);
     let listener = splitos_rpc::transport::Transport::listen(&*node.transport, &args.listen)
         .map_err(|e| anyhow::anyhow!("mComponent cannot listen on {}: {e}", args.listen))?;
@@ -651,6 +652,9 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         bcache: bcache::BufferCache::new(node.clone(), args.bcache),
         c: Counters::default(),
     });
+    let m3 = mem.clone();
+    // Buffered file writes reach the sComponent before an orderly stop.
+    stop.on_stop(move || m3.bcache.write_back_all());
     let h = serve(listener, mem.clone(), ServerConfig { name: "mcomp".into(), workers: args.workers, fanout_workers: 2 });
     let vrs = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     mem.vregion_size.store(vrs, Relaxed);

@@ -312,33 +312,8 @@ pub struct ProcArgs {
     pub metrics_addr: Option<String>,
 }
 
-/// Blocks SIGTERM and SIGINT in every thread (call before any thread starts) and returns a
-/// waiter for them: the pComponent unmounts its vNode file systems before it exits, or
-/// programs would find dead mounts.
-fn block_stop_signals() -> impl FnOnce(Arc<Pcomp>) {
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-    move |p: Arc<Pcomp>| {
-        std::thread::Builder::new()
-            .name("stop-signals".into())
-            .spawn(move || {
-                let mut sig = 0;
-                unsafe { libc::sigwait(&set, &mut sig) };
-                tracing::info!(signal = sig, "stopping: unmounting vNode file systems");
-                p.mounts.unmount_all();
-                std::process::exit(0);
-            })
-            .expect("spawn signal thread");
-    }
-}
-
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
-    let on_stop = block_stop_signals();
+    let stop = node::block_stop_signals();
     let policy = policy_by_name(&args.cfg.policy)
         .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
     let node = Node::new(Role::Proc, &args.gm);
@@ -363,7 +338,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         fault_spin: std::time::Duration::from_micros(node.transport.spin_us.load(Relaxed)),
         started: Instant::now(),
     });
-    on_stop(p.clone());
+    let p2 = p.clone();
+    // Programs must not find dead mounts: unmount the vNode file systems before exiting.
+    stop.on_stop(move || p2.mounts.unmount_all());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
     shim::listen(p.clone(), &args.shim_sock)?;
     let h = serve(listener, p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });

@@ -1,6 +1,8 @@
 //! The storage monitor (sComponent). Stateless as in LegoOS (and NFS v2): every request
 //! carries the vNode and a full path, or an inode number and an absolute offset, so any
-//! request can be served alone, in any order, after a restart. pComponents send it namespace
+//! request can be served alone, in any order, after a restart. Changes are made durable by
+//! fsync, every `CHECKPOINT_EVERY`, and at an orderly stop, like a journaling file system's
+//! commit interval. pComponents send it namespace
 //! operations; mComponents (the buffer cache) read and write file data. It never calls
 //! another component.
 mod ns;
@@ -15,6 +17,8 @@ use splitos_rpc::{serve, ErrCode, Handler, Load, Msg, Role, ServerConfig};
 pub use ns::{Store, NAME_MAX};
 
 use crate::node::{self, Node};
+
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Storage {
     node: Arc<Node>,
@@ -130,12 +134,29 @@ pub struct StorageArgs {
 }
 
 pub fn run(args: StorageArgs) -> anyhow::Result<()> {
+    let stop = node::block_stop_signals();
     let store = Store::open(&args.dir, args.quota)?;
     let node = Node::new(Role::Storage, &args.gm);
     let listener = splitos_rpc::transport::Transport::listen(&*node.transport, &args.listen)
         .map_err(|e| anyhow::anyhow!("sComponent cannot listen on {}: {e}", args.listen))?;
     let node = node.with_addr(listener.local_addr());
     let st = Arc::new(Storage { node: node.clone(), store, started: Instant::now(), bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0) });
+    let s3 = st.clone();
+    stop.on_stop(move || {
+        if let Err(e) = s3.store.checkpoint() {
+            tracing::error!(errno = e, "final commit failed");
+        }
+    });
+    let s4 = st.clone();
+    std::thread::Builder::new()
+        .name("checkpoint".into())
+        .spawn(move || loop {
+            std::thread::sleep(CHECKPOINT_EVERY);
+            if let Err(e) = s4.store.checkpoint() {
+                tracing::error!(errno = e, "periodic commit failed");
+            }
+        })
+        .expect("spawn checkpoint thread");
     let h = serve(listener, st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, st.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     let s2 = st.clone();

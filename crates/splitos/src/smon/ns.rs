@@ -86,6 +86,8 @@ fn vnode_key(vnode: &str) -> FsResult<String> {
 
 pub struct Store {
     db: Database,
+    /// Changes committed without fsync since the last durable commit.
+    unsynced: std::sync::atomic::AtomicBool,
     dir: PathBuf,
     quota: u64,
     used: Mutex<u64>,
@@ -134,7 +136,7 @@ impl Store {
             redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!("storage directory {} is in use by another sComponent", dir.display()),
             e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
         })?;
-        let s = Store { db, dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
+        let s = Store { db, unsynced: std::sync::atomic::AtomicBool::new(false), dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
         s.recover()?;
         Ok(s)
     }
@@ -203,6 +205,7 @@ impl Store {
         }
         let r = f(&tx, &t, &vkey)?;
         tx.commit().map_err(internal)?;
+        self.unsynced.store(!durable, std::sync::atomic::Ordering::Relaxed);
         Ok(r)
     }
 
@@ -664,6 +667,16 @@ impl Store {
         })?;
         *self.used.lock().unwrap() -= released;
         Ok(())
+    }
+
+    /// Makes every change so far durable, if there are any (the periodic and final commit).
+    pub fn checkpoint(&self) -> FsResult<()> {
+        if !self.unsynced.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut tx = self.db.begin_write().map_err(internal)?;
+        tx.set_durability(Durability::Immediate).map_err(internal)?;
+        tx.commit().map_err(internal)
     }
 
     /// fdatasync of the inode's data, then a durable commit of every namespace change so far.

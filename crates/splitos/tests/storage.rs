@@ -1,0 +1,296 @@
+//! Storage end to end: the sComponent, the buffer cache on mComponents and the vNode mount on
+//! the pComponent, each its own process, exercised by unmodified programs (bash, coreutils,
+//! tar, sqlite3, git, Python) whose output is compared with the same steps on a local
+//! directory.
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn script(name: &str) -> String {
+    repo().join("tests/programs").join(name).to_string_lossy().into_owned()
+}
+
+/// The steps a user would take on a file system; `$1` is the directory to take them in.
+fn workload() -> String {
+    let r = repo();
+    format!(
+        r##"set -e
+cd "$1"
+python3 {fsops} .
+mkdir src
+tar -C {crates} -cf - rpc shim-abi | tar -C src -xf -
+(cd src && find . -type f | LC_ALL=C sort | xargs md5sum && find . | LC_ALL=C sort)
+tar -C src -cf tree.tar .
+mkdir back && tar -C back -xf tree.tar && diff -r src back && echo "untar round trip identical"
+tar -tvf tree.tar | awk '{{print $1, $3, $6}}' | LC_ALL=C sort
+sqlite3 db.sqlite "CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);
+BEGIN; WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 5000) INSERT INTO t SELECT i, printf('v%05d', i*7919 % 5000) FROM c; COMMIT;
+BEGIN; DELETE FROM t WHERE k % 3 = 0; ROLLBACK;
+BEGIN; UPDATE t SET v = 'changed' WHERE k < 10; COMMIT;
+CREATE INDEX tv ON t(v);
+SELECT count(*), min(v), max(v) FROM t; PRAGMA integrity_check;"
+sqlite3 db.sqlite "SELECT count(*) FROM t WHERE v = 'changed';"
+git init -q repo
+cp -r src/rpc repo/
+cd repo
+git add .
+git -c user.email=t@example.com -c user.name=t commit -q -m first
+echo "# changed" >> rpc/Cargo.toml
+git -c user.email=t@example.com -c user.name=t commit -q -am second
+git log --format=%s
+git ls-files | wc -l
+git status --porcelain
+git fsck --no-progress 2>&1
+git gc -q --prune=now && git count-objects -v | grep -E '^(count|in-pack)'
+cd ..
+python3 {fsx} . 11 2500 700000
+"##,
+        fsops = script("fsops.py"),
+        fsx = script("fsx.py"),
+        crates = r.join("crates").display()
+    )
+}
+
+fn run_script(c: &TestCluster, opts: &[&str], body: &str, dir_expr: &str) -> Output {
+    let f = c.dir.path().join(format!("script-{}.sh", std::process::id()));
+    std::fs::write(&f, body).unwrap();
+    let wrapper = format!("bash {} \"{dir_expr}\"", f.display());
+    let mut cmd = c.cmd(&["run"]);
+    cmd.args(opts).args(["--", "bash", "-c", &wrapper]);
+    cmd.output().unwrap()
+}
+
+/// stats of every mComponent's buffer cache.
+fn bcache_stats(c: &TestCluster) -> Vec<serde_json::Value> {
+    c.components("mcomponent").iter().map(|m| m["stats"]["buffer_cache"].clone()).collect()
+}
+
+#[test]
+fn unmodified_programs_on_a_vnode_mount_match_a_local_directory() {
+    // Small buffer caches, so that blocks are evicted and written back during the run.
+    let c = TestCluster::up(Some("[[pcomponent]]\n[[mcomponent]]\nbcache = \"256K\"\n[[mcomponent]]\nbcache = \"256K\"\n[[scomponent]]\n"));
+    let local = tempfile::tempdir().unwrap();
+    let body = workload();
+    let native = Command::new("bash").arg("-c").arg(&body).arg("workload").arg(local.path()).output().unwrap();
+    assert!(native.status.success(), "the workload fails natively: {}", text(&native.stderr));
+    let out = run_script(&c, &[], &body, "$SPLITOS_VNODE_DIR");
+    assert_eq!(text(&out.stdout), text(&native.stdout), "stderr under splitos:\n{}", text(&out.stderr));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("fsx: 2500 operations matched the model"));
+
+    let caches = bcache_stats(&c);
+    let total = |k: &str| caches.iter().map(|s| s[k].as_u64().unwrap_or(0)).sum::<u64>();
+    assert!(total("evictions") > 0 && total("writebacks") > 0 && total("misses") > 0, "the buffer caches were exercised: {caches:?}");
+    assert!(caches.iter().all(|s| s["blocks"].as_u64().unwrap() <= 64), "no cache holds more than its 256 KiB: {caches:?}");
+}
+
+/// A free TCP port on loopback, so that a restarted sComponent comes back at the same address.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A component process this test started; killed by PID when the test ends, also on failure.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pid_of(c: &TestCluster, arg: &str) -> i32 {
+    *c.state_pids()
+        .iter()
+        .find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|cl| cl.split(|b| *b == 0).any(|a| a == arg.as_bytes())))
+        .unwrap_or_else(|| panic!("no component process with {arg}"))
+}
+
+fn py(c: &TestCluster, opts: &[&str], code: &str) -> Output {
+    let mut cmd = c.cmd(&["run"]);
+    cmd.args(opts).args(["--", "python3", "-c", code]);
+    cmd.output().unwrap()
+}
+
+#[test]
+fn fsynced_data_survives_kill_9_of_the_scomponent_which_is_eio_until_restarted() {
+    let port = free_port();
+    let store = tempfile::tempdir().unwrap();
+    let cfg = format!("[[pcomponent]]\n[[mcomponent]]\n[[mcomponent]]\n[[scomponent]]\nlisten = \"127.0.0.1:{port}\"\ndir = \"{}\"\n", store.path().display());
+    let c = TestCluster::up(Some(&cfg));
+    let write = r#"
+import os
+d = os.environ["SPLITOS_VNODE_DIR"]
+os.makedirs(d + "/keep", exist_ok=True)
+fd = os.open(d + "/keep/durable", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"acknowledged by fsync\n" * 1000)
+os.fsync(fd)
+os.close(fd)
+print("written")
+"#;
+    let out = py(&c, &[], write);
+    assert_eq!(text(&out.stdout), "written\n", "{}", text(&out.stderr));
+
+    let s_pid = pid_of(&c, "storage");
+    unsafe { libc::kill(s_pid, libc::SIGKILL) };
+    assert!(c.eventually(Duration::from_secs(5), |_| !Path::new(&format!("/proc/{s_pid}/cmdline")).exists() || std::fs::read(format!("/proc/{s_pid}/cmdline")).map(|b| b.is_empty()).unwrap_or(true)));
+
+    let probe = r#"
+import errno, os
+d = os.environ["SPLITOS_VNODE_DIR"]
+for what, f in (("listdir", lambda: os.listdir(d + "/keep")), ("create", lambda: open(d + "/new-file", "w"))):
+    try:
+        f()
+        print(what, "ok")
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+"#;
+    let out = py(&c, &[], probe);
+    assert_eq!(text(&out.stdout), "listdir EIO\ncreate EIO\n", "programs see EIO while the sComponent is down: {}", text(&out.stderr));
+
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let log = std::fs::File::create(c.dir.path().join("storage-restarted.log")).unwrap();
+    let _restarted = Proc(
+        Command::new(splitos())
+            .args(["storage", "--listen", &format!("127.0.0.1:{port}"), "--gm", &gm, "--dir"])
+            .arg(store.path())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    assert!(c.eventually(Duration::from_secs(10), |c| c.components("scomponent").iter().any(|s| s["alive"] == true && s["stats"].is_object())), "the sComponent re-registered");
+
+    let check = r#"
+import hashlib, os
+d = os.environ["SPLITOS_VNODE_DIR"]
+print(sorted(os.listdir(d + "/keep")), open(d + "/keep/durable", "rb").read() == b"acknowledged by fsync\n" * 1000)
+open(d + "/after", "w").write("recovered\n")
+print(open(d + "/after").read(), end="")
+"#;
+    let out = py(&c, &[], check);
+    assert_eq!(text(&out.stdout), "['durable'] True\nrecovered\n", "{}", text(&out.stderr));
+}
+
+#[test]
+fn one_vnode_never_sees_another_vnodes_files() {
+    let c = TestCluster::up(None);
+    let a = c.run(&["--vnode", "alpha"], &["bash", "-c", "echo secret > $SPLITOS_VNODE_DIR/only-alpha && mkdir $SPLITOS_VNODE_DIR/dir && echo $SPLITOS_VNODE_DIR"]);
+    assert!(a.status.success(), "{}", text(&a.stderr));
+    let alpha_dir = text(&a.stdout).trim().to_string();
+    let b = c.run(
+        &["--vnode", "beta"],
+        &["bash", "-c", "echo $SPLITOS_VNODE_DIR; ls -A $SPLITOS_VNODE_DIR | wc -l; ls -A $SPLITOS_VNODE_DIR/../alpha | wc -l; cat $SPLITOS_VNODE_DIR/../alpha/only-alpha 2>/dev/null || echo unreadable"],
+    );
+    let lines: Vec<String> = text(&b.stdout).lines().map(String::from).collect();
+    assert_eq!(lines.len(), 4, "{}", text(&b.stderr));
+    assert_ne!(lines[0], alpha_dir, "each vNode has its own mount point");
+    assert_eq!(&lines[1..], ["0", "0", "unreadable"], "beta sees none of alpha's files, not even through ..");
+    let again = c.run(&["--vnode", "alpha"], &["bash", "-c", "cat $SPLITOS_VNODE_DIR/only-alpha"]);
+    assert_eq!(text(&again.stdout), "secret\n");
+}
+
+#[test]
+fn a_full_quota_is_enospc_and_files_persist_across_cluster_restarts() {
+    let store = tempfile::tempdir().unwrap();
+    let cfg = format!("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\nquota = \"3M\"\ndir = \"{}\"\n", store.path().display());
+    let code = r#"
+import errno, os
+d = os.environ["SPLITOS_VNODE_DIR"]
+open(d + "/keep", "wb").write(b"k" * 1000000)
+fd = os.open(d + "/big", os.O_WRONLY | os.O_CREAT, 0o644)
+written = 0
+try:
+    while written < (8 << 20):
+        written += os.write(fd, b"x" * 65536)
+    print("no error")
+except OSError as e:
+    print(errno.errorcode[e.errno], "before 3 MiB:", written < (3 << 20))
+os.close(fd)
+os.unlink(d + "/big")
+open(d + "/after-delete", "wb").write(b"y" * 1000000)
+print("space is back after the delete")
+"#;
+    {
+        let c = TestCluster::up(Some(&cfg));
+        let out = py(&c, &[], code);
+        assert_eq!(text(&out.stdout), "ENOSPC before 3 MiB: True\nspace is back after the delete\n", "{}", text(&out.stderr));
+    }
+    let c = TestCluster::up(Some(&cfg));
+    let out = c.run(&[], &["bash", "-c", "cd $SPLITOS_VNODE_DIR && ls && wc -c keep after-delete | head -2"]);
+    assert_eq!(text(&out.stdout), "after-delete\nkeep\n1000000 keep\n1000000 after-delete\n", "files outlive the cluster: {}", text(&out.stderr));
+}
+
+#[test]
+fn the_embedded_cluster_keeps_its_storage_between_runs() {
+    let data = tempfile::tempdir().unwrap();
+    let env = [("SPLITOS_DATA_DIR", data.path().to_str().unwrap())];
+    let first = under_splitos_env(&[], &["bash", "-c", "echo kept > $SPLITOS_VNODE_DIR/note"], &env);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let second = under_splitos_env(&[], &["bash", "-c", "cat $SPLITOS_VNODE_DIR/note; echo $SPLITOS_VNODE_DIR"], &env);
+    let out = text(&second.stdout);
+    let (note, mount) = out.split_once('\n').unwrap();
+    assert_eq!(note, "kept", "{}", text(&second.stderr));
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!info.contains(mount.trim()), "the embedded run left its mount {mount} behind");
+}
+
+#[test]
+fn storage_requests_cannot_escape_their_vnode_and_garbage_is_refused() {
+    use splitos_rpc::{transport::TcpTransport, Client, ErrCode, FileKind, Msg, RpcError};
+    let c = TestCluster::up(None);
+    let ok = c.run(&["--vnode", "v"], &["bash", "-c", "echo inside > $SPLITOS_VNODE_DIR/f"]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
+    let client = Client::connect(&TcpTransport::from_env(), &s, Duration::from_secs(5)).unwrap();
+    let errno = |m: Msg| match client.call(&m) {
+        Err(RpcError::Remote { code: ErrCode::Errno(e), .. }) => e,
+        other => panic!("{} was not refused: {other:?}", m.name()),
+    };
+    let v = || "v".to_string();
+    for bad in ["/../v/f", "f", "/a/./f", "//f", "/f/", "/x/.."] {
+        assert_eq!(errno(Msg::P2S_LOOKUP { vnode: v(), path: bad.into() }), libc::EINVAL, "{bad}");
+        assert_eq!(errno(Msg::P2S_CREATE { vnode: v(), path: bad.into(), kind: FileKind::File, perm: 0o644, uid: 0, gid: 0, excl: false, target: None }), libc::EINVAL, "{bad}");
+    }
+    assert_eq!(errno(Msg::P2S_LOOKUP { vnode: v(), path: format!("/{}", "n".repeat(300)) }), libc::ENAMETOOLONG);
+    assert_eq!(errno(Msg::P2S_LOOKUP { vnode: "".into(), path: "/f".into() }), libc::EINVAL);
+    assert_eq!(errno(Msg::P2S_LOOKUP { vnode: "other".into(), path: "/f".into() }), libc::ENOENT, "another vNode's names are not there");
+    assert_eq!(errno(Msg::M2S_READ { vnode: v(), ino: 999_999, offset: 0, len: 4096 }), libc::ENOENT);
+    assert_eq!(errno(Msg::P2S_UNLINK { vnode: v(), path: "/".into(), dir: true }), libc::EBUSY);
+
+    let mut t = std::net::TcpStream::connect(&s).unwrap();
+    t.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let _ = t.shutdown(std::net::Shutdown::Write);
+    t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    let _ = t.read_to_end(&mut buf);
+    assert!(buf.is_empty(), "garbage gets no reply");
+
+    let after = c.run(&["--vnode", "v"], &["bash", "-c", "cat $SPLITOS_VNODE_DIR/f"]);
+    assert_eq!(text(&after.stdout), "inside\n", "the sComponent still serves: {}", text(&after.stderr));
+}
+
+#[test]
+fn bad_storage_configuration_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    for (cfg, field) in [
+        ("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\nquota = 0\n", "scomponent[0].quota"),
+        ("[[pcomponent]]\n[[mcomponent]]\nbcache = \"1K\"\n", "mcomponent[0].bcache"),
+        ("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\ndri = \"/x\"\n", "dri"),
+    ] {
+        std::fs::write(&p, cfg).unwrap();
+        let out = Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&p).env("SPLITOS_STATE_DIR", dir.path()).stdin(Stdio::null()).output().unwrap();
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains(field), "{field}: {}", text(&out.stderr));
+    }
+}
