@@ -322,7 +322,7 @@ impl BufferCache {
         for (b, _) in &gone {
             f.blocks.remove(b);
         }
-        if size % BLOCK != 0 {
+        if !size.is_multiple_of(BLOCK) {
             if let Some(blk) = f.blocks.get_mut(&(size / BLOCK)) {
                 blk.data[(size % BLOCK) as usize..].fill(0);
             }

@@ -227,6 +227,7 @@ impl VnodeFs {
         Ok(a)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn create_node(&self, req: &Request, parent: INodeNo, name: &OsStr, kind: FileKind, perm: u32, excl: bool, target: Option<String>) -> R<FileAttr> {
         let path = join(&self.path(parent.0)?, name)?;
         let m = self.s_call(Msg::P2S_CREATE { vnode: self.vnode.clone(), path: path.clone(), kind, perm, uid: req.uid(), gid: req.gid(), excl, target })?;
@@ -264,17 +265,10 @@ impl VnodeFs {
         st.next_fh
     }
 
-    fn do_setattr(&self, ino: u64, perm: Option<u32>, uid: Option<u32>, gid: Option<u32>, size: Option<u64>, atime: Option<TimeOrNow>, mtime: Option<TimeOrNow>) -> R<FileAttr> {
+    fn do_setattr(&self, ino: u64, size: Option<u64>, set: SetAttr) -> R<FileAttr> {
         if let Some(size) = size {
             self.m_call(ino, |scomp| Msg::P2M_FILE_SETSIZE { scomp, vnode: self.vnode.clone(), ino, size })?;
         }
-        let t = |x: Option<TimeOrNow>| {
-            x.map(|v| match v {
-                TimeOrNow::SpecificTime(t) => to_ns(t),
-                TimeOrNow::Now => to_ns(SystemTime::now()),
-            })
-        };
-        let set = SetAttr { perm, uid, gid, atime_ns: t(atime), mtime_ns: t(mtime) };
         let mut a = self.attr_reply(self.s_call(Msg::P2S_SETATTR { vnode: self.vnode.clone(), ino, set: set.clone() })?)?;
         if let Some(mt) = set.mtime_ns {
             // An explicit mtime (tar, touch -d) wins over the time of a buffered write.
@@ -343,7 +337,14 @@ impl Filesystem for VnodeFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.do_setattr(ino.0, mode.map(|m| m & 0o7777), uid, gid, size, atime, mtime) {
+        let t = |x: Option<TimeOrNow>| {
+            x.map(|v| match v {
+                TimeOrNow::SpecificTime(t) => to_ns(t),
+                TimeOrNow::Now => to_ns(SystemTime::now()),
+            })
+        };
+        let set = SetAttr { perm: mode.map(|m| m & 0o7777), uid, gid, atime_ns: t(atime), mtime_ns: t(mtime) };
+        match self.do_setattr(ino.0, size, set) {
             Ok(a) => reply.attr(&TTL, &fuse_attr(&a)),
             Err(e) => reply.error(e),
         }

@@ -498,10 +498,8 @@ impl Store {
     }
 
     pub fn readdir(&self, vnode: &str, path: &str, after: Option<&str>) -> FsResult<(Vec<DirEntry>, bool)> {
-        if path != "/" {
-            if self.lookup(vnode, path)?.kind != FileKind::Dir {
-                return Err(libc::ENOTDIR);
-            }
+        if path != "/" && self.lookup(vnode, path)?.kind != FileKind::Dir {
+            return Err(libc::ENOTDIR);
         }
         self.read(vnode, |tx, t| {
             let (ns, ino) = match (tx.open_table(t.ns()), tx.open_table(t.ino())) {
