@@ -10,12 +10,17 @@ command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
 command -v node >/dev/null || need+=(nodejs)
 command -v javac >/dev/null || need+=(default-jdk-headless)
+# Programs the storage tests run on a vNode mount.
+command -v sqlite3 >/dev/null || need+=(sqlite3)
+command -v git >/dev/null || need+=(git)
+command -v tar >/dev/null || need+=(tar)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
+[ -e /dev/fuse ] || echo "setup: note: /dev/fuse is missing: runs get no vNode file system" >&2
 if [ "$(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0)" != 1 ] && [ "$(id -u)" -ne 0 ]; then
     echo "setup: note: userfaultfd needs root or vm.unprivileged_userfaultfd=1" >&2
 fi

@@ -34,8 +34,10 @@ type R<T> = Result<T, Errno>;
 
 struct State {
     scomp: Option<String>,
-    /// Full path of every inode the kernel knows (FUSE speaks inode numbers, the sComponent paths).
+    /// Full path of every inode the kernel knows (FUSE speaks inode numbers, the sComponent
+    /// paths), with the kernel's count of lookups: at zero (FUSE forget) it is dropped.
     paths: HashMap<u64, String>,
+    lookups: HashMap<u64, u64>,
     /// Where each file's buffer cache is (asked of the global managers once per file).
     caches: HashMap<u64, String>,
     open: HashMap<u64, u32>,
@@ -121,7 +123,7 @@ impl VnodeFs {
         VnodeFs {
             vnode,
             node,
-            st: Mutex::new(State { scomp: None, paths, caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }),
+            st: Mutex::new(State { scomp: None, paths, lookups: HashMap::new(), caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }),
         }
     }
 
@@ -217,8 +219,11 @@ impl VnodeFs {
         }
     }
 
+    /// Records a name the kernel is told about (every reply with an entry counts a lookup).
     fn learn(&self, path: String, a: &FileAttr) {
-        self.st.lock().unwrap().paths.insert(a.ino, path);
+        let mut st = self.st.lock().unwrap();
+        st.paths.insert(a.ino, path);
+        *st.lookups.entry(a.ino).or_insert(0) += 1;
     }
 
     fn lookup_path(&self, path: String) -> R<FileAttr> {
@@ -309,6 +314,20 @@ impl Filesystem for VnodeFs {
         match self.path(parent.0).and_then(|p| join(&p, name)).and_then(|p| self.lookup_path(p)) {
             Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
             Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let mut st = self.st.lock().unwrap();
+        let left = st.lookups.get(&ino.0).map(|n| n.saturating_sub(nlookup)).unwrap_or(0);
+        if left == 0 && ino.0 != ROOT {
+            st.lookups.remove(&ino.0);
+            st.paths.remove(&ino.0);
+            if !st.open.contains_key(&ino.0) {
+                st.caches.remove(&ino.0);
+            }
+        } else {
+            st.lookups.insert(ino.0, left);
         }
     }
 
@@ -441,11 +460,11 @@ impl Filesystem for VnodeFs {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        let r = self
-            .path(newparent.0)
-            .and_then(|p| join(&p, newname))
-            .and_then(|to| self.s_call(Msg::P2S_LINK { vnode: self.vnode.clone(), ino: ino.0, to }))
-            .and_then(|m| self.attr_reply(m));
+        let r = self.path(newparent.0).and_then(|p| join(&p, newname)).and_then(|to| {
+            let a = self.attr_reply(self.s_call(Msg::P2S_LINK { vnode: self.vnode.clone(), ino: ino.0, to: to.clone() })?)?;
+            self.learn(to, &a);
+            Ok(a)
+        });
         match r {
             Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
             Err(e) => reply.error(e),
