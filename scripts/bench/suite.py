@@ -208,7 +208,16 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small inputs, one repetition: a few minutes")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per configuration (default 3, quick 1)")
     ap.add_argument("--out", default=None, help="directory for suite.json, the plots and benchmarks.md (default: results/ and docs/)")
+    ap.add_argument("--replot", action="store_true", help="only redraw the plots and the report from an earlier suite.json")
     args = ap.parse_args()
+    out = args.out or os.path.join(ROOT, "results")
+    docs = args.out or os.path.join(ROOT, "docs")
+    if args.replot:
+        ensure_env()
+        res = json.load(open(os.path.join(out, "suite.json")))
+        plots(res, docs)
+        report(res, docs)
+        return
     if os.geteuid() != 0:
         sys.exit("the suite needs root: memory cgroups and swap devices")
     ensure_env()
@@ -318,8 +327,6 @@ def main():
     res["fig15"] = two_programs([dict(wl[n], name=n, ws_kib=ws[n], digest=native_out[n], native_s=med(res["workloads"][n]["native_s"])) for n in pair], reps, bar)
     bar.close()
 
-    out = args.out or os.path.join(ROOT, "results")
-    docs = args.out or os.path.join(ROOT, "docs")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "suite.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -498,13 +505,14 @@ def report(res, docs):
         misses = med([r["misses"] or 0 for r in q])
         miss_us = med([(r["miss_ns_mean"] or 0) / 1000 for r in q])
         wp = med([r["wp_faults"] or 0 for r in q])
+        flushes = med([r["flushes"] or 0 for r in q])
         total = med([r["s"] for r in q])
         in_miss = misses * miss_us / 1e6
         verdict = "faster than" if sp < min(swf, zr) else ("between" if sp < max(swf, zr) else "slower than")
         lines.append(
             f"- **{name}**: at 25% splitos runs {sp:.2f}x native, {verdict} Linux swapping under the same limit "
             f"(swap file {swf:.2f}x, zram {zr:.2f}x). It took {misses:.0f} misses at {miss_us:.1f} µs mean "
-            f"(≈{in_miss:.1f} s of its {total:.1f} s) and {wp:.0f} write-protect faults."
+            f"(≈{in_miss:.1f} s of its {total:.1f} s in the miss path), wrote back {flushes:.0f} dirty lines and took {wp:.0f} write-protect faults."
         )
     lines += [
         "",

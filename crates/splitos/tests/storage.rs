@@ -115,6 +115,15 @@ fn pid_of(c: &TestCluster, arg: &str) -> i32 {
         .unwrap_or_else(|| panic!("no component process with {arg}"))
 }
 
+/// Takes a killed component out of the cluster's state, so that stopping the cluster later
+/// never signals whatever process reuses its PID.
+fn forget_pid(c: &TestCluster, pid: i32) {
+    let f = c.dir.path().join("cluster.json");
+    let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    s["pids"].as_array_mut().unwrap().retain(|p| p.as_i64() != Some(pid as i64));
+    std::fs::write(&f, s.to_string()).unwrap();
+}
+
 fn py(c: &TestCluster, opts: &[&str], code: &str) -> Output {
     let mut cmd = c.cmd(&["run"]);
     cmd.args(opts).args(["--", "python3", "-c", code]);
@@ -142,6 +151,7 @@ print("written")
 
     let s_pid = pid_of(&c, "storage");
     unsafe { libc::kill(s_pid, libc::SIGKILL) };
+    forget_pid(&c, s_pid);
     assert!(c.eventually(Duration::from_secs(5), |_| !Path::new(&format!("/proc/{s_pid}/cmdline")).exists() || std::fs::read(format!("/proc/{s_pid}/cmdline")).map(|b| b.is_empty()).unwrap_or(true)));
 
     let probe = r#"

@@ -23,6 +23,8 @@ use splitos_rpc::{ErrCode, Msg, PAGE_SIZE};
 use crate::node::Node;
 
 const BLOCK: u64 = PAGE_SIZE as u64;
+/// Largest file the buffer cache accepts offsets in (as the sComponent).
+const MAX_FILE_SIZE: u64 = 1 << 44;
 const RESERVE_STEP: u64 = 1 << 20;
 /// Largest run of blocks one sComponent request carries.
 const RUN_BLOCKS: u64 = 256;
@@ -41,6 +43,8 @@ struct FileState {
     scomp: String,
     size: u64,
     reserved: u64,
+    /// Written since the last background pass; an idle file gives back unused reservation.
+    active: bool,
     mtime_ns: i64,
     blocks: BTreeMap<u64, Block>,
 }
@@ -107,7 +111,7 @@ impl BufferCache {
                 Msg::S2P_ATTR { attr } => attr,
                 other => return Err((ErrCode::Internal, format!("unexpected {} to X2S_GETATTR", other.name()))),
             };
-            g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
+            g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), active: false, mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
         }
         let f = g.files.get_mut(key).expect("just inserted");
         // The pComponent knows where the file is stored now (an sComponent may have moved).
@@ -156,8 +160,6 @@ impl BufferCache {
             let msg = Msg::M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size };
             match self.node.pool.call(&f.scomp, &msg) {
                 Ok(Msg::OK) => {}
-                // The file was deleted meanwhile: nothing to keep.
-                Err(e) if e.code() == ErrCode::Errno(libc::ENOENT) => {}
                 Ok(other) => return Err((ErrCode::Internal, format!("unexpected {} to M2S_WRITE", other.name()))),
                 Err(e) => return Err(fs_err(e)),
             }
@@ -279,6 +281,7 @@ impl BufferCache {
             self.call(scomp, &Msg::M2S_RESERVE { vnode: key.0.clone(), ino: key.1, bytes: want })?;
             f.reserved = want;
         }
+        f.active = true;
         if data.is_empty() {
             return Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns });
         }
@@ -341,7 +344,11 @@ impl BufferCache {
     fn sync(&self, scomp: &str, key: Key) -> Reply {
         let mut g = self.inner.lock().unwrap();
         if g.files.contains_key(&key) {
-            self.write_back(&mut g, &key, 0..u64::MAX)?;
+            // Blocks that cannot reach the sComponent were not made durable, whatever the reason.
+            self.write_back(&mut g, &key, 0..u64::MAX).map_err(|(code, msg)| match code {
+                ErrCode::Errno(libc::ENOENT) => (ErrCode::Errno(libc::EIO), msg),
+                c => (c, msg),
+            })?;
         }
         drop(g);
         self.call(scomp, &Msg::X2S_SYNC { vnode: key.0, ino: Some(key.1) })?;
@@ -358,18 +365,47 @@ impl BufferCache {
         }
     }
 
-    /// The background write back: every file's dirty blocks, one file per lock hold.
+    /// The background write back: every file's dirty blocks, one file per lock hold. Files
+    /// not written since the last pass give back reservation past their data.
     pub fn write_back_all(&self) {
-        let keys: Vec<Key> = self.inner.lock().unwrap().files.iter().filter(|(_, f)| f.blocks.values().any(|b| b.dirty)).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<Key> = self.inner.lock().unwrap().files.keys().cloned().collect();
         for k in keys {
             let mut g = self.inner.lock().unwrap();
-            if let Err((_, e)) = self.write_back(&mut g, &k, 0..u64::MAX) {
-                tracing::warn!(vnode = %k.0, ino = k.1, error = %e, "background write back failed; will retry");
+            match self.write_back(&mut g, &k, 0..u64::MAX) {
+                // Deleted where this cache did not hear of it (another pComponent): nothing to keep.
+                Err((ErrCode::Errno(libc::ENOENT), _)) => {
+                    tracing::warn!(vnode = %k.0, ino = k.1, "file deleted while cached; its buffered blocks are dropped");
+                    drop(g);
+                    self.forget(k);
+                    continue;
+                }
+                Err((_, e)) => {
+                    tracing::warn!(vnode = %k.0, ino = k.1, error = %e, "background write back failed; will retry");
+                    continue;
+                }
+                Ok(()) => {}
             }
+            let Some(f) = g.files.get_mut(&k) else { continue };
+            let need = f.size.div_ceil(BLOCK) * BLOCK;
+            if !f.active && f.reserved > need {
+                let msg = Msg::M2S_RESERVE { vnode: k.0.clone(), ino: k.1, bytes: need };
+                if self.node.pool.call(&f.scomp, &msg).is_ok() {
+                    f.reserved = need;
+                }
+            }
+            f.active = false;
         }
     }
 
     pub fn handle(&self, msg: Msg) -> Reply {
+        let too_big = (ErrCode::Errno(libc::EFBIG), "offset or size beyond the largest file".to_string());
+        let fits = |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= MAX_FILE_SIZE);
+        match &msg {
+            Msg::P2M_FILE_READ { offset, len, .. } if !fits(*offset, *len as u64) => return Err(too_big),
+            Msg::P2M_FILE_WRITE { offset, data, .. } if !fits(*offset, data.len() as u64) => return Err(too_big),
+            Msg::P2M_FILE_SETSIZE { size, .. } if !fits(*size, 0) => return Err(too_big),
+            _ => {}
+        }
         match msg {
             Msg::P2M_FILE_READ { scomp, vnode, ino, offset, len } => self.read(&scomp, (vnode, ino), offset, len.min(splitos_rpc::MAX_BODY / 2)),
             Msg::P2M_FILE_WRITE { scomp, vnode, ino, offset, data } => self.write(&scomp, (vnode, ino), offset, &data),

@@ -599,6 +599,7 @@ impl Handler for Mem {
                 Ok(Msg::X2C_METRICS { text: node::render_metrics() })
             }
             Msg::C2X_SHUTDOWN => {
+                self.bcache.write_back_all();
                 crate::exit_soon();
                 Ok(Msg::OK)
             }
@@ -619,7 +620,18 @@ impl Handler for Mem {
     fn fans_out(&self, msg: &Msg) -> bool {
         matches!(
             msg,
-            Msg::P2M_MMAP { .. } | Msg::P2M_MUNMAP { .. } | Msg::P2M_MPROTECT { .. } | Msg::P2M_MREMAP { .. } | Msg::P2M_DONTNEED { .. } | Msg::P2M_FORK { .. } | Msg::P2M_EXIT { .. }
+            Msg::P2M_MMAP { .. }
+                | Msg::P2M_MUNMAP { .. }
+                | Msg::P2M_MPROTECT { .. }
+                | Msg::P2M_MREMAP { .. }
+                | Msg::P2M_DONTNEED { .. }
+                | Msg::P2M_FORK { .. }
+                | Msg::P2M_EXIT { .. }
+                // The buffer cache may wait on the sComponent: not on a receiving thread.
+                | Msg::P2M_FILE_READ { .. }
+                | Msg::P2M_FILE_WRITE { .. }
+                | Msg::P2M_FILE_SETSIZE { .. }
+                | Msg::P2M_FILE_SYNC { .. }
         )
     }
 }

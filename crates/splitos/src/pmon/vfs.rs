@@ -39,6 +39,8 @@ struct State {
     paths: HashMap<u64, String>,
     lookups: HashMap<u64, u64>,
     /// Where each file's buffer cache is (asked of the global managers once per file).
+    /// Kept while the pComponent lives, so that a file's blocks stay at one mComponent even
+    /// if GMM's choice changes when mComponents join.
     caches: HashMap<u64, String>,
     open: HashMap<u64, u32>,
     /// Inodes whose name is gone but which are still open here.
@@ -64,8 +66,10 @@ fn errno_of(e: &splitos_rpc::RpcError) -> Errno {
     }
 }
 
+/// The request never reached the component (no connection, or the send failed), so it is
+/// safe to send again; after a timeout or a lost reply it may have been carried out.
 fn unreachable(e: &splitos_rpc::RpcError) -> bool {
-    !matches!(e, splitos_rpc::RpcError::Remote { .. })
+    matches!(e, splitos_rpc::RpcError::Unreachable { .. })
 }
 
 fn to_time(ns: i64) -> SystemTime {
@@ -156,7 +160,7 @@ impl VnodeFs {
                     self.st.lock().unwrap().scomp = None;
                 }
                 Err(e) => {
-                    if unreachable(&e) {
+                    if !matches!(e, splitos_rpc::RpcError::Remote { .. }) {
                         tracing::warn!(vnode = %self.vnode, error = %e, "sComponent unreachable: EIO");
                     }
                     return Err(errno_of(&e));
@@ -323,9 +327,6 @@ impl Filesystem for VnodeFs {
         if left == 0 && ino.0 != ROOT {
             st.lookups.remove(&ino.0);
             st.paths.remove(&ino.0);
-            if !st.open.contains_key(&ino.0) {
-                st.caches.remove(&ino.0);
-            }
         } else {
             st.lookups.insert(ino.0, left);
         }
@@ -442,6 +443,8 @@ impl Filesystem for VnodeFs {
             Ok(Msg::S2P_DETACHED { ino }) => {
                 {
                     let mut st = self.st.lock().unwrap();
+                    // A directory `to` replaced is gone with its name.
+                    st.paths.retain(|_, p| *p != to);
                     let below = format!("{from}/");
                     for p in st.paths.values_mut() {
                         if *p == from {

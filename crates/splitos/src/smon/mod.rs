@@ -110,6 +110,9 @@ impl Handler for Storage {
                 Msg::X2C_METRICS { text: node::render_metrics() }
             }
             Msg::C2X_SHUTDOWN => {
+                if let Err(e) = self.store.checkpoint() {
+                    tracing::error!(errno = e, "final commit failed");
+                }
                 crate::exit_soon();
                 Msg::OK
             }

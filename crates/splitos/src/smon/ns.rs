@@ -25,6 +25,11 @@ pub type FsResult<T> = Result<T, i32>;
 pub const NAME_MAX: usize = 255;
 pub const PATH_MAX: usize = 4096;
 const ROOT_INO: u64 = 1;
+/// Inode numbers reserved durably at a time: after a crash numbering resumes past the
+/// reservation, so a number is never handed out twice (a cache keyed by it stays right).
+const INO_BATCH: u64 = 4096;
+/// Largest file size and offset accepted from a request.
+pub const MAX_FILE_SIZE: u64 = 1 << 44;
 /// Entries per directory-listing reply.
 const LIST_BATCH: usize = 256;
 /// Open data files kept around between requests.
@@ -86,6 +91,8 @@ fn vnode_key(vnode: &str) -> FsResult<String> {
 
 pub struct Store {
     db: Database,
+    /// Next inode number and the end of the durably reserved range.
+    inos: Mutex<(u64, u64)>,
     /// Changes committed without fsync since the last durable commit.
     unsynced: std::sync::atomic::AtomicBool,
     dir: PathBuf,
@@ -136,7 +143,7 @@ impl Store {
             redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!("storage directory {} is in use by another sComponent", dir.display()),
             e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
         })?;
-        let s = Store { db, unsynced: std::sync::atomic::AtomicBool::new(false), dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
+        let s = Store { db, inos: Mutex::new((0, 0)), unsynced: std::sync::atomic::AtomicBool::new(false), dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
         s.recover()?;
         Ok(s)
     }
@@ -168,8 +175,25 @@ impl Store {
                 used += dec(v.value()).map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?.attr.alloc;
             }
         }
+        let limit = tx.open_table(META)?.get("ino_limit")?.map(|v| v.value()).unwrap_or(ROOT_INO + 1);
+        // Data files without an inode: their creation or deletion did not become durable.
+        let mut orphans = 0u64;
+        for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
+            let ino = tx.open_table(Tables::of(name).ino())?;
+            for e in std::fs::read_dir(self.dir.join("data").join(name)).into_iter().flatten().flatten() {
+                let known = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()).map(|i| ino.get(i).map(|v| v.is_some()).unwrap_or(true));
+                if known == Some(false) {
+                    let _ = std::fs::remove_file(e.path());
+                    orphans += 1;
+                }
+            }
+        }
         tx.commit()?;
+        *self.inos.lock().unwrap() = (limit, limit);
         *self.used.lock().unwrap() = used;
+        if orphans > 0 {
+            tracing::info!(orphans, "removed data files whose inode never became durable");
+        }
         if freed > 0 {
             tracing::info!(freed, "freed inodes detached by an earlier run");
         }
@@ -193,6 +217,10 @@ impl Store {
     fn write<T>(&self, vnode: &str, durable: bool, f: impl FnOnce(&redb::WriteTransaction, &Tables, &str) -> FsResult<T>) -> FsResult<T> {
         let vkey = vnode_key(vnode)?;
         let t = Tables::of(&vkey);
+        if durable {
+            // Cleared before: a change committed meanwhile sets it again, and this commit persists it.
+            self.unsynced.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut tx = self.db.begin_write().map_err(internal)?;
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(internal)?;
         {
@@ -205,7 +233,9 @@ impl Store {
         }
         let r = f(&tx, &t, &vkey)?;
         tx.commit().map_err(internal)?;
-        self.unsynced.store(!durable, std::sync::atomic::Ordering::Relaxed);
+        if !durable {
+            self.unsynced.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(r)
     }
 
@@ -215,11 +245,19 @@ impl Store {
         f(&tx, &Tables::of(&vkey))
     }
 
-    fn next_ino(tx: &redb::WriteTransaction) -> FsResult<u64> {
-        let mut m = tx.open_table(META).map_err(internal)?;
-        let n = m.get("next_ino").map_err(internal)?.map(|v| v.value()).unwrap_or(ROOT_INO + 1);
-        m.insert("next_ino", n + 1).map_err(internal)?;
-        Ok(n)
+    /// A fresh inode number; call outside any write transaction (it may commit one itself).
+    fn alloc_ino(&self) -> FsResult<u64> {
+        let mut g = self.inos.lock().unwrap();
+        if g.0 >= g.1 {
+            let limit = g.0 + INO_BATCH;
+            let mut tx = self.db.begin_write().map_err(internal)?;
+            tx.set_durability(Durability::Immediate).map_err(internal)?;
+            tx.open_table(META).map_err(internal)?.insert("ino_limit", limit).map_err(internal)?;
+            tx.commit().map_err(internal)?;
+            g.1 = limit;
+        }
+        g.0 += 1;
+        Ok(g.0 - 1)
     }
 
     fn get_inode<T: ReadableTable<u64, &'static [u8]>>(t: &T, ino: u64) -> FsResult<Inode> {
@@ -298,6 +336,7 @@ impl Store {
         if kind == FileKind::Symlink && target.as_ref().is_none_or(|t| t.is_empty() || t.len() > PATH_MAX) {
             return Err(libc::EINVAL);
         }
+        let n = self.alloc_ino()?;
         self.write(vnode, false, |tx, t, _| {
             let mut ns = tx.open_table(t.ns()).map_err(internal)?;
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;
@@ -313,7 +352,6 @@ impl Store {
                 };
             }
             let now = now_ns();
-            let n = Store::next_ino(tx)?;
             let size = target.as_ref().map(|t| t.len() as u64).unwrap_or(0);
             let nlink = if kind == FileKind::Dir { 2 } else { 1 };
             let attr = FileAttr { ino: n, kind, perm: perm & 0o7777, uid, gid, size, nlink, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
@@ -409,7 +447,8 @@ impl Store {
             let mut ns = tx.open_table(t.ns()).map_err(internal)?;
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;
             let mut i = Store::get_inode(&ino, ino_no)?;
-            if i.attr.kind == FileKind::Dir {
+            // Only regular files count their names; directories and symlinks have one.
+            if i.attr.kind != FileKind::File {
                 return Err(libc::EPERM);
             }
             if tx.open_table(t.detached()).map_err(internal)?.get(ino_no).map_err(internal)?.is_some() {
@@ -475,7 +514,9 @@ impl Store {
                 let below = format!("{from}/");
                 let upper = format!("{from}0");
                 let mut moved = Vec::new();
-                for r in ns.range((from, "")..(from, "\u{10FFFF}")).map_err(internal)?.chain(ns.range((below.as_str(), "")..(upper.as_str(), "")).map_err(internal)?) {
+                let children = ns.range((from, "")..).map_err(internal)?.take_while(|r| r.as_ref().map_or(true, |(k, _)| k.value().0 == from));
+                let deeper = ns.range((below.as_str(), "")..(upper.as_str(), "")).map_err(internal)?;
+                for r in children.chain(deeper) {
                     let (k, v) = r.map_err(internal)?;
                     let (p, n) = k.value();
                     moved.push((p.to_string(), n.to_string(), v.value()));
@@ -508,9 +549,12 @@ impl Store {
             };
             let start = (path, after.unwrap_or(""));
             let mut out = Vec::new();
-            for r in ns.range(start..(path, "\u{10FFFF}")).map_err(internal)? {
+            for r in ns.range(start..).map_err(internal)? {
                 let (k, v) = r.map_err(internal)?;
-                let (_, name) = k.value();
+                let (parent, name) = k.value();
+                if parent != path {
+                    break;
+                }
                 if Some(name) == after {
                     continue;
                 }
@@ -525,20 +569,26 @@ impl Store {
     }
 
     /// Frees a detached inode and its data. Named inodes are left alone.
+    /// The removal commits durably before the data goes: a crash never leaves a name whose
+    /// data is gone.
     pub fn drop_inode(&self, vnode: &str, ino_no: u64) -> FsResult<()> {
-        let freed = self.write(vnode, false, |tx, t, vkey| {
+        let vkey = vnode_key(vnode)?;
+        let freed = self.write(vnode, true, |tx, t, _| {
             let mut det = tx.open_table(t.detached()).map_err(internal)?;
             if det.remove(ino_no).map_err(internal)?.is_none() {
-                return Ok(0);
+                return Ok(None);
             }
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;
             let i = Store::get_inode(&ino, ino_no)?;
             ino.remove(ino_no).map_err(internal)?;
-            self.files.lock().unwrap().remove(&(vkey.to_string(), ino_no));
-            let _ = std::fs::remove_file(self.data_path(vkey, ino_no));
-            Ok(i.attr.alloc)
+            Ok(Some(i.attr.alloc))
         })?;
-        *self.used.lock().unwrap() -= freed;
+        if let Some(freed) = freed {
+            self.files.lock().unwrap().remove(&(vkey.clone(), ino_no));
+            let _ = std::fs::remove_file(self.data_path(&vkey, ino_no));
+            let mut used = self.used.lock().unwrap();
+            *used = used.saturating_sub(freed);
+        }
         Ok(())
     }
 
@@ -588,12 +638,15 @@ impl Store {
 
     /// Grows an inode's reservation to `bytes`, within the quota and the disk.
     fn reserve_in(&self, i: &mut Inode, vkey: &str, bytes: u64) -> FsResult<()> {
+        if bytes > MAX_FILE_SIZE {
+            return Err(libc::EFBIG);
+        }
         if bytes <= i.attr.alloc {
             return Ok(());
         }
         let grow = bytes - i.attr.alloc;
         let mut used = self.used.lock().unwrap();
-        if *used + grow > self.quota {
+        if used.checked_add(grow).is_none_or(|u| u > self.quota) {
             return Err(libc::ENOSPC);
         }
         let (from, len) = (i.attr.alloc as libc::off_t, grow as libc::off_t);
@@ -618,13 +671,42 @@ impl Store {
         Ok(())
     }
 
+    /// Sets an inode's reservation to `bytes`: grows it within the quota and the disk, or gives
+    /// back the space past both `bytes` and the file's data.
     pub fn reserve(&self, vnode: &str, ino_no: u64, bytes: u64) -> FsResult<()> {
         self.write(vnode, false, |tx, t, vkey| {
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;
             let mut i = Store::get_inode(&ino, ino_no)?;
-            self.reserve_in(&mut i, vkey, bytes)?;
+            let keep = bytes.max(i.attr.size.div_ceil(4096) * 4096);
+            if keep < i.attr.alloc {
+                let (from, len) = (keep as libc::off_t, (i.attr.alloc - keep) as libc::off_t);
+                self.with_file(vkey, ino_no, |f| {
+                    use std::os::fd::AsRawFd;
+                    let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, from, len) };
+                    if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                })?;
+                let mut used = self.used.lock().unwrap();
+                *used = used.saturating_sub(i.attr.alloc - keep);
+                i.attr.alloc = keep;
+            } else {
+                self.reserve_in(&mut i, vkey, bytes)?;
+            }
             Store::put_inode(&mut ino, &i)
         })
+    }
+
+    /// Bytes of the data file past the recorded size are left from changes that never became
+    /// durable: cut them before the size grows over them, so that the new range reads zeros.
+    fn cut_stale(&self, vkey: &str, i: &Inode, new_end: u64) -> FsResult<()> {
+        if new_end > i.attr.size {
+            let size = i.attr.size;
+            self.with_file(vkey, i.attr.ino, |f| if f.metadata()?.len() > size { f.set_len(size) } else { Ok(()) })?;
+        }
+        Ok(())
     }
 
     pub fn write_data(&self, vnode: &str, ino_no: u64, offset: u64, data: &[u8], size: u64) -> FsResult<()> {
@@ -634,7 +716,11 @@ impl Store {
             if i.attr.kind != FileKind::File {
                 return Err(libc::EISDIR);
             }
-            self.reserve_in(&mut i, vkey, size.max(offset + data.len() as u64))?;
+            let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_SIZE && size <= MAX_FILE_SIZE).ok_or(libc::EFBIG)?;
+            self.reserve_in(&mut i, vkey, size.max(end))?;
+            if offset > i.attr.size {
+                self.cut_stale(vkey, &i, offset)?;
+            }
             self.with_file(vkey, ino_no, |f| f.write_all_at(data, offset))?;
             i.attr.size = size;
             let now = now_ns();
@@ -652,6 +738,7 @@ impl Store {
                 return Err(libc::EISDIR);
             }
             self.reserve_in(&mut i, vkey, size)?;
+            self.cut_stale(vkey, &i, size)?;
             self.with_file(vkey, ino_no, |f| f.set_len(size))?;
             // Truncation frees the blocks past the new end, reservations included.
             let released = i.attr.alloc.saturating_sub(size);
@@ -663,7 +750,8 @@ impl Store {
             Store::put_inode(&mut ino, &i)?;
             Ok(released)
         })?;
-        *self.used.lock().unwrap() -= released;
+        let mut used = self.used.lock().unwrap();
+        *used = used.saturating_sub(released);
         Ok(())
     }
 
@@ -680,6 +768,8 @@ impl Store {
     /// fdatasync of the inode's data, then a durable commit of every namespace change so far.
     pub fn sync(&self, vnode: &str, ino: Option<u64>) -> FsResult<()> {
         if let Some(i) = ino {
+            // An inode that is gone cannot have been made durable.
+            self.getattr(vnode, i)?;
             let vkey = vnode_key(vnode)?;
             if self.data_path(&vkey, i).exists() {
                 self.with_file(&vkey, i, |f| f.sync_data())?;
