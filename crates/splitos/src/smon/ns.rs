@@ -822,5 +822,27 @@ mod tests {
         s.drop_inode(v, gone).unwrap();
         assert_eq!(s.getattr(v, gone), Err(libc::ENOENT));
         assert_eq!(s.used(), 0);
+        assert_eq!(s.sync(v, Some(gone)), Err(libc::ENOENT), "fsync of a dropped inode cannot succeed");
+    }
+
+    #[test]
+    fn reservations_are_given_back_and_inode_numbers_never_reused() {
+        let d = tempfile::tempdir().unwrap();
+        let first = {
+            let s = Store::open(d.path(), 8 << 20).unwrap();
+            let f = s.create("v", "/f", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+            s.reserve("v", f.ino, 4 << 20).unwrap();
+            assert_eq!(s.used(), 4 << 20);
+            s.write_data("v", f.ino, 0, b"abc", 3).unwrap();
+            s.reserve("v", f.ino, 0).unwrap();
+            assert_eq!(s.used(), 4096, "only the block holding data stays reserved");
+            assert_eq!(s.reserve("v", f.ino, 9 << 20), Err(libc::ENOSPC));
+            assert_eq!(s.write_data("v", f.ino, u64::MAX - 2, b"abc", 3), Err(libc::EFBIG));
+            f.ino
+        };
+        // Whether or not the unsynced create survived, a new file never gets its number.
+        let s = Store::open(d.path(), 8 << 20).unwrap();
+        let g = s.create("v", "/g", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        assert_ne!(g.ino, first);
     }
 }
