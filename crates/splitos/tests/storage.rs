@@ -304,3 +304,51 @@ fn bad_storage_configuration_is_named() {
         assert!(text(&out.stderr).contains(field), "{field}: {}", text(&out.stderr));
     }
 }
+
+/// A tmpfs mounted for one test, unmounted when dropped (also when the test fails).
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let d = tempfile::tempdir().unwrap();
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "splitos-test-disk"]).arg(d.path()).status().unwrap();
+        assert!(st.success(), "mount tmpfs");
+        SmallDisk(d)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.0.path().to_str().unwrap()).unwrap();
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn a_full_disk_is_enospc_even_within_the_quota() {
+    let disk = SmallDisk::new("4m");
+    let cfg = format!("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\nquota = \"1G\"\ndir = \"{}\"\n", disk.0.path().join("store").display());
+    let c = TestCluster::up(Some(&cfg));
+    let code = r#"
+import errno, os
+d = os.environ["SPLITOS_VNODE_DIR"]
+fd = os.open(d + "/fill", os.O_WRONLY | os.O_CREAT, 0o644)
+written = 0
+try:
+    while written < (64 << 20):
+        written += os.write(fd, b"z" * 65536)
+        if written % (1 << 20) == 0:
+            os.fsync(fd)
+    print("no error")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+os.close(fd)
+os.unlink(d + "/fill")
+open(d + "/small", "w").write("fits again\n")
+print(open(d + "/small").read(), end="")
+"#;
+    let out = py(&c, &[], code);
+    assert_eq!(text(&out.stdout), "ENOSPC\nfits again\n", "{}", text(&out.stderr));
+    // The cluster stops before its disk goes away.
+    drop(c);
+}
