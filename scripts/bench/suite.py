@@ -140,6 +140,31 @@ def working_set_kib(cmd, env):
     return int(subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, check=True, env=dict(os.environ, **(env or {}))).stdout)
 
 
+def local_footprint_bytes(cmd, env):
+    """What splitos leaves in local memory but a memory cgroup charges: peak cgroup usage of a
+    native run minus its peak anonymous memory (code and data of executables and libraries,
+    page cache of its input, kernel memory). Linux's limit adds it, so that both get the same
+    share of the memory that splitos puts behind the ExCache."""
+    cg = os.path.join(CGROUP_ROOT, f"splitos-bench-probe-{os.getpid()}")
+    os.makedirs(cg, exist_ok=True)
+    try:
+        p = subprocess.Popen(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh", *cmd], stdout=subprocess.DEVNULL, env=dict(os.environ, **(env or {})))
+        anon = 0
+        while p.poll() is None:
+            stat = dict(l.split() for l in open(os.path.join(cg, "memory.stat")) if l.startswith("rss "))
+            anon = max(anon, int(stat.get("rss", 0)))
+            time.sleep(0.005)
+        peak = int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read())
+        return max(peak - anon, 0)
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(cg)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def splitos_prefix(excache_kib, stats, extra=()):
     return [SPLITOS, "run", "--embedded", "--excache", f"{max(excache_kib, 1024)}K", "--stats-json", stats, *extra, "--"]
 
@@ -171,6 +196,24 @@ def swap_device(kind, mib):
                 open("/sys/block/zram0/reset", "w").write("1")
         for dev in off:
             subprocess.run(["swapon", dev], capture_output=True)
+
+
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+@contextlib.contextmanager
+def no_transparent_huge_pages():
+    """4 KiB pages for the Linux baselines, as splitos's heap has: under a tight memory cgroup,
+    huge pages that programs ask for with madvise (numpy does) are hard to swap out, and the
+    OOM killer ends the program instead."""
+    old = open(THP).read().split("[")[1].split("]")[0] if os.path.exists(THP) else None
+    try:
+        if old:
+            open(THP, "w").write("never")
+        yield
+    finally:
+        if old:
+            open(THP, "w").write(old)
 
 
 def oom_kills(cg):
@@ -249,7 +292,8 @@ def main():
     for name, spec in wl.items():
         env = spec.get("env")
         ws[name] = working_set_kib(spec["cmd"], env)
-        r = res["workloads"][name] = {"working_set_kib": ws[name], "native_s": [], "splitos": {}, "swap-file": {}, "zram": {}, "mismatches": []}
+        local = local_footprint_bytes(spec["cmd"], env)
+        r = res["workloads"][name] = {"working_set_kib": ws[name], "local_footprint_kib": local // 1024, "native_s": [], "splitos": {}, "swap-file": {}, "zram": {}, "mismatches": []}
         TIMEOUT["s"] = None
         for _ in range(reps):
             bar.set_description(f"{name[:24]}: native")
@@ -280,9 +324,9 @@ def main():
                 bar.update()
         for kind in ("swap-file", "zram"):
             for f in limits:
-                limit = int(ws[name] * f) * 1024
+                limit = int(ws[name] * f) * 1024 + local
                 runs = r[kind][str(f)] = []
-                with swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
+                with no_transparent_huge_pages(), swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
                     for _ in range(reps):
                         bar.set_description(f"{name[:24]}: {kind} {f:.0%}")
                         before = kills()
@@ -482,15 +526,18 @@ def report(res, docs):
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Medians of {res['reps']} run(s); "
         "every run's output was compared with the native run's. Numbers are time divided by native time (1.0 = native); "
         "the range is min–max over the runs. Linux swap baselines run in a memory cgroup limited to the same share of the "
-        "working set, swapping to a swap file or to zram.",
+        "working set plus the program's local footprint (what a cgroup charges but splitos keeps local: code and data of "
+        "executables and libraries, page cache, kernel memory; the peak cgroup usage of a native run minus its peak "
+        "anonymous memory), swapping to a swap file or to zram, with transparent huge pages off (splitos's heap has 4 KiB "
+        "pages; with them on, numpy's huge pages could not be swapped out in time and the OOM killer ended ml-train).",
         "",
-        "| workload | working set | native s | " + " | ".join(next(iter(rows.values())).keys()) + " |",
-        "|---|---|---|" + "---|" * len(next(iter(rows.values()))),
+        "| workload | working set | local footprint | native s | " + " | ".join(next(iter(rows.values())).keys()) + " |",
+        "|---|---|---|---|" + "---|" * len(next(iter(rows.values()))),
     ]
     for name, row in rows.items():
         w = res["workloads"][name]
         cells = [f"{v[0]:.2f} ({v[1]:.2f}–{v[2]:.2f})" if k != "native" else "1.00" for k, v in row.items()]
-        lines.append(f"| {name} | {w['working_set_kib'] // 1024} MiB | {med(w['native_s']):.2f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {w['working_set_kib'] // 1024} MiB | {w.get('local_footprint_kib', 0) // 1024} MiB | {med(w['native_s']):.2f} | " + " | ".join(cells) + " |")
     stopped = [f"{n}: {', '.join(w['timed_out'])}" for n, w in res["workloads"].items() if w.get("timed_out")]
     if stopped:
         lines += ["", "Runs stopped at the time bound (their numbers are lower bounds): " + "; ".join(stopped) + "."]

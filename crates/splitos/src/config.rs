@@ -83,6 +83,9 @@ pub struct McompSection {
     /// Storage buffer cache this mComponent holds for files placed on it.
     #[serde(default = "default_bcache")]
     pub bcache: Size,
+    /// Largest read-ahead window for sequential file reads; 0 turns it off.
+    #[serde(default = "default_readahead")]
+    pub readahead: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -141,6 +144,9 @@ fn default_capacity() -> Size {
 fn default_bcache() -> Size {
     Size(256 << 20)
 }
+fn default_readahead() -> Size {
+    Size(128 << 10)
+}
 fn default_quota() -> Size {
     Size(16 << 30)
 }
@@ -153,7 +159,7 @@ pub fn default_pcomp() -> PcompSection {
 }
 
 pub fn default_mcomp() -> McompSection {
-    McompSection { listen: default_listen(), capacity: default_capacity(), workers: 0, bcache: default_bcache() }
+    McompSection { listen: default_listen(), capacity: default_capacity(), workers: 0, bcache: default_bcache(), readahead: default_readahead() }
 }
 
 pub fn default_scomp() -> ScompSection {

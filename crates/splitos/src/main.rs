@@ -119,6 +119,9 @@ enum Cmd {
         /// Storage buffer cache held for the files the global managers place here.
         #[arg(long, value_parser = size, default_value = "256M")]
         bcache: u64,
+        /// Largest read-ahead for sequential file reads through the buffer cache (0: off).
+        #[arg(long, value_parser = size, default_value = "128K")]
+        readahead: u64,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -264,9 +267,9 @@ fn main() {
             node::init_metrics();
             gm::run(gm::GmArgs { listen, vregion_size, ready_file, metrics_addr })
         }
-        Cmd::Mem { listen, gm, capacity, workers, bcache, ready_file, metrics_addr } => {
+        Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr } => {
             node::init_metrics();
-            mmon::run(mmon::MemArgs { listen, gm, capacity, workers, bcache, ready_file, metrics_addr })
+            mmon::run(mmon::MemArgs { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr })
         }
         Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, vnode_root, ready_file, metrics_addr } => {
             node::init_metrics();

@@ -14,6 +14,8 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_path_buf();
     let swaps_before = swaps();
+    let thp = || std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let thp_before = thp();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/suite.py");
     let run = Command::new("python3")
         .arg(&script)
@@ -57,8 +59,9 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         assert!(report.contains(want), "report lacks {want}");
     }
 
-    // Swap devices and memory cgroups are the suite's to undo.
+    // Swap devices, memory cgroups and the huge-page setting are the suite's to undo.
     assert_eq!(swaps(), swaps_before, "swap devices left behind");
+    assert_eq!(thp(), thp_before, "the transparent huge page setting is restored");
     let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/memory")
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("splitos-bench-")).collect())
         .unwrap_or_default();

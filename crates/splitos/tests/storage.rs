@@ -352,3 +352,24 @@ print(open(d + "/small").read(), end="")
     // The cluster stops before its disk goes away.
     drop(c);
 }
+
+fn total_bcache(c: &TestCluster, key: &str) -> u64 {
+    bcache_stats(c).iter().map(|s| s[key].as_u64().unwrap_or(0)).sum()
+}
+
+#[test]
+fn readahead_turns_sequential_misses_into_few_storage_requests() {
+    let mut fetches = Vec::new();
+    for ra in ["0", "128K"] {
+        let c = TestCluster::up(Some(&format!("[[pcomponent]]\n[[mcomponent]]\nbcache = \"1M\"\nreadahead = \"{ra}\"\n[[scomponent]]\n")));
+        let w = c.run(&[], &["bash", "-c", "head -c 8388608 /dev/urandom > $SPLITOS_VNODE_DIR/f && sync $SPLITOS_VNODE_DIR/f && md5sum < $SPLITOS_VNODE_DIR/f"]);
+        assert!(w.status.success(), "{}", text(&w.stderr));
+        let before = total_bcache(&c, "fetches");
+        let r = c.run(&[], &["bash", "-c", "dd if=$SPLITOS_VNODE_DIR/f bs=4k status=none | md5sum"]);
+        assert_eq!(text(&r.stdout), text(&w.stdout), "the same bytes come back: {}", text(&r.stderr));
+        fetches.push((total_bcache(&c, "fetches") - before, total_bcache(&c, "prefetched")));
+    }
+    let ((plain, none), (ahead, prefetched)) = (fetches[0], fetches[1]);
+    assert_eq!(none, 0, "readahead = 0 fetches nothing ahead");
+    assert!(prefetched > 1000 && ahead * 4 < plain, "read-ahead cuts sComponent requests: {plain} without, {ahead} with ({prefetched} blocks ahead)");
+}

@@ -135,7 +135,7 @@ impl Cluster {
             let args = vec![
                 "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--capacity".into(), m.capacity.0.to_string(), "--workers".into(), m.workers.to_string(),
-                "--bcache".into(), m.bcache.0.to_string(),
+                "--bcache".into(), m.bcache.0.to_string(), "--readahead".into(), m.readahead.0.to_string(),
             ];
             pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach)?));
         }

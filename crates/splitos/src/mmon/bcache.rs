@@ -45,6 +45,9 @@ struct FileState {
     reserved: u64,
     /// Written since the last background pass; an idle file gives back unused reservation.
     active: bool,
+    /// The block after the file's last read, and the current read-ahead window (blocks).
+    next_read: u64,
+    window: u64,
     mtime_ns: i64,
     blocks: BTreeMap<u64, Block>,
 }
@@ -64,11 +67,39 @@ pub struct Counters {
     misses: AtomicU64,
     writebacks: AtomicU64,
     evictions: AtomicU64,
+    /// sComponent read requests, and blocks they brought ahead of a read.
+    fetches: AtomicU64,
+    prefetched: AtomicU64,
+}
+
+/// Decides how far past a read that missed the buffer cache to fetch with it. Swappable: a
+/// researcher's prefetcher implements this and is chosen where the cache is built.
+pub trait Prefetcher: Send + Sync {
+    /// `sequential`: this read starts where the file's previous read ended; `window`: the
+    /// file's window so far (0 at first). Returns the new window, in blocks.
+    fn window(&self, sequential: bool, window: u64) -> u64;
+}
+
+/// Linux-style read-ahead: the window doubles while reads are sequential, up to a maximum, and
+/// closes on a random read. A maximum of 0 turns read-ahead off.
+pub struct Sequential {
+    pub max_blocks: u64,
+}
+
+impl Prefetcher for Sequential {
+    fn window(&self, sequential: bool, window: u64) -> u64 {
+        if sequential {
+            (window * 2).clamp(4, self.max_blocks.max(4)).min(self.max_blocks)
+        } else {
+            0
+        }
+    }
 }
 
 pub struct BufferCache {
     node: Arc<Node>,
     capacity: usize,
+    prefetcher: Box<dyn Prefetcher>,
     inner: Mutex<Inner>,
     c: Counters,
 }
@@ -86,8 +117,10 @@ fn now_ns() -> i64 {
 }
 
 impl BufferCache {
-    pub fn new(node: Arc<Node>, capacity_bytes: u64) -> Arc<BufferCache> {
-        let bc = Arc::new(BufferCache { node, capacity: (capacity_bytes / BLOCK).max(1) as usize, inner: Mutex::new(Inner::default()), c: Counters::default() });
+    /// A cache of `capacity_bytes`, reading ahead up to `readahead_bytes` for sequential reads.
+    pub fn new(node: Arc<Node>, capacity_bytes: u64, readahead_bytes: u64) -> Arc<BufferCache> {
+        let prefetcher = Box::new(Sequential { max_blocks: readahead_bytes / BLOCK });
+        let bc = Arc::new(BufferCache { node, capacity: (capacity_bytes / BLOCK).max(1) as usize, prefetcher, inner: Mutex::new(Inner::default()), c: Counters::default() });
         let weak = Arc::downgrade(&bc);
         std::thread::Builder::new()
             .name("bcache-writeback".into())
@@ -111,7 +144,7 @@ impl BufferCache {
                 Msg::S2P_ATTR { attr } => attr,
                 other => return Err((ErrCode::Internal, format!("unexpected {} to X2S_GETATTR", other.name()))),
             };
-            g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), active: false, mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
+            g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), active: false, next_read: 0, window: 0, mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
         }
         let f = g.files.get_mut(key).expect("just inserted");
         // The pComponent knows where the file is stored now (an sComponent may have moved).
@@ -205,6 +238,7 @@ impl BufferCache {
             Msg::S2M_DATA { data } => data.into_vec(),
             other => return Err((ErrCode::Internal, format!("unexpected {} to M2S_READ", other.name()))),
         };
+        self.c.fetches.fetch_add(1, Relaxed);
         self.c.misses.fetch_add(end - start, Relaxed);
         metrics::counter!("mcomp_bcache_misses_total").increment(end - start);
         Ok((start..end)
@@ -228,7 +262,15 @@ impl BufferCache {
             return Ok(Msg::M2P_FILE_DATA { data: ByteBuf::new() });
         }
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-        let missing: Vec<u64> = (first..=last).filter(|b| !f.blocks.contains_key(b)).collect();
+        let mut missing: Vec<u64> = (first..=last).filter(|b| !f.blocks.contains_key(b)).collect();
+        let demanded = missing.len() as u64;
+        // A window beyond half the cache would evict its own blocks before they are read.
+        f.window = self.prefetcher.window(first == f.next_read, f.window).min(self.capacity as u64 / 2);
+        f.next_read = last + 1;
+        if missing.last() == Some(&last) && f.window > 0 {
+            let file_blocks = f.size.div_ceil(BLOCK);
+            missing.extend((last + 1..(last + 1 + f.window).min(file_blocks)).filter(|b| !f.blocks.contains_key(b)));
+        }
         let mut out = vec![0u8; (end - offset) as usize];
         let mut fetched: HashMap<u64, Box<[u8; PAGE_SIZE]>> = HashMap::new();
         let mut i = 0;
@@ -255,7 +297,7 @@ impl BufferCache {
             let to = end.min(bstart + BLOCK);
             out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&data[(from - bstart) as usize..(to - bstart) as usize]);
         }
-        let hits = (last - first + 1) - fetched.len() as u64;
+        let hits = (last - first + 1) - demanded;
         self.c.hits.fetch_add(hits, Relaxed);
         metrics::counter!("mcomp_bcache_hits_total").increment(hits);
         for b in first..=last {
@@ -265,8 +307,9 @@ impl BufferCache {
         let mut fetched: Vec<_> = fetched.into_iter().collect();
         fetched.sort_by_key(|(b, _)| *b);
         let keep = fetched.len().min(self.capacity);
+        self.c.prefetched.fetch_add(fetched.len() as u64 - demanded, Relaxed);
         self.make_room(&mut g, keep)?;
-        for (b, data) in fetched.into_iter().rev().take(keep) {
+        for (b, data) in fetched.into_iter().take(keep) {
             self.insert(&mut g, &key, b, data, false);
         }
         Ok(Msg::M2P_FILE_DATA { data: ByteBuf::from(out) })
@@ -433,6 +476,7 @@ impl BufferCache {
             "capacity_blocks": self.capacity, "blocks": g.blocks, "dirty_blocks": dirty, "files": g.files.len(),
             "hits": self.c.hits.load(Relaxed), "misses": self.c.misses.load(Relaxed),
             "writebacks": self.c.writebacks.load(Relaxed), "evictions": self.c.evictions.load(Relaxed),
+            "fetches": self.c.fetches.load(Relaxed), "prefetched": self.c.prefetched.load(Relaxed),
         })
     }
 }

@@ -643,6 +643,8 @@ pub struct MemArgs {
     pub workers: usize,
     /// Bytes of storage buffer cache.
     pub bcache: u64,
+    /// Largest read-ahead window for sequential file reads (0: off).
+    pub readahead: u64,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
@@ -661,7 +663,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         used: AtomicU64::new(0),
         homes: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
-        bcache: bcache::BufferCache::new(node.clone(), args.bcache),
+        bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
         c: Counters::default(),
     });
     let m3 = mem.clone();
@@ -676,7 +678,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %h.addr, id = node.id(), role = "mcomponent", capacity = args.capacity, buffer_cache = args.bcache, workers = args.workers, "splitos memory monitor started");
+    tracing::info!(addr = %h.addr, id = node.id(), role = "mcomponent", capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &h.addr);
     crate::park_forever()
 }
