@@ -253,13 +253,13 @@ def main():
     ap.add_argument("--out", default=None, help="directory for suite.json, the plots and benchmarks.md (default: results/ and docs/)")
     ap.add_argument("--replot", action="store_true", help="only redraw the plots and the report from an earlier suite.json")
     args = ap.parse_args()
-    out = args.out or os.path.join(ROOT, "results")
-    docs = args.out or os.path.join(ROOT, "docs")
+    out_dir = args.out or os.path.join(ROOT, "results")
+    docs_dir = args.out or os.path.join(ROOT, "docs")
     if args.replot:
         ensure_env()
-        res = json.load(open(os.path.join(out, "suite.json")))
-        plots(res, docs)
-        report(res, docs)
+        res = json.load(open(os.path.join(out_dir, "suite.json")))
+        plots(res, docs_dir)
+        report(res, docs_dir)
         return
     if os.geteuid() != 0:
         sys.exit("the suite needs root: memory cgroups and swap devices")
@@ -371,11 +371,11 @@ def main():
     res["fig15"] = two_programs([dict(wl[n], name=n, ws_kib=ws[n], digest=native_out[n], native_s=med(res["workloads"][n]["native_s"])) for n in pair], reps, bar)
     bar.close()
 
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "suite.json"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "suite.json"), "w") as f:
         json.dump(res, f, indent=2)
-    plots(res, docs)
-    report(res, docs)
+    plots(res, docs_dir)
+    report(res, docs_dir)
     bad = [(n, m) for n, w in res["workloads"].items() for m in w["mismatches"]]
     if bad:
         sys.exit(f"outputs differ from native runs: {bad}")
