@@ -22,6 +22,7 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         .args(["--quick", "--out"])
         .arg(&out)
         .env("SPLITOS_BIN", common::splitos())
+        .env("SPLITOS_DATA_DIR", out.join("data"))
         .output()
         .expect("python3 runs");
     let stderr = String::from_utf8_lossy(&run.stderr);
