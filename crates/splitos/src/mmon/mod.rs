@@ -627,9 +627,10 @@ impl Handler for Mem {
                 | Msg::P2M_DONTNEED { .. }
                 | Msg::P2M_FORK { .. }
                 | Msg::P2M_EXIT { .. }
-                // The buffer cache may wait on the sComponent: not on a receiving thread.
-                | Msg::P2M_FILE_READ { .. }
-                | Msg::P2M_FILE_WRITE { .. }
+                // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
+                // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
+                // page faults use their own connections, so only this pComponent's other control
+                // requests queue behind a read that misses.
                 | Msg::P2M_FILE_SETSIZE { .. }
                 | Msg::P2M_FILE_SYNC { .. }
         )
