@@ -17,18 +17,16 @@ fn programs_src() -> PathBuf {
 
 /// Builds tests/programs/<name>.c (or .cpp) once per test binary; returns the executable.
 pub fn program(name: &str) -> PathBuf {
+    // One shared directory, binaries named by their source's hash: test runs reuse them and
+    // leave nothing new behind.
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("splitos-test-programs-{}", std::process::id()));
+        let d = std::env::temp_dir().join("splitos-test-programs");
         std::fs::create_dir_all(&d).unwrap();
         d
     });
     static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let out = dir.join(name);
-    if out.exists() {
-        return out;
-    }
     let (src, cc, extra): (PathBuf, &str, &[&str]) = if name == "static_hello" {
         (programs_src().join("static_hello.c"), "gcc", &["-static"])
     } else if programs_src().join(format!("{name}.cpp")).exists() {
@@ -36,6 +34,12 @@ pub fn program(name: &str) -> PathBuf {
     } else {
         (programs_src().join(format!("{name}.c")), "gcc", &["-pthread"])
     };
+    let code = std::fs::read(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    let hash = code.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3));
+    let out = dir.join(format!("{name}-{hash:016x}"));
+    if out.exists() {
+        return out;
+    }
     let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
     let st = Command::new(cc).args(["-O2", "-o"]).arg(&tmp).arg(&src).args(extra).status().expect("compiler runs");
     assert!(st.success(), "compiling {}", src.display());
