@@ -11,24 +11,16 @@ the Figure 8 section of docs/benchmarks.md.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPLITOS = os.path.join(ROOT, "target", "release", "splitos")
+from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024
-    return {"cores": os.cpu_count(), "cpu": cpu, "memory_mib": mem, "kernel": platform.release()}
 
 
 def local_floors(n):
@@ -64,8 +56,7 @@ def main():
     ap.add_argument("--mb", type=int, default=128)
     ap.add_argument("--excache", default="4M")
     args = ap.parse_args()
-    if not os.path.exists(SPLITOS):
-        sys.exit("build first: cargo build --release --workspace")
+    ensure_env()
     binary = os.path.join(tempfile.gettempdir(), "splitos-seqload")
     sh(["gcc", "-O2", "-pthread", "-o", binary, os.path.join(ROOT, "scripts", "bench", "seqload.c")])
 
@@ -106,11 +97,7 @@ def main():
 
 
 def plot(res):
-    try:
-        import matplotlib
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
-        import matplotlib
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -191,17 +178,7 @@ def report(res):
         "![Figure 8](fig8.png)",
         "<!-- fig8:end -->",
     ]
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
-    block = "\n".join(lines) + "\n"
-    if "<!-- fig8:begin" in text:
-        head, rest = text.split("<!-- fig8:begin", 1)
-        tail = rest.split("<!-- fig8:end -->", 1)[1].lstrip("\n")
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    open(path, "w").write(text)
-
+    replace_section(os.path.join(ROOT, "docs"), "fig8", lines)
 
 if __name__ == "__main__":
     main()

@@ -13,16 +13,14 @@ matplotlib into the benchmark environment in .bench/ (shared with suite.py).
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPLITOS = os.environ.get("SPLITOS_BIN") or os.path.join(ROOT, "target", "release", "splitos")
-WORK = os.path.join(ROOT, ".bench")
+from benchlib import ROOT, SPLITOS, WORK, ensure_env, machine, replace_section
+
 MODES = ["seqread", "randread", "seqwrite", "randwrite"]
 
 
@@ -30,12 +28,6 @@ def drop_caches():
     """Linux starts with an empty page cache too (and the sComponent's disk reads are real)."""
     subprocess.run(["sync"], check=True)
     open("/proc/sys/vm/drop_caches", "w").write("3\n")
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024
-    return {"cores": os.cpu_count(), "cpu": cpu, "memory_mib": mem, "kernel": platform.release()}
 
 
 class Cluster:
@@ -89,12 +81,8 @@ def main():
         return
     if os.geteuid() != 0:
         sys.exit("fig9 needs root: it drops the page cache before every run")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from suite import ensure_env
     ensure_env()
     os.makedirs(WORK, exist_ok=True)
-    if not os.path.exists(SPLITOS):
-        subprocess.run(["cargo", "build", "--release", "--workspace", "--quiet"], cwd=ROOT, check=True)
     exe = os.path.join(WORK, "fileio")
     subprocess.run(["gcc", "-O2", "-o", exe, os.path.join(ROOT, "scripts", "bench", "fileio.c")], check=True)
 
@@ -195,16 +183,7 @@ def report(res, docs):
         "commits no namespace change, so its fsync is one fdatasync, as on Linux.",
         "<!-- fig9:end -->",
     ]
-    path = os.path.join(docs, "benchmarks.md")
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
-    block = "\n".join(lines) + "\n"
-    if "<!-- fig9:begin" in text:
-        head, rest = text.split("<!-- fig9:begin", 1)
-        text = head + block + rest.split("<!-- fig9:end -->", 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    open(path, "w").write(text)
-
+    replace_section(docs, "fig9", lines)
 
 if __name__ == "__main__":
     main()

@@ -21,46 +21,16 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import random
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPLITOS = os.environ.get("SPLITOS_BIN") or os.path.join(ROOT, "target", "release", "splitos")
-WORK = os.path.join(ROOT, ".bench")
-VENV = os.path.join(WORK, "venv")
-VPY = os.path.join(VENV, "bin", "python")
+from benchlib import ROOT, SPLITOS, VPY, WORK, ensure_env, machine, replace_section
+
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
-
-
-# ----------------------------------------------------------------------------- set-up
-
-def ensure_env():
-    """Debian packages and the Python environment; then re-run this script inside it."""
-    need = [pkg for cmd, pkg in (("xz", "xz-utils"), ("sqlite3", "sqlite3"), ("mkswap", "util-linux"), ("gcc", "gcc")) if not shutil.which(cmd)]
-    if need:
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    if not os.path.exists(VPY):
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    probe = subprocess.run([VPY, "-c", "import sklearn, matplotlib, tqdm"], capture_output=True)
-    if probe.returncode != 0:
-        subprocess.run([VPY, "-m", "pip", "install", "-q", "scikit-learn", "matplotlib", "tqdm"], check=True)
-    if not os.path.exists(SPLITOS):
-        subprocess.run(["cargo", "build", "--release", "--workspace", "--quiet"], cwd=ROOT, check=True)
-    if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
-        os.execv(VPY, [VPY, *sys.argv])
-
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024
-    return {"cores": os.cpu_count(), "cpu": cpu, "memory_mib": mem, "kernel": platform.release()}
 
 
 def corpus(path, mib):
@@ -140,6 +110,16 @@ def working_set_kib(cmd, env):
     return int(subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, check=True, env=dict(os.environ, **(env or {}))).stdout)
 
 
+def remove_cgroup(cg):
+    """Removes a memory cgroup once the kernel has let go of its last process."""
+    for _ in range(50):
+        try:
+            os.rmdir(cg)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def local_footprint_bytes(cmd, env):
     """What splitos leaves in local memory but a memory cgroup charges: peak cgroup usage of a
     native run minus its peak anonymous memory (code and data of executables and libraries,
@@ -157,12 +137,7 @@ def local_footprint_bytes(cmd, env):
         peak = int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read())
         return max(peak - anon, 0)
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(cg)
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(cg)
 
 
 def splitos_prefix(excache_kib, stats, extra=()):
@@ -236,12 +211,7 @@ def memory_cgroup(limit_bytes):
             open(os.path.join(cg, "memory.swappiness"), "w").write("60")
         yield ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"], lambda: oom_kills(cg)
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(cg)
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(cg)
 
 
 # ----------------------------------------------------------------------------- the evaluation
@@ -628,15 +598,7 @@ def report(res, docs):
         lines.append(f"| {c['layout']} | " + " | ".join(f"{med([r['slowdown'][p] for r in c['runs']]):.2f}" for p in progs) + " |")
     lines += ["", "Running together, the two programs share this host's two cores and the mComponent's receiving threads, "
               "so both slow down in either layout; in 1P2M they also compete for one ExCache.", "", "![figure 15](suite-fig15.png)", "<!-- suite:end -->"]
-    path = os.path.join(docs, "benchmarks.md")
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
-    block = "\n".join(lines) + "\n"
-    if "<!-- suite:begin" in text:
-        head, rest = text.split("<!-- suite:begin", 1)
-        text = head + block + rest.split("<!-- suite:end -->", 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    open(path, "w").write(text)
+    replace_section(docs, "suite", lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""What the benchmark scripts share: where things are, their Python environment, the machine
+description and the generated sections of docs/benchmarks.md."""
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SPLITOS = os.environ.get("SPLITOS_BIN") or os.path.join(ROOT, "target", "release", "splitos")
+WORK = os.path.join(ROOT, ".bench")
+VENV = os.path.join(WORK, "venv")
+VPY = os.path.join(VENV, "bin", "python")
+
+
+def ensure_env():
+    """Debian packages, the release build and the Python environment in .bench/; then re-runs
+    the calling script inside that environment."""
+    need = [pkg for cmd, pkg in (("xz", "xz-utils"), ("sqlite3", "sqlite3"), ("mkswap", "util-linux"), ("gcc", "gcc")) if not shutil.which(cmd)]
+    if need:
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if not os.path.exists(VPY):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    probe = subprocess.run([VPY, "-c", "import sklearn, matplotlib, tqdm"], capture_output=True)
+    if probe.returncode != 0:
+        subprocess.run([VPY, "-m", "pip", "install", "-q", "scikit-learn", "matplotlib", "tqdm"], check=True)
+    if not os.path.exists(SPLITOS):
+        subprocess.run(["cargo", "build", "--release", "--workspace", "--quiet"], cwd=ROOT, check=True)
+    if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+        os.execv(VPY, [VPY, *sys.argv])
+
+
+def machine():
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024
+    return {"cores": os.cpu_count(), "cpu": cpu, "memory_mib": mem, "kernel": platform.release()}
+
+
+def replace_section(docs, tag, lines):
+    """Puts `lines` (which begin with `<!-- TAG:begin` and end with `<!-- TAG:end -->`) into
+    DOCS/benchmarks.md in place of the section's previous version, or at its end."""
+    path = os.path.join(docs, "benchmarks.md")
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
+    block = "\n".join(lines) + "\n"
+    if f"<!-- {tag}:begin" in text:
+        head, rest = text.split(f"<!-- {tag}:begin", 1)
+        text = head + block + rest.split(f"<!-- {tag}:end -->", 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    open(path, "w").write(text)
