@@ -112,6 +112,19 @@ fn fs_err(e: splitos_rpc::RpcError) -> (ErrCode, String) {
     }
 }
 
+/// Ascending block numbers grouped into [start, end) runs of consecutive blocks, each at
+/// most `RUN_BLOCKS` long: one sComponent request each.
+fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((s, e)) if *e == b && b - *s < RUN_BLOCKS => *e += 1,
+            _ => out.push((b, b + 1)),
+        }
+    }
+    out
+}
+
 fn now_ns() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
 }
@@ -168,15 +181,7 @@ impl BufferCache {
     fn write_back(&self, g: &mut Inner, key: &Key, range: std::ops::Range<u64>) -> Result<(), (ErrCode, String)> {
         let Some(f) = g.files.get_mut(key) else { return Ok(()) };
         let dirty: Vec<u64> = f.blocks.range(range).filter(|(_, b)| b.dirty).map(|(k, _)| *k).collect();
-        let mut i = 0;
-        while i < dirty.len() {
-            let start = dirty[i];
-            let mut end = start + 1;
-            while i + 1 < dirty.len() && dirty[i + 1] == end && end - start < RUN_BLOCKS {
-                i += 1;
-                end += 1;
-            }
-            i += 1;
+        for (start, end) in runs(&dirty) {
             let off = start * BLOCK;
             let upto = (end * BLOCK).min(f.size);
             if upto <= off {
@@ -273,15 +278,7 @@ impl BufferCache {
         }
         let mut out = vec![0u8; (end - offset) as usize];
         let mut fetched: HashMap<u64, Box<[u8; PAGE_SIZE]>> = HashMap::new();
-        let mut i = 0;
-        while i < missing.len() {
-            let s = missing[i];
-            let mut e = s + 1;
-            while i + 1 < missing.len() && missing[i + 1] == e && e - s < RUN_BLOCKS {
-                i += 1;
-                e += 1;
-            }
-            i += 1;
+        for (s, e) in runs(&missing) {
             for (b, data) in (s..e).zip(self.fetch(scomp, &key, s, e)?) {
                 fetched.insert(b, data);
             }
@@ -478,5 +475,27 @@ impl BufferCache {
             "writebacks": self.c.writebacks.load(Relaxed), "evictions": self.c.evictions.load(Relaxed),
             "fetches": self.c.fetches.load(Relaxed), "prefetched": self.c.prefetched.load(Relaxed),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_consecutive_and_bounded() {
+        assert_eq!(runs(&[1, 2, 3, 7, 8, 10]), vec![(1, 4), (7, 9), (10, 11)]);
+        let long: Vec<u64> = (0..RUN_BLOCKS + 3).collect();
+        assert_eq!(runs(&long), vec![(0, RUN_BLOCKS), (RUN_BLOCKS, RUN_BLOCKS + 3)]);
+        assert!(runs(&[]).is_empty());
+    }
+
+    #[test]
+    fn sequential_window_doubles_to_its_maximum_and_random_reads_close_it() {
+        let p = Sequential { max_blocks: 32 };
+        let grown: Vec<u64> = std::iter::successors(Some(0), |w| Some(p.window(true, *w))).take(6).collect();
+        assert_eq!(grown, vec![0, 4, 8, 16, 32, 32]);
+        assert_eq!(p.window(false, 32), 0);
+        assert_eq!(Sequential { max_blocks: 0 }.window(true, 0), 0, "readahead = 0 is off");
     }
 }
