@@ -1,18 +1,11 @@
-//! splitos: one binary for every monitor, the global managers and the user.
-mod bench;
-mod config;
-mod control;
-mod gm;
-mod mmon;
-mod node;
-mod pmon;
-mod smon;
-
+//! splitos: one binary for every monitor, the global managers and the user. This file is
+//! only the command line; everything it runs is in the `splitos` library.
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use config::parse_size;
+use splitos::config::parse_size;
+use splitos::{bench, control, gm, mmon, node, pmon, smon};
 
 #[derive(Parser)]
 #[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
@@ -233,20 +226,6 @@ fn clap_num_u64(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Ends the process shortly after the current reply is on its way.
-pub fn exit_soon() {
-    std::thread::spawn(|| {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        std::process::exit(0);
-    });
-}
-
-pub fn park_forever() -> ! {
-    loop {
-        std::thread::park();
-    }
-}
-
 fn main() {
     let cli = Cli::parse();
     node::init_logging();
@@ -281,22 +260,10 @@ fn main() {
             smon::run(smon::StorageArgs { listen, gm, dir, quota, ready_file, metrics_addr })
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
-        Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => debug_fetch(&mcomp, vnode, pid, vaddr),
+        Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),
     };
     if let Err(e) = r {
         eprintln!("splitos: {e:#}");
         std::process::exit(1);
-    }
-}
-
-fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
-    let c = control::cluster::client(mcomp)?;
-    match c.call(&splitos_rpc::Msg::P2M_FETCH { who: splitos_rpc::Who { vnode, pid }, vpn: vaddr / 4096 }) {
-        Ok(splitos_rpc::Msg::M2P_PAGE { data }) => {
-            println!("page {:#x}: {} bytes, first bytes {:02x?}", vaddr & !4095, data.len(), &data[..16.min(data.len())]);
-            Ok(())
-        }
-        Ok(other) => anyhow::bail!("unexpected reply {}", other.name()),
-        Err(e) => anyhow::bail!("refused: {e}"),
     }
 }

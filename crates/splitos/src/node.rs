@@ -152,3 +152,18 @@ pub fn announce_ready(ready_file: Option<&std::path::Path>, addr: &str) {
         }
     }
 }
+
+/// Ends the process shortly after the current reply is on its way.
+pub fn exit_soon() {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::process::exit(0);
+    });
+}
+
+/// A component's main thread waits here while its own threads serve.
+pub fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
+}

@@ -110,3 +110,16 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.
+pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
+    let c = cluster::client(mcomp)?;
+    match c.call(&splitos_rpc::Msg::P2M_FETCH { who: splitos_rpc::Who { vnode, pid }, vpn: vaddr / 4096 }) {
+        Ok(splitos_rpc::Msg::M2P_PAGE { data }) => {
+            println!("page {:#x}: {} bytes, first bytes {:02x?}", vaddr & !4095, data.len(), &data[..16.min(data.len())]);
+            Ok(())
+        }
+        Ok(other) => anyhow::bail!("unexpected reply {}", other.name()),
+        Err(e) => anyhow::bail!("refused: {e}"),
+    }
+}

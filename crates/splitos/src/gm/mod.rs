@@ -146,7 +146,7 @@ impl Handler for Gm {
                 json: serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len()}).to_string(),
             },
             Msg::C2X_SHUTDOWN => {
-                crate::exit_soon();
+                crate::node::exit_soon();
                 Msg::OK
             }
             other => Msg::err(ErrCode::Invalid, format!("the global managers do not handle {}", other.name())),
@@ -173,5 +173,5 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     }
     tracing::info!(addr = %h.addr, role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, "splitos global managers started");
     node::announce_ready(args.ready_file.as_deref(), &h.addr);
-    crate::park_forever()
+    crate::node::park_forever()
 }

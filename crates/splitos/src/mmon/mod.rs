@@ -600,7 +600,7 @@ impl Handler for Mem {
             }
             Msg::C2X_SHUTDOWN => {
                 self.bcache.write_back_all();
-                crate::exit_soon();
+                crate::node::exit_soon();
                 Ok(Msg::OK)
             }
             m @ (Msg::P2M_FILE_READ { .. }
@@ -681,5 +681,5 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     }
     tracing::info!(addr = %h.addr, id = node.id(), role = "mcomponent", capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &h.addr);
-    crate::park_forever()
+    crate::node::park_forever()
 }

@@ -293,7 +293,7 @@ impl Handler for Pcomp {
             },
             Msg::C2X_SHUTDOWN => {
                 self.mounts.unmount_all();
-                crate::exit_soon();
+                crate::node::exit_soon();
                 Msg::OK
             }
             other => Msg::err(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name())),
@@ -359,5 +359,5 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(addr = %h.addr, id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = g.cache.lines(), ways = g.cache.ways(), policy = g.cache.policy_name(), piggyback = args.cfg.piggyback, "splitos process monitor started");
     }
     node::announce_ready(args.ready_file.as_deref(), &h.addr);
-    crate::park_forever()
+    crate::node::park_forever()
 }

@@ -113,7 +113,7 @@ impl Handler for Storage {
                 if let Err(e) = self.store.checkpoint() {
                     tracing::error!(errno = e, "final commit failed");
                 }
-                crate::exit_soon();
+                crate::node::exit_soon();
                 Msg::OK
             }
             other => match self.fs(other) {
@@ -170,5 +170,5 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     }
     tracing::info!(addr = %h.addr, id = node.id(), role = "scomponent", dir = %args.dir.display(), quota = args.quota, used = st.store.used(), "splitos storage monitor started");
     node::announce_ready(args.ready_file.as_deref(), &h.addr);
-    crate::park_forever()
+    crate::node::park_forever()
 }

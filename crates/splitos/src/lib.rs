@@ -1,0 +1,18 @@
+//! splitos as a library: every monitor, the global managers, the control plane and the
+//! benchmarks' floors. The `splitos` binary (main.rs) is only its command line, so monitors can
+//! be built and tested in-process.
+//!
+//! * [`pmon`] the process monitor (pComponent): ExCache, miss path, program connections, vNode mounts
+//! * [`mmon`] the memory monitor (mComponent): homes, vRegion owners, the storage buffer cache
+//! * [`smon`] the storage monitor (sComponent)
+//! * [`gm`] the global managers (GPM, GMM, GSM)
+//! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
+//! * [`node`] what every component process shares (logging, metrics, registration)
+pub mod bench;
+pub mod config;
+pub mod control;
+pub mod gm;
+pub mod mmon;
+pub mod node;
+pub mod pmon;
+pub mod smon;
