@@ -1,18 +1,23 @@
 //! The transport and RPC layer of splitos: every message between components goes through here.
 //!
-//! * [`wire`] — the versioned wire format: frame header and every message, named by direction.
-//! * [`frame`] — reading and writing bounded frames on a byte stream.
-//! * [`transport`] — the swappable byte-stream transport (TCP by default, with fault injection).
-//! * [`client`] — a multiplexed client (many callers share one connection, replies matched by
-//!   id) and direct calls on a connection owned by the calling thread (the data path).
-//! * [`server`] — a receiving thread per connection handing requests to a pool of worker threads.
+//! * [`wire`] — the versioned wire format: every message as its own type, named by direction,
+//!   each request with its reply type; protocol constants.
+//! * [`error`] — [`RpcError`] (a call that got no reply) and [`Refusal`] (a handler's `ERR`).
+//! * [`client`] — [`Rpc`], typed calls over the configured transport.
+//! * [`server`] — a component's [`Handler`], its dispatch helper [`on`], and worker pools.
+//! * [`transport`] — the message-level [`Transport`] interface, chosen from
+//!   [`TransportConfig`]; TCP is the one implementation.
+//! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
 
 pub mod client;
+pub mod error;
 pub mod frame;
 pub mod server;
 pub mod transport;
 pub mod wire;
 
-pub use client::{call_direct, Client, ClientPool, RpcError};
-pub use server::{serve, Handler, ServerConfig, ServerHandle};
+pub use client::Rpc;
+pub use error::{Refusal, RpcError};
+pub use server::{on, Dispatcher, Handler, ServerConfig};
+pub use transport::{Endpoint, Transport, TransportConfig};
 pub use wire::*;

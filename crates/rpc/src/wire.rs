@@ -7,6 +7,10 @@
 //! (sComponent), `G` global managers,
 //! `C` a control client (the CLI), `X` any component. `P2M_FETCH` goes from a pComponent to an
 //! mComponent. Replies use the same frame with kind `Reply`; a refused request gets `ERR`.
+//!
+//! Every message is its own type, and [`Msg`] is their union as it travels. A request type
+//! names its reply type ([`Request::Reply`]), so a caller gets the reply it asked for or an
+//! error, never another message to sort out by hand.
 #![allow(non_camel_case_types)]
 
 use serde::{Deserialize, Serialize};
@@ -16,11 +20,19 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// "SPOS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
-pub const WIRE_VERSION: u16 = 2;
+/// Version 3 added the batched page messages `P2M_FETCH_MANY` and `P2M_FLUSH_MANY`.
+pub const WIRE_VERSION: u16 = 3;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
+/// A page of the ExCache, of a vRegion owner and of the buffer cache.
 pub const PAGE_SIZE: usize = 4096;
+/// Longest name of one path component in a vNode's file system (as Linux's NAME_MAX).
+pub const NAME_MAX: usize = 255;
+/// Longest path in a vNode's file system (as Linux's PATH_MAX).
+pub const PATH_MAX: usize = 4096;
+/// Largest file a vNode's file system holds (16 TiB); beyond it writes fail with EFBIG.
+pub const MAX_FILE_SIZE: u64 = 1 << 44;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -37,6 +49,8 @@ pub struct FrameHeader {
 impl FrameHeader {
     pub const SIZE: usize = 24;
 }
+
+const _: () = assert!(std::mem::size_of::<FrameHeader>() == FrameHeader::SIZE);
 
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +157,21 @@ pub enum ErrCode {
     Errno(i32),
 }
 
+impl ErrCode {
+    /// The Linux errno a program sees for this refusal: the one mapping used by every
+    /// component that answers a program (the shim's memory calls, the vNode file system).
+    pub fn errno(self) -> i32 {
+        match self {
+            ErrCode::NoMemory => libc::ENOMEM,
+            ErrCode::Invalid => libc::EINVAL,
+            ErrCode::Denied => libc::EACCES,
+            ErrCode::NotFound => libc::ENOENT,
+            ErrCode::Unreachable | ErrCode::Internal => libc::EIO,
+            ErrCode::Errno(n) => n,
+        }
+    }
+}
+
 /// What a file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileKind {
@@ -188,142 +217,267 @@ pub struct SetAttr {
     pub mtime_ns: Option<i64>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, strum::IntoStaticStr)]
-pub enum Msg {
+
+/// Defines every message as its own type and [`Msg`] as their union. A message's fields are
+/// encoded in the order given, after the variant index, exactly as if it were a struct variant
+/// of `Msg`; the order of the list is therefore part of the wire format.
+macro_rules! messages {
+    (@def $(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+        pub struct $name;
+    };
+    (@def $(#[$m:meta])* $name:ident { $($body:tt)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, Serialize, Deserialize)]
+        pub struct $name { $($body)* }
+    };
+    ($( $(#[$m:meta])* $name:ident $({ $($body:tt)* })? ; )*) => {
+        $( messages!(@def $(#[$m])* $name $({ $($body)* })?); )*
+
+        /// One message as it travels: the union of every message type.
+        #[derive(Clone, Debug, Serialize, Deserialize)]
+        pub enum Msg {
+            $( $name($name), )*
+        }
+
+        impl Msg {
+            /// The message's wire name, for logs and errors.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( Msg::$name(_) => stringify!($name), )*
+                }
+            }
+        }
+
+        $(
+            impl From<$name> for Msg {
+                fn from(m: $name) -> Msg {
+                    Msg::$name(m)
+                }
+            }
+
+            impl TryFrom<Msg> for $name {
+                type Error = Msg;
+                fn try_from(m: Msg) -> Result<Self, Msg> {
+                    match m {
+                        Msg::$name(x) => Ok(x),
+                        other => Err(other),
+                    }
+                }
+            }
+        )*
+    };
+}
+
+/// A message that asks for an answer, and the type of that answer.
+pub trait Request: Into<Msg> {
+    type Reply: TryFrom<Msg, Error = Msg> + Into<Msg>;
+}
+
+macro_rules! replies {
+    ($($req:ident => $rep:ident),* $(,)?) => {
+        $( impl Request for $req { type Reply = $rep; } )*
+    };
+}
+
+messages! {
     // ---- generic replies
-    OK,
-    ERR { code: ErrCode, msg: String },
+    OK;
+    ERR { pub code: ErrCode, pub msg: String };
 
     // ---- any component <-> global managers (GPM, GMM)
-    X2G_REGISTER { role: Role, addr: String, shim_sock: Option<String>, load: Load },
-    G2X_REGISTERED { id: u32, vregion_size: u64 },
-    X2G_HEARTBEAT { id: u32, load: Load },
-    C2G_STATUS,
-    G2C_STATUS { components: Vec<ComponentInfo>, vregion_size: u64 },
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load };
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64 };
+    X2G_HEARTBEAT { pub id: u32, pub load: Load };
+    C2G_STATUS;
+    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
-    C2G_PLACE_PROCESS,
-    G2C_PLACED { pcomp: ComponentInfo },
+    C2G_PLACE_PROCESS;
+    G2C_PLACED { pub pcomp: ComponentInfo };
     /// GMM: which mComponent is home of a new process.
-    P2G_PICK_HOME,
-    G2P_HOME { mcomp: ComponentRef },
+    P2G_PICK_HOME;
+    G2P_HOME { pub mcomp: ComponentRef };
     /// GMM: which mComponent owns a newly active vRegion.
-    M2G_PICK_OWNER { bytes: u64 },
-    G2M_OWNER { mcomp: ComponentRef },
+    M2G_PICK_OWNER { pub bytes: u64 };
+    G2M_OWNER { pub mcomp: ComponentRef };
     /// GSM: which sComponent stores a vNode's files.
-    P2G_VNODE_STORAGE { vnode: String },
-    G2P_STORAGE { scomp: ComponentRef },
+    P2G_VNODE_STORAGE { pub vnode: String };
+    G2P_STORAGE { pub scomp: ComponentRef };
     /// GMM: which mComponent holds the buffer cache of one file.
-    P2G_FILE_CACHE { vnode: String, ino: u64 },
-    G2P_FILE_CACHE { mcomp: ComponentRef },
+    P2G_FILE_CACHE { pub vnode: String, pub ino: u64 };
+    G2P_FILE_CACHE { pub mcomp: ComponentRef };
 
     // ---- pComponent -> home mComponent: virtual memory calls of a process
-    P2M_PROC_CREATE { who: Who, region_base: u64, region_size: u64 },
-    P2M_MMAP { who: Who, hint: u64, len: u64, prot: u32, fixed: bool },
-    M2P_MAPPED { addr: u64, prot: u32, owners: Vec<VregionOwner> },
-    P2M_MUNMAP { who: Who, addr: u64, len: u64 },
-    P2M_MPROTECT { who: Who, addr: u64, len: u64, prot: u32 },
-    P2M_MREMAP { who: Who, old: u64, old_len: u64, new_len: u64, may_move: bool, fixed_to: Option<u64> },
-    P2M_DONTNEED { who: Who, addr: u64, len: u64 },
-    P2M_FORK { parent: Who, child: u64 },
-    M2P_FORKED { vmas: Vec<VmaInfo>, owners: Vec<VregionOwner> },
-    P2M_EXIT { who: Who },
-    P2M_VREGION { who: Who, index: u64 },
-    M2P_VREGION { owner: Option<ComponentRef> },
+    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64 };
+    P2M_MMAP { pub who: Who, pub hint: u64, pub len: u64, pub prot: u32, pub fixed: bool };
+    M2P_MAPPED { pub addr: u64, pub prot: u32, pub owners: Vec<VregionOwner> };
+    P2M_MUNMAP { pub who: Who, pub addr: u64, pub len: u64 };
+    P2M_MPROTECT { pub who: Who, pub addr: u64, pub len: u64, pub prot: u32 };
+    P2M_MREMAP { pub who: Who, pub old: u64, pub old_len: u64, pub new_len: u64, pub may_move: bool, pub fixed_to: Option<u64> };
+    P2M_DONTNEED { pub who: Who, pub addr: u64, pub len: u64 };
+    P2M_FORK { pub parent: Who, pub child: u64 };
+    M2P_FORKED { pub vmas: Vec<VmaInfo>, pub owners: Vec<VregionOwner> };
+    P2M_EXIT { pub who: Who };
+    P2M_VREGION { pub who: Who, pub index: u64 };
+    M2P_VREGION { pub owner: Option<ComponentRef> };
 
     // ---- pComponent -> vRegion owner: the ExCache data path
-    P2M_FETCH { who: Who, vpn: u64 },
-    M2P_PAGE { data: ByteBuf },
-    P2M_FLUSH { who: Who, vpn: u64, data: ByteBuf },
+    P2M_FETCH { pub who: Who, pub vpn: u64 };
+    M2P_PAGE { pub data: ByteBuf };
+    P2M_FLUSH { pub who: Who, pub vpn: u64, pub data: ByteBuf };
     /// A dirty victim and a miss to the same owner in one round trip (LegoOS piggyback). The
     /// victim may belong to another process of the same pComponent.
-    P2M_FLUSH_FETCH { who: Who, fetch_vpn: u64, flush_who: Who, flush_vpn: u64, data: ByteBuf },
+    P2M_FLUSH_FETCH { pub who: Who, pub fetch_vpn: u64, pub flush_who: Who, pub flush_vpn: u64, pub data: ByteBuf };
+    /// Several pages of one process from one owner in one round trip (fault-around, prefetch).
+    P2M_FETCH_MANY { pub who: Who, pub vpns: Vec<u64> };
+    /// The pages of a `P2M_FETCH_MANY`, in the order asked.
+    M2P_PAGES { pub pages: Vec<ByteBuf> };
+    /// Several dirty pages of one process to one owner in one round trip (fork, mremap).
+    P2M_FLUSH_MANY { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
 
     // ---- home mComponent -> vRegion owner
-    M2M_VMA_ADD { who: Who, start: u64, end: u64, prot: u32 },
-    M2M_VMA_REMOVE { who: Who, start: u64, end: u64 },
-    M2M_VMA_PROTECT { who: Who, start: u64, end: u64, prot: u32 },
-    M2M_DISCARD { who: Who, start: u64, end: u64 },
+    M2M_VMA_ADD { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
+    M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
+    M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
+    M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };
     /// Remove and return up to `max` materialized pages of a range (mremap moving a mapping).
-    M2M_TAKE_PAGES { who: Who, start: u64, end: u64, max: u32 },
-    M2M_PAGES { pages: Vec<(u64, ByteBuf)>, more: bool },
-    M2M_PUT_PAGES { who: Who, pages: Vec<(u64, ByteBuf)> },
-    M2M_FORK { parent: Who, child: u64, start: u64, end: u64 },
-    M2M_EXIT { who: Who },
+    M2M_TAKE_PAGES { pub who: Who, pub start: u64, pub end: u64, pub max: u32 };
+    M2M_PAGES { pub pages: Vec<(u64, ByteBuf)>, pub more: bool };
+    M2M_PUT_PAGES { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
+    M2M_FORK { pub parent: Who, pub child: u64, pub start: u64, pub end: u64 };
+    M2M_EXIT { pub who: Who };
 
     // ---- pComponent -> sComponent: the namespace of a vNode. Every request names the vNode and a
     // full path (or, for an inode that may have no name left, its number), like NFS v2.
-    P2S_LOOKUP { vnode: String, path: String },
-    S2P_ATTR { attr: FileAttr },
-    X2S_GETATTR { vnode: String, ino: u64 },
+    P2S_LOOKUP { pub vnode: String, pub path: String };
+    S2P_ATTR { pub attr: FileAttr };
+    X2S_GETATTR { pub vnode: String, pub ino: u64 };
     /// Creates a file, directory or symlink (`target`); `excl` fails with EEXIST if the name
     /// exists, otherwise an existing regular file is returned as it is.
-    P2S_CREATE { vnode: String, path: String, kind: FileKind, perm: u32, uid: u32, gid: u32, excl: bool, target: Option<String> },
-    P2S_SETATTR { vnode: String, ino: u64, set: SetAttr },
+    P2S_CREATE { pub vnode: String, pub path: String, pub kind: FileKind, pub perm: u32, pub uid: u32, pub gid: u32, pub excl: bool, pub target: Option<String> };
+    P2S_SETATTR { pub vnode: String, pub ino: u64, pub set: SetAttr };
     /// A further name for a file (a hard link).
-    P2S_LINK { vnode: String, ino: u64, to: String },
-    P2S_READLINK { vnode: String, ino: u64 },
-    S2P_TARGET { target: String },
+    P2S_LINK { pub vnode: String, pub ino: u64, pub to: String };
+    P2S_READLINK { pub vnode: String, pub ino: u64 };
+    S2P_TARGET { pub target: String };
     /// Removes a name. An inode that loses its last name is detached (kept, with its data)
     /// until `P2S_DROP`: a program may still have it open.
-    P2S_UNLINK { vnode: String, path: String, dir: bool },
-    S2P_DETACHED { ino: Option<u64> },
+    P2S_UNLINK { pub vnode: String, pub path: String, pub dir: bool };
+    S2P_DETACHED { pub ino: Option<u64> };
     /// Renames; an existing target is replaced (and detached, as by `P2S_UNLINK`) unless
     /// `noreplace`.
-    P2S_RENAME { vnode: String, from: String, to: String, noreplace: bool },
-    P2S_READDIR { vnode: String, path: String, after: Option<String> },
-    S2P_ENTRIES { entries: Vec<DirEntry>, more: bool },
-    P2S_DROP { vnode: String, ino: u64 },
-    P2S_STATFS { vnode: String },
-    S2P_STATFS { quota: u64, used: u64, files: u64 },
+    P2S_RENAME { pub vnode: String, pub from: String, pub to: String, pub noreplace: bool };
+    P2S_READDIR { pub vnode: String, pub path: String, pub after: Option<String> };
+    S2P_ENTRIES { pub entries: Vec<DirEntry>, pub more: bool };
+    P2S_DROP { pub vnode: String, pub ino: u64 };
+    P2S_STATFS { pub vnode: String };
+    S2P_STATFS { pub quota: u64, pub used: u64, pub files: u64 };
     /// Makes the data of `ino` (if given) and every namespace change so far durable.
-    X2S_SYNC { vnode: String, ino: Option<u64> },
+    X2S_SYNC { pub vnode: String, pub ino: Option<u64> };
 
     // ---- mComponent (buffer cache) -> sComponent: file data by inode and absolute offset
-    M2S_READ { vnode: String, ino: u64, offset: u64, len: u32 },
-    S2M_DATA { data: ByteBuf },
+    M2S_READ { pub vnode: String, pub ino: u64, pub offset: u64, pub len: u32 };
+    S2M_DATA { pub data: ByteBuf };
     /// Writes back dirty data; `size` is the file's size as the buffer cache knows it.
-    M2S_WRITE { vnode: String, ino: u64, offset: u64, data: ByteBuf, size: u64 },
+    M2S_WRITE { pub vnode: String, pub ino: u64, pub offset: u64, pub data: ByteBuf, pub size: u64 };
     /// Reserves disk space up to `bytes` for the file: ENOSPC if the quota or disk is full.
-    M2S_RESERVE { vnode: String, ino: u64, bytes: u64 },
-    M2S_SETSIZE { vnode: String, ino: u64, size: u64 },
+    M2S_RESERVE { pub vnode: String, pub ino: u64, pub bytes: u64 };
+    M2S_SETSIZE { pub vnode: String, pub ino: u64, pub size: u64 };
 
     // ---- pComponent -> the mComponent holding a file's buffer cache. `scomp` is where the
     // file is stored, so the mComponent needs no other state to reach it.
-    P2M_FILE_READ { scomp: String, vnode: String, ino: u64, offset: u64, len: u32 },
-    M2P_FILE_DATA { data: ByteBuf },
-    P2M_FILE_WRITE { scomp: String, vnode: String, ino: u64, offset: u64, data: ByteBuf },
-    M2P_FILE_SIZE { size: Option<u64>, mtime_ns: i64 },
-    P2M_FILE_SETSIZE { scomp: String, vnode: String, ino: u64, size: u64 },
+    P2M_FILE_READ { pub scomp: String, pub vnode: String, pub ino: u64, pub offset: u64, pub len: u32 };
+    M2P_FILE_DATA { pub data: ByteBuf };
+    P2M_FILE_WRITE { pub scomp: String, pub vnode: String, pub ino: u64, pub offset: u64, pub data: ByteBuf };
+    M2P_FILE_SIZE { pub size: Option<u64>, pub mtime_ns: i64 };
+    P2M_FILE_SETSIZE { pub scomp: String, pub vnode: String, pub ino: u64, pub size: u64 };
     /// Writes the file's dirty blocks back and makes them durable (fsync).
-    P2M_FILE_SYNC { scomp: String, vnode: String, ino: u64 },
+    P2M_FILE_SYNC { pub scomp: String, pub vnode: String, pub ino: u64 };
     /// The file's size while its buffer cache holds it (`None`: ask the sComponent).
-    P2M_FILE_STAT { vnode: String, ino: u64 },
+    P2M_FILE_STAT { pub vnode: String, pub ino: u64 };
     /// Drops a deleted file's blocks without writing them back.
-    P2M_FILE_FORGET { vnode: String, ino: u64 },
+    P2M_FILE_FORGET { pub vnode: String, pub ino: u64 };
 
     // ---- control client -> pComponent
     /// Mounts the vNode's file system on this pComponent (if not yet) and says where.
-    C2P_MOUNT_VNODE { vnode: String },
-    P2C_MOUNTED { dir: String },
+    C2P_MOUNT_VNODE { pub vnode: String };
+    P2C_MOUNTED { pub dir: String };
 
     // ---- control client -> any component
-    C2X_PING,
-    X2C_PONG { role: Role, id: u32 },
-    C2X_STATS,
-    X2C_STATS { json: String },
-    C2X_METRICS,
-    X2C_METRICS { text: String },
-    C2X_SHUTDOWN,
-    C2P_RUN_STATS { run_id: u64 },
+    C2X_PING;
+    X2C_PONG { pub role: Role, pub id: u32 };
+    C2X_STATS;
+    X2C_STATS { pub json: String };
+    C2X_METRICS;
+    X2C_METRICS { pub text: String };
+    C2X_SHUTDOWN;
+    C2P_RUN_STATS { pub run_id: u64 };
 }
 
-impl Msg {
-    pub fn err(code: ErrCode, msg: impl Into<String>) -> Msg {
-        Msg::ERR { code, msg: msg.into() }
-    }
+replies! {
+    X2G_REGISTER => G2X_REGISTERED,
+    X2G_HEARTBEAT => OK,
+    C2G_STATUS => G2C_STATUS,
+    C2G_PLACE_PROCESS => G2C_PLACED,
+    P2G_PICK_HOME => G2P_HOME,
+    M2G_PICK_OWNER => G2M_OWNER,
+    P2G_VNODE_STORAGE => G2P_STORAGE,
+    P2G_FILE_CACHE => G2P_FILE_CACHE,
+    P2M_PROC_CREATE => OK,
+    P2M_MMAP => M2P_MAPPED,
+    P2M_MUNMAP => OK,
+    P2M_MPROTECT => OK,
+    P2M_MREMAP => M2P_MAPPED,
+    P2M_DONTNEED => OK,
+    P2M_FORK => M2P_FORKED,
+    P2M_EXIT => OK,
+    P2M_VREGION => M2P_VREGION,
+    P2M_FETCH => M2P_PAGE,
+    P2M_FLUSH => OK,
+    P2M_FLUSH_FETCH => M2P_PAGE,
+    P2M_FETCH_MANY => M2P_PAGES,
+    P2M_FLUSH_MANY => OK,
+    M2M_VMA_ADD => OK,
+    M2M_VMA_REMOVE => OK,
+    M2M_VMA_PROTECT => OK,
+    M2M_DISCARD => OK,
+    M2M_TAKE_PAGES => M2M_PAGES,
+    M2M_PUT_PAGES => OK,
+    M2M_FORK => OK,
+    M2M_EXIT => OK,
+    P2S_LOOKUP => S2P_ATTR,
+    X2S_GETATTR => S2P_ATTR,
+    P2S_CREATE => S2P_ATTR,
+    P2S_SETATTR => S2P_ATTR,
+    P2S_LINK => S2P_ATTR,
+    P2S_READLINK => S2P_TARGET,
+    P2S_UNLINK => S2P_DETACHED,
+    P2S_RENAME => S2P_DETACHED,
+    P2S_READDIR => S2P_ENTRIES,
+    P2S_DROP => OK,
+    P2S_STATFS => S2P_STATFS,
+    X2S_SYNC => OK,
+    M2S_READ => S2M_DATA,
+    M2S_WRITE => OK,
+    M2S_RESERVE => OK,
+    M2S_SETSIZE => OK,
+    P2M_FILE_READ => M2P_FILE_DATA,
+    P2M_FILE_WRITE => M2P_FILE_SIZE,
+    P2M_FILE_SETSIZE => M2P_FILE_SIZE,
+    P2M_FILE_SYNC => OK,
+    P2M_FILE_STAT => M2P_FILE_SIZE,
+    P2M_FILE_FORGET => OK,
+    C2P_MOUNT_VNODE => P2C_MOUNTED,
+    C2X_PING => X2C_PONG,
+    C2X_STATS => X2C_STATS,
+    C2X_METRICS => X2C_METRICS,
+    C2X_SHUTDOWN => OK,
+    C2P_RUN_STATS => X2C_STATS,
+}
 
-    /// The message's wire name, for logs and errors.
-    pub fn name(&self) -> &'static str {
-        self.into()
+impl ERR {
+    pub fn new(code: ErrCode, msg: impl Into<String>) -> ERR {
+        ERR { code, msg: msg.into() }
     }
 }

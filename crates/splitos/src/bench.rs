@@ -8,13 +8,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use splitos_rpc::transport::{spin_poll, TcpTransport, Transport};
+use splitos_rpc::transport::tcp::DEFAULT_SPIN_US;
+use splitos_rpc::transport::{spin_poll, TcpConfig, TcpTransport};
 use splitos_shim_abi::uffd;
 
 const PAGE: usize = 4096;
 /// The floors poll as hard as the system does (see `spin_poll`), so that the comparison is
 /// between mechanisms, not between a polling and a sleeping waiter.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(splitos_rpc::transport::DEFAULT_SPIN_US);
+const SPIN: std::time::Duration = std::time::Duration::from_micros(DEFAULT_SPIN_US);
 
 fn summary(name: &str, h: &Histogram<u64>) -> serde_json::Value {
     serde_json::json!({"name": name, "n": h.len(), "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "mean_ns": h.mean() as u64})
@@ -89,10 +90,9 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
 /// both ends reading through the transport splitos uses, polling for `spin_us` first (0: a
 /// plain blocking read, which the scheduler often turns into a same-CPU ping-pong).
 fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
-    let t = TcpTransport::from_env();
-    t.spin_us.store(spin_us, std::sync::atomic::Ordering::Relaxed);
-    let l = t.listen("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr();
+    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0 });
+    let l = t.listen_stream("127.0.0.1:0").expect("bind");
+    let addr = splitos_rpc::Endpoint::addr(&l);
     std::thread::spawn(move || {
         let mut s = l.accept().expect("accept");
         let page = vec![1u8; PAGE];
@@ -103,7 +103,7 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
             }
         }
     });
-    let mut c = t.connect(&addr, std::time::Duration::from_secs(3)).expect("connect");
+    let mut c = t.connect_stream(&addr, std::time::Duration::from_secs(3)).expect("connect");
     let mut page = vec![0u8; PAGE];
     let mut h = hist();
     for _ in 0..n {
@@ -119,12 +119,12 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
 /// P2M_FLUSH of a page to a process that does not exist and times the refusal, which exercises
 /// the same framing, hand-off to a worker and reply path as a fetch.
 fn rpc_floor(addr: &str, n: usize) -> anyhow::Result<Histogram<u64>> {
-    let t = splitos_rpc::transport::TcpTransport::from_env();
+    let rpc = crate::node::client_rpc(std::time::Duration::from_secs(5))?;
     let mut h = hist();
-    let msg = splitos_rpc::Msg::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: serde_bytes::ByteBuf::from(vec![0u8; PAGE]) };
+    let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: serde_bytes::ByteBuf::from(vec![0u8; PAGE]) };
     for _ in 0..n {
         let t0 = Instant::now();
-        let _ = splitos_rpc::call_direct(&t, addr, &msg, std::time::Duration::from_secs(5));
+        let _ = rpc.call_direct(addr, msg.clone());
         let _ = h.record(t0.elapsed().as_nanos() as u64);
     }
     Ok(h)
@@ -135,7 +135,7 @@ pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
         summary("native_first_touch", &native_first_touch(n)),
         summary("uffd_fault_local_page", &uffd_floor(n)),
         summary("tcp_rtt_4k", &tcp_floor(n, 0)),
-        summary("tcp_rtt_4k_polling", &tcp_floor(n, splitos_rpc::transport::DEFAULT_SPIN_US)),
+        summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
     ];
     if let Some(a) = mcomp {
         out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n)?));

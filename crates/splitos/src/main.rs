@@ -226,6 +226,10 @@ fn clap_num_u64(s: &str) -> Result<u64, String> {
     }
 }
 
+fn transport() -> splitos_rpc::TransportConfig {
+    splitos_rpc::TransportConfig::default().with_env()
+}
+
 fn main() {
     let cli = Cli::parse();
     node::init_logging();
@@ -244,20 +248,20 @@ fn main() {
         },
         Cmd::Gm { listen, vregion_size, ready_file, metrics_addr } => {
             node::init_metrics();
-            gm::run(gm::GmArgs { listen, vregion_size, ready_file, metrics_addr })
+            gm::run(gm::GmArgs { listen, transport: transport(), vregion_size, ready_file, metrics_addr })
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr } => {
             node::init_metrics();
-            mmon::run(mmon::MemArgs { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr })
+            mmon::run(mmon::MemArgs { listen, transport: transport(), gm, capacity, workers, bcache, readahead, ready_file, metrics_addr })
         }
         Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, vnode_root, ready_file, metrics_addr } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache, ways, policy, piggyback: !no_piggyback, fault_workers };
-            pmon::run(pmon::ProcArgs { listen, gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
+            let cfg = pmon::PcompConfig { excache_bytes: excache, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us: pmon::DEFAULT_FAULT_SPIN_US };
+            pmon::run(pmon::ProcArgs { listen, transport: transport(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr } => {
             node::init_metrics();
-            smon::run(smon::StorageArgs { listen, gm, dir, quota, ready_file, metrics_addr })
+            smon::run(smon::StorageArgs { listen, transport: transport(), gm, dir, quota, ready_file, metrics_addr })
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),

@@ -5,8 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use splitos_rpc::transport::{TcpTransport, Transport};
-use splitos_rpc::{ClientPool, Load, Msg, Role, RpcError};
+use splitos_rpc::{Endpoint, ErrCode, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_HEARTBEAT, X2G_REGISTER};
 
 pub const HEARTBEAT: Duration = Duration::from_millis(300);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,34 +42,38 @@ pub fn serve_metrics_http(addr: &str) -> std::io::Result<String> {
     Ok(local)
 }
 
+/// The RPC client of a process that is not a component (the CLI), over the transport the
+/// environment configures.
+pub fn client_rpc(timeout: Duration) -> anyhow::Result<Rpc> {
+    let t = TransportConfig::default().with_env().build().map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Rpc::new(t, timeout))
+}
+
 /// A component's link to the rest of the cluster.
 pub struct Node {
     pub role: Role,
     pub addr: String,
     pub gm: String,
-    pub pool: ClientPool,
-    pub transport: Arc<TcpTransport>,
+    pub rpc: Rpc,
     id: AtomicU32,
 }
 
 impl Node {
-    pub fn new(role: Role, gm: &str) -> Arc<Node> {
-        let transport = Arc::new(TcpTransport::from_env());
-        let pool = ClientPool::new(transport.clone() as Arc<dyn Transport>, RPC_TIMEOUT);
-        Arc::new(Node { role, addr: String::new(), gm: gm.to_string(), pool, transport, id: AtomicU32::new(0) })
-    }
-
-    pub fn with_addr(self: Arc<Self>, addr: String) -> Arc<Node> {
-        let n = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("node shared before its address was set"));
-        Arc::new(Node { addr, ..n })
+    /// Claims the component's address on the configured transport; the returned endpoint
+    /// serves once the component is built around the node.
+    pub fn bind(role: Role, gm: &str, listen: &str, transport: &TransportConfig) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
+        let t = transport.build().map_err(|e| anyhow::anyhow!(e))?;
+        let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
+        let rpc = Rpc::new(t, RPC_TIMEOUT);
+        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0) }), ep))
     }
 
     pub fn id(&self) -> u32 {
         self.id.load(Ordering::Relaxed)
     }
 
-    pub fn call_gm(&self, msg: &Msg) -> Result<Msg, RpcError> {
-        self.pool.call(&self.gm, msg)
+    pub fn call_gm<R: Request>(&self, req: R) -> Result<R::Reply, RpcError> {
+        self.rpc.call(&self.gm, req)
     }
 
     /// Registers with the global managers (retrying while they start) and returns the
@@ -78,13 +81,12 @@ impl Node {
     pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<u64, RpcError> {
         let mut last = None;
         for _ in 0..100 {
-            let msg = Msg::X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone() };
-            match self.call_gm(&msg) {
-                Ok(Msg::G2X_REGISTERED { id, vregion_size }) => {
-                    self.id.store(id, Ordering::Relaxed);
-                    return Ok(vregion_size);
+            let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone() };
+            match self.call_gm(msg) {
+                Ok(r) => {
+                    self.id.store(r.id, Ordering::Relaxed);
+                    return Ok(r.vregion_size);
                 }
-                Ok(other) => return Err(RpcError::Remote { code: splitos_rpc::ErrCode::Invalid, msg: format!("unexpected {}", other.name()) }),
                 Err(e) => last = Some(e),
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -98,9 +100,9 @@ impl Node {
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                match self.call_gm(&Msg::X2G_HEARTBEAT { id: self.id(), load: load() }) {
+                match self.call_gm(X2G_HEARTBEAT { id: self.id(), load: load() }) {
                     Ok(_) => {}
-                    Err(RpcError::Remote { code: splitos_rpc::ErrCode::NotFound, .. }) => {
+                    Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
                         let _ = self.register(shim_sock.clone(), load());
                     }
                     Err(e) => tracing::debug!(error = %e, "heartbeat to the global managers failed"),

@@ -256,26 +256,26 @@ fn the_embedded_cluster_keeps_its_storage_between_runs() {
 
 #[test]
 fn storage_requests_cannot_escape_their_vnode_and_garbage_is_refused() {
-    use splitos_rpc::{transport::TcpTransport, Client, ErrCode, FileKind, Msg, RpcError};
+    use splitos_rpc::*;
     let c = TestCluster::up(None);
     let ok = c.run(&["--vnode", "v"], &["bash", "-c", "echo inside > $SPLITOS_VNODE_DIR/f"]);
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
-    let client = Client::connect(&TcpTransport::from_env(), &s, Duration::from_secs(5)).unwrap();
-    let errno = |m: Msg| match client.call(&m) {
+    let client = Rpc::new(TransportConfig::default().build().unwrap(), Duration::from_secs(5));
+    let errno = |m: Msg| match client.call_msg(&s, &m) {
         Err(RpcError::Remote { code: ErrCode::Errno(e), .. }) => e,
         other => panic!("{} was not refused: {other:?}", m.name()),
     };
     let v = || "v".to_string();
     for bad in ["/../v/f", "f", "/a/./f", "//f", "/f/", "/x/.."] {
-        assert_eq!(errno(Msg::P2S_LOOKUP { vnode: v(), path: bad.into() }), libc::EINVAL, "{bad}");
-        assert_eq!(errno(Msg::P2S_CREATE { vnode: v(), path: bad.into(), kind: FileKind::File, perm: 0o644, uid: 0, gid: 0, excl: false, target: None }), libc::EINVAL, "{bad}");
+        assert_eq!(errno(Msg::P2S_LOOKUP(P2S_LOOKUP { vnode: v(), path: bad.into() })), libc::EINVAL, "{bad}");
+        assert_eq!(errno(Msg::P2S_CREATE(P2S_CREATE { vnode: v(), path: bad.into(), kind: FileKind::File, perm: 0o644, uid: 0, gid: 0, excl: false, target: None })), libc::EINVAL, "{bad}");
     }
-    assert_eq!(errno(Msg::P2S_LOOKUP { vnode: v(), path: format!("/{}", "n".repeat(300)) }), libc::ENAMETOOLONG);
-    assert_eq!(errno(Msg::P2S_LOOKUP { vnode: "".into(), path: "/f".into() }), libc::EINVAL);
-    assert_eq!(errno(Msg::P2S_LOOKUP { vnode: "other".into(), path: "/f".into() }), libc::ENOENT, "another vNode's names are not there");
-    assert_eq!(errno(Msg::M2S_READ { vnode: v(), ino: 999_999, offset: 0, len: 4096 }), libc::ENOENT);
-    assert_eq!(errno(Msg::P2S_UNLINK { vnode: v(), path: "/".into(), dir: true }), libc::EBUSY);
+    assert_eq!(errno(Msg::P2S_LOOKUP(P2S_LOOKUP { vnode: v(), path: format!("/{}", "n".repeat(300)) })), libc::ENAMETOOLONG);
+    assert_eq!(errno(Msg::P2S_LOOKUP(P2S_LOOKUP { vnode: "".into(), path: "/f".into() })), libc::EINVAL);
+    assert_eq!(errno(Msg::P2S_LOOKUP(P2S_LOOKUP { vnode: "other".into(), path: "/f".into() })), libc::ENOENT, "another vNode's names are not there");
+    assert_eq!(errno(Msg::M2S_READ(M2S_READ { vnode: v(), ino: 999_999, offset: 0, len: 4096 })), libc::ENOENT);
+    assert_eq!(errno(Msg::P2S_UNLINK(P2S_UNLINK { vnode: v(), path: "/".into(), dir: true })), libc::EBUSY);
 
     let mut t = std::net::TcpStream::connect(&s).unwrap();
     t.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();

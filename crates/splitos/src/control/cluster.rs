@@ -4,8 +4,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use splitos_rpc::transport::TcpTransport;
-use splitos_rpc::{Client, ComponentInfo, Msg, Role};
+use splitos_rpc::{ComponentInfo, Request, Role, Rpc, C2G_STATUS, C2X_STATS};
 
 use crate::config::ClusterConfig;
 
@@ -52,8 +51,19 @@ pub fn read_state() -> Option<ClusterState> {
     serde_json::from_str(&std::fs::read_to_string(state_file()).ok()?).ok()
 }
 
-pub fn client(addr: &str) -> anyhow::Result<Client> {
-    Client::connect(&TcpTransport::from_env(), addr, Duration::from_secs(5)).map_err(|e| anyhow::anyhow!("{e}"))
+/// The control plane's RPC client (one per process).
+pub fn rpc() -> anyhow::Result<&'static Rpc> {
+    static RPC: std::sync::OnceLock<Rpc> = std::sync::OnceLock::new();
+    if let Some(r) = RPC.get() {
+        return Ok(r);
+    }
+    let r = crate::node::client_rpc(Duration::from_secs(5))?;
+    Ok(RPC.get_or_init(|| r))
+}
+
+/// One request to the component at `addr`; an error names the component.
+pub fn ask<R: Request>(addr: &str, req: R) -> anyhow::Result<R::Reply> {
+    rpc()?.call(addr, req).map_err(|e| anyhow::anyhow!("component at {addr}: {e}"))
 }
 
 /// A running set of component processes started by us.
@@ -238,16 +248,10 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
-    match client(gm)?.call(&Msg::C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))? {
-        Msg::G2C_STATUS { components, .. } => Ok(components),
-        other => anyhow::bail!("unexpected reply {}", other.name()),
-    }
+    Ok(rpc()?.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.components)
 }
 
 /// Asks one component for its own statistics (exact, unlike heartbeat load).
 pub fn component_stats(addr: &str) -> anyhow::Result<serde_json::Value> {
-    match client(addr)?.call(&Msg::C2X_STATS).map_err(|e| anyhow::anyhow!("component at {addr}: {e}"))? {
-        Msg::X2C_STATS { json } => Ok(serde_json::from_str(&json)?),
-        other => anyhow::bail!("unexpected reply {}", other.name()),
-    }
+    Ok(serde_json::from_str(&ask(addr, C2X_STATS)?.json)?)
 }

@@ -3,7 +3,7 @@ pub mod cluster;
 pub mod run;
 
 use comfy_table::Table;
-use splitos_rpc::{Msg, Role};
+use splitos_rpc::{Role, Who, C2X_METRICS, P2M_FETCH, PAGE_SIZE};
 
 use crate::config::ClusterConfig;
 use cluster::{Cluster, ClusterState};
@@ -104,8 +104,8 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     let mut addrs = vec![gm.clone()];
     addrs.extend(cluster::status(&gm)?.into_iter().filter(|c| c.alive).map(|c| c.addr));
     for a in addrs {
-        if let Ok(Msg::X2C_METRICS { text }) = cluster::client(&a)?.call(&Msg::C2X_METRICS) {
-            println!("# component {a}\n{text}");
+        if let Ok(m) = cluster::ask(&a, C2X_METRICS) {
+            println!("# component {a}\n{}", m.text);
         }
     }
     Ok(())
@@ -113,13 +113,10 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
 
 /// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.
 pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
-    let c = cluster::client(mcomp)?;
-    match c.call(&splitos_rpc::Msg::P2M_FETCH { who: splitos_rpc::Who { vnode, pid }, vpn: vaddr / 4096 }) {
-        Ok(splitos_rpc::Msg::M2P_PAGE { data }) => {
-            println!("page {:#x}: {} bytes, first bytes {:02x?}", vaddr & !4095, data.len(), &data[..16.min(data.len())]);
-            Ok(())
-        }
-        Ok(other) => anyhow::bail!("unexpected reply {}", other.name()),
-        Err(e) => anyhow::bail!("refused: {e}"),
-    }
+    let page = cluster::rpc()?
+        .call(mcomp, P2M_FETCH { who: Who { vnode, pid }, vpn: vaddr / PAGE_SIZE as u64 })
+        .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    let data = page.data;
+    println!("page {:#x}: {} bytes, first bytes {:02x?}", vaddr & !(PAGE_SIZE as u64 - 1), data.len(), &data[..16.min(data.len())]);
+    Ok(())
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use splitos_rpc::Msg;
+use splitos_rpc::{ErrCode, RpcError, C2G_PLACE_PROCESS, C2P_MOUNT_VNODE, C2P_RUN_STATS, C2X_PING};
 use splitos_shim_abi::{ENV_RUN_ID, ENV_SOCK, ENV_VNODE};
 
 /// Where the program finds its vNode's files.
@@ -180,22 +180,18 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 }
 
 fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
-    let pcomp = match cluster::client(gm)?.call(&Msg::C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))? {
-        Msg::G2C_PLACED { pcomp } => pcomp,
-        other => anyhow::bail!("unexpected reply {}", other.name()),
-    };
+    let pcomp = cluster::rpc()?.call(gm, C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.pcomp;
     let sock = pcomp.shim_sock.clone().ok_or_else(|| anyhow::anyhow!("pComponent {} has no program socket", pcomp.id))?;
     let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let vnode_dir = match cluster::client(&pcomp.addr)?.call(&Msg::C2P_MOUNT_VNODE { vnode: a.vnode.clone() }) {
-        Ok(Msg::P2C_MOUNTED { dir }) => Some(dir),
+    let vnode_dir = match cluster::rpc()?.call(&pcomp.addr, C2P_MOUNT_VNODE { vnode: a.vnode.clone() }) {
+        Ok(m) => Some(m.dir),
         // A cluster without sComponents has no files to show.
-        Err(splitos_rpc::RpcError::Remote { code: splitos_rpc::ErrCode::Unreachable, .. }) => None,
+        Err(RpcError::Remote { code: ErrCode::Unreachable, .. }) => None,
         Err(e) => anyhow::bail!("pComponent {} cannot mount vNode {:?}: {e}", pcomp.id, a.vnode),
-        Ok(other) => anyhow::bail!("unexpected reply {}", other.name()),
     };
     let run_id = (std::process::id() as u64) << 32 | rand_bits();
     let t0 = Instant::now();
@@ -229,9 +225,9 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         anyhow::bail!("{why}");
     }
     let secs = t0.elapsed().as_secs_f64();
-    let stats = match cluster::client(&pcomp.addr)?.call(&Msg::C2P_RUN_STATS { run_id }) {
-        Ok(Msg::X2C_STATS { json }) => serde_json::from_str(&json)?,
-        _ => serde_json::json!({}),
+    let stats = match cluster::rpc()?.call(&pcomp.addr, C2P_RUN_STATS { run_id }) {
+        Ok(s) => serde_json::from_str(&s.json)?,
+        Err(_) => serde_json::json!({}),
     };
     if let Some(errs) = stats.get("errors").and_then(|e| e.as_array()) {
         for e in errs {
@@ -310,7 +306,7 @@ fn watch_pcomponent(pcomp: splitos_rpc::ComponentInfo, run_id: u64, done: Arc<At
         let mut failures = 0;
         while !done.load(Ordering::Relaxed) {
             std::thread::sleep(std::time::Duration::from_millis(500));
-            let alive = cluster::client(&pcomp.addr).ok().and_then(|c| c.call_timeout(&Msg::C2X_PING, std::time::Duration::from_secs(2)).ok()).is_some();
+            let alive = cluster::rpc().is_ok_and(|r| r.call_timeout(&pcomp.addr, C2X_PING, std::time::Duration::from_secs(2)).is_ok());
             failures = if alive { 0 } else { failures + 1 };
             if failures >= 3 && !done.load(Ordering::Relaxed) {
                 let why = format!("pComponent {} at {} is unreachable; its programs' memory cannot be served, so they were stopped", pcomp.id, pcomp.addr);

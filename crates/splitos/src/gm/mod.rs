@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use splitos_rpc::{serve, ComponentInfo, ComponentRef, ErrCode, Handler, Msg, Role, ServerConfig};
+use splitos_rpc::*;
 
 use crate::node::{self, HEARTBEAT};
 
@@ -46,20 +46,16 @@ impl Gm {
     }
 
     /// GMM: the least loaded alive mComponent with at least `need` bytes free.
-    fn pick_memory(&self, need: u64) -> Msg {
+    fn pick_memory(&self, need: u64) -> Result<ComponentRef, Refusal> {
         let mut comps = self.comps.lock().unwrap();
         let best = comps
             .iter_mut()
             .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
             .filter(|e| e.info.load.capacity.saturating_sub(e.info.load.committed + e.pending) >= need)
             .min_by_key(|e| (e.info.load.committed + e.pending) * 1000 / e.info.load.capacity.max(1));
-        match best {
-            Some(e) => {
-                e.pending += need;
-                Msg::G2M_OWNER { mcomp: ComponentRef { id: e.info.id, addr: e.info.addr.clone() } }
-            }
-            None => Msg::err(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")),
-        }
+        let e = best.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")))?;
+        e.pending += need;
+        Ok(ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
     }
 }
 
@@ -77,101 +73,109 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
+impl Gm {
+    fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
+        let mut comps = self.comps.lock().unwrap();
+        // A component restarting at the same address replaces its old entry.
+        comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
+        let id = comps.iter().map(|e| e.info.id).max().unwrap_or(0) + 1;
+        tracing::info!(id, role = r.role.name(), addr = %r.addr, "component registered");
+        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
+        comps.push(Entry { info, last: Instant::now(), pending: 0 });
+        metrics::gauge!("gm_components").set(comps.len() as f64);
+        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size })
+    }
+
+    fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<OK, Refusal> {
+        let mut comps = self.comps.lock().unwrap();
+        let e = comps.iter_mut().find(|e| e.info.id == r.id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("component {} is not registered", r.id)))?;
+        if !Gm::alive(e) {
+            tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
+        }
+        e.info.load = r.load;
+        e.last = Instant::now();
+        e.pending = 0;
+        Ok(OK)
+    }
+
+    /// GPM: the pComponent with the fewest threads.
+    fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
+        let mut comps = self.comps.lock().unwrap();
+        let e = comps
+            .iter_mut()
+            .filter(|e| e.info.role == Role::Proc && Gm::alive(e))
+            .min_by_key(|e| e.info.load.threads)
+            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no pComponent is alive"))?;
+        metrics::counter!("gpm_placements_total").increment(1);
+        // Count the new process's thread until the next heartbeat reports it, so that
+        // processes started together spread.
+        e.info.load.threads += 1;
+        Ok(G2C_PLACED { pcomp: e.info.clone() })
+    }
+
+    fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
+        let scomp = rendezvous(&self.comps.lock().unwrap(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
+        Ok(G2P_STORAGE { scomp })
+    }
+
+    fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
+        metrics::counter!("gmm_file_cache_placements_total").increment(1);
+        let mcomp = rendezvous(&self.comps.lock().unwrap(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        Ok(G2P_FILE_CACHE { mcomp })
+    }
+
+    fn stats(&self) -> Result<X2C_STATS, Refusal> {
+        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len()}).to_string();
+        Ok(X2C_STATS { json })
+    }
+}
+
+/// The global managers' dispatch table.
 impl Handler for Gm {
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
-            Msg::X2G_REGISTER { role, addr, shim_sock, load } => {
-                let mut comps = self.comps.lock().unwrap();
-                // A component restarting at the same address replaces its old entry.
-                comps.retain(|e| !(e.info.addr == addr && e.info.role == role));
-                let id = comps.iter().map(|e| e.info.id).max().unwrap_or(0) + 1;
-                tracing::info!(id, role = role.name(), %addr, "component registered");
-                let info = ComponentInfo { id, role, addr, shim_sock, load, alive: true, since_heartbeat_ms: 0 };
-                comps.push(Entry { info, last: Instant::now(), pending: 0 });
-                metrics::gauge!("gm_components").set(comps.len() as f64);
-                Msg::G2X_REGISTERED { id, vregion_size: self.vregion_size }
-            }
-            Msg::X2G_HEARTBEAT { id, load } => {
-                let mut comps = self.comps.lock().unwrap();
-                match comps.iter_mut().find(|e| e.info.id == id) {
-                    Some(e) => {
-                        if !Gm::alive(e) {
-                            tracing::info!(id, addr = %e.info.addr, "component is back");
-                        }
-                        e.info.load = load;
-                        e.last = Instant::now();
-                        e.pending = 0;
-                        Msg::OK
-                    }
-                    None => Msg::err(ErrCode::NotFound, format!("component {id} is not registered")),
-                }
-            }
-            Msg::C2G_STATUS => Msg::G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size },
-            Msg::C2G_PLACE_PROCESS => {
-                let mut comps = self.comps.lock().unwrap();
-                let best = comps.iter_mut().filter(|e| e.info.role == Role::Proc && Gm::alive(e)).min_by_key(|e| e.info.load.threads);
-                match best {
-                    Some(e) => {
-                        metrics::counter!("gpm_placements_total").increment(1);
-                        // Count the new process's thread until the next heartbeat reports it, so
-                        // that processes started together spread.
-                        e.info.load.threads += 1;
-                        Msg::G2C_PLACED { pcomp: e.info.clone() }
-                    }
-                    None => Msg::err(ErrCode::Unreachable, "no pComponent is alive"),
-                }
-            }
-            Msg::P2G_PICK_HOME => match self.pick_memory(0) {
-                Msg::G2M_OWNER { mcomp } => Msg::G2P_HOME { mcomp },
-                other => other,
-            },
-            Msg::M2G_PICK_OWNER { bytes } => {
+            Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
+            Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
+            Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size })),
+            Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
+            Msg::P2G_PICK_HOME(r) => on(r, |_| self.pick_memory(0).map(|mcomp| G2P_HOME { mcomp })),
+            Msg::M2G_PICK_OWNER(r) => on(r, |r| {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
-                self.pick_memory(bytes)
-            }
-            Msg::P2G_VNODE_STORAGE { vnode } => match rendezvous(&self.comps.lock().unwrap(), Role::Storage, &vnode) {
-                Some(scomp) => Msg::G2P_STORAGE { scomp },
-                None => Msg::err(ErrCode::Unreachable, "no sComponent is alive"),
-            },
-            Msg::P2G_FILE_CACHE { vnode, ino } => {
-                metrics::counter!("gmm_file_cache_placements_total").increment(1);
-                match rendezvous(&self.comps.lock().unwrap(), Role::Mem, &format!("{vnode}\0{ino}")) {
-                    Some(mcomp) => Msg::G2P_FILE_CACHE { mcomp },
-                    None => Msg::err(ErrCode::Unreachable, "no mComponent is alive"),
-                }
-            }
-            Msg::C2X_PING => Msg::X2C_PONG { role: Role::Gm, id: 0 },
-            Msg::C2X_METRICS => Msg::X2C_METRICS { text: node::render_metrics() },
-            Msg::C2X_STATS => Msg::X2C_STATS {
-                json: serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len()}).to_string(),
-            },
-            Msg::C2X_SHUTDOWN => {
+                self.pick_memory(r.bytes).map(|mcomp| G2M_OWNER { mcomp })
+            }),
+            Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
+            Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: node::render_metrics() })),
+            Msg::C2X_STATS(r) => on(r, |_| self.stats()),
+            Msg::C2X_SHUTDOWN(r) => on(r, |_| {
                 crate::node::exit_soon();
-                Msg::OK
-            }
-            other => Msg::err(ErrCode::Invalid, format!("the global managers do not handle {}", other.name())),
+                Ok(OK)
+            }),
+            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("the global managers do not handle {}", other.name()))),
         }
     }
 }
 
 pub struct GmArgs {
     pub listen: String,
+    pub transport: TransportConfig,
     pub vregion_size: u64,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
 
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
-    let transport = splitos_rpc::transport::TcpTransport::from_env();
-    let listener = splitos_rpc::transport::Transport::listen(&transport, &args.listen)
-        .map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
+    let t = args.transport.build().map_err(|e| anyhow::anyhow!(e))?;
+    let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
+    let addr = ep.addr();
     let gm = Arc::new(Gm { vregion_size: args.vregion_size, comps: Mutex::new(Vec::new()), started: Instant::now() });
-    let h = serve(listener, gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
+    ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %h.addr, role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, "splitos global managers started");
-    node::announce_ready(args.ready_file.as_deref(), &h.addr);
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, "splitos global managers started");
+    node::announce_ready(args.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

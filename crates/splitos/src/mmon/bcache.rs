@@ -18,20 +18,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_bytes::ByteBuf;
-use splitos_rpc::{ErrCode, Msg, PAGE_SIZE};
+use splitos_rpc::*;
 
 use crate::node::Node;
 
 const BLOCK: u64 = PAGE_SIZE as u64;
-/// Largest file the buffer cache accepts offsets in (as the sComponent).
-const MAX_FILE_SIZE: u64 = 1 << 44;
 const RESERVE_STEP: u64 = 1 << 20;
 /// Largest run of blocks one sComponent request carries.
 const RUN_BLOCKS: u64 = 256;
 pub const WRITEBACK_EVERY: Duration = Duration::from_secs(1);
 
 type Key = (String, u64);
-type Reply = Result<Msg, (ErrCode, String)>;
 
 struct Block {
     data: Box<[u8; PAGE_SIZE]>,
@@ -104,11 +101,11 @@ pub struct BufferCache {
     c: Counters,
 }
 
-fn fs_err(e: splitos_rpc::RpcError) -> (ErrCode, String) {
+fn fs_err(e: RpcError) -> Refusal {
     match e.code() {
-        ErrCode::Errno(n) => (ErrCode::Errno(n), e.to_string()),
+        ErrCode::Errno(n) => ERR::new(ErrCode::Errno(n), e.to_string()),
         // The sComponent cannot be reached: the program sees EIO, and the next request retries.
-        _ => (ErrCode::Errno(libc::EIO), e.to_string()),
+        _ => ERR::new(ErrCode::Errno(libc::EIO), e.to_string()),
     }
 }
 
@@ -123,6 +120,14 @@ fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+/// Offsets and sizes the file system can hold (the sComponent's bound).
+fn fits(off: u64, len: u64) -> Result<(), Refusal> {
+    match off.checked_add(len) {
+        Some(e) if e <= MAX_FILE_SIZE => Ok(()),
+        _ => Err(ERR::new(ErrCode::Errno(libc::EFBIG), "offset or size beyond the largest file")),
+    }
 }
 
 fn now_ns() -> i64 {
@@ -146,17 +151,14 @@ impl BufferCache {
         bc
     }
 
-    fn call(&self, scomp: &str, msg: &Msg) -> Result<Msg, (ErrCode, String)> {
-        self.node.pool.call(scomp, msg).map_err(fs_err)
+    fn call<R: Request>(&self, scomp: &str, req: R) -> Result<R::Reply, Refusal> {
+        self.node.rpc.call(scomp, req).map_err(fs_err)
     }
 
     /// The file's state, loaded from the sComponent on first use.
-    fn file<'a>(&self, g: &'a mut Inner, scomp: &str, key: &Key) -> Result<&'a mut FileState, (ErrCode, String)> {
+    fn file<'a>(&self, g: &'a mut Inner, scomp: &str, key: &Key) -> Result<&'a mut FileState, Refusal> {
         if !g.files.contains_key(key) {
-            let a = match self.call(scomp, &Msg::X2S_GETATTR { vnode: key.0.clone(), ino: key.1 })? {
-                Msg::S2P_ATTR { attr } => attr,
-                other => return Err((ErrCode::Internal, format!("unexpected {} to X2S_GETATTR", other.name()))),
-            };
+            let a = self.call(scomp, X2S_GETATTR { vnode: key.0.clone(), ino: key.1 })?.attr;
             g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), active: false, next_read: 0, window: 0, mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
         }
         let f = g.files.get_mut(key).expect("just inserted");
@@ -178,7 +180,7 @@ impl BufferCache {
     }
 
     /// Writes dirty blocks [from, to) of a file back, in runs.
-    fn write_back(&self, g: &mut Inner, key: &Key, range: std::ops::Range<u64>) -> Result<(), (ErrCode, String)> {
+    fn write_back(&self, g: &mut Inner, key: &Key, range: std::ops::Range<u64>) -> Result<(), Refusal> {
         let Some(f) = g.files.get_mut(key) else { return Ok(()) };
         let dirty: Vec<u64> = f.blocks.range(range).filter(|(_, b)| b.dirty).map(|(k, _)| *k).collect();
         for (start, end) in runs(&dirty) {
@@ -195,12 +197,8 @@ impl BufferCache {
                 data.extend_from_slice(&f.blocks[&b].data[..]);
             }
             data.truncate((upto - off) as usize);
-            let msg = Msg::M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size };
-            match self.node.pool.call(&f.scomp, &msg) {
-                Ok(Msg::OK) => {}
-                Ok(other) => return Err((ErrCode::Internal, format!("unexpected {} to M2S_WRITE", other.name()))),
-                Err(e) => return Err(fs_err(e)),
-            }
+            let msg = M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size };
+            self.call(&f.scomp, msg)?;
             self.c.writebacks.fetch_add(end - start, Relaxed);
             metrics::counter!("mcomp_bcache_writeback_blocks_total").increment(end - start);
             for b in start..end {
@@ -211,7 +209,7 @@ impl BufferCache {
     }
 
     /// Makes room for `n` more blocks, writing back dirty victims.
-    fn make_room(&self, g: &mut Inner, n: usize) -> Result<(), (ErrCode, String)> {
+    fn make_room(&self, g: &mut Inner, n: usize) -> Result<(), Refusal> {
         while g.blocks + n > self.capacity {
             let Some((&t, (key, blk))) = g.lru.iter().next() else { return Ok(()) };
             let (key, blk) = (key.clone(), *blk);
@@ -237,12 +235,9 @@ impl BufferCache {
     }
 
     /// Reads blocks [start, end) of a file from the sComponent (zeros past its end).
-    fn fetch(&self, scomp: &str, key: &Key, start: u64, end: u64) -> Result<Vec<Box<[u8; PAGE_SIZE]>>, (ErrCode, String)> {
-        let msg = Msg::M2S_READ { vnode: key.0.clone(), ino: key.1, offset: start * BLOCK, len: ((end - start) * BLOCK) as u32 };
-        let data = match self.call(scomp, &msg)? {
-            Msg::S2M_DATA { data } => data.into_vec(),
-            other => return Err((ErrCode::Internal, format!("unexpected {} to M2S_READ", other.name()))),
-        };
+    fn fetch(&self, scomp: &str, key: &Key, start: u64, end: u64) -> Result<Vec<Box<[u8; PAGE_SIZE]>>, Refusal> {
+        let msg = M2S_READ { vnode: key.0.clone(), ino: key.1, offset: start * BLOCK, len: ((end - start) * BLOCK) as u32 };
+        let data = self.call(scomp, msg)?.data.into_vec();
         self.c.fetches.fetch_add(1, Relaxed);
         self.c.misses.fetch_add(end - start, Relaxed);
         metrics::counter!("mcomp_bcache_misses_total").increment(end - start);
@@ -259,12 +254,12 @@ impl BufferCache {
             .collect())
     }
 
-    fn read(&self, scomp: &str, key: Key, offset: u64, len: u32) -> Reply {
+    fn read(&self, scomp: &str, key: Key, offset: u64, len: u32) -> Result<M2P_FILE_DATA, Refusal> {
         let mut g = self.inner.lock().unwrap();
         let f = self.file(&mut g, scomp, &key)?;
         let end = (offset + len as u64).min(f.size);
         if end <= offset {
-            return Ok(Msg::M2P_FILE_DATA { data: ByteBuf::new() });
+            return Ok(M2P_FILE_DATA { data: ByteBuf::new() });
         }
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         let mut missing: Vec<u64> = (first..=last).filter(|b| !f.blocks.contains_key(b)).collect();
@@ -309,21 +304,21 @@ impl BufferCache {
         for (b, data) in fetched.into_iter().take(keep) {
             self.insert(&mut g, &key, b, data, false);
         }
-        Ok(Msg::M2P_FILE_DATA { data: ByteBuf::from(out) })
+        Ok(M2P_FILE_DATA { data: ByteBuf::from(out) })
     }
 
-    fn write(&self, scomp: &str, key: Key, offset: u64, data: &[u8]) -> Reply {
+    fn write(&self, scomp: &str, key: Key, offset: u64, data: &[u8]) -> Result<M2P_FILE_SIZE, Refusal> {
         let mut g = self.inner.lock().unwrap();
         let f = self.file(&mut g, scomp, &key)?;
         let end = offset + data.len() as u64;
         if end > f.reserved {
             let want = end.div_ceil(RESERVE_STEP) * RESERVE_STEP;
-            self.call(scomp, &Msg::M2S_RESERVE { vnode: key.0.clone(), ino: key.1, bytes: want })?;
+            self.call(scomp, M2S_RESERVE { vnode: key.0.clone(), ino: key.1, bytes: want })?;
             f.reserved = want;
         }
         f.active = true;
         if data.is_empty() {
-            return Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns });
+            return Ok(M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns });
         }
         let old_size = f.size;
         // The new size first: a block of this write evicted before the loop ends is written
@@ -352,13 +347,13 @@ impl BufferCache {
         }
         let f = g.files.get_mut(&key).expect("cached file");
         f.mtime_ns = now_ns();
-        Ok(Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns })
+        Ok(M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns })
     }
 
-    fn set_size(&self, scomp: &str, key: Key, size: u64) -> Reply {
+    fn set_size(&self, scomp: &str, key: Key, size: u64) -> Result<M2P_FILE_SIZE, Refusal> {
         let mut g = self.inner.lock().unwrap();
         self.file(&mut g, scomp, &key)?;
-        self.call(scomp, &Msg::M2S_SETSIZE { vnode: key.0.clone(), ino: key.1, size })?;
+        self.call(scomp, M2S_SETSIZE { vnode: key.0.clone(), ino: key.1, size })?;
         let keep_blocks = size.div_ceil(BLOCK);
         let f = g.files.get_mut(&key).expect("cached file");
         let gone: Vec<(u64, u64)> = f.blocks.range(keep_blocks..).map(|(b, blk)| (*b, blk.tick)).collect();
@@ -373,7 +368,7 @@ impl BufferCache {
         f.size = size;
         f.reserved = size;
         f.mtime_ns = now_ns();
-        let reply = Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns };
+        let reply = M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns };
         for (_, t) in gone {
             g.lru.remove(&t);
             g.blocks -= 1;
@@ -381,18 +376,17 @@ impl BufferCache {
         Ok(reply)
     }
 
-    fn sync(&self, scomp: &str, key: Key) -> Reply {
+    fn sync(&self, scomp: &str, key: Key) -> Result<OK, Refusal> {
         let mut g = self.inner.lock().unwrap();
         if g.files.contains_key(&key) {
             // Blocks that cannot reach the sComponent were not made durable, whatever the reason.
-            self.write_back(&mut g, &key, 0..u64::MAX).map_err(|(code, msg)| match code {
-                ErrCode::Errno(libc::ENOENT) => (ErrCode::Errno(libc::EIO), msg),
-                c => (c, msg),
+            self.write_back(&mut g, &key, 0..u64::MAX).map_err(|e| match e.code {
+                ErrCode::Errno(libc::ENOENT) => ERR::new(ErrCode::Errno(libc::EIO), e.msg),
+                _ => e,
             })?;
         }
         drop(g);
-        self.call(scomp, &Msg::X2S_SYNC { vnode: key.0, ino: Some(key.1) })?;
-        Ok(Msg::OK)
+        self.call(scomp, X2S_SYNC { vnode: key.0, ino: Some(key.1) })
     }
 
     fn forget(&self, key: Key) {
@@ -413,14 +407,14 @@ impl BufferCache {
             let mut g = self.inner.lock().unwrap();
             match self.write_back(&mut g, &k, 0..u64::MAX) {
                 // Deleted where this cache did not hear of it (another pComponent): nothing to keep.
-                Err((ErrCode::Errno(libc::ENOENT), _)) => {
+                Err(e) if e.code == ErrCode::Errno(libc::ENOENT) => {
                     tracing::warn!(vnode = %k.0, ino = k.1, "file deleted while cached; its buffered blocks are dropped");
                     drop(g);
                     self.forget(k);
                     continue;
                 }
-                Err((_, e)) => {
-                    tracing::warn!(vnode = %k.0, ino = k.1, error = %e, "background write back failed; will retry");
+                Err(e) => {
+                    tracing::warn!(vnode = %k.0, ino = k.1, error = %e.msg, "background write back failed; will retry");
                     continue;
                 }
                 Ok(()) => {}
@@ -428,8 +422,8 @@ impl BufferCache {
             let Some(f) = g.files.get_mut(&k) else { continue };
             let need = f.size.div_ceil(BLOCK) * BLOCK;
             if !f.active && f.reserved > need {
-                let msg = Msg::M2S_RESERVE { vnode: k.0.clone(), ino: k.1, bytes: need };
-                if self.node.pool.call(&f.scomp, &msg).is_ok() {
+                let msg = M2S_RESERVE { vnode: k.0.clone(), ino: k.1, bytes: need };
+                if self.node.rpc.call(&f.scomp, msg).is_ok() {
                     f.reserved = need;
                 }
             }
@@ -437,33 +431,36 @@ impl BufferCache {
         }
     }
 
-    pub fn handle(&self, msg: Msg) -> Reply {
-        let too_big = (ErrCode::Errno(libc::EFBIG), "offset or size beyond the largest file".to_string());
-        let fits = |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= MAX_FILE_SIZE);
-        match &msg {
-            Msg::P2M_FILE_READ { offset, len, .. } if !fits(*offset, *len as u64) => return Err(too_big),
-            Msg::P2M_FILE_WRITE { offset, data, .. } if !fits(*offset, data.len() as u64) => return Err(too_big),
-            Msg::P2M_FILE_SETSIZE { size, .. } if !fits(*size, 0) => return Err(too_big),
-            _ => {}
-        }
-        match msg {
-            Msg::P2M_FILE_READ { scomp, vnode, ino, offset, len } => self.read(&scomp, (vnode, ino), offset, len.min(splitos_rpc::MAX_BODY / 2)),
-            Msg::P2M_FILE_WRITE { scomp, vnode, ino, offset, data } => self.write(&scomp, (vnode, ino), offset, &data),
-            Msg::P2M_FILE_SETSIZE { scomp, vnode, ino, size } => self.set_size(&scomp, (vnode, ino), size),
-            Msg::P2M_FILE_SYNC { scomp, vnode, ino } => self.sync(&scomp, (vnode, ino)),
-            Msg::P2M_FILE_STAT { vnode, ino } => {
-                let g = self.inner.lock().unwrap();
-                Ok(match g.files.get(&(vnode, ino)) {
-                    Some(f) => Msg::M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns },
-                    None => Msg::M2P_FILE_SIZE { size: None, mtime_ns: 0 },
-                })
-            }
-            Msg::P2M_FILE_FORGET { vnode, ino } => {
-                self.forget((vnode, ino));
-                Ok(Msg::OK)
-            }
-            other => Err((ErrCode::Invalid, format!("the buffer cache does not handle {}", other.name()))),
-        }
+    pub fn file_read(&self, r: P2M_FILE_READ) -> Result<M2P_FILE_DATA, Refusal> {
+        fits(r.offset, r.len as u64)?;
+        self.read(&r.scomp, (r.vnode, r.ino), r.offset, r.len.min(MAX_BODY / 2))
+    }
+
+    pub fn file_write(&self, r: P2M_FILE_WRITE) -> Result<M2P_FILE_SIZE, Refusal> {
+        fits(r.offset, r.data.len() as u64)?;
+        self.write(&r.scomp, (r.vnode, r.ino), r.offset, &r.data)
+    }
+
+    pub fn file_setsize(&self, r: P2M_FILE_SETSIZE) -> Result<M2P_FILE_SIZE, Refusal> {
+        fits(r.size, 0)?;
+        self.set_size(&r.scomp, (r.vnode, r.ino), r.size)
+    }
+
+    pub fn file_sync(&self, r: P2M_FILE_SYNC) -> Result<OK, Refusal> {
+        self.sync(&r.scomp, (r.vnode, r.ino))
+    }
+
+    pub fn file_stat(&self, r: P2M_FILE_STAT) -> Result<M2P_FILE_SIZE, Refusal> {
+        let g = self.inner.lock().unwrap();
+        Ok(match g.files.get(&(r.vnode, r.ino)) {
+            Some(f) => M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns },
+            None => M2P_FILE_SIZE { size: None, mtime_ns: 0 },
+        })
+    }
+
+    pub fn file_forget(&self, r: P2M_FILE_FORGET) -> Result<OK, Refusal> {
+        self.forget((r.vnode, r.ino));
+        Ok(OK)
     }
 
     pub fn stats(&self) -> serde_json::Value {

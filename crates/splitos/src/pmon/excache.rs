@@ -11,6 +11,8 @@ pub enum LineState {
     /// Claimed by a miss that is still fetching; never a victim.
     Filling,
     Ready,
+    /// Resident and being written back (fork, mremap); never a victim until acknowledged.
+    WritingBack,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +30,9 @@ pub struct Line {
     pub rearm: bool,
     /// Fill order, for FIFO.
     pub seq: u64,
+    /// Writes observed since the fill: a write-back acknowledged for an older count leaves
+    /// the line dirty.
+    pub writes: u32,
 }
 
 pub trait EvictionPolicy: Send {
@@ -160,7 +165,7 @@ impl ExCache {
             }
         };
         self.seq += 1;
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq });
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, writes: 0 });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         Some(Claim { slot: slot.0, victim: slot.1 })
     }

@@ -1,18 +1,30 @@
 //! The pComponent's side of the shim protocol (splitos_shim_abi): hello, then one request at a
 //! time per program. A closed connection is the process's exit (or exec).
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
-use splitos_rpc::{ComponentRef, ErrCode, Msg, RpcError, Who};
+use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
 use splitos_shim_abi::{as_bytes, as_bytes_mut, Hello, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
 
+use super::miss::Tenant;
+use super::region::UffdRegion;
+use super::store::Space;
 use super::uffd::PAGE;
-use super::{errno_of, fault, Pcomp, PendingChild, Proc};
+use super::{fault, Pcomp, PendingChild, Proc};
+
+/// The errno a program's memory call fails with: the one mapping of refusals to errnos
+/// (`ErrCode::errno`), narrowed to what mmap(2) and its kin may return.
+fn vm_errno(e: &Refusal) -> i64 {
+    match e.code.errno() {
+        n @ (libc::EINVAL | libc::EACCES | libc::ENOMEM) => n as i64,
+        _ => libc::ENOMEM as i64,
+    }
+}
 
 pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(path);
@@ -89,7 +101,7 @@ impl Pcomp {
             }
             Err(e) => {
                 tracing::warn!(error = %e, os_pid = hello.os_pid, "cannot admit a program");
-                let _ = reply(&mut s, -errno_of(&e), 0, 0);
+                let _ = reply(&mut s, -vm_errno(&e), 0, 0);
                 return;
             }
         };
@@ -114,131 +126,110 @@ impl Pcomp {
     }
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
-    fn admit(&self, h: &Hello, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<splitos_rpc::VmaInfo>), RpcError> {
+    fn admit(&self, h: &Hello, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
         let vnode_len = h.vnode.iter().position(|b| *b == 0).unwrap_or(h.vnode.len());
         let vnode = String::from_utf8_lossy(&h.vnode[..vnode_len]).to_string();
         let (pid, child) = if h.fork_token != 0 {
             let c = self.pending.lock().unwrap().remove(&h.fork_token);
-            let c = c.ok_or_else(|| RpcError::Remote { code: ErrCode::NotFound, msg: format!("no forked child {}", h.fork_token) })?;
+            let c = c.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token)))?;
             (h.fork_token, c)
         } else {
             let pid = self.next_pid.fetch_add(1, Relaxed);
-            let home = match self.node.call_gm(&Msg::P2G_PICK_HOME)? {
-                Msg::G2P_HOME { mcomp } => mcomp,
-                other => return Err(RpcError::Remote { code: ErrCode::Internal, msg: format!("unexpected {}", other.name()) }),
-            };
+            let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
             let who = Who { vnode, pid };
-            self.node.pool.call(&home.addr, &Msg::P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size })?;
+            self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size })?;
             let run = self.run_stats(h.run_id);
-            (pid, PendingChild { who, home, run, vmas: Vec::new(), owners: Vec::new(), materialized: BTreeSet::new() })
+            (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new() })
         };
-        let stop = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
-        let p = Arc::new(Proc {
-            pid,
-            who: child.who,
-            os_pid: h.os_pid as i32,
-            base: h.region_base,
-            uffd: uffd_fd,
-            memfd,
-            home: child.home,
-            vregions: Mutex::new(HashMap::new()),
-            run: child.run,
-            alive: AtomicBool::new(true),
-            stop,
-            read_fills: AtomicU64::new(0),
-            written_after_read: AtomicU64::new(0),
-        });
-        self.learn_owners(&p, &child.owners);
-        self.bump(&p, |s| {
-            s.processes.fetch_add(1, Relaxed);
-        });
-        let mut g = self.inner.lock().unwrap();
-        g.procs.insert(pid, p.clone());
-        g.materialized.insert(pid, child.materialized);
-        drop(g);
-        tracing::info!(pid, os_pid = h.os_pid, vnode = %p.who.vnode, home = p.home.id, forked = h.fork_token != 0, "process started");
+        // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
+        let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if stop < 0 {
+            return Err(ERR::new(ErrCode::Internal, format!("cannot create an eventfd: {}", std::io::Error::last_os_error())));
+        }
+        // SAFETY: `stop` is a fresh descriptor that nothing else owns.
+        let stop = unsafe { OwnedFd::from_raw_fd(stop) };
+        let uffd = Arc::new(uffd_fd);
+        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base };
+        let tenant = Tenant::new(pid, Box::new(region), child.run);
+        let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop });
+        p.tenant.stats.processes.fetch_add(1, Relaxed);
+        self.miss.total().processes.fetch_add(1, Relaxed);
+        self.store.attach(pid, p.space.clone());
+        self.procs.lock().unwrap().insert(pid, p.clone());
+        self.miss.add(p.tenant.clone(), child.materialized);
+        tracing::info!(pid, os_pid = h.os_pid, vnode = %p.space.who.vnode, home = p.space.home.id, forked = h.fork_token != 0, "process started");
         Ok((p, child.vmas))
     }
 
     fn exit_process(&self, p: &Arc<Proc>) {
-        p.alive.store(false, Relaxed);
         let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one` to the process's own eventfd.
         unsafe { libc::write(p.stop.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-        let mut g = self.inner.lock().unwrap();
-        for (vpn, _) in g.cache.resident_in(p.pid, 0, u64::MAX) {
-            g.cache.remove(p.pid, vpn);
-        }
-        g.procs.remove(&p.pid);
-        g.materialized.remove(&p.pid);
-        drop(g);
-        self.cv.notify_all();
-        if let Err(e) = self.node.pool.call(&p.home.addr, &Msg::P2M_EXIT { who: p.who.clone() }) {
+        self.procs.lock().unwrap().remove(&p.pid);
+        self.miss.remove(&p.tenant);
+        self.store.detach(p.pid);
+        if let Err(e) = self.node.rpc.call(&p.space.home.addr, P2M_EXIT { who: p.space.who.clone() }) {
             tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
         }
         tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
     }
 
-    fn home_call(&self, p: &Proc, msg: Msg) -> Result<Msg, i64> {
-        self.node.pool.call(&p.home.addr, &msg).map_err(|e| {
-            if !matches!(e, RpcError::Remote { code: ErrCode::NoMemory, .. }) {
+    /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
+    /// program sees.
+    fn home_call<R: Request>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
+        self.node.rpc.call(&p.space.home.addr, req).map_err(|e| {
+            let e = Refusal::from(e);
+            if e.code != ErrCode::NoMemory {
                 tracing::warn!(pid = p.pid, error = %e, "home mComponent refused a memory call");
             }
-            errno_of(&e)
+            vm_errno(&e)
         })
     }
 
-    fn mapped(&self, p: &Proc, r: Msg) -> Result<(u64, u64), i64> {
-        match r {
-            Msg::M2P_MAPPED { addr, prot, owners } => {
-                self.learn_owners(p, &owners);
-                Ok((addr, prot as u64))
-            }
-            _ => Err(libc::EPROTO as i64),
-        }
-    }
-
     fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
-        let who = p.who.clone();
+        let who = p.space.who.clone();
+        let t = &p.tenant;
         let pages = |a: u64, len: u64| (a / PAGE, (a + len).div_ceil(PAGE));
         match Op::from_u32(r.op) {
             Some(Op::Mmap) => {
                 let fixed = r.d & MMAP_FIXED != 0;
                 if fixed {
                     let (f, e) = pages(r.a, r.b);
-                    self.discard_range(p, f, e);
+                    self.miss.discard_range(t, f, e);
                 }
-                let m = self.home_call(p, Msg::P2M_MMAP { who, hint: r.a, len: r.b, prot: r.c as u32, fixed })?;
-                self.mapped(p, m)
+                let m = self.home_call(p, P2M_MMAP { who, hint: r.a, len: r.b, prot: r.c as u32, fixed })?;
+                p.space.learn_owners(&m.owners);
+                Ok((m.addr, m.prot as u64))
             }
             Some(Op::Munmap) => {
                 let (f, e) = pages(r.a, r.b);
-                self.discard_range(p, f, e);
-                self.home_call(p, Msg::P2M_MUNMAP { who, addr: r.a, len: r.b })?;
+                self.miss.discard_range(t, f, e);
+                self.home_call(p, P2M_MUNMAP { who, addr: r.a, len: r.b })?;
                 Ok((0, 0))
             }
             Some(Op::Mprotect) => {
-                self.home_call(p, Msg::P2M_MPROTECT { who, addr: r.a, len: r.b, prot: r.c as u32 })?;
+                self.home_call(p, P2M_MPROTECT { who, addr: r.a, len: r.b, prot: r.c as u32 })?;
                 Ok((0, 0))
             }
             Some(Op::Dontneed) => {
                 let (f, e) = pages(r.a, r.b);
-                self.discard_range(p, f, e);
-                self.home_call(p, Msg::P2M_DONTNEED { who, addr: r.a, len: r.b })?;
+                self.miss.discard_range(t, f, e);
+                self.home_call(p, P2M_DONTNEED { who, addr: r.a, len: r.b })?;
                 Ok((0, 0))
             }
             Some(Op::Mremap) => {
                 let (f, e) = pages(r.a, r.b);
-                self.write_back_range(p, f, e, false).map_err(|_| libc::ENOMEM as i64)?;
+                self.miss.evict_range(t, f, e).map_err(|e| vm_errno(&e))?;
                 let fixed_to = (r.d & MREMAP_FIXED != 0).then_some(r.e);
-                let m = self.home_call(p, Msg::P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
-                let (new, prot) = self.mapped(p, m)?;
-                self.shift_materialized(p, r.a, r.b, r.c, new);
-                Ok((new, prot))
+                let m = self.home_call(p, P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
+                p.space.learn_owners(&m.owners);
+                self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
+                Ok((m.addr, m.prot as u64))
             }
             Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),
             Some(Op::ForkAbort) => {
                 if let Some(c) = self.pending.lock().unwrap().remove(&r.a) {
-                    let _ = self.node.pool.call(&c.home.addr, &Msg::P2M_EXIT { who: c.who });
+                    let _ = self.node.rpc.call(&c.space.home.addr, P2M_EXIT { who: c.space.who.clone() });
                 }
                 Ok((0, 0))
             }
@@ -249,35 +240,19 @@ impl Pcomp {
         }
     }
 
-    /// After mremap: the pages that existed remotely in the old range now exist at the new one.
-    fn shift_materialized(&self, p: &Proc, old: u64, old_len: u64, new_len: u64, new: u64) {
-        let mut g = self.inner.lock().unwrap();
-        let Some(m) = g.materialized.get_mut(&p.pid) else { return };
-        let (of, oe) = (old / PAGE, (old + old_len) / PAGE);
-        let moved: Vec<u64> = m.range(of..oe).copied().collect();
-        for v in &moved {
-            m.remove(v);
-        }
-        let keep = new_len / PAGE;
-        for v in moved.into_iter().filter(|v| v - of < keep) {
-            m.insert(v - of + new / PAGE);
-        }
-    }
-
     /// Writes back the parent's dirty lines, has the home copy the address space for the
     /// child, and parks the child's state until its hello.
     fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
-        self.write_back_range(p, 0, u64::MAX / PAGE, true).map_err(|e| {
+        self.miss.write_back_range(&p.tenant, 0, u64::MAX / PAGE).map_err(|e| {
             tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
             libc::ENOMEM as i64
         })?;
         let child = self.next_pid.fetch_add(1, Relaxed);
-        let r = self.home_call(p, Msg::P2M_FORK { parent: p.who.clone(), child })?;
-        let Msg::M2P_FORKED { vmas, owners } = r else { return Err(libc::EPROTO as i64) };
-        let materialized = self.inner.lock().unwrap().materialized.get(&p.pid).cloned().unwrap_or_default();
-        let who = Who { vnode: p.who.vnode.clone(), pid: child };
-        let home: ComponentRef = p.home.clone();
-        self.pending.lock().unwrap().insert(child, PendingChild { who, home, run: p.run.clone(), vmas, owners, materialized });
+        let forked = self.home_call(p, P2M_FORK { parent: p.space.who.clone(), child })?;
+        let space = Arc::new(Space::new(Who { vnode: p.space.who.vnode.clone(), pid: child }, p.space.home.clone()));
+        space.learn_owners(&forked.owners);
+        let materialized = self.miss.materialized_of(p.pid);
+        self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized });
         Ok(child)
     }
 }

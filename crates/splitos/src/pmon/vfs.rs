@@ -20,7 +20,10 @@ use fuser::{
     ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 use serde_bytes::ByteBuf;
-use splitos_rpc::{ErrCode, FileAttr, FileKind, Msg, SetAttr};
+use splitos_rpc::Request as RpcRequest;
+use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, NAME_MAX};
+use splitos_rpc::{P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC, P2M_FILE_WRITE};
+use splitos_rpc::{P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS, P2S_UNLINK, X2S_GETATTR, X2S_SYNC};
 
 use crate::node::Node;
 
@@ -56,20 +59,14 @@ pub struct VnodeFs {
     st: Mutex<State>,
 }
 
-fn errno_of(e: &splitos_rpc::RpcError) -> Errno {
-    match e.code() {
-        ErrCode::Errno(n) => Errno::from_i32(n),
-        ErrCode::NoMemory => Errno::ENOSPC,
-        ErrCode::Invalid => Errno::EINVAL,
-        ErrCode::Denied => Errno::EACCES,
-        _ => Errno::EIO,
-    }
+fn errno_of(e: &RpcError) -> Errno {
+    Errno::from_i32(e.code().errno())
 }
 
 /// The request never reached the component (no connection, or the send failed), so it is
 /// safe to send again; after a timeout or a lost reply it may have been carried out.
-fn unreachable(e: &splitos_rpc::RpcError) -> bool {
-    matches!(e, splitos_rpc::RpcError::Unreachable { .. })
+fn unreachable(e: &RpcError) -> bool {
+    matches!(e, RpcError::Unreachable { .. })
 }
 
 fn to_time(ns: i64) -> SystemTime {
@@ -136,12 +133,11 @@ impl VnodeFs {
         if let Some(s) = self.st.lock().unwrap().scomp.clone() {
             return Ok(s);
         }
-        match self.node.call_gm(&Msg::P2G_VNODE_STORAGE { vnode: self.vnode.clone() }) {
-            Ok(Msg::G2P_STORAGE { scomp }) => {
-                self.st.lock().unwrap().scomp = Some(scomp.addr.clone());
-                Ok(scomp.addr)
+        match self.node.call_gm(P2G_VNODE_STORAGE { vnode: self.vnode.clone() }) {
+            Ok(r) => {
+                self.st.lock().unwrap().scomp = Some(r.scomp.addr.clone());
+                Ok(r.scomp.addr)
             }
-            Ok(_) => Err(Errno::EIO),
             Err(e) => {
                 tracing::warn!(vnode = %self.vnode, error = %e, "no sComponent for the vNode");
                 Err(Errno::EIO)
@@ -151,16 +147,16 @@ impl VnodeFs {
 
     /// A request to the sComponent; if it cannot be reached, ask GSM again once (it may
     /// have come back elsewhere). Still unreachable: EIO.
-    fn s_call(&self, msg: Msg) -> R<Msg> {
+    fn s_call<Q: RpcRequest + Clone>(&self, req: Q) -> R<Q::Reply> {
         for attempt in 0..2 {
             let s = self.storage()?;
-            match self.node.pool.call(&s, &msg) {
+            match self.node.rpc.call(&s, req.clone()) {
                 Ok(m) => return Ok(m),
                 Err(e) if unreachable(&e) && attempt == 0 => {
                     self.st.lock().unwrap().scomp = None;
                 }
                 Err(e) => {
-                    if !matches!(e, splitos_rpc::RpcError::Remote { .. }) {
+                    if !matches!(e, RpcError::Remote { .. }) {
                         tracing::warn!(vnode = %self.vnode, error = %e, "sComponent unreachable: EIO");
                     }
                     return Err(errno_of(&e));
@@ -174,21 +170,21 @@ impl VnodeFs {
         if let Some(m) = self.st.lock().unwrap().caches.get(&ino).cloned() {
             return Ok(m);
         }
-        match self.node.call_gm(&Msg::P2G_FILE_CACHE { vnode: self.vnode.clone(), ino }) {
-            Ok(Msg::G2P_FILE_CACHE { mcomp }) => {
-                self.st.lock().unwrap().caches.insert(ino, mcomp.addr.clone());
-                Ok(mcomp.addr)
+        match self.node.call_gm(P2G_FILE_CACHE { vnode: self.vnode.clone(), ino }) {
+            Ok(r) => {
+                self.st.lock().unwrap().caches.insert(ino, r.mcomp.addr.clone());
+                Ok(r.mcomp.addr)
             }
-            _ => Err(Errno::EIO),
+            Err(_) => Err(Errno::EIO),
         }
     }
 
     /// A request to the mComponent holding the file's buffer cache; if it is gone, GMM
     /// places the cache again (on a live one) and the request is retried once.
-    fn m_call(&self, ino: u64, msg: impl Fn(String) -> Msg) -> R<Msg> {
+    fn m_call<Q: RpcRequest>(&self, ino: u64, req: impl Fn(String) -> Q) -> R<Q::Reply> {
         for attempt in 0..2 {
             let (m, s) = (self.cache_of(ino)?, self.storage()?);
-            match self.node.pool.call(&m, &msg(s)) {
+            match self.node.rpc.call(&m, req(s)) {
                 Ok(r) => return Ok(r),
                 Err(e) if unreachable(&e) && attempt == 0 => {
                     let mut st = self.st.lock().unwrap();
@@ -208,19 +204,13 @@ impl VnodeFs {
     /// Attributes with the size and mtime the buffer cache knows, for files it holds.
     fn complete(&self, mut a: FileAttr) -> R<FileAttr> {
         if a.kind == FileKind::File {
-            if let Msg::M2P_FILE_SIZE { size: Some(size), mtime_ns } = self.m_call(a.ino, |_| Msg::P2M_FILE_STAT { vnode: self.vnode.clone(), ino: a.ino })? {
+            let cached = self.m_call(a.ino, |_| P2M_FILE_STAT { vnode: self.vnode.clone(), ino: a.ino })?;
+            if let Some(size) = cached.size {
                 a.size = size;
-                a.mtime_ns = a.mtime_ns.max(mtime_ns);
+                a.mtime_ns = a.mtime_ns.max(cached.mtime_ns);
             }
         }
         Ok(a)
-    }
-
-    fn attr_reply(&self, m: Msg) -> R<FileAttr> {
-        match m {
-            Msg::S2P_ATTR { attr } => self.complete(attr),
-            _ => Err(Errno::EIO),
-        }
     }
 
     /// Records a name the kernel is told about (every reply with an entry counts a lookup).
@@ -231,7 +221,7 @@ impl VnodeFs {
     }
 
     fn lookup_path(&self, path: String) -> R<FileAttr> {
-        let a = self.attr_reply(self.s_call(Msg::P2S_LOOKUP { vnode: self.vnode.clone(), path: path.clone() })?)?;
+        let a = self.complete(self.s_call(P2S_LOOKUP { vnode: self.vnode.clone(), path: path.clone() })?.attr)?;
         self.learn(path, &a);
         Ok(a)
     }
@@ -239,8 +229,8 @@ impl VnodeFs {
     #[allow(clippy::too_many_arguments)]
     fn create_node(&self, req: &Request, parent: INodeNo, name: &OsStr, kind: FileKind, perm: u32, excl: bool, target: Option<String>) -> R<FileAttr> {
         let path = join(&self.path(parent.0)?, name)?;
-        let m = self.s_call(Msg::P2S_CREATE { vnode: self.vnode.clone(), path: path.clone(), kind, perm, uid: req.uid(), gid: req.gid(), excl, target })?;
-        let a = self.attr_reply(m)?;
+        let m = self.s_call(P2S_CREATE { vnode: self.vnode.clone(), path: path.clone(), kind, perm, uid: req.uid(), gid: req.gid(), excl, target })?;
+        let a = self.complete(m.attr)?;
         self.learn(path, &a);
         Ok(a)
     }
@@ -260,8 +250,8 @@ impl VnodeFs {
     }
 
     fn free(&self, ino: u64) {
-        let _ = self.m_call(ino, |_| Msg::P2M_FILE_FORGET { vnode: self.vnode.clone(), ino });
-        if let Err(e) = self.s_call(Msg::P2S_DROP { vnode: self.vnode.clone(), ino }) {
+        let _ = self.m_call(ino, |_| P2M_FILE_FORGET { vnode: self.vnode.clone(), ino });
+        if let Err(e) = self.s_call(P2S_DROP { vnode: self.vnode.clone(), ino }) {
             tracing::warn!(vnode = %self.vnode, ino, error = ?e, "could not free a deleted file; the sComponent frees it when it restarts");
         }
         self.st.lock().unwrap().caches.remove(&ino);
@@ -276,9 +266,9 @@ impl VnodeFs {
 
     fn do_setattr(&self, ino: u64, size: Option<u64>, set: SetAttr) -> R<FileAttr> {
         if let Some(size) = size {
-            self.m_call(ino, |scomp| Msg::P2M_FILE_SETSIZE { scomp, vnode: self.vnode.clone(), ino, size })?;
+            self.m_call(ino, |scomp| P2M_FILE_SETSIZE { scomp, vnode: self.vnode.clone(), ino, size })?;
         }
-        let mut a = self.attr_reply(self.s_call(Msg::P2S_SETATTR { vnode: self.vnode.clone(), ino, set: set.clone() })?)?;
+        let mut a = self.complete(self.s_call(P2S_SETATTR { vnode: self.vnode.clone(), ino, set: set.clone() })?.attr)?;
         if let Some(mt) = set.mtime_ns {
             // An explicit mtime (tar, touch -d) wins over the time of a buffered write.
             a.mtime_ns = mt;
@@ -292,15 +282,11 @@ impl VnodeFs {
         let mut out = vec![(ino, FileType::Directory, ".".to_string()), (ROOT, FileType::Directory, "..".to_string())];
         let mut after = None;
         loop {
-            match self.s_call(Msg::P2S_READDIR { vnode: self.vnode.clone(), path: path.clone(), after: after.clone() })? {
-                Msg::S2P_ENTRIES { entries, more } => {
-                    after = entries.last().map(|e| e.name.clone());
-                    out.extend(entries.into_iter().map(|e| (e.ino, kind_of(e.kind), e.name)));
-                    if !more {
-                        return Ok(out);
-                    }
-                }
-                _ => return Err(Errno::EIO),
+            let splitos_rpc::S2P_ENTRIES { entries, more } = self.s_call(P2S_READDIR { vnode: self.vnode.clone(), path: path.clone(), after: after.clone() })?;
+            after = entries.last().map(|e| e.name.clone());
+            out.extend(entries.into_iter().map(|e| (e.ino, kind_of(e.kind), e.name)));
+            if !more {
+                return Ok(out);
             }
         }
     }
@@ -333,7 +319,7 @@ impl Filesystem for VnodeFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.s_call(Msg::X2S_GETATTR { vnode: self.vnode.clone(), ino: ino.0 }).and_then(|m| self.attr_reply(m)) {
+        match self.s_call(X2S_GETATTR { vnode: self.vnode.clone(), ino: ino.0 }).and_then(|m| self.complete(m.attr)) {
             Ok(a) => reply.attr(&TTL, &fuse_attr(&a)),
             Err(e) => reply.error(e),
         }
@@ -371,9 +357,8 @@ impl Filesystem for VnodeFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.s_call(Msg::P2S_READLINK { vnode: self.vnode.clone(), ino: ino.0 }) {
-            Ok(Msg::S2P_TARGET { target }) => reply.data(target.as_bytes()),
-            Ok(_) => reply.error(Errno::EIO),
+        match self.s_call(P2S_READLINK { vnode: self.vnode.clone(), ino: ino.0 }) {
+            Ok(r) => reply.data(r.target.as_bytes()),
             Err(e) => reply.error(e),
         }
     }
@@ -404,13 +389,12 @@ impl Filesystem for VnodeFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|path| self.s_call(Msg::P2S_UNLINK { vnode: self.vnode.clone(), path, dir: false }));
+        let r = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|path| self.s_call(P2S_UNLINK { vnode: self.vnode.clone(), path, dir: false }));
         match r {
-            Ok(Msg::S2P_DETACHED { ino }) => {
-                self.detached(ino);
+            Ok(r) => {
+                self.detached(r.ino);
                 reply.ok()
             }
-            Ok(_) => reply.error(Errno::EIO),
             Err(e) => reply.error(e),
         }
     }
@@ -420,7 +404,7 @@ impl Filesystem for VnodeFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        match self.s_call(Msg::P2S_UNLINK { vnode: self.vnode.clone(), path: path.clone(), dir: true }) {
+        match self.s_call(P2S_UNLINK { vnode: self.vnode.clone(), path: path.clone(), dir: true }) {
             Ok(_) => {
                 self.st.lock().unwrap().paths.retain(|_, p| *p != path);
                 reply.ok()
@@ -439,8 +423,8 @@ impl Filesystem for VnodeFs {
             Err(e) => return reply.error(e),
         };
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-        match self.s_call(Msg::P2S_RENAME { vnode: self.vnode.clone(), from: from.clone(), to: to.clone(), noreplace }) {
-            Ok(Msg::S2P_DETACHED { ino }) => {
+        match self.s_call(P2S_RENAME { vnode: self.vnode.clone(), from: from.clone(), to: to.clone(), noreplace }) {
+            Ok(splitos_rpc::S2P_DETACHED { ino }) => {
                 {
                     let mut st = self.st.lock().unwrap();
                     // A directory `to` replaced is gone with its name.
@@ -457,14 +441,13 @@ impl Filesystem for VnodeFs {
                 self.detached(ino);
                 reply.ok()
             }
-            Ok(_) => reply.error(Errno::EIO),
             Err(e) => reply.error(e),
         }
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let r = self.path(newparent.0).and_then(|p| join(&p, newname)).and_then(|to| {
-            let a = self.attr_reply(self.s_call(Msg::P2S_LINK { vnode: self.vnode.clone(), ino: ino.0, to: to.clone() })?)?;
+            let a = self.complete(self.s_call(P2S_LINK { vnode: self.vnode.clone(), ino: ino.0, to: to.clone() })?.attr)?;
             self.learn(to, &a);
             Ok(a)
         });
@@ -480,9 +463,8 @@ impl Filesystem for VnodeFs {
 
     fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| Msg::P2M_FILE_READ { scomp, vnode: self.vnode.clone(), ino, offset, len: size }) {
-            Ok(Msg::M2P_FILE_DATA { data }) => reply.data(&data),
-            Ok(_) => reply.error(Errno::EIO),
+        match self.m_call(ino, |scomp| P2M_FILE_READ { scomp, vnode: self.vnode.clone(), ino, offset, len: size }) {
+            Ok(r) => reply.data(&r.data),
             Err(e) => reply.error(e),
         }
     }
@@ -500,7 +482,7 @@ impl Filesystem for VnodeFs {
         reply: ReplyWrite,
     ) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| Msg::P2M_FILE_WRITE { scomp, vnode: self.vnode.clone(), ino, offset, data: ByteBuf::from(data.to_vec()) }) {
+        match self.m_call(ino, |scomp| P2M_FILE_WRITE { scomp, vnode: self.vnode.clone(), ino, offset, data: ByteBuf::from(data.to_vec()) }) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
         }
@@ -530,7 +512,7 @@ impl Filesystem for VnodeFs {
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| Msg::P2M_FILE_SYNC { scomp, vnode: self.vnode.clone(), ino }) {
+        match self.m_call(ino, |scomp| P2M_FILE_SYNC { scomp, vnode: self.vnode.clone(), ino }) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -566,19 +548,18 @@ impl Filesystem for VnodeFs {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        match self.s_call(Msg::X2S_SYNC { vnode: self.vnode.clone(), ino: None }) {
+        match self.s_call(X2S_SYNC { vnode: self.vnode.clone(), ino: None }) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.s_call(Msg::P2S_STATFS { vnode: self.vnode.clone() }) {
-            Ok(Msg::S2P_STATFS { quota, used, files }) => {
-                let free = quota.saturating_sub(used) / 4096;
-                reply.statfs(quota / 4096, free, free, files, u32::MAX as u64, 4096, crate::smon::NAME_MAX as u32, 4096)
+        match self.s_call(P2S_STATFS { vnode: self.vnode.clone() }) {
+            Ok(r) => {
+                let free = r.quota.saturating_sub(r.used) / 4096;
+                reply.statfs(r.quota / 4096, free, free, r.files, u32::MAX as u64, 4096, NAME_MAX as u32, 4096)
             }
-            Ok(_) => reply.error(Errno::EIO),
             Err(e) => reply.error(e),
         }
     }
@@ -631,24 +612,24 @@ impl Mounts {
     }
 
     /// Mounts the vNode's file system (once) and returns its mount point.
-    pub fn mount(&self, vnode: &str) -> Result<PathBuf, (ErrCode, String)> {
+    pub fn mount(&self, vnode: &str) -> Result<PathBuf, Refusal> {
         let mut live = self.live.lock().unwrap();
         if let Some((dir, _)) = live.get(vnode) {
             return Ok(dir.clone());
         }
         if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
-            return Err((ErrCode::Invalid, format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')")));
+            return Err(ERR::new(ErrCode::Invalid, format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')")));
         }
         let fs = VnodeFs::new(vnode.to_string(), self.node.clone());
-        fs.storage().map_err(|_| (ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
+        fs.storage().map_err(|_| ERR::new(ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
         let dir = self.root.join(vnode);
         unmount(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| (ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
         let mut cfg = fuser::Config::default();
         cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions];
         cfg.acl = fuser::SessionACL::All;
         cfg.n_threads = Some(2);
-        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| (ErrCode::Internal, format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display())))?;
+        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display())))?;
         tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
         metrics::counter!("pcomp_vnode_mounts_total").increment(1);
         live.insert(vnode.to_string(), (dir.clone(), session));

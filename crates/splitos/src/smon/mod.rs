@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_bytes::ByteBuf;
-use splitos_rpc::{serve, ErrCode, Handler, Load, Msg, Role, ServerConfig};
+use splitos_rpc::*;
 
 pub use ns::{Store, NAME_MAX};
 
@@ -29,10 +29,6 @@ pub struct Storage {
     syncs: AtomicU64,
 }
 
-fn errno(e: i32) -> Msg {
-    Msg::ERR { code: ErrCode::Errno(e), msg: std::io::Error::from_raw_os_error(e).to_string() }
-}
-
 impl Storage {
     fn load(&self) -> Load {
         Load { threads: 0, processes: 0, capacity: self.store.quota(), committed: self.store.used(), used: self.store.used() }
@@ -47,88 +43,86 @@ impl Storage {
         .to_string()
     }
 
-    fn fs(&self, msg: Msg) -> Result<Msg, i32> {
-        let s = &self.store;
-        Ok(match msg {
-            Msg::P2S_LOOKUP { vnode, path } => Msg::S2P_ATTR { attr: s.lookup(&vnode, &path)? },
-            Msg::X2S_GETATTR { vnode, ino } => Msg::S2P_ATTR { attr: s.getattr(&vnode, ino)? },
-            Msg::P2S_CREATE { vnode, path, kind, perm, uid, gid, excl, target } => Msg::S2P_ATTR { attr: s.create(&vnode, &path, kind, perm, uid, gid, excl, target)? },
-            Msg::P2S_SETATTR { vnode, ino, set } => Msg::S2P_ATTR { attr: s.setattr(&vnode, ino, &set)? },
-            Msg::P2S_LINK { vnode, ino, to } => Msg::S2P_ATTR { attr: s.link(&vnode, ino, &to)? },
-            Msg::P2S_READLINK { vnode, ino } => Msg::S2P_TARGET { target: s.readlink(&vnode, ino)? },
-            Msg::P2S_UNLINK { vnode, path, dir } => Msg::S2P_DETACHED { ino: s.unlink(&vnode, &path, dir)? },
-            Msg::P2S_RENAME { vnode, from, to, noreplace } => Msg::S2P_DETACHED { ino: s.rename(&vnode, &from, &to, noreplace)? },
-            Msg::P2S_READDIR { vnode, path, after } => {
-                let (entries, more) = s.readdir(&vnode, &path, after.as_deref())?;
-                Msg::S2P_ENTRIES { entries, more }
-            }
-            Msg::P2S_DROP { vnode, ino } => {
-                s.drop_inode(&vnode, ino)?;
-                Msg::OK
-            }
-            Msg::P2S_STATFS { vnode } => Msg::S2P_STATFS { quota: s.quota(), used: s.used(), files: s.files(&vnode)? },
-            Msg::X2S_SYNC { vnode, ino } => {
-                self.syncs.fetch_add(1, Relaxed);
-                metrics::counter!("scomp_syncs_total").increment(1);
-                s.sync(&vnode, ino)?;
-                Msg::OK
-            }
-            Msg::M2S_READ { vnode, ino, offset, len } => {
-                let data = s.read_data(&vnode, ino, offset, len.min(splitos_rpc::MAX_BODY / 2))?;
-                self.bytes_read.fetch_add(data.len() as u64, Relaxed);
-                metrics::counter!("scomp_read_bytes_total").increment(data.len() as u64);
-                Msg::S2M_DATA { data: ByteBuf::from(data) }
-            }
-            Msg::M2S_WRITE { vnode, ino, offset, data, size } => {
-                s.write_data(&vnode, ino, offset, &data, size)?;
-                self.bytes_written.fetch_add(data.len() as u64, Relaxed);
-                metrics::counter!("scomp_written_bytes_total").increment(data.len() as u64);
-                Msg::OK
-            }
-            Msg::M2S_RESERVE { vnode, ino, bytes } => {
-                s.reserve(&vnode, ino, bytes)?;
-                Msg::OK
-            }
-            Msg::M2S_SETSIZE { vnode, ino, size } => {
-                s.set_size(&vnode, ino, size)?;
-                Msg::OK
-            }
-            other => Msg::err(ErrCode::Invalid, format!("an sComponent does not handle {}", other.name())),
-        })
+    fn sync(&self, r: X2S_SYNC) -> Result<OK, Refusal> {
+        self.syncs.fetch_add(1, Relaxed);
+        metrics::counter!("scomp_syncs_total").increment(1);
+        fs(self.store.sync(&r.vnode, r.ino))?;
+        Ok(OK)
+    }
+
+    fn read(&self, r: M2S_READ) -> Result<S2M_DATA, Refusal> {
+        let data = fs(self.store.read_data(&r.vnode, r.ino, r.offset, r.len.min(MAX_BODY / 2)))?;
+        self.bytes_read.fetch_add(data.len() as u64, Relaxed);
+        metrics::counter!("scomp_read_bytes_total").increment(data.len() as u64);
+        Ok(S2M_DATA { data: ByteBuf::from(data) })
+    }
+
+    fn write(&self, r: M2S_WRITE) -> Result<OK, Refusal> {
+        fs(self.store.write_data(&r.vnode, r.ino, r.offset, &r.data, r.size))?;
+        self.bytes_written.fetch_add(r.data.len() as u64, Relaxed);
+        metrics::counter!("scomp_written_bytes_total").increment(r.data.len() as u64);
+        Ok(OK)
+    }
+
+    fn shutdown(&self) -> Result<OK, Refusal> {
+        if let Err(e) = self.store.checkpoint() {
+            tracing::error!(errno = e, "final commit failed");
+        }
+        crate::node::exit_soon();
+        Ok(OK)
     }
 }
 
+/// A namespace or data error becomes the errno the program sees.
+fn fs<T>(r: ns::FsResult<T>) -> Result<T, Refusal> {
+    r.map_err(Refusal::errno)
+}
+
+/// The sComponent's dispatch table.
 impl Handler for Storage {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
         metrics::counter!("scomp_requests_total", "msg" => name).increment(1);
-        match msg {
-            Msg::C2X_PING => Msg::X2C_PONG { role: Role::Storage, id: self.node.id() },
-            Msg::C2X_STATS => Msg::X2C_STATS { json: self.stats_json() },
-            Msg::C2X_METRICS => {
-                metrics::gauge!("scomp_used_bytes").set(self.store.used() as f64);
-                Msg::X2C_METRICS { text: node::render_metrics() }
-            }
-            Msg::C2X_SHUTDOWN => {
-                if let Err(e) = self.store.checkpoint() {
-                    tracing::error!(errno = e, "final commit failed");
-                }
-                crate::node::exit_soon();
-                Msg::OK
-            }
-            other => match self.fs(other) {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::debug!(request = name, errno = e, "request refused");
-                    errno(e)
-                }
-            },
+        let s = &self.store;
+        let reply = match msg {
+            Msg::P2S_LOOKUP(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.lookup(&r.vnode, &r.path))? })),
+            Msg::X2S_GETATTR(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.getattr(&r.vnode, r.ino))? })),
+            Msg::P2S_CREATE(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.create(&r.vnode, &r.path, r.kind, r.perm, r.uid, r.gid, r.excl, r.target))? })),
+            Msg::P2S_SETATTR(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.setattr(&r.vnode, r.ino, &r.set))? })),
+            Msg::P2S_LINK(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.link(&r.vnode, r.ino, &r.to))? })),
+            Msg::P2S_READLINK(r) => on(r, |r| Ok(S2P_TARGET { target: fs(s.readlink(&r.vnode, r.ino))? })),
+            Msg::P2S_UNLINK(r) => on(r, |r| Ok(S2P_DETACHED { ino: fs(s.unlink(&r.vnode, &r.path, r.dir))? })),
+            Msg::P2S_RENAME(r) => on(r, |r| Ok(S2P_DETACHED { ino: fs(s.rename(&r.vnode, &r.from, &r.to, r.noreplace))? })),
+            Msg::P2S_READDIR(r) => on(r, |r| {
+                let (entries, more) = fs(s.readdir(&r.vnode, &r.path, r.after.as_deref()))?;
+                Ok(S2P_ENTRIES { entries, more })
+            }),
+            Msg::P2S_DROP(r) => on(r, |r| fs(s.drop_inode(&r.vnode, r.ino)).map(|_| OK)),
+            Msg::P2S_STATFS(r) => on(r, |r| Ok(S2P_STATFS { quota: s.quota(), used: s.used(), files: fs(s.files(&r.vnode))? })),
+            Msg::X2S_SYNC(r) => on(r, |r| self.sync(r)),
+            Msg::M2S_READ(r) => on(r, |r| self.read(r)),
+            Msg::M2S_WRITE(r) => on(r, |r| self.write(r)),
+            Msg::M2S_RESERVE(r) => on(r, |r| fs(s.reserve(&r.vnode, r.ino, r.bytes)).map(|_| OK)),
+            Msg::M2S_SETSIZE(r) => on(r, |r| fs(s.set_size(&r.vnode, r.ino, r.size)).map(|_| OK)),
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Storage, id: self.node.id() })),
+            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                metrics::gauge!("scomp_used_bytes").set(s.used() as f64);
+                Ok(X2C_METRICS { text: node::render_metrics() })
+            }),
+            Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
+            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an sComponent does not handle {}", other.name()))),
+        };
+        if let Msg::ERR(e) = &reply {
+            tracing::debug!(request = name, code = ?e.code, msg = %e.msg, "request refused");
         }
+        reply
     }
 }
 
 pub struct StorageArgs {
     pub listen: String,
+    pub transport: TransportConfig,
     pub gm: String,
     pub dir: std::path::PathBuf,
     pub quota: u64,
@@ -139,10 +133,7 @@ pub struct StorageArgs {
 pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let store = Store::open(&args.dir, args.quota)?;
-    let node = Node::new(Role::Storage, &args.gm);
-    let listener = splitos_rpc::transport::Transport::listen(&*node.transport, &args.listen)
-        .map_err(|e| anyhow::anyhow!("sComponent cannot listen on {}: {e}", args.listen))?;
-    let node = node.with_addr(listener.local_addr());
+    let (node, endpoint) = Node::bind(Role::Storage, &args.gm, &args.listen, &args.transport)?;
     let st = Arc::new(Storage { node: node.clone(), store, started: Instant::now(), bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0) });
     let s3 = st.clone();
     stop.on_stop(move || {
@@ -160,7 +151,7 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
             }
         })
         .expect("spawn checkpoint thread");
-    let h = serve(listener, st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
+    endpoint.serve(st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, st.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     let s2 = st.clone();
     node.clone().heartbeat_forever(None, move || s2.load());
@@ -168,7 +159,7 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %h.addr, id = node.id(), role = "scomponent", dir = %args.dir.display(), quota = args.quota, used = st.store.used(), "splitos storage monitor started");
-    node::announce_ready(args.ready_file.as_deref(), &h.addr);
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", dir = %args.dir.display(), quota = args.quota, used = st.store.used(), "splitos storage monitor started");
+    node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -1,0 +1,73 @@
+//! The two error types of the RPC layer: [`RpcError`], what a caller gets when a call did not
+//! produce its reply, and [`Refusal`], what a handler answers when it declines a request (it
+//! travels as the `ERR` message). Frame-level errors are [`crate::frame::FrameError`].
+use std::time::Duration;
+
+use crate::wire::{ErrCode, ERR};
+
+/// A handler's refusal of a request: travels as `ERR { code, msg }`.
+pub type Refusal = ERR;
+
+impl Refusal {
+    /// A refusal the program sees as the Linux errno `e`.
+    pub fn errno(e: i32) -> Refusal {
+        ERR::new(ErrCode::Errno(e), std::io::Error::from_raw_os_error(e).to_string())
+    }
+}
+
+impl std::fmt::Display for ERR {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.msg)
+    }
+}
+
+impl std::error::Error for ERR {}
+
+#[derive(Debug, Clone)]
+pub enum RpcError {
+    /// The component could not be reached at all: the request was not delivered, so sending
+    /// it again is safe.
+    Unreachable { addr: String, why: String },
+    /// The connection broke while the call was outstanding.
+    Closed { addr: String },
+    Timeout { addr: String, msg: &'static str, after: Duration },
+    /// The component answered with an error.
+    Remote { code: ErrCode, msg: String },
+    /// The component answered with a message that is not the reply to the request.
+    Protocol { addr: String, request: &'static str, reply: &'static str },
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RpcError::Unreachable { addr, why } => write!(f, "component at {addr} cannot be reached: {why}"),
+            RpcError::Closed { addr } => write!(f, "connection to component at {addr} closed during the call"),
+            RpcError::Timeout { addr, msg, after } => write!(f, "{msg} to component at {addr} got no reply within {after:?}"),
+            RpcError::Remote { code, msg } => write!(f, "{code:?}: {msg}"),
+            RpcError::Protocol { addr, request, reply } => write!(f, "component at {addr} answered {request} with {reply}"),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+impl RpcError {
+    pub fn code(&self) -> ErrCode {
+        match self {
+            RpcError::Remote { code, .. } => *code,
+            RpcError::Protocol { .. } => ErrCode::Internal,
+            _ => ErrCode::Unreachable,
+        }
+    }
+}
+
+/// A handler that needed another component and could not get its answer refuses with the
+/// same code, so a program sees the errno of the real cause.
+impl From<RpcError> for Refusal {
+    fn from(e: RpcError) -> Refusal {
+        match e {
+            RpcError::Remote { code, msg } => ERR { code, msg },
+            other => ERR { code: other.code(), msg: other.to_string() },
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! The transport: how one component's request reaches another and its reply comes back. It is
+//! a message-level interface (send a request, get its reply; serve requests with a handler),
+//! so that a transport need not be a byte stream: TCP is the one here; a shared-memory ring or
+//! an RDMA queue pair plugs in by implementing [`Transport`] and adding a kind to
+//! [`TransportConfig`], which is the one place a transport is chosen.
+pub mod tcp;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::RpcError;
+use crate::server::{Handler, ServerConfig};
+use crate::wire::Msg;
+
+pub use tcp::{spin_poll, TcpConfig, TcpTransport};
+
+pub trait Transport: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Sends `msg` to the component at `addr` and waits up to `timeout` for its reply. Safe to
+    /// call from any thread; calls of many threads may share a connection.
+    fn call(&self, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError>;
+    /// As [`Transport::call`], on a channel owned by the calling thread, so that the reply
+    /// crosses no other thread: the miss path uses this. A transport whose calls involve no
+    /// hand-off anyway keeps the default.
+    fn call_direct(&self, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+        self.call(addr, msg, timeout)
+    }
+    /// Claims an address to serve at (`host:0` picks a free port).
+    fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>>;
+}
+
+/// An address claimed by [`Transport::listen`], not yet serving.
+pub trait Endpoint: Send {
+    /// The address peers reach it at.
+    fn addr(&self) -> String;
+    /// Serves every request that arrives with `handler`, until the process ends.
+    fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig);
+}
+
+/// Which transport a cluster uses and the knobs of each, in its own section
+/// (`[transport]` with `kind`, `[transport.tcp]` with TCP's knobs).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TransportConfig {
+    #[serde(default = "default_kind")]
+    pub kind: String,
+    #[serde(default)]
+    pub tcp: TcpConfig,
+}
+
+fn default_kind() -> String {
+    "tcp".into()
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig { kind: default_kind(), tcp: TcpConfig::default() }
+    }
+}
+
+/// The transport kinds this build has.
+pub const KINDS: &[&str] = &["tcp"];
+
+impl TransportConfig {
+    /// Test hooks: `SPLITOS_NET_DELAY_US` delays every message a component sends (a slow
+    /// network, since `tc netem` is not available), `SPLITOS_NET_SPIN_US` sets how long a
+    /// reader polls before sleeping.
+    pub fn with_env(mut self) -> TransportConfig {
+        if let Some(us) = std::env::var("SPLITOS_NET_DELAY_US").ok().and_then(|v| v.parse().ok()) {
+            self.tcp.delay_us = us;
+        }
+        if let Some(us) = std::env::var("SPLITOS_NET_SPIN_US").ok().and_then(|v| v.parse().ok()) {
+            self.tcp.spin_us = us;
+        }
+        self
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !KINDS.contains(&self.kind.as_str()) {
+            return Err(format!("transport.kind: unknown transport {:?} (known: {})", self.kind, KINDS.join(", ")));
+        }
+        Ok(())
+    }
+
+    /// The transport this configuration names.
+    pub fn build(&self) -> Result<Arc<dyn Transport>, String> {
+        self.validate()?;
+        match self.kind.as_str() {
+            "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone()))),
+            other => Err(format!("transport.kind: unknown transport {other:?}")),
+        }
+    }
+}

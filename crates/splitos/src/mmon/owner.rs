@@ -1,0 +1,273 @@
+//! The owner side of an mComponent: for each process with memory in a vRegion this
+//! mComponent owns, the vma tree of that part of the process and its pages; the ExCache's
+//! fetches and flushes land here (`P2M_FETCH`, `P2M_FLUSH`, `P2M_FLUSH_FETCH` and the
+//! batched forms), and so do the home's requests (`M2M_*`).
+//!
+//! Memory is accounted when a mapping becomes writable, never when a page is flushed, so a
+//! flush can never fail for lack of space.
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+
+use super::vma::{Vma, VmaMap};
+use super::{Mem, PAGE};
+
+type Page = Box<[u8; PAGE_SIZE]>;
+
+const PROT_WRITE: u32 = 2;
+
+/// Owner state of one process: its vmas and pages in vRegions this mComponent owns.
+pub(super) struct OwnerProc {
+    pub vnode: String,
+    vmas: VmaMap,
+    pub pages: BTreeMap<u64, Page>,
+    pub committed: u64,
+}
+
+impl OwnerProc {
+    fn new(vnode: &str) -> OwnerProc {
+        OwnerProc { vnode: vnode.to_string(), vmas: VmaMap::default(), pages: BTreeMap::new(), committed: 0 }
+    }
+
+    fn page_in_vma(&self, vpn: u64) -> Result<(), Refusal> {
+        self.vmas.find(vpn * PAGE).map(|_| ()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is not mapped", vpn * PAGE)))
+    }
+
+    fn load_page(&self, vpn: u64) -> Result<ByteBuf, Refusal> {
+        self.page_in_vma(vpn)?;
+        Ok(match self.pages.get(&vpn) {
+            Some(pg) => ByteBuf::from(pg.to_vec()),
+            None => ByteBuf::from(vec![0u8; PAGE_SIZE]),
+        })
+    }
+}
+
+impl Mem {
+    fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+        let p = self.owned.lock().unwrap().get(&who.pid).cloned();
+        let p = p.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no memory on mComponent {}", who.pid, self.node.id())))?;
+        let vnode = p.lock().unwrap().vnode.clone();
+        if vnode != who.vnode {
+            self.c.denied.fetch_add(1, Relaxed);
+            metrics::counter!("mcomp_denied_total").increment(1);
+            tracing::warn!(pid = who.pid, owner_vnode = %vnode, asked_by = %who.vnode, "refused a request for another vNode's pages");
+            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to vNode {vnode:?}, not {:?}", who.pid, who.vnode)));
+        }
+        Ok(p)
+    }
+
+    fn commit(&self, bytes: u64) -> Result<(), Refusal> {
+        let mut cur = self.committed.load(Relaxed);
+        loop {
+            if cur + bytes > self.capacity {
+                self.c.oom.fetch_add(1, Relaxed);
+                metrics::counter!("mcomp_out_of_memory_total").increment(1);
+                return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is out of memory ({cur} of {} bytes committed, {bytes} more asked)", self.node.id(), self.capacity)));
+            }
+            match self.committed.compare_exchange(cur, cur + bytes, Relaxed, Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn free_pages(&self, p: &mut OwnerProc, start: u64, end: u64) {
+        let vpns: Vec<u64> = p.pages.range(start / PAGE..end / PAGE).map(|(k, _)| *k).collect();
+        for v in &vpns {
+            p.pages.remove(v);
+        }
+        self.used.fetch_sub(vpns.len() as u64 * PAGE, Relaxed);
+    }
+
+    fn uncommit(&self, p: &mut OwnerProc, gone: &[(u64, Vma)]) {
+        let bytes: u64 = gone.iter().filter(|(_, v)| v.accounted).map(|(s, v)| v.end - s).sum();
+        p.committed -= bytes;
+        self.committed.fetch_sub(bytes, Relaxed);
+    }
+
+    fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
+        if data.len() != PAGE_SIZE {
+            return Err(ERR::new(ErrCode::Invalid, format!("a page is {PAGE_SIZE} bytes, got {}", data.len())));
+        }
+        p.page_in_vma(vpn)?;
+        let mut page: Page = Box::new([0u8; PAGE_SIZE]);
+        page.copy_from_slice(data);
+        if p.pages.insert(vpn, page).is_none() {
+            self.used.fetch_add(PAGE, Relaxed);
+        }
+        Ok(())
+    }
+
+    pub(super) fn fetch(&self, r: P2M_FETCH) -> Result<M2P_PAGE, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        self.c.fetches.fetch_add(1, Relaxed);
+        let data = p.lock().unwrap().load_page(r.vpn)?;
+        Ok(M2P_PAGE { data })
+    }
+
+    pub(super) fn flush(&self, r: P2M_FLUSH) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        self.c.flushes.fetch_add(1, Relaxed);
+        self.store(&mut p.lock().unwrap(), r.vpn, &r.data)?;
+        Ok(OK)
+    }
+
+    pub(super) fn flush_fetch(&self, r: P2M_FLUSH_FETCH) -> Result<M2P_PAGE, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        // The victim's process may have exited since it was evicted: its page is garbage
+        // then, and the fetch must not fail for it.
+        match self.owner_proc(&r.flush_who) {
+            Ok(victim) => {
+                self.c.flushes.fetch_add(1, Relaxed);
+                self.c.piggybacked.fetch_add(1, Relaxed);
+                self.store(&mut victim.lock().unwrap(), r.flush_vpn, &r.data)?;
+            }
+            Err(e) if e.code == ErrCode::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        self.c.fetches.fetch_add(1, Relaxed);
+        let data = p.lock().unwrap().load_page(r.fetch_vpn)?;
+        Ok(M2P_PAGE { data })
+    }
+
+    pub(super) fn fetch_many(&self, r: P2M_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let g = p.lock().unwrap();
+        let pages = r.vpns.iter().map(|v| g.load_page(*v)).collect::<Result<Vec<_>, _>>()?;
+        self.c.fetches.fetch_add(pages.len() as u64, Relaxed);
+        Ok(M2P_PAGES { pages })
+    }
+
+    pub(super) fn flush_many(&self, r: P2M_FLUSH_MANY) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        // All or nothing: a batch with a page outside the process's vmas stores none of it.
+        for (vpn, data) in &r.pages {
+            if data.len() != PAGE_SIZE {
+                return Err(ERR::new(ErrCode::Invalid, format!("a page is {PAGE_SIZE} bytes, got {}", data.len())));
+            }
+            g.page_in_vma(*vpn)?;
+        }
+        for (vpn, data) in &r.pages {
+            self.store(&mut g, *vpn, data)?;
+        }
+        self.c.flushes.fetch_add(r.pages.len() as u64, Relaxed);
+        Ok(OK)
+    }
+
+    pub(super) fn vma_add(&self, r: M2M_VMA_ADD) -> Result<OK, Refusal> {
+        let M2M_VMA_ADD { who, start, end, prot } = r;
+        let accounted = prot & PROT_WRITE != 0;
+        if accounted {
+            self.commit(end - start)?;
+        }
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode)))).clone();
+        let mut g = p.lock().unwrap();
+        if g.vnode != who.vnode {
+            if accounted {
+                self.committed.fetch_sub(end - start, Relaxed);
+            }
+            return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
+        }
+        let gone = g.vmas.remove_range(start, end);
+        self.uncommit(&mut g, &gone);
+        self.free_pages(&mut g, start, end);
+        g.vmas.insert(start, Vma { end, prot, accounted });
+        if accounted {
+            g.committed += end - start;
+        }
+        Ok(OK)
+    }
+
+    pub(super) fn vma_remove(&self, r: M2M_VMA_REMOVE) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        let gone = g.vmas.remove_range(r.start, r.end);
+        self.uncommit(&mut g, &gone);
+        self.free_pages(&mut g, r.start, r.end);
+        Ok(OK)
+    }
+
+    pub(super) fn vma_protect(&self, r: M2M_VMA_PROTECT) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        let parts = g.vmas.carve(r.start, r.end);
+        let writable = r.prot & PROT_WRITE != 0;
+        if writable {
+            let need: u64 = parts.iter().filter(|(_, v)| !v.accounted).map(|(s, v)| v.end - s).sum();
+            self.commit(need)?;
+            g.committed += need;
+        }
+        for (s, v) in parts {
+            g.vmas.set(s, Vma { prot: r.prot, accounted: v.accounted || writable, ..v });
+        }
+        Ok(OK)
+    }
+
+    pub(super) fn discard(&self, r: M2M_DISCARD) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        self.free_pages(&mut p.lock().unwrap(), r.start, r.end);
+        Ok(OK)
+    }
+
+    pub(super) fn take_pages(&self, r: M2M_TAKE_PAGES) -> Result<M2M_PAGES, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        let max = r.max as usize;
+        let vpns: Vec<u64> = g.pages.range(r.start / PAGE..r.end / PAGE).map(|(k, _)| *k).take(max + 1).collect();
+        let more = vpns.len() > max;
+        let mut pages = Vec::new();
+        for v in vpns.into_iter().take(max) {
+            let pg = g.pages.remove(&v).expect("listed above");
+            self.used.fetch_sub(PAGE, Relaxed);
+            pages.push((v, ByteBuf::from(pg.to_vec())));
+        }
+        Ok(M2M_PAGES { pages, more })
+    }
+
+    pub(super) fn put_pages(&self, r: M2M_PUT_PAGES) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        for (vpn, data) in r.pages {
+            self.store(&mut g, vpn, &data)?;
+        }
+        Ok(OK)
+    }
+
+    pub(super) fn owner_fork(&self, r: M2M_FORK) -> Result<OK, Refusal> {
+        let M2M_FORK { parent, child, start, end } = r;
+        let p = self.owner_proc(&parent)?;
+        let g = p.lock().unwrap();
+        let mut vmas = VmaMap::default();
+        let mut need = 0;
+        for (s, v) in g.vmas.iter().filter(|(s, v)| *s < end && v.end > start) {
+            need += if v.accounted { v.end - s } else { 0 };
+            vmas.insert(s, v);
+        }
+        self.commit(need)?;
+        let pages: BTreeMap<u64, Page> = g.pages.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
+        self.used.fetch_add(pages.len() as u64 * PAGE, Relaxed);
+        let mut owned = self.owned.lock().unwrap();
+        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode))));
+        let mut c = cp.lock().unwrap();
+        for (s, v) in vmas.iter() {
+            c.vmas.insert(s, v);
+        }
+        c.pages.extend(pages);
+        c.committed += need;
+        Ok(OK)
+    }
+
+    pub(super) fn owner_exit(&self, r: M2M_EXIT) -> Result<OK, Refusal> {
+        let p = self.owned.lock().unwrap().remove(&r.who.pid);
+        if let Some(p) = p {
+            let g = p.lock().unwrap();
+            self.committed.fetch_sub(g.committed, Relaxed);
+            self.used.fetch_sub(g.pages.len() as u64 * PAGE, Relaxed);
+        }
+        Ok(OK)
+    }
+}

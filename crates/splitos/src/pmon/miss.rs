@@ -1,0 +1,525 @@
+//! The ExCache miss path: one type, [`MissPath`], with its own state, over a [`PageStore`]
+//! (where lines come from and go back to) and each process's [`Region`] (its heap).
+//!
+//! A miss, step by step ([`MissPath::fault`]):
+//! 1. claim a way in the line's set ([`MissPath::claim`]); if the set is full the eviction
+//!    policy picks a victim, a clean victim is dropped without a message and a dirty one is
+//!    write-protected, copied out and dropped ([`MissPath::evict`]);
+//! 2. write the dirty victim back and fetch the line, in one round trip when both go to the
+//!    same place (LegoOS piggyback), or zero-fill a line that never left this pComponent
+//!    (a p-local line) ([`MissPath::fill`]);
+//! 3. install the line, write-protected after a read so that the first write traps and marks
+//!    it dirty ([`MissPath::install`]); or, if the fill failed, discard the claim and fail the
+//!    process with the store's error.
+//!
+//! Every write-back ends in [`MissPath::settle`], the one failure rule: a line's only copy is
+//! never dropped before a component acknowledged it. A resident line whose write-back fails
+//! stays resident and dirty. An evicted victim's copy lives only in the write-back until the
+//! acknowledgement; if its write-back fails, its process is stopped (before any of its threads
+//! could see the page as never written) and failed with an error naming the component. A miss
+//! on a line whose write-back is on the wire waits for the acknowledgement.
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use splitos_rpc::{Refusal, PAGE_SIZE};
+
+use super::excache::{ExCache, LineState};
+use super::region::{Install, Region};
+use super::stats::RunStats;
+use super::store::{Page, PageStore, Place};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+/// Pages per batched write-back message (well inside the frame bound).
+const FLUSH_BATCH: usize = 256;
+
+/// A process whose heap lines the ExCache holds.
+pub struct Tenant {
+    pub pid: u64,
+    pub region: Box<dyn Region>,
+    /// The run's counters (the miss path also counts into its pComponent total).
+    pub stats: Arc<RunStats>,
+    alive: AtomicBool,
+    /// Set once the process was failed or retired: it is failed at most once.
+    done: AtomicBool,
+    /// Lines this process faulted in by a read, and how many of those it then wrote: when most
+    /// reads are followed by a write (reference counts, hash-table updates), read misses are
+    /// installed writable and dirty, saving the write-protect fault each would take.
+    read_fills: AtomicU64,
+    written_after_read: AtomicU64,
+}
+
+impl Tenant {
+    pub fn new(pid: u64, region: Box<dyn Region>, stats: Arc<RunStats>) -> Arc<Tenant> {
+        Arc::new(Tenant { pid, region, stats, alive: AtomicBool::new(true), done: AtomicBool::new(false), read_fills: AtomicU64::new(0), written_after_read: AtomicU64::new(0) })
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive.load(Relaxed)
+    }
+
+    fn predicts_write(&self) -> bool {
+        let reads = self.read_fills.load(Relaxed);
+        reads >= 64 && self.written_after_read.load(Relaxed) * 2 > reads
+    }
+}
+
+/// What a fault asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+    /// A write to a page mapped write-protected.
+    WriteProtect,
+}
+
+/// Called once for a process whose memory cannot be served, with why.
+pub type FailHook = Box<dyn Fn(&Tenant, &str) + Send + Sync>;
+
+/// A dirty line captured for write-back; until it is settled, `data` may be its only copy.
+struct Writeback {
+    tenant: Arc<Tenant>,
+    vpn: u64,
+    data: Page,
+    /// `None`: evicted, no longer in the cache. `Some(writes)`: still resident, captured when
+    /// the line had seen `writes` writes.
+    resident: Option<u32>,
+}
+
+struct Claim {
+    slot: usize,
+    victim: Option<Writeback>,
+    /// The page exists on the store; otherwise it is a p-local line.
+    materialized: bool,
+}
+
+struct State {
+    cache: ExCache,
+    /// Evicted victims whose write-back is on the wire: a miss on one waits for it.
+    inflight: HashSet<(u64, u64)>,
+    /// Pages that exist on the store; a miss on any other page is a p-local line.
+    materialized: HashMap<u64, BTreeSet<u64>>,
+    tenants: HashMap<u64, Arc<Tenant>>,
+}
+
+pub struct MissPath {
+    store: Arc<dyn PageStore>,
+    piggyback: bool,
+    state: Mutex<State>,
+    cv: Condvar,
+    total: Arc<RunStats>,
+    on_fail: FailHook,
+}
+
+impl MissPath {
+    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, on_fail: FailHook) -> MissPath {
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new() };
+        MissPath { store, piggyback, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
+    }
+
+    /// The pComponent's counters over all runs.
+    pub fn total(&self) -> &Arc<RunStats> {
+        &self.total
+    }
+
+    pub fn piggyback(&self) -> bool {
+        self.piggyback
+    }
+
+    /// Reads the cache's bookkeeping (for statistics).
+    pub fn with_cache<R>(&self, f: impl FnOnce(&ExCache) -> R) -> R {
+        f(&self.state.lock().unwrap().cache)
+    }
+
+    /// A new process; `materialized` are the pages it already has on the store (a forked
+    /// child's copy).
+    pub fn add(&self, t: Arc<Tenant>, materialized: BTreeSet<u64>) {
+        let mut g = self.state.lock().unwrap();
+        g.materialized.insert(t.pid, materialized);
+        g.tenants.insert(t.pid, t);
+    }
+
+    /// A process that ended: its lines leave the cache; it is never failed after this.
+    pub fn remove(&self, t: &Tenant) {
+        t.done.store(true, Relaxed);
+        t.alive.store(false, Relaxed);
+        let mut g = self.state.lock().unwrap();
+        for (vpn, _) in g.cache.resident_in(t.pid, 0, u64::MAX) {
+            g.cache.remove(t.pid, vpn);
+        }
+        g.tenants.remove(&t.pid);
+        g.materialized.remove(&t.pid);
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    pub fn materialized_of(&self, pid: u64) -> BTreeSet<u64> {
+        self.state.lock().unwrap().materialized.get(&pid).cloned().unwrap_or_default()
+    }
+
+    /// After mremap moved [old, old + old_len) to `new`: the pages that existed on the store in
+    /// the old range now exist at the new one (as far as the new length reaches).
+    pub fn shift_materialized(&self, pid: u64, old: u64, old_len: u64, new_len: u64, new: u64) {
+        let mut g = self.state.lock().unwrap();
+        let Some(m) = g.materialized.get_mut(&pid) else { return };
+        let (of, oe) = (old / PAGE, (old + old_len) / PAGE);
+        let moved: Vec<u64> = m.range(of..oe).copied().collect();
+        for v in &moved {
+            m.remove(v);
+        }
+        let keep = new_len / PAGE;
+        for v in moved.into_iter().filter(|v| v - of < keep) {
+            m.insert(v - of + new / PAGE);
+        }
+    }
+
+    /// Applies a counter update to the process's run and to the pComponent total.
+    fn bump(&self, t: &Tenant, f: impl Fn(&RunStats)) {
+        f(&t.stats);
+        f(&self.total);
+    }
+
+    /// Stops serving a process and reports why, once.
+    fn fail(&self, t: &Tenant, why: &str) {
+        t.alive.store(false, Relaxed);
+        if !t.done.swap(true, Relaxed) {
+            t.stats.errors.lock().unwrap().push(why.to_string());
+            (self.on_fail)(t, why);
+        }
+        self.cv.notify_all();
+    }
+
+    /// Serves one fault of `t` on page `vpn`.
+    pub fn fault(&self, t: &Arc<Tenant>, vpn: u64, access: Access, t0: Instant) {
+        let Some(claim) = self.claim(t, vpn, access) else { return };
+        let t_evicted = Instant::now();
+        let materialized = claim.materialized;
+        let filled = self.fill(t, vpn, materialized, claim.victim);
+        let t_fetched = Instant::now();
+        match filled {
+            Ok(data) => self.install(t, vpn, claim.slot, data.as_deref(), access == Access::Write),
+            Err(e) => {
+                self.abandon(t, vpn, claim.slot);
+                self.fail(t, &e.msg);
+                return;
+            }
+        }
+        let t_done = Instant::now();
+        let parts = [t_evicted - t0, t_fetched - t_evicted, t_done - t_fetched].map(|d| (d.as_nanos() as u64).max(1));
+        self.bump(t, |s| {
+            let _ = s.evict_ns.lock().unwrap().record(parts[0]);
+            if materialized {
+                let _ = s.rpc_ns.lock().unwrap().record(parts[1]);
+                s.bytes_fetched.fetch_add(PAGE, Relaxed);
+            } else {
+                s.plocal_fills.fetch_add(1, Relaxed);
+            }
+            let _ = s.install_ns.lock().unwrap().record(parts[2]);
+            s.misses.fetch_add(1, Relaxed);
+            let _ = s.miss_ns.lock().unwrap().record(((t_done - t0).as_nanos() as u64).max(1));
+        });
+    }
+
+    /// Step 1: a hit is served here (a write to a write-protected line makes it dirty); a miss
+    /// claims a way, evicting the policy's victim if the set is full. `None` when nothing more
+    /// is to be done.
+    fn claim(&self, t: &Arc<Tenant>, vpn: u64, access: Access) -> Option<Claim> {
+        let mut g = self.state.lock().unwrap();
+        loop {
+            if !t.alive() {
+                return None;
+            }
+            if let Some(slot) = g.cache.lookup(t.pid, vpn) {
+                let line = *g.cache.line(slot);
+                if line.state == LineState::Filling {
+                    g = self.cv.wait(g).unwrap();
+                    continue;
+                }
+                if access != Access::Read && line.wp {
+                    if !line.dirty {
+                        t.written_after_read.fetch_add(1, Relaxed);
+                    }
+                    let l = g.cache.line_mut(slot);
+                    l.wp = false;
+                    l.dirty = true;
+                    l.referenced = true;
+                    l.writes = l.writes.wrapping_add(1);
+                    self.bump(t, |s| {
+                        s.wp_faults.fetch_add(1, Relaxed);
+                    });
+                    if let Err(e) = t.region.write_protect(vpn, 1, false) {
+                        tracing::warn!(pid = t.pid, error = %e, "cannot lift write protection");
+                    }
+                } else {
+                    t.region.wake(vpn);
+                }
+                return None;
+            }
+            if access == Access::WriteProtect {
+                // Evicted while the writer waited: woken, it faults again as a miss.
+                t.region.wake(vpn);
+                return None;
+            }
+            if g.inflight.contains(&(t.pid, vpn)) {
+                g = self.cv.wait(g).unwrap();
+                continue;
+            }
+            let Some(c) = g.cache.claim(t.pid, vpn) else {
+                g = self.cv.wait(g).unwrap();
+                continue;
+            };
+            let victim = c.victim.and_then(|v| self.evict(&mut g, v.pid, v.vpn, v.dirty, v.wp));
+            for (pid, rv) in g.cache.take_rearm(vpn) {
+                if let Some(q) = g.tenants.get(&pid) {
+                    let _ = q.region.write_protect(rv, 1, true);
+                }
+            }
+            let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
+            return Some(Claim { slot: c.slot, victim, materialized });
+        }
+    }
+
+    /// Drops a victim line from its process; a dirty one is captured first and marked in
+    /// flight, its write-back now holding the only copy.
+    fn evict(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, dirty: bool, wp: bool) -> Option<Writeback> {
+        let vt = g.tenants.get(&pid).cloned()?;
+        let mut wb = None;
+        if dirty && vt.alive() {
+            match capture(&vt, vpn, wp) {
+                Ok(data) => {
+                    g.inflight.insert((pid, vpn));
+                    wb = Some(Writeback { tenant: vt.clone(), vpn, data, resident: None });
+                }
+                Err(e) => self.fail(&vt, &format!("cannot read heap page {:#x} to write it back: {e}", vpn * PAGE)),
+            }
+        }
+        if let Err(e) = vt.region.punch(vpn, 1) {
+            tracing::warn!(pid, error = %e, "cannot drop a victim line");
+        }
+        self.bump(&vt, |s| {
+            s.evictions.fetch_add(1, Relaxed);
+        });
+        wb
+    }
+
+    /// Step 2: the line's contents (`None`: zeros, a p-local line), with the victim's write-back
+    /// piggybacked when both go to the same place.
+    fn fill(&self, t: &Tenant, vpn: u64, materialized: bool, victim: Option<Writeback>) -> Result<Option<Page>, Refusal> {
+        if let Some(wb) = victim {
+            let joint = materialized && self.piggyback && matches!((self.store.place(wb.tenant.pid, wb.vpn), self.store.place(t.pid, vpn)), (Ok(a), Ok(b)) if a == b);
+            if joint {
+                let r = self.store.flush_fetch((wb.tenant.pid, wb.vpn, &wb.data), (t.pid, vpn));
+                self.settle(vec![wb], r.as_ref().map(|_| ()).map_err(Clone::clone), true);
+                return r.map(Some);
+            }
+            let r = self.store.flush(wb.tenant.pid, wb.vpn, &wb.data);
+            self.settle(vec![wb], r, false);
+        }
+        if materialized {
+            self.store.fetch(t.pid, vpn).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Step 3: installs the line and completes its claim.
+    fn install(&self, t: &Tenant, vpn: u64, slot: usize, data: Option<&[u8]>, write: bool) {
+        // A line installed writable is dirty from the start: no write to it can go unseen.
+        let writable = write || t.predicts_write();
+        if !writable {
+            // Only lines installed write-protected can show whether a write follows.
+            t.read_fills.fetch_add(1, Relaxed);
+        }
+        let r = match data {
+            Some(d) => t.region.copy(vpn, d, !writable),
+            None => t.region.zero(vpn, !writable),
+        };
+        let installed = r.unwrap_or_else(|e| {
+            tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot install a line");
+            Install::Gone
+        });
+        let mut g = self.state.lock().unwrap();
+        if g.cache.lookup(t.pid, vpn) == Some(slot) {
+            match installed {
+                Install::Done | Install::Exists => g.cache.complete(slot, writable, !writable),
+                Install::Gone => {
+                    g.cache.remove(t.pid, vpn);
+                }
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    /// Gives back the way a failed miss claimed.
+    fn abandon(&self, t: &Tenant, vpn: u64, slot: usize) {
+        let mut g = self.state.lock().unwrap();
+        if g.cache.lookup(t.pid, vpn) == Some(slot) {
+            g.cache.remove(t.pid, vpn);
+        }
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    /// Ends write-backs that were sent together, with their one result. This is the one
+    /// failure rule of every write-back (see the module documentation).
+    fn settle(&self, wbs: Vec<Writeback>, r: Result<(), Refusal>, piggybacked: bool) {
+        let mut lost = Vec::new();
+        let mut g = self.state.lock().unwrap();
+        for wb in &wbs {
+            let (pid, vpn) = (wb.tenant.pid, wb.vpn);
+            if r.is_ok() {
+                g.materialized.entry(pid).or_default().insert(vpn);
+            }
+            match wb.resident {
+                None => {
+                    if r.is_err() && wb.tenant.alive() {
+                        // Stop the process before the page stops being in flight: none of its
+                        // threads may miss on it and read zeros.
+                        wb.tenant.alive.store(false, Relaxed);
+                        lost.push(wb);
+                    }
+                    g.inflight.remove(&(pid, vpn));
+                }
+                Some(writes) => {
+                    if let Some(slot) = g.cache.lookup(pid, vpn) {
+                        let l = g.cache.line_mut(slot);
+                        l.state = LineState::Ready;
+                        if r.is_ok() && l.writes == writes {
+                            l.dirty = false;
+                        }
+                    }
+                }
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        match &r {
+            Ok(()) => {
+                for wb in &wbs {
+                    self.bump(&wb.tenant, |s| {
+                        s.flushes.fetch_add(1, Relaxed);
+                        s.bytes_flushed.fetch_add(PAGE, Relaxed);
+                        if piggybacked {
+                            s.piggybacked.fetch_add(1, Relaxed);
+                        }
+                    });
+                }
+            }
+            Err(e) => {
+                for wb in lost {
+                    self.fail(&wb.tenant, &format!("{}; it was the only copy of that page", e.msg));
+                }
+            }
+        }
+    }
+
+    /// Writes back every dirty line of `t` in [first, end) (virtual pages), batched per place;
+    /// the lines stay resident, and those not written meanwhile become clean. A line whose
+    /// write-back fails stays dirty, and the first error is returned.
+    pub fn write_back_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
+        let mut wbs = Vec::new();
+        let mut result = Ok(());
+        {
+            let mut g = self.wait_range_settled(t.pid, first, end);
+            for (vpn, slot) in g.cache.resident_in(t.pid, first, end) {
+                let line = *g.cache.line(slot);
+                if !line.dirty {
+                    continue;
+                }
+                match capture(t, vpn, line.wp) {
+                    Ok(data) => {
+                        let l = g.cache.line_mut(slot);
+                        l.wp = true;
+                        l.state = LineState::WritingBack;
+                        wbs.push(Writeback { tenant: t.clone(), vpn, data, resident: Some(l.writes) });
+                    }
+                    Err(e) => result = Err(Refusal::new(splitos_rpc::ErrCode::Internal, format!("cannot read heap page {:#x}: {e}", vpn * PAGE))),
+                }
+            }
+        }
+        let mut by_place: BTreeMap<Place, Vec<Writeback>> = BTreeMap::new();
+        for wb in wbs {
+            match self.store.place(t.pid, wb.vpn) {
+                Ok(p) => by_place.entry(p).or_default().push(wb),
+                Err(e) => {
+                    self.settle(vec![wb], Err(e.clone()), false);
+                    result = result.and(Err(e));
+                }
+            }
+        }
+        for (_, mut group) in by_place {
+            while !group.is_empty() {
+                let batch: Vec<Writeback> = group.drain(..group.len().min(FLUSH_BATCH)).collect();
+                let pages: Vec<(u64, &[u8])> = batch.iter().map(|w| (w.vpn, &w.data[..])).collect();
+                let r = self.store.flush_many(t.pid, &pages);
+                if let Err(e) = &r {
+                    result = result.and(Err(e.clone()));
+                }
+                self.settle(batch, r, false);
+            }
+        }
+        result
+    }
+
+    /// Moves [first, end) out of the cache and out of the program after writing its dirty lines
+    /// back; the pages stay on the store (mremap moves them there).
+    pub fn evict_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
+        self.write_back_range(t, first, end)?;
+        self.drop_range(t, first, end, false);
+        Ok(())
+    }
+
+    /// Drops [first, end) from the cache and from the program without writing anything back,
+    /// and forgets that those pages ever existed on the store (munmap, MADV_DONTNEED).
+    pub fn discard_range(&self, t: &Tenant, first: u64, end: u64) {
+        self.drop_range(t, first, end, true);
+    }
+
+    fn drop_range(&self, t: &Tenant, first: u64, end: u64, forget: bool) {
+        let mut g = self.wait_range_settled(t.pid, first, end);
+        for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
+            g.cache.remove(t.pid, vpn);
+        }
+        if let Err(e) = t.region.punch(first, end - first) {
+            tracing::warn!(pid = t.pid, error = %e, "cannot drop a range");
+        }
+        if forget {
+            if let Some(m) = g.materialized.get_mut(&t.pid) {
+                let gone: Vec<u64> = m.range(first..end).copied().collect();
+                for v in gone {
+                    m.remove(&v);
+                }
+            }
+        }
+    }
+
+    /// Locks the state once no line of [first, end) is being filled or written back.
+    fn wait_range_settled(&self, pid: u64, first: u64, end: u64) -> MutexGuard<'_, State> {
+        let mut g = self.state.lock().unwrap();
+        loop {
+            let busy = g.cache.resident_in(pid, first, end).iter().any(|(_, s)| g.cache.line(*s).state != LineState::Ready);
+            let flying = g.inflight.iter().any(|(q, v)| *q == pid && *v >= first && *v < end);
+            if !busy && !flying {
+                return g;
+            }
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}
+
+/// Write-protects a dirty line (so later writes trap) and copies it out.
+fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
+    if !wp {
+        if let Err(e) = t.region.write_protect(vpn, 1, true) {
+            tracing::warn!(pid = t.pid, error = %e, "cannot write-protect a line being written back");
+        }
+    }
+    let mut data = vec![0u8; PAGE_SIZE];
+    t.region.read_out(vpn, &mut data)?;
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests;

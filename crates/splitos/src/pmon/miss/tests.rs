@@ -1,0 +1,379 @@
+//! The miss path driven with an in-memory page store and region: no userfaultfd, no
+//! processes. A "program" here reads and writes the first byte of pages through the region
+//! and faults into the miss path exactly where a real one would trap.
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use splitos_rpc::{ErrCode, Refusal, ERR, PAGE_SIZE};
+
+use super::*;
+use crate::pmon::excache::{Clock, EvictionPolicy, ExCache, Fifo};
+
+#[derive(Default)]
+struct RegionPages {
+    pages: Mutex<HashMap<u64, (Vec<u8>, bool)>>,
+}
+
+#[derive(Clone, Default)]
+struct MemRegion(Arc<RegionPages>);
+
+impl Region for MemRegion {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        let mut p = self.0.pages.lock().unwrap();
+        if p.contains_key(&vpn) {
+            return Ok(Install::Exists);
+        }
+        p.insert(vpn, (data.to_vec(), wp));
+        Ok(Install::Done)
+    }
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        self.copy(vpn, &[0u8; PAGE_SIZE], wp)
+    }
+    fn wake(&self, _vpn: u64) {}
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        let mut p = self.0.pages.lock().unwrap();
+        for v in vpn..vpn + pages {
+            if let Some(e) = p.get_mut(&v) {
+                e.1 = on;
+            }
+        }
+        Ok(())
+    }
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        let mut p = self.0.pages.lock().unwrap();
+        p.retain(|v, _| *v < vpn || *v >= vpn + pages);
+        Ok(())
+    }
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        let p = self.0.pages.lock().unwrap();
+        let (d, _) = p.get(&vpn).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not resident"))?;
+        buf.copy_from_slice(d);
+        Ok(())
+    }
+}
+
+/// A page store in memory. Places are `vpn % places`; flushes to a place in `failing` are
+/// refused; with `gate` closed, flushes wait until it opens.
+struct MemStore {
+    places: u64,
+    pages: Mutex<HashMap<(u64, u64), Vec<u8>>>,
+    failing: Mutex<HashSet<Place>>,
+    calls: Mutex<Vec<&'static str>>,
+    gate: (Mutex<bool>, Condvar),
+}
+
+impl MemStore {
+    fn new(places: u64) -> Arc<MemStore> {
+        Arc::new(MemStore { places, pages: Mutex::default(), failing: Mutex::default(), calls: Mutex::default(), gate: (Mutex::new(true), Condvar::new()) })
+    }
+    fn calls(&self, name: &str) -> usize {
+        self.calls.lock().unwrap().iter().filter(|c| **c == name).count()
+    }
+    fn store(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
+        let place = self.place(pid, vpn)?;
+        let mut open = self.gate.0.lock().unwrap();
+        while !*open {
+            open = self.gate.1.wait(open).unwrap();
+        }
+        if self.failing.lock().unwrap().contains(&place) {
+            return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {place} at test: cannot write back heap page {:#x}", vpn * 4096)));
+        }
+        self.pages.lock().unwrap().insert((pid, vpn), data.to_vec());
+        Ok(())
+    }
+    fn load(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
+        // A fetch of a page that was never written back is a bug of the miss path.
+        self.pages.lock().unwrap().get(&(pid, vpn)).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("page {vpn} of {pid} was never stored")))
+    }
+    fn set_gate(&self, open: bool) {
+        *self.gate.0.lock().unwrap() = open;
+        self.gate.1.notify_all();
+    }
+}
+
+impl PageStore for MemStore {
+    fn place(&self, _pid: u64, vpn: u64) -> Result<Place, Refusal> {
+        Ok((vpn % self.places) as Place)
+    }
+    fn fetch(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
+        self.calls.lock().unwrap().push("fetch");
+        self.load(pid, vpn)
+    }
+    fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
+        self.calls.lock().unwrap().push("flush");
+        self.store(pid, vpn, data)
+    }
+    fn flush_fetch(&self, (fp, fv, data): (u64, u64, &[u8]), (pid, vpn): (u64, u64)) -> Result<Page, Refusal> {
+        self.calls.lock().unwrap().push("flush_fetch");
+        self.store(fp, fv, data)?;
+        self.load(pid, vpn)
+    }
+    fn fetch_many(&self, pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
+        self.calls.lock().unwrap().push("fetch_many");
+        vpns.iter().map(|v| self.load(pid, *v)).collect()
+    }
+    fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
+        self.calls.lock().unwrap().push("flush_many");
+        for (v, d) in pages {
+            self.store(pid, *v, d)?;
+        }
+        Ok(())
+    }
+}
+
+struct Rig {
+    mp: Arc<MissPath>,
+    store: Arc<MemStore>,
+    failed: Arc<Mutex<Vec<(u64, String)>>>,
+}
+
+fn rig(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool) -> Rig {
+    let store = MemStore::new(places);
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let f2 = failed.clone();
+    let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
+    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, hook));
+    Rig { mp, store, failed }
+}
+
+/// A process as the test drives it.
+struct Prog {
+    t: Arc<Tenant>,
+    mem: MemRegion,
+}
+
+impl Rig {
+    fn prog(&self, pid: u64) -> Prog {
+        let mem = MemRegion::default();
+        let t = Tenant::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
+        self.mp.add(t.clone(), Default::default());
+        Prog { t, mem }
+    }
+    fn failed(&self) -> Vec<(u64, String)> {
+        self.failed.lock().unwrap().clone()
+    }
+}
+
+impl Prog {
+    /// The first byte of page `vpn`, faulting it in; `None` once the process was failed.
+    fn read(&self, mp: &MissPath, vpn: u64) -> Option<u8> {
+        for _ in 0..8 {
+            if let Some((d, _)) = self.mem.0.pages.lock().unwrap().get(&vpn) {
+                return Some(d[0]);
+            }
+            if !self.t.alive() {
+                return None;
+            }
+            mp.fault(&self.t, vpn, Access::Read, Instant::now());
+        }
+        None
+    }
+    /// Writes the first byte of page `vpn`; false once the process was failed.
+    fn write(&self, mp: &MissPath, vpn: u64, b: u8) -> bool {
+        for _ in 0..8 {
+            let access = match self.mem.0.pages.lock().unwrap().get_mut(&vpn) {
+                Some((d, false)) => {
+                    d[0] = b;
+                    return true;
+                }
+                Some((_, true)) => Access::WriteProtect,
+                None => Access::Write,
+            };
+            if !self.t.alive() {
+                return false;
+            }
+            mp.fault(&self.t, vpn, access, Instant::now());
+        }
+        false
+    }
+    fn stat(&self, f: impl Fn(&RunStats) -> &std::sync::atomic::AtomicU64) -> u64 {
+        f(&self.t.stats).load(Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn p_local_lines_need_no_message_and_come_back_after_eviction() {
+    let r = rig(2, 0, Box::new(Fifo), 1, true);
+    let p = r.prog(1);
+    assert!(p.write(&r.mp, 10, 7));
+    assert!(p.write(&r.mp, 11, 8));
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "first touches are p-local: no message");
+    assert_eq!(p.stat(|s| &s.plocal_fills), 2);
+    assert!(p.write(&r.mp, 12, 9), "a third line evicts the oldest");
+    assert_eq!(r.store.calls("flush"), 1, "the dirty victim was written back");
+    assert_eq!(p.read(&r.mp, 10), Some(7), "the evicted line comes back with its contents");
+    assert_eq!(r.store.calls("flush_fetch") + r.store.calls("fetch"), 1);
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn clean_victims_are_dropped_without_a_message() {
+    let r = rig(2, 0, Box::new(Fifo), 1, true);
+    let p = r.prog(1);
+    assert!(p.write(&r.mp, 1, 1));
+    assert!(p.write(&r.mp, 2, 2));
+    assert!(p.write(&r.mp, 3, 3));
+    assert!(p.write(&r.mp, 4, 4));
+    let messages = r.store.calls.lock().unwrap().len();
+    // Page 1 is fetched back (clean, write-protected) and evicted again: no flush for it.
+    assert_eq!(p.read(&r.mp, 1), Some(1));
+    assert_eq!(p.read(&r.mp, 2), Some(2));
+    let flushes_before = r.store.calls("flush") + r.store.calls("flush_fetch");
+    assert_eq!(p.read(&r.mp, 3), Some(3), "evicts clean page 1");
+    assert_eq!(r.store.calls("flush") + r.store.calls("flush_fetch"), flushes_before, "a clean victim needs no write-back");
+    assert!(r.store.calls.lock().unwrap().len() > messages);
+    assert!(p.stat(|s| &s.evictions) >= 4);
+}
+
+#[test]
+fn eviction_follows_the_policy() {
+    for (policy, keeps_rewritten) in [(Box::new(Fifo) as Box<dyn EvictionPolicy>, false), (Box::new(Clock), true)] {
+        let name = policy.name();
+        let r = rig(3, 0, policy, 1, true);
+        let p = r.prog(1);
+        for v in 0..3 {
+            assert!(p.write(&r.mp, v, v as u8 + 1));
+        }
+        // Both evict page 0; CLOCK also clears the reference bits of 1 and 2 and
+        // write-protects them again so that their next write is seen.
+        assert!(p.write(&r.mp, 3, 4));
+        assert!(p.write(&r.mp, 1, 20));
+        assert_eq!(p.stat(|s| &s.wp_faults), keeps_rewritten as u64, "{name}: only CLOCK watches the rewrite");
+        // FIFO evicts the oldest fill, page 1; CLOCK spares the re-referenced page 1 and evicts 2.
+        assert!(p.write(&r.mp, 4, 5));
+        let resident: Vec<u64> = r.mp.with_cache(|c| c.resident_in(1, 0, 10).into_iter().map(|(v, _)| v).collect());
+        assert_eq!(resident.contains(&1), keeps_rewritten, "{name}: {resident:?}");
+        assert_eq!(resident.contains(&2), !keeps_rewritten, "{name}: {resident:?}");
+        for (v, want) in [(0u64, 1u8), (1, 20), (2, 3), (3, 4), (4, 5)] {
+            assert_eq!(p.read(&r.mp, v), Some(want), "{name}: page {v} keeps its contents");
+        }
+    }
+}
+
+#[test]
+fn piggyback_merges_the_victims_flush_with_the_fetch_only_when_enabled() {
+    for piggyback in [true, false] {
+        let r = rig(2, 0, Box::new(Fifo), 1, piggyback);
+        let p = r.prog(1);
+        for v in 0..4 {
+            assert!(p.write(&r.mp, v, v as u8));
+        }
+        // Pages 0 and 1 are on the store; 2 and 3 are dirty and resident.
+        assert_eq!(p.read(&r.mp, 0), Some(0));
+        assert_eq!(r.store.calls("flush_fetch"), piggyback as usize, "piggyback={piggyback}");
+        assert_eq!(r.store.calls("fetch"), !piggyback as usize);
+        assert_eq!(p.stat(|s| &s.piggybacked), piggyback as u64);
+    }
+}
+
+#[test]
+fn a_victims_failed_write_back_fails_its_own_process_not_silently() {
+    // Place = vpn % 2: process 1's pages at even vpns go to place 0, which refuses flushes.
+    let r = rig(2, 0, Box::new(Fifo), 2, true);
+    let victim = r.prog(1);
+    let other = r.prog(2);
+    assert!(victim.write(&r.mp, 10, 42));
+    assert!(victim.write(&r.mp, 12, 43));
+    r.store.failing.lock().unwrap().insert(0);
+    // Process 2 misses on a p-local page: process 1's dirty line 10 is the victim.
+    assert!(other.write(&r.mp, 21, 5));
+    let failed = r.failed();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, 1, "the victim's process is failed, not the faulting one");
+    assert!(failed[0].1.contains("mComponent 0"), "the error names the component: {}", failed[0].1);
+    assert!(!victim.t.alive());
+    assert!(other.t.alive(), "the faulting process goes on");
+    // The victim can never see its page as zeros: it is no longer served at all.
+    assert_eq!(victim.read(&r.mp, 10), None);
+    assert_eq!(other.read(&r.mp, 21), Some(5));
+}
+
+#[test]
+fn a_failed_piggybacked_write_back_fails_both_processes() {
+    let r = rig(2, 0, Box::new(Fifo), 1, true);
+    let victim = r.prog(1);
+    let other = r.prog(2);
+    // Process 2 has a page on the store, then process 1 fills the cache with dirty lines.
+    assert!(other.write(&r.mp, 1, 11));
+    assert!(other.write(&r.mp, 2, 12));
+    assert!(victim.write(&r.mp, 3, 13));
+    assert!(victim.write(&r.mp, 4, 14));
+    r.store.failing.lock().unwrap().insert(0);
+    // Process 2 misses on page 1 (on the store): victim line 3 of process 1 rides along.
+    assert_eq!(other.read(&r.mp, 1), None);
+    let mut pids: Vec<u64> = r.failed().iter().map(|f| f.0).collect();
+    pids.sort();
+    assert_eq!(pids, vec![1, 2], "{:?}", r.failed());
+    assert_eq!(r.store.calls("flush_fetch"), 1);
+    assert_eq!(victim.read(&r.mp, 3), None, "never zeros for the lost page");
+}
+
+#[test]
+fn a_miss_waits_for_the_write_back_of_the_same_line() {
+    let r = rig(1, 0, Box::new(Fifo), 1, false);
+    let p = Arc::new(r.prog(1));
+    assert!(p.write(&r.mp, 0, 77));
+    r.store.set_gate(false);
+    // Another page evicts page 0, whose write-back now hangs on the store.
+    let (mp, p2) = (r.mp.clone(), p.clone());
+    let evictor = std::thread::spawn(move || p2.write(&mp, 1, 1));
+    while r.store.calls("flush") == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let (mp, p3, d2) = (r.mp.clone(), p.clone(), done.clone());
+    let reader = std::thread::spawn(move || {
+        let v = p3.read(&mp, 0);
+        d2.store(true, Ordering::SeqCst);
+        v
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.load(Ordering::SeqCst), "the miss on page 0 must wait for its write-back");
+    r.store.set_gate(true);
+    assert!(evictor.join().unwrap());
+    // Had it not waited, it would have fetched a page the store never had and been failed.
+    assert_eq!(reader.join().unwrap(), Some(77), "it then reads what was written back");
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_range_write_back_keeps_lines_dirty_until_acknowledged() {
+    let r = rig(8, 0, Box::new(Fifo), 1, true);
+    let p = r.prog(1);
+    for v in 0..4 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    r.store.failing.lock().unwrap().insert(0);
+    assert!(r.mp.write_back_range(&p.t, 0, 8).is_err());
+    let dirty = r.mp.with_cache(|c| c.resident_in(1, 0, 8).iter().filter(|(_, s)| c.line(*s).dirty).count());
+    assert_eq!(dirty, 4, "a failed write-back leaves every line dirty and resident");
+    assert!(r.failed().is_empty(), "nothing was lost, so nobody is failed");
+    r.store.failing.lock().unwrap().clear();
+    assert!(r.mp.write_back_range(&p.t, 0, 8).is_ok());
+    assert_eq!(r.store.calls("flush_many"), 2, "one batched message per place each time");
+    let dirty = r.mp.with_cache(|c| c.resident_in(1, 0, 8).iter().filter(|(_, s)| c.line(*s).dirty).count());
+    assert_eq!(dirty, 0);
+    assert_eq!(r.store.pages.lock().unwrap().get(&(1, 3)).map(|d| d[0]), Some(4));
+    // A write after the write-back traps (the line is write-protected again) and makes it dirty.
+    assert!(p.write(&r.mp, 2, 99));
+    assert_eq!(p.stat(|s| &s.wp_faults), 1);
+}
+
+#[test]
+fn reads_then_writes_are_predicted_and_installed_writable() {
+    let r = rig(256, 0, Box::new(Fifo), 1, true);
+    let p = r.prog(1);
+    for v in 0..64 {
+        assert_eq!(p.read(&r.mp, v), Some(0));
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert_eq!(p.stat(|s| &s.wp_faults), 64, "each read-then-write takes one write-protect fault");
+    assert_eq!(p.read(&r.mp, 100), Some(0));
+    assert!(p.write(&r.mp, 100, 1));
+    assert_eq!(p.stat(|s| &s.wp_faults), 64, "once predicted, a read miss is installed writable and dirty");
+    let slot = r.mp.with_cache(|c| c.lookup(1, 100)).unwrap();
+    assert!(r.mp.with_cache(|c| c.line(slot).dirty));
+}

@@ -1,0 +1,68 @@
+//! What the miss path does to a program's heap: the [`Region`] interface, and
+//! [`UffdRegion`], its implementation with the userfaultfd and memfd the program's shim handed
+//! over. Pages are numbered by virtual page (address / 4096).
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::uffd::{self, PAGE};
+
+pub use super::uffd::Install;
+
+pub trait Region: Send + Sync {
+    /// Installs a page and wakes the threads waiting for it; `wp` maps it write-protected so
+    /// that the first write traps.
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install>;
+    /// Installs a page of zeros (a line that never left this pComponent).
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install>;
+    /// Wakes threads waiting on a page that is already there.
+    fn wake(&self, vpn: u64);
+    /// Sets or lifts write protection of resident pages; lifting wakes waiting writers.
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()>;
+    /// Drops pages from the program and frees the memory behind them; the next access faults.
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
+    /// The current contents of a resident page.
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()>;
+}
+
+/// A program's heap region: its userfaultfd, and the memfd behind the region at `base`.
+pub struct UffdRegion {
+    pub uffd: Arc<OwnedFd>,
+    pub memfd: OwnedFd,
+    pub base: u64,
+}
+
+static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+
+impl UffdRegion {
+    fn offset(&self, vpn: u64) -> u64 {
+        vpn * PAGE - self.base
+    }
+}
+
+impl Region for UffdRegion {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        uffd::copy(&self.uffd, vpn * PAGE, data, wp)
+    }
+
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        // UFFDIO_ZEROPAGE does not exist for shared memory: copy a page of zeros.
+        uffd::copy(&self.uffd, vpn * PAGE, &ZEROS, wp)
+    }
+
+    fn wake(&self, vpn: u64) {
+        uffd::wake(&self.uffd, vpn * PAGE, PAGE);
+    }
+
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        uffd::write_protect(&self.uffd, vpn * PAGE, pages * PAGE, on)
+    }
+
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        uffd::punch(&self.memfd, self.offset(vpn), pages * PAGE)
+    }
+
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        uffd::read_page(&self.memfd, self.offset(vpn), buf)
+    }
+}

@@ -1,0 +1,75 @@
+//! Counters of the miss path: per run (all processes one `splitos run` started) and for the
+//! whole pComponent.
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use hdrhistogram::Histogram;
+
+/// Counters of one `splitos run` (all processes it started) or of the whole pComponent.
+pub struct RunStats {
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub flushes: AtomicU64,
+    pub piggybacked: AtomicU64,
+    pub plocal_fills: AtomicU64,
+    pub bytes_fetched: AtomicU64,
+    pub bytes_flushed: AtomicU64,
+    pub wp_faults: AtomicU64,
+    pub processes: AtomicU64,
+    pub miss_ns: Mutex<Histogram<u64>>,
+    /// Where a miss spends its time inside the pComponent: choosing and dropping a victim,
+    /// the network round trip(s), and installing the line into the program.
+    pub evict_ns: Mutex<Histogram<u64>>,
+    pub rpc_ns: Mutex<Histogram<u64>>,
+    pub install_ns: Mutex<Histogram<u64>>,
+    pub errors: Mutex<Vec<String>>,
+}
+
+fn histogram() -> Mutex<Histogram<u64>> {
+    Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"))
+}
+
+impl Default for RunStats {
+    fn default() -> Self {
+        RunStats {
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            piggybacked: AtomicU64::new(0),
+            plocal_fills: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            bytes_flushed: AtomicU64::new(0),
+            wp_faults: AtomicU64::new(0),
+            processes: AtomicU64::new(0),
+            miss_ns: histogram(),
+            evict_ns: histogram(),
+            rpc_ns: histogram(),
+            install_ns: histogram(),
+            errors: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl RunStats {
+    pub fn json(&self) -> serde_json::Value {
+        let h = self.miss_ns.lock().unwrap();
+        let p50 = |m: &Mutex<Histogram<u64>>| m.lock().unwrap().value_at_quantile(0.5);
+        serde_json::json!({
+            "misses": self.misses.load(Relaxed),
+            "evictions": self.evictions.load(Relaxed),
+            "flushes": self.flushes.load(Relaxed),
+            "piggybacked": self.piggybacked.load(Relaxed),
+            "plocal_fills": self.plocal_fills.load(Relaxed),
+            "bytes_fetched": self.bytes_fetched.load(Relaxed),
+            "bytes_flushed": self.bytes_flushed.load(Relaxed),
+            "wp_faults": self.wp_faults.load(Relaxed),
+            "processes": self.processes.load(Relaxed),
+            "miss_ns_p50": h.value_at_quantile(0.5),
+            "miss_ns_p99": h.value_at_quantile(0.99),
+            "miss_ns_mean": h.mean() as u64,
+            "miss_breakdown_ns_p50": {"evict": p50(&self.evict_ns), "rpc": p50(&self.rpc_ns), "install": p50(&self.install_ns)},
+            "errors": *self.errors.lock().unwrap(),
+        })
+    }
+}
+
