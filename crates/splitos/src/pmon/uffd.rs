@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use splitos_shim_abi::uffd;
 
-pub const PAGE: u64 = 4096;
+pub const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
 fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
     // SAFETY: `arg` is the record this ioctl expects (see splitos_shim_abi::uffd).
@@ -61,6 +61,10 @@ pub fn write_protect(uffd_fd: &OwnedFd, addr: u64, len: u64, protect: bool) -> i
 
 /// Reads a resident page's current contents through the memfd.
 pub fn read_page(memfd: &OwnedFd, off: u64, buf: &mut [u8]) -> io::Result<()> {
+    if buf.len() < PAGE as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a page buffer is shorter than a page"));
+    }
+    // SAFETY: `buf` is writable for at least PAGE bytes (checked above) for the whole call.
     let n = unsafe { libc::pread(memfd.as_raw_fd(), buf.as_mut_ptr() as *mut _, PAGE as usize, off as i64) };
     if n == PAGE as isize {
         Ok(())
@@ -73,6 +77,7 @@ pub fn read_page(memfd: &OwnedFd, off: u64, buf: &mut [u8]) -> io::Result<()> {
 /// next access faults to us again.
 pub fn punch(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate(2) takes no pointers; it acts on the program's memfd only.
     if unsafe { libc::fallocate(memfd.as_raw_fd(), mode, off as i64, len as i64) } == 0 {
         Ok(())
     } else {
@@ -89,13 +94,16 @@ pub struct FaultWait {
 impl FaultWait {
     pub fn new(uffd_fd: &OwnedFd, stop: &OwnedFd) -> io::Result<FaultWait> {
         use std::os::fd::FromRawFd;
+        // SAFETY: epoll_create1(2) takes no pointers; the result is checked below.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if ep < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: `ep` is a fresh descriptor that nothing else owns.
         let ep = unsafe { OwnedFd::from_raw_fd(ep) };
         for (fd, flags, tag) in [(uffd_fd, libc::EPOLLIN | libc::EPOLLEXCLUSIVE, 0u64), (stop, libc::EPOLLIN, 1)] {
             let mut ev = libc::epoll_event { events: flags as u32, u64: tag };
+            // SAFETY: `ev` is a valid epoll_event for the duration of the call.
             if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) } != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -112,6 +120,7 @@ impl FaultWait {
             return Some(());
         }
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // SAFETY: `evs` has room for the 2 events asked for.
         let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 2, timeout_ms) };
         if n <= 0 {
             return Some(());
@@ -128,6 +137,8 @@ impl FaultWait {
 fn read_msgs(uffd_fd: &OwnedFd, out: &mut Vec<(u64, u64)>) -> usize {
     let before = out.len();
     let mut msgs = [uffd::Msg::default(); 16];
+    // SAFETY: `msgs` is writable for its whole size, and any bytes are a valid uffd::Msg
+    // (plain integers).
     let n = unsafe { libc::read(uffd_fd.as_raw_fd(), msgs.as_mut_ptr() as *mut _, std::mem::size_of_val(&msgs)) };
     if n > 0 {
         for m in &msgs[..n as usize / std::mem::size_of::<uffd::Msg>()] {
