@@ -1,0 +1,79 @@
+//! The RPC page store (what the miss path fetches from and writes back to), driven in-process
+//! against real mComponent processes: single and batched fetches and flushes, piggyback, the
+//! all-or-nothing rule of a batch, and vNode isolation, with the mComponent's own counters.
+mod common;
+use std::sync::Arc;
+
+use common::*;
+use splitos::node::Node;
+use splitos::pmon::{PageStore, RemoteStore, Space};
+use splitos_rpc::*;
+
+const BASE: u64 = 0x2000_0000_0000;
+
+fn page(b: u8) -> Vec<u8> {
+    let mut p = vec![b; PAGE_SIZE];
+    p[1] = b.wrapping_mul(7);
+    p
+}
+
+fn mcomp_counter(c: &TestCluster, addr: &str, key: &str) -> u64 {
+    c.components("mcomponent").iter().find(|m| m["addr"] == addr).map(|m| m["stats"][key].as_u64().unwrap()).unwrap()
+}
+
+#[test]
+fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
+    let c = TestCluster::up(Some("[[pcomponent]]\n[[mcomponent]]\n"));
+    let st = c.status();
+    let gm = st["gm"].as_str().unwrap();
+    let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &TransportConfig::default()).unwrap();
+    let home = node.call_gm(P2G_PICK_HOME).unwrap().mcomp;
+    let who = Who { vnode: "store-test".into(), pid: 0x7fff_0001 };
+    node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30 }).unwrap();
+    let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false }).unwrap();
+    let first = mapped.addr / PAGE_SIZE as u64;
+
+    let store = RemoteStore::new(node.clone());
+    let space = Arc::new(Space::new(who.clone(), home.clone()));
+    space.learn_owners(&mapped.owners);
+    store.attach(who.pid, space);
+    let owner = mapped.owners[0].owner.clone();
+    assert_eq!(store.place(who.pid, first).unwrap(), owner.id);
+
+    let flushes0 = mcomp_counter(&c, &owner.addr, "flushes");
+    let fetches0 = mcomp_counter(&c, &owner.addr, "fetches");
+    let pages: Vec<(u64, Vec<u8>)> = (0..16u8).map(|i| (first + i as u64, page(i + 1))).collect();
+    let refs: Vec<(u64, &[u8])> = pages.iter().map(|(v, d)| (*v, &d[..])).collect();
+    store.flush_many(who.pid, &refs).unwrap();
+    assert_eq!(mcomp_counter(&c, &owner.addr, "flushes") - flushes0, 16, "one batch, sixteen pages stored by the owner");
+
+    let want = [first + 15, first, first + 7];
+    let got = store.fetch_many(who.pid, &want).unwrap();
+    for (v, d) in want.iter().zip(&got) {
+        assert_eq!(d, &page((v - first) as u8 + 1), "page {v} in the order asked");
+    }
+    assert_eq!(store.fetch(who.pid, first + 3).unwrap(), page(4));
+    assert_eq!(store.fetch(who.pid, first + 40).unwrap(), vec![0u8; PAGE_SIZE], "a mapped page never written is zeros");
+    assert_eq!(mcomp_counter(&c, &owner.addr, "fetches") - fetches0, 5);
+
+    let piggy0 = mcomp_counter(&c, &owner.addr, "piggybacked");
+    let d = store.flush_fetch((who.pid, first + 20, &page(99)), (who.pid, first + 2)).unwrap();
+    assert_eq!(d, page(3));
+    assert_eq!(store.fetch(who.pid, first + 20).unwrap(), page(99));
+    assert_eq!(mcomp_counter(&c, &owner.addr, "piggybacked") - piggy0, 1);
+
+    // A batch with one page outside the mapping stores nothing at all.
+    let bad: Vec<(u64, &[u8])> = vec![(first + 1, &pages[5].1[..]), (first + 1000, &pages[5].1[..])];
+    let e = store.flush_many(who.pid, &bad).unwrap_err();
+    assert_eq!(e.code, ErrCode::Invalid, "{e}");
+    assert!(e.msg.contains(&format!("mComponent {}", owner.id)), "the error names the component: {e}");
+    assert_eq!(store.fetch(who.pid, first + 1).unwrap(), page(2), "all or nothing");
+
+    // Another vNode presenting this process's pid is refused by the owner.
+    let thief = Who { vnode: "other".into(), pid: who.pid };
+    let r = node.rpc.call(&owner.addr, P2M_FETCH_MANY { who: thief, vpns: vec![first] });
+    assert!(matches!(r, Err(RpcError::Remote { code: ErrCode::Denied, .. })), "{r:?}");
+
+    node.rpc.call(&home.addr, P2M_EXIT { who }).unwrap();
+    assert!(c.eventually(std::time::Duration::from_secs(5), |c| c.components("mcomponent").iter().all(|m| m["stats"]["used"] == 0)));
+}
