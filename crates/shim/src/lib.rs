@@ -10,10 +10,25 @@
 //! This code runs inside malloc and inside fork: nothing on these paths may allocate, so it
 //! uses raw system calls and fixed-size records only. There is no fault handler here, so no
 //! thread of the program ever serves faults on its own heap.
+//!
+//! - `start`: the start-up state machine, the environment cache, the library constructor;
+//! - `conn`: the connection to the pComponent (hello with the descriptors, request/response);
+//! - `vm`: the heap region and the virtual-memory calls that land on it;
+//! - `brk`: the program break, emulated inside the region;
+//! - `fork`: fork, giving the child a private copy through the mComponents;
+//! - `heap`: the malloc family;
+//! - `sys`: raw system calls and the allocation-free helpers everything above uses.
 #![allow(clippy::missing_safety_doc)]
 
+mod brk;
+mod conn;
+mod fork;
 mod heap;
-mod region;
+mod start;
+mod sys;
+mod vm;
 
+pub use brk::*;
+pub use fork::*;
 pub use heap::*;
-pub use region::*;
+pub use vm::*;

@@ -1,0 +1,132 @@
+//! The connection to the pComponent: a Unix stream socket, a hello that hands over the
+//! userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
+use core::ffi::{c_char, c_int, c_void};
+use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
+use splitos_shim_abi::{as_bytes, as_bytes_mut, Hello, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
+
+use crate::start::env;
+use crate::sys::{die, errno, fmt_u64, high_fd, raw_mprotect, spin_lock, spin_unlock, until_nul};
+use crate::vm::REGION_SIZE;
+
+pub(crate) static SOCK: AtomicI32 = AtomicI32::new(-1);
+/// Serializes requests on the one socket; held across fork so no request is cut in half.
+static LOCK: AtomicBool = AtomicBool::new(false);
+
+pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
+    let path = until_nul(&env().sock);
+    let sock = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+    let mut sa: libc::sockaddr_un = core::mem::zeroed();
+    sa.sun_family = libc::AF_UNIX as _;
+    if sock < 0 || path.len() >= sa.sun_path.len() {
+        die(&[b"bad pComponent socket path ", path]);
+    }
+    for (i, b) in path.iter().enumerate() {
+        sa.sun_path[i] = *b as c_char;
+    }
+    if libc::connect(sock, &sa as *const _ as *const libc::sockaddr, core::mem::size_of::<libc::sockaddr_un>() as u32) != 0 {
+        die(&[b"cannot reach the pComponent at ", path, b" (is the cluster up?)"]);
+    }
+    let sock = high_fd(sock);
+    SOCK.store(sock, Relaxed);
+
+    let hello = Hello {
+        abi: splitos_shim_abi::SHIM_ABI_VERSION,
+        _pad: 0,
+        region_base: REGION_BASE,
+        region_size: REGION_SIZE.load(Relaxed),
+        fork_token,
+        run_id: env().run_id,
+        os_pid: libc::getpid() as u64,
+        vnode: env().vnode,
+    };
+
+    let fds = [uffd, memfd];
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: &hello as *const _ as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
+    let mut msg: libc::msghdr = core::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut c_void;
+    msg.msg_controllen = libc::CMSG_SPACE(core::mem::size_of_val(&fds) as u32) as _;
+    let c = libc::CMSG_FIRSTHDR(&msg);
+    (*c).cmsg_level = libc::SOL_SOCKET;
+    (*c).cmsg_type = libc::SCM_RIGHTS;
+    (*c).cmsg_len = libc::CMSG_LEN(core::mem::size_of_val(&fds) as u32) as _;
+    core::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut c_int, 2);
+    if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) != core::mem::size_of::<Hello>() as isize {
+        die(&[b"cannot introduce this process to the pComponent"]);
+    }
+    let mut resp = ShimResp::default();
+    if !read_all(sock, as_bytes_mut(&mut resp)) {
+        die(&[b"the pComponent closed the connection during the hello"]);
+    }
+    if resp.ret < 0 {
+        let mut b = [0u8; 20];
+        die(&[b"the pComponent refused this process (errno ", fmt_u64((-resp.ret) as u64, &mut b), b")"]);
+    }
+    for _ in 0..resp.val2 {
+        let mut v = VmaRec::default();
+        if !read_all(sock, as_bytes_mut(&mut v)) {
+            die(&[b"the pComponent closed the connection while sending the forked address space"]);
+        }
+        if v.prot != 0 && raw_mprotect(v.start, v.end - v.start, v.prot as c_int) != 0 {
+            die(&[b"cannot restore protections of the forked address space"]);
+        }
+    }
+}
+
+unsafe fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = libc::read(fd, buf[got..].as_mut_ptr() as *mut c_void, buf.len() - got);
+        if n > 0 {
+            got += n as usize;
+        } else if n < 0 && errno() == libc::EINTR {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+unsafe fn write_all(fd: c_int, buf: &[u8]) -> bool {
+    let mut put = 0;
+    while put < buf.len() {
+        let n = libc::send(fd, buf[put..].as_ptr() as *const c_void, buf.len() - put, libc::MSG_NOSIGNAL);
+        if n > 0 {
+            put += n as usize;
+        } else if n < 0 && errno() == libc::EINTR {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+/// Takes the request lock; fork holds it from its prepare request until both sides run again.
+pub(crate) fn lock() {
+    spin_lock(&LOCK);
+}
+
+pub(crate) fn unlock() {
+    spin_unlock(&LOCK);
+}
+
+pub(crate) unsafe fn request_locked(req: &ShimReq) -> ShimResp {
+    let sock = SOCK.load(Relaxed);
+    let mut resp = ShimResp::default();
+    if !write_all(sock, as_bytes(req)) || !read_all(sock, as_bytes_mut(&mut resp)) {
+        die(&[b"lost the connection to the pComponent; the heap is unreachable"]);
+    }
+    resp
+}
+
+pub(crate) fn request(op: Op, a: u64, b: u64, c: u64, d: u64, e: u64) -> ShimResp {
+    let req = ShimReq { op: op as u32, _pad: 0, a, b, c, d, e };
+    lock();
+    let r = unsafe { request_locked(&req) };
+    unlock();
+    r
+}
