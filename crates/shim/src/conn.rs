@@ -2,7 +2,7 @@
 //! userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
-use splitos_shim_abi::{as_bytes, as_bytes_mut, Hello, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
+use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
 
 use crate::start::env;
 use crate::sys::{die, errno, fmt_u64, high_fd, raw_mprotect, spin_lock, spin_unlock, until_nul};
@@ -42,7 +42,7 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
 
     let fds = [uffd, memfd];
     let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: &hello as *const _ as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
+    let mut iov = libc::iovec { iov_base: hello.as_bytes().as_ptr() as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
     let mut msg: libc::msghdr = core::mem::zeroed();
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -57,7 +57,7 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
         die(&[b"cannot introduce this process to the pComponent"]);
     }
     let mut resp = ShimResp::default();
-    if !read_all(sock, as_bytes_mut(&mut resp)) {
+    if !read_all(sock, resp.as_mut_bytes()) {
         die(&[b"the pComponent closed the connection during the hello"]);
     }
     if resp.ret < 0 {
@@ -66,7 +66,7 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
     }
     for _ in 0..resp.val2 {
         let mut v = VmaRec::default();
-        if !read_all(sock, as_bytes_mut(&mut v)) {
+        if !read_all(sock, v.as_mut_bytes()) {
             die(&[b"the pComponent closed the connection while sending the forked address space"]);
         }
         if v.prot != 0 && raw_mprotect(v.start, v.end - v.start, v.prot as c_int) != 0 {
@@ -117,7 +117,7 @@ pub(crate) fn unlock() {
 pub(crate) unsafe fn request_locked(req: &ShimReq) -> ShimResp {
     let sock = SOCK.load(Relaxed);
     let mut resp = ShimResp::default();
-    if !write_all(sock, as_bytes(req)) || !read_all(sock, as_bytes_mut(&mut resp)) {
+    if !write_all(sock, req.as_bytes()) || !read_all(sock, resp.as_mut_bytes()) {
         die(&[b"lost the connection to the pComponent; the heap is unreachable"]);
     }
     resp
