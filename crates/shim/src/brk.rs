@@ -14,13 +14,17 @@ static BRK_CUR: AtomicU64 = AtomicU64::new(0);
 static BRK_TOP: AtomicU64 = AtomicU64::new(0);
 const BRK_RESERVE: u64 = 1 << 30;
 
+/// # Safety
+/// As sbrk(2): shrinking the break revokes memory the program must no longer use.
 unsafe fn native_sbrk(inc: isize) -> *mut c_void {
-    let cur = libc::syscall(libc::SYS_brk, 0) as isize;
+    // SAFETY: brk(0) only reads the break.
+    let cur = unsafe { libc::syscall(libc::SYS_brk, 0) } as isize;
     if inc == 0 {
         return cur as *mut c_void;
     }
     let want = cur + inc;
-    if libc::syscall(libc::SYS_brk, want) as isize != want {
+    // SAFETY: moves the break by what the program asked (this function's contract).
+    if unsafe { libc::syscall(libc::SYS_brk, want) } as isize != want {
         set_errno(libc::ENOMEM);
         return usize::MAX as *mut c_void;
     }
@@ -31,10 +35,12 @@ unsafe fn native_sbrk(inc: isize) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn sbrk(inc: isize) -> *mut c_void {
     if !ready() {
-        return native_sbrk(inc);
+        // SAFETY: the program's own sbrk, passed to the kernel's break.
+        return unsafe { native_sbrk(inc) };
     }
     spin_lock(&BRK_LOCK);
-    let r = sbrk_locked(inc);
+    // SAFETY: BRK_LOCK is held; the program asked for this change of its break.
+    let r = unsafe { sbrk_locked(inc) };
     spin_unlock(&BRK_LOCK);
     match r {
         Ok(old) => old as *mut c_void,
@@ -45,6 +51,8 @@ pub unsafe extern "C" fn sbrk(inc: isize) -> *mut c_void {
     }
 }
 
+/// # Safety
+/// BRK_LOCK is held, and as sbrk: a shrink revokes memory the program no longer uses.
 unsafe fn sbrk_locked(inc: isize) -> Result<u64, c_int> {
     if BRK_BASE.load(Relaxed) == 0 {
         let base = region_mmap(0, BRK_RESERVE, libc::PROT_NONE, false)?;
@@ -59,13 +67,17 @@ unsafe fn sbrk_locked(inc: isize) -> Result<u64, c_int> {
     }
     let new_top = page_up(new).ok_or(libc::ENOMEM)?;
     let rw = libc::PROT_READ | libc::PROT_WRITE;
-    if new_top > top {
-        if mprotect((top) as *mut c_void, (new_top - top) as size_t, rw) != 0 {
-            return Err(libc::ENOMEM);
+    // SAFETY: growing opens pages of the break's own reserve, which nothing else uses;
+    // shrinking discards pages above the new break, which the program gave up.
+    unsafe {
+        if new_top > top {
+            if mprotect(top as *mut c_void, (new_top - top) as size_t, rw) != 0 {
+                return Err(libc::ENOMEM);
+            }
+        } else if new_top < top {
+            madvise(new_top as *mut c_void, (top - new_top) as size_t, libc::MADV_DONTNEED);
+            mprotect(new_top as *mut c_void, (top - new_top) as size_t, libc::PROT_NONE);
         }
-    } else if new_top < top {
-        madvise(new_top as *mut c_void, (top - new_top) as size_t, libc::MADV_DONTNEED);
-        mprotect(new_top as *mut c_void, (top - new_top) as size_t, libc::PROT_NONE);
     }
     BRK_TOP.store(new_top, Relaxed);
     BRK_CUR.store(new, Relaxed);
@@ -75,16 +87,19 @@ unsafe fn sbrk_locked(inc: isize) -> Result<u64, c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn brk(addr: *mut c_void) -> c_int {
     if !ready() {
-        return if libc::syscall(libc::SYS_brk, addr) as u64 == addr as u64 {
+        // SAFETY: the program's own brk, passed to the kernel.
+        return if unsafe { libc::syscall(libc::SYS_brk, addr) } as u64 == addr as u64 {
             0
         } else {
             set_errno(libc::ENOMEM);
             -1
         };
     }
-    sbrk(0);
+    // SAFETY: sbrk(0) only sets the emulated break up.
+    unsafe { sbrk(0) };
     let cur = BRK_CUR.load(Relaxed) as i64;
-    if sbrk((addr as i64 - cur) as isize) as usize == usize::MAX {
+    // SAFETY: moves the break to where the program asked.
+    if unsafe { sbrk((addr as i64 - cur) as isize) } as usize == usize::MAX {
         -1
     } else {
         0

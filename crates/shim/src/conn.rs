@@ -12,10 +12,17 @@ pub(crate) static SOCK: AtomicI32 = AtomicI32::new(-1);
 /// Serializes requests on the one socket; held across fork so no request is cut in half.
 static LOCK: AtomicBool = AtomicBool::new(false);
 
+/// Connects, sends the hello with the two descriptors and, in a forked child, re-applies the
+/// protections of the address space it inherited.
+///
+/// # Safety
+/// The region is freshly mapped and nothing uses it yet: the protections change under it.
 pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     let path = until_nul(&env().sock);
-    let sock = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-    let mut sa: libc::sockaddr_un = core::mem::zeroed();
+    // SAFETY: socket(2) only creates a descriptor.
+    let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    // SAFETY: sockaddr_un is plain data, valid when zeroed.
+    let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
     sa.sun_family = libc::AF_UNIX as _;
     if sock < 0 || path.len() >= sa.sun_path.len() {
         die(&[b"bad pComponent socket path ", path]);
@@ -23,7 +30,8 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
     for (i, b) in path.iter().enumerate() {
         sa.sun_path[i] = *b as c_char;
     }
-    if libc::connect(sock, &sa as *const _ as *const libc::sockaddr, core::mem::size_of::<libc::sockaddr_un>() as u32) != 0 {
+    // SAFETY: the address is a live sockaddr_un of the length passed.
+    if unsafe { libc::connect(sock, &sa as *const _ as *const libc::sockaddr, core::mem::size_of::<libc::sockaddr_un>() as u32) } != 0 {
         die(&[b"cannot reach the pComponent at ", path, b" (is the cluster up?)"]);
     }
     let sock = high_fd(sock);
@@ -36,25 +44,33 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
         region_size: REGION_SIZE.load(Relaxed),
         fork_token,
         run_id: env().run_id,
-        os_pid: libc::getpid() as u64,
+        // SAFETY: getpid has no arguments.
+        os_pid: unsafe { libc::getpid() } as u64,
         vnode: env().vnode,
     };
 
     let fds = [uffd, memfd];
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: hello.as_bytes().as_ptr() as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
-    let mut msg: libc::msghdr = core::mem::zeroed();
+    // SAFETY: msghdr is plain data, valid when zeroed.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr() as *mut c_void;
-    msg.msg_controllen = libc::CMSG_SPACE(core::mem::size_of_val(&fds) as u32) as _;
-    let c = libc::CMSG_FIRSTHDR(&msg);
-    (*c).cmsg_level = libc::SOL_SOCKET;
-    (*c).cmsg_type = libc::SCM_RIGHTS;
-    (*c).cmsg_len = libc::CMSG_LEN(core::mem::size_of_val(&fds) as u32) as _;
-    core::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut c_int, 2);
-    if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) != core::mem::size_of::<Hello>() as isize {
-        die(&[b"cannot introduce this process to the pComponent"]);
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(core::mem::size_of_val(&fds) as u32) } as _;
+    // SAFETY: cbuf (64 bytes, 8-aligned) holds one header with two descriptors (CMSG_SPACE of
+    // 8 bytes is 24), so the first header is non-null and its data has room for both fds;
+    // sendmsg only reads the hello through iov.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(core::mem::size_of_val(&fds) as u32) as _;
+        core::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut c_int, 2);
+        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) != core::mem::size_of::<Hello>() as isize {
+            die(&[b"cannot introduce this process to the pComponent"]);
+        }
     }
     let mut resp = ShimResp::default();
     if !read_all(sock, resp.as_mut_bytes()) {
@@ -69,16 +85,19 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
         if !read_all(sock, v.as_mut_bytes()) {
             die(&[b"the pComponent closed the connection while sending the forked address space"]);
         }
-        if v.prot != 0 && raw_mprotect(v.start, v.end - v.start, v.prot as c_int) != 0 {
+        // SAFETY: the records describe ranges of the fresh region, which nothing references
+        // yet (this function's contract); the kernel rejects anything outside a mapping.
+        if v.prot != 0 && unsafe { raw_mprotect(v.start, v.end - v.start, v.prot as c_int) } != 0 {
             die(&[b"cannot restore protections of the forked address space"]);
         }
     }
 }
 
-unsafe fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
+fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
     let mut got = 0;
     while got < buf.len() {
-        let n = libc::read(fd, buf[got..].as_mut_ptr() as *mut c_void, buf.len() - got);
+        // SAFETY: reads into the unfilled tail of a live, exclusively borrowed buffer.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr() as *mut c_void, buf.len() - got) };
         if n > 0 {
             got += n as usize;
         } else if n < 0 && errno() == libc::EINTR {
@@ -90,10 +109,11 @@ unsafe fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
     true
 }
 
-unsafe fn write_all(fd: c_int, buf: &[u8]) -> bool {
+fn write_all(fd: c_int, buf: &[u8]) -> bool {
     let mut put = 0;
     while put < buf.len() {
-        let n = libc::send(fd, buf[put..].as_ptr() as *const c_void, buf.len() - put, libc::MSG_NOSIGNAL);
+        // SAFETY: sends from the unsent tail of a live buffer; send only reads it.
+        let n = unsafe { libc::send(fd, buf[put..].as_ptr() as *const c_void, buf.len() - put, libc::MSG_NOSIGNAL) };
         if n > 0 {
             put += n as usize;
         } else if n < 0 && errno() == libc::EINTR {
@@ -114,7 +134,8 @@ pub(crate) fn unlock() {
     spin_unlock(&LOCK);
 }
 
-pub(crate) unsafe fn request_locked(req: &ShimReq) -> ShimResp {
+/// One request and its response; the caller holds the lock.
+pub(crate) fn request_locked(req: &ShimReq) -> ShimResp {
     let sock = SOCK.load(Relaxed);
     let mut resp = ShimResp::default();
     if !write_all(sock, req.as_bytes()) || !read_all(sock, resp.as_mut_bytes()) {
@@ -126,7 +147,7 @@ pub(crate) unsafe fn request_locked(req: &ShimReq) -> ShimResp {
 pub(crate) fn request(op: Op, a: u64, b: u64, c: u64, d: u64, e: u64) -> ShimResp {
     let req = ShimReq { op: op as u32, _pad: 0, a, b, c, d, e };
     lock();
-    let r = unsafe { request_locked(&req) };
+    let r = request_locked(&req);
     unlock();
     r
 }

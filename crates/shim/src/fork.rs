@@ -17,20 +17,27 @@ static REAL_FORK: AtomicUsize = AtomicUsize::new(0);
 
 type ForkFn = unsafe extern "C" fn() -> pid_t;
 
-pub(crate) unsafe fn real_fork() -> ForkFn {
+/// glibc's fork, looked up once (from the constructor, while dlsym may still allocate).
+pub(crate) fn real_fork() -> ForkFn {
     let mut f = REAL_FORK.load(Relaxed);
     if f == 0 {
-        f = libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) as usize;
+        // SAFETY: RTLD_NEXT with a NUL-terminated name only looks a symbol up.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) } as usize;
+        if f == 0 {
+            die(&[b"cannot find the C library's fork"]);
+        }
         REAL_FORK.store(f, Relaxed);
     }
-    core::mem::transmute::<usize, ForkFn>(f)
+    // SAFETY: a non-null address of the C library's `fork`, whose signature this is.
+    unsafe { core::mem::transmute::<usize, ForkFn>(f) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fork() -> pid_t {
+pub extern "C" fn fork() -> pid_t {
     let real = real_fork();
     if !ready() {
-        return real();
+        // SAFETY: the C library's fork, called as the program asked.
+        return unsafe { real() };
     }
     conn::lock();
     let r = request_locked(&ShimReq { op: Op::ForkPrepare as u32, ..Default::default() });
@@ -40,7 +47,9 @@ pub unsafe extern "C" fn fork() -> pid_t {
         return -1;
     }
     FORK_TOKEN.store(r.val, Release);
-    let pid = real();
+    // SAFETY: the C library's fork. The request lock is held across it, so the child's copy of
+    // the lock is taken too and no half-sent request is duplicated; both sides release it.
+    let pid = unsafe { real() };
     if pid == 0 {
         if FORK_TOKEN.load(Acquire) != 0 {
             child_after_fork();
@@ -60,7 +69,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
 
 /// Runs first among the child's fork handlers (registered at load), so that handlers of other
 /// libraries already find a heap.
-pub(crate) unsafe extern "C" fn child_after_fork() {
+pub(crate) extern "C" fn child_after_fork() {
     let token = FORK_TOKEN.swap(0, AcqRel);
     if token == 0 {
         if is_ready() {
@@ -70,7 +79,10 @@ pub(crate) unsafe extern "C" fn child_after_fork() {
         return;
     }
     for fd in [SOCK.load(Relaxed), UFFD.load(Relaxed), MEMFD.load(Relaxed)] {
-        libc::close(fd);
+        // SAFETY: the parent's shim descriptors, inherited; nothing in the child uses them.
+        unsafe { libc::close(fd) };
     }
-    setup_region(token);
+    // SAFETY: MADV_DONTFORK left the child nothing at the region's address, so mapping a fresh
+    // region there replaces no memory in use.
+    unsafe { setup_region(token) };
 }

@@ -18,6 +18,9 @@
 //! - `fork`: fork, giving the child a private copy through the mComponents;
 //! - `heap`: the malloc family;
 //! - `sys`: raw system calls and the allocation-free helpers everything above uses.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+// The exported functions are C's: their contract is that of the function they replace.
 #![allow(clippy::missing_safety_doc)]
 
 mod brk;

@@ -27,7 +27,8 @@ pub(crate) struct EnvCache {
 static mut ENV: EnvCache = EnvCache { sock: [0; 108], vnode: [0; 64], run_id: 0 };
 
 pub(crate) fn env() -> &'static EnvCache {
-    // SAFETY: written once in init(), before STATE becomes READY; read-only afterwards.
+    // SAFETY: init() writes ENV once and finishes before anything calls env(): the hello it
+    // sends afterwards runs in the same thread, every other caller after STATE is READY.
     unsafe { &*core::ptr::addr_of!(ENV) }
 }
 
@@ -39,11 +40,14 @@ pub(crate) fn ready() -> bool {
             OFF => return false,
             UNINIT => {
                 if STATE.compare_exchange(UNINIT, INITIALIZING, AcqRel, Acquire).is_ok() {
+                    // SAFETY: this thread alone moved STATE out of UNINIT, so init() runs once
+                    // and nobody reads ENV before STATE leaves INITIALIZING.
                     let ok = unsafe { init() };
                     STATE.store(if ok { READY } else { OFF }, Release);
                     return ok;
                 }
             }
+            // SAFETY: sched_yield takes no arguments and touches no memory of ours.
             _ => unsafe {
                 libc::sched_yield();
             },
@@ -56,39 +60,52 @@ pub(crate) fn is_ready() -> bool {
     STATE.load(Acquire) == READY
 }
 
+/// Reads the environment into ENV and sets the region up; false if no pComponent is named.
+///
+/// # Safety
+/// Called once, before any reader of ENV can run (see `ready`).
 unsafe fn init() -> bool {
-    let path = libc::getenv(c"SPLITOS_PCOMP_SOCK".as_ptr());
+    // SAFETY: getenv with a NUL-terminated name; its results are environment strings, which
+    // are never freed, and are copied into ENV before this returns.
+    let getenv = |name: &core::ffi::CStr| unsafe { cstr(libc::getenv(name.as_ptr())) };
+    let sock = getenv(c"SPLITOS_PCOMP_SOCK");
     debug_assert_eq!(ENV_SOCK, "SPLITOS_PCOMP_SOCK");
-    if path.is_null() || *path == 0 {
+    if sock.is_empty() {
         return false;
     }
-    let size = parse_u64(cstr(libc::getenv(c"SPLITOS_REGION_SIZE".as_ptr()))).unwrap_or(DEFAULT_REGION_SIZE);
+    let size = parse_u64(getenv(c"SPLITOS_REGION_SIZE")).unwrap_or(DEFAULT_REGION_SIZE);
     debug_assert_eq!(ENV_REGION_SIZE, "SPLITOS_REGION_SIZE");
-    let e = &mut *core::ptr::addr_of_mut!(ENV);
-    let sock = cstr(path);
+    // SAFETY: by this function's contract nothing else reads or writes ENV now.
+    let e = unsafe { &mut *core::ptr::addr_of_mut!(ENV) };
     if sock.len() >= e.sock.len() {
         die(&[b"the pComponent socket path is too long: ", sock]);
     }
     e.sock[..sock.len()].copy_from_slice(sock);
-    let vnode = cstr(libc::getenv(c"SPLITOS_VNODE".as_ptr()));
+    let vnode = getenv(c"SPLITOS_VNODE");
     let vnode: &[u8] = if vnode.is_empty() { b"default" } else { vnode };
     let n = vnode.len().min(e.vnode.len() - 1);
     e.vnode[..n].copy_from_slice(&vnode[..n]);
-    e.run_id = parse_u64(cstr(libc::getenv(c"SPLITOS_RUN_ID".as_ptr()))).unwrap_or(0);
+    e.run_id = parse_u64(getenv(c"SPLITOS_RUN_ID")).unwrap_or(0);
     debug_assert_eq!((ENV_RUN_ID, ENV_VNODE), ("SPLITOS_RUN_ID", "SPLITOS_VNODE"));
     vm::REGION_SIZE.store(size & !(PAGE - 1), Relaxed);
-    // mimalloc's default reserve would commit a GiB of an mComponent per process.
-    libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_RESERVE, 64 * 1024);
-    vm::setup_region(0);
+    // SAFETY: a plain setter; mimalloc reads the option when it next reserves an arena. Its
+    // default reserve would commit a GiB of an mComponent per process.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_RESERVE, 64 * 1024) };
+    // SAFETY: first set-up of this process's region: nothing lives in its range yet.
+    unsafe { vm::setup_region(0) };
     true
 }
 
 #[used]
 #[link_section = ".init_array"]
-static CONSTRUCTOR: unsafe extern "C" fn() = constructor;
+static CONSTRUCTOR: extern "C" fn() = constructor;
 
-unsafe extern "C" fn constructor() {
+/// Sets the region up before main, so that the program's first allocation finds it, and
+/// registers the fork child handler first, so that other libraries' handlers find a heap.
+extern "C" fn constructor() {
     fork::real_fork();
-    libc::pthread_atfork(None, None, Some(fork::child_after_fork));
+    // SAFETY: registers a handler that stays valid (this library is never unloaded: it is
+    // preloaded); no other arguments.
+    unsafe { libc::pthread_atfork(None, None, Some(fork::child_after_fork)) };
     ready();
 }

@@ -13,15 +13,19 @@ pub(crate) fn until_nul(b: &[u8]) -> &[u8] {
 }
 
 pub(crate) fn errno() -> c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot, valid as long as the
+    // thread lives, and nothing else holds a reference to it.
     unsafe { *libc::__errno_location() }
 }
 
 pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: as in errno().
     unsafe { *libc::__errno_location() = e }
 }
 
 pub(crate) fn spin_lock(l: &AtomicBool) {
     while l.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+        // SAFETY: sched_yield takes no arguments and touches no memory of ours.
         unsafe { libc::sched_yield() };
     }
 }
@@ -32,6 +36,7 @@ pub(crate) fn spin_unlock(l: &AtomicBool) {
 
 pub(crate) fn say(parts: &[&[u8]]) {
     for p in parts {
+        // SAFETY: pointer and length describe a live slice; write(2) only reads from it.
         unsafe { libc::write(2, p.as_ptr() as *const c_void, p.len()) };
     }
 }
@@ -41,13 +46,21 @@ pub(crate) fn die(parts: &[&[u8]]) -> ! {
     say(&[b"splitos shim: "]);
     say(parts);
     say(&[b"\n"]);
+    // SAFETY: _exit ends the process without running atexit handlers or flushing stdio, which
+    // may themselves need the heap that is at fault here.
     unsafe { libc::_exit(127) }
 }
 
-pub(crate) fn cstr(p: *const c_char) -> &'static [u8] {
+/// The bytes of a C string up to its NUL; empty for NULL.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string that is never freed or changed (the
+/// environment strings the shim reads at start-up qualify).
+pub(crate) unsafe fn cstr(p: *const c_char) -> &'static [u8] {
     if p.is_null() {
         return b"";
     }
+    // SAFETY: by the contract above, strlen stays within the string and the bytes outlive us.
     unsafe { core::slice::from_raw_parts(p as *const u8, libc::strlen(p)) }
 }
 
@@ -81,19 +94,35 @@ pub(crate) fn page_up(n: u64) -> Option<u64> {
     n.checked_add(PAGE - 1).map(|v| v & !(PAGE - 1))
 }
 
+/// mmap(2) itself, never our interposed `mmap`.
+///
+/// # Safety
+/// With MAP_FIXED the range must hold no memory that Rust code or the program still uses.
 pub(crate) unsafe fn raw_mmap(addr: u64, len: u64, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
-    libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
+    // SAFETY: the kernel validates the arguments; replacing live memory is excluded by the
+    // caller's contract.
+    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void }
 }
 
+/// mprotect(2) itself, never our interposed `mprotect`.
+///
+/// # Safety
+/// Revoking access to memory that Rust code holds references into is the caller's to exclude.
 pub(crate) unsafe fn raw_mprotect(addr: u64, len: u64, prot: c_int) -> c_int {
-    libc::syscall(libc::SYS_mprotect, addr, len, prot) as c_int
+    // SAFETY: the kernel validates the range; what it protects is the caller's contract.
+    unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as c_int }
 }
 
-pub(crate) unsafe fn high_fd(fd: c_int) -> c_int {
-    let h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH_FD);
-    if h < 0 {
-        return fd;
+/// Moves a descriptor the shim just created (and owns) above the program's usual range.
+pub(crate) fn high_fd(fd: c_int) -> c_int {
+    // SAFETY: F_DUPFD_CLOEXEC only creates a descriptor; `fd` is ours, so closing it after a
+    // successful dup closes nothing the program knows about.
+    unsafe {
+        let h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH_FD);
+        if h < 0 {
+            return fd;
+        }
+        libc::close(fd);
+        h
     }
-    libc::close(fd);
-    h
 }

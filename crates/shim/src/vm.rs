@@ -24,25 +24,35 @@ fn overlaps_region(addr: u64, len: u64) -> bool {
 
 /// Maps the region, registers it with a fresh userfaultfd and introduces this process to the
 /// pComponent. `fork_token` is non-zero in a forked child.
+///
+/// # Safety
+/// Nothing may use the region's address range yet (at start-up, or in a forked child, which
+/// inherits nothing there).
 pub(crate) unsafe fn setup_region(fork_token: u64) {
     let size = REGION_SIZE.load(Relaxed);
-    let memfd = libc::syscall(libc::SYS_memfd_create, c"splitos-heap".as_ptr(), libc::MFD_CLOEXEC) as c_int;
-    if memfd < 0 || libc::ftruncate(memfd, size as off_t) != 0 {
+    // SAFETY: memfd_create with a NUL-terminated name only creates a file.
+    let memfd = unsafe { libc::syscall(libc::SYS_memfd_create, c"splitos-heap".as_ptr(), libc::MFD_CLOEXEC) } as c_int;
+    // SAFETY: sizes the file just created.
+    if memfd < 0 || unsafe { libc::ftruncate(memfd, size as off_t) } != 0 {
         die(&[b"cannot create the heap memfd"]);
     }
     let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE;
-    let p = raw_mmap(REGION_BASE, size, libc::PROT_NONE, flags, memfd, 0);
+    // SAFETY: MAP_FIXED_NOREPLACE fails rather than replace anything already mapped there.
+    let p = unsafe { raw_mmap(REGION_BASE, size, libc::PROT_NONE, flags, memfd, 0) };
     if p as u64 != REGION_BASE {
         die(&[b"the heap region address range is already in use in this program"]);
     }
+    // SAFETY: advice on the mapping just made, which changes only what a fork child inherits.
     // A child gets a region of its own from the mComponents' copy, never the parent's pages.
-    libc::syscall(libc::SYS_madvise, REGION_BASE, size, libc::MADV_DONTFORK);
-    let uffd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as c_int;
+    unsafe { libc::syscall(libc::SYS_madvise, REGION_BASE, size, libc::MADV_DONTFORK) };
+    // SAFETY: userfaultfd(2) only creates a descriptor.
+    let uffd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) } as c_int;
     if uffd < 0 {
         die(&[b"userfaultfd is not available (needs root or vm.unprivileged_userfaultfd=1)"]);
     }
     let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM, ioctls: 0 };
-    if libc::ioctl(uffd, uffd::UFFDIO_API as _, &mut api) != 0 {
+    // SAFETY: UFFDIO_API reads and writes a uffdio_api, whose layout Api is (size asserted).
+    if unsafe { libc::ioctl(uffd, uffd::UFFDIO_API as _, &mut api) } != 0 {
         die(&[b"this kernel's userfaultfd lacks missing and write-protect faults on shared memory"]);
     }
     register_range(uffd, REGION_BASE, size);
@@ -50,16 +60,19 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     let uffd = high_fd(uffd);
     MEMFD.store(memfd, Relaxed);
     UFFD.store(uffd, Relaxed);
-    connect_and_hello(uffd, memfd, fork_token);
+    // SAFETY: the region was mapped above and nothing uses it yet (this function's contract).
+    unsafe { connect_and_hello(uffd, memfd, fork_token) };
 }
 
-unsafe fn register_range(uffd: c_int, start: u64, len: u64) {
+fn register_range(uffd: c_int, start: u64, len: u64) {
     let mut reg = uffd::Register {
         range: uffd::Range { start, len },
         mode: uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
         ioctls: 0,
     };
-    if libc::ioctl(uffd, uffd::UFFDIO_REGISTER as _, &mut reg) != 0 {
+    // SAFETY: UFFDIO_REGISTER reads and writes a uffdio_register, whose layout Register is.
+    // Registering changes who serves faults in the range, not what the memory holds.
+    if unsafe { libc::ioctl(uffd, uffd::UFFDIO_REGISTER as _, &mut reg) } != 0 {
         die(&[b"cannot register the heap region with userfaultfd"]);
     }
 }
@@ -80,6 +93,7 @@ pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool) -> Resu
     if fixed && hint != r.val {
         return Err(libc::ENOMEM);
     }
+    // SAFETY: the range was just handed out by the pComponent: no one references it yet.
     if prot != libc::PROT_NONE && unsafe { raw_mprotect(r.val, len, prot) } != 0 {
         return Err(errno());
     }
@@ -87,13 +101,18 @@ pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool) -> Resu
 }
 
 /// Puts region pages back under our memfd mapping after a foreign mapping replaced them.
+///
+/// # Safety
+/// The program is giving the range up (munmap): nothing may use its memory any more.
 unsafe fn restore_region_backing(addr: u64, len: u64) {
     let flags = libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE;
-    let p = raw_mmap(addr, len, libc::PROT_NONE, flags, MEMFD.load(Relaxed), (addr - REGION_BASE) as off_t);
+    // SAFETY: replaces only the range the caller gives up, with inaccessible region backing.
+    let p = unsafe { raw_mmap(addr, len, libc::PROT_NONE, flags, MEMFD.load(Relaxed), (addr - REGION_BASE) as off_t) };
     if p as u64 != addr {
         die(&[b"cannot restore the heap region after a foreign mapping"]);
     }
-    libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTFORK);
+    // SAFETY: advice that changes only what a fork child inherits of the range.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTFORK) };
     register_range(UFFD.load(Relaxed), addr, len);
 }
 
@@ -116,7 +135,9 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
                 return libc::MAP_FAILED;
             }
         }
-        return raw_mmap(a, len as u64, prot, flags, fd, off);
+        // SAFETY: the program's own mmap call, passed on unchanged; its effect on the
+        // program's memory is what the program asked for.
+        return unsafe { raw_mmap(a, len as u64, prot, flags, fd, off) };
     }
     let Some(len) = page_up(len as u64).filter(|l| *l > 0) else {
         set_errno(libc::EINVAL);
@@ -126,7 +147,8 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
         match region_mmap(a, len, prot, false) {
             Ok(got) if got == a => return got as *mut c_void,
             Ok(got) => {
-                munmap(got as *mut c_void, len as size_t);
+                // SAFETY: gives back the range just handed out, which no one has seen.
+                unsafe { munmap(got as *mut c_void, len as size_t) };
                 set_errno(libc::EEXIST);
                 return libc::MAP_FAILED;
             }
@@ -147,14 +169,16 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
 
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
-    mmap(addr, len, prot, flags, fd, off)
+    // SAFETY: the same call under its other name; the caller's contract is mmap's.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     let a = addr as u64;
     if !is_ready() || !overlaps_region(a, len as u64) {
-        return libc::syscall(libc::SYS_munmap, a, len) as c_int;
+        // SAFETY: the program's own munmap of memory outside the region, passed on unchanged.
+        return unsafe { libc::syscall(libc::SYS_munmap, a, len) } as c_int;
     }
     if !a.is_multiple_of(PAGE) || len == 0 || !in_region(a, len as u64) {
         set_errno(libc::EINVAL);
@@ -163,7 +187,8 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     let len = page_up(len as u64).unwrap_or(0);
     // If a foreign mapping sits here, put our backing back first; then nothing can touch the
     // pages while the pComponent drops them.
-    restore_region_backing(a, len);
+    // SAFETY: the program is unmapping the range, so it no longer uses it.
+    unsafe { restore_region_backing(a, len) };
     let r = request(Op::Munmap, a, len, 0, 0, 0);
     if r.ret < 0 {
         set_errno((-r.ret) as c_int);
@@ -176,7 +201,8 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
     let a = addr as u64;
     if !is_ready() || !in_region(a, len as u64) {
-        return raw_mprotect(a, len as u64, prot);
+        // SAFETY: the program's own mprotect outside the region, passed on unchanged.
+        return unsafe { raw_mprotect(a, len as u64, prot) };
     }
     let len = page_up(len as u64).unwrap_or(0);
     let r = request(Op::Mprotect, a, len, prot as u64, 0, 0);
@@ -184,14 +210,17 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -
         set_errno((-r.ret) as c_int);
         return -1;
     }
-    raw_mprotect(a, len, prot)
+    // SAFETY: the program's own mprotect, applied as asked once the pComponent recorded it (a
+    // forked child gets the protections from there).
+    unsafe { raw_mprotect(a, len, prot) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     let a = addr as u64;
     if !is_ready() || !in_region(a, len as u64) {
-        return libc::syscall(libc::SYS_madvise, a, len, advice) as c_int;
+        // SAFETY: the program's own madvise outside the region, passed on unchanged.
+        return unsafe { libc::syscall(libc::SYS_madvise, a, len, advice) } as c_int;
     }
     if !a.is_multiple_of(PAGE) {
         set_errno(libc::EINVAL);
@@ -218,7 +247,8 @@ pub unsafe extern "C" fn posix_madvise(addr: *mut c_void, len: size_t, advice: c
         // POSIX_MADV_DONTNEED must not discard contents (unlike MADV_DONTNEED).
         return 0;
     }
-    if madvise(addr, len, advice) == 0 {
+    // SAFETY: the advice the program gave, under the name that reports errors through errno.
+    if unsafe { madvise(addr, len, advice) } == 0 {
         0
     } else {
         errno()
@@ -231,7 +261,8 @@ pub unsafe extern "C" fn posix_madvise(addr: *mut c_void, len: size_t, advice: c
 pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
     let o = old as u64;
     if !is_ready() || !overlaps_region(o, old_len as u64) {
-        return libc::syscall(libc::SYS_mremap, o, old_len, new_len, flags, new_addr) as *mut c_void;
+        // SAFETY: the program's own mremap outside the region, passed on unchanged.
+        return unsafe { libc::syscall(libc::SYS_mremap, o, old_len, new_len, flags, new_addr) } as *mut c_void;
     }
     let (Some(ol), Some(nl)) = (page_up(old_len as u64), page_up(new_len as u64)) else {
         set_errno(libc::EINVAL);
@@ -259,13 +290,17 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size
         return libc::MAP_FAILED;
     }
     let (new, prot) = (r.val, r.val2 as c_int);
-    if new != o {
-        raw_mprotect(o, ol, libc::PROT_NONE);
-        raw_mprotect(new, nl, prot);
-    } else if nl > ol {
-        raw_mprotect(o + ol, nl - ol, prot);
-    } else if nl < ol {
-        raw_mprotect(o + nl, ol - nl, libc::PROT_NONE);
+    // SAFETY: the protections mremap itself gives: the old range (or its cut tail) becomes
+    // inaccessible as the program asked, the new range gets the old range's protection.
+    unsafe {
+        if new != o {
+            raw_mprotect(o, ol, libc::PROT_NONE);
+            raw_mprotect(new, nl, prot);
+        } else if nl > ol {
+            raw_mprotect(o + ol, nl - ol, prot);
+        } else if nl < ol {
+            raw_mprotect(o + nl, ol - nl, libc::PROT_NONE);
+        }
     }
     new as *mut c_void
 }
