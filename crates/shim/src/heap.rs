@@ -1,37 +1,59 @@
 //! The malloc family, all of it mimalloc, so that no allocation escapes into glibc's
-//! non-interposable internal brk/mmap.
+//! non-interposable internal brk/mmap. Where glibc and mimalloc differ in what a program can
+//! observe (errno on failure, realloc to zero bytes, the alignments each function accepts),
+//! these behave as glibc does.
 //!
 //! Every function here has the contract of the C function it replaces; mimalloc checks
 //! nothing more than glibc would, so a pointer the program passes must come from this family.
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use libc::size_t;
 use libmimalloc_sys as mi;
 
-use crate::sys::{errno, set_errno};
+use crate::sys::{cstr, errno, parse_u64, set_errno};
+
+/// glibc's malloc gives this alignment anyway; memalign below it is plain malloc.
+const MALLOC_ALIGNMENT: size_t = 16;
+const PAGE: size_t = 4096;
+
+/// A failed allocation sets ENOMEM, as glibc's does (mimalloc leaves errno alone when it
+/// refuses a size or an alignment itself).
+fn or_enomem(p: *mut c_void) -> *mut c_void {
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
+}
 
 #[no_mangle]
 pub extern "C" fn malloc(n: size_t) -> *mut c_void {
     // SAFETY: allocation takes no pointer; mimalloc is initialized on first use.
-    unsafe { mi::mi_malloc(n) }
+    or_enomem(unsafe { mi::mi_malloc(n) })
 }
 
 #[no_mangle]
 pub extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     // SAFETY: as malloc; mimalloc checks the product for overflow.
-    unsafe { mi::mi_calloc(n, size) }
+    or_enomem(unsafe { mi::mi_calloc(n, size) })
 }
 
+/// glibc frees the block and returns NULL for a size of zero; mimalloc would return a block.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
+    if n == 0 && !p.is_null() {
+        // SAFETY: `p` is from this family (realloc's contract).
+        unsafe { free(p) };
+        return core::ptr::null_mut();
+    }
     // SAFETY: `p` is NULL or from this family (realloc's contract).
-    unsafe { mi::mi_realloc(p, n) }
+    or_enomem(unsafe { mi::mi_realloc(p, n) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: `p` is NULL or from this family (reallocarray's contract).
-        Some(total) => unsafe { mi::mi_realloc(p, total) },
+        Some(total) => unsafe { realloc(p, total) },
         None => {
             set_errno(libc::ENOMEM);
             core::ptr::null_mut()
@@ -64,17 +86,19 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     }
 }
 
-fn valid_alignment(a: size_t) -> bool {
-    a.is_power_of_two() && a.is_multiple_of(core::mem::size_of::<usize>())
+/// A power-of-two alignment above what malloc gives anyway.
+fn alloc_aligned(n: size_t, align: size_t) -> *mut c_void {
+    debug_assert!(align.is_power_of_two());
+    // SAFETY: the alignment is a power of two, as mimalloc requires.
+    or_enomem(unsafe { mi::mi_malloc_aligned(n, align) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> libc::c_int {
-    if !valid_alignment(align) {
+    if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<usize>()) {
         return libc::EINVAL;
     }
-    // SAFETY: the alignment is a power of two, as mimalloc requires.
-    let p = unsafe { mi::mi_malloc_aligned(n, align) };
+    let p = alloc_aligned(n, align);
     if p.is_null() {
         return libc::ENOMEM;
     }
@@ -83,31 +107,64 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, n:
     0
 }
 
+/// glibc's memalign: an alignment malloc gives anyway is malloc, one that cannot be a power of
+/// two is EINVAL, any other is rounded up to a power of two.
 #[no_mangle]
-pub extern "C" fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void {
-    if !align.is_power_of_two() {
-        set_errno(libc::EINVAL);
-        return core::ptr::null_mut();
+pub extern "C" fn memalign(align: size_t, n: size_t) -> *mut c_void {
+    if align <= MALLOC_ALIGNMENT {
+        return malloc(n);
     }
-    // SAFETY: the alignment is a power of two, as mimalloc requires.
-    unsafe { mi::mi_malloc_aligned(n, align) }
+    match align.checked_next_power_of_two() {
+        Some(a) => alloc_aligned(n, a),
+        None => {
+            set_errno(libc::EINVAL);
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// glibc before 2.38 made aligned_alloc an alias of memalign; 2.38 refuses an alignment that
+/// is not a power of two (C17). Programs see the behaviour of the C library they run with.
+fn aligned_alloc_refuses_odd_alignments() -> bool {
+    static STRICT: AtomicU8 = AtomicU8::new(0);
+    match STRICT.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+            let v = unsafe { cstr(libc::gnu_get_libc_version()) };
+            let mut parts = v.split(|b| *b == b'.').map(parse_u64);
+            let strict = matches!((parts.next(), parts.next()), (Some(Some(major)), Some(Some(minor))) if (major, minor) >= (2, 38));
+            STRICT.store(if strict { 2 } else { 1 }, Relaxed);
+            strict
+        }
+    }
 }
 
 #[no_mangle]
-pub extern "C" fn memalign(align: size_t, n: size_t) -> *mut c_void {
-    aligned_alloc(align.next_power_of_two(), n)
+pub extern "C" fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void {
+    // glibc counts 0 as a power of two here (and serves it as malloc).
+    if align & align.wrapping_sub(1) != 0 && aligned_alloc_refuses_odd_alignments() {
+        set_errno(libc::EINVAL);
+        return core::ptr::null_mut();
+    }
+    memalign(align, n)
 }
 
 #[no_mangle]
 pub extern "C" fn valloc(n: size_t) -> *mut c_void {
-    // SAFETY: a page is a power-of-two alignment.
-    unsafe { mi::mi_malloc_aligned(n, 4096) }
+    memalign(PAGE, n)
 }
 
 #[no_mangle]
 pub extern "C" fn pvalloc(n: size_t) -> *mut c_void {
-    // SAFETY: a page is a power-of-two alignment.
-    unsafe { mi::mi_malloc_aligned((n + 4095) & !4095, 4096) }
+    match n.checked_add(PAGE - 1) {
+        Some(up) => memalign(PAGE, up & !(PAGE - 1)),
+        None => {
+            set_errno(libc::ENOMEM);
+            core::ptr::null_mut()
+        }
+    }
 }
 
 #[no_mangle]
