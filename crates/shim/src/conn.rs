@@ -1,16 +1,45 @@
 //! The connection to the pComponent: a Unix stream socket, a hello that hands over the
 //! userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
 
 use crate::start::env;
-use crate::sys::{die, errno, fmt_u64, high_fd, raw_mprotect, spin_lock, spin_unlock, until_nul};
+use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
 use crate::vm::REGION_SIZE;
 
 pub(crate) static SOCK: AtomicI32 = AtomicI32::new(-1);
 /// Serializes requests on the one socket; held across fork so no request is cut in half.
 static LOCK: AtomicBool = AtomicBool::new(false);
+/// A word on a MADV_WIPEONFORK page, set when this address space says hello. A process made
+/// by copying the address space without the shim's fork (a clone system call without
+/// CLONE_VM) reads zero here: it inherited the parent's socket but not its heap, and a request
+/// from it would act on the parent's memory. Processes that share the address space (threads,
+/// vfork children) share the word.
+static HELLO_SAID: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
+
+fn mark_hello_said() {
+    let mut w = HELLO_SAID.load(Relaxed);
+    if w.is_null() {
+        let (rw, private) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh page at an address the kernel picks replaces nothing.
+        let p = unsafe { raw_mmap(0, 4096, rw, private, -1, 0) };
+        // SAFETY: the advice only changes what a copy of the address space inherits of the page.
+        if p == libc::MAP_FAILED || unsafe { libc::syscall(libc::SYS_madvise, p, 4096, libc::MADV_WIPEONFORK) } != 0 {
+            die(&[b"cannot map the page that tells a forked copy from its parent"]);
+        }
+        w = p as *mut AtomicU64;
+        HELLO_SAID.store(w, Relaxed);
+    }
+    // SAFETY: the page mapped above, never unmapped, aligned for a u64.
+    unsafe { &*w }.store(1, Release);
+}
+
+fn hello_said_here() -> bool {
+    let w = HELLO_SAID.load(Relaxed);
+    // SAFETY: as in mark_hello_said; in a copied address space the page exists, zeroed.
+    !w.is_null() && unsafe { &*w }.load(Acquire) == 1
+}
 
 /// Connects, sends the hello with the two descriptors and, in a forked child, re-applies the
 /// protections of the address space it inherited.
@@ -36,6 +65,7 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
     }
     let sock = high_fd(sock);
     SOCK.store(sock, Relaxed);
+    mark_hello_said();
 
     let hello = Hello {
         abi: splitos_shim_abi::SHIM_ABI_VERSION,
@@ -136,6 +166,10 @@ pub(crate) fn unlock() {
 
 /// One request and its response; the caller holds the lock.
 pub(crate) fn request_locked(req: &ShimReq) -> ShimResp {
+    if !hello_said_here() {
+        die(&[b"this process was made by a clone system call without CLONE_VM, which the shim cannot see: \
+               it has no heap of its own (its parent's is not mapped here). Use fork(), vfork() or posix_spawn()."]);
+    }
     let sock = SOCK.load(Relaxed);
     let mut resp = ShimResp::default();
     if !write_all(sock, req.as_bytes()) || !read_all(sock, resp.as_mut_bytes()) {
