@@ -23,6 +23,8 @@ pub const ENV_SOCK: &str = "SPLITOS_PCOMP_SOCK";
 pub const ENV_VNODE: &str = "SPLITOS_VNODE";
 pub const ENV_RUN_ID: &str = "SPLITOS_RUN_ID";
 pub const ENV_REGION_SIZE: &str = "SPLITOS_REGION_SIZE";
+/// `1` lets a program whose shim finds no pComponent run natively instead of being stopped.
+pub const ENV_ALLOW_NATIVE: &str = "SPLITOS_ALLOW_NATIVE";
 
 /// Records cross the boundary as their bytes: zerocopy's derives check at compile time that
 /// they have no hidden padding and that every byte pattern is a valid value.

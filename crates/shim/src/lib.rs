@@ -16,6 +16,7 @@
 //! - `vm`: the heap region and the virtual-memory calls that land on it;
 //! - `brk`: the program break, emulated inside the region;
 //! - `fork`: fork, giving the child a private copy through the mComponents;
+//! - `exec`: the exec family and spawn, so that a new image keeps the shim;
 //! - `heap`: the malloc family;
 //! - `sys`: raw system calls and the allocation-free helpers everything above uses.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -25,6 +26,7 @@
 
 mod brk;
 mod conn;
+mod exec;
 mod fork;
 mod heap;
 mod start;
@@ -32,6 +34,7 @@ mod sys;
 mod vm;
 
 pub use brk::*;
+pub use exec::*;
 pub use fork::*;
 pub use heap::*;
 pub use vm::*;
