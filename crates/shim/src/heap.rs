@@ -12,7 +12,8 @@ use libmimalloc_sys as mi;
 
 use crate::sys::{cstr, errno, parse_u64, set_errno};
 
-/// glibc's malloc gives this alignment anyway; memalign below it is plain malloc.
+/// glibc's malloc gives this alignment to every block (mimalloc only to blocks of 16 bytes or
+/// more), and memalign never less.
 const MALLOC_ALIGNMENT: size_t = 16;
 const PAGE: size_t = 4096;
 
@@ -107,14 +108,11 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, n:
     0
 }
 
-/// glibc's memalign: an alignment malloc gives anyway is malloc, one that cannot be a power of
-/// two is EINVAL, any other is rounded up to a power of two.
+/// glibc's memalign: at least malloc's alignment; one that cannot be a power of two is
+/// EINVAL, any other is rounded up to a power of two.
 #[no_mangle]
 pub extern "C" fn memalign(align: size_t, n: size_t) -> *mut c_void {
-    if align <= MALLOC_ALIGNMENT {
-        return malloc(n);
-    }
-    match align.checked_next_power_of_two() {
+    match align.max(MALLOC_ALIGNMENT).checked_next_power_of_two() {
         Some(a) => alloc_aligned(n, a),
         None => {
             set_errno(libc::EINVAL);
