@@ -60,6 +60,12 @@ struct method {
 static void m_execve_empty(const char *n) { execve(self, ARGV(n, "x"), empty_env); }
 static void m_execve_clean(const char *n) { execve(self, ARGV(n, "x"), clean_env); }
 static void m_execve_null(const char *n) { execve(self, ARGV(n, "x"), NULL); }
+/* LD_PRELOAD kept, SPLITOS_* dropped */
+static void m_execve_preload(const char *n) {
+    char preload[8192];
+    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
+    execve(self, ARGV(n, "x"), (char *[]){preload, NULL});
+}
 static void m_execle(const char *n) { execle(self, "execs", "child", n, want, (char *)NULL, empty_env); }
 static void m_execle_many(const char *n) {
     execle(self, "execs", "child", n, want, "a1", "a2", "a3", "a4", "a5", "a6", (char *)NULL, clean_env);
@@ -118,6 +124,7 @@ static void m_big_env(const char *n) {
 
 static const struct method methods[] = {
     {"execve-empty", 1, m_execve_empty}, {"execve-clean", 1, m_execve_clean}, {"execve-null", 1, m_execve_null},
+    {"execve-preload", 1, m_execve_preload},
     {"execle", 1, m_execle},             {"execle-many", 1, m_execle_many},   {"execv", 1, m_execv},
     {"execvp", 1, m_execvp},             {"execl", 1, m_execl},               {"execl-many", 1, m_execl_many},
     {"execlp", 1, m_execlp},             {"execvpe", 1, m_execvpe},           {"fexecve", 1, m_fexecve},

@@ -78,60 +78,76 @@ fn name_of(var: &[u8]) -> &[u8] {
     &var[..var.iter().position(|b| *b == b'=').map_or(0, |i| i + 1)]
 }
 
-/// True if every LD_PRELOAD in `envp` names this library and every carried variable is
-/// there with the value the shim read (and no other value).
-///
-/// # Safety
-/// As [`with_shim_env`].
-unsafe fn complete(envp: Argv) -> bool {
-    let e = env();
-    let mine = &e.preload()[PRELOAD.len()..];
-    let mut preload = false;
-    let mut have = [false; CARRIED.len()];
-    let mut i = 0;
-    // SAFETY: envp is NULL or NULL-terminated, its entries C strings (the contract).
-    while !envp.is_null() && !unsafe { *envp.add(i) }.is_null() {
-        // SAFETY: as above.
-        let v = unsafe { cstr(*envp.add(i)) };
-        i += 1;
-        if let Some(list) = v.strip_prefix(PRELOAD) {
-            if !list.split(|b| *b == b':' || *b == b' ').any(|p| p == mine) {
-                return false;
-            }
-            preload = true;
-        } else if let Some((j, c)) = e.carried().enumerate().find(|(_, c)| v.starts_with(name_of(c))) {
-            if v != &c[..c.len() - 1] {
-                return false;
-            }
-            have[j] = true;
-        }
-    }
-    preload && have[..e.carried().count()].iter().all(|h| *h)
+fn names_shim(list: &[u8]) -> bool {
+    let mine = &env().preload()[PRELOAD.len()..];
+    list.split(|b| *b == b':' || *b == b' ').any(|p| p == mine)
 }
 
-/// Calls `f` with `envp` completed for a new image: one LD_PRELOAD that names this library
-/// (theirs if it already does, else ours put first in theirs), and the carried SPLITOS_*
-/// variables with the values the shim read at start-up. Entries that need no change keep
-/// their place. If the shim runs no region (SPLITOS_ALLOW_NATIVE), `envp` is passed as it is.
-/// Fails with an errno only if a large environment finds no memory.
+/// What an environment holds of the shim's variables.
+struct Scan<'a> {
+    entries: usize,
+    /// The value of the first LD_PRELOAD (the one getenv sees).
+    first_preload: Option<&'a [u8]>,
+    /// Every LD_PRELOAD (ld.so takes the last) names this library.
+    preloads_name_shim: bool,
+    /// Which carried variables it sets, whatever the value.
+    has: [bool; CARRIED.len()],
+    /// It names a pComponent other than ours: its SPLITOS_* variables are deliberate (a
+    /// nested `splitos run`) and none of ours are added.
+    other_pcomponent: bool,
+}
+
+/// # Safety
+/// As [`with_shim_env`].
+unsafe fn scan<'a>(envp: Argv) -> Scan<'a> {
+    let e = env();
+    let mut s = Scan { entries: 0, first_preload: None, preloads_name_shim: true, has: [false; CARRIED.len()], other_pcomponent: false };
+    // SAFETY: envp is NULL or NULL-terminated, its entries C strings (the contract).
+    while !envp.is_null() && !unsafe { *envp.add(s.entries) }.is_null() {
+        // SAFETY: as above.
+        let v = unsafe { cstr(*envp.add(s.entries)) };
+        s.entries += 1;
+        if let Some(list) = v.strip_prefix(PRELOAD) {
+            s.first_preload.get_or_insert(list);
+            s.preloads_name_shim &= names_shim(list);
+        } else if let Some((j, c)) = e.carried().enumerate().find(|(_, c)| v.starts_with(name_of(c))) {
+            s.has[j] = true;
+            s.other_pcomponent |= c.starts_with(b"SPLITOS_PCOMP_SOCK=") && v != &c[..c.len() - 1];
+        }
+    }
+    s
+}
+
+impl Scan<'_> {
+    fn missing(&self, j: usize) -> bool {
+        !self.other_pcomponent && !self.has[j]
+    }
+
+    fn complete(&self) -> bool {
+        self.first_preload.is_some() && self.preloads_name_shim && (0..env().carried().count()).all(|j| !self.missing(j))
+    }
+}
+
+/// Calls `f` with `envp` completed for a new image: exactly one LD_PRELOAD, naming this
+/// library (theirs if it already does, else ours put first in theirs), and each carried
+/// SPLITOS_* variable it lacks, with the value the shim read at start-up. Variables it sets
+/// itself are the program's choice and stay; an environment that needs nothing is passed as
+/// it is. A program running natively (SPLITOS_ALLOW_NATIVE=1) hands on that permission the
+/// same way. Fails with an errno only if a large environment finds no memory.
 ///
 /// # Safety
 /// `envp` is NULL or a NULL-terminated array of C strings, valid during the call.
 unsafe fn with_shim_env<R>(envp: Argv, f: impl FnOnce(Argv) -> R) -> Result<R, c_int> {
+    // The environment cache is filled whether or not the region runs.
+    ready();
     // SAFETY: envp as this function's contract says.
-    if !ready() || unsafe { complete(envp) } {
+    let s = unsafe { scan(envp) };
+    if s.complete() {
         return Ok(f(envp));
     }
     let e = env();
-    // SAFETY: envp is NULL or NULL-terminated (this function's contract); it is read only up
-    // to its terminator.
-    let entry = |i: usize| unsafe { *envp.add(i) };
-    // SAFETY: the entries before the terminator are C strings (the contract).
-    let var = |i: usize| unsafe { cstr(entry(i)) };
-    let n = if envp.is_null() { 0 } else { (0..).take_while(|i| !entry(*i).is_null()).count() };
-    let theirs = (0..n).map(var).find(|v| v.starts_with(PRELOAD)).map(|v| &v[PRELOAD.len()..]);
-    let mine = &e.preload()[PRELOAD.len()..];
-    let keep_theirs = theirs.is_some_and(|t| t.split(|b| *b == b':' || *b == b' ').any(|p| p == mine));
+    let (n, theirs) = (s.entries, s.first_preload);
+    let keep_theirs = theirs.is_some_and(names_shim);
 
     // Their entries, LD_PRELOAD, the carried variables, NULL; then the LD_PRELOAD string.
     let ptrs = n + 1 + CARRIED.len() + 1;
@@ -171,29 +187,25 @@ unsafe fn with_shim_env<R>(envp: Argv, f: impl FnOnce(Argv) -> R) -> Result<R, c
         k += 1;
     };
     let mut preload_done = false;
-    let mut have = [false; CARRIED.len()];
     for i in 0..n {
-        let v = var(i);
-        if v.starts_with(PRELOAD) {
+        // SAFETY: i is below the terminator of envp (counted by scan).
+        let p = unsafe { *envp.add(i) };
+        // SAFETY: an entry of envp, a C string.
+        if unsafe { cstr(p) }.starts_with(PRELOAD) {
             // ld.so takes the last LD_PRELOAD, getenv the first: keep exactly one.
             if !preload_done {
-                push(if keep_theirs { entry(i) as usize } else { preload });
+                push(if keep_theirs { p as usize } else { preload });
                 preload_done = true;
             }
-        } else if let Some((j, c)) = e.carried().enumerate().find(|(_, c)| v.starts_with(name_of(c))) {
-            if !have[j] && v == &c[..c.len() - 1] {
-                push(entry(i) as usize);
-                have[j] = true;
-            }
         } else {
-            push(entry(i) as usize);
+            push(p as usize);
         }
     }
     if !preload_done {
         push(preload);
     }
     for (j, c) in e.carried().enumerate() {
-        if !have[j] {
+        if s.missing(j) {
             push(c.as_ptr() as usize);
         }
     }
@@ -307,7 +319,8 @@ fn restore_own_environment() {
     // SAFETY: the program's environment, a NULL-terminated array of C strings. A complete one
     // is left alone; otherwise put_back walks a copy, which setenv's changes do not touch.
     unsafe {
-        if ready() && !complete(environ()) {
+        ready();
+        if !scan(environ()).complete() {
             let _ = with_shim_env(environ(), put_back);
         }
     }

@@ -37,7 +37,8 @@ static mut ENV: EnvCache =
 
 pub(crate) const PRELOAD: &[u8] = b"LD_PRELOAD=";
 /// The variables the shim reads, which a new image needs as they were.
-pub(crate) const CARRIED: [&core::ffi::CStr; 4] = [c"SPLITOS_PCOMP_SOCK", c"SPLITOS_VNODE", c"SPLITOS_RUN_ID", c"SPLITOS_REGION_SIZE"];
+pub(crate) const CARRIED: [&core::ffi::CStr; 5] =
+    [c"SPLITOS_PCOMP_SOCK", c"SPLITOS_VNODE", c"SPLITOS_RUN_ID", c"SPLITOS_REGION_SIZE", c"SPLITOS_ALLOW_NATIVE"];
 
 impl EnvCache {
     /// The carried variables, each a NUL-terminated `NAME=value`.
@@ -107,30 +108,8 @@ unsafe fn init() -> bool {
     // SAFETY: getenv with a NUL-terminated name; its results are environment strings, which
     // are never freed, and are copied into ENV before this returns.
     let getenv = |name: &core::ffi::CStr| unsafe { cstr(libc::getenv(name.as_ptr())) };
-    let sock = getenv(c"SPLITOS_PCOMP_SOCK");
-    debug_assert_eq!(ENV_SOCK, "SPLITOS_PCOMP_SOCK");
-    if sock.is_empty() {
-        debug_assert_eq!(ENV_ALLOW_NATIVE, "SPLITOS_ALLOW_NATIVE");
-        if getenv(c"SPLITOS_ALLOW_NATIVE") == b"1" {
-            return false;
-        }
-        die(&[b"no pComponent is named (SPLITOS_PCOMP_SOCK is not set), so this program's memory would not be \
-               disaggregated. Start it with `splitos run`, or set SPLITOS_ALLOW_NATIVE=1 to run it natively."]);
-    }
-    let size = parse_u64(getenv(c"SPLITOS_REGION_SIZE")).unwrap_or(DEFAULT_REGION_SIZE);
-    debug_assert_eq!(ENV_REGION_SIZE, "SPLITOS_REGION_SIZE");
     // SAFETY: by this function's contract nothing else reads or writes ENV now.
     let e = unsafe { &mut *core::ptr::addr_of_mut!(ENV) };
-    if sock.len() >= e.sock.len() {
-        die(&[b"the pComponent socket path is too long: ", sock]);
-    }
-    e.sock[..sock.len()].copy_from_slice(sock);
-    let vnode = getenv(c"SPLITOS_VNODE");
-    let vnode: &[u8] = if vnode.is_empty() { b"default" } else { vnode };
-    let n = vnode.len().min(e.vnode.len() - 1);
-    e.vnode[..n].copy_from_slice(&vnode[..n]);
-    e.run_id = parse_u64(getenv(c"SPLITOS_RUN_ID")).unwrap_or(0);
-    debug_assert_eq!((ENV_RUN_ID, ENV_VNODE), ("SPLITOS_RUN_ID", "SPLITOS_VNODE"));
     for name in CARRIED {
         // SAFETY: getenv with a NUL-terminated name, as above.
         let value = unsafe { libc::getenv(name.as_ptr()) };
@@ -152,6 +131,29 @@ unsafe fn init() -> bool {
     e.preload[..PRELOAD.len()].copy_from_slice(PRELOAD);
     e.preload[PRELOAD.len()..PRELOAD.len() + path.len()].copy_from_slice(path);
     e.preload_len = PRELOAD.len() + path.len();
+
+    let sock = getenv(c"SPLITOS_PCOMP_SOCK");
+    debug_assert_eq!(ENV_SOCK, "SPLITOS_PCOMP_SOCK");
+    if sock.is_empty() {
+        debug_assert_eq!(ENV_ALLOW_NATIVE, "SPLITOS_ALLOW_NATIVE");
+        if getenv(c"SPLITOS_ALLOW_NATIVE") == b"1" {
+            return false;
+        }
+        die(&[b"no pComponent is named (SPLITOS_PCOMP_SOCK is not set), so this program's memory would not be \
+               disaggregated. Start it with `splitos run`, or set SPLITOS_ALLOW_NATIVE=1 to run it natively."]);
+    }
+    let size = parse_u64(getenv(c"SPLITOS_REGION_SIZE")).unwrap_or(DEFAULT_REGION_SIZE);
+    debug_assert_eq!(ENV_REGION_SIZE, "SPLITOS_REGION_SIZE");
+    if sock.len() >= e.sock.len() {
+        die(&[b"the pComponent socket path is too long: ", sock]);
+    }
+    e.sock[..sock.len()].copy_from_slice(sock);
+    let vnode = getenv(c"SPLITOS_VNODE");
+    let vnode: &[u8] = if vnode.is_empty() { b"default" } else { vnode };
+    let n = vnode.len().min(e.vnode.len() - 1);
+    e.vnode[..n].copy_from_slice(&vnode[..n]);
+    e.run_id = parse_u64(getenv(c"SPLITOS_RUN_ID")).unwrap_or(0);
+    debug_assert_eq!((ENV_RUN_ID, ENV_VNODE), ("SPLITOS_RUN_ID", "SPLITOS_VNODE"));
     vm::REGION_SIZE.store(size & !(PAGE - 1), Relaxed);
     // SAFETY: a plain setter; mimalloc reads the option when it next reserves an arena. Its
     // default reserve would commit a GiB of an mComponent per process.
