@@ -11,22 +11,20 @@
 //! async-signal-safe work is allowed: the new environment is built without allocating, on the
 //! stack, or in a private mapping of its own when it does not fit there.
 use core::ffi::{c_char, c_int};
-use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use libc::pid_t;
 
 use crate::start::{env, ready, CARRIED, PRELOAD};
-use crate::sys::{cstr, die, raw_mmap, set_errno};
+use crate::sys::{cstr, raw_mmap, set_errno, NextFn};
 
 type Argv = *const *const c_char;
 
-/// The C library's own functions, looked up at start-up: dlsym may allocate, which a vfork
-/// child must not.
-static REAL_EXECVPE: AtomicUsize = AtomicUsize::new(0);
-static REAL_FEXECVE: AtomicUsize = AtomicUsize::new(0);
-static REAL_POSIX_SPAWN: AtomicUsize = AtomicUsize::new(0);
-static REAL_POSIX_SPAWNP: AtomicUsize = AtomicUsize::new(0);
-static REAL_SYSTEM: AtomicUsize = AtomicUsize::new(0);
-static REAL_POPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVPE: NextFn = NextFn::new(c"execvpe");
+static REAL_FEXECVE: NextFn = NextFn::new(c"fexecve");
+static REAL_POSIX_SPAWN: NextFn = NextFn::new(c"posix_spawn");
+static REAL_POSIX_SPAWNP: NextFn = NextFn::new(c"posix_spawnp");
+static REAL_SYSTEM: NextFn = NextFn::new(c"system");
+static REAL_POPEN: NextFn = NextFn::new(c"popen");
+pub(crate) static REAL: [&NextFn; 6] = [&REAL_EXECVPE, &REAL_FEXECVE, &REAL_POSIX_SPAWN, &REAL_POSIX_SPAWNP, &REAL_SYSTEM, &REAL_POPEN];
 
 type ExecvpeFn = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
 type FexecveFn = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
@@ -40,35 +38,6 @@ type SpawnFn = unsafe extern "C" fn(
 ) -> c_int;
 type SystemFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type PopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
-
-pub(crate) fn resolve() {
-    for (slot, name) in [
-        (&REAL_EXECVPE, c"execvpe"),
-        (&REAL_FEXECVE, c"fexecve"),
-        (&REAL_POSIX_SPAWN, c"posix_spawn"),
-        (&REAL_POSIX_SPAWNP, c"posix_spawnp"),
-        (&REAL_SYSTEM, c"system"),
-        (&REAL_POPEN, c"popen"),
-    ] {
-        // SAFETY: RTLD_NEXT with a NUL-terminated name only looks a symbol up.
-        let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-        if f == 0 {
-            die(&[b"cannot find the C library's ", name.to_bytes()]);
-        }
-        slot.store(f, Relaxed);
-    }
-}
-
-/// The C library function stored in `slot` by `resolve`, as type `F`.
-///
-/// # Safety
-/// `F` is the function pointer type of the function `slot` was resolved for.
-unsafe fn real<F: Copy>(slot: &AtomicUsize) -> F {
-    let f = slot.load(Relaxed);
-    assert!(f != 0 && core::mem::size_of::<F>() == core::mem::size_of::<usize>());
-    // SAFETY: a non-null function address of the type the caller names.
-    unsafe { core::mem::transmute_copy::<usize, F>(&f) }
-}
 
 /// Words of stack for a new environment; larger ones get a private mapping.
 const STACK_WORDS: usize = 1024;
@@ -254,7 +223,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the C library's execvpe (its PATH search and its shell fallback), resolved for
     // this type, with the caller's arguments and a completed envp.
-    exec_result(unsafe { with_shim_env(envp, |envp| real::<ExecvpeFn>(&REAL_EXECVPE)(file, argv, envp)) })
+    exec_result(unsafe { with_shim_env(envp, |envp| REAL_EXECVPE.get::<ExecvpeFn>()(file, argv, envp)) })
 }
 
 #[no_mangle]
@@ -266,7 +235,7 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the C library's fexecve, resolved for this type, with a completed envp.
-    exec_result(unsafe { with_shim_env(envp, |envp| real::<FexecveFn>(&REAL_FEXECVE)(fd, argv, envp)) })
+    exec_result(unsafe { with_shim_env(envp, |envp| REAL_FEXECVE.get::<FexecveFn>()(fd, argv, envp)) })
 }
 
 #[no_mangle]
@@ -280,7 +249,7 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     // SAFETY: the C library's posix_spawn, resolved for this type, with the caller's arguments
     // and a completed envp, which lives until it returns (the child has copied it by then).
-    unsafe { with_shim_env(envp, |envp| real::<SpawnFn>(&REAL_POSIX_SPAWN)(pid, path, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
+    unsafe { with_shim_env(envp, |envp| REAL_POSIX_SPAWN.get::<SpawnFn>()(pid, path, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
 }
 
 #[no_mangle]
@@ -293,7 +262,7 @@ pub unsafe extern "C" fn posix_spawnp(
     envp: Argv,
 ) -> c_int {
     // SAFETY: as posix_spawn.
-    unsafe { with_shim_env(envp, |envp| real::<SpawnFn>(&REAL_POSIX_SPAWNP)(pid, file, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
+    unsafe { with_shim_env(envp, |envp| REAL_POSIX_SPAWNP.get::<SpawnFn>()(pid, file, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
 }
 
 /// system() and popen() start a shell inside the C library with the program's own
@@ -330,14 +299,14 @@ fn restore_own_environment() {
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
     restore_own_environment();
     // SAFETY: the C library's system, resolved for this type, with the caller's command.
-    unsafe { real::<SystemFn>(&REAL_SYSTEM)(command) }
+    unsafe { REAL_SYSTEM.get::<SystemFn>()(command) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     restore_own_environment();
     // SAFETY: the C library's popen, resolved for this type, with the caller's arguments.
-    unsafe { real::<PopenFn>(&REAL_POPEN)(command, mode) }
+    unsafe { REAL_POPEN.get::<PopenFn>()(command, mode) }
 }
 
 /// execl, execlp and execle take their arguments as a C variadic list, which Rust cannot

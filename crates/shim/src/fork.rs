@@ -2,39 +2,25 @@
 //! mComponent copies the whole address space for the child, which then maps a fresh region
 //! and fetches from that copy.
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicU64, Ordering::*};
 use libc::pid_t;
 use splitos_shim_abi::{Op, ShimReq};
 
 use crate::conn::{self, request_locked, SOCK};
 use crate::start::{is_ready, ready};
-use crate::sys::{die, errno, set_errno};
+use crate::sys::{die, errno, set_errno, NextFn};
 use crate::vm::{setup_region, MEMFD, UFFD};
 
 /// Set by our fork() for the child's handler: the process id the pComponent made for the child.
 static FORK_TOKEN: AtomicU64 = AtomicU64::new(0);
-static REAL_FORK: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_FORK: NextFn = NextFn::new(c"fork");
 
 type ForkFn = unsafe extern "C" fn() -> pid_t;
 
-/// glibc's fork, looked up once (from the constructor, while dlsym may still allocate).
-pub(crate) fn real_fork() -> ForkFn {
-    let mut f = REAL_FORK.load(Relaxed);
-    if f == 0 {
-        // SAFETY: RTLD_NEXT with a NUL-terminated name only looks a symbol up.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"fork".as_ptr()) } as usize;
-        if f == 0 {
-            die(&[b"cannot find the C library's fork"]);
-        }
-        REAL_FORK.store(f, Relaxed);
-    }
-    // SAFETY: a non-null address of the C library's `fork`, whose signature this is.
-    unsafe { core::mem::transmute::<usize, ForkFn>(f) }
-}
-
 #[no_mangle]
 pub extern "C" fn fork() -> pid_t {
-    let real = real_fork();
+    // SAFETY: the C library's fork has this type.
+    let real = unsafe { REAL_FORK.get::<ForkFn>() };
     if !ready() {
         // SAFETY: the C library's fork, called as the program asked.
         return unsafe { real() };

@@ -170,8 +170,10 @@ static CONSTRUCTOR: extern "C" fn() = constructor;
 /// Sets the region up before main, so that the program's first allocation finds it, and
 /// registers the fork child handler first, so that other libraries' handlers find a heap.
 extern "C" fn constructor() {
-    fork::real_fork();
-    exec::resolve();
+    fork::REAL_FORK.resolve();
+    for f in exec::REAL {
+        f.resolve();
+    }
     // SAFETY: registers a handler that stays valid (this library is never unloaded: it is
     // preloaded); no other arguments.
     unsafe { libc::pthread_atfork(None, None, Some(fork::child_after_fork)) };

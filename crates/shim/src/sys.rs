@@ -1,7 +1,7 @@
 //! Raw system calls and helpers that neither allocate nor touch the heap region: they run
 //! inside malloc, inside fork and before the region exists.
-use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicBool, Ordering::*};
+use core::ffi::{c_char, c_int, c_void, CStr};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use libc::off_t;
 
 pub(crate) const PAGE: u64 = 4096;
@@ -124,5 +124,41 @@ pub(crate) fn high_fd(fd: c_int) -> c_int {
         }
         libc::close(fd);
         h
+    }
+}
+
+/// A C library function that the shim's own definition of the same name hides, found with
+/// RTLD_NEXT. Looked up from the constructor: dlsym may allocate, which the fork and vfork
+/// children that call these must not.
+pub(crate) struct NextFn {
+    name: &'static CStr,
+    addr: AtomicUsize,
+}
+
+impl NextFn {
+    pub(crate) const fn new(name: &'static CStr) -> NextFn {
+        NextFn { name, addr: AtomicUsize::new(0) }
+    }
+
+    pub(crate) fn resolve(&self) -> usize {
+        let mut f = self.addr.load(Relaxed);
+        if f == 0 {
+            // SAFETY: RTLD_NEXT with a NUL-terminated name only looks a symbol up.
+            f = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) } as usize;
+            if f == 0 {
+                die(&[b"cannot find the C library's ", self.name.to_bytes()]);
+            }
+            self.addr.store(f, Relaxed);
+        }
+        f
+    }
+
+    /// # Safety
+    /// `F` is the function pointer type of the C library function of this name.
+    pub(crate) unsafe fn get<F: Copy>(&self) -> F {
+        assert_eq!(core::mem::size_of::<F>(), core::mem::size_of::<usize>());
+        let f = self.resolve();
+        // SAFETY: a non-null address of the function, of the type the caller names.
+        unsafe { core::mem::transmute_copy::<usize, F>(&f) }
     }
 }
