@@ -309,6 +309,9 @@ pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *
     unsafe { REAL_POPEN.get::<PopenFn>()(command, mode) }
 }
 
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("the execl stubs below read the x86-64 calling convention");
+
 /// execl, execlp and execle take their arguments as a C variadic list, which Rust cannot
 /// define. On x86-64 the list is arg0..arg4 in rsi, rdx, rcx, r8, r9 and the rest on the
 /// stack above the return address. The stub stores r9 over the return address slot and
