@@ -5,6 +5,12 @@
 //! A connection starts with a [`Hello`] that carries the program's userfaultfd and the memfd
 //! behind its heap region (SCM_RIGHTS). After that, each [`ShimReq`] gets one [`ShimResp`].
 #![no_std]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+use core::mem::{offset_of, size_of};
+use zerocopy::{Immutable, KnownLayout};
+/// The byte views both sides use on these records, re-exported so that they agree on the version.
+pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 pub const SHIM_ABI_VERSION: u32 = 1;
 
@@ -17,9 +23,13 @@ pub const ENV_SOCK: &str = "SPLITOS_PCOMP_SOCK";
 pub const ENV_VNODE: &str = "SPLITOS_VNODE";
 pub const ENV_RUN_ID: &str = "SPLITOS_RUN_ID";
 pub const ENV_REGION_SIZE: &str = "SPLITOS_REGION_SIZE";
+/// `1` lets a program whose shim finds no pComponent run natively instead of being stopped.
+pub const ENV_ALLOW_NATIVE: &str = "SPLITOS_ALLOW_NATIVE";
 
+/// Records cross the boundary as their bytes: zerocopy's derives check at compile time that
+/// they have no hidden padding and that every byte pattern is a valid value.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Hello {
     pub abi: u32,
     pub _pad: u32,
@@ -68,7 +78,7 @@ pub const MREMAP_FIXED: u64 = 2;
 /// Mprotect(a, b, c=prot); Dontneed(a, b); Mremap(a=old, b=old_len, c=new_len, d=flags,
 /// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token).
 #[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
+#[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ShimReq {
     pub op: u32,
     pub _pad: u32,
@@ -82,7 +92,7 @@ pub struct ShimReq {
 /// `ret` is 0 or a negative errno. The reply to a Hello of a forked child is followed by
 /// `val2` [`VmaRec`]s: the protections the child must re-apply to its new region.
 #[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
+#[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ShimResp {
     pub ret: i64,
     pub val: u64,
@@ -90,29 +100,24 @@ pub struct ShimResp {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
+#[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct VmaRec {
     pub start: u64,
     pub end: u64,
     pub prot: u64,
 }
 
-/// Views a plain-old-data record as bytes.
-///
-/// # Safety
-/// `T` must be `repr(C)` with no padding that carries meaning (all records above qualify).
-pub unsafe fn as_bytes<T>(v: &T) -> &[u8] {
-    core::slice::from_raw_parts(v as *const T as *const u8, core::mem::size_of::<T>())
-}
-
-/// # Safety
-/// As [`as_bytes`]; every bit pattern must be a valid `T` (true for the records above).
-pub unsafe fn as_bytes_mut<T>(v: &mut T) -> &mut [u8] {
-    core::slice::from_raw_parts_mut(v as *mut T as *mut u8, core::mem::size_of::<T>())
-}
+// These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
+// the version, so a change here must bump it.
+const _: () = assert!(size_of::<Hello>() == 112 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, vnode) == 48);
+const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
+const _: () = assert!(size_of::<ShimResp>() == 24);
+const _: () = assert!(size_of::<VmaRec>() == 24);
 
 /// The userfaultfd uapi subset both sides use (include/uapi/linux/userfaultfd.h).
 pub mod uffd {
+    use super::{offset_of, size_of, FromBytes, Immutable, IntoBytes, KnownLayout};
+
     pub const UFFD_API: u64 = 0xAA;
     pub const UFFDIO_API: u64 = 0xc018_aa3f;
     pub const UFFDIO_REGISTER: u64 = 0xc020_aa00;
@@ -134,7 +139,7 @@ pub mod uffd {
     pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
     #[repr(C)]
-    #[derive(Default)]
+    #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct Api {
         pub api: u64,
         pub features: u64,
@@ -142,14 +147,14 @@ pub mod uffd {
     }
 
     #[repr(C)]
-    #[derive(Default, Clone, Copy)]
+    #[derive(Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct Range {
         pub start: u64,
         pub len: u64,
     }
 
     #[repr(C)]
-    #[derive(Default)]
+    #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct Register {
         pub range: Range,
         pub mode: u64,
@@ -157,7 +162,7 @@ pub mod uffd {
     }
 
     #[repr(C)]
-    #[derive(Default)]
+    #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct Copy {
         pub dst: u64,
         pub src: u64,
@@ -167,7 +172,7 @@ pub mod uffd {
     }
 
     #[repr(C)]
-    #[derive(Default)]
+    #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct WriteProtect {
         pub range: Range,
         pub mode: u64,
@@ -175,7 +180,7 @@ pub mod uffd {
 
     /// `struct uffd_msg` for a page fault: event at byte 0, flags at 8, address at 16.
     #[repr(C)]
-    #[derive(Default, Clone, Copy)]
+    #[derive(Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct Msg {
         pub event: u8,
         pub _r1: u8,
@@ -185,4 +190,13 @@ pub mod uffd {
         pub address: u64,
         pub arg: u64,
     }
+
+    // The kernel reads and writes these at the sizes its ioctl numbers encode (the 0x18, 0x20,
+    // 0x28 in bits 16..29 of UFFDIO_API, _REGISTER, _COPY): a wrong size is a wrong request.
+    const _: () = assert!(size_of::<Api>() == 24 && UFFDIO_API >> 16 & 0x3fff == 24);
+    const _: () = assert!(size_of::<Range>() == 16 && UFFDIO_WAKE >> 16 & 0x3fff == 16);
+    const _: () = assert!(size_of::<Register>() == 32 && UFFDIO_REGISTER >> 16 & 0x3fff == 32);
+    const _: () = assert!(size_of::<Copy>() == 40 && UFFDIO_COPY >> 16 & 0x3fff == 40 && offset_of!(Copy, copy) == 32);
+    const _: () = assert!(size_of::<WriteProtect>() == 24 && UFFDIO_WRITEPROTECT >> 16 & 0x3fff == 24);
+    const _: () = assert!(size_of::<Msg>() == 32 && offset_of!(Msg, flags) == 8 && offset_of!(Msg, address) == 16);
 }

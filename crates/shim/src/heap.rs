@@ -1,30 +1,62 @@
 //! The malloc family, all of it mimalloc, so that no allocation escapes into glibc's
-//! non-interposable internal brk/mmap.
+//! non-interposable internal brk/mmap. Where glibc and mimalloc differ in what a program can
+//! observe (errno on failure, realloc to zero bytes, the alignments each function accepts),
+//! these behave as glibc does.
+//!
+//! Every function here has the contract of the C function it replaces; mimalloc checks
+//! nothing more than glibc would, so a pointer the program passes must come from this family.
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use libc::size_t;
 use libmimalloc_sys as mi;
 
-#[no_mangle]
-pub unsafe extern "C" fn malloc(n: size_t) -> *mut c_void {
-    mi::mi_malloc(n)
+use crate::sys::{cstr, errno, parse_u64, set_errno};
+
+/// glibc's malloc gives this alignment to every block (mimalloc only to blocks of 16 bytes or
+/// more), and memalign never less.
+const MALLOC_ALIGNMENT: size_t = 16;
+const PAGE: size_t = 4096;
+
+/// A failed allocation sets ENOMEM, as glibc's does (mimalloc leaves errno alone when it
+/// refuses a size or an alignment itself).
+fn or_enomem(p: *mut c_void) -> *mut c_void {
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
-    mi::mi_calloc(n, size)
+pub extern "C" fn malloc(n: size_t) -> *mut c_void {
+    // SAFETY: allocation takes no pointer; mimalloc is initialized on first use.
+    or_enomem(unsafe { mi::mi_malloc(n) })
 }
 
+#[no_mangle]
+pub extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
+    // SAFETY: as malloc; mimalloc checks the product for overflow.
+    or_enomem(unsafe { mi::mi_calloc(n, size) })
+}
+
+/// glibc frees the block and returns NULL for a size of zero; mimalloc would return a block.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
-    mi::mi_realloc(p, n)
+    if n == 0 && !p.is_null() {
+        // SAFETY: `p` is from this family (realloc's contract).
+        unsafe { free(p) };
+        return core::ptr::null_mut();
+    }
+    // SAFETY: `p` is NULL or from this family (realloc's contract).
+    or_enomem(unsafe { mi::mi_realloc(p, n) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     match n.checked_mul(size) {
-        Some(total) => mi::mi_realloc(p, total),
+        // SAFETY: `p` is NULL or from this family (reallocarray's contract).
+        Some(total) => unsafe { realloc(p, total) },
         None => {
-            *libc::__errno_location() = libc::ENOMEM;
+            set_errno(libc::ENOMEM);
             core::ptr::null_mut()
         }
     }
@@ -33,14 +65,16 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -
 /// free() must not change errno: programs check errno after a failing call and free first.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    let e = *libc::__errno_location();
-    mi::mi_free(p);
-    *libc::__errno_location() = e;
+    let e = errno();
+    // SAFETY: `p` is NULL or from this family and not yet freed (free's contract).
+    unsafe { mi::mi_free(p) };
+    set_errno(e);
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cfree(p: *mut c_void) {
-    free(p)
+    // SAFETY: the same contract as free.
+    unsafe { free(p) }
 }
 
 #[no_mangle]
@@ -48,49 +82,87 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     if p.is_null() {
         0
     } else {
-        mi::mi_usable_size(p)
+        // SAFETY: a live block of this family (malloc_usable_size's contract).
+        unsafe { mi::mi_usable_size(p) }
     }
 }
 
-fn valid_alignment(a: size_t) -> bool {
-    a.is_power_of_two() && a.is_multiple_of(core::mem::size_of::<usize>())
+/// A power-of-two alignment above what malloc gives anyway.
+fn alloc_aligned(n: size_t, align: size_t) -> *mut c_void {
+    debug_assert!(align.is_power_of_two());
+    // SAFETY: the alignment is a power of two, as mimalloc requires.
+    or_enomem(unsafe { mi::mi_malloc_aligned(n, align) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> libc::c_int {
-    if !valid_alignment(align) {
+    if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<usize>()) {
         return libc::EINVAL;
     }
-    let p = mi::mi_malloc_aligned(n, align);
+    let p = alloc_aligned(n, align);
     if p.is_null() {
         return libc::ENOMEM;
     }
-    *out = p;
+    // SAFETY: `out` points to a writable pointer (posix_memalign's contract).
+    unsafe { *out = p };
     0
 }
 
+/// glibc's memalign: at least malloc's alignment; one that cannot be a power of two is
+/// EINVAL, any other is rounded up to a power of two.
 #[no_mangle]
-pub unsafe extern "C" fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void {
-    if !align.is_power_of_two() {
-        *libc::__errno_location() = libc::EINVAL;
+pub extern "C" fn memalign(align: size_t, n: size_t) -> *mut c_void {
+    match align.max(MALLOC_ALIGNMENT).checked_next_power_of_two() {
+        Some(a) => alloc_aligned(n, a),
+        None => {
+            set_errno(libc::EINVAL);
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// glibc before 2.38 made aligned_alloc an alias of memalign; 2.38 refuses an alignment that
+/// is not a power of two (C17). Programs see the behaviour of the C library they run with.
+fn aligned_alloc_refuses_odd_alignments() -> bool {
+    static STRICT: AtomicU8 = AtomicU8::new(0);
+    match STRICT.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+            let v = unsafe { cstr(libc::gnu_get_libc_version()) };
+            let mut parts = v.split(|b| *b == b'.').map(parse_u64);
+            let strict = matches!((parts.next(), parts.next()), (Some(Some(major)), Some(Some(minor))) if (major, minor) >= (2, 38));
+            STRICT.store(if strict { 2 } else { 1 }, Relaxed);
+            strict
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void {
+    // glibc counts 0 as a power of two here (and serves it as malloc).
+    if align & align.wrapping_sub(1) != 0 && aligned_alloc_refuses_odd_alignments() {
+        set_errno(libc::EINVAL);
         return core::ptr::null_mut();
     }
-    mi::mi_malloc_aligned(n, align)
+    memalign(align, n)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn memalign(align: size_t, n: size_t) -> *mut c_void {
-    aligned_alloc(align.next_power_of_two(), n)
+pub extern "C" fn valloc(n: size_t) -> *mut c_void {
+    memalign(PAGE, n)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn valloc(n: size_t) -> *mut c_void {
-    mi::mi_malloc_aligned(n, 4096)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pvalloc(n: size_t) -> *mut c_void {
-    mi::mi_malloc_aligned((n + 4095) & !4095, 4096)
+pub extern "C" fn pvalloc(n: size_t) -> *mut c_void {
+    match n.checked_add(PAGE - 1) {
+        Some(up) => memalign(PAGE, up & !(PAGE - 1)),
+        None => {
+            set_errno(libc::ENOMEM);
+            core::ptr::null_mut()
+        }
+    }
 }
 
 #[no_mangle]

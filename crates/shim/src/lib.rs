@@ -10,10 +10,31 @@
 //! This code runs inside malloc and inside fork: nothing on these paths may allocate, so it
 //! uses raw system calls and fixed-size records only. There is no fault handler here, so no
 //! thread of the program ever serves faults on its own heap.
+//!
+//! - `start`: the start-up state machine, the environment cache, the library constructor;
+//! - `conn`: the connection to the pComponent (hello with the descriptors, request/response);
+//! - `vm`: the heap region and the virtual-memory calls that land on it;
+//! - `brk`: the program break, emulated inside the region;
+//! - `fork`: fork, giving the child a private copy through the mComponents;
+//! - `exec`: the exec family and spawn, so that a new image keeps the shim;
+//! - `heap`: the malloc family;
+//! - `sys`: raw system calls and the allocation-free helpers everything above uses.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+// The exported functions are C's: their contract is that of the function they replace.
 #![allow(clippy::missing_safety_doc)]
 
+mod brk;
+mod conn;
+mod exec;
+mod fork;
 mod heap;
-mod region;
+mod start;
+mod sys;
+mod vm;
 
+pub use brk::*;
+pub use exec::*;
+pub use fork::*;
 pub use heap::*;
-pub use region::*;
+pub use vm::*;

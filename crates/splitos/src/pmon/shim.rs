@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{as_bytes, as_bytes_mut, Hello, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
 
 use super::miss::Tenant;
 use super::region::UffdRegion;
@@ -46,11 +46,10 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
 /// Receives the hello and the two descriptors that come with it.
 fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, OwnedFd, OwnedFd)> {
     let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-    // SAFETY: Hello is plain integers and bytes; all-zero is a valid value.
-    let mut hello: Hello = unsafe { std::mem::zeroed() };
+    let mut hello = Hello::new_zeroed();
     // Room for two descriptors' control message, aligned for cmsghdr.
     let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: &mut hello as *mut _ as *mut libc::c_void, iov_len: std::mem::size_of::<Hello>() };
+    let mut iov = libc::iovec { iov_base: hello.as_mut_bytes().as_mut_ptr() as *mut libc::c_void, iov_len: std::mem::size_of::<Hello>() };
     // SAFETY: msghdr is plain data; all-zero is its empty value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -88,7 +87,7 @@ fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, OwnedFd, OwnedFd)> {
 }
 
 fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<()> {
-    s.write_all(unsafe { as_bytes(&ShimResp { ret, val, val2 }) })
+    s.write_all(ShimResp { ret, val, val2 }.as_bytes())
 }
 
 impl Pcomp {
@@ -108,7 +107,7 @@ impl Pcomp {
         let proc_ = match self.admit(&hello, uffd_fd, memfd) {
             Ok((p, vmas)) => {
                 let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
-                    && vmas.iter().all(|v| s.write_all(unsafe { as_bytes(&VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }) }).is_ok());
+                    && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
                 if !ok {
                     self.exit_process(&p);
                     return;
@@ -127,7 +126,7 @@ impl Pcomp {
         }
         loop {
             let mut req = ShimReq::default();
-            if s.read_exact(unsafe { as_bytes_mut(&mut req) }).is_err() {
+            if s.read_exact(req.as_mut_bytes()).is_err() {
                 break;
             }
             let (ret, val, val2) = match self.request(&proc_, &req) {

@@ -1,0 +1,187 @@
+//! The connection to the pComponent: a Unix stream socket, a hello that hands over the
+//! userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
+use core::ffi::{c_char, c_int, c_void};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
+use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
+
+use crate::start::env;
+use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
+use crate::vm::REGION_SIZE;
+
+pub(crate) static SOCK: AtomicI32 = AtomicI32::new(-1);
+/// Serializes requests on the one socket; held across fork so no request is cut in half.
+static LOCK: AtomicBool = AtomicBool::new(false);
+/// A word on a MADV_WIPEONFORK page, set when this address space says hello. A process made
+/// by copying the address space without the shim's fork (a clone system call without
+/// CLONE_VM) reads zero here: it inherited the parent's socket but not its heap, and a request
+/// from it would act on the parent's memory. Processes that share the address space (threads,
+/// vfork children) share the word.
+static HELLO_SAID: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
+
+fn mark_hello_said() {
+    let mut w = HELLO_SAID.load(Relaxed);
+    if w.is_null() {
+        let (rw, private) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh page at an address the kernel picks replaces nothing.
+        let p = unsafe { raw_mmap(0, 4096, rw, private, -1, 0) };
+        // SAFETY: the advice only changes what a copy of the address space inherits of the page.
+        if p == libc::MAP_FAILED || unsafe { libc::syscall(libc::SYS_madvise, p, 4096, libc::MADV_WIPEONFORK) } != 0 {
+            die(&[b"cannot map the page that tells a forked copy from its parent"]);
+        }
+        w = p as *mut AtomicU64;
+        HELLO_SAID.store(w, Relaxed);
+    }
+    // SAFETY: the page mapped above, never unmapped, aligned for a u64.
+    unsafe { &*w }.store(1, Release);
+}
+
+fn hello_said_here() -> bool {
+    let w = HELLO_SAID.load(Relaxed);
+    // SAFETY: as in mark_hello_said; in a copied address space the page exists, zeroed.
+    !w.is_null() && unsafe { &*w }.load(Acquire) == 1
+}
+
+/// Connects, sends the hello with the two descriptors and, in a forked child, re-applies the
+/// protections of the address space it inherited.
+///
+/// # Safety
+/// The region is freshly mapped and nothing uses it yet: the protections change under it.
+pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
+    let path = until_nul(&env().sock);
+    // SAFETY: socket(2) only creates a descriptor.
+    let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    // SAFETY: sockaddr_un is plain data, valid when zeroed.
+    let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as _;
+    if sock < 0 || path.len() >= sa.sun_path.len() {
+        die(&[b"bad pComponent socket path ", path]);
+    }
+    for (i, b) in path.iter().enumerate() {
+        sa.sun_path[i] = *b as c_char;
+    }
+    // SAFETY: the address is a live sockaddr_un of the length passed.
+    if unsafe { libc::connect(sock, &sa as *const _ as *const libc::sockaddr, core::mem::size_of::<libc::sockaddr_un>() as u32) } != 0 {
+        die(&[b"cannot reach the pComponent at ", path, b" (is the cluster up?)"]);
+    }
+    let sock = high_fd(sock);
+    SOCK.store(sock, Relaxed);
+    mark_hello_said();
+
+    let hello = Hello {
+        abi: splitos_shim_abi::SHIM_ABI_VERSION,
+        _pad: 0,
+        region_base: REGION_BASE,
+        region_size: REGION_SIZE.load(Relaxed),
+        fork_token,
+        run_id: env().run_id,
+        // SAFETY: getpid has no arguments.
+        os_pid: unsafe { libc::getpid() } as u64,
+        vnode: env().vnode,
+    };
+
+    let fds = [uffd, memfd];
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: hello.as_bytes().as_ptr() as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
+    // SAFETY: msghdr is plain data, valid when zeroed.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut c_void;
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(core::mem::size_of_val(&fds) as u32) } as _;
+    // SAFETY: cbuf (64 bytes, 8-aligned) holds one header with two descriptors (CMSG_SPACE of
+    // 8 bytes is 24), so the first header is non-null and its data has room for both fds;
+    // sendmsg only reads the hello through iov.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(core::mem::size_of_val(&fds) as u32) as _;
+        core::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut c_int, 2);
+        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) != core::mem::size_of::<Hello>() as isize {
+            die(&[b"cannot introduce this process to the pComponent"]);
+        }
+    }
+    let mut resp = ShimResp::default();
+    if !read_all(sock, resp.as_mut_bytes()) {
+        die(&[b"the pComponent closed the connection during the hello"]);
+    }
+    if resp.ret < 0 {
+        let mut b = [0u8; 20];
+        die(&[b"the pComponent refused this process (errno ", fmt_u64((-resp.ret) as u64, &mut b), b")"]);
+    }
+    for _ in 0..resp.val2 {
+        let mut v = VmaRec::default();
+        if !read_all(sock, v.as_mut_bytes()) {
+            die(&[b"the pComponent closed the connection while sending the forked address space"]);
+        }
+        // SAFETY: the records describe ranges of the fresh region, which nothing references
+        // yet (this function's contract); the kernel rejects anything outside a mapping.
+        if v.prot != 0 && unsafe { raw_mprotect(v.start, v.end - v.start, v.prot as c_int) } != 0 {
+            die(&[b"cannot restore protections of the forked address space"]);
+        }
+    }
+}
+
+fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reads into the unfilled tail of a live, exclusively borrowed buffer.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr() as *mut c_void, buf.len() - got) };
+        if n > 0 {
+            got += n as usize;
+        } else if n < 0 && errno() == libc::EINTR {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+fn write_all(fd: c_int, buf: &[u8]) -> bool {
+    let mut put = 0;
+    while put < buf.len() {
+        // SAFETY: sends from the unsent tail of a live buffer; send only reads it.
+        let n = unsafe { libc::send(fd, buf[put..].as_ptr() as *const c_void, buf.len() - put, libc::MSG_NOSIGNAL) };
+        if n > 0 {
+            put += n as usize;
+        } else if n < 0 && errno() == libc::EINTR {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+/// Takes the request lock; fork holds it from its prepare request until both sides run again.
+pub(crate) fn lock() {
+    spin_lock(&LOCK);
+}
+
+pub(crate) fn unlock() {
+    spin_unlock(&LOCK);
+}
+
+/// One request and its response; the caller holds the lock.
+pub(crate) fn request_locked(req: &ShimReq) -> ShimResp {
+    if !hello_said_here() {
+        die(&[b"this process was made by a clone system call without CLONE_VM, which the shim cannot see: \
+               it has no heap of its own (its parent's is not mapped here). Use fork(), vfork() or posix_spawn()."]);
+    }
+    let sock = SOCK.load(Relaxed);
+    let mut resp = ShimResp::default();
+    if !write_all(sock, req.as_bytes()) || !read_all(sock, resp.as_mut_bytes()) {
+        die(&[b"lost the connection to the pComponent; the heap is unreachable"]);
+    }
+    resp
+}
+
+pub(crate) fn request(op: Op, a: u64, b: u64, c: u64, d: u64, e: u64) -> ShimResp {
+    let req = ShimReq { op: op as u32, _pad: 0, a, b, c, d, e };
+    lock();
+    let r = request_locked(&req);
+    unlock();
+    r
+}
