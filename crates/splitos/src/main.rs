@@ -24,6 +24,8 @@ enum Cmd {
     /// the program. The program's stdout, stderr and exit status are its own.
     #[command(trailing_var_arg = true)]
     Run {
+        // The embedded cluster's options are `None` unless given, so that `run` can tell a
+        // running cluster's user they do not apply; their help shows the config's default.
         #[arg(long, help = format!("ExCache capacity of the embedded cluster's pComponent [default: {}]", config::default_pcomp().excache))]
         excache: Option<Size>,
         #[arg(long, help = format!("ExCache associativity: lines per set, 0 = fully associative [default: {}]", config::default_pcomp().ways))]
