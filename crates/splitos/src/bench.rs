@@ -28,12 +28,16 @@ fn hist() -> Histogram<u64> {
 /// First touch of fresh anonymous memory, served by the kernel.
 fn native_first_touch(n: usize) -> Histogram<u64> {
     let mut h = hist();
+    // SAFETY: a new private anonymous mapping overlaps no memory of ours. Its result is not
+    // checked against MAP_FAILED: the writes below are sound only if the mapping succeeded.
     let p = unsafe { libc::mmap(std::ptr::null_mut(), n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
     for i in 0..n {
         let t = Instant::now();
+        // SAFETY: page i lies inside the n-page mapping above, which nothing else references.
         unsafe { std::ptr::write_volatile(p.add(i * PAGE), 1) };
         let _ = h.record(t.elapsed().as_nanos() as u64);
     }
+    // SAFETY: the mapping is ours alone and no reference into it outlives this call.
     unsafe { libc::munmap(p as *mut _, n * PAGE) };
     h
 }
@@ -41,13 +45,21 @@ fn native_first_touch(n: usize) -> Histogram<u64> {
 /// A missing fault on a uffd-registered shared-memory page, served by another thread with
 /// UFFDIO_COPY: the trap-and-install cost with no network at all.
 fn uffd_floor(n: usize) -> Histogram<u64> {
+    // SAFETY: the name is a NUL-terminated static string; the call creates a new descriptor.
     let memfd = unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: integers only. The results of memfd_create, ftruncate, mmap and the userfaultfd
+    // calls below are not checked: the accesses further down are sound only if they succeeded.
     unsafe { libc::ftruncate(memfd, (n * PAGE) as i64) };
+    // SAFETY: a new shared mapping of our own memfd overlaps no memory of ours.
     let base = unsafe { libc::mmap(std::ptr::null_mut(), n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd, 0) } as u64;
+    // SAFETY: the new descriptor is owned by nobody else; OwnedFd closes it once. Not sound if
+    // the syscall fails (-1 is no descriptor): that result is not checked.
     let ufd = unsafe { OwnedFd::from_raw_fd(libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32) };
     let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM, ioctls: 0 };
+    // SAFETY: `api` is the repr(C) struct UFFDIO_API reads and writes, live for the call.
     unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) };
     let mut reg = uffd::Register { range: uffd::Range { start: base, len: (n * PAGE) as u64 }, mode: uffd::REGISTER_MODE_MISSING, ioctls: 0 };
+    // SAFETY: `reg` is the repr(C) struct UFFDIO_REGISTER reads and writes; the range is our mapping.
     unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) };
     let raw = ufd.as_raw_fd();
     let server = std::thread::spawn(move || {
@@ -56,11 +68,14 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
         while served < n {
             let mut m = uffd::Msg::default();
             let got = spin_poll(SPIN, || {
+                // SAFETY: reads at most size_of::<Msg>() bytes into `m`, a live repr(C) record
+                // valid for any bytes; `raw` stays open until the thread is joined.
                 let r = unsafe { libc::read(raw, &mut m as *mut _ as *mut libc::c_void, std::mem::size_of::<uffd::Msg>()) };
                 (r > 0).then_some(())
             });
             if got.is_none() {
                 let mut pfd = libc::pollfd { fd: raw, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one live pollfd; a timeout or error only leads to another read attempt.
                 unsafe { libc::poll(&mut pfd, 1, 1000) };
                 continue;
             }
@@ -68,6 +83,8 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
                 continue;
             }
             let mut c = uffd::Copy { dst: m.address & !(PAGE as u64 - 1), src: page.as_ptr() as u64, len: PAGE as u64, mode: 0, copy: 0 };
+            // SAFETY: `c` is the repr(C) struct UFFDIO_COPY reads and writes; its source is `page`,
+            // PAGE live bytes, and its destination a page of the registered mapping.
             unsafe { libc::ioctl(raw, uffd::UFFDIO_COPY as _, &mut c) };
             served += 1;
         }
@@ -75,10 +92,12 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
     let mut h = hist();
     for i in 0..n {
         let t = Instant::now();
+        // SAFETY: page i lies inside the mapping; the fault it raises is served by the thread above.
         unsafe { std::ptr::read_volatile((base as *const u8).add(i * PAGE)) };
         let _ = h.record(t.elapsed().as_nanos() as u64);
     }
     server.join().expect("uffd server");
+    // SAFETY: the server thread is joined, so nothing uses the mapping or the memfd any more.
     unsafe {
         libc::munmap(base as *mut _, n * PAGE);
         libc::close(memfd);

@@ -28,6 +28,25 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
+impl std::str::FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Size, String> {
+        parse_size(s).map(Size)
+    }
+}
+
+/// The shortest exact form (`64M`, `1G`, `4097`), which [`parse_size`] reads back: how a
+/// default shows in `--help`.
+impl std::fmt::Display for Size {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unit = [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')].into_iter().find(|(shift, _)| self.0 != 0 && self.0.is_multiple_of(1u64 << shift));
+        match unit {
+            Some((shift, c)) => write!(f, "{}{c}", self.0 >> shift),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -43,60 +62,49 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+// Every default is written once, in the `default_*` function of its section: a field missing
+// from the file takes it (serde's container default), and so does the command line of each
+// monitor (main.rs), so a config file and `splitos mem`/`proc`/`storage`/`gm` cannot disagree.
+
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default = "default_cluster")]
 pub struct ClusterSection {
     /// Where the global managers listen.
-    #[serde(default = "default_gm")]
     pub gm: String,
-    #[serde(default = "default_vregion")]
     pub vregion_size: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default = "default_pcomp")]
 pub struct PcompSection {
-    #[serde(default = "default_listen")]
     pub listen: String,
-    #[serde(default = "default_excache")]
     pub excache: Size,
-    #[serde(default = "default_ways")]
     pub ways: usize,
-    #[serde(default = "default_policy")]
     pub policy: String,
-    #[serde(default = "yes")]
     pub piggyback: bool,
-    #[serde(default = "default_fault_workers")]
     pub fault_workers: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default = "default_mcomp")]
 pub struct McompSection {
-    #[serde(default = "default_listen")]
     pub listen: String,
-    #[serde(default = "default_capacity")]
     pub capacity: Size,
     /// Worker threads for data-path requests; 0 serves them on each connection's receiving thread.
-    #[serde(default)]
     pub workers: usize,
     /// Storage buffer cache this mComponent holds for files placed on it.
-    #[serde(default = "default_bcache")]
     pub bcache: Size,
     /// Largest read-ahead window for sequential file reads; 0 turns it off.
-    #[serde(default = "default_readahead")]
     pub readahead: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default = "default_scomp")]
 pub struct ScompSection {
-    #[serde(default = "default_listen")]
     pub listen: String,
     /// Where files are kept (default: the data directory's `storage`, see docs/storage.md).
     pub dir: Option<std::path::PathBuf>,
     /// Bytes of file data this sComponent stores for all vNodes together.
-    #[serde(default = "default_quota")]
     pub quota: Size,
 }
 
@@ -114,56 +122,31 @@ pub struct ClusterConfig {
     pub scomponent: Vec<ScompSection>,
 }
 
-fn default_gm() -> String {
+/// Where the global managers listen when started by hand (`splitos gm`), and where monitors
+/// started by hand look for them. `cluster up` instead starts them on any free port
+/// (`[cluster] gm`) and tells every component it starts, so that clusters on one host do not
+/// collide.
+pub const HAND_STARTED_GM: &str = "127.0.0.1:7100";
+
+/// Any free port on loopback.
+fn any_port() -> String {
     "127.0.0.1:0".into()
 }
-fn default_vregion() -> Size {
-    Size(1 << 30)
-}
-fn default_listen() -> String {
-    "127.0.0.1:0".into()
-}
-fn default_excache() -> Size {
-    Size(64 << 20)
-}
-fn default_ways() -> usize {
-    8
-}
-fn default_policy() -> String {
-    "fifo".into()
-}
-fn yes() -> bool {
-    true
-}
-fn default_fault_workers() -> usize {
-    1
-}
-fn default_capacity() -> Size {
-    Size(8 << 30)
-}
-fn default_bcache() -> Size {
-    Size(256 << 20)
-}
-fn default_readahead() -> Size {
-    Size(128 << 10)
-}
-fn default_quota() -> Size {
-    Size(16 << 30)
-}
-fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: default_gm(), vregion_size: default_vregion() }
+
+pub fn default_cluster() -> ClusterSection {
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30) }
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: default_listen(), excache: default_excache(), ways: default_ways(), policy: default_policy(), piggyback: true, fault_workers: default_fault_workers() }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1 }
 }
 
 pub fn default_mcomp() -> McompSection {
-    McompSection { listen: default_listen(), capacity: default_capacity(), workers: 0, bcache: default_bcache(), readahead: default_readahead() }
+    McompSection { listen: any_port(), capacity: Size(8 << 30), workers: 0, bcache: Size(256 << 20), readahead: Size(128 << 10) }
 }
 
 pub fn default_scomp() -> ScompSection {
-    ScompSection { listen: default_listen(), dir: None, quota: default_quota() }
+    ScompSection { listen: any_port(), dir: None, quota: Size(16 << 30) }
 }
 
 impl ClusterConfig {
@@ -243,5 +226,15 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("pcomponent[0].policy"));
         let e = toml::from_str::<ClusterConfig>("[[mcomponent]]\ncapacity = \"9X\"\n").unwrap_err().to_string();
         assert!(e.contains("capacity") || e.contains("9X"), "{e}");
+    }
+
+    #[test]
+    fn sizes_show_in_a_form_they_are_read_back_from() {
+        for n in [0, 1, 4096, 4097, 128 << 10, 64 << 20, 1536 << 20, 1 << 30, 16 << 30, 3 << 40] {
+            let shown = Size(n).to_string();
+            assert_eq!(shown.parse::<Size>(), Ok(Size(n)), "{shown}");
+        }
+        assert_eq!(Size(64 << 20).to_string(), "64M");
+        assert_eq!(Size(1536 << 20).to_string(), "1536M");
     }
 }

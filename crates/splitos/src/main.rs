@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use splitos::config::parse_size;
+use splitos::config::{self, ClusterConfig, Size};
 use splitos::{bench, control, gm, mmon, node, pmon, smon};
 
 #[derive(Parser)]
@@ -12,10 +12,6 @@ use splitos::{bench, control, gm, mmon, node, pmon, smon};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-fn size(s: &str) -> Result<u64, String> {
-    parse_size(s)
 }
 
 #[derive(Subcommand)]
@@ -28,34 +24,28 @@ enum Cmd {
     /// the program. The program's stdout, stderr and exit status are its own.
     #[command(trailing_var_arg = true)]
     Run {
-        /// ExCache capacity of the embedded cluster's pComponent (e.g. 64M).
-        #[arg(long, value_parser = size)]
-        excache: Option<u64>,
-        /// ExCache associativity: lines per set (0 = fully associative). Default 8.
-        #[arg(long)]
+        // The embedded cluster's options are `None` unless given, so that `run` can tell a
+        // running cluster's user they do not apply; their help shows the config's default.
+        #[arg(long, help = format!("ExCache capacity of the embedded cluster's pComponent [default: {}]", config::default_pcomp().excache))]
+        excache: Option<Size>,
+        #[arg(long, help = format!("ExCache associativity: lines per set, 0 = fully associative [default: {}]", config::default_pcomp().ways))]
         ways: Option<usize>,
-        /// Eviction policy: fifo, or clock (LRU approximated by a reference bit).
-        #[arg(long)]
+        #[arg(long, help = format!("Eviction policy: {} [default: {}]", pmon::POLICIES.join(", "), config::default_pcomp().policy))]
         policy: Option<String>,
         /// Send dirty flushes and miss fills as separate RPCs even to the same mComponent.
         #[arg(long)]
         no_piggyback: bool,
-        /// Threads of the pComponent serving the misses of each process. Default 1.
-        #[arg(long)]
+        #[arg(long, help = format!("Threads of the pComponent serving the misses of each process [default: {}]", config::default_pcomp().fault_workers))]
         fault_workers: Option<usize>,
         /// Number of mComponents of the embedded cluster.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = ClusterConfig::embedded().mcomponent.len())]
         mcomponents: usize,
-        /// Memory each embedded mComponent offers (e.g. 8G).
-        #[arg(long, value_parser = size)]
-        mem_capacity: Option<u64>,
-        /// Worker threads per embedded mComponent; 0 (default) serves requests on each
-        /// connection's receiving thread.
-        #[arg(long)]
+        #[arg(long, help = format!("Memory each embedded mComponent offers [default: {}]", config::default_mcomp().capacity))]
+        mem_capacity: Option<Size>,
+        #[arg(long, help = format!("Worker threads per embedded mComponent; 0 serves requests on each connection's receiving thread [default: {}]", config::default_mcomp().workers))]
         mem_workers: Option<usize>,
-        /// vRegion size of the embedded cluster (power of two, e.g. 1G or 16M).
-        #[arg(long, value_parser = size)]
-        vregion_size: Option<u64>,
+        #[arg(long, help = format!("vRegion size of the embedded cluster, a power of two [default: {}]", config::default_cluster().vregion_size))]
+        vregion_size: Option<Size>,
         /// Always start an embedded cluster, even if one is running.
         #[arg(long)]
         embedded: bool,
@@ -88,10 +78,10 @@ enum Cmd {
     },
     /// Run the global managers (GPM, GMM).
     Gm {
-        #[arg(long, default_value = "127.0.0.1:7100")]
+        #[arg(long, default_value = config::HAND_STARTED_GM)]
         listen: String,
-        #[arg(long, value_parser = size, default_value = "1G")]
-        vregion_size: u64,
+        #[arg(long, default_value_t = config::default_cluster().vregion_size)]
+        vregion_size: Size,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         /// Serve Prometheus metrics over HTTP here.
@@ -100,21 +90,21 @@ enum Cmd {
     },
     /// Run a memory monitor (mComponent).
     Mem {
-        #[arg(long, default_value = "127.0.0.1:0")]
+        #[arg(long, default_value_t = config::default_mcomp().listen)]
         listen: String,
-        #[arg(long, default_value = "127.0.0.1:7100")]
+        #[arg(long, default_value = config::HAND_STARTED_GM)]
         gm: String,
-        #[arg(long, value_parser = size, default_value = "8G")]
-        capacity: u64,
+        #[arg(long, default_value_t = config::default_mcomp().capacity)]
+        capacity: Size,
         /// Worker threads for data-path requests; 0 serves them on each connection's receiving thread.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = config::default_mcomp().workers)]
         workers: usize,
         /// Storage buffer cache held for the files the global managers place here.
-        #[arg(long, value_parser = size, default_value = "256M")]
-        bcache: u64,
+        #[arg(long, default_value_t = config::default_mcomp().bcache)]
+        bcache: Size,
         /// Largest read-ahead for sequential file reads through the buffer cache (0: off).
-        #[arg(long, value_parser = size, default_value = "128K")]
-        readahead: u64,
+        #[arg(long, default_value_t = config::default_mcomp().readahead)]
+        readahead: Size,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -122,20 +112,22 @@ enum Cmd {
     },
     /// Run a process monitor (pComponent).
     Proc {
-        #[arg(long, default_value = "127.0.0.1:0")]
+        #[arg(long, default_value_t = config::default_pcomp().listen)]
         listen: String,
-        #[arg(long, default_value = "127.0.0.1:7100")]
+        #[arg(long, default_value = config::HAND_STARTED_GM)]
         gm: String,
-        #[arg(long, value_parser = size, default_value = "64M")]
-        excache: u64,
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = config::default_pcomp().excache)]
+        excache: Size,
+        /// ExCache associativity: lines per set (0 = fully associative).
+        #[arg(long, default_value_t = config::default_pcomp().ways)]
         ways: usize,
-        #[arg(long, default_value = "fifo")]
+        #[arg(long, default_value_t = config::default_pcomp().policy, help = format!("Eviction policy: {}", pmon::POLICIES.join(", ")))]
         policy: String,
+        /// Send dirty flushes and miss fills as separate RPCs (piggybacking is the default).
         #[arg(long)]
         no_piggyback: bool,
         /// Threads serving the misses of each process.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = config::default_pcomp().fault_workers)]
         fault_workers: usize,
         /// Unix socket where programs' shims connect.
         #[arg(long)]
@@ -150,16 +142,16 @@ enum Cmd {
     },
     /// Run a storage monitor (sComponent): vNodes' files, kept durably under --dir.
     Storage {
-        #[arg(long, default_value = "127.0.0.1:0")]
+        #[arg(long, default_value_t = config::default_scomp().listen)]
         listen: String,
-        #[arg(long, default_value = "127.0.0.1:7100")]
+        #[arg(long, default_value = config::HAND_STARTED_GM)]
         gm: String,
         /// Directory holding the namespace database and file data.
         #[arg(long)]
         dir: PathBuf,
         /// Bytes of file data stored for all vNodes together; beyond it writes fail with ENOSPC.
-        #[arg(long, value_parser = size, default_value = "16G")]
-        quota: u64,
+        #[arg(long, default_value_t = config::default_scomp().quota)]
+        quota: Size,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -235,6 +227,7 @@ fn main() {
     node::init_logging();
     let r = match cli.cmd {
         Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
+            let (excache, mem_capacity, vregion_size) = (excache.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
                 program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
             })
@@ -248,20 +241,20 @@ fn main() {
         },
         Cmd::Gm { listen, vregion_size, ready_file, metrics_addr } => {
             node::init_metrics();
-            gm::run(gm::GmArgs { listen, transport: transport(), vregion_size, ready_file, metrics_addr })
+            gm::run(gm::GmArgs { listen, transport: transport(), vregion_size: vregion_size.0, ready_file, metrics_addr })
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr } => {
             node::init_metrics();
-            mmon::run(mmon::MemArgs { listen, transport: transport(), gm, capacity, workers, bcache, readahead, ready_file, metrics_addr })
+            mmon::run(mmon::MemArgs { listen, transport: transport(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
         }
         Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, vnode_root, ready_file, metrics_addr } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us: pmon::DEFAULT_FAULT_SPIN_US };
+            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us: pmon::DEFAULT_FAULT_SPIN_US };
             pmon::run(pmon::ProcArgs { listen, transport: transport(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr } => {
             node::init_metrics();
-            smon::run(smon::StorageArgs { listen, transport: transport(), gm, dir, quota, ready_file, metrics_addr })
+            smon::run(smon::StorageArgs { listen, transport: transport(), gm, dir, quota: quota.0, ready_file, metrics_addr })
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),
@@ -270,4 +263,57 @@ fn main() {
         eprintln!("splitos: {e:#}");
         std::process::exit(1);
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use splitos::config::{McompSection, PcompSection, ScompSection};
+
+    fn parse(args: &[&str]) -> Cmd {
+        Cli::try_parse_from(std::iter::once("splitos").chain(args.iter().copied())).unwrap_or_else(|e| panic!("{args:?}: {e}")).cmd
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// A monitor started by hand with no options gets what a config file that names it with
+    /// no fields gets. The patterns name every field, so a field added on either side fails to
+    /// compile here until its default is compared too.
+    #[test]
+    fn the_command_line_and_the_config_file_agree_on_every_default() {
+        let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
+
+        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers } = file.pcomponent[0].clone();
+        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _ } = parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"]) else {
+            unreachable!()
+        };
+        assert_eq!((l, e, w, p, !no_piggyback, f), (listen, excache, ways, policy, piggyback, fault_workers), "proc");
+        assert_eq!(gm, config::HAND_STARTED_GM);
+
+        let McompSection { listen, capacity, workers, bcache, readahead } = file.mcomponent[0].clone();
+        let Cmd::Mem { listen: l, gm, capacity: c, workers: w, bcache: b, readahead: r, ready_file: _, metrics_addr: _ } = parse(&["mem"]) else { unreachable!() };
+        assert_eq!((l, c, w, b, r), (listen, capacity, workers, bcache, readahead), "mem");
+        assert_eq!(gm, config::HAND_STARTED_GM);
+
+        // `dir` has no default on the command line: `cluster up` derives it from the data directory.
+        let ScompSection { listen, dir: _, quota } = file.scomponent[0].clone();
+        let Cmd::Storage { listen: l, gm, dir: _, quota: q, ready_file: _, metrics_addr: _ } = parse(&["storage", "--dir", "d"]) else { unreachable!() };
+        assert_eq!((l, q), (listen, quota), "storage");
+        assert_eq!(gm, config::HAND_STARTED_GM);
+
+        // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
+        let config::ClusterSection { gm: _, vregion_size } = file.cluster.clone();
+        let Cmd::Gm { listen, vregion_size: v, ready_file: _, metrics_addr: _ } = parse(&["gm"]) else { unreachable!() };
+        assert_eq!(v, vregion_size, "gm");
+        assert_eq!(listen, config::HAND_STARTED_GM);
+
+        let Cmd::Run { mcomponents, .. } = parse(&["run", "true"]) else { unreachable!() };
+        assert_eq!(mcomponents, ClusterConfig::embedded().mcomponent.len());
+    }
+
 }

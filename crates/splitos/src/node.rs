@@ -118,13 +118,18 @@ pub struct StopSignals(libc::sigset_t);
 
 /// Blocks the stop signals; call before the component starts any thread (threads inherit the mask).
 pub fn block_stop_signals() -> StopSignals {
+    // SAFETY: sigset_t is a plain bit array; all zeros is a valid value (sigemptyset sets it anyway).
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
+    // SAFETY: every pointer is to `set`, a live local, and the old mask is not asked for
+    // (null). With valid signal numbers sigemptyset and sigaddset cannot fail.
+    let r = unsafe {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    // Not blocked, a stop signal would end the component at once, skipping its orderly stop.
+    assert_eq!(r, 0, "cannot block the stop signals: {}", std::io::Error::from_raw_os_error(r));
     StopSignals(set)
 }
 
@@ -136,7 +141,16 @@ impl StopSignals {
             .name("stop-signals".into())
             .spawn(move || {
                 let mut sig = 0;
-                unsafe { libc::sigwait(&set, &mut sig) };
+                // SAFETY: `set` is an initialised signal set and `sig` a live local the call writes.
+                let r = unsafe { libc::sigwait(&set, &mut sig) };
+                if r != 0 {
+                    // Still blocked everywhere, the stop signals could never end this component:
+                    // take them in this thread with their default action (an immediate exit).
+                    tracing::error!(error = %std::io::Error::from_raw_os_error(r), "cannot wait for stop signals; a stop signal now ends this component without its orderly stop");
+                    // SAFETY: as above; only this thread's mask changes.
+                    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+                    park_forever();
+                }
                 tracing::info!(signal = sig, "stopping");
                 f();
                 std::process::exit(0);

@@ -115,13 +115,27 @@ fn pid_of(c: &TestCluster, arg: &str) -> i32 {
         .unwrap_or_else(|| panic!("no component process with {arg}"))
 }
 
-/// Takes a killed component out of the cluster's state, so that stopping the cluster later
-/// never signals whatever process reuses its PID.
+/// Takes a component out of the cluster's state, so that stopping the cluster later never
+/// signals whatever process reuses its PID once it is killed.
 fn forget_pid(c: &TestCluster, pid: i32) {
     let f = c.dir.path().join("cluster.json");
     let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     s["pids"].as_array_mut().unwrap().retain(|p| p.as_i64() != Some(pid as i64));
     std::fs::write(&f, s.to_string()).unwrap();
+}
+
+/// kill -9 of one of the cluster's components, taken out of its PID record first; returns
+/// once the process is gone (no longer running, or a zombie).
+fn kill_9(c: &TestCluster, pid: i32) {
+    forget_pid(c, pid);
+    // SAFETY: kill takes no pointers; `pid` is a component of this test's own cluster.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 {pid}: {}", std::io::Error::last_os_error());
+    assert!(c.eventually(Duration::from_secs(5), |_| gone(pid)), "component {pid} survived kill -9");
+}
+
+/// The process no longer runs (it is gone, or a zombie).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
 }
 
 fn py(c: &TestCluster, opts: &[&str], code: &str) -> Output {
@@ -149,10 +163,7 @@ print("written")
     let out = py(&c, &[], write);
     assert_eq!(text(&out.stdout), "written\n", "{}", text(&out.stderr));
 
-    let s_pid = pid_of(&c, "storage");
-    unsafe { libc::kill(s_pid, libc::SIGKILL) };
-    forget_pid(&c, s_pid);
-    assert!(c.eventually(Duration::from_secs(5), |_| !Path::new(&format!("/proc/{s_pid}/cmdline")).exists() || std::fs::read(format!("/proc/{s_pid}/cmdline")).map(|b| b.is_empty()).unwrap_or(true)));
+    kill_9(&c, pid_of(&c, "storage"));
 
     let probe = r#"
 import errno, os
@@ -189,6 +200,193 @@ print(open(d + "/after").read(), end="")
 "#;
     let out = py(&c, &[], check);
     assert_eq!(text(&out.stdout), "['durable'] True\nrecovered\n", "{}", text(&out.stderr));
+}
+
+/// Writes the bytes of the local file `argv[1]` to `$SPLITOS_VNODE_DIR/durable`: one block,
+/// then "started" and a wait for a line with the PID of a component; the rest, fsync,
+/// "synced", and kill -9 of that component at once, so that the test finds out what fsync
+/// made durable before a background write back could hide a broken fsync. Then it keeps the
+/// file open until stdin closes.
+const WRITE_AND_FSYNC: &str = r#"
+import os, signal, sys
+data = memoryview(open(sys.argv[1], "rb").read())
+fd = os.open(os.environ["SPLITOS_VNODE_DIR"] + "/durable", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+done = os.write(fd, data[:4096])
+print("started", flush=True)
+victim = int(sys.stdin.readline())
+while done < len(data):
+    done += os.write(fd, data[done:done + 65536])
+os.fsync(fd)
+print("synced", flush=True)
+os.kill(victim, signal.SIGKILL)
+sys.stdin.read()
+os.close(fd)
+"#;
+
+/// A `splitos run` of the writer; killed when dropped (the test failed) if still running.
+fn start_writer(c: &TestCluster, src: &Path) -> Proc {
+    let mut w = Proc(c.spawn(&[], &["python3", "-c", WRITE_AND_FSYNC, src.to_str().unwrap()]));
+    assert_eq!(read_line(&mut w.0), "started\n");
+    w
+}
+
+/// Waits up to 20 s for a `splitos run` to end; returns its status and stderr.
+fn finished(w: &mut Proc) -> (std::process::ExitStatus, String) {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Some(st) = w.0.try_wait().unwrap() {
+            let mut err = String::new();
+            w.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (st, err);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the writer did not end");
+}
+
+/// 3 MiB and part of a block of pseudo-random bytes (no two blocks alike, so a block at a wrong
+/// offset shows), written to a local file.
+fn durable_content(c: &TestCluster) -> (PathBuf, Vec<u8>) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..(3 << 20) + 1234)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let p = c.dir.path().join("durable.expected");
+    std::fs::write(&p, &data).unwrap();
+    (p, data)
+}
+
+/// The file as a program on the vNode mount reads it (cat), copied to a local file.
+fn read_back(c: &TestCluster) -> Vec<u8> {
+    let out = c.dir.path().join("durable.read");
+    let _ = std::fs::remove_file(&out);
+    let r = c.run(&[], &["bash", "-c", "cat \"$SPLITOS_VNODE_DIR/durable\" > \"$0\"", out.to_str().unwrap()]);
+    assert!(r.status.success(), "reading the file back: {}", text(&r.stderr));
+    std::fs::read(&out).unwrap()
+}
+
+/// The file's bytes as the sComponent stores them, read past every cache.
+fn stored_on_scomponent(c: &TestCluster) -> Vec<u8> {
+    use splitos_rpc::{transport::TcpTransport, Client, Msg};
+    let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
+    let client = Client::connect(&TcpTransport::from_env(), &s, Duration::from_secs(5)).unwrap();
+    let attr = match client.call(&Msg::P2S_LOOKUP { vnode: "default".into(), path: "/durable".into() }) {
+        Ok(Msg::S2P_ATTR { attr }) => attr,
+        other => panic!("the sComponent has no /durable: {other:?}"),
+    };
+    let mut out = Vec::new();
+    while (out.len() as u64) < attr.size {
+        match client.call(&Msg::M2S_READ { vnode: "default".into(), ino: attr.ino, offset: out.len() as u64, len: 1 << 20 }) {
+            Ok(Msg::S2M_DATA { data }) if !data.is_empty() => out.extend_from_slice(&data),
+            other => panic!("reading /durable at {} of {} bytes: {other:?}", out.len(), attr.size),
+        }
+    }
+    out
+}
+
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    assert!(first.is_none(), "{what}: bytes differ from offset {}", first.unwrap_or(0));
+}
+
+/// The global managers count the component at `addr` alive, and it answers.
+fn serving(c: &TestCluster, role: &str, addr: &str) -> bool {
+    c.components(role).iter().any(|m| m["addr"] == addr && m["alive"] == true && m["stats"].is_object())
+}
+
+/// The global managers count the component at `addr` dead (they place nothing on it).
+fn seen_dead(c: &TestCluster, role: &str, addr: &str) -> bool {
+    c.components(role).iter().any(|m| m["addr"] == addr && m["alive"] == false)
+}
+
+#[test]
+fn fsynced_data_survives_kill_9_of_the_mcomponent_holding_its_buffer_cache() {
+    // Fixed ports, so that the killed mComponent can come back at its address.
+    let m0 = free_port();
+    let m1 = std::iter::repeat_with(free_port).find(|p| *p != m0).unwrap();
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\n[[mcomponent]]\nlisten = \"127.0.0.1:{m0}\"\n[[mcomponent]]\nlisten = \"127.0.0.1:{m1}\"\n[[scomponent]]\n")));
+    let (src, want) = durable_content(&c);
+    let mut writer = start_writer(&c, &src);
+
+    // The one mComponent whose buffer cache holds the file (the other has seen no file).
+    let mcomps = c.components("mcomponent");
+    let (holders, others): (Vec<_>, Vec<_>) = mcomps.iter().partition(|m| m["stats"]["buffer_cache"]["files"].as_u64().unwrap() > 0);
+    assert_eq!((holders.len(), others.len()), (1, 1), "one buffer cache holds the file: {mcomps:?}");
+    assert!(holders[0]["stats"]["buffer_cache"]["blocks"].as_u64().unwrap() > 0, "{mcomps:?}");
+    let holder = holders[0]["addr"].as_str().unwrap().to_string();
+    let survivor = others[0]["addr"].as_str().unwrap().to_string();
+
+    // The writer kills it as its fsync returns (out of the cluster's PID record first).
+    let pid = pid_of(&c, &holder);
+    forget_pid(&c, pid);
+    writeln!(writer.0.stdin.as_mut().unwrap(), "{pid}").unwrap();
+    assert_eq!(read_line(&mut writer.0), "synced\n");
+    assert!(c.eventually(Duration::from_secs(5), |_| gone(pid)), "the mComponent survived kill -9");
+    drop(writer.0.stdin.take());
+    // The writer's memory may have been on the killed mComponent too: its end is not checked.
+    finished(&mut writer);
+    assert!(c.eventually(Duration::from_secs(10), |c| seen_dead(c, "mcomponent", &holder)), "the global managers see the mComponent dead");
+
+    // Read through the surviving mComponent, which had none of the file: from the sComponent.
+    same_bytes(&stored_on_scomponent(&c), &want, "on the sComponent");
+    same_bytes(&read_back(&c), &want, "read back after kill -9 of the buffer cache's mComponent");
+    let cache = &c.components("mcomponent").into_iter().find(|m| m["addr"] == survivor.as_str()).unwrap()["stats"]["buffer_cache"];
+    assert!(cache["files"].as_u64().unwrap() > 0 && cache["misses"].as_u64().unwrap() > 0, "the survivor took the file over: {cache}");
+
+    // The killed mComponent comes back at its address; the file reads the same.
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let log = std::fs::File::create(c.dir.path().join("mem-restarted.log")).unwrap();
+    let _restarted = Proc(Command::new(splitos()).args(["mem", "--listen", &holder, "--gm", &gm]).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap());
+    assert!(c.eventually(Duration::from_secs(10), |c| serving(c, "mcomponent", &holder)), "the mComponent re-registered");
+    same_bytes(&read_back(&c), &want, "read back after the mComponent's restart");
+}
+
+#[test]
+fn fsynced_data_survives_kill_9_of_the_pcomponent() {
+    let c = TestCluster::up(None);
+    let (src, want) = durable_content(&c);
+    // The writer kills the pComponent as its fsync returns (out of the cluster's PID record
+    // first), and keeps running with the file open, as a program would when that happens.
+    let mut writer = start_writer(&c, &src);
+    let old = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let pid = pid_of(&c, "proc");
+    forget_pid(&c, pid);
+    writeln!(writer.0.stdin.as_mut().unwrap(), "{pid}").unwrap();
+    assert_eq!(read_line(&mut writer.0), "synced\n");
+    // At once, before a background write back: what fsync acknowledged is on the sComponent.
+    same_bytes(&stored_on_scomponent(&c), &want, "on the sComponent");
+    assert!(c.eventually(Duration::from_secs(5), |_| gone(pid)), "the pComponent survived kill -9");
+    // `run` stops the program of a pComponent that is gone, naming it.
+    let (st, err) = finished(&mut writer);
+    assert!(!st.success() && err.contains(&old), "{err}");
+
+    // A new pComponent, started as `cluster up` starts one, mounts the vNode again.
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let (sock, vnodes) = (c.dir.path().join("proc-restarted.sock"), c.dir.path().join("vnodes"));
+    let log = std::fs::File::create(c.dir.path().join("proc-restarted.log")).unwrap();
+    let _restarted = Proc(
+        Command::new(splitos())
+            .args(["proc", "--gm", &gm, "--shim-sock"])
+            .arg(&sock)
+            .arg("--vnode-root")
+            .arg(&vnodes)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let only_the_new_one = |c: &TestCluster| {
+        let live: Vec<_> = c.components("pcomponent").into_iter().filter(|p| p["alive"] == true).collect();
+        live.len() == 1 && live[0]["addr"] != old.as_str() && live[0]["stats"].is_object()
+    };
+    assert!(c.eventually(Duration::from_secs(10), only_the_new_one), "the new pComponent serves, the killed one is seen dead");
+    same_bytes(&read_back(&c), &want, "read back after kill -9 of the pComponent");
 }
 
 #[test]
@@ -320,6 +518,7 @@ impl SmallDisk {
 impl Drop for SmallDisk {
     fn drop(&mut self) {
         let c = std::ffi::CString::new(self.0.path().to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
 }

@@ -22,6 +22,7 @@ pub fn state_dir() -> PathBuf {
     if let Ok(d) = std::env::var("SPLITOS_STATE_DIR") {
         return PathBuf::from(d);
     }
+    // SAFETY: getuid takes nothing and cannot fail.
     let uid = unsafe { libc::getuid() };
     if uid == 0 {
         PathBuf::from("/run/splitos")
@@ -37,6 +38,7 @@ pub fn data_dir() -> PathBuf {
     if let Ok(d) = std::env::var("SPLITOS_DATA_DIR") {
         return PathBuf::from(d);
     }
+    // SAFETY: getuid takes nothing and cannot fail.
     if unsafe { libc::getuid() } == 0 {
         return PathBuf::from("/var/lib/splitos");
     }
@@ -88,6 +90,8 @@ fn spawn(dir: &Path, name: &str, args: &[String], detach: bool) -> anyhow::Resul
         cmd.process_group(0);
     } else {
         // An embedded cluster ends with the run that started it, even if that run is killed.
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
+        // is async-signal-safe, touches no memory of ours and allocates nothing.
         unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
     }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
@@ -228,12 +232,21 @@ pub fn unmount_vnodes(dir: &Path) {
 /// there after 3 s.
 pub fn stop_pids(pids: &[u32]) {
     for p in pids.iter().rev() {
-        unsafe { libc::kill(*p as i32, libc::SIGTERM) };
+        // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
+        if unsafe { libc::kill(*p as i32, libc::SIGTERM) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // ESRCH: already gone. Anything else (EPERM) leaves it running: say so, not "stopped".
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                tracing::warn!(pid = p, error = %e, "cannot stop a component process");
+            }
+            continue;
+        }
         let t0 = Instant::now();
         while pid_alive(*p) && t0.elapsed() < Duration::from_secs(3) {
             std::thread::sleep(Duration::from_millis(5));
         }
         if pid_alive(*p) {
+            // SAFETY: as above. SIGTERM reached it, so only ESRCH (it exited meanwhile) can fail this.
             unsafe { libc::kill(*p as i32, libc::SIGKILL) };
         }
     }

@@ -151,7 +151,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         if let Ok((_, _, _, run_id)) = &result {
             let left = processes_of_run(*run_id);
             for pid in &left {
-                unsafe { libc::kill(*pid, libc::SIGKILL) };
+                // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
+                if unsafe { libc::kill(*pid, libc::SIGKILL) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    // ESRCH: it ended meanwhile. Anything else leaves it hung on a cluster that is going away.
+                    if e.raw_os_error() != Some(libc::ESRCH) {
+                        eprintln!("splitos: warning: cannot stop process {pid} the program left running: {e}");
+                    }
+                }
             }
             if !left.is_empty() {
                 eprintln!("splitos: stopped {} process(es) the program left running; the embedded cluster ends with the run", left.len());
@@ -211,6 +218,8 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
     unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
     let mut child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
     CHILD.store(child.id() as i32, Ordering::Relaxed);
+    // SAFETY: `forward` is an extern "C" handler that only reads an atomic and calls kill, both
+    // async-signal-safe. With these valid signal numbers signal() cannot fail.
     unsafe {
         // The terminal's ^C reaches the program itself; a SIGTERM or SIGHUP sent to us is passed on.
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -248,6 +257,7 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
 /// could reach them with `..`. As root, the program gets a private mount namespace without
 /// them. Without the privilege the mounts stay visible (see docs/storage.md).
 fn isolate_vnode(cmd: &mut Command, mine: &Path) {
+    // SAFETY: geteuid takes nothing and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return;
     }
@@ -257,7 +267,8 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
         .filter(|m| m != mine)
         .filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok())
         .collect();
-    // SAFETY: only async-signal-safe system calls on memory prepared before fork.
+    // SAFETY: only async-signal-safe system calls on memory prepared before fork (the C strings
+    // in `others`), and errno read into an io::Error, which does not allocate.
     unsafe {
         cmd.pre_exec(move || {
             if libc::unshare(libc::CLONE_NEWNS) != 0 {
@@ -268,7 +279,11 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
                 return Err(std::io::Error::last_os_error());
             }
             for m in &others {
-                libc::umount2(m.as_ptr(), libc::MNT_DETACH);
+                // A mount left in place would show the program another vNode's files. EINVAL or
+                // ENOENT: it was unmounted since the list was taken, so nothing is visible there.
+                if libc::umount2(m.as_ptr(), libc::MNT_DETACH) != 0 && !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         })
@@ -280,6 +295,8 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 extern "C" fn forward(sig: libc::c_int) {
     let pid = CHILD.load(Ordering::Relaxed);
     if pid > 0 {
+        // SAFETY: kill is async-signal-safe and takes no pointers. Its result is not needed: it
+        // fails only when the program is already gone, and a handler has nowhere to report.
         unsafe { libc::kill(pid, sig) };
     }
 }
@@ -313,7 +330,13 @@ fn watch_pcomponent(pcomp: splitos_rpc::ComponentInfo, run_id: u64, done: Arc<At
                 eprintln!("splitos: {why}");
                 *l2.lock().unwrap() = Some(why);
                 for pid in processes_of_run(run_id) {
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
+                    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.raw_os_error() != Some(libc::ESRCH) {
+                            eprintln!("splitos: warning: cannot stop process {pid} of the run: {e}");
+                        }
+                    }
                 }
                 return;
             }

@@ -589,6 +589,8 @@ pub struct Mounts {
 /// Detaches whatever is mounted at `dir` (a mount left by a pComponent that was killed).
 pub fn unmount(dir: &Path) {
     if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
+        // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it. The
+        // result is not needed: EINVAL (nothing mounted there) is the usual case.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
 }

@@ -1,22 +1,22 @@
 //! The durable state of an sComponent: every vNode's namespace and inodes in one redb database,
-//! file data in one file per inode under the vNode's directory.
+//! file data in one file per inode under the vNode's directory (`data.rs`), made durable and
+//! recovered after a crash as `durability.rs` describes. This file is the namespace.
 //!
 //! The paper keys a hash table by full path. We keep the full path as the key, split as
 //! (parent path, name) in a B-tree: a lookup is still one probe by name, and a directory
 //! listing is a range scan of its children instead of a walk over the whole vNode. A rename of
 //! a directory rewrites the keys of its subtree, as the paper's flat table must too; data is
 //! kept by inode number, so no data moves.
-//!
-//! Ordinary changes commit without fsync; `sync` commits durably (which also persists every
-//! change before it) after an fdatasync of the file's data. So an acknowledged fsync survives
-//! a kill -9 of any component and a restart of this one.
+mod data;
+mod durability;
+
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use splitos_rpc::{DirEntry, FileAttr, FileKind, SetAttr};
 
@@ -25,17 +25,8 @@ pub type FsResult<T> = Result<T, i32>;
 pub const NAME_MAX: usize = 255;
 pub const PATH_MAX: usize = 4096;
 const ROOT_INO: u64 = 1;
-/// Inode numbers reserved durably at a time: after a crash numbering resumes past the
-/// reservation, so a number is never handed out twice (a cache keyed by it stays right).
-const INO_BATCH: u64 = 4096;
-/// Largest file size and offset accepted from a request.
-pub const MAX_FILE_SIZE: u64 = 1 << 44;
 /// Entries per directory-listing reply.
 const LIST_BATCH: usize = 256;
-/// Open data files kept around between requests.
-const OPEN_FILES: usize = 256;
-
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 #[derive(Serialize, Deserialize, Clone)]
 struct Inode {
@@ -77,10 +68,6 @@ fn internal(e: impl std::fmt::Display) -> i32 {
     libc::EIO
 }
 
-fn io_errno(e: std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EIO)
-}
-
 /// A vNode name made safe as a table and directory name.
 fn vnode_key(vnode: &str) -> FsResult<String> {
     if vnode.is_empty() || vnode.len() > 128 {
@@ -89,15 +76,19 @@ fn vnode_key(vnode: &str) -> FsResult<String> {
     Ok(vnode.bytes().map(|b| format!("{b:02x}")).collect())
 }
 
+/// One sComponent's store. Its methods are split by concern: the namespace here, file data and
+/// space in `data.rs`, opening, recovery and fsync in `durability.rs`.
 pub struct Store {
     db: Database,
     /// Next inode number and the end of the durably reserved range.
     inos: Mutex<(u64, u64)>,
     /// Changes committed without fsync since the last durable commit.
-    unsynced: std::sync::atomic::AtomicBool,
+    unsynced: AtomicBool,
     dir: PathBuf,
     quota: u64,
+    /// Bytes reserved by all inodes together, counted against `quota`.
     used: Mutex<u64>,
+    /// Open data files by (vNode key, inode).
     files: Mutex<HashMap<(String, u64), File>>,
 }
 
@@ -135,83 +126,6 @@ fn dec(b: &[u8]) -> FsResult<Inode> {
 }
 
 impl Store {
-    /// Opens (or creates) the store under `dir`. Inodes detached by an earlier run and never
-    /// dropped (their pComponent went away) are freed now.
-    pub fn open(dir: &Path, quota: u64) -> anyhow::Result<Store> {
-        std::fs::create_dir_all(dir.join("data"))?;
-        let db = Database::create(dir.join("namespace.redb")).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!("storage directory {} is in use by another sComponent", dir.display()),
-            e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
-        })?;
-        let s = Store { db, inos: Mutex::new((0, 0)), unsynced: std::sync::atomic::AtomicBool::new(false), dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
-        s.recover()?;
-        Ok(s)
-    }
-
-    fn recover(&self) -> anyhow::Result<()> {
-        let tx = self.db.begin_write()?;
-        let names: Vec<String> = tx.list_tables()?.map(|h| h.name().to_string()).collect();
-        let mut used = 0u64;
-        let mut freed = 0u64;
-        for name in names.iter().filter_map(|n| n.strip_prefix("detached/")) {
-            let t = Tables::of(name);
-            let gone: Vec<u64> = {
-                let d = tx.open_table(t.detached())?;
-                d.iter()?.filter_map(|r| r.ok().map(|(k, _)| k.value())).collect()
-            };
-            let mut ino = tx.open_table(t.ino())?;
-            for i in gone {
-                ino.remove(i)?;
-                let _ = std::fs::remove_file(self.data_path(name, i));
-                freed += 1;
-            }
-            tx.delete_table(t.detached())?;
-        }
-        for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
-            let t = Tables::of(name);
-            let ino = tx.open_table(t.ino())?;
-            for r in ino.iter()? {
-                let (_, v) = r?;
-                used += dec(v.value()).map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?.attr.alloc;
-            }
-        }
-        let limit = tx.open_table(META)?.get("ino_limit")?.map(|v| v.value()).unwrap_or(ROOT_INO + 1);
-        // Data files without an inode: their creation or deletion did not become durable.
-        let mut orphans = 0u64;
-        for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
-            let ino = tx.open_table(Tables::of(name).ino())?;
-            for e in std::fs::read_dir(self.dir.join("data").join(name)).into_iter().flatten().flatten() {
-                let known = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()).map(|i| ino.get(i).map(|v| v.is_some()).unwrap_or(true));
-                if known == Some(false) {
-                    let _ = std::fs::remove_file(e.path());
-                    orphans += 1;
-                }
-            }
-        }
-        tx.commit()?;
-        *self.inos.lock().unwrap() = (limit, limit);
-        *self.used.lock().unwrap() = used;
-        if orphans > 0 {
-            tracing::info!(orphans, "removed data files whose inode never became durable");
-        }
-        if freed > 0 {
-            tracing::info!(freed, "freed inodes detached by an earlier run");
-        }
-        Ok(())
-    }
-
-    fn data_path(&self, vkey: &str, ino: u64) -> PathBuf {
-        self.dir.join("data").join(vkey).join(ino.to_string())
-    }
-
-    pub fn used(&self) -> u64 {
-        *self.used.lock().unwrap()
-    }
-
-    pub fn quota(&self) -> u64 {
-        self.quota
-    }
-
     /// Runs `f` in a write transaction on the vNode's tables (created with their root on first
     /// use) and commits it, durably if asked.
     fn write<T>(&self, vnode: &str, durable: bool, f: impl FnOnce(&redb::WriteTransaction, &Tables, &str) -> FsResult<T>) -> FsResult<T> {
@@ -219,7 +133,7 @@ impl Store {
         let t = Tables::of(&vkey);
         if durable {
             // Cleared before: a change committed meanwhile sets it again, and this commit persists it.
-            self.unsynced.store(false, std::sync::atomic::Ordering::Relaxed);
+            self.unsynced.store(false, Ordering::Relaxed);
         }
         let mut tx = self.db.begin_write().map_err(internal)?;
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(internal)?;
@@ -234,7 +148,7 @@ impl Store {
         let r = f(&tx, &t, &vkey)?;
         tx.commit().map_err(internal)?;
         if !durable {
-            self.unsynced.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.unsynced.store(true, Ordering::Relaxed);
         }
         Ok(r)
     }
@@ -243,21 +157,6 @@ impl Store {
         let vkey = vnode_key(vnode)?;
         let tx = self.db.begin_read().map_err(internal)?;
         f(&tx, &Tables::of(&vkey))
-    }
-
-    /// A fresh inode number; call outside any write transaction (it may commit one itself).
-    fn alloc_ino(&self) -> FsResult<u64> {
-        let mut g = self.inos.lock().unwrap();
-        if g.0 >= g.1 {
-            let limit = g.0 + INO_BATCH;
-            let mut tx = self.db.begin_write().map_err(internal)?;
-            tx.set_durability(Durability::Immediate).map_err(internal)?;
-            tx.open_table(META).map_err(internal)?.insert("ino_limit", limit).map_err(internal)?;
-            tx.commit().map_err(internal)?;
-            g.1 = limit;
-        }
-        g.0 += 1;
-        Ok(g.0 - 1)
     }
 
     fn get_inode<T: ReadableTable<u64, &'static [u8]>>(t: &T, ino: u64) -> FsResult<Inode> {
@@ -584,205 +483,13 @@ impl Store {
             Ok(Some(i.attr.alloc))
         })?;
         if let Some(freed) = freed {
-            self.files.lock().unwrap().remove(&(vkey.clone(), ino_no));
-            let _ = std::fs::remove_file(self.data_path(&vkey, ino_no));
-            let mut used = self.used.lock().unwrap();
-            *used = used.saturating_sub(freed);
+            self.free_data(&vkey, ino_no, freed);
         }
         Ok(())
     }
 
     pub fn files(&self, vnode: &str) -> FsResult<u64> {
         self.read(vnode, |tx, t| Ok(tx.open_table(t.ino()).map(|i| i.len().unwrap_or(0)).unwrap_or(0)))
-    }
-
-    /// Runs `f` on the data file of an inode, opened (and created) on demand.
-    fn with_file<T>(&self, vkey: &str, ino: u64, f: impl FnOnce(&File) -> std::io::Result<T>) -> FsResult<T> {
-        let mut files = self.files.lock().unwrap();
-        let key = (vkey.to_string(), ino);
-        if !files.contains_key(&key) {
-            if files.len() >= OPEN_FILES {
-                files.clear();
-            }
-            let p = self.data_path(vkey, ino);
-            std::fs::create_dir_all(p.parent().expect("data dir")).map_err(io_errno)?;
-            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(io_errno)?;
-            files.insert(key.clone(), file);
-        }
-        f(&files[&key]).map_err(io_errno)
-    }
-
-    /// Data of a regular file; bytes never written read as zeros, nothing past its size.
-    pub fn read_data(&self, vnode: &str, ino: u64, offset: u64, len: u32) -> FsResult<Vec<u8>> {
-        let a = self.getattr(vnode, ino)?;
-        if a.kind != FileKind::File {
-            return Err(libc::EISDIR);
-        }
-        let n = a.size.saturating_sub(offset).min(len as u64) as usize;
-        let mut buf = vec![0u8; n];
-        if n > 0 {
-            let vkey = vnode_key(vnode)?;
-            let mut got = 0;
-            self.with_file(&vkey, ino, |f| {
-                while got < n {
-                    match f.read_at(&mut buf[got..], offset + got as u64)? {
-                        0 => break,
-                        k => got += k,
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        Ok(buf)
-    }
-
-    /// Grows an inode's reservation to `bytes`, within the quota and the disk.
-    fn reserve_in(&self, i: &mut Inode, vkey: &str, bytes: u64) -> FsResult<()> {
-        if bytes > MAX_FILE_SIZE {
-            return Err(libc::EFBIG);
-        }
-        if bytes <= i.attr.alloc {
-            return Ok(());
-        }
-        let grow = bytes - i.attr.alloc;
-        let mut used = self.used.lock().unwrap();
-        if used.checked_add(grow).is_none_or(|u| u > self.quota) {
-            return Err(libc::ENOSPC);
-        }
-        let (from, len) = (i.attr.alloc as libc::off_t, grow as libc::off_t);
-        self.with_file(vkey, i.attr.ino, |f| {
-            use std::os::fd::AsRawFd;
-            let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, from, len) };
-            match r {
-                0 => Ok(()),
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    // A file system without fallocate still has to hold the data: let writes find out.
-                    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                }
-            }
-        })?;
-        *used += grow;
-        i.attr.alloc = bytes;
-        Ok(())
-    }
-
-    /// Sets an inode's reservation to `bytes`: grows it within the quota and the disk, or gives
-    /// back the space past both `bytes` and the file's data.
-    pub fn reserve(&self, vnode: &str, ino_no: u64, bytes: u64) -> FsResult<()> {
-        self.write(vnode, false, |tx, t, vkey| {
-            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
-            let mut i = Store::get_inode(&ino, ino_no)?;
-            let keep = bytes.max(i.attr.size.div_ceil(4096) * 4096);
-            if keep < i.attr.alloc {
-                let (from, len) = (keep as libc::off_t, (i.attr.alloc - keep) as libc::off_t);
-                self.with_file(vkey, ino_no, |f| {
-                    use std::os::fd::AsRawFd;
-                    let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, from, len) };
-                    if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                })?;
-                let mut used = self.used.lock().unwrap();
-                *used = used.saturating_sub(i.attr.alloc - keep);
-                i.attr.alloc = keep;
-            } else {
-                self.reserve_in(&mut i, vkey, bytes)?;
-            }
-            Store::put_inode(&mut ino, &i)
-        })
-    }
-
-    /// Bytes of the data file past the recorded size are left from changes that never became
-    /// durable: cut them before the size grows over them, so that the new range reads zeros.
-    fn cut_stale(&self, vkey: &str, i: &Inode, new_end: u64) -> FsResult<()> {
-        if new_end > i.attr.size {
-            let size = i.attr.size;
-            self.with_file(vkey, i.attr.ino, |f| if f.metadata()?.len() > size { f.set_len(size) } else { Ok(()) })?;
-        }
-        Ok(())
-    }
-
-    pub fn write_data(&self, vnode: &str, ino_no: u64, offset: u64, data: &[u8], size: u64) -> FsResult<()> {
-        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_SIZE && size <= MAX_FILE_SIZE).ok_or(libc::EFBIG)?;
-        // An overwrite inside the file and its reservation changes no metadata but the mtime,
-        // which is kept to the second: no namespace commit, so fsync is one fdatasync.
-        let a = self.getattr(vnode, ino_no)?;
-        if a.kind == FileKind::File && a.size == size && end <= a.size.max(a.alloc) && now_ns() - a.mtime_ns < 1_000_000_000 {
-            let vkey = vnode_key(vnode)?;
-            return self.with_file(&vkey, ino_no, |f| f.write_all_at(data, offset));
-        }
-        self.write(vnode, false, |tx, t, vkey| {
-            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
-            let mut i = Store::get_inode(&ino, ino_no)?;
-            if i.attr.kind != FileKind::File {
-                return Err(libc::EISDIR);
-            }
-            self.reserve_in(&mut i, vkey, size.max(end))?;
-            if offset > i.attr.size {
-                self.cut_stale(vkey, &i, offset)?;
-            }
-            self.with_file(vkey, ino_no, |f| f.write_all_at(data, offset))?;
-            i.attr.size = size;
-            let now = now_ns();
-            i.attr.mtime_ns = now;
-            i.attr.ctime_ns = now;
-            Store::put_inode(&mut ino, &i)
-        })
-    }
-
-    pub fn set_size(&self, vnode: &str, ino_no: u64, size: u64) -> FsResult<()> {
-        let released = self.write(vnode, false, |tx, t, vkey| {
-            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
-            let mut i = Store::get_inode(&ino, ino_no)?;
-            if i.attr.kind != FileKind::File {
-                return Err(libc::EISDIR);
-            }
-            self.reserve_in(&mut i, vkey, size)?;
-            self.cut_stale(vkey, &i, size)?;
-            self.with_file(vkey, ino_no, |f| f.set_len(size))?;
-            // Truncation frees the blocks past the new end, reservations included.
-            let released = i.attr.alloc.saturating_sub(size);
-            i.attr.alloc = size;
-            i.attr.size = size;
-            let now = now_ns();
-            i.attr.mtime_ns = now;
-            i.attr.ctime_ns = now;
-            Store::put_inode(&mut ino, &i)?;
-            Ok(released)
-        })?;
-        let mut used = self.used.lock().unwrap();
-        *used = used.saturating_sub(released);
-        Ok(())
-    }
-
-    /// Makes every change so far durable, if there are any (the periodic and final commit).
-    pub fn checkpoint(&self) -> FsResult<()> {
-        if !self.unsynced.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut tx = self.db.begin_write().map_err(internal)?;
-        tx.set_durability(Durability::Immediate).map_err(internal)?;
-        tx.commit().map_err(internal)
-    }
-
-    /// fdatasync of the inode's data, then a durable commit of every namespace change so far.
-    pub fn sync(&self, vnode: &str, ino: Option<u64>) -> FsResult<()> {
-        if let Some(i) = ino {
-            // An inode that is gone cannot have been made durable.
-            self.getattr(vnode, i)?;
-            let vkey = vnode_key(vnode)?;
-            if self.data_path(&vkey, i).exists() {
-                self.with_file(&vkey, i, |f| f.sync_data())?;
-            }
-        }
-        self.checkpoint()
     }
 }
 
@@ -830,26 +537,5 @@ mod tests {
         assert_eq!(s.getattr(v, gone), Err(libc::ENOENT));
         assert_eq!(s.used(), 0);
         assert_eq!(s.sync(v, Some(gone)), Err(libc::ENOENT), "fsync of a dropped inode cannot succeed");
-    }
-
-    #[test]
-    fn reservations_are_given_back_and_inode_numbers_never_reused() {
-        let d = tempfile::tempdir().unwrap();
-        let first = {
-            let s = Store::open(d.path(), 8 << 20).unwrap();
-            let f = s.create("v", "/f", FileKind::File, 0o644, 0, 0, true, None).unwrap();
-            s.reserve("v", f.ino, 4 << 20).unwrap();
-            assert_eq!(s.used(), 4 << 20);
-            s.write_data("v", f.ino, 0, b"abc", 3).unwrap();
-            s.reserve("v", f.ino, 0).unwrap();
-            assert_eq!(s.used(), 4096, "only the block holding data stays reserved");
-            assert_eq!(s.reserve("v", f.ino, 9 << 20), Err(libc::ENOSPC));
-            assert_eq!(s.write_data("v", f.ino, u64::MAX - 2, b"abc", 3), Err(libc::EFBIG));
-            f.ino
-        };
-        // Whether or not the unsynced create survived, a new file never gets its number.
-        let s = Store::open(d.path(), 8 << 20).unwrap();
-        let g = s.create("v", "/g", FileKind::File, 0o644, 0, 0, true, None).unwrap();
-        assert_ne!(g.ino, first);
     }
 }
