@@ -149,8 +149,9 @@ pub fn assert_through_components(s: &serde_json::Value, images: u64) {
     assert!(flushes > 0, "mComponents stored flushed pages: {s}");
     if images == 1 {
         // With one process no victim can belong to a process that exited meanwhile: every
-        // write-back the pComponent counted was stored by an mComponent.
-        assert_eq!(flushes, n(s, "flushes"), "mComponent flushes vs the pComponent's: {s}");
+        // write-back the pComponent counted was stored by an mComponent. (It can store one
+        // more than the pComponent counted: a miss cut short by the program's exit.)
+        assert!(flushes >= n(s, "flushes"), "mComponents stored {flushes} of the pComponent's {} write-backs: {s}", n(s, "flushes"));
     }
     assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
 }
