@@ -33,6 +33,10 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     assert!(workloads.len() >= 5, "{workloads:?}");
     for (name, w) in workloads {
         assert_eq!(w["mismatches"].as_array().unwrap().len(), 0, "{name}: outputs differ from native");
+        // A run stopped at the suite's time bound is recorded at that bound, not as a result.
+        assert!(w["timeout_s"].as_f64().unwrap() > 0.0, "{name}: {w}");
+        let stopped = w.get("timed_out").and_then(|t| t.as_array()).map(|t| t.len()).unwrap_or(0);
+        assert_eq!(stopped, 0, "{name}: runs stopped at the {} s bound: {}", w["timeout_s"], w["timed_out"]);
         assert!(w["native_s"][0].as_f64().unwrap() > 0.0, "{name}");
         for frac in ["0.25", "1.0"] {
             let r = &w["splitos"][frac][0];
@@ -46,6 +50,15 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     }
     assert!(res["fig13"]["configs"].as_array().unwrap().len() >= 3);
     assert!(res["fig14"]["configs"].as_array().unwrap().len() >= 2);
+    // Figures 13 and 14 record whether each run's output equalled the native run's (a run
+    // stopped at the time bound does not).
+    for fig in ["fig13", "fig14"] {
+        for c in res[fig]["configs"].as_array().unwrap() {
+            for r in c["runs"].as_array().unwrap() {
+                assert_eq!(r["ok"], true, "{fig}: {c}");
+            }
+        }
+    }
     let f15 = res["fig15"]["configs"].as_array().unwrap();
     assert_eq!(f15.len(), 3);
     for c in f15 {

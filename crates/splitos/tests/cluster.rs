@@ -2,9 +2,10 @@
 //! memory across mComponents, and errors (bad input, full pools, dead components).
 mod common;
 use std::io::{Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
+use splitos_rpc::{FrameHeader, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 fn mem_stats(c: &TestCluster) -> Vec<serde_json::Value> {
     c.components("mcomponent").into_iter().map(|m| m["stats"].clone()).collect()
@@ -35,14 +36,26 @@ fn exit_frees_all_memory_and_status_shows_it() {
 fn small_vregions_spread_one_process_over_both_mcomponents() {
     let c = TestCluster::up(Some("[cluster]\nvregion_size = \"8M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
     let p = program("hold");
-    let mut child = c.spawn(&[], &[p.to_str().unwrap(), "48"]);
+    let cmd = [p.to_str().unwrap(), "48"];
+    let mut child = c.spawn(&[], &cmd);
     assert_eq!(read_line(&mut child), "ready\n");
-    for s in mem_stats(&c) {
-        let procs = s["owned_processes"].as_array().unwrap();
-        assert!(procs.iter().any(|p| p["pages"].as_u64().unwrap() > 100), "each mComponent owns some of the process's vRegions: {s}");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let during = mem_stats(&c);
+    assert_eq!(during.len(), 2);
+    for s in &during {
+        // 48 MiB written through a 4 MiB ExCache: most pages were flushed to their owners.
+        let pages = s["owned_processes"].as_array().unwrap().iter().find(|o| o["pid"] == pid).map(|o| o["pages"].as_u64().unwrap());
+        assert!(pages.is_some_and(|n| n > 100), "each mComponent owns pages of process {pid} in its vRegions: {s}");
+        assert!(s["flushes"].as_u64().unwrap() > 100, "each mComponent stored flushed pages: {s}");
     }
     drop(child.stdin.take());
-    assert!(child.wait_with_output().unwrap().status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&cmd).stdout));
+    // Reading the buffer back fetched the flushed pages from both owners.
+    for (before, after) in during.iter().zip(mem_stats(&c)) {
+        assert!(after["fetches"].as_u64().unwrap() > before["fetches"].as_u64().unwrap() + 100, "each mComponent served fetches: {before} then {after}");
+    }
 }
 
 #[test]
@@ -79,40 +92,112 @@ fn out_of_memory_fails_malloc_not_the_cluster() {
     assert_eq!(text(&again.stdout), text(&native(&[m.to_str().unwrap(), "8"]).stdout), "the cluster keeps serving");
 }
 
+/// A frame header as the wire defines it (docs/wire.md): little-endian fields in order.
+fn frame_header(h: FrameHeader) -> Vec<u8> {
+    let mut b = Vec::with_capacity(FrameHeader::SIZE);
+    b.extend_from_slice(&h.magic.to_le_bytes());
+    b.extend_from_slice(&h.version.to_le_bytes());
+    b.extend_from_slice(&[h.kind, h.flags]);
+    b.extend_from_slice(&h.req_id.to_le_bytes());
+    b.extend_from_slice(&h.len.to_le_bytes());
+    b.extend_from_slice(&h.reserved.to_le_bytes());
+    assert_eq!(b.len(), FrameHeader::SIZE);
+    assert_eq!(b.len(), std::mem::size_of::<FrameHeader>());
+    b
+}
+
+/// A well-formed request frame header for a body of `len` bytes.
+fn request_header(req_id: u64, len: u32) -> FrameHeader {
+    FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id, len, reserved: 0 }
+}
+
+/// A complete, well-formed frame carrying `msg`.
+fn frame(h: FrameHeader, msg: &Msg) -> Vec<u8> {
+    let body = postcard::to_allocvec(msg).unwrap();
+    let mut f = frame_header(FrameHeader { len: body.len() as u32, ..h });
+    f.extend_from_slice(&body);
+    f
+}
+
+/// Sends a ping on `s` and returns the decoded reply.
+fn ping(s: &mut std::net::TcpStream, req_id: u64) -> Msg {
+    s.write_all(&frame(request_header(req_id, 0), &Msg::C2X_PING)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut h = [0u8; FrameHeader::SIZE];
+    s.read_exact(&mut h).expect("a reply header");
+    assert_eq!(u32::from_le_bytes(h[0..4].try_into().unwrap()), MAGIC);
+    assert_eq!(u16::from_le_bytes(h[4..6].try_into().unwrap()), WIRE_VERSION);
+    assert_eq!(h[6], 1, "a reply frame");
+    assert_eq!(u64::from_le_bytes(h[8..16].try_into().unwrap()), req_id);
+    let mut body = vec![0u8; u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize];
+    s.read_exact(&mut body).unwrap();
+    postcard::from_bytes(&body).unwrap()
+}
+
 #[test]
 fn malformed_frames_are_rejected_and_others_still_served() {
     let c = TestCluster::up(None);
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
-    let header = |len: u32| {
-        let mut h = Vec::new();
-        h.extend_from_slice(b"SPOS");
-        h.extend_from_slice(&1u16.to_le_bytes());
-        h.extend_from_slice(&[0, 0]);
-        h.extend_from_slice(&1u64.to_le_bytes());
-        h.extend_from_slice(&len.to_le_bytes());
-        h.extend_from_slice(&[0; 4]);
-        h
+    // A connection opened before the bad frames keeps being served after them.
+    let mut good = std::net::TcpStream::connect(&m).unwrap();
+    assert!(matches!(ping(&mut good, 1), Msg::X2C_PONG { .. }), "the well-formed frame these tests alter is answered");
+    let rejected_before = c.metric(&m, "rpc_frames_rejected_total");
+
+    let valid = request_header(7, 0);
+    let ping_body = postcard::to_allocvec(&Msg::C2X_PING).unwrap();
+    let with_ping = |h: FrameHeader| {
+        let mut f = frame_header(FrameHeader { len: ping_body.len() as u32, ..h });
+        f.extend_from_slice(&ping_body);
+        f
     };
-    let garbage: Vec<Vec<u8>> = vec![b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), header(1 << 30), { let mut h = header(100); h.extend_from_slice(&[0xff; 100]); h }, header(64)[..10].to_vec()];
-    for g in garbage {
+    // Each differs from a well-formed ping in one thing. The first five are refused from what
+    // the component has read, so it must close the connection without waiting for more; the
+    // truncated one ends (our write side closes) in the middle of its body.
+    let bad: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("bad magic", with_ping(FrameHeader { magic: u32::from_le_bytes(*b"GET "), ..valid }), false),
+        ("bad version", with_ping(FrameHeader { version: WIRE_VERSION + 1, ..valid }), false),
+        ("bad kind", with_ping(FrameHeader { kind: 0xee, ..valid }), false),
+        ("oversized length", frame_header(FrameHeader { len: MAX_BODY + 1, ..valid }), false),
+        ("undecodable body", { let mut f = frame_header(FrameHeader { len: 64, ..valid }); f.extend_from_slice(&[0xff; 64]); f }, false),
+        ("truncated body", { let mut f = frame_header(FrameHeader { len: 64, ..valid }); f.extend_from_slice(&[0; 10]); f }, true),
+    ];
+    for (what, bytes, close_write) in &bad {
         let mut s = std::net::TcpStream::connect(&m).unwrap();
-        s.write_all(&g).unwrap();
-        let _ = s.shutdown(std::net::Shutdown::Write);
+        s.write_all(bytes).unwrap();
+        if *close_write {
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        }
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut buf = Vec::new();
-        let _ = s.read_to_end(&mut buf);
-        assert!(buf.is_empty(), "garbage gets no reply, only a closed connection");
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Ok(n) => panic!("{what}: the component answered with {n} bytes instead of closing the connection"),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                panic!("{what}: the connection was still open 5 s later")
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
     }
+    let rejected = c.metric(&m, "rpc_frames_rejected_total") - rejected_before;
+    assert_eq!(rejected, bad.len() as f64, "the mComponent counted each bad frame as rejected");
+    assert!(matches!(ping(&mut good, 2), Msg::X2C_PONG { .. }), "the other connection is still served");
+    assert!(c.log("mem0").contains("rejected malformed frame"));
+
     // The pComponent's program socket gets garbage too.
     let sock = c.dir.path().join("proc0.sock");
     let mut u = std::os::unix::net::UnixStream::connect(&sock).unwrap();
     u.write_all(&[0x41; 10]).unwrap();
     drop(u);
     let p = program("memtouch");
-    let out = c.run(&[], &[p.to_str().unwrap(), "8"]);
-    assert_eq!(text(&out.stdout), text(&native(&[p.to_str().unwrap(), "8"]).stdout), "{}", text(&out.stderr));
-    assert!(c.log("mem0").contains("rejected malformed frame") || c.log("mem1").contains("rejected malformed frame"));
-    assert!(c.log("proc0").contains("malformed hello"));
+    let (_, s) = {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let out = c.run(&["--stats-json", f.path().to_str().unwrap()], &[p.to_str().unwrap(), "8"]);
+        assert_eq!(text(&out.stdout), text(&native(&[p.to_str().unwrap(), "8"]).stdout), "{}", text(&out.stderr));
+        (out, serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f.path()).unwrap()).unwrap())
+    };
+    assert!(n(&s, "processes") == 1 && n(&s, "misses") > 0, "the cluster keeps serving programs: {s}");
+    assert!(c.eventually(Duration::from_secs(5), |c| c.log("proc0").contains("malformed hello")));
 }
 
 #[test]
@@ -122,8 +207,7 @@ fn a_dead_mcomponent_is_named_in_the_error() {
     let mut child = c.spawn(&[], &[p.to_str().unwrap(), "16"]);
     assert_eq!(read_line(&mut child), "ready\n");
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
-    let mem_pid = c.state_pids()[1];
-    unsafe { libc::kill(mem_pid, libc::SIGKILL) };
+    c.kill_component(c.pid_of_addr(&m));
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
@@ -153,25 +237,82 @@ fn unreachable_cluster_and_bad_config_are_named() {
 
 #[test]
 fn knobs_of_a_configured_cluster_take_effect() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\nfault_workers = 3\n[[mcomponent]]\nworkers = 2\n"));
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\nways = 1\nfault_workers = 3\n[[mcomponent]]\nworkers = 2\n"));
+    let pcomp_pid = c.pid_of_addr(c.components("pcomponent")[0]["addr"].as_str().unwrap());
+    let mcomp_pid = c.pid_of_addr(c.components("mcomponent")[0]["addr"].as_str().unwrap());
+    // Thread names: the mComponent's request workers `mcomp-w<i>` (none when requests are
+    // served on the receiving threads, the default), a program's fault workers
+    // `fault<os_pid>.<i>` on the pComponent while it runs.
+    assert_eq!(threads_named(mcomp_pid, "mcomp-w"), 2, "two mComponent workers");
     let p = program("hold");
-    let mut child = c.spawn(&[], &[p.to_str().unwrap(), "8"]);
+    let cmd = [p.to_str().unwrap(), "8"];
+    let mut child = c.spawn(&[], &cmd);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pids = c.state_pids();
-    let threads = |pid: i32, prefix: &str| {
-        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().filter(|t| {
-            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm")).unwrap_or_default();
-            comm.starts_with(prefix)
-        }).count()
-    };
-    assert_eq!(threads(pids[2], "fault"), 3, "three fault workers serve the process");
-    assert_eq!(threads(pids[1], "mcomp-w"), 2, "two mComponent workers");
-    let pcomp = &c.components("pcomponent")[0]["stats"]["excache"];
-    assert_eq!(pcomp["capacity_bytes"], 4 << 20);
+    let pcomp = c.components("pcomponent")[0]["stats"].clone();
+    let os_pid = pcomp["processes"][0]["os_pid"].as_i64().unwrap();
+    assert_eq!(threads_named(pcomp_pid, &format!("fault{os_pid}.")), 3, "three fault workers serve the process");
+    // 8 MiB written through a 4 MiB ExCache: the process holds at most 1024 lines.
+    let resident = pcomp["processes"][0]["resident_lines"].as_u64().unwrap();
+    assert!(resident <= 1024, "{pcomp}");
+    assert!(pcomp["totals"]["evictions"].as_u64().unwrap() >= 1024, "a program twice the ExCache evicts: {pcomp}");
     drop(child.stdin.take());
-    assert!(child.wait_with_output().unwrap().status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&cmd).stdout));
+    let ended = c.eventually(Duration::from_secs(5), |_| threads_named(pcomp_pid, &format!("fault{os_pid}.")) == 0);
+    assert!(ended, "fault workers end with their process");
+
+    // Direct-mapped: eight pages 4 MiB apart share the one line of their set and evict each
+    // other on every touch; in a 4-way (or wider) cache of the same size they would all stay.
+    let s = c.dir.path().join("stride.json");
+    let stride = program("stride");
+    let cmd = [stride.to_str().unwrap(), "4", "8", "100"];
+    let out = c.run(&["--stats-json", s.to_str().unwrap()], &cmd);
+    assert_eq!(text(&out.stdout), text(&native(&cmd).stdout), "{}", text(&out.stderr));
+    let st: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&s).unwrap()).unwrap();
+    assert!(n(&st, "evictions") >= 700, "ways = 1: {st}");
+
     let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
     assert!(text(&out.stdout).contains("pcomp_misses_total"), "Prometheus counters: {}", text(&out.stdout));
+}
+
+#[test]
+fn gpm_places_two_programs_on_two_pcomponents() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    assert_eq!(c.components("pcomponent").len(), 2);
+    let p = program("hold");
+    let cmd = [p.to_str().unwrap(), "16"];
+    let mut first = c.spawn(&[], &cmd);
+    assert_eq!(read_line(&mut first), "ready\n");
+    // The GPM places by the thread counts of heartbeats; wait for one sent after the first
+    // program started, so that the choice below does not depend on a heartbeat in flight.
+    let ready = Instant::now();
+    let fresh = c.eventually(Duration::from_secs(5), |c| {
+        c.components("pcomponent").iter().any(|pc| {
+            pc["load"]["threads"].as_u64().unwrap_or(0) >= 1 && (pc["since_heartbeat_ms"].as_u64().unwrap() as u128) + 20 < ready.elapsed().as_millis()
+        })
+    });
+    assert!(fresh, "a heartbeat reports the first program's threads: {:?}", c.components("pcomponent"));
+    let mut second = c.spawn(&[], &cmd);
+    assert_eq!(read_line(&mut second), "ready\n");
+    let pcs = c.components("pcomponent");
+    for pc in &pcs {
+        let procs = pc["stats"]["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "each pComponent runs one of the two programs: {pcs:?}");
+    }
+    for child in [first, second] {
+        let mut child = child;
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&cmd).stdout));
+    }
+    // Each pComponent did the work of its program: misses and write-backs through its ExCache.
+    for pc in c.components("pcomponent") {
+        let t = &pc["stats"]["totals"];
+        assert!(t["misses"].as_u64().unwrap() > 0 && t["flushes"].as_u64().unwrap() > 0, "{pc}");
+        assert_eq!(t["processes"], 1, "{pc}");
+    }
 }
 
 #[test]
@@ -182,7 +323,7 @@ fn a_dead_pcomponent_stops_its_programs_with_a_message() {
     assert_eq!(read_line(&mut child), "ready\n");
     let os_pid = c.components("pcomponent")[0]["stats"]["processes"][0]["os_pid"].as_i64().unwrap() as i32;
     let pcomp_addr = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    unsafe { libc::kill(c.state_pids()[2], libc::SIGKILL) };
+    c.kill_component(c.pid_of_addr(&pcomp_addr));
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
     let err = text(&out.stderr);

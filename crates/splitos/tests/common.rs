@@ -88,6 +88,74 @@ pub fn same_as_native(opts: &[&str], cmd: &[&str]) -> Output {
     s
 }
 
+/// The interpreter that `python3` on PATH runs. PATH may hold a wrapper script instead (a
+/// version manager's shim, which forks and execs helpers): tests that count the program images
+/// a run served start the interpreter itself.
+pub fn python3() -> String {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = native(&["python3", "-c", "import sys; print(sys.executable)"]);
+        assert!(out.status.success(), "python3 runs: {}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    })
+    .clone()
+}
+
+/// Runs `cmd` natively and under splitos with `--stats-json`; asserts identical stdout, stderr
+/// and exit status; returns the run's counters.
+pub fn same_as_native_with_stats(opts: &[&str], cmd: &[&str]) -> (Output, serde_json::Value) {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    let path = f.path().to_str().unwrap().to_string();
+    let mut o: Vec<&str> = opts.to_vec();
+    o.extend(["--stats-json", &path]);
+    let n = native(cmd);
+    let s = under_splitos(&o, cmd);
+    assert_eq!(text(&s.stdout), text(&n.stdout), "stdout differs for {cmd:?}; splitos stderr:\n{}", text(&s.stderr));
+    assert_eq!(text(&s.stderr), text(&n.stderr), "stderr differs for {cmd:?}");
+    assert_eq!(s.status.code(), n.status.code(), "exit status differs for {cmd:?}");
+    let v = serde_json::from_str(&std::fs::read_to_string(f.path()).unwrap()).unwrap();
+    (s, v)
+}
+
+/// As [`same_as_native_with_stats`], and the run must show that the program's memory went
+/// through the components (see [`assert_through_components`]) in exactly `images` program
+/// images (the program, each forked child and each exec'd image).
+pub fn through_components(opts: &[&str], cmd: &[&str], images: u64) -> (Output, serde_json::Value) {
+    let (out, s) = same_as_native_with_stats(opts, cmd);
+    assert_through_components(&s, images);
+    (out, s)
+}
+
+/// The sum of one counter over the mComponents' own statistics in a run's `--stats-json`
+/// (its `mcomponents` list).
+pub fn mcomp_sum(s: &serde_json::Value, k: &str) -> u64 {
+    let ms = s["mcomponents"].as_array().unwrap_or_else(|| panic!("--stats-json lacks the mcomponents list: {s}"));
+    assert!(!ms.is_empty(), "no mComponent in {s}");
+    ms.iter().map(|m| m[k].as_u64().unwrap_or_else(|| panic!("mComponent counter {k} missing in {m}"))).sum()
+}
+
+/// Asserts what a run's counters show when its heap really lived behind the ExCache: the
+/// pComponent served misses and evicted and flushed lines; the mComponents (their own
+/// counters, not the pComponent's) served at least every fetch the pComponent counted and
+/// stored flushed pages; every one of the `images` program images reached the pComponent
+/// (an image that lost the shim would run natively and not be counted); no errors.
+pub fn assert_through_components(s: &serde_json::Value, images: u64) {
+    assert_eq!(n(s, "processes"), images, "program images served by the pComponent: {s}");
+    assert!(n(s, "misses") > 0 && n(s, "evictions") > 0 && n(s, "flushes") > 0, "the ExCache must miss, evict and flush: {s}");
+    let remote_fills = n(s, "bytes_fetched") / 4096;
+    assert!(remote_fills > 0, "some misses fetch a page flushed earlier: {s}");
+    let (fetches, flushes) = (mcomp_sum(s, "fetches"), mcomp_sum(s, "flushes"));
+    assert!(fetches >= remote_fills, "mComponents served {fetches} fetches for the pComponent's {remote_fills} remote fills: {s}");
+    assert!(flushes > 0, "mComponents stored flushed pages: {s}");
+    if images == 1 {
+        // With one process no victim can belong to a process that exited meanwhile: every
+        // write-back the pComponent counted was stored by an mComponent. (It can store one
+        // more than the pComponent counted: a miss cut short by the program's exit.)
+        assert!(flushes >= n(s, "flushes"), "mComponents stored {flushes} of the pComponent's {} write-backs: {s}", n(s, "flushes"));
+    }
+    assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
+}
+
 pub fn stats_of(opts: &[&str], cmd: &[&str]) -> (Output, serde_json::Value) {
     stats_of_env(opts, cmd, &[])
 }
@@ -163,6 +231,37 @@ impl TestCluster {
         s["pids"].as_array().unwrap().iter().map(|p| p.as_i64().unwrap() as i32).collect()
     }
 
+    /// The PID of the cluster's component process listening on `addr` (as `cluster status`
+    /// shows it).
+    pub fn pid_of_addr(&self, addr: &str) -> i32 {
+        let pids = self.state_pids();
+        pid_listening_on(addr, &pids).unwrap_or_else(|| panic!("no component process of {pids:?} listens on {addr}"))
+    }
+
+    /// Kills a component with SIGKILL, taking it out of the cluster's PID record first (see
+    /// [`forget_pid`]); returns once the process is gone.
+    pub fn kill_component(&self, pid: i32) {
+        forget_pid(self.dir.path(), pid);
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let gone = self.eventually(Duration::from_secs(5), |_| !pid_running(pid));
+        assert!(gone, "component {pid} still runs 5 s after SIGKILL");
+    }
+
+    /// One counter of the component at `addr` from `splitos cluster metrics` (Prometheus text;
+    /// summed over label sets; 0 when the component never counted it).
+    pub fn metric(&self, addr: &str, name: &str) -> f64 {
+        let out = self.cmd(&["cluster", "metrics"]).output().unwrap();
+        assert!(out.status.success(), "cluster metrics: {}", text(&out.stderr));
+        let all = text(&out.stdout);
+        let section = all.split("# component ").find(|s| s.lines().next() == Some(addr));
+        let section = section.unwrap_or_else(|| panic!("cluster metrics has no section for {addr}:\n{all}"));
+        section
+            .lines()
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
+            .sum()
+    }
+
     /// Waits until `f` holds or the timeout passes; returns whether it held.
     pub fn eventually(&self, timeout: Duration, mut f: impl FnMut(&TestCluster) -> bool) -> bool {
         let t0 = Instant::now();
@@ -186,13 +285,74 @@ impl Drop for TestCluster {
     fn drop(&mut self) {
         let pids = std::fs::read_to_string(self.dir.path().join("cluster.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
         let _ = self.cmd(&["cluster", "down"]).output();
+        // Whatever `cluster down` left running, if it is still a splitos process (a PID of a
+        // component that ended may belong to another process by now).
+        let exe = std::fs::canonicalize(splitos()).unwrap_or_else(|_| splitos());
         if let Some(v) = pids {
-            for p in v["pids"].as_array().into_iter().flatten() {
-                unsafe { libc::kill(p.as_i64().unwrap() as i32, libc::SIGKILL) };
+            for p in v["pids"].as_array().into_iter().flatten().filter_map(|p| p.as_i64()) {
+                let ours = std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == exe);
+                if ours {
+                    unsafe { libc::kill(p as i32, libc::SIGKILL) };
+                }
             }
         }
         unmount_under(self.dir.path());
     }
+}
+
+/// Takes `pid` out of the PID record (`pids` in cluster.json) of the cluster whose state is in
+/// `state_dir`. A test that kills a component calls this first, so that stopping the cluster
+/// later never signals whatever process has reused the PID by then.
+pub fn forget_pid(state_dir: &Path, pid: i32) {
+    let f = state_dir.join("cluster.json");
+    let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    let pids = s["pids"].as_array_mut().unwrap_or_else(|| panic!("no pids in {}", f.display()));
+    let before = pids.len();
+    pids.retain(|p| p.as_i64() != Some(pid as i64));
+    assert_eq!(pids.len() + 1, before, "{pid} is in the cluster's PID record once");
+    std::fs::write(&f, serde_json::to_string_pretty(&s).unwrap()).unwrap();
+}
+
+/// Whether `pid` is a running (not zombie) process.
+pub fn pid_running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Which of `pids` has a listening TCP socket on `addr`'s port (from /proc/net/tcp{,6} and the
+/// processes' file descriptors).
+pub fn pid_listening_on(addr: &str, pids: &[i32]) -> Option<i32> {
+    let port: u16 = addr.rsplit(':').next()?.parse().ok()?;
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for l in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let listening = f.get(3) == Some(&"0A");
+            let p = f.get(1).and_then(|a| a.rsplit(':').next()).and_then(|h| u16::from_str_radix(h, 16).ok());
+            if listening && p == Some(port) {
+                inodes.push(format!("socket:[{}]", f[9]));
+            }
+        }
+    }
+    pids.iter().copied().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str())))
+    })
+}
+
+/// How many threads of `pid` have a name (comm) starting with `prefix`.
+pub fn threads_named(pid: i32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("threads of {pid}: {e}"))
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+        .count()
 }
 
 /// Detaches every mount under `dir` (vNode mounts a killed pComponent left), so that removing

@@ -33,13 +33,18 @@ fn clock_keeps_a_written_hot_set_that_fifo_evicts() {
 
 #[test]
 fn piggyback_merges_flush_and_fetch_only_when_enabled() {
+    // One mComponent: every victim and every missed line have the same owner, so with
+    // piggyback on each dirty eviction that precedes a fetch travels with it.
     let p = program("memtouch");
     let cmd = [p.to_str().unwrap(), "12"];
-    let (_, on) = stats_of(&["--excache", "4M", "--mcomponents", "1"], &cmd);
-    let (_, off) = stats_of(&["--excache", "4M", "--mcomponents", "1", "--no-piggyback"], &cmd);
+    let (_, on) = through_components(&["--excache", "4M", "--mcomponents", "1"], &cmd, 1);
+    let (_, off) = through_components(&["--excache", "4M", "--mcomponents", "1", "--no-piggyback"], &cmd, 1);
     assert!(n(&on, "piggybacked") > 1000, "{on}");
+    // The mComponent received them as combined flush+fetch requests: its own count agrees.
+    assert_eq!(mcomp_sum(&on, "piggybacked"), n(&on, "piggybacked"), "{on}");
     assert_eq!(n(&off, "piggybacked"), 0, "{off}");
-    assert!(n(&off, "flushes") > 1000, "{off}");
+    assert_eq!(mcomp_sum(&off, "piggybacked"), 0, "no combined requests reach the mComponent: {off}");
+    assert!(n(&off, "flushes") > 1000 && mcomp_sum(&off, "flushes") > 1000, "write-backs go as separate flushes: {off}");
 }
 
 #[test]

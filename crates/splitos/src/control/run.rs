@@ -248,9 +248,30 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         s["wall_s"] = serde_json::json!(secs);
         s["exit_code"] = serde_json::json!(exit_code(st));
         s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
+        s["mcomponents"] = mcomponent_stats(gm);
         std::fs::write(f, serde_json::to_string_pretty(&s)?)?;
     }
     Ok((exit_code(st), secs, stats, run_id))
+}
+
+/// Each mComponent's own statistics (`C2X_STATS`: fetches, flushes, piggybacked, pages owned
+/// per process, ...), read when the program has ended and before an embedded cluster stops, so
+/// that a run's record shows the work the memory side did. Counters are since the component
+/// started: on an embedded cluster that is this run. One that cannot be asked is listed with
+/// the reason.
+fn mcomponent_stats(gm: &str) -> serde_json::Value {
+    let comps = match cluster::status(gm) {
+        Ok(c) => c,
+        Err(e) => return serde_json::json!([{ "error": e.to_string() }]),
+    };
+    comps
+        .iter()
+        .filter(|c| c.role == splitos_rpc::Role::Mem)
+        .map(|c| match cluster::component_stats(&c.addr) {
+            Ok(v) => v,
+            Err(e) => serde_json::json!({ "role": "mcomponent", "id": c.id, "addr": c.addr, "alive": c.alive, "error": e.to_string() }),
+        })
+        .collect()
 }
 
 /// Other vNodes' file systems are mounted on the same pComponent, next to this one: a program
