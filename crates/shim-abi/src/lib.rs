@@ -5,7 +5,6 @@
 //! A connection starts with a [`Hello`] that carries the program's userfaultfd and the memfd
 //! behind its heap region (SCM_RIGHTS). After that, each [`ShimReq`] gets one [`ShimResp`].
 #![no_std]
-#![deny(clippy::undocumented_unsafe_blocks)]
 
 use core::mem::{offset_of, size_of};
 use zerocopy::{Immutable, KnownLayout};

@@ -19,7 +19,6 @@
 //! - `exec`: the exec family and spawn, so that a new image keeps the shim;
 //! - `heap`: the malloc family;
 //! - `sys`: raw system calls and the allocation-free helpers everything above uses.
-#![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_op_in_unsafe_fn)]
 // The exported functions are C's: their contract is that of the function they replace.
 #![allow(clippy::missing_safety_doc)]

@@ -121,7 +121,7 @@ fn frame(h: FrameHeader, msg: &Msg) -> Vec<u8> {
 
 /// Sends a ping on `s` and returns the decoded reply.
 fn ping(s: &mut std::net::TcpStream, req_id: u64) -> Msg {
-    s.write_all(&frame(request_header(req_id, 0), &Msg::C2X_PING)).unwrap();
+    s.write_all(&frame(request_header(req_id, 0), &Msg::C2X_PING(splitos_rpc::C2X_PING))).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut h = [0u8; FrameHeader::SIZE];
     s.read_exact(&mut h).expect("a reply header");
@@ -144,7 +144,7 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     let rejected_before = c.metric(&m, "rpc_frames_rejected_total");
 
     let valid = request_header(7, 0);
-    let ping_body = postcard::to_allocvec(&Msg::C2X_PING).unwrap();
+    let ping_body = postcard::to_allocvec(&Msg::C2X_PING(splitos_rpc::C2X_PING)).unwrap();
     let with_ping = |h: FrameHeader| {
         let mut f = frame_header(FrameHeader { len: ping_body.len() as u32, ..h });
         f.extend_from_slice(&ping_body);

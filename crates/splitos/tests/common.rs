@@ -242,6 +242,8 @@ impl TestCluster {
     /// [`forget_pid`]); returns once the process is gone.
     pub fn kill_component(&self, pid: i32) {
         forget_pid(self.dir.path(), pid);
+        // SAFETY: kill(2) takes no pointers; `pid` is a component of this test's own cluster,
+        // now out of its record so that nothing signals the number again.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let gone = self.eventually(Duration::from_secs(5), |_| !pid_running(pid));
         assert!(gone, "component {pid} still runs 5 s after SIGKILL");
@@ -292,6 +294,8 @@ impl Drop for TestCluster {
             for p in v["pids"].as_array().into_iter().flatten().filter_map(|p| p.as_i64()) {
                 let ours = std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == exe);
                 if ours {
+                    // SAFETY: kill(2) takes no pointers; the PID runs the splitos binary of
+                    // this test's cluster.
                     unsafe { libc::kill(p as i32, libc::SIGKILL) };
                 }
             }
@@ -361,6 +365,7 @@ pub fn unmount_under(dir: &Path) {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for m in info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| Path::new(m).starts_with(dir)) {
         let c = std::ffi::CString::new(m).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
 }

@@ -1,24 +1,7 @@
 //! The miss path's failure rule with real components: a dirty line evicted on behalf of
 //! another process is never silently lost when its write-back fails.
 mod common;
-use std::time::Duration;
-
 use common::*;
-
-/// The PID of the cluster's component process whose command line has `arg`, taken out of the
-/// cluster's PID record so that cleanup never signals a reused PID once the test killed it.
-fn take_component_pid(c: &TestCluster, arg: &str) -> i32 {
-    let pid = *c
-        .state_pids()
-        .iter()
-        .find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|cl| cl.split(|b| *b == 0).any(|a| a == arg.as_bytes())))
-        .unwrap_or_else(|| panic!("no component process with {arg}"));
-    let f = c.dir.path().join("cluster.json");
-    let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    s["pids"].as_array_mut().unwrap().retain(|p| p.as_i64() != Some(pid as i64));
-    std::fs::write(&f, s.to_string()).unwrap();
-    pid
-}
 
 #[test]
 fn a_failed_piggybacked_write_back_never_lets_the_victims_process_read_zeros() {
@@ -37,11 +20,7 @@ fn a_failed_piggybacked_write_back_never_lets_the_victims_process_read_zeros() {
     let m = c.components("mcomponent")[0]["stats"].clone();
     assert!(m["flushes"].as_u64().unwrap() > 400, "A's lines were written back when B evicted them: {m}");
 
-    let mem = take_component_pid(&c, "mem");
-    // SAFETY: kill(2) takes no pointers; the PID is a component this test started, now out
-    // of the cluster record so nothing signals it again.
-    unsafe { libc::kill(mem, libc::SIGKILL) };
-    std::thread::sleep(Duration::from_millis(200));
+    c.kill_component(c.pid_of_addr(c.components("mcomponent")[0]["addr"].as_str().unwrap()));
 
     // A reads its buffer again: its first miss fetches from the dead mComponent with B's
     // dirty line piggybacked, and fails.

@@ -115,29 +115,6 @@ fn pid_of(c: &TestCluster, arg: &str) -> i32 {
         .unwrap_or_else(|| panic!("no component process with {arg}"))
 }
 
-/// Takes a component out of the cluster's state, so that stopping the cluster later never
-/// signals whatever process reuses its PID once it is killed.
-fn forget_pid(c: &TestCluster, pid: i32) {
-    let f = c.dir.path().join("cluster.json");
-    let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    s["pids"].as_array_mut().unwrap().retain(|p| p.as_i64() != Some(pid as i64));
-    std::fs::write(&f, s.to_string()).unwrap();
-}
-
-/// kill -9 of one of the cluster's components, taken out of its PID record first; returns
-/// once the process is gone (no longer running, or a zombie).
-fn kill_9(c: &TestCluster, pid: i32) {
-    forget_pid(c, pid);
-    // SAFETY: kill takes no pointers; `pid` is a component of this test's own cluster.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 {pid}: {}", std::io::Error::last_os_error());
-    assert!(c.eventually(Duration::from_secs(5), |_| gone(pid)), "component {pid} survived kill -9");
-}
-
-/// The process no longer runs (it is gone, or a zombie).
-fn gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-}
-
 fn py(c: &TestCluster, opts: &[&str], code: &str) -> Output {
     let mut cmd = c.cmd(&["run"]);
     cmd.args(opts).args(["--", "python3", "-c", code]);
@@ -163,7 +140,7 @@ print("written")
     let out = py(&c, &[], write);
     assert_eq!(text(&out.stdout), "written\n", "{}", text(&out.stderr));
 
-    kill_9(&c, pid_of(&c, "storage"));
+    c.kill_component(pid_of(&c, "storage"));
 
     let probe = r#"
 import errno, os
@@ -272,17 +249,17 @@ fn read_back(c: &TestCluster) -> Vec<u8> {
 
 /// The file's bytes as the sComponent stores them, read past every cache.
 fn stored_on_scomponent(c: &TestCluster) -> Vec<u8> {
-    use splitos_rpc::{transport::TcpTransport, Client, Msg};
+    use splitos_rpc::{Rpc, TransportConfig, M2S_READ, P2S_LOOKUP};
     let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
-    let client = Client::connect(&TcpTransport::from_env(), &s, Duration::from_secs(5)).unwrap();
-    let attr = match client.call(&Msg::P2S_LOOKUP { vnode: "default".into(), path: "/durable".into() }) {
-        Ok(Msg::S2P_ATTR { attr }) => attr,
+    let client = Rpc::new(TransportConfig::default().build().unwrap(), Duration::from_secs(5));
+    let attr = match client.call(&s, P2S_LOOKUP { vnode: "default".into(), path: "/durable".into() }) {
+        Ok(r) => r.attr,
         other => panic!("the sComponent has no /durable: {other:?}"),
     };
     let mut out = Vec::new();
     while (out.len() as u64) < attr.size {
-        match client.call(&Msg::M2S_READ { vnode: "default".into(), ino: attr.ino, offset: out.len() as u64, len: 1 << 20 }) {
-            Ok(Msg::S2M_DATA { data }) if !data.is_empty() => out.extend_from_slice(&data),
+        match client.call(&s, M2S_READ { vnode: "default".into(), ino: attr.ino, offset: out.len() as u64, len: 1 << 20 }) {
+            Ok(r) if !r.data.is_empty() => out.extend_from_slice(&r.data),
             other => panic!("reading /durable at {} of {} bytes: {other:?}", out.len(), attr.size),
         }
     }
@@ -324,10 +301,10 @@ fn fsynced_data_survives_kill_9_of_the_mcomponent_holding_its_buffer_cache() {
 
     // The writer kills it as its fsync returns (out of the cluster's PID record first).
     let pid = pid_of(&c, &holder);
-    forget_pid(&c, pid);
+    forget_pid(c.dir.path(), pid);
     writeln!(writer.0.stdin.as_mut().unwrap(), "{pid}").unwrap();
     assert_eq!(read_line(&mut writer.0), "synced\n");
-    assert!(c.eventually(Duration::from_secs(5), |_| gone(pid)), "the mComponent survived kill -9");
+    assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(pid)), "the mComponent survived kill -9");
     drop(writer.0.stdin.take());
     // The writer's memory may have been on the killed mComponent too: its end is not checked.
     finished(&mut writer);
@@ -356,12 +333,12 @@ fn fsynced_data_survives_kill_9_of_the_pcomponent() {
     let mut writer = start_writer(&c, &src);
     let old = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let pid = pid_of(&c, "proc");
-    forget_pid(&c, pid);
+    forget_pid(c.dir.path(), pid);
     writeln!(writer.0.stdin.as_mut().unwrap(), "{pid}").unwrap();
     assert_eq!(read_line(&mut writer.0), "synced\n");
     // At once, before a background write back: what fsync acknowledged is on the sComponent.
     same_bytes(&stored_on_scomponent(&c), &want, "on the sComponent");
-    assert!(c.eventually(Duration::from_secs(5), |_| gone(pid)), "the pComponent survived kill -9");
+    assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(pid)), "the pComponent survived kill -9");
     // `run` stops the program of a pComponent that is gone, naming it.
     let (st, err) = finished(&mut writer);
     assert!(!st.success() && err.contains(&old), "{err}");
