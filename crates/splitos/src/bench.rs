@@ -138,7 +138,7 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
 /// P2M_FLUSH of a page to a process that does not exist and times the refusal, which exercises
 /// the same framing, hand-off to a worker and reply path as a fetch.
 fn rpc_floor(addr: &str, n: usize) -> anyhow::Result<Histogram<u64>> {
-    let rpc = crate::node::client_rpc(std::time::Duration::from_secs(5))?;
+    let rpc = crate::node::client_rpc(&splitos_rpc::TransportConfig::default(), std::time::Duration::from_secs(5))?;
     let mut h = hist();
     let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: serde_bytes::ByteBuf::from(vec![0u8; PAGE]) };
     for _ in 0..n {

@@ -3,6 +3,9 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use splitos_rpc::TransportConfig;
+
+const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
 /// A byte size: a number, or a string with a K/M/G/T suffix (powers of 1024).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +86,8 @@ pub struct PcompSection {
     pub policy: String,
     pub piggyback: bool,
     pub fault_workers: usize,
+    /// How long a fault worker polls its process's userfaultfd before sleeping (µs).
+    pub fault_spin_us: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -120,6 +125,9 @@ pub struct ClusterConfig {
     /// Storage components; without one, runs get no vNode file system.
     #[serde(default)]
     pub scomponent: Vec<ScompSection>,
+    /// Which transport every component uses, and that transport's knobs (`[transport.tcp]`).
+    #[serde(default)]
+    pub transport: TransportConfig,
 }
 
 /// Where the global managers listen when started by hand (`splitos gm`), and where monitors
@@ -138,7 +146,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100 }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -152,7 +160,13 @@ pub fn default_scomp() -> ScompSection {
 impl ClusterConfig {
     /// The embedded cluster: global managers, one pComponent, two mComponents, one sComponent.
     pub fn embedded() -> ClusterConfig {
-        ClusterConfig { cluster: default_cluster(), pcomponent: vec![default_pcomp()], mcomponent: vec![default_mcomp(), default_mcomp()], scomponent: vec![default_scomp()] }
+        ClusterConfig {
+            cluster: default_cluster(),
+            pcomponent: vec![default_pcomp()],
+            mcomponent: vec![default_mcomp(), default_mcomp()],
+            scomponent: vec![default_scomp()],
+            transport: TransportConfig::default(),
+        }
     }
 
     pub fn load(path: &Path) -> Result<ClusterConfig, String> {
@@ -163,8 +177,9 @@ impl ClusterConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        self.transport.validate()?;
         let vrs = self.cluster.vregion_size.0;
-        if vrs < 4096 || !vrs.is_power_of_two() {
+        if vrs < PAGE || !vrs.is_power_of_two() {
             return Err(format!("cluster.vregion_size: {vrs} must be a power of two of at least 4096"));
         }
         if self.pcomponent.is_empty() {
@@ -174,7 +189,7 @@ impl ClusterConfig {
             return Err("mcomponent: at least one [[mcomponent]] is needed".into());
         }
         for (i, p) in self.pcomponent.iter().enumerate() {
-            if p.excache.0 < 4096 {
+            if p.excache.0 < PAGE {
                 return Err(format!("pcomponent[{i}].excache: {} bytes is less than one 4 KiB line", p.excache.0));
             }
             if crate::pmon::policy_by_name(&p.policy).is_none() {
@@ -185,10 +200,10 @@ impl ClusterConfig {
             }
         }
         for (i, m) in self.mcomponent.iter().enumerate() {
-            if m.capacity.0 < 4096 {
+            if m.capacity.0 < PAGE {
                 return Err(format!("mcomponent[{i}].capacity: {} bytes is less than one page", m.capacity.0));
             }
-            if m.bcache.0 < 4096 {
+            if m.bcache.0 < PAGE {
                 return Err(format!("mcomponent[{i}].bcache: {} bytes is less than one 4 KiB block", m.bcache.0));
             }
         }

@@ -2,7 +2,8 @@
 //! only the command line; everything it runs is in the `splitos` library.
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use splitos_rpc::transport::{TcpConfig, TransportConfig};
 
 use splitos::config::{self, ClusterConfig, Size};
 use splitos::{bench, control, gm, mmon, node, pmon, smon};
@@ -12,6 +13,25 @@ use splitos::{bench, control, gm, mmon, node, pmon, smon};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The transport a monitor uses (`[transport]` of a cluster configuration).
+#[derive(Args, Clone, Debug)]
+struct TransportArgs {
+    #[arg(long = "transport", default_value_t = TransportConfig::default().kind, help = format!("Transport to the other components: {}", splitos_rpc::transport::KINDS.join(", ")))]
+    kind: String,
+    /// TCP: how long a reader polls its socket before sleeping (µs).
+    #[arg(long, default_value_t = TransportConfig::default().tcp.spin_us)]
+    tcp_spin_us: u64,
+    /// TCP: delay added before every message this component sends (µs; fault injection).
+    #[arg(long, default_value_t = TransportConfig::default().tcp.delay_us)]
+    tcp_delay_us: u64,
+}
+
+impl TransportArgs {
+    fn config(self) -> TransportConfig {
+        TransportConfig { kind: self.kind, tcp: TcpConfig { spin_us: self.tcp_spin_us, delay_us: self.tcp_delay_us } }
+    }
 }
 
 #[derive(Subcommand)]
@@ -87,6 +107,8 @@ enum Cmd {
         /// Serve Prometheus metrics over HTTP here.
         #[arg(long)]
         metrics_addr: Option<String>,
+        #[command(flatten)]
+        transport: TransportArgs,
     },
     /// Run a memory monitor (mComponent).
     Mem {
@@ -109,6 +131,8 @@ enum Cmd {
         ready_file: Option<PathBuf>,
         #[arg(long)]
         metrics_addr: Option<String>,
+        #[command(flatten)]
+        transport: TransportArgs,
     },
     /// Run a process monitor (pComponent).
     Proc {
@@ -129,6 +153,9 @@ enum Cmd {
         /// Threads serving the misses of each process.
         #[arg(long, default_value_t = config::default_pcomp().fault_workers)]
         fault_workers: usize,
+        /// How long a fault worker polls for the next fault before sleeping (µs).
+        #[arg(long, default_value_t = config::default_pcomp().fault_spin_us)]
+        fault_spin_us: u64,
         /// Unix socket where programs' shims connect.
         #[arg(long)]
         shim_sock: PathBuf,
@@ -139,6 +166,8 @@ enum Cmd {
         ready_file: Option<PathBuf>,
         #[arg(long)]
         metrics_addr: Option<String>,
+        #[command(flatten)]
+        transport: TransportArgs,
     },
     /// Run a storage monitor (sComponent): vNodes' files, kept durably under --dir.
     Storage {
@@ -156,6 +185,8 @@ enum Cmd {
         ready_file: Option<PathBuf>,
         #[arg(long)]
         metrics_addr: Option<String>,
+        #[command(flatten)]
+        transport: TransportArgs,
     },
     /// Measure the floors a miss is compared with (JSON on stdout).
     BenchFloor {
@@ -218,9 +249,6 @@ fn clap_num_u64(s: &str) -> Result<u64, String> {
     }
 }
 
-fn transport() -> splitos_rpc::TransportConfig {
-    splitos_rpc::TransportConfig::default().with_env()
-}
 
 fn main() {
     let cli = Cli::parse();
@@ -239,22 +267,22 @@ fn main() {
             ClusterCmd::Down => control::down(),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
         },
-        Cmd::Gm { listen, vregion_size, ready_file, metrics_addr } => {
+        Cmd::Gm { listen, vregion_size, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            gm::run(gm::GmArgs { listen, transport: transport(), vregion_size: vregion_size.0, ready_file, metrics_addr })
+            gm::run(gm::GmArgs { listen, transport: transport.config(), vregion_size: vregion_size.0, ready_file, metrics_addr })
         }
-        Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr } => {
+        Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            mmon::run(mmon::MemArgs { listen, transport: transport(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
+            mmon::run(mmon::MemArgs { listen, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, shim_sock, vnode_root, ready_file, metrics_addr } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, shim_sock, vnode_root, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us: pmon::DEFAULT_FAULT_SPIN_US };
-            pmon::run(pmon::ProcArgs { listen, transport: transport(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
+            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us };
+            pmon::run(pmon::ProcArgs { listen, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
         }
-        Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr } => {
+        Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            smon::run(smon::StorageArgs { listen, transport: transport(), gm, dir, quota: quota.0, ready_file, metrics_addr })
+            smon::run(smon::StorageArgs { listen, transport: transport.config(), gm, dir, quota: quota.0, ready_file, metrics_addr })
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),
@@ -288,28 +316,34 @@ mod tests {
     fn the_command_line_and_the_config_file_agree_on_every_default() {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
 
-        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers } = file.pcomponent[0].clone();
-        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _ } = parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"]) else {
+        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us } = file.pcomponent[0].clone();
+        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _, transport } =
+            parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
+        else {
             unreachable!()
         };
-        assert_eq!((l, e, w, p, !no_piggyback, f), (listen, excache, ways, policy, piggyback, fault_workers), "proc");
+        assert_eq!((l, e, w, p, !no_piggyback, f, fs), (listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us), "proc");
+        assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         let McompSection { listen, capacity, workers, bcache, readahead } = file.mcomponent[0].clone();
-        let Cmd::Mem { listen: l, gm, capacity: c, workers: w, bcache: b, readahead: r, ready_file: _, metrics_addr: _ } = parse(&["mem"]) else { unreachable!() };
+        let Cmd::Mem { listen: l, gm, capacity: c, workers: w, bcache: b, readahead: r, ready_file: _, metrics_addr: _, transport } = parse(&["mem"]) else { unreachable!() };
         assert_eq!((l, c, w, b, r), (listen, capacity, workers, bcache, readahead), "mem");
+        assert_eq!(transport.config(), file.transport, "mem transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // `dir` has no default on the command line: `cluster up` derives it from the data directory.
         let ScompSection { listen, dir: _, quota } = file.scomponent[0].clone();
-        let Cmd::Storage { listen: l, gm, dir: _, quota: q, ready_file: _, metrics_addr: _ } = parse(&["storage", "--dir", "d"]) else { unreachable!() };
+        let Cmd::Storage { listen: l, gm, dir: _, quota: q, ready_file: _, metrics_addr: _, transport } = parse(&["storage", "--dir", "d"]) else { unreachable!() };
         assert_eq!((l, q), (listen, quota), "storage");
+        assert_eq!(transport.config(), file.transport, "storage transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
         let config::ClusterSection { gm: _, vregion_size } = file.cluster.clone();
-        let Cmd::Gm { listen, vregion_size: v, ready_file: _, metrics_addr: _ } = parse(&["gm"]) else { unreachable!() };
+        let Cmd::Gm { listen, vregion_size: v, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
         assert_eq!(v, vregion_size, "gm");
+        assert_eq!(transport.config(), file.transport, "gm transport");
         assert_eq!(listen, config::HAND_STARTED_GM);
 
         let Cmd::Run { mcomponents, .. } = parse(&["run", "true"]) else { unreachable!() };

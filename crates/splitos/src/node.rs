@@ -42,11 +42,9 @@ pub fn serve_metrics_http(addr: &str) -> std::io::Result<String> {
     Ok(local)
 }
 
-/// The RPC client of a process that is not a component (the CLI), over the transport the
-/// environment configures.
-pub fn client_rpc(timeout: Duration) -> anyhow::Result<Rpc> {
-    let t = TransportConfig::default().with_env().build().map_err(|e| anyhow::anyhow!(e))?;
-    Ok(Rpc::new(t, timeout))
+/// The RPC client of a process that is not a component (the CLI, benchmarks' floors).
+pub fn client_rpc(transport: &TransportConfig, timeout: Duration) -> anyhow::Result<Rpc> {
+    Ok(Rpc::new(transport.build().map_err(|e| anyhow::anyhow!(e))?, timeout))
 }
 
 /// A component's link to the rest of the cluster.

@@ -156,18 +156,14 @@ pub fn assert_through_components(s: &serde_json::Value, images: u64) {
     assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
 }
 
-pub fn stats_of(opts: &[&str], cmd: &[&str]) -> (Output, serde_json::Value) {
-    stats_of_env(opts, cmd, &[])
-}
-
 /// Runs `cmd` under splitos with `--stats-json`; asserts native output; returns the counters.
-pub fn stats_of_env(opts: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> (Output, serde_json::Value) {
+pub fn stats_of(opts: &[&str], cmd: &[&str]) -> (Output, serde_json::Value) {
     let f = tempfile::NamedTempFile::new().unwrap();
     let mut o: Vec<&str> = opts.to_vec();
     let path = f.path().to_str().unwrap().to_string();
     o.extend(["--stats-json", &path]);
     let n = native(cmd);
-    let out = under_splitos_env(&o, cmd, env);
+    let out = under_splitos(&o, cmd);
     assert_eq!(text(&out.stdout), text(&n.stdout), "stdout differs for {cmd:?}; stderr:\n{}", text(&out.stderr));
     assert_eq!(out.status.code(), n.status.code());
     let v = serde_json::from_str(&std::fs::read_to_string(f.path()).unwrap()).unwrap();

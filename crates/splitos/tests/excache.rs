@@ -54,15 +54,34 @@ fn unknown_policy_is_refused() {
     assert!(text(&out.stderr).contains("pcomponent[0].policy"), "{}", text(&out.stderr));
 }
 
+/// Runs `cmd` on the cluster with `--stats-json`; asserts native output; returns the counters.
+fn cluster_stats(c: &TestCluster, cmd: &[&str]) -> serde_json::Value {
+    let f = c.dir.path().join("run-stats.json");
+    let out = c.run(&["--stats-json", f.to_str().unwrap()], cmd);
+    assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{}", text(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap()
+}
+
 #[test]
-fn injected_network_delay_slows_every_miss() {
-    // SPLITOS_NET_DELAY_US makes every component wait before each message it sends.
+fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
+    // `[transport.tcp] delay_us`: every component waits before each message it sends.
     let p = program("stride");
     let cmd = [p.to_str().unwrap(), "4", "8", "30"];
-    let opts = ["--excache", "4M", "--ways", "1"];
-    let (_, fast) = stats_of(&opts, &cmd);
-    let (_, slow) = stats_of_env(&opts, &cmd, &[("SPLITOS_NET_DELAY_US", "3000")]);
-    assert!(n(&slow, "evictions") >= 200, "{slow}");
-    assert!(n(&slow, "miss_ns_p50") >= 3_000_000, "a remote miss waits for the delay: {slow}");
-    assert!(n(&fast, "miss_ns_p50") < 3_000_000, "{fast}");
+    let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
+    let slow = TestCluster::up(Some(&format!("{base}[transport.tcp]\ndelay_us = 3000\n")));
+    let fast = TestCluster::up(Some(base));
+    let s = cluster_stats(&slow, &cmd);
+    assert!(n(&s, "evictions") >= 200, "{s}");
+    // A remote miss is a request and a reply, each sent after the delay: at least 6 ms.
+    let rpc = s["miss_breakdown_ns_p50"]["rpc"].as_u64().unwrap();
+    assert!(rpc >= 6_000_000, "a remote miss waits for the delay both ways: {s}");
+    let f = cluster_stats(&fast, &cmd);
+    assert!(n(&f, "evictions") >= 200, "{f}");
+    for (c, delayed) in [(&slow, true), (&fast, false)] {
+        for role in ["pcomponent", "mcomponent"] {
+            let addr = c.components(role)[0]["addr"].as_str().unwrap().to_string();
+            let d = c.metric(&addr, "rpc_injected_delays_total");
+            assert_eq!(d > 0.0, delayed, "{role} counts the delays it injected: {d}");
+        }
+    }
 }

@@ -65,19 +65,6 @@ impl Default for TransportConfig {
 pub const KINDS: &[&str] = &["tcp"];
 
 impl TransportConfig {
-    /// Test hooks: `SPLITOS_NET_DELAY_US` delays every message a component sends (a slow
-    /// network, since `tc netem` is not available), `SPLITOS_NET_SPIN_US` sets how long a
-    /// reader polls before sleeping.
-    pub fn with_env(mut self) -> TransportConfig {
-        if let Some(us) = std::env::var("SPLITOS_NET_DELAY_US").ok().and_then(|v| v.parse().ok()) {
-            self.tcp.delay_us = us;
-        }
-        if let Some(us) = std::env::var("SPLITOS_NET_SPIN_US").ok().and_then(|v| v.parse().ok()) {
-            self.tcp.spin_us = us;
-        }
-        self
-    }
-
     pub fn validate(&self) -> Result<(), String> {
         if !KINDS.contains(&self.kind.as_str()) {
             return Err(format!("transport.kind: unknown transport {:?} (known: {})", self.kind, KINDS.join(", ")));

@@ -4,7 +4,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{ComponentInfo, Request, Role, Rpc, C2G_STATUS, C2X_STATS};
+use splitos_rpc::{ComponentInfo, Request, Role, Rpc, TransportConfig, C2G_STATUS, C2X_STATS};
 
 use crate::config::ClusterConfig;
 
@@ -14,6 +14,8 @@ pub struct ClusterState {
     pub gm: String,
     pub dir: PathBuf,
     pub pids: Vec<u32>,
+    #[serde(default)]
+    pub transport: TransportConfig,
 }
 
 /// The directory of the long-lived cluster's state: $SPLITOS_STATE_DIR, else /run/splitos
@@ -59,7 +61,9 @@ pub fn rpc() -> anyhow::Result<&'static Rpc> {
     if let Some(r) = RPC.get() {
         return Ok(r);
     }
-    let r = crate::node::client_rpc(Duration::from_secs(5))?;
+    // The transport of the cluster `cluster up` started; TCP's defaults for any other.
+    let t = read_state().map(|s| s.transport).unwrap_or_default();
+    let r = crate::node::client_rpc(&t, Duration::from_secs(5))?;
     Ok(RPC.get_or_init(|| r))
 }
 
@@ -118,7 +122,7 @@ impl Cluster {
     /// Starts every component of `cfg`, each its own process, and waits until all registered.
     pub fn start(cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir)?;
-        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new() }, children: Vec::new() };
+        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone() }, children: Vec::new() };
         let r = c.start_all(cfg, dir, detach);
         if let Err(e) = r {
             c.stop();
@@ -128,7 +132,11 @@ impl Cluster {
     }
 
     fn start_all(&mut self, cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<()> {
-        let args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string()];
+        let t = &cfg.transport;
+        // Every component speaks the cluster's transport.
+        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string()];
+        let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string()];
+        args.extend(transport.iter().cloned());
         let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());
@@ -139,18 +147,20 @@ impl Cluster {
         let mut pending = Vec::new();
         for (i, sc) in cfg.scomponent.iter().enumerate() {
             let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
-            let args = vec![
+            let mut args = vec![
                 "storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string(),
             ];
+            args.extend(transport.iter().cloned());
             pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach)?));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
-            let args = vec![
+            let mut args = vec![
                 "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--capacity".into(), m.capacity.0.to_string(), "--workers".into(), m.workers.to_string(),
                 "--bcache".into(), m.bcache.0.to_string(), "--readahead".into(), m.readahead.0.to_string(),
             ];
+            args.extend(transport.iter().cloned());
             pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach)?));
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
@@ -158,12 +168,14 @@ impl Cluster {
                 "proc".into(), "--listen".into(), p.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--excache".into(), p.excache.0.to_string(), "--ways".into(), p.ways.to_string(),
                 "--policy".into(), p.policy.clone(), "--fault-workers".into(), p.fault_workers.to_string(),
+                "--fault-spin-us".into(), p.fault_spin_us.to_string(),
                 "--shim-sock".into(), dir.join(format!("proc{i}.sock")).to_string_lossy().to_string(),
                 "--vnode-root".into(), dir.join("vnodes").to_string_lossy().to_string(),
             ];
             if !p.piggyback {
                 args.push("--no-piggyback".into());
             }
+            args.extend(transport.iter().cloned());
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach)?));
         }
         let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len();

@@ -32,9 +32,6 @@ pub use vfs::{mounts_under, unmount};
 
 use crate::node::{self, Node};
 
-/// How long a fault worker polls its process's userfaultfd before sleeping, by default (µs).
-pub const DEFAULT_FAULT_SPIN_US: u64 = 100;
-
 #[derive(Clone, Debug)]
 pub struct PcompConfig {
     pub excache_bytes: u64,

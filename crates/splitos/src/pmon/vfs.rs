@@ -21,7 +21,7 @@ use fuser::{
 };
 use serde_bytes::ByteBuf;
 use splitos_rpc::Request as RpcRequest;
-use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, NAME_MAX};
+use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, NAME_MAX, PAGE_SIZE};
 use splitos_rpc::{P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC, P2M_FILE_WRITE};
 use splitos_rpc::{P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS, P2S_UNLINK, X2S_GETATTR, X2S_SYNC};
 
@@ -107,7 +107,7 @@ fn fuse_attr(a: &FileAttr) -> fuser::FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: 0,
-        blksize: 4096,
+        blksize: PAGE_SIZE as u32,
         flags: 0,
     }
 }
@@ -557,8 +557,9 @@ impl Filesystem for VnodeFs {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.s_call(P2S_STATFS { vnode: self.vnode.clone() }) {
             Ok(r) => {
-                let free = r.quota.saturating_sub(r.used) / 4096;
-                reply.statfs(r.quota / 4096, free, free, r.files, u32::MAX as u64, 4096, NAME_MAX as u32, 4096)
+                let block = PAGE_SIZE as u64;
+                let free = r.quota.saturating_sub(r.used) / block;
+                reply.statfs(r.quota / block, free, free, r.files, u32::MAX as u64, block as u32, NAME_MAX as u32, block as u32)
             }
             Err(e) => reply.error(e),
         }

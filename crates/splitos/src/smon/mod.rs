@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-pub use ns::{Store, NAME_MAX};
+pub use ns::Store;
 
 use crate::node::{self, Node};
 

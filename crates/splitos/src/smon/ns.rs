@@ -18,12 +18,10 @@ use std::sync::Mutex;
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{DirEntry, FileAttr, FileKind, SetAttr};
+use splitos_rpc::{DirEntry, FileAttr, FileKind, SetAttr, NAME_MAX, PATH_MAX};
 
 pub type FsResult<T> = Result<T, i32>;
 
-pub const NAME_MAX: usize = 255;
-pub const PATH_MAX: usize = 4096;
 const ROOT_INO: u64 = 1;
 /// Entries per directory-listing reply.
 const LIST_BATCH: usize = 256;

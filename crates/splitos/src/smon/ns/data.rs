@@ -7,12 +7,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use splitos_rpc::FileKind;
+use splitos_rpc::{FileKind, MAX_FILE_SIZE};
 
 use super::{internal, now_ns, vnode_key, FsResult, Inode, Store};
 
-/// Largest file size and offset accepted from a request.
-const MAX_FILE_SIZE: u64 = 1 << 44;
 /// Open data files kept around between requests.
 const OPEN_FILES: usize = 256;
 
