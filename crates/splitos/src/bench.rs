@@ -25,12 +25,28 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("bounds")
 }
 
+/// A system call's result, or the error it set.
+fn checked(r: i64, what: &str) -> anyhow::Result<i64> {
+    if r < 0 {
+        anyhow::bail!("{what}: {}", std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+/// A new mapping of `len` bytes, or the error.
+fn map(len: usize, prot: i32, flags: i32, fd: i32) -> anyhow::Result<*mut u8> {
+    // SAFETY: a new mapping (no MAP_FIXED) overlaps no memory of ours.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    if p == libc::MAP_FAILED {
+        anyhow::bail!("mmap of {len} bytes: {}", std::io::Error::last_os_error());
+    }
+    Ok(p as *mut u8)
+}
+
 /// First touch of fresh anonymous memory, served by the kernel.
-fn native_first_touch(n: usize) -> Histogram<u64> {
+fn native_first_touch(n: usize) -> anyhow::Result<Histogram<u64>> {
     let mut h = hist();
-    // SAFETY: a new private anonymous mapping overlaps no memory of ours. Its result is not
-    // checked against MAP_FAILED: the writes below are sound only if the mapping succeeded.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+    let p = map(n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)?;
     for i in 0..n {
         let t = Instant::now();
         // SAFETY: page i lies inside the n-page mapping above, which nothing else references.
@@ -39,28 +55,29 @@ fn native_first_touch(n: usize) -> Histogram<u64> {
     }
     // SAFETY: the mapping is ours alone and no reference into it outlives this call.
     unsafe { libc::munmap(p as *mut _, n * PAGE) };
-    h
+    Ok(h)
 }
 
 /// A missing fault on a uffd-registered shared-memory page, served by another thread with
 /// UFFDIO_COPY: the trap-and-install cost with no network at all.
-fn uffd_floor(n: usize) -> Histogram<u64> {
+fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
     // SAFETY: the name is a NUL-terminated static string; the call creates a new descriptor.
-    let memfd = unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) };
-    // SAFETY: integers only. The results of memfd_create, ftruncate, mmap and the userfaultfd
-    // calls below are not checked: the accesses further down are sound only if they succeeded.
-    unsafe { libc::ftruncate(memfd, (n * PAGE) as i64) };
-    // SAFETY: a new shared mapping of our own memfd overlaps no memory of ours.
-    let base = unsafe { libc::mmap(std::ptr::null_mut(), n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd, 0) } as u64;
-    // SAFETY: the new descriptor is owned by nobody else; OwnedFd closes it once. Not sound if
-    // the syscall fails (-1 is no descriptor): that result is not checked.
-    let ufd = unsafe { OwnedFd::from_raw_fd(libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32) };
+    let memfd = checked(unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) } as i64, "memfd_create")? as i32;
+    // SAFETY: `memfd` is a descriptor this function just made and still owns.
+    let memfd = unsafe { OwnedFd::from_raw_fd(memfd) };
+    // SAFETY: integers only.
+    checked(unsafe { libc::ftruncate(memfd.as_raw_fd(), (n * PAGE) as i64) } as i64, "ftruncate")?;
+    let base = map(n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd())? as u64;
+    // SAFETY: integers only; the result is checked before it is owned.
+    let ufd = checked(unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) }, "userfaultfd")? as i32;
+    // SAFETY: `ufd` is a descriptor this function just made; OwnedFd closes it once.
+    let ufd = unsafe { OwnedFd::from_raw_fd(ufd) };
     let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM, ioctls: 0 };
     // SAFETY: `api` is the repr(C) struct UFFDIO_API reads and writes, live for the call.
-    unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) };
+    checked(unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } as i64, "UFFDIO_API")?;
     let mut reg = uffd::Register { range: uffd::Range { start: base, len: (n * PAGE) as u64 }, mode: uffd::REGISTER_MODE_MISSING, ioctls: 0 };
     // SAFETY: `reg` is the repr(C) struct UFFDIO_REGISTER reads and writes; the range is our mapping.
-    unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) };
+    checked(unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) } as i64, "UFFDIO_REGISTER")?;
     let raw = ufd.as_raw_fd();
     let server = std::thread::spawn(move || {
         let page = vec![7u8; PAGE];
@@ -97,12 +114,9 @@ fn uffd_floor(n: usize) -> Histogram<u64> {
         let _ = h.record(t.elapsed().as_nanos() as u64);
     }
     server.join().expect("uffd server");
-    // SAFETY: the server thread is joined, so nothing uses the mapping or the memfd any more.
-    unsafe {
-        libc::munmap(base as *mut _, n * PAGE);
-        libc::close(memfd);
-    }
-    h
+    // SAFETY: the server thread is joined, so nothing uses the mapping any more.
+    unsafe { libc::munmap(base as *mut _, n * PAGE) };
+    Ok(h)
 }
 
 /// A 64-byte request answered with 4 KB over TCP loopback, echo server on another thread,
@@ -151,8 +165,8 @@ fn rpc_floor(addr: &str, n: usize) -> anyhow::Result<Histogram<u64>> {
 
 pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
     let mut out = vec![
-        summary("native_first_touch", &native_first_touch(n)),
-        summary("uffd_fault_local_page", &uffd_floor(n)),
+        summary("native_first_touch", &native_first_touch(n)?),
+        summary("uffd_fault_local_page", &uffd_floor(n)?),
         summary("tcp_rtt_4k", &tcp_floor(n, 0)),
         summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
     ];
