@@ -1,4 +1,4 @@
-//! The splitos wire format, version 2. This file is the one place it is defined; docs/wire.md
+//! The splitos wire format, version 3. This file is the one place it is defined; docs/wire.md
 //! describes it for people.
 //!
 //! Every frame is a 24-byte little-endian [`FrameHeader`] followed by `len` bytes of body, the

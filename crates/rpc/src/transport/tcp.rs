@@ -359,6 +359,12 @@ fn reader_loop(mut conn: TcpConn, inner: Weak<Inner>) {
                 fail_all(&inner);
                 return;
             }
+            // The peer went away (it stopped or was killed): the callers waiting learn it.
+            Err(FrameError::Io(e)) => {
+                tracing::debug!(peer = %inner.addr, error = %e, "connection lost");
+                fail_all(&inner);
+                return;
+            }
             Err(e) => {
                 tracing::warn!(peer = %inner.addr, error = %e, "bad reply frame; closing connection");
                 fail_all(&inner);

@@ -1,6 +1,6 @@
 //! The ExCache: a set-associative, virtually indexed cache of 4 KB lines of remote memory,
 //! owned by the pComponent and shared by all of its processes. This is its bookkeeping; the
-//! pComponent moves the data (fault.rs). A line is tagged by (process, virtual page).
+//! miss path moves the data (miss.rs). A line is tagged by (process, virtual page).
 //!
 //! Eviction policy is a swappable component ([`EvictionPolicy`]): FIFO evicts in fill order;
 //! CLOCK approximates LRU with a reference bit and a hand per set.

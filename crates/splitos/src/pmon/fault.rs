@@ -14,7 +14,7 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
     let wait = match FaultWait::new(&proc_.uffd, &proc_.stop) {
         Ok(w) => w,
         Err(e) => {
-            p.kill(proc_.pid, &format!("cannot wait for page faults: {e}"));
+            p.miss.fail(&proc_.tenant, &format!("cannot wait for page faults: {e}"));
             return;
         }
     };

@@ -181,7 +181,7 @@ impl MissPath {
     }
 
     /// Stops serving a process and reports why, once.
-    fn fail(&self, t: &Tenant, why: &str) {
+    pub fn fail(&self, t: &Tenant, why: &str) {
         t.alive.store(false, Relaxed);
         if !t.done.swap(true, Relaxed) {
             t.stats.errors.lock().unwrap().push(why.to_string());
@@ -236,7 +236,9 @@ impl MissPath {
                     g = self.cv.wait(g).unwrap();
                     continue;
                 }
-                if access != Access::Read && line.wp {
+                // A write-protect fault on a line believed writable (its protection was set but
+                // not recorded) is lifted too, or the writer would fault forever.
+                if access != Access::Read && (line.wp || access == Access::WriteProtect) {
                     if !line.dirty {
                         t.written_after_read.fetch_add(1, Relaxed);
                     }
@@ -269,29 +271,41 @@ impl MissPath {
                 g = self.cv.wait(g).unwrap();
                 continue;
             };
-            let victim = c.victim.and_then(|v| self.evict(&mut g, v.pid, v.vpn, v.dirty, v.wp));
+            let (victim, lost) = match c.victim {
+                Some(v) => self.evict(&mut g, v.pid, v.vpn, v.dirty, v.wp),
+                None => (None, None),
+            };
             for (pid, rv) in g.cache.take_rearm(vpn) {
                 if let Some(q) = g.tenants.get(&pid) {
                     let _ = q.region.write_protect(rv, 1, true);
                 }
             }
             let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
+            drop(g);
+            // The fail hook talks to the process (its stderr, a signal): never under the lock.
+            if let Some((vt, why)) = lost {
+                self.fail(&vt, &why);
+            }
             return Some(Claim { slot: c.slot, victim, materialized });
         }
     }
 
     /// Drops a victim line from its process; a dirty one is captured first and marked in
-    /// flight, its write-back now holding the only copy.
-    fn evict(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, dirty: bool, wp: bool) -> Option<Writeback> {
-        let vt = g.tenants.get(&pid).cloned()?;
-        let mut wb = None;
+    /// flight, its write-back now holding the only copy. A dirty line that cannot be captured
+    /// is lost: its process is stopped here, under the lock, and returned to be failed.
+    fn evict(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, dirty: bool, wp: bool) -> (Option<Writeback>, Option<(Arc<Tenant>, String)>) {
+        let Some(vt) = g.tenants.get(&pid).cloned() else { return (None, None) };
+        let (mut wb, mut lost) = (None, None);
         if dirty && vt.alive() {
             match capture(&vt, vpn, wp) {
                 Ok(data) => {
                     g.inflight.insert((pid, vpn));
                     wb = Some(Writeback { tenant: vt.clone(), vpn, data, resident: None });
                 }
-                Err(e) => self.fail(&vt, &format!("cannot read heap page {:#x} to write it back: {e}", vpn * PAGE)),
+                Err(e) => {
+                    vt.alive.store(false, Relaxed);
+                    lost = Some((vt.clone(), format!("cannot read heap page {:#x} to write it back: {e}", vpn * PAGE)));
+                }
             }
         }
         if let Err(e) = vt.region.punch(vpn, 1) {
@@ -300,7 +314,7 @@ impl MissPath {
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
         });
-        wb
+        (wb, lost)
     }
 
     /// Step 2: the line's contents (`None`: zeros, a p-local line), with the victim's write-back
@@ -370,7 +384,9 @@ impl MissPath {
         for wb in &wbs {
             let (pid, vpn) = (wb.tenant.pid, wb.vpn);
             if r.is_ok() {
-                g.materialized.entry(pid).or_default().insert(vpn);
+                if let Some(m) = g.materialized.get_mut(&pid) {
+                    m.insert(vpn);
+                }
             }
             match wb.resident {
                 None => {
@@ -428,10 +444,12 @@ impl MissPath {
                 if !line.dirty {
                     continue;
                 }
-                match capture(t, vpn, line.wp) {
+                let captured = capture(t, vpn, line.wp);
+                // Protected by the capture (also when reading it failed): its next write traps.
+                let l = g.cache.line_mut(slot);
+                l.wp = true;
+                match captured {
                     Ok(data) => {
-                        let l = g.cache.line_mut(slot);
-                        l.wp = true;
                         l.state = LineState::WritingBack;
                         wbs.push(Writeback { tenant: t.clone(), vpn, data, resident: Some(l.writes) });
                     }
@@ -464,11 +482,19 @@ impl MissPath {
     }
 
     /// Moves [first, end) out of the cache and out of the program after writing its dirty lines
-    /// back; the pages stay on the store (mremap moves them there).
+    /// back; the pages stay on the store (mremap moves them there). Lines are dropped only in
+    /// the lock hold that saw every one of them clean: a write that raced the write-back is
+    /// written back too, never dropped.
     pub fn evict_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
-        self.write_back_range(t, first, end)?;
-        self.drop_range(t, first, end, false);
-        Ok(())
+        loop {
+            self.write_back_range(t, first, end)?;
+            let g = self.wait_range_settled(t.pid, first, end);
+            if g.cache.resident_in(t.pid, first, end).iter().any(|(_, s)| g.cache.line(*s).dirty) {
+                continue;
+            }
+            self.drop_locked(g, t, first, end, false);
+            return Ok(());
+        }
     }
 
     /// Drops [first, end) from the cache and from the program without writing anything back,
@@ -478,7 +504,11 @@ impl MissPath {
     }
 
     fn drop_range(&self, t: &Tenant, first: u64, end: u64, forget: bool) {
-        let mut g = self.wait_range_settled(t.pid, first, end);
+        let g = self.wait_range_settled(t.pid, first, end);
+        self.drop_locked(g, t, first, end, forget);
+    }
+
+    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
         }
@@ -509,12 +539,11 @@ impl MissPath {
     }
 }
 
-/// Write-protects a dirty line (so later writes trap) and copies it out.
+/// Write-protects a dirty line (so later writes trap) and copies it out. A line that could
+/// not be protected is not captured: a write after the copy would go unseen.
 fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
     if !wp {
-        if let Err(e) = t.region.write_protect(vpn, 1, true) {
-            tracing::warn!(pid = t.pid, error = %e, "cannot write-protect a line being written back");
-        }
+        t.region.write_protect(vpn, 1, true)?;
     }
     let mut data = vec![0u8; PAGE_SIZE];
     t.region.read_out(vpn, &mut data)?;

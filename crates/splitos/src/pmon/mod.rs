@@ -17,6 +17,7 @@ mod vfs;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -96,7 +97,9 @@ impl Pcomp {
         let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else { return };
         tracing::error!(pid, os_pid = p.os_pid, %why, "killing a process whose memory cannot be served");
         let line = format!("splitos: {why}; the process cannot continue\n");
-        let _ = std::fs::OpenOptions::new().write(true).open(format!("/proc/{}/fd/2", p.os_pid)).and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        // Non-blocking: a full pipe or one without a reader must not hold up the pComponent.
+        let stderr = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(format!("/proc/{}/fd/2", p.os_pid));
+        let _ = stderr.and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
         // SAFETY: kill(2) has no memory-safety preconditions; the pid is the program's, which
         // is still connected (its exit removes it from `procs` first).
         unsafe { libc::kill(p.os_pid, libc::SIGKILL) };

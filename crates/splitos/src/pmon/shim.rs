@@ -236,6 +236,11 @@ impl Pcomp {
                 let (f, e) = pages(r.a, r.b);
                 self.miss.evict_range(t, f, e).map_err(|e| vm_errno(&e))?;
                 let fixed_to = (r.d & MREMAP_FIXED != 0).then_some(r.e);
+                if let Some(to) = fixed_to {
+                    // Whatever was mapped at the destination is replaced, as by munmap.
+                    let (tf, te) = pages(to, r.c);
+                    self.miss.discard_range(t, tf, te);
+                }
                 let m = self.home_call(p, P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
                 p.space.learn_owners(&m.owners);
                 self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);

@@ -134,7 +134,9 @@ impl PageStore for RemoteStore {
     }
 
     fn flush_fetch(&self, (fpid, fvpn, data): (u64, u64, &[u8]), (pid, vpn): (u64, u64)) -> Result<Page, Refusal> {
-        let (s, fs) = (self.space(pid)?, self.space(fpid)?);
+        let s = self.space(pid)?;
+        // The victim's process exited since it was evicted: its page is garbage, the fetch alone remains.
+        let Ok(fs) = self.space(fpid) else { return self.fetch(pid, vpn) };
         let o = self.owner(&s, vpn)?;
         let msg = P2M_FLUSH_FETCH { who: s.who.clone(), fetch_vpn: vpn, flush_who: fs.who.clone(), flush_vpn: fvpn, data: ByteBuf::from(data.to_vec()) };
         let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", vpn, e))?;

@@ -377,3 +377,103 @@ fn reads_then_writes_are_predicted_and_installed_writable() {
     let slot = r.mp.with_cache(|c| c.lookup(1, 100)).unwrap();
     assert!(r.mp.with_cache(|c| c.line(slot).dirty));
 }
+
+#[test]
+fn mremap_keeps_a_write_made_during_its_write_back() {
+    let r = rig(8, 0, Box::new(Fifo), 1, true);
+    let p = Arc::new(r.prog(1));
+    for v in 0..4 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    r.store.set_gate(false);
+    let (mp, p2) = (r.mp.clone(), p.clone());
+    let mover = std::thread::spawn(move || mp.evict_range(&p2.t, 0, 8));
+    while r.store.calls("flush_many") == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Another thread of the program writes page 2 while the write-back is on the wire.
+    assert!(p.write(&r.mp, 2, 99));
+    r.store.set_gate(true);
+    assert!(mover.join().unwrap().is_ok());
+    assert_eq!(r.store.calls("flush_many"), 2, "the raced write is written back in a second round");
+    assert_eq!(p.read(&r.mp, 2), Some(99), "the write made during the move survives it");
+}
+
+/// A region whose next read-out fails once.
+struct FlakyRegion {
+    inner: MemRegion,
+    fail_read: Arc<AtomicBool>,
+}
+
+impl Region for FlakyRegion {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        self.inner.copy(vpn, data, wp)
+    }
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        self.inner.zero(vpn, wp)
+    }
+    fn wake(&self, vpn: u64) {
+        self.inner.wake(vpn)
+    }
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        self.inner.write_protect(vpn, pages, on)
+    }
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.inner.punch(vpn, pages)
+    }
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.fail_read.swap(false, Ordering::SeqCst) {
+            return Err(io::Error::other("injected"));
+        }
+        self.inner.read_out(vpn, buf)
+    }
+}
+
+fn flaky(mp: &MissPath, pid: u64) -> (Prog, Arc<AtomicBool>) {
+    let mem = MemRegion::default();
+    let fail_read = Arc::new(AtomicBool::new(false));
+    let t = Tenant::new(pid, Box::new(FlakyRegion { inner: mem.clone(), fail_read: fail_read.clone() }), Arc::new(RunStats::default()));
+    mp.add(t.clone(), Default::default());
+    (Prog { t, mem }, fail_read)
+}
+
+#[test]
+fn a_line_that_could_not_be_copied_out_stays_dirty_and_writable_again() {
+    let r = rig(8, 0, Box::new(Fifo), 1, true);
+    let (p, fail_read) = flaky(&r.mp, 1);
+    assert!(p.write(&r.mp, 1, 7));
+    fail_read.store(true, Ordering::SeqCst);
+    assert!(r.mp.write_back_range(&p.t, 0, 8).is_err());
+    assert!(p.write(&r.mp, 1, 8), "the protection the failed copy left is lifted by the next write");
+    assert!(r.mp.write_back_range(&p.t, 0, 8).is_ok());
+    assert_eq!(r.store.pages.lock().unwrap().get(&(1, 1)).map(|d| d[0]), Some(8));
+}
+
+#[test]
+fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
+    let store = MemStore::new(1);
+    let me: Arc<std::sync::OnceLock<std::sync::Weak<MissPath>>> = Arc::default();
+    let free_in_hook: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let (me2, seen) = (me.clone(), free_in_hook.clone());
+    // Failing a process writes to its stderr and signals it, which may block: other processes'
+    // misses must not wait behind that.
+    let hook: FailHook = Box::new(move |_t, _why| {
+        let mp = me2.get().unwrap().upgrade().unwrap();
+        seen.lock().unwrap().push(mp.state.try_lock().is_ok());
+    });
+    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, hook));
+    me.set(Arc::downgrade(&mp)).unwrap();
+    let (a, fail_read) = flaky(&mp, 1);
+    assert!(a.write(&mp, 0, 1));
+    fail_read.store(true, Ordering::SeqCst);
+    let b = {
+        let mem = MemRegion::default();
+        let t = Tenant::new(2, Box::new(mem.clone()), Arc::new(RunStats::default()));
+        mp.add(t.clone(), Default::default());
+        Prog { t, mem }
+    };
+    // B's miss evicts A's dirty line, which cannot be copied out: A is failed.
+    assert!(b.write(&mp, 5, 2));
+    assert!(!a.t.alive());
+    assert_eq!(*free_in_hook.lock().unwrap(), vec![true]);
+}
