@@ -20,7 +20,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// "SPOS" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
-/// Version 3 added the batched page messages `P2M_FETCH_MANY` and `P2M_FLUSH_MANY`.
+/// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
+/// `P2M_FLUSH_FETCH_MANY`.
 pub const WIRE_VERSION: u16 = 3;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
@@ -333,6 +334,9 @@ messages! {
     P2M_FETCH_MANY { pub who: Who, pub vpns: Vec<u64> };
     /// The pages of a `P2M_FETCH_MANY`, in the order asked.
     M2P_PAGES { pub pages: Vec<ByteBuf> };
+    /// A dirty victim and several pages of one process from the same owner in one round trip
+    /// (piggyback with read-ahead); the pages come back as `M2P_PAGES`, in the order asked.
+    P2M_FLUSH_FETCH_MANY { pub who: Who, pub vpns: Vec<u64>, pub flush_who: Who, pub flush_vpn: u64, pub data: ByteBuf };
     /// Several dirty pages of one process to one owner in one round trip (fork, mremap).
     P2M_FLUSH_MANY { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
 
@@ -438,6 +442,7 @@ replies! {
     P2M_FLUSH_FETCH => M2P_PAGE,
     P2M_FETCH_MANY => M2P_PAGES,
     P2M_FLUSH_MANY => OK,
+    P2M_FLUSH_FETCH_MANY => M2P_PAGES,
     M2M_VMA_ADD => OK,
     M2M_VMA_REMOVE => OK,
     M2M_VMA_PROTECT => OK,

@@ -88,6 +88,8 @@ pub struct PcompSection {
     pub fault_workers: usize,
     /// How long a fault worker polls its process's userfaultfd before sleeping (µs).
     pub fault_spin_us: u64,
+    /// Most lines read ahead with a remote miss, for sequential misses (0: off).
+    pub prefetch: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -146,7 +148,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 0 }
 }
 
 pub fn default_mcomp() -> McompSection {

@@ -136,6 +136,7 @@ impl Handler for Mem {
             Msg::P2M_FLUSH_FETCH(r) => on(r, |r| self.flush_fetch(r)),
             Msg::P2M_FETCH_MANY(r) => on(r, |r| self.fetch_many(r)),
             Msg::P2M_FLUSH_MANY(r) => on(r, |r| self.flush_many(r)),
+            Msg::P2M_FLUSH_FETCH_MANY(r) => on(r, |r| self.flush_fetch_many(r)),
             Msg::M2M_VMA_ADD(r) => on(r, |r| self.vma_add(r)),
             Msg::M2M_VMA_REMOVE(r) => on(r, |r| self.vma_remove(r)),
             Msg::M2M_VMA_PROTECT(r) => on(r, |r| self.vma_protect(r)),

@@ -115,22 +115,32 @@ impl Mem {
         Ok(OK)
     }
 
-    pub(super) fn flush_fetch(&self, r: P2M_FLUSH_FETCH) -> Result<M2P_PAGE, Refusal> {
-        let p = self.owner_proc(&r.who)?;
-        // The victim's process may have exited since it was evicted: its page is garbage
-        // then, and the fetch must not fail for it.
-        match self.owner_proc(&r.flush_who) {
+    /// Stores the dirty victim that rides along with a fetch. The victim's process may have
+    /// exited since it was evicted: its page is garbage then, and the fetch must not fail for it.
+    fn store_piggybacked(&self, who: &Who, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
+        match self.owner_proc(who) {
             Ok(victim) => {
                 self.c.flushes.fetch_add(1, Relaxed);
                 self.c.piggybacked.fetch_add(1, Relaxed);
-                self.store(&mut victim.lock().unwrap(), r.flush_vpn, &r.data)?;
+                self.store(&mut victim.lock().unwrap(), vpn, data)
             }
-            Err(e) if e.code == ErrCode::NotFound => {}
-            Err(e) => return Err(e),
+            Err(e) if e.code == ErrCode::NotFound => Ok(()),
+            Err(e) => Err(e),
         }
+    }
+
+    pub(super) fn flush_fetch(&self, r: P2M_FLUSH_FETCH) -> Result<M2P_PAGE, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        self.store_piggybacked(&r.flush_who, r.flush_vpn, &r.data)?;
         self.c.fetches.fetch_add(1, Relaxed);
         let data = p.lock().unwrap().load_page(r.fetch_vpn)?;
         Ok(M2P_PAGE { data })
+    }
+
+    pub(super) fn flush_fetch_many(&self, r: P2M_FLUSH_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {
+        self.owner_proc(&r.who)?;
+        self.store_piggybacked(&r.flush_who, r.flush_vpn, &r.data)?;
+        self.fetch_many(P2M_FETCH_MANY { who: r.who, vpns: r.vpns })
     }
 
     pub(super) fn fetch_many(&self, r: P2M_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {

@@ -26,6 +26,7 @@ use std::time::Instant;
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
 use super::excache::{ExCache, LineState};
+use super::prefetch::Prefetcher;
 use super::region::{Install, Region};
 use super::stats::RunStats;
 use super::store::{Page, PageStore, Place};
@@ -92,6 +93,8 @@ struct Claim {
     victim: Option<Writeback>,
     /// The page exists on the store; otherwise it is a p-local line.
     materialized: bool,
+    /// Following lines claimed for read-ahead: (page, way).
+    ahead: Vec<(u64, usize)>,
 }
 
 struct State {
@@ -101,6 +104,7 @@ struct State {
     /// Pages that exist on the store; a miss on any other page is a p-local line.
     materialized: HashMap<u64, BTreeSet<u64>>,
     tenants: HashMap<u64, Arc<Tenant>>,
+    prefetcher: Box<dyn Prefetcher>,
 }
 
 pub struct MissPath {
@@ -113,8 +117,8 @@ pub struct MissPath {
 }
 
 impl MissPath {
-    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new() };
+    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, on_fail: FailHook) -> MissPath {
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher };
         MissPath { store, piggyback, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
     }
 
@@ -150,6 +154,7 @@ impl MissPath {
         }
         g.tenants.remove(&t.pid);
         g.materialized.remove(&t.pid);
+        g.prefetcher.forget(t.pid);
         drop(g);
         self.cv.notify_all();
     }
@@ -195,12 +200,31 @@ impl MissPath {
         let Some(claim) = self.claim(t, vpn, access) else { return };
         let t_evicted = Instant::now();
         let materialized = claim.materialized;
-        let filled = self.fill(t, vpn, materialized, claim.victim);
+        let ahead: Vec<u64> = claim.ahead.iter().map(|(v, _)| *v).collect();
+        let filled = self.fill(t, vpn, materialized, claim.victim, &ahead);
         let t_fetched = Instant::now();
         match filled {
-            Ok(data) => self.install(t, vpn, claim.slot, data.as_deref(), access == Access::Write),
+            Ok((data, pages)) => {
+                self.install(t, vpn, claim.slot, data.as_deref(), access == Access::Write);
+                // Lines read ahead go in clean and write-protected; those not fetched are given back.
+                for (i, (v, slot)) in claim.ahead.iter().enumerate() {
+                    match pages.get(i) {
+                        Some(p) => self.install(t, *v, *slot, Some(p), false),
+                        None => self.abandon(t, *v, *slot),
+                    }
+                }
+                if !pages.is_empty() {
+                    self.bump(t, |s| {
+                        s.prefetched.fetch_add(pages.len() as u64, Relaxed);
+                        s.bytes_fetched.fetch_add(pages.len() as u64 * PAGE, Relaxed);
+                    });
+                }
+            }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
+                for (v, slot) in &claim.ahead {
+                    self.abandon(t, *v, *slot);
+                }
                 self.fail(t, &e.msg);
                 return;
             }
@@ -281,13 +305,39 @@ impl MissPath {
                 }
             }
             let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
+            let ahead = if materialized { self.claim_ahead(&mut g, t, vpn) } else { Vec::new() };
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             if let Some((vt, why)) = lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victim, materialized });
+            return Some(Claim { slot: c.slot, victim, materialized, ahead });
         }
+    }
+
+    /// Claims ways for the lines after `vpn` that the prefetcher asks for: contiguous lines that
+    /// exist on the store, are neither resident nor in flight, and take a way without a
+    /// write-back (a free one, or a clean victim, dropped here).
+    fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
+        let window = g.prefetcher.window(t.pid, vpn) as u64;
+        let mut ahead = Vec::new();
+        for v in vpn + 1..=vpn.saturating_add(window) {
+            let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
+            if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) {
+                break;
+            }
+            let Some(c) = g.cache.claim_clean(t.pid, v) else { break };
+            if let Some(victim) = c.victim {
+                self.evict(g, victim.pid, victim.vpn, false, victim.wp);
+            }
+            for (pid, rv) in g.cache.take_rearm(v) {
+                if let Some(q) = g.tenants.get(&pid) {
+                    let _ = q.region.write_protect(rv, 1, true);
+                }
+            }
+            ahead.push((v, c.slot));
+        }
+        ahead
     }
 
     /// Drops a victim line from its process; a dirty one is captured first and marked in
@@ -317,24 +367,34 @@ impl MissPath {
         (wb, lost)
     }
 
-    /// Step 2: the line's contents (`None`: zeros, a p-local line), with the victim's write-back
-    /// piggybacked when both go to the same place.
-    fn fill(&self, t: &Tenant, vpn: u64, materialized: bool, victim: Option<Writeback>) -> Result<Option<Page>, Refusal> {
+    /// Step 2: the line's contents (`None`: zeros, a p-local line) and those of the lines read
+    /// ahead that live at the same place (a prefix of `ahead`), with the victim's write-back
+    /// piggybacked when it goes to that place too.
+    fn fill(&self, t: &Tenant, vpn: u64, materialized: bool, victim: Option<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
+        let place = if materialized { self.store.place(t.pid, vpn).ok() } else { None };
+        // One batch goes to one place: read ahead only as far as the lines live with `vpn`.
+        let mut vpns = vec![vpn];
+        vpns.extend(ahead.iter().take_while(|v| place.is_some() && self.store.place(t.pid, **v).ok() == place));
+        let split = |mut pages: Vec<Page>| {
+            let rest = pages.split_off(1);
+            (pages.pop(), rest)
+        };
         if let Some(wb) = victim {
-            let joint = materialized && self.piggyback && matches!((self.store.place(wb.tenant.pid, wb.vpn), self.store.place(t.pid, vpn)), (Ok(a), Ok(b)) if a == b);
+            let joint = self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place;
             if joint {
-                let r = self.store.flush_fetch((wb.tenant.pid, wb.vpn, &wb.data), (t.pid, vpn));
+                let flush = (wb.tenant.pid, wb.vpn, &wb.data[..]);
+                let r = if vpns.len() == 1 { self.store.flush_fetch(flush, (t.pid, vpn)).map(|p| vec![p]) } else { self.store.flush_fetch_many(flush, t.pid, &vpns) };
                 self.settle(vec![wb], r.as_ref().map(|_| ()).map_err(Clone::clone), true);
-                return r.map(Some);
+                return r.map(split);
             }
             let r = self.store.flush(wb.tenant.pid, wb.vpn, &wb.data);
             self.settle(vec![wb], r, false);
         }
-        if materialized {
-            self.store.fetch(t.pid, vpn).map(Some)
-        } else {
-            Ok(None)
+        if !materialized {
+            return Ok((None, Vec::new()));
         }
+        let pages = if vpns.len() == 1 { vec![self.store.fetch(t.pid, vpn)?] } else { self.store.fetch_many(t.pid, &vpns)? };
+        Ok(split(pages))
     }
 
     /// Step 3: installs the line and completes its claim.

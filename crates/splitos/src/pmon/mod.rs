@@ -8,6 +8,7 @@
 mod excache;
 mod fault;
 mod miss;
+mod prefetch;
 mod region;
 mod shim;
 mod stats;
@@ -26,6 +27,7 @@ use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use miss::{Access, FailHook, MissPath, Tenant};
+pub use prefetch::{prefetcher, Prefetcher, Sequential};
 pub use region::{Install, Region, UffdRegion};
 pub use stats::RunStats;
 pub use store::{Page, PageStore, Place, RemoteStore, Space};
@@ -43,6 +45,8 @@ pub struct PcompConfig {
     /// How long a fault worker polls for the next fault before sleeping (µs): a busy program
     /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake.
     pub fault_spin_us: u64,
+    /// Most lines read ahead with a remote miss (0: no read-ahead).
+    pub prefetch: usize,
 }
 
 /// A process running on this pComponent.
@@ -113,7 +117,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(),
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -131,6 +135,7 @@ impl Pcomp {
             ("pcomp_flushes_total", &t.flushes),
             ("pcomp_piggybacked_total", &t.piggybacked),
             ("pcomp_plocal_fills_total", &t.plocal_fills),
+            ("pcomp_prefetched_total", &t.prefetched),
             ("pcomp_bytes_fetched_total", &t.bytes_fetched),
             ("pcomp_bytes_flushed_total", &t.bytes_flushed),
             ("pcomp_wp_faults_total", &t.wp_faults),
@@ -216,7 +221,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             cfg: args.cfg.clone(),
             mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
             store: store.clone(),
-            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, hook),
+            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetcher(args.cfg.prefetch), hook),
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_pid: AtomicU64::new(1),
@@ -241,7 +246,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, "splitos process monitor started");
     });
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     node::park_forever()

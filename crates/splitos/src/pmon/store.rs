@@ -27,6 +27,8 @@ pub trait PageStore: Send + Sync {
     fn flush_fetch(&self, flush: (u64, u64, &[u8]), fetch: (u64, u64)) -> Result<Page, Refusal>;
     /// Several pages of one process from one place, in the order asked.
     fn fetch_many(&self, pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
+    /// [`PageStore::flush_fetch`] with several pages fetched (read-ahead), all from one place.
+    fn flush_fetch_many(&self, flush: (u64, u64, &[u8]), pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
     /// Several pages of one process to one place; all stored or none.
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal>;
 }
@@ -114,6 +116,14 @@ fn checked(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Page, Refusal> {
     Ok(data.into_vec())
 }
 
+/// The pages of a batched fetch, one per page asked for.
+fn pages_of(o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
+    if r.pages.len() != vpns.len() {
+        return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} pages for {}", o.id, o.addr, r.pages.len(), vpns.len())));
+    }
+    vpns.iter().zip(r.pages).map(|(v, d)| checked(o, *v, d)).collect()
+}
+
 impl PageStore for RemoteStore {
     fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal> {
         Ok(self.owner(&*self.space(pid)?, vpn)?.id)
@@ -148,10 +158,17 @@ impl PageStore for RemoteStore {
         let s = self.space(pid)?;
         let o = self.owner(&s, first)?;
         let r = self.node.rpc.call_direct(&o.addr, P2M_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec() }).map_err(|e| failed(&o, "fetch", first, e))?;
-        if r.pages.len() != vpns.len() {
-            return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} pages for {}", o.id, o.addr, r.pages.len(), vpns.len())));
-        }
-        vpns.iter().zip(r.pages).map(|(v, d)| checked(&o, *v, d)).collect()
+        pages_of(&o, vpns, r)
+    }
+
+    fn flush_fetch_many(&self, (fpid, fvpn, data): (u64, u64, &[u8]), pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
+        let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
+        let s = self.space(pid)?;
+        let Ok(fs) = self.space(fpid) else { return self.fetch_many(pid, vpns) };
+        let o = self.owner(&s, first)?;
+        let msg = P2M_FLUSH_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec(), flush_who: fs.who.clone(), flush_vpn: fvpn, data: ByteBuf::from(data.to_vec()) };
+        let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", first, e))?;
+        pages_of(&o, vpns, r)
     }
 
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {

@@ -115,6 +115,11 @@ impl PageStore for MemStore {
         self.calls.lock().unwrap().push("fetch_many");
         vpns.iter().map(|v| self.load(pid, *v)).collect()
     }
+    fn flush_fetch_many(&self, (fp, fv, data): (u64, u64, &[u8]), pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
+        self.calls.lock().unwrap().push("flush_fetch_many");
+        self.store(fp, fv, data)?;
+        vpns.iter().map(|v| self.load(pid, *v)).collect()
+    }
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
         self.calls.lock().unwrap().push("flush_many");
         for (v, d) in pages {
@@ -131,11 +136,15 @@ struct Rig {
 }
 
 fn rig(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool) -> Rig {
+    rig_with(lines, ways, policy, places, piggyback, 0)
+}
+
+fn rig_with(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize) -> Rig {
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher(prefetch), hook));
     Rig { mp, store, failed }
 }
 
@@ -461,7 +470,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher(0), hook));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
@@ -476,4 +485,34 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
     assert!(b.write(&mp, 5, 2));
     assert!(!a.t.alive());
     assert_eq!(*free_in_hook.lock().unwrap(), vec![true]);
+}
+
+#[test]
+fn sequential_misses_read_ahead_in_one_batch_and_random_ones_do_not() {
+    let r = rig_with(16, 0, Box::new(Fifo), 1, true, 8);
+    let p = r.prog(1);
+    for v in 0..64 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    // Pages 0..48 are on the store now; 48..64 are dirty and resident.
+    let fetches = |r: &Rig| r.store.calls("fetch") + r.store.calls("flush_fetch");
+    let batches = |r: &Rig| r.store.calls("fetch_many") + r.store.calls("flush_fetch_many");
+    for v in 0..48 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
+    }
+    let prefetched = p.stat(|s| &s.prefetched);
+    assert!(prefetched >= 30, "most of a sequential scan arrives ahead of its misses: {prefetched}");
+    assert!(batches(&r) >= 4, "read-ahead travels in batches");
+    // The first misses each push out one of the 16 dirty lines, which read-ahead never does;
+    // once clean ways exist, whole windows come in one round trip.
+    assert!(fetches(&r) + batches(&r) < 24, "48 lines in under half the round trips: {} + {}", fetches(&r), batches(&r));
+    assert!(r.store.calls("flush") == 0 || r.store.calls("flush_fetch_many") > 0, "a dirty victim rides with the batch");
+
+    // Random misses open no window.
+    let before = (batches(&r), p.stat(|s| &s.prefetched));
+    for v in [40u64, 3, 29, 11, 45, 7, 33, 19] {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1));
+    }
+    assert_eq!((batches(&r), p.stat(|s| &s.prefetched)), before);
+    assert!(r.failed().is_empty());
 }
