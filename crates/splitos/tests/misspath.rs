@@ -38,3 +38,19 @@ fn a_failed_piggybacked_write_back_never_lets_the_victims_process_read_zeros() {
     assert!(!b.status.success(), "B's page is gone with the mComponent: {out}");
     assert!(err.contains("only copy") && err.contains("mComponent"), "B is stopped with an error naming the component and the lost page: {err}");
 }
+
+#[test]
+fn read_ahead_cuts_the_remote_misses_of_a_sequential_scan() {
+    let hold = program("hold");
+    let cmd = [hold.to_str().unwrap(), "24"];
+    // `stats_of` compares the output with a native run.
+    let (_, off) = stats_of(&["--excache", "4M", "--prefetch", "0"], &cmd);
+    let (_, on) = stats_of(&["--excache", "4M", "--prefetch", "8"], &cmd);
+    let remote = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills");
+    assert_eq!(n(&off, "prefetched"), 0);
+    assert!(n(&on, "prefetched") > 2000, "{on}");
+    assert!(remote(&on) * 3 < remote(&off), "remote misses: {} with read-ahead, {} without", remote(&on), remote(&off));
+    // The mComponents served the lines read ahead: their own fetch counts cover them.
+    let served: u64 = on["mcomponents"].as_array().unwrap().iter().map(|m| m["fetches"].as_u64().unwrap()).sum();
+    assert!(served >= remote(&on) + n(&on, "prefetched"), "mComponents fetched {served} pages: {on}");
+}
