@@ -334,9 +334,9 @@ messages! {
     P2M_FETCH_MANY { pub who: Who, pub vpns: Vec<u64> };
     /// The pages of a `P2M_FETCH_MANY`, in the order asked.
     M2P_PAGES { pub pages: Vec<ByteBuf> };
-    /// A dirty victim and several pages of one process from the same owner in one round trip
+    /// Dirty victims and several pages of one process, all at the same owner, in one round trip
     /// (piggyback with read-ahead); the pages come back as `M2P_PAGES`, in the order asked.
-    P2M_FLUSH_FETCH_MANY { pub who: Who, pub vpns: Vec<u64>, pub flush_who: Who, pub flush_vpn: u64, pub data: ByteBuf };
+    P2M_FLUSH_FETCH_MANY { pub who: Who, pub vpns: Vec<u64>, pub flushes: Vec<(Who, u64, ByteBuf)> };
     /// Several dirty pages of one process to one owner in one round trip (fork, mremap).
     P2M_FLUSH_MANY { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
 

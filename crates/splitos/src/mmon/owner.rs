@@ -139,7 +139,9 @@ impl Mem {
 
     pub(super) fn flush_fetch_many(&self, r: P2M_FLUSH_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {
         self.owner_proc(&r.who)?;
-        self.store_piggybacked(&r.flush_who, r.flush_vpn, &r.data)?;
+        for (who, vpn, data) in &r.flushes {
+            self.store_piggybacked(who, *vpn, data)?;
+        }
         self.fetch_many(P2M_FETCH_MANY { who: r.who, vpns: r.vpns })
     }
 

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
-use super::excache::{ExCache, LineState};
+use super::excache::{ExCache, Line, LineState};
 use super::prefetch::Prefetcher;
 use super::region::{Install, Region};
 use super::stats::RunStats;
@@ -90,7 +90,8 @@ struct Writeback {
 
 struct Claim {
     slot: usize,
-    victim: Option<Writeback>,
+    /// Dirty lines evicted for this miss and its read-ahead, to be written back with it.
+    victims: Vec<Writeback>,
     /// The page exists on the store; otherwise it is a p-local line.
     materialized: bool,
     /// Following lines claimed for read-ahead: (page, way).
@@ -201,7 +202,7 @@ impl MissPath {
         let t_evicted = Instant::now();
         let materialized = claim.materialized;
         let ahead: Vec<u64> = claim.ahead.iter().map(|(v, _)| *v).collect();
-        let filled = self.fill(t, vpn, materialized, claim.victim, &ahead);
+        let filled = self.fill(t, vpn, materialized, claim.victims, &ahead);
         let t_fetched = Instant::now();
         match filled {
             Ok((data, pages)) => {
@@ -295,30 +296,26 @@ impl MissPath {
                 g = self.cv.wait(g).unwrap();
                 continue;
             };
-            let (victim, lost) = match c.victim {
-                Some(v) => self.evict(&mut g, v.pid, v.vpn, v.dirty, v.wp),
-                None => (None, None),
-            };
-            for (pid, rv) in g.cache.take_rearm(vpn) {
-                if let Some(q) = g.tenants.get(&pid) {
-                    let _ = q.region.write_protect(rv, 1, true);
-                }
+            let (mut victims, mut lost) = (Vec::new(), Vec::new());
+            if let Some(v) = c.victim {
+                self.evict(&mut g, v, &mut victims, &mut lost);
             }
+            self.rearm(&mut g, vpn);
             let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
-            let ahead = if materialized { self.claim_ahead(&mut g, t, vpn) } else { Vec::new() };
+            let ahead = if materialized { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
-            if let Some((vt, why)) = lost {
+            for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victim, materialized, ahead });
+            return Some(Claim { slot: c.slot, victims, materialized, ahead });
         }
     }
 
     /// Claims ways for the lines after `vpn` that the prefetcher asks for: contiguous lines that
-    /// exist on the store, are neither resident nor in flight, and take a way without a
-    /// write-back (a free one, or a clean victim, dropped here).
-    fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
+    /// exist on the store and are neither resident nor in flight. Their victims are evicted as a
+    /// miss's are, and written back with the miss.
+    fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) -> Vec<(u64, usize)> {
         let window = g.prefetcher.window(t.pid, vpn) as u64;
         let mut ahead = Vec::new();
         for v in vpn + 1..=vpn.saturating_add(window) {
@@ -326,51 +323,55 @@ impl MissPath {
             if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) {
                 break;
             }
-            let Some(c) = g.cache.claim_clean(t.pid, v) else { break };
+            let Some(c) = g.cache.claim(t.pid, v) else { break };
             if let Some(victim) = c.victim {
-                self.evict(g, victim.pid, victim.vpn, false, victim.wp);
+                self.evict(g, victim, victims, lost);
             }
-            for (pid, rv) in g.cache.take_rearm(v) {
-                if let Some(q) = g.tenants.get(&pid) {
-                    let _ = q.region.write_protect(rv, 1, true);
-                }
-            }
+            self.rearm(g, v);
             ahead.push((v, c.slot));
         }
         ahead
     }
 
+    /// Write-protects again the lines of `vpn`'s set whose reference bit the policy cleared.
+    fn rearm(&self, g: &mut MutexGuard<'_, State>, vpn: u64) {
+        for (pid, rv) in g.cache.take_rearm(vpn) {
+            if let Some(q) = g.tenants.get(&pid) {
+                let _ = q.region.write_protect(rv, 1, true);
+            }
+        }
+    }
+
     /// Drops a victim line from its process; a dirty one is captured first and marked in
-    /// flight, its write-back now holding the only copy. A dirty line that cannot be captured
-    /// is lost: its process is stopped here, under the lock, and returned to be failed.
-    fn evict(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, dirty: bool, wp: bool) -> (Option<Writeback>, Option<(Arc<Tenant>, String)>) {
-        let Some(vt) = g.tenants.get(&pid).cloned() else { return (None, None) };
-        let (mut wb, mut lost) = (None, None);
-        if dirty && vt.alive() {
-            match capture(&vt, vpn, wp) {
+    /// flight, its write-back (pushed to `victims`) now holding the only copy. A dirty line
+    /// that cannot be captured is lost: its process is stopped here, under the lock, and pushed
+    /// to `lost` to be failed once the lock is released.
+    fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) {
+        let Some(vt) = g.tenants.get(&v.pid).cloned() else { return };
+        if v.dirty && vt.alive() {
+            match capture(&vt, v.vpn, v.wp) {
                 Ok(data) => {
-                    g.inflight.insert((pid, vpn));
-                    wb = Some(Writeback { tenant: vt.clone(), vpn, data, resident: None });
+                    g.inflight.insert((v.pid, v.vpn));
+                    victims.push(Writeback { tenant: vt.clone(), vpn: v.vpn, data, resident: None });
                 }
                 Err(e) => {
                     vt.alive.store(false, Relaxed);
-                    lost = Some((vt.clone(), format!("cannot read heap page {:#x} to write it back: {e}", vpn * PAGE)));
+                    lost.push((vt.clone(), format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE)));
                 }
             }
         }
-        if let Err(e) = vt.region.punch(vpn, 1) {
-            tracing::warn!(pid, error = %e, "cannot drop a victim line");
+        if let Err(e) = vt.region.punch(v.vpn, 1) {
+            tracing::warn!(pid = v.pid, error = %e, "cannot drop a victim line");
         }
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
         });
-        (wb, lost)
     }
 
     /// Step 2: the line's contents (`None`: zeros, a p-local line) and those of the lines read
-    /// ahead that live at the same place (a prefix of `ahead`), with the victim's write-back
-    /// piggybacked when it goes to that place too.
-    fn fill(&self, t: &Tenant, vpn: u64, materialized: bool, victim: Option<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
+    /// ahead that live at the same place (a prefix of `ahead`), with the victims' write-backs
+    /// piggybacked when they go to that place too; the others are written back first.
+    fn fill(&self, t: &Tenant, vpn: u64, materialized: bool, victims: Vec<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
         let place = if materialized { self.store.place(t.pid, vpn).ok() } else { None };
         // One batch goes to one place: read ahead only as far as the lines live with `vpn`.
         let mut vpns = vec![vpn];
@@ -379,22 +380,28 @@ impl MissPath {
             let rest = pages.split_off(1);
             (pages.pop(), rest)
         };
-        if let Some(wb) = victim {
-            let joint = self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place;
-            if joint {
-                let flush = (wb.tenant.pid, wb.vpn, &wb.data[..]);
-                let r = if vpns.len() == 1 { self.store.flush_fetch(flush, (t.pid, vpn)).map(|p| vec![p]) } else { self.store.flush_fetch_many(flush, t.pid, &vpns) };
-                self.settle(vec![wb], r.as_ref().map(|_| ()).map_err(Clone::clone), true);
-                return r.map(split);
-            }
+        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) =
+            victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place);
+        for wb in apart {
             let r = self.store.flush(wb.tenant.pid, wb.vpn, &wb.data);
             self.settle(vec![wb], r, false);
         }
         if !materialized {
             return Ok((None, Vec::new()));
         }
-        let pages = if vpns.len() == 1 { vec![self.store.fetch(t.pid, vpn)?] } else { self.store.fetch_many(t.pid, &vpns)? };
-        Ok(split(pages))
+        let r = match (&joint[..], vpns.len()) {
+            ([], 1) => self.store.fetch(t.pid, vpn).map(|p| vec![p]),
+            ([], _) => self.store.fetch_many(t.pid, &vpns),
+            ([wb], 1) => self.store.flush_fetch((wb.tenant.pid, wb.vpn, &wb.data), (t.pid, vpn)).map(|p| vec![p]),
+            (wbs, _) => {
+                let flushes: Vec<(u64, u64, &[u8])> = wbs.iter().map(|wb| (wb.tenant.pid, wb.vpn, &wb.data[..])).collect();
+                self.store.flush_fetch_many(&flushes, t.pid, &vpns)
+            }
+        };
+        if !joint.is_empty() {
+            self.settle(joint, r.as_ref().map(|_| ()).map_err(Clone::clone), true);
+        }
+        r.map(split)
     }
 
     /// Step 3: installs the line and completes its claim.

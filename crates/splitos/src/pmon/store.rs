@@ -27,8 +27,9 @@ pub trait PageStore: Send + Sync {
     fn flush_fetch(&self, flush: (u64, u64, &[u8]), fetch: (u64, u64)) -> Result<Page, Refusal>;
     /// Several pages of one process from one place, in the order asked.
     fn fetch_many(&self, pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
-    /// [`PageStore::flush_fetch`] with several pages fetched (read-ahead), all from one place.
-    fn flush_fetch_many(&self, flush: (u64, u64, &[u8]), pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
+    /// [`PageStore::flush_fetch`] with several victims (any processes) written back and several
+    /// pages of one process fetched (read-ahead), all at one place.
+    fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
     /// Several pages of one process to one place; all stored or none.
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal>;
 }
@@ -161,12 +162,13 @@ impl PageStore for RemoteStore {
         pages_of(&o, vpns, r)
     }
 
-    fn flush_fetch_many(&self, (fpid, fvpn, data): (u64, u64, &[u8]), pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
+    fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
         let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
         let s = self.space(pid)?;
-        let Ok(fs) = self.space(fpid) else { return self.fetch_many(pid, vpns) };
         let o = self.owner(&s, first)?;
-        let msg = P2M_FLUSH_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec(), flush_who: fs.who.clone(), flush_vpn: fvpn, data: ByteBuf::from(data.to_vec()) };
+        // A victim whose process exited since it was evicted is garbage: it stays behind.
+        let flushes = flushes.iter().filter_map(|(fpid, fvpn, data)| self.space(*fpid).ok().map(|fs| (fs.who.clone(), *fvpn, ByteBuf::from(data.to_vec())))).collect();
+        let msg = P2M_FLUSH_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec(), flushes };
         let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", first, e))?;
         pages_of(&o, vpns, r)
     }
