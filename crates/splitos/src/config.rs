@@ -88,8 +88,11 @@ pub struct PcompSection {
     pub fault_workers: usize,
     /// How long a fault worker polls its process's userfaultfd before sleeping (µs).
     pub fault_spin_us: u64,
-    /// Most lines read ahead with a remote miss, for sequential misses (0: off).
+    /// Most lines read ahead with a remote miss (0: off).
     pub prefetch: usize,
+    /// `sequential`: read ahead only while misses are sequential; `nextline`: also the next
+    /// line of any remote miss.
+    pub prefetch_policy: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -148,7 +151,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 0 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 0, prefetch_policy: "sequential".into() }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -196,6 +199,9 @@ impl ClusterConfig {
             }
             if crate::pmon::policy_by_name(&p.policy).is_none() {
                 return Err(format!("pcomponent[{i}].policy: unknown policy {:?} (known: {})", p.policy, crate::pmon::POLICIES.join(", ")));
+            }
+            if crate::pmon::prefetcher(&p.prefetch_policy, 0).is_none() {
+                return Err(format!("pcomponent[{i}].prefetch_policy: unknown policy {:?} (known: {})", p.prefetch_policy, crate::pmon::PREFETCH_POLICIES.join(", ")));
             }
             if p.fault_workers == 0 {
                 return Err(format!("pcomponent[{i}].fault_workers: must be at least 1"));

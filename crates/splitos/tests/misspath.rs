@@ -54,3 +54,17 @@ fn read_ahead_cuts_the_remote_misses_of_a_sequential_scan() {
     let served: u64 = on["mcomponents"].as_array().unwrap().iter().map(|m| m["fetches"].as_u64().unwrap()).sum();
     assert!(served >= remote(&on) + n(&on, "prefetched"), "mComponents fetched {served} pages: {on}");
 }
+
+#[test]
+fn the_prefetch_policy_decides_what_random_misses_bring() {
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "24", "2"];
+    let (_, seq) = stats_of(&["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "sequential"], &cmd);
+    let (_, next) = stats_of(&["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "nextline"], &cmd);
+    let remote = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills");
+    assert!(remote(&seq) > 5000, "{seq}");
+    assert!(n(&seq, "prefetched") * 100 < remote(&seq), "random misses open no sequential window: {seq}");
+    assert!(n(&next, "prefetched") * 2 > remote(&next), "nextline brings a line with every remote miss: {next}");
+    let bad = under_splitos(&["--prefetch-policy", "lru"], &["true"]);
+    assert!(!bad.status.success() && text(&bad.stderr).contains("prefetch_policy"), "{}", text(&bad.stderr));
+}

@@ -25,6 +25,7 @@ pub struct RunArgs {
     pub no_piggyback: bool,
     pub fault_workers: Option<usize>,
     pub prefetch: Option<usize>,
+    pub prefetch_policy: Option<String>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -122,6 +123,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 p.piggyback = !a.no_piggyback;
                 p.fault_workers = a.fault_workers.unwrap_or(p.fault_workers);
                 p.prefetch = a.prefetch.unwrap_or(p.prefetch);
+                p.prefetch_policy = a.prefetch_policy.clone().unwrap_or(p.prefetch_policy.clone());
                 cfg.mcomponent = (0..a.mcomponents.max(1))
                     .map(|_| {
                         let mut m = crate::config::default_mcomp();
@@ -142,7 +144,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some()) {
         eprintln!("splitos: note: ExCache options apply to the embedded cluster; the running cluster keeps its configured ExCache");
     }
 

@@ -27,7 +27,7 @@ use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use miss::{Access, FailHook, MissPath, Tenant};
-pub use prefetch::{prefetcher, Prefetcher, Sequential};
+pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
 pub use stats::RunStats;
 pub use store::{Page, PageStore, Place, RemoteStore, Space};
@@ -47,6 +47,8 @@ pub struct PcompConfig {
     pub fault_spin_us: u64,
     /// Most lines read ahead with a remote miss (0: no read-ahead).
     pub prefetch: usize,
+    /// Which read-ahead policy (`PREFETCH_POLICIES`).
+    pub prefetch_policy: String,
 }
 
 /// A process running on this pComponent.
@@ -117,7 +119,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -203,6 +205,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let policy = policy_by_name(&args.cfg.policy)
         .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
+    let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch)
+        .ok_or_else(|| anyhow::anyhow!("unknown prefetch policy {:?} (known: {})", args.cfg.prefetch_policy, PREFETCH_POLICIES.join(", ")))?;
     let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
     if lines == 0 {
         anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
@@ -221,7 +225,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             cfg: args.cfg.clone(),
             mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
             store: store.clone(),
-            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetcher(args.cfg.prefetch), hook),
+            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, hook),
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_pid: AtomicU64::new(1),

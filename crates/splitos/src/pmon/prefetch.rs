@@ -26,29 +26,36 @@ impl Prefetcher for Off {
     fn forget(&mut self, _pid: u64) {}
 }
 
-/// Per-process sequential detector: a miss right after the previous miss (or right after the
-/// lines read ahead with it) doubles the window, up to `max`; any other miss closes it, so
-/// random access costs nothing.
+/// Per-process stream detector: a miss right after the previous miss (or right after the
+/// lines read ahead with it) doubles the window, up to `max`; any other miss sets it to
+/// `base`. With base 0 (`sequential`) random access costs nothing; with base 1 (`nextline`)
+/// every remote miss also brings the next line, which pays when misses cluster without being
+/// strictly sequential (measured in docs/excache.md).
 pub struct Sequential {
     max: usize,
-    /// pid -> (the page a sequential stream misses next, the current window).
+    base: usize,
+    /// pid -> (the page a stream misses next, the current window).
     streams: HashMap<u64, (u64, usize)>,
 }
 
 impl Sequential {
-    pub fn new(max: usize) -> Sequential {
-        Sequential { max, streams: HashMap::new() }
+    pub fn new(max: usize, base: usize) -> Sequential {
+        Sequential { max, base: base.min(max), streams: HashMap::new() }
     }
 }
 
 impl Prefetcher for Sequential {
     fn name(&self) -> &'static str {
-        "sequential"
+        if self.base == 0 {
+            "sequential"
+        } else {
+            "nextline"
+        }
     }
 
     fn window(&mut self, pid: u64, vpn: u64) -> usize {
         let (next, window) = self.streams.get(&pid).copied().unwrap_or((u64::MAX, 0));
-        let w = if vpn == next { (window * 2).clamp(1, self.max) } else { 0 };
+        let w = if vpn == next { (window * 2).clamp(1, self.max) } else { self.base };
         self.streams.insert(pid, (vpn + 1 + w as u64, w));
         w
     }
@@ -58,12 +65,15 @@ impl Prefetcher for Sequential {
     }
 }
 
-/// The prefetcher for a read-ahead of at most `max` lines (0: off).
-pub fn prefetcher(max: usize) -> Box<dyn Prefetcher> {
-    if max == 0 {
-        Box::new(Off)
-    } else {
-        Box::new(Sequential::new(max))
+pub const PREFETCH_POLICIES: &[&str] = &["sequential", "nextline"];
+
+/// The prefetcher named `policy` reading ahead at most `max` lines (0: off).
+pub fn prefetcher(policy: &str, max: usize) -> Option<Box<dyn Prefetcher>> {
+    match (policy, max) {
+        ("sequential" | "nextline", 0) => Some(Box::new(Off)),
+        ("sequential", _) => Some(Box::new(Sequential::new(max, 0))),
+        ("nextline", _) => Some(Box::new(Sequential::new(max, 1))),
+        _ => None,
     }
 }
 
@@ -73,7 +83,7 @@ mod tests {
 
     #[test]
     fn a_sequential_stream_grows_the_window_and_a_jump_closes_it() {
-        let mut p = Sequential::new(8);
+        let mut p = Sequential::new(8, 0);
         assert_eq!(p.window(1, 100), 0, "one miss is no stream yet");
         assert_eq!(p.window(1, 101), 1);
         // Lines 102 were read ahead: the stream misses next at 103.
@@ -85,5 +95,17 @@ mod tests {
         assert_eq!(p.window(2, 129), 0, "streams are per process");
         p.forget(1);
         assert_eq!(p.window(1, 5001), 0);
+    }
+
+    #[test]
+    fn nextline_always_brings_the_next_line_and_grows_the_same_way() {
+        let mut p = Sequential::new(8, 1);
+        assert_eq!(p.window(1, 100), 1);
+        // Line 101 came with 100: the stream misses next at 102.
+        assert_eq!(p.window(1, 102), 2);
+        assert_eq!(p.window(1, 105), 4);
+        assert_eq!(p.window(1, 7), 1, "a jump falls back to one line");
+        assert_eq!(prefetcher("nextline", 0).unwrap().window(1, 5), 0, "0 is off");
+        assert!(prefetcher("lru", 8).is_none());
     }
 }

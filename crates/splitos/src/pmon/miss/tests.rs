@@ -146,7 +146,7 @@ fn rig_with(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: 
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher(prefetch), hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), hook));
     Rig { mp, store, failed }
 }
 
@@ -472,7 +472,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher(0), hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), hook));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
