@@ -93,6 +93,8 @@ pub struct PcompSection {
     /// `sequential`: read ahead only while misses are sequential; `nextline`: also the next
     /// line of any remote miss.
     pub prefetch_policy: String,
+    /// Fresh lines installed zero-filled and writable with a first touch (0: off).
+    pub fault_around: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -151,7 +153,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 0, prefetch_policy: "sequential".into() }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 0, prefetch_policy: "sequential".into(), fault_around: 0 }
 }
 
 pub fn default_mcomp() -> McompSection {

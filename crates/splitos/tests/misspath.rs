@@ -68,3 +68,26 @@ fn the_prefetch_policy_decides_what_random_misses_bring() {
     let bad = under_splitos(&["--prefetch-policy", "lru"], &["true"]);
     assert!(!bad.status.success() && text(&bad.stderr).contains("prefetch_policy"), "{}", text(&bad.stderr));
 }
+
+#[test]
+fn fault_around_keeps_every_program_semantic_and_saves_first_touches() {
+    let zero = program("zero");
+    let fork = program("forktest");
+    let threads = program("threads");
+    let hold = program("hold");
+    // Zero semantics, realloc/mremap/brk, fork and threads behave as natively with fresh lines
+    // installed ahead of the program, in a cache that fits and in one that does not.
+    for excache in ["256M", "4M"] {
+        for cmd in [vec![zero.to_str().unwrap()], vec![fork.to_str().unwrap(), "12"], vec![threads.to_str().unwrap(), "24"]] {
+            let (out, s) = stats_of(&["--excache", excache, "--fault-around", "16"], &cmd);
+            assert!(!text(&out.stdout).contains(": 0"), "{cmd:?}: every check must hold:\n{}", text(&out.stdout));
+            assert!(n(&s, "faulted_around") > 0, "{cmd:?} at {excache}: {s}");
+            assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
+        }
+    }
+    let cmd = [hold.to_str().unwrap(), "48"];
+    let (_, off) = stats_of(&["--excache", "256M", "--fault-around", "0"], &cmd);
+    let (_, on) = stats_of(&["--excache", "256M", "--fault-around", "16"], &cmd);
+    assert_eq!(n(&off, "faulted_around"), 0);
+    assert!(n(&on, "plocal_fills") * 8 < n(&off, "plocal_fills"), "first touches that trap: {} with fault-around, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
+}

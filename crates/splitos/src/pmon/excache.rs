@@ -152,6 +152,16 @@ impl ExCache {
     /// Claims a way for (pid, vpn) in its set: a free one (lowest index first, as a free list
     /// would hand out), else the policy's victim, which leaves the cache here.
     pub fn claim(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
+        self.claim_where(pid, vpn, |_| true)
+    }
+
+    /// As [`ExCache::claim`], but only if the way needs no write-back: a free way, or a clean
+    /// victim (fault-around never makes a first touch wait for a write-back).
+    pub fn claim_clean(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
+        self.claim_where(pid, vpn, |v| !v.dirty)
+    }
+
+    fn claim_where(&mut self, pid: u64, vpn: u64, evictable: impl Fn(&Line) -> bool) -> Option<Claim> {
         let set = self.set_of(vpn);
         let base = set * self.ways;
         let range = base..base + self.ways;
@@ -159,6 +169,9 @@ impl ExCache {
             Some(i) => (base + i, None),
             None => {
                 let i = self.policy.victim(&mut self.slots[range], &mut self.hands[set])?;
+                if !evictable(self.slots[base + i].as_ref().expect("victim is a line")) {
+                    return None;
+                }
                 let v = self.slots[base + i].take().expect("victim is a line");
                 self.unindex(v.pid, v.vpn);
                 (base + i, Some(v))

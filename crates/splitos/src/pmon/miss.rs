@@ -26,12 +26,14 @@ use std::time::Instant;
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
 use super::excache::{ExCache, Line, LineState};
+use crate::mmon::{Vma, VmaMap};
 use super::prefetch::Prefetcher;
 use super::region::{Install, Region};
 use super::stats::RunStats;
 use super::store::{Page, PageStore, Place};
 
 const PAGE: u64 = PAGE_SIZE as u64;
+const PROT_WRITE: u32 = 2;
 /// Pages per batched write-back message (well inside the frame bound).
 const FLUSH_BATCH: usize = 256;
 
@@ -96,6 +98,8 @@ struct Claim {
     materialized: bool,
     /// Following lines claimed for read-ahead: (page, way).
     ahead: Vec<(u64, usize)>,
+    /// Following fresh lines claimed for fault-around: (page, way).
+    around: Vec<(u64, usize)>,
 }
 
 struct State {
@@ -106,11 +110,16 @@ struct State {
     materialized: HashMap<u64, BTreeSet<u64>>,
     tenants: HashMap<u64, Arc<Tenant>>,
     prefetcher: Box<dyn Prefetcher>,
+    /// Each process's mappings as its home granted them: fault-around installs fresh lines
+    /// only where the program may write.
+    layouts: HashMap<u64, VmaMap>,
 }
 
 pub struct MissPath {
     store: Arc<dyn PageStore>,
     piggyback: bool,
+    /// Fresh lines installed with a first touch (0: none).
+    fault_around: u64,
     state: Mutex<State>,
     cv: Condvar,
     total: Arc<RunStats>,
@@ -118,9 +127,20 @@ pub struct MissPath {
 }
 
 impl MissPath {
-    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher };
-        MissPath { store, piggyback, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
+    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, on_fail: FailHook) -> MissPath {
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new() };
+        MissPath { store, piggyback, fault_around: fault_around as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
+    }
+
+    /// Records what [start, end) (bytes) of process `pid` now is: mapped with `prot`, or
+    /// unmapped (`None`). Called after the home granted an mmap, mprotect, munmap or mremap.
+    pub fn set_prot(&self, pid: u64, start: u64, end: u64, prot: Option<u32>) {
+        let mut g = self.state.lock().unwrap();
+        let m = g.layouts.entry(pid).or_default();
+        m.remove_range(start, end);
+        if let Some(prot) = prot {
+            m.insert(start, Vma { end, prot, accounted: false });
+        }
     }
 
     /// The pComponent's counters over all runs.
@@ -156,6 +176,7 @@ impl MissPath {
         g.tenants.remove(&t.pid);
         g.materialized.remove(&t.pid);
         g.prefetcher.forget(t.pid);
+        g.layouts.remove(&t.pid);
         drop(g);
         self.cv.notify_all();
     }
@@ -220,10 +241,18 @@ impl MissPath {
                         s.bytes_fetched.fetch_add(pages.len() as u64 * PAGE, Relaxed);
                     });
                 }
+                for (v, slot) in &claim.around {
+                    self.install(t, *v, *slot, None, true);
+                }
+                if !claim.around.is_empty() {
+                    self.bump(t, |s| {
+                        s.faulted_around.fetch_add(claim.around.len() as u64, Relaxed);
+                    });
+                }
             }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
-                for (v, slot) in &claim.ahead {
+                for (v, slot) in claim.ahead.iter().chain(&claim.around) {
                     self.abandon(t, *v, *slot);
                 }
                 self.fail(t, &e.msg);
@@ -303,12 +332,13 @@ impl MissPath {
             self.rearm(&mut g, vpn);
             let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
             let ahead = if materialized { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
+            let around = if materialized { Vec::new() } else { self.claim_around(&mut g, t, vpn) };
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victims, materialized, ahead });
+            return Some(Claim { slot: c.slot, victims, materialized, ahead, around });
         }
     }
 
@@ -331,6 +361,30 @@ impl MissPath {
             ahead.push((v, c.slot));
         }
         ahead
+    }
+
+    /// Claims ways for the fresh lines after a first touch at `vpn`: lines that never left this
+    /// pComponent, are not resident, lie in a writable mapping and take a way without a
+    /// write-back. They are installed zero-filled, writable and dirty with the touched line, so
+    /// that a program filling new memory traps once per window instead of once per page.
+    fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
+        let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
+        let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
+        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(self.fault_around)).take_while(|v| writable(*v)).collect();
+        let mut around = Vec::new();
+        for v in fresh {
+            let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
+            if stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) {
+                break;
+            }
+            let Some(c) = g.cache.claim_clean(t.pid, v) else { break };
+            if let Some(victim) = c.victim {
+                self.evict(g, victim, &mut Vec::new(), &mut Vec::new());
+            }
+            self.rearm(g, v);
+            around.push((v, c.slot));
+        }
+        around
     }
 
     /// Write-protects again the lines of `vpn`'s set whose reference bit the policy cleared.

@@ -49,6 +49,8 @@ pub struct PcompConfig {
     pub prefetch: usize,
     /// Which read-ahead policy (`PREFETCH_POLICIES`).
     pub prefetch_policy: String,
+    /// Fresh lines installed with a first touch (0: none).
+    pub fault_around: usize,
 }
 
 /// A process running on this pComponent.
@@ -119,7 +121,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -138,6 +140,7 @@ impl Pcomp {
             ("pcomp_piggybacked_total", &t.piggybacked),
             ("pcomp_plocal_fills_total", &t.plocal_fills),
             ("pcomp_prefetched_total", &t.prefetched),
+            ("pcomp_faulted_around_total", &t.faulted_around),
             ("pcomp_bytes_fetched_total", &t.bytes_fetched),
             ("pcomp_bytes_flushed_total", &t.bytes_flushed),
             ("pcomp_wp_faults_total", &t.wp_faults),
@@ -225,7 +228,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             cfg: args.cfg.clone(),
             mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
             store: store.clone(),
-            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, hook),
+            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, hook),
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_pid: AtomicU64::new(1),

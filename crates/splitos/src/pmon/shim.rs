@@ -172,6 +172,9 @@ impl Pcomp {
         self.store.attach(pid, p.space.clone());
         self.procs.lock().unwrap().insert(pid, p.clone());
         self.miss.add(p.tenant.clone(), child.materialized);
+        for v in &child.vmas {
+            self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
+        }
         tracing::info!(pid, os_pid = h.os_pid, vnode = %p.space.who.vnode, home = p.space.home.id, forked = h.fork_token != 0, "process started");
         Ok((p, child.vmas))
     }
@@ -214,16 +217,19 @@ impl Pcomp {
                 }
                 let m = self.home_call(p, P2M_MMAP { who, hint: r.a, len: r.b, prot: r.c as u32, fixed })?;
                 p.space.learn_owners(&m.owners);
+                self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
                 Ok((m.addr, m.prot as u64))
             }
             Some(Op::Munmap) => {
                 let (f, e) = pages(r.a, r.b);
                 self.miss.discard_range(t, f, e);
                 self.home_call(p, P2M_MUNMAP { who, addr: r.a, len: r.b })?;
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
                 Ok((0, 0))
             }
             Some(Op::Mprotect) => {
                 self.home_call(p, P2M_MPROTECT { who, addr: r.a, len: r.b, prot: r.c as u32 })?;
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, Some(r.c as u32));
                 Ok((0, 0))
             }
             Some(Op::Dontneed) => {
@@ -244,6 +250,8 @@ impl Pcomp {
                 let m = self.home_call(p, P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
                 p.space.learn_owners(&m.owners);
                 self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
+                self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
                 Ok((m.addr, m.prot as u64))
             }
             Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),

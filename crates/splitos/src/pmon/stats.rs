@@ -14,6 +14,8 @@ pub struct RunStats {
     pub plocal_fills: AtomicU64,
     /// Lines fetched ahead of a miss with it (read-ahead) and installed clean.
     pub prefetched: AtomicU64,
+    /// Fresh lines installed zero-filled and writable next to a first touch (fault-around).
+    pub faulted_around: AtomicU64,
     pub bytes_fetched: AtomicU64,
     pub bytes_flushed: AtomicU64,
     pub wp_faults: AtomicU64,
@@ -40,6 +42,7 @@ impl Default for RunStats {
             piggybacked: AtomicU64::new(0),
             plocal_fills: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
+            faulted_around: AtomicU64::new(0),
             bytes_fetched: AtomicU64::new(0),
             bytes_flushed: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
@@ -64,6 +67,7 @@ impl RunStats {
             "piggybacked": self.piggybacked.load(Relaxed),
             "plocal_fills": self.plocal_fills.load(Relaxed),
             "prefetched": self.prefetched.load(Relaxed),
+            "faulted_around": self.faulted_around.load(Relaxed),
             "bytes_fetched": self.bytes_fetched.load(Relaxed),
             "bytes_flushed": self.bytes_flushed.load(Relaxed),
             "wp_faults": self.wp_faults.load(Relaxed),

@@ -142,11 +142,15 @@ fn rig(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, 
 }
 
 fn rig_with(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize) -> Rig {
+    rig_full(lines, ways, policy, places, piggyback, prefetch, 0)
+}
+
+fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize, fault_around: usize) -> Rig {
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), fault_around, hook));
     Rig { mp, store, failed }
 }
 
@@ -472,7 +476,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, hook));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
@@ -518,4 +522,42 @@ fn sequential_misses_read_ahead_in_one_batch_and_random_ones_do_not() {
     }
     assert_eq!((batches(&r), p.stat(|s| &s.prefetched)), before);
     assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_may_write() {
+    let r = rig_full(64, 0, Box::new(Fifo), 1, true, 0, 8);
+    let p = r.prog(1);
+    // Pages 0..12 are mapped writable, 12..16 read-only, nothing beyond.
+    r.mp.set_prot(1, 0, 12 * 4096, Some(3));
+    r.mp.set_prot(1, 12 * 4096, 16 * 4096, Some(1));
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.stat(|s| &s.faulted_around), 8, "the next 8 lines came with the first touch");
+    for v in 1..9 {
+        // Installed writable: the write needs no fault at all.
+        let misses = p.stat(|s| &s.misses);
+        assert!(p.write(&r.mp, v, v as u8));
+        assert_eq!(p.stat(|s| &s.misses), misses, "page {v} was already there");
+    }
+    assert!(p.write(&r.mp, 9, 9));
+    assert_eq!(p.stat(|s| &s.faulted_around), 8 + 2, "stops where the writable mapping ends (page 12)");
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh lines need no message");
+    // Lines installed writable are dirty: evicting them writes them back, so nothing is lost.
+    let slot = r.mp.with_cache(|c| c.lookup(1, 5)).unwrap();
+    assert!(r.mp.with_cache(|c| c.line(slot).dirty));
+    r.mp.set_prot(1, 0, 12 * 4096, None);
+    assert!(p.write(&r.mp, 20, 1), "unmapped in this layout: a plain miss");
+    assert_eq!(p.stat(|s| &s.faulted_around), 10);
+}
+
+#[test]
+fn fault_around_never_pushes_out_a_dirty_line() {
+    let r = rig_full(4, 0, Box::new(Fifo), 1, true, 0, 8);
+    let p = r.prog(1);
+    r.mp.set_prot(1, 0, 64 * 4096, Some(3));
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.stat(|s| &s.faulted_around), 3, "the free ways only");
+    assert!(p.write(&r.mp, 20, 2));
+    assert_eq!(p.stat(|s| &s.faulted_around), 3, "every way holds a dirty line now: nothing comes along");
+    assert_eq!(p.read(&r.mp, 0), Some(1));
 }
