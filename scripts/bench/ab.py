@@ -26,9 +26,9 @@ CONFIGS = [("miss 1 thread", 1, 1, "4M"), ("miss 4 threads", 1, 4, "4M"), ("miss
 KEYS = [("load_p50_ns", "program load p50"), ("first_touch_p50_ns", "program first touch p50"), ("miss_ns_p50", "pComponent miss p50")]
 
 
-def run(splitos, binary, mb, threads, mcomps, excache):
+def run(splitos, extra, binary, mb, threads, mcomps, excache):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        r = subprocess.run([splitos, "run", "--embedded", "--excache", excache, "--mcomponents", str(mcomps), "--fault-workers", str(threads),
+        r = subprocess.run([splitos, "run", "--embedded", "--excache", excache, "--mcomponents", str(mcomps), "--fault-workers", str(threads), *extra,
                             "--stats-json", f.name, "--", binary, str(mb), str(threads)], check=True, capture_output=True, text=True)
         prog, stats = json.loads(r.stdout), json.load(open(f.name))
     return {"load_p50_ns": prog["load"]["p50_ns"], "first_touch_p50_ns": prog["first_touch"]["p50_ns"], "miss_ns_p50": stats["miss_ns_p50"]}
@@ -42,22 +42,24 @@ def main():
     ap.add_argument("--mb", type=int, default=64)
     ap.add_argument("--label-a", default="A", help="what build A is, for the report")
     ap.add_argument("--label-b", default="B", help="what build B is, for the report")
+    ap.add_argument("--a-args", default="", help="extra `run` options for build A (e.g. knobs only it has)")
+    ap.add_argument("--b-args", default="--prefetch 0 --fault-around 0", help="extra `run` options for build B (default: read-ahead and fault-around off, so that every load is one miss)")
     args = ap.parse_args()
     ensure_env()
     binary = os.path.join(tempfile.gettempdir(), "splitos-seqload")
     subprocess.run(["gcc", "-O2", "-pthread", "-o", binary, os.path.join(ROOT, "scripts", "bench", "seqload.c")], check=True)
-    builds = {"A": args.a, "B": args.b}
+    builds = {"A": (args.a, args.a_args.split()), "B": (args.b, args.b_args.split())}
     samples = {(c[0], b): [] for c in CONFIGS for b in builds}
     # A virtual machine that has been idle wakes its vCPUs slowly: warm up, untimed.
-    for b in builds.values():
-        run(b, binary, args.mb, 1, 1, "4M")
+    for b, extra in builds.values():
+        run(b, extra, binary, args.mb, 1, 1, "4M")
     for rep in range(args.reps):
         for name, m, t, ex in CONFIGS:
             ex = f"{2 * args.mb}M" if ex == "2x" else ex
             # Alternate which build goes first, so neither always runs on a warmer machine.
             order = ["A", "B"] if rep % 2 == 0 else ["B", "A"]
             for b in order:
-                samples[(name, b)].append(run(builds[b], binary, args.mb, t, m, ex))
+                samples[(name, b)].append(run(*builds[b], binary, args.mb, t, m, ex))
         print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
     res = {"machine": machine(), "params": vars(args), "configs": []}
     for name, m, t, ex in CONFIGS:
