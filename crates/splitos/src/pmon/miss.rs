@@ -227,8 +227,15 @@ impl MissPath {
         let t_fetched = Instant::now();
         match filled {
             Ok((data, pages)) => {
-                self.install(t, vpn, claim.slot, data.as_deref(), access == Access::Write);
-                // Lines read ahead go in clean and write-protected; those not fetched are given back.
+                // A line installed writable is dirty from the start: no write to it can go unseen.
+                let writable = access == Access::Write || t.predicts_write();
+                if !writable {
+                    // Only lines a read installed write-protected can show whether a write follows.
+                    t.read_fills.fetch_add(1, Relaxed);
+                }
+                self.install(t, vpn, claim.slot, data.as_deref(), writable);
+                // Lines read ahead go in clean and write-protected, whatever the process's
+                // prediction (nobody asked for them yet); those not fetched are given back.
                 for (i, (v, slot)) in claim.ahead.iter().enumerate() {
                     match pages.get(i) {
                         Some(p) => self.install(t, *v, *slot, Some(p), false),
@@ -458,14 +465,9 @@ impl MissPath {
         r.map(split)
     }
 
-    /// Step 3: installs the line and completes its claim.
-    fn install(&self, t: &Tenant, vpn: u64, slot: usize, data: Option<&[u8]>, write: bool) {
-        // A line installed writable is dirty from the start: no write to it can go unseen.
-        let writable = write || t.predicts_write();
-        if !writable {
-            // Only lines installed write-protected can show whether a write follows.
-            t.read_fills.fetch_add(1, Relaxed);
-        }
+    /// Step 3: installs a line (`None`: zeros) and completes its claim; a line installed
+    /// `writable` is dirty, any other write-protected and clean.
+    fn install(&self, t: &Tenant, vpn: u64, slot: usize, data: Option<&[u8]>, writable: bool) {
         let r = match data {
             Some(d) => t.region.copy(vpn, d, !writable),
             None => t.region.zero(vpn, !writable),

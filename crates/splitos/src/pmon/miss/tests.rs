@@ -561,3 +561,29 @@ fn fault_around_never_pushes_out_a_dirty_line() {
     assert_eq!(p.stat(|s| &s.faulted_around), 3, "every way holds a dirty line now: nothing comes along");
     assert_eq!(p.read(&r.mp, 0), Some(1));
 }
+
+#[test]
+fn lines_read_ahead_stay_clean_even_when_the_process_predicts_writes() {
+    let r = rig_with(256, 0, Box::new(Fifo), 1, true, 8);
+    let p = r.prog(1);
+    // Make the process one whose reads are followed by writes (write prediction on).
+    for v in 0..64 {
+        assert_eq!(p.read(&r.mp, v), Some(0));
+        assert!(p.write(&r.mp, v, 1));
+    }
+    r.mp.write_back_range(&p.t, 0, 64).unwrap();
+    r.mp.discard_range(&p.t, 0, 64);
+    // Discarding forgot the pages: write them again so that they are on the store, then evict.
+    for v in 100..140 {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    r.mp.evict_range(&p.t, 100, 140).unwrap();
+    assert_eq!(p.read(&r.mp, 100), Some(100));
+    assert_eq!(p.read(&r.mp, 101), Some(101));
+    let main = r.mp.with_cache(|c| *c.line(c.lookup(1, 101).unwrap()));
+    assert!(main.dirty && !main.wp, "the missed line itself is installed as predicted: {main:?}");
+    assert!(p.stat(|s| &s.prefetched) > 0);
+    let slot = r.mp.with_cache(|c| c.lookup(1, 102)).expect("read ahead with 101");
+    let line = r.mp.with_cache(|c| *c.line(slot));
+    assert!(!line.dirty && line.wp, "a line nobody asked for is installed clean: {line:?}");
+}
