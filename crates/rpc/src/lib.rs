@@ -6,11 +6,13 @@
 //! * [`client`] — [`Rpc`], typed calls over the configured transport.
 //! * [`server`] — a component's [`Handler`], its dispatch helper [`on`], and worker pools.
 //! * [`transport`] — the message-level [`Transport`] interface, chosen from
-//!   [`TransportConfig`]; TCP is the one implementation.
+//!   [`TransportConfig`]: TCP, and shared memory between components of one host.
+//! * [`fdpass`] — descriptors over Unix sockets (shared-memory channels, a program's heap).
 //! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
 
 pub mod client;
 pub mod error;
+pub mod fdpass;
 pub mod frame;
 pub mod server;
 pub mod transport;

@@ -150,9 +150,11 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
 
 /// The splitos RPC round trip with a 4 KB payload: C2X_PING is empty, so this sends a
 /// P2M_FLUSH of a page to a process that does not exist and times the refusal, which exercises
-/// the same framing, hand-off to a worker and reply path as a fetch.
-fn rpc_floor(addr: &str, n: usize) -> anyhow::Result<Histogram<u64>> {
-    let rpc = crate::node::client_rpc(&splitos_rpc::TransportConfig::default(), std::time::Duration::from_secs(5))?;
+/// the same framing, hand-off to a worker and reply path as a fetch. `kind` is the transport
+/// (shared memory only reaches an mComponent of this host that serves it).
+fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>> {
+    let t = splitos_rpc::TransportConfig { kind: kind.into(), ..Default::default() };
+    let rpc = crate::node::client_rpc(&t, std::time::Duration::from_secs(5))?;
     let mut h = hist();
     let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: serde_bytes::ByteBuf::from(vec![0u8; PAGE]) };
     for _ in 0..n {
@@ -171,7 +173,8 @@ pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
         summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
     ];
     if let Some(a) = mcomp {
-        out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n)?));
+        out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n, "tcp")?));
+        out.push(summary("splitos_rpc_4k_shm", &rpc_floor(&a, n, "shm")?));
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

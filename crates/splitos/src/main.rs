@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use splitos_rpc::transport::{TcpConfig, TransportConfig};
+use splitos_rpc::transport::{ShmConfig, TcpConfig, TransportConfig};
 
 use splitos::config::{self, ClusterConfig, Size};
 use splitos::{bench, control, gm, mmon, node, pmon, smon};
@@ -26,11 +26,17 @@ struct TransportArgs {
     /// TCP: delay added before every message this component sends (µs; fault injection).
     #[arg(long, default_value_t = TransportConfig::default().tcp.delay_us)]
     tcp_delay_us: u64,
+    /// Shared memory: how long a side polls its channel before sleeping (µs).
+    #[arg(long, default_value_t = TransportConfig::default().shm.spin_us)]
+    shm_spin_us: u64,
+    /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /tmp/splitos-UID).
+    #[arg(long, default_value_t = TransportConfig::default().shm.dir)]
+    shm_dir: String,
 }
 
 impl TransportArgs {
     fn config(self) -> TransportConfig {
-        TransportConfig { kind: self.kind, tcp: TcpConfig { spin_us: self.tcp_spin_us, delay_us: self.tcp_delay_us } }
+        TransportConfig { kind: self.kind, tcp: TcpConfig { spin_us: self.tcp_spin_us, delay_us: self.tcp_delay_us }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
     }
 }
 
@@ -63,6 +69,8 @@ enum Cmd {
         prefetch_policy: Option<String>,
         #[arg(long, help = format!("Fresh lines the embedded cluster's pComponent installs with a first touch; 0 = off [default: {}]", config::default_pcomp().fault_around))]
         fault_around: Option<usize>,
+        #[arg(long, help = format!("Transport between the embedded cluster's components: {} [default: {}]", splitos_rpc::transport::KINDS.join(", "), TransportConfig::default().kind))]
+        transport: Option<String>,
         /// Number of mComponents of the embedded cluster.
         #[arg(long, default_value_t = ClusterConfig::embedded().mcomponent.len())]
         mcomponents: usize,
@@ -268,10 +276,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, transport, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
             let (excache, mem_capacity, vregion_size) = (excache.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
+                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, transport, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
             })
             .map(|code| std::process::exit(code))
         }

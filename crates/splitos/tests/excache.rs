@@ -64,11 +64,12 @@ fn cluster_stats(c: &TestCluster, cmd: &[&str]) -> serde_json::Value {
 
 #[test]
 fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
-    // `[transport.tcp] delay_us`: every component waits before each message it sends.
+    // `[transport.tcp] delay_us`: every component waits before each message it sends over TCP
+    // (shared memory between components of one host has no network to slow down).
     let p = program("stride");
     let cmd = [p.to_str().unwrap(), "4", "8", "30"];
     let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
-    let slow = TestCluster::up(Some(&format!("{base}[transport.tcp]\ndelay_us = 3000\n")));
+    let slow = TestCluster::up(Some(&format!("{base}[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 3000\n")));
     let fast = TestCluster::up(Some(base));
     let s = cluster_stats(&slow, &cmd);
     assert!(n(&s, "evictions") >= 200, "{s}");

@@ -1,8 +1,10 @@
 //! The transport: how one component's request reaches another and its reply comes back. It is
 //! a message-level interface (send a request, get its reply; serve requests with a handler),
-//! so that a transport need not be a byte stream: TCP is the one here; a shared-memory ring or
-//! an RDMA queue pair plugs in by implementing [`Transport`] and adding a kind to
-//! [`TransportConfig`], which is the one place a transport is chosen.
+//! so that a transport need not be a byte stream. Two are here: TCP, and shared memory for
+//! components on one host (TCP to the others). An RDMA queue pair would plug in the same way,
+//! by implementing [`Transport`] and adding a kind to [`TransportConfig`], which is the one
+//! place a transport is chosen.
+pub mod shm;
 pub mod tcp;
 
 use std::io;
@@ -15,6 +17,7 @@ use crate::error::RpcError;
 use crate::server::{Handler, ServerConfig};
 use crate::wire::Msg;
 
+pub use shm::{ShmConfig, ShmTransport};
 pub use tcp::{spin_poll, TcpConfig, TcpTransport};
 
 pub trait Transport: Send + Sync + 'static {
@@ -41,7 +44,7 @@ pub trait Endpoint: Send {
 }
 
 /// Which transport a cluster uses and the knobs of each, in its own section
-/// (`[transport]` with `kind`, `[transport.tcp]` with TCP's knobs).
+/// (`[transport]` with `kind`, `[transport.tcp]` and `[transport.shm]` with their knobs).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TransportConfig {
@@ -49,20 +52,24 @@ pub struct TransportConfig {
     pub kind: String,
     #[serde(default)]
     pub tcp: TcpConfig,
+    /// Shared memory's knobs; its calls to peers on other hosts use `tcp`'s.
+    #[serde(default)]
+    pub shm: ShmConfig,
 }
 
 fn default_kind() -> String {
-    "tcp".into()
+    "shm".into()
 }
 
 impl Default for TransportConfig {
     fn default() -> Self {
-        TransportConfig { kind: default_kind(), tcp: TcpConfig::default() }
+        TransportConfig { kind: default_kind(), tcp: TcpConfig::default(), shm: ShmConfig::default() }
     }
 }
 
 /// The transport kinds this build has.
-pub const KINDS: &[&str] = &["tcp"];
+/// `shm`: shared memory to components on this host, TCP to the others; `tcp`: TCP to all.
+pub const KINDS: &[&str] = &["shm", "tcp"];
 
 impl TransportConfig {
     pub fn validate(&self) -> Result<(), String> {
@@ -77,6 +84,7 @@ impl TransportConfig {
         self.validate()?;
         match self.kind.as_str() {
             "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone()))),
+            "shm" => Ok(Arc::new(ShmTransport::new(&self.shm, self.tcp.clone()).map_err(|e| format!("transport.shm: {e}"))?)),
             other => Err(format!("transport.kind: unknown transport {other:?}")),
         }
     }

@@ -217,7 +217,14 @@ impl Endpoint for TcpListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        let name = cfg.name;
+        self.serve_with(dispatcher, &cfg.name);
+    }
+}
+
+impl TcpListen {
+    /// Serves with a dispatcher shared with another way in (the shared-memory transport's).
+    pub(super) fn serve_with(self, dispatcher: Arc<Dispatcher>, name: &str) {
+        let name = name.to_string();
         std::thread::Builder::new()
             .name(format!("{name}-accept"))
             .spawn(move || loop {

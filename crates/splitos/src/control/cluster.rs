@@ -134,7 +134,7 @@ impl Cluster {
     fn start_all(&mut self, cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<()> {
         let t = &cfg.transport;
         // Every component speaks the cluster's transport.
-        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string()];
+        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
         let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string()];
         args.extend(transport.iter().cloned());
         let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;

@@ -27,6 +27,7 @@ pub struct RunArgs {
     pub prefetch: Option<usize>,
     pub prefetch_policy: Option<String>,
     pub fault_around: Option<usize>,
+    pub transport: Option<String>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -134,6 +135,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                         m
                     })
                     .collect();
+                if let Some(t) = &a.transport {
+                    cfg.transport.kind = t.clone();
+                }
                 if let Some(v) = a.vregion_size {
                     cfg.cluster.vregion_size = Size(v);
                 }
@@ -146,8 +150,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some()) {
-        eprintln!("splitos: note: ExCache options apply to the embedded cluster; the running cluster keeps its configured ExCache");
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some()) {
+        eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
     let result = run_on(&gm, &path, &a);

@@ -45,44 +45,12 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
 
 /// Receives the hello and the two descriptors that come with it.
 fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, OwnedFd, OwnedFd)> {
-    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
     let mut hello = Hello::new_zeroed();
-    // Room for two descriptors' control message, aligned for cmsghdr.
-    let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: hello.as_mut_bytes().as_mut_ptr() as *mut libc::c_void, iov_len: std::mem::size_of::<Hello>() };
-    // SAFETY: msghdr is plain data; all-zero is its empty value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    // SAFETY: `msg` points at `iov` (the bytes of `hello`, any bit pattern of which is a valid
-    // Hello) and at `cbuf`, both alive for the call and sized as declared.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
-    if n != std::mem::size_of::<Hello>() as isize || msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(bad(format!("hello of {n} bytes")));
-    }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `msg`'s control buffer; CMSG_FIRSTHDR/NXTHDR stay inside
-    // `msg_controllen`, and each SCM_RIGHTS payload holds `cmsg_len - CMSG_LEN(0)` bytes of
-    // descriptors that were installed in this process for us alone.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / std::mem::size_of::<i32>();
-                let data = libc::CMSG_DATA(c) as *const i32;
-                for i in 0..n {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
+    let fds = splitos_rpc::fdpass::recv_fds(s, hello.as_mut_bytes())?;
     let mut it = fds.into_iter();
     match (it.next(), it.next(), it.next()) {
         (Some(u), Some(m), None) => Ok((hello, u, m)),
-        _ => Err(bad("a hello carries exactly a userfaultfd and a memfd".into())),
+        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a hello carries exactly a userfaultfd and a memfd")),
     }
 }
 

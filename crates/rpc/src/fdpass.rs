@@ -1,0 +1,81 @@
+//! Passing descriptors over a Unix socket (SCM_RIGHTS): a program's shim hands the pComponent
+//! its userfaultfd and heap memfd, a shared-memory transport hands a peer its channel.
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// Most descriptors one message carries here.
+const MAX_FDS: usize = 4;
+
+/// Room for `MAX_FDS` descriptors' control message, aligned for cmsghdr.
+type ControlBuf = [u64; 8];
+
+/// Sends `bytes` (not empty) with `fds` attached.
+pub fn send_fds(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    assert!(!bytes.is_empty() && fds.len() <= MAX_FDS);
+    let mut cbuf: ControlBuf = [0; 8];
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: msghdr is plain data; all-zero is its empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as _;
+    // SAFETY: `msg_controllen` fits in `cbuf` (MAX_FDS descriptors at most), so the first
+    // header and its data lie inside `cbuf`; sendmsg only reads `bytes` through `iov`.
+    let n = unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, fds.len());
+        libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != bytes.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "short send of a descriptor message"));
+    }
+    Ok(())
+}
+
+/// Receives exactly `buf.len()` bytes and the descriptors attached to them (close-on-exec).
+pub fn recv_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
+    let mut cbuf: ControlBuf = [0; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; all-zero is its empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: `msg` points at `iov` (the bytes of `buf`) and at `cbuf`, both alive for the call
+    // and sized as declared.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `msg`'s control buffer; CMSG_FIRSTHDR/NXTHDR stay inside
+    // `msg_controllen`, and each SCM_RIGHTS payload holds `cmsg_len - CMSG_LEN(0)` bytes of
+    // descriptors that were installed in this process for us alone.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let k = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                for i in 0..k {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n as usize != buf.len() || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("expected {} bytes with descriptors, got {n}", buf.len())));
+    }
+    Ok(fds)
+}

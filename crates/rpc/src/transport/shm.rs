@@ -1,0 +1,511 @@
+//! Shared memory, for components on one host: a request and its reply cross a memory channel
+//! both processes map, so a call costs no system call while the peer is polling. Peers on
+//! other hosts are reached over TCP as before; every component also listens on TCP, so that
+//! hosts without a channel to it still reach it.
+//!
+//! How a channel is made: a component listening at `ADDR` also listens on a Unix socket named
+//! after `ADDR` and its network namespace (components in other namespaces, the tests' "hosts",
+//! never find it) in a directory only its user may enter (`0700`, checked at start). A caller
+//! that finds the socket connects; the server checks the caller's user (`SO_PEERCRED`), makes
+//! a sealed memfd (the caller cannot shrink it under the server) and passes it over. The
+//! socket stays open: it carries doorbells when a side sleeps, and its end tells either side
+//! that the other died.
+//!
+//! A channel holds one call at a time: the caller writes the request and bumps `req_seq`; the
+//! server polls for it (`spin_us`), then sleeps on the socket after announcing so in the
+//! header, and the caller rings the doorbell only then. The reply comes back the same way.
+//! Bytes a peer wrote are copied out before they are decoded and checked like any frame.
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::tcp::{spin_poll, TcpListen};
+use super::{Endpoint, TcpConfig, TcpTransport, Transport};
+use crate::error::RpcError;
+use crate::fdpass::{recv_fds, send_fds};
+use crate::server::{Dispatcher, Handler, ServerConfig};
+use crate::wire::{Msg, MAGIC, MAX_BODY, WIRE_VERSION};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShmConfig {
+    /// How long a side polls its channel for the other's message before sleeping on the
+    /// socket (µs). A sleeping side costs the other a doorbell and a wake-up.
+    #[serde(default = "default_spin_us")]
+    pub spin_us: u64,
+    /// Where the rendezvous sockets live; empty: `$XDG_RUNTIME_DIR/splitos`, else
+    /// `/tmp/splitos-UID`. Every component of a host must agree.
+    #[serde(default)]
+    pub dir: String,
+}
+
+pub const DEFAULT_SPIN_US: u64 = 100;
+
+fn default_spin_us() -> u64 {
+    DEFAULT_SPIN_US
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig { spin_us: DEFAULT_SPIN_US, dir: String::new() }
+    }
+}
+
+impl ShmConfig {
+    fn dir(&self) -> PathBuf {
+        if !self.dir.is_empty() {
+            return PathBuf::from(&self.dir);
+        }
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) if !d.is_empty() => Path::new(&d).join("splitos"),
+            // SAFETY: geteuid has no preconditions.
+            _ => PathBuf::from(format!("/tmp/splitos-{}", unsafe { libc::geteuid() })),
+        }
+    }
+}
+
+/// Bytes of a channel's header page, then of each of its two message areas.
+const HEADER: usize = 4096;
+const AREA: usize = MAX_BODY as usize;
+const CHANNEL: usize = HEADER + 2 * AREA;
+
+/// The start of a channel as both sides see it.
+#[repr(C)]
+struct Header {
+    magic: AtomicU32,
+    version: AtomicU32,
+    req_seq: AtomicU64,
+    rep_seq: AtomicU64,
+    req_len: AtomicU32,
+    rep_len: AtomicU32,
+    /// Set by a side about to sleep on the socket: the other must ring.
+    server_sleeps: AtomicU32,
+    client_sleeps: AtomicU32,
+}
+
+/// One channel's memory, mapped in this process.
+struct Mapping {
+    ptr: *mut u8,
+}
+
+// SAFETY: the mapping is plain shared memory; every access goes through atomics or through
+// copies into and out of areas that the protocol gives to one side at a time.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(fd: &OwnedFd) -> io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping of `CHANNEL` bytes of `fd`, whose size both sides
+        // checked; nothing else in this process refers to that address range.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), CHANNEL, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p as *mut u8 })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping starts page-aligned and is at least HEADER bytes; Header is made
+        // of atomics, valid for any bit pattern, and lives as long as `self`.
+        unsafe { &*(self.ptr as *const Header) }
+    }
+
+    /// Copies `bytes` into the area at `off`.
+    fn put(&self, off: usize, bytes: &[u8]) {
+        assert!(bytes.len() <= AREA);
+        // SAFETY: `off` is one of the two areas, `bytes.len()` fits in it; the protocol gives
+        // this area to this side until it publishes the new sequence number.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(off), bytes.len()) }
+    }
+
+    /// Copies `len` bytes out of the area at `off`, if that many fit.
+    fn take(&self, off: usize, len: u32) -> Option<Vec<u8>> {
+        let len = len as usize;
+        if len > AREA {
+            return None;
+        }
+        let mut v = vec![0u8; len];
+        // SAFETY: `off + len` stays in the mapping. A hostile peer may write the area while we
+        // copy: we then copy garbage, which the decoder refuses like any bad frame.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), v.as_mut_ptr(), len) };
+        Some(v)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no reference into it outlives self.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, CHANNEL) };
+    }
+}
+
+const REQ: usize = HEADER;
+const REP: usize = HEADER + AREA;
+
+/// Why waiting for the other side ended without its message.
+enum Gone {
+    Closed,
+    Timeout,
+}
+
+/// Waits until `seq` moves past `last`: polls for `spin`, then sleeps on `sock` after setting
+/// `sleeps`, so that the other side rings. The fences pair with [`ring`]'s: either the other
+/// side sees `sleeps` set, or this side sees its new `seq`.
+fn wait(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, mut sock: &UnixStream, spin: Duration, deadline: Option<Instant>) -> Result<u64, Gone> {
+    let moved = || {
+        let v = seq.load(Acquire);
+        (v != last).then_some(v)
+    };
+    if let Some(v) = spin_poll(spin, moved) {
+        return Ok(v);
+    }
+    loop {
+        sleeps.store(1, SeqCst);
+        fence(SeqCst);
+        if let Some(v) = moved() {
+            sleeps.store(0, Relaxed);
+            return Ok(v);
+        }
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    sleeps.store(0, Relaxed);
+                    return Err(Gone::Timeout);
+                }
+                left.as_millis().clamp(1, i32::MAX as u128) as i32
+            }
+        };
+        let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        if pfd.revents != 0 {
+            // Doorbells are hints: drain them all; an end of stream is the peer's death.
+            let mut buf = [0u8; 64];
+            match sock.read(&mut buf) {
+                Ok(0) => return Err(Gone::Closed),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+                Err(_) => return Err(Gone::Closed),
+            }
+        }
+    }
+}
+
+/// Publishes `n` in `seq` and rings the doorbell if the other side sleeps.
+fn ring(seq: &AtomicU64, n: u64, sleeps: &AtomicU32, sock: &UnixStream) {
+    seq.store(n, Release);
+    fence(SeqCst);
+    if sleeps.load(SeqCst) != 0 {
+        // SAFETY: a one-byte send from a valid buffer on a socket we own. A full socket means
+        // the peer has doorbells waiting anyway.
+        unsafe { libc::send(sock.as_raw_fd(), b"!".as_ptr() as *const libc::c_void, 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    }
+}
+
+fn netns() -> String {
+    std::fs::read_link("/proc/self/ns/net")
+        .ok()
+        .and_then(|l| l.to_str().map(|s| s.trim_start_matches("net:[").trim_end_matches(']').to_string()))
+        .unwrap_or_else(|| "0".into())
+}
+
+/// The rendezvous directory, made if missing; refused unless it is this user's alone.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("shared-memory directory {} must be a directory of uid {me} with mode 0700 (it is uid {}, mode {:o})", dir.display(), m.uid(), m.permissions().mode() & 0o7777),
+        ));
+    }
+    Ok(())
+}
+
+/// Components on one host reached through shared memory, the others through TCP.
+pub struct ShmTransport {
+    tcp: TcpTransport,
+    spin: Duration,
+    dir: PathBuf,
+    netns: String,
+    /// By peer address: the channels not in use, or when the peer was last found remote.
+    peers: Mutex<HashMap<String, Peer>>,
+}
+
+enum Peer {
+    Local(Vec<Channel>),
+    Remote(Instant),
+}
+
+/// How long a peer found without a rendezvous socket is reached over TCP before looking again.
+const RECHECK: Duration = Duration::from_secs(1);
+
+impl ShmTransport {
+    pub fn new(cfg: &ShmConfig, tcp: TcpConfig) -> io::Result<ShmTransport> {
+        let dir = cfg.dir();
+        private_dir(&dir)?;
+        Ok(ShmTransport { tcp: TcpTransport::new(tcp), spin: Duration::from_micros(cfg.spin_us), dir, netns: netns(), peers: Mutex::new(HashMap::new()) })
+    }
+
+    fn socket_path(&self, addr: &str) -> PathBuf {
+        self.dir.join(format!("{}-{}.sock", self.netns, addr.replace('/', "_")))
+    }
+
+    /// A free channel to `addr`, or `None` when `addr` is not on this host.
+    fn channel(&self, addr: &str, timeout: Duration) -> Result<Option<Channel>, RpcError> {
+        match self.peers.lock().unwrap().get_mut(addr) {
+            Some(Peer::Local(free)) => {
+                if let Some(c) = free.pop() {
+                    return Ok(Some(c));
+                }
+            }
+            Some(Peer::Remote(since)) if since.elapsed() < RECHECK => return Ok(None),
+            _ => {}
+        }
+        let path = self.socket_path(addr);
+        if !path.exists() {
+            self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
+            return Ok(None);
+        }
+        let c = match Channel::open(&path, addr, timeout) {
+            Ok(c) => c,
+            // A socket left by a component that is gone (whatever holds its port now, if
+            // anything, is reached over TCP).
+            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) => {
+                self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
+                return Ok(None);
+            }
+            Err(e) => return Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("shared-memory channel: {e}") }),
+        };
+        self.peers.lock().unwrap().entry(addr.to_string()).or_insert_with(|| Peer::Local(Vec::new()));
+        Ok(Some(c))
+    }
+
+    fn give_back(&self, addr: &str, c: Channel) {
+        if let Some(Peer::Local(free)) = self.peers.lock().unwrap().get_mut(addr) {
+            free.push(c);
+        }
+    }
+
+    fn call_via(&self, addr: &str, msg: &Msg, timeout: Duration, direct: bool) -> Result<Msg, RpcError> {
+        let Some(c) = self.channel(addr, timeout)? else {
+            return if direct { self.tcp.call_direct(addr, msg, timeout) } else { self.tcp.call(addr, msg, timeout) };
+        };
+        // A channel that failed is dropped: a late reply must not answer the next call.
+        let (c, r) = c.call(msg, self.spin, timeout)?;
+        self.give_back(addr, c);
+        Ok(r)
+    }
+}
+
+impl Transport for ShmTransport {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn call(&self, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+        self.call_via(addr, msg, timeout, false)
+    }
+
+    fn call_direct(&self, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+        self.call_via(addr, msg, timeout, true)
+    }
+
+    fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>> {
+        let tcp = self.tcp.listen_stream(addr)?;
+        let path = self.socket_path(&tcp.addr());
+        // The TCP port is ours now, so a socket left at its name belongs to a component that is gone.
+        let _ = std::fs::remove_file(&path);
+        let unix = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin }))
+    }
+}
+
+/// The calling side of one channel.
+struct Channel {
+    addr: String,
+    sock: UnixStream,
+    map: Mapping,
+    seq: u64,
+}
+
+impl Channel {
+    fn open(path: &Path, addr: &str, timeout: Duration) -> io::Result<Channel> {
+        let sock = UnixStream::connect(path)?;
+        sock.set_read_timeout(Some(timeout.min(Duration::from_secs(3))))?;
+        let mut hello = [0u8; 1];
+        let fd = recv_fds(&sock, &mut hello)?.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
+        sock.set_read_timeout(None)?;
+        sock.set_nonblocking(true)?;
+        let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
+        if size != CHANNEL as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("channel of {size} bytes, expected {CHANNEL}")));
+        }
+        let map = Mapping::new(&fd)?;
+        let h = map.header();
+        if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
+        }
+        Ok(Channel { addr: addr.to_string(), sock, map, seq: 0 })
+    }
+
+    fn call(mut self, msg: &Msg, spin: Duration, timeout: Duration) -> Result<(Channel, Msg), RpcError> {
+        let body = postcard::to_allocvec(msg).expect("encoding into a Vec cannot fail");
+        if body.len() > AREA {
+            return Err(RpcError::Unreachable { addr: self.addr.clone(), why: format!("message body of {} bytes exceeds the frame bound", body.len()) });
+        }
+        let h = self.map.header();
+        self.map.put(REQ, &body);
+        h.req_len.store(body.len() as u32, Relaxed);
+        self.seq += 1;
+        ring(&h.req_seq, self.seq, &h.server_sleeps, &self.sock);
+        let got = wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, spin, Some(Instant::now() + timeout));
+        let addr = &self.addr;
+        match got {
+            Ok(n) if n == self.seq => {}
+            Ok(_) => return Err(RpcError::Closed { addr: addr.clone() }),
+            Err(Gone::Closed) => return Err(RpcError::Closed { addr: addr.clone() }),
+            Err(Gone::Timeout) => return Err(RpcError::Timeout { addr: addr.clone(), msg: msg.name(), after: timeout }),
+        }
+        let bytes = self.map.take(REP, h.rep_len.load(Relaxed)).ok_or_else(|| RpcError::Closed { addr: addr.clone() })?;
+        let reply = postcard::from_bytes::<Msg>(&bytes).map_err(|_| RpcError::Closed { addr: addr.clone() })?;
+        Ok((self, reply))
+    }
+}
+
+/// An address claimed on TCP and on its rendezvous socket.
+pub struct ShmListen {
+    tcp: TcpListen,
+    unix: UnixListener,
+    path: PathBuf,
+    spin: Duration,
+}
+
+impl Endpoint for ShmListen {
+    fn addr(&self) -> String {
+        self.tcp.addr()
+    }
+
+    fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
+        let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
+        let ShmListen { tcp, unix, path, spin } = *self;
+        tcp.serve_with(dispatcher.clone(), &cfg.name);
+        let name = cfg.name;
+        tracing::debug!(socket = %path.display(), "shared-memory rendezvous");
+        std::thread::Builder::new()
+            .name(format!("{name}-shm-accept"))
+            .spawn(move || {
+                for s in unix.incoming() {
+                    let s = match s {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "shared-memory accept failed");
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
+                    };
+                    match offer(&s) {
+                        Ok(map) => {
+                            let d = dispatcher.clone();
+                            let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || serve_channel(s, map, d, spin));
+                        }
+                        Err(e) => {
+                            metrics::counter!("rpc_shm_refused_total").increment(1);
+                            tracing::warn!(error = %e, "shared-memory channel refused");
+                        }
+                    }
+                }
+            })
+            .expect("spawn shared-memory accept thread");
+    }
+}
+
+/// Checks the caller's user, then makes a sealed channel and passes it over.
+fn offer(s: &UnixStream) -> io::Result<Mapping> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for the kernel to fill for the call.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if cred.uid != me {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("caller pid {} runs as uid {}, this component as uid {me}", cred.pid, cred.uid)));
+    }
+    // SAFETY: a NUL-terminated name and valid flags.
+    let raw = unsafe { libc::memfd_create(c"splitos-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain calls on the descriptor we own; sealing stops the caller from shrinking
+    // the memory under this process's mapping (which would kill it with SIGBUS).
+    let sealed = unsafe {
+        libc::ftruncate(raw, CHANNEL as libc::off_t) == 0 && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) == 0
+    };
+    if !sealed {
+        return Err(io::Error::last_os_error());
+    }
+    let map = Mapping::new(&fd)?;
+    let h = map.header();
+    h.magic.store(MAGIC, Relaxed);
+    h.version.store(WIRE_VERSION as u32, Release);
+    send_fds(s, b"c", &[raw])?;
+    Ok(map)
+}
+
+/// Serves one caller's channel until it goes away.
+fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, spin: Duration) {
+    if sock.set_nonblocking(true).is_err() {
+        return;
+    }
+    let h = map.header();
+    let mut last = 0;
+    while let Ok(n) = wait(&h.req_seq, last, &h.server_sleeps, &sock, spin, None) {
+        last = n;
+        let Some(msg) = map.take(REQ, h.req_len.load(Relaxed)).and_then(|b| postcard::from_bytes::<Msg>(&b).ok()) else {
+            metrics::counter!("rpc_frames_rejected_total").increment(1);
+            tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
+            return;
+        };
+        metrics::counter!("rpc_shm_requests_total").increment(1);
+        // The reply is written on this thread, so one channel never has two writers even if a
+        // hostile caller sends again before its answer.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        dispatcher.submit(msg, move |reply| {
+            let _ = tx.send(reply);
+        });
+        let Ok(reply) = rx.recv() else { return };
+        let body = postcard::to_allocvec(&reply).expect("encoding into a Vec cannot fail");
+        if body.len() > AREA {
+            tracing::warn!(bytes = body.len(), "reply exceeds the frame bound; closing that channel");
+            return;
+        }
+        map.put(REP, &body);
+        h.rep_len.store(body.len() as u32, Relaxed);
+        ring(&h.rep_seq, n, &h.client_sleeps, &sock);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,173 @@
+//! The shared-memory transport between threads of one process standing in for components:
+//! calls, the fallback to TCP, refusals of hostile callers and of garbage, timeouts.
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use serde_bytes::ByteBuf;
+
+use super::*;
+use crate::wire::{Who, M2P_PAGE, P2M_FETCH};
+use crate::Rpc;
+
+/// Answers a fetch of page `vpn` with `vpn` repeated, after `vpn` ms if `vpn` is below 10_000.
+struct Echo;
+
+impl Handler for Echo {
+    fn handle(&self, msg: Msg) -> Msg {
+        match msg {
+            Msg::P2M_FETCH(f) => {
+                if f.vpn < 10_000 {
+                    std::thread::sleep(Duration::from_millis(f.vpn));
+                }
+                M2P_PAGE { data: ByteBuf::from(f.vpn.to_le_bytes().repeat(512)) }.into()
+            }
+            m => m,
+        }
+    }
+}
+
+fn private_tmp() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+fn cfg(dir: &Path) -> ShmConfig {
+    ShmConfig { spin_us: 50, dir: dir.to_str().unwrap().into() }
+}
+
+fn server(dir: &Path) -> String {
+    let t = ShmTransport::new(&cfg(dir), TcpConfig::default()).unwrap();
+    let ep = t.listen("127.0.0.1:0").unwrap();
+    let addr = ep.addr();
+    ep.serve(Arc::new(Echo), ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
+    addr
+}
+
+fn fetch(vpn: u64) -> P2M_FETCH {
+    P2M_FETCH { who: Who { vnode: "v".into(), pid: 1 }, vpn }
+}
+
+fn is_local(t: &ShmTransport, addr: &str) -> bool {
+    matches!(t.peers.lock().unwrap().get(addr), Some(Peer::Local(_)))
+}
+
+#[test]
+fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
+    let d = private_tmp();
+    let addr = server(d.path());
+    let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap());
+    let rpc = Rpc::new(t.clone(), Duration::from_secs(5));
+    for vpn in [10_001u64, 10_002] {
+        let p = rpc.call_direct(&addr, fetch(vpn)).unwrap();
+        assert_eq!(p.data.as_ref(), vpn.to_le_bytes().repeat(512).as_slice());
+    }
+    assert!(is_local(&t, &addr), "a peer of this host is reached through its channel");
+    // Another host's component has no rendezvous socket where this caller looks.
+    let elsewhere = private_tmp();
+    let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default()).unwrap());
+    let p = Rpc::new(far.clone(), Duration::from_secs(5)).call(&addr, fetch(10_003)).unwrap();
+    assert_eq!(p.data.len(), 4096);
+    assert!(!is_local(&far, &addr), "a peer without a channel is reached over TCP");
+}
+
+#[test]
+fn concurrent_callers_each_get_their_own_reply() {
+    let d = private_tmp();
+    let addr = server(d.path());
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap()), Duration::from_secs(5));
+    let threads: Vec<_> = (0..6u64)
+        .map(|i| {
+            let (rpc, addr) = (rpc.clone(), addr.clone());
+            std::thread::spawn(move || {
+                for k in 0..300u64 {
+                    let vpn = 10_000 + i * 1000 + k;
+                    let p = rpc.call(&addr, fetch(vpn)).unwrap();
+                    assert_eq!(&p.data[..8], vpn.to_le_bytes().as_slice());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn a_timed_out_call_never_answers_the_next_one() {
+    let d = private_tmp();
+    let addr = server(d.path());
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap()), Duration::from_millis(100));
+    match rpc.call_direct(&addr, fetch(400)) {
+        Err(RpcError::Timeout { .. }) => {}
+        r => panic!("a slow reply times out: {r:?}"),
+    }
+    let p = rpc.call_direct(&addr, fetch(10_007)).unwrap();
+    assert_eq!(&p.data[..8], 10_007u64.to_le_bytes().as_slice());
+}
+
+#[test]
+fn garbage_in_a_channel_closes_that_channel_only() {
+    let d = private_tmp();
+    let addr = server(d.path());
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap();
+    let path = t.socket_path(&addr);
+    for (len, bytes) in [(16u32, vec![0xffu8; 16]), (u32::MAX, vec![1u8; 8])] {
+        let c = Channel::open(&path, &addr, Duration::from_secs(3)).unwrap();
+        let h = c.map.header();
+        c.map.put(REQ, &bytes);
+        h.req_len.store(len, Relaxed);
+        ring(&h.req_seq, 1, &h.server_sleeps, &c.sock);
+        match wait(&h.rep_seq, 0, &h.client_sleeps, &c.sock, Duration::ZERO, Some(Instant::now() + Duration::from_secs(5))) {
+            Err(Gone::Closed) => {}
+            Ok(_) => panic!("garbage got an answer"),
+            Err(Gone::Timeout) => panic!("the server neither answered nor closed the channel"),
+        }
+    }
+    let p = Rpc::new(Arc::new(t), Duration::from_secs(5)).call(&addr, fetch(10_009)).unwrap();
+    assert_eq!(&p.data[..8], 10_009u64.to_le_bytes().as_slice(), "the component still serves others");
+}
+
+#[test]
+fn a_directory_others_can_enter_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = ShmTransport::new(&cfg(d.path()), TcpConfig::default()).err().expect("refused");
+    assert!(e.to_string().contains("mode 0700"), "{e}");
+}
+
+/// Connects to `path` as user `nobody` (with the system Python: a user's own may be out of
+/// nobody's reach) and reports what happened: "denied" (the socket could
+/// not be reached), "refused" (reached, but no channel came), or "channel".
+fn as_nobody(path: &Path) -> String {
+    let probe = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("denied"); sys.exit()
+msg, anc, flags, addr = s.recvmsg(1, socket.CMSG_LEN(4))
+print("channel" if anc else "refused")
+"#;
+    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", probe, path.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn another_user_gets_no_channel() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to act as another user");
+        return;
+    }
+    let d = private_tmp();
+    let addr = server(d.path());
+    let path = ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap().socket_path(&addr);
+    assert_eq!(as_nobody(&path), "denied", "the directory keeps other users from the socket");
+    // Even with the directory and socket opened up by mistake, the server checks who calls.
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(as_nobody(&path), "refused");
+}
