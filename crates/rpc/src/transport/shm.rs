@@ -268,6 +268,20 @@ impl ShmTransport {
         self.dir.join(format!("{}-{}.sock", self.netns, addr.replace('/', "_")))
     }
 
+    /// Removes the sockets of this namespace's components that are gone (killed components
+    /// leave theirs behind), so that the directory does not grow with every cluster.
+    fn sweep(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        let mine = format!("{}-", self.netns);
+        for e in entries.flatten() {
+            let p = e.path();
+            let ours = e.file_name().to_str().is_some_and(|n| n.starts_with(&mine) && n.ends_with(".sock"));
+            if ours && UnixStream::connect(&p).is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+
     /// A free channel to `addr`, or `None` when `addr` is not on this host.
     fn channel(&self, addr: &str, timeout: Duration) -> Result<Option<Channel>, RpcError> {
         match self.peers.lock().unwrap().get_mut(addr) {
@@ -330,6 +344,7 @@ impl Transport for ShmTransport {
 
     fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>> {
         let tcp = self.tcp.listen_stream(addr)?;
+        self.sweep();
         let path = self.socket_path(&tcp.addr());
         // The TCP port is ours now, so a socket left at its name belongs to a component that is gone.
         let _ = std::fs::remove_file(&path);
@@ -427,10 +442,12 @@ impl Endpoint for ShmListen {
                             let d = dispatcher.clone();
                             let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || serve_channel(s, map, d, spin));
                         }
-                        Err(e) => {
+                        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                             metrics::counter!("rpc_shm_refused_total").increment(1);
                             tracing::warn!(error = %e, "shared-memory channel refused");
                         }
+                        // A caller that left before its channel came (a sweep checking liveness).
+                        Err(e) => tracing::debug!(error = %e, "shared-memory channel not set up"),
                     }
                 }
             })
