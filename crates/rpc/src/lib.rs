@@ -7,6 +7,7 @@
 //! * [`server`] — a component's [`Handler`], its dispatch helper [`on`], and worker pools.
 //! * [`transport`] — the message-level [`Transport`] interface, chosen from
 //!   [`TransportConfig`]: TCP, and shared memory between components of one host.
+//! * [`poll`] — [`poll::Poller`], polling before sleeping that adapts to how long waits are.
 //! * [`fdpass`] — descriptors over Unix sockets (shared-memory channels, a program's heap).
 //! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
 
@@ -14,6 +15,7 @@ pub mod client;
 pub mod error;
 pub mod fdpass;
 pub mod frame;
+pub mod poll;
 pub mod server;
 pub mod transport;
 pub mod wire;

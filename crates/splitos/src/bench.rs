@@ -9,12 +9,13 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use splitos_rpc::transport::tcp::DEFAULT_SPIN_US;
-use splitos_rpc::transport::{spin_poll, TcpConfig, TcpTransport};
+use splitos_rpc::poll::{Poller, Polling};
+use splitos_rpc::transport::{TcpConfig, TcpTransport};
 use splitos_shim_abi::uffd;
 
 const PAGE: usize = 4096;
-/// The floors poll as hard as the system does (see `spin_poll`), so that the comparison is
-/// between mechanisms, not between a polling and a sleeping waiter.
+/// The floors poll for the system's whole polling ceiling ([`Poller`], fixed), so that the
+/// comparison is between mechanisms, not between a polling and a sleeping waiter.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(DEFAULT_SPIN_US);
 
 fn summary(name: &str, h: &Histogram<u64>) -> serde_json::Value {
@@ -81,16 +82,17 @@ fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
     let raw = ufd.as_raw_fd();
     let server = std::thread::spawn(move || {
         let page = vec![7u8; PAGE];
+        let poller = Poller::new(SPIN, Polling::Fixed);
         let mut served = 0;
         while served < n {
             let mut m = uffd::Msg::default();
-            let got = spin_poll(SPIN, || {
+            let got = poller.poll(|| {
                 // SAFETY: reads at most size_of::<Msg>() bytes into `m`, a live repr(C) record
                 // valid for any bytes; `raw` stays open until the thread is joined.
                 let r = unsafe { libc::read(raw, &mut m as *mut _ as *mut libc::c_void, std::mem::size_of::<uffd::Msg>()) };
                 (r > 0).then_some(())
             });
-            if got.is_none() {
+            if got.is_err() {
                 let mut pfd = libc::pollfd { fd: raw, events: libc::POLLIN, revents: 0 };
                 // SAFETY: one live pollfd; a timeout or error only leads to another read attempt.
                 unsafe { libc::poll(&mut pfd, 1, 1000) };
@@ -123,7 +125,7 @@ fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
 /// both ends reading through the transport splitos uses, polling for `spin_us` first (0: a
 /// plain blocking read, which the scheduler often turns into a same-CPU ping-pong).
 fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
-    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0 });
+    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0 }, Polling::Fixed);
     let l = t.listen_stream("127.0.0.1:0").expect("bind");
     let addr = splitos_rpc::Endpoint::addr(&l);
     std::thread::spawn(move || {

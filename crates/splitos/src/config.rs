@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use splitos_rpc::poll::Polling;
 use splitos_rpc::TransportConfig;
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
@@ -88,6 +89,9 @@ pub struct PcompSection {
     pub fault_workers: usize,
     /// How long a fault worker polls its process's userfaultfd before sleeping (µs).
     pub fault_spin_us: u64,
+    /// `adaptive`: that polling shrinks while the process idles and grows back while it
+    /// faults; `fixed`: always `fault_spin_us`.
+    pub fault_polling: Polling,
     /// Most lines read ahead with a remote miss (0: off).
     pub prefetch: usize,
     /// `sequential`: read ahead only while misses are sequential; `nextline`: also the next
@@ -153,7 +157,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Adaptive, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16 }
 }
 
 pub fn default_mcomp() -> McompSection {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use splitos_rpc::poll::Polling;
 use splitos_rpc::transport::{ShmConfig, TcpConfig, TransportConfig};
 
 use splitos::config::{self, ClusterConfig, Size};
@@ -20,6 +21,8 @@ struct Cli {
 struct TransportArgs {
     #[arg(long = "transport", default_value_t = TransportConfig::default().kind, help = format!("Transport to the other components: {}", splitos_rpc::transport::KINDS.join(", ")))]
     kind: String,
+    #[arg(long, default_value_t = TransportConfig::default().polling, help = format!("Whether waiters poll adaptively or always for the whole spin: {}", splitos_rpc::poll::POLLING.join(", ")))]
+    polling: Polling,
     /// TCP: how long a reader polls its socket before sleeping (µs).
     #[arg(long, default_value_t = TransportConfig::default().tcp.spin_us)]
     tcp_spin_us: u64,
@@ -36,7 +39,7 @@ struct TransportArgs {
 
 impl TransportArgs {
     fn config(self) -> TransportConfig {
-        TransportConfig { kind: self.kind, tcp: TcpConfig { spin_us: self.tcp_spin_us, delay_us: self.tcp_delay_us }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
+        TransportConfig { kind: self.kind, polling: self.polling, tcp: TcpConfig { spin_us: self.tcp_spin_us, delay_us: self.tcp_delay_us }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
     }
 }
 
@@ -170,6 +173,8 @@ enum Cmd {
         /// How long a fault worker polls for the next fault before sleeping (µs).
         #[arg(long, default_value_t = config::default_pcomp().fault_spin_us)]
         fault_spin_us: u64,
+        #[arg(long, default_value_t = config::default_pcomp().fault_polling, help = format!("Whether fault workers' polling adapts to how often the process faults: {}", splitos_rpc::poll::POLLING.join(", ")))]
+        fault_polling: Polling,
         /// Most lines read ahead with a remote miss (0: off).
         #[arg(long, default_value_t = config::default_pcomp().prefetch)]
         prefetch: usize,
@@ -297,9 +302,9 @@ fn main() {
             node::init_metrics();
             mmon::run(mmon::MemArgs { listen, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, prefetch, prefetch_policy, fault_around, shim_sock, vnode_root, ready_file, metrics_addr, transport } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, shim_sock, vnode_root, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, prefetch, prefetch_policy, fault_around };
+            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around };
             pmon::run(pmon::ProcArgs { listen, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
@@ -338,13 +343,13 @@ mod tests {
     fn the_command_line_and_the_config_file_agree_on_every_default() {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
 
-        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, prefetch, prefetch_policy, fault_around } = file.pcomponent[0].clone();
-        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, prefetch: pf, prefetch_policy: pp, fault_around: fa, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _, transport } =
+        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around } = file.pcomponent[0].clone();
+        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _, transport } =
             parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
         else {
             unreachable!()
         };
-        assert_eq!((l, e, w, p, !no_piggyback, f, fs, pf, pp, fa), (listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, prefetch, prefetch_policy, fault_around), "proc");
+        assert_eq!((l, e, w, p, !no_piggyback, f, fs, fp, pf, pp, fa), (listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around), "proc");
         assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 

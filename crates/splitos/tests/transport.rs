@@ -46,3 +46,25 @@ fn a_program_whose_mcomponent_dies_mid_run_gets_an_error_over_shared_memory() {
     assert!(!a.status.success(), "the program cannot continue without its memory");
     assert!(text(&a.stderr).contains("mComponent"), "its error names the component: {}", text(&a.stderr));
 }
+
+#[test]
+fn adaptive_polling_stops_polling_while_a_program_idles_and_fixed_polling_never_does() {
+    let py = python3();
+    // A few faults, then two seconds of nothing: the fault worker and the channels wait idle.
+    let cmd = [py.as_str(), "-c", "import time; b = bytearray(8 << 20); time.sleep(2); print(len(b))"];
+    let adaptive = "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n";
+    let fixed = "[[pcomponent]]\nexcache = \"4M\"\nfault_polling = \"fixed\"\n[[mcomponent]]\n[transport]\npolling = \"fixed\"\n";
+    for (polling, config) in [("adaptive", adaptive), ("fixed", fixed)] {
+        let c = TestCluster::up(Some(config));
+        let out = c.run(&[], &cmd);
+        assert_eq!(text(&out.stdout), text(&native(&cmd).stdout), "{}", text(&out.stderr));
+        let skipped: f64 = ["pcomponent", "mcomponent"].iter().map(|r| c.metric(c.components(r)[0]["addr"].as_str().unwrap(), "poll_skipped_total")).sum();
+        let spins: f64 = ["pcomponent", "mcomponent"].iter().map(|r| c.metric(c.components(r)[0]["addr"].as_str().unwrap(), "poll_spins_total")).sum();
+        assert!(spins > 0.0, "{polling}: the components polled");
+        if polling == "adaptive" {
+            assert!(skipped > 0.0, "{polling}: idle waiters went to sleep without polling");
+        } else {
+            assert_eq!(skipped, 0.0, "{polling}: every wait polled for the whole spin");
+        }
+    }
+}

@@ -14,11 +14,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::RpcError;
+use crate::poll::Polling;
 use crate::server::{Handler, ServerConfig};
 use crate::wire::Msg;
 
 pub use shm::{ShmConfig, ShmTransport};
-pub use tcp::{spin_poll, TcpConfig, TcpTransport};
+pub use tcp::{TcpConfig, TcpTransport};
 
 pub trait Transport: Send + Sync + 'static {
     fn name(&self) -> &'static str;
@@ -50,6 +51,9 @@ pub trait Endpoint: Send {
 pub struct TransportConfig {
     #[serde(default = "default_kind")]
     pub kind: String,
+    /// How every waiter of the transport polls before sleeping ([`Polling`]).
+    #[serde(default)]
+    pub polling: Polling,
     #[serde(default)]
     pub tcp: TcpConfig,
     /// Shared memory's knobs; its calls to peers on other hosts use `tcp`'s.
@@ -63,7 +67,7 @@ fn default_kind() -> String {
 
 impl Default for TransportConfig {
     fn default() -> Self {
-        TransportConfig { kind: default_kind(), tcp: TcpConfig::default(), shm: ShmConfig::default() }
+        TransportConfig { kind: default_kind(), polling: Polling::default(), tcp: TcpConfig::default(), shm: ShmConfig::default() }
     }
 }
 
@@ -83,8 +87,8 @@ impl TransportConfig {
     pub fn build(&self) -> Result<Arc<dyn Transport>, String> {
         self.validate()?;
         match self.kind.as_str() {
-            "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone()))),
-            "shm" => Ok(Arc::new(ShmTransport::new(&self.shm, self.tcp.clone()).map_err(|e| format!("transport.shm: {e}"))?)),
+            "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling))),
+            "shm" => Ok(Arc::new(ShmTransport::new(&self.shm, self.tcp.clone(), self.polling).map_err(|e| format!("transport.shm: {e}"))?)),
             other => Err(format!("transport.kind: unknown transport {other:?}")),
         }
     }

@@ -27,10 +27,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::tcp::{spin_poll, TcpListen};
+use super::tcp::TcpListen;
 use super::{Endpoint, TcpConfig, TcpTransport, Transport};
 use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
+use crate::poll::{Poller, Polling};
 use crate::server::{Dispatcher, Handler, ServerConfig};
 use crate::wire::{Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
@@ -157,17 +158,29 @@ enum Gone {
     Timeout,
 }
 
-/// Waits until `seq` moves past `last`: polls for `spin`, then sleeps on `sock` after setting
-/// `sleeps`, so that the other side rings. The fences pair with [`ring`]'s: either the other
-/// side sees `sleeps` set, or this side sees its new `seq`.
-fn wait(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, mut sock: &UnixStream, spin: Duration, deadline: Option<Instant>) -> Result<u64, Gone> {
+/// Waits until `seq` moves past `last`: polls first ([`Poller`]), then sleeps on `sock` after
+/// setting `sleeps`, so that the other side rings. The fences pair with [`ring`]'s: either the
+/// other side sees `sleeps` set, or this side sees its new `seq`.
+fn wait(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, sock: &UnixStream, poller: &Poller, deadline: Option<Instant>) -> Result<u64, Gone> {
     let moved = || {
         let v = seq.load(Acquire);
         (v != last).then_some(v)
     };
-    if let Some(v) = spin_poll(spin, moved) {
-        return Ok(v);
+    match poller.poll(moved) {
+        Ok(v) => Ok(v),
+        Err(pending) => {
+            let r = sleep_until_moved(seq, last, sleeps, sock, deadline);
+            pending.slept();
+            r
+        }
     }
+}
+
+fn sleep_until_moved(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, mut sock: &UnixStream, deadline: Option<Instant>) -> Result<u64, Gone> {
+    let moved = || {
+        let v = seq.load(Acquire);
+        (v != last).then_some(v)
+    };
     loop {
         sleeps.store(1, SeqCst);
         fence(SeqCst);
@@ -243,6 +256,7 @@ fn private_dir(dir: &Path) -> io::Result<()> {
 pub struct ShmTransport {
     tcp: TcpTransport,
     spin: Duration,
+    polling: Polling,
     dir: PathBuf,
     netns: String,
     /// By peer address: the channels not in use, or when the peer was last found remote.
@@ -258,10 +272,11 @@ enum Peer {
 const RECHECK: Duration = Duration::from_secs(1);
 
 impl ShmTransport {
-    pub fn new(cfg: &ShmConfig, tcp: TcpConfig) -> io::Result<ShmTransport> {
+    pub fn new(cfg: &ShmConfig, tcp: TcpConfig, polling: Polling) -> io::Result<ShmTransport> {
         let dir = cfg.dir();
         private_dir(&dir)?;
-        Ok(ShmTransport { tcp: TcpTransport::new(tcp), spin: Duration::from_micros(cfg.spin_us), dir, netns: netns(), peers: Mutex::new(HashMap::new()) })
+        let spin = Duration::from_micros(cfg.spin_us);
+        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling), spin, polling, dir, netns: netns(), peers: Mutex::new(HashMap::new()) })
     }
 
     fn socket_path(&self, addr: &str) -> PathBuf {
@@ -298,7 +313,7 @@ impl ShmTransport {
             self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
             return Ok(None);
         }
-        let c = match Channel::open(&path, addr, timeout) {
+        let c = match Channel::open(&path, addr, timeout, Poller::new(self.spin, self.polling)) {
             Ok(c) => c,
             // A socket left by a component that is gone (whatever holds its port now, if
             // anything, is reached over TCP).
@@ -323,7 +338,7 @@ impl ShmTransport {
             return if direct { self.tcp.call_direct(addr, msg, timeout) } else { self.tcp.call(addr, msg, timeout) };
         };
         // A channel that failed is dropped: a late reply must not answer the next call.
-        let (c, r) = c.call(msg, self.spin, timeout)?;
+        let (c, r) = c.call(msg, timeout)?;
         self.give_back(addr, c);
         Ok(r)
     }
@@ -350,7 +365,7 @@ impl Transport for ShmTransport {
         let _ = std::fs::remove_file(&path);
         let unix = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin }))
+        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling }))
     }
 }
 
@@ -360,10 +375,11 @@ struct Channel {
     sock: UnixStream,
     map: Mapping,
     seq: u64,
+    poller: Poller,
 }
 
 impl Channel {
-    fn open(path: &Path, addr: &str, timeout: Duration) -> io::Result<Channel> {
+    fn open(path: &Path, addr: &str, timeout: Duration, poller: Poller) -> io::Result<Channel> {
         let sock = UnixStream::connect(path)?;
         sock.set_read_timeout(Some(timeout.min(Duration::from_secs(3))))?;
         let mut hello = [0u8; 1];
@@ -379,10 +395,10 @@ impl Channel {
         if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
         }
-        Ok(Channel { addr: addr.to_string(), sock, map, seq: 0 })
+        Ok(Channel { addr: addr.to_string(), sock, map, seq: 0, poller })
     }
 
-    fn call(mut self, msg: &Msg, spin: Duration, timeout: Duration) -> Result<(Channel, Msg), RpcError> {
+    fn call(mut self, msg: &Msg, timeout: Duration) -> Result<(Channel, Msg), RpcError> {
         let body = postcard::to_allocvec(msg).expect("encoding into a Vec cannot fail");
         if body.len() > AREA {
             return Err(RpcError::Unreachable { addr: self.addr.clone(), why: format!("message body of {} bytes exceeds the frame bound", body.len()) });
@@ -392,7 +408,7 @@ impl Channel {
         h.req_len.store(body.len() as u32, Relaxed);
         self.seq += 1;
         ring(&h.req_seq, self.seq, &h.server_sleeps, &self.sock);
-        let got = wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, spin, Some(Instant::now() + timeout));
+        let got = wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, &self.poller, Some(Instant::now() + timeout));
         let addr = &self.addr;
         match got {
             Ok(n) if n == self.seq => {}
@@ -412,6 +428,7 @@ pub struct ShmListen {
     unix: UnixListener,
     path: PathBuf,
     spin: Duration,
+    polling: Polling,
 }
 
 impl Endpoint for ShmListen {
@@ -421,7 +438,7 @@ impl Endpoint for ShmListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        let ShmListen { tcp, unix, path, spin } = *self;
+        let ShmListen { tcp, unix, path, spin, polling } = *self;
         tcp.serve_with(dispatcher.clone(), &cfg.name);
         let name = cfg.name;
         tracing::debug!(socket = %path.display(), "shared-memory rendezvous");
@@ -440,7 +457,7 @@ impl Endpoint for ShmListen {
                     match offer(&s) {
                         Ok(map) => {
                             let d = dispatcher.clone();
-                            let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || serve_channel(s, map, d, spin));
+                            let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || serve_channel(s, map, d, Poller::new(spin, polling)));
                         }
                         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                             metrics::counter!("rpc_shm_refused_total").increment(1);
@@ -492,13 +509,13 @@ fn offer(s: &UnixStream) -> io::Result<Mapping> {
 }
 
 /// Serves one caller's channel until it goes away.
-fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, spin: Duration) {
+fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, poller: Poller) {
     if sock.set_nonblocking(true).is_err() {
         return;
     }
     let h = map.header();
     let mut last = 0;
-    while let Ok(n) = wait(&h.req_seq, last, &h.server_sleeps, &sock, spin, None) {
+    while let Ok(n) = wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None) {
         last = n;
         let Some(msg) = map.take(REQ, h.req_len.load(Relaxed)).and_then(|b| postcard::from_bytes::<Msg>(&b).ok()) else {
             metrics::counter!("rpc_frames_rejected_total").increment(1);

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::{Endpoint, Transport};
 use crate::error::RpcError;
 use crate::frame::{read_frame, write_frame, FrameError};
+use crate::poll::{Poller, Polling};
 use crate::server::{Dispatcher, Handler, ServerConfig};
 use crate::wire::{FrameKind, Msg};
 
@@ -50,12 +51,13 @@ impl Default for TcpConfig {
 
 pub struct TcpTransport {
     cfg: TcpConfig,
+    polling: Polling,
     clients: Mutex<HashMap<String, Client>>,
 }
 
 impl TcpTransport {
-    pub fn new(cfg: TcpConfig) -> TcpTransport {
-        TcpTransport { cfg, clients: Mutex::new(HashMap::new()) }
+    pub fn new(cfg: TcpConfig, polling: Polling) -> TcpTransport {
+        TcpTransport { cfg, polling, clients: Mutex::new(HashMap::new()) }
     }
 
     /// A byte-stream connection with this transport's knobs (the benchmarks' raw floors).
@@ -63,7 +65,7 @@ impl TcpTransport {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
         for sa in addr.to_socket_addrs()? {
             match TcpStream::connect_timeout(&sa, timeout) {
-                Ok(s) => return TcpConn::new(s, &self.cfg),
+                Ok(s) => return TcpConn::new(s, &self.cfg, self.polling),
                 Err(e) => last = e,
             }
         }
@@ -72,7 +74,7 @@ impl TcpTransport {
 
     /// A listening socket whose connections get this transport's knobs.
     pub fn listen_stream(&self, addr: &str) -> io::Result<TcpListen> {
-        Ok(TcpListen { l: TcpListener::bind(addr)?, cfg: self.cfg.clone() })
+        Ok(TcpListen { l: TcpListener::bind(addr)?, cfg: self.cfg.clone(), polling: self.polling })
     }
 
     fn client(&self, addr: &str, timeout: Duration) -> Result<Client, RpcError> {
@@ -108,22 +110,26 @@ impl Transport for TcpTransport {
     }
 }
 
-/// One TCP connection. Reads poll for up to `spin_us` ([`spin_poll`]) before sleeping; writes
+/// One TCP connection. Reads poll for up to `spin_us` ([`Poller`]) before sleeping; writes
 /// wait `delay_us` first when a delay is injected.
 pub struct TcpConn {
     s: TcpStream,
+    poller: Poller,
+    polling: Polling,
     spin: Duration,
     delay: Duration,
 }
 
 impl TcpConn {
-    fn new(s: TcpStream, cfg: &TcpConfig) -> io::Result<TcpConn> {
+    fn new(s: TcpStream, cfg: &TcpConfig, polling: Polling) -> io::Result<TcpConn> {
         s.set_nodelay(true)?;
-        Ok(TcpConn { s, spin: Duration::from_micros(cfg.spin_us), delay: Duration::from_micros(cfg.delay_us) })
+        let spin = Duration::from_micros(cfg.spin_us);
+        Ok(TcpConn { s, poller: Poller::new(spin, polling), polling, spin, delay: Duration::from_micros(cfg.delay_us) })
     }
 
+    /// The same connection with polling state of its own (for another thread).
     pub fn try_clone(&self) -> io::Result<TcpConn> {
-        Ok(TcpConn { s: self.s.try_clone()?, spin: self.spin, delay: self.delay })
+        Ok(TcpConn { s: self.s.try_clone()?, poller: Poller::new(self.spin, self.polling), polling: self.polling, spin: self.spin, delay: self.delay })
     }
 
     fn close(&self) {
@@ -139,7 +145,7 @@ impl Read for TcpConn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if !buf.is_empty() {
             let fd = self.s.as_raw_fd();
-            let r = spin_poll(self.spin, || {
+            let r = self.poller.poll(|| {
                 // SAFETY: `buf` is a valid writable buffer of `buf.len()` bytes for the whole
                 // call, and `fd` is this connection's open socket.
                 let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
@@ -152,8 +158,13 @@ impl Read for TcpConn {
                     _ => Some(Err(e)),
                 }
             });
-            if let Some(r) = r {
-                return r;
+            match r {
+                Ok(r) => return r,
+                Err(pending) => {
+                    let r = self.s.read(buf);
+                    pending.slept();
+                    return r;
+                }
             }
         }
         self.s.read(buf)
@@ -173,40 +184,16 @@ impl Write for TcpConn {
     }
 }
 
-/// Calls `try_once` until it yields something or `budget` passes: polling hard for the first
-/// quarter, then yielding the CPU between polls. The caller then sleeps in the kernel. On
-/// virtual machines waking a halted vCPU costs more than a loopback round trip; a yielding
-/// poller keeps its vCPU awake while any runnable thread (the peer it waits for) still gets it.
-pub fn spin_poll<T>(budget: Duration, mut try_once: impl FnMut() -> Option<T>) -> Option<T> {
-    if budget.is_zero() {
-        return try_once();
-    }
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(v) = try_once() {
-            return Some(v);
-        }
-        let waited = t0.elapsed();
-        if waited >= budget {
-            return None;
-        }
-        if waited < budget / 4 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 pub struct TcpListen {
     l: TcpListener,
     cfg: TcpConfig,
+    polling: Polling,
 }
 
 impl TcpListen {
     pub fn accept(&self) -> io::Result<TcpConn> {
         let (s, _) = self.l.accept()?;
-        TcpConn::new(s, &self.cfg)
+        TcpConn::new(s, &self.cfg, self.polling)
     }
 }
 

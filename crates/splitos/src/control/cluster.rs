@@ -134,7 +134,7 @@ impl Cluster {
     fn start_all(&mut self, cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<()> {
         let t = &cfg.transport;
         // Every component speaks the cluster's transport.
-        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
+        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
         let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string()];
         args.extend(transport.iter().cloned());
         let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;
@@ -168,7 +168,7 @@ impl Cluster {
                 "proc".into(), "--listen".into(), p.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--excache".into(), p.excache.0.to_string(), "--ways".into(), p.ways.to_string(),
                 "--policy".into(), p.policy.clone(), "--fault-workers".into(), p.fault_workers.to_string(),
-                "--fault-spin-us".into(), p.fault_spin_us.to_string(), "--prefetch".into(), p.prefetch.to_string(), "--prefetch-policy".into(), p.prefetch_policy.clone(),
+                "--fault-spin-us".into(), p.fault_spin_us.to_string(), "--fault-polling".into(), p.fault_polling.to_string(), "--prefetch".into(), p.prefetch.to_string(), "--prefetch-policy".into(), p.prefetch_policy.clone(),
                 "--fault-around".into(), p.fault_around.to_string(),
                 "--shim-sock".into(), dir.join(format!("proc{i}.sock")).to_string_lossy().to_string(),
                 "--vnode-root".into(), dir.join("vnodes").to_string_lossy().to_string(),

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use splitos_rpc::poll::Poller;
 use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
 
 use super::miss::Access;
@@ -18,11 +19,11 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
             return;
         }
     };
-    let spin = Duration::from_micros(p.cfg.fault_spin_us);
+    let poller = Poller::new(Duration::from_micros(p.cfg.fault_spin_us), p.cfg.fault_polling);
     let mut faults = Vec::with_capacity(16);
     while proc_.tenant.alive() {
         faults.clear();
-        if wait.next(&proc_.uffd, spin, 1000, &mut faults).is_none() {
+        if wait.next(&proc_.uffd, &poller, 1000, &mut faults).is_none() {
             break;
         }
         let t0 = Instant::now();

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
@@ -45,6 +46,8 @@ pub struct PcompConfig {
     /// How long a fault worker polls for the next fault before sleeping (µs): a busy program
     /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake.
     pub fault_spin_us: u64,
+    /// Whether that polling adapts to how long waits are, or always takes `fault_spin_us`.
+    pub fault_polling: Polling,
     /// Most lines read ahead with a remote miss (0: no read-ahead).
     pub prefetch: usize,
     /// Which read-ahead policy (`PREFETCH_POLICIES`).

@@ -113,12 +113,20 @@ impl FaultWait {
 
     /// Waits up to `timeout_ms` for faults; appends page-fault (flags, address) pairs to `out`.
     /// `None` when the process was told to stop.
-    /// Polls the uffd for up to `spin` first (a busy program faults again within microseconds,
-    /// and a sleeping worker's vCPU is slow to wake).
-    pub fn next(&self, uffd_fd: &OwnedFd, spin: std::time::Duration, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
-        if splitos_rpc::transport::spin_poll(spin, || (read_msgs(uffd_fd, out) > 0).then_some(())).is_some() {
-            return Some(());
+    /// Polls the uffd first (a busy program faults again within microseconds, and a sleeping
+    /// worker's vCPU is slow to wake).
+    pub fn next(&self, uffd_fd: &OwnedFd, poller: &splitos_rpc::poll::Poller, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
+        match poller.poll(|| (read_msgs(uffd_fd, out) > 0).then_some(())) {
+            Ok(()) => Some(()),
+            Err(pending) => {
+                let r = self.sleep(uffd_fd, timeout_ms, out);
+                pending.slept();
+                r
+            }
         }
+    }
+
+    fn sleep(&self, uffd_fd: &OwnedFd, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
         // SAFETY: `evs` has room for the 2 events asked for.
         let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 2, timeout_ms) };

@@ -37,7 +37,7 @@ fn cfg(dir: &Path) -> ShmConfig {
 }
 
 fn server(dir: &Path) -> String {
-    let t = ShmTransport::new(&cfg(dir), TcpConfig::default()).unwrap();
+    let t = ShmTransport::new(&cfg(dir), TcpConfig::default(), Polling::Adaptive).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
     ep.serve(Arc::new(Echo), ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
@@ -56,7 +56,7 @@ fn is_local(t: &ShmTransport, addr: &str) -> bool {
 fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
     let d = private_tmp();
     let addr = server(d.path());
-    let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap());
+    let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap());
     let rpc = Rpc::new(t.clone(), Duration::from_secs(5));
     for vpn in [10_001u64, 10_002] {
         let p = rpc.call_direct(&addr, fetch(vpn)).unwrap();
@@ -65,7 +65,7 @@ fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
     assert!(is_local(&t, &addr), "a peer of this host is reached through its channel");
     // Another host's component has no rendezvous socket where this caller looks.
     let elsewhere = private_tmp();
-    let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default()).unwrap());
+    let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default(), Polling::Adaptive).unwrap());
     let p = Rpc::new(far.clone(), Duration::from_secs(5)).call(&addr, fetch(10_003)).unwrap();
     assert_eq!(p.data.len(), 4096);
     assert!(!is_local(&far, &addr), "a peer without a channel is reached over TCP");
@@ -75,7 +75,7 @@ fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
 fn concurrent_callers_each_get_their_own_reply() {
     let d = private_tmp();
     let addr = server(d.path());
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap()), Duration::from_secs(5));
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap()), Duration::from_secs(5));
     let threads: Vec<_> = (0..6u64)
         .map(|i| {
             let (rpc, addr) = (rpc.clone(), addr.clone());
@@ -97,7 +97,7 @@ fn concurrent_callers_each_get_their_own_reply() {
 fn a_timed_out_call_never_answers_the_next_one() {
     let d = private_tmp();
     let addr = server(d.path());
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap()), Duration::from_millis(100));
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap()), Duration::from_millis(100));
     match rpc.call_direct(&addr, fetch(400)) {
         Err(RpcError::Timeout { .. }) => {}
         r => panic!("a slow reply times out: {r:?}"),
@@ -110,15 +110,15 @@ fn a_timed_out_call_never_answers_the_next_one() {
 fn garbage_in_a_channel_closes_that_channel_only() {
     let d = private_tmp();
     let addr = server(d.path());
-    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap();
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap();
     let path = t.socket_path(&addr);
     for (len, bytes) in [(16u32, vec![0xffu8; 16]), (u32::MAX, vec![1u8; 8])] {
-        let c = Channel::open(&path, &addr, Duration::from_secs(3)).unwrap();
+        let c = Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed)).unwrap();
         let h = c.map.header();
         c.map.put(REQ, &bytes);
         h.req_len.store(len, Relaxed);
         ring(&h.req_seq, 1, &h.server_sleeps, &c.sock);
-        match wait(&h.rep_seq, 0, &h.client_sleeps, &c.sock, Duration::ZERO, Some(Instant::now() + Duration::from_secs(5))) {
+        match wait(&h.rep_seq, 0, &h.client_sleeps, &c.sock, &c.poller, Some(Instant::now() + Duration::from_secs(5))) {
             Err(Gone::Closed) => {}
             Ok(_) => panic!("garbage got an answer"),
             Err(Gone::Timeout) => panic!("the server neither answered nor closed the channel"),
@@ -132,7 +132,7 @@ fn garbage_in_a_channel_closes_that_channel_only() {
 fn a_directory_others_can_enter_is_refused() {
     let d = tempfile::tempdir().unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let e = ShmTransport::new(&cfg(d.path()), TcpConfig::default()).err().expect("refused");
+    let e = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).err().expect("refused");
     assert!(e.to_string().contains("mode 0700"), "{e}");
 }
 
@@ -164,7 +164,7 @@ fn another_user_gets_no_channel() {
     }
     let d = private_tmp();
     let addr = server(d.path());
-    let path = ShmTransport::new(&cfg(d.path()), TcpConfig::default()).unwrap().socket_path(&addr);
+    let path = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap().socket_path(&addr);
     assert_eq!(as_nobody(&path), "denied", "the directory keeps other users from the socket");
     // Even with the directory and socket opened up by mistake, the server checks who calls.
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
