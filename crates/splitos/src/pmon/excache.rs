@@ -40,6 +40,10 @@ pub trait EvictionPolicy: Send {
     /// Picks the way to evict from a full set, among `Ready` lines. `hand` is the set's own
     /// policy state (CLOCK's hand). `None` if every way is still filling.
     fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
+    /// True if `victim` may mark lines to be write-protected again (`Line::rearm`).
+    fn rearms(&self) -> bool {
+        false
+    }
 }
 
 pub struct Fifo;
@@ -62,6 +66,9 @@ pub struct Clock;
 impl EvictionPolicy for Clock {
     fn name(&self) -> &'static str {
         "clock"
+    }
+    fn rearms(&self) -> bool {
+        true
     }
     fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
         let n = set.len();
@@ -101,11 +108,19 @@ pub struct Claim {
     pub victim: Option<Line>,
 }
 
+/// Nothing here scans a whole set on the way of a miss when it need not: a fully associative
+/// cache is one set of every line.
 pub struct ExCache {
     nsets: usize,
     ways: usize,
     slots: Vec<Option<Line>>,
     hands: Vec<usize>,
+    /// Per set: lines held, and the lowest way that may be free.
+    held: Vec<usize>,
+    free_from: Vec<usize>,
+    /// Per set: the policy ran since the set was last checked for lines to rearm.
+    may_rearm: Vec<bool>,
+    used: usize,
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
     seq: u64,
@@ -117,7 +132,19 @@ impl ExCache {
         let lines = lines.max(1);
         let ways = if ways == 0 || ways > lines { lines } else { ways };
         let nsets = lines / ways;
-        ExCache { nsets, ways, slots: vec![None; nsets * ways], hands: vec![0; nsets], index: HashMap::new(), policy, seq: 0 }
+        ExCache {
+            nsets,
+            ways,
+            slots: vec![None; nsets * ways],
+            hands: vec![0; nsets],
+            held: vec![0; nsets],
+            free_from: vec![0; nsets],
+            may_rearm: vec![false; nsets],
+            used: 0,
+            index: HashMap::new(),
+            policy,
+            seq: 0,
+        }
     }
 
     pub fn lines(&self) -> usize {
@@ -165,17 +192,21 @@ impl ExCache {
         let set = self.set_of(vpn);
         let base = set * self.ways;
         let range = base..base + self.ways;
-        let slot = match self.slots[range.clone()].iter().position(|s| s.is_none()) {
-            Some(i) => (base + i, None),
-            None => {
-                let i = self.policy.victim(&mut self.slots[range], &mut self.hands[set])?;
-                if !evictable(self.slots[base + i].as_ref().expect("victim is a line")) {
-                    return None;
-                }
-                let v = self.slots[base + i].take().expect("victim is a line");
-                self.unindex(v.pid, v.vpn);
-                (base + i, Some(v))
+        let slot = if self.held[set] < self.ways {
+            let i = (self.free_from[set]..self.ways).find(|i| self.slots[base + i].is_none()).expect("a set not full has a free way");
+            self.free_from[set] = i + 1;
+            self.held[set] += 1;
+            self.used += 1;
+            (base + i, None)
+        } else {
+            self.may_rearm[set] |= self.policy.rearms();
+            let i = self.policy.victim(&mut self.slots[range], &mut self.hands[set])?;
+            if !evictable(self.slots[base + i].as_ref().expect("victim is a line")) {
+                return None;
             }
+            let v = self.slots[base + i].take().expect("victim is a line");
+            self.unindex(v.pid, v.vpn);
+            (base + i, Some(v))
         };
         self.seq += 1;
         self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, writes: 0 });
@@ -185,7 +216,11 @@ impl ExCache {
 
     /// Lines a policy wants write-protected again (CLOCK cleared their reference bit).
     pub fn take_rearm(&mut self, vpn: u64) -> Vec<(u64, u64)> {
-        let base = self.set_of(vpn) * self.ways;
+        let set = self.set_of(vpn);
+        if !std::mem::take(&mut self.may_rearm[set]) {
+            return Vec::new();
+        }
+        let base = set * self.ways;
         let mut out = Vec::new();
         for l in self.slots[base..base + self.ways].iter_mut().flatten() {
             if l.rearm {
@@ -217,6 +252,10 @@ impl ExCache {
     pub fn remove(&mut self, pid: u64, vpn: u64) -> Option<Line> {
         let slot = self.lookup(pid, vpn)?;
         self.unindex(pid, vpn);
+        let (set, way) = (slot / self.ways, slot % self.ways);
+        self.held[set] -= 1;
+        self.free_from[set] = self.free_from[set].min(way);
+        self.used -= 1;
         self.slots[slot].take()
     }
 
@@ -230,7 +269,7 @@ impl ExCache {
     }
 
     pub fn used(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.used
     }
 }
 
