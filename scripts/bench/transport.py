@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The transports side by side: the RPC floor of each (a 4 KiB request to a real mComponent),
-and workloads natively, over loopback TCP and over shared memory, configurations interleaved run
-by run. Reports median wall time (min-max), the slowdown against native, the CPU time of the
-whole run (program and components), remote misses and the p50 of a miss and of its RPC part;
-writes results/transport.json and the "Transports" section of docs/benchmarks.md.
+and workloads natively, over loopback TCP, over shared memory, and over shared memory with
+fixed instead of adaptive polling, configurations interleaved run by run. Reports median wall
+time (min-max), the slowdown against native, the CPU time of the whole run (program and
+components), remote misses and the p50 of a miss and of its RPC part. Then a busy neighbour:
+the fitting workload alone and next to a process that only computes, natively and under
+splitos, with the neighbour's share of the CPU. Writes results/transport.json and the
+"Transports" section of docs/benchmarks.md.
 
     python3 scripts/bench/transport.py [--reps 5] [--floor-n 20000]
 """
@@ -19,7 +22,8 @@ import time
 
 from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 
-KINDS = ["tcp", "shm"]
+CONFIGS = {"tcp": ["--transport", "tcp"], "shm": ["--transport", "shm"], "shm, fixed polling": ["--transport", "shm", "--polling", "fixed"]}
+KINDS = list(CONFIGS)
 
 
 def workloads(tmp):
@@ -45,12 +49,29 @@ def run(cmd, excache=None, kind=None):
     """Wall and CPU seconds of one run (the embedded cluster's components are children of
     `splitos run`, which waits for them, so their CPU time is in the total) and its counters."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        full = cmd if kind is None else [SPLITOS, "run", "--embedded", "--transport", kind, "--excache", excache, "--stats-json", f.name, "--", *cmd]
+        full = cmd if kind is None else [SPLITOS, "run", "--embedded", *CONFIGS[kind], "--excache", excache, "--stats-json", f.name, "--", *cmd]
         c0, t0 = cpu_of_children(), time.monotonic()
         subprocess.run(full, check=True, stdout=subprocess.DEVNULL)
         wall, cpu = time.monotonic() - t0, cpu_of_children() - c0
         stats = json.load(open(f.name)) if kind is not None else {}
     return wall, cpu, stats
+
+
+NEIGHBOUR = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True:\n    pass\n"
+
+
+def with_neighbour(cmd, excache=None, kind=None):
+    """One run next to a process that only computes; returns the run's wall seconds and the
+    share of one CPU the neighbour got meanwhile."""
+    c0 = cpu_of_children()
+    hog = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    wall, cpu, _ = run(cmd, excache, kind)
+    span = time.monotonic() - t0 + 0.2
+    hog.terminate()
+    hog.wait()
+    return wall, (cpu_of_children() - c0 - cpu) / span
 
 
 def floors(n):
@@ -95,6 +116,16 @@ def main():
                                    "rpc_p50_us": med(lambda s: s["miss_breakdown_ns_p50"]["rpc"]) / 1000}
             res["workloads"].append(row)
             print(f"{name} done", file=sys.stderr)
+        # The busy neighbour, with the workload that fits.
+        name, cmd, ex = workloads(tmp)[0]
+        alone, busy = {k: [] for k in ["native", *KINDS]}, {k: [] for k in ["native", *KINDS]}
+        for rep in range(args.reps):
+            for k in (["native", *KINDS] if rep % 2 == 0 else ["native", *KINDS][::-1]):
+                kind = None if k == "native" else k
+                alone[k].append(run(cmd, ex, kind)[0])
+                busy[k].append(with_neighbour(cmd, ex, kind))
+        res["neighbour"] = {"workload": name, "configs": {k: {"alone_s": statistics.median(alone[k]), "busy_s": statistics.median(w for w, _ in busy[k]),
+                                                               "neighbour_cpu": statistics.median(c for _, c in busy[k])} for k in alone}}
     os.makedirs(os.path.join(ROOT, "results"), exist_ok=True)
     with open(os.path.join(ROOT, "results", "transport.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -118,7 +149,15 @@ def main():
         for k, c in row["kinds"].items():
             lines.append(f"| {row['workload']} | {k} | {c['wall_s']:.2f} ({c['min_s']:.2f}–{c['max_s']:.2f}) | {c['wall_s'] / row['native_s']:.2f}x | "
                          f"{c['cpu_s']:.2f} ({row['native_cpu_s']:.2f}) | {c['remote_misses']:.0f} | {c['miss_p50_us']:.1f} | {c['rpc_p50_us']:.1f} |")
-    lines += ["", "Native: " + ", ".join(f"{r['workload']} {r['native_s']:.2f} s" for r in res["workloads"]) + ".", "<!-- transports:end -->"]
+    lines += ["", "Native: " + ", ".join(f"{r['workload']} {r['native_s']:.2f} s" for r in res["workloads"]) + "."]
+    nb = res["neighbour"]
+    lines += ["", f"A busy neighbour: {nb['workload']} alone and next to a process that only computes (a Python busy loop), "
+              "on the same two cores. Slowdown is the time with the neighbour over the time alone, in the same configuration; "
+              "the neighbour's share is the CPU time it got over the run's duration (1.0 = a whole core).", "",
+              "| configuration | alone s | with neighbour s | slowdown | neighbour's share of a CPU |", "|---|---|---|---|---|"]
+    for k, c in nb["configs"].items():
+        lines.append(f"| {k} | {c['alone_s']:.2f} | {c['busy_s']:.2f} | {c['busy_s'] / c['alone_s']:.2f}x | {c['neighbour_cpu']:.2f} |")
+    lines += ["<!-- transports:end -->"]
     print("\n".join(lines))
     replace_section(os.path.join(ROOT, "docs"), "transports", lines)
 

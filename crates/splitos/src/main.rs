@@ -74,6 +74,8 @@ enum Cmd {
         fault_around: Option<usize>,
         #[arg(long, help = format!("Transport between the embedded cluster's components: {} [default: {}]", splitos_rpc::transport::KINDS.join(", "), TransportConfig::default().kind))]
         transport: Option<String>,
+        #[arg(long, help = format!("How the embedded cluster's waiters poll (transport and fault workers): {} [default: {}]", splitos_rpc::poll::POLLING.join(", "), Polling::default()))]
+        polling: Option<Polling>,
         /// Number of mComponents of the embedded cluster.
         #[arg(long, default_value_t = ClusterConfig::embedded().mcomponent.len())]
         mcomponents: usize,
@@ -281,10 +283,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, transport, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
             let (excache, mem_capacity, vregion_size) = (excache.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, transport, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
+                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
             })
             .map(|code| std::process::exit(code))
         }

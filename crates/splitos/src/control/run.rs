@@ -28,6 +28,7 @@ pub struct RunArgs {
     pub prefetch_policy: Option<String>,
     pub fault_around: Option<usize>,
     pub transport: Option<String>,
+    pub polling: Option<splitos_rpc::poll::Polling>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -138,6 +139,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 if let Some(t) = &a.transport {
                     cfg.transport.kind = t.clone();
                 }
+                if let Some(polling) = a.polling {
+                    cfg.transport.polling = polling;
+                    cfg.pcomponent[0].fault_polling = polling;
+                }
                 if let Some(v) = a.vregion_size {
                     cfg.cluster.vregion_size = Size(v);
                 }
@@ -150,7 +155,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
