@@ -47,6 +47,16 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         for kind in ["swap-file", "zram"] {
             assert!(w[kind]["0.25"][0]["s"].as_f64().unwrap() > 0.0, "{name} {kind}");
         }
+        // An ExCache twice the working set, fully associative, evicts nothing; 25% over TCP
+        // misses as the default transport does.
+        let fits = &w["splitos-fits"]["2.0"][0];
+        assert_eq!(fits["evictions"].as_u64().unwrap(), 0, "{name} fits: {fits}");
+        assert!(w["splitos-tcp"]["0.25"][0]["misses"].as_u64().unwrap() > 0, "{name}: no misses at 25% over TCP");
+        assert!(w["native_cpu_s"][0].as_f64().unwrap() > 0.0 && fits["cpu_s"].as_f64().unwrap() > 0.0, "{name}: CPU time measured");
+    }
+    let names: Vec<&String> = workloads.keys().collect();
+    for lang in ["perl", "node"] {
+        assert!(names.iter().any(|n| n.starts_with(lang)), "a {lang} workload: {names:?}");
     }
     assert!(res["fig13"]["configs"].as_array().unwrap().len() >= 3);
     assert!(res["fig14"]["configs"].as_array().unwrap().len() >= 2);
@@ -69,7 +79,7 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         assert_eq!(&bytes[1..4], b"PNG", "{png}");
     }
     let report = std::fs::read_to_string(out.join("benchmarks.md")).unwrap();
-    for want in ["<!-- suite:begin", "Machine:", "Figure 13", "Figure 14", "Figure 15", "<!-- suite:end -->"] {
+    for want in ["<!-- suite:begin", "Machine:", "splitos fits", "splitos TCP 25.0%", "CPU time", "Figure 13", "Figure 14", "Figure 15", "<!-- suite:end -->"] {
         assert!(report.contains(want), "report lacks {want}");
     }
 
