@@ -99,6 +99,8 @@ pub struct PcompSection {
     pub prefetch_policy: String,
     /// Fresh lines installed zero-filled and writable with a first touch (0: off).
     pub fault_around: usize,
+    /// Memory for evicted lines kept compressed on the pComponent, beyond the ExCache (0: off).
+    pub compressed_tier: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -157,7 +159,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Adaptive, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Adaptive, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0) }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -208,6 +210,9 @@ impl ClusterConfig {
             }
             if crate::pmon::prefetcher(&p.prefetch_policy, 0).is_none() {
                 return Err(format!("pcomponent[{i}].prefetch_policy: unknown policy {:?} (known: {})", p.prefetch_policy, crate::pmon::PREFETCH_POLICIES.join(", ")));
+            }
+            if p.compressed_tier.0 != 0 && p.compressed_tier.0 < PAGE {
+                return Err(format!("pcomponent[{i}].compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)", p.compressed_tier.0));
             }
             if p.fault_workers == 0 {
                 return Err(format!("pcomponent[{i}].fault_workers: must be at least 1"));

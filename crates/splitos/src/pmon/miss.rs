@@ -5,9 +5,10 @@
 //! 1. claim a way in the line's set ([`MissPath::claim`]); if the set is full the eviction
 //!    policy picks a victim, a clean victim is dropped without a message and a dirty one is
 //!    write-protected, copied out and dropped ([`MissPath::evict`]);
-//! 2. write the dirty victim back and fetch the line, in one round trip when both go to the
-//!    same place (LegoOS piggyback), or zero-fill a line that never left this pComponent
-//!    (a p-local line) ([`MissPath::fill`]);
+//! 2. with the compressed tier on, offer the victim to it ([`MissPath::stash`]); write the
+//!    dirty victims it did not take back and fetch the line, in one round trip when both go to
+//!    the same place (LegoOS piggyback), or decompress the line from the tier, or zero-fill a
+//!    line that never left this pComponent (a p-local line) ([`MissPath::fill`]);
 //! 3. install the line, write-protected after a read so that the first write traps and marks
 //!    it dirty ([`MissPath::install`]); or, if the fill failed, discard the claim and fail the
 //!    process with the store's error.
@@ -18,6 +19,11 @@
 //! acknowledgement; if its write-back fails, its process is stopped (before any of its threads
 //! could see the page as never written) and failed with an error naming the component. A miss
 //! on a line whose write-back is on the wire waits for the acknowledgement.
+//!
+//! The compressed tier (tier.rs) is exclusive: a page is a resident line, a tier entry, or
+//! neither. A dirty tier entry is a page's only copy, and it follows the same rule: pushed out
+//! of the tier, it is in flight until the store acknowledged it, and a failed write-back fails
+//! its process.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -31,6 +37,7 @@ use super::prefetch::Prefetcher;
 use super::region::{Install, Region};
 use super::stats::RunStats;
 use super::store::{Page, PageStore, Place};
+use super::tier::{Codec, Entry, VictimTier};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 const PROT_WRITE: u32 = 2;
@@ -80,22 +87,43 @@ pub enum Access {
 /// Called once for a process whose memory cannot be served, with why.
 pub type FailHook = Box<dyn Fn(&Tenant, &str) + Send + Sync>;
 
-/// A dirty line captured for write-back; until it is settled, `data` may be its only copy.
+/// A page captured for write-back; until it is settled, `data` may be its only copy.
 struct Writeback {
     tenant: Arc<Tenant>,
     vpn: u64,
     data: Page,
-    /// `None`: evicted, no longer in the cache. `Some(writes)`: still resident, captured when
-    /// the line had seen `writes` writes.
-    resident: Option<u32>,
+    held: Held,
+}
+
+/// Where else a captured page is while its write-back is on the wire.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Nowhere: a dirty victim evicted from the ExCache.
+    Evicted,
+    /// Nowhere: a dirty entry pushed out of the compressed tier.
+    PushedOut,
+    /// Still resident, captured when the line had seen this many writes.
+    Line(u32),
+    /// In the compressed tier, pinned until this write-back ends.
+    Tier,
+    /// A clean victim: the store holds it, so it is only offered to the tier, never written.
+    Clean,
+}
+
+/// Where a miss gets its line from.
+enum Source {
+    /// Zeros: a p-local line.
+    Local,
+    Store,
+    Tier(Entry),
 }
 
 struct Claim {
     slot: usize,
-    /// Dirty lines evicted for this miss and its read-ahead, to be written back with it.
+    /// Lines evicted for this miss and its read-ahead: dirty ones to be written back with it,
+    /// clean ones to be offered to the compressed tier.
     victims: Vec<Writeback>,
-    /// The page exists on the store; otherwise it is a p-local line.
-    materialized: bool,
+    source: Source,
     /// Following lines claimed for read-ahead: (page, way).
     ahead: Vec<(u64, usize)>,
     /// Following fresh lines claimed for fault-around: (page, way).
@@ -113,6 +141,8 @@ struct State {
     /// Each process's mappings as its home granted them: fault-around installs fresh lines
     /// only where the program may write.
     layouts: HashMap<u64, VmaMap>,
+    /// The compressed tier, when on.
+    tier: Option<Box<dyn VictimTier>>,
 }
 
 pub struct MissPath {
@@ -124,12 +154,27 @@ pub struct MissPath {
     cv: Condvar,
     total: Arc<RunStats>,
     on_fail: FailHook,
+    /// The compressed tier's codec, when the tier is on (used without the lock).
+    codec: Option<Box<dyn Codec>>,
 }
 
 impl MissPath {
     pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new() };
-        MissPath { store, piggyback, fault_around: fault_around as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None };
+        MissPath { store, piggyback, fault_around: fault_around as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None }
+    }
+
+    /// Puts a compressed tier between the ExCache and the store.
+    pub fn with_tier(mut self, tier: Box<dyn VictimTier>, codec: Box<dyn Codec>) -> MissPath {
+        self.state.get_mut().unwrap().tier = Some(tier);
+        self.codec = Some(codec);
+        self
+    }
+
+    /// The compressed tier's policy, codec, budget, bytes charged and entries (for statistics).
+    pub fn tier_usage(&self) -> Option<(&'static str, &'static str, u64, u64, usize)> {
+        let codec = self.codec.as_ref()?.name();
+        self.state.lock().unwrap().tier.as_ref().map(|t| (t.name(), codec, t.budget(), t.used(), t.entries()))
     }
 
     /// Records what [start, end) (bytes) of process `pid` now is: mapped with `prot`, or
@@ -172,6 +217,9 @@ impl MissPath {
         let mut g = self.state.lock().unwrap();
         for (vpn, _) in g.cache.resident_in(t.pid, 0, u64::MAX) {
             g.cache.remove(t.pid, vpn);
+        }
+        if let Some(tier) = g.tier.as_mut() {
+            tier.drop_range(t.pid, 0, u64::MAX);
         }
         g.tenants.remove(&t.pid);
         g.materialized.remove(&t.pid);
@@ -221,9 +269,13 @@ impl MissPath {
     pub fn fault(&self, t: &Arc<Tenant>, vpn: u64, access: Access, t0: Instant) {
         let Some(claim) = self.claim(t, vpn, access) else { return };
         let t_evicted = Instant::now();
-        let materialized = claim.materialized;
+        let (remote, tier_dirty) = match &claim.source {
+            Source::Store => (true, None),
+            Source::Tier(e) => (false, Some(e.dirty)),
+            Source::Local => (false, None),
+        };
         let ahead: Vec<u64> = claim.ahead.iter().map(|(v, _)| *v).collect();
-        let filled = self.fill(t, vpn, materialized, claim.victims, &ahead);
+        let filled = self.fill(t, vpn, claim.source, claim.victims, &ahead);
         let t_fetched = Instant::now();
         match filled {
             Ok((data, pages)) => {
@@ -233,12 +285,21 @@ impl MissPath {
                     // Only lines a read installed write-protected can show whether a write follows.
                     t.read_fills.fetch_add(1, Relaxed);
                 }
-                self.install(t, vpn, claim.slot, data.as_deref(), writable);
+                // A dirty tier entry stays dirty as a line (write-protected after a read all the
+                // same, so that the process's write prediction still learns).
+                let dirty = writable || tier_dirty == Some(true);
+                let installed = self.install(t, vpn, claim.slot, data.as_deref(), writable, dirty);
+                if !installed && tier_dirty == Some(true) && t.alive() {
+                    self.fail(t, &format!("cannot install heap page {:#x} from the compressed tier, which held its only copy", vpn * PAGE));
+                    return;
+                }
                 // Lines read ahead go in clean and write-protected, whatever the process's
                 // prediction (nobody asked for them yet); those not fetched are given back.
                 for (i, (v, slot)) in claim.ahead.iter().enumerate() {
                     match pages.get(i) {
-                        Some(p) => self.install(t, *v, *slot, Some(p), false),
+                        Some(p) => {
+                            self.install(t, *v, *slot, Some(p), false, false);
+                        }
                         None => self.abandon(t, *v, *slot),
                     }
                 }
@@ -249,7 +310,7 @@ impl MissPath {
                     });
                 }
                 for (v, slot) in &claim.around {
-                    self.install(t, *v, *slot, None, true);
+                    self.install(t, *v, *slot, None, true, true);
                 }
                 if !claim.around.is_empty() {
                     self.bump(t, |s| {
@@ -270,9 +331,11 @@ impl MissPath {
         let parts = [t_evicted - t0, t_fetched - t_evicted, t_done - t_fetched].map(|d| (d.as_nanos() as u64).max(1));
         self.bump(t, |s| {
             let _ = s.evict_ns.lock().unwrap().record(parts[0]);
-            if materialized {
+            if remote {
                 let _ = s.rpc_ns.lock().unwrap().record(parts[1]);
                 s.bytes_fetched.fetch_add(PAGE, Relaxed);
+            } else if tier_dirty.is_some() {
+                s.tier_hits.fetch_add(1, Relaxed);
             } else {
                 s.plocal_fills.fetch_add(1, Relaxed);
             }
@@ -334,18 +397,23 @@ impl MissPath {
             };
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
-                self.evict(&mut g, v, &mut victims, &mut lost);
+                self.evict(&mut g, v, &mut victims, &mut lost, true);
             }
             self.rearm(&mut g, vpn);
-            let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
-            let ahead = if materialized { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
-            let around = if materialized { Vec::new() } else { self.claim_around(&mut g, t, vpn) };
+            // The tier before the store: a tier entry is the page's newest version.
+            let source = match g.tier.as_mut().and_then(|tier| tier.take(t.pid, vpn)) {
+                Some(e) => Source::Tier(e),
+                None if g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn)) => Source::Store,
+                None => Source::Local,
+            };
+            let ahead = if matches!(source, Source::Store) { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
+            let around = if matches!(source, Source::Local) { self.claim_around(&mut g, t, vpn) } else { Vec::new() };
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victims, materialized, ahead, around });
+            return Some(Claim { slot: c.slot, victims, source, ahead, around });
         }
     }
 
@@ -357,12 +425,13 @@ impl MissPath {
         let mut ahead = Vec::new();
         for v in vpn + 1..=vpn.saturating_add(window) {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
-            if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) {
+            // A page in the tier is newer than the store's copy.
+            if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
                 break;
             }
             let Some(c) = g.cache.claim(t.pid, v) else { break };
             if let Some(victim) = c.victim {
-                self.evict(g, victim, victims, lost);
+                self.evict(g, victim, victims, lost, true);
             }
             self.rearm(g, v);
             ahead.push((v, c.slot));
@@ -381,12 +450,15 @@ impl MissPath {
         let mut around = Vec::new();
         for v in fresh {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
-            if stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) {
+            // A page in the tier was written: it is not fresh, whether or not the store has it.
+            if stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
                 break;
             }
             let Some(c) = g.cache.claim_clean(t.pid, v) else { break };
             if let Some(victim) = c.victim {
-                self.evict(g, victim, &mut Vec::new(), &mut Vec::new());
+                // A clean victim is dropped here, not offered to the tier: a first touch does
+                // not wait for compression.
+                self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), false);
             }
             self.rearm(g, v);
             around.push((v, c.slot));
@@ -406,19 +478,26 @@ impl MissPath {
     /// Drops a victim line from its process; a dirty one is captured first and marked in
     /// flight, its write-back (pushed to `victims`) now holding the only copy. A dirty line
     /// that cannot be captured is lost: its process is stopped here, under the lock, and pushed
-    /// to `lost` to be failed once the lock is released.
-    fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) {
+    /// to `lost` to be failed once the lock is released. With the compressed tier on and
+    /// `keep_clean`, a clean line the store holds is captured too, for the tier, and is in
+    /// flight until the tier took it (so that no miss fetches it meanwhile and two copies exist).
+    fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>, keep_clean: bool) {
         let Some(vt) = g.tenants.get(&v.pid).cloned() else { return };
-        if v.dirty && vt.alive() {
+        // A clean line the store does not hold is zeros never written: a miss zero-fills it again.
+        let for_tier = !v.dirty && keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
+        if (v.dirty || for_tier) && vt.alive() {
             match capture(&vt, v.vpn, v.wp) {
                 Ok(data) => {
                     g.inflight.insert((v.pid, v.vpn));
-                    victims.push(Writeback { tenant: vt.clone(), vpn: v.vpn, data, resident: None });
+                    let held = if v.dirty { Held::Evicted } else { Held::Clean };
+                    victims.push(Writeback { tenant: vt.clone(), vpn: v.vpn, data, held });
                 }
-                Err(e) => {
+                Err(e) if v.dirty => {
                     vt.alive.store(false, Relaxed);
                     lost.push((vt.clone(), format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE)));
                 }
+                // The store holds it: nothing is lost.
+                Err(_) => {}
             }
         }
         if let Err(e) = vt.region.punch(v.vpn, 1) {
@@ -430,10 +509,15 @@ impl MissPath {
     }
 
     /// Step 2: the line's contents (`None`: zeros, a p-local line) and those of the lines read
-    /// ahead that live at the same place (a prefix of `ahead`), with the victims' write-backs
-    /// piggybacked when they go to that place too; the others are written back first.
-    fn fill(&self, t: &Tenant, vpn: u64, materialized: bool, victims: Vec<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
-        let place = if materialized { self.store.place(t.pid, vpn).ok() } else { None };
+    /// ahead that live at the same place (a prefix of `ahead`). Victims go to the compressed
+    /// tier first; those that must still be written back are piggybacked on the fetch when
+    /// they go to its place, the others are written back first.
+    fn fill(&self, t: &Tenant, vpn: u64, source: Source, victims: Vec<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
+        let victims = self.stash(victims);
+        let place = match source {
+            Source::Store => self.store.place(t.pid, vpn).ok(),
+            Source::Local | Source::Tier(_) => None,
+        };
         // One batch goes to one place: read ahead only as far as the lines live with `vpn`.
         let mut vpns = vec![vpn];
         vpns.extend(ahead.iter().take_while(|v| place.is_some() && self.store.place(t.pid, **v).ok() == place));
@@ -443,12 +527,11 @@ impl MissPath {
         };
         let (joint, apart): (Vec<Writeback>, Vec<Writeback>) =
             victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place);
-        for wb in apart {
-            let r = self.store.flush(wb.tenant.pid, wb.vpn, &wb.data);
-            self.settle(vec![wb], r, false);
-        }
-        if !materialized {
-            return Ok((None, Vec::new()));
+        self.flush_apart(apart);
+        match source {
+            Source::Local => return Ok((None, Vec::new())),
+            Source::Tier(e) => return self.unpack(t, vpn, &e.packed).map(|p| (Some(p), Vec::new())),
+            Source::Store => {}
         }
         let r = match (&joint[..], vpns.len()) {
             ([], 1) => self.store.fetch(t.pid, vpn).map(|p| vec![p]),
@@ -465,9 +548,114 @@ impl MissPath {
         r.map(split)
     }
 
+    /// Offers captured victims to the compressed tier (compressed without the lock). Returns
+    /// what must still go to the store: dirty victims that did not compress well enough, and
+    /// the dirty entries the tier pushed out to make room, now in flight in their place.
+    fn stash(&self, victims: Vec<Writeback>) -> Vec<Writeback> {
+        let Some(codec) = self.codec.as_deref() else { return victims };
+        if victims.is_empty() {
+            return victims;
+        }
+        let t0 = Instant::now();
+        let packed: Vec<Option<Box<[u8]>>> = victims.iter().map(|wb| codec.pack(&wb.data)).collect();
+        let pack_ns = t0.elapsed().as_nanos() as u64 / victims.len() as u64;
+        let (mut rest, mut pushed, mut stored, mut skipped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut g = self.state.lock().unwrap();
+        let st = &mut *g;
+        let tier = st.tier.as_mut().expect("a codec comes with a tier");
+        for (wb, p) in victims.into_iter().zip(packed) {
+            let key = (wb.tenant.pid, wb.vpn);
+            // A process that exited meanwhile needs none of its pages.
+            if !st.tenants.contains_key(&key.0) {
+                st.inflight.remove(&key);
+                continue;
+            }
+            let Some(p) = p else {
+                skipped.push(wb.tenant.clone());
+                if wb.held == Held::Clean {
+                    st.inflight.remove(&key);
+                } else {
+                    rest.push(wb);
+                }
+                continue;
+            };
+            stored.push((wb.tenant.clone(), p.len() as u64));
+            for (pid, vpn, e) in tier.insert(key.0, key.1, Entry { packed: p, dirty: wb.held != Held::Clean }) {
+                if let Some(owner) = st.tenants.get(&pid).filter(|_| e.dirty) {
+                    st.inflight.insert((pid, vpn));
+                    pushed.push((owner.clone(), vpn, e.packed));
+                }
+            }
+            // In the tier now: a miss on it finds it there.
+            st.inflight.remove(&key);
+        }
+        drop(g);
+        self.cv.notify_all();
+        for (vt, bytes) in stored {
+            self.bump(&vt, |s| {
+                s.tier_stores.fetch_add(1, Relaxed);
+                s.tier_bytes_raw.fetch_add(PAGE, Relaxed);
+                s.tier_bytes_packed.fetch_add(bytes, Relaxed);
+                s.tier_pack_ns.fetch_add(pack_ns, Relaxed);
+            });
+        }
+        for vt in skipped {
+            self.bump(&vt, |s| {
+                s.tier_incompressible.fetch_add(1, Relaxed);
+                s.tier_pack_ns.fetch_add(pack_ns, Relaxed);
+            });
+        }
+        for (vt, vpn, packed) in pushed {
+            match self.unpack(&vt, vpn, &packed) {
+                Ok(data) => rest.push(Writeback { tenant: vt, vpn, data, held: Held::PushedOut }),
+                Err(e) => {
+                    let wb = Writeback { tenant: vt, vpn, data: Vec::new(), held: Held::PushedOut };
+                    self.settle(vec![wb], Err(e), false);
+                }
+            }
+        }
+        rest
+    }
+
+    /// Restores a page from its tier entry.
+    fn unpack(&self, t: &Tenant, vpn: u64, packed: &[u8]) -> Result<Page, Refusal> {
+        let codec = self.codec.as_deref().expect("tier entries exist only with a codec");
+        let t0 = Instant::now();
+        let mut page = vec![0u8; PAGE_SIZE];
+        let r = codec.unpack(packed, &mut page);
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.bump(t, |s| {
+            s.tier_unpack_ns.fetch_add(ns, Relaxed);
+        });
+        r.map(|()| page).map_err(|e| Refusal::new(splitos_rpc::ErrCode::Internal, format!("compressed tier: cannot decompress heap page {:#x}: {e}", vpn * PAGE)))
+    }
+
+    /// Writes back victims that travel without a fetch: one message per process and place
+    /// (`flush_many` for several), each settled with its result.
+    fn flush_apart(&self, victims: Vec<Writeback>) {
+        let mut groups: BTreeMap<(u64, Place), Vec<Writeback>> = BTreeMap::new();
+        for wb in victims {
+            match self.store.place(wb.tenant.pid, wb.vpn) {
+                Ok(p) => groups.entry((wb.tenant.pid, p)).or_default().push(wb),
+                Err(e) => self.settle(vec![wb], Err(e), false),
+            }
+        }
+        for ((pid, _), mut group) in groups {
+            while !group.is_empty() {
+                let batch: Vec<Writeback> = group.drain(..group.len().min(FLUSH_BATCH)).collect();
+                let r = match &batch[..] {
+                    [wb] => self.store.flush(pid, wb.vpn, &wb.data),
+                    _ => self.store.flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
+                };
+                self.settle(batch, r, false);
+            }
+        }
+    }
+
     /// Step 3: installs a line (`None`: zeros) and completes its claim; a line installed
-    /// `writable` is dirty, any other write-protected and clean.
-    fn install(&self, t: &Tenant, vpn: u64, slot: usize, data: Option<&[u8]>, writable: bool) {
+    /// `writable` is dirty, any other write-protected, and dirty as told. Returns whether the
+    /// line is in the program now.
+    fn install(&self, t: &Tenant, vpn: u64, slot: usize, data: Option<&[u8]>, writable: bool, dirty: bool) -> bool {
         let r = match data {
             Some(d) => t.region.copy(vpn, d, !writable),
             None => t.region.zero(vpn, !writable),
@@ -479,7 +667,7 @@ impl MissPath {
         let mut g = self.state.lock().unwrap();
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             match installed {
-                Install::Done | Install::Exists => g.cache.complete(slot, writable, !writable),
+                Install::Done | Install::Exists => g.cache.complete(slot, dirty, !writable),
                 Install::Gone => {
                     g.cache.remove(t.pid, vpn);
                 }
@@ -487,6 +675,7 @@ impl MissPath {
         }
         drop(g);
         self.cv.notify_all();
+        !matches!(installed, Install::Gone)
     }
 
     /// Gives back the way a failed miss claimed.
@@ -511,9 +700,9 @@ impl MissPath {
                     m.insert(vpn);
                 }
             }
-            match wb.resident {
-                None => {
-                    if r.is_err() && wb.tenant.alive() {
+            match wb.held {
+                Held::Evicted | Held::PushedOut | Held::Clean => {
+                    if r.is_err() && wb.held != Held::Clean && wb.tenant.alive() {
                         // Stop the process before the page stops being in flight: none of its
                         // threads may miss on it and read zeros.
                         wb.tenant.alive.store(false, Relaxed);
@@ -521,7 +710,7 @@ impl MissPath {
                     }
                     g.inflight.remove(&(pid, vpn));
                 }
-                Some(writes) => {
+                Held::Line(writes) => {
                     if let Some(slot) = g.cache.lookup(pid, vpn) {
                         let l = g.cache.line_mut(slot);
                         l.state = LineState::Ready;
@@ -529,6 +718,12 @@ impl MissPath {
                             l.dirty = false;
                         }
                     }
+                }
+                Held::Tier => {
+                    if let Some(tier) = g.tier.as_mut() {
+                        tier.unpin(pid, vpn, r.is_ok());
+                    }
+                    g.inflight.remove(&(pid, vpn));
                 }
             }
         }
@@ -543,6 +738,9 @@ impl MissPath {
                         if piggybacked {
                             s.piggybacked.fetch_add(1, Relaxed);
                         }
+                        if matches!(wb.held, Held::PushedOut | Held::Tier) {
+                            s.tier_writebacks.fetch_add(1, Relaxed);
+                        }
                     });
                 }
             }
@@ -554,12 +752,15 @@ impl MissPath {
         }
     }
 
-    /// Writes back every dirty line of `t` in [first, end) (virtual pages), batched per place;
-    /// the lines stay resident, and those not written meanwhile become clean. A line whose
-    /// write-back fails stays dirty, and the first error is returned.
+    /// Writes back every dirty line and dirty tier entry of `t` in [first, end) (virtual
+    /// pages), batched per place, so that the store holds the range's current contents (fork,
+    /// mremap); the lines stay resident and the entries in the tier, and those not written
+    /// meanwhile become clean. One whose write-back fails stays dirty, and the first error is
+    /// returned.
     pub fn write_back_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
         let mut wbs = Vec::new();
         let mut result = Ok(());
+        let mut pinned = Vec::new();
         {
             let mut g = self.wait_range_settled(t.pid, first, end);
             for (vpn, slot) in g.cache.resident_in(t.pid, first, end) {
@@ -574,9 +775,25 @@ impl MissPath {
                 match captured {
                     Ok(data) => {
                         l.state = LineState::WritingBack;
-                        wbs.push(Writeback { tenant: t.clone(), vpn, data, resident: Some(l.writes) });
+                        wbs.push(Writeback { tenant: t.clone(), vpn, data, held: Held::Line(l.writes) });
                     }
                     Err(e) => result = Err(Refusal::new(splitos_rpc::ErrCode::Internal, format!("cannot read heap page {:#x}: {e}", vpn * PAGE))),
+                }
+            }
+            // Pinned and in flight until acknowledged: no miss takes an entry whose older
+            // contents could then reach the store after its newer ones.
+            let st = &mut *g;
+            if let Some(tier) = st.tier.as_mut() {
+                pinned = tier.pin_dirty(t.pid, first, end);
+                st.inflight.extend(pinned.iter().map(|(vpn, _)| (t.pid, *vpn)));
+            }
+        }
+        for (vpn, packed) in pinned {
+            match self.unpack(t, vpn, &packed) {
+                Ok(data) => wbs.push(Writeback { tenant: t.clone(), vpn, data, held: Held::Tier }),
+                Err(e) => {
+                    self.settle(vec![Writeback { tenant: t.clone(), vpn, data: Vec::new(), held: Held::Tier }], Err(e.clone()), false);
+                    result = result.and(Err(e));
                 }
             }
         }
@@ -604,15 +821,17 @@ impl MissPath {
         result
     }
 
-    /// Moves [first, end) out of the cache and out of the program after writing its dirty lines
-    /// back; the pages stay on the store (mremap moves them there). Lines are dropped only in
-    /// the lock hold that saw every one of them clean: a write that raced the write-back is
-    /// written back too, never dropped.
+    /// Moves [first, end) out of the cache, the tier and the program after writing its dirty
+    /// lines and entries back; the pages stay on the store (mremap moves them there). They are
+    /// dropped only in the lock hold that saw every one of them clean: a write that raced the
+    /// write-back (or a line evicted dirty into the tier meanwhile) is written back too, never
+    /// dropped.
     pub fn evict_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
         loop {
             self.write_back_range(t, first, end)?;
             let g = self.wait_range_settled(t.pid, first, end);
-            if g.cache.resident_in(t.pid, first, end).iter().any(|(_, s)| g.cache.line(*s).dirty) {
+            let dirty_lines = g.cache.resident_in(t.pid, first, end).iter().any(|(_, s)| g.cache.line(*s).dirty);
+            if dirty_lines || tiered_dirty(&g, t.pid, first, end) {
                 continue;
             }
             self.drop_locked(g, t, first, end, false);
@@ -634,6 +853,10 @@ impl MissPath {
     fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
+        }
+        // A later mapping at these addresses must never find the old contents.
+        if let Some(tier) = g.tier.as_mut() {
+            tier.drop_range(t.pid, first, end);
         }
         if let Err(e) = t.region.punch(first, end - first) {
             tracing::warn!(pid = t.pid, error = %e, "cannot drop a range");
@@ -660,6 +883,15 @@ impl MissPath {
             g = self.cv.wait(g).unwrap();
         }
     }
+}
+
+/// Whether the compressed tier holds (pid, vpn).
+fn tiered(g: &State, pid: u64, vpn: u64) -> bool {
+    g.tier.as_ref().is_some_and(|t| t.contains(pid, vpn))
+}
+
+fn tiered_dirty(g: &State, pid: u64, first: u64, end: u64) -> bool {
+    g.tier.as_ref().is_some_and(|t| t.has_dirty(pid, first, end))
 }
 
 /// Write-protects a dirty line (so later writes trap) and copies it out. A line that could

@@ -2,7 +2,8 @@
 //! connects over a Unix socket and hands over its heap region (a userfaultfd and a memfd)
 //! ([`shim`]). The pComponent owns the ExCache shared by all its processes ([`excache`]) and
 //! serves every miss ([`miss`]) from a page store ([`store`]: the vRegion owners) into each
-//! program's region ([`region`]); fault workers read the faults ([`fault`]). It forwards the
+//! program's region ([`region`]); fault workers read the faults ([`fault`]). Lines it evicts
+//! may stay on the pComponent compressed ([`tier`]). It forwards the
 //! processes' virtual-memory calls to their home mComponents, and mounts each vNode's file
 //! system ([`vfs`]). This file is its dispatch table and start-up.
 mod excache;
@@ -13,6 +14,7 @@ mod region;
 mod shim;
 mod stats;
 mod store;
+mod tier;
 mod uffd;
 mod vfs;
 
@@ -32,6 +34,7 @@ pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
 pub use stats::RunStats;
 pub use store::{Page, PageStore, Place, RemoteStore, Space};
+pub use tier::{Codec, Entry, Lz4, OldestFirst, VictimTier};
 pub use vfs::{mounts_under, unmount};
 
 use crate::node::{self, Node};
@@ -54,6 +57,8 @@ pub struct PcompConfig {
     pub prefetch_policy: String,
     /// Fresh lines installed with a first touch (0: none).
     pub fault_around: usize,
+    /// Bytes of the compressed tier behind the ExCache (0: off).
+    pub compressed_tier_bytes: u64,
 }
 
 /// A process running on this pComponent.
@@ -118,6 +123,7 @@ impl Pcomp {
 
     fn stats_json(&self) -> String {
         let procs: Vec<Arc<Proc>> = self.procs.lock().unwrap().values().cloned().collect();
+        let tier = self.miss.tier_usage().map(|(policy, codec, budget, used, entries)| serde_json::json!({"budget_bytes": budget, "used_bytes": used, "entries": entries, "policy": policy, "codec": codec}));
         self.miss.with_cache(|c| {
             serde_json::json!({
                 "role": "pcomponent", "id": self.node.id(), "addr": self.node.addr,
@@ -127,6 +133,7 @@ impl Pcomp {
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
+                "compressed_tier": tier,
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
             })
@@ -147,10 +154,21 @@ impl Pcomp {
             ("pcomp_bytes_fetched_total", &t.bytes_fetched),
             ("pcomp_bytes_flushed_total", &t.bytes_flushed),
             ("pcomp_wp_faults_total", &t.wp_faults),
+            ("pcomp_tier_hits_total", &t.tier_hits),
+            ("pcomp_tier_stores_total", &t.tier_stores),
+            ("pcomp_tier_bytes_raw_total", &t.tier_bytes_raw),
+            ("pcomp_tier_bytes_packed_total", &t.tier_bytes_packed),
+            ("pcomp_tier_incompressible_total", &t.tier_incompressible),
+            ("pcomp_tier_writebacks_total", &t.tier_writebacks),
+            ("pcomp_tier_pack_ns_total", &t.tier_pack_ns),
+            ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
         metrics::gauge!("pcomp_excache_used_lines").set(self.miss.with_cache(|c| c.used()) as f64);
+        let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
+        metrics::gauge!("pcomp_tier_used_bytes").set(used as f64);
+        metrics::gauge!("pcomp_tier_entries").set(entries as f64);
         Ok(X2C_METRICS { text: node::render_metrics() })
     }
 
@@ -226,12 +244,16 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
+        let mut miss = MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, hook);
+        if args.cfg.compressed_tier_bytes > 0 {
+            miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
+        }
         Pcomp {
             node: node.clone(),
             cfg: args.cfg.clone(),
             mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
             store: store.clone(),
-            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, hook),
+            miss,
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_pid: AtomicU64::new(1),
@@ -256,7 +278,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, "splitos process monitor started");
     });
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     node::park_forever()

@@ -11,6 +11,7 @@ use splitos_rpc::{ErrCode, Refusal, ERR, PAGE_SIZE};
 
 use super::*;
 use crate::pmon::excache::{Clock, EvictionPolicy, ExCache, Fifo};
+use crate::pmon::tier::{Codec, Lz4, OldestFirst};
 
 #[derive(Default)]
 struct RegionPages {
@@ -586,4 +587,291 @@ fn lines_read_ahead_stay_clean_even_when_the_process_predicts_writes() {
     let slot = r.mp.with_cache(|c| c.lookup(1, 102)).expect("read ahead with 101");
     let line = r.mp.with_cache(|c| *c.line(slot));
     assert!(!line.dirty && line.wp, "a line nobody asked for is installed clean: {line:?}");
+}
+
+fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
+    let store = MemStore::new(places);
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let f2 = failed.clone();
+    let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
+    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, hook);
+    let mp = Arc::new(mp.with_tier(Box::new(OldestFirst::new(tier_bytes)), Box::new(Lz4)));
+    Rig { mp, store, failed }
+}
+
+impl Rig {
+    fn tier_entries(&self) -> usize {
+        self.mp.tier_usage().expect("the tier is on").4
+    }
+    fn stored(&self, pid: u64, vpn: u64) -> Option<u8> {
+        self.store.pages.lock().unwrap().get(&(pid, vpn)).map(|d| d[0])
+    }
+}
+
+/// What one entry of a page written only in its first byte costs the tier.
+fn small_entry() -> u64 {
+    let mut page = vec![0u8; PAGE_SIZE];
+    page[0] = 1;
+    Lz4.pack(&page).unwrap().len() as u64 + crate::pmon::tier::ENTRY_OVERHEAD
+}
+
+/// Fills half of a resident page with noise: it compresses to about half a page.
+fn half_noise(p: &Prog, vpn: u64, seed: u64) {
+    let mut x = seed | 1;
+    let mut pages = p.mem.0.pages.lock().unwrap();
+    let d = &mut pages.get_mut(&vpn).expect("resident").0;
+    for b in d[1..PAGE_SIZE / 2].iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+#[test]
+fn a_tier_hit_returns_the_latest_contents_without_a_round_trip() {
+    let r = rig_tier(2, 1, 1 << 20);
+    let p = r.prog(1);
+    for v in 1..=4 {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    assert_eq!(r.tier_entries(), 2, "the two dirty victims went to the tier");
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "not to the store");
+    assert_eq!(p.read(&r.mp, 1), Some(1));
+    assert!(p.write(&r.mp, 1, 11), "a write to the line taken from the tier");
+    assert!(p.write(&r.mp, 5, 5));
+    assert!(p.write(&r.mp, 6, 6));
+    assert_eq!(p.read(&r.mp, 1), Some(11), "the newest version comes back, not the first one stored");
+    for v in 2..=6 {
+        assert_eq!(p.read(&r.mp, v), Some(if v == 1 { 11 } else { v as u8 }), "page {v}");
+    }
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "every miss was served locally");
+    assert!(p.stat(|s| &s.tier_hits) >= 6 && p.stat(|s| &s.tier_stores) >= 8);
+    assert_eq!(p.stat(|s| &s.tier_bytes_raw), p.stat(|s| &s.tier_stores) * PAGE_SIZE as u64);
+    assert!(p.stat(|s| &s.tier_bytes_packed) * 20 < p.stat(|s| &s.tier_bytes_raw), "nearly empty pages compress well");
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn lines_taken_from_the_tier_and_evicted_unwritten_lose_nothing() {
+    // Room for three entries: pages pushed out of the tier go to the store.
+    let r = rig_tier(2, 1, 3 * small_entry());
+    let p = r.prog(1);
+    for v in 0..4 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    // Page 0 was stored dirty: read back, it is installed write-protected but stays dirty...
+    assert_eq!(p.read(&r.mp, 0), Some(1));
+    let line = r.mp.with_cache(|c| *c.line(c.lookup(1, 0).unwrap()));
+    assert!(line.dirty && line.wp, "{line:?}");
+    // ...so evicted unwritten it goes back to the tier, and through it to the store.
+    for v in 4..12 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    assert_eq!(r.stored(1, 0), Some(1), "pushed out of the tier, it was written back");
+    // Clean entries (the store holds them) are captured on eviction and dropped when pushed out.
+    let flushes = r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch");
+    for _ in 0..2 {
+        for v in 0..12 {
+            assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
+        }
+    }
+    assert!(p.stat(|s| &s.tier_hits) > 0);
+    assert!(r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") > flushes, "the dirty pages of the first round were written back");
+    let flushes = r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") + r.store.calls("flush_fetch_many");
+    for v in 0..12 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
+    }
+    let now = r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") + r.store.calls("flush_fetch_many");
+    assert_eq!(now, flushes, "pages never written since they were stored are never written back again");
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_write_back_range_pushes_the_tiers_dirty_pages_to_the_store_for_a_fork() {
+    let r = rig_tier(2, 2, 1 << 20);
+    let parent = r.prog(1);
+    for v in 0..6 {
+        assert!(parent.write(&r.mp, v, v as u8 + 1));
+    }
+    assert_eq!(r.tier_entries(), 4);
+    assert!(r.mp.write_back_range(&parent.t, 0, 64).is_ok());
+    for v in 0..6 {
+        assert_eq!(r.stored(1, v), Some(v as u8 + 1), "page {v} is on the store for the child");
+    }
+    assert_eq!(r.store.calls("flush_many"), 2, "one batch per place, tier pages and lines together");
+    assert_eq!(parent.stat(|s| &s.tier_writebacks), 4);
+    assert_eq!(r.tier_entries(), 4, "the tier keeps its pages, now clean");
+    // The mComponent copies the parent's pages for the child, which starts knowing them.
+    let copied: Vec<((u64, u64), Vec<u8>)> = r.store.pages.lock().unwrap().iter().filter(|(k, _)| k.0 == 1).map(|(k, d)| ((2, k.1), d.clone())).collect();
+    r.store.pages.lock().unwrap().extend(copied);
+    let mem = MemRegion::default();
+    let child = Prog { t: Tenant::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())), mem };
+    r.mp.add(child.t.clone(), r.mp.materialized_of(1));
+    for v in 0..6 {
+        assert_eq!(child.read(&r.mp, v), Some(v as u8 + 1), "the child sees page {v}");
+    }
+    // Clean now: evicting the parent's pages again writes nothing.
+    let flushes = r.store.calls("flush") + r.store.calls("flush_many");
+    for v in 0..6 {
+        assert_eq!(parent.read(&r.mp, v), Some(v as u8 + 1));
+    }
+    assert_eq!(r.store.calls("flush") + r.store.calls("flush_many"), flushes);
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_failed_write_back_range_leaves_tier_pages_dirty_and_nobody_failed() {
+    let r = rig_tier(2, 1, 1 << 20);
+    let p = r.prog(1);
+    for v in 0..6 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    r.store.failing.lock().unwrap().insert(0);
+    assert!(r.mp.write_back_range(&p.t, 0, 64).is_err());
+    assert!(r.failed().is_empty(), "nothing was lost");
+    r.store.failing.lock().unwrap().clear();
+    assert!(r.mp.write_back_range(&p.t, 0, 64).is_ok());
+    for v in 0..6 {
+        assert_eq!(r.stored(1, v), Some(v as u8 + 1), "page {v}");
+    }
+}
+
+#[test]
+fn mremap_writes_tier_pages_back_and_drops_them() {
+    let r = rig_tier(2, 1, 1 << 20);
+    let p = r.prog(1);
+    for v in 0..6 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    assert!(r.mp.evict_range(&p.t, 0, 4).is_ok());
+    for v in 0..4 {
+        assert_eq!(r.stored(1, v), Some(v as u8 + 1), "page {v} moved to the store");
+    }
+    assert_eq!(r.tier_entries(), 0, "nothing of the moved range is left behind: pages 4 and 5 are resident");
+}
+
+#[test]
+fn discarded_pages_leave_the_tier_and_a_reused_address_reads_zeros() {
+    let r = rig_tier(2, 1, 1 << 20);
+    let p = r.prog(1);
+    for v in 0..4 {
+        assert!(p.write(&r.mp, v, 9));
+    }
+    assert_eq!(r.tier_entries(), 2);
+    r.mp.discard_range(&p.t, 0, 2);
+    assert_eq!(r.tier_entries(), 0);
+    assert_eq!(p.read(&r.mp, 0), Some(0), "munmap then mmap at the same address: fresh zeros, never the old page");
+    assert_eq!(p.read(&r.mp, 1), Some(0));
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0);
+    // A process that exits frees its entries.
+    assert!(p.write(&r.mp, 7, 1) && p.write(&r.mp, 8, 1) && p.write(&r.mp, 9, 1));
+    assert!(r.tier_entries() > 0);
+    r.mp.remove(&p.t);
+    assert_eq!(r.tier_entries(), 0);
+}
+
+#[test]
+fn a_full_tier_writes_back_its_oldest_pages_in_one_message() {
+    let small = small_entry();
+    let r = rig_tier(1, 1, 24 * small);
+    let p = r.prog(1);
+    for v in 0..24 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    assert_eq!(r.tier_entries(), 23, "the tier holds every victim so far");
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0);
+    // A page of half noise takes about half a page of the budget: the oldest small entries
+    // make room, written back together.
+    half_noise(&p, 23, 7);
+    assert!(p.write(&r.mp, 24, 25));
+    assert_eq!(r.store.calls("flush_many"), 1, "{:?}", r.store.calls.lock().unwrap());
+    let written = p.stat(|s| &s.tier_writebacks);
+    assert!(written > 2, "{written}");
+    for v in 0..written {
+        assert_eq!(r.stored(1, v), Some(v as u8 + 1), "the oldest pages went first: page {v}");
+    }
+    assert_eq!(r.stored(1, written), None);
+    for v in 0..25 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
+    }
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn incompressible_victims_skip_the_tier() {
+    let r = rig_tier(1, 1, 1 << 20);
+    let p = r.prog(1);
+    assert!(p.write(&r.mp, 0, 3));
+    {
+        let mut pages = p.mem.0.pages.lock().unwrap();
+        let d = &mut pages.get_mut(&0).unwrap().0;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for b in d[1..].iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    assert!(p.write(&r.mp, 1, 4));
+    assert_eq!(p.stat(|s| &s.tier_incompressible), 1);
+    assert_eq!(r.tier_entries(), 0);
+    assert_eq!(r.stored(1, 0), Some(3), "written back to the store instead");
+    assert_eq!(p.read(&r.mp, 0), Some(3));
+}
+
+#[test]
+fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
+    // Place = vpn % 2; place 0 refuses. Process 1's pages sit in the tier; process 2 pushes
+    // them out.
+    let r = rig_tier(2, 2, 4 * small_entry());
+    let victim = r.prog(1);
+    let other = r.prog(2);
+    for v in [10, 12, 14, 16] {
+        assert!(victim.write(&r.mp, v, 42));
+    }
+    r.store.failing.lock().unwrap().insert(0);
+    for v in [21, 23, 25, 27, 29, 31] {
+        assert!(other.write(&r.mp, v, 5));
+    }
+    let failed = r.failed();
+    assert_eq!(failed.iter().map(|f| f.0).collect::<HashSet<_>>(), HashSet::from([1]), "{failed:?}");
+    assert!(failed[0].1.contains("mComponent 0") && failed[0].1.contains("only copy"), "{}", failed[0].1);
+    assert!(other.t.alive(), "the process that pushed them out goes on");
+    assert_eq!(victim.read(&r.mp, 10), None, "never zeros, never an old page");
+    for v in [21, 23, 25, 27, 29, 31] {
+        assert_eq!(other.read(&r.mp, v), Some(5));
+    }
+}
+
+#[test]
+fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
+    let store = MemStore::new(1);
+    let hook: FailHook = Box::new(|_, _| {});
+    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 8, hook);
+    let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
+    let p = r.prog(1);
+    r.mp.set_prot(1, 0, 64 * 4096, Some(3));
+    // Page 3 written and evicted into the tier without ever reaching the store.
+    assert!(p.write(&r.mp, 3, 33));
+    for v in [20, 30, 40, 50] {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert!(r.mp.with_cache(|c| c.lookup(1, 3).is_none()));
+    // A first touch of page 0 installs fresh lines around it, but not over page 3.
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.read(&r.mp, 3), Some(33));
+    // Pages 10..13 on the store, 11 newer in the tier: read-ahead from 10 stops before 11.
+    for v in 10..14 {
+        assert!(p.write(&r.mp, v, 10));
+    }
+    r.mp.evict_range(&p.t, 10, 14).unwrap();
+    assert!(p.write(&r.mp, 11, 111));
+    for v in [20, 30, 40, 50] {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert_eq!(p.read(&r.mp, 10), Some(10));
+    assert_eq!(p.read(&r.mp, 11), Some(111));
+    assert_eq!(p.read(&r.mp, 12), Some(10));
 }
