@@ -27,6 +27,7 @@ pub struct RunArgs {
     pub prefetch: Option<usize>,
     pub prefetch_policy: Option<String>,
     pub fault_around: Option<usize>,
+    pub prealloc: Option<usize>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -126,6 +127,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 p.prefetch = a.prefetch.unwrap_or(p.prefetch);
                 p.prefetch_policy = a.prefetch_policy.clone().unwrap_or(p.prefetch_policy.clone());
                 p.fault_around = a.fault_around.unwrap_or(p.fault_around);
+                p.prealloc = a.prealloc.unwrap_or(p.prealloc);
                 cfg.mcomponent = (0..a.mcomponents.max(1))
                     .map(|_| {
                         let mut m = crate::config::default_mcomp();
@@ -146,7 +148,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.prealloc.is_some()) {
         eprintln!("splitos: note: ExCache options apply to the embedded cluster; the running cluster keeps its configured ExCache");
     }
 
@@ -175,7 +177,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     let (code, secs, stats, _) = result?;
     if a.print_stats {
-        let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "faulted_around", "prefetched", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99"];
+        let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "faulted_around", "preallocated", "prefetched", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99"];
         let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
         eprintln!("splitos: {}", parts.join(" "));
     }

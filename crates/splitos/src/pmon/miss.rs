@@ -100,6 +100,8 @@ struct Claim {
     ahead: Vec<(u64, usize)>,
     /// Following fresh lines claimed for fault-around: (page, way).
     around: Vec<(u64, usize)>,
+    /// Fresh lines after those claimed for pre-allocation: (page, way), contiguous.
+    fresh: Vec<(u64, usize)>,
 }
 
 struct State {
@@ -120,6 +122,8 @@ pub struct MissPath {
     piggyback: bool,
     /// Fresh lines installed with a first touch (0: none).
     fault_around: u64,
+    /// Fresh lines pre-allocated past those (0: none).
+    prealloc: u64,
     state: Mutex<State>,
     cv: Condvar,
     total: Arc<RunStats>,
@@ -127,9 +131,9 @@ pub struct MissPath {
 }
 
 impl MissPath {
-    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, on_fail: FailHook) -> MissPath {
+    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
         let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new() };
-        MissPath { store, piggyback, fault_around: fault_around as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
+        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail }
     }
 
     /// Records what [start, end) (bytes) of process `pid` now is: mapped with `prot`, or
@@ -256,10 +260,11 @@ impl MissPath {
                         s.faulted_around.fetch_add(claim.around.len() as u64, Relaxed);
                     });
                 }
+                self.preallocate(t, &claim.fresh);
             }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
-                for (v, slot) in claim.ahead.iter().chain(&claim.around) {
+                for (v, slot) in claim.ahead.iter().chain(&claim.around).chain(&claim.fresh) {
                     self.abandon(t, *v, *slot);
                 }
                 self.fail(t, &e.msg);
@@ -339,13 +344,14 @@ impl MissPath {
             self.rearm(&mut g, vpn);
             let materialized = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn));
             let ahead = if materialized { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
-            let around = if materialized { Vec::new() } else { self.claim_around(&mut g, t, vpn) };
+            let mut around = if materialized { Vec::new() } else { self.claim_around(&mut g, t, vpn) };
+            let fresh = around.split_off(around.len().min(self.fault_around as usize));
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victims, materialized, ahead, around });
+            return Some(Claim { slot: c.slot, victims, materialized, ahead, around, fresh });
         }
     }
 
@@ -372,12 +378,15 @@ impl MissPath {
 
     /// Claims ways for the fresh lines after a first touch at `vpn`: lines that never left this
     /// pComponent, are not resident, lie in a writable mapping and take a way without a
-    /// write-back. They are installed zero-filled, writable and dirty with the touched line, so
-    /// that a program filling new memory traps once per window instead of once per page.
+    /// write-back, so that a program filling new memory traps once per window instead of once
+    /// per page. The first `fault_around` are installed zero-filled, writable and dirty with the
+    /// touched line; the `prealloc` after them are pre-allocated ([`MissPath::preallocate`]).
+    /// Either way they hold ExCache ways like any line and are evicted by the policy.
     fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
         let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
         let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
-        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(self.fault_around)).take_while(|v| writable(*v)).collect();
+        let window = self.fault_around + self.prealloc;
+        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v)).collect();
         let mut around = Vec::new();
         for v in fresh {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
@@ -411,6 +420,7 @@ impl MissPath {
         let Some(vt) = g.tenants.get(&v.pid).cloned() else { return };
         if v.dirty && vt.alive() {
             match capture(&vt, v.vpn, v.wp) {
+                Ok(data) if self.needs_no_write_back(g, &vt, &v, &data) => {}
                 Ok(data) => {
                     g.inflight.insert((v.pid, v.vpn));
                     victims.push(Writeback { tenant: vt.clone(), vpn: v.vpn, data, resident: None });
@@ -426,6 +436,52 @@ impl MissPath {
         }
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
+        });
+    }
+
+    /// True if a dirty line needs no write-back: it never left this pComponent and is still
+    /// all zeros, which is what a miss on it fills in anyway (an untouched pre-allocated or
+    /// faulted-around line). Its contents were captured write-protected, so a later write
+    /// traps and makes it dirty again.
+    fn needs_no_write_back(&self, g: &MutexGuard<'_, State>, t: &Tenant, line: &Line, data: &[u8]) -> bool {
+        let stored = g.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
+        if stored || !is_zero(data) {
+            return false;
+        }
+        self.bump(t, |s| {
+            s.zero_writebacks_skipped.fetch_add(1, Relaxed);
+            if line.fresh {
+                s.prealloc_unused.fetch_add(1, Relaxed);
+            }
+        });
+        true
+    }
+
+    /// Pre-allocates the claimed lines `fresh` (contiguous) in the program's memfd: they
+    /// become resident, writable and dirty without being mapped, and the program's first touch
+    /// of each is an ordinary page fault instead of a trap into the pComponent. A touch that
+    /// trapped before the pages existed finds the line ready and is woken. If the memfd
+    /// cannot take them, each is installed as fault-around installs its lines.
+    fn preallocate(&self, t: &Tenant, fresh: &[(u64, usize)]) {
+        let Some(&(first, _)) = fresh.first() else { return };
+        if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
+            tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
+            for (v, slot) in fresh {
+                self.install(t, *v, *slot, None, true);
+            }
+            return;
+        }
+        let mut g = self.state.lock().unwrap();
+        for &(v, slot) in fresh {
+            if g.cache.lookup(t.pid, v) == Some(slot) {
+                g.cache.complete(slot, true, false);
+                g.cache.line_mut(slot).fresh = true;
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        self.bump(t, |s| {
+            s.preallocated.fetch_add(fresh.len() as u64, Relaxed);
         });
     }
 
@@ -568,10 +624,15 @@ impl MissPath {
                     continue;
                 }
                 let captured = capture(t, vpn, line.wp);
+                let fresh = captured.as_ref().is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
                 // Protected by the capture (also when reading it failed): its next write traps.
                 let l = g.cache.line_mut(slot);
                 l.wp = true;
                 match captured {
+                    Ok(_) if fresh => {
+                        l.dirty = false;
+                        l.fresh = false;
+                    }
                     Ok(data) => {
                         l.state = LineState::WritingBack;
                         wbs.push(Writeback { tenant: t.clone(), vpn, data, resident: Some(l.writes) });
@@ -621,31 +682,31 @@ impl MissPath {
     }
 
     /// Drops [first, end) from the cache and from the program without writing anything back,
-    /// and forgets that those pages ever existed on the store (munmap, MADV_DONTNEED).
-    pub fn discard_range(&self, t: &Tenant, first: u64, end: u64) {
-        self.drop_range(t, first, end, true);
-    }
-
-    fn drop_range(&self, t: &Tenant, first: u64, end: u64, forget: bool) {
+    /// and forgets that those pages ever existed on the store (munmap, MADV_DONTNEED). True if
+    /// some of them did: only then do their owners hold anything of the range.
+    pub fn discard_range(&self, t: &Tenant, first: u64, end: u64) -> bool {
         let g = self.wait_range_settled(t.pid, first, end);
-        self.drop_locked(g, t, first, end, forget);
+        self.drop_locked(g, t, first, end, true)
     }
 
-    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) {
+    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) -> bool {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
         }
         if let Err(e) = t.region.punch(first, end - first) {
             tracing::warn!(pid = t.pid, error = %e, "cannot drop a range");
         }
+        let mut stored = false;
         if forget {
             if let Some(m) = g.materialized.get_mut(&t.pid) {
                 let gone: Vec<u64> = m.range(first..end).copied().collect();
+                stored = !gone.is_empty();
                 for v in gone {
                     m.remove(&v);
                 }
             }
         }
+        stored
     }
 
     /// Locks the state once no line of [first, end) is being filled or written back.
@@ -660,6 +721,10 @@ impl MissPath {
             g = self.cv.wait(g).unwrap();
         }
     }
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    data.chunks_exact(16).all(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes")) == 0)
 }
 
 /// Write-protects a dirty line (so later writes trap) and copies it out. A line that could

@@ -51,6 +51,8 @@ pub struct PcompConfig {
     pub prefetch_policy: String,
     /// Fresh lines installed with a first touch (0: none).
     pub fault_around: usize,
+    /// Fresh lines pre-allocated in the heap's memfd past a first touch (0: none).
+    pub prealloc: usize,
 }
 
 /// A process running on this pComponent.
@@ -121,7 +123,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -141,6 +143,12 @@ impl Pcomp {
             ("pcomp_plocal_fills_total", &t.plocal_fills),
             ("pcomp_prefetched_total", &t.prefetched),
             ("pcomp_faulted_around_total", &t.faulted_around),
+            ("pcomp_preallocated_total", &t.preallocated),
+            ("pcomp_prealloc_unused_total", &t.prealloc_unused),
+            ("pcomp_zero_writebacks_skipped_total", &t.zero_writebacks_skipped),
+            ("pcomp_heap_calls_total", &t.heap_calls),
+            ("pcomp_heap_call_ns_total", &t.heap_call_ns),
+            ("pcomp_heap_calls_local_total", &t.heap_calls_local),
             ("pcomp_bytes_fetched_total", &t.bytes_fetched),
             ("pcomp_bytes_flushed_total", &t.bytes_flushed),
             ("pcomp_wp_faults_total", &t.wp_faults),
@@ -228,7 +236,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             cfg: args.cfg.clone(),
             mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
             store: store.clone(),
-            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, hook),
+            miss: MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook),
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_pid: AtomicU64::new(1),

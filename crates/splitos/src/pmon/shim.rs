@@ -129,10 +129,18 @@ impl Pcomp {
             if s.read_exact(req.as_mut_bytes()).is_err() {
                 break;
             }
+            let t0 = std::time::Instant::now();
             let (ret, val, val2) = match self.request(&proc_, &req) {
                 Ok((v, v2)) => (0, v, v2),
                 Err(e) => (-e, 0, 0),
             };
+            if matches!(Op::from_u32(req.op), Some(Op::Mmap | Op::Munmap | Op::Mprotect | Op::Dontneed | Op::Mremap)) {
+                let ns = t0.elapsed().as_nanos() as u64;
+                for s in [&proc_.tenant.stats, self.miss.total()] {
+                    s.heap_calls.fetch_add(1, Relaxed);
+                    s.heap_call_ns.fetch_add(ns, Relaxed);
+                }
+            }
             if reply(&mut s, ret, val, val2).is_err() {
                 break;
             }
@@ -234,8 +242,15 @@ impl Pcomp {
             }
             Some(Op::Dontneed) => {
                 let (f, e) = pages(r.a, r.b);
-                self.miss.discard_range(t, f, e);
-                self.home_call(p, P2M_DONTNEED { who, addr: r.a, len: r.b })?;
+                // Owners hold only pages that were written back: a range of lines that never
+                // left this pComponent (an allocator purging fresh memory) is answered here.
+                if self.miss.discard_range(t, f, e) {
+                    self.home_call(p, P2M_DONTNEED { who, addr: r.a, len: r.b })?;
+                } else {
+                    for s in [&t.stats, self.miss.total()] {
+                        s.heap_calls_local.fetch_add(1, Relaxed);
+                    }
+                }
                 Ok((0, 0))
             }
             Some(Op::Mremap) => {
