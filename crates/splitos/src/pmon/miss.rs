@@ -10,7 +10,9 @@
 //!    (a p-local line) ([`MissPath::fill`]);
 //! 3. install the line, write-protected after a read so that the first write traps and marks
 //!    it dirty ([`MissPath::install`]); or, if the fill failed, discard the claim and fail the
-//!    process with the store's error.
+//!    process with the store's error. A p-local line brings the fresh lines after it: some
+//!    installed with it (fault-around), the next ones pre-allocated in the program's memfd so
+//!    that touching them does not trap at all ([`MissPath::preallocate`]).
 //!
 //! Every write-back ends in [`MissPath::settle`], the one failure rule: a line's only copy is
 //! never dropped before a component acknowledged it. A resident line whose write-back fails
@@ -624,12 +626,12 @@ impl MissPath {
                     continue;
                 }
                 let captured = capture(t, vpn, line.wp);
-                let fresh = captured.as_ref().is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
+                let zero = captured.as_ref().is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
                 // Protected by the capture (also when reading it failed): its next write traps.
                 let l = g.cache.line_mut(slot);
                 l.wp = true;
                 match captured {
-                    Ok(_) if fresh => {
+                    Ok(_) if zero => {
                         l.dirty = false;
                         l.fresh = false;
                     }
