@@ -149,10 +149,12 @@ fn rig(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, 
 }
 
 fn rig_with(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize) -> Rig {
-    rig_full(lines, ways, policy, places, piggyback, prefetch, 0, 0)
+    rig_full(lines, ways, policy, places, piggyback, (prefetch, 0, 0))
 }
 
-fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize, fault_around: usize, prealloc: usize) -> Rig {
+/// `levers`: lines read ahead, installed around a first touch, and pre-allocated past those.
+fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, levers: (usize, usize, usize)) -> Rig {
+    let (prefetch, fault_around, prealloc) = levers;
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
@@ -536,7 +538,7 @@ fn sequential_misses_read_ahead_in_one_batch_and_random_ones_do_not() {
 
 #[test]
 fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_may_write() {
-    let r = rig_full(64, 0, Box::new(Fifo), 1, true, 0, 8, 0);
+    let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 8, 0));
     let p = r.prog(1);
     // Pages 0..12 are mapped writable, 12..16 read-only, nothing beyond.
     r.mp.set_prot(1, 0, 12 * 4096, Some(3));
@@ -562,7 +564,7 @@ fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_ma
 
 #[test]
 fn fault_around_never_pushes_out_a_dirty_line() {
-    let r = rig_full(4, 0, Box::new(Fifo), 1, true, 0, 8, 0);
+    let r = rig_full(4, 0, Box::new(Fifo), 1, true, (0, 8, 0));
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
     assert!(p.write(&r.mp, 0, 1));
@@ -599,7 +601,7 @@ fn lines_read_ahead_stay_clean_even_when_the_process_predicts_writes() {
 }
 
 fn prealloc_rig(lines: usize, fault_around: usize, prealloc: usize) -> (Rig, Prog) {
-    let r = rig_full(lines, 0, Box::new(Fifo), 1, true, 0, fault_around, prealloc);
+    let r = rig_full(lines, 0, Box::new(Fifo), 1, true, (0, fault_around, prealloc));
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 1024 * 4096, Some(3));
     (r, p)
@@ -742,7 +744,7 @@ impl Region for FullRegion {
 
 #[test]
 fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
-    let r = rig_full(64, 0, Box::new(Fifo), 1, true, 0, 0, 4);
+    let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 0, 4));
     let mem = MemRegion::default();
     let t = Tenant::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
