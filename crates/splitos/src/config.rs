@@ -97,6 +97,8 @@ pub struct PcompSection {
     pub fault_around: usize,
     /// Fresh lines pre-allocated in the heap's memfd past a first touch (0: off).
     pub prealloc: usize,
+    /// Unmapped heap each process keeps mapped at its home to map again locally (0: off).
+    pub heap_reuse: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -155,7 +157,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, prealloc: 0 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, prealloc: 0, heap_reuse: Size(0) }
 }
 
 pub fn default_mcomp() -> McompSection {

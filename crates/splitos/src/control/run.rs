@@ -28,6 +28,7 @@ pub struct RunArgs {
     pub prefetch_policy: Option<String>,
     pub fault_around: Option<usize>,
     pub prealloc: Option<usize>,
+    pub heap_reuse: Option<Size>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -128,6 +129,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 p.prefetch_policy = a.prefetch_policy.clone().unwrap_or(p.prefetch_policy.clone());
                 p.fault_around = a.fault_around.unwrap_or(p.fault_around);
                 p.prealloc = a.prealloc.unwrap_or(p.prealloc);
+                p.heap_reuse = a.heap_reuse.unwrap_or(p.heap_reuse);
                 cfg.mcomponent = (0..a.mcomponents.max(1))
                     .map(|_| {
                         let mut m = crate::config::default_mcomp();
@@ -148,7 +150,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.prealloc.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some()) {
         eprintln!("splitos: note: ExCache options apply to the embedded cluster; the running cluster keeps its configured ExCache");
     }
 

@@ -149,6 +149,12 @@ impl MissPath {
         }
     }
 
+    /// The protection of [start, end) (bytes) of process `pid` if it is mapped with no hole and
+    /// one protection.
+    pub fn prot_of(&self, pid: u64, start: u64, end: u64) -> Option<u32> {
+        self.state.lock().unwrap().layouts.get(&pid).and_then(|m| m.prot_of(start, end))
+    }
+
     /// The pComponent's counters over all runs.
     pub fn total(&self) -> &Arc<RunStats> {
         &self.total

@@ -10,6 +10,7 @@ mod fault;
 mod miss;
 mod prefetch;
 mod region;
+mod reuse;
 mod shim;
 mod stats;
 mod store;
@@ -53,6 +54,9 @@ pub struct PcompConfig {
     pub fault_around: usize,
     /// Fresh lines pre-allocated in the heap's memfd past a first touch (0: none).
     pub prealloc: usize,
+    /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
+    /// without asking it (0: none).
+    pub heap_reuse: u64,
 }
 
 /// A process running on this pComponent.
@@ -67,6 +71,8 @@ pub struct Proc {
     uffd: Arc<OwnedFd>,
     /// Written when the process ends, so that its fault workers stop.
     stop: OwnedFd,
+    /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
+    reuse: Mutex<reuse::HeapReuse>,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.
@@ -123,7 +129,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
