@@ -241,12 +241,25 @@ impl Pcomp {
             Some(Op::Mmap) => {
                 let fixed = r.d & MMAP_FIXED != 0;
                 let prot = r.c as u32;
-                if r.a == 0 {
+                if r.a == 0 && !fixed {
                     let reused = p.reuse.lock().unwrap().take(r.b, prot);
                     if let Some(addr) = reused {
                         self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
                         self.count_local(p);
                         return Ok((addr, prot as u64));
+                    }
+                    let chunk = p.reuse.lock().unwrap().chunk_for(r.b);
+                    if let Some(chunk) = chunk {
+                        // A full home falls through to asking for the exact size.
+                        if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false }) {
+                            p.space.learn_owners(&m.owners);
+                            let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
+                            if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
+                                self.home_call(p, P2M_MUNMAP { who: who.clone(), addr: rest, len: rest_len })?;
+                            }
+                            self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
+                            return Ok((m.addr, m.prot as u64));
+                        }
                     }
                 } else {
                     // A hint or a fixed address the program sees free must be free at the home.
