@@ -157,7 +157,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, prealloc: 0, heap_reuse: Size(0) }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, prealloc: 64, heap_reuse: Size(64 << 20) }
 }
 
 pub fn default_mcomp() -> McompSection {

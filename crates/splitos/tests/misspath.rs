@@ -86,8 +86,8 @@ fn fault_around_keeps_every_program_semantic_and_saves_first_touches() {
         }
     }
     let cmd = [hold.to_str().unwrap(), "48"];
-    let (_, off) = stats_of(&["--excache", "256M", "--fault-around", "0"], &cmd);
-    let (_, on) = stats_of(&["--excache", "256M", "--fault-around", "16"], &cmd);
+    let (_, off) = stats_of(&["--excache", "256M", "--fault-around", "0", "--prealloc", "0"], &cmd);
+    let (_, on) = stats_of(&["--excache", "256M", "--fault-around", "16", "--prealloc", "0"], &cmd);
     assert_eq!(n(&off, "faulted_around"), 0);
     assert!(n(&on, "plocal_fills") * 8 < n(&off, "plocal_fills"), "first touches that trap: {} with fault-around, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
 }
