@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """The miss-path levers side by side (an ablation): each workload natively and under splitos
 with every lever off, with read-ahead (`sequential` and `nextline`, at most --prefetch lines),
-with fault-around (--fault-around lines), and with both, the configurations interleaved run by
-run. Reports median wall time (min-max), the slowdown against native, traps for first touches,
-remote misses, lines read ahead or installed around, and write-backs; writes
-results/levers.json and the "Levers" section of docs/benchmarks.md.
+with fault-around (--fault-around lines), with pre-allocation of fresh lines (--prealloc
+lines), with heap reuse (--heap-reuse bytes), and with combinations, the configurations interleaved run by run. Reports median wall
+time (min-max), the slowdown against native, traps for first touches, remote misses, lines
+read ahead, installed around or pre-allocated, write-backs, and the program's heap calls
+(answered by the pComponent alone, and in all); writes results/levers.json and the "Levers"
+section of docs/benchmarks.md. The machine's load average is recorded before and after.
 
 With --tier, the compressed local tier instead, on top of the default levers: each workload
 that evicts with the tier off, with a tier of --tier-ratio times its ExCache, and with the
 tier off but the ExCache grown by the same bytes (the same local memory, uncompressed);
 writes results/levers-tier.json and the "Compressed tier" section.
 
-    python3 scripts/bench/levers.py [--reps 3] [--prefetch 8] [--fault-around 16]
+    python3 scripts/bench/levers.py [--reps 3] [--prefetch 8] [--fault-around 16] [--prealloc 64] [--heap-reuse 64M] [--only TEXT]
     python3 scripts/bench/levers.py --tier [--reps 5] [--tier-ratio 0.5]
 """
 import argparse
@@ -42,9 +44,9 @@ def workloads(tmp):
     ]
 
 
-def run(cmd, excache=None, prefetch=0, policy="sequential", around=0, tier="0"):
+def run(cmd, excache=None, prefetch=0, policy="sequential", around=0, prealloc=0, reuse="0", tier="0"):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        knobs = ["--prefetch", str(prefetch), "--prefetch-policy", policy, "--fault-around", str(around), "--compressed-tier", tier]
+        knobs = ["--prefetch", str(prefetch), "--prefetch-policy", policy, "--fault-around", str(around), "--prealloc", str(prealloc), "--heap-reuse", reuse, "--compressed-tier", tier]
         full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--excache", excache, *knobs, "--stats-json", f.name, "--", *cmd]
         t0 = time.monotonic()
         subprocess.run(full, check=True, stdout=subprocess.DEVNULL)
@@ -75,7 +77,7 @@ def tier_main(args):
             for rep in range(args.reps):
                 native.append(run(cmd)[0])
                 for label, e, tier in (configs if rep % 2 == 0 else configs[::-1]):
-                    runs[label].append(run(cmd, e, pf, "sequential", fa, tier))
+                    runs[label].append(run(cmd, e, pf, "sequential", fa, args.prealloc, args.heap_reuse, tier))
             row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "configs": {}}
             for label, rs in runs.items():
                 walls = [w for w, _ in rs]
@@ -123,6 +125,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prefetch", type=int, default=8)
     ap.add_argument("--fault-around", type=int, default=16)
+    ap.add_argument("--prealloc", type=int, default=64)
+    ap.add_argument("--heap-reuse", default="64M")
+    ap.add_argument("--only", default="", help="run only the workloads whose name contains this")
     ap.add_argument("--tier", action="store_true", help="measure the compressed tier instead")
     ap.add_argument("--tier-ratio", type=float, default=0.5, help="tier size as a fraction of each workload's ExCache")
     args = ap.parse_args()
@@ -130,27 +135,34 @@ def main():
     if args.tier:
         args.load = os.getloadavg()[0]
         return tier_main(args)
-    pf, fa = args.prefetch, args.fault_around
-    configs = [("off", 0, "sequential", 0), ("read-ahead sequential", pf, "sequential", 0), ("read-ahead nextline", pf, "nextline", 0),
-               ("fault-around", 0, "sequential", fa), ("nextline + fault-around", pf, "nextline", fa)]
-    res = {"machine": machine(), "params": vars(args), "workloads": []}
+    pf, fa, pa, hr = args.prefetch, args.fault_around, args.prealloc, args.heap_reuse
+    configs = [("off", 0, "sequential", 0, 0, "0"), ("read-ahead sequential", pf, "sequential", 0, 0, "0"), ("read-ahead nextline", pf, "nextline", 0, 0, "0"),
+               ("fault-around", 0, "sequential", fa, 0, "0"), ("nextline + fault-around", pf, "nextline", fa, 0, "0"),
+               ("prealloc", 0, "sequential", 0, pa, "0"), ("fault-around + prealloc", 0, "sequential", fa, pa, "0"),
+               ("prealloc + heap reuse", 0, "sequential", 0, pa, hr), ("sequential + prealloc + heap reuse", pf, "sequential", 0, pa, hr),
+               ("sequential + fault-around + prealloc + heap reuse", pf, "sequential", fa, pa, hr)]
+    res = {"machine": machine(), "params": vars(args), "load_before": os.getloadavg(), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd, ex in workloads(tmp):
+            if args.only not in name:
+                continue
             native, runs = [], {c[0]: [] for c in configs}
             for rep in range(args.reps):
                 native.append(run(cmd)[0])
-                for label, p, pol, a in (configs if rep % 2 == 0 else configs[::-1]):
-                    runs[label].append(run(cmd, ex, p, pol, a))
-            row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "configs": {}}
+                for label, *knobs in (configs if rep % 2 == 0 else configs[::-1]):
+                    runs[label].append(run(cmd, ex, *knobs))
+            row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "native_min_s": min(native), "native_max_s": max(native), "configs": {}}
             for label, rs in runs.items():
                 walls = [w for w, _ in rs]
                 med = lambda k: statistics.median(s[k] for _, s in rs)
                 row["configs"][label] = {"wall_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls),
                                          "remote_misses": statistics.median(remote(s) for _, s in rs),
                                          "plocal_fills": med("plocal_fills"), "prefetched": med("prefetched"),
-                                         "faulted_around": med("faulted_around"), "flushes": med("flushes")}
+                                         "faulted_around": med("faulted_around"), "preallocated": med("preallocated"), "flushes": med("flushes"),
+                                         "heap_calls": med("heap_calls"), "heap_calls_local": med("heap_calls_local"), "heap_call_ms": med("heap_call_ns") / 1e6}
             res["workloads"].append(row)
             print(f"{name} done", file=sys.stderr)
+    res["load_after"] = os.getloadavg()
     os.makedirs(os.path.join(ROOT, "results"), exist_ok=True)
     with open(os.path.join(ROOT, "results", "levers.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -160,17 +172,18 @@ def main():
         "## Levers of the miss path",
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Medians of {args.reps} runs, "
-        f"configurations interleaved; read-ahead of at most {pf} lines, fault-around of {fa}; embedded cluster over TCP (its start, "
-        "about 0.3 s, is in every wall time).",
+        f"configurations interleaved; read-ahead of at most {pf} lines, fault-around of {fa}, pre-allocation of {pa}, heap reuse of {hr}; embedded cluster "
+        f"over TCP (its start is in every wall time). Load average (1 min) {res['load_before'][0]:.1f} before, {res['load_after'][0]:.1f} after.",
         "",
-        "| workload | levers | wall s (min–max) | x native | trapped first touches | remote misses | read ahead | installed around | write-backs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | levers | wall s (min–max) | x native | trapped first touches | remote misses | read ahead | installed around | pre-allocated | write-backs | heap calls: local/all, ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in res["workloads"]:
         for label, c in row["configs"].items():
-            lines.append(f"| {row['workload']} | {label} | {c['wall_s']:.2f} ({c['min_s']:.2f}–{c['max_s']:.2f}) | {c['wall_s'] / row['native_s']:.1f}x | "
-                         f"{c['plocal_fills']:.0f} | {c['remote_misses']:.0f} | {c['prefetched']:.0f} | {c['faulted_around']:.0f} | {c['flushes']:.0f} |")
-    lines += ["", "Native: " + ", ".join(f"{r['workload']} {r['native_s']:.2f} s" for r in res["workloads"]) + ".", "<!-- levers:end -->"]
+            lines.append(f"| {row['workload']} | {label} | {c['wall_s']:.2f} ({c['min_s']:.2f}–{c['max_s']:.2f}) | {c['wall_s'] / row['native_s']:.2f}x | "
+                         f"{c['plocal_fills']:.0f} | {c['remote_misses']:.0f} | {c['prefetched']:.0f} | {c['faulted_around']:.0f} | {c['preallocated']:.0f} | {c['flushes']:.0f} | "
+                         f"{c['heap_calls_local']:.0f}/{c['heap_calls']:.0f}, {c['heap_call_ms']:.0f} |")
+    lines += ["", "Native: " + ", ".join(f"{r['workload']} {r['native_s']:.2f} s ({r['native_min_s']:.2f}–{r['native_max_s']:.2f})" for r in res["workloads"]) + ".", "<!-- levers:end -->"]
     print("\n".join(lines))
     replace_section(os.path.join(ROOT, "docs"), "levers", lines)
 

@@ -101,6 +101,10 @@ pub struct PcompSection {
     pub fault_around: usize,
     /// Memory for evicted lines kept compressed on the pComponent, beyond the ExCache (0: off).
     pub compressed_tier: Size,
+    /// Fresh lines pre-allocated in the heap's memfd past a first touch (0: off).
+    pub prealloc: usize,
+    /// Unmapped heap each process keeps mapped at its home to map again locally (0: off).
+    pub heap_reuse: Size,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -159,7 +163,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Adaptive, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0) }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Adaptive, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20) }
 }
 
 pub fn default_mcomp() -> McompSection {

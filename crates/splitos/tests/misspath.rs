@@ -86,8 +86,56 @@ fn fault_around_keeps_every_program_semantic_and_saves_first_touches() {
         }
     }
     let cmd = [hold.to_str().unwrap(), "48"];
-    let (_, off) = stats_of(&["--excache", "256M", "--fault-around", "0"], &cmd);
-    let (_, on) = stats_of(&["--excache", "256M", "--fault-around", "16"], &cmd);
+    let (_, off) = stats_of(&["--excache", "256M", "--fault-around", "0", "--prealloc", "0"], &cmd);
+    let (_, on) = stats_of(&["--excache", "256M", "--fault-around", "16", "--prealloc", "0"], &cmd);
     assert_eq!(n(&off, "faulted_around"), 0);
     assert!(n(&on, "plocal_fills") * 8 < n(&off, "plocal_fills"), "first touches that trap: {} with fault-around, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
+}
+
+#[test]
+fn pre_allocation_keeps_every_program_semantic_and_saves_first_touches() {
+    let zero = program("zero");
+    let fork = program("forktest");
+    let threads = program("threads");
+    let hold = program("hold");
+    let memsem = program("memsem");
+    // Zero semantics, realloc/mremap/brk, fork (of a heap with pre-allocated lines the program
+    // never touched), threads, mprotect and madvise behave as natively with fresh lines
+    // pre-allocated, alone and with fault-around, in a cache that fits and in one that does not.
+    for excache in ["256M", "4M"] {
+        for around in ["0", "16"] {
+            let cmds = [vec![zero.to_str().unwrap()], vec![fork.to_str().unwrap(), "12"], vec![threads.to_str().unwrap(), "24"], vec![memsem.to_str().unwrap(), "16"]];
+            for cmd in cmds {
+                let (out, s) = stats_of(&["--excache", excache, "--fault-around", around, "--prealloc", "64"], &cmd);
+                let stdout = text(&out.stdout);
+                assert!(!stdout.contains(": 0") && !stdout.contains("NOT") && !stdout.contains("CHANGED"), "{cmd:?}: every check must hold:\n{stdout}");
+                assert!(n(&s, "preallocated") > 0, "{cmd:?} at {excache}: {s}");
+                assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
+            }
+        }
+    }
+    // MADV_DONTNEED of memory that never left the pComponent is answered without its home.
+    let (_, s) = stats_of(&["--excache", "256M", "--prealloc", "64"], &[zero.to_str().unwrap()]);
+    assert!(n(&s, "heap_calls_local") > 0 && n(&s, "heap_calls") > n(&s, "heap_calls_local"), "{s}");
+    // CPython, which maps, unmaps and purges its arenas, and forks: the same output as natively.
+    let py = python3();
+    let script = "import collections, os, sys\n\
+        words = [str(i * 7919 % 100003) for i in range(300000)]\n\
+        c = collections.Counter(words)\n\
+        pid = os.fork()\n\
+        if pid == 0:\n    c['child'] += 1\n    print('child', len(c), sum(c.values()))\n    sys.stdout.flush()\n    os._exit(0)\n\
+        os.waitpid(pid, 0)\n\
+        print('parent', len(c), sum(c.values()), c.most_common(3))\n";
+    for excache in ["256M", "8M"] {
+        let (_, s) = same_as_native_with_stats(&["--excache", excache, "--prealloc", "64"], &[&py, "-c", script]);
+        assert!(n(&s, "preallocated") > 0 && n(&s, "processes") == 2, "{s}");
+        assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
+    }
+    // A program filling fresh memory traps once per window instead of once per page.
+    let cmd = [hold.to_str().unwrap(), "48"];
+    let (_, off) = stats_of(&["--excache", "256M", "--fault-around", "0", "--prealloc", "0"], &cmd);
+    let (_, on) = stats_of(&["--excache", "256M", "--fault-around", "0", "--prealloc", "64"], &cmd);
+    assert_eq!(n(&off, "preallocated"), 0);
+    assert!(n(&on, "preallocated") > 10_000, "{on}");
+    assert!(n(&on, "plocal_fills") * 16 < n(&off, "plocal_fills"), "first touches that trap: {} with pre-allocation, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
 }

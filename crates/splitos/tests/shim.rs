@@ -179,3 +179,29 @@ fn a_raw_clone_child_is_stopped_never_wrong() {
     assert_eq!(stdout, "child exited 127\nparent still reads: the parent's heap string\n", "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("made by a clone system call without CLONE_VM"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn heap_mappings_handed_out_again_without_the_home_behave_as_natively() {
+    // 200 arenas mapped, written and unmapped; then an unmapped range must stay unmapped for
+    // mprotect, a forked child, MAP_FIXED_NOREPLACE and mremap. `stats_of` compares with native.
+    let p = prog("remap");
+    for excache in ["256M", "4M"] {
+        for reuse in ["0", "64M"] {
+            let (out, s) = stats_of(&["--excache", excache, "--prealloc", "64", "--heap-reuse", reuse], &[&p]);
+            let stdout = text(&out.stdout);
+            for bad in ["REFUSED", "ALLOWED", "NO FAULT", ": 0"] {
+                assert!(!stdout.contains(bad), "{excache} {reuse}: {stdout}");
+            }
+            assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
+            if excache == "256M" {
+                let local = n(&s, "heap_calls_local");
+                assert!(if reuse == "0" { local == 0 } else { local > 300 }, "heap calls answered locally with --heap-reuse {reuse}: {s}");
+            }
+        }
+    }
+    // CPython maps and unmaps its arenas all the time.
+    let py = python3();
+    let script = "import collections\nfor r in range(3):\n    d = {str(i): [i] * 3 for i in range(100000)}\n    print(r, len(d), sum(len(v) for v in d.values()))\n    del d\nprint(collections.Counter(str(i % 97) for i in range(200000)).most_common(2))\n";
+    let (_, s) = same_as_native_with_stats(&["--excache", "256M", "--heap-reuse", "64M"], &[&py, "-c", script]);
+    assert!(n(&s, "heap_calls_local") > 0, "{s}");
+}

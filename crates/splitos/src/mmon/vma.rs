@@ -81,6 +81,12 @@ impl VmaMap {
         at >= end
     }
 
+    /// The protection of [start, end) if it is mapped with no hole and one protection.
+    pub fn prot_of(&self, start: u64, end: u64) -> Option<u32> {
+        let prot = self.find(start)?.1.prot;
+        (self.covers(start, end) && self.map.range(start..end).all(|(_, v)| v.prot == prot)).then_some(prot)
+    }
+
     pub fn find(&self, addr: u64) -> Option<(u64, Vma)> {
         self.map.range(..=addr).next_back().filter(|(_, v)| v.end > addr).map(|(s, v)| (*s, *v))
     }

@@ -30,6 +30,9 @@ pub struct Line {
     pub rearm: bool,
     /// Fill order, for FIFO.
     pub seq: u64,
+    /// Pre-allocated ahead of the program: it may have been written without any trap, and
+    /// may still be all zeros.
+    pub fresh: bool,
     /// Writes observed since the fill: a write-back acknowledged for an older count leaves
     /// the line dirty.
     pub writes: u32,
@@ -209,7 +212,7 @@ impl ExCache {
             (base + i, Some(v))
         };
         self.seq += 1;
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, writes: 0 });
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0 });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         Some(Claim { slot: slot.0, victim: slot.1 })
     }

@@ -11,7 +11,9 @@
 //!    line that never left this pComponent (a p-local line) ([`MissPath::fill`]);
 //! 3. install the line, write-protected after a read so that the first write traps and marks
 //!    it dirty ([`MissPath::install`]); or, if the fill failed, discard the claim and fail the
-//!    process with the store's error.
+//!    process with the store's error. A p-local line brings the fresh lines after it: some
+//!    installed with it (fault-around), the next ones pre-allocated in the program's memfd so
+//!    that touching them does not trap at all ([`MissPath::preallocate`]).
 //!
 //! Every write-back ends in [`MissPath::settle`], the one failure rule: a line's only copy is
 //! never dropped before a component acknowledged it. A resident line whose write-back fails
@@ -128,6 +130,8 @@ struct Claim {
     ahead: Vec<(u64, usize)>,
     /// Following fresh lines claimed for fault-around: (page, way).
     around: Vec<(u64, usize)>,
+    /// Fresh lines after those claimed for pre-allocation: (page, way), contiguous.
+    fresh: Vec<(u64, usize)>,
 }
 
 struct State {
@@ -150,6 +154,8 @@ pub struct MissPath {
     piggyback: bool,
     /// Fresh lines installed with a first touch (0: none).
     fault_around: u64,
+    /// Fresh lines pre-allocated past those (0: none).
+    prealloc: u64,
     state: Mutex<State>,
     cv: Condvar,
     total: Arc<RunStats>,
@@ -159,9 +165,9 @@ pub struct MissPath {
 }
 
 impl MissPath {
-    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, on_fail: FailHook) -> MissPath {
+    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
         let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None };
-        MissPath { store, piggyback, fault_around: fault_around as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None }
+        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None }
     }
 
     /// Puts a compressed tier between the ExCache and the store.
@@ -186,6 +192,12 @@ impl MissPath {
         if let Some(prot) = prot {
             m.insert(start, Vma { end, prot, accounted: false });
         }
+    }
+
+    /// The protection of [start, end) (bytes) of process `pid` if it is mapped with no hole and
+    /// one protection.
+    pub fn prot_of(&self, pid: u64, start: u64, end: u64) -> Option<u32> {
+        self.state.lock().unwrap().layouts.get(&pid).and_then(|m| m.prot_of(start, end))
     }
 
     /// The pComponent's counters over all runs.
@@ -317,10 +329,11 @@ impl MissPath {
                         s.faulted_around.fetch_add(claim.around.len() as u64, Relaxed);
                     });
                 }
+                self.preallocate(t, &claim.fresh);
             }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
-                for (v, slot) in claim.ahead.iter().chain(&claim.around) {
+                for (v, slot) in claim.ahead.iter().chain(&claim.around).chain(&claim.fresh) {
                     self.abandon(t, *v, *slot);
                 }
                 self.fail(t, &e.msg);
@@ -407,13 +420,14 @@ impl MissPath {
                 None => Source::Local,
             };
             let ahead = if matches!(source, Source::Store) { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
-            let around = if matches!(source, Source::Local) { self.claim_around(&mut g, t, vpn) } else { Vec::new() };
+            let mut around = if matches!(source, Source::Local) { self.claim_around(&mut g, t, vpn) } else { Vec::new() };
+            let fresh = around.split_off(around.len().min(self.fault_around as usize));
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victims, source, ahead, around });
+            return Some(Claim { slot: c.slot, victims, source, ahead, around, fresh });
         }
     }
 
@@ -441,12 +455,15 @@ impl MissPath {
 
     /// Claims ways for the fresh lines after a first touch at `vpn`: lines that never left this
     /// pComponent, are not resident, lie in a writable mapping and take a way without a
-    /// write-back. They are installed zero-filled, writable and dirty with the touched line, so
-    /// that a program filling new memory traps once per window instead of once per page.
+    /// write-back, so that a program filling new memory traps once per window instead of once
+    /// per page. The first `fault_around` are installed zero-filled, writable and dirty with the
+    /// touched line; the `prealloc` after them are pre-allocated ([`MissPath::preallocate`]).
+    /// Either way they hold ExCache ways like any line and are evicted by the policy.
     fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
         let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
         let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
-        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(self.fault_around)).take_while(|v| writable(*v)).collect();
+        let window = self.fault_around + self.prealloc;
+        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v)).collect();
         let mut around = Vec::new();
         for v in fresh {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
@@ -487,6 +504,7 @@ impl MissPath {
         let for_tier = !v.dirty && keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         if (v.dirty || for_tier) && vt.alive() {
             match capture(&vt, v.vpn, v.wp) {
+                Ok(data) if self.needs_no_write_back(g, &vt, &v, &data) => {}
                 Ok(data) => {
                     g.inflight.insert((v.pid, v.vpn));
                     let held = if v.dirty { Held::Evicted } else { Held::Clean };
@@ -505,6 +523,52 @@ impl MissPath {
         }
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
+        });
+    }
+
+    /// True if a dirty line needs no write-back: it never left this pComponent and is still
+    /// all zeros, which is what a miss on it fills in anyway (an untouched pre-allocated or
+    /// faulted-around line). Its contents were captured write-protected, so a later write
+    /// traps and makes it dirty again.
+    fn needs_no_write_back(&self, g: &MutexGuard<'_, State>, t: &Tenant, line: &Line, data: &[u8]) -> bool {
+        let stored = g.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
+        if stored || !is_zero(data) {
+            return false;
+        }
+        self.bump(t, |s| {
+            s.zero_writebacks_skipped.fetch_add(1, Relaxed);
+            if line.fresh {
+                s.prealloc_unused.fetch_add(1, Relaxed);
+            }
+        });
+        true
+    }
+
+    /// Pre-allocates the claimed lines `fresh` (contiguous) in the program's memfd: they
+    /// become resident, writable and dirty without being mapped, and the program's first touch
+    /// of each is an ordinary page fault instead of a trap into the pComponent. A touch that
+    /// trapped before the pages existed finds the line ready and is woken. If the memfd
+    /// cannot take them, each is installed as fault-around installs its lines.
+    fn preallocate(&self, t: &Tenant, fresh: &[(u64, usize)]) {
+        let Some(&(first, _)) = fresh.first() else { return };
+        if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
+            tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
+            for (v, slot) in fresh {
+                self.install(t, *v, *slot, None, true, true);
+            }
+            return;
+        }
+        let mut g = self.state.lock().unwrap();
+        for &(v, slot) in fresh {
+            if g.cache.lookup(t.pid, v) == Some(slot) {
+                g.cache.complete(slot, true, false);
+                g.cache.line_mut(slot).fresh = true;
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        self.bump(t, |s| {
+            s.preallocated.fetch_add(fresh.len() as u64, Relaxed);
         });
     }
 
@@ -769,10 +833,15 @@ impl MissPath {
                     continue;
                 }
                 let captured = capture(t, vpn, line.wp);
+                let zero = captured.as_ref().is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
                 // Protected by the capture (also when reading it failed): its next write traps.
                 let l = g.cache.line_mut(slot);
                 l.wp = true;
                 match captured {
+                    Ok(_) if zero => {
+                        l.dirty = false;
+                        l.fresh = false;
+                    }
                     Ok(data) => {
                         l.state = LineState::WritingBack;
                         wbs.push(Writeback { tenant: t.clone(), vpn, data, held: Held::Line(l.writes) });
@@ -840,17 +909,14 @@ impl MissPath {
     }
 
     /// Drops [first, end) from the cache and from the program without writing anything back,
-    /// and forgets that those pages ever existed on the store (munmap, MADV_DONTNEED).
-    pub fn discard_range(&self, t: &Tenant, first: u64, end: u64) {
-        self.drop_range(t, first, end, true);
-    }
-
-    fn drop_range(&self, t: &Tenant, first: u64, end: u64, forget: bool) {
+    /// and forgets that those pages ever existed on the store (munmap, MADV_DONTNEED). True if
+    /// some of them did: only then do their owners hold anything of the range.
+    pub fn discard_range(&self, t: &Tenant, first: u64, end: u64) -> bool {
         let g = self.wait_range_settled(t.pid, first, end);
-        self.drop_locked(g, t, first, end, forget);
+        self.drop_locked(g, t, first, end, true)
     }
 
-    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) {
+    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) -> bool {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
         }
@@ -861,14 +927,17 @@ impl MissPath {
         if let Err(e) = t.region.punch(first, end - first) {
             tracing::warn!(pid = t.pid, error = %e, "cannot drop a range");
         }
+        let mut stored = false;
         if forget {
             if let Some(m) = g.materialized.get_mut(&t.pid) {
                 let gone: Vec<u64> = m.range(first..end).copied().collect();
+                stored = !gone.is_empty();
                 for v in gone {
                     m.remove(&v);
                 }
             }
         }
+        stored
     }
 
     /// Locks the state once no line of [first, end) is being filled or written back.
@@ -892,6 +961,10 @@ fn tiered(g: &State, pid: u64, vpn: u64) -> bool {
 
 fn tiered_dirty(g: &State, pid: u64, first: u64, end: u64) -> bool {
     g.tier.as_ref().is_some_and(|t| t.has_dirty(pid, first, end))
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    data.chunks_exact(16).all(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes")) == 0)
 }
 
 /// Write-protects a dirty line (so later writes trap) and copies it out. A line that could

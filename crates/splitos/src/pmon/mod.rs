@@ -11,6 +11,7 @@ mod fault;
 mod miss;
 mod prefetch;
 mod region;
+mod reuse;
 mod shim;
 mod stats;
 mod store;
@@ -59,6 +60,11 @@ pub struct PcompConfig {
     pub fault_around: usize,
     /// Bytes of the compressed tier behind the ExCache (0: off).
     pub compressed_tier_bytes: u64,
+    /// Fresh lines pre-allocated in the heap's memfd past a first touch (0: none).
+    pub prealloc: usize,
+    /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
+    /// without asking it (0: none).
+    pub heap_reuse: u64,
 }
 
 /// A process running on this pComponent.
@@ -73,6 +79,8 @@ pub struct Proc {
     uffd: Arc<OwnedFd>,
     /// Written when the process ends, so that its fault workers stop.
     stop: OwnedFd,
+    /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
+    reuse: Mutex<reuse::HeapReuse>,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.
@@ -130,7 +138,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse,
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "compressed_tier": tier,
@@ -151,6 +159,12 @@ impl Pcomp {
             ("pcomp_plocal_fills_total", &t.plocal_fills),
             ("pcomp_prefetched_total", &t.prefetched),
             ("pcomp_faulted_around_total", &t.faulted_around),
+            ("pcomp_preallocated_total", &t.preallocated),
+            ("pcomp_prealloc_unused_total", &t.prealloc_unused),
+            ("pcomp_zero_writebacks_skipped_total", &t.zero_writebacks_skipped),
+            ("pcomp_heap_calls_total", &t.heap_calls),
+            ("pcomp_heap_call_ns_total", &t.heap_call_ns),
+            ("pcomp_heap_calls_local_total", &t.heap_calls_local),
             ("pcomp_bytes_fetched_total", &t.bytes_fetched),
             ("pcomp_bytes_flushed_total", &t.bytes_flushed),
             ("pcomp_wp_faults_total", &t.wp_faults),
@@ -244,7 +258,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let mut miss = MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, hook);
+        let mut miss = MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
         if args.cfg.compressed_tier_bytes > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
         }

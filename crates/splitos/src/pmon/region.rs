@@ -19,6 +19,9 @@ pub trait Region: Send + Sync {
     fn wake(&self, vpn: u64);
     /// Sets or lifts write protection of resident pages; lifting wakes waiting writers.
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()>;
+    /// Makes pages of zeros resident without mapping them: the program's first touch of one
+    /// does not trap (pre-allocation of fresh lines).
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// Drops pages from the program and frees the memory behind them; the next access faults.
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// The current contents of a resident page.
@@ -56,6 +59,10 @@ impl Region for UffdRegion {
 
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         uffd::write_protect(&self.uffd, vpn * PAGE, pages * PAGE, on)
+    }
+
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        uffd::allocate(&self.memfd, self.offset(vpn), pages * PAGE)
     }
 
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {

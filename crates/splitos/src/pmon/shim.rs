@@ -12,6 +12,7 @@ use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2
 use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
 
 use super::miss::Tenant;
+use super::reuse::HeapReuse;
 use super::region::UffdRegion;
 use super::store::Space;
 use super::uffd::PAGE;
@@ -97,10 +98,18 @@ impl Pcomp {
             if s.read_exact(req.as_mut_bytes()).is_err() {
                 break;
             }
+            let t0 = std::time::Instant::now();
             let (ret, val, val2) = match self.request(&proc_, &req) {
                 Ok((v, v2)) => (0, v, v2),
                 Err(e) => (-e, 0, 0),
             };
+            if matches!(Op::from_u32(req.op), Some(Op::Mmap | Op::Munmap | Op::Mprotect | Op::Dontneed | Op::Mremap)) {
+                let ns = t0.elapsed().as_nanos() as u64;
+                for s in [&proc_.tenant.stats, self.miss.total()] {
+                    s.heap_calls.fetch_add(1, Relaxed);
+                    s.heap_call_ns.fetch_add(ns, Relaxed);
+                }
+            }
             if reply(&mut s, ret, val, val2).is_err() {
                 break;
             }
@@ -134,7 +143,8 @@ impl Pcomp {
         let uffd = Arc::new(uffd_fd);
         let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base };
         let tenant = Tenant::new(pid, Box::new(region), child.run);
-        let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop });
+        let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
+        let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse });
         p.tenant.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
         self.store.attach(pid, p.space.clone());
@@ -172,6 +182,25 @@ impl Pcomp {
         })
     }
 
+    fn count_local(&self, p: &Proc) {
+        for s in [&p.tenant.stats, self.miss.total()] {
+            s.heap_calls_local.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Unmaps at the home the kept ranges (see [`HeapReuse`]) that overlap [start, end): the
+    /// home must see the layout the program sees before anything depends on it there.
+    fn release_kept(&self, p: &Proc, start: u64, end: u64) -> Result<(), i64> {
+        let mut kept = p.reuse.lock().unwrap();
+        while let Some((s, len, prot)) = kept.take_overlapping(start, end) {
+            if let Err(e) = self.home_call(p, P2M_MUNMAP { who: p.space.who.clone(), addr: s, len }) {
+                kept.put_back(s, len, prot);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
         let who = p.space.who.clone();
         let t = &p.tenant;
@@ -179,34 +208,90 @@ impl Pcomp {
         match Op::from_u32(r.op) {
             Some(Op::Mmap) => {
                 let fixed = r.d & MMAP_FIXED != 0;
+                let prot = r.c as u32;
+                if r.a == 0 && !fixed {
+                    let reused = p.reuse.lock().unwrap().take(r.b, prot);
+                    if let Some(addr) = reused {
+                        self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
+                        self.count_local(p);
+                        return Ok((addr, prot as u64));
+                    }
+                    let chunk = p.reuse.lock().unwrap().chunk_for(r.b);
+                    if let Some(chunk) = chunk {
+                        // A full home falls through to asking for the exact size.
+                        if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false }) {
+                            p.space.learn_owners(&m.owners);
+                            let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
+                            if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
+                                self.home_call(p, P2M_MUNMAP { who: who.clone(), addr: rest, len: rest_len })?;
+                            }
+                            self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
+                            return Ok((m.addr, m.prot as u64));
+                        }
+                    }
+                } else {
+                    // A hint or a fixed address the program sees free must be free at the home.
+                    self.release_kept(p, r.a, r.a.saturating_add(r.b))?;
+                }
                 if fixed {
                     let (f, e) = pages(r.a, r.b);
                     self.miss.discard_range(t, f, e);
                 }
-                let m = self.home_call(p, P2M_MMAP { who, hint: r.a, len: r.b, prot: r.c as u32, fixed })?;
+                let call = || self.home_call(p, P2M_MMAP { who: who.clone(), hint: r.a, len: r.b, prot, fixed });
+                let m = match call() {
+                    // What the home keeps mapped for reuse is accounted at the owners: give it back.
+                    Err(e) if e == libc::ENOMEM as i64 && p.reuse.lock().unwrap().overlaps(0, u64::MAX) => {
+                        self.release_kept(p, 0, u64::MAX)?;
+                        call()?
+                    }
+                    m => m?,
+                };
                 p.space.learn_owners(&m.owners);
                 self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
                 Ok((m.addr, m.prot as u64))
             }
             Some(Op::Munmap) => {
                 let (f, e) = pages(r.a, r.b);
-                self.miss.discard_range(t, f, e);
+                let end = r.a.saturating_add(r.b);
+                let prot = self.miss.prot_of(p.pid, r.a, end);
+                // A mapping none of whose pages ever left this pComponent stays mapped at the home,
+                // to be handed out again by a later mmap of its size.
+                let stored = self.miss.discard_range(t, f, e);
+                if let Some(prot) = prot.filter(|_| !stored) {
+                    if p.reuse.lock().unwrap().keep(r.a, r.b, prot) {
+                        self.miss.set_prot(p.pid, r.a, end, None);
+                        self.count_local(p);
+                        return Ok((0, 0));
+                    }
+                }
+                self.release_kept(p, r.a, end)?;
                 self.home_call(p, P2M_MUNMAP { who, addr: r.a, len: r.b })?;
-                self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
+                self.miss.set_prot(p.pid, r.a, end, None);
                 Ok((0, 0))
             }
             Some(Op::Mprotect) => {
+                if p.reuse.lock().unwrap().overlaps(r.a, r.a.saturating_add(r.b)) {
+                    // Part of the range is unmapped, as far as the program knows.
+                    return Err(libc::ENOMEM as i64);
+                }
                 self.home_call(p, P2M_MPROTECT { who, addr: r.a, len: r.b, prot: r.c as u32 })?;
                 self.miss.set_prot(p.pid, r.a, r.a + r.b, Some(r.c as u32));
                 Ok((0, 0))
             }
             Some(Op::Dontneed) => {
                 let (f, e) = pages(r.a, r.b);
-                self.miss.discard_range(t, f, e);
-                self.home_call(p, P2M_DONTNEED { who, addr: r.a, len: r.b })?;
+                // Owners hold only pages that were written back: a range of lines that never
+                // left this pComponent (an allocator purging fresh memory) is answered here.
+                if self.miss.discard_range(t, f, e) {
+                    self.home_call(p, P2M_DONTNEED { who, addr: r.a, len: r.b })?;
+                } else {
+                    self.count_local(p);
+                }
                 Ok((0, 0))
             }
             Some(Op::Mremap) => {
+                // Growing in place needs the home to see the program's free space as free.
+                self.release_kept(p, 0, u64::MAX)?;
                 let (f, e) = pages(r.a, r.b);
                 self.miss.evict_range(t, f, e).map_err(|e| vm_errno(&e))?;
                 let fixed_to = (r.d & MREMAP_FIXED != 0).then_some(r.e);
@@ -239,6 +324,8 @@ impl Pcomp {
     /// Writes back the parent's dirty lines, has the home copy the address space for the
     /// child, and parks the child's state until its hello.
     fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
+        // The child's layout is the home's: it must not map what the parent unmapped.
+        self.release_kept(p, 0, u64::MAX)?;
         self.miss.write_back_range(&p.tenant, 0, u64::MAX / PAGE).map_err(|e| {
             tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
             libc::ENOMEM as i64

@@ -16,6 +16,21 @@ pub struct RunStats {
     pub prefetched: AtomicU64,
     /// Fresh lines installed zero-filled and writable next to a first touch (fault-around).
     pub faulted_around: AtomicU64,
+    /// Fresh lines made resident in the memfd ahead of the program (pre-allocation): touching
+    /// one is an ordinary page fault, not a trap.
+    pub preallocated: AtomicU64,
+    /// Pre-allocated lines still all zeros when they were evicted or written back: the
+    /// program never wrote them.
+    pub prealloc_unused: AtomicU64,
+    /// Dirty lines that never left this pComponent and were still all zeros when evicted or
+    /// written back: no write-back was sent (a later miss fills them with zeros again).
+    pub zero_writebacks_skipped: AtomicU64,
+    /// The program's virtual-memory calls on its heap (mmap, munmap, mprotect, madvise,
+    /// mremap) and the time the pComponent spent answering them.
+    pub heap_calls: AtomicU64,
+    pub heap_call_ns: AtomicU64,
+    /// Of those, the calls answered without asking the home mComponent.
+    pub heap_calls_local: AtomicU64,
     pub bytes_fetched: AtomicU64,
     pub bytes_flushed: AtomicU64,
     pub wp_faults: AtomicU64,
@@ -57,6 +72,12 @@ impl Default for RunStats {
             plocal_fills: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
             faulted_around: AtomicU64::new(0),
+            preallocated: AtomicU64::new(0),
+            prealloc_unused: AtomicU64::new(0),
+            zero_writebacks_skipped: AtomicU64::new(0),
+            heap_calls: AtomicU64::new(0),
+            heap_call_ns: AtomicU64::new(0),
+            heap_calls_local: AtomicU64::new(0),
             bytes_fetched: AtomicU64::new(0),
             bytes_flushed: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
@@ -90,6 +111,12 @@ impl RunStats {
             "plocal_fills": self.plocal_fills.load(Relaxed),
             "prefetched": self.prefetched.load(Relaxed),
             "faulted_around": self.faulted_around.load(Relaxed),
+            "preallocated": self.preallocated.load(Relaxed),
+            "prealloc_unused": self.prealloc_unused.load(Relaxed),
+            "zero_writebacks_skipped": self.zero_writebacks_skipped.load(Relaxed),
+            "heap_calls": self.heap_calls.load(Relaxed),
+            "heap_call_ns": self.heap_call_ns.load(Relaxed),
+            "heap_calls_local": self.heap_calls_local.load(Relaxed),
             "bytes_fetched": self.bytes_fetched.load(Relaxed),
             "bytes_flushed": self.bytes_flushed.load(Relaxed),
             "wp_faults": self.wp_faults.load(Relaxed),

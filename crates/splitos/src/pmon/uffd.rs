@@ -85,6 +85,19 @@ pub fn punch(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// Allocates zeroed pages in the memfd's page cache, leaving them unmapped: the program's
+/// first touch of one is an ordinary minor fault, for userfaultfd's missing mode on shared
+/// memory traps only when the page cache has no page. On failure the kernel frees the pages
+/// this call allocated that nobody touched meanwhile.
+pub fn allocate(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate(2) takes no pointers; it acts on the program's memfd only.
+    if unsafe { libc::fallocate(memfd.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// One fault worker's wait: an epoll set holding the process's uffd exclusively (a fault wakes
 /// one worker, not all of them) and the process's stop eventfd.
 pub struct FaultWait {

@@ -43,6 +43,13 @@ impl Region for MemRegion {
         }
         Ok(())
     }
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        let mut p = self.0.pages.lock().unwrap();
+        for v in vpn..vpn + pages {
+            p.entry(v).or_insert_with(|| (vec![0; PAGE_SIZE], false));
+        }
+        Ok(())
+    }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         let mut p = self.0.pages.lock().unwrap();
         p.retain(|v, _| *v < vpn || *v >= vpn + pages);
@@ -143,15 +150,17 @@ fn rig(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, 
 }
 
 fn rig_with(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize) -> Rig {
-    rig_full(lines, ways, policy, places, piggyback, prefetch, 0)
+    rig_full(lines, ways, policy, places, piggyback, (prefetch, 0, 0))
 }
 
-fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize, fault_around: usize) -> Rig {
+/// `levers`: lines read ahead, installed around a first touch, and pre-allocated past those.
+fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, levers: (usize, usize, usize)) -> Rig {
+    let (prefetch, fault_around, prealloc) = levers;
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), fault_around, hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), fault_around, prealloc, hook));
     Rig { mp, store, failed }
 }
 
@@ -275,10 +284,10 @@ fn piggyback_merges_the_victims_flush_with_the_fetch_only_when_enabled() {
         let r = rig(2, 0, Box::new(Fifo), 1, piggyback);
         let p = r.prog(1);
         for v in 0..4 {
-            assert!(p.write(&r.mp, v, v as u8));
+            assert!(p.write(&r.mp, v, v as u8 + 1));
         }
         // Pages 0 and 1 are on the store; 2 and 3 are dirty and resident.
-        assert_eq!(p.read(&r.mp, 0), Some(0));
+        assert_eq!(p.read(&r.mp, 0), Some(1));
         assert_eq!(r.store.calls("flush_fetch"), piggyback as usize, "piggyback={piggyback}");
         assert_eq!(r.store.calls("fetch"), !piggyback as usize);
         assert_eq!(p.stat(|s| &s.piggybacked), piggyback as u64);
@@ -434,6 +443,9 @@ impl Region for FlakyRegion {
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         self.inner.write_protect(vpn, pages, on)
     }
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.inner.allocate(vpn, pages)
+    }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         self.inner.punch(vpn, pages)
     }
@@ -477,7 +489,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
@@ -527,7 +539,7 @@ fn sequential_misses_read_ahead_in_one_batch_and_random_ones_do_not() {
 
 #[test]
 fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_may_write() {
-    let r = rig_full(64, 0, Box::new(Fifo), 1, true, 0, 8);
+    let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 8, 0));
     let p = r.prog(1);
     // Pages 0..12 are mapped writable, 12..16 read-only, nothing beyond.
     r.mp.set_prot(1, 0, 12 * 4096, Some(3));
@@ -553,7 +565,7 @@ fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_ma
 
 #[test]
 fn fault_around_never_pushes_out_a_dirty_line() {
-    let r = rig_full(4, 0, Box::new(Fifo), 1, true, 0, 8);
+    let r = rig_full(4, 0, Box::new(Fifo), 1, true, (0, 8, 0));
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
     assert!(p.write(&r.mp, 0, 1));
@@ -594,7 +606,7 @@ fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, hook);
+    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
     let mp = Arc::new(mp.with_tier(Box::new(OldestFirst::new(tier_bytes)), Box::new(Lz4)));
     Rig { mp, store, failed }
 }
@@ -849,7 +861,7 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
 fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     let store = MemStore::new(1);
     let hook: FailHook = Box::new(|_, _| {});
-    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 8, hook);
+    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 8, 0, hook);
     let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
@@ -874,4 +886,164 @@ fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     assert_eq!(p.read(&r.mp, 10), Some(10));
     assert_eq!(p.read(&r.mp, 11), Some(111));
     assert_eq!(p.read(&r.mp, 12), Some(10));
+}
+
+fn prealloc_rig(lines: usize, fault_around: usize, prealloc: usize) -> (Rig, Prog) {
+    let r = rig_full(lines, 0, Box::new(Fifo), 1, true, (0, fault_around, prealloc));
+    let p = r.prog(1);
+    r.mp.set_prot(1, 0, 1024 * 4096, Some(3));
+    (r, p)
+}
+
+fn line(r: &Rig, vpn: u64) -> Option<Line> {
+    r.mp.with_cache(|c| c.lookup(1, vpn).map(|s| *c.line(s)))
+}
+
+#[test]
+fn pre_allocated_lines_are_resident_without_a_trap_and_held_by_the_excache() {
+    let (r, p) = prealloc_rig(64, 2, 8);
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!((p.stat(|s| &s.plocal_fills), p.stat(|s| &s.faulted_around), p.stat(|s| &s.preallocated)), (1, 2, 8));
+    assert_eq!(r.mp.with_cache(|c| c.used()), 11, "the touched line, 2 installed around it, 8 pre-allocated after those");
+    for v in 3..11 {
+        let l = line(&r, v).expect("pre-allocated lines are ExCache lines");
+        assert!(l.fresh && l.dirty && !l.wp && l.state == LineState::Ready, "page {v}: {l:?}");
+        assert!(p.write(&r.mp, v, v as u8), "page {v}");
+    }
+    assert_eq!(p.stat(|s| &s.misses), 1, "touching pre-allocated pages never trapped");
+    assert!(p.write(&r.mp, 11, 1));
+    assert_eq!(p.stat(|s| &s.misses), 2, "past the window the next first touch traps and brings the next window");
+    assert_eq!(p.stat(|s| &s.preallocated), 16);
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh lines need no message");
+}
+
+#[test]
+fn pre_allocation_never_overfills_the_excache_nor_pushes_out_dirty_lines() {
+    let (r, p) = prealloc_rig(8, 0, 64);
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.stat(|s| &s.preallocated), 7, "the free ways only");
+    assert!(p.write(&r.mp, 100, 2));
+    assert_eq!(p.stat(|s| &s.preallocated), 7, "every way holds a dirty line: nothing is pre-allocated");
+    assert!(r.mp.with_cache(|c| c.used()) <= 8);
+    assert_eq!(p.read(&r.mp, 0), Some(1));
+    assert_eq!(p.read(&r.mp, 100), Some(2));
+}
+
+#[test]
+fn evicting_an_untouched_pre_allocated_line_writes_nothing_back() {
+    let (r, p) = prealloc_rig(4, 0, 3);
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.stat(|s| &s.preallocated), 3);
+    // The program writes page 2 without trapping; pages 1 and 3 stay untouched.
+    assert!(p.write(&r.mp, 2, 5));
+    assert_eq!(p.stat(|s| &s.misses), 1);
+    // FIFO evicts 0 (written), 1 (untouched), 2 (written), 3 (untouched) for four new lines.
+    for v in 20..24 {
+        assert!(p.write(&r.mp, v, 9));
+        assert!(r.mp.with_cache(|c| c.used()) <= 4);
+    }
+    assert_eq!(r.store.calls("flush") + r.store.calls("flush_fetch"), 2, "only the written lines were written back");
+    assert_eq!((p.stat(|s| &s.prealloc_unused), p.stat(|s| &s.zero_writebacks_skipped)), (2, 2));
+    let stored: Vec<u64> = r.store.pages.lock().unwrap().keys().map(|(_, v)| *v).collect();
+    assert!(stored.contains(&0) && stored.contains(&2) && !stored.contains(&1) && !stored.contains(&3), "{stored:?}");
+    // Untouched lines come back as zeros without a fetch; written ones with their contents.
+    let fetches = r.store.calls("fetch") + r.store.calls("flush_fetch");
+    assert_eq!(p.read(&r.mp, 1), Some(0));
+    assert_eq!(p.read(&r.mp, 3), Some(0));
+    assert_eq!(r.store.calls("fetch") + r.store.calls("flush_fetch"), fetches, "zeros are filled locally");
+    assert_eq!(p.read(&r.mp, 2), Some(5));
+    assert_eq!(p.read(&r.mp, 0), Some(1));
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_pre_allocated_line_written_with_zeros_over_stored_contents_is_written_back() {
+    let (r, p) = prealloc_rig(2, 0, 0);
+    assert!(p.write(&r.mp, 0, 7));
+    r.mp.write_back_range(&p.t, 0, 1).unwrap();
+    assert!(p.write(&r.mp, 0, 0), "zeros over contents that are on the store");
+    r.mp.evict_range(&p.t, 0, 1).unwrap();
+    assert_eq!(p.read(&r.mp, 0), Some(0), "the zeros were written back, not skipped");
+    assert_eq!(p.stat(|s| &s.zero_writebacks_skipped), 0);
+}
+
+#[test]
+fn fork_and_mremap_write_back_only_the_pre_allocated_lines_the_program_wrote() {
+    let (r, p) = prealloc_rig(64, 0, 8);
+    assert!(p.write(&r.mp, 0, 1));
+    assert!(p.write(&r.mp, 4, 4));
+    // Before a fork: the written lines go to the store; untouched ones become clean, stay
+    // resident and are not on the store (a child reads them as zeros, as it should).
+    r.mp.write_back_range(&p.t, 0, 1024).unwrap();
+    assert_eq!(r.mp.materialized_of(1).into_iter().collect::<Vec<_>>(), vec![0, 4]);
+    assert_eq!(p.stat(|s| &s.prealloc_unused), 7);
+    let l = line(&r, 5).unwrap();
+    assert!(!l.dirty && l.wp, "{l:?}");
+    // A write after the fork's write-back traps and makes the line dirty again.
+    assert!(p.write(&r.mp, 5, 6));
+    assert!(line(&r, 5).unwrap().dirty);
+    // mremap's move evicts the range, written lines through the store: nothing is lost.
+    r.mp.evict_range(&p.t, 0, 9).unwrap();
+    assert_eq!(r.mp.with_cache(|c| c.resident_in(1, 0, 9).len()), 0);
+    for (v, want) in [(0, 1), (4, 4), (5, 6), (6, 0), (8, 0)] {
+        assert_eq!(p.read(&r.mp, v), Some(want), "page {v}");
+    }
+}
+
+#[test]
+fn munmap_and_dontneed_drop_pre_allocated_lines_without_asking_anyone() {
+    let (r, p) = prealloc_rig(64, 0, 8);
+    assert!(p.write(&r.mp, 0, 1));
+    assert!(p.write(&r.mp, 3, 3));
+    assert!(!r.mp.discard_range(&p.t, 0, 9), "nothing of the range ever left: no owner holds any of it");
+    assert_eq!(r.mp.with_cache(|c| c.used()), 0);
+    assert!(p.mem.0.pages.lock().unwrap().is_empty(), "the pre-allocated pages are gone from the program");
+    assert_eq!(p.read(&r.mp, 3), Some(0), "a discarded page reads as zeros again");
+    assert_eq!(p.stat(|s| &s.misses), 2, "and it trapped: it was not resident any more");
+    assert!(p.write(&r.mp, 20, 2));
+    r.mp.evict_range(&p.t, 20, 21).unwrap();
+    assert!(r.mp.discard_range(&p.t, 16, 32), "a page of the range is on the store: its owner must drop it");
+}
+
+/// A region whose memfd cannot take pre-allocated pages.
+struct FullRegion(MemRegion);
+
+impl Region for FullRegion {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        self.0.copy(vpn, data, wp)
+    }
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        self.0.zero(vpn, wp)
+    }
+    fn wake(&self, _vpn: u64) {}
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        self.0.write_protect(vpn, pages, on)
+    }
+    fn allocate(&self, _vpn: u64, _pages: u64) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.0.punch(vpn, pages)
+    }
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_out(vpn, buf)
+    }
+}
+
+#[test]
+fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
+    let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 0, 4));
+    let mem = MemRegion::default();
+    let t = Tenant::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
+    r.mp.add(t.clone(), Default::default());
+    r.mp.set_prot(1, 0, 64 * 4096, Some(3));
+    let p = Prog { t, mem };
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.stat(|s| &s.preallocated), 0);
+    for v in 1..5 {
+        let l = line(&r, v).expect("still claimed and installed");
+        assert!(l.dirty && !l.wp && !l.fresh && l.state == LineState::Ready, "{l:?}");
+        assert!(p.write(&r.mp, v, 2));
+    }
+    assert_eq!(p.stat(|s| &s.misses), 1);
 }
