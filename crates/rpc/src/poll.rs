@@ -6,7 +6,8 @@
 //!
 //! [`Poller`] adapts the polling budget to the waits it sees, as EbbRT's event loop and Linux's
 //! hybrid block polling do: an event that came within the ceiling after the poller gave up
-//! doubles its budget (up to the ceiling), and a sleep of more than four ceilings halves it, so a
+//! doubles its budget (up to the ceiling), and a sleep of more than four ceilings shrinks it in
+//! proportion (by half at four ceilings, to nothing after a long idle), so a
 //! waiter whose events come in bursts polls through the burst and one that idles sleeps at
 //! once. With `adaptive: false` it polls for the full ceiling every time.
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -114,8 +115,11 @@ impl Poller {
             // The event came soon after polling stopped: polling longer would have caught it.
             (b * 2).max(2 * MIN_BUDGET_NS).min(self.ceiling_ns)
         } else if slept_ns > 4 * self.ceiling_ns {
-            // Idle: the polling was wasted.
-            Some(b / 2).filter(|h| *h >= MIN_BUDGET_NS).unwrap_or(0)
+            // Idle: the polling was wasted, the more surely the longer the sleep. Shrinking in
+            // proportion stops a waiter that idles for seconds at once, and one whose events
+            // come just beyond reach by halves.
+            let shrunk = (b as u128 * 2 * self.ceiling_ns as u128 / slept_ns as u128) as u64;
+            Some(shrunk).filter(|h| *h >= MIN_BUDGET_NS).unwrap_or(0)
         } else {
             b
         };

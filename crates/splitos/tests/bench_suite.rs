@@ -47,9 +47,9 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         for kind in ["swap-file", "zram"] {
             assert!(w[kind]["0.25"][0]["s"].as_f64().unwrap() > 0.0, "{name} {kind}");
         }
-        // An ExCache twice the working set, fully associative, evicts nothing; 25% over TCP
+        // An ExCache four times the working set, fully associative, evicts nothing; 25% over TCP
         // misses as the default transport does.
-        let fits = &w["splitos-fits"]["2.0"][0];
+        let fits = &w["splitos-fits"]["4.0"][0];
         assert_eq!(fits["evictions"].as_u64().unwrap(), 0, "{name} fits: {fits}");
         assert!(w["splitos-tcp"]["0.25"][0]["misses"].as_u64().unwrap() > 0, "{name}: no misses at 25% over TCP");
         assert!(w["native_cpu_s"][0].as_f64().unwrap() > 0.0 && fits["cpu_s"].as_f64().unwrap() > 0.0, "{name}: CPU time measured");

@@ -301,8 +301,13 @@ impl ShmTransport {
     fn channel(&self, addr: &str, timeout: Duration) -> Result<Option<Channel>, RpcError> {
         match self.peers.lock().unwrap().get_mut(addr) {
             Some(Peer::Local(free)) => {
-                if let Some(c) = free.pop() {
-                    return Ok(Some(c));
+                // A channel whose server died while it sat in the pool is dropped here, before a
+                // request goes into it: then the call reports the peer unreachable (safe to
+                // retry elsewhere) rather than a request lost on the way.
+                while let Some(c) = free.pop() {
+                    if c.server_alive() {
+                        return Ok(Some(c));
+                    }
                 }
             }
             Some(Peer::Remote(since)) if since.elapsed() < RECHECK => return Ok(None),
@@ -396,6 +401,20 @@ impl Channel {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
         }
         Ok(Channel { addr: addr.to_string(), sock, map, seq: 0, poller })
+    }
+
+    /// Whether the server's end of the socket is still open (stale doorbells are drained).
+    fn server_alive(&self) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return false,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
     }
 
     fn call(mut self, msg: &Msg, timeout: Duration) -> Result<(Channel, Msg), RpcError> {

@@ -171,3 +171,32 @@ fn another_user_gets_no_channel() {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
     assert_eq!(as_nobody(&path), "refused");
 }
+
+#[test]
+fn a_server_that_died_between_calls_is_unreachable_not_a_lost_request() {
+    let d = private_tmp();
+    // An address nobody listens on over TCP: the fallback finds no one either.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap();
+    let path = t.socket_path(&addr);
+    let unix = UnixListener::bind(&path).unwrap();
+    // A server that answers one call, then dies (its socket closes, its file stays).
+    let server = std::thread::spawn(move || {
+        let (s, _) = unix.accept().unwrap();
+        let map = offer(&s).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let h = map.header();
+        let n = wait(&h.req_seq, 0, &h.server_sleeps, &s, &Poller::new(Duration::ZERO, Polling::Fixed), None).ok().unwrap();
+        let body = postcard::to_allocvec(&Msg::from(M2P_PAGE { data: ByteBuf::from(vec![9u8; 4096]) })).unwrap();
+        map.put(REP, &body);
+        h.rep_len.store(body.len() as u32, Relaxed);
+        ring(&h.rep_seq, n, &h.client_sleeps, &s);
+    });
+    let rpc = Rpc::new(Arc::new(t), Duration::from_secs(5));
+    assert_eq!(rpc.call(&addr, fetch(10_011)).unwrap().data[0], 9);
+    server.join().unwrap();
+    match rpc.call(&addr, fetch(10_012)) {
+        Err(RpcError::Unreachable { .. }) => {}
+        r => panic!("a dead server's channel is not used for a new request: {r:?}"),
+    }
+}
