@@ -5,11 +5,13 @@
 //! program or a neighbour could use.
 //!
 //! [`Poller`] adapts the polling budget to the waits it sees, as EbbRT's event loop and Linux's
-//! hybrid block polling do: an event that came within the ceiling after the poller gave up
-//! doubles its budget (up to the ceiling), and a sleep of more than four ceilings shrinks it in
-//! proportion (by half at four ceilings, to nothing after a long idle), so a
-//! waiter whose events come in bursts polls through the burst and one that idles sleeps at
-//! once. With `adaptive: false` it polls for the full ceiling every time.
+//! hybrid block polling do: an event caught while polling keeps the budget at twice its delay
+//! at least; an event that came after the poller gave up but within the ceiling doubles the
+//! budget (up to the ceiling); one beyond the ceiling shrinks it in proportion (to nothing after
+//! a long idle). A waiter that stopped polling polls the whole ceiling every sixteenth wait,
+//! to find out whether its events came back within reach. So a waiter whose events come in
+//! bursts polls through the burst, and one whose events come later than the ceiling, or not at
+//! all, stops polling. With `adaptive: false` it polls for the full ceiling every time.
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -49,6 +51,11 @@ impl std::fmt::Display for Polling {
 /// Below this a budget is not worth a poll: the waiter sleeps at once.
 const MIN_BUDGET_NS: u64 = 1_000;
 
+/// A waiter that stopped polling polls the whole ceiling once every this many waits, to learn
+/// whether events came back within reach (how long a sleeping waiter took to see its event
+/// says nothing about that: the wake-up itself may be most of it).
+const PROBE_EVERY: u64 = 16;
+
 /// One waiter's polling state (each thread that waits has its own). Counters, per component:
 /// `poll_spins_total` (waits that polled), `poll_sleeps_total` (of those, the ones that found
 /// nothing and slept) and `poll_skipped_total` (waits that slept at once, the budget having
@@ -57,19 +64,21 @@ pub struct Poller {
     ceiling_ns: u64,
     adaptive: bool,
     budget_ns: AtomicU64,
+    skipped: AtomicU64,
 }
 
-/// What a [`Poller::poll`] left to do: if polling found nothing, the caller sleeps and then
-/// reports with [`Pending::slept`] how long the whole wait took.
+/// What a [`Poller::poll`] left to do: polling found nothing, so the caller sleeps and then
+/// reports with [`Pending::slept`] that the wait is over.
+#[must_use = "report the end of the wait with `slept`, or the poller learns nothing"]
 pub struct Pending<'a> {
     poller: &'a Poller,
-    gave_up: Instant,
+    t0: Instant,
 }
 
 impl Poller {
     pub fn new(ceiling: Duration, polling: Polling) -> Poller {
         let ceiling_ns = ceiling.as_nanos() as u64;
-        Poller { ceiling_ns, adaptive: polling == Polling::Adaptive, budget_ns: AtomicU64::new(ceiling_ns) }
+        Poller { ceiling_ns, adaptive: polling == Polling::Adaptive, budget_ns: AtomicU64::new(ceiling_ns), skipped: AtomicU64::new(0) }
     }
 
     /// The current polling budget.
@@ -82,20 +91,25 @@ impl Poller {
     /// awake while any runnable thread, such as the peer it waits for, still gets it).
     pub fn poll<T>(&self, mut try_once: impl FnMut() -> Option<T>) -> Result<T, Pending<'_>> {
         let t0 = Instant::now();
-        let budget = self.budget();
-        if budget.is_zero() {
-            metrics::counter!("poll_skipped_total").increment(1);
-            return try_once().ok_or(Pending { poller: self, gave_up: t0 });
+        let mut budget = self.budget_ns.load(Relaxed);
+        if budget == 0 && self.adaptive && self.skipped.fetch_add(1, Relaxed) % PROBE_EVERY == PROBE_EVERY - 1 {
+            budget = self.ceiling_ns;
         }
+        if budget == 0 {
+            metrics::counter!("poll_skipped_total").increment(1);
+            return try_once().ok_or(Pending { poller: self, t0 });
+        }
+        let budget = Duration::from_nanos(budget);
         metrics::counter!("poll_spins_total").increment(1);
         loop {
             if let Some(v) = try_once() {
+                self.caught(t0.elapsed().as_nanos() as u64);
                 return Ok(v);
             }
             let waited = t0.elapsed();
             if waited >= budget {
                 metrics::counter!("poll_sleeps_total").increment(1);
-                return Err(Pending { poller: self, gave_up: Instant::now() });
+                return Err(Pending { poller: self, t0 });
             }
             if waited < budget / 4 {
                 std::hint::spin_loop();
@@ -105,23 +119,31 @@ impl Poller {
         }
     }
 
-    /// `slept_ns`: how long the wait went on after polling gave up.
-    fn learn(&self, slept_ns: u64) {
+    /// Polling caught the event `after_ns` into the wait: keep polling at least twice that
+    /// (unless the poll overran the ceiling, descheduled between two tries).
+    fn caught(&self, after_ns: u64) {
+        if self.adaptive && after_ns <= self.ceiling_ns {
+            let want = (2 * after_ns).max(2 * MIN_BUDGET_NS).min(self.ceiling_ns);
+            self.budget_ns.fetch_max(want, Relaxed);
+        }
+    }
+
+    /// Polling gave up and the event came `waited_ns` into the wait (measured when the
+    /// sleeper woke, so a little late).
+    fn learn(&self, waited_ns: u64) {
         if !self.adaptive || self.ceiling_ns == 0 {
             return;
         }
         let b = self.budget_ns.load(Relaxed);
-        let next = if slept_ns <= self.ceiling_ns {
-            // The event came soon after polling stopped: polling longer would have caught it.
+        let next = if waited_ns <= self.ceiling_ns {
+            // Within reach: polling longer would have caught it.
             (b * 2).max(2 * MIN_BUDGET_NS).min(self.ceiling_ns)
-        } else if slept_ns > 4 * self.ceiling_ns {
-            // Idle: the polling was wasted, the more surely the longer the sleep. Shrinking in
-            // proportion stops a waiter that idles for seconds at once, and one whose events
-            // come just beyond reach by halves.
-            let shrunk = (b as u128 * 2 * self.ceiling_ns as u128 / slept_ns as u128) as u64;
-            Some(shrunk).filter(|h| *h >= MIN_BUDGET_NS).unwrap_or(0)
         } else {
-            b
+            // Beyond even the ceiling: the polling was wasted, the more surely the longer the
+            // wait. Shrinking in proportion stops a waiter that idles for seconds at once, and
+            // one whose events come just beyond reach over a few waits.
+            let shrunk = (b as u128 * self.ceiling_ns as u128 / waited_ns as u128) as u64;
+            Some(shrunk).filter(|h| *h >= MIN_BUDGET_NS).unwrap_or(0)
         };
         self.budget_ns.store(next, Relaxed);
     }
@@ -130,13 +152,26 @@ impl Poller {
 impl Pending<'_> {
     /// The sleep that followed is over (the event came, or the wait gave up).
     pub fn slept(self) {
-        self.poller.learn(self.gave_up.elapsed().as_nanos() as u64);
+        self.poller.learn(self.t0.elapsed().as_nanos() as u64);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One wait whose event comes `after` into it; a sleeping waiter sees it `late` after that.
+    fn wait(p: &Poller, after: Duration, late: Duration) -> bool {
+        let t0 = Instant::now();
+        match p.poll(|| (t0.elapsed() >= after).then_some(())) {
+            Ok(()) => true,
+            Err(pending) => {
+                std::thread::sleep((after + late).saturating_sub(t0.elapsed()));
+                pending.slept();
+                false
+            }
+        }
+    }
 
     #[test]
     fn an_idle_waiter_stops_polling_and_a_busy_one_polls_again() {
@@ -148,23 +183,40 @@ mod tests {
             pending.slept();
         }
         assert_eq!(p.budget(), Duration::ZERO, "sleeps of 10 ms against a 1 ms ceiling: polling is wasted");
-        // Events now come soon after each give-up: the budget climbs back to the ceiling.
-        for _ in 0..20 {
-            let pending = p.poll(|| None::<()>).err().unwrap();
-            std::thread::sleep(Duration::from_micros(5));
-            pending.slept();
+        // Events now come 100 µs into each wait: polling resumes and catches them.
+        let hits: Vec<bool> = (0..30).map(|_| wait(&p, Duration::from_micros(100), Duration::ZERO)).collect();
+        assert!(hits[25..].iter().all(|h| *h), "the last waits were caught polling: {hits:?}");
+        assert!(p.budget() >= Duration::from_micros(200), "{:?}", p.budget());
+    }
+
+    #[test]
+    fn events_beyond_the_ceiling_stop_the_polling() {
+        // Each event comes 2.5 ceilings into its wait: polling the whole ceiling never catches it.
+        let p = Poller::new(Duration::from_millis(2), Polling::Adaptive);
+        let hits = (0..30).filter(|_| wait(&p, Duration::from_millis(5), Duration::ZERO)).count();
+        assert_eq!(hits, 0);
+        assert_eq!(p.budget(), Duration::ZERO, "nothing to catch: no polling");
+    }
+
+    #[test]
+    fn a_waiter_that_stopped_polling_finds_events_back_within_reach() {
+        let p = Poller::new(Duration::from_millis(2), Polling::Adaptive);
+        for _ in 0..10 {
+            wait(&p, Duration::from_millis(20), Duration::ZERO);
         }
-        assert_eq!(p.budget(), Duration::from_millis(1));
-        assert_eq!(p.poll(|| Some(7)).ok(), Some(7));
+        assert_eq!(p.budget(), Duration::ZERO);
+        // Events now come 300 µs into each wait, but a sleeper only sees them 3 ms later (a slow
+        // wake-up): sleeping shows nothing, the periodic probe finds them.
+        let hits = (0..40).filter(|_| wait(&p, Duration::from_micros(300), Duration::from_millis(3))).count();
+        assert!(hits > 0, "a probe caught an event");
+        assert!(p.budget() >= Duration::from_micros(600), "polling resumed: {:?}", p.budget());
     }
 
     #[test]
     fn fixed_polling_keeps_its_budget() {
         let p = Poller::new(Duration::from_micros(50), Polling::Fixed);
         for _ in 0..5 {
-            let pending = p.poll(|| None::<()>).err().unwrap();
-            std::thread::sleep(Duration::from_millis(1));
-            pending.slept();
+            wait(&p, Duration::from_millis(1), Duration::ZERO);
         }
         assert_eq!(p.budget(), Duration::from_micros(50));
     }
@@ -173,11 +225,11 @@ mod tests {
     fn polling_stops_at_the_budget() {
         let p = Poller::new(Duration::from_micros(200), Polling::Fixed);
         let mut tries = 0;
-        assert!(p.poll(|| {
+        let r = p.poll(|| {
             tries += 1;
             None::<()>
-        })
-        .is_err());
+        });
+        assert!(r.is_err());
         assert!(tries > 1, "it polled more than once");
     }
 }

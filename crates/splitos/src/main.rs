@@ -32,7 +32,7 @@ struct TransportArgs {
     /// Shared memory: how long a side polls its channel before sleeping (µs).
     #[arg(long, default_value_t = TransportConfig::default().shm.spin_us)]
     shm_spin_us: u64,
-    /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /tmp/splitos-UID).
+    /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /run/splitos for root, else /tmp/splitos-UID).
     #[arg(long, default_value_t = TransportConfig::default().shm.dir)]
     shm_dir: String,
 }

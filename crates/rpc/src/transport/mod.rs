@@ -88,7 +88,15 @@ impl TransportConfig {
         self.validate()?;
         match self.kind.as_str() {
             "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling))),
-            "shm" => Ok(Arc::new(ShmTransport::new(&self.shm, self.tcp.clone(), self.polling).map_err(|e| format!("transport.shm: {e}"))?)),
+            "shm" => match ShmTransport::new(&self.shm, self.tcp.clone(), self.polling) {
+                Ok(t) => Ok(Arc::new(t)),
+                // Shared memory only speeds things up: without it the component still runs,
+                // over TCP (another user holding the rendezvous directory must not stop it).
+                Err(e) => {
+                    tracing::warn!(error = %e, "transport.shm: shared memory unavailable, using TCP");
+                    Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling)))
+                }
+            },
             other => Err(format!("transport.kind: unknown transport {other:?}")),
         }
     }

@@ -43,7 +43,7 @@ pub struct ShmConfig {
     #[serde(default = "default_spin_us")]
     pub spin_us: u64,
     /// Where the rendezvous sockets live; empty: `$XDG_RUNTIME_DIR/splitos`, else
-    /// `/tmp/splitos-UID`. Every component of a host must agree.
+    /// `/run/splitos` for root, else `/tmp/splitos-UID`. Every component of a host must agree.
     #[serde(default)]
     pub dir: String,
 }
@@ -65,10 +65,13 @@ impl ShmConfig {
         if !self.dir.is_empty() {
             return PathBuf::from(&self.dir);
         }
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
         match std::env::var_os("XDG_RUNTIME_DIR") {
             Some(d) if !d.is_empty() => Path::new(&d).join("splitos"),
-            // SAFETY: geteuid has no preconditions.
-            _ => PathBuf::from(format!("/tmp/splitos-{}", unsafe { libc::geteuid() })),
+            // Only root may create in /run: no other user can take the name first.
+            _ if uid == 0 => PathBuf::from("/run/splitos"),
+            _ => PathBuf::from(format!("/tmp/splitos-{uid}")),
         }
     }
 }
@@ -366,10 +369,15 @@ impl Transport for ShmTransport {
         let tcp = self.tcp.listen_stream(addr)?;
         self.sweep();
         let path = self.socket_path(&tcp.addr());
-        // The TCP port is ours now, so a socket left at its name belongs to a component that is gone.
-        let _ = std::fs::remove_file(&path);
-        let unix = UnixListener::bind(&path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        // Bound and listening under a name the sweep ignores, then renamed into place: a
+        // neighbour's sweep never sees this socket between bind and listen (when a connect
+        // would be refused). The TCP port is ours, so a socket left at the final name belongs
+        // to a component that is gone, and the rename replaces it.
+        let tmp = self.dir.join(format!(".{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("sock"), std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let unix = UnixListener::bind(&tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, &path)?;
         Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling }))
     }
 }
@@ -391,6 +399,11 @@ impl Channel {
         let fd = recv_fds(&sock, &mut hello)?.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
         sock.set_read_timeout(None)?;
         sock.set_nonblocking(true)?;
+        // SAFETY: F_GET_SEALS on a descriptor we own takes no pointers.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "channel memory is not sealed against shrinking"));
+        }
         let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
         if size != CHANNEL as u64 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("channel of {size} bytes, expected {CHANNEL}")));

@@ -200,3 +200,11 @@ fn a_server_that_died_between_calls_is_unreachable_not_a_lost_request() {
         r => panic!("a dead server's channel is not used for a new request: {r:?}"),
     }
 }
+
+#[test]
+fn without_a_private_directory_a_component_still_runs_over_tcp() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cfg = crate::transport::TransportConfig { kind: "shm".into(), shm: cfg(d.path()), ..Default::default() };
+    assert_eq!(cfg.build().unwrap().name(), "tcp");
+}
