@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The transports side by side: the RPC floor of each (a 4 KiB request to a real mComponent),
 and workloads natively, over loopback TCP, over shared memory, and over shared memory with
-fixed instead of adaptive polling, configurations interleaved run by run. Reports median wall
+adaptive instead of fixed polling, configurations interleaved run by run. Reports median wall
 time (min-max), the slowdown against native, the CPU time of the whole run (program and
 components), remote misses and the p50 of a miss and of its RPC part. Then a busy neighbour:
 the fitting workload alone and next to a process that only computes, natively and under
@@ -22,7 +22,7 @@ import time
 
 from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 
-CONFIGS = {"tcp": ["--transport", "tcp"], "shm": ["--transport", "shm"], "shm, fixed polling": ["--transport", "shm", "--polling", "fixed"]}
+CONFIGS = {"tcp": ["--transport", "tcp"], "shm": ["--transport", "shm"], "shm, adaptive polling": ["--transport", "shm", "--polling", "adaptive"]}
 KINDS = list(CONFIGS)
 
 

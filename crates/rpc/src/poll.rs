@@ -17,12 +17,16 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// How a waiter polls: `adaptive` (the default) or `fixed` (always the whole ceiling).
+/// How a waiter polls: `fixed` (the default: always the whole ceiling) or `adaptive`. On the
+/// 2-vCPU machines we measured, adaptive polling made programs with frequent misses 5-15%
+/// slower (a waiter descheduled between polls sees a long wait and stops polling just before
+/// the next burst) and saved no measurable CPU, so it is a choice, not the default
+/// (docs/benchmarks.md, "Transports").
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Polling {
-    #[default]
     Adaptive,
+    #[default]
     Fixed,
 }
 

@@ -52,8 +52,8 @@ fn adaptive_polling_stops_polling_while_a_program_idles_and_fixed_polling_never_
     let py = python3();
     // A few faults, then two seconds of nothing: the fault worker and the channels wait idle.
     let cmd = [py.as_str(), "-c", "import time; b = bytearray(8 << 20); time.sleep(2); print(len(b))"];
-    let adaptive = "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n";
-    let fixed = "[[pcomponent]]\nexcache = \"4M\"\nfault_polling = \"fixed\"\n[[mcomponent]]\n[transport]\npolling = \"fixed\"\n";
+    let adaptive = "[[pcomponent]]\nexcache = \"4M\"\nfault_polling = \"adaptive\"\n[[mcomponent]]\n[transport]\npolling = \"adaptive\"\n";
+    let fixed = "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n";
     for (polling, config) in [("adaptive", adaptive), ("fixed", fixed)] {
         let c = TestCluster::up(Some(config));
         let out = c.run(&[], &cmd);
