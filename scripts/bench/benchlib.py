@@ -2,6 +2,7 @@
 description and the generated sections of docs/benchmarks.md."""
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -49,3 +50,26 @@ def replace_section(docs, tag, lines):
     else:
         text = text.rstrip("\n") + "\n\n" + block
     open(path, "w").write(text)
+
+
+def miss_workloads(tmp):
+    """The miss-path workloads of levers.py and transport.py, one per access pattern, as
+    (name, command, ExCache): CPython word counting with a cache that fits its working set and
+    with a quarter of it (as measured natively), random pages and a sequential scan in C."""
+    rnd = os.path.join(tmp, "randpages")
+    subprocess.run(["gcc", "-O2", "-o", rnd, os.path.join(ROOT, "tests", "programs", "randpages.c")], check=True)
+    seq = os.path.join(tmp, "seqload")
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", seq, os.path.join(ROOT, "scripts", "bench", "seqload.c")], check=True)
+    wordfreq = [sys.executable, os.path.join(ROOT, "scripts", "workloads", "wordfreq.py"), "400000"]
+    return [
+        ("wordfreq (CPython), fits", wordfreq, "256M"),
+        ("wordfreq (CPython) at 25%", wordfreq, "22M"),
+        ("random pages (C) at 25%", [rnd, "64", "3"], "16M"),
+        ("sequential scan (C) at 1/16", [seq, "64", "1"], "4M"),
+    ]
+
+
+def cpu_of_children():
+    """User + system seconds of every child waited for so far (and of theirs they waited for)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime

@@ -25,23 +25,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
-
-
-def workloads(tmp):
-    rnd = os.path.join(tmp, "randpages")
-    subprocess.run(["gcc", "-O2", "-o", rnd, os.path.join(ROOT, "tests", "programs", "randpages.c")], check=True)
-    seq = os.path.join(tmp, "seqload")
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", seq, os.path.join(ROOT, "scripts", "bench", "seqload.c")], check=True)
-    # (name, command, ExCache): a cache that fits the working set, and a quarter of it (as
-    # measured natively).
-    wordfreq = [sys.executable, os.path.join(ROOT, "scripts", "workloads", "wordfreq.py"), "400000"]
-    return [
-        ("wordfreq (CPython), fits", wordfreq, "256M"),
-        ("wordfreq (CPython) at 25%", wordfreq, "22M"),
-        ("random pages (C) at 25%", [rnd, "64", "3"], "16M"),
-        ("sequential scan (C) at 1/16", [seq, "64", "1"], "4M"),
-    ]
+from benchlib import ROOT, SPLITOS, ensure_env, machine, miss_workloads, replace_section
 
 
 def run(cmd, excache=None, prefetch=0, policy="sequential", around=0, prealloc=0, reuse="0", tier="0"):
@@ -70,7 +54,7 @@ def tier_main(args):
     res = {"machine": machine(), "params": vars(args), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
         # Only workloads that evict: with a cache that fits, the tier never sees a line.
-        for name, cmd, ex in [w for w in workloads(tmp) if not w[0].endswith("fits")]:
+        for name, cmd, ex in [w for w in miss_workloads(tmp) if not w[0].endswith("fits")]:
             t = max(1, round(mib(ex) * args.tier_ratio))
             configs = [("tier off", ex, "0"), (f"tier {t}M", ex, f"{t}M"), (f"tier off, ExCache {mib(ex) + t}M", f"{mib(ex) + t}M", "0")]
             native, runs = [], {c[0]: [] for c in configs}
@@ -143,7 +127,7 @@ def main():
                ("sequential + fault-around + prealloc + heap reuse", pf, "sequential", fa, pa, hr)]
     res = {"machine": machine(), "params": vars(args), "load_before": os.getloadavg(), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cmd, ex in workloads(tmp):
+        for name, cmd, ex in miss_workloads(tmp):
             if args.only not in name:
                 continue
             native, runs = [], {c[0]: [] for c in configs}

@@ -22,14 +22,13 @@ import hashlib
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from benchlib import ROOT, SPLITOS, VPY, WORK, ensure_env, machine, replace_section
+from benchlib import ROOT, SPLITOS, VPY, WORK, cpu_of_children, ensure_env, machine, replace_section
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
@@ -102,11 +101,6 @@ SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
 # ----------------------------------------------------------------------------- running
 
 TIMEOUT = {"s": None}
-
-
-def cpu_of_children():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 LAST_CPU = {"s": 0.0}

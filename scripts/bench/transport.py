@@ -13,36 +13,16 @@ splitos, with the neighbour's share of the CPU. Writes results/transport.json an
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
+from benchlib import ROOT, SPLITOS, cpu_of_children, ensure_env, machine, miss_workloads, replace_section
 
 CONFIGS = {"tcp": ["--transport", "tcp"], "shm": ["--transport", "shm"], "shm, adaptive polling": ["--transport", "shm", "--polling", "adaptive"]}
 KINDS = list(CONFIGS)
-
-
-def workloads(tmp):
-    rnd = os.path.join(tmp, "randpages")
-    subprocess.run(["gcc", "-O2", "-o", rnd, os.path.join(ROOT, "tests", "programs", "randpages.c")], check=True)
-    seq = os.path.join(tmp, "seqload")
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", seq, os.path.join(ROOT, "scripts", "bench", "seqload.c")], check=True)
-    wordfreq = [sys.executable, os.path.join(ROOT, "scripts", "workloads", "wordfreq.py"), "400000"]
-    return [
-        ("wordfreq (CPython), fits", wordfreq, "256M"),
-        ("wordfreq (CPython) at 25%", wordfreq, "22M"),
-        ("random pages (C) at 25%", [rnd, "64", "3"], "16M"),
-        ("sequential scan (C) at 1/16", [seq, "64", "1"], "4M"),
-    ]
-
-
-def cpu_of_children():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def run(cmd, excache=None, kind=None):
@@ -98,7 +78,7 @@ def main():
     load = os.getloadavg()[0]
     res = {"machine": machine(), "params": vars(args), "load_before": load, "floors": floors(args.floor_n), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cmd, ex in workloads(tmp):
+        for name, cmd, ex in miss_workloads(tmp):
             native, runs = [], {k: [] for k in KINDS}
             for rep in range(args.reps):
                 native.append(run(cmd))
@@ -117,7 +97,7 @@ def main():
             res["workloads"].append(row)
             print(f"{name} done", file=sys.stderr)
         # The busy neighbour, with the workload that fits.
-        name, cmd, ex = workloads(tmp)[0]
+        name, cmd, ex = miss_workloads(tmp)[0]
         alone, busy = {k: [] for k in ["native", *KINDS]}, {k: [] for k in ["native", *KINDS]}
         for rep in range(args.reps):
             for k in (["native", *KINDS] if rep % 2 == 0 else ["native", *KINDS][::-1]):

@@ -208,6 +208,15 @@ impl TestCluster {
         c.output().unwrap()
     }
 
+    /// Runs `cmd` on the cluster with `--stats-json`; asserts native output; returns the run's
+    /// counters.
+    pub fn run_stats(&self, cmd: &[&str]) -> serde_json::Value {
+        let f = self.dir.path().join("run-stats.json");
+        let out = self.run(&["--stats-json", f.to_str().unwrap()], cmd);
+        assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{}", text(&out.stderr));
+        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap()
+    }
+
     pub fn status(&self) -> serde_json::Value {
         let out = self.cmd(&["cluster", "status", "--json"]).output().unwrap();
         assert!(out.status.success(), "status: {}", text(&out.stderr));

@@ -54,14 +54,6 @@ fn unknown_policy_is_refused() {
     assert!(text(&out.stderr).contains("pcomponent[0].policy"), "{}", text(&out.stderr));
 }
 
-/// Runs `cmd` on the cluster with `--stats-json`; asserts native output; returns the counters.
-fn cluster_stats(c: &TestCluster, cmd: &[&str]) -> serde_json::Value {
-    let f = c.dir.path().join("run-stats.json");
-    let out = c.run(&["--stats-json", f.to_str().unwrap()], cmd);
-    assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{}", text(&out.stderr));
-    serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap()
-}
-
 #[test]
 fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
     // `[transport.tcp] delay_us`: every component waits before each message it sends over TCP
@@ -71,12 +63,12 @@ fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
     let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
     let slow = TestCluster::up(Some(&format!("{base}[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 3000\n")));
     let fast = TestCluster::up(Some(base));
-    let s = cluster_stats(&slow, &cmd);
+    let s = slow.run_stats(&cmd);
     assert!(n(&s, "evictions") >= 200, "{s}");
     // A remote miss is a request and a reply, each sent after the delay: at least 6 ms.
     let rpc = s["miss_breakdown_ns_p50"]["rpc"].as_u64().unwrap();
     assert!(rpc >= 6_000_000, "a remote miss waits for the delay both ways: {s}");
-    let f = cluster_stats(&fast, &cmd);
+    let f = fast.run_stats(&cmd);
     assert!(n(&f, "evictions") >= 200, "{f}");
     for (c, delayed) in [(&slow, true), (&fast, false)] {
         for role in ["pcomponent", "mcomponent"] {

@@ -4,14 +4,6 @@
 mod common;
 use common::*;
 
-/// Runs `cmd` on `c` with `--stats-json`; asserts native output; returns the run's counters.
-fn run_native_output(c: &TestCluster, cmd: &[&str]) -> serde_json::Value {
-    let f = c.dir.path().join("run-stats.json");
-    let out = c.run(&["--stats-json", f.to_str().unwrap()], cmd);
-    assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{}", text(&out.stderr));
-    serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap()
-}
-
 #[test]
 fn shared_memory_carries_misses_between_components_of_one_host_unless_tcp_is_asked_for() {
     let p = program("stride");
@@ -19,7 +11,7 @@ fn shared_memory_carries_misses_between_components_of_one_host_unless_tcp_is_ask
     let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
     for (kind, config) in [("shm", base.to_string()), ("tcp", format!("{base}[transport]\nkind = \"tcp\"\n"))] {
         let c = TestCluster::up(Some(&config));
-        let s = run_native_output(&c, &cmd);
+        let s = c.run_stats(&cmd);
         let misses = n(&s, "misses") - n(&s, "plocal_fills");
         assert!(misses >= 200, "{kind}: the program missed remotely: {s}");
         let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
