@@ -69,6 +69,10 @@ pub struct Poller {
     adaptive: bool,
     budget_ns: AtomicU64,
     skipped: AtomicU64,
+    /// Registered once: every wait on the data path counts.
+    spins: metrics::Counter,
+    sleeps: metrics::Counter,
+    skips: metrics::Counter,
 }
 
 /// What a [`Poller::poll`] left to do: polling found nothing, so the caller sleeps and then
@@ -82,7 +86,15 @@ pub struct Pending<'a> {
 impl Poller {
     pub fn new(ceiling: Duration, polling: Polling) -> Poller {
         let ceiling_ns = ceiling.as_nanos() as u64;
-        Poller { ceiling_ns, adaptive: polling == Polling::Adaptive, budget_ns: AtomicU64::new(ceiling_ns), skipped: AtomicU64::new(0) }
+        Poller {
+            ceiling_ns,
+            adaptive: polling == Polling::Adaptive,
+            budget_ns: AtomicU64::new(ceiling_ns),
+            skipped: AtomicU64::new(0),
+            spins: metrics::counter!("poll_spins_total"),
+            sleeps: metrics::counter!("poll_sleeps_total"),
+            skips: metrics::counter!("poll_skipped_total"),
+        }
     }
 
     /// The current polling budget.
@@ -100,11 +112,11 @@ impl Poller {
             budget = self.ceiling_ns;
         }
         if budget == 0 {
-            metrics::counter!("poll_skipped_total").increment(1);
+            self.skips.increment(1);
             return try_once().ok_or(Pending { poller: self, t0 });
         }
         let budget = Duration::from_nanos(budget);
-        metrics::counter!("poll_spins_total").increment(1);
+        self.spins.increment(1);
         loop {
             if let Some(v) = try_once() {
                 self.caught(t0.elapsed().as_nanos() as u64);
@@ -112,7 +124,7 @@ impl Poller {
             }
             let waited = t0.elapsed();
             if waited >= budget {
-                metrics::counter!("poll_sleeps_total").increment(1);
+                self.sleeps.increment(1);
                 return Err(Pending { poller: self, t0 });
             }
             if waited < budget / 4 {

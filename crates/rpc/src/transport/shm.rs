@@ -165,11 +165,7 @@ enum Gone {
 /// setting `sleeps`, so that the other side rings. The fences pair with [`ring`]'s: either the
 /// other side sees `sleeps` set, or this side sees its new `seq`.
 fn wait(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, sock: &UnixStream, poller: &Poller, deadline: Option<Instant>) -> Result<u64, Gone> {
-    let moved = || {
-        let v = seq.load(Acquire);
-        (v != last).then_some(v)
-    };
-    match poller.poll(moved) {
+    match poller.poll(|| moved(seq, last)) {
         Ok(v) => Ok(v),
         Err(pending) => {
             let r = sleep_until_moved(seq, last, sleeps, sock, deadline);
@@ -179,15 +175,16 @@ fn wait(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, sock: &UnixStream, polle
     }
 }
 
+fn moved(seq: &AtomicU64, last: u64) -> Option<u64> {
+    let v = seq.load(Acquire);
+    (v != last).then_some(v)
+}
+
 fn sleep_until_moved(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, mut sock: &UnixStream, deadline: Option<Instant>) -> Result<u64, Gone> {
-    let moved = || {
-        let v = seq.load(Acquire);
-        (v != last).then_some(v)
-    };
     loop {
         sleeps.store(1, SeqCst);
         fence(SeqCst);
-        if let Some(v) = moved() {
+        if let Some(v) = moved(seq, last) {
             sleeps.store(0, Relaxed);
             return Ok(v);
         }
@@ -546,6 +543,7 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, po
         return;
     }
     let h = map.header();
+    let requests = metrics::counter!("rpc_shm_requests_total");
     let mut last = 0;
     while let Ok(n) = wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None) {
         last = n;
@@ -554,9 +552,10 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, po
             tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
             return;
         };
-        metrics::counter!("rpc_shm_requests_total").increment(1);
-        // The reply is written on this thread, so one channel never has two writers even if a
-        // hostile caller sends again before its answer.
+        requests.increment(1);
+        // The reply comes back to this thread, so one channel never has two writers even if a
+        // hostile caller sends again before its answer. A reply that never comes (its worker
+        // pool is gone) drops the sender and ends the channel.
         let (tx, rx) = crossbeam_channel::bounded(1);
         dispatcher.submit(msg, move |reply| {
             let _ = tx.send(reply);
