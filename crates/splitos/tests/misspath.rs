@@ -70,6 +70,24 @@ fn the_prefetch_policy_decides_what_random_misses_bring() {
 }
 
 #[test]
+fn leap_follows_a_strided_scan_and_sampled_lines_show_the_read_ahead_was_used() {
+    let p = program("columns");
+    let cmd = [p.to_str().unwrap(), "24", "3"];
+    let (_, seq) = stats_of(&["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "sequential"], &cmd);
+    let (_, leap) = stats_of(&["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "leap"], &cmd);
+    let remote = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills");
+    assert!(n(&seq, "prefetched") * 20 < remote(&seq), "every third page is no sequential stream: {seq}");
+    assert!(n(&leap, "prefetched") > 2 * remote(&leap), "Leap reads ahead along the stride: {leap}");
+    assert!(remote(&leap) * 2 < remote(&seq), "remote misses: leap {}, sequential {}", remote(&leap), remote(&seq));
+    // One prefetched line in 16 was kept back and trapped on first touch: the scan used them.
+    let (sampled, used) = (n(&leap, "prefetch_sampled"), n(&leap, "prefetch_sample_used"));
+    assert!(sampled * 16 <= n(&leap, "prefetched") && sampled * 20 >= n(&leap, "prefetched"), "{leap}");
+    assert!(used * 10 >= sampled * 9, "a strided scan uses what Leap fetched: {used} of {sampled} samples");
+    let served: u64 = leap["mcomponents"].as_array().unwrap().iter().map(|m| m["fetches"].as_u64().unwrap()).sum();
+    assert!(served >= remote(&leap) + n(&leap, "prefetched"), "mComponents fetched {served} pages: {leap}");
+}
+
+#[test]
 fn fault_around_keeps_every_program_semantic_and_saves_first_touches() {
     let zero = program("zero");
     let fork = program("forktest");

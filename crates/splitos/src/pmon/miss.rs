@@ -35,7 +35,7 @@ use splitos_rpc::{Refusal, PAGE_SIZE};
 
 use super::excache::{ExCache, Line, LineState};
 use crate::mmon::{Vma, VmaMap};
-use super::prefetch::Prefetcher;
+use super::prefetch::{Prefetcher, SAMPLE};
 use super::region::{Install, Region};
 use super::stats::RunStats;
 use super::store::{Page, PageStore, Place};
@@ -147,6 +147,9 @@ struct State {
     layouts: HashMap<u64, VmaMap>,
     /// The compressed tier, when on.
     tier: Option<Box<dyn VictimTier>>,
+    /// Sampled read-ahead lines: fetched and holding a way, but kept here instead of installed,
+    /// so that the program's first touch traps and shows the read-ahead was used.
+    staged: BTreeMap<(u64, u64), Page>,
 }
 
 pub struct MissPath {
@@ -162,12 +165,14 @@ pub struct MissPath {
     on_fail: FailHook,
     /// The compressed tier's codec, when the tier is on (used without the lock).
     codec: Option<Box<dyn Codec>>,
+    /// Lines read ahead so far: every [`SAMPLE`]th is staged.
+    prefetch_count: AtomicU64,
 }
 
 impl MissPath {
     pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None };
-        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None }
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new() };
+        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None, prefetch_count: AtomicU64::new(0) }
     }
 
     /// Puts a compressed tier between the ExCache and the store.
@@ -233,6 +238,7 @@ impl MissPath {
         if let Some(tier) = g.tier.as_mut() {
             tier.drop_range(t.pid, 0, u64::MAX);
         }
+        unstage(&mut g, t.pid, 0, u64::MAX);
         g.tenants.remove(&t.pid);
         g.materialized.remove(&t.pid);
         g.prefetcher.forget(t.pid);
@@ -306,19 +312,23 @@ impl MissPath {
                     return;
                 }
                 // Lines read ahead go in clean and write-protected, whatever the process's
-                // prediction (nobody asked for them yet); those not fetched are given back.
-                for (i, (v, slot)) in claim.ahead.iter().enumerate() {
-                    match pages.get(i) {
+                // prediction (nobody asked for them yet), or are staged as samples; those not
+                // fetched are given back.
+                let fetched = pages.len();
+                let mut pages = pages.into_iter();
+                for (v, slot) in &claim.ahead {
+                    match pages.next() {
+                        Some(p) if self.prefetch_count.fetch_add(1, Relaxed) % SAMPLE == SAMPLE - 1 => self.stage(t, *v, *slot, p),
                         Some(p) => {
-                            self.install(t, *v, *slot, Some(p), false, false);
+                            self.install(t, *v, *slot, Some(&p), false, false);
                         }
                         None => self.abandon(t, *v, *slot),
                     }
                 }
-                if !pages.is_empty() {
+                if fetched > 0 {
                     self.bump(t, |s| {
-                        s.prefetched.fetch_add(pages.len() as u64, Relaxed);
-                        s.bytes_fetched.fetch_add(pages.len() as u64 * PAGE, Relaxed);
+                        s.prefetched.fetch_add(fetched as u64, Relaxed);
+                        s.bytes_fetched.fetch_add(fetched as u64 * PAGE, Relaxed);
                     });
                 }
                 for (v, slot) in &claim.around {
@@ -372,6 +382,10 @@ impl MissPath {
                 if line.state == LineState::Filling {
                     g = self.cv.wait(g).unwrap();
                     continue;
+                }
+                if let Some(page) = g.staged.remove(&(t.pid, vpn)) {
+                    self.unstage_used(&mut g, t, vpn, slot, &page, access);
+                    return None;
                 }
                 // A write-protect fault on a line believed writable (its protection was set but
                 // not recorded) is lifted too, or the writer would fault forever.
@@ -431,13 +445,14 @@ impl MissPath {
         }
     }
 
-    /// Claims ways for the lines after `vpn` that the prefetcher asks for: contiguous lines that
-    /// exist on the store and are neither resident nor in flight. Their victims are evicted as a
-    /// miss's are, and written back with the miss.
+    /// Claims ways for the lines the prefetcher asks for along its stride from `vpn`: lines
+    /// that exist on the store and are neither resident nor in flight, up to the first that is
+    /// not. Their victims are evicted as a miss's are, and written back with the miss.
     fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) -> Vec<(u64, usize)> {
-        let window = g.prefetcher.window(t.pid, vpn) as u64;
+        let want = g.prefetcher.window(t.pid, vpn);
         let mut ahead = Vec::new();
-        for v in vpn + 1..=vpn.saturating_add(window) {
+        let lines = (1..=want.lines as i64).map_while(|i| want.stride.checked_mul(i).and_then(|d| vpn.checked_add_signed(d)));
+        for v in lines {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
             // A page in the tier is newer than the store's copy.
             if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
@@ -500,6 +515,15 @@ impl MissPath {
     /// flight until the tier took it (so that no miss fetches it meanwhile and two copies exist).
     fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>, keep_clean: bool) {
         let Some(vt) = g.tenants.get(&v.pid).cloned() else { return };
+        // A staged sample was never in the program: the store holds it, nothing is unmapped.
+        if g.staged.remove(&(v.pid, v.vpn)).is_some() {
+            g.prefetcher.outcome(v.pid, false);
+            self.bump(&vt, |s| {
+                s.evictions.fetch_add(1, Relaxed);
+                s.prefetch_sample_wasted.fetch_add(1, Relaxed);
+            });
+            return;
+        }
         // A clean line the store does not hold is zeros never written: a miss zero-fills it again.
         let for_tier = !v.dirty && keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         if (v.dirty || for_tier) && vt.alive() {
@@ -542,6 +566,40 @@ impl MissPath {
             }
         });
         true
+    }
+
+    /// Keeps a fetched read-ahead line in the pComponent as a sample: it holds its way as a
+    /// clean line, and the program's first touch of it traps ([`MissPath::unstage_used`]).
+    fn stage(&self, t: &Tenant, vpn: u64, slot: usize, page: Page) {
+        let mut g = self.state.lock().unwrap();
+        if g.cache.lookup(t.pid, vpn) == Some(slot) {
+            g.cache.complete(slot, false, true);
+            g.staged.insert((t.pid, vpn), page);
+            self.bump(t, |s| {
+                s.prefetch_sampled.fetch_add(1, Relaxed);
+            });
+        }
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    /// The first touch of a staged sample: installs it as a miss would (writable and dirty
+    /// for a write), under the lock because it is rare and needs no round trip.
+    fn unstage_used(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, slot: usize, page: &[u8], access: Access) {
+        let writable = access != Access::Read;
+        let installed = t.region.copy(vpn, page, !writable).unwrap_or_else(|e| {
+            tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot install a sampled read-ahead line");
+            Install::Gone
+        });
+        if matches!(installed, Install::Gone) {
+            g.cache.remove(t.pid, vpn);
+            return;
+        }
+        g.cache.complete(slot, writable, !writable);
+        g.prefetcher.outcome(t.pid, true);
+        self.bump(t, |s| {
+            s.prefetch_sample_used.fetch_add(1, Relaxed);
+        });
     }
 
     /// Pre-allocates the claimed lines `fresh` (contiguous) in the program's memfd: they
@@ -924,6 +982,7 @@ impl MissPath {
         if let Some(tier) = g.tier.as_mut() {
             tier.drop_range(t.pid, first, end);
         }
+        unstage(&mut g, t.pid, first, end);
         if let Err(e) = t.region.punch(first, end - first) {
             tracing::warn!(pid = t.pid, error = %e, "cannot drop a range");
         }
@@ -957,6 +1016,14 @@ impl MissPath {
 /// Whether the compressed tier holds (pid, vpn).
 fn tiered(g: &State, pid: u64, vpn: u64) -> bool {
     g.tier.as_ref().is_some_and(|t| t.contains(pid, vpn))
+}
+
+/// Forgets the staged samples of `pid` in [first, end) (virtual pages).
+fn unstage(g: &mut State, pid: u64, first: u64, end: u64) {
+    let keys: Vec<(u64, u64)> = g.staged.range((pid, first)..(pid, end)).map(|(k, _)| *k).collect();
+    for k in keys {
+        g.staged.remove(&k);
+    }
 }
 
 fn tiered_dirty(g: &State, pid: u64, first: u64, end: u64) -> bool {

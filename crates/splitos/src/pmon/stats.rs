@@ -14,6 +14,11 @@ pub struct RunStats {
     pub plocal_fills: AtomicU64,
     /// Lines fetched ahead of a miss with it (read-ahead) and installed clean.
     pub prefetched: AtomicU64,
+    /// Read-ahead lines kept in the pComponent as samples (one in `prefetch::SAMPLE`), and of
+    /// those, the ones the program touched and the ones evicted untouched.
+    pub prefetch_sampled: AtomicU64,
+    pub prefetch_sample_used: AtomicU64,
+    pub prefetch_sample_wasted: AtomicU64,
     /// Fresh lines installed zero-filled and writable next to a first touch (fault-around).
     pub faulted_around: AtomicU64,
     /// Fresh lines made resident in the memfd ahead of the program (pre-allocation): touching
@@ -71,6 +76,9 @@ impl Default for RunStats {
             piggybacked: AtomicU64::new(0),
             plocal_fills: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
+            prefetch_sampled: AtomicU64::new(0),
+            prefetch_sample_used: AtomicU64::new(0),
+            prefetch_sample_wasted: AtomicU64::new(0),
             faulted_around: AtomicU64::new(0),
             preallocated: AtomicU64::new(0),
             prealloc_unused: AtomicU64::new(0),
@@ -110,6 +118,9 @@ impl RunStats {
             "piggybacked": self.piggybacked.load(Relaxed),
             "plocal_fills": self.plocal_fills.load(Relaxed),
             "prefetched": self.prefetched.load(Relaxed),
+            "prefetch_sampled": self.prefetch_sampled.load(Relaxed),
+            "prefetch_sample_used": self.prefetch_sample_used.load(Relaxed),
+            "prefetch_sample_wasted": self.prefetch_sample_wasted.load(Relaxed),
             "faulted_around": self.faulted_around.load(Relaxed),
             "preallocated": self.preallocated.load(Relaxed),
             "prealloc_unused": self.prealloc_unused.load(Relaxed),

@@ -538,6 +538,79 @@ fn sequential_misses_read_ahead_in_one_batch_and_random_ones_do_not() {
 }
 
 #[test]
+fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
+    let r = rig_with(64, 0, Box::new(Fifo), 1, true, 8);
+    let p = r.prog(1);
+    for v in 0..64 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    r.mp.evict_range(&p.t, 0, 64).unwrap();
+    // A sequential scan: every line read ahead is used, the staged ones through a trap.
+    for v in 0..64 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
+    }
+    let (prefetched, sampled, used) = (p.stat(|s| &s.prefetched), p.stat(|s| &s.prefetch_sampled), p.stat(|s| &s.prefetch_sample_used));
+    assert_eq!(sampled, prefetched / crate::pmon::prefetch::SAMPLE, "one in SAMPLE of {prefetched}");
+    assert!(sampled >= 2 && used == sampled, "a scan uses every sample: {used} of {sampled}");
+    // A staged line is installed on its first touch, written back when written, and a staged
+    // line of a range that was unmapped is gone with it.
+    r.mp.evict_range(&p.t, 0, 64).unwrap();
+    let wasted = p.stat(|s| &s.prefetch_sample_wasted);
+    let mut staged = Vec::new();
+    for v in 0..64 {
+        if p.mem.0.pages.lock().unwrap().contains_key(&v) {
+            continue;
+        }
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1));
+        staged.extend((v + 1..64).filter(|w| r.mp.with_cache(|c| c.lookup(1, *w).is_some()) && !p.mem.0.pages.lock().unwrap().contains_key(w)));
+        if !staged.is_empty() {
+            break;
+        }
+    }
+    let s = staged[0];
+    assert!(p.write(&r.mp, s, 99), "a write to a staged line installs it writable");
+    assert_eq!(p.stat(|s| &s.prefetch_sample_used), used + 1);
+    r.mp.evict_range(&p.t, 0, 64).unwrap();
+    assert_eq!(p.read(&r.mp, s), Some(99), "the write reached the store");
+    // Lines read ahead and never touched: pushed out by other pages, the staged one is waste.
+    for v in 0..64 {
+        let _ = p.read(&r.mp, v);
+    }
+    r.mp.discard_range(&p.t, 0, 64);
+    for v in 0..64 {
+        assert_eq!(p.read(&r.mp, v), Some(0), "unmapped and touched again: zeros, never a stale sample");
+    }
+    for v in 200..300 {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert!(p.stat(|s| &s.prefetch_sample_wasted) >= wasted, "evicted untouched samples are waste");
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn staged_samples_evicted_untouched_are_waste() {
+    let store = MemStore::new(1);
+    let mp = MissPath::new(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 0, 0, Box::new(|_, _| {}));
+    let r = Rig { mp: Arc::new(mp), store, failed: Arc::default() };
+    let p = r.prog(1);
+    for v in 0..256 {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    r.mp.evict_range(&p.t, 0, 256).unwrap();
+    // Touch only every 8th page: the line read ahead with each miss (and the samples among
+    // them) is evicted untouched by later misses.
+    for v in (0..256).step_by(8) {
+        assert_eq!(p.read(&r.mp, v), Some(1));
+    }
+    for v in 1000..1064 {
+        assert!(p.write(&r.mp, v, 2));
+    }
+    let (sampled, used, wasted) = (p.stat(|s| &s.prefetch_sampled), p.stat(|s| &s.prefetch_sample_used), p.stat(|s| &s.prefetch_sample_wasted));
+    assert!(sampled > 0 && wasted > 0, "{sampled} sampled, {wasted} wasted");
+    assert!(used + wasted <= sampled);
+}
+
+#[test]
 fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_may_write() {
     let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 8, 0));
     let p = r.prog(1);
