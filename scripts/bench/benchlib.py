@@ -54,18 +54,22 @@ def replace_section(docs, tag, lines):
 
 def miss_workloads(tmp):
     """The miss-path workloads of levers.py and transport.py, one per access pattern, as
-    (name, command, ExCache): CPython word counting with a cache that fits its working set and
-    with a quarter of it (as measured natively), random pages and a sequential scan in C."""
+    (name, command, ExCache): CPython word counting (pointer chasing: dicts and objects) with a
+    cache that fits its working set and with a quarter of it (as measured natively), random
+    pages, a sequential scan and a strided scan (one field of every 12 KiB record) in C."""
     rnd = os.path.join(tmp, "randpages")
     subprocess.run(["gcc", "-O2", "-o", rnd, os.path.join(ROOT, "tests", "programs", "randpages.c")], check=True)
     seq = os.path.join(tmp, "seqload")
     subprocess.run(["gcc", "-O2", "-pthread", "-o", seq, os.path.join(ROOT, "scripts", "bench", "seqload.c")], check=True)
+    col = os.path.join(tmp, "columns")
+    subprocess.run(["gcc", "-O2", "-o", col, os.path.join(ROOT, "tests", "programs", "columns.c")], check=True)
     wordfreq = [sys.executable, os.path.join(ROOT, "scripts", "workloads", "wordfreq.py"), "400000"]
     return [
         ("wordfreq (CPython), fits", wordfreq, "256M"),
         ("wordfreq (CPython) at 25%", wordfreq, "22M"),
         ("random pages (C) at 25%", [rnd, "64", "3"], "16M"),
         ("sequential scan (C) at 1/16", [seq, "64", "1"], "4M"),
+        ("strided records (C) at 1/8", [col, "64", "4"], "8M"),
     ]
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The miss-path levers side by side (an ablation): each workload natively and under splitos
-with every lever off, with read-ahead (`sequential` and `nextline`, at most --prefetch lines),
-with fault-around (--fault-around lines), with pre-allocation of fresh lines (--prealloc
-lines), with heap reuse (--heap-reuse bytes), and with combinations, the configurations interleaved run by run. Reports median wall
-time (min-max), the slowdown against native, traps for first touches, remote misses, lines
-read ahead, installed around or pre-allocated, write-backs, and the program's heap calls
-(answered by the pComponent alone, and in all); writes results/levers.json and the "Levers"
+"""The miss-path levers side by side (an ablation): each workload natively, under splitos with
+its defaults, with every lever off, with each default lever off in turn, and with each
+optional lever on in turn (LEVERS below), the configurations interleaved run by run. Reports
+median wall time (min-max), the slowdown against native, traps for first touches, remote
+misses, lines read ahead (and the sampled share of them the program used), installed around or
+pre-allocated, write-backs, and the program's heap calls (answered by the pComponent alone, and
+in all); writes results/levers.json, the ablation figure docs/levers.png and the "Levers"
 section of docs/benchmarks.md. The machine's load average is recorded before and after.
 
 With --tier, the compressed local tier instead, on top of the default levers: each workload
@@ -13,7 +13,7 @@ that evicts with the tier off, with a tier of --tier-ratio times its ExCache, an
 tier off but the ExCache grown by the same bytes (the same local memory, uncompressed);
 writes results/levers-tier.json and the "Compressed tier" section.
 
-    python3 scripts/bench/levers.py [--reps 3] [--prefetch 8] [--fault-around 16] [--prealloc 64] [--heap-reuse 64M] [--only TEXT]
+    python3 scripts/bench/levers.py [--reps 3] [--only TEXT] [--configs TEXT,...]
     python3 scripts/bench/levers.py --tier [--reps 5] [--tier-ratio 0.5]
 """
 import argparse
@@ -28,10 +28,32 @@ import time
 from benchlib import ROOT, SPLITOS, ensure_env, machine, miss_workloads, replace_section
 
 
-def run(cmd, excache=None, prefetch=0, policy="sequential", around=0, prealloc=0, reuse="0", tier="0"):
+# Each lever as the `splitos run` flags that turn it off (defaults: on) or on (optional).
+DEFAULT_LEVERS = [
+    ("shared-memory transport", ["--transport", "tcp"]),
+    ("read-ahead", ["--prefetch", "0"]),
+    ("fault-around", ["--fault-around", "0"]),
+    ("pre-allocation", ["--prealloc", "0"]),
+    ("heap reuse", ["--heap-reuse", "0"]),
+]
+OPTIONAL_LEVERS = [
+    ("read-ahead nextline", ["--prefetch-policy", "nextline"]),
+    ("read-ahead leap", ["--prefetch-policy", "leap"]),
+    ("adaptive polling", ["--polling", "adaptive"]),
+]
+
+
+def configs():
+    """(label, flags) of every configuration, over the binary's defaults."""
+    out = [("defaults", []), ("all off", [f for _, fl in DEFAULT_LEVERS for f in fl])]
+    out += [(f"without {name}", fl) for name, fl in DEFAULT_LEVERS]
+    out += [(f"with {name}", fl) for name, fl in OPTIONAL_LEVERS]
+    return out
+
+
+def run(cmd, excache=None, flags=()):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        knobs = ["--prefetch", str(prefetch), "--prefetch-policy", policy, "--fault-around", str(around), "--prealloc", str(prealloc), "--heap-reuse", reuse, "--compressed-tier", tier]
-        full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--excache", excache, *knobs, "--stats-json", f.name, "--", *cmd]
+        full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--excache", excache, *flags, "--stats-json", f.name, "--", *cmd]
         t0 = time.monotonic()
         subprocess.run(full, check=True, stdout=subprocess.DEVNULL)
         wall = time.monotonic() - t0
@@ -50,7 +72,6 @@ def mib(size):
 
 def tier_main(args):
     """The compressed tier against no tier and against the same memory given to the ExCache."""
-    pf, fa = args.prefetch, args.fault_around
     res = {"machine": machine(), "params": vars(args), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
         # Only workloads that evict: with a cache that fits, the tier never sees a line.
@@ -61,7 +82,7 @@ def tier_main(args):
             for rep in range(args.reps):
                 native.append(run(cmd)[0])
                 for label, e, tier in (configs if rep % 2 == 0 else configs[::-1]):
-                    runs[label].append(run(cmd, e, pf, "sequential", fa, args.prealloc, args.heap_reuse, tier))
+                    runs[label].append(run(cmd, e, ["--compressed-tier", tier]))
             row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "configs": {}}
             for label, rs in runs.items():
                 walls = [w for w, _ in rs]
@@ -87,8 +108,8 @@ def tier_main(args):
         "## Compressed tier",
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}; load average {res['params']['load']:.1f} at the start, {res['load_end']:.1f} at the end. "
-        f"Medians of {args.reps} runs, configurations interleaved; default levers on (read-ahead of at most {pf} lines, fault-around of {fa}); "
-        f"a tier of {args.tier_ratio:g}x the ExCache, and the same bytes given to the ExCache instead; embedded cluster over TCP.",
+        f"Medians of {args.reps} runs, configurations interleaved; default levers on; "
+        f"a tier of {args.tier_ratio:g}x the ExCache, and the same bytes given to the ExCache instead; embedded cluster with its default transport.",
         "",
         "| workload | configuration | wall s (min–max) | x native | remote misses | tier hits | write-backs to the store | of them from the tier | ratio | µs to compress / decompress a page |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -107,11 +128,8 @@ def tier_main(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--prefetch", type=int, default=8)
-    ap.add_argument("--fault-around", type=int, default=16)
-    ap.add_argument("--prealloc", type=int, default=64)
-    ap.add_argument("--heap-reuse", default="64M")
     ap.add_argument("--only", default="", help="run only the workloads whose name contains this")
+    ap.add_argument("--configs", default="", help="run only the configurations whose label contains one of these (comma-separated); native and defaults always run")
     ap.add_argument("--tier", action="store_true", help="measure the compressed tier instead")
     ap.add_argument("--tier-ratio", type=float, default=0.5, help="tier size as a fraction of each workload's ExCache")
     ap.add_argument("--replot", action="store_true", help="only redraw the figure and the report from results/levers.json")
@@ -122,22 +140,18 @@ def main():
     if args.tier:
         args.load = os.getloadavg()[0]
         return tier_main(args)
-    pf, fa, pa, hr = args.prefetch, args.fault_around, args.prealloc, args.heap_reuse
-    configs = [("off", 0, "sequential", 0, 0, "0"), ("read-ahead sequential", pf, "sequential", 0, 0, "0"), ("read-ahead nextline", pf, "nextline", 0, 0, "0"),
-               ("fault-around", 0, "sequential", fa, 0, "0"), ("nextline + fault-around", pf, "nextline", fa, 0, "0"),
-               ("prealloc", 0, "sequential", 0, pa, "0"), ("fault-around + prealloc", 0, "sequential", fa, pa, "0"),
-               ("prealloc + heap reuse", 0, "sequential", 0, pa, hr), ("sequential + prealloc + heap reuse", pf, "sequential", 0, pa, hr),
-               ("sequential + fault-around + prealloc + heap reuse", pf, "sequential", fa, pa, hr)]
-    res = {"machine": machine(), "params": vars(args), "load_before": os.getloadavg(), "workloads": []}
+    wanted = [w for w in args.configs.split(",") if w]
+    chosen = [c for c in configs() if c[0] == "defaults" or not wanted or any(w in c[0] for w in wanted)]
+    res = {"machine": machine(), "params": vars(args), "configs": {label: flags for label, flags in chosen}, "load_before": os.getloadavg(), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd, ex in miss_workloads(tmp):
             if args.only not in name:
                 continue
-            native, runs = [], {c[0]: [] for c in configs}
+            native, runs = [], {c[0]: [] for c in chosen}
             for rep in range(args.reps):
                 native.append(run(cmd)[0])
-                for label, *knobs in (configs if rep % 2 == 0 else configs[::-1]):
-                    runs[label].append(run(cmd, ex, *knobs))
+                for label, flags in (chosen if rep % 2 == 0 else chosen[::-1]):
+                    runs[label].append(run(cmd, ex, flags))
             row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "native_min_s": min(native), "native_max_s": max(native), "configs": {}}
             for label, rs in runs.items():
                 walls = [w for w, _ in rs]
@@ -145,6 +159,7 @@ def main():
                 row["configs"][label] = {"wall_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls),
                                          "remote_misses": statistics.median(remote(s) for _, s in rs),
                                          "plocal_fills": med("plocal_fills"), "prefetched": med("prefetched"),
+                                         "sample_used": sum(s["prefetch_sample_used"] for _, s in rs), "sample_wasted": sum(s["prefetch_sample_wasted"] for _, s in rs),
                                          "faulted_around": med("faulted_around"), "preallocated": med("preallocated"), "flushes": med("flushes"),
                                          "heap_calls": med("heap_calls"), "heap_calls_local": med("heap_calls_local"), "heap_call_ms": med("heap_call_ns") / 1e6}
             res["workloads"].append(row)
@@ -162,7 +177,8 @@ def plot(res):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = res["workloads"]
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 5), sharey=False)
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 5), sharey=False, squeeze=False)
+    axes = axes[0]
     for ax, row in zip(axes, rows):
         labels = list(row["configs"])
         vals = [row["configs"][c]["wall_s"] / row["native_s"] for c in labels]
@@ -174,40 +190,44 @@ def plot(res):
         ax.invert_yaxis()
         ax.set_title(row["workload"], fontsize=8)
         ax.set_xlabel("time / native (lower is better)", fontsize=8)
-    fig.suptitle("Levers of the miss path, one combination per bar (median, min–max)", fontsize=9)
+    fig.suptitle("Levers of the miss path: defaults, all off, each default off, each option on (median, min–max)", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, "docs", "levers.png"), dpi=100)
     plt.close(fig)
 
 
+def used(c):
+    seen = c.get("sample_used", 0) + c.get("sample_wasted", 0)
+    return f"{100 * c['sample_used'] / seen:.0f}%" if seen else "–"
+
+
 def report(res):
     plot(res)
     p = res["params"]
-    pf, fa, pa, hr = p["prefetch"], p["fault_around"], p["prealloc"], p["heap_reuse"]
     m = res["machine"]
+    flags = "; ".join(f"{label}: `{' '.join(fl)}`" for label, fl in res["configs"].items() if fl)
     lines = [
         "<!-- levers:begin (generated by scripts/bench/levers.py; do not edit by hand) -->",
         "## Levers of the miss path",
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Medians of {p['reps']} runs, "
-        f"configurations interleaved; read-ahead of at most {pf} lines, fault-around of {fa}, pre-allocation of {pa}, heap reuse of {hr}; embedded cluster "
-        f"with its default transport (its start is in every wall time). Load average (1 min) {res['load_before'][0]:.1f} before, {res['load_after'][0]:.1f} after.",
+        f"configurations interleaved; an embedded cluster (its start is in every wall time) with its defaults (`splitos run --help`), "
+        f"and the flags of each configuration: {flags}. Load average (1 min) {res['load_before'][0]:.1f} before, {res['load_after'][0]:.1f} after. "
+        "Read ahead used: of the sampled lines read ahead (one in 16), the share the program touched before eviction.",
         "",
         "![levers](levers.png)",
         "",
-        "| workload | levers | wall s (min–max) | x native | trapped first touches | remote misses | read ahead | installed around | pre-allocated | write-backs | heap calls: local/all, ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | levers | wall s (min–max) | x native | trapped first touches | remote misses | read ahead | read ahead used | installed around | pre-allocated | write-backs | heap calls: local/all, ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in res["workloads"]:
         for label, c in row["configs"].items():
             lines.append(f"| {row['workload']} | {label} | {c['wall_s']:.2f} ({c['min_s']:.2f}–{c['max_s']:.2f}) | {c['wall_s'] / row['native_s']:.2f}x | "
-                         f"{c['plocal_fills']:.0f} | {c['remote_misses']:.0f} | {c['prefetched']:.0f} | {c['faulted_around']:.0f} | {c['preallocated']:.0f} | {c['flushes']:.0f} | "
+                         f"{c['plocal_fills']:.0f} | {c['remote_misses']:.0f} | {c['prefetched']:.0f} | {used(c)} | {c['faulted_around']:.0f} | {c['preallocated']:.0f} | {c['flushes']:.0f} | "
                          f"{c['heap_calls_local']:.0f}/{c['heap_calls']:.0f}, {c['heap_call_ms']:.0f} |")
     lines += ["", "Native: " + ", ".join(f"{r['workload']} {r['native_s']:.2f} s ({r['native_min_s']:.2f}–{r['native_max_s']:.2f})" for r in res["workloads"]) + ".", "<!-- levers:end -->"]
     print("\n".join(lines))
     replace_section(os.path.join(ROOT, "docs"), "levers", lines)
-
-
 
 
 if __name__ == "__main__":
