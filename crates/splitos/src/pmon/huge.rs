@@ -192,22 +192,27 @@ impl HugeHeap {
         self.exact_fallocate
     }
 
-    /// Populates the extent at virtual page `first` (at `off` in `file`) through a mapping of
-    /// our own advised for huge pages. The program's mapping is not involved, so nothing traps.
-    /// If the kernel has no free 2 MiB page it fills the extent with smaller folios, which are
-    /// treated the same. On failure the extent is left empty.
-    pub fn allocate(&self, file: &OwnedFd, first: u64, off: u64) -> io::Result<()> {
+    /// Populates the fresh extent at virtual page `first` through a mapping of our own advised
+    /// for huge pages; the program's mapping is not involved, so nothing traps. Returns whether
+    /// the extent is a huge page now (if the kernel has no free 2 MiB page it uses smaller
+    /// folios, which are treated the same). If populating failed part way, another thread of
+    /// the program may already have written to a page that was there: the extent is put back
+    /// as 4 KiB pages with what they hold, write-protected, as a split leaves them.
+    pub fn allocate(&self, uffd_fd: &OwnedFd, file: &OwnedFd, base: u64, first: u64) -> Result<bool, SplitError> {
         if !self.enabled {
-            return Err(io::ErrorKind::Unsupported.into());
+            return Err(SplitError::Kept(io::ErrorKind::Unsupported.into()));
         }
-        let r = populate(file, off);
-        if r.is_ok() {
-            self.extents.lock().unwrap().insert(first);
-        } else {
-            // Whatever the failed populate left is a whole-extent punch away: no split needed.
-            let _ = uffd::punch(file, off, HUGE);
+        match populate(file, first * PAGE - base) {
+            Ok(()) => {
+                self.extents.lock().unwrap().insert(first);
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!(addr = first * PAGE, error = %e, "cannot populate a huge page; the extent gets 4 KiB pages");
+                split_one(uffd_fd, file, base, first, first..first)?;
+                Ok(false)
+            }
         }
-        r
     }
 
     /// Splits every huge page that [vpn, vpn + pages) covers only in part (see the module

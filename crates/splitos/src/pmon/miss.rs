@@ -498,7 +498,8 @@ impl MissPath {
     /// ([`MissPath::allocate_extent`]).
     fn claim_extent(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
         let (first, end) = (vpn - vpn % EXTENT, vpn - vpn % EXTENT + EXTENT);
-        if !t.region.huge_pages() || !g.layouts.get(&t.pid).and_then(|m| m.prot_of(first * PAGE, end * PAGE)).is_some_and(|p| p & PROT_WRITE != 0) {
+        let writable = g.layouts.get(&t.pid).and_then(|m| m.prot_of(first * PAGE, end * PAGE)).is_some_and(|p| p & PROT_WRITE != 0);
+        if !t.region.huge_pages() || !writable {
             return Vec::new();
         }
         let others = || (first..end).filter(|v| *v != vpn);
@@ -614,21 +615,30 @@ impl MissPath {
     }
 
     /// Pre-allocates the 2 MiB extent of a first touch at `vpn` as one huge page: the touched
-    /// line and `extent` (the others) become resident, writable and dirty, and the touching
-    /// thread is woken to map it. If the region cannot, the touched line is installed alone
-    /// and the others are given back. Returns whether the touched line is in the program.
+    /// line and `extent` (the others) become resident and dirty (writable, or write-protected
+    /// if the region could give only 4 KiB pages), and the touching thread is woken to map it.
+    /// If the region cannot, the touched line is installed alone and the others are given back.
+    /// Returns whether the touched line is in the program.
     fn allocate_extent(&self, t: &Tenant, vpn: u64, slot: usize, extent: &[(u64, usize)], writable: bool) -> bool {
-        if let Err(e) = t.region.allocate_huge(vpn - vpn % EXTENT) {
-            tracing::debug!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot pre-allocate a huge page; installing the line alone");
-            for (v, s) in extent {
-                self.abandon(t, *v, *s);
+        let huge = match t.region.allocate_huge(vpn - vpn % EXTENT) {
+            Ok(huge) => huge,
+            Err(e) => {
+                for (v, s) in extent {
+                    self.abandon(t, *v, *s);
+                }
+                if let SplitError::Lost(e) = e {
+                    self.abandon(t, vpn, slot);
+                    self.fail(t, &format!("cannot put back the 2 MiB of heap at {:#x} after a failed huge page: {e}", (vpn - vpn % EXTENT) * PAGE));
+                    return false;
+                }
+                tracing::debug!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot pre-allocate a huge page; installing the line alone");
+                return self.install(t, vpn, slot, None, writable, writable);
             }
-            return self.install(t, vpn, slot, None, writable, writable);
-        }
+        };
         let mut g = self.state.lock().unwrap();
         for &(v, s) in extent.iter().chain([&(vpn, slot)]) {
             if g.cache.lookup(t.pid, v) == Some(s) {
-                g.cache.complete(s, true, false);
+                g.cache.complete(s, true, !huge);
                 g.cache.line_mut(s).fresh = v != vpn;
             }
         }
@@ -637,7 +647,7 @@ impl MissPath {
         t.region.wake(vpn);
         self.bump(t, |s| {
             s.preallocated.fetch_add(extent.len() as u64, Relaxed);
-            s.huge_pages.fetch_add(1, Relaxed);
+            s.huge_pages.fetch_add(huge as u64, Relaxed);
         });
         true
     }

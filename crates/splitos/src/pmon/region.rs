@@ -31,10 +31,11 @@ pub trait Region: Send + Sync {
     fn huge_pages(&self) -> bool {
         false
     }
-    /// Makes the 2 MiB extent starting at `vpn` resident as zeros without mapping it, as one
-    /// huge page if the kernel has one: the program's first touch maps all of it.
-    fn allocate_huge(&self, _vpn: u64) -> io::Result<()> {
-        Err(io::ErrorKind::Unsupported.into())
+    /// Makes the fresh 2 MiB extent starting at `vpn` resident as zeros without mapping it, as
+    /// one huge page if it can (returns true; the program's first touch maps all of it), else
+    /// as 4 KiB pages, write-protected, holding what the program wrote meanwhile.
+    fn allocate_huge(&self, _vpn: u64) -> Result<bool, SplitError> {
+        Err(SplitError::Kept(io::ErrorKind::Unsupported.into()))
     }
     /// Splits the huge pages that [vpn, vpn + pages) covers only in part into 4 KiB pages with
     /// the same contents, write-protected, leaving out the range's own pages; a punch of the
@@ -102,9 +103,9 @@ impl Region for UffdRegion {
         self.huge.enabled()
     }
 
-    fn allocate_huge(&self, vpn: u64) -> io::Result<()> {
+    fn allocate_huge(&self, vpn: u64) -> Result<bool, SplitError> {
         debug_assert_eq!(vpn % EXTENT, 0);
-        self.huge.allocate(&self.memfd, vpn, self.offset(vpn))
+        self.huge.allocate(&self.uffd, &self.memfd, self.base, vpn)
     }
 
     fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {

@@ -1086,10 +1086,11 @@ impl Region for HugeRegion {
     fn huge_pages(&self) -> bool {
         true
     }
-    fn allocate_huge(&self, vpn: u64) -> io::Result<()> {
+    fn allocate_huge(&self, vpn: u64) -> Result<bool, SplitError> {
         assert_eq!(vpn % EXTENT, 0);
         self.huge.lock().unwrap().insert(vpn);
-        self.mem.allocate(vpn, EXTENT)
+        self.mem.allocate(vpn, EXTENT)?;
+        Ok(true)
     }
     fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
         let mut huge = self.huge.lock().unwrap();
