@@ -2,8 +2,10 @@
 //! stream socket. Fixed-size, plain-old-data records so that the shim can speak it without
 //! allocating: it runs inside malloc.
 //!
-//! A connection starts with a [`Hello`] that carries the program's userfaultfd and the memfd
-//! behind its heap region (SCM_RIGHTS). After that, each [`ShimReq`] gets one [`ShimResp`].
+//! A connection starts with the pComponent's welcome, a [`ShimResp`] whose `val` is
+//! [`WELCOME_HEAP_FILE`] when it carries (SCM_RIGHTS) the file to back the heap region with,
+//! else 0 (the shim creates a memfd). Then the shim's [`Hello`] carries the program's
+//! userfaultfd and that file or memfd. After that, each [`ShimReq`] gets one [`ShimResp`].
 #![no_std]
 
 use core::mem::{offset_of, size_of};
@@ -11,7 +13,10 @@ use zerocopy::{Immutable, KnownLayout};
 /// The byte views both sides use on these records, re-exported so that they agree on the version.
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-pub const SHIM_ABI_VERSION: u32 = 1;
+pub const SHIM_ABI_VERSION: u32 = 2;
+
+/// The welcome's `val` when a heap file comes with it.
+pub const WELCOME_HEAP_FILE: u64 = 1;
 
 /// Where the heap region sits in every program (the same address in a parent and a forked child).
 pub const REGION_BASE: u64 = 0x2000_0000_0000;

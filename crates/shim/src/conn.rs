@@ -1,8 +1,9 @@
-//! The connection to the pComponent: a Unix stream socket, a hello that hands over the
-//! userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
+//! The connection to the pComponent: a Unix stream socket, its welcome (which may carry the
+//! file to back the heap with), a hello that hands over the userfaultfd and the heap's file
+//! (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
-use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
+use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE, WELCOME_HEAP_FILE};
 
 use crate::start::env;
 use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
@@ -41,12 +42,10 @@ fn hello_said_here() -> bool {
     !w.is_null() && unsafe { &*w }.load(Acquire) == 1
 }
 
-/// Connects, sends the hello with the two descriptors and, in a forked child, re-applies the
-/// protections of the address space it inherited.
-///
-/// # Safety
-/// The region is freshly mapped and nothing uses it yet: the protections change under it.
-pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
+/// Connects and reads the pComponent's welcome. Returns the file it offers to back the heap
+/// region with (its own tmpfs, where huge pages are allowed), or -1: then the shim creates a
+/// memfd.
+pub(crate) fn connect() -> c_int {
     let path = until_nul(&env().sock);
     // SAFETY: socket(2) only creates a descriptor.
     let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -67,6 +66,45 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
     SOCK.store(sock, Relaxed);
     mark_hello_said();
 
+    let mut welcome = ShimResp::default();
+    let mut cbuf = [0u64; 4];
+    let mut iov = libc::iovec { iov_base: welcome.as_mut_bytes().as_mut_ptr() as *mut c_void, iov_len: core::mem::size_of::<ShimResp>() };
+    // SAFETY: msghdr is plain data, valid when zeroed.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut c_void;
+    msg.msg_controllen = core::mem::size_of_val(&cbuf) as _;
+    // SAFETY: the message points at the welcome's bytes and at cbuf, both live and sized as
+    // declared; the kernel installs any descriptor it carries in this process for us alone.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+    if n != core::mem::size_of::<ShimResp>() as isize {
+        die(&[b"the pComponent closed the connection before its welcome"]);
+    }
+    let mut file = -1;
+    // SAFETY: CMSG_FIRSTHDR stays inside the control buffer the kernel filled; the data of an
+    // SCM_RIGHTS header starts with a descriptor installed in this process.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if !c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+            file = core::ptr::read_unaligned(libc::CMSG_DATA(c) as *const c_int);
+        }
+    }
+    if welcome.val != WELCOME_HEAP_FILE && file >= 0 {
+        // SAFETY: a descriptor that was just installed for us and that nothing else knows.
+        unsafe { libc::close(file) };
+        file = -1;
+    }
+    file
+}
+
+/// Sends the hello with the two descriptors and, in a forked child, re-applies the protections
+/// of the address space it inherited.
+///
+/// # Safety
+/// The region is freshly mapped and nothing uses it yet: the protections change under it.
+pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
+    let sock = SOCK.load(Relaxed);
     let hello = Hello {
         abi: splitos_shim_abi::SHIM_ABI_VERSION,
         _pad: 0,

@@ -4,7 +4,7 @@ use core::sync::atomic::{AtomicI32, AtomicU64, Ordering::*};
 use libc::{off_t, size_t};
 use splitos_shim_abi::{uffd, Op, MMAP_FIXED, REGION_BASE};
 
-use crate::conn::{connect_and_hello, request};
+use crate::conn::{connect, hello, request};
 use crate::start::{is_ready, ready};
 use crate::sys::{die, errno, high_fd, page_up, raw_mmap, raw_mprotect, set_errno, PAGE};
 
@@ -22,7 +22,8 @@ fn overlaps_region(addr: u64, len: u64) -> bool {
     size != 0 && addr < REGION_BASE + size && addr.saturating_add(len) > REGION_BASE
 }
 
-/// Maps the region, registers it with a fresh userfaultfd and introduces this process to the
+/// Connects to the pComponent, maps the region (backed by the file the pComponent offers, else
+/// a memfd), registers it with a fresh userfaultfd and introduces this process to the
 /// pComponent. `fork_token` is non-zero in a forked child.
 ///
 /// # Safety
@@ -30,11 +31,16 @@ fn overlaps_region(addr: u64, len: u64) -> bool {
 /// inherits nothing there).
 pub(crate) unsafe fn setup_region(fork_token: u64) {
     let size = REGION_SIZE.load(Relaxed);
-    // SAFETY: memfd_create with a NUL-terminated name only creates a file.
-    let memfd = unsafe { libc::syscall(libc::SYS_memfd_create, c"splitos-heap".as_ptr(), libc::MFD_CLOEXEC) } as c_int;
-    // SAFETY: sizes the file just created.
+    let offered = connect();
+    let memfd = if offered >= 0 {
+        offered
+    } else {
+        // SAFETY: memfd_create with a NUL-terminated name only creates a file.
+        (unsafe { libc::syscall(libc::SYS_memfd_create, c"splitos-heap".as_ptr(), libc::MFD_CLOEXEC) }) as c_int
+    };
+    // SAFETY: sizes the heap's own file, new and empty.
     if memfd < 0 || unsafe { libc::ftruncate(memfd, size as off_t) } != 0 {
-        die(&[b"cannot create the heap memfd"]);
+        die(&[b"cannot create the heap file"]);
     }
     let flags = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE;
     // SAFETY: MAP_FIXED_NOREPLACE fails rather than replace anything already mapped there.
@@ -61,7 +67,7 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     MEMFD.store(memfd, Relaxed);
     UFFD.store(uffd, Relaxed);
     // SAFETY: the region was mapped above and nothing uses it yet (this function's contract).
-    unsafe { connect_and_hello(uffd, memfd, fork_token) };
+    unsafe { hello(uffd, memfd, fork_token) };
 }
 
 fn register_range(uffd: c_int, start: u64, len: u64) {

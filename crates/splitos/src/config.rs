@@ -6,6 +6,8 @@ use serde::Deserialize;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::TransportConfig;
 
+use crate::pmon::HugePages;
+
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
 /// A byte size: a number, or a string with a K/M/G/T suffix (powers of 1024).
@@ -105,6 +107,9 @@ pub struct PcompSection {
     pub prealloc: usize,
     /// Unmapped heap each process keeps mapped at its home to map again locally (0: off).
     pub heap_reuse: Size,
+    /// `on`: heaps on the pComponent's private tmpfs, fresh 2 MiB extents pre-allocated as
+    /// huge pages; `off`: memfd heaps, 4 KiB pages.
+    pub huge_pages: HugePages,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -163,7 +168,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20) }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off }
 }
 
 pub fn default_mcomp() -> McompSection {

@@ -34,6 +34,7 @@ use std::time::Instant;
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
 use super::excache::{ExCache, Line, LineState};
+use super::huge::{SplitError, EXTENT};
 use crate::mmon::{Vma, VmaMap};
 use super::prefetch::{Prefetcher, SAMPLE};
 use super::region::{Install, Region};
@@ -132,6 +133,9 @@ struct Claim {
     around: Vec<(u64, usize)>,
     /// Fresh lines after those claimed for pre-allocation: (page, way), contiguous.
     fresh: Vec<(u64, usize)>,
+    /// The other lines of the missed line's 2 MiB extent, claimed to pre-allocate the extent
+    /// as one huge page: (page, way). Empty unless that is possible.
+    extent: Vec<(u64, usize)>,
 }
 
 struct State {
@@ -306,7 +310,7 @@ impl MissPath {
                 // A dirty tier entry stays dirty as a line (write-protected after a read all the
                 // same, so that the process's write prediction still learns).
                 let dirty = writable || tier_dirty == Some(true);
-                let installed = self.install(t, vpn, claim.slot, data.as_deref(), writable, dirty);
+                let installed = if claim.extent.is_empty() { self.install(t, vpn, claim.slot, data.as_deref(), writable, dirty) } else { self.allocate_extent(t, vpn, claim.slot, &claim.extent, writable) };
                 if !installed && tier_dirty == Some(true) && t.alive() {
                     self.fail(t, &format!("cannot install heap page {:#x} from the compressed tier, which held its only copy", vpn * PAGE));
                     return;
@@ -343,7 +347,7 @@ impl MissPath {
             }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
-                for (v, slot) in claim.ahead.iter().chain(&claim.around).chain(&claim.fresh) {
+                for (v, slot) in claim.ahead.iter().chain(&claim.around).chain(&claim.fresh).chain(&claim.extent) {
                     self.abandon(t, *v, *slot);
                 }
                 self.fail(t, &e.msg);
@@ -434,14 +438,15 @@ impl MissPath {
                 None => Source::Local,
             };
             let ahead = if matches!(source, Source::Store) { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
-            let mut around = if matches!(source, Source::Local) { self.claim_around(&mut g, t, vpn) } else { Vec::new() };
+            let extent = if matches!(source, Source::Local) { self.claim_extent(&mut g, t, vpn) } else { Vec::new() };
+            let mut around = if matches!(source, Source::Local) && extent.is_empty() { self.claim_around(&mut g, t, vpn) } else { Vec::new() };
             let fresh = around.split_off(around.len().min(self.fault_around as usize));
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victims, source, ahead, around, fresh });
+            return Some(Claim { slot: c.slot, victims, source, ahead, around, fresh, extent });
         }
     }
 
@@ -478,7 +483,10 @@ impl MissPath {
         let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
         let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
         let window = self.fault_around + self.prealloc;
-        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v)).collect();
+        // With huge pages, the window ends with the extent: the next one's first touch may
+        // take that extent whole.
+        let huge = t.region.huge_pages();
+        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v) && !(huge && v % EXTENT == 0)).collect();
         let mut around = Vec::new();
         for v in fresh {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
@@ -496,6 +504,39 @@ impl MissPath {
             around.push((v, c.slot));
         }
         around
+    }
+
+    /// With huge pages, claims ways for the other lines of the 2 MiB extent of a first touch at
+    /// `vpn`, if the whole extent is fresh (no line of it ever left this pComponent, is resident
+    /// or in flight), lies in one writable mapping, and every line takes a way without a
+    /// write-back; else claims nothing. The extent is then pre-allocated as one huge page
+    /// ([`MissPath::allocate_extent`]).
+    fn claim_extent(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
+        let (first, end) = (vpn - vpn % EXTENT, vpn - vpn % EXTENT + EXTENT);
+        let writable = g.layouts.get(&t.pid).and_then(|m| m.prot_of(first * PAGE, end * PAGE)).is_some_and(|p| p & PROT_WRITE != 0);
+        if !t.region.huge_pages() || !writable {
+            return Vec::new();
+        }
+        let others = || (first..end).filter(|v| *v != vpn);
+        let stored = g.materialized.get(&t.pid).is_some_and(|s| s.range(first..end).next().is_some());
+        if stored || others().any(|v| g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v)) {
+            return Vec::new();
+        }
+        let mut extent = Vec::with_capacity(EXTENT as usize - 1);
+        for v in others() {
+            let Some(c) = g.cache.claim_clean(t.pid, v) else {
+                for (v, _) in extent {
+                    g.cache.remove(t.pid, v);
+                }
+                return Vec::new();
+            };
+            if let Some(victim) = c.victim {
+                self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), false);
+            }
+            self.rearm(g, v);
+            extent.push((v, c.slot));
+        }
+        extent
     }
 
     /// Write-protects again the lines of `vpn`'s set whose reference bit the policy cleared.
@@ -542,8 +583,9 @@ impl MissPath {
                 Err(_) => {}
             }
         }
-        if let Err(e) = vt.region.punch(v.vpn, 1) {
-            tracing::warn!(pid = v.pid, error = %e, "cannot drop a victim line");
+        if let Err(why) = self.punch(&vt, v.vpn, 1) {
+            vt.alive.store(false, Relaxed);
+            lost.push((vt.clone(), why));
         }
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
@@ -628,6 +670,62 @@ impl MissPath {
         self.bump(t, |s| {
             s.preallocated.fetch_add(fresh.len() as u64, Relaxed);
         });
+    }
+
+    /// Pre-allocates the 2 MiB extent of a first touch at `vpn` as one huge page: the touched
+    /// line and `extent` (the others) become resident and dirty (writable, or write-protected
+    /// if the region could give only 4 KiB pages), and the touching thread is woken to map it.
+    /// If the region cannot, the touched line is installed alone and the others are given back.
+    /// Returns whether the touched line is in the program.
+    fn allocate_extent(&self, t: &Tenant, vpn: u64, slot: usize, extent: &[(u64, usize)], writable: bool) -> bool {
+        let huge = match t.region.allocate_huge(vpn - vpn % EXTENT) {
+            Ok(huge) => huge,
+            Err(e) => {
+                for (v, s) in extent {
+                    self.abandon(t, *v, *s);
+                }
+                if let SplitError::Lost(e) = e {
+                    self.abandon(t, vpn, slot);
+                    self.fail(t, &format!("cannot put back the 2 MiB of heap at {:#x} after a failed huge page: {e}", (vpn - vpn % EXTENT) * PAGE));
+                    return false;
+                }
+                tracing::debug!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot pre-allocate a huge page; installing the line alone");
+                return self.install(t, vpn, slot, None, writable, writable);
+            }
+        };
+        let mut g = self.state.lock().unwrap();
+        for &(v, s) in extent.iter().chain([&(vpn, slot)]) {
+            if g.cache.lookup(t.pid, v) == Some(s) {
+                g.cache.complete(s, true, !huge);
+                g.cache.line_mut(s).fresh = v != vpn;
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        t.region.wake(vpn);
+        self.bump(t, |s| {
+            s.preallocated.fetch_add(extent.len() as u64, Relaxed);
+            s.huge_pages.fetch_add(huge as u64, Relaxed);
+        });
+        true
+    }
+
+    /// Drops [vpn, vpn + pages) from `t`'s program, splitting first the huge pages the range
+    /// cuts. `Err` says what was lost when a split failed after the huge page had left the
+    /// program: the process must be failed (the caller stops it under the lock).
+    fn punch(&self, t: &Tenant, vpn: u64, pages: u64) -> Result<(), String> {
+        match t.region.split_huge(vpn, pages) {
+            Ok(0) => {}
+            Ok(n) => self.bump(t, |s| {
+                s.huge_splits.fetch_add(n, Relaxed);
+            }),
+            Err(SplitError::Lost(e)) => return Err(format!("cannot split the huge page holding heap page {:#x}: {e}; its other pages were lost", vpn * PAGE)),
+            Err(e) => tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot split a huge page"),
+        }
+        if let Err(e) = t.region.punch(vpn, pages) {
+            tracing::warn!(pid = t.pid, addr = vpn * PAGE, pages, error = %e, "cannot drop heap pages");
+        }
+        Ok(())
     }
 
     /// Step 2: the line's contents (`None`: zeros, a p-local line) and those of the lines read
@@ -983,9 +1081,8 @@ impl MissPath {
             tier.drop_range(t.pid, first, end);
         }
         unstage(&mut g, t.pid, first, end);
-        if let Err(e) = t.region.punch(first, end - first) {
-            tracing::warn!(pid = t.pid, error = %e, "cannot drop a range");
-        }
+        // Stopped under the lock: no thread of it may be woken onto a lost page.
+        let lost = self.punch(t, first, end - first).inspect_err(|_| t.alive.store(false, Relaxed)).err();
         let mut stored = false;
         if forget {
             if let Some(m) = g.materialized.get_mut(&t.pid) {
@@ -995,6 +1092,10 @@ impl MissPath {
                     m.remove(&v);
                 }
             }
+        }
+        drop(g);
+        if let Some(why) = lost {
+            self.fail(t, &why);
         }
         stored
     }

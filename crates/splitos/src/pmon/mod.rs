@@ -8,6 +8,7 @@
 //! system ([`vfs`]). This file is its dispatch table and start-up.
 mod excache;
 mod fault;
+mod huge;
 mod miss;
 mod prefetch;
 mod region;
@@ -30,6 +31,7 @@ use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
+pub use huge::{HugePages, HUGE_PAGES};
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
@@ -65,6 +67,8 @@ pub struct PcompConfig {
     /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
     /// without asking it (0: none).
     pub heap_reuse: u64,
+    /// Heaps on the pComponent's private tmpfs, fresh 2 MiB extents pre-allocated as huge pages.
+    pub huge_pages: HugePages,
 }
 
 /// A process running on this pComponent.
@@ -102,6 +106,8 @@ pub struct Pcomp {
     next_pid: AtomicU64,
     runs: Mutex<HashMap<u64, Arc<RunStats>>>,
     started: Instant,
+    /// Where heap files come from with `huge_pages` on.
+    heap_fs: Option<huge::HeapFs>,
 }
 
 impl Pcomp {
@@ -138,7 +144,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(),
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "compressed_tier": tier,
@@ -179,6 +185,8 @@ impl Pcomp {
             ("pcomp_tier_writebacks_total", &t.tier_writebacks),
             ("pcomp_tier_pack_ns_total", &t.tier_pack_ns),
             ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
+            ("pcomp_huge_pages_total", &t.huge_pages),
+            ("pcomp_huge_splits_total", &t.huge_splits),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
@@ -252,6 +260,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if lines == 0 {
         anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
     }
+    let heap_fs = match args.cfg.huge_pages {
+        HugePages::Off => None,
+        HugePages::On => Some(huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
+    };
     let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport)?;
     let store = Arc::new(RemoteStore::new(node.clone()));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
@@ -276,6 +288,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             next_pid: AtomicU64::new(1),
             runs: Mutex::new(HashMap::new()),
             started: Instant::now(),
+            heap_fs,
         }
     });
     let p2 = p.clone();
@@ -295,7 +308,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, huge_pages = %args.cfg.huge_pages, "splitos process monitor started");
     });
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     node::park_forever()

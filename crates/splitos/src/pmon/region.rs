@@ -5,6 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use super::huge::{HugeHeap, SplitError, EXTENT};
 use super::uffd::{self, PAGE};
 
 pub use super::uffd::Install;
@@ -26,13 +27,31 @@ pub trait Region: Send + Sync {
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// The current contents of a resident page.
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Whether fresh 2 MiB extents can be made resident as huge pages ([`Region::allocate_huge`]).
+    fn huge_pages(&self) -> bool {
+        false
+    }
+    /// Makes the fresh 2 MiB extent starting at `vpn` resident as zeros without mapping it, as
+    /// one huge page if it can (returns true; the program's first touch maps all of it), else
+    /// as 4 KiB pages, write-protected, holding what the program wrote meanwhile.
+    fn allocate_huge(&self, _vpn: u64) -> Result<bool, SplitError> {
+        Err(SplitError::Kept(io::ErrorKind::Unsupported.into()))
+    }
+    /// Splits the huge pages that [vpn, vpn + pages) covers only in part into 4 KiB pages with
+    /// the same contents, write-protected, leaving out the range's own pages; a punch of the
+    /// range then frees only those. Returns how many it split.
+    fn split_huge(&self, _vpn: u64, _pages: u64) -> Result<u64, SplitError> {
+        Ok(0)
+    }
 }
 
-/// A program's heap region: its userfaultfd, and the memfd behind the region at `base`.
+/// A program's heap region: its userfaultfd, and the memfd behind the region at `base` (or a
+/// file on the pComponent's private tmpfs, see `huge`).
 pub struct UffdRegion {
     pub uffd: Arc<OwnedFd>,
     pub memfd: OwnedFd,
     pub base: u64,
+    pub huge: HugeHeap,
 }
 
 static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
@@ -62,14 +81,34 @@ impl Region for UffdRegion {
     }
 
     fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        if !self.huge.exact_fallocate() {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "fallocate on this heap may allocate huge pages beyond the range"));
+        }
         uffd::allocate(&self.memfd, self.offset(vpn), pages * PAGE)
     }
 
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        // The kernel would zero the part of a huge page and keep it if it could not split it.
+        if !self.huge.release(vpn, pages) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the range cuts a huge page that was not split"));
+        }
         uffd::punch(&self.memfd, self.offset(vpn), pages * PAGE)
     }
 
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
         uffd::read_page(&self.memfd, self.offset(vpn), buf)
+    }
+
+    fn huge_pages(&self) -> bool {
+        self.huge.enabled()
+    }
+
+    fn allocate_huge(&self, vpn: u64) -> Result<bool, SplitError> {
+        debug_assert_eq!(vpn % EXTENT, 0);
+        self.huge.allocate(&self.uffd, &self.memfd, self.base, vpn)
+    }
+
+    fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
+        self.huge.split(&self.uffd, &self.memfd, self.base, vpn, pages)
     }
 }

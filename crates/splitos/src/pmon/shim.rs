@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE};
 
+use super::huge::HugeHeap;
 use super::miss::Tenant;
 use super::reuse::HeapReuse;
 use super::region::UffdRegion;
@@ -60,7 +61,21 @@ fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<(
 }
 
 impl Pcomp {
+    /// The first message on a program's connection: a file to back its heap with when heaps
+    /// live on the private tmpfs (huge pages), else none and the shim creates a memfd.
+    fn welcome(&self, s: &mut UnixStream) -> std::io::Result<()> {
+        let file = self.heap_fs.as_ref().and_then(|fs| fs.create().inspect_err(|e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages")).ok());
+        match file {
+            Some(f) => splitos_rpc::fdpass::send_fds(s, ShimResp { ret: 0, val: WELCOME_HEAP_FILE, val2: 0 }.as_bytes(), &[f.as_raw_fd()]),
+            None => reply(s, 0, 0, 0),
+        }
+    }
+
     fn serve_program(self: Arc<Self>, mut s: UnixStream) {
+        if let Err(e) = self.welcome(&mut s) {
+            tracing::warn!(error = %e, "a program left before its welcome");
+            return;
+        }
         let (hello, uffd_fd, memfd) = match recv_hello(&s) {
             Ok(h) => h,
             Err(e) => {
@@ -141,7 +156,8 @@ impl Pcomp {
         // SAFETY: `stop` is a fresh descriptor that nothing else owns.
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };
         let uffd = Arc::new(uffd_fd);
-        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base };
+        let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
+        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge };
         let tenant = Tenant::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
         let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse });

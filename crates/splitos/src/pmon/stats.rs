@@ -61,6 +61,11 @@ pub struct RunStats {
     pub rpc_ns: Mutex<Histogram<u64>>,
     pub install_ns: Mutex<Histogram<u64>>,
     pub errors: Mutex<Vec<String>>,
+    /// Fresh 2 MiB extents pre-allocated as huge pages (their lines also count in
+    /// `preallocated`, less the touched one).
+    pub huge_pages: AtomicU64,
+    /// Huge pages split into 4 KiB pages because part of them left the program.
+    pub huge_splits: AtomicU64,
 }
 
 fn histogram() -> Mutex<Histogram<u64>> {
@@ -103,6 +108,8 @@ impl Default for RunStats {
             rpc_ns: histogram(),
             install_ns: histogram(),
             errors: Mutex::new(Vec::new()),
+            huge_pages: AtomicU64::new(0),
+            huge_splits: AtomicU64::new(0),
         }
     }
 }
@@ -145,6 +152,8 @@ impl RunStats {
             "miss_ns_mean": h.mean() as u64,
             "miss_breakdown_ns_p50": {"evict": p50(&self.evict_ns), "rpc": p50(&self.rpc_ns), "install": p50(&self.install_ns)},
             "errors": *self.errors.lock().unwrap(),
+            "huge_pages": self.huge_pages.load(Relaxed),
+            "huge_splits": self.huge_splits.load(Relaxed),
         })
     }
 }

@@ -28,21 +28,38 @@ pub enum Install {
 /// Installs a page and wakes the faulting threads. `wp` maps it write-protected, so that the
 /// first write traps and marks the line dirty.
 pub fn copy(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Result<Install> {
-    loop {
-        let mut c = uffd::Copy { dst: addr, src: data.as_ptr() as u64, len: PAGE, mode: if wp { uffd::COPY_MODE_WP } else { 0 }, copy: 0 };
+    match copy_range(uffd_fd, addr, &data[..PAGE as usize], wp) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT)) => Ok(Install::Gone),
+        r => r,
+    }
+}
+
+/// Installs consecutive pages as [`copy`] installs one; a page someone installed first is
+/// left as it is (and its waiters woken). Errors are the kernel's (ESRCH: the program is gone).
+pub fn copy_range(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+    let (len, mut done, mut result) = (data.len() as u64, 0, Install::Done);
+    // One ioctl covers one mapping only: past a refusal, the rest goes a page at a time.
+    let mut one_by_one = false;
+    while done < len {
+        let chunk = if one_by_one { PAGE } else { len - done };
+        let mut c = uffd::Copy { dst: addr + done, src: data[done as usize..].as_ptr() as u64, len: chunk, mode: if wp { uffd::COPY_MODE_WP } else { 0 }, copy: 0 };
         match ioctl(uffd_fd, uffd::UFFDIO_COPY, &mut c) {
-            Ok(()) => return Ok(Install::Done),
+            Ok(()) => done += chunk,
+            // Part of the range went in before the error: go on from there.
+            Err(_) if c.copy > 0 => done += c.copy as u64,
             Err(e) => match e.raw_os_error() {
                 Some(libc::EEXIST) => {
-                    wake(uffd_fd, addr, PAGE);
-                    return Ok(Install::Exists);
+                    wake(uffd_fd, addr + done, PAGE);
+                    done += PAGE;
+                    result = Install::Exists;
                 }
                 Some(libc::EAGAIN) => std::thread::yield_now(),
-                Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT) => return Ok(Install::Gone),
+                Some(libc::ENOENT) if chunk > PAGE => one_by_one = true,
                 _ => return Err(e),
             },
         }
     }
+    Ok(result)
 }
 
 pub fn wake(uffd_fd: &OwnedFd, addr: u64, len: u64) {

@@ -1120,3 +1120,150 @@ fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
     }
     assert_eq!(p.stat(|s| &s.misses), 1);
 }
+
+/// A region on which fresh extents can be huge pages: it refuses, as the real one does, a
+/// punch that cuts a huge page not split first. With `lose_split`, the next split loses the
+/// pages it should put back.
+#[derive(Clone, Default)]
+struct HugeRegion {
+    mem: MemRegion,
+    huge: Arc<Mutex<HashSet<u64>>>,
+    splits: Arc<Mutex<Vec<u64>>>,
+    lose_split: Arc<AtomicBool>,
+}
+
+impl Region for HugeRegion {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        self.mem.copy(vpn, data, wp)
+    }
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        self.mem.zero(vpn, wp)
+    }
+    fn wake(&self, _vpn: u64) {}
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        self.mem.write_protect(vpn, pages, on)
+    }
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.mem.allocate(vpn, pages)
+    }
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        let mut huge = self.huge.lock().unwrap();
+        let cut = |e: &u64| *e < vpn + pages && e + EXTENT > vpn;
+        assert!(huge.iter().filter(|e| cut(e)).all(|e| *e >= vpn && e + EXTENT <= vpn + pages), "a punch of {vpn}+{pages} cuts a huge page");
+        huge.retain(|e| !cut(e));
+        self.mem.punch(vpn, pages)
+    }
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.mem.read_out(vpn, buf)
+    }
+    fn huge_pages(&self) -> bool {
+        true
+    }
+    fn allocate_huge(&self, vpn: u64) -> Result<bool, SplitError> {
+        assert_eq!(vpn % EXTENT, 0);
+        self.huge.lock().unwrap().insert(vpn);
+        self.mem.allocate(vpn, EXTENT)?;
+        Ok(true)
+    }
+    fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
+        let mut huge = self.huge.lock().unwrap();
+        let cut: Vec<u64> = huge.iter().copied().filter(|e| *e < vpn + pages && e + EXTENT > vpn && (*e < vpn || e + EXTENT > vpn + pages)).collect();
+        for e in &cut {
+            huge.remove(e);
+            self.splits.lock().unwrap().push(*e);
+            if self.lose_split.swap(false, Ordering::SeqCst) {
+                self.mem.punch(*e, EXTENT)?;
+                return Err(SplitError::Lost(io::Error::from_raw_os_error(libc::ENOMEM)));
+            }
+            self.mem.write_protect(*e, EXTENT, true)?;
+        }
+        Ok(cut.len() as u64)
+    }
+}
+
+impl From<io::Error> for SplitError {
+    fn from(e: io::Error) -> SplitError {
+        SplitError::Kept(e)
+    }
+}
+
+fn huge_rig(lines: usize, mapped: u64) -> (Rig, Prog, HugeRegion) {
+    let r = rig_full(lines, 0, Box::new(Fifo), 1, true, (0, 16, 64));
+    let region = HugeRegion::default();
+    let t = Tenant::new(1, Box::new(region.clone()), Arc::new(RunStats::default()));
+    r.mp.add(t.clone(), Default::default());
+    r.mp.set_prot(1, 0, mapped * 4096, Some(3));
+    let p = Prog { t, mem: region.mem.clone() };
+    (r, p, region)
+}
+
+#[test]
+fn a_fresh_extent_becomes_one_huge_page_held_as_512_lines() {
+    let (r, p, region) = huge_rig(2048, 2048);
+    assert!(p.write(&r.mp, 700, 7), "a first touch in the middle of the second extent");
+    assert_eq!((p.stat(|s| &s.huge_pages), p.stat(|s| &s.preallocated), p.stat(|s| &s.plocal_fills), p.stat(|s| &s.faulted_around)), (1, 511, 1, 0));
+    assert_eq!(*region.huge.lock().unwrap(), HashSet::from([512]));
+    assert_eq!(r.mp.with_cache(|c| c.used()), 512);
+    for v in 512..1024 {
+        let l = line(&r, v).expect("every line of the extent is an ExCache line");
+        assert!(l.dirty && !l.wp && l.state == LineState::Ready && l.fresh == (v != 700), "page {v}: {l:?}");
+        assert!(p.write(&r.mp, v, v as u8 | 1));
+    }
+    assert_eq!(p.stat(|s| &s.misses), 1, "no page of the extent trapped again");
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh memory needs no message");
+}
+
+#[test]
+fn an_extent_that_is_not_all_fresh_or_not_all_writable_stays_small_and_fault_around_stops_at_its_end() {
+    let (r, p, region) = huge_rig(4096, 2048);
+    r.mp.set_prot(1, 100 * 4096, 101 * 4096, Some(1));
+    assert!(p.write(&r.mp, 500, 1), "the first extent holds a read-only page");
+    assert_eq!(p.stat(|s| &s.huge_pages), 0);
+    assert_eq!(p.stat(|s| &s.faulted_around) + p.stat(|s| &s.preallocated), 11, "fresh lines up to the extent's end, none past it");
+    assert!(line(&r, 512).is_none());
+    assert!(p.write(&r.mp, 512, 2), "the next extent's first touch takes it whole");
+    assert_eq!(p.stat(|s| &s.huge_pages), 1);
+    // One line of the third extent left for the store: it never becomes a huge page.
+    assert!(p.write(&r.mp, 1100, 3));
+    assert_eq!(p.stat(|s| &s.huge_pages), 2);
+    r.mp.evict_range(&p.t, 1100, 1101).unwrap();
+    assert_eq!(region.splits.lock().unwrap().clone(), vec![1024], "taking one line out splits its huge page first");
+    r.mp.discard_range(&p.t, 1024, 1100);
+    assert!(p.write(&r.mp, 1030, 4));
+    assert_eq!(p.stat(|s| &s.huge_pages), 2, "page 1100 is on the store: the extent is not fresh");
+    assert_eq!(p.read(&r.mp, 1100), Some(3));
+}
+
+#[test]
+fn evicting_a_line_of_a_huge_page_splits_it_once_and_keeps_every_byte() {
+    let (r, p, region) = huge_rig(700, 4096);
+    assert!(p.write(&r.mp, 0, 1));
+    assert_eq!(p.stat(|s| &s.huge_pages), 1);
+    for v in 0..512 {
+        assert!(p.write(&r.mp, v, (v % 251) as u8 + 1));
+    }
+    // Too few ways for a second huge page: the next lines come 4 KiB at a time and, once the
+    // cache is full, push out the huge page's lines oldest first.
+    for v in 512..1400 {
+        assert!(p.write(&r.mp, v, (v % 251) as u8 + 1));
+    }
+    assert_eq!(p.stat(|s| &s.huge_pages), 1);
+    assert!(p.stat(|s| &s.evictions) > 600);
+    assert_eq!(region.splits.lock().unwrap().clone(), vec![0], "split once, by its first evicted line");
+    assert_eq!(p.stat(|s| &s.huge_splits), 1);
+    for v in 0..1400 {
+        assert_eq!(p.read(&r.mp, v), Some((v % 251) as u8 + 1), "page {v}");
+    }
+    assert!(r.failed().is_empty() && r.mp.with_cache(|c| c.used()) <= 700);
+}
+
+#[test]
+fn a_split_that_lost_pages_fails_the_process_instead_of_serving_zeros() {
+    let (r, p, region) = huge_rig(2048, 2048);
+    assert!(p.write(&r.mp, 0, 1));
+    region.lose_split.store(true, Ordering::SeqCst);
+    assert!(!r.mp.discard_range(&p.t, 0, 1));
+    let failed = r.failed();
+    assert!(failed.len() == 1 && failed[0].1.contains("huge page"), "{failed:?}");
+    assert_eq!(p.read(&r.mp, 5), None, "no thread is served a lost page");
+}
