@@ -8,6 +8,7 @@
 //! system ([`vfs`]). This file is its dispatch table and start-up.
 mod excache;
 mod fault;
+mod fault_cpu;
 mod miss;
 mod prefetch;
 mod region;
@@ -30,6 +31,7 @@ use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
+pub use fault_cpu::{FaultCpu, FAULT_CPUS};
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
@@ -65,6 +67,9 @@ pub struct PcompConfig {
     /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
     /// without asking it (0: none).
     pub heap_reuse: u64,
+    /// Where fault workers run: anywhere, or on the faulting thread's CPU (then they never
+    /// poll, whatever `fault_spin_us` says).
+    pub fault_cpu: FaultCpu,
 }
 
 /// A process running on this pComponent.
@@ -139,7 +144,7 @@ impl Pcomp {
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse,
-                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
+                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(),
                 },
                 "compressed_tier": tier,
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -179,6 +184,9 @@ impl Pcomp {
             ("pcomp_tier_writebacks_total", &t.tier_writebacks),
             ("pcomp_tier_pack_ns_total", &t.tier_pack_ns),
             ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
+            ("pcomp_faults_on_faulting_cpu_total", &t.faults_on_faulting_cpu),
+            ("pcomp_faults_off_faulting_cpu_total", &t.faults_off_faulting_cpu),
+            ("pcomp_fault_worker_moves_total", &t.fault_worker_moves),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
