@@ -24,15 +24,16 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
         }
     };
     let mut follower = (p.cfg.fault_cpu == FaultCpu::Faulting).then(|| Follower::new(proc_.os_pid));
-    // A worker on the faulting thread's CPU sleeps at once: polling would hold that CPU from
-    // the program's other threads and from the components serving the miss.
-    let spin = if follower.is_some() { Duration::ZERO } else { Duration::from_micros(p.cfg.fault_spin_us) };
-    let poller = Poller::new(spin, p.cfg.fault_polling);
+    let polling = Poller::new(Duration::from_micros(p.cfg.fault_spin_us), p.cfg.fault_polling);
+    // Beside the faulting thread a worker sleeps at once: polling would hold that CPU from the
+    // program's other threads and from the components serving the miss.
+    let sleeping = Poller::new(Duration::ZERO, p.cfg.fault_polling);
     let stats = [&*proc_.tenant.stats, &**p.miss.total()];
     let mut faults = Vec::with_capacity(16);
     while proc_.tenant.alive() {
         faults.clear();
-        if wait.next(&proc_.uffd, &poller, 1000, &mut faults).is_none() {
+        let poller = if follower.as_ref().is_some_and(Follower::beside) { &sleeping } else { &polling };
+        if wait.next(&proc_.uffd, poller, 1000, &mut faults).is_none() {
             break;
         }
         let t0 = Instant::now();

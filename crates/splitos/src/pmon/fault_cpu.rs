@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -57,8 +58,16 @@ impl std::fmt::Display for FaultCpu {
 const REREAD_FAULTS: u32 = 16;
 /// ... or this long after it was last read.
 const REREAD_AFTER: Duration = Duration::from_millis(1);
+/// After the worker moved beside a thread, that thread's CPU is read at each of its next this
+/// many faults, to see at once whether the scheduler put it elsewhere.
+const CHECK_AFTER_MOVE: u32 = 4;
 /// Faults in a row from threads on one other CPU before the worker moves there.
 const MOVE_AFTER: u32 = 4;
+/// How long a worker whose thread left its CPU serves from elsewhere before trying again: at
+/// first, and at most (it doubles with each try that ends within [`SETTLED`]).
+const APART_MIN: Duration = Duration::from_millis(10);
+const APART_MAX: Duration = Duration::from_millis(200);
+const SETTLED: Duration = Duration::from_millis(100);
 /// Threads a worker keeps files of; beyond, it forgets them all (threads come and go).
 const MAX_THREADS: usize = 256;
 
@@ -67,53 +76,111 @@ struct Thread {
     cpu: Option<u32>,
     faults: u32,
     read: Instant,
+    /// Faults left at which the CPU is read every time.
+    check: u32,
 }
 
 /// One fault worker's knowledge of its process's threads, and its own placement.
+///
+/// Beside a thread, the worker shares its CPU. When it wakes the thread there (installing its
+/// page) while another CPU idles, the scheduler puts the thread on the idle CPU: then serving
+/// beside it buys nothing, for the thread flees every time, and the worker serves from
+/// elsewhere as with `any` (polling, its calls not followed) for a while, trying again after
+/// [`APART_MIN`], doubling up to [`APART_MAX`] while the thread keeps fleeing. So the worker
+/// sits beside the program when the machine is busy (where it pays) and polls on an idle CPU
+/// when there is one (where polling costs nobody anything).
 pub struct Follower {
     os_pid: i32,
     threads: HashMap<u32, Thread>,
     place: Placement,
-    /// The other CPU the latest faults came from, and how many in a row.
-    streak: (u32, u32),
+    /// The other CPU the latest faults came from, how many in a row, and the latest thread.
+    streak: (u32, u32, u32),
+    /// The thread the worker moved beside, and when.
+    lead: Option<(u32, Instant)>,
+    /// Serving from elsewhere until then.
+    apart_until: Option<Instant>,
+    apart_for: Duration,
 }
 
 impl Follower {
-    /// For the calling worker thread, serving the process `os_pid`. Its calls to other
-    /// components ask them to follow it too.
+    /// For the calling worker thread, serving the process `os_pid`.
     pub fn new(os_pid: i32) -> Follower {
         cpu::set_follow_me(true);
-        Follower { os_pid, threads: HashMap::new(), place: Placement::new(), streak: (0, 0) }
+        Follower { os_pid, threads: HashMap::new(), place: Placement::new(), streak: (0, 0, 0), lead: None, apart_until: None, apart_for: APART_MIN }
+    }
+
+    /// Whether the worker serves beside the faulting threads now: it then sleeps between
+    /// faults, and its calls ask the components to follow it.
+    pub fn beside(&self) -> bool {
+        self.apart_until.is_none()
     }
 
     /// Notes a fault of thread `tid` about to be served: counts whether the worker runs on
-    /// that thread's CPU.
+    /// that thread's CPU; sees whether the thread it sits beside left it.
     pub fn fault(&mut self, tid: u32, stats: [&RunStats; 2]) {
         let Some(at) = self.cpu_of(tid) else { return };
         let here = cpu::current() == Some(at);
         for s in stats {
             let c = if here { &s.faults_on_faulting_cpu } else { &s.faults_off_faulting_cpu };
-            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            c.fetch_add(1, Relaxed);
+        }
+        if !self.beside() {
+            return;
+        }
+        if let Some((lead, since)) = self.lead {
+            if lead == tid && self.place.at() != Some(at) {
+                self.part(since, stats);
+                return;
+            }
         }
         if self.place.at() == Some(at) {
-            self.streak = (0, 0);
-        } else if self.streak.0 == at {
-            self.streak.1 += 1;
+            self.streak = (0, 0, 0);
+        } else if self.streak.0 == at && self.streak.1 > 0 {
+            self.streak = (at, self.streak.1 + 1, tid);
         } else {
-            self.streak = (at, 1);
+            self.streak = (at, 1, tid);
+        }
+    }
+
+    /// The thread the worker sat beside was put on another CPU: serve from elsewhere for a
+    /// while, longer if it did not stay long.
+    fn part(&mut self, since: Instant, stats: [&RunStats; 2]) {
+        self.apart_for = if since.elapsed() < SETTLED { (self.apart_for * 2).min(APART_MAX) } else { APART_MIN };
+        self.apart_until = Some(Instant::now() + self.apart_for);
+        self.lead = None;
+        self.streak = (0, 0, 0);
+        self.place.release();
+        cpu::set_follow_me(false);
+        for s in stats {
+            s.fault_worker_partings.fetch_add(1, Relaxed);
         }
     }
 
     /// After the faults at hand were served: moves the worker to the CPU they came from, right
-    /// away when it was never placed, else after a streak. True when it moved.
+    /// away when it was not placed, else after a streak; ends a time apart that is over. True
+    /// when it moved.
     pub fn settle(&mut self) -> bool {
-        let (at, n) = self.streak;
+        if let Some(until) = self.apart_until {
+            if Instant::now() < until {
+                return false;
+            }
+            self.apart_until = None;
+            cpu::set_follow_me(true);
+        }
+        let (at, n, tid) = self.streak;
         let due = n >= MOVE_AFTER || (n > 0 && self.place.at().is_none());
         if !due {
             return false;
         }
-        self.streak = (0, 0);
-        self.place.move_to(at)
+        self.streak = (0, 0, 0);
+        if !self.place.move_to(at) {
+            return false;
+        }
+        self.lead = Some((tid, Instant::now()));
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.check = CHECK_AFTER_MOVE;
+        }
+        true
     }
 
     /// The CPU thread `tid` is on, as last read; `None` when unknown (no thread id in the
@@ -130,13 +197,13 @@ impl Follower {
             None => {
                 let stat = File::open(format!("/proc/{}/task/{tid}/stat", self.os_pid)).ok()?;
                 let cpu = read_cpu(&stat);
-                self.threads.entry(tid).or_insert(Thread { stat, cpu, faults: 0, read: Instant::now() })
+                self.threads.entry(tid).or_insert(Thread { stat, cpu, faults: 0, read: Instant::now(), check: 0 })
             }
         };
         t.faults += 1;
-        if t.faults >= REREAD_FAULTS || t.read.elapsed() >= REREAD_AFTER {
+        if t.check > 0 || t.faults >= REREAD_FAULTS || t.read.elapsed() >= REREAD_AFTER {
             t.cpu = read_cpu(&t.stat);
-            (t.faults, t.read) = (0, Instant::now());
+            (t.faults, t.read, t.check) = (0, Instant::now(), t.check.saturating_sub(1));
         }
         let cpu = t.cpu;
         if cpu.is_none() {
@@ -164,7 +231,7 @@ mod tests {
     fn a_threads_cpu_is_read_from_proc() {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u32;
-        let mut f = Follower { os_pid: std::process::id() as i32, threads: HashMap::new(), place: Placement::new(), streak: (0, 0) };
+        let mut f = Follower::new(std::process::id() as i32);
         let mut p = Placement::new();
         let here = cpu::current().unwrap();
         p.move_to(here);
@@ -176,16 +243,16 @@ mod tests {
     #[test]
     fn a_worker_moves_at_once_when_unplaced_and_after_a_streak_when_placed() {
         let h = std::thread::spawn(|| {
-            let mut f = Follower { os_pid: 0, threads: HashMap::new(), place: Placement::new(), streak: (0, 0) };
+            let mut f = Follower::new(0);
             let here = cpu::current().unwrap();
-            f.streak = (here, 1);
+            f.streak = (here, 1, 7);
             assert!(f.settle(), "unplaced: moves with the first fault");
             assert_eq!(f.place.at(), Some(here));
             let other = (0..64).find(|c| *c != here && f.place.allows(*c));
             if let Some(other) = other {
-                f.streak = (other, MOVE_AFTER - 1);
+                f.streak = (other, MOVE_AFTER - 1, 7);
                 assert!(!f.settle(), "placed: stays for a short streak");
-                f.streak = (other, MOVE_AFTER);
+                f.streak = (other, MOVE_AFTER, 7);
                 assert!(f.settle());
                 assert_eq!(f.place.at(), Some(other));
             }

@@ -187,6 +187,7 @@ impl Pcomp {
             ("pcomp_faults_on_faulting_cpu_total", &t.faults_on_faulting_cpu),
             ("pcomp_faults_off_faulting_cpu_total", &t.faults_off_faulting_cpu),
             ("pcomp_fault_worker_moves_total", &t.fault_worker_moves),
+            ("pcomp_fault_worker_partings_total", &t.fault_worker_partings),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }

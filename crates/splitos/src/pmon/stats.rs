@@ -55,10 +55,13 @@ pub struct RunStats {
     pub tier_unpack_ns: AtomicU64,
     pub processes: AtomicU64,
     /// With `fault_cpu = "faulting"`: faults a worker served on the CPU the faulting thread
-    /// was on (as last read) and elsewhere, and the times a worker moved to another CPU.
+    /// was on (as last read) and elsewhere, the times a worker moved to another CPU, and the
+    /// times it went to serve from elsewhere for a while because the thread it sat beside was
+    /// put on another (idle) CPU.
     pub faults_on_faulting_cpu: AtomicU64,
     pub faults_off_faulting_cpu: AtomicU64,
     pub fault_worker_moves: AtomicU64,
+    pub fault_worker_partings: AtomicU64,
     pub miss_ns: Mutex<Histogram<u64>>,
     /// Where a miss spends its time inside the pComponent: choosing and dropping a victim,
     /// the network round trip(s), and installing the line into the program.
@@ -106,6 +109,7 @@ impl Default for RunStats {
             faults_on_faulting_cpu: AtomicU64::new(0),
             faults_off_faulting_cpu: AtomicU64::new(0),
             fault_worker_moves: AtomicU64::new(0),
+            fault_worker_partings: AtomicU64::new(0),
             miss_ns: histogram(),
             evict_ns: histogram(),
             rpc_ns: histogram(),
@@ -151,6 +155,7 @@ impl RunStats {
             "faults_on_faulting_cpu": self.faults_on_faulting_cpu.load(Relaxed),
             "faults_off_faulting_cpu": self.faults_off_faulting_cpu.load(Relaxed),
             "fault_worker_moves": self.fault_worker_moves.load(Relaxed),
+            "fault_worker_partings": self.fault_worker_partings.load(Relaxed),
             "miss_ns_p50": h.value_at_quantile(0.5),
             "miss_ns_p99": h.value_at_quantile(0.99),
             "miss_ns_mean": h.mean() as u64,
