@@ -112,7 +112,7 @@ enum Cmd {
         /// Run a statically linked program natively (with a warning) instead of refusing it.
         #[arg(long)]
         allow_native: bool,
-        #[arg(long, help = format!("Where the embedded cluster's fault workers run: {} (faulting: on the faulting thread's CPU, never polling) [default: {}]", pmon::FAULT_CPUS.join(", "), config::default_pcomp().fault_cpu))]
+        #[arg(long, help = format!("Where the embedded cluster's fault workers run: {} (faulting: on the faulting thread's CPU, sleeping between faults) [default: {}]", pmon::FAULT_CPUS.join(", "), config::default_pcomp().fault_cpu))]
         fault_cpu: Option<pmon::FaultCpu>,
         /// The program and its arguments.
         #[arg(required = true)]
@@ -214,7 +214,7 @@ enum Cmd {
         metrics_addr: Option<String>,
         #[command(flatten)]
         transport: TransportArgs,
-        #[arg(long, default_value_t = config::default_pcomp().fault_cpu, help = format!("Where fault workers run: {} (faulting: on the faulting thread's CPU, never polling, whatever --fault-spin-us says)", pmon::FAULT_CPUS.join(", ")))]
+        #[arg(long, default_value_t = config::default_pcomp().fault_cpu, help = format!("Where fault workers run: {} (faulting: on the faulting thread's CPU, sleeping between faults whatever --fault-spin-us says, unless the thread keeps leaving that CPU)", pmon::FAULT_CPUS.join(", ")))]
         fault_cpu: pmon::FaultCpu,
     },
     /// Run a storage monitor (sComponent): vNodes' files, kept durably under --dir.

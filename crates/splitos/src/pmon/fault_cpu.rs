@@ -9,10 +9,12 @@
 //! CPU a thread is on is field 39 of /proc/PID/task/TID/stat, a few microseconds to read, so
 //! each worker keeps each thread's file open and reads it again only every [`REREAD_FAULTS`]
 //! faults or [`REREAD_AFTER`]. While it sleeps in a fault, a thread stays on its CPU: the field
-//! is where it faulted and where it wakes. A worker moves only after [`MOVE_AFTER`] faults in a
-//! row from one other CPU: moving costs about what one fault served across CPUs does, so a
-//! worker serving threads on several CPUs in turn stays where it is. The program's threads are
-//! never moved, so a multi-threaded program keeps its parallelism.
+//! is where it faulted. A worker moves only after [`MOVE_AFTER`] faults in a row from one
+//! other CPU: moving costs about what one fault served across CPUs does, so a worker serving
+//! threads on several CPUs in turn stays where it is. The program's threads are never moved
+//! or pinned (a program that reads its affinity sees what it sees natively, and a
+//! multi-threaded program keeps its parallelism); so the scheduler decides where a woken
+//! thread runs, and the worker adapts to that ([`Follower`]).
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
