@@ -87,6 +87,9 @@ fn programs_give_native_output_with_workers_on_the_faulting_cpu() {
         assert!(n(&s, "faults_on_faulting_cpu") > 0 && n(&s, "fault_worker_moves") >= 1, "{cmd:?}: the workers served faults beside the faulting threads: {s}");
         assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
     }
+    // Over TCP nothing asks the mComponents to follow; the workers still do.
+    let (_, s) = same_as_native_with_stats(&["--excache", "4M", "--fault-cpu", "faulting", "--transport", "tcp"], &[rnd.to_str().unwrap(), "24", "2"]);
+    assert!(n(&s, "faults_on_faulting_cpu") > 0, "{s}");
     // With the default, workers run anywhere and nothing is counted.
     let (_, s) = same_as_native_with_stats(&["--excache", "4M"], &[rnd.to_str().unwrap(), "24", "2"]);
     assert_eq!(n(&s, "faults_on_faulting_cpu") + n(&s, "faults_off_faulting_cpu") + n(&s, "fault_worker_moves"), 0, "{s}");
