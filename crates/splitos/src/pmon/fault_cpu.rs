@@ -107,14 +107,14 @@ pub struct Follower {
 impl Follower {
     /// For the calling worker thread, serving the process `os_pid`.
     pub fn new(os_pid: i32) -> Follower {
-        cpu::set_follow_me(true);
         Follower { os_pid, threads: HashMap::new(), place: Placement::new(), streak: (0, 0, 0), lead: None, apart_until: None, apart_for: APART_MIN }
     }
 
-    /// Whether the worker serves beside the faulting threads now: it then sleeps between
-    /// faults, and its calls ask the components to follow it.
+    /// Whether the worker serves beside a faulting thread now: it then sleeps between faults,
+    /// and its calls ask the components to follow it. Until it first moved, and while apart,
+    /// it serves as with `any`.
     pub fn beside(&self) -> bool {
-        self.apart_until.is_none()
+        self.place.at().is_some()
     }
 
     /// Notes a fault of thread `tid` about to be served: counts whether the worker runs on
@@ -126,7 +126,7 @@ impl Follower {
             let c = if here { &s.faults_on_faulting_cpu } else { &s.faults_off_faulting_cpu };
             c.fetch_add(1, Relaxed);
         }
-        if !self.beside() {
+        if self.apart_until.is_some() {
             return;
         }
         if let Some((lead, since)) = self.lead {
@@ -167,7 +167,6 @@ impl Follower {
                 return false;
             }
             self.apart_until = None;
-            cpu::set_follow_me(true);
         }
         let (at, n, tid) = self.streak;
         let due = n >= MOVE_AFTER || (n > 0 && self.place.at().is_none());
@@ -178,6 +177,7 @@ impl Follower {
         if !self.place.move_to(at) {
             return false;
         }
+        cpu::set_follow_me(true);
         self.lead = Some((tid, Instant::now()));
         if let Some(t) = self.threads.get_mut(&tid) {
             t.check = CHECK_AFTER_MOVE;
