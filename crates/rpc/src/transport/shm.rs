@@ -20,9 +20,10 @@
 //! request and sleeps while it waits; the server thread answers, then moves onto that CPU (if
 //! it may run there) and sleeps without polling until the next request, so that the caller's
 //! next doorbell wakes it on the caller's CPU. A request without a CPU lets the thread run on
-//! all its CPUs again. Each channel has its own server thread, so callers on different CPUs
-//! never pull one thread back and forth, as long as they hold different channels: a caller
-//! takes, from the free channels to a peer, one whose server is already where it runs.
+//! all its CPUs again. Each channel has its own server thread, and callers on different CPUs
+//! never pull one back and forth: a followed caller takes, from the free channels to a peer,
+//! one whose server already runs on its CPU, else one whose server runs anywhere, else a new
+//! one.
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -622,6 +623,9 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, po
                 followed.increment(1);
                 if place.move_to(cpu) {
                     moves.increment(1);
+                } else if place.at() != Some(cpu) {
+                    // A CPU this component may not use: serve from anywhere instead.
+                    place.release();
                 }
             }
             None => place.release(),
