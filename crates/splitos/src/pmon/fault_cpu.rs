@@ -263,6 +263,49 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_whose_thread_leaves_its_cpu_serves_from_elsewhere_for_a_while() {
+        let p = Placement::new();
+        let cpus: Vec<u32> = (0..64).filter(|c| p.allows(*c)).take(2).collect();
+        if cpus.len() < 2 {
+            eprintln!("skipped: needs two CPUs");
+            return;
+        }
+        // A "faulting" thread that sits on the first CPU, then moves to the second when told.
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<u32>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let first = cpus[0];
+        let t = std::thread::spawn(move || {
+            let mut p = Placement::new();
+            for cpu in std::iter::once(first).chain(go_rx.iter()) {
+                assert!(p.move_to(cpu));
+                // SAFETY: gettid has no preconditions.
+                tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+                if done_rx.recv().is_err() {
+                    break;
+                }
+            }
+        });
+        let tid = tid_rx.recv().unwrap();
+        let stats = RunStats::default();
+        let mut f = Follower::new(std::process::id() as i32);
+        f.fault(tid, [&stats, &stats]);
+        assert!(f.settle(), "moves beside the thread");
+        assert!(f.beside() && f.place.at() == Some(cpus[0]));
+        assert!(cpu::followed_at().is_some(), "its calls ask to be followed");
+        done_tx.send(()).unwrap();
+        go_tx.send(cpus[1]).unwrap();
+        tid_rx.recv().unwrap();
+        f.fault(tid, [&stats, &stats]);
+        assert_eq!(stats.fault_worker_partings.load(Relaxed), 2, "counted in both totals");
+        assert!(!f.beside() && cpu::followed_at().is_none(), "serves from elsewhere, not followed");
+        f.fault(tid, [&stats, &stats]);
+        assert!(!f.settle(), "and does not move back at once");
+        drop((done_tx, go_tx));
+        t.join().unwrap();
+    }
+
+    #[test]
     fn names_parse_and_bad_ones_are_refused() {
         assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
         assert_eq!(FaultCpu::Any.to_string(), "any");
