@@ -8,10 +8,13 @@
 //! * [`transport`] — the message-level [`Transport`] interface, chosen from
 //!   [`TransportConfig`]: TCP, and shared memory between components of one host.
 //! * [`poll`] — [`poll::Poller`], polling before sleeping that adapts to how long waits are.
+//! * [`cpu`] — serving a caller on its own CPU: a thread that asks to be followed, a thread
+//!   that moves itself.
 //! * [`fdpass`] — descriptors over Unix sockets (shared-memory channels, a program's heap).
 //! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
 
 pub mod client;
+pub mod cpu;
 pub mod error;
 pub mod fdpass;
 pub mod frame;

@@ -130,6 +130,8 @@ pub mod uffd {
     pub const UFFDIO_WRITEPROTECT: u64 = 0xc018_aa06;
 
     pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+    /// Each page-fault message carries the faulting thread's id ([`Msg::tid`]).
+    pub const FEATURE_THREAD_ID: u64 = 1 << 8;
     pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 
     pub const REGISTER_MODE_MISSING: u64 = 1;
@@ -182,7 +184,8 @@ pub mod uffd {
         pub mode: u64,
     }
 
-    /// `struct uffd_msg` for a page fault: event at byte 0, flags at 8, address at 16.
+    /// `struct uffd_msg` for a page fault: event at byte 0, flags at 8, address at 16, the
+    /// faulting thread's id at 24 (with [`FEATURE_THREAD_ID`]).
     #[repr(C)]
     #[derive(Default, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
     pub struct Msg {
@@ -193,6 +196,13 @@ pub mod uffd {
         pub flags: u64,
         pub address: u64,
         pub arg: u64,
+    }
+
+    impl Msg {
+        /// The faulting thread's id as its own PID namespace numbers it; 0 when unknown.
+        pub fn tid(&self) -> u32 {
+            self.arg as u32
+        }
     }
 
     // The kernel reads and writes these at the sizes its ioctl numbers encode (the 0x18, 0x20,

@@ -56,7 +56,7 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     if uffd < 0 {
         die(&[b"userfaultfd is not available (needs root or vm.unprivileged_userfaultfd=1)"]);
     }
-    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM, ioctls: 0 };
+    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_THREAD_ID, ioctls: 0 };
     // SAFETY: UFFDIO_API reads and writes a uffdio_api, whose layout Api is (size asserted).
     if unsafe { libc::ioctl(uffd, uffd::UFFDIO_API as _, &mut api) } != 0 {
         die(&[b"this kernel's userfaultfd lacks missing and write-protect faults on shared memory"]);

@@ -110,6 +110,9 @@ pub struct PcompSection {
     /// `on`: heaps on the pComponent's private tmpfs, fresh 2 MiB extents pre-allocated as
     /// huge pages; `off`: memfd heaps, 4 KiB pages.
     pub huge_pages: HugePages,
+    /// `any`: fault workers run anywhere and poll (`fault_spin_us`); `faulting`: each runs on
+    /// the CPU of the thread whose fault it serves and sleeps between faults.
+    pub fault_cpu: crate::pmon::FaultCpu,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -168,7 +171,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any }
 }
 
 pub fn default_mcomp() -> McompSection {

@@ -114,6 +114,8 @@ enum Cmd {
         /// Run a statically linked program natively (with a warning) instead of refusing it.
         #[arg(long)]
         allow_native: bool,
+        #[arg(long, help = format!("Where the embedded cluster's fault workers run: {} (faulting: on the faulting thread's CPU, sleeping between faults) [default: {}]", pmon::FAULT_CPUS.join(", "), config::default_pcomp().fault_cpu))]
+        fault_cpu: Option<pmon::FaultCpu>,
         /// The program and its arguments.
         #[arg(required = true)]
         program: Vec<String>,
@@ -216,6 +218,8 @@ enum Cmd {
         metrics_addr: Option<String>,
         #[command(flatten)]
         transport: TransportArgs,
+        #[arg(long, default_value_t = config::default_pcomp().fault_cpu, help = format!("Where fault workers run: {} (faulting: on the faulting thread's CPU, sleeping between faults whatever --fault-spin-us says, unless the thread keeps leaving that CPU)", pmon::FAULT_CPUS.join(", ")))]
+        fault_cpu: pmon::FaultCpu,
     },
     /// Run a storage monitor (sComponent): vNodes' files, kept durably under --dir.
     Storage {
@@ -302,10 +306,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats,
+                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
             })
             .map(|code| std::process::exit(code))
         }
@@ -323,9 +327,9 @@ fn main() {
             node::init_metrics();
             mmon::run(mmon::MemArgs { listen, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, shim_sock, vnode_root, ready_file, metrics_addr, transport } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, shim_sock, vnode_root, ready_file, metrics_addr, transport, fault_cpu } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages };
+            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu };
             pmon::run(pmon::ProcArgs { listen, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
@@ -373,6 +377,7 @@ mod tests {
         assert_eq!((l, e, w, p, !no_piggyback, f, fs, fp), (listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling), "proc");
         assert_eq!((pf, pp, fa, ct, pa, hr), (prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse), "proc levers");
         assert_eq!((hp,), (huge_pages,), "proc memory levers");
+        assert_eq!((fc,), (fault_cpu,), "proc placement");
         assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 

@@ -15,6 +15,15 @@
 //! server polls for it (`spin_us`), then sleeps on the socket after announcing so in the
 //! header, and the caller rings the doorbell only then. The reply comes back the same way.
 //! Bytes a peer wrote are copied out before they are decoded and checked like any frame.
+//!
+//! A caller that asked to be followed ([`crate::cpu`]) puts its CPU in the header with each
+//! request and sleeps while it waits; the server thread answers, then moves onto that CPU (if
+//! it may run there) and sleeps without polling until the next request, so that the caller's
+//! next doorbell wakes it on the caller's CPU. A request without a CPU lets the thread run on
+//! all its CPUs again. Each channel has its own server thread, and callers on different CPUs
+//! never pull one back and forth: a followed caller takes, from the free channels to a peer,
+//! one whose server already runs on its CPU, else one whose server runs anywhere, else a new
+//! one.
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -29,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use super::tcp::TcpListen;
 use super::{Endpoint, TcpConfig, TcpTransport, Transport};
+use crate::cpu::{self, Placement};
 use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
@@ -93,6 +103,9 @@ struct Header {
     /// Set by a side about to sleep on the socket: the other must ring.
     server_sleeps: AtomicU32,
     client_sleeps: AtomicU32,
+    /// Set by the caller with each request: 0, or 1 + the CPU it runs on and sleeps on while
+    /// it waits (serve it there, and do not poll for its next request).
+    follow_cpu: AtomicU32,
 }
 
 /// One channel's memory, mapped in this process.
@@ -304,7 +317,9 @@ impl ShmTransport {
                 // A channel whose server died while it sat in the pool is dropped here, before a
                 // request goes into it: then the call reports the peer unreachable (safe to
                 // retry elsewhere) rather than a request lost on the way.
-                while let Some(c) = free.pop() {
+                let want = cpu::followed_at();
+                while let Some(i) = pick(free, want) {
+                    let c = free.remove(i);
                     if c.server_alive() {
                         return Ok(Some(c));
                     }
@@ -379,6 +394,15 @@ impl Transport for ShmTransport {
     }
 }
 
+/// Which of the free channels a caller takes: one whose server runs where the caller wants it
+/// (`want`: a followed caller's CPU), else one whose server runs anywhere; a caller that is not
+/// followed then takes the one used last. `None`: open a new channel, so that a followed
+/// caller never pulls a server away from another CPU's callers.
+fn pick(free: &[Channel], want: Option<u32>) -> Option<usize> {
+    let last = free.len().checked_sub(1).filter(|_| want.is_none());
+    free.iter().rposition(|c| c.server_at == want).or_else(|| free.iter().rposition(|c| c.server_at.is_none())).or(last)
+}
+
 /// The calling side of one channel.
 struct Channel {
     addr: String,
@@ -386,6 +410,8 @@ struct Channel {
     map: Mapping,
     seq: u64,
     poller: Poller,
+    /// The CPU the last call asked the server to run on.
+    server_at: Option<u32>,
 }
 
 impl Channel {
@@ -410,7 +436,7 @@ impl Channel {
         if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
         }
-        Ok(Channel { addr: addr.to_string(), sock, map, seq: 0, poller })
+        Ok(Channel { addr: addr.to_string(), sock, map, seq: 0, poller, server_at: None })
     }
 
     /// Whether the server's end of the socket is still open (stale doorbells are drained).
@@ -435,9 +461,18 @@ impl Channel {
         let h = self.map.header();
         self.map.put(REQ, &body);
         h.req_len.store(body.len() as u32, Relaxed);
+        let follow = cpu::followed_at();
+        h.follow_cpu.store(follow.map_or(0, |c| c + 1), Relaxed);
+        self.server_at = follow;
         self.seq += 1;
         ring(&h.req_seq, self.seq, &h.server_sleeps, &self.sock);
-        let got = wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, &self.poller, Some(Instant::now() + timeout));
+        let deadline = Some(Instant::now() + timeout);
+        // A followed caller leaves its CPU to the server at once.
+        let got = if follow.is_some() {
+            sleep_until_moved(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, deadline)
+        } else {
+            wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, &self.poller, deadline)
+        };
         let addr = &self.addr;
         match got {
             Ok(n) if n == self.seq => {}
@@ -544,9 +579,22 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, po
     }
     let h = map.header();
     let requests = metrics::counter!("rpc_shm_requests_total");
+    let followed = metrics::counter!("rpc_shm_followed_total");
+    let moves = metrics::counter!("rpc_shm_server_moves_total");
+    let mut place = Placement::new();
     let mut last = 0;
-    while let Ok(n) = wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None) {
+    // Whether this thread runs on its caller's CPU: polling there would only hold the CPU from
+    // the caller, who sleeps until it sends its next request.
+    let mut beside_caller = false;
+    loop {
+        let got = if beside_caller {
+            sleep_until_moved(&h.req_seq, last, &h.server_sleeps, &sock, None)
+        } else {
+            wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None)
+        };
+        let Ok(n) = got else { return };
         last = n;
+        let follow = h.follow_cpu.load(Relaxed).checked_sub(1);
         let Some(msg) = map.take(REQ, h.req_len.load(Relaxed)).and_then(|b| postcard::from_bytes::<Msg>(&b).ok()) else {
             metrics::counter!("rpc_frames_rejected_total").increment(1);
             tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
@@ -569,6 +617,20 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, po
         map.put(REP, &body);
         h.rep_len.store(body.len() as u32, Relaxed);
         ring(&h.rep_seq, n, &h.client_sleeps, &sock);
+        // Moving after the answer keeps the move off the caller's wait.
+        match follow {
+            Some(cpu) => {
+                followed.increment(1);
+                if place.move_to(cpu) {
+                    moves.increment(1);
+                } else if place.at() != Some(cpu) {
+                    // A CPU this component may not use: serve from anywhere instead.
+                    place.release();
+                }
+            }
+            None => place.release(),
+        }
+        beside_caller = follow.is_some() && place.at() == follow;
     }
 }
 

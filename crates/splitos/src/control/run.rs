@@ -42,6 +42,7 @@ pub struct RunArgs {
     pub compare_native: bool,
     pub allow_native: bool,
     pub print_stats: bool,
+    pub fault_cpu: Option<crate::pmon::FaultCpu>,
 }
 
 /// Finds `prog` the way execvp would.
@@ -136,6 +137,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 p.prealloc = a.prealloc.unwrap_or(p.prealloc);
                 p.heap_reuse = a.heap_reuse.unwrap_or(p.heap_reuse);
                 p.huge_pages = a.huge_pages.unwrap_or(p.huge_pages);
+                p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
                 cfg.mcomponent = (0..a.mcomponents.max(1))
                     .map(|_| {
                         let mut m = crate::config::default_mcomp();
@@ -163,7 +165,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 

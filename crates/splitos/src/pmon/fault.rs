@@ -1,12 +1,16 @@
 //! The fault workers of a process: each polls the process's userfaultfd and hands every fault
 //! it reads to the miss path itself, so a miss crosses no thread boundary inside the
-//! pComponent. Several workers serve several faulting threads of the program at once.
+//! pComponent. Several workers serve several faulting threads of the program at once. With
+//! `fault_cpu = "faulting"` each worker runs on the CPU of the thread whose fault it serves
+//! and sleeps between faults ([`fault_cpu`](super::fault_cpu)).
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use splitos_rpc::poll::Poller;
 use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
 
+use super::fault_cpu::{FaultCpu, Follower};
 use super::miss::Access;
 use super::uffd::{FaultWait, PAGE};
 use super::{Pcomp, Proc};
@@ -19,23 +23,38 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
             return;
         }
     };
-    let poller = Poller::new(Duration::from_micros(p.cfg.fault_spin_us), p.cfg.fault_polling);
+    let mut follower = (p.cfg.fault_cpu == FaultCpu::Faulting).then(|| Follower::new(proc_.os_pid));
+    let polling = Poller::new(Duration::from_micros(p.cfg.fault_spin_us), p.cfg.fault_polling);
+    // Beside the faulting thread a worker sleeps at once: polling would hold that CPU from the
+    // program's other threads and from the components serving the miss.
+    let sleeping = Poller::new(Duration::ZERO, p.cfg.fault_polling);
+    let stats = [&*proc_.tenant.stats, &**p.miss.total()];
     let mut faults = Vec::with_capacity(16);
     while proc_.tenant.alive() {
         faults.clear();
-        if wait.next(&proc_.uffd, &poller, 1000, &mut faults).is_none() {
+        let poller = if follower.as_ref().is_some_and(Follower::beside) { &sleeping } else { &polling };
+        if wait.next(&proc_.uffd, poller, 1000, &mut faults).is_none() {
             break;
         }
         let t0 = Instant::now();
-        for &(flags, addr) in &faults {
-            let access = if flags & PAGEFAULT_FLAG_WP != 0 {
+        for f in &faults {
+            if let Some(fo) = &mut follower {
+                fo.fault(f.tid, stats);
+            }
+            let access = if f.flags & PAGEFAULT_FLAG_WP != 0 {
                 Access::WriteProtect
-            } else if flags & PAGEFAULT_FLAG_WRITE != 0 {
+            } else if f.flags & PAGEFAULT_FLAG_WRITE != 0 {
                 Access::Write
             } else {
                 Access::Read
             };
-            p.miss.fault(&proc_.tenant, addr / PAGE, access, t0);
+            p.miss.fault(&proc_.tenant, f.addr / PAGE, access, t0);
+        }
+        // Moving after the faults at hand were served keeps the move off their wait.
+        if follower.as_mut().is_some_and(|fo| fo.settle()) {
+            for s in stats {
+                s.fault_worker_moves.fetch_add(1, Relaxed);
+            }
         }
     }
 }

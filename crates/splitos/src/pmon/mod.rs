@@ -9,6 +9,7 @@
 mod excache;
 mod fault;
 mod huge;
+mod fault_cpu;
 mod miss;
 mod prefetch;
 mod region;
@@ -32,6 +33,7 @@ use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use huge::{HugePages, HUGE_PAGES};
+pub use fault_cpu::{FaultCpu, FAULT_CPUS};
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
@@ -69,6 +71,9 @@ pub struct PcompConfig {
     pub heap_reuse: u64,
     /// Heaps on the pComponent's private tmpfs, fresh 2 MiB extents pre-allocated as huge pages.
     pub huge_pages: HugePages,
+    /// Where fault workers run: anywhere, or on the faulting thread's CPU (then they never
+    /// poll, whatever `fault_spin_us` says).
+    pub fault_cpu: FaultCpu,
 }
 
 /// A process running on this pComponent.
@@ -145,7 +150,7 @@ impl Pcomp {
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(),
-                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
+                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(),
                 },
                 "compressed_tier": tier,
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -187,6 +192,10 @@ impl Pcomp {
             ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
             ("pcomp_huge_pages_total", &t.huge_pages),
             ("pcomp_huge_splits_total", &t.huge_splits),
+            ("pcomp_faults_on_faulting_cpu_total", &t.faults_on_faulting_cpu),
+            ("pcomp_faults_off_faulting_cpu_total", &t.faults_off_faulting_cpu),
+            ("pcomp_fault_worker_moves_total", &t.fault_worker_moves),
+            ("pcomp_fault_worker_partings_total", &t.fault_worker_partings),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }

@@ -54,6 +54,14 @@ pub struct RunStats {
     pub tier_pack_ns: AtomicU64,
     pub tier_unpack_ns: AtomicU64,
     pub processes: AtomicU64,
+    /// With `fault_cpu = "faulting"`: faults a worker served on the CPU the faulting thread
+    /// was on (as last read) and elsewhere, the times a worker moved to another CPU, and the
+    /// times it went to serve from elsewhere for a while because the thread it sat beside was
+    /// put on another (idle) CPU.
+    pub faults_on_faulting_cpu: AtomicU64,
+    pub faults_off_faulting_cpu: AtomicU64,
+    pub fault_worker_moves: AtomicU64,
+    pub fault_worker_partings: AtomicU64,
     pub miss_ns: Mutex<Histogram<u64>>,
     /// Where a miss spends its time inside the pComponent: choosing and dropping a victim,
     /// the network round trip(s), and installing the line into the program.
@@ -103,6 +111,10 @@ impl Default for RunStats {
             tier_pack_ns: AtomicU64::new(0),
             tier_unpack_ns: AtomicU64::new(0),
             processes: AtomicU64::new(0),
+            faults_on_faulting_cpu: AtomicU64::new(0),
+            faults_off_faulting_cpu: AtomicU64::new(0),
+            fault_worker_moves: AtomicU64::new(0),
+            fault_worker_partings: AtomicU64::new(0),
             miss_ns: histogram(),
             evict_ns: histogram(),
             rpc_ns: histogram(),
@@ -147,6 +159,10 @@ impl RunStats {
             "tier_pack_ns": self.tier_pack_ns.load(Relaxed),
             "tier_unpack_ns": self.tier_unpack_ns.load(Relaxed),
             "processes": self.processes.load(Relaxed),
+            "faults_on_faulting_cpu": self.faults_on_faulting_cpu.load(Relaxed),
+            "faults_off_faulting_cpu": self.faults_off_faulting_cpu.load(Relaxed),
+            "fault_worker_moves": self.fault_worker_moves.load(Relaxed),
+            "fault_worker_partings": self.fault_worker_partings.load(Relaxed),
             "miss_ns_p50": h.value_at_quantile(0.5),
             "miss_ns_p99": h.value_at_quantile(0.99),
             "miss_ns_mean": h.mean() as u64,

@@ -115,6 +115,15 @@ pub fn allocate(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// A page fault as its message tells it.
+#[derive(Clone, Copy)]
+pub struct Fault {
+    pub flags: u64,
+    pub addr: u64,
+    /// The faulting thread (0: unknown).
+    pub tid: u32,
+}
+
 /// One fault worker's wait: an epoll set holding the process's uffd exclusively (a fault wakes
 /// one worker, not all of them) and the process's stop eventfd.
 pub struct FaultWait {
@@ -141,11 +150,11 @@ impl FaultWait {
         Ok(FaultWait { ep })
     }
 
-    /// Waits up to `timeout_ms` for faults; appends page-fault (flags, address) pairs to `out`.
+    /// Waits up to `timeout_ms` for faults; appends the page faults to `out`.
     /// `None` when the process was told to stop.
     /// Polls the uffd first (a busy program faults again within microseconds, and a sleeping
     /// worker's vCPU is slow to wake).
-    pub fn next(&self, uffd_fd: &OwnedFd, poller: &splitos_rpc::poll::Poller, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
+    pub fn next(&self, uffd_fd: &OwnedFd, poller: &splitos_rpc::poll::Poller, timeout_ms: i32, out: &mut Vec<Fault>) -> Option<()> {
         match poller.poll(|| (read_msgs(uffd_fd, out) > 0).then_some(())) {
             Ok(()) => Some(()),
             Err(pending) => {
@@ -156,7 +165,7 @@ impl FaultWait {
         }
     }
 
-    fn sleep(&self, uffd_fd: &OwnedFd, timeout_ms: i32, out: &mut Vec<(u64, u64)>) -> Option<()> {
+    fn sleep(&self, uffd_fd: &OwnedFd, timeout_ms: i32, out: &mut Vec<Fault>) -> Option<()> {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
         // SAFETY: `evs` has room for the 2 events asked for.
         let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 2, timeout_ms) };
@@ -172,7 +181,7 @@ impl FaultWait {
 }
 
 /// Reads pending uffd messages without blocking; returns how many page faults it added.
-fn read_msgs(uffd_fd: &OwnedFd, out: &mut Vec<(u64, u64)>) -> usize {
+fn read_msgs(uffd_fd: &OwnedFd, out: &mut Vec<Fault>) -> usize {
     let before = out.len();
     let mut msgs = [uffd::Msg::default(); 16];
     // SAFETY: `msgs` is writable for its whole size, and any bytes are a valid uffd::Msg
@@ -181,7 +190,7 @@ fn read_msgs(uffd_fd: &OwnedFd, out: &mut Vec<(u64, u64)>) -> usize {
     if n > 0 {
         for m in &msgs[..n as usize / std::mem::size_of::<uffd::Msg>()] {
             if m.event == uffd::EVENT_PAGEFAULT {
-                out.push((m.flags, m.address));
+                out.push(Fault { flags: m.flags, addr: m.address, tid: m.tid() });
             }
         }
     }

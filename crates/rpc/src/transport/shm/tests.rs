@@ -208,3 +208,78 @@ fn without_a_private_directory_a_component_still_runs_over_tcp() {
     let cfg = crate::transport::TransportConfig { kind: "shm".into(), shm: cfg(d.path()), ..Default::default() };
     assert_eq!(cfg.build().unwrap().name(), "tcp");
 }
+
+/// Answers with the CPU it ran on (`vpn` ignored).
+struct WhereAmI;
+
+impl Handler for WhereAmI {
+    fn handle(&self, _: Msg) -> Msg {
+        M2P_PAGE { data: ByteBuf::from(cpu::current().unwrap().to_le_bytes().to_vec()) }.into()
+    }
+}
+
+/// The CPUs this process may run on.
+fn usable_cpus() -> Vec<u32> {
+    let p = Placement::new();
+    (0..libc::CPU_SETSIZE as u32).filter(|c| p.allows(*c)).collect()
+}
+
+fn served_on(rpc: &Rpc, addr: &str) -> u32 {
+    u32::from_le_bytes(rpc.call_direct(addr, fetch(10_000)).unwrap().data[..4].try_into().unwrap())
+}
+
+#[test]
+fn a_followed_callers_requests_are_served_on_its_cpu_and_callers_on_other_cpus_keep_theirs() {
+    let cpus = usable_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let d = private_tmp();
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed).unwrap();
+    let ep = t.listen("127.0.0.1:0").unwrap();
+    let addr = ep.addr();
+    ep.serve(Arc::new(WhereAmI), ServerConfig { name: "where".into(), workers: 0, fanout_workers: 1 });
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed).unwrap()), Duration::from_secs(5));
+    // Two followed callers, each pinned to its own CPU, call in turn (never at once): after
+    // each one's first call, every request of each is served on its own CPU.
+    let turn = Arc::new(std::sync::Barrier::new(2));
+    let callers: Vec<_> = cpus[..2]
+        .iter()
+        .map(|&c| {
+            let (rpc, turn, addr, first) = (rpc.clone(), turn.clone(), addr.clone(), cpus[0]);
+            std::thread::spawn(move || {
+                assert!(Placement::new().move_to(c));
+                cpu::set_follow_me(true);
+                let mut on = Vec::new();
+                for _ in 0..20 {
+                    if c == first {
+                        on.push(served_on(&rpc, &addr));
+                    }
+                    turn.wait();
+                    if c != first {
+                        on.push(served_on(&rpc, &addr));
+                    }
+                    turn.wait();
+                }
+                (c, on)
+            })
+        })
+        .collect();
+    for h in callers {
+        let (c, on) = h.join().unwrap();
+        assert!(on[1..].iter().all(|s| *s == c), "caller on CPU {c}: served on {on:?}");
+    }
+    // A caller that does not ask is served wherever the server thread happens to run, and its
+    // channel's server may run on every CPU again.
+    served_on(&rpc, &addr);
+    let allowed: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|n| n.trim() == "where-shm"))
+        .map(|t| std::fs::read_to_string(t.path().join("status")).unwrap().lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap().to_string())
+        .collect();
+    assert_eq!(allowed.len(), 2, "one channel per CPU: {allowed:?}");
+    let pinned = |a: &String| cpus[..2].iter().any(|c| a.ends_with(&format!("\t{c}")));
+    assert_eq!(allowed.iter().filter(|a| pinned(a)).count(), 1, "one server runs anywhere again: {allowed:?}");
+}
