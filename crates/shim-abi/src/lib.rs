@@ -2,8 +2,9 @@
 //! stream socket. Fixed-size, plain-old-data records so that the shim can speak it without
 //! allocating: it runs inside malloc.
 //!
-//! A connection starts with a [`Hello`] that carries the program's userfaultfd and the memfd
-//! behind its heap region (SCM_RIGHTS). After that, each [`ShimReq`] gets one [`ShimResp`].
+//! A connection starts with a [`Welcome`] from the pComponent (the userfaultfd features it
+//! needs), then a [`Hello`] that carries the program's userfaultfd and the memfd behind its
+//! heap region (SCM_RIGHTS). After that, each [`ShimReq`] gets one [`ShimResp`].
 #![no_std]
 
 use core::mem::{offset_of, size_of};
@@ -11,7 +12,7 @@ use zerocopy::{Immutable, KnownLayout};
 /// The byte views both sides use on these records, re-exported so that they agree on the version.
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-pub const SHIM_ABI_VERSION: u32 = 1;
+pub const SHIM_ABI_VERSION: u32 = 2;
 
 /// Where the heap region sits in every program (the same address in a parent and a forked child).
 pub const REGION_BASE: u64 = 0x2000_0000_0000;
@@ -39,6 +40,19 @@ pub struct Hello {
     pub run_id: u64,
     pub os_pid: u64,
     pub vnode: [u8; 64],
+}
+
+/// The first record on a connection, from the pComponent, before the shim creates its
+/// userfaultfd: features are fixed when the descriptor is set up (UFFDIO_API), so the
+/// pComponent names those its miss path depends on here.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Welcome {
+    pub abi: u32,
+    pub _pad: u32,
+    /// Userfaultfd features to ask for beyond missing and write-protect faults on shared
+    /// memory; only those in [`uffd::FEATURES_ON_REQUEST`].
+    pub uffd_features: u64,
 }
 
 #[repr(u32)]
@@ -108,6 +122,7 @@ pub struct VmaRec {
 
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
+const _: () = assert!(size_of::<Welcome>() == 16 && offset_of!(Welcome, uffd_features) == 8);
 const _: () = assert!(size_of::<Hello>() == 112 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, vnode) == 48);
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
@@ -126,6 +141,11 @@ pub mod uffd {
 
     pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
     pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
+    /// A write to a write-protected page lifts the protection in the kernel, without a fault
+    /// message; PAGEMAP_SCAN tells which pages were written (Linux 6.7).
+    pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+    /// What a [`super::Welcome`] may ask for.
+    pub const FEATURES_ON_REQUEST: u64 = FEATURE_WP_ASYNC;
 
     pub const REGISTER_MODE_MISSING: u64 = 1;
     pub const REGISTER_MODE_WP: u64 = 2;

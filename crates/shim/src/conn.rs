@@ -1,8 +1,8 @@
-//! The connection to the pComponent: a Unix stream socket, a hello that hands over the
-//! userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
+//! The connection to the pComponent: a Unix stream socket, the pComponent's welcome, a hello
+//! that hands over the userfaultfd and the memfd (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
-use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE};
+use splitos_shim_abi::{uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, REGION_BASE};
 
 use crate::start::env;
 use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
@@ -41,12 +41,9 @@ fn hello_said_here() -> bool {
     !w.is_null() && unsafe { &*w }.load(Acquire) == 1
 }
 
-/// Connects, sends the hello with the two descriptors and, in a forked child, re-applies the
-/// protections of the address space it inherited.
-///
-/// # Safety
-/// The region is freshly mapped and nothing uses it yet: the protections change under it.
-pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u64) {
+/// Connects to the pComponent and reads its welcome: the userfaultfd features to ask for
+/// (of those the shim knows to ask for).
+pub(crate) fn connect() -> u64 {
     let path = until_nul(&env().sock);
     // SAFETY: socket(2) only creates a descriptor.
     let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -65,6 +62,23 @@ pub(crate) unsafe fn connect_and_hello(uffd: c_int, memfd: c_int, fork_token: u6
     }
     let sock = high_fd(sock);
     SOCK.store(sock, Relaxed);
+    let mut welcome = Welcome::default();
+    if !read_all(sock, welcome.as_mut_bytes()) {
+        die(&[b"the pComponent at ", path, b" closed the connection before its welcome"]);
+    }
+    if welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
+        die(&[b"the pComponent at ", path, b" speaks another shim ABI version (a different splitos build)"]);
+    }
+    welcome.uffd_features & uffd::FEATURES_ON_REQUEST
+}
+
+/// Sends the hello with the two descriptors on the connection [`connect`] made and, in a
+/// forked child, re-applies the protections of the address space it inherited.
+///
+/// # Safety
+/// The region is freshly mapped and nothing uses it yet: the protections change under it.
+pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
+    let sock = SOCK.load(Relaxed);
     mark_hello_said();
 
     let hello = Hello {

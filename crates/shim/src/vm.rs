@@ -4,7 +4,7 @@ use core::sync::atomic::{AtomicI32, AtomicU64, Ordering::*};
 use libc::{off_t, size_t};
 use splitos_shim_abi::{uffd, Op, MMAP_FIXED, REGION_BASE};
 
-use crate::conn::{connect_and_hello, request};
+use crate::conn::{connect, hello, request};
 use crate::start::{is_ready, ready};
 use crate::sys::{die, errno, high_fd, page_up, raw_mmap, raw_mprotect, set_errno, PAGE};
 
@@ -45,14 +45,20 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     // SAFETY: advice on the mapping just made, which changes only what a fork child inherits.
     // A child gets a region of its own from the mComponents' copy, never the parent's pages.
     unsafe { libc::syscall(libc::SYS_madvise, REGION_BASE, size, libc::MADV_DONTFORK) };
+    // The pComponent says which userfaultfd features its miss path needs before the descriptor
+    // exists: they are fixed when it is set up.
+    let wanted = connect();
     // SAFETY: userfaultfd(2) only creates a descriptor.
     let uffd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) } as c_int;
     if uffd < 0 {
         die(&[b"userfaultfd is not available (needs root or vm.unprivileged_userfaultfd=1)"]);
     }
-    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM, ioctls: 0 };
+    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | wanted, ioctls: 0 };
     // SAFETY: UFFDIO_API reads and writes a uffdio_api, whose layout Api is (size asserted).
     if unsafe { libc::ioctl(uffd, uffd::UFFDIO_API as _, &mut api) } != 0 {
+        if wanted & uffd::FEATURE_WP_ASYNC != 0 {
+            die(&[b"this kernel's userfaultfd lacks asynchronous write protection, which the pComponent's dirty tracking by scan needs"]);
+        }
         die(&[b"this kernel's userfaultfd lacks missing and write-protect faults on shared memory"]);
     }
     register_range(uffd, REGION_BASE, size);
@@ -61,7 +67,7 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     MEMFD.store(memfd, Relaxed);
     UFFD.store(uffd, Relaxed);
     // SAFETY: the region was mapped above and nothing uses it yet (this function's contract).
-    unsafe { connect_and_hello(uffd, memfd, fork_token) };
+    unsafe { hello(uffd, memfd, fork_token) };
 }
 
 fn register_range(uffd: c_int, start: u64, len: u64) {

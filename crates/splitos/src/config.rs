@@ -6,6 +6,8 @@ use serde::Deserialize;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::TransportConfig;
 
+use crate::pmon::DirtyTracking;
+
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
 /// A byte size: a number, or a string with a K/M/G/T suffix (powers of 1024).
@@ -105,6 +107,9 @@ pub struct PcompSection {
     pub prealloc: usize,
     /// Unmapped heap each process keeps mapped at its home to map again locally (0: off).
     pub heap_reuse: Size,
+    /// `fault`: the first write to a line traps to the pComponent; `scan`: the kernel records
+    /// writes and eviction asks it (asynchronous write protection and PAGEMAP_SCAN).
+    pub dirty_tracking: DirtyTracking,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -163,7 +168,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20) }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), dirty_tracking: DirtyTracking::Fault }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -262,6 +267,8 @@ mod tests {
         assert!(e.contains("excahce"), "{e}");
         let c: ClusterConfig = toml::from_str("[[pcomponent]]\npolicy = \"lfu\"\n[[mcomponent]]\n").unwrap();
         assert!(c.validate().unwrap_err().contains("pcomponent[0].policy"));
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\ndirty_tracking = \"dirty\"\n[[mcomponent]]\n").unwrap_err().to_string();
+        assert!(e.contains("dirty_tracking") && e.contains("scan"), "{e}");
         let e = toml::from_str::<ClusterConfig>("[[mcomponent]]\ncapacity = \"9X\"\n").unwrap_err().to_string();
         assert!(e.contains("capacity") || e.contains("9X"), "{e}");
     }

@@ -6,6 +6,7 @@
 //! may stay on the pComponent compressed ([`tier`]). It forwards the
 //! processes' virtual-memory calls to their home mComponents, and mounts each vNode's file
 //! system ([`vfs`]). This file is its dispatch table and start-up.
+mod dirty;
 mod excache;
 mod fault;
 mod miss;
@@ -29,6 +30,7 @@ use std::time::Instant;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
+pub use dirty::{DirtyTracking, Taken, DIRTY_TRACKING};
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
@@ -65,6 +67,8 @@ pub struct PcompConfig {
     /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
     /// without asking it (0: none).
     pub heap_reuse: u64,
+    /// How the pComponent learns which lines a program wrote (dirty.rs).
+    pub dirty_tracking: DirtyTracking,
 }
 
 /// A process running on this pComponent.
@@ -138,7 +142,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse,
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "dirty_tracking": self.cfg.dirty_tracking.to_string(),
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
                 },
                 "compressed_tier": tier,
@@ -176,6 +180,10 @@ impl Pcomp {
             ("pcomp_tier_writebacks_total", &t.tier_writebacks),
             ("pcomp_tier_pack_ns_total", &t.tier_pack_ns),
             ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
+            ("pcomp_dirty_scans_total", &t.dirty_scans),
+            ("pcomp_dirty_scanned_pages_total", &t.dirty_scanned_pages),
+            ("pcomp_scan_clean_evictions_total", &t.scan_clean_evictions),
+            ("pcomp_writebacks_avoided_total", &t.writebacks_avoided),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
@@ -245,6 +253,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
     let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch)
         .ok_or_else(|| anyhow::anyhow!("unknown prefetch policy {:?} (known: {})", args.cfg.prefetch_policy, PREFETCH_POLICIES.join(", ")))?;
+    if args.cfg.dirty_tracking == DirtyTracking::Scan {
+        dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
+    }
     let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
     if lines == 0 {
         anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
@@ -292,7 +303,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, dirty_tracking = %args.cfg.dirty_tracking, "splitos process monitor started");
     });
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     node::park_forever()

@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
 
+use super::dirty::{DirtyTracking, Tracker};
 use super::miss::Tenant;
 use super::reuse::HeapReuse;
 use super::region::UffdRegion;
@@ -61,6 +62,9 @@ fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<(
 
 impl Pcomp {
     fn serve_program(self: Arc<Self>, mut s: UnixStream) {
+        let welcome = Welcome { abi: SHIM_ABI_VERSION, _pad: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() };
+        // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
+        let _ = s.write_all(welcome.as_bytes());
         let (hello, uffd_fd, memfd) = match recv_hello(&s) {
             Ok(h) => h,
             Err(e) => {
@@ -119,6 +123,11 @@ impl Pcomp {
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
     fn admit(&self, h: &Hello, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
+        // Before anything exists for it: a program whose writes cannot be tracked is refused.
+        let tracker = match self.cfg.dirty_tracking {
+            DirtyTracking::Fault => None,
+            DirtyTracking::Scan => Some(Tracker::open(h.os_pid as i32, h.region_base).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot track the writes of program {}: {e}", h.os_pid)))?),
+        };
         let vnode_len = h.vnode.iter().position(|b| *b == 0).unwrap_or(h.vnode.len());
         let vnode = String::from_utf8_lossy(&h.vnode[..vnode_len]).to_string();
         let (pid, child) = if h.fork_token != 0 {
@@ -141,7 +150,7 @@ impl Pcomp {
         // SAFETY: `stop` is a fresh descriptor that nothing else owns.
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };
         let uffd = Arc::new(uffd_fd);
-        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base };
+        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, tracker };
         let tenant = Tenant::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
         let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse });

@@ -48,6 +48,16 @@ pub struct RunStats {
     /// CPU time compressing (stored and refused victims) and decompressing (hits, write-backs).
     pub tier_pack_ns: AtomicU64,
     pub tier_unpack_ns: AtomicU64,
+    /// Dirty tracking by scan: PAGEMAP_SCAN requests (a range with many written runs may take
+    /// more than one call) and the pages they covered.
+    pub dirty_scans: AtomicU64,
+    pub dirty_scanned_pages: AtomicU64,
+    /// Evicted lines a scan found unwritten since their last write-back or fetch: dropped
+    /// without a write-back.
+    pub scan_clean_evictions: AtomicU64,
+    /// Of those, the lines of a process whose reads are mostly followed by writes: fault
+    /// tracking installs such lines writable and dirty, and writes every one of them back.
+    pub writebacks_avoided: AtomicU64,
     pub processes: AtomicU64,
     pub miss_ns: Mutex<Histogram<u64>>,
     /// Where a miss spends its time inside the pComponent: choosing and dropping a victim,
@@ -89,6 +99,10 @@ impl Default for RunStats {
             tier_writebacks: AtomicU64::new(0),
             tier_pack_ns: AtomicU64::new(0),
             tier_unpack_ns: AtomicU64::new(0),
+            dirty_scans: AtomicU64::new(0),
+            dirty_scanned_pages: AtomicU64::new(0),
+            scan_clean_evictions: AtomicU64::new(0),
+            writebacks_avoided: AtomicU64::new(0),
             processes: AtomicU64::new(0),
             miss_ns: histogram(),
             evict_ns: histogram(),
@@ -128,6 +142,10 @@ impl RunStats {
             "tier_writebacks": self.tier_writebacks.load(Relaxed),
             "tier_pack_ns": self.tier_pack_ns.load(Relaxed),
             "tier_unpack_ns": self.tier_unpack_ns.load(Relaxed),
+            "dirty_scans": self.dirty_scans.load(Relaxed),
+            "dirty_scanned_pages": self.dirty_scanned_pages.load(Relaxed),
+            "scan_clean_evictions": self.scan_clean_evictions.load(Relaxed),
+            "writebacks_avoided": self.writebacks_avoided.load(Relaxed),
             "processes": self.processes.load(Relaxed),
             "miss_ns_p50": h.value_at_quantile(0.5),
             "miss_ns_p99": h.value_at_quantile(0.99),
