@@ -26,6 +26,8 @@
 //! 4. read the page out of the pipe if it was written (or the caller wants it anyway), else
 //!    drop it.
 //!
+//! A line the miss path already knows to be dirty needs no question: steps 1, 2 and 4 alone.
+//!
 //! The written bit is exact at the moment the program lost the page, and the contents are
 //! those of that moment. The bookkeeping bit `dirty` carries what a scan took out of the page
 //! table: a scan that protects a written page again marks its line dirty first.
@@ -178,6 +180,18 @@ fn written(pagemap: &File, first: u64, end: u64, protect: bool) -> io::Result<Ve
     scan(pagemap, first, end, if protect { PM_SCAN_WP_MATCHING } else { 0 }, PAGE_IS_WRITTEN)
 }
 
+/// Which pages [`Tracker::take`] hands back the contents of.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Keep {
+    /// Those written since their last protection.
+    Written,
+    /// All of them, telling which were written.
+    All,
+    /// All of them, all counted as written: the caller writes them all back anyway, so the
+    /// kernel is not asked.
+    Dirty,
+}
+
 /// What eviction learned about one page it took from the program.
 pub struct Taken {
     pub vpn: u64,
@@ -284,19 +298,19 @@ impl Tracker {
     }
 
     /// Drops [vpn, vpn + pages) from the program (at byte `off` of its memfd) and tells for
-    /// each page whether it was written since it was last protected, with its contents if it
-    /// was or `want(vpn)` (see the module documentation for why no write is lost). On an error
-    /// some of the pages may be gone without their contents: the caller treats them as lost.
-    pub fn take(&self, memfd: &OwnedFd, off: u64, vpn: u64, pages: u64, want: &dyn Fn(u64) -> bool) -> io::Result<Vec<Taken>> {
+    /// each page whether it was written since it was last protected, with the contents `keep`
+    /// asks for (see the module documentation for why no write is lost). On an error some of
+    /// the pages may be gone without their contents: the caller treats them as lost.
+    pub fn take(&self, memfd: &OwnedFd, off: u64, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
         let mut slot = self.pipe.lock().unwrap();
-        let r = self.take_with(&mut slot, memfd, off, vpn, pages, want);
+        let r = self.take_with(&mut slot, memfd, off, vpn, pages, keep);
         if r.is_err() {
             *slot = None;
         }
         r
     }
 
-    fn take_with(&self, slot: &mut Option<Pipe>, memfd: &OwnedFd, off: u64, vpn: u64, pages: u64, want: &dyn Fn(u64) -> bool) -> io::Result<Vec<Taken>> {
+    fn take_with(&self, slot: &mut Option<Pipe>, memfd: &OwnedFd, off: u64, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
         if slot.is_none() {
             *slot = Some(new_pipe()?);
         }
@@ -309,10 +323,11 @@ impl Tracker {
             splice_in(memfd, at, n * PAGE, &pipe.w)?;
             punch(memfd, at, n * PAGE)?;
             // Unknown is written: a write-back too many, never one too few.
-            let written = written(&self.pagemap, first, first + n, false).unwrap_or_else(|_| (first..first + n).collect());
+            let asked = if keep == Keep::Dirty { Err(()) } else { written(&self.pagemap, first, first + n, false).map_err(drop) };
+            let written = asked.unwrap_or_else(|()| (first..first + n).collect());
             for v in first..first + n {
                 let w = written.binary_search(&v).is_ok();
-                out.push(Taken { vpn: v, written: w, data: page_out(&pipe.r, w || want(v))? });
+                out.push(Taken { vpn: v, written: w, data: page_out(&pipe.r, w || keep != Keep::Written)? });
             }
             done += n;
         }
@@ -437,12 +452,15 @@ mod tests {
         assert_eq!(t.written(h.vpn(0), h.vpn(8)).unwrap(), vec![h.vpn(2), h.vpn(5)]);
         assert!(t.written(h.vpn(0), h.vpn(8)).unwrap().is_empty(), "the scan protected them again");
         h.write(5, 200, 0xcc);
-        let taken = t.take(&h.memfd, 4 * PAGE, h.vpn(4), 3, &|v| v == h.vpn(6)).unwrap();
+        let taken = t.take(&h.memfd, 4 * PAGE, h.vpn(4), 2, Keep::Written).unwrap();
         let fate: Vec<(bool, bool)> = taken.iter().map(|k| (k.written, k.data.is_some())).collect();
-        assert_eq!(fate, vec![(false, false), (true, true), (false, true)]);
+        assert_eq!(fate, vec![(false, false), (true, true)]);
         let five = taken[1].data.as_ref().unwrap();
         assert_eq!((five[0], five[100], five[200]), (5, 0xbb, 0xcc));
-        assert_eq!(taken[2].data.as_ref().unwrap()[0], 6);
+        let six = t.take(&h.memfd, 6 * PAGE, h.vpn(6), 1, Keep::All).unwrap();
+        assert!(!six[0].written && six[0].data.as_ref().unwrap()[0] == 6);
+        let seven = t.take(&h.memfd, 7 * PAGE, h.vpn(7), 1, Keep::Dirty).unwrap();
+        assert!(seven[0].written && seven[0].data.as_ref().unwrap()[0] == 7);
     }
 
     /// The facts eviction stands on (module documentation): a page spliced into a pipe is

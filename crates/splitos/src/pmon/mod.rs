@@ -30,7 +30,7 @@ use std::time::Instant;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
-pub use dirty::{DirtyTracking, Taken, DIRTY_TRACKING};
+pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};

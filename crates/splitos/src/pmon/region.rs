@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::dirty::{Taken, Tracker};
+use super::dirty::{Keep, Taken, Tracker};
 use super::uffd::{self, PAGE};
 
 pub use super::uffd::Install;
@@ -39,9 +39,9 @@ pub trait Region: Send + Sync {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
     /// Drops resident pages from the program as [`Region::punch`] does, telling of each
-    /// whether it was written since it was last protected, with its contents as it left if it
-    /// was or `want` asks for them. On an error the pages may be gone without their contents.
-    fn take(&self, _vpn: u64, _pages: u64, _want: &dyn Fn(u64) -> bool) -> io::Result<Vec<Taken>> {
+    /// whether it was written since it was last protected, with the contents as it left that
+    /// `keep` asks for. On an error the pages may be gone without their contents.
+    fn take(&self, _vpn: u64, _pages: u64, _keep: Keep) -> io::Result<Vec<Taken>> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 }
@@ -105,7 +105,7 @@ impl Region for UffdRegion {
         self.tracker()?.written(first, end)
     }
 
-    fn take(&self, vpn: u64, pages: u64, want: &dyn Fn(u64) -> bool) -> io::Result<Vec<Taken>> {
-        self.tracker()?.take(&self.memfd, self.offset(vpn), vpn, pages, want)
+    fn take(&self, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
+        self.tracker()?.take(&self.memfd, self.offset(vpn), vpn, pages, keep)
     }
 }

@@ -15,7 +15,7 @@
 //!
 //! Reads are still unseen (dirty.rs, "Access bits"), as in fault mode.
 use super::*;
-use crate::pmon::excache;
+use crate::pmon::{excache, Keep};
 
 impl MissPath {
     /// Claims a way for (pid, vpn) as [`ExCache::claim`] does (`clean_only`: only one that needs
@@ -86,9 +86,15 @@ impl MissPath {
     /// cannot be taken its writes may be lost, so its process is stopped here, under the lock.
     pub(super) fn evict_taken(&self, g: &mut MutexGuard<'_, State>, vt: &Arc<Tenant>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>, keep_clean: bool) {
         let for_tier = keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
-        let want = v.dirty || for_tier;
-        let taken = vt.region.take(v.vpn, 1, &|_| want);
-        self.count_scan(vt, 1);
+        let keep = match (v.dirty, for_tier) {
+            (true, _) => Keep::Dirty,
+            (false, true) => Keep::All,
+            (false, false) => Keep::Written,
+        };
+        let taken = vt.region.take(v.vpn, 1, keep);
+        if keep != Keep::Dirty {
+            self.count_scan(vt, 1);
+        }
         match taken.map(|mut t| t.pop()) {
             Ok(Some(tk)) => {
                 if tk.written && !v.dirty {
@@ -133,7 +139,7 @@ impl MissPath {
         let (mut victims, mut failure) = (Vec::new(), None);
         for (run, stop) in runs(resident.iter().copied()) {
             self.count_scan(t, stop - run);
-            match t.region.take(run, stop - run, &|_| false) {
+            match t.region.take(run, stop - run, Keep::Written) {
                 Ok(taken) => {
                     for tk in taken {
                         if let Some(data) = tk.data {
