@@ -55,8 +55,9 @@ pub struct RunStats {
     /// Evicted lines a scan found unwritten since their last write-back or fetch: dropped
     /// without a write-back.
     pub scan_clean_evictions: AtomicU64,
-    /// Of those, the lines of a process whose reads are mostly followed by writes: fault
-    /// tracking installs such lines writable and dirty, and writes every one of them back.
+    /// Of those, the lines filled by a read while their process predicted writes (most of its
+    /// reads followed by a write): fault tracking installs such lines writable and dirty, and
+    /// writes every one of them back.
     pub writebacks_avoided: AtomicU64,
     pub processes: AtomicU64,
     pub miss_ns: Mutex<Histogram<u64>>,

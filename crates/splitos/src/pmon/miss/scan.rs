@@ -40,8 +40,9 @@ impl MissPath {
     }
 
     /// A scan found `l` written: it is dirty from now on (the page table no longer says so).
+    /// The process's write prediction learns as from a write-protect fault.
     pub(super) fn observed_write(&self, t: &Tenant, l: &mut Line) {
-        if !l.dirty {
+        if !l.dirty && !l.predicted {
             t.written_after_read.fetch_add(1, Relaxed);
         }
         l.dirty = true;
@@ -97,14 +98,14 @@ impl MissPath {
         }
         match taken.map(|mut t| t.pop()) {
             Ok(Some(tk)) => {
-                if tk.written && !v.dirty {
+                if tk.written && !v.dirty && !v.predicted {
                     vt.written_after_read.fetch_add(1, Relaxed);
                 }
                 let dirty = v.dirty || tk.written;
                 if !dirty {
                     self.bump(vt, |s| {
                         s.scan_clean_evictions.fetch_add(1, Relaxed);
-                        if vt.predicts_write() {
+                        if v.predicted {
                             s.writebacks_avoided.fetch_add(1, Relaxed);
                         }
                     });
