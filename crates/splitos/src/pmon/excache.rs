@@ -36,9 +36,9 @@ pub struct Line {
     /// Writes observed since the fill: a write-back acknowledged for an older count leaves
     /// the line dirty.
     pub writes: u32,
-    /// Filled by a read of a process that predicted writes, write-protected because the kernel
-    /// tracks writes: fault tracking would have installed it writable and dirty.
-    pub predicted: bool,
+    /// Filled by a read miss of a process whose writes the kernel tracks: fault tracking
+    /// installs such a line writable and dirty whenever the process predicts writes.
+    pub read_fill: bool,
 }
 
 pub trait EvictionPolicy: Send {
@@ -234,7 +234,7 @@ impl ExCache {
             (base + i, Some(v))
         };
         self.seq += 1;
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0, predicted: false });
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         Some(Claim { slot: slot.0, victim: slot.1 })
     }

@@ -126,8 +126,6 @@ enum Source {
 
 struct Claim {
     slot: usize,
-    /// A read miss of a process that predicts writes (see [`Tenant::predicts_write`]).
-    predicted: bool,
     /// Lines evicted for this miss and its read-ahead: dirty ones to be written back with it,
     /// clean ones to be offered to the compressed tier.
     victims: Vec<Writeback>,
@@ -298,10 +296,9 @@ impl MissPath {
         match filled {
             Ok((data, pages)) => {
                 // A line installed writable is dirty from the start: no write to it can go unseen.
-                // When the kernel tracks writes, a write costs no trap: a predicted line is
-                // installed as any other (scan.rs counts the write-backs that saves).
-                let writable = access == Access::Write || (claim.predicted && !t.region.tracks_writes());
-                if access != Access::Write && !claim.predicted {
+                // When the kernel tracks writes, a write costs no trap, so reads never predict one.
+                let writable = access == Access::Write || (!t.region.tracks_writes() && t.predicts_write());
+                if !writable {
                     // Only lines a read installed write-protected can show whether a write follows.
                     t.read_fills.fetch_add(1, Relaxed);
                 }
@@ -416,8 +413,7 @@ impl MissPath {
                 g = self.cv.wait(g).unwrap();
                 continue;
             };
-            let predicted = access == Access::Read && t.predicts_write();
-            g.cache.line_mut(c.slot).predicted = predicted && t.region.tracks_writes();
+            g.cache.line_mut(c.slot).read_fill = access == Access::Read && t.region.tracks_writes();
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
                 self.evict(&mut g, v, &mut victims, &mut lost, true);
@@ -437,7 +433,7 @@ impl MissPath {
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, predicted, victims, source, ahead, around, fresh });
+            return Some(Claim { slot: c.slot, victims, source, ahead, around, fresh });
         }
     }
 
@@ -853,7 +849,7 @@ impl MissPath {
             let (written, protected) = self.scan_written(t, &resident);
             for (vpn, slot) in resident {
                 if written.contains(&vpn) {
-                    self.observed_write(t, g.cache.line_mut(slot));
+                    self.observed_write(g.cache.line_mut(slot));
                 }
                 let line = *g.cache.line(slot);
                 if !line.dirty {

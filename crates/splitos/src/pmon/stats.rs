@@ -55,9 +55,9 @@ pub struct RunStats {
     /// Evicted lines a scan found unwritten since their last write-back or fetch: dropped
     /// without a write-back.
     pub scan_clean_evictions: AtomicU64,
-    /// Of those, the lines filled by a read while their process predicted writes (most of its
-    /// reads followed by a write): fault tracking installs such lines writable and dirty, and
-    /// writes every one of them back.
+    /// Of those, the lines a read miss filled (not read ahead): fault tracking installs such a
+    /// line writable and dirty, and writes it back, whenever its process predicts writes (most
+    /// of its read misses followed by a write), as wordfreq's does most of its run.
     pub writebacks_avoided: AtomicU64,
     pub processes: AtomicU64,
     pub miss_ns: Mutex<Histogram<u64>>,

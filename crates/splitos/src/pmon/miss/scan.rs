@@ -34,17 +34,13 @@ impl MissPath {
         let written = t.region.written(l.vpn, l.vpn + 1).map_or(true, |w| !w.is_empty());
         self.count_scan(t, 1);
         if written {
-            self.observed_write(t, l);
+            self.observed_write(l);
         }
         written
     }
 
     /// A scan found `l` written: it is dirty from now on (the page table no longer says so).
-    /// The process's write prediction learns as from a write-protect fault.
-    pub(super) fn observed_write(&self, t: &Tenant, l: &mut Line) {
-        if !l.dirty && !l.predicted {
-            t.written_after_read.fetch_add(1, Relaxed);
-        }
+    pub(super) fn observed_write(&self, l: &mut Line) {
         l.dirty = true;
         // No write traps: the bookkeeping never counts the line as protected.
         l.wp = false;
@@ -98,14 +94,11 @@ impl MissPath {
         }
         match taken.map(|mut t| t.pop()) {
             Ok(Some(tk)) => {
-                if tk.written && !v.dirty && !v.predicted {
-                    vt.written_after_read.fetch_add(1, Relaxed);
-                }
                 let dirty = v.dirty || tk.written;
                 if !dirty {
                     self.bump(vt, |s| {
                         s.scan_clean_evictions.fetch_add(1, Relaxed);
-                        if v.predicted {
+                        if v.read_fill {
                             s.writebacks_avoided.fetch_add(1, Relaxed);
                         }
                     });
