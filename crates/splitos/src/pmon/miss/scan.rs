@@ -39,9 +39,11 @@ impl MissPath {
         written
     }
 
-    /// A scan found `l` written: it is dirty from now on (the page table no longer says so).
+    /// A scan found `l` written: it is dirty from now on (the page table no longer says so),
+    /// and a write-back captured before it must not make it clean (`Held::Line`).
     pub(super) fn observed_write(&self, l: &mut Line) {
         l.dirty = true;
+        l.writes = l.writes.wrapping_add(1);
         // No write traps: the bookkeeping never counts the line as protected.
         l.wp = false;
     }
