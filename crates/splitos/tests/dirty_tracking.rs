@@ -64,3 +64,15 @@ fn a_bad_dirty_tracking_is_refused_with_its_name() {
     let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&cfg).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
     assert!(!out.status.success() && text(&out.stderr).contains("dirty_tracking"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn clock_keeps_a_written_hot_set_with_scan_tracking_without_write_faults() {
+    let p = program("hotcold");
+    let cmd = [p.to_str().unwrap(), "256", "4096"];
+    let (_, fifo) = stats_of(&["--excache", "2M", "--policy", "fifo", "--dirty-tracking", "scan"], &cmd);
+    let (_, clock) = stats_of(&["--excache", "2M", "--policy", "clock", "--dirty-tracking", "scan"], &cmd);
+    // CLOCK learns of a write by asking the kernel, not by a write-protect fault.
+    assert!(n(&clock, "misses") * 10 < n(&fifo, "misses") * 9, "clock {} vs fifo {} misses", n(&clock, "misses"), n(&fifo, "misses"));
+    assert_eq!(n(&clock, "wp_faults"), 0, "{clock}");
+    assert!(n(&clock, "dirty_scans") > n(&fifo, "dirty_scans"), "{clock}");
+}
