@@ -48,12 +48,18 @@ pub struct Hello {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Welcome {
+    /// [`WELCOME_MARK`]: a shim of ABI version 1, which expects no welcome, reads it as the
+    /// reply to its hello and stops with "refused (errno 71)" instead of misreading the rest.
+    pub mark: i64,
     pub abi: u32,
     pub _pad: u32,
     /// Userfaultfd features to ask for beyond missing and write-protect faults on shared
     /// memory; only those in [`uffd::FEATURES_ON_REQUEST`].
     pub uffd_features: u64,
 }
+
+/// -EPROTO.
+pub const WELCOME_MARK: i64 = -71;
 
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -122,7 +128,7 @@ pub struct VmaRec {
 
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
-const _: () = assert!(size_of::<Welcome>() == 16 && offset_of!(Welcome, uffd_features) == 8);
+const _: () = assert!(size_of::<Welcome>() == 24 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, uffd_features) == 16);
 const _: () = assert!(size_of::<Hello>() == 112 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, vnode) == 48);
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);

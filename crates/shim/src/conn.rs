@@ -62,11 +62,16 @@ pub(crate) fn connect() -> u64 {
     }
     let sock = high_fd(sock);
     SOCK.store(sock, Relaxed);
+    // A pComponent of an older build sends no welcome and waits for the hello: do not wait
+    // for ever.
+    let patience = libc::timeval { tv_sec: 30, tv_usec: 0 };
+    set_receive_timeout(sock, &patience);
     let mut welcome = Welcome::default();
     if !read_all(sock, welcome.as_mut_bytes()) {
-        die(&[b"the pComponent at ", path, b" closed the connection before its welcome"]);
+        die(&[b"no welcome from the pComponent at ", path, b" (closed, or a splitos build older than this shim)"]);
     }
-    if welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
+    set_receive_timeout(sock, &libc::timeval { tv_sec: 0, tv_usec: 0 });
+    if welcome.mark != splitos_shim_abi::WELCOME_MARK || welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
         die(&[b"the pComponent at ", path, b" speaks another shim ABI version (a different splitos build)"]);
     }
     welcome.uffd_features & uffd::FEATURES_ON_REQUEST
@@ -135,6 +140,12 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
             die(&[b"cannot restore protections of the forked address space"]);
         }
     }
+}
+
+/// Bounds how long reads on `sock` wait (zero: for ever).
+fn set_receive_timeout(sock: c_int, tv: &libc::timeval) {
+    // SAFETY: setsockopt reads a timeval of the size given from a live reference.
+    unsafe { libc::setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVTIMEO, tv as *const _ as *const c_void, core::mem::size_of::<libc::timeval>() as u32) };
 }
 
 fn read_all(fd: c_int, buf: &mut [u8]) -> bool {

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, MMAP_FIXED, WELCOME_MARK, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION};
 
 use super::dirty::{DirtyTracking, Tracker};
 use super::miss::Tenant;
@@ -62,7 +62,7 @@ fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<(
 
 impl Pcomp {
     fn serve_program(self: Arc<Self>, mut s: UnixStream) {
-        let welcome = Welcome { abi: SHIM_ABI_VERSION, _pad: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() };
+        let welcome = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, _pad: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() };
         // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
         let _ = s.write_all(welcome.as_bytes());
         let (hello, uffd_fd, memfd) = match recv_hello(&s) {
