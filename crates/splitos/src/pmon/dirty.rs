@@ -3,10 +3,11 @@
 //! the protection inside the kernel (about 1.3 µs) instead of trapping to the pComponent (about
 //! 10.5 µs), and PAGEMAP_SCAN on the program's /proc/PID/pagemap tells which pages were written
 //! since they were last protected (PAGE_IS_WRITTEN), protecting them again in the same step if
-//! asked (PM_SCAN_WP_MATCHING). Every line is installed protected; the miss path learns whether
-//! it was written when it evicts it, writes it back ([`Tracker::written`]) or asks CLOCK's
-//! question (was it used since its reference bit was cleared?). A clean line is dropped without
-//! a write-back even in a process whose reads are mostly followed by writes.
+//! asked (PM_SCAN_WP_MATCHING). Every line a read fills is installed protected (lines a write
+//! fills are dirty from the start, as in fault mode); the miss path learns whether it was
+//! written when it evicts it, writes it back ([`Tracker::written`]) or asks CLOCK's question
+//! (was it used since its reference bit was cleared?). A clean line is dropped without a
+//! write-back even in a process whose reads are mostly followed by writes.
 //!
 //! ## Why no write is lost
 //! With synchronous write protection, protecting a page and then copying it is a barrier: a
