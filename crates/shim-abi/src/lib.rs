@@ -2,10 +2,11 @@
 //! stream socket. Fixed-size, plain-old-data records so that the shim can speak it without
 //! allocating: it runs inside malloc.
 //!
-//! A connection starts with the pComponent's welcome, a [`ShimResp`] whose `val` is
-//! [`WELCOME_HEAP_FILE`] when it carries (SCM_RIGHTS) the file to back the heap region with,
-//! else 0 (the shim creates a memfd). Then the shim's [`Hello`] carries the program's
-//! userfaultfd and that file or memfd. After that, each [`ShimReq`] gets one [`ShimResp`].
+//! A connection starts with a [`Welcome`] from the pComponent (the userfaultfd features it
+//! needs, and with [`WELCOME_HEAP_FILE`] the file to back the heap region with, SCM_RIGHTS;
+//! without, the shim creates a memfd), then a [`Hello`] that carries the program's
+//! userfaultfd and that file or memfd (SCM_RIGHTS). After that, each [`ShimReq`] gets one
+//! [`ShimResp`].
 #![no_std]
 
 use core::mem::{offset_of, size_of};
@@ -15,8 +16,8 @@ pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 pub const SHIM_ABI_VERSION: u32 = 2;
 
-/// The welcome's `val` when a heap file comes with it.
-pub const WELCOME_HEAP_FILE: u64 = 1;
+/// The welcome's `flags` bit set when a heap file comes with it.
+pub const WELCOME_HEAP_FILE: u32 = 1;
 
 /// Where the heap region sits in every program (the same address in a parent and a forked child).
 pub const REGION_BASE: u64 = 0x2000_0000_0000;
@@ -45,6 +46,26 @@ pub struct Hello {
     pub os_pid: u64,
     pub vnode: [u8; 64],
 }
+
+/// The first record on a connection, from the pComponent, before the shim creates its
+/// userfaultfd: features are fixed when the descriptor is set up (UFFDIO_API), so the
+/// pComponent names those its miss path depends on here.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Welcome {
+    /// [`WELCOME_MARK`]: a shim of ABI version 1, which expects no welcome, reads it as the
+    /// reply to its hello and stops with "refused (errno 71)" instead of misreading the rest.
+    pub mark: i64,
+    pub abi: u32,
+    /// [`WELCOME_HEAP_FILE`], or 0.
+    pub flags: u32,
+    /// Userfaultfd features to ask for beyond missing and write-protect faults on shared
+    /// memory; only those in [`uffd::FEATURES_ON_REQUEST`].
+    pub uffd_features: u64,
+}
+
+/// -EPROTO.
+pub const WELCOME_MARK: i64 = -71;
 
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -113,6 +134,7 @@ pub struct VmaRec {
 
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
+const _: () = assert!(size_of::<Welcome>() == 24 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, flags) == 12 && offset_of!(Welcome, uffd_features) == 16);
 const _: () = assert!(size_of::<Hello>() == 112 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, vnode) == 48);
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
@@ -133,6 +155,11 @@ pub mod uffd {
     /// Each page-fault message carries the faulting thread's id ([`Msg::tid`]).
     pub const FEATURE_THREAD_ID: u64 = 1 << 8;
     pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
+    /// A write to a write-protected page lifts the protection in the kernel, without a fault
+    /// message; PAGEMAP_SCAN tells which pages were written (Linux 6.7).
+    pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+    /// What a [`super::Welcome`] may ask for.
+    pub const FEATURES_ON_REQUEST: u64 = FEATURE_WP_ASYNC;
 
     pub const REGISTER_MODE_MISSING: u64 = 1;
     pub const REGISTER_MODE_WP: u64 = 2;

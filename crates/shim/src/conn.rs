@@ -1,9 +1,9 @@
-//! The connection to the pComponent: a Unix stream socket, its welcome (which may carry the
-//! file to back the heap with), a hello that hands over the userfaultfd and the heap's file
-//! (SCM_RIGHTS), then one response per request.
+//! The connection to the pComponent: a Unix stream socket, its welcome (the userfaultfd
+//! features to ask for, and maybe the file to back the heap with), a hello that hands over the
+//! userfaultfd and the heap's file (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
-use splitos_shim_abi::{Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, REGION_BASE, WELCOME_HEAP_FILE};
+use splitos_shim_abi::{uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, REGION_BASE, WELCOME_HEAP_FILE};
 
 use crate::start::env;
 use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
@@ -42,10 +42,10 @@ fn hello_said_here() -> bool {
     !w.is_null() && unsafe { &*w }.load(Acquire) == 1
 }
 
-/// Connects and reads the pComponent's welcome. Returns the file it offers to back the heap
-/// region with (its own tmpfs, where huge pages are allowed), or -1: then the shim creates a
-/// memfd.
-pub(crate) fn connect() -> c_int {
+/// Connects to the pComponent and reads its welcome. Returns the userfaultfd features to ask
+/// for (of those the shim knows to ask for) and the file it offers to back the heap region with
+/// (its own tmpfs, where huge pages are allowed), or -1: then the shim creates a memfd.
+pub(crate) fn connect() -> (u64, c_int) {
     let path = until_nul(&env().sock);
     // SAFETY: socket(2) only creates a descriptor.
     let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -64,11 +64,13 @@ pub(crate) fn connect() -> c_int {
     }
     let sock = high_fd(sock);
     SOCK.store(sock, Relaxed);
-    mark_hello_said();
-
-    let mut welcome = ShimResp::default();
+    // A pComponent of an older build sends no welcome and waits for the hello: do not wait
+    // for ever.
+    let patience = libc::timeval { tv_sec: 30, tv_usec: 0 };
+    set_receive_timeout(sock, &patience);
+    let mut welcome = Welcome::default();
     let mut cbuf = [0u64; 4];
-    let mut iov = libc::iovec { iov_base: welcome.as_mut_bytes().as_mut_ptr() as *mut c_void, iov_len: core::mem::size_of::<ShimResp>() };
+    let mut iov = libc::iovec { iov_base: welcome.as_mut_bytes().as_mut_ptr() as *mut c_void, iov_len: core::mem::size_of::<Welcome>() };
     // SAFETY: msghdr is plain data, valid when zeroed.
     let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -78,33 +80,39 @@ pub(crate) fn connect() -> c_int {
     // SAFETY: the message points at the welcome's bytes and at cbuf, both live and sized as
     // declared; the kernel installs any descriptor it carries in this process for us alone.
     let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
-    if n != core::mem::size_of::<ShimResp>() as isize {
-        die(&[b"the pComponent closed the connection before its welcome"]);
-    }
     let mut file = -1;
     // SAFETY: CMSG_FIRSTHDR stays inside the control buffer the kernel filled; the data of an
     // SCM_RIGHTS header starts with a descriptor installed in this process.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
-        if !c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+        if n > 0 && !c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
             file = core::ptr::read_unaligned(libc::CMSG_DATA(c) as *const c_int);
         }
     }
-    if welcome.val != WELCOME_HEAP_FILE && file >= 0 {
+    if n != core::mem::size_of::<Welcome>() as isize {
+        die(&[b"no welcome from the pComponent at ", path, b" (closed, or a splitos build older than this shim)"]);
+    }
+    set_receive_timeout(sock, &libc::timeval { tv_sec: 0, tv_usec: 0 });
+    if welcome.mark != splitos_shim_abi::WELCOME_MARK || welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
+        die(&[b"the pComponent at ", path, b" speaks another shim ABI version (a different splitos build)"]);
+    }
+    if welcome.flags & WELCOME_HEAP_FILE == 0 && file >= 0 {
         // SAFETY: a descriptor that was just installed for us and that nothing else knows.
         unsafe { libc::close(file) };
         file = -1;
     }
-    file
+    (welcome.uffd_features & uffd::FEATURES_ON_REQUEST, file)
 }
 
-/// Sends the hello with the two descriptors and, in a forked child, re-applies the protections
-/// of the address space it inherited.
+/// Sends the hello with the two descriptors on the connection [`connect`] made and, in a
+/// forked child, re-applies the protections of the address space it inherited.
 ///
 /// # Safety
 /// The region is freshly mapped and nothing uses it yet: the protections change under it.
 pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     let sock = SOCK.load(Relaxed);
+    mark_hello_said();
+
     let hello = Hello {
         abi: splitos_shim_abi::SHIM_ABI_VERSION,
         _pad: 0,
@@ -159,6 +167,12 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
             die(&[b"cannot restore protections of the forked address space"]);
         }
     }
+}
+
+/// Bounds how long reads on `sock` wait (zero: for ever).
+fn set_receive_timeout(sock: c_int, tv: &libc::timeval) {
+    // SAFETY: setsockopt reads a timeval of the size given from a live reference.
+    unsafe { libc::setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVTIMEO, tv as *const _ as *const c_void, core::mem::size_of::<libc::timeval>() as u32) };
 }
 
 fn read_all(fd: c_int, buf: &mut [u8]) -> bool {

@@ -31,7 +31,9 @@ fn overlaps_region(addr: u64, len: u64) -> bool {
 /// inherits nothing there).
 pub(crate) unsafe fn setup_region(fork_token: u64) {
     let size = REGION_SIZE.load(Relaxed);
-    let offered = connect();
+    // The pComponent says which userfaultfd features its miss path needs before the descriptor
+    // exists (they are fixed when it is set up), and may offer the heap's file.
+    let (wanted, offered) = connect();
     let memfd = if offered >= 0 {
         offered
     } else {
@@ -56,9 +58,12 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     if uffd < 0 {
         die(&[b"userfaultfd is not available (needs root or vm.unprivileged_userfaultfd=1)"]);
     }
-    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_THREAD_ID, ioctls: 0 };
+    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_THREAD_ID | wanted, ioctls: 0 };
     // SAFETY: UFFDIO_API reads and writes a uffdio_api, whose layout Api is (size asserted).
     if unsafe { libc::ioctl(uffd, uffd::UFFDIO_API as _, &mut api) } != 0 {
+        if wanted & uffd::FEATURE_WP_ASYNC != 0 {
+            die(&[b"this kernel's userfaultfd lacks asynchronous write protection, which the pComponent's dirty tracking by scan needs"]);
+        }
         die(&[b"this kernel's userfaultfd lacks missing and write-protect faults on shared memory"]);
     }
     register_range(uffd, REGION_BASE, size);

@@ -7,6 +7,7 @@ use splitos_rpc::poll::Polling;
 use splitos_rpc::TransportConfig;
 
 use crate::pmon::HugePages;
+use crate::pmon::DirtyTracking;
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
@@ -113,6 +114,9 @@ pub struct PcompSection {
     /// `any`: fault workers run anywhere and poll (`fault_spin_us`); `faulting`: each runs on
     /// the CPU of the thread whose fault it serves and sleeps between faults.
     pub fault_cpu: crate::pmon::FaultCpu,
+    /// `fault`: the first write to a line traps to the pComponent; `scan`: the kernel records
+    /// writes and eviction asks it (asynchronous write protection and PAGEMAP_SCAN).
+    pub dirty_tracking: DirtyTracking,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -171,7 +175,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -223,6 +227,9 @@ impl ClusterConfig {
             if crate::pmon::prefetcher(&p.prefetch_policy, 0).is_none() {
                 return Err(format!("pcomponent[{i}].prefetch_policy: unknown policy {:?} (known: {})", p.prefetch_policy, crate::pmon::PREFETCH_POLICIES.join(", ")));
             }
+            if p.dirty_tracking == DirtyTracking::Scan && p.huge_pages == HugePages::On {
+                return Err(format!("pcomponent[{i}]: {}", crate::pmon::SCAN_WITH_HUGE_PAGES));
+            }
             if p.compressed_tier.0 != 0 && p.compressed_tier.0 < PAGE {
                 return Err(format!("pcomponent[{i}].compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)", p.compressed_tier.0));
             }
@@ -270,6 +277,8 @@ mod tests {
         assert!(e.contains("excahce"), "{e}");
         let c: ClusterConfig = toml::from_str("[[pcomponent]]\npolicy = \"lfu\"\n[[mcomponent]]\n").unwrap();
         assert!(c.validate().unwrap_err().contains("pcomponent[0].policy"));
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\ndirty_tracking = \"dirty\"\n[[mcomponent]]\n").unwrap_err().to_string();
+        assert!(e.contains("dirty_tracking") && e.contains("scan"), "{e}");
         let e = toml::from_str::<ClusterConfig>("[[mcomponent]]\ncapacity = \"9X\"\n").unwrap_err().to_string();
         assert!(e.contains("capacity") || e.contains("9X"), "{e}");
     }

@@ -8,6 +8,8 @@
 //! * [`gm`] the global managers (GPM, GMM, GSM)
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`node`] what every component process shares (logging, metrics, registration)
+// The run statistics are one json! literal with a field per counter, deeper than the default.
+#![recursion_limit = "256"]
 pub mod bench;
 pub mod config;
 pub mod control;

@@ -33,6 +33,7 @@ pub struct RunArgs {
     pub prealloc: Option<usize>,
     pub heap_reuse: Option<Size>,
     pub huge_pages: Option<crate::pmon::HugePages>,
+    pub dirty_tracking: Option<crate::pmon::DirtyTracking>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -138,6 +139,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 p.heap_reuse = a.heap_reuse.unwrap_or(p.heap_reuse);
                 p.huge_pages = a.huge_pages.unwrap_or(p.huge_pages);
                 p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
+                p.dirty_tracking = a.dirty_tracking.unwrap_or(p.dirty_tracking);
                 cfg.mcomponent = (0..a.mcomponents.max(1))
                     .map(|_| {
                         let mut m = crate::config::default_mcomp();
@@ -165,7 +167,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 

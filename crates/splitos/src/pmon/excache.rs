@@ -36,6 +36,9 @@ pub struct Line {
     /// Writes observed since the fill: a write-back acknowledged for an older count leaves
     /// the line dirty.
     pub writes: u32,
+    /// Filled by a read miss of a process whose writes the kernel tracks: fault tracking
+    /// installs such a line writable and dirty whenever the process predicts writes.
+    pub read_fill: bool,
 }
 
 pub trait EvictionPolicy: Send {
@@ -182,16 +185,25 @@ impl ExCache {
     /// Claims a way for (pid, vpn) in its set: a free one (lowest index first, as a free list
     /// would hand out), else the policy's victim, which leaves the cache here.
     pub fn claim(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
-        self.claim_where(pid, vpn, |_| true)
+        self.claim_where(pid, vpn, |_| true, |_| false)
     }
 
     /// As [`ExCache::claim`], but only if the way needs no write-back: a free way, or a clean
     /// victim (fault-around never makes a first touch wait for a write-back).
     pub fn claim_clean(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
-        self.claim_where(pid, vpn, |v| !v.dirty)
+        self.claim_where(pid, vpn, |v| !v.dirty, |_| false)
     }
 
-    fn claim_where(&mut self, pid: u64, vpn: u64, evictable: impl Fn(&Line) -> bool) -> Option<Claim> {
+    /// As [`ExCache::claim`], for lines whose writes nobody sees as they happen. Before the
+    /// policy's victim goes, a policy that watches writes asks `used` whether it was written
+    /// since its reference bit was cleared: a used line gets its bit back and the policy picks
+    /// again, at most once per way. Then `evictable` may still refuse the victim (as
+    /// [`ExCache::claim_clean`] refuses a dirty one). Both may mark the line dirty.
+    pub fn claim_observing(&mut self, pid: u64, vpn: u64, evictable: impl FnMut(&mut Line) -> bool, used: impl FnMut(&mut Line) -> bool) -> Option<Claim> {
+        self.claim_where(pid, vpn, evictable, used)
+    }
+
+    fn claim_where(&mut self, pid: u64, vpn: u64, mut evictable: impl FnMut(&mut Line) -> bool, mut used: impl FnMut(&mut Line) -> bool) -> Option<Claim> {
         let set = self.set_of(vpn);
         let base = set * self.ways;
         let range = base..base + self.ways;
@@ -203,8 +215,18 @@ impl ExCache {
             (base + i, None)
         } else {
             self.may_rearm[set] |= self.policy.rearms();
-            let i = self.policy.victim(&mut self.slots[range], &mut self.hands[set])?;
-            if !evictable(self.slots[base + i].as_ref().expect("victim is a line")) {
+            let mut spared = 0;
+            let i = loop {
+                let i = self.policy.victim(&mut self.slots[range.clone()], &mut self.hands[set])?;
+                let l = self.slots[base + i].as_mut().expect("victim is a line");
+                // Only a policy that watches writes (one that rearms) asks.
+                if !self.policy.rearms() || spared == self.ways || !used(l) {
+                    break i;
+                }
+                l.referenced = true;
+                spared += 1;
+            };
+            if !evictable(self.slots[base + i].as_mut().expect("victim is a line")) {
                 return None;
             }
             let v = self.slots[base + i].take().expect("victim is a line");
@@ -212,7 +234,7 @@ impl ExCache {
             (base + i, Some(v))
         };
         self.seq += 1;
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0 });
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         Some(Claim { slot: slot.0, victim: slot.1 })
     }
@@ -337,6 +359,30 @@ mod tests {
         let s = c.lookup(1, 11).unwrap();
         c.line_mut(s).referenced = true;
         assert_eq!(fill(&mut c, 1, 14, true).unwrap().vpn, 12);
+    }
+
+    #[test]
+    fn clock_asks_about_unseen_writes_before_evicting_and_fifo_does_not() {
+        let mut c = ExCache::new(3, 3, Box::new(Clock));
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, false);
+        }
+        // After the first sweep, 10 is the victim; it was written unseen, so 11 goes instead.
+        let mut asked = Vec::new();
+        let cl = c
+            .claim_observing(1, 13, |_| true, |l| {
+                asked.push(l.vpn);
+                l.dirty |= l.vpn == 10;
+                l.vpn == 10
+            })
+            .unwrap();
+        assert_eq!(cl.victim.unwrap().vpn, 11);
+        assert_eq!(asked, vec![10, 11]);
+        assert!(c.line(c.lookup(1, 10).unwrap()).dirty, "what the question learned stays");
+        let mut f = ExCache::new(2, 2, Box::new(Fifo));
+        fill(&mut f, 1, 0, false);
+        fill(&mut f, 1, 2, false);
+        assert_eq!(f.claim_observing(1, 4, |_| true, |_| panic!("FIFO does not ask")).unwrap().victim.unwrap().vpn, 0);
     }
 
     #[test]

@@ -22,6 +22,10 @@
 //! could see the page as never written) and failed with an error naming the component. A miss
 //! on a line whose write-back is on the wire waits for the acknowledgement.
 //!
+//! With dirty tracking by scan (dirty.rs, scan.rs) no write traps: the kernel records it in the
+//! page table, eviction learns it as it takes the line from the program, and a clean line is
+//! dropped without a write-back.
+//!
 //! The compressed tier (tier.rs) is exclusive: a page is a resident line, a tier entry, or
 //! neither. A dirty tier entry is a page's only copy, and it follows the same rule: pushed out
 //! of the tier, it is in flight until the store acknowledged it, and a failed write-back fails
@@ -302,7 +306,8 @@ impl MissPath {
         match filled {
             Ok((data, pages)) => {
                 // A line installed writable is dirty from the start: no write to it can go unseen.
-                let writable = access == Access::Write || t.predicts_write();
+                // When the kernel tracks writes, a write costs no trap, so reads never predict one.
+                let writable = access == Access::Write || (!t.region.tracks_writes() && t.predicts_write());
                 if !writable {
                     // Only lines a read installed write-protected can show whether a write follows.
                     t.read_fills.fetch_add(1, Relaxed);
@@ -422,10 +427,11 @@ impl MissPath {
                 g = self.cv.wait(g).unwrap();
                 continue;
             }
-            let Some(c) = g.cache.claim(t.pid, vpn) else {
+            let Some(c) = self.claim_way(&mut g, t.pid, vpn, false) else {
                 g = self.cv.wait(g).unwrap();
                 continue;
             };
+            g.cache.line_mut(c.slot).read_fill = access == Access::Read && t.region.tracks_writes();
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
                 self.evict(&mut g, v, &mut victims, &mut lost, true);
@@ -439,7 +445,7 @@ impl MissPath {
             };
             let ahead = if matches!(source, Source::Store) { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
             let extent = if matches!(source, Source::Local) { self.claim_extent(&mut g, t, vpn) } else { Vec::new() };
-            let mut around = if matches!(source, Source::Local) && extent.is_empty() { self.claim_around(&mut g, t, vpn) } else { Vec::new() };
+            let mut around = if matches!(source, Source::Local) && extent.is_empty() { self.claim_around(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
             let fresh = around.split_off(around.len().min(self.fault_around as usize));
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
@@ -463,7 +469,7 @@ impl MissPath {
             if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
                 break;
             }
-            let Some(c) = g.cache.claim(t.pid, v) else { break };
+            let Some(c) = self.claim_way(g, t.pid, v, false) else { break };
             if let Some(victim) = c.victim {
                 self.evict(g, victim, victims, lost, true);
             }
@@ -478,8 +484,9 @@ impl MissPath {
     /// write-back, so that a program filling new memory traps once per window instead of once
     /// per page. The first `fault_around` are installed zero-filled, writable and dirty with the
     /// touched line; the `prealloc` after them are pre-allocated ([`MissPath::preallocate`]).
-    /// Either way they hold ExCache ways like any line and are evicted by the policy.
-    fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
+    /// Either way they hold ExCache ways like any line and are evicted by the policy. (A victim
+    /// the kernel saw written after it was last asked goes to `victims` all the same.)
+    fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) -> Vec<(u64, usize)> {
         let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
         let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
         let window = self.fault_around + self.prealloc;
@@ -494,11 +501,11 @@ impl MissPath {
             if stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
                 break;
             }
-            let Some(c) = g.cache.claim_clean(t.pid, v) else { break };
+            let Some(c) = self.claim_way(g, t.pid, v, true) else { break };
             if let Some(victim) = c.victim {
                 // A clean victim is dropped here, not offered to the tier: a first touch does
                 // not wait for compression.
-                self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), false);
+                self.evict(g, victim, victims, lost, false);
             }
             self.rearm(g, v);
             around.push((v, c.slot));
@@ -539,11 +546,18 @@ impl MissPath {
         extent
     }
 
-    /// Write-protects again the lines of `vpn`'s set whose reference bit the policy cleared.
+    /// Write-protects again the lines of `vpn`'s set whose reference bit the policy cleared
+    /// (a line whose writes the kernel tracks keeps what it recorded: [`MissPath::observe`]).
     fn rearm(&self, g: &mut MutexGuard<'_, State>, vpn: u64) {
         for (pid, rv) in g.cache.take_rearm(vpn) {
-            if let Some(q) = g.tenants.get(&pid) {
-                let _ = q.region.write_protect(rv, 1, true);
+            let Some(q) = g.tenants.get(&pid).cloned() else { continue };
+            match g.cache.lookup(pid, rv) {
+                Some(slot) if q.region.tracks_writes() => {
+                    self.observe(&q, g.cache.line_mut(slot));
+                }
+                _ => {
+                    let _ = q.region.write_protect(rv, 1, true);
+                }
             }
         }
     }
@@ -564,6 +578,9 @@ impl MissPath {
                 s.prefetch_sample_wasted.fetch_add(1, Relaxed);
             });
             return;
+        }
+        if vt.region.tracks_writes() && vt.alive() {
+            return self.evict_taken(g, &vt, v, victims, lost, keep_clean);
         }
         // A clean line the store does not hold is zeros never written: a miss zero-fills it again.
         let for_tier = !v.dirty && keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
@@ -887,7 +904,8 @@ impl MissPath {
         let mut g = self.state.lock().unwrap();
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             match installed {
-                Install::Done | Install::Exists => g.cache.complete(slot, dirty, !writable),
+                // No write traps when the kernel tracks writes.
+                Install::Done | Install::Exists => g.cache.complete(slot, dirty, !writable && !t.region.tracks_writes()),
                 Install::Gone => {
                     g.cache.remove(t.pid, vpn);
                 }
@@ -983,16 +1001,22 @@ impl MissPath {
         let mut pinned = Vec::new();
         {
             let mut g = self.wait_range_settled(t.pid, first, end);
-            for (vpn, slot) in g.cache.resident_in(t.pid, first, end) {
+            let resident = g.cache.resident_in(t.pid, first, end);
+            let (written, protected) = self.scan_written(t, &resident);
+            for (vpn, slot) in resident {
+                if written.contains(&vpn) {
+                    self.observed_write(g.cache.line_mut(slot));
+                }
                 let line = *g.cache.line(slot);
                 if !line.dirty {
                     continue;
                 }
-                let captured = capture(t, vpn, line.wp);
+                let captured = capture(t, vpn, line.wp || protected);
                 let zero = captured.as_ref().is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
-                // Protected by the capture (also when reading it failed): its next write traps.
+                // Protected by the capture (also when reading it failed): its next write traps,
+                // or the kernel records it.
                 let l = g.cache.line_mut(slot);
-                l.wp = true;
+                l.wp = !t.region.tracks_writes();
                 match captured {
                     Ok(_) if zero => {
                         l.dirty = false;
@@ -1058,6 +1082,9 @@ impl MissPath {
             let dirty_lines = g.cache.resident_in(t.pid, first, end).iter().any(|(_, s)| g.cache.line(*s).dirty);
             if dirty_lines || tiered_dirty(&g, t.pid, first, end) {
                 continue;
+            }
+            if t.region.tracks_writes() {
+                return self.drop_taken(g, t, first, end);
             }
             self.drop_locked(g, t, first, end, false);
             return Ok(());
@@ -1146,5 +1173,6 @@ fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
     Ok(data)
 }
 
+mod scan;
 #[cfg(test)]
 mod tests;

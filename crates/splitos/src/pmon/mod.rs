@@ -6,6 +6,7 @@
 //! may stay on the pComponent compressed ([`tier`]). It forwards the
 //! processes' virtual-memory calls to their home mComponents, and mounts each vNode's file
 //! system ([`vfs`]). This file is its dispatch table and start-up.
+mod dirty;
 mod excache;
 mod fault;
 mod huge;
@@ -31,6 +32,7 @@ use std::time::Instant;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
+pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use huge::{HugePages, HUGE_PAGES};
 pub use fault_cpu::{FaultCpu, FAULT_CPUS};
@@ -74,6 +76,8 @@ pub struct PcompConfig {
     /// Where fault workers run: anywhere, or on the faulting thread's CPU (then they never
     /// poll, whatever `fault_spin_us` says).
     pub fault_cpu: FaultCpu,
+    /// How the pComponent learns which lines a program wrote (dirty.rs).
+    pub dirty_tracking: DirtyTracking,
 }
 
 /// A process running on this pComponent.
@@ -149,7 +153,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(),
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(),
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(),
                 },
                 "compressed_tier": tier,
@@ -196,6 +200,10 @@ impl Pcomp {
             ("pcomp_faults_off_faulting_cpu_total", &t.faults_off_faulting_cpu),
             ("pcomp_fault_worker_moves_total", &t.fault_worker_moves),
             ("pcomp_fault_worker_partings_total", &t.fault_worker_partings),
+            ("pcomp_dirty_scans_total", &t.dirty_scans),
+            ("pcomp_dirty_scanned_pages_total", &t.dirty_scanned_pages),
+            ("pcomp_scan_clean_evictions_total", &t.scan_clean_evictions),
+            ("pcomp_writebacks_avoided_total", &t.writebacks_avoided),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
@@ -259,12 +267,21 @@ pub struct ProcArgs {
     pub metrics_addr: Option<String>,
 }
 
+pub const SCAN_WITH_HUGE_PAGES: &str = "dirty_tracking = \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB";
+
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let policy = policy_by_name(&args.cfg.policy)
         .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
     let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch)
         .ok_or_else(|| anyhow::anyhow!("unknown prefetch policy {:?} (known: {})", args.cfg.prefetch_policy, PREFETCH_POLICIES.join(", ")))?;
+    if args.cfg.dirty_tracking == DirtyTracking::Scan {
+        // Scan eviction takes a page out of a heap file whose pages are 4 KiB (dirty.rs).
+        if args.cfg.huge_pages == HugePages::On {
+            anyhow::bail!("{}", SCAN_WITH_HUGE_PAGES);
+        }
+        dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
+    }
     let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
     if lines == 0 {
         anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
@@ -317,7 +334,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, huge_pages = %args.cfg.huge_pages, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, huge_pages = %args.cfg.huge_pages, dirty_tracking = %args.cfg.dirty_tracking, "splitos process monitor started");
     });
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     node::park_forever()

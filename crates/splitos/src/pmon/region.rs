@@ -6,6 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::huge::{HugeHeap, SplitError, EXTENT};
+use super::dirty::{Keep, Taken, Tracker};
 use super::uffd::{self, PAGE};
 
 pub use super::uffd::Install;
@@ -43,6 +44,23 @@ pub trait Region: Send + Sync {
     fn split_huge(&self, _vpn: u64, _pages: u64) -> Result<u64, SplitError> {
         Ok(0)
     }
+    /// True if the kernel tracks the region's writes (dirty tracking by scan, dirty.rs): a
+    /// write to a protected page lifts the protection without a fault message, so only
+    /// [`Region::written`] and [`Region::take`] tell which pages were written.
+    fn tracks_writes(&self) -> bool {
+        false
+    }
+    /// The resident pages of [first, end) written since they were last protected, protected
+    /// again in the same step. The range holds only resident pages.
+    fn written(&self, _first: u64, _end: u64) -> io::Result<Vec<u64>> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Drops resident pages from the program as [`Region::punch`] does, telling of each
+    /// whether it was written since it was last protected, with the contents as it left that
+    /// `keep` asks for. On an error the pages may be gone without their contents.
+    fn take(&self, _vpn: u64, _pages: u64, _keep: Keep) -> io::Result<Vec<Taken>> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
 }
 
 /// A program's heap region: its userfaultfd, and the memfd behind the region at `base` (or a
@@ -52,6 +70,8 @@ pub struct UffdRegion {
     pub memfd: OwnedFd,
     pub base: u64,
     pub huge: HugeHeap,
+    /// With dirty tracking by scan: the program's page tables.
+    pub tracker: Option<Tracker>,
 }
 
 static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
@@ -59,6 +79,10 @@ static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
 impl UffdRegion {
     fn offset(&self, vpn: u64) -> u64 {
         vpn * PAGE - self.base
+    }
+
+    fn tracker(&self) -> io::Result<&Tracker> {
+        self.tracker.as_ref().ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
     }
 }
 
@@ -110,5 +134,17 @@ impl Region for UffdRegion {
 
     fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
         self.huge.split(&self.uffd, &self.memfd, self.base, vpn, pages)
+    }
+
+    fn tracks_writes(&self) -> bool {
+        self.tracker.is_some()
+    }
+
+    fn written(&self, first: u64, end: u64) -> io::Result<Vec<u64>> {
+        self.tracker()?.written(first, end)
+    }
+
+    fn take(&self, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
+        self.tracker()?.take(&self.memfd, self.offset(vpn), vpn, pages, keep)
     }
 }

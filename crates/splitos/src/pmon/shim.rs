@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK};
 
+use super::dirty::{DirtyTracking, Tracker};
 use super::huge::HugeHeap;
 use super::miss::Tenant;
 use super::reuse::HeapReuse;
@@ -61,21 +62,24 @@ fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<(
 }
 
 impl Pcomp {
-    /// The first message on a program's connection: a file to back its heap with when heaps
-    /// live on the private tmpfs (huge pages), else none and the shim creates a memfd.
+    /// The first message on a program's connection: the userfaultfd features the miss path
+    /// needs, and a file to back its heap with when heaps live on the private tmpfs (huge
+    /// pages), else none and the shim creates a memfd.
     fn welcome(&self, s: &mut UnixStream) -> std::io::Result<()> {
         let file = self.heap_fs.as_ref().and_then(|fs| fs.create().inspect_err(|e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages")).ok());
+        let mut w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() };
         match file {
-            Some(f) => splitos_rpc::fdpass::send_fds(s, ShimResp { ret: 0, val: WELCOME_HEAP_FILE, val2: 0 }.as_bytes(), &[f.as_raw_fd()]),
-            None => reply(s, 0, 0, 0),
+            Some(f) => {
+                w.flags = WELCOME_HEAP_FILE;
+                splitos_rpc::fdpass::send_fds(s, w.as_bytes(), &[f.as_raw_fd()])
+            }
+            None => s.write_all(w.as_bytes()),
         }
     }
 
     fn serve_program(self: Arc<Self>, mut s: UnixStream) {
-        if let Err(e) = self.welcome(&mut s) {
-            tracing::warn!(error = %e, "a program left before its welcome");
-            return;
-        }
+        // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
+        let _ = self.welcome(&mut s);
         let (hello, uffd_fd, memfd) = match recv_hello(&s) {
             Ok(h) => h,
             Err(e) => {
@@ -134,6 +138,11 @@ impl Pcomp {
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
     fn admit(&self, h: &Hello, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
+        // Before anything exists for it: a program whose writes cannot be tracked is refused.
+        let tracker = match self.cfg.dirty_tracking {
+            DirtyTracking::Fault => None,
+            DirtyTracking::Scan => Some(Tracker::open(h.os_pid as i32, h.region_base).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot track the writes of program {}: {e}", h.os_pid)))?),
+        };
         let vnode_len = h.vnode.iter().position(|b| *b == 0).unwrap_or(h.vnode.len());
         let vnode = String::from_utf8_lossy(&h.vnode[..vnode_len]).to_string();
         let (pid, child) = if h.fork_token != 0 {
@@ -157,7 +166,7 @@ impl Pcomp {
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };
         let uffd = Arc::new(uffd_fd);
         let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
-        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge };
+        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker };
         let tenant = Tenant::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
         let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse });

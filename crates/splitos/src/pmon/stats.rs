@@ -53,6 +53,17 @@ pub struct RunStats {
     /// CPU time compressing (stored and refused victims) and decompressing (hits, write-backs).
     pub tier_pack_ns: AtomicU64,
     pub tier_unpack_ns: AtomicU64,
+    /// Dirty tracking by scan: PAGEMAP_SCAN requests (a range with many written runs may take
+    /// more than one call) and the pages they covered.
+    pub dirty_scans: AtomicU64,
+    pub dirty_scanned_pages: AtomicU64,
+    /// Evicted lines a scan found unwritten since their last write-back or fetch: dropped
+    /// without a write-back.
+    pub scan_clean_evictions: AtomicU64,
+    /// Of those, the lines a read miss filled (not read ahead): fault tracking installs such a
+    /// line writable and dirty, and writes it back, whenever its process predicts writes (most
+    /// of its read misses followed by a write), as wordfreq's does most of its run.
+    pub writebacks_avoided: AtomicU64,
     pub processes: AtomicU64,
     /// With `fault_cpu = "faulting"`: faults a worker served on the CPU the faulting thread
     /// was on (as last read) and elsewhere, the times a worker moved to another CPU, and the
@@ -110,6 +121,10 @@ impl Default for RunStats {
             tier_writebacks: AtomicU64::new(0),
             tier_pack_ns: AtomicU64::new(0),
             tier_unpack_ns: AtomicU64::new(0),
+            dirty_scans: AtomicU64::new(0),
+            dirty_scanned_pages: AtomicU64::new(0),
+            scan_clean_evictions: AtomicU64::new(0),
+            writebacks_avoided: AtomicU64::new(0),
             processes: AtomicU64::new(0),
             faults_on_faulting_cpu: AtomicU64::new(0),
             faults_off_faulting_cpu: AtomicU64::new(0),
@@ -158,6 +173,10 @@ impl RunStats {
             "tier_writebacks": self.tier_writebacks.load(Relaxed),
             "tier_pack_ns": self.tier_pack_ns.load(Relaxed),
             "tier_unpack_ns": self.tier_unpack_ns.load(Relaxed),
+            "dirty_scans": self.dirty_scans.load(Relaxed),
+            "dirty_scanned_pages": self.dirty_scanned_pages.load(Relaxed),
+            "scan_clean_evictions": self.scan_clean_evictions.load(Relaxed),
+            "writebacks_avoided": self.writebacks_avoided.load(Relaxed),
             "processes": self.processes.load(Relaxed),
             "faults_on_faulting_cpu": self.faults_on_faulting_cpu.load(Relaxed),
             "faults_off_faulting_cpu": self.faults_off_faulting_cpu.load(Relaxed),

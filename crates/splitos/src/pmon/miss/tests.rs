@@ -15,7 +15,11 @@ use crate::pmon::tier::{Codec, Lz4, OldestFirst};
 
 #[derive(Default)]
 struct RegionPages {
+    /// Contents and write protection of resident pages.
     pages: Mutex<HashMap<u64, (Vec<u8>, bool)>>,
+    /// The kernel tracks writes (dirty tracking by scan): a write to a protected page lifts the
+    /// protection without a fault, and an unprotected page counts as written.
+    tracked: AtomicBool,
 }
 
 #[derive(Clone, Default)]
@@ -60,6 +64,31 @@ impl Region for MemRegion {
         let (d, _) = p.get(&vpn).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not resident"))?;
         buf.copy_from_slice(d);
         Ok(())
+    }
+    fn tracks_writes(&self) -> bool {
+        self.0.tracked.load(Ordering::Relaxed)
+    }
+    fn written(&self, first: u64, end: u64) -> io::Result<Vec<u64>> {
+        let mut p = self.0.pages.lock().unwrap();
+        let mut w = Vec::new();
+        for (v, e) in p.iter_mut().filter(|(v, _)| (first..end).contains(*v)) {
+            if !e.1 {
+                e.1 = true;
+                w.push(*v);
+            }
+        }
+        w.sort();
+        Ok(w)
+    }
+    fn take(&self, vpn: u64, pages: u64, keep: crate::pmon::Keep) -> io::Result<Vec<crate::pmon::Taken>> {
+        let mut p = self.0.pages.lock().unwrap();
+        Ok((vpn..vpn + pages)
+            .map(|v| {
+                let (data, wp) = p.remove(&v).unwrap_or_else(|| (vec![0; PAGE_SIZE], false));
+                let written = !wp || keep == crate::pmon::Keep::Dirty;
+                crate::pmon::Taken { vpn: v, written, data: (written || keep == crate::pmon::Keep::All).then_some(data) }
+            })
+            .collect())
     }
 }
 
@@ -172,7 +201,12 @@ struct Prog {
 
 impl Rig {
     fn prog(&self, pid: u64) -> Prog {
+        self.prog_tracked(pid, false)
+    }
+    /// A process whose writes the kernel tracks (`tracked`) or that traps on them.
+    fn prog_tracked(&self, pid: u64, tracked: bool) -> Prog {
         let mem = MemRegion::default();
+        mem.0.tracked.store(tracked, Ordering::Relaxed);
         let t = Tenant::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
         self.mp.add(t.clone(), Default::default());
         Prog { t, mem }
@@ -199,12 +233,14 @@ impl Prog {
     /// Writes the first byte of page `vpn`; false once the process was failed.
     fn write(&self, mp: &MissPath, vpn: u64, b: u8) -> bool {
         for _ in 0..8 {
+            let tracked = self.mem.0.tracked.load(Ordering::Relaxed);
             let access = match self.mem.0.pages.lock().unwrap().get_mut(&vpn) {
-                Some((d, false)) => {
+                Some((d, wp)) if !*wp || tracked => {
+                    *wp = false;
                     d[0] = b;
                     return true;
                 }
-                Some((_, true)) => Access::WriteProtect,
+                Some(_) => Access::WriteProtect,
                 None => Access::Write,
             };
             if !self.t.alive() {
@@ -1266,4 +1302,164 @@ fn a_split_that_lost_pages_fails_the_process_instead_of_serving_zeros() {
     let failed = r.failed();
     assert!(failed.len() == 1 && failed[0].1.contains("huge page"), "{failed:?}");
     assert_eq!(p.read(&r.mp, 5), None, "no thread is served a lost page");
+}
+
+// Dirty tracking by scan: the region's kernel records writes instead of trapping on them.
+
+/// Reads `v`, then writes it unless `v % 4 == 3`: three in four read misses are followed by a
+/// write, enough for fault tracking to predict writes.
+fn mostly_written(r: &Rig, p: &Prog, pages: std::ops::Range<u64>, b: u8) {
+    for v in pages {
+        assert!(p.read(&r.mp, v).is_some());
+        if v % 4 != 3 {
+            assert!(p.write(&r.mp, v, b.wrapping_add(v as u8)));
+        }
+    }
+}
+
+#[test]
+fn scan_mode_writes_back_only_written_lines_without_a_trap() {
+    let mut flushes = Vec::new();
+    for tracked in [false, true] {
+        let r = rig(16, 0, Box::new(Fifo), 1, true);
+        let p = r.prog_tracked(1, tracked);
+        // Every page is on the store once, then read and mostly rewritten twice over.
+        for v in 0..200 {
+            assert!(p.write(&r.mp, v, 1));
+        }
+        mostly_written(&r, &p, 0..200, 10);
+        mostly_written(&r, &p, 0..200, 20);
+        for v in 0..200 {
+            let want = if v % 4 == 3 { 1 } else { 20u8.wrapping_add(v as u8) };
+            assert_eq!(p.read(&r.mp, v), Some(want), "tracked={tracked}: page {v}");
+        }
+        let flushed = r.store.calls("flush") + r.store.calls("flush_fetch") + r.store.calls("flush_fetch_many") + r.store.calls("flush_many");
+        flushes.push(flushed);
+        if tracked {
+            assert_eq!(p.stat(|s| &s.wp_faults), 0, "no write traps");
+            assert!(p.stat(|s| &s.scan_clean_evictions) >= 100, "the unwritten quarter is dropped: {}", p.stat(|s| &s.scan_clean_evictions));
+            assert!(p.stat(|s| &s.writebacks_avoided) >= 50, "fault tracking would have written those back");
+            assert!(p.stat(|s| &s.dirty_scans) >= p.stat(|s| &s.scan_clean_evictions), "clean victims were asked about");
+        } else {
+            assert!(p.stat(|s| &s.wp_faults) > 0);
+            assert_eq!(p.stat(|s| &s.dirty_scans) + p.stat(|s| &s.writebacks_avoided), 0);
+        }
+        assert!(r.failed().is_empty());
+    }
+    assert!(flushes[1] + 80 < flushes[0], "write-backs: fault tracking {}, scan {}", flushes[0], flushes[1]);
+}
+
+#[test]
+fn scan_mode_range_write_back_sends_written_lines_and_sees_later_writes() {
+    let r = rig(64, 0, Box::new(Fifo), 1, true);
+    let p = r.prog_tracked(1, true);
+    for v in 0..8 {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    r.mp.write_back_range(&p.t, 0, 8).unwrap();
+    assert_eq!(r.store.pages.lock().unwrap().len(), 8);
+    // Nothing written since: a second write-back sends nothing.
+    let before = r.store.calls("flush_many");
+    r.mp.write_back_range(&p.t, 0, 8).unwrap();
+    assert_eq!(r.store.calls("flush_many"), before);
+    // A write after the write-back is found by the next one.
+    assert!(p.write(&r.mp, 5, 55));
+    r.mp.write_back_range(&p.t, 0, 8).unwrap();
+    assert_eq!(r.store.pages.lock().unwrap()[&(1, 5)][0], 55);
+    assert_eq!(p.stat(|s| &s.wp_faults), 0);
+}
+
+#[test]
+fn scan_mode_clock_keeps_a_line_written_since_its_bit_was_cleared() {
+    let r = rig(3, 0, Box::new(Clock), 1, true);
+    let p = r.prog_tracked(1, true);
+    for v in 0..3 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    // Page 0 goes; CLOCK cleared the bits of 1 and 2 and protected them again.
+    assert!(p.write(&r.mp, 3, 4));
+    assert!(p.write(&r.mp, 1, 20));
+    assert!(p.write(&r.mp, 4, 5));
+    let resident: Vec<u64> = r.mp.with_cache(|c| c.resident_in(1, 0, 10).into_iter().map(|(v, _)| v).collect());
+    assert!(resident.contains(&1) && !resident.contains(&2), "the rewritten page 1 stays: {resident:?}");
+    assert_eq!(p.stat(|s| &s.wp_faults), 0);
+    for (v, want) in [(0u64, 1u8), (1, 20), (2, 3), (3, 4), (4, 5)] {
+        assert_eq!(p.read(&r.mp, v), Some(want), "page {v} keeps its contents");
+    }
+}
+
+#[test]
+fn scan_mode_mremap_keeps_a_write_made_after_its_write_back() {
+    let r = rig(8, 0, Box::new(Fifo), 1, true);
+    let p = Arc::new(r.prog_tracked(1, true));
+    for v in 0..4 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    r.store.set_gate(false);
+    let (mp, p2) = (r.mp.clone(), p.clone());
+    let mover = std::thread::spawn(move || mp.evict_range(&p2.t, 0, 8));
+    while r.store.calls("flush_many") == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Another thread writes page 2 while the write-back is on the wire: no trap tells anyone,
+    // and the line is clean again once the write-back is acknowledged.
+    assert!(p.write(&r.mp, 2, 99));
+    r.store.set_gate(true);
+    assert!(mover.join().unwrap().is_ok());
+    assert_eq!(r.store.calls("flush"), 1, "taking the range found the write and wrote it back");
+    assert_eq!(p.read(&r.mp, 2), Some(99), "the write made during the move survives it");
+    assert!(r.failed().is_empty());
+}
+
+/// A region whose kernel cannot hand pages back.
+struct Untakeable(MemRegion);
+
+impl Region for Untakeable {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        self.0.copy(vpn, data, wp)
+    }
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        self.0.zero(vpn, wp)
+    }
+    fn wake(&self, _vpn: u64) {}
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        self.0.write_protect(vpn, pages, on)
+    }
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.0.allocate(vpn, pages)
+    }
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.0.punch(vpn, pages)
+    }
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_out(vpn, buf)
+    }
+    fn tracks_writes(&self) -> bool {
+        true
+    }
+    fn written(&self, first: u64, end: u64) -> io::Result<Vec<u64>> {
+        self.0.written(first, end)
+    }
+    fn take(&self, _vpn: u64, _pages: u64, _keep: crate::pmon::Keep) -> io::Result<Vec<crate::pmon::Taken>> {
+        Err(io::Error::other("splice refused"))
+    }
+}
+
+#[test]
+fn scan_mode_fails_the_process_of_a_line_it_cannot_take_even_a_clean_one() {
+    let r = rig(2, 0, Box::new(Fifo), 1, true);
+    let mem = MemRegion::default();
+    mem.0.tracked.store(true, Ordering::Relaxed);
+    let t = Tenant::new(1, Box::new(Untakeable(mem.clone())), Arc::new(RunStats::default()));
+    r.mp.add(t.clone(), Default::default());
+    let p = Prog { t, mem };
+    let other = r.prog(2);
+    assert_eq!(p.read(&r.mp, 10), Some(0));
+    assert_eq!(p.read(&r.mp, 11), Some(0));
+    // Clean as far as anyone knows, but it may have been written: it cannot just be dropped.
+    assert!(other.write(&r.mp, 12, 1));
+    let failed = r.failed();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].0 == 1 && failed[0].1.contains("splice refused"), "{failed:?}");
+    assert!(other.t.alive());
 }
