@@ -105,6 +105,9 @@ pub struct PcompSection {
     pub prealloc: usize,
     /// Unmapped heap each process keeps mapped at its home to map again locally (0: off).
     pub heap_reuse: Size,
+    /// Spare ways a background evictor keeps in each ExCache set a miss used, less than
+    /// `ways` (0: no evictor; misses evict inline).
+    pub evict_reserve: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -163,7 +166,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20) }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), evict_reserve: 0 }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -220,6 +223,11 @@ impl ClusterConfig {
             }
             if p.fault_workers == 0 {
                 return Err(format!("pcomponent[{i}].fault_workers: must be at least 1"));
+            }
+            // Fully associative (ways = 0): one set of every line.
+            let ways = if p.ways == 0 { p.excache.0 / PAGE } else { (p.ways as u64).min(p.excache.0 / PAGE) };
+            if p.evict_reserve as u64 >= ways {
+                return Err(format!("pcomponent[{i}].evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)", p.evict_reserve));
             }
         }
         for (i, m) in self.mcomponent.iter().enumerate() {

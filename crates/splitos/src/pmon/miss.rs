@@ -147,6 +147,8 @@ struct State {
     layouts: HashMap<u64, VmaMap>,
     /// The compressed tier, when on.
     tier: Option<Box<dyn VictimTier>>,
+    /// What the background evictor keeps free, when on (evictor.rs).
+    reserve: Option<evictor::Reserve>,
 }
 
 pub struct MissPath {
@@ -162,12 +164,14 @@ pub struct MissPath {
     on_fail: FailHook,
     /// The compressed tier's codec, when the tier is on (used without the lock).
     codec: Option<Box<dyn Codec>>,
+    /// Where the background evictor sleeps.
+    evictor_cv: Condvar,
 }
 
 impl MissPath {
     pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None };
-        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None }
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, reserve: None };
+        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None, evictor_cv: Condvar::new() }
     }
 
     /// Puts a compressed tier between the ExCache and the store.
@@ -369,7 +373,7 @@ impl MissPath {
             }
             if let Some(slot) = g.cache.lookup(t.pid, vpn) {
                 let line = *g.cache.line(slot);
-                if line.state == LineState::Filling {
+                if matches!(line.state, LineState::Filling | LineState::Evicting) {
                     g = self.cv.wait(g).unwrap();
                     continue;
                 }
@@ -408,6 +412,7 @@ impl MissPath {
                 g = self.cv.wait(g).unwrap();
                 continue;
             };
+            self.claimed(&mut g, vpn);
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
                 self.evict(&mut g, v, &mut victims, &mut lost, true);
@@ -444,6 +449,7 @@ impl MissPath {
                 break;
             }
             let Some(c) = g.cache.claim(t.pid, v) else { break };
+            self.claimed(g, v);
             if let Some(victim) = c.victim {
                 self.evict(g, victim, victims, lost, true);
             }
@@ -472,6 +478,7 @@ impl MissPath {
                 break;
             }
             let Some(c) = g.cache.claim_clean(t.pid, v) else { break };
+            self.claimed(g, v);
             if let Some(victim) = c.victim {
                 // A clean victim is dropped here, not offered to the tier: a first touch does
                 // not wait for compression.
@@ -523,6 +530,7 @@ impl MissPath {
         }
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
+            s.inline_evictions.fetch_add(1, Relaxed);
         });
     }
 
@@ -695,8 +703,9 @@ impl MissPath {
     }
 
     /// Writes back victims that travel without a fetch: one message per process and place
-    /// (`flush_many` for several), each settled with its result.
-    fn flush_apart(&self, victims: Vec<Writeback>) {
+    /// (`flush_many` for several), each settled with its result. Returns the process of each
+    /// message sent.
+    fn flush_apart(&self, victims: Vec<Writeback>) -> Vec<Arc<Tenant>> {
         let mut groups: BTreeMap<(u64, Place), Vec<Writeback>> = BTreeMap::new();
         for wb in victims {
             match self.store.place(wb.tenant.pid, wb.vpn) {
@@ -704,6 +713,7 @@ impl MissPath {
                 Err(e) => self.settle(vec![wb], Err(e), false),
             }
         }
+        let mut messages = Vec::new();
         for ((pid, _), mut group) in groups {
             while !group.is_empty() {
                 let batch: Vec<Writeback> = group.drain(..group.len().min(FLUSH_BATCH)).collect();
@@ -711,9 +721,11 @@ impl MissPath {
                     [wb] => self.store.flush(pid, wb.vpn, &wb.data),
                     _ => self.store.flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
                 };
+                messages.push(batch[0].tenant.clone());
                 self.settle(batch, r, false);
             }
         }
+        messages
     }
 
     /// Step 3: installs a line (`None`: zeros) and completes its claim; a line installed
@@ -978,5 +990,6 @@ fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
     Ok(data)
 }
 
+mod evictor;
 #[cfg(test)]
 mod tests;

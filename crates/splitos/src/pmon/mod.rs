@@ -65,6 +65,8 @@ pub struct PcompConfig {
     /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
     /// without asking it (0: none).
     pub heap_reuse: u64,
+    /// Spare ways the background evictor keeps in each set a miss used (0: no evictor).
+    pub evict_reserve: usize,
 }
 
 /// A process running on this pComponent.
@@ -139,7 +141,7 @@ impl Pcomp {
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse,
-                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers,
+                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "evict_reserve": self.cfg.evict_reserve,
                 },
                 "compressed_tier": tier,
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -176,6 +178,11 @@ impl Pcomp {
             ("pcomp_tier_writebacks_total", &t.tier_writebacks),
             ("pcomp_tier_pack_ns_total", &t.tier_pack_ns),
             ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
+            ("pcomp_inline_evictions_total", &t.inline_evictions),
+            ("pcomp_bg_evictions_total", &t.bg_evictions),
+            ("pcomp_bg_writebacks_total", &t.bg_writebacks),
+            ("pcomp_bg_writeback_batches_total", &t.bg_writeback_batches),
+            ("pcomp_evictor_ns_total", &t.evictor_ns),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
@@ -249,6 +256,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if lines == 0 {
         anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
     }
+    let cache = ExCache::new(lines, args.cfg.ways, policy);
+    if args.cfg.evict_reserve >= cache.ways() {
+        anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
+    }
     let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport)?;
     let store = Arc::new(RemoteStore::new(node.clone()));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
@@ -258,9 +269,12 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let mut miss = MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
+        let mut miss = MissPath::new(cache, store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
         if args.cfg.compressed_tier_bytes > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
+        }
+        if args.cfg.evict_reserve > 0 {
+            miss = miss.with_evictor(args.cfg.evict_reserve);
         }
         Pcomp {
             node: node.clone(),
@@ -279,6 +293,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     // Programs must not find dead mounts: unmount the vNode file systems before exiting.
     stop.on_stop(move || p2.mounts.unmount_all());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
+    if args.cfg.evict_reserve > 0 {
+        let p2 = p.clone();
+        std::thread::Builder::new().name("evictor".into()).spawn(move || p2.miss.run_evictor())?;
+    }
     shim::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;

@@ -56,6 +56,19 @@ pub struct RunStats {
     pub rpc_ns: Mutex<Histogram<u64>>,
     pub install_ns: Mutex<Histogram<u64>>,
     pub errors: Mutex<Vec<String>>,
+    /// Lines evicted on a miss's way (for the line, its read-ahead or its fault-around):
+    /// the miss waited for them. Also counted in `evictions`.
+    pub inline_evictions: AtomicU64,
+    /// Lines the background evictor took out ahead of the misses. Also counted in
+    /// `evictions`.
+    pub bg_evictions: AtomicU64,
+    /// Pages it wrote back: dirty victims, and the dirty tier entries they pushed out.
+    pub bg_writebacks: AtomicU64,
+    /// The messages that carried them.
+    pub bg_writeback_batches: AtomicU64,
+    /// Time the background evictor spent working, between its sleeps (a run is charged its
+    /// share of the lines of each round).
+    pub evictor_ns: AtomicU64,
 }
 
 fn histogram() -> Mutex<Histogram<u64>> {
@@ -95,6 +108,11 @@ impl Default for RunStats {
             rpc_ns: histogram(),
             install_ns: histogram(),
             errors: Mutex::new(Vec::new()),
+            inline_evictions: AtomicU64::new(0),
+            bg_evictions: AtomicU64::new(0),
+            bg_writebacks: AtomicU64::new(0),
+            bg_writeback_batches: AtomicU64::new(0),
+            evictor_ns: AtomicU64::new(0),
         }
     }
 }
@@ -134,6 +152,11 @@ impl RunStats {
             "miss_ns_mean": h.mean() as u64,
             "miss_breakdown_ns_p50": {"evict": p50(&self.evict_ns), "rpc": p50(&self.rpc_ns), "install": p50(&self.install_ns)},
             "errors": *self.errors.lock().unwrap(),
+            "inline_evictions": self.inline_evictions.load(Relaxed),
+            "bg_evictions": self.bg_evictions.load(Relaxed),
+            "bg_writebacks": self.bg_writebacks.load(Relaxed),
+            "bg_writeback_batches": self.bg_writeback_batches.load(Relaxed),
+            "evictor_ns": self.evictor_ns.load(Relaxed),
         })
     }
 }
