@@ -384,6 +384,25 @@ mod tests {
     }
 
     #[test]
+    fn a_line_picked_for_the_evictor_stays_until_removed_and_is_nobody_elses_victim() {
+        let mut c = ExCache::new(2, 2, Box::new(Fifo));
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        assert_eq!(c.spare(0), 0);
+        let slot = c.pick(0).expect("a victim");
+        assert_eq!(c.line(slot).vpn, 0, "the policy's victim");
+        assert_eq!((c.line(slot).state, c.spare(0), c.used()), (LineState::Evicting, 1, 2));
+        assert_eq!(fill(&mut c, 1, 4, true).map(|v| v.vpn), Some(2), "a miss takes the other line, not the picked one");
+        let again = c.pick(0).expect("the line just filled");
+        assert_eq!((c.line(again).vpn, c.spare(0)), (4, 2));
+        c.keep(again);
+        assert_eq!(c.spare(0), 1);
+        c.remove(1, 0);
+        assert_eq!((c.spare(0), c.used()), (1, 1));
+        assert!(c.claim(1, 6).expect("the freed way").victim.is_none());
+    }
+
+    #[test]
     fn lines_are_tagged_by_process() {
         let mut c = ExCache::new(4, 4, Box::new(Fifo));
         fill(&mut c, 1, 5, false);

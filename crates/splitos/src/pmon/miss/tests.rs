@@ -1047,3 +1047,5 @@ fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
     }
     assert_eq!(p.stat(|s| &s.misses), 1);
 }
+
+mod evictor;
