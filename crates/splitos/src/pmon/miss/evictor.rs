@@ -15,7 +15,7 @@
 //! resident, and a miss on it waits as on a line being filled. Dirty victims are then written
 //! back together, per process and place, under the miss path's one failure rule
 //! ([`MissPath::settle`]); clean ones are dropped, or offered to the compressed tier first.
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,8 +36,8 @@ pub(super) struct Reserve {
     ways: usize,
     /// Queued sets that wake the evictor.
     wake_at: usize,
-    /// Sets short of `ways` spare ways, each queued once.
-    short: Vec<usize>,
+    /// Sets short of `ways` spare ways, each queued once, oldest first.
+    short: VecDeque<usize>,
     queued: Vec<bool>,
     stop: bool,
 }
@@ -66,7 +66,7 @@ impl MissPath {
         let sets = st.cache.sets();
         // A sixteenth of the sets: a set that a batch is waiting to refill is rarely missed
         // in again before the refill.
-        st.reserve = Some(Reserve { ways, wake_at: (sets / 16).clamp(1, ROUND), short: Vec::new(), queued: vec![false; sets], stop: false });
+        st.reserve = Some(Reserve { ways, wake_at: (sets / 16).clamp(1, ROUND), short: VecDeque::new(), queued: vec![false; sets], stop: false });
         self
     }
 
@@ -79,7 +79,7 @@ impl MissPath {
             return;
         }
         r.queued[set] = true;
-        r.short.push(set);
+        r.short.push_back(set);
         if r.short.len() == r.wake_at {
             self.evictor_cv.notify_one();
         }
@@ -161,7 +161,7 @@ impl MissPath {
         while victims.len() < ROUND {
             let st = &mut *g;
             let r = st.reserve.as_mut().expect("a reserve");
-            let Some(set) = r.short.pop() else { break };
+            let Some(set) = r.short.pop_front() else { break };
             r.queued[set] = false;
             let before = victims.len();
             while st.cache.spare(set) < want {

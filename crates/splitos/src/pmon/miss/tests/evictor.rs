@@ -12,12 +12,15 @@ fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
     Rig { mp: Arc::new(mp.with_evictor(reserve)), store, failed }
 }
 
-/// A region that records its write-protect and punch calls (first page, pages) and holds
-/// punches while its gate is closed.
+/// A call to a region: its name, first page and pages.
+type Call = (&'static str, u64, u64);
+
+/// A region that records its write-protect and punch calls and holds punches while its gate
+/// is closed.
 #[derive(Clone, Default)]
 struct Watched {
     inner: MemRegion,
-    calls: Arc<Mutex<Vec<(&'static str, u64, u64)>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
     closed: Arc<(Mutex<bool>, Condvar)>,
 }
 
