@@ -5,7 +5,7 @@ splitos with the default levers and `--evict-reserve 0` (off), with the evictor 
 with it in an ExCache grown to hold as many lines (ways / (ways - reserve) times the bytes: the
 same memory), the configurations interleaved run by run. Reports median wall time (min-max),
 CPU time of the run and its components, misses, inline and background evictions, background
-write-back messages and the evictor's time; writes results/evictor.json.
+write-back messages and the evictor's time (and its thread's CPU time); writes results/evictor.json.
 
     python3 scripts/bench/evictor.py [--reps 3] [--reserve 1] [--only TEXT]
 """
@@ -59,7 +59,7 @@ def main():
                 walls = [w for w, _, _ in rs]
                 med = lambda k: statistics.median(s[k] for _, _, s in rs)
                 row["configs"][label] = {"wall_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls), "cpu_s": statistics.median(c for _, c, _ in rs),
-                                         **{k: med(k) for k in ("misses", "evictions", "inline_evictions", "bg_evictions", "bg_writebacks", "bg_writeback_batches", "evictor_ns", "piggybacked")}}
+                                         **{k: med(k) for k in ("misses", "evictions", "inline_evictions", "bg_evictions", "bg_writebacks", "bg_writeback_batches", "evictor_ns", "evictor_cpu_ns", "piggybacked")}}
             res["workloads"].append(row)
             print(f"{name} done", file=sys.stderr)
     res["load_after"] = os.getloadavg()
@@ -68,12 +68,12 @@ def main():
         json.dump(res, f, indent=2)
     m = res["machine"]
     print(f"Machine: {m['cores']} cores ({m['cpu']}), Linux {m['kernel']}; medians of {args.reps} runs, interleaved; load average {res['load_before'][0]:.1f} before, {res['load_after'][0]:.1f} after.\n")
-    print("| workload | evictor | wall s (min–max) | CPU s | misses | inline evictions | background evictions | background write-backs / messages | evictor ms |")
+    print("| workload | evictor | wall s (min–max) | CPU s | misses | inline evictions | background evictions | background write-backs / messages | evictor ms (CPU) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in res["workloads"]:
         for label, c in row["configs"].items():
             print(f"| {row['workload']} (ExCache {row['excache']}) | {label} | {c['wall_s']:.2f} ({c['min_s']:.2f}–{c['max_s']:.2f}) | {c['cpu_s']:.1f} | {c['misses']:.0f} | "
-                  f"{c['inline_evictions']:.0f} | {c['bg_evictions']:.0f} | {c['bg_writebacks']:.0f} / {c['bg_writeback_batches']:.0f} | {c['evictor_ns'] / 1e6:.0f} |")
+                  f"{c['inline_evictions']:.0f} | {c['bg_evictions']:.0f} | {c['bg_writebacks']:.0f} / {c['bg_writeback_batches']:.0f} | {c['evictor_ns'] / 1e6:.0f} ({c['evictor_cpu_ns'] / 1e6:.0f}) |")
 
 
 if __name__ == "__main__":

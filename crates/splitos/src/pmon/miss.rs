@@ -4,7 +4,8 @@
 //! A miss, step by step ([`MissPath::fault`]):
 //! 1. claim a way in the line's set ([`MissPath::claim`]); if the set is full the eviction
 //!    policy picks a victim, a clean victim is dropped without a message and a dirty one is
-//!    write-protected, copied out and dropped ([`MissPath::evict`]);
+//!    write-protected, copied out and dropped ([`MissPath::evict`]). With the background
+//!    evictor on, a set is rarely full: it keeps spare ways ahead of the misses (evictor.rs);
 //! 2. with the compressed tier on, offer the victim to it ([`MissPath::stash`]); write the
 //!    dirty victims it did not take back and fetch the line, in one round trip when both go to
 //!    the same place (LegoOS piggyback), or decompress the line from the tier, or zero-fill a

@@ -183,6 +183,7 @@ impl Pcomp {
             ("pcomp_bg_writebacks_total", &t.bg_writebacks),
             ("pcomp_bg_writeback_batches_total", &t.bg_writeback_batches),
             ("pcomp_evictor_ns_total", &t.evictor_ns),
+            ("pcomp_evictor_cpu_ns_total", &t.evictor_cpu_ns),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }

@@ -69,6 +69,8 @@ pub struct RunStats {
     /// Time the background evictor spent working, between its sleeps (a run is charged its
     /// share of the lines of each round).
     pub evictor_ns: AtomicU64,
+    /// The CPU time of its thread in those rounds, charged the same way.
+    pub evictor_cpu_ns: AtomicU64,
 }
 
 fn histogram() -> Mutex<Histogram<u64>> {
@@ -113,6 +115,7 @@ impl Default for RunStats {
             bg_writebacks: AtomicU64::new(0),
             bg_writeback_batches: AtomicU64::new(0),
             evictor_ns: AtomicU64::new(0),
+            evictor_cpu_ns: AtomicU64::new(0),
         }
     }
 }
@@ -157,6 +160,7 @@ impl RunStats {
             "bg_writebacks": self.bg_writebacks.load(Relaxed),
             "bg_writeback_batches": self.bg_writeback_batches.load(Relaxed),
             "evictor_ns": self.evictor_ns.load(Relaxed),
+            "evictor_cpu_ns": self.evictor_cpu_ns.load(Relaxed),
         })
     }
 }
