@@ -283,4 +283,14 @@ mod tests {
         assert_eq!(Size(64 << 20).to_string(), "64M");
         assert_eq!(Size(1536 << 20).to_string(), "1536M");
     }
+
+    #[test]
+    fn the_evictors_reserve_leaves_a_way_to_fill_in_every_set() {
+        let check = |pcomp: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n")).unwrap().validate();
+        assert!(check("evict_reserve = 7").is_ok());
+        assert!(check("evict_reserve = 8").unwrap_err().contains("pcomponent[0].evict_reserve"));
+        // Fully associative: one set of every line.
+        assert!(check("ways = 0\nexcache = \"64K\"\nevict_reserve = 15").is_ok());
+        assert!(check("ways = 0\nexcache = \"64K\"\nevict_reserve = 16").is_err());
+    }
 }
