@@ -117,6 +117,9 @@ pub struct PcompSection {
     /// `fault`: the first write to a line traps to the pComponent; `scan`: the kernel records
     /// writes and eviction asks it (asynchronous write protection and PAGEMAP_SCAN).
     pub dirty_tracking: DirtyTracking,
+    /// Spare ways a background evictor keeps in each ExCache set a miss used, less than
+    /// `ways` (0: no evictor; misses evict inline).
+    pub evict_reserve: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -175,7 +178,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "sequential".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0 }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -230,11 +233,19 @@ impl ClusterConfig {
             if p.dirty_tracking == DirtyTracking::Scan && p.huge_pages == HugePages::On {
                 return Err(format!("pcomponent[{i}]: {}", crate::pmon::SCAN_WITH_HUGE_PAGES));
             }
+            if p.dirty_tracking == DirtyTracking::Scan && p.evict_reserve > 0 {
+                return Err(format!("pcomponent[{i}]: {}", crate::pmon::SCAN_WITH_EVICTOR));
+            }
             if p.compressed_tier.0 != 0 && p.compressed_tier.0 < PAGE {
                 return Err(format!("pcomponent[{i}].compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)", p.compressed_tier.0));
             }
             if p.fault_workers == 0 {
                 return Err(format!("pcomponent[{i}].fault_workers: must be at least 1"));
+            }
+            // Fully associative (ways = 0): one set of every line.
+            let ways = if p.ways == 0 { p.excache.0 / PAGE } else { (p.ways as u64).min(p.excache.0 / PAGE) };
+            if p.evict_reserve as u64 >= ways {
+                return Err(format!("pcomponent[{i}].evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)", p.evict_reserve));
             }
         }
         for (i, m) in self.mcomponent.iter().enumerate() {
@@ -291,5 +302,15 @@ mod tests {
         }
         assert_eq!(Size(64 << 20).to_string(), "64M");
         assert_eq!(Size(1536 << 20).to_string(), "1536M");
+    }
+
+    #[test]
+    fn the_evictors_reserve_leaves_a_way_to_fill_in_every_set() {
+        let check = |pcomp: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n")).unwrap().validate();
+        assert!(check("evict_reserve = 7").is_ok());
+        assert!(check("evict_reserve = 8").unwrap_err().contains("pcomponent[0].evict_reserve"));
+        // Fully associative: one set of every line.
+        assert!(check("ways = 0\nexcache = \"64K\"\nevict_reserve = 15").is_ok());
+        assert!(check("ways = 0\nexcache = \"64K\"\nevict_reserve = 16").is_err());
     }
 }

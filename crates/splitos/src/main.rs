@@ -86,6 +86,8 @@ enum Cmd {
         huge_pages: Option<pmon::HugePages>,
         #[arg(long, help = format!("How the embedded cluster's pComponent learns which lines a program wrote: {} [default: {}]", pmon::DIRTY_TRACKING.join(", "), config::default_pcomp().dirty_tracking))]
         dirty_tracking: Option<pmon::DirtyTracking>,
+        #[arg(long, help = format!("Spare ways a background evictor of the embedded cluster's pComponent keeps in each ExCache set a miss used, fewer than --ways; 0 = off [default: {}]", config::default_pcomp().evict_reserve))]
+        evict_reserve: Option<usize>,
         /// Number of mComponents of the embedded cluster.
         #[arg(long, default_value_t = ClusterConfig::embedded().mcomponent.len())]
         mcomponents: usize,
@@ -210,6 +212,9 @@ enum Cmd {
         huge_pages: pmon::HugePages,
         #[arg(long, default_value_t = config::default_pcomp().dirty_tracking, help = format!("How the pComponent learns which lines a program wrote: {} (fault: the first write traps; scan: the kernel records writes, eviction asks it)", pmon::DIRTY_TRACKING.join(", ")))]
         dirty_tracking: pmon::DirtyTracking,
+        /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than --ways (0: off).
+        #[arg(long, default_value_t = config::default_pcomp().evict_reserve)]
+        evict_reserve: usize,
         /// Unix socket where programs' shims connect.
         #[arg(long)]
         shim_sock: PathBuf,
@@ -310,10 +315,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
+                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
             })
             .map(|code| std::process::exit(code))
         }
@@ -331,9 +336,9 @@ fn main() {
             node::init_metrics();
             mmon::run(mmon::MemArgs { listen, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, shim_sock, vnode_root, ready_file, metrics_addr, transport, fault_cpu } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, shim_sock, vnode_root, ready_file, metrics_addr, transport, fault_cpu } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking };
+            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking, evict_reserve };
             pmon::run(pmon::ProcArgs { listen, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
@@ -372,8 +377,8 @@ mod tests {
     fn the_command_line_and_the_config_file_agree_on_every_default() {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
 
-        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking } = file.pcomponent[0].clone();
-        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
+        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve } = file.pcomponent[0].clone();
+        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
             parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
         else {
             unreachable!()
@@ -383,6 +388,7 @@ mod tests {
         assert_eq!((hp,), (huge_pages,), "proc memory levers");
         assert_eq!((fc,), (fault_cpu,), "proc placement");
         assert_eq!((dt,), (dirty_tracking,), "proc dirty tracking");
+        assert_eq!((er,), (evict_reserve,), "proc evictor");
         assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 

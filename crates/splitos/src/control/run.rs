@@ -34,6 +34,7 @@ pub struct RunArgs {
     pub heap_reuse: Option<Size>,
     pub huge_pages: Option<crate::pmon::HugePages>,
     pub dirty_tracking: Option<crate::pmon::DirtyTracking>,
+    pub evict_reserve: Option<usize>,
     pub mcomponents: usize,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
@@ -140,6 +141,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 p.huge_pages = a.huge_pages.unwrap_or(p.huge_pages);
                 p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
                 p.dirty_tracking = a.dirty_tracking.unwrap_or(p.dirty_tracking);
+                p.evict_reserve = a.evict_reserve.unwrap_or(p.evict_reserve);
                 cfg.mcomponent = (0..a.mcomponents.max(1))
                     .map(|_| {
                         let mut m = crate::config::default_mcomp();
@@ -167,7 +169,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             }
         },
     };
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
@@ -196,7 +198,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     let (code, secs, stats, _) = result?;
     if a.print_stats {
-        let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "faulted_around", "preallocated", "prefetched", "tier_hits", "tier_stores", "tier_writebacks", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99"];
+        let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "faulted_around", "preallocated", "prefetched", "tier_hits", "tier_stores", "tier_writebacks", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99", "inline_evictions", "bg_evictions"];
         let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
         eprintln!("splitos: {}", parts.join(" "));
     }

@@ -13,6 +13,9 @@ pub enum LineState {
     Ready,
     /// Resident and being written back (fork, mremap); never a victim until acknowledged.
     WritingBack,
+    /// Chosen by the background evictor, which is capturing and dropping it; a miss on it
+    /// waits, as on a line being filled.
+    Evicting,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -126,6 +129,8 @@ pub struct ExCache {
     free_from: Vec<usize>,
     /// Per set: the policy ran since the set was last checked for lines to rearm.
     may_rearm: Vec<bool>,
+    /// Per set: lines the background evictor is taking out (`LineState::Evicting`).
+    evicting: Vec<usize>,
     used: usize,
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
@@ -146,6 +151,7 @@ impl ExCache {
             held: vec![0; nsets],
             free_from: vec![0; nsets],
             may_rearm: vec![false; nsets],
+            evicting: vec![0; nsets],
             used: 0,
             index: HashMap::new(),
             policy,
@@ -274,10 +280,36 @@ impl ExCache {
         }
     }
 
+    /// Ways of `set` that are free or being freed by the background evictor.
+    pub fn spare(&self, set: usize) -> usize {
+        self.ways - self.held[set] + self.evicting[set]
+    }
+
+    /// Has the policy choose a victim in `set`, full or not, and marks it `Evicting`: it stays
+    /// resident, and no miss or policy takes it, until [`ExCache::remove`] or
+    /// [`ExCache::keep`]. `None` if no line of the set is `Ready`.
+    pub fn pick(&mut self, set: usize) -> Option<usize> {
+        let base = set * self.ways;
+        self.may_rearm[set] |= self.policy.rearms();
+        let i = self.policy.victim(&mut self.slots[base..base + self.ways], &mut self.hands[set])?;
+        self.line_mut(base + i).state = LineState::Evicting;
+        self.evicting[set] += 1;
+        Some(base + i)
+    }
+
+    /// A line [`ExCache::pick`] chose stays after all.
+    pub fn keep(&mut self, slot: usize) {
+        self.line_mut(slot).state = LineState::Ready;
+        self.evicting[slot / self.ways] -= 1;
+    }
+
     pub fn remove(&mut self, pid: u64, vpn: u64) -> Option<Line> {
         let slot = self.lookup(pid, vpn)?;
         self.unindex(pid, vpn);
         let (set, way) = (slot / self.ways, slot % self.ways);
+        if self.line(slot).state == LineState::Evicting {
+            self.evicting[set] -= 1;
+        }
         self.held[set] -= 1;
         self.free_from[set] = self.free_from[set].min(way);
         self.used -= 1;
@@ -395,6 +427,25 @@ mod tests {
         k.claim(1, 0).unwrap();
         k.claim(1, 2).unwrap();
         assert!(k.claim(1, 4).is_none());
+    }
+
+    #[test]
+    fn a_line_picked_for_the_evictor_stays_until_removed_and_is_nobody_elses_victim() {
+        let mut c = ExCache::new(2, 2, Box::new(Fifo));
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        assert_eq!(c.spare(0), 0);
+        let slot = c.pick(0).expect("a victim");
+        assert_eq!(c.line(slot).vpn, 0, "the policy's victim");
+        assert_eq!((c.line(slot).state, c.spare(0), c.used()), (LineState::Evicting, 1, 2));
+        assert_eq!(fill(&mut c, 1, 4, true).map(|v| v.vpn), Some(2), "a miss takes the other line, not the picked one");
+        let again = c.pick(0).expect("the line just filled");
+        assert_eq!((c.line(again).vpn, c.spare(0)), (4, 2));
+        c.keep(again);
+        assert_eq!(c.spare(0), 1);
+        c.remove(1, 0);
+        assert_eq!((c.spare(0), c.used()), (1, 1));
+        assert!(c.claim(1, 6).expect("the freed way").victim.is_none());
     }
 
     #[test]

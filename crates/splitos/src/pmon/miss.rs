@@ -4,7 +4,8 @@
 //! A miss, step by step ([`MissPath::fault`]):
 //! 1. claim a way in the line's set ([`MissPath::claim`]); if the set is full the eviction
 //!    policy picks a victim, a clean victim is dropped without a message and a dirty one is
-//!    write-protected, copied out and dropped ([`MissPath::evict`]);
+//!    write-protected, copied out and dropped ([`MissPath::evict`]). With the background
+//!    evictor on, a set is rarely full: it keeps spare ways ahead of the misses (evictor.rs);
 //! 2. with the compressed tier on, offer the victim to it ([`MissPath::stash`]); write the
 //!    dirty victims it did not take back and fetch the line, in one round trip when both go to
 //!    the same place (LegoOS piggyback), or decompress the line from the tier, or zero-fill a
@@ -158,6 +159,8 @@ struct State {
     /// Sampled read-ahead lines: fetched and holding a way, but kept here instead of installed,
     /// so that the program's first touch traps and shows the read-ahead was used.
     staged: BTreeMap<(u64, u64), Page>,
+    /// What the background evictor keeps free, when on (evictor.rs).
+    reserve: Option<evictor::Reserve>,
 }
 
 pub struct MissPath {
@@ -175,12 +178,14 @@ pub struct MissPath {
     codec: Option<Box<dyn Codec>>,
     /// Lines read ahead so far: every [`SAMPLE`]th is staged.
     prefetch_count: AtomicU64,
+    /// Where the background evictor sleeps.
+    evictor_cv: Condvar,
 }
 
 impl MissPath {
     pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new() };
-        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None, prefetch_count: AtomicU64::new(0) }
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None };
+        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None, prefetch_count: AtomicU64::new(0), evictor_cv: Condvar::new() }
     }
 
     /// Puts a compressed tier between the ExCache and the store.
@@ -388,7 +393,7 @@ impl MissPath {
             }
             if let Some(slot) = g.cache.lookup(t.pid, vpn) {
                 let line = *g.cache.line(slot);
-                if line.state == LineState::Filling {
+                if matches!(line.state, LineState::Filling | LineState::Evicting) {
                     g = self.cv.wait(g).unwrap();
                     continue;
                 }
@@ -432,6 +437,7 @@ impl MissPath {
                 continue;
             };
             g.cache.line_mut(c.slot).read_fill = access == Access::Read && t.region.tracks_writes();
+            self.claimed(&mut g, vpn);
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
                 self.evict(&mut g, v, &mut victims, &mut lost, true);
@@ -470,6 +476,7 @@ impl MissPath {
                 break;
             }
             let Some(c) = self.claim_way(g, t.pid, v, false) else { break };
+            self.claimed(g, v);
             if let Some(victim) = c.victim {
                 self.evict(g, victim, victims, lost, true);
             }
@@ -502,6 +509,7 @@ impl MissPath {
                 break;
             }
             let Some(c) = self.claim_way(g, t.pid, v, true) else { break };
+            self.claimed(g, v);
             if let Some(victim) = c.victim {
                 // A clean victim is dropped here, not offered to the tier: a first touch does
                 // not wait for compression.
@@ -540,6 +548,7 @@ impl MissPath {
             if let Some(victim) = c.victim {
                 self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), false);
             }
+            self.claimed(g, v);
             self.rearm(g, v);
             extent.push((v, c.slot));
         }
@@ -606,6 +615,7 @@ impl MissPath {
         }
         self.bump(&vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
+            s.inline_evictions.fetch_add(1, Relaxed);
         });
     }
 
@@ -868,8 +878,9 @@ impl MissPath {
     }
 
     /// Writes back victims that travel without a fetch: one message per process and place
-    /// (`flush_many` for several), each settled with its result.
-    fn flush_apart(&self, victims: Vec<Writeback>) {
+    /// (`flush_many` for several), each settled with its result. Returns the process of each
+    /// message sent.
+    fn flush_apart(&self, victims: Vec<Writeback>) -> Vec<Arc<Tenant>> {
         let mut groups: BTreeMap<(u64, Place), Vec<Writeback>> = BTreeMap::new();
         for wb in victims {
             match self.store.place(wb.tenant.pid, wb.vpn) {
@@ -877,6 +888,7 @@ impl MissPath {
                 Err(e) => self.settle(vec![wb], Err(e), false),
             }
         }
+        let mut messages = Vec::new();
         for ((pid, _), mut group) in groups {
             while !group.is_empty() {
                 let batch: Vec<Writeback> = group.drain(..group.len().min(FLUSH_BATCH)).collect();
@@ -884,9 +896,11 @@ impl MissPath {
                     [wb] => self.store.flush(pid, wb.vpn, &wb.data),
                     _ => self.store.flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
                 };
+                messages.push(batch[0].tenant.clone());
                 self.settle(batch, r, false);
             }
         }
+        messages
     }
 
     /// Step 3: installs a line (`None`: zeros) and completes its claim; a line installed
@@ -1174,5 +1188,6 @@ fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
 }
 
 mod scan;
+mod evictor;
 #[cfg(test)]
 mod tests;

@@ -78,6 +78,8 @@ pub struct PcompConfig {
     pub fault_cpu: FaultCpu,
     /// How the pComponent learns which lines a program wrote (dirty.rs).
     pub dirty_tracking: DirtyTracking,
+    /// Spare ways the background evictor keeps in each set a miss used (0: no evictor).
+    pub evict_reserve: usize,
 }
 
 /// A process running on this pComponent.
@@ -154,7 +156,7 @@ impl Pcomp {
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(),
-                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(),
+                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve,
                 },
                 "compressed_tier": tier,
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -204,6 +206,12 @@ impl Pcomp {
             ("pcomp_dirty_scanned_pages_total", &t.dirty_scanned_pages),
             ("pcomp_scan_clean_evictions_total", &t.scan_clean_evictions),
             ("pcomp_writebacks_avoided_total", &t.writebacks_avoided),
+            ("pcomp_inline_evictions_total", &t.inline_evictions),
+            ("pcomp_bg_evictions_total", &t.bg_evictions),
+            ("pcomp_bg_writebacks_total", &t.bg_writebacks),
+            ("pcomp_bg_writeback_batches_total", &t.bg_writeback_batches),
+            ("pcomp_evictor_ns_total", &t.evictor_ns),
+            ("pcomp_evictor_cpu_ns_total", &t.evictor_cpu_ns),
         ] {
             metrics::counter!(k).absolute(v.load(Relaxed));
         }
@@ -269,6 +277,8 @@ pub struct ProcArgs {
 
 pub const SCAN_WITH_HUGE_PAGES: &str = "dirty_tracking = \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB";
 
+pub const SCAN_WITH_EVICTOR: &str = "dirty_tracking = \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier";
+
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let policy = policy_by_name(&args.cfg.policy)
@@ -280,6 +290,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         if args.cfg.huge_pages == HugePages::On {
             anyhow::bail!("{}", SCAN_WITH_HUGE_PAGES);
         }
+        if args.cfg.evict_reserve > 0 {
+            anyhow::bail!("{}", SCAN_WITH_EVICTOR);
+        }
         dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
     }
     let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
@@ -290,6 +303,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::Off => None,
         HugePages::On => Some(huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
+    let cache = ExCache::new(lines, args.cfg.ways, policy);
+    if args.cfg.evict_reserve >= cache.ways() {
+        anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
+    }
     let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport)?;
     let store = Arc::new(RemoteStore::new(node.clone()));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
@@ -299,9 +316,12 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let mut miss = MissPath::new(ExCache::new(lines, args.cfg.ways, policy), store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
+        let mut miss = MissPath::new(cache, store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
         if args.cfg.compressed_tier_bytes > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
+        }
+        if args.cfg.evict_reserve > 0 {
+            miss = miss.with_evictor(args.cfg.evict_reserve);
         }
         Pcomp {
             node: node.clone(),
@@ -321,6 +341,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     // Programs must not find dead mounts: unmount the vNode file systems before exiting.
     stop.on_stop(move || p2.mounts.unmount_all());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
+    if args.cfg.evict_reserve > 0 {
+        let p2 = p.clone();
+        std::thread::Builder::new().name("evictor".into()).spawn(move || p2.miss.run_evictor())?;
+    }
     shim::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;

@@ -85,6 +85,21 @@ pub struct RunStats {
     pub huge_pages: AtomicU64,
     /// Huge pages split into 4 KiB pages because part of them left the program.
     pub huge_splits: AtomicU64,
+    /// Lines evicted on a miss's way (for the line, its read-ahead or its fault-around):
+    /// the miss waited for them. Also counted in `evictions`.
+    pub inline_evictions: AtomicU64,
+    /// Lines the background evictor took out ahead of the misses. Also counted in
+    /// `evictions`.
+    pub bg_evictions: AtomicU64,
+    /// Pages it wrote back: dirty victims, and the dirty tier entries they pushed out.
+    pub bg_writebacks: AtomicU64,
+    /// The messages that carried them.
+    pub bg_writeback_batches: AtomicU64,
+    /// Time the background evictor spent working, between its sleeps (a run is charged its
+    /// share of the lines of each round).
+    pub evictor_ns: AtomicU64,
+    /// The CPU time of its thread in those rounds, charged the same way.
+    pub evictor_cpu_ns: AtomicU64,
 }
 
 fn histogram() -> Mutex<Histogram<u64>> {
@@ -137,6 +152,12 @@ impl Default for RunStats {
             errors: Mutex::new(Vec::new()),
             huge_pages: AtomicU64::new(0),
             huge_splits: AtomicU64::new(0),
+            inline_evictions: AtomicU64::new(0),
+            bg_evictions: AtomicU64::new(0),
+            bg_writebacks: AtomicU64::new(0),
+            bg_writeback_batches: AtomicU64::new(0),
+            evictor_ns: AtomicU64::new(0),
+            evictor_cpu_ns: AtomicU64::new(0),
         }
     }
 }
@@ -189,6 +210,12 @@ impl RunStats {
             "errors": *self.errors.lock().unwrap(),
             "huge_pages": self.huge_pages.load(Relaxed),
             "huge_splits": self.huge_splits.load(Relaxed),
+            "inline_evictions": self.inline_evictions.load(Relaxed),
+            "bg_evictions": self.bg_evictions.load(Relaxed),
+            "bg_writebacks": self.bg_writebacks.load(Relaxed),
+            "bg_writeback_batches": self.bg_writeback_batches.load(Relaxed),
+            "evictor_ns": self.evictor_ns.load(Relaxed),
+            "evictor_cpu_ns": self.evictor_cpu_ns.load(Relaxed),
         })
     }
 }

@@ -1463,3 +1463,5 @@ fn scan_mode_fails_the_process_of_a_line_it_cannot_take_even_a_clean_one() {
     assert!(failed[0].0 == 1 && failed[0].1.contains("splice refused"), "{failed:?}");
     assert!(other.t.alive());
 }
+
+mod evictor;

@@ -1,0 +1,234 @@
+//! The background evictor (evictor.rs): [`MissPath::refill`] is one round of its thread, run
+//! here by hand between the program's accesses.
+use super::*;
+
+/// A miss path whose evictor keeps `reserve` spare ways in sets of `ways`.
+fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
+    let store = MemStore::new(places);
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let f2 = failed.clone();
+    let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
+    let mp = MissPath::new(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
+    Rig { mp: Arc::new(mp.with_evictor(reserve)), store, failed }
+}
+
+/// A call to a region: its name, first page and pages.
+type Call = (&'static str, u64, u64);
+
+/// A region that records its write-protect and punch calls and holds punches while its gate
+/// is closed.
+#[derive(Clone, Default)]
+struct Watched {
+    inner: MemRegion,
+    calls: Arc<Mutex<Vec<Call>>>,
+    closed: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Watched {
+    fn calls(&self, name: &str) -> Vec<(u64, u64)> {
+        self.calls.lock().unwrap().iter().filter(|c| c.0 == name).map(|c| (c.1, c.2)).collect()
+    }
+    fn set_closed(&self, closed: bool) {
+        *self.closed.0.lock().unwrap() = closed;
+        self.closed.1.notify_all();
+    }
+}
+
+impl Region for Watched {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        self.inner.copy(vpn, data, wp)
+    }
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        self.inner.zero(vpn, wp)
+    }
+    fn wake(&self, vpn: u64) {
+        self.inner.wake(vpn)
+    }
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        if on {
+            self.calls.lock().unwrap().push(("write_protect", vpn, pages));
+        }
+        self.inner.write_protect(vpn, pages, on)
+    }
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.inner.allocate(vpn, pages)
+    }
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        self.calls.lock().unwrap().push(("punch", vpn, pages));
+        let mut closed = self.closed.0.lock().unwrap();
+        while *closed {
+            closed = self.closed.1.wait(closed).unwrap();
+        }
+        self.inner.punch(vpn, pages)
+    }
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_out(vpn, buf)
+    }
+}
+
+fn watched(mp: &MissPath, pid: u64) -> (Prog, Watched) {
+    let w = Watched::default();
+    let t = Tenant::new(pid, Box::new(w.clone()), Arc::new(RunStats::default()));
+    mp.add(t.clone(), Default::default());
+    (Prog { t, mem: w.inner.clone() }, w)
+}
+
+/// Sixteen lines in four sets of four, every way holding a dirty line of process 1: page `v`
+/// holds `v + 1`.
+fn full(r: &Rig, p: &Prog) {
+    for v in 0..16 {
+        assert!(p.write(&r.mp, v, v as u8 + 1));
+    }
+    assert_eq!(p.stat(|s| &s.evictions), 0);
+}
+
+#[test]
+fn the_evictor_frees_ways_ahead_of_misses_in_batches() {
+    let r = rig_evictor(16, 4, 1, 1);
+    let (p, w) = watched(&r.mp, 1);
+    full(&r, &p);
+    r.mp.refill();
+    // Each set's oldest line (pages 0-3, neighbours) is protected and punched in one call
+    // each, and the four are written back in one message.
+    assert_eq!((p.stat(|s| &s.bg_evictions), p.stat(|s| &s.bg_writebacks), p.stat(|s| &s.bg_writeback_batches)), (4, 4, 1));
+    assert_eq!(w.calls("punch"), vec![(0, 4)]);
+    assert_eq!(w.calls("write_protect"), vec![(0, 4)]);
+    assert_eq!(r.store.calls("flush_many"), 1);
+    assert_eq!(r.mp.with_cache(|c| c.used()), 12);
+    // A miss in each set takes the spare way: none waits for a victim.
+    for v in 16..20 {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert_eq!(p.stat(|s| &s.inline_evictions), 0);
+    assert_eq!(r.store.calls.lock().unwrap().len(), 1, "no write-back on the misses' way");
+    // With the reserve used up and the evictor not run, misses evict inline again.
+    for v in 0..4 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v} comes back from the store");
+    }
+    assert_eq!(p.stat(|s| &s.inline_evictions), 4);
+    assert_eq!(p.stat(|s| &s.evictions), 8);
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_failed_background_write_back_fails_the_victims_process_and_nothing_else() {
+    // Place = vpn % 2: the victims at even pages go to place 0, which refuses write-backs.
+    let r = rig_evictor(16, 4, 1, 2);
+    let other = r.prog(2);
+    let p = r.prog(1);
+    full(&r, &p);
+    r.store.failing.lock().unwrap().insert(0);
+    r.mp.refill();
+    let failed = r.failed();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, 1);
+    assert!(failed[0].1.contains("mComponent 0") && failed[0].1.contains("only copy"), "{}", failed[0].1);
+    assert!(!p.t.alive());
+    // Never zeros for a lost page: the process is not served any more.
+    assert_eq!(p.read(&r.mp, 0), None);
+    // The victims at the other place were written back; other processes go on.
+    assert_eq!(r.stored(1, 1), Some(2));
+    assert!(other.write(&r.mp, 1, 5));
+    assert_eq!(other.read(&r.mp, 1), Some(5));
+}
+
+#[test]
+fn a_miss_on_a_victim_waits_for_its_background_write_back() {
+    let r = rig_evictor(16, 4, 1, 1);
+    let p = Arc::new(r.prog(1));
+    full(&r, &p);
+    r.store.set_gate(false);
+    let mp = r.mp.clone();
+    let evictor = std::thread::spawn(move || mp.refill());
+    while r.store.calls("flush_many") == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let (mp, p2, d2) = (r.mp.clone(), p.clone(), done.clone());
+    let reader = std::thread::spawn(move || {
+        let v = p2.read(&mp, 2);
+        d2.store(true, Ordering::SeqCst);
+        v
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.load(Ordering::SeqCst), "the miss must wait for the write-back of its page");
+    r.store.set_gate(true);
+    evictor.join().unwrap();
+    assert_eq!(reader.join().unwrap(), Some(3));
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_write_to_a_line_being_evicted_waits_and_is_kept() {
+    let r = rig_evictor(16, 4, 1, 1);
+    let (p, w) = watched(&r.mp, 1);
+    let p = Arc::new(p);
+    full(&r, &p);
+    // The evictor stops in the punch: pages 0-3 are protected and copied, still resident.
+    w.set_closed(true);
+    let mp = r.mp.clone();
+    let evictor = std::thread::spawn(move || mp.refill());
+    while w.calls("punch").is_empty() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let (mp, p2, d2) = (r.mp.clone(), p.clone(), done.clone());
+    let writer = std::thread::spawn(move || {
+        let ok = p2.write(&mp, 1, 99);
+        d2.store(true, Ordering::SeqCst);
+        ok
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.load(Ordering::SeqCst), "a write to a line being evicted waits for the eviction");
+    w.set_closed(false);
+    evictor.join().unwrap();
+    assert!(writer.join().unwrap());
+    // The write landed on the line fetched back, after the copy taken for the write-back.
+    assert_eq!(r.stored(1, 1), Some(2));
+    r.mp.evict_range(&p.t, 0, 32).unwrap();
+    assert_eq!(p.read(&r.mp, 1), Some(99));
+    assert!(r.failed().is_empty());
+}
+
+#[test]
+fn a_victim_that_cannot_be_copied_out_stays_resident_and_dirty() {
+    let r = rig_evictor(16, 4, 1, 1);
+    let (p, fail_read) = flaky(&r.mp, 1);
+    full(&r, &p);
+    fail_read.store(true, Ordering::SeqCst);
+    r.mp.refill();
+    assert!(r.failed().is_empty(), "nothing was lost: nobody is failed");
+    assert_eq!(p.stat(|s| &s.bg_evictions), 3);
+    let l = r.mp.with_cache(|c| c.lookup(1, 0).map(|s| *c.line(s))).expect("page 0 stays");
+    assert!(l.dirty && l.wp && l.state == LineState::Ready, "{l:?}");
+    assert_eq!(r.stored(1, 0), None);
+    // Protected by the attempt: its next write traps and is seen.
+    assert!(p.write(&r.mp, 0, 50));
+    assert_eq!(p.stat(|s| &s.wp_faults), 1);
+    r.mp.evict_range(&p.t, 0, 32).unwrap();
+    assert_eq!(p.read(&r.mp, 0), Some(50));
+}
+
+#[test]
+fn the_evictor_thread_sleeps_until_sets_run_short_and_stops_when_told() {
+    // 64 sets: four of them short wake the evictor.
+    let r = rig_evictor(256, 4, 1, 1);
+    let p = r.prog(1);
+    let mp = r.mp.clone();
+    let evictor = std::thread::spawn(move || mp.run_evictor());
+    for v in 0..1024 {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    let t0 = Instant::now();
+    while p.stat(|s| &s.bg_evictions) == 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    r.mp.stop_evictor();
+    evictor.join().unwrap();
+    assert!(p.stat(|s| &s.bg_evictions) > 0);
+    assert_eq!(p.stat(|s| &s.evictions), p.stat(|s| &s.bg_evictions) + p.stat(|s| &s.inline_evictions));
+    for v in 0..1024 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8), "page {v}");
+    }
+    assert!(r.failed().is_empty());
+}
