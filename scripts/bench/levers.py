@@ -39,6 +39,10 @@ DEFAULT_LEVERS = [
 OPTIONAL_LEVERS = [
     ("read-ahead nextline", ["--prefetch-policy", "nextline"]),
     ("read-ahead leap", ["--prefetch-policy", "leap"]),
+    ("background evictor", ["--evict-reserve", "1"]),
+    ("dirty tracking by scan", ["--dirty-tracking", "scan"]),
+    ("miss served on the faulting CPU", ["--fault-cpu", "faulting"]),
+    ("huge pages", ["--huge-pages", "on"]),
     ("adaptive polling", ["--polling", "adaptive"]),
 ]
 
