@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The miss-path levers side by side (an ablation): each workload natively, under splitos with
 its defaults, with every lever off, with each default lever off in turn, and with each
-optional lever on in turn (LEVERS below), the configurations interleaved run by run. Reports
+optional lever on in turn (LEVERS below), the configurations in a fresh random order each repetition. Reports
 median wall time (min-max), the slowdown against native, traps for first touches, remote
 misses, lines read ahead (and the sampled share of them the program used), installed around or
 pre-allocated, write-backs, and the program's heap calls (answered by the pComponent alone, and
@@ -19,6 +19,7 @@ writes results/levers-tier.json and the "Compressed tier" section.
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -37,8 +38,8 @@ DEFAULT_LEVERS = [
     ("heap reuse", ["--heap-reuse", "0"]),
 ]
 OPTIONAL_LEVERS = [
+    ("read-ahead sequential", ["--prefetch-policy", "sequential"]),
     ("read-ahead nextline", ["--prefetch-policy", "nextline"]),
-    ("read-ahead leap", ["--prefetch-policy", "leap"]),
     ("background evictor", ["--evict-reserve", "1"]),
     ("dirty tracking by scan", ["--dirty-tracking", "scan"]),
     ("miss served on the faulting CPU", ["--fault-cpu", "faulting"]),
@@ -153,9 +154,15 @@ def main():
                 continue
             native, runs = [], {c[0]: [] for c in chosen}
             for rep in range(args.reps):
-                native.append(run(cmd)[0])
-                for label, flags in (chosen if rep % 2 == 0 else chosen[::-1]):
-                    runs[label].append(run(cmd, ex, flags))
+                # A fresh order each repetition (native included): a run right after another
+                # that freed much memory was measurably slower here, whatever ran.
+                order = [("native", None), *chosen]
+                random.Random(rep).shuffle(order)
+                for label, flags in order:
+                    if flags is None:
+                        native.append(run(cmd)[0])
+                    else:
+                        runs[label].append(run(cmd, ex, flags))
             row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "native_min_s": min(native), "native_max_s": max(native), "configs": {}}
             for label, rs in runs.items():
                 walls = [w for w, _ in rs]
@@ -215,7 +222,7 @@ def report(res):
         "## Levers of the miss path",
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Medians of {p['reps']} runs, "
-        f"configurations interleaved; an embedded cluster (its start is in every wall time) with its defaults (`splitos run --help`), "
+        f"configurations (and native) in a fresh random order each repetition; an embedded cluster (its start is in every wall time) with its defaults (`splitos run --help`), "
         f"and the flags of each configuration: {flags}. Load average (1 min) {res['load_before'][0]:.1f} before, {res['load_after'][0]:.1f} after. "
         "Read ahead used: of the sampled lines read ahead (one in 16), the share the program touched before eviction.",
         "",
