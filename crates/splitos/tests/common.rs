@@ -383,3 +383,28 @@ pub fn read_line(child: &mut std::process::Child) -> String {
     r.read_line(&mut line).unwrap();
     line
 }
+
+/// Runs `forktest 12` (a parent and a forked child checking each other's pages) on a cluster
+/// whose pComponent has `pcomp` in its table and a 4 MiB ExCache, and checks its output against
+/// a native run. Returns the cluster and its pComponent's address, for its counters.
+pub fn forktest_on(pcomp: &str) -> (TestCluster, String) {
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n{pcomp}\n[[mcomponent]]\n")));
+    let fork = program("forktest");
+    let cmd = [fork.to_str().unwrap(), "12"];
+    let native = native(&cmd);
+    let out = c.run(&[], &cmd);
+    assert_eq!(text(&out.stdout), text(&native.stdout), "stderr:\n{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("child sum=same changed=yes") && text(&out.stdout).contains("intact"), "{}", text(&out.stdout));
+    let addr = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    (c, addr)
+}
+
+/// A CPython script that maps, unmaps and purges its arenas and forks, printing what both
+/// processes counted.
+pub const PY_COUNTER_FORK: &str = "import collections, os, sys\n\
+    words = [str(i * 7919 % 100003) for i in range(300000)]\n\
+    c = collections.Counter(words)\n\
+    pid = os.fork()\n\
+    if pid == 0:\n    c['child'] += 1\n    print('child', len(c), sum(c.values()))\n    sys.stdout.flush()\n    os._exit(0)\n\
+    os.waitpid(pid, 0)\n\
+    print('parent', len(c), sum(c.values()), c.most_common(3))\n";

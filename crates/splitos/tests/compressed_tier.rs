@@ -32,14 +32,7 @@ fn the_tier_serves_evicted_lines_locally_and_programs_see_their_own_data() {
 
 #[test]
 fn a_forked_child_gets_the_pages_the_tier_held_and_the_counters_show_it() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\ncompressed_tier = \"8M\"\n[[mcomponent]]\n"));
-    let fork = program("forktest");
-    let cmd = [fork.to_str().unwrap(), "12"];
-    let native = native(&cmd);
-    let out = c.run(&[], &cmd);
-    assert_eq!(text(&out.stdout), text(&native.stdout), "stderr:\n{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("child sum=same changed=yes") && text(&out.stdout).contains("intact"), "{}", text(&out.stdout));
-    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let (c, pcomp) = forktest_on("compressed_tier = \"8M\"");
     // 12 MiB through a 4 MiB ExCache: the parent's evicted pages were in the tier, dirty, when
     // it forked; they reached the mComponent before it copied the parent's pages.
     assert!(c.metric(&pcomp, "pcomp_tier_hits_total") > 0.0);

@@ -41,14 +41,7 @@ fn no_write_is_lost_while_threads_write_pages_under_eviction() {
 
 #[test]
 fn a_forked_child_gets_the_pages_its_parent_wrote_with_scan_tracking_from_the_config() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\ndirty_tracking = \"scan\"\n[[mcomponent]]\n"));
-    let fork = program("forktest");
-    let cmd = [fork.to_str().unwrap(), "12"];
-    let native = native(&cmd);
-    let out = c.run(&[], &cmd);
-    assert_eq!(text(&out.stdout), text(&native.stdout), "stderr:\n{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("child sum=same changed=yes") && text(&out.stdout).contains("intact"), "{}", text(&out.stdout));
-    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let (c, pcomp) = forktest_on("dirty_tracking = \"scan\"");
     // The fork's write-back asked the kernel which resident lines were written.
     assert!(c.metric(&pcomp, "pcomp_dirty_scans_total") > 0.0);
     assert_eq!(c.metric(&pcomp, "pcomp_wp_faults_total"), 0.0);

@@ -28,14 +28,7 @@ fn the_evictor_takes_evictions_off_the_miss_path_and_programs_see_their_own_data
 
 #[test]
 fn a_forked_child_gets_its_parents_pages_with_the_evictor_on_and_the_pcomponent_counts_it() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\nevict_reserve = 2\n[[mcomponent]]\n"));
-    let fork = program("forktest");
-    let cmd = [fork.to_str().unwrap(), "12"];
-    let native = native(&cmd);
-    let out = c.run(&[], &cmd);
-    assert_eq!(text(&out.stdout), text(&native.stdout), "stderr:\n{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("child sum=same changed=yes") && text(&out.stdout).contains("intact"), "{}", text(&out.stdout));
-    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let (c, pcomp) = forktest_on("evict_reserve = 2");
     let bg = c.metric(&pcomp, "pcomp_bg_evictions_total");
     assert!(bg > 0.0, "background evictions: {bg}");
     assert!(c.metric(&pcomp, "pcomp_inline_evictions_total") < bg);

@@ -55,13 +55,7 @@ fn huge_pages_split_when_their_lines_leave_and_every_program_keeps_its_semantics
     assert!(huge > 0 && splits > 0, "huge pages made {huge}, split {splits}");
     // CPython, which maps, unmaps and purges its arenas, and forks.
     let py = python3();
-    let script = "import collections, os, sys\n\
-        words = [str(i * 7919 % 100003) for i in range(300000)]\n\
-        c = collections.Counter(words)\n\
-        pid = os.fork()\n\
-        if pid == 0:\n    c['child'] += 1\n    print('child', len(c), sum(c.values()))\n    sys.stdout.flush()\n    os._exit(0)\n\
-        os.waitpid(pid, 0)\n\
-        print('parent', len(c), sum(c.values()), c.most_common(3))\n";
+    let script = PY_COUNTER_FORK;
     for excache in ["256M", "8M"] {
         let (_, s) = same_as_native_with_stats(&["--excache", excache, "--huge-pages", "on"], &[&py, "-c", script]);
         assert!(n(&s, "huge_pages") > 0 && n(&s, "processes") == 2, "{s}");

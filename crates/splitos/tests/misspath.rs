@@ -137,13 +137,7 @@ fn pre_allocation_keeps_every_program_semantic_and_saves_first_touches() {
     assert!(n(&s, "heap_calls_local") > 0 && n(&s, "heap_calls") > n(&s, "heap_calls_local"), "{s}");
     // CPython, which maps, unmaps and purges its arenas, and forks: the same output as natively.
     let py = python3();
-    let script = "import collections, os, sys\n\
-        words = [str(i * 7919 % 100003) for i in range(300000)]\n\
-        c = collections.Counter(words)\n\
-        pid = os.fork()\n\
-        if pid == 0:\n    c['child'] += 1\n    print('child', len(c), sum(c.values()))\n    sys.stdout.flush()\n    os._exit(0)\n\
-        os.waitpid(pid, 0)\n\
-        print('parent', len(c), sum(c.values()), c.most_common(3))\n";
+    let script = PY_COUNTER_FORK;
     for excache in ["256M", "8M"] {
         let (_, s) = same_as_native_with_stats(&["--excache", excache, "--prealloc", "64"], &[&py, "-c", script]);
         assert!(n(&s, "preallocated") > 0 && n(&s, "processes") == 2, "{s}");
