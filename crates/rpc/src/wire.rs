@@ -1,4 +1,4 @@
-//! The splitos wire format, version 3. This file is the one place it is defined; docs/wire.md
+//! The splitos wire format, version 4. This file is the one place it is defined; docs/wire.md
 //! describes it for people.
 //!
 //! Every frame is a 24-byte little-endian [`FrameHeader`] followed by `len` bytes of body, the
@@ -22,7 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
 /// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
 /// `P2M_FLUSH_FETCH_MANY`.
-pub const WIRE_VERSION: u16 = 3;
+pub const WIRE_VERSION: u16 = 4;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -384,7 +384,7 @@ messages! {
     M2S_READ { pub vnode: String, pub ino: u64, pub offset: u64, pub len: u32 };
     S2M_DATA { pub data: ByteBuf };
     /// Writes back dirty data; `size` is the file's size as the buffer cache knows it.
-    M2S_WRITE { pub vnode: String, pub ino: u64, pub offset: u64, pub data: ByteBuf, pub size: u64 };
+    M2S_WRITE { pub vnode: String, pub ino: u64, pub offset: u64, pub data: ByteBuf, pub size: u64, pub mtime_ns: i64 };
     /// Reserves disk space up to `bytes` for the file: ENOSPC if the quota or disk is full.
     M2S_RESERVE { pub vnode: String, pub ino: u64, pub bytes: u64 };
     M2S_SETSIZE { pub vnode: String, pub ino: u64, pub size: u64 };

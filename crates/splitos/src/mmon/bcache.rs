@@ -197,7 +197,7 @@ impl BufferCache {
                 data.extend_from_slice(&f.blocks[&b].data[..]);
             }
             data.truncate((upto - off) as usize);
-            let msg = M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size };
+            let msg = M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size, mtime_ns: f.mtime_ns };
             self.call(&f.scomp, msg)?;
             self.c.writebacks.fetch_add(end - start, Relaxed);
             metrics::counter!("mcomp_bcache_writeback_blocks_total").increment(end - start);

@@ -208,6 +208,8 @@ impl VnodeFs {
             if let Some(size) = cached.size {
                 a.size = size;
                 a.mtime_ns = a.mtime_ns.max(cached.mtime_ns);
+                // A buffered write changed the file already; its write-back keeps that time.
+                a.ctime_ns = a.ctime_ns.max(cached.mtime_ns);
             }
         }
         Ok(a)

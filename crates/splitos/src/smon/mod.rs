@@ -58,7 +58,7 @@ impl Storage {
     }
 
     fn write(&self, r: M2S_WRITE) -> Result<OK, Refusal> {
-        fs(self.store.write_data(&r.vnode, r.ino, r.offset, &r.data, r.size))?;
+        fs(self.store.write_data(&r.vnode, r.ino, r.offset, &r.data, r.size, r.mtime_ns))?;
         self.bytes_written.fetch_add(r.data.len() as u64, Relaxed);
         metrics::counter!("scomp_written_bytes_total").increment(r.data.len() as u64);
         Ok(OK)

@@ -519,7 +519,7 @@ mod tests {
         assert_eq!(s.create(v, "/nope/x", FileKind::File, 0o644, 0, 0, true, None), Err(libc::ENOENT));
         assert_eq!(s.unlink(v, "/d", true), Err(libc::ENOTEMPTY));
         assert_eq!(s.unlink(v, "/d", false), Err(libc::EISDIR));
-        s.write_data(v, f.ino, 0, b"hello", 5).unwrap();
+        s.write_data(v, f.ino, 0, b"hello", 5, 0).unwrap();
         s.rename(v, "/d", "/e", false).unwrap();
         assert_eq!(s.lookup(v, "/e/f").unwrap().ino, f.ino);
         assert_eq!(s.lookup(v, "/d/f"), Err(libc::ENOENT));
@@ -528,7 +528,7 @@ mod tests {
         let (names, more) = s.readdir(v, "/", None).unwrap();
         assert_eq!((names.len(), more), (1, false));
         assert_eq!(s.lookup("other", "/e"), Err(libc::ENOENT), "vNodes do not share names");
-        assert_eq!(s.write_data(v, f.ino, 0, &vec![1u8; 2 << 20], 2 << 20), Err(libc::ENOSPC));
+        assert_eq!(s.write_data(v, f.ino, 0, &vec![1u8; 2 << 20], 2 << 20, 0), Err(libc::ENOSPC));
         let gone = s.unlink(v, "/e/f", false).unwrap().unwrap();
         assert_eq!(s.read_data(v, gone, 0, 5).unwrap(), b"hello", "a detached inode keeps its data");
         s.drop_inode(v, gone).unwrap();

@@ -155,7 +155,10 @@ impl Store {
         Ok(())
     }
 
-    pub fn write_data(&self, vnode: &str, ino_no: u64, offset: u64, data: &[u8], size: u64) -> FsResult<()> {
+    /// `written_ns` is when the program wrote the data (a buffer cache writes it back later;
+    /// 0: now): the file's times say when it changed, not when its blocks reached the disk, so
+    /// a reader does not see a file change under it because a cache wrote it back.
+    pub fn write_data(&self, vnode: &str, ino_no: u64, offset: u64, data: &[u8], size: u64, written_ns: i64) -> FsResult<()> {
         let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_SIZE && size <= MAX_FILE_SIZE).ok_or(libc::EFBIG)?;
         // An overwrite inside the file and its reservation changes no metadata but the mtime,
         // which is kept to the second: no namespace commit, so fsync is one fdatasync.
@@ -176,9 +179,12 @@ impl Store {
             }
             self.with_file(vkey, ino_no, |f| f.write_all_at(data, offset))?;
             i.attr.size = size;
-            let now = now_ns();
-            i.attr.mtime_ns = now;
-            i.attr.ctime_ns = now;
+            let when = if written_ns > 0 { written_ns.min(now_ns()) } else { now_ns() };
+            // A change of the file's attributes after the write (an explicit mtime) stands.
+            if when >= i.attr.ctime_ns {
+                i.attr.mtime_ns = when;
+                i.attr.ctime_ns = when;
+            }
             Store::put_inode(&mut ino, &i)
         })
     }
@@ -221,10 +227,26 @@ mod tests {
         let f = s.create("v", "/f", FileKind::File, 0o644, 0, 0, true, None).unwrap();
         s.reserve("v", f.ino, 4 << 20).unwrap();
         assert_eq!(s.used(), 4 << 20);
-        s.write_data("v", f.ino, 0, b"abc", 3).unwrap();
+        s.write_data("v", f.ino, 0, b"abc", 3, 0).unwrap();
         s.reserve("v", f.ino, 0).unwrap();
         assert_eq!(s.used(), 4096, "only the block holding data stays reserved");
         assert_eq!(s.reserve("v", f.ino, 9 << 20), Err(libc::ENOSPC));
-        assert_eq!(s.write_data("v", f.ino, u64::MAX - 2, b"abc", 3), Err(libc::EFBIG));
+        assert_eq!(s.write_data("v", f.ino, u64::MAX - 2, b"abc", 3, 0), Err(libc::EFBIG));
+    }
+
+    #[test]
+    fn a_written_back_block_keeps_the_time_it_was_written() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path(), 8 << 20).unwrap();
+        let f = s.create("v", "/f", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        let written = now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        s.write_data("v", f.ino, 0, &[7u8; 8192], 8192, written).unwrap();
+        let a = s.getattr("v", f.ino).unwrap();
+        assert_eq!((a.mtime_ns, a.ctime_ns), (written, written), "the write's time, not the write-back's");
+        // A write-back of data written before the file's last change leaves its times alone.
+        s.write_data("v", f.ino, 8192, &[8u8; 4096], 12288, written - 1_000_000).unwrap();
+        let b = s.getattr("v", f.ino).unwrap();
+        assert_eq!((b.mtime_ns, b.ctime_ns, b.size), (written, written, 12288));
     }
 }
