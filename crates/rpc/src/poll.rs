@@ -17,38 +17,18 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// How a waiter polls: `fixed` (the default: always the whole ceiling) or `adaptive`. On the
-/// 2-vCPU machines we measured, adaptive polling made programs with frequent misses 5-15%
-/// slower (a waiter descheduled between polls sees a long wait and stops polling just before
-/// the next burst) and saved no measurable CPU, so it is a choice, not the default
-/// (docs/benchmarks.md, "Transports").
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Polling {
-    Adaptive,
-    #[default]
-    Fixed,
-}
-
-pub const POLLING: &[&str] = &["adaptive", "fixed"];
-
-impl std::str::FromStr for Polling {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Polling, String> {
-        match s {
-            "adaptive" => Ok(Polling::Adaptive),
-            "fixed" => Ok(Polling::Fixed),
-            _ => Err(format!("unknown polling {s:?} (known: {})", POLLING.join(", "))),
-        }
-    }
-}
-
-impl std::fmt::Display for Polling {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Polling::Adaptive => "adaptive",
-            Polling::Fixed => "fixed",
-        })
+crate::knob_enum! {
+    /// How a waiter polls: `fixed` (the default: always the whole ceiling) or `adaptive`. On the
+    /// 2-vCPU machines we measured, adaptive polling made programs with frequent misses 5-15%
+    /// slower (a waiter descheduled between polls sees a long wait and stops polling just before
+    /// the next burst) and saved no measurable CPU, so it is a choice, not the default
+    /// (docs/benchmarks.md, "Transports").
+    #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Polling, "polling", POLLING {
+        Adaptive = "adaptive",
+        #[default]
+        Fixed = "fixed",
     }
 }
 

@@ -55,38 +55,18 @@ use splitos_shim_abi::uffd;
 use super::store::Page;
 use super::uffd::{punch, PAGE};
 
-/// How the pComponent learns which lines a program wrote.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DirtyTracking {
-    /// A line installed after a read is write-protected and the first write traps to the
-    /// pComponent; lines of a process whose reads are mostly followed by writes are installed
-    /// writable and dirty instead.
-    #[default]
-    Fault,
-    /// The kernel lifts write protection itself and PAGEMAP_SCAN reports written pages.
-    Scan,
-}
-
-pub const DIRTY_TRACKING: &[&str] = &["fault", "scan"];
-
-impl std::str::FromStr for DirtyTracking {
-    type Err = String;
-    fn from_str(s: &str) -> Result<DirtyTracking, String> {
-        match s {
-            "fault" => Ok(DirtyTracking::Fault),
-            "scan" => Ok(DirtyTracking::Scan),
-            _ => Err(format!("unknown dirty tracking {s:?} (known: {})", DIRTY_TRACKING.join(", "))),
-        }
-    }
-}
-
-impl std::fmt::Display for DirtyTracking {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            DirtyTracking::Fault => "fault",
-            DirtyTracking::Scan => "scan",
-        })
+splitos_rpc::knob_enum! {
+    /// How the pComponent learns which lines a program wrote.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum DirtyTracking, "dirty_tracking", DIRTY_TRACKING {
+        /// A line installed after a read is write-protected and the first write traps to the
+        /// pComponent; lines of a process whose reads are mostly followed by writes are
+        /// installed writable and dirty instead.
+        #[default]
+        Fault = "fault",
+        /// The kernel lifts write protection itself and PAGEMAP_SCAN reports written pages.
+        Scan = "scan",
     }
 }
 

@@ -26,33 +26,13 @@ use splitos_rpc::cpu::{self, Placement};
 
 use super::stats::RunStats;
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum FaultCpu {
-    #[default]
-    Any,
-    Faulting,
-}
-
-pub const FAULT_CPUS: &[&str] = &["any", "faulting"];
-
-impl std::str::FromStr for FaultCpu {
-    type Err = String;
-    fn from_str(s: &str) -> Result<FaultCpu, String> {
-        match s {
-            "any" => Ok(FaultCpu::Any),
-            "faulting" => Ok(FaultCpu::Faulting),
-            _ => Err(format!("unknown fault_cpu {s:?} (known: {})", FAULT_CPUS.join(", "))),
-        }
-    }
-}
-
-impl std::fmt::Display for FaultCpu {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FaultCpu::Any => "any",
-            FaultCpu::Faulting => "faulting",
-        })
+splitos_rpc::knob_enum! {
+    #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+    #[serde(rename_all = "lowercase")]
+    pub enum FaultCpu, "fault_cpu", FAULT_CPUS {
+        #[default]
+        Any = "any",
+        Faulting = "faulting",
     }
 }
 

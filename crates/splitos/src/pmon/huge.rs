@@ -37,35 +37,15 @@ const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 const SHMEM_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
 
-/// Whether the pComponent backs heaps with its private tmpfs and pre-allocates fresh 2 MiB
-/// extents as huge pages.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum HugePages {
-    #[default]
-    Off,
-    On,
-}
-
-pub const HUGE_PAGES: &[&str] = &["off", "on"];
-
-impl std::str::FromStr for HugePages {
-    type Err = String;
-    fn from_str(s: &str) -> Result<HugePages, String> {
-        match s {
-            "off" => Ok(HugePages::Off),
-            "on" => Ok(HugePages::On),
-            _ => Err(format!("unknown huge_pages {s:?} (known: {})", HUGE_PAGES.join(", "))),
-        }
-    }
-}
-
-impl std::fmt::Display for HugePages {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HugePages::Off => "off",
-            HugePages::On => "on",
-        })
+splitos_rpc::knob_enum! {
+    /// Whether the pComponent backs heaps with its private tmpfs and pre-allocates fresh 2 MiB
+    /// extents as huge pages.
+    #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+    #[serde(rename_all = "lowercase")]
+    pub enum HugePages, "huge_pages", HUGE_PAGES {
+        #[default]
+        Off = "off",
+        On = "on",
     }
 }
 
