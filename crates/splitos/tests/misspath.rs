@@ -151,3 +151,24 @@ fn pre_allocation_keeps_every_program_semantic_and_saves_first_touches() {
     assert!(n(&on, "preallocated") > 10_000, "{on}");
     assert!(n(&on, "plocal_fills") * 16 < n(&off, "plocal_fills"), "first touches that trap: {} with pre-allocation, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
 }
+
+#[test]
+fn gnu_sort_filling_its_line_table_downwards_traps_once_per_window() {
+    // GNU sort keeps the text at the start of its buffer and its table of lines growing down
+    // from the end: the window after a first touch must follow that direction too.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("words");
+    let mut words = String::new();
+    let mut x: u64 = 7;
+    for _ in 0..300_000 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        words.push_str(&format!("{:x}\n", x >> 40));
+    }
+    std::fs::write(&input, words).unwrap();
+    let cmd = ["sort", "-S", "256M", input.to_str().unwrap()];
+    let (_, off) = same_as_native_with_stats(&["--excache", "256M", "--fault-around", "0", "--prealloc", "0"], &cmd);
+    let (_, on) = same_as_native_with_stats(&["--excache", "256M", "--fault-around", "16", "--prealloc", "64"], &cmd);
+    assert!(n(&off, "plocal_fills") > 3_000, "{off}");
+    assert!(n(&on, "preallocated") > 3_000, "{on}");
+    assert!(n(&on, "plocal_fills") * 16 < n(&off, "plocal_fills"), "first touches that trap: {} with the window, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
+}

@@ -486,26 +486,41 @@ impl MissPath {
         ahead
     }
 
-    /// Claims ways for the fresh lines after a first touch at `vpn`: lines that never left this
+    /// Claims ways for the fresh lines next to a first touch at `vpn` (after it, or before it
+    /// if the line after was touched already): lines that never left this
     /// pComponent, are not resident, lie in a writable mapping and take a way without a
     /// write-back, so that a program filling new memory traps once per window instead of once
-    /// per page. The first `fault_around` are installed zero-filled, writable and dirty with the
-    /// touched line; the `prealloc` after them are pre-allocated ([`MissPath::preallocate`]).
+    /// per page. The `fault_around` nearest are installed zero-filled, writable and dirty with
+    /// the touched line; the `prealloc` beyond them are pre-allocated ([`MissPath::preallocate`]).
     /// Either way they hold ExCache ways like any line and are evicted by the policy. (A victim
     /// the kernel saw written after it was last asked goes to `victims` all the same.)
     fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) -> Vec<(u64, usize)> {
+        let window = self.fault_around + self.prealloc;
+        if window == 0 {
+            return Vec::new();
+        }
         let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
         let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
-        let window = self.fault_around + self.prealloc;
         // With huge pages, the window ends with the extent: the next one's first touch may
         // take that extent whole.
         let huge = t.region.huge_pages();
-        let fresh: Vec<u64> = (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v) && !(huge && v % EXTENT == 0)).collect();
-        let mut around = Vec::new();
-        for v in fresh {
+        let fresh = |g: &MutexGuard<'_, State>, v: u64| {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
             // A page in the tier was written: it is not fresh, whether or not the store has it.
-            if stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
+            !(stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v))
+        };
+        // Memory filled downwards (GNU sort's line table grows from the end of its buffer) finds
+        // the line above already touched: the window then runs downwards, so that such a
+        // program too traps once per window instead of once per page.
+        let up = writable(vpn + 1) && !(huge && (vpn + 1) % EXTENT == 0) && fresh(g, vpn + 1);
+        let candidates: Vec<u64> = if up {
+            (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v) && !(huge && v % EXTENT == 0)).collect()
+        } else {
+            (vpn.saturating_sub(window)..vpn).rev().take_while(|v| writable(*v) && !(huge && (v + 1) % EXTENT == 0)).collect()
+        };
+        let mut around = Vec::new();
+        for v in candidates {
+            if !fresh(g, v) {
                 break;
             }
             let Some(c) = self.claim_way(g, t.pid, v, true) else { break };
@@ -677,7 +692,8 @@ impl MissPath {
     /// trapped before the pages existed finds the line ready and is woken. If the memfd
     /// cannot take them, each is installed as fault-around installs its lines.
     fn preallocate(&self, t: &Tenant, fresh: &[(u64, usize)]) {
-        let Some(&(first, _)) = fresh.first() else { return };
+        // The window is contiguous, upwards or downwards from the touched line.
+        let Some(first) = fresh.iter().map(|f| f.0).min() else { return };
         if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
             tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
             for (v, slot) in fresh {

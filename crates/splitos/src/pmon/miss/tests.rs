@@ -1027,6 +1027,42 @@ fn pre_allocated_lines_are_resident_without_a_trap_and_held_by_the_excache() {
 }
 
 #[test]
+fn memory_filled_downwards_gets_its_window_below_the_touched_line() {
+    let (r, p) = prealloc_rig(64, 2, 8);
+    assert!(p.write(&r.mp, 100, 1));
+    assert_eq!(p.stat(|s| &s.preallocated), 8, "the line above is fresh: the window runs upwards");
+    assert!(line(&r, 101).is_some() && line(&r, 99).is_none());
+    // The line above is taken now: the next first touch's window runs downwards.
+    assert!(p.write(&r.mp, 99, 2));
+    assert_eq!((p.stat(|s| &s.plocal_fills), p.stat(|s| &s.faulted_around), p.stat(|s| &s.preallocated)), (2, 4, 16));
+    for v in (89..99).rev() {
+        let l = line(&r, v).expect("the window below the touched line is in the ExCache");
+        assert!(l.dirty && !l.wp, "page {v}: {l:?}");
+        assert!(p.write(&r.mp, v, v as u8), "page {v}");
+    }
+    assert_eq!(p.stat(|s| &s.misses), 2, "filling downwards through the window never trapped");
+    assert!(p.write(&r.mp, 88, 3));
+    assert_eq!((p.stat(|s| &s.misses), p.stat(|s| &s.preallocated)), (3, 24), "past the window the next one starts, downwards again");
+    assert_eq!((p.read(&r.mp, 100), p.read(&r.mp, 95), p.read(&r.mp, 87)), (Some(1), Some(95), Some(0)));
+    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh lines need no message");
+}
+
+#[test]
+fn a_window_downwards_stops_at_a_line_that_left_the_pcomponent() {
+    let (r, p) = prealloc_rig(64, 0, 8);
+    // Page 95 is written back and evicted: it is not fresh, and the window must not zero it.
+    // (The untouched lines of its window are evicted with it and are fresh again.)
+    assert!(p.write(&r.mp, 95, 7));
+    r.mp.evict_range(&p.t, 95, 104).unwrap();
+    assert!(p.write(&r.mp, 99, 1));
+    assert!(line(&r, 100).is_some() && line(&r, 98).is_none(), "the line above was fresh: the window ran upwards");
+    assert!(p.write(&r.mp, 98, 2));
+    let below: Vec<u64> = (90..98).filter(|v| line(&r, *v).is_some()).collect();
+    assert_eq!(below, vec![96, 97], "the window runs down to the stored page, not past it");
+    assert_eq!(p.read(&r.mp, 95), Some(7));
+}
+
+#[test]
 fn pre_allocation_never_overfills_the_excache_nor_pushes_out_dirty_lines() {
     let (r, p) = prealloc_rig(8, 0, 64);
     assert!(p.write(&r.mp, 0, 1));
