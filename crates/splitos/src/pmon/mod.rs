@@ -96,6 +96,8 @@ pub struct Proc {
     stop: OwnedFd,
     /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
     reuse: Mutex<reuse::HeapReuse>,
+    /// Its heap region's addresses.
+    heap: std::ops::Range<u64>,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.

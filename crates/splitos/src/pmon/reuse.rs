@@ -34,13 +34,28 @@ impl HeapReuse {
 
     /// Keeps [start, start + len), mapped at the home with `prot`; false if the range is larger
     /// than a chunk (a whole reservation, not an arena) or the cap would be exceeded (the range
-    /// must then be unmapped at the home).
+    /// must then be unmapped at the home). A kept range next to it with the same protection
+    /// becomes one with it: V8 maps 508 KiB to cut an aligned 256 KiB page out of it and
+    /// unmaps the ends, which only a freed page between them makes large enough to hand out again.
     pub fn keep(&mut self, start: u64, len: u64, prot: u32) -> bool {
         if len > self.cap / CHUNKS || self.bytes + len > self.cap || self.overlaps(start, start + len) {
             return false;
         }
-        self.kept.insert(start, (len, prot));
         self.bytes += len;
+        let (mut start, mut len) = (start, len);
+        if let Some((&s, &(l, p))) = self.kept.range(..start).next_back() {
+            if s + l == start && p == prot {
+                self.kept.remove(&s);
+                (start, len) = (s, l + len);
+            }
+        }
+        if let Some(&(l, p)) = self.kept.get(&(start + len)) {
+            if p == prot {
+                self.kept.remove(&(start + len));
+                len += l;
+            }
+        }
+        self.kept.insert(start, (len, prot));
         true
     }
 
@@ -96,6 +111,24 @@ mod tests {
             assert!(r.keep((40 + 3 * i) << 20, 3 << 20, 3), "range {i}");
         }
         assert!(!r.keep(100 << 20, 1 << 20, 3), "over the cap");
+    }
+
+    #[test]
+    fn neighbouring_ranges_of_one_protection_are_kept_as_one() {
+        let mut r = HeapReuse::new(64 << 20);
+        // V8's pattern: the ends of a 508 KiB mapping around an aligned 256 KiB page, then the page.
+        assert!(r.keep(0x100000, 0x3f000, 3));
+        assert!(r.keep(0x180000, 0x3f000, 3));
+        assert_eq!(r.take(0x7f000, 3), None, "the page between them is still mapped");
+        assert!(r.keep(0x13f000, 0x41000, 3));
+        assert!(r.keep(0x1bf000, 0x1000, 1), "another protection stays apart");
+        assert_eq!(r.take(0x7f000, 3), Some(0x100000), "the three are one range now");
+        assert_eq!(r.take(0x7f000, 3), None, "what is left of it is too small");
+        assert_eq!(r.take(0x40000, 3), Some(0x17f000));
+        assert_eq!(r.take(0x1000, 1), Some(0x1bf000));
+        assert!(!r.overlaps(0, u64::MAX), "every byte was handed out once");
+        assert!(r.keep(0x100000, 0x1000, 3) && r.keep(0x102000, 0x1000, 3) && r.keep(0x101000, 0x1000, 3));
+        assert_eq!(r.take_overlapping(0x100000, 0x100001), Some((0x100000, 0x3000, 3)), "a hole filled joins both sides");
     }
 
     #[test]

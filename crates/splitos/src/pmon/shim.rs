@@ -169,7 +169,8 @@ impl Pcomp {
         let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker };
         let tenant = Tenant::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
-        let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse });
+        let heap = h.region_base..h.region_base.saturating_add(h.region_size);
+        let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse, heap });
         p.tenant.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
         self.store.attach(pid, p.space.clone());
@@ -234,7 +235,9 @@ impl Pcomp {
             Some(Op::Mmap) => {
                 let fixed = r.d & MMAP_FIXED != 0;
                 let prot = r.c as u32;
-                if r.a == 0 && !fixed {
+                // A hint outside the heap region cannot be honoured (the home ignores it): V8
+                // gives a random one with each of its 508 KiB mappings.
+                if (r.a == 0 || !p.heap.contains(&r.a)) && !fixed {
                     let reused = p.reuse.lock().unwrap().take(r.b, prot);
                     if let Some(addr) = reused {
                         self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
