@@ -61,6 +61,9 @@ pub fn write_frame<W: Write + ?Sized>(w: &mut W, kind: FrameKind, req_id: u64, m
     w.write_all(&buf)
 }
 
+/// How much of a frame body is read at a time.
+const BODY_STEP: usize = 64 << 10;
+
 /// Reads one frame. `Ok(None)` is a clean end of stream between frames.
 pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameError> {
     let mut hdr_bytes = [0u8; FrameHeader::SIZE];
@@ -85,14 +88,17 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameErr
     if hdr.len > MAX_BODY {
         return Err(FrameError::TooLarge(hdr.len));
     }
-    let mut body = vec![0u8; hdr.len as usize];
-    r.read_exact(&mut body).map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            FrameError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body"))
-        } else {
-            FrameError::Io(e)
+    // The body's memory grows with the bytes that arrive, not with the length the header
+    // announces: a peer that announces the bound and stalls costs no more than it sent.
+    let mut body = Vec::with_capacity((hdr.len as usize).min(BODY_STEP));
+    while body.len() < hdr.len as usize {
+        let want = (hdr.len as usize - body.len()).min(BODY_STEP);
+        let at = body.len();
+        body.resize(at + want, 0);
+        if let Err(e) = r.read_exact(&mut body[at..]) {
+            return Err(FrameError::Io(if e.kind() == io::ErrorKind::UnexpectedEof { io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body") } else { e }));
         }
-    })?;
+    }
     let msg: Msg = postcard::from_bytes(&body).map_err(|e| FrameError::Undecodable(e.to_string()))?;
     Ok(Some(Frame { kind, req_id: hdr.req_id, msg }))
 }

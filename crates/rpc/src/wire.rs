@@ -22,7 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
 /// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
 /// `P2M_FLUSH_FETCH_MANY`.
-pub const WIRE_VERSION: u16 = 4;
+pub const WIRE_VERSION: u16 = 5;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -288,9 +288,11 @@ messages! {
     ERR { pub code: ErrCode, pub msg: String };
 
     // ---- any component <-> global managers (GPM, GMM)
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load };
+    /// `id`: the id the component had before the global managers restarted (0: a new one).
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load, pub id: u32 };
     G2X_REGISTERED { pub id: u32, pub vregion_size: u64 };
-    X2G_HEARTBEAT { pub id: u32, pub load: Load };
+    /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
+    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
     C2G_STATUS;
     G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).

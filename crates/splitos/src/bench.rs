@@ -125,7 +125,7 @@ fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
 /// both ends reading through the transport splitos uses, polling for `spin_us` first (0: a
 /// plain blocking read, which the scheduler often turns into a same-CPU ping-pong).
 fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
-    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0 }, Polling::Fixed);
+    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0, ..TcpConfig::default() }, Polling::Fixed);
     let l = t.listen_stream("127.0.0.1:0").expect("bind");
     let addr = splitos_rpc::Endpoint::addr(&l);
     std::thread::spawn(move || {

@@ -79,6 +79,9 @@ pub struct ClusterSection {
     /// Where the global managers listen.
     pub gm: String,
     pub vregion_size: Size,
+    /// How long the global managers keep a component that stopped heartbeating (ms) before
+    /// they forget it; one that comes back later registers again.
+    pub forget_dead_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -174,7 +177,7 @@ fn any_port() -> String {
 }
 
 pub fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30) }
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000 }
 }
 
 pub fn default_pcomp() -> PcompSection {

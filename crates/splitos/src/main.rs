@@ -29,6 +29,18 @@ struct TransportArgs {
     /// TCP: delay added before every message this component sends (µs; fault injection).
     #[arg(long, default_value_t = TransportConfig::default().tcp.delay_us)]
     tcp_delay_us: u64,
+    /// TCP: connections this component serves at once, from all peers.
+    #[arg(long, default_value_t = TransportConfig::default().tcp.max_connections)]
+    tcp_max_connections: usize,
+    /// TCP: connections this component serves at once from one peer address.
+    #[arg(long, default_value_t = TransportConfig::default().tcp.max_connections_per_peer)]
+    tcp_max_connections_per_peer: usize,
+    /// TCP: how long a frame may take to arrive once begun, and a new connection's first frame (ms).
+    #[arg(long, default_value_t = TransportConfig::default().tcp.frame_timeout_ms)]
+    tcp_frame_timeout_ms: u64,
+    /// TCP: requests of one connection this component serves at once.
+    #[arg(long, default_value_t = TransportConfig::default().tcp.max_in_flight)]
+    tcp_max_in_flight: usize,
     /// Shared memory: how long a side polls its channel before sleeping (µs).
     #[arg(long, default_value_t = TransportConfig::default().shm.spin_us)]
     shm_spin_us: u64,
@@ -39,7 +51,14 @@ struct TransportArgs {
 
 impl TransportArgs {
     fn config(self) -> TransportConfig {
-        TransportConfig { kind: self.kind, polling: self.polling, tcp: TcpConfig { spin_us: self.tcp_spin_us, delay_us: self.tcp_delay_us }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
+        TransportConfig { kind: self.kind, polling: self.polling, tcp: TcpConfig {
+                spin_us: self.tcp_spin_us,
+                delay_us: self.tcp_delay_us,
+                max_connections: self.tcp_max_connections,
+                max_connections_per_peer: self.tcp_max_connections_per_peer,
+                frame_timeout_ms: self.tcp_frame_timeout_ms,
+                max_in_flight: self.tcp_max_in_flight,
+            }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
     }
 }
 
@@ -50,7 +69,9 @@ enum Cmd {
     /// Finds the cluster in this order: --gm, $SPLITOS_GM, the cluster started by
     /// `splitos cluster up` (its state file), else starts an embedded cluster (global managers,
     /// one pComponent, two mComponents, each its own process on loopback) for the duration of
-    /// the program. The program's stdout, stderr and exit status are its own.
+    /// the program. A cluster named or started that cannot be reached is an error, never a
+    /// reason to run on another; --embedded always runs on an embedded one. The program's
+    /// stdout, stderr and exit status are its own.
     #[command(trailing_var_arg = true)]
     Run {
         // The embedded cluster's options are `None` unless given, so that `run` can tell a
@@ -135,6 +156,9 @@ enum Cmd {
         listen: String,
         #[arg(long, default_value_t = config::default_cluster().vregion_size)]
         vregion_size: Size,
+        /// How long a component that stopped heartbeating is kept (shown dead) before it is forgotten (ms).
+        #[arg(long, default_value_t = config::default_cluster().forget_dead_ms)]
+        forget_dead_ms: u64,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         /// Serve Prometheus metrics over HTTP here.
@@ -328,9 +352,9 @@ fn main() {
             ClusterCmd::Down => control::down(),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
         },
-        Cmd::Gm { listen, vregion_size, ready_file, metrics_addr, transport } => {
+        Cmd::Gm { listen, vregion_size, forget_dead_ms, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            gm::run(gm::GmArgs { listen, transport: transport.config(), vregion_size: vregion_size.0, ready_file, metrics_addr })
+            gm::run(gm::GmArgs { listen, transport: transport.config(), vregion_size: vregion_size.0, forget_dead: std::time::Duration::from_millis(forget_dead_ms), ready_file, metrics_addr })
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr, transport } => {
             node::init_metrics();
@@ -406,9 +430,9 @@ mod tests {
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
-        let config::ClusterSection { gm: _, vregion_size } = file.cluster.clone();
-        let Cmd::Gm { listen, vregion_size: v, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
-        assert_eq!(v, vregion_size, "gm");
+        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms } = file.cluster.clone();
+        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
+        assert_eq!((v, f), (vregion_size, forget_dead_ms), "gm");
         assert_eq!(transport.config(), file.transport, "gm transport");
         assert_eq!(listen, config::HAND_STARTED_GM);
 

@@ -79,7 +79,7 @@ impl Node {
     pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<u64, RpcError> {
         let mut last = None;
         for _ in 0..100 {
-            let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone() };
+            let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone(), id: self.id() };
             match self.call_gm(msg) {
                 Ok(r) => {
                     self.id.store(r.id, Ordering::Relaxed);
@@ -98,7 +98,7 @@ impl Node {
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                match self.call_gm(X2G_HEARTBEAT { id: self.id(), load: load() }) {
+                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load() }) {
                     Ok(_) => {}
                     Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
                         let _ = self.register(shim_sock.clone(), load());

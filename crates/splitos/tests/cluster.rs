@@ -202,6 +202,49 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     assert!(c.eventually(Duration::from_secs(5), |c| c.log("proc0").contains("malformed hello")));
 }
 
+fn threads_of(pid: i32) -> usize {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
+    let c = TestCluster::up(Some("[transport.tcp]\nmax_connections_per_peer = 40\nframe_timeout_ms = 1000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let pid = c.pid_of_addr(&m);
+    let before = threads_of(pid);
+    // 400 connections, each sending half a frame header that announces the largest body.
+    let half = &frame_header(request_header(1, MAX_BODY))[..10];
+    let mut flood: Vec<std::net::TcpStream> = (0..400)
+        .filter_map(|_| std::net::TcpStream::connect(&m).ok())
+        .map(|mut s| {
+            let _ = s.write_all(half);
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = threads_of(pid);
+    assert!(during <= before + 40, "threads of the mComponent: {before} before, {during} during the flood");
+    // A program runs meanwhile (its components reach each other over shared memory), with
+    // its output as natively.
+    let p = program("memtouch");
+    let p = p.to_str().unwrap();
+    let out = c.run(&[], &[p, "16"]);
+    assert_eq!(text(&out.stdout), text(&native(&[p, "16"]).stdout), "{}", text(&out.stderr));
+    // Every stalled connection is closed by the component once its frame is overdue.
+    for s in flood.iter_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 8];
+        assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "a stalled connection was answered");
+    }
+    assert!(c.eventually(Duration::from_secs(5), |_| threads_of(pid) <= before + 2), "threads back to {before}: {}", threads_of(pid));
+    assert!(c.metric(&m, "rpc_connections_refused_total") >= 360.0);
+    assert!(c.metric(&m, "rpc_frames_timed_out_total") >= 40.0);
+    // And the port serves a well-formed peer again.
+    let mut good = std::net::TcpStream::connect(&m).unwrap();
+    assert!(matches!(ping(&mut good, 3), Msg::X2C_PONG { .. }));
+}
+
 #[test]
 fn a_dead_mcomponent_is_named_in_the_error() {
     let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
@@ -235,6 +278,88 @@ fn unreachable_cluster_and_bad_config_are_named() {
         assert_ne!(out.status.code(), Some(0));
         assert!(text(&out.stderr).contains(field), "error for {cfg:?} names {field}: {}", text(&out.stderr));
     }
+}
+
+#[test]
+fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
+    let c = TestCluster::up(None);
+    assert!(c.run(&[], &["true"]).status.success());
+    // The state directory and the logs are root's (the admin's) alone, also when the
+    // directory existed open to all.
+    use std::os::unix::fs::PermissionsExt;
+    let open = c.dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let up = std::process::Command::new(splitos()).args(["cluster", "up"]).env("SPLITOS_STATE_DIR", &open).env("SPLITOS_DATA_DIR", c.dir.path().join("open-data")).output().unwrap();
+    let down = std::process::Command::new(splitos()).args(["cluster", "down"]).env("SPLITOS_STATE_DIR", &open).output().unwrap();
+    assert!(up.status.success() && down.status.success(), "{} {}", text(&up.stderr), text(&down.stderr));
+    assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(std::fs::metadata(open.join("gm.log")).unwrap().permissions().mode() & 0o777, 0o600);
+    for pid in c.state_pids() {
+        c.kill_component(pid);
+    }
+    // The state file of `cluster up` is still there: the program must not run elsewhere.
+    let out = c.run(&[], &["true"]);
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("cluster up") && err.contains(&c.dir.path().join("cluster.json").display().to_string()), "the error names the cluster: {err}");
+    let out = c.run(&["--embedded"], &["echo", "embedded"]);
+    assert_eq!(text(&out.stdout), "embedded\n", "{}", text(&out.stderr));
+    // A cluster named by the environment.
+    let out = c.cmd(&["run", "--", "true"]).env("SPLITOS_GM", "127.0.0.1:9").output().unwrap();
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(err.contains("SPLITOS_GM") && err.contains("127.0.0.1:9"), "{err}");
+}
+
+/// Each component the global managers list: (address, role, id, alive), by address.
+fn members(c: &TestCluster) -> Vec<(String, String, u64, bool)> {
+    let mut m: Vec<_> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["addr"].as_str().unwrap().to_string(), x["role"].as_str().unwrap().to_string(), x["id"].as_u64().unwrap(), x["alive"].as_bool().unwrap()))
+        .collect();
+    m.sort();
+    m
+}
+
+#[test]
+fn membership_survives_restarts_of_the_global_managers() {
+    // A fixed address, so that the restarted global managers are where the components look.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"127.0.0.1:{port}\"\nforget_dead_ms = 3000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n")));
+    let before = members(&c);
+    assert!(before.iter().all(|m| m.3) && before.len() >= 3, "{before:?}");
+    let ids: std::collections::HashSet<u64> = before.iter().map(|m| m.2).collect();
+    assert_eq!(ids.len(), before.len(), "ids are distinct: {before:?}");
+    let memtouch = program("memtouch");
+    let memtouch = memtouch.to_str().unwrap();
+    let native_out = text(&native(&[memtouch, "16"]).stdout);
+    let gm_addr = format!("127.0.0.1:{port}");
+    for round in 0..3 {
+        let gm = c.pid_of_addr(&gm_addr);
+        let cmdline = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap();
+        // Each argument ends with a NUL; some are empty (`--shm-dir ""`).
+        let argv: Vec<String> = cmdline.strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        c.kill_component(gm);
+        let log = std::fs::File::create(c.dir.path().join(format!("gm-again{round}.log"))).unwrap();
+        let restarted = {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
+        };
+        remember_pid(c.dir.path(), restarted.id() as i32);
+        // The components that outlived the managers register again, each under the id it had.
+        assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && members(c) == before), "round {round}: {:?} against {before:?}", members(&c));
+        let out = c.run(&[], &[memtouch, "16"]);
+        assert_eq!(text(&out.stdout), native_out, "round {round}: {}", text(&out.stderr));
+    }
+    // A component that stops is shown dead, then forgotten.
+    let (addr, _, _, _) = before.iter().find(|m| m.1 == "mcomponent").unwrap().clone();
+    c.kill_component(c.pid_of_addr(&addr));
+    assert!(c.eventually(Duration::from_secs(3), |c| members(c).iter().any(|m| m.0 == addr && !m.3)), "{:?}", members(&c));
+    assert!(c.eventually(Duration::from_secs(10), |c| members(c).iter().all(|m| m.0 != addr)), "{:?}", members(&c));
+    assert!(c.log("gm-again2").contains("component forgotten"));
 }
 
 #[test]

@@ -322,6 +322,14 @@ pub fn forget_pid(state_dir: &Path, pid: i32) {
     std::fs::write(&f, serde_json::to_string_pretty(&s).unwrap()).unwrap();
 }
 
+/// Adds `pid` to the cluster's PID record, so that stopping the cluster stops it too.
+pub fn remember_pid(state_dir: &Path, pid: i32) {
+    let f = state_dir.join("cluster.json");
+    let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    s["pids"].as_array_mut().unwrap_or_else(|| panic!("no pids in {}", f.display())).push(pid.into());
+    std::fs::write(&f, serde_json::to_string_pretty(&s).unwrap()).unwrap();
+}
+
 /// Whether `pid` is a running (not zombie) process.
 pub fn pid_running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -80,7 +80,7 @@ impl TransportConfig {
         if !KINDS.contains(&self.kind.as_str()) {
             return Err(format!("transport.kind: unknown transport {:?} (known: {})", self.kind, KINDS.join(", ")));
         }
-        Ok(())
+        self.tcp.validate()
     }
 
     /// The transport this configuration names.

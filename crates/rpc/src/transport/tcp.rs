@@ -7,13 +7,20 @@
 //! Its knobs ([`TcpConfig`]) can inject a delay per message, because `tc netem` does not exist
 //! on our machines and tests need a slow network, and set how long a reader polls its socket
 //! before sleeping.
+//!
+//! Anyone who reaches the port can connect, so what a connection may hold is bounded: the
+//! connections served at once, in all and per peer address (one more is closed at once); the
+//! time a frame may take to arrive once it began, and a new connection's first frame from the
+//! accept (a peer that stalls is closed); the requests of one connection in flight at once (its
+//! next frame is not read until one is answered); and the memory of a frame, which grows with
+//! the bytes that arrived rather than with the length its header announces.
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
 use serde::{Deserialize, Serialize};
@@ -35,6 +42,37 @@ pub struct TcpConfig {
     /// Delay added before every message sent (µs): fault injection, 0 = none.
     #[serde(default)]
     pub delay_us: u64,
+    /// Connections a component serves at once, from all peers.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Connections a component serves at once from one peer address.
+    #[serde(default = "default_max_connections_per_peer")]
+    pub max_connections_per_peer: usize,
+    /// How long a frame may take to arrive once its first byte did, and a new connection's
+    /// first frame from the accept (ms).
+    #[serde(default = "default_frame_timeout_ms")]
+    pub frame_timeout_ms: u64,
+    /// Requests of one connection served at once; its next frame waits for an answer.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+// Loopback peers share one address: every component of a host, and a pComponent makes a
+// connection per fault worker (one per program) to each mComponent.
+fn default_max_connections_per_peer() -> usize {
+    2048
+}
+
+fn default_frame_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_max_in_flight() -> usize {
+    64
 }
 
 pub const DEFAULT_SPIN_US: u64 = 100;
@@ -45,7 +83,23 @@ fn default_spin_us() -> u64 {
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig { spin_us: DEFAULT_SPIN_US, delay_us: 0 }
+        TcpConfig {
+            spin_us: DEFAULT_SPIN_US,
+            delay_us: 0,
+            max_connections: default_max_connections(),
+            max_connections_per_peer: default_max_connections_per_peer(),
+            frame_timeout_ms: default_frame_timeout_ms(),
+            max_in_flight: default_max_in_flight(),
+        }
+    }
+}
+
+impl TcpConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 || self.max_connections_per_peer == 0 || self.max_in_flight == 0 || self.frame_timeout_ms == 0 {
+            return Err("[transport.tcp] max_connections, max_connections_per_peer, max_in_flight and frame_timeout_ms must be at least 1".into());
+        }
+        Ok(())
     }
 }
 
@@ -118,18 +172,67 @@ pub struct TcpConn {
     polling: Polling,
     spin: Duration,
     delay: Duration,
+    /// On a served connection: how long a frame may take once begun ([`TcpConn::frame_done`]).
+    frame_timeout: Option<Duration>,
+    /// When the frame being read must have arrived.
+    deadline: Option<Instant>,
+    /// Whether the socket has a read timeout set for `deadline`.
+    timed: bool,
 }
 
 impl TcpConn {
     fn new(s: TcpStream, cfg: &TcpConfig, polling: Polling) -> io::Result<TcpConn> {
         s.set_nodelay(true)?;
         let spin = Duration::from_micros(cfg.spin_us);
-        Ok(TcpConn { s, poller: Poller::new(spin, polling), polling, spin, delay: Duration::from_micros(cfg.delay_us) })
+        Ok(TcpConn { s, poller: Poller::new(spin, polling), polling, spin, delay: Duration::from_micros(cfg.delay_us), frame_timeout: None, deadline: None, timed: false })
     }
 
     /// The same connection with polling state of its own (for another thread).
     pub fn try_clone(&self) -> io::Result<TcpConn> {
-        Ok(TcpConn { s: self.s.try_clone()?, poller: Poller::new(self.spin, self.polling), polling: self.polling, spin: self.spin, delay: self.delay })
+        Ok(TcpConn { s: self.s.try_clone()?, poller: Poller::new(self.spin, self.polling), polling: self.polling, spin: self.spin, delay: self.delay, frame_timeout: None, deadline: None, timed: false })
+    }
+
+    /// Makes reads of a served connection time out: its first frame must arrive within
+    /// `timeout` from now, and each later one within `timeout` of its first byte.
+    fn bound_frames(&mut self, timeout: Duration) {
+        self.frame_timeout = Some(timeout);
+        self.deadline = Some(Instant::now() + timeout);
+    }
+
+    /// A whole frame arrived: the connection may now stay idle until the next one begins.
+    fn frame_done(&mut self) -> io::Result<()> {
+        self.deadline = None;
+        if self.timed {
+            self.timed = false;
+            self.s.set_read_timeout(None)?;
+        }
+        Ok(())
+    }
+
+    /// The blocking read of `s`, bounded by the frame's `deadline` if one runs (`timed`: the
+    /// socket has a read timeout set).
+    fn read_blocking(mut s: &TcpStream, deadline: Option<Instant>, timed: &mut bool, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(deadline) = deadline else { return s.read(buf) };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "frame not received in time"));
+        }
+        s.set_read_timeout(Some(left))?;
+        *timed = true;
+        match s.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::Error::new(io::ErrorKind::TimedOut, "frame not received in time")),
+            r => r,
+        }
+    }
+
+    /// Starts a frame's deadline with its first byte.
+    fn arrived(&mut self, r: io::Result<usize>) -> io::Result<usize> {
+        if let (Ok(n), None, Some(t)) = (&r, self.deadline, self.frame_timeout) {
+            if *n > 0 {
+                self.deadline = Some(Instant::now() + t);
+            }
+        }
+        r
     }
 
     fn close(&self) {
@@ -158,14 +261,15 @@ impl Read for TcpConn {
                     _ => Some(Err(e)),
                 }
             });
-            match r {
-                Ok(r) => return r,
+            let r = match r {
+                Ok(r) => r,
                 Err(pending) => {
-                    let r = self.s.read(buf);
+                    let r = TcpConn::read_blocking(&self.s, self.deadline, &mut self.timed, buf);
                     pending.slept();
-                    return r;
+                    r
                 }
-            }
+            };
+            return self.arrived(r);
         }
         self.s.read(buf)
     }
@@ -197,6 +301,46 @@ impl TcpListen {
     }
 }
 
+/// The connections a listener serves, by peer address.
+struct Admission {
+    total: usize,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+/// A served connection's place in its listener's [`Admission`], given back when it ends.
+struct Admitted {
+    admission: Arc<Mutex<Admission>>,
+    peer: IpAddr,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut a = self.admission.lock().unwrap();
+        a.total -= 1;
+        if let Some(n) = a.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                a.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Admits a connection from `peer` within the caps, or says which cap it would exceed.
+fn admit(admission: &Arc<Mutex<Admission>>, peer: IpAddr, cfg: &TcpConfig) -> Result<Admitted, &'static str> {
+    let mut a = admission.lock().unwrap();
+    if a.total >= cfg.max_connections {
+        return Err("max_connections");
+    }
+    let n = a.per_peer.entry(peer).or_insert(0);
+    if *n >= cfg.max_connections_per_peer {
+        return Err("max_connections_per_peer");
+    }
+    *n += 1;
+    a.total += 1;
+    Ok(Admitted { admission: admission.clone(), peer })
+}
+
 impl Endpoint for TcpListen {
     fn addr(&self) -> String {
         self.l.local_addr().map(|a| a.to_string()).unwrap_or_default()
@@ -212,13 +356,29 @@ impl TcpListen {
     /// Serves with a dispatcher shared with another way in (the shared-memory transport's).
     pub(super) fn serve_with(self, dispatcher: Arc<Dispatcher>, name: &str) {
         let name = name.to_string();
+        let admission = Arc::new(Mutex::new(Admission { total: 0, per_peer: HashMap::new() }));
+        let refused = metrics::counter!("rpc_connections_refused_total");
         std::thread::Builder::new()
             .name(format!("{name}-accept"))
             .spawn(move || loop {
                 match self.accept() {
-                    Ok(conn) => {
-                        let d = dispatcher.clone();
-                        let _ = std::thread::Builder::new().name(format!("{name}-rx")).spawn(move || receive_loop(conn, d));
+                    Ok(mut conn) => {
+                        let Ok(peer) = conn.s.peer_addr() else { continue };
+                        let admitted = match admit(&admission, peer.ip(), &self.cfg) {
+                            Ok(a) => a,
+                            Err(cap) => {
+                                refused.increment(1);
+                                tracing::warn!(%peer, cap, "refused a connection over the cap; still serving the others");
+                                conn.close();
+                                continue;
+                            }
+                        };
+                        conn.bound_frames(Duration::from_millis(self.cfg.frame_timeout_ms));
+                        let (d, in_flight) = (dispatcher.clone(), self.cfg.max_in_flight);
+                        let _ = std::thread::Builder::new().name(format!("{name}-rx")).spawn(move || {
+                            receive_loop(conn, d, in_flight);
+                            drop(admitted);
+                        });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -230,7 +390,28 @@ impl TcpListen {
     }
 }
 
-fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>) {
+/// Requests of one connection being served, and how many may be.
+struct InFlight {
+    n: Mutex<usize>,
+    done: Condvar,
+    max: usize,
+}
+
+impl InFlight {
+    fn enter(&self) {
+        let mut n = self.n.lock().unwrap();
+        while *n >= self.max {
+            n = self.done.wait(n).unwrap();
+        }
+        *n += 1;
+    }
+    fn leave(&self) {
+        *self.n.lock().unwrap() -= 1;
+        self.done.notify_one();
+    }
+}
+
+fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight: usize) {
     let peer = reader.peer();
     let writer = match reader.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
@@ -239,14 +420,21 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>) {
             return;
         }
     };
+    let in_flight = Arc::new(InFlight { n: Mutex::new(0), done: Condvar::new(), max: max_in_flight });
     loop {
-        match read_frame(&mut reader) {
+        let frame = read_frame(&mut reader);
+        if frame.is_ok() && reader.frame_done().is_err() {
+            break;
+        }
+        match frame {
             Ok(Some(f)) if f.kind == FrameKind::Request => {
-                let (w, req_id) = (writer.clone(), f.req_id);
+                let (w, req_id, flight) = (writer.clone(), f.req_id, in_flight.clone());
+                flight.enter();
                 dispatcher.submit(f.msg, move |reply| {
                     if let Err(e) = write_frame(&mut *w.lock().unwrap(), FrameKind::Reply, req_id, &reply) {
                         tracing::debug!(error = %e, "reply not delivered");
                     }
+                    flight.leave();
                 });
             }
             Ok(Some(f)) => {
@@ -256,6 +444,11 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>) {
             }
             Ok(None) => break,
             Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => break,
+            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                metrics::counter!("rpc_frames_timed_out_total").increment(1);
+                tracing::warn!(%peer, "a frame did not arrive in time; closing that connection, still serving others");
+                break;
+            }
             Err(e) => {
                 metrics::counter!("rpc_frames_rejected_total").increment(1);
                 tracing::warn!(%peer, error = %e, "rejected malformed frame; closing that connection, still serving others");
@@ -416,3 +609,6 @@ fn call_direct(t: &TcpTransport, addr: &str, msg: &Msg, timeout: Duration) -> Re
         r
     })
 }
+
+#[cfg(test)]
+mod tests;

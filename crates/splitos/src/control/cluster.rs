@@ -1,4 +1,5 @@
 //! Starting, finding, inspecting and stopping a cluster of component processes on this host.
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -85,7 +86,8 @@ fn self_exe() -> anyhow::Result<PathBuf> {
 fn spawn(dir: &Path, name: &str, args: &[String], detach: bool) -> anyhow::Result<(Child, PathBuf)> {
     let ready = dir.join(format!("{name}.ready"));
     let _ = std::fs::remove_file(&ready);
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    // Logs name programs, vNodes and addresses: for root (the admin) only.
+    let log = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(dir.join(format!("{name}.log")))?;
     let mut cmd = Command::new(self_exe()?);
     cmd.args(args).arg("--ready-file").arg(&ready).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     cmd.env_remove("LD_PRELOAD");
@@ -118,10 +120,27 @@ fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow
     anyhow::bail!("{name} did not become ready within 20 s (log: {})", dir.join(format!("{name}.log")).display())
 }
 
+/// Creates the state directory for its user alone (`0700`), or makes an existing one of that
+/// user so: it holds the logs, the PID record and the rendezvous sockets of shared memory.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", dir.display()))?;
+    let m = std::fs::metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        anyhow::bail!("the state directory {} belongs to uid {}, not to this user (uid {me})", dir.display(), m.uid());
+    }
+    if m.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 impl Cluster {
     /// Starts every component of `cfg`, each its own process, and waits until all registered.
     pub fn start(cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<Cluster> {
-        std::fs::create_dir_all(dir)?;
+        private_dir(dir)?;
         let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone() }, children: Vec::new() };
         let r = c.start_all(cfg, dir, detach);
         if let Err(e) = r {
@@ -134,8 +153,8 @@ impl Cluster {
     fn start_all(&mut self, cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<()> {
         let t = &cfg.transport;
         // Every component speaks the cluster's transport.
-        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
-        let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string()];
+        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--tcp-max-connections".into(), t.tcp.max_connections.to_string(), "--tcp-max-connections-per-peer".into(), t.tcp.max_connections_per_peer.to_string(), "--tcp-frame-timeout-ms".into(), t.tcp.frame_timeout_ms.to_string(), "--tcp-max-in-flight".into(), t.tcp.max_in_flight.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
+        let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string(), "--forget-dead-ms".into(), cfg.cluster.forget_dead_ms.to_string()];
         args.extend(transport.iter().cloned());
         let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);

@@ -94,6 +94,33 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
 
+/// The global managers of the cluster to run on: --gm, else $SPLITOS_GM, else those of the
+/// cluster `cluster up` started; `None` (an embedded cluster) only with --embedded or when no
+/// cluster was named or started. A cluster named or started that cannot be reached is an
+/// error naming it: running on another one instead would show the program another vNode's
+/// files and memory as if nothing were wrong.
+fn configured_cluster(embedded: bool, gm: Option<String>) -> anyhow::Result<Option<String>> {
+    if embedded {
+        return Ok(None);
+    }
+    if let Some(gm) = gm {
+        cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster named by --gm: {e} (pass --embedded to run on a cluster of this command's own)"))?;
+        return Ok(Some(gm));
+    }
+    if let Ok(gm) = std::env::var("SPLITOS_GM") {
+        cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster named by SPLITOS_GM: {e} (unset it, or pass --embedded, to run on a cluster of this command's own)"))?;
+        return Ok(Some(gm));
+    }
+    let Some(s) = cluster::read_state() else { return Ok(None) };
+    cluster::status(&s.gm).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the cluster that `splitos cluster up` started ({}): {e}. Restart it with `splitos cluster down` and `splitos cluster up`, or pass --embedded",
+            cluster::state_file().display()
+        )
+    })?;
+    Ok(Some(s.gm))
+}
+
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let prog = a.program.first().ok_or_else(|| anyhow::anyhow!("no program given"))?;
     let path = resolve(prog).ok_or_else(|| anyhow::anyhow!("{prog}: command not found"))?;
@@ -118,12 +145,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         None
     };
 
-    // Find the cluster: --gm, $SPLITOS_GM, a cluster started by `cluster up`, else embedded.
     let mut embedded = None;
-    let gm = match (a.embedded, a.gm.clone().or_else(|| std::env::var("SPLITOS_GM").ok())) {
-        (false, Some(gm)) => gm,
-        _ => match cluster::read_state().filter(|s| !a.embedded && cluster::status(&s.gm).is_ok()) {
-            Some(s) => s.gm,
+    let gm = match configured_cluster(a.embedded, a.gm.clone())? {
+            Some(gm) => gm,
             None => {
                 let mut cfg = ClusterConfig::embedded();
                 let p = &mut cfg.pcomponent[0];
@@ -167,7 +191,6 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 embedded = Some((c, dir));
                 gm
             }
-        },
     };
     if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");

@@ -7,8 +7,14 @@
 //! keep no state) and on every pComponent, so GSM and the buffer-cache placement use
 //! rendezvous hashing over the live components: deterministic, and moving only the share of
 //! a component that died.
+//!
+//! Membership survives restarts of the global managers: ids are random, so that an id of an
+//! earlier incarnation never names another component; a component that re-registers asks
+//! for the id it had, which keeps its process ids and the vRegion owners others recorded
+//! valid; a heartbeat counts only from the address its id was registered at. A component
+//! silent for `forget_dead` is forgotten.
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use splitos_rpc::*;
 
@@ -27,6 +33,7 @@ struct Entry {
 
 pub struct Gm {
     vregion_size: u64,
+    forget_dead: Duration,
     comps: Mutex<Vec<Entry>>,
     started: Instant,
 }
@@ -36,10 +43,23 @@ impl Gm {
         e.last.elapsed() < HEARTBEAT * MISSED_BEATS
     }
 
+    /// The entries, less those silent for longer than `forget_dead`.
+    fn comps(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        let mut comps = self.comps.lock().unwrap();
+        comps.retain(|e| {
+            let keep = e.last.elapsed() < self.forget_dead;
+            if !keep {
+                tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
+                metrics::counter!("gm_components_forgotten_total").increment(1);
+            }
+            keep
+        });
+        metrics::gauge!("gm_components").set(comps.len() as f64);
+        comps
+    }
+
     fn snapshot(&self) -> Vec<ComponentInfo> {
-        self.comps
-            .lock()
-            .unwrap()
+        self.comps()
             .iter()
             .map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, ..e.info.clone() })
             .collect()
@@ -47,7 +67,7 @@ impl Gm {
 
     /// GMM: the least loaded alive mComponent with at least `need` bytes free.
     fn pick_memory(&self, need: u64) -> Result<ComponentRef, Refusal> {
-        let mut comps = self.comps.lock().unwrap();
+        let mut comps = self.comps();
         let best = comps
             .iter_mut()
             .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
@@ -68,6 +88,15 @@ fn rendezvous(comps: &[Entry], role: Role, key: &str) -> Option<ComponentRef> {
         .map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
 }
 
+/// A random id from the kernel's generator.
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom(2) writes at most `b.len()` bytes into `b`, a live local.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
+    assert_eq!(n, 4, "getrandom: {}", std::io::Error::last_os_error());
+    u32::from_ne_bytes(b)
+}
+
 /// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
@@ -75,11 +104,13 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 impl Gm {
     fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
-        let mut comps = self.comps.lock().unwrap();
+        let mut comps = self.comps();
         // A component restarting at the same address replaces its old entry.
         comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
-        let id = comps.iter().map(|e| e.info.id).max().unwrap_or(0) + 1;
-        tracing::info!(id, role = r.role.name(), addr = %r.addr, "component registered");
+        let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
+        let again = !taken(r.id);
+        let id = if again { r.id } else { std::iter::repeat_with(random_u32).find(|id| !taken(*id)).expect("an endless supply") };
+        tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
@@ -87,8 +118,11 @@ impl Gm {
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<OK, Refusal> {
-        let mut comps = self.comps.lock().unwrap();
-        let e = comps.iter_mut().find(|e| e.info.id == r.id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("component {} is not registered", r.id)))?;
+        let mut comps = self.comps();
+        let e = comps
+            .iter_mut()
+            .find(|e| e.info.id == r.id && e.info.addr == r.addr)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)))?;
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
         }
@@ -100,7 +134,7 @@ impl Gm {
 
     /// GPM: the pComponent with the fewest threads.
     fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
-        let mut comps = self.comps.lock().unwrap();
+        let mut comps = self.comps();
         let e = comps
             .iter_mut()
             .filter(|e| e.info.role == Role::Proc && Gm::alive(e))
@@ -114,13 +148,13 @@ impl Gm {
     }
 
     fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
-        let scomp = rendezvous(&self.comps.lock().unwrap(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
+        let scomp = rendezvous(&self.comps(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
         Ok(G2P_STORAGE { scomp })
     }
 
     fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
         metrics::counter!("gmm_file_cache_placements_total").increment(1);
-        let mcomp = rendezvous(&self.comps.lock().unwrap(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        let mcomp = rendezvous(&self.comps(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
@@ -161,6 +195,7 @@ pub struct GmArgs {
     pub listen: String,
     pub transport: TransportConfig,
     pub vregion_size: u64,
+    pub forget_dead: Duration,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
@@ -169,7 +204,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build().map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, comps: Mutex::new(Vec::new()), started: Instant::now() });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, forget_dead: args.forget_dead, comps: Mutex::new(Vec::new()), started: Instant::now() });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;

@@ -1,0 +1,142 @@
+//! The TCP transport's bounds against a peer that floods or stalls: caps on connections,
+//! frame deadlines, requests in flight per connection.
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::AtomicUsize;
+
+use super::*;
+use crate::frame::encode;
+use crate::wire::{FrameHeader, C2X_PING, MAGIC, MAX_BODY, WIRE_VERSION, X2C_PONG};
+use zerocopy::IntoBytes;
+
+/// Answers a ping after 50 ms, counting how many it serves at once.
+#[derive(Default)]
+struct Slow {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Handler for Slow {
+    fn handle(&self, msg: Msg) -> Msg {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(50));
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        match msg {
+            Msg::C2X_PING(_) => X2C_PONG { role: crate::Role::Gm, id: 1 }.into(),
+            m => m,
+        }
+    }
+}
+
+fn serve(cfg: TcpConfig, workers: usize) -> (String, Arc<Slow>) {
+    let t = TcpTransport::new(cfg, Polling::Fixed);
+    let ep = t.listen("127.0.0.1:0").unwrap();
+    let addr = ep.addr();
+    let h = Arc::new(Slow::default());
+    ep.serve(h.clone(), ServerConfig { name: "slow".into(), workers, fanout_workers: 1 });
+    (addr, h)
+}
+
+fn ping_frame(id: u64) -> Vec<u8> {
+    encode(FrameKind::Request, id, &C2X_PING.into())
+}
+
+/// Reads one reply frame's request id.
+fn reply_id(s: &mut TcpStream) -> u64 {
+    let mut h = [0u8; FrameHeader::SIZE];
+    s.read_exact(&mut h).unwrap();
+    let len = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    u64::from_le_bytes(h[8..16].try_into().unwrap())
+}
+
+/// True if the peer closed `s` within `within`.
+fn closed(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut b = [0u8; 16];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn one_connection_has_at_most_max_in_flight_requests_served_at_once() {
+    let (addr, h) = serve(TcpConfig { max_in_flight: 2, ..TcpConfig::default() }, 8);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let burst: Vec<u8> = (1..=10).flat_map(ping_frame).collect();
+    s.write_all(&burst).unwrap();
+    let mut ids: Vec<u64> = (0..10).map(|_| reply_id(&mut s)).collect();
+    ids.sort();
+    assert_eq!(ids, (1..=10).collect::<Vec<_>>(), "every request is answered");
+    assert_eq!(h.most.load(Ordering::SeqCst), 2, "eight workers, but two requests of the connection at a time");
+}
+
+#[test]
+fn connections_over_the_caps_are_closed_and_the_others_served() {
+    let (addr, _) = serve(TcpConfig { max_connections_per_peer: 3, ..TcpConfig::default() }, 0);
+    let mut held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    for (i, s) in held.iter_mut().enumerate() {
+        s.write_all(&ping_frame(i as u64)).unwrap();
+        assert_eq!(reply_id(s), i as u64);
+    }
+    let mut over = TcpStream::connect(&addr).unwrap();
+    assert!(closed(&mut over, Duration::from_secs(5)), "a fourth connection from the same address is closed at once");
+    drop(held.pop());
+    // The slot comes back once the component sees the connection end.
+    let served = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.write_all(&ping_frame(99)).is_ok() && {
+            let mut h = [0u8; FrameHeader::SIZE];
+            s.read_exact(&mut h).is_ok()
+        }
+    });
+    assert!(served, "a connection is served again once one ended");
+    let (addr, _) = serve(TcpConfig { max_connections: 2, ..TcpConfig::default() }, 0);
+    let _a = TcpStream::connect(&addr).unwrap();
+    let _b = TcpStream::connect(&addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(closed(&mut TcpStream::connect(&addr).unwrap(), Duration::from_secs(5)), "max_connections holds for all peers together");
+}
+
+#[test]
+fn stalled_frames_and_silent_connections_are_closed_after_the_frame_timeout() {
+    let (addr, _) = serve(TcpConfig { frame_timeout_ms: 300, ..TcpConfig::default() }, 0);
+    // Half a header announcing the largest body; then a whole header and part of the body.
+    let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY, reserved: 0 };
+    let mut half = TcpStream::connect(&addr).unwrap();
+    half.write_all(&hdr.as_bytes()[..10]).unwrap();
+    let mut body = TcpStream::connect(&addr).unwrap();
+    body.write_all(hdr.as_bytes()).unwrap();
+    body.write_all(&[0u8; 1000]).unwrap();
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    // A connection whose first frame came in time may then stay idle.
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    idle.write_all(&ping_frame(5)).unwrap();
+    assert_eq!(reply_id(&mut idle), 5);
+    let t0 = Instant::now();
+    for (what, s) in [("half a header", &mut half), ("part of a body", &mut body), ("nothing", &mut silent)] {
+        assert!(closed(s, Duration::from_secs(5)), "{what}: closed");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(3), "closed after about the frame timeout: {:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(400));
+    idle.write_all(&ping_frame(6)).unwrap();
+    assert_eq!(reply_id(&mut idle), 6, "an idle connection between frames is kept");
+    // A frame that trickles in, each byte within the timeout, still has to arrive whole in time.
+    let mut trickle = TcpStream::connect(&addr).unwrap();
+    let f = ping_frame(7);
+    let mut cut = false;
+    for b in &f {
+        if trickle.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(cut || closed(&mut trickle, Duration::from_secs(1)), "a trickled frame is cut at its deadline");
+}
