@@ -209,7 +209,7 @@ fn threads_of(pid: i32) -> usize {
 
 #[test]
 fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
-    let c = TestCluster::up(Some("[transport.tcp]\nmax_connections_per_peer = 40\nframe_timeout_ms = 1000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let c = TestCluster::up(Some("[transport.tcp]\nmax_connections_per_peer = 40\nframe_timeout_ms = 3000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let pid = c.pid_of_addr(&m);
     let before = threads_of(pid);
@@ -235,7 +235,11 @@ fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
     for s in flood.iter_mut() {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut b = [0u8; 8];
-        assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "a stalled connection was answered");
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a stalled connection was not closed: {other:?}"),
+        }
     }
     assert!(c.eventually(Duration::from_secs(5), |_| threads_of(pid) <= before + 2), "threads back to {before}: {}", threads_of(pid));
     assert!(c.metric(&m, "rpc_connections_refused_total") >= 360.0);
