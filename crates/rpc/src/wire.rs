@@ -83,6 +83,9 @@ pub enum Role {
     Proc,
     Mem,
     Storage,
+    /// The admin's tools (`splitos run`, `cluster status`, `debug fetch`), holding the
+    /// cluster's admin credentials.
+    Admin,
 }
 
 impl Role {
@@ -92,6 +95,7 @@ impl Role {
             Role::Proc => "pcomponent",
             Role::Mem => "mcomponent",
             Role::Storage => "scomponent",
+            Role::Admin => "admin",
         }
     }
 }
