@@ -100,6 +100,24 @@ impl Role {
     }
 }
 
+/// Whether a peer authenticated as `role` may send the request `msg`. The letter before the
+/// `2` in a message's name says who sends it (`P` pComponent, `M` mComponent, `S` sComponent,
+/// `G` global managers, `X` any component, `C` the admin's tools); the admin may send
+/// anything (`splitos debug fetch` reads a page as a pComponent would). Replies are never
+/// requests: a peer that sends one is refused.
+pub fn may_send(role: Role, msg: &Msg) -> bool {
+    let Some((from, _)) = msg.name().split_once('2') else { return false };
+    if msg.is_reply() {
+        return false;
+    }
+    match (from, role) {
+        (_, Role::Admin) => true,
+        ("P", Role::Proc) | ("M", Role::Mem) | ("S", Role::Storage) | ("G", Role::Gm) => true,
+        ("X", r) => r != Role::Admin,
+        _ => false,
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentRef {
     pub id: u32,
@@ -283,6 +301,13 @@ pub trait Request: Into<Msg> {
 macro_rules! replies {
     ($($req:ident => $rep:ident),* $(,)?) => {
         $( impl Request for $req { type Reply = $rep; } )*
+
+        impl Msg {
+            /// True unless the message is a request (one with a reply type).
+            pub fn is_reply(&self) -> bool {
+                !matches!(self, $( Msg::$req(_) )|*)
+            }
+        }
     };
 }
 
@@ -490,5 +515,32 @@ replies! {
 impl ERR {
     pub fn new(code: ErrCode, msg: impl Into<String>) -> ERR {
         ERR { code, msg: msg.into() }
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::*;
+
+    #[test]
+    fn each_request_is_accepted_from_the_roles_its_name_says_and_only_those() {
+        let who = || Who { vnode: "v".into(), pid: 1 };
+        let cases: Vec<(Msg, &[Role])> = vec![
+            (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Proc, Role::Admin]),
+            (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
+            (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
+            (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin]),
+            (C2X_SHUTDOWN.into(), &[Role::Admin]),
+            (C2P_MOUNT_VNODE { vnode: "v".into() }.into(), &[Role::Admin]),
+            (M2G_PICK_OWNER { bytes: 1 }.into(), &[Role::Mem, Role::Admin]),
+            (OK.into(), &[]),
+            (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
+        ];
+        for (msg, allowed) in cases {
+            for role in [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin] {
+                assert_eq!(may_send(role, &msg), allowed.contains(&role), "{} from {}", msg.name(), role.name());
+            }
+        }
     }
 }
