@@ -30,7 +30,7 @@ impl Handler for Slow {
 }
 
 fn serve(cfg: TcpConfig, workers: usize) -> (String, Arc<Slow>) {
-    let t = TcpTransport::new(cfg, Polling::Fixed);
+    let t = TcpTransport::new(cfg, Polling::Fixed, None);
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
     let h = Arc::new(Slow::default());
