@@ -22,6 +22,8 @@ use crate::wire::Role;
 pub const NOISE: &str = "Noise_XX_25519_AESGCM_BLAKE2s";
 /// The longest handshake or record message Noise allows.
 const MAX_MESSAGE: usize = 65535;
+/// The initiator's first handshake message: its ephemeral X25519 key.
+const FIRST_MESSAGE: usize = 32;
 /// Bytes of plaintext in one record (the rest of a message is the tag).
 pub const RECORD: usize = MAX_MESSAGE - 16;
 
@@ -246,7 +248,15 @@ pub fn respond<S: Read + Write>(s: &mut S, creds: &Credentials, plain_ok: bool) 
     let mut hs = builder(creds)?.build_responder().map_err(|e| refused(e.to_string()))?;
     let mut buf = vec![0u8; MAX_MESSAGE];
     let mut payload = vec![0u8; MAX_MESSAGE];
-    let msg = recv(s)?;
+    // The first message of XX is the initiator's ephemeral key alone: anything else (a frame
+    // of the wire format sent without a handshake) is refused before more is read.
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len)?;
+    if u16::from_le_bytes(len) as usize != FIRST_MESSAGE {
+        return Err(refused("not a Noise handshake"));
+    }
+    let mut msg = [0u8; FIRST_MESSAGE];
+    s.read_exact(&mut msg)?;
     hs.read_message(&msg, &mut payload).map_err(|_| refused("not a Noise handshake"))?;
     let mine = postcard::to_allocvec(&Cert { role: creds.role, sig: creds.cert.clone(), encrypt: false }).expect("encoding into a Vec cannot fail");
     let n = hs.write_message(&mine, &mut buf).map_err(|e| refused(e.to_string()))?;
