@@ -89,6 +89,12 @@ pub enum Role {
 }
 
 impl Role {
+    pub const ALL: [Role; 5] = [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin];
+
+    pub fn from_name(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Role::Gm => "global-managers",
