@@ -22,7 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
 /// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
 /// `P2M_FLUSH_FETCH_MANY`.
-pub const WIRE_VERSION: u16 = 5;
+pub const WIRE_VERSION: u16 = 6;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;

@@ -40,9 +40,12 @@ except PermissionError:
     print("denied")
 "#;
 
-fn fetch_frame(pid: u64) -> String {
-    let msg: Msg = P2M_FETCH { who: Who { vnode: "default".into(), pid }, vpn: 0x200000000 }.into();
+fn hex_frame(msg: Msg) -> String {
     splitos_rpc::frame::encode(FrameKind::Request, 1, &msg).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn fetch_frame(pid: u64) -> String {
+    hex_frame(P2M_FETCH { who: Who { vnode: "default".into(), pid }, vpn: 0x200000000 }.into())
 }
 
 fn rpc_with(creds: Credentials) -> Rpc {
@@ -70,6 +73,23 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
         assert_eq!(as_nobody(SEND_FRAME, &[&m, &fetch_frame(pid)]), "closed");
     }
     assert!(c.metric(&m, "rpc_handshakes_refused_total") >= before + 3.0);
+    // The other attacks of the issue, each to the component it hit: end a program, stop an
+    // mComponent, register a rogue mComponent, make the pComponent mount a vNode.
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
+    let attacks: Vec<(&str, Msg)> = vec![
+        (&m, splitos_rpc::M2M_EXIT { who: Who { vnode: "default".into(), pid: 1 } }.into()),
+        (&m, splitos_rpc::C2X_SHUTDOWN.into()),
+        (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, load, id: 0 }.into()),
+        (&p, splitos_rpc::C2P_MOUNT_VNODE { vnode: "stolen".into() }.into()),
+    ];
+    for (addr, msg) in attacks {
+        let name = msg.name();
+        assert_eq!(as_nobody(SEND_FRAME, &[addr, &hex_frame(msg)]), "closed", "{name}");
+    }
+    assert!(c.components("mcomponent").iter().all(|m| m["alive"] == true), "the mComponent still runs");
+    assert!(c.status()["components"].as_array().unwrap().iter().all(|x| x["addr"] != "127.0.0.1:9"), "no rogue mComponent");
     // Credentials of another authority are refused in the handshake.
     let stranger = rpc_with(Authority::generate().unwrap().issue(Role::Proc).unwrap());
     match stranger.call_msg(&m, &splitos_rpc::C2X_STATS.into()) {

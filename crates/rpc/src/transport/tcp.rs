@@ -249,6 +249,11 @@ impl TcpConn {
         })
     }
 
+    /// The socket, for its options (a test's read timeout).
+    pub fn stream(&self) -> &TcpStream {
+        &self.s
+    }
+
     /// The peer's role as its handshake proved it.
     pub fn peer_role(&self) -> Option<Role> {
         self.peer_role

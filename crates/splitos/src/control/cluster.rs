@@ -342,7 +342,8 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
-    Ok(rpc()?.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.components)
+    let rpc = rpc().map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    Ok(rpc.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.components)
 }
 
 /// Asks one component for its own statistics (exact, unlike heartbeat load).
