@@ -35,7 +35,7 @@ def floors(n):
         try:
             st = json.loads(sh([SPLITOS, "cluster", "status", "--json"], env=env).stdout)
             m = next(c["addr"] for c in st["components"] if c["role"] == "mcomponent")
-            out += [x for x in json.loads(sh([SPLITOS, "bench-floor", "--n", str(n), "--mcomp", m]).stdout) if x["name"] == "splitos_rpc_4k"]
+            out += [x for x in json.loads(sh([SPLITOS, "bench-floor", "--n", str(n), "--mcomp", m], env=env).stdout) if x["name"] == "splitos_rpc_4k"]
         finally:
             sh([SPLITOS, "cluster", "down"], env=env)
     return {x["name"]: x for x in out}

@@ -1,5 +1,6 @@
 //! The transport and RPC layer of splitos: every message between components goes through here.
 //!
+//! * [`auth`] — who is on the other end: the cluster authority, credentials, the handshake.
 //! * [`wire`] — the versioned wire format: every message as its own type, named by direction,
 //!   each request with its reply type; protocol constants.
 //! * [`error`] — [`RpcError`] (a call that got no reply) and [`Refusal`] (a handler's `ERR`).
@@ -42,6 +43,7 @@ macro_rules! knob_enum {
     };
 }
 
+pub mod auth;
 pub mod client;
 pub mod cpu;
 pub mod error;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::error::Refusal;
-use crate::wire::{Msg, Request};
+use crate::wire::{may_send, ErrCode, Msg, Request, Role, ERR};
 
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, msg: Msg) -> Msg;
@@ -64,8 +64,16 @@ impl Dispatcher {
         Dispatcher { handler, leaf, fan }
     }
 
-    /// Handles one request; `reply` sends the answer back where the request came from.
-    pub fn submit(&self, msg: Msg, reply: impl FnOnce(Msg) + Send + 'static) {
+    /// Handles one request from a peer authenticated as `peer` (`None`: a transport without
+    /// credentials, which only benchmarks and tests build); `reply` sends the answer back
+    /// where the request came from. A request the peer's role may not send is refused here,
+    /// the one place every transport's requests pass ([`may_send`]).
+    pub fn submit(&self, msg: Msg, peer: Option<Role>, reply: impl FnOnce(Msg) + Send + 'static) {
+        if let Some(role) = peer.filter(|r| !may_send(*r, &msg)) {
+            metrics::counter!("rpc_requests_refused_total").increment(1);
+            tracing::warn!(role = role.name(), msg = msg.name(), "refused a request its sender's role may not send");
+            return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("a {} may not send {}", role.name(), msg.name()))));
+        }
         let q = if self.handler.fans_out(&msg) {
             &self.fan
         } else {

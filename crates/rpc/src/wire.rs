@@ -22,7 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
 /// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
 /// `P2M_FLUSH_FETCH_MANY`.
-pub const WIRE_VERSION: u16 = 5;
+pub const WIRE_VERSION: u16 = 6;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -83,16 +83,44 @@ pub enum Role {
     Proc,
     Mem,
     Storage,
+    /// The admin's tools (`splitos run`, `cluster status`, `debug fetch`), holding the
+    /// cluster's admin credentials.
+    Admin,
 }
 
 impl Role {
+    pub const ALL: [Role; 5] = [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin];
+
+    pub fn from_name(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Role::Gm => "global-managers",
             Role::Proc => "pcomponent",
             Role::Mem => "mcomponent",
             Role::Storage => "scomponent",
+            Role::Admin => "admin",
         }
+    }
+}
+
+/// Whether a peer authenticated as `role` may send the request `msg`. The letter before the
+/// `2` in a message's name says who sends it (`P` pComponent, `M` mComponent, `S` sComponent,
+/// `G` global managers, `X` any component, `C` the admin's tools); the admin may send
+/// anything (`splitos debug fetch` reads a page as a pComponent would). Replies are never
+/// requests: a peer that sends one is refused.
+pub fn may_send(role: Role, msg: &Msg) -> bool {
+    let Some((from, _)) = msg.name().split_once('2') else { return false };
+    if msg.is_reply() {
+        return false;
+    }
+    match (from, role) {
+        (_, Role::Admin) => true,
+        ("P", Role::Proc) | ("M", Role::Mem) | ("S", Role::Storage) | ("G", Role::Gm) => true,
+        ("X", r) => r != Role::Admin,
+        _ => false,
     }
 }
 
@@ -279,6 +307,13 @@ pub trait Request: Into<Msg> {
 macro_rules! replies {
     ($($req:ident => $rep:ident),* $(,)?) => {
         $( impl Request for $req { type Reply = $rep; } )*
+
+        impl Msg {
+            /// True unless the message is a request (one with a reply type).
+            pub fn is_reply(&self) -> bool {
+                !matches!(self, $( Msg::$req(_) )|*)
+            }
+        }
     };
 }
 
@@ -486,5 +521,32 @@ replies! {
 impl ERR {
     pub fn new(code: ErrCode, msg: impl Into<String>) -> ERR {
         ERR { code, msg: msg.into() }
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::*;
+
+    #[test]
+    fn each_request_is_accepted_from_the_roles_its_name_says_and_only_those() {
+        let who = || Who { vnode: "v".into(), pid: 1 };
+        let cases: Vec<(Msg, &[Role])> = vec![
+            (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Proc, Role::Admin]),
+            (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
+            (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
+            (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin]),
+            (C2X_SHUTDOWN.into(), &[Role::Admin]),
+            (C2P_MOUNT_VNODE { vnode: "v".into() }.into(), &[Role::Admin]),
+            (M2G_PICK_OWNER { bytes: 1 }.into(), &[Role::Mem, Role::Admin]),
+            (OK.into(), &[]),
+            (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
+        ];
+        for (msg, allowed) in cases {
+            for role in [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin] {
+                assert_eq!(may_send(role, &msg), allowed.contains(&role), "{} from {}", msg.name(), role.name());
+            }
+        }
     }
 }

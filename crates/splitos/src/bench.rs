@@ -125,7 +125,7 @@ fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
 /// both ends reading through the transport splitos uses, polling for `spin_us` first (0: a
 /// plain blocking read, which the scheduler often turns into a same-CPU ping-pong).
 fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
-    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0, ..TcpConfig::default() }, Polling::Fixed);
+    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0, ..TcpConfig::default() }, Polling::Fixed, None);
     let l = t.listen_stream("127.0.0.1:0").expect("bind");
     let addr = splitos_rpc::Endpoint::addr(&l);
     std::thread::spawn(move || {
@@ -156,7 +156,8 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
 /// (shared memory only reaches an mComponent of this host that serves it).
 fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>> {
     let t = splitos_rpc::TransportConfig { kind: kind.into(), ..Default::default() };
-    let rpc = crate::node::client_rpc(&t, std::time::Duration::from_secs(5))?;
+    let creds = crate::node::credentials(&crate::control::cluster::admin_credentials(), splitos_rpc::Role::Admin)?;
+    let rpc = crate::node::client_rpc(&t, creds, std::time::Duration::from_secs(5))?;
     let mut h = hist();
     let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: serde_bytes::ByteBuf::from(vec![0u8; PAGE]) };
     for _ in 0..n {

@@ -47,9 +47,17 @@ struct TransportArgs {
     /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /run/splitos for root, else /tmp/splitos-UID).
     #[arg(long, default_value_t = TransportConfig::default().shm.dir)]
     shm_dir: String,
+    /// This component's credentials, issued by the cluster's authority (`cluster up` makes them for the components it starts; `splitos cluster credentials --role ROLE --out FILE` for one started by hand).
+    #[arg(long)]
+    credentials: Option<PathBuf>,
 }
 
 impl TransportArgs {
+    /// The credentials file, which every component needs.
+    fn credentials(&self) -> anyhow::Result<PathBuf> {
+        self.credentials.clone().ok_or_else(|| anyhow::anyhow!("a component needs the cluster's credentials: --credentials FILE (`splitos cluster credentials --role ROLE --out FILE` issues them from the cluster's authority)"))
+    }
+
     fn config(self) -> TransportConfig {
         TransportConfig { kind: self.kind, polling: self.polling, tcp: TcpConfig {
                 spin_us: self.tcp_spin_us,
@@ -310,6 +318,16 @@ enum ClusterCmd {
         #[arg(long)]
         gm: Option<String>,
     },
+    /// Issue credentials from the cluster's authority (in the state directory), for a
+    /// component started by hand or another admin's tools.
+    Credentials {
+        /// global-managers, pcomponent, mcomponent, scomponent or admin.
+        #[arg(long)]
+        role: String,
+        /// Where to write them (mode 0600).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -351,23 +369,24 @@ fn main() {
             ClusterCmd::Status { gm, json } => control::status(gm, json),
             ClusterCmd::Down => control::down(),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
+            ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
         Cmd::Gm { listen, vregion_size, forget_dead_ms, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            gm::run(gm::GmArgs { listen, transport: transport.config(), vregion_size: vregion_size.0, forget_dead: std::time::Duration::from_millis(forget_dead_ms), ready_file, metrics_addr })
+            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, forget_dead: std::time::Duration::from_millis(forget_dead_ms), ready_file, metrics_addr }))
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            mmon::run(mmon::MemArgs { listen, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr })
+            transport.credentials().and_then(|credentials| mmon::run(mmon::MemArgs { listen, credentials, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr }))
         }
         Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, shim_sock, vnode_root, ready_file, metrics_addr, transport, fault_cpu } => {
             node::init_metrics();
             let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking, evict_reserve };
-            pmon::run(pmon::ProcArgs { listen, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr })
+            transport.credentials().and_then(|credentials| pmon::run(pmon::ProcArgs { listen, credentials, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr }))
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            smon::run(smon::StorageArgs { listen, transport: transport.config(), gm, dir, quota: quota.0, ready_file, metrics_addr })
+            transport.credentials().and_then(|credentials| smon::run(smon::StorageArgs { listen, credentials, transport: transport.config(), gm, dir, quota: quota.0, ready_file, metrics_addr }))
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use splitos_rpc::auth::Credentials;
 use splitos_rpc::{Endpoint, ErrCode, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_HEARTBEAT, X2G_REGISTER};
 
 pub const HEARTBEAT: Duration = Duration::from_millis(300);
@@ -42,9 +43,18 @@ pub fn serve_metrics_http(addr: &str) -> std::io::Result<String> {
     Ok(local)
 }
 
-/// The RPC client of a process that is not a component (the CLI, benchmarks' floors).
-pub fn client_rpc(transport: &TransportConfig, timeout: Duration) -> anyhow::Result<Rpc> {
-    Ok(Rpc::new(transport.build().map_err(|e| anyhow::anyhow!(e))?, timeout))
+/// The RPC client of a process that is not a component (the admin's tools), proving `creds`.
+pub fn client_rpc(transport: &TransportConfig, creds: Arc<Credentials>, timeout: Duration) -> anyhow::Result<Rpc> {
+    Ok(Rpc::new(transport.build(Some(creds)).map_err(|e| anyhow::anyhow!(e))?, timeout))
+}
+
+/// Loads credentials from `path` and checks they are of `role`.
+pub fn credentials(path: &std::path::Path, role: Role) -> anyhow::Result<Arc<Credentials>> {
+    let c = Credentials::load(path).map_err(|e| anyhow::anyhow!("cannot read the credentials {}: {e}", path.display()))?;
+    if c.role != role {
+        anyhow::bail!("the credentials {} are a {}'s, not a {}'s", path.display(), c.role.name(), role.name());
+    }
+    Ok(Arc::new(c))
 }
 
 /// A component's link to the rest of the cluster.
@@ -59,8 +69,8 @@ pub struct Node {
 impl Node {
     /// Claims the component's address on the configured transport; the returned endpoint
     /// serves once the component is built around the node.
-    pub fn bind(role: Role, gm: &str, listen: &str, transport: &TransportConfig) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
-        let t = transport.build().map_err(|e| anyhow::anyhow!(e))?;
+    pub fn bind(role: Role, gm: &str, listen: &str, transport: &TransportConfig, creds: &std::path::Path) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
+        let t = transport.build(Some(credentials(creds, role)?)).map_err(|e| anyhow::anyhow!(e))?;
         let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
         let rpc = Rpc::new(t, RPC_TIMEOUT);
         Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0) }), ep))

@@ -281,12 +281,29 @@ impl TestCluster {
         false
     }
 
+    /// Credentials of `role` issued by the cluster's authority, for a component (or a client)
+    /// the test starts by hand.
+    pub fn issue(&self, role: &str) -> std::path::PathBuf {
+        let f = self.dir.path().join(format!("issued-{role}-{}.cred", ISSUED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let out = self.cmd(&["cluster", "credentials", "--role", role, "--out", f.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "cluster credentials: {}", text(&out.stderr));
+        f
+    }
+
+    /// A client holding the cluster's admin credentials, as the admin's tools do.
+    pub fn admin_rpc(&self) -> splitos_rpc::Rpc {
+        let creds = splitos_rpc::auth::Credentials::load(&self.dir.path().join("admin.cred")).unwrap();
+        splitos_rpc::Rpc::new(splitos_rpc::TransportConfig::default().build(Some(std::sync::Arc::new(creds))).unwrap(), Duration::from_secs(5))
+    }
+
     pub fn spawn(&self, opts: &[&str], prog: &[&str]) -> std::process::Child {
         let mut c = self.cmd(&["run"]);
         c.args(opts).arg("--").args(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         c.spawn().unwrap()
     }
 }
+
+static ISSUED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl Drop for TestCluster {
     fn drop(&mut self) {

@@ -161,6 +161,8 @@ for what, f in (("listdir", lambda: os.listdir(d + "/keep")), ("create", lambda:
         Command::new(splitos())
             .args(["storage", "--listen", &format!("127.0.0.1:{port}"), "--gm", &gm, "--dir"])
             .arg(store.path())
+            .arg("--credentials")
+            .arg(c.issue("scomponent"))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -249,9 +251,9 @@ fn read_back(c: &TestCluster) -> Vec<u8> {
 
 /// The file's bytes as the sComponent stores them, read past every cache.
 fn stored_on_scomponent(c: &TestCluster) -> Vec<u8> {
-    use splitos_rpc::{Rpc, TransportConfig, M2S_READ, P2S_LOOKUP};
+    use splitos_rpc::{M2S_READ, P2S_LOOKUP};
     let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
-    let client = Rpc::new(TransportConfig::default().build().unwrap(), Duration::from_secs(5));
+    let client = c.admin_rpc();
     let attr = match client.call(&s, P2S_LOOKUP { vnode: "default".into(), path: "/durable".into() }) {
         Ok(r) => r.attr,
         other => panic!("the sComponent has no /durable: {other:?}"),
@@ -319,7 +321,7 @@ fn fsynced_data_survives_kill_9_of_the_mcomponent_holding_its_buffer_cache() {
     // The killed mComponent comes back at its address; the file reads the same.
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let log = std::fs::File::create(c.dir.path().join("mem-restarted.log")).unwrap();
-    let _restarted = Proc(Command::new(splitos()).args(["mem", "--listen", &holder, "--gm", &gm]).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap());
+    let _restarted = Proc(Command::new(splitos()).args(["mem", "--listen", &holder, "--gm", &gm]).arg("--credentials").arg(c.issue("mcomponent")).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap());
     assert!(c.eventually(Duration::from_secs(10), |c| serving(c, "mcomponent", &holder)), "the mComponent re-registered");
     same_bytes(&read_back(&c), &want, "read back after the mComponent's restart");
 }
@@ -353,6 +355,8 @@ fn fsynced_data_survives_kill_9_of_the_pcomponent() {
             .arg(&sock)
             .arg("--vnode-root")
             .arg(&vnodes)
+            .arg("--credentials")
+            .arg(c.issue("pcomponent"))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -436,7 +440,7 @@ fn storage_requests_cannot_escape_their_vnode_and_garbage_is_refused() {
     let ok = c.run(&["--vnode", "v"], &["bash", "-c", "echo inside > $SPLITOS_VNODE_DIR/f"]);
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
-    let client = Rpc::new(TransportConfig::default().build().unwrap(), Duration::from_secs(5));
+    let client = c.admin_rpc();
     let errno = |m: Msg| match client.call_msg(&s, &m) {
         Err(RpcError::Remote { code: ErrCode::Errno(e), .. }) => e,
         other => panic!("{} was not refused: {other:?}", m.name()),

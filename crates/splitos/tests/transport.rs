@@ -161,7 +161,9 @@ fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared
     let ready = h.state.path().join("mem-b.ready");
     let listen = format!("{}:0", h.ip_b);
     let b = h.b.clone();
-    let child = h.splitos(&b, &["mem", "--gm", &gm, "--listen", &listen, "--capacity", "8G", "--ready-file", ready.to_str().unwrap()]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let creds = h.state.path().join("mem-b.cred");
+    h.ok(&h.a.clone(), &["cluster", "credentials", "--role", "mcomponent", "--out", creds.to_str().unwrap()]);
+    let child = h.splitos(&b, &["mem", "--gm", &gm, "--listen", &listen, "--capacity", "8G", "--ready-file", ready.to_str().unwrap(), "--credentials", creds.to_str().unwrap()]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     h.mem_b = Some(child);
     let t0 = std::time::Instant::now();
     while !ready.exists() {

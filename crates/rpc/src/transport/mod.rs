@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Credentials;
 use crate::error::RpcError;
 use crate::poll::Polling;
 use crate::server::{Handler, ServerConfig};
@@ -83,18 +84,18 @@ impl TransportConfig {
         self.tcp.validate()
     }
 
-    /// The transport this configuration names.
-    pub fn build(&self) -> Result<Arc<dyn Transport>, String> {
+    /// The transport this configuration names, proving `creds` on every connection.
+    pub fn build(&self, creds: Option<Arc<Credentials>>) -> Result<Arc<dyn Transport>, String> {
         self.validate()?;
         match self.kind.as_str() {
-            "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling))),
-            "shm" => match ShmTransport::new(&self.shm, self.tcp.clone(), self.polling) {
+            "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling, creds))),
+            "shm" => match ShmTransport::new(&self.shm, self.tcp.clone(), self.polling, creds.clone()) {
                 Ok(t) => Ok(Arc::new(t)),
                 // Shared memory only speeds things up: without it the component still runs,
                 // over TCP (another user holding the rendezvous directory must not stop it).
                 Err(e) => {
                     tracing::warn!(error = %e, "transport.shm: shared memory unavailable, using TCP");
-                    Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling)))
+                    Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling, creds)))
                 }
             },
             other => Err(format!("transport.kind: unknown transport {other:?}")),

@@ -43,7 +43,8 @@ use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
 use crate::server::{Dispatcher, Handler, ServerConfig};
-use crate::wire::{Msg, MAGIC, MAX_BODY, WIRE_VERSION};
+use crate::auth::{self, AuthError, Credentials};
+use crate::wire::{Msg, Role, MAGIC, MAX_BODY, WIRE_VERSION};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -268,6 +269,8 @@ fn private_dir(dir: &Path) -> io::Result<()> {
 /// Components on one host reached through shared memory, the others through TCP.
 pub struct ShmTransport {
     tcp: TcpTransport,
+    /// This component's identity, proved on every channel's socket before its memory is passed.
+    creds: Option<Arc<Credentials>>,
     spin: Duration,
     polling: Polling,
     dir: PathBuf,
@@ -285,11 +288,11 @@ enum Peer {
 const RECHECK: Duration = Duration::from_secs(1);
 
 impl ShmTransport {
-    pub fn new(cfg: &ShmConfig, tcp: TcpConfig, polling: Polling) -> io::Result<ShmTransport> {
+    pub fn new(cfg: &ShmConfig, tcp: TcpConfig, polling: Polling, creds: Option<Arc<Credentials>>) -> io::Result<ShmTransport> {
         let dir = cfg.dir();
         private_dir(&dir)?;
         let spin = Duration::from_micros(cfg.spin_us);
-        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling), spin, polling, dir, netns: netns(), peers: Mutex::new(HashMap::new()) })
+        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers: Mutex::new(HashMap::new()) })
     }
 
     fn socket_path(&self, addr: &str) -> PathBuf {
@@ -333,7 +336,7 @@ impl ShmTransport {
             self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
             return Ok(None);
         }
-        let c = match Channel::open(&path, addr, timeout, Poller::new(self.spin, self.polling)) {
+        let c = match Channel::open(&path, addr, timeout, Poller::new(self.spin, self.polling), self.creds.as_deref()) {
             Ok(c) => c,
             // A socket left by a component that is gone (whatever holds its port now, if
             // anything, is reached over TCP).
@@ -390,7 +393,7 @@ impl Transport for ShmTransport {
         let unix = UnixListener::bind(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&tmp, &path)?;
-        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling }))
+        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling, creds: self.creds.clone() }))
     }
 }
 
@@ -415,9 +418,15 @@ struct Channel {
 }
 
 impl Channel {
-    fn open(path: &Path, addr: &str, timeout: Duration, poller: Poller) -> io::Result<Channel> {
-        let sock = UnixStream::connect(path)?;
+    fn open(path: &Path, addr: &str, timeout: Duration, poller: Poller, creds: Option<&Credentials>) -> io::Result<Channel> {
+        let mut sock = UnixStream::connect(path)?;
         sock.set_read_timeout(Some(timeout.min(Duration::from_secs(3))))?;
+        if let Some(creds) = creds {
+            auth::initiate(&mut sock, creds, false).map_err(|e| match e {
+                AuthError::Io(e) => e,
+                AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
+            })?;
+        }
         let mut hello = [0u8; 1];
         let fd = recv_fds(&sock, &mut hello)?.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
         sock.set_read_timeout(None)?;
@@ -493,6 +502,7 @@ pub struct ShmListen {
     path: PathBuf,
     spin: Duration,
     polling: Polling,
+    creds: Option<Arc<Credentials>>,
 }
 
 impl Endpoint for ShmListen {
@@ -502,7 +512,7 @@ impl Endpoint for ShmListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        let ShmListen { tcp, unix, path, spin, polling } = *self;
+        let ShmListen { tcp, unix, path, spin, polling, creds } = *self;
         tcp.serve_with(dispatcher.clone(), &cfg.name);
         let name = cfg.name;
         tracing::debug!(socket = %path.display(), "shared-memory rendezvous");
@@ -518,26 +528,30 @@ impl Endpoint for ShmListen {
                             continue;
                         }
                     };
-                    match offer(&s) {
-                        Ok(map) => {
-                            let d = dispatcher.clone();
-                            let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || serve_channel(s, map, d, Poller::new(spin, polling)));
+                    let (d, creds) = (dispatcher.clone(), creds.clone());
+                    // The channel's own thread checks the caller, so that one that stalls in
+                    // its handshake holds up no other.
+                    let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || {
+                        let mut s = s;
+                        match offer(&mut s, creds.as_deref()) {
+                            Ok((map, peer)) => serve_channel(s, map, d, peer, Poller::new(spin, polling)),
+                            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                                metrics::counter!("rpc_shm_refused_total").increment(1);
+                                tracing::warn!(error = %e, "shared-memory channel refused");
+                            }
+                            // A caller that left before its channel came (a sweep checking liveness).
+                            Err(e) => tracing::debug!(error = %e, "shared-memory channel not set up"),
                         }
-                        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                            metrics::counter!("rpc_shm_refused_total").increment(1);
-                            tracing::warn!(error = %e, "shared-memory channel refused");
-                        }
-                        // A caller that left before its channel came (a sweep checking liveness).
-                        Err(e) => tracing::debug!(error = %e, "shared-memory channel not set up"),
-                    }
+                    });
                 }
             })
             .expect("spawn shared-memory accept thread");
     }
 }
 
-/// Checks the caller's user, then makes a sealed channel and passes it over.
-fn offer(s: &UnixStream) -> io::Result<Mapping> {
+/// Checks the caller's user and (with credentials) its identity, then makes a sealed channel
+/// and passes it over; returns it with the caller's role.
+fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping, Option<Role>)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for the kernel to fill for the call.
@@ -549,6 +563,18 @@ fn offer(s: &UnixStream) -> io::Result<Mapping> {
     if cred.uid != me {
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("caller pid {} runs as uid {}, this component as uid {me}", cred.pid, cred.uid)));
     }
+    let peer = match creds {
+        Some(creds) => {
+            s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+            let hs = auth::respond(s, creds, true).map_err(|e| match e {
+                AuthError::Io(e) => e,
+                AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("caller pid {}: {why}", cred.pid)),
+            })?;
+            s.set_read_timeout(None)?;
+            Some(hs.peer)
+        }
+        None => None,
+    };
     // SAFETY: a NUL-terminated name and valid flags.
     let raw = unsafe { libc::memfd_create(c"splitos-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
@@ -569,11 +595,14 @@ fn offer(s: &UnixStream) -> io::Result<Mapping> {
     h.magic.store(MAGIC, Relaxed);
     h.version.store(WIRE_VERSION as u32, Release);
     send_fds(s, b"c", &[raw])?;
-    Ok(map)
+    Ok((map, peer))
 }
 
+/// How long a caller has to prove who it is on a channel's socket.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves one caller's channel until it goes away.
-fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, poller: Poller) {
+fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<Role>, poller: Poller) {
     if sock.set_nonblocking(true).is_err() {
         return;
     }
@@ -605,7 +634,7 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, po
         // hostile caller sends again before its answer. A reply that never comes (its worker
         // pool is gone) drops the sender and ends the channel.
         let (tx, rx) = crossbeam_channel::bounded(1);
-        dispatcher.submit(msg, move |reply| {
+        dispatcher.submit(msg, peer, move |reply| {
             let _ = tx.send(reply);
         });
         let Ok(reply) = rx.recv() else { return };

@@ -30,7 +30,8 @@ use crate::error::RpcError;
 use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
 use crate::server::{Dispatcher, Handler, ServerConfig};
-use crate::wire::{FrameKind, Msg};
+use crate::auth::{self, AuthError, Credentials, Session};
+use crate::wire::{FrameKind, Msg, Role};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -106,29 +107,46 @@ impl TcpConfig {
 pub struct TcpTransport {
     cfg: TcpConfig,
     polling: Polling,
+    /// This component's identity: every connection it makes or serves is authenticated with
+    /// it. `None` only for the benchmarks' raw floors and the transport's own tests.
+    creds: Option<Arc<Credentials>>,
     clients: Mutex<HashMap<String, Client>>,
 }
 
 impl TcpTransport {
-    pub fn new(cfg: TcpConfig, polling: Polling) -> TcpTransport {
-        TcpTransport { cfg, polling, clients: Mutex::new(HashMap::new()) }
+    pub fn new(cfg: TcpConfig, polling: Polling, creds: Option<Arc<Credentials>>) -> TcpTransport {
+        TcpTransport { cfg, polling, creds, clients: Mutex::new(HashMap::new()) }
     }
 
-    /// A byte-stream connection with this transport's knobs (the benchmarks' raw floors).
+    /// A connection with this transport's knobs, authenticated if the transport has
+    /// credentials (records encrypted unless the peer is on loopback).
     pub fn connect_stream(&self, addr: &str, timeout: Duration) -> io::Result<TcpConn> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
         for sa in addr.to_socket_addrs()? {
             match TcpStream::connect_timeout(&sa, timeout) {
-                Ok(s) => return TcpConn::new(s, &self.cfg, self.polling),
+                Ok(s) => {
+                    let mut c = TcpConn::new(s, &self.cfg, self.polling)?;
+                    if let Some(creds) = &self.creds {
+                        let _ = c.s.set_read_timeout(Some(timeout));
+                        let hs = auth::initiate(&mut c, creds, !sa.ip().is_loopback()).map_err(|e| match e {
+                            AuthError::Io(e) => e,
+                            AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
+                        })?;
+                        c.s.set_read_timeout(None)?;
+                        c.peer_role = Some(hs.peer);
+                        c.session = hs.session.map(Arc::new);
+                    }
+                    return Ok(c);
+                }
                 Err(e) => last = e,
             }
         }
         Err(last)
     }
 
-    /// A listening socket whose connections get this transport's knobs.
+    /// A listening socket whose connections get this transport's knobs and credentials.
     pub fn listen_stream(&self, addr: &str) -> io::Result<TcpListen> {
-        Ok(TcpListen { l: TcpListener::bind(addr)?, cfg: self.cfg.clone(), polling: self.polling })
+        Ok(TcpListen { l: TcpListener::bind(addr)?, cfg: self.cfg.clone(), polling: self.polling, creds: self.creds.clone() })
     }
 
     fn client(&self, addr: &str, timeout: Duration) -> Result<Client, RpcError> {
@@ -168,6 +186,15 @@ impl Transport for TcpTransport {
 /// wait `delay_us` first when a delay is injected.
 pub struct TcpConn {
     s: TcpStream,
+    /// The peer's role, once a handshake established it.
+    peer_role: Option<Role>,
+    /// Record keys, if records are encrypted; each side counts its records.
+    session: Option<Arc<Session>>,
+    sent: u64,
+    received: u64,
+    /// Plaintext of the last record received, not yet read.
+    plain: Vec<u8>,
+    plain_at: usize,
     poller: Poller,
     polling: Polling,
     spin: Duration,
@@ -184,12 +211,81 @@ impl TcpConn {
     fn new(s: TcpStream, cfg: &TcpConfig, polling: Polling) -> io::Result<TcpConn> {
         s.set_nodelay(true)?;
         let spin = Duration::from_micros(cfg.spin_us);
-        Ok(TcpConn { s, poller: Poller::new(spin, polling), polling, spin, delay: Duration::from_micros(cfg.delay_us), frame_timeout: None, deadline: None, timed: false })
+        Ok(TcpConn {
+            s,
+            peer_role: None,
+            session: None,
+            sent: 0,
+            received: 0,
+            plain: Vec::new(),
+            plain_at: 0,
+            poller: Poller::new(spin, polling),
+            polling,
+            spin,
+            delay: Duration::from_micros(cfg.delay_us),
+            frame_timeout: None,
+            deadline: None,
+            timed: false,
+        })
     }
 
     /// The same connection with polling state of its own (for another thread).
     pub fn try_clone(&self) -> io::Result<TcpConn> {
-        Ok(TcpConn { s: self.s.try_clone()?, poller: Poller::new(self.spin, self.polling), polling: self.polling, spin: self.spin, delay: self.delay, frame_timeout: None, deadline: None, timed: false })
+        Ok(TcpConn {
+            s: self.s.try_clone()?,
+            peer_role: self.peer_role,
+            session: self.session.clone(),
+            sent: self.sent,
+            received: self.received,
+            plain: Vec::new(),
+            plain_at: 0,
+            poller: Poller::new(self.spin, self.polling),
+            polling: self.polling,
+            spin: self.spin,
+            delay: self.delay,
+            frame_timeout: None,
+            deadline: None,
+            timed: false,
+        })
+    }
+
+    /// The socket, for its options (a test's read timeout).
+    pub fn stream(&self) -> &TcpStream {
+        &self.s
+    }
+
+    /// The peer's role as its handshake proved it.
+    pub fn peer_role(&self) -> Option<Role> {
+        self.peer_role
+    }
+
+    /// Reads and decrypts the peer's next record into `plain`.
+    fn next_record(&mut self, session: &Session) -> io::Result<bool> {
+        let mut len = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            match self.read_raw(&mut len[got..])? {
+                0 if got == 0 => return Ok(false),
+                0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated record")),
+                n => got += n,
+            }
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > auth::RECORD + 16 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a record of {len} bytes")));
+        }
+        let mut sealed = vec![0u8; len];
+        let mut at = 0;
+        while at < len {
+            match self.read_raw(&mut sealed[at..])? {
+                0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated record")),
+                n => at += n,
+            }
+        }
+        session.open(self.received, &sealed, &mut self.plain)?;
+        self.received += 1;
+        self.plain_at = 0;
+        Ok(true)
     }
 
     /// Makes reads of a served connection time out: its first frame must arrive within
@@ -246,6 +342,22 @@ impl TcpConn {
 
 impl Read for TcpConn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(session) = self.session.clone() else { return self.read_raw(buf) };
+        while self.plain_at == self.plain.len() {
+            if buf.is_empty() || !self.next_record(&session)? {
+                return Ok(0);
+            }
+        }
+        let n = buf.len().min(self.plain.len() - self.plain_at);
+        buf[..n].copy_from_slice(&self.plain[self.plain_at..self.plain_at + n]);
+        self.plain_at += n;
+        Ok(n)
+    }
+}
+
+impl TcpConn {
+    /// Reads bytes as they come off the socket.
+    fn read_raw(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if !buf.is_empty() {
             let fd = self.s.as_raw_fd();
             let r = self.poller.poll(|| {
@@ -281,7 +393,18 @@ impl Write for TcpConn {
             metrics::counter!("rpc_injected_delays_total").increment(1);
             std::thread::sleep(self.delay);
         }
-        self.s.write(buf)
+        let Some(session) = &self.session else { return self.s.write(buf) };
+        // Sealed whole, in records: a reader never sees part of one.
+        let mut out = Vec::with_capacity(buf.len() + buf.len().div_ceil(auth::RECORD) * 20);
+        let mut sealed = Vec::new();
+        for chunk in buf.chunks(auth::RECORD) {
+            session.seal(self.sent, chunk, &mut sealed)?;
+            self.sent += 1;
+            out.extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+            out.extend_from_slice(&sealed);
+        }
+        self.s.write_all(&out)?;
+        Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {
         self.s.flush()
@@ -292,6 +415,7 @@ pub struct TcpListen {
     l: TcpListener,
     cfg: TcpConfig,
     polling: Polling,
+    creds: Option<Arc<Credentials>>,
 }
 
 impl TcpListen {
@@ -374,8 +498,25 @@ impl TcpListen {
                             }
                         };
                         conn.bound_frames(Duration::from_millis(self.cfg.frame_timeout_ms));
-                        let (d, in_flight) = (dispatcher.clone(), self.cfg.max_in_flight);
+                        let (d, in_flight, creds) = (dispatcher.clone(), self.cfg.max_in_flight, self.creds.clone());
                         let _ = std::thread::Builder::new().name(format!("{name}-rx")).spawn(move || {
+                            // The handshake counts as the connection's first frame: it must
+                            // be done within the frame timeout of the accept.
+                            if let Some(creds) = creds {
+                                match auth::respond(&mut conn, &creds, peer.ip().is_loopback()) {
+                                    Ok(hs) if conn.frame_done().is_ok() => {
+                                        conn.peer_role = Some(hs.peer);
+                                        conn.session = hs.session.map(Arc::new);
+                                    }
+                                    Ok(_) => return,
+                                    Err(e) => {
+                                        metrics::counter!("rpc_handshakes_refused_total").increment(1);
+                                        tracing::warn!(%peer, error = %e, "refused a connection that did not authenticate; still serving the others");
+                                        conn.close();
+                                        return;
+                                    }
+                                }
+                            }
                             receive_loop(conn, d, in_flight);
                             drop(admitted);
                         });
@@ -430,7 +571,7 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
             Ok(Some(f)) if f.kind == FrameKind::Request => {
                 let (w, req_id, flight) = (writer.clone(), f.req_id, in_flight.clone());
                 flight.enter();
-                dispatcher.submit(f.msg, move |reply| {
+                dispatcher.submit(f.msg, reader.peer_role, move |reply| {
                     if let Err(e) = write_frame(&mut *w.lock().unwrap(), FrameKind::Reply, req_id, &reply) {
                         tracing::debug!(error = %e, "reply not delivered");
                     }

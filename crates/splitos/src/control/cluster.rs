@@ -5,6 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use splitos_rpc::auth::Authority;
 use splitos_rpc::{ComponentInfo, Request, Role, Rpc, TransportConfig, C2G_STATUS, C2X_STATS};
 
 use crate::config::ClusterConfig;
@@ -56,16 +57,49 @@ pub fn read_state() -> Option<ClusterState> {
     serde_json::from_str(&std::fs::read_to_string(state_file()).ok()?).ok()
 }
 
-/// The control plane's RPC client (one per process).
+/// The admin's credentials that the control plane proves: set for an embedded cluster, else
+/// $SPLITOS_CREDENTIALS, else those in the state directory.
+static ADMIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+pub fn use_admin_credentials(path: &Path) {
+    *ADMIN.lock().unwrap() = Some(path.to_path_buf());
+}
+
+pub fn admin_credentials() -> PathBuf {
+    ADMIN.lock().unwrap().clone().or_else(|| std::env::var_os("SPLITOS_CREDENTIALS").map(PathBuf::from)).unwrap_or_else(|| state_dir().join(ADMIN_CREDENTIALS))
+}
+
+/// The control plane's RPC client, one per credentials file.
 pub fn rpc() -> anyhow::Result<&'static Rpc> {
-    static RPC: std::sync::OnceLock<Rpc> = std::sync::OnceLock::new();
-    if let Some(r) = RPC.get() {
+    static RPC: std::sync::Mutex<Vec<(PathBuf, &'static Rpc)>> = std::sync::Mutex::new(Vec::new());
+    let path = admin_credentials();
+    let mut cache = RPC.lock().unwrap();
+    if let Some((_, r)) = cache.iter().find(|(p, _)| *p == path) {
         return Ok(r);
     }
+    let creds = crate::node::credentials(&path, Role::Admin).map_err(|e| anyhow::anyhow!("{e} (the admin's tools need the cluster's admin credentials, readable by root)"))?;
     // The transport of the cluster `cluster up` started; TCP's defaults for any other.
     let t = read_state().map(|s| s.transport).unwrap_or_default();
-    let r = crate::node::client_rpc(&t, Duration::from_secs(5))?;
-    Ok(RPC.get_or_init(|| r))
+    let r: &'static Rpc = Box::leak(Box::new(crate::node::client_rpc(&t, creds, Duration::from_secs(5))?));
+    cache.push((path, r));
+    Ok(r)
+}
+
+/// Where a state directory keeps the cluster's authority and the admin's credentials.
+pub const AUTHORITY: &str = "authority.key";
+pub const ADMIN_CREDENTIALS: &str = "admin.cred";
+
+/// The authority of the cluster whose state is in `dir`, made on its first start and kept
+/// for the next (so that the admin's credentials and those issued by hand stay valid).
+pub fn authority(dir: &Path) -> anyhow::Result<Authority> {
+    let p = dir.join(AUTHORITY);
+    if p.exists() {
+        return Authority::load(&p).map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()));
+    }
+    let a = Authority::generate()?;
+    a.save(&p)?;
+    a.issue(Role::Admin)?.save(&dir.join(ADMIN_CREDENTIALS))?;
+    Ok(a)
 }
 
 /// One request to the component at `addr`; an error names the component.
@@ -151,11 +185,22 @@ impl Cluster {
     }
 
     fn start_all(&mut self, cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<()> {
+        let ca = authority(dir)?;
+        if !detach {
+            use_admin_credentials(&dir.join(ADMIN_CREDENTIALS));
+        }
+        // Each component gets credentials of its own role, next to its log.
+        let creds = |name: &str, role: Role| -> anyhow::Result<Vec<String>> {
+            let p = dir.join(format!("{name}.cred"));
+            ca.issue(role)?.save(&p)?;
+            Ok(vec!["--credentials".into(), p.to_string_lossy().to_string()])
+        };
         let t = &cfg.transport;
         // Every component speaks the cluster's transport.
         let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--tcp-max-connections".into(), t.tcp.max_connections.to_string(), "--tcp-max-connections-per-peer".into(), t.tcp.max_connections_per_peer.to_string(), "--tcp-frame-timeout-ms".into(), t.tcp.frame_timeout_ms.to_string(), "--tcp-max-in-flight".into(), t.tcp.max_in_flight.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
         let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string(), "--forget-dead-ms".into(), cfg.cluster.forget_dead_ms.to_string()];
         args.extend(transport.iter().cloned());
+        args.extend(creds("gm", Role::Gm)?);
         let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());
@@ -171,6 +216,7 @@ impl Cluster {
                 "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string(),
             ];
             args.extend(transport.iter().cloned());
+            args.extend(creds(&format!("storage{i}"), Role::Storage)?);
             pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach)?));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
@@ -180,6 +226,7 @@ impl Cluster {
                 "--bcache".into(), m.bcache.0.to_string(), "--readahead".into(), m.readahead.0.to_string(),
             ];
             args.extend(transport.iter().cloned());
+            args.extend(creds(&format!("mem{i}"), Role::Mem)?);
             pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach)?));
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
@@ -197,6 +244,7 @@ impl Cluster {
                 args.push("--no-piggyback".into());
             }
             args.extend(transport.iter().cloned());
+            args.extend(creds(&format!("proc{i}"), Role::Proc)?);
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach)?));
         }
         let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len();
@@ -294,7 +342,8 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
-    Ok(rpc()?.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.components)
+    let rpc = rpc().map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    Ok(rpc.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.components)
 }
 
 /// Asks one component for its own statistics (exact, unlike heartbeat load).

@@ -39,6 +39,18 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Issues credentials of `role` from the authority of the cluster in the state directory.
+pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
+    let role = Role::from_name(role).ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (known: {})", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))?;
+    let dir = cluster::state_dir();
+    if !dir.join(cluster::AUTHORITY).exists() {
+        anyhow::bail!("no cluster authority in {} (`splitos cluster up` makes one)", dir.display());
+    }
+    cluster::authority(&dir)?.issue(role)?.save(out)?;
+    println!("credentials of a {} in {}", role.name(), out.display());
+    Ok(())
+}
+
 pub fn down() -> anyhow::Result<()> {
     let Some(s) = cluster::read_state() else {
         println!("no cluster is running");

@@ -193,6 +193,8 @@ impl Handler for Gm {
 
 pub struct GmArgs {
     pub listen: String,
+    /// The global managers' credentials file.
+    pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub vregion_size: u64,
     pub forget_dead: Duration,
@@ -201,7 +203,7 @@ pub struct GmArgs {
 }
 
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
-    let t = args.transport.build().map_err(|e| anyhow::anyhow!(e))?;
+    let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
     let gm = Arc::new(Gm { vregion_size: args.vregion_size, forget_dead: args.forget_dead, comps: Mutex::new(Vec::new()), started: Instant::now() });

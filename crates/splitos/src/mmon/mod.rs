@@ -185,6 +185,8 @@ impl Handler for Mem {
 
 pub struct MemArgs {
     pub listen: String,
+    /// This component\'s credentials file.
+    pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,
     pub capacity: u64,
@@ -199,7 +201,7 @@ pub struct MemArgs {
 
 pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
-    let (node, endpoint) = Node::bind(Role::Mem, &args.gm, &args.listen, &args.transport)?;
+    let (node, endpoint) = Node::bind(Role::Mem, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let mem = Arc::new(Mem {
         node: node.clone(),
         capacity: args.capacity,

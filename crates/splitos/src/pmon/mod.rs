@@ -267,6 +267,8 @@ impl Handler for Pcomp {
 
 pub struct ProcArgs {
     pub listen: String,
+    /// This component\'s credentials file.
+    pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,
     pub shim_sock: std::path::PathBuf,
@@ -309,7 +311,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if args.cfg.evict_reserve >= cache.ways() {
         anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
     }
-    let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport)?;
+    let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let store = Arc::new(RemoteStore::new(node.clone()));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
         let me = me.clone();

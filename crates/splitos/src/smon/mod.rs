@@ -122,6 +122,8 @@ impl Handler for Storage {
 
 pub struct StorageArgs {
     pub listen: String,
+    /// This component\'s credentials file.
+    pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,
     pub dir: std::path::PathBuf,
@@ -133,7 +135,7 @@ pub struct StorageArgs {
 pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let store = Store::open(&args.dir, args.quota)?;
-    let (node, endpoint) = Node::bind(Role::Storage, &args.gm, &args.listen, &args.transport)?;
+    let (node, endpoint) = Node::bind(Role::Storage, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let st = Arc::new(Storage { node: node.clone(), store, started: Instant::now(), bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0) });
     let s3 = st.clone();
     stop.on_stop(move || {

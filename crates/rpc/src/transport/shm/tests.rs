@@ -37,7 +37,7 @@ fn cfg(dir: &Path) -> ShmConfig {
 }
 
 fn server(dir: &Path) -> String {
-    let t = ShmTransport::new(&cfg(dir), TcpConfig::default(), Polling::Adaptive).unwrap();
+    let t = ShmTransport::new(&cfg(dir), TcpConfig::default(), Polling::Adaptive, None).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
     ep.serve(Arc::new(Echo), ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
@@ -56,7 +56,7 @@ fn is_local(t: &ShmTransport, addr: &str) -> bool {
 fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
     let d = private_tmp();
     let addr = server(d.path());
-    let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap());
+    let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
     let rpc = Rpc::new(t.clone(), Duration::from_secs(5));
     for vpn in [10_001u64, 10_002] {
         let p = rpc.call_direct(&addr, fetch(vpn)).unwrap();
@@ -65,7 +65,7 @@ fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
     assert!(is_local(&t, &addr), "a peer of this host is reached through its channel");
     // Another host's component has no rendezvous socket where this caller looks.
     let elsewhere = private_tmp();
-    let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default(), Polling::Adaptive).unwrap());
+    let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
     let p = Rpc::new(far.clone(), Duration::from_secs(5)).call(&addr, fetch(10_003)).unwrap();
     assert_eq!(p.data.len(), 4096);
     assert!(!is_local(&far, &addr), "a peer without a channel is reached over TCP");
@@ -75,7 +75,7 @@ fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
 fn concurrent_callers_each_get_their_own_reply() {
     let d = private_tmp();
     let addr = server(d.path());
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap()), Duration::from_secs(5));
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
     let threads: Vec<_> = (0..6u64)
         .map(|i| {
             let (rpc, addr) = (rpc.clone(), addr.clone());
@@ -97,7 +97,7 @@ fn concurrent_callers_each_get_their_own_reply() {
 fn a_timed_out_call_never_answers_the_next_one() {
     let d = private_tmp();
     let addr = server(d.path());
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap()), Duration::from_millis(100));
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_millis(100));
     match rpc.call_direct(&addr, fetch(400)) {
         Err(RpcError::Timeout { .. }) => {}
         r => panic!("a slow reply times out: {r:?}"),
@@ -110,10 +110,10 @@ fn a_timed_out_call_never_answers_the_next_one() {
 fn garbage_in_a_channel_closes_that_channel_only() {
     let d = private_tmp();
     let addr = server(d.path());
-    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap();
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap();
     let path = t.socket_path(&addr);
     for (len, bytes) in [(16u32, vec![0xffu8; 16]), (u32::MAX, vec![1u8; 8])] {
-        let c = Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed)).unwrap();
+        let c = Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None).unwrap();
         let h = c.map.header();
         c.map.put(REQ, &bytes);
         h.req_len.store(len, Relaxed);
@@ -132,7 +132,7 @@ fn garbage_in_a_channel_closes_that_channel_only() {
 fn a_directory_others_can_enter_is_refused() {
     let d = tempfile::tempdir().unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let e = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).err().expect("refused");
+    let e = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).err().expect("refused");
     assert!(e.to_string().contains("mode 0700"), "{e}");
 }
 
@@ -164,7 +164,7 @@ fn another_user_gets_no_channel() {
     }
     let d = private_tmp();
     let addr = server(d.path());
-    let path = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap().socket_path(&addr);
+    let path = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap().socket_path(&addr);
     assert_eq!(as_nobody(&path), "denied", "the directory keeps other users from the socket");
     // Even with the directory and socket opened up by mistake, the server checks who calls.
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -177,13 +177,13 @@ fn a_server_that_died_between_calls_is_unreachable_not_a_lost_request() {
     let d = private_tmp();
     // An address nobody listens on over TCP: the fallback finds no one either.
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive).unwrap();
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap();
     let path = t.socket_path(&addr);
     let unix = UnixListener::bind(&path).unwrap();
     // A server that answers one call, then dies (its socket closes, its file stays).
     let server = std::thread::spawn(move || {
-        let (s, _) = unix.accept().unwrap();
-        let map = offer(&s).unwrap();
+        let (mut s, _) = unix.accept().unwrap();
+        let (map, _) = offer(&mut s, None).unwrap();
         s.set_nonblocking(true).unwrap();
         let h = map.header();
         let n = wait(&h.req_seq, 0, &h.server_sleeps, &s, &Poller::new(Duration::ZERO, Polling::Fixed), None).ok().unwrap();
@@ -206,7 +206,7 @@ fn without_a_private_directory_a_component_still_runs_over_tcp() {
     let d = tempfile::tempdir().unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let cfg = crate::transport::TransportConfig { kind: "shm".into(), shm: cfg(d.path()), ..Default::default() };
-    assert_eq!(cfg.build().unwrap().name(), "tcp");
+    assert_eq!(cfg.build(None).unwrap().name(), "tcp");
 }
 
 /// Answers with the CPU it ran on (`vpn` ignored).
@@ -236,11 +236,11 @@ fn a_followed_callers_requests_are_served_on_its_cpu_and_callers_on_other_cpus_k
         return;
     }
     let d = private_tmp();
-    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed).unwrap();
+    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed, None).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
     ep.serve(Arc::new(WhereAmI), ServerConfig { name: "where".into(), workers: 0, fanout_workers: 1 });
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed).unwrap()), Duration::from_secs(5));
+    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed, None).unwrap()), Duration::from_secs(5));
     // Two followed callers, each pinned to its own CPU, call in turn (never at once): after
     // each one's first call, every request of each is served on its own CPU.
     let turn = Arc::new(std::sync::Barrier::new(2));

@@ -30,7 +30,7 @@ impl Handler for Slow {
 }
 
 fn serve(cfg: TcpConfig, workers: usize) -> (String, Arc<Slow>) {
-    let t = TcpTransport::new(cfg, Polling::Fixed);
+    let t = TcpTransport::new(cfg, Polling::Fixed, None);
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
     let h = Arc::new(Slow::default());
@@ -139,4 +139,62 @@ fn stalled_frames_and_silent_connections_are_closed_after_the_frame_timeout() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(cut || closed(&mut trickle, Duration::from_secs(1)), "a trickled frame is cut at its deadline");
+}
+
+mod authenticated {
+    use super::*;
+    use crate::auth::Authority;
+    use crate::wire::{Who, P2M_FETCH};
+    use crate::Rpc;
+
+    /// Answers anything with a pong.
+    struct Pong;
+
+    impl Handler for Pong {
+        fn handle(&self, _: Msg) -> Msg {
+            X2C_PONG { role: crate::Role::Mem, id: 7 }.into()
+        }
+    }
+
+    fn serve_as(ca: &Authority, role: crate::Role) -> String {
+        let t = TcpTransport::new(TcpConfig::default(), Polling::Fixed, Some(Arc::new(ca.issue(role).unwrap())));
+        let ep = t.listen("127.0.0.1:0").unwrap();
+        let addr = ep.addr();
+        ep.serve(Arc::new(Pong), ServerConfig { name: "pong".into(), workers: 0, fanout_workers: 1 });
+        addr
+    }
+
+    fn client(ca: &Authority, role: crate::Role) -> Rpc {
+        Rpc::new(Arc::new(TcpTransport::new(TcpConfig::default(), Polling::Fixed, Some(Arc::new(ca.issue(role).unwrap())))), Duration::from_secs(5))
+    }
+
+    #[test]
+    fn a_peer_of_the_cluster_is_served_what_its_role_may_send() {
+        let ca = Authority::generate().unwrap();
+        let addr = serve_as(&ca, crate::Role::Mem);
+        let fetch = || P2M_FETCH { who: Who { vnode: "v".into(), pid: 1 }, vpn: 1 };
+        let proc_ = client(&ca, crate::Role::Proc);
+        assert!(matches!(proc_.call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "a pComponent may fetch");
+        for role in [crate::Role::Storage, crate::Role::Gm, crate::Role::Mem] {
+            match client(&ca, role).call_msg(&addr, &fetch().into()) {
+                Err(crate::RpcError::Remote { msg, .. }) => assert!(msg.contains("may not send P2M_FETCH"), "{msg}"),
+                other => panic!("a {} fetched a page: {other:?}", role.name()),
+            }
+        }
+        assert!(matches!(client(&ca, crate::Role::Admin).call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "the admin may");
+    }
+
+    #[test]
+    fn a_peer_without_the_clusters_credentials_gets_nothing() {
+        let ca = Authority::generate().unwrap();
+        let addr = serve_as(&ca, crate::Role::Mem);
+        // The documented wire format, without a handshake.
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(&ping_frame(1)).unwrap();
+        assert!(closed(&mut s, Duration::from_secs(5)), "a frame without a handshake is not answered");
+        // A handshake with credentials of another authority.
+        let other = Authority::generate().unwrap();
+        let e = client(&other, crate::Role::Proc).call_msg(&addr, &C2X_PING.into()).unwrap_err();
+        assert!(e.to_string().contains("did not issue") || e.to_string().contains("refused") || e.to_string().contains("closed"), "{e}");
+    }
 }

@@ -1,0 +1,119 @@
+//! Attacks by someone who merely reaches a component's port or shares its host, over the real
+//! wire: each is refused, counted by the component that refused it, and the victim program's
+//! output stays what a native run prints.
+mod common;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use splitos_rpc::auth::{Authority, Credentials};
+use splitos_rpc::transport::{TcpConfig, TcpTransport};
+use splitos_rpc::poll::Polling;
+use splitos_rpc::{FrameKind, Msg, Role, Rpc, RpcError, Who, P2M_FETCH};
+
+/// Runs python3 as the user `nobody` with `script` and `args`; returns its stdout.
+fn as_nobody(script: &str, args: &[&str]) -> String {
+    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script]).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
+/// Sends `frame` to `addr` and says whether anything came back before the connection closed.
+const SEND_FRAME: &str = r#"
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+s.sendall(bytes.fromhex(sys.argv[2]))
+s.settimeout(15)
+try:
+    print("answered" if s.recv(64) else "closed")
+except ConnectionResetError:
+    print("closed")
+"#;
+
+const READ_FILE: &str = r#"
+import sys
+try:
+    open(sys.argv[1], "rb").read(); print("read")
+except PermissionError:
+    print("denied")
+"#;
+
+fn hex_frame(msg: Msg) -> String {
+    splitos_rpc::frame::encode(FrameKind::Request, 1, &msg).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn fetch_frame(pid: u64) -> String {
+    hex_frame(P2M_FETCH { who: Who { vnode: "default".into(), pid }, vpn: 0x200000000 }.into())
+}
+
+fn rpc_with(creds: Credentials) -> Rpc {
+    Rpc::new(Arc::new(TcpTransport::new(TcpConfig::default(), Polling::Fixed, Some(Arc::new(creds)))), Duration::from_secs(5))
+}
+
+#[test]
+fn nobody_who_merely_reaches_a_port_gets_in() {
+    let c = TestCluster::up(Some("[transport]\nkind = \"tcp\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let prog = program("hold");
+    let prog = prog.to_str().unwrap();
+    let native_out = text(&native(&[prog, "8"]).stdout);
+    let mut victim = c.spawn(&[], &[prog, "8"]);
+    assert_eq!(read_line(&mut victim), "ready\n");
+
+    // The keys are root's: nobody cannot read the authority, the admin's or a component's.
+    for f in ["authority.key", "admin.cred", "mem0.cred"] {
+        assert_eq!(as_nobody(READ_FILE, &[c.dir.path().join(f).to_str().unwrap()]), "denied", "{f}");
+    }
+    // Nobody speaks the documented wire format without a handshake: no answer, the
+    // connection is closed, and the mComponent counts the refusal.
+    let before = c.metric(&m, "rpc_handshakes_refused_total");
+    for pid in [1u64, 2, 1 << 32 | 1] {
+        assert_eq!(as_nobody(SEND_FRAME, &[&m, &fetch_frame(pid)]), "closed");
+    }
+    assert!(c.metric(&m, "rpc_handshakes_refused_total") >= before + 3.0);
+    // The other attacks of the issue, each to the component it hit: end a program, stop an
+    // mComponent, register a rogue mComponent, make the pComponent mount a vNode.
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
+    let attacks: Vec<(&str, Msg)> = vec![
+        (&m, splitos_rpc::M2M_EXIT { who: Who { vnode: "default".into(), pid: 1 } }.into()),
+        (&m, splitos_rpc::C2X_SHUTDOWN.into()),
+        (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, load, id: 0 }.into()),
+        (&p, splitos_rpc::C2P_MOUNT_VNODE { vnode: "stolen".into() }.into()),
+    ];
+    for (addr, msg) in attacks {
+        let name = msg.name();
+        assert_eq!(as_nobody(SEND_FRAME, &[addr, &hex_frame(msg)]), "closed", "{name}");
+    }
+    assert!(c.components("mcomponent").iter().all(|m| m["alive"] == true), "the mComponent still runs");
+    assert!(c.status()["components"].as_array().unwrap().iter().all(|x| x["addr"] != "127.0.0.1:9"), "no rogue mComponent");
+    // Credentials of another authority are refused in the handshake.
+    let stranger = rpc_with(Authority::generate().unwrap().issue(Role::Proc).unwrap());
+    match stranger.call_msg(&m, &splitos_rpc::C2X_STATS.into()) {
+        Err(RpcError::Unreachable { why, .. }) => assert!(why.contains("did not issue") || why.contains("refused"), "{why}"),
+        other => panic!("a stranger was served: {other:?}"),
+    }
+    // This cluster's credentials of a role that may not fetch pages are refused per message.
+    let f = c.dir.path().join("storage.cred");
+    let out = c.cmd(&["cluster", "credentials", "--role", "scomponent", "--out", f.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let storage = rpc_with(Credentials::load(&f).unwrap());
+    match storage.call_msg(&m, &P2M_FETCH { who: Who { vnode: "default".into(), pid: 1 }, vpn: 0 }.into()) {
+        Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("may not send P2M_FETCH"), "{msg}"),
+        other => panic!("an sComponent fetched a page: {other:?}"),
+    }
+    assert!(c.metric(&m, "rpc_requests_refused_total") >= 1.0);
+    let log = ["mem0"].iter().map(|n| c.log(n)).collect::<String>();
+    assert!(log.contains("did not authenticate") && log.contains("may not send"), "refusals are logged: {log}");
+    // The admin's tools work for root and not for nobody.
+    assert!(c.cmd(&["cluster", "status"]).output().unwrap().status.success());
+    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(splitos()).args(["cluster", "status", "--gm", c.status()["gm"].as_str().unwrap()]).env("SPLITOS_STATE_DIR", c.dir.path()).output().unwrap();
+    assert!(!out.status.success(), "nobody ran cluster status: {}", text(&out.stdout));
+    // The victim never noticed.
+    drop(victim.stdin.take());
+    let out = victim.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), native_out.trim_start_matches("ready\n"), "{}", text(&out.stderr));
+}
