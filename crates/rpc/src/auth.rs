@@ -108,6 +108,11 @@ fn random<const N: usize>() -> io::Result<[u8; N]> {
     Ok(b)
 }
 
+/// An identifier no one can guess (a process id, a component id), from the kernel's generator.
+pub fn random_u64() -> u64 {
+    u64::from_ne_bytes(random::<8>().expect("the kernel's random generator"))
+}
+
 /// Writes `bytes` to a new file only its owner may read (`0600`), replacing `path` at once.
 fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;

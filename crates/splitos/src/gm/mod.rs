@@ -88,15 +88,6 @@ fn rendezvous(comps: &[Entry], role: Role, key: &str) -> Option<ComponentRef> {
         .map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
 }
 
-/// A random id from the kernel's generator.
-fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom(2) writes at most `b.len()` bytes into `b`, a live local.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
-    assert_eq!(n, 4, "getrandom: {}", std::io::Error::last_os_error());
-    u32::from_ne_bytes(b)
-}
-
 /// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
@@ -109,7 +100,7 @@ impl Gm {
         comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
         let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
         let again = !taken(r.id);
-        let id = if again { r.id } else { std::iter::repeat_with(random_u32).find(|id| !taken(*id)).expect("an endless supply") };
+        let id = if again { r.id } else { std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32).find(|id| !taken(*id)).expect("an endless supply") };
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, last: Instant::now(), pending: 0 });

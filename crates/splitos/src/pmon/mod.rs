@@ -25,7 +25,7 @@ mod vfs;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -108,6 +108,12 @@ struct PendingChild {
     materialized: BTreeSet<u64>,
 }
 
+/// A new process id: random, so that ids are unique across pComponents and no one guesses
+/// another program's (0 means "not a forked child" in a hello).
+fn new_pid() -> u64 {
+    splitos_rpc::auth::random_u64().max(1)
+}
+
 pub struct Pcomp {
     node: Arc<Node>,
     cfg: PcompConfig,
@@ -116,7 +122,6 @@ pub struct Pcomp {
     miss: MissPath,
     procs: Mutex<HashMap<u64, Arc<Proc>>>,
     pending: Mutex<HashMap<u64, PendingChild>>,
-    next_pid: AtomicU64,
     runs: Mutex<HashMap<u64, Arc<RunStats>>>,
     started: Instant,
     /// Where heap files come from with `huge_pages` on.
@@ -335,7 +340,6 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             miss,
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
-            next_pid: AtomicU64::new(1),
             runs: Mutex::new(HashMap::new()),
             started: Instant::now(),
             heap_fs,
@@ -353,8 +357,6 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     store.set_vregion_size(vrs);
-    // Process ids are unique across pComponents: the component id is in the high bits.
-    p.next_pid.store(((node.id() as u64) << 32) | 1, Relaxed);
     let p2 = p.clone();
     node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load());
     if let Some(m) = &args.metrics_addr {

@@ -150,7 +150,7 @@ impl Pcomp {
             let c = c.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token)))?;
             (h.fork_token, c)
         } else {
-            let pid = self.next_pid.fetch_add(1, Relaxed);
+            let pid = super::new_pid();
             let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
             let who = Who { vnode, pid };
             self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size })?;
@@ -358,7 +358,7 @@ impl Pcomp {
             tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
             libc::ENOMEM as i64
         })?;
-        let child = self.next_pid.fetch_add(1, Relaxed);
+        let child = super::new_pid();
         let forked = self.home_call(p, P2M_FORK { parent: p.space.who.clone(), child })?;
         let space = Arc::new(Space::new(Who { vnode: p.space.who.vnode.clone(), pid: child }, p.space.home.clone()));
         space.learn_owners(&forked.owners);
