@@ -120,3 +120,29 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     let out = victim.wait_with_output().unwrap();
     assert_eq!(text(&out.stdout), native_out.trim_start_matches("ready\n"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn another_user_cannot_enter_a_vnodes_files() {
+    let c = TestCluster::up(None);
+    let out = c.run(&[], &["bash", "-c", "echo secret > \"$SPLITOS_VNODE_DIR/f\" && echo \"$SPLITOS_VNODE_DIR\""]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dir = text(&out.stdout).trim().to_string();
+    let probe = r#"
+import os, sys
+try:
+    print(open(os.path.join(sys.argv[1], "f")).read().strip())
+except PermissionError:
+    print("denied")
+"#;
+    assert_eq!(as_nobody(probe, &[&dir]), "denied", "the state directory keeps others out");
+    // Even with every directory above the mount opened up by mistake, the mount itself is
+    // the pComponent's user's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mut p = std::path::PathBuf::from(&dir);
+    while p.pop() && p.starts_with(c.dir.path()) {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    assert_eq!(as_nobody(probe, &[&dir]), "denied", "the mount keeps others out");
+    let out = c.run(&[], &["bash", "-c", "cat \"$SPLITOS_VNODE_DIR/f\""]);
+    assert_eq!(text(&out.stdout), "secret\n", "root's programs still read it: {}", text(&out.stderr));
+}

@@ -632,7 +632,9 @@ impl Mounts {
         std::fs::create_dir_all(&dir).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
         let mut cfg = fuser::Config::default();
         cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions];
-        cfg.acl = fuser::SessionACL::All;
+        // Only the pComponent's user (root, who alone runs programs) may enter the mount, even
+        // if a directory above it is opened up by mistake.
+        cfg.acl = fuser::SessionACL::Owner;
         cfg.n_threads = Some(2);
         let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display())))?;
         tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
