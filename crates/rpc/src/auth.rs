@@ -17,6 +17,7 @@ use std::path::Path;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+use crate::server::Peer;
 use crate::wire::Role;
 
 pub const NOISE: &str = "Noise_XX_25519_AESGCM_BLAKE2s";
@@ -182,7 +183,7 @@ impl Credentials {
 /// What a handshake established: the peer's role, and the keys of the records that follow
 /// (`None`: plain records over loopback).
 pub struct Handshake {
-    pub peer: Role,
+    pub peer: Peer,
     pub session: Option<Session>,
 }
 
@@ -225,6 +226,13 @@ fn recv(s: &mut impl Read) -> io::Result<Vec<u8>> {
     Ok(b)
 }
 
+/// The peer a verified certificate names: its role and the static key it proved.
+fn verified(creds: &Credentials, cert: &Cert, remote_static: Option<&[u8]>) -> Result<Peer, AuthError> {
+    let key: [u8; 32] = remote_static.and_then(|k| k.try_into().ok()).ok_or_else(|| refused("no static key"))?;
+    creds.verify(cert, &key)?;
+    Ok(Peer { role: cert.role, key })
+}
+
 fn builder(creds: &Credentials) -> Result<snow::Builder<'_>, AuthError> {
     snow::Builder::new(NOISE.parse().expect("a valid Noise name")).local_private_key(&creds.private).map_err(|e| refused(format!("bad private key: {e}")))
 }
@@ -239,12 +247,12 @@ pub fn initiate<S: Read + Write>(s: &mut S, creds: &Credentials, encrypt: bool) 
     let mut payload = vec![0u8; MAX_MESSAGE];
     let n = hs.read_message(&msg, &mut payload).map_err(|_| refused("the peer's handshake does not authenticate"))?;
     let theirs: Cert = postcard::from_bytes(&payload[..n]).map_err(|_| refused("a malformed certificate"))?;
-    creds.verify(&theirs, hs.get_remote_static().ok_or_else(|| refused("no static key"))?)?;
+    let peer = verified(creds, &theirs, hs.get_remote_static())?;
     let mine = postcard::to_allocvec(&Cert { role: creds.role, sig: creds.cert.clone(), encrypt }).expect("encoding into a Vec cannot fail");
     let n = hs.write_message(&mine, &mut buf).map_err(|e| refused(e.to_string()))?;
     send(s, &buf[..n])?;
     let t = hs.into_stateless_transport_mode().map_err(|e| refused(e.to_string()))?;
-    Ok(Handshake { peer: theirs.role, session: encrypt.then_some(Session { t }) })
+    Ok(Handshake { peer, session: encrypt.then_some(Session { t }) })
 }
 
 /// The accepting side; `plain_ok`: whether the peer may ask for plain records (it is on
@@ -269,12 +277,12 @@ pub fn respond<S: Read + Write>(s: &mut S, creds: &Credentials, plain_ok: bool) 
     let msg = recv(s)?;
     let n = hs.read_message(&msg, &mut payload).map_err(|_| refused("the peer's handshake does not authenticate"))?;
     let theirs: Cert = postcard::from_bytes(&payload[..n]).map_err(|_| refused("a malformed certificate"))?;
-    creds.verify(&theirs, hs.get_remote_static().ok_or_else(|| refused("no static key"))?)?;
+    let peer = verified(creds, &theirs, hs.get_remote_static())?;
     if !theirs.encrypt && !plain_ok {
         return Err(refused("plain records from a peer that is not on loopback"));
     }
     let t = hs.into_stateless_transport_mode().map_err(|e| refused(e.to_string()))?;
-    Ok(Handshake { peer: theirs.role, session: theirs.encrypt.then_some(Session { t }) })
+    Ok(Handshake { peer, session: theirs.encrypt.then_some(Session { t }) })
 }
 
 #[cfg(test)]
@@ -293,9 +301,12 @@ mod tests {
     #[test]
     fn peers_of_one_authority_learn_each_others_role_and_share_record_keys() {
         let ca = Authority::generate().unwrap();
-        let (i, r) = pair(ca.issue(Role::Proc).unwrap(), ca.issue(Role::Mem).unwrap(), true, false);
+        let (p, m) = (ca.issue(Role::Proc).unwrap(), ca.issue(Role::Mem).unwrap());
+        let (pk, mk) = (p.public.clone(), m.public.clone());
+        let (i, r) = pair(p, m, true, false);
         let (i, r) = (i.unwrap(), r.unwrap());
-        assert_eq!((i.peer, r.peer), (Role::Mem, Role::Proc));
+        assert_eq!((i.peer.role, r.peer.role), (Role::Mem, Role::Proc));
+        assert_eq!((&i.peer.key[..], &r.peer.key[..]), (&mk[..], &pk[..]), "each learns the key the other proved");
         let (si, sr) = (i.session.unwrap(), r.session.unwrap());
         let (mut sealed, mut opened) = (Vec::new(), Vec::new());
         si.seal(0, b"page", &mut sealed).unwrap();

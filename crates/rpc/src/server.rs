@@ -42,7 +42,33 @@ pub struct ServerConfig {
     pub fanout_workers: usize,
 }
 
-type Job = (Msg, Box<dyn FnOnce(Msg) + Send>);
+/// Who sent a request, as its connection's handshake proved: its role and its static key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub role: Role,
+    pub key: [u8; 32],
+}
+
+thread_local! {
+    static PEER: std::cell::Cell<Option<Peer>> = const { std::cell::Cell::new(None) };
+}
+
+/// The sender of the request this thread is handling (`None` on a transport without
+/// credentials). A handler that binds state to a sender (a process to the pComponent that
+/// created it) asks here, so that the `Handler` interface stays one message in, one out.
+pub fn current_peer() -> Option<Peer> {
+    PEER.with(|p| p.get())
+}
+
+/// Handles `msg` with `peer` as the current sender.
+fn handle_from(handler: &dyn Handler, msg: Msg, peer: Option<Peer>) -> Msg {
+    let before = PEER.with(|p| p.replace(peer));
+    let reply = handler.handle(msg);
+    PEER.with(|p| p.set(before));
+    reply
+}
+
+type Job = (Msg, Option<Peer>, Box<dyn FnOnce(Msg) + Send>);
 
 /// Runs a component's requests on the right thread.
 pub struct Dispatcher {
@@ -68,8 +94,8 @@ impl Dispatcher {
     /// credentials, which only benchmarks and tests build); `reply` sends the answer back
     /// where the request came from. A request the peer's role may not send is refused here,
     /// the one place every transport's requests pass ([`may_send`]).
-    pub fn submit(&self, msg: Msg, peer: Option<Role>, reply: impl FnOnce(Msg) + Send + 'static) {
-        if let Some(role) = peer.filter(|r| !may_send(*r, &msg)) {
+    pub fn submit(&self, msg: Msg, peer: Option<Peer>, reply: impl FnOnce(Msg) + Send + 'static) {
+        if let Some(role) = peer.map(|p| p.role).filter(|r| !may_send(*r, &msg)) {
             metrics::counter!("rpc_requests_refused_total").increment(1);
             tracing::warn!(role = role.name(), msg = msg.name(), "refused a request its sender's role may not send");
             return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("a {} may not send {}", role.name(), msg.name()))));
@@ -79,10 +105,10 @@ impl Dispatcher {
         } else {
             match &self.leaf {
                 Some(q) => q,
-                None => return reply(self.handler.handle(msg)),
+                None => return reply(handle_from(&*self.handler, msg, peer)),
             }
         };
-        if q.send((msg, Box::new(reply))).is_err() {
+        if q.send((msg, peer, Box::new(reply))).is_err() {
             tracing::error!("a worker pool is gone; request dropped");
         }
     }
@@ -94,8 +120,8 @@ fn spawn_pool(name: &str, tag: &str, n: usize, rx: Receiver<Job>, handler: Arc<d
         std::thread::Builder::new()
             .name(format!("{name}-{tag}{i}"))
             .spawn(move || {
-                for (msg, reply) in rx {
-                    reply(handler.handle(msg));
+                for (msg, peer, reply) in rx {
+                    reply(handle_from(&*handler, msg, peer));
                 }
             })
             .expect("spawn worker");

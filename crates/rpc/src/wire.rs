@@ -378,7 +378,9 @@ messages! {
     P2M_FLUSH_MANY { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
 
     // ---- home mComponent -> vRegion owner
-    M2M_VMA_ADD { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
+    /// `creator`: the static key of the pComponent that created the process (the home
+    /// recorded it); the owner serves the process's pages to that pComponent alone.
+    M2M_VMA_ADD { pub who: Who, pub start: u64, pub end: u64, pub prot: u32, pub creator: Option<[u8; 32]> };
     M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
     M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };

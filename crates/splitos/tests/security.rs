@@ -109,6 +109,28 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
         other => panic!("an sComponent fetched a page: {other:?}"),
     }
     assert!(c.metric(&m, "rpc_requests_refused_total") >= 1.0);
+    // A pComponent's credentials reach only the programs that pComponent runs: another
+    // pComponent, knowing the victim's id and vNode, can neither read its pages at the owner
+    // nor change its layout at the home.
+    let f = c.dir.path().join("other-proc.cred");
+    let out = c.cmd(&["cluster", "credentials", "--role", "pcomponent", "--out", f.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let other = rpc_with(Credentials::load(&f).unwrap());
+    let victim_who = Who { vnode: "default".into(), pid: victim_pid };
+    let denied_before = c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap();
+    let attempts: Vec<Msg> = vec![
+        P2M_FETCH { who: victim_who.clone(), vpn: 0x200000000 }.into(),
+        splitos_rpc::P2M_MUNMAP { who: victim_who.clone(), addr: 0x200000000000, len: 1 << 20 }.into(),
+        splitos_rpc::P2M_EXIT { who: victim_who.clone() }.into(),
+    ];
+    for msg in attempts {
+        let name = msg.name();
+        match other.call_msg(&m, &msg) {
+            Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("runs on another pComponent"), "{name}: {msg}"),
+            r => panic!("{name} from another pComponent was served: {r:?}"),
+        }
+    }
+    assert!(c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap() >= denied_before + 3, "the mComponent counted the refusals");
     let log = ["mem0"].iter().map(|n| c.log(n)).collect::<String>();
     assert!(log.contains("did not authenticate") && log.contains("may not send"), "refusals are logged: {log}");
     // The admin's tools work for root and not for nobody.

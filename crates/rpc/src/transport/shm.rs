@@ -42,9 +42,9 @@ use crate::cpu::{self, Placement};
 use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
-use crate::server::{Dispatcher, Handler, ServerConfig};
+use crate::server::{self, Dispatcher, Handler, ServerConfig};
 use crate::auth::{self, AuthError, Credentials};
-use crate::wire::{Msg, Role, MAGIC, MAX_BODY, WIRE_VERSION};
+use crate::wire::{Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -551,7 +551,7 @@ impl Endpoint for ShmListen {
 
 /// Checks the caller's user and (with credentials) its identity, then makes a sealed channel
 /// and passes it over; returns it with the caller's role.
-fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping, Option<Role>)> {
+fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping, Option<server::Peer>)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for the kernel to fill for the call.
@@ -602,7 +602,7 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves one caller's channel until it goes away.
-fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<Role>, poller: Poller) {
+fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<server::Peer>, poller: Poller) {
     if sock.set_nonblocking(true).is_err() {
         return;
     }

@@ -29,9 +29,9 @@ use super::{Endpoint, Transport};
 use crate::error::RpcError;
 use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
-use crate::server::{Dispatcher, Handler, ServerConfig};
+use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
 use crate::auth::{self, AuthError, Credentials, Session};
-use crate::wire::{FrameKind, Msg, Role};
+use crate::wire::{FrameKind, Msg};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -133,7 +133,7 @@ impl TcpTransport {
                             AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
                         })?;
                         c.s.set_read_timeout(None)?;
-                        c.peer_role = Some(hs.peer);
+                        c.peer = Some(hs.peer);
                         c.session = hs.session.map(Arc::new);
                     }
                     return Ok(c);
@@ -186,8 +186,8 @@ impl Transport for TcpTransport {
 /// wait `delay_us` first when a delay is injected.
 pub struct TcpConn {
     s: TcpStream,
-    /// The peer's role, once a handshake established it.
-    peer_role: Option<Role>,
+    /// The peer, once a handshake established it.
+    peer: Option<Peer>,
     /// Record keys, if records are encrypted; each side counts its records.
     session: Option<Arc<Session>>,
     sent: u64,
@@ -213,7 +213,7 @@ impl TcpConn {
         let spin = Duration::from_micros(cfg.spin_us);
         Ok(TcpConn {
             s,
-            peer_role: None,
+            peer: None,
             session: None,
             sent: 0,
             received: 0,
@@ -233,7 +233,7 @@ impl TcpConn {
     pub fn try_clone(&self) -> io::Result<TcpConn> {
         Ok(TcpConn {
             s: self.s.try_clone()?,
-            peer_role: self.peer_role,
+            peer: self.peer,
             session: self.session.clone(),
             sent: self.sent,
             received: self.received,
@@ -252,11 +252,6 @@ impl TcpConn {
     /// The socket, for its options (a test's read timeout).
     pub fn stream(&self) -> &TcpStream {
         &self.s
-    }
-
-    /// The peer's role as its handshake proved it.
-    pub fn peer_role(&self) -> Option<Role> {
-        self.peer_role
     }
 
     /// Reads and decrypts the peer's next record into `plain`.
@@ -505,7 +500,7 @@ impl TcpListen {
                             if let Some(creds) = creds {
                                 match auth::respond(&mut conn, &creds, peer.ip().is_loopback()) {
                                     Ok(hs) if conn.frame_done().is_ok() => {
-                                        conn.peer_role = Some(hs.peer);
+                                        conn.peer = Some(hs.peer);
                                         conn.session = hs.session.map(Arc::new);
                                     }
                                     Ok(_) => return,
@@ -571,7 +566,7 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
             Ok(Some(f)) if f.kind == FrameKind::Request => {
                 let (w, req_id, flight) = (writer.clone(), f.req_id, in_flight.clone());
                 flight.enter();
-                dispatcher.submit(f.msg, reader.peer_role, move |reply| {
+                dispatcher.submit(f.msg, reader.peer, move |reply| {
                     if let Err(e) = write_frame(&mut *w.lock().unwrap(), FrameKind::Reply, req_id, &reply) {
                         tracing::debug!(error = %e, "reply not delivered");
                     }

@@ -17,6 +17,8 @@ const MOVE_BATCH: u32 = 128;
 /// Home state of one process.
 pub(super) struct HomeProc {
     vnode: String,
+    /// The pComponent that created the process ([`super::may_act`]).
+    creator: Option<[u8; 32]>,
     base: u64,
     limit: u64,
     layout: VmaMap,
@@ -55,10 +57,15 @@ impl Mem {
     fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, Refusal> {
         let h = self.homes.lock().unwrap().get(&who.pid).cloned();
         let h = h.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("mComponent {} is not home of process {}", self.node.id(), who.pid)))?;
-        if h.lock().unwrap().vnode != who.vnode {
+        let (vnode, creator) = {
+            let g = h.lock().unwrap();
+            (g.vnode.clone(), g.creator)
+        };
+        if vnode != who.vnode {
             self.c.denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", who.pid)));
         }
+        self.may_act(who.pid, creator)?;
         Ok(h)
     }
 
@@ -96,7 +103,7 @@ impl Mem {
     fn add_range(&self, h: &mut HomeProc, who: &Who, start: u64, end: u64, prot: u32) -> Result<(), Refusal> {
         let mut done: Vec<(ComponentRef, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
-            let r = self.ensure_owner(h, idx).and_then(|o| self.to_owner(&o, M2M_VMA_ADD { who: who.clone(), start: s, end: e, prot }).map(|_| o));
+            let r = self.ensure_owner(h, idx).and_then(|o| self.to_owner(&o, M2M_VMA_ADD { who: who.clone(), start: s, end: e, prot, creator: h.creator }).map(|_| o));
             match r {
                 Ok(o) => done.push((o, s, e)),
                 Err(err) => {
@@ -122,7 +129,7 @@ impl Mem {
     }
 
     pub(super) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<OK, Refusal> {
-        let h = HomeProc { vnode: r.who.vnode.clone(), base: r.region_base, limit: r.region_base.saturating_add(r.region_size), layout: VmaMap::default(), vregions: BTreeMap::new() };
+        let h = HomeProc { vnode: r.who.vnode.clone(), creator: splitos_rpc::current_peer().map(|p| p.key), base: r.region_base, limit: r.region_base.saturating_add(r.region_size), layout: VmaMap::default(), vregions: BTreeMap::new() };
         self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
         tracing::debug!(pid = r.who.pid, vnode = %r.who.vnode, "home of a new process");
         Ok(OK)
@@ -233,7 +240,7 @@ impl Mem {
             }
             done.push(o);
         }
-        let copy = HomeProc { vnode: h.vnode.clone(), base: h.base, limit: h.limit, layout: h.layout.clone(), vregions: h.vregions.clone() };
+        let copy = HomeProc { vnode: h.vnode.clone(), creator: h.creator, base: h.base, limit: h.limit, layout: h.layout.clone(), vregions: h.vregions.clone() };
         let vmas = h.layout.iter().map(|(s, v)| VmaInfo { start: s, end: v.end, prot: v.prot }).collect();
         let owners = h.owners();
         self.homes.lock().unwrap().insert(child, Arc::new(Mutex::new(copy)));

@@ -67,6 +67,22 @@ impl Mem {
         }
     }
 
+    /// Refuses a request about process `pid` from a pComponent other than the one that created
+    /// it (`creator`): a pComponent's credentials do not let it read or change the memory of
+    /// programs it does not run. Other mComponents (forwarding their home's work) and the
+    /// admin's tools may act on any process.
+    fn may_act(&self, pid: u64, creator: Option<[u8; 32]>) -> Result<(), Refusal> {
+        match splitos_rpc::current_peer() {
+            Some(p) if p.role == Role::Proc && creator.is_some_and(|c| c != p.key) => {
+                self.c.denied.fetch_add(1, Relaxed);
+                metrics::counter!("mcomp_denied_total").increment(1);
+                tracing::warn!(pid, "refused a request about a process another pComponent created");
+                Err(ERR::new(ErrCode::Denied, format!("process {pid} runs on another pComponent")))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Sends an owner request to the vRegion's owner, through this mComponent's own dispatch
     /// table when that is us.
     fn to_owner<R: Request>(&self, owner: &ComponentRef, req: R) -> Result<R::Reply, Refusal> {

@@ -22,14 +22,16 @@ const PROT_WRITE: u32 = 2;
 /// Owner state of one process: its vmas and pages in vRegions this mComponent owns.
 pub(super) struct OwnerProc {
     pub vnode: String,
+    /// The pComponent that created the process ([`super::may_act`]).
+    creator: Option<[u8; 32]>,
     vmas: VmaMap,
     pub pages: BTreeMap<u64, Page>,
     pub committed: u64,
 }
 
 impl OwnerProc {
-    fn new(vnode: &str) -> OwnerProc {
-        OwnerProc { vnode: vnode.to_string(), vmas: VmaMap::default(), pages: BTreeMap::new(), committed: 0 }
+    fn new(vnode: &str, creator: Option<[u8; 32]>) -> OwnerProc {
+        OwnerProc { vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), committed: 0 }
     }
 
     fn page_in_vma(&self, vpn: u64) -> Result<(), Refusal> {
@@ -49,13 +51,17 @@ impl Mem {
     fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
         let p = self.owned.lock().unwrap().get(&who.pid).cloned();
         let p = p.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no memory on mComponent {}", who.pid, self.node.id())))?;
-        let vnode = p.lock().unwrap().vnode.clone();
+        let (vnode, creator) = {
+            let g = p.lock().unwrap();
+            (g.vnode.clone(), g.creator)
+        };
         if vnode != who.vnode {
             self.c.denied.fetch_add(1, Relaxed);
             metrics::counter!("mcomp_denied_total").increment(1);
             tracing::warn!(pid = who.pid, owner_vnode = %vnode, asked_by = %who.vnode, "refused a request for another vNode's pages");
-            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to vNode {vnode:?}, not {:?}", who.pid, who.vnode)));
+            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", who.pid)));
         }
+        self.may_act(who.pid, creator)?;
         Ok(p)
     }
 
@@ -171,14 +177,14 @@ impl Mem {
     }
 
     pub(super) fn vma_add(&self, r: M2M_VMA_ADD) -> Result<OK, Refusal> {
-        let M2M_VMA_ADD { who, start, end, prot } = r;
+        let M2M_VMA_ADD { who, start, end, prot, creator } = r;
         let accounted = prot & PROT_WRITE != 0;
         if accounted {
             self.commit(end - start)?;
         }
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode)))).clone();
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator)))).clone();
         let mut g = p.lock().unwrap();
-        if g.vnode != who.vnode {
+        if g.vnode != who.vnode || g.creator != creator {
             if accounted {
                 self.committed.fetch_sub(end - start, Relaxed);
             }
@@ -263,7 +269,7 @@ impl Mem {
         let pages: BTreeMap<u64, Page> = g.pages.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
         self.used.fetch_add(pages.len() as u64 * PAGE, Relaxed);
         let mut owned = self.owned.lock().unwrap();
-        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode))));
+        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode, g.creator))));
         let mut c = cp.lock().unwrap();
         for (s, v) in vmas.iter() {
             c.vmas.insert(s, v);
