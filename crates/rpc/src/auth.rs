@@ -125,10 +125,16 @@ fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Reads a key file, refusing one that other users may read or change.
+/// Reads a key file, refusing one that another user owns or that other users may read or
+/// change.
 fn read_private(path: &Path) -> io::Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} belongs to uid {}, not to this user (uid {me})", path.display(), m.uid())));
+    }
     if m.mode() & 0o077 != 0 {
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} is open to other users (mode {:o}); it must be 0600", path.display(), m.mode() & 0o777)));
     }

@@ -124,6 +124,25 @@ pub fn may_send(role: Role, msg: &Msg) -> bool {
     }
 }
 
+/// Whether a peer authenticated as `role` handles the request `msg`: the letter after the
+/// `2` in its name (`M` mComponent, `P` pComponent, `S` sComponent, `G` global managers, `X`
+/// any component). A caller checks it before sending, so that a request (and the page or
+/// file it may carry) goes only to a component of the role meant to receive it, whoever
+/// holds the address.
+pub fn may_receive(role: Role, msg: &Msg) -> bool {
+    let Some((_, rest)) = msg.name().split_once('2') else { return false };
+    match (rest.chars().next(), role) {
+        (Some('P'), Role::Proc) | (Some('M'), Role::Mem) | (Some('S'), Role::Storage) | (Some('G'), Role::Gm) => true,
+        (Some('X'), r) => r != Role::Admin,
+        _ => false,
+    }
+}
+
+/// The refusal of a call to a peer that does not handle it ([`may_receive`]).
+pub fn wrong_receiver(addr: &str, role: Role, msg: &Msg) -> crate::RpcError {
+    crate::RpcError::Unreachable { addr: addr.to_string(), why: format!("it is a {}, which does not handle {}", role.name(), msg.name()) }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentRef {
     pub id: u32,
@@ -548,6 +567,18 @@ mod role_tests {
         for (msg, allowed) in cases {
             for role in [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin] {
                 assert_eq!(may_send(role, &msg), allowed.contains(&role), "{} from {}", msg.name(), role.name());
+            }
+        }
+        let receivers: Vec<(Msg, &[Role])> = vec![
+            (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
+            (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm]),
+            (C2P_MOUNT_VNODE { vnode: "v".into() }.into(), &[Role::Proc]),
+            (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage]),
+        ];
+        for (msg, allowed) in receivers {
+            for role in Role::ALL {
+                assert_eq!(may_receive(role, &msg), allowed.contains(&role), "{} to {}", msg.name(), role.name());
             }
         }
     }

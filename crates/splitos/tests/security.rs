@@ -130,7 +130,27 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
             r => panic!("{name} from another pComponent was served: {r:?}"),
         }
     }
-    assert!(c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap() >= denied_before + 3, "the mComponent counted the refusals");
+    // Nor take the victim's id over: creating a process under it, or forking into it.
+    let mine = Who { vnode: "default".into(), pid: 0x5eed };
+    other.call(&m, splitos_rpc::P2M_PROC_CREATE { who: mine.clone(), region_base: 0x200000000000, region_size: 1 << 30 }).unwrap();
+    let takeovers: Vec<Msg> = vec![
+        splitos_rpc::P2M_PROC_CREATE { who: victim_who.clone(), region_base: 0x200000000000, region_size: 1 << 30 }.into(),
+        splitos_rpc::P2M_FORK { parent: mine.clone(), child: victim_pid }.into(),
+    ];
+    for msg in takeovers {
+        let name = msg.name();
+        match other.call_msg(&m, &msg) {
+            Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("is in use"), "{name}: {msg}"),
+            r => panic!("{name} over the victim's id was served: {r:?}"),
+        }
+    }
+    assert!(c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap() >= denied_before + 5, "the mComponent counted the refusals");
+    // A pComponent's credentials do not register an mComponent with the global managers.
+    let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
+    match other.call_msg(&gm, &splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, load, id: 0 }.into()) {
+        Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("may not register as a mcomponent"), "{msg}"),
+        r => panic!("a pComponent registered an mComponent: {r:?}"),
+    }
     let log = ["mem0"].iter().map(|n| c.log(n)).collect::<String>();
     assert!(log.contains("did not authenticate") && log.contains("may not send"), "refusals are logged: {log}");
     // The admin's tools work for root and not for nobody.

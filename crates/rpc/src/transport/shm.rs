@@ -44,7 +44,7 @@ use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
 use crate::server::{self, Dispatcher, Handler, ServerConfig};
 use crate::auth::{self, AuthError, Credentials};
-use crate::wire::{Msg, MAGIC, MAX_BODY, WIRE_VERSION};
+use crate::wire::{may_receive, wrong_receiver, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -360,6 +360,10 @@ impl ShmTransport {
         let Some(c) = self.channel(addr, timeout)? else {
             return if direct { self.tcp.call_direct(addr, msg, timeout) } else { self.tcp.call(addr, msg, timeout) };
         };
+        if let Some(p) = c.peer.filter(|p| !may_receive(p.role, msg)) {
+            self.give_back(addr, c);
+            return Err(wrong_receiver(addr, p.role, msg));
+        }
         // A channel that failed is dropped: a late reply must not answer the next call.
         let (c, r) = c.call(msg, timeout)?;
         self.give_back(addr, c);
@@ -409,6 +413,8 @@ fn pick(free: &[Channel], want: Option<u32>) -> Option<usize> {
 /// The calling side of one channel.
 struct Channel {
     addr: String,
+    /// The server its handshake proved (`None` without credentials).
+    peer: Option<server::Peer>,
     sock: UnixStream,
     map: Mapping,
     seq: u64,
@@ -421,12 +427,17 @@ impl Channel {
     fn open(path: &Path, addr: &str, timeout: Duration, poller: Poller, creds: Option<&Credentials>) -> io::Result<Channel> {
         let mut sock = UnixStream::connect(path)?;
         sock.set_read_timeout(Some(timeout.min(Duration::from_secs(3))))?;
-        if let Some(creds) = creds {
-            auth::initiate(&mut sock, creds, false).map_err(|e| match e {
-                AuthError::Io(e) => e,
-                AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
-            })?;
-        }
+        let peer = match creds {
+            Some(creds) => Some(
+                auth::initiate(&mut sock, creds, false)
+                    .map_err(|e| match e {
+                        AuthError::Io(e) => e,
+                        AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
+                    })?
+                    .peer,
+            ),
+            None => None,
+        };
         let mut hello = [0u8; 1];
         let fd = recv_fds(&sock, &mut hello)?.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
         sock.set_read_timeout(None)?;
@@ -445,7 +456,7 @@ impl Channel {
         if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
         }
-        Ok(Channel { addr: addr.to_string(), sock, map, seq: 0, poller, server_at: None })
+        Ok(Channel { addr: addr.to_string(), peer, sock, map, seq: 0, poller, server_at: None })
     }
 
     /// Whether the server's end of the socket is still open (stale doorbells are drained).

@@ -31,7 +31,7 @@ use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
 use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
 use crate::auth::{self, AuthError, Credentials, Session};
-use crate::wire::{FrameKind, Msg};
+use crate::wire::{may_receive, wrong_receiver, FrameKind, Msg};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -599,6 +599,8 @@ type Waiter = Sender<Result<Msg, RpcError>>;
 
 struct Inner {
     addr: String,
+    /// The peer its handshake proved (`None` without credentials).
+    peer: Option<Peer>,
     writer: Mutex<TcpConn>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
@@ -617,6 +619,7 @@ impl Client {
         let reader = conn.try_clone().map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
         let inner = Arc::new(Inner {
             addr: addr.to_string(),
+            peer: conn.peer,
             writer: Mutex::new(conn),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -635,6 +638,9 @@ impl Client {
         let inner = &self.inner;
         if inner.dead.load(Ordering::Acquire) {
             return Err(RpcError::Closed { addr: inner.addr.clone() });
+        }
+        if let Some(p) = inner.peer.filter(|p| !may_receive(p.role, msg)) {
+            return Err(wrong_receiver(&inner.addr, p.role, msg));
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = bounded(1);
@@ -723,6 +729,9 @@ fn call_direct(t: &TcpTransport, addr: &str, msg: &Msg, timeout: Duration) -> Re
             d.insert(addr.to_string(), (c, 1));
         }
         let (conn, next) = d.get_mut(addr).expect("inserted above");
+        if let Some(p) = conn.peer.filter(|p| !may_receive(p.role, msg)) {
+            return Err(wrong_receiver(addr, p.role, msg));
+        }
         *next += 1;
         let id = *next;
         let r = write_frame(conn, FrameKind::Request, id, msg)

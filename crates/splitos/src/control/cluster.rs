@@ -93,12 +93,17 @@ pub const ADMIN_CREDENTIALS: &str = "admin.cred";
 /// for the next (so that the admin's credentials and those issued by hand stay valid).
 pub fn authority(dir: &Path) -> anyhow::Result<Authority> {
     let p = dir.join(AUTHORITY);
-    if p.exists() {
-        return Authority::load(&p).map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()));
+    let a = if p.exists() {
+        Authority::load(&p).map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()))?
+    } else {
+        let a = Authority::generate()?;
+        a.save(&p)?;
+        a
+    };
+    let admin = dir.join(ADMIN_CREDENTIALS);
+    if !admin.exists() {
+        a.issue(Role::Admin)?.save(&admin)?;
     }
-    let a = Authority::generate()?;
-    a.save(&p)?;
-    a.issue(Role::Admin)?.save(&dir.join(ADMIN_CREDENTIALS))?;
     Ok(a)
 }
 

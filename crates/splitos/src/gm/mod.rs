@@ -25,6 +25,9 @@ const MISSED_BEATS: u32 = 4;
 
 struct Entry {
     info: ComponentInfo,
+    /// The static key the component registered with: only it may heartbeat for the entry
+    /// or register again at its address.
+    key: Option<[u8; 32]>,
     last: Instant,
     /// Bytes GMM promised to vRegions since the last heartbeat, so that a burst of placements
     /// between two heartbeats spreads instead of piling onto one stale minimum.
@@ -95,15 +98,25 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 impl Gm {
     fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
+        let peer = current_peer();
+        // A component registers as what its credentials say it is.
+        if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
+            return Err(ERR::new(ErrCode::Denied, format!("a {} may not register as a {}", p.role.name(), r.role.name())));
+        }
+        let key = peer.map(|p| p.key);
         let mut comps = self.comps();
-        // A component restarting at the same address replaces its old entry.
+        // A component restarting at the same address replaces its old entry (with new
+        // credentials, after the old entry was forgotten).
+        if comps.iter().any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e)) {
+            return Err(ERR::new(ErrCode::Denied, format!("a live {} with other credentials is registered at {}", r.role.name(), r.addr)));
+        }
         comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
         let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
         let again = !taken(r.id);
         let id = if again { r.id } else { std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32).find(|id| !taken(*id)).expect("an endless supply") };
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
-        comps.push(Entry { info, last: Instant::now(), pending: 0 });
+        comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size })
     }
@@ -112,7 +125,7 @@ impl Gm {
         let mut comps = self.comps();
         let e = comps
             .iter_mut()
-            .find(|e| e.info.id == r.id && e.info.addr == r.addr)
+            .find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key))
             .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)))?;
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");

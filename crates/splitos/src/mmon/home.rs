@@ -128,7 +128,18 @@ impl Mem {
         Ok(())
     }
 
+    /// Refuses a process id already in use here: a pComponent may not take over another's
+    /// process by creating (or forking into) its id.
+    fn fresh_pid(&self, pid: u64) -> Result<(), Refusal> {
+        if self.homes.lock().unwrap().contains_key(&pid) {
+            self.c.denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(ERR::new(ErrCode::Denied, format!("process id {pid} is in use")));
+        }
+        Ok(())
+    }
+
     pub(super) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<OK, Refusal> {
+        self.fresh_pid(r.who.pid)?;
         let h = HomeProc { vnode: r.who.vnode.clone(), creator: splitos_rpc::current_peer().map(|p| p.key), base: r.region_base, limit: r.region_base.saturating_add(r.region_size), layout: VmaMap::default(), vregions: BTreeMap::new() };
         self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
         tracing::debug!(pid = r.who.pid, vnode = %r.who.vnode, "home of a new process");
@@ -226,6 +237,7 @@ impl Mem {
 
     pub(super) fn home_fork(&self, r: P2M_FORK) -> Result<M2P_FORKED, Refusal> {
         let P2M_FORK { parent, child } = r;
+        self.fresh_pid(child)?;
         let hp = self.home_proc(&parent)?;
         let h = hp.lock().unwrap();
         let mut done = Vec::new();

@@ -271,6 +271,12 @@ impl Mem {
         let mut owned = self.owned.lock().unwrap();
         let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode, g.creator))));
         let mut c = cp.lock().unwrap();
+        // The child's vRegions arrive one message each; a child id that names another
+        // process (of another vNode or pComponent) is not merged into.
+        if c.vnode != parent.vnode || c.creator != g.creator {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::Denied, format!("process id {child} is in use")));
+        }
         for (s, v) in vmas.iter() {
             c.vmas.insert(s, v);
         }

@@ -182,6 +182,13 @@ mod authenticated {
             }
         }
         assert!(matches!(client(&ca, crate::Role::Admin).call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "the admin may");
+        // And a caller sends a page request only to a component that handles it, whoever
+        // holds the address.
+        let imposter = serve_as(&ca, crate::Role::Storage);
+        match proc_.call_msg(&imposter, &fetch().into()) {
+            Err(crate::RpcError::Unreachable { why, .. }) => assert!(why.contains("does not handle P2M_FETCH"), "{why}"),
+            other => panic!("a fetch went to an sComponent: {other:?}"),
+        }
     }
 
     #[test]
