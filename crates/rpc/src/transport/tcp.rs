@@ -128,7 +128,7 @@ impl TcpTransport {
                     let mut c = TcpConn::new(s, &self.cfg, self.polling)?;
                     if let Some(creds) = &self.creds {
                         let _ = c.s.set_read_timeout(Some(timeout));
-                        let hs = auth::initiate(&mut c, creds, !sa.ip().is_loopback()).map_err(|e| match e {
+                        let hs = auth::initiate(&mut c, creds, !sa.ip().to_canonical().is_loopback()).map_err(|e| match e {
                             AuthError::Io(e) => e,
                             AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
                         })?;
@@ -493,12 +493,17 @@ impl TcpListen {
                             }
                         };
                         conn.bound_frames(Duration::from_millis(self.cfg.frame_timeout_ms));
+                        // A peer that stops reading its replies must not hold a worker: a
+                        // reply that cannot be sent within the frame timeout ends the connection.
+                        if conn.s.set_write_timeout(Some(Duration::from_millis(self.cfg.frame_timeout_ms))).is_err() {
+                            continue;
+                        }
                         let (d, in_flight, creds) = (dispatcher.clone(), self.cfg.max_in_flight, self.creds.clone());
                         let _ = std::thread::Builder::new().name(format!("{name}-rx")).spawn(move || {
                             // The handshake counts as the connection's first frame: it must
                             // be done within the frame timeout of the accept.
                             if let Some(creds) = creds {
-                                match auth::respond(&mut conn, &creds, peer.ip().is_loopback()) {
+                                match auth::respond(&mut conn, &creds, peer.ip().to_canonical().is_loopback()) {
                                     Ok(hs) if conn.frame_done().is_ok() => {
                                         conn.peer = Some(hs.peer);
                                         conn.session = hs.session.map(Arc::new);
@@ -567,8 +572,11 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
                 let (w, req_id, flight) = (writer.clone(), f.req_id, in_flight.clone());
                 flight.enter();
                 dispatcher.submit(f.msg, reader.peer, move |reply| {
-                    if let Err(e) = write_frame(&mut *w.lock().unwrap(), FrameKind::Reply, req_id, &reply) {
-                        tracing::debug!(error = %e, "reply not delivered");
+                    let mut w = w.lock().unwrap();
+                    if let Err(e) = write_frame(&mut *w, FrameKind::Reply, req_id, &reply) {
+                        metrics::counter!("rpc_replies_undelivered_total").increment(1);
+                        tracing::debug!(error = %e, "reply not delivered; closing the connection");
+                        w.close();
                     }
                     flight.leave();
                 });

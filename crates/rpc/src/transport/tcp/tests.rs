@@ -205,3 +205,30 @@ mod authenticated {
         assert!(e.to_string().contains("did not issue") || e.to_string().contains("refused") || e.to_string().contains("closed"), "{e}");
     }
 }
+
+/// Answers anything with a 1 MiB page.
+struct Big;
+
+impl Handler for Big {
+    fn handle(&self, _: Msg) -> Msg {
+        crate::wire::M2P_PAGE { data: serde_bytes::ByteBuf::from(vec![7u8; 1 << 20]) }.into()
+    }
+}
+
+#[test]
+fn a_peer_that_stops_reading_its_replies_does_not_hold_the_workers() {
+    let t = TcpTransport::new(TcpConfig { frame_timeout_ms: 300, ..TcpConfig::default() }, Polling::Fixed, None);
+    let ep = t.listen("127.0.0.1:0").unwrap();
+    let addr = ep.addr();
+    ep.serve(Arc::new(Big), ServerConfig { name: "big".into(), workers: 1, fanout_workers: 1 });
+    // Sixty-four requests whose replies (64 MiB) are never read fill the socket's buffers.
+    let mut stuck = TcpStream::connect(&addr).unwrap();
+    let burst: Vec<u8> = (1..=64).flat_map(ping_frame).collect();
+    stuck.write_all(&burst).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The one worker gives up on that peer and serves the next.
+    let mut next = TcpStream::connect(&addr).unwrap();
+    next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    next.write_all(&ping_frame(99)).unwrap();
+    assert_eq!(reply_id(&mut next), 99);
+}
