@@ -201,7 +201,7 @@ impl Handler for Mem {
 
 pub struct MemArgs {
     pub listen: String,
-    /// This component\'s credentials file.
+    /// This component's credentials file.
     pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,

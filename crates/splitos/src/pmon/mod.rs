@@ -272,7 +272,7 @@ impl Handler for Pcomp {
 
 pub struct ProcArgs {
     pub listen: String,
-    /// This component\'s credentials file.
+    /// This component's credentials file.
     pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,

@@ -122,7 +122,7 @@ impl Handler for Storage {
 
 pub struct StorageArgs {
     pub listen: String,
-    /// This component\'s credentials file.
+    /// This component's credentials file.
     pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,
