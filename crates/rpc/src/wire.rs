@@ -22,7 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
 /// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
 /// `P2M_FLUSH_FETCH_MANY`.
-pub const WIRE_VERSION: u16 = 6;
+pub const WIRE_VERSION: u16 = 7;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -461,11 +461,6 @@ messages! {
     /// Drops a deleted file's blocks without writing them back.
     P2M_FILE_FORGET { pub vnode: String, pub ino: u64 };
 
-    // ---- control client -> pComponent
-    /// Mounts the vNode's file system on this pComponent (if not yet) and says where.
-    C2P_MOUNT_VNODE { pub vnode: String };
-    P2C_MOUNTED { pub dir: String };
-
     // ---- control client -> any component
     C2X_PING;
     X2C_PONG { pub role: Role, pub id: u32 };
@@ -474,7 +469,6 @@ messages! {
     C2X_METRICS;
     X2C_METRICS { pub text: String };
     C2X_SHUTDOWN;
-    C2P_RUN_STATS { pub run_id: u64 };
 }
 
 replies! {
@@ -531,12 +525,10 @@ replies! {
     P2M_FILE_SYNC => OK,
     P2M_FILE_STAT => M2P_FILE_SIZE,
     P2M_FILE_FORGET => OK,
-    C2P_MOUNT_VNODE => P2C_MOUNTED,
     C2X_PING => X2C_PONG,
     C2X_STATS => X2C_STATS,
     C2X_METRICS => X2C_METRICS,
     C2X_SHUTDOWN => OK,
-    C2P_RUN_STATS => X2C_STATS,
 }
 
 impl ERR {
@@ -559,7 +551,7 @@ mod role_tests {
             (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
             (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
-            (C2P_MOUNT_VNODE { vnode: "v".into() }.into(), &[Role::Admin]),
+            (C2G_STATUS.into(), &[Role::Admin]),
             (M2G_PICK_OWNER { bytes: 1 }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
@@ -573,7 +565,7 @@ mod role_tests {
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
             (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm]),
-            (C2P_MOUNT_VNODE { vnode: "v".into() }.into(), &[Role::Proc]),
+            (C2G_STATUS.into(), &[Role::Gm]),
             (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage]),
         ];
         for (msg, allowed) in receivers {

@@ -2,11 +2,23 @@
 //! stream socket. Fixed-size, plain-old-data records so that the shim can speak it without
 //! allocating: it runs inside malloc.
 //!
-//! A connection starts with a [`Welcome`] from the pComponent (the userfaultfd features it
-//! needs, and with [`WELCOME_HEAP_FILE`] the file to back the heap region with, SCM_RIGHTS;
-//! without, the shim creates a memfd), then a [`Hello`] that carries the program's
-//! userfaultfd and that file or memfd (SCM_RIGHTS). After that, each [`ShimReq`] gets one
-//! [`ShimResp`].
+//! A connection starts with a [`Welcome`] from the pComponent: the userfaultfd features it
+//! needs and, SCM_RIGHTS, with [`WELCOME_UFFD_DEV`] the userfaultfd device to create the
+//! program's userfaultfd from, with [`WELCOME_HEAP_FILE`] the file to back the heap region
+//! with (without, the shim creates a memfd); or, with `refused` set, why this user gets
+//! nothing. Then a [`Hello`]:
+//! - a program's ([`HELLO_PROGRAM`]) carries its userfaultfd and its heap's file or memfd
+//!   (SCM_RIGHTS); after that, each [`ShimReq`] gets one [`ShimResp`];
+//! - a launcher's ([`HELLO_LAUNCHER`], `splitos run` before it starts the program) carries no
+//!   descriptors and is answered with a [`ShimResp`] whose `val` bytes that follow are the
+//!   vNode's mount point (none: the cluster has no file system for it). After that it may ask
+//!   [`Op::RunStats`], answered with a [`ShimResp`] whose `val` bytes that follow are the
+//!   run's counters as JSON. The pComponent never speaks unasked, so a launcher reading the
+//!   end of its connection knows the pComponent is gone.
+//!
+//! Who may do what is decided by the peer's credentials (SO_PEERCRED), never by the records:
+//! a user the pComponent grants no vNode is refused in the welcome, and a hello naming a vNode
+//! the user was not granted is refused with EACCES.
 #![no_std]
 
 use core::mem::{offset_of, size_of};
@@ -14,10 +26,19 @@ use zerocopy::{Immutable, KnownLayout};
 /// The byte views both sides use on these records, re-exported so that they agree on the version.
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-pub const SHIM_ABI_VERSION: u32 = 2;
+pub const SHIM_ABI_VERSION: u32 = 3;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
+/// The welcome's `flags` bit set when the userfaultfd device comes with it (first, before the
+/// heap file): a program of a user without the privilege to create a userfaultfd that also
+/// serves the kernel's own accesses (a read(2) into the heap) gets one from it.
+pub const WELCOME_UFFD_DEV: u32 = 2;
+
+/// [`Hello::kind`] of a program's process.
+pub const HELLO_PROGRAM: u32 = 0;
+/// [`Hello::kind`] of `splitos run` asking for its vNode's mount and, later, its run's counters.
+pub const HELLO_LAUNCHER: u32 = 1;
 
 /// Where the heap region sits in every program (the same address in a parent and a forked child).
 pub const REGION_BASE: u64 = 0x2000_0000_0000;
@@ -37,13 +58,13 @@ pub const ENV_ALLOW_NATIVE: &str = "SPLITOS_ALLOW_NATIVE";
 #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Hello {
     pub abi: u32,
-    pub _pad: u32,
+    /// [`HELLO_PROGRAM`] or [`HELLO_LAUNCHER`].
+    pub kind: u32,
     pub region_base: u64,
     pub region_size: u64,
     /// Non-zero in a forked child: the process id its parent's FORK_PREPARE returned.
     pub fork_token: u64,
     pub run_id: u64,
-    pub os_pid: u64,
     pub vnode: [u8; 64],
 }
 
@@ -62,6 +83,10 @@ pub struct Welcome {
     /// Userfaultfd features to ask for beyond missing and write-protect faults on shared
     /// memory; only those in [`uffd::FEATURES_ON_REQUEST`].
     pub uffd_features: u64,
+    /// 0, or the errno (EACCES) of a pComponent that serves this user nothing: it grants the
+    /// user no vNode. Nothing else follows; the connection closes.
+    pub refused: u32,
+    pub _pad: u32,
 }
 
 /// -EPROTO.
@@ -77,6 +102,8 @@ pub enum Op {
     Mremap = 5,
     ForkPrepare = 6,
     ForkAbort = 7,
+    /// A launcher's: the counters of run `a`, if that run is the same user's.
+    RunStats = 8,
 }
 
 impl Op {
@@ -89,6 +116,7 @@ impl Op {
             5 => Op::Mremap,
             6 => Op::ForkPrepare,
             7 => Op::ForkAbort,
+            8 => Op::RunStats,
             _ => return None,
         })
     }
@@ -101,7 +129,8 @@ pub const MREMAP_FIXED: u64 = 2;
 /// One request. Argument meaning by op:
 /// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED?) -> val=addr; Munmap(a=addr, b=len);
 /// Mprotect(a, b, c=prot); Dontneed(a, b); Mremap(a=old, b=old_len, c=new_len, d=flags,
-/// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token).
+/// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token);
+/// RunStats(a=run id) -> val=length of the JSON that follows.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ShimReq {
@@ -134,8 +163,8 @@ pub struct VmaRec {
 
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
-const _: () = assert!(size_of::<Welcome>() == 24 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, flags) == 12 && offset_of!(Welcome, uffd_features) == 16);
-const _: () = assert!(size_of::<Hello>() == 112 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, vnode) == 48);
+const _: () = assert!(size_of::<Welcome>() == 32 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, flags) == 12 && offset_of!(Welcome, uffd_features) == 16 && offset_of!(Welcome, refused) == 24);
+const _: () = assert!(size_of::<Hello>() == 104 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, kind) == 4 && offset_of!(Hello, vnode) == 40);
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
 const _: () = assert!(size_of::<VmaRec>() == 24);
@@ -150,6 +179,9 @@ pub mod uffd {
     pub const UFFDIO_WAKE: u64 = 0x8010_aa02;
     pub const UFFDIO_COPY: u64 = 0xc028_aa03;
     pub const UFFDIO_WRITEPROTECT: u64 = 0xc018_aa06;
+    /// On /dev/userfaultfd: a new userfaultfd of the caller's address space; who may is
+    /// decided when the device is opened, not by the caller's privileges.
+    pub const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
 
     pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
     /// Each page-fault message carries the faulting thread's id ([`Msg::tid`]).

@@ -3,7 +3,7 @@
 //! userfaultfd and the heap's file (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
-use splitos_shim_abi::{uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, REGION_BASE, WELCOME_HEAP_FILE};
+use splitos_shim_abi::{uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_PROGRAM, REGION_BASE, WELCOME_HEAP_FILE, WELCOME_UFFD_DEV};
 
 use crate::start::env;
 use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
@@ -42,10 +42,19 @@ fn hello_said_here() -> bool {
     !w.is_null() && unsafe { &*w }.load(Acquire) == 1
 }
 
-/// Connects to the pComponent and reads its welcome. Returns the userfaultfd features to ask
-/// for (of those the shim knows to ask for) and the file it offers to back the heap region with
-/// (its own tmpfs, where huge pages are allowed), or -1: then the shim creates a memfd.
-pub(crate) fn connect() -> (u64, c_int) {
+/// What the pComponent's welcome gives the shim.
+pub(crate) struct Welcomed {
+    /// Userfaultfd features to ask for (of those the shim knows to ask for).
+    pub features: u64,
+    /// The userfaultfd device to create the userfaultfd from, or -1: then the system call.
+    pub uffd_dev: c_int,
+    /// The file to back the heap region with (the pComponent's own tmpfs, where huge pages are
+    /// allowed), or -1: then the shim creates a memfd.
+    pub heap_file: c_int,
+}
+
+/// Connects to the pComponent and reads its welcome.
+pub(crate) fn connect() -> Welcomed {
     let path = until_nul(&env().sock);
     // SAFETY: socket(2) only creates a descriptor.
     let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -80,13 +89,16 @@ pub(crate) fn connect() -> (u64, c_int) {
     // SAFETY: the message points at the welcome's bytes and at cbuf, both live and sized as
     // declared; the kernel installs any descriptor it carries in this process for us alone.
     let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
-    let mut file = -1;
+    let mut fds = [-1 as c_int; 2];
     // SAFETY: CMSG_FIRSTHDR stays inside the control buffer the kernel filled; the data of an
-    // SCM_RIGHTS header starts with a descriptor installed in this process.
+    // SCM_RIGHTS header is as many descriptors installed in this process as its length says.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         if n > 0 && !c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-            file = core::ptr::read_unaligned(libc::CMSG_DATA(c) as *const c_int);
+            let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / core::mem::size_of::<c_int>();
+            for (i, fd) in fds.iter_mut().enumerate().take(count) {
+                *fd = core::ptr::read_unaligned((libc::CMSG_DATA(c) as *const c_int).add(i));
+            }
         }
     }
     if n != core::mem::size_of::<Welcome>() as isize {
@@ -96,12 +108,21 @@ pub(crate) fn connect() -> (u64, c_int) {
     if welcome.mark != splitos_shim_abi::WELCOME_MARK || welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
         die(&[b"the pComponent at ", path, b" speaks another shim ABI version (a different splitos build)"]);
     }
-    if welcome.flags & WELCOME_HEAP_FILE == 0 && file >= 0 {
-        // SAFETY: a descriptor that was just installed for us and that nothing else knows.
-        unsafe { libc::close(file) };
-        file = -1;
+    if welcome.refused != 0 {
+        let mut uid = [0u8; 20];
+        // SAFETY: getuid takes nothing and cannot fail.
+        let uid = fmt_u64(unsafe { libc::getuid() } as u64, &mut uid);
+        die(&[b"the pComponent at ", path, b" grants no vNode to this user (uid ", uid, b"): ask the cluster's admin for one"]);
     }
-    (welcome.uffd_features & uffd::FEATURES_ON_REQUEST, file)
+    let mut next = fds.into_iter();
+    let mut take = |flag: u32| if welcome.flags & flag != 0 { next.next().unwrap_or(-1) } else { -1 };
+    let (uffd_dev, heap_file) = (take(WELCOME_UFFD_DEV), take(WELCOME_HEAP_FILE));
+    for fd in next.filter(|fd| *fd >= 0) {
+        // SAFETY: a descriptor that was just installed for us, which the flags did not announce
+        // and nothing else knows.
+        unsafe { libc::close(fd) };
+    }
+    Welcomed { features: welcome.uffd_features & uffd::FEATURES_ON_REQUEST, uffd_dev, heap_file }
 }
 
 /// Sends the hello with the two descriptors on the connection [`connect`] made and, in a
@@ -115,13 +136,11 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
 
     let hello = Hello {
         abi: splitos_shim_abi::SHIM_ABI_VERSION,
-        _pad: 0,
+        kind: HELLO_PROGRAM,
         region_base: REGION_BASE,
         region_size: REGION_SIZE.load(Relaxed),
         fork_token,
         run_id: env().run_id,
-        // SAFETY: getpid has no arguments.
-        os_pid: unsafe { libc::getpid() } as u64,
         vnode: env().vnode,
     };
 
@@ -151,6 +170,9 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     let mut resp = ShimResp::default();
     if !read_all(sock, resp.as_mut_bytes()) {
         die(&[b"the pComponent closed the connection during the hello"]);
+    }
+    if resp.ret == -(libc::EACCES as i64) {
+        die(&[b"vNode ", until_nul(&env().vnode), b" is not granted to this user: the pComponent refused this process"]);
     }
     if resp.ret < 0 {
         let mut b = [0u8; 20];

@@ -33,9 +33,10 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     let size = REGION_SIZE.load(Relaxed);
     // The pComponent says which userfaultfd features its miss path needs before the descriptor
     // exists (they are fixed when it is set up), and may offer the heap's file.
-    let (wanted, offered) = connect();
-    let memfd = if offered >= 0 {
-        offered
+    let welcomed = connect();
+    let wanted = welcomed.features;
+    let memfd = if welcomed.heap_file >= 0 {
+        welcomed.heap_file
     } else {
         // SAFETY: memfd_create with a NUL-terminated name only creates a file.
         (unsafe { libc::syscall(libc::SYS_memfd_create, c"splitos-heap".as_ptr(), libc::MFD_CLOEXEC) }) as c_int
@@ -53,10 +54,18 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     // SAFETY: advice on the mapping just made, which changes only what a fork child inherits.
     // A child gets a region of its own from the mComponents' copy, never the parent's pages.
     unsafe { libc::syscall(libc::SYS_madvise, REGION_BASE, size, libc::MADV_DONTFORK) };
-    // SAFETY: userfaultfd(2) only creates a descriptor.
-    let uffd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) } as c_int;
+    let uffd = if welcomed.uffd_dev >= 0 {
+        // SAFETY: the ioctl only creates a descriptor; the device's own is closed after it.
+        let fd = unsafe { libc::ioctl(welcomed.uffd_dev, uffd::USERFAULTFD_IOC_NEW as _, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        // SAFETY: the device descriptor the welcome brought, used by nothing else.
+        unsafe { libc::close(welcomed.uffd_dev) };
+        fd
+    } else {
+        // SAFETY: userfaultfd(2) only creates a descriptor.
+        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as c_int }
+    };
     if uffd < 0 {
-        die(&[b"userfaultfd is not available (needs root or vm.unprivileged_userfaultfd=1)"]);
+        die(&[b"userfaultfd is not available (the pComponent offered no /dev/userfaultfd, and this user may not create one: needs root or vm.unprivileged_userfaultfd=1)"]);
     }
     let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_THREAD_ID | wanted, ioctls: 0 };
     // SAFETY: UFFDIO_API reads and writes a uffdio_api, whose layout Api is (size asserted).

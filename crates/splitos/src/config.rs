@@ -163,6 +163,29 @@ pub struct ClusterConfig {
     /// Which transport every component uses, and that transport's knobs (`[transport.tcp]`).
     #[serde(default)]
     pub transport: TransportConfig,
+    /// vNodes granted to users of the pComponents' hosts; a vNode not listed is root's alone.
+    #[serde(default)]
+    pub vnode: Vec<VnodeSection>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VnodeSection {
+    pub name: String,
+    /// Users (names or numeric uids) who may run programs on it and see its files.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Groups (names or numeric gids) whose members may.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl VnodeSection {
+    /// As `splitos proc --grant` takes it.
+    pub fn grant_spec(&self) -> String {
+        let who: Vec<String> = self.users.iter().map(|u| format!("user:{u}")).chain(self.groups.iter().map(|g| format!("group:{g}"))).collect();
+        format!("{}={}", self.name, who.join(","))
+    }
 }
 
 /// Where the global managers listen when started by hand (`splitos gm`), and where monitors
@@ -201,6 +224,7 @@ impl ClusterConfig {
             mcomponent: vec![default_mcomp(), default_mcomp()],
             scomponent: vec![default_scomp()],
             transport: TransportConfig::default(),
+            vnode: Vec::new(),
         }
     }
 
@@ -267,6 +291,9 @@ impl ClusterConfig {
             if !dirs.insert(s.dir.clone()) {
                 return Err(format!("scomponent[{i}].dir: two sComponents cannot share a storage directory"));
             }
+        }
+        for (i, v) in self.vnode.iter().enumerate() {
+            crate::pmon::Grants::parse(&[v.grant_spec()]).map_err(|e| format!("vnode[{i}]: {e}"))?;
         }
         Ok(())
     }

@@ -129,9 +129,12 @@ enum Cmd {
         /// Always start an embedded cluster, even if one is running.
         #[arg(long)]
         embedded: bool,
-        /// Address of the global managers of a running cluster.
+        /// Address of the global managers of a running cluster (needs the admin's credentials).
         #[arg(long)]
         gm: Option<String>,
+        /// The program socket of a pComponent of this host to run on, as a user the cluster's admin granted the vNode (see docs/security.md); also $SPLITOS_PCOMPONENT.
+        #[arg(long, value_name = "SOCKET")]
+        pcomponent: Option<PathBuf>,
         /// The vNode to run the process in.
         #[arg(long, default_value = "default")]
         vnode: String,
@@ -253,6 +256,9 @@ enum Cmd {
         /// Directory under which each vNode's file system is mounted (one subdirectory per vNode).
         #[arg(long)]
         vnode_root: PathBuf,
+        /// Let users run programs on a vNode and see its files: VNODE=user:NAME,group:NAME,... (names or numeric ids; repeatable). Root uses every vNode; a vNode granted to no one is root's alone.
+        #[arg(long = "grant", value_name = "VNODE=WHO,...")]
+        grants: Vec<String>,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -357,10 +363,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
+                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
             })
             .map(|code| std::process::exit(code))
         }
@@ -379,10 +385,10 @@ fn main() {
             node::init_metrics();
             transport.credentials().and_then(|credentials| mmon::run(mmon::MemArgs { listen, credentials, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr }))
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, shim_sock, vnode_root, ready_file, metrics_addr, transport, fault_cpu } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, shim_sock, vnode_root, grants, ready_file, metrics_addr, transport, fault_cpu } => {
             node::init_metrics();
             let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking, evict_reserve };
-            transport.credentials().and_then(|credentials| pmon::run(pmon::ProcArgs { listen, credentials, transport: transport.config(), gm, shim_sock, vnode_root, cfg, ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| pmon::run(pmon::ProcArgs { listen, credentials, transport: transport.config(), gm, shim_sock, vnode_root, grants, cfg, ready_file, metrics_addr }))
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
             node::init_metrics();
@@ -421,7 +427,7 @@ mod tests {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
 
         let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve } = file.pcomponent[0].clone();
-        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, shim_sock: _, vnode_root: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
+        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, shim_sock: _, vnode_root: _, grants: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
             parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
         else {
             unreachable!()

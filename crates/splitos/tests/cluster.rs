@@ -203,7 +203,7 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     assert!(log.contains("rejected malformed frame"), "{log}");
 
     // The pComponent's program socket gets garbage too.
-    let sock = c.dir.path().join("proc0.sock");
+    let sock = c.dir.path().join("programs/proc0.sock");
     let mut u = std::os::unix::net::UnixStream::connect(&sock).unwrap();
     u.write_all(&[0x41; 10]).unwrap();
     drop(u);

@@ -77,7 +77,8 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     }
     assert!(c.metric(&m, "rpc_handshakes_refused_total") >= before + 3.0);
     // The other attacks of the issue, each to the component it hit: end a program, stop an
-    // mComponent, register a rogue mComponent, make the pComponent mount a vNode.
+    // mComponent, register a rogue mComponent, stop the pComponent (whose program socket
+    // refuses users it grants nothing: `users_run_programs_on_the_vnodes_granted_to_them`).
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
@@ -85,7 +86,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
         (&m, splitos_rpc::M2M_EXIT { who: Who { vnode: "default".into(), pid: 1 } }.into()),
         (&m, splitos_rpc::C2X_SHUTDOWN.into()),
         (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, load, id: 0 }.into()),
-        (&p, splitos_rpc::C2P_MOUNT_VNODE { vnode: "stolen".into() }.into()),
+        (&p, splitos_rpc::C2X_SHUTDOWN.into()),
     ];
     for (addr, msg) in attacks {
         let name = msg.name();

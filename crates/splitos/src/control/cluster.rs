@@ -49,6 +49,23 @@ pub fn data_dir() -> PathBuf {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share/splitos")).unwrap_or_else(|| std::env::temp_dir().join("splitos-data"))
 }
 
+/// The state directory of the host's cluster, the one users run programs on:
+/// $SPLITOS_STATE_DIR, else root's (/run/splitos), whoever asks.
+pub fn host_state_dir() -> PathBuf {
+    std::env::var_os("SPLITOS_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/run/splitos"))
+}
+
+/// Where the pComponents of the cluster whose state is in `state` put their program sockets:
+/// the one place in the state directory that every user may list.
+pub fn programs_dir(state: &Path) -> PathBuf {
+    state.join("programs")
+}
+
+/// Where they mount vNode file systems; each mount's top directory admits its vNode's users.
+pub fn vnodes_dir(state: &Path) -> PathBuf {
+    state.join("vnodes")
+}
+
 pub fn state_file() -> PathBuf {
     state_dir().join("cluster.json")
 }
@@ -159,19 +176,25 @@ fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow
     anyhow::bail!("{name} did not become ready within 20 s (log: {})", dir.join(format!("{name}.log")).display())
 }
 
-/// Creates the state directory for its user alone (`0700`), or makes an existing one of that
-/// user so: it holds the logs, the PID record and the rendezvous sockets of shared memory.
+/// Creates the state directory so that its user alone lists it (`0711`), or makes an existing
+/// one of that user so: it holds the secrets, the logs, the PID record and the rendezvous
+/// sockets of shared memory, all its user's alone, and the two directories other users need
+/// to pass through to: `programs` (the program sockets) and `vnodes` (the mounts).
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", dir.display()))?;
+    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(dir).map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", dir.display()))?;
     let m = std::fs::metadata(dir)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if m.uid() != me {
         anyhow::bail!("the state directory {} belongs to uid {}, not to this user (uid {me})", dir.display(), m.uid());
     }
-    if m.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if m.mode() & 0o7777 != 0o711 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    }
+    for d in [programs_dir(dir), vnodes_dir(dir)] {
+        std::fs::create_dir_all(&d)?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
     }
     Ok(())
 }
@@ -242,9 +265,12 @@ impl Cluster {
                 "--fault-spin-us".into(), p.fault_spin_us.to_string(), "--fault-polling".into(), p.fault_polling.to_string(), "--prefetch".into(), p.prefetch.to_string(), "--prefetch-policy".into(), p.prefetch_policy.clone(),
                 "--fault-around".into(), p.fault_around.to_string(), "--compressed-tier".into(), p.compressed_tier.0.to_string(), "--prealloc".into(), p.prealloc.to_string(), "--heap-reuse".into(), p.heap_reuse.0.to_string(), "--huge-pages".into(), p.huge_pages.to_string(), "--fault-cpu".into(), p.fault_cpu.to_string(),
                 "--dirty-tracking".into(), p.dirty_tracking.to_string(), "--evict-reserve".into(), p.evict_reserve.to_string(),
-                "--shim-sock".into(), dir.join(format!("proc{i}.sock")).to_string_lossy().to_string(),
-                "--vnode-root".into(), dir.join("vnodes").to_string_lossy().to_string(),
+                "--shim-sock".into(), programs_dir(dir).join(format!("proc{i}.sock")).to_string_lossy().to_string(),
+                "--vnode-root".into(), vnodes_dir(dir).to_string_lossy().to_string(),
             ];
+            for v in &cfg.vnode {
+                args.extend(["--grant".into(), v.grant_spec()]);
+            }
             if !p.piggyback {
                 args.push("--no-piggyback".into());
             }
@@ -309,7 +335,7 @@ impl Drop for Cluster {
 /// Detaches vNode mounts a pComponent left under a cluster's directory (it was killed before
 /// it could unmount them), so that nothing walks into a dead mount.
 pub fn unmount_vnodes(dir: &Path) {
-    for m in crate::pmon::mounts_under(&dir.join("vnodes")) {
+    for m in crate::pmon::mounts_under(&vnodes_dir(dir)) {
         crate::pmon::unmount(&m);
     }
 }

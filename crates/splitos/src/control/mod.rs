@@ -1,5 +1,6 @@
 //! The control plane's command-line side: running programs and managing a cluster.
 pub mod cluster;
+pub mod launcher;
 pub mod run;
 
 use comfy_table::Table;
@@ -27,7 +28,7 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let dir = cluster::state_dir();
     let c = Cluster::start(&cfg, &dir, true)?;
     let state: ClusterState = c.detach();
-    std::fs::write(cluster::state_file(), serde_json::to_string_pretty(&state)?)?;
+    crate::node::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
     println!(
         "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}",
         state.gm,

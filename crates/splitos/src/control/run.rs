@@ -2,22 +2,24 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Instant;
 
-use splitos_rpc::{ErrCode, RpcError, C2G_PLACE_PROCESS, C2P_MOUNT_VNODE, C2P_RUN_STATS, C2X_PING};
+use splitos_rpc::C2G_PLACE_PROCESS;
 use splitos_shim_abi::{ENV_RUN_ID, ENV_SOCK, ENV_VNODE};
 
 /// Where the program finds its vNode's files.
 pub const ENV_VNODE_DIR: &str = "SPLITOS_VNODE_DIR";
 
 use super::cluster::{self, Cluster};
+use super::launcher::Launcher;
 use crate::config::{ClusterConfig, Size};
 
 pub struct RunArgs {
     pub program: Vec<String>,
     pub gm: Option<String>,
+    pub pcomponent: Option<PathBuf>,
     pub embedded: bool,
     pub excache: Option<u64>,
     pub ways: Option<usize>,
@@ -94,31 +96,59 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
 
-/// The global managers of the cluster to run on: --gm, else $SPLITOS_GM, else those of the
-/// cluster `cluster up` started; `None` (an embedded cluster) only with --embedded or when no
-/// cluster was named or started. A cluster named or started that cannot be reached is an
-/// error naming it: running on another one instead would show the program another vNode's
-/// files and memory as if nothing were wrong.
-fn configured_cluster(embedded: bool, gm: Option<String>) -> anyhow::Result<Option<String>> {
-    if embedded {
-        return Ok(None);
+/// Where a program runs.
+enum Target {
+    /// A cluster whose global managers the admin's tools reach: GPM places the program.
+    Cluster(String),
+    /// A pComponent's program socket, reached as whoever runs `splitos run`.
+    Socket(PathBuf),
+    /// A cluster of this command's own.
+    Embedded,
+}
+
+fn reachable(gm: String, named_by: &str, instead: &str) -> anyhow::Result<Target> {
+    cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
+    Ok(Target::Cluster(gm))
+}
+
+/// The cluster to run on: --embedded; --pcomponent; --gm; $SPLITOS_GM; $SPLITOS_PCOMPONENT;
+/// the cluster `cluster up` started; for a user other than root, the program socket of the
+/// host's cluster; else (root) an embedded cluster. A cluster named or started that cannot be
+/// reached is an error naming it: running on another one instead would show the program
+/// another vNode's files and memory as if nothing were wrong.
+fn target(a: &RunArgs) -> anyhow::Result<Target> {
+    if a.embedded {
+        return Ok(Target::Embedded);
     }
-    if let Some(gm) = gm {
-        cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster named by --gm: {e} (pass --embedded to run on a cluster of this command's own)"))?;
-        return Ok(Some(gm));
+    if let Some(p) = &a.pcomponent {
+        return Ok(Target::Socket(p.clone()));
+    }
+    if let Some(gm) = a.gm.clone() {
+        return reachable(gm, "named by --gm", "pass --embedded to run on a cluster of this command's own");
     }
     if let Ok(gm) = std::env::var("SPLITOS_GM") {
-        cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster named by SPLITOS_GM: {e} (unset it, or pass --embedded, to run on a cluster of this command's own)"))?;
-        return Ok(Some(gm));
+        return reachable(gm, "named by SPLITOS_GM", "unset it, or pass --embedded, to run on a cluster of this command's own");
     }
-    let Some(s) = cluster::read_state() else { return Ok(None) };
-    cluster::status(&s.gm).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot reach the cluster that `splitos cluster up` started ({}): {e}. Restart it with `splitos cluster down` and `splitos cluster up`, or pass --embedded",
-            cluster::state_file().display()
-        )
-    })?;
-    Ok(Some(s.gm))
+    if let Some(p) = std::env::var_os("SPLITOS_PCOMPONENT") {
+        return Ok(Target::Socket(PathBuf::from(p)));
+    }
+    if let Some(s) = cluster::read_state() {
+        let instead = format!("restart it with `splitos cluster down` and `splitos cluster up`, or pass --embedded; state: {}", cluster::state_file().display());
+        return reachable(s.gm, "that `splitos cluster up` started", &instead);
+    }
+    // SAFETY: geteuid takes nothing and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        let dir = cluster::programs_dir(&cluster::host_state_dir());
+        let mut socks: Vec<PathBuf> = std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
+        socks.sort();
+        return socks.into_iter().next().map(Target::Socket).ok_or_else(|| {
+            anyhow::anyhow!(
+                "no cluster to run on: no pComponent's program socket in {}. A user runs programs on the host's cluster, which root starts (`splitos cluster up`) and which grants the user a vNode ([[vnode]] in its configuration); name a socket elsewhere with --pcomponent. An embedded cluster needs root.",
+                dir.display()
+            )
+        });
+    }
+    Ok(Target::Embedded)
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
@@ -146,57 +176,58 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
 
     let mut embedded = None;
-    let gm = match configured_cluster(a.embedded, a.gm.clone())? {
-            Some(gm) => gm,
-            None => {
-                let mut cfg = ClusterConfig::embedded();
-                let p = &mut cfg.pcomponent[0];
-                p.excache = Size(a.excache.unwrap_or(p.excache.0));
-                p.ways = a.ways.unwrap_or(p.ways);
-                p.policy = a.policy.clone().unwrap_or(p.policy.clone());
-                p.piggyback = !a.no_piggyback;
-                p.fault_workers = a.fault_workers.unwrap_or(p.fault_workers);
-                p.prefetch = a.prefetch.unwrap_or(p.prefetch);
-                p.prefetch_policy = a.prefetch_policy.clone().unwrap_or(p.prefetch_policy.clone());
-                p.fault_around = a.fault_around.unwrap_or(p.fault_around);
-                p.compressed_tier = Size(a.compressed_tier.unwrap_or(p.compressed_tier.0));
-                p.prealloc = a.prealloc.unwrap_or(p.prealloc);
-                p.heap_reuse = a.heap_reuse.unwrap_or(p.heap_reuse);
-                p.huge_pages = a.huge_pages.unwrap_or(p.huge_pages);
-                p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
-                p.dirty_tracking = a.dirty_tracking.unwrap_or(p.dirty_tracking);
-                p.evict_reserve = a.evict_reserve.unwrap_or(p.evict_reserve);
-                cfg.mcomponent = (0..a.mcomponents.max(1))
-                    .map(|_| {
-                        let mut m = crate::config::default_mcomp();
-                        m.capacity = Size(a.mem_capacity.unwrap_or(m.capacity.0));
-                        m.workers = a.mem_workers.unwrap_or(m.workers);
-                        m
-                    })
-                    .collect();
-                if let Some(t) = &a.transport {
-                    cfg.transport.kind = t.clone();
-                }
-                if let Some(polling) = a.polling {
-                    cfg.transport.polling = polling;
-                    cfg.pcomponent[0].fault_polling = polling;
-                }
-                if let Some(v) = a.vregion_size {
-                    cfg.cluster.vregion_size = Size(v);
-                }
-                cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
-                let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
-                let c = Cluster::start(&cfg, &dir, false)?;
-                let gm = c.state.gm.clone();
-                embedded = Some((c, dir));
-                gm
-            }
-    };
+    let mut target = target(&a)?;
+    if let Target::Embedded = target {
+        // SAFETY: geteuid takes nothing and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            anyhow::bail!("an embedded cluster needs root (it mounts file systems and serves programs' memory faults); as a user, run on the host's cluster");
+        }
+        let mut cfg = ClusterConfig::embedded();
+        let p = &mut cfg.pcomponent[0];
+        p.excache = Size(a.excache.unwrap_or(p.excache.0));
+        p.ways = a.ways.unwrap_or(p.ways);
+        p.policy = a.policy.clone().unwrap_or(p.policy.clone());
+        p.piggyback = !a.no_piggyback;
+        p.fault_workers = a.fault_workers.unwrap_or(p.fault_workers);
+        p.prefetch = a.prefetch.unwrap_or(p.prefetch);
+        p.prefetch_policy = a.prefetch_policy.clone().unwrap_or(p.prefetch_policy.clone());
+        p.fault_around = a.fault_around.unwrap_or(p.fault_around);
+        p.compressed_tier = Size(a.compressed_tier.unwrap_or(p.compressed_tier.0));
+        p.prealloc = a.prealloc.unwrap_or(p.prealloc);
+        p.heap_reuse = a.heap_reuse.unwrap_or(p.heap_reuse);
+        p.huge_pages = a.huge_pages.unwrap_or(p.huge_pages);
+        p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
+        p.dirty_tracking = a.dirty_tracking.unwrap_or(p.dirty_tracking);
+        p.evict_reserve = a.evict_reserve.unwrap_or(p.evict_reserve);
+        cfg.mcomponent = (0..a.mcomponents.max(1))
+            .map(|_| {
+                let mut m = crate::config::default_mcomp();
+                m.capacity = Size(a.mem_capacity.unwrap_or(m.capacity.0));
+                m.workers = a.mem_workers.unwrap_or(m.workers);
+                m
+            })
+            .collect();
+        if let Some(t) = &a.transport {
+            cfg.transport.kind = t.clone();
+        }
+        if let Some(polling) = a.polling {
+            cfg.transport.polling = polling;
+            cfg.pcomponent[0].fault_polling = polling;
+        }
+        if let Some(v) = a.vregion_size {
+            cfg.cluster.vregion_size = Size(v);
+        }
+        cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+        let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
+        let c = Cluster::start(&cfg, &dir, false)?;
+        target = Target::Cluster(c.state.gm.clone());
+        embedded = Some((c, dir));
+    }
     if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
-    let result = run_on(&gm, &path, &a);
+    let result = run_on(&target, &path, &a);
     if let Some((mut c, dir)) = embedded {
         // Processes the program left behind (a pipeline's other end, a daemon) would hang on
         // their first miss once the cluster is gone: stop them, and say so.
@@ -238,20 +269,22 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
-    let pcomp = cluster::rpc()?.call(gm, C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.pcomp;
-    let sock = pcomp.shim_sock.clone().ok_or_else(|| anyhow::anyhow!("pComponent {} has no program socket", pcomp.id))?;
+fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
+    let (sock, gm) = match target {
+        Target::Cluster(gm) => {
+            let pcomp = cluster::rpc()?.call(gm, C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.pcomp;
+            let sock = pcomp.shim_sock.clone().ok_or_else(|| anyhow::anyhow!("pComponent {} has no program socket", pcomp.id))?;
+            (PathBuf::from(sock), Some((gm.as_str(), pcomp)))
+        }
+        Target::Socket(p) => (p.clone(), None),
+        Target::Embedded => unreachable!("an embedded cluster was started"),
+    };
     let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let vnode_dir = match cluster::rpc()?.call(&pcomp.addr, C2P_MOUNT_VNODE { vnode: a.vnode.clone() }) {
-        Ok(m) => Some(m.dir),
-        // A cluster without sComponents has no files to show.
-        Err(RpcError::Remote { code: ErrCode::Unreachable, .. }) => None,
-        Err(e) => anyhow::bail!("pComponent {} cannot mount vNode {:?}: {e}", pcomp.id, a.vnode),
-    };
+    let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode)?;
     let run_id = (std::process::id() as u64) << 32 | rand_bits();
     let t0 = Instant::now();
     let mut cmd = Command::new(path);
@@ -259,7 +292,7 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
     match &vnode_dir {
         Some(d) => {
             cmd.env(ENV_VNODE_DIR, d);
-            isolate_vnode(&mut cmd, Path::new(d));
+            isolate_vnode(&mut cmd, d);
         }
         None => {
             cmd.env_remove(ENV_VNODE_DIR);
@@ -278,18 +311,20 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         libc::signal(libc::SIGTERM, forward as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, forward as *const () as libc::sighandler_t);
     }
-    let done = Arc::new(AtomicBool::new(false));
-    let lost = watch_pcomponent(pcomp.clone(), run_id, done.clone());
-    let st = child.wait()?;
-    done.store(true, Ordering::Relaxed);
-    if let Some(why) = lost.lock().unwrap().take() {
+    let (stop, stopper) = std::os::unix::net::UnixStream::pair()?;
+    let (st, lost) = std::thread::scope(|scope| -> anyhow::Result<_> {
+        let watcher = scope.spawn(|| watch_pcomponent(&launcher, &sock, &stop, run_id));
+        let st = child.wait();
+        // Wakes the watcher; if the write failed it would wait for ever, so it is checked.
+        (&stopper).write_all(b"x")?;
+        let lost = watcher.join().expect("the watcher does not panic");
+        Ok((st?, lost))
+    })?;
+    if let Some(why) = lost {
         anyhow::bail!("{why}");
     }
     let secs = t0.elapsed().as_secs_f64();
-    let stats = match cluster::rpc()?.call(&pcomp.addr, C2P_RUN_STATS { run_id }) {
-        Ok(s) => serde_json::from_str(&s.json)?,
-        Err(_) => serde_json::json!({}),
-    };
+    let stats = launcher.run_stats(run_id).unwrap_or_else(|| serde_json::json!({}));
     if let Some(errs) = stats.get("errors").and_then(|e| e.as_array()) {
         for e in errs {
             eprintln!("splitos: {}", e.as_str().unwrap_or_default());
@@ -299,8 +334,11 @@ fn run_on(gm: &str, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde
         let mut s = stats.clone();
         s["wall_s"] = serde_json::json!(secs);
         s["exit_code"] = serde_json::json!(exit_code(st));
-        s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
-        s["mcomponents"] = mcomponent_stats(gm);
+        // The components' own counters are the admin's to read.
+        if let Some((gm, pcomp)) = &gm {
+            s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
+            s["mcomponents"] = mcomponent_stats(gm);
+        }
         std::fs::write(f, serde_json::to_string_pretty(&s)?)?;
     }
     Ok((exit_code(st), secs, stats, run_id))
@@ -387,35 +425,24 @@ fn processes_of_run(run_id: u64) -> Vec<i32> {
 }
 
 /// The program's heap is served by its pComponent: if that component goes away, the
-/// program's faults can never be served. Stop every process of the run with a message naming
-/// the component instead of leaving them hung.
-fn watch_pcomponent(pcomp: splitos_rpc::ComponentInfo, run_id: u64, done: Arc<AtomicBool>) -> Arc<Mutex<Option<String>>> {
-    let lost = Arc::new(Mutex::new(None));
-    let l2 = lost.clone();
-    std::thread::spawn(move || {
-        let mut failures = 0;
-        while !done.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(500));
-            let alive = cluster::rpc().is_ok_and(|r| r.call_timeout(&pcomp.addr, C2X_PING, std::time::Duration::from_secs(2)).is_ok());
-            failures = if alive { 0 } else { failures + 1 };
-            if failures >= 3 && !done.load(Ordering::Relaxed) {
-                let why = format!("pComponent {} at {} is unreachable; its programs' memory cannot be served, so they were stopped", pcomp.id, pcomp.addr);
-                eprintln!("splitos: {why}");
-                *l2.lock().unwrap() = Some(why);
-                for pid in processes_of_run(run_id) {
-                    // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
-                    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-                        let e = std::io::Error::last_os_error();
-                        if e.raw_os_error() != Some(libc::ESRCH) {
-                            eprintln!("splitos: warning: cannot stop process {pid} of the run: {e}");
-                        }
-                    }
-                }
-                return;
+/// program's faults can never be served. Stops every process of the run with a message naming
+/// the component instead of leaving them hung, and says why; `None` once `stop` is written.
+fn watch_pcomponent(l: &Launcher, sock: &Path, stop: &std::os::unix::net::UnixStream, run_id: u64) -> Option<String> {
+    if !l.wait_lost(stop) {
+        return None;
+    }
+    let why = format!("the pComponent at {} went away; its programs' memory cannot be served, so they were stopped", sock.display());
+    eprintln!("splitos: {why}");
+    for pid in processes_of_run(run_id) {
+        // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                eprintln!("splitos: warning: cannot stop process {pid} of the run: {e}");
             }
         }
-    });
-    lost
+    }
+    Some(why)
 }
 
 fn rand_bits() -> u64 {

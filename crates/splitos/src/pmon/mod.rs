@@ -11,6 +11,7 @@ mod excache;
 mod fault;
 mod huge;
 mod fault_cpu;
+mod grants;
 mod miss;
 mod prefetch;
 mod region;
@@ -23,8 +24,7 @@ mod uffd;
 mod vfs;
 
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,6 +36,7 @@ pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use huge::{HugePages, HUGE_PAGES};
 pub use fault_cpu::{FaultCpu, FAULT_CPUS};
+pub use grants::Grants;
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
@@ -86,6 +87,10 @@ pub struct PcompConfig {
 pub struct Proc {
     pub pid: u64,
     pub os_pid: i32,
+    /// Its user, as the kernel said when it connected.
+    uid: u32,
+    /// To signal it (a pid may be reused once it ends).
+    pidfd: OwnedFd,
     /// Who it is and where its memory lives (shared with the page store).
     pub space: Arc<Space>,
     /// Its heap as the miss path sees it.
@@ -106,6 +111,8 @@ struct PendingChild {
     run: Arc<RunStats>,
     vmas: Vec<VmaInfo>,
     materialized: BTreeSet<u64>,
+    /// Its parent's user: only that user's process may say hello as the child.
+    uid: u32,
 }
 
 /// A new process id: random, so that ids are unique across pComponents and no one guesses
@@ -122,15 +129,22 @@ pub struct Pcomp {
     miss: MissPath,
     procs: Mutex<HashMap<u64, Arc<Proc>>>,
     pending: Mutex<HashMap<u64, PendingChild>>,
-    runs: Mutex<HashMap<u64, Arc<RunStats>>>,
+    /// Each run's counters, with the user whose processes it has.
+    runs: Mutex<HashMap<u64, (u32, Arc<RunStats>)>>,
+    grants: grants::Grants,
+    /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
+    uffd_dev: Option<OwnedFd>,
     started: Instant,
     /// Where heap files come from with `huge_pages` on.
     heap_fs: Option<huge::HeapFs>,
 }
 
 impl Pcomp {
-    fn run_stats(&self, run_id: u64) -> Arc<RunStats> {
-        self.runs.lock().unwrap().entry(run_id).or_default().clone()
+    /// The counters of run `run_id`, which becomes `uid`'s; `None` if it is another user's.
+    fn run_stats(&self, run_id: u64, uid: u32) -> Option<Arc<RunStats>> {
+        let mut runs = self.runs.lock().unwrap();
+        let (owner, run) = runs.entry(run_id).or_insert_with(|| (uid, Arc::default()));
+        (*owner == uid).then(|| run.clone())
     }
 
     fn load(&self) -> Load {
@@ -145,12 +159,22 @@ impl Pcomp {
         let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else { return };
         tracing::error!(pid, os_pid = p.os_pid, %why, "killing a process whose memory cannot be served");
         let line = format!("splitos: {why}; the process cannot continue\n");
-        // Non-blocking: a full pipe or one without a reader must not hold up the pComponent.
-        let stderr = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(format!("/proc/{}/fd/2", p.os_pid));
-        let _ = stderr.and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
-        // SAFETY: kill(2) has no memory-safety preconditions; the pid is the program's, which
-        // is still connected (its exit removes it from `procs` first).
-        unsafe { libc::kill(p.os_pid, libc::SIGKILL) };
+        // Its own stderr, as it opened it: reopening /proc/PID/fd/2 would open the file anew
+        // with the pComponent's rights, and a program's read-only descriptor of a file it may
+        // not write would become a writable one.
+        // SAFETY: pidfd_getfd takes no pointers; its result is checked before it is owned.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, p.pidfd.as_raw_fd(), 2, 0) } as i32;
+        if fd >= 0 {
+            // SAFETY: a fresh descriptor that nothing else owns.
+            let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            // Non-blocking: a full pipe or one without a reader must not hold up the
+            // pComponent. The flag is the program's too, which is about to end.
+            // SAFETY: fcntl on the descriptor just taken.
+            unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
+            let _ = std::io::Write::write_all(&mut f, line.as_bytes());
+        }
+        // SAFETY: pidfd_send_signal takes the process's pidfd and no other pointers but a null siginfo.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
     }
 
     fn stats_json(&self) -> String {
@@ -229,17 +253,6 @@ impl Pcomp {
         Ok(X2C_METRICS { text: node::render_metrics() })
     }
 
-    fn run_stats_of(&self, r: C2P_RUN_STATS) -> Result<X2C_STATS, Refusal> {
-        let s = self.runs.lock().unwrap().get(&r.run_id).cloned();
-        let s = s.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no run {} on this pComponent", r.run_id)))?;
-        Ok(X2C_STATS { json: s.json().to_string() })
-    }
-
-    fn mount(&self, r: C2P_MOUNT_VNODE) -> Result<P2C_MOUNTED, Refusal> {
-        let dir = self.mounts.mount(&r.vnode)?;
-        Ok(P2C_MOUNTED { dir: dir.to_string_lossy().into_owned() })
-    }
-
     fn shutdown(&self) -> Result<OK, Refusal> {
         self.mounts.unmount_all();
         node::exit_soon();
@@ -262,8 +275,6 @@ impl Handler for Pcomp {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Proc, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
-            Msg::C2P_RUN_STATS(r) => on(r, |r| self.run_stats_of(r)),
-            Msg::C2P_MOUNT_VNODE(r) => on(r, |r| self.mount(r)),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
         }
@@ -279,6 +290,8 @@ pub struct ProcArgs {
     pub shim_sock: std::path::PathBuf,
     /// Where vNode file systems are mounted (one directory per vNode).
     pub vnode_root: std::path::PathBuf,
+    /// Which users may use which vNode (`VNODE=user:NAME,group:NAME,...`); root uses all.
+    pub grants: Vec<String>,
     pub cfg: PcompConfig,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
@@ -316,6 +329,11 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if args.cfg.evict_reserve >= cache.ways() {
         anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
     }
+    let grants = grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
+    let uffd_dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").map(OwnedFd::from);
+    if let Err(e) = &uffd_dev {
+        tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");
+    }
     let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let store = Arc::new(RemoteStore::new(node.clone()));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
@@ -335,12 +353,14 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         Pcomp {
             node: node.clone(),
             cfg: args.cfg.clone(),
-            mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone()),
+            mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone(), grants.clone()),
             store: store.clone(),
             miss,
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
+            grants,
+            uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
             heap_fs,
         }

@@ -1,5 +1,7 @@
-//! The pComponent's side of the shim protocol (splitos_shim_abi): hello, then one request at a
-//! time per program. A closed connection is the process's exit (or exec).
+//! The pComponent's side of the shim protocol (splitos_shim_abi): welcome, hello, then one
+//! request at a time per program. A closed connection is the process's exit (or exec). The
+//! socket is open to every user of the host; what a connection may do follows from its
+//! peer's credentials and the admin's grants ([`super::grants`]).
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -9,9 +11,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
 
 use super::dirty::{DirtyTracking, Tracker};
+use super::grants::PeerCred;
 use super::huge::HugeHeap;
 use super::miss::Tenant;
 use super::reuse::HeapReuse;
@@ -30,8 +33,11 @@ fn vm_errno(e: &Refusal) -> i64 {
 }
 
 pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path).map_err(|e| anyhow::anyhow!("cannot listen for programs on {}: {e}", path.display()))?;
+    // Every user may connect: the grants decide what a connection gets.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     std::thread::Builder::new().name("shim-accept".into()).spawn(move || {
         for s in l.incoming() {
             match s {
@@ -46,41 +52,71 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Receives the hello and the two descriptors that come with it.
-fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, OwnedFd, OwnedFd)> {
+/// Receives a hello and the descriptors that come with it.
+fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, Vec<OwnedFd>)> {
     let mut hello = Hello::new_zeroed();
     let fds = splitos_rpc::fdpass::recv_fds(s, hello.as_mut_bytes())?;
-    let mut it = fds.into_iter();
-    match (it.next(), it.next(), it.next()) {
-        (Some(u), Some(m), None) => Ok((hello, u, m)),
-        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a hello carries exactly a userfaultfd and a memfd")),
-    }
+    Ok((hello, fds))
 }
 
 fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<()> {
     s.write_all(ShimResp { ret, val, val2 }.as_bytes())
 }
 
+/// A reply whose `val` is the length of the bytes that follow it.
+fn reply_bytes(s: &mut UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    reply(s, 0, bytes.len() as u64, 0)?;
+    s.write_all(bytes)
+}
+
+fn vnode_of(h: &Hello) -> String {
+    let len = h.vnode.iter().position(|b| *b == 0).unwrap_or(h.vnode.len());
+    String::from_utf8_lossy(&h.vnode[..len]).to_string()
+}
+
 impl Pcomp {
-    /// The first message on a program's connection: the userfaultfd features the miss path
-    /// needs, and a file to back its heap with when heaps live on the private tmpfs (huge
-    /// pages), else none and the shim creates a memfd.
+    /// The first message on a connection: the userfaultfd features the miss path needs, the
+    /// userfaultfd device (programs of users who may not create a userfaultfd serving the
+    /// kernel's own accesses get theirs from it), and a file to back the heap with when heaps
+    /// live on the private tmpfs (huge pages), else none and the shim creates a memfd.
     fn welcome(&self, s: &mut UnixStream) -> std::io::Result<()> {
         let file = self.heap_fs.as_ref().and_then(|fs| fs.create().inspect_err(|e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages")).ok());
-        let mut w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() };
-        match file {
-            Some(f) => {
-                w.flags = WELCOME_HEAP_FILE;
-                splitos_rpc::fdpass::send_fds(s, w.as_bytes(), &[f.as_raw_fd()])
-            }
-            None => s.write_all(w.as_bytes()),
+        let mut w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: self.cfg.dirty_tracking.uffd_features(), refused: 0, _pad: 0 };
+        let mut fds = Vec::new();
+        if let Some(d) = &self.uffd_dev {
+            w.flags |= WELCOME_UFFD_DEV;
+            fds.push(d.as_raw_fd());
         }
+        if let Some(f) = &file {
+            w.flags |= WELCOME_HEAP_FILE;
+            fds.push(f.as_raw_fd());
+        }
+        splitos_rpc::fdpass::send_fds(s, w.as_bytes(), &fds)
+    }
+
+    /// Logs and counts a connection refused for who it is.
+    fn refuse(&self, peer: &PeerCred, why: &str) {
+        tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
+        metrics::counter!("pcomp_program_connections_refused_total").increment(1);
     }
 
     fn serve_program(self: Arc<Self>, mut s: UnixStream) {
+        let peer = match PeerCred::of(&s) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell who connected to the program socket");
+                return;
+            }
+        };
+        if !self.grants.may_use_any(&peer) {
+            self.refuse(&peer, "the user is granted no vNode");
+            let w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: 0, refused: libc::EACCES as u32, _pad: 0 };
+            let _ = s.write_all(w.as_bytes());
+            return;
+        }
         // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
         let _ = self.welcome(&mut s);
-        let (hello, uffd_fd, memfd) = match recv_hello(&s) {
+        let (hello, fds) = match recv_hello(&s) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(error = %e, "refused a malformed hello from a program");
@@ -92,7 +128,22 @@ impl Pcomp {
             let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
             return;
         }
-        let proc_ = match self.admit(&hello, uffd_fd, memfd) {
+        let vnode = vnode_of(&hello);
+        if !self.grants.may_use(&vnode, &peer) {
+            self.refuse(&peer, &format!("vNode {vnode:?} is not granted to the user"));
+            let _ = reply(&mut s, -(libc::EACCES as i64), 0, 0);
+            return;
+        }
+        let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
+            (HELLO_PROGRAM, Ok([u, m])) => (u, m),
+            (HELLO_LAUNCHER, _) => return self.serve_launcher(s, &peer, &vnode),
+            (kind, _) => {
+                tracing::warn!(kind, os_pid = peer.pid, "refused a hello that is neither a launcher's nor a program's with exactly a userfaultfd and a memfd");
+                let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
+                return;
+            }
+        };
+        let proc_ = match self.admit(&hello, &peer, vnode, uffd_fd, memfd) {
             Ok((p, vmas)) => {
                 let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
                     && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
@@ -103,7 +154,7 @@ impl Pcomp {
                 p
             }
             Err(e) => {
-                tracing::warn!(error = %e, os_pid = hello.os_pid, "cannot admit a program");
+                tracing::warn!(error = %e, os_pid = peer.pid, "cannot admit a program");
                 let _ = reply(&mut s, -vm_errno(&e), 0, 0);
                 return;
             }
@@ -136,26 +187,77 @@ impl Pcomp {
         self.exit_process(&proc_);
     }
 
+    /// `splitos run`'s connection: mounts the vNode's file system and says where, then
+    /// answers for the counters of the user's runs until it closes.
+    fn serve_launcher(&self, mut s: UnixStream, peer: &PeerCred, vnode: &str) {
+        let dir = match self.mounts.mount(vnode) {
+            Ok(d) => d.into_os_string().into_encoded_bytes(),
+            // A cluster without sComponents has no files to show.
+            Err(e) if e.code == ErrCode::Unreachable => Vec::new(),
+            Err(e) => {
+                tracing::warn!(vnode, error = %e, "cannot mount a vNode for a launcher");
+                let _ = reply(&mut s, -(e.code.errno() as i64), 0, 0);
+                return;
+            }
+        };
+        if reply_bytes(&mut s, &dir).is_err() {
+            return;
+        }
+        loop {
+            let mut req = ShimReq::default();
+            if s.read_exact(req.as_mut_bytes()).is_err() {
+                return;
+            }
+            let sent = match Op::from_u32(req.op) {
+                Some(Op::RunStats) => match self.runs.lock().unwrap().get(&req.a).cloned() {
+                    Some((uid, run)) if uid == peer.uid || peer.uid == 0 => reply_bytes(&mut s, run.json().to_string().as_bytes()),
+                    // Another user's run is as unknown as one that never was.
+                    _ => reply(&mut s, -(libc::ENOENT as i64), 0, 0),
+                },
+                _ => {
+                    tracing::warn!(op = req.op, os_pid = peer.pid, "a launcher asked for something launchers do not ask");
+                    reply(&mut s, -(libc::ENOSYS as i64), 0, 0)
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
-    fn admit(&self, h: &Hello, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
+    /// The process is the peer's, whatever the hello says.
+    fn admit(&self, h: &Hello, peer: &PeerCred, vnode: String, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
+        // Kept to signal the process, so that a pid reused after it ended is never hit.
+        // SAFETY: pidfd_open takes no pointers; its result is checked before it is owned.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, peer.pid, 0) } as i32;
+        if pidfd < 0 {
+            return Err(ERR::new(ErrCode::Internal, format!("cannot open program {}: {}", peer.pid, std::io::Error::last_os_error())));
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
         // Before anything exists for it: a program whose writes cannot be tracked is refused.
         let tracker = match self.cfg.dirty_tracking {
             DirtyTracking::Fault => None,
-            DirtyTracking::Scan => Some(Tracker::open(h.os_pid as i32, h.region_base).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot track the writes of program {}: {e}", h.os_pid)))?),
+            DirtyTracking::Scan => Some(Tracker::open(peer.pid, h.region_base).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot track the writes of program {}: {e}", peer.pid)))?),
         };
-        let vnode_len = h.vnode.iter().position(|b| *b == 0).unwrap_or(h.vnode.len());
-        let vnode = String::from_utf8_lossy(&h.vnode[..vnode_len]).to_string();
         let (pid, child) = if h.fork_token != 0 {
-            let c = self.pending.lock().unwrap().remove(&h.fork_token);
-            let c = c.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token)))?;
-            (h.fork_token, c)
+            let mut pending = self.pending.lock().unwrap();
+            match pending.remove(&h.fork_token) {
+                Some(c) if c.uid == peer.uid => (h.fork_token, c),
+                Some(c) => {
+                    pending.insert(h.fork_token, c);
+                    return Err(ERR::new(ErrCode::Denied, "a forked child is its parent's user's"));
+                }
+                None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token))),
+            }
         } else {
+            let run = self.run_stats(h.run_id, peer.uid).ok_or_else(|| ERR::new(ErrCode::Denied, format!("run {} is another user's", h.run_id)))?;
             let pid = super::new_pid();
             let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
             let who = Who { vnode, pid };
             self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size })?;
-            let run = self.run_stats(h.run_id);
-            (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new() })
+            (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid })
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -170,7 +272,7 @@ impl Pcomp {
         let tenant = Tenant::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
         let heap = h.region_base..h.region_base.saturating_add(h.region_size);
-        let p = Arc::new(Proc { pid, os_pid: h.os_pid as i32, space: child.space, tenant, uffd, stop, reuse, heap });
+        let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd, space: child.space, tenant, uffd, stop, reuse, heap });
         p.tenant.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
         self.store.attach(pid, p.space.clone());
@@ -179,7 +281,7 @@ impl Pcomp {
         for v in &child.vmas {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
-        tracing::info!(pid, os_pid = h.os_pid, vnode = %p.space.who.vnode, home = p.space.home.id, forked = h.fork_token != 0, "process started");
+        tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.space.who.vnode, home = p.space.home.id, forked = h.fork_token != 0, "process started");
         Ok((p, child.vmas))
     }
 
@@ -342,8 +444,8 @@ impl Pcomp {
                 }
                 Ok((0, 0))
             }
-            None => {
-                tracing::warn!(pid = p.pid, op = r.op, "unknown shim request");
+            Some(Op::RunStats) | None => {
+                tracing::warn!(pid = p.pid, op = r.op, "a request programs do not make");
                 Err(libc::ENOSYS as i64)
             }
         }
@@ -363,7 +465,7 @@ impl Pcomp {
         let space = Arc::new(Space::new(Who { vnode: p.space.who.vnode.clone(), pid: child }, p.space.home.clone()));
         space.learn_owners(&forked.owners);
         let materialized = self.miss.materialized_of(p.pid);
-        self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized });
+        self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid });
         Ok(child)
     }
 }

@@ -9,6 +9,12 @@
 //!
 //! A name removed while a program still has the file open keeps its inode (detached at the
 //! sComponent) until the last close here, as POSIX wants.
+//!
+//! Every user may reach the mount (allow_other), and the kernel checks each access against
+//! the files' owners and modes (default_permissions), which the sComponent keeps as programs
+//! set them. The top directory is the vNode's door: it shows root as owner, mode
+//! [`TOP_MODE`], and the vNode's grants as its POSIX ACL, so only the users the admin granted
+//! the vNode get past it.
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -17,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use serde_bytes::ByteBuf;
 use splitos_rpc::Request as RpcRequest;
@@ -25,6 +31,7 @@ use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, 
 use splitos_rpc::{P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC, P2M_FILE_WRITE};
 use splitos_rpc::{P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS, P2S_UNLINK, X2S_GETATTR, X2S_SYNC};
 
+use super::grants::{Grant, Grants, TOP_MODE};
 use crate::node::Node;
 
 /// How long the kernel may trust a name or attributes without asking again.
@@ -56,8 +63,12 @@ struct State {
 pub struct VnodeFs {
     vnode: String,
     node: Arc<Node>,
+    /// Who besides root may enter (none: root alone).
+    grant: Option<Grant>,
     st: Mutex<State>,
 }
+
+const ACL_ACCESS: &str = "system.posix_acl_access";
 
 fn errno_of(e: &RpcError) -> Errno {
     Errno::from_i32(e.code().errno())
@@ -118,12 +129,13 @@ fn join(parent: &str, name: &OsStr) -> R<String> {
 }
 
 impl VnodeFs {
-    pub fn new(vnode: String, node: Arc<Node>) -> VnodeFs {
+    pub fn new(vnode: String, node: Arc<Node>, grant: Option<Grant>) -> VnodeFs {
         let mut paths = HashMap::new();
         paths.insert(ROOT, "/".to_string());
         VnodeFs {
             vnode,
             node,
+            grant,
             st: Mutex::new(State { scomp: None, paths, lookups: HashMap::new(), caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }),
         }
     }
@@ -199,6 +211,16 @@ impl VnodeFs {
 
     fn path(&self, ino: u64) -> R<String> {
         self.st.lock().unwrap().paths.get(&ino).cloned().ok_or(Errno::ESTALE)
+    }
+
+    /// Attributes as the kernel sees them: the top directory is the vNode's door (see the
+    /// module's comment), whatever the sComponent records for it.
+    fn attr(&self, a: &FileAttr) -> fuser::FileAttr {
+        let mut f = fuse_attr(a);
+        if a.ino == ROOT {
+            (f.uid, f.gid, f.perm) = (0, 0, (if self.grant.is_some() { TOP_MODE } else { TOP_MODE & !0o070 }) as u16);
+        }
+        f
     }
 
     /// Attributes with the size and mtime the buffer cache knows, for files it holds.
@@ -299,12 +321,15 @@ impl Filesystem for VnodeFs {
         let _ = config.set_max_write(MAX_WRITE);
         // Reading mmaps of direct-I/O files (Linux 6.6 and later; older kernels refuse mmap).
         let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        // The top directory's ACL is the vNode's door: a kernel that would not enforce it gets
+        // no mount rather than one anyone may enter.
+        config.add_capabilities(InitFlags::FUSE_POSIX_ACL).map_err(|_| std::io::Error::other("this kernel's FUSE has no POSIX ACLs, which guard a vNode's files"))?;
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.path(parent.0).and_then(|p| join(&p, name)).and_then(|p| self.lookup_path(p)) {
-            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -322,7 +347,7 @@ impl Filesystem for VnodeFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.s_call(X2S_GETATTR { vnode: self.vnode.clone(), ino: ino.0 }).and_then(|m| self.complete(m.attr)) {
-            Ok(a) => reply.attr(&TTL, &fuse_attr(&a)),
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(e),
         }
     }
@@ -351,9 +376,13 @@ impl Filesystem for VnodeFs {
                 TimeOrNow::Now => to_ns(SystemTime::now()),
             })
         };
+        if ino.0 == ROOT && (mode.is_some() || uid.is_some() || gid.is_some()) {
+            // The top directory's owner and mode are the vNode's grants, not a program's to change.
+            return reply.error(Errno::EPERM);
+        }
         let set = SetAttr { perm: mode.map(|m| m & 0o7777), uid, gid, atime_ns: t(atime), mtime_ns: t(mtime) };
         match self.do_setattr(ino.0, size, set) {
-            Ok(a) => reply.attr(&TTL, &fuse_attr(&a)),
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(e),
         }
     }
@@ -370,14 +399,14 @@ impl Filesystem for VnodeFs {
             return reply.error(Errno::EPERM);
         }
         match self.create_node(req, parent, name, FileKind::File, mode & !umask, true, None) {
-            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         match self.create_node(req, parent, name, FileKind::Dir, mode & !umask, true, None) {
-            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -385,7 +414,7 @@ impl Filesystem for VnodeFs {
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let Some(t) = target.to_str() else { return reply.error(Errno::EINVAL) };
         match self.create_node(req, parent, link_name, FileKind::Symlink, 0o777, true, Some(t.to_string())) {
-            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -454,7 +483,7 @@ impl Filesystem for VnodeFs {
             Ok(a)
         });
         match r {
-            Ok(a) => reply.entry(&TTL, &fuse_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -571,11 +600,49 @@ impl Filesystem for VnodeFs {
         reply.ok();
     }
 
+    /// The one extended attribute there is: the top directory's ACL, made from the grants.
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match &self.grant {
+            Some(g) if ino.0 == ROOT && name == ACL_ACCESS => {
+                let acl = g.acl();
+                if size == 0 {
+                    reply.size(acl.len() as u32)
+                } else if (size as usize) < acl.len() {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&acl)
+                }
+            }
+            _ => reply.error(Errno::ENODATA),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = if ino.0 == ROOT && self.grant.is_some() { format!("{ACL_ACCESS}\0").into_bytes() } else { Vec::new() };
+        if size == 0 {
+            reply.size(names.len() as u32)
+        } else if (size as usize) < names.len() {
+            reply.error(Errno::ERANGE)
+        } else {
+            reply.data(&names)
+        }
+    }
+
+    /// The sComponent keeps no extended attributes (as before POSIX ACLs were on: the kernel
+    /// answers programs EOPNOTSUPP either way).
+    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         match self.create_node(req, parent, name, FileKind::File, mode & !umask, flags & libc::O_EXCL != 0, None) {
             Ok(a) => {
                 let fh = self.open_fh(a.ino);
-                reply.created(&TTL, &fuse_attr(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+                reply.created(&TTL, &self.attr(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
             }
             Err(e) => reply.error(e),
         }
@@ -586,7 +653,16 @@ impl Filesystem for VnodeFs {
 pub struct Mounts {
     root: PathBuf,
     node: Arc<Node>,
+    grants: Grants,
     live: Mutex<HashMap<String, (PathBuf, fuser::BackgroundSession)>>,
+}
+
+/// A vNode's name is a directory name under the mount root.
+pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
+    if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
+        return Err(format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"));
+    }
+    Ok(())
 }
 
 /// Detaches whatever is mounted at `dir` (a mount left by a pComponent that was killed).
@@ -612,8 +688,8 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 impl Mounts {
-    pub fn new(root: PathBuf, node: Arc<Node>) -> Mounts {
-        Mounts { root, node, live: Mutex::new(HashMap::new()) }
+    pub fn new(root: PathBuf, node: Arc<Node>, grants: Grants) -> Mounts {
+        Mounts { root, node, grants, live: Mutex::new(HashMap::new()) }
     }
 
     /// Mounts the vNode's file system (once) and returns its mount point.
@@ -622,19 +698,16 @@ impl Mounts {
         if let Some((dir, _)) = live.get(vnode) {
             return Ok(dir.clone());
         }
-        if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
-            return Err(ERR::new(ErrCode::Invalid, format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')")));
-        }
-        let fs = VnodeFs::new(vnode.to_string(), self.node.clone());
+        check_vnode_name(vnode).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+        let fs = VnodeFs::new(vnode.to_string(), self.node.clone(), self.grants.of(vnode).cloned());
         fs.storage().map_err(|_| ERR::new(ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
         let dir = self.root.join(vnode);
         unmount(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
         let mut cfg = fuser::Config::default();
         cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions];
-        // Only the pComponent's user (root, who alone runs programs) may enter the mount, even
-        // if a directory above it is opened up by mistake.
-        cfg.acl = fuser::SessionACL::Owner;
+        // Every user reaches the mount; its top directory lets in only the vNode's (see above).
+        cfg.acl = fuser::SessionACL::All;
         cfg.n_threads = Some(2);
         let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display())))?;
         tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
