@@ -74,12 +74,15 @@ impl TransportArgs {
 enum Cmd {
     /// Run a program with its heap on mComponents.
     ///
-    /// Finds the cluster in this order: --gm, $SPLITOS_GM, the cluster started by
-    /// `splitos cluster up` (its state file), else starts an embedded cluster (global managers,
-    /// one pComponent, two mComponents, each its own process on loopback) for the duration of
-    /// the program. A cluster named or started that cannot be reached is an error, never a
-    /// reason to run on another; --embedded always runs on an embedded one. The program's
-    /// stdout, stderr and exit status are its own.
+    /// Finds the cluster in this order: --pcomponent, --gm, $SPLITOS_GM, $SPLITOS_PCOMPONENT,
+    /// the cluster started by `splitos cluster up` (its state file); for a user other than
+    /// root, the host's cluster (the program sockets in its state directory, /run/splitos or
+    /// $SPLITOS_STATE_DIR), on a vNode the admin granted that user; for root, else an embedded
+    /// cluster (global managers, one pComponent, two mComponents, each its own process on
+    /// loopback) for the duration of the program. A cluster named or started that cannot be
+    /// reached is an error, never a reason to run on another; --embedded always runs on an
+    /// embedded one. The program runs as the user who runs this; its stdout, stderr and exit
+    /// status are its own.
     #[command(trailing_var_arg = true)]
     Run {
         // The embedded cluster's options are `None` unless given, so that `run` can tell a

@@ -303,8 +303,8 @@ fn unreachable_cluster_and_bad_config_are_named() {
 fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
     let c = TestCluster::up(None);
     assert!(c.run(&[], &["true"]).status.success());
-    // The state directory and the logs are root's (the admin's) alone, also when the
-    // directory existed open to all.
+    // The state directory is root's (the admin's) to list and its files root's alone, also
+    // when the directory existed open to all; others pass through to the program sockets.
     use std::os::unix::fs::PermissionsExt;
     let open = c.dir.path().join("open");
     std::fs::create_dir(&open).unwrap();
@@ -312,8 +312,11 @@ fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
     let up = std::process::Command::new(splitos()).args(["cluster", "up"]).env("SPLITOS_STATE_DIR", &open).env("SPLITOS_DATA_DIR", c.dir.path().join("open-data")).output().unwrap();
     let down = std::process::Command::new(splitos()).args(["cluster", "down"]).env("SPLITOS_STATE_DIR", &open).output().unwrap();
     assert!(up.status.success() && down.status.success(), "{} {}", text(&up.stderr), text(&down.stderr));
-    assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o700);
-    assert_eq!(std::fs::metadata(open.join("gm.log")).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o711);
+    for f in ["gm.log", "gm.ready", "admin.cred", "authority.key"] {
+        assert_eq!(std::fs::metadata(open.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
+    }
+    assert_eq!(std::fs::metadata(open.join("programs")).unwrap().permissions().mode() & 0o777, 0o755);
     for pid in c.state_pids() {
         c.kill_component(pid);
     }

@@ -177,9 +177,9 @@ try:
 except PermissionError:
     print("denied")
 "#;
-    assert_eq!(as_nobody(probe, &[&dir]), "denied", "the state directory keeps others out");
-    // Even with every directory above the mount opened up by mistake, the mount itself is
-    // the pComponent's user's alone.
+    assert_eq!(as_nobody(probe, &[&dir]), "denied", "a vNode granted to no one is root's alone");
+    // Even with every directory above the mount opened up by mistake, the mount's top
+    // directory keeps others out.
     use std::os::unix::fs::PermissionsExt;
     let mut p = std::path::PathBuf::from(&dir);
     while p.pop() && p.starts_with(c.dir.path()) {
@@ -188,4 +188,111 @@ except PermissionError:
     assert_eq!(as_nobody(probe, &[&dir]), "denied", "the mount keeps others out");
     let out = c.run(&[], &["bash", "-c", "cat \"$SPLITOS_VNODE_DIR/f\""]);
     assert_eq!(text(&out.stdout), "secret\n", "root's programs still read it: {}", text(&out.stderr));
+}
+
+/// Runs `args` as the user `uid` (with its own group and no other), with `env`.
+fn as_user(uid: u32, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    Command::new("setpriv").args([u.as_str(), g.as_str(), "--clear-groups"]).args(args).envs(env.iter().copied()).output().unwrap()
+}
+
+/// Allocates, writes a file where it is told, and says who it is: the same as a native run
+/// when it runs as that user.
+const USER_PROGRAM: &str = r#"
+import os
+d = os.environ["SPLITOS_VNODE_DIR"]
+x = [i * i for i in range(400000)]
+p = os.path.join(d, "mine.txt")
+with open(p, "w") as f:
+    f.write("written by %d\n" % os.getuid())
+st = os.stat(p)
+print(os.getuid(), os.getgid(), sum(x), open(p).read().strip(), st.st_uid, st.st_gid, oct(st.st_mode & 0o777))
+"#;
+
+#[test]
+fn users_run_programs_on_the_vnodes_granted_to_them() {
+    let (alice, bob, carol) = (60001u32, 60002u32, 60003u32);
+    let c = TestCluster::up(Some(&format!(
+        "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[scomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n[[vnode]]\nname = \"other\"\ngroups = [\"{bob}\"]\n"
+    )));
+    let sock = c.dir.path().join("programs/proc0.sock");
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let state = c.dir.path().to_str().unwrap().to_string();
+    let env = [("SPLITOS_STATE_DIR", state.as_str())];
+    // The system's python3: the test's own may be in a directory only root enters.
+    let py = "/usr/bin/python3".to_string();
+
+    // Alice runs python3 as herself on her vNode, found through the host's program socket,
+    // and it prints what it prints natively as her.
+    let native_dir = c.dir.path().join("native");
+    std::fs::create_dir(&native_dir).unwrap();
+    std::os::unix::fs::chown(&native_dir, Some(alice), Some(alice)).unwrap();
+    let native = as_user(alice, &[&py, "-c", USER_PROGRAM], &[("SPLITOS_VNODE_DIR", native_dir.to_str().unwrap())]);
+    assert!(native.status.success(), "{}", text(&native.stderr));
+    let stats = c.dir.path().join("alice-stats.json");
+    std::fs::write(&stats, "").unwrap();
+    std::os::unix::fs::chown(&stats, Some(alice), Some(alice)).unwrap();
+    let flushes_before = c.components("mcomponent")[0]["stats"]["flushes"].as_u64().unwrap();
+    let out = as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--stats-json", stats.to_str().unwrap(), "--", &py, "-c", USER_PROGRAM], &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&native.stdout), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with(&format!("{alice} {alice} ")), "{}", text(&out.stdout));
+    // Its heap lived behind the ExCache: the pComponent's counters for the run, and the
+    // mComponent's own.
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(n(&s, "processes") == 1 && n(&s, "misses") > 0 && n(&s, "flushes") > 0, "{s}");
+    assert!(c.components("mcomponent")[0]["stats"]["flushes"].as_u64().unwrap() > flushes_before);
+    // Her file is hers on the vNode.
+    use std::os::unix::fs::MetadataExt;
+    let mine = c.dir.path().join("vnodes/lab/mine.txt");
+    assert_eq!((std::fs::metadata(&mine).unwrap().uid(), std::fs::metadata(&mine).unwrap().gid()), (alice, alice));
+
+    // Bob, granted another vNode, is refused hers, and the refusal is counted.
+    let refused_before = c.metric(&p, "pcomp_program_connections_refused_total");
+    let out = as_user(bob, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", &py, "-c", "print(1)"], &env);
+    assert!(!out.status.success() && text(&out.stdout).is_empty());
+    assert!(text(&out.stderr).contains("vNode \"lab\" is not granted to this user (uid 60002)"), "{}", text(&out.stderr));
+    // Nor can his program name her vNode in its hello, or reach her files: not by the mount,
+    // not through /proc of her program or of the pComponent.
+    let mut hers = Command::new("setpriv")
+        .args([&format!("--reuid={alice}"), &format!("--regid={alice}"), "--clear-groups"])
+        .arg(splitos())
+        .args(["run", "--vnode", "lab", "--", "bash", "-c", "cd \"$SPLITOS_VNODE_DIR\" && echo ready && (read || true)"])
+        .env("SPLITOS_STATE_DIR", &state)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(read_line(&mut hers), "ready\n");
+    let her_bash = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|d| d.ends_with("vnodes/lab")))
+        .expect("her program runs in her vNode");
+    let pcomp_pid = c.pid_of_addr(&p);
+    let probe = format!(
+        "for f in \"$SPLITOS_VNODE_DIR/../lab/mine.txt\" /proc/{her_bash}/cwd/mine.txt /proc/{pcomp_pid}/root{}/vnodes/lab/mine.txt; do cat \"$f\" 2>/dev/null && echo LEAKED; done; echo probed; SPLITOS_VNODE=lab {py} -c 'print(\"LEAKED\")'",
+        c.dir.path().display()
+    );
+    let out = as_user(bob, &[splitos().to_str().unwrap(), "run", "--vnode", "other", "--", "bash", "-c", &probe], &env);
+    assert_eq!(text(&out.stdout), "probed\n", "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("vNode lab is not granted to this user"), "{}", text(&out.stderr));
+    drop(hers.stdin.take());
+    assert!(hers.wait().unwrap().success());
+    // Carol, granted nothing, gets nothing: not even the descriptors a program gets, nor a
+    // look at the cluster's state.
+    for f in ["cluster.json", "proc0.log", "proc0.ready", "data/storage/namespace.redb"] {
+        let out = as_user(carol, &["cat", c.dir.path().join(f).to_str().unwrap()], &[]);
+        assert!(!out.status.success() && out.stdout.is_empty(), "{f} is root's");
+    }
+    let out = as_user(carol, &["ls", c.dir.path().to_str().unwrap()], &[]);
+    assert!(!out.status.success(), "the state directory cannot be listed");
+    let out = as_user(carol, &[splitos().to_str().unwrap(), "run", "--pcomponent", sock.to_str().unwrap(), "--", &py, "-c", "print(1)"], &[]);
+    assert!(text(&out.stderr).contains("grants no vNode to this user (uid 60003)"), "{}", text(&out.stderr));
+    assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= refused_before + 3.0);
+    // Root, the admin, still runs on any vNode.
+    let out = c.run(&["--vnode", "lab"], &["bash", "-c", "cat \"$SPLITOS_VNODE_DIR/mine.txt\""]);
+    assert_eq!(text(&out.stdout), format!("written by {alice}\n"), "{}", text(&out.stderr));
 }

@@ -247,7 +247,10 @@ fn netns() -> String {
         .unwrap_or_else(|| "0".into())
 }
 
-/// The rendezvous directory, made if missing; refused unless it is this user's alone.
+/// The rendezvous directory, made if missing; refused unless others can neither list it nor
+/// make names in it. They may pass through it (`0711`, a cluster's state directory that is
+/// also the rendezvous directory lets users reach their program sockets): the sockets are
+/// this user's alone.
 fn private_dir(dir: &Path) -> io::Result<()> {
     match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
         Ok(()) => {}
@@ -257,10 +260,10 @@ fn private_dir(dir: &Path) -> io::Result<()> {
     let m = std::fs::symlink_metadata(dir)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o077 != 0 {
+    if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o066 != 0 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("shared-memory directory {} must be a directory of uid {me} with mode 0700 (it is uid {}, mode {:o})", dir.display(), m.uid(), m.permissions().mode() & 0o7777),
+            format!("shared-memory directory {} must be a directory of uid {me} with mode 0700 or 0711 (it is uid {}, mode {:o})", dir.display(), m.uid(), m.permissions().mode() & 0o7777),
         ));
     }
     Ok(())

@@ -285,6 +285,10 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64
         _ => shim.display().to_string(),
     };
     let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode)?;
+    let pcomp_name = match &gm {
+        Some((_, pcomp)) => format!("pComponent {} at {}", pcomp.id, pcomp.addr),
+        None => format!("the pComponent at {}", sock.display()),
+    };
     let run_id = (std::process::id() as u64) << 32 | rand_bits();
     let t0 = Instant::now();
     let mut cmd = Command::new(path);
@@ -313,7 +317,7 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64
     }
     let (stop, stopper) = std::os::unix::net::UnixStream::pair()?;
     let (st, lost) = std::thread::scope(|scope| -> anyhow::Result<_> {
-        let watcher = scope.spawn(|| watch_pcomponent(&launcher, &sock, &stop, run_id));
+        let watcher = scope.spawn(|| watch_pcomponent(&launcher, &pcomp_name, &stop, run_id));
         let st = child.wait();
         // Wakes the watcher; if the write failed it would wait for ever, so it is checked.
         (&stopper).write_all(b"x")?;
@@ -427,12 +431,11 @@ fn processes_of_run(run_id: u64) -> Vec<i32> {
 /// The program's heap is served by its pComponent: if that component goes away, the
 /// program's faults can never be served. Stops every process of the run with a message naming
 /// the component instead of leaving them hung, and says why; `None` once `stop` is written.
-fn watch_pcomponent(l: &Launcher, sock: &Path, stop: &std::os::unix::net::UnixStream, run_id: u64) -> Option<String> {
+fn watch_pcomponent(l: &Launcher, pcomp: &str, stop: &std::os::unix::net::UnixStream, run_id: u64) -> Option<String> {
     if !l.wait_lost(stop) {
         return None;
     }
-    let why = format!("the pComponent at {} went away; its programs' memory cannot be served, so they were stopped", sock.display());
-    eprintln!("splitos: {why}");
+    let why = format!("{pcomp} went away; its programs' memory cannot be served, so they were stopped");
     for pid in processes_of_run(run_id) {
         // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
         if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {

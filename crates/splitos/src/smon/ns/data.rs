@@ -4,7 +4,7 @@
 //! disk or quota fails the request that needs the space with ENOSPC rather than a later write.
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 
 use splitos_rpc::{FileKind, MAX_FILE_SIZE};
@@ -51,7 +51,7 @@ impl Store {
             }
             let p = self.data_path(vkey, ino);
             std::fs::create_dir_all(p.parent().expect("data dir")).map_err(io_errno)?;
-            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(io_errno)?;
+            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&p).map_err(io_errno)?;
             files.insert(key.clone(), file);
         }
         f(&files[&key]).map_err(io_errno)
