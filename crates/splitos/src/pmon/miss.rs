@@ -512,7 +512,7 @@ impl MissPath {
         // Memory filled downwards (GNU sort's line table grows from the end of its buffer) finds
         // the line above already touched: the window then runs downwards, so that such a
         // program too traps once per window instead of once per page.
-        let up = writable(vpn + 1) && !(huge && (vpn + 1) % EXTENT == 0) && fresh(g, vpn + 1);
+        let up = writable(vpn + 1) && !(huge && (vpn + 1).is_multiple_of(EXTENT)) && fresh(g, vpn + 1);
         let candidates: Vec<u64> = if up {
             (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v) && !(huge && v % EXTENT == 0)).collect()
         } else {
