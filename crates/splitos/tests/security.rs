@@ -242,7 +242,10 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(n(&s, "processes") == 1 && n(&s, "misses") > 0 && n(&s, "flushes") > 0, "{s}");
     assert!(c.components("mcomponent")[0]["stats"]["flushes"].as_u64().unwrap() > flushes_before);
-    // Her file is hers on the vNode.
+    // Her file is hers on the vNode, where set-user-ID bits and devices grant nothing.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let lab = mountinfo.lines().find(|l| l.contains(&format!("{state}/vnodes/lab "))).expect("lab is mounted");
+    assert!(lab.contains("nosuid") && lab.contains("nodev"), "{lab}");
     use std::os::unix::fs::MetadataExt;
     let mine = c.dir.path().join("vnodes/lab/mine.txt");
     assert_eq!((std::fs::metadata(&mine).unwrap().uid(), std::fs::metadata(&mine).unwrap().gid()), (alice, alice));
@@ -281,6 +284,10 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     assert!(text(&out.stderr).contains("vNode lab is not granted to this user"), "{}", text(&out.stderr));
     drop(hers.stdin.take());
     assert!(hers.wait().unwrap().success());
+    // A connection of hers that never says hello is closed by the pComponent, not kept.
+    let silent = "import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.settimeout(30)\nt = time.time()\nwhile s.recv(4096): pass\nprint('closed' if time.time() - t < 25 else 'kept')";
+    let out = as_user(alice, &[&py, "-c", silent, sock.to_str().unwrap()], &[]);
+    assert_eq!(text(&out.stdout), "closed\n", "{}", text(&out.stderr));
     // Carol, granted nothing, gets nothing: not even the descriptors a program gets, nor a
     // look at the cluster's state.
     for f in ["cluster.json", "proc0.log", "proc0.ready", "data/storage/namespace.redb"] {

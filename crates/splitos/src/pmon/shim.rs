@@ -52,6 +52,9 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a connection may take to say hello after its welcome.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Receives a hello and the descriptors that come with it.
 fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, Vec<OwnedFd>)> {
     let mut hello = Hello::new_zeroed();
@@ -116,7 +119,11 @@ impl Pcomp {
         }
         // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
         let _ = self.welcome(&mut s);
-        let (hello, fds) = match recv_hello(&s) {
+        // A shim says hello at once; a connection that never does must not hold a thread.
+        let _ = s.set_read_timeout(Some(HELLO_TIMEOUT));
+        let hello = recv_hello(&s);
+        let _ = s.set_read_timeout(None);
+        let (hello, fds) = match hello {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(error = %e, "refused a malformed hello from a program");

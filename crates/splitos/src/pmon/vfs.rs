@@ -705,7 +705,8 @@ impl Mounts {
         unmount(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
         let mut cfg = fuser::Config::default();
-        cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions];
+        // Users share the mount: a set-user-ID file or a device node there must grant nothing.
+        cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions, MountOption::NoSuid, MountOption::NoDev];
         // Every user reaches the mount; its top directory lets in only the vNode's (see above).
         cfg.acl = fuser::SessionACL::All;
         cfg.n_threads = Some(2);
