@@ -115,7 +115,7 @@ pub fn random_u64() -> u64 {
 }
 
 /// Writes `bytes` to a new file only its owner may read (`0600`), replacing `path` at once.
-fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);

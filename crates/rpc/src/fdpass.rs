@@ -1,5 +1,6 @@
 //! Passing descriptors over a Unix socket (SCM_RIGHTS): a program's shim hands the pComponent
-//! its userfaultfd and heap memfd, a shared-memory transport hands a peer its channel.
+//! its userfaultfd and heap memfd, a shared-memory transport hands a peer its channel. And who
+//! is at the other end of one (SO_PEERCRED, SO_PEERGROUPS).
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -78,4 +79,37 @@ pub fn recv_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("expected {} bytes with descriptors, got {n}", buf.len())));
     }
     Ok(fds)
+}
+
+/// The process at the other end of a Unix socket, as the kernel recorded it when it connected
+/// (`SO_PEERCRED`): pid, uid, gid.
+pub fn peer_cred(s: &UnixStream) -> io::Result<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into the ucred, which outlives the call.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred)
+}
+
+/// That process's supplementary groups when it connected (`SO_PEERGROUPS`).
+pub fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
+    let size = std::mem::size_of::<libc::gid_t>();
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * size) as libc::socklen_t;
+        // SAFETY: SO_PEERGROUPS writes at most `len` bytes into the vector's buffer; on ERANGE
+        // it writes none and says how many are needed.
+        let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr() as *mut libc::c_void, &mut len) };
+        let e = io::Error::last_os_error();
+        if r == 0 {
+            groups.truncate(len as usize / size);
+            return Ok(groups);
+        }
+        if e.raw_os_error() != Some(libc::ERANGE) || len as usize <= groups.len() * size {
+            return Err(e);
+        }
+        groups.resize(len as usize / size, 0);
+    }
 }

@@ -170,21 +170,12 @@ impl StopSignals {
 /// Writes the bound address where a parent that started us with `--ready-file` waits for it.
 pub fn announce_ready(ready_file: Option<&std::path::Path>, addr: &str) {
     if let Some(p) = ready_file {
-        if write_private(p, addr.as_bytes()).is_err() {
+        if splitos_rpc::auth::write_private(p, addr.as_bytes()).is_err() {
             tracing::error!(path = %p.display(), "cannot write the ready file");
         }
     }
 }
 
-/// Writes a file of the state directory readable by its owner alone, whole or not at all.
-pub fn write_private(p: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = p.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    std::io::Write::write_all(&mut f, bytes)?;
-    std::fs::rename(&tmp, p)
-}
 
 /// Ends the process shortly after the current reply is on its way.
 pub fn exit_soon() {

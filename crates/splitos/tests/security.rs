@@ -242,6 +242,8 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(n(&s, "processes") == 1 && n(&s, "misses") > 0 && n(&s, "flushes") > 0, "{s}");
     assert!(c.components("mcomponent")[0]["stats"]["flushes"].as_u64().unwrap() > flushes_before);
+    // The pComponent keeps nothing of a run once its launcher is gone.
+    assert!(c.eventually(Duration::from_secs(5), |c| c.components("pcomponent")[0]["stats"]["runs"] == 0), "runs are forgotten");
     // Her file is hers on the vNode, where set-user-ID bits and devices grant nothing.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let lab = mountinfo.lines().find(|l| l.contains(&format!("{state}/vnodes/lab "))).expect("lab is mounted");

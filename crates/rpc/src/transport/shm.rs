@@ -566,12 +566,7 @@ impl Endpoint for ShmListen {
 /// Checks the caller's user and (with credentials) its identity, then makes a sealed channel
 /// and passes it over; returns it with the caller's role.
 fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping, Option<server::Peer>)> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for the kernel to fill for the call.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let cred = crate::fdpass::peer_cred(s)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if cred.uid != me {

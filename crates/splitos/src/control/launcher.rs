@@ -20,9 +20,10 @@ fn uid() -> u32 {
 }
 
 impl Launcher {
-    /// Connects to the program socket at `path` and asks for `vnode`'s mount point (`None`:
-    /// the cluster has no file system for it).
-    pub fn connect(path: &Path, vnode: &str) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
+    /// Connects to the program socket at `path` for run `run_id` and asks for `vnode`'s mount
+    /// point (`None`: the cluster has no file system for it). The pComponent forgets the run's
+    /// counters when this connection ends.
+    pub fn connect(path: &Path, vnode: &str, run_id: u64) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
         let sock = UnixStream::connect(path).map_err(|e| anyhow::anyhow!("cannot reach the pComponent's program socket {}: {e}", path.display()))?;
         let mut l = Launcher { sock, path: path.to_path_buf() };
         let mut w = Welcome::new_zeroed();
@@ -37,6 +38,7 @@ impl Launcher {
         let mut hello = Hello::new_zeroed();
         hello.abi = SHIM_ABI_VERSION;
         hello.kind = HELLO_LAUNCHER;
+        hello.run_id = run_id;
         if vnode.len() >= hello.vnode.len() {
             anyhow::bail!("vNode name {vnode:?} is longer than {} bytes", hello.vnode.len() - 1);
         }

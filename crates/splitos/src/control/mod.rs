@@ -28,7 +28,7 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let dir = cluster::state_dir();
     let c = Cluster::start(&cfg, &dir, true)?;
     let state: ClusterState = c.detach();
-    crate::node::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
+    splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
     println!(
         "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}",
         state.gm,

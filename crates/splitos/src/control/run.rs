@@ -284,12 +284,13 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64
         Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode)?;
+    // Random: a run's id is its claim to its counters on the pComponent.
+    let run_id = splitos_rpc::auth::random_u64();
+    let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode, run_id)?;
     let pcomp_name = match &gm {
         Some((_, pcomp)) => format!("pComponent {} at {}", pcomp.id, pcomp.addr),
         None => format!("the pComponent at {}", sock.display()),
     };
-    let run_id = (std::process::id() as u64) << 32 | rand_bits();
     let t0 = Instant::now();
     let mut cmd = Command::new(path);
     cmd.args(&a.program[1..]).env("LD_PRELOAD", preload).env(ENV_SOCK, &sock).env(ENV_RUN_ID, run_id.to_string()).env(ENV_VNODE, &a.vnode);
@@ -446,12 +447,4 @@ fn watch_pcomponent(l: &Launcher, pcomp: &str, stop: &std::os::unix::net::UnixSt
         }
     }
     Some(why)
-}
-
-fn rand_bits() -> u64 {
-    let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    u64::from_le_bytes(b) & 0xffff_ffff
 }

@@ -7,7 +7,6 @@
 //! access ACL ([`Grant::acl`]), which the kernel enforces on every path through it, cached
 //! names included.
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
 /// The credentials of the process at the other end of a Unix socket, as the kernel recorded
@@ -23,29 +22,8 @@ pub struct PeerCred {
 
 impl PeerCred {
     pub fn of(s: &UnixStream) -> std::io::Result<PeerCred> {
-        let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: SO_PEERCRED writes at most `len` bytes into the ucred, which outlives the call.
-        if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut groups = vec![0 as libc::gid_t; 64];
-        loop {
-            let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
-            // SAFETY: SO_PEERGROUPS writes at most `len` bytes into the vector's buffer; on
-            // ERANGE it writes none and says how many are needed.
-            let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr() as *mut libc::c_void, &mut len) };
-            let e = std::io::Error::last_os_error();
-            if r == 0 {
-                groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
-                break;
-            }
-            if e.raw_os_error() != Some(libc::ERANGE) || len as usize <= groups.len() * std::mem::size_of::<libc::gid_t>() {
-                return Err(e);
-            }
-            groups.resize(len as usize / std::mem::size_of::<libc::gid_t>(), 0);
-        }
-        Ok(PeerCred { pid: cred.pid, uid: cred.uid, gid: cred.gid, groups })
+        let c = splitos_rpc::fdpass::peer_cred(s)?;
+        Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid, groups: splitos_rpc::fdpass::peer_groups(s)? })
     }
 }
 

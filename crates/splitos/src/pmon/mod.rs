@@ -140,11 +140,13 @@ pub struct Pcomp {
 }
 
 impl Pcomp {
-    /// The counters of run `run_id`, which becomes `uid`'s; `None` if it is another user's.
+    /// The counters of run `run_id` (its launcher makes it `uid`'s), for a process of `uid`;
+    /// `None` if it is another user's. A run of root's counts any process: root may start
+    /// programs that become another user's (`runuser`).
     fn run_stats(&self, run_id: u64, uid: u32) -> Option<Arc<RunStats>> {
         let mut runs = self.runs.lock().unwrap();
         let (owner, run) = runs.entry(run_id).or_insert_with(|| (uid, Arc::default()));
-        (*owner == uid).then(|| run.clone())
+        (*owner == uid || *owner == 0).then(|| run.clone())
     }
 
     fn load(&self) -> Load {
@@ -190,6 +192,8 @@ impl Pcomp {
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve,
                 },
                 "compressed_tier": tier,
+                // Runs whose launcher is still connected (or whose processes said hello first).
+                "runs": self.runs.lock().unwrap().len(),
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
             })

@@ -143,7 +143,21 @@ impl Pcomp {
         }
         let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
             (HELLO_PROGRAM, Ok([u, m])) => (u, m),
-            (HELLO_LAUNCHER, _) => return self.serve_launcher(s, &peer, &vnode),
+            (HELLO_LAUNCHER, _) => {
+                if self.run_stats(hello.run_id, peer.uid).is_none() {
+                    self.refuse(&peer, &format!("run {} is another user's", hello.run_id));
+                    let _ = reply(&mut s, -(libc::EEXIST as i64), 0, 0);
+                    return;
+                }
+                self.serve_launcher(s, &peer, &vnode);
+                // The run's processes that are still there keep their counters; the
+                // pComponent keeps nothing of a run whose launcher is gone.
+                let mut runs = self.runs.lock().unwrap();
+                if runs.get(&hello.run_id).is_some_and(|(uid, _)| *uid == peer.uid) {
+                    runs.remove(&hello.run_id);
+                }
+                return;
+            }
             (kind, _) => {
                 tracing::warn!(kind, os_pid = peer.pid, "refused a hello that is neither a launcher's nor a program's with exactly a userfaultfd and a memfd");
                 let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
