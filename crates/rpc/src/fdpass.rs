@@ -113,3 +113,16 @@ pub fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
         groups.resize(len as usize / size, 0);
     }
 }
+
+/// A pidfd of that process (`SO_PEERPIDFD`, Linux 6.5): it names the process that connected
+/// even after its pid is reused.
+pub fn peer_pidfd(s: &UnixStream) -> io::Result<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_PEERPIDFD writes one descriptor number into `fd`, which outlives the call.
+    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just installed for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

@@ -305,3 +305,128 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     let out = c.run(&["--vnode", "lab"], &["bash", "-c", "cat \"$SPLITOS_VNODE_DIR/mine.txt\""]);
     assert_eq!(text(&out.stdout), format!("written by {alice}\n"), "{}", text(&out.stderr));
 }
+
+/// A granted user speaking the shim protocol (crates/shim-abi) by hand, as an attacker would:
+/// `ended` (the process that connected ends before a child of it says hello), `misuse` (a
+/// well-formed program whose memory calls overflow, and who asks for more forked children
+/// than a process may have), `flood` (connections that never say hello). Prints what the
+/// pComponent answered.
+const SHIM_CLIENT: &str = r#"
+import array, fcntl, os, socket, struct, sys, time
+sock, what = sys.argv[1], sys.argv[2]
+BASE, SIZE = 0x2000_0000_0000, 256 << 30
+
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock)
+    return s
+
+def welcome(s):
+    msg, anc, _, _ = s.recvmsg(32, socket.CMSG_SPACE(16))
+    fds = array.array("i")
+    for _, _, data in anc:
+        fds.frombytes(data[: len(data) - len(data) % 4])
+    return msg, list(fds)
+
+def exact(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise EOFError
+        b += c
+    return b
+
+def hello(s, fds, run_id):
+    h = struct.pack("<IIQQQQ64s", 3, 0, BASE, SIZE, 0, run_id, b"lab")
+    s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    return struct.unpack("<qQQ", exact(s, 24))
+
+def ask(s, op, a=0, b=0, c=0, d=0, e=0):
+    s.sendall(struct.pack("<IIQQQQQ", op, 0, a, b, c, d, e))
+    return struct.unpack("<qQQ", exact(s, 24))[0]
+
+if what == "ended":
+    # A child connects, hands the connection over and ends; once it is reaped its pid is free
+    # for anyone, and the hello comes from another process.
+    a, b = socket.socketpair()
+    child = os.fork()
+    if child == 0:
+        s = connect()
+        a.sendmsg([b"s"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [s.fileno()]))])
+        os._exit(0)
+    _, anc, _, _ = b.recvmsg(1, socket.CMSG_SPACE(4))
+    s = socket.socket(fileno=array.array("i", anc[0][2][:4])[0])
+    os.waitpid(child, 0)
+    _, fds = welcome(s)
+    memfd = os.memfd_create("h")
+    print("hello", hello(s, [memfd, memfd], 7)[0])
+elif what == "misuse":
+    s = connect()
+    _, fds = welcome(s)
+    uffd = fcntl.ioctl(fds[0], 0xAA00, os.O_CLOEXEC | os.O_NONBLOCK)
+    api = bytearray(struct.pack("<QQQ", 0xAA, (1 << 5) | (1 << 8) | (1 << 12), 0))
+    fcntl.ioctl(uffd, 0xC018AA3F, api)
+    memfd = os.memfd_create("h")
+    os.ftruncate(memfd, SIZE)
+    print("hello", hello(s, [uffd, memfd], 0x5EC0_0001)[0])
+    print("dontneed", ask(s, 4, BASE + 4096, 2**64 - BASE))
+    print("munmap", ask(s, 2, BASE + SIZE - 4096, 8192))
+    forks = [ask(s, 6) for _ in range(66)]
+    print("forks", sum(1 for f in forks if f == 0), "refused", sum(1 for f in forks if f == -11))
+    sys.stdout.flush()
+    time.sleep(float(sys.argv[3]))
+elif what == "flood":
+    socks = [connect() for _ in range(300)]
+    welcomed = 0
+    for s in socks:
+        s.settimeout(5)
+        try:
+            if len(s.recv(32)) == 32:
+                welcomed += 1
+        except OSError:
+            pass
+    print("welcomed", welcomed)
+"#;
+
+#[test]
+fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
+    let alice = 60011u32;
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
+    let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let py = "/usr/bin/python3";
+    let held = |c: &TestCluster| c.components("mcomponent")[0]["stats"]["home_of"].as_u64().unwrap();
+    // A process that connected and ended is no program, whoever has its pid by the hello.
+    let out = as_user(alice, &[py, "-c", SHIM_CLIENT, &sock, "ended"], &[]);
+    assert_eq!(text(&out.stdout), "hello -13\n", "{}", text(&out.stderr));
+    assert!(c.log("proc0").contains("that connected has ended"), "{}", c.log("proc0"));
+    // Memory calls outside the heap region are refused, and forked children beyond a
+    // process's share are EAGAIN, as fork(2) says; the pComponent serves on.
+    let mut misuse = Command::new("setpriv")
+        .args([&format!("--reuid={alice}"), &format!("--regid={alice}"), "--clear-groups", py, "-c", SHIM_CLIENT, &sock, "misuse", "30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(misuse.stdout.take().unwrap()));
+    let mut line = || lines.next().unwrap().unwrap();
+    assert_eq!(line(), "hello 0");
+    assert_eq!(line(), "dontneed -22");
+    assert_eq!(line(), "munmap -22");
+    assert_eq!(line(), "forks 64 refused 2");
+    assert!(held(&c) >= 65, "the process and its 64 children are held at the home");
+    // The launcherless run id left nothing behind.
+    assert_eq!(c.components("pcomponent")[0]["stats"]["runs"], 0);
+    // Connections that never say hello hold few threads, and not for long.
+    let out = as_user(alice, &[py, "-c", SHIM_CLIENT, &sock, "flood"], &[]);
+    assert_eq!(text(&out.stdout), "welcomed 256\n", "{}", text(&out.stderr));
+    assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= 44.0);
+    // Everyone else is served meanwhile.
+    let out = c.run(&["--vnode", "lab"], &["echo", "served"]);
+    assert_eq!(text(&out.stdout), "served\n", "{}", text(&out.stderr));
+    // The children never said hello: given up within the timeout, their copies released.
+    assert!(misuse.wait().unwrap().success());
+    assert!(c.eventually(Duration::from_secs(45), |c| held(&c) == 0), "unclaimed children are reaped: {}", held(&c));
+    assert!(c.metric(&m, "rpc_requests_refused_total") == 0.0);
+}

@@ -7,7 +7,9 @@
 //! access ACL ([`Grant::acl`]), which the kernel enforces on every path through it, cached
 //! names included.
 use std::collections::{BTreeSet, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 
 /// The credentials of the process at the other end of a Unix socket, as the kernel recorded
 /// them when it connected.
@@ -18,12 +20,20 @@ pub struct PeerCred {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
+    /// That process, whatever later has its pid.
+    pub pidfd: Arc<OwnedFd>,
 }
 
 impl PeerCred {
     pub fn of(s: &UnixStream) -> std::io::Result<PeerCred> {
         let c = splitos_rpc::fdpass::peer_cred(s)?;
-        Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid, groups: splitos_rpc::fdpass::peer_groups(s)? })
+        Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid, groups: splitos_rpc::fdpass::peer_groups(s)?, pidfd: Arc::new(splitos_rpc::fdpass::peer_pidfd(s)?) })
+    }
+
+    /// Whether the process that connected still exists (then nothing else has its pid).
+    pub fn alive(&self) -> bool {
+        // SAFETY: signal 0 checks the process and sends nothing; the pidfd outlives the call.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
     }
 }
 
@@ -140,7 +150,8 @@ mod tests {
     use super::*;
 
     fn who(uid: u32, gid: u32, groups: &[u32]) -> PeerCred {
-        PeerCred { pid: 1, uid, gid, groups: groups.to_vec() }
+        let pidfd = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        PeerCred { pid: 1, uid, gid, groups: groups.to_vec(), pidfd }
     }
 
     #[test]

@@ -90,7 +90,9 @@ pub struct Proc {
     /// Its user, as the kernel said when it connected.
     uid: u32,
     /// To signal it (a pid may be reused once it ends).
-    pidfd: OwnedFd,
+    pidfd: Arc<OwnedFd>,
+    /// Its connection, to end it when the process says hello again.
+    conn: std::os::unix::net::UnixStream,
     /// Who it is and where its memory lives (shared with the page store).
     pub space: Arc<Space>,
     /// Its heap as the miss path sees it.
@@ -113,6 +115,9 @@ struct PendingChild {
     materialized: BTreeSet<u64>,
     /// Its parent's user: only that user's process may say hello as the child.
     uid: u32,
+    /// Its parent's process id (0 for a new process), and when it was parked.
+    parent: u64,
+    since: Instant,
 }
 
 /// A new process id: random, so that ids are unique across pComponents and no one guesses
@@ -131,6 +136,8 @@ pub struct Pcomp {
     pending: Mutex<HashMap<u64, PendingChild>>,
     /// Each run's counters, with the user whose processes it has.
     runs: Mutex<HashMap<u64, (u32, Arc<RunStats>)>>,
+    /// Program-socket connections waiting for their hello.
+    waiting: Mutex<shim::Waiting>,
     grants: grants::Grants,
     /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
     uffd_dev: Option<OwnedFd>,
@@ -140,13 +147,17 @@ pub struct Pcomp {
 }
 
 impl Pcomp {
-    /// The counters of run `run_id` (its launcher makes it `uid`'s), for a process of `uid`;
-    /// `None` if it is another user's. A run of root's counts any process: root may start
-    /// programs that become another user's (`runuser`).
-    fn run_stats(&self, run_id: u64, uid: u32) -> Option<Arc<RunStats>> {
-        let mut runs = self.runs.lock().unwrap();
-        let (owner, run) = runs.entry(run_id).or_insert_with(|| (uid, Arc::default()));
-        (*owner == uid || *owner == 0).then(|| run.clone())
+    /// Makes run `run_id` `uid`'s, for its launcher; false if it is another user's.
+    fn claim_run(&self, run_id: u64, uid: u32) -> bool {
+        self.runs.lock().unwrap().entry(run_id).or_insert_with(|| (uid, Arc::default())).0 == uid
+    }
+
+    /// The counters a process of `uid` adds to: its run's, if its launcher is there and the
+    /// run is the same user's or root's (root may start programs that become another user's,
+    /// `runuser`); else counters of its own, which end with it.
+    fn run_stats(&self, run_id: u64, uid: u32) -> Arc<RunStats> {
+        let runs = self.runs.lock().unwrap();
+        runs.get(&run_id).filter(|(owner, _)| *owner == uid || *owner == 0).map(|(_, run)| run.clone()).unwrap_or_default()
     }
 
     fn load(&self) -> Load {
@@ -363,6 +374,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(shim::Waiting::default()),
             grants,
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
@@ -377,6 +389,11 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         let p2 = p.clone();
         std::thread::Builder::new().name("evictor".into()).spawn(move || p2.miss.run_evictor())?;
     }
+    let p2 = p.clone();
+    std::thread::Builder::new().name("fork-reaper".into()).spawn(move || loop {
+        std::thread::sleep(shim::PENDING_TIMEOUT / 3);
+        p2.reap_unclaimed_children();
+    })?;
     shim::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;

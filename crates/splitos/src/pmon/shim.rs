@@ -54,6 +54,49 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
 
 /// How long a connection may take to say hello after its welcome.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Connections of one user (not root) that may wait for their hello at once, and of all
+/// users: each holds a thread. A shim says hello within microseconds of its welcome, so only
+/// a burst of forks comes near.
+const WAITING_PER_USER: usize = 256;
+const WAITING_TOTAL: usize = 1024;
+/// Forked children of one process that may wait for their hello at once (each holds a copy
+/// of the address space at the home), and how long one may take before it is given up.
+const PENDING_PER_PARENT: usize = 64;
+pub(super) const PENDING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The connections waiting for their hello, by user.
+#[derive(Default)]
+pub(super) struct Waiting {
+    total: usize,
+    per_user: std::collections::HashMap<u32, usize>,
+}
+
+/// A connection's place among them, given back when its hello arrived or it gave up.
+struct Wait<'a>(&'a std::sync::Mutex<Waiting>, u32);
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        let mut w = self.0.lock().unwrap();
+        w.total -= 1;
+        if let Some(n) = w.per_user.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                w.per_user.remove(&self.1);
+            }
+        }
+    }
+}
+
+fn wait_for_hello(waiting: &std::sync::Mutex<Waiting>, uid: u32) -> Option<Wait<'_>> {
+    let mut w = waiting.lock().unwrap();
+    let mine = w.per_user.get(&uid).copied().unwrap_or(0);
+    if w.total >= WAITING_TOTAL || (uid != 0 && mine >= WAITING_PER_USER) {
+        return None;
+    }
+    w.total += 1;
+    *w.per_user.entry(uid).or_insert(0) += 1;
+    Some(Wait(waiting, uid))
+}
 
 /// Receives a hello and the descriptors that come with it.
 fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, Vec<OwnedFd>)> {
@@ -117,12 +160,17 @@ impl Pcomp {
             let _ = s.write_all(w.as_bytes());
             return;
         }
+        let Some(wait) = wait_for_hello(&self.waiting, peer.uid) else {
+            self.refuse(&peer, "too many of the user's connections are waiting for their hello");
+            return;
+        };
         // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
         let _ = self.welcome(&mut s);
         // A shim says hello at once; a connection that never does must not hold a thread.
         let _ = s.set_read_timeout(Some(HELLO_TIMEOUT));
         let hello = recv_hello(&s);
         let _ = s.set_read_timeout(None);
+        drop(wait);
         let (hello, fds) = match hello {
             Ok(h) => h,
             Err(e) => {
@@ -144,7 +192,7 @@ impl Pcomp {
         let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
             (HELLO_PROGRAM, Ok([u, m])) => (u, m),
             (HELLO_LAUNCHER, _) => {
-                if self.run_stats(hello.run_id, peer.uid).is_none() {
+                if !self.claim_run(hello.run_id, peer.uid) {
                     self.refuse(&peer, &format!("run {} is another user's", hello.run_id));
                     let _ = reply(&mut s, -(libc::EEXIST as i64), 0, 0);
                     return;
@@ -164,7 +212,7 @@ impl Pcomp {
                 return;
             }
         };
-        let proc_ = match self.admit(&hello, &peer, vnode, uffd_fd, memfd) {
+        let proc_ = match s.try_clone().map_err(|e| ERR::new(ErrCode::Internal, e.to_string())).and_then(|conn| self.admit(&hello, &peer, vnode, uffd_fd, memfd, conn)) {
             Ok((p, vmas)) => {
                 let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
                     && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
@@ -248,20 +296,18 @@ impl Pcomp {
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
     /// The process is the peer's, whatever the hello says.
-    fn admit(&self, h: &Hello, peer: &PeerCred, vnode: String, uffd_fd: OwnedFd, memfd: OwnedFd) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
-        // Kept to signal the process, so that a pid reused after it ended is never hit.
-        // SAFETY: pidfd_open takes no pointers; its result is checked before it is owned.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, peer.pid, 0) } as i32;
-        if pidfd < 0 {
-            return Err(ERR::new(ErrCode::Internal, format!("cannot open program {}: {}", peer.pid, std::io::Error::last_os_error())));
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    fn admit(&self, h: &Hello, peer: &PeerCred, vnode: String, uffd_fd: OwnedFd, memfd: OwnedFd, conn: UnixStream) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
         // Before anything exists for it: a program whose writes cannot be tracked is refused.
         let tracker = match self.cfg.dirty_tracking {
             DirtyTracking::Fault => None,
             DirtyTracking::Scan => Some(Tracker::open(peer.pid, h.region_base).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot track the writes of program {}: {e}", peer.pid)))?),
         };
+        // The pid is the process's only while it lives: one that connected and ended (its
+        // pid perhaps another's now) is no program to serve. Checked after the page tables
+        // above were opened by that pid.
+        if !peer.alive() {
+            return Err(ERR::new(ErrCode::Denied, format!("process {} that connected has ended", peer.pid)));
+        }
         let (pid, child) = if h.fork_token != 0 {
             let mut pending = self.pending.lock().unwrap();
             match pending.remove(&h.fork_token) {
@@ -273,12 +319,12 @@ impl Pcomp {
                 None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token))),
             }
         } else {
-            let run = self.run_stats(h.run_id, peer.uid).ok_or_else(|| ERR::new(ErrCode::Denied, format!("run {} is another user's", h.run_id)))?;
+            let run = self.run_stats(h.run_id, peer.uid);
             let pid = super::new_pid();
             let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
             let who = Who { vnode, pid };
             self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size })?;
-            (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid })
+            (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -293,17 +339,42 @@ impl Pcomp {
         let tenant = Tenant::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
         let heap = h.region_base..h.region_base.saturating_add(h.region_size);
-        let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd, space: child.space, tenant, uffd, stop, reuse, heap });
+        let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd: peer.pidfd.clone(), conn, space: child.space, tenant, uffd, stop, reuse, heap });
         p.tenant.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
         self.store.attach(pid, p.space.clone());
-        self.procs.lock().unwrap().insert(pid, p.clone());
+        let earlier: Vec<Arc<Proc>> = {
+            let mut procs = self.procs.lock().unwrap();
+            procs.insert(pid, p.clone());
+            procs.values().filter(|o| o.pid != pid && o.os_pid == peer.pid).cloned().collect()
+        };
+        // One program per process: a process says hello again after an exec, whose end of
+        // its earlier connection the kernel closed; ending that connection here too (the
+        // process is alive, so it is this one) keeps a process from holding many.
+        for o in earlier {
+            let _ = o.conn.shutdown(std::net::Shutdown::Both);
+        }
         self.miss.add(p.tenant.clone(), child.materialized);
         for v in &child.vmas {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
         tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.space.who.vnode, home = p.space.home.id, forked = h.fork_token != 0, "process started");
         Ok((p, child.vmas))
+    }
+
+    /// Gives up forked children that did not say hello within [`PENDING_TIMEOUT`] (their
+    /// fork failed, or a process asked for children it never made): their homes drop the
+    /// copies of the address space.
+    pub(super) fn reap_unclaimed_children(&self) {
+        let stale: Vec<(u64, PendingChild)> = {
+            let mut pending = self.pending.lock().unwrap();
+            let old: Vec<u64> = pending.iter().filter(|(_, c)| c.since.elapsed() > PENDING_TIMEOUT).map(|(k, _)| *k).collect();
+            old.into_iter().filter_map(|k| pending.remove(&k).map(|c| (k, c))).collect()
+        };
+        for (pid, c) in stale {
+            tracing::warn!(pid, parent = c.parent, "a forked child never said hello; its copy is dropped");
+            let _ = self.node.rpc.call(&c.space.home.addr, P2M_EXIT { who: c.space.who.clone() });
+        }
     }
 
     fn exit_process(&self, p: &Arc<Proc>) {
@@ -351,6 +422,20 @@ impl Pcomp {
     }
 
     fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
+        // The shim sends only ranges in the heap region; anything else (an end past the end of
+        // the address space included) is refused before it reaches the miss path.
+        let within = |a: u64, len: u64| a >= p.heap.start && a.checked_add(len).is_some_and(|e| e <= p.heap.end);
+        let valid = match Op::from_u32(r.op) {
+            Some(Op::Munmap) => r.b > 0 && within(r.a, r.b),
+            Some(Op::Mprotect | Op::Dontneed) => within(r.a, r.b),
+            Some(Op::Mmap) => r.b > 0 && (r.d & MMAP_FIXED == 0 || within(r.a, r.b)),
+            Some(Op::Mremap) => r.b > 0 && r.c > 0 && within(r.a, r.b) && (r.d & MREMAP_FIXED == 0 || within(r.e, r.c)),
+            _ => true,
+        };
+        if !valid {
+            tracing::warn!(pid = p.pid, op = r.op, addr = r.a, len = r.b, "refused a memory call outside the heap region");
+            return Err(libc::EINVAL as i64);
+        }
         let who = p.space.who.clone();
         let t = &p.tenant;
         let pages = |a: u64, len: u64| (a / PAGE, (a + len).div_ceil(PAGE));
@@ -475,6 +560,10 @@ impl Pcomp {
     /// Writes back the parent's dirty lines, has the home copy the address space for the
     /// child, and parks the child's state until its hello.
     fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
+        if self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
+            // As fork(2) says when a process may not have more.
+            return Err(libc::EAGAIN as i64);
+        }
         // The child's layout is the home's: it must not map what the parent unmapped.
         self.release_kept(p, 0, u64::MAX)?;
         self.miss.write_back_range(&p.tenant, 0, u64::MAX / PAGE).map_err(|e| {
@@ -486,7 +575,7 @@ impl Pcomp {
         let space = Arc::new(Space::new(Who { vnode: p.space.who.vnode.clone(), pid: child }, p.space.home.clone()));
         space.learn_owners(&forked.owners);
         let materialized = self.miss.materialized_of(p.pid);
-        self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid });
+        self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
         Ok(child)
     }
 }

@@ -259,6 +259,31 @@ impl VnodeFs {
         Ok(a)
     }
 
+    /// An existing file that a create without O_EXCL opens: checked as the kernel checks an
+    /// open (owner, group, other; root passes) and truncated for O_TRUNC. The request names
+    /// only the caller's primary group, so a file open to a supplementary group alone is
+    /// refused here, never opened wrongly.
+    fn open_existing(&self, req: &Request, parent: INodeNo, name: &OsStr, flags: i32) -> R<FileAttr> {
+        let a = self.lookup_path(join(&self.path(parent.0)?, name)?)?;
+        if a.kind == FileKind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let want = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => 4,
+            libc::O_WRONLY => 2,
+            _ => 6,
+        } | if flags & libc::O_TRUNC != 0 { 2 } else { 0 };
+        let shift = if req.uid() == a.uid { 6 } else if req.gid() == a.gid { 3 } else { 0 };
+        let bits = (a.perm >> shift) & 7;
+        if req.uid() != 0 && bits & want != want {
+            return Err(Errno::EACCES);
+        }
+        if flags & libc::O_TRUNC != 0 {
+            return self.do_setattr(a.ino, Some(0), SetAttr::default());
+        }
+        Ok(a)
+    }
+
     /// Frees a detached inode now, or at its last close here.
     fn detached(&self, ino: Option<u64>) {
         let Some(ino) = ino else { return };
@@ -639,7 +664,14 @@ impl Filesystem for VnodeFs {
     }
 
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        match self.create_node(req, parent, name, FileKind::File, mode & !umask, flags & libc::O_EXCL != 0, None) {
+        // Always exclusive at the sComponent: the kernel checks no permission on a file a
+        // create opens, so a file that exists (made meanwhile through another pComponent) is
+        // opened only after the checks an open would have made.
+        let made = match self.create_node(req, parent, name, FileKind::File, mode & !umask, true, None) {
+            Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => self.open_existing(req, parent, name, flags),
+            r => r,
+        };
+        match made {
             Ok(a) => {
                 let fh = self.open_fh(a.ino);
                 reply.created(&TTL, &self.attr(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
