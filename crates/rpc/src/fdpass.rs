@@ -114,14 +114,24 @@ pub fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
     }
 }
 
-/// A pidfd of that process (`SO_PEERPIDFD`, Linux 6.5): it names the process that connected
-/// even after its pid is reused.
-pub fn peer_pidfd(s: &UnixStream) -> io::Result<OwnedFd> {
+/// A pidfd of that process: it names the process that connected even after its pid is
+/// reused. From the connection itself (`SO_PEERPIDFD`, Linux 6.5); on older kernels opened
+/// by the pid the connection recorded (`pid`), which names the wrong process only if that
+/// one ended and its pid was reused before this call.
+pub fn peer_pidfd(s: &UnixStream, pid: libc::pid_t) -> io::Result<OwnedFd> {
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: SO_PEERPIDFD writes one descriptor number into `fd`, which outlives the call.
     if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len) } != 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOPROTOOPT) {
+            return Err(e);
+        }
+        // SAFETY: pidfd_open takes no pointers.
+        fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as libc::c_int;
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
     // SAFETY: a descriptor the kernel just installed for us alone.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -108,6 +108,9 @@ pub(crate) fn connect() -> Welcomed {
     if welcome.mark != splitos_shim_abi::WELCOME_MARK || welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
         die(&[b"the pComponent at ", path, b" speaks another shim ABI version (a different splitos build)"]);
     }
+    if welcome.refused == libc::EAGAIN as u32 {
+        die(&[b"the pComponent at ", path, b" is busy: too many of this user's processes are starting at once"]);
+    }
     if welcome.refused != 0 {
         let mut uid = [0u8; 20];
         // SAFETY: getuid takes nothing and cannot fail.

@@ -32,6 +32,9 @@ impl Launcher {
         if w.mark != WELCOME_MARK || w.abi != SHIM_ABI_VERSION {
             anyhow::bail!("the pComponent at {} speaks another shim ABI version (a different splitos build)", path.display());
         }
+        if w.refused == libc::EAGAIN as u32 {
+            anyhow::bail!("the pComponent at {} is busy: too many of this user's processes are starting at once", path.display());
+        }
         if w.refused != 0 {
             anyhow::bail!("the pComponent at {} grants no vNode to this user (uid {}): ask the cluster's admin for one", path.display(), uid());
         }
@@ -48,6 +51,7 @@ impl Launcher {
             Ok(bytes) if bytes.is_empty() => None,
             Ok(bytes) => Some(PathBuf::from(String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the pComponent at {} named a mount point that is not UTF-8", path.display()))?)),
             Err(Some(e)) if e == libc::EACCES => anyhow::bail!("vNode {vnode:?} is not granted to this user (uid {}) on the pComponent at {}", uid(), path.display()),
+            Err(Some(e)) if e == libc::EAGAIN => anyhow::bail!("too many of this user's runs are under way on the pComponent at {}", path.display()),
             Err(Some(e)) => anyhow::bail!("the pComponent at {} cannot mount vNode {vnode:?}: {}", path.display(), std::io::Error::from_raw_os_error(e)),
             Err(None) => return Err(l.lost("it closed the connection")),
         };

@@ -27,14 +27,19 @@ pub struct PeerCred {
 impl PeerCred {
     pub fn of(s: &UnixStream) -> std::io::Result<PeerCred> {
         let c = splitos_rpc::fdpass::peer_cred(s)?;
-        Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid, groups: splitos_rpc::fdpass::peer_groups(s)?, pidfd: Arc::new(splitos_rpc::fdpass::peer_pidfd(s)?) })
+        Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid, groups: splitos_rpc::fdpass::peer_groups(s)?, pidfd: Arc::new(splitos_rpc::fdpass::peer_pidfd(s, c.pid)?) })
     }
 
     /// Whether the process that connected still exists (then nothing else has its pid).
     pub fn alive(&self) -> bool {
-        // SAFETY: signal 0 checks the process and sends nothing; the pidfd outlives the call.
-        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
+        alive(&self.pidfd)
     }
+}
+
+/// Whether the process of a pidfd still exists (a zombie does: its pid is not free yet).
+pub fn alive(pidfd: &OwnedFd) -> bool {
+    // SAFETY: signal 0 checks the process and sends nothing; the pidfd outlives the call.
+    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
 }
 
 /// The users and groups one vNode is granted to.

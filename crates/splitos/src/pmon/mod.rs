@@ -136,8 +136,9 @@ pub struct Pcomp {
     pending: Mutex<HashMap<u64, PendingChild>>,
     /// Each run's counters, with the user whose processes it has.
     runs: Mutex<HashMap<u64, (u32, Arc<RunStats>)>>,
-    /// Program-socket connections waiting for their hello.
-    waiting: Mutex<shim::Waiting>,
+    /// Program-socket connections waiting for their hello, and launchers.
+    waiting: Mutex<shim::Slots>,
+    launchers: Mutex<shim::Slots>,
     grants: grants::Grants,
     /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
     uffd_dev: Option<OwnedFd>,
@@ -170,6 +171,13 @@ impl Pcomp {
     /// its stderr, then kills it.
     fn kill(&self, pid: u64, why: &str) {
         let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else { return };
+        // The pidfd pins the process, not its credentials: one that became another user's
+        // (an exec of a set-user-ID program by a helper holding its connection) is not this
+        // program's to end.
+        if p.uid != 0 && !same_user(&p) {
+            tracing::warn!(pid, os_pid = p.os_pid, %why, "not killing a process that is no longer its user's");
+            return;
+        }
         tracing::error!(pid, os_pid = p.os_pid, %why, "killing a process whose memory cannot be served");
         let line = format!("splitos: {why}; the process cannot continue\n");
         // Its own stderr, as it opened it: reopening /proc/PID/fd/2 would open the file anew
@@ -275,6 +283,17 @@ impl Pcomp {
     }
 }
 
+/// Whether the process still runs as the user it connected as (real and effective uid),
+/// read while its pidfd shows it alive before and after, so that the pid read is its own.
+fn same_user(p: &Proc) -> bool {
+    if !grants::alive(&p.pidfd) {
+        return false;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.os_pid)).unwrap_or_default();
+    let uids: Vec<u32> = status.lines().find_map(|l| l.strip_prefix("Uid:")).map(|u| u.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default();
+    grants::alive(&p.pidfd) && uids.len() >= 2 && uids[..2].iter().all(|u| *u == p.uid)
+}
+
 fn thread_count(os_pid: i32) -> u32 {
     std::fs::read_to_string(format!("/proc/{os_pid}/stat"))
         .ok()
@@ -374,7 +393,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
-            waiting: Mutex::new(shim::Waiting::default()),
+            waiting: Mutex::new(shim::Slots::waiting()),
+            launchers: Mutex::new(shim::Slots::runs()),
             grants,
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),

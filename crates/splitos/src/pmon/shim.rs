@@ -54,48 +54,73 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
 
 /// How long a connection may take to say hello after its welcome.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Connections of one user (not root) that may wait for their hello at once, and of all
-/// users: each holds a thread. A shim says hello within microseconds of its welcome, so only
-/// a burst of forks comes near.
+/// Connections of one user that may wait for their hello at once, and of all users: each
+/// holds a thread. A shim says hello within microseconds of its welcome, so only a burst of
+/// forks comes near.
 const WAITING_PER_USER: usize = 256;
 const WAITING_TOTAL: usize = 1024;
+/// Runs of one user that may be under way at once, and of all users: each launcher holds a
+/// thread and the run's counters.
+const RUNS_PER_USER: usize = 64;
+const RUNS_TOTAL: usize = 1024;
 /// Forked children of one process that may wait for their hello at once (each holds a copy
-/// of the address space at the home), and how long one may take before it is given up.
-const PENDING_PER_PARENT: usize = 64;
+/// of the address space at the home), and how long one whose parent has ended may take
+/// before it is given up.
+const PENDING_PER_PARENT: usize = 256;
 pub(super) const PENDING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The connections waiting for their hello, by user.
-#[derive(Default)]
-pub(super) struct Waiting {
+/// What users other than root hold of something the pComponent has a bounded number of.
+pub(super) struct Slots {
     total: usize,
     per_user: std::collections::HashMap<u32, usize>,
+    max_total: usize,
+    max_per_user: usize,
 }
 
-/// A connection's place among them, given back when its hello arrived or it gave up.
-struct Wait<'a>(&'a std::sync::Mutex<Waiting>, u32);
+impl Slots {
+    pub(super) fn waiting() -> Slots {
+        Slots { total: 0, per_user: Default::default(), max_total: WAITING_TOTAL, max_per_user: WAITING_PER_USER }
+    }
 
-impl Drop for Wait<'_> {
+    pub(super) fn runs() -> Slots {
+        Slots { total: 0, per_user: Default::default(), max_total: RUNS_TOTAL, max_per_user: RUNS_PER_USER }
+    }
+}
+
+/// One slot, given back when dropped. Root's take none: root is never refused.
+struct Slot<'a>(Option<(&'a std::sync::Mutex<Slots>, u32)>);
+
+impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        let mut w = self.0.lock().unwrap();
+        let Some((slots, uid)) = self.0 else { return };
+        let mut w = slots.lock().unwrap();
         w.total -= 1;
-        if let Some(n) = w.per_user.get_mut(&self.1) {
+        if let Some(n) = w.per_user.get_mut(&uid) {
             *n -= 1;
             if *n == 0 {
-                w.per_user.remove(&self.1);
+                w.per_user.remove(&uid);
             }
         }
     }
 }
 
-fn wait_for_hello(waiting: &std::sync::Mutex<Waiting>, uid: u32) -> Option<Wait<'_>> {
-    let mut w = waiting.lock().unwrap();
-    let mine = w.per_user.get(&uid).copied().unwrap_or(0);
-    if w.total >= WAITING_TOTAL || (uid != 0 && mine >= WAITING_PER_USER) {
+fn take_slot(slots: &std::sync::Mutex<Slots>, uid: u32) -> Option<Slot<'_>> {
+    if uid == 0 {
+        return Some(Slot(None));
+    }
+    let mut w = slots.lock().unwrap();
+    if w.total >= w.max_total || w.per_user.get(&uid).copied().unwrap_or(0) >= w.max_per_user {
         return None;
     }
     w.total += 1;
     *w.per_user.entry(uid).or_insert(0) += 1;
-    Some(Wait(waiting, uid))
+    Some(Slot(Some((slots, uid))))
+}
+
+/// The welcome of a connection that gets nothing, with why (an errno).
+fn refused_welcome(s: &mut UnixStream, errno: i32) {
+    let w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: 0, refused: errno as u32, _pad: 0 };
+    let _ = s.write_all(w.as_bytes());
 }
 
 /// Receives a hello and the descriptors that come with it.
@@ -156,13 +181,11 @@ impl Pcomp {
         };
         if !self.grants.may_use_any(&peer) {
             self.refuse(&peer, "the user is granted no vNode");
-            let w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: 0, refused: libc::EACCES as u32, _pad: 0 };
-            let _ = s.write_all(w.as_bytes());
-            return;
+            return refused_welcome(&mut s, libc::EACCES);
         }
-        let Some(wait) = wait_for_hello(&self.waiting, peer.uid) else {
+        let Some(wait) = take_slot(&self.waiting, peer.uid) else {
             self.refuse(&peer, "too many of the user's connections are waiting for their hello");
-            return;
+            return refused_welcome(&mut s, libc::EAGAIN);
         };
         // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
         let _ = self.welcome(&mut s);
@@ -192,6 +215,11 @@ impl Pcomp {
         let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
             (HELLO_PROGRAM, Ok([u, m])) => (u, m),
             (HELLO_LAUNCHER, _) => {
+                let Some(_run) = take_slot(&self.launchers, peer.uid) else {
+                    self.refuse(&peer, "too many of the user's runs are under way");
+                    let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
+                    return;
+                };
                 if !self.claim_run(hello.run_id, peer.uid) {
                     self.refuse(&peer, &format!("run {} is another user's", hello.run_id));
                     let _ = reply(&mut s, -(libc::EEXIST as i64), 0, 0);
@@ -346,11 +374,13 @@ impl Pcomp {
         let earlier: Vec<Arc<Proc>> = {
             let mut procs = self.procs.lock().unwrap();
             procs.insert(pid, p.clone());
-            procs.values().filter(|o| o.pid != pid && o.os_pid == peer.pid).cloned().collect()
+            // Two processes alive now with one pid are one process.
+            let same = |o: &Proc| o.pid != pid && o.os_pid == peer.pid && super::grants::alive(&o.pidfd) && peer.alive();
+            procs.values().filter(|o| same(o)).cloned().collect()
         };
         // One program per process: a process says hello again after an exec, whose end of
-        // its earlier connection the kernel closed; ending that connection here too (the
-        // process is alive, so it is this one) keeps a process from holding many.
+        // its earlier connection the kernel closed; ending that connection here too keeps a
+        // process from holding many.
         for o in earlier {
             let _ = o.conn.shutdown(std::net::Shutdown::Both);
         }
@@ -362,13 +392,16 @@ impl Pcomp {
         Ok((p, child.vmas))
     }
 
-    /// Gives up forked children that did not say hello within [`PENDING_TIMEOUT`] (their
-    /// fork failed, or a process asked for children it never made): their homes drop the
-    /// copies of the address space.
+    /// Gives up forked children whose parent has ended and that did not say hello within
+    /// [`PENDING_TIMEOUT`] (their fork failed, or a process asked for children it never
+    /// made): their homes drop the copies of the address space. A live parent's are bounded
+    /// by [`PENDING_PER_PARENT`] and kept: a child may be stopped (^Z, a debugger) between
+    /// its fork and its hello for any time.
     pub(super) fn reap_unclaimed_children(&self) {
+        let live: BTreeSet<u64> = self.procs.lock().unwrap().keys().copied().collect();
         let stale: Vec<(u64, PendingChild)> = {
             let mut pending = self.pending.lock().unwrap();
-            let old: Vec<u64> = pending.iter().filter(|(_, c)| c.since.elapsed() > PENDING_TIMEOUT).map(|(k, _)| *k).collect();
+            let old: Vec<u64> = pending.iter().filter(|(_, c)| c.since.elapsed() > PENDING_TIMEOUT && !live.contains(&c.parent)).map(|(k, _)| *k).collect();
             old.into_iter().filter_map(|k| pending.remove(&k).map(|c| (k, c))).collect()
         };
         for (pid, c) in stale {
@@ -545,7 +578,14 @@ impl Pcomp {
             }
             Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),
             Some(Op::ForkAbort) => {
-                if let Some(c) = self.pending.lock().unwrap().remove(&r.a) {
+                let mine = {
+                    let mut pending = self.pending.lock().unwrap();
+                    match pending.get(&r.a) {
+                        Some(c) if c.parent == p.pid => pending.remove(&r.a),
+                        _ => None,
+                    }
+                };
+                if let Some(c) = mine {
                     let _ = self.node.rpc.call(&c.space.home.addr, P2M_EXIT { who: c.space.who.clone() });
                 }
                 Ok((0, 0))

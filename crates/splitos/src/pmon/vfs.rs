@@ -667,10 +667,18 @@ impl Filesystem for VnodeFs {
         // Always exclusive at the sComponent: the kernel checks no permission on a file a
         // create opens, so a file that exists (made meanwhile through another pComponent) is
         // opened only after the checks an open would have made.
-        let made = match self.create_node(req, parent, name, FileKind::File, mode & !umask, true, None) {
-            Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => self.open_existing(req, parent, name, flags),
-            r => r,
-        };
+        let mut made = Err(Errno::EIO);
+        // A name that exists when created and is gone when opened (unlinked meanwhile) is
+        // created again: O_CREAT never fails with ENOENT.
+        for _ in 0..3 {
+            made = match self.create_node(req, parent, name, FileKind::File, mode & !umask, true, None) {
+                Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => self.open_existing(req, parent, name, flags),
+                r => r,
+            };
+            if !matches!(made, Err(e) if e == Errno::ENOENT) {
+                break;
+            }
+        }
         match made {
             Ok(a) => {
                 let fh = self.open_fh(a.ino);
