@@ -123,6 +123,18 @@ fn fuse_attr(a: &FileAttr) -> fuser::FileAttr {
     }
 }
 
+/// An extended attribute's value or list: its size when asked with no room (`size` 0), else
+/// the bytes if they fit.
+fn xattr_reply(reply: ReplyXattr, bytes: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(bytes.len() as u32)
+    } else if (size as usize) < bytes.len() {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(bytes)
+    }
+}
+
 fn join(parent: &str, name: &OsStr) -> R<String> {
     let name = name.to_str().ok_or(Errno::EINVAL)?;
     Ok(if parent == "/" { format!("/{name}") } else { format!("{parent}/{name}") })
@@ -628,29 +640,14 @@ impl Filesystem for VnodeFs {
     /// The one extended attribute there is: the top directory's ACL, made from the grants.
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match &self.grant {
-            Some(g) if ino.0 == ROOT && name == ACL_ACCESS => {
-                let acl = g.acl();
-                if size == 0 {
-                    reply.size(acl.len() as u32)
-                } else if (size as usize) < acl.len() {
-                    reply.error(Errno::ERANGE)
-                } else {
-                    reply.data(&acl)
-                }
-            }
+            Some(g) if ino.0 == ROOT && name == ACL_ACCESS => xattr_reply(reply, &g.acl(), size),
             _ => reply.error(Errno::ENODATA),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let names = if ino.0 == ROOT && self.grant.is_some() { format!("{ACL_ACCESS}\0").into_bytes() } else { Vec::new() };
-        if size == 0 {
-            reply.size(names.len() as u32)
-        } else if (size as usize) < names.len() {
-            reply.error(Errno::ERANGE)
-        } else {
-            reply.data(&names)
-        }
+        xattr_reply(reply, &names, size)
     }
 
     /// The sComponent keeps no extended attributes (as before POSIX ACLs were on: the kernel
