@@ -149,6 +149,14 @@ pub struct ComponentRef {
     pub addr: String,
 }
 
+/// One start of a pComponent that the global managers know to be gone: its credentials' key
+/// and the component id it had. The processes it created are gone with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostPcomp {
+    pub key: [u8; 32],
+    pub id: u32,
+}
+
 /// Approximate load a component reports in its heartbeat.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Load {
@@ -347,6 +355,10 @@ messages! {
     G2X_REGISTERED { pub id: u32, pub vregion_size: u64 };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
+    /// `lost` (to mComponents only): the pComponents silent for longer than the cluster's
+    /// `reclaim_dead_ms`, or replaced by a new start at their address, whose processes'
+    /// memory the mComponents release.
+    G2X_BEAT { pub lost: Vec<LostPcomp> };
     C2G_STATUS;
     G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
@@ -366,7 +378,8 @@ messages! {
     G2P_FILE_CACHE { pub mcomp: ComponentRef };
 
     // ---- pComponent -> home mComponent: virtual memory calls of a process
-    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64 };
+    /// `pcomp`: the sender's component id, which with its key names this start of it.
+    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64, pub pcomp: u32 };
     P2M_MMAP { pub who: Who, pub hint: u64, pub len: u64, pub prot: u32, pub fixed: bool };
     M2P_MAPPED { pub addr: u64, pub prot: u32, pub owners: Vec<VregionOwner> };
     P2M_MUNMAP { pub who: Who, pub addr: u64, pub len: u64 };
@@ -473,7 +486,7 @@ messages! {
 
 replies! {
     X2G_REGISTER => G2X_REGISTERED,
-    X2G_HEARTBEAT => OK,
+    X2G_HEARTBEAT => G2X_BEAT,
     C2G_STATUS => G2C_STATUS,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,

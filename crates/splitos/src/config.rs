@@ -82,6 +82,9 @@ pub struct ClusterSection {
     /// How long the global managers keep a component that stopped heartbeating (ms) before
     /// they forget it; one that comes back later registers again.
     pub forget_dead_ms: u64,
+    /// How long a pComponent may be silent (ms) before the mComponents release the memory of
+    /// the processes it created; less than `forget_dead_ms`.
+    pub reclaim_dead_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -200,7 +203,7 @@ fn any_port() -> String {
 }
 
 pub fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000 }
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000 }
 }
 
 pub fn default_pcomp() -> PcompSection {
@@ -240,6 +243,9 @@ impl ClusterConfig {
         let vrs = self.cluster.vregion_size.0;
         if vrs < PAGE || !vrs.is_power_of_two() {
             return Err(format!("cluster.vregion_size: {vrs} must be a power of two of at least 4096"));
+        }
+        if self.cluster.reclaim_dead_ms >= self.cluster.forget_dead_ms {
+            return Err(format!("cluster.reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.cluster.reclaim_dead_ms, self.cluster.forget_dead_ms));
         }
         if self.pcomponent.is_empty() {
             return Err("pcomponent: at least one [[pcomponent]] is needed".into());

@@ -173,6 +173,9 @@ enum Cmd {
         /// How long a component that stopped heartbeating is kept (shown dead) before it is forgotten (ms).
         #[arg(long, default_value_t = config::default_cluster().forget_dead_ms)]
         forget_dead_ms: u64,
+        /// How long a pComponent may be silent before the mComponents release the memory of its processes (ms).
+        #[arg(long, default_value_t = config::default_cluster().reclaim_dead_ms)]
+        reclaim_dead_ms: u64,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         /// Serve Prometheus metrics over HTTP here.
@@ -380,9 +383,9 @@ fn main() {
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
-        Cmd::Gm { listen, vregion_size, forget_dead_ms, ready_file, metrics_addr, transport } => {
+        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, forget_dead: std::time::Duration::from_millis(forget_dead_ms), ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr }))
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr, transport } => {
             node::init_metrics();
@@ -458,9 +461,9 @@ mod tests {
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
-        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms } = file.cluster.clone();
-        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
-        assert_eq!((v, f), (vregion_size, forget_dead_ms), "gm");
+        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms } = file.cluster.clone();
+        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
+        assert_eq!((v, f, r), (vregion_size, forget_dead_ms, reclaim_dead_ms), "gm");
         assert_eq!(transport.config(), file.transport, "gm transport");
         assert_eq!(listen, config::HAND_STARTED_GM);
 

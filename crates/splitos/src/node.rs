@@ -102,14 +102,15 @@ impl Node {
         Err(last.expect("at least one attempt"))
     }
 
-    /// Heartbeats forever; re-registers if the global managers forgot us (they restarted).
-    pub fn heartbeat_forever(self: Arc<Self>, shim_sock: Option<String>, load: impl Fn() -> Load + Send + 'static) {
+    /// Heartbeats forever, handing each answer to `on_beat`; re-registers if the global
+    /// managers forgot us (they restarted).
+    pub fn heartbeat_forever(self: Arc<Self>, shim_sock: Option<String>, load: impl Fn() -> Load + Send + 'static, on_beat: impl Fn(splitos_rpc::G2X_BEAT) + Send + 'static) {
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
                 match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load() }) {
-                    Ok(_) => {}
+                    Ok(beat) => on_beat(beat),
                     Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
                         let _ = self.register(shim_sock.clone(), load());
                     }

@@ -29,7 +29,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &TransportConfig::default(), &c.issue("pcomponent")).unwrap();
     let home = node.call_gm(P2G_PICK_HOME).unwrap().mcomp;
     let who = Who { vnode: "store-test".into(), pid: 0x7fff_0001 };
-    node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30 }).unwrap();
+    node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0 }).unwrap();
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false }).unwrap();
     let first = mapped.addr / PAGE_SIZE as u64;
 

@@ -81,7 +81,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
             "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive,
-            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "stats": stats,
+            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "stats": stats,
         }));
     }
     if json {

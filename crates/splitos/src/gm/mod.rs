@@ -13,6 +13,11 @@
 //! for the id it had, which keeps its process ids and the vRegion owners others recorded
 //! valid; a heartbeat counts only from the address its id was registered at. A component
 //! silent for `forget_dead` is forgotten.
+//!
+//! The mComponents learn from their heartbeats' answers which pComponents are lost (silent
+//! for `reclaim_dead`, or replaced by a new start at their address) and release the memory of
+//! the processes those created: a pComponent that dies takes its programs with it, never
+//! their memory.
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,7 +42,12 @@ struct Entry {
 pub struct Gm {
     vregion_size: u64,
     forget_dead: Duration,
+    /// How long a pComponent may be silent before the mComponents release its processes.
+    reclaim_dead: Duration,
     comps: Mutex<Vec<Entry>>,
+    /// Starts of pComponents replaced by a new start at their address, kept for
+    /// `forget_dead` so that every mComponent hears of them.
+    replaced: Mutex<Vec<(LostPcomp, Instant)>>,
     started: Instant,
 }
 
@@ -110,10 +120,17 @@ impl Gm {
         if comps.iter().any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e)) {
             return Err(ERR::new(ErrCode::Denied, format!("a live {} with other credentials is registered at {}", r.role.name(), r.addr)));
         }
+        let before: Vec<LostPcomp> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Proc && r.role == Role::Proc).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
         comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
         let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
         let again = !taken(r.id);
         let id = if again { r.id } else { std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32).find(|id| !taken(*id)).expect("an endless supply") };
+        // A new start of a pComponent in place of an earlier one: the earlier one's programs
+        // are gone (the same start registering again keeps its key and id).
+        for l in before.into_iter().filter(|l| Some(l.key) != key || l.id != id) {
+            tracing::warn!(id = l.id, addr = %r.addr, "a pComponent was replaced by a new start; its processes' memory is released");
+            self.replaced.lock().unwrap().push((l, Instant::now()));
+        }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
@@ -121,7 +138,7 @@ impl Gm {
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size })
     }
 
-    fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<OK, Refusal> {
+    fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
         let mut comps = self.comps();
         let e = comps
             .iter_mut()
@@ -133,7 +150,16 @@ impl Gm {
         e.info.load = r.load;
         e.last = Instant::now();
         e.pending = 0;
-        Ok(OK)
+        if e.info.role != Role::Mem {
+            return Ok(G2X_BEAT { lost: Vec::new() });
+        }
+        // Only what is known to be gone: after a restart of the global managers a pComponent
+        // that has not registered again yet is not lost, merely not heard of.
+        let mut lost: Vec<LostPcomp> = comps.iter().filter(|e| e.info.role == Role::Proc && e.last.elapsed() > self.reclaim_dead).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
+        let mut replaced = self.replaced.lock().unwrap();
+        replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
+        lost.extend(replaced.iter().map(|(l, _)| l.clone()));
+        Ok(G2X_BEAT { lost })
     }
 
     /// GPM: the pComponent with the fewest threads.
@@ -202,6 +228,7 @@ pub struct GmArgs {
     pub transport: TransportConfig,
     pub vregion_size: u64,
     pub forget_dead: Duration,
+    pub reclaim_dead: Duration,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
@@ -210,7 +237,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, forget_dead: args.forget_dead, comps: Mutex::new(Vec::new()), started: Instant::now() });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), started: Instant::now() });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;

@@ -17,8 +17,10 @@ const MOVE_BATCH: u32 = 128;
 /// Home state of one process.
 pub(super) struct HomeProc {
     vnode: String,
-    /// The pComponent that created the process ([`super::may_act`]).
+    /// The pComponent that created the process ([`super::may_act`]), and the component id
+    /// of that start of it ([`Mem::reclaim_lost`]).
     creator: Option<[u8; 32]>,
+    pcomp: u32,
     base: u64,
     limit: u64,
     layout: VmaMap,
@@ -140,7 +142,7 @@ impl Mem {
 
     pub(super) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<OK, Refusal> {
         self.fresh_pid(r.who.pid)?;
-        let h = HomeProc { vnode: r.who.vnode.clone(), creator: splitos_rpc::current_peer().map(|p| p.key), base: r.region_base, limit: r.region_base.saturating_add(r.region_size), layout: VmaMap::default(), vregions: BTreeMap::new() };
+        let h = HomeProc { vnode: r.who.vnode.clone(), creator: splitos_rpc::current_peer().map(|p| p.key), pcomp: r.pcomp, base: r.region_base, limit: r.region_base.saturating_add(r.region_size), layout: VmaMap::default(), vregions: BTreeMap::new() };
         self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
         tracing::debug!(pid = r.who.pid, vnode = %r.who.vnode, "home of a new process");
         Ok(OK)
@@ -252,7 +254,7 @@ impl Mem {
             }
             done.push(o);
         }
-        let copy = HomeProc { vnode: h.vnode.clone(), creator: h.creator, base: h.base, limit: h.limit, layout: h.layout.clone(), vregions: h.vregions.clone() };
+        let copy = HomeProc { vnode: h.vnode.clone(), creator: h.creator, pcomp: h.pcomp, base: h.base, limit: h.limit, layout: h.layout.clone(), vregions: h.vregions.clone() };
         let vmas = h.layout.iter().map(|(s, v)| VmaInfo { start: s, end: v.end, prot: v.prot }).collect();
         let owners = h.owners();
         self.homes.lock().unwrap().insert(child, Arc::new(Mutex::new(copy)));
@@ -273,6 +275,29 @@ impl Mem {
             }
         }
         Ok(OK)
+    }
+
+    /// Releases, as their exit would, the processes created by pComponents the global
+    /// managers say are lost: nobody will ever exit them.
+    pub(super) fn reclaim_lost(&self, lost: &[LostPcomp]) {
+        if lost.is_empty() {
+            return;
+        }
+        let homes: Vec<(u64, Arc<Mutex<HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(pid, h)| (*pid, h.clone())).collect();
+        for (pid, h) in homes {
+            let (vnode, orphan) = {
+                let g = h.lock().unwrap();
+                (g.vnode.clone(), lost.iter().any(|l| g.creator == Some(l.key) && g.pcomp == l.id))
+            };
+            if !orphan {
+                continue;
+            }
+            tracing::warn!(pid, "releasing the memory of a process whose pComponent is lost");
+            metrics::counter!("mcomp_lost_processes_released_total").increment(1);
+            if let Err(e) = self.home_exit(P2M_EXIT { who: Who { vnode, pid } }) {
+                tracing::warn!(pid, error = %e, "cannot release a lost pComponent's process");
+            }
+        }
     }
 
     pub(super) fn vregion(&self, r: P2M_VREGION) -> Result<M2P_VREGION, Refusal> {

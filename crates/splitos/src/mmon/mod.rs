@@ -236,7 +236,8 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let vrs = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     mem.vregion_size.store(vrs, Relaxed);
     let m2 = mem.clone();
-    node.clone().heartbeat_forever(None, move || m2.load());
+    let m3 = mem.clone();
+    node.clone().heartbeat_forever(None, move || m2.load(), move |beat| m3.reclaim_lost(&beat.lost));
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");

@@ -419,7 +419,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     store.set_vregion_size(vrs);
     let p2 = p.clone();
-    node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load());
+    node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), |_| {});
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");

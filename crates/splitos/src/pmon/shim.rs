@@ -351,7 +351,7 @@ impl Pcomp {
             let pid = super::new_pid();
             let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
             let who = Who { vnode, pid };
-            self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size })?;
+            self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id() })?;
             (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.

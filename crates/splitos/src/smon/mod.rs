@@ -156,7 +156,7 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     endpoint.serve(st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, st.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     let s2 = st.clone();
-    node.clone().heartbeat_forever(None, move || s2.load());
+    node.clone().heartbeat_forever(None, move || s2.load(), |_| {});
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
