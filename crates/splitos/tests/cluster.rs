@@ -268,14 +268,23 @@ fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
 fn a_dead_mcomponent_is_named_in_the_error() {
     let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
     let p = program("hold");
-    let mut child = c.spawn(&[], &[p.to_str().unwrap(), "16"]);
+    // The program's stderr is a file it already wrote to: the error is appended to what it
+    // wrote, never written over it.
+    let errfile = c.dir.path().join("program.err");
+    let mut child = c
+        .cmd(&["run", "--", "bash", "-c", &format!("echo 'the program wrote this first' >&2; exec {} 16", p.display())])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&errfile).unwrap())
+        .spawn()
+        .unwrap();
     assert_eq!(read_line(&mut child), "ready\n");
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     c.kill_component(c.pid_of_addr(&m));
     drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success());
-    let err = text(&out.stderr);
+    assert!(!child.wait().unwrap().success());
+    let err = std::fs::read_to_string(&errfile).unwrap();
+    assert!(err.starts_with("the program wrote this first\n"), "{err}");
     assert!(err.contains("mComponent") && err.contains(&m), "the error names the component: {err}");
 }
 
