@@ -85,6 +85,9 @@ pub struct ClusterSection {
     /// How long a pComponent may be silent (ms) before the mComponents release the memory of
     /// the processes it created; less than `forget_dead_ms`.
     pub reclaim_dead_ms: u64,
+    /// The network namespace (`ip netns`) to start the global managers in (docs/deployment.md);
+    /// none: the namespace of `cluster up`.
+    pub netns: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -125,7 +128,9 @@ pub struct PcompSection {
     pub dirty_tracking: DirtyTracking,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, less than
     /// `ways` (0: no evictor; misses evict inline).
-    pub evict_reserve: usize,
+    pub evict_reserve: usize,    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    /// (docs/deployment.md); none: the namespace of `cluster up`.
+    pub netns: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -138,7 +143,9 @@ pub struct McompSection {
     /// Storage buffer cache this mComponent holds for files placed on it.
     pub bcache: Size,
     /// Largest read-ahead window for sequential file reads; 0 turns it off.
-    pub readahead: Size,
+    pub readahead: Size,    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    /// (docs/deployment.md); none: the namespace of `cluster up`.
+    pub netns: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -148,7 +155,9 @@ pub struct ScompSection {
     /// Where files are kept (default: the data directory's `storage`, see docs/storage.md).
     pub dir: Option<std::path::PathBuf>,
     /// Bytes of file data this sComponent stores for all vNodes together.
-    pub quota: Size,
+    pub quota: Size,    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    /// (docs/deployment.md); none: the namespace of `cluster up`.
+    pub netns: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -203,19 +212,19 @@ fn any_port() -> String {
 }
 
 pub fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000 }
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None }
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0 }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, netns: None }
 }
 
 pub fn default_mcomp() -> McompSection {
-    McompSection { listen: any_port(), capacity: Size(8 << 30), workers: 0, bcache: Size(256 << 20), readahead: Size(128 << 10) }
+    McompSection { listen: any_port(), capacity: Size(8 << 30), workers: 0, bcache: Size(256 << 20), readahead: Size(128 << 10), netns: None }
 }
 
 pub fn default_scomp() -> ScompSection {
-    ScompSection { listen: any_port(), dir: None, quota: Size(16 << 30) }
+    ScompSection { listen: any_port(), dir: None, quota: Size(16 << 30), netns: None }
 }
 
 impl ClusterConfig {
@@ -243,6 +252,15 @@ impl ClusterConfig {
         let vrs = self.cluster.vregion_size.0;
         if vrs < PAGE || !vrs.is_power_of_two() {
             return Err(format!("cluster.vregion_size: {vrs} must be a power of two of at least 4096"));
+        }
+        let namespaces = std::iter::once(("cluster".to_string(), &self.cluster.netns))
+            .chain(self.pcomponent.iter().enumerate().map(|(i, p)| (format!("pcomponent[{i}]"), &p.netns)))
+            .chain(self.mcomponent.iter().enumerate().map(|(i, m)| (format!("mcomponent[{i}]"), &m.netns)))
+            .chain(self.scomponent.iter().enumerate().map(|(i, s)| (format!("scomponent[{i}]"), &s.netns)));
+        for (at, ns) in namespaces {
+            if let Some(ns) = ns.as_deref().filter(|ns| ns.is_empty() || ns.contains('/') || ns.starts_with('.')) {
+                return Err(format!("{at}.netns: {ns:?} is not a network namespace name (as `ip netns` names them)"));
+            }
         }
         if self.cluster.reclaim_dead_ms >= self.cluster.forget_dead_ms {
             return Err(format!("cluster.reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.cluster.reclaim_dead_ms, self.cluster.forget_dead_ms));

@@ -432,7 +432,7 @@ mod tests {
     fn the_command_line_and_the_config_file_agree_on_every_default() {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
 
-        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve } = file.pcomponent[0].clone();
+        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve, netns: _ } = file.pcomponent[0].clone();
         let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, shim_sock: _, vnode_root: _, grants: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
             parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
         else {
@@ -447,21 +447,21 @@ mod tests {
         assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
-        let McompSection { listen, capacity, workers, bcache, readahead } = file.mcomponent[0].clone();
+        let McompSection { listen, capacity, workers, bcache, readahead, netns: _ } = file.mcomponent[0].clone();
         let Cmd::Mem { listen: l, gm, capacity: c, workers: w, bcache: b, readahead: r, ready_file: _, metrics_addr: _, transport } = parse(&["mem"]) else { unreachable!() };
         assert_eq!((l, c, w, b, r), (listen, capacity, workers, bcache, readahead), "mem");
         assert_eq!(transport.config(), file.transport, "mem transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // `dir` has no default on the command line: `cluster up` derives it from the data directory.
-        let ScompSection { listen, dir: _, quota } = file.scomponent[0].clone();
+        let ScompSection { listen, dir: _, quota, netns: _ } = file.scomponent[0].clone();
         let Cmd::Storage { listen: l, gm, dir: _, quota: q, ready_file: _, metrics_addr: _, transport } = parse(&["storage", "--dir", "d"]) else { unreachable!() };
         assert_eq!((l, q), (listen, quota), "storage");
         assert_eq!(transport.config(), file.transport, "storage transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
-        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms } = file.cluster.clone();
+        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms, netns: _ } = file.cluster.clone();
         let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
         assert_eq!((v, f, r), (vregion_size, forget_dead_ms, reclaim_dead_ms), "gm");
         assert_eq!(transport.config(), file.transport, "gm transport");

@@ -433,3 +433,83 @@ pub const PY_COUNTER_FORK: &str = "import collections, os, sys\n\
     if pid == 0:\n    c['child'] += 1\n    print('child', len(c), sum(c.values()))\n    sys.stdout.flush()\n    os._exit(0)\n\
     os.waitpid(pid, 0)\n\
     print('parent', len(c), sum(c.values()), c.most_common(3))\n";
+
+/// Hosts on one machine: a network namespace each, linked by veth pairs to a bridge that
+/// this test made, with addresses of a /24 of their own. The test's own namespace gets the
+/// subnet's .254 on the bridge, so that the admin's tools reach the components; no namespace
+/// has a default route, so nothing leaves the machine. Dropped (also when the test fails),
+/// it deletes the namespaces, which ends the links, and the bridge.
+pub struct Hosts {
+    tag: String,
+    subnet: u8,
+    names: Vec<String>,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), text(&out.stderr));
+}
+
+impl Hosts {
+    pub fn new(names: &[&str]) -> Hosts {
+        static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        // Tests of one binary run at once: each set gets its own subnet and names.
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let subnet = 100 + (std::process::id() % 100) as u8 + n;
+        let tag = format!("sp{}x{n}", std::process::id() % 100000);
+        let h = Hosts { tag: tag.clone(), subnet, names: names.iter().map(|s| s.to_string()).collect() };
+        let br = format!("{tag}br");
+        ip(&["link", "add", &br, "type", "bridge"]);
+        ip(&["addr", "add", &format!("10.201.{subnet}.254/24"), "dev", &br]);
+        ip(&["link", "set", &br, "up"]);
+        for (i, name) in names.iter().enumerate() {
+            let ns = h.netns(name);
+            ip(&["netns", "add", &ns]);
+            let (outer, inner) = (format!("{tag}o{i}"), format!("{tag}i{i}"));
+            ip(&["link", "add", &outer, "type", "veth", "peer", "name", &inner]);
+            ip(&["link", "set", &inner, "netns", &ns]);
+            ip(&["link", "set", &outer, "master", &br, "up"]);
+            ip(&["-n", &ns, "addr", "add", &format!("{}/24", h.addr(name)), "dev", &inner]);
+            ip(&["-n", &ns, "link", "set", &inner, "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        }
+        h
+    }
+
+    fn index(&self, name: &str) -> usize {
+        self.names.iter().position(|n| n == name).unwrap_or_else(|| panic!("no host {name}"))
+    }
+
+    /// The network namespace of host `name`.
+    pub fn netns(&self, name: &str) -> String {
+        format!("{}-{name}", self.tag)
+    }
+
+    pub fn addr(&self, name: &str) -> String {
+        format!("10.201.{}.{}", self.subnet, self.index(name) + 1)
+    }
+
+    /// Cuts (or restores) host `name`'s link to the others: a network partition.
+    pub fn link(&self, name: &str, up: bool) {
+        ip(&["link", "set", &format!("{}o{}", self.tag, self.index(name)), if up { "up" } else { "down" }]);
+    }
+
+    /// The processes running in host `name`.
+    pub fn pids(&self, name: &str) -> Vec<i32> {
+        let out = Command::new("ip").args(["netns", "pids", &self.netns(name)]).output().unwrap();
+        text(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect()
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for name in &self.names {
+            for pid in self.pids(name) {
+                // SAFETY: kill(2) takes no pointers; these are processes of this test's own host.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            let _ = Command::new("ip").args(["netns", "del", &self.netns(name)]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &format!("{}br", self.tag)]).output();
+    }
+}

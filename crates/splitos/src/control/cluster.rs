@@ -139,7 +139,8 @@ fn self_exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot locate the splitos binary: {e}"))
 }
 
-fn spawn(dir: &Path, name: &str, args: &[String], detach: bool) -> anyhow::Result<(Child, PathBuf)> {
+/// Starts a component process, in network namespace `netns` (a file of /run/netns) if given.
+fn spawn(dir: &Path, name: &str, args: &[String], detach: bool, netns: Option<&str>) -> anyhow::Result<(Child, PathBuf)> {
     let ready = dir.join(format!("{name}.ready"));
     let _ = std::fs::remove_file(&ready);
     // Logs name programs, vNodes and addresses: for root (the admin) only.
@@ -155,6 +156,17 @@ fn spawn(dir: &Path, name: &str, args: &[String], detach: bool) -> anyhow::Resul
         // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
         // is async-signal-safe, touches no memory of ours and allocates nothing.
         unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
+    }
+    if let Some(ns) = netns {
+        let f = std::fs::File::open(Path::new("/run/netns").join(ns)).map_err(|e| anyhow::anyhow!("{name}: network namespace {ns:?}: {e} (make it with `ip netns add {ns}`)"))?;
+        // SAFETY: setns is async-signal-safe and takes the descriptor opened above, which
+        // the closure owns and which lives until exec (close-on-exec).
+        unsafe {
+            cmd.pre_exec(move || {
+                use std::os::fd::AsRawFd;
+                (libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)
+            })
+        };
     }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
     Ok((child, ready))
@@ -229,7 +241,7 @@ impl Cluster {
         let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string(), "--forget-dead-ms".into(), cfg.cluster.forget_dead_ms.to_string(), "--reclaim-dead-ms".into(), cfg.cluster.reclaim_dead_ms.to_string()];
         args.extend(transport.iter().cloned());
         args.extend(creds("gm", Role::Gm)?);
-        let (mut ch, ready) = spawn(dir, "gm", &args, detach)?;
+        let (mut ch, ready) = spawn(dir, "gm", &args, detach, cfg.cluster.netns.as_deref())?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());
         self.children.push(ch);
@@ -245,7 +257,7 @@ impl Cluster {
             ];
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("storage{i}"), Role::Storage)?);
-            pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach)?));
+            pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach, sc.netns.as_deref())?));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
             let mut args = vec![
@@ -255,7 +267,7 @@ impl Cluster {
             ];
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("mem{i}"), Role::Mem)?);
-            pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach)?));
+            pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach, m.netns.as_deref())?));
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
             let mut args = vec![
@@ -276,7 +288,7 @@ impl Cluster {
             }
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("proc{i}"), Role::Proc)?);
-            pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach)?));
+            pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach, p.netns.as_deref())?));
         }
         let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len();
         for (name, (mut ch, ready)) in pending {

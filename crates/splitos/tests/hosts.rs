@@ -1,0 +1,63 @@
+//! A cluster whose components run on separate hosts (network namespaces linked by a bridge,
+//! `common::Hosts`), from a configuration that names their addresses: losing a host or its
+//! link as on real machines, not one process on loopback.
+mod common;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
+    let h = Hosts::new(&["gm", "p1", "p2", "m1", "m2"]);
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    let cfg = format!(
+        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n[[pcomponent]]\n{}excache = \"4M\"\n[[pcomponent]]\n{}excache = \"4M\"\n[[mcomponent]]\n{}[[mcomponent]]\n{}",
+        h.addr("gm"),
+        h.netns("gm"),
+        at("p1"),
+        at("p2"),
+        at("m1"),
+        at("m2")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    // Each component is on its host.
+    let addrs: Vec<String> = c.status()["components"].as_array().unwrap().iter().map(|x| x["addr"].as_str().unwrap().to_string()).collect();
+    for host in ["p1", "p2", "m1", "m2"] {
+        assert_eq!(addrs.iter().filter(|a| a.starts_with(&format!("{}:", h.addr(host)))).count(), 1, "{host}: {addrs:?}");
+    }
+    let hold = program("hold");
+    let hold = hold.to_str().unwrap();
+    let sock = |i: usize| c.dir.path().join(format!("programs/proc{i}.sock")).to_str().unwrap().to_string();
+    let mut doomed = c.spawn(&["--pcomponent", &sock(0)], &[hold, "24"]);
+    let mut survivor = c.spawn(&["--pcomponent", &sock(1)], &[hold, "24"]);
+    assert_eq!(read_line(&mut doomed), "ready\n");
+    assert_eq!(read_line(&mut survivor), "ready\n");
+    let pid_on = |i: usize| c.components("pcomponent").into_iter().find(|p| p["shim_sock"] == sock(i)).unwrap()["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (doomed_pid, survivor_pid) = (pid_on(0), pid_on(1));
+    let holding = |c: &TestCluster, pid: u64| c.components("mcomponent").iter().filter(|m| m["stats"]["owned_processes"].as_array().is_some_and(|o| o.iter().any(|p| p["pid"] == pid))).count();
+    assert_eq!((holding(&c, doomed_pid), holding(&c, survivor_pid)), (2, 2), "both heaps are spread over both mComponent hosts");
+
+    // m2's host is cut off for longer than the global managers wait for a heartbeat, then
+    // comes back: they see it dead, then alive, and nothing it holds is lost.
+    let m2_alive = |c: &TestCluster| c.components("mcomponent").into_iter().find(|m| m["addr"].as_str().unwrap().starts_with(&h.addr("m2"))).unwrap()["alive"] == true;
+    h.link("m2", false);
+    assert!(c.eventually(Duration::from_secs(10), |c| !m2_alive(c)), "the global managers see m2 gone");
+    h.link("m2", true);
+    assert!(c.eventually(Duration::from_secs(10), m2_alive), "and back");
+
+    // p1's host is lost, all its processes at once: its program is stopped, naming its
+    // pComponent, and both mComponent hosts release its memory.
+    for pid in h.pids("p1") {
+        forget_pid(c.dir.path(), pid);
+        // SAFETY: kill(2) takes no pointers; these are the processes of this test's own host.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let out = doomed.wait_with_output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("went away"), "{}", text(&out.stderr));
+    assert!(c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0), "the lost host's process is released");
+    assert_eq!(holding(&c, survivor_pid), 2);
+    // The other program reads its whole heap back from both mComponent hosts.
+    drop(survivor.stdin.take());
+    let out = survivor.wait_with_output().unwrap();
+    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "24"]).stdout), "{}", text(&out.stderr));
+}
