@@ -299,6 +299,9 @@ fn unreachable_cluster_and_bad_config_are_named() {
         ("[[pcomponent]]\nexcache = \"4Q\"\n[[mcomponent]]\n", "excache"),
         ("[[pcomponent]]\nways = -1\n[[mcomponent]]\n", "ways"),
         ("[[pcomponent]]\n", "mcomponent"),
+        ("[cluster]\nreclaim_dead_ms = 40000\n[[pcomponent]]\n[[mcomponent]]\n", "reclaim_dead_ms"),
+        ("[[pcomponent]]\nnetns = \"../root\"\n[[mcomponent]]\n", "pcomponent[0].netns"),
+        ("[[pcomponent]]\n[[mcomponent]]\nnetns = \"no-such-namespace-here\"\n", "no-such-namespace-here"),
     ] {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, cfg).unwrap();
@@ -359,7 +362,7 @@ fn members(c: &TestCluster) -> Vec<(String, String, u64, bool)> {
 fn membership_survives_restarts_of_the_global_managers() {
     // A fixed address, so that the restarted global managers are where the components look.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"127.0.0.1:{port}\"\nforget_dead_ms = 3000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n")));
+    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"127.0.0.1:{port}\"\nforget_dead_ms = 3000\nreclaim_dead_ms = 2000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n")));
     let before = members(&c);
     assert!(before.iter().all(|m| m.3) && before.len() >= 3, "{before:?}");
     let ids: std::collections::HashSet<u64> = before.iter().map(|m| m.2).collect();
@@ -368,6 +371,11 @@ fn membership_survives_restarts_of_the_global_managers() {
     let memtouch = memtouch.to_str().unwrap();
     let native_out = text(&native(&[memtouch, "16"]).stdout);
     let gm_addr = format!("127.0.0.1:{port}");
+    // A program runs across every restart: the managers are never on its data path.
+    let hold = program("hold");
+    let hold = hold.to_str().unwrap();
+    let mut across = c.spawn(&[], &[hold, "16"]);
+    assert_eq!(read_line(&mut across), "ready\n");
     for round in 0..3 {
         let gm = c.pid_of_addr(&gm_addr);
         let cmdline = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap();
@@ -385,6 +393,9 @@ fn membership_survives_restarts_of_the_global_managers() {
         let out = c.run(&[], &[memtouch, "16"]);
         assert_eq!(text(&out.stdout), native_out, "round {round}: {}", text(&out.stderr));
     }
+    drop(across.stdin.take());
+    let out = across.wait_with_output().unwrap();
+    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "16"]).stdout), "{}", text(&out.stderr));
     // A component that stops is shown dead, then forgotten.
     let (addr, _, _, _) = before.iter().find(|m| m.1 == "mcomponent").unwrap().clone();
     c.kill_component(c.pid_of_addr(&addr));
