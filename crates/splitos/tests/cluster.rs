@@ -504,21 +504,12 @@ fn a_dead_pcomponent_stops_its_programs_with_a_message() {
 fn a_dead_pcomponents_memory_is_released_on_every_mcomponent() {
     // Small vRegions spread each program's heap over both mComponents.
     let c = TestCluster::up(Some("[cluster]\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
-    let hold = program("hold");
-    let hold = hold.to_str().unwrap();
-    let sock = |i: usize| c.dir.path().join(format!("programs/proc{i}.sock")).to_str().unwrap().to_string();
-    let mut doomed = c.spawn(&["--pcomponent", &sock(0)], &[hold, "24"]);
-    let mut survivor = c.spawn(&["--pcomponent", &sock(1)], &[hold, "24"]);
-    assert_eq!(read_line(&mut doomed), "ready\n");
-    assert_eq!(read_line(&mut survivor), "ready\n");
-    let pcomp = c.components("pcomponent").into_iter().find(|p| p["shim_sock"] == sock(0)).unwrap();
-    let doomed_pid = pcomp["stats"]["processes"][0]["pid"].as_u64().unwrap();
-    let holding = |c: &TestCluster, pid: u64| {
-        c.components("mcomponent").iter().filter(|m| m["stats"]["owned_processes"].as_array().unwrap().iter().any(|p| p["pid"] == pid)).count()
-    };
+    let (mut doomed, survivor, doomed_pid, _) = hold_on_both_pcomponents(&c);
+    let holding = mcomponents_holding;
     assert_eq!(holding(&c, doomed_pid), 2, "the program's heap is on both mComponents");
     let homes = |c: &TestCluster| c.components("mcomponent").iter().map(|m| m["stats"]["home_of"].as_u64().unwrap()).sum::<u64>();
     assert_eq!(homes(&c), 2);
+    let pcomp = c.components("pcomponent").into_iter().find(|p| p["stats"]["processes"][0]["pid"] == doomed_pid).unwrap();
     c.kill_component(c.pid_of_addr(pcomp["addr"].as_str().unwrap()));
     assert!(!doomed.wait().unwrap().success());
     // Within a few seconds every mComponent let go of the lost pComponent's process, and only
@@ -526,7 +517,5 @@ fn a_dead_pcomponents_memory_is_released_on_every_mcomponent() {
     assert!(c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0 && homes(c) == 1), "memory of the lost pComponent's process: {:?}", c.components("mcomponent"));
     let released: f64 = c.components("mcomponent").iter().map(|m| c.metric(m["addr"].as_str().unwrap(), "mcomp_lost_processes_released_total")).sum();
     assert_eq!(released, 1.0);
-    drop(survivor.stdin.take());
-    let out = survivor.wait_with_output().unwrap();
-    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "24"]).stdout), "{}", text(&out.stderr));
+    assert_hold_ends_native(survivor);
 }

@@ -303,6 +303,33 @@ impl TestCluster {
     }
 }
 
+/// Two `hold 24` programs, one on each of the cluster's two pComponents (named by their
+/// program sockets), both ready: (the one on the first, the one on the second, their process
+/// ids).
+pub fn hold_on_both_pcomponents(c: &TestCluster) -> (std::process::Child, std::process::Child, u64, u64) {
+    let hold = program("hold");
+    let sock = |i: usize| c.dir.path().join(format!("programs/proc{i}.sock")).to_str().unwrap().to_string();
+    let mut first = c.spawn(&["--pcomponent", &sock(0)], &[hold.to_str().unwrap(), "24"]);
+    let mut second = c.spawn(&["--pcomponent", &sock(1)], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut first), "ready\n");
+    assert_eq!(read_line(&mut second), "ready\n");
+    let pid_on = |i: usize| c.components("pcomponent").into_iter().find(|p| p["shim_sock"] == sock(i)).unwrap()["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    (first, second, pid_on(0), pid_on(1))
+}
+
+/// How many mComponents hold pages or mappings of process `pid` (their own statistics).
+pub fn mcomponents_holding(c: &TestCluster, pid: u64) -> usize {
+    c.components("mcomponent").iter().filter(|m| m["stats"]["owned_processes"].as_array().is_some_and(|o| o.iter().any(|p| p["pid"] == pid))).count()
+}
+
+/// Asserts that a `hold 24` program read its heap back and printed what it prints natively.
+pub fn assert_hold_ends_native(mut child: std::process::Child) {
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let hold = program("hold");
+    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold.to_str().unwrap(), "24"]).stdout), "{}", text(&out.stderr));
+}
+
 static ISSUED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl Drop for TestCluster {

@@ -25,16 +25,8 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
     for host in ["p1", "p2", "m1", "m2"] {
         assert_eq!(addrs.iter().filter(|a| a.starts_with(&format!("{}:", h.addr(host)))).count(), 1, "{host}: {addrs:?}");
     }
-    let hold = program("hold");
-    let hold = hold.to_str().unwrap();
-    let sock = |i: usize| c.dir.path().join(format!("programs/proc{i}.sock")).to_str().unwrap().to_string();
-    let mut doomed = c.spawn(&["--pcomponent", &sock(0)], &[hold, "24"]);
-    let mut survivor = c.spawn(&["--pcomponent", &sock(1)], &[hold, "24"]);
-    assert_eq!(read_line(&mut doomed), "ready\n");
-    assert_eq!(read_line(&mut survivor), "ready\n");
-    let pid_on = |i: usize| c.components("pcomponent").into_iter().find(|p| p["shim_sock"] == sock(i)).unwrap()["stats"]["processes"][0]["pid"].as_u64().unwrap();
-    let (doomed_pid, survivor_pid) = (pid_on(0), pid_on(1));
-    let holding = |c: &TestCluster, pid: u64| c.components("mcomponent").iter().filter(|m| m["stats"]["owned_processes"].as_array().is_some_and(|o| o.iter().any(|p| p["pid"] == pid))).count();
+    let (doomed, survivor, doomed_pid, survivor_pid) = hold_on_both_pcomponents(&c);
+    let holding = mcomponents_holding;
     assert_eq!((holding(&c, doomed_pid), holding(&c, survivor_pid)), (2, 2), "both heaps are spread over both mComponent hosts");
 
     // m2's host is cut off for longer than the global managers wait for a heartbeat, then
@@ -57,7 +49,5 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
     assert!(c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0), "the lost host's process is released");
     assert_eq!(holding(&c, survivor_pid), 2);
     // The other program reads its whole heap back from both mComponent hosts.
-    drop(survivor.stdin.take());
-    let out = survivor.wait_with_output().unwrap();
-    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "24"]).stdout), "{}", text(&out.stderr));
+    assert_hold_ends_native(survivor);
 }
