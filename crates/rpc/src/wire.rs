@@ -28,6 +28,47 @@ pub const WIRE_VERSION: u16 = 7;
 pub const MAX_BODY: u32 = 2 << 20;
 /// A page of the ExCache, of a vRegion owner and of the buffer cache.
 pub const PAGE_SIZE: usize = 4096;
+/// A heap page as it travels and as its owner keeps it: its `PAGE_SIZE` bytes, then the
+/// CRC-32C of those bytes (little-endian), made by the pComponent that writes the page back
+/// and checked by the one that fetches it, so that a page changed anywhere in between (a
+/// flipped bit in an mComponent's memory) is never taken for the program's data.
+pub const SEALED_PAGE: usize = PAGE_SIZE + 4;
+
+/// `data` (one page) sealed with its checksum.
+pub fn seal_page(data: &[u8]) -> ByteBuf {
+    let mut v = Vec::with_capacity(SEALED_PAGE);
+    v.extend_from_slice(data);
+    v.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    ByteBuf::from(v)
+}
+
+/// A page never written back: zeros, sealed.
+pub fn sealed_zero_page() -> ByteBuf {
+    seal_page(&[0u8; PAGE_SIZE])
+}
+
+/// Why a sealed page was not accepted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unsealed {
+    /// It is not `SEALED_PAGE` bytes long.
+    Size(usize),
+    /// Its bytes do not match its checksum.
+    Checksum,
+}
+
+/// The page's bytes, if they are what was sealed.
+pub fn unseal_page(blob: ByteBuf) -> Result<Vec<u8>, Unsealed> {
+    let mut v = blob.into_vec();
+    if v.len() != SEALED_PAGE {
+        return Err(Unsealed::Size(v.len()));
+    }
+    let sum = u32::from_le_bytes(v[PAGE_SIZE..].try_into().expect("four bytes"));
+    v.truncate(PAGE_SIZE);
+    if crc32c::crc32c(&v) != sum {
+        return Err(Unsealed::Checksum);
+    }
+    Ok(v)
+}
 /// Longest name of one path component in a vNode's file system (as Linux's NAME_MAX).
 pub const NAME_MAX: usize = 255;
 /// Longest path in a vNode's file system (as Linux's PATH_MAX).
@@ -474,6 +515,12 @@ messages! {
     /// Drops a deleted file's blocks without writing them back.
     P2M_FILE_FORGET { pub vnode: String, pub ino: u64 };
 
+    // ---- control client -> mComponent
+    /// Fault injection (`splitos debug flip`): flips bit `bit` of the first page of the
+    /// process this mComponent stores at or after `from_vpn`, and says which.
+    C2M_DEBUG_FLIP { pub who: Who, pub from_vpn: u64, pub bit: u32 };
+    M2C_FLIPPED { pub vpn: u64 };
+
     // ---- control client -> any component
     C2X_PING;
     X2C_PONG { pub role: Role, pub id: u32 };
@@ -538,6 +585,7 @@ replies! {
     P2M_FILE_SYNC => OK,
     P2M_FILE_STAT => M2P_FILE_SIZE,
     P2M_FILE_FORGET => OK,
+    C2M_DEBUG_FLIP => M2C_FLIPPED,
     C2X_PING => X2C_PONG,
     C2X_STATS => X2C_STATS,
     C2X_METRICS => X2C_METRICS,
@@ -547,6 +595,24 @@ replies! {
 impl ERR {
     pub fn new(code: ErrCode, msg: impl Into<String>) -> ERR {
         ERR { code, msg: msg.into() }
+    }
+}
+
+#[cfg(test)]
+mod page_seal_tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_page_opens_to_its_bytes_and_any_flipped_bit_or_wrong_size_is_refused() {
+        let data: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 31 % 251) as u8).collect();
+        assert_eq!(unseal_page(seal_page(&data)), Ok(data.clone()));
+        assert_eq!(unseal_page(sealed_zero_page()), Ok(vec![0u8; PAGE_SIZE]));
+        for bit in [0, 7, 12345, SEALED_PAGE * 8 - 1] {
+            let mut v = seal_page(&data).into_vec();
+            v[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(unseal_page(ByteBuf::from(v)), Err(Unsealed::Checksum), "bit {bit}");
+        }
+        assert_eq!(unseal_page(ByteBuf::from(data)), Err(Unsealed::Size(PAGE_SIZE)));
     }
 }
 

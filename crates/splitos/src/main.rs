@@ -355,6 +355,20 @@ enum DebugCmd {
         #[arg(long, value_parser = clap_num_u64)]
         vaddr: u64,
     },
+    /// Flip a bit of a page an mComponent stores for a process (fault injection): the first page at or after --vaddr. The pComponent that fetches it finds it fails its checksum.
+    Flip {
+        #[arg(long)]
+        mcomp: String,
+        #[arg(long)]
+        vnode: String,
+        #[arg(long)]
+        pid: u64,
+        #[arg(long, value_parser = clap_num_u64, default_value_t = 0)]
+        vaddr: u64,
+        /// Which bit of the page (0 to 32767).
+        #[arg(long, default_value_t = 0)]
+        bit: u32,
+    },
 }
 
 fn clap_num_u64(s: &str) -> Result<u64, String> {
@@ -402,6 +416,7 @@ fn main() {
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),
+        Cmd::Debug { cmd: DebugCmd::Flip { mcomp, vnode, pid, vaddr, bit } } => control::debug_flip(&mcomp, vnode, pid, vaddr, bit),
     };
     if let Err(e) = r {
         eprintln!("splitos: {e:#}");

@@ -519,3 +519,37 @@ fn a_dead_pcomponents_memory_is_released_on_every_mcomponent() {
     assert_eq!(released, 1.0);
     assert_hold_ends_native(survivor);
 }
+
+#[test]
+fn a_page_changed_on_its_mcomponent_is_never_taken_for_the_programs_data() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "16"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let m = c.components("mcomponent")[0].clone();
+    let addr = m["addr"].as_str().unwrap().to_string();
+    let pid = m["stats"]["owned_processes"][0]["pid"].as_u64().unwrap().to_string();
+    // A bit flips in pages spread over the 12 MiB the ExCache pushed out (fault injection).
+    let mut from = 0x2000_0000_0000u64;
+    let mut flipped = 0;
+    while flipped < 12 {
+        let out = c.cmd(&["debug", "flip", "--mcomp", &addr, "--vnode", "default", "--pid", &pid, "--vaddr", &format!("{from:#x}"), "--bit", "12345"]).output().unwrap();
+        if !out.status.success() {
+            break;
+        }
+        let page = u64::from_str_radix(text(&out.stdout).trim().rsplit("0x").next().unwrap(), 16).unwrap();
+        from = page + (1 << 20);
+        flipped += 1;
+    }
+    assert!(flipped >= 8, "pages of the program are on the mComponent: {flipped}");
+    // The program reads its buffer back: it is stopped at the first changed page, naming the
+    // mComponent, and never prints a sum of wrong data.
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(text(&out.stdout), "", "no output from wrong data");
+    let err = text(&out.stderr);
+    assert!(err.contains("fails its checksum") && err.contains(&addr), "{err}");
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
+}

@@ -4,7 +4,7 @@ pub mod launcher;
 pub mod run;
 
 use comfy_table::Table;
-use splitos_rpc::{Role, Who, C2X_METRICS, P2M_FETCH, PAGE_SIZE};
+use splitos_rpc::{unseal_page, Role, Who, C2M_DEBUG_FLIP, C2X_METRICS, P2M_FETCH, PAGE_SIZE};
 
 use crate::config::ClusterConfig;
 use cluster::{Cluster, ClusterState};
@@ -129,7 +129,19 @@ pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::
     let page = cluster::rpc()?
         .call(mcomp, P2M_FETCH { who: Who { vnode, pid }, vpn: vaddr / PAGE_SIZE as u64 })
         .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
-    let data = page.data;
-    println!("page {:#x}: {} bytes, first bytes {:02x?}", vaddr & !(PAGE_SIZE as u64 - 1), data.len(), &data[..16.min(data.len())]);
+    let at = vaddr & !(PAGE_SIZE as u64 - 1);
+    match unseal_page(page.data) {
+        Ok(data) => println!("page {at:#x}: {} bytes, checksum good, first bytes {:02x?}", data.len(), &data[..16]),
+        Err(e) => println!("page {at:#x}: not what was written back ({e:?})"),
+    }
+    Ok(())
+}
+
+/// `splitos debug flip`: flips a bit of a page an mComponent stores, as a memory error would.
+pub fn debug_flip(mcomp: &str, vnode: String, pid: u64, vaddr: u64, bit: u32) -> anyhow::Result<()> {
+    let r = cluster::rpc()?
+        .call(mcomp, C2M_DEBUG_FLIP { who: Who { vnode, pid }, from_vpn: vaddr / PAGE_SIZE as u64, bit })
+        .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    println!("flipped bit {bit} of page {:#x}", r.vpn * PAGE_SIZE as u64);
     Ok(())
 }

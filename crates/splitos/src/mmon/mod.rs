@@ -148,6 +148,7 @@ impl Handler for Mem {
             Msg::P2M_EXIT(r) => on(r, |r| self.home_exit(r)),
             Msg::P2M_VREGION(r) => on(r, |r| self.vregion(r)),
             Msg::P2M_FETCH(r) => on(r, |r| self.fetch(r)),
+            Msg::C2M_DEBUG_FLIP(r) => on(r, |r| self.debug_flip(r)),
             Msg::P2M_FLUSH(r) => on(r, |r| self.flush(r)),
             Msg::P2M_FLUSH_FETCH(r) => on(r, |r| self.flush_fetch(r)),
             Msg::P2M_FETCH_MANY(r) => on(r, |r| self.fetch_many(r)),

@@ -15,7 +15,9 @@ use splitos_rpc::*;
 use super::vma::{Vma, VmaMap};
 use super::{Mem, PAGE};
 
-type Page = Box<[u8; PAGE_SIZE]>;
+/// A page as it was written back: sealed with its checksum ([`SEALED_PAGE`]), which the
+/// owner keeps and returns without looking at it.
+type Page = Box<[u8; SEALED_PAGE]>;
 
 const PROT_WRITE: u32 = 2;
 
@@ -42,7 +44,7 @@ impl OwnerProc {
         self.page_in_vma(vpn)?;
         Ok(match self.pages.get(&vpn) {
             Some(pg) => ByteBuf::from(pg.to_vec()),
-            None => ByteBuf::from(vec![0u8; PAGE_SIZE]),
+            None => sealed_zero_page(),
         })
     }
 }
@@ -95,16 +97,27 @@ impl Mem {
     }
 
     fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
-        if data.len() != PAGE_SIZE {
-            return Err(ERR::new(ErrCode::Invalid, format!("a page is {PAGE_SIZE} bytes, got {}", data.len())));
+        if data.len() != SEALED_PAGE {
+            return Err(ERR::new(ErrCode::Invalid, format!("a sealed page is {SEALED_PAGE} bytes, got {}", data.len())));
         }
         p.page_in_vma(vpn)?;
-        let mut page: Page = Box::new([0u8; PAGE_SIZE]);
+        let mut page: Page = Box::new([0u8; SEALED_PAGE]);
         page.copy_from_slice(data);
         if p.pages.insert(vpn, page).is_none() {
             self.used.fetch_add(PAGE, Relaxed);
         }
         Ok(())
+    }
+
+    /// Fault injection: a bit of a stored page flips, as in a memory error.
+    pub(super) fn debug_flip(&self, r: C2M_DEBUG_FLIP) -> Result<M2C_FLIPPED, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        let (vpn, page) = g.pages.range_mut(r.from_vpn..).next().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no page at or after {:#x} here", r.who.pid, r.from_vpn * PAGE)))?;
+        let bit = r.bit as usize % (PAGE_SIZE * 8);
+        page[bit / 8] ^= 1 << (bit % 8);
+        tracing::warn!(pid = r.who.pid, vpn = *vpn, bit, "flipped a bit of a stored page (fault injection)");
+        Ok(M2C_FLIPPED { vpn: *vpn })
     }
 
     pub(super) fn fetch(&self, r: P2M_FETCH) -> Result<M2P_PAGE, Refusal> {

@@ -110,11 +110,17 @@ fn failed(o: &ComponentRef, what: &str, vpn: u64, e: RpcError) -> Refusal {
     ERR::new(e.code(), format!("mComponent {} at {}: cannot {what} heap page {:#x}: {e}", o.id, o.addr, page(vpn)))
 }
 
+/// A fetched page, if it is what was written back: a page that fails its checksum is never
+/// taken for the program's data.
 fn checked(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Page, Refusal> {
-    if data.len() != PAGE_SIZE {
-        return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} bytes for heap page {:#x}", o.id, o.addr, data.len(), page(vpn))));
-    }
-    Ok(data.into_vec())
+    unseal_page(data).map_err(|e| match e {
+        Unsealed::Size(n) => ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {n} bytes for heap page {:#x}", o.id, o.addr, page(vpn))),
+        Unsealed::Checksum => {
+            metrics::counter!("pcomp_checksum_failures_total").increment(1);
+            tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
+            ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)", o.id, o.addr, page(vpn)))
+        }
+    })
 }
 
 /// The pages of a batched fetch, one per page asked for.
@@ -140,7 +146,7 @@ impl PageStore for RemoteStore {
     fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
         let s = self.space(pid)?;
         let o = self.owner(&s, vpn)?;
-        self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: s.who.clone(), vpn, data: ByteBuf::from(data.to_vec()) }).map_err(|e| failed(&o, "write back", vpn, e))?;
+        self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: s.who.clone(), vpn, data: seal_page(data) }).map_err(|e| failed(&o, "write back", vpn, e))?;
         Ok(())
     }
 
@@ -149,7 +155,7 @@ impl PageStore for RemoteStore {
         // The victim's process exited since it was evicted: its page is garbage, the fetch alone remains.
         let Ok(fs) = self.space(fpid) else { return self.fetch(pid, vpn) };
         let o = self.owner(&s, vpn)?;
-        let msg = P2M_FLUSH_FETCH { who: s.who.clone(), fetch_vpn: vpn, flush_who: fs.who.clone(), flush_vpn: fvpn, data: ByteBuf::from(data.to_vec()) };
+        let msg = P2M_FLUSH_FETCH { who: s.who.clone(), fetch_vpn: vpn, flush_who: fs.who.clone(), flush_vpn: fvpn, data: seal_page(data) };
         let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", vpn, e))?;
         checked(&o, vpn, r.data)
     }
@@ -167,7 +173,7 @@ impl PageStore for RemoteStore {
         let s = self.space(pid)?;
         let o = self.owner(&s, first)?;
         // A victim whose process exited since it was evicted is garbage: it stays behind.
-        let flushes = flushes.iter().filter_map(|(fpid, fvpn, data)| self.space(*fpid).ok().map(|fs| (fs.who.clone(), *fvpn, ByteBuf::from(data.to_vec())))).collect();
+        let flushes = flushes.iter().filter_map(|(fpid, fvpn, data)| self.space(*fpid).ok().map(|fs| (fs.who.clone(), *fvpn, seal_page(data)))).collect();
         let msg = P2M_FLUSH_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec(), flushes };
         let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", first, e))?;
         pages_of(&o, vpns, r)
@@ -177,7 +183,7 @@ impl PageStore for RemoteStore {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         let s = self.space(pid)?;
         let o = self.owner(&s, first)?;
-        let pages = pages.iter().map(|(v, d)| (*v, ByteBuf::from(d.to_vec()))).collect();
+        let pages = pages.iter().map(|(v, d)| (*v, seal_page(d))).collect();
         self.node.rpc.call_direct(&o.addr, P2M_FLUSH_MANY { who: s.who.clone(), pages }).map_err(|e| failed(&o, "write back", first, e))?;
         Ok(())
     }
