@@ -21,6 +21,14 @@ type Page = Box<[u8; SEALED_PAGE]>;
 
 const PROT_WRITE: u32 = 2;
 
+/// A page to store must be sealed ([`SEALED_PAGE`] bytes); its seal is the fetcher's to check.
+fn sealed_size(data: &[u8]) -> Result<(), Refusal> {
+    if data.len() != SEALED_PAGE {
+        return Err(ERR::new(ErrCode::Invalid, format!("a sealed page is {SEALED_PAGE} bytes, got {}", data.len())));
+    }
+    Ok(())
+}
+
 /// Owner state of one process: its vmas and pages in vRegions this mComponent owns.
 pub(super) struct OwnerProc {
     pub vnode: String,
@@ -97,9 +105,7 @@ impl Mem {
     }
 
     fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
-        if data.len() != SEALED_PAGE {
-            return Err(ERR::new(ErrCode::Invalid, format!("a sealed page is {SEALED_PAGE} bytes, got {}", data.len())));
-        }
+        sealed_size(data)?;
         p.page_in_vma(vpn)?;
         let mut page: Page = Box::new([0u8; SEALED_PAGE]);
         page.copy_from_slice(data);
@@ -177,9 +183,7 @@ impl Mem {
         let mut g = p.lock().unwrap();
         // All or nothing: a batch with a page outside the process's vmas stores none of it.
         for (vpn, data) in &r.pages {
-            if data.len() != PAGE_SIZE {
-                return Err(ERR::new(ErrCode::Invalid, format!("a page is {PAGE_SIZE} bytes, got {}", data.len())));
-            }
+            sealed_size(data)?;
             g.page_in_vma(*vpn)?;
         }
         for (vpn, data) in &r.pages {
