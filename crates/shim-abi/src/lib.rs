@@ -42,7 +42,7 @@ pub const HELLO_LAUNCHER: u32 = 1;
 
 /// Where the heap region sits in every program (the same address in a parent and a forked child).
 pub const REGION_BASE: u64 = 0x2000_0000_0000;
-pub const DEFAULT_REGION_SIZE: u64 = 256 << 30;
+pub const DEFAULT_REGION_SIZE: u64 = 16 << 40;
 
 /// Environment variables the shim reads.
 pub const ENV_SOCK: &str = "SPLITOS_PCOMP_SOCK";

@@ -210,3 +210,11 @@ fn heap_mappings_handed_out_again_without_the_home_behave_as_natively() {
     let (_, s) = same_as_native_with_stats(&["--excache", "256M", "--heap-reuse", "64M"], &["node", "-e", js]);
     assert!(n(&s, "heap_calls_local") * 2 > n(&s, "heap_calls"), "{s}");
 }
+
+#[test]
+fn a_terabyte_reserved_without_memory_and_partly_committed_behaves_as_natively() {
+    // As JVMs, V8 and Go reserve their heaps: 1 TiB PROT_NONE, then 64 MiB of it writable and
+    // used through a 4 MiB ExCache, then all given back.
+    let p = prog("reserve");
+    through_components(&["--excache", "4M"], &[&p], 1);
+}
