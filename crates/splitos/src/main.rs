@@ -342,27 +342,30 @@ enum ClusterCmd {
     },
 }
 
+/// A process's memory on one mComponent, as the debug tools name it.
+#[derive(Args)]
+struct ProcessOnMcomp {
+    #[arg(long)]
+    mcomp: String,
+    #[arg(long)]
+    vnode: String,
+    #[arg(long)]
+    pid: u64,
+}
+
 #[derive(Subcommand)]
 enum DebugCmd {
     /// Send one P2M_FETCH to an mComponent, as a pComponent would, and print the answer.
     Fetch {
-        #[arg(long)]
-        mcomp: String,
-        #[arg(long)]
-        vnode: String,
-        #[arg(long)]
-        pid: u64,
+        #[command(flatten)]
+        at: ProcessOnMcomp,
         #[arg(long, value_parser = clap_num_u64)]
         vaddr: u64,
     },
     /// Flip a bit of a page an mComponent stores for a process (fault injection): the first page at or after --vaddr. The pComponent that fetches it finds it fails its checksum.
     Flip {
-        #[arg(long)]
-        mcomp: String,
-        #[arg(long)]
-        vnode: String,
-        #[arg(long)]
-        pid: u64,
+        #[command(flatten)]
+        at: ProcessOnMcomp,
         #[arg(long, value_parser = clap_num_u64, default_value_t = 0)]
         vaddr: u64,
         /// Which bit of the page (0 to 32767).
@@ -415,8 +418,8 @@ fn main() {
             transport.credentials().and_then(|credentials| smon::run(smon::StorageArgs { listen, credentials, transport: transport.config(), gm, dir, quota: quota.0, ready_file, metrics_addr }))
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
-        Cmd::Debug { cmd: DebugCmd::Fetch { mcomp, vnode, pid, vaddr } } => control::debug_fetch(&mcomp, vnode, pid, vaddr),
-        Cmd::Debug { cmd: DebugCmd::Flip { mcomp, vnode, pid, vaddr, bit } } => control::debug_flip(&mcomp, vnode, pid, vaddr, bit),
+        Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
+        Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
     };
     if let Err(e) = r {
         eprintln!("splitos: {e:#}");

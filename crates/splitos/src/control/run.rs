@@ -232,19 +232,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         // Processes the program left behind (a pipeline's other end, a daemon) would hang on
         // their first miss once the cluster is gone: stop them, and say so.
         if let Ok((_, _, _, run_id)) = &result {
-            let left = processes_of_run(*run_id);
-            for pid in &left {
-                // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
-                if unsafe { libc::kill(*pid, libc::SIGKILL) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    // ESRCH: it ended meanwhile. Anything else leaves it hung on a cluster that is going away.
-                    if e.raw_os_error() != Some(libc::ESRCH) {
-                        eprintln!("splitos: warning: cannot stop process {pid} the program left running: {e}");
-                    }
-                }
-            }
-            if !left.is_empty() {
-                eprintln!("splitos: stopped {} process(es) the program left running; the embedded cluster ends with the run", left.len());
+            let left = stop_processes_of_run(*run_id);
+            if left > 0 {
+                eprintln!("splitos: stopped {left} process(es) the program left running; the embedded cluster ends with the run");
             }
         }
         c.stop();
@@ -429,6 +419,22 @@ fn processes_of_run(run_id: u64) -> Vec<i32> {
         .collect()
 }
 
+/// Kills every process of the run (SIGKILL); returns how many there were. One that cannot be
+/// stopped (anything but ESRCH: it ended meanwhile) would hang on memory no one serves: say so.
+fn stop_processes_of_run(run_id: u64) -> usize {
+    let pids = processes_of_run(run_id);
+    for pid in &pids {
+        // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
+        if unsafe { libc::kill(*pid, libc::SIGKILL) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                eprintln!("splitos: warning: cannot stop process {pid} of the run: {e}");
+            }
+        }
+    }
+    pids.len()
+}
+
 /// The program's heap is served by its pComponent: if that component goes away, the
 /// program's faults can never be served. Stops every process of the run with a message naming
 /// the component instead of leaving them hung, and says why; `None` once `stop` is written.
@@ -436,15 +442,6 @@ fn watch_pcomponent(l: &Launcher, pcomp: &str, stop: &std::os::unix::net::UnixSt
     if !l.wait_lost(stop) {
         return None;
     }
-    let why = format!("{pcomp} went away; its programs' memory cannot be served, so they were stopped");
-    for pid in processes_of_run(run_id) {
-        // SAFETY: kill takes no pointers; signalling another process cannot affect our memory.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                eprintln!("splitos: warning: cannot stop process {pid} of the run: {e}");
-            }
-        }
-    }
-    Some(why)
+    stop_processes_of_run(run_id);
+    Some(format!("{pcomp} went away; its programs' memory cannot be served, so they were stopped"))
 }

@@ -92,26 +92,25 @@ pub struct Grants {
     by_vnode: HashMap<String, Grant>,
 }
 
-fn uid_of(name: &str) -> Result<u32, String> {
+/// A user's or group's id, from its number or its name on this host; a name this host does not
+/// know is an error, not a grant to nobody.
+fn id_of(what: &str, name: &str, lookup: impl Fn(&str) -> nix::Result<Option<u32>>) -> Result<u32, String> {
     if let Ok(n) = name.parse() {
         return Ok(n);
     }
-    match nix::unistd::User::from_name(name) {
-        Ok(Some(u)) => Ok(u.uid.as_raw()),
-        Ok(None) => Err(format!("no user {name:?} on this host")),
-        Err(e) => Err(format!("cannot look up user {name:?}: {e}")),
+    match lookup(name) {
+        Ok(Some(id)) => Ok(id),
+        Ok(None) => Err(format!("no {what} {name:?} on this host")),
+        Err(e) => Err(format!("cannot look up {what} {name:?}: {e}")),
     }
 }
 
+fn uid_of(name: &str) -> Result<u32, String> {
+    id_of("user", name, |n| nix::unistd::User::from_name(n).map(|u| u.map(|u| u.uid.as_raw())))
+}
+
 fn gid_of(name: &str) -> Result<u32, String> {
-    if let Ok(n) = name.parse() {
-        return Ok(n);
-    }
-    match nix::unistd::Group::from_name(name) {
-        Ok(Some(g)) => Ok(g.gid.as_raw()),
-        Ok(None) => Err(format!("no group {name:?} on this host")),
-        Err(e) => Err(format!("cannot look up group {name:?}: {e}")),
-    }
+    id_of("group", name, |n| nix::unistd::Group::from_name(n).map(|g| g.map(|g| g.gid.as_raw())))
 }
 
 impl Grants {
