@@ -111,7 +111,7 @@ mod tests {
     use serde_bytes::ByteBuf;
 
     fn fetch(vpn: u64) -> Msg {
-        P2M_FETCH { who: Who { vnode: "v".into(), pid: 7 }, vpn }.into()
+        P2M_FETCH { who: Who::new("v", 7), vpn }.into()
     }
 
     #[test]
@@ -150,14 +150,14 @@ mod tests {
         /// Every page message decodes to exactly what was encoded.
         #[test]
         fn page_messages_round_trip(pid in any::<u64>(), vpn in any::<u64>(), vnode in "[a-z]{0,20}", data in proptest::collection::vec(any::<u8>(), 0..4096), id in any::<u64>()) {
-            let m: Msg = P2M_FLUSH { who: Who { vnode: vnode.clone(), pid }, vpn, data: ByteBuf::from(data.clone()) }.into();
+            let m: Msg = P2M_FLUSH { who: Who::new(vnode.clone(), pid), vpn, data: ByteBuf::from(data.clone()) }.into();
             let buf = encode(FrameKind::Reply, id, &m);
             let f = read_frame(&mut &buf[..]).unwrap().unwrap();
             prop_assert_eq!(f.kind, FrameKind::Reply);
             prop_assert_eq!(f.req_id, id);
             match f.msg {
                 Msg::P2M_FLUSH(P2M_FLUSH { who, vpn: v, data: d }) => {
-                    prop_assert_eq!(who, Who { vnode, pid });
+                    prop_assert_eq!(who, Who::new(vnode, pid));
                     prop_assert_eq!(v, vpn);
                     prop_assert_eq!(d.into_vec(), data);
                 }

@@ -22,7 +22,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 2 added storage: the sComponent role, file messages and `ErrCode::Errno`.
 /// Version 3 added the batched page messages `P2M_FETCH_MANY`, `P2M_FLUSH_MANY` and
 /// `P2M_FLUSH_FETCH_MANY`.
-pub const WIRE_VERSION: u16 = 7;
+/// Version 8 added replication: replica sets with epochs in place of single vRegion owners,
+/// the backup home, and the epoch in [`Who`].
+pub const WIRE_VERSION: u16 = 8;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -116,6 +118,55 @@ impl FrameKind {
 pub struct Who {
     pub vnode: String,
     pub pid: u64,
+    /// The version of the process's replica sets the sender acts on (see
+    /// [`VregionReplicas`]); an owner refuses a write-back of an older epoch (`Stale`), so
+    /// that no page lands only on a replica set that has since changed.
+    pub epoch: u64,
+}
+
+impl Who {
+    pub fn new(vnode: impl Into<String>, pid: u64) -> Who {
+        Who { vnode: vnode.into(), pid, epoch: 0 }
+    }
+}
+
+/// How a cluster keeps heap memory safe from the loss of an mComponent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Replication {
+    /// One copy of each page: an mComponent that dies takes its pages with it.
+    #[default]
+    None,
+    /// Every vRegion on two mComponents (on different hosts when there are), written back
+    /// to both; the vma tree and the home's state are replicated too.
+    Replica,
+}
+
+impl Replication {
+    pub const NAMES: &'static str = "none, replica";
+
+    pub fn from_name(name: &str) -> Result<Replication, String> {
+        match name {
+            "none" => Ok(Replication::None),
+            "replica" => Ok(Replication::Replica),
+            "log" | "ec" => Err(format!("replication = \"{name}\" is not available yet (this build has {})", Replication::NAMES)),
+            other => Err(format!("unknown replication scheme \"{other}\" (one of {})", Replication::NAMES)),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Replication::None => "none",
+            Replication::Replica => "replica",
+        }
+    }
+
+    /// Copies of each page.
+    pub fn copies(self) -> usize {
+        match self {
+            Replication::None => 1,
+            Replication::Replica => 2,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,10 +274,36 @@ pub struct ComponentInfo {
     pub since_heartbeat_ms: u64,
 }
 
+/// The mComponents holding a vRegion of a process: the primary (fetches go there) first.
+/// `epoch` is the process's epoch when the set last changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VregionOwner {
+pub struct VregionReplicas {
     pub index: u64,
-    pub owner: ComponentRef,
+    pub epoch: u64,
+    pub owners: Vec<ComponentRef>,
+}
+
+/// A vma as the home keeps it: `accounted` once it was writable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeVma {
+    pub start: u64,
+    pub end: u64,
+    pub prot: u32,
+    pub accounted: bool,
+}
+
+/// All a home knows of one process, as it copies it to the backup home after each change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeState {
+    pub who: Who,
+    /// The home that sent it: when it is lost, the backup takes over.
+    pub home: ComponentRef,
+    pub creator: Option<[u8; 32]>,
+    pub pcomp: u32,
+    pub base: u64,
+    pub limit: u64,
+    pub vmas: Vec<HomeVma>,
+    pub vregions: Vec<VregionReplicas>,
 }
 
 /// A virtual memory area as the pComponent needs it to rebuild protections (after fork).
@@ -252,6 +329,9 @@ pub enum ErrCode {
     Internal,
     /// A file-system error the program sees as this Linux errno (ENOENT, ENOSPC, ...).
     Errno(i32),
+    /// A write-back of an older epoch than the owner's: the sender asks the home for the
+    /// process's replica sets and writes again.
+    Stale,
 }
 
 impl ErrCode {
@@ -263,7 +343,7 @@ impl ErrCode {
             ErrCode::Invalid => libc::EINVAL,
             ErrCode::Denied => libc::EACCES,
             ErrCode::NotFound => libc::ENOENT,
-            ErrCode::Unreachable | ErrCode::Internal => libc::EIO,
+            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale => libc::EIO,
             ErrCode::Errno(n) => n,
         }
     }
@@ -393,13 +473,16 @@ messages! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
     X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load, pub id: u32 };
-    G2X_REGISTERED { pub id: u32, pub vregion_size: u64 };
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
     /// `lost` (to mComponents only): the pComponents silent for longer than the cluster's
     /// `reclaim_dead_ms`, or replaced by a new start at their address, whose processes'
-    /// memory the mComponents release.
-    G2X_BEAT { pub lost: Vec<LostPcomp> };
+    /// memory the mComponents release. `lost_mcomps` (to mComponents only): the mComponents
+    /// silent for as long, whose replicas the homes rebuild elsewhere. `fenced`: the receiver
+    /// itself was declared lost in a replicated cluster; its copies are out of date, and it
+    /// drops them and registers again.
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool };
     C2G_STATUS;
     G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
@@ -408,8 +491,9 @@ messages! {
     /// GMM: which mComponent is home of a new process.
     P2G_PICK_HOME;
     G2P_HOME { pub mcomp: ComponentRef };
-    /// GMM: which mComponent owns a newly active vRegion.
-    M2G_PICK_OWNER { pub bytes: u64 };
+    /// GMM: which mComponent owns a newly active vRegion (or is a backup home, with `bytes`
+    /// 0), other than those in `exclude` and, when it can, on another host than they are.
+    M2G_PICK_OWNER { pub bytes: u64, pub exclude: Vec<u32> };
     G2M_OWNER { pub mcomp: ComponentRef };
     /// GSM: which sComponent stores a vNode's files.
     P2G_VNODE_STORAGE { pub vnode: String };
@@ -421,17 +505,27 @@ messages! {
     // ---- pComponent -> home mComponent: virtual memory calls of a process
     /// `pcomp`: the sender's component id, which with its key names this start of it.
     P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64, pub pcomp: u32 };
+    /// `backup`: the mComponent that keeps a copy of the home's state of the process and
+    /// takes over when the home is lost (replicated clusters).
+    M2P_HOME { pub backup: Option<ComponentRef> };
     P2M_MMAP { pub who: Who, pub hint: u64, pub len: u64, pub prot: u32, pub fixed: bool };
-    M2P_MAPPED { pub addr: u64, pub prot: u32, pub owners: Vec<VregionOwner> };
+    M2P_MAPPED { pub addr: u64, pub prot: u32, pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };
     P2M_MUNMAP { pub who: Who, pub addr: u64, pub len: u64 };
     P2M_MPROTECT { pub who: Who, pub addr: u64, pub len: u64, pub prot: u32 };
     P2M_MREMAP { pub who: Who, pub old: u64, pub old_len: u64, pub new_len: u64, pub may_move: bool, pub fixed_to: Option<u64> };
     P2M_DONTNEED { pub who: Who, pub addr: u64, pub len: u64 };
     P2M_FORK { pub parent: Who, pub child: u64 };
-    M2P_FORKED { pub vmas: Vec<VmaInfo>, pub owners: Vec<VregionOwner> };
+    M2P_FORKED { pub vmas: Vec<VmaInfo>, pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };
     P2M_EXIT { pub who: Who };
-    P2M_VREGION { pub who: Who, pub index: u64 };
-    M2P_VREGION { pub owner: Option<ComponentRef> };
+    /// The replica sets of all the process's active vRegions.
+    P2M_VREGIONS { pub who: Who };
+    M2P_VREGIONS { pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };
+    /// The sender could not reach mComponent `lost`, a replica of the process's memory: the
+    /// home takes it out of every replica set of the process, rebuilds the copies it held
+    /// elsewhere, and answers the new sets.
+    P2M_REPLICA_LOST { pub who: Who, pub lost: u32 };
+    /// To the backup home, when the home (`lost`) cannot be reached: it becomes the home.
+    P2M_HOME_TAKEOVER { pub who: Who, pub lost: u32 };
 
     // ---- pComponent -> vRegion owner: the ExCache data path
     P2M_FETCH { pub who: Who, pub vpn: u64 };
@@ -454,6 +548,15 @@ messages! {
     /// `creator`: the static key of the pComponent that created the process (the home
     /// recorded it); the owner serves the process's pages to that pComponent alone.
     M2M_VMA_ADD { pub who: Who, pub start: u64, pub end: u64, pub prot: u32, pub creator: Option<[u8; 32]> };
+    /// From now on, refuse the process's write-backs older than `who.epoch` (a replica set
+    /// of it is changing).
+    M2M_EPOCH { pub who: Who };
+    /// Up to `max` materialized pages of a range from `from` on, left in place (a rebuild
+    /// copies them to a new replica).
+    M2M_READ_PAGES { pub who: Who, pub from: u64, pub end: u64, pub max: u32 };
+    /// The home's state of a process, to the backup home after each change.
+    M2M_HOME_SYNC { pub state: HomeState };
+    M2M_HOME_DROP { pub who: Who };
     M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
     M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };
@@ -540,7 +643,7 @@ replies! {
     M2G_PICK_OWNER => G2M_OWNER,
     P2G_VNODE_STORAGE => G2P_STORAGE,
     P2G_FILE_CACHE => G2P_FILE_CACHE,
-    P2M_PROC_CREATE => OK,
+    P2M_PROC_CREATE => M2P_HOME,
     P2M_MMAP => M2P_MAPPED,
     P2M_MUNMAP => OK,
     P2M_MPROTECT => OK,
@@ -548,7 +651,9 @@ replies! {
     P2M_DONTNEED => OK,
     P2M_FORK => M2P_FORKED,
     P2M_EXIT => OK,
-    P2M_VREGION => M2P_VREGION,
+    P2M_VREGIONS => M2P_VREGIONS,
+    P2M_REPLICA_LOST => M2P_VREGIONS,
+    P2M_HOME_TAKEOVER => M2P_HOME,
     P2M_FETCH => M2P_PAGE,
     P2M_FLUSH => OK,
     P2M_FLUSH_FETCH => M2P_PAGE,
@@ -556,6 +661,10 @@ replies! {
     P2M_FLUSH_MANY => OK,
     P2M_FLUSH_FETCH_MANY => M2P_PAGES,
     M2M_VMA_ADD => OK,
+    M2M_EPOCH => OK,
+    M2M_READ_PAGES => M2M_PAGES,
+    M2M_HOME_SYNC => OK,
+    M2M_HOME_DROP => OK,
     M2M_VMA_REMOVE => OK,
     M2M_VMA_PROTECT => OK,
     M2M_DISCARD => OK,
@@ -622,7 +731,7 @@ mod role_tests {
 
     #[test]
     fn each_request_is_accepted_from_the_roles_its_name_says_and_only_those() {
-        let who = || Who { vnode: "v".into(), pid: 1 };
+        let who = || Who::new("v", 1);
         let cases: Vec<(Msg, &[Role])> = vec![
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Proc, Role::Admin]),
             (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
@@ -631,7 +740,7 @@ mod role_tests {
             (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
-            (M2G_PICK_OWNER { bytes: 1 }.into(), &[Role::Mem, Role::Admin]),
+            (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new() }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
         ];

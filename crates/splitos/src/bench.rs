@@ -159,7 +159,7 @@ fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>>
     let creds = crate::node::credentials(&crate::control::cluster::admin_credentials(), splitos_rpc::Role::Admin)?;
     let rpc = crate::node::client_rpc(&t, creds, std::time::Duration::from_secs(5))?;
     let mut h = hist();
-    let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who { vnode: "bench".into(), pid: u64::MAX }, vpn: 0, data: splitos_rpc::seal_page(&[0u8; PAGE]) };
+    let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who::new("bench", u64::MAX), vpn: 0, data: splitos_rpc::seal_page(&[0u8; PAGE]) };
     for _ in 0..n {
         let t0 = Instant::now();
         let _ = rpc.call_direct(addr, msg.clone());

@@ -88,6 +88,9 @@ pub struct ClusterSection {
     /// The network namespace (`ip netns`) to start the global managers in (docs/deployment.md);
     /// none: the namespace of `cluster up`.
     pub netns: Option<String>,
+    /// How heap memory survives the loss of an mComponent (`none`, `replica`;
+    /// docs/failures.md); unset: `replica` with three or more mComponents, else `none`.
+    pub replication: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -212,7 +215,7 @@ fn any_port() -> String {
 }
 
 pub fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None }
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None, replication: None }
 }
 
 pub fn default_pcomp() -> PcompSection {
@@ -247,8 +250,19 @@ impl ClusterConfig {
         Ok(c)
     }
 
+    /// The cluster's replication scheme: the one configured, or by default `replica` when
+    /// there are mComponents enough for a copy on another one to spare.
+    pub fn replication(&self) -> Result<splitos_rpc::Replication, String> {
+        match &self.cluster.replication {
+            Some(name) => splitos_rpc::Replication::from_name(name).map_err(|e| format!("cluster.replication: {e}")),
+            None if self.mcomponent.len() >= 3 => Ok(splitos_rpc::Replication::Replica),
+            None => Ok(splitos_rpc::Replication::None),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         self.transport.validate()?;
+        self.replication()?;
         let vrs = self.cluster.vregion_size.0;
         if vrs < PAGE || !vrs.is_power_of_two() {
             return Err(format!("cluster.vregion_size: {vrs} must be a power of two of at least 4096"));

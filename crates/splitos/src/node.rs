@@ -84,16 +84,16 @@ impl Node {
         self.rpc.call(&self.gm, req)
     }
 
-    /// Registers with the global managers (retrying while they start) and returns the
-    /// cluster's vRegion size.
-    pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<u64, RpcError> {
+    /// Registers with the global managers (retrying while they start) and returns what they
+    /// say of the cluster (vRegion size, replication).
+    pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<splitos_rpc::G2X_REGISTERED, RpcError> {
         let mut last = None;
         for _ in 0..100 {
             let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone(), id: self.id() };
             match self.call_gm(msg) {
                 Ok(r) => {
                     self.id.store(r.id, Ordering::Relaxed);
-                    return Ok(r.vregion_size);
+                    return Ok(r);
                 }
                 Err(e) => last = Some(e),
             }

@@ -127,7 +127,7 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
 /// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.
 pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
     let page = cluster::rpc()?
-        .call(mcomp, P2M_FETCH { who: Who { vnode, pid }, vpn: vaddr / PAGE_SIZE as u64 })
+        .call(mcomp, P2M_FETCH { who: Who::new(vnode, pid), vpn: vaddr / PAGE_SIZE as u64 })
         .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     let at = vaddr & !(PAGE_SIZE as u64 - 1);
     match unseal_page(page.data) {
@@ -140,7 +140,7 @@ pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::
 /// `splitos debug flip`: flips a bit of a page an mComponent stores, as a memory error would.
 pub fn debug_flip(mcomp: &str, vnode: String, pid: u64, vaddr: u64, bit: u32) -> anyhow::Result<()> {
     let r = cluster::rpc()?
-        .call(mcomp, C2M_DEBUG_FLIP { who: Who { vnode, pid }, from_vpn: vaddr / PAGE_SIZE as u64, bit })
+        .call(mcomp, C2M_DEBUG_FLIP { who: Who::new(vnode, pid), from_vpn: vaddr / PAGE_SIZE as u64, bit })
         .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     println!("flipped bit {bit} of page {:#x}", r.vpn * PAGE_SIZE as u64);
     Ok(())

@@ -17,7 +17,9 @@
 //! The mComponents learn from their heartbeats' answers which pComponents are lost (silent
 //! for `reclaim_dead`, or replaced by a new start at their address) and release the memory of
 //! the processes those created: a pComponent that dies takes its programs with it, never
-//! their memory.
+//! their memory. In a replicated cluster they also learn which mComponents are lost (silent
+//! as long), and rebuild the copies those held; an mComponent that was declared lost and
+//! speaks again is fenced: its copies may be out of date, so it drops them.
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,7 @@ struct Entry {
 
 pub struct Gm {
     vregion_size: u64,
+    replication: Replication,
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
@@ -78,18 +81,26 @@ impl Gm {
             .collect()
     }
 
-    /// GMM: the least loaded alive mComponent with at least `need` bytes free.
-    fn pick_memory(&self, need: u64) -> Result<ComponentRef, Refusal> {
+    /// GMM: the least loaded alive mComponent with at least `need` bytes free, other than
+    /// those in `exclude`, and on a host none of them is on when there is one.
+    fn pick_memory(&self, need: u64, exclude: &[u32]) -> Result<ComponentRef, Refusal> {
         let mut comps = self.comps();
+        let taken_hosts: Vec<String> = comps.iter().filter(|e| exclude.contains(&e.info.id)).map(|e| host_of(&e.info.addr).to_string()).collect();
         let best = comps
             .iter_mut()
-            .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
+            .filter(|e| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id))
             .filter(|e| e.info.load.capacity.saturating_sub(e.info.load.committed + e.pending) >= need)
-            .min_by_key(|e| (e.info.load.committed + e.pending) * 1000 / e.info.load.capacity.max(1));
+            .min_by_key(|e| (taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), (e.info.load.committed + e.pending) * 1000 / e.info.load.capacity.max(1)));
         let e = best.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")))?;
         e.pending += need;
         Ok(ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
     }
+}
+
+/// The host part of a component's address (`10.0.0.2:7000` → `10.0.0.2`): replicas go to
+/// different hosts where the cluster has them.
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
 /// Rendezvous (highest random weight) choice among the live components of a role.
@@ -135,7 +146,7 @@ impl Gm {
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
-        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size })
+        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication })
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
@@ -147,11 +158,17 @@ impl Gm {
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
         }
+        // Its replicas were rebuilt elsewhere while it was silent: what it holds may be older.
+        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && e.last.elapsed() > self.reclaim_dead;
+        if fenced {
+            tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
+            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+        }
         e.info.load = r.load;
         e.last = Instant::now();
         e.pending = 0;
         if e.info.role != Role::Mem {
-            return Ok(G2X_BEAT { lost: Vec::new() });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -159,7 +176,8 @@ impl Gm {
         let mut replaced = self.replaced.lock().unwrap();
         replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
-        Ok(G2X_BEAT { lost })
+        let lost_mcomps = comps.iter().filter(|e| e.info.role == Role::Mem && e.last.elapsed() > self.reclaim_dead).map(|e| e.info.id).collect();
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced })
     }
 
     /// GPM: the pComponent with the fewest threads.
@@ -202,10 +220,10 @@ impl Handler for Gm {
             Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
             Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size })),
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
-            Msg::P2G_PICK_HOME(r) => on(r, |_| self.pick_memory(0).map(|mcomp| G2P_HOME { mcomp })),
+            Msg::P2G_PICK_HOME(r) => on(r, |_| self.pick_memory(0, &[]).map(|mcomp| G2P_HOME { mcomp })),
             Msg::M2G_PICK_OWNER(r) => on(r, |r| {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
-                self.pick_memory(r.bytes).map(|mcomp| G2M_OWNER { mcomp })
+                self.pick_memory(r.bytes, &r.exclude).map(|mcomp| G2M_OWNER { mcomp })
             }),
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
@@ -227,6 +245,7 @@ pub struct GmArgs {
     pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub vregion_size: u64,
+    pub replication: Replication,
     pub forget_dead: Duration,
     pub reclaim_dead: Duration,
     pub ready_file: Option<std::path::PathBuf>,
@@ -237,13 +256,13 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), started: Instant::now() });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), started: Instant::now() });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, "splitos global managers started");
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = args.replication.name(), "splitos global managers started");
     node::announce_ready(args.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

@@ -1,8 +1,16 @@
 //! The home side of an mComponent: for every process it is home of, the vRegion array
-//! (which mComponent owns each vRegion) and the address-space layout. Every virtual-memory
-//! call of a process lands here (`P2M_MMAP`, `P2M_MUNMAP`, ...) and fans out to the owners of
-//! the vRegions it touches (`M2M_*`), in-process when the owner is this mComponent.
+//! (which mComponents hold each vRegion) and the address-space layout. Every virtual-memory
+//! call of a process lands here (`P2M_MMAP`, `P2M_MUNMAP`, ...) and fans out to the replicas
+//! of the vRegions it touches (`M2M_*`), in-process when a replica is this mComponent.
+//!
+//! In a replicated cluster each vRegion has a replica set ([`Replicas`], primary first) and
+//! the home copies its state of each process to a backup home after every change
+//! (`M2M_HOME_SYNC`); the backup takes over when the home is lost (`P2M_HOME_TAKEOVER`). A
+//! replica that is lost leaves its sets and its copies are rebuilt on another mComponent
+//! ([`Mem::rebuild`]); the process's epoch changes with every set, and the owners refuse
+//! write-backs of an older one, so no page lands only on a set that has since changed.
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use serde_bytes::ByteBuf;
@@ -11,12 +19,19 @@ use splitos_rpc::*;
 use super::vma::{Vma, VmaMap};
 use super::{Mem, PAGE};
 
-/// Pages per message when a mapping moves between owners (mremap).
+/// Pages per message when a mapping moves between owners (mremap) or a replica is rebuilt.
 const MOVE_BATCH: u32 = 128;
+
+/// The mComponents holding one vRegion: the primary (where fetches go) first.
+#[derive(Clone, Debug)]
+pub(super) struct Replicas {
+    epoch: u64,
+    owners: Vec<ComponentRef>,
+}
 
 /// Home state of one process.
 pub(super) struct HomeProc {
-    vnode: String,
+    who: Who,
     /// The pComponent that created the process ([`super::may_act`]), and the component id
     /// of that start of it ([`Mem::reclaim_lost`]).
     creator: Option<[u8; 32]>,
@@ -24,12 +39,15 @@ pub(super) struct HomeProc {
     base: u64,
     limit: u64,
     layout: VmaMap,
-    vregions: BTreeMap<u64, ComponentRef>,
+    vregions: BTreeMap<u64, Replicas>,
+    /// Bumped whenever a replica set changes.
+    epoch: u64,
+    backup: Option<ComponentRef>,
 }
 
 impl HomeProc {
-    fn owners(&self) -> Vec<VregionOwner> {
-        self.vregions.iter().map(|(i, o)| VregionOwner { index: *i, owner: o.clone() }).collect()
+    fn owners(&self) -> Vec<VregionReplicas> {
+        self.vregions.iter().map(|(i, r)| VregionReplicas { index: *i, epoch: r.epoch, owners: r.owners.clone() }).collect()
     }
 
     /// The end of [addr, addr + len), which must be page-aligned and inside the heap region.
@@ -42,7 +60,49 @@ impl HomeProc {
     }
 
     fn mapped(&self, addr: u64, prot: u32) -> M2P_MAPPED {
-        M2P_MAPPED { addr, prot, owners: self.owners() }
+        M2P_MAPPED { addr, prot, owners: self.owners(), epoch: self.epoch, backup: self.backup.clone() }
+    }
+
+    fn who(&self) -> Who {
+        Who { epoch: self.epoch, ..self.who.clone() }
+    }
+
+    fn state(&self, home: ComponentRef) -> HomeState {
+        HomeState {
+            who: self.who(),
+            home,
+            creator: self.creator,
+            pcomp: self.pcomp,
+            base: self.base,
+            limit: self.limit,
+            vmas: self.layout.iter().map(|(start, v)| HomeVma { start, end: v.end, prot: v.prot, accounted: v.accounted }).collect(),
+            vregions: self.owners(),
+        }
+    }
+
+    fn from_state(s: HomeState) -> HomeProc {
+        let mut layout = VmaMap::default();
+        for v in s.vmas {
+            layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
+        }
+        let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners })).collect();
+        HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None }
+    }
+
+    /// How many of its vRegions have fewer than `copies` copies (and at least one).
+    pub(super) fn short_of(&self, copies: usize) -> u64 {
+        self.vregions.values().filter(|s| !s.owners.is_empty() && s.owners.len() < copies).count() as u64
+    }
+
+    /// Every mComponent holding some vRegion of the process, once each.
+    fn all_owners(&self) -> Vec<ComponentRef> {
+        let mut seen: Vec<ComponentRef> = Vec::new();
+        for o in self.vregions.values().flat_map(|r| &r.owners) {
+            if !seen.iter().any(|s| s.id == o.id) {
+                seen.push(o.clone());
+            }
+        }
+        seen
     }
 }
 
@@ -55,16 +115,21 @@ fn ignore_unknown(r: Result<OK, Refusal>) -> Result<(), Refusal> {
     }
 }
 
+/// A refusal that says the component could not be reached (rather than that it declined).
+fn unreachable(e: &Refusal) -> bool {
+    e.code == ErrCode::Unreachable
+}
+
 impl Mem {
     fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, Refusal> {
         let h = self.homes.lock().unwrap().get(&who.pid).cloned();
         let h = h.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("mComponent {} is not home of process {}", self.node.id(), who.pid)))?;
         let (vnode, creator) = {
             let g = h.lock().unwrap();
-            (g.vnode.clone(), g.creator)
+            (g.who.vnode.clone(), g.creator)
         };
         if vnode != who.vnode {
-            self.c.denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.c.denied.fetch_add(1, Relaxed);
             return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", who.pid)));
         }
         self.may_act(who.pid, creator)?;
@@ -85,32 +150,81 @@ impl Mem {
         out
     }
 
-    /// The owner of vRegion `idx`, asking GMM for one when it becomes active.
-    fn ensure_owner(&self, h: &mut HomeProc, idx: u64) -> Result<ComponentRef, Refusal> {
-        if let Some(o) = h.vregions.get(&idx) {
-            return Ok(o.clone());
+    /// One more mComponent for a replica set (or a backup home, `bytes` 0), none of
+    /// `exclude`. `None` when no other has room: the set stays short, and says so.
+    fn pick_other(&self, bytes: u64, exclude: &[u32]) -> Result<Option<ComponentRef>, Refusal> {
+        let mut exclude = exclude.to_vec();
+        exclude.extend(self.recently_lost());
+        match self.node.call_gm(M2G_PICK_OWNER { bytes, exclude }) {
+            Ok(r) => Ok(Some(r.mcomp)),
+            Err(RpcError::Remote { code: ErrCode::NoMemory, .. }) => Ok(None),
+            Err(e) => Err(e.into()),
         }
-        let owner = match self.node.call_gm(M2G_PICK_OWNER { bytes: self.vrs() }) {
-            Ok(r) => r.mcomp,
-            // With every mComponent short of a whole free vRegion, the home owns it and the
-            // accounting of each mapping decides what fits.
-            Err(RpcError::Remote { code: ErrCode::NoMemory, .. }) => self.me(),
-            Err(e) => return Err(e.into()),
-        };
-        tracing::debug!(vregion = idx, owner = owner.id, "vRegion activated");
-        h.vregions.insert(idx, owner.clone());
-        Ok(owner)
     }
 
-    fn add_range(&self, h: &mut HomeProc, who: &Who, start: u64, end: u64, prot: u32) -> Result<(), Refusal> {
-        let mut done: Vec<(ComponentRef, u64, u64)> = Vec::new();
+    /// The replica set of vRegion `idx`, asking GMM for its members when it becomes active.
+    fn ensure_owners(&self, h: &mut HomeProc, idx: u64) -> Result<Vec<ComponentRef>, Refusal> {
+        if let Some(r) = h.vregions.get(&idx) {
+            return Ok(r.owners.clone());
+        }
+        let mut owners: Vec<ComponentRef> = Vec::new();
+        for _ in 0..self.replication().copies() {
+            let ids: Vec<u32> = owners.iter().map(|o| o.id).collect();
+            match self.pick_other(self.vrs(), &ids)? {
+                Some(o) => owners.push(o),
+                // With every mComponent short of a whole free vRegion, the home holds it and
+                // the accounting of each mapping decides what fits.
+                None if !ids.contains(&self.node.id()) => owners.push(self.me()),
+                None => break,
+            }
+        }
+        if owners.len() < self.replication().copies() {
+            metrics::counter!("mcomp_unprotected_vregions_total").increment(1);
+            tracing::warn!(pid = h.who.pid, vregion = idx, copies = owners.len(), "no other mComponent can hold a replica: the vRegion has fewer copies than the cluster's replication asks");
+        }
+        tracing::debug!(vregion = idx, owners = ?owners.iter().map(|o| o.id).collect::<Vec<_>>(), "vRegion activated");
+        h.vregions.insert(idx, Replicas { epoch: h.epoch, owners: owners.clone() });
+        Ok(owners)
+    }
+
+    /// Sends `msg(who)` to every replica of vRegion `idx`. A replica that cannot be reached
+    /// while another answers leaves the set (and is rebuilt): the call succeeds on the rest.
+    fn to_replicas<R: Request>(&self, h: &mut HomeProc, idx: u64, msg: impl Fn(Who) -> R) -> Result<(), Refusal> {
+        let owners = h.vregions.get(&idx).map(|r| r.owners.clone()).unwrap_or_default();
+        let mut lost = Vec::new();
+        let mut answered = false;
+        let mut first_err = None;
+        for o in &owners {
+            match self.to_owner(o, msg(h.who())) {
+                Ok(_) => answered = true,
+                Err(e) if unreachable(&e) && owners.len() > 1 => lost.push(o.id),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        if !answered && !owners.is_empty() {
+            return Err(ERR::new(ErrCode::Unreachable, format!("no replica of vRegion {idx} of process {} can be reached", h.who.pid)));
+        }
+        if !lost.is_empty() {
+            self.drop_replicas(h, &lost);
+        }
+        Ok(())
+    }
+
+    fn add_range(&self, h: &mut HomeProc, start: u64, end: u64, prot: u32) -> Result<(), Refusal> {
+        let mut done: Vec<(u64, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
-            let r = self.ensure_owner(h, idx).and_then(|o| self.to_owner(&o, M2M_VMA_ADD { who: who.clone(), start: s, end: e, prot, creator: h.creator }).map(|_| o));
+            let creator = h.creator;
+            let r = self.ensure_owners(h, idx).and_then(|_| self.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator }));
             match r {
-                Ok(o) => done.push((o, s, e)),
+                Ok(()) => done.push((idx, s, e)),
                 Err(err) => {
-                    for (o, s, e) in done {
-                        let _ = self.to_owner(&o, M2M_VMA_REMOVE { who: who.clone(), start: s, end: e });
+                    for (idx, s, e) in done {
+                        let _ = self.to_replicas(h, idx, |who| M2M_VMA_REMOVE { who, start: s, end: e });
                     }
                     return Err(err);
                 }
@@ -120,10 +234,13 @@ impl Mem {
         Ok(())
     }
 
-    fn remove_range(&self, h: &mut HomeProc, who: &Who, start: u64, end: u64) -> Result<(), Refusal> {
+    fn remove_range(&self, h: &mut HomeProc, start: u64, end: u64) -> Result<(), Refusal> {
         for (idx, s, e) in self.slices(start, end) {
-            if let Some(o) = h.vregions.get(&idx).cloned() {
-                ignore_unknown(self.to_owner(&o, M2M_VMA_REMOVE { who: who.clone(), start: s, end: e }))?;
+            for o in h.vregions.get(&idx).map(|r| r.owners.clone()).unwrap_or_default() {
+                match self.to_owner(&o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
+                    Err(e) if unreachable(&e) => self.drop_replicas(h, &[o.id]),
+                    r => ignore_unknown(r)?,
+                }
             }
         }
         h.layout.remove_range(start, end);
@@ -134,18 +251,60 @@ impl Mem {
     /// process by creating (or forking into) its id.
     fn fresh_pid(&self, pid: u64) -> Result<(), Refusal> {
         if self.homes.lock().unwrap().contains_key(&pid) {
-            self.c.denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.c.denied.fetch_add(1, Relaxed);
             return Err(ERR::new(ErrCode::Denied, format!("process id {pid} is in use")));
         }
         Ok(())
     }
 
-    pub(super) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<OK, Refusal> {
+    /// Copies the home's state of the process to its backup home, choosing another backup
+    /// when that one cannot be reached.
+    fn sync_backup(&self, h: &mut HomeProc) {
+        if self.replication().copies() < 2 {
+            return;
+        }
+        for _ in 0..3 {
+            let backup = match h.backup.clone() {
+                Some(b) => b,
+                None => match self.pick_other(0, &[self.node.id()]) {
+                    Ok(Some(b)) => b,
+                    _ => {
+                        tracing::warn!(pid = h.who.pid, "no mComponent can be backup home: the process's layout has one copy");
+                        return;
+                    }
+                },
+            };
+            match self.node.rpc.call(&backup.addr, M2M_HOME_SYNC { state: h.state(self.me()) }) {
+                Ok(_) => {
+                    h.backup = Some(backup);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(pid = h.who.pid, backup = backup.id, error = %e, "backup home cannot be reached; choosing another");
+                    h.backup = None;
+                }
+            }
+        }
+    }
+
+    pub(super) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<M2P_HOME, Refusal> {
         self.fresh_pid(r.who.pid)?;
-        let h = HomeProc { vnode: r.who.vnode.clone(), creator: splitos_rpc::current_peer().map(|p| p.key), pcomp: r.pcomp, base: r.region_base, limit: r.region_base.saturating_add(r.region_size), layout: VmaMap::default(), vregions: BTreeMap::new() };
+        let mut h = HomeProc {
+            who: Who { epoch: 0, ..r.who.clone() },
+            creator: splitos_rpc::current_peer().map(|p| p.key),
+            pcomp: r.pcomp,
+            base: r.region_base,
+            limit: r.region_base.saturating_add(r.region_size),
+            layout: VmaMap::default(),
+            vregions: BTreeMap::new(),
+            epoch: 1,
+            backup: None,
+        };
+        self.sync_backup(&mut h);
+        let backup = h.backup.clone();
         self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
         tracing::debug!(pid = r.who.pid, vnode = %r.who.vnode, "home of a new process");
-        Ok(OK)
+        Ok(M2P_HOME { backup })
     }
 
     pub(super) fn mmap(&self, r: P2M_MMAP) -> Result<M2P_MAPPED, Refusal> {
@@ -153,12 +312,14 @@ impl Mem {
         let mut h = hp.lock().unwrap();
         let start = if r.fixed {
             let end = h.check_range(r.hint, r.len)?;
-            self.remove_range(&mut h, &r.who, r.hint, end)?;
+            self.remove_range(&mut h, r.hint, end)?;
             r.hint
         } else {
             h.layout.find_gap(h.base, h.limit, r.len, r.hint).ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
         };
-        self.add_range(&mut h, &r.who, start, start + r.len, r.prot)?;
+        let added = self.add_range(&mut h, start, start + r.len, r.prot);
+        self.sync_backup(&mut h);
+        added?;
         Ok(h.mapped(start, r.prot))
     }
 
@@ -166,8 +327,9 @@ impl Mem {
         let hp = self.home_proc(&r.who)?;
         let mut h = hp.lock().unwrap();
         let end = h.check_range(r.addr, r.len)?;
-        self.remove_range(&mut h, &r.who, r.addr, end)?;
-        Ok(OK)
+        let removed = self.remove_range(&mut h, r.addr, end);
+        self.sync_backup(&mut h);
+        removed.map(|()| OK)
     }
 
     pub(super) fn mprotect(&self, r: P2M_MPROTECT) -> Result<OK, Refusal> {
@@ -178,31 +340,38 @@ impl Mem {
             return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
         }
         for (idx, s, e) in self.slices(r.addr, end) {
-            let o = self.ensure_owner(&mut h, idx)?;
-            self.to_owner(&o, M2M_VMA_PROTECT { who: r.who.clone(), start: s, end: e, prot: r.prot })?;
+            self.ensure_owners(&mut h, idx)?;
+            self.to_replicas(&mut h, idx, |who| M2M_VMA_PROTECT { who, start: s, end: e, prot: r.prot })?;
         }
         for (s, v) in h.layout.carve(r.addr, end) {
             h.layout.set(s, Vma { prot: r.prot, ..v });
         }
+        self.sync_backup(&mut h);
         Ok(OK)
     }
 
     pub(super) fn dontneed(&self, r: P2M_DONTNEED) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let h = hp.lock().unwrap();
+        let mut h = hp.lock().unwrap();
         let end = h.check_range(r.addr, r.len)?;
         for (idx, s, e) in self.slices(r.addr, end) {
-            if let Some(o) = h.vregions.get(&idx) {
-                ignore_unknown(self.to_owner(o, M2M_DISCARD { who: r.who.clone(), start: s, end: e }))?;
+            if h.vregions.contains_key(&idx) {
+                self.to_replicas(&mut h, idx, |who| M2M_DISCARD { who, start: s, end: e }).or_else(|e| ignore_unknown(Err(e)))?;
             }
         }
         Ok(OK)
     }
 
     pub(super) fn mremap(&self, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
-        let P2M_MREMAP { who, old, old_len, new_len, may_move, fixed_to } = r;
-        let hp = self.home_proc(&who)?;
+        let hp = self.home_proc(&r.who)?;
         let mut h = hp.lock().unwrap();
+        let out = self.mremap_locked(&mut h, r);
+        self.sync_backup(&mut h);
+        out
+    }
+
+    fn mremap_locked(&self, h: &mut HomeProc, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
+        let P2M_MREMAP { who: _, old, old_len, new_len, may_move, fixed_to } = r;
         let old_end = h.check_range(old, old_len)?;
         let Some((_, vma)) = h.layout.find(old).filter(|_| h.layout.covers(old, old_end)) else {
             return Err(ERR::new(ErrCode::Invalid, "mremap of an unmapped range"));
@@ -210,12 +379,12 @@ impl Mem {
         let prot = vma.prot;
         if fixed_to.is_none() && new_len <= old_len {
             if new_len < old_len {
-                self.remove_range(&mut h, &who, old + new_len, old_end)?;
+                self.remove_range(h, old + new_len, old_end)?;
             }
             return Ok(h.mapped(old, prot));
         }
         if fixed_to.is_none() && old.checked_add(new_len).is_some_and(|e| e <= h.limit) && h.layout.is_free(old_end, old + new_len) {
-            self.add_range(&mut h, &who, old_end, old + new_len, prot)?;
+            self.add_range(h, old_end, old + new_len, prot)?;
             h.layout.remove_range(old, old + new_len);
             h.layout.insert(old, Vma { end: old + new_len, prot, accounted: false });
             return Ok(h.mapped(old, prot));
@@ -226,14 +395,14 @@ impl Mem {
         let new = match fixed_to {
             Some(at) => {
                 let end = h.check_range(at, new_len)?;
-                self.remove_range(&mut h, &who, at, end)?;
+                self.remove_range(h, at, end)?;
                 at
             }
             None => h.layout.find_gap(h.base, h.limit, new_len, 0).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no free range for mremap"))?,
         };
-        self.add_range(&mut h, &who, new, new + new_len, prot)?;
-        self.move_pages(&h, &who, old, old + old_len.min(new_len), new)?;
-        self.remove_range(&mut h, &who, old, old_end)?;
+        self.add_range(h, new, new + new_len, prot)?;
+        self.move_pages(h, old, old + old_len.min(new_len), new)?;
+        self.remove_range(h, old, old_end)?;
         Ok(h.mapped(new, prot))
     }
 
@@ -241,37 +410,48 @@ impl Mem {
         let P2M_FORK { parent, child } = r;
         self.fresh_pid(child)?;
         let hp = self.home_proc(&parent)?;
-        let h = hp.lock().unwrap();
-        let mut done = Vec::new();
+        let mut h = hp.lock().unwrap();
         let vrs = self.vrs();
-        for (idx, o) in &h.vregions {
-            let m = M2M_FORK { parent: parent.clone(), child, start: idx * vrs, end: (idx + 1) * vrs };
-            if let Err(e) = self.to_owner(o, m) {
-                for o in done {
-                    let _ = self.to_owner(o, M2M_EXIT { who: Who { vnode: parent.vnode.clone(), pid: child } });
+        let idxs: Vec<u64> = h.vregions.keys().copied().collect();
+        for idx in idxs {
+            let forked = self.to_replicas(&mut h, idx, |who| M2M_FORK { parent: who, child, start: idx * vrs, end: (idx + 1) * vrs });
+            if let Err(e) = forked {
+                for o in h.all_owners() {
+                    let _ = self.to_owner(&o, M2M_EXIT { who: Who { pid: child, ..h.who() } });
                 }
                 return Err(e);
             }
-            done.push(o);
         }
-        let copy = HomeProc { vnode: h.vnode.clone(), creator: h.creator, pcomp: h.pcomp, base: h.base, limit: h.limit, layout: h.layout.clone(), vregions: h.vregions.clone() };
+        let mut copy = HomeProc {
+            who: Who { pid: child, ..h.who.clone() },
+            creator: h.creator,
+            pcomp: h.pcomp,
+            base: h.base,
+            limit: h.limit,
+            layout: h.layout.clone(),
+            vregions: h.vregions.clone(),
+            epoch: h.epoch,
+            backup: h.backup.clone(),
+        };
+        self.sync_backup(&mut copy);
         let vmas = h.layout.iter().map(|(s, v)| VmaInfo { start: s, end: v.end, prot: v.prot }).collect();
-        let owners = h.owners();
+        let forked = M2P_FORKED { vmas, owners: copy.owners(), epoch: copy.epoch, backup: copy.backup.clone() };
         self.homes.lock().unwrap().insert(child, Arc::new(Mutex::new(copy)));
-        Ok(M2P_FORKED { vmas, owners })
+        Ok(forked)
     }
 
     pub(super) fn home_exit(&self, r: P2M_EXIT) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
         self.homes.lock().unwrap().remove(&r.who.pid);
         let h = hp.lock().unwrap();
-        let mut seen = Vec::new();
-        for o in h.vregions.values() {
-            if !seen.contains(&o.id) {
-                seen.push(o.id);
-                if let Err(e) = self.to_owner(o, M2M_EXIT { who: r.who.clone() }) {
-                    tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
-                }
+        for o in h.all_owners() {
+            if let Err(e) = self.to_owner(&o, M2M_EXIT { who: h.who() }) {
+                tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
+            }
+        }
+        if let Some(b) = &h.backup {
+            if let Err(e) = self.node.rpc.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
+                tracing::warn!(pid = r.who.pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
             }
         }
         Ok(OK)
@@ -285,39 +465,218 @@ impl Mem {
         }
         let homes: Vec<(u64, Arc<Mutex<HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(pid, h)| (*pid, h.clone())).collect();
         for (pid, h) in homes {
-            let (vnode, orphan) = {
+            let (who, orphan) = {
                 let g = h.lock().unwrap();
-                (g.vnode.clone(), lost.iter().any(|l| g.creator == Some(l.key) && g.pcomp == l.id))
+                (g.who.clone(), lost.iter().any(|l| g.creator == Some(l.key) && g.pcomp == l.id))
             };
             if !orphan {
                 continue;
             }
             tracing::warn!(pid, "releasing the memory of a process whose pComponent is lost");
             metrics::counter!("mcomp_lost_processes_released_total").increment(1);
-            if let Err(e) = self.home_exit(P2M_EXIT { who: Who { vnode, pid } }) {
+            if let Err(e) = self.home_exit(P2M_EXIT { who }) {
                 tracing::warn!(pid, error = %e, "cannot release a lost pComponent's process");
             }
         }
     }
 
-    pub(super) fn vregion(&self, r: P2M_VREGION) -> Result<M2P_VREGION, Refusal> {
+    pub(super) fn vregions(&self, r: P2M_VREGIONS) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
         let h = hp.lock().unwrap();
-        Ok(M2P_VREGION { owner: h.vregions.get(&r.index).cloned() })
+        Ok(M2P_VREGIONS { owners: h.owners(), epoch: h.epoch, backup: h.backup.clone() })
+    }
+
+    /// A pComponent could not reach a replica of the process: it leaves the process's sets
+    /// and is rebuilt elsewhere in the background.
+    pub(super) fn replica_lost(&self, r: P2M_REPLICA_LOST) -> Result<M2P_VREGIONS, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        {
+            let mut h = hp.lock().unwrap();
+            if h.vregions.values().any(|s| s.owners.iter().any(|o| o.id == r.lost)) {
+                tracing::warn!(pid = r.who.pid, lost = r.lost, "a pComponent cannot reach a replica of its process");
+                self.drop_replicas(&mut h, &[r.lost]);
+            }
+        }
+        self.vregions(P2M_VREGIONS { who: r.who })
+    }
+
+    /// Takes `lost` out of every replica set of the process and queues the sets that lost a
+    /// member for rebuilding. A set left with no member keeps its index: its pages are gone,
+    /// and the pComponent says so when the program touches them.
+    fn drop_replicas(&self, h: &mut HomeProc, lost: &[u32]) {
+        self.note_lost(lost);
+        let mut changed = false;
+        for (idx, set) in h.vregions.iter_mut() {
+            let before = set.owners.len();
+            set.owners.retain(|o| !lost.contains(&o.id));
+            if set.owners.len() < before {
+                changed = true;
+                if set.owners.is_empty() {
+                    metrics::counter!("mcomp_vregions_lost_total").increment(1);
+                    tracing::error!(pid = h.who.pid, vregion = idx, lost = ?lost, "every copy of a vRegion is lost");
+                }
+            }
+        }
+        if h.backup.as_ref().is_some_and(|b| lost.contains(&b.id)) {
+            h.backup = None;
+            changed = true;
+        }
+        if changed {
+            h.epoch += 1;
+            let epoch = h.epoch;
+            for set in h.vregions.values_mut().filter(|s| s.owners.len() < self.replication().copies() && !s.owners.is_empty()) {
+                set.epoch = epoch;
+            }
+            self.queue(super::Job::Rebuild(h.who.pid));
+        }
+    }
+
+    /// Brings every replica set of process `pid` back to the cluster's number of copies, one
+    /// vRegion at a time, holding the process's home lock for each: the process's calls and
+    /// write-backs to that vRegion wait meanwhile (its owners refuse older epochs).
+    pub(super) fn rebuild(&self, pid: u64) {
+        let Some(hp) = self.homes.lock().unwrap().get(&pid).cloned() else { return };
+        let mut h = hp.lock().unwrap();
+        let copies = self.replication().copies();
+        let short: Vec<u64> = h.vregions.iter().filter(|(_, s)| !s.owners.is_empty() && s.owners.len() < copies).map(|(i, _)| *i).collect();
+        for idx in short {
+            if let Err(e) = self.rebuild_vregion(&mut h, idx) {
+                tracing::warn!(pid, vregion = idx, error = %e, "cannot rebuild a replica; will try again");
+            }
+        }
+        self.sync_backup(&mut h);
+    }
+
+    fn rebuild_vregion(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
+        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
+        let exclude: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
+        let Some(new) = self.pick_other(self.vrs(), &exclude)? else {
+            return Err(ERR::new(ErrCode::NoMemory, "no other mComponent has room for a replica"));
+        };
+        let started = std::time::Instant::now();
+        h.epoch += 1;
+        let who = h.who();
+        // From here on the survivors refuse write-backs of the old sets: none can land on
+        // them while their pages are copied to the new member and so be missed by it.
+        for o in &set.owners {
+            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
+        }
+        let vrs = self.vrs();
+        let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
+        let vmas: Vec<(u64, Vma)> = h.layout.iter().filter(|(s, v)| *s < hi && v.end > lo).collect();
+        for (s, v) in vmas {
+            self.to_owner(&new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator })?;
+        }
+        let source = &set.owners[0];
+        let mut from = lo;
+        let mut pages_copied = 0u64;
+        loop {
+            let M2M_PAGES { pages, more } = self.to_owner(source, M2M_READ_PAGES { who: who.clone(), from, end: hi, max: MOVE_BATCH })?;
+            if let Some((last, _)) = pages.last() {
+                from = (last + 1) * PAGE;
+            }
+            pages_copied += pages.len() as u64;
+            self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
+            metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
+            if !pages.is_empty() {
+                self.to_owner(&new, M2M_PUT_PAGES { who: who.clone(), pages })?;
+            }
+            if !more {
+                break;
+            }
+        }
+        let s = h.vregions.get_mut(&idx).expect("listed by the caller");
+        s.owners.push(new.clone());
+        s.epoch = h.epoch;
+        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
+        Ok(())
+    }
+
+    /// The global managers say these mComponents are lost: every process this mComponent is
+    /// home of loses its replicas there, and every process whose home was one of them gets
+    /// this mComponent as its home if it was the backup.
+    pub(super) fn mcomps_lost(&self, lost: &[u32]) {
+        if lost.is_empty() || self.replication().copies() < 2 {
+            return;
+        }
+        let homes: Vec<Arc<Mutex<HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
+        for hp in homes {
+            let mut h = hp.lock().unwrap();
+            let touched = h.vregions.values().any(|s| s.owners.iter().any(|o| lost.contains(&o.id))) || h.backup.as_ref().is_some_and(|b| lost.contains(&b.id));
+            if touched {
+                self.drop_replicas(&mut h, lost);
+            }
+        }
+        let orphans: Vec<(Who, u32)> = self.backups.lock().unwrap().values().filter(|s| lost.contains(&s.home.id)).map(|s| (s.who.clone(), s.home.id)).collect();
+        for (who, home) in orphans {
+            let pid = who.pid;
+            if let Err(e) = self.take_over(who, home) {
+                tracing::warn!(pid, error = %e, "cannot take over a process whose home is lost");
+            }
+        }
+    }
+
+    /// A home's copy of its state of one process, kept for taking over.
+    pub(super) fn home_sync(&self, r: M2M_HOME_SYNC) -> Result<OK, Refusal> {
+        let pid = r.state.who.pid;
+        if self.homes.lock().unwrap().contains_key(&pid) {
+            return Err(ERR::new(ErrCode::Denied, format!("mComponent {} is now the home of process {pid}", self.node.id())));
+        }
+        self.backups.lock().unwrap().insert(pid, r.state);
+        Ok(OK)
+    }
+
+    pub(super) fn home_drop(&self, r: M2M_HOME_DROP) -> Result<OK, Refusal> {
+        self.backups.lock().unwrap().remove(&r.who.pid);
+        Ok(OK)
+    }
+
+    /// The pComponent of a process cannot reach its home: the backup becomes the home.
+    pub(super) fn home_takeover(&self, r: P2M_HOME_TAKEOVER) -> Result<M2P_HOME, Refusal> {
+        if let Ok(hp) = self.home_proc(&r.who) {
+            return Ok(M2P_HOME { backup: hp.lock().unwrap().backup.clone() });
+        }
+        let creator = self.backups.lock().unwrap().get(&r.who.pid).map(|s| (s.who.vnode.clone(), s.creator));
+        let Some((vnode, creator)) = creator else {
+            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.node.id(), r.who.pid)));
+        };
+        if vnode != r.who.vnode {
+            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
+        }
+        self.may_act(r.who.pid, creator)?;
+        self.take_over(r.who, r.lost)
+    }
+
+    fn take_over(&self, who: Who, lost_home: u32) -> Result<M2P_HOME, Refusal> {
+        let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
+            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.node.id(), who.pid)));
+        };
+        let hp = Arc::new(Mutex::new(HomeProc::from_state(state)));
+        let mut h = hp.lock().unwrap();
+        self.homes.lock().unwrap().insert(who.pid, hp.clone());
+        metrics::counter!("mcomp_home_takeovers_total").increment(1);
+        tracing::warn!(pid = who.pid, lost = lost_home, "home of a process is lost: this mComponent, its backup, takes over");
+        self.drop_replicas(&mut h, &[lost_home]);
+        self.sync_backup(&mut h);
+        Ok(M2P_HOME { backup: h.backup.clone() })
     }
 
     /// Moves the materialized pages of [start, end) to the same offsets from `to`.
-    fn move_pages(&self, h: &HomeProc, who: &Who, start: u64, end: u64, to: u64) -> Result<(), Refusal> {
+    fn move_pages(&self, h: &HomeProc, start: u64, end: u64, to: u64) -> Result<(), Refusal> {
         let shift = |vpn: u64| vpn - start / PAGE + to / PAGE;
+        let who = h.who();
         for (idx, s, e) in self.slices(start, end) {
-            let Some(src) = h.vregions.get(&idx).cloned() else { continue };
+            let Some(src) = h.vregions.get(&idx).and_then(|r| r.owners.first()).cloned() else { continue };
             loop {
                 let M2M_PAGES { pages, more } = self.to_owner(&src, M2M_TAKE_PAGES { who: who.clone(), start: s, end: e, max: MOVE_BATCH })?;
                 let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
                 for (vpn, data) in pages {
                     let nv = shift(vpn);
-                    let o = h.vregions.get(&(nv * PAGE / self.vrs())).cloned().ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
-                    by_owner.entry(o.id).or_insert_with(|| (o, Vec::new())).1.push((nv, data));
+                    let set = h.vregions.get(&(nv * PAGE / self.vrs())).ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
+                    for o in &set.owners {
+                        by_owner.entry(o.id).or_insert_with(|| (o.clone(), Vec::new())).1.push((nv, data.clone()));
+                    }
                 }
                 for (_, (o, pages)) in by_owner {
                     self.to_owner(&o, M2M_PUT_PAGES { who: who.clone(), pages })?;

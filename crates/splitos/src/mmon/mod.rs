@@ -27,6 +27,9 @@ use crate::node::{self, Node};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+/// How long an mComponent found unreachable is kept out of new replica sets.
+const LOST_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Default)]
 struct Counters {
     fetches: AtomicU64,
@@ -36,6 +39,15 @@ struct Counters {
     oom: AtomicU64,
 }
 
+/// What the rebuilder thread does: everything that may wait on a home lock a rebuild holds,
+/// so that neither the heartbeat nor a request waits on it.
+enum Job {
+    /// Bring the replica sets of this process back to the cluster's number of copies.
+    Rebuild(u64),
+    /// A heartbeat's answer from the global managers.
+    Beat(G2X_BEAT),
+}
+
 pub struct Mem {
     node: Arc<Node>,
     capacity: u64,
@@ -43,7 +55,16 @@ pub struct Mem {
     committed: AtomicU64,
     used: AtomicU64,
     homes: Mutex<HashMap<u64, Arc<Mutex<home::HomeProc>>>>,
+    /// Home states this mComponent keeps as backup home, for taking over.
+    backups: Mutex<HashMap<u64, HomeState>>,
     owned: Mutex<HashMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
+    replication: Mutex<Replication>,
+    /// Work for the rebuilder thread, which may hold a process's home lock for long.
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+    rebuilt_pages: AtomicU64,
+    /// mComponents found unreachable lately: the global managers may still count them
+    /// alive for a few heartbeats, and a replica placed there would be lost again.
+    lost: Mutex<HashMap<u32, std::time::Instant>>,
     bcache: Arc<bcache::BufferCache>,
     c: Counters,
 }
@@ -55,6 +76,71 @@ impl Mem {
 
     fn vrs(&self) -> u64 {
         self.vregion_size.load(Relaxed)
+    }
+
+    fn replication(&self) -> Replication {
+        *self.replication.lock().unwrap()
+    }
+
+    fn note_lost(&self, ids: &[u32]) {
+        let mut l = self.lost.lock().unwrap();
+        for id in ids {
+            l.insert(*id, std::time::Instant::now());
+        }
+    }
+
+    fn recently_lost(&self) -> Vec<u32> {
+        let mut l = self.lost.lock().unwrap();
+        l.retain(|_, at| at.elapsed() < LOST_MEMORY);
+        l.keys().copied().collect()
+    }
+
+    fn queue(&self, job: Job) {
+        let _ = self.jobs.lock().unwrap().send(job);
+    }
+
+    fn work(&self, job: Job) {
+        match job {
+            Job::Rebuild(pid) => self.rebuild(pid),
+            Job::Beat(beat) => self.on_beat(beat),
+        }
+    }
+
+    /// The global managers declared this mComponent lost and rebuilt its copies elsewhere:
+    /// what it holds may be older than those, so it holds nothing any more.
+    fn fence(&self) {
+        let owned = std::mem::take(&mut *self.owned.lock().unwrap());
+        let homes = std::mem::take(&mut *self.homes.lock().unwrap());
+        let backups = std::mem::take(&mut *self.backups.lock().unwrap());
+        self.committed.store(0, Relaxed);
+        self.used.store(0, Relaxed);
+        metrics::counter!("mcomp_fenced_total").increment(1);
+        tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
+    }
+
+    fn on_beat(&self, beat: G2X_BEAT) {
+        if beat.fenced {
+            self.fence();
+            return;
+        }
+        self.reclaim_lost(&beat.lost);
+        self.mcomps_lost(&beat.lost_mcomps);
+        // Sets a rebuild could not complete (no room then) are tried again.
+        let homes: Vec<(u64, Arc<Mutex<home::HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(p, h)| (*p, h.clone())).collect();
+        for (pid, h) in homes {
+            if h.lock().unwrap().short_of(self.replication().copies()) > 0 {
+                self.rebuild(pid);
+            }
+        }
+    }
+
+    /// vRegions of the processes this mComponent is home of that have fewer copies than the
+    /// cluster's replication asks (and at least one).
+    fn short_vregions(&self) -> u64 {
+        let copies = self.replication().copies();
+        let homes: Vec<Arc<Mutex<home::HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
+        // A process being rebuilt now counts as one short vRegion: its lock is the rebuild's.
+        homes.iter().map(|h| h.try_lock().map_or(1, |g| g.short_of(copies))).sum()
     }
 
     fn load(&self) -> Load {
@@ -110,6 +196,8 @@ impl Mem {
             "role": "mcomponent", "id": self.node.id(), "addr": self.node.addr,
             "capacity": self.capacity, "committed": self.committed.load(Relaxed), "used": self.used.load(Relaxed),
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc,
+            "replication": self.replication().name(), "backup_of": self.backups.lock().unwrap().len(),
+            "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
             "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(),
@@ -146,7 +234,9 @@ impl Handler for Mem {
             Msg::P2M_DONTNEED(r) => on(r, |r| self.dontneed(r)),
             Msg::P2M_FORK(r) => on(r, |r| self.home_fork(r)),
             Msg::P2M_EXIT(r) => on(r, |r| self.home_exit(r)),
-            Msg::P2M_VREGION(r) => on(r, |r| self.vregion(r)),
+            Msg::P2M_VREGIONS(r) => on(r, |r| self.vregions(r)),
+            Msg::P2M_REPLICA_LOST(r) => on(r, |r| self.replica_lost(r)),
+            Msg::P2M_HOME_TAKEOVER(r) => on(r, |r| self.home_takeover(r)),
             Msg::P2M_FETCH(r) => on(r, |r| self.fetch(r)),
             Msg::C2M_DEBUG_FLIP(r) => on(r, |r| self.debug_flip(r)),
             Msg::P2M_FLUSH(r) => on(r, |r| self.flush(r)),
@@ -156,6 +246,10 @@ impl Handler for Mem {
             Msg::P2M_FLUSH_FETCH_MANY(r) => on(r, |r| self.flush_fetch_many(r)),
             Msg::M2M_VMA_ADD(r) => on(r, |r| self.vma_add(r)),
             Msg::M2M_VMA_REMOVE(r) => on(r, |r| self.vma_remove(r)),
+            Msg::M2M_EPOCH(r) => on(r, |r| self.set_epoch(r)),
+            Msg::M2M_READ_PAGES(r) => on(r, |r| self.read_pages(r)),
+            Msg::M2M_HOME_SYNC(r) => on(r, |r| self.home_sync(r)),
+            Msg::M2M_HOME_DROP(r) => on(r, |r| self.home_drop(r)),
             Msg::M2M_VMA_PROTECT(r) => on(r, |r| self.vma_protect(r)),
             Msg::M2M_DISCARD(r) => on(r, |r| self.discard(r)),
             Msg::M2M_TAKE_PAGES(r) => on(r, |r| self.take_pages(r)),
@@ -190,6 +284,9 @@ impl Handler for Mem {
                 | Msg::P2M_DONTNEED(_)
                 | Msg::P2M_FORK(_)
                 | Msg::P2M_EXIT(_)
+                | Msg::P2M_VREGIONS(_)
+                | Msg::P2M_REPLICA_LOST(_)
+                | Msg::P2M_HOME_TAKEOVER(_)
                 // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
                 // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
                 // page faults use their own connections, so only this pComponent's other control
@@ -219,6 +316,7 @@ pub struct MemArgs {
 pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let (node, endpoint) = Node::bind(Role::Mem, &args.gm, &args.listen, &args.transport, &args.credentials)?;
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let mem = Arc::new(Mem {
         node: node.clone(),
         capacity: args.capacity,
@@ -226,7 +324,12 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         committed: AtomicU64::new(0),
         used: AtomicU64::new(0),
         homes: Mutex::new(HashMap::new()),
+        backups: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
+        replication: Mutex::new(Replication::None),
+        jobs: Mutex::new(jobs_tx),
+        rebuilt_pages: AtomicU64::new(0),
+        lost: Mutex::new(HashMap::new()),
         bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
         c: Counters::default(),
     });
@@ -234,16 +337,26 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     // Buffered file writes reach the sComponent before an orderly stop.
     stop.on_stop(move || m3.bcache.write_back_all());
     endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: args.workers, fanout_workers: 2 });
-    let vrs = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
-    mem.vregion_size.store(vrs, Relaxed);
+    let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    mem.vregion_size.store(reg.vregion_size, Relaxed);
+    *mem.replication.lock().unwrap() = reg.replication;
     let m2 = mem.clone();
     let m3 = mem.clone();
-    node.clone().heartbeat_forever(None, move || m2.load(), move |beat| m3.reclaim_lost(&beat.lost));
+    node.clone().heartbeat_forever(None, move || m2.load(), move |beat| m3.queue(Job::Beat(beat)));
+    let m4 = mem.clone();
+    std::thread::Builder::new()
+        .name("rebuild".into())
+        .spawn(move || {
+            while let Ok(job) = jobs_rx.recv() {
+                m4.work(job);
+            }
+        })
+        .expect("spawn the rebuilder");
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = reg.replication.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -37,11 +37,22 @@ pub(super) struct OwnerProc {
     vmas: VmaMap,
     pub pages: BTreeMap<u64, Page>,
     pub committed: u64,
+    /// Write-backs of an older epoch of the process are refused ([`Who::epoch`]).
+    epoch: u64,
 }
 
 impl OwnerProc {
-    fn new(vnode: &str, creator: Option<[u8; 32]>) -> OwnerProc {
-        OwnerProc { vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), committed: 0 }
+    fn new(vnode: &str, creator: Option<[u8; 32]>, epoch: u64) -> OwnerProc {
+        OwnerProc { vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), committed: 0, epoch }
+    }
+
+    /// Refuses a write-back sent for replica sets that have changed since.
+    fn current(&self, who: &Who) -> Result<(), Refusal> {
+        if who.epoch < self.epoch {
+            metrics::counter!("mcomp_stale_writes_refused_total").increment(1);
+            return Err(ERR::new(ErrCode::Stale, format!("process {} is at epoch {}, the write-back was sent for epoch {}", who.pid, self.epoch, who.epoch)));
+        }
+        Ok(())
     }
 
     fn page_in_vma(&self, vpn: u64) -> Result<(), Refusal> {
@@ -135,8 +146,10 @@ impl Mem {
 
     pub(super) fn flush(&self, r: P2M_FLUSH) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        g.current(&r.who)?;
         self.c.flushes.fetch_add(1, Relaxed);
-        self.store(&mut p.lock().unwrap(), r.vpn, &r.data)?;
+        self.store(&mut g, r.vpn, &r.data)?;
         Ok(OK)
     }
 
@@ -145,9 +158,11 @@ impl Mem {
     fn store_piggybacked(&self, who: &Who, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
         match self.owner_proc(who) {
             Ok(victim) => {
+                let mut g = victim.lock().unwrap();
+                g.current(who)?;
                 self.c.flushes.fetch_add(1, Relaxed);
                 self.c.piggybacked.fetch_add(1, Relaxed);
-                self.store(&mut victim.lock().unwrap(), vpn, data)
+                self.store(&mut g, vpn, data)
             }
             Err(e) if e.code == ErrCode::NotFound => Ok(()),
             Err(e) => Err(e),
@@ -181,6 +196,7 @@ impl Mem {
     pub(super) fn flush_many(&self, r: P2M_FLUSH_MANY) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
+        g.current(&r.who)?;
         // All or nothing: a batch with a page outside the process's vmas stores none of it.
         for (vpn, data) in &r.pages {
             sealed_size(data)?;
@@ -199,7 +215,7 @@ impl Mem {
         if accounted {
             self.commit(end - start)?;
         }
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator)))).clone();
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator, who.epoch)))).clone();
         let mut g = p.lock().unwrap();
         if g.vnode != who.vnode || g.creator != creator {
             if accounted {
@@ -207,6 +223,7 @@ impl Mem {
             }
             return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
         }
+        g.epoch = g.epoch.max(who.epoch);
         let gone = g.vmas.remove_range(start, end);
         self.uncommit(&mut g, &gone);
         self.free_pages(&mut g, start, end);
@@ -248,6 +265,22 @@ impl Mem {
         Ok(OK)
     }
 
+    pub(super) fn set_epoch(&self, r: M2M_EPOCH) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        g.epoch = g.epoch.max(r.who.epoch);
+        Ok(OK)
+    }
+
+    pub(super) fn read_pages(&self, r: M2M_READ_PAGES) -> Result<M2M_PAGES, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let g = p.lock().unwrap();
+        let max = r.max as usize;
+        let mut it = g.pages.range(r.from / PAGE..r.end / PAGE);
+        let pages = it.by_ref().take(max).map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec()))).collect();
+        Ok(M2M_PAGES { pages, more: it.next().is_some() })
+    }
+
     pub(super) fn take_pages(&self, r: M2M_TAKE_PAGES) -> Result<M2M_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
@@ -286,7 +319,7 @@ impl Mem {
         let pages: BTreeMap<u64, Page> = g.pages.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
         self.used.fetch_add(pages.len() as u64 * PAGE, Relaxed);
         let mut owned = self.owned.lock().unwrap();
-        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode, g.creator))));
+        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode, g.creator, g.epoch))));
         let mut c = cp.lock().unwrap();
         // The child's vRegions arrive one message each; a child id that names another
         // process (of another vNode or pComponent) is not merged into.

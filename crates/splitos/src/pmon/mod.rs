@@ -416,7 +416,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     })?;
     shim::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
-    let vrs = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     store.set_vregion_size(vrs);
     let p2 = p.clone();
     node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), |_| {});

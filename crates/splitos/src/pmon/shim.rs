@@ -350,9 +350,9 @@ impl Pcomp {
             let run = self.run_stats(h.run_id, peer.uid);
             let pid = super::new_pid();
             let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
-            let who = Who { vnode, pid };
-            self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id() })?;
-            (pid, PendingChild { space: Arc::new(Space::new(who, home)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
+            let who = Who::new(vnode, pid);
+            let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id() })?;
+            (pid, PendingChild { space: Arc::new(Space::new(who, home, created.backup)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -388,7 +388,7 @@ impl Pcomp {
         for v in &child.vmas {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
-        tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.space.who.vnode, home = p.space.home.id, forked = h.fork_token != 0, "process started");
+        tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.space.who.vnode, home = p.space.home().id, forked = h.fork_token != 0, "process started");
         Ok((p, child.vmas))
     }
 
@@ -406,7 +406,7 @@ impl Pcomp {
         };
         for (pid, c) in stale {
             tracing::warn!(pid, parent = c.parent, "a forked child never said hello; its copy is dropped");
-            let _ = self.node.rpc.call(&c.space.home.addr, P2M_EXIT { who: c.space.who.clone() });
+            let _ = c.space.call_home(&self.node, P2M_EXIT { who: c.space.who.clone() });
         }
     }
 
@@ -417,7 +417,7 @@ impl Pcomp {
         self.procs.lock().unwrap().remove(&p.pid);
         self.miss.remove(&p.tenant);
         self.store.detach(p.pid);
-        if let Err(e) = self.node.rpc.call(&p.space.home.addr, P2M_EXIT { who: p.space.who.clone() }) {
+        if let Err(e) = p.space.call_home(&self.node, P2M_EXIT { who: p.space.who.clone() }) {
             tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
         }
         tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
@@ -425,8 +425,8 @@ impl Pcomp {
 
     /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
     /// program sees.
-    fn home_call<R: Request>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
-        self.node.rpc.call(&p.space.home.addr, req).map_err(|e| {
+    fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
+        p.space.call_home(&self.node, req).map_err(|e| {
             let e = Refusal::from(e);
             if e.code != ErrCode::NoMemory {
                 tracing::warn!(pid = p.pid, error = %e, "home mComponent refused a memory call");
@@ -489,7 +489,7 @@ impl Pcomp {
                     if let Some(chunk) = chunk {
                         // A full home falls through to asking for the exact size.
                         if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false }) {
-                            p.space.learn_owners(&m.owners);
+                            p.space.learn(&m.owners, m.epoch, m.backup.clone());
                             let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
                             if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
                                 self.home_call(p, P2M_MUNMAP { who: who.clone(), addr: rest, len: rest_len })?;
@@ -515,7 +515,7 @@ impl Pcomp {
                     }
                     m => m?,
                 };
-                p.space.learn_owners(&m.owners);
+                p.space.learn(&m.owners, m.epoch, m.backup.clone());
                 self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
                 Ok((m.addr, m.prot as u64))
             }
@@ -570,7 +570,7 @@ impl Pcomp {
                     self.miss.discard_range(t, tf, te);
                 }
                 let m = self.home_call(p, P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
-                p.space.learn_owners(&m.owners);
+                p.space.learn(&m.owners, m.epoch, m.backup.clone());
                 self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
                 self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
                 self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
@@ -586,7 +586,7 @@ impl Pcomp {
                     }
                 };
                 if let Some(c) = mine {
-                    let _ = self.node.rpc.call(&c.space.home.addr, P2M_EXIT { who: c.space.who.clone() });
+                    let _ = c.space.call_home(&self.node, P2M_EXIT { who: c.space.who.clone() });
                 }
                 Ok((0, 0))
             }
@@ -612,8 +612,8 @@ impl Pcomp {
         })?;
         let child = super::new_pid();
         let forked = self.home_call(p, P2M_FORK { parent: p.space.who.clone(), child })?;
-        let space = Arc::new(Space::new(Who { vnode: p.space.who.vnode.clone(), pid: child }, p.space.home.clone()));
-        space.learn_owners(&forked.owners);
+        let space = Arc::new(Space::new(Who::new(p.space.who.vnode.clone(), child), p.space.home(), forked.backup.clone()));
+        space.learn(&forked.owners, forked.epoch, forked.backup.clone());
         let materialized = self.miss.materialized_of(p.pid);
         self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
         Ok(child)

@@ -1,8 +1,16 @@
 //! Where the miss path gets lines from and writes them back to: the [`PageStore`] interface,
-//! and [`RemoteStore`], its implementation over RPC to the vRegion owners (mComponents).
+//! and [`RemoteStore`], its implementation over RPC to the vRegion replicas (mComponents).
 //!
-//! A researcher swaps the page store to change where remote memory lives (a replicated store,
-//! an erasure-coded one, a shared-memory one) without touching the miss path.
+//! A researcher swaps the page store to change where remote memory lives (a compressed one,
+//! a shared-memory one) without touching the miss path.
+//!
+//! Replication lives behind this interface: each vRegion has a replica set, primary first.
+//! A page is fetched from the primary (the next replica when the primary cannot be reached
+//! or sends a page that fails its checksum, which is then repaired from the good copy) and
+//! written back to every replica; a write-back completes when all of them stored it. A
+//! replica that cannot be reached is reported to the home (`P2M_REPLICA_LOST`), which takes
+//! it out of the sets and rebuilds its copies; a home that cannot be reached is replaced by
+//! its backup (`P2M_HOME_TAKEOVER`).
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -17,6 +25,9 @@ pub type Page = Vec<u8>;
 
 /// Where a page lives. Two pages at the same place can travel in one round trip.
 pub type Place = u32;
+
+/// Attempts of one page operation while replica sets change under it.
+const TRIES: usize = 8;
 
 pub trait PageStore: Send + Sync {
     fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal>;
@@ -34,29 +45,85 @@ pub trait PageStore: Send + Sync {
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal>;
 }
 
-/// A process's address space as the page store needs it: who it is, its home, and the owners
-/// of its vRegions learnt so far.
+struct Homes {
+    home: ComponentRef,
+    backup: Option<ComponentRef>,
+}
+
+/// The replica sets of a process's vRegions as this pComponent last heard them.
+#[derive(Default)]
+struct View {
+    epoch: u64,
+    vregions: HashMap<u64, VregionReplicas>,
+}
+
+/// A process's address space as the page store needs it: who it is, its home (and backup
+/// home), and the replica sets of its vRegions learnt so far.
 pub struct Space {
     pub who: Who,
-    pub home: ComponentRef,
-    vregions: Mutex<HashMap<u64, ComponentRef>>,
+    homes: Mutex<Homes>,
+    view: Mutex<View>,
+}
+
+/// A call that did not reach a component at all, or broke while under way: the component may
+/// be lost (rather than having declined).
+fn transport_failure(e: &RpcError) -> bool {
+    matches!(e, RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. })
 }
 
 impl Space {
-    pub fn new(who: Who, home: ComponentRef) -> Space {
-        Space { who, home, vregions: Mutex::new(HashMap::new()) }
+    pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> Space {
+        Space { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()) }
     }
 
-    /// Owners the home announced (in `M2P_MAPPED` and `M2P_FORKED` replies).
-    pub fn learn_owners(&self, owners: &[VregionOwner]) {
-        let mut v = self.vregions.lock().unwrap();
-        for o in owners {
-            v.insert(o.index, o.owner.clone());
+    pub fn home(&self) -> ComponentRef {
+        self.homes.lock().unwrap().home.clone()
+    }
+
+    pub fn backup(&self) -> Option<ComponentRef> {
+        self.homes.lock().unwrap().backup.clone()
+    }
+
+    /// The process as it names itself in write-backs: with the epoch of its replica sets.
+    fn who_now(&self) -> Who {
+        Who { epoch: self.view.lock().unwrap().epoch, ..self.who.clone() }
+    }
+
+    /// Replica sets the home announced (in `M2P_MAPPED`, `M2P_FORKED`, `M2P_VREGIONS`): all
+    /// of the process's, so they replace older ones whole.
+    pub fn learn(&self, owners: &[VregionReplicas], epoch: u64, backup: Option<ComponentRef>) {
+        let mut v = self.view.lock().unwrap();
+        if epoch < v.epoch {
+            return;
+        }
+        v.epoch = epoch;
+        v.vregions = owners.iter().map(|o| (o.index, o.clone())).collect();
+        drop(v);
+        if backup.is_some() {
+            self.homes.lock().unwrap().backup = backup;
+        }
+    }
+
+    /// A call to the process's home; a home that cannot be reached, or no longer knows the
+    /// process (it was fenced), is replaced by the backup home, which takes over.
+    pub fn call_home<R: Request + Clone>(&self, node: &Node, req: R) -> Result<R::Reply, RpcError> {
+        let home = self.home();
+        match node.rpc.call(&home.addr, req.clone()) {
+            Err(e) if transport_failure(&e) || matches!(e, RpcError::Remote { code: ErrCode::NotFound, .. }) => {
+                let Some(backup) = self.backup() else { return Err(e) };
+                let taken = node.rpc.call(&backup.addr, P2M_HOME_TAKEOVER { who: self.who.clone(), lost: home.id });
+                let Ok(r) = taken else { return Err(e) };
+                tracing::warn!(pid = self.who.pid, lost = home.id, home = backup.id, error = %e, "home mComponent lost: its backup took over");
+                metrics::counter!("pcomp_home_takeovers_total").increment(1);
+                *self.homes.lock().unwrap() = Homes { home: backup.clone(), backup: r.backup };
+                node.rpc.call(&backup.addr, req)
+            }
+            r => r,
         }
     }
 }
 
-/// The page store of the vRegion owners, reached over the cluster's transport.
+/// The page store of the vRegion replicas, reached over the cluster's transport.
 pub struct RemoteStore {
     node: Arc<Node>,
     vregion_size: AtomicU64,
@@ -65,6 +132,36 @@ pub struct RemoteStore {
 
 fn page(vpn: u64) -> u64 {
     vpn * PAGE_SIZE as u64
+}
+
+/// A failed call, naming the component, the page and what was attempted.
+fn failed(o: &ComponentRef, what: &str, vpn: u64, e: RpcError) -> Refusal {
+    ERR::new(e.code(), format!("mComponent {} at {}: cannot {what} heap page {:#x}: {e}", o.id, o.addr, page(vpn)))
+}
+
+fn corrupt(o: &ComponentRef, vpn: u64) -> Refusal {
+    ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)", o.id, o.addr, page(vpn)))
+}
+
+/// What to do after a failed call to a replica.
+enum Next {
+    /// The replica sets changed (a replica was reported lost, or the owner said the epoch is
+    /// stale): do the whole operation again on the new sets.
+    Again,
+    Fail(Refusal),
+}
+
+/// A fetched page, if it is what was written back. `Ok(None)`: it fails its checksum.
+fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Refusal> {
+    match unseal_page(data) {
+        Ok(p) => Ok(Some(p)),
+        Err(Unsealed::Size(n)) => Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {n} bytes for heap page {:#x}", o.id, o.addr, page(vpn)))),
+        Err(Unsealed::Checksum) => {
+            metrics::counter!("pcomp_checksum_failures_total").increment(1);
+            tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
+            Ok(None)
+        }
+    }
 }
 
 impl RemoteStore {
@@ -88,103 +185,221 @@ impl RemoteStore {
         self.spaces.lock().unwrap().get(&pid).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
     }
 
-    /// The owner of the vRegion holding `vpn`, from the cached vRegion array or the home.
-    fn owner(&self, s: &Space, vpn: u64) -> Result<ComponentRef, Refusal> {
+    fn refresh(&self, s: &Space) -> Result<(), Refusal> {
+        let r = s.call_home(&self.node, P2M_VREGIONS { who: s.who.clone() }).map_err(|e| failed(&s.home(), "find the replicas of", 0, e))?;
+        s.learn(&r.owners, r.epoch, r.backup);
+        Ok(())
+    }
+
+    /// The replica set of the vRegion holding `vpn`, from the cached view or the home.
+    fn set_of(&self, s: &Space, vpn: u64) -> Result<VregionReplicas, Refusal> {
         let idx = page(vpn) / self.vregion_size.load(Relaxed);
-        if let Some(o) = s.vregions.lock().unwrap().get(&idx) {
-            return Ok(o.clone());
-        }
-        let r = self.node.rpc.call_direct(&s.home.addr, P2M_VREGION { who: s.who.clone(), index: idx });
-        match r.map_err(|e| failed(&s.home, "find the owner of", vpn, e))?.owner {
-            Some(o) => {
-                s.vregions.lock().unwrap().insert(idx, o.clone());
-                Ok(o)
+        let cached = s.view.lock().unwrap().vregions.get(&idx).cloned();
+        let set = match cached {
+            Some(set) => set,
+            None => {
+                self.refresh(s)?;
+                let v = s.view.lock().unwrap();
+                v.vregions.get(&idx).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("heap page {:#x} is in no active vRegion", page(vpn))))?
             }
-            None => Err(ERR::new(ErrCode::NotFound, format!("heap page {:#x} is in no active vRegion", page(vpn)))),
+        };
+        if set.owners.is_empty() {
+            return Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: every mComponent that held a copy of it is lost", page(vpn))));
+        }
+        Ok(set)
+    }
+
+    /// After a call to replica `o` of a set of `copies` failed: a replica that cannot be
+    /// reached while others hold the page is reported lost; a stale epoch refreshes the sets.
+    fn after(&self, s: &Space, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
+        if matches!(e, RpcError::Remote { code: ErrCode::Stale, .. }) {
+            return match self.refresh(s) {
+                Ok(()) => Next::Again,
+                Err(r) => Next::Fail(r),
+            };
+        }
+        if !transport_failure(&e) || copies < 2 {
+            return Next::Fail(failed(o, what, vpn, e));
+        }
+        tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot be reached: reporting it to the home");
+        metrics::counter!("pcomp_replicas_lost_total").increment(1);
+        match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id }) {
+            Ok(r) => {
+                s.learn(&r.owners, r.epoch, r.backup);
+                Next::Again
+            }
+            Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and the home cannot be told: {he}") })),
         }
     }
-}
 
-/// A failed call, naming the component, the page and what was attempted.
-fn failed(o: &ComponentRef, what: &str, vpn: u64, e: RpcError) -> Refusal {
-    ERR::new(e.code(), format!("mComponent {} at {}: cannot {what} heap page {:#x}: {e}", o.id, o.addr, page(vpn)))
-}
-
-/// A fetched page, if it is what was written back: a page that fails its checksum is never
-/// taken for the program's data.
-fn checked(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Page, Refusal> {
-    unseal_page(data).map_err(|e| match e {
-        Unsealed::Size(n) => ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {n} bytes for heap page {:#x}", o.id, o.addr, page(vpn))),
-        Unsealed::Checksum => {
-            metrics::counter!("pcomp_checksum_failures_total").increment(1);
-            tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
-            ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)", o.id, o.addr, page(vpn)))
+    /// Writes a good copy over replicas that sent a page failing its checksum.
+    fn repair(&self, who: &Who, vpn: u64, good: &[u8], bad: &[ComponentRef]) {
+        for o in bad {
+            match self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: who.clone(), vpn, data: seal_page(good) }) {
+                Ok(_) => {
+                    metrics::counter!("pcomp_pages_repaired_total").increment(1);
+                    tracing::warn!(replica = o.id, vpn, "repaired a corrupted page from another replica");
+                }
+                Err(e) => tracing::warn!(replica = o.id, vpn, error = %e, "cannot repair a corrupted page"),
+            }
         }
-    })
-}
-
-/// The pages of a batched fetch, one per page asked for.
-fn pages_of(o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
-    if r.pages.len() != vpns.len() {
-        return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} pages for {}", o.id, o.addr, r.pages.len(), vpns.len())));
     }
-    vpns.iter().zip(r.pages).map(|(v, d)| checked(o, *v, d)).collect()
+
+    /// Sends `pages` of one process to every replica that holds them, but `skip` (which a
+    /// piggyback reached already).
+    fn write_all(&self, s: &Space, pages: &[(u64, &[u8])], skip: Option<u32>) -> Result<(), Refusal> {
+        let Some(&(first, _)) = pages.first() else { return Ok(()) };
+        'again: for _ in 0..TRIES {
+            let who = s.who_now();
+            let mut to: Vec<(ComponentRef, usize, Vec<(u64, ByteBuf)>)> = Vec::new();
+            for (vpn, data) in pages {
+                let set = self.set_of(s, *vpn)?;
+                let sealed = seal_page(data);
+                for o in set.owners.iter().filter(|o| Some(o.id) != skip || set.owners[0].id != o.id) {
+                    match to.iter_mut().find(|(t, _, _)| t.id == o.id) {
+                        Some(t) => t.2.push((*vpn, sealed.clone())),
+                        None => to.push((o.clone(), set.owners.len(), vec![(*vpn, sealed.clone())])),
+                    }
+                }
+            }
+            for (o, copies, batch) in to {
+                let r = match &batch[..] {
+                    [(vpn, data)] => self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: who.clone(), vpn: *vpn, data: data.clone() }).map(|_| ()),
+                    _ => self.node.rpc.call_direct(&o.addr, P2M_FLUSH_MANY { who: who.clone(), pages: batch }).map(|_| ()),
+                };
+                if let Err(e) = r {
+                    match self.after(s, &o, copies, "write back", first, e) {
+                        Next::Again => continue 'again,
+                        Next::Fail(r) => return Err(r),
+                    }
+                }
+            }
+            return Ok(());
+        }
+        Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
+    }
+
+    /// One page from the first replica that has a good copy.
+    fn fetch_one(&self, s: &Space, vpn: u64) -> Result<Page, Refusal> {
+        'again: for _ in 0..TRIES {
+            let set = self.set_of(s, vpn)?;
+            let who = s.who_now();
+            let mut bad = Vec::new();
+            for o in &set.owners {
+                match self.node.rpc.call_direct(&o.addr, P2M_FETCH { who: who.clone(), vpn }) {
+                    Ok(r) => match opened(o, vpn, r.data)? {
+                        Some(p) => {
+                            self.repair(&who, vpn, &p, &bad);
+                            return Ok(p);
+                        }
+                        None => bad.push(o.clone()),
+                    },
+                    Err(e) => match self.after(s, o, set.owners.len(), "fetch", vpn, e) {
+                        Next::Again => continue 'again,
+                        Next::Fail(r) => return Err(r),
+                    },
+                }
+            }
+            return Err(corrupt(&bad[0], vpn));
+        }
+        Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(vpn))))
+    }
+
+    /// The pages of a batched fetch from `o`, one per page asked for; a page failing its
+    /// checksum is fetched again from the other replicas.
+    fn pages_of(&self, s: &Space, o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
+        if r.pages.len() != vpns.len() {
+            return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} pages for {}", o.id, o.addr, r.pages.len(), vpns.len())));
+        }
+        vpns.iter()
+            .zip(r.pages)
+            .map(|(v, d)| match opened(o, *v, d)? {
+                Some(p) => Ok(p),
+                None => self.fetch_one(s, *v),
+            })
+            .collect()
+    }
+
+    /// Victims that travel with a fetch to `primary` (those whose primary it is), with their
+    /// process's identity. Victims of processes that exited since they were evicted are
+    /// garbage and stay behind.
+    fn riding_victims(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<Vec<(Who, u64, ByteBuf)>, Refusal> {
+        let mut along = Vec::new();
+        for (fpid, fvpn, data) in flushes {
+            let Ok(fs) = self.space(*fpid) else { continue };
+            if self.set_of(&fs, *fvpn)?.owners[0].id == primary.id {
+                along.push((fs.who_now(), *fvpn, seal_page(data)));
+            }
+        }
+        Ok(along)
+    }
+
+    /// Writes victims to the replicas a piggyback to `primary` did not reach.
+    fn write_victims(&self, flushes: &[(u64, u64, &[u8])], primary: &ComponentRef) -> Result<(), Refusal> {
+        for (fpid, fvpn, data) in flushes {
+            let Ok(fs) = self.space(*fpid) else { continue };
+            let set = self.set_of(&fs, *fvpn)?;
+            if set.owners.iter().any(|o| o.id != primary.id) {
+                self.write_all(&fs, &[(*fvpn, data)], Some(primary.id))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl PageStore for RemoteStore {
     fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal> {
-        Ok(self.owner(&*self.space(pid)?, vpn)?.id)
+        Ok(self.set_of(&*self.space(pid)?, vpn)?.owners[0].id)
     }
 
     fn fetch(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
-        let s = self.space(pid)?;
-        let o = self.owner(&s, vpn)?;
-        let r = self.node.rpc.call_direct(&o.addr, P2M_FETCH { who: s.who.clone(), vpn }).map_err(|e| failed(&o, "fetch", vpn, e))?;
-        checked(&o, vpn, r.data)
+        self.fetch_one(&*self.space(pid)?, vpn)
     }
 
     fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
-        let s = self.space(pid)?;
-        let o = self.owner(&s, vpn)?;
-        self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: s.who.clone(), vpn, data: seal_page(data) }).map_err(|e| failed(&o, "write back", vpn, e))?;
-        Ok(())
+        self.write_all(&*self.space(pid)?, &[(vpn, data)], None)
     }
 
     fn flush_fetch(&self, (fpid, fvpn, data): (u64, u64, &[u8]), (pid, vpn): (u64, u64)) -> Result<Page, Refusal> {
-        let s = self.space(pid)?;
-        // The victim's process exited since it was evicted: its page is garbage, the fetch alone remains.
-        let Ok(fs) = self.space(fpid) else { return self.fetch(pid, vpn) };
-        let o = self.owner(&s, vpn)?;
-        let msg = P2M_FLUSH_FETCH { who: s.who.clone(), fetch_vpn: vpn, flush_who: fs.who.clone(), flush_vpn: fvpn, data: seal_page(data) };
-        let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", vpn, e))?;
-        checked(&o, vpn, r.data)
+        let got = self.flush_fetch_many(&[(fpid, fvpn, data)], pid, &[vpn])?;
+        Ok(got.into_iter().next().expect("one page asked"))
     }
 
     fn fetch_many(&self, pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
-        let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
-        let s = self.space(pid)?;
-        let o = self.owner(&s, first)?;
-        let r = self.node.rpc.call_direct(&o.addr, P2M_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec() }).map_err(|e| failed(&o, "fetch", first, e))?;
-        pages_of(&o, vpns, r)
+        self.flush_fetch_many(&[], pid, vpns)
     }
 
     fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
         let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
         let s = self.space(pid)?;
-        let o = self.owner(&s, first)?;
-        // A victim whose process exited since it was evicted is garbage: it stays behind.
-        let flushes = flushes.iter().filter_map(|(fpid, fvpn, data)| self.space(*fpid).ok().map(|fs| (fs.who.clone(), *fvpn, seal_page(data)))).collect();
-        let msg = P2M_FLUSH_FETCH_MANY { who: s.who.clone(), vpns: vpns.to_vec(), flushes };
-        let r = self.node.rpc.call_direct(&o.addr, msg).map_err(|e| failed(&o, "write back and fetch", first, e))?;
-        pages_of(&o, vpns, r)
+        'again: for _ in 0..TRIES {
+            let set = self.set_of(&s, first)?;
+            let o = &set.owners[0];
+            let along = self.riding_victims(o, flushes)?;
+            let who = s.who_now();
+            let r = match (&along[..], vpns) {
+                ([], [vpn]) => self.node.rpc.call_direct(&o.addr, P2M_FETCH { who, vpn: *vpn }).map(|r| M2P_PAGES { pages: vec![r.data] }),
+                ([], _) => self.node.rpc.call_direct(&o.addr, P2M_FETCH_MANY { who, vpns: vpns.to_vec() }),
+                ([(fwho, fvpn, data)], [vpn]) => {
+                    let msg = P2M_FLUSH_FETCH { who, fetch_vpn: *vpn, flush_who: fwho.clone(), flush_vpn: *fvpn, data: data.clone() };
+                    self.node.rpc.call_direct(&o.addr, msg).map(|r| M2P_PAGES { pages: vec![r.data] })
+                }
+                _ => self.node.rpc.call_direct(&o.addr, P2M_FLUSH_FETCH_MANY { who, vpns: vpns.to_vec(), flushes: along.clone() }),
+            };
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => match self.after(&s, o, set.owners.len(), if along.is_empty() { "fetch" } else { "write back and fetch" }, first, e) {
+                    Next::Again => continue 'again,
+                    Next::Fail(r) => return Err(r),
+                },
+            };
+            self.write_victims(flushes, o)?;
+            return self.pages_of(&s, o, vpns, r);
+        }
+        Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
     }
 
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
-        let Some(&(first, _)) = pages.first() else { return Ok(()) };
-        let s = self.space(pid)?;
-        let o = self.owner(&s, first)?;
-        let pages = pages.iter().map(|(v, d)| (*v, seal_page(d))).collect();
-        self.node.rpc.call_direct(&o.addr, P2M_FLUSH_MANY { who: s.who.clone(), pages }).map_err(|e| failed(&o, "write back", first, e))?;
-        Ok(())
+        self.write_all(&*self.space(pid)?, pages, None)
     }
 }

@@ -45,7 +45,7 @@ fn server(dir: &Path) -> String {
 }
 
 fn fetch(vpn: u64) -> P2M_FETCH {
-    P2M_FETCH { who: Who { vnode: "v".into(), pid: 1 }, vpn }
+    P2M_FETCH { who: Who::new("v", 1), vpn }
 }
 
 fn is_local(t: &ShmTransport, addr: &str) -> bool {

@@ -172,7 +172,7 @@ mod authenticated {
     fn a_peer_of_the_cluster_is_served_what_its_role_may_send() {
         let ca = Authority::generate().unwrap();
         let addr = serve_as(&ca, crate::Role::Mem);
-        let fetch = || P2M_FETCH { who: Who { vnode: "v".into(), pid: 1 }, vpn: 1 };
+        let fetch = || P2M_FETCH { who: Who::new("v", 1), vpn: 1 };
         let proc_ = client(&ca, crate::Role::Proc);
         assert!(matches!(proc_.call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "a pComponent may fetch");
         for role in [crate::Role::Storage, crate::Role::Gm, crate::Role::Mem] {
