@@ -15,6 +15,11 @@ fn programs_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs")
 }
 
+/// The path of a script in tests/programs (Python, shell).
+pub fn script(name: &str) -> String {
+    programs_src().join(name).to_string_lossy().into_owned()
+}
+
 /// Builds tests/programs/<name>.c (or .cpp) once per test binary; returns the executable.
 pub fn program(name: &str) -> PathBuf {
     // One shared directory, binaries named by their source's hash: test runs reuse them and

@@ -28,16 +28,16 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let gm = st["gm"].as_str().unwrap();
     let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &TransportConfig::default(), &c.issue("pcomponent")).unwrap();
     let home = node.call_gm(P2G_PICK_HOME).unwrap().mcomp;
-    let who = Who { vnode: "store-test".into(), pid: 0x7fff_0001 };
-    node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0 }).unwrap();
+    let who = Who::new("store-test", 0x7fff_0001);
+    let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0 }).unwrap();
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false }).unwrap();
     let first = mapped.addr / PAGE_SIZE as u64;
 
     let store = RemoteStore::new(node.clone());
-    let space = Arc::new(Space::new(who.clone(), home.clone()));
-    space.learn_owners(&mapped.owners);
+    let space = Arc::new(Space::new(who.clone(), home.clone(), created.backup));
+    space.learn(&mapped.owners, mapped.epoch, mapped.backup.clone());
     store.attach(who.pid, space);
-    let owner = mapped.owners[0].owner.clone();
+    let owner = mapped.owners[0].owners[0].clone();
     assert_eq!(store.place(who.pid, first).unwrap(), owner.id);
 
     let flushes0 = mcomp_counter(&c, &owner.addr, "flushes");
@@ -70,7 +70,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     assert_eq!(store.fetch(who.pid, first + 1).unwrap(), page(2), "all or nothing");
 
     // Another vNode presenting this process's pid is refused by the owner.
-    let thief = Who { vnode: "other".into(), pid: who.pid };
+    let thief = Who::new("other", who.pid);
     let r = node.rpc.call(&owner.addr, P2M_FETCH_MANY { who: thief, vpns: vec![first] });
     assert!(matches!(r, Err(RpcError::Remote { code: ErrCode::Denied, .. })), "{r:?}");
 

@@ -45,7 +45,7 @@ fn hex_frame(msg: Msg) -> String {
 }
 
 fn fetch_frame(pid: u64) -> String {
-    hex_frame(P2M_FETCH { who: Who { vnode: "default".into(), pid }, vpn: 0x200000000 }.into())
+    hex_frame(P2M_FETCH { who: Who::new("default", pid), vpn: 0x200000000 }.into())
 }
 
 fn rpc_with(creds: Credentials) -> Rpc {
@@ -83,7 +83,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
     let attacks: Vec<(&str, Msg)> = vec![
-        (&m, splitos_rpc::M2M_EXIT { who: Who { vnode: "default".into(), pid: 1 } }.into()),
+        (&m, splitos_rpc::M2M_EXIT { who: Who::new("default", 1) }.into()),
         (&m, splitos_rpc::C2X_SHUTDOWN.into()),
         (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, load, id: 0 }.into()),
         (&p, splitos_rpc::C2X_SHUTDOWN.into()),
@@ -105,7 +105,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     let out = c.cmd(&["cluster", "credentials", "--role", "scomponent", "--out", f.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let storage = rpc_with(Credentials::load(&f).unwrap());
-    match storage.call_msg(&m, &P2M_FETCH { who: Who { vnode: "default".into(), pid: 1 }, vpn: 0 }.into()) {
+    match storage.call_msg(&m, &P2M_FETCH { who: Who::new("default", 1), vpn: 0 }.into()) {
         Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("may not send P2M_FETCH"), "{msg}"),
         other => panic!("an sComponent fetched a page: {other:?}"),
     }
@@ -117,7 +117,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     let out = c.cmd(&["cluster", "credentials", "--role", "pcomponent", "--out", f.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let other = rpc_with(Credentials::load(&f).unwrap());
-    let victim_who = Who { vnode: "default".into(), pid: victim_pid };
+    let victim_who = Who::new("default", victim_pid);
     let denied_before = c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap();
     let attempts: Vec<Msg> = vec![
         P2M_FETCH { who: victim_who.clone(), vpn: 0x200000000 }.into(),
@@ -132,7 +132,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
         }
     }
     // Nor take the victim's id over: creating a process under it, or forking into it.
-    let mine = Who { vnode: "default".into(), pid: 0x5eed };
+    let mine = Who::new("default", 0x5eed);
     other.call(&m, splitos_rpc::P2M_PROC_CREATE { who: mine.clone(), region_base: 0x200000000000, region_size: 1 << 30, pcomp: 0 }).unwrap();
     let takeovers: Vec<Msg> = vec![
         splitos_rpc::P2M_PROC_CREATE { who: victim_who.clone(), region_base: 0x200000000000, region_size: 1 << 30, pcomp: 0 }.into(),

@@ -15,10 +15,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
-fn script(name: &str) -> String {
-    repo().join("tests/programs").join(name).to_string_lossy().into_owned()
-}
-
 /// The steps a user would take on a file system; `$1` is the directory to take them in.
 fn workload() -> String {
     let r = repo();

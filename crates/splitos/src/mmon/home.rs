@@ -89,6 +89,12 @@ impl HomeProc {
         HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None }
     }
 
+    /// The process as `cluster status --json` shows it: where each vRegion's copies are.
+    pub(super) fn stats(&self) -> serde_json::Value {
+        let vregions: Vec<_> = self.vregions.iter().map(|(i, r)| serde_json::json!({"index": i, "owners": r.owners.iter().map(|o| o.id).collect::<Vec<_>>()})).collect();
+        serde_json::json!({"pid": self.who.pid, "epoch": self.epoch, "backup": self.backup.as_ref().map(|b| b.id), "vregions": vregions})
+    }
+
     /// How many of its vRegions have fewer than `copies` copies (and at least one).
     pub(super) fn short_of(&self, copies: usize) -> u64 {
         self.vregions.values().filter(|s| !s.owners.is_empty() && s.owners.len() < copies).count() as u64

@@ -134,6 +134,11 @@ impl Mem {
         }
     }
 
+    fn home_stats(&self) -> Vec<serde_json::Value> {
+        let homes: Vec<Arc<Mutex<home::HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
+        homes.iter().filter_map(|h| h.try_lock().ok().map(|g| g.stats())).collect()
+    }
+
     /// vRegions of the processes this mComponent is home of that have fewer copies than the
     /// cluster's replication asks (and at least one).
     fn short_vregions(&self) -> u64 {
@@ -195,7 +200,7 @@ impl Mem {
         serde_json::json!({
             "role": "mcomponent", "id": self.node.id(), "addr": self.node.addr,
             "capacity": self.capacity, "committed": self.committed.load(Relaxed), "used": self.used.load(Relaxed),
-            "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc,
+            "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
             "replication": self.replication().name(), "backup_of": self.backups.lock().unwrap().len(),
             "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),

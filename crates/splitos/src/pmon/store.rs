@@ -210,13 +210,17 @@ impl RemoteStore {
     }
 
     /// After a call to replica `o` of a set of `copies` failed: a replica that cannot be
-    /// reached while others hold the page is reported lost; a stale epoch refreshes the sets.
+    /// reached while others hold the page is reported lost; a stale epoch refreshes the sets,
+    /// and so does a replica that no longer knows the process (it was fenced, its copies
+    /// rebuilt elsewhere) if the home has indeed taken it out of the page's set.
     fn after(&self, s: &Space, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
-        if matches!(e, RpcError::Remote { code: ErrCode::Stale, .. }) {
-            return match self.refresh(s) {
-                Ok(()) => Next::Again,
-                Err(r) => Next::Fail(r),
-            };
+        let code = e.code();
+        if code == ErrCode::Stale || (code == ErrCode::NotFound && copies > 1) {
+            if let Err(r) = self.refresh(s) {
+                return Next::Fail(r);
+            }
+            let still = self.set_of(s, vpn).is_ok_and(|set| set.owners.iter().any(|x| x.id == o.id));
+            return if code == ErrCode::NotFound && still { Next::Fail(failed(o, what, vpn, e)) } else { Next::Again };
         }
         if !transport_failure(&e) || copies < 2 {
             return Next::Fail(failed(o, what, vpn, e));

@@ -1,0 +1,243 @@
+//! Memory that survives an mComponent (`replication = "replica"`, docs/failures.md): real
+//! programs (a C hash table, CPython, sqlite3 in memory) with an ExCache far smaller than their
+//! heaps run while components are killed under them, and print what they print natively;
+//! the components that did the work (rebuilds, take-overs, repairs) show it in their counters.
+mod common;
+use std::io::Write;
+use std::time::Duration;
+
+use common::*;
+
+/// Four mComponents (replication is `replica` by default from three on), vRegions of 4 MiB so
+/// that a program's heap spreads over all of them, an ExCache of 4 MiB.
+fn cluster(mcomps: usize, extra: &str) -> TestCluster {
+    TestCluster::up(Some(&format!("[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\n{extra}[[pcomponent]]\nexcache = \"4M\"\n{}", "[[mcomponent]]\n".repeat(mcomps))))
+}
+
+/// What a phased program prints natively (it waits for a line after phases 1 and 2).
+fn native_phased(cmd: &[&str]) -> String {
+    let mut child = std::process::Command::new(cmd[0]).args(&cmd[1..]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"\n\n").unwrap();
+    text(&child.wait_with_output().unwrap().stdout)
+}
+
+/// Runs a phased program on the cluster, calling `between(cluster, phase, pid)` after phases
+/// 1 and 2 before letting it go on; returns its stdout, stderr and whether it succeeded.
+fn run_phased(c: &TestCluster, cmd: &[&str], mut between: impl FnMut(&TestCluster, usize, u64)) -> (String, String, bool) {
+    let mut child = c.spawn(&[], cmd);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = String::new();
+    for phase in 1..=2 {
+        let line = read_line(&mut child);
+        out.push_str(&line);
+        if !line.starts_with(&format!("phase {phase}")) {
+            break;
+        }
+        let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+        between(c, phase, pid);
+        stdin.write_all(b"\n").unwrap();
+    }
+    drop(stdin);
+    let rest = child.wait_with_output().unwrap();
+    out.push_str(&text(&rest.stdout));
+    (out, text(&rest.stderr), rest.status.success())
+}
+
+fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
+    c.components("mcomponent").into_iter().filter(|m| m["alive"] == true).collect()
+}
+
+/// The address of the home of process `pid` and the replica sets of its vRegions (ids), as
+/// the home's statistics show them; `None` while no live mComponent is its home (a backup
+/// has yet to take over).
+fn try_home_of(c: &TestCluster, pid: u64) -> Option<(String, Vec<Vec<u64>>)> {
+    mcomp_stats(c).into_iter().find_map(|m| {
+        let p = m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid)?.clone();
+        let sets = p["vregions"].as_array().unwrap().iter().map(|v| v["owners"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect()).collect();
+        Some((m["addr"].as_str().unwrap().to_string(), sets))
+    })
+}
+
+fn home_of(c: &TestCluster, pid: u64) -> (String, Vec<Vec<u64>>) {
+    try_home_of(c, pid).unwrap_or_else(|| panic!("no mComponent is home of process {pid}: {:?}", mcomp_stats(c)))
+}
+
+fn addr_of(c: &TestCluster, id: u64) -> String {
+    c.components("mcomponent").into_iter().find(|m| m["id"] == id).unwrap()["addr"].as_str().unwrap().to_string()
+}
+
+/// The mComponent that is primary of the most vRegions of `pid`, other than its home.
+fn busiest_primary(c: &TestCluster, pid: u64) -> String {
+    let (home, sets) = home_of(c, pid);
+    let mut count: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for s in &sets {
+        *count.entry(s[0]).or_default() += 1;
+    }
+    let mut ids: Vec<(usize, u64)> = count.into_iter().map(|(id, n)| (n, id)).collect();
+    ids.sort();
+    ids.into_iter().rev().map(|(_, id)| addr_of(c, id)).find(|a| *a != home).expect("a primary other than the home")
+}
+
+/// Sum of a counter over the live mComponents.
+fn mcomp_metric(c: &TestCluster, name: &str) -> f64 {
+    mcomp_stats(c).iter().map(|m| c.metric(m["addr"].as_str().unwrap(), name)).sum()
+}
+
+/// Waits until every vRegion of `pid` has two copies on live mComponents.
+fn wait_rebuilt(c: &TestCluster, pid: u64) {
+    let ok = c.eventually(Duration::from_secs(30), |c| {
+        let live: Vec<u64> = mcomp_stats(c).iter().map(|m| m["id"].as_u64().unwrap()).collect();
+        try_home_of(c, pid).is_some_and(|(_, sets)| !sets.is_empty() && sets.iter().all(|s| s.len() == 2 && s.iter().all(|id| live.contains(id))))
+    });
+    assert!(ok, "the replicas of process {pid} are rebuilt: {:?}", try_home_of(c, pid));
+}
+
+#[test]
+fn a_c_hash_table_survives_losing_a_primary_then_its_home_with_a_rebuild_between() {
+    let c = cluster(4, "");
+    assert!(mcomp_stats(&c).iter().all(|m| m["stats"]["replication"] == "replica"), "replica is the default with 4 mComponents");
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+        let victim = if phase == 1 { busiest_primary(c, pid) } else { home_of(c, pid).0 };
+        c.kill_component(c.pid_of_addr(&victim));
+        wait_rebuilt(c, pid);
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    assert!(mcomp_metric(&c, "mcomp_rebuilt_pages_total") > 0.0, "pages were copied to new replicas");
+    assert!(mcomp_metric(&c, "mcomp_home_takeovers_total") >= 1.0, "the backup home took over");
+    // Everything is released when the program ends, rebuilt copies too.
+    let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
+    assert_eq!(used, 0, "and released when the program ended");
+}
+
+#[test]
+fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let gm_addr = format!("127.0.0.1:{port}");
+    let c = cluster(4, &format!("gm = \"{gm_addr}\"\nforget_dead_ms = 6000\n"));
+    let py = python3();
+    let phases = script("phases.py");
+    for (round, kind) in ["dict", "sqlite"].into_iter().enumerate() {
+        let cmd = [py.as_str(), phases.as_str(), kind];
+        let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+            if phase == 1 {
+                // The global managers are never on the data path: the program goes on while
+                // they are down, and the restarted managers learn the cluster again.
+                let gm = c.pid_of_addr(&gm_addr);
+                let argv: Vec<String> = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap().strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+                c.kill_component(gm);
+                let log = std::fs::File::create(c.dir.path().join(format!("gm-again{round}.log"))).unwrap();
+                use std::os::unix::process::CommandExt;
+                let again = std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap();
+                remember_pid(c.dir.path(), again.id() as i32);
+                assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && mcomp_stats(c).len() == 4 - round));
+            } else {
+                // A replica that is not the home: a secondary of some vRegions.
+                let (home, sets) = home_of(c, pid);
+                let secondary = sets.iter().map(|s| addr_of(c, s[1])).find(|a| *a != home).expect("a secondary other than the home");
+                c.kill_component(c.pid_of_addr(&secondary));
+                wait_rebuilt(c, pid);
+            }
+        });
+        assert!(ok, "{kind}: {err}");
+        assert_eq!(out, native_phased(&cmd), "{kind}: {err}");
+    }
+    assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
+}
+
+#[test]
+fn a_corrupted_page_is_repaired_from_its_other_replica() {
+    let c = cluster(3, "");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    // Bits flip in pages of every vRegion, on its primary (where fetches go): each bad page
+    // has a good copy on the other replica.
+    let (_, sets) = home_of(&c, pid);
+    let vrs = 4u64 << 20;
+    let mut flipped = 0;
+    for (i, set) in sets.iter().enumerate() {
+        let addr = addr_of(&c, set[0]);
+        let index = c.components("mcomponent").iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).map(|p| p["vregions"][i]["index"].as_u64().unwrap())).unwrap();
+        for k in 0..4u64 {
+            let at = index * vrs + k * (1 << 20);
+            let flip = |at: u64| {
+                let out = c.cmd(&["debug", "flip", "--mcomp", &addr, "--vnode", "default", "--pid", &pid.to_string(), "--vaddr", &format!("{at:#x}"), "--bit", "777"]).output().unwrap();
+                out.status.success().then(|| u64::from_str_radix(text(&out.stdout).trim().rsplit("0x").next().unwrap(), 16).unwrap())
+            };
+            match flip(at) {
+                Some(page) if page == at => flipped += 1,
+                // The page is not there (the heap ends before it): the flip landed on a later
+                // page, perhaps a secondary's copy; flipping that bit again restores it.
+                Some(page) => assert_eq!(flip(page), Some(page)),
+                None => {}
+            }
+        }
+    }
+    assert!(flipped >= 12, "pages of the program are on the mComponents: {flipped}");
+    assert_hold_ends_native(child);
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
+    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0, "bad copies were written over with good ones");
+}
+
+#[test]
+fn losing_both_copies_at_once_ends_the_program_with_an_error_naming_what_was_lost() {
+    let c = cluster(3, "");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (_, sets) = home_of(&c, pid);
+    let both: Vec<String> = sets[sets.len() / 2].iter().map(|id| addr_of(&c, *id)).collect();
+    let pids: Vec<i32> = both.iter().map(|a| c.pid_of_addr(a)).collect();
+    for p in pids {
+        c.kill_component(p);
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(text(&out.stdout), "", "no output from lost data");
+    let err = text(&out.stderr);
+    assert!(err.contains("mComponent") && both.iter().any(|a| err.contains(a.as_str())) || err.contains("every mComponent that held a copy of it is lost"), "{err}");
+}
+
+#[test]
+fn replication_is_a_knob_of_the_cluster_and_of_run() {
+    // Off by choice with four mComponents: one copy, as much memory as the data.
+    let c = cluster(4, "replication = \"none\"\n");
+    let hold = program("hold");
+    let hold = hold.to_str().unwrap();
+    let mut child = c.spawn(&[], &[hold, "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 1));
+    let one: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
+    assert_hold_ends_native(child);
+    drop(c);
+    let c = cluster(4, "replication = \"replica\"\n");
+    let mut child = c.spawn(&[], &[hold, "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 2 && s[0] != s[1]));
+    let two: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
+    assert_eq!(two, 2 * one, "each page twice");
+    assert_hold_ends_native(child);
+    // Schemes this build does not have are refused by name, by `cluster up` and by `run`.
+    for bad in ["log", "ec", "mirror"] {
+        let f = c.dir.path().join("bad.toml");
+        std::fs::write(&f, format!("[cluster]\nreplication = \"{bad}\"\n[[pcomponent]]\n[[mcomponent]]\n")).unwrap();
+        let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", c.dir.path().join("bad")).output().unwrap();
+        assert!(!out.status.success() && text(&out.stderr).contains("replication") && text(&out.stderr).contains(bad), "{}", text(&out.stderr));
+        let out = std::process::Command::new(splitos()).args(["run", "--embedded", "--replication", bad, "--", "true"]).output().unwrap();
+        assert!(!out.status.success() && text(&out.stderr).contains(bad), "{}", text(&out.stderr));
+    }
+    // The embedded cluster of `run` takes the option: every write-back reaches two
+    // mComponents (their own counters).
+    let (_, s) = stats_of(&["--embedded", "--mcomponents", "2", "--replication", "replica", "--excache", "4M"], &[hold, "16"]);
+    assert!(s["mcomponents"].as_array().unwrap().iter().all(|m| m["replication"] == "replica"), "{s}");
+    assert!(n(&s, "flushes") > 0 && mcomp_sum(&s, "flushes") >= 2 * n(&s, "flushes"), "{s}");
+}
