@@ -545,3 +545,72 @@ impl Drop for Hosts {
         let _ = Command::new("ip").args(["link", "del", &format!("{}br", self.tag)]).output();
     }
 }
+
+// ---- replicated memory (tests/replication.rs, tests/hosts.rs)
+
+/// What a phased program prints natively (it waits for a line after phases 1 and 2).
+pub fn native_phased(cmd: &[&str]) -> String {
+    let mut child = std::process::Command::new(cmd[0]).args(&cmd[1..]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"\n\n").unwrap();
+    text(&child.wait_with_output().unwrap().stdout)
+}
+
+/// Runs a phased program on the cluster, calling `between(cluster, phase, pid)` after phases
+/// 1 and 2 before letting it go on; returns its stdout, stderr and whether it succeeded.
+pub fn run_phased(c: &TestCluster, cmd: &[&str], mut between: impl FnMut(&TestCluster, usize, u64)) -> (String, String, bool) {
+    let mut child = c.spawn(&[], cmd);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = String::new();
+    for phase in 1..=2 {
+        let line = read_line(&mut child);
+        out.push_str(&line);
+        if !line.starts_with(&format!("phase {phase}")) {
+            break;
+        }
+        let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+        between(c, phase, pid);
+        std::io::Write::write_all(&mut stdin, b"\n").unwrap();
+    }
+    drop(stdin);
+    let rest = child.wait_with_output().unwrap();
+    out.push_str(&text(&rest.stdout));
+    (out, text(&rest.stderr), rest.status.success())
+}
+
+pub fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
+    c.components("mcomponent").into_iter().filter(|m| m["alive"] == true).collect()
+}
+
+/// The address of the home of process `pid` and the replica sets of its vRegions (ids), as
+/// the home's statistics show them; `None` while no live mComponent is its home (a backup
+/// has yet to take over).
+pub fn try_home_of(c: &TestCluster, pid: u64) -> Option<(String, Vec<Vec<u64>>)> {
+    mcomp_stats(c).into_iter().find_map(|m| {
+        let p = m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid)?.clone();
+        let sets = p["vregions"].as_array().unwrap().iter().map(|v| v["owners"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect()).collect();
+        Some((m["addr"].as_str().unwrap().to_string(), sets))
+    })
+}
+
+pub fn home_of(c: &TestCluster, pid: u64) -> (String, Vec<Vec<u64>>) {
+    try_home_of(c, pid).unwrap_or_else(|| panic!("no mComponent is home of process {pid}: {:?}", mcomp_stats(c)))
+}
+
+pub fn addr_of(c: &TestCluster, id: u64) -> String {
+    c.components("mcomponent").into_iter().find(|m| m["id"] == id).unwrap()["addr"].as_str().unwrap().to_string()
+}
+
+/// Sum of a counter over the live mComponents.
+pub fn mcomp_metric(c: &TestCluster, name: &str) -> f64 {
+    mcomp_stats(c).iter().map(|m| c.metric(m["addr"].as_str().unwrap(), name)).sum()
+}
+
+/// Waits until every vRegion of `pid` has two copies on live mComponents.
+pub fn wait_rebuilt(c: &TestCluster, pid: u64) {
+    let ok = c.eventually(Duration::from_secs(30), |c| {
+        let live: Vec<u64> = mcomp_stats(c).iter().map(|m| m["id"].as_u64().unwrap()).collect();
+        try_home_of(c, pid).is_some_and(|(_, sets)| !sets.is_empty() && sets.iter().all(|s| s.len() == 2 && s.iter().all(|id| live.contains(id))))
+    });
+    assert!(ok, "the replicas of process {pid} are rebuilt: {:?}", try_home_of(c, pid));
+}
+

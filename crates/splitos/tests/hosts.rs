@@ -51,3 +51,50 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
     // The other program reads its whole heap back from both mComponent hosts.
     assert_hold_ends_native(survivor);
 }
+
+#[test]
+fn replicated_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced_and_a_lost_host() {
+    let h = Hosts::new(&["gm", "p1", "m1", "m2", "m3"]);
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    // Three mComponent hosts: replication is `replica` by default.
+    let cfg = format!(
+        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n[[pcomponent]]\n{}excache = \"4M\"\n[[mcomponent]]\n{}[[mcomponent]]\n{}[[mcomponent]]\n{}",
+        h.addr("gm"),
+        h.netns("gm"),
+        at("p1"),
+        at("m1"),
+        at("m2"),
+        at("m3")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    let host_of = |addr: &str| ["m1", "m2", "m3"].into_iter().find(|m| addr.starts_with(&format!("{}:", h.addr(m)))).unwrap();
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+        let (home, sets) = home_of(c, pid);
+        if phase == 1 {
+            // A replica's host is cut off for longer than the global managers wait: the home
+            // rebuilds its copies elsewhere; when the link is back, the host is fenced and
+            // drops what it holds (it may be older than the rebuilt copies).
+            let cut = sets.iter().flatten().map(|id| addr_of(c, *id)).find(|a| *a != home).unwrap();
+            let cut_id = c.components("mcomponent").into_iter().find(|m| m["addr"] == cut.as_str()).unwrap()["id"].as_u64().unwrap();
+            h.link(host_of(&cut), false);
+            let moved = c.eventually(Duration::from_secs(30), |c| try_home_of(c, pid).is_some_and(|(_, sets)| sets.iter().all(|s| s.len() == 2 && !s.contains(&cut_id))));
+            assert!(moved, "the copies on the cut host are rebuilt elsewhere: {:?}", try_home_of(c, pid));
+            h.link(host_of(&cut), true);
+            let fenced = c.eventually(Duration::from_secs(30), |c| c.components("mcomponent").into_iter().any(|m| m["addr"] == cut.as_str() && m["alive"] == true && m["stats"]["used"] == 0));
+            assert!(fenced, "the host that came back holds nothing: {:?}", mcomp_stats(c));
+            assert_eq!(c.metric(&cut, "mcomp_fenced_total"), 1.0);
+        } else {
+            // The home's host is lost, all its processes at once.
+            for p in h.pids(host_of(&home)) {
+                forget_pid(c.dir.path(), p);
+                // SAFETY: kill(2) takes no pointers; these are the processes of this test's own host.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    assert!(mcomp_metric(&c, "mcomp_home_takeovers_total") >= 1.0);
+}

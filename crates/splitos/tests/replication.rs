@@ -3,7 +3,6 @@
 //! heaps run while components are killed under them, and print what they print natively;
 //! the components that did the work (rebuilds, take-overs, repairs) show it in their counters.
 mod common;
-use std::io::Write;
 use std::time::Duration;
 
 use common::*;
@@ -12,58 +11,6 @@ use common::*;
 /// that a program's heap spreads over all of them, an ExCache of 4 MiB.
 fn cluster(mcomps: usize, extra: &str) -> TestCluster {
     TestCluster::up(Some(&format!("[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\n{extra}[[pcomponent]]\nexcache = \"4M\"\n{}", "[[mcomponent]]\n".repeat(mcomps))))
-}
-
-/// What a phased program prints natively (it waits for a line after phases 1 and 2).
-fn native_phased(cmd: &[&str]) -> String {
-    let mut child = std::process::Command::new(cmd[0]).args(&cmd[1..]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(b"\n\n").unwrap();
-    text(&child.wait_with_output().unwrap().stdout)
-}
-
-/// Runs a phased program on the cluster, calling `between(cluster, phase, pid)` after phases
-/// 1 and 2 before letting it go on; returns its stdout, stderr and whether it succeeded.
-fn run_phased(c: &TestCluster, cmd: &[&str], mut between: impl FnMut(&TestCluster, usize, u64)) -> (String, String, bool) {
-    let mut child = c.spawn(&[], cmd);
-    let mut stdin = child.stdin.take().unwrap();
-    let mut out = String::new();
-    for phase in 1..=2 {
-        let line = read_line(&mut child);
-        out.push_str(&line);
-        if !line.starts_with(&format!("phase {phase}")) {
-            break;
-        }
-        let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
-        between(c, phase, pid);
-        stdin.write_all(b"\n").unwrap();
-    }
-    drop(stdin);
-    let rest = child.wait_with_output().unwrap();
-    out.push_str(&text(&rest.stdout));
-    (out, text(&rest.stderr), rest.status.success())
-}
-
-fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
-    c.components("mcomponent").into_iter().filter(|m| m["alive"] == true).collect()
-}
-
-/// The address of the home of process `pid` and the replica sets of its vRegions (ids), as
-/// the home's statistics show them; `None` while no live mComponent is its home (a backup
-/// has yet to take over).
-fn try_home_of(c: &TestCluster, pid: u64) -> Option<(String, Vec<Vec<u64>>)> {
-    mcomp_stats(c).into_iter().find_map(|m| {
-        let p = m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid)?.clone();
-        let sets = p["vregions"].as_array().unwrap().iter().map(|v| v["owners"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect()).collect();
-        Some((m["addr"].as_str().unwrap().to_string(), sets))
-    })
-}
-
-fn home_of(c: &TestCluster, pid: u64) -> (String, Vec<Vec<u64>>) {
-    try_home_of(c, pid).unwrap_or_else(|| panic!("no mComponent is home of process {pid}: {:?}", mcomp_stats(c)))
-}
-
-fn addr_of(c: &TestCluster, id: u64) -> String {
-    c.components("mcomponent").into_iter().find(|m| m["id"] == id).unwrap()["addr"].as_str().unwrap().to_string()
 }
 
 /// The mComponent that is primary of the most vRegions of `pid`, other than its home.
@@ -76,20 +23,6 @@ fn busiest_primary(c: &TestCluster, pid: u64) -> String {
     let mut ids: Vec<(usize, u64)> = count.into_iter().map(|(id, n)| (n, id)).collect();
     ids.sort();
     ids.into_iter().rev().map(|(_, id)| addr_of(c, id)).find(|a| *a != home).expect("a primary other than the home")
-}
-
-/// Sum of a counter over the live mComponents.
-fn mcomp_metric(c: &TestCluster, name: &str) -> f64 {
-    mcomp_stats(c).iter().map(|m| c.metric(m["addr"].as_str().unwrap(), name)).sum()
-}
-
-/// Waits until every vRegion of `pid` has two copies on live mComponents.
-fn wait_rebuilt(c: &TestCluster, pid: u64) {
-    let ok = c.eventually(Duration::from_secs(30), |c| {
-        let live: Vec<u64> = mcomp_stats(c).iter().map(|m| m["id"].as_u64().unwrap()).collect();
-        try_home_of(c, pid).is_some_and(|(_, sets)| !sets.is_empty() && sets.iter().all(|s| s.len() == 2 && s.iter().all(|id| live.contains(id))))
-    });
-    assert!(ok, "the replicas of process {pid} are rebuilt: {:?}", try_home_of(c, pid));
 }
 
 #[test]
