@@ -109,6 +109,15 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         ]);
     }
     println!("global managers at {gm}\n{t}");
+    let mstats: Vec<&serde_json::Value> = rows.iter().filter(|r| r["role"] == "mcomponent").map(|r| &r["stats"]).filter(|s| !s.is_null()).collect();
+    if let Some(scheme) = mstats.first().and_then(|s| s["replication"].as_str()) {
+        let short: u64 = mstats.iter().filter_map(|s| s["rebuild"]["short_vregions"].as_u64()).sum();
+        let copied: u64 = mstats.iter().filter_map(|s| s["rebuild"]["copied_pages"].as_u64()).sum();
+        println!("replication: {scheme}");
+        if short > 0 {
+            println!("rebuilding: {short} vRegion(s) short of copies; {copied} pages copied to new replicas so far");
+        }
+    }
     Ok(())
 }
 

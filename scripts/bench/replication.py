@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""LegoOS figure 14 with replication: what keeping heap memory safe from the loss of an
+mComponent costs, on this machine, side by side with no replication in the same run.
+
+- Slowdown of the suite's workloads with an ExCache of 25% of their working set, three
+  mComponents, `--replication none` and `replica` interleaved (against native runs in the same
+  run; every output checked against the native one).
+- Memory on the mComponents per scheme, for a program holding 256 MiB.
+- Time to rebuild the copies an mComponent held (per GiB), from the moment it is killed
+  and from the moment the homes start copying.
+- How long a program stalls when an mComponent that holds its pages dies under it (the
+  longest single memory access), against the longest access of runs where nothing dies.
+
+    python3 scripts/bench/replication.py [--reps N] [--all] [--out DIR]
+
+Writes DIR/replication.json and the section of DIR/benchmarks.md (default: results/ and docs/).
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
+from suite import geomean, med, run, splitos_prefix, working_set_kib, workloads
+
+SCHEMES = ("none", "replica")
+QUICK_SET = ("wordcount (tr, sort, uniq -c)", "sqlite3 (in-memory database)", "node (word-pair Map)")
+
+
+def build(name):
+    out = os.path.join(tempfile.gettempdir(), f"splitos-bench-{name}")
+    src = os.path.join(ROOT, "scripts", "bench", f"{name}.c") if name == "stall" else os.path.join(ROOT, "tests", "programs", f"{name}.c")
+    subprocess.run(["gcc", "-O2", "-o", out, src], check=True)
+    return out
+
+
+class Cluster:
+    """A `splitos cluster up` in a private state directory, stopped on exit."""
+
+    def __init__(self, mcomps, replication, extra=""):
+        self.dir = tempfile.mkdtemp(prefix="splitos-bench-repl-")
+        self.env = dict(os.environ, SPLITOS_STATE_DIR=self.dir, SPLITOS_DATA_DIR=os.path.join(self.dir, "data"))
+        cfg = os.path.join(self.dir, "cluster.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[cluster]\nreplication = "{replication}"\nreclaim_dead_ms = 1000\n{extra}[[pcomponent]]\nexcache = "16M"\n' + "[[mcomponent]]\n" * mcomps)
+        subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, check=True, capture_output=True)
+
+    def status(self):
+        out = subprocess.run([SPLITOS, "cluster", "status", "--json"], env=self.env, check=True, capture_output=True).stdout
+        return [c for c in json.loads(out)["components"]]
+
+    def mcomps(self):
+        return [c for c in self.status() if c["role"] == "mcomponent" and c["alive"] and c["stats"]]
+
+    def spawn(self, cmd):
+        return subprocess.Popen([SPLITOS, "run", "--", *cmd], env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def pid_of(self, addr):
+        port = addr.rsplit(":", 1)[1]
+        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+        return int(out.split("pid=")[1].split(",")[0])
+
+    def home(self, pid):
+        for m in self.mcomps():
+            for p in m["stats"]["home_processes"]:
+                if p["pid"] == pid:
+                    return m, p
+        return None, None
+
+    def down(self):
+        subprocess.run([SPLITOS, "cluster", "down"], env=self.env, capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def program_pid(c):
+    return next(x for x in c.status() if x["role"] == "pcomponent")["stats"]["processes"][0]["pid"]
+
+
+def victim(c, pid):
+    """The live mComponent, other than the home, that is primary of most of the process's vRegions."""
+    home, p = c.home(pid)
+    counts = {}
+    for v in p["vregions"]:
+        if v["owners"] and v["owners"][0] != home["id"]:
+            counts[v["owners"][0]] = counts.get(v["owners"][0], 0) + 1
+    target = max(counts, key=counts.get)
+    return next(m for m in c.mcomps() if m["id"] == target)
+
+
+def whole(c, pid, copies):
+    live = {m["id"] for m in c.mcomps()}
+    _, p = c.home(pid)
+    return p is not None and all(len(v["owners"]) == copies and set(v["owners"]) <= live for v in p["vregions"])
+
+
+def slowdowns(reps, names, bar):
+    wl = workloads(False)
+    res = {}
+    for name in names:
+        spec = wl[name]
+        env = spec.get("env")
+        ws = working_set_kib(spec["cmd"], env)
+        r = res[name] = {"working_set_kib": ws, "native_s": [], **{s: [] for s in SCHEMES}, "flushes": {s: [] for s in SCHEMES}, "mismatches": []}
+        for _ in range(reps):
+            secs, digest, code, _, err = run(spec["cmd"], env)
+            if code != 0:
+                sys.exit(f"{name} failed natively: {err.decode()[-300:]}")
+            r["native_s"].append(secs)
+            bar.update()
+            for s in SCHEMES:
+                with tempfile.NamedTemporaryFile(suffix=".json") as st:
+                    secs2, d2, code2, _, err2 = run(spec["cmd"], env, splitos_prefix(ws // 4, st.name, ["--mcomponents", "3", "--replication", s]))
+                    stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}
+                if code2 != 0 or d2 != digest:
+                    r["mismatches"].append(f"{s}: exit {code2}: {err2.decode()[-300:]}")
+                r[s].append(secs2)
+                r["flushes"][s].append(sum(m.get("flushes", 0) for m in stats.get("mcomponents", [])))
+                bar.update()
+    return res
+
+
+def memory(hold):
+    out = {}
+    for s in SCHEMES:
+        c = Cluster(3, s)
+        try:
+            p = c.spawn([hold, "256"])
+            assert p.stdout.readline() == "ready\n"
+            out[s] = sum(m["stats"]["used"] for m in c.mcomps())
+            p.stdin.close()
+            p.wait()
+        finally:
+            c.down()
+    return out
+
+
+def rebuild(hold, mib):
+    """Kills the mComponent holding most primaries of a program holding `mib` MiB; returns
+    seconds from the kill to the first copied page, from there to every vRegion whole again,
+    and the bytes copied."""
+    c = Cluster(4, "replica", 'vregion_size = "64M"\n')
+    try:
+        p = c.spawn([hold, str(mib)])
+        assert p.stdout.readline() == "ready\n"
+        pid = program_pid(c)
+        v = victim(c, pid)
+        copied0 = sum(m["stats"]["rebuild"]["copied_pages"] for m in c.mcomps())
+        os.kill(c.pid_of(v["addr"]), signal.SIGKILL)
+        t0 = time.monotonic()
+        started = None
+        while time.monotonic() - t0 < 120:
+            ms = [m for m in c.mcomps() if m["id"] != v["id"]]
+            copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in ms)
+            if started is None and copied > copied0:
+                started = time.monotonic()
+            if started is not None and whole(c, pid, 2):
+                done = time.monotonic()
+                break
+            time.sleep(0.02)
+        else:
+            sys.exit("the rebuild did not finish within two minutes")
+        copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in c.mcomps()) - copied0
+        p.stdin.close()
+        out = p.stdout.read()
+        p.wait()
+        want = subprocess.run([hold, str(mib)], input="", capture_output=True, text=True).stdout
+        if "ready\n" + out != want:
+            sys.exit(f"hold {mib} printed {out!r} after the rebuild, natively {want!r}")
+        return {"detect_s": started - t0, "copy_s": done - started, "bytes": copied * 4096}
+    finally:
+        c.down()
+
+
+def stall(prog, scheme, kill):
+    """The stall program's report when an mComponent holding its pages is killed a second
+    into its access loop (or nothing is killed)."""
+    c = Cluster(3, scheme, 'vregion_size = "16M"\n')
+    try:
+        p = c.spawn([prog, "128", "4"])
+        assert p.stdout.readline() == "ready\n"
+        if kill:
+            pid = program_pid(c)
+            v = victim(c, pid)
+            time.sleep(1)
+            os.kill(c.pid_of(v["addr"]), signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+        if p.returncode != 0:
+            return {"failed": err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"}
+        return json.loads(out.strip().splitlines()[-1])
+    finally:
+        c.down()
+
+
+def report(res, docs):
+    m = res["machine"]
+    lines = ["<!-- replication:begin (generated by scripts/bench/replication.py; do not edit by hand) -->",
+             "## Replication: LegoOS figure 14 with schemes", "",
+             f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Three mComponents on this host (shared memory), `run --embedded --replication none|replica`, the schemes interleaved; medians of {res['reps']} run(s) (min–max), time divided by the native time of the same run. Every output was compared with the native run's.", "",
+             "| workload | working set | native s | none 25% | replica 25% | replica / none | write-backs stored (none → replica) |", "|---|---|---|---|---|---|---|"]
+    ratios = {s: [] for s in SCHEMES}
+    for name, r in res["slowdown"].items():
+        nat = med(r["native_s"])
+        cells = []
+        for s in SCHEMES:
+            xs = [t / nat for t in r[s]]
+            ratios[s].append(med(xs))
+            cells.append(f"{med(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})")
+        lines.append(f"| {name} | {r['working_set_kib'] // 1024} MiB | {nat:.2f} | {cells[0]} | {cells[1]} | {med(r['replica']) / med(r['none']):.2f} | {med(r['flushes']['none']):.0f} → {med(r['flushes']['replica']):.0f} |")
+    lines += ["", f"Geometric mean: none {geomean(ratios['none']):.2f}x, replica {geomean(ratios['replica']):.2f}x native."]
+    mism = [f"{n}: {x}" for n, r in res["slowdown"].items() for x in r["mismatches"]]
+    if mism:
+        lines += ["", "Runs whose output differed from native: " + "; ".join(mism)]
+    mem = res["memory"]
+    lines += ["", "Memory on the mComponents for a program holding 256 MiB (`hold 256`, 16 MiB ExCache):", "",
+              "| scheme | bytes on mComponents | / the data (256 MiB) |", "|---|---|---|"]
+    for s in SCHEMES:
+        lines.append(f"| {s} | {mem[s] / (1 << 20):.0f} MiB | {mem[s] / (256 << 20):.2f} |")
+    rb = res["rebuild"]
+    gib = rb["bytes"] / (1 << 30)
+    lines += ["", f"Rebuild: `hold {res['rebuild_mib']}` on four mComponents with 64 MiB vRegions; the mComponent that was primary of most of its vRegions killed with SIGKILL. "
+              f"The homes began copying {rb['detect_s']:.2f} s after the kill (the global managers declare an mComponent lost after `reclaim_dead_ms`, here 1000 ms, and tell the homes in their next heartbeat answers; a program that touches a lost copy makes its pComponent report it at once instead), "
+              f"then copied {rb['bytes'] / (1 << 20):.0f} MiB in {rb['copy_s']:.2f} s: {rb['copy_s'] / gib:.2f} s per GiB. The program then read its whole heap back and printed its native output."]
+    st = res["stall"]
+
+    def fmt(r):
+        return r["failed"] if "failed" in r else f"{r['max_us'] / 1000:.1f} ms longest, p99.9 {r['p999_us']:.0f} µs, {r['accesses']} accesses"
+    lines += ["", "Stall: `stall 128 4` (random reads and writes of 128 MiB for 4 s, 16 MiB ExCache, 16 MiB vRegions, three mComponents), timing every access; in the runs marked *killed*, the mComponent that was primary of most of its vRegions is killed a second into the loop.", "",
+              "| run | longest access and p99.9 |", "|---|---|"]
+    for k in ("none", "replica", "replica-killed", "none-killed"):
+        lines.append(f"| {k.replace('-killed', ', killed')} | {fmt(st[k])} |")
+    lines += ["", "What this says: `replica` doubles the memory on mComponents and writes every dirty line back twice (the second write is another round trip after the first, on the miss path); misses still go to one mComponent. The stall when an mComponent dies is the time to notice it (a broken connection is seen at once; a host that stops answering is seen after the RPC timeout) plus the rebuild of the vRegions the program touches next, which waits for their copies.",
+              "<!-- replication:end -->"]
+    replace_section(docs, "replication", lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--all", action="store_true", help="every workload of the suite (default: wordcount, sqlite3, node)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root, as the suite does")
+    ensure_env()
+    from tqdm import tqdm
+    out_dir = args.out or os.path.join(ROOT, "results")
+    docs_dir = args.out or os.path.join(ROOT, "docs")
+    names = list(workloads(False)) if args.all else list(QUICK_SET)
+    hold, prog = build("hold"), build("stall")
+    res = {"machine": machine(), "reps": args.reps}
+    bar = tqdm(total=len(names) * args.reps * 3, unit="run", file=sys.stderr, dynamic_ncols=True)
+    res["slowdown"] = slowdowns(args.reps, names, bar)
+    bar.close()
+    res["memory"] = memory(hold)
+    res["rebuild_mib"] = 1024
+    res["rebuild"] = rebuild(hold, 1024)
+    res["stall"] = {k: stall(prog, k.split("-")[0], k.endswith("killed")) for k in ("none", "replica", "replica-killed", "none-killed")}
+    os.makedirs(out_dir, exist_ok=True)
+    json.dump(res, open(os.path.join(out_dir, "replication.json"), "w"), indent=1)
+    report(res, docs_dir)
+    print(json.dumps({k: res[k] for k in ("memory", "rebuild", "stall")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
