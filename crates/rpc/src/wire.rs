@@ -304,6 +304,8 @@ pub struct HomeState {
     pub limit: u64,
     pub vmas: Vec<HomeVma>,
     pub vregions: Vec<VregionReplicas>,
+    /// Members taken out of its sets that may still hold copies: freed when it exits.
+    pub retired: Vec<ComponentRef>,
 }
 
 /// A virtual memory area as the pComponent needs it to rebuild protections (after fork).
@@ -332,6 +334,8 @@ pub enum ErrCode {
     /// A write-back of an older epoch than the owner's: the sender asks the home for the
     /// process's replica sets and writes again.
     Stale,
+    /// The receiver is not (or no longer) the home of the process: its backup may be.
+    NotHome,
 }
 
 impl ErrCode {
@@ -342,7 +346,7 @@ impl ErrCode {
             ErrCode::NoMemory => libc::ENOMEM,
             ErrCode::Invalid => libc::EINVAL,
             ErrCode::Denied => libc::EACCES,
-            ErrCode::NotFound => libc::ENOENT,
+            ErrCode::NotFound | ErrCode::NotHome => libc::ENOENT,
             ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale => libc::EIO,
             ErrCode::Errno(n) => n,
         }
@@ -473,7 +477,9 @@ messages! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
     X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load, pub id: u32 };
-    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication };
+    /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
+    /// declared lost (and forgotten).
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub fenced: bool };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
     /// `lost` (to mComponents only): the pComponents silent for longer than the cluster's
@@ -552,16 +558,18 @@ messages! {
     /// of it is changing).
     M2M_EPOCH { pub who: Who };
     /// Up to `max` materialized pages of a range from `from` on, left in place (a rebuild
-    /// copies them to a new replica).
+    /// copies them to a new replica, mremap to the new range); `max` 0 asks only whether the
+    /// receiver holds the process.
     M2M_READ_PAGES { pub who: Who, pub from: u64, pub end: u64, pub max: u32 };
+    /// From a backup home about to take over: answered `OK` while the receiver is still the
+    /// process's home (it is not lost), `ERR NotHome` otherwise.
+    M2M_HOME_OF { pub who: Who };
     /// The home's state of a process, to the backup home after each change.
     M2M_HOME_SYNC { pub state: HomeState };
     M2M_HOME_DROP { pub who: Who };
     M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
     M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };
-    /// Remove and return up to `max` materialized pages of a range (mremap moving a mapping).
-    M2M_TAKE_PAGES { pub who: Who, pub start: u64, pub end: u64, pub max: u32 };
     M2M_PAGES { pub pages: Vec<(u64, ByteBuf)>, pub more: bool };
     M2M_PUT_PAGES { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
     M2M_FORK { pub parent: Who, pub child: u64, pub start: u64, pub end: u64 };
@@ -663,12 +671,12 @@ replies! {
     M2M_VMA_ADD => OK,
     M2M_EPOCH => OK,
     M2M_READ_PAGES => M2M_PAGES,
+    M2M_HOME_OF => OK,
     M2M_HOME_SYNC => OK,
     M2M_HOME_DROP => OK,
     M2M_VMA_REMOVE => OK,
     M2M_VMA_PROTECT => OK,
     M2M_DISCARD => OK,
-    M2M_TAKE_PAGES => M2M_PAGES,
     M2M_PUT_PAGES => OK,
     M2M_FORK => OK,
     M2M_EXIT => OK,

@@ -112,7 +112,11 @@ impl Node {
                 match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load() }) {
                     Ok(beat) => on_beat(beat),
                     Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
-                        let _ = self.register(shim_sock.clone(), load());
+                        if let Ok(r) = self.register(shim_sock.clone(), load()) {
+                            if r.fenced {
+                                on_beat(splitos_rpc::G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: true });
+                            }
+                        }
                     }
                     Err(e) => tracing::debug!(error = %e, "heartbeat to the global managers failed"),
                 }

@@ -62,8 +62,10 @@ fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers
                 let argv: Vec<String> = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap().strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
                 c.kill_component(gm);
                 let log = std::fs::File::create(c.dir.path().join(format!("gm-again{round}.log"))).unwrap();
-                use std::os::unix::process::CommandExt;
-                let again = std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap();
+                let again = {
+                    use std::os::unix::process::CommandExt;
+                    std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
+                };
                 remember_pid(c.dir.path(), again.id() as i32);
                 assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && mcomp_stats(c).len() == 4 - round));
             } else {
@@ -173,4 +175,28 @@ fn replication_is_a_knob_of_the_cluster_and_of_run() {
     let (_, s) = stats_of(&["--embedded", "--mcomponents", "2", "--replication", "replica", "--excache", "4M"], &[hold, "16"]);
     assert!(s["mcomponents"].as_array().unwrap().iter().all(|m| m["replication"] == "replica"), "{s}");
     assert!(n(&s, "flushes") > 0 && mcomp_sum(&s, "flushes") >= 2 * n(&s, "flushes"), "{s}");
+}
+
+#[test]
+fn global_managers_that_stall_take_no_mcomponent_for_lost() {
+    let c = cluster(3, "");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let used = |c: &TestCluster| mcomp_stats(c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum::<u64>();
+    let before = used(&c);
+    // Paused for twice `reclaim_dead_ms`: when they go on, every component looks silent to
+    // them, and none is fenced or has its copies rebuilt for it.
+    let gm = c.pid_of_addr(c.status()["gm"].as_str().unwrap());
+    // SAFETY: kill(2) takes no pointers; `gm` is this test's own cluster's process.
+    unsafe { libc::kill(gm, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: as above.
+    unsafe { libc::kill(gm, libc::SIGCONT) };
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(used(&c), before, "every copy is still held");
+    assert_eq!(mcomp_metric(&c, "mcomp_fenced_total"), 0.0);
+    assert_eq!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total"), 0.0);
+    assert!(c.log("gm").contains("heard no heartbeat for a while"), "{}", c.log("gm"));
+    assert_hold_ends_native(child);
 }

@@ -51,6 +51,15 @@ pub struct Gm {
     /// Starts of pComponents replaced by a new start at their address, kept for
     /// `forget_dead` so that every mComponent hears of them.
     replaced: Mutex<Vec<(LostPcomp, Instant)>>,
+    /// Ids of mComponents replaced by a new start at their address, kept for `forget_dead`
+    /// so that every home rebuilds the copies they held.
+    replaced_mcomps: Mutex<Vec<(u32, Instant)>>,
+    /// mComponents announced lost to some other live mComponent: only those are fenced when
+    /// they speak again, since only their copies can have been rebuilt elsewhere.
+    announced: Mutex<std::collections::HashSet<u32>>,
+    /// When the managers last heard any heartbeat: after a stall of their own (paused, cut
+    /// off) every component looks silent, and none of them may be taken for lost.
+    last_any: Mutex<Instant>,
     started: Instant,
 }
 
@@ -132,6 +141,7 @@ impl Gm {
             return Err(ERR::new(ErrCode::Denied, format!("a live {} with other credentials is registered at {}", r.role.name(), r.addr)));
         }
         let before: Vec<LostPcomp> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Proc && r.role == Role::Proc).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
+        let earlier_mem: Vec<u32> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Mem && r.role == Role::Mem).map(|e| e.info.id).collect();
         comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
         let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
         let again = !taken(r.id);
@@ -142,15 +152,38 @@ impl Gm {
             tracing::warn!(id = l.id, addr = %r.addr, "a pComponent was replaced by a new start; its processes' memory is released");
             self.replaced.lock().unwrap().push((l, Instant::now()));
         }
+        // A new start of an mComponent in place of an earlier one: the earlier one's copies
+        // are gone.
+        for old in earlier_mem.into_iter().filter(|old| *old != id) {
+            tracing::warn!(id = old, addr = %r.addr, "an mComponent was replaced by a new start; the homes rebuild the copies it held");
+            self.replaced_mcomps.lock().unwrap().push((old, Instant::now()));
+        }
+        // One declared lost that registers again (it was forgotten meanwhile) is fenced too.
+        let fenced = r.role == Role::Mem && self.announced.lock().unwrap().remove(&id);
+        if fenced {
+            tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
+            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+        }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
-        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication })
+        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, fenced })
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
         let mut comps = self.comps();
+        {
+            let mut last_any = self.last_any.lock().unwrap();
+            if last_any.elapsed() > HEARTBEAT * MISSED_BEATS {
+                tracing::warn!(silent_ms = last_any.elapsed().as_millis() as u64, "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost");
+                let now = Instant::now();
+                for e in comps.iter_mut() {
+                    e.last = now;
+                }
+            }
+            *last_any = Instant::now();
+        }
         let e = comps
             .iter_mut()
             .find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key))
@@ -158,8 +191,9 @@ impl Gm {
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
         }
-        // Its replicas were rebuilt elsewhere while it was silent: what it holds may be older.
-        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && e.last.elapsed() > self.reclaim_dead;
+        // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
+        // what it holds may be older.
+        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && e.last.elapsed() > self.reclaim_dead && self.announced.lock().unwrap().remove(&r.id);
         if fenced {
             tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
@@ -176,7 +210,13 @@ impl Gm {
         let mut replaced = self.replaced.lock().unwrap();
         replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
-        let lost_mcomps = comps.iter().filter(|e| e.info.role == Role::Mem && e.last.elapsed() > self.reclaim_dead).map(|e| e.info.id).collect();
+        let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && e.last.elapsed() > self.reclaim_dead).map(|e| e.info.id).collect();
+        let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
+        replaced_mcomps.retain(|(_, at)| at.elapsed() < self.forget_dead);
+        lost_mcomps.extend(replaced_mcomps.iter().map(|(id, _)| *id));
+        if self.replication != Replication::None && !fenced {
+            self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
+        }
         Ok(G2X_BEAT { lost, lost_mcomps, fenced })
     }
 
@@ -256,7 +296,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), started: Instant::now() });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now() });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;

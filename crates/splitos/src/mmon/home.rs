@@ -22,6 +22,10 @@ use super::{Mem, PAGE};
 /// Pages per message when a mapping moves between owners (mremap) or a replica is rebuilt.
 const MOVE_BATCH: u32 = 128;
 
+/// How long a home waits for a member a pComponent reported lost, and a backup for the home
+/// it would replace, before it takes them for lost.
+const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The mComponents holding one vRegion: the primary (where fetches go) first.
 #[derive(Clone, Debug)]
 pub(super) struct Replicas {
@@ -43,6 +47,11 @@ pub(super) struct HomeProc {
     /// Bumped whenever a replica set changes.
     epoch: u64,
     backup: Option<ComponentRef>,
+    /// Members taken out of its sets that may still hold copies (they were only cut off):
+    /// freed when the process exits.
+    retired: Vec<ComponentRef>,
+    /// The process exited: a rebuild queued before must not bring it back.
+    exited: bool,
 }
 
 impl HomeProc {
@@ -77,6 +86,7 @@ impl HomeProc {
             limit: self.limit,
             vmas: self.layout.iter().map(|(start, v)| HomeVma { start, end: v.end, prot: v.prot, accounted: v.accounted }).collect(),
             vregions: self.owners(),
+            retired: self.retired.clone(),
         }
     }
 
@@ -86,7 +96,7 @@ impl HomeProc {
             layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
         }
         let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners })).collect();
-        HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None }
+        HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None, retired: s.retired, exited: false }
     }
 
     /// The process as `cluster status --json` shows it: where each vRegion's copies are.
@@ -129,7 +139,7 @@ fn unreachable(e: &Refusal) -> bool {
 impl Mem {
     fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, Refusal> {
         let h = self.homes.lock().unwrap().get(&who.pid).cloned();
-        let h = h.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("mComponent {} is not home of process {}", self.node.id(), who.pid)))?;
+        let h = h.ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.node.id(), who.pid)))?;
         let (vnode, creator) = {
             let g = h.lock().unwrap();
             (g.who.vnode.clone(), g.creator)
@@ -242,9 +252,11 @@ impl Mem {
 
     fn remove_range(&self, h: &mut HomeProc, start: u64, end: u64) -> Result<(), Refusal> {
         for (idx, s, e) in self.slices(start, end) {
-            for o in h.vregions.get(&idx).map(|r| r.owners.clone()).unwrap_or_default() {
-                match self.to_owner(&o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
-                    Err(e) if unreachable(&e) => self.drop_replicas(h, &[o.id]),
+            let owners = h.vregions.get(&idx).map(|r| r.owners.clone()).unwrap_or_default();
+            for o in &owners {
+                match self.to_owner(o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
+                    // Another member answers for the range; this one leaves the set.
+                    Err(e) if unreachable(&e) && owners.len() > 1 => self.drop_replicas(h, &[o.id]),
                     r => ignore_unknown(r)?,
                 }
             }
@@ -266,13 +278,14 @@ impl Mem {
     /// Copies the home's state of the process to its backup home, choosing another backup
     /// when that one cannot be reached.
     fn sync_backup(&self, h: &mut HomeProc) {
-        if self.replication().copies() < 2 {
+        if self.replication().copies() < 2 || h.exited {
             return;
         }
+        let mut failed = vec![self.node.id()];
         for _ in 0..3 {
             let backup = match h.backup.clone() {
                 Some(b) => b,
-                None => match self.pick_other(0, &[self.node.id()]) {
+                None => match self.pick_other(0, &failed) {
                     Ok(Some(b)) => b,
                     _ => {
                         tracing::warn!(pid = h.who.pid, "no mComponent can be backup home: the process's layout has one copy");
@@ -287,6 +300,7 @@ impl Mem {
                 }
                 Err(e) => {
                     tracing::warn!(pid = h.who.pid, backup = backup.id, error = %e, "backup home cannot be reached; choosing another");
+                    failed.push(backup.id);
                     h.backup = None;
                 }
             }
@@ -305,6 +319,8 @@ impl Mem {
             vregions: BTreeMap::new(),
             epoch: 1,
             backup: None,
+            retired: Vec::new(),
+            exited: false,
         };
         self.sync_backup(&mut h);
         let backup = h.backup.clone();
@@ -438,6 +454,8 @@ impl Mem {
             vregions: h.vregions.clone(),
             epoch: h.epoch,
             backup: h.backup.clone(),
+            retired: Vec::new(),
+            exited: false,
         };
         self.sync_backup(&mut copy);
         let vmas = h.layout.iter().map(|(s, v)| VmaInfo { start: s, end: v.end, prot: v.prot }).collect();
@@ -449,8 +467,11 @@ impl Mem {
     pub(super) fn home_exit(&self, r: P2M_EXIT) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
         self.homes.lock().unwrap().remove(&r.who.pid);
-        let h = hp.lock().unwrap();
-        for o in h.all_owners() {
+        let mut h = hp.lock().unwrap();
+        h.exited = true;
+        let mut all = h.all_owners();
+        all.extend(h.retired.iter().filter(|r| !all.iter().any(|o| o.id == r.id)).cloned().collect::<Vec<_>>());
+        for o in all {
             if let Err(e) = self.to_owner(&o, M2M_EXIT { who: h.who() }) {
                 tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
             }
@@ -492,35 +513,48 @@ impl Mem {
         Ok(M2P_VREGIONS { owners: h.owners(), epoch: h.epoch, backup: h.backup.clone() })
     }
 
-    /// A pComponent could not reach a replica of the process: it leaves the process's sets
-    /// and is rebuilt elsewhere in the background.
+    /// A pComponent could not reach a replica of the process: once the home finds it
+    /// unreachable too (or not holding the process), it leaves the process's sets and is
+    /// rebuilt elsewhere in the background. A member the home still reaches stays: a
+    /// pComponent's word alone takes no copy out of service.
     pub(super) fn replica_lost(&self, r: P2M_REPLICA_LOST) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        {
-            let mut h = hp.lock().unwrap();
-            if h.vregions.values().any(|s| s.owners.iter().any(|o| o.id == r.lost)) {
-                tracing::warn!(pid = r.who.pid, lost = r.lost, "a pComponent cannot reach a replica of its process");
-                self.drop_replicas(&mut h, &[r.lost]);
+        let member = hp.lock().unwrap().vregions.values().flat_map(|s| s.owners.iter()).find(|o| o.id == r.lost).cloned();
+        if let Some(o) = member {
+            let who = Who::new(r.who.vnode.clone(), r.who.pid);
+            let alive = o.id == self.node.id() || self.node.rpc.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0 }, VERIFY_TIMEOUT).is_ok();
+            if alive {
+                tracing::warn!(pid = r.who.pid, member = r.lost, "a pComponent cannot reach a replica this home reaches: it stays");
+            } else {
+                tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
+                self.drop_replicas(&mut hp.lock().unwrap(), &[r.lost]);
             }
         }
         self.vregions(P2M_VREGIONS { who: r.who })
     }
 
-    /// Takes `lost` out of every replica set of the process and queues the sets that lost a
-    /// member for rebuilding. A set left with no member keeps its index: its pages are gone,
-    /// and the pComponent says so when the program touches them.
+    /// Takes `lost` out of every replica set of the process where another member remains (a
+    /// set whose only member is lost keeps it: its pages are there if it comes back, and
+    /// until then the program is told which mComponent it waits for), queues the sets that
+    /// lost a member for rebuilding, and tells the backup home.
     fn drop_replicas(&self, h: &mut HomeProc, lost: &[u32]) {
         self.note_lost(lost);
         let mut changed = false;
-        for (idx, set) in h.vregions.iter_mut() {
-            let before = set.owners.len();
-            set.owners.retain(|o| !lost.contains(&o.id));
-            if set.owners.len() < before {
-                changed = true;
-                if set.owners.is_empty() {
-                    metrics::counter!("mcomp_vregions_lost_total").increment(1);
-                    tracing::error!(pid = h.who.pid, vregion = idx, lost = ?lost, "every copy of a vRegion is lost");
-                }
+        let mut retired = Vec::new();
+        for set in h.vregions.values_mut() {
+            if set.owners.iter().any(|o| !lost.contains(&o.id)) {
+                let (gone, kept): (Vec<ComponentRef>, Vec<ComponentRef>) = set.owners.drain(..).partition(|o| lost.contains(&o.id));
+                set.owners = kept;
+                changed |= !gone.is_empty();
+                retired.extend(gone);
+            } else if !set.owners.is_empty() {
+                metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                tracing::error!(pid = h.who.pid, lost = ?lost, "every copy of a vRegion is on lost mComponents");
+            }
+        }
+        for o in retired {
+            if !h.retired.iter().any(|r| r.id == o.id) {
+                h.retired.push(o);
             }
         }
         if h.backup.as_ref().is_some_and(|b| lost.contains(&b.id)) {
@@ -530,27 +564,34 @@ impl Mem {
         if changed {
             h.epoch += 1;
             let epoch = h.epoch;
-            for set in h.vregions.values_mut().filter(|s| s.owners.len() < self.replication().copies() && !s.owners.is_empty()) {
+            for set in h.vregions.values_mut().filter(|s| s.owners.len() < self.replication().copies()) {
                 set.epoch = epoch;
             }
+            self.sync_backup(h);
             self.queue(super::Job::Rebuild(h.who.pid));
         }
     }
 
     /// Brings every replica set of process `pid` back to the cluster's number of copies, one
-    /// vRegion at a time, holding the process's home lock for each: the process's calls and
-    /// write-backs to that vRegion wait meanwhile (its owners refuse older epochs).
+    /// vRegion at a time, holding the process's home lock for each (not between them): the
+    /// process's calls and write-backs to that vRegion wait meanwhile (its owners refuse
+    /// older epochs).
     pub(super) fn rebuild(&self, pid: u64) {
         let Some(hp) = self.homes.lock().unwrap().get(&pid).cloned() else { return };
-        let mut h = hp.lock().unwrap();
         let copies = self.replication().copies();
-        let short: Vec<u64> = h.vregions.iter().filter(|(_, s)| !s.owners.is_empty() && s.owners.len() < copies).map(|(i, _)| *i).collect();
-        for idx in short {
+        let mut tried = std::collections::BTreeSet::new();
+        loop {
+            let mut h = hp.lock().unwrap();
+            if h.exited {
+                return;
+            }
+            let Some(idx) = h.vregions.iter().find(|(i, s)| !s.owners.is_empty() && s.owners.len() < copies && !tried.contains(*i)).map(|(i, _)| *i) else { return };
+            tried.insert(idx);
             if let Err(e) = self.rebuild_vregion(&mut h, idx) {
                 tracing::warn!(pid, vregion = idx, error = %e, "cannot rebuild a replica; will try again");
             }
+            self.sync_backup(&mut h);
         }
-        self.sync_backup(&mut h);
     }
 
     fn rebuild_vregion(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
@@ -569,11 +610,30 @@ impl Mem {
         }
         let vrs = self.vrs();
         let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
+        let pages_copied = match self.copy_vregion(h, &set.owners[0], &new, &who, lo, hi) {
+            Ok(n) => n,
+            Err(e) => {
+                // Whatever reached the new member is released there.
+                let _ = self.to_owner(&new, M2M_VMA_REMOVE { who, start: lo, end: hi });
+                return Err(e);
+            }
+        };
+        let s = h.vregions.get_mut(&idx).expect("listed by the caller");
+        s.owners.push(new.clone());
+        s.epoch = h.epoch;
+        h.retired.retain(|r| r.id != new.id);
+        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
+        Ok(())
+    }
+
+    /// Gives `new` the vmas of [lo, hi) and a copy of every page `source` holds there;
+    /// returns the number of pages copied.
+    fn copy_vregion(&self, h: &HomeProc, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
         let vmas: Vec<(u64, Vma)> = h.layout.iter().filter(|(s, v)| *s < hi && v.end > lo).collect();
         for (s, v) in vmas {
-            self.to_owner(&new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator })?;
+            self.to_owner(new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator })?;
         }
-        let source = &set.owners[0];
         let mut from = lo;
         let mut pages_copied = 0u64;
         loop {
@@ -585,18 +645,13 @@ impl Mem {
             self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
             metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
             if !pages.is_empty() {
-                self.to_owner(&new, M2M_PUT_PAGES { who: who.clone(), pages })?;
+                self.to_owner(new, M2M_PUT_PAGES { who: who.clone(), pages })?;
             }
             if !more {
                 break;
             }
         }
-        let s = h.vregions.get_mut(&idx).expect("listed by the caller");
-        s.owners.push(new.clone());
-        s.epoch = h.epoch;
-        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
-        tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
-        Ok(())
+        Ok(pages_copied)
     }
 
     /// The global managers say these mComponents are lost: every process this mComponent is
@@ -638,22 +693,34 @@ impl Mem {
         Ok(OK)
     }
 
-    /// The pComponent of a process cannot reach its home: the backup becomes the home.
+    /// The pComponent of a process cannot reach its home: the backup becomes the home, once
+    /// it finds the home unreachable too (or no longer the process's home). A home that is
+    /// only slow stays the home: two homes of one process would each change its sets.
     pub(super) fn home_takeover(&self, r: P2M_HOME_TAKEOVER) -> Result<M2P_HOME, Refusal> {
         if let Ok(hp) = self.home_proc(&r.who) {
             return Ok(M2P_HOME { backup: hp.lock().unwrap().backup.clone() });
         }
-        let creator = self.backups.lock().unwrap().get(&r.who.pid).map(|s| (s.who.vnode.clone(), s.creator));
-        let Some((vnode, creator)) = creator else {
+        let kept = self.backups.lock().unwrap().get(&r.who.pid).map(|s| (s.who.vnode.clone(), s.creator, s.home.clone()));
+        let Some((vnode, creator, home)) = kept else {
             return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.node.id(), r.who.pid)));
         };
         if vnode != r.who.vnode {
             return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
         }
         self.may_act(r.who.pid, creator)?;
-        self.take_over(r.who, r.lost)
+        if self.node.rpc.call_timeout(&home.addr, M2M_HOME_OF { who: Who::new(vnode, r.who.pid) }, VERIFY_TIMEOUT).is_ok() {
+            return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {} at {} is still the home of process {}: it is slow, not lost", home.id, home.addr, r.who.pid)));
+        }
+        self.take_over(r.who, home.id)
     }
 
+    /// `M2M_HOME_OF`: whether this mComponent is still the process's home.
+    pub(super) fn home_of(&self, r: M2M_HOME_OF) -> Result<OK, Refusal> {
+        self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.node.id(), r.who.pid)))
+    }
+
+    /// Becomes the home of `who` from the copy of its state kept here. The epoch moves past
+    /// any the process's pComponent (`who.epoch`) or an owner may have seen.
     fn take_over(&self, who: Who, lost_home: u32) -> Result<M2P_HOME, Refusal> {
         let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
             return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.node.id(), who.pid)));
@@ -663,6 +730,13 @@ impl Mem {
         self.homes.lock().unwrap().insert(who.pid, hp.clone());
         metrics::counter!("mcomp_home_takeovers_total").increment(1);
         tracing::warn!(pid = who.pid, lost = lost_home, "home of a process is lost: this mComponent, its backup, takes over");
+        h.epoch = h.epoch.max(who.epoch) + 1;
+        let epoch_who = h.who();
+        for o in h.all_owners() {
+            if let Err(e) = self.to_owner(&o, M2M_EPOCH { who: epoch_who.clone() }) {
+                tracing::debug!(owner = o.id, error = %e, "cannot tell an owner the new epoch");
+            }
+        }
         self.drop_replicas(&mut h, &[lost_home]);
         self.sync_backup(&mut h);
         Ok(M2P_HOME { backup: h.backup.clone() })
@@ -674,8 +748,13 @@ impl Mem {
         let who = h.who();
         for (idx, s, e) in self.slices(start, end) {
             let Some(src) = h.vregions.get(&idx).and_then(|r| r.owners.first()).cloned() else { continue };
+            // Copied, not taken: the old range is removed only after every copy landed.
+            let mut from = s;
             loop {
-                let M2M_PAGES { pages, more } = self.to_owner(&src, M2M_TAKE_PAGES { who: who.clone(), start: s, end: e, max: MOVE_BATCH })?;
+                let M2M_PAGES { pages, more } = self.to_owner(&src, M2M_READ_PAGES { who: who.clone(), from, end: e, max: MOVE_BATCH })?;
+                if let Some((last, _)) = pages.last() {
+                    from = (last + 1) * PAGE;
+                }
                 let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
                 for (vpn, data) in pages {
                     let nv = shift(vpn);

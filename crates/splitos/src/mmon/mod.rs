@@ -27,6 +27,9 @@ use crate::node::{self, Node};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+/// How often replica sets that a rebuild could not complete are tried again.
+const REBUILD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How long an mComponent found unreachable is kept out of new replica sets.
 const LOST_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -65,6 +68,7 @@ pub struct Mem {
     /// mComponents found unreachable lately: the global managers may still count them
     /// alive for a few heartbeats, and a replica placed there would be lost again.
     lost: Mutex<HashMap<u32, std::time::Instant>>,
+    last_retry: Mutex<std::time::Instant>,
     bcache: Arc<bcache::BufferCache>,
     c: Counters,
 }
@@ -112,20 +116,26 @@ impl Mem {
         let owned = std::mem::take(&mut *self.owned.lock().unwrap());
         let homes = std::mem::take(&mut *self.homes.lock().unwrap());
         let backups = std::mem::take(&mut *self.backups.lock().unwrap());
-        self.committed.store(0, Relaxed);
-        self.used.store(0, Relaxed);
+        for p in owned.values() {
+            let g = p.lock().unwrap();
+            self.committed.fetch_sub(g.committed, Relaxed);
+            self.used.fetch_sub(g.pages.len() as u64 * PAGE, Relaxed);
+        }
         metrics::counter!("mcomp_fenced_total").increment(1);
         tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
     }
 
+    /// A heartbeat's answer, on the rebuilder thread (fencing was done on the heartbeat's).
     fn on_beat(&self, beat: G2X_BEAT) {
-        if beat.fenced {
-            self.fence();
-            return;
-        }
         self.reclaim_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);
-        // Sets a rebuild could not complete (no room then) are tried again.
+        // Sets a rebuild could not complete (no room then) are tried again, now and then.
+        let mut last = self.last_retry.lock().unwrap();
+        if last.elapsed() < REBUILD_RETRY {
+            return;
+        }
+        *last = std::time::Instant::now();
+        drop(last);
         let homes: Vec<(u64, Arc<Mutex<home::HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(p, h)| (*p, h.clone())).collect();
         for (pid, h) in homes {
             if h.lock().unwrap().short_of(self.replication().copies()) > 0 {
@@ -189,7 +199,8 @@ impl Mem {
     }
 
     fn stats_json(&self) -> String {
-        let owned = self.owned.lock().unwrap();
+        // Not holding the map while locking each process: a fork locks a process, then the map.
+        let owned: Vec<(u64, Arc<Mutex<owner::OwnerProc>>)> = self.owned.lock().unwrap().iter().map(|(pid, p)| (*pid, p.clone())).collect();
         let per_proc: Vec<_> = owned
             .iter()
             .map(|(pid, p)| {
@@ -253,11 +264,11 @@ impl Handler for Mem {
             Msg::M2M_VMA_REMOVE(r) => on(r, |r| self.vma_remove(r)),
             Msg::M2M_EPOCH(r) => on(r, |r| self.set_epoch(r)),
             Msg::M2M_READ_PAGES(r) => on(r, |r| self.read_pages(r)),
+            Msg::M2M_HOME_OF(r) => on(r, |r| self.home_of(r)),
             Msg::M2M_HOME_SYNC(r) => on(r, |r| self.home_sync(r)),
             Msg::M2M_HOME_DROP(r) => on(r, |r| self.home_drop(r)),
             Msg::M2M_VMA_PROTECT(r) => on(r, |r| self.vma_protect(r)),
             Msg::M2M_DISCARD(r) => on(r, |r| self.discard(r)),
-            Msg::M2M_TAKE_PAGES(r) => on(r, |r| self.take_pages(r)),
             Msg::M2M_PUT_PAGES(r) => on(r, |r| self.put_pages(r)),
             Msg::M2M_FORK(r) => on(r, |r| self.owner_fork(r)),
             Msg::M2M_EXIT(r) => on(r, |r| self.owner_exit(r)),
@@ -287,6 +298,7 @@ impl Handler for Mem {
                 | Msg::P2M_MPROTECT(_)
                 | Msg::P2M_MREMAP(_)
                 | Msg::P2M_DONTNEED(_)
+                | Msg::P2M_PROC_CREATE(_)
                 | Msg::P2M_FORK(_)
                 | Msg::P2M_EXIT(_)
                 | Msg::P2M_VREGIONS(_)
@@ -335,6 +347,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         jobs: Mutex::new(jobs_tx),
         rebuilt_pages: AtomicU64::new(0),
         lost: Mutex::new(HashMap::new()),
+        last_retry: Mutex::new(std::time::Instant::now()),
         bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
         c: Counters::default(),
     });
@@ -347,7 +360,18 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     *mem.replication.lock().unwrap() = reg.replication;
     let m2 = mem.clone();
     let m3 = mem.clone();
-    node.clone().heartbeat_forever(None, move || m2.load(), move |beat| m3.queue(Job::Beat(beat)));
+    node.clone().heartbeat_forever(
+        None,
+        move || m2.load(),
+        move |beat| {
+            // At once, not behind a rebuild: until then this mComponent serves what may be old.
+            if beat.fenced {
+                m3.fence();
+            } else {
+                m3.queue(Job::Beat(beat));
+            }
+        },
+    );
     let m4 = mem.clone();
     std::thread::Builder::new()
         .name("rebuild".into())

@@ -281,21 +281,6 @@ impl Mem {
         Ok(M2M_PAGES { pages, more: it.next().is_some() })
     }
 
-    pub(super) fn take_pages(&self, r: M2M_TAKE_PAGES) -> Result<M2M_PAGES, Refusal> {
-        let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
-        let max = r.max as usize;
-        let vpns: Vec<u64> = g.pages.range(r.start / PAGE..r.end / PAGE).map(|(k, _)| *k).take(max + 1).collect();
-        let more = vpns.len() > max;
-        let mut pages = Vec::new();
-        for v in vpns.into_iter().take(max) {
-            let pg = g.pages.remove(&v).expect("listed above");
-            self.used.fetch_sub(PAGE, Relaxed);
-            pages.push((v, ByteBuf::from(pg.to_vec())));
-        }
-        Ok(M2M_PAGES { pages, more })
-    }
-
     pub(super) fn put_pages(&self, r: M2M_PUT_PAGES) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();

@@ -26,6 +26,9 @@ pub type Page = Vec<u8>;
 /// Where a page lives. Two pages at the same place can travel in one round trip.
 pub type Place = u32;
 
+/// Pages of one process bound for one replica (of a set of that many members).
+type Batch = (ComponentRef, usize, Vec<(u64, ByteBuf)>);
+
 /// Attempts of one page operation while replica sets change under it.
 const TRIES: usize = 8;
 
@@ -104,15 +107,22 @@ impl Space {
         }
     }
 
-    /// A call to the process's home; a home that cannot be reached, or no longer knows the
-    /// process (it was fenced), is replaced by the backup home, which takes over.
+    /// A call to the process's home; a home that cannot be reached, or is no longer the
+    /// process's home (it was fenced), is replaced by the backup home, which takes over once
+    /// it finds the same.
     pub fn call_home<R: Request + Clone>(&self, node: &Node, req: R) -> Result<R::Reply, RpcError> {
         let home = self.home();
         match node.rpc.call(&home.addr, req.clone()) {
-            Err(e) if transport_failure(&e) || matches!(e, RpcError::Remote { code: ErrCode::NotFound, .. }) => {
+            Err(e) if transport_failure(&e) || matches!(e, RpcError::Remote { code: ErrCode::NotHome, .. }) => {
                 let Some(backup) = self.backup() else { return Err(e) };
-                let taken = node.rpc.call(&backup.addr, P2M_HOME_TAKEOVER { who: self.who.clone(), lost: home.id });
-                let Ok(r) = taken else { return Err(e) };
+                let taken = node.rpc.call(&backup.addr, P2M_HOME_TAKEOVER { who: self.who_now(), lost: home.id });
+                let r = match taken {
+                    Ok(r) => r,
+                    Err(te) => {
+                        tracing::warn!(pid = self.who.pid, home = home.id, backup = backup.id, error = %te, "the backup home did not take over");
+                        return Err(e);
+                    }
+                };
                 tracing::warn!(pid = self.who.pid, lost = home.id, home = backup.id, error = %e, "home mComponent lost: its backup took over");
                 metrics::counter!("pcomp_home_takeovers_total").increment(1);
                 *self.homes.lock().unwrap() = Homes { home: backup.clone(), backup: r.backup };
@@ -185,8 +195,9 @@ impl RemoteStore {
         self.spaces.lock().unwrap().get(&pid).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
     }
 
-    fn refresh(&self, s: &Space) -> Result<(), Refusal> {
-        let r = s.call_home(&self.node, P2M_VREGIONS { who: s.who.clone() }).map_err(|e| failed(&s.home(), "find the replicas of", 0, e))?;
+    /// Asks the home for the process's replica sets (for a failure at page `vpn`).
+    fn refresh(&self, s: &Space, vpn: u64) -> Result<(), Refusal> {
+        let r = s.call_home(&self.node, P2M_VREGIONS { who: s.who.clone() }).map_err(|e| failed(&s.home(), "find the replicas of", vpn, e))?;
         s.learn(&r.owners, r.epoch, r.backup);
         Ok(())
     }
@@ -198,7 +209,7 @@ impl RemoteStore {
         let set = match cached {
             Some(set) => set,
             None => {
-                self.refresh(s)?;
+                self.refresh(s, vpn)?;
                 let v = s.view.lock().unwrap();
                 v.vregions.get(&idx).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("heap page {:#x} is in no active vRegion", page(vpn))))?
             }
@@ -209,23 +220,26 @@ impl RemoteStore {
         Ok(set)
     }
 
-    /// After a call to replica `o` of a set of `copies` failed: a replica that cannot be
-    /// reached while others hold the page is reported lost; a stale epoch refreshes the sets,
-    /// and so does a replica that no longer knows the process (it was fenced, its copies
-    /// rebuilt elsewhere) if the home has indeed taken it out of the page's set.
+    /// After a call to replica `o` of a set of `copies` failed: a stale epoch refreshes the
+    /// sets (the owner has seen a newer one: the home has it); a replica that cannot be
+    /// reached, or no longer holds the process (it was fenced), while others hold the page is
+    /// reported to the home, which takes it out of the sets once it finds the same.
     fn after(&self, s: &Space, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
-        let code = e.code();
-        if code == ErrCode::Stale || (code == ErrCode::NotFound && copies > 1) {
-            if let Err(r) = self.refresh(s) {
+        if e.code() == ErrCode::Stale {
+            let before = s.who_now().epoch;
+            if let Err(r) = self.refresh(s, vpn) {
                 return Next::Fail(r);
             }
-            let still = self.set_of(s, vpn).is_ok_and(|set| set.owners.iter().any(|x| x.id == o.id));
-            return if code == ErrCode::NotFound && still { Next::Fail(failed(o, what, vpn, e)) } else { Next::Again };
+            if s.who_now().epoch == before {
+                return Next::Fail(failed(o, what, vpn, RpcError::Remote { code: ErrCode::Stale, msg: format!("the owner refuses epoch {before}, and the home knows no newer one") }));
+            }
+            return Next::Again;
         }
-        if !transport_failure(&e) || copies < 2 {
+        let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
+        if !gone || copies < 2 {
             return Next::Fail(failed(o, what, vpn, e));
         }
-        tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot be reached: reporting it to the home");
+        tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot serve the process: reporting it to the home");
         metrics::counter!("pcomp_replicas_lost_total").increment(1);
         match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id }) {
             Ok(r) => {
@@ -255,7 +269,7 @@ impl RemoteStore {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         'again: for _ in 0..TRIES {
             let who = s.who_now();
-            let mut to: Vec<(ComponentRef, usize, Vec<(u64, ByteBuf)>)> = Vec::new();
+            let mut to: Vec<Batch> = Vec::new();
             for (vpn, data) in pages {
                 let set = self.set_of(s, *vpn)?;
                 let sealed = seal_page(data);
@@ -392,6 +406,18 @@ impl PageStore for RemoteStore {
             };
             let r = match r {
                 Ok(r) => r,
+                Err(e) if e.code() == ErrCode::Stale && !along.is_empty() => {
+                    tracing::debug!(error = %e, "a write-back riding with a fetch was refused as stale");
+                    // A victim of another process may be the stale one: every process in the
+                    // request learns its sets again.
+                    for (fpid, fvpn, _) in flushes {
+                        if let Ok(fs) = self.space(*fpid) {
+                            self.refresh(&fs, *fvpn)?;
+                        }
+                    }
+                    self.refresh(&s, first)?;
+                    continue 'again;
+                }
                 Err(e) => match self.after(&s, o, set.owners.len(), if along.is_empty() { "fetch" } else { "write back and fetch" }, first, e) {
                     Next::Again => continue 'again,
                     Next::Fail(r) => return Err(r),
