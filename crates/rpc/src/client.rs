@@ -38,6 +38,19 @@ impl Rpc {
         typed::<R>(addr, msg.name(), self.transport.call_direct(addr, &msg, self.timeout))
     }
 
+    /// [`Transport::call_all_direct`]: requests to several components under way at once,
+    /// each answered with its reply (an `ERR` answer as [`RpcError::Remote`]).
+    pub fn call_all_direct(&self, calls: &[(&str, &Msg)]) -> Vec<Result<Msg, RpcError>> {
+        self.transport
+            .call_all_direct(calls, self.timeout)
+            .into_iter()
+            .map(|r| match r? {
+                Msg::ERR(e) => Err(RpcError::Remote { code: e.code, msg: e.msg }),
+                m => Ok(m),
+            })
+            .collect()
+    }
+
     /// An untyped call, for tools that send whatever they are told to (debugging, floors).
     pub fn call_msg(&self, addr: &str, msg: &Msg) -> Result<Msg, RpcError> {
         match self.transport.call(addr, msg, self.timeout)? {

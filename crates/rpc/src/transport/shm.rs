@@ -387,6 +387,41 @@ impl Transport for ShmTransport {
         self.call_via(addr, msg, timeout, true)
     }
 
+    /// Every request is put into its channel and rung before the first reply is awaited, so
+    /// that the servers work at once. Peers on other hosts (TCP), a caller whose server
+    /// follows it to its CPU, and a request a peer does not handle go one after another.
+    fn call_all_direct(&self, calls: &[(&str, &Msg)], timeout: Duration) -> Vec<Result<Msg, RpcError>> {
+        let one_by_one = || calls.iter().map(|(a, m)| self.call_via(a, m, timeout, true)).collect();
+        if calls.len() < 2 || cpu::followed_at().is_some() {
+            return one_by_one();
+        }
+        let mut chans: Vec<Channel> = Vec::with_capacity(calls.len());
+        for (addr, msg) in calls {
+            match self.channel(addr, timeout) {
+                Ok(Some(c)) if c.peer.is_none_or(|p| may_receive(p.role, msg)) => chans.push(c),
+                other => {
+                    if let Ok(Some(c)) = other {
+                        self.give_back(addr, c);
+                    }
+                    for (c, (a, _)) in chans.into_iter().zip(calls) {
+                        self.give_back(a, c);
+                    }
+                    return one_by_one();
+                }
+            }
+        }
+        let sent: Vec<Result<Channel, RpcError>> = chans.into_iter().zip(calls).map(|(mut c, (_, msg))| c.send(msg, None).map(|()| c)).collect();
+        sent.into_iter()
+            .zip(calls)
+            .map(|(c, (addr, msg))| {
+                // A channel that failed is dropped: a late reply must not answer the next call.
+                let (c, r) = c?.finish(msg.name(), None, timeout)?;
+                self.give_back(addr, c);
+                Ok(r)
+            })
+            .collect()
+    }
+
     fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>> {
         let tcp = self.tcp.listen_stream(addr)?;
         self.sweep();
@@ -477,6 +512,13 @@ impl Channel {
     }
 
     fn call(mut self, msg: &Msg, timeout: Duration) -> Result<(Channel, Msg), RpcError> {
+        let follow = cpu::followed_at();
+        self.send(msg, follow)?;
+        self.finish(msg.name(), follow, timeout)
+    }
+
+    /// Puts a request into the channel and rings the server.
+    fn send(&mut self, msg: &Msg, follow: Option<u32>) -> Result<(), RpcError> {
         let body = postcard::to_allocvec(msg).expect("encoding into a Vec cannot fail");
         if body.len() > AREA {
             return Err(RpcError::Unreachable { addr: self.addr.clone(), why: format!("message body of {} bytes exceeds the frame bound", body.len()) });
@@ -484,11 +526,16 @@ impl Channel {
         let h = self.map.header();
         self.map.put(REQ, &body);
         h.req_len.store(body.len() as u32, Relaxed);
-        let follow = cpu::followed_at();
         h.follow_cpu.store(follow.map_or(0, |c| c + 1), Relaxed);
         self.server_at = follow;
         self.seq += 1;
         ring(&h.req_seq, self.seq, &h.server_sleeps, &self.sock);
+        Ok(())
+    }
+
+    /// Waits for the reply to the request [`Channel::send`] put in.
+    fn finish(self, name: &'static str, follow: Option<u32>, timeout: Duration) -> Result<(Channel, Msg), RpcError> {
+        let h = self.map.header();
         let deadline = Some(Instant::now() + timeout);
         // A followed caller leaves its CPU to the server at once.
         let got = if follow.is_some() {
@@ -501,7 +548,7 @@ impl Channel {
             Ok(n) if n == self.seq => {}
             Ok(_) => return Err(RpcError::Closed { addr: addr.clone() }),
             Err(Gone::Closed) => return Err(RpcError::Closed { addr: addr.clone() }),
-            Err(Gone::Timeout) => return Err(RpcError::Timeout { addr: addr.clone(), msg: msg.name(), after: timeout }),
+            Err(Gone::Timeout) => return Err(RpcError::Timeout { addr: addr.clone(), msg: name, after: timeout }),
         }
         let bytes = self.map.take(REP, h.rep_len.load(Relaxed)).ok_or_else(|| RpcError::Closed { addr: addr.clone() })?;
         let reply = postcard::from_bytes::<Msg>(&bytes).map_err(|_| RpcError::Closed { addr: addr.clone() })?;

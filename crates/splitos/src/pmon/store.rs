@@ -263,9 +263,8 @@ impl RemoteStore {
         }
     }
 
-    /// Sends `pages` of one process to every replica that holds them, but `skip` (which a
-    /// piggyback reached already).
-    fn write_all(&self, s: &Space, pages: &[(u64, &[u8])], skip: Option<u32>) -> Result<(), Refusal> {
+    /// Sends `pages` of one process to every replica that holds them.
+    fn write_all(&self, s: &Space, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         'again: for _ in 0..TRIES {
             let who = s.who_now();
@@ -273,20 +272,36 @@ impl RemoteStore {
             for (vpn, data) in pages {
                 let set = self.set_of(s, *vpn)?;
                 let sealed = seal_page(data);
-                for o in set.owners.iter().filter(|o| Some(o.id) != skip || set.owners[0].id != o.id) {
+                for o in &set.owners {
                     match to.iter_mut().find(|(t, _, _)| t.id == o.id) {
                         Some(t) => t.2.push((*vpn, sealed.clone())),
                         None => to.push((o.clone(), set.owners.len(), vec![(*vpn, sealed.clone())])),
                     }
                 }
             }
-            for (o, copies, batch) in to {
-                let r = match &batch[..] {
-                    [(vpn, data)] => self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: who.clone(), vpn: *vpn, data: data.clone() }).map(|_| ()),
-                    _ => self.node.rpc.call_direct(&o.addr, P2M_FLUSH_MANY { who: who.clone(), pages: batch }).map(|_| ()),
-                };
+            // To every member at once: the write-back is done when all of them stored it.
+            let (members, msgs): (Vec<(ComponentRef, usize)>, Vec<Msg>) = to
+                .into_iter()
+                .map(|(o, copies, mut batch)| {
+                    let msg: Msg = match batch.len() {
+                        1 => {
+                            let (vpn, data) = batch.pop().expect("one page");
+                            P2M_FLUSH { who: who.clone(), vpn, data }.into()
+                        }
+                        _ => P2M_FLUSH_MANY { who: who.clone(), pages: batch }.into(),
+                    };
+                    ((o, copies), msg)
+                })
+                .unzip();
+            let calls: Vec<(&str, &Msg)> = members.iter().zip(&msgs).map(|((o, _), m)| (o.addr.as_str(), m)).collect();
+            let replies = self.node.rpc.call_all_direct(&calls);
+            for ((o, copies), r) in members.iter().zip(replies) {
+                let r = r.and_then(|m| match m {
+                    Msg::OK(_) => Ok(()),
+                    other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FLUSH", reply: other.name() }),
+                });
                 if let Err(e) = r {
-                    match self.after(s, &o, copies, "write back", first, e) {
+                    match self.after(s, o, *copies, "write back", first, e) {
                         Next::Again => continue 'again,
                         Next::Fail(r) => return Err(r),
                     }
@@ -338,30 +353,48 @@ impl RemoteStore {
             .collect()
     }
 
-    /// Victims that travel with a fetch to `primary` (those whose primary it is), with their
-    /// process's identity. Victims of processes that exited since they were evicted are
-    /// garbage and stay behind.
-    fn riding_victims(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<Vec<(Who, u64, ByteBuf)>, Refusal> {
+    /// The victims of a fetch from `primary`, split: those that ride with it (whose primary
+    /// it is), with their process's identity, and the write-backs to every other member of
+    /// their sets, one message per member and process. Victims of processes that exited
+    /// since they were evicted are garbage and stay behind.
+    fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<(Who, u64, ByteBuf)>, Vec<Write>), Refusal> {
         let mut along = Vec::new();
-        for (fpid, fvpn, data) in flushes {
-            let Ok(fs) = self.space(*fpid) else { continue };
-            if self.set_of(&fs, *fvpn)?.owners[0].id == primary.id {
-                along.push((fs.who_now(), *fvpn, seal_page(data)));
-            }
-        }
-        Ok(along)
-    }
-
-    /// Writes victims to the replicas a piggyback to `primary` did not reach.
-    fn write_victims(&self, flushes: &[(u64, u64, &[u8])], primary: &ComponentRef) -> Result<(), Refusal> {
+        let mut others: Vec<Write> = Vec::new();
         for (fpid, fvpn, data) in flushes {
             let Ok(fs) = self.space(*fpid) else { continue };
             let set = self.set_of(&fs, *fvpn)?;
-            if set.owners.iter().any(|o| o.id != primary.id) {
-                self.write_all(&fs, &[(*fvpn, data)], Some(primary.id))?;
+            let who = fs.who_now();
+            let sealed = seal_page(data);
+            let rides = set.owners[0].id == primary.id;
+            if rides {
+                along.push((who.clone(), *fvpn, sealed.clone()));
+            }
+            for o in set.owners.iter().filter(|o| !(rides && o.id == primary.id)) {
+                match others.iter_mut().find(|w| w.to.id == o.id && w.space.who.pid == *fpid) {
+                    Some(w) => w.pages.push((*fvpn, sealed.clone())),
+                    None => others.push(Write { to: o.clone(), copies: set.owners.len(), space: fs.clone(), who: who.clone(), pages: vec![(*fvpn, sealed.clone())] }),
+                }
             }
         }
-        Ok(())
+        Ok((along, others))
+    }
+}
+
+/// Pages of one process on their way to one member of their sets.
+struct Write {
+    to: ComponentRef,
+    copies: usize,
+    space: Arc<Space>,
+    who: Who,
+    pages: Vec<(u64, ByteBuf)>,
+}
+
+impl Write {
+    fn msg(self) -> Msg {
+        match &self.pages[..] {
+            [(vpn, data)] => P2M_FLUSH { who: self.who, vpn: *vpn, data: data.clone() }.into(),
+            _ => P2M_FLUSH_MANY { who: self.who, pages: self.pages }.into(),
+        }
     }
 }
 
@@ -375,7 +408,7 @@ impl PageStore for RemoteStore {
     }
 
     fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
-        self.write_all(&*self.space(pid)?, &[(vpn, data)], None)
+        self.write_all(&*self.space(pid)?, &[(vpn, data)])
     }
 
     fn flush_fetch(&self, (fpid, fvpn, data): (u64, u64, &[u8]), (pid, vpn): (u64, u64)) -> Result<Page, Refusal> {
@@ -393,23 +426,42 @@ impl PageStore for RemoteStore {
         'again: for _ in 0..TRIES {
             let set = self.set_of(&s, first)?;
             let o = &set.owners[0];
-            let along = self.riding_victims(o, flushes)?;
+            let (along, others) = self.victim_writes(o, flushes)?;
             let who = s.who_now();
-            let r = match (&along[..], vpns) {
-                ([], [vpn]) => self.node.rpc.call_direct(&o.addr, P2M_FETCH { who, vpn: *vpn }).map(|r| M2P_PAGES { pages: vec![r.data] }),
-                ([], _) => self.node.rpc.call_direct(&o.addr, P2M_FETCH_MANY { who, vpns: vpns.to_vec() }),
-                ([(fwho, fvpn, data)], [vpn]) => {
-                    let msg = P2M_FLUSH_FETCH { who, fetch_vpn: *vpn, flush_who: fwho.clone(), flush_vpn: *fvpn, data: data.clone() };
-                    self.node.rpc.call_direct(&o.addr, msg).map(|r| M2P_PAGES { pages: vec![r.data] })
-                }
-                _ => self.node.rpc.call_direct(&o.addr, P2M_FLUSH_FETCH_MANY { who, vpns: vpns.to_vec(), flushes: along.clone() }),
+            let (msg, what): (Msg, _) = match (&along[..], vpns) {
+                ([], [vpn]) => (P2M_FETCH { who, vpn: *vpn }.into(), "fetch"),
+                ([], _) => (P2M_FETCH_MANY { who, vpns: vpns.to_vec() }.into(), "fetch"),
+                ([(fwho, fvpn, data)], [vpn]) => (P2M_FLUSH_FETCH { who, fetch_vpn: *vpn, flush_who: fwho.clone(), flush_vpn: *fvpn, data: data.clone() }.into(), "write back and fetch"),
+                _ => (P2M_FLUSH_FETCH_MANY { who, vpns: vpns.to_vec(), flushes: along.clone() }.into(), "write back and fetch"),
             };
-            let r = match r {
+            // The fetch (with the victims riding along) and the victims' other copies, all
+            // under way at once.
+            let (targets, msgs): (Vec<(ComponentRef, usize, Option<Arc<Space>>)>, Vec<Msg>) = std::iter::once(((o.clone(), set.owners.len(), None), msg))
+                .chain(others.into_iter().map(|w| ((w.to.clone(), w.copies, Some(w.space.clone())), w.msg())))
+                .unzip();
+            let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
+            let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
+            let fetched = replies.next().expect("one reply per call");
+            for ((t, copies, fs), r) in targets.iter().skip(1).zip(replies) {
+                let fs = fs.as_ref().expect("every write but the fetch names its process");
+                let r = r.and_then(|m| if matches!(m, Msg::OK(_)) { Ok(()) } else { Err(RpcError::Protocol { addr: t.addr.clone(), request: "P2M_FLUSH", reply: m.name() }) });
+                if let Err(e) = r {
+                    match self.after(fs, t, *copies, "write back", first, e) {
+                        Next::Again => continue 'again,
+                        Next::Fail(r) => return Err(r),
+                    }
+                }
+            }
+            let r = match fetched.and_then(|m| match m {
+                Msg::M2P_PAGES(p) => Ok(p),
+                Msg::M2P_PAGE(p) => Ok(M2P_PAGES { pages: vec![p.data] }),
+                other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FETCH", reply: other.name() }),
+            }) {
                 Ok(r) => r,
                 Err(e) if e.code() == ErrCode::Stale && !along.is_empty() => {
-                    tracing::debug!(error = %e, "a write-back riding with a fetch was refused as stale");
                     // A victim of another process may be the stale one: every process in the
                     // request learns its sets again.
+                    tracing::debug!(error = %e, "a write-back riding with a fetch was refused as stale");
                     for (fpid, fvpn, _) in flushes {
                         if let Ok(fs) = self.space(*fpid) {
                             self.refresh(&fs, *fvpn)?;
@@ -418,18 +470,17 @@ impl PageStore for RemoteStore {
                     self.refresh(&s, first)?;
                     continue 'again;
                 }
-                Err(e) => match self.after(&s, o, set.owners.len(), if along.is_empty() { "fetch" } else { "write back and fetch" }, first, e) {
+                Err(e) => match self.after(&s, o, set.owners.len(), what, first, e) {
                     Next::Again => continue 'again,
                     Next::Fail(r) => return Err(r),
                 },
             };
-            self.write_victims(flushes, o)?;
             return self.pages_of(&s, o, vpns, r);
         }
         Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
     }
 
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
-        self.write_all(&*self.space(pid)?, pages, None)
+        self.write_all(&*self.space(pid)?, pages)
     }
 }
