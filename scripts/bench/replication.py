@@ -233,7 +233,7 @@ def report(res, docs):
               "| run | longest access and p99.9 |", "|---|---|"]
     for k in ("none", "replica", "replica-killed", "none-killed"):
         lines.append(f"| {k.replace('-killed', ', killed')} | {fmt(st[k])} |")
-    lines += ["", "What this says: `replica` doubles the memory on mComponents and writes every dirty line back twice (the second write is another round trip after the first, on the miss path); misses still go to one mComponent. The stall when an mComponent dies is the time to notice it (a broken connection is seen at once; a host that stops answering is seen after the RPC timeout) plus the rebuild of the vRegions the program touches next, which waits for their copies.",
+    lines += ["", "What this says: `replica` doubles the memory on mComponents and writes every dirty line back twice; both writes are under way at once (the primary's rides with the fetch), and misses still go to one mComponent. On two cores the second member's server thread competes with the program, the fault worker and the primary's server for the CPUs, which is most of the difference; on separate hosts the second write costs the slower of two parallel round trips. The stall when an mComponent dies is the time to notice it (a broken connection is seen at once; a host that stops answering is seen after the RPC timeout) plus the rebuild of the vRegions the program touches next, which waits for their copies.",
               "<!-- replication:end -->"]
     replace_section(docs, "replication", lines)
 

@@ -29,6 +29,13 @@ pub type Place = u32;
 /// Pages of one process bound for one replica (of a set of that many members).
 type Batch = (ComponentRef, usize, Vec<(u64, ByteBuf)>);
 
+/// A victim riding with a fetch: its process, page and sealed contents.
+type Riding = (Who, u64, ByteBuf);
+
+/// Where one of several calls under way at once goes: the member, the size of its set, and
+/// the process of the pages it writes (none for the fetch itself).
+type Target = (ComponentRef, usize, Option<Arc<Space>>);
+
 /// Attempts of one page operation while replica sets change under it.
 const TRIES: usize = 8;
 
@@ -357,7 +364,7 @@ impl RemoteStore {
     /// it is), with their process's identity, and the write-backs to every other member of
     /// their sets, one message per member and process. Victims of processes that exited
     /// since they were evicted are garbage and stay behind.
-    fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<(Who, u64, ByteBuf)>, Vec<Write>), Refusal> {
+    fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<Riding>, Vec<Write>), Refusal> {
         let mut along = Vec::new();
         let mut others: Vec<Write> = Vec::new();
         for (fpid, fvpn, data) in flushes {
@@ -436,7 +443,7 @@ impl PageStore for RemoteStore {
             };
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
-            let (targets, msgs): (Vec<(ComponentRef, usize, Option<Arc<Space>>)>, Vec<Msg>) = std::iter::once(((o.clone(), set.owners.len(), None), msg))
+            let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(((o.clone(), set.owners.len(), None), msg))
                 .chain(others.into_iter().map(|w| ((w.to.clone(), w.copies, Some(w.space.clone())), w.msg())))
                 .unzip();
             let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
