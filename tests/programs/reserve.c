@@ -19,5 +19,14 @@ int main(void) {
     for (size_t i = 0; i < part; i += 4096) s += mid[i];
     printf("sum %llu\n", (unsigned long long)s);
     printf("given back: %s\n", munmap(r, big) ? "failed" : "ok");
+    /* Writable at once but MAP_NORESERVE: no memory is promised, pages come when touched. */
+    unsigned char *w = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    printf("1 TiB writable MAP_NORESERVE: %s\n", w == MAP_FAILED ? "failed" : "ok");
+    if (w == MAP_FAILED) return 1;
+    for (size_t i = 0; i < big; i += big / 64) w[i] = 1;
+    s = 0;
+    for (size_t i = 0; i < big; i += big / 64) s += w[i];
+    printf("64 pages across it touched: %llu\n", (unsigned long long)s);
+    printf("given back: %s\n", munmap(w, big) ? "failed" : "ok");
     return 0;
 }

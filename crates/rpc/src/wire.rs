@@ -130,6 +130,37 @@ impl Who {
     }
 }
 
+/// When heap memory is charged to an mComponent, as Linux's `vm.overcommit_memory`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Overcommit {
+    /// Pages are charged when they are stored; a mapping is refused only if it is larger than
+    /// all the cluster's memory (and not `MAP_NORESERVE`), as Linux's heuristic mode.
+    #[default]
+    Heuristic,
+    /// Writable mappings are charged whole when they are made, never beyond capacity, as
+    /// Linux's strict mode (`MAP_NORESERVE` is charged too).
+    Strict,
+}
+
+impl Overcommit {
+    pub const NAMES: &'static str = "heuristic, strict";
+
+    pub fn from_name(name: &str) -> Result<Overcommit, String> {
+        match name {
+            "heuristic" => Ok(Overcommit::Heuristic),
+            "strict" => Ok(Overcommit::Strict),
+            other => Err(format!("unknown overcommit mode \"{other}\" (one of {})", Overcommit::NAMES)),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Overcommit::Heuristic => "heuristic",
+            Overcommit::Strict => "strict",
+        }
+    }
+}
+
 /// How a cluster keeps heap memory safe from the loss of an mComponent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Replication {
@@ -479,7 +510,7 @@ messages! {
     X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load, pub id: u32 };
     /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
-    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub fenced: bool };
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
     /// `lost` (to mComponents only): the pComponents silent for longer than the cluster's
@@ -488,7 +519,9 @@ messages! {
     /// silent for as long, whose replicas the homes rebuild elsewhere. `fenced`: the receiver
     /// itself was declared lost in a replicated cluster; its copies are out of date, and it
     /// drops them and registers again.
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool };
+    /// `memory`: the capacity of all live mComponents (a mapping larger than that is an
+    /// obvious overcommit).
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64 };
     C2G_STATUS;
     G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
@@ -514,7 +547,8 @@ messages! {
     /// `backup`: the mComponent that keeps a copy of the home's state of the process and
     /// takes over when the home is lost (replicated clusters).
     M2P_HOME { pub backup: Option<ComponentRef> };
-    P2M_MMAP { pub who: Who, pub hint: u64, pub len: u64, pub prot: u32, pub fixed: bool };
+    /// `noreserve`: the program passed `MAP_NORESERVE` (never charged at mapping time).
+    P2M_MMAP { pub who: Who, pub hint: u64, pub len: u64, pub prot: u32, pub fixed: bool, pub noreserve: bool };
     M2P_MAPPED { pub addr: u64, pub prot: u32, pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };
     P2M_MUNMAP { pub who: Who, pub addr: u64, pub len: u64 };
     P2M_MPROTECT { pub who: Who, pub addr: u64, pub len: u64, pub prot: u32 };
@@ -530,6 +564,10 @@ messages! {
     /// home takes it out of every replica set of the process, rebuilds the copies it held
     /// elsewhere, and answers the new sets.
     P2M_REPLICA_LOST { pub who: Who, pub lost: u32 };
+    /// A write-back of page `vpn` found member `full` out of memory (heuristic overcommit):
+    /// the home moves the page's vRegion off it to an mComponent with room and answers the
+    /// new sets.
+    P2M_OWNER_FULL { pub who: Who, pub vpn: u64, pub full: u32 };
     /// To the backup home, when the home (`lost`) cannot be reached: it becomes the home.
     P2M_HOME_TAKEOVER { pub who: Who, pub lost: u32 };
 
@@ -661,6 +699,7 @@ replies! {
     P2M_EXIT => OK,
     P2M_VREGIONS => M2P_VREGIONS,
     P2M_REPLICA_LOST => M2P_VREGIONS,
+    P2M_OWNER_FULL => M2P_VREGIONS,
     P2M_HOME_TAKEOVER => M2P_HOME,
     P2M_FETCH => M2P_PAGE,
     P2M_FLUSH => OK,

@@ -123,11 +123,13 @@ impl Op {
 }
 
 pub const MMAP_FIXED: u64 = 1;
+/// The program passed `MAP_NORESERVE`: not charged when mapped (heuristic overcommit).
+pub const MMAP_NORESERVE: u64 = 2;
 pub const MREMAP_MAYMOVE: u64 = 1;
 pub const MREMAP_FIXED: u64 = 2;
 
 /// One request. Argument meaning by op:
-/// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED?) -> val=addr; Munmap(a=addr, b=len);
+/// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED | MMAP_NORESERVE) -> val=addr; Munmap(a=addr, b=len);
 /// Mprotect(a, b, c=prot); Dontneed(a, b); Mremap(a=old, b=old_len, c=new_len, d=flags,
 /// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token);
 /// RunStats(a=run id) -> val=length of the JSON that follows.

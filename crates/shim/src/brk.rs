@@ -55,7 +55,7 @@ pub unsafe extern "C" fn sbrk(inc: isize) -> *mut c_void {
 /// BRK_LOCK is held, and as sbrk: a shrink revokes memory the program no longer uses.
 unsafe fn sbrk_locked(inc: isize) -> Result<u64, c_int> {
     if BRK_BASE.load(Relaxed) == 0 {
-        let base = region_mmap(0, BRK_RESERVE, libc::PROT_NONE, false)?;
+        let base = region_mmap(0, BRK_RESERVE, libc::PROT_NONE, false, true)?;
         BRK_BASE.store(base, Relaxed);
         BRK_CUR.store(base, Relaxed);
         BRK_TOP.store(base, Relaxed);

@@ -2,7 +2,7 @@
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicI32, AtomicU64, Ordering::*};
 use libc::{off_t, size_t};
-use splitos_shim_abi::{uffd, Op, MMAP_FIXED, REGION_BASE};
+use splitos_shim_abi::{uffd, Op, MMAP_FIXED, MMAP_NORESERVE, REGION_BASE};
 
 use crate::conn::{connect, hello, request};
 use crate::start::{is_ready, ready};
@@ -105,8 +105,9 @@ fn is_heap_mapping(prot: c_int, flags: c_int, fd: c_int) -> bool {
     anon_private && flags & excluded == 0 && prot & libc::PROT_EXEC == 0 && (fd == -1 || flags & libc::MAP_ANONYMOUS != 0)
 }
 
-pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool) -> Result<u64, c_int> {
-    let r = request(Op::Mmap, hint, len, prot as u64, if fixed { MMAP_FIXED } else { 0 }, 0);
+pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool, noreserve: bool) -> Result<u64, c_int> {
+    let flags = (if fixed { MMAP_FIXED } else { 0 }) | (if noreserve { MMAP_NORESERVE } else { 0 });
+    let r = request(Op::Mmap, hint, len, prot as u64, flags, 0);
     if r.ret < 0 {
         return Err((-r.ret) as c_int);
     }
@@ -163,8 +164,9 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     };
+    let noreserve = flags & libc::MAP_NORESERVE != 0;
     if flags & libc::MAP_FIXED_NOREPLACE != 0 {
-        match region_mmap(a, len, prot, false) {
+        match region_mmap(a, len, prot, false, noreserve) {
             Ok(got) if got == a => return got as *mut c_void,
             Ok(got) => {
                 // SAFETY: gives back the range just handed out, which no one has seen.
@@ -178,7 +180,7 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
             }
         }
     }
-    match region_mmap(a, len, prot, fixed) {
+    match region_mmap(a, len, prot, fixed, noreserve) {
         Ok(p) => p as *mut c_void,
         Err(e) => {
             set_errno(e);

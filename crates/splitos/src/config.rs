@@ -91,6 +91,8 @@ pub struct ClusterSection {
     /// How heap memory survives the loss of an mComponent (`none`, `replica`;
     /// docs/failures.md); unset: `replica` with three or more mComponents, else `none`.
     pub replication: Option<String>,
+    /// When heap memory is charged (`heuristic`, `strict`; docs/failures.md).
+    pub overcommit: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -215,7 +217,7 @@ fn any_port() -> String {
 }
 
 pub fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None, replication: None }
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None, replication: None, overcommit: "heuristic".into() }
 }
 
 pub fn default_pcomp() -> PcompSection {
@@ -263,6 +265,7 @@ impl ClusterConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.transport.validate()?;
         self.replication()?;
+        splitos_rpc::Overcommit::from_name(&self.cluster.overcommit).map_err(|e| format!("cluster.overcommit: {e}"))?;
         let vrs = self.cluster.vregion_size.0;
         if vrs < PAGE || !vrs.is_power_of_two() {
             return Err(format!("cluster.vregion_size: {vrs} must be a power of two of at least 4096"));

@@ -132,6 +132,9 @@ enum Cmd {
         /// How the embedded cluster keeps heap memory safe from the loss of an mComponent: none, replica [default: replica with 3 or more mComponents, else none].
         #[arg(long, value_parser = parse_replication)]
         replication: Option<splitos_rpc::Replication>,
+        /// When the embedded cluster charges heap memory: heuristic (when stored), strict (writable mappings whole, when made) [default: heuristic].
+        #[arg(long, value_parser = parse_overcommit)]
+        overcommit: Option<splitos_rpc::Overcommit>,
         /// Always start an embedded cluster, even if one is running.
         #[arg(long)]
         embedded: bool,
@@ -182,6 +185,9 @@ enum Cmd {
         /// How heap memory survives the loss of an mComponent: none (one copy), replica (two, on different hosts where there are).
         #[arg(long, default_value = "none", value_parser = parse_replication)]
         replication: splitos_rpc::Replication,
+        /// When heap memory is charged: heuristic (when stored; only a mapping larger than all memory is refused), strict (writable mappings whole, when made).
+        #[arg(long, default_value = "heuristic", value_parser = parse_overcommit)]
+        overcommit: splitos_rpc::Overcommit,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         /// Serve Prometheus metrics over HTTP here.
@@ -384,6 +390,10 @@ fn parse_replication(s: &str) -> Result<splitos_rpc::Replication, String> {
     splitos_rpc::Replication::from_name(s)
 }
 
+fn parse_overcommit(s: &str) -> Result<splitos_rpc::Overcommit, String> {
+    splitos_rpc::Overcommit::from_name(s)
+}
+
 fn clap_num_u64(s: &str) -> Result<u64, String> {
     match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16).map_err(|e| e.to_string()),
@@ -395,10 +405,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, replication, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, replication, overcommit, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, replication, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
+                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, replication, overcommit, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
             })
             .map(|code| std::process::exit(code))
         }
@@ -409,9 +419,9 @@ fn main() {
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
-        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, ready_file, metrics_addr, transport } => {
+        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, overcommit, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, replication, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, replication, overcommit, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr }))
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr, transport } => {
             node::init_metrics();
@@ -488,8 +498,9 @@ mod tests {
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
-        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms, netns: _, replication: _ } = file.cluster.clone();
-        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, replication, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
+        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms, netns: _, replication: _, overcommit } = file.cluster.clone();
+        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, replication, overcommit: o, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
+        assert_eq!(o.name(), overcommit, "gm overcommit");
         // The hand-started global managers cannot count the mComponents to come.
         assert_eq!(replication, splitos_rpc::Replication::None);
         assert_eq!((v, f, r), (vregion_size, forget_dead_ms, reclaim_dead_ms), "gm");

@@ -114,7 +114,7 @@ impl Node {
                     Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
                             if r.fenced {
-                                on_beat(splitos_rpc::G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: true });
+                                on_beat(splitos_rpc::G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: true, memory: 0 });
                             }
                         }
                     }

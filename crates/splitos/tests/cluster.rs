@@ -15,7 +15,8 @@ fn mem_stats(c: &TestCluster) -> Vec<serde_json::Value> {
 
 #[test]
 fn exit_frees_all_memory_and_status_shows_it() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
+    // Strict overcommit: mappings are charged whole, which `committed` shows.
+    let c = TestCluster::up(Some("[cluster]\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
     let p = program("hold");
     let mut child = c.spawn(&[], &[p.to_str().unwrap(), "24"]);
     assert_eq!(read_line(&mut child), "ready\n");
@@ -83,7 +84,9 @@ fn an_mcomponent_refuses_pages_of_another_vnode() {
 
 #[test]
 fn out_of_memory_fails_malloc_not_the_cluster() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n"));
+    // Strict overcommit refuses the mapping, so malloc returns NULL (heuristic would stop
+    // the program when its pages no longer fit anywhere, as Linux's OOM killer does).
+    let c = TestCluster::up(Some("[cluster]\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n"));
     let p = program("oom");
     let out = c.run(&[], &[p.to_str().unwrap()]);
     let s = text(&out.stdout);

@@ -30,7 +30,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let home = node.call_gm(P2G_PICK_HOME).unwrap().mcomp;
     let who = Who::new("store-test", 0x7fff_0001);
     let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0 }).unwrap();
-    let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false }).unwrap();
+    let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false, noreserve: false }).unwrap();
     let first = mapped.addr / PAGE_SIZE as u64;
 
     let store = RemoteStore::new(node.clone());

@@ -42,6 +42,7 @@ pub struct RunArgs {
     pub mem_workers: Option<usize>,
     pub vregion_size: Option<u64>,
     pub replication: Option<splitos_rpc::Replication>,
+    pub overcommit: Option<splitos_rpc::Overcommit>,
     pub vnode: String,
     pub stats_json: Option<PathBuf>,
     pub compare_native: bool,
@@ -221,13 +222,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         if let Some(r) = a.replication {
             cfg.cluster.replication = Some(r.name().into());
         }
+        if let Some(o) = a.overcommit {
+            cfg.cluster.overcommit = o.name().into();
+        }
         cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
         let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
         let c = Cluster::start(&cfg, &dir, false)?;
         target = Target::Cluster(c.state.gm.clone());
         embedded = Some((c, dir));
     }
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some() || a.replication.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some() || a.replication.is_some() || a.overcommit.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 

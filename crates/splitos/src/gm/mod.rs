@@ -44,6 +44,7 @@ struct Entry {
 pub struct Gm {
     vregion_size: u64,
     replication: Replication,
+    overcommit: Overcommit,
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
@@ -64,6 +65,13 @@ pub struct Gm {
 }
 
 impl Gm {
+    /// Memory of an mComponent that others cannot have: what is charged to mappings
+    /// (strict overcommit) or holds pages (heuristic), and what GMM promised since its last
+    /// heartbeat.
+    fn taken(e: &Entry) -> u64 {
+        e.info.load.committed.max(e.info.load.used) + e.pending
+    }
+
     fn alive(e: &Entry) -> bool {
         e.last.elapsed() < HEARTBEAT * MISSED_BEATS
     }
@@ -98,9 +106,13 @@ impl Gm {
         let best = comps
             .iter_mut()
             .filter(|e| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id))
-            .filter(|e| e.info.load.capacity.saturating_sub(e.info.load.committed + e.pending) >= need)
-            .min_by_key(|e| (taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), (e.info.load.committed + e.pending) * 1000 / e.info.load.capacity.max(1)));
-        let e = best.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")))?;
+            .filter(|e| e.info.load.capacity.saturating_sub(Gm::taken(e)) >= need)
+            .min_by_key(|e| (taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), Gm::taken(e) * 1000 / e.info.load.capacity.max(1)));
+        let Some(e) = best else {
+            let free: Vec<String> = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity)).collect();
+            tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
+            return Err(ERR::new(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")));
+        };
         e.pending += need;
         Ok(ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
     }
@@ -168,7 +180,7 @@ impl Gm {
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
-        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, fenced })
+        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced })
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
@@ -202,7 +214,7 @@ impl Gm {
         e.last = Instant::now();
         e.pending = 0;
         if e.info.role != Role::Mem {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0 });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -217,7 +229,8 @@ impl Gm {
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced })
+        let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory })
     }
 
     /// GPM: the pComponent with the fewest threads.
@@ -286,6 +299,7 @@ pub struct GmArgs {
     pub transport: TransportConfig,
     pub vregion_size: u64,
     pub replication: Replication,
+    pub overcommit: Overcommit,
     pub forget_dead: Duration,
     pub reclaim_dead: Duration,
     pub ready_file: Option<std::path::PathBuf>,
@@ -296,13 +310,13 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now() });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, overcommit: args.overcommit, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now() });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = args.replication.name(), "splitos global managers started");
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = args.replication.name(), overcommit = args.overcommit.name(), "splitos global managers started");
     node::announce_ready(args.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

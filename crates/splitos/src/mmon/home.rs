@@ -331,6 +331,13 @@ impl Mem {
 
     pub(super) fn mmap(&self, r: P2M_MMAP) -> Result<M2P_MAPPED, Refusal> {
         let hp = self.home_proc(&r.who)?;
+        // Heuristic overcommit refuses only the obvious: one writable mapping larger than all
+        // the cluster's memory, unless the program said it reserves no memory.
+        let memory = self.cluster_memory.load(Relaxed);
+        if !self.charges_mappings() && !r.noreserve && r.prot & 2 != 0 && memory > 0 && r.len > memory {
+            self.c.oom.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::NoMemory, format!("a writable mapping of {} bytes is larger than all the cluster's memory ({memory} bytes)", r.len)));
+        }
         let mut h = hp.lock().unwrap();
         let start = if r.fixed {
             let end = h.check_range(r.hint, r.len)?;
@@ -533,6 +540,42 @@ impl Mem {
         self.vregions(P2M_VREGIONS { who: r.who })
     }
 
+    /// A write-back of page `vpn` found member `full` out of memory (heuristic overcommit):
+    /// the page's vRegion moves from it to an mComponent with room, its copy there is
+    /// released, and the new sets are answered.
+    pub(super) fn owner_full(&self, r: P2M_OWNER_FULL) -> Result<M2P_VREGIONS, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        {
+            let mut h = hp.lock().unwrap();
+            let idx = r.vpn * PAGE / self.vrs();
+            let holds = h.vregions.get(&idx).and_then(|s| s.owners.iter().find(|o| o.id == r.full)).cloned();
+            if let Some(full) = holds {
+                self.relocate(&mut h, idx, &full)?;
+            }
+        }
+        self.vregions(P2M_VREGIONS { who: r.who })
+    }
+
+    fn relocate(&self, h: &mut HomeProc, idx: u64, full: &ComponentRef) -> Result<(), Refusal> {
+        let Some((new, moved)) = self.copy_to_new_member(h, idx, full, &[full.id])? else {
+            metrics::counter!("mcomp_no_room_total").increment(1);
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full and no other mComponent has room for vRegion {idx} of process {}", full.id, h.who.pid)));
+        };
+        let s = h.vregions.get_mut(&idx).expect("checked by the caller");
+        for o in s.owners.iter_mut().filter(|o| o.id == full.id) {
+            *o = new.clone();
+        }
+        s.epoch = h.epoch;
+        let vrs = self.vrs();
+        if let Err(e) = self.to_owner(full, M2M_VMA_REMOVE { who: h.who(), start: idx * vrs, end: (idx + 1) * vrs }) {
+            tracing::warn!(owner = full.id, error = %e, "cannot release a moved vRegion on the full mComponent");
+        }
+        self.sync_backup(h);
+        metrics::counter!("mcomp_vregions_moved_total").increment(1);
+        tracing::info!(pid = h.who.pid, vregion = idx, from = full.id, to = new.id, pages = moved, "vRegion moved off a full mComponent");
+        Ok(())
+    }
+
     /// Takes `lost` out of every replica set of the process where another member remains (a
     /// set whose only member is lost keeps it: its pages are there if it comes back, and
     /// until then the program is told which mComponent it waits for), queues the sets that
@@ -595,28 +638,10 @@ impl Mem {
     }
 
     fn rebuild_vregion(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
-        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
-        let exclude: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
-        let Some(new) = self.pick_other(self.vrs(), &exclude)? else {
-            return Err(ERR::new(ErrCode::NoMemory, "no other mComponent has room for a replica"));
-        };
         let started = std::time::Instant::now();
-        h.epoch += 1;
-        let who = h.who();
-        // From here on the survivors refuse write-backs of the old sets: none can land on
-        // them while their pages are copied to the new member and so be missed by it.
-        for o in &set.owners {
-            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
-        }
-        let vrs = self.vrs();
-        let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
-        let pages_copied = match self.copy_vregion(h, &set.owners[0], &new, &who, lo, hi) {
-            Ok(n) => n,
-            Err(e) => {
-                // Whatever reached the new member is released there.
-                let _ = self.to_owner(&new, M2M_VMA_REMOVE { who, start: lo, end: hi });
-                return Err(e);
-            }
+        let source = h.vregions.get(&idx).expect("listed by the caller").owners[0].clone();
+        let Some((new, pages_copied)) = self.copy_to_new_member(h, idx, &source, &[])? else {
+            return Err(ERR::new(ErrCode::NoMemory, "no other mComponent has room for a replica"));
         };
         let s = h.vregions.get_mut(&idx).expect("listed by the caller");
         s.owners.push(new.clone());
@@ -625,6 +650,33 @@ impl Mem {
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
         Ok(())
+    }
+
+    /// Picks an mComponent with room outside vRegion `idx`'s set (and `exclude`), moves the
+    /// process to a new epoch that the set's members enforce from now on (no write-back of
+    /// the old sets can land on them while their pages are copied, and so be missed by the
+    /// new member), and copies `source`'s vmas and pages of the vRegion to it. `None`: no
+    /// mComponent has room. The caller puts the new member into the set.
+    fn copy_to_new_member(&self, h: &mut HomeProc, idx: u64, source: &ComponentRef, exclude: &[u32]) -> Result<Option<(ComponentRef, u64)>, Refusal> {
+        let set = h.vregions.get(&idx).cloned().expect("checked by the caller");
+        let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
+        out.extend_from_slice(exclude);
+        let Some(new) = self.pick_other(self.vrs(), &out)? else { return Ok(None) };
+        h.epoch += 1;
+        let who = h.who();
+        for o in &set.owners {
+            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
+        }
+        let vrs = self.vrs();
+        let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
+        match self.copy_vregion(h, source, &new, &who, lo, hi) {
+            Ok(n) => Ok(Some((new, n))),
+            Err(e) => {
+                // Whatever reached the new member is released there.
+                let _ = self.to_owner(&new, M2M_VMA_REMOVE { who, start: lo, end: hi });
+                Err(e)
+            }
+        }
     }
 
     /// Gives `new` the vmas of [lo, hi) and a copy of every page `source` holds there;

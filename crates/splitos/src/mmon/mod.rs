@@ -4,9 +4,9 @@
 //! the virtual-to-physical map (here: page contents keyed by virtual page) and serves the
 //! ExCache's fetches and flushes ([`owner`]).
 //!
-//! Memory is accounted when a mapping becomes writable, never when a page is flushed, so a
-//! flush can never fail for lack of space: an mComponent out of memory fails the mmap, which
-//! the program sees as ENOMEM (malloc returns NULL).
+//! Memory is charged as Linux's overcommit modes do ([`Overcommit`], [`owner`]): in strict
+//! mode when a mapping becomes writable (an mComponent out of memory fails the mmap, which the
+//! program sees as ENOMEM, malloc returning NULL); in heuristic mode when pages are stored.
 //!
 //! It also holds the storage buffer cache of the files placed on it ([`bcache`]). This file is
 //! the mComponent's dispatch table: which handler serves each message.
@@ -62,6 +62,9 @@ pub struct Mem {
     backups: Mutex<HashMap<u64, HomeState>>,
     owned: Mutex<HashMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
     replication: Mutex<Replication>,
+    overcommit: Mutex<Overcommit>,
+    /// The capacity of all live mComponents, as the global managers last said.
+    cluster_memory: AtomicU64,
     /// Work for the rebuilder thread, which may hold a process's home lock for long.
     jobs: Mutex<std::sync::mpsc::Sender<Job>>,
     rebuilt_pages: AtomicU64,
@@ -84,6 +87,12 @@ impl Mem {
 
     fn replication(&self) -> Replication {
         *self.replication.lock().unwrap()
+    }
+
+    /// Whether mappings are charged when made (strict overcommit) rather than pages when
+    /// stored (heuristic).
+    fn charges_mappings(&self) -> bool {
+        *self.overcommit.lock().unwrap() == Overcommit::Strict
     }
 
     fn note_lost(&self, ids: &[u32]) {
@@ -127,6 +136,7 @@ impl Mem {
 
     /// A heartbeat's answer, on the rebuilder thread (fencing was done on the heartbeat's).
     fn on_beat(&self, beat: G2X_BEAT) {
+        self.cluster_memory.store(beat.memory, Relaxed);
         self.reclaim_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);
         // Sets a rebuild could not complete (no room then) are tried again, now and then.
@@ -212,7 +222,7 @@ impl Mem {
             "role": "mcomponent", "id": self.node.id(), "addr": self.node.addr,
             "capacity": self.capacity, "committed": self.committed.load(Relaxed), "used": self.used.load(Relaxed),
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
-            "replication": self.replication().name(), "backup_of": self.backups.lock().unwrap().len(),
+            "replication": self.replication().name(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
             "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
@@ -252,6 +262,7 @@ impl Handler for Mem {
             Msg::P2M_EXIT(r) => on(r, |r| self.home_exit(r)),
             Msg::P2M_VREGIONS(r) => on(r, |r| self.vregions(r)),
             Msg::P2M_REPLICA_LOST(r) => on(r, |r| self.replica_lost(r)),
+            Msg::P2M_OWNER_FULL(r) => on(r, |r| self.owner_full(r)),
             Msg::P2M_HOME_TAKEOVER(r) => on(r, |r| self.home_takeover(r)),
             Msg::P2M_FETCH(r) => on(r, |r| self.fetch(r)),
             Msg::C2M_DEBUG_FLIP(r) => on(r, |r| self.debug_flip(r)),
@@ -303,6 +314,7 @@ impl Handler for Mem {
                 | Msg::P2M_EXIT(_)
                 | Msg::P2M_VREGIONS(_)
                 | Msg::P2M_REPLICA_LOST(_)
+                | Msg::P2M_OWNER_FULL(_)
                 | Msg::P2M_HOME_TAKEOVER(_)
                 // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
                 // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
@@ -344,6 +356,8 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         backups: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
         replication: Mutex::new(Replication::None),
+        overcommit: Mutex::new(Overcommit::Heuristic),
+        cluster_memory: AtomicU64::new(0),
         jobs: Mutex::new(jobs_tx),
         rebuilt_pages: AtomicU64::new(0),
         lost: Mutex::new(HashMap::new()),
@@ -358,6 +372,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     mem.vregion_size.store(reg.vregion_size, Relaxed);
     *mem.replication.lock().unwrap() = reg.replication;
+    *mem.overcommit.lock().unwrap() = reg.overcommit;
     let m2 = mem.clone();
     let m3 = mem.clone();
     node.clone().heartbeat_forever(
@@ -385,7 +400,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = reg.replication.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = reg.replication.name(), overcommit = reg.overcommit.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -3,8 +3,10 @@
 //! fetches and flushes land here (`P2M_FETCH`, `P2M_FLUSH`, `P2M_FLUSH_FETCH` and the
 //! batched forms), and so do the home's requests (`M2M_*`).
 //!
-//! Memory is accounted when a mapping becomes writable, never when a page is flushed, so a
-//! flush can never fail for lack of space.
+//! With strict overcommit, memory is accounted when a mapping becomes writable, never when a
+//! page is flushed, so a flush can never fail for lack of space. With heuristic overcommit
+//! (the default) pages are charged as they are stored; a write-back that finds its owner full
+//! is refused, and the home moves the vRegion to an mComponent with room.
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -118,6 +120,13 @@ impl Mem {
     fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
         sealed_size(data)?;
         p.page_in_vma(vpn)?;
+        // Heuristic overcommit charges pages as they arrive: a new page beyond capacity is
+        // refused, and the pComponent has the home move the vRegion to an mComponent with room.
+        if !self.charges_mappings() && !p.pages.contains_key(&vpn) && self.used.load(Relaxed) + PAGE > self.capacity {
+            self.c.oom.fetch_add(1, Relaxed);
+            metrics::counter!("mcomp_full_writes_total").increment(1);
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages)", self.node.id(), self.used.load(Relaxed), self.capacity)));
+        }
         let mut page: Page = Box::new([0u8; SEALED_PAGE]);
         page.copy_from_slice(data);
         if p.pages.insert(vpn, page).is_none() {
@@ -211,7 +220,7 @@ impl Mem {
 
     pub(super) fn vma_add(&self, r: M2M_VMA_ADD) -> Result<OK, Refusal> {
         let M2M_VMA_ADD { who, start, end, prot, creator } = r;
-        let accounted = prot & PROT_WRITE != 0;
+        let accounted = prot & PROT_WRITE != 0 && self.charges_mappings();
         if accounted {
             self.commit(end - start)?;
         }
@@ -247,7 +256,7 @@ impl Mem {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
         let parts = g.vmas.carve(r.start, r.end);
-        let writable = r.prot & PROT_WRITE != 0;
+        let writable = r.prot & PROT_WRITE != 0 && self.charges_mappings();
         if writable {
             let need: u64 = parts.iter().filter(|(_, v)| !v.accounted).map(|(s, v)| v.end - s).sum();
             self.commit(need)?;

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
+use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
 
 use super::dirty::{DirtyTracking, Tracker};
 use super::grants::PeerCred;
@@ -475,6 +475,7 @@ impl Pcomp {
         match Op::from_u32(r.op) {
             Some(Op::Mmap) => {
                 let fixed = r.d & MMAP_FIXED != 0;
+                let noreserve = r.d & MMAP_NORESERVE != 0;
                 let prot = r.c as u32;
                 // A hint outside the heap region cannot be honoured (the home ignores it): V8
                 // gives a random one with each of its 508 KiB mappings.
@@ -488,7 +489,7 @@ impl Pcomp {
                     let chunk = p.reuse.lock().unwrap().chunk_for(r.b);
                     if let Some(chunk) = chunk {
                         // A full home falls through to asking for the exact size.
-                        if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false }) {
+                        if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false, noreserve }) {
                             p.space.learn(&m.owners, m.epoch, m.backup.clone());
                             let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
                             if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
@@ -506,7 +507,7 @@ impl Pcomp {
                     let (f, e) = pages(r.a, r.b);
                     self.miss.discard_range(t, f, e);
                 }
-                let call = || self.home_call(p, P2M_MMAP { who: who.clone(), hint: r.a, len: r.b, prot, fixed });
+                let call = || self.home_call(p, P2M_MMAP { who: who.clone(), hint: r.a, len: r.b, prot, fixed, noreserve });
                 let m = match call() {
                     // What the home keeps mapped for reuse is accounted at the owners: give it back.
                     Err(e) if e == libc::ENOMEM as i64 && p.reuse.lock().unwrap().overlaps(0, u64::MAX) => {

@@ -242,6 +242,18 @@ impl RemoteStore {
             }
             return Next::Again;
         }
+        if e.code() == ErrCode::NoMemory {
+            // A write-back found its owner full (heuristic overcommit): the home moves the
+            // page's vRegion to an mComponent with room.
+            metrics::counter!("pcomp_owner_full_total").increment(1);
+            return match s.call_home(&self.node, P2M_OWNER_FULL { who: s.who.clone(), vpn, full: o.id }) {
+                Ok(r) => {
+                    s.learn(&r.owners, r.epoch, r.backup);
+                    Next::Again
+                }
+                Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Remote { code: ErrCode::NoMemory, msg: format!("{e}; and the home found no room elsewhere: {he}") })),
+            };
+        }
         let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
         if !gone || copies < 2 {
             return Next::Fail(failed(o, what, vpn, e));
@@ -465,6 +477,16 @@ impl PageStore for RemoteStore {
                 other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FETCH", reply: other.name() }),
             }) {
                 Ok(r) => r,
+                Err(e) if e.code() == ErrCode::NoMemory && !along.is_empty() => {
+                    // A victim riding along found the owner full: its vRegion moves.
+                    for (fpid, fvpn, _) in flushes {
+                        let Ok(fs) = self.space(*fpid) else { continue };
+                        if let Next::Fail(r) = self.after(&fs, o, set.owners.len(), "write back", *fvpn, e.clone()) {
+                            return Err(r);
+                        }
+                    }
+                    continue 'again;
+                }
                 Err(e) if e.code() == ErrCode::Stale && !along.is_empty() => {
                     // A victim of another process may be the stale one: every process in the
                     // request learns its sets again.
