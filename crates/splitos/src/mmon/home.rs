@@ -333,10 +333,8 @@ impl Mem {
         let hp = self.home_proc(&r.who)?;
         // Heuristic overcommit refuses only the obvious: one writable mapping larger than all
         // the cluster's memory, unless the program said it reserves no memory.
-        let memory = self.cluster_memory.load(Relaxed);
-        if !self.charges_mappings() && !r.noreserve && r.prot & 2 != 0 && memory > 0 && r.len > memory {
-            self.c.oom.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::NoMemory, format!("a writable mapping of {} bytes is larger than all the cluster's memory ({memory} bytes)", r.len)));
+        if !r.noreserve {
+            self.obvious_overcommit(r.len, r.prot)?;
         }
         let mut h = hp.lock().unwrap();
         let start = if r.fixed {
@@ -350,6 +348,19 @@ impl Mem {
         self.sync_backup(&mut h);
         added?;
         Ok(h.mapped(start, r.prot))
+    }
+
+    /// Heuristic overcommit refuses only the obvious, as Linux's does: making writable at
+    /// once more than all the cluster's memory (unless the program said it reserves none).
+    fn obvious_overcommit(&self, len: u64, prot: u32) -> Result<(), Refusal> {
+        // Until the first heartbeat's answer says how much the cluster has, this mComponent's
+        // own capacity stands in for it.
+        let memory = Some(self.cluster_memory.load(Relaxed)).filter(|m| *m > 0).unwrap_or(self.capacity);
+        if !self.charges_mappings() && prot & 2 != 0 && len > memory {
+            self.c.oom.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::NoMemory, format!("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)")));
+        }
+        Ok(())
     }
 
     pub(super) fn munmap(&self, r: P2M_MUNMAP) -> Result<OK, Refusal> {
@@ -368,6 +379,7 @@ impl Mem {
         if !h.layout.covers(r.addr, end) {
             return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
         }
+        self.obvious_overcommit(r.len, r.prot)?;
         for (idx, s, e) in self.slices(r.addr, end) {
             self.ensure_owners(&mut h, idx)?;
             self.to_replicas(&mut h, idx, |who| M2M_VMA_PROTECT { who, start: s, end: e, prot: r.prot })?;
