@@ -87,20 +87,30 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     }
 }
 
+/// The host's memory and swap, asked once (0 until then; `u64::MAX` if it cannot be known):
+/// not a system call per aligned allocation.
+fn host_memory() -> u64 {
+    static HOST: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+    let known = HOST.load(core::sync::atomic::Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    // SAFETY: sysinfo fills the struct it is given; all zeros is a valid value of it.
+    let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
+    // SAFETY: a valid pointer to that struct.
+    let host = if unsafe { libc::sysinfo(&mut si) } == 0 { (si.totalram as u64 + si.totalswap as u64).saturating_mul(si.mem_unit as u64) } else { u64::MAX };
+    HOST.store(host, core::sync::atomic::Ordering::Relaxed);
+    host
+}
+
 /// A power-of-two alignment above what malloc gives anyway. glibc maps size plus alignment
 /// for it, which Linux's heuristic overcommit refuses beyond the host's memory and swap; the
 /// same request is refused here, although the heap region could place it, so that a program
 /// sees what it sees natively.
 fn alloc_aligned(n: size_t, align: size_t) -> *mut c_void {
     debug_assert!(align.is_power_of_two());
-    // SAFETY: sysinfo fills the struct it is given; all zeros is a valid value of it.
-    let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
-    // SAFETY: a valid pointer to that struct.
-    if unsafe { libc::sysinfo(&mut si) } == 0 {
-        let host = (si.totalram as u64 + si.totalswap as u64).saturating_mul(si.mem_unit as u64);
-        if (n as u64).saturating_add(align as u64) > host {
-            return or_enomem(core::ptr::null_mut());
-        }
+    if (n as u64).saturating_add(align as u64) > host_memory() {
+        return or_enomem(core::ptr::null_mut());
     }
     // SAFETY: the alignment is a power of two, as mimalloc requires.
     or_enomem(unsafe { mi::mi_malloc_aligned(n, align) })

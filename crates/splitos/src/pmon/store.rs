@@ -26,11 +26,11 @@ pub type Page = Vec<u8>;
 /// Where a page lives. Two pages at the same place can travel in one round trip.
 pub type Place = u32;
 
-/// Pages of one process bound for one replica (of a set of that many members).
-type Batch = (ComponentRef, usize, Vec<(u64, ByteBuf)>);
-
 /// A victim riding with a fetch: its process, page and sealed contents.
 type Riding = (Who, u64, ByteBuf);
+
+/// A victim's write-back to a further member of its set, with the victim's process.
+type VictimWrite = (Arc<Space>, Write);
 
 /// Where one of several calls under way at once goes: the member, the size of its set, and
 /// the process of the pages it writes (none for the fetch itself).
@@ -287,39 +287,17 @@ impl RemoteStore {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         'again: for _ in 0..TRIES {
             let who = s.who_now();
-            let mut to: Vec<Batch> = Vec::new();
+            let mut to: Vec<Write> = Vec::new();
             for (vpn, data) in pages {
                 let set = self.set_of(s, *vpn)?;
-                let sealed = seal_page(data);
-                for o in &set.owners {
-                    match to.iter_mut().find(|(t, _, _)| t.id == o.id) {
-                        Some(t) => t.2.push((*vpn, sealed.clone())),
-                        None => to.push((o.clone(), set.owners.len(), vec![(*vpn, sealed.clone())])),
-                    }
-                }
+                Write::add(&mut to, &set, &who, *vpn, seal_page(data), None);
             }
             // To every member at once: the write-back is done when all of them stored it.
-            let (members, msgs): (Vec<(ComponentRef, usize)>, Vec<Msg>) = to
-                .into_iter()
-                .map(|(o, copies, mut batch)| {
-                    let msg: Msg = match batch.len() {
-                        1 => {
-                            let (vpn, data) = batch.pop().expect("one page");
-                            P2M_FLUSH { who: who.clone(), vpn, data }.into()
-                        }
-                        _ => P2M_FLUSH_MANY { who: who.clone(), pages: batch }.into(),
-                    };
-                    ((o, copies), msg)
-                })
-                .unzip();
+            let (members, msgs): (Vec<(ComponentRef, usize)>, Vec<Msg>) = to.into_iter().map(|w| ((w.to.clone(), w.copies), w.msg())).unzip();
             let calls: Vec<(&str, &Msg)> = members.iter().zip(&msgs).map(|((o, _), m)| (o.addr.as_str(), m)).collect();
             let replies = self.node.rpc.call_all_direct(&calls);
             for ((o, copies), r) in members.iter().zip(replies) {
-                let r = r.and_then(|m| match m {
-                    Msg::OK(_) => Ok(()),
-                    other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FLUSH", reply: other.name() }),
-                });
-                if let Err(e) = r {
+                if let Err(e) = stored(o, r) {
                     match self.after(s, o, *copies, "write back", first, e) {
                         Next::Again => continue 'again,
                         Next::Fail(r) => return Err(r),
@@ -376,9 +354,10 @@ impl RemoteStore {
     /// it is), with their process's identity, and the write-backs to every other member of
     /// their sets, one message per member and process. Victims of processes that exited
     /// since they were evicted are garbage and stay behind.
-    fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<Riding>, Vec<Write>), Refusal> {
+    fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<Riding>, Vec<VictimWrite>), Refusal> {
         let mut along = Vec::new();
         let mut others: Vec<Write> = Vec::new();
+        let mut spaces: Vec<Arc<Space>> = Vec::new();
         for (fpid, fvpn, data) in flushes {
             let Ok(fs) = self.space(*fpid) else { continue };
             let set = self.set_of(&fs, *fvpn)?;
@@ -388,13 +367,12 @@ impl RemoteStore {
             if rides {
                 along.push((who.clone(), *fvpn, sealed.clone()));
             }
-            for o in set.owners.iter().filter(|o| !(rides && o.id == primary.id)) {
-                match others.iter_mut().find(|w| w.to.id == o.id && w.space.who.pid == *fpid) {
-                    Some(w) => w.pages.push((*fvpn, sealed.clone())),
-                    None => others.push(Write { to: o.clone(), copies: set.owners.len(), space: fs.clone(), who: who.clone(), pages: vec![(*fvpn, sealed.clone())] }),
-                }
+            Write::add(&mut others, &set, &who, *fvpn, sealed, rides.then_some(primary.id));
+            if !spaces.iter().any(|x| x.who.pid == *fpid) {
+                spaces.push(fs);
             }
         }
+        let others = others.into_iter().map(|w| (spaces.iter().find(|x| x.who.pid == w.who.pid).expect("added above").clone(), w)).collect();
         Ok((along, others))
     }
 }
@@ -403,17 +381,38 @@ impl RemoteStore {
 struct Write {
     to: ComponentRef,
     copies: usize,
-    space: Arc<Space>,
     who: Who,
     pages: Vec<(u64, ByteBuf)>,
 }
 
 impl Write {
-    fn msg(self) -> Msg {
-        match &self.pages[..] {
-            [(vpn, data)] => P2M_FLUSH { who: self.who, vpn: *vpn, data: data.clone() }.into(),
+    /// Adds page `vpn` of process `who` to the writes bound for every member of its set but
+    /// `skip` (which a piggyback reached already).
+    fn add(writes: &mut Vec<Write>, set: &VregionReplicas, who: &Who, vpn: u64, sealed: ByteBuf, skip: Option<u32>) {
+        for o in set.owners.iter().filter(|o| Some(o.id) != skip) {
+            match writes.iter_mut().find(|w| w.to.id == o.id && w.who.pid == who.pid) {
+                Some(w) => w.pages.push((vpn, sealed.clone())),
+                None => writes.push(Write { to: o.clone(), copies: set.owners.len(), who: who.clone(), pages: vec![(vpn, sealed.clone())] }),
+            }
+        }
+    }
+
+    fn msg(mut self) -> Msg {
+        match self.pages.len() {
+            1 => {
+                let (vpn, data) = self.pages.pop().expect("one page");
+                P2M_FLUSH { who: self.who, vpn, data }.into()
+            }
             _ => P2M_FLUSH_MANY { who: self.who, pages: self.pages }.into(),
         }
+    }
+}
+
+/// The reply of a write-back: `OK`, or why not.
+fn stored(o: &ComponentRef, r: Result<Msg, RpcError>) -> Result<(), RpcError> {
+    match r? {
+        Msg::OK(_) => Ok(()),
+        other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FLUSH", reply: other.name() }),
     }
 }
 
@@ -456,15 +455,14 @@ impl PageStore for RemoteStore {
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
             let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(((o.clone(), set.owners.len(), None), msg))
-                .chain(others.into_iter().map(|w| ((w.to.clone(), w.copies, Some(w.space.clone())), w.msg())))
+                .chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some(fs)), w.msg())))
                 .unzip();
             let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
             let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
             let fetched = replies.next().expect("one reply per call");
             for ((t, copies, fs), r) in targets.iter().skip(1).zip(replies) {
                 let fs = fs.as_ref().expect("every write but the fetch names its process");
-                let r = r.and_then(|m| if matches!(m, Msg::OK(_)) { Ok(()) } else { Err(RpcError::Protocol { addr: t.addr.clone(), request: "P2M_FLUSH", reply: m.name() }) });
-                if let Err(e) = r {
+                if let Err(e) = stored(t, r) {
                     match self.after(fs, t, *copies, "write back", first, e) {
                         Next::Again => continue 'again,
                         Next::Fail(r) => return Err(r),
