@@ -8,7 +8,8 @@
 int main(int argc, char **argv) {
     size_t n = (argc > 1 ? strtoul(argv[1], 0, 10) : 16) << 20;
     unsigned char *a = malloc(n);
-    for (size_t i = 0; i < n; i++) a[i] = (unsigned char)(i * 31 + 7);
+    /* Every page different: pages alike would make parity rows of zeros. */
+    for (size_t i = 0; i < n; i++) a[i] = (unsigned char)(i * 31 + 7 + (i >> 12) * 101);
     printf("ready\n");
     fflush(stdout);
     char c;

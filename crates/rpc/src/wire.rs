@@ -24,7 +24,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `P2M_FLUSH_FETCH_MANY`.
 /// Version 8 added replication: replica sets with epochs in place of single vRegion owners,
 /// the backup home, and the epoch in [`Who`].
-pub const WIRE_VERSION: u16 = 8;
+/// Version 9 added erasure coding: striped sets ([`VregionReplicas::data`]), `M2M_SET`,
+/// `M2M_PARITY`, `P2M_RECONSTRUCT`, the parity forms of `M2M_READ_PAGES` and
+/// `M2M_PUT_PAGES`, and `ErrCode::ParityLost`.
+pub const WIRE_VERSION: u16 = 9;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -170,32 +173,67 @@ pub enum Replication {
     /// Every vRegion on two mComponents (on different hosts when there are), written back
     /// to both; the vma tree and the home's state are replicated too.
     Replica,
+    /// Erasure coding: a vRegion's pages striped over `data` mComponents, one copy each, and
+    /// their XOR parity on one more (memory `1 + 1/data` times the data). A write-back goes
+    /// to the page's owner, which forwards the change (old XOR new) to the parity.
+    Ec { data: u32 },
 }
 
 impl Replication {
-    pub const NAMES: &'static str = "none, replica";
+    pub const NAMES: &'static str = "none, replica, ec, ec:K (K data mComponents per parity: 2, 4 or 8; ec is ec:4)";
 
     pub fn from_name(name: &str) -> Result<Replication, String> {
         match name {
             "none" => Ok(Replication::None),
             "replica" => Ok(Replication::Replica),
-            "log" | "ec" => Err(format!("replication = \"{name}\" is not available yet (this build has {})", Replication::NAMES)),
-            other => Err(format!("unknown replication scheme \"{other}\" (one of {})", Replication::NAMES)),
+            "ec" => Ok(Replication::Ec { data: 4 }),
+            "log" => Err(format!("replication = \"log\" is not available yet (this build has {})", Replication::NAMES)),
+            other => match other.strip_prefix("ec:").map(str::parse::<u32>) {
+                Some(Ok(data @ (2 | 4 | 8))) => Ok(Replication::Ec { data }),
+                Some(_) => Err(format!("replication \"{other}\": the number of data mComponents per parity must be 2, 4 or 8 (a vRegion's pages divide evenly)")),
+                None => Err(format!("unknown replication scheme \"{other}\" (one of {})", Replication::NAMES)),
+            },
         }
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Replication::None => "none",
-            Replication::Replica => "replica",
-        }
-    }
-
-    /// Copies of each page.
-    pub fn copies(self) -> usize {
+    /// Members of each vRegion's set.
+    pub fn members(self) -> usize {
         match self {
             Replication::None => 1,
             Replication::Replica => 2,
+            Replication::Ec { data } => data as usize + 1,
+        }
+    }
+
+    /// Whether a set survives the loss of one of its members.
+    pub fn redundant(self) -> bool {
+        self != Replication::None
+    }
+
+    /// A vRegion of `bytes` must hold whole rows of a striped set.
+    pub fn check_vregion_size(self, bytes: u64) -> Result<(), String> {
+        let row = self.data() as u64 * STRIPE_PAGES * PAGE_SIZE as u64;
+        if row > 0 && !bytes.is_multiple_of(row) {
+            return Err(format!("replication {self} stripes a vRegion in rows of {row} bytes: a vRegion of {bytes} bytes is not a multiple of that"));
+        }
+        Ok(())
+    }
+
+    /// Data members of a striped set (0: every member holds every page).
+    pub fn data(self) -> u32 {
+        match self {
+            Replication::Ec { data } => data,
+            _ => 0,
+        }
+    }
+}
+
+impl std::fmt::Display for Replication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Replication::None => f.write_str("none"),
+            Replication::Replica => f.write_str("replica"),
+            Replication::Ec { data } => write!(f, "ec:{data}"),
         }
     }
 }
@@ -305,13 +343,84 @@ pub struct ComponentInfo {
     pub since_heartbeat_ms: u64,
 }
 
-/// The mComponents holding a vRegion of a process: the primary (fetches go there) first.
-/// `epoch` is the process's epoch when the set last changed.
+/// The mComponents holding a vRegion of a process. `epoch` is the process's epoch when the
+/// set last changed.
+///
+/// With `data` 0 every member holds every page, the primary (fetches go there) first. With
+/// `data` k > 0 the set is striped in units of [`STRIPE_PAGES`] pages: unit `u` is held by
+/// member `u % k` alone, and member k holds the parity of each row, the k pages at the same
+/// offset of k consecutive units: the XOR of their sealed bytes, a page never written
+/// counting as zeros. A member may stand at two places when the cluster has too few
+/// mComponents (losing it then loses rows).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VregionReplicas {
     pub index: u64,
     pub epoch: u64,
     pub owners: Vec<ComponentRef>,
+    pub data: u32,
+}
+
+/// Pages of a stripe unit: read-ahead within one unit goes to one member in one round trip.
+pub const STRIPE_PAGES: u64 = 16;
+
+impl VregionReplicas {
+    /// The place of page `vpn` in a striped set.
+    pub fn column(&self, vpn: u64) -> usize {
+        ((vpn / STRIPE_PAGES) % self.data.max(1) as u64) as usize
+    }
+
+    /// The row of page `vpn` in a striped set, named by its page at place 0.
+    pub fn row(&self, vpn: u64) -> u64 {
+        vpn - self.column(vpn) as u64 * STRIPE_PAGES
+    }
+
+    /// The pages of a row, by place.
+    pub fn row_pages(&self, row: u64) -> impl Iterator<Item = u64> {
+        (0..self.data as u64).map(move |j| row + j * STRIPE_PAGES)
+    }
+
+    /// The member that serves page `vpn`.
+    pub fn holder(&self, vpn: u64) -> &ComponentRef {
+        match self.data {
+            0 => &self.owners[0],
+            _ => &self.owners[self.column(vpn)],
+        }
+    }
+
+    /// The members a write-back of page `vpn` goes to.
+    pub fn writers(&self, vpn: u64) -> Vec<&ComponentRef> {
+        match self.data {
+            0 => self.owners.iter().collect(),
+            _ => vec![self.holder(vpn)],
+        }
+    }
+
+    /// The member holding the parity of a striped set.
+    pub fn parity(&self) -> Option<&ComponentRef> {
+        (self.data > 0).then(|| &self.owners[self.data as usize])
+    }
+
+    /// Every member once.
+    pub fn distinct(&self) -> Vec<&ComponentRef> {
+        let mut seen: Vec<&ComponentRef> = Vec::new();
+        for o in &self.owners {
+            if !seen.iter().any(|s| s.id == o.id) {
+                seen.push(o);
+            }
+        }
+        seen
+    }
+}
+
+/// What an `M2M_PUT_PAGES` stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Put {
+    /// Pages as a write-back would (mremap): in a striped set their changes reach the parity.
+    Write,
+    /// Copies of pages the parity already accounts for (a rebuild, a vRegion moved).
+    Copy,
+    /// Parity rows, keyed by the first page of their row.
+    Parity,
 }
 
 /// A vma as the home keeps it: `accounted` once it was writable.
@@ -367,6 +476,9 @@ pub enum ErrCode {
     Stale,
     /// The receiver is not (or no longer) the home of the process: its backup may be.
     NotHome,
+    /// A striped write-back was stored but its owner could not reach the set's parity member:
+    /// the sender reports that member lost and writes again once the parity is rebuilt.
+    ParityLost,
 }
 
 impl ErrCode {
@@ -378,7 +490,7 @@ impl ErrCode {
             ErrCode::Invalid => libc::EINVAL,
             ErrCode::Denied => libc::EACCES,
             ErrCode::NotFound | ErrCode::NotHome => libc::ENOENT,
-            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale => libc::EIO,
+            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale | ErrCode::ParityLost => libc::EIO,
             ErrCode::Errno(n) => n,
         }
     }
@@ -587,6 +699,10 @@ messages! {
     P2M_FLUSH_FETCH_MANY { pub who: Who, pub vpns: Vec<u64>, pub flushes: Vec<(Who, u64, ByteBuf)> };
     /// Several dirty pages of one process to one owner in one round trip (fork, mremap).
     P2M_FLUSH_MANY { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
+    /// To the parity member of a striped set, when the page's owner sent a copy that fails
+    /// its checksum: the page rebuilt from the parity and the rest of its row (answered as
+    /// `M2P_PAGE`), which the parity member also writes over the bad copy.
+    P2M_RECONSTRUCT { pub who: Who, pub vpn: u64 };
 
     // ---- home mComponent -> vRegion owner
     /// `creator`: the static key of the pComponent that created the process (the home
@@ -597,8 +713,16 @@ messages! {
     M2M_EPOCH { pub who: Who };
     /// Up to `max` materialized pages of a range from `from` on, left in place (a rebuild
     /// copies them to a new replica, mremap to the new range); `max` 0 asks only whether the
-    /// receiver holds the process.
-    M2M_READ_PAGES { pub who: Who, pub from: u64, pub end: u64, pub max: u32 };
+    /// receiver holds the process. `parity`: the parity rows the receiver keeps there
+    /// instead, each keyed by the first page of its row.
+    M2M_READ_PAGES { pub who: Who, pub from: u64, pub end: u64, pub max: u32, pub parity: bool };
+    /// The striped set of vRegion `set.index` of the process, from its home whenever it is
+    /// made or changes: an owner forwards the changes of the pages it stores to the parity
+    /// member named there.
+    M2M_SET { pub who: Who, pub set: VregionReplicas, pub creator: Option<[u8; 32]> };
+    /// From an owner of a striped set to its parity member: XOR each delta (old page XOR new
+    /// page, sealed bytes) into the parity of the page's row.
+    M2M_PARITY { pub who: Who, pub deltas: Vec<(u64, ByteBuf)> };
     /// From a backup home about to take over: answered `OK` while the receiver is still the
     /// process's home (it is not lost), `ERR NotHome` otherwise.
     M2M_HOME_OF { pub who: Who };
@@ -609,7 +733,7 @@ messages! {
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
     M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };
     M2M_PAGES { pub pages: Vec<(u64, ByteBuf)>, pub more: bool };
-    M2M_PUT_PAGES { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
+    M2M_PUT_PAGES { pub who: Who, pub pages: Vec<(u64, ByteBuf)>, pub put: Put };
     M2M_FORK { pub parent: Who, pub child: u64, pub start: u64, pub end: u64 };
     M2M_EXIT { pub who: Who };
 
@@ -707,8 +831,11 @@ replies! {
     P2M_FETCH_MANY => M2P_PAGES,
     P2M_FLUSH_MANY => OK,
     P2M_FLUSH_FETCH_MANY => M2P_PAGES,
+    P2M_RECONSTRUCT => M2P_PAGE,
     M2M_VMA_ADD => OK,
     M2M_EPOCH => OK,
+    M2M_SET => OK,
+    M2M_PARITY => OK,
     M2M_READ_PAGES => M2M_PAGES,
     M2M_HOME_OF => OK,
     M2M_HOME_SYNC => OK,

@@ -264,7 +264,7 @@ impl ClusterConfig {
 
     pub fn validate(&self) -> Result<(), String> {
         self.transport.validate()?;
-        self.replication()?;
+        self.replication()?.check_vregion_size(self.cluster.vregion_size.0).map_err(|e| format!("cluster.vregion_size: {e}"))?;
         splitos_rpc::Overcommit::from_name(&self.cluster.overcommit).map_err(|e| format!("cluster.overcommit: {e}"))?;
         let vrs = self.cluster.vregion_size.0;
         if vrs < PAGE || !vrs.is_power_of_two() {

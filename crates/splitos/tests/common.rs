@@ -605,11 +605,11 @@ pub fn mcomp_metric(c: &TestCluster, name: &str) -> f64 {
     mcomp_stats(c).iter().map(|m| c.metric(m["addr"].as_str().unwrap(), name)).sum()
 }
 
-/// Waits until every vRegion of `pid` has two copies on live mComponents.
-pub fn wait_rebuilt(c: &TestCluster, pid: u64) {
+/// Waits until every vRegion set of `pid` has `members` members, all live mComponents.
+pub fn wait_rebuilt(c: &TestCluster, pid: u64, members: usize) {
     let ok = c.eventually(Duration::from_secs(30), |c| {
         let live: Vec<u64> = mcomp_stats(c).iter().map(|m| m["id"].as_u64().unwrap()).collect();
-        try_home_of(c, pid).is_some_and(|(_, sets)| !sets.is_empty() && sets.iter().all(|s| s.len() == 2 && s.iter().all(|id| live.contains(id))))
+        try_home_of(c, pid).is_some_and(|(_, sets)| !sets.is_empty() && sets.iter().all(|s| s.len() == members && s.iter().all(|id| live.contains(id))))
     });
     assert!(ok, "the replicas of process {pid} are rebuilt: {:?}", try_home_of(c, pid));
 }

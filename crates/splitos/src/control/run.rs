@@ -220,7 +220,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             cfg.cluster.vregion_size = Size(v);
         }
         if let Some(r) = a.replication {
-            cfg.cluster.replication = Some(r.name().into());
+            cfg.cluster.replication = Some(r.to_string());
         }
         if let Some(o) = a.overcommit {
             cfg.cluster.overcommit = o.name().into();

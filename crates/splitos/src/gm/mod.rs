@@ -307,6 +307,7 @@ pub struct GmArgs {
 }
 
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
+    args.replication.check_vregion_size(args.vregion_size).map_err(|e| anyhow::anyhow!("--vregion-size: {e}"))?;
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
@@ -316,7 +317,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = args.replication.name(), overcommit = args.overcommit.name(), "splitos global managers started");
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = %args.replication, overcommit = args.overcommit.name(), "splitos global managers started");
     node::announce_ready(args.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

@@ -9,6 +9,11 @@
 //! replica that is lost leaves its sets and its copies are rebuilt on another mComponent
 //! ([`Mem::rebuild`]); the process's epoch changes with every set, and the owners refuse
 //! write-backs of an older one, so no page lands only on a set that has since changed.
+//!
+//! In an erasure-coded cluster ([`Replication::Ec`]) a set is striped: k data members and a
+//! parity member, each at a fixed place ([`VregionReplicas`]). A lost member's place is
+//! rebuilt at once, before the pComponent that reported it is answered: each of its pages is
+//! the XOR of its row's parity and other pages ([`Mem::rebuild_place`]).
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -31,6 +36,14 @@ const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 pub(super) struct Replicas {
     epoch: u64,
     owners: Vec<ComponentRef>,
+    /// Data members of a striped set; 0: every member holds every page.
+    data: u32,
+}
+
+impl Replicas {
+    fn wire(&self, index: u64) -> VregionReplicas {
+        VregionReplicas { index, epoch: self.epoch, owners: self.owners.clone(), data: self.data }
+    }
 }
 
 /// Home state of one process.
@@ -56,7 +69,7 @@ pub(super) struct HomeProc {
 
 impl HomeProc {
     fn owners(&self) -> Vec<VregionReplicas> {
-        self.vregions.iter().map(|(i, r)| VregionReplicas { index: *i, epoch: r.epoch, owners: r.owners.clone() }).collect()
+        self.vregions.iter().map(|(i, r)| r.wire(*i)).collect()
     }
 
     /// The end of [addr, addr + len), which must be page-aligned and inside the heap region.
@@ -95,7 +108,7 @@ impl HomeProc {
         for v in s.vmas {
             layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
         }
-        let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners })).collect();
+        let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners, data: r.data })).collect();
         HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None, retired: s.retired, exited: false }
     }
 
@@ -105,9 +118,23 @@ impl HomeProc {
         serde_json::json!({"pid": self.who.pid, "epoch": self.epoch, "backup": self.backup.as_ref().map(|b| b.id), "vregions": vregions})
     }
 
-    /// How many of its vRegions have fewer than `copies` copies (and at least one).
-    pub(super) fn short_of(&self, copies: usize) -> u64 {
-        self.vregions.values().filter(|s| !s.owners.is_empty() && s.owners.len() < copies).count() as u64
+    /// Whether vRegion set `s` lacks redundancy it should have: a replica set with fewer than
+    /// `members` members (and at least one), a striped set with a lost member in its place.
+    fn short(&self, s: &Replicas, members: usize) -> bool {
+        match s.data {
+            0 => !s.owners.is_empty() && s.owners.len() < members,
+            _ => s.owners.iter().any(|o| self.retired.iter().any(|r| r.id == o.id)),
+        }
+    }
+
+    /// How many of its vRegions lack redundancy ([`HomeProc::short`]).
+    pub(super) fn short_of(&self, members: usize) -> u64 {
+        self.vregions.values().filter(|s| self.short(s, members)).count() as u64
+    }
+
+    /// Every member of vRegion `idx`'s set, once each.
+    fn members(&self, idx: u64) -> Vec<ComponentRef> {
+        self.vregions.get(&idx).map(|r| r.wire(idx).distinct().into_iter().cloned().collect()).unwrap_or_default()
     }
 
     /// Every mComponent holding some vRegion of the process, once each.
@@ -183,37 +210,57 @@ impl Mem {
         if let Some(r) = h.vregions.get(&idx) {
             return Ok(r.owners.clone());
         }
+        let scheme = self.replication();
+        let data = scheme.data();
+        let share = self.vrs() / data.max(1) as u64;
         let mut owners: Vec<ComponentRef> = Vec::new();
-        for _ in 0..self.replication().copies() {
+        for _ in 0..scheme.members() {
             let ids: Vec<u32> = owners.iter().map(|o| o.id).collect();
-            match self.pick_other(self.vrs(), &ids)? {
+            match self.pick_other(share, &ids)? {
                 Some(o) => owners.push(o),
+                // A striped set needs all its places: with too few mComponents one stands at
+                // two (losing it then loses rows).
+                None if data > 0 => owners.push(self.pick_other(share, &[])?.unwrap_or_else(|| self.me())),
                 // With every mComponent short of a whole free vRegion, the home holds it and
                 // the accounting of each mapping decides what fits.
                 None if !ids.contains(&self.node.id()) => owners.push(self.me()),
                 None => break,
             }
         }
-        if owners.len() < self.replication().copies() {
+        let set = Replicas { epoch: h.epoch, owners: owners.clone(), data };
+        if data > 0 {
+            self.tell_set(h, idx, &set)?;
+        }
+        if set.wire(idx).distinct().len() < scheme.members() {
             metrics::counter!("mcomp_unprotected_vregions_total").increment(1);
             tracing::warn!(pid = h.who.pid, vregion = idx, copies = owners.len(), "no other mComponent can hold a replica: the vRegion has fewer copies than the cluster's replication asks");
         }
         tracing::debug!(vregion = idx, owners = ?owners.iter().map(|o| o.id).collect::<Vec<_>>(), "vRegion activated");
-        h.vregions.insert(idx, Replicas { epoch: h.epoch, owners: owners.clone() });
+        h.vregions.insert(idx, set);
         Ok(owners)
+    }
+
+    /// Tells every member of striped set `set` (vRegion `idx`) what it now is, and a member
+    /// that left it (`gone`) that it no longer is.
+    fn tell_set(&self, h: &HomeProc, idx: u64, set: &Replicas) -> Result<(), Refusal> {
+        let wire = set.wire(idx);
+        for o in wire.distinct() {
+            self.to_owner(o, M2M_SET { who: h.who(), set: wire.clone(), creator: h.creator })?;
+        }
+        Ok(())
     }
 
     /// Sends `msg(who)` to every replica of vRegion `idx`. A replica that cannot be reached
     /// while another answers leaves the set (and is rebuilt): the call succeeds on the rest.
     fn to_replicas<R: Request>(&self, h: &mut HomeProc, idx: u64, msg: impl Fn(Who) -> R) -> Result<(), Refusal> {
-        let owners = h.vregions.get(&idx).map(|r| r.owners.clone()).unwrap_or_default();
+        let owners = h.members(idx);
         let mut lost = Vec::new();
         let mut answered = false;
         let mut first_err = None;
         for o in &owners {
             match self.to_owner(o, msg(h.who())) {
                 Ok(_) => answered = true,
-                Err(e) if unreachable(&e) && owners.len() > 1 => lost.push(o.id),
+                Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => lost.push(o.id),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -252,11 +299,11 @@ impl Mem {
 
     fn remove_range(&self, h: &mut HomeProc, start: u64, end: u64) -> Result<(), Refusal> {
         for (idx, s, e) in self.slices(start, end) {
-            let owners = h.vregions.get(&idx).map(|r| r.owners.clone()).unwrap_or_default();
+            let owners = h.members(idx);
             for o in &owners {
                 match self.to_owner(o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
                     // Another member answers for the range; this one leaves the set.
-                    Err(e) if unreachable(&e) && owners.len() > 1 => self.drop_replicas(h, &[o.id]),
+                    Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => self.drop_replicas(h, &[o.id]),
                     r => ignore_unknown(r)?,
                 }
             }
@@ -278,7 +325,7 @@ impl Mem {
     /// Copies the home's state of the process to its backup home, choosing another backup
     /// when that one cannot be reached.
     fn sync_backup(&self, h: &mut HomeProc) {
-        if self.replication().copies() < 2 || h.exited {
+        if !self.replication().redundant() || h.exited {
             return;
         }
         let mut failed = vec![self.node.id()];
@@ -541,7 +588,7 @@ impl Mem {
         let member = hp.lock().unwrap().vregions.values().flat_map(|s| s.owners.iter()).find(|o| o.id == r.lost).cloned();
         if let Some(o) = member {
             let who = Who::new(r.who.vnode.clone(), r.who.pid);
-            let alive = o.id == self.node.id() || self.node.rpc.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0 }, VERIFY_TIMEOUT).is_ok();
+            let alive = o.id == self.node.id() || self.node.rpc.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0, parity: false }, VERIFY_TIMEOUT).is_ok();
             if alive {
                 tracing::warn!(pid = r.who.pid, member = r.lost, "a pComponent cannot reach a replica this home reaches: it stays");
             } else {
@@ -578,6 +625,15 @@ impl Mem {
             *o = new.clone();
         }
         s.epoch = h.epoch;
+        let set = s.clone();
+        if set.data > 0 {
+            // The full member learns it left the set before it frees its copy: what it frees
+            // is on the new member now, and no change of it may reach the parity.
+            self.tell_set(h, idx, &set)?;
+            if let Err(e) = self.to_owner(full, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator }) {
+                tracing::warn!(owner = full.id, error = %e, "cannot tell a full mComponent it left a striped set");
+            }
+        }
         let vrs = self.vrs();
         if let Err(e) = self.to_owner(full, M2M_VMA_REMOVE { who: h.who(), start: idx * vrs, end: (idx + 1) * vrs }) {
             tracing::warn!(owner = full.id, error = %e, "cannot release a moved vRegion on the full mComponent");
@@ -596,8 +652,16 @@ impl Mem {
         self.note_lost(lost);
         let mut changed = false;
         let mut retired = Vec::new();
-        for set in h.vregions.values_mut() {
-            if set.owners.iter().any(|o| !lost.contains(&o.id)) {
+        let mut striped = Vec::new();
+        for (idx, set) in h.vregions.iter_mut() {
+            if set.data > 0 {
+                // A striped set keeps its places: the lost member's is rebuilt below.
+                if let Some(o) = set.owners.iter().find(|o| lost.contains(&o.id)) {
+                    retired.push(o.clone());
+                    striped.push(*idx);
+                    changed = true;
+                }
+            } else if set.owners.iter().any(|o| !lost.contains(&o.id)) {
                 let (gone, kept): (Vec<ComponentRef>, Vec<ComponentRef>) = set.owners.drain(..).partition(|o| lost.contains(&o.id));
                 set.owners = kept;
                 changed |= !gone.is_empty();
@@ -619,11 +683,18 @@ impl Mem {
         if changed {
             h.epoch += 1;
             let epoch = h.epoch;
-            for set in h.vregions.values_mut().filter(|s| s.owners.len() < self.replication().copies()) {
+            for set in h.vregions.values_mut().filter(|s| s.data == 0 && s.owners.len() < self.replication().members()) {
                 set.epoch = epoch;
             }
+            for idx in striped {
+                if let Err(e) = self.rebuild_place(h, idx) {
+                    tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "cannot rebuild a lost member of a striped set; will try again");
+                }
+            }
             self.sync_backup(h);
-            self.queue(super::Job::Rebuild(h.who.pid));
+            if h.vregions.values().any(|s| s.data == 0) {
+                self.queue(super::Job::Rebuild(h.who.pid));
+            }
         }
     }
 
@@ -633,16 +704,18 @@ impl Mem {
     /// older epochs).
     pub(super) fn rebuild(&self, pid: u64) {
         let Some(hp) = self.homes.lock().unwrap().get(&pid).cloned() else { return };
-        let copies = self.replication().copies();
+        let members = self.replication().members();
         let mut tried = std::collections::BTreeSet::new();
         loop {
             let mut h = hp.lock().unwrap();
             if h.exited {
                 return;
             }
-            let Some(idx) = h.vregions.iter().find(|(i, s)| !s.owners.is_empty() && s.owners.len() < copies && !tried.contains(*i)).map(|(i, _)| *i) else { return };
+            let Some(idx) = h.vregions.iter().find(|(i, s)| h.short(s, members) && !tried.contains(*i)).map(|(i, _)| *i) else { return };
             tried.insert(idx);
-            if let Err(e) = self.rebuild_vregion(&mut h, idx) {
+            let striped = h.vregions[&idx].data > 0;
+            let done = if striped { self.rebuild_place(&mut h, idx) } else { self.rebuild_vregion(&mut h, idx) };
+            if let Err(e) = done {
                 tracing::warn!(pid, vregion = idx, error = %e, "cannot rebuild a replica; will try again");
             }
             self.sync_backup(&mut h);
@@ -662,6 +735,118 @@ impl Mem {
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
         Ok(())
+    }
+
+    /// Rebuilds the place of a lost member (one of the process's retired members) of striped
+    /// set `idx` on another mComponent, holding the home lock: the survivors move to a new
+    /// epoch first and answer once no change of theirs is still on its way to the parity, so
+    /// that the pages and the parity read agree. A lost data place gets each of its pages as
+    /// the XOR of its row's parity and other pages, a lost parity place the XOR of each row.
+    /// Two places lost at once cannot be rebuilt: the set keeps them, and the program is told
+    /// which mComponent it waits for when it touches them.
+    fn rebuild_place(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
+        let started = std::time::Instant::now();
+        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
+        let k = set.data as usize;
+        let retired: Vec<u32> = h.retired.iter().map(|r| r.id).collect();
+        let lost: Vec<usize> = (0..=k).filter(|p| retired.contains(&set.owners[*p].id)).collect();
+        let place = match lost[..] {
+            [] => return Ok(()),
+            [place] => place,
+            _ => {
+                metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                return Err(ERR::new(ErrCode::Unreachable, format!("vRegion {idx} of process {} lost {} of its {} places at once: one parity cannot rebuild them", h.who.pid, lost.len(), k + 1)));
+            }
+        };
+        let gone = set.owners[place].clone();
+        let wire = set.wire(idx);
+        let survivors: Vec<ComponentRef> = wire.distinct().into_iter().filter(|o| o.id != gone.id).cloned().collect();
+        let share = self.vrs() / k as u64;
+        let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
+        out.extend(&retired);
+        // Another mComponent if one has room; else a survivor takes a second place.
+        let new = match self.pick_other(share, &out)? {
+            Some(n) => n,
+            None => self.pick_other(share, &retired)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no mComponent has room to rebuild vRegion {idx} of process {}", h.who.pid)))?,
+        };
+        h.epoch += 1;
+        let who = h.who();
+        for o in &survivors {
+            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
+        }
+        let vrs = self.vrs();
+        let (lo, hi) = (idx * vrs / PAGE, (idx + 1) * vrs / PAGE);
+        if !survivors.iter().any(|o| o.id == new.id) {
+            self.give_vmas(h, &new, &who, lo * PAGE, hi * PAGE)?;
+        }
+        let data: Vec<ComponentRef> = survivors.iter().filter(|o| set.owners[..k].iter().any(|d| d.id == o.id)).cloned().collect();
+        // Whole rows at a time: a window is a multiple of k stripe units.
+        let window = 8 * k as u64 * STRIPE_PAGES;
+        let (mut pages_rebuilt, mut bad) = (0u64, 0u64);
+        let mut at = lo;
+        while at < hi {
+            let end = (at + window).min(hi);
+            let mut rows: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            let mut add = |row: u64, d: &[u8]| {
+                let row = rows.entry(row).or_insert_with(|| vec![0u8; SEALED_PAGE]);
+                row.iter_mut().zip(d).for_each(|(x, y)| *x ^= y);
+            };
+            for o in &data {
+                for (vpn, d) in self.read_all(o, &who, at, end, false)? {
+                    add(wire.row(vpn), &d);
+                }
+            }
+            if place < k {
+                for (row, d) in self.read_all(&set.owners[k], &who, at, end, true)? {
+                    add(row, &d);
+                }
+            }
+            let mut pages = Vec::new();
+            for (row, d) in rows.into_iter().filter(|(_, d)| d.iter().any(|b| *b != 0)) {
+                let d = ByteBuf::from(d);
+                if place < k && unseal_page(d.clone()).is_err() {
+                    bad += 1;
+                }
+                pages.push((if place < k { row + place as u64 * STRIPE_PAGES } else { row }, d));
+            }
+            pages_rebuilt += pages.len() as u64;
+            if !pages.is_empty() {
+                self.to_owner(&new, M2M_PUT_PAGES { who: who.clone(), pages, put: if place < k { Put::Copy } else { Put::Parity } })?;
+            }
+            at = end;
+        }
+        if bad > 0 {
+            // A survivor's copy was corrupted: those pages fail their checksum when fetched,
+            // and the program stops there rather than read them.
+            metrics::counter!("mcomp_rebuilt_pages_corrupt_total").increment(bad);
+            tracing::error!(pid = h.who.pid, vregion = idx, pages = bad, "rebuilt pages fail their checksum: another page of their row was corrupted");
+        }
+        let s = h.vregions.get_mut(&idx).expect("listed by the caller");
+        s.owners[place] = new.clone();
+        s.epoch = h.epoch;
+        let set = s.clone();
+        self.tell_set(h, idx, &set)?;
+        self.rebuilt_pages.fetch_add(pages_rebuilt, Relaxed);
+        metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
+        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        tracing::info!(pid = h.who.pid, vregion = idx, place, lost = gone.id, to = new.id, pages = pages_rebuilt, ms = started.elapsed().as_millis() as u64, "striped set rebuilt from parity");
+        Ok(())
+    }
+
+    /// Every page (or parity row) `o` holds of the process in pages [from, end).
+    fn read_all(&self, o: &ComponentRef, who: &Who, from: u64, end: u64, parity: bool) -> Result<Vec<(u64, ByteBuf)>, Refusal> {
+        let mut out = Vec::new();
+        let mut at = from * PAGE;
+        loop {
+            let M2M_PAGES { pages, more } = self.to_owner(o, M2M_READ_PAGES { who: who.clone(), from: at, end: end * PAGE, max: MOVE_BATCH, parity })?;
+            if let Some((last, _)) = pages.last() {
+                at = (last + 1) * PAGE;
+            }
+            out.extend(pages);
+            if !more {
+                return Ok(out);
+            }
+        }
     }
 
     /// Picks an mComponent with room outside vRegion `idx`'s set (and `exclude`), moves the
@@ -691,28 +876,36 @@ impl Mem {
         }
     }
 
-    /// Gives `new` the vmas of [lo, hi) and a copy of every page `source` holds there;
-    /// returns the number of pages copied.
-    fn copy_vregion(&self, h: &HomeProc, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
+    /// Gives `new` the process's vmas of [lo, hi).
+    fn give_vmas(&self, h: &HomeProc, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<(), Refusal> {
         let vmas: Vec<(u64, Vma)> = h.layout.iter().filter(|(s, v)| *s < hi && v.end > lo).collect();
         for (s, v) in vmas {
             self.to_owner(new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator })?;
         }
-        let mut from = lo;
+        Ok(())
+    }
+
+    /// Gives `new` the vmas of [lo, hi) and a copy of every page and parity row `source`
+    /// holds there; returns the number of pages and rows copied.
+    fn copy_vregion(&self, h: &HomeProc, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
+        self.give_vmas(h, new, who, lo, hi)?;
         let mut pages_copied = 0u64;
-        loop {
-            let M2M_PAGES { pages, more } = self.to_owner(source, M2M_READ_PAGES { who: who.clone(), from, end: hi, max: MOVE_BATCH })?;
-            if let Some((last, _)) = pages.last() {
-                from = (last + 1) * PAGE;
-            }
-            pages_copied += pages.len() as u64;
-            self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
-            metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
-            if !pages.is_empty() {
-                self.to_owner(new, M2M_PUT_PAGES { who: who.clone(), pages })?;
-            }
-            if !more {
-                break;
+        for parity in [false, true] {
+            let mut from = lo;
+            loop {
+                let M2M_PAGES { pages, more } = self.to_owner(source, M2M_READ_PAGES { who: who.clone(), from, end: hi, max: MOVE_BATCH, parity })?;
+                if let Some((last, _)) = pages.last() {
+                    from = (last + 1) * PAGE;
+                }
+                pages_copied += pages.len() as u64;
+                self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
+                metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
+                if !pages.is_empty() {
+                    self.to_owner(new, M2M_PUT_PAGES { who: who.clone(), pages, put: if parity { Put::Parity } else { Put::Copy } })?;
+                }
+                if !more {
+                    break;
+                }
             }
         }
         Ok(pages_copied)
@@ -722,7 +915,7 @@ impl Mem {
     /// home of loses its replicas there, and every process whose home was one of them gets
     /// this mComponent as its home if it was the backup.
     pub(super) fn mcomps_lost(&self, lost: &[u32]) {
-        if lost.is_empty() || self.replication().copies() < 2 {
+        if lost.is_empty() || !self.replication().redundant() {
             return;
         }
         let homes: Vec<Arc<Mutex<HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
@@ -811,27 +1004,35 @@ impl Mem {
         let shift = |vpn: u64| vpn - start / PAGE + to / PAGE;
         let who = h.who();
         for (idx, s, e) in self.slices(start, end) {
-            let Some(src) = h.vregions.get(&idx).and_then(|r| r.owners.first()).cloned() else { continue };
-            // Copied, not taken: the old range is removed only after every copy landed.
-            let mut from = s;
-            loop {
-                let M2M_PAGES { pages, more } = self.to_owner(&src, M2M_READ_PAGES { who: who.clone(), from, end: e, max: MOVE_BATCH })?;
-                if let Some((last, _)) = pages.last() {
-                    from = (last + 1) * PAGE;
-                }
-                let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
-                for (vpn, data) in pages {
-                    let nv = shift(vpn);
-                    let set = h.vregions.get(&(nv * PAGE / self.vrs())).ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
-                    for o in &set.owners {
-                        by_owner.entry(o.id).or_insert_with(|| (o.clone(), Vec::new())).1.push((nv, data.clone()));
+            let Some(set) = h.vregions.get(&idx).map(|r| r.wire(idx)) else { continue };
+            // Every page once: from the primary of a replica set, from each data member of a
+            // striped one.
+            let sources: Vec<ComponentRef> = match set.data {
+                0 => vec![set.owners[0].clone()],
+                k => set.distinct().into_iter().filter(|o| set.owners[..k as usize].iter().any(|d| d.id == o.id)).cloned().collect(),
+            };
+            for src in sources {
+                // Copied, not taken: the old range is removed only after every copy landed.
+                let mut from = s;
+                loop {
+                    let M2M_PAGES { pages, more } = self.to_owner(&src, M2M_READ_PAGES { who: who.clone(), from, end: e, max: MOVE_BATCH, parity: false })?;
+                    if let Some((last, _)) = pages.last() {
+                        from = (last + 1) * PAGE;
                     }
-                }
-                for (_, (o, pages)) in by_owner {
-                    self.to_owner(&o, M2M_PUT_PAGES { who: who.clone(), pages })?;
-                }
-                if !more {
-                    break;
+                    let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
+                    for (vpn, data) in pages {
+                        let nv = shift(vpn);
+                        let to = h.vregions.get(&(nv * PAGE / self.vrs())).map(|r| r.wire(nv * PAGE / self.vrs())).ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
+                        for o in to.writers(nv) {
+                            by_owner.entry(o.id).or_insert_with(|| (o.clone(), Vec::new())).1.push((nv, data.clone()));
+                        }
+                    }
+                    for (_, (o, pages)) in by_owner {
+                        self.to_owner(&o, M2M_PUT_PAGES { who: who.clone(), pages, put: Put::Write })?;
+                    }
+                    if !more {
+                        break;
+                    }
                 }
             }
         }

@@ -40,6 +40,8 @@ struct Counters {
     piggybacked: AtomicU64,
     denied: AtomicU64,
     oom: AtomicU64,
+    parity_deltas: AtomicU64,
+    reconstructed: AtomicU64,
 }
 
 /// What the rebuilder thread does: everything that may wait on a home lock a rebuild holds,
@@ -73,6 +75,8 @@ pub struct Mem {
     lost: Mutex<HashMap<u32, std::time::Instant>>,
     last_retry: Mutex<std::time::Instant>,
     bcache: Arc<bcache::BufferCache>,
+    /// Leaf requests run on a shared pool of workers (rather than each connection's own thread).
+    worker_pool: bool,
     c: Counters,
 }
 
@@ -128,7 +132,7 @@ impl Mem {
         for p in owned.values() {
             let g = p.lock().unwrap();
             self.committed.fetch_sub(g.committed, Relaxed);
-            self.used.fetch_sub(g.pages.len() as u64 * PAGE, Relaxed);
+            self.used.fetch_sub(g.held(), Relaxed);
         }
         metrics::counter!("mcomp_fenced_total").increment(1);
         tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
@@ -148,7 +152,7 @@ impl Mem {
         drop(last);
         let homes: Vec<(u64, Arc<Mutex<home::HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(p, h)| (*p, h.clone())).collect();
         for (pid, h) in homes {
-            if h.lock().unwrap().short_of(self.replication().copies()) > 0 {
+            if h.lock().unwrap().short_of(self.replication().members()) > 0 {
                 self.rebuild(pid);
             }
         }
@@ -162,7 +166,7 @@ impl Mem {
     /// vRegions of the processes this mComponent is home of that have fewer copies than the
     /// cluster's replication asks (and at least one).
     fn short_vregions(&self) -> u64 {
-        let copies = self.replication().copies();
+        let copies = self.replication().members();
         let homes: Vec<Arc<Mutex<home::HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
         // A process being rebuilt now counts as one short vRegion: its lock is the rebuild's.
         homes.iter().map(|h| h.try_lock().map_or(1, |g| g.short_of(copies))).sum()
@@ -215,17 +219,18 @@ impl Mem {
             .iter()
             .map(|(pid, p)| {
                 let g = p.lock().unwrap();
-                serde_json::json!({"pid": pid, "vnode": g.vnode, "pages": g.pages.len(), "committed": g.committed})
+                serde_json::json!({"pid": pid, "vnode": g.vnode, "pages": g.pages.len(), "parity_rows": g.parity.len(), "committed": g.committed})
             })
             .collect();
         serde_json::json!({
             "role": "mcomponent", "id": self.node.id(), "addr": self.node.addr,
             "capacity": self.capacity, "committed": self.committed.load(Relaxed), "used": self.used.load(Relaxed),
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
-            "replication": self.replication().name(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
+            "replication": self.replication().to_string(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
             "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
+            "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
             "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(),
         })
         .to_string()
@@ -274,6 +279,9 @@ impl Handler for Mem {
             Msg::M2M_VMA_ADD(r) => on(r, |r| self.vma_add(r)),
             Msg::M2M_VMA_REMOVE(r) => on(r, |r| self.vma_remove(r)),
             Msg::M2M_EPOCH(r) => on(r, |r| self.set_epoch(r)),
+            Msg::M2M_SET(r) => on(r, |r| self.set_stripes(r)),
+            Msg::M2M_PARITY(r) => on(r, |r| self.parity(r)),
+            Msg::P2M_RECONSTRUCT(r) => on(r, |r| self.reconstruct(r)),
             Msg::M2M_READ_PAGES(r) => on(r, |r| self.read_pages(r)),
             Msg::M2M_HOME_OF(r) => on(r, |r| self.home_of(r)),
             Msg::M2M_HOME_SYNC(r) => on(r, |r| self.home_sync(r)),
@@ -302,6 +310,14 @@ impl Handler for Mem {
     }
 
     fn fans_out(&self, msg: &Msg) -> bool {
+        // A write-back to a striped set waits on the parity member, which may be waiting on
+        // this one: with a shared worker pool neither may hold a worker while it waits. With
+        // none, each connection's receiving thread serves its own requests, and the wait
+        // blocks no other.
+        let forwards = matches!(msg, Msg::P2M_FLUSH(_) | Msg::P2M_FLUSH_MANY(_) | Msg::P2M_FLUSH_FETCH(_) | Msg::P2M_FLUSH_FETCH_MANY(_) | Msg::M2M_VMA_ADD(_) | Msg::M2M_VMA_REMOVE(_) | Msg::M2M_DISCARD(_) | Msg::M2M_PUT_PAGES(_) | Msg::P2M_RECONSTRUCT(_));
+        if forwards && self.worker_pool && self.replication().data() > 0 {
+            return true;
+        }
         matches!(
             msg,
             Msg::P2M_MMAP(_)
@@ -363,6 +379,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         lost: Mutex::new(HashMap::new()),
         last_retry: Mutex::new(std::time::Instant::now()),
         bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
+        worker_pool: args.workers > 0,
         c: Counters::default(),
     });
     let m3 = mem.clone();
@@ -400,7 +417,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = reg.replication.name(), overcommit = reg.overcommit.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -7,6 +7,13 @@
 //! page is flushed, so a flush can never fail for lack of space. With heuristic overcommit
 //! (the default) pages are charged as they are stored; a write-back that finds its owner full
 //! is refused, and the home moves the vRegion to an mComponent with room.
+//!
+//! In a striped (erasure-coded) set the owner of a page also keeps the set's parity honest:
+//! every change of a page it stores or frees (old XOR new) is forwarded to the parity member
+//! (`M2M_PARITY`) before the write-back is answered, outside the process's lock, so that two
+//! owners that are each other's parity never wait on each other. A change of epoch waits
+//! until no forward of the old epoch is under way ([`Mem::set_epoch`]): a rebuild that reads
+//! the pages and the parity then sees them agree.
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -31,6 +38,17 @@ fn sealed_size(data: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Changes of pages of striped sets, each bound for its set's parity member: (member, page,
+/// old XOR new).
+type Deltas = Vec<(ComponentRef, u64, ByteBuf)>;
+
+/// `a` XOR= `b`, both sealed pages.
+fn xor_into(a: &mut [u8], b: &[u8]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x ^= y;
+    }
+}
+
 /// Owner state of one process: its vmas and pages in vRegions this mComponent owns.
 pub(super) struct OwnerProc {
     pub vnode: String,
@@ -38,14 +56,45 @@ pub(super) struct OwnerProc {
     creator: Option<[u8; 32]>,
     vmas: VmaMap,
     pub pages: BTreeMap<u64, Page>,
+    /// Parity rows of striped sets this mComponent is parity member of, keyed by the first
+    /// page of the row. A row whose parity is all zeros is not kept.
+    pub parity: BTreeMap<u64, Page>,
+    /// The striped sets of the process's vRegions this mComponent is a member of, by index.
+    sets: BTreeMap<u64, VregionReplicas>,
     pub committed: u64,
     /// Write-backs of an older epoch of the process are refused ([`Who::epoch`]).
     epoch: u64,
+    /// Parity forwards under way (each counted while its lock is held).
+    forwarding: u32,
 }
 
 impl OwnerProc {
     fn new(vnode: &str, creator: Option<[u8; 32]>, epoch: u64) -> OwnerProc {
-        OwnerProc { vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), committed: 0, epoch }
+        OwnerProc { vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), parity: BTreeMap::new(), sets: BTreeMap::new(), committed: 0, epoch, forwarding: 0 }
+    }
+
+    /// Pages and parity rows held: what the process takes of this mComponent's memory.
+    pub fn held(&self) -> u64 {
+        (self.pages.len() + self.parity.len()) as u64 * PAGE
+    }
+
+    /// The striped set page `vpn` belongs to, if it is in one.
+    fn striped(&self, vpn: u64, vrs: u64) -> Option<&VregionReplicas> {
+        self.sets.get(&(vpn * PAGE / vrs)).filter(|s| s.data > 0)
+    }
+
+    /// The change of page `vpn` from what is stored to `new` (zeros: freed), for the parity
+    /// member of its set; none outside striped sets.
+    fn delta(&self, vpn: u64, new: Option<&[u8]>, vrs: u64) -> Option<(ComponentRef, u64, ByteBuf)> {
+        let parity = self.striped(vpn, vrs)?.parity()?.clone();
+        let mut d = vec![0u8; SEALED_PAGE];
+        if let Some(old) = self.pages.get(&vpn) {
+            d.copy_from_slice(&old[..]);
+        }
+        if let Some(new) = new {
+            xor_into(&mut d, new);
+        }
+        d.iter().any(|b| *b != 0).then(|| (parity, vpn, ByteBuf::from(d)))
     }
 
     /// Refuses a write-back sent for replica sets that have changed since.
@@ -103,12 +152,58 @@ impl Mem {
         }
     }
 
-    fn free_pages(&self, p: &mut OwnerProc, start: u64, end: u64) {
+    /// Drops the pages of [start, end); in striped sets their contents go to the parity as
+    /// changes to zero (returned, to forward once the lock is released).
+    fn free_pages(&self, p: &mut OwnerProc, start: u64, end: u64) -> Deltas {
         let vpns: Vec<u64> = p.pages.range(start / PAGE..end / PAGE).map(|(k, _)| *k).collect();
+        let mut deltas = Deltas::new();
         for v in &vpns {
+            deltas.extend(p.delta(*v, None, self.vrs()));
             p.pages.remove(v);
         }
         self.used.fetch_sub(vpns.len() as u64 * PAGE, Relaxed);
+        deltas
+    }
+
+    /// Sends the changes of striped pages to their parity members, counted as under way in
+    /// `p` until they are applied (the caller counted them while holding its lock).
+    fn forward(&self, p: &Mutex<OwnerProc>, who: &Who, deltas: Deltas) -> Result<(), Refusal> {
+        let mut by_member: Vec<(ComponentRef, Vec<(u64, ByteBuf)>)> = Vec::new();
+        for (o, vpn, d) in deltas {
+            match by_member.iter_mut().find(|(m, _)| m.id == o.id) {
+                Some((_, v)) => v.push((vpn, d)),
+                None => by_member.push((o, vec![(vpn, d)])),
+            }
+        }
+        let mut out = Ok(());
+        for (o, deltas) in by_member {
+            let n = deltas.len() as u64;
+            // On this thread's own channel: the parity member serves it on a receiving thread
+            // no other request waits on, so two owners forwarding to each other never block.
+            let sent = match o.id == self.node.id() {
+                true => self.to_owner(&o, M2M_PARITY { who: who.clone(), deltas }).map(|_| ()),
+                false => self.node.rpc.call_direct(&o.addr, M2M_PARITY { who: who.clone(), deltas }).map(|_| ()).map_err(Refusal::from),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(pid = who.pid, parity = o.id, error = %e, "cannot forward page changes to the parity member");
+                out = Err(ERR::new(ErrCode::ParityLost, format!("mComponent {} at {}, the parity member, cannot be reached: {}", o.id, o.addr, e.msg)));
+            } else {
+                metrics::counter!("mcomp_parity_deltas_sent_total").increment(n);
+            }
+        }
+        p.lock().unwrap().forwarding -= 1;
+        out
+    }
+
+    /// Releases `g` and forwards `deltas`; a request that stored or freed pages of striped
+    /// sets is answered only after this.
+    fn release_and_forward(&self, p: &Mutex<OwnerProc>, mut g: std::sync::MutexGuard<'_, OwnerProc>, who: &Who, deltas: Deltas) -> Result<(), Refusal> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        g.forwarding += 1;
+        drop(g);
+        self.forward(p, who, deltas)
     }
 
     fn uncommit(&self, p: &mut OwnerProc, gone: &[(u64, Vma)]) {
@@ -117,7 +212,8 @@ impl Mem {
         self.committed.fetch_sub(bytes, Relaxed);
     }
 
-    fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
+    /// Stores a page; its change, when it is in a striped set, is added to `deltas`.
+    fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8], deltas: &mut Deltas) -> Result<(), Refusal> {
         sealed_size(data)?;
         p.page_in_vma(vpn)?;
         // Heuristic overcommit charges pages as they arrive: a new page beyond capacity is
@@ -127,6 +223,7 @@ impl Mem {
             metrics::counter!("mcomp_full_writes_total").increment(1);
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages)", self.node.id(), self.used.load(Relaxed), self.capacity)));
         }
+        deltas.extend(p.delta(vpn, Some(data), self.vrs()));
         let mut page: Page = Box::new([0u8; SEALED_PAGE]);
         page.copy_from_slice(data);
         if p.pages.insert(vpn, page).is_none() {
@@ -158,7 +255,9 @@ impl Mem {
         let mut g = p.lock().unwrap();
         g.current(&r.who)?;
         self.c.flushes.fetch_add(1, Relaxed);
-        self.store(&mut g, r.vpn, &r.data)?;
+        let mut deltas = Deltas::new();
+        self.store(&mut g, r.vpn, &r.data, &mut deltas)?;
+        self.release_and_forward(&p, g, &r.who, deltas)?;
         Ok(OK)
     }
 
@@ -171,7 +270,9 @@ impl Mem {
                 g.current(who)?;
                 self.c.flushes.fetch_add(1, Relaxed);
                 self.c.piggybacked.fetch_add(1, Relaxed);
-                self.store(&mut g, vpn, data)
+                let mut deltas = Deltas::new();
+                self.store(&mut g, vpn, data, &mut deltas)?;
+                self.release_and_forward(&victim, g, who, deltas)
             }
             Err(e) if e.code == ErrCode::NotFound => Ok(()),
             Err(e) => Err(e),
@@ -211,11 +312,12 @@ impl Mem {
             sealed_size(data)?;
             g.page_in_vma(*vpn)?;
         }
-        for (vpn, data) in &r.pages {
-            self.store(&mut g, *vpn, data)?;
-        }
+        let mut deltas = Deltas::new();
+        let stored = r.pages.iter().try_for_each(|(vpn, data)| self.store(&mut g, *vpn, data, &mut deltas));
         self.c.flushes.fetch_add(r.pages.len() as u64, Relaxed);
-        Ok(OK)
+        // What was stored before a refusal has changed: its parity must follow.
+        self.release_and_forward(&p, g, &r.who, deltas)?;
+        stored.map(|()| OK)
     }
 
     pub(super) fn vma_add(&self, r: M2M_VMA_ADD) -> Result<OK, Refusal> {
@@ -235,11 +337,12 @@ impl Mem {
         g.epoch = g.epoch.max(who.epoch);
         let gone = g.vmas.remove_range(start, end);
         self.uncommit(&mut g, &gone);
-        self.free_pages(&mut g, start, end);
+        let deltas = self.free_pages(&mut g, start, end);
         g.vmas.insert(start, Vma { end, prot, accounted });
         if accounted {
             g.committed += end - start;
         }
+        self.release_and_forward(&p, g, &who, deltas)?;
         Ok(OK)
     }
 
@@ -248,7 +351,8 @@ impl Mem {
         let mut g = p.lock().unwrap();
         let gone = g.vmas.remove_range(r.start, r.end);
         self.uncommit(&mut g, &gone);
-        self.free_pages(&mut g, r.start, r.end);
+        let deltas = self.free_pages(&mut g, r.start, r.end);
+        self.release_and_forward(&p, g, &r.who, deltas)?;
         Ok(OK)
     }
 
@@ -270,22 +374,32 @@ impl Mem {
 
     pub(super) fn discard(&self, r: M2M_DISCARD) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        self.free_pages(&mut p.lock().unwrap(), r.start, r.end);
+        let mut g = p.lock().unwrap();
+        let deltas = self.free_pages(&mut g, r.start, r.end);
+        self.release_and_forward(&p, g, &r.who, deltas)?;
         Ok(OK)
     }
 
+    /// Refuses older write-backs from now on, and answers once none of them is still
+    /// forwarding its changes to a parity member.
     pub(super) fn set_epoch(&self, r: M2M_EPOCH) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
-        g.epoch = g.epoch.max(r.who.epoch);
-        Ok(OK)
+        loop {
+            let mut g = p.lock().unwrap();
+            g.epoch = g.epoch.max(r.who.epoch);
+            if g.forwarding == 0 {
+                return Ok(OK);
+            }
+            drop(g);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     pub(super) fn read_pages(&self, r: M2M_READ_PAGES) -> Result<M2M_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let g = p.lock().unwrap();
         let max = r.max as usize;
-        let mut it = g.pages.range(r.from / PAGE..r.end / PAGE);
+        let mut it = if r.parity { g.parity.range(r.from / PAGE..r.end / PAGE) } else { g.pages.range(r.from / PAGE..r.end / PAGE) };
         let pages = it.by_ref().take(max).map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec()))).collect();
         Ok(M2M_PAGES { pages, more: it.next().is_some() })
     }
@@ -293,10 +407,120 @@ impl Mem {
     pub(super) fn put_pages(&self, r: M2M_PUT_PAGES) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
+        let mut deltas = Deltas::new();
         for (vpn, data) in r.pages {
-            self.store(&mut g, vpn, &data)?;
+            match r.put {
+                Put::Write => self.store(&mut g, vpn, &data, &mut deltas)?,
+                Put::Copy => self.store(&mut g, vpn, &data, &mut Deltas::new())?,
+                Put::Parity => {
+                    sealed_size(&data)?;
+                    let mut row: Page = Box::new([0u8; SEALED_PAGE]);
+                    row.copy_from_slice(&data);
+                    if g.parity.insert(vpn, row).is_none() {
+                        self.used.fetch_add(PAGE, Relaxed);
+                    }
+                }
+            }
+        }
+        self.release_and_forward(&p, g, &r.who, deltas)?;
+        Ok(OK)
+    }
+
+    /// A striped set of the process, from its home (made, or changed by a rebuild).
+    pub(super) fn set_stripes(&self, r: M2M_SET) -> Result<OK, Refusal> {
+        let M2M_SET { who, set, creator } = r;
+        let bad = set.data > 0 && (set.owners.len() != set.data as usize + 1 || (self.vrs() / PAGE) % (set.data as u64 * STRIPE_PAGES) != 0);
+        if bad {
+            return Err(ERR::new(ErrCode::Invalid, format!("a striped set of {} data members has {} members", set.data, set.owners.len())));
+        }
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator, who.epoch)))).clone();
+        let mut g = p.lock().unwrap();
+        if g.vnode != who.vnode || g.creator != creator {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
+        }
+        g.epoch = g.epoch.max(who.epoch);
+        if set.owners.iter().any(|o| o.id == self.node.id()) {
+            g.sets.insert(set.index, set);
+        } else {
+            // It left the set (its vRegion moved): what it frees from now on is no change
+            // the parity must see, and its parity rows there are another member's now.
+            let vrs = self.vrs();
+            g.sets.remove(&set.index);
+            let rows: Vec<u64> = g.parity.range(set.index * vrs / PAGE..(set.index + 1) * vrs / PAGE).map(|(r, _)| *r).collect();
+            for r in &rows {
+                g.parity.remove(r);
+            }
+            self.used.fetch_sub(rows.len() as u64 * PAGE, Relaxed);
         }
         Ok(OK)
+    }
+
+    /// Page changes from the owners of a striped set this mComponent is parity member of.
+    pub(super) fn parity(&self, r: M2M_PARITY) -> Result<OK, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        let vrs = self.vrs();
+        for (vpn, d) in &r.deltas {
+            sealed_size(d)?;
+            let row = g.striped(*vpn, vrs).map(|s| s.row(*vpn)).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is in no striped set here", vpn * PAGE)))?;
+            let zero = {
+                let parity = g.parity.entry(row).or_insert_with(|| {
+                    self.used.fetch_add(PAGE, Relaxed);
+                    Box::new([0u8; SEALED_PAGE])
+                });
+                xor_into(&mut parity[..], d);
+                parity.iter().all(|b| *b == 0)
+            };
+            if zero {
+                g.parity.remove(&row);
+                self.used.fetch_sub(PAGE, Relaxed);
+            }
+        }
+        self.c.parity_deltas.fetch_add(r.deltas.len() as u64, Relaxed);
+        metrics::counter!("mcomp_parity_deltas_applied_total").increment(r.deltas.len() as u64);
+        Ok(OK)
+    }
+
+    /// A page of a striped set rebuilt from the parity kept here and the rest of its row,
+    /// written over its owner's copy (which failed its checksum on the pComponent).
+    pub(super) fn reconstruct(&self, r: P2M_RECONSTRUCT) -> Result<M2P_PAGE, Refusal> {
+        let p = self.owner_proc(&r.who)?;
+        let vrs = self.vrs();
+        let set = p.lock().unwrap().striped(r.vpn, vrs).cloned().ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is in no striped set here", r.vpn * PAGE)))?;
+        if set.parity().is_none_or(|o| o.id != self.node.id()) {
+            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is not the parity member of page {:#x}", self.node.id(), r.vpn * PAGE)));
+        }
+        // A write-back to the row under way can make one attempt read a mix: the result's
+        // checksum tells.
+        for _ in 0..3 {
+            let page = self.rebuild_page(&p, &set, &r.who, r.vpn)?;
+            if unseal_page(page.clone()).is_ok() {
+                let holder = set.holder(r.vpn).clone();
+                self.to_owner(&holder, M2M_PUT_PAGES { who: r.who.clone(), pages: vec![(r.vpn, page.clone())], put: Put::Copy })?;
+                self.c.reconstructed.fetch_add(1, Relaxed);
+                metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
+                tracing::warn!(pid = r.who.pid, vpn = r.vpn, owner = holder.id, "rebuilt a corrupted page from the parity and wrote it over its owner's copy");
+                return Ok(M2P_PAGE { data: page });
+            }
+        }
+        Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt from the parity: the result fails its checksum (another page of its row is corrupted too)", r.vpn * PAGE)))
+    }
+
+    /// Page `vpn` as the parity and the other pages of its row say it is.
+    fn rebuild_page(&self, p: &Mutex<OwnerProc>, set: &VregionReplicas, who: &Who, vpn: u64) -> Result<ByteBuf, Refusal> {
+        let row = set.row(vpn);
+        let mut out = vec![0u8; SEALED_PAGE];
+        if let Some(par) = p.lock().unwrap().parity.get(&row) {
+            out.copy_from_slice(&par[..]);
+        }
+        for v in set.row_pages(row).filter(|v| *v != vpn) {
+            let M2M_PAGES { pages, .. } = self.to_owner(set.holder(v), M2M_READ_PAGES { who: who.clone(), from: v * PAGE, end: (v + 1) * PAGE, max: 1, parity: false })?;
+            if let Some((_, d)) = pages.first() {
+                xor_into(&mut out, d);
+            }
+        }
+        Ok(if out.iter().all(|b| *b == 0) { sealed_zero_page() } else { ByteBuf::from(out) })
     }
 
     pub(super) fn owner_fork(&self, r: M2M_FORK) -> Result<OK, Refusal> {
@@ -311,7 +535,9 @@ impl Mem {
         }
         self.commit(need)?;
         let pages: BTreeMap<u64, Page> = g.pages.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
-        self.used.fetch_add(pages.len() as u64 * PAGE, Relaxed);
+        let parity: BTreeMap<u64, Page> = g.parity.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
+        let sets: Vec<VregionReplicas> = g.sets.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(_, s)| s.clone()).collect();
+        self.used.fetch_add((pages.len() + parity.len()) as u64 * PAGE, Relaxed);
         let mut owned = self.owned.lock().unwrap();
         let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode, g.creator, g.epoch))));
         let mut c = cp.lock().unwrap();
@@ -325,6 +551,8 @@ impl Mem {
             c.vmas.insert(s, v);
         }
         c.pages.extend(pages);
+        c.parity.extend(parity);
+        c.sets.extend(sets.into_iter().map(|s| (s.index, s)));
         c.committed += need;
         Ok(OK)
     }
@@ -334,7 +562,7 @@ impl Mem {
         if let Some(p) = p {
             let g = p.lock().unwrap();
             self.committed.fetch_sub(g.committed, Relaxed);
-            self.used.fetch_sub(g.pages.len() as u64 * PAGE, Relaxed);
+            self.used.fetch_sub(g.held(), Relaxed);
         }
         Ok(OK)
     }

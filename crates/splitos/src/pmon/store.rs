@@ -11,6 +11,11 @@
 //! replica that cannot be reached is reported to the home (`P2M_REPLICA_LOST`), which takes
 //! it out of the sets and rebuilds its copies; a home that cannot be reached is replaced by
 //! its backup (`P2M_HOME_TAKEOVER`).
+//!
+//! A striped (erasure-coded) set has one copy of each page: it is fetched from and written
+//! back to its one holder, which forwards the change to the parity. A page failing its
+//! checksum is rebuilt by the parity member (`P2M_RECONSTRUCT`); a holder that cannot be
+//! reached is reported like a replica, and the home rebuilds its place before it answers.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -232,6 +237,18 @@ impl RemoteStore {
     /// reached, or no longer holds the process (it was fenced), while others hold the page is
     /// reported to the home, which takes it out of the sets once it finds the same.
     fn after(&self, s: &Space, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
+        if e.code() == ErrCode::ParityLost {
+            // The holder stored the page but could not reach its set's parity member: that
+            // member is the one to report.
+            let parity = match self.set_of(s, vpn) {
+                Ok(set) => set.parity().cloned(),
+                Err(r) => return Next::Fail(r),
+            };
+            return match parity {
+                Some(p) if p.id != o.id => self.after(s, &p, copies, what, vpn, RpcError::Unreachable { addr: p.addr.clone(), why: format!("the holder of heap page {:#x} says: {e}", page(vpn)) }),
+                _ => Next::Fail(failed(o, what, vpn, e)),
+            };
+        }
         if e.code() == ErrCode::Stale {
             let before = s.who_now().epoch;
             if let Err(r) = self.refresh(s, vpn) {
@@ -263,9 +280,28 @@ impl RemoteStore {
         match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id }) {
             Ok(r) => {
                 s.learn(&r.owners, r.epoch, r.backup);
-                Next::Again
+                // Still a member: the home reaches it, or cannot do without it (a striped set
+                // that lost two places). Asking again would get the same answer.
+                match self.set_of(s, vpn) {
+                    Ok(set) if set.owners.iter().any(|m| m.id == o.id) => Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and its home keeps it in the page's set (it reaches it, or cannot rebuild the set without it)") })),
+                    _ => Next::Again,
+                }
             }
             Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and the home cannot be told: {he}") })),
+        }
+    }
+
+    /// Page `vpn` of a striped set whose holder sent a copy failing its checksum, rebuilt by
+    /// the parity member `p` (which also writes it over the bad copy).
+    fn reconstruct(&self, s: &Space, p: &ComponentRef, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
+        let r = self.node.rpc.call_direct(&p.addr, P2M_RECONSTRUCT { who: s.who_now(), vpn }).map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity on mComponent {}: {e}", holder.id, holder.addr, page(vpn), p.id)))?;
+        match opened(p, vpn, r.data)? {
+            Some(good) => {
+                metrics::counter!("pcomp_pages_repaired_total").increment(1);
+                tracing::warn!(holder = holder.id, parity = p.id, vpn, "repaired a corrupted page from the parity");
+                Ok(good)
+            }
+            None => Err(corrupt(holder, vpn)),
         }
     }
 
@@ -309,13 +345,19 @@ impl RemoteStore {
         Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
     }
 
-    /// One page from the first replica that has a good copy.
+    /// One page from the first replica that has a good copy (from its holder in a striped
+    /// set, or rebuilt by the parity member when the holder's copy is bad).
     fn fetch_one(&self, s: &Space, vpn: u64) -> Result<Page, Refusal> {
         'again: for _ in 0..TRIES {
             let set = self.set_of(s, vpn)?;
             let who = s.who_now();
             let mut bad = Vec::new();
-            for o in &set.owners {
+            let members = set.distinct().len();
+            let holders: Vec<&ComponentRef> = match set.parity() {
+                None => set.owners.iter().collect(),
+                Some(_) => vec![set.holder(vpn)],
+            };
+            for o in holders {
                 match self.node.rpc.call_direct(&o.addr, P2M_FETCH { who: who.clone(), vpn }) {
                     Ok(r) => match opened(o, vpn, r.data)? {
                         Some(p) => {
@@ -324,11 +366,14 @@ impl RemoteStore {
                         }
                         None => bad.push(o.clone()),
                     },
-                    Err(e) => match self.after(s, o, set.owners.len(), "fetch", vpn, e) {
+                    Err(e) => match self.after(s, o, members, "fetch", vpn, e) {
                         Next::Again => continue 'again,
                         Next::Fail(r) => return Err(r),
                     },
                 }
+            }
+            if let Some(p) = set.parity() {
+                return self.reconstruct(s, p, vpn, &bad[0]);
             }
             return Err(corrupt(&bad[0], vpn));
         }
@@ -363,7 +408,7 @@ impl RemoteStore {
             let set = self.set_of(&fs, *fvpn)?;
             let who = fs.who_now();
             let sealed = seal_page(data);
-            let rides = set.owners[0].id == primary.id;
+            let rides = set.holder(*fvpn).id == primary.id;
             if rides {
                 along.push((who.clone(), *fvpn, sealed.clone()));
             }
@@ -389,10 +434,10 @@ impl Write {
     /// Adds page `vpn` of process `who` to the writes bound for every member of its set but
     /// `skip` (which a piggyback reached already).
     fn add(writes: &mut Vec<Write>, set: &VregionReplicas, who: &Who, vpn: u64, sealed: ByteBuf, skip: Option<u32>) {
-        for o in set.owners.iter().filter(|o| Some(o.id) != skip) {
+        for o in set.writers(vpn).into_iter().filter(|o| Some(o.id) != skip) {
             match writes.iter_mut().find(|w| w.to.id == o.id && w.who.pid == who.pid) {
                 Some(w) => w.pages.push((vpn, sealed.clone())),
-                None => writes.push(Write { to: o.clone(), copies: set.owners.len(), who: who.clone(), pages: vec![(vpn, sealed.clone())] }),
+                None => writes.push(Write { to: o.clone(), copies: set.distinct().len(), who: who.clone(), pages: vec![(vpn, sealed.clone())] }),
             }
         }
     }
@@ -418,7 +463,7 @@ fn stored(o: &ComponentRef, r: Result<Msg, RpcError>) -> Result<(), RpcError> {
 
 impl PageStore for RemoteStore {
     fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal> {
-        Ok(self.set_of(&*self.space(pid)?, vpn)?.owners[0].id)
+        Ok(self.set_of(&*self.space(pid)?, vpn)?.holder(vpn).id)
     }
 
     fn fetch(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
@@ -443,7 +488,8 @@ impl PageStore for RemoteStore {
         let s = self.space(pid)?;
         'again: for _ in 0..TRIES {
             let set = self.set_of(&s, first)?;
-            let o = &set.owners[0];
+            let o = set.holder(first);
+            let members = set.distinct().len();
             let (along, others) = self.victim_writes(o, flushes)?;
             let who = s.who_now();
             let (msg, what): (Msg, _) = match (&along[..], vpns) {
@@ -454,7 +500,7 @@ impl PageStore for RemoteStore {
             };
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
-            let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(((o.clone(), set.owners.len(), None), msg))
+            let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(((o.clone(), members, None), msg))
                 .chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some(fs)), w.msg())))
                 .unzip();
             let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
@@ -479,7 +525,7 @@ impl PageStore for RemoteStore {
                     // A victim riding along found the owner full: its vRegion moves.
                     for (fpid, fvpn, _) in flushes {
                         let Ok(fs) = self.space(*fpid) else { continue };
-                        if let Next::Fail(r) = self.after(&fs, o, set.owners.len(), "write back", *fvpn, e.clone()) {
+                        if let Next::Fail(r) = self.after(&fs, o, members, "write back", *fvpn, e.clone()) {
                             return Err(r);
                         }
                     }
@@ -497,7 +543,7 @@ impl PageStore for RemoteStore {
                     self.refresh(&s, first)?;
                     continue 'again;
                 }
-                Err(e) => match self.after(&s, o, set.owners.len(), what, first, e) {
+                Err(e) => match self.after(&s, o, members, what, first, e) {
                     Next::Again => continue 'again,
                     Next::Fail(r) => return Err(r),
                 },

@@ -1,0 +1,173 @@
+//! Erasure-coded memory (`replication = "ec"`, docs/failures.md): one copy of each page,
+//! striped over k mComponents, and their XOR parity on one more. Real programs with an ExCache
+//! far smaller than their heaps run while members of their sets are killed, and print what
+//! they print natively; the mComponents that did the work (parity updates, rebuilds from
+//! parity, reconstructions) show it in their own counters.
+mod common;
+
+use common::*;
+
+/// `mcomps` mComponents with `scheme`, vRegions of 4 MiB so that a program's heap spreads
+/// over all of them, an ExCache of 4 MiB.
+fn cluster(mcomps: usize, scheme: &str) -> TestCluster {
+    TestCluster::up(Some(&format!("[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"{scheme}\"\n[[pcomponent]]\nexcache = \"4M\"\n{}", "[[mcomponent]]\n".repeat(mcomps))))
+}
+
+/// The striped set of `pid`'s vRegions that sets hold in common, as (data places, parity).
+fn places(sets: &[Vec<u64>], k: usize) -> Vec<(Vec<u64>, u64)> {
+    sets.iter().map(|s| (s[..k].to_vec(), s[k])).collect()
+}
+
+/// The mComponent holding the most data places of `pid`'s sets, other than its home.
+fn busiest_data_member(c: &TestCluster, pid: u64, k: usize) -> String {
+    let (home, sets) = home_of(c, pid);
+    let mut count: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for (data, _) in places(&sets, k) {
+        for id in data {
+            *count.entry(id).or_default() += 1;
+        }
+    }
+    let mut ids: Vec<(usize, u64)> = count.into_iter().map(|(id, n)| (n, id)).collect();
+    ids.sort();
+    ids.into_iter().rev().map(|(_, id)| addr_of(c, id)).find(|a| *a != home).expect("a data member other than the home")
+}
+
+fn used(c: &TestCluster) -> u64 {
+    mcomp_stats(c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum()
+}
+
+#[test]
+fn a_c_hash_table_survives_losing_a_data_member_then_a_parity_member_with_a_rebuild_between() {
+    // ec:2 on five mComponents: a set takes three, and two are left for rebuilding onto.
+    let c = cluster(5, "ec:2");
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+        let (home, sets) = home_of(c, pid);
+        assert!(sets.iter().all(|s| s.len() == 3), "two data places and a parity place: {sets:?}");
+        let victim = if phase == 1 {
+            busiest_data_member(c, pid, 2)
+        } else {
+            places(&sets, 2).into_iter().map(|(_, p)| addr_of(c, p)).find(|a| *a != home).expect("a parity member other than the home")
+        };
+        c.kill_component(c.pid_of_addr(&victim));
+        wait_rebuilt(c, pid, 3);
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    // The parity members applied the owners' changes, and the lost places were rebuilt from
+    // parity (the home's counter), not copied.
+    assert!(mcomp_metric(&c, "mcomp_parity_deltas_applied_total") > 0.0);
+    assert!(mcomp_metric(&c, "mcomp_rebuilt_pages_total") > 0.0, "pages were rebuilt from parity");
+    assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
+    assert_eq!(used(&c), 0, "everything is released when the program ends, rebuilt places too");
+}
+
+#[test]
+fn cpython_and_sqlite_survive_a_lost_member_of_an_ec4_cluster() {
+    let c = cluster(6, "ec");
+    let py = python3();
+    let phases = script("phases.py");
+    for kind in ["dict", "sqlite"] {
+        let cmd = [py.as_str(), phases.as_str(), kind];
+        let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+            if phase == 1 {
+                c.kill_component(c.pid_of_addr(&busiest_data_member(c, pid, 4)));
+                // Four data places and a parity place, each on another mComponent: five of
+                // the six, and one left after the loss.
+                wait_rebuilt(c, pid, 5);
+            }
+        });
+        assert!(ok, "{kind}: {err}");
+        assert_eq!(out, native_phased(&cmd), "{kind}: {err}");
+    }
+    assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 1.0);
+}
+
+#[test]
+fn a_corrupted_page_is_rebuilt_from_the_parity() {
+    let c = cluster(3, "ec:2");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (_, sets) = home_of(&c, pid);
+    let vrs = 4u64 << 20;
+    let index_of = |i: usize| c.components("mcomponent").iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).map(|p| p["vregions"][i]["index"].as_u64().unwrap())).unwrap();
+    let mut flipped = 0;
+    for (i, set) in sets.iter().enumerate() {
+        // The first stripe unit of each vRegion is held by the set's first data place.
+        let at = index_of(i) * vrs;
+        let out = c.cmd(&["debug", "flip", "--mcomp", &addr_of(&c, set[0]), "--vnode", "default", "--pid", &pid.to_string(), "--vaddr", &format!("{at:#x}"), "--bit", "777"]).output().unwrap();
+        if out.status.success() {
+            flipped += 1;
+        }
+    }
+    assert!(flipped >= 5, "pages of the program are on the mComponents: {flipped}");
+    assert_hold_ends_native(child);
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
+    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
+    assert!(mcomp_metric(&c, "mcomp_pages_reconstructed_total") >= 1.0, "the parity members rebuilt the pages");
+}
+
+#[test]
+fn losing_two_places_of_a_set_at_once_ends_the_program_with_an_error_naming_what_was_lost() {
+    let c = cluster(4, "ec:2");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (home, sets) = home_of(&c, pid);
+    // Both data places of a set whose members are not the home.
+    let set = sets.iter().find(|s| s[..2].iter().all(|id| addr_of(&c, *id) != home) && s[0] != s[1]).expect("a set with two data places off the home");
+    let both: Vec<String> = set[..2].iter().map(|id| addr_of(&c, *id)).collect();
+    let pids: Vec<i32> = both.iter().map(|a| c.pid_of_addr(a)).collect();
+    for p in pids {
+        c.kill_component(p);
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(text(&out.stdout), "", "no output from lost data");
+    let err = text(&out.stderr);
+    assert!(err.contains("mComponent") && both.iter().any(|a| err.contains(a.as_str())), "{err}");
+}
+
+#[test]
+fn ec_is_a_knob_of_the_cluster_and_of_run_and_costs_a_fraction_of_a_copy() {
+    let hold = program("hold");
+    let hold = hold.to_str().unwrap();
+    let held = |scheme: &str| {
+        let c = cluster(5, scheme);
+        let mut child = c.spawn(&[], &[hold, "24"]);
+        assert_eq!(read_line(&mut child), "ready\n");
+        let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+        let sets = home_of(&c, pid).1;
+        let bytes = used(&c);
+        assert!(mcomp_stats(&c).iter().all(|m| m["stats"]["replication"] == scheme));
+        assert_hold_ends_native(child);
+        (sets, bytes)
+    };
+    let (sets, one) = held("none");
+    assert!(sets.iter().all(|s| s.len() == 1));
+    let (sets, ec) = held("ec:4");
+    assert!(sets.iter().all(|s| s.len() == 5 && s.iter().collect::<std::collections::HashSet<_>>().len() == 5), "five places on five mComponents: {sets:?}");
+    // A copy of each page and a parity row per four: 1.25 times the data.
+    let ratio = ec as f64 / one as f64;
+    assert!((1.2..=1.3).contains(&ratio), "ec:4 holds {ec} bytes for {one} of data ({ratio:.3}x)");
+    // Schemes and sizes that cannot work are refused by name.
+    let dir = tempfile::tempdir().unwrap();
+    for (bad, vrs, why) in [("ec:3", "4M", "2, 4 or 8"), ("log", "4M", "log"), ("ec:8", "256K", "rows")] {
+        let f = dir.path().join("bad.toml");
+        std::fs::write(&f, format!("[cluster]\nreplication = \"{bad}\"\nvregion_size = \"{vrs}\"\n[[pcomponent]]\n[[mcomponent]]\n")).unwrap();
+        let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path().join("state")).output().unwrap();
+        assert!(!out.status.success() && text(&out.stderr).contains(why), "{bad}: {}", text(&out.stderr));
+    }
+    // The embedded cluster of `run` takes the option: every page written back reaches one
+    // mComponent, and its change the parity member.
+    let (_, s) = stats_of(&["--embedded", "--mcomponents", "3", "--replication", "ec:2", "--vregion-size", "4M", "--excache", "4M"], &[hold, "16"]);
+    assert!(s["mcomponents"].as_array().unwrap().iter().all(|m| m["replication"] == "ec:2"), "{s}");
+    assert!(n(&s, "flushes") > 0 && mcomp_sum(&s, "flushes") < 2 * n(&s, "flushes"), "one copy of each page: {s}");
+    assert!(mcomp_sum(&s, "parity_deltas") > 0, "{s}");
+}
