@@ -577,6 +577,20 @@ pub fn run_phased(c: &TestCluster, cmd: &[&str], mut between: impl FnMut(&TestCl
     (out, text(&rest.stderr), rest.status.success())
 }
 
+/// Kills the cluster's global managers (at `gm_addr`) and starts them again as they were
+/// started, logging to `log` in the cluster's directory.
+pub fn restart_gm(c: &TestCluster, gm_addr: &str, log: &str) {
+    let gm = c.pid_of_addr(gm_addr);
+    let argv: Vec<String> = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap().strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    c.kill_component(gm);
+    let log = std::fs::File::create(c.dir.path().join(log)).unwrap();
+    let again = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
+    };
+    remember_pid(c.dir.path(), again.id() as i32);
+}
+
 pub fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
     c.components("mcomponent").into_iter().filter(|m| m["alive"] == true).collect()
 }

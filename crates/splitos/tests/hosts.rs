@@ -54,40 +54,55 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
 
 #[test]
 fn replicated_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced_and_a_lost_host() {
-    let h = Hosts::new(&["gm", "p1", "m1", "m2", "m3"]);
-    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
     // Three mComponent hosts: replication is `replica` by default.
-    let cfg = format!(
-        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n[[pcomponent]]\n{}excache = \"4M\"\n[[mcomponent]]\n{}[[mcomponent]]\n{}[[mcomponent]]\n{}",
-        h.addr("gm"),
-        h.netns("gm"),
-        at("p1"),
-        at("m1"),
-        at("m2"),
-        at("m3")
-    );
+    partition_then_lost_host(3, None, 2);
+}
+
+#[test]
+fn erasure_coded_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced_and_a_lost_host() {
+    // Sets of three places (two data, one parity) on four hosts: one to spare.
+    partition_then_lost_host(4, Some("ec:2"), 3);
+}
+
+/// A C hash table runs on a cluster of `mhosts` mComponent hosts with `scheme` (the default
+/// if none) whose sets have `members` members. After phase 1 a member's host is cut off until
+/// its places are rebuilt elsewhere, then comes back and is fenced; after phase 2 the home's
+/// host is lost, all its processes at once.
+fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize) {
+    let mut names = vec!["gm".to_string(), "p1".to_string()];
+    names.extend((1..=mhosts).map(|i| format!("m{i}")));
+    let h = Hosts::new(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    let mut cfg = format!("[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n", h.addr("gm"), h.netns("gm"));
+    if let Some(scheme) = scheme {
+        cfg += &format!("replication = \"{scheme}\"\n");
+    }
+    cfg += &format!("[[pcomponent]]\n{}excache = \"4M\"\n", at("p1"));
+    for m in &names[2..] {
+        cfg += &format!("[[mcomponent]]\n{}", at(m));
+    }
     let c = TestCluster::up(Some(&cfg));
-    let host_of = |addr: &str| ["m1", "m2", "m3"].into_iter().find(|m| addr.starts_with(&format!("{}:", h.addr(m)))).unwrap();
+    let host_of = |addr: &str| names[2..].iter().find(|m| addr.starts_with(&format!("{}:", h.addr(m)))).unwrap().clone();
     let table = program("hashtable");
     let cmd = [table.to_str().unwrap(), "100000"];
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
         let (home, sets) = home_of(c, pid);
         if phase == 1 {
-            // A replica's host is cut off for longer than the global managers wait: the home
-            // rebuilds its copies elsewhere; when the link is back, the host is fenced and
-            // drops what it holds (it may be older than the rebuilt copies).
+            // A member's host is cut off for longer than the global managers wait: the home
+            // rebuilds its places elsewhere; when the link is back, the host is fenced and
+            // drops what it holds (it may be older than what was rebuilt).
             let cut = sets.iter().flatten().map(|id| addr_of(c, *id)).find(|a| *a != home).unwrap();
             let cut_id = c.components("mcomponent").into_iter().find(|m| m["addr"] == cut.as_str()).unwrap()["id"].as_u64().unwrap();
-            h.link(host_of(&cut), false);
-            let moved = c.eventually(Duration::from_secs(30), |c| try_home_of(c, pid).is_some_and(|(_, sets)| sets.iter().all(|s| s.len() == 2 && !s.contains(&cut_id))));
-            assert!(moved, "the copies on the cut host are rebuilt elsewhere: {:?}", try_home_of(c, pid));
-            h.link(host_of(&cut), true);
+            h.link(&host_of(&cut), false);
+            let moved = c.eventually(Duration::from_secs(30), |c| try_home_of(c, pid).is_some_and(|(_, sets)| sets.iter().all(|s| s.len() == members && !s.contains(&cut_id))));
+            assert!(moved, "the places on the cut host are rebuilt elsewhere: {:?}", try_home_of(c, pid));
+            h.link(&host_of(&cut), true);
             let fenced = c.eventually(Duration::from_secs(30), |c| c.components("mcomponent").into_iter().any(|m| m["addr"] == cut.as_str() && m["alive"] == true && m["stats"]["used"] == 0));
             assert!(fenced, "the host that came back holds nothing: {:?}", mcomp_stats(c));
             assert_eq!(c.metric(&cut, "mcomp_fenced_total"), 1.0);
         } else {
             // The home's host is lost, all its processes at once.
-            for p in h.pids(host_of(&home)) {
+            for p in h.pids(&host_of(&home)) {
                 forget_pid(c.dir.path(), p);
                 // SAFETY: kill(2) takes no pointers; these are the processes of this test's own host.
                 unsafe { libc::kill(p, libc::SIGKILL) };

@@ -58,15 +58,7 @@ fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers
             if phase == 1 {
                 // The global managers are never on the data path: the program goes on while
                 // they are down, and the restarted managers learn the cluster again.
-                let gm = c.pid_of_addr(&gm_addr);
-                let argv: Vec<String> = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap().strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-                c.kill_component(gm);
-                let log = std::fs::File::create(c.dir.path().join(format!("gm-again{round}.log"))).unwrap();
-                let again = {
-                    use std::os::unix::process::CommandExt;
-                    std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
-                };
-                remember_pid(c.dir.path(), again.id() as i32);
+                restart_gm(c, &gm_addr, &format!("gm-again{round}.log"));
                 assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && mcomp_stats(c).len() == 4 - round));
             } else {
                 // A replica that is not the home: a secondary of some vRegions.

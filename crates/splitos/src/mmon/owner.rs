@@ -429,7 +429,7 @@ impl Mem {
     /// A striped set of the process, from its home (made, or changed by a rebuild).
     pub(super) fn set_stripes(&self, r: M2M_SET) -> Result<OK, Refusal> {
         let M2M_SET { who, set, creator } = r;
-        let bad = set.data > 0 && (set.owners.len() != set.data as usize + 1 || (self.vrs() / PAGE) % (set.data as u64 * STRIPE_PAGES) != 0);
+        let bad = set.data > 0 && (set.owners.len() != set.data as usize + 1 || !(self.vrs() / PAGE).is_multiple_of(set.data as u64 * STRIPE_PAGES));
         if bad {
             return Err(ERR::new(ErrCode::Invalid, format!("a striped set of {} data members has {} members", set.data, set.owners.len())));
         }
