@@ -2,12 +2,12 @@
 """LegoOS figure 14 with replication: what keeping heap memory safe from the loss of an
 mComponent costs, on this machine, side by side with no replication in the same run.
 
-- Slowdown of the suite's workloads with an ExCache of 25% of their working set, three
-  mComponents, `--replication none` and `replica` interleaved (against native runs in the same
-  run; every output checked against the native one).
+- Slowdown of the suite's workloads with an ExCache of 25% of their working set, five
+  mComponents, `--replication none`, `replica` and `ec` (ec:4) interleaved (against native
+  runs in the same run; every output checked against the native one).
 - Memory on the mComponents per scheme, for a program holding 256 MiB.
-- Time to rebuild the copies an mComponent held (per GiB), from the moment it is killed
-  and from the moment the homes start copying.
+- Time to rebuild what an mComponent held (per GiB), from the moment it is killed and from
+  the moment the homes start copying (replica) or rebuilding from parity (ec).
 - How long a program stalls when an mComponent that holds its pages dies under it (the
   longest single memory access), against the longest access of runs where nothing dies.
 
@@ -28,7 +28,11 @@ import time
 from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 from suite import geomean, med, run, splitos_prefix, working_set_kib, workloads
 
-SCHEMES = ("none", "replica")
+SCHEMES = ("none", "replica", "ec")
+# Set members per scheme, and mComponents enough for a set and one to rebuild onto.
+MEMBERS = {"none": 1, "replica": 2, "ec": 5}
+MCOMPS = 5
+STALL_RUNS = ("none", "replica", "ec", "replica-killed", "ec-killed", "none-killed")
 QUICK_SET = ("wordcount (tr, sort, uniq -c)", "sqlite3 (in-memory database)", "node (word-pair Map)")
 
 
@@ -82,7 +86,8 @@ def program_pid(c):
 
 
 def victim(c, pid):
-    """The live mComponent, other than the home, that is primary of most of the process's vRegions."""
+    """The live mComponent, other than the home, that is at the first place (the primary, or
+    the first data place) of most of the process's vRegions."""
     home, p = c.home(pid)
     counts = {}
     for v in p["vregions"]:
@@ -114,7 +119,7 @@ def slowdowns(reps, names, bar):
             bar.update()
             for s in SCHEMES:
                 with tempfile.NamedTemporaryFile(suffix=".json") as st:
-                    secs2, d2, code2, _, err2 = run(spec["cmd"], env, splitos_prefix(ws // 4, st.name, ["--mcomponents", "3", "--replication", s]))
+                    secs2, d2, code2, _, err2 = run(spec["cmd"], env, splitos_prefix(ws // 4, st.name, ["--mcomponents", str(MCOMPS), "--replication", s]))
                     stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}
                 if code2 != 0 or d2 != digest:
                     r["mismatches"].append(f"{s}: exit {code2}: {err2.decode()[-300:]}")
@@ -127,7 +132,7 @@ def slowdowns(reps, names, bar):
 def memory(hold):
     out = {}
     for s in SCHEMES:
-        c = Cluster(3, s)
+        c = Cluster(MCOMPS, s)
         try:
             p = c.spawn([hold, "256"])
             assert p.stdout.readline() == "ready\n"
@@ -139,11 +144,11 @@ def memory(hold):
     return out
 
 
-def rebuild(hold, mib):
-    """Kills the mComponent holding most primaries of a program holding `mib` MiB; returns
-    seconds from the kill to the first copied page, from there to every vRegion whole again,
-    and the bytes copied."""
-    c = Cluster(4, "replica", 'vregion_size = "64M"\n')
+def rebuild(hold, mib, scheme):
+    """Kills the mComponent at the first place of most sets of a program holding `mib` MiB;
+    returns seconds from the kill to the first rebuilt page, from there to every vRegion whole
+    again, and the bytes rebuilt."""
+    c = Cluster(MEMBERS[scheme] + 1, scheme, 'vregion_size = "64M"\n')
     try:
         p = c.spawn([hold, str(mib)])
         assert p.stdout.readline() == "ready\n"
@@ -158,7 +163,7 @@ def rebuild(hold, mib):
             copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in ms)
             if started is None and copied > copied0:
                 started = time.monotonic()
-            if started is not None and whole(c, pid, 2):
+            if started is not None and whole(c, pid, MEMBERS[scheme]):
                 done = time.monotonic()
                 break
             time.sleep(0.02)
@@ -179,7 +184,7 @@ def rebuild(hold, mib):
 def stall(prog, scheme, kill):
     """The stall program's report when an mComponent holding its pages is killed a second
     into its access loop (or nothing is killed)."""
-    c = Cluster(3, scheme, 'vregion_size = "16M"\n')
+    c = Cluster(MEMBERS[scheme] + 1, scheme, 'vregion_size = "16M"\n')
     try:
         p = c.spawn([prog, "128", "4"])
         assert p.stdout.readline() == "ready\n"
@@ -200,8 +205,8 @@ def report(res, docs):
     m = res["machine"]
     lines = ["<!-- replication:begin (generated by scripts/bench/replication.py; do not edit by hand) -->",
              "## Replication: LegoOS figure 14 with schemes", "",
-             f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Three mComponents on this host (shared memory), `run --embedded --replication none|replica`, the schemes interleaved; medians of {res['reps']} run(s) (min–max), time divided by the native time of the same run. Every output was compared with the native run's.", "",
-             "| workload | working set | native s | none 25% | replica 25% | replica / none | write-backs stored (none → replica) |", "|---|---|---|---|---|---|---|"]
+             f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. {MCOMPS} mComponents on this host (shared memory), `run --embedded --replication none|replica|ec` (`ec` is ec:4: four data places and a parity place per vRegion), the schemes interleaved; medians of {res['reps']} run(s) (min–max), time divided by the native time of the same run. Every output was compared with the native run's. The LegoOS backup-log scheme (`log`) is not built yet.", "",
+             "| workload | working set | native s | none 25% | replica 25% | ec 25% | replica / none | ec / none | write-backs stored (none → replica → ec) |", "|---|---|---|---|---|---|---|---|---|"]
     ratios = {s: [] for s in SCHEMES}
     for name, r in res["slowdown"].items():
         nat = med(r["native_s"])
@@ -210,30 +215,32 @@ def report(res, docs):
             xs = [t / nat for t in r[s]]
             ratios[s].append(med(xs))
             cells.append(f"{med(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})")
-        lines.append(f"| {name} | {r['working_set_kib'] // 1024} MiB | {nat:.2f} | {cells[0]} | {cells[1]} | {med(r['replica']) / med(r['none']):.2f} | {med(r['flushes']['none']):.0f} → {med(r['flushes']['replica']):.0f} |")
-    lines += ["", f"Geometric mean: none {geomean(ratios['none']):.2f}x, replica {geomean(ratios['replica']):.2f}x native."]
+        flushes = " → ".join(f"{med(r['flushes'][s]):.0f}" for s in SCHEMES)
+        lines.append(f"| {name} | {r['working_set_kib'] // 1024} MiB | {nat:.2f} | {' | '.join(cells)} | {med(r['replica']) / med(r['none']):.2f} | {med(r['ec']) / med(r['none']):.2f} | {flushes} |")
+    lines += ["", "Geometric mean: " + ", ".join(f"{s} {geomean(ratios[s]):.2f}x" for s in SCHEMES) + " native."]
     mism = [f"{n}: {x}" for n, r in res["slowdown"].items() for x in r["mismatches"]]
     if mism:
         lines += ["", "Runs whose output differed from native: " + "; ".join(mism)]
     mem = res["memory"]
-    lines += ["", "Memory on the mComponents for a program holding 256 MiB (`hold 256`, 16 MiB ExCache):", "",
+    lines += ["", f"Memory on the mComponents for a program holding 256 MiB (`hold 256`, 16 MiB ExCache, {MCOMPS} mComponents):", "",
               "| scheme | bytes on mComponents | / the data (256 MiB) |", "|---|---|---|"]
     for s in SCHEMES:
         lines.append(f"| {s} | {mem[s] / (1 << 20):.0f} MiB | {mem[s] / (256 << 20):.2f} |")
-    rb = res["rebuild"]
-    gib = rb["bytes"] / (1 << 30)
-    lines += ["", f"Rebuild: `hold {res['rebuild_mib']}` on four mComponents with 64 MiB vRegions; the mComponent that was primary of most of its vRegions killed with SIGKILL. "
-              f"The homes began copying {rb['detect_s']:.2f} s after the kill (the global managers declare an mComponent lost after `reclaim_dead_ms`, here 1000 ms, and tell the homes in their next heartbeat answers; a program that touches a lost copy makes its pComponent report it at once instead), "
-              f"then copied {rb['bytes'] / (1 << 20):.0f} MiB in {rb['copy_s']:.2f} s: {rb['copy_s'] / gib:.2f} s per GiB. The program then read its whole heap back and printed its native output."]
+    lines += ["", f"Rebuild: `hold {res['rebuild_mib']}` with 64 MiB vRegions on one mComponent more than a set has (three for replica, six for ec); the mComponent at the first place of most of its sets killed with SIGKILL. The homes hear of it from the global managers, who declare an mComponent lost after `reclaim_dead_ms` (here 1000 ms) and say so in their next heartbeat answers; a program that touches a lost member makes its pComponent report it at once instead. The program then read its whole heap back and printed its native output.", "",
+              "| scheme | kill → rebuilding | rebuilt | time | per GiB rebuilt |", "|---|---|---|---|---|"]
+    for s in ("replica", "ec"):
+        rb = res["rebuild"][s]
+        gib = rb["bytes"] / (1 << 30)
+        lines.append(f"| {s} | {rb['detect_s']:.2f} s | {rb['bytes'] / (1 << 20):.0f} MiB | {rb['copy_s']:.2f} s | {rb['copy_s'] / gib:.2f} s |")
     st = res["stall"]
 
     def fmt(r):
         return r["failed"] if "failed" in r else f"{r['max_us'] / 1000:.1f} ms longest, p99.9 {r['p999_us']:.0f} µs, {r['accesses']} accesses"
-    lines += ["", "Stall: `stall 128 4` (random reads and writes of 128 MiB for 4 s, 16 MiB ExCache, 16 MiB vRegions, three mComponents), timing every access; in the runs marked *killed*, the mComponent that was primary of most of its vRegions is killed a second into the loop.", "",
+    lines += ["", "Stall: `stall 128 4` (random reads and writes of 128 MiB for 4 s, 16 MiB ExCache, 16 MiB vRegions, one mComponent more than a set has), timing every access; in the runs marked *killed*, the mComponent at the first place of most of its sets is killed a second into the loop.", "",
               "| run | longest access and p99.9 |", "|---|---|"]
-    for k in ("none", "replica", "replica-killed", "none-killed"):
+    for k in STALL_RUNS:
         lines.append(f"| {k.replace('-killed', ', killed')} | {fmt(st[k])} |")
-    lines += ["", "What this says: `replica` doubles the memory on mComponents and writes every dirty line back twice; both writes are under way at once (the primary's rides with the fetch), and misses still go to one mComponent. On two cores the second member's server thread competes with the program, the fault worker and the primary's server for the CPUs, which is most of the difference; on separate hosts the second write costs the slower of two parallel round trips. The stall when an mComponent dies is the time to notice it (a broken connection is seen at once; a host that stops answering is seen after the RPC timeout) plus the rebuild of the vRegions the program touches next, which waits for their copies.",
+    lines += ["", "What this says: `replica` doubles the memory on mComponents and writes every dirty line back twice; both writes are under way at once (the primary's rides with the fetch), and misses still go to one mComponent. `ec` keeps one copy and a parity row per four pages (1.25x), and a write-back costs two hops in a row (the holder, then its change to the parity member) where `replica` costs two in parallel. On two cores every extra server thread competes with the program, the fault worker and the first server for the CPUs, which is most of the difference; on separate hosts `replica`'s second write costs the slower of two parallel round trips and `ec`'s a second round trip. A rebuild from parity reads every survivor's part of a row to write one page, so per GiB rebuilt it moves K times the bytes a replica copy does; and the program waits for it (a replica is copied in the background). The stall when an mComponent dies is the time to notice it (a broken connection is seen at once; a host that stops answering is seen after the RPC timeout) plus the rebuild of the vRegions the program touches next.",
               "<!-- replication:end -->"]
     replace_section(docs, "replication", lines)
 
@@ -253,13 +260,13 @@ def main():
     names = list(workloads(False)) if args.all else list(QUICK_SET)
     hold, prog = build("hold"), build("stall")
     res = {"machine": machine(), "reps": args.reps}
-    bar = tqdm(total=len(names) * args.reps * 3, unit="run", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(names) * args.reps * (1 + len(SCHEMES)), unit="run", file=sys.stderr, dynamic_ncols=True)
     res["slowdown"] = slowdowns(args.reps, names, bar)
     bar.close()
     res["memory"] = memory(hold)
     res["rebuild_mib"] = 1024
-    res["rebuild"] = rebuild(hold, 1024)
-    res["stall"] = {k: stall(prog, k.split("-")[0], k.endswith("killed")) for k in ("none", "replica", "replica-killed", "none-killed")}
+    res["rebuild"] = {s: rebuild(hold, 1024, s) for s in ("replica", "ec")}
+    res["stall"] = {k: stall(prog, k.split("-")[0], k.endswith("killed")) for k in STALL_RUNS}
     os.makedirs(out_dir, exist_ok=True)
     json.dump(res, open(os.path.join(out_dir, "replication.json"), "w"), indent=1)
     report(res, docs_dir)

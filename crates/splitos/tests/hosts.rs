@@ -55,20 +55,21 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
 #[test]
 fn replicated_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced_and_a_lost_host() {
     // Three mComponent hosts: replication is `replica` by default.
-    partition_then_lost_host(3, None, 2);
+    partition_then_lost_host(3, None, 2, 100_000, "4M");
 }
 
 #[test]
 fn erasure_coded_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced_and_a_lost_host() {
-    // Sets of three places (two data, one parity) on four hosts: one to spare.
-    partition_then_lost_host(4, Some("ec:2"), 3);
+    // Sets of three places (two data, one parity) on four hosts: one to spare. A smaller
+    // table and ExCache: a write-back here is two round trips between hosts in a row.
+    partition_then_lost_host(4, Some("ec:2"), 3, 40_000, "1M");
 }
 
-/// A C hash table runs on a cluster of `mhosts` mComponent hosts with `scheme` (the default
-/// if none) whose sets have `members` members. After phase 1 a member's host is cut off until
+/// A C hash table of `entries` runs with an ExCache of `excache` on a cluster of `mhosts`
+/// mComponent hosts with `scheme` (the default if none) whose sets have `members` members. After phase 1 a member's host is cut off until
 /// its places are rebuilt elsewhere, then comes back and is fenced; after phase 2 the home's
 /// host is lost, all its processes at once.
-fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize) {
+fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize, entries: u32, excache: &str) {
     let mut names = vec!["gm".to_string(), "p1".to_string()];
     names.extend((1..=mhosts).map(|i| format!("m{i}")));
     let h = Hosts::new(&names.iter().map(String::as_str).collect::<Vec<_>>());
@@ -77,14 +78,15 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize)
     if let Some(scheme) = scheme {
         cfg += &format!("replication = \"{scheme}\"\n");
     }
-    cfg += &format!("[[pcomponent]]\n{}excache = \"4M\"\n", at("p1"));
+    cfg += &format!("[[pcomponent]]\n{}excache = \"{excache}\"\n", at("p1"));
     for m in &names[2..] {
         cfg += &format!("[[mcomponent]]\n{}", at(m));
     }
     let c = TestCluster::up(Some(&cfg));
     let host_of = |addr: &str| names[2..].iter().find(|m| addr.starts_with(&format!("{}:", h.addr(m)))).unwrap().clone();
     let table = program("hashtable");
-    let cmd = [table.to_str().unwrap(), "100000"];
+    let entries = entries.to_string();
+    let cmd = [table.to_str().unwrap(), entries.as_str()];
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
         let (home, sets) = home_of(c, pid);
         if phase == 1 {

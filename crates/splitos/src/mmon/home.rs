@@ -240,8 +240,7 @@ impl Mem {
         Ok(owners)
     }
 
-    /// Tells every member of striped set `set` (vRegion `idx`) what it now is, and a member
-    /// that left it (`gone`) that it no longer is.
+    /// Tells every member of striped set `set` (vRegion `idx`) what it now is.
     fn tell_set(&self, h: &HomeProc, idx: u64, set: &Replicas) -> Result<(), Refusal> {
         let wire = set.wire(idx);
         for o in wire.distinct() {
@@ -274,11 +273,23 @@ impl Mem {
         }
         if !lost.is_empty() {
             self.drop_replicas(h, &lost);
+            self.to_joined(h, idx, &owners, msg)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `msg(who)` to members of vRegion `idx`'s set that joined it since it had
+    /// `before` (a striped set's place rebuilt while a call was under way).
+    fn to_joined<R: Request>(&self, h: &HomeProc, idx: u64, before: &[ComponentRef], msg: impl Fn(Who) -> R) -> Result<(), Refusal> {
+        for o in h.members(idx).into_iter().filter(|m| !before.iter().any(|b| b.id == m.id)) {
+            self.to_owner(&o, msg(h.who()))?;
         }
         Ok(())
     }
 
     fn add_range(&self, h: &mut HomeProc, start: u64, end: u64, prot: u32) -> Result<(), Refusal> {
+        // In the layout first: a member whose place is rebuilt meanwhile gets its vmas from it.
+        h.layout.insert(start, Vma { end, prot, accounted: false });
         let mut done: Vec<(u64, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
             let creator = h.creator;
@@ -289,11 +300,11 @@ impl Mem {
                     for (idx, s, e) in done {
                         let _ = self.to_replicas(h, idx, |who| M2M_VMA_REMOVE { who, start: s, end: e });
                     }
+                    h.layout.remove_range(start, end);
                     return Err(err);
                 }
             }
         }
-        h.layout.insert(start, Vma { end, prot, accounted: false });
         Ok(())
     }
 
@@ -307,6 +318,7 @@ impl Mem {
                     r => ignore_unknown(r)?,
                 }
             }
+            self.to_joined(h, idx, &owners, |who| M2M_VMA_REMOVE { who, start: s, end: e })?;
         }
         h.layout.remove_range(start, end);
         Ok(())
@@ -810,6 +822,8 @@ impl Mem {
                 pages.push((if place < k { row + place as u64 * STRIPE_PAGES } else { row }, d));
             }
             pages_rebuilt += pages.len() as u64;
+            // Progress as it goes, for `cluster status`.
+            self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
             if !pages.is_empty() {
                 self.to_owner(&new, M2M_PUT_PAGES { who: who.clone(), pages, put: if place < k { Put::Copy } else { Put::Parity } })?;
             }
@@ -826,7 +840,6 @@ impl Mem {
         s.epoch = h.epoch;
         let set = s.clone();
         self.tell_set(h, idx, &set)?;
-        self.rebuilt_pages.fetch_add(pages_rebuilt, Relaxed);
         metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, place, lost = gone.id, to = new.id, pages = pages_rebuilt, ms = started.elapsed().as_millis() as u64, "striped set rebuilt from parity");
