@@ -52,7 +52,9 @@ class Cluster:
         cfg = os.path.join(self.dir, "cluster.toml")
         with open(cfg, "w") as f:
             f.write(f'[cluster]\nreplication = "{replication}"\nreclaim_dead_ms = 1000\n{extra}[[pcomponent]]\nexcache = "16M"\n' + "[[mcomponent]]\n" * mcomps)
-        subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, check=True, capture_output=True)
+        up = subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, capture_output=True, text=True)
+        if up.returncode != 0:
+            sys.exit(f"cluster up ({mcomps} mComponents, {replication}) failed: {up.stderr.strip()}")
 
     def status(self):
         out = subprocess.run([SPLITOS, "cluster", "status", "--json"], env=self.env, check=True, capture_output=True).stdout

@@ -228,6 +228,9 @@ impl Mem {
             }
         }
         let set = Replicas { epoch: h.epoch, owners: owners.clone(), data };
+        // A member taken out of the process's sets before and chosen again is a member now,
+        // not a lost one.
+        h.retired.retain(|r| !owners.iter().any(|o| o.id == r.id));
         if data > 0 {
             self.tell_set(h, idx, &set)?;
         }
@@ -260,6 +263,17 @@ impl Mem {
             match self.to_owner(o, msg(h.who())) {
                 Ok(_) => answered = true,
                 Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => lost.push(o.id),
+                // Done on the member, whose change did not reach the parity: a parity member
+                // lost is rebuilt from the pages as they are now.
+                Err(e) if e.code == ErrCode::ParityLost => match self.parity_lost(h, idx) {
+                    Some(p) => {
+                        answered = true;
+                        lost.push(p);
+                    }
+                    None => {
+                        first_err.get_or_insert(e);
+                    }
+                },
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -276,6 +290,19 @@ impl Mem {
             self.to_joined(h, idx, &owners, msg)?;
         }
         Ok(())
+    }
+
+    /// The parity member of striped set `idx`, if this home cannot reach it either (an owner
+    /// said it could not).
+    fn parity_lost(&self, h: &HomeProc, idx: u64) -> Option<u32> {
+        let p = h.vregions.get(&idx)?.wire(idx).parity()?.clone();
+        (!self.reaches(&p, &h.who)).then_some(p.id)
+    }
+
+    /// Whether member `o` answers this home about the process, within [`VERIFY_TIMEOUT`].
+    fn reaches(&self, o: &ComponentRef, who: &Who) -> bool {
+        let who = Who::new(who.vnode.clone(), who.pid);
+        o.id == self.node.id() || self.node.rpc.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0, parity: false }, VERIFY_TIMEOUT).is_ok()
     }
 
     /// Sends `msg(who)` to members of vRegion `idx`'s set that joined it since it had
@@ -315,6 +342,10 @@ impl Mem {
                 match self.to_owner(o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
                     // Another member answers for the range; this one leaves the set.
                     Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => self.drop_replicas(h, &[o.id]),
+                    Err(e) if e.code == ErrCode::ParityLost => match self.parity_lost(h, idx) {
+                        Some(p) => self.drop_replicas(h, &[p]),
+                        None => return Err(e),
+                    },
                     r => ignore_unknown(r)?,
                 }
             }
@@ -599,9 +630,7 @@ impl Mem {
         let hp = self.home_proc(&r.who)?;
         let member = hp.lock().unwrap().vregions.values().flat_map(|s| s.owners.iter()).find(|o| o.id == r.lost).cloned();
         if let Some(o) = member {
-            let who = Who::new(r.who.vnode.clone(), r.who.pid);
-            let alive = o.id == self.node.id() || self.node.rpc.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0, parity: false }, VERIFY_TIMEOUT).is_ok();
-            if alive {
+            if self.reaches(&o, &r.who) {
                 tracing::warn!(pid = r.who.pid, member = r.lost, "a pComponent cannot reach a replica this home reaches: it stays");
             } else {
                 tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
@@ -749,6 +778,63 @@ impl Mem {
         Ok(())
     }
 
+    /// Moves the members of striped set `set` but `skip` to the process's epoch in `who`, the
+    /// data members first and the parity member last: each answers once no change of its own
+    /// is on its way to the parity, and a write-back that a data member took before it was
+    /// told reaches a parity member that still takes it. From then on the set's pages and
+    /// parity agree until the home lets go of the process.
+    fn fence(&self, set: &VregionReplicas, who: &Who, skip: Option<u32>) -> Result<(), Refusal> {
+        let parity = set.parity().map(|p| p.id);
+        let mut members: Vec<&ComponentRef> = set.distinct().into_iter().filter(|o| Some(o.id) != skip).collect();
+        members.sort_by_key(|o| Some(o.id) == parity);
+        for o in members {
+            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
+        }
+        Ok(())
+    }
+
+    /// `P2M_RECONSTRUCT`: page `vpn` of a striped set, whose holder sent a copy failing its
+    /// checksum, as the parity and the rest of its row say it is, written over the bad copy.
+    /// The set is fenced first: a checksum cannot tell a page rebuilt from a row that was
+    /// changing (XOR of valid pages passes it), so the row must not change meanwhile.
+    pub(super) fn reconstruct(&self, r: P2M_RECONSTRUCT) -> Result<M2P_PAGE, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = hp.lock().unwrap();
+        let idx = r.vpn * PAGE / self.vrs();
+        let set = h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped set", r.vpn * PAGE)))?;
+        h.epoch += 1;
+        let who = h.who();
+        let out = self.fence(&set, &who, None).and_then(|()| self.rebuild_page(&set, &who, r.vpn));
+        self.sync_backup(&mut h);
+        let page = out?;
+        if unseal_page(page.clone()).is_err() {
+            return Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt from the parity: the result fails its checksum too (the parity or another page of its row is corrupted)", r.vpn * PAGE)));
+        }
+        let holder = set.holder(r.vpn);
+        self.to_owner(holder, M2M_PUT_PAGES { who: who.clone(), pages: vec![(r.vpn, page.clone())], put: Put::Copy })?;
+        self.c.reconstructed.fetch_add(1, Relaxed);
+        metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
+        tracing::warn!(pid = r.who.pid, vpn = r.vpn, holder = holder.id, "rebuilt a corrupted page from the parity and wrote it over its holder's copy");
+        Ok(M2P_PAGE { data: page })
+    }
+
+    /// Page `vpn` of a fenced striped set as the parity and the other pages of its row say.
+    fn rebuild_page(&self, set: &VregionReplicas, who: &Who, vpn: u64) -> Result<ByteBuf, Refusal> {
+        let row = set.row(vpn);
+        let mut out = vec![0u8; SEALED_PAGE];
+        let parity = set.parity().expect("a striped set");
+        let from_parity = self.read_all(parity, who, row, row + 1, true)?;
+        let others: Vec<u64> = set.row_pages(row).filter(|v| *v != vpn).collect();
+        let mut pages = from_parity;
+        for v in others {
+            pages.extend(self.read_all(set.holder(v), who, v, v + 1, false)?);
+        }
+        for (_, d) in pages {
+            out.iter_mut().zip(&d[..]).for_each(|(x, y)| *x ^= y);
+        }
+        Ok(if out.iter().all(|b| *b == 0) { sealed_zero_page() } else { ByteBuf::from(out) })
+    }
+
     /// Rebuilds the place of a lost member (one of the process's retired members) of striped
     /// set `idx` on another mComponent, holding the home lock: the survivors move to a new
     /// epoch first and answer once no change of theirs is still on its way to the parity, so
@@ -783,52 +869,15 @@ impl Mem {
         };
         h.epoch += 1;
         let who = h.who();
-        for o in &survivors {
-            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
-        }
+        self.fence(&wire, &who, Some(gone.id))?;
         let vrs = self.vrs();
-        let (lo, hi) = (idx * vrs / PAGE, (idx + 1) * vrs / PAGE);
-        if !survivors.iter().any(|o| o.id == new.id) {
-            self.give_vmas(h, &new, &who, lo * PAGE, hi * PAGE)?;
+        let fresh = !survivors.iter().any(|o| o.id == new.id);
+        let rebuilt = self.rebuild_rows(h, &wire, place, &survivors, &new, &who);
+        if rebuilt.is_err() && fresh {
+            // Whatever reached the new member is released there.
+            let _ = self.to_owner(&new, M2M_VMA_REMOVE { who: who.clone(), start: idx * vrs, end: (idx + 1) * vrs });
         }
-        let data: Vec<ComponentRef> = survivors.iter().filter(|o| set.owners[..k].iter().any(|d| d.id == o.id)).cloned().collect();
-        // Whole rows at a time: a window is a multiple of k stripe units.
-        let window = 8 * k as u64 * STRIPE_PAGES;
-        let (mut pages_rebuilt, mut bad) = (0u64, 0u64);
-        let mut at = lo;
-        while at < hi {
-            let end = (at + window).min(hi);
-            let mut rows: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-            let mut add = |row: u64, d: &[u8]| {
-                let row = rows.entry(row).or_insert_with(|| vec![0u8; SEALED_PAGE]);
-                row.iter_mut().zip(d).for_each(|(x, y)| *x ^= y);
-            };
-            for o in &data {
-                for (vpn, d) in self.read_all(o, &who, at, end, false)? {
-                    add(wire.row(vpn), &d);
-                }
-            }
-            if place < k {
-                for (row, d) in self.read_all(&set.owners[k], &who, at, end, true)? {
-                    add(row, &d);
-                }
-            }
-            let mut pages = Vec::new();
-            for (row, d) in rows.into_iter().filter(|(_, d)| d.iter().any(|b| *b != 0)) {
-                let d = ByteBuf::from(d);
-                if place < k && unseal_page(d.clone()).is_err() {
-                    bad += 1;
-                }
-                pages.push((if place < k { row + place as u64 * STRIPE_PAGES } else { row }, d));
-            }
-            pages_rebuilt += pages.len() as u64;
-            // Progress as it goes, for `cluster status`.
-            self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
-            if !pages.is_empty() {
-                self.to_owner(&new, M2M_PUT_PAGES { who: who.clone(), pages, put: if place < k { Put::Copy } else { Put::Parity } })?;
-            }
-            at = end;
-        }
+        let (pages_rebuilt, bad) = rebuilt?;
         if bad > 0 {
             // A survivor's copy was corrupted: those pages fail their checksum when fetched,
             // and the program stops there rather than read them.
@@ -844,6 +893,57 @@ impl Mem {
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, place, lost = gone.id, to = new.id, pages = pages_rebuilt, ms = started.elapsed().as_millis() as u64, "striped set rebuilt from parity");
         Ok(())
+    }
+
+    /// Writes on `new` (which gets the vmas first unless it is a survivor) every page of
+    /// `place` of the fenced striped set `set`, from the survivors' pages and parity; returns
+    /// the pages written and how many of them fail their checksum.
+    fn rebuild_rows(&self, h: &HomeProc, set: &VregionReplicas, place: usize, survivors: &[ComponentRef], new: &ComponentRef, who: &Who) -> Result<(u64, u64), Refusal> {
+        let k = set.data as usize;
+        let vrs = self.vrs();
+        let (lo, hi) = (set.index * vrs / PAGE, (set.index + 1) * vrs / PAGE);
+        if !survivors.iter().any(|o| o.id == new.id) {
+            self.give_vmas(h, new, who, lo * PAGE, hi * PAGE)?;
+        }
+        let data: Vec<ComponentRef> = survivors.iter().filter(|o| set.owners[..k].iter().any(|d| d.id == o.id)).cloned().collect();
+        // Whole rows at a time: a window is a multiple of k stripe units.
+        let window = 8 * k as u64 * STRIPE_PAGES;
+        let (mut pages_rebuilt, mut bad) = (0u64, 0u64);
+        let mut at = lo;
+        while at < hi {
+            let end = (at + window).min(hi);
+            let mut rows: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            let mut add = |row: u64, d: &[u8]| {
+                let row = rows.entry(row).or_insert_with(|| vec![0u8; SEALED_PAGE]);
+                row.iter_mut().zip(d).for_each(|(x, y)| *x ^= y);
+            };
+            for o in &data {
+                for (vpn, d) in self.read_all(o, who, at, end, false)? {
+                    add(set.row(vpn), &d);
+                }
+            }
+            if place < k {
+                for (row, d) in self.read_all(&set.owners[k], who, at, end, true)? {
+                    add(row, &d);
+                }
+            }
+            let mut pages = Vec::new();
+            for (row, d) in rows.into_iter().filter(|(_, d)| d.iter().any(|b| *b != 0)) {
+                let d = ByteBuf::from(d);
+                if place < k && unseal_page(d.clone()).is_err() {
+                    bad += 1;
+                }
+                pages.push((if place < k { row + place as u64 * STRIPE_PAGES } else { row }, d));
+            }
+            pages_rebuilt += pages.len() as u64;
+            // Progress as it goes, for `cluster status`.
+            self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
+            if !pages.is_empty() {
+                self.to_owner(new, M2M_PUT_PAGES { who: who.clone(), pages, put: if place < k { Put::Copy } else { Put::Parity } })?;
+            }
+            at = end;
+        }
+        Ok((pages_rebuilt, bad))
     }
 
     /// Every page (or parity row) `o` holds of the process in pages [from, end).

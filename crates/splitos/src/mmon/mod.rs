@@ -311,10 +311,10 @@ impl Handler for Mem {
 
     fn fans_out(&self, msg: &Msg) -> bool {
         // A write-back to a striped set waits on the parity member, which may be waiting on
-        // this one: with a shared worker pool neither may hold a worker while it waits. With
-        // none, each connection's receiving thread serves its own requests, and the wait
-        // blocks no other.
-        let forwards = matches!(msg, Msg::P2M_FLUSH(_) | Msg::P2M_FLUSH_MANY(_) | Msg::P2M_FLUSH_FETCH(_) | Msg::P2M_FLUSH_FETCH_MANY(_) | Msg::M2M_VMA_ADD(_) | Msg::M2M_VMA_REMOVE(_) | Msg::M2M_DISCARD(_) | Msg::M2M_PUT_PAGES(_) | Msg::P2M_RECONSTRUCT(_));
+        // this one (and a change of epoch on write-backs): with a shared worker pool neither
+        // may hold a worker while it waits. With none, each connection's receiving thread
+        // serves its own requests, and the wait blocks no other.
+        let forwards = matches!(msg, Msg::P2M_FLUSH(_) | Msg::P2M_FLUSH_MANY(_) | Msg::P2M_FLUSH_FETCH(_) | Msg::P2M_FLUSH_FETCH_MANY(_) | Msg::M2M_VMA_ADD(_) | Msg::M2M_VMA_REMOVE(_) | Msg::M2M_DISCARD(_) | Msg::M2M_PUT_PAGES(_) | Msg::M2M_EPOCH(_));
         if forwards && self.worker_pool && self.replication().data() > 0 {
             return true;
         }
@@ -332,6 +332,7 @@ impl Handler for Mem {
                 | Msg::P2M_REPLICA_LOST(_)
                 | Msg::P2M_OWNER_FULL(_)
                 | Msg::P2M_HOME_TAKEOVER(_)
+                | Msg::P2M_RECONSTRUCT(_)
                 // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
                 // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
                 // page faults use their own connections, so only this pComponent's other control

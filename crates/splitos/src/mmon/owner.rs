@@ -38,9 +38,19 @@ fn sealed_size(data: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Changes of pages of striped sets, each bound for its set's parity member: (member, page,
-/// old XOR new).
-type Deltas = Vec<(ComponentRef, u64, ByteBuf)>;
+/// A change of a page of a striped set, bound for its set's parity member.
+struct Delta {
+    to: ComponentRef,
+    vpn: u64,
+    /// Old XOR new (sealed bytes; a page never written counts as zeros).
+    d: ByteBuf,
+    /// For a page stored by a write-back: whether there was none before. A write-back whose
+    /// change the parity refuses (it is at a newer epoch) is undone, so that page and parity
+    /// still agree when the sender writes again on the new sets.
+    undo: Option<bool>,
+}
+
+type Deltas = Vec<Delta>;
 
 /// `a` XOR= `b`, both sealed pages.
 fn xor_into(a: &mut [u8], b: &[u8]) {
@@ -83,18 +93,39 @@ impl OwnerProc {
         self.sets.get(&(vpn * PAGE / vrs)).filter(|s| s.data > 0)
     }
 
-    /// The change of page `vpn` from what is stored to `new` (zeros: freed), for the parity
+    /// The change of page `vpn` from what is stored to `new` (none: freed), for the parity
     /// member of its set; none outside striped sets.
-    fn delta(&self, vpn: u64, new: Option<&[u8]>, vrs: u64) -> Option<(ComponentRef, u64, ByteBuf)> {
-        let parity = self.striped(vpn, vrs)?.parity()?.clone();
+    fn delta(&self, vpn: u64, new: Option<&[u8]>, vrs: u64) -> Option<Delta> {
+        let to = self.striped(vpn, vrs)?.parity()?.clone();
         let mut d = vec![0u8; SEALED_PAGE];
-        if let Some(old) = self.pages.get(&vpn) {
+        let old = self.pages.get(&vpn);
+        if let Some(old) = old {
             d.copy_from_slice(&old[..]);
         }
         if let Some(new) = new {
             xor_into(&mut d, new);
         }
-        d.iter().any(|b| *b != 0).then(|| (parity, vpn, ByteBuf::from(d)))
+        let undo = new.map(|_| old.is_none());
+        d.iter().any(|b| *b != 0).then(|| Delta { to, vpn, d: ByteBuf::from(d), undo })
+    }
+
+    /// Undoes the stores of a write-back whose changes the parity refused.
+    fn undo(&mut self, deltas: &[Delta], used: &std::sync::atomic::AtomicU64) {
+        for x in deltas {
+            match x.undo {
+                Some(true) => {
+                    if self.pages.remove(&x.vpn).is_some() {
+                        used.fetch_sub(PAGE, Relaxed);
+                    }
+                }
+                Some(false) => {
+                    if let Some(pg) = self.pages.get_mut(&x.vpn) {
+                        xor_into(&mut pg[..], &x.d);
+                    }
+                }
+                None => {}
+            }
+        }
     }
 
     /// Refuses a write-back sent for replica sets that have changed since.
@@ -168,27 +199,33 @@ impl Mem {
     /// Sends the changes of striped pages to their parity members, counted as under way in
     /// `p` until they are applied (the caller counted them while holding its lock).
     fn forward(&self, p: &Mutex<OwnerProc>, who: &Who, deltas: Deltas) -> Result<(), Refusal> {
-        let mut by_member: Vec<(ComponentRef, Vec<(u64, ByteBuf)>)> = Vec::new();
-        for (o, vpn, d) in deltas {
-            match by_member.iter_mut().find(|(m, _)| m.id == o.id) {
-                Some((_, v)) => v.push((vpn, d)),
-                None => by_member.push((o, vec![(vpn, d)])),
+        let mut by_member: Vec<(ComponentRef, Deltas)> = Vec::new();
+        for x in deltas {
+            match by_member.iter_mut().find(|(m, _)| m.id == x.to.id) {
+                Some((_, v)) => v.push(x),
+                None => by_member.push((x.to.clone(), vec![x])),
             }
         }
         let mut out = Ok(());
-        for (o, deltas) in by_member {
-            let n = deltas.len() as u64;
+        for (o, batch) in by_member {
+            let msg = M2M_PARITY { who: who.clone(), deltas: batch.iter().map(|x| (x.vpn, x.d.clone())).collect() };
             // On this thread's own channel: the parity member serves it on a receiving thread
             // no other request waits on, so two owners forwarding to each other never block.
             let sent = match o.id == self.node.id() {
-                true => self.to_owner(&o, M2M_PARITY { who: who.clone(), deltas }).map(|_| ()),
-                false => self.node.rpc.call_direct(&o.addr, M2M_PARITY { who: who.clone(), deltas }).map(|_| ()).map_err(Refusal::from),
+                true => self.to_owner(&o, msg).map(|_| ()),
+                false => self.node.rpc.call_direct(&o.addr, msg).map(|_| ()).map_err(Refusal::from),
             };
-            if let Err(e) = sent {
-                tracing::warn!(pid = who.pid, parity = o.id, error = %e, "cannot forward page changes to the parity member");
-                out = Err(ERR::new(ErrCode::ParityLost, format!("mComponent {} at {}, the parity member, cannot be reached: {}", o.id, o.addr, e.msg)));
-            } else {
-                metrics::counter!("mcomp_parity_deltas_sent_total").increment(n);
+            match sent {
+                Ok(()) => metrics::counter!("mcomp_parity_deltas_sent_total").increment(batch.len() as u64),
+                Err(e) if e.code == ErrCode::Stale => {
+                    p.lock().unwrap().undo(&batch, &self.used);
+                    out = Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(pid = who.pid, parity = o.id, error = %e, "cannot forward page changes to the parity member");
+                    let code = if matches!(e.code, ErrCode::Unreachable | ErrCode::NotFound) { ErrCode::ParityLost } else { e.code };
+                    out = Err(ERR::new(code, format!("mComponent {} at {}, the parity member, did not take the pages' changes: {}", o.id, o.addr, e.msg)));
+                }
             }
         }
         p.lock().unwrap().forwarding -= 1;
@@ -408,22 +445,22 @@ impl Mem {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
         let mut deltas = Deltas::new();
-        for (vpn, data) in r.pages {
-            match r.put {
-                Put::Write => self.store(&mut g, vpn, &data, &mut deltas)?,
-                Put::Copy => self.store(&mut g, vpn, &data, &mut Deltas::new())?,
-                Put::Parity => {
-                    sealed_size(&data)?;
-                    let mut row: Page = Box::new([0u8; SEALED_PAGE]);
-                    row.copy_from_slice(&data);
-                    if g.parity.insert(vpn, row).is_none() {
-                        self.used.fetch_add(PAGE, Relaxed);
-                    }
+        let stored = r.pages.iter().try_for_each(|(vpn, data)| match r.put {
+            Put::Write => self.store(&mut g, *vpn, data, &mut deltas),
+            Put::Copy => self.store(&mut g, *vpn, data, &mut Deltas::new()),
+            Put::Parity => {
+                sealed_size(data)?;
+                let mut row: Page = Box::new([0u8; SEALED_PAGE]);
+                row.copy_from_slice(data);
+                if g.parity.insert(*vpn, row).is_none() {
+                    self.used.fetch_add(PAGE, Relaxed);
                 }
+                Ok(())
             }
-        }
+        });
+        // What was stored before a refusal has changed: its parity must follow.
         self.release_and_forward(&p, g, &r.who, deltas)?;
-        Ok(OK)
+        stored.map(|()| OK)
     }
 
     /// A striped set of the process, from its home (made, or changed by a rebuild).
@@ -460,6 +497,10 @@ impl Mem {
     pub(super) fn parity(&self, r: M2M_PARITY) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
+        // A change from a member the home has not told of the new sets (it was cut off from
+        // the home, and its place rebuilt elsewhere) must not reach the parity: the sender
+        // undoes its store and the pComponent writes again on the new sets.
+        g.current(&r.who)?;
         let vrs = self.vrs();
         for (vpn, d) in &r.deltas {
             sealed_size(d)?;
@@ -480,47 +521,6 @@ impl Mem {
         self.c.parity_deltas.fetch_add(r.deltas.len() as u64, Relaxed);
         metrics::counter!("mcomp_parity_deltas_applied_total").increment(r.deltas.len() as u64);
         Ok(OK)
-    }
-
-    /// A page of a striped set rebuilt from the parity kept here and the rest of its row,
-    /// written over its owner's copy (which failed its checksum on the pComponent).
-    pub(super) fn reconstruct(&self, r: P2M_RECONSTRUCT) -> Result<M2P_PAGE, Refusal> {
-        let p = self.owner_proc(&r.who)?;
-        let vrs = self.vrs();
-        let set = p.lock().unwrap().striped(r.vpn, vrs).cloned().ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is in no striped set here", r.vpn * PAGE)))?;
-        if set.parity().is_none_or(|o| o.id != self.node.id()) {
-            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is not the parity member of page {:#x}", self.node.id(), r.vpn * PAGE)));
-        }
-        // A write-back to the row under way can make one attempt read a mix: the result's
-        // checksum tells.
-        for _ in 0..3 {
-            let page = self.rebuild_page(&p, &set, &r.who, r.vpn)?;
-            if unseal_page(page.clone()).is_ok() {
-                let holder = set.holder(r.vpn).clone();
-                self.to_owner(&holder, M2M_PUT_PAGES { who: r.who.clone(), pages: vec![(r.vpn, page.clone())], put: Put::Copy })?;
-                self.c.reconstructed.fetch_add(1, Relaxed);
-                metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
-                tracing::warn!(pid = r.who.pid, vpn = r.vpn, owner = holder.id, "rebuilt a corrupted page from the parity and wrote it over its owner's copy");
-                return Ok(M2P_PAGE { data: page });
-            }
-        }
-        Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt from the parity: the result fails its checksum (another page of its row is corrupted too)", r.vpn * PAGE)))
-    }
-
-    /// Page `vpn` as the parity and the other pages of its row say it is.
-    fn rebuild_page(&self, p: &Mutex<OwnerProc>, set: &VregionReplicas, who: &Who, vpn: u64) -> Result<ByteBuf, Refusal> {
-        let row = set.row(vpn);
-        let mut out = vec![0u8; SEALED_PAGE];
-        if let Some(par) = p.lock().unwrap().parity.get(&row) {
-            out.copy_from_slice(&par[..]);
-        }
-        for v in set.row_pages(row).filter(|v| *v != vpn) {
-            let M2M_PAGES { pages, .. } = self.to_owner(set.holder(v), M2M_READ_PAGES { who: who.clone(), from: v * PAGE, end: (v + 1) * PAGE, max: 1, parity: false })?;
-            if let Some((_, d)) = pages.first() {
-                xor_into(&mut out, d);
-            }
-        }
-        Ok(if out.iter().all(|b| *b == 0) { sealed_zero_page() } else { ByteBuf::from(out) })
     }
 
     pub(super) fn owner_fork(&self, r: M2M_FORK) -> Result<OK, Refusal> {

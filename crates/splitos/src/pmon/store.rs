@@ -14,7 +14,7 @@
 //!
 //! A striped (erasure-coded) set has one copy of each page: it is fetched from and written
 //! back to its one holder, which forwards the change to the parity. A page failing its
-//! checksum is rebuilt by the parity member (`P2M_RECONSTRUCT`); a holder that cannot be
+//! checksum is rebuilt by the home from the parity (`P2M_RECONSTRUCT`); a holder that cannot be
 //! reached is reported like a replica, and the home rebuilds its place before it answers.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -38,8 +38,8 @@ type Riding = (Who, u64, ByteBuf);
 type VictimWrite = (Arc<Space>, Write);
 
 /// Where one of several calls under way at once goes: the member, the size of its set, and
-/// the process of the pages it writes (none for the fetch itself).
-type Target = (ComponentRef, usize, Option<Arc<Space>>);
+/// the process and first page of the pages it writes (none for the fetch itself).
+type Target = (ComponentRef, usize, Option<(Arc<Space>, u64)>);
 
 /// Attempts of one page operation while replica sets change under it.
 const TRIES: usize = 8;
@@ -78,7 +78,17 @@ pub struct Space {
     pub who: Who,
     homes: Mutex<Homes>,
     view: Mutex<View>,
+    /// Members reported lost that the home kept in the sets: how many times in a row, and
+    /// when last.
+    kept: Mutex<HashMap<u32, (u32, std::time::Instant)>>,
 }
+
+/// Reports of one member that its home keeps before an operation gives up on it: the home
+/// reaches it (the pComponent's trouble may pass) or cannot do without it (a striped set that
+/// lost two places).
+const KEPT_REPORTS: u32 = 3;
+/// Reports further apart than this do not count as in a row.
+const KEPT_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A call that did not reach a component at all, or broke while under way: the component may
 /// be lost (rather than having declined).
@@ -88,7 +98,7 @@ fn transport_failure(e: &RpcError) -> bool {
 
 impl Space {
     pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> Space {
-        Space { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()) }
+        Space { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()) }
     }
 
     pub fn home(&self) -> ComponentRef {
@@ -280,25 +290,39 @@ impl RemoteStore {
         match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id }) {
             Ok(r) => {
                 s.learn(&r.owners, r.epoch, r.backup);
-                // Still a member: the home reaches it, or cannot do without it (a striped set
-                // that lost two places). Asking again would get the same answer.
-                match self.set_of(s, vpn) {
-                    Ok(set) if set.owners.iter().any(|m| m.id == o.id) => Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and its home keeps it in the page's set (it reaches it, or cannot rebuild the set without it)") })),
-                    _ => Next::Again,
+                let still = self.set_of(s, vpn).is_ok_and(|set| set.owners.iter().any(|m| m.id == o.id));
+                let mut kept = s.kept.lock().unwrap();
+                if !still {
+                    kept.remove(&o.id);
+                    return Next::Again;
                 }
+                let now = std::time::Instant::now();
+                let (n, at) = kept.entry(o.id).or_insert((0, now));
+                if at.elapsed() > KEPT_WINDOW {
+                    *n = 0;
+                }
+                *n += 1;
+                *at = now;
+                if *n < KEPT_REPORTS {
+                    drop(kept);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    return Next::Again;
+                }
+                kept.remove(&o.id);
+                Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and its home keeps it in the page's set (it reaches it, or cannot rebuild the set without it)") }))
             }
             Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and the home cannot be told: {he}") })),
         }
     }
 
     /// Page `vpn` of a striped set whose holder sent a copy failing its checksum, rebuilt by
-    /// the parity member `p` (which also writes it over the bad copy).
-    fn reconstruct(&self, s: &Space, p: &ComponentRef, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
-        let r = self.node.rpc.call_direct(&p.addr, P2M_RECONSTRUCT { who: s.who_now(), vpn }).map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity on mComponent {}: {e}", holder.id, holder.addr, page(vpn), p.id)))?;
-        match opened(p, vpn, r.data)? {
+    /// the home from the parity (which also writes it over the bad copy).
+    fn reconstruct(&self, s: &Space, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
+        let r = s.call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn }).map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity: {e}", holder.id, holder.addr, page(vpn))))?;
+        match opened(&s.home(), vpn, r.data)? {
             Some(good) => {
                 metrics::counter!("pcomp_pages_repaired_total").increment(1);
-                tracing::warn!(holder = holder.id, parity = p.id, vpn, "repaired a corrupted page from the parity");
+                tracing::warn!(holder = holder.id, vpn, "repaired a corrupted page from the parity");
                 Ok(good)
             }
             None => Err(corrupt(holder, vpn)),
@@ -372,8 +396,8 @@ impl RemoteStore {
                     },
                 }
             }
-            if let Some(p) = set.parity() {
-                return self.reconstruct(s, p, vpn, &bad[0]);
+            if set.parity().is_some() {
+                return self.reconstruct(s, vpn, &bad[0]);
             }
             return Err(corrupt(&bad[0], vpn));
         }
@@ -501,15 +525,15 @@ impl PageStore for RemoteStore {
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
             let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(((o.clone(), members, None), msg))
-                .chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some(fs)), w.msg())))
+                .chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg())))
                 .unzip();
             let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
             let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
             let fetched = replies.next().expect("one reply per call");
-            for ((t, copies, fs), r) in targets.iter().skip(1).zip(replies) {
-                let fs = fs.as_ref().expect("every write but the fetch names its process");
+            for ((t, copies, w), r) in targets.iter().skip(1).zip(replies) {
+                let (fs, fvpn) = w.as_ref().expect("every write but the fetch names its process");
                 if let Err(e) = stored(t, r) {
-                    match self.after(fs, t, *copies, "write back", first, e) {
+                    match self.after(fs, t, *copies, "write back", *fvpn, e) {
                         Next::Again => continue 'again,
                         Next::Fail(r) => return Err(r),
                     }
@@ -521,10 +545,11 @@ impl PageStore for RemoteStore {
                 other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FETCH", reply: other.name() }),
             }) {
                 Ok(r) => r,
-                Err(e) if e.code() == ErrCode::NoMemory && !along.is_empty() => {
-                    // A victim riding along found the owner full: its vRegion moves.
-                    for (fpid, fvpn, _) in flushes {
-                        let Ok(fs) = self.space(*fpid) else { continue };
+                Err(e) if matches!(e.code(), ErrCode::NoMemory | ErrCode::ParityLost) && !along.is_empty() => {
+                    // A victim riding along found the owner full (its vRegion moves), or its
+                    // change could not reach its set's parity member (which is reported).
+                    for (fwho, fvpn, _) in &along {
+                        let Ok(fs) = self.space(fwho.pid) else { continue };
                         if let Next::Fail(r) = self.after(&fs, o, members, "write back", *fvpn, e.clone()) {
                             return Err(r);
                         }
