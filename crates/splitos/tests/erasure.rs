@@ -177,3 +177,17 @@ fn ec_is_a_knob_of_the_cluster_and_of_run_and_costs_a_fraction_of_a_copy() {
     assert!(n(&s, "flushes") > 0 && mcomp_sum(&s, "flushes") < 2 * n(&s, "flushes"), "one copy of each page: {s}");
     assert!(mcomp_sum(&s, "parity_deltas") > 0, "{s}");
 }
+
+#[test]
+fn a_large_munmap_sends_what_it_frees_to_the_parity() {
+    // 48 MiB written through a 4 MiB ExCache, then freed at once: every page written back is
+    // a change to zero for the parity, far more than one message can carry.
+    let py = python3();
+    let prog = "b = bytearray(48 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = i % 251 + 1\nprint(sum(b[::4096]))\ndel b\nc = bytearray(8 << 20)\nprint(len(c))\n";
+    let cmd = [py.as_str(), "-c", prog];
+    let (out, s) = stats_of(&["--embedded", "--mcomponents", "5", "--replication", "ec", "--vregion-size", "16M", "--excache", "4M"], &cmd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
+    // The parity members took the changes of the pages written back and of those freed.
+    assert!(mcomp_sum(&s, "parity_deltas") > 15_000, "{s}");
+}

@@ -783,7 +783,7 @@ impl Mem {
     /// is on its way to the parity, and a write-back that a data member took before it was
     /// told reaches a parity member that still takes it. From then on the set's pages and
     /// parity agree until the home lets go of the process.
-    fn fence(&self, set: &VregionReplicas, who: &Who, skip: Option<u32>) -> Result<(), Refusal> {
+    fn fence_set(&self, set: &VregionReplicas, who: &Who, skip: Option<u32>) -> Result<(), Refusal> {
         let parity = set.parity().map(|p| p.id);
         let mut members: Vec<&ComponentRef> = set.distinct().into_iter().filter(|o| Some(o.id) != skip).collect();
         members.sort_by_key(|o| Some(o.id) == parity);
@@ -804,7 +804,7 @@ impl Mem {
         let set = h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped set", r.vpn * PAGE)))?;
         h.epoch += 1;
         let who = h.who();
-        let out = self.fence(&set, &who, None).and_then(|()| self.rebuild_page(&set, &who, r.vpn));
+        let out = self.fence_set(&set, &who, None).and_then(|()| self.rebuild_page(&set, &who, r.vpn));
         self.sync_backup(&mut h);
         let page = out?;
         if unseal_page(page.clone()).is_err() {
@@ -869,7 +869,7 @@ impl Mem {
         };
         h.epoch += 1;
         let who = h.who();
-        self.fence(&wire, &who, Some(gone.id))?;
+        self.fence_set(&wire, &who, Some(gone.id))?;
         let vrs = self.vrs();
         let fresh = !survivors.iter().any(|o| o.id == new.id);
         let rebuilt = self.rebuild_rows(h, &wire, place, &survivors, &new, &who);

@@ -52,6 +52,9 @@ struct Delta {
 
 type Deltas = Vec<Delta>;
 
+/// Changes per `M2M_PARITY` message, well inside a frame's bound.
+const PARITY_BATCH: usize = 128;
+
 /// `a` XOR= `b`, both sealed pages.
 fn xor_into(a: &mut [u8], b: &[u8]) {
     for (x, y) in a.iter_mut().zip(b) {
@@ -113,11 +116,10 @@ impl OwnerProc {
     fn undo(&mut self, deltas: &[Delta], used: &std::sync::atomic::AtomicU64) {
         for x in deltas {
             match x.undo {
-                Some(true) => {
-                    if self.pages.remove(&x.vpn).is_some() {
-                        used.fetch_sub(PAGE, Relaxed);
-                    }
+                Some(true) if self.pages.remove(&x.vpn).is_some() => {
+                    used.fetch_sub(PAGE, Relaxed);
                 }
+                Some(true) => {}
                 Some(false) => {
                     if let Some(pg) = self.pages.get_mut(&x.vpn) {
                         xor_into(&mut pg[..], &x.d);
@@ -199,9 +201,10 @@ impl Mem {
     /// Sends the changes of striped pages to their parity members, counted as under way in
     /// `p` until they are applied (the caller counted them while holding its lock).
     fn forward(&self, p: &Mutex<OwnerProc>, who: &Who, deltas: Deltas) -> Result<(), Refusal> {
+        // One message per member and batch: a large munmap frees more pages than a frame holds.
         let mut by_member: Vec<(ComponentRef, Deltas)> = Vec::new();
         for x in deltas {
-            match by_member.iter_mut().find(|(m, _)| m.id == x.to.id) {
+            match by_member.iter_mut().find(|(m, v)| m.id == x.to.id && v.len() < PARITY_BATCH) {
                 Some((_, v)) => v.push(x),
                 None => by_member.push((x.to.clone(), vec![x])),
             }
