@@ -591,6 +591,50 @@ pub fn restart_gm(c: &TestCluster, gm_addr: &str, log: &str) {
     remember_pid(c.dir.path(), again.id() as i32);
 }
 
+/// Runs `phases.py` with a dict and then with sqlite3 in memory, calling
+/// `between(cluster, phase, round, pid)` after each of its first two phases, and asserts each
+/// round prints what it prints natively.
+pub fn python_phases_as_native(c: &TestCluster, mut between: impl FnMut(&TestCluster, usize, usize, u64)) {
+    let py = python3();
+    let phases = script("phases.py");
+    for (round, kind) in ["dict", "sqlite"].into_iter().enumerate() {
+        let cmd = [py.as_str(), phases.as_str(), kind];
+        let (out, err, ok) = run_phased(c, &cmd, |c, phase, pid| between(c, phase, round, pid));
+        assert!(ok, "{kind}: {err}");
+        assert_eq!(out, native_phased(&cmd), "{kind}: {err}");
+    }
+}
+
+/// Restarts the global managers at `gm_addr` (round `round` of a test) and waits until they
+/// answer and know `mcomps` live mComponents again.
+pub fn restart_gm_and_wait(c: &TestCluster, gm_addr: &str, round: usize, mcomps: usize) {
+    restart_gm(c, gm_addr, &format!("gm-again{round}.log"));
+    assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && mcomp_stats(c).len() == mcomps));
+}
+
+/// Kills the components at `addrs` under a running `hold`, lets it go on, and asserts it
+/// fails with no output (none from lost data); returns its stderr.
+pub fn hold_fails_after_losing(c: &TestCluster, mut child: std::process::Child, addrs: &[String]) -> String {
+    let pids: Vec<i32> = addrs.iter().map(|a| c.pid_of_addr(a)).collect();
+    for p in pids {
+        c.kill_component(p);
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(text(&out.stdout), "", "no output from lost data");
+    text(&out.stderr)
+}
+
+/// Starts `hold MIB` on the cluster; returns it once its heap is filled, with its pid.
+pub fn spawn_hold(c: &TestCluster, mib: u32) -> (std::process::Child, u64) {
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), &mib.to_string()]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    (child, pid)
+}
+
 pub fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
     c.components("mcomponent").into_iter().filter(|m| m["alive"] == true).collect()
 }

@@ -68,35 +68,24 @@ fn cpython_and_sqlite_survive_a_lost_member_of_an_ec4_cluster_and_restarts_of_th
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let gm_addr = format!("127.0.0.1:{port}");
     let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"ec\"\n[[pcomponent]]\nexcache = \"4M\"\n{}", "[[mcomponent]]\n".repeat(7))));
-    let py = python3();
-    let phases = script("phases.py");
-    for (round, kind) in ["dict", "sqlite"].into_iter().enumerate() {
-        let cmd = [py.as_str(), phases.as_str(), kind];
-        let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
-            if phase == 1 {
-                // Four data places and a parity place, each on another mComponent: five of
-                // the seven, and one left after each round's loss.
-                c.kill_component(c.pid_of_addr(&busiest_data_member(c, pid, 4)));
-                wait_rebuilt(c, pid, 5);
-            } else {
-                // The global managers are never on the data path, striped sets' neither.
-                restart_gm(c, &gm_addr, &format!("gm-again{round}.log"));
-                assert!(c.eventually(std::time::Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && mcomp_stats(c).len() == 6 - round));
-            }
-        });
-        assert!(ok, "{kind}: {err}");
-        assert_eq!(out, native_phased(&cmd), "{kind}: {err}");
-    }
+    python_phases_as_native(&c, |c, phase, round, pid| {
+        if phase == 1 {
+            // Four data places and a parity place, each on another mComponent: five of the
+            // seven, and one left after each round's loss.
+            c.kill_component(c.pid_of_addr(&busiest_data_member(c, pid, 4)));
+            wait_rebuilt(c, pid, 5);
+        } else {
+            // The global managers are never on the data path, striped sets' neither.
+            restart_gm_and_wait(c, &gm_addr, round, 6 - round);
+        }
+    });
     assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
 }
 
 #[test]
 fn a_corrupted_page_is_rebuilt_from_the_parity() {
     let c = cluster(3, "ec:2");
-    let hold = program("hold");
-    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
-    assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (child, pid) = spawn_hold(&c, 24);
     let (_, sets) = home_of(&c, pid);
     let vrs = 4u64 << 20;
     let index_of = |i: usize| c.components("mcomponent").iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).map(|p| p["vregions"][i]["index"].as_u64().unwrap())).unwrap();
@@ -114,29 +103,18 @@ fn a_corrupted_page_is_rebuilt_from_the_parity() {
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
     assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
-    assert!(mcomp_metric(&c, "mcomp_pages_reconstructed_total") >= 1.0, "the parity members rebuilt the pages");
+    assert!(mcomp_metric(&c, "mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages from parity");
 }
 
 #[test]
 fn losing_two_places_of_a_set_at_once_ends_the_program_with_an_error_naming_what_was_lost() {
     let c = cluster(4, "ec:2");
-    let hold = program("hold");
-    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
-    assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (child, pid) = spawn_hold(&c, 24);
     let (home, sets) = home_of(&c, pid);
     // Both data places of a set whose members are not the home.
     let set = sets.iter().find(|s| s[..2].iter().all(|id| addr_of(&c, *id) != home) && s[0] != s[1]).expect("a set with two data places off the home");
     let both: Vec<String> = set[..2].iter().map(|id| addr_of(&c, *id)).collect();
-    let pids: Vec<i32> = both.iter().map(|a| c.pid_of_addr(a)).collect();
-    for p in pids {
-        c.kill_component(p);
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success());
-    assert_eq!(text(&out.stdout), "", "no output from lost data");
-    let err = text(&out.stderr);
+    let err = hold_fails_after_losing(&c, child, &both);
     assert!(err.contains("mComponent") && both.iter().any(|a| err.contains(a.as_str())), "{err}");
 }
 

@@ -50,27 +50,19 @@ fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let gm_addr = format!("127.0.0.1:{port}");
     let c = cluster(4, &format!("gm = \"{gm_addr}\"\nforget_dead_ms = 6000\n"));
-    let py = python3();
-    let phases = script("phases.py");
-    for (round, kind) in ["dict", "sqlite"].into_iter().enumerate() {
-        let cmd = [py.as_str(), phases.as_str(), kind];
-        let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
-            if phase == 1 {
-                // The global managers are never on the data path: the program goes on while
-                // they are down, and the restarted managers learn the cluster again.
-                restart_gm(c, &gm_addr, &format!("gm-again{round}.log"));
-                assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && mcomp_stats(c).len() == 4 - round));
-            } else {
-                // A replica that is not the home: a secondary of some vRegions.
-                let (home, sets) = home_of(c, pid);
-                let secondary = sets.iter().map(|s| addr_of(c, s[1])).find(|a| *a != home).expect("a secondary other than the home");
-                c.kill_component(c.pid_of_addr(&secondary));
-                wait_rebuilt(c, pid, 2);
-            }
-        });
-        assert!(ok, "{kind}: {err}");
-        assert_eq!(out, native_phased(&cmd), "{kind}: {err}");
-    }
+    python_phases_as_native(&c, |c, phase, round, pid| {
+        if phase == 1 {
+            // The global managers are never on the data path: the program goes on while
+            // they are down, and the restarted managers learn the cluster again.
+            restart_gm_and_wait(c, &gm_addr, round, 4 - round);
+        } else {
+            // A replica that is not the home: a secondary of some vRegions.
+            let (home, sets) = home_of(c, pid);
+            let secondary = sets.iter().map(|s| addr_of(c, s[1])).find(|a| *a != home).expect("a secondary other than the home");
+            c.kill_component(c.pid_of_addr(&secondary));
+            wait_rebuilt(c, pid, 2);
+        }
+    });
     assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
 }
 
@@ -114,21 +106,10 @@ fn a_corrupted_page_is_repaired_from_its_other_replica() {
 #[test]
 fn losing_both_copies_at_once_ends_the_program_with_an_error_naming_what_was_lost() {
     let c = cluster(3, "");
-    let hold = program("hold");
-    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
-    assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let (child, pid) = spawn_hold(&c, 24);
     let (_, sets) = home_of(&c, pid);
     let both: Vec<String> = sets[sets.len() / 2].iter().map(|id| addr_of(&c, *id)).collect();
-    let pids: Vec<i32> = both.iter().map(|a| c.pid_of_addr(a)).collect();
-    for p in pids {
-        c.kill_component(p);
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success());
-    assert_eq!(text(&out.stdout), "", "no output from lost data");
-    let err = text(&out.stderr);
+    let err = hold_fails_after_losing(&c, child, &both);
     assert!(err.contains("mComponent") && both.iter().any(|a| err.contains(a.as_str())) || err.contains("every mComponent that held a copy of it is lost"), "{err}");
 }
 
