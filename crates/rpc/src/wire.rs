@@ -699,9 +699,9 @@ messages! {
     P2M_FLUSH_FETCH_MANY { pub who: Who, pub vpns: Vec<u64>, pub flushes: Vec<(Who, u64, ByteBuf)> };
     /// Several dirty pages of one process to one owner in one round trip (fork, mremap).
     P2M_FLUSH_MANY { pub who: Who, pub pages: Vec<(u64, ByteBuf)> };
-    /// To the parity member of a striped set, when the page's owner sent a copy that fails
-    /// its checksum: the page rebuilt from the parity and the rest of its row (answered as
-    /// `M2P_PAGE`), which the parity member also writes over the bad copy.
+    /// To the home, when the owner of a page of a striped set sent a copy that fails
+    /// its checksum: the page rebuilt from the parity and the rest of its row with the set
+    /// fenced (answered as `M2P_PAGE`), which the home also writes over the bad copy.
     P2M_RECONSTRUCT { pub who: Who, pub vpn: u64 };
 
     // ---- home mComponent -> vRegion owner

@@ -778,8 +778,8 @@ impl Mem {
         Ok(())
     }
 
-    /// Moves the members of striped set `set` but `skip` to the process's epoch in `who`, the
-    /// data members first and the parity member last: each answers once no change of its own
+    /// Moves the members of set `set` but `skip` to the process's epoch in `who`; in a striped
+    /// set the data members first and the parity member last: each answers once no change of its own
     /// is on its way to the parity, and a write-back that a data member took before it was
     /// told reaches a parity member that still takes it. From then on the set's pages and
     /// parity agree until the home lets go of the process.
@@ -974,9 +974,7 @@ impl Mem {
         let Some(new) = self.pick_other(self.vrs(), &out)? else { return Ok(None) };
         h.epoch += 1;
         let who = h.who();
-        for o in &set.owners {
-            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
-        }
+        self.fence_set(&set.wire(idx), &who, None)?;
         let vrs = self.vrs();
         let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
         match self.copy_vregion(h, source, &new, &who, lo, hi) {

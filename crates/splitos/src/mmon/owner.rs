@@ -170,6 +170,20 @@ impl Mem {
         Ok(p)
     }
 
+    /// The owner state of a process its home names (made if new here), moved to the home's
+    /// epoch; refused when the id is another vNode's or pComponent's process.
+    fn owner_from_home(&self, who: &Who, creator: Option<[u8; 32]>) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator, who.epoch)))).clone();
+        let mut g = p.lock().unwrap();
+        if g.vnode != who.vnode || g.creator != creator {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
+        }
+        g.epoch = g.epoch.max(who.epoch);
+        drop(g);
+        Ok(p)
+    }
+
     fn commit(&self, bytes: u64) -> Result<(), Refusal> {
         let mut cur = self.committed.load(Relaxed);
         loop {
@@ -366,15 +380,16 @@ impl Mem {
         if accounted {
             self.commit(end - start)?;
         }
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator, who.epoch)))).clone();
-        let mut g = p.lock().unwrap();
-        if g.vnode != who.vnode || g.creator != creator {
-            if accounted {
-                self.committed.fetch_sub(end - start, Relaxed);
+        let p = match self.owner_from_home(&who, creator) {
+            Ok(p) => p,
+            Err(e) => {
+                if accounted {
+                    self.committed.fetch_sub(end - start, Relaxed);
+                }
+                return Err(e);
             }
-            return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
-        }
-        g.epoch = g.epoch.max(who.epoch);
+        };
+        let mut g = p.lock().unwrap();
         let gone = g.vmas.remove_range(start, end);
         self.uncommit(&mut g, &gone);
         let deltas = self.free_pages(&mut g, start, end);
@@ -469,17 +484,14 @@ impl Mem {
     /// A striped set of the process, from its home (made, or changed by a rebuild).
     pub(super) fn set_stripes(&self, r: M2M_SET) -> Result<OK, Refusal> {
         let M2M_SET { who, set, creator } = r;
-        let bad = set.data > 0 && (set.owners.len() != set.data as usize + 1 || !(self.vrs() / PAGE).is_multiple_of(set.data as u64 * STRIPE_PAGES));
-        if bad {
+        if set.data > 0 && set.owners.len() != set.data as usize + 1 {
             return Err(ERR::new(ErrCode::Invalid, format!("a striped set of {} data members has {} members", set.data, set.owners.len())));
         }
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator, who.epoch)))).clone();
-        let mut g = p.lock().unwrap();
-        if g.vnode != who.vnode || g.creator != creator {
-            self.c.denied.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
+        if set.data > 0 {
+            Replication::Ec { data: set.data }.check_vregion_size(self.vrs()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         }
-        g.epoch = g.epoch.max(who.epoch);
+        let p = self.owner_from_home(&who, creator)?;
+        let mut g = p.lock().unwrap();
         if set.owners.iter().any(|o| o.id == self.node.id()) {
             g.sets.insert(set.index, set);
         } else {

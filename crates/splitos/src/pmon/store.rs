@@ -370,7 +370,7 @@ impl RemoteStore {
     }
 
     /// One page from the first replica that has a good copy (from its holder in a striped
-    /// set, or rebuilt by the parity member when the holder's copy is bad).
+    /// set, or rebuilt by the home from the parity when the holder's copy is bad).
     fn fetch_one(&self, s: &Space, vpn: u64) -> Result<Page, Refusal> {
         'again: for _ in 0..TRIES {
             let set = self.set_of(s, vpn)?;
