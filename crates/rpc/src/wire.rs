@@ -27,7 +27,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 9 added erasure coding: striped sets ([`VregionReplicas::data`]), `M2M_SET`,
 /// `M2M_PARITY`, `P2M_RECONSTRUCT`, the parity forms of `M2M_READ_PAGES` and
 /// `M2M_PUT_PAGES`, and `ErrCode::ParityLost`.
-pub const WIRE_VERSION: u16 = 9;
+pub const WIRE_VERSION: u16 = 10;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -173,6 +173,12 @@ pub enum Replication {
     /// Every vRegion on two mComponents (on different hosts when there are), written back
     /// to both; the vma tree and the home's state are replicated too.
     Replica,
+    /// LegoOS: each vRegion on a primary mComponent, and every write-back also appended to a
+    /// small log on a secondary one, which streams it to an append-only backup file on an
+    /// sComponent. The primary lost, the secondary replays file and log and becomes primary;
+    /// a log that fills up (the sComponent too slow) stops protecting its vRegion until the
+    /// primary copies it again.
+    Log,
     /// Erasure coding: a vRegion's pages striped over `data` mComponents, one copy each, and
     /// their XOR parity on one more (memory `1 + 1/data` times the data). A write-back goes
     /// to the page's owner, which forwards the change (old XOR new) to the parity.
@@ -180,14 +186,14 @@ pub enum Replication {
 }
 
 impl Replication {
-    pub const NAMES: &'static str = "none, replica, ec, ec:K (K data mComponents per parity: 2, 4 or 8; ec is ec:4)";
+    pub const NAMES: &'static str = "none, replica, log, ec, ec:K (K data mComponents per parity: 2, 4 or 8; ec is ec:4)";
 
     pub fn from_name(name: &str) -> Result<Replication, String> {
         match name {
             "none" => Ok(Replication::None),
             "replica" => Ok(Replication::Replica),
             "ec" => Ok(Replication::Ec { data: 4 }),
-            "log" => Err(format!("replication = \"log\" is not available yet (this build has {})", Replication::NAMES)),
+            "log" => Ok(Replication::Log),
             other => match other.strip_prefix("ec:").map(str::parse::<u32>) {
                 Some(Ok(data @ (2 | 4 | 8))) => Ok(Replication::Ec { data }),
                 Some(_) => Err(format!("replication \"{other}\": the number of data mComponents per parity must be 2, 4 or 8 (a vRegion's pages divide evenly)")),
@@ -200,7 +206,7 @@ impl Replication {
     pub fn members(self) -> usize {
         match self {
             Replication::None => 1,
-            Replication::Replica => 2,
+            Replication::Replica | Replication::Log => 2,
             Replication::Ec { data } => data as usize + 1,
         }
     }
@@ -233,6 +239,7 @@ impl std::fmt::Display for Replication {
         match self {
             Replication::None => f.write_str("none"),
             Replication::Replica => f.write_str("replica"),
+            Replication::Log => f.write_str("log"),
             Replication::Ec { data } => write!(f, "ec:{data}"),
         }
     }
@@ -352,12 +359,16 @@ pub struct ComponentInfo {
 /// offset of k consecutive units: the XOR of their sealed bytes, a page never written
 /// counting as zeros. A member may stand at two places when the cluster has too few
 /// mComponents (losing it then loses rows).
+///
+/// `log`: the sComponent keeping the backup file of a logged set ([`Replication::Log`]); its
+/// second member keeps a log of the write-backs, not the pages, and serves no fetch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VregionReplicas {
     pub index: u64,
     pub epoch: u64,
     pub owners: Vec<ComponentRef>,
     pub data: u32,
+    pub log: Option<ComponentRef>,
 }
 
 /// Pages of a stripe unit: read-ahead within one unit goes to one member in one round trip.
@@ -400,6 +411,11 @@ impl VregionReplicas {
         (self.data > 0).then(|| &self.owners[self.data as usize])
     }
 
+    /// The member keeping the backup log of a logged set.
+    pub fn logger(&self) -> Option<&ComponentRef> {
+        self.log.as_ref().and(self.owners.get(1))
+    }
+
     /// Every member once.
     pub fn distinct(&self) -> Vec<&ComponentRef> {
         let mut seen: Vec<&ComponentRef> = Vec::new();
@@ -421,6 +437,41 @@ pub enum Put {
     Copy,
     /// Parity rows, keyed by the first page of their row.
     Parity,
+}
+
+/// The backup file of one vRegion of a process on an sComponent ([`Replication::Log`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LogFile {
+    pub vnode: String,
+    pub pid: u64,
+    pub index: u64,
+}
+
+/// One entry of a backup log, replayed in order: the last `Page` of a page not discarded
+/// since is its content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogRecord {
+    /// A write-back: the page's sealed bytes.
+    Page { vpn: u64, data: ByteBuf },
+    /// Pages [start, end) freed (munmap, MADV_DONTNEED, a mapping replaced): zeros again.
+    Discard { start: u64, end: u64 },
+}
+
+/// Applies backup-log records, in order, to the pages they leave.
+pub fn replay_log(records: impl IntoIterator<Item = LogRecord>, pages: &mut std::collections::BTreeMap<u64, ByteBuf>) {
+    for r in records {
+        match r {
+            LogRecord::Page { vpn, data } => {
+                pages.insert(vpn, data);
+            }
+            LogRecord::Discard { start, end } => {
+                let gone: Vec<u64> = pages.range(start..end).map(|(v, _)| *v).collect();
+                for v in gone {
+                    pages.remove(&v);
+                }
+            }
+        }
+    }
 }
 
 /// A vma as the home keeps it: `accounted` once it was writable.
@@ -646,6 +697,10 @@ messages! {
     /// 0), other than those in `exclude` and, when it can, on another host than they are.
     M2G_PICK_OWNER { pub bytes: u64, pub exclude: Vec<u32> };
     G2M_OWNER { pub mcomp: ComponentRef };
+    /// GSM: which sComponent keeps the backup files of a process of `vnode` (`log`
+    /// replication): the one storing the vNode's files.
+    M2G_BACKUP_STORE { pub vnode: String };
+    G2M_BACKUP_STORE { pub scomp: ComponentRef };
     /// GSM: which sComponent stores a vNode's files.
     P2G_VNODE_STORAGE { pub vnode: String };
     G2P_STORAGE { pub scomp: ComponentRef };
@@ -716,10 +771,15 @@ messages! {
     /// receiver holds the process. `parity`: the parity rows the receiver keeps there
     /// instead, each keyed by the first page of its row.
     M2M_READ_PAGES { pub who: Who, pub from: u64, pub end: u64, pub max: u32, pub parity: bool };
-    /// The striped set of vRegion `set.index` of the process, from its home whenever it is
-    /// made or changes: an owner forwards the changes of the pages it stores to the parity
-    /// member named there.
-    M2M_SET { pub who: Who, pub set: VregionReplicas, pub creator: Option<[u8; 32]> };
+    /// The striped or logged set of vRegion `set.index` of the process, from its home
+    /// (`home`) whenever it is made or changes: an owner forwards the changes of the pages it
+    /// stores to the parity member named there; the logger of a logged set appends its
+    /// write-backs to its log, and a logger made primary replays its backup. `fresh`: the
+    /// logger's backup starts anew (an empty vRegion, or a full copy follows).
+    M2M_SET { pub who: Who, pub set: VregionReplicas, pub creator: Option<[u8; 32]>, pub home: ComponentRef, pub fresh: bool };
+    /// From the logger of vRegion `index` to the process's home: its log was full and skipped
+    /// write-backs; the home copies the vRegion to it again (fenced) and it protects it again.
+    M2M_LOG_RESYNC { pub who: Who, pub index: u64 };
     /// From an owner of a striped set to its parity member: XOR each delta (old page XOR new
     /// page, sealed bytes) into the parity of the page's row.
     M2M_PARITY { pub who: Who, pub deltas: Vec<(u64, ByteBuf)> };
@@ -774,6 +834,18 @@ messages! {
     M2S_RESERVE { pub vnode: String, pub ino: u64, pub bytes: u64 };
     M2S_SETSIZE { pub vnode: String, pub ino: u64, pub size: u64 };
 
+    // ---- logger mComponent -> sComponent: backup files of logged vRegions, append-only
+    /// `reset`: the file starts anew with these records, at `epoch` (of the set the logger
+    /// logs for); appends of an older epoch than the file's are refused `Stale`.
+    M2S_LOG_APPEND { pub file: LogFile, pub epoch: u64, pub reset: bool, pub records: Vec<LogRecord> };
+    /// Up to `max` records of the file from byte `offset` on.
+    M2S_LOG_READ { pub file: LogFile, pub offset: u64, pub max: u32 };
+    S2M_LOG { pub records: Vec<LogRecord>, pub next: u64, pub more: bool };
+    /// The file `to` becomes a copy of `from` (a forked child's vRegion).
+    M2S_LOG_COPY { pub from: LogFile, pub to: LogFile };
+    /// Removes every backup file of a process that exited.
+    M2S_LOG_DROP { pub vnode: String, pub pid: u64 };
+
     // ---- pComponent -> the mComponent holding a file's buffer cache. `scomp` is where the
     // file is stored, so the mComponent needs no other state to reach it.
     P2M_FILE_READ { pub scomp: String, pub vnode: String, pub ino: u64, pub offset: u64, pub len: u32 };
@@ -811,6 +883,7 @@ replies! {
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
     M2G_PICK_OWNER => G2M_OWNER,
+    M2G_BACKUP_STORE => G2M_BACKUP_STORE,
     P2G_VNODE_STORAGE => G2P_STORAGE,
     P2G_FILE_CACHE => G2P_FILE_CACHE,
     P2M_PROC_CREATE => M2P_HOME,
@@ -835,6 +908,7 @@ replies! {
     M2M_VMA_ADD => OK,
     M2M_EPOCH => OK,
     M2M_SET => OK,
+    M2M_LOG_RESYNC => OK,
     M2M_PARITY => OK,
     M2M_READ_PAGES => M2M_PAGES,
     M2M_HOME_OF => OK,
@@ -862,6 +936,10 @@ replies! {
     M2S_WRITE => OK,
     M2S_RESERVE => OK,
     M2S_SETSIZE => OK,
+    M2S_LOG_APPEND => OK,
+    M2S_LOG_READ => S2M_LOG,
+    M2S_LOG_COPY => OK,
+    M2S_LOG_DROP => OK,
     P2M_FILE_READ => M2P_FILE_DATA,
     P2M_FILE_WRITE => M2P_FILE_SIZE,
     P2M_FILE_SETSIZE => M2P_FILE_SIZE,

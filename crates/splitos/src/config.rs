@@ -148,7 +148,11 @@ pub struct McompSection {
     /// Storage buffer cache this mComponent holds for files placed on it.
     pub bcache: Size,
     /// Largest read-ahead window for sequential file reads; 0 turns it off.
-    pub readahead: Size,    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    pub readahead: Size,
+    /// Backup log kept for the sComponent when `replication = "log"`: write-backs beyond it
+    /// leave their vRegion unprotected until it is copied again (docs/failures.md).
+    pub backup_log: Size,
+    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     pub netns: Option<String>,
 }
@@ -225,7 +229,7 @@ pub fn default_pcomp() -> PcompSection {
 }
 
 pub fn default_mcomp() -> McompSection {
-    McompSection { listen: any_port(), capacity: Size(8 << 30), workers: 0, bcache: Size(256 << 20), readahead: Size(128 << 10), netns: None }
+    McompSection { listen: any_port(), capacity: Size(8 << 30), workers: 0, bcache: Size(256 << 20), readahead: Size(128 << 10), backup_log: Size(64 << 20), netns: None }
 }
 
 pub fn default_scomp() -> ScompSection {
@@ -264,7 +268,11 @@ impl ClusterConfig {
 
     pub fn validate(&self) -> Result<(), String> {
         self.transport.validate()?;
-        self.replication()?.check_vregion_size(self.cluster.vregion_size.0).map_err(|e| format!("cluster.vregion_size: {e}"))?;
+        let scheme = self.replication()?;
+        scheme.check_vregion_size(self.cluster.vregion_size.0).map_err(|e| format!("cluster.vregion_size: {e}"))?;
+        if scheme == splitos_rpc::Replication::Log && self.scomponent.is_empty() {
+            return Err("cluster.replication: \"log\" keeps each vRegion's backup file on an sComponent, and the cluster has no [[scomponent]]".into());
+        }
         splitos_rpc::Overcommit::from_name(&self.cluster.overcommit).map_err(|e| format!("cluster.overcommit: {e}"))?;
         let vrs = self.cluster.vregion_size.0;
         if vrs < PAGE || !vrs.is_power_of_two() {

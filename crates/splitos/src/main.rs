@@ -213,6 +213,10 @@ enum Cmd {
         /// Largest read-ahead for sequential file reads through the buffer cache (0: off).
         #[arg(long, default_value_t = config::default_mcomp().readahead)]
         readahead: Size,
+        /// Backup log kept for the sComponent with replication "log": write-backs beyond it
+        /// leave their vRegion unprotected until its primary copies it again.
+        #[arg(long, default_value_t = config::default_mcomp().backup_log)]
+        backup_log: Size,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -423,9 +427,9 @@ fn main() {
             node::init_metrics();
             transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, replication, overcommit, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr }))
         }
-        Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, ready_file, metrics_addr, transport } => {
+        Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, backup_log, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| mmon::run(mmon::MemArgs { listen, credentials, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| mmon::run(mmon::MemArgs { listen, credentials, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, backup_log: backup_log.0, ready_file, metrics_addr }))
         }
         Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, shim_sock, vnode_root, grants, ready_file, metrics_addr, transport, fault_cpu } => {
             node::init_metrics();
@@ -484,9 +488,9 @@ mod tests {
         assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
-        let McompSection { listen, capacity, workers, bcache, readahead, netns: _ } = file.mcomponent[0].clone();
-        let Cmd::Mem { listen: l, gm, capacity: c, workers: w, bcache: b, readahead: r, ready_file: _, metrics_addr: _, transport } = parse(&["mem"]) else { unreachable!() };
-        assert_eq!((l, c, w, b, r), (listen, capacity, workers, bcache, readahead), "mem");
+        let McompSection { listen, capacity, workers, bcache, readahead, backup_log, netns: _ } = file.mcomponent[0].clone();
+        let Cmd::Mem { listen: l, gm, capacity: c, workers: w, bcache: b, readahead: r, backup_log: bl, ready_file: _, metrics_addr: _, transport } = parse(&["mem"]) else { unreachable!() };
+        assert_eq!((l, c, w, b, r, bl), (listen, capacity, workers, bcache, readahead, backup_log), "mem");
         assert_eq!(transport.config(), file.transport, "mem transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 

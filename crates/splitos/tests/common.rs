@@ -672,3 +672,14 @@ pub fn wait_rebuilt(c: &TestCluster, pid: u64, members: usize) {
     assert!(ok, "the replicas of process {pid} are rebuilt: {:?}", try_home_of(c, pid));
 }
 
+/// The mComponent that is primary of the most vRegions of `pid`, other than its home.
+pub fn busiest_primary(c: &TestCluster, pid: u64) -> String {
+    let (home, sets) = home_of(c, pid);
+    let mut count: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for s in &sets {
+        *count.entry(s[0]).or_default() += 1;
+    }
+    let mut ids: Vec<(usize, u64)> = count.into_iter().map(|(id, n)| (n, id)).collect();
+    ids.sort();
+    ids.into_iter().rev().map(|(_, id)| addr_of(c, id)).find(|a| *a != home).expect("a primary other than the home")
+}

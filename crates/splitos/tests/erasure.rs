@@ -142,7 +142,7 @@ fn ec_is_a_knob_of_the_cluster_and_of_run_and_costs_a_fraction_of_a_copy() {
     assert!((1.2..=1.3).contains(&ratio), "ec:4 holds {ec} bytes for {one} of data ({ratio:.3}x)");
     // Schemes and sizes that cannot work are refused by name.
     let dir = tempfile::tempdir().unwrap();
-    for (bad, vrs, why) in [("ec:3", "4M", "2, 4 or 8"), ("log", "4M", "log"), ("ec:8", "256K", "rows")] {
+    for (bad, vrs, why) in [("ec:3", "4M", "2, 4 or 8"), ("log", "4M", "sComponent"), ("ec:8", "256K", "rows")] {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, format!("[cluster]\nreplication = \"{bad}\"\nvregion_size = \"{vrs}\"\n[[pcomponent]]\n[[mcomponent]]\n")).unwrap();
         let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path().join("state")).output().unwrap();

@@ -263,7 +263,7 @@ impl Cluster {
             let mut args = vec![
                 "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
                 "--capacity".into(), m.capacity.0.to_string(), "--workers".into(), m.workers.to_string(),
-                "--bcache".into(), m.bcache.0.to_string(), "--readahead".into(), m.readahead.0.to_string(),
+                "--bcache".into(), m.bcache.0.to_string(), "--readahead".into(), m.readahead.0.to_string(), "--backup-log".into(), m.backup_log.0.to_string(),
             ];
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("mem{i}"), Role::Mem)?);

@@ -253,6 +253,12 @@ impl Gm {
         Ok(G2P_STORAGE { scomp })
     }
 
+    /// Backup files go where the vNode's files are: one sComponent per vNode to reach.
+    fn backup_store(&self, r: M2G_BACKUP_STORE) -> Result<G2M_BACKUP_STORE, Refusal> {
+        let scomp = rendezvous(&self.comps(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "replication \"log\" keeps backup files on an sComponent, and none is alive"))?;
+        Ok(G2M_BACKUP_STORE { scomp })
+    }
+
     fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
         metrics::counter!("gmm_file_cache_placements_total").increment(1);
         let mcomp = rendezvous(&self.comps(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
@@ -279,6 +285,7 @@ impl Handler for Gm {
                 self.pick_memory(r.bytes, &r.exclude).map(|mcomp| G2M_OWNER { mcomp })
             }),
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
+            Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
             Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: node::render_metrics() })),

@@ -14,6 +14,12 @@
 //! parity member, each at a fixed place ([`VregionReplicas`]). A lost member's place is
 //! rebuilt at once, before the pComponent that reported it is answered: each of its pages is
 //! the XOR of its row's parity and other pages ([`Mem::rebuild_place`]).
+//!
+//! In a logged cluster ([`Replication::Log`]) a set is a primary and a logger, which keeps a
+//! log of the write-backs streamed to a backup file on an sComponent. A lost primary's
+//! logger is made primary at once ([`Mem::promote_logger`]: it replays the backup); a lost
+//! logger is replaced in the background by a new one, which gets a full copy; a logger whose
+//! log skipped write-backs asks for a copy again ([`Mem::log_resync`]).
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -38,11 +44,18 @@ pub(super) struct Replicas {
     owners: Vec<ComponentRef>,
     /// Data members of a striped set; 0: every member holds every page.
     data: u32,
+    /// The sComponent of a logged set's backup file.
+    log: Option<ComponentRef>,
 }
 
 impl Replicas {
     fn wire(&self, index: u64) -> VregionReplicas {
-        VregionReplicas { index, epoch: self.epoch, owners: self.owners.clone(), data: self.data }
+        VregionReplicas { index, epoch: self.epoch, owners: self.owners.clone(), data: self.data, log: self.log.clone() }
+    }
+
+    /// Whether its members are told the set ([`M2M_SET`]): they act on it.
+    fn announced(&self) -> bool {
+        self.data > 0 || self.log.is_some()
     }
 }
 
@@ -108,13 +121,13 @@ impl HomeProc {
         for v in s.vmas {
             layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
         }
-        let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners, data: r.data })).collect();
+        let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners, data: r.data, log: r.log })).collect();
         HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None, retired: s.retired, exited: false }
     }
 
     /// The process as `cluster status --json` shows it: where each vRegion's copies are.
     pub(super) fn stats(&self) -> serde_json::Value {
-        let vregions: Vec<_> = self.vregions.iter().map(|(i, r)| serde_json::json!({"index": i, "owners": r.owners.iter().map(|o| o.id).collect::<Vec<_>>()})).collect();
+        let vregions: Vec<_> = self.vregions.iter().map(|(i, r)| serde_json::json!({"index": i, "owners": r.owners.iter().map(|o| o.id).collect::<Vec<_>>(), "backup_file_on": r.log.as_ref().map(|l| l.id)})).collect();
         serde_json::json!({"pid": self.who.pid, "epoch": self.epoch, "backup": self.backup.as_ref().map(|b| b.id), "vregions": vregions})
     }
 
@@ -227,12 +240,17 @@ impl Mem {
                 None => break,
             }
         }
-        let set = Replicas { epoch: h.epoch, owners: owners.clone(), data };
+        // A logged set's backup file goes where the vNode's files are.
+        let log = match scheme == Replication::Log && owners.len() > 1 {
+            true => Some(self.node.call_gm(M2G_BACKUP_STORE { vnode: h.who.vnode.clone() })?.scomp),
+            false => None,
+        };
+        let set = Replicas { epoch: h.epoch, owners: owners.clone(), data, log };
         // A member taken out of the process's sets before and chosen again is a member now,
         // not a lost one.
         h.retired.retain(|r| !owners.iter().any(|o| o.id == r.id));
-        if data > 0 {
-            self.tell_set(h, idx, &set)?;
+        if set.announced() {
+            self.tell_set(h, idx, &set, true)?;
         }
         if set.wire(idx).distinct().len() < scheme.members() {
             metrics::counter!("mcomp_unprotected_vregions_total").increment(1);
@@ -243,11 +261,12 @@ impl Mem {
         Ok(owners)
     }
 
-    /// Tells every member of striped set `set` (vRegion `idx`) what it now is.
-    fn tell_set(&self, h: &HomeProc, idx: u64, set: &Replicas) -> Result<(), Refusal> {
+    /// Tells every member of striped or logged set `set` (vRegion `idx`) what it now is;
+    /// `fresh`: a logger's backup starts anew.
+    fn tell_set(&self, h: &HomeProc, idx: u64, set: &Replicas, fresh: bool) -> Result<(), Refusal> {
         let wire = set.wire(idx);
         for o in wire.distinct() {
-            self.to_owner(o, M2M_SET { who: h.who(), set: wire.clone(), creator: h.creator })?;
+            self.to_owner(o, M2M_SET { who: h.who(), set: wire.clone(), creator: h.creator, home: self.me(), fresh })?;
         }
         Ok(())
     }
@@ -585,6 +604,13 @@ impl Mem {
                 tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
             }
         }
+        // Its loggers drop its backup files, after what they still stream there; this drops
+        // them too in case a logger is lost.
+        if let Some(scomp) = h.vregions.values().find_map(|s| s.log.clone()) {
+            if let Err(e) = self.node.rpc.call(&scomp.addr, M2S_LOG_DROP { vnode: h.who.vnode.clone(), pid: h.who.pid }) {
+                tracing::warn!(pid = r.who.pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
+            }
+        }
         if let Some(b) = &h.backup {
             if let Err(e) = self.node.rpc.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
                 tracing::warn!(pid = r.who.pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
@@ -657,7 +683,7 @@ impl Mem {
     }
 
     fn relocate(&self, h: &mut HomeProc, idx: u64, full: &ComponentRef) -> Result<(), Refusal> {
-        let Some((new, moved)) = self.copy_to_new_member(h, idx, full, &[full.id])? else {
+        let Some((new, moved)) = self.copy_to_new_member(h, idx, full, &[full.id], false)? else {
             metrics::counter!("mcomp_no_room_total").increment(1);
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full and no other mComponent has room for vRegion {idx} of process {}", full.id, h.who.pid)));
         };
@@ -667,11 +693,11 @@ impl Mem {
         }
         s.epoch = h.epoch;
         let set = s.clone();
-        if set.data > 0 {
+        if set.announced() {
             // The full member learns it left the set before it frees its copy: what it frees
             // is on the new member now, and no change of it may reach the parity.
-            self.tell_set(h, idx, &set)?;
-            if let Err(e) = self.to_owner(full, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator }) {
+            self.tell_set(h, idx, &set, false)?;
+            if let Err(e) = self.to_owner(full, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator, home: self.me(), fresh: false }) {
                 tracing::warn!(owner = full.id, error = %e, "cannot tell a full mComponent it left a striped set");
             }
         }
@@ -694,8 +720,14 @@ impl Mem {
         let mut changed = false;
         let mut retired = Vec::new();
         let mut striped = Vec::new();
+        let mut promote = Vec::new();
         for (idx, set) in h.vregions.iter_mut() {
-            if set.data > 0 {
+            if set.log.is_some() && set.owners.len() == 2 && lost.contains(&set.owners[0].id) && !lost.contains(&set.owners[1].id) {
+                // The logger replays the backup and becomes primary below.
+                retired.push(set.owners[0].clone());
+                promote.push(*idx);
+                changed = true;
+            } else if set.data > 0 {
                 // A striped set keeps its places: the lost member's is rebuilt below.
                 if let Some(o) = set.owners.iter().find(|o| lost.contains(&o.id)) {
                     retired.push(o.clone());
@@ -732,6 +764,12 @@ impl Mem {
                     tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "cannot rebuild a lost member of a striped set; will try again");
                 }
             }
+            for idx in promote {
+                if let Err(e) = self.promote_logger(h, idx) {
+                    metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                    tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "the primary of a logged vRegion is lost and its logger cannot take its place: the program waits for the lost primary");
+                }
+            }
             self.sync_backup(h);
             if h.vregions.values().any(|s| s.data == 0) {
                 self.queue(super::Job::Rebuild(h.who.pid));
@@ -766,7 +804,7 @@ impl Mem {
     fn rebuild_vregion(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
         let started = std::time::Instant::now();
         let source = h.vregions.get(&idx).expect("listed by the caller").owners[0].clone();
-        let Some((new, pages_copied)) = self.copy_to_new_member(h, idx, &source, &[])? else {
+        let Some((new, pages_copied)) = self.copy_to_new_member(h, idx, &source, &[], true)? else {
             return Err(ERR::new(ErrCode::NoMemory, "no other mComponent has room for a replica"));
         };
         let s = h.vregions.get_mut(&idx).expect("listed by the caller");
@@ -776,6 +814,57 @@ impl Mem {
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
         Ok(())
+    }
+
+    /// Makes the logger of logged set `idx`, whose primary (a retired member now) is lost, its
+    /// primary, holding the home lock: the logger is fenced first, then told the set it is
+    /// the only member of, and replays the backup file and its log into pages before it
+    /// answers. A refusal (the log skipped write-backs, the sComponent cannot be read) leaves
+    /// the set as it was: the program waits for the lost primary and is told which it is.
+    fn promote_logger(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
+        let started = std::time::Instant::now();
+        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
+        let (gone, logger) = (set.owners[0].clone(), set.owners[1].clone());
+        let who = h.who();
+        self.fence_set(&set.wire(idx), &who, Some(gone.id))?;
+        let promoted = Replicas { epoch: h.epoch, owners: vec![logger.clone()], ..set };
+        self.to_owner(&logger, M2M_SET { who, set: promoted.wire(idx), creator: h.creator, home: self.me(), fresh: false })?;
+        h.vregions.insert(idx, promoted);
+        metrics::counter!("mcomp_loggers_promoted_total").increment(1);
+        tracing::info!(pid = h.who.pid, vregion = idx, lost = gone.id, logger = logger.id, ms = started.elapsed().as_millis() as u64, "logger made primary from its backup");
+        Ok(())
+    }
+
+    /// `M2M_LOG_RESYNC`: the logger of vRegion `index` skipped write-backs while its log was
+    /// full. With the set fenced (no write-back lands meanwhile), its backup starts anew and
+    /// the primary's pages are copied to it.
+    pub(super) fn log_resync(&self, r: M2M_LOG_RESYNC) -> Result<OK, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = hp.lock().unwrap();
+        let idx = r.index;
+        let set = h.vregions.get(&idx).cloned().filter(|s| s.log.is_some() && s.owners.len() == 2).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("vRegion {idx} of process {} has no logger", r.who.pid)))?;
+        let (primary, logger) = (set.owners[0].clone(), set.owners[1].clone());
+        h.epoch += 1;
+        let who = h.who();
+        let vrs = self.vrs();
+        let out = self.fence_set(&set.wire(idx), &who, None).and_then(|()| {
+            let s = Replicas { epoch: h.epoch, ..set };
+            self.tell_set(&h, idx, &s, true)?;
+            let n = self.copy_pages(&primary, &logger, &who, idx * vrs, (idx + 1) * vrs)?;
+            Ok((s, n))
+        });
+        let (s, n) = match out {
+            Ok(x) => x,
+            Err(e) => {
+                self.sync_backup(&mut h);
+                return Err(e);
+            }
+        };
+        h.vregions.insert(idx, s);
+        self.sync_backup(&mut h);
+        metrics::counter!("mcomp_log_resyncs_total").increment(1);
+        tracing::info!(pid = r.who.pid, vregion = idx, logger = logger.id, pages = n, "copied a vRegion to its logger again: protected again");
+        Ok(OK)
     }
 
     /// Moves the members of set `set` but `skip` to the process's epoch in `who`; in a striped
@@ -796,25 +885,29 @@ impl Mem {
     /// `P2M_RECONSTRUCT`: page `vpn` of a striped set, whose holder sent a copy failing its
     /// checksum, as the parity and the rest of its row say it is, written over the bad copy.
     /// The set is fenced first: a checksum cannot tell a page rebuilt from a row that was
-    /// changing (XOR of valid pages passes it), so the row must not change meanwhile.
+    /// changing (XOR of valid pages passes it), so the row must not change meanwhile. In a
+    /// logged set the page is what the logger's backup says.
     pub(super) fn reconstruct(&self, r: P2M_RECONSTRUCT) -> Result<M2P_PAGE, Refusal> {
         let hp = self.home_proc(&r.who)?;
         let mut h = hp.lock().unwrap();
         let idx = r.vpn * PAGE / self.vrs();
-        let set = h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped set", r.vpn * PAGE)))?;
+        let set = h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0 || s.logger().is_some()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE)))?;
         h.epoch += 1;
         let who = h.who();
-        let out = self.fence_set(&set, &who, None).and_then(|()| self.rebuild_page(&set, &who, r.vpn));
+        let out = self.fence_set(&set, &who, None).and_then(|()| match set.logger() {
+            Some(logger) => Ok(self.read_all(logger, &who, r.vpn, r.vpn + 1, false)?.pop().map_or_else(sealed_zero_page, |(_, d)| d)),
+            None => self.rebuild_page(&set, &who, r.vpn),
+        });
         self.sync_backup(&mut h);
         let page = out?;
         if unseal_page(page.clone()).is_err() {
-            return Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt from the parity: the result fails its checksum too (the parity or another page of its row is corrupted)", r.vpn * PAGE)));
+            return Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt: the result fails its checksum too (the parity, another page of its row, or the backup is corrupted)", r.vpn * PAGE)));
         }
         let holder = set.holder(r.vpn);
         self.to_owner(holder, M2M_PUT_PAGES { who: who.clone(), pages: vec![(r.vpn, page.clone())], put: Put::Copy })?;
         self.c.reconstructed.fetch_add(1, Relaxed);
         metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
-        tracing::warn!(pid = r.who.pid, vpn = r.vpn, holder = holder.id, "rebuilt a corrupted page from the parity and wrote it over its holder's copy");
+        tracing::warn!(pid = r.who.pid, vpn = r.vpn, holder = holder.id, "rebuilt a corrupted page from redundancy and wrote it over its holder's copy");
         Ok(M2P_PAGE { data: page })
     }
 
@@ -888,7 +981,7 @@ impl Mem {
         s.owners[place] = new.clone();
         s.epoch = h.epoch;
         let set = s.clone();
-        self.tell_set(h, idx, &set)?;
+        self.tell_set(h, idx, &set, false)?;
         metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, place, lost = gone.id, to = new.id, pages = pages_rebuilt, ms = started.elapsed().as_millis() as u64, "striped set rebuilt from parity");
@@ -966,8 +1059,9 @@ impl Mem {
     /// process to a new epoch that the set's members enforce from now on (no write-back of
     /// the old sets can land on them while their pages are copied, and so be missed by the
     /// new member), and copies `source`'s vmas and pages of the vRegion to it. `None`: no
-    /// mComponent has room. The caller puts the new member into the set.
-    fn copy_to_new_member(&self, h: &mut HomeProc, idx: u64, source: &ComponentRef, exclude: &[u32]) -> Result<Option<(ComponentRef, u64)>, Refusal> {
+    /// mComponent has room. The caller puts the new member into the set. In a logged set a
+    /// new member joining `as_logger` is told so first: the copy starts its backup.
+    fn copy_to_new_member(&self, h: &mut HomeProc, idx: u64, source: &ComponentRef, exclude: &[u32], as_logger: bool) -> Result<Option<(ComponentRef, u64)>, Refusal> {
         let set = h.vregions.get(&idx).cloned().expect("checked by the caller");
         let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
         out.extend_from_slice(exclude);
@@ -977,7 +1071,14 @@ impl Mem {
         self.fence_set(&set.wire(idx), &who, None)?;
         let vrs = self.vrs();
         let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
-        match self.copy_vregion(h, source, &new, &who, lo, hi) {
+        let joined = match (as_logger, &set.log) {
+            (true, Some(_)) => {
+                let with = Replicas { epoch: h.epoch, owners: vec![source.clone(), new.clone()], ..set.clone() };
+                self.to_owner(&new, M2M_SET { who: who.clone(), set: with.wire(idx), creator: h.creator, home: self.me(), fresh: true }).map(|_| ())
+            }
+            _ => Ok(()),
+        };
+        match joined.and_then(|()| self.copy_vregion(h, source, &new, &who, lo, hi)) {
             Ok(n) => Ok(Some((new, n))),
             Err(e) => {
                 // Whatever reached the new member is released there.
@@ -1000,6 +1101,11 @@ impl Mem {
     /// holds there; returns the number of pages and rows copied.
     fn copy_vregion(&self, h: &HomeProc, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
         self.give_vmas(h, new, who, lo, hi)?;
+        self.copy_pages(source, new, who, lo, hi)
+    }
+
+    /// Copies every page and parity row `source` holds in [lo, hi) to `new`.
+    fn copy_pages(&self, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
         let mut pages_copied = 0u64;
         for parity in [false, true] {
             let mut from = lo;
@@ -1106,6 +1212,13 @@ impl Mem {
             }
         }
         self.drop_replicas(&mut h, &[lost_home]);
+        // Loggers ask their home for copies: this one now.
+        let logged: Vec<(u64, Replicas)> = h.vregions.iter().filter(|(_, s)| s.log.is_some()).map(|(i, s)| (*i, s.clone())).collect();
+        for (idx, set) in logged {
+            if let Err(e) = self.tell_set(&h, idx, &set, false) {
+                tracing::warn!(pid = who.pid, vregion = idx, error = %e, "cannot tell a logged set its new home");
+            }
+        }
         self.sync_backup(&mut h);
         Ok(M2P_HOME { backup: h.backup.clone() })
     }

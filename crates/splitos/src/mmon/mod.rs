@@ -8,10 +8,14 @@
 //! mode when a mapping becomes writable (an mComponent out of memory fails the mmap, which the
 //! program sees as ENOMEM, malloc returning NULL); in heuristic mode when pages are stored.
 //!
+//! In a logged cluster (`replication = "log"`) it is also the logger of some vRegions
+//! ([`log`]): their write-backs go to a bounded log that it streams to an sComponent.
+//!
 //! It also holds the storage buffer cache of the files placed on it ([`bcache`]). This file is
 //! the mComponent's dispatch table: which handler serves each message.
 mod bcache;
 mod home;
+mod log;
 mod owner;
 mod vma;
 
@@ -42,6 +46,7 @@ struct Counters {
     oom: AtomicU64,
     parity_deltas: AtomicU64,
     reconstructed: AtomicU64,
+    promoted: AtomicU64,
 }
 
 /// What the rebuilder thread does: everything that may wait on a home lock a rebuild holds,
@@ -51,6 +56,8 @@ enum Job {
     Rebuild(u64),
     /// A heartbeat's answer from the global managers.
     Beat(G2X_BEAT),
+    /// Ask this home to copy a vRegion whose backup log skipped write-backs to its logger again.
+    Resync(Who, u64, ComponentRef),
 }
 
 pub struct Mem {
@@ -75,6 +82,8 @@ pub struct Mem {
     lost: Mutex<HashMap<u32, std::time::Instant>>,
     last_retry: Mutex<std::time::Instant>,
     bcache: Arc<bcache::BufferCache>,
+    /// The log of the vRegions this mComponent is the logger of.
+    backup: log::BackupLog,
     /// Leaf requests run on a shared pool of workers (rather than each connection's own thread).
     worker_pool: bool,
     c: Counters,
@@ -120,6 +129,7 @@ impl Mem {
         match job {
             Job::Rebuild(pid) => self.rebuild(pid),
             Job::Beat(beat) => self.on_beat(beat),
+            Job::Resync(who, index, home) => self.resync(who, index, home),
         }
     }
 
@@ -129,6 +139,7 @@ impl Mem {
         let owned = std::mem::take(&mut *self.owned.lock().unwrap());
         let homes = std::mem::take(&mut *self.homes.lock().unwrap());
         let backups = std::mem::take(&mut *self.backups.lock().unwrap());
+        self.backup.clear();
         for p in owned.values() {
             let g = p.lock().unwrap();
             self.committed.fetch_sub(g.committed, Relaxed);
@@ -219,7 +230,8 @@ impl Mem {
             .iter()
             .map(|(pid, p)| {
                 let g = p.lock().unwrap();
-                serde_json::json!({"pid": pid, "vnode": g.vnode, "pages": g.pages.len(), "parity_rows": g.parity.len(), "committed": g.committed})
+                let unprotected: Vec<u64> = g.logs.iter().filter(|(_, l)| l.skipped > 0).map(|(i, _)| *i).collect();
+                serde_json::json!({"pid": pid, "vnode": g.vnode, "pages": g.pages.len(), "parity_rows": g.parity.len(), "logged_vregions": g.logs.len(), "unprotected_vregions": unprotected, "committed": g.committed})
             })
             .collect();
         serde_json::json!({
@@ -231,6 +243,7 @@ impl Mem {
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
             "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
+            "backup_log": self.backup.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
             "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(),
         })
         .to_string()
@@ -281,6 +294,7 @@ impl Handler for Mem {
             Msg::M2M_EPOCH(r) => on(r, |r| self.set_epoch(r)),
             Msg::M2M_SET(r) => on(r, |r| self.set_stripes(r)),
             Msg::M2M_PARITY(r) => on(r, |r| self.parity(r)),
+            Msg::M2M_LOG_RESYNC(r) => on(r, |r| self.log_resync(r)),
             Msg::P2M_RECONSTRUCT(r) => on(r, |r| self.reconstruct(r)),
             Msg::M2M_READ_PAGES(r) => on(r, |r| self.read_pages(r)),
             Msg::M2M_HOME_OF(r) => on(r, |r| self.home_of(r)),
@@ -333,6 +347,7 @@ impl Handler for Mem {
                 | Msg::P2M_OWNER_FULL(_)
                 | Msg::P2M_HOME_TAKEOVER(_)
                 | Msg::P2M_RECONSTRUCT(_)
+                | Msg::M2M_LOG_RESYNC(_)
                 // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
                 // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
                 // page faults use their own connections, so only this pComponent's other control
@@ -355,6 +370,8 @@ pub struct MemArgs {
     pub bcache: u64,
     /// Largest read-ahead window for sequential file reads (0: off).
     pub readahead: u64,
+    /// Bytes of backup log kept for the sComponent (`replication = "log"`).
+    pub backup_log: u64,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
 }
@@ -380,6 +397,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         lost: Mutex::new(HashMap::new()),
         last_retry: Mutex::new(std::time::Instant::now()),
         bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
+        backup: log::BackupLog::new(args.backup_log),
         worker_pool: args.workers > 0,
         c: Counters::default(),
     });
@@ -414,11 +432,13 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
             }
         })
         .expect("spawn the rebuilder");
+    let m5 = mem.clone();
+    std::thread::Builder::new().name("log-stream".into()).spawn(move || m5.stream_logs()).expect("spawn the log streamer");
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, workers = args.workers, "splitos memory monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, backup_log = args.backup_log, workers = args.workers, "splitos memory monitor started");
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -14,6 +14,9 @@
 //! owners that are each other's parity never wait on each other. A change of epoch waits
 //! until no forward of the old epoch is under way ([`Mem::set_epoch`]): a rebuild that reads
 //! the pages and the parity then sees them agree.
+//!
+//! The logger of a logged set keeps no pages of it: what would be stored or freed there is
+//! appended to the backup log instead ([`super::log`]); made primary, it replays the backup.
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -21,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
+use super::log::{Logged, Op, COPY_WAIT};
 use super::vma::{Vma, VmaMap};
 use super::{Mem, PAGE};
 
@@ -64,6 +68,7 @@ fn xor_into(a: &mut [u8], b: &[u8]) {
 
 /// Owner state of one process: its vmas and pages in vRegions this mComponent owns.
 pub(super) struct OwnerProc {
+    pub pid: u64,
     pub vnode: String,
     /// The pComponent that created the process ([`super::may_act`]).
     creator: Option<[u8; 32]>,
@@ -74,16 +79,29 @@ pub(super) struct OwnerProc {
     pub parity: BTreeMap<u64, Page>,
     /// The striped sets of the process's vRegions this mComponent is a member of, by index.
     sets: BTreeMap<u64, VregionReplicas>,
+    /// The vRegions this mComponent is the logger of, by index.
+    pub logs: BTreeMap<u64, Logged>,
     pub committed: u64,
     /// Write-backs of an older epoch of the process are refused ([`Who::epoch`]).
-    epoch: u64,
+    pub epoch: u64,
     /// Parity forwards under way (each counted while its lock is held).
     forwarding: u32,
 }
 
 impl OwnerProc {
-    fn new(vnode: &str, creator: Option<[u8; 32]>, epoch: u64) -> OwnerProc {
-        OwnerProc { vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), parity: BTreeMap::new(), sets: BTreeMap::new(), committed: 0, epoch, forwarding: 0 }
+    fn new(pid: u64, vnode: &str, creator: Option<[u8; 32]>, epoch: u64) -> OwnerProc {
+        OwnerProc { pid, vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), parity: BTreeMap::new(), sets: BTreeMap::new(), logs: BTreeMap::new(), committed: 0, epoch, forwarding: 0 }
+    }
+
+    /// The vRegion of page `vpn`, if this mComponent is its logger.
+    fn logged(&self, vpn: u64, vrs: u64) -> Option<u64> {
+        let idx = vpn * PAGE / vrs;
+        self.logs.contains_key(&idx).then_some(idx)
+    }
+
+    /// The backup file of vRegion `index` of the process.
+    pub fn file(&self, index: u64) -> LogFile {
+        LogFile { vnode: self.vnode.clone(), pid: self.pid, index }
     }
 
     /// Pages and parity rows held: what the process takes of this mComponent's memory.
@@ -143,8 +161,11 @@ impl OwnerProc {
         self.vmas.find(vpn * PAGE).map(|_| ()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is not mapped", vpn * PAGE)))
     }
 
-    fn load_page(&self, vpn: u64) -> Result<ByteBuf, Refusal> {
+    fn load_page(&self, vpn: u64, vrs: u64) -> Result<ByteBuf, Refusal> {
         self.page_in_vma(vpn)?;
+        if let Some(idx) = self.logged(vpn, vrs) {
+            return Err(ERR::new(ErrCode::Stale, format!("this mComponent keeps the backup log of vRegion {idx} of process {}, not its pages", self.pid)));
+        }
         Ok(match self.pages.get(&vpn) {
             Some(pg) => ByteBuf::from(pg.to_vec()),
             None => sealed_zero_page(),
@@ -173,7 +194,7 @@ impl Mem {
     /// The owner state of a process its home names (made if new here), moved to the home's
     /// epoch; refused when the id is another vNode's or pComponent's process.
     fn owner_from_home(&self, who: &Who, creator: Option<[u8; 32]>) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&who.vnode, creator, who.epoch)))).clone();
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(who.pid, &who.vnode, creator, who.epoch)))).clone();
         let mut g = p.lock().unwrap();
         if g.vnode != who.vnode || g.creator != creator {
             self.c.denied.fetch_add(1, Relaxed);
@@ -202,6 +223,14 @@ impl Mem {
     /// Drops the pages of [start, end); in striped sets their contents go to the parity as
     /// changes to zero (returned, to forward once the lock is released).
     fn free_pages(&self, p: &mut OwnerProc, start: u64, end: u64) -> Deltas {
+        let vrs = self.vrs();
+        if end > start {
+            let logged: Vec<u64> = p.logs.range(start / vrs..=(end - 1) / vrs).map(|(i, _)| *i).collect();
+            for idx in logged {
+                let (s, e) = (start.max(idx * vrs), end.min((idx + 1) * vrs));
+                self.log_op(p, idx, LogRecord::Discard { start: s / PAGE, end: e / PAGE }, None);
+            }
+        }
         let vpns: Vec<u64> = p.pages.range(start / PAGE..end / PAGE).map(|(k, _)| *k).collect();
         let mut deltas = Deltas::new();
         for v in &vpns {
@@ -266,10 +295,36 @@ impl Mem {
         self.committed.fetch_sub(bytes, Relaxed);
     }
 
-    /// Stores a page; its change, when it is in a striped set, is added to `deltas`.
+    /// Appends `record` to the backup log of vRegion `idx` (waiting up to `wait` for room);
+    /// a log without room skips it, and the vRegion is unprotected until copied again.
+    fn log_op(&self, p: &mut OwnerProc, idx: u64, record: LogRecord, wait: Option<std::time::Duration>) {
+        let file = p.file(idx);
+        let Some(l) = p.logs.get_mut(&idx) else { return };
+        if l.skipped == 0 && self.backup.push(&l.scomp, file, l.epoch, Op::Record(record), wait) {
+            return;
+        }
+        if l.skipped == 0 {
+            metrics::counter!("mcomp_log_unprotected_vregions_total").increment(1);
+            tracing::warn!(pid = p.pid, vregion = idx, "backup log full (the sComponent is slower than the write-backs): vRegion unprotected until its primary copies it here again");
+        }
+        // Once one write-back is missing, logging more cannot make the backup whole.
+        l.skipped += 1;
+        self.backup.skipped(1);
+    }
+
+    /// Stores a page; its change, when it is in a striped set, is added to `deltas`. A logger
+    /// appends it to its log instead (waiting up to `wait` for room).
     fn store(&self, p: &mut OwnerProc, vpn: u64, data: &[u8], deltas: &mut Deltas) -> Result<(), Refusal> {
+        self.store_or_wait(p, vpn, data, deltas, None)
+    }
+
+    fn store_or_wait(&self, p: &mut OwnerProc, vpn: u64, data: &[u8], deltas: &mut Deltas, wait: Option<std::time::Duration>) -> Result<(), Refusal> {
         sealed_size(data)?;
         p.page_in_vma(vpn)?;
+        if let Some(idx) = p.logged(vpn, self.vrs()) {
+            self.log_op(p, idx, LogRecord::Page { vpn, data: ByteBuf::from(data.to_vec()) }, wait);
+            return Ok(());
+        }
         // Heuristic overcommit charges pages as they arrive: a new page beyond capacity is
         // refused, and the pComponent has the home move the vRegion to an mComponent with room.
         if !self.charges_mappings() && !p.pages.contains_key(&vpn) && self.used.load(Relaxed) + PAGE > self.capacity {
@@ -300,7 +355,7 @@ impl Mem {
     pub(super) fn fetch(&self, r: P2M_FETCH) -> Result<M2P_PAGE, Refusal> {
         let p = self.owner_proc(&r.who)?;
         self.c.fetches.fetch_add(1, Relaxed);
-        let data = p.lock().unwrap().load_page(r.vpn)?;
+        let data = p.lock().unwrap().load_page(r.vpn, self.vrs())?;
         Ok(M2P_PAGE { data })
     }
 
@@ -337,7 +392,7 @@ impl Mem {
         let p = self.owner_proc(&r.who)?;
         self.store_piggybacked(&r.flush_who, r.flush_vpn, &r.data)?;
         self.c.fetches.fetch_add(1, Relaxed);
-        let data = p.lock().unwrap().load_page(r.fetch_vpn)?;
+        let data = p.lock().unwrap().load_page(r.fetch_vpn, self.vrs())?;
         Ok(M2P_PAGE { data })
     }
 
@@ -352,7 +407,8 @@ impl Mem {
     pub(super) fn fetch_many(&self, r: P2M_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let g = p.lock().unwrap();
-        let pages = r.vpns.iter().map(|v| g.load_page(*v)).collect::<Result<Vec<_>, _>>()?;
+        let vrs = self.vrs();
+        let pages = r.vpns.iter().map(|v| g.load_page(*v, vrs)).collect::<Result<Vec<_>, _>>()?;
         self.c.fetches.fetch_add(pages.len() as u64, Relaxed);
         Ok(M2P_PAGES { pages })
     }
@@ -454,6 +510,25 @@ impl Mem {
         let p = self.owner_proc(&r.who)?;
         let g = p.lock().unwrap();
         let max = r.max as usize;
+        let vrs = self.vrs();
+        if max > 0 && !r.parity && r.end > r.from {
+            if let Some(idx) = g.logged(r.from / PAGE, vrs).filter(|i| (r.end - 1) / vrs == *i) {
+                // A logger answers from its backup (a page rebuilt after a bad copy).
+                let l = g.logs[&idx].clone();
+                if l.skipped > 0 {
+                    return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} misses {} write-backs its log skipped while full", l.skipped)));
+                }
+                let file = g.file(idx);
+                drop(g);
+                let pages = self.read_backup(&l.scomp, &file)?;
+                let mut it = pages.range(r.from / PAGE..r.end / PAGE);
+                let out = it.by_ref().take(max).map(|(v, d)| (*v, d.clone())).collect();
+                return Ok(M2M_PAGES { pages: out, more: it.next().is_some() });
+            }
+            if g.logs.range(r.from / vrs..=(r.end - 1) / vrs).next().is_some() {
+                return Err(ERR::new(ErrCode::Invalid, format!("{:#x}..{:#x} spans vRegions this mComponent keeps backup logs of", r.from, r.end)));
+            }
+        }
         let mut it = if r.parity { g.parity.range(r.from / PAGE..r.end / PAGE) } else { g.pages.range(r.from / PAGE..r.end / PAGE) };
         let pages = it.by_ref().take(max).map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec()))).collect();
         Ok(M2M_PAGES { pages, more: it.next().is_some() })
@@ -464,8 +539,9 @@ impl Mem {
         let mut g = p.lock().unwrap();
         let mut deltas = Deltas::new();
         let stored = r.pages.iter().try_for_each(|(vpn, data)| match r.put {
-            Put::Write => self.store(&mut g, *vpn, data, &mut deltas),
-            Put::Copy => self.store(&mut g, *vpn, data, &mut Deltas::new()),
+            // A copy for a logger must not be skipped: it waits for room.
+            Put::Write => self.store_or_wait(&mut g, *vpn, data, &mut deltas, Some(COPY_WAIT)),
+            Put::Copy => self.store_or_wait(&mut g, *vpn, data, &mut Deltas::new(), Some(COPY_WAIT)),
             Put::Parity => {
                 sealed_size(data)?;
                 let mut row: Page = Box::new([0u8; SEALED_PAGE]);
@@ -481,11 +557,17 @@ impl Mem {
         stored.map(|()| OK)
     }
 
-    /// A striped set of the process, from its home (made, or changed by a rebuild).
+    /// A striped or logged set of the process, from its home (made, or changed by a rebuild).
     pub(super) fn set_stripes(&self, r: M2M_SET) -> Result<OK, Refusal> {
-        let M2M_SET { who, set, creator } = r;
+        let M2M_SET { who, set, creator, home, fresh } = r;
         if set.data > 0 && set.owners.len() != set.data as usize + 1 {
             return Err(ERR::new(ErrCode::Invalid, format!("a striped set of {} data members has {} members", set.data, set.owners.len())));
+        }
+        if set.log.is_some() && (set.data > 0 || set.owners.is_empty() || set.owners.len() > 2) {
+            return Err(ERR::new(ErrCode::Invalid, format!("a logged set has a primary and a logger, not {} members", set.owners.len())));
+        }
+        if set.log.is_some() {
+            return self.set_logged(who, set, creator, home, fresh);
         }
         if set.data > 0 {
             Replication::Ec { data: set.data }.check_vregion_size(self.vrs()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
@@ -506,6 +588,73 @@ impl Mem {
             self.used.fetch_sub(rows.len() as u64 * PAGE, Relaxed);
         }
         Ok(OK)
+    }
+
+    /// A logged set: this mComponent becomes its logger (its log starts anew when `fresh`),
+    /// stays it, is made its primary (it replays the backup into pages first), or leaves it.
+    fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, fresh: bool) -> Result<OK, Refusal> {
+        let p = self.owner_from_home(&who, creator)?;
+        let mut g = p.lock().unwrap();
+        let me = self.node.id();
+        let idx = set.index;
+        let scomp = set.log.clone().expect("checked by the caller");
+        if set.logger().is_some_and(|l| l.id == me) && set.owners[0].id != me {
+            let new = !g.logs.contains_key(&idx);
+            let file = g.file(idx);
+            let l = g.logs.entry(idx).or_insert_with(|| Logged { scomp: scomp.clone(), home: home.clone(), epoch: set.epoch, skipped: 0, asked: None });
+            l.scomp = scomp;
+            l.home = home;
+            l.epoch = set.epoch;
+            if fresh {
+                // A reset takes no room: it is never skipped.
+                self.backup.push(&l.scomp, file, l.epoch, Op::Reset, None);
+                l.skipped = 0;
+                l.asked = None;
+            } else if new {
+                // Named logger without a fresh start: it has no backup of what came before.
+                l.skipped = 1;
+            }
+        } else if set.owners[0].id == me && g.logs.contains_key(&idx) {
+            let n = self.promote(&mut g, idx)?;
+            tracing::warn!(pid = who.pid, vregion = idx, pages = n, "primary of a vRegion lost: replayed its backup file and log, and serve it now");
+        } else {
+            g.logs.remove(&idx);
+        }
+        if set.owners.iter().any(|o| o.id == me) {
+            g.sets.insert(idx, set);
+        } else {
+            g.sets.remove(&idx);
+        }
+        Ok(OK)
+    }
+
+    /// Makes the logger of vRegion `idx` its primary: the pages are what the backup file,
+    /// once the whole log reached it, says. A log that skipped write-backs has no such answer.
+    fn promote(&self, g: &mut OwnerProc, idx: u64) -> Result<u64, Refusal> {
+        let l = g.logs.get(&idx).cloned().expect("checked by the caller");
+        if l.skipped > 0 {
+            metrics::counter!("mcomp_log_promotions_refused_total").increment(1);
+            return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} of process {} misses {} write-backs its log skipped while full: the vRegion's pages were on its lost primary alone", g.pid, l.skipped)));
+        }
+        let pages = self.read_backup(&l.scomp, &g.file(idx))?;
+        let vrs = self.vrs();
+        let n = pages.len() as u64;
+        if !self.charges_mappings() && self.used.load(Relaxed) + n * PAGE > self.capacity {
+            self.c.oom.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of", self.node.id())));
+        }
+        g.logs.remove(&idx);
+        for (vpn, data) in pages.into_iter().filter(|(v, _)| *v * PAGE / vrs == idx) {
+            sealed_size(&data)?;
+            let mut page: Page = Box::new([0u8; SEALED_PAGE]);
+            page.copy_from_slice(&data);
+            if g.pages.insert(vpn, page).is_none() {
+                self.used.fetch_add(PAGE, Relaxed);
+            }
+        }
+        self.c.promoted.fetch_add(n, Relaxed);
+        metrics::counter!("mcomp_log_promoted_pages_total").increment(n);
+        Ok(n)
     }
 
     /// Page changes from the owners of a striped set this mComponent is parity member of.
@@ -552,9 +701,10 @@ impl Mem {
         let pages: BTreeMap<u64, Page> = g.pages.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
         let parity: BTreeMap<u64, Page> = g.parity.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
         let sets: Vec<VregionReplicas> = g.sets.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(_, s)| s.clone()).collect();
+        let logs: Vec<(u64, Logged)> = g.logs.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(i, l)| (*i, l.clone())).collect();
         self.used.fetch_add((pages.len() + parity.len()) as u64 * PAGE, Relaxed);
         let mut owned = self.owned.lock().unwrap();
-        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(&parent.vnode, g.creator, g.epoch))));
+        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(child, &parent.vnode, g.creator, g.epoch))));
         let mut c = cp.lock().unwrap();
         // The child's vRegions arrive one message each; a child id that names another
         // process (of another vNode or pComponent) is not merged into.
@@ -568,6 +718,11 @@ impl Mem {
         c.pages.extend(pages);
         c.parity.extend(parity);
         c.sets.extend(sets.into_iter().map(|s| (s.index, s)));
+        for (idx, l) in logs {
+            // In the log's order: the child's backup is the parent's as of the fork.
+            self.backup.push(&l.scomp, c.file(idx), l.epoch, Op::CopyFrom(g.file(idx)), None);
+            c.logs.insert(idx, Logged { asked: None, ..l });
+        }
         c.committed += need;
         Ok(OK)
     }
@@ -576,6 +731,9 @@ impl Mem {
         let p = self.owned.lock().unwrap().remove(&r.who.pid);
         if let Some(p) = p {
             let g = p.lock().unwrap();
+            if let Some(l) = g.logs.values().next() {
+                self.backup.push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
+            }
             self.committed.fetch_sub(g.committed, Relaxed);
             self.used.fetch_sub(g.held(), Relaxed);
         }

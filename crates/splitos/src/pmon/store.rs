@@ -315,14 +315,15 @@ impl RemoteStore {
         }
     }
 
-    /// Page `vpn` of a striped set whose holder sent a copy failing its checksum, rebuilt by
-    /// the home from the parity (which also writes it over the bad copy).
+    /// Page `vpn` of a striped or logged set whose holder sent a copy failing its checksum,
+    /// rebuilt by the home from the parity or the backup (which also writes it over the bad
+    /// copy).
     fn reconstruct(&self, s: &Space, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
-        let r = s.call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn }).map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity: {e}", holder.id, holder.addr, page(vpn))))?;
+        let r = s.call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn }).map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
         match opened(&s.home(), vpn, r.data)? {
             Some(good) => {
                 metrics::counter!("pcomp_pages_repaired_total").increment(1);
-                tracing::warn!(holder = holder.id, vpn, "repaired a corrupted page from the parity");
+                tracing::warn!(holder = holder.id, vpn, "repaired a corrupted page from the parity or backup");
                 Ok(good)
             }
             None => Err(corrupt(holder, vpn)),
@@ -377,9 +378,11 @@ impl RemoteStore {
             let who = s.who_now();
             let mut bad = Vec::new();
             let members = set.distinct().len();
-            let holders: Vec<&ComponentRef> = match set.parity() {
-                None => set.owners.iter().collect(),
-                Some(_) => vec![set.holder(vpn)],
+            // A logger holds no pages, a striped set one copy: the home rebuilds a bad one.
+            let rebuilt = set.parity().is_some() || set.logger().is_some();
+            let holders: Vec<&ComponentRef> = match rebuilt {
+                false => set.owners.iter().collect(),
+                true => vec![set.holder(vpn)],
             };
             for o in holders {
                 match self.node.rpc.call_direct(&o.addr, P2M_FETCH { who: who.clone(), vpn }) {
@@ -396,7 +399,7 @@ impl RemoteStore {
                     },
                 }
             }
-            if set.parity().is_some() {
+            if rebuilt {
                 return self.reconstruct(s, vpn, &bad[0]);
             }
             return Err(corrupt(&bad[0], vpn));

@@ -3,8 +3,9 @@
 //! request can be served alone, in any order, after a restart. Changes are made durable by
 //! fsync, every `CHECKPOINT_EVERY`, and at an orderly stop, like a journaling file system's
 //! commit interval. pComponents send it namespace
-//! operations; mComponents (the buffer cache) read and write file data. It never calls
-//! another component.
+//! operations; mComponents (the buffer cache) read and write file data, and loggers their
+//! backup files ([`backup`]). It never calls another component.
+mod backup;
 mod ns;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -23,10 +24,12 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct Storage {
     node: Arc<Node>,
     store: Store,
+    backups: backup::BackupFiles,
     started: Instant,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     syncs: AtomicU64,
+    backup_appended: AtomicU64,
 }
 
 impl Storage {
@@ -39,6 +42,7 @@ impl Storage {
             "role": "scomponent", "id": self.node.id(), "addr": self.node.addr, "uptime_ms": self.started.elapsed().as_millis() as u64,
             "quota": self.store.quota(), "used": self.store.used(),
             "bytes_read": self.bytes_read.load(Relaxed), "bytes_written": self.bytes_written.load(Relaxed), "syncs": self.syncs.load(Relaxed),
+            "backup_files": {"bytes": self.backups.bytes(), "appended_bytes": self.backup_appended.load(Relaxed)},
         })
         .to_string()
     }
@@ -61,6 +65,17 @@ impl Storage {
         fs(self.store.write_data(&r.vnode, r.ino, r.offset, &r.data, r.size, r.mtime_ns))?;
         self.bytes_written.fetch_add(r.data.len() as u64, Relaxed);
         metrics::counter!("scomp_written_bytes_total").increment(r.data.len() as u64);
+        Ok(OK)
+    }
+
+    fn log_append(&self, r: M2S_LOG_APPEND) -> Result<OK, Refusal> {
+        let n = match self.backups.append(&r.file, r.epoch, r.reset, &r.records) {
+            Ok(n) => n,
+            Err(backup::Refused::Errno(e)) => return Err(Refusal::errno(e)),
+            Err(backup::Refused::Stale(at)) => return Err(ERR::new(ErrCode::Stale, format!("the backup file of vRegion {} of process {} was reset at epoch {at}, after the append's {}", r.file.index, r.file.pid, r.epoch))),
+        };
+        self.backup_appended.fetch_add(n, Relaxed);
+        metrics::counter!("scomp_backup_appended_bytes_total").increment(n);
         Ok(OK)
     }
 
@@ -104,6 +119,13 @@ impl Handler for Storage {
             Msg::M2S_WRITE(r) => on(r, |r| self.write(r)),
             Msg::M2S_RESERVE(r) => on(r, |r| fs(s.reserve(&r.vnode, r.ino, r.bytes)).map(|_| OK)),
             Msg::M2S_SETSIZE(r) => on(r, |r| fs(s.set_size(&r.vnode, r.ino, r.size)).map(|_| OK)),
+            Msg::M2S_LOG_APPEND(r) => on(r, |r| self.log_append(r)),
+            Msg::M2S_LOG_READ(r) => on(r, |r| {
+                let (records, next, more) = fs(self.backups.read(&r.file, r.offset, r.max))?;
+                Ok(S2M_LOG { records, next, more })
+            }),
+            Msg::M2S_LOG_COPY(r) => on(r, |r| fs(self.backups.copy(&r.from, &r.to)).map(|_| OK)),
+            Msg::M2S_LOG_DROP(r) => on(r, |r| fs(self.backups.drop_process(&r.vnode, r.pid)).map(|_| OK)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Storage, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| {
@@ -135,8 +157,9 @@ pub struct StorageArgs {
 pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let store = Store::open(&args.dir, args.quota)?;
+    let backups = backup::BackupFiles::open(&args.dir)?;
     let (node, endpoint) = Node::bind(Role::Storage, &args.gm, &args.listen, &args.transport, &args.credentials)?;
-    let st = Arc::new(Storage { node: node.clone(), store, started: Instant::now(), bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0) });
+    let st = Arc::new(Storage { node: node.clone(), store, backups, backup_appended: AtomicU64::new(0), started: Instant::now(), bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0) });
     let s3 = st.clone();
     stop.on_stop(move || {
         if let Err(e) = s3.store.checkpoint() {

@@ -67,7 +67,7 @@ fn internal(e: impl std::fmt::Display) -> i32 {
 }
 
 /// A vNode name made safe as a table and directory name.
-fn vnode_key(vnode: &str) -> FsResult<String> {
+pub(super) fn vnode_key(vnode: &str) -> FsResult<String> {
     if vnode.is_empty() || vnode.len() > 128 {
         return Err(libc::EINVAL);
     }
