@@ -94,7 +94,7 @@ fn a_full_log_stops_protecting_says_so_and_protects_again_once_it_drains() {
     assert!(mcomp_stats(&c).iter().all(|m| m["stats"]["backup_log"]["capacity"] == 256 << 10));
     let scomp_pid = c.pid_of_addr(&scomp(&c));
     let table = program("hashtable");
-    let cmd = [table.to_str().unwrap(), "200000"];
+    let cmd = [table.to_str().unwrap(), "100000"];
     let mut stall = None;
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
         if phase == 1 {
@@ -124,7 +124,7 @@ fn losing_a_primary_whose_log_was_full_ends_the_program_with_an_error_naming_it(
     let c = cluster(3, "backup_log = \"256K\"\n");
     let scomp_pid = c.pid_of_addr(&scomp(&c));
     let table = program("hashtable");
-    let cmd = [table.to_str().unwrap(), "200000"];
+    let cmd = [table.to_str().unwrap(), "100000"];
     let mut stall = None;
     let mut victim = String::new();
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
@@ -144,7 +144,7 @@ fn losing_a_primary_whose_log_was_full_ends_the_program_with_an_error_naming_it(
     assert!(!ok, "the program cannot go on without pages nobody has");
     assert!(native_phased(&cmd).starts_with(&out), "no output from lost data: {out}");
     assert!(err.contains(&victim), "the error names the lost mComponent {victim}: {err}");
-    assert!(mcomp_metric(&c, "mcomp_log_promotions_refused_total") >= 1.0, "the logger refused to replay a backup that misses pages");
+    assert!(mcomp_metric(&c, "mcomp_log_promotions_refused_total") >= 1.0, "the logger refused to replay a backup that misses pages: {err}");
 }
 
 #[test]

@@ -241,7 +241,9 @@ impl Mem {
         }
         let owned: Vec<_> = self.owned.lock().unwrap().values().cloned().collect();
         for p in owned {
-            let mut g = p.lock().unwrap();
+            // A process busy now (a copy into its log may be waiting on this very thread to
+            // make room) is asked about next time.
+            let Ok(mut g) = p.try_lock() else { continue };
             let who = Who { epoch: g.epoch, ..Who::new(g.vnode.clone(), g.pid) };
             for (idx, l) in g.logs.iter_mut().filter(|(_, l)| l.skipped > 0 && l.asked.is_none_or(|t| t.elapsed() > RESYNC_EVERY)) {
                 l.asked = Some(Instant::now());
