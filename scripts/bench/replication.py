@@ -3,11 +3,12 @@
 mComponent costs, on this machine, side by side with no replication in the same run.
 
 - Slowdown of the suite's workloads with an ExCache of 25% of their working set, five
-  mComponents, `--replication none`, `replica` and `ec` (ec:4) interleaved (against native
+  mComponents, `--replication none`, `replica`, `log` and `ec` (ec:4) interleaved (against native
   runs in the same run; every output checked against the native one).
 - Memory on the mComponents per scheme, for a program holding 256 MiB.
 - Time to rebuild what an mComponent held (per GiB), from the moment it is killed and from
-  the moment the homes start copying (replica) or rebuilding from parity (ec).
+  the moment the homes start copying (replica), replaying backups (log) or rebuilding from
+  parity (ec).
 - How long a program stalls when an mComponent that holds its pages dies under it (the
   longest single memory access), against the longest access of runs where nothing dies.
 
@@ -28,11 +29,11 @@ import time
 from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 from suite import geomean, med, run, splitos_prefix, working_set_kib, workloads
 
-SCHEMES = ("none", "replica", "ec")
+SCHEMES = ("none", "replica", "log", "ec")
 # Set members per scheme, and mComponents enough for a set and one to rebuild onto.
-MEMBERS = {"none": 1, "replica": 2, "ec": 5}
+MEMBERS = {"none": 1, "replica": 2, "log": 2, "ec": 5}
 MCOMPS = 5
-STALL_RUNS = ("none", "replica", "ec", "replica-killed", "ec-killed", "none-killed")
+STALL_RUNS = ("none", "replica", "log", "ec", "replica-killed", "log-killed", "ec-killed", "none-killed")
 QUICK_SET = ("wordcount (tr, sort, uniq -c)", "sqlite3 (in-memory database)", "node (word-pair Map)")
 
 
@@ -51,7 +52,7 @@ class Cluster:
         self.env = dict(os.environ, SPLITOS_STATE_DIR=self.dir, SPLITOS_DATA_DIR=os.path.join(self.dir, "data"))
         cfg = os.path.join(self.dir, "cluster.toml")
         with open(cfg, "w") as f:
-            f.write(f'[cluster]\nreplication = "{replication}"\nreclaim_dead_ms = 1000\n{extra}[[pcomponent]]\nexcache = "16M"\n' + "[[mcomponent]]\n" * mcomps)
+            f.write(f'[cluster]\nreplication = "{replication}"\nreclaim_dead_ms = 1000\n{extra}[[pcomponent]]\nexcache = "16M"\n[[scomponent]]\n' + "[[mcomponent]]\n" * mcomps)
         up = subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, capture_output=True, text=True)
         if up.returncode != 0:
             sys.exit(f"cluster up ({mcomps} mComponents, {replication}) failed: {up.stderr.strip()}")
@@ -59,6 +60,14 @@ class Cluster:
     def status(self):
         out = subprocess.run([SPLITOS, "cluster", "status", "--json"], env=self.env, check=True, capture_output=True).stdout
         return [c for c in json.loads(out)["components"]]
+
+    def backup_bytes(self):
+        return sum(c["stats"]["backup_files"]["bytes"] for c in self.status() if c["role"] == "scomponent" and c["stats"])
+
+    def settled(self):
+        """Every logger's log on its sComponent, and no vRegion left unprotected."""
+        ms = self.mcomps()
+        return all(m["stats"]["backup_log"]["queued_bytes"] == 0 and not any(p["unprotected_vregions"] for p in m["stats"]["owned_processes"]) for m in ms)
 
     def mcomps(self):
         return [c for c in self.status() if c["role"] == "mcomponent" and c["alive"] and c["stats"]]
@@ -138,12 +147,26 @@ def memory(hold):
         try:
             p = c.spawn([hold, "256"])
             assert p.stdout.readline() == "ready\n"
-            out[s] = sum(m["stats"]["used"] for m in c.mcomps())
+            wait_settled(c)
+            out[s] = {"mcomponents": sum(m["stats"]["used"] for m in c.mcomps()), "backup_files": c.backup_bytes()}
             p.stdin.close()
             p.wait()
         finally:
             c.down()
     return out
+
+
+def wait_settled(c):
+    t0 = time.monotonic()
+    while not c.settled():
+        if time.monotonic() - t0 > 120:
+            sys.exit("the backup logs did not reach the sComponent within two minutes")
+        time.sleep(0.1)
+
+
+def work_done(c, skip=None):
+    """Pages copied to new members and pages replayed from backups, over the mComponents."""
+    return sum(m["stats"]["rebuild"]["copied_pages"] + m["stats"]["promoted_pages"] for m in c.mcomps() if m["id"] != skip)
 
 
 def rebuild(hold, mib, scheme):
@@ -155,14 +178,16 @@ def rebuild(hold, mib, scheme):
         p = c.spawn([hold, str(mib)])
         assert p.stdout.readline() == "ready\n"
         pid = program_pid(c)
+        # A lost primary is replayed from its logger's backup only when that backup is whole.
+        wait_settled(c)
         v = victim(c, pid)
-        copied0 = sum(m["stats"]["rebuild"]["copied_pages"] for m in c.mcomps())
+        copied0 = work_done(c)
+        promoted0 = sum(m["stats"]["promoted_pages"] for m in c.mcomps())
         os.kill(c.pid_of(v["addr"]), signal.SIGKILL)
         t0 = time.monotonic()
         started = None
         while time.monotonic() - t0 < 120:
-            ms = [m for m in c.mcomps() if m["id"] != v["id"]]
-            copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in ms)
+            copied = work_done(c, v["id"])
             if started is None and copied > copied0:
                 started = time.monotonic()
             if started is not None and whole(c, pid, MEMBERS[scheme]):
@@ -171,14 +196,15 @@ def rebuild(hold, mib, scheme):
             time.sleep(0.02)
         else:
             sys.exit("the rebuild did not finish within two minutes")
-        copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in c.mcomps()) - copied0
+        copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in c.mcomps()) - (copied0 - promoted0)
+        promoted = sum(m["stats"]["promoted_pages"] for m in c.mcomps()) - promoted0
         p.stdin.close()
         out = p.stdout.read()
         p.wait()
         want = subprocess.run([hold, str(mib)], input="", capture_output=True, text=True).stdout
         if "ready\n" + out != want:
             sys.exit(f"hold {mib} printed {out!r} after the rebuild, natively {want!r}")
-        return {"detect_s": started - t0, "copy_s": done - started, "bytes": copied * 4096}
+        return {"detect_s": started - t0, "copy_s": done - started, "bytes": copied * 4096, "replayed_bytes": promoted * 4096}
     finally:
         c.down()
 
@@ -191,6 +217,7 @@ def stall(prog, scheme, kill):
         p = c.spawn([prog, "128", "4"])
         assert p.stdout.readline() == "ready\n"
         if kill:
+            wait_settled(c)
             pid = program_pid(c)
             v = victim(c, pid)
             time.sleep(1)
@@ -207,8 +234,8 @@ def report(res, docs):
     m = res["machine"]
     lines = ["<!-- replication:begin (generated by scripts/bench/replication.py; do not edit by hand) -->",
              "## Replication: LegoOS figure 14 with schemes", "",
-             f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. {MCOMPS} mComponents on this host (shared memory), `run --embedded --replication none|replica|ec` (`ec` is ec:4: four data places and a parity place per vRegion), the schemes interleaved; medians of {res['reps']} run(s) (min–max), time divided by the native time of the same run. Every output was compared with the native run's. The LegoOS backup-log scheme (`log`) is not built yet.", "",
-             "| workload | working set | native s | none 25% | replica 25% | ec 25% | replica / none | ec / none | write-backs stored (none → replica → ec) |", "|---|---|---|---|---|---|---|---|---|"]
+             f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. {MCOMPS} mComponents on this host (shared memory), `run --embedded --replication none|replica|log|ec` (`log` is LegoOS's: a primary and a logger that streams every write-back to a backup file on the sComponent; `ec` is ec:4: four data places and a parity place per vRegion), the schemes interleaved; medians of {res['reps']} run(s) (min–max), time divided by the native time of the same run. Every output was compared with the native run's.", "",
+             "| workload | working set | native s | none 25% | replica 25% | log 25% | ec 25% | replica / none | log / none | ec / none | write-backs taken by mComponents (none → replica → log → ec) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios = {s: [] for s in SCHEMES}
     for name, r in res["slowdown"].items():
         nat = med(r["native_s"])
@@ -218,22 +245,22 @@ def report(res, docs):
             ratios[s].append(med(xs))
             cells.append(f"{med(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})")
         flushes = " → ".join(f"{med(r['flushes'][s]):.0f}" for s in SCHEMES)
-        lines.append(f"| {name} | {r['working_set_kib'] // 1024} MiB | {nat:.2f} | {' | '.join(cells)} | {med(r['replica']) / med(r['none']):.2f} | {med(r['ec']) / med(r['none']):.2f} | {flushes} |")
+        lines.append(f"| {name} | {r['working_set_kib'] // 1024} MiB | {nat:.2f} | {' | '.join(cells)} | {med(r['replica']) / med(r['none']):.2f} | {med(r['log']) / med(r['none']):.2f} | {med(r['ec']) / med(r['none']):.2f} | {flushes} |")
     lines += ["", "Geometric mean: " + ", ".join(f"{s} {geomean(ratios[s]):.2f}x" for s in SCHEMES) + " native."]
     mism = [f"{n}: {x}" for n, r in res["slowdown"].items() for x in r["mismatches"]]
     if mism:
         lines += ["", "Runs whose output differed from native: " + "; ".join(mism)]
     mem = res["memory"]
     lines += ["", f"Memory on the mComponents for a program holding 256 MiB (`hold 256`, 16 MiB ExCache, {MCOMPS} mComponents):", "",
-              "| scheme | bytes on mComponents | / the data (256 MiB) |", "|---|---|---|"]
+              "| scheme | bytes on mComponents | / the data (256 MiB) | backup files on the sComponent's disk |", "|---|---|---|---|"]
     for s in SCHEMES:
-        lines.append(f"| {s} | {mem[s] / (1 << 20):.0f} MiB | {mem[s] / (256 << 20):.2f} |")
-    lines += ["", f"Rebuild: `hold {res['rebuild_mib']}` with 64 MiB vRegions on one mComponent more than a set has (three for replica, six for ec); the mComponent at the first place of most of its sets killed with SIGKILL. The homes hear of it from the global managers, who declare an mComponent lost after `reclaim_dead_ms` (here 1000 ms) and say so in their next heartbeat answers; a program that touches a lost member makes its pComponent report it at once instead. The program then read its whole heap back and printed its native output.", "",
-              "| scheme | kill → rebuilding | rebuilt | time | per GiB rebuilt |", "|---|---|---|---|---|"]
-    for s in ("replica", "ec"):
+        lines.append(f"| {s} | {mem[s]['mcomponents'] / (1 << 20):.0f} MiB | {mem[s]['mcomponents'] / (256 << 20):.2f} | {mem[s]['backup_files'] / (1 << 20):.0f} MiB |")
+    lines += ["", f"Rebuild: `hold {res['rebuild_mib']}` with 64 MiB vRegions on one mComponent more than a set has (three for replica and log, six for ec), once every backup log reached the sComponent; the mComponent at the first place of most of its sets killed with SIGKILL. For log, the loggers of the killed primary's vRegions replay their backups into pages (\"replayed\"), before new loggers get full copies (\"rebuilt\"). The homes hear of it from the global managers, who declare an mComponent lost after `reclaim_dead_ms` (here 1000 ms) and say so in their next heartbeat answers; a program that touches a lost member makes its pComponent report it at once instead. The program then read its whole heap back and printed its native output.", "",
+              "| scheme | kill → rebuilding | replayed | rebuilt | time | per GiB rebuilt or replayed |", "|---|---|---|---|---|---|"]
+    for s in ("replica", "log", "ec"):
         rb = res["rebuild"][s]
-        gib = rb["bytes"] / (1 << 30)
-        lines.append(f"| {s} | {rb['detect_s']:.2f} s | {rb['bytes'] / (1 << 20):.0f} MiB | {rb['copy_s']:.2f} s | {rb['copy_s'] / gib:.2f} s |")
+        gib = (rb["bytes"] + rb.get("replayed_bytes", 0)) / (1 << 30)
+        lines.append(f"| {s} | {rb['detect_s']:.2f} s | {rb.get('replayed_bytes', 0) / (1 << 20):.0f} MiB | {rb['bytes'] / (1 << 20):.0f} MiB | {rb['copy_s']:.2f} s | {rb['copy_s'] / gib:.2f} s |")
     st = res["stall"]
 
     def fmt(r):
@@ -267,7 +294,7 @@ def main():
     bar.close()
     res["memory"] = memory(hold)
     res["rebuild_mib"] = 1024
-    res["rebuild"] = {s: rebuild(hold, 1024, s) for s in ("replica", "ec")}
+    res["rebuild"] = {s: rebuild(hold, 1024, s) for s in ("replica", "log", "ec")}
     res["stall"] = {k: stall(prog, k.split("-")[0], k.endswith("killed")) for k in STALL_RUNS}
     os.makedirs(out_dir, exist_ok=True)
     json.dump(res, open(os.path.join(out_dir, "replication.json"), "w"), indent=1)

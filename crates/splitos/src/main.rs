@@ -129,7 +129,7 @@ enum Cmd {
         mem_workers: Option<usize>,
         #[arg(long, help = format!("vRegion size of the embedded cluster, a power of two [default: {}]", config::default_cluster().vregion_size))]
         vregion_size: Option<Size>,
-        /// How the embedded cluster keeps heap memory safe from the loss of an mComponent: none, replica, ec, ec:K (one copy striped over K = 2, 4 or 8 mComponents plus XOR parity; ec is ec:4) [default: replica with 3 or more mComponents, else none].
+        /// How the embedded cluster keeps heap memory safe from the loss of an mComponent: none, replica, log (LegoOS: one copy plus a log of its write-backs streamed to a backup file on the sComponent), ec, ec:K (one copy striped over K = 2, 4 or 8 mComponents plus XOR parity; ec is ec:4) [default: replica with 3 or more mComponents, else none].
         #[arg(long, value_parser = parse_replication)]
         replication: Option<splitos_rpc::Replication>,
         /// When the embedded cluster charges heap memory: heuristic (when stored), strict (writable mappings whole, when made) [default: heuristic].
@@ -182,7 +182,7 @@ enum Cmd {
         /// How long a pComponent may be silent before the mComponents release the memory of its processes (ms).
         #[arg(long, default_value_t = config::default_cluster().reclaim_dead_ms)]
         reclaim_dead_ms: u64,
-        /// How heap memory survives the loss of an mComponent: none (one copy), replica (two, on different hosts where there are), ec or ec:K (one copy striped over K = 2, 4 or 8 mComponents plus their XOR parity on one more; ec is ec:4).
+        /// How heap memory survives the loss of an mComponent: none (one copy), replica (two, on different hosts where there are), log (LegoOS: one copy, and a logger mComponent streams each write-back to a backup file on an sComponent), ec or ec:K (one copy striped over K = 2, 4 or 8 mComponents plus their XOR parity on one more; ec is ec:4).
         #[arg(long, default_value = "none", value_parser = parse_replication)]
         replication: splitos_rpc::Replication,
         /// When heap memory is charged: heuristic (when stored; only a mapping larger than all memory is refused), strict (writable mappings whole, when made).

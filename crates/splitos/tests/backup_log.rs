@@ -103,7 +103,7 @@ fn a_full_log_stops_protecting_says_so_and_protects_again_once_it_drains() {
         }
         // Phase 2 wrote back far more than the log holds: the loggers skipped, and say so.
         assert!(!unprotected(c).is_empty(), "{:?}", mcomp_stats(c));
-        assert!(mcomp_metric(c, "mcomp_log_skipped_pages_total") > 0.0);
+        assert!(mcomp_metric(c, "mcomp_log_skipped_records_total") > 0.0);
         let status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
         assert!(status.contains("unprotected:") && status.contains("backup log was full"), "{status}");
         // The sComponent catches up: the log drains, each skipped vRegion is copied to its

@@ -69,6 +69,13 @@ fn erasure_coded_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced
 /// mComponent hosts with `scheme` (the default if none) whose sets have `members` members. After phase 1 a member's host is cut off until
 /// its places are rebuilt elsewhere, then comes back and is fenced; after phase 2 the home's
 /// host is lost, all its processes at once.
+#[test]
+fn logged_memory_survives_a_partitioned_mcomponent_that_comes_back_fenced_and_a_lost_host() {
+    // The backup files on the global managers' host: a cut-off logger cannot reach them
+    // either, and when it is back its stale records are refused there.
+    partition_then_lost_host(3, Some("log"), 2, 100_000, "4M");
+}
+
 fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize, entries: u32, excache: &str) {
     let mut names = vec!["gm".to_string(), "p1".to_string()];
     names.extend((1..=mhosts).map(|i| format!("m{i}")));
@@ -79,6 +86,9 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
         cfg += &format!("replication = \"{scheme}\"\n");
     }
     cfg += &format!("[[pcomponent]]\n{}excache = \"{excache}\"\n", at("p1"));
+    if scheme == Some("log") {
+        cfg += &format!("[[scomponent]]\n{}", at("gm"));
+    }
     for m in &names[2..] {
         cfg += &format!("[[mcomponent]]\n{}", at(m));
     }

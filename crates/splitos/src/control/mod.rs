@@ -120,7 +120,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         if scheme == "log" {
             let sum = |k: &str| mstats.iter().filter_map(|s| s["backup_log"][k].as_u64()).sum::<u64>();
             let unprotected: usize = mstats.iter().filter_map(|s| s["owned_processes"].as_array()).flatten().filter_map(|p| p["unprotected_vregions"].as_array()).map(|v| v.len()).sum();
-            println!("backup logs: {} queued, {} streamed to sComponents, {} write-backs skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), sum("skipped_pages"));
+            println!("backup logs: {} queued, {} streamed to sComponents, {} write-backs and frees skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), sum("skipped_records"));
             if unprotected > 0 {
                 println!("unprotected: {unprotected} vRegion(s) whose backup log was full (the sComponent was too slow); protected again once copied to their logger");
             }

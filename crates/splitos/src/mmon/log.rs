@@ -133,9 +133,10 @@ impl BackupLog {
         self.cv.notify_all();
     }
 
-    pub fn skipped(&self, pages: u64) {
-        self.skipped.fetch_add(pages, Relaxed);
-        metrics::counter!("mcomp_log_skipped_pages_total").increment(pages);
+    /// A record (a write-back or a freed range) the log had no room for.
+    pub fn skipped_one(&self) {
+        self.skipped.fetch_add(1, Relaxed);
+        metrics::counter!("mcomp_log_skipped_records_total").increment(1);
     }
 
     fn roomy(&self) -> bool {
@@ -144,7 +145,7 @@ impl BackupLog {
 
     pub fn stats(&self) -> serde_json::Value {
         let q = self.q.lock().unwrap();
-        serde_json::json!({"capacity": self.capacity, "queued_bytes": q.bytes, "queued_entries": q.entries.len(), "streamed_bytes": self.streamed.load(Relaxed), "skipped_pages": self.skipped.load(Relaxed), "stalled": q.stalled})
+        serde_json::json!({"capacity": self.capacity, "queued_bytes": q.bytes, "queued_entries": q.entries.len(), "streamed_bytes": self.streamed.load(Relaxed), "skipped_records": self.skipped.load(Relaxed), "stalled": q.stalled})
     }
 
     /// The request the front of the queue makes, and how many entries it covers: a run of

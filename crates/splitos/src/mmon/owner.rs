@@ -309,7 +309,7 @@ impl Mem {
         }
         // Once one write-back is missing, logging more cannot make the backup whole.
         l.skipped += 1;
-        self.backup.skipped(1);
+        self.backup.skipped_one();
     }
 
     /// Stores a page; its change, when it is in a striped set, is added to `deltas`. A logger
