@@ -447,6 +447,20 @@ pub struct LogFile {
     pub index: u64,
 }
 
+/// What an `M2M_SET` does to the backup of a logged set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogStep {
+    /// Nothing: the logger goes on (a new logger so named has no backup: it is unprotected).
+    Keep,
+    /// The logger's backup starts anew; it is whole only once `Whole` follows (an empty
+    /// vRegion, or a full copy of its pages in between).
+    Restart,
+    /// The copy that followed `Restart` is complete.
+    Whole,
+    /// The logger, named primary, replays its backup into pages first.
+    Replay,
+}
+
 /// One entry of a backup log, replayed in order: the last `Page` of a page not discarded
 /// since is its content.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -464,12 +478,14 @@ pub fn replay_log(records: impl IntoIterator<Item = LogRecord>, pages: &mut std:
             LogRecord::Page { vpn, data } => {
                 pages.insert(vpn, data);
             }
-            LogRecord::Discard { start, end } => {
+            // A range the wrong way round frees nothing (and must not panic the replayer).
+            LogRecord::Discard { start, end } if start < end => {
                 let gone: Vec<u64> = pages.range(start..end).map(|(v, _)| *v).collect();
                 for v in gone {
                     pages.remove(&v);
                 }
             }
+            LogRecord::Discard { .. } => {}
         }
     }
 }
@@ -774,9 +790,8 @@ messages! {
     /// The striped or logged set of vRegion `set.index` of the process, from its home
     /// (`home`) whenever it is made or changes: an owner forwards the changes of the pages it
     /// stores to the parity member named there; the logger of a logged set appends its
-    /// write-backs to its log, and a logger made primary replays its backup. `fresh`: the
-    /// logger's backup starts anew (an empty vRegion, or a full copy follows).
-    M2M_SET { pub who: Who, pub set: VregionReplicas, pub creator: Option<[u8; 32]>, pub home: ComponentRef, pub fresh: bool };
+    /// write-backs to its log; `log` says what happens to the backup.
+    M2M_SET { pub who: Who, pub set: VregionReplicas, pub creator: Option<[u8; 32]>, pub home: ComponentRef, pub log: LogStep };
     /// From the logger of vRegion `index` to the process's home: its log was full and skipped
     /// write-backs; the home copies the vRegion to it again (fenced) and it protects it again.
     M2M_LOG_RESYNC { pub who: Who, pub index: u64 };
@@ -841,8 +856,9 @@ messages! {
     /// Up to `max` records of the file from byte `offset` on.
     M2S_LOG_READ { pub file: LogFile, pub offset: u64, pub max: u32 };
     S2M_LOG { pub records: Vec<LogRecord>, pub next: u64, pub more: bool };
-    /// The file `to` becomes a copy of `from` (a forked child's vRegion).
-    M2S_LOG_COPY { pub from: LogFile, pub to: LogFile };
+    /// The file `to` becomes a copy of `from` (a forked child's vRegion), at `epoch` (refused
+    /// `Stale` when older than `to`'s).
+    M2S_LOG_COPY { pub from: LogFile, pub to: LogFile, pub epoch: u64 };
     /// Removes every backup file of a process that exited.
     M2S_LOG_DROP { pub vnode: String, pub pid: u64 };
 

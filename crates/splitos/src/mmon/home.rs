@@ -37,6 +37,9 @@ const MOVE_BATCH: u32 = 128;
 /// it would replace, before it takes them for lost.
 const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a logger made primary may take to replay its backup.
+const REPLAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The mComponents holding one vRegion: the primary (where fetches go) first.
 #[derive(Clone, Debug)]
 pub(super) struct Replicas {
@@ -240,17 +243,27 @@ impl Mem {
                 None => break,
             }
         }
-        // A logged set's backup file goes where the vNode's files are.
-        let log = match scheme == Replication::Log && owners.len() > 1 {
+        // A logged set's backup file goes where the vNode's files are (a set that starts
+        // with its primary alone gets its logger when one has room, as a rebuild).
+        let log = match scheme == Replication::Log {
             true => Some(self.node.call_gm(M2G_BACKUP_STORE { vnode: h.who.vnode.clone() })?.scomp),
             false => None,
         };
+        if log.is_some() {
+            // Its own epoch: a logger named by an attempt that failed on the way cannot reset
+            // the backup of the one named next.
+            h.epoch += 1;
+        }
         let set = Replicas { epoch: h.epoch, owners: owners.clone(), data, log };
         // A member taken out of the process's sets before and chosen again is a member now,
         // not a lost one.
         h.retired.retain(|r| !owners.iter().any(|o| o.id == r.id));
         if set.announced() {
-            self.tell_set(h, idx, &set, true)?;
+            // An empty vRegion's backup is whole as soon as it starts.
+            self.tell_set(h, idx, &set, LogStep::Restart)?;
+            if let Some(logger) = set.wire(idx).logger() {
+                self.tell_member(h, logger, idx, &set, LogStep::Whole)?;
+            }
         }
         if set.wire(idx).distinct().len() < scheme.members() {
             metrics::counter!("mcomp_unprotected_vregions_total").increment(1);
@@ -261,14 +274,17 @@ impl Mem {
         Ok(owners)
     }
 
-    /// Tells every member of striped or logged set `set` (vRegion `idx`) what it now is;
-    /// `fresh`: a logger's backup starts anew.
-    fn tell_set(&self, h: &HomeProc, idx: u64, set: &Replicas, fresh: bool) -> Result<(), Refusal> {
-        let wire = set.wire(idx);
-        for o in wire.distinct() {
-            self.to_owner(o, M2M_SET { who: h.who(), set: wire.clone(), creator: h.creator, home: self.me(), fresh })?;
+    /// Tells every member of striped or logged set `set` (vRegion `idx`) what it now is, and
+    /// a logger what happens to its backup.
+    fn tell_set(&self, h: &HomeProc, idx: u64, set: &Replicas, log: LogStep) -> Result<(), Refusal> {
+        for o in set.wire(idx).distinct() {
+            self.tell_member(h, o, idx, set, log)?;
         }
         Ok(())
+    }
+
+    fn tell_member(&self, h: &HomeProc, o: &ComponentRef, idx: u64, set: &Replicas, log: LogStep) -> Result<OK, Refusal> {
+        self.to_owner(o, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator, home: self.me(), log })
     }
 
     /// Sends `msg(who)` to every replica of vRegion `idx`. A replica that cannot be reached
@@ -599,14 +615,19 @@ impl Mem {
         h.exited = true;
         let mut all = h.all_owners();
         all.extend(h.retired.iter().filter(|r| !all.iter().any(|o| o.id == r.id)).cloned().collect::<Vec<_>>());
+        let mut orphaned: Vec<ComponentRef> = Vec::new();
         for o in all {
             if let Err(e) = self.to_owner(&o, M2M_EXIT { who: h.who() }) {
                 tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
+                // A logger drops the process's backup files after what it still streams
+                // there; those of a logger that cannot are dropped here.
+                let logged = h.vregions.iter().filter(|(i, s)| s.wire(**i).logger().is_some_and(|l| l.id == o.id)).filter_map(|(_, s)| s.log.clone());
+                orphaned.extend(logged.collect::<Vec<_>>());
             }
         }
-        // Its loggers drop its backup files, after what they still stream there; this drops
-        // them too in case a logger is lost.
-        if let Some(scomp) = h.vregions.values().find_map(|s| s.log.clone()) {
+        orphaned.sort_by_key(|s| s.id);
+        orphaned.dedup_by_key(|s| s.id);
+        for scomp in orphaned {
             if let Err(e) = self.node.rpc.call(&scomp.addr, M2S_LOG_DROP { vnode: h.who.vnode.clone(), pid: h.who.pid }) {
                 tracing::warn!(pid = r.who.pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
             }
@@ -696,8 +717,8 @@ impl Mem {
         if set.announced() {
             // The full member learns it left the set before it frees its copy: what it frees
             // is on the new member now, and no change of it may reach the parity.
-            self.tell_set(h, idx, &set, false)?;
-            if let Err(e) = self.to_owner(full, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator, home: self.me(), fresh: false }) {
+            self.tell_set(h, idx, &set, LogStep::Keep)?;
+            if let Err(e) = self.tell_member(h, full, idx, &set, LogStep::Keep) {
                 tracing::warn!(owner = full.id, error = %e, "cannot tell a full mComponent it left a striped set");
             }
         }
@@ -828,7 +849,12 @@ impl Mem {
         let who = h.who();
         self.fence_set(&set.wire(idx), &who, Some(gone.id))?;
         let promoted = Replicas { epoch: h.epoch, owners: vec![logger.clone()], ..set };
-        self.to_owner(&logger, M2M_SET { who, set: promoted.wire(idx), creator: h.creator, home: self.me(), fresh: false })?;
+        // Replaying reads the whole backup from the sComponent: longer than a call may take.
+        let replay = M2M_SET { who, set: promoted.wire(idx), creator: h.creator, home: self.me(), log: LogStep::Replay };
+        match logger.id == self.node.id() {
+            true => self.to_owner(&logger, replay).map(|_| ())?,
+            false => self.node.rpc.call_timeout(&logger.addr, replay, REPLAY_TIMEOUT).map(|_| ())?,
+        }
         h.vregions.insert(idx, promoted);
         metrics::counter!("mcomp_loggers_promoted_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, lost = gone.id, logger = logger.id, ms = started.elapsed().as_millis() as u64, "logger made primary from its backup");
@@ -849,8 +875,9 @@ impl Mem {
         let vrs = self.vrs();
         let out = self.fence_set(&set.wire(idx), &who, None).and_then(|()| {
             let s = Replicas { epoch: h.epoch, ..set };
-            self.tell_set(&h, idx, &s, true)?;
+            self.tell_set(&h, idx, &s, LogStep::Restart)?;
             let n = self.copy_pages(&primary, &logger, &who, idx * vrs, (idx + 1) * vrs)?;
+            self.tell_member(&h, &logger, idx, &s, LogStep::Whole)?;
             Ok((s, n))
         });
         let (s, n) = match out {
@@ -981,7 +1008,7 @@ impl Mem {
         s.owners[place] = new.clone();
         s.epoch = h.epoch;
         let set = s.clone();
-        self.tell_set(h, idx, &set, false)?;
+        self.tell_set(h, idx, &set, LogStep::Keep)?;
         metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
         tracing::info!(pid = h.who.pid, vregion = idx, place, lost = gone.id, to = new.id, pages = pages_rebuilt, ms = started.elapsed().as_millis() as u64, "striped set rebuilt from parity");
@@ -1071,14 +1098,24 @@ impl Mem {
         self.fence_set(&set.wire(idx), &who, None)?;
         let vrs = self.vrs();
         let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
-        let joined = match (as_logger, &set.log) {
-            (true, Some(_)) => {
-                let with = Replicas { epoch: h.epoch, owners: vec![source.clone(), new.clone()], ..set.clone() };
-                self.to_owner(&new, M2M_SET { who: who.clone(), set: with.wire(idx), creator: h.creator, home: self.me(), fresh: true }).map(|_| ())
-            }
-            _ => Ok(()),
+        // In a logged set the new member learns its place before the copy: a new logger's
+        // backup restarts with it, and a new primary that logged this vRegion before (a try
+        // that failed on the way) stops logging it.
+        let with = match as_logger {
+            true => Replicas { epoch: h.epoch, owners: vec![source.clone(), new.clone()], ..set.clone() },
+            false => Replicas { epoch: h.epoch, owners: set.owners.iter().map(|o| if o.id == source.id { new.clone() } else { o.clone() }).collect(), ..set.clone() },
         };
-        match joined.and_then(|()| self.copy_vregion(h, source, &new, &who, lo, hi)) {
+        let copied = |h: &HomeProc| -> Result<u64, Refusal> {
+            if with.log.is_some() {
+                self.tell_member(h, &new, idx, &with, if as_logger { LogStep::Restart } else { LogStep::Keep })?;
+            }
+            let n = self.copy_vregion(h, source, &new, &who, lo, hi)?;
+            if with.log.is_some() && as_logger {
+                self.tell_member(h, &new, idx, &with, LogStep::Whole)?;
+            }
+            Ok(n)
+        };
+        match copied(h) {
             Ok(n) => Ok(Some((new, n))),
             Err(e) => {
                 // Whatever reached the new member is released there.
@@ -1215,7 +1252,7 @@ impl Mem {
         // Loggers ask their home for copies: this one now.
         let logged: Vec<(u64, Replicas)> = h.vregions.iter().filter(|(_, s)| s.log.is_some()).map(|(i, s)| (*i, s.clone())).collect();
         for (idx, set) in logged {
-            if let Err(e) = self.tell_set(&h, idx, &set, false) {
+            if let Err(e) = self.tell_set(&h, idx, &set, LogStep::Keep) {
                 tracing::warn!(pid = who.pid, vregion = idx, error = %e, "cannot tell a logged set its new home");
             }
         }

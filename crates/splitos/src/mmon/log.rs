@@ -24,11 +24,16 @@ use super::{Job, Mem};
 
 /// Records per `M2S_LOG_APPEND`, well inside a frame.
 const APPEND_BATCH: usize = 64;
-/// How long a logger waits for room for a copy (a resync, a rebuild), which may not be
-/// skipped, and a promotion for its log to reach the sComponent.
-pub(super) const COPY_WAIT: Duration = Duration::from_secs(30);
-/// How often an unprotected vRegion asks its home for a copy again.
+/// How long a logger waits for room for a page of a copy (a resync, a rebuild), which may
+/// not be skipped: well inside the home's call, which then fails rather than times out.
+pub(super) const COPY_WAIT: Duration = Duration::from_secs(5);
+/// How long a promotion waits for the vRegion's log to reach the sComponent.
+const DRAIN_WAIT: Duration = Duration::from_secs(30);
+/// How often a vRegion whose log skipped records asks its home for a copy again.
 const RESYNC_EVERY: Duration = Duration::from_secs(3);
+/// How long a restarted backup may wait for the copy that makes it whole (one that failed
+/// on the way is asked for again after this).
+const COPY_DUE: Duration = Duration::from_secs(60);
 
 /// What the log keeps of one logged vRegion's write-back stream.
 pub(super) enum Op {
@@ -59,8 +64,6 @@ struct Queue {
     entries: VecDeque<Entry>,
     bytes: u64,
     next_seq: u64,
-    /// Entries up to this one are on their sComponent (or were refused there for good).
-    done_seq: u64,
     /// Why the front entry does not reach its sComponent, while it does not.
     stalled: Option<String>,
 }
@@ -71,6 +74,9 @@ pub(super) struct BackupLog {
     capacity: u64,
     streamed: AtomicU64,
     skipped: AtomicU64,
+    /// Files whose records the sComponent refused for good (with the epoch they were logged
+    /// at): their vRegions are unprotected, marked so when their process is next free.
+    refused: Mutex<Vec<(LogFile, u64)>>,
 }
 
 /// A vRegion this mComponent is the logger of, for one process.
@@ -82,12 +88,27 @@ pub(super) struct Logged {
     pub epoch: u64,
     /// Write-backs not logged since the last full copy: the backup misses them.
     pub skipped: u64,
+    /// The copy that follows a restart of the backup is complete (`LogStep::Whole`).
+    pub whole: bool,
+    /// When the home was last asked for a copy, or the backup restarted.
     pub asked: Option<Instant>,
+}
+
+impl Logged {
+    /// Whether losing the primary can be survived: the backup holds every write-back.
+    pub fn protects(&self) -> bool {
+        self.whole && self.skipped == 0
+    }
+
+    fn wants_copy(&self) -> bool {
+        let since = |d: Duration| self.asked.is_none_or(|t| t.elapsed() > d);
+        (self.skipped > 0 && since(RESYNC_EVERY)) || (!self.whole && since(COPY_DUE))
+    }
 }
 
 impl BackupLog {
     pub fn new(capacity: u64) -> BackupLog {
-        BackupLog { q: Mutex::new(Queue::default()), cv: Condvar::new(), capacity, streamed: AtomicU64::new(0), skipped: AtomicU64::new(0) }
+        BackupLog { q: Mutex::new(Queue::default()), cv: Condvar::new(), capacity, streamed: AtomicU64::new(0), skipped: AtomicU64::new(0), refused: Mutex::new(Vec::new()) }
     }
 
     /// Queues `op` for `file`; `false` if the log has no room for it (within `wait`).
@@ -109,12 +130,12 @@ impl BackupLog {
         true
     }
 
-    /// Waits until everything queued so far is on its sComponent.
-    pub fn wait_streamed(&self, timeout: Duration) -> Result<(), String> {
+    /// Waits until nothing of `file` is left in the log (the queue is in order: what it
+    /// copies from was sent before it).
+    pub fn wait_streamed(&self, file: &LogFile, timeout: Duration) -> Result<(), String> {
         let mut q = self.q.lock().unwrap();
-        let target = q.next_seq;
         let until = Instant::now() + timeout;
-        while q.done_seq < target {
+        while q.entries.iter().any(|e| e.file == *file) {
             let now = Instant::now();
             if now >= until {
                 return Err(format!("the backup log did not reach the sComponent within {} s ({})", timeout.as_secs(), q.stalled.as_deref().unwrap_or("still sending")));
@@ -129,7 +150,6 @@ impl BackupLog {
         let mut q = self.q.lock().unwrap();
         q.entries.clear();
         q.bytes = 0;
-        q.done_seq = q.next_seq;
         self.cv.notify_all();
     }
 
@@ -150,11 +170,11 @@ impl BackupLog {
 
     /// The request the front of the queue makes, and how many entries it covers: a run of
     /// records of one file (after its reset, if it starts with one), or one other entry.
-    fn next_request(&self) -> Option<(ComponentRef, Msg, usize, u64, u64)> {
+    fn next_request(&self) -> Option<(ComponentRef, Msg, LogFile, u64, u64)> {
         let q = self.q.lock().unwrap();
         let first = q.entries.front()?;
         let msg: Msg = match &first.op {
-            Op::CopyFrom(from) => M2S_LOG_COPY { from: from.clone(), to: first.file.clone() }.into(),
+            Op::CopyFrom(from) => M2S_LOG_COPY { from: from.clone(), to: first.file.clone(), epoch: first.epoch }.into(),
             Op::DropProcess => M2S_LOG_DROP { vnode: first.file.vnode.clone(), pid: first.file.pid }.into(),
             Op::Reset | Op::Record(_) => {
                 let reset = matches!(first.op, Op::Reset);
@@ -163,24 +183,27 @@ impl BackupLog {
                     Op::Record(r) => Some(r.clone()),
                     _ => None,
                 });
-                let n = run.len();
-                let bytes: u64 = run.iter().map(|e| size(&e.op)).sum();
                 let last = run.last().map(|e| e.seq).unwrap_or(first.seq);
                 let m = M2S_LOG_APPEND { file: first.file.clone(), epoch: first.epoch, reset, records: records.collect() };
-                return Some((first.scomp.clone(), m.into(), n, bytes, last));
+                return Some((first.scomp.clone(), m.into(), first.file.clone(), first.epoch, last));
             }
         };
-        Some((first.scomp.clone(), msg, 1, 0, first.seq))
+        Some((first.scomp.clone(), msg, first.file.clone(), first.epoch, first.seq))
     }
 
-    fn done(&self, n: usize, bytes: u64, last: u64) {
+    /// The entries up to `last` reached their sComponent (or were refused there for good).
+    /// A fence may have cleared the queue meanwhile: only what is still there goes.
+    fn done(&self, last: u64) -> u64 {
         let mut q = self.q.lock().unwrap();
-        q.entries.drain(..n);
-        q.bytes -= bytes;
-        q.done_seq = last;
+        let mut bytes = 0;
+        while q.entries.front().is_some_and(|e| e.seq <= last) {
+            bytes += q.entries.pop_front().map_or(0, |e| size(&e.op));
+        }
+        q.bytes = q.bytes.saturating_sub(bytes);
         q.stalled = None;
         self.streamed.fetch_add(bytes, Relaxed);
         self.cv.notify_all();
+        bytes
     }
 
     fn wait_for_work(&self, timeout: Duration) {
@@ -198,26 +221,28 @@ impl Mem {
     pub(super) fn stream_logs(&self) {
         let mut backoff = Duration::from_millis(50);
         loop {
-            let Some((scomp, msg, n, bytes, last)) = self.backup.next_request() else {
-                self.backup.wait_for_work(Duration::from_secs(1));
+            let Some((scomp, msg, file, epoch, last)) = self.backup_log.next_request() else {
+                self.backup_log.wait_for_work(Duration::from_secs(1));
                 self.ask_resyncs();
                 continue;
             };
             let name = msg.name();
             match self.node.rpc.call_msg(&scomp.addr, &msg) {
-                Err(RpcError::Remote { code: ErrCode::Stale, msg }) => {
-                    // A newer logger took over the file: these records are not its to write.
-                    metrics::counter!("mcomp_log_stale_dropped_total").increment(n as u64);
-                    tracing::warn!(scomp = scomp.id, records = n, error = %msg, "backup records refused as stale: another logger owns the file now");
-                    self.backup.done(n, bytes, last);
-                }
                 Ok(_) => {
                     backoff = Duration::from_millis(50);
-                    self.backup.done(n, bytes, last);
+                    let bytes = self.backup_log.done(last);
                     metrics::counter!("mcomp_log_streamed_bytes_total").increment(bytes);
-                    if self.backup.roomy() {
+                    if self.backup_log.roomy() {
                         self.ask_resyncs();
                     }
+                }
+                // Refused for good (a newer logger reset the file, a record it cannot take):
+                // the batch is dropped, and the vRegion, if still logged here, is unprotected.
+                Err(RpcError::Remote { code, msg }) => {
+                    metrics::counter!("mcomp_log_refused_total").increment(1);
+                    tracing::warn!(scomp = scomp.id, pid = file.pid, vregion = file.index, ?code, error = %msg, "the sComponent refused backup records");
+                    self.backup_log.done(last);
+                    self.backup_log.refused.lock().unwrap().push((file, epoch));
                 }
                 Err(e) => self.stalled(&scomp, name, &e.to_string(), &mut backoff),
             }
@@ -226,7 +251,7 @@ impl Mem {
 
     fn stalled(&self, scomp: &ComponentRef, name: &str, why: &str, backoff: &mut Duration) {
         let msg = format!("{name} to sComponent {} at {}: {why}", scomp.id, scomp.addr);
-        let first = self.backup.q.lock().unwrap().stalled.replace(msg.clone()).is_none();
+        let first = self.backup_log.q.lock().unwrap().stalled.replace(msg.clone()).is_none();
         if first {
             tracing::warn!(error = %msg, "the backup log cannot reach its sComponent; retrying");
         }
@@ -235,35 +260,54 @@ impl Mem {
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
     }
 
-    /// Queues a request to the home of each process with a vRegion whose log skipped pages.
+    /// Marks the vRegions whose records the sComponent refused, and queues a request to the
+    /// home of each process with a vRegion whose backup is not whole.
     fn ask_resyncs(&self) {
-        if !self.backup.roomy() {
-            return;
-        }
         let owned: Vec<_> = self.owned.lock().unwrap().values().cloned().collect();
+        let mut refused = std::mem::take(&mut *self.backup_log.refused.lock().unwrap());
+        let roomy = self.backup_log.roomy();
         for p in owned {
             // A process busy now (a copy into its log may be waiting on this very thread to
-            // make room) is asked about next time.
+            // make room) is seen to next time.
             let Ok(mut g) = p.try_lock() else { continue };
-            let who = Who { epoch: g.epoch, ..Who::new(g.vnode.clone(), g.pid) };
-            for (idx, l) in g.logs.iter_mut().filter(|(_, l)| l.skipped > 0 && l.asked.is_none_or(|t| t.elapsed() > RESYNC_EVERY)) {
+            let (vnode, pid) = (g.vnode.clone(), g.pid);
+            refused.retain(|(f, epoch)| {
+                let ours = f.vnode == vnode && f.pid == pid;
+                if let Some(l) = g.logs.get_mut(&f.index).filter(|l| ours && l.epoch <= *epoch) {
+                    l.skipped += 1;
+                }
+                !ours
+            });
+            if !roomy {
+                continue;
+            }
+            let who = Who { epoch: g.epoch, ..Who::new(vnode, pid) };
+            for (idx, l) in g.logs.iter_mut().filter(|(_, l)| l.wants_copy()) {
                 l.asked = Some(Instant::now());
                 self.queue(Job::Resync(who.clone(), *idx, l.home.clone()));
             }
         }
+        // Those of processes busy now wait for the next round; those of processes gone go.
+        let alive = self.owned.lock().unwrap().keys().copied().collect::<std::collections::HashSet<u64>>();
+        refused.retain(|(f, _)| alive.contains(&f.pid));
+        self.backup_log.refused.lock().unwrap().extend(refused);
     }
 
-    /// On the rebuilder thread: the home copies the vRegion here again.
+    /// On the rebuilder thread: the home copies the vRegion here again, if it still needs it.
     pub(super) fn resync(&self, who: Who, index: u64, home: ComponentRef) {
+        let p = self.owned.lock().unwrap().get(&who.pid).cloned();
+        if !p.is_some_and(|p| p.lock().unwrap().logs.get(&index).is_some_and(|l| !l.protects())) {
+            return;
+        }
         match self.to_owner(&home, M2M_LOG_RESYNC { who: who.clone(), index }) {
-            Ok(_) => tracing::info!(pid = who.pid, vregion = index, "backup log of a vRegion that skipped write-backs copied anew: protected again"),
+            Ok(_) => tracing::info!(pid = who.pid, vregion = index, "the home copied a vRegion whose backup was not whole to its logger"),
             Err(e) => tracing::warn!(pid = who.pid, vregion = index, home = home.id, error = %e, "cannot have the home copy a vRegion whose backup log skipped write-backs; will ask again"),
         }
     }
 
     /// Every page the backup of vRegion `file` holds, once all queued records reached it.
     pub(super) fn read_backup(&self, scomp: &ComponentRef, file: &LogFile) -> Result<BTreeMap<u64, ByteBuf>, Refusal> {
-        self.backup.wait_streamed(COPY_WAIT).map_err(|e| ERR::new(ErrCode::Unreachable, e))?;
+        self.backup_log.wait_streamed(file, DRAIN_WAIT).map_err(|e| ERR::new(ErrCode::Unreachable, e))?;
         let mut pages = BTreeMap::new();
         let mut offset = 0;
         loop {

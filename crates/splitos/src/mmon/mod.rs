@@ -83,7 +83,7 @@ pub struct Mem {
     last_retry: Mutex<std::time::Instant>,
     bcache: Arc<bcache::BufferCache>,
     /// The log of the vRegions this mComponent is the logger of.
-    backup: log::BackupLog,
+    backup_log: log::BackupLog,
     /// Leaf requests run on a shared pool of workers (rather than each connection's own thread).
     worker_pool: bool,
     c: Counters,
@@ -139,7 +139,7 @@ impl Mem {
         let owned = std::mem::take(&mut *self.owned.lock().unwrap());
         let homes = std::mem::take(&mut *self.homes.lock().unwrap());
         let backups = std::mem::take(&mut *self.backups.lock().unwrap());
-        self.backup.clear();
+        self.backup_log.clear();
         for p in owned.values() {
             let g = p.lock().unwrap();
             self.committed.fetch_sub(g.committed, Relaxed);
@@ -230,7 +230,7 @@ impl Mem {
             .iter()
             .map(|(pid, p)| {
                 let g = p.lock().unwrap();
-                let unprotected: Vec<u64> = g.logs.iter().filter(|(_, l)| l.skipped > 0).map(|(i, _)| *i).collect();
+                let unprotected: Vec<u64> = g.logs.iter().filter(|(_, l)| !l.protects()).map(|(i, _)| *i).collect();
                 serde_json::json!({"pid": pid, "vnode": g.vnode, "pages": g.pages.len(), "parity_rows": g.parity.len(), "logged_vregions": g.logs.len(), "unprotected_vregions": unprotected, "committed": g.committed})
             })
             .collect();
@@ -243,7 +243,7 @@ impl Mem {
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
             "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
-            "backup_log": self.backup.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
+            "backup_log": self.backup_log.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
             "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(),
         })
         .to_string()
@@ -292,7 +292,7 @@ impl Handler for Mem {
             Msg::M2M_VMA_ADD(r) => on(r, |r| self.vma_add(r)),
             Msg::M2M_VMA_REMOVE(r) => on(r, |r| self.vma_remove(r)),
             Msg::M2M_EPOCH(r) => on(r, |r| self.set_epoch(r)),
-            Msg::M2M_SET(r) => on(r, |r| self.set_stripes(r)),
+            Msg::M2M_SET(r) => on(r, |r| self.member_set(r)),
             Msg::M2M_PARITY(r) => on(r, |r| self.parity(r)),
             Msg::M2M_LOG_RESYNC(r) => on(r, |r| self.log_resync(r)),
             Msg::P2M_RECONSTRUCT(r) => on(r, |r| self.reconstruct(r)),
@@ -397,7 +397,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         lost: Mutex::new(HashMap::new()),
         last_retry: Mutex::new(std::time::Instant::now()),
         bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
-        backup: log::BackupLog::new(args.backup_log),
+        backup_log: log::BackupLog::new(args.backup_log),
         worker_pool: args.workers > 0,
         c: Counters::default(),
     });

@@ -228,7 +228,7 @@ impl Mem {
             let logged: Vec<u64> = p.logs.range(start / vrs..=(end - 1) / vrs).map(|(i, _)| *i).collect();
             for idx in logged {
                 let (s, e) = (start.max(idx * vrs), end.min((idx + 1) * vrs));
-                self.log_op(p, idx, LogRecord::Discard { start: s / PAGE, end: e / PAGE }, None);
+                self.log_op(p, idx, LogRecord::Discard { start: s / PAGE, end: e / PAGE });
             }
         }
         let vpns: Vec<u64> = p.pages.range(start / PAGE..end / PAGE).map(|(k, _)| *k).collect();
@@ -295,12 +295,12 @@ impl Mem {
         self.committed.fetch_sub(bytes, Relaxed);
     }
 
-    /// Appends `record` to the backup log of vRegion `idx` (waiting up to `wait` for room);
-    /// a log without room skips it, and the vRegion is unprotected until copied again.
-    fn log_op(&self, p: &mut OwnerProc, idx: u64, record: LogRecord, wait: Option<std::time::Duration>) {
+    /// Appends `record` to the backup log of vRegion `idx`; a log without room skips it, and
+    /// the vRegion is unprotected until copied again.
+    fn log_op(&self, p: &mut OwnerProc, idx: u64, record: LogRecord) {
         let file = p.file(idx);
         let Some(l) = p.logs.get_mut(&idx) else { return };
-        if l.skipped == 0 && self.backup.push(&l.scomp, file, l.epoch, Op::Record(record), wait) {
+        if l.skipped == 0 && self.backup_log.push(&l.scomp, file, l.epoch, Op::Record(record), None) {
             return;
         }
         if l.skipped == 0 {
@@ -309,7 +309,7 @@ impl Mem {
         }
         // Once one write-back is missing, logging more cannot make the backup whole.
         l.skipped += 1;
-        self.backup.skipped_one();
+        self.backup_log.skipped_one();
     }
 
     /// Stores a page; its change, when it is in a striped set, is added to `deltas`. A logger
@@ -322,7 +322,18 @@ impl Mem {
         sealed_size(data)?;
         p.page_in_vma(vpn)?;
         if let Some(idx) = p.logged(vpn, self.vrs()) {
-            self.log_op(p, idx, LogRecord::Page { vpn, data: ByteBuf::from(data.to_vec()) }, wait);
+            let record = LogRecord::Page { vpn, data: ByteBuf::from(data.to_vec()) };
+            let Some(wait) = wait else {
+                self.log_op(p, idx, record);
+                return Ok(());
+            };
+            // A copy fails rather than skips: the home tries it again, and the backup is
+            // whole only once a copy got through.
+            let file = p.file(idx);
+            let l = &p.logs[&idx];
+            if !self.backup_log.push(&l.scomp, file, l.epoch, Op::Record(record), Some(wait)) {
+                return Err(ERR::new(ErrCode::Unreachable, format!("the backup log of vRegion {idx} has had no room for {} s: its sComponent does not take it", wait.as_secs())));
+            }
             return Ok(());
         }
         // Heuristic overcommit charges pages as they arrive: a new page beyond capacity is
@@ -515,8 +526,8 @@ impl Mem {
             if let Some(idx) = g.logged(r.from / PAGE, vrs).filter(|i| (r.end - 1) / vrs == *i) {
                 // A logger answers from its backup (a page rebuilt after a bad copy).
                 let l = g.logs[&idx].clone();
-                if l.skipped > 0 {
-                    return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} misses {} write-backs its log skipped while full", l.skipped)));
+                if !l.protects() {
+                    return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} is not whole (its log skipped {} records, or the copy that starts it is not complete)", l.skipped)));
                 }
                 let file = g.file(idx);
                 drop(g);
@@ -539,7 +550,6 @@ impl Mem {
         let mut g = p.lock().unwrap();
         let mut deltas = Deltas::new();
         let stored = r.pages.iter().try_for_each(|(vpn, data)| match r.put {
-            // A copy for a logger must not be skipped: it waits for room.
             Put::Write => self.store_or_wait(&mut g, *vpn, data, &mut deltas, Some(COPY_WAIT)),
             Put::Copy => self.store_or_wait(&mut g, *vpn, data, &mut Deltas::new(), Some(COPY_WAIT)),
             Put::Parity => {
@@ -557,9 +567,10 @@ impl Mem {
         stored.map(|()| OK)
     }
 
-    /// A striped or logged set of the process, from its home (made, or changed by a rebuild).
-    pub(super) fn set_stripes(&self, r: M2M_SET) -> Result<OK, Refusal> {
-        let M2M_SET { who, set, creator, home, fresh } = r;
+    /// `M2M_SET`: a striped or logged set of the process, from its home (made, or changed by
+    /// a rebuild).
+    pub(super) fn member_set(&self, r: M2M_SET) -> Result<OK, Refusal> {
+        let M2M_SET { who, set, creator, home, log } = r;
         if set.data > 0 && set.owners.len() != set.data as usize + 1 {
             return Err(ERR::new(ErrCode::Invalid, format!("a striped set of {} data members has {} members", set.data, set.owners.len())));
         }
@@ -567,7 +578,7 @@ impl Mem {
             return Err(ERR::new(ErrCode::Invalid, format!("a logged set has a primary and a logger, not {} members", set.owners.len())));
         }
         if set.log.is_some() {
-            return self.set_logged(who, set, creator, home, fresh);
+            return self.set_logged(who, set, creator, home, log);
         }
         if set.data > 0 {
             Replication::Ec { data: set.data }.check_vregion_size(self.vrs()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
@@ -590,31 +601,37 @@ impl Mem {
         Ok(OK)
     }
 
-    /// A logged set: this mComponent becomes its logger (its log starts anew when `fresh`),
-    /// stays it, is made its primary (it replays the backup into pages first), or leaves it.
-    fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, fresh: bool) -> Result<OK, Refusal> {
+    /// A logged set: this mComponent becomes its logger, stays it (its backup restarted or
+    /// made whole as `step` says), is made its primary (replaying its backup into pages
+    /// first when `step` is `Replay`; otherwise a copy follows), or leaves it.
+    fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, step: LogStep) -> Result<OK, Refusal> {
         let p = self.owner_from_home(&who, creator)?;
         let mut g = p.lock().unwrap();
         let me = self.node.id();
         let idx = set.index;
         let scomp = set.log.clone().expect("checked by the caller");
         if set.logger().is_some_and(|l| l.id == me) && set.owners[0].id != me {
-            let new = !g.logs.contains_key(&idx);
             let file = g.file(idx);
-            let l = g.logs.entry(idx).or_insert_with(|| Logged { scomp: scomp.clone(), home: home.clone(), epoch: set.epoch, skipped: 0, asked: None });
+            // Named logger without a restart: it has no backup of what came before, and asks
+            // for a copy.
+            let l = g.logs.entry(idx).or_insert_with(|| Logged { scomp: scomp.clone(), home: home.clone(), epoch: set.epoch, skipped: 0, whole: false, asked: None });
             l.scomp = scomp;
             l.home = home;
-            l.epoch = set.epoch;
-            if fresh {
-                // A reset takes no room: it is never skipped.
-                self.backup.push(&l.scomp, file, l.epoch, Op::Reset, None);
-                l.skipped = 0;
-                l.asked = None;
-            } else if new {
-                // Named logger without a fresh start: it has no backup of what came before.
-                l.skipped = 1;
+            // An older set (a home that took over from an older state) does not take its
+            // records back to an epoch the backup has moved past.
+            l.epoch = l.epoch.max(set.epoch);
+            match step {
+                LogStep::Restart => {
+                    // A reset takes no room: it is never skipped.
+                    self.backup_log.push(&l.scomp, file, l.epoch, Op::Reset, None);
+                    l.skipped = 0;
+                    l.whole = false;
+                    l.asked = Some(std::time::Instant::now());
+                }
+                LogStep::Whole => l.whole = true,
+                LogStep::Keep | LogStep::Replay => {}
             }
-        } else if set.owners[0].id == me && g.logs.contains_key(&idx) {
+        } else if set.owners[0].id == me && step == LogStep::Replay && g.logs.contains_key(&idx) {
             let n = self.promote(&mut g, idx)?;
             tracing::warn!(pid = who.pid, vregion = idx, pages = n, "primary of a vRegion lost: replayed its backup file and log, and serve it now");
         } else {
@@ -629,23 +646,24 @@ impl Mem {
     }
 
     /// Makes the logger of vRegion `idx` its primary: the pages are what the backup file,
-    /// once the whole log reached it, says. A log that skipped write-backs has no such answer.
+    /// once the vRegion's whole log reached it, says. A backup that is not whole has no such
+    /// answer.
     fn promote(&self, g: &mut OwnerProc, idx: u64) -> Result<u64, Refusal> {
         let l = g.logs.get(&idx).cloned().expect("checked by the caller");
-        if l.skipped > 0 {
+        if !l.protects() {
             metrics::counter!("mcomp_log_promotions_refused_total").increment(1);
-            return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} of process {} misses {} write-backs its log skipped while full: the vRegion's pages were on its lost primary alone", g.pid, l.skipped)));
+            return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} of process {} is not whole (its log skipped {} records while full, or its first copy did not complete): the vRegion's pages were on its lost primary alone", g.pid, l.skipped)));
         }
-        let pages = self.read_backup(&l.scomp, &g.file(idx))?;
         let vrs = self.vrs();
+        let pages: Vec<(u64, ByteBuf)> = self.read_backup(&l.scomp, &g.file(idx))?.into_iter().filter(|(v, _)| *v * PAGE / vrs == idx).collect();
+        pages.iter().try_for_each(|(_, d)| sealed_size(d))?;
         let n = pages.len() as u64;
         if !self.charges_mappings() && self.used.load(Relaxed) + n * PAGE > self.capacity {
             self.c.oom.fetch_add(1, Relaxed);
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of", self.node.id())));
         }
         g.logs.remove(&idx);
-        for (vpn, data) in pages.into_iter().filter(|(v, _)| *v * PAGE / vrs == idx) {
-            sealed_size(&data)?;
+        for (vpn, data) in pages {
             let mut page: Page = Box::new([0u8; SEALED_PAGE]);
             page.copy_from_slice(&data);
             if g.pages.insert(vpn, page).is_none() {
@@ -720,7 +738,7 @@ impl Mem {
         c.sets.extend(sets.into_iter().map(|s| (s.index, s)));
         for (idx, l) in logs {
             // In the log's order: the child's backup is the parent's as of the fork.
-            self.backup.push(&l.scomp, c.file(idx), l.epoch, Op::CopyFrom(g.file(idx)), None);
+            self.backup_log.push(&l.scomp, c.file(idx), l.epoch, Op::CopyFrom(g.file(idx)), None);
             c.logs.insert(idx, Logged { asked: None, ..l });
         }
         c.committed += need;
@@ -731,8 +749,14 @@ impl Mem {
         let p = self.owned.lock().unwrap().remove(&r.who.pid);
         if let Some(p) = p {
             let g = p.lock().unwrap();
-            if let Some(l) = g.logs.values().next() {
-                self.backup.push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
+            // After what is still queued for them; on each sComponent once (the file index is
+            // not used).
+            let mut scomps: Vec<u32> = Vec::new();
+            for l in g.logs.values() {
+                if !scomps.contains(&l.scomp.id) {
+                    scomps.push(l.scomp.id);
+                    self.backup_log.push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
+                }
             }
             self.committed.fetch_sub(g.committed, Relaxed);
             self.used.fetch_sub(g.held(), Relaxed);

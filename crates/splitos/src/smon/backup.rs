@@ -31,11 +31,18 @@ pub const READ_BATCH: u32 = 64;
 
 pub struct BackupFiles {
     dir: PathBuf,
-    /// Serializes the operations on files (appends from several loggers, compaction), and
-    /// keeps each file's size after its last compaction.
-    compacted: Mutex<HashMap<PathBuf, u64>>,
-    /// The epoch of each file's last reset (kept while the sComponent runs).
-    epochs: Mutex<HashMap<PathBuf, u64>>,
+    /// What is known of each file touched since the sComponent started; its lock also
+    /// serializes the operations on files (appends from several loggers, compaction).
+    files: Mutex<HashMap<PathBuf, FileState>>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct FileState {
+    /// Its size after its last compaction.
+    compacted: u64,
+    /// The epoch of its last reset (or copy), also kept beside it (`.epoch`): older appends
+    /// are refused, after a restart too.
+    epoch: u64,
 }
 
 /// Why an append was refused.
@@ -83,7 +90,7 @@ fn decode(r: &mut impl Read) -> std::io::Result<Option<(LogRecord, u64)>> {
                 Err(e) => Err(e),
             }
         }
-        DISCARD_RECORD => Ok(Some((LogRecord::Discard { start: a, end: b }, HEADER as u64))),
+        DISCARD_RECORD if a <= b => Ok(Some((LogRecord::Discard { start: a, end: b }, HEADER as u64))),
         k => Err(std::io::Error::new(ErrorKind::InvalidData, format!("backup file record of kind {k} and length {b}: the file is corrupted"))),
     }
 }
@@ -101,7 +108,7 @@ impl BackupFiles {
     pub fn open(dir: &Path) -> std::io::Result<BackupFiles> {
         let dir = dir.join("backup-logs");
         std::fs::create_dir_all(&dir)?;
-        Ok(BackupFiles { dir, compacted: Mutex::new(HashMap::new()), epochs: Mutex::new(HashMap::new()) })
+        Ok(BackupFiles { dir, files: Mutex::new(HashMap::new()) })
     }
 
     fn prefix(vnode: &str, pid: u64) -> FsResult<String> {
@@ -112,41 +119,63 @@ impl BackupFiles {
         Ok(self.dir.join(format!("{}{}.log", BackupFiles::prefix(&f.vnode, f.pid)?, f.index)))
     }
 
+    /// The state of file `path`, read from disk the first time it is touched: a record cut
+    /// short at its end (the sComponent stopped during an append) is cut off, so that the
+    /// next append starts at a record's boundary.
+    fn state<'a>(&self, files: &'a mut HashMap<PathBuf, FileState>, path: &Path) -> std::io::Result<&'a mut FileState> {
+        if !files.contains_key(path) {
+            let epoch = std::fs::read(path.with_extension("epoch")).ok().and_then(|b| Some(u64::from_le_bytes(b.try_into().ok()?))).unwrap_or(0);
+            let whole = match File::open(path) {
+                Ok(f) => {
+                    let mut r = BufReader::new(f);
+                    let mut at = 0;
+                    while let Some((_, len)) = decode(&mut r)? {
+                        at += len;
+                    }
+                    Some(at)
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(at) = whole {
+                if std::fs::metadata(path)?.len() > at {
+                    tracing::warn!(file = %path.display(), at, "backup file ends in a record cut short: cut off");
+                    OpenOptions::new().write(true).open(path)?.set_len(at)?;
+                }
+            }
+            files.insert(path.to_path_buf(), FileState { compacted: whole.unwrap_or(0), epoch });
+        }
+        Ok(files.get_mut(path).expect("just made"))
+    }
+
+    fn set_epoch(path: &Path, st: &mut FileState, epoch: u64) -> std::io::Result<()> {
+        st.epoch = epoch;
+        std::fs::write(path.with_extension("epoch"), epoch.to_le_bytes())
+    }
+
     /// Appends `records` (to an emptied file if `reset`) logged at `epoch`; returns the bytes
     /// written.
     pub fn append(&self, f: &LogFile, epoch: u64, reset: bool, records: &[LogRecord]) -> Result<u64, Refused> {
         records.iter().try_for_each(check).map_err(Refused::Errno)?;
         let path = self.path(f).map_err(Refused::Errno)?;
-        let mut compacted = self.compacted.lock().unwrap();
-        {
-            let mut epochs = self.epochs.lock().unwrap();
-            let at = epochs.entry(path.clone()).or_insert(0);
-            if epoch < *at {
-                return Err(Refused::Stale(*at));
-            }
-            if reset {
-                *at = epoch;
-            }
+        let mut files = self.files.lock().unwrap();
+        let st = self.state(&mut files, &path).map_err(|e| Refused::Errno(io(e)))?;
+        if epoch < st.epoch {
+            return Err(Refused::Stale(st.epoch));
         }
-        self.write_records(&path, reset, records, &mut compacted).map_err(Refused::Errno)
-    }
-
-    fn write_records(&self, path: &Path, reset: bool, records: &[LogRecord], compacted: &mut HashMap<PathBuf, u64>) -> FsResult<u64> {
-        let path = path.to_path_buf();
-        let file = OpenOptions::new().create(true).append(!reset).write(true).truncate(reset).open(&path).map_err(io)?;
+        if reset {
+            BackupFiles::set_epoch(&path, st, epoch).map_err(|e| Refused::Errno(io(e)))?;
+            st.compacted = 0;
+        }
+        let file = OpenOptions::new().create(true).append(!reset).write(true).truncate(reset).open(&path).map_err(|e| Refused::Errno(io(e)))?;
         let mut w = BufWriter::new(file);
         for r in records {
-            encode(r, &mut w).map_err(io)?;
+            encode(r, &mut w).map_err(|e| Refused::Errno(io(e)))?;
         }
-        let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-        let len = file.metadata().map_err(io)?.len();
-        if reset {
-            compacted.insert(path.clone(), 0);
-        }
-        let base = *compacted.entry(path.clone()).or_insert(0);
-        if len > 2 * base + COMPACT_SLACK {
-            let now = self.compact(&path).map_err(io)?;
-            compacted.insert(path, now);
+        let file = w.into_inner().map_err(|e| Refused::Errno(io(e.into_error())))?;
+        let len = file.metadata().map_err(|e| Refused::Errno(io(e)))?.len();
+        if len > 2 * st.compacted + COMPACT_SLACK {
+            st.compacted = self.compact(&path).map_err(|e| Refused::Errno(io(e)))?;
             metrics::counter!("scomp_backup_compactions_total").increment(1);
         }
         Ok(records.iter().map(|r| match r {
@@ -180,7 +209,8 @@ impl BackupFiles {
     /// Up to `max` records from byte `offset` on: (records, next offset, more).
     pub fn read(&self, f: &LogFile, offset: u64, max: u32) -> FsResult<(Vec<LogRecord>, u64, bool)> {
         let path = self.path(f)?;
-        let _g = self.compacted.lock().unwrap();
+        let mut files = self.files.lock().unwrap();
+        self.state(&mut files, &path).map_err(io)?;
         let mut file = match File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == ErrorKind::NotFound => return Err(libc::ENOENT),
@@ -202,32 +232,39 @@ impl BackupFiles {
         Ok((out, next, more))
     }
 
-    pub fn copy(&self, from: &LogFile, to: &LogFile) -> FsResult<()> {
-        let (src, dst) = (self.path(from)?, self.path(to)?);
-        let mut compacted = self.compacted.lock().unwrap();
-        let parent = self.epochs.lock().unwrap().get(&src).copied().unwrap_or(0);
-        self.epochs.lock().unwrap().insert(dst.clone(), parent);
-        match std::fs::copy(&src, &dst) {
-            Ok(len) => {
-                compacted.insert(dst, len / 2);
-                Ok(())
-            }
-            // Nothing logged yet: the copy is empty too.
-            Err(e) if e.kind() == ErrorKind::NotFound => File::create(&dst).map(|_| ()).map_err(io),
-            Err(e) => Err(io(e)),
+    /// `to` becomes a copy of `from` at `epoch`, as a reset of `to` would.
+    pub fn copy(&self, from: &LogFile, to: &LogFile, epoch: u64) -> Result<(), Refused> {
+        let (src, dst) = (self.path(from).map_err(Refused::Errno)?, self.path(to).map_err(Refused::Errno)?);
+        if src == dst {
+            return Err(Refused::Errno(libc::EINVAL));
         }
+        let mut files = self.files.lock().unwrap();
+        self.state(&mut files, &src).map_err(|e| Refused::Errno(io(e)))?;
+        let st = self.state(&mut files, &dst).map_err(|e| Refused::Errno(io(e)))?;
+        if epoch < st.epoch {
+            return Err(Refused::Stale(st.epoch));
+        }
+        BackupFiles::set_epoch(&dst, st, epoch).map_err(|e| Refused::Errno(io(e)))?;
+        let len = match std::fs::copy(&src, &dst) {
+            Ok(len) => len,
+            // Nothing logged yet: the copy is empty too.
+            Err(e) if e.kind() == ErrorKind::NotFound => File::create(&dst).map(|_| 0).map_err(|e| Refused::Errno(io(e)))?,
+            Err(e) => return Err(Refused::Errno(io(e))),
+        };
+        // Compacted as far as its source may be: compacted again after as much growth.
+        st.compacted = len / 2;
+        Ok(())
     }
 
     pub fn drop_process(&self, vnode: &str, pid: u64) -> FsResult<u64> {
         let prefix = BackupFiles::prefix(vnode, pid)?;
-        let mut compacted = self.compacted.lock().unwrap();
+        let mut files = self.files.lock().unwrap();
         let mut n = 0;
         for e in std::fs::read_dir(&self.dir).map_err(io)? {
             let e = e.map_err(io)?;
             if e.file_name().to_string_lossy().starts_with(&prefix) {
                 std::fs::remove_file(e.path()).map_err(io)?;
-                compacted.remove(&e.path());
-                self.epochs.lock().unwrap().remove(&e.path());
+                files.remove(&e.path());
                 n += 1;
             }
         }
@@ -279,6 +316,14 @@ mod tests {
         assert_eq!(all(&b, &f), recs[3..4]);
         assert_eq!(b.append(&f, 3, false, &[LogRecord::Page { vpn: 1, data: ByteBuf::from(vec![0; 10]) }]), Err(Refused::Errno(libc::EINVAL)));
         assert_eq!(b.read(&LogFile { index: 3, ..f.clone() }, 0, 10).unwrap_err(), libc::ENOENT);
+        // After a restart: the epoch holds, and a record cut short is cut off before the
+        // next append, which then starts at a record's boundary.
+        let len = std::fs::metadata(&path).unwrap().len();
+        OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 5).unwrap();
+        let again = BackupFiles::open(dir.path()).unwrap();
+        assert_eq!(again.append(&f, 2, false, &recs[6..7]), Err(Refused::Stale(3)));
+        again.append(&f, 3, false, &recs[6..7]).unwrap();
+        assert_eq!(all(&again, &f), recs[6..7]);
     }
 
     #[test]
@@ -300,9 +345,10 @@ mod tests {
         let want: BTreeMap<u64, ByteBuf> = (0..5).map(|v| (v, page((rounds - 1).wrapping_add(v as u8)))).collect();
         assert_eq!(pages, want);
         let child = LogFile { pid: 2, ..f.clone() };
-        b.copy(&f, &child).unwrap();
+        b.copy(&f, &child, 1).unwrap();
+        assert_eq!(b.copy(&f, &f, 1), Err(Refused::Errno(libc::EINVAL)), "a file is not copied onto itself");
         assert_eq!(all(&b, &child), all(&b, &f));
-        assert_eq!(b.drop_process("v", 1).unwrap(), 1);
+        assert!(b.drop_process("v", 1).unwrap() >= 1);
         assert_eq!(b.read(&f, 0, 1).unwrap_err(), libc::ENOENT);
         let mut kept = BTreeMap::new();
         replay(all(&b, &child), &mut kept);

@@ -69,11 +69,7 @@ impl Storage {
     }
 
     fn log_append(&self, r: M2S_LOG_APPEND) -> Result<OK, Refusal> {
-        let n = match self.backups.append(&r.file, r.epoch, r.reset, &r.records) {
-            Ok(n) => n,
-            Err(backup::Refused::Errno(e)) => return Err(Refusal::errno(e)),
-            Err(backup::Refused::Stale(at)) => return Err(ERR::new(ErrCode::Stale, format!("the backup file of vRegion {} of process {} was reset at epoch {at}, after the append's {}", r.file.index, r.file.pid, r.epoch))),
-        };
+        let n = self.backups.append(&r.file, r.epoch, r.reset, &r.records).map_err(|e| refused(e, &r.file, r.epoch))?;
         self.backup_appended.fetch_add(n, Relaxed);
         metrics::counter!("scomp_backup_appended_bytes_total").increment(n);
         Ok(OK)
@@ -85,6 +81,14 @@ impl Storage {
         }
         crate::node::exit_soon();
         Ok(OK)
+    }
+}
+
+/// A refused change of a backup file, as its logger sees it.
+fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
+    match e {
+        backup::Refused::Errno(e) => Refusal::errno(e),
+        backup::Refused::Stale(at) => ERR::new(ErrCode::Stale, format!("the backup file of vRegion {} of process {} was reset at epoch {at}, after this change's {epoch}", file.index, file.pid)),
     }
 }
 
@@ -124,7 +128,7 @@ impl Handler for Storage {
                 let (records, next, more) = fs(self.backups.read(&r.file, r.offset, r.max))?;
                 Ok(S2M_LOG { records, next, more })
             }),
-            Msg::M2S_LOG_COPY(r) => on(r, |r| fs(self.backups.copy(&r.from, &r.to)).map(|_| OK)),
+            Msg::M2S_LOG_COPY(r) => on(r, |r| self.backups.copy(&r.from, &r.to, r.epoch).map(|_| OK).map_err(|e| refused(e, &r.to, r.epoch))),
             Msg::M2S_LOG_DROP(r) => on(r, |r| fs(self.backups.drop_process(&r.vnode, r.pid)).map(|_| OK)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Storage, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
