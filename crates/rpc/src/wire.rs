@@ -743,10 +743,10 @@ messages! {
     /// The replica sets of all the process's active vRegions.
     P2M_VREGIONS { pub who: Who };
     M2P_VREGIONS { pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };
-    /// The sender could not reach mComponent `lost`, a replica of the process's memory: the
-    /// home takes it out of every replica set of the process, rebuilds the copies it held
-    /// elsewhere, and answers the new sets.
-    P2M_REPLICA_LOST { pub who: Who, pub lost: u32 };
+    /// The sender could not reach mComponent `lost`, a replica of the process's memory, for
+    /// page `vpn`: the home takes it out of every replica set of the process, rebuilds what it
+    /// held elsewhere (what `vpn` needs first), and answers the new sets.
+    P2M_REPLICA_LOST { pub who: Who, pub lost: u32, pub vpn: u64 };
     /// A write-back of page `vpn` found member `full` out of memory (heuristic overcommit):
     /// the home moves the page's vRegion off it to an mComponent with room and answers the
     /// new sets.

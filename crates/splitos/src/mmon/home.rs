@@ -321,7 +321,7 @@ impl Mem {
             return Err(ERR::new(ErrCode::Unreachable, format!("no replica of vRegion {idx} of process {} can be reached", h.who.pid)));
         }
         if !lost.is_empty() {
-            self.drop_replicas(h, &lost);
+            self.drop_replicas(h, &lost, Some(idx));
             self.to_joined(h, idx, &owners, msg)?;
         }
         Ok(())
@@ -376,9 +376,9 @@ impl Mem {
             for o in &owners {
                 match self.to_owner(o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
                     // Another member answers for the range; this one leaves the set.
-                    Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => self.drop_replicas(h, &[o.id]),
+                    Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => self.drop_replicas(h, &[o.id], Some(idx)),
                     Err(e) if e.code == ErrCode::ParityLost => match self.parity_lost(h, idx) {
-                        Some(p) => self.drop_replicas(h, &[p]),
+                        Some(p) => self.drop_replicas(h, &[p], Some(idx)),
                         None => return Err(e),
                     },
                     r => ignore_unknown(r)?,
@@ -681,7 +681,8 @@ impl Mem {
                 tracing::warn!(pid = r.who.pid, member = r.lost, "a pComponent cannot reach a replica this home reaches: it stays");
             } else {
                 tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
-                self.drop_replicas(&mut hp.lock().unwrap(), &[r.lost]);
+                // The vRegion the pComponent waits for first; the others in the background.
+                self.drop_replicas(&mut hp.lock().unwrap(), &[r.lost], Some(r.vpn * PAGE / self.vrs()));
             }
         }
         self.vregions(P2M_VREGIONS { who: r.who })
@@ -735,8 +736,11 @@ impl Mem {
     /// Takes `lost` out of every replica set of the process where another member remains (a
     /// set whose only member is lost keeps it: its pages are there if it comes back, and
     /// until then the program is told which mComponent it waits for), queues the sets that
-    /// lost a member for rebuilding, and tells the backup home.
-    fn drop_replicas(&self, h: &mut HomeProc, lost: &[u32]) {
+    /// lost a member for rebuilding, and tells the backup home. A lost primary's logger is
+    /// made primary at once; a striped set's lost place is rebuilt at once only in vRegion
+    /// `urgent` (the one a caller waits for: its pages cannot be read or written until
+    /// then), the others in the background.
+    fn drop_replicas(&self, h: &mut HomeProc, lost: &[u32], urgent: Option<u64>) {
         self.note_lost(lost);
         let mut changed = false;
         let mut retired = Vec::new();
@@ -780,7 +784,7 @@ impl Mem {
             for set in h.vregions.values_mut().filter(|s| s.data == 0 && s.owners.len() < self.replication().members()) {
                 set.epoch = epoch;
             }
-            for idx in striped {
+            for idx in striped.into_iter().filter(|i| Some(*i) == urgent) {
                 if let Err(e) = self.rebuild_place(h, idx) {
                     tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "cannot rebuild a lost member of a striped set; will try again");
                 }
@@ -792,7 +796,7 @@ impl Mem {
                 }
             }
             self.sync_backup(h);
-            if h.vregions.values().any(|s| s.data == 0) {
+            if h.short_of(self.replication().members()) > 0 {
                 self.queue(super::Job::Rebuild(h.who.pid));
             }
         }
@@ -1177,7 +1181,7 @@ impl Mem {
             let mut h = hp.lock().unwrap();
             let touched = h.vregions.values().any(|s| s.owners.iter().any(|o| lost.contains(&o.id))) || h.backup.as_ref().is_some_and(|b| lost.contains(&b.id));
             if touched {
-                self.drop_replicas(&mut h, lost);
+                self.drop_replicas(&mut h, lost, None);
             }
         }
         let orphans: Vec<(Who, u32)> = self.backups.lock().unwrap().values().filter(|s| lost.contains(&s.home.id)).map(|s| (s.who.clone(), s.home.id)).collect();
@@ -1248,7 +1252,7 @@ impl Mem {
                 tracing::debug!(owner = o.id, error = %e, "cannot tell an owner the new epoch");
             }
         }
-        self.drop_replicas(&mut h, &[lost_home]);
+        self.drop_replicas(&mut h, &[lost_home], None);
         // Loggers ask their home for copies: this one now.
         let logged: Vec<(u64, Replicas)> = h.vregions.iter().filter(|(_, s)| s.log.is_some()).map(|(i, s)| (*i, s.clone())).collect();
         for (idx, set) in logged {

@@ -287,7 +287,7 @@ impl RemoteStore {
         }
         tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot serve the process: reporting it to the home");
         metrics::counter!("pcomp_replicas_lost_total").increment(1);
-        match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id }) {
+        match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id, vpn }) {
             Ok(r) => {
                 s.learn(&r.owners, r.epoch, r.backup);
                 let still = self.set_of(s, vpn).is_ok_and(|set| set.owners.iter().any(|m| m.id == o.id));
