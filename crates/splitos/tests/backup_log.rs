@@ -29,6 +29,7 @@ struct Stalled(i32);
 
 impl Stalled {
     fn new(pid: i32) -> Stalled {
+        // SAFETY: kill(2) takes no pointers; `pid` is this test's own cluster's sComponent.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         Stalled(pid)
     }
@@ -36,6 +37,7 @@ impl Stalled {
 
 impl Drop for Stalled {
     fn drop(&mut self) {
+        // SAFETY: as in `new`.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
@@ -151,22 +153,7 @@ fn losing_a_primary_whose_log_was_full_ends_the_program_with_an_error_naming_it(
 fn a_corrupted_page_is_rebuilt_from_the_backup() {
     let c = cluster(3, "");
     let (child, pid) = spawn_hold(&c, 24);
-    let (_, sets) = home_of(&c, pid);
-    let home = c.components("mcomponent").into_iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).cloned()).unwrap();
-    let mut flipped = 0;
-    for (i, set) in sets.iter().enumerate() {
-        let at = home["vregions"][i]["index"].as_u64().unwrap() * (4 << 20);
-        let out = c.cmd(&["debug", "flip", "--mcomp", &addr_of(&c, set[0]), "--vnode", "default", "--pid", &pid.to_string(), "--vaddr", &format!("{at:#x}"), "--bit", "4242"]).output().unwrap();
-        if out.status.success() {
-            flipped += 1;
-        }
-    }
-    assert!(flipped >= 5, "pages of the program are on the primaries: {flipped}");
-    assert_hold_ends_native(child);
-    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
-    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
-    assert!(mcomp_metric(&c, "mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages from the loggers' backups");
+    flip_each_vregion_and_expect_rebuilt(&c, child, pid, 4242, "from the loggers' backups");
 }
 
 #[test]

@@ -683,3 +683,25 @@ pub fn busiest_primary(c: &TestCluster, pid: u64) -> String {
     ids.sort();
     ids.into_iter().rev().map(|(_, id)| addr_of(c, id)).find(|a| *a != home).expect("a primary other than the home")
 }
+
+/// Flips bit `bit` of the first page of each of `pid`'s vRegions (4 MiB) on the first member
+/// of its set, lets `child` (a `hold`) end, and asserts it printed its native output, the
+/// pComponent caught bad pages and had them repaired, and a home rebuilt them (`how`).
+pub fn flip_each_vregion_and_expect_rebuilt(c: &TestCluster, child: std::process::Child, pid: u64, bit: u32, how: &str) {
+    let (_, sets) = home_of(c, pid);
+    let home = c.components("mcomponent").into_iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).cloned()).unwrap();
+    let mut flipped = 0;
+    for (i, set) in sets.iter().enumerate() {
+        let at = home["vregions"][i]["index"].as_u64().unwrap() * (4 << 20);
+        let out = c.cmd(&["debug", "flip", "--mcomp", &addr_of(c, set[0]), "--vnode", "default", "--pid", &pid.to_string(), "--vaddr", &format!("{at:#x}"), "--bit", &bit.to_string()]).output().unwrap();
+        if out.status.success() {
+            flipped += 1;
+        }
+    }
+    assert!(flipped >= 5, "pages of the program are on the mComponents: {flipped}");
+    assert_hold_ends_native(child);
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
+    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
+    assert!(mcomp_metric(c, "mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages {how}");
+}

@@ -85,25 +85,9 @@ fn cpython_and_sqlite_survive_a_lost_member_of_an_ec4_cluster_and_restarts_of_th
 #[test]
 fn a_corrupted_page_is_rebuilt_from_the_parity() {
     let c = cluster(3, "ec:2");
+    // The first stripe unit of each vRegion is held by its set's first data place.
     let (child, pid) = spawn_hold(&c, 24);
-    let (_, sets) = home_of(&c, pid);
-    let vrs = 4u64 << 20;
-    let index_of = |i: usize| c.components("mcomponent").iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).map(|p| p["vregions"][i]["index"].as_u64().unwrap())).unwrap();
-    let mut flipped = 0;
-    for (i, set) in sets.iter().enumerate() {
-        // The first stripe unit of each vRegion is held by the set's first data place.
-        let at = index_of(i) * vrs;
-        let out = c.cmd(&["debug", "flip", "--mcomp", &addr_of(&c, set[0]), "--vnode", "default", "--pid", &pid.to_string(), "--vaddr", &format!("{at:#x}"), "--bit", "777"]).output().unwrap();
-        if out.status.success() {
-            flipped += 1;
-        }
-    }
-    assert!(flipped >= 5, "pages of the program are on the mComponents: {flipped}");
-    assert_hold_ends_native(child);
-    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
-    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
-    assert!(mcomp_metric(&c, "mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages from parity");
+    flip_each_vregion_and_expect_rebuilt(&c, child, pid, 777, "from parity");
 }
 
 #[test]

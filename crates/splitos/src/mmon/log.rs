@@ -296,7 +296,7 @@ impl Mem {
     /// On the rebuilder thread: the home copies the vRegion here again, if it still needs it.
     pub(super) fn resync(&self, who: Who, index: u64, home: ComponentRef) {
         let p = self.owned.lock().unwrap().get(&who.pid).cloned();
-        if !p.is_some_and(|p| p.lock().unwrap().logs.get(&index).is_some_and(|l| !l.protects())) {
+        if p.is_none_or(|p| p.lock().unwrap().logs.get(&index).is_none_or(|l| l.protects())) {
             return;
         }
         match self.to_owner(&home, M2M_LOG_RESYNC { who: who.clone(), index }) {
