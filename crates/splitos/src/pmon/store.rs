@@ -260,12 +260,11 @@ impl RemoteStore {
             };
         }
         if e.code() == ErrCode::Stale {
-            let before = s.who_now().epoch;
+            // The sets may have changed before or after this thread's view did (another
+            // thread's mmap may have moved it on already): the view is refreshed and the call
+            // tried again, at most `TRIES` times in all.
             if let Err(r) = self.refresh(s, vpn) {
                 return Next::Fail(r);
-            }
-            if s.who_now().epoch == before {
-                return Next::Fail(failed(o, what, vpn, RpcError::Remote { code: ErrCode::Stale, msg: format!("the owner refuses epoch {before}, and the home knows no newer one") }));
             }
             return Next::Again;
         }
