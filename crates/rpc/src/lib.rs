@@ -56,6 +56,6 @@ pub mod wire;
 
 pub use client::Rpc;
 pub use error::{Refusal, RpcError};
-pub use server::{current_peer, on, Dispatcher, Handler, Peer, ServerConfig};
+pub use server::{current_peer, on, Dispatcher, Handler, Peer, Reply, ServerConfig};
 pub use transport::{Endpoint, Transport, TransportConfig};
 pub use wire::*;

@@ -16,11 +16,24 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use crate::error::Refusal;
 use crate::wire::{may_send, ErrCode, Msg, Request, Role, ERR};
 
+/// Sends a request's answer back to its caller; called once, from any thread.
+pub type Reply = Box<dyn FnOnce(Msg) + Send>;
+
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, msg: Msg) -> Msg;
     /// True for requests whose handling makes RPCs of its own.
     fn fans_out(&self, _msg: &Msg) -> bool {
         false
+    }
+    /// True for requests whose answer waits for an event (a socket's bytes, a connection):
+    /// they go to [`Handler::handle_later`], so that no worker is held while they wait.
+    fn answers_later(&self, _msg: &Msg) -> bool {
+        false
+    }
+    /// Takes a request [`Handler::answers_later`] chose, on the receiving thread (so it must
+    /// not block), and answers it through `reply` when it can.
+    fn handle_later(&self, msg: Msg, reply: Reply) {
+        reply(self.handle(msg))
     }
 }
 
@@ -99,6 +112,12 @@ impl Dispatcher {
             metrics::counter!("rpc_requests_refused_total").increment(1);
             tracing::warn!(role = role.name(), msg = msg.name(), "refused a request its sender's role may not send");
             return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("a {} may not send {}", role.name(), msg.name()))));
+        }
+        if self.handler.answers_later(&msg) {
+            let before = PEER.with(|p| p.replace(peer));
+            self.handler.handle_later(msg, Box::new(reply));
+            PEER.with(|p| p.set(before));
+            return;
         }
         let q = if self.handler.fans_out(&msg) {
             &self.fan

@@ -15,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
+use std::net::{IpAddr, SocketAddr};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "SPOS" read as a little-endian u32.
@@ -27,7 +28,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 9 added erasure coding: striped sets ([`VregionReplicas::data`]), `M2M_SET`,
 /// `M2M_PARITY`, `P2M_RECONSTRUCT`, the parity forms of `M2M_READ_PAGES` and
 /// `M2M_PUT_PAGES`, and `ErrCode::ParityLost`.
-pub const WIRE_VERSION: u16 = 10;
+/// Version 11 added the network: the nComponent role, its NIC addresses in `X2G_REGISTER`,
+/// the GNM's `P2G_PICK_NET` and the socket messages `P2N_*`.
+pub const WIRE_VERSION: u16 = 11;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -251,13 +254,15 @@ pub enum Role {
     Proc,
     Mem,
     Storage,
+    /// An nComponent: owns network interfaces and runs programs' sockets on its host's stack.
+    Net,
     /// The admin's tools (`splitos run`, `cluster status`, `debug fetch`), holding the
     /// cluster's admin credentials.
     Admin,
 }
 
 impl Role {
-    pub const ALL: [Role; 5] = [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin];
+    pub const ALL: [Role; 6] = [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin];
 
     pub fn from_name(name: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.name() == name)
@@ -269,6 +274,7 @@ impl Role {
             Role::Proc => "pcomponent",
             Role::Mem => "mcomponent",
             Role::Storage => "scomponent",
+            Role::Net => "ncomponent",
             Role::Admin => "admin",
         }
     }
@@ -276,7 +282,7 @@ impl Role {
 
 /// Whether a peer authenticated as `role` may send the request `msg`. The letter before the
 /// `2` in a message's name says who sends it (`P` pComponent, `M` mComponent, `S` sComponent,
-/// `G` global managers, `X` any component, `C` the admin's tools); the admin may send
+/// `N` nComponent, `G` global managers, `X` any component, `C` the admin's tools); the admin may send
 /// anything (`splitos debug fetch` reads a page as a pComponent would). Replies are never
 /// requests: a peer that sends one is refused.
 pub fn may_send(role: Role, msg: &Msg) -> bool {
@@ -286,21 +292,21 @@ pub fn may_send(role: Role, msg: &Msg) -> bool {
     }
     match (from, role) {
         (_, Role::Admin) => true,
-        ("P", Role::Proc) | ("M", Role::Mem) | ("S", Role::Storage) | ("G", Role::Gm) => true,
+        ("P", Role::Proc) | ("M", Role::Mem) | ("S", Role::Storage) | ("N", Role::Net) | ("G", Role::Gm) => true,
         ("X", r) => r != Role::Admin,
         _ => false,
     }
 }
 
 /// Whether a peer authenticated as `role` handles the request `msg`: the letter after the
-/// `2` in its name (`M` mComponent, `P` pComponent, `S` sComponent, `G` global managers, `X`
+/// `2` in its name (`M` mComponent, `P` pComponent, `S` sComponent, `N` nComponent, `G` global managers, `X`
 /// any component). A caller checks it before sending, so that a request (and the page or
 /// file it may carry) goes only to a component of the role meant to receive it, whoever
 /// holds the address.
 pub fn may_receive(role: Role, msg: &Msg) -> bool {
     let Some((_, rest)) = msg.name().split_once('2') else { return false };
     match (rest.chars().next(), role) {
-        (Some('P'), Role::Proc) | (Some('M'), Role::Mem) | (Some('S'), Role::Storage) | (Some('G'), Role::Gm) => true,
+        (Some('P'), Role::Proc) | (Some('M'), Role::Mem) | (Some('S'), Role::Storage) | (Some('N'), Role::Net) | (Some('G'), Role::Gm) => true,
         (Some('X'), r) => r != Role::Admin,
         _ => false,
     }
@@ -345,6 +351,9 @@ pub struct ComponentInfo {
     pub addr: String,
     /// Where programs of this pComponent connect (pComponents only).
     pub shim_sock: Option<String>,
+    /// The addresses of this nComponent's network interfaces (nComponents only).
+    #[serde(default)]
+    pub nics: Vec<IpAddr>,
     pub load: Load,
     pub alive: bool,
     pub since_heartbeat_ms: u64,
@@ -686,7 +695,8 @@ messages! {
 
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub load: Load, pub id: u32 };
+    /// `nics`: an nComponent's interface addresses, which the GNM maps to it.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32 };
     /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool };
@@ -876,6 +886,42 @@ messages! {
     /// Drops a deleted file's blocks without writing them back.
     P2M_FILE_FORGET { pub vnode: String, pub ino: u64 };
 
+    // ---- the socket stub (pComponent) <-> the global network manager (GNM)
+    /// Which nComponent a socket of `vnode` lives on: the one whose interfaces hold `ip`
+    /// (a bind to that address), else the vNode's own (`ip` none, unspecified or loopback).
+    P2G_PICK_NET { pub vnode: String, pub ip: Option<IpAddr> };
+    G2P_NET { pub ncomp: ComponentRef };
+
+    // ---- the socket stub (pComponent) -> the proxy of an nComponent (docs/network.md).
+    // A skeleton belongs to the pComponent that made it (its credentials' key): a request
+    // about another's socket is refused. Socket errors come back as `ERR Errno(n)`.
+    /// A socket skeleton for a program of `vnode`, run by user `uid` (who may bind ports
+    /// below 1024 only if 0). `kind`: SOCK_STREAM or SOCK_DGRAM.
+    P2N_SOCKET { pub vnode: String, pub uid: u32, pub family: i32, pub kind: i32, pub protocol: i32 };
+    N2P_SOCKET { pub sock: u64 };
+    P2N_SETSOCKOPT { pub sock: u64, pub level: i32, pub name: i32, pub value: ByteBuf };
+    P2N_GETSOCKOPT { pub sock: u64, pub level: i32, pub name: i32, pub len: u32 };
+    N2P_OPT { pub value: ByteBuf };
+    P2N_BIND { pub sock: u64, pub addr: SocketAddr };
+    P2N_LISTEN { pub sock: u64, pub backlog: i32 };
+    /// Answered with the next connection, or `ERR Errno(EAGAIN)` when none came in `wait_ms`.
+    P2N_ACCEPT { pub sock: u64, pub wait_ms: u32 };
+    N2P_ACCEPTED { pub sock: u64, pub peer: SocketAddr };
+    /// Answered once the connection is made (the local address) or failed.
+    P2N_CONNECT { pub sock: u64, pub addr: SocketAddr };
+    P2N_NAME { pub sock: u64, pub peer: bool };
+    N2P_ADDR { pub addr: SocketAddr };
+    /// Bytes to send, carried in the request (the DDIO path). Answered once the skeleton's
+    /// send queue took them; it takes none while it holds more than its bound.
+    P2N_SEND { pub sock: u64, pub data: ByteBuf };
+    /// Up to `max` received bytes, answered as soon as there are some, at the end of the
+    /// stream (`eof`), or empty after `wait_ms`.
+    P2N_RECV { pub sock: u64, pub max: u32, pub wait_ms: u32 };
+    N2P_DATA { pub data: ByteBuf, pub eof: bool };
+    /// shutdown(2) with `how` (SHUT_RD, SHUT_WR, SHUT_RDWR), after the queued bytes left.
+    P2N_SHUTDOWN { pub sock: u64, pub how: i32 };
+    P2N_CLOSE { pub sock: u64 };
+
     // ---- control client -> mComponent
     /// Fault injection (`splitos debug flip`): flips bit `bit` of the first page of the
     /// process this mComponent stores at or after `from_vpn`, and says which.
@@ -898,6 +944,19 @@ replies! {
     C2G_STATUS => G2C_STATUS,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
+    P2G_PICK_NET => G2P_NET,
+    P2N_SOCKET => N2P_SOCKET,
+    P2N_SETSOCKOPT => OK,
+    P2N_GETSOCKOPT => N2P_OPT,
+    P2N_BIND => N2P_ADDR,
+    P2N_LISTEN => OK,
+    P2N_ACCEPT => N2P_ACCEPTED,
+    P2N_CONNECT => N2P_ADDR,
+    P2N_NAME => N2P_ADDR,
+    P2N_SEND => OK,
+    P2N_RECV => N2P_DATA,
+    P2N_SHUTDOWN => OK,
+    P2N_CLOSE => OK,
     M2G_PICK_OWNER => G2M_OWNER,
     M2G_BACKUP_STORE => G2M_BACKUP_STORE,
     P2G_VNODE_STORAGE => G2P_STORAGE,
@@ -1005,7 +1064,8 @@ mod role_tests {
             (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
             (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
+            (P2N_CLOSE { sock: 1 }.into(), &[Role::Proc, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new() }.into(), &[Role::Mem, Role::Admin]),
@@ -1013,7 +1073,7 @@ mod role_tests {
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
         ];
         for (msg, allowed) in cases {
-            for role in [Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Admin] {
+            for role in Role::ALL {
                 assert_eq!(may_send(role, &msg), allowed.contains(&role), "{} from {}", msg.name(), role.name());
             }
         }
@@ -1021,8 +1081,9 @@ mod role_tests {
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
             (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm]),
+            (P2N_SEND { sock: 1, data: ByteBuf::new() }.into(), &[Role::Net]),
             (C2G_STATUS.into(), &[Role::Gm]),
-            (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage]),
+            (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
         ];
         for (msg, allowed) in receivers {
             for role in Role::ALL {

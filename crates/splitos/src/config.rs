@@ -170,6 +170,18 @@ pub struct ScompSection {
 }
 
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default = "default_ncomp")]
+pub struct NcompSection {
+    pub listen: String,
+    /// Interface addresses to register with the global network manager; empty: every
+    /// address of its host but loopback (docs/network.md).
+    pub nics: Vec<std::net::IpAddr>,
+    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    /// (docs/deployment.md); none: the namespace of `cluster up`.
+    pub netns: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     #[serde(default = "default_cluster")]
@@ -181,6 +193,9 @@ pub struct ClusterConfig {
     /// Storage components; without one, runs get no vNode file system.
     #[serde(default)]
     pub scomponent: Vec<ScompSection>,
+    /// Network components; without one, programs' sockets use their pComponent host's stack.
+    #[serde(default)]
+    pub ncomponent: Vec<NcompSection>,
     /// Which transport every component uses, and that transport's knobs (`[transport.tcp]`).
     #[serde(default)]
     pub transport: TransportConfig,
@@ -236,6 +251,10 @@ pub fn default_scomp() -> ScompSection {
     ScompSection { listen: any_port(), dir: None, quota: Size(16 << 30), netns: None }
 }
 
+pub fn default_ncomp() -> NcompSection {
+    NcompSection { listen: any_port(), nics: Vec::new(), netns: None }
+}
+
 impl ClusterConfig {
     /// The embedded cluster: global managers, one pComponent, two mComponents, one sComponent.
     pub fn embedded() -> ClusterConfig {
@@ -244,6 +263,7 @@ impl ClusterConfig {
             pcomponent: vec![default_pcomp()],
             mcomponent: vec![default_mcomp(), default_mcomp()],
             scomponent: vec![default_scomp()],
+            ncomponent: Vec::new(),
             transport: TransportConfig::default(),
             vnode: Vec::new(),
         }
@@ -281,7 +301,8 @@ impl ClusterConfig {
         let namespaces = std::iter::once(("cluster".to_string(), &self.cluster.netns))
             .chain(self.pcomponent.iter().enumerate().map(|(i, p)| (format!("pcomponent[{i}]"), &p.netns)))
             .chain(self.mcomponent.iter().enumerate().map(|(i, m)| (format!("mcomponent[{i}]"), &m.netns)))
-            .chain(self.scomponent.iter().enumerate().map(|(i, s)| (format!("scomponent[{i}]"), &s.netns)));
+            .chain(self.scomponent.iter().enumerate().map(|(i, s)| (format!("scomponent[{i}]"), &s.netns)))
+            .chain(self.ncomponent.iter().enumerate().map(|(i, n)| (format!("ncomponent[{i}]"), &n.netns)));
         for (at, ns) in namespaces {
             if let Some(ns) = ns.as_deref().filter(|ns| ns.is_empty() || ns.contains('/') || ns.starts_with('.')) {
                 return Err(format!("{at}.netns: {ns:?} is not a network namespace name (as `ip netns` names them)"));

@@ -15,6 +15,7 @@ pub mod config;
 pub mod control;
 pub mod gm;
 pub mod mmon;
+pub mod nmon;
 pub mod node;
 pub mod pmon;
 pub mod smon;

@@ -7,7 +7,7 @@ use splitos_rpc::poll::Polling;
 use splitos_rpc::transport::{ShmConfig, TcpConfig, TransportConfig};
 
 use splitos::config::{self, ClusterConfig, Size};
-use splitos::{bench, control, gm, mmon, node, pmon, smon};
+use splitos::{bench, control, gm, mmon, nmon, node, pmon, smon};
 
 #[derive(Parser)]
 #[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
@@ -309,6 +309,24 @@ enum Cmd {
         #[command(flatten)]
         transport: TransportArgs,
     },
+    /// Run a network monitor (nComponent): owns this host's network interfaces and runs the
+    /// sockets of programs on pComponents on its stack (docs/network.md).
+    Net {
+        #[arg(long, default_value_t = config::default_ncomp().listen)]
+        listen: String,
+        #[arg(long, default_value = config::HAND_STARTED_GM)]
+        gm: String,
+        /// An interface address to register with the global network manager (repeat it);
+        /// none: every address of this host but loopback and IPv6 link-local ones.
+        #[arg(long = "nic-addr")]
+        nics: Vec<std::net::IpAddr>,
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        #[arg(long)]
+        metrics_addr: Option<String>,
+        #[command(flatten)]
+        transport: TransportArgs,
+    },
     /// Measure the floors a miss is compared with (JSON on stdout).
     BenchFloor {
         #[arg(long, default_value_t = 20000)]
@@ -439,6 +457,10 @@ fn main() {
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
             node::init_metrics();
             transport.credentials().and_then(|credentials| smon::run(smon::StorageArgs { listen, credentials, transport: transport.config(), gm, dir, quota: quota.0, ready_file, metrics_addr }))
+        }
+        Cmd::Net { listen, gm, nics, ready_file, metrics_addr, transport } => {
+            node::init_metrics();
+            transport.credentials().and_then(|credentials| nmon::run(nmon::NetArgs { listen, credentials, transport: transport.config(), gm, nics, ready_file, metrics_addr }))
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),

@@ -64,6 +64,8 @@ pub struct Node {
     pub gm: String,
     pub rpc: Rpc,
     id: AtomicU32,
+    /// An nComponent's interface addresses, told to the global managers at every registration.
+    pub nics: std::sync::OnceLock<Vec<std::net::IpAddr>>,
 }
 
 impl Node {
@@ -73,7 +75,7 @@ impl Node {
         let t = transport.build(Some(credentials(creds, role)?)).map_err(|e| anyhow::anyhow!(e))?;
         let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
         let rpc = Rpc::new(t, RPC_TIMEOUT);
-        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0) }), ep))
+        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new() }), ep))
     }
 
     pub fn id(&self) -> u32 {
@@ -89,7 +91,7 @@ impl Node {
     pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<splitos_rpc::G2X_REGISTERED, RpcError> {
         let mut last = None;
         for _ in 0..100 {
-            let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), load: load.clone(), id: self.id() };
+            let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), nics: self.nics.get().cloned().unwrap_or_default(), load: load.clone(), id: self.id() };
             match self.call_gm(msg) {
                 Ok(r) => {
                     self.id.store(r.id, Ordering::Relaxed);

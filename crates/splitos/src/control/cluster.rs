@@ -290,7 +290,16 @@ impl Cluster {
             args.extend(creds(&format!("proc{i}"), Role::Proc)?);
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach, p.netns.as_deref())?));
         }
-        let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len();
+        for (i, n) in cfg.ncomponent.iter().enumerate() {
+            let mut args = vec!["net".into(), "--listen".into(), n.listen.clone(), "--gm".into(), self.state.gm.clone()];
+            for ip in &n.nics {
+                args.extend(["--nic-addr".into(), ip.to_string()]);
+            }
+            args.extend(transport.iter().cloned());
+            args.extend(creds(&format!("net{i}"), Role::Net)?);
+            pending.push((format!("net{i}"), spawn(dir, &format!("net{i}"), &args, detach, n.netns.as_deref())?));
+        }
+        let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len() + cfg.ncomponent.len();
         for (name, (mut ch, ready)) in pending {
             let r = wait_ready(&mut ch, &ready, &name, dir);
             self.state.pids.push(ch.id());

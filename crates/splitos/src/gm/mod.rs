@@ -177,7 +177,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, load: r.load, alive: true, since_heartbeat_ms: 0 };
+        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0 };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced })
@@ -259,6 +259,24 @@ impl Gm {
         Ok(G2M_BACKUP_STORE { scomp })
     }
 
+    /// GNM: the nComponent whose interfaces hold a socket's address, or the vNode's own
+    /// (rendezvous on the vNode's name, so that all its programs share one stack and their
+    /// loopback reaches each other).
+    fn pick_net(&self, r: P2G_PICK_NET) -> Result<G2P_NET, Refusal> {
+        metrics::counter!("gnm_placements_total").increment(1);
+        let comps = self.comps();
+        let specific = r.ip.filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        if let Some(ip) = specific {
+            let holder = comps.iter().find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
+            return match holder {
+                Some(e) => Ok(G2P_NET { ncomp: ComponentRef { id: e.info.id, addr: e.info.addr.clone() } }),
+                None => Err(ERR::new(ErrCode::Errno(libc::EADDRNOTAVAIL), format!("no live nComponent has address {ip}"))),
+            };
+        }
+        let ncomp = rendezvous(&comps, Role::Net, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
+        Ok(G2P_NET { ncomp })
+    }
+
     fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
         metrics::counter!("gmm_file_cache_placements_total").increment(1);
         let mcomp = rendezvous(&self.comps(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
@@ -287,6 +305,7 @@ impl Handler for Gm {
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
+            Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
             Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: node::render_metrics() })),
             Msg::C2X_STATS(r) => on(r, |_| self.stats()),

@@ -1,0 +1,141 @@
+//! The network monitor (nComponent): the one component that owns network interfaces. It
+//! registers their addresses with the global network manager and runs programs' sockets on
+//! its own host's stack: a proxy takes the socket stubs' requests and makes one socket
+//! skeleton per socket ([`proxy`], [`skeleton`]). It never calls another component on the
+//! data path. docs/network.md tells the whole design.
+mod proxy;
+mod skeleton;
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use splitos_rpc::*;
+
+use crate::node::{self, Node};
+use proxy::{Counters, Job, ProxyHandle};
+
+pub struct Net {
+    node: Arc<Node>,
+    proxy: ProxyHandle,
+    c: Arc<Counters>,
+    started: Instant,
+}
+
+impl Net {
+    fn load(&self) -> Load {
+        Load { threads: 0, processes: self.c.open.load(Relaxed) as u32, capacity: 0, committed: 0, used: 0 }
+    }
+
+    fn stats_json(&self) -> String {
+        let c = &self.c;
+        serde_json::json!({
+            "role": "ncomponent", "id": self.node.id(), "addr": self.node.addr, "uptime_ms": self.started.elapsed().as_millis() as u64,
+            "nics": self.node.nics.get().cloned().unwrap_or_default(),
+            "sockets": c.sockets.load(Relaxed), "open_sockets": c.open.load(Relaxed),
+            "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
+            "bytes_sent": {"ddio": c.bytes_sent.load(Relaxed)},
+            "bytes_received": {"ddio": c.bytes_received.load(Relaxed)},
+            "refused": c.refused.load(Relaxed),
+        })
+        .to_string()
+    }
+}
+
+/// The nComponent's dispatch table: socket requests go to the proxy, which answers them when
+/// their socket is ready; the rest are answered here.
+impl Handler for Net {
+    fn answers_later(&self, msg: &Msg) -> bool {
+        msg.name().starts_with("P2N_")
+    }
+
+    fn handle_later(&self, msg: Msg, reply: Reply) {
+        self.proxy.submit(Job(msg, current_peer().map(|p| p.key), reply));
+    }
+
+    fn handle(&self, msg: Msg) -> Msg {
+        metrics::counter!("ncomp_requests_total", "msg" => msg.name()).increment(1);
+        match msg {
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Net, id: self.node.id() })),
+            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                metrics::gauge!("ncomp_open_sockets").set(self.c.open.load(Relaxed) as f64);
+                Ok(X2C_METRICS { text: node::render_metrics() })
+            }),
+            Msg::C2X_SHUTDOWN(r) => on(r, |_| {
+                node::exit_soon();
+                Ok(OK)
+            }),
+            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an nComponent does not handle {}", other.name()))),
+        }
+    }
+}
+
+pub struct NetArgs {
+    pub listen: String,
+    pub credentials: std::path::PathBuf,
+    pub transport: TransportConfig,
+    pub gm: String,
+    /// The interface addresses to register; empty: every address of this host but loopback.
+    pub nics: Vec<IpAddr>,
+    pub ready_file: Option<std::path::PathBuf>,
+    pub metrics_addr: Option<String>,
+}
+
+/// This host's interface addresses, loopback and IPv6 link-local ones left out: those are the
+/// addresses a bind can name and the outside can reach.
+pub fn host_addresses() -> std::io::Result<Vec<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list it hands to us; freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut at = head;
+    while !at.is_null() {
+        // SAFETY: a node of the list getifaddrs made, alive until freeifaddrs.
+        let ifa = unsafe { &*at };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr whose family says which one it is.
+            let ip = unsafe {
+                match (*ifa.ifa_addr).sa_family as i32 {
+                    libc::AF_INET => Some(IpAddr::from((*(ifa.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr.to_ne_bytes())),
+                    libc::AF_INET6 => Some(IpAddr::from((*(ifa.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr)),
+                    _ => None,
+                }
+            };
+            let link_local = |ip: &IpAddr| matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+            if let Some(ip) = ip.filter(|ip| !ip.is_loopback() && !link_local(ip)) {
+                if !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, not used after this.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+pub fn run(args: NetArgs) -> anyhow::Result<()> {
+    let nics = if args.nics.is_empty() { host_addresses()? } else { args.nics.clone() };
+    let (node, endpoint) = Node::bind(Role::Net, &args.gm, &args.listen, &args.transport, &args.credentials)?;
+    let _ = node.nics.set(nics.clone());
+    let c = Arc::new(Counters::default());
+    let proxy = proxy::start(c.clone())?;
+    let net = Arc::new(Net { node: node.clone(), proxy, c, started: Instant::now() });
+    endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
+    node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    let n2 = net.clone();
+    node.clone().heartbeat_forever(None, move || n2.load(), |_| {});
+    if let Some(m) = &args.metrics_addr {
+        let at = node::serve_metrics_http(m)?;
+        tracing::info!(metrics = %at, "serving Prometheus metrics");
+    }
+    let shown: Vec<String> = nics.iter().map(|ip| ip.to_string()).collect();
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", nics = %shown.join(","), "splitos network monitor started");
+    node::announce_ready(args.ready_file.as_deref(), &node.addr);
+    crate::node::park_forever()
+}

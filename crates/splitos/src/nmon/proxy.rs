@@ -1,0 +1,406 @@
+//! The proxy: the nComponent's entry point for socket requests (the paper's recv ring is the
+//! channel here), the skeletons it made, and the service registry of the ports they hold.
+//! One thread runs it, event-driven and never blocking: a request either completes at once
+//! or waits in its skeleton for the socket's next readiness event or its deadline.
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde_bytes::ByteBuf;
+use socket2::SockAddr;
+use splitos_rpc::*;
+
+use super::skeleton::{refusal, Owner, Skeleton, State};
+
+const WAKER: Token = Token(usize::MAX);
+/// Longest a closed socket may take to send what its program wrote before it closed.
+const LINGER: Duration = Duration::from_secs(30);
+/// Longest a receive or an accept waits before it is answered empty.
+const MAX_WAIT: Duration = Duration::from_secs(5);
+
+/// Counters the proxy keeps, read by the monitor's stats and metrics.
+#[derive(Default)]
+pub struct Counters {
+    pub sockets: AtomicU64,
+    pub open: AtomicU64,
+    pub connects: AtomicU64,
+    pub accepts: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+/// A request for the proxy thread: the message, its sender's key, where the answer goes.
+pub struct Job(pub Msg, pub Option<[u8; 32]>, pub Reply);
+
+/// The handle the monitor's dispatch table gives requests to.
+pub struct ProxyHandle {
+    tx: Sender<Job>,
+    waker: Arc<Waker>,
+}
+
+impl ProxyHandle {
+    pub fn submit(&self, job: Job) {
+        if let Err(e) = self.tx.send(job) {
+            let Job(_, _, reply) = e.into_inner();
+            reply(Msg::ERR(ERR::new(ErrCode::Internal, "the nComponent's proxy is gone")));
+            return;
+        }
+        let _ = self.waker.wake();
+    }
+}
+
+struct Proxy {
+    poll: Poll,
+    rx: Receiver<Job>,
+    socks: HashMap<u64, Skeleton>,
+    /// The service registry: which vNode holds each (kind, port) on this nComponent.
+    registry: HashMap<(i32, u16), String>,
+    next: u64,
+    c: Arc<Counters>,
+}
+
+/// Starts the proxy thread.
+pub fn start(c: Arc<Counters>) -> anyhow::Result<ProxyHandle> {
+    let poll = Poll::new()?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut p = Proxy { poll, rx, socks: HashMap::new(), registry: HashMap::new(), next: 1, c };
+    std::thread::Builder::new().name("proxy".into()).spawn(move || p.run())?;
+    Ok(ProxyHandle { tx, waker })
+}
+
+fn errno_reply(reply: Reply, errno: i32) {
+    reply(Msg::ERR(Refusal::errno(errno)))
+}
+
+impl Proxy {
+    fn run(&mut self) {
+        let mut events = Events::with_capacity(256);
+        let mut next_deadline: Option<Instant> = None;
+        loop {
+            let timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "the proxy's poll failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            let mut touched: Vec<u64> = events.iter().filter(|e| e.token() != WAKER).map(|e| e.token().0 as u64).collect();
+            while let Ok(Job(msg, key, reply)) = self.rx.try_recv() {
+                if let Some(id) = self.request(msg, key, reply) {
+                    touched.push(id);
+                }
+            }
+            let now = Instant::now();
+            touched.sort_unstable();
+            touched.dedup();
+            for id in touched {
+                self.progress(id, now);
+            }
+            next_deadline = self.expire(now);
+        }
+    }
+
+    /// Moves skeleton `id` along after an event or a request.
+    fn progress(&mut self, id: u64, now: Instant) {
+        let Some(s) = self.socks.get_mut(&id) else { return };
+        if matches!(s.state, State::Listening) {
+            self.try_accept(id, now);
+            return;
+        }
+        let (sent, received) = s.progress(now);
+        self.c.bytes_sent.fetch_add(sent, Relaxed);
+        self.c.bytes_received.fetch_add(received, Relaxed);
+        metrics::counter!("ncomp_bytes_sent_total", "path" => "ddio").increment(sent);
+        metrics::counter!("ncomp_bytes_received_total", "path" => "ddio").increment(received);
+        if s.closing.is_some() && s.drained() {
+            self.forget(id);
+        }
+    }
+
+    fn try_accept(&mut self, id: u64, now: Instant) {
+        let s = self.socks.get_mut(&id).expect("a listening skeleton");
+        let Some((deadline, reply)) = s.take_accept_waiter() else { return };
+        match s.socket.accept() {
+            Ok((conn, peer)) => {
+                let (owner, kind) = (s.owner.clone(), s.kind);
+                let Some(peer) = peer.as_socket() else { return errno_reply(reply, libc::EAFNOSUPPORT) };
+                if let Err(e) = conn.set_nonblocking(true) {
+                    return reply(Msg::ERR(refusal(&e)));
+                }
+                let new = self.add(Skeleton::wrap(owner, conn, kind, State::Connected));
+                self.c.accepts.fetch_add(1, Relaxed);
+                metrics::counter!("ncomp_accepts_total").increment(1);
+                reply(N2P_ACCEPTED { sock: new, peer }.into());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && now < deadline => s.accept_later(deadline, reply),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => errno_reply(reply, libc::EAGAIN),
+            Err(e) => reply(Msg::ERR(refusal(&e))),
+        }
+    }
+
+    fn add(&mut self, s: Skeleton) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        let fd = s.fd();
+        if let Err(e) = self.poll.registry().register(&mut SourceFd(&fd), Token(id as usize), Interest::READABLE | Interest::WRITABLE) {
+            tracing::warn!(error = %e, "cannot watch a socket");
+        }
+        self.socks.insert(id, s);
+        self.c.sockets.fetch_add(1, Relaxed);
+        self.c.open.fetch_add(1, Relaxed);
+        id
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some(mut s) = self.socks.remove(&id) {
+            let fd = s.fd();
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+            if let Some(port) = s.port {
+                self.registry.remove(&port);
+            }
+            s.end();
+            self.c.open.fetch_sub(1, Relaxed);
+        }
+    }
+
+    fn expire(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut gone = Vec::new();
+        for (id, s) in self.socks.iter_mut() {
+            match s.closing {
+                Some(d) if d <= now => gone.push(*id),
+                closing => {
+                    for d in s.expire(now).into_iter().chain(closing) {
+                        next = Some(next.map_or(d, |n| n.min(d)));
+                    }
+                }
+            }
+        }
+        for id in gone {
+            tracing::debug!(sock = id, "a closed socket could not send all it held in time");
+            self.forget(id);
+        }
+        next
+    }
+
+    /// Handles one request; returns the skeleton to move along afterwards.
+    fn request(&mut self, msg: Msg, key: Option<[u8; 32]>, reply: Reply) -> Option<u64> {
+        let name = msg.name();
+        metrics::counter!("ncomp_requests_total", "msg" => name).increment(1);
+        let sock = match &msg {
+            Msg::P2N_SOCKET(_) => 0,
+            Msg::P2N_SETSOCKOPT(r) => r.sock,
+            Msg::P2N_GETSOCKOPT(r) => r.sock,
+            Msg::P2N_BIND(r) => r.sock,
+            Msg::P2N_LISTEN(r) => r.sock,
+            Msg::P2N_ACCEPT(r) => r.sock,
+            Msg::P2N_CONNECT(r) => r.sock,
+            Msg::P2N_NAME(r) => r.sock,
+            Msg::P2N_SEND(r) => r.sock,
+            Msg::P2N_RECV(r) => r.sock,
+            Msg::P2N_SHUTDOWN(r) => r.sock,
+            Msg::P2N_CLOSE(r) => r.sock,
+            other => {
+                reply(Msg::ERR(ERR::new(ErrCode::Invalid, format!("the proxy does not handle {}", other.name()))));
+                return None;
+            }
+        };
+        if let Msg::P2N_SOCKET(r) = msg {
+            let owner = Owner { key: key.unwrap_or([0; 32]), vnode: r.vnode, uid: r.uid };
+            match Skeleton::new(owner, r.family, r.kind, r.protocol) {
+                Ok(s) => {
+                    let id = self.add(s);
+                    reply(N2P_SOCKET { sock: id }.into());
+                }
+                Err(e) => reply(Msg::ERR(e)),
+            }
+            return None;
+        }
+        let s = match owned(&mut self.socks, &self.c, sock, key) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(request = name, sock, "request refused");
+                reply(Msg::ERR(e));
+                return None;
+            }
+        };
+        let now = Instant::now();
+        match msg {
+            Msg::P2N_SETSOCKOPT(r) => reply(on(r, |r| set_option(s, r.level, r.name, &r.value))),
+            Msg::P2N_GETSOCKOPT(r) => reply(on(r, |r| get_option(s, r.level, r.name, r.len))),
+            Msg::P2N_BIND(r) => {
+                let a = r.addr;
+                let res = bind(s, &mut self.registry, a);
+                reply(match res {
+                    Ok(addr) => N2P_ADDR { addr }.into(),
+                    Err(e) => Msg::ERR(e),
+                });
+            }
+            Msg::P2N_LISTEN(r) => {
+                let res = s.socket.listen(r.backlog.clamp(1, 4096));
+                reply(match res {
+                    Ok(()) => {
+                        s.state = State::Listening;
+                        OK.into()
+                    }
+                    Err(e) => Msg::ERR(refusal(&e)),
+                });
+            }
+            Msg::P2N_ACCEPT(r) => {
+                if !matches!(s.state, State::Listening) {
+                    errno_reply(reply, libc::EINVAL);
+                    return None;
+                }
+                s.accept_later(now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT), reply);
+                return Some(sock);
+            }
+            Msg::P2N_CONNECT(r) => {
+                self.c.connects.fetch_add(1, Relaxed);
+                metrics::counter!("ncomp_connects_total").increment(1);
+                s.connect(r.addr, reply);
+                return Some(sock);
+            }
+            Msg::P2N_NAME(r) => {
+                let a = if r.peer { s.socket.peer_addr() } else { s.socket.local_addr() };
+                reply(match a.map(|a| a.as_socket()) {
+                    Ok(Some(addr)) => N2P_ADDR { addr }.into(),
+                    Ok(None) => Msg::ERR(Refusal::errno(libc::EAFNOSUPPORT)),
+                    Err(e) => Msg::ERR(refusal(&e)),
+                });
+            }
+            Msg::P2N_SEND(r) => {
+                s.send(r.data, reply);
+                return Some(sock);
+            }
+            Msg::P2N_RECV(r) => {
+                s.recv(r.max as usize, now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT), reply);
+                return Some(sock);
+            }
+            Msg::P2N_SHUTDOWN(r) => {
+                reply(match s.shutdown(r.how) {
+                    Ok(()) => OK.into(),
+                    Err(e) => Msg::ERR(e),
+                });
+                return Some(sock);
+            }
+            Msg::P2N_CLOSE(_) => {
+                s.closing = Some(now + LINGER);
+                reply(OK.into());
+                if !matches!(s.state, State::Connected) || s.drained() {
+                    self.forget(sock);
+                    return None;
+                }
+                // The port is free for others at once, as the kernel's is.
+                if let Some(port) = s.port.take() {
+                    self.registry.remove(&port);
+                }
+                return Some(sock);
+            }
+            _ => unreachable!("matched above"),
+        }
+        None
+    }
+}
+
+/// The skeleton `id` if it belongs to the sender.
+fn owned<'a>(socks: &'a mut HashMap<u64, Skeleton>, c: &Counters, id: u64, key: Option<[u8; 32]>) -> Result<&'a mut Skeleton, Refusal> {
+    match socks.get_mut(&id) {
+        Some(s) if key.is_none_or(|k| k == s.owner.key) => Ok(s),
+        Some(_) => {
+            c.refused.fetch_add(1, Relaxed);
+            tracing::warn!(sock = id, "refused a request about a socket another pComponent made");
+            Err(ERR::new(ErrCode::Denied, format!("socket {id} is not yours")))
+        }
+        None => Err(Refusal::errno(libc::EBADF)),
+    }
+}
+
+/// Binds through the service registry: a port another vNode holds here is in use, whatever
+/// the socket's options say, and ports below 1024 are root's.
+fn bind(s: &mut Skeleton, registry: &mut HashMap<(i32, u16), String>, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Refusal> {
+    let port = addr.port();
+    if port != 0 && port < 1024 && s.owner.uid != 0 {
+        return Err(Refusal::errno(libc::EACCES));
+    }
+    let holder = registry.get(&(s.kind, port)).filter(|_| port != 0);
+    if holder.is_some_and(|v| *v != s.owner.vnode) {
+        return Err(Refusal::errno(libc::EADDRINUSE));
+    }
+    // SO_REUSEPORT shares a port only among sockets of one user, and every skeleton is this
+    // monitor's: it applies only when the vNode already holds the port.
+    let share = s.reuseport && holder.is_some();
+    if s.reuseport && !share {
+        s.socket.set_reuse_port(false).map_err(|e| refusal(&e))?;
+    }
+    let bound = s.socket.bind(&SockAddr::from(addr));
+    if s.reuseport && !share {
+        let _ = s.socket.set_reuse_port(true);
+    }
+    bound.map_err(|e| refusal(&e))?;
+    let local = s.socket.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| Refusal::errno(libc::EINVAL))?;
+    registry.insert((s.kind, local.port()), s.owner.vnode.clone());
+    s.port = Some((s.kind, local.port()));
+    Ok(local)
+}
+
+/// Options a program of any user may set or read: those its own kernel would let it.
+fn allowed(level: i32, name: i32) -> bool {
+    match level {
+        libc::SOL_SOCKET => matches!(
+            name,
+            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_KEEPALIVE | libc::SO_LINGER | libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVLOWAT | libc::SO_SNDLOWAT | libc::SO_BROADCAST | libc::SO_OOBINLINE | libc::SO_ERROR | libc::SO_TYPE | libc::SO_DOMAIN | libc::SO_PROTOCOL | libc::SO_ACCEPTCONN | libc::SO_TIMESTAMP | libc::SO_ZEROCOPY | libc::SO_BUSY_POLL
+        ),
+        libc::IPPROTO_TCP => matches!(
+            name,
+            libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_CORK | libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT | libc::TCP_SYNCNT | libc::TCP_LINGER2 | libc::TCP_DEFER_ACCEPT | libc::TCP_INFO | libc::TCP_QUICKACK | libc::TCP_CONGESTION | libc::TCP_USER_TIMEOUT | libc::TCP_FASTOPEN | libc::TCP_NOTSENT_LOWAT
+        ),
+        libc::IPPROTO_IP => matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU),
+        libc::IPPROTO_IPV6 => matches!(name, libc::IPV6_V6ONLY | libc::IPV6_TCLASS | libc::IPV6_UNICAST_HOPS | libc::IPV6_RECVERR | libc::IPV6_MTU_DISCOVER | libc::IPV6_MTU),
+        _ => false,
+    }
+}
+
+fn check_allowed(s: &Skeleton, level: i32, name: i32) -> Result<(), Refusal> {
+    if s.owner.uid != 0 && !allowed(level, name) {
+        tracing::info!(level, name, vnode = %s.owner.vnode, uid = s.owner.uid, "refused a socket option reserved to root");
+        return Err(Refusal::errno(libc::EPERM));
+    }
+    Ok(())
+}
+
+fn set_option(s: &mut Skeleton, level: i32, name: i32, value: &[u8]) -> Result<OK, Refusal> {
+    check_allowed(s, level, name)?;
+    if value.len() > 256 {
+        return Err(Refusal::errno(libc::EINVAL));
+    }
+    // SAFETY: setsockopt reads `value.len()` bytes from a live slice; the kernel checks the
+    // option and its size.
+    let r = unsafe { libc::setsockopt(s.socket.as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) };
+    if r != 0 {
+        return Err(refusal(&std::io::Error::last_os_error()));
+    }
+    if level == libc::SOL_SOCKET && name == libc::SO_REUSEPORT {
+        s.reuseport = value.iter().any(|b| *b != 0);
+    }
+    Ok(OK)
+}
+
+fn get_option(s: &mut Skeleton, level: i32, name: i32, len: u32) -> Result<N2P_OPT, Refusal> {
+    check_allowed(s, level, name)?;
+    let mut buf = vec![0u8; (len as usize).min(512)];
+    let mut n = buf.len() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `n` bytes into the live buffer and stores the length.
+    let r = unsafe { libc::getsockopt(s.socket.as_raw_fd(), level, name, buf.as_mut_ptr().cast(), &mut n) };
+    if r != 0 {
+        return Err(refusal(&std::io::Error::last_os_error()));
+    }
+    buf.truncate(n as usize);
+    Ok(N2P_OPT { value: ByteBuf::from(buf) })
+}

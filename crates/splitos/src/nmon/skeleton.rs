@@ -1,0 +1,324 @@
+//! A socket skeleton: one socket on this host's stack, made for a program's socket stub, with
+//! the requests of that stub that wait for the socket (a connection, bytes, room to send).
+//! Everything here runs on the proxy's one thread, with the socket non-blocking: each
+//! operation either completes now or leaves its waiter for the next readiness event.
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+use serde_bytes::ByteBuf;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use splitos_rpc::{Msg, Refusal, Reply, ERR, N2P_ADDR, N2P_DATA, OK};
+
+/// Bytes a skeleton holds for sending before it makes its stub wait: enough to keep a
+/// connection busy between two of the stub's sends.
+pub const SEND_QUEUE: usize = 256 << 10;
+/// Most bytes one receive hands back.
+pub const RECV_MAX: usize = 256 << 10;
+
+/// Who a skeleton belongs to: the pComponent that made it (its credentials' key), the vNode
+/// and the user of the program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub key: [u8; 32],
+    pub vnode: String,
+    pub uid: u32,
+}
+
+pub enum State {
+    Fresh,
+    Connecting(Reply),
+    Connected,
+    Listening,
+}
+
+pub struct Skeleton {
+    pub owner: Owner,
+    pub socket: Socket,
+    /// SOCK_STREAM or SOCK_DGRAM.
+    pub kind: i32,
+    pub state: State,
+    /// The (kind, port) this socket holds in the service registry.
+    pub port: Option<(i32, u16)>,
+    /// Bytes taken from the stub, not yet taken by the kernel.
+    sendq: VecDeque<u8>,
+    /// Sends that did not fit the queue, answered when they do, in order.
+    send_waiters: VecDeque<(ByteBuf, Reply)>,
+    /// A receive waiting for bytes: at most this many, answered empty at the deadline.
+    recv_waiter: Option<(usize, Instant, Reply)>,
+    accept_waiter: Option<(Instant, Reply)>,
+    /// The stub asked to shut down writing once the queue is empty.
+    shut_wr: bool,
+    /// The stub closed the socket: it goes once the queue is empty, or at this deadline.
+    pub closing: Option<Instant>,
+    eof: bool,
+    /// An error the socket reported (ECONNRESET, EPIPE): every later operation gets it.
+    err: Option<i32>,
+    /// Whether SO_REUSEPORT was asked for: applied only among one vNode's sockets.
+    pub reuseport: bool,
+}
+
+fn errno_of(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+pub fn refusal(e: &std::io::Error) -> Refusal {
+    Refusal::errno(errno_of(e))
+}
+
+impl Skeleton {
+    pub fn new(owner: Owner, family: i32, kind: i32, protocol: i32) -> Result<Skeleton, Refusal> {
+        let domain = match family {
+            libc::AF_INET => Domain::IPV4,
+            libc::AF_INET6 => Domain::IPV6,
+            _ => return Err(Refusal::errno(libc::EAFNOSUPPORT)),
+        };
+        let ty = match kind {
+            libc::SOCK_STREAM => Type::STREAM,
+            libc::SOCK_DGRAM => Type::DGRAM,
+            _ => return Err(Refusal::errno(libc::ESOCKTNOSUPPORT)),
+        };
+        let proto = (protocol != 0).then_some(Protocol::from(protocol));
+        let socket = Socket::new(domain, ty, proto).map_err(|e| refusal(&e))?;
+        socket.set_nonblocking(true).map_err(|e| refusal(&e))?;
+        Ok(Skeleton::wrap(owner, socket, kind, State::Fresh))
+    }
+
+    pub fn wrap(owner: Owner, socket: Socket, kind: i32, state: State) -> Skeleton {
+        Skeleton {
+            owner,
+            socket,
+            kind,
+            state,
+            port: None,
+            sendq: VecDeque::new(),
+            send_waiters: VecDeque::new(),
+            recv_waiter: None,
+            accept_waiter: None,
+            shut_wr: false,
+            closing: None,
+            eof: false,
+            err: None,
+            reuseport: false,
+        }
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.socket.as_raw_fd()
+    }
+
+    pub fn connect(&mut self, addr: SocketAddr, reply: Reply) {
+        if !matches!(self.state, State::Fresh) {
+            let errno = if matches!(self.state, State::Connecting(_)) { libc::EALREADY } else { libc::EISCONN };
+            return reply(Msg::ERR(Refusal::errno(errno)));
+        }
+        match self.socket.connect(&SockAddr::from(addr)) {
+            Ok(()) => {
+                self.state = State::Connected;
+                reply(self.local());
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => self.state = State::Connecting(reply),
+            Err(e) => reply(Msg::ERR(refusal(&e))),
+        }
+    }
+
+    fn local(&self) -> Msg {
+        match self.socket.local_addr().ok().and_then(|a| a.as_socket()) {
+            Some(addr) => N2P_ADDR { addr }.into(),
+            None => Msg::ERR(Refusal::errno(libc::EINVAL)),
+        }
+    }
+
+    pub fn send(&mut self, data: ByteBuf, reply: Reply) {
+        if let Some(e) = self.err {
+            return reply(Msg::ERR(Refusal::errno(e)));
+        }
+        if self.shut_wr || self.closing.is_some() {
+            return reply(Msg::ERR(Refusal::errno(libc::EPIPE)));
+        }
+        self.send_waiters.push_back((data, reply));
+    }
+
+    pub fn recv(&mut self, max: usize, deadline: Instant, reply: Reply) {
+        if let Some((_, _, old)) = self.recv_waiter.take() {
+            old(Msg::ERR(ERR::new(splitos_rpc::ErrCode::Invalid, "a newer receive on this socket replaced this one")));
+        }
+        self.recv_waiter = Some((max.clamp(1, RECV_MAX), deadline, reply));
+    }
+
+    pub fn accept_later(&mut self, deadline: Instant, reply: Reply) {
+        if let Some((_, old)) = self.accept_waiter.take() {
+            old(Msg::ERR(Refusal::errno(libc::EAGAIN)));
+        }
+        self.accept_waiter = Some((deadline, reply));
+    }
+
+    /// A waiting accept, for the proxy, which makes the new skeleton.
+    pub fn take_accept_waiter(&mut self) -> Option<(Instant, Reply)> {
+        self.accept_waiter.take()
+    }
+
+    pub fn shutdown(&mut self, how: i32) -> Result<(), Refusal> {
+        let read = how == libc::SHUT_RD || how == libc::SHUT_RDWR;
+        let write = how == libc::SHUT_WR || how == libc::SHUT_RDWR;
+        if !read && !write {
+            return Err(Refusal::errno(libc::EINVAL));
+        }
+        if read {
+            self.socket.shutdown(Shutdown::Read).map_err(|e| refusal(&e))?;
+        }
+        self.shut_wr |= write;
+        Ok(())
+    }
+
+    /// Moves everything that can move now: a finished connect, queued bytes out, waiting sends
+    /// into the queue, received bytes to a waiting receive. Returns the bytes sent and
+    /// received.
+    pub fn progress(&mut self, now: Instant) -> (u64, u64) {
+        if let State::Connecting(_) = self.state {
+            let done = match self.socket.take_error() {
+                Ok(Some(e)) => Some(Err(e)),
+                Err(e) => Some(Err(e)),
+                Ok(None) => match self.socket.peer_addr() {
+                    Ok(_) => Some(Ok(())),
+                    Err(e) if e.kind() == ErrorKind::NotConnected => None,
+                    Err(e) => Some(Err(e)),
+                },
+            };
+            if let Some(r) = done {
+                let State::Connecting(reply) = std::mem::replace(&mut self.state, State::Fresh) else { unreachable!() };
+                match r {
+                    Ok(()) => {
+                        self.state = State::Connected;
+                        reply(self.local());
+                    }
+                    Err(e) => reply(Msg::ERR(refusal(&e))),
+                }
+            }
+        }
+        if !matches!(self.state, State::Connected) {
+            return (0, 0);
+        }
+        let sent = self.flush();
+        let received = self.deliver(now);
+        (sent, received)
+    }
+
+    fn flush(&mut self) -> u64 {
+        let mut sent = 0u64;
+        loop {
+            while self.sendq.len() < SEND_QUEUE {
+                let Some((data, reply)) = self.send_waiters.pop_front() else { break };
+                match self.err {
+                    Some(e) => reply(Msg::ERR(Refusal::errno(e))),
+                    None => {
+                        self.sendq.extend(data.iter());
+                        reply(OK.into());
+                    }
+                }
+            }
+            if self.sendq.is_empty() || self.err.is_some() {
+                break;
+            }
+            let (head, _) = self.sendq.as_slices();
+            match (&self.socket).write(head) {
+                Ok(n) => {
+                    self.sendq.drain(..n);
+                    sent += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => self.fail(errno_of(&e)),
+            }
+        }
+        if self.sendq.is_empty() && self.shut_wr && self.err.is_none() {
+            let _ = self.socket.shutdown(Shutdown::Write);
+        }
+        sent
+    }
+
+    fn deliver(&mut self, now: Instant) -> u64 {
+        let Some((max, deadline, reply)) = self.recv_waiter.take() else { return 0 };
+        if self.eof {
+            reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+            return 0;
+        }
+        let mut buf = vec![0u8; max];
+        loop {
+            match (&self.socket).read(&mut buf) {
+                Ok(0) => {
+                    self.eof = true;
+                    reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+                    return 0;
+                }
+                Ok(n) => {
+                    buf.truncate(n);
+                    reply(N2P_DATA { data: ByteBuf::from(buf), eof: false }.into());
+                    return n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if let Some(e) = self.err {
+                        reply(Msg::ERR(Refusal::errno(e)));
+                    } else if now >= deadline {
+                        reply(N2P_DATA { data: ByteBuf::new(), eof: false }.into());
+                    } else {
+                        self.recv_waiter = Some((max, deadline, reply));
+                    }
+                    return 0;
+                }
+                Err(e) => {
+                    self.fail(errno_of(&e));
+                    reply(Msg::ERR(Refusal::errno(errno_of(&e))));
+                    return 0;
+                }
+            }
+        }
+    }
+
+    /// The socket broke: every waiting send learns it.
+    fn fail(&mut self, errno: i32) {
+        self.err.get_or_insert(errno);
+        self.sendq.clear();
+        for (_, reply) in self.send_waiters.drain(..) {
+            reply(Msg::ERR(Refusal::errno(errno)));
+        }
+    }
+
+    /// Answers waiters whose time is up; returns the earliest deadline still ahead.
+    pub fn expire(&mut self, now: Instant) -> Option<Instant> {
+        if self.accept_waiter.as_ref().is_some_and(|(d, _)| *d <= now) {
+            let (_, reply) = self.accept_waiter.take().unwrap();
+            reply(Msg::ERR(Refusal::errno(libc::EAGAIN)));
+        }
+        if self.recv_waiter.as_ref().is_some_and(|(_, d, _)| *d <= now) {
+            let (_, _, reply) = self.recv_waiter.take().unwrap();
+            match self.err {
+                Some(e) => reply(Msg::ERR(Refusal::errno(e))),
+                None => reply(N2P_DATA { data: ByteBuf::new(), eof: self.eof }.into()),
+            }
+        }
+        [self.accept_waiter.as_ref().map(|w| w.0), self.recv_waiter.as_ref().map(|w| w.1)].into_iter().flatten().min()
+    }
+
+    /// Whether a closing skeleton has nothing left to send.
+    pub fn drained(&self) -> bool {
+        self.sendq.is_empty() && self.send_waiters.is_empty() || self.err.is_some()
+    }
+
+    /// Answers every waiter: the socket is going away.
+    pub fn end(&mut self) {
+        if let State::Connecting(reply) = std::mem::replace(&mut self.state, State::Fresh) {
+            reply(Msg::ERR(Refusal::errno(libc::ECONNABORTED)));
+        }
+        self.fail(libc::EPIPE);
+        if let Some((_, _, reply)) = self.recv_waiter.take() {
+            reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+        }
+        if let Some((_, reply)) = self.accept_waiter.take() {
+            reply(Msg::ERR(Refusal::errno(libc::EBADF)));
+        }
+    }
+}
