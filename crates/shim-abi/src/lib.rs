@@ -26,7 +26,7 @@ use zerocopy::{Immutable, KnownLayout};
 /// The byte views both sides use on these records, re-exported so that they agree on the version.
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-pub const SHIM_ABI_VERSION: u32 = 3;
+pub const SHIM_ABI_VERSION: u32 = 4;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -163,6 +163,85 @@ pub struct VmaRec {
     pub prot: u64,
 }
 
+/// The pComponent's socket for programs' socket calls is the program socket's path with this
+/// suffix. Each call is its own connection, so that a call that waits (a blocking connect)
+/// never holds up the program's memory calls on the program socket.
+pub const NET_SOCK_SUFFIX: &[u8] = b".net";
+
+/// A socket call of the socket stub ([`NetReq::op`]). Every call but `Socket` carries the
+/// program's descriptor of the socket (SCM_RIGHTS): the pComponent knows the socket by it and
+/// so acts only on sockets the caller holds. `Socket` and `Accept` are answered with the new
+/// socket's descriptor.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NetOp {
+    /// a=family, b=type (SOCK_STREAM), c=protocol.
+    Socket = 1,
+    /// data=the address.
+    Bind = 2,
+    /// a=backlog.
+    Listen = 3,
+    /// After the shim took one of the listening socket's connection tokens; answered with the
+    /// connection and data=its peer's address.
+    Accept = 4,
+    /// data=the address, a=1 if the socket is non-blocking (answered -EINPROGRESS at once).
+    Connect = 5,
+    SockName = 6,
+    PeerName = 7,
+    /// a=level, b=name, c=the caller's buffer size; answered with data=the value.
+    GetOpt = 8,
+    /// a=level, b=name, data=the value.
+    SetOpt = 9,
+}
+
+impl NetOp {
+    pub fn from_u32(v: u32) -> Option<NetOp> {
+        Some(match v {
+            1 => NetOp::Socket,
+            2 => NetOp::Bind,
+            3 => NetOp::Listen,
+            4 => NetOp::Accept,
+            5 => NetOp::Connect,
+            6 => NetOp::SockName,
+            7 => NetOp::PeerName,
+            8 => NetOp::GetOpt,
+            9 => NetOp::SetOpt,
+            _ => return None,
+        })
+    }
+}
+
+/// Bytes of an address or an option value in a [`NetReq`] or [`NetResp`].
+pub const NET_DATA: usize = 128;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct NetReq {
+    pub abi: u32,
+    pub op: u32,
+    pub a: i64,
+    pub b: i64,
+    pub c: i64,
+    /// Bytes of `data` used.
+    pub len: u32,
+    pub _pad: u32,
+    pub data: [u8; NET_DATA],
+}
+
+/// `ret` is 0 (or a value), a negative errno, or [`NET_LOCAL`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct NetResp {
+    pub ret: i64,
+    pub len: u32,
+    pub _pad: u32,
+    pub data: [u8; NET_DATA],
+}
+
+/// [`NetResp::ret`] for a socket the pComponent does not run (its cluster has no
+/// nComponent, or the descriptor is not one of its sockets): the call goes to the local stack.
+pub const NET_LOCAL: i64 = 1;
+
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
 const _: () = assert!(size_of::<Welcome>() == 32 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, flags) == 12 && offset_of!(Welcome, uffd_features) == 16 && offset_of!(Welcome, refused) == 24);
@@ -170,6 +249,7 @@ const _: () = assert!(size_of::<Hello>() == 104 && offset_of!(Hello, abi) == 0 &
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
 const _: () = assert!(size_of::<VmaRec>() == 24);
+const _: () = assert!(size_of::<NetReq>() == 168 && size_of::<NetResp>() == 144);
 
 /// The userfaultfd uapi subset both sides use (include/uapi/linux/userfaultfd.h).
 pub mod uffd {

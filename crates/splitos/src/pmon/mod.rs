@@ -13,6 +13,7 @@ mod huge;
 mod fault_cpu;
 mod grants;
 mod miss;
+mod net;
 mod prefetch;
 mod region;
 mod reuse;
@@ -145,6 +146,8 @@ pub struct Pcomp {
     started: Instant,
     /// Where heap files come from with `huge_pages` on.
     heap_fs: Option<huge::HeapFs>,
+    /// Programs' sockets, run on nComponents.
+    net: Arc<net::NetStub>,
 }
 
 impl Pcomp {
@@ -211,6 +214,7 @@ impl Pcomp {
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve,
                 },
                 "compressed_tier": tier,
+                "net": self.net.stats(),
                 // Runs whose launcher is still connected (or whose processes said hello first).
                 "runs": self.runs.lock().unwrap().len(),
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
@@ -399,6 +403,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
             heap_fs,
+            net: Arc::new(net::NetStub::new(node.clone())),
         }
     });
     let p2 = p.clone();
@@ -415,6 +420,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         p2.reap_unclaimed_children();
     })?;
     shim::listen(p.clone(), &args.shim_sock)?;
+    net::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     store.set_vregion_size(vrs);

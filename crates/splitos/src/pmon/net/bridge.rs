@@ -1,0 +1,252 @@
+//! The data path of a socket (DDIO: bytes go straight between this pComponent and the
+//! nComponent, in the requests): a watcher thread per socket takes what the program writes
+//! into its end and sends it to the skeleton, and sees the program close it; a receiver
+//! thread asks the skeleton for bytes and writes them into the program's end; a listening
+//! socket's acceptor takes the skeleton's connections and hands each to the program with a
+//! token byte that makes the listening descriptor readable.
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+
+use super::{NetStub, Phase, Sock};
+
+/// Most bytes one send to the skeleton carries, and one receive asks for.
+const CHUNK: usize = 256 << 10;
+/// How long a receive or an accept waits at the skeleton before it is asked again.
+const WAIT_MS: u32 = 2000;
+
+/// An eventfd that wakes a socket's watcher.
+pub fn waker() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; its result is checked before it is owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn wake(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn write_all(fd: &OwnedFd, mut b: &[u8]) -> std::io::Result<()> {
+    while !b.is_empty() {
+        // SAFETY: sends from a live slice; MSG_NOSIGNAL: a program gone is EPIPE, not a signal.
+        let n = unsafe { libc::send(fd.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        b = &b[n as usize..];
+    }
+    Ok(())
+}
+
+fn shutdown(fd: &OwnedFd, how: i32) {
+    // SAFETY: shutdown(2) on a descriptor the socket owns.
+    unsafe { libc::shutdown(fd.as_raw_fd(), how) };
+}
+
+/// The program's end of a socket held unwritable while its non-blocking connect runs: its
+/// send buffer shrunk to the least and filled with bytes the bridge discards on release.
+pub struct Hold {
+    theirs: OwnedFd,
+    sndbuf: i32,
+    filler: usize,
+}
+
+impl Hold {
+    pub fn new(theirs: OwnedFd) -> Hold {
+        let fd = theirs.as_raw_fd();
+        let mut sndbuf: i32 = 0;
+        let mut len = 4 as libc::socklen_t;
+        // SAFETY: get/setsockopt on a descriptor we hold, with live i32s of the size given.
+        unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&mut sndbuf as *mut i32).cast(), &mut len);
+            let least = 1i32;
+            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&least as *const i32).cast(), 4);
+        }
+        let mut filler = 0;
+        // Bounded: a send buffer of the least size takes a few bytes only.
+        while filler < 1 << 16 {
+            // SAFETY: sends one byte from a live array without blocking.
+            let n = unsafe { libc::send(fd, [0u8].as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if n != 1 {
+                break;
+            }
+            filler += 1;
+        }
+        Hold { theirs, sndbuf, filler }
+    }
+
+    /// Gives the program's end its send buffer back and drops the filler from `mine`.
+    pub fn release(self, mine: &OwnedFd) {
+        // The kernel doubles what it is given; this gives back what was read.
+        let half = self.sndbuf / 2;
+        // SAFETY: setsockopt with a live i32 on a descriptor we hold.
+        unsafe { libc::setsockopt(self.theirs.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, (&half as *const i32).cast(), 4) };
+        let mut left = self.filler;
+        let mut buf = [0u8; 256];
+        while left > 0 {
+            // SAFETY: reads into a live buffer of at least the length given.
+            let n = unsafe { libc::recv(mine.as_raw_fd(), buf.as_mut_ptr().cast(), left.min(buf.len()), 0) };
+            if n <= 0 {
+                break;
+            }
+            left -= n as usize;
+        }
+    }
+}
+
+impl NetStub {
+    /// The watcher of socket `ino`: forwards what the program writes once the socket is
+    /// connected, and closes the socket when the program closed every descriptor of it.
+    pub(super) fn up(self: &Arc<Self>, ino: u64, s: &Arc<Sock>) {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let (phase, shut_wr) = {
+                let st = s.st.lock().unwrap();
+                (st.phase, st.shut_wr)
+            };
+            let reading = phase == Phase::Connected && !shut_wr;
+            let mut fds = [
+                libc::pollfd { fd: s.mine.as_raw_fd(), events: if reading { libc::POLLIN } else { 0 }, revents: 0 },
+                libc::pollfd { fd: s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: polls two live pollfds.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if n < 0 {
+                continue;
+            }
+            if fds[1].revents & libc::POLLIN != 0 {
+                let mut v = 0u64;
+                // SAFETY: reads the eventfd's 8-byte counter into a live u64.
+                unsafe { libc::read(s.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            }
+            let hup = fds[0].revents & (libc::POLLHUP | libc::POLLERR) != 0;
+            if reading && fds[0].revents & (libc::POLLIN | libc::POLLHUP) != 0 {
+                // SAFETY: reads into the live buffer.
+                let got = unsafe { libc::recv(s.mine.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+                if got > 0 {
+                    if !self.send_up(s, &buf[..got as usize]) {
+                        // The connection broke: the program's writes fail from now on.
+                        shutdown(&s.mine, libc::SHUT_RD);
+                        s.st.lock().unwrap().shut_wr = true;
+                    }
+                    continue;
+                }
+                if got == 0 {
+                    // The program shut down writing, or closed: the skeleton sends its FIN.
+                    s.st.lock().unwrap().shut_wr = true;
+                    if let Some((at, id)) = s.skel() {
+                        let _ = self.call(&at, P2N_SHUTDOWN { sock: id, how: libc::SHUT_WR });
+                    }
+                }
+                continue;
+            }
+            if hup && !reading {
+                self.close(ino, s);
+                return;
+            }
+            if s.closed.load(Relaxed) {
+                return;
+            }
+        }
+    }
+
+    fn send_up(&self, s: &Sock, data: &[u8]) -> bool {
+        let Some((at, id)) = s.skel() else { return false };
+        match self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) }) {
+            Ok(_) => {
+                self.c.bytes_sent.fetch_add(data.len() as u64, Relaxed);
+                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => "ddio").increment(data.len() as u64);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(errno = e, "a socket's send failed");
+                false
+            }
+        }
+    }
+
+    /// The receiver of a connected socket: the skeleton's bytes into the program's end, the
+    /// end of the stream as a shutdown of it.
+    pub(super) fn down(self: &Arc<Self>, s: &Arc<Sock>) {
+        let Some((at, id)) = s.skel() else { return };
+        loop {
+            if s.closed.load(Relaxed) {
+                return;
+            }
+            match self.call(&at, P2N_RECV { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS }) {
+                Ok(r) if r.eof => {
+                    shutdown(&s.mine, libc::SHUT_WR);
+                    return;
+                }
+                Ok(r) if r.data.is_empty() => {}
+                Ok(r) => {
+                    self.c.bytes_received.fetch_add(r.data.len() as u64, Relaxed);
+                    metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => "ddio").increment(r.data.len() as u64);
+                    if write_all(&s.mine, &r.data).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    if !s.closed.load(Relaxed) {
+                        tracing::debug!(errno = e, "a socket's receive failed; the program sees the stream end");
+                        s.st.lock().unwrap().error = e;
+                        shutdown(&s.mine, libc::SHUT_WR);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The acceptor of a listening socket.
+    pub(super) fn accept_loop(self: &Arc<Self>, s: &Arc<Sock>) {
+        let Some((at, id)) = s.skel() else { return };
+        loop {
+            {
+                let mut st = s.st.lock().unwrap();
+                while st.queue.len() >= st.backlog.max(1) && !s.closed.load(Relaxed) {
+                    st = s.changed.wait_timeout(st, Duration::from_secs(1)).unwrap().0;
+                }
+            }
+            if s.closed.load(Relaxed) {
+                return;
+            }
+            match self.call(&at, P2N_ACCEPT { sock: id, wait_ms: WAIT_MS }) {
+                Ok(r) => {
+                    self.c.accepts.fetch_add(1, Relaxed);
+                    let made = self.new_sock(&s.vnode, s.uid, s.family, s.kind, s.protocol, Phase::Connected, Some((at.clone(), r.sock)));
+                    let Ok((_, theirs)) = made else {
+                        let _ = self.call(&at, P2N_CLOSE { sock: r.sock });
+                        continue;
+                    };
+                    s.st.lock().unwrap().queue.push_back((theirs, r.peer));
+                    if write_all(&s.mine, &[1]).is_err() {
+                        return;
+                    }
+                }
+                Err(libc::EAGAIN) => {}
+                Err(e) => {
+                    if s.closed.load(Relaxed) {
+                        return;
+                    }
+                    tracing::debug!(errno = e, "a listening socket's accept failed");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+}

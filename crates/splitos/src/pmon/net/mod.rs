@@ -1,0 +1,504 @@
+//! The socket stub (the paper's bsdSocketStub): programs' TCP sockets, run on an nComponent.
+//!
+//! A program's socket is a real descriptor: one end of a Unix socket pair whose other end
+//! this pComponent holds and bridges to the socket's skeleton on an nComponent
+//! ([`bridge`]). So poll, select, epoll, fcntl, dup, fork, exec, read and write work on it as
+//! the kernel makes them work, and only the calls that name addresses or options (socket,
+//! bind, listen, accept, connect, getsockname, getpeername, get/setsockopt) come here, each
+//! on its own connection to the stub's socket (`<program socket>.net`) with the program's
+//! descriptor attached: a program acts only on sockets it holds. docs/network.md says why.
+mod addr;
+mod bridge;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_LOCAL, SHIM_ABI_VERSION};
+
+use super::Pcomp;
+use crate::node::Node;
+
+/// How long a connect may take before the program sees ETIMEDOUT (the kernel's own SYN
+/// retries give up after about two minutes).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(130);
+
+/// Counters of the socket stub, in the pComponent's stats.
+#[derive(Default)]
+pub struct NetCounters {
+    pub sockets: AtomicU64,
+    pub connects: AtomicU64,
+    pub accepts: AtomicU64,
+    /// Bytes programs sent, and received, through nComponents.
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Fresh,
+    Connecting,
+    Connected,
+    Listening,
+    /// A connect failed: the socket is done.
+    Failed,
+}
+
+struct State {
+    /// The skeleton: its nComponent and its id there.
+    skel: Option<(String, u64)>,
+    /// Every option set, to set again on a skeleton made anew on another nComponent.
+    opts: Vec<(i32, i32, Vec<u8>)>,
+    phase: Phase,
+    /// What SO_ERROR reports next (a failed non-blocking connect).
+    error: i32,
+    /// Connections accepted by the skeleton, not yet by the program: each with the program's
+    /// end of its pair and its peer. One token byte per connection is in the listening
+    /// socket, so that the program's poll sees it readable.
+    queue: VecDeque<(OwnedFd, SocketAddr)>,
+    backlog: usize,
+    shut_wr: bool,
+}
+
+/// One socket of a program.
+pub struct Sock {
+    vnode: String,
+    uid: u32,
+    family: i32,
+    kind: i32,
+    protocol: i32,
+    /// The pComponent's end of the pair.
+    mine: OwnedFd,
+    /// Wakes the socket's watcher when its phase changes.
+    wake: OwnedFd,
+    st: Mutex<State>,
+    changed: Condvar,
+    closed: AtomicBool,
+}
+
+impl Sock {
+    fn skel(&self) -> Option<(String, u64)> {
+        self.st.lock().unwrap().skel.clone()
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.st.lock().unwrap().phase = phase;
+        self.changed.notify_all();
+        bridge::wake(&self.wake);
+    }
+}
+
+/// The socket stub of a pComponent.
+pub struct NetStub {
+    node: Arc<Node>,
+    /// Sockets by the inode of the program's end.
+    socks: Mutex<HashMap<u64, Arc<Sock>>>,
+    /// The nComponent of each vNode, as the GNM said.
+    homes: Mutex<HashMap<String, String>>,
+    pub c: NetCounters,
+}
+
+/// A refusal as the errno a program sees.
+fn errno_of(e: &RpcError) -> i32 {
+    match e {
+        RpcError::Remote { code, .. } => code.errno(),
+        RpcError::Timeout { .. } => libc::ETIMEDOUT,
+        _ => libc::ENETDOWN,
+    }
+}
+
+impl NetStub {
+    pub fn new(node: Arc<Node>) -> NetStub {
+        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), c: NetCounters::default() }
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        let c = &self.c;
+        serde_json::json!({
+            "open_sockets": self.socks.lock().unwrap().len(),
+            "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
+            "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed),
+        })
+    }
+
+    /// The nComponent for a socket of `vnode` bound to `ip` (none: the vNode's own).
+    fn ncomp_for(&self, vnode: &str, ip: Option<std::net::IpAddr>) -> Result<String, i32> {
+        let specific = ip.filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        if specific.is_none() {
+            if let Some(a) = self.homes.lock().unwrap().get(vnode) {
+                return Ok(a.clone());
+            }
+        }
+        let r = self.node.call_gm(P2G_PICK_NET { vnode: vnode.to_string(), ip: specific }).map_err(|e| errno_of(&e))?;
+        if specific.is_none() {
+            self.homes.lock().unwrap().insert(vnode.to_string(), r.ncomp.addr.clone());
+        }
+        Ok(r.ncomp.addr)
+    }
+
+    /// A call to a socket's nComponent on this thread's own channel (a receive may wait there
+    /// for seconds without holding up another socket's calls).
+    fn call<R: Request>(&self, ncomp: &str, req: R) -> Result<R::Reply, i32> {
+        self.node.rpc.call_direct(ncomp, req).map_err(|e| self.failed(ncomp, e))
+    }
+
+    fn failed(&self, ncomp: &str, e: RpcError) -> i32 {
+        if !matches!(e, RpcError::Remote { .. }) {
+            // Unreachable: ask the GNM again next time.
+            self.homes.lock().unwrap().retain(|_, a| a != ncomp);
+            tracing::warn!(ncomp, error = %e, "an nComponent did not answer a socket call");
+        }
+        errno_of(&e)
+    }
+
+    /// The socket's skeleton, made on `ncomp` (or the vNode's nComponent) if it has none
+    /// there yet; a skeleton elsewhere is closed and its options set again on the new one.
+    fn ensure_skel(&self, s: &Sock, ncomp: Option<String>) -> Result<(String, u64), i32> {
+        let want = match ncomp {
+            Some(n) => n,
+            None => match s.skel() {
+                Some(k) => return Ok(k),
+                None => self.ncomp_for(&s.vnode, None)?,
+            },
+        };
+        let (old, opts) = {
+            let st = s.st.lock().unwrap();
+            (st.skel.clone(), st.opts.clone())
+        };
+        if let Some((at, id)) = old {
+            if at == want {
+                return Ok((at, id));
+            }
+            let _ = self.call(&at, P2N_CLOSE { sock: id });
+        }
+        let r = self.call(&want, P2N_SOCKET { vnode: s.vnode.clone(), uid: s.uid, family: s.family, kind: s.kind, protocol: s.protocol })?;
+        for (level, name, value) in opts {
+            self.call(&want, P2N_SETSOCKOPT { sock: r.sock, level, name, value: ByteBuf::from(value) })?;
+        }
+        s.st.lock().unwrap().skel = Some((want.clone(), r.sock));
+        Ok((want, r.sock))
+    }
+
+    /// Makes a socket: the pair, its watcher; the skeleton comes with the first call that
+    /// needs one (a bind names the nComponent).
+    fn new_sock(self: &Arc<Self>, vnode: &str, uid: u32, family: i32, kind: i32, protocol: i32, phase: Phase, skel: Option<(String, u64)>) -> std::io::Result<(Arc<Sock>, OwnedFd)> {
+        let (mine, theirs) = UnixStream::pair()?;
+        let ino = addr::inode(theirs.as_raw_fd())?;
+        let wake = bridge::waker()?;
+        let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false };
+        let s = Arc::new(Sock { vnode: vnode.to_string(), uid, family, kind, protocol, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
+        self.socks.lock().unwrap().insert(ino, s.clone());
+        self.c.sockets.fetch_add(1, Relaxed);
+        let (stub, s2) = (self.clone(), s.clone());
+        std::thread::Builder::new().name("net-up".into()).spawn(move || stub.up(ino, &s2))?;
+        if phase == Phase::Connected {
+            self.start_down(&s)?;
+        }
+        Ok((s, OwnedFd::from(theirs)))
+    }
+
+    fn start_down(self: &Arc<Self>, s: &Arc<Sock>) -> std::io::Result<()> {
+        let (stub, s2) = (self.clone(), s.clone());
+        std::thread::Builder::new().name("net-down".into()).spawn(move || stub.down(&s2))?;
+        Ok(())
+    }
+
+    /// Forgets a socket its program closed, and its skeleton.
+    fn close(&self, ino: u64, s: &Sock) {
+        if s.closed.swap(true, Relaxed) {
+            return;
+        }
+        self.socks.lock().unwrap().remove(&ino);
+        let (skel, queued) = {
+            let mut st = s.st.lock().unwrap();
+            (st.skel.take(), std::mem::take(&mut st.queue))
+        };
+        drop(queued);
+        s.changed.notify_all();
+        if let Some((at, id)) = skel {
+            let _ = self.call(&at, P2N_CLOSE { sock: id });
+        }
+    }
+
+    /// The socket the program's descriptor `fd` is, if it is one of ours and the caller's.
+    fn sock_of(&self, fd: &OwnedFd, vnode: &str) -> Result<Option<Arc<Sock>>, i32> {
+        let Ok(ino) = addr::inode(fd.as_raw_fd()) else { return Ok(None) };
+        let s = self.socks.lock().unwrap().get(&ino).cloned();
+        match s {
+            Some(s) if s.vnode == vnode => Ok(Some(s)),
+            Some(_) => {
+                self.c.refused.fetch_add(1, Relaxed);
+                tracing::warn!(vnode, "refused a socket call on another vNode's socket");
+                Err(libc::EACCES)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Serves one socket call of a program of `vnode` run by `uid`.
+    fn call_from(self: &Arc<Self>, vnode: &str, uid: u32, req: &NetReq, fd: Option<OwnedFd>) -> (NetResp, Option<OwnedFd>) {
+        let mut resp = NetResp::new_zeroed();
+        let op = NetOp::from_u32(req.op);
+        let r = match (op, fd) {
+            (Some(NetOp::Socket), _) => match self.socket(vnode, uid, req) {
+                Ok(fd) => return (resp, Some(fd)),
+                Err(e) => Err(e),
+            },
+            (Some(op), Some(fd)) => match self.sock_of(&fd, vnode) {
+                Ok(Some(s)) => self.on_sock(op, &s, req, fd, &mut resp),
+                Ok(None) => Ok(Answer::Ret(NET_LOCAL)),
+                Err(e) => Err(e),
+            },
+            _ => {
+                self.c.refused.fetch_add(1, Relaxed);
+                tracing::warn!(op = req.op, "refused a malformed socket call");
+                Err(libc::EINVAL)
+            }
+        };
+        match r {
+            Ok(Answer::Fd(fd)) => (resp, Some(fd)),
+            Ok(Answer::Ret(v)) => {
+                resp.ret = v;
+                (resp, None)
+            }
+            Err(e) => {
+                resp.ret = -(e as i64);
+                (resp, None)
+            }
+        }
+    }
+
+    fn socket(self: &Arc<Self>, vnode: &str, uid: u32, req: &NetReq) -> Result<OwnedFd, i32> {
+        let (family, kind, protocol) = (req.a as i32, req.b as i32, req.c as i32);
+        if !matches!(family, libc::AF_INET | libc::AF_INET6) || kind != libc::SOCK_STREAM || !matches!(protocol, 0 | libc::IPPROTO_TCP) {
+            return Err(libc::EPROTONOSUPPORT);
+        }
+        let (_, theirs) = self.new_sock(vnode, uid, family, kind, protocol, Phase::Fresh, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        Ok(theirs)
+    }
+
+    fn on_sock(self: &Arc<Self>, op: NetOp, s: &Arc<Sock>, req: &NetReq, fd: OwnedFd, resp: &mut NetResp) -> Result<Answer, i32> {
+        let data = &req.data[..(req.len as usize).min(req.data.len())];
+        match op {
+            NetOp::Socket => unreachable!("handled by the caller"),
+            NetOp::Bind => {
+                let a = addr::parse(data)?;
+                let ncomp = self.ncomp_for(&s.vnode, Some(a.ip()))?;
+                let (at, id) = self.ensure_skel(s, Some(ncomp))?;
+                self.call(&at, P2N_BIND { sock: id, addr: a })?;
+                Ok(Answer::Ret(0))
+            }
+            NetOp::Listen => {
+                let (at, id) = self.ensure_skel(s, None)?;
+                self.call(&at, P2N_LISTEN { sock: id, backlog: req.a as i32 })?;
+                let first = {
+                    let mut st = s.st.lock().unwrap();
+                    st.backlog = req.a.clamp(1, 4096) as usize;
+                    st.phase != Phase::Listening
+                };
+                if first {
+                    s.set_phase(Phase::Listening);
+                    let (stub, s2) = (self.clone(), s.clone());
+                    std::thread::Builder::new().name("net-accept".into()).spawn(move || stub.accept_loop(&s2)).map_err(|_| libc::EAGAIN)?;
+                }
+                Ok(Answer::Ret(0))
+            }
+            NetOp::Accept => {
+                let next = {
+                    let mut st = s.st.lock().unwrap();
+                    if st.phase != Phase::Listening {
+                        return Err(libc::EINVAL);
+                    }
+                    st.queue.pop_front()
+                };
+                s.changed.notify_all();
+                let (conn, peer) = next.ok_or(libc::EAGAIN)?;
+                let (bytes, len) = addr::encode(peer);
+                resp.data[..len].copy_from_slice(&bytes[..len]);
+                resp.len = len as u32;
+                Ok(Answer::Fd(conn))
+            }
+            NetOp::Connect => {
+                let a = addr::parse(data)?;
+                self.connect(s, a, req.a != 0, fd)
+            }
+            NetOp::SockName | NetOp::PeerName => {
+                let (at, id) = self.ensure_skel(s, None)?;
+                let r = self.call(&at, P2N_NAME { sock: id, peer: op == NetOp::PeerName })?;
+                let (bytes, len) = addr::encode(r.addr);
+                resp.data[..len].copy_from_slice(&bytes[..len]);
+                resp.len = len as u32;
+                Ok(Answer::Ret(0))
+            }
+            NetOp::GetOpt => {
+                let (level, name) = (req.a as i32, req.b as i32);
+                if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
+                    let e = {
+                        let mut st = s.st.lock().unwrap();
+                        std::mem::take(&mut st.error)
+                    };
+                    resp.data[..4].copy_from_slice(&e.to_ne_bytes());
+                    resp.len = 4;
+                    return Ok(Answer::Ret(0));
+                }
+                let (at, id) = self.ensure_skel(s, None)?;
+                let r = self.call(&at, P2N_GETSOCKOPT { sock: id, level, name, len: (req.c.clamp(0, resp.data.len() as i64)) as u32 })?;
+                let n = r.value.len().min(resp.data.len());
+                resp.data[..n].copy_from_slice(&r.value[..n]);
+                resp.len = n as u32;
+                Ok(Answer::Ret(0))
+            }
+            NetOp::SetOpt => {
+                let (level, name) = (req.a as i32, req.b as i32);
+                if let Some((at, id)) = s.skel() {
+                    self.call(&at, P2N_SETSOCKOPT { sock: id, level, name, value: ByteBuf::from(data.to_vec()) })?;
+                }
+                let mut st = s.st.lock().unwrap();
+                st.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+                st.opts.push((level, name, data.to_vec()));
+                Ok(Answer::Ret(0))
+            }
+        }
+    }
+
+    /// connect(2). A blocking one is answered when it is done. A non-blocking one is answered
+    /// EINPROGRESS at once, and the program's end is held unwritable until it is done
+    /// ([`bridge::Hold`]), so that poll and epoll say when, as for a kernel socket.
+    fn connect(self: &Arc<Self>, s: &Arc<Sock>, a: SocketAddr, nonblocking: bool, theirs: OwnedFd) -> Result<Answer, i32> {
+        {
+            let st = s.st.lock().unwrap();
+            match st.phase {
+                Phase::Fresh => {}
+                Phase::Connecting => return Err(libc::EALREADY),
+                Phase::Connected => return Err(libc::EISCONN),
+                Phase::Listening | Phase::Failed => return Err(libc::EINVAL),
+            }
+        }
+        let (at, id) = self.ensure_skel(s, None)?;
+        self.c.connects.fetch_add(1, Relaxed);
+        s.st.lock().unwrap().phase = Phase::Connecting;
+        if !nonblocking {
+            drop(theirs);
+            let r = self.finish_connect(s, &at, id, a);
+            return r.map(|_| Answer::Ret(0));
+        }
+        let hold = bridge::Hold::new(theirs);
+        let (stub, s2) = (self.clone(), s.clone());
+        std::thread::Builder::new()
+            .name("net-connect".into())
+            .spawn(move || {
+                let r = stub.finish_connect(&s2, &at, id, a);
+                hold.release(&s2.mine);
+                if let Err(e) = r {
+                    s2.st.lock().unwrap().error = e;
+                    // Readable (at its end) at once: the program's poll returns, and SO_ERROR
+                    // says why. Not our reading side: that would read as the program's close.
+                    // SAFETY: shutdown(2) on the descriptor this socket owns.
+                    unsafe { libc::shutdown(s2.mine.as_raw_fd(), libc::SHUT_WR) };
+                }
+                s2.changed.notify_all();
+            })
+            .map_err(|_| libc::EAGAIN)?;
+        Err(libc::EINPROGRESS)
+    }
+
+    fn finish_connect(self: &Arc<Self>, s: &Arc<Sock>, at: &str, id: u64, a: SocketAddr) -> Result<(), i32> {
+        let r = self.node.rpc.transport().call_direct(at, &P2N_CONNECT { sock: id, addr: a }.into(), CONNECT_TIMEOUT);
+        let r = match r {
+            Ok(Msg::N2P_ADDR(_)) => Ok(()),
+            Ok(Msg::ERR(e)) => Err(e.code.errno()),
+            Ok(_) => Err(libc::EPROTO),
+            Err(e) => Err(self.failed(at, e)),
+        };
+        match r {
+            Ok(()) => {
+                s.set_phase(Phase::Connected);
+                self.start_down(s).map_err(|_| libc::EAGAIN)?;
+                Ok(())
+            }
+            Err(e) => {
+                // A failed blocking connect may be tried again, as on Linux.
+                let phase = if e == libc::ECONNREFUSED || e == libc::ETIMEDOUT || e == libc::ENETUNREACH || e == libc::EHOSTUNREACH { Phase::Fresh } else { Phase::Failed };
+                s.set_phase(phase);
+                Err(e)
+            }
+        }
+    }
+}
+
+enum Answer {
+    Ret(i64),
+    Fd(OwnedFd),
+}
+
+/// Listens for programs' socket calls at `<program socket>.net`.
+pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut path = shim_sock.as_os_str().to_owned();
+    path.push(std::ffi::OsStr::new(std::str::from_utf8(splitos_shim_abi::NET_SOCK_SUFFIX).expect("ASCII")));
+    let path = std::path::PathBuf::from(path);
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path).map_err(|e| anyhow::anyhow!("cannot listen for socket calls on {}: {e}", path.display()))?;
+    // Every user may connect: the caller must be a process of this pComponent.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    std::thread::Builder::new().name("net-accept-calls".into()).spawn(move || {
+        for s in l.incoming() {
+            match s {
+                Ok(s) => {
+                    let p = p.clone();
+                    let _ = std::thread::Builder::new().name("net-call".into()).spawn(move || serve_call(&p, s));
+                }
+                Err(e) => tracing::warn!(error = %e, "accepting a socket call failed"),
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// One socket call: who calls (its process must be one of ours), the request with its
+/// descriptor, the answer with the new socket's.
+fn serve_call(p: &Arc<Pcomp>, mut s: UnixStream) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(cred) = splitos_rpc::fdpass::peer_cred(&s) else { return };
+    let caller = p.procs.lock().unwrap().values().find(|pr| pr.os_pid == cred.pid).map(|pr| (pr.space.who.vnode.clone(), pr.uid));
+    let mut req = NetReq::new_zeroed();
+    let fds = match splitos_rpc::fdpass::recv_fds(&s, req.as_mut_bytes()) {
+        Ok(f) => f,
+        Err(e) => {
+            p.net.c.refused.fetch_add(1, Relaxed);
+            tracing::warn!(pid = cred.pid, error = %e, "refused a malformed socket call");
+            return;
+        }
+    };
+    let (resp, fd) = match caller {
+        _ if req.abi != SHIM_ABI_VERSION => {
+            tracing::warn!(pid = cred.pid, abi = req.abi, "refused a socket call of another shim ABI version");
+            (NetResp { ret: -(libc::EPROTO as i64), ..NetResp::new_zeroed() }, None)
+        }
+        None => {
+            p.net.c.refused.fetch_add(1, Relaxed);
+            tracing::warn!(pid = cred.pid, "refused a socket call of a process this pComponent does not run");
+            (NetResp { ret: -(libc::EACCES as i64), ..NetResp::new_zeroed() }, None)
+        }
+        Some((vnode, uid)) => {
+            let fd = fds.into_iter().next();
+            p.net.call_from(&vnode, uid, &req, fd)
+        }
+    };
+    let sent = match &fd {
+        Some(fd) => splitos_rpc::fdpass::send_fds(&s, resp.as_bytes(), &[fd.as_raw_fd()]),
+        None => s.write_all(resp.as_bytes()),
+    };
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "a program left before its socket call was answered");
+    }
+}
