@@ -18,6 +18,7 @@
 //! - `fork`: fork, giving the child a private copy through the mComponents;
 //! - `exec`: the exec family and spawn, so that a new image keeps the shim;
 //! - `heap`: the malloc family;
+//! - `net`: TCP sockets run by an nComponent (the socket stub's program side);
 //! - `sys`: raw system calls and the allocation-free helpers everything above uses.
 #![deny(unsafe_op_in_unsafe_fn)]
 // The exported functions are C's: their contract is that of the function they replace.
@@ -28,6 +29,7 @@ mod conn;
 mod exec;
 mod fork;
 mod heap;
+mod net;
 mod start;
 mod sys;
 mod vm;
@@ -36,4 +38,5 @@ pub use brk::*;
 pub use exec::*;
 pub use fork::*;
 pub use heap::*;
+pub use net::*;
 pub use vm::*;

@@ -273,6 +273,10 @@ impl Gm {
                 None => Err(ERR::new(ErrCode::Errno(libc::EADDRNOTAVAIL), format!("no live nComponent has address {ip}"))),
             };
         }
+        if !comps.iter().any(|e| e.info.role == Role::Net) {
+            // Programs keep the stack of their pComponent's host.
+            return Err(ERR::new(ErrCode::NotFound, "the cluster has no nComponent"));
+        }
         let ncomp = rendezvous(&comps, Role::Net, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
         Ok(G2P_NET { ncomp })
     }

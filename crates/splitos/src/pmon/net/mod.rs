@@ -56,7 +56,8 @@ enum Phase {
 struct State {
     /// The skeleton: its nComponent and its id there.
     skel: Option<(String, u64)>,
-    /// Every option set, to set again on a skeleton made anew on another nComponent.
+    /// Every option set (and accepted), to set again on a skeleton made anew on another
+    /// nComponent.
     opts: Vec<(i32, i32, Vec<u8>)>,
     phase: Phase,
     /// What SO_ERROR reports next (a failed non-blocking connect).
@@ -182,7 +183,10 @@ impl NetStub {
         }
         let r = self.call(&want, P2N_SOCKET { vnode: s.vnode.clone(), uid: s.uid, family: s.family, kind: s.kind, protocol: s.protocol })?;
         for (level, name, value) in opts {
-            self.call(&want, P2N_SETSOCKOPT { sock: r.sock, level, name, value: ByteBuf::from(value) })?;
+            // Each was accepted once, by the same kind of stack.
+            if let Err(e) = self.call(&want, P2N_SETSOCKOPT { sock: r.sock, level, name, value: ByteBuf::from(value) }) {
+                tracing::debug!(level, name, errno = e, "an option did not carry over to the socket's new nComponent");
+            }
         }
         s.st.lock().unwrap().skel = Some((want.clone(), r.sock));
         Ok((want, r.sock))
@@ -250,7 +254,8 @@ impl NetStub {
         let op = NetOp::from_u32(req.op);
         let r = match (op, fd) {
             (Some(NetOp::Socket), _) => match self.socket(vnode, uid, req) {
-                Ok(fd) => return (resp, Some(fd)),
+                Ok(Some(fd)) => return (resp, Some(fd)),
+                Ok(None) => Ok(Answer::Ret(NET_LOCAL)),
                 Err(e) => Err(e),
             },
             (Some(op), Some(fd)) => match self.sock_of(&fd, vnode) {
@@ -277,13 +282,20 @@ impl NetStub {
         }
     }
 
-    fn socket(self: &Arc<Self>, vnode: &str, uid: u32, req: &NetReq) -> Result<OwnedFd, i32> {
+    /// A new socket, or None when the cluster has no nComponent: then the program's sockets
+    /// are its host's.
+    fn socket(self: &Arc<Self>, vnode: &str, uid: u32, req: &NetReq) -> Result<Option<OwnedFd>, i32> {
         let (family, kind, protocol) = (req.a as i32, req.b as i32, req.c as i32);
         if !matches!(family, libc::AF_INET | libc::AF_INET6) || kind != libc::SOCK_STREAM || !matches!(protocol, 0 | libc::IPPROTO_TCP) {
             return Err(libc::EPROTONOSUPPORT);
         }
+        match self.ncomp_for(vnode, None) {
+            Err(e) if e == ErrCode::NotFound.errno() => return Ok(None),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
         let (_, theirs) = self.new_sock(vnode, uid, family, kind, protocol, Phase::Fresh, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-        Ok(theirs)
+        Ok(Some(theirs))
     }
 
     fn on_sock(self: &Arc<Self>, op: NetOp, s: &Arc<Sock>, req: &NetReq, fd: OwnedFd, resp: &mut NetResp) -> Result<Answer, i32> {
@@ -359,9 +371,9 @@ impl NetStub {
             }
             NetOp::SetOpt => {
                 let (level, name) = (req.a as i32, req.b as i32);
-                if let Some((at, id)) = s.skel() {
-                    self.call(&at, P2N_SETSOCKOPT { sock: id, level, name, value: ByteBuf::from(data.to_vec()) })?;
-                }
+                // Set where it is now, so that a refused option fails this call.
+                let (at, id) = self.ensure_skel(s, None)?;
+                self.call(&at, P2N_SETSOCKOPT { sock: id, level, name, value: ByteBuf::from(data.to_vec()) })?;
                 let mut st = s.st.lock().unwrap();
                 st.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
                 st.opts.push((level, name, data.to_vec()));
@@ -388,7 +400,7 @@ impl NetStub {
         s.st.lock().unwrap().phase = Phase::Connecting;
         if !nonblocking {
             drop(theirs);
-            let r = self.finish_connect(s, &at, id, a);
+            let r = self.finish_connect(s, &at, id, a, None);
             return r.map(|_| Answer::Ret(0));
         }
         let hold = bridge::Hold::new(theirs);
@@ -396,8 +408,7 @@ impl NetStub {
         std::thread::Builder::new()
             .name("net-connect".into())
             .spawn(move || {
-                let r = stub.finish_connect(&s2, &at, id, a);
-                hold.release(&s2.mine);
+                let r = stub.finish_connect(&s2, &at, id, a, Some(hold));
                 if let Err(e) = r {
                     s2.st.lock().unwrap().error = e;
                     // Readable (at its end) at once: the program's poll returns, and SO_ERROR
@@ -411,7 +422,9 @@ impl NetStub {
         Err(libc::EINPROGRESS)
     }
 
-    fn finish_connect(self: &Arc<Self>, s: &Arc<Sock>, at: &str, id: u64, a: SocketAddr) -> Result<(), i32> {
+    /// Waits for the connect; then lets go of a held program end (before the watcher may
+    /// read from the pair, so that it never sees the filler).
+    fn finish_connect(self: &Arc<Self>, s: &Arc<Sock>, at: &str, id: u64, a: SocketAddr, hold: Option<bridge::Hold>) -> Result<(), i32> {
         let r = self.node.rpc.transport().call_direct(at, &P2N_CONNECT { sock: id, addr: a }.into(), CONNECT_TIMEOUT);
         let r = match r {
             Ok(Msg::N2P_ADDR(_)) => Ok(()),
@@ -419,6 +432,9 @@ impl NetStub {
             Ok(_) => Err(libc::EPROTO),
             Err(e) => Err(self.failed(at, e)),
         };
+        if let Some(h) = hold {
+            h.release(&s.mine);
+        }
         match r {
             Ok(()) => {
                 s.set_phase(Phase::Connected);
