@@ -408,15 +408,7 @@ impl NetStub {
         std::thread::Builder::new()
             .name("net-connect".into())
             .spawn(move || {
-                let r = stub.finish_connect(&s2, &at, id, a, Some(hold));
-                if let Err(e) = r {
-                    s2.st.lock().unwrap().error = e;
-                    // Readable (at its end) at once: the program's poll returns, and SO_ERROR
-                    // says why. Not our reading side: that would read as the program's close.
-                    // SAFETY: shutdown(2) on the descriptor this socket owns.
-                    unsafe { libc::shutdown(s2.mine.as_raw_fd(), libc::SHUT_WR) };
-                }
-                s2.changed.notify_all();
+                let _ = stub.finish_connect(&s2, &at, id, a, Some(hold));
             })
             .map_err(|_| libc::EAGAIN)?;
         Err(libc::EINPROGRESS)
@@ -432,6 +424,14 @@ impl NetStub {
             Ok(_) => Err(libc::EPROTO),
             Err(e) => Err(self.failed(at, e)),
         };
+        if let (Err(e), Some(_)) = (r, &hold) {
+            s.st.lock().unwrap().error = e;
+            // Readable (at its end) as well as writable: the program's poll returns, and
+            // SO_ERROR says why. Not our reading side: that would read as the program's close.
+            // SAFETY: shutdown(2) on the descriptor this socket owns.
+            unsafe { libc::shutdown(s.mine.as_raw_fd(), libc::SHUT_WR) };
+        }
+        let nonblocking = hold.is_some();
         if let Some(h) = hold {
             h.release(&s.mine);
         }
@@ -443,7 +443,7 @@ impl NetStub {
             }
             Err(e) => {
                 // A failed blocking connect may be tried again, as on Linux.
-                let phase = if e == libc::ECONNREFUSED || e == libc::ETIMEDOUT || e == libc::ENETUNREACH || e == libc::EHOSTUNREACH { Phase::Fresh } else { Phase::Failed };
+                let phase = if !nonblocking && matches!(e, libc::ECONNREFUSED | libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH) { Phase::Fresh } else { Phase::Failed };
                 s.set_phase(phase);
                 Err(e)
             }
