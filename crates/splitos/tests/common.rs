@@ -521,6 +521,34 @@ impl Hosts {
         format!("10.201.{}.{}", self.subnet, self.index(name) + 1)
     }
 
+    /// Adds host `out`, the world outside the rack: linked only to host `via`, by a link of a
+    /// subnet of its own, so that no other host has a route to it. Returns the addresses of
+    /// `via` and of `out` on that link.
+    pub fn add_outside(&mut self, via: &str) -> (String, String) {
+        let (ns_via, ns_out) = (self.netns(via), format!("{}-out", self.tag));
+        ip(&["netns", "add", &ns_out]);
+        self.names.push("out".into());
+        let (a, b) = (format!("{}x{}", self.tag, self.index(via)), format!("{}y", self.tag));
+        ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+        ip(&["link", "set", &a, "netns", &ns_via]);
+        ip(&["link", "set", &b, "netns", &ns_out]);
+        let (via_ip, out_ip) = (format!("10.202.{}.1", self.subnet), format!("10.202.{}.2", self.subnet));
+        ip(&["-n", &ns_via, "addr", "add", &format!("{via_ip}/24"), "dev", &a]);
+        ip(&["-n", &ns_out, "addr", "add", &format!("{out_ip}/24"), "dev", &b]);
+        for (ns, dev) in [(&ns_via, &a), (&ns_out, &b)] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        (via_ip, out_ip)
+    }
+
+    /// A command run in host `name`.
+    pub fn exec(&self, name: &str, cmd: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns(name)]).args(cmd);
+        c
+    }
+
     /// Cuts (or restores) host `name`'s link to the others: a network partition.
     pub fn link(&self, name: &str, up: bool) {
         ip(&["link", "set", &format!("{}o{}", self.tag, self.index(name)), if up { "up" } else { "down" }]);
