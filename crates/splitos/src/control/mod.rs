@@ -81,7 +81,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
             "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive,
-            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "stats": stats,
+            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "stats": stats,
         }));
     }
     if json {
@@ -105,7 +105,8 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             c.load.threads.to_string(),
             used,
             committed,
-            human(c.load.capacity),
+            // An nComponent's capacity is its interfaces.
+            if c.role == Role::Net { c.nics.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join(" ") } else { human(c.load.capacity) },
         ]);
     }
     println!("global managers at {gm}\n{t}");
