@@ -114,3 +114,138 @@ fn the_socket_calls_of_a_c_program_behave_as_natively() {
     let net = &p["stats"]["net"];
     assert!(net["bytes_sent"].as_u64().unwrap() >= 8 << 20 && net["connects"].as_u64().unwrap() >= 4, "{net}");
 }
+
+const ECHO_SERVER: &str = "import socket, sys, threading\n\
+s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n\
+def echo(c):\n    while (d := c.recv(4096)):\n        c.sendall(d)\n\
+while True:\n    c, _ = s.accept()\n    threading.Thread(target=echo, args=(c,), daemon=True).start()\n";
+
+const ECHO_CLIENT: &str = "import os, socket, sys, time\n\
+host, port = sys.argv[1], int(sys.argv[2])\n\
+s = socket.create_connection((host, port))\n\
+s.sendall(b'one')\n\
+print('echo:', s.recv(100).decode(), flush=True)\n\
+sys.stdin.readline()\n\
+try:\n    print('after the nComponent died: recv returned', s.recv(100), 'and SO_ERROR is', os.strerror(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)), flush=True)\n\
+except OSError as e:\n    print('after the nComponent died:', e.strerror, flush=True)\n\
+s.close()\n\
+sys.stdin.readline()\n\
+for i in range(150):\n    try:\n        s = socket.create_connection((host, port), timeout=5)\n        break\n    except OSError as e:\n        time.sleep(0.2)\n\
+s.sendall(b'two')\n\
+print('echo again:', s.recv(100).decode(), flush=True)\n";
+
+#[test]
+fn a_dead_ncomponent_ends_its_connections_and_programs_connect_again_through_a_new_one() {
+    let (h, c, _, out) = rack();
+    let py = python3();
+    let _echo = serve(h.exec("out", &[&py, "-c", ECHO_SERVER, &out, "8711"]));
+    let mut client = run_on(&h, &c, "p1", &[&py, "-c", ECHO_CLIENT, &out, "8711"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    let mut first = read_line(&mut client);
+    while first.is_empty() && t0.elapsed() < Duration::from_secs(20) {
+        first = read_line(&mut client);
+    }
+    assert_eq!(first, "echo: one\n");
+
+    for pid in h.pids("n1") {
+        forget_pid(c.dir.path(), pid);
+        // SAFETY: kill(2) takes no pointers; the nComponent's host runs nothing else of ours.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    use std::io::Write;
+    client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(read_line(&mut client), "after the nComponent died: recv returned b'' and SO_ERROR is Network is down\n");
+
+    // A new nComponent on the same host: programs reach the outside through it.
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let cred = c.issue("ncomponent");
+    let listen = format!("{}:0", h.addr("n1"));
+    let _new = serve(h.exec("n1", &[splitos().to_str().unwrap(), "net", "--listen", &listen, "--gm", &gm, "--credentials", cred.to_str().unwrap()]));
+    client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "echo again: two\n", "{}", text(&out.stderr));
+}
+
+const HOLD_PORT: &str = "import socket, sys\n\
+s = socket.socket()\n\
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n\
+try:\n    s.bind(('0.0.0.0', int(sys.argv[1])))\n    s.listen()\n    print('bound', flush=True)\n\
+except OSError as e:\n    print(e.strerror, flush=True)\n\
+sys.stdin.readline()\n";
+
+#[test]
+fn one_vnode_cannot_take_another_vnodes_port_or_touch_its_sockets_and_bad_calls_are_refused() {
+    let h = Hosts::new(&["p1"]);
+    // One host this time: the cluster's components share it (the isolation is the point).
+    let cfg = format!(
+        "[cluster]\ngm = \"{ip}:0\"\nnetns = \"{ns}\"\n[[pcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[mcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[ncomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[vnode]]\nname = \"a\"\nusers = [\"root\"]\n[[vnode]]\nname = \"b\"\nusers = [\"root\"]\n",
+        ns = h.netns("p1"),
+        ip = h.addr("p1")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    let py = python3();
+    let hold_on = |vnode: &str, port: &str| {
+        let mut cmd = h.exec("p1", &[splitos().to_str().unwrap(), "run", "--vnode", vnode, "--", &py, "-c", HOLD_PORT, port]);
+        cmd.env("SPLITOS_STATE_DIR", c.dir.path()).env("SPLITOS_DATA_DIR", c.dir.path().join("data")).env_remove("SPLITOS_GM");
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let line = read_line(&mut child);
+        (child, line)
+    };
+    let hold = |vnode: &str| hold_on(vnode, "8721");
+    let (a1, line) = hold("a");
+    assert_eq!(line, "bound\n");
+    // The same vNode may share the port (SO_REUSEPORT, as one user's programs may); another
+    // may not, whatever it asks.
+    let (a2, line) = hold("a");
+    assert_eq!(line, "bound\n");
+    let (b, line) = hold("b");
+    assert_eq!(line, "Address already in use\n");
+
+    // A component holding credentials, but not the pComponent that made a socket, gets
+    // nothing from it; the nComponent counts and keeps serving.
+    let n = c.components("ncomponent").remove(0);
+    let ncomp = n["addr"].as_str().unwrap().to_string();
+    let admin = c.admin_rpc();
+    let mut denied = 0;
+    for sock in 1..40 {
+        match admin.call_msg(&ncomp, &splitos_rpc::P2N_NAME { sock, peer: false }.into()) {
+            Ok(m) => panic!("socket {sock} answered another component: {m:?}"),
+            Err(splitos_rpc::RpcError::Remote { code: splitos_rpc::ErrCode::Denied, .. }) => denied += 1,
+            Err(_) => {}
+        }
+    }
+    assert!(denied >= 2, "the bound sockets exist and were refused");
+
+    // Socket calls from a process the pComponent does not run, and malformed ones, are refused.
+    let net_sock = c.dir.path().join("programs/proc0.sock.net");
+    {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&net_sock).unwrap();
+        s.write_all(&[7u8; 10]).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "a malformed call gets no answer");
+        let mut s = std::os::unix::net::UnixStream::connect(&net_sock).unwrap();
+        let mut req = vec![0u8; 168];
+        req[..4].copy_from_slice(&splitos_shim_abi::SHIM_ABI_VERSION.to_ne_bytes());
+        req[4..8].copy_from_slice(&1u32.to_ne_bytes());
+        s.write_all(&req).unwrap();
+        let mut resp = [0u8; 144];
+        s.read_exact(&mut resp).unwrap();
+        assert_eq!(i64::from_ne_bytes(resp[..8].try_into().unwrap()), -(libc::EACCES as i64), "a process the pComponent does not run");
+    }
+    let p = c.components("pcomponent").remove(0);
+    assert!(p["stats"]["net"]["refused"].as_u64().unwrap() >= 2, "{}", p["stats"]["net"]);
+    let n = c.components("ncomponent").remove(0);
+    assert!(n["stats"]["refused"].as_u64().unwrap() >= 2, "{}", n["stats"]);
+    assert!(c.log("proc0").contains("refused a malformed socket call"));
+
+    // Both keep serving.
+    let (b2, line) = hold_on("b", "8722");
+    assert_eq!(line, "bound\n");
+    for mut child in [a1, a2, b, b2] {
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}
