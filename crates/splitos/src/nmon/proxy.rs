@@ -1,14 +1,13 @@
-//! The proxy: the nComponent's entry point for socket requests (the paper's recv ring is the
-//! channel here), the skeletons it made, and the service registry of the ports they hold.
-//! One thread runs it, event-driven and never blocking: a request either completes at once
-//! or waits in its skeleton for the socket's next readiness event or its deadline.
+//! The proxy: the nComponent's entry point for socket requests, the skeletons it made, and
+//! the service registry of the ports they hold. Nothing here blocks: a request completes at
+//! once on the thread that received it, or waits in its skeleton for the socket's next
+//! readiness event (which the proxy thread watches) or its deadline.
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_bytes::ByteBuf;
@@ -35,44 +34,74 @@ pub struct Counters {
     pub refused: AtomicU64,
 }
 
-/// A request for the proxy thread: the message, its sender's key, where the answer goes.
+/// A request: the message, its sender's key, where the answer goes.
 pub struct Job(pub Msg, pub Option<[u8; 32]>, pub Reply);
 
-/// The handle the monitor's dispatch table gives requests to.
+/// The proxy as the monitor's dispatch table reaches it. A request is handled at once, on
+/// the thread that received it; what must wait (bytes, a connection, room to send) waits in
+/// its skeleton, and the proxy thread moves it along when the socket is ready.
 pub struct ProxyHandle {
-    tx: Sender<Job>,
+    state: Arc<Mutex<Proxy>>,
     waker: Arc<Waker>,
 }
 
 impl ProxyHandle {
-    pub fn submit(&self, job: Job) {
-        if let Err(e) = self.tx.send(job) {
-            let Job(_, _, reply) = e.into_inner();
-            reply(Msg::ERR(ERR::new(ErrCode::Internal, "the nComponent's proxy is gone")));
-            return;
+    pub fn submit(&self, Job(msg, key, reply): Job) {
+        let mut p = self.state.lock().unwrap();
+        let Some(id) = p.request(msg, key, reply) else { return };
+        let now = Instant::now();
+        p.progress(id, now);
+        // A wait that ends before the proxy thread's next look: it must look sooner.
+        let due = p.socks.get_mut(&id).and_then(|s| s.expire(now));
+        if due.is_some_and(|d| p.next_deadline.is_none_or(|n| d < n)) {
+            p.next_deadline = due;
+            let _ = self.waker.wake();
         }
-        let _ = self.waker.wake();
     }
 }
 
 struct Proxy {
-    poll: Poll,
-    rx: Receiver<Job>,
+    /// Where sockets are watched (the proxy thread's poll).
+    watch: mio::Registry,
     socks: HashMap<u64, Skeleton>,
     /// The service registry: which vNode holds each (kind, port) on this nComponent.
     registry: HashMap<(i32, u16), String>,
     next: u64,
+    /// When the proxy thread looks again without an event.
+    next_deadline: Option<Instant>,
     c: Arc<Counters>,
 }
 
 /// Starts the proxy thread.
 pub fn start(c: Arc<Counters>) -> anyhow::Result<ProxyHandle> {
-    let poll = Poll::new()?;
+    let mut poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let mut p = Proxy { poll, rx, socks: HashMap::new(), registry: HashMap::new(), next: 1, c };
-    std::thread::Builder::new().name("proxy".into()).spawn(move || p.run())?;
-    Ok(ProxyHandle { tx, waker })
+    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, c };
+    let state = Arc::new(Mutex::new(p));
+    let s2 = state.clone();
+    std::thread::Builder::new().name("proxy".into()).spawn(move || watch(&mut poll, &s2))?;
+    Ok(ProxyHandle { state, waker })
+}
+
+/// The proxy thread: moves skeletons along when their sockets are ready, answers waits whose
+/// time is up.
+fn watch(poll: &mut Poll, state: &Mutex<Proxy>) {
+    let mut events = Events::with_capacity(256);
+    loop {
+        let timeout = state.lock().unwrap().next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "the proxy's poll failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let mut p = state.lock().unwrap();
+        let now = Instant::now();
+        for e in events.iter().filter(|e| e.token() != WAKER) {
+            p.progress(e.token().0 as u64, now);
+        }
+        p.next_deadline = p.expire(now);
+    }
 }
 
 fn errno_reply(reply: Reply, errno: i32) {
@@ -80,33 +109,6 @@ fn errno_reply(reply: Reply, errno: i32) {
 }
 
 impl Proxy {
-    fn run(&mut self) {
-        let mut events = Events::with_capacity(256);
-        let mut next_deadline: Option<Instant> = None;
-        loop {
-            let timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "the proxy's poll failed");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            let mut touched: Vec<u64> = events.iter().filter(|e| e.token() != WAKER).map(|e| e.token().0 as u64).collect();
-            while let Ok(Job(msg, key, reply)) = self.rx.try_recv() {
-                if let Some(id) = self.request(msg, key, reply) {
-                    touched.push(id);
-                }
-            }
-            let now = Instant::now();
-            touched.sort_unstable();
-            touched.dedup();
-            for id in touched {
-                self.progress(id, now);
-            }
-            next_deadline = self.expire(now);
-        }
-    }
-
     /// Moves skeleton `id` along after an event or a request.
     fn progress(&mut self, id: u64, now: Instant) {
         let Some(s) = self.socks.get_mut(&id) else { return };
@@ -149,7 +151,7 @@ impl Proxy {
         let id = self.next;
         self.next += 1;
         let fd = s.fd();
-        if let Err(e) = self.poll.registry().register(&mut SourceFd(&fd), Token(id as usize), Interest::READABLE | Interest::WRITABLE) {
+        if let Err(e) = self.watch.register(&mut SourceFd(&fd), Token(id as usize), Interest::READABLE | Interest::WRITABLE) {
             tracing::warn!(error = %e, "cannot watch a socket");
         }
         self.socks.insert(id, s);
@@ -161,7 +163,7 @@ impl Proxy {
     fn forget(&mut self, id: u64) {
         if let Some(mut s) = self.socks.remove(&id) {
             let fd = s.fd();
-            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+            let _ = self.watch.deregister(&mut SourceFd(&fd));
             if let Some(port) = s.port {
                 self.registry.remove(&port);
             }

@@ -135,17 +135,27 @@ impl NetStub {
             }
             let hup = fds[0].revents & (libc::POLLHUP | libc::POLLERR) != 0;
             if reading && fds[0].revents & (libc::POLLIN | libc::POLLHUP) != 0 {
-                // SAFETY: reads into the live buffer.
-                let got = unsafe { libc::recv(s.mine.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+                // What the program wrote by now goes in one send, up to a chunk.
+                let mut got = 0usize;
+                let mut end = false;
+                while got < buf.len() {
+                    // SAFETY: reads into the unfilled tail of the live buffer.
+                    let n = unsafe { libc::recv(s.mine.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got, libc::MSG_DONTWAIT) };
+                    if n <= 0 {
+                        end = n == 0;
+                        break;
+                    }
+                    got += n as usize;
+                }
                 if got > 0 {
-                    if !self.send_up(s, &buf[..got as usize]) {
+                    if !self.send_up(s, &buf[..got]) {
                         // The connection broke: the program's writes fail from now on.
                         shutdown(&s.mine, libc::SHUT_RD);
                         s.st.lock().unwrap().shut_wr = true;
                     }
                     continue;
                 }
-                if got == 0 {
+                if end {
                     // The program shut down writing, or closed: the skeleton sends its FIN.
                     s.st.lock().unwrap().shut_wr = true;
                     if let Some((at, id)) = s.skel() {
@@ -187,7 +197,7 @@ impl NetStub {
             if s.closed.load(Relaxed) {
                 return;
             }
-            match self.call(&at, P2N_RECV { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS }) {
+            match self.wait_call(&at, P2N_RECV { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS }) {
                 Ok(r) if r.eof => {
                     shutdown(&s.mine, libc::SHUT_WR);
                     return;
@@ -225,7 +235,7 @@ impl NetStub {
             if s.closed.load(Relaxed) {
                 return;
             }
-            match self.call(&at, P2N_ACCEPT { sock: id, wait_ms: WAIT_MS }) {
+            match self.wait_call(&at, P2N_ACCEPT { sock: id, wait_ms: WAIT_MS }) {
                 Ok(r) => {
                     self.c.accepts.fetch_add(1, Relaxed);
                     let made = self.new_sock(&s.vnode, s.uid, s.family, s.kind, s.protocol, Phase::Connected, Some((at.clone(), r.sock)));

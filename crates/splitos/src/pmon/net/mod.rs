@@ -146,9 +146,19 @@ impl NetStub {
         Ok(r.ncomp.addr)
     }
 
-    /// A call to a socket's nComponent on this thread's own channel (a receive may wait there
-    /// for seconds without holding up another socket's calls).
+    /// A call to a socket's nComponent, on the connection all sockets share: one that is
+    /// answered soon (every call but a receive's or an accept's wait).
     fn call<R: Request>(&self, ncomp: &str, req: R) -> Result<R::Reply, i32> {
+        self.call_within(ncomp, req, crate::node::RPC_TIMEOUT)
+    }
+
+    fn call_within<R: Request>(&self, ncomp: &str, req: R, timeout: Duration) -> Result<R::Reply, i32> {
+        self.node.rpc.call_timeout(ncomp, req, timeout).map_err(|e| self.failed(ncomp, e))
+    }
+
+    /// A call that waits at the nComponent for an event (bytes, a connection), on this
+    /// thread's own channel, so that waiting calls of many sockets never hold up the others'.
+    fn wait_call<R: Request>(&self, ncomp: &str, req: R) -> Result<R::Reply, i32> {
         self.node.rpc.call_direct(ncomp, req).map_err(|e| self.failed(ncomp, e))
     }
 
@@ -417,13 +427,7 @@ impl NetStub {
     /// Waits for the connect; then lets go of a held program end (before the watcher may
     /// read from the pair, so that it never sees the filler).
     fn finish_connect(self: &Arc<Self>, s: &Arc<Sock>, at: &str, id: u64, a: SocketAddr, hold: Option<bridge::Hold>) -> Result<(), i32> {
-        let r = self.node.rpc.transport().call_direct(at, &P2N_CONNECT { sock: id, addr: a }.into(), CONNECT_TIMEOUT);
-        let r = match r {
-            Ok(Msg::N2P_ADDR(_)) => Ok(()),
-            Ok(Msg::ERR(e)) => Err(e.code.errno()),
-            Ok(_) => Err(libc::EPROTO),
-            Err(e) => Err(self.failed(at, e)),
-        };
+        let r = self.call_within(at, P2N_CONNECT { sock: id, addr: a }, CONNECT_TIMEOUT).map(|_| ());
         if let (Err(e), Some(_)) = (r, &hold) {
             s.st.lock().unwrap().error = e;
             // Readable (at its end) as well as writable: the program's poll returns, and
