@@ -493,7 +493,7 @@ mod tests {
     /// compile here until its default is compared too.
     #[test]
     fn the_command_line_and_the_config_file_agree_on_every_default() {
-        let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n").unwrap();
+        let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n[[ncomponent]]\n").unwrap();
 
         let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve, netns: _ } = file.pcomponent[0].clone();
         let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, shim_sock: _, vnode_root: _, grants: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
@@ -521,6 +521,12 @@ mod tests {
         let Cmd::Storage { listen: l, gm, dir: _, quota: q, ready_file: _, metrics_addr: _, transport } = parse(&["storage", "--dir", "d"]) else { unreachable!() };
         assert_eq!((l, q), (listen, quota), "storage");
         assert_eq!(transport.config(), file.transport, "storage transport");
+        assert_eq!(gm, config::HAND_STARTED_GM);
+
+        let config::NcompSection { listen, nics, netns: _ } = file.ncomponent[0].clone();
+        let Cmd::Net { listen: l, gm, nics: n, ready_file: _, metrics_addr: _, transport } = parse(&["net"]) else { unreachable!() };
+        assert_eq!((l, n), (listen, nics), "net");
+        assert_eq!(transport.config(), file.transport, "net transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
