@@ -133,7 +133,11 @@ pub struct PcompSection {
     pub dirty_tracking: DirtyTracking,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, less than
     /// `ways` (0: no evictor; misses evict inline).
-    pub evict_reserve: usize,    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    pub evict_reserve: usize,
+    /// Two programs of a vNode on this pComponent connect through it, not through an
+    /// nComponent (docs/network.md).
+    pub net_shortcut: bool,
+    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     pub netns: Option<String>,
 }
@@ -240,7 +244,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, netns: None }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, net_shortcut: true, netns: None }
 }
 
 pub fn default_mcomp() -> McompSection {

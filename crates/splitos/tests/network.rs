@@ -12,11 +12,16 @@ use common::*;
 /// outside, linked to the nComponent's host alone. Returns the hosts, the cluster, the
 /// nComponent's address on the outside link and the outside host's.
 fn rack() -> (Hosts, TestCluster, String, String) {
+    rack_with("")
+}
+
+/// [`rack`] with more settings of the pComponent.
+fn rack_with(pcomp: &str) -> (Hosts, TestCluster, String, String) {
     let mut h = Hosts::new(&["gm", "p1", "m1", "n1"]);
     let (n1_out, out) = h.add_outside("n1");
     let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
     let cfg = format!(
-        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}[[mcomponent]]\n{}[[ncomponent]]\n{}",
+        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}{pcomp}\n[[mcomponent]]\n{}[[ncomponent]]\n{}",
         h.addr("gm"),
         h.netns("gm"),
         at("p1"),
@@ -101,18 +106,48 @@ fn a_program_on_a_host_without_a_route_reaches_the_outside_and_is_reached_from_i
 }
 
 #[test]
-fn the_socket_calls_of_a_c_program_behave_as_natively() {
+fn the_socket_calls_of_a_c_program_behave_as_natively_through_the_ncomponent() {
+    let (h, c, _, _) = rack_with("net_shortcut = false");
+    let (_, p, n) = sockets_program(&h, &c);
+    let net = &p["stats"]["net"];
+    assert!(net["bytes_sent"].as_u64().unwrap() >= 8 << 20 && net["connects"].as_u64().unwrap() >= 4, "{net}");
+    assert_eq!(net["shortcut"]["connections"], 0, "{net}");
+    assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() >= 8 << 20, "the nComponent carried the bulk transfer: {}", n["stats"]);
+}
+
+#[test]
+fn two_programs_of_a_vnode_on_one_pcomponent_connect_through_it_not_the_ncomponent() {
     let (h, c, _, _) = rack();
+    let (_, p, n) = sockets_program(&h, &c);
+    let net = &p["stats"]["net"];
+    // The connections to a listener of the program (its forked child's, its own) took the
+    // shortcut; those to a closed port went to the nComponent, which refused them.
+    assert_eq!(net["shortcut"]["connections"], 2, "{net}");
+    assert!(net["shortcut"]["bytes"].as_u64().unwrap() >= 8 << 20, "{net}");
+    assert_eq!(n["stats"]["accepts"], 0, "{}", n["stats"]);
+    assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20, "the bulk transfer did not reach the nComponent: {}", n["stats"]);
+    // Servers and clients that are separate programs of the vNode too.
+    let py = python3();
+    let _server = serve(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]));
+    let client = "import socket, sys\nfor i in range(100):\n    try:\n        s = socket.create_connection(('127.0.0.1', 8731))\n        break\n    except OSError:\n        import time; time.sleep(0.1)\ns.sendall(b'through the pComponent')\nprint(s.recv(100).decode(), s.getpeername()[1])\n";
+    let out = run_on(&h, &c, "p1", &[&py, "-c", client]).output().unwrap();
+    assert_eq!(text(&out.stdout), "through the pComponent 8731\n", "{}", text(&out.stderr));
+    let p = c.components("pcomponent").remove(0);
+    assert_eq!(p["stats"]["net"]["shortcut"]["connections"], 3, "{}", p["stats"]["net"]);
+}
+
+/// Runs the socket calls' program natively on the nComponent's host and under splitos on the
+/// pComponent's, asserts the same output; returns it and the pComponent's and nComponent's
+/// status entries after the run.
+fn sockets_program(h: &Hosts, c: &TestCluster) -> (String, serde_json::Value, serde_json::Value) {
     let prog = program("sockets");
     let cmd = [prog.to_str().unwrap(), "127.0.0.1", "9"];
     // Natively on the nComponent's host, whose stack the program's sockets use under splitos.
     let native = h.exec("n1", &cmd).output().unwrap();
     assert!(native.status.success(), "{}", text(&native.stdout));
-    let under = run_on(&h, &c, "p1", &cmd).output().unwrap();
+    let under = run_on(h, c, "p1", &cmd).output().unwrap();
     assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
-    let p = c.components("pcomponent").remove(0);
-    let net = &p["stats"]["net"];
-    assert!(net["bytes_sent"].as_u64().unwrap() >= 8 << 20 && net["connects"].as_u64().unwrap() >= 4, "{net}");
+    (text(&under.stdout), c.components("pcomponent").remove(0), c.components("ncomponent").remove(0))
 }
 
 const ECHO_SERVER: &str = "import socket, sys, threading\n\

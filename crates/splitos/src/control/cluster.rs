@@ -286,6 +286,9 @@ impl Cluster {
             if !p.piggyback {
                 args.push("--no-piggyback".into());
             }
+            if !p.net_shortcut {
+                args.push("--no-net-shortcut".into());
+            }
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("proc{i}"), Role::Proc)?);
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach, p.netns.as_deref())?));

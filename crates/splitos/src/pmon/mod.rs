@@ -82,6 +82,9 @@ pub struct PcompConfig {
     pub dirty_tracking: DirtyTracking,
     /// Spare ways the background evictor keeps in each set a miss used (0: no evictor).
     pub evict_reserve: usize,
+    /// Two programs of a vNode on this pComponent connect through it, not the nComponent
+    /// (docs/network.md).
+    pub net_shortcut: bool,
 }
 
 /// A process running on this pComponent.
@@ -403,7 +406,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
             heap_fs,
-            net: Arc::new(net::NetStub::new(node.clone())),
+            net: Arc::new(net::NetStub::new(node.clone(), args.cfg.net_shortcut)),
         }
     });
     let p2 = p.clone();

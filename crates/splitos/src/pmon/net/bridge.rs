@@ -52,6 +52,19 @@ fn write_all(fd: &OwnedFd, mut b: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The stream ends for a shortcut connection's program: its other end shut down writing or
+/// went away.
+pub(super) fn end_stream(s: &Sock) {
+    shutdown(&s.mine, libc::SHUT_WR);
+}
+
+/// One token byte in a listening socket: a connection waits for the program's accept.
+pub(super) fn token(listener: &Sock) {
+    if write_all(&listener.mine, &[1]).is_err() {
+        tracing::debug!("a listening socket went away with a connection queued");
+    }
+}
+
 fn shutdown(fd: &OwnedFd, how: i32) {
     // SAFETY: shutdown(2) on a descriptor the socket owns.
     unsafe { libc::shutdown(fd.as_raw_fd(), how) };
@@ -158,7 +171,9 @@ impl NetStub {
                 if end {
                     // The program shut down writing, or closed: the skeleton sends its FIN.
                     s.st.lock().unwrap().shut_wr = true;
-                    if let Some((at, id)) = s.skel() {
+                    if let Some(peer) = s.local_peer() {
+                        end_stream(&peer);
+                    } else if let Some((at, id)) = s.skel() {
                         let _ = self.call(&at, P2N_SHUTDOWN { sock: id, how: libc::SHUT_WR });
                     }
                 }
@@ -175,6 +190,11 @@ impl NetStub {
     }
 
     fn send_up(&self, s: &Sock, data: &[u8]) -> bool {
+        if let Some(peer) = s.local_peer() {
+            self.c.shortcut_bytes.fetch_add(data.len() as u64, Relaxed);
+            metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => "local").increment(data.len() as u64);
+            return write_all(&peer.mine, data).is_ok();
+        }
         let Some((at, id)) = s.skel() else { return false };
         match self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) }) {
             Ok(_) => {
@@ -244,9 +264,7 @@ impl NetStub {
                         continue;
                     };
                     s.st.lock().unwrap().queue.push_back((theirs, r.peer));
-                    if write_all(&s.mine, &[1]).is_err() {
-                        return;
-                    }
+                    token(s);
                 }
                 Err(libc::EAGAIN) => {}
                 Err(e) => {

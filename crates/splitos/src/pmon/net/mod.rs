@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use serde_bytes::ByteBuf;
@@ -41,6 +41,10 @@ pub struct NetCounters {
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub refused: AtomicU64,
+    /// Connections between two programs of a vNode on this pComponent, and the bytes they
+    /// moved, that never reached an nComponent (the shortcut).
+    pub shortcuts: AtomicU64,
+    pub shortcut_bytes: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +72,12 @@ struct State {
     queue: VecDeque<(OwnedFd, SocketAddr)>,
     backlog: usize,
     shut_wr: bool,
+    /// Where a listening socket is bound (for the shortcut to find it).
+    bound: Option<SocketAddr>,
+    /// A shortcut connection's other end on this pComponent: bytes go straight to it.
+    local_peer: Option<Weak<Sock>>,
+    /// A shortcut connection's addresses (local, peer), which no skeleton has.
+    names: Option<(SocketAddr, SocketAddr)>,
 }
 
 /// One socket of a program.
@@ -91,6 +101,11 @@ impl Sock {
         self.st.lock().unwrap().skel.clone()
     }
 
+    /// A shortcut connection's other end, while it is there.
+    fn local_peer(&self) -> Option<Arc<Sock>> {
+        self.st.lock().unwrap().local_peer.as_ref().and_then(Weak::upgrade)
+    }
+
     fn set_phase(&self, phase: Phase) {
         self.st.lock().unwrap().phase = phase;
         self.changed.notify_all();
@@ -105,6 +120,10 @@ pub struct NetStub {
     socks: Mutex<HashMap<u64, Arc<Sock>>>,
     /// The nComponent of each vNode, as the GNM said.
     homes: Mutex<HashMap<String, String>>,
+    /// Whether two programs of a vNode on this pComponent connect without the nComponent.
+    shortcut: bool,
+    /// Ports handed to the client ends of shortcut connections (their getsockname).
+    next_port: AtomicU64,
     pub c: NetCounters,
 }
 
@@ -118,8 +137,8 @@ fn errno_of(e: &RpcError) -> i32 {
 }
 
 impl NetStub {
-    pub fn new(node: Arc<Node>) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), c: NetCounters::default() }
+    pub fn new(node: Arc<Node>, shortcut: bool) -> NetStub {
+        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), shortcut, next_port: AtomicU64::new(0), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -128,6 +147,7 @@ impl NetStub {
             "open_sockets": self.socks.lock().unwrap().len(),
             "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
             "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed),
+            "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed)},
         })
     }
 
@@ -208,13 +228,13 @@ impl NetStub {
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
-        let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false };
+        let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None };
         let s = Arc::new(Sock { vnode: vnode.to_string(), uid, family, kind, protocol, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let (stub, s2) = (self.clone(), s.clone());
         std::thread::Builder::new().name("net-up".into()).spawn(move || stub.up(ino, &s2))?;
-        if phase == Phase::Connected {
+        if phase == Phase::Connected && s.skel().is_some() {
             self.start_down(&s)?;
         }
         Ok((s, OwnedFd::from(theirs)))
@@ -232,11 +252,14 @@ impl NetStub {
             return;
         }
         self.socks.lock().unwrap().remove(&ino);
-        let (skel, queued) = {
+        let (skel, queued, peer) = {
             let mut st = s.st.lock().unwrap();
-            (st.skel.take(), std::mem::take(&mut st.queue))
+            (st.skel.take(), std::mem::take(&mut st.queue), st.local_peer.take())
         };
         drop(queued);
+        if let Some(peer) = peer.and_then(|p| p.upgrade()) {
+            bridge::end_stream(&peer);
+        }
         s.changed.notify_all();
         if let Some((at, id)) = skel {
             let _ = self.call(&at, P2N_CLOSE { sock: id });
@@ -316,7 +339,8 @@ impl NetStub {
                 let a = addr::parse(data)?;
                 let ncomp = self.ncomp_for(&s.vnode, Some(a.ip()))?;
                 let (at, id) = self.ensure_skel(s, Some(ncomp))?;
-                self.call(&at, P2N_BIND { sock: id, addr: a })?;
+                let r = self.call(&at, P2N_BIND { sock: id, addr: a })?;
+                s.st.lock().unwrap().bound = Some(r.addr);
                 Ok(Answer::Ret(0))
             }
             NetOp::Listen => {
@@ -354,9 +378,15 @@ impl NetStub {
                 self.connect(s, a, req.a != 0, fd)
             }
             NetOp::SockName | NetOp::PeerName => {
-                let (at, id) = self.ensure_skel(s, None)?;
-                let r = self.call(&at, P2N_NAME { sock: id, peer: op == NetOp::PeerName })?;
-                let (bytes, len) = addr::encode(r.addr);
+                let names = s.st.lock().unwrap().names;
+                let a = match names {
+                    Some((local, peer)) => if op == NetOp::PeerName { peer } else { local },
+                    None => {
+                        let (at, id) = self.ensure_skel(s, None)?;
+                        self.call(&at, P2N_NAME { sock: id, peer: op == NetOp::PeerName })?.addr
+                    }
+                };
+                let (bytes, len) = addr::encode(a);
                 resp.data[..len].copy_from_slice(&bytes[..len]);
                 resp.len = len as u32;
                 Ok(Answer::Ret(0))
@@ -405,8 +435,14 @@ impl NetStub {
                 Phase::Listening | Phase::Failed => return Err(libc::EINVAL),
             }
         }
-        let (at, id) = self.ensure_skel(s, None)?;
         self.c.connects.fetch_add(1, Relaxed);
+        if self.shortcut {
+            if let Some(listener) = self.local_listener(s, a) {
+                drop(theirs);
+                return self.connect_locally(s, &listener, a).map(|_| Answer::Ret(0));
+            }
+        }
+        let (at, id) = self.ensure_skel(s, None)?;
         s.st.lock().unwrap().phase = Phase::Connecting;
         if !nonblocking {
             drop(theirs);
@@ -422,6 +458,51 @@ impl NetStub {
             })
             .map_err(|_| libc::EAGAIN)?;
         Err(libc::EINPROGRESS)
+    }
+
+    /// A listening socket of the same vNode on this pComponent that `a` reaches: bound to
+    /// its port, on the nComponent that holds `a` (the vNode's own for a loopback address),
+    /// to `a`'s address or to all.
+    fn local_listener(&self, s: &Sock, a: SocketAddr) -> Option<Arc<Sock>> {
+        let ncomp = self.ncomp_for(&s.vnode, Some(a.ip())).ok()?;
+        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.vnode == s.vnode && l.kind == s.kind).cloned().collect();
+        socks.into_iter().find(|l| {
+            let st = l.st.lock().unwrap();
+            st.phase == Phase::Listening
+                && st.skel.as_ref().is_some_and(|(at, _)| *at == ncomp)
+                && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip() == a.ip()))
+        })
+    }
+
+    /// Connects `s` to `listener`, both of this pComponent: a new connection queued on the
+    /// listener whose bytes the two watchers hand each other (the paper's local channel).
+    fn connect_locally(self: &Arc<Self>, s: &Arc<Sock>, listener: &Arc<Sock>, a: SocketAddr) -> Result<(), i32> {
+        {
+            let st = listener.st.lock().unwrap();
+            if st.queue.len() >= st.backlog.max(1) {
+                return Err(libc::ECONNREFUSED);
+            }
+        }
+        let port = 40000 + (self.next_port.fetch_add(1, Relaxed) % 20000) as u16;
+        let mine = SocketAddr::new(a.ip(), port);
+        let (server, theirs) = self.new_sock(&s.vnode, listener.uid, listener.family, listener.kind, listener.protocol, Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        {
+            let mut st = server.st.lock().unwrap();
+            st.local_peer = Some(Arc::downgrade(s));
+            st.names = Some((a, mine));
+        }
+        {
+            let mut st = s.st.lock().unwrap();
+            st.local_peer = Some(Arc::downgrade(&server));
+            st.names = Some((mine, a));
+        }
+        s.set_phase(Phase::Connected);
+        server.set_phase(Phase::Connected);
+        listener.st.lock().unwrap().queue.push_back((theirs, mine));
+        bridge::token(listener);
+        self.c.shortcuts.fetch_add(1, Relaxed);
+        metrics::counter!("pcomp_net_shortcuts_total", "path" => "local").increment(1);
+        Ok(())
     }
 
     /// Waits for the connect; then lets go of a held program end (before the watcher may
