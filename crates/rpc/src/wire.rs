@@ -29,7 +29,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `M2M_PARITY`, `P2M_RECONSTRUCT`, the parity forms of `M2M_READ_PAGES` and
 /// `M2M_PUT_PAGES`, and `ErrCode::ParityLost`.
 /// Version 11 added the network: the nComponent role, its NIC addresses in `X2G_REGISTER`,
-/// the GNM's `P2G_PICK_NET` and the socket messages `P2N_*`.
+/// the GNM's `P2G_PICK_NET`, the socket messages `P2N_*`, and socket buffers on mComponents
+/// for the DMA path (`P2M_NETBUF_*`, `N2M_NETBUF_*`).
 pub const WIRE_VERSION: u16 = 11;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
@@ -921,6 +922,25 @@ messages! {
     /// shutdown(2) with `how` (SHUT_RD, SHUT_WR, SHUT_RDWR), after the queued bytes left.
     P2N_SHUTDOWN { pub sock: u64, pub how: i32 };
     P2N_CLOSE { pub sock: u64 };
+    /// The DMA path: bytes to send that the stub put in socket buffer `buf` on mComponent
+    /// `mcomp`, from `offset`; the nComponent fetches them from there (`N2M_NETBUF_READ`).
+    P2N_SEND_DMA { pub sock: u64, pub mcomp: String, pub buf: u64, pub offset: u32, pub len: u32 };
+    /// The DMA path: as `P2N_RECV`, the bytes written to socket buffer `buf` on `mcomp` at
+    /// `offset` (`N2M_NETBUF_WRITE`) and only their count answered.
+    P2N_RECV_DMA { pub sock: u64, pub max: u32, pub wait_ms: u32, pub mcomp: String, pub buf: u64, pub offset: u32 };
+    N2P_RECEIVED { pub len: u32, pub eof: bool };
+
+    // ---- socket buffers on an mComponent (the DMA path). `buf` is the capability: random,
+    // known only to the pComponent that allocated it and the nComponents it names it to.
+    P2M_NETBUF_ALLOC { pub vnode: String, pub bytes: u32 };
+    M2P_NETBUF { pub buf: u64 };
+    P2M_NETBUF_FREE { pub buf: u64 };
+    P2M_NETBUF_WRITE { pub buf: u64, pub offset: u32, pub data: ByteBuf };
+    P2M_NETBUF_READ { pub buf: u64, pub offset: u32, pub len: u32 };
+    M2P_NETBUF_DATA { pub data: ByteBuf };
+    N2M_NETBUF_READ { pub buf: u64, pub offset: u32, pub len: u32 };
+    M2N_NETBUF_DATA { pub data: ByteBuf };
+    N2M_NETBUF_WRITE { pub buf: u64, pub offset: u32, pub data: ByteBuf };
 
     // ---- control client -> mComponent
     /// Fault injection (`splitos debug flip`): flips bit `bit` of the first page of the
@@ -957,6 +977,14 @@ replies! {
     P2N_RECV => N2P_DATA,
     P2N_SHUTDOWN => OK,
     P2N_CLOSE => OK,
+    P2N_SEND_DMA => OK,
+    P2N_RECV_DMA => N2P_RECEIVED,
+    P2M_NETBUF_ALLOC => M2P_NETBUF,
+    P2M_NETBUF_FREE => OK,
+    P2M_NETBUF_WRITE => OK,
+    P2M_NETBUF_READ => M2P_NETBUF_DATA,
+    N2M_NETBUF_READ => M2N_NETBUF_DATA,
+    N2M_NETBUF_WRITE => OK,
     M2G_PICK_OWNER => G2M_OWNER,
     M2G_BACKUP_STORE => G2M_BACKUP_STORE,
     P2G_VNODE_STORAGE => G2P_STORAGE,

@@ -137,6 +137,9 @@ pub struct PcompSection {
     /// Two programs of a vNode on this pComponent connect through it, not through an
     /// nComponent (docs/network.md).
     pub net_shortcut: bool,
+    /// How sockets' bytes travel to the nComponent: `ddio` (in the requests) or `dma`
+    /// (through socket buffers on an mComponent).
+    pub net_path: crate::pmon::NetPath,
     /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     pub netns: Option<String>,
@@ -244,7 +247,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, net_shortcut: true, netns: None }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, net_shortcut: true, net_path: crate::pmon::NetPath::Ddio, netns: None }
 }
 
 pub fn default_mcomp() -> McompSection {

@@ -284,3 +284,32 @@ fn one_vnode_cannot_take_another_vnodes_port_or_touch_its_sockets_and_bad_calls_
         assert!(child.wait().unwrap().success());
     }
 }
+
+#[test]
+fn on_the_dma_path_bytes_go_through_socket_buffers_on_an_mcomponent() {
+    let (h, c, _, out) = rack_with("net_path = \"dma\"\nnet_shortcut = false");
+    // Everything the C program sends and receives goes through memory, with native output.
+    let (_, p, n) = sockets_program(&h, &c);
+    assert_eq!(p["stats"]["net"]["path"], "dma");
+    let s = &n["stats"];
+    assert!(s["bytes_sent"]["dma"].as_u64().unwrap() >= 8 << 20 && s["bytes_received"]["dma"].as_u64().unwrap() >= 8 << 20, "{s}");
+    assert_eq!((s["bytes_sent"]["ddio"].as_u64(), s["bytes_received"]["ddio"].as_u64()), (Some(0), Some(0)), "{s}");
+    // The mComponent saw both sides: the stub writing and the nComponent fetching, and back.
+    let m = c.components("mcomponent").remove(0);
+    let b = &m["stats"]["socket_buffers"];
+    for k in ["written_by_pcomponents", "read_by_ncomponents", "written_by_ncomponents", "read_by_pcomponents"] {
+        assert!(b[k].as_u64().unwrap() >= 8 << 20, "{k}: {b}");
+    }
+    // And a file from the outside arrives whole.
+    let dir = tempfile::tempdir().unwrap();
+    let body: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 253) as u8).collect();
+    std::fs::write(dir.path().join("f"), &body).unwrap();
+    let _srv = serve(h.exec("out", &[&python3(), "-m", "http.server", "8741", "--bind", &out, "--directory", dir.path().to_str().unwrap()]));
+    let url = format!("http://{out}:8741/f");
+    fetch_when_up(&h, "n1", &url);
+    let got = run_on(&h, &c, "p1", &["curl", "-sS", &url]).output().unwrap();
+    assert!(got.stdout == body, "curl got {} bytes: {}", got.stdout.len(), text(&got.stderr));
+    // Closed sockets gave their buffers back.
+    let m = c.components("mcomponent").remove(0);
+    assert!(c.eventually(Duration::from_secs(5), |c| c.components("mcomponent").remove(0)["stats"]["socket_buffers"]["buffers"] == 0), "{}", m["stats"]["socket_buffers"]);
+}

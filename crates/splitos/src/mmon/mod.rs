@@ -16,6 +16,7 @@
 mod bcache;
 mod home;
 mod log;
+mod netbuf;
 mod owner;
 mod vma;
 
@@ -86,6 +87,8 @@ pub struct Mem {
     backup_log: log::BackupLog,
     /// Leaf requests run on a shared pool of workers (rather than each connection's own thread).
     worker_pool: bool,
+    /// Socket buffers of the network's DMA path.
+    netbufs: netbuf::NetBufs,
     c: Counters,
 }
 
@@ -153,6 +156,7 @@ impl Mem {
     fn on_beat(&self, beat: G2X_BEAT) {
         self.cluster_memory.store(beat.memory, Relaxed);
         self.reclaim_lost(&beat.lost);
+        self.netbufs_of_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);
         // Sets a rebuild could not complete (no room then) are tried again, now and then.
         let mut last = self.last_retry.lock().unwrap();
@@ -244,7 +248,7 @@ impl Mem {
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
             "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
             "backup_log": self.backup_log.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
-            "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(),
+            "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(), "socket_buffers": self.netbufs.stats(),
         })
         .to_string()
     }
@@ -311,6 +315,12 @@ impl Handler for Mem {
             Msg::P2M_FILE_SYNC(r) => on(r, |r| bc.file_sync(r)),
             Msg::P2M_FILE_STAT(r) => on(r, |r| bc.file_stat(r)),
             Msg::P2M_FILE_FORGET(r) => on(r, |r| bc.file_forget(r)),
+            Msg::P2M_NETBUF_ALLOC(r) => on(r, |r| self.netbuf_alloc(r)),
+            Msg::P2M_NETBUF_FREE(r) => on(r, |r| self.netbuf_free(r)),
+            Msg::P2M_NETBUF_WRITE(r) => on(r, |r| self.netbuf_write(r.buf, r.offset, &r.data)),
+            Msg::N2M_NETBUF_WRITE(r) => on(r, |r| self.netbuf_write(r.buf, r.offset, &r.data)),
+            Msg::P2M_NETBUF_READ(r) => on(r, |r| Ok(M2P_NETBUF_DATA { data: self.netbuf_read(r.buf, r.offset, r.len)? })),
+            Msg::N2M_NETBUF_READ(r) => on(r, |r| Ok(M2N_NETBUF_DATA { data: self.netbuf_read(r.buf, r.offset, r.len)? })),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Mem, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
@@ -399,6 +409,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
         backup_log: log::BackupLog::new(args.backup_log),
         worker_pool: args.workers > 0,
+        netbufs: netbuf::NetBufs::default(),
         c: Counters::default(),
     });
     let m3 = mem.clone();

@@ -205,7 +205,7 @@ impl Mem {
         Ok(p)
     }
 
-    fn commit(&self, bytes: u64) -> Result<(), Refusal> {
+    pub(super) fn commit(&self, bytes: u64) -> Result<(), Refusal> {
         let mut cur = self.committed.load(Relaxed);
         loop {
             if cur + bytes > self.capacity {

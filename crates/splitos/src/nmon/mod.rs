@@ -3,6 +3,7 @@
 //! its own host's stack: a proxy takes the socket stubs' requests and makes one socket
 //! skeleton per socket ([`proxy`], [`skeleton`]). It never calls another component on the
 //! data path. docs/network.md tells the whole design.
+mod ddma;
 mod proxy;
 mod skeleton;
 
@@ -18,7 +19,8 @@ use proxy::{Counters, Job, ProxyHandle};
 
 pub struct Net {
     node: Arc<Node>,
-    proxy: ProxyHandle,
+    proxy: Arc<ProxyHandle>,
+    ddma: ddma::Ddma,
     c: Arc<Counters>,
     started: Instant,
 }
@@ -35,8 +37,8 @@ impl Net {
             "nics": self.node.nics.get().cloned().unwrap_or_default(),
             "sockets": c.sockets.load(Relaxed), "open_sockets": c.open.load(Relaxed),
             "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
-            "bytes_sent": {"ddio": c.bytes_sent.load(Relaxed)},
-            "bytes_received": {"ddio": c.bytes_received.load(Relaxed)},
+            "bytes_sent": {"wire": c.wire_sent.load(Relaxed), "ddio": c.ddio_sent.load(Relaxed), "dma": c.dma_sent.load(Relaxed)},
+            "bytes_received": {"wire": c.wire_received.load(Relaxed), "ddio": c.ddio_received.load(Relaxed), "dma": c.dma_received.load(Relaxed)},
             "refused": c.refused.load(Relaxed),
         })
         .to_string()
@@ -51,7 +53,39 @@ impl Handler for Net {
     }
 
     fn handle_later(&self, msg: Msg, reply: Reply) {
-        self.proxy.submit(Job(msg, current_peer().map(|p| p.key), reply));
+        let key = current_peer().map(|p| p.key);
+        match msg {
+            Msg::P2N_SEND_DMA(r) => self.ddma.fetch_and_send(r, key, reply),
+            Msg::P2N_RECV_DMA(r) => {
+                let recv = P2N_RECV { sock: r.sock, max: r.max, wait_ms: r.wait_ms };
+                let store = self.ddma.store_received(r.mcomp, r.buf, r.offset, reply);
+                self.proxy.submit(Job(recv.into(), key, store));
+            }
+            Msg::P2N_SEND(r) => {
+                let n = r.data.len() as u64;
+                let c = self.c.clone();
+                let counted: Reply = Box::new(move |m| {
+                    if matches!(m, Msg::OK(_)) {
+                        c.ddio_sent.fetch_add(n, Relaxed);
+                        metrics::counter!("ncomp_path_bytes_total", "dir" => "sent", "path" => "ddio").increment(n);
+                    }
+                    reply(m)
+                });
+                self.proxy.submit(Job(r.into(), key, counted));
+            }
+            Msg::P2N_RECV(r) => {
+                let c = self.c.clone();
+                let counted: Reply = Box::new(move |m| {
+                    if let Msg::N2P_DATA(d) = &m {
+                        c.ddio_received.fetch_add(d.data.len() as u64, Relaxed);
+                        metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "ddio").increment(d.data.len() as u64);
+                    }
+                    reply(m)
+                });
+                self.proxy.submit(Job(r.into(), key, counted));
+            }
+            other => self.proxy.submit(Job(other, key, reply)),
+        }
     }
 
     fn handle(&self, msg: Msg) -> Msg {
@@ -124,8 +158,9 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
     let (node, endpoint) = Node::bind(Role::Net, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let _ = node.nics.set(nics.clone());
     let c = Arc::new(Counters::default());
-    let proxy = proxy::start(c.clone())?;
-    let net = Arc::new(Net { node: node.clone(), proxy, c, started: Instant::now() });
+    let proxy = Arc::new(proxy::start(c.clone())?);
+    let ddma = ddma::Ddma::start(node.clone(), proxy.clone(), c.clone())?;
+    let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
     endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     let n2 = net.clone();

@@ -29,8 +29,15 @@ pub struct Counters {
     pub open: AtomicU64,
     pub connects: AtomicU64,
     pub accepts: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    pub bytes_received: AtomicU64,
+    /// Bytes the skeletons' sockets sent and received on this host's stack.
+    pub wire_sent: AtomicU64,
+    pub wire_received: AtomicU64,
+    /// Bytes that came from the stubs, and went to them, by path: in the requests and their
+    /// answers (DDIO), or through socket buffers on mComponents (DMA).
+    pub ddio_sent: AtomicU64,
+    pub ddio_received: AtomicU64,
+    pub dma_sent: AtomicU64,
+    pub dma_received: AtomicU64,
     pub refused: AtomicU64,
 }
 
@@ -117,10 +124,10 @@ impl Proxy {
             return;
         }
         let (sent, received) = s.progress(now);
-        self.c.bytes_sent.fetch_add(sent, Relaxed);
-        self.c.bytes_received.fetch_add(received, Relaxed);
-        metrics::counter!("ncomp_bytes_sent_total", "path" => "ddio").increment(sent);
-        metrics::counter!("ncomp_bytes_received_total", "path" => "ddio").increment(received);
+        self.c.wire_sent.fetch_add(sent, Relaxed);
+        self.c.wire_received.fetch_add(received, Relaxed);
+        metrics::counter!("ncomp_wire_bytes_total", "dir" => "sent").increment(sent);
+        metrics::counter!("ncomp_wire_bytes_total", "dir" => "received").increment(received);
         if s.closing.is_some() && s.drained() {
             self.forget(id);
         }

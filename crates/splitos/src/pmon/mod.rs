@@ -39,6 +39,7 @@ pub use huge::{HugePages, HUGE_PAGES};
 pub use fault_cpu::{FaultCpu, FAULT_CPUS};
 pub use grants::Grants;
 pub use miss::{Access, FailHook, MissPath, Tenant};
+pub use net::{NetPath, NET_PATHS};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
 pub use stats::RunStats;
@@ -85,6 +86,8 @@ pub struct PcompConfig {
     /// Two programs of a vNode on this pComponent connect through it, not the nComponent
     /// (docs/network.md).
     pub net_shortcut: bool,
+    /// How sockets' bytes travel to the nComponent.
+    pub net_path: NetPath,
 }
 
 /// A process running on this pComponent.
@@ -406,7 +409,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
             heap_fs,
-            net: Arc::new(net::NetStub::new(node.clone(), args.cfg.net_shortcut)),
+            net: Arc::new(net::NetStub::new(node.clone(), args.cfg.net_shortcut, args.cfg.net_path)),
         }
     });
     let p2 = p.clone();

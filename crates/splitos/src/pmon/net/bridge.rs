@@ -12,10 +12,11 @@ use std::time::Duration;
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{NetStub, Phase, Sock};
+use super::{NetPath, NetStub, Phase, Sock};
 
-/// Most bytes one send to the skeleton carries, and one receive asks for.
-const CHUNK: usize = 256 << 10;
+/// Most bytes one send to the skeleton carries, and one receive asks for (and the size of a
+/// socket buffer on the DMA path).
+pub(super) const CHUNK: usize = 256 << 10;
 /// How long a receive or an accept waits at the skeleton before it is asked again.
 const WAIT_MS: u32 = 2000;
 
@@ -196,10 +197,19 @@ impl NetStub {
             return write_all(&peer.mine, data).is_ok();
         }
         let Some((at, id)) = s.skel() else { return false };
-        match self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) }) {
-            Ok(_) => {
+        let sent = match self.path {
+            NetPath::Ddio => self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) }).map(|_| ()),
+            // The bytes go to memory first (the ExCache's flush, step 2 of the paper's
+            // figure 5), and the nComponent takes them from there.
+            NetPath::Dma => self.dma_bufs(s).and_then(|b| {
+                self.call(&b.mcomp, P2M_NETBUF_WRITE { buf: b.tx, offset: 0, data: ByteBuf::from(data.to_vec()) })?;
+                self.call(&at, P2N_SEND_DMA { sock: id, mcomp: b.mcomp, buf: b.tx, offset: 0, len: data.len() as u32 }).map(|_| ())
+            }),
+        };
+        match sent {
+            Ok(()) => {
                 self.c.bytes_sent.fetch_add(data.len() as u64, Relaxed);
-                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => "ddio").increment(data.len() as u64);
+                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => self.path.to_string()).increment(data.len() as u64);
                 true
             }
             Err(e) => {
@@ -217,7 +227,7 @@ impl NetStub {
             if s.closed.load(Relaxed) {
                 return;
             }
-            match self.wait_call(&at, P2N_RECV { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS }) {
+            match self.receive(s, &at, id) {
                 Ok(r) if r.eof => {
                     shutdown(&s.mine, libc::SHUT_WR);
                     return;
@@ -225,7 +235,7 @@ impl NetStub {
                 Ok(r) if r.data.is_empty() => {}
                 Ok(r) => {
                     self.c.bytes_received.fetch_add(r.data.len() as u64, Relaxed);
-                    metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => "ddio").increment(r.data.len() as u64);
+                    metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => self.path.to_string()).increment(r.data.len() as u64);
                     if write_all(&s.mine, &r.data).is_err() {
                         return;
                     }
@@ -238,6 +248,20 @@ impl NetStub {
                     }
                     return;
                 }
+            }
+        }
+    }
+
+    /// One receive, on the socket's path: the bytes in the answer, or read from the socket
+    /// buffer the nComponent wrote them to.
+    fn receive(&self, s: &Sock, at: &str, id: u64) -> Result<N2P_DATA, i32> {
+        match self.path {
+            NetPath::Ddio => self.wait_call(at, P2N_RECV { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS }),
+            NetPath::Dma => {
+                let b = self.dma_bufs(s)?;
+                let r = self.wait_call(at, P2N_RECV_DMA { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS, mcomp: b.mcomp.clone(), buf: b.rx, offset: 0 })?;
+                let data = if r.len > 0 { self.call(&b.mcomp, P2M_NETBUF_READ { buf: b.rx, offset: 0, len: r.len })?.data } else { ByteBuf::new() };
+                Ok(N2P_DATA { data, eof: r.eof })
             }
         }
     }

@@ -27,6 +27,30 @@ use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_LOCAL, 
 use super::Pcomp;
 use crate::node::Node;
 
+splitos_rpc::knob_enum! {
+    /// How a socket's bytes travel between this pComponent and its nComponent (the paper's
+    /// section 3.4-3.6).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum NetPath, "net_path", NET_PATHS {
+        /// In the requests themselves, straight between the two (DDIO).
+        #[default]
+        Ddio = "ddio",
+        /// Through socket buffers on an mComponent: the stub writes what a program sends
+        /// there and the nComponent fetches it; the nComponent writes what it receives there
+        /// and the stub reads it (DMA).
+        Dma = "dma",
+    }
+}
+
+/// A socket's two buffers on an mComponent (the DMA path).
+#[derive(Clone)]
+struct DmaBufs {
+    mcomp: String,
+    tx: u64,
+    rx: u64,
+}
+
 /// How long a connect may take before the program sees ETIMEDOUT (the kernel's own SYN
 /// retries give up after about two minutes).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(130);
@@ -78,6 +102,8 @@ struct State {
     local_peer: Option<Weak<Sock>>,
     /// A shortcut connection's addresses (local, peer), which no skeleton has.
     names: Option<(SocketAddr, SocketAddr)>,
+    /// Its socket buffers, on the DMA path.
+    dma: Option<DmaBufs>,
 }
 
 /// One socket of a program.
@@ -122,6 +148,7 @@ pub struct NetStub {
     homes: Mutex<HashMap<String, String>>,
     /// Whether two programs of a vNode on this pComponent connect without the nComponent.
     shortcut: bool,
+    path: NetPath,
     /// Ports handed to the client ends of shortcut connections (their getsockname).
     next_port: AtomicU64,
     pub c: NetCounters,
@@ -137,8 +164,8 @@ fn errno_of(e: &RpcError) -> i32 {
 }
 
 impl NetStub {
-    pub fn new(node: Arc<Node>, shortcut: bool) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), shortcut, next_port: AtomicU64::new(0), c: NetCounters::default() }
+    pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
+        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -147,7 +174,7 @@ impl NetStub {
             "open_sockets": self.socks.lock().unwrap().len(),
             "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
             "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed),
-            "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed)},
+            "path": self.path.to_string(), "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed)},
         })
     }
 
@@ -228,7 +255,7 @@ impl NetStub {
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
-        let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None };
+        let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None, dma: None };
         let s = Arc::new(Sock { vnode: vnode.to_string(), uid, family, kind, protocol, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
@@ -252,10 +279,15 @@ impl NetStub {
             return;
         }
         self.socks.lock().unwrap().remove(&ino);
-        let (skel, queued, peer) = {
+        let (skel, queued, peer, dma) = {
             let mut st = s.st.lock().unwrap();
-            (st.skel.take(), std::mem::take(&mut st.queue), st.local_peer.take())
+            (st.skel.take(), std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take())
         };
+        if let Some(b) = dma {
+            for buf in [b.tx, b.rx] {
+                let _ = self.call(&b.mcomp, P2M_NETBUF_FREE { buf });
+            }
+        }
         drop(queued);
         if let Some(peer) = peer.and_then(|p| p.upgrade()) {
             bridge::end_stream(&peer);
@@ -263,6 +295,33 @@ impl NetStub {
         s.changed.notify_all();
         if let Some((at, id)) = skel {
             let _ = self.call(&at, P2N_CLOSE { sock: id });
+        }
+    }
+
+    /// The socket's buffers on an mComponent, made on first use (the DMA path).
+    fn dma_bufs(&self, s: &Sock) -> Result<DmaBufs, i32> {
+        if let Some(b) = s.st.lock().unwrap().dma.clone() {
+            return Ok(b);
+        }
+        let mcomp = self.node.call_gm(P2G_PICK_HOME).map_err(|e| errno_of(&e))?.mcomp.addr;
+        let alloc = || self.call(&mcomp, P2M_NETBUF_ALLOC { vnode: s.vnode.clone(), bytes: bridge::CHUNK as u32 }).map(|r| r.buf);
+        let (tx, rx) = (alloc()?, alloc()?);
+        let mut st = s.st.lock().unwrap();
+        match &st.dma {
+            // The socket's other thread made them first.
+            Some(b) => {
+                let b = b.clone();
+                drop(st);
+                for buf in [tx, rx] {
+                    let _ = self.call(&mcomp, P2M_NETBUF_FREE { buf });
+                }
+                Ok(b)
+            }
+            None => {
+                let b = DmaBufs { mcomp, tx, rx };
+                st.dma = Some(b.clone());
+                Ok(b)
+            }
         }
     }
 

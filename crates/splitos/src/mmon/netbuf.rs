@@ -1,0 +1,122 @@
+//! Socket buffers: memory a pComponent's socket stub holds on this mComponent for the DMA
+//! path of the network (docs/network.md). The stub writes what a program sends into a buffer
+//! and the nComponent fetches it from there; the nComponent writes what it received into
+//! another and the stub reads it from there. A buffer's id is its capability: random, known
+//! to the pComponent that allocated it (the only one that may free, write or read it as a
+//! pComponent) and to the nComponents it names it to.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+
+use super::Mem;
+
+/// The largest socket buffer.
+pub const NETBUF_MAX: u32 = 1 << 20;
+
+struct NetBuf {
+    owner: Option<[u8; 32]>,
+    data: Vec<u8>,
+}
+
+#[derive(Default)]
+pub struct NetBufs {
+    bufs: Mutex<HashMap<u64, NetBuf>>,
+    /// Bytes written into buffers by pComponents, and by nComponents.
+    written_by_pcomps: AtomicU64,
+    written_by_ncomps: AtomicU64,
+    /// Bytes read out of buffers by nComponents, and by pComponents.
+    read_by_ncomps: AtomicU64,
+    read_by_pcomps: AtomicU64,
+}
+
+impl NetBufs {
+    pub fn stats(&self) -> serde_json::Value {
+        serde_json::json!({
+            "buffers": self.bufs.lock().unwrap().len(),
+            "written_by_pcomponents": self.written_by_pcomps.load(Relaxed), "read_by_ncomponents": self.read_by_ncomps.load(Relaxed),
+            "written_by_ncomponents": self.written_by_ncomps.load(Relaxed), "read_by_pcomponents": self.read_by_pcomps.load(Relaxed),
+        })
+    }
+}
+
+fn unknown(buf: u64) -> Refusal {
+    ERR::new(ErrCode::NotFound, format!("no socket buffer {buf:x}"))
+}
+
+/// Bytes [offset, offset + len) of a buffer of `size`, or EINVAL.
+fn span(size: usize, offset: u32, len: usize) -> Result<std::ops::Range<usize>, Refusal> {
+    let start = offset as usize;
+    match start.checked_add(len) {
+        Some(end) if end <= size => Ok(start..end),
+        _ => Err(Refusal::errno(libc::EINVAL)),
+    }
+}
+
+impl Mem {
+    pub(super) fn netbuf_alloc(&self, r: P2M_NETBUF_ALLOC) -> Result<M2P_NETBUF, Refusal> {
+        if r.bytes == 0 || r.bytes > NETBUF_MAX {
+            return Err(Refusal::errno(libc::EINVAL));
+        }
+        self.commit(r.bytes as u64)?;
+        let buf = splitos_rpc::auth::random_u64();
+        let owner = current_peer().map(|p| p.key);
+        self.netbufs.bufs.lock().unwrap().insert(buf, NetBuf { owner, data: vec![0; r.bytes as usize] });
+        self.used.fetch_add(r.bytes as u64, Relaxed);
+        metrics::gauge!("mcomp_netbufs").increment(1.0);
+        Ok(M2P_NETBUF { buf })
+    }
+
+    /// Runs `f` on buffer `buf` if the sender may use it: an nComponent holding its id, or
+    /// the pComponent that allocated it.
+    fn with_netbuf<T>(&self, buf: u64, f: impl FnOnce(&mut Vec<u8>) -> Result<T, Refusal>) -> Result<T, Refusal> {
+        let mut bufs = self.netbufs.bufs.lock().unwrap();
+        let b = bufs.get_mut(&buf).ok_or_else(|| unknown(buf))?;
+        let peer = current_peer();
+        if peer.is_some_and(|p| p.role == Role::Proc && Some(p.key) != b.owner) {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(unknown(buf));
+        }
+        f(&mut b.data)
+    }
+
+    /// Frees the buffers of pComponents known to be gone.
+    pub(super) fn netbufs_of_lost(&self, lost: &[LostPcomp]) {
+        let mut bufs = self.netbufs.bufs.lock().unwrap();
+        let gone: Vec<u64> = bufs.iter().filter(|(_, b)| lost.iter().any(|l| Some(l.key) == b.owner)).map(|(id, _)| *id).collect();
+        for id in gone {
+            let size = bufs.remove(&id).map_or(0, |b| b.data.len() as u64);
+            self.committed.fetch_sub(size, Relaxed);
+            self.used.fetch_sub(size, Relaxed);
+        }
+    }
+
+    pub(super) fn netbuf_free(&self, r: P2M_NETBUF_FREE) -> Result<OK, Refusal> {
+        let size = self.with_netbuf(r.buf, |d| Ok(d.len() as u64))?;
+        self.netbufs.bufs.lock().unwrap().remove(&r.buf);
+        self.committed.fetch_sub(size, Relaxed);
+        self.used.fetch_sub(size, Relaxed);
+        metrics::gauge!("mcomp_netbufs").decrement(1.0);
+        Ok(OK)
+    }
+
+    pub(super) fn netbuf_write(&self, buf: u64, offset: u32, data: &[u8]) -> Result<OK, Refusal> {
+        self.with_netbuf(buf, |d| {
+            let at = span(d.len(), offset, data.len())?;
+            d[at].copy_from_slice(data);
+            Ok(OK)
+        })?;
+        let by_ncomp = current_peer().is_some_and(|p| p.role == Role::Net);
+        if by_ncomp { &self.netbufs.written_by_ncomps } else { &self.netbufs.written_by_pcomps }.fetch_add(data.len() as u64, Relaxed);
+        Ok(OK)
+    }
+
+    pub(super) fn netbuf_read(&self, buf: u64, offset: u32, len: u32) -> Result<ByteBuf, Refusal> {
+        let data = self.with_netbuf(buf, |d| Ok(d[span(d.len(), offset, len as usize)?].to_vec()))?;
+        let by_ncomp = current_peer().is_some_and(|p| p.role == Role::Net);
+        if by_ncomp { &self.netbufs.read_by_ncomps } else { &self.netbufs.read_by_pcomps }.fetch_add(data.len() as u64, Relaxed);
+        Ok(ByteBuf::from(data))
+    }
+}
