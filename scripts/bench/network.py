@@ -7,11 +7,14 @@ pComponent, and has no route out; `n` runs the nComponent and is linked to `out`
 Linux host that runs the servers. The baseline is the same client run natively on `n` (the
 host that owns the link); the splitos run is that client on `p`, its sockets on `n`.
 
-- Round-trip latency (p50, p99) and throughput for 128 B to 64 KiB messages (DDIO path).
+- Round-trip latency (p50, p99) and throughput for 128 B to 64 KiB messages, on the DDIO
+  path (bytes in the requests) and the DMA path (through socket buffers on the mComponent).
 - Connect time.
 - CPU per byte sent: the client's, and under splitos the pComponent's and nComponent's too.
 - The streaming word count (figure 9): a mapper sends every word of a corpus to a reducer on
   `out`, which counts them; the reducer's answers must match.
+- Intra-rack (figure 8): a client and a server of one vNode on one pComponent, connected by
+  the shortcut and through the nComponent, against both on native loopback.
 
 The pComponent's ExCache is 1 GiB, as the paper's extCache: the mapper's heap fits, so its
 time is the network's.
@@ -34,6 +37,10 @@ import time
 from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 
 SIZES = (128, 512, 2048, 8192, 65536)
+CONFIGS = ("native", "ddio", "dma")
+# The pComponents of the rack, each with a program socket of its own: proc0 the DDIO path
+# with the shortcut, proc1 the DMA path, proc2 the DDIO path without the shortcut.
+PCOMPS = {"ddio": 0, "dma": 1, "nocut": 2}
 TAG = "spnb"
 RACK, OUTSIDE = "10.203.1", "10.203.2"
 
@@ -100,18 +107,23 @@ def children_cpu():
 class Rack:
     def __init__(self, state):
         os.makedirs(state)
+        self.state = state
         self.env = dict(os.environ, SPLITOS_STATE_DIR=state, SPLITOS_DATA_DIR=os.path.join(state, "data"))
         self.env.pop("SPLITOS_GM", None)
         cfg = os.path.join(state, "cluster.toml")
         ns = lambda h: f'listen = "{RACK}.{1 if h == "p" else 2}:0"\nnetns = "{TAG}-{h}"\n'
-        open(cfg, "w").write(f'[cluster]\ngm = "{RACK}.1:0"\nnetns = "{TAG}-p"\n[[pcomponent]]\n{ns("p")}excache = "1G"\n[[mcomponent]]\n{ns("p")}[[ncomponent]]\n{ns("n")}')
+        pcomps = "".join(f'[[pcomponent]]\n{ns("p")}excache = "1G"\n{extra}\n' for extra in ('net_path = "ddio"', 'net_path = "dma"\nnet_shortcut = false', 'net_shortcut = false'))
+        open(cfg, "w").write(f'[cluster]\ngm = "{RACK}.1:0"\nnetns = "{TAG}-p"\n{pcomps}[[mcomponent]]\n{ns("p")}[[ncomponent]]\n{ns("n")}')
         subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, check=True, capture_output=True)
         st = json.loads(subprocess.run([SPLITOS, "cluster", "status", "--json"], env=self.env, check=True, capture_output=True, text=True).stdout)
         self.component_pids = json.load(open(os.path.join(state, "cluster.json")))["pids"]
         self.ncomp = next(c for c in st["components"] if c["role"] == "ncomponent")["addr"]
 
     def cmd(self, config, prog):
-        return in_host("n", prog) if config == "native" else in_host("p", [SPLITOS, "run", "--", *prog])
+        if config == "native":
+            return in_host("n", prog)
+        sock = os.path.join(self.state, "programs", f"proc{PCOMPS[config]}.sock")
+        return in_host("p", [SPLITOS, "run", "--pcomponent", sock, "--", *prog])
 
     def run(self, config, prog):
         """Runs `prog` (its output one JSON line); returns it with the CPU seconds it took
@@ -119,7 +131,7 @@ class Rack:
         c0, k0 = children_cpu(), cpu_ticks(self.component_pids)
         out = subprocess.run(self.cmd(config, prog), env=self.env, check=True, capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
-        r["cpu_s"] = children_cpu() - c0 + (cpu_ticks(self.component_pids) - k0 if config == "splitos" else 0)
+        r["cpu_s"] = children_cpu() - c0 + (cpu_ticks(self.component_pids) - k0 if config != "native" else 0)
         return r
 
     def down(self):
@@ -156,6 +168,26 @@ def corpus(path, words):
             f.write(vocab[(i * i + 7 * i) % len(vocab)] + (" " if i % 12 else "\n"))
 
 
+def intra_rack(rack, nb, config, into, port):
+    """Round trips and a stream between a client and a server on one host: both native on
+    loopback (`n`), or both programs of the vNode on one pComponent (`p`), with the shortcut
+    (proc0) or through the nComponent (proc2)."""
+    where = {"loopback": "native", "shortcut": "ddio", "nocut": "nocut"}[config]
+    server = subprocess.Popen(rack.cmd(where, [nb, "server", str(port)]), env=rack.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        dest = ("127.0.0.1", str(port))
+        for i in range(100):
+            if subprocess.run(rack.cmd(where, [nb, "connect", *dest, "1"]), env=rack.env, capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        for size in SIZES:
+            into["rr"].setdefault(size, []).append(rack.run(where, [nb, "rr", *dest, str(size), "2000" if size < 65536 else "500"]))
+            into["stream"].setdefault(size, []).append(rack.run(where, [nb, "stream", *dest, str(size), "64"]))
+    finally:
+        server.kill()
+        server.wait()
+
+
 def word_count(rack, config, text, port):
     red = subprocess.Popen(in_host("out", [sys.executable, "-c", REDUCER, str(port)]), stdout=subprocess.PIPE, text=True)
     assert red.stdout.readline().strip() == "ready"
@@ -185,15 +217,18 @@ def main():
         server = subprocess.Popen(in_host("out", [nb, "server", "9100"]))
         rack = Rack(os.path.join(tmp, "state"))
         dest = (f"{OUTSIDE}.2", "9100")
-        raw = {c: {"rr": {}, "stream": {}, "connect": [], "wordcount": []} for c in ("native", "splitos")}
+        raw = {c: {"rr": {}, "stream": {}, "connect": [], "wordcount": []} for c in CONFIGS}
+        local = {c: {"rr": {}, "stream": {}} for c in ("loopback", "shortcut", "nocut")}
         answers = set()
         for rep in range(args.reps):
-            for config in ("native", "splitos"):
+            for config in ("loopback", "shortcut", "nocut"):
+                intra_rack(rack, nb, config, local[config], 9300 + rep * 3 + len(local[config]["rr"]) % 3)
+            for config in CONFIGS:
                 for size in SIZES:
                     raw[config]["rr"].setdefault(size, []).append(rack.run(config, [nb, "rr", *dest, str(size), "2000" if size < 65536 else "500"]))
                     raw[config]["stream"].setdefault(size, []).append(rack.run(config, [nb, "stream", *dest, str(size), "64"]))
                 raw[config]["connect"].append(rack.run(config, [nb, "connect", *dest, "300"]))
-                secs, answer = word_count(rack, config, text, 9200 + rep * 2 + (config == "splitos"))
+                secs, answer = word_count(rack, config, text, 9200 + rep * 3 + CONFIGS.index(config))
                 raw[config]["wordcount"].append(secs)
                 answers.add(answer)
                 print(f"rep {rep + 1}/{args.reps} {config}: done", file=sys.stderr, flush=True)
@@ -206,7 +241,7 @@ def main():
             server.kill()
         teardown()
         shutil.rmtree(tmp, ignore_errors=True)
-    report(args, raw, ncomp_stats, answers.pop())
+    report(args, raw, local, ncomp_stats, answers.pop())
 
 
 def med(xs):
@@ -217,57 +252,77 @@ def spread(xs):
     return [min(xs), max(xs)]
 
 
-def report(args, raw, status, answer):
+def summary(r, cpu=True):
+    out = {
+        "rr_p50_us": {s: med([x["p50_us"] for x in r["rr"][s]]) for s in SIZES},
+        "rr_p99_us": {s: med([x["p99_us"] for x in r["rr"][s]]) for s in SIZES},
+        "rr_p50_spread": {s: spread([x["p50_us"] for x in r["rr"][s]]) for s in SIZES},
+        "stream_mb_s": {s: med([x["mb_per_s"] for x in r["stream"][s]]) for s in SIZES},
+        "stream_spread": {s: spread([x["mb_per_s"] for x in r["stream"][s]]) for s in SIZES},
+    }
+    if cpu:
+        out["cpu_ns_per_byte"] = {s: med([x["cpu_s"] / x["bytes"] * 1e9 for x in r["stream"][s]]) for s in SIZES}
+    return out
+
+
+def report(args, raw, local, status, answer):
     ncomp = next(c for c in status["components"] if c["role"] == "ncomponent")["stats"]
-    res = {"machine": machine(), "reps": args.reps, "sizes": SIZES, "wordcount_answer": answer, "ncomponent": {k: ncomp[k] for k in ("sockets", "connects", "bytes_sent", "bytes_received")}, "configs": {}}
+    res = {"machine": machine(), "reps": args.reps, "sizes": SIZES, "wordcount_answer": answer, "ncomponent": {k: ncomp[k] for k in ("sockets", "connects", "bytes_sent", "bytes_received")}, "configs": {}, "intra_rack": {}}
     for config, r in raw.items():
-        res["configs"][config] = {
-            "rr_p50_us": {s: med([x["p50_us"] for x in r["rr"][s]]) for s in SIZES},
-            "rr_p99_us": {s: med([x["p99_us"] for x in r["rr"][s]]) for s in SIZES},
-            "rr_p50_spread": {s: spread([x["p50_us"] for x in r["rr"][s]]) for s in SIZES},
-            "stream_mb_s": {s: med([x["mb_per_s"] for x in r["stream"][s]]) for s in SIZES},
-            "stream_spread": {s: spread([x["mb_per_s"] for x in r["stream"][s]]) for s in SIZES},
-            "cpu_ns_per_byte": {s: med([x["cpu_s"] / x["bytes"] * 1e9 for x in r["stream"][s]]) for s in SIZES},
+        res["configs"][config] = summary(r) | {
             "connect_p50_us": med([x["p50_us"] for x in r["connect"]]),
             "connect_p99_us": med([x["p99_us"] for x in r["connect"]]),
             "wordcount_s": med(r["wordcount"]),
             "wordcount_spread": spread(r["wordcount"]),
         }
+    for config, r in local.items():
+        res["intra_rack"][config] = summary(r, cpu=False)
     os.makedirs(args.out, exist_ok=True)
     json.dump(res, open(os.path.join(args.out, "network.json"), "w"), indent=1)
     plot(res)
-    n, s = res["configs"]["native"], res["configs"]["splitos"]
+    c = res["configs"]
+    n, d, a = c["native"], c["ddio"], c["dma"]
     m = res["machine"]
+    x = lambda v, base: f"{v / base:.2f}x"
     lines = [
         "<!-- network:begin (generated by scripts/bench/network.py; do not edit by hand) -->",
         "## Network: the nComponent (paper section 4)",
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. "
-        f"{args.reps} interleaved repetitions, medians (spread: min-max of the medians). Hosts are network "
-        "namespaces on this machine linked by veth pairs: the native client runs on the nComponent's "
-        "host, the splitos client on the pComponent's, whose only way out is the nComponent. "
-        "Data path: DDIO (bytes travel in the stub's requests). `python3 scripts/bench/network.py`.",
+        f"{args.reps} interleaved repetitions, medians. Hosts are network namespaces on this machine "
+        "linked by veth pairs: the native client runs on the nComponent's host, the splitos client on "
+        "the pComponent's, whose only way out is the nComponent; the server runs on a plain Linux host "
+        "outside. DDIO: bytes travel in the stub's requests; DMA: through socket buffers on an "
+        "mComponent. `python3 scripts/bench/network.py` (docs/network.md says what the gap is made of).",
         "",
-        "| message | rr p50 native (µs) | rr p50 splitos (µs) | ratio | rr p99 native | rr p99 splitos | MB/s native | MB/s splitos | ratio | CPU ns/B native | CPU ns/B splitos |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "Round trips (p50, µs; ratio to native) and p99:",
+        "",
+        "| message | native | DDIO | DMA | p99 native | p99 DDIO | p99 DMA |",
+        "|---|---|---|---|---|---|---|",
     ]
     for size in SIZES:
-        lines.append(
-            f"| {size} B | {n['rr_p50_us'][size]:.1f} | {s['rr_p50_us'][size]:.1f} | {s['rr_p50_us'][size] / n['rr_p50_us'][size]:.2f}x | {n['rr_p99_us'][size]:.1f} | {s['rr_p99_us'][size]:.1f} "
-            f"| {n['stream_mb_s'][size]:.0f} | {s['stream_mb_s'][size]:.0f} | {s['stream_mb_s'][size] / n['stream_mb_s'][size]:.2f}x | {n['cpu_ns_per_byte'][size]:.2f} | {s['cpu_ns_per_byte'][size]:.2f} |"
-        )
+        lines.append(f"| {size} B | {n['rr_p50_us'][size]:.1f} | {d['rr_p50_us'][size]:.1f} ({x(d['rr_p50_us'][size], n['rr_p50_us'][size])}) | {a['rr_p50_us'][size]:.1f} ({x(a['rr_p50_us'][size], n['rr_p50_us'][size])}) | {n['rr_p99_us'][size]:.1f} | {d['rr_p99_us'][size]:.1f} | {a['rr_p99_us'][size]:.1f} |")
+    lines += ["", "Streams (MB/s; ratio to native) and CPU per byte sent (ns; under splitos with the pComponents' and the nComponent's):", "", "| writes of | native | DDIO | DMA | CPU native | CPU DDIO | CPU DMA |", "|---|---|---|---|---|---|---|"]
+    for size in SIZES:
+        lines.append(f"| {size} B | {n['stream_mb_s'][size]:.0f} | {d['stream_mb_s'][size]:.0f} ({x(d['stream_mb_s'][size], n['stream_mb_s'][size])}) | {a['stream_mb_s'][size]:.0f} ({x(a['stream_mb_s'][size], n['stream_mb_s'][size])}) | {n['cpu_ns_per_byte'][size]:.2f} | {d['cpu_ns_per_byte'][size]:.2f} | {a['cpu_ns_per_byte'][size]:.2f} |")
+    lb, sc, nc = (res["intra_rack"][k] for k in ("loopback", "shortcut", "nocut"))
     lines += [
         "",
-        f"- Connect: p50 {n['connect_p50_us']:.0f} µs native, {s['connect_p50_us']:.0f} µs under splitos "
-        f"({s['connect_p50_us'] / n['connect_p50_us']:.2f}x); p99 {n['connect_p99_us']:.0f} and {s['connect_p99_us']:.0f} µs.",
-        f"- Streaming word count (figure 9; a CPython mapper sends 2,000,000 words to a reducer on the outside host): "
-        f"{n['wordcount_s']:.2f} s native, {s['wordcount_s']:.2f} s under splitos ({s['wordcount_s'] / n['wordcount_s']:.2f}x); "
+        f"- Connect (socket, connect, TCP_NODELAY): p50 {n['connect_p50_us']:.0f} µs native, {d['connect_p50_us']:.0f} µs DDIO ({x(d['connect_p50_us'], n['connect_p50_us'])}), "
+        f"{a['connect_p50_us']:.0f} µs DMA; p99 {n['connect_p99_us']:.0f}, {d['connect_p99_us']:.0f} and {a['connect_p99_us']:.0f} µs.",
+        f"- Streaming word count (figure 9; a CPython mapper sends 2,000,000 words to a reducer outside): "
+        f"{n['wordcount_s']:.2f} s native, {d['wordcount_s']:.2f} s DDIO ({x(d['wordcount_s'], n['wordcount_s'])}), {a['wordcount_s']:.2f} s DMA ({x(a['wordcount_s'], n['wordcount_s'])}); "
         "the reducer's answers are identical.",
         "",
-        "![latency and throughput](network.png)",
+        "Intra-rack (figure 8): a client and a server of one vNode on one pComponent, connected by the shortcut "
+        "(through the pComponent) and through the nComponent, against both natively on loopback:",
         "",
-        "<!-- network:end -->",
+        "| message | rr p50 loopback | shortcut | via nComponent | MB/s loopback | shortcut | via nComponent |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for size in SIZES:
+        lines.append(f"| {size} B | {lb['rr_p50_us'][size]:.1f} | {sc['rr_p50_us'][size]:.1f} | {nc['rr_p50_us'][size]:.1f} | {lb['stream_mb_s'][size]:.0f} | {sc['stream_mb_s'][size]:.0f} | {nc['stream_mb_s'][size]:.0f} |")
+    lines += ["", "![latency and throughput](network.png)", "", "<!-- network:end -->"]
     replace_section(os.path.join(ROOT, "docs"), "network", lines)
 
 
@@ -278,16 +333,17 @@ def plot(res):
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for config, style in (("native", "o-"), ("splitos", "s-")):
-        c = res["configs"][config]
-        a.plot(SIZES, [c["rr_p50_us"][s] for s in SIZES], style, label=config)
-        b.plot(SIZES, [c["stream_mb_s"][s] for s in SIZES], style, label=config)
+    series = [(f"{k} (outside)", res["configs"][k], st) for k, st in (("native", "o-"), ("ddio", "s-"), ("dma", "^-"))]
+    series += [(f"{k} (intra-rack)", res["intra_rack"][k], st) for k, st in (("loopback", "o--"), ("shortcut", "s--"))]
+    for label, c, style in series:
+        a.plot(SIZES, [c["rr_p50_us"][s] for s in SIZES], style, label=label)
+        b.plot(SIZES, [c["stream_mb_s"][s] for s in SIZES], style, label=label)
     for ax, title, unit in ((a, "round trip, p50", "µs"), (b, "throughput", "MB/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel(unit)
         ax.set_title(title)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, "docs", "network.png"), dpi=110)
 
