@@ -11,7 +11,7 @@ pub fn splitos() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_splitos"))
 }
 
-fn programs_src() -> PathBuf {
+pub fn programs_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs")
 }
 

@@ -113,6 +113,19 @@ fn the_socket_calls_of_a_c_program_behave_as_natively_through_the_ncomponent() {
     assert!(net["bytes_sent"].as_u64().unwrap() >= 8 << 20 && net["connects"].as_u64().unwrap() >= 4, "{net}");
     assert_eq!(net["shortcut"]["connections"], 0, "{net}");
     assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() >= 8 << 20, "the nComponent carried the bulk transfer: {}", n["stats"]);
+
+    // Java's blocking and NIO sockets (IPv6 sockets with IPv4-mapped addresses).
+    let dir = tempfile::tempdir().unwrap();
+    let javac = Command::new("javac").arg("-d").arg(dir.path()).arg(programs_src().join("SocketEcho.java")).status().unwrap();
+    assert!(javac.success());
+    let cmd = ["java", "-cp", dir.path().to_str().unwrap(), "SocketEcho"];
+    let native = h.exec("n1", &cmd).output().unwrap();
+    assert!(native.status.success(), "{}", text(&native.stderr));
+    let under = run_on(&h, &c, "p1", &cmd).output().unwrap();
+    assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
+    let before = net["connects"].as_u64().unwrap();
+    let p = c.components("pcomponent").remove(0);
+    assert!(p["stats"]["net"]["connects"].as_u64().unwrap() >= before + 2, "{}", p["stats"]["net"]);
 }
 
 #[test]

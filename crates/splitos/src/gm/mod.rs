@@ -265,7 +265,7 @@ impl Gm {
     fn pick_net(&self, r: P2G_PICK_NET) -> Result<G2P_NET, Refusal> {
         metrics::counter!("gnm_placements_total").increment(1);
         let comps = self.comps();
-        let specific = r.ip.filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        let specific = r.ip.map(|ip| ip.to_canonical()).filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
         if let Some(ip) = specific {
             let holder = comps.iter().find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
             return match holder {

@@ -180,7 +180,8 @@ impl NetStub {
 
     /// The nComponent for a socket of `vnode` bound to `ip` (none: the vNode's own).
     fn ncomp_for(&self, vnode: &str, ip: Option<std::net::IpAddr>) -> Result<String, i32> {
-        let specific = ip.filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        // An IPv4 address as an IPv6 socket names it (::ffff:a.b.c.d) is that IPv4 address.
+        let specific = ip.map(|ip| ip.to_canonical()).filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
         if specific.is_none() {
             if let Some(a) = self.homes.lock().unwrap().get(vnode) {
                 return Ok(a.clone());
@@ -529,7 +530,7 @@ impl NetStub {
             let st = l.st.lock().unwrap();
             st.phase == Phase::Listening
                 && st.skel.as_ref().is_some_and(|(at, _)| *at == ncomp)
-                && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip() == a.ip()))
+                && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
         })
     }
 
