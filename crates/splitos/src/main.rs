@@ -123,6 +123,11 @@ enum Cmd {
         /// Number of mComponents of the embedded cluster.
         #[arg(long, default_value_t = ClusterConfig::embedded().mcomponent.len())]
         mcomponents: usize,
+        /// Start an nComponent with the embedded cluster: the program's TCP sockets live on it (docs/network.md).
+        #[arg(long)]
+        ncomponent: bool,
+        #[arg(long, help = format!("How the embedded pComponent's sockets reach the nComponent: {} [default: {}]", pmon::NET_PATHS.join(", "), config::default_pcomp().net_path))]
+        net_path: Option<pmon::NetPath>,
         #[arg(long, help = format!("Memory each embedded mComponent offers [default: {}]", config::default_mcomp().capacity))]
         mem_capacity: Option<Size>,
         #[arg(long, help = format!("Worker threads per embedded mComponent; 0 serves requests on each connection's receiving thread [default: {}]", config::default_mcomp().workers))]
@@ -433,10 +438,10 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, replication, overcommit, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, mem_capacity, mem_workers, vregion_size, replication, overcommit, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
+                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
             })
             .map(|code| std::process::exit(code))
         }

@@ -326,3 +326,25 @@ fn on_the_dma_path_bytes_go_through_socket_buffers_on_an_mcomponent() {
     let m = c.components("mcomponent").remove(0);
     assert!(c.eventually(Duration::from_secs(5), |c| c.components("mcomponent").remove(0)["stats"]["socket_buffers"]["buffers"] == 0), "{}", m["stats"]["socket_buffers"]);
 }
+
+#[test]
+fn an_embedded_run_with_an_ncomponent_takes_the_programs_sockets_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let body: Vec<u8> = (0..1_500_000u32).map(|i| (i * 31 % 241) as u8).collect();
+    std::fs::write(dir.path().join("f"), &body).unwrap();
+    let mut server = Command::new(python3()).args(["-m", "http.server", "8751", "--bind", "127.0.0.1", "--directory", dir.path().to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let stats = dir.path().join("stats.json");
+    let url = "http://127.0.0.1:8751/f";
+    let t0 = Instant::now();
+    while Command::new("curl").args(["-sf", "-o", "/dev/null", url]).status().map(|s| !s.success()).unwrap_or(true) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = under_splitos(&["--ncomponent", "--net-path", "dma", "--stats-json", stats.to_str().unwrap()], &["curl", "-sS", url]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(out.stdout == body, "{} bytes: {}", out.stdout.len(), text(&out.stderr));
+    // The embedded mComponents held the bytes on their way: the nComponent wrote them there.
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let stored: u64 = s["mcomponents"].as_array().unwrap().iter().map(|m| m["socket_buffers"]["written_by_ncomponents"].as_u64().unwrap()).sum();
+    assert!(stored >= body.len() as u64, "{}", s["mcomponents"]);
+}

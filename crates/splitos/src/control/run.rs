@@ -38,6 +38,8 @@ pub struct RunArgs {
     pub dirty_tracking: Option<crate::pmon::DirtyTracking>,
     pub evict_reserve: Option<usize>,
     pub mcomponents: usize,
+    pub ncomponent: bool,
+    pub net_path: Option<crate::pmon::NetPath>,
     pub mem_capacity: Option<u64>,
     pub mem_workers: Option<usize>,
     pub vregion_size: Option<u64>,
@@ -201,6 +203,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
         p.dirty_tracking = a.dirty_tracking.unwrap_or(p.dirty_tracking);
         p.evict_reserve = a.evict_reserve.unwrap_or(p.evict_reserve);
+        p.net_path = a.net_path.unwrap_or(p.net_path);
+        if a.ncomponent {
+            cfg.ncomponent = vec![crate::config::default_ncomp()];
+        }
         cfg.mcomponent = (0..a.mcomponents.max(1))
             .map(|_| {
                 let mut m = crate::config::default_mcomp();
@@ -231,7 +237,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         target = Target::Cluster(c.state.gm.clone());
         embedded = Some((c, dir));
     }
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some() || a.replication.is_some() || a.overcommit.is_some()) {
+    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some() || a.replication.is_some() || a.overcommit.is_some() || a.ncomponent || a.net_path.is_some()) {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
