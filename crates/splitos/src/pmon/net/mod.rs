@@ -524,14 +524,18 @@ impl NetStub {
     /// its port, on the nComponent that holds `a` (the vNode's own for a loopback address),
     /// to `a`'s address or to all.
     fn local_listener(&self, s: &Sock, a: SocketAddr) -> Option<Arc<Sock>> {
-        let ncomp = self.ncomp_for(&s.vnode, Some(a.ip())).ok()?;
         let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.vnode == s.vnode && l.kind == s.kind).cloned().collect();
-        socks.into_iter().find(|l| {
+        let listening = |l: &Sock| {
             let st = l.st.lock().unwrap();
-            st.phase == Phase::Listening
-                && st.skel.as_ref().is_some_and(|(at, _)| *at == ncomp)
-                && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
-        })
+            st.phase == Phase::Listening && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
+        };
+        let candidates: Vec<Arc<Sock>> = socks.into_iter().filter(|l| listening(l)).collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        // Only now ask where the address is: most connects have no candidate.
+        let ncomp = self.ncomp_for(&s.vnode, Some(a.ip())).ok()?;
+        candidates.into_iter().find(|l| l.skel().is_some_and(|(at, _)| at == ncomp))
     }
 
     /// Connects `s` to `listener`, both of this pComponent: a new connection queued on the
