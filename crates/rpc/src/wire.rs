@@ -703,9 +703,9 @@ messages! {
     G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
-    /// `lost` (to mComponents only): the pComponents silent for longer than the cluster's
-    /// `reclaim_dead_ms`, or replaced by a new start at their address, whose processes'
-    /// memory the mComponents release. `lost_mcomps` (to mComponents only): the mComponents
+    /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
+    /// cluster's `reclaim_dead_ms`, or replaced by a new start at their address, whose
+    /// processes' memory the mComponents release and whose sockets the nComponents close. `lost_mcomps` (to mComponents only): the mComponents
     /// silent for as long, whose replicas the homes rebuild elsewhere. `fenced`: the receiver
     /// itself was declared lost in a replicated cluster; its copies are out of date, and it
     /// drops them and registers again.
@@ -938,9 +938,11 @@ messages! {
     P2M_NETBUF_WRITE { pub buf: u64, pub offset: u32, pub data: ByteBuf };
     P2M_NETBUF_READ { pub buf: u64, pub offset: u32, pub len: u32 };
     M2P_NETBUF_DATA { pub data: ByteBuf };
-    N2M_NETBUF_READ { pub buf: u64, pub offset: u32, pub len: u32 };
+    /// `owner`: the key of the pComponent whose socket asked (from its connection's
+    /// handshake at the nComponent): the buffer must be that pComponent's.
+    N2M_NETBUF_READ { pub owner: [u8; 32], pub buf: u64, pub offset: u32, pub len: u32 };
     M2N_NETBUF_DATA { pub data: ByteBuf };
-    N2M_NETBUF_WRITE { pub buf: u64, pub offset: u32, pub data: ByteBuf };
+    N2M_NETBUF_WRITE { pub owner: [u8; 32], pub buf: u64, pub offset: u32, pub data: ByteBuf };
 
     // ---- control client -> mComponent
     /// Fault injection (`splitos debug flip`): flips bit `bit` of the first page of the

@@ -139,8 +139,16 @@ fn send_with_fd(s: c_int, bytes: &[u8], fd: c_int) -> bool {
             core::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut c_int, fd);
         }
     }
-    // SAFETY: the message points at live bytes and at cbuf; sendmsg only reads them.
-    unsafe { libc::syscall(libc::SYS_sendmsg, s, &msg as *const libc::msghdr, libc::MSG_NOSIGNAL) == bytes.len() as i64 }
+    loop {
+        // SAFETY: the message points at live bytes and at cbuf; sendmsg only reads them.
+        let n = unsafe { libc::syscall(libc::SYS_sendmsg, s, &msg as *const libc::msghdr, libc::MSG_NOSIGNAL) };
+        // A signal before anything was sent: send it again (the record is small enough to go
+        // whole, or not at all).
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        return n == bytes.len() as i64;
+    }
 }
 
 /// Receives exactly `buf.len()` bytes; the descriptor attached (-1: none), None on failure.
@@ -153,9 +161,16 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr() as *mut c_void;
     msg.msg_controllen = core::mem::size_of_val(&cbuf) as _;
-    // SAFETY: the message points at the live buffer and cbuf, sized as declared; a descriptor
-    // the kernel installs is ours alone.
-    let n = unsafe { libc::syscall(libc::SYS_recvmsg, s, &mut msg as *mut libc::msghdr, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+    // A signal handler may interrupt the wait: the call goes on at the pComponent, so its
+    // answer is waited for again rather than lost.
+    let n = loop {
+        // SAFETY: the message points at the live buffer and cbuf, sized as declared; a
+        // descriptor the kernel installs is ours alone.
+        let n = unsafe { libc::syscall(libc::SYS_recvmsg, s, &mut msg as *mut libc::msghdr, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+        if !(n < 0 && errno() == libc::EINTR) {
+            break n;
+        }
+    };
     let mut fd = -1;
     // SAFETY: CMSG_FIRSTHDR stays inside the control buffer the kernel filled.
     unsafe {
@@ -164,7 +179,19 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
             fd = core::ptr::read_unaligned(libc::CMSG_DATA(c) as *const c_int);
         }
     }
-    if n != buf.len() as i64 {
+    // What a signal cut short after the first bytes (and the descriptor, which comes with
+    // them): the rest.
+    let mut got = n.max(0) as usize;
+    while n > 0 && got < buf.len() {
+        // SAFETY: reads into the unfilled tail of the live buffer.
+        let m = unsafe { libc::syscall(libc::SYS_recvfrom, s, buf[got..].as_mut_ptr(), buf.len() - got, libc::MSG_WAITALL, 0usize, 0usize) };
+        if m > 0 {
+            got += m as usize;
+        } else if !(m < 0 && errno() == libc::EINTR) {
+            break;
+        }
+    }
+    if got != buf.len() {
         if fd >= 0 {
             // SAFETY: a descriptor just installed for us that nothing else knows.
             unsafe { libc::syscall(libc::SYS_close, fd) };
@@ -305,16 +332,22 @@ pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut sockl
         // SAFETY: accept4(2) with the caller's arguments.
         return unsafe { libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as c_int };
     }
+    // The pComponent marks a listening socket's end (SO_PASSCRED): accept on any other
+    // socket fails at once, as the kernel's does, without touching its bytes.
+    let mut listening: c_int = 0;
+    let mut olen = 4 as socklen_t;
+    // SAFETY: writes at most 4 bytes into a live c_int.
+    if unsafe { raw_getsockopt(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, (&mut listening as *mut c_int).cast(), &mut olen) } != 0 || listening == 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     // A token stands for a connection the pComponent holds: waiting for one is waiting for
     // the socket to be readable, as the kernel's accept does (EAGAIN if non-blocking, EINTR).
+    // The end of the stream means the socket failed: the pComponent says how.
     let mut token = 0u8;
     // SAFETY: reads one byte into a live u8.
     let n = unsafe { libc::syscall(libc::SYS_recvfrom, fd, &mut token as *mut u8, 1, 0, 0usize, 0usize) };
     if n < 0 {
-        return -1;
-    }
-    if n == 0 {
-        set_errno(libc::EINVAL);
         return -1;
     }
     let (r, conn) = call(&request(NetOp::Accept, 0, 0, 0, &[]), fd);

@@ -183,6 +183,8 @@ pub struct NcompSection {
     /// Interface addresses to register with the global network manager; empty: every
     /// address of its host but loopback (docs/network.md).
     pub nics: Vec<std::net::IpAddr>,
+    /// What programs' connects to loopback reach: `vnode` (only its own ports) or `host`.
+    pub loopback: crate::nmon::Loopback,
     /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     pub netns: Option<String>,
@@ -259,7 +261,7 @@ pub fn default_scomp() -> ScompSection {
 }
 
 pub fn default_ncomp() -> NcompSection {
-    NcompSection { listen: any_port(), nics: Vec::new(), netns: None }
+    NcompSection { listen: any_port(), nics: Vec::new(), loopback: crate::nmon::Loopback::Vnode, netns: None }
 }
 
 impl ClusterConfig {

@@ -331,6 +331,8 @@ enum Cmd {
         /// none: every address of this host but loopback and IPv6 link-local ones.
         #[arg(long = "nic-addr")]
         nics: Vec<std::net::IpAddr>,
+        #[arg(long, default_value_t = config::default_ncomp().loopback, help = format!("What programs' connects to loopback reach: {} (vnode: only ports their vNode holds here; host: the host's loopback)", nmon::LOOPBACKS.join(", ")))]
+        loopback: nmon::Loopback,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         #[arg(long)]
@@ -469,9 +471,9 @@ fn main() {
             node::init_metrics();
             transport.credentials().and_then(|credentials| smon::run(smon::StorageArgs { listen, credentials, transport: transport.config(), gm, dir, quota: quota.0, ready_file, metrics_addr }))
         }
-        Cmd::Net { listen, gm, nics, ready_file, metrics_addr, transport } => {
+        Cmd::Net { listen, gm, nics, loopback, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| nmon::run(nmon::NetArgs { listen, credentials, transport: transport.config(), gm, nics, ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| nmon::run(nmon::NetArgs { listen, loopback, credentials, transport: transport.config(), gm, nics, ready_file, metrics_addr }))
         }
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
@@ -535,9 +537,9 @@ mod tests {
         assert_eq!(transport.config(), file.transport, "storage transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 
-        let config::NcompSection { listen, nics, netns: _ } = file.ncomponent[0].clone();
-        let Cmd::Net { listen: l, gm, nics: n, ready_file: _, metrics_addr: _, transport } = parse(&["net"]) else { unreachable!() };
-        assert_eq!((l, n), (listen, nics), "net");
+        let config::NcompSection { listen, nics, loopback, netns: _ } = file.ncomponent[0].clone();
+        let Cmd::Net { listen: l, gm, nics: n, loopback: lb, ready_file: _, metrics_addr: _, transport } = parse(&["net"]) else { unreachable!() };
+        assert_eq!((l, n, lb), (listen, nics, loopback), "net");
         assert_eq!(transport.config(), file.transport, "net transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 

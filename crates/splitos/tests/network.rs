@@ -141,8 +141,9 @@ fn two_programs_of_a_vnode_on_one_pcomponent_connect_through_it_not_the_ncompone
     assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20, "the bulk transfer did not reach the nComponent: {}", n["stats"]);
     // Servers and clients that are separate programs of the vNode too.
     let py = python3();
-    let _server = serve(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]));
-    let client = "import socket, sys\nfor i in range(100):\n    try:\n        s = socket.create_connection(('127.0.0.1', 8731))\n        break\n    except OSError:\n        import time; time.sleep(0.1)\ns.sendall(b'through the pComponent')\nprint(s.recv(100).decode(), s.getpeername()[1])\n";
+    let mut server = Server(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut server.0), "listening\n");
+    let client = "import socket\ns = socket.create_connection(('127.0.0.1', 8731))\ns.sendall(b'through the pComponent')\nprint(s.recv(100).decode(), s.getpeername()[1])\n";
     let out = run_on(&h, &c, "p1", &[&py, "-c", client]).output().unwrap();
     assert_eq!(text(&out.stdout), "through the pComponent 8731\n", "{}", text(&out.stderr));
     let p = c.components("pcomponent").remove(0);
@@ -165,6 +166,7 @@ fn sockets_program(h: &Hosts, c: &TestCluster) -> (String, serde_json::Value, se
 
 const ECHO_SERVER: &str = "import socket, sys, threading\n\
 s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n\
+print('listening', flush=True)\n\
 def echo(c):\n    while (d := c.recv(4096)):\n        c.sendall(d)\n\
 while True:\n    c, _ = s.accept()\n    threading.Thread(target=echo, args=(c,), daemon=True).start()\n";
 
@@ -249,6 +251,12 @@ fn one_vnode_cannot_take_another_vnodes_port_or_touch_its_sockets_and_bad_calls_
     let (b, line) = hold("b");
     assert_eq!(line, "Address already in use\n");
 
+    // Loopback is the vNode's own: b cannot reach a's server there.
+    let reach = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 8721))\n    print('reached')\nexcept OSError as e:\n    print(e.strerror)\n";
+    let mut cmd = h.exec("p1", &[splitos().to_str().unwrap(), "run", "--vnode", "b", "--", &py, "-c", reach]);
+    let out = cmd.env("SPLITOS_STATE_DIR", c.dir.path()).env("SPLITOS_DATA_DIR", c.dir.path().join("data")).output().unwrap();
+    assert_eq!(text(&out.stdout), "Connection refused\n", "{}", text(&out.stderr));
+
     // A component holding credentials, but not the pComponent that made a socket, gets
     // nothing from it; the nComponent counts and keeps serving.
     let n = c.components("ncomponent").remove(0);
@@ -264,27 +272,28 @@ fn one_vnode_cannot_take_another_vnodes_port_or_touch_its_sockets_and_bad_calls_
     }
     assert!(denied >= 2, "the bound sockets exist and were refused");
 
-    // Socket calls from a process the pComponent does not run, and malformed ones, are refused.
+    // A socket call from a process the pComponent does not run is refused; a program's
+    // malformed calls (cut short, an unknown operation) too, and it keeps serving.
     let net_sock = c.dir.path().join("programs/proc0.sock.net");
     {
         use std::io::{Read, Write};
         let mut s = std::os::unix::net::UnixStream::connect(&net_sock).unwrap();
-        s.write_all(&[7u8; 10]).unwrap();
-        s.shutdown(std::net::Shutdown::Write).unwrap();
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
-        assert!(rest.is_empty(), "a malformed call gets no answer");
-        let mut s = std::os::unix::net::UnixStream::connect(&net_sock).unwrap();
-        let mut req = vec![0u8; 168];
-        req[..4].copy_from_slice(&splitos_shim_abi::SHIM_ABI_VERSION.to_ne_bytes());
-        req[4..8].copy_from_slice(&1u32.to_ne_bytes());
-        s.write_all(&req).unwrap();
         let mut resp = [0u8; 144];
         s.read_exact(&mut resp).unwrap();
         assert_eq!(i64::from_ne_bytes(resp[..8].try_into().unwrap()), -(libc::EACCES as i64), "a process the pComponent does not run");
+        let _ = s.write_all(&[0u8; 168]);
     }
+    let garbage = format!(
+        "import socket, struct\n\
+         s = socket.socket(socket.AF_UNIX)\ns.connect('{p}')\ns.sendall(b'\\x07' * 10)\ns.shutdown(socket.SHUT_WR)\nprint('cut short:', s.recv(200))\n\
+         s = socket.socket(socket.AF_UNIX)\ns.connect('{p}')\ns.sendall(struct.pack('<II', {abi}, 99) + bytes(160))\nprint('unknown operation:', struct.unpack('<q', s.recv(200)[:8])[0])\n",
+        p = net_sock.display(),
+        abi = splitos_shim_abi::SHIM_ABI_VERSION
+    );
+    let out = h.exec("p1", &[splitos().to_str().unwrap(), "run", "--vnode", "b", "--", &py, "-c", &garbage]).env("SPLITOS_STATE_DIR", c.dir.path()).env("SPLITOS_DATA_DIR", c.dir.path().join("data")).output().unwrap();
+    assert_eq!(text(&out.stdout), format!("cut short: b''\nunknown operation: -{}\n", libc::EINVAL), "{}", text(&out.stderr));
     let p = c.components("pcomponent").remove(0);
-    assert!(p["stats"]["net"]["refused"].as_u64().unwrap() >= 2, "{}", p["stats"]["net"]);
+    assert!(p["stats"]["net"]["refused"].as_u64().unwrap() >= 3, "{}", p["stats"]["net"]);
     let n = c.components("ncomponent").remove(0);
     assert!(n["stats"]["refused"].as_u64().unwrap() >= 2, "{}", n["stats"]);
     assert!(c.log("proc0").contains("refused a malformed socket call"));

@@ -294,7 +294,7 @@ impl Cluster {
             pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach, p.netns.as_deref())?));
         }
         for (i, n) in cfg.ncomponent.iter().enumerate() {
-            let mut args = vec!["net".into(), "--listen".into(), n.listen.clone(), "--gm".into(), self.state.gm.clone()];
+            let mut args = vec!["net".into(), "--listen".into(), n.listen.clone(), "--gm".into(), self.state.gm.clone(), "--loopback".into(), n.loopback.to_string()];
             for ip in &n.nics {
                 args.extend(["--nic-addr".into(), ip.to_string()]);
             }

@@ -205,7 +205,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         p.evict_reserve = a.evict_reserve.unwrap_or(p.evict_reserve);
         p.net_path = a.net_path.unwrap_or(p.net_path);
         if a.ncomponent {
-            cfg.ncomponent = vec![crate::config::default_ncomp()];
+            // One machine: its loopback services are the user's, as for a native run.
+            cfg.ncomponent = vec![crate::config::NcompSection { loopback: crate::nmon::Loopback::Host, ..crate::config::default_ncomp() }];
         }
         cfg.mcomponent = (0..a.mcomponents.max(1))
             .map(|_| {

@@ -213,7 +213,8 @@ impl Gm {
         e.info.load = r.load;
         e.last = Instant::now();
         e.pending = 0;
-        if e.info.role != Role::Mem {
+        let role = e.info.role;
+        if !matches!(role, Role::Mem | Role::Net) {
             return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0 });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
@@ -222,6 +223,10 @@ impl Gm {
         let mut replaced = self.replaced.lock().unwrap();
         replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
+        // An nComponent closes the sockets of lost pComponents.
+        if role == Role::Net {
+            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0 });
+        }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && e.last.elapsed() > self.reclaim_dead).map(|e| e.info.id).collect();
         let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
         replaced_mcomps.retain(|(_, at)| at.elapsed() < self.forget_dead);

@@ -1,9 +1,9 @@
 //! Socket buffers: memory a pComponent's socket stub holds on this mComponent for the DMA
 //! path of the network (docs/network.md). The stub writes what a program sends into a buffer
 //! and the nComponent fetches it from there; the nComponent writes what it received into
-//! another and the stub reads it from there. A buffer's id is its capability: random, known
-//! to the pComponent that allocated it (the only one that may free, write or read it as a
-//! pComponent) and to the nComponents it names it to.
+//! another and the stub reads it from there. A buffer serves only the pComponent that
+//! allocated it, and an nComponent acting for that pComponent's socket: the nComponent names
+//! the pComponent its own handshake with it proved.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -69,13 +69,17 @@ impl Mem {
         Ok(M2P_NETBUF { buf })
     }
 
-    /// Runs `f` on buffer `buf` if the sender may use it: an nComponent holding its id, or
-    /// the pComponent that allocated it.
-    fn with_netbuf<T>(&self, buf: u64, f: impl FnOnce(&mut Vec<u8>) -> Result<T, Refusal>) -> Result<T, Refusal> {
+    /// Runs `f` on buffer `buf` if the sender may use it: the pComponent that allocated it,
+    /// or an nComponent acting for that pComponent's socket (`for_pcomp`).
+    fn with_netbuf<T>(&self, buf: u64, for_pcomp: Option<[u8; 32]>, f: impl FnOnce(&mut Vec<u8>) -> Result<T, Refusal>) -> Result<T, Refusal> {
         let mut bufs = self.netbufs.bufs.lock().unwrap();
         let b = bufs.get_mut(&buf).ok_or_else(|| unknown(buf))?;
-        let peer = current_peer();
-        if peer.is_some_and(|p| p.role == Role::Proc && Some(p.key) != b.owner) {
+        let asker = match current_peer() {
+            Some(p) if p.role == Role::Proc => Some(p.key),
+            Some(p) if p.role == Role::Net => for_pcomp,
+            _ => b.owner,
+        };
+        if asker != b.owner {
             self.c.denied.fetch_add(1, Relaxed);
             return Err(unknown(buf));
         }
@@ -87,23 +91,28 @@ impl Mem {
         let mut bufs = self.netbufs.bufs.lock().unwrap();
         let gone: Vec<u64> = bufs.iter().filter(|(_, b)| lost.iter().any(|l| Some(l.key) == b.owner)).map(|(id, _)| *id).collect();
         for id in gone {
-            let size = bufs.remove(&id).map_or(0, |b| b.data.len() as u64);
-            self.committed.fetch_sub(size, Relaxed);
-            self.used.fetch_sub(size, Relaxed);
+            if let Some(b) = bufs.remove(&id) {
+                self.release_netbuf(b.data.len() as u64);
+            }
         }
     }
 
     pub(super) fn netbuf_free(&self, r: P2M_NETBUF_FREE) -> Result<OK, Refusal> {
-        let size = self.with_netbuf(r.buf, |d| Ok(d.len() as u64))?;
-        self.netbufs.bufs.lock().unwrap().remove(&r.buf);
-        self.committed.fetch_sub(size, Relaxed);
-        self.used.fetch_sub(size, Relaxed);
-        metrics::gauge!("mcomp_netbufs").decrement(1.0);
+        self.with_netbuf(r.buf, None, |_| Ok(()))?;
+        // Looked up and removed in one step: a second free of the same buffer finds nothing.
+        let Some(b) = self.netbufs.bufs.lock().unwrap().remove(&r.buf) else { return Err(unknown(r.buf)) };
+        self.release_netbuf(b.data.len() as u64);
         Ok(OK)
     }
 
-    pub(super) fn netbuf_write(&self, buf: u64, offset: u32, data: &[u8]) -> Result<OK, Refusal> {
-        self.with_netbuf(buf, |d| {
+    fn release_netbuf(&self, size: u64) {
+        self.committed.fetch_sub(size, Relaxed);
+        self.used.fetch_sub(size, Relaxed);
+        metrics::gauge!("mcomp_netbufs").decrement(1.0);
+    }
+
+    pub(super) fn netbuf_write(&self, buf: u64, for_pcomp: Option<[u8; 32]>, offset: u32, data: &[u8]) -> Result<OK, Refusal> {
+        self.with_netbuf(buf, for_pcomp, |d| {
             let at = span(d.len(), offset, data.len())?;
             d[at].copy_from_slice(data);
             Ok(OK)
@@ -113,8 +122,8 @@ impl Mem {
         Ok(OK)
     }
 
-    pub(super) fn netbuf_read(&self, buf: u64, offset: u32, len: u32) -> Result<ByteBuf, Refusal> {
-        let data = self.with_netbuf(buf, |d| Ok(d[span(d.len(), offset, len as usize)?].to_vec()))?;
+    pub(super) fn netbuf_read(&self, buf: u64, for_pcomp: Option<[u8; 32]>, offset: u32, len: u32) -> Result<ByteBuf, Refusal> {
+        let data = self.with_netbuf(buf, for_pcomp, |d| Ok(d[span(d.len(), offset, len as usize)?].to_vec()))?;
         let by_ncomp = current_peer().is_some_and(|p| p.role == Role::Net);
         if by_ncomp { &self.netbufs.read_by_ncomps } else { &self.netbufs.read_by_pcomps }.fetch_add(data.len() as u64, Relaxed);
         Ok(ByteBuf::from(data))

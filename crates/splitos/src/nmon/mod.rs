@@ -58,7 +58,7 @@ impl Handler for Net {
             Msg::P2N_SEND_DMA(r) => self.ddma.fetch_and_send(r, key, reply),
             Msg::P2N_RECV_DMA(r) => {
                 let recv = P2N_RECV { sock: r.sock, max: r.max, wait_ms: r.wait_ms };
-                let store = self.ddma.store_received(r.mcomp, r.buf, r.offset, reply);
+                let store = self.ddma.store_received(key, r.mcomp, r.buf, r.offset, reply);
                 self.proxy.submit(Job(recv.into(), key, store));
             }
             Msg::P2N_SEND(r) => {
@@ -106,8 +106,24 @@ impl Handler for Net {
     }
 }
 
+splitos_rpc::knob_enum! {
+    /// What a program's connect to a loopback address reaches.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Loopback, "loopback", LOOPBACKS {
+        /// Only ports its own vNode holds on this nComponent: neither the host's own services
+        /// nor another vNode's loopback servers.
+        #[default]
+        Vnode = "vnode",
+        /// Every port of the host's loopback, as for a program of the host (the embedded
+        /// cluster on one machine, whose user's services are there).
+        Host = "host",
+    }
+}
+
 pub struct NetArgs {
     pub listen: String,
+    pub loopback: Loopback,
     pub credentials: std::path::PathBuf,
     pub transport: TransportConfig,
     pub gm: String,
@@ -158,19 +174,24 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
     let (node, endpoint) = Node::bind(Role::Net, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let _ = node.nics.set(nics.clone());
     let c = Arc::new(Counters::default());
-    let proxy = Arc::new(proxy::start(c.clone())?);
+    let proxy = Arc::new(proxy::start(c.clone(), args.loopback)?);
     let ddma = ddma::Ddma::start(node.clone(), proxy.clone(), c.clone())?;
     let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
     endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
-    let n2 = net.clone();
-    node.clone().heartbeat_forever(None, move || n2.load(), |_| {});
+    let (n2, n3) = (net.clone(), net.clone());
+    node.clone().heartbeat_forever(None, move || n2.load(), move |beat| {
+        let keys: Vec<[u8; 32]> = beat.lost.iter().map(|l| l.key).collect();
+        if !keys.is_empty() {
+            n3.proxy.forget_owners(&keys);
+        }
+    });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     let shown: Vec<String> = nics.iter().map(|ip| ip.to_string()).collect();
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", nics = %shown.join(","), "splitos network monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", nics = %shown.join(","), loopback = %args.loopback, "splitos network monitor started");
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

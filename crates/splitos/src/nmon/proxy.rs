@@ -14,13 +14,11 @@ use serde_bytes::ByteBuf;
 use socket2::SockAddr;
 use splitos_rpc::*;
 
-use super::skeleton::{refusal, Owner, Skeleton, State};
+use super::skeleton::{refusal, Owner, Skeleton, State, MAX_WAIT};
 
 const WAKER: Token = Token(usize::MAX);
 /// Longest a closed socket may take to send what its program wrote before it closed.
 const LINGER: Duration = Duration::from_secs(30);
-/// Longest a receive or an accept waits before it is answered empty.
-const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// Counters the proxy keeps, read by the monitor's stats and metrics.
 #[derive(Default)]
@@ -50,20 +48,65 @@ pub struct Job(pub Msg, pub Option<[u8; 32]>, pub Reply);
 pub struct ProxyHandle {
     state: Arc<Mutex<Proxy>>,
     waker: Arc<Waker>,
+    outbox: Outbox,
+}
+
+/// Answers made while the proxy is locked, sent once it is not: sending one may wait for its
+/// peer's connection, and a peer that stops reading must hold up no one else's socket.
+#[derive(Clone, Default)]
+struct Outbox(Arc<Mutex<Vec<(Reply, Msg)>>>);
+
+impl Outbox {
+    /// `reply`, answered later by [`Outbox::send`].
+    fn hold(&self, reply: Reply) -> Reply {
+        let q = self.0.clone();
+        Box::new(move |m| q.lock().unwrap().push((reply, m)))
+    }
+
+    fn send(&self) {
+        let ready = std::mem::take(&mut *self.0.lock().unwrap());
+        for (reply, m) in ready {
+            reply(m);
+        }
+    }
 }
 
 impl ProxyHandle {
     pub fn submit(&self, Job(msg, key, reply): Job) {
-        let mut p = self.state.lock().unwrap();
-        let Some(id) = p.request(msg, key, reply) else { return };
-        let now = Instant::now();
-        p.progress(id, now);
-        // A wait that ends before the proxy thread's next look: it must look sooner.
-        let due = p.socks.get_mut(&id).and_then(|s| s.expire(now));
-        if due.is_some_and(|d| p.next_deadline.is_none_or(|n| d < n)) {
-            p.next_deadline = due;
-            let _ = self.waker.wake();
-        }
+        self.locked(|p| {
+            let Some(id) = p.request(msg, key, self.outbox.hold(reply)) else { return };
+            let now = Instant::now();
+            p.progress(id, now);
+            // A wait that ends before the proxy thread's next look: it must look sooner.
+            let due = p.socks.get_mut(&id).and_then(|s| s.expire(now));
+            if due.is_some_and(|d| p.next_deadline.is_none_or(|n| d < n)) {
+                p.next_deadline = due;
+                let _ = self.waker.wake();
+            }
+        });
+    }
+
+    /// Closes every socket of the pComponents the global managers say are lost.
+    pub fn forget_owners(&self, keys: &[[u8; 32]]) {
+        self.locked(|p| {
+            let gone: Vec<u64> = p.socks.iter().filter(|(_, s)| keys.contains(&s.owner.key)).map(|(id, _)| *id).collect();
+            if !gone.is_empty() {
+                tracing::info!(sockets = gone.len(), "closing the sockets of lost pComponents");
+            }
+            for id in gone {
+                p.forget(id);
+            }
+        });
+    }
+
+    /// Whether socket `sock` is the sender's (before work is done for it elsewhere).
+    pub fn owns(&self, sock: u64, key: Option<[u8; 32]>) -> bool {
+        self.state.lock().unwrap().socks.get(&sock).is_some_and(|s| key.is_none_or(|k| k == s.owner.key))
+    }
+
+    fn locked(&self, f: impl FnOnce(&mut Proxy)) {
+        f(&mut self.state.lock().unwrap());
+        self.outbox.send();
     }
 }
 
@@ -71,28 +114,31 @@ struct Proxy {
     /// Where sockets are watched (the proxy thread's poll).
     watch: mio::Registry,
     socks: HashMap<u64, Skeleton>,
-    /// The service registry: which vNode holds each (kind, port) on this nComponent.
-    registry: HashMap<(i32, u16), String>,
+    /// The service registry: which vNode holds each (kind, port) on this nComponent, with
+    /// how many of its sockets (SO_REUSEPORT) do.
+    registry: Registry,
     next: u64,
     /// When the proxy thread looks again without an event.
     next_deadline: Option<Instant>,
+    loopback: super::Loopback,
     c: Arc<Counters>,
 }
 
 /// Starts the proxy thread.
-pub fn start(c: Arc<Counters>) -> anyhow::Result<ProxyHandle> {
+pub fn start(c: Arc<Counters>, loopback: super::Loopback) -> anyhow::Result<ProxyHandle> {
     let mut poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, c };
+    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, c };
     let state = Arc::new(Mutex::new(p));
-    let s2 = state.clone();
-    std::thread::Builder::new().name("proxy".into()).spawn(move || watch(&mut poll, &s2))?;
-    Ok(ProxyHandle { state, waker })
+    let outbox = Outbox::default();
+    let (s2, o2) = (state.clone(), outbox.clone());
+    std::thread::Builder::new().name("proxy".into()).spawn(move || watch(&mut poll, &s2, &o2))?;
+    Ok(ProxyHandle { state, waker, outbox })
 }
 
 /// The proxy thread: moves skeletons along when their sockets are ready, answers waits whose
 /// time is up.
-fn watch(poll: &mut Poll, state: &Mutex<Proxy>) {
+fn watch(poll: &mut Poll, state: &Mutex<Proxy>, outbox: &Outbox) {
     let mut events = Events::with_capacity(256);
     loop {
         let timeout = state.lock().unwrap().next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -102,12 +148,15 @@ fn watch(poll: &mut Poll, state: &Mutex<Proxy>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let mut p = state.lock().unwrap();
-        let now = Instant::now();
-        for e in events.iter().filter(|e| e.token() != WAKER) {
-            p.progress(e.token().0 as u64, now);
+        {
+            let mut p = state.lock().unwrap();
+            let now = Instant::now();
+            for e in events.iter().filter(|e| e.token() != WAKER) {
+                p.progress(e.token().0 as u64, now);
+            }
+            p.next_deadline = p.expire(now);
         }
-        p.next_deadline = p.expire(now);
+        outbox.send();
     }
 }
 
@@ -172,7 +221,7 @@ impl Proxy {
             let fd = s.fd();
             let _ = self.watch.deregister(&mut SourceFd(&fd));
             if let Some(port) = s.port {
-                self.registry.remove(&port);
+                release(&mut self.registry, port);
             }
             s.end();
             self.c.open.fetch_sub(1, Relaxed);
@@ -273,7 +322,16 @@ impl Proxy {
             Msg::P2N_CONNECT(r) => {
                 self.c.connects.fetch_add(1, Relaxed);
                 metrics::counter!("ncomp_connects_total").increment(1);
-                s.connect(r.addr, reply);
+                // Loopback is the vNode's own: the host's private services and other vNodes'
+                // loopback servers are not there for it.
+                let own = self.registry.get(&(s.kind, r.addr.port())).is_some_and(|(v, _)| *v == s.owner.vnode);
+                if self.loopback == super::Loopback::Vnode && r.addr.ip().to_canonical().is_loopback() && !own {
+                    self.c.refused.fetch_add(1, Relaxed);
+                    tracing::info!(vnode = %s.owner.vnode, port = r.addr.port(), "refused a connect to a loopback port the vNode does not hold");
+                    errno_reply(reply, libc::ECONNREFUSED);
+                    return None;
+                }
+                s.connect(r.addr, now, reply);
                 return Some(sock);
             }
             Msg::P2N_NAME(r) => {
@@ -285,7 +343,7 @@ impl Proxy {
                 });
             }
             Msg::P2N_SEND(r) => {
-                s.send(r.data, reply);
+                s.send(r.data, now, reply);
                 return Some(sock);
             }
             Msg::P2N_RECV(r) => {
@@ -308,7 +366,7 @@ impl Proxy {
                 }
                 // The port is free for others at once, as the kernel's is.
                 if let Some(port) = s.port.take() {
-                    self.registry.remove(&port);
+                    release(&mut self.registry, port);
                 }
                 return Some(sock);
             }
@@ -331,14 +389,25 @@ fn owned<'a>(socks: &'a mut HashMap<u64, Skeleton>, c: &Counters, id: u64, key: 
     }
 }
 
+type Registry = HashMap<(i32, u16), (String, usize)>;
+
+fn release(registry: &mut Registry, port: (i32, u16)) {
+    if let Some((_, n)) = registry.get_mut(&port) {
+        *n -= 1;
+        if *n == 0 {
+            registry.remove(&port);
+        }
+    }
+}
+
 /// Binds through the service registry: a port another vNode holds here is in use, whatever
 /// the socket's options say, and ports below 1024 are root's.
-fn bind(s: &mut Skeleton, registry: &mut HashMap<(i32, u16), String>, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Refusal> {
+fn bind(s: &mut Skeleton, registry: &mut Registry, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Refusal> {
     let port = addr.port();
     if port != 0 && port < 1024 && s.owner.uid != 0 {
         return Err(Refusal::errno(libc::EACCES));
     }
-    let holder = registry.get(&(s.kind, port)).filter(|_| port != 0);
+    let holder = registry.get(&(s.kind, port)).filter(|_| port != 0).map(|(v, _)| v);
     if holder.is_some_and(|v| *v != s.owner.vnode) {
         return Err(Refusal::errno(libc::EADDRINUSE));
     }
@@ -354,21 +423,23 @@ fn bind(s: &mut Skeleton, registry: &mut HashMap<(i32, u16), String>, addr: std:
     }
     bound.map_err(|e| refusal(&e))?;
     let local = s.socket.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| Refusal::errno(libc::EINVAL))?;
-    registry.insert((s.kind, local.port()), s.owner.vnode.clone());
+    registry.entry((s.kind, local.port())).or_insert_with(|| (s.owner.vnode.clone(), 0)).1 += 1;
     s.port = Some((s.kind, local.port()));
     Ok(local)
 }
 
-/// Options a program of any user may set or read: those its own kernel would let it.
+/// Options a program of any user may set or read: those its own kernel would let an
+/// unprivileged program set (this monitor's privileges are not the program's; neither is a
+/// choice of congestion control, which may load a kernel module).
 fn allowed(level: i32, name: i32) -> bool {
     match level {
         libc::SOL_SOCKET => matches!(
             name,
-            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_KEEPALIVE | libc::SO_LINGER | libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVLOWAT | libc::SO_SNDLOWAT | libc::SO_BROADCAST | libc::SO_OOBINLINE | libc::SO_ERROR | libc::SO_TYPE | libc::SO_DOMAIN | libc::SO_PROTOCOL | libc::SO_ACCEPTCONN | libc::SO_TIMESTAMP | libc::SO_ZEROCOPY | libc::SO_BUSY_POLL
+            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_KEEPALIVE | libc::SO_LINGER | libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVLOWAT | libc::SO_SNDLOWAT | libc::SO_BROADCAST | libc::SO_OOBINLINE | libc::SO_ERROR | libc::SO_TYPE | libc::SO_DOMAIN | libc::SO_PROTOCOL | libc::SO_ACCEPTCONN | libc::SO_TIMESTAMP | libc::SO_ZEROCOPY
         ),
         libc::IPPROTO_TCP => matches!(
             name,
-            libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_CORK | libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT | libc::TCP_SYNCNT | libc::TCP_LINGER2 | libc::TCP_DEFER_ACCEPT | libc::TCP_INFO | libc::TCP_QUICKACK | libc::TCP_CONGESTION | libc::TCP_USER_TIMEOUT | libc::TCP_FASTOPEN | libc::TCP_NOTSENT_LOWAT
+            libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_CORK | libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT | libc::TCP_SYNCNT | libc::TCP_LINGER2 | libc::TCP_DEFER_ACCEPT | libc::TCP_INFO | libc::TCP_QUICKACK | libc::TCP_USER_TIMEOUT | libc::TCP_FASTOPEN | libc::TCP_NOTSENT_LOWAT
         ),
         libc::IPPROTO_IP => matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU),
         libc::IPPROTO_IPV6 => matches!(name, libc::IPV6_V6ONLY | libc::IPV6_TCLASS | libc::IPV6_UNICAST_HOPS | libc::IPV6_RECVERR | libc::IPV6_MTU_DISCOVER | libc::IPV6_MTU),

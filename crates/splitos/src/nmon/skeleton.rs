@@ -29,10 +29,15 @@ pub struct Owner {
 
 pub enum State {
     Fresh,
-    Connecting(Reply),
+    /// A connect under way, and the request waiting for it (none between the stub's asks).
+    Connecting(Option<(Instant, Reply)>),
     Connected,
     Listening,
 }
+
+/// Longest a connect or a send waits before it is answered "not yet" (`EINPROGRESS`,
+/// `EAGAIN`) and the stub asks again: no request stays long at the nComponent.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct Skeleton {
     pub owner: Owner,
@@ -44,8 +49,11 @@ pub struct Skeleton {
     pub port: Option<(i32, u16)>,
     /// Bytes taken from the stub, not yet taken by the kernel.
     sendq: VecDeque<u8>,
-    /// Sends that did not fit the queue, answered when they do, in order.
-    send_waiters: VecDeque<(ByteBuf, Reply)>,
+    /// Sends that did not fit the queue, answered when they do, in order, or not taken at
+    /// their deadline.
+    send_waiters: VecDeque<(ByteBuf, Instant, Reply)>,
+    /// How the last connect failed, for the stub's next ask when no request was waiting.
+    connect_err: Option<i32>,
     /// A receive waiting for bytes: at most this many, answered empty at the deadline.
     recv_waiter: Option<(usize, Instant, Reply)>,
     accept_waiter: Option<(Instant, Reply)>,
@@ -95,6 +103,7 @@ impl Skeleton {
             port: None,
             sendq: VecDeque::new(),
             send_waiters: VecDeque::new(),
+            connect_err: None,
             recv_waiter: None,
             accept_waiter: None,
             shut_wr: false,
@@ -109,17 +118,29 @@ impl Skeleton {
         self.socket.as_raw_fd()
     }
 
-    pub fn connect(&mut self, addr: SocketAddr, reply: Reply) {
-        if !matches!(self.state, State::Fresh) {
-            let errno = if matches!(self.state, State::Connecting(_)) { libc::EALREADY } else { libc::EISCONN };
-            return reply(Msg::ERR(Refusal::errno(errno)));
+    /// Starts a connect, or waits for the one under way (the stub asks again after each
+    /// `EINPROGRESS`).
+    pub fn connect(&mut self, addr: SocketAddr, now: Instant, reply: Reply) {
+        match &mut self.state {
+            State::Connected => return reply(self.local()),
+            State::Listening => return reply(Msg::ERR(Refusal::errno(libc::EISCONN))),
+            State::Connecting(w) => {
+                if let Some((_, old)) = w.replace((now + MAX_WAIT, reply)) {
+                    old(Msg::ERR(Refusal::errno(libc::EALREADY)));
+                }
+                return;
+            }
+            State::Fresh => {}
+        }
+        if let Some(e) = self.connect_err.take() {
+            return reply(Msg::ERR(Refusal::errno(e)));
         }
         match self.socket.connect(&SockAddr::from(addr)) {
             Ok(()) => {
                 self.state = State::Connected;
                 reply(self.local());
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => self.state = State::Connecting(reply),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => self.state = State::Connecting(Some((now + MAX_WAIT, reply))),
             Err(e) => reply(Msg::ERR(refusal(&e))),
         }
     }
@@ -131,14 +152,14 @@ impl Skeleton {
         }
     }
 
-    pub fn send(&mut self, data: ByteBuf, reply: Reply) {
+    pub fn send(&mut self, data: ByteBuf, now: Instant, reply: Reply) {
         if let Some(e) = self.err {
             return reply(Msg::ERR(Refusal::errno(e)));
         }
         if self.shut_wr || self.closing.is_some() {
             return reply(Msg::ERR(Refusal::errno(libc::EPIPE)));
         }
-        self.send_waiters.push_back((data, reply));
+        self.send_waiters.push_back((data, now + MAX_WAIT, reply));
     }
 
     pub fn recv(&mut self, max: usize, deadline: Instant, reply: Reply) {
@@ -188,13 +209,18 @@ impl Skeleton {
                 },
             };
             if let Some(r) = done {
-                let State::Connecting(reply) = std::mem::replace(&mut self.state, State::Fresh) else { unreachable!() };
+                let State::Connecting(waiter) = std::mem::replace(&mut self.state, State::Fresh) else { unreachable!() };
                 match r {
                     Ok(()) => {
                         self.state = State::Connected;
-                        reply(self.local());
+                        if let Some((_, reply)) = waiter {
+                            reply(self.local());
+                        }
                     }
-                    Err(e) => reply(Msg::ERR(refusal(&e))),
+                    Err(e) => match waiter {
+                        Some((_, reply)) => reply(Msg::ERR(refusal(&e))),
+                        None => self.connect_err = Some(errno_of(&e)),
+                    },
                 }
             }
         }
@@ -210,7 +236,7 @@ impl Skeleton {
         let mut sent = 0u64;
         loop {
             while self.sendq.len() < SEND_QUEUE {
-                let Some((data, reply)) = self.send_waiters.pop_front() else { break };
+                let Some((data, _, reply)) = self.send_waiters.pop_front() else { break };
                 match self.err {
                     Some(e) => reply(Msg::ERR(Refusal::errno(e))),
                     None => {
@@ -282,7 +308,7 @@ impl Skeleton {
     fn fail(&mut self, errno: i32) {
         self.err.get_or_insert(errno);
         self.sendq.clear();
-        for (_, reply) in self.send_waiters.drain(..) {
+        for (_, _, reply) in self.send_waiters.drain(..) {
             reply(Msg::ERR(Refusal::errno(errno)));
         }
     }
@@ -300,7 +326,22 @@ impl Skeleton {
                 None => reply(N2P_DATA { data: ByteBuf::new(), eof: self.eof }.into()),
             }
         }
-        [self.accept_waiter.as_ref().map(|w| w.0), self.recv_waiter.as_ref().map(|w| w.1)].into_iter().flatten().min()
+        if let State::Connecting(w) = &mut self.state {
+            if w.as_ref().is_some_and(|(d, _)| *d <= now) {
+                let (_, reply) = w.take().unwrap();
+                reply(Msg::ERR(Refusal::errno(libc::EINPROGRESS)));
+            }
+        }
+        // Sends not taken in time are answered "not yet": the stub offers them again.
+        while self.send_waiters.front().is_some_and(|(_, d, _)| *d <= now) {
+            let (_, _, reply) = self.send_waiters.pop_front().unwrap();
+            reply(Msg::ERR(Refusal::errno(libc::EAGAIN)));
+        }
+        let connecting = match &self.state {
+            State::Connecting(Some((d, _))) => Some(*d),
+            _ => None,
+        };
+        [self.accept_waiter.as_ref().map(|w| w.0), self.recv_waiter.as_ref().map(|w| w.1), connecting, self.send_waiters.front().map(|w| w.1)].into_iter().flatten().min()
     }
 
     /// Whether a closing skeleton has nothing left to send.
@@ -310,7 +351,7 @@ impl Skeleton {
 
     /// Answers every waiter: the socket is going away.
     pub fn end(&mut self) {
-        if let State::Connecting(reply) = std::mem::replace(&mut self.state, State::Fresh) {
+        if let State::Connecting(Some((_, reply))) = std::mem::replace(&mut self.state, State::Fresh) {
             reply(Msg::ERR(Refusal::errno(libc::ECONNABORTED)));
         }
         self.fail(libc::EPIPE);

@@ -45,9 +45,18 @@ pub fn encode(a: SocketAddr) -> ([u8; NET_DATA], usize) {
     }
 }
 
-/// The inode of a socket descriptor: how the stub knows a program's socket, whatever
-/// descriptor number (dup, fork) it has.
-pub fn inode(fd: i32) -> std::io::Result<u64> {
+/// Which socket a descriptor is: its device and inode. The device tells a socket from a
+/// socket file on a disk (whose inode number may be the same); a descriptor opened with
+/// O_PATH refers to no socket at all.
+pub type SockId = (u64, u64);
+
+/// The [`SockId`] of a socket descriptor a program handed over.
+pub fn inode(fd: i32) -> std::io::Result<SockId> {
+    // SAFETY: fcntl(F_GETFL) takes no pointers.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || flags & libc::O_PATH != 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOTSOCK));
+    }
     // SAFETY: fstat writes a stat into the live, zeroed value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above; `fd` is a descriptor the caller holds.
@@ -57,7 +66,7 @@ pub fn inode(fd: i32) -> std::io::Result<u64> {
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return Err(std::io::Error::from_raw_os_error(libc::ENOTSOCK));
     }
-    Ok(st.st_ino)
+    Ok((st.st_dev, st.st_ino))
 }
 
 #[cfg(test)]

@@ -125,7 +125,7 @@ impl Hold {
 impl NetStub {
     /// The watcher of socket `ino`: forwards what the program writes once the socket is
     /// connected, and closes the socket when the program closed every descriptor of it.
-    pub(super) fn up(self: &Arc<Self>, ino: u64, s: &Arc<Sock>) {
+    pub(super) fn up(self: &Arc<Self>, ino: super::addr::SockId, s: &Arc<Sock>) {
         let mut buf = vec![0u8; CHUNK];
         loop {
             let (phase, shut_wr) = {
@@ -198,12 +198,12 @@ impl NetStub {
         }
         let Some((at, id)) = s.skel() else { return false };
         let sent = match self.path {
-            NetPath::Ddio => self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) }).map(|_| ()),
+            NetPath::Ddio => self.until_taken(s, || self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) })),
             // The bytes go to memory first (the ExCache's flush, step 2 of the paper's
             // figure 5), and the nComponent takes them from there.
             NetPath::Dma => self.dma_bufs(s).and_then(|b| {
                 self.call(&b.mcomp, P2M_NETBUF_WRITE { buf: b.tx, offset: 0, data: ByteBuf::from(data.to_vec()) })?;
-                self.call(&at, P2N_SEND_DMA { sock: id, mcomp: b.mcomp, buf: b.tx, offset: 0, len: data.len() as u32 }).map(|_| ())
+                self.until_taken(s, || self.call(&at, P2N_SEND_DMA { sock: id, mcomp: b.mcomp.clone(), buf: b.tx, offset: 0, len: data.len() as u32 }))
             }),
         };
         match sent {
@@ -252,6 +252,17 @@ impl NetStub {
         }
     }
 
+    /// Offers a send until the skeleton takes it: it answers `EAGAIN` when its queue stayed
+    /// full for a while (a peer that does not read), and the stub's writes wait meanwhile.
+    fn until_taken(&self, s: &Sock, mut send: impl FnMut() -> Result<OK, i32>) -> Result<(), i32> {
+        loop {
+            match send() {
+                Err(libc::EAGAIN) if !s.closed.load(Relaxed) => continue,
+                r => return r.map(|_| ()),
+            }
+        }
+    }
+
     /// One receive, on the socket's path: the bytes in the answer, or read from the socket
     /// buffer the nComponent wrote them to.
     fn receive(&self, s: &Sock, at: &str, id: u64) -> Result<N2P_DATA, i32> {
@@ -291,10 +302,16 @@ impl NetStub {
                     token(s);
                 }
                 Err(libc::EAGAIN) => {}
+                Err(_) if s.closed.load(Relaxed) => return,
+                Err(e @ (libc::ENETDOWN | libc::EBADF)) => {
+                    // The nComponent is gone (or forgot the socket): the program's accept
+                    // returns the error from now on (the pair's end reads as end of file).
+                    tracing::info!(errno = e, "a listening socket lost its nComponent");
+                    s.st.lock().unwrap().error = libc::ENETDOWN;
+                    shutdown(&s.mine, libc::SHUT_WR);
+                    return;
+                }
                 Err(e) => {
-                    if s.closed.load(Relaxed) {
-                        return;
-                    }
                     tracing::debug!(errno = e, "a listening socket's accept failed");
                     std::thread::sleep(Duration::from_millis(200));
                 }

@@ -142,8 +142,8 @@ impl Sock {
 /// The socket stub of a pComponent.
 pub struct NetStub {
     node: Arc<Node>,
-    /// Sockets by the inode of the program's end.
-    socks: Mutex<HashMap<u64, Arc<Sock>>>,
+    /// Sockets by the program's end.
+    socks: Mutex<HashMap<addr::SockId, Arc<Sock>>>,
     /// The nComponent of each vNode, as the GNM said.
     homes: Mutex<HashMap<String, String>>,
     /// Whether two programs of a vNode on this pComponent connect without the nComponent.
@@ -151,6 +151,8 @@ pub struct NetStub {
     path: NetPath,
     /// Ports handed to the client ends of shortcut connections (their getsockname).
     next_port: AtomicU64,
+    /// Socket calls being served.
+    calls: std::sync::atomic::AtomicUsize,
     pub c: NetCounters,
 }
 
@@ -165,7 +167,7 @@ fn errno_of(e: &RpcError) -> i32 {
 
 impl NetStub {
     pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), c: NetCounters::default() }
+        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -197,11 +199,7 @@ impl NetStub {
     /// A call to a socket's nComponent, on the connection all sockets share: one that is
     /// answered soon (every call but a receive's or an accept's wait).
     fn call<R: Request>(&self, ncomp: &str, req: R) -> Result<R::Reply, i32> {
-        self.call_within(ncomp, req, crate::node::RPC_TIMEOUT)
-    }
-
-    fn call_within<R: Request>(&self, ncomp: &str, req: R, timeout: Duration) -> Result<R::Reply, i32> {
-        self.node.rpc.call_timeout(ncomp, req, timeout).map_err(|e| self.failed(ncomp, e))
+        self.node.rpc.call(ncomp, req).map_err(|e| self.failed(ncomp, e))
     }
 
     /// A call that waits at the nComponent for an event (bytes, a connection), on this
@@ -211,7 +209,7 @@ impl NetStub {
     }
 
     fn failed(&self, ncomp: &str, e: RpcError) -> i32 {
-        if !matches!(e, RpcError::Remote { .. }) {
+        if matches!(e, RpcError::Unreachable { .. } | RpcError::Closed { .. }) {
             // Unreachable: ask the GNM again next time.
             self.homes.lock().unwrap().retain(|_, a| a != ncomp);
             tracing::warn!(ncomp, error = %e, "an nComponent did not answer a socket call");
@@ -275,7 +273,7 @@ impl NetStub {
     }
 
     /// Forgets a socket its program closed, and its skeleton.
-    fn close(&self, ino: u64, s: &Sock) {
+    fn close(&self, ino: addr::SockId, s: &Sock) {
         if s.closed.swap(true, Relaxed) {
             return;
         }
@@ -317,6 +315,14 @@ impl NetStub {
                     let _ = self.call(&mcomp, P2M_NETBUF_FREE { buf });
                 }
                 Ok(b)
+            }
+            // The socket closed meanwhile: nothing will free them later.
+            None if s.closed.load(Relaxed) => {
+                drop(st);
+                for buf in [tx, rx] {
+                    let _ = self.call(&mcomp, P2M_NETBUF_FREE { buf });
+                }
+                Err(libc::EBADF)
             }
             None => {
                 let b = DmaBufs { mcomp, tx, rx };
@@ -397,6 +403,12 @@ impl NetStub {
             NetOp::Socket => unreachable!("handled by the caller"),
             NetOp::Bind => {
                 let a = addr::parse(data)?;
+                {
+                    let st = s.st.lock().unwrap();
+                    if st.phase != Phase::Fresh || st.bound.is_some() {
+                        return Err(libc::EINVAL);
+                    }
+                }
                 let ncomp = self.ncomp_for(&s.vnode, Some(a.ip()))?;
                 let (at, id) = self.ensure_skel(s, Some(ncomp))?;
                 let r = self.call(&at, P2N_BIND { sock: id, addr: a })?;
@@ -412,6 +424,11 @@ impl NetStub {
                     st.phase != Phase::Listening
                 };
                 if first {
+                    // Marks the program's end as listening, which the shim's accept reads
+                    // (SO_PASSCRED changes nothing else on it: no credentials are sent on it).
+                    let one: libc::c_int = 1;
+                    // SAFETY: setsockopt with a live c_int on the descriptor the call brought.
+                    unsafe { libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, (&one as *const libc::c_int).cast(), 4) };
                     s.set_phase(Phase::Listening);
                     let (stub, s2) = (self.clone(), s.clone());
                     std::thread::Builder::new().name("net-accept".into()).spawn(move || stub.accept_loop(&s2)).map_err(|_| libc::EAGAIN)?;
@@ -424,10 +441,10 @@ impl NetStub {
                     if st.phase != Phase::Listening {
                         return Err(libc::EINVAL);
                     }
-                    st.queue.pop_front()
+                    st.queue.pop_front().ok_or(if st.error != 0 { st.error } else { libc::EAGAIN })
                 };
                 s.changed.notify_all();
-                let (conn, peer) = next.ok_or(libc::EAGAIN)?;
+                let (conn, peer) = next?;
                 let (bytes, len) = addr::encode(peer);
                 resp.data[..len].copy_from_slice(&bytes[..len]);
                 resp.len = len as u32;
@@ -572,7 +589,16 @@ impl NetStub {
     /// Waits for the connect; then lets go of a held program end (before the watcher may
     /// read from the pair, so that it never sees the filler).
     fn finish_connect(self: &Arc<Self>, s: &Arc<Sock>, at: &str, id: u64, a: SocketAddr, hold: Option<bridge::Hold>) -> Result<(), i32> {
-        let r = self.call_within(at, P2N_CONNECT { sock: id, addr: a }, CONNECT_TIMEOUT).map(|_| ());
+        // The nComponent answers "in progress" every few seconds; the connect takes as long as
+        // the kernel's own attempts there, up to CONNECT_TIMEOUT.
+        let t0 = std::time::Instant::now();
+        let r = loop {
+            match self.call(at, P2N_CONNECT { sock: id, addr: a }) {
+                Err(libc::EINPROGRESS) if t0.elapsed() < CONNECT_TIMEOUT => continue,
+                Err(libc::EINPROGRESS) => break Err(libc::ETIMEDOUT),
+                r => break r.map(|_| ()),
+            }
+        };
         if let (Err(e), Some(_)) = (r, &hold) {
             s.st.lock().unwrap().error = e;
             // Readable (at its end) as well as writable: the program's poll returns, and
@@ -618,10 +644,7 @@ pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     std::thread::Builder::new().name("net-accept-calls".into()).spawn(move || {
         for s in l.incoming() {
             match s {
-                Ok(s) => {
-                    let p = p.clone();
-                    let _ = std::thread::Builder::new().name("net-call".into()).spawn(move || serve_call(&p, s));
-                }
+                Ok(s) => admit(&p, s),
                 Err(e) => tracing::warn!(error = %e, "accepting a socket call failed"),
             }
         }
@@ -629,10 +652,41 @@ pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Socket calls served at once; beyond, a call is answered EAGAIN (a program retries its
+/// connect; no local user can hold every thread of the pComponent).
+const CALLS: usize = 256;
+
+/// Gives a call a thread of its own, if it comes from a process this pComponent runs and
+/// there is room; otherwise answers it at once, without reading it.
+fn admit(p: &Arc<Pcomp>, s: UnixStream) {
+    let known = splitos_rpc::fdpass::peer_cred(&s).is_ok_and(|c| p.procs.lock().unwrap().values().any(|pr| pr.os_pid == c.pid));
+    let refuse = |errno: i32| {
+        let _ = s.set_nonblocking(true);
+        let _ = (&s).write_all(NetResp { ret: -(errno as i64), ..NetResp::new_zeroed() }.as_bytes());
+    };
+    if !known {
+        p.net.c.refused.fetch_add(1, Relaxed);
+        tracing::warn!("refused a socket call of a process this pComponent does not run");
+        return refuse(libc::EACCES);
+    }
+    if p.net.calls.fetch_add(1, Relaxed) >= CALLS {
+        p.net.calls.fetch_sub(1, Relaxed);
+        return refuse(libc::EAGAIN);
+    }
+    let p2 = p.clone();
+    let spawned = std::thread::Builder::new().name("net-call".into()).spawn(move || {
+        serve_call(&p2, s);
+        p2.net.calls.fetch_sub(1, Relaxed);
+    });
+    if spawned.is_err() {
+        p.net.calls.fetch_sub(1, Relaxed);
+    }
+}
+
 /// One socket call: who calls (its process must be one of ours), the request with its
 /// descriptor, the answer with the new socket's.
 fn serve_call(p: &Arc<Pcomp>, mut s: UnixStream) {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let Ok(cred) = splitos_rpc::fdpass::peer_cred(&s) else { return };
     let caller = p.procs.lock().unwrap().values().find(|pr| pr.os_pid == cred.pid).map(|pr| (pr.space.who.vnode.clone(), pr.uid));
     let mut req = NetReq::new_zeroed();
