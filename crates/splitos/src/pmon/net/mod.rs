@@ -106,6 +106,16 @@ struct State {
     dma: Option<DmaBufs>,
 }
 
+/// What a socket is, and whose: what a new socket takes from its listener.
+#[derive(Clone)]
+struct Spec {
+    vnode: String,
+    uid: u32,
+    family: i32,
+    kind: i32,
+    protocol: i32,
+}
+
 /// One socket of a program.
 pub struct Sock {
     vnode: String,
@@ -123,6 +133,10 @@ pub struct Sock {
 }
 
 impl Sock {
+    fn spec(&self) -> Spec {
+        Spec { vnode: self.vnode.clone(), uid: self.uid, family: self.family, kind: self.kind, protocol: self.protocol }
+    }
+
     fn skel(&self) -> Option<(String, u64)> {
         self.st.lock().unwrap().skel.clone()
     }
@@ -250,12 +264,13 @@ impl NetStub {
 
     /// Makes a socket: the pair, its watcher; the skeleton comes with the first call that
     /// needs one (a bind names the nComponent).
-    fn new_sock(self: &Arc<Self>, vnode: &str, uid: u32, family: i32, kind: i32, protocol: i32, phase: Phase, skel: Option<(String, u64)>) -> std::io::Result<(Arc<Sock>, OwnedFd)> {
+    fn new_sock(self: &Arc<Self>, spec: Spec, phase: Phase, skel: Option<(String, u64)>) -> std::io::Result<(Arc<Sock>, OwnedFd)> {
+        let Spec { vnode, uid, family, kind, protocol } = spec;
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
         let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None, dma: None };
-        let s = Arc::new(Sock { vnode: vnode.to_string(), uid, family, kind, protocol, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
+        let s = Arc::new(Sock { vnode, uid, family, kind, protocol, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let (stub, s2) = (self.clone(), s.clone());
@@ -393,7 +408,7 @@ impl NetStub {
             Err(e) => return Err(e),
             Ok(_) => {}
         }
-        let (_, theirs) = self.new_sock(vnode, uid, family, kind, protocol, Phase::Fresh, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let (_, theirs) = self.new_sock(Spec { vnode: vnode.to_string(), uid, family, kind, protocol }, Phase::Fresh, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         Ok(Some(theirs))
     }
 
@@ -566,7 +581,7 @@ impl NetStub {
         }
         let port = 40000 + (self.next_port.fetch_add(1, Relaxed) % 20000) as u16;
         let mine = SocketAddr::new(a.ip(), port);
-        let (server, theirs) = self.new_sock(&s.vnode, listener.uid, listener.family, listener.kind, listener.protocol, Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let (server, theirs) = self.new_sock(listener.spec(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         {
             let mut st = server.st.lock().unwrap();
             st.local_peer = Some(Arc::downgrade(s));
