@@ -14,6 +14,8 @@ command -v javac >/dev/null || need+=(default-jdk-headless)
 command -v sqlite3 >/dev/null || need+=(sqlite3)
 command -v git >/dev/null || need+=(git)
 command -v tar >/dev/null || need+=(tar)
+# A server the network tests run under splitos, and its benchmark client outside.
+command -v redis-server >/dev/null || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -141,7 +141,7 @@ fn two_programs_of_a_vnode_on_one_pcomponent_connect_through_it_not_the_ncompone
     assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20, "the bulk transfer did not reach the nComponent: {}", n["stats"]);
     // Servers and clients that are separate programs of the vNode too.
     let py = python3();
-    let mut server = Server(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let _server = Server(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
     assert_eq!(read_line(&mut server.0), "listening\n");
     let client = "import socket\ns = socket.create_connection(('127.0.0.1', 8731))\ns.sendall(b'through the pComponent')\nprint(s.recv(100).decode(), s.getpeername()[1])\n";
     let out = run_on(&h, &c, "p1", &[&py, "-c", client]).output().unwrap();
@@ -356,4 +356,36 @@ fn an_embedded_run_with_an_ncomponent_takes_the_programs_sockets_through_it() {
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     let stored: u64 = s["mcomponents"].as_array().unwrap().iter().map(|m| m["socket_buffers"]["written_by_ncomponents"].as_u64().unwrap()).sum();
     assert!(stored >= body.len() as u64, "{}", s["mcomponents"]);
+}
+
+#[test]
+fn redis_server_under_splitos_serves_redis_benchmark_from_the_outside() {
+    let (h, c, n1_out, _) = rack();
+    let mut server = Server(
+        run_on(&h, &c, "p1", &["redis-server", "--port", "6390", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let port = "6390";
+    let cli = |args: &[&str]| {
+        let mut a = vec!["redis-cli", "-h", &n1_out, "-p", port];
+        a.extend_from_slice(args);
+        h.exec("out", &a).output().unwrap()
+    };
+    let t0 = Instant::now();
+    while text(&cli(&["ping"]).stdout) != "PONG\n" {
+        assert!(t0.elapsed() < Duration::from_secs(20), "redis-server under splitos never answered: {}", c.log("proc0"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(text(&cli(&["set", "disaggregated", "yes"]).stdout), "OK\n");
+    assert_eq!(text(&cli(&["get", "disaggregated"]).stdout), "yes\n");
+    // 20 clients at once, pipelined and not: every request answered.
+    let bench = h.exec("out", &["redis-benchmark", "-h", &n1_out, "-p", port, "-q", "-n", "4000", "-c", "20", "-t", "set,get,lpush,lpop"]).output().unwrap();
+    let report = text(&bench.stdout);
+    assert!(bench.status.success() && report.matches("requests per second").count() == 4, "{report}{}", text(&bench.stderr));
+    assert!(text(&cli(&["dbsize"]).stdout).trim().parse::<u64>().unwrap() >= 2);
+    let n = c.components("ncomponent").remove(0);
+    assert!(n["stats"]["accepts"].as_u64().unwrap() >= 24, "{}", n["stats"]);
 }
