@@ -141,7 +141,7 @@ fn two_programs_of_a_vnode_on_one_pcomponent_connect_through_it_not_the_ncompone
     assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20, "the bulk transfer did not reach the nComponent: {}", n["stats"]);
     // Servers and clients that are separate programs of the vNode too.
     let py = python3();
-    let _server = Server(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let mut server = Server(run_on(&h, &c, "p1", &[&py, "-c", ECHO_SERVER, "127.0.0.1", "8731"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
     assert_eq!(read_line(&mut server.0), "listening\n");
     let client = "import socket\ns = socket.create_connection(('127.0.0.1', 8731))\ns.sendall(b'through the pComponent')\nprint(s.recv(100).decode(), s.getpeername()[1])\n";
     let out = run_on(&h, &c, "p1", &[&py, "-c", client]).output().unwrap();
@@ -361,7 +361,7 @@ fn an_embedded_run_with_an_ncomponent_takes_the_programs_sockets_through_it() {
 #[test]
 fn redis_server_under_splitos_serves_redis_benchmark_from_the_outside() {
     let (h, c, n1_out, _) = rack();
-    let mut server = Server(
+    let _server = Server(
         run_on(&h, &c, "p1", &["redis-server", "--port", "6390", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
