@@ -7,13 +7,16 @@
 //! attached; a descriptor the pComponent does not know (a plain Unix socket) is served by the
 //! kernel as before. Without an nComponent in the cluster every call is the kernel's.
 use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, SHIM_ABI_VERSION};
 
 use crate::conn::SOCK;
 use crate::start::{env, ready};
 use crate::sys::{errno, set_errno, until_nul};
+
+/// Set once the pComponent said the cluster has no nComponent.
+static LOCAL_STACK: AtomicBool = AtomicBool::new(false);
 
 /// The pComponent's process id, as its program socket says (0: not asked yet, -1: none).
 static PCOMP_PID: AtomicI32 = AtomicI32::new(0);
@@ -255,7 +258,7 @@ unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
     let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6) && base == libc::SOCK_STREAM && matches!(protocol, 0 | libc::IPPROTO_TCP);
-    if tcp && ready() {
+    if tcp && !LOCAL_STACK.load(Relaxed) && ready() {
         let (r, fd) = call(&request(NetOp::Socket, domain as i64, base as i64, protocol as i64, &[]), -1);
         if r.ret < 0 {
             return fail(r.ret);
@@ -264,6 +267,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
             apply_flags(fd, ty);
             return fd;
         }
+        // The cluster has no nComponent: this image's sockets are the host's, without asking
+        // again for each.
+        LOCAL_STACK.store(true, Relaxed);
     }
     // SAFETY: socket(2) takes no pointers.
     unsafe { libc::syscall(libc::SYS_socket, domain, ty, protocol) as c_int }

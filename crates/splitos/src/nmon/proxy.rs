@@ -320,8 +320,11 @@ impl Proxy {
                 return Some(sock);
             }
             Msg::P2N_CONNECT(r) => {
-                self.c.connects.fetch_add(1, Relaxed);
-                metrics::counter!("ncomp_connects_total").increment(1);
+                // The stub asks again while a connect is under way: count the first ask.
+                if matches!(s.state, State::Fresh) {
+                    self.c.connects.fetch_add(1, Relaxed);
+                    metrics::counter!("ncomp_connects_total").increment(1);
+                }
                 // Loopback is the vNode's own: the host's private services and other vNodes'
                 // loopback servers are not there for it.
                 let own = self.registry.get(&(s.kind, r.addr.port())).is_some_and(|(v, _)| *v == s.owner.vnode);

@@ -293,7 +293,7 @@ impl NetStub {
             match self.wait_call(&at, P2N_ACCEPT { sock: id, wait_ms: WAIT_MS }) {
                 Ok(r) => {
                     self.c.accepts.fetch_add(1, Relaxed);
-                    let made = self.new_sock(s.spec(), Phase::Connected, Some((at.clone(), r.sock)));
+                    let made = self.new_sock(s.spec.clone(), Phase::Connected, Some((at.clone(), r.sock)));
                     let Ok((_, theirs)) = made else {
                         let _ = self.call(&at, P2N_CLOSE { sock: r.sock });
                         continue;

@@ -118,11 +118,7 @@ struct Spec {
 
 /// One socket of a program.
 pub struct Sock {
-    vnode: String,
-    uid: u32,
-    family: i32,
-    kind: i32,
-    protocol: i32,
+    spec: Spec,
     /// The pComponent's end of the pair.
     mine: OwnedFd,
     /// Wakes the socket's watcher when its phase changes.
@@ -133,10 +129,6 @@ pub struct Sock {
 }
 
 impl Sock {
-    fn spec(&self) -> Spec {
-        Spec { vnode: self.vnode.clone(), uid: self.uid, family: self.family, kind: self.kind, protocol: self.protocol }
-    }
-
     fn skel(&self) -> Option<(String, u64)> {
         self.st.lock().unwrap().skel.clone()
     }
@@ -238,7 +230,7 @@ impl NetStub {
             Some(n) => n,
             None => match s.skel() {
                 Some(k) => return Ok(k),
-                None => self.ncomp_for(&s.vnode, None)?,
+                None => self.ncomp_for(&s.spec.vnode, None)?,
             },
         };
         let (old, opts) = {
@@ -251,26 +243,33 @@ impl NetStub {
             }
             let _ = self.call(&at, P2N_CLOSE { sock: id });
         }
-        let r = self.call(&want, P2N_SOCKET { vnode: s.vnode.clone(), uid: s.uid, family: s.family, kind: s.kind, protocol: s.protocol })?;
+        let sp = &s.spec;
+        let r = self.call(&want, P2N_SOCKET { vnode: sp.vnode.clone(), uid: sp.uid, family: sp.family, kind: sp.kind, protocol: sp.protocol })?;
         for (level, name, value) in opts {
             // Each was accepted once, by the same kind of stack.
             if let Err(e) = self.call(&want, P2N_SETSOCKOPT { sock: r.sock, level, name, value: ByteBuf::from(value) }) {
                 tracing::debug!(level, name, errno = e, "an option did not carry over to the socket's new nComponent");
             }
         }
-        s.st.lock().unwrap().skel = Some((want.clone(), r.sock));
+        let mut st = s.st.lock().unwrap();
+        // Another of the program's threads made one there meanwhile: keep that one.
+        if let Some(made) = st.skel.clone().filter(|(at, _)| *at == want) {
+            drop(st);
+            let _ = self.call(&want, P2N_CLOSE { sock: r.sock });
+            return Ok(made);
+        }
+        st.skel = Some((want.clone(), r.sock));
         Ok((want, r.sock))
     }
 
     /// Makes a socket: the pair, its watcher; the skeleton comes with the first call that
     /// needs one (a bind names the nComponent).
     fn new_sock(self: &Arc<Self>, spec: Spec, phase: Phase, skel: Option<(String, u64)>) -> std::io::Result<(Arc<Sock>, OwnedFd)> {
-        let Spec { vnode, uid, family, kind, protocol } = spec;
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
         let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None, dma: None };
-        let s = Arc::new(Sock { vnode, uid, family, kind, protocol, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
+        let s = Arc::new(Sock { spec, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let (stub, s2) = (self.clone(), s.clone());
@@ -298,9 +297,7 @@ impl NetStub {
             (st.skel.take(), std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take())
         };
         if let Some(b) = dma {
-            for buf in [b.tx, b.rx] {
-                let _ = self.call(&b.mcomp, P2M_NETBUF_FREE { buf });
-            }
+            self.free_bufs(&b.mcomp, [b.tx, b.rx]);
         }
         drop(queued);
         if let Some(peer) = peer.and_then(|p| p.upgrade()) {
@@ -318,7 +315,7 @@ impl NetStub {
             return Ok(b);
         }
         let mcomp = self.node.call_gm(P2G_PICK_HOME).map_err(|e| errno_of(&e))?.mcomp.addr;
-        let alloc = || self.call(&mcomp, P2M_NETBUF_ALLOC { vnode: s.vnode.clone(), bytes: bridge::CHUNK as u32 }).map(|r| r.buf);
+        let alloc = || self.call(&mcomp, P2M_NETBUF_ALLOC { vnode: s.spec.vnode.clone(), bytes: bridge::CHUNK as u32 }).map(|r| r.buf);
         let (tx, rx) = (alloc()?, alloc()?);
         let mut st = s.st.lock().unwrap();
         match &st.dma {
@@ -326,17 +323,13 @@ impl NetStub {
             Some(b) => {
                 let b = b.clone();
                 drop(st);
-                for buf in [tx, rx] {
-                    let _ = self.call(&mcomp, P2M_NETBUF_FREE { buf });
-                }
+                self.free_bufs(&mcomp, [tx, rx]);
                 Ok(b)
             }
             // The socket closed meanwhile: nothing will free them later.
             None if s.closed.load(Relaxed) => {
                 drop(st);
-                for buf in [tx, rx] {
-                    let _ = self.call(&mcomp, P2M_NETBUF_FREE { buf });
-                }
+                self.free_bufs(&mcomp, [tx, rx]);
                 Err(libc::EBADF)
             }
             None => {
@@ -347,12 +340,18 @@ impl NetStub {
         }
     }
 
+    fn free_bufs(&self, mcomp: &str, bufs: [u64; 2]) {
+        for buf in bufs {
+            let _ = self.call(mcomp, P2M_NETBUF_FREE { buf });
+        }
+    }
+
     /// The socket the program's descriptor `fd` is, if it is one of ours and the caller's.
     fn sock_of(&self, fd: &OwnedFd, vnode: &str) -> Result<Option<Arc<Sock>>, i32> {
         let Ok(ino) = addr::inode(fd.as_raw_fd()) else { return Ok(None) };
         let s = self.socks.lock().unwrap().get(&ino).cloned();
         match s {
-            Some(s) if s.vnode == vnode => Ok(Some(s)),
+            Some(s) if s.spec.vnode == vnode => Ok(Some(s)),
             Some(_) => {
                 self.c.refused.fetch_add(1, Relaxed);
                 tracing::warn!(vnode, "refused a socket call on another vNode's socket");
@@ -424,7 +423,7 @@ impl NetStub {
                         return Err(libc::EINVAL);
                     }
                 }
-                let ncomp = self.ncomp_for(&s.vnode, Some(a.ip()))?;
+                let ncomp = self.ncomp_for(&s.spec.vnode, Some(a.ip()))?;
                 let (at, id) = self.ensure_skel(s, Some(ncomp))?;
                 let r = self.call(&at, P2N_BIND { sock: id, addr: a })?;
                 s.st.lock().unwrap().bound = Some(r.addr);
@@ -460,9 +459,7 @@ impl NetStub {
                 };
                 s.changed.notify_all();
                 let (conn, peer) = next?;
-                let (bytes, len) = addr::encode(peer);
-                resp.data[..len].copy_from_slice(&bytes[..len]);
-                resp.len = len as u32;
+                put_addr(resp, peer);
                 Ok(Answer::Fd(conn))
             }
             NetOp::Connect => {
@@ -478,9 +475,7 @@ impl NetStub {
                         self.call(&at, P2N_NAME { sock: id, peer: op == NetOp::PeerName })?.addr
                     }
                 };
-                let (bytes, len) = addr::encode(a);
-                resp.data[..len].copy_from_slice(&bytes[..len]);
-                resp.len = len as u32;
+                put_addr(resp, a);
                 Ok(Answer::Ret(0))
             }
             NetOp::GetOpt => {
@@ -556,7 +551,7 @@ impl NetStub {
     /// its port, on the nComponent that holds `a` (the vNode's own for a loopback address),
     /// to `a`'s address or to all.
     fn local_listener(&self, s: &Sock, a: SocketAddr) -> Option<Arc<Sock>> {
-        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.vnode == s.vnode && l.kind == s.kind).cloned().collect();
+        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.spec.vnode == s.spec.vnode && l.spec.kind == s.spec.kind).cloned().collect();
         let listening = |l: &Sock| {
             let st = l.st.lock().unwrap();
             st.phase == Phase::Listening && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
@@ -566,7 +561,7 @@ impl NetStub {
             return None;
         }
         // Only now ask where the address is: most connects have no candidate.
-        let ncomp = self.ncomp_for(&s.vnode, Some(a.ip())).ok()?;
+        let ncomp = self.ncomp_for(&s.spec.vnode, Some(a.ip())).ok()?;
         candidates.into_iter().find(|l| l.skel().is_some_and(|(at, _)| at == ncomp))
     }
 
@@ -581,7 +576,7 @@ impl NetStub {
         }
         let port = 40000 + (self.next_port.fetch_add(1, Relaxed) % 20000) as u16;
         let mine = SocketAddr::new(a.ip(), port);
-        let (server, theirs) = self.new_sock(listener.spec(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let (server, theirs) = self.new_sock(listener.spec.clone(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         {
             let mut st = server.st.lock().unwrap();
             st.local_peer = Some(Arc::downgrade(s));
@@ -617,9 +612,8 @@ impl NetStub {
         if let (Err(e), Some(_)) = (r, &hold) {
             s.st.lock().unwrap().error = e;
             // Readable (at its end) as well as writable: the program's poll returns, and
-            // SO_ERROR says why. Not our reading side: that would read as the program's close.
-            // SAFETY: shutdown(2) on the descriptor this socket owns.
-            unsafe { libc::shutdown(s.mine.as_raw_fd(), libc::SHUT_WR) };
+            // SO_ERROR says why.
+            bridge::end_stream(s);
         }
         let nonblocking = hold.is_some();
         if let Some(h) = hold {
@@ -644,6 +638,13 @@ impl NetStub {
 enum Answer {
     Ret(i64),
     Fd(OwnedFd),
+}
+
+/// An address as the answer's data.
+fn put_addr(resp: &mut NetResp, a: SocketAddr) {
+    let (bytes, len) = addr::encode(a);
+    resp.data[..len].copy_from_slice(&bytes[..len]);
+    resp.len = len as u32;
 }
 
 /// Listens for programs' socket calls at `<program socket>.net`.
@@ -674,23 +675,23 @@ const CALLS: usize = 256;
 /// Gives a call a thread of its own, if it comes from a process this pComponent runs and
 /// there is room; otherwise answers it at once, without reading it.
 fn admit(p: &Arc<Pcomp>, s: UnixStream) {
-    let known = splitos_rpc::fdpass::peer_cred(&s).is_ok_and(|c| p.procs.lock().unwrap().values().any(|pr| pr.os_pid == c.pid));
+    let caller = splitos_rpc::fdpass::peer_cred(&s).ok().and_then(|c| p.procs.lock().unwrap().values().find(|pr| pr.os_pid == c.pid).map(|pr| (pr.space.who.vnode.clone(), pr.uid)));
     let refuse = |errno: i32| {
         let _ = s.set_nonblocking(true);
         let _ = (&s).write_all(NetResp { ret: -(errno as i64), ..NetResp::new_zeroed() }.as_bytes());
     };
-    if !known {
+    let Some((vnode, uid)) = caller else {
         p.net.c.refused.fetch_add(1, Relaxed);
         tracing::warn!("refused a socket call of a process this pComponent does not run");
         return refuse(libc::EACCES);
-    }
+    };
     if p.net.calls.fetch_add(1, Relaxed) >= CALLS {
         p.net.calls.fetch_sub(1, Relaxed);
         return refuse(libc::EAGAIN);
     }
     let p2 = p.clone();
     let spawned = std::thread::Builder::new().name("net-call".into()).spawn(move || {
-        serve_call(&p2, s);
+        serve_call(&p2, s, &vnode, uid);
         p2.net.calls.fetch_sub(1, Relaxed);
     });
     if spawned.is_err() {
@@ -698,35 +699,24 @@ fn admit(p: &Arc<Pcomp>, s: UnixStream) {
     }
 }
 
-/// One socket call: who calls (its process must be one of ours), the request with its
-/// descriptor, the answer with the new socket's.
-fn serve_call(p: &Arc<Pcomp>, mut s: UnixStream) {
+/// One socket call of a program of `vnode` run by `uid`: the request with its descriptor,
+/// the answer with the new socket's.
+fn serve_call(p: &Arc<Pcomp>, mut s: UnixStream, vnode: &str, uid: u32) {
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let Ok(cred) = splitos_rpc::fdpass::peer_cred(&s) else { return };
-    let caller = p.procs.lock().unwrap().values().find(|pr| pr.os_pid == cred.pid).map(|pr| (pr.space.who.vnode.clone(), pr.uid));
     let mut req = NetReq::new_zeroed();
     let fds = match splitos_rpc::fdpass::recv_fds(&s, req.as_mut_bytes()) {
         Ok(f) => f,
         Err(e) => {
             p.net.c.refused.fetch_add(1, Relaxed);
-            tracing::warn!(pid = cred.pid, error = %e, "refused a malformed socket call");
+            tracing::warn!(vnode, error = %e, "refused a malformed socket call");
             return;
         }
     };
-    let (resp, fd) = match caller {
-        _ if req.abi != SHIM_ABI_VERSION => {
-            tracing::warn!(pid = cred.pid, abi = req.abi, "refused a socket call of another shim ABI version");
-            (NetResp { ret: -(libc::EPROTO as i64), ..NetResp::new_zeroed() }, None)
-        }
-        None => {
-            p.net.c.refused.fetch_add(1, Relaxed);
-            tracing::warn!(pid = cred.pid, "refused a socket call of a process this pComponent does not run");
-            (NetResp { ret: -(libc::EACCES as i64), ..NetResp::new_zeroed() }, None)
-        }
-        Some((vnode, uid)) => {
-            let fd = fds.into_iter().next();
-            p.net.call_from(&vnode, uid, &req, fd)
-        }
+    let (resp, fd) = if req.abi != SHIM_ABI_VERSION {
+        tracing::warn!(vnode, abi = req.abi, "refused a socket call of another shim ABI version");
+        (NetResp { ret: -(libc::EPROTO as i64), ..NetResp::new_zeroed() }, None)
+    } else {
+        p.net.call_from(vnode, uid, &req, fds.into_iter().next())
     };
     let sent = match &fd {
         Some(fd) => splitos_rpc::fdpass::send_fds(&s, resp.as_bytes(), &[fd.as_raw_fd()]),
