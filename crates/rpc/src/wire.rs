@@ -31,7 +31,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 11 added the network: the nComponent role, its NIC addresses in `X2G_REGISTER`,
 /// the GNM's `P2G_PICK_NET`, the socket messages `P2N_*`, and socket buffers on mComponents
 /// for the DMA path (`P2M_NETBUF_*`, `N2M_NETBUF_*`).
-pub const WIRE_VERSION: u16 = 11;
+/// Version 12 added datagram sockets (`P2N_SENDTO`, `P2N_RECVFROM`, `P2N_DISCONNECT`).
+pub const WIRE_VERSION: u16 = 12;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -316,6 +317,14 @@ pub fn may_receive(role: Role, msg: &Msg) -> bool {
 /// The refusal of a call to a peer that does not handle it ([`may_receive`]).
 pub fn wrong_receiver(addr: &str, role: Role, msg: &Msg) -> crate::RpcError {
     crate::RpcError::Unreachable { addr: addr.to_string(), why: format!("it is a {}, which does not handle {}", role.name(), msg.name()) }
+}
+
+/// One datagram of a datagram socket: to `addr` (none: the socket's connected peer) when it
+/// is sent, from `addr` when it was received.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Datagram {
+    pub addr: Option<SocketAddr>,
+    pub data: ByteBuf,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -929,6 +938,15 @@ messages! {
     /// `offset` (`N2M_NETBUF_WRITE`) and only their count answered.
     P2N_RECV_DMA { pub sock: u64, pub max: u32, pub wait_ms: u32, pub mcomp: String, pub buf: u64, pub offset: u32 };
     N2P_RECEIVED { pub len: u32, pub eof: bool };
+    /// A datagram socket's datagrams, sent in order; one that cannot go (no route, too big,
+    /// a loopback port of another vNode) is dropped and counted, as a lost datagram.
+    P2N_SENDTO { pub sock: u64, pub grams: Vec<Datagram> };
+    /// A datagram socket's received datagrams, whole, at least one and then as many as fit in
+    /// `max` bytes, answered as soon as there is one, or empty after `wait_ms`.
+    P2N_RECVFROM { pub sock: u64, pub max: u32, pub wait_ms: u32 };
+    N2P_GRAMS { pub grams: Vec<Datagram> };
+    /// connect(2) of a datagram socket to AF_UNSPEC: it forgets its peer.
+    P2N_DISCONNECT { pub sock: u64 };
 
     // ---- socket buffers on an mComponent (the DMA path). `buf` is the capability: random,
     // known only to the pComponent that allocated it and the nComponents it names it to.
@@ -981,6 +999,9 @@ replies! {
     P2N_CLOSE => OK,
     P2N_SEND_DMA => OK,
     P2N_RECV_DMA => N2P_RECEIVED,
+    P2N_SENDTO => OK,
+    P2N_RECVFROM => N2P_GRAMS,
+    P2N_DISCONNECT => OK,
     P2M_NETBUF_ALLOC => M2P_NETBUF,
     P2M_NETBUF_FREE => OK,
     P2M_NETBUF_WRITE => OK,

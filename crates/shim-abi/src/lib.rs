@@ -26,7 +26,7 @@ use zerocopy::{Immutable, KnownLayout};
 /// The byte views both sides use on these records, re-exported so that they agree on the version.
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-pub const SHIM_ABI_VERSION: u32 = 4;
+pub const SHIM_ABI_VERSION: u32 = 5;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -192,6 +192,9 @@ pub enum NetOp {
     GetOpt = 8,
     /// a=level, b=name, data=the value.
     SetOpt = 9,
+    /// A datagram socket's way to an address (data): the pComponent makes the sender
+    /// socket for it ([`udp_name`]) that the shim then sends the program's datagrams to.
+    Route = 10,
 }
 
 impl NetOp {
@@ -206,8 +209,99 @@ impl NetOp {
             7 => NetOp::PeerName,
             8 => NetOp::GetOpt,
             9 => NetOp::SetOpt,
+            10 => NetOp::Route,
             _ => return None,
         })
+    }
+}
+
+/// A program's datagram socket is a Unix datagram socket the pComponent bound in the
+/// directory named by the program socket's path with this suffix: `<dir>/<n>`. Each address
+/// it sends to and receives from has a sender socket there, `<dir>/<n>-<address>`
+/// ([`udp_name`]): the program sends a datagram to the sender of its destination, and
+/// receives each datagram from the sender of its source, so that the shim's recvfrom says the
+/// source by the sender's name and reads and writes need nothing from the shim.
+pub const NET_UDP_SUFFIX: &[u8] = b".udp/";
+
+/// The largest UDP payload (IPv6's; IPv4's is 20 bytes less).
+pub const NET_UDP_MAX: usize = 65527;
+
+/// Longest address part of a sender's name.
+pub const UDP_NAME_MAX: usize = 46;
+
+fn hex(out: &mut [u8], n: &mut usize, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out[*n] = DIGITS[(b >> 4) as usize];
+        out[*n + 1] = DIGITS[(b & 15) as usize];
+        *n += 2;
+    }
+}
+
+/// The address part of a sender's name for a sockaddr_in or sockaddr_in6 (`4` or `6`, the
+/// address and the port in hex, and for IPv6 a non-zero scope as `%` and its hex); None for
+/// anything else or a short one.
+pub fn udp_name(sa: &[u8]) -> Option<([u8; UDP_NAME_MAX], usize)> {
+    let mut out = [0u8; UDP_NAME_MAX];
+    let mut n = 1;
+    let family = u16::from_ne_bytes([*sa.first()?, *sa.get(1)?]);
+    if family == 2 && sa.len() >= 16 {
+        out[0] = b'4';
+        hex(&mut out, &mut n, &sa[4..8]);
+    } else if family == 10 && sa.len() >= 28 {
+        out[0] = b'6';
+        hex(&mut out, &mut n, &sa[8..24]);
+    } else {
+        return None;
+    }
+    hex(&mut out, &mut n, &sa[2..4]);
+    if family == 10 && sa[24..28] != [0; 4] {
+        out[n] = b'%';
+        n += 1;
+        let scope = u32::from_ne_bytes([sa[24], sa[25], sa[26], sa[27]]);
+        hex(&mut out, &mut n, &scope.to_be_bytes());
+    }
+    Some((out, n))
+}
+
+fn unhex(s: &[u8], out: &mut [u8]) -> Option<()> {
+    if s.len() != out.len() * 2 {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (digit(s[2 * i])? << 4) | digit(s[2 * i + 1])?;
+    }
+    Some(())
+}
+
+/// The sockaddr a sender's name part stands for ([`udp_name`] backwards), and its length.
+pub fn udp_addr(name: &[u8]) -> Option<([u8; 28], usize)> {
+    let mut sa = [0u8; 28];
+    let (kind, rest) = name.split_first()?;
+    match kind {
+        b'4' if rest.len() == 12 => {
+            sa[..2].copy_from_slice(&2u16.to_ne_bytes());
+            unhex(&rest[..8], &mut sa[4..8])?;
+            unhex(&rest[8..], &mut sa[2..4])?;
+            Some((sa, 16))
+        }
+        b'6' if rest.len() == 36 || (rest.len() == 45 && rest[36] == b'%') => {
+            sa[..2].copy_from_slice(&10u16.to_ne_bytes());
+            unhex(&rest[..32], &mut sa[8..24])?;
+            unhex(&rest[32..36], &mut sa[2..4])?;
+            if rest.len() == 45 {
+                let mut scope = [0u8; 4];
+                unhex(&rest[37..], &mut scope)?;
+                sa[24..28].copy_from_slice(&u32::from_be_bytes(scope).to_ne_bytes());
+            }
+            Some((sa, 28))
+        }
+        _ => None,
     }
 }
 
@@ -354,4 +448,37 @@ pub mod uffd {
     const _: () = assert!(size_of::<Copy>() == 40 && UFFDIO_COPY >> 16 & 0x3fff == 40 && offset_of!(Copy, copy) == 32);
     const _: () = assert!(size_of::<WriteProtect>() == 24 && UFFDIO_WRITEPROTECT >> 16 & 0x3fff == 24);
     const _: () = assert!(size_of::<Msg>() == 32 && offset_of!(Msg, flags) == 8 && offset_of!(Msg, address) == 16);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sender_names_round_trip_and_others_are_refused() {
+        let mut v4 = [0u8; 16];
+        v4[..2].copy_from_slice(&2u16.to_ne_bytes());
+        v4[2..4].copy_from_slice(&5353u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[10, 0, 0, 7]);
+        let (n, len) = udp_name(&v4).unwrap();
+        assert_eq!(&n[..len], b"40a00000714e9");
+        let (back, blen) = udp_addr(&n[..len]).unwrap();
+        assert_eq!(&back[..blen], &v4);
+        let mut v6 = [0u8; 28];
+        v6[..2].copy_from_slice(&10u16.to_ne_bytes());
+        v6[2..4].copy_from_slice(&443u16.to_be_bytes());
+        v6[8] = 0xfe;
+        v6[9] = 0x80;
+        v6[23] = 1;
+        v6[24..28].copy_from_slice(&3u32.to_ne_bytes());
+        let (n, len) = udp_name(&v6).unwrap();
+        assert_eq!(len, UDP_NAME_MAX);
+        let (back, blen) = udp_addr(&n[..len]).unwrap();
+        assert_eq!(&back[..blen], &v6);
+        assert!(udp_name(&v4[..15]).is_none());
+        assert!(udp_name(&[1, 0, 0, 0]).is_none());
+        for bad in [&b""[..], b"4", b"40a0000071", b"50a00000714e9", b"40a0000071XYZ", b"6zz"] {
+            assert!(udp_addr(bad).is_none(), "{bad:?}");
+        }
+    }
 }

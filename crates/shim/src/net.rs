@@ -1,4 +1,4 @@
-//! The socket stub's program side: TCP sockets whose stack is an nComponent's.
+//! The socket stub's program side: TCP and UDP sockets whose stack is an nComponent's.
 //!
 //! socket(2) for TCP asks the pComponent, which answers with a real descriptor, one end of a
 //! Unix socket pair it bridges to the socket's skeleton on an nComponent. Reads, writes,
@@ -6,17 +6,25 @@
 //! that name addresses or options come here, and go to the pComponent with the descriptor
 //! attached; a descriptor the pComponent does not know (a plain Unix socket) is served by the
 //! kernel as before. Without an nComponent in the cluster every call is the kernel's.
+//!
+//! A UDP socket is a Unix datagram socket the pComponent named in its UDP directory; each
+//! address has a sender socket there named after it (splitos_shim_abi::NET_UDP_SUFFIX). sendto
+//! and sendmsg with an address send to its sender's name instead, and recvfrom and recvmsg say
+//! a datagram's source by its sender's name: no call to the pComponent per datagram.
 use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
+use core::sync::atomic::{AtomicI32, AtomicU8, Ordering::Relaxed};
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
-use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, SHIM_ABI_VERSION};
+use splitos_shim_abi::{udp_addr, udp_name, FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, NET_UDP_MAX, NET_UDP_SUFFIX, SHIM_ABI_VERSION};
 
 use crate::conn::SOCK;
 use crate::start::{env, ready};
 use crate::sys::{errno, set_errno, until_nul};
 
-/// Set once the pComponent said the cluster has no nComponent.
-static LOCAL_STACK: AtomicBool = AtomicBool::new(false);
+/// The kinds of sockets ([`TCP`], [`UDP`]) the pComponent said are the host's (the cluster
+/// has no nComponent, or the pComponent cannot name datagram sockets).
+static LOCAL_STACK: AtomicU8 = AtomicU8::new(0);
+const TCP: u8 = 1;
+const UDP: u8 = 2;
 
 /// The pComponent's process id, as its program socket says (0: not asked yet, -1: none).
 static PCOMP_PID: AtomicI32 = AtomicI32::new(0);
@@ -45,11 +53,51 @@ unsafe fn raw_getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
     unsafe { libc::syscall(libc::SYS_getsockopt, fd, level, name, val, len) as c_int }
 }
 
+/// A UDP socket's name: the path of its Unix datagram socket.
+struct UdpName {
+    path: [u8; 108],
+    len: usize,
+}
+
+impl UdpName {
+    fn bytes(&self) -> &[u8] {
+        &self.path[..self.len]
+    }
+}
+
+/// The name of `fd` if it is one of the pComponent's UDP sockets: bound in its UDP directory.
+fn udp_self(fd: c_int) -> Option<UdpName> {
+    if fd < 0 || !crate::start::is_ready() || LOCAL_STACK.load(Relaxed) & UDP != 0 {
+        return None;
+    }
+    let saved = errno();
+    // SAFETY: sockaddr_un is plain data, valid when zeroed.
+    let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::sockaddr_un>() as socklen_t;
+    // SAFETY: getsockname writes at most `len` bytes into the live sockaddr_un.
+    let r = unsafe { libc::syscall(libc::SYS_getsockname, fd, &mut sa as *mut libc::sockaddr_un, &mut len) };
+    set_errno(saved);
+    if r != 0 || sa.sun_family != libc::AF_UNIX as libc::sa_family_t {
+        return None;
+    }
+    let mut name = UdpName { path: [0; 108], len: 0 };
+    for (i, c) in sa.sun_path.iter().take((len as usize).saturating_sub(2)).enumerate() {
+        name.path[i] = *c as u8;
+    }
+    name.len = until_nul(&name.path).len();
+    let sock = until_nul(&env().sock);
+    let ours = name.bytes().starts_with(sock) && name.bytes()[sock.len()..].starts_with(NET_UDP_SUFFIX);
+    ours.then_some(name)
+}
+
 /// Whether `fd` may be a socket the pComponent runs: a Unix socket whose other end the
-/// pComponent made. The pComponent has the last word (NET_LOCAL).
+/// pComponent made, or one of its UDP sockets. The pComponent has the last word (NET_LOCAL).
 fn bridged(fd: c_int) -> bool {
     if fd < 0 || fd == SOCK.load(Relaxed) || !crate::start::is_ready() {
         return false;
+    }
+    if udp_self(fd).is_some() {
+        return true;
     }
     let pid = pcomp_pid();
     let mut domain: c_int = 0;
@@ -257,8 +305,13 @@ unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
-    let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6) && base == libc::SOCK_STREAM && matches!(protocol, 0 | libc::IPPROTO_TCP);
-    if tcp && !LOCAL_STACK.load(Relaxed) && ready() {
+    let inet = matches!(domain, libc::AF_INET | libc::AF_INET6);
+    let kind = match (base, protocol) {
+        (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) if inet => TCP,
+        (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) if inet => UDP,
+        _ => 0,
+    };
+    if kind != 0 && LOCAL_STACK.load(Relaxed) & kind == 0 && ready() {
         let (r, fd) = call(&request(NetOp::Socket, domain as i64, base as i64, protocol as i64, &[]), -1);
         if r.ret < 0 {
             return fail(r.ret);
@@ -267,9 +320,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
             apply_flags(fd, ty);
             return fd;
         }
-        // The cluster has no nComponent: this image's sockets are the host's, without asking
-        // again for each.
-        LOCAL_STACK.store(true, Relaxed);
+        // This kind of socket is the host's here: this image's are, without asking again for
+        // each.
+        LOCAL_STACK.fetch_or(kind, Relaxed);
     }
     // SAFETY: socket(2) takes no pointers.
     unsafe { libc::syscall(libc::SYS_socket, domain, ty, protocol) as c_int }
@@ -445,25 +498,246 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, opt: c_int, val: *c
     unsafe { libc::syscall(libc::SYS_setsockopt, fd, level, opt, val, len) as c_int }
 }
 
+/// Sends a UDP socket's datagram of `n` bytes to the sender of `dest` (a sockaddr's bytes):
+/// `send` does it with the sender's sockaddr_un. A sender the pComponent has not made (or
+/// dropped) is asked for once.
+fn udp_send(fd: c_int, own: &UdpName, dest: &[u8], n: usize, send: impl Fn(*const libc::sockaddr_un, socklen_t) -> ssize_t) -> ssize_t {
+    let Some((part, plen)) = udp_name(dest) else {
+        set_errno(if dest.len() >= 2 && u16::from_ne_bytes([dest[0], dest[1]]) as c_int != libc::AF_INET && u16::from_ne_bytes([dest[0], dest[1]]) as c_int != libc::AF_INET6 { libc::EAFNOSUPPORT } else { libc::EINVAL });
+        return -1;
+    };
+    let max = if part[0] == b'4' { NET_UDP_MAX - 20 } else { NET_UDP_MAX };
+    if n > max {
+        set_errno(libc::EMSGSIZE);
+        return -1;
+    }
+    // SAFETY: sockaddr_un is plain data, valid when zeroed.
+    let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as _;
+    let name = own.bytes().iter().chain(b"-").chain(&part[..plen]);
+    if own.len + 1 + plen >= sa.sun_path.len() {
+        set_errno(libc::ENAMETOOLONG);
+        return -1;
+    }
+    for (i, b) in name.enumerate() {
+        sa.sun_path[i] = *b as c_char;
+    }
+    let salen = (2 + own.len + 1 + plen + 1) as socklen_t;
+    let r = send(&sa, salen);
+    if r < 0 && matches!(errno(), libc::ENOENT | libc::ECONNREFUSED) {
+        let (resp, _) = call(&request(NetOp::Route, 0, 0, 0, dest), fd);
+        if resp.ret < 0 {
+            return fail(resp.ret) as ssize_t;
+        }
+        return send(&sa, salen);
+    }
+    r
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
+    if !addr.is_null() {
+        if let Some(own) = udp_self(fd) {
+            // SAFETY: the caller's contract (sendto(2)).
+            let dest = unsafe { addr_bytes(addr, len) };
+            // SAFETY: sendto(2) with the caller's buffer and a live sockaddr_un.
+            return udp_send(fd, &own, dest, n, |sa, salen| unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t });
+        }
+    }
     // A connected TCP socket ignores a destination; its Unix end would refuse one.
     let (addr, len) = if !addr.is_null() && bridged(fd) { (core::ptr::null(), 0) } else { (addr, len) };
     // SAFETY: sendto(2) with the caller's arguments.
     unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, addr, len) as ssize_t }
 }
 
+/// The bytes a message carries.
+///
+/// # Safety
+/// `m`'s iovecs are readable.
+unsafe fn msg_len(m: &libc::msghdr) -> usize {
+    (0..m.msg_iovlen as usize).map(|i| unsafe { (*m.msg_iov.add(i)).iov_len }).sum()
+}
+
+/// sendmsg(2) of a UDP socket's message: to its destination's sender.
+///
+/// # Safety
+/// As sendmsg(2).
+unsafe fn udp_sendmsg(fd: c_int, own: &UdpName, msg: &libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's contract.
+    let dest = unsafe { addr_bytes(msg.msg_name as *const sockaddr, msg.msg_namelen) };
+    // SAFETY: as above.
+    let n = unsafe { msg_len(msg) };
+    udp_send(fd, own, dest, n, |sa, salen| {
+        let mut m = *msg;
+        m.msg_name = sa as *mut c_void;
+        m.msg_namelen = salen;
+        // SAFETY: sendmsg(2) with the caller's buffers and a live sockaddr_un.
+        unsafe { libc::syscall(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract: `msg` is a readable msghdr.
-    if !msg.is_null() && !unsafe { (*msg).msg_name }.is_null() && bridged(fd) {
-        // SAFETY: as above; a copy without the destination.
-        let mut m = unsafe { *msg };
-        m.msg_name = core::ptr::null_mut();
-        m.msg_namelen = 0;
-        // SAFETY: sendmsg(2) with the caller's buffers.
-        return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t };
+    if !msg.is_null() && !unsafe { (*msg).msg_name }.is_null() {
+        if let Some(own) = udp_self(fd) {
+            // SAFETY: as above.
+            return unsafe { udp_sendmsg(fd, &own, &*msg, flags) };
+        }
+        if bridged(fd) {
+            // SAFETY: as above; a copy without the destination.
+            let mut m = unsafe { *msg };
+            m.msg_name = core::ptr::null_mut();
+            m.msg_namelen = 0;
+            // SAFETY: sendmsg(2) with the caller's buffers.
+            return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t };
+        }
     }
     // SAFETY: sendmsg(2) with the caller's arguments.
     unsafe { libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as ssize_t }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc::c_uint, flags: c_int) -> c_int {
+    let Some(own) = udp_self(fd) else {
+        // SAFETY: sendmmsg(2) with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_sendmmsg, fd, vec, vlen, flags) as c_int };
+    };
+    // One at a time, each to its destination's sender; as the kernel's, the count of those
+    // sent, or the first one's error.
+    for i in 0..vlen as usize {
+        // SAFETY: the caller's contract: `vec` holds `vlen` messages.
+        let mm = unsafe { &mut *vec.add(i) };
+        let r = if mm.msg_hdr.msg_name.is_null() {
+            // SAFETY: sendmsg(2) with the caller's message.
+            unsafe { libc::syscall(libc::SYS_sendmsg, fd, &mm.msg_hdr as *const libc::msghdr, flags) as ssize_t }
+        } else {
+            // SAFETY: as above.
+            unsafe { udp_sendmsg(fd, &own, &mm.msg_hdr, flags) }
+        };
+        if r < 0 {
+            return if i == 0 { -1 } else { i as c_int };
+        }
+        mm.msg_len = r as libc::c_uint;
+    }
+    vlen as c_int
+}
+
+/// Writes the source of a datagram the kernel named `raw` (`rlen` bytes) into the caller's
+/// address, as recvfrom(2) does (truncated to the room, the whole length stored): a UDP
+/// socket's sender as the address it stands for.
+///
+/// # Safety
+/// `addr` has room for `*alen` bytes; `alen` is writable.
+unsafe fn put_source(fd: c_int, raw: &[u8], rlen: usize, addr: *mut sockaddr, alen: *mut socklen_t) {
+    let rlen = rlen.min(raw.len());
+    let mut out = [0u8; 28];
+    let mut src: &[u8] = &raw[..rlen];
+    if rlen > 2 && u16::from_ne_bytes([raw[0], raw[1]]) as c_int == libc::AF_UNIX {
+        if let Some(own) = udp_self(fd) {
+            let path = until_nul(&raw[2..rlen]);
+            let prefix = own.bytes();
+            if path.len() > prefix.len() + 1 && path.starts_with(prefix) && path[prefix.len()] == b'-' {
+                if let Some((sa, n)) = udp_addr(&path[prefix.len() + 1..]) {
+                    out[..n].copy_from_slice(&sa[..n]);
+                    src = &out[..n];
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        let room = (*alen as usize).min(src.len());
+        core::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, room);
+        *alen = src.len() as socklen_t;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t {
+    if addr.is_null() || alen.is_null() || !crate::start::is_ready() {
+        // SAFETY: recvfrom(2) with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t };
+    }
+    // SAFETY: sockaddr_storage is plain data, valid when zeroed.
+    let mut raw: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let mut rlen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: recvfrom(2) with the caller's buffer and a live address of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, &mut raw as *mut libc::sockaddr_storage, &mut rlen) as ssize_t };
+    if r >= 0 {
+        // SAFETY: the kernel wrote `rlen` bytes (at most the size) of the live value.
+        let bytes = unsafe { core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>()) };
+        let saved = errno();
+        // SAFETY: the caller's contract.
+        unsafe { put_source(fd, bytes, rlen as usize, addr, alen) };
+        set_errno(saved);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's contract: `msg` is a readable msghdr.
+    if msg.is_null() || unsafe { (*msg).msg_name }.is_null() || !crate::start::is_ready() {
+        // SAFETY: recvmsg(2) with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t };
+    }
+    // SAFETY: sockaddr_storage is plain data, valid when zeroed.
+    let mut raw: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    // SAFETY: the caller's contract; a copy with our address buffer.
+    let mut m = unsafe { *msg };
+    m.msg_name = (&mut raw as *mut libc::sockaddr_storage).cast();
+    m.msg_namelen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: recvmsg(2) with the caller's buffers and a live address of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_recvmsg, fd, &mut m as *mut libc::msghdr, flags) as ssize_t };
+    if r >= 0 {
+        // SAFETY: the caller's msghdr, written back as the kernel would have.
+        unsafe {
+            (*msg).msg_controllen = m.msg_controllen;
+            (*msg).msg_flags = m.msg_flags;
+            let bytes = core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>());
+            let saved = errno();
+            put_source(fd, bytes, m.msg_namelen as usize, (*msg).msg_name.cast(), &mut (*msg).msg_namelen);
+            set_errno(saved);
+        }
+    }
+    r
+}
+
+/// Most messages one recvmmsg of a UDP socket receives (it may return fewer than asked).
+const MMSG: usize = 64;
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc::c_uint, flags: c_int, timeout: *mut libc::timespec) -> c_int {
+    if udp_self(fd).is_none() || vec.is_null() {
+        // SAFETY: recvmmsg(2) with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int };
+    }
+    let n = (vlen as usize).min(MMSG);
+    // SAFETY: sockaddr_storage is plain data, valid when zeroed.
+    let mut raw: [libc::sockaddr_storage; MMSG] = unsafe { core::mem::zeroed() };
+    let mut names = [(core::ptr::null_mut::<c_void>(), 0 as socklen_t); MMSG];
+    // SAFETY: the caller's contract: `vec` holds `vlen` messages; each gets our address
+    // buffer for the call and its own back after it.
+    unsafe {
+        for i in 0..n {
+            let h = &mut (*vec.add(i)).msg_hdr;
+            names[i] = (h.msg_name, h.msg_namelen);
+            h.msg_name = (&mut raw[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+        }
+        let r = libc::syscall(libc::SYS_recvmmsg, fd, vec, n as libc::c_uint, flags, timeout) as c_int;
+        let saved = errno();
+        for i in 0..n {
+            let h = &mut (*vec.add(i)).msg_hdr;
+            let got = h.msg_namelen as usize;
+            (h.msg_name, h.msg_namelen) = names[i];
+            if (i as c_int) < r && !h.msg_name.is_null() {
+                let bytes = core::slice::from_raw_parts((&raw[i] as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>());
+                put_source(fd, bytes, got, h.msg_name.cast(), &mut h.msg_namelen);
+            }
+        }
+        set_errno(saved);
+        r
+    }
 }

@@ -389,3 +389,53 @@ fn redis_server_under_splitos_serves_redis_benchmark_from_the_outside() {
     let n = c.components("ncomponent").remove(0);
     assert!(n["stats"]["accepts"].as_u64().unwrap() >= 24, "{}", n["stats"]);
 }
+
+const UDP_ECHO: &str = "import socket, sys\n\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+s.bind((sys.argv[1], int(sys.argv[2])))\n\
+print('listening', flush=True)\n\
+while True:\n    d, a = s.recvfrom(65535)\n    s.sendto(d.upper() + (' from %s' % a[0]).encode(), a)\n";
+
+const UDP_CLIENT: &str = "import socket, sys\n\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+s.settimeout(2)\n\
+for i in range(50):\n    s.sendto(b'query %d' % i, (sys.argv[1], int(sys.argv[2])))\n    try:\n        d, a = s.recvfrom(65535)\n        break\n    except socket.timeout:\n        pass\n\
+print(d.decode(), 'answered by', a)\n";
+
+#[test]
+fn udp_sockets_behave_as_natively_and_reach_the_outside_through_the_ncomponent() {
+    let (h, c, n1_out, out) = rack();
+    // The C program's datagrams, on loopback: the same output natively and under splitos.
+    let prog = program("udp");
+    let cmd = [prog.to_str().unwrap(), "9460"];
+    let native = h.exec("n1", &cmd).output().unwrap();
+    assert!(native.status.success() && text(&native.stdout).ends_with("done\n"), "{}", text(&native.stdout));
+    let under = run_on(&h, &c, "p1", &cmd).output().unwrap();
+    assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
+    // The nComponent sent and received them on its stack; the stub carried them.
+    let n = c.components("ncomponent").remove(0);
+    let g = &n["stats"]["datagrams"];
+    assert!(g["sent"].as_u64().unwrap() >= 215 && g["received"].as_u64().unwrap() >= 215, "{}", n["stats"]);
+    let p = c.components("pcomponent").remove(0);
+    let net = &p["stats"]["net"];
+    assert!(net["datagrams"]["sent"].as_u64().unwrap() >= 215 && net["datagrams"]["received"].as_u64().unwrap() >= 215, "{net}");
+
+    // Python under splitos asks a UDP server outside, and answers a client outside: each
+    // side sees the other's real address.
+    let py = python3();
+    let mut echo = Server(h.exec("out", &[&py, "-c", UDP_ECHO, &out, "8761"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut echo.0), "listening\n");
+    let asked = run_on(&h, &c, "p1", &[&py, "-c", UDP_CLIENT, &out, "8761"]).output().unwrap();
+    assert_eq!(text(&asked.stdout), format!("QUERY 0 from {n1_out} answered by ('{out}', 8761)\n"), "{}", text(&asked.stderr));
+    let mut served = Server(run_on(&h, &c, "p1", &[&py, "-c", UDP_ECHO, "0.0.0.0", "8762"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut served.0), "listening\n");
+    let asking = h.exec("out", &[&py, "-c", UDP_CLIENT, &n1_out, "8762"]).output().unwrap();
+    let said = text(&asking.stdout);
+    assert!(said.starts_with(&format!("QUERY ")) && said.ends_with(&format!(" from {out} answered by ('{n1_out}', 8762)\n")), "{said}{}", text(&asking.stderr));
+
+    // Closed sockets are forgotten: their names go, and the nComponent closes their skeletons.
+    drop(served);
+    let dir = c.dir.path().join("programs/proc0.sock.udp");
+    assert!(c.eventually(Duration::from_secs(10), |_| std::fs::read_dir(&dir).map(|d| d.count() == 0).unwrap_or(false)), "{:?}", std::fs::read_dir(&dir).map(|d| d.map(|e| e.unwrap().file_name()).collect::<Vec<_>>()));
+    assert!(c.eventually(Duration::from_secs(10), |c| c.components("ncomponent").remove(0)["stats"]["open_sockets"] == 0), "{}", c.components("ncomponent").remove(0)["stats"]);
+}

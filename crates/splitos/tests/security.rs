@@ -338,7 +338,7 @@ def exact(s, n):
     return b
 
 def hello(s, fds, run_id):
-    h = struct.pack("<IIQQQQ64s", 4, 0, BASE, SIZE, 0, run_id, b"lab")  # SHIM_ABI_VERSION
+    h = struct.pack("<IIQQQQ64s", 5, 0, BASE, SIZE, 0, run_id, b"lab")  # SHIM_ABI_VERSION
     s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     return struct.unpack("<qQQ", exact(s, 24))
 

@@ -39,6 +39,7 @@ impl Net {
             "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
             "bytes_sent": {"wire": c.wire_sent.load(Relaxed), "ddio": c.ddio_sent.load(Relaxed), "dma": c.dma_sent.load(Relaxed)},
             "bytes_received": {"wire": c.wire_received.load(Relaxed), "ddio": c.ddio_received.load(Relaxed), "dma": c.dma_received.load(Relaxed)},
+            "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed)},
             "refused": c.refused.load(Relaxed),
         })
         .to_string()
@@ -68,6 +69,25 @@ impl Handler for Net {
                     if matches!(m, Msg::OK(_)) {
                         c.ddio_sent.fetch_add(n, Relaxed);
                         metrics::counter!("ncomp_path_bytes_total", "dir" => "sent", "path" => "ddio").increment(n);
+                    }
+                    reply(m)
+                });
+                self.proxy.submit(Job(r.into(), key, counted));
+            }
+            Msg::P2N_SENDTO(r) => {
+                let n: u64 = r.grams.iter().map(|g| g.data.len() as u64).sum();
+                self.c.ddio_sent.fetch_add(n, Relaxed);
+                metrics::counter!("ncomp_path_bytes_total", "dir" => "sent", "path" => "ddio").increment(n);
+                self.proxy.submit(Job(r.into(), key, reply));
+            }
+            Msg::P2N_RECVFROM(r) => {
+                let c = self.c.clone();
+                let counted: Reply = Box::new(move |m| {
+                    if let Msg::N2P_GRAMS(g) = &m {
+                        let n: u64 = g.grams.iter().map(|g| g.data.len() as u64).sum();
+                        c.ddio_received.fetch_add(n, Relaxed);
+                        c.grams_received.fetch_add(g.grams.len() as u64, Relaxed);
+                        metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "ddio").increment(n);
                     }
                     reply(m)
                 });

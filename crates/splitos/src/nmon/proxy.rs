@@ -36,6 +36,11 @@ pub struct Counters {
     pub ddio_received: AtomicU64,
     pub dma_sent: AtomicU64,
     pub dma_received: AtomicU64,
+    /// Datagrams of datagram sockets sent and received on this host's stack, and those
+    /// dropped (the kernel refused them, or a loopback port of another vNode).
+    pub grams_sent: AtomicU64,
+    pub grams_received: AtomicU64,
+    pub grams_dropped: AtomicU64,
     pub refused: AtomicU64,
 }
 
@@ -265,6 +270,9 @@ impl Proxy {
             Msg::P2N_RECV(r) => r.sock,
             Msg::P2N_SHUTDOWN(r) => r.sock,
             Msg::P2N_CLOSE(r) => r.sock,
+            Msg::P2N_SENDTO(r) => r.sock,
+            Msg::P2N_RECVFROM(r) => r.sock,
+            Msg::P2N_DISCONNECT(r) => r.sock,
             other => {
                 reply(Msg::ERR(ERR::new(ErrCode::Invalid, format!("the proxy does not handle {}", other.name()))));
                 return None;
@@ -289,6 +297,12 @@ impl Proxy {
                 return None;
             }
         };
+        let for_dgram = matches!(msg, Msg::P2N_SENDTO(_) | Msg::P2N_RECVFROM(_) | Msg::P2N_DISCONNECT(_));
+        let for_stream = matches!(msg, Msg::P2N_LISTEN(_) | Msg::P2N_ACCEPT(_) | Msg::P2N_SEND(_) | Msg::P2N_RECV(_));
+        if (for_dgram && !s.is_dgram()) || (for_stream && s.is_dgram()) {
+            errno_reply(reply, libc::EOPNOTSUPP);
+            return None;
+        }
         let now = Instant::now();
         match msg {
             Msg::P2N_SETSOCKOPT(r) => reply(on(r, |r| set_option(s, r.level, r.name, &r.value))),
@@ -325,10 +339,7 @@ impl Proxy {
                     self.c.connects.fetch_add(1, Relaxed);
                     metrics::counter!("ncomp_connects_total").increment(1);
                 }
-                // Loopback is the vNode's own: the host's private services and other vNodes'
-                // loopback servers are not there for it.
-                let own = self.registry.get(&(s.kind, r.addr.port())).is_some_and(|(v, _)| *v == s.owner.vnode);
-                if self.loopback == super::Loopback::Vnode && r.addr.ip().to_canonical().is_loopback() && !own {
+                if !loopback_allowed(self.loopback, &self.registry, &s.owner.vnode, s.kind, r.addr) {
                     self.c.refused.fetch_add(1, Relaxed);
                     tracing::info!(vnode = %s.owner.vnode, port = r.addr.port(), "refused a connect to a loopback port the vNode does not hold");
                     errno_reply(reply, libc::ECONNREFUSED);
@@ -360,6 +371,40 @@ impl Proxy {
                 });
                 return Some(sock);
             }
+            Msg::P2N_SENDTO(r) => {
+                let mut grams = r.grams;
+                let before = grams.len();
+                let (registry, loopback) = (&self.registry, self.loopback);
+                grams.retain(|g| g.addr.is_none_or(|a| loopback_allowed(loopback, registry, &s.owner.vnode, s.kind, a)));
+                let refused = (before - grams.len()) as u64;
+                if refused > 0 {
+                    self.c.refused.fetch_add(refused, Relaxed);
+                    tracing::info!(vnode = %s.owner.vnode, datagrams = refused, "dropped datagrams to loopback ports the vNode does not hold");
+                }
+                let n = grams.len() as u64;
+                let (sent, dropped) = s.send_grams(grams);
+                self.c.wire_sent.fetch_add(sent, Relaxed);
+                self.c.grams_sent.fetch_add(n - dropped, Relaxed);
+                self.c.grams_dropped.fetch_add(dropped + refused, Relaxed);
+                metrics::counter!("ncomp_wire_bytes_total", "dir" => "sent").increment(sent);
+                // A socket that sent before it was bound has a port now: the registry holds it
+                // for the vNode, so that no other vNode can bind it and take its answers.
+                if s.port.is_none() {
+                    if let Some(a) = s.socket.local_addr().ok().and_then(|a| a.as_socket()).filter(|a| a.port() != 0) {
+                        self.registry.entry((s.kind, a.port())).or_insert_with(|| (s.owner.vnode.clone(), 0)).1 += 1;
+                        s.port = Some((s.kind, a.port()));
+                    }
+                }
+                reply(OK.into());
+            }
+            Msg::P2N_RECVFROM(r) => {
+                s.recv(r.max as usize, now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT), reply);
+                return Some(sock);
+            }
+            Msg::P2N_DISCONNECT(_) => reply(match s.disconnect() {
+                Ok(()) => OK.into(),
+                Err(e) => Msg::ERR(e),
+            }),
             Msg::P2N_CLOSE(_) => {
                 s.closing = Some(now + LINGER);
                 reply(OK.into());
@@ -393,6 +438,12 @@ fn owned<'a>(socks: &'a mut HashMap<u64, Skeleton>, c: &Counters, id: u64, key: 
 }
 
 type Registry = HashMap<(i32, u16), (String, usize)>;
+
+/// Loopback is the vNode's own: the host's private services and other vNodes' loopback
+/// servers are not there for it.
+fn loopback_allowed(loopback: super::Loopback, registry: &Registry, vnode: &str, kind: i32, a: std::net::SocketAddr) -> bool {
+    loopback != super::Loopback::Vnode || !a.ip().to_canonical().is_loopback() || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
+}
 
 fn release(registry: &mut Registry, port: (i32, u16)) {
     if let Some((_, n)) = registry.get_mut(&port) {

@@ -10,13 +10,17 @@ use std::time::Instant;
 
 use serde_bytes::ByteBuf;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use splitos_rpc::{Msg, Refusal, Reply, ERR, N2P_ADDR, N2P_DATA, OK};
+use splitos_rpc::{Datagram, Msg, Refusal, Reply, ERR, N2P_ADDR, N2P_DATA, N2P_GRAMS, OK};
 
 /// Bytes a skeleton holds for sending before it makes its stub wait: enough to keep a
 /// connection busy between two of the stub's sends.
 pub const SEND_QUEUE: usize = 256 << 10;
 /// Most bytes one receive hands back.
 pub const RECV_MAX: usize = 256 << 10;
+/// The largest datagram (IPv6's largest UDP payload without jumbograms).
+pub const GRAM_MAX: usize = 65535;
+/// Most datagrams one receive hands back.
+const GRAMS_MAX: usize = 1024;
 
 /// Who a skeleton belongs to: the pComponent that made it (its credentials' key), the vNode
 /// and the user of the program.
@@ -162,6 +166,46 @@ impl Skeleton {
         self.send_waiters.push_back((data, now + MAX_WAIT, reply));
     }
 
+    pub fn is_dgram(&self) -> bool {
+        self.kind == libc::SOCK_DGRAM
+    }
+
+    /// Sends datagrams at once (a datagram socket has no queue here: what the kernel does
+    /// not take is lost, as on a full interface). Returns the bytes sent and the datagrams
+    /// dropped.
+    pub fn send_grams(&mut self, grams: Vec<Datagram>) -> (u64, u64) {
+        let (mut sent, mut dropped) = (0u64, 0u64);
+        for g in grams {
+            let r = match g.addr {
+                Some(a) => self.socket.send_to(&g.data, &SockAddr::from(a)),
+                None => self.socket.send(&g.data),
+            };
+            match r {
+                Ok(n) => sent += n as u64,
+                Err(e) => {
+                    dropped += 1;
+                    tracing::debug!(error = %e, to = ?g.addr, "a datagram could not be sent");
+                }
+            }
+        }
+        (sent, dropped)
+    }
+
+    /// Disconnects a datagram socket (connect to AF_UNSPEC).
+    pub fn disconnect(&mut self) -> Result<(), Refusal> {
+        // SAFETY: sockaddr is plain data; connect(2) reads the family of the live value.
+        let r = unsafe {
+            let mut sa: libc::sockaddr = std::mem::zeroed();
+            sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+            libc::connect(self.fd(), &sa, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t)
+        };
+        if r != 0 {
+            return Err(refusal(&std::io::Error::last_os_error()));
+        }
+        self.state = State::Fresh;
+        Ok(())
+    }
+
     pub fn recv(&mut self, max: usize, deadline: Instant, reply: Reply) {
         if let Some((_, _, old)) = self.recv_waiter.take() {
             old(Msg::ERR(ERR::new(splitos_rpc::ErrCode::Invalid, "a newer receive on this socket replaced this one")));
@@ -223,6 +267,9 @@ impl Skeleton {
                     },
                 }
             }
+        }
+        if self.is_dgram() {
+            return (0, self.deliver_grams(now));
         }
         if !matches!(self.state, State::Connected) {
             return (0, 0);
@@ -304,6 +351,41 @@ impl Skeleton {
         }
     }
 
+    /// Hands a waiting receive of a datagram socket what came, whole datagrams with their
+    /// sources.
+    fn deliver_grams(&mut self, now: Instant) -> u64 {
+        let Some((max, deadline, reply)) = self.recv_waiter.take() else { return 0 };
+        let mut grams = Vec::new();
+        let mut total = 0usize;
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); GRAM_MAX];
+        // One more datagram only if the largest one still fits the answer.
+        while grams.is_empty() || (total + GRAM_MAX <= max && grams.len() < GRAMS_MAX) {
+            match self.socket.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    // SAFETY: recv_from initialized the first `n` bytes.
+                    let data = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+                    total += n;
+                    grams.push(Datagram { addr: from.as_socket(), data: ByteBuf::from(data.to_vec()) });
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                // An error queued by an earlier send (ICMP unreachable on a connected socket):
+                // reported once, as the kernel's recv does.
+                Err(e) if grams.is_empty() => {
+                    reply(Msg::ERR(refusal(&e)));
+                    return 0;
+                }
+                Err(_) => break,
+            }
+        }
+        if grams.is_empty() && now < deadline {
+            self.recv_waiter = Some((max, deadline, reply));
+        } else {
+            reply(N2P_GRAMS { grams }.into());
+        }
+        total as u64
+    }
+
     /// The socket broke: every waiting send learns it.
     fn fail(&mut self, errno: i32) {
         self.err.get_or_insert(errno);
@@ -323,6 +405,7 @@ impl Skeleton {
             let (_, _, reply) = self.recv_waiter.take().unwrap();
             match self.err {
                 Some(e) => reply(Msg::ERR(Refusal::errno(e))),
+                None if self.is_dgram() => reply(N2P_GRAMS { grams: Vec::new() }.into()),
                 None => reply(N2P_DATA { data: ByteBuf::new(), eof: self.eof }.into()),
             }
         }
@@ -356,7 +439,11 @@ impl Skeleton {
         }
         self.fail(libc::EPIPE);
         if let Some((_, _, reply)) = self.recv_waiter.take() {
-            reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+            if self.is_dgram() {
+                reply(Msg::ERR(Refusal::errno(libc::EBADF)));
+            } else {
+                reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+            }
         }
         if let Some((_, reply)) = self.accept_waiter.take() {
             reply(Msg::ERR(Refusal::errno(libc::EBADF)));

@@ -9,6 +9,7 @@
 //! descriptor attached: a program acts only on sockets it holds. docs/network.md says why.
 mod addr;
 mod bridge;
+mod dgram;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -69,6 +70,11 @@ pub struct NetCounters {
     /// moved, that never reached an nComponent (the shortcut).
     pub shortcuts: AtomicU64,
     pub shortcut_bytes: AtomicU64,
+    /// Datagrams of UDP sockets sent and received through nComponents, and those lost on
+    /// the way (no room in the program's socket, an nComponent that did not answer).
+    pub grams_sent: AtomicU64,
+    pub grams_received: AtomicU64,
+    pub grams_dropped: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,12 +87,17 @@ enum Phase {
     Failed,
 }
 
-struct State {
-    /// The skeleton: its nComponent and its id there.
-    skel: Option<(String, u64)>,
+/// A socket's skeleton, stream or datagram.
+#[derive(Default)]
+struct Slot {
+    /// Its nComponent and its id there.
+    at: Option<(String, u64)>,
     /// Every option set (and accepted), to set again on a skeleton made anew on another
     /// nComponent.
     opts: Vec<(i32, i32, Vec<u8>)>,
+}
+
+struct State {
     phase: Phase,
     /// What SO_ERROR reports next (a failed non-blocking connect).
     error: i32,
@@ -123,6 +134,7 @@ pub struct Sock {
     mine: OwnedFd,
     /// Wakes the socket's watcher when its phase changes.
     wake: OwnedFd,
+    slot: Mutex<Slot>,
     st: Mutex<State>,
     changed: Condvar,
     closed: AtomicBool,
@@ -130,7 +142,7 @@ pub struct Sock {
 
 impl Sock {
     fn skel(&self) -> Option<(String, u64)> {
-        self.st.lock().unwrap().skel.clone()
+        self.slot.lock().unwrap().at.clone()
     }
 
     /// A shortcut connection's other end, while it is there.
@@ -150,6 +162,10 @@ pub struct NetStub {
     node: Arc<Node>,
     /// Sockets by the program's end.
     socks: Mutex<HashMap<addr::SockId, Arc<Sock>>>,
+    dgrams: Mutex<HashMap<addr::SockId, Arc<dgram::Dgram>>>,
+    /// Where datagram sockets are named (none: programs' UDP is the host's).
+    udp_dir: std::sync::OnceLock<std::path::PathBuf>,
+    next_dgram: std::sync::atomic::AtomicU32,
     /// The nComponent of each vNode, as the GNM said.
     homes: Mutex<HashMap<String, String>>,
     /// Whether two programs of a vNode on this pComponent connect without the nComponent.
@@ -173,13 +189,14 @@ fn errno_of(e: &RpcError) -> i32 {
 
 impl NetStub {
     pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
+        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
         let c = &self.c;
         serde_json::json!({
-            "open_sockets": self.socks.lock().unwrap().len(),
+            "open_sockets": self.socks.lock().unwrap().len() + self.dgrams.lock().unwrap().len(),
+            "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed), "on": self.udp_dir.get().is_some()},
             "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
             "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed),
             "path": self.path.to_string(), "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed)},
@@ -225,17 +242,17 @@ impl NetStub {
 
     /// The socket's skeleton, made on `ncomp` (or the vNode's nComponent) if it has none
     /// there yet; a skeleton elsewhere is closed and its options set again on the new one.
-    fn ensure_skel(&self, s: &Sock, ncomp: Option<String>) -> Result<(String, u64), i32> {
+    fn ensure_skel(&self, spec: &Spec, slot: &Mutex<Slot>, ncomp: Option<String>) -> Result<(String, u64), i32> {
         let want = match ncomp {
             Some(n) => n,
-            None => match s.skel() {
+            None => match slot.lock().unwrap().at.clone() {
                 Some(k) => return Ok(k),
-                None => self.ncomp_for(&s.spec.vnode, None)?,
+                None => self.ncomp_for(&spec.vnode, None)?,
             },
         };
         let (old, opts) = {
-            let st = s.st.lock().unwrap();
-            (st.skel.clone(), st.opts.clone())
+            let sl = slot.lock().unwrap();
+            (sl.at.clone(), sl.opts.clone())
         };
         if let Some((at, id)) = old {
             if at == want {
@@ -243,7 +260,7 @@ impl NetStub {
             }
             let _ = self.call(&at, P2N_CLOSE { sock: id });
         }
-        let sp = &s.spec;
+        let sp = spec;
         let r = self.call(&want, P2N_SOCKET { vnode: sp.vnode.clone(), uid: sp.uid, family: sp.family, kind: sp.kind, protocol: sp.protocol })?;
         for (level, name, value) in opts {
             // Each was accepted once, by the same kind of stack.
@@ -251,14 +268,14 @@ impl NetStub {
                 tracing::debug!(level, name, errno = e, "an option did not carry over to the socket's new nComponent");
             }
         }
-        let mut st = s.st.lock().unwrap();
+        let mut sl = slot.lock().unwrap();
         // Another of the program's threads made one there meanwhile: keep that one.
-        if let Some(made) = st.skel.clone().filter(|(at, _)| *at == want) {
-            drop(st);
+        if let Some(made) = sl.at.clone().filter(|(at, _)| *at == want) {
+            drop(sl);
             let _ = self.call(&want, P2N_CLOSE { sock: r.sock });
             return Ok(made);
         }
-        st.skel = Some((want.clone(), r.sock));
+        sl.at = Some((want.clone(), r.sock));
         Ok((want, r.sock))
     }
 
@@ -268,8 +285,8 @@ impl NetStub {
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
-        let st = State { skel, opts: Vec::new(), phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None, dma: None };
-        let s = Arc::new(Sock { spec, mine: OwnedFd::from(mine), wake, st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
+        let st = State { phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None, dma: None };
+        let s = Arc::new(Sock { spec, mine: OwnedFd::from(mine), wake, slot: Mutex::new(Slot { at: skel, opts: Vec::new() }), st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let (stub, s2) = (self.clone(), s.clone());
@@ -292,9 +309,10 @@ impl NetStub {
             return;
         }
         self.socks.lock().unwrap().remove(&ino);
-        let (skel, queued, peer, dma) = {
+        let skel = s.slot.lock().unwrap().at.take();
+        let (queued, peer, dma) = {
             let mut st = s.st.lock().unwrap();
-            (st.skel.take(), std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take())
+            (std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take())
         };
         if let Some(b) = dma {
             self.free_bufs(&b.mcomp, [b.tx, b.rx]);
@@ -347,11 +365,16 @@ impl NetStub {
     }
 
     /// The socket the program's descriptor `fd` is, if it is one of ours and the caller's.
-    fn sock_of(&self, fd: &OwnedFd, vnode: &str) -> Result<Option<Arc<Sock>>, i32> {
+    fn sock_of(&self, fd: &OwnedFd, vnode: &str) -> Result<Option<Found>, i32> {
         let Ok(ino) = addr::inode(fd.as_raw_fd()) else { return Ok(None) };
-        let s = self.socks.lock().unwrap().get(&ino).cloned();
+        let s = self.socks.lock().unwrap().get(&ino).cloned().map(Found::Stream);
+        let s = s.or_else(|| self.dgrams.lock().unwrap().get(&ino).cloned().map(Found::Dgram));
+        let owner = |f: &Found| match f {
+            Found::Stream(s) => s.spec.vnode == vnode,
+            Found::Dgram(d) => d.spec.vnode == vnode,
+        };
         match s {
-            Some(s) if s.spec.vnode == vnode => Ok(Some(s)),
+            Some(s) if owner(&s) => Ok(Some(s)),
             Some(_) => {
                 self.c.refused.fetch_add(1, Relaxed);
                 tracing::warn!(vnode, "refused a socket call on another vNode's socket");
@@ -372,7 +395,8 @@ impl NetStub {
                 Err(e) => Err(e),
             },
             (Some(op), Some(fd)) => match self.sock_of(&fd, vnode) {
-                Ok(Some(s)) => self.on_sock(op, &s, req, fd, &mut resp),
+                Ok(Some(Found::Stream(s))) => self.on_sock(op, &s, req, fd, &mut resp),
+                Ok(Some(Found::Dgram(d))) => self.on_dgram(op, &d, req, fd, &mut resp),
                 Ok(None) => Ok(Answer::Ret(NET_LOCAL)),
                 Err(e) => Err(e),
             },
@@ -399,16 +423,26 @@ impl NetStub {
     /// are its host's.
     fn socket(self: &Arc<Self>, vnode: &str, uid: u32, req: &NetReq) -> Result<Option<OwnedFd>, i32> {
         let (family, kind, protocol) = (req.a as i32, req.b as i32, req.c as i32);
-        if !matches!(family, libc::AF_INET | libc::AF_INET6) || kind != libc::SOCK_STREAM || !matches!(protocol, 0 | libc::IPPROTO_TCP) {
+        let stream = kind == libc::SOCK_STREAM && matches!(protocol, 0 | libc::IPPROTO_TCP);
+        let dgram = kind == libc::SOCK_DGRAM && matches!(protocol, 0 | libc::IPPROTO_UDP);
+        if !matches!(family, libc::AF_INET | libc::AF_INET6) || !(stream || dgram) {
             return Err(libc::EPROTONOSUPPORT);
+        }
+        let udp_dir = self.udp_dir.get();
+        if dgram && udp_dir.is_none() {
+            return Ok(None);
         }
         match self.ncomp_for(vnode, None) {
             Err(e) if e == ErrCode::NotFound.errno() => return Ok(None),
             Err(e) => return Err(e),
             Ok(_) => {}
         }
-        let (_, theirs) = self.new_sock(Spec { vnode: vnode.to_string(), uid, family, kind, protocol }, Phase::Fresh, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-        Ok(Some(theirs))
+        let spec = Spec { vnode: vnode.to_string(), uid, family, kind, protocol };
+        let made = match udp_dir {
+            Some(dir) if dgram => self.new_dgram(spec, dir),
+            _ => self.new_sock(spec, Phase::Fresh, None).map(|(_, theirs)| theirs),
+        };
+        made.map(Some).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
     }
 
     fn on_sock(self: &Arc<Self>, op: NetOp, s: &Arc<Sock>, req: &NetReq, fd: OwnedFd, resp: &mut NetResp) -> Result<Answer, i32> {
@@ -423,14 +457,12 @@ impl NetStub {
                         return Err(libc::EINVAL);
                     }
                 }
-                let ncomp = self.ncomp_for(&s.spec.vnode, Some(a.ip()))?;
-                let (at, id) = self.ensure_skel(s, Some(ncomp))?;
-                let r = self.call(&at, P2N_BIND { sock: id, addr: a })?;
-                s.st.lock().unwrap().bound = Some(r.addr);
+                let bound = self.bind_skel(&s.spec, &s.slot, a)?;
+                s.st.lock().unwrap().bound = Some(bound);
                 Ok(Answer::Ret(0))
             }
             NetOp::Listen => {
-                let (at, id) = self.ensure_skel(s, None)?;
+                let (at, id) = self.ensure_skel(&s.spec, &s.slot, None)?;
                 self.call(&at, P2N_LISTEN { sock: id, backlog: req.a as i32 })?;
                 let first = {
                     let mut st = s.st.lock().unwrap();
@@ -470,10 +502,7 @@ impl NetStub {
                 let names = s.st.lock().unwrap().names;
                 let a = match names {
                     Some((local, peer)) => if op == NetOp::PeerName { peer } else { local },
-                    None => {
-                        let (at, id) = self.ensure_skel(s, None)?;
-                        self.call(&at, P2N_NAME { sock: id, peer: op == NetOp::PeerName })?.addr
-                    }
+                    None => self.skel_name(&s.spec, &s.slot, op == NetOp::PeerName)?,
                 };
                 put_addr(resp, a);
                 Ok(Answer::Ret(0))
@@ -489,24 +518,47 @@ impl NetStub {
                     resp.len = 4;
                     return Ok(Answer::Ret(0));
                 }
-                let (at, id) = self.ensure_skel(s, None)?;
-                let r = self.call(&at, P2N_GETSOCKOPT { sock: id, level, name, len: (req.c.clamp(0, resp.data.len() as i64)) as u32 })?;
-                let n = r.value.len().min(resp.data.len());
-                resp.data[..n].copy_from_slice(&r.value[..n]);
-                resp.len = n as u32;
-                Ok(Answer::Ret(0))
+                self.get_opt(&s.spec, &s.slot, req, resp)
             }
-            NetOp::SetOpt => {
-                let (level, name) = (req.a as i32, req.b as i32);
-                // Set where it is now, so that a refused option fails this call.
-                let (at, id) = self.ensure_skel(s, None)?;
-                self.call(&at, P2N_SETSOCKOPT { sock: id, level, name, value: ByteBuf::from(data.to_vec()) })?;
-                let mut st = s.st.lock().unwrap();
-                st.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
-                st.opts.push((level, name, data.to_vec()));
-                Ok(Answer::Ret(0))
-            }
+            NetOp::SetOpt => self.set_opt(&s.spec, &s.slot, req),
+            NetOp::Route => Err(libc::EOPNOTSUPP),
         }
+    }
+
+    /// bind(2) on the skeleton, made on the nComponent that holds the address.
+    fn bind_skel(&self, spec: &Spec, slot: &Mutex<Slot>, a: SocketAddr) -> Result<SocketAddr, i32> {
+        let ncomp = self.ncomp_for(&spec.vnode, Some(a.ip()))?;
+        let (at, id) = self.ensure_skel(spec, slot, Some(ncomp))?;
+        Ok(self.call(&at, P2N_BIND { sock: id, addr: a })?.addr)
+    }
+
+    /// getsockname(2) or getpeername(2) of the skeleton.
+    fn skel_name(&self, spec: &Spec, slot: &Mutex<Slot>, peer: bool) -> Result<SocketAddr, i32> {
+        let (at, id) = self.ensure_skel(spec, slot, None)?;
+        Ok(self.call(&at, P2N_NAME { sock: id, peer })?.addr)
+    }
+
+    /// getsockopt(2) on the skeleton.
+    fn get_opt(&self, spec: &Spec, slot: &Mutex<Slot>, req: &NetReq, resp: &mut NetResp) -> Result<Answer, i32> {
+        let (at, id) = self.ensure_skel(spec, slot, None)?;
+        let r = self.call(&at, P2N_GETSOCKOPT { sock: id, level: req.a as i32, name: req.b as i32, len: (req.c.clamp(0, resp.data.len() as i64)) as u32 })?;
+        let n = r.value.len().min(resp.data.len());
+        resp.data[..n].copy_from_slice(&r.value[..n]);
+        resp.len = n as u32;
+        Ok(Answer::Ret(0))
+    }
+
+    /// setsockopt(2) where the skeleton is now, so that a refused option fails this call;
+    /// kept to be set again on a skeleton made elsewhere.
+    fn set_opt(&self, spec: &Spec, slot: &Mutex<Slot>, req: &NetReq) -> Result<Answer, i32> {
+        let (level, name) = (req.a as i32, req.b as i32);
+        let value = req.data[..(req.len as usize).min(req.data.len())].to_vec();
+        let (at, id) = self.ensure_skel(spec, slot, None)?;
+        self.call(&at, P2N_SETSOCKOPT { sock: id, level, name, value: ByteBuf::from(value.clone()) })?;
+        let mut sl = slot.lock().unwrap();
+        sl.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+        sl.opts.push((level, name, value));
+        Ok(Answer::Ret(0))
     }
 
     /// connect(2). A blocking one is answered when it is done. A non-blocking one is answered
@@ -529,7 +581,7 @@ impl NetStub {
                 return self.connect_locally(s, &listener, a).map(|_| Answer::Ret(0));
             }
         }
-        let (at, id) = self.ensure_skel(s, None)?;
+        let (at, id) = self.ensure_skel(&s.spec, &s.slot, None)?;
         s.st.lock().unwrap().phase = Phase::Connecting;
         if !nonblocking {
             drop(theirs);
@@ -640,6 +692,12 @@ enum Answer {
     Fd(OwnedFd),
 }
 
+/// A socket of the stub, by the program's end.
+enum Found {
+    Stream(Arc<Sock>),
+    Dgram(Arc<dgram::Dgram>),
+}
+
 /// An address as the answer's data.
 fn put_addr(resp: &mut NetResp, a: SocketAddr) {
     let (bytes, len) = addr::encode(a);
@@ -653,6 +711,9 @@ pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     let mut path = shim_sock.as_os_str().to_owned();
     path.push(std::ffi::OsStr::new(std::str::from_utf8(splitos_shim_abi::NET_SOCK_SUFFIX).expect("ASCII")));
     let path = std::path::PathBuf::from(path);
+    if let Some(dir) = dgram::make_dir(shim_sock) {
+        let _ = p.net.udp_dir.set(dir);
+    }
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path).map_err(|e| anyhow::anyhow!("cannot listen for socket calls on {}: {e}", path.display()))?;
     // Every user may connect: the caller must be a process of this pComponent.
