@@ -31,7 +31,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 11 added the network: the nComponent role, its NIC addresses in `X2G_REGISTER`,
 /// the GNM's `P2G_PICK_NET`, the socket messages `P2N_*`, and socket buffers on mComponents
 /// for the DMA path (`P2M_NETBUF_*`, `N2M_NETBUF_*`).
-/// Version 12 added datagram sockets (`P2N_SENDTO`, `P2N_RECVFROM`, `P2N_DISCONNECT`).
+/// Version 12 added datagram sockets (`P2N_SENDTO`, `P2N_RECVFROM`, `P2N_DISCONNECT`) and
+/// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
 pub const WIRE_VERSION: u16 = 12;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
@@ -913,7 +914,13 @@ messages! {
     P2N_GETSOCKOPT { pub sock: u64, pub level: i32, pub name: i32, pub len: u32 };
     N2P_OPT { pub value: ByteBuf };
     P2N_BIND { pub sock: u64, pub addr: SocketAddr };
-    P2N_LISTEN { pub sock: u64, pub backlog: i32 };
+    /// `direct`: the pComponent's address, where programs of the vNode on other pComponents
+    /// may connect to this listener without the nComponent (its shortcut is on).
+    P2N_LISTEN { pub sock: u64, pub backlog: i32, pub direct: Option<String> };
+    /// Which pComponent holds a listener of `vnode` that a connect to `addr` (one of this
+    /// nComponent's addresses, or loopback) would reach, if it takes direct connections.
+    P2N_FIND_LISTENER { pub vnode: String, pub addr: SocketAddr };
+    N2P_LISTENER { pub pcomp: Option<String> };
     /// Answered with the next connection, or `ERR Errno(EAGAIN)` when none came in `wait_ms`.
     P2N_ACCEPT { pub sock: u64, pub wait_ms: u32 };
     N2P_ACCEPTED { pub sock: u64, pub peer: SocketAddr };
@@ -947,6 +954,21 @@ messages! {
     N2P_GRAMS { pub grams: Vec<Datagram> };
     /// connect(2) of a datagram socket to AF_UNSPEC: it forgets its peer.
     P2N_DISCONNECT { pub sock: u64 };
+
+    // ---- the shortcut between two pComponents (docs/network.md): a connection between two
+    // programs of a vNode whose listener is on another pComponent. Each end has an id at its
+    // pComponent, random, which is the capability to send to it.
+    /// A connection from the program socket `conn` at pComponent `from` to the listener of
+    /// `vnode` that `addr` reaches here; `peer`: the connecting end's address, as it names
+    /// itself. Answered with the accepted end's id.
+    P2P_CONNECT { pub vnode: String, pub addr: SocketAddr, pub peer: SocketAddr, pub conn: u64, pub from: String };
+    P2P_CONNECTED { pub conn: u64 };
+    /// Bytes for end `conn`: answered with how many it took now (a program that does not
+    /// read takes fewer; the sender offers the rest again).
+    P2P_SEND { pub conn: u64, pub data: ByteBuf };
+    P2P_TAKEN { pub n: u32 };
+    /// The other end shut down writing (`close`: it is gone).
+    P2P_SHUTDOWN { pub conn: u64, pub close: bool };
 
     // ---- socket buffers on an mComponent (the DMA path). `buf` is the capability: random,
     // known only to the pComponent that allocated it and the nComponents it names it to.
@@ -1002,6 +1024,10 @@ replies! {
     P2N_SENDTO => OK,
     P2N_RECVFROM => N2P_GRAMS,
     P2N_DISCONNECT => OK,
+    P2N_FIND_LISTENER => N2P_LISTENER,
+    P2P_CONNECT => P2P_CONNECTED,
+    P2P_SEND => P2P_TAKEN,
+    P2P_SHUTDOWN => OK,
     P2M_NETBUF_ALLOC => M2P_NETBUF,
     P2M_NETBUF_FREE => OK,
     P2M_NETBUF_WRITE => OK,

@@ -167,7 +167,7 @@ fn sockets_program(h: &Hosts, c: &TestCluster) -> (String, serde_json::Value, se
 const ECHO_SERVER: &str = "import socket, sys, threading\n\
 s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n\
 print('listening', flush=True)\n\
-def echo(c):\n    while (d := c.recv(4096)):\n        c.sendall(d)\n\
+def echo(c):\n    with c:\n        while (d := c.recv(4096)):\n            c.sendall(d)\n\
 while True:\n    c, _ = s.accept()\n    threading.Thread(target=echo, args=(c,), daemon=True).start()\n";
 
 const ECHO_CLIENT: &str = "import os, socket, sys, time\n\
@@ -438,4 +438,54 @@ fn udp_sockets_behave_as_natively_and_reach_the_outside_through_the_ncomponent()
     let dir = c.dir.path().join("programs/proc0.sock.udp");
     assert!(c.eventually(Duration::from_secs(10), |_| std::fs::read_dir(&dir).map(|d| d.count() == 0).unwrap_or(false)), "{:?}", std::fs::read_dir(&dir).map(|d| d.map(|e| e.unwrap().file_name()).collect::<Vec<_>>()));
     assert!(c.eventually(Duration::from_secs(10), |c| c.components("ncomponent").remove(0)["stats"]["open_sockets"] == 0), "{}", c.components("ncomponent").remove(0)["stats"]);
+}
+
+const BULK_CLIENT: &str = "import hashlib, socket, sys, threading\n\
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n\
+peer = s.getpeername()[1]\n\
+data = bytes(i * 7 % 251 for i in range(2_000_000))\n\
+def send():\n    s.sendall(data)\n    s.shutdown(socket.SHUT_WR)\n\
+t = threading.Thread(target=send)\nt.start()\n\
+got = bytearray()\n\
+while (d := s.recv(65536)):\n    got += d\n\
+t.join()\n\
+print(len(got), hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest(), peer)\n";
+
+#[test]
+fn programs_of_a_vnode_on_two_pcomponents_connect_directly_not_through_the_ncomponent() {
+    let mut h = Hosts::new(&["gm", "p1", "p2", "m1", "n1"]);
+    let (n1_out, _) = h.add_outside("n1");
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    let cfg = format!("[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}[[pcomponent]]\n{}[[mcomponent]]\n{}[[ncomponent]]\n{}", h.addr("gm"), h.netns("gm"), at("p1"), at("p2"), at("m1"), at("n1"));
+    let c = TestCluster::up(Some(&cfg));
+    let on = |host: &str, i: usize, prog: &[&str]| {
+        let sock = c.dir.path().join(format!("programs/proc{i}.sock"));
+        let mut cmd = h.exec(host, &[splitos().to_str().unwrap(), "run", "--pcomponent", sock.to_str().unwrap(), "--"]);
+        cmd.args(prog).env("SPLITOS_STATE_DIR", c.dir.path()).env("SPLITOS_DATA_DIR", c.dir.path().join("data")).env_remove("SPLITOS_GM");
+        cmd
+    };
+    let py = python3();
+    let mut server = Server(on("p1", 0, &[&py, "-c", ECHO_SERVER, "0.0.0.0", "8771"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut server.0), "listening\n");
+    // A client of the vNode on the other pComponent, by loopback and by the nComponent's
+    // address: both direct.
+    for addr in ["127.0.0.1", n1_out.as_str()] {
+        let out = on("p2", 1, &[&py, "-c", BULK_CLIENT, addr, "8771"]).output().unwrap();
+        assert_eq!(text(&out.stdout), "2000000 True 8771\n", "{addr}: {}", text(&out.stderr));
+    }
+    let stats = |i: usize| c.components("pcomponent").into_iter().find(|p| p["shim_sock"].as_str().unwrap().ends_with(&format!("proc{i}.sock"))).unwrap()["stats"]["net"].clone();
+    for i in [0, 1] {
+        let s = &stats(i)["shortcut"];
+        assert_eq!(s["remote_connections"], 2, "pComponent {i}: {s}");
+        assert!(s["remote_bytes"].as_u64().unwrap() >= 8_000_000, "pComponent {i}: {s}");
+    }
+    let n = c.components("ncomponent").remove(0);
+    assert_eq!(n["stats"]["accepts"], 0, "{}", n["stats"]);
+    assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20, "{}", n["stats"]);
+    // The same client not of the vNode (natively, on the nComponent's host) goes through the
+    // nComponent, with the same output.
+    let native = h.exec("n1", &[&py, "-c", BULK_CLIENT, "127.0.0.1", "8771"]).output().unwrap();
+    assert_eq!(text(&native.stdout), "2000000 True 8771\n", "{}", text(&native.stderr));
+    let n = c.components("ncomponent").remove(0);
+    assert_eq!(n["stats"]["accepts"], 1, "{}", n["stats"]);
 }

@@ -194,7 +194,7 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
     let (node, endpoint) = Node::bind(Role::Net, &args.gm, &args.listen, &args.transport, &args.credentials)?;
     let _ = node.nics.set(nics.clone());
     let c = Arc::new(Counters::default());
-    let proxy = Arc::new(proxy::start(c.clone(), args.loopback)?);
+    let proxy = Arc::new(proxy::start(c.clone(), args.loopback, nics.clone())?);
     let ddma = ddma::Ddma::start(node.clone(), proxy.clone(), c.clone())?;
     let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
     endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });

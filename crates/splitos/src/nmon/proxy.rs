@@ -126,14 +126,16 @@ struct Proxy {
     /// When the proxy thread looks again without an event.
     next_deadline: Option<Instant>,
     loopback: super::Loopback,
+    /// This host's addresses, which a connect to a listener here names.
+    nics: Vec<std::net::IpAddr>,
     c: Arc<Counters>,
 }
 
 /// Starts the proxy thread.
-pub fn start(c: Arc<Counters>, loopback: super::Loopback) -> anyhow::Result<ProxyHandle> {
+pub fn start(c: Arc<Counters>, loopback: super::Loopback, nics: Vec<std::net::IpAddr>) -> anyhow::Result<ProxyHandle> {
     let mut poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, c };
+    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, nics, c };
     let state = Arc::new(Mutex::new(p));
     let outbox = Outbox::default();
     let (s2, o2) = (state.clone(), outbox.clone());
@@ -253,10 +255,27 @@ impl Proxy {
         next
     }
 
+    /// The pComponent of a listener of `vnode` that takes direct connections and that a
+    /// connect to `a` reaches: on its port, bound to `a`'s address or to all of this host's
+    /// (loopback included).
+    fn find_listener(&self, vnode: &str, a: std::net::SocketAddr) -> Option<String> {
+        let ip = a.ip().to_canonical();
+        let here = ip.is_loopback() || ip.is_unspecified() || self.nics.iter().any(|n| n.to_canonical() == ip);
+        self.socks.values().find_map(|s| {
+            let bound = s.socket.local_addr().ok().and_then(|l| l.as_socket())?;
+            let reaches = bound.port() == a.port() && (bound.ip().to_canonical() == ip || (bound.ip().is_unspecified() && here));
+            (matches!(s.state, State::Listening) && !s.is_dgram() && s.owner.vnode == vnode && reaches).then(|| s.direct.clone()).flatten()
+        })
+    }
+
     /// Handles one request; returns the skeleton to move along afterwards.
     fn request(&mut self, msg: Msg, key: Option<[u8; 32]>, reply: Reply) -> Option<u64> {
         let name = msg.name();
         metrics::counter!("ncomp_requests_total", "msg" => name).increment(1);
+        if let Msg::P2N_FIND_LISTENER(r) = &msg {
+            reply(N2P_LISTENER { pcomp: self.find_listener(&r.vnode, r.addr) }.into());
+            return None;
+        }
         let sock = match &msg {
             Msg::P2N_SOCKET(_) => 0,
             Msg::P2N_SETSOCKOPT(r) => r.sock,
@@ -320,6 +339,7 @@ impl Proxy {
                 reply(match res {
                     Ok(()) => {
                         s.state = State::Listening;
+                        s.direct = r.direct;
                         OK.into()
                     }
                     Err(e) => Msg::ERR(refusal(&e)),

@@ -70,6 +70,9 @@ pub struct Skeleton {
     err: Option<i32>,
     /// Whether SO_REUSEPORT was asked for: applied only among one vNode's sockets.
     pub reuseport: bool,
+    /// A listener's pComponent, where programs of the vNode on other pComponents connect to
+    /// it directly.
+    pub direct: Option<String>,
 }
 
 fn errno_of(e: &std::io::Error) -> i32 {
@@ -115,6 +118,7 @@ impl Skeleton {
             eof: false,
             err: None,
             reuseport: false,
+            direct: None,
         }
     }
 

@@ -320,6 +320,7 @@ impl Handler for Pcomp {
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
+            m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
         }
     }

@@ -172,8 +172,11 @@ impl NetStub {
                 if end {
                     // The program shut down writing, or closed: the skeleton sends its FIN.
                     s.st.lock().unwrap().shut_wr = true;
+                    let remote = s.st.lock().unwrap().remote.clone();
                     if let Some(peer) = s.local_peer() {
                         end_stream(&peer);
+                    } else if let Some(r) = remote {
+                        self.end_remote(&r, false);
                     } else if let Some((at, id)) = s.skel() {
                         let _ = self.call(&at, P2N_SHUTDOWN { sock: id, how: libc::SHUT_WR });
                     }
@@ -195,6 +198,10 @@ impl NetStub {
             self.c.shortcut_bytes.fetch_add(data.len() as u64, Relaxed);
             metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => "local").increment(data.len() as u64);
             return write_all(&peer.mine, data).is_ok();
+        }
+        let remote = s.st.lock().unwrap().remote.clone();
+        if let Some(r) = remote {
+            return self.send_remote(s, &r, data);
         }
         let Some((at, id)) = s.skel() else { return false };
         let sent = match self.path {

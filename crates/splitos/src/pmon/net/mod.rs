@@ -10,6 +10,7 @@
 mod addr;
 mod bridge;
 mod dgram;
+mod peer;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -70,6 +71,9 @@ pub struct NetCounters {
     /// moved, that never reached an nComponent (the shortcut).
     pub shortcuts: AtomicU64,
     pub shortcut_bytes: AtomicU64,
+    /// The same between this pComponent and another (a direct connection).
+    pub remote_shortcuts: AtomicU64,
+    pub remote_shortcut_bytes: AtomicU64,
     /// Datagrams of UDP sockets sent and received through nComponents, and those lost on
     /// the way (no room in the program's socket, an nComponent that did not answer).
     pub grams_sent: AtomicU64,
@@ -111,6 +115,8 @@ struct State {
     bound: Option<SocketAddr>,
     /// A shortcut connection's other end on this pComponent: bytes go straight to it.
     local_peer: Option<Weak<Sock>>,
+    /// A shortcut connection's other end on another pComponent: bytes go straight there.
+    remote: Option<peer::Remote>,
     /// A shortcut connection's addresses (local, peer), which no skeleton has.
     names: Option<(SocketAddr, SocketAddr)>,
     /// Its socket buffers, on the DMA path.
@@ -163,6 +169,8 @@ pub struct NetStub {
     /// Sockets by the program's end.
     socks: Mutex<HashMap<addr::SockId, Arc<Sock>>>,
     dgrams: Mutex<HashMap<addr::SockId, Arc<dgram::Dgram>>>,
+    /// This pComponent's ends of direct connections with other pComponents, by their ids.
+    conns: Mutex<HashMap<u64, Weak<Sock>>>,
     /// Where datagram sockets are named (none: programs' UDP is the host's).
     udp_dir: std::sync::OnceLock<std::path::PathBuf>,
     next_dgram: std::sync::atomic::AtomicU32,
@@ -189,7 +197,7 @@ fn errno_of(e: &RpcError) -> i32 {
 
 impl NetStub {
     pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
+        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), conns: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -199,7 +207,7 @@ impl NetStub {
             "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed), "on": self.udp_dir.get().is_some()},
             "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
             "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed),
-            "path": self.path.to_string(), "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed)},
+            "path": self.path.to_string(), "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed), "remote_connections": c.remote_shortcuts.load(Relaxed), "remote_bytes": c.remote_shortcut_bytes.load(Relaxed)},
         })
     }
 
@@ -285,7 +293,7 @@ impl NetStub {
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
-        let st = State { phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, names: None, dma: None };
+        let st = State { phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, remote: None, names: None, dma: None };
         let s = Arc::new(Sock { spec, mine: OwnedFd::from(mine), wake, slot: Mutex::new(Slot { at: skel, opts: Vec::new() }), st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
@@ -310,10 +318,13 @@ impl NetStub {
         }
         self.socks.lock().unwrap().remove(&ino);
         let skel = s.slot.lock().unwrap().at.take();
-        let (queued, peer, dma) = {
+        let (queued, peer, dma, remote) = {
             let mut st = s.st.lock().unwrap();
-            (std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take())
+            (std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take(), st.remote.take())
         };
+        if let Some(r) = remote {
+            self.end_remote(&r, true);
+        }
         if let Some(b) = dma {
             self.free_bufs(&b.mcomp, [b.tx, b.rx]);
         }
@@ -463,7 +474,8 @@ impl NetStub {
             }
             NetOp::Listen => {
                 let (at, id) = self.ensure_skel(&s.spec, &s.slot, None)?;
-                self.call(&at, P2N_LISTEN { sock: id, backlog: req.a as i32 })?;
+                let direct = self.shortcut.then(|| self.node.addr.clone());
+                self.call(&at, P2N_LISTEN { sock: id, backlog: req.a as i32, direct })?;
                 let first = {
                     let mut st = s.st.lock().unwrap();
                     st.backlog = req.a.clamp(1, 4096) as usize;
@@ -576,9 +588,13 @@ impl NetStub {
         }
         self.c.connects.fetch_add(1, Relaxed);
         if self.shortcut {
-            if let Some(listener) = self.local_listener(s, a) {
+            if let Some(listener) = self.local_listener(&s.spec, a) {
                 drop(theirs);
                 return self.connect_locally(s, &listener, a).map(|_| Answer::Ret(0));
+            }
+            if let Some(pcomp) = self.remote_listener(&s.spec, a) {
+                drop(theirs);
+                return self.connect_remote(s, &pcomp, a).map(|_| Answer::Ret(0));
             }
         }
         let (at, id) = self.ensure_skel(&s.spec, &s.slot, None)?;
@@ -602,8 +618,8 @@ impl NetStub {
     /// A listening socket of the same vNode on this pComponent that `a` reaches: bound to
     /// its port, on the nComponent that holds `a` (the vNode's own for a loopback address),
     /// to `a`'s address or to all.
-    fn local_listener(&self, s: &Sock, a: SocketAddr) -> Option<Arc<Sock>> {
-        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.spec.vnode == s.spec.vnode && l.spec.kind == s.spec.kind).cloned().collect();
+    fn local_listener(&self, spec: &Spec, a: SocketAddr) -> Option<Arc<Sock>> {
+        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.spec.vnode == spec.vnode && l.spec.kind == spec.kind).cloned().collect();
         let listening = |l: &Sock| {
             let st = l.st.lock().unwrap();
             st.phase == Phase::Listening && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
@@ -613,7 +629,7 @@ impl NetStub {
             return None;
         }
         // Only now ask where the address is: most connects have no candidate.
-        let ncomp = self.ncomp_for(&s.spec.vnode, Some(a.ip())).ok()?;
+        let ncomp = self.ncomp_for(&spec.vnode, Some(a.ip())).ok()?;
         candidates.into_iter().find(|l| l.skel().is_some_and(|(at, _)| at == ncomp))
     }
 
@@ -626,8 +642,7 @@ impl NetStub {
                 return Err(libc::ECONNREFUSED);
             }
         }
-        let port = 40000 + (self.next_port.fetch_add(1, Relaxed) % 20000) as u16;
-        let mine = SocketAddr::new(a.ip(), port);
+        let mine = self.shortcut_name(a);
         let (server, theirs) = self.new_sock(listener.spec.clone(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         {
             let mut st = server.st.lock().unwrap();
@@ -646,6 +661,11 @@ impl NetStub {
         self.c.shortcuts.fetch_add(1, Relaxed);
         metrics::counter!("pcomp_net_shortcuts_total", "path" => "local").increment(1);
         Ok(())
+    }
+
+    /// The address a shortcut connection's connecting end gives itself (no skeleton has one).
+    fn shortcut_name(&self, a: SocketAddr) -> SocketAddr {
+        SocketAddr::new(a.ip(), 40000 + (self.next_port.fetch_add(1, Relaxed) % 20000) as u16)
     }
 
     /// Waits for the connect; then lets go of a held program end (before the watcher may
