@@ -46,6 +46,13 @@ static void take(int fd, const char *label, int from_port) {
            ntohs(src.sin_port) == from_port ? "the expected port" : "ANOTHER PORT", len);
 }
 
+/* A lost datagram fails the run rather than hanging it. */
+static int bounded(int fd) {
+    struct timeval tv = {10, 0};
+    check(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0, "SO_RCVTIMEO");
+    return fd;
+}
+
 int main(int argc, char **argv) {
     int port = argc > 1 ? atoi(argv[1]) : 9400;
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -53,6 +60,7 @@ int main(int argc, char **argv) {
 
     int s = socket(AF_INET, SOCK_DGRAM, 0);
     check(s >= 0, "socket");
+    bounded(s);
     check(bind(s, (struct sockaddr *)&sa, sizeof sa) == 0, "bind");
     printf("server bound: %s\n", port_of(s) == port ? "yes" : "no");
     int type = 0;
@@ -65,7 +73,7 @@ int main(int argc, char **argv) {
     close(s2);
 
     /* An unbound client: the first sendto gives it a port. */
-    int c = socket(AF_INET, SOCK_DGRAM, 0);
+    int c = bounded(socket(AF_INET, SOCK_DGRAM, 0));
     check(sendto(c, "hello", 5, 0, (struct sockaddr *)&sa, sizeof sa) == 5, "sendto");
     int cport = port_of(c);
     printf("client has a port: %d\n", cport > 0);
@@ -112,8 +120,7 @@ int main(int argc, char **argv) {
     check(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0, "SO_RCVTIMEO");
     r = recv(s, buf, sizeof buf, 0);
     printf("recv with a timeout: %zd %s\n", r, strerror(errno));
-    tv.tv_usec = 0;
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    bounded(s);
 
     /* poll sees a datagram come. */
     struct pollfd p = {s, POLLIN, 0};
@@ -124,7 +131,7 @@ int main(int argc, char **argv) {
     take(s, "polled", cport);
 
     /* A connected socket: write and read, only its peer reaches it. */
-    int k = socket(AF_INET, SOCK_DGRAM, 0);
+    int k = bounded(socket(AF_INET, SOCK_DGRAM, 0));
     check(connect(k, (struct sockaddr *)&sa, sizeof sa) == 0, "connect");
     struct sockaddr_in peer;
     socklen_t pl = sizeof peer;
@@ -200,6 +207,7 @@ int main(int argc, char **argv) {
     if (s6 < 0 || bind(s6, (struct sockaddr *)&a6, sizeof a6) != 0) {
         printf("IPv6: %s\n", strerror(errno));
     } else {
+        bounded(s6);
         int c6 = socket(AF_INET6, SOCK_DGRAM, 0);
         check(sendto(c6, "six", 3, 0, (struct sockaddr *)&a6, sizeof a6) == 3, "sendto6");
         struct sockaddr_in6 src6;

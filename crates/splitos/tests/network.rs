@@ -412,6 +412,17 @@ fn udp_sockets_behave_as_natively_and_reach_the_outside_through_the_ncomponent()
     assert!(native.status.success() && text(&native.stdout).ends_with("done\n"), "{}", text(&native.stdout));
     let under = run_on(&h, &c, "p1", &cmd).output().unwrap();
     assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
+    // Node.js's dgram (libuv's recvmsg and sendmsg) likewise.
+    let js = "const d = require('dgram'); const s = d.createSocket('udp4');\n\
+s.on('message', (m, r) => { console.log('server got', m.toString(), 'from', r.address); s.send(Buffer.from('pong'), r.port, r.address); });\n\
+s.bind(9465, '127.0.0.1', () => { const c = d.createSocket('udp4');\n\
+  c.on('message', (m, r) => { console.log('client got', m.toString(), 'from', r.address, r.port); c.close(); s.close(); });\n\
+  c.send(Buffer.from('ping'), 9465, '127.0.0.1'); });\n";
+    let native = h.exec("n1", &["node", "-e", js]).output().unwrap();
+    assert_eq!(text(&native.stdout), "server got ping from 127.0.0.1\nclient got pong from 127.0.0.1 9465\n", "{}", text(&native.stderr));
+    let under = run_on(&h, &c, "p1", &["node", "-e", js]).output().unwrap();
+    assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
+
     // The nComponent sent and received them on its stack; the stub carried them.
     let n = c.components("ncomponent").remove(0);
     let g = &n["stats"]["datagrams"];
@@ -433,9 +444,21 @@ fn udp_sockets_behave_as_natively_and_reach_the_outside_through_the_ncomponent()
     let said = text(&asking.stdout);
     assert!(said.starts_with(&format!("QUERY ")) && said.ends_with(&format!(" from {out} answered by ('{n1_out}', 8762)\n")), "{said}{}", text(&asking.stderr));
 
+    // Nobody else gets a datagram in: another user cannot send to a program's socket, and a
+    // sender drops what does not come from its program (counted).
+    let dir = c.dir.path().join("programs/proc0.sock.udp");
+    let names: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let end = names.iter().find(|p| !p.file_name().unwrap().to_str().unwrap().contains('-')).expect("the server's socket");
+    let sender = names.iter().find(|p| p.file_name().unwrap().to_str().unwrap().contains('-')).expect("a sender");
+    let send = "import socket, sys\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ntry:\n    s.sendto(b'forged', sys.argv[1])\n    print('sent')\nexcept OSError as e:\n    print(e.strerror)\n";
+    let other = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", &py, "-c", send, end.to_str().unwrap()]).output().unwrap();
+    assert_eq!(text(&other.stdout), "Permission denied\n", "{}", text(&other.stderr));
+    let before = c.components("pcomponent").remove(0)["stats"]["net"]["refused"].as_u64().unwrap();
+    std::os::unix::net::UnixDatagram::unbound().unwrap().send_to(b"forged", sender).unwrap();
+    assert!(c.eventually(Duration::from_secs(5), |c| c.components("pcomponent").remove(0)["stats"]["net"]["refused"].as_u64().unwrap() > before));
+
     // Closed sockets are forgotten: their names go, and the nComponent closes their skeletons.
     drop(served);
-    let dir = c.dir.path().join("programs/proc0.sock.udp");
     assert!(c.eventually(Duration::from_secs(10), |_| std::fs::read_dir(&dir).map(|d| d.count() == 0).unwrap_or(false)), "{:?}", std::fs::read_dir(&dir).map(|d| d.map(|e| e.unwrap().file_name()).collect::<Vec<_>>()));
     assert!(c.eventually(Duration::from_secs(10), |c| c.components("ncomponent").remove(0)["stats"]["open_sockets"] == 0), "{}", c.components("ncomponent").remove(0)["stats"]);
 }

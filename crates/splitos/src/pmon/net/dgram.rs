@@ -207,15 +207,25 @@ impl NetStub {
                 }
                 let a = addr::parse(data)?;
                 let (at, id) = self.dgram_skel(d, None)?;
-                self.call(&at, P2N_CONNECT { sock: id, addr: a })?;
+                let local = self.call(&at, P2N_CONNECT { sock: id, addr: a })?.addr;
                 d.sender(a).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 connect_fd(&fd, Some(&name_for(&d.path, a)))?;
-                d.st.lock().unwrap().peer = Some(a);
+                let mut st = d.st.lock().unwrap();
+                st.peer = Some(a);
+                st.bound.get_or_insert(local);
                 self.c.connects.fetch_add(1, Relaxed);
                 Ok(super::Answer::Ret(0))
             }
             NetOp::Route => {
                 let a = addr::parse(data)?;
+                // A socket's first send gives it a port, as the kernel's sendto does, before
+                // the program can ask for its name.
+                if d.st.lock().unwrap().bound.is_none() {
+                    let any: SocketAddr = if d.spec.family == libc::AF_INET6 { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("an address");
+                    self.dgram_skel(d, None)?;
+                    let bound = self.bind_skel(&d.spec, &d.slot, any)?;
+                    d.st.lock().unwrap().bound.get_or_insert(bound);
+                }
                 d.sender(a).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 Ok(super::Answer::Ret(0))
             }
