@@ -5,6 +5,9 @@
  *   netbench rr HOST PORT SIZE N        round trips of SIZE bytes each way: p50, p99, mean (us)
  *   netbench stream HOST PORT SIZE MIB  MIB MiB sent in SIZE-byte writes: MB/s
  *   netbench connect HOST PORT N        connect and close N times: p50, p99 (us)
+ *   netbench userver PORT               a UDP echo server
+ *   netbench urr HOST PORT SIZE N       UDP round trips of SIZE-byte datagrams: p50, p99, mean
+ *                                       (us), and how many were lost (sent again after 1 s)
  * Each client prints one JSON line. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -78,7 +81,53 @@ static void report(const char *what, double *t, int n, size_t size) {
     printf("{\"mode\":\"%s\",\"size\":%zu,\"n\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mean_us\":%.2f}\n", what, size, n, t[n / 2], t[n * 99 / 100], sum / n);
 }
 
+static int udp_rr(const char *host, int port, unsigned size, int n) {
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, host, &a.sin_addr);
+    struct timeval tv = {1, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char *b = calloc(size, 1);
+    double *t = malloc(n * sizeof *t);
+    int lost = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(b, &i, sizeof i);
+        double t0 = now_us();
+        for (;;) {
+            if (sendto(s, b, size, 0, (struct sockaddr *)&a, sizeof a) != (ssize_t)size) return 1;
+            int got = -1;
+            ssize_t k;
+            /* An answer to an earlier, lost try is skipped. */
+            while ((k = recv(s, b, size, 0)) == (ssize_t)size && (memcpy(&got, b, sizeof got), got != i))
+                ;
+            if (k == (ssize_t)size) break;
+            lost++;
+            memcpy(b, &i, sizeof i);
+        }
+        t[i] = now_us() - t0;
+    }
+    report("udp_rr", t, n, size);
+    fprintf(stderr, "lost %d\n", lost);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "userver")) {
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+        if (bind(s, (struct sockaddr *)&a, sizeof a)) {
+            perror("userver");
+            return 1;
+        }
+        static char b[65536];
+        for (;;) {
+            struct sockaddr_in from;
+            socklen_t len = sizeof from;
+            ssize_t k = recvfrom(s, b, sizeof b, 0, (struct sockaddr *)&from, &len);
+            if (k >= 0) sendto(s, b, k, 0, (struct sockaddr *)&from, len);
+        }
+    }
+    if (argc == 6 && !strcmp(argv[1], "urr")) return udp_rr(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     if (argc == 3 && !strcmp(argv[1], "server")) {
         int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
         setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

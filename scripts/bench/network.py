@@ -13,8 +13,11 @@ host that owns the link); the splitos run is that client on `p`, its sockets on 
 - CPU per byte sent: the client's, and under splitos the pComponent's and nComponent's too.
 - The streaming word count (figure 9): a mapper sends every word of a corpus to a reducer on
   `out`, which counts them; the reducer's answers must match.
+- UDP round trips (p50, p99) for 128 B to 32 KiB datagrams, natively and through the
+  nComponent, against an echo server on `out`.
 - Intra-rack (figure 8): a client and a server of one vNode on one pComponent, connected by
-  the shortcut and through the nComponent, against both on native loopback.
+  the shortcut and through the nComponent, and on two pComponents connected directly (the
+  shortcut across pComponents), against both on native loopback.
 
 The pComponent's ExCache is 1 GiB, as the paper's extCache: the mapper's heap fits, so its
 time is the network's.
@@ -37,10 +40,13 @@ import time
 from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
 
 SIZES = (128, 512, 2048, 8192, 65536)
+UDP_SIZES = (128, 512, 2048, 8192, 32768)
 CONFIGS = ("native", "ddio", "dma")
+INTRA = ("loopback", "shortcut", "nocut", "remote")
 # The pComponents of the rack, each with a program socket of its own: proc0 the DDIO path
-# with the shortcut, proc1 the DMA path, proc2 the DDIO path without the shortcut.
-PCOMPS = {"ddio": 0, "dma": 1, "nocut": 2}
+# with the shortcut, proc1 the DMA path, proc2 the DDIO path without the shortcut, proc3 as
+# proc0 (the other end of direct connections between pComponents).
+PCOMPS = {"ddio": 0, "dma": 1, "nocut": 2, "remote": 3}
 TAG = "spnb"
 RACK, OUTSIDE = "10.203.1", "10.203.2"
 
@@ -112,7 +118,7 @@ class Rack:
         self.env.pop("SPLITOS_GM", None)
         cfg = os.path.join(state, "cluster.toml")
         ns = lambda h: f'listen = "{RACK}.{1 if h == "p" else 2}:0"\nnetns = "{TAG}-{h}"\n'
-        pcomps = "".join(f'[[pcomponent]]\n{ns("p")}excache = "1G"\n{extra}\n' for extra in ('net_path = "ddio"', 'net_path = "dma"\nnet_shortcut = false', 'net_shortcut = false'))
+        pcomps = "".join(f'[[pcomponent]]\n{ns("p")}excache = "1G"\n{extra}\n' for extra in ('net_path = "ddio"', 'net_path = "dma"\nnet_shortcut = false', 'net_shortcut = false', 'net_path = "ddio"'))
         open(cfg, "w").write(f'[cluster]\ngm = "{RACK}.1:0"\nnetns = "{TAG}-p"\n{pcomps}[[mcomponent]]\n{ns("p")}[[ncomponent]]\n{ns("n")}')
         subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, check=True, capture_output=True)
         st = json.loads(subprocess.run([SPLITOS, "cluster", "status", "--json"], env=self.env, check=True, capture_output=True, text=True).stdout)
@@ -171,9 +177,11 @@ def corpus(path, words):
 def intra_rack(rack, nb, config, into, port):
     """Round trips and a stream between a client and a server on one host: both native on
     loopback (`n`), or both programs of the vNode on one pComponent (`p`), with the shortcut
-    (proc0) or through the nComponent (proc2)."""
-    where = {"loopback": "native", "shortcut": "ddio", "nocut": "nocut"}[config]
-    server = subprocess.Popen(rack.cmd(where, [nb, "server", str(port)]), env=rack.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (proc0) or through the nComponent (proc2), or on two pComponents with the shortcut
+    (server on proc0, client on proc3)."""
+    server_at = {"loopback": "native", "shortcut": "ddio", "nocut": "nocut", "remote": "ddio"}[config]
+    where = {"loopback": "native", "shortcut": "ddio", "nocut": "nocut", "remote": "remote"}[config]
+    server = subprocess.Popen(rack.cmd(server_at, [nb, "server", str(port)]), env=rack.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         dest = ("127.0.0.1", str(port))
         for i in range(100):
@@ -215,14 +223,18 @@ def main():
     server = None
     try:
         server = subprocess.Popen(in_host("out", [nb, "server", "9100"]))
+        userver = subprocess.Popen(in_host("out", [nb, "userver", "9101"]))
         rack = Rack(os.path.join(tmp, "state"))
         dest = (f"{OUTSIDE}.2", "9100")
-        raw = {c: {"rr": {}, "stream": {}, "connect": [], "wordcount": []} for c in CONFIGS}
-        local = {c: {"rr": {}, "stream": {}} for c in ("loopback", "shortcut", "nocut")}
+        raw = {c: {"rr": {}, "stream": {}, "connect": [], "wordcount": [], "udp": {}} for c in CONFIGS}
+        local = {c: {"rr": {}, "stream": {}} for c in INTRA}
         answers = set()
         for rep in range(args.reps):
-            for config in ("loopback", "shortcut", "nocut"):
-                intra_rack(rack, nb, config, local[config], 9300 + rep * 3 + len(local[config]["rr"]) % 3)
+            for i, config in enumerate(INTRA):
+                intra_rack(rack, nb, config, local[config], 9300 + rep * len(INTRA) + i)
+            for config in ("native", "ddio"):
+                for size in UDP_SIZES:
+                    raw[config]["udp"].setdefault(size, []).append(rack.run(config, [nb, "urr", f"{OUTSIDE}.2", "9101", str(size), "2000"]))
             for config in CONFIGS:
                 for size in SIZES:
                     raw[config]["rr"].setdefault(size, []).append(rack.run(config, [nb, "rr", *dest, str(size), "2000" if size < 65536 else "500"]))
@@ -239,6 +251,7 @@ def main():
             rack.down()
         if server:
             server.kill()
+            userver.kill()
         teardown()
         shutil.rmtree(tmp, ignore_errors=True)
     report(args, raw, local, ncomp_stats, answers.pop())
@@ -275,6 +288,11 @@ def report(args, raw, local, status, answer):
             "wordcount_s": med(r["wordcount"]),
             "wordcount_spread": spread(r["wordcount"]),
         }
+        if r["udp"]:
+            res["configs"][config] |= {
+                "udp_p50_us": {size: med([x["p50_us"] for x in r["udp"][size]]) for size in UDP_SIZES},
+                "udp_p99_us": {size: med([x["p99_us"] for x in r["udp"][size]]) for size in UDP_SIZES},
+            }
     for config, r in local.items():
         res["intra_rack"][config] = summary(r, cpu=False)
     os.makedirs(args.out, exist_ok=True)
@@ -305,7 +323,11 @@ def report(args, raw, local, status, answer):
     lines += ["", "Streams (MB/s; ratio to native) and CPU per byte sent (ns; under splitos with the pComponents' and the nComponent's):", "", "| writes of | native | DDIO | DMA | CPU native | CPU DDIO | CPU DMA |", "|---|---|---|---|---|---|---|"]
     for size in SIZES:
         lines.append(f"| {size} B | {n['stream_mb_s'][size]:.0f} | {d['stream_mb_s'][size]:.0f} ({x(d['stream_mb_s'][size], n['stream_mb_s'][size])}) | {a['stream_mb_s'][size]:.0f} ({x(a['stream_mb_s'][size], n['stream_mb_s'][size])}) | {n['cpu_ns_per_byte'][size]:.2f} | {d['cpu_ns_per_byte'][size]:.2f} | {a['cpu_ns_per_byte'][size]:.2f} |")
-    lb, sc, nc = (res["intra_rack"][k] for k in ("loopback", "shortcut", "nocut"))
+    lines += ["", "UDP round trips (p50 and p99, µs; ratio to native):", "", "| datagram | native | DDIO | p99 native | p99 DDIO |", "|---|---|---|---|---|"]
+    for size in UDP_SIZES:
+        un, ud = n["udp_p50_us"][size], d["udp_p50_us"][size]
+        lines.append(f"| {size} B | {un:.1f} | {ud:.1f} ({x(ud, un)}) | {n['udp_p99_us'][size]:.1f} | {d['udp_p99_us'][size]:.1f} |")
+    lb, sc, nc, rm = (res["intra_rack"][k] for k in INTRA)
     lines += [
         "",
         f"- Connect (socket, connect, TCP_NODELAY): p50 {n['connect_p50_us']:.0f} µs native, {d['connect_p50_us']:.0f} µs DDIO ({x(d['connect_p50_us'], n['connect_p50_us'])}), "
@@ -315,13 +337,14 @@ def report(args, raw, local, status, answer):
         "the reducer's answers are identical.",
         "",
         "Intra-rack (figure 8): a client and a server of one vNode on one pComponent, connected by the shortcut "
-        "(through the pComponent) and through the nComponent, against both natively on loopback:",
+        "(through the pComponent) and through the nComponent, and on two pComponents connected directly "
+        "(the shortcut across pComponents), against both natively on loopback:",
         "",
-        "| message | rr p50 loopback | shortcut | via nComponent | MB/s loopback | shortcut | via nComponent |",
-        "|---|---|---|---|---|---|---|",
+        "| message | rr p50 loopback | shortcut | two pComponents | via nComponent | MB/s loopback | shortcut | two pComponents | via nComponent |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for size in SIZES:
-        lines.append(f"| {size} B | {lb['rr_p50_us'][size]:.1f} | {sc['rr_p50_us'][size]:.1f} | {nc['rr_p50_us'][size]:.1f} | {lb['stream_mb_s'][size]:.0f} | {sc['stream_mb_s'][size]:.0f} | {nc['stream_mb_s'][size]:.0f} |")
+        lines.append(f"| {size} B | {lb['rr_p50_us'][size]:.1f} | {sc['rr_p50_us'][size]:.1f} | {rm['rr_p50_us'][size]:.1f} | {nc['rr_p50_us'][size]:.1f} | {lb['stream_mb_s'][size]:.0f} | {sc['stream_mb_s'][size]:.0f} | {rm['stream_mb_s'][size]:.0f} | {nc['stream_mb_s'][size]:.0f} |")
     lines += ["", "![latency and throughput](network.png)", "", "<!-- network:end -->"]
     replace_section(os.path.join(ROOT, "docs"), "network", lines)
 
@@ -334,7 +357,7 @@ def plot(res):
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     series = [(f"{k} (outside)", res["configs"][k], st) for k, st in (("native", "o-"), ("ddio", "s-"), ("dma", "^-"))]
-    series += [(f"{k} (intra-rack)", res["intra_rack"][k], st) for k, st in (("loopback", "o--"), ("shortcut", "s--"))]
+    series += [(f"{k} (intra-rack)", res["intra_rack"][k], st) for k, st in (("loopback", "o--"), ("shortcut", "s--"), ("remote", "d--"))]
     for label, c, style in series:
         a.plot(SIZES, [c["rr_p50_us"][s] for s in SIZES], style, label=label)
         b.plot(SIZES, [c["stream_mb_s"][s] for s in SIZES], style, label=label)

@@ -227,77 +227,90 @@ pub const NET_UDP_SUFFIX: &[u8] = b".udp/";
 pub const NET_UDP_MAX: usize = 65527;
 
 /// Longest address part of a sender's name.
-pub const UDP_NAME_MAX: usize = 46;
+pub const UDP_NAME_MAX: usize = 31;
 
-fn hex(out: &mut [u8], n: &mut usize, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out[*n] = DIGITS[(b >> 4) as usize];
-        out[*n + 1] = DIGITS[(b & 15) as usize];
-        *n += 2;
+/// The digits of a sender's name: 6 bits each, safe in a file name.
+const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+_";
+
+/// `bytes` in [`DIGITS`], 6 bits per digit, the last one padded with zeros.
+fn encode(out: &mut [u8], n: &mut usize, bytes: &[u8]) {
+    for chunk in bytes.chunks(3) {
+        let mut v = [0u8; 3];
+        v[..chunk.len()].copy_from_slice(chunk);
+        let w = (v[0] as u32) << 16 | (v[1] as u32) << 8 | v[2] as u32;
+        for i in 0..chunk.len() + 1 {
+            out[*n] = DIGITS[(w >> (18 - 6 * i) & 63) as usize];
+            *n += 1;
+        }
     }
 }
 
-/// The address part of a sender's name for a sockaddr_in or sockaddr_in6 (`4` or `6`, the
-/// address and the port in hex, and for IPv6 a non-zero scope as `%` and its hex); None for
-/// anything else or a short one.
-pub fn udp_name(sa: &[u8]) -> Option<([u8; UDP_NAME_MAX], usize)> {
-    let mut out = [0u8; UDP_NAME_MAX];
-    let mut n = 1;
-    let family = u16::from_ne_bytes([*sa.first()?, *sa.get(1)?]);
-    if family == 2 && sa.len() >= 16 {
-        out[0] = b'4';
-        hex(&mut out, &mut n, &sa[4..8]);
-    } else if family == 10 && sa.len() >= 28 {
-        out[0] = b'6';
-        hex(&mut out, &mut n, &sa[8..24]);
-    } else {
+/// [`encode`] backwards into `out`, whose length says how many bytes the digits hold.
+fn decode(s: &[u8], out: &mut [u8]) -> Option<()> {
+    if s.len() != (out.len() * 4).div_ceil(3) {
         return None;
     }
-    hex(&mut out, &mut n, &sa[2..4]);
-    if family == 10 && sa[24..28] != [0; 4] {
-        out[n] = b'%';
-        n += 1;
-        let scope = u32::from_ne_bytes([sa[24], sa[25], sa[26], sa[27]]);
-        hex(&mut out, &mut n, &scope.to_be_bytes());
-    }
-    Some((out, n))
-}
-
-fn unhex(s: &[u8], out: &mut [u8]) -> Option<()> {
-    if s.len() != out.len() * 2 {
-        return None;
-    }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
+    let digit = |c: u8| DIGITS.iter().position(|d| *d == c).map(|v| v as u32);
     for (i, o) in out.iter_mut().enumerate() {
-        *o = (digit(s[2 * i])? << 4) | digit(s[2 * i + 1])?;
+        let bit = i * 8;
+        let (at, shift) = (bit / 6, bit % 6);
+        let hi = digit(s[at])?;
+        let lo = s.get(at + 1).map_or(Some(0), |c| digit(*c))?;
+        *o = (((hi << 6 | lo) >> (4 - shift)) & 0xff) as u8;
     }
     Some(())
+}
+
+/// The address part of a sender's name for a sockaddr_in or sockaddr_in6: `4` or `6`, then
+/// the address, the port and, for IPv6, a non-zero scope, in 6-bit digits (at most
+/// [`UDP_NAME_MAX`] bytes, so that names fit a Unix socket address under long directories);
+/// None for anything else or a short one.
+pub fn udp_name(sa: &[u8]) -> Option<([u8; UDP_NAME_MAX], usize)> {
+    let mut out = [0u8; UDP_NAME_MAX];
+    let mut raw = [0u8; 22];
+    let family = u16::from_ne_bytes([*sa.first()?, *sa.get(1)?]);
+    let len = if family == 2 && sa.len() >= 16 {
+        out[0] = b'4';
+        raw[..4].copy_from_slice(&sa[4..8]);
+        raw[4..6].copy_from_slice(&sa[2..4]);
+        6
+    } else if family == 10 && sa.len() >= 28 {
+        out[0] = b'6';
+        raw[..16].copy_from_slice(&sa[8..24]);
+        raw[16..18].copy_from_slice(&sa[2..4]);
+        let scope = u32::from_ne_bytes([sa[24], sa[25], sa[26], sa[27]]);
+        raw[18..22].copy_from_slice(&scope.to_be_bytes());
+        if scope == 0 { 18 } else { 22 }
+    } else {
+        return None;
+    };
+    let mut n = 1;
+    encode(&mut out, &mut n, &raw[..len]);
+    Some((out, n))
 }
 
 /// The sockaddr a sender's name part stands for ([`udp_name`] backwards), and its length.
 pub fn udp_addr(name: &[u8]) -> Option<([u8; 28], usize)> {
     let mut sa = [0u8; 28];
     let (kind, rest) = name.split_first()?;
-    match kind {
-        b'4' if rest.len() == 12 => {
+    let mut raw = [0u8; 22];
+    match (kind, rest.len()) {
+        (b'4', 8) => {
+            decode(rest, &mut raw[..6])?;
             sa[..2].copy_from_slice(&2u16.to_ne_bytes());
-            unhex(&rest[..8], &mut sa[4..8])?;
-            unhex(&rest[8..], &mut sa[2..4])?;
+            sa[4..8].copy_from_slice(&raw[..4]);
+            sa[2..4].copy_from_slice(&raw[4..6]);
             Some((sa, 16))
         }
-        b'6' if rest.len() == 36 || (rest.len() == 45 && rest[36] == b'%') => {
+        (b'6', 24 | 30) => {
+            let scoped = rest.len() == 30;
+            decode(rest, &mut raw[..if scoped { 22 } else { 18 }])?;
             sa[..2].copy_from_slice(&10u16.to_ne_bytes());
-            unhex(&rest[..32], &mut sa[8..24])?;
-            unhex(&rest[32..36], &mut sa[2..4])?;
-            if rest.len() == 45 {
-                let mut scope = [0u8; 4];
-                unhex(&rest[37..], &mut scope)?;
-                sa[24..28].copy_from_slice(&u32::from_be_bytes(scope).to_ne_bytes());
+            sa[8..24].copy_from_slice(&raw[..16]);
+            sa[2..4].copy_from_slice(&raw[16..18]);
+            if scoped {
+                let scope = u32::from_be_bytes([raw[18], raw[19], raw[20], raw[21]]);
+                sa[24..28].copy_from_slice(&scope.to_ne_bytes());
             }
             Some((sa, 28))
         }
@@ -461,7 +474,7 @@ mod tests {
         v4[2..4].copy_from_slice(&5353u16.to_be_bytes());
         v4[4..8].copy_from_slice(&[10, 0, 0, 7]);
         let (n, len) = udp_name(&v4).unwrap();
-        assert_eq!(&n[..len], b"40a00000714e9");
+        assert_eq!(len, 9);
         let (back, blen) = udp_addr(&n[..len]).unwrap();
         assert_eq!(&back[..blen], &v4);
         let mut v6 = [0u8; 28];
@@ -477,7 +490,12 @@ mod tests {
         assert_eq!(&back[..blen], &v6);
         assert!(udp_name(&v4[..15]).is_none());
         assert!(udp_name(&[1, 0, 0, 0]).is_none());
-        for bad in [&b""[..], b"4", b"40a0000071", b"50a00000714e9", b"40a0000071XYZ", b"6zz"] {
+        let mut plain = v6;
+        plain[24..28].copy_from_slice(&[0; 4]);
+        let (n, len) = udp_name(&plain).unwrap();
+        assert_eq!(len, 25);
+        assert_eq!(&udp_addr(&n[..len]).unwrap().0[..28], &plain);
+        for bad in [&b""[..], b"4", b"4CgAABxT", b"5CgAABxTp", b"4CgAA.xTp", b"6zz"] {
             assert!(udp_addr(bad).is_none(), "{bad:?}");
         }
     }

@@ -54,6 +54,7 @@ unsafe fn raw_getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
 }
 
 /// A UDP socket's name: the path of its Unix datagram socket.
+#[derive(Clone)]
 struct UdpName {
     path: [u8; 108],
     len: usize,
@@ -65,10 +66,19 @@ impl UdpName {
     }
 }
 
-/// The name of `fd` if it is one of the pComponent's UDP sockets: bound in its UDP directory.
-fn udp_self(fd: c_int) -> Option<UdpName> {
-    if fd < 0 || !crate::start::is_ready() || LOCAL_STACK.load(Relaxed) & UDP != 0 {
-        return None;
+/// What a descriptor is, as far as the socket stub goes, from one getsockname(2).
+enum Kind {
+    /// One of the pComponent's UDP sockets (bound in its UDP directory), by its name.
+    Udp(UdpName),
+    /// Another Unix socket: maybe a TCP socket's pair ([`paired`]).
+    Unix,
+    /// Anything else: the kernel's.
+    Other,
+}
+
+fn classify(fd: c_int) -> Kind {
+    if fd < 0 || fd == SOCK.load(Relaxed) || !crate::start::is_ready() {
+        return Kind::Other;
     }
     let saved = errno();
     // SAFETY: sockaddr_un is plain data, valid when zeroed.
@@ -78,7 +88,7 @@ fn udp_self(fd: c_int) -> Option<UdpName> {
     let r = unsafe { libc::syscall(libc::SYS_getsockname, fd, &mut sa as *mut libc::sockaddr_un, &mut len) };
     set_errno(saved);
     if r != 0 || sa.sun_family != libc::AF_UNIX as libc::sa_family_t {
-        return None;
+        return Kind::Other;
     }
     let mut name = UdpName { path: [0; 108], len: 0 };
     for (i, c) in sa.sun_path.iter().take((len as usize).saturating_sub(2)).enumerate() {
@@ -86,30 +96,39 @@ fn udp_self(fd: c_int) -> Option<UdpName> {
     }
     name.len = until_nul(&name.path).len();
     let sock = until_nul(&env().sock);
-    let ours = name.bytes().starts_with(sock) && name.bytes()[sock.len()..].starts_with(NET_UDP_SUFFIX);
-    ours.then_some(name)
+    let ours = LOCAL_STACK.load(Relaxed) & UDP == 0 && name.bytes().starts_with(sock) && name.bytes()[sock.len()..].starts_with(NET_UDP_SUFFIX);
+    if ours {
+        Kind::Udp(name)
+    } else {
+        Kind::Unix
+    }
 }
 
-/// Whether `fd` may be a socket the pComponent runs: a Unix socket whose other end the
-/// pComponent made, or one of its UDP sockets. The pComponent has the last word (NET_LOCAL).
-fn bridged(fd: c_int) -> bool {
-    if fd < 0 || fd == SOCK.load(Relaxed) || !crate::start::is_ready() {
-        return false;
+/// The name of `fd` if it is one of the pComponent's UDP sockets.
+fn udp_self(fd: c_int) -> Option<UdpName> {
+    match classify(fd) {
+        Kind::Udp(name) => Some(name),
+        _ => None,
     }
-    if udp_self(fd).is_some() {
-        return true;
-    }
+}
+
+/// Whether Unix socket `fd`'s other end is the pComponent's (a TCP socket's pair).
+fn paired(fd: c_int) -> bool {
     let pid = pcomp_pid();
-    let mut domain: c_int = 0;
-    let mut len = 4 as socklen_t;
-    // SAFETY: writes at most 4 bytes into a live c_int.
-    if pid <= 0 || unsafe { raw_getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, (&mut domain as *mut c_int).cast(), &mut len) } != 0 || domain != libc::AF_UNIX {
-        return false;
-    }
     let mut cred = libc::ucred { pid: -1, uid: 0, gid: 0 };
     let mut len = core::mem::size_of::<libc::ucred>() as socklen_t;
     // SAFETY: writes at most `len` bytes into the live ucred.
-    unsafe { raw_getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) == 0 && cred.pid == pid }
+    pid > 0 && unsafe { raw_getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) == 0 && cred.pid == pid }
+}
+
+/// Whether `fd` may be a socket the pComponent runs: one of its UDP sockets, or a Unix socket
+/// whose other end it made. The pComponent has the last word (NET_LOCAL).
+fn bridged(fd: c_int) -> bool {
+    match classify(fd) {
+        Kind::Udp(_) => true,
+        Kind::Unix => paired(fd),
+        Kind::Other => false,
+    }
 }
 
 fn request(op: NetOp, a: i64, b: i64, c: i64, data: &[u8]) -> NetReq {
@@ -536,16 +555,22 @@ fn udp_send(fd: c_int, own: &UdpName, dest: &[u8], n: usize, send: impl Fn(*cons
 
 #[no_mangle]
 pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
-    if !addr.is_null() {
-        if let Some(own) = udp_self(fd) {
-            // SAFETY: the caller's contract (sendto(2)).
-            let dest = unsafe { addr_bytes(addr, len) };
-            // SAFETY: sendto(2) with the caller's buffer and a live sockaddr_un.
-            return udp_send(fd, &own, dest, n, |sa, salen| unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t });
+    // An address of length 0 is none, as for the kernel.
+    let (addr, len) = if !addr.is_null() && len != 0 {
+        match classify(fd) {
+            Kind::Udp(own) => {
+                // SAFETY: the caller's contract (sendto(2)).
+                let dest = unsafe { addr_bytes(addr, len) };
+                // SAFETY: sendto(2) with the caller's buffer and a live sockaddr_un.
+                return udp_send(fd, &own, dest, n, |sa, salen| unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t });
+            }
+            // A connected TCP socket ignores a destination; its Unix end would refuse one.
+            Kind::Unix if paired(fd) => (core::ptr::null(), 0),
+            _ => (addr, len),
         }
-    }
-    // A connected TCP socket ignores a destination; its Unix end would refuse one.
-    let (addr, len) = if !addr.is_null() && bridged(fd) { (core::ptr::null(), 0) } else { (addr, len) };
+    } else {
+        (addr, len)
+    };
     // SAFETY: sendto(2) with the caller's arguments.
     unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, addr, len) as ssize_t }
 }
@@ -579,12 +604,13 @@ unsafe fn udp_sendmsg(fd: c_int, own: &UdpName, msg: &libc::msghdr, flags: c_int
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract: `msg` is a readable msghdr.
-    if !msg.is_null() && !unsafe { (*msg).msg_name }.is_null() {
-        if let Some(own) = udp_self(fd) {
+    if !msg.is_null() && !unsafe { (*msg).msg_name }.is_null() && unsafe { (*msg).msg_namelen } != 0 {
+        let kind = classify(fd);
+        if let Kind::Udp(own) = &kind {
             // SAFETY: as above.
-            return unsafe { udp_sendmsg(fd, &own, &*msg, flags) };
+            return unsafe { udp_sendmsg(fd, own, &*msg, flags) };
         }
-        if bridged(fd) {
+        if matches!(kind, Kind::Unix) && paired(fd) {
             // SAFETY: as above; a copy without the destination.
             let mut m = unsafe { *msg };
             m.msg_name = core::ptr::null_mut();
@@ -608,7 +634,7 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
     for i in 0..vlen as usize {
         // SAFETY: the caller's contract: `vec` holds `vlen` messages.
         let mm = unsafe { &mut *vec.add(i) };
-        let r = if mm.msg_hdr.msg_name.is_null() {
+        let r = if mm.msg_hdr.msg_name.is_null() || mm.msg_hdr.msg_namelen == 0 {
             // SAFETY: sendmsg(2) with the caller's message.
             unsafe { libc::syscall(libc::SYS_sendmsg, fd, &mm.msg_hdr as *const libc::msghdr, flags) as ssize_t }
         } else {
@@ -625,16 +651,17 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
 
 /// Writes the source of a datagram the kernel named `raw` (`rlen` bytes) into the caller's
 /// address, as recvfrom(2) does (truncated to the room, the whole length stored): a UDP
-/// socket's sender as the address it stands for.
+/// socket's sender as the address it stands for (`own`: the socket's name, asked only for a
+/// Unix source).
 ///
 /// # Safety
 /// `addr` has room for `*alen` bytes; `alen` is writable.
-unsafe fn put_source(fd: c_int, raw: &[u8], rlen: usize, addr: *mut sockaddr, alen: *mut socklen_t) {
+unsafe fn put_source(own: impl FnOnce() -> Option<UdpName>, raw: &[u8], rlen: usize, addr: *mut sockaddr, alen: *mut socklen_t) {
     let rlen = rlen.min(raw.len());
     let mut out = [0u8; 28];
     let mut src: &[u8] = &raw[..rlen];
     if rlen > 2 && u16::from_ne_bytes([raw[0], raw[1]]) as c_int == libc::AF_UNIX {
-        if let Some(own) = udp_self(fd) {
+        if let Some(own) = own() {
             let path = until_nul(&raw[2..rlen]);
             let prefix = own.bytes();
             if path.len() > prefix.len() + 1 && path.starts_with(prefix) && path[prefix.len()] == b'-' {
@@ -669,7 +696,7 @@ pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags:
         let bytes = unsafe { core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>()) };
         let saved = errno();
         // SAFETY: the caller's contract.
-        unsafe { put_source(fd, bytes, rlen as usize, addr, alen) };
+        unsafe { put_source(|| udp_self(fd), bytes, rlen as usize, addr, alen) };
         set_errno(saved);
     }
     r
@@ -697,7 +724,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
             (*msg).msg_flags = m.msg_flags;
             let bytes = core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>());
             let saved = errno();
-            put_source(fd, bytes, m.msg_namelen as usize, (*msg).msg_name.cast(), &mut (*msg).msg_namelen);
+            put_source(|| udp_self(fd), bytes, m.msg_namelen as usize, (*msg).msg_name.cast(), &mut (*msg).msg_namelen);
             set_errno(saved);
         }
     }
@@ -709,10 +736,11 @@ const MMSG: usize = 64;
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc::c_uint, flags: c_int, timeout: *mut libc::timespec) -> c_int {
-    if udp_self(fd).is_none() || vec.is_null() {
+    let own = match udp_self(fd) {
+        Some(own) if !vec.is_null() => own,
         // SAFETY: recvmmsg(2) with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int };
-    }
+        _ => return unsafe { libc::syscall(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int },
+    };
     let n = (vlen as usize).min(MMSG);
     // SAFETY: sockaddr_storage is plain data, valid when zeroed.
     let mut raw: [libc::sockaddr_storage; MMSG] = unsafe { core::mem::zeroed() };
@@ -734,7 +762,7 @@ pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
             (h.msg_name, h.msg_namelen) = names[i];
             if (i as c_int) < r && !h.msg_name.is_null() {
                 let bytes = core::slice::from_raw_parts((&raw[i] as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>());
-                put_source(fd, bytes, got, h.msg_name.cast(), &mut h.msg_namelen);
+                put_source(|| Some(own.clone()), bytes, got, h.msg_name.cast(), &mut h.msg_namelen);
             }
         }
         set_errno(saved);

@@ -214,7 +214,9 @@ impl Proxy {
         let id = self.next;
         self.next += 1;
         let fd = s.fd();
-        if let Err(e) = self.watch.register(&mut SourceFd(&fd), Token(id as usize), Interest::READABLE | Interest::WRITABLE) {
+        // A datagram socket's sends never wait for room here: only its receives are watched.
+        let interest = if s.is_dgram() { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
+        if let Err(e) = self.watch.register(&mut SourceFd(&fd), Token(id as usize), interest) {
             tracing::warn!(error = %e, "cannot watch a socket");
         }
         self.socks.insert(id, s);
@@ -261,10 +263,10 @@ impl Proxy {
     fn find_listener(&self, vnode: &str, a: std::net::SocketAddr) -> Option<String> {
         let ip = a.ip().to_canonical();
         let here = ip.is_loopback() || ip.is_unspecified() || self.nics.iter().any(|n| n.to_canonical() == ip);
-        self.socks.values().find_map(|s| {
+        let candidates = self.socks.values().filter(|s| s.direct.is_some() && s.port.is_some_and(|p| p == (libc::SOCK_STREAM, a.port())) && s.owner.vnode == vnode && matches!(s.state, State::Listening));
+        candidates.into_iter().find_map(|s| {
             let bound = s.socket.local_addr().ok().and_then(|l| l.as_socket())?;
-            let reaches = bound.port() == a.port() && (bound.ip().to_canonical() == ip || (bound.ip().is_unspecified() && here));
-            (matches!(s.state, State::Listening) && !s.is_dgram() && s.owner.vnode == vnode && reaches).then(|| s.direct.clone()).flatten()
+            (bound.ip().to_canonical() == ip || (bound.ip().is_unspecified() && here)).then(|| s.direct.clone()).flatten()
         })
     }
 
@@ -462,7 +464,9 @@ type Registry = HashMap<(i32, u16), (String, usize)>;
 /// Loopback is the vNode's own: the host's private services and other vNodes' loopback
 /// servers are not there for it.
 fn loopback_allowed(loopback: super::Loopback, registry: &Registry, vnode: &str, kind: i32, a: std::net::SocketAddr) -> bool {
-    loopback != super::Loopback::Vnode || !a.ip().to_canonical().is_loopback() || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
+    // The unspecified address reaches this host's loopback too, as Linux routes it.
+    let ip = a.ip().to_canonical();
+    loopback != super::Loopback::Vnode || !(ip.is_loopback() || ip.is_unspecified()) || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
 }
 
 fn release(registry: &mut Registry, port: (i32, u16)) {

@@ -17,7 +17,7 @@ use splitos_rpc::{Datagram, Msg, Refusal, Reply, ERR, N2P_ADDR, N2P_DATA, N2P_GR
 pub const SEND_QUEUE: usize = 256 << 10;
 /// Most bytes one receive hands back.
 pub const RECV_MAX: usize = 256 << 10;
-/// The largest datagram (IPv6's largest UDP payload without jumbograms).
+/// Room for one received datagram: the largest an IP packet holds.
 pub const GRAM_MAX: usize = 65535;
 /// Most datagrams one receive hands back.
 const GRAMS_MAX: usize = 1024;
@@ -129,8 +129,10 @@ impl Skeleton {
     /// Starts a connect, or waits for the one under way (the stub asks again after each
     /// `EINPROGRESS`).
     pub fn connect(&mut self, addr: SocketAddr, now: Instant, reply: Reply) {
+        let dgram = self.is_dgram();
         match &mut self.state {
-            State::Connected => return reply(self.local()),
+            // A datagram socket connects again, to its new peer.
+            State::Connected if !dgram => return reply(self.local()),
             State::Listening => return reply(Msg::ERR(Refusal::errno(libc::EISCONN))),
             State::Connecting(w) => {
                 if let Some((_, old)) = w.replace((now + MAX_WAIT, reply)) {
@@ -138,7 +140,7 @@ impl Skeleton {
                 }
                 return;
             }
-            State::Fresh => {}
+            State::Fresh | State::Connected => {}
         }
         if let Some(e) = self.connect_err.take() {
             return reply(Msg::ERR(Refusal::errno(e)));

@@ -346,8 +346,22 @@ pub const SCAN_WITH_HUGE_PAGES: &str = "dirty_tracking = \"scan\" cannot be used
 
 pub const SCAN_WITH_EVICTOR: &str = "dirty_tracking = \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier";
 
+/// Programs' sockets are descriptors here too (a pair's end, a UDP socket's senders): the
+/// soft limit on descriptors goes up to the hard one.
+fn raise_descriptor_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the live rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
+    raise_descriptor_limit();
     let policy = policy_by_name(&args.cfg.policy)
         .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
     let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch)

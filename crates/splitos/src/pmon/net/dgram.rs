@@ -20,7 +20,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,9 @@ use super::{addr, bridge, NetStub, Slot, Spec};
 /// Most senders a socket keeps; the least recently used goes beyond (the shim asks for it
 /// again when the program sends there).
 const SENDERS: usize = 256;
+/// Most senders of all sockets of a pComponent (each is a descriptor): beyond, a datagram
+/// from or to a new address is dropped (`ENOBUFS` for a send).
+pub const SENDERS_ALL: usize = 16384;
 /// How often a socket's watcher looks whether the program still holds the socket.
 const PROBE: Duration = Duration::from_secs(1);
 /// How long a received datagram waits for room in the program's socket before it is dropped,
@@ -55,6 +58,10 @@ pub struct Dgram {
     /// Wakes the watcher when the senders change.
     wake: OwnedFd,
     pub(super) closed: AtomicBool,
+    /// An error the skeleton's receives reported (ICMP, on a connected socket), for SO_ERROR.
+    error: AtomicI32,
+    /// Held while a first send binds the socket, so that two threads' first sends bind once.
+    binding: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -98,11 +105,28 @@ fn name_for(path: &Path, a: SocketAddr) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// The address a sender stands for: as its name says it (IPv6 flow labels are not part of
+/// an address).
+fn key(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(mut v6) => {
+            v6.set_flowinfo(0);
+            SocketAddr::V6(v6)
+        }
+        v4 => v4,
+    }
+}
+
 impl Dgram {
     /// A sender for `a`, made if there is none; the least recently used goes beyond
-    /// [`SENDERS`] (never the peer's).
-    fn sender(&self, a: SocketAddr) -> std::io::Result<Arc<UnixDatagram>> {
+    /// [`SENDERS`] (never the peer's). `open` counts the pComponent's senders.
+    fn sender(&self, a: SocketAddr, open: &AtomicUsize) -> std::io::Result<Arc<UnixDatagram>> {
+        let a = key(a);
         let mut st = self.st.lock().unwrap();
+        // Closed: its names are gone, and must stay gone.
+        if self.closed.load(Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+        }
         if let Some((s, used)) = st.senders.get_mut(&a) {
             *used = Instant::now();
             return Ok(s.clone());
@@ -111,18 +135,40 @@ impl Dgram {
             let peer = st.peer;
             if let Some(old) = st.senders.iter().filter(|(k, _)| Some(**k) != peer).min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) {
                 st.senders.remove(&old);
+                open.fetch_sub(1, Relaxed);
                 let _ = std::fs::remove_file(name_for(&self.path, old));
             }
         }
-        let name = name_for(&self.path, a);
-        let s = UnixDatagram::bind(&name)?;
-        // Any user's program may send to it: what it takes from others it drops.
-        std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o666))?;
-        s.set_write_timeout(Some(DELIVER_WAIT))?;
-        let s = Arc::new(s);
+        if open.fetch_add(1, Relaxed) >= SENDERS_ALL {
+            open.fetch_sub(1, Relaxed);
+            return Err(std::io::Error::from_raw_os_error(libc::ENOBUFS));
+        }
+        let made = self.bind_sender(a);
+        let s = match made {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                open.fetch_sub(1, Relaxed);
+                return Err(e);
+            }
+        };
         st.senders.insert(a, (s.clone(), Instant::now()));
         drop(st);
         bridge::wake(&self.wake);
+        Ok(s)
+    }
+
+    /// Binds the sender of `a`: its program's user's alone (mode 0600), so that no other
+    /// local user sends through it; it also drops what does not come from its program's
+    /// socket.
+    fn bind_sender(&self, a: SocketAddr) -> std::io::Result<UnixDatagram> {
+        let name = name_for(&self.path, a);
+        let s = UnixDatagram::bind(&name)?;
+        let owned = std::os::unix::fs::chown(&name, Some(self.spec.uid), None);
+        // A pComponent that is not root cannot give the file away: programs of every user
+        // may then send to it, and it keeps dropping what is not its program's.
+        let mode = if owned.is_ok() { 0o600 } else { 0o666 };
+        std::fs::set_permissions(&name, std::fs::Permissions::from_mode(mode))?;
+        s.set_write_timeout(Some(DELIVER_WAIT))?;
         Ok(s)
     }
 
@@ -136,8 +182,9 @@ impl Dgram {
         }
     }
 
-    fn remove_files(&self) {
+    fn remove_files(&self, open: &AtomicUsize) {
         let senders = std::mem::take(&mut self.st.lock().unwrap().senders);
+        open.fetch_sub(senders.len(), Relaxed);
         for a in senders.keys() {
             let _ = std::fs::remove_file(name_for(&self.path, *a));
         }
@@ -154,7 +201,7 @@ impl NetStub {
         let theirs = UnixDatagram::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let id = addr::inode(theirs.as_fd().as_raw_fd())?;
-        let d = Arc::new(Dgram { spec, slot: Mutex::default(), path, st: Mutex::default(), wake: bridge::waker()?, closed: AtomicBool::new(false) });
+        let d = Arc::new(Dgram { spec, slot: Mutex::default(), path, st: Mutex::default(), wake: bridge::waker()?, closed: AtomicBool::new(false), error: AtomicI32::new(0), binding: Mutex::new(()) });
         self.dgrams.lock().unwrap().insert(id, d.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let stub = self.clone();
@@ -208,7 +255,8 @@ impl NetStub {
                 let a = addr::parse(data)?;
                 let (at, id) = self.dgram_skel(d, None)?;
                 let local = self.call(&at, P2N_CONNECT { sock: id, addr: a })?.addr;
-                d.sender(a).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+                let a = key(a);
+                d.sender(a, &self.senders_open).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 connect_fd(&fd, Some(&name_for(&d.path, a)))?;
                 let mut st = d.st.lock().unwrap();
                 st.peer = Some(a);
@@ -220,13 +268,14 @@ impl NetStub {
                 let a = addr::parse(data)?;
                 // A socket's first send gives it a port, as the kernel's sendto does, before
                 // the program can ask for its name.
+                let _one = d.binding.lock().unwrap();
                 if d.st.lock().unwrap().bound.is_none() {
                     let any: SocketAddr = if d.spec.family == libc::AF_INET6 { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("an address");
                     self.dgram_skel(d, None)?;
                     let bound = self.bind_skel(&d.spec, &d.slot, any)?;
                     d.st.lock().unwrap().bound.get_or_insert(bound);
                 }
-                d.sender(a).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+                d.sender(a, &self.senders_open).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 Ok(super::Answer::Ret(0))
             }
             NetOp::SockName | NetOp::PeerName => {
@@ -235,7 +284,7 @@ impl NetStub {
                 Ok(super::Answer::Ret(0))
             }
             NetOp::GetOpt if req.a as i32 == libc::SOL_SOCKET && req.b as i32 == libc::SO_ERROR => {
-                resp.data[..4].copy_from_slice(&0i32.to_ne_bytes());
+                resp.data[..4].copy_from_slice(&d.error.swap(0, Relaxed).to_ne_bytes());
                 resp.len = 4;
                 Ok(super::Answer::Ret(0))
             }
@@ -252,7 +301,7 @@ impl NetStub {
             return;
         }
         self.dgrams.lock().unwrap().remove(&id);
-        d.remove_files();
+        d.remove_files(&self.senders_open);
         if let Some((at, sock)) = d.slot.lock().unwrap().at.take() {
             let _ = self.call(&at, P2N_CLOSE { sock });
         }
@@ -276,9 +325,13 @@ impl NetStub {
             }
             let mut grams = Vec::new();
             let mut bytes = 0usize;
+            let peer = d.st.lock().unwrap().peer;
             for ((a, s), p) in senders.iter().zip(&fds) {
                 if p.revents & libc::POLLIN == 0 {
                     continue;
+                }
+                if let Some((_, used)) = d.st.lock().unwrap().senders.get_mut(a) {
+                    *used = Instant::now();
                 }
                 while bytes < BATCH {
                     let Ok((n, from)) = recv_from_nb(s, &mut buf) else { break };
@@ -292,7 +345,9 @@ impl NetStub {
                         continue;
                     }
                     bytes += n;
-                    grams.push(Datagram { addr: Some(*a), data: ByteBuf::from(buf[..n].to_vec()) });
+                    // The connected peer's: as the kernel's send(2) on the connected socket.
+                    let to = (Some(*a) != peer).then_some(*a);
+                    grams.push(Datagram { addr: to, data: ByteBuf::from(buf[..n].to_vec()) });
                 }
             }
             if !grams.is_empty() {
@@ -344,6 +399,11 @@ impl NetStub {
                     if d.closed.load(Relaxed) {
                         return;
                     }
+                    // An ICMP error for an earlier send: the program's SO_ERROR says it.
+                    if matches!(e, libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::EMSGSIZE) {
+                        d.error.store(e, Relaxed);
+                        continue;
+                    }
                     // The nComponent may be back, or the socket made anew elsewhere.
                     fails += 1;
                     tracing::debug!(errno = e, "a datagram socket's receive failed");
@@ -355,7 +415,7 @@ impl NetStub {
                 let Some(from) = g.addr else { continue };
                 self.c.bytes_received.fetch_add(g.data.len() as u64, Relaxed);
                 metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => "ddio").increment(g.data.len() as u64);
-                let delivered = d.sender(from).and_then(|s| s.send_to(&g.data, &d.path));
+                let delivered = d.sender(from, &self.senders_open).and_then(|s| s.send_to(&g.data, &d.path));
                 match delivered {
                     Ok(_) => {
                         self.c.grams_received.fetch_add(1, Relaxed);

@@ -169,6 +169,8 @@ pub struct NetStub {
     /// Sockets by the program's end.
     socks: Mutex<HashMap<addr::SockId, Arc<Sock>>>,
     dgrams: Mutex<HashMap<addr::SockId, Arc<dgram::Dgram>>>,
+    /// Senders of all datagram sockets (at most `dgram::SENDERS_ALL`).
+    senders_open: std::sync::atomic::AtomicUsize,
     /// This pComponent's ends of direct connections with other pComponents, by their ids.
     conns: Mutex<HashMap<u64, Weak<Sock>>>,
     /// Where datagram sockets are named (none: programs' UDP is the host's).
@@ -197,7 +199,7 @@ fn errno_of(e: &RpcError) -> i32 {
 
 impl NetStub {
     pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), conns: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
+        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), senders_open: Default::default(), conns: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -593,8 +595,12 @@ impl NetStub {
                 return self.connect_locally(s, &listener, a).map(|_| Answer::Ret(0));
             }
             if let Some(pcomp) = self.remote_listener(&s.spec, a) {
-                drop(theirs);
-                return self.connect_remote(s, &pcomp, a).map(|_| Answer::Ret(0));
+                match self.connect_remote(s, &pcomp, a) {
+                    Ok(()) => return Ok(Answer::Ret(0)),
+                    // That pComponent does not answer: the listener's skeleton may.
+                    Err(libc::ENETDOWN | libc::ETIMEDOUT) => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         let (at, id) = self.ensure_skel(&s.spec, &s.slot, None)?;

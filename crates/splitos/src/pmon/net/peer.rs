@@ -60,10 +60,16 @@ impl NetStub {
                 return Err(e);
             }
         };
+        let remote = Remote { pcomp: pcomp.to_string(), theirs: r.conn, mine };
         {
             let mut st = s.st.lock().unwrap();
-            st.remote = Some(Remote { pcomp: pcomp.to_string(), theirs: r.conn, mine });
+            st.remote = Some(remote.clone());
             st.names = Some((name, a));
+        }
+        // The program closed the socket meanwhile: its close found no other end to tell.
+        if s.closed.load(Relaxed) {
+            self.end_remote(&remote, true);
+            return Err(libc::EBADF);
         }
         s.set_phase(Phase::Connected);
         self.c.remote_shortcuts.fetch_add(1, Relaxed);
