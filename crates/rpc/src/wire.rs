@@ -958,11 +958,13 @@ messages! {
     // ---- the shortcut between two pComponents (docs/network.md): a connection between two
     // programs of a vNode whose listener is on another pComponent. Each end has an id at its
     // pComponent, random, which is the capability to send to it.
-    /// A connection from the program socket `conn` at pComponent `from` to the listener of
-    /// `vnode` that `addr` reaches here; `peer`: the connecting end's address, as it names
-    /// itself. Answered with the accepted end's id.
-    P2P_CONNECT { pub vnode: String, pub addr: SocketAddr, pub peer: SocketAddr, pub conn: u64, pub from: String };
-    P2P_CONNECTED { pub conn: u64 };
+    /// A connection from the program socket `conn` at pComponent `from` (component id
+    /// `from_id`) to the listener of `vnode` that `addr` reaches here; `peer`: the connecting
+    /// end's address, as it names itself. Answered with the accepted end's id and this
+    /// pComponent's component id (each side ends the connection when the global managers say
+    /// the other is lost).
+    P2P_CONNECT { pub vnode: String, pub addr: SocketAddr, pub peer: SocketAddr, pub conn: u64, pub from: String, pub from_id: u32 };
+    P2P_CONNECTED { pub conn: u64, pub id: u32 };
     /// Bytes for end `conn`: answered with how many it took now (a program that does not
     /// read takes fewer; the sender offers the rest again).
     P2P_SEND { pub conn: u64, pub data: ByteBuf };

@@ -514,4 +514,24 @@ fn programs_of_a_vnode_on_two_pcomponents_connect_directly_not_through_the_ncomp
     assert_eq!(text(&native.stdout), "2000000 True 8771\n", "{}", text(&native.stderr));
     let n = c.components("ncomponent").remove(0);
     assert_eq!(n["stats"]["accepts"], 1, "{}", n["stats"]);
+
+    // The server's pComponent dies: once the global managers say it is lost, the client's
+    // direct connection ends, as a reset one.
+    let mut client = on("p2", 1, &[&py, "-c", WAIT_FOR_END, "127.0.0.1", "8771"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    assert_eq!(read_line(&mut client), "echo: one\n");
+    let recorded: Vec<i64> = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap()["pids"].as_array().unwrap().iter().filter_map(|p| p.as_i64()).collect();
+    for pid in h.pids("p1").into_iter().filter(|p| recorded.contains(&(*p as i64))) {
+        forget_pid(c.dir.path(), pid);
+        // SAFETY: kill(2) takes no pointers; the pid is the pComponent's, which this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "recv returned b'' and SO_ERROR is Connection reset by peer\n", "{}", text(&out.stderr));
 }
+
+const WAIT_FOR_END: &str = "import os, socket, sys\n\
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n\
+s.sendall(b'one')\n\
+print('echo:', s.recv(100).decode(), flush=True)\n\
+s.settimeout(60)\n\
+print('recv returned', s.recv(100), 'and SO_ERROR is', os.strerror(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)), flush=True)\n";

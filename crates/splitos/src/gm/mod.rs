@@ -214,7 +214,7 @@ impl Gm {
         e.last = Instant::now();
         e.pending = 0;
         let role = e.info.role;
-        if !matches!(role, Role::Mem | Role::Net) {
+        if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
             return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0 });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
@@ -223,8 +223,9 @@ impl Gm {
         let mut replaced = self.replaced.lock().unwrap();
         replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
-        // An nComponent closes the sockets of lost pComponents.
-        if role == Role::Net {
+        // An nComponent closes the sockets of lost pComponents; a pComponent its direct
+        // connections with them.
+        if matches!(role, Role::Net | Role::Proc) {
             return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0 });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && e.last.elapsed() > self.reclaim_dead).map(|e| e.info.id).collect();

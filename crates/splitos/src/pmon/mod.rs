@@ -446,7 +446,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     store.set_vregion_size(vrs);
     let p2 = p.clone();
-    node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), |_| {});
+    let p3 = p.clone();
+    node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), move |beat| p3.net.forget_peers(&beat.lost));
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");

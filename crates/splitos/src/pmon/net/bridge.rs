@@ -59,6 +59,48 @@ pub(super) fn end_stream(s: &Sock) {
     shutdown(&s.mine, libc::SHUT_WR);
 }
 
+/// Whether a Unix socket (the program's end of a pair, by its inode) still exists: held by a
+/// descriptor somewhere. The kernel's socket diagnostics (sock_diag) find it by its inode.
+fn end_alive(ino: u64) -> bool {
+    #[repr(C)]
+    struct Req {
+        h: libc::nlmsghdr,
+        family: u8,
+        protocol: u8,
+        pad: u16,
+        states: u32,
+        ino: u32,
+        show: u32,
+        cookie: [u32; 2],
+    }
+    /// SOCK_DIAG_BY_FAMILY (linux/sock_diag.h).
+    const BY_FAMILY: u16 = 20;
+    let req = Req {
+        h: libc::nlmsghdr { nlmsg_len: std::mem::size_of::<Req>() as u32, nlmsg_type: BY_FAMILY, nlmsg_flags: libc::NLM_F_REQUEST as u16, nlmsg_seq: 1, nlmsg_pid: 0 },
+        family: libc::AF_UNIX as u8,
+        protocol: 0,
+        pad: 0,
+        states: u32::MAX,
+        ino: ino as u32,
+        show: 0,
+        // INET_DIAG_NOCOOKIE: found by the inode alone.
+        cookie: [u32::MAX; 2],
+    };
+    // SAFETY: a netlink socket, closed below; send and recv on live buffers of the sizes given.
+    unsafe {
+        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG);
+        if fd < 0 {
+            return false;
+        }
+        let mut buf = [0u8; 512];
+        let sent = libc::send(fd, (&req as *const Req).cast(), std::mem::size_of::<Req>(), 0) == std::mem::size_of::<Req>() as isize;
+        let n = if sent { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) } else { -1 };
+        libc::close(fd);
+        // The answer is the socket's description, or an error (ENOENT) once it is gone.
+        n >= 16 && u16::from_ne_bytes([buf[4], buf[5]]) == BY_FAMILY
+    }
+}
+
 /// One token byte in a listening socket: a connection waits for the program's accept.
 pub(super) fn token(listener: &Sock) {
     if write_all(&listener.mine, &[1]).is_err() {
@@ -184,6 +226,14 @@ impl NetStub {
                 continue;
             }
             if hup && !reading {
+                // Both directions shut down looks as closed to poll; the program may still hold
+                // the socket (and ask its names): look again in a second.
+                if end_alive(ino.1) {
+                    let mut w = libc::pollfd { fd: s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                    // SAFETY: polls one live pollfd.
+                    unsafe { libc::poll(&mut w, 1, 1000) };
+                    continue;
+                }
                 self.close(ino, s);
                 return;
             }

@@ -16,10 +16,12 @@ use splitos_rpc::*;
 
 use super::{bridge, NetStub, Phase, Sock, Spec};
 
-/// The other end of a direct connection: its pComponent, its id there, and this end's id.
+/// The other end of a direct connection: its pComponent (address and component id), its id
+/// there, and this end's id.
 #[derive(Clone, Debug)]
 pub struct Remote {
     pub pcomp: String,
+    pub pcomp_id: u32,
     pub theirs: u64,
     pub mine: u64,
 }
@@ -52,7 +54,7 @@ impl NetStub {
     pub(super) fn connect_remote(self: &Arc<Self>, s: &Arc<Sock>, pcomp: &str, a: SocketAddr) -> Result<(), i32> {
         let mine = self.register(s);
         let name = self.shortcut_name(a);
-        let asked = P2P_CONNECT { vnode: s.spec.vnode.clone(), addr: a, peer: name, conn: mine, from: self.node.addr.clone() };
+        let asked = P2P_CONNECT { vnode: s.spec.vnode.clone(), addr: a, peer: name, conn: mine, from: self.node.addr.clone(), from_id: self.node.id() };
         let r = match self.call(pcomp, asked) {
             Ok(r) => r,
             Err(e) => {
@@ -60,7 +62,7 @@ impl NetStub {
                 return Err(e);
             }
         };
-        let remote = Remote { pcomp: pcomp.to_string(), theirs: r.conn, mine };
+        let remote = Remote { pcomp: pcomp.to_string(), pcomp_id: r.id, theirs: r.conn, mine };
         {
             let mut st = s.st.lock().unwrap();
             st.remote = Some(remote.clone());
@@ -137,6 +139,21 @@ impl NetStub {
         }
     }
 
+    /// Ends the direct connections with pComponents the global managers say are lost: their
+    /// programs read the end of the stream, and `SO_ERROR` says `ECONNRESET`.
+    pub fn forget_peers(&self, lost: &[LostPcomp]) {
+        let ends: Vec<(u64, Arc<Sock>)> = self.conns.lock().unwrap().iter().filter_map(|(id, w)| w.upgrade().map(|s| (*id, s))).collect();
+        for (id, s) in ends {
+            let gone = s.st.lock().unwrap().remote.as_ref().is_some_and(|r| lost.iter().any(|l| l.id == r.pcomp_id));
+            if gone {
+                tracing::info!(conn = id, "a direct connection's other pComponent is lost");
+                self.conns.lock().unwrap().remove(&id);
+                s.st.lock().unwrap().error = libc::ECONNRESET;
+                bridge::end_stream(&s);
+            }
+        }
+    }
+
     fn conn(&self, id: u64) -> Result<Arc<Sock>, Refusal> {
         let s = self.conns.lock().unwrap().get(&id).and_then(|w| w.upgrade());
         s.filter(|s| !s.closed.load(Relaxed)).ok_or_else(|| Refusal::errno(libc::EPIPE))
@@ -160,7 +177,7 @@ impl NetStub {
         let mine = self.register(&server);
         {
             let mut st = server.st.lock().unwrap();
-            st.remote = Some(Remote { pcomp: r.from, theirs: r.conn, mine });
+            st.remote = Some(Remote { pcomp: r.from, pcomp_id: r.from_id, theirs: r.conn, mine });
             st.names = Some((r.addr, r.peer));
         }
         server.set_phase(Phase::Connected);
@@ -168,7 +185,7 @@ impl NetStub {
         bridge::token(&listener);
         self.c.remote_shortcuts.fetch_add(1, Relaxed);
         metrics::counter!("pcomp_net_shortcuts_total", "path" => "remote").increment(1);
-        Ok(P2P_CONNECTED { conn: mine })
+        Ok(P2P_CONNECTED { conn: mine, id: self.node.id() })
     }
 }
 
