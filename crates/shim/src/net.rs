@@ -580,7 +580,8 @@ pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags:
 /// # Safety
 /// `m`'s iovecs are readable.
 unsafe fn msg_len(m: &libc::msghdr) -> usize {
-    (0..m.msg_iovlen as usize).map(|i| unsafe { (*m.msg_iov.add(i)).iov_len }).sum()
+    // SAFETY: the caller's contract: `msg_iovlen` readable iovecs.
+    (0..m.msg_iovlen).map(|i| unsafe { (*m.msg_iov.add(i)).iov_len }).sum()
 }
 
 /// sendmsg(2) of a UDP socket's message: to its destination's sender.

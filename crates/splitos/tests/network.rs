@@ -443,7 +443,7 @@ s.bind(9465, '127.0.0.1', () => { const c = d.createSocket('udp4');\n\
     assert_eq!(read_line(&mut served.0), "listening\n");
     let asking = h.exec("out", &[&py, "-c", UDP_CLIENT, &n1_out, "8762"]).output().unwrap();
     let said = text(&asking.stdout);
-    assert!(said.starts_with(&format!("QUERY ")) && said.ends_with(&format!(" from {out} answered by ('{n1_out}', 8762)\n")), "{said}{}", text(&asking.stderr));
+    assert!(said.starts_with("QUERY ") && said.ends_with(&format!(" from {out} answered by ('{n1_out}', 8762)\n")), "{said}{}", text(&asking.stderr));
 
     // Nobody else gets a datagram in: another user cannot send to a program's socket, and a
     // sender drops what does not come from its program (counted).
