@@ -195,6 +195,9 @@ pub enum NetOp {
     /// A datagram socket's way to an address (data): the pComponent makes the sender
     /// socket for it ([`udp_name`]) that the shim then sends the program's datagrams to.
     Route = 10,
+    /// The program read the end of a TCP socket's stream: answered `-ECONNRESET` (and the
+    /// error taken) if the peer reset the connection, as the kernel's read reports it, else 0.
+    TakeReset = 11,
 }
 
 impl NetOp {
@@ -210,6 +213,7 @@ impl NetOp {
             8 => NetOp::GetOpt,
             9 => NetOp::SetOpt,
             10 => NetOp::Route,
+            11 => NetOp::TakeReset,
             _ => return None,
         })
     }

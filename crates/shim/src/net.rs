@@ -681,11 +681,42 @@ unsafe fn put_source(own: impl FnOnce() -> Option<UdpName>, raw: &[u8], rlen: us
     }
 }
 
+/// A read of `want` bytes from `fd` that returned `n`: the end of a TCP socket's stream that
+/// its peer reset is `ECONNRESET`, as the kernel's read says it (the pair's end itself can
+/// only end; the stub knows why). Costs one getsockname(2) per end of a file or stream.
+fn reset_or(fd: c_int, want: usize, n: ssize_t) -> ssize_t {
+    if n != 0 || want == 0 || !matches!(classify(fd), Kind::Unix) || !paired(fd) {
+        return n;
+    }
+    let saved = errno();
+    match on_socket(fd, &request(NetOp::TakeReset, 0, 0, 0, &[])) {
+        Some(r) if r.ret == -(libc::ECONNRESET as i64) => fail(r.ret) as ssize_t,
+        _ => {
+            set_errno(saved);
+            0
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: read(2) with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_read, fd, buf, n) as ssize_t };
+    reset_or(fd, n, r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: recvfrom(2) with the caller's arguments and no address.
+    let r = unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, 0usize, 0usize) as ssize_t };
+    reset_or(fd, n, r)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t {
     if addr.is_null() || alen.is_null() || !crate::start::is_ready() {
         // SAFETY: recvfrom(2) with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t };
+        return reset_or(fd, n, unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t });
     }
     // SAFETY: sockaddr_storage is plain data, valid when zeroed.
     let mut raw: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
@@ -700,7 +731,7 @@ pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags:
         unsafe { put_source(|| udp_self(fd), bytes, rlen as usize, addr, alen) };
         set_errno(saved);
     }
-    r
+    reset_or(fd, n, r)
 }
 
 #[no_mangle]
@@ -708,7 +739,10 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
     // SAFETY: the caller's contract: `msg` is a readable msghdr.
     if msg.is_null() || unsafe { (*msg).msg_name }.is_null() || !crate::start::is_ready() {
         // SAFETY: recvmsg(2) with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t };
+        let r = unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t };
+        // SAFETY: the caller's contract: a readable msghdr, if any.
+        let want = if msg.is_null() { 0 } else { unsafe { msg_len(&*msg) } };
+        return reset_or(fd, want, r);
     }
     // SAFETY: sockaddr_storage is plain data, valid when zeroed.
     let mut raw: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
@@ -729,7 +763,8 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
             set_errno(saved);
         }
     }
-    r
+    // SAFETY: the caller's iovecs, readable.
+    reset_or(fd, unsafe { msg_len(&m) }, r)
 }
 
 /// Most messages one recvmmsg of a UDP socket receives (it may return fewer than asked).

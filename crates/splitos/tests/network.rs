@@ -535,3 +535,28 @@ s.sendall(b'one')\n\
 print('echo:', s.recv(100).decode(), flush=True)\n\
 s.settimeout(60)\n\
 print('recv returned', s.recv(100), 'and SO_ERROR is', os.strerror(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)), flush=True)\n";
+
+const RESETTING_SERVER: &str = "import socket, struct, sys\n\
+s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n\
+print('listening', flush=True)\n\
+while True:\n    c, _ = s.accept()\n    c.recv(100)\n    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))\n    c.close()\n";
+
+const RESET_CLIENT: &str = "import socket, sys, time\n\
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n\
+s.sendall(b'hello')\n\
+time.sleep(0.5)\n\
+try:\n    print('recv returned', s.recv(100))\n\
+except OSError as e:\n    print('recv:', e.strerror)\n\
+print('then', s.recv(100))\n";
+
+#[test]
+fn a_connection_the_peer_resets_reads_as_reset_as_natively() {
+    let (h, c, _, out) = rack();
+    let py = python3();
+    let mut server = Server(h.exec("out", &[&py, "-c", RESETTING_SERVER, &out, "8781"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut server.0), "listening\n");
+    let native = h.exec("n1", &[&py, "-c", RESET_CLIENT, &out, "8781"]).output().unwrap();
+    assert_eq!(text(&native.stdout), "recv: Connection reset by peer\nthen b''\n", "{}", text(&native.stderr));
+    let under = run_on(&h, &c, "p1", &[&py, "-c", RESET_CLIENT, &out, "8781"]).output().unwrap();
+    assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
+}

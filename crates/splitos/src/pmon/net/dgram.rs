@@ -291,6 +291,7 @@ impl NetStub {
             NetOp::GetOpt => self.get_opt(&d.spec, &d.slot, req, resp),
             NetOp::SetOpt => self.set_opt(&d.spec, &d.slot, req),
             NetOp::Listen | NetOp::Accept => Err(libc::EOPNOTSUPP),
+            NetOp::TakeReset => Ok(super::Answer::Ret(0)),
             NetOp::Socket => unreachable!("handled by the caller"),
         }
     }

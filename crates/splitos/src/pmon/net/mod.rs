@@ -536,6 +536,14 @@ impl NetStub {
             }
             NetOp::SetOpt => self.set_opt(&s.spec, &s.slot, req),
             NetOp::Route => Err(libc::EOPNOTSUPP),
+            NetOp::TakeReset => {
+                let mut st = s.st.lock().unwrap();
+                if st.error != libc::ECONNRESET {
+                    return Ok(Answer::Ret(0));
+                }
+                st.error = 0;
+                Err(libc::ECONNRESET)
+            }
         }
     }
 
