@@ -139,8 +139,8 @@ impl NetStub {
         }
     }
 
-    /// Ends the direct connections with pComponents the global managers say are lost: their
-    /// programs read the end of the stream, and `SO_ERROR` says `ECONNRESET`.
+    /// Ends the direct connections with pComponents the global managers say are lost, as
+    /// reset ones: their programs' reads fail with `ECONNRESET`.
     pub fn forget_peers(&self, lost: &[LostPcomp]) {
         let ends: Vec<(u64, Arc<Sock>)> = self.conns.lock().unwrap().iter().filter_map(|(id, w)| w.upgrade().map(|s| (*id, s))).collect();
         for (id, s) in ends {
