@@ -134,8 +134,8 @@ pub struct PcompSection {
     /// Spare ways a background evictor keeps in each ExCache set a miss used, less than
     /// `ways` (0: no evictor; misses evict inline).
     pub evict_reserve: usize,
-    /// Two programs of a vNode on this pComponent connect through it, not through an
-    /// nComponent (docs/network.md).
+    /// Two programs of a vNode connect through their pComponents (this one, or this one and
+    /// another directly), not through an nComponent (docs/network.md).
     pub net_shortcut: bool,
     /// How sockets' bytes travel to the nComponent: `ddio` (in the requests) or `dma`
     /// (through socket buffers on an mComponent).

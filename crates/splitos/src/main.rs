@@ -277,8 +277,9 @@ enum Cmd {
         /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than --ways (0: off).
         #[arg(long, default_value_t = config::default_pcomp().evict_reserve)]
         evict_reserve: usize,
-        /// Connect two programs of a vNode on this pComponent through an nComponent, not
-        /// directly through this pComponent (the shortcut, on by default).
+        /// Connect two programs of a vNode through an nComponent, not directly (the shortcut,
+        /// on by default: through this pComponent when both are here, else pComponent to
+        /// pComponent).
         #[arg(long)]
         no_net_shortcut: bool,
         #[arg(long, default_value_t = config::default_pcomp().net_path, help = format!("How sockets' bytes travel to the nComponent: {} (ddio: in the requests; dma: through socket buffers on an mComponent)", pmon::NET_PATHS.join(", ")))]
