@@ -605,7 +605,7 @@ unsafe fn udp_sendmsg(fd: c_int, own: &UdpName, msg: &libc::msghdr, flags: c_int
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract: `msg` is a readable msghdr.
-    if !msg.is_null() && !unsafe { (*msg).msg_name }.is_null() && unsafe { (*msg).msg_namelen } != 0 {
+    if !msg.is_null() && unsafe { !(*msg).msg_name.is_null() && (*msg).msg_namelen != 0 } {
         let kind = classify(fd);
         if let Kind::Udp(own) = &kind {
             // SAFETY: as above.

@@ -448,16 +448,20 @@ s.bind(9465, '127.0.0.1', () => { const c = d.createSocket('udp4');\n\
     // Nobody else gets a datagram in: another user cannot send to a program's socket, and a
     // sender drops what does not come from its program (counted).
     let dir = c.dir.path().join("programs/proc0.sock.udp");
-    let names: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
-    let end = names.iter().find(|p| !p.file_name().unwrap().to_str().unwrap().contains('-')).expect("the server's socket");
-    let sender = names.iter().find(|p| p.file_name().unwrap().to_str().unwrap().contains('-')).expect("a sender");
+    // The earlier programs' sockets go within a second or two; then only the server's remain.
+    let listing = || -> Vec<String> { std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect() };
+    let one_socket = |names: &[String]| names.iter().filter(|n| !n.contains('-')).count() == 1;
+    assert!(c.eventually(Duration::from_secs(10), |_| one_socket(&listing())), "{:?}", listing());
+    let names = listing();
+    let end = dir.join(names.iter().find(|n| !n.contains('-')).expect("the server's socket"));
+    let sender = dir.join(names.iter().find(|n| n.contains('-')).expect("a sender"));
     let send = "import socket, sys\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ntry:\n    s.sendto(b'forged', sys.argv[1])\n    print('sent')\nexcept OSError as e:\n    print(e.strerror)\n";
-    for target in [end, sender] {
+    for target in [&end, &sender] {
         let other = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", &py, "-c", send, target.to_str().unwrap()]).output().unwrap();
         assert_eq!(text(&other.stdout), "Permission denied\n", "{}: {}", target.display(), text(&other.stderr));
     }
     let before = c.components("pcomponent").remove(0)["stats"]["net"]["refused"].as_u64().unwrap();
-    std::os::unix::net::UnixDatagram::unbound().unwrap().send_to(b"forged", sender).unwrap();
+    std::os::unix::net::UnixDatagram::unbound().unwrap().send_to(b"forged", &sender).unwrap();
     assert!(c.eventually(Duration::from_secs(5), |c| c.components("pcomponent").remove(0)["stats"]["net"]["refused"].as_u64().unwrap() > before));
 
     // Closed sockets are forgotten: their names go, and the nComponent closes their skeletons.

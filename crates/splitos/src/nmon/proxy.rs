@@ -263,8 +263,8 @@ impl Proxy {
     fn find_listener(&self, vnode: &str, a: std::net::SocketAddr) -> Option<String> {
         let ip = a.ip().to_canonical();
         let here = ip.is_loopback() || ip.is_unspecified() || self.nics.iter().any(|n| n.to_canonical() == ip);
-        let candidates = self.socks.values().filter(|s| s.direct.is_some() && s.port.is_some_and(|p| p == (libc::SOCK_STREAM, a.port())) && s.owner.vnode == vnode && matches!(s.state, State::Listening));
-        candidates.into_iter().find_map(|s| {
+        let mut candidates = self.socks.values().filter(|s| s.direct.is_some() && s.port.is_some_and(|p| p == (libc::SOCK_STREAM, a.port())) && s.owner.vnode == vnode && matches!(s.state, State::Listening));
+        candidates.find_map(|s| {
             let bound = s.socket.local_addr().ok().and_then(|l| l.as_socket())?;
             (bound.ip().to_canonical() == ip || (bound.ip().is_unspecified() && here)).then(|| s.direct.clone()).flatten()
         })

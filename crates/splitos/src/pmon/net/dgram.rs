@@ -60,7 +60,7 @@ pub struct Dgram {
     pub(super) closed: AtomicBool,
     /// An error the skeleton's receives reported (ICMP, on a connected socket), for SO_ERROR.
     error: AtomicI32,
-    /// Held while a first send binds the socket, so that two threads' first sends bind once.
+    /// Held while the socket is bound (a bind, or a first send's).
     binding: Mutex<()>,
 }
 
@@ -214,8 +214,8 @@ impl NetStub {
     }
 
     /// The skeleton of a datagram socket, and its receiver from the first time there is one.
-    fn dgram_skel(self: &Arc<Self>, d: &Arc<Dgram>, ncomp: Option<String>) -> Result<(String, u64), i32> {
-        let at = self.ensure_skel(&d.spec, &d.slot, ncomp)?;
+    fn dgram_skel(self: &Arc<Self>, d: &Arc<Dgram>) -> Result<(String, u64), i32> {
+        let at = self.ensure_skel(&d.spec, &d.slot, None)?;
         let start = !std::mem::replace(&mut d.st.lock().unwrap().receiving, true);
         if start {
             let (stub, d2) = (self.clone(), d.clone());
@@ -227,6 +227,20 @@ impl NetStub {
         Ok(at)
     }
 
+    /// Binds a datagram socket to `a` (its skeleton made on the nComponent that holds it) and
+    /// starts its receiver; false if it was bound already. One at a time, so that two
+    /// threads' first sends bind once.
+    fn dgram_bind(self: &Arc<Self>, d: &Arc<Dgram>, a: SocketAddr) -> Result<bool, i32> {
+        let _one = d.binding.lock().unwrap();
+        if d.st.lock().unwrap().bound.is_some() {
+            return Ok(false);
+        }
+        let bound = self.bind_skel(&d.spec, &d.slot, a)?;
+        self.dgram_skel(d)?;
+        d.st.lock().unwrap().bound = Some(bound);
+        Ok(true)
+    }
+
     /// One socket call on a datagram socket; `fd` is the program's end.
     pub(super) fn on_dgram(self: &Arc<Self>, op: splitos_shim_abi::NetOp, d: &Arc<Dgram>, req: &splitos_shim_abi::NetReq, fd: OwnedFd, resp: &mut splitos_shim_abi::NetResp) -> Result<super::Answer, i32> {
         use splitos_shim_abi::NetOp;
@@ -234,26 +248,22 @@ impl NetStub {
         match op {
             NetOp::Bind => {
                 let a = addr::parse(data)?;
-                if d.st.lock().unwrap().bound.is_some() {
-                    return Err(libc::EINVAL);
+                match self.dgram_bind(d, a)? {
+                    true => Ok(super::Answer::Ret(0)),
+                    false => Err(libc::EINVAL),
                 }
-                let ncomp = self.ncomp_for(&d.spec.vnode, Some(a.ip()))?;
-                self.dgram_skel(d, Some(ncomp))?;
-                let bound = self.bind_skel(&d.spec, &d.slot, a)?;
-                d.st.lock().unwrap().bound = Some(bound);
-                Ok(super::Answer::Ret(0))
             }
             NetOp::Connect => {
                 // AF_UNSPEC: forget the peer.
                 if data.len() >= 2 && u16::from_ne_bytes([data[0], data[1]]) == libc::AF_UNSPEC as u16 {
-                    let (at, id) = self.dgram_skel(d, None)?;
+                    let (at, id) = self.dgram_skel(d)?;
                     self.call(&at, P2N_DISCONNECT { sock: id })?;
                     connect_fd(&fd, None)?;
                     d.st.lock().unwrap().peer = None;
                     return Ok(super::Answer::Ret(0));
                 }
                 let a = addr::parse(data)?;
-                let (at, id) = self.dgram_skel(d, None)?;
+                let (at, id) = self.dgram_skel(d)?;
                 let local = self.call(&at, P2N_CONNECT { sock: id, addr: a })?.addr;
                 let a = key(a);
                 d.sender(a, &self.senders_open).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
@@ -268,13 +278,8 @@ impl NetStub {
                 let a = addr::parse(data)?;
                 // A socket's first send gives it a port, as the kernel's sendto does, before
                 // the program can ask for its name.
-                let _one = d.binding.lock().unwrap();
-                if d.st.lock().unwrap().bound.is_none() {
-                    let any: SocketAddr = if d.spec.family == libc::AF_INET6 { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("an address");
-                    self.dgram_skel(d, None)?;
-                    let bound = self.bind_skel(&d.spec, &d.slot, any)?;
-                    d.st.lock().unwrap().bound.get_or_insert(bound);
-                }
+                let any: SocketAddr = if d.spec.family == libc::AF_INET6 { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("an address");
+                self.dgram_bind(d, any)?;
                 d.sender(a, &self.senders_open).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 Ok(super::Answer::Ret(0))
             }
@@ -370,7 +375,7 @@ impl NetStub {
 
     fn send_grams(self: &Arc<Self>, d: &Arc<Dgram>, grams: Vec<Datagram>, bytes: usize) {
         let n = grams.len() as u64;
-        let sent = self.dgram_skel(d, None).and_then(|(at, sock)| self.call(&at, P2N_SENDTO { sock, grams }));
+        let sent = self.dgram_skel(d).and_then(|(at, sock)| self.call(&at, P2N_SENDTO { sock, grams }));
         match sent {
             Ok(_) => {
                 self.c.grams_sent.fetch_add(n, Relaxed);

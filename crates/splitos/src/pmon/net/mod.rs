@@ -598,7 +598,7 @@ impl NetStub {
         }
         self.c.connects.fetch_add(1, Relaxed);
         if self.shortcut {
-            if let Some(listener) = self.local_listener(&s.spec, a) {
+            if let Some(listener) = self.local_listener(&s.spec.vnode, a) {
                 drop(theirs);
                 return self.connect_locally(s, &listener, a).map(|_| Answer::Ret(0));
             }
@@ -632,8 +632,8 @@ impl NetStub {
     /// A listening socket of the same vNode on this pComponent that `a` reaches: bound to
     /// its port, on the nComponent that holds `a` (the vNode's own for a loopback address),
     /// to `a`'s address or to all.
-    fn local_listener(&self, spec: &Spec, a: SocketAddr) -> Option<Arc<Sock>> {
-        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.spec.vnode == spec.vnode && l.spec.kind == spec.kind).cloned().collect();
+    fn local_listener(&self, vnode: &str, a: SocketAddr) -> Option<Arc<Sock>> {
+        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.spec.vnode == vnode && l.spec.kind == libc::SOCK_STREAM).cloned().collect();
         let listening = |l: &Sock| {
             let st = l.st.lock().unwrap();
             st.phase == Phase::Listening && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
@@ -643,38 +643,46 @@ impl NetStub {
             return None;
         }
         // Only now ask where the address is: most connects have no candidate.
-        let ncomp = self.ncomp_for(&spec.vnode, Some(a.ip())).ok()?;
+        let ncomp = self.ncomp_for(vnode, Some(a.ip())).ok()?;
         candidates.into_iter().find(|l| l.skel().is_some_and(|(at, _)| at == ncomp))
     }
 
     /// Connects `s` to `listener`, both of this pComponent: a new connection queued on the
     /// listener whose bytes the two watchers hand each other (the paper's local channel).
     fn connect_locally(self: &Arc<Self>, s: &Arc<Sock>, listener: &Arc<Sock>, a: SocketAddr) -> Result<(), i32> {
-        {
-            let st = listener.st.lock().unwrap();
-            if st.queue.len() >= st.backlog.max(1) {
-                return Err(libc::ECONNREFUSED);
-            }
-        }
         let mine = self.shortcut_name(a);
-        let (server, theirs) = self.new_sock(listener.spec.clone(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-        {
-            let mut st = server.st.lock().unwrap();
-            st.local_peer = Some(Arc::downgrade(s));
-            st.names = Some((a, mine));
-        }
+        let server = self.shortcut_end(listener, a, mine, |st| st.local_peer = Some(Arc::downgrade(s)))?;
         {
             let mut st = s.st.lock().unwrap();
             st.local_peer = Some(Arc::downgrade(&server));
             st.names = Some((mine, a));
         }
         s.set_phase(Phase::Connected);
-        server.set_phase(Phase::Connected);
-        listener.st.lock().unwrap().queue.push_back((theirs, mine));
-        bridge::token(listener);
         self.c.shortcuts.fetch_add(1, Relaxed);
         metrics::counter!("pcomp_net_shortcuts_total", "path" => "local").increment(1);
         Ok(())
+    }
+
+    /// A shortcut connection's accepted end, queued on `listener` for the program's accept:
+    /// its addresses (`local`, the listener's; `peer`, the connecting end's) and where its
+    /// bytes go (`link`). ECONNREFUSED when the backlog is full, as the kernel's.
+    fn shortcut_end(self: &Arc<Self>, listener: &Arc<Sock>, local: SocketAddr, peer: SocketAddr, link: impl FnOnce(&mut State)) -> Result<Arc<Sock>, i32> {
+        {
+            let st = listener.st.lock().unwrap();
+            if st.queue.len() >= st.backlog.max(1) {
+                return Err(libc::ECONNREFUSED);
+            }
+        }
+        let (server, theirs) = self.new_sock(listener.spec.clone(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        {
+            let mut st = server.st.lock().unwrap();
+            link(&mut st);
+            st.names = Some((local, peer));
+        }
+        server.set_phase(Phase::Connected);
+        listener.st.lock().unwrap().queue.push_back((theirs, peer));
+        bridge::token(listener);
+        Ok(server)
     }
 
     /// The address a shortcut connection's connecting end gives itself (no skeleton has one).

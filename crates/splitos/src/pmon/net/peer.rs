@@ -162,27 +162,15 @@ impl NetStub {
     /// A connection from another pComponent: queued on the listener `r.addr` reaches, as the
     /// program's accept will take it.
     fn accept_remote(self: &Arc<Self>, r: P2P_CONNECT) -> Result<P2P_CONNECTED, i32> {
-        let spec = Spec { vnode: r.vnode.clone(), uid: 0, family: if r.addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 }, kind: libc::SOCK_STREAM, protocol: 0 };
-        let Some(listener) = self.shortcut.then(|| self.local_listener(&spec, r.addr)).flatten() else {
+        let Some(listener) = self.shortcut.then(|| self.local_listener(&r.vnode, r.addr)).flatten() else {
             self.c.refused.fetch_add(1, Relaxed);
             return Err(libc::ECONNREFUSED);
         };
-        {
-            let st = listener.st.lock().unwrap();
-            if st.queue.len() >= st.backlog.max(1) {
-                return Err(libc::ECONNREFUSED);
-            }
-        }
-        let (server, theirs) = self.new_sock(listener.spec.clone(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-        let mine = self.register(&server);
-        {
-            let mut st = server.st.lock().unwrap();
-            st.remote = Some(Remote { pcomp: r.from, pcomp_id: r.from_id, theirs: r.conn, mine });
-            st.names = Some((r.addr, r.peer));
-        }
-        server.set_phase(Phase::Connected);
-        listener.st.lock().unwrap().queue.push_back((theirs, r.peer));
-        bridge::token(&listener);
+        // The end's id before it is queued: the program may write as soon as it accepts.
+        let mine = auth::random_u64();
+        let remote = Remote { pcomp: r.from, pcomp_id: r.from_id, theirs: r.conn, mine };
+        let server = self.shortcut_end(&listener, r.addr, r.peer, |st| st.remote = Some(remote))?;
+        self.conns.lock().unwrap().insert(mine, Arc::downgrade(&server));
         self.c.remote_shortcuts.fetch_add(1, Relaxed);
         metrics::counter!("pcomp_net_shortcuts_total", "path" => "remote").increment(1);
         Ok(P2P_CONNECTED { conn: mine, id: self.node.id() })
