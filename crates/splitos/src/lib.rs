@@ -8,6 +8,7 @@
 //! * [`gm`] the global managers (GPM, GMM, GSM)
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`node`] what every component process shares (logging, metrics, registration)
+//! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
 // The run statistics are one json! literal with a field per counter, deeper than the default.
 #![recursion_limit = "256"]
 pub mod bench;
@@ -18,4 +19,5 @@ pub mod mmon;
 pub mod nmon;
 pub mod node;
 pub mod pmon;
+pub mod sim;
 pub mod smon;

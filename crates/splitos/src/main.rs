@@ -7,7 +7,7 @@ use splitos_rpc::poll::Polling;
 use splitos_rpc::transport::{ShmConfig, TcpConfig, TransportConfig};
 
 use splitos::config::{self, ClusterConfig, Size};
-use splitos::{bench, control, gm, mmon, nmon, node, pmon, smon};
+use splitos::{bench, control, gm, mmon, nmon, node, pmon, sim, smon};
 
 #[derive(Parser)]
 #[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
@@ -341,6 +341,12 @@ enum Cmd {
         #[command(flatten)]
         transport: TransportArgs,
     },
+    /// Replay a cluster trace against fixed, disaggregated and splitos datacenters with the same resources (docs/simulation.md).
+    ///
+    /// Reports per model the fragmentation index, the modules that could be switched off,
+    /// the tasks that could not be placed and their waits, utilization, and the failure
+    /// model of LegoOS section 6.3 for the units the replay needed.
+    Sim(sim::SimArgs),
     /// Measure the floors a miss is compared with (JSON on stdout).
     BenchFloor {
         #[arg(long, default_value_t = 20000)]
@@ -476,6 +482,7 @@ fn main() {
             node::init_metrics();
             transport.credentials().and_then(|credentials| nmon::run(nmon::NetArgs { listen, loopback, credentials, transport: transport.config(), gm, nics, ready_file, metrics_addr }))
         }
+        Cmd::Sim(args) => sim::run(args),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
         Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),

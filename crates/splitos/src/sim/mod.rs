@@ -1,0 +1,535 @@
+//! `splitos sim`: replays a cluster trace against a fixed datacenter of servers, a
+//! disaggregated one of compute and memory modules, and splitos's own (pComponents with an
+//! ExCache share plus mComponents), with the same total resources and one placement policy,
+//! and reports fragmentation, modules that could be switched off, tasks that could not be
+//! placed, utilization and the failure model of LegoOS section 6.3 (docs/simulation.md).
+//!
+//! Each model replays on its own thread; a replay is a sorted stream of allocation and
+//! release events, and a placement a search of a segment tree (`pool.rs`).
+
+pub mod failure;
+pub mod model;
+pub mod policy;
+pub mod pool;
+pub mod trace;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use crate::config::Size;
+use model::{Gauges, Kind, Model, Need, Spec, Topology};
+use trace::{Columns, Node, Task, TaskStats};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Node list (CSV): one row per server.
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Task list (CSV): one row per task, with its requests and start and end times.
+    #[arg(long)]
+    pub tasks: PathBuf,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Columns of the node list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB) [default: name=sn,cpu=cpu_milli,mem=memory_mib].
+    #[arg(long, default_value = "")]
+    pub node_columns: String,
+    /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds, phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
+    #[arg(long, default_value = "")]
+    pub task_columns: String,
+    #[arg(long, default_value = "best-fit", help = format!("Placement policy of every model: {}", policy::POLICIES.join(", ")))]
+    pub policy: String,
+    #[arg(long, default_value = "fixed,disaggregated,splitos", help = format!("Models to replay, side by side: {}", model::MODELS.join(", ")))]
+    pub models: String,
+    /// What memory a compute unit can use: links:N (memory modules per unit and units per module at once, ThymesisFlow's 16 transceivers), racks:N (units spread over N racks; memory stays in its rack), both, or none.
+    #[arg(long, default_value = "links:16")]
+    pub topology: Topology,
+    /// splitos: the part of each server's memory its pComponent keeps as ExCache, and of each task's memory it caches there.
+    #[arg(long, default_value_t = 0.25)]
+    pub excache_share: f64,
+    /// splitos: the unit the global memory manager places memory in.
+    #[arg(long, default_value = "1G")]
+    pub vregion: Size,
+    /// Memory modules of the disaggregated models (0: as many as nodes).
+    #[arg(long, default_value_t = 0)]
+    pub memory_modules: usize,
+    /// Scale-up: this many copies of the cluster, with this many copies of the task list, each shifted by --shift.
+    #[arg(long, default_value_t = 1)]
+    pub scale: usize,
+    /// More load: this many copies of the task list per copy of the cluster, each shifted by --shift.
+    #[arg(long, default_value_t = 1)]
+    pub load: usize,
+    /// Seconds between the start times of consecutive copies of the task list.
+    #[arg(long, default_value_t = 3600.0)]
+    pub shift: f64,
+    /// Waiting tasks a release tries to place, oldest first.
+    #[arg(long, default_value_t = 1000)]
+    pub retry_window: usize,
+    /// Skip and count task rows without a start or end time instead of stopping.
+    #[arg(long)]
+    pub skip_incomplete: bool,
+    /// Count tasks larger than any module of a model as unplaced instead of stopping.
+    #[arg(long)]
+    pub skip_oversized: bool,
+    /// Device failure inputs (TOML); the default is LegoOS table 1's (docs/simulation.md).
+    #[arg(long)]
+    pub devices: Option<PathBuf>,
+    /// Points of the time series in the JSON.
+    #[arg(long, default_value_t = 400)]
+    pub samples: usize,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The replayed workload: the trace's tasks, copied and shifted.
+struct Workload {
+    tasks: Vec<Task>,
+    copies: usize,
+    shift: f64,
+    /// (time, 0 = end / 1 = start, task id): ends first at equal times, so that what ends
+    /// makes room for what starts.
+    events: Vec<(f64, u8, u32)>,
+}
+
+impl Workload {
+    fn new(tasks: Vec<Task>, copies: usize, shift: f64) -> anyhow::Result<Workload> {
+        let n = tasks.len();
+        let total = n.checked_mul(copies).filter(|t| *t <= u32::MAX as usize).context("too many tasks: the scale-up needs fewer than 2^32")?;
+        let mut events = Vec::with_capacity(2 * total);
+        for id in 0..total {
+            let (t, k) = (&tasks[id % n], (id / n) as f64 * shift);
+            events.push((t.start + k, 1, id as u32));
+            events.push((t.end + k, 0, id as u32));
+        }
+        events.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        Ok(Workload { tasks, copies, shift, events })
+    }
+
+    fn len(&self) -> usize {
+        self.tasks.len() * self.copies
+    }
+
+    fn task(&self, id: usize) -> &Task {
+        &self.tasks[id % self.tasks.len()]
+    }
+
+    fn start(&self, id: usize) -> f64 {
+        self.task(id).start + (id / self.tasks.len()) as f64 * self.shift
+    }
+
+    fn span(&self) -> (f64, f64) {
+        (self.events.first().map_or(0.0, |e| e.0), self.events.last().map_or(0.0, |e| e.0))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    New,
+    Waiting,
+    Running,
+    /// Ended: ran, gave up waiting, was too large, or ended the instant it started.
+    Done,
+}
+
+#[derive(Serialize, Default, Clone)]
+pub struct Series {
+    pub time: Vec<f64>,
+    pub fragmentation_cpu: Vec<f64>,
+    pub fragmentation_mem: Vec<f64>,
+    pub switched_off_compute: Vec<f64>,
+    pub switched_off_memory: Vec<f64>,
+    pub utilization_cpu: Vec<f64>,
+    pub utilization_mem: Vec<f64>,
+    pub waiting: Vec<usize>,
+}
+
+impl Series {
+    fn push(&mut self, t: f64, g: &Gauges, waiting: usize) {
+        self.time.push(t);
+        self.fragmentation_cpu.push(g.fragmentation_cpu);
+        self.fragmentation_mem.push(g.fragmentation_mem);
+        self.switched_off_compute.push(g.switched_off_compute);
+        self.switched_off_memory.push(g.switched_off_memory);
+        self.utilization_cpu.push(g.utilization_cpu);
+        self.utilization_mem.push(g.utilization_mem);
+        self.waiting.push(waiting);
+    }
+}
+
+#[derive(Serialize, Clone)]
+pub struct Waits {
+    /// Tasks placed after waiting for room.
+    pub waited: usize,
+    pub p50_seconds: f64,
+    pub p99_seconds: f64,
+    pub max_seconds: f64,
+}
+
+/// One model's replay. The averages are weighted by time over the replay.
+#[derive(Serialize, Clone)]
+pub struct ModelReport {
+    pub policy: String,
+    pub topology: String,
+    pub compute_units: usize,
+    pub memory_units: usize,
+    /// MiB of the largest memory module (of a server, in the fixed model).
+    pub memory_unit_mib: u64,
+    pub cpu_milli: u128,
+    pub memory_mib: u128,
+    pub fragmentation_cpu: f64,
+    pub fragmentation_mem: f64,
+    pub switched_off_compute: f64,
+    pub switched_off_memory: f64,
+    pub utilization_cpu: f64,
+    pub utilization_mem: f64,
+    /// Tasks never placed: they ended while waiting, or were larger than any module
+    /// (`oversized`, with --skip-oversized).
+    pub unplaced: usize,
+    pub oversized: usize,
+    pub placed: usize,
+    /// Tasks whose end was their start: nothing to place.
+    pub instant: usize,
+    pub waits: Waits,
+    pub peak_compute_on: usize,
+    pub peak_memory_on: usize,
+    pub average_remote_mib: f64,
+    pub peak_remote_mib: f64,
+    pub events: usize,
+    pub seconds: f64,
+    pub events_per_second: f64,
+    pub reliability: Option<failure::Reliability>,
+    pub redundancy: Option<Vec<failure::Redundancy>>,
+    pub series: Series,
+}
+
+/// Replays `w` against `m`.
+fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usize, samples: usize, progress: &indicatif::ProgressBar) -> ModelReport {
+    let started = Instant::now();
+    let n = w.len();
+    let mut state = vec![State::New; n];
+    let mut queue: VecDeque<u32> = VecDeque::new();
+    let mut dead = 0usize;
+    let (t0, t1) = w.span();
+    let step = if samples > 1 { (t1 - t0) / (samples - 1) as f64 } else { f64::INFINITY };
+    let mut next_sample = t0;
+    let mut series = Series::default();
+    let mut sums = [0f64; 7];
+    let mut prev = t0;
+    let (mut placed, mut unplaced, mut oversized, mut instant) = (0usize, 0usize, 0usize, 0usize);
+    let mut waits: Vec<f64> = Vec::new();
+    let (mut peak_c, mut peak_m, mut peak_remote) = (0usize, 0usize, 0f64);
+    let mut g = m.gauges();
+    for (i, &(t, kind, id)) in w.events.iter().enumerate() {
+        if t > prev {
+            let dt = t - prev;
+            for (s, v) in sums.iter_mut().zip([g.fragmentation_cpu, g.fragmentation_mem, g.switched_off_compute, g.switched_off_memory, g.utilization_cpu, g.utilization_mem, g.remote_mem]) {
+                *s += v * dt;
+            }
+            prev = t;
+        }
+        while next_sample < t && series.time.len() < samples {
+            series.push(next_sample, &g, queue.len() - dead);
+            next_sample += step;
+        }
+        let id = id as usize;
+        let mut released = false;
+        match (kind, state[id]) {
+            (1, State::New) => match needs[id % w.tasks.len()] {
+                None => {
+                    oversized += 1;
+                    state[id] = State::Done;
+                }
+                Some(need) if m.place(id, need) => {
+                    placed += 1;
+                    state[id] = State::Running;
+                }
+                Some(_) => {
+                    state[id] = State::Waiting;
+                    queue.push_back(id as u32);
+                }
+            },
+            (0, State::Running) => {
+                m.release(id);
+                state[id] = State::Done;
+                released = true;
+            }
+            (0, State::Waiting) => {
+                unplaced += 1;
+                state[id] = State::Done;
+                dead += 1;
+            }
+            (0, State::New) => {
+                instant += 1;
+                state[id] = State::Done;
+            }
+            _ => {}
+        }
+        if released && queue.len() > dead {
+            let mut tries = 0;
+            for &q in queue.iter() {
+                if tries == retry_window {
+                    break;
+                }
+                let q = q as usize;
+                if state[q] != State::Waiting {
+                    continue;
+                }
+                tries += 1;
+                let need = needs[q % w.tasks.len()].expect("a waiting task fits an empty cluster");
+                if m.place(q, need) {
+                    placed += 1;
+                    state[q] = State::Running;
+                    dead += 1;
+                    waits.push(t - w.start(q));
+                }
+            }
+        }
+        while queue.front().is_some_and(|&q| state[q as usize] != State::Waiting) {
+            queue.pop_front();
+            dead -= 1;
+        }
+        if dead > 64 && dead > queue.len() / 2 {
+            queue.retain(|&q| state[q as usize] == State::Waiting);
+            dead = 0;
+        }
+        g = m.gauges();
+        peak_c = peak_c.max(g.compute_on);
+        peak_m = peak_m.max(g.memory_on);
+        peak_remote = peak_remote.max(g.remote_mem);
+        if i % 8192 == 8191 {
+            progress.inc(8192);
+        }
+    }
+    progress.inc((w.events.len() % 8192) as u64);
+    debug_assert!((0..n).all(|id| !m.running(id)), "every allocation was released");
+    let span = t1 - t0;
+    let avg = |k: usize, now: f64| if span > 0.0 { sums[k] / span } else { now };
+    waits.sort_by(f64::total_cmp);
+    let pct = |p: f64| if waits.is_empty() { 0.0 } else { waits[((waits.len() - 1) as f64 * p).round() as usize] };
+    let seconds = started.elapsed().as_secs_f64();
+    let (compute, memory) = (&m.compute, m.memory.as_ref());
+    ModelReport {
+        policy: String::new(),
+        topology: m.spec.topology.to_string(),
+        compute_units: compute.len(),
+        memory_units: memory.map_or(compute.len(), |p| p.len()),
+        memory_unit_mib: (0..memory.map_or(compute.len(), |p| p.len())).map(|u| memory.map_or(compute.cap(u)[pool::MEM], |p| p.cap(u)[pool::MEM])).max().unwrap_or(0),
+        cpu_milli: compute.total(pool::CPU),
+        memory_mib: compute.total(pool::MEM) + memory.map_or(0, |p| p.total(pool::MEM)),
+        fragmentation_cpu: avg(0, g.fragmentation_cpu),
+        fragmentation_mem: avg(1, g.fragmentation_mem),
+        switched_off_compute: avg(2, g.switched_off_compute),
+        switched_off_memory: avg(3, g.switched_off_memory),
+        utilization_cpu: avg(4, g.utilization_cpu),
+        utilization_mem: avg(5, g.utilization_mem),
+        unplaced: unplaced + oversized,
+        oversized,
+        placed,
+        instant,
+        waits: Waits { waited: waits.len(), p50_seconds: pct(0.5), p99_seconds: pct(0.99), max_seconds: waits.last().copied().unwrap_or(0.0) },
+        peak_compute_on: peak_c,
+        peak_memory_on: peak_m,
+        average_remote_mib: avg(6, g.remote_mem),
+        peak_remote_mib: peak_remote,
+        events: w.events.len(),
+        seconds,
+        events_per_second: w.events.len() as f64 / seconds.max(1e-9),
+        reliability: None,
+        redundancy: None,
+        series,
+    }
+}
+
+#[derive(Serialize)]
+struct TraceReport {
+    nodes_file: String,
+    tasks_file: String,
+    /// Nodes and tasks of the files, before any scale-up.
+    nodes: usize,
+    tasks: usize,
+    stats: TaskStats,
+    scale: usize,
+    load: usize,
+    shift_seconds: f64,
+    /// Nodes and tasks replayed.
+    replayed_nodes: usize,
+    replayed_tasks: usize,
+    start: f64,
+    end: f64,
+}
+
+#[derive(Serialize)]
+struct RunReport {
+    policy: String,
+    topology: String,
+    excache_share: f64,
+    vregion_mib: u64,
+    events: usize,
+    seconds: f64,
+    events_per_second: f64,
+    threads: usize,
+}
+
+pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let kinds: Vec<Kind> = args.models.split(',').map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
+    if kinds.is_empty() {
+        bail!("--models: name at least one model");
+    }
+    policy::by_name(&args.policy).map_err(anyhow::Error::msg)?;
+    if !(args.excache_share > 0.0 && args.excache_share < 1.0) {
+        bail!("--excache-share must be between 0 and 1 (exclusive), not {}", args.excache_share);
+    }
+    let vregion_mib = args.vregion.0 >> 20;
+    if vregion_mib == 0 {
+        bail!("--vregion must be at least 1 MiB");
+    }
+    if args.scale == 0 || args.load == 0 || !(args.shift.is_finite() && args.shift >= 0.0) {
+        bail!("--scale and --load must be at least 1, --shift a number of seconds of at least 0");
+    }
+    let devices = failure::Devices::load(args.devices.as_deref())?;
+    let node_cols = Columns::parse(&trace::NODE_FIELDS, &args.node_columns).context("--node-columns")?;
+    let task_cols = Columns::parse(&trace::TASK_FIELDS, &args.task_columns).context("--task-columns")?;
+    let base_nodes = trace::read_nodes(&args.nodes, &node_cols)?;
+    let (tasks, stats) = trace::read_tasks(&args.tasks, &task_cols, args.skip_incomplete)?;
+    let nodes: Vec<Node> = (0..args.scale).flat_map(|_| base_nodes.iter().copied()).collect();
+    let base_tasks = tasks.len();
+    let w = Workload::new(tasks, args.scale * args.load, args.shift)?;
+
+    let specs: Vec<Spec> = kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules: args.memory_modules * args.scale }).collect();
+    let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), policy::by_name(&args.policy).expect("checked"))).collect();
+    // A task no module of a model can ever hold stops the run, naming it, unless the user
+    // asked to count such tasks.
+    let mut needs: Vec<Vec<Option<Need>>> = Vec::new();
+    for m in &models {
+        let mut v = Vec::with_capacity(base_tasks);
+        for t in &w.tasks {
+            let need = m.need(t.cpu, t.mem);
+            match m.oversized(&need) {
+                None => v.push(Some(need)),
+                Some((field, why)) if !args.skip_oversized => {
+                    bail!("{}: row {} ({}), field `{}`: a task larger than any module of model `{}`: it {why}; --skip-oversized counts such tasks as unplaced", args.tasks.display(), t.row, t.name, task_cols.column(field).unwrap_or(field), m.name())
+                }
+                Some(_) => v.push(None),
+            }
+        }
+        needs.push(v);
+    }
+
+    let total_events = (w.events.len() * models.len()) as u64;
+    let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_events) };
+    progress.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} events ({per_sec}, {eta} left)").expect("a valid template"));
+    let replay_started = Instant::now();
+    let mut reports: Vec<(Kind, ModelReport)> = std::thread::scope(|s| {
+        let handles: Vec<_> = models
+            .into_iter()
+            .zip(&needs)
+            .map(|(m, needs)| {
+                let (w, progress) = (&w, progress.clone());
+                let kind = m.spec.kind;
+                s.spawn(move || (kind, replay(m, w, needs, args.retry_window, args.samples, &progress)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a replay thread panicked")).collect()
+    });
+    progress.finish_and_clear();
+    let replay_seconds = replay_started.elapsed().as_secs_f64();
+
+    let rates = devices.rates();
+    let servers = reports.iter().find(|(k, _)| *k == Kind::Fixed).map_or(nodes.len(), |(_, r)| r.peak_compute_on);
+    for (kind, r) in &mut reports {
+        r.policy = args.policy.clone();
+        r.reliability = Some(match kind {
+            Kind::Fixed => failure::reliability(&rates, r.peak_compute_on, None),
+            _ => failure::reliability(&rates, servers, Some((r.peak_compute_on, r.peak_memory_on))),
+        });
+        if *kind == Kind::Splitos {
+            let others = r.peak_compute_on as f64 * rates.pcomponent + servers as f64 * rates.scomponent;
+            r.redundancy = Some(failure::redundancy(&devices, &rates, r.average_remote_mib, r.peak_remote_mib, r.memory_unit_mib as f64, others));
+        }
+    }
+    let events: usize = reports.iter().map(|(_, r)| r.events).sum();
+    let (start, end) = w.span();
+    let mut out = serde_json::json!({
+        "trace": TraceReport {
+            nodes_file: args.nodes.display().to_string(),
+            tasks_file: args.tasks.display().to_string(),
+            nodes: base_nodes.len(),
+            tasks: base_tasks,
+            stats,
+            scale: args.scale,
+            load: args.load,
+            shift_seconds: args.shift,
+            replayed_nodes: nodes.len(),
+            replayed_tasks: w.len(),
+            start,
+            end,
+        },
+        "run": RunReport {
+            policy: args.policy.clone(),
+            topology: args.topology.to_string(),
+            excache_share: args.excache_share,
+            vregion_mib,
+            events,
+            seconds: replay_seconds,
+            events_per_second: events as f64 / replay_seconds.max(1e-9),
+            threads: reports.len().min(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        },
+        "paper": failure::paper_cases(&rates),
+    });
+    for (kind, r) in &reports {
+        out[kind.name()] = serde_json::to_value(r)?;
+    }
+    print_report(&reports, &out, started.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        println!("report: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The report as a table: one column per model.
+fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, seconds: f64) {
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    let mut header = vec!["".to_string()];
+    header.extend(reports.iter().map(|(k, _)| k.name().to_string()));
+    table.set_header(header);
+    let pct = |v: f64| format!("{:.2}%", v * 100.0);
+    type Row = (&'static str, fn(&ModelReport, &dyn Fn(f64) -> String) -> String);
+    let rows: [Row; 16] = [
+        ("units (compute / memory)", |r, _| format!("{} / {}", r.compute_units, r.memory_units)),
+        ("fragmentation CPU", |r, p| p(r.fragmentation_cpu)),
+        ("fragmentation memory", |r, p| p(r.fragmentation_mem)),
+        ("switched off compute", |r, p| p(r.switched_off_compute)),
+        ("switched off memory", |r, p| p(r.switched_off_memory)),
+        ("utilization CPU", |r, p| p(r.utilization_cpu)),
+        ("utilization memory", |r, p| p(r.utilization_mem)),
+        ("placed", |r, _| r.placed.to_string()),
+        ("unplaced (oversized)", |r, _| format!("{} ({})", r.unplaced, r.oversized)),
+        ("waited, p50 / max wait", |r, _| format!("{}, {:.0} s / {:.0} s", r.waits.waited, r.waits.p50_seconds, r.waits.max_seconds)),
+        ("peak units on (compute / memory)", |r, _| format!("{} / {}", r.peak_compute_on, r.peak_memory_on)),
+        ("cluster MTTF (days)", |r, _| r.reliability.as_ref().map_or("-".into(), |f| format!("{:.1}", f.cluster_mttf_days))),
+        ("MTTF vs fixed", |r, _| r.reliability.as_ref().map_or("-".into(), |f| format!("{:.2}x", f.mttf_vs_fixed))),
+        ("memory with replica / ec:4", |r, _| r.redundancy.as_ref().map_or("-".into(), |v| format!("{:.0} / {:.0} GiB", v[1].memory_needed_gib, v[4].memory_needed_gib))),
+        ("loss/yr none / replica", |r, _| r.redundancy.as_ref().map_or("-".into(), |v| format!("{:.3} / {:.2e} GiB", v[0].expected_loss_gib_per_year, v[1].expected_loss_gib_per_year))),
+        ("events per second", |r, _| format!("{:.0}", r.events_per_second)),
+    ];
+    for (name, f) in rows {
+        let mut row = vec![name.to_string()];
+        row.extend(reports.iter().map(|(_, r)| f(r, &pct)));
+        table.add_row(row);
+    }
+    let t = &out["trace"];
+    println!(
+        "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
+        t["nodes"], t["scale"], t["replayed_nodes"], t["tasks"], out["trace"]["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1), t["replayed_tasks"], t["stats"]["rows"], t["stats"]["skipped_incomplete"],
+        out["run"]["policy"].as_str().unwrap_or(""), out["run"]["events"], seconds, out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
+    );
+    println!("{table}");
+}
