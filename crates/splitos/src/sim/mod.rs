@@ -122,6 +122,10 @@ impl Workload {
         self.task(id).start + (id / self.tasks.len()) as f64 * self.shift
     }
 
+    fn end(&self, id: usize) -> f64 {
+        self.task(id).end + (id / self.tasks.len()) as f64 * self.shift
+    }
+
     fn span(&self) -> (f64, f64) {
         (self.events.first().map_or(0.0, |e| e.0), self.events.last().map_or(0.0, |e| e.0))
     }
@@ -204,14 +208,14 @@ pub struct ModelReport {
     pub events_per_second: f64,
     pub reliability: Option<failure::Reliability>,
     pub redundancy: Option<Vec<failure::Redundancy>>,
+    pub audit: Audit,
     pub series: Series,
 }
 
 /// Replays `w` against `m`.
 fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usize, samples: usize, progress: &indicatif::ProgressBar) -> ModelReport {
     let started = Instant::now();
-    let n = w.len();
-    let mut state = vec![State::New; n];
+    let mut state = vec![State::New; w.len()];
     let mut queue: VecDeque<u32> = VecDeque::new();
     let mut dead = 0usize;
     let (t0, t1) = w.span();
@@ -224,6 +228,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
     let mut waits: Vec<f64> = Vec::new();
     let (mut peak_c, mut peak_m, mut peak_remote) = (0usize, 0usize, 0f64);
     let mut g = m.gauges();
+    let mut audit = Audit::new(&m);
     for (i, &(t, kind, id)) in w.events.iter().enumerate() {
         if t > prev {
             let dt = t - prev;
@@ -247,6 +252,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
                 Some(need) if m.place(id, need) => {
                     placed += 1;
                     state[id] = State::Running;
+                    audit.placed(&m, id);
                 }
                 Some(_) => {
                     state[id] = State::Waiting;
@@ -254,6 +260,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
                 }
             },
             (0, State::Running) => {
+                audit.released(&m, id);
                 m.release(id);
                 state[id] = State::Done;
                 released = true;
@@ -276,7 +283,8 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
                     break;
                 }
                 let q = q as usize;
-                if state[q] != State::Waiting {
+                // A task whose end is now is about to give up.
+                if state[q] != State::Waiting || w.end(q) <= t {
                     continue;
                 }
                 tries += 1;
@@ -286,6 +294,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
                     state[q] = State::Running;
                     dead += 1;
                     waits.push(t - w.start(q));
+                    audit.placed(&m, q);
                 }
             }
         }
@@ -306,7 +315,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         }
     }
     progress.inc((w.events.len() % 8192) as u64);
-    debug_assert!((0..n).all(|id| !m.running(id)), "every allocation was released");
+    audit.finish();
     let span = t1 - t0;
     let avg = |k: usize, now: f64| if span > 0.0 { sums[k] / span } else { now };
     waits.sort_by(f64::total_cmp);
@@ -341,7 +350,66 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         events_per_second: w.events.len() as f64 / seconds.max(1e-9),
         reliability: None,
         redundancy: None,
+        audit,
         series,
+    }
+}
+
+/// A ledger of what each unit holds, kept from the placements and releases themselves
+/// rather than from the pools' own accounting, which it checks.
+#[derive(Serialize, Clone)]
+pub struct Audit {
+    pub placements: usize,
+    pub releases: usize,
+    /// Placements after which a unit held more than its capacity.
+    pub over_capacity: usize,
+    /// Releases of a task holding nothing.
+    pub unmatched_releases: usize,
+    /// Units holding anything once every task has ended.
+    pub units_left_holding: usize,
+    #[serde(skip)]
+    compute: Vec<[u64; 2]>,
+    #[serde(skip)]
+    memory: Vec<u64>,
+}
+
+impl Audit {
+    fn new(m: &Model) -> Audit {
+        Audit { placements: 0, releases: 0, over_capacity: 0, unmatched_releases: 0, units_left_holding: 0, compute: vec![[0; 2]; m.compute.len()], memory: vec![0; m.memory.as_ref().map_or(0, |p| p.len())] }
+    }
+
+    fn placed(&mut self, m: &Model, id: usize) {
+        self.placements += 1;
+        let Some((c, cpu, local, pieces)) = m.allocation(id) else {
+            self.over_capacity += 1;
+            return;
+        };
+        self.compute[c][0] += cpu;
+        self.compute[c][1] += local;
+        let cap = m.compute.cap(c);
+        let mut over = self.compute[c][0] > cap[pool::CPU] || self.compute[c][1] > cap[pool::MEM];
+        for &(u, mib) in pieces {
+            self.memory[u as usize] += mib;
+            over |= m.memory.as_ref().is_none_or(|p| self.memory[u as usize] > p.cap(u as usize)[pool::MEM]);
+        }
+        self.over_capacity += usize::from(over);
+    }
+
+    fn released(&mut self, m: &Model, id: usize) {
+        self.releases += 1;
+        let Some((c, cpu, local, pieces)) = m.allocation(id) else {
+            self.unmatched_releases += 1;
+            return;
+        };
+        self.compute[c][0] -= cpu;
+        self.compute[c][1] -= local;
+        for &(u, mib) in pieces {
+            self.memory[u as usize] -= mib;
+        }
+    }
+
+    fn finish(&mut self) {
+        self.units_left_holding = self.compute.iter().filter(|c| c[0] > 0 || c[1] > 0).count() + self.memory.iter().filter(|m| **m > 0).count();
     }
 }
 
@@ -402,7 +470,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let w = Workload::new(tasks, args.scale * args.load, args.shift)?;
 
     let specs: Vec<Spec> = kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules: args.memory_modules * args.scale }).collect();
-    let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), policy::by_name(&args.policy).expect("checked"))).collect();
+    let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
     // asked to count such tasks.
     let mut needs: Vec<Vec<Option<Need>>> = Vec::new();
@@ -532,4 +600,101 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
         out["run"]["policy"].as_str().unwrap_or(""), out["run"]["events"], seconds, out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
     );
     println!("{table}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replays hand-made tasks `(cpu, mem, start, end)` on nodes `(cpu, mem)`, with an
+    /// ExCache share of a quarter and vRegions of 4 MiB.
+    fn replay_of(kind: Kind, nodes: &[(u64, u64)], tasks: &[(u64, u64, f64, f64)], policy: &str, topology: &str) -> ModelReport {
+        let nodes: Vec<Node> = nodes.iter().map(|&(cpu, mem)| Node { cpu, mem }).collect();
+        let tasks = tasks.iter().enumerate().map(|(i, &(cpu, mem, start, end))| Task { name: format!("t{i}"), row: i + 1, cpu, mem, start, end }).collect();
+        let w = Workload::new(tasks, 1, 0.0).unwrap();
+        let spec = Spec { kind, topology: topology.parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 };
+        let m = Model::new(spec, &nodes, w.len(), policy).unwrap();
+        let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
+        let r = replay(m, &w, &needs, 100, 3, &indicatif::ProgressBar::hidden());
+        let a = &r.audit;
+        assert_eq!((a.over_capacity, a.unmatched_releases, a.units_left_holding, a.placements, a.releases), (0, 0, 0, r.placed, r.placed));
+        r
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn packing_switches_servers_off_and_spreading_fragments() {
+        let tasks = [(2000, 4, 0.0, 10.0), (2000, 4, 0.0, 10.0)];
+        for policy in ["best-fit", "first-fit"] {
+            let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, policy, "none");
+            assert!(close(r.switched_off_compute, 0.5) && close(r.switched_off_memory, 0.5), "{policy}");
+            assert!(close(r.fragmentation_cpu, 0.0) && close(r.fragmentation_mem, 0.0), "{policy}");
+            assert!(close(r.utilization_cpu, 0.5) && close(r.utilization_mem, 0.5), "{policy}");
+        }
+        let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, "gpm-gmm", "none");
+        assert!(close(r.switched_off_compute, 0.0) && close(r.fragmentation_cpu, 0.5) && close(r.fragmentation_mem, 0.5));
+    }
+
+    /// Two tasks leave 1 core and 6 MiB on each server: a third (1 core, 7 MiB) fits no
+    /// server, but fits the same resources pooled.
+    #[test]
+    fn disaggregation_places_what_servers_cannot() {
+        let nodes = [(4000, 8), (4000, 8)];
+        let tasks = [(3000, 2, 0.0, 10.0), (3000, 2, 0.0, 10.0), (1000, 7, 0.0, 10.0)];
+        let f = replay_of(Kind::Fixed, &nodes, &tasks, "best-fit", "none");
+        assert_eq!((f.placed, f.unplaced, f.waits.waited), (2, 1, 0));
+        assert!(close(f.fragmentation_cpu, 0.25) && close(f.fragmentation_mem, 0.75));
+        let d = replay_of(Kind::Disaggregated, &nodes, &tasks, "best-fit", "none");
+        assert_eq!((d.placed, d.unplaced), (3, 0));
+        // Compute: one module full, one with 1 core free. Memory: 4 and 1 MiB free.
+        assert!(close(d.fragmentation_cpu, 0.125) && close(d.fragmentation_mem, 5.0 / 16.0), "{} {}", d.fragmentation_cpu, d.fragmentation_mem);
+        assert!(close(d.switched_off_compute, 0.0) && close(d.switched_off_memory, 0.0));
+    }
+
+    #[test]
+    fn a_task_waits_for_room_and_gives_up_at_its_end() {
+        let r = replay_of(Kind::Fixed, &[(4000, 8)], &[(4000, 8, 0.0, 10.0), (4000, 8, 5.0, 20.0), (1000, 1, 6.0, 9.0), (1, 1, 12.0, 12.0)], "best-fit", "none");
+        assert_eq!((r.placed, r.unplaced, r.instant, r.waits.waited), (2, 1, 1, 1));
+        assert!(close(r.waits.p50_seconds, 5.0) && close(r.waits.max_seconds, 5.0));
+        assert!(close(r.utilization_cpu, 1.0) && close(r.switched_off_compute, 0.0));
+    }
+
+    /// splitos: pComponents of 4 cores and 4 MiB of ExCache, two mComponents of 12 MiB.
+    #[test]
+    fn splitos_memory_follows_the_topology() {
+        let nodes = [(4000, 16), (4000, 16)];
+        // 16 MiB do not fit one mComponent: 12 go to one, 4 to the other, over two links.
+        let task = [(1000, 16, 0.0, 10.0)];
+        let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:2");
+        assert_eq!((r.placed, r.peak_memory_on, r.memory_units, r.memory_unit_mib), (1, 2, 2, 12));
+        assert!(close(r.utilization_mem, (4.0 + 16.0) / 32.0));
+        let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:1");
+        assert_eq!((r.placed, r.unplaced), (0, 1));
+        // Racks: each pComponent reaches only its rack's mComponent, 12 MiB.
+        let m = Model::new(Spec { kind: Kind::Splitos, topology: "racks:2".parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 }, &[Node { cpu: 4000, mem: 16 }; 2], 1, "best-fit").unwrap();
+        let (field, why) = m.oversized(&m.need(1000, 16)).unwrap();
+        assert!(field == "mem" && why.contains("more than a compute unit can reach (12 MiB)"), "{why}");
+        assert!(m.oversized(&m.need(1000, 12)).is_none());
+        let (field, _) = m.oversized(&m.need(5000, 1)).unwrap();
+        assert_eq!(field, "cpu");
+        let r = replay_of(Kind::Splitos, &nodes, &[(1000, 8, 0.0, 10.0), (1000, 8, 0.0, 10.0)], "first-fit", "racks:2");
+        assert_eq!((r.placed, r.peak_compute_on, r.peak_memory_on), (2, 2, 2), "the second task's pComponent cannot reach the first mComponent's room");
+    }
+
+    /// GMM places each vRegion on the least loaded mComponent; best fit keeps a task's
+    /// memory together.
+    #[test]
+    fn gmm_spreads_vregions() {
+        let nodes = [(4000, 16), (4000, 16)];
+        let task = [(1000, 8, 0.0, 10.0)];
+        let r = replay_of(Kind::Splitos, &nodes, &task, "gpm-gmm", "links:16");
+        assert_eq!(r.peak_memory_on, 2);
+        assert!(close(r.switched_off_memory, 0.0));
+        let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:16");
+        assert_eq!(r.peak_memory_on, 1);
+        assert!(close(r.switched_off_memory, 0.5) && close(r.fragmentation_mem, (2.0 + 4.0) / 32.0), "{}", r.fragmentation_mem);
+    }
 }

@@ -14,7 +14,7 @@
 //! memory module it uses (ThymesisFlow's 16 transceivers), and/or units are in racks and reach
 //! only memory modules of their own rack.
 
-use super::policy::{MostFree, Placement};
+use super::policy;
 use super::pool::{Amount, Pool, CPU, LINKS, MEM};
 use super::trace::Node;
 
@@ -117,7 +117,6 @@ pub struct Model {
     /// Per compute unit: memory modules it has a link to, and the tasks using each.
     links: Vec<Vec<(u32, u32)>>,
     allocs: Vec<Option<Alloc>>,
-    policy: Box<dyn Placement>,
     /// The distinct (CPU, memory) capacities of the compute units.
     shapes: Vec<[u64; 2]>,
 }
@@ -133,7 +132,7 @@ pub struct Need {
 }
 
 impl Model {
-    pub fn new(spec: Spec, nodes: &[Node], tasks: usize, policy: Box<dyn Placement>) -> Model {
+    pub fn new(spec: Spec, nodes: &[Node], tasks: usize, policy: &str) -> Result<Model, String> {
         let links = spec.topology.links.map_or(0, u64::from);
         let total_mem: u64 = nodes.iter().map(|n| n.mem).sum();
         let share = |mem: u64| match spec.kind {
@@ -146,11 +145,14 @@ impl Model {
         let memory = (spec.kind != Kind::Fixed).then(|| {
             let m = if spec.memory_modules == 0 { nodes.len() } else { spec.memory_modules };
             let rest = total_mem - local_total;
-            Pool::new((0..m as u64).map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links]).collect())
+            let racks = spec.topology.racks.unwrap_or(1);
+            let caps = (0..m as u64).map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links]).collect();
+            policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| j * racks / m, p))
         });
+        let memory = memory.transpose()?;
         let shapes = caps.iter().map(|c| [c[CPU], c[MEM]]).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-        let compute = Pool::new(caps);
-        Model { links: vec![Vec::new(); compute.len()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), policy, shapes }
+        let compute = Pool::new(caps, 1, |_| 0, policy::by_name(policy)?);
+        Ok(Model { links: vec![Vec::new(); compute.len()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes })
     }
 
     pub fn name(&self) -> &'static str {
@@ -200,10 +202,14 @@ impl Model {
         ((k * m).div_ceil(r), ((k + 1) * m).div_ceil(r))
     }
 
-    fn reach(&self, c: usize) -> (usize, usize) {
+    /// The racks (parts of the memory pool) compute unit `c` reaches.
+    fn reach(&self, c: usize) -> std::ops::Range<usize> {
         match self.spec.topology.racks {
-            Some(r) => self.rack_range(c * r / self.compute.len()),
-            None => (0, self.memory.as_ref().map_or(0, Pool::len)),
+            Some(r) => {
+                let k = c * r / self.compute.len();
+                k..k + 1
+            }
+            None => 0..1,
         }
     }
 
@@ -219,7 +225,7 @@ impl Model {
         let mut tried = Vec::new();
         for attempt in 0..TRIES {
             let want = if attempt == 0 { take } else { [need.cpu, need.local, links_needed] };
-            let Some(c) = self.compute.search(&*self.policy, &want, 0, self.compute.len(), &tried) else {
+            let Some(c) = self.compute.search(&want, 0..1, &tried) else {
                 if attempt == 0 && links_needed > 0 {
                     continue;
                 }
@@ -241,17 +247,23 @@ impl Model {
     /// Takes `amount` MiB of memory modules reachable from compute unit `c`. A packing
     /// policy puts all of it on the module it prefers among those with room for all of it;
     /// a spreading one (GMM) places each vRegion on its own. When no module has room for the
-    /// rest, it goes to the reachable module with the most free, in whole vRegions (MiB in
-    /// the disaggregated model), so that it needs as few links as it can.
+    /// rest, it goes in parts of at least the rest over the links `c` has left, in whole
+    /// vRegions (MiB in the disaggregated model), each on the module the policy prefers.
     fn place_memory(&mut self, c: usize, amount: u64) -> Option<Vec<(u32, u64)>> {
         let unit = if self.spec.kind == Kind::Splitos { self.spec.vregion_mib } else { 1 };
-        let per_vregion = self.spec.kind == Kind::Splitos && !self.policy.packs();
+        let packs = self.compute.policy().packs();
+        let per_vregion = self.spec.kind == Kind::Splitos && !packs;
         let mut pieces: Vec<(u32, u64)> = Vec::new();
         let mut left = amount;
         while left > 0 {
             let want = if per_vregion { left.min(unit) } else { left };
-            let chosen = self.pick_memory(c, want, &*self.policy).map(|m| (m, want)).or_else(|| {
-                let m = self.pick_memory(c, left.min(unit), &MostFree)?;
+            let chosen = self.pick_memory(c, want).map(|m| (m, want)).or_else(|| {
+                let links = match self.spec.topology.links {
+                    Some(_) => self.compute.free(c)[LINKS].max(1),
+                    None => u64::MAX,
+                };
+                let part = left.div_ceil(links).div_ceil(unit).saturating_mul(unit).min(left);
+                let m = self.pick_memory(c, part)?;
                 let free = self.memory.as_ref()?.free(m)[MEM];
                 Some((m, if free >= left { left } else { free / unit * unit }))
             });
@@ -265,22 +277,21 @@ impl Model {
         Some(pieces)
     }
 
-    /// The memory module `policy` prefers for `want` MiB among those `c` can reach: one it
-    /// has a link to if any has room, so that links last; else one with a link free, if
-    /// `c` has one.
-    fn pick_memory(&self, c: usize, want: u64, policy: &dyn Placement) -> Option<usize> {
+    /// The memory module the policy prefers for `want` MiB among those `c` can reach: those
+    /// it has a link to and, if it has a link free, those with a link free. A packing policy
+    /// takes a module it has a link to whenever one has room, so that links last.
+    fn pick_memory(&self, c: usize, want: u64) -> Option<usize> {
         let mem = self.memory.as_ref()?;
-        let (lo, hi) = self.reach(c);
-        let linked = self.links[c].iter().map(|(m, _)| *m as usize);
-        let best = linked.filter_map(|m| mem.score(policy, m, &[0, want, 0]).map(|s| (s, m))).min_by(|a, b| a.partial_cmp(b).unwrap());
-        if let Some((_, m)) = best {
-            return Some(m);
+        let linked = self.links[c].iter().map(|(m, _)| *m as usize).filter(|&m| mem.fits(m, &[0, want, 0])).min_by_key(|&m| mem.rank(m));
+        if linked.is_some() && mem.policy().packs() {
+            return linked;
         }
-        match self.spec.topology.links {
-            None => mem.search(policy, &[0, want, 0], lo, hi, &[]),
-            Some(_) if self.compute.free(c)[LINKS] > 0 => mem.search(policy, &[0, want, 1], lo, hi, &[]),
+        let other = match self.spec.topology.links {
+            None => mem.search(&[0, want, 0], self.reach(c), &[]),
+            Some(_) if self.compute.free(c)[LINKS] > 0 => mem.search(&[0, want, 1], self.reach(c), &[]),
             Some(_) => None,
-        }
+        };
+        [linked, other].into_iter().flatten().min_by_key(|&m| mem.rank(m))
     }
 
     fn take_memory(&mut self, c: usize, m: usize, amount: u64, pieces: &mut Vec<(u32, u64)>) {
@@ -332,8 +343,10 @@ impl Model {
         self.compute.give(a.compute as usize, &[a.cpu, a.local, 0], true);
     }
 
-    pub fn running(&self, id: usize) -> bool {
-        self.allocs[id].is_some()
+    /// Where running task `id` is: its compute unit, CPU and memory there, and its pieces
+    /// of memory modules.
+    pub fn allocation(&self, id: usize) -> Option<(usize, u64, u64, &[(u32, u64)])> {
+        self.allocs[id].as_ref().map(|a| (a.compute as usize, a.cpu, a.local, a.pieces.as_slice()))
     }
 
     /// The model's state now.

@@ -1,31 +1,19 @@
-//! Placement policies: which unit of a pool takes an allocation. A policy scores a unit that
-//! fits (lower is better) and bounds the score of any unit of a subtree from the subtree's
-//! summary, which is all a new policy has to provide for the pool's search to stay fast.
+//! Placement policies: which unit of a pool takes an allocation. A policy is an order of
+//! units, given by a key computed from a unit's own state (not from the request); the pool
+//! takes the unit with the lowest key among those with room. That is all a new policy has
+//! to provide for the pool's index to find its choice in about log(units).
 
 use super::pool::{Amount, CPU, MEM, RES};
 
-/// What a policy knows of a subtree of units: the first index it may offer, and per
-/// resource the largest and smallest free and the smallest used amount of its units.
-pub struct Bound<'a> {
-    pub first: usize,
-    pub max_free: &'a Amount,
-    pub min_free: &'a Amount,
-    pub min_used: &'a Amount,
-}
-
 pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
-    /// The score of unit `unit` with `free` of `cap`, which fits `want`; `weights` put the
-    /// resources on one scale.
-    fn score(&self, unit: usize, free: &Amount, cap: &Amount, want: &Amount, weights: &[f64; RES]) -> f64;
-    /// A lower bound of the score of every unit in a subtree that fits `want`.
-    fn bound(&self, sub: &Bound, want: &Amount, weights: &[f64; RES]) -> f64;
+    /// The key of unit `unit` with `free` of `cap` (lower is preferred); `weights` put the
+    /// resources on one scale (1 / the mean capacity).
+    fn key(&self, unit: usize, free: &Amount, cap: &Amount, weights: &[f64; RES]) -> f64;
     /// Whether the policy packs (fills a unit before the next) rather than spreads: a
     /// packing policy places a task's memory in one piece where it can, a spreading one
     /// (GMM) each vRegion on its own.
-    fn packs(&self) -> bool {
-        false
-    }
+    fn packs(&self) -> bool;
 }
 
 /// Names of the policies, as `--policy` takes them.
@@ -40,19 +28,16 @@ pub fn by_name(name: &str) -> Result<Box<dyn Placement>, String> {
     }
 }
 
-/// The unit left with the least free after the allocation (ThymesisFlow's policy): what
-/// is left over, weighted so that CPU and memory count alike.
+/// The unit with the least free (ThymesisFlow's policy), CPU and memory weighted alike: the
+/// one left with the least after the allocation.
 pub struct BestFit;
 
 impl Placement for BestFit {
     fn name(&self) -> &'static str {
         "best-fit"
     }
-    fn score(&self, _unit: usize, free: &Amount, _cap: &Amount, want: &Amount, w: &[f64; RES]) -> f64 {
-        (0..RES).map(|r| w[r] * (free[r] - want[r]) as f64).sum()
-    }
-    fn bound(&self, sub: &Bound, want: &Amount, w: &[f64; RES]) -> f64 {
-        (0..RES).map(|r| w[r] * sub.min_free[r].max(want[r]).saturating_sub(want[r]) as f64).sum()
+    fn key(&self, _unit: usize, free: &Amount, _cap: &Amount, w: &[f64; RES]) -> f64 {
+        (0..RES).map(|r| w[r] * free[r] as f64).sum()
     }
     fn packs(&self) -> bool {
         true
@@ -66,11 +51,8 @@ impl Placement for FirstFit {
     fn name(&self) -> &'static str {
         "first-fit"
     }
-    fn score(&self, unit: usize, _free: &Amount, _cap: &Amount, _want: &Amount, _w: &[f64; RES]) -> f64 {
+    fn key(&self, unit: usize, _free: &Amount, _cap: &Amount, _w: &[f64; RES]) -> f64 {
         unit as f64
-    }
-    fn bound(&self, sub: &Bound, _want: &Amount, _w: &[f64; RES]) -> f64 {
-        sub.first as f64
     }
     fn packs(&self) -> bool {
         true
@@ -83,41 +65,15 @@ impl Placement for FirstFit {
 /// modules, memory for memory modules. It spreads load, the opposite of packing.
 pub struct LeastLoaded;
 
-impl LeastLoaded {
-    fn primary(w: &[f64; RES]) -> usize {
-        if w[CPU] > 0.0 {
-            CPU
-        } else {
-            MEM
-        }
-    }
-}
-
 impl Placement for LeastLoaded {
     fn name(&self) -> &'static str {
         "gpm-gmm"
     }
-    fn score(&self, _unit: usize, free: &Amount, cap: &Amount, _want: &Amount, w: &[f64; RES]) -> f64 {
-        let r = Self::primary(w);
+    fn key(&self, _unit: usize, free: &Amount, cap: &Amount, w: &[f64; RES]) -> f64 {
+        let r = if w[CPU] > 0.0 { CPU } else { MEM };
         (cap[r] - free[r]) as f64
     }
-    fn bound(&self, sub: &Bound, _want: &Amount, w: &[f64; RES]) -> f64 {
-        sub.min_used[Self::primary(w)] as f64
-    }
-}
-
-/// The unit with the most free memory: where a task's memory goes when it must be split
-/// over several memory modules, so that it needs as few links as it can.
-pub struct MostFree;
-
-impl Placement for MostFree {
-    fn name(&self) -> &'static str {
-        "most-free"
-    }
-    fn score(&self, _unit: usize, free: &Amount, _cap: &Amount, _want: &Amount, _w: &[f64; RES]) -> f64 {
-        -(free[MEM] as f64)
-    }
-    fn bound(&self, sub: &Bound, _want: &Amount, _w: &[f64; RES]) -> f64 {
-        -(sub.max_free[MEM] as f64)
+    fn packs(&self) -> bool {
+        false
     }
 }

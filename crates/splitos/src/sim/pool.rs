@@ -1,10 +1,15 @@
 //! A pool of like units (servers, compute modules or memory modules) with a few resources
-//! each, searched by a placement policy. A segment tree keeps, per subtree, the largest and
-//! smallest free amount and the smallest used amount of every resource, so that a search
-//! skips subtrees where nothing fits or nothing can beat the best unit found so far: a
-//! placement costs about log(units), which is what lets a 100-fold scale-up replay in seconds.
+//! each, and an index that finds the unit a placement policy prefers. Units are kept in
+//! classes by the magnitude of their free CPU and free memory (powers of two), each class
+//! ordered by the policy's key: a request looks only at the classes that can hold it, and in
+//! each takes the first unit that fits, which in every class above the request's own is
+//! the first one. A placement costs about log(units), which is what lets a 100-fold
+//! scale-up replay in seconds.
 
-use super::policy::{Bound, Placement};
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use super::policy::Placement;
 
 /// Resources a unit has: `[CPU (milli), memory (MiB), links]`. A pool leaves the ones its
 /// units do not have at zero.
@@ -15,22 +20,28 @@ pub const LINKS: usize = 2;
 
 pub type Amount = [u64; RES];
 
-#[derive(Clone, Copy)]
-struct Agg {
-    max_free: Amount,
-    min_free: Amount,
-    min_used: Amount,
-}
+/// Classes per resource: the bit length of free / grain, the last one open-ended.
+const CLASSES: usize = 24;
 
-const EMPTY: Agg = Agg { max_free: [0; RES], min_free: [u64::MAX; RES], min_used: [u64::MAX; RES] };
+/// Units of one part of the pool (a rack's memory modules), by class.
+struct Part {
+    sets: Vec<BTreeSet<(u64, u32)>>,
+    /// Per CPU class, the memory classes holding units; and the CPU classes holding any.
+    rows: [u32; CLASSES],
+    cols: u32,
+}
 
 pub struct Pool {
     cap: Vec<Amount>,
     free: Vec<Amount>,
     /// Allocations a unit holds: a unit holding none could be switched off.
     holders: Vec<u32>,
-    leaves: usize,
-    tree: Vec<Agg>,
+    key: Vec<u64>,
+    class: Vec<u16>,
+    part: Vec<u32>,
+    parts: Vec<Part>,
+    grain: [u64; 2],
+    policy: Box<dyn Placement>,
     /// Units holding an allocation, and the sum of their free resources: what must stay
     /// powered although unused (the fragmentation index's numerator).
     on: usize,
@@ -41,10 +52,24 @@ pub struct Pool {
     weights: [f64; RES],
 }
 
+fn bits(x: u64) -> usize {
+    (64 - x.leading_zeros() as usize).min(CLASSES - 1)
+}
+
+/// A key as an integer in the same order (negative keys included).
+fn ordered(k: f64) -> u64 {
+    let b = k.to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | 1 << 63
+    }
+}
+
 impl Pool {
-    pub fn new(caps: Vec<Amount>) -> Pool {
+    /// A pool of units with capacities `caps`, unit `u` in part `part_of(u)` of `parts`.
+    pub fn new(caps: Vec<Amount>, parts: usize, part_of: impl Fn(usize) -> usize, policy: Box<dyn Placement>) -> Pool {
         let n = caps.len();
-        let leaves = n.next_power_of_two().max(1);
         let mut total = [0u128; RES];
         for c in &caps {
             for r in 0..RES {
@@ -52,12 +77,26 @@ impl Pool {
             }
         }
         let weights = std::array::from_fn(|r| if total[r] == 0 || r == LINKS { 0.0 } else { n as f64 / total[r] as f64 });
-        let mut pool = Pool { free: caps.clone(), cap: caps, holders: vec![0; n], leaves, tree: vec![EMPTY; 2 * leaves], on: 0, free_on: [0; RES], free_all: total, total, weights };
+        let max = |r: usize| caps.iter().map(|c| c[r]).max().unwrap_or(0);
+        let grain = [(max(CPU) >> 16).max(1), (max(MEM) >> 16).max(1)];
+        let mut pool = Pool {
+            free: caps.clone(),
+            holders: vec![0; n],
+            key: vec![0; n],
+            class: vec![0; n],
+            part: (0..n).map(|u| part_of(u) as u32).collect(),
+            parts: (0..parts.max(1)).map(|_| Part { sets: vec![BTreeSet::new(); CLASSES * CLASSES], rows: [0; CLASSES], cols: 0 }).collect(),
+            cap: caps,
+            grain,
+            policy,
+            on: 0,
+            free_on: [0; RES],
+            free_all: total,
+            total,
+            weights,
+        };
         for u in 0..n {
-            pool.tree[leaves + u] = pool.leaf(u);
-        }
-        for i in (1..leaves).rev() {
-            pool.tree[i] = merge(&pool.tree[2 * i], &pool.tree[2 * i + 1]);
+            pool.index(u);
         }
         pool
     }
@@ -90,16 +129,39 @@ impl Pool {
         self.free_all[r]
     }
 
-    pub fn weights(&self) -> &[f64; RES] {
-        &self.weights
+    pub fn policy(&self) -> &dyn Placement {
+        &*self.policy
     }
 
-    fn leaf(&self, u: usize) -> Agg {
-        let f = self.free[u];
-        Agg { max_free: f, min_free: f, min_used: std::array::from_fn(|r| self.cap[u][r] - f[r]) }
+    fn classes(&self, a: &Amount) -> (usize, usize) {
+        (bits(a[CPU] / self.grain[0]), bits(a[MEM] / self.grain[1]))
     }
 
-    fn fits(&self, u: usize, want: &Amount) -> bool {
+    fn index(&mut self, u: usize) {
+        let (ci, cm) = self.classes(&self.free[u]);
+        let key = ordered(self.policy.key(u, &self.free[u], &self.cap[u], &self.weights));
+        let part = &mut self.parts[self.part[u] as usize];
+        part.sets[ci * CLASSES + cm].insert((key, u as u32));
+        part.rows[ci] |= 1 << cm;
+        part.cols |= 1 << ci;
+        self.key[u] = key;
+        self.class[u] = (ci * CLASSES + cm) as u16;
+    }
+
+    fn unindex(&mut self, u: usize) {
+        let c = self.class[u] as usize;
+        let part = &mut self.parts[self.part[u] as usize];
+        part.sets[c].remove(&(self.key[u], u as u32));
+        if part.sets[c].is_empty() {
+            let (ci, cm) = (c / CLASSES, c % CLASSES);
+            part.rows[ci] &= !(1 << cm);
+            if part.rows[ci] == 0 {
+                part.cols &= !(1 << ci);
+            }
+        }
+    }
+
+    pub fn fits(&self, u: usize, want: &Amount) -> bool {
         (0..RES).all(|r| self.free[u][r] >= want[r])
     }
 
@@ -122,10 +184,11 @@ impl Pool {
                 free[r] += amount[r];
             }
         }, if release { -1 } else { 0 });
-        debug_assert!((0..RES).all(|r| self.free[u][r] <= self.cap[u][r]), "unit {u} was given more than it has");
+        assert!((0..RES).all(|r| self.free[u][r] <= self.cap[u][r]), "unit {u} was given more than it has");
     }
 
     fn change(&mut self, u: usize, f: impl FnOnce(&mut Amount), holders: i32) {
+        self.unindex(u);
         if self.holders[u] > 0 {
             self.on -= 1;
             for r in 0..RES {
@@ -146,78 +209,41 @@ impl Pool {
                 self.free_on[r] += self.free[u][r] as u128;
             }
         }
-        let mut i = self.leaves + u;
-        self.tree[i] = self.leaf(u);
-        while i > 1 {
-            i /= 2;
-            self.tree[i] = merge(&self.tree[2 * i], &self.tree[2 * i + 1]);
-        }
+        self.index(u);
     }
 
-    /// The unit of `lo..hi` that `policy` likes best among those with `want` free, other
-    /// than the ones in `skip`.
-    pub fn search(&self, policy: &dyn Placement, want: &Amount, lo: usize, hi: usize, skip: &[usize]) -> Option<usize> {
-        let mut best: Option<(f64, usize)> = None;
-        let hi = hi.min(self.len());
-        if lo < hi {
-            self.descend(1, 0, self.leaves, policy, want, lo, hi, skip, &mut best);
-        }
-        best.map(|(_, u)| u)
+    /// The policy's rank of unit `u`: lower is preferred, ties to the lower unit.
+    pub fn rank(&self, u: usize) -> (u64, u32) {
+        (self.key[u], u as u32)
     }
 
-    /// The score `policy` gives unit `u` for `want` (lower is better).
-    pub fn score(&self, policy: &dyn Placement, u: usize, want: &Amount) -> Option<f64> {
-        self.fits(u, want).then(|| policy.score(u, &self.free[u], &self.cap[u], want, &self.weights))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn descend(&self, i: usize, a: usize, b: usize, policy: &dyn Placement, want: &Amount, lo: usize, hi: usize, skip: &[usize], best: &mut Option<(f64, usize)>) {
-        if b <= lo || hi <= a {
-            return;
-        }
-        let agg = &self.tree[i];
-        if (0..RES).any(|r| agg.max_free[r] < want[r]) {
-            return;
-        }
-        if let Some((s, u)) = *best {
-            // Every unit here scores at least `bound` and comes after `first`: ties go to the
-            // lowest index, so a subtree that can at best tie from further right is skipped.
-            let first = a.max(lo);
-            let bound = policy.bound(&Bound { first, max_free: &agg.max_free, min_free: &agg.min_free, min_used: &agg.min_used }, want, &self.weights);
-            if bound > s || (bound == s && first > u) {
-                return;
-            }
-        }
-        if b - a == 1 {
-            if skip.contains(&a) {
-                return;
-            }
-            if let Some(s) = self.score(policy, a, want) {
-                if best.is_none_or(|(bs, bu)| (s, a) < (bs, bu)) {
-                    *best = Some((s, a));
+    /// The unit of parts `parts` that the policy prefers among those with `want` free,
+    /// other than the ones in `skip`.
+    pub fn search(&self, want: &Amount, parts: Range<usize>, skip: &[usize]) -> Option<usize> {
+        let (ca, cb) = self.classes(want);
+        let mut best: Option<(u64, u32)> = None;
+        for part in &self.parts[parts] {
+            let mut cols = part.cols & !((1u32 << ca) - 1);
+            while cols != 0 {
+                let ci = cols.trailing_zeros() as usize;
+                cols &= cols - 1;
+                let mut rows = part.rows[ci] & !((1u32 << cb) - 1);
+                while rows != 0 {
+                    let cm = rows.trailing_zeros() as usize;
+                    rows &= rows - 1;
+                    for &(k, u) in &part.sets[ci * CLASSES + cm] {
+                        if best.is_some_and(|b| (k, u) >= b) {
+                            break;
+                        }
+                        if !skip.contains(&(u as usize)) && self.fits(u as usize, want) {
+                            best = Some((k, u));
+                            break;
+                        }
+                    }
                 }
             }
-            return;
         }
-        let m = (a + b) / 2;
-        // The child whose bound is lower first, so that the other is more often skipped.
-        let bl = policy.bound(&Bound { first: a.max(lo), max_free: &self.tree[2 * i].max_free, min_free: &self.tree[2 * i].min_free, min_used: &self.tree[2 * i].min_used }, want, &self.weights);
-        let br = policy.bound(&Bound { first: m.max(lo), max_free: &self.tree[2 * i + 1].max_free, min_free: &self.tree[2 * i + 1].min_free, min_used: &self.tree[2 * i + 1].min_used }, want, &self.weights);
-        if br < bl {
-            self.descend(2 * i + 1, m, b, policy, want, lo, hi, skip, best);
-            self.descend(2 * i, a, m, policy, want, lo, hi, skip, best);
-        } else {
-            self.descend(2 * i, a, m, policy, want, lo, hi, skip, best);
-            self.descend(2 * i + 1, m, b, policy, want, lo, hi, skip, best);
-        }
-    }
-}
-
-fn merge(l: &Agg, r: &Agg) -> Agg {
-    Agg {
-        max_free: std::array::from_fn(|k| l.max_free[k].max(r.max_free[k])),
-        min_free: std::array::from_fn(|k| l.min_free[k].min(r.min_free[k])),
-        min_used: std::array::from_fn(|k| l.min_used[k].min(r.min_used[k])),
+        best.map(|(_, u)| u as usize)
     }
 }
 
@@ -226,44 +252,48 @@ mod tests {
     use super::*;
     use crate::sim::policy::{by_name, POLICIES};
 
-    fn pool() -> Pool {
-        Pool::new(vec![[8, 64, 0], [4, 32, 0], [16, 16, 0], [4, 8, 0], [32, 128, 0]])
+    fn pool(policy: &str) -> Pool {
+        let caps = vec![[8000, 64, 0], [4000, 32, 2], [16000, 16, 1], [4000, 8, 0], [32000, 128 << 10, 3], [2, 1, 0]];
+        Pool::new(caps, 2, |u| usize::from(u >= 3), by_name(policy).unwrap())
     }
 
-    /// Every policy's tree search finds the unit an exhaustive scan finds, whatever the state.
+    /// The index finds the unit an exhaustive scan in the policy's order finds, whatever
+    /// the state.
     #[test]
     fn search_agrees_with_a_scan() {
-        let mut p = pool();
-        let wants = [[1, 1, 0], [4, 8, 0], [4, 40, 0], [10, 10, 0], [0, 0, 0], [33, 1, 0], [2, 100, 0]];
-        let mut taken = Vec::new();
-        for step in 0..40usize {
-            for name in POLICIES {
-                let policy = by_name(name).unwrap();
+        for name in POLICIES {
+            let mut p = pool(name);
+            let wants = [[1000, 1, 0], [4000, 8, 0], [4000, 40, 0], [10000, 10, 0], [0, 0, 0], [33000, 1, 0], [2000, 100, 0], [1, 1, 1], [0, 5000, 0]];
+            let mut taken = Vec::new();
+            for step in 0..60usize {
                 for want in &wants {
-                    for (lo, hi) in [(0, 5), (1, 4), (2, 3), (3, 3)] {
-                        let scan = (lo..hi).filter_map(|u| p.score(&*policy, u, want).map(|s| (s, u))).min_by(|a, b| a.partial_cmp(b).unwrap()).map(|(_, u)| u);
-                        assert_eq!(p.search(&*policy, want, lo, hi, &[]), scan, "{name} {want:?} {lo}..{hi} at step {step}");
+                    for (parts, units) in [(0..2, 0..6), (0..1, 0..3), (1..2, 3..6)] {
+                        for skip in [&[][..], &[0, 3][..]] {
+                            let scan = units.clone().filter(|u| p.fits(*u, want) && !skip.contains(u)).min_by_key(|u| p.rank(*u));
+                            assert_eq!(p.search(want, parts.clone(), skip), scan, "{name} {want:?} {units:?} at step {step}");
+                        }
                     }
                 }
-            }
-            let want = wants[step % wants.len()];
-            if let Some(u) = p.search(&*by_name("first-fit").unwrap(), &want, 0, 5, &[]) {
-                p.take(u, &want, true);
-                taken.push((u, want));
-            } else if let Some((u, w)) = taken.pop() {
-                p.give(u, &w, true);
+                let want = wants[step % wants.len()];
+                if let Some(u) = p.search(&want, 0..2, &[]).filter(|_| step % 3 != 2) {
+                    p.take(u, &want, true);
+                    taken.push((u, want));
+                } else if let Some((u, w)) = taken.pop() {
+                    p.give(u, &w, true);
+                }
             }
         }
     }
 
     #[test]
     fn accounting_of_units_on_and_their_free_resources() {
-        let mut p = pool();
+        let mut p = Pool::new(vec![[8, 64, 0], [4, 32, 0], [16, 16, 0], [4, 8, 0], [32, 128, 0]], 1, |_| 0, by_name("best-fit").unwrap());
         assert_eq!((p.on(), p.free_on(CPU)), (0, 0));
         p.take(1, &[1, 2, 0], true);
         p.take(1, &[1, 2, 0], true);
         p.take(4, &[2, 0, 0], true);
         assert_eq!((p.on(), p.free_on(CPU), p.free_on(MEM)), (2, 2 + 30, 28 + 128));
+        assert_eq!((p.free_total(CPU), p.free_total(MEM)), (64 - 4, 248 - 4));
         p.give(1, &[1, 2, 0], true);
         assert_eq!((p.on(), p.free_on(CPU)), (2, 3 + 30));
         p.give(1, &[1, 2, 0], true);
@@ -273,11 +303,12 @@ mod tests {
     }
 
     #[test]
-    fn skipped_units_are_not_chosen() {
-        let p = pool();
-        let bf = by_name("best-fit").unwrap();
-        assert_eq!(p.search(&*bf, &[4, 8, 0], 0, 5, &[]), Some(3));
-        assert_eq!(p.search(&*bf, &[4, 8, 0], 0, 5, &[3]), Some(1));
-        assert_eq!(p.search(&*bf, &[4, 8, 0], 0, 5, &[3, 1, 0, 2, 4]), None);
+    fn best_fit_takes_the_fullest_unit_that_fits() {
+        let mut p = pool("best-fit");
+        assert_eq!(p.search(&[4000, 8, 0], 0..2, &[]), Some(3));
+        assert_eq!(p.search(&[4000, 8, 0], 0..2, &[3]), Some(1));
+        p.take(0, &[4000, 40, 0], true);
+        assert_eq!(p.search(&[4000, 8, 0], 0..1, &[]), Some(0));
+        assert_eq!(p.search(&[4000, 8, 0], 0..2, &[0, 1, 2, 3, 4]), None);
     }
 }
