@@ -315,6 +315,10 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         }
     }
     progress.inc((w.events.len() % 8192) as u64);
+    while series.time.len() < samples {
+        series.push(next_sample.min(t1), &g, queue.len() - dead);
+        next_sample += step;
+    }
     audit.finish();
     let span = t1 - t0;
     let avg = |k: usize, now: f64| if span > 0.0 { sums[k] / span } else { now };

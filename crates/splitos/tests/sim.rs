@@ -1,0 +1,202 @@
+//! `splitos sim` as a user runs it: the real Alibaba trace shipped in data/traces, the real
+//! binary, its JSON report checked for invariants, and bad input refused by name.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn traces() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/traces")
+}
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_splitos")).arg("sim").args(args).output().expect("run splitos sim")
+}
+
+/// Runs the simulator on the shipped openb trace with `extra` arguments; its JSON report.
+fn report(extra: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sim.json");
+    let (nodes, tasks) = (traces().join("alibaba-openb-nodes.csv"), traces().join("alibaba-openb-pods.csv"));
+    let mut args = vec!["--nodes", nodes.to_str().unwrap(), "--tasks", tasks.to_str().unwrap(), "--json", json.to_str().unwrap(), "--quiet"];
+    args.extend_from_slice(extra);
+    let out = sim(&args);
+    assert!(out.status.success(), "splitos sim {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("fragmentation CPU") && stdout.contains("events"), "{stdout}");
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Every model's report holds together: nothing held beyond capacity, every release
+/// matched an allocation and nothing is left held, every task accounted for, and the
+/// fractions are fractions at every sampled time.
+fn check_invariants(r: &Value, models: &[&str]) {
+    let tasks = n(&r["trace"]["replayed_tasks"]);
+    for m in models {
+        let x = &r[*m];
+        let a = &x["audit"];
+        assert_eq!((n(&a["over_capacity"]), n(&a["unmatched_releases"]), n(&a["units_left_holding"])), (0, 0, 0), "{m}: {a}");
+        assert_eq!(n(&a["placements"]), n(&x["placed"]), "{m}");
+        assert_eq!(n(&a["releases"]), n(&x["placed"]), "{m}: every placed task was released once");
+        assert_eq!(n(&x["placed"]) + n(&x["unplaced"]) + n(&x["instant"]), tasks, "{m}: every task placed, unplaced or instant");
+        for k in ["fragmentation_cpu", "fragmentation_mem", "switched_off_compute", "switched_off_memory", "utilization_cpu", "utilization_mem"] {
+            let v = f(&x[k]);
+            assert!((0.0..=1.0).contains(&v), "{m}.{k} = {v}");
+            for p in x["series"][k].as_array().unwrap() {
+                assert!((0.0..=1.0 + 1e-9).contains(&f(p)), "{m}.series.{k}: {p}");
+            }
+        }
+        // What is free on powered units is at most what is free at all.
+        let s = &x["series"];
+        for i in 0..s["time"].as_array().unwrap().len() {
+            assert!(f(&s["fragmentation_cpu"][i]) <= 1.0 - f(&s["utilization_cpu"][i]) + 1e-9, "{m} at sample {i}");
+            assert!(f(&s["fragmentation_mem"][i]) <= 1.0 - f(&s["utilization_mem"][i]) + 1e-9, "{m} at sample {i}");
+        }
+        assert!(n(&x["peak_compute_on"]) <= n(&x["compute_units"]) && n(&x["peak_memory_on"]) <= n(&x["memory_units"]), "{m}");
+        assert!(f(&x["events_per_second"]) > 0.0);
+        let rel = &x["reliability"];
+        assert!(f(&rel["failures_per_year"]) > 0.0 && f(&rel["cluster_mttf_days"]) > 0.0, "{m}: {rel}");
+    }
+}
+
+#[test]
+fn the_alibaba_trace_replays_with_its_invariants() {
+    let r = report(&[]);
+    let models = ["fixed", "disaggregated", "splitos"];
+    check_invariants(&r, &models);
+    // The report counts what the simulator does not model, against the file itself.
+    let text = std::fs::read_to_string(traces().join("alibaba-openb-pods.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    let t = &r["trace"];
+    assert_eq!((n(&t["tasks"]), n(&t["nodes"])), (rows.len() as u64, 1523));
+    assert_eq!(n(&t["stats"]["gpu_tasks"]), rows.iter().filter(|r| r[3].parse::<u64>().unwrap() > 0).count() as u64);
+    assert_eq!(n(&t["stats"]["phases"]["Pending"]), rows.iter().filter(|r| r[7] == "Pending").count() as u64);
+    // Same totals in every model.
+    for m in models {
+        assert_eq!(r[m]["cpu_milli"], r["fixed"]["cpu_milli"], "{m}");
+        assert_eq!(r[m]["memory_mib"], r["fixed"]["memory_mib"], "{m}");
+    }
+    // The failure model: pComponents, mComponents and the fixed cluster's disks.
+    let s = &r["splitos"]["reliability"];
+    assert_eq!((n(&s["pcomponents"]), n(&s["mcomponents"]), n(&s["scomponents"])), (n(&r["splitos"]["peak_compute_on"]), n(&r["splitos"]["peak_memory_on"]), n(&r["fixed"]["peak_compute_on"])));
+    let red = r["splitos"]["redundancy"].as_array().unwrap();
+    let schemes: Vec<&str> = red.iter().map(|x| x["scheme"].as_str().unwrap()).collect();
+    assert_eq!(schemes, ["none", "replica", "log", "ec:2", "ec:4", "ec:8"]);
+    assert!(f(&red[1]["memory_needed_gib"]) > 1.9 * f(&red[0]["memory_needed_gib"]));
+    assert!(f(&red[1]["expected_loss_gib_per_year"]) < f(&red[0]["expected_loss_gib_per_year"]));
+    assert!((f(&r["paper"]["server_mttf_years"]) - 5.8).abs() < 0.01);
+}
+
+/// More load on the same cluster (twenty shifted copies of the task list), with each
+/// policy: the disaggregated models let more memory modules be switched off than servers,
+/// and the global managers' spreading policy leaves more fragments than packing.
+#[test]
+fn under_load_disaggregation_frees_memory_modules() {
+    let packed = report(&["--load", "20", "--shift", "600"]);
+    check_invariants(&packed, &["fixed", "disaggregated", "splitos"]);
+    assert_eq!(n(&packed["trace"]["replayed_tasks"]), 20 * 8152);
+    for m in ["disaggregated", "splitos"] {
+        assert!(f(&packed[m]["switched_off_memory"]) > f(&packed["fixed"]["switched_off_memory"]), "{m}");
+        assert!(f(&packed[m]["fragmentation_mem"]) < f(&packed["fixed"]["fragmentation_mem"]), "{m}");
+    }
+    let spread = report(&["--load", "20", "--shift", "600", "--policy", "gpm-gmm", "--models", "splitos"]);
+    check_invariants(&spread, &["splitos"]);
+    assert!(spread.get("fixed").is_none(), "only the models asked for");
+    assert_eq!(spread["splitos"]["policy"], "gpm-gmm");
+    assert!(f(&spread["splitos"]["fragmentation_mem"]) > f(&packed["splitos"]["fragmentation_mem"]));
+    let first = report(&["--load", "20", "--shift", "600", "--policy", "first-fit", "--models", "fixed", "--samples", "7"]);
+    check_invariants(&first, &["fixed"]);
+    assert_eq!(first["fixed"]["series"]["time"].as_array().unwrap().len(), 7);
+}
+
+/// The scale-up copies the cluster and the task list; the ExCache share and the topology
+/// are the splitos model's.
+#[test]
+fn scale_and_model_knobs() {
+    let r = report(&["--scale", "3", "--models", "splitos", "--excache-share", "0.5", "--topology", "racks:4"]);
+    check_invariants(&r, &["splitos"]);
+    assert_eq!((n(&r["trace"]["replayed_nodes"]), n(&r["trace"]["replayed_tasks"])), (3 * 1523, 3 * 8152));
+    assert_eq!(r["splitos"]["topology"], "racks:4");
+    let quarter = report(&["--models", "splitos"]);
+    // A task keeps its ExCache share on its pComponent besides all its memory on
+    // mComponents: memory use is (1 + share) times the tasks'.
+    let ratio = f(&r["splitos"]["utilization_mem"]) / f(&quarter["splitos"]["utilization_mem"]);
+    assert!((ratio - 1.5 / 1.25).abs() < 0.02, "{ratio}");
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = sim(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+}
+
+#[test]
+fn bad_input_is_refused_by_row_and_field() {
+    let d = tempfile::tempdir().unwrap();
+    let nodes = write(d.path(), "nodes.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\nn1,4000,8192\n");
+    let head = "name,cpu_milli,memory_mib,creation_time,deletion_time\n";
+    let bad = write(d.path(), "bad.csv", &format!("{head}a,1000,1024,0,10\nb,1000,lots,0,10\n"));
+    fails_with(&["--nodes", &nodes, "--tasks", &bad], "row 2, field `memory_mib` (mem): `lots` is not a number");
+    let short = write(d.path(), "short.csv", &format!("{head}a,1000,1024,0\n"));
+    fails_with(&["--nodes", &nodes, "--tasks", &short], "row 1");
+    fails_with(&["--nodes", &nodes, "--tasks", &bad, "--task-columns", "mem=memory_gib"], "no column `memory_gib` for field `mem`");
+    fails_with(&["--nodes", &nodes, "--tasks", &bad, "--task-columns", "disk=x"], "unknown field `disk`");
+    let big = write(d.path(), "big.csv", &format!("{head}a,1000,1024,0,10\nhuge,8000,1024,0,10\n"));
+    fails_with(&["--nodes", &nodes, "--tasks", &big], "row 2 (huge), field `cpu_milli`: a task larger than any module of model `fixed`");
+    fails_with(&["--nodes", &nodes, "--tasks", &big, "--policy", "worst-fit"], "unknown placement policy `worst-fit`");
+    fails_with(&["--nodes", &nodes, "--tasks", &big, "--topology", "links:0"], "not a positive number");
+    fails_with(&["--nodes", &nodes, "--tasks", &big, "--models", "fixed,cloud"], "unknown model `cloud`");
+    let devices = write(d.path(), "devices.toml", "[mttf_years]\ncpu = 1\n");
+    fails_with(&["--nodes", &nodes, "--tasks", &big, "--devices", &devices], "missing field");
+    fails_with(&["--nodes", &nodes, "--tasks", &write(d.path(), "nothing.csv", head)], "no tasks");
+    fails_with(&["--nodes", &write(d.path(), "n.csv", "sn,cpu_milli,memory_mib\nn0,4000,\n"), "--tasks", &big], "row 1, field `memory_mib` (mem) is empty");
+
+    // Counted, not silently skipped, when asked.
+    let json = d.path().join("out.json");
+    let out = sim(&["--nodes", &nodes, "--tasks", &big, "--skip-oversized", "--json", json.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for m in ["fixed", "disaggregated", "splitos"] {
+        assert_eq!((n(&r[m]["oversized"]), n(&r[m]["unplaced"]), n(&r[m]["placed"])), (1, 1, 1), "{m}");
+    }
+    let incomplete = write(d.path(), "incomplete.csv", &format!("{head}a,1000,1024,0,10\nb,1000,1024,,10\n"));
+    fails_with(&["--nodes", &nodes, "--tasks", &incomplete], "row 2 (b), field `creation_time` (start) is empty");
+    let out = sim(&["--nodes", &nodes, "--tasks", &incomplete, "--skip-incomplete", "--json", json.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((n(&r["trace"]["stats"]["skipped_incomplete"]), n(&r["trace"]["replayed_tasks"])), (1, 1));
+}
+
+/// Another trace through a column mapping: the DLRM serving trace asks for cores and GiB,
+/// and has rows without times.
+#[test]
+fn another_trace_through_a_column_mapping() {
+    let nodes = traces().join("alibaba-openb-nodes.csv");
+    let tasks = traces().join("alibaba-dlrm-instances.csv");
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("dlrm.json");
+    let map = "name=instance_sn,cpu=cpu_request*1000,mem=memory_request*1024,start=creation_time,end=deletion_time,phase=role,gpu=gpu_request";
+    let out = sim(&["--nodes", nodes.to_str().unwrap(), "--tasks", tasks.to_str().unwrap(), "--task-columns", map, "--skip-incomplete", "--skip-oversized", "--json", json.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    check_invariants(&r, &["fixed", "disaggregated", "splitos"]);
+    let s = &r["trace"]["stats"];
+    assert_eq!(n(&s["rows"]), 23871);
+    assert_eq!(n(&s["skipped_incomplete"]) + n(&r["trace"]["replayed_tasks"]), 23871);
+    assert!(n(&s["phases"]["HN"]) > 0 && n(&s["phases"]["CN"]) > 0);
+}
