@@ -66,6 +66,9 @@ pub struct SimArgs {
     /// Seconds between the start times of consecutive copies of the task list.
     #[arg(long, default_value_t = 3600.0)]
     pub shift: f64,
+    /// Average over this part of the replay only: START:END in the trace's seconds (after any shift), either may be left out.
+    #[arg(long, default_value = ":", value_parser = parse_window)]
+    pub window: (f64, f64),
     /// Waiting tasks a release tries to place, oldest first.
     #[arg(long, default_value_t = 1000)]
     pub retry_window: usize,
@@ -84,6 +87,16 @@ pub struct SimArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+}
+
+fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(':').ok_or("expected START:END (seconds; either may be left out)")?;
+    let num = |x: &str, default: f64| if x.trim().is_empty() { Ok(default) } else { x.trim().parse::<f64>().map_err(|_| format!("`{x}` is not a number of seconds")) };
+    let (a, b) = (num(a, f64::NEG_INFINITY)?, num(b, f64::INFINITY)?);
+    if a >= b {
+        return Err(format!("the window's start {a} is not before its end {b}"));
+    }
+    Ok((a, b))
 }
 
 /// The replayed workload: the trace's tasks, copied and shifted.
@@ -213,7 +226,8 @@ pub struct ModelReport {
 }
 
 /// Replays `w` against `m`.
-fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usize, samples: usize, progress: &indicatif::ProgressBar) -> ModelReport {
+/// The averages are over `window` (seconds of the replay), clipped to the replay.
+fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usize, samples: usize, window: (f64, f64), progress: &indicatif::ProgressBar) -> ModelReport {
     let started = Instant::now();
     let mut state = vec![State::New; w.len()];
     let mut queue: VecDeque<u32> = VecDeque::new();
@@ -231,7 +245,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
     let mut audit = Audit::new(&m);
     for (i, &(t, kind, id)) in w.events.iter().enumerate() {
         if t > prev {
-            let dt = t - prev;
+            let dt = (t.min(window.1) - prev.max(window.0)).max(0.0);
             for (s, v) in sums.iter_mut().zip([g.fragmentation_cpu, g.fragmentation_mem, g.switched_off_compute, g.switched_off_memory, g.utilization_cpu, g.utilization_mem, g.remote_mem]) {
                 *s += v * dt;
             }
@@ -320,7 +334,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         next_sample += step;
     }
     audit.finish();
-    let span = t1 - t0;
+    let span = (t1.min(window.1) - t0.max(window.0)).max(0.0);
     let avg = |k: usize, now: f64| if span > 0.0 { sums[k] / span } else { now };
     waits.sort_by(f64::total_cmp);
     let pct = |p: f64| if waits.is_empty() { 0.0 } else { waits[((waits.len() - 1) as f64 * p).round() as usize] };
@@ -445,6 +459,8 @@ struct RunReport {
     seconds: f64,
     events_per_second: f64,
     threads: usize,
+    /// The part of the replay the averages are over (seconds).
+    window: (f64, f64),
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
@@ -493,6 +509,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         needs.push(v);
     }
 
+    let window = args.window;
     let total_events = (w.events.len() * models.len()) as u64;
     let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_events) };
     progress.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} events ({per_sec}, {eta} left)").expect("a valid template"));
@@ -504,7 +521,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             .map(|(m, needs)| {
                 let (w, progress) = (&w, progress.clone());
                 let kind = m.spec.kind;
-                s.spawn(move || (kind, replay(m, w, needs, args.retry_window, args.samples, &progress)))
+                s.spawn(move || (kind, replay(m, w, needs, args.retry_window, args.samples, window, &progress)))
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a replay thread panicked")).collect()
@@ -551,6 +568,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             seconds: replay_seconds,
             events_per_second: events as f64 / replay_seconds.max(1e-9),
             threads: reports.len().min(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            window: (args.window.0.max(start), args.window.1.min(end)),
         },
         "paper": failure::paper_cases(&rates),
     });
@@ -619,7 +637,7 @@ mod tests {
         let spec = Spec { kind, topology: topology.parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 };
         let m = Model::new(spec, &nodes, w.len(), policy).unwrap();
         let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
-        let r = replay(m, &w, &needs, 100, 3, &indicatif::ProgressBar::hidden());
+        let r = replay(m, &w, &needs, 100, 3, (f64::NEG_INFINITY, f64::INFINITY), &indicatif::ProgressBar::hidden());
         let a = &r.audit;
         assert_eq!((a.over_capacity, a.unmatched_releases, a.units_left_holding, a.placements, a.releases), (0, 0, 0, r.placed, r.placed));
         r
