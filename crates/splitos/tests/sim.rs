@@ -200,3 +200,53 @@ fn another_trace_through_a_column_mapping() {
     assert_eq!(n(&s["skipped_incomplete"]) + n(&r["trace"]["replayed_tasks"]), 23871);
     assert!(n(&s["phases"]["HN"]) > 0 && n(&s["phases"]["CN"]) > 0);
 }
+
+/// The knobs of the replay on a small hand-made trace whose answers are known.
+#[test]
+fn replay_knobs_do_what_they_say() {
+    let d = tempfile::tempdir().unwrap();
+    let nodes = write(d.path(), "nodes.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\n");
+    // b arrives while a holds the only server, and gets it when a ends.
+    let tasks = write(d.path(), "tasks.csv", "name,cpu_milli,memory_mib,creation_time,deletion_time\na,4000,1024,0,100\nb,4000,1024,50,200\n");
+    let run = |extra: &[&str]| -> Value {
+        let json = d.path().join("k.json");
+        let mut args = vec!["--nodes", &nodes, "--tasks", &tasks, "--json", json.to_str().unwrap(), "--quiet", "--models", "fixed,disaggregated"];
+        args.extend_from_slice(extra);
+        let out = sim(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let r = run(&[]);
+    assert_eq!((n(&r["fixed"]["placed"]), n(&r["fixed"]["waits"]["waited"]), f(&r["fixed"]["waits"]["max_seconds"])), (2, 1, 50.0));
+    // The server is busy all the time: 0-100 with a, 100-200 with b.
+    assert!((f(&r["fixed"]["utilization_cpu"]) - 1.0).abs() < 1e-9);
+    // No retries: b never gets the server.
+    let r = run(&["--retry-window", "0"]);
+    assert_eq!((n(&r["fixed"]["placed"]), n(&r["fixed"]["unplaced"])), (1, 1));
+    // The window: from 100 on only b runs; before 50 only a.
+    let r = run(&["--window", "100:"]);
+    assert!((f(&r["fixed"]["utilization_cpu"]) - 1.0).abs() < 1e-9 && (f(&r["fixed"]["utilization_mem"]) - 1024.0 / 8192.0).abs() < 1e-9);
+    assert_eq!(r["run"]["window"], serde_json::json!([100.0, 200.0]));
+    // Copies shifted by --shift: the second copy's b ends 1,000 s later.
+    let r = run(&["--load", "2", "--shift", "1000"]);
+    assert_eq!((f(&r["trace"]["end"]), n(&r["trace"]["replayed_tasks"])), (1200.0, 4));
+    assert_eq!(n(&r["fixed"]["placed"]), 4);
+    // Memory modules of the disaggregated model, and the cluster copies of --scale.
+    let r = run(&["--memory-modules", "4", "--scale", "2"]);
+    assert_eq!((n(&r["disaggregated"]["memory_units"]), n(&r["disaggregated"]["memory_unit_mib"]), n(&r["disaggregated"]["compute_units"])), (8, 2048, 2));
+    // Device inputs: every device twice as reliable, every server twice as reliable.
+    let devices = write(d.path(), "d.toml", &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sim/devices.toml")).unwrap().replace("cpu = 204.3", "cpu = 408.6").replace("memory = 289.9", "memory = 579.8").replace("disk = 538.8", "disk = 1077.6").replace("nic = 100.5", "nic = 201").replace("power = 27.4", "power = 54.8").replace("board = 8.64", "board = 17.28"));
+    let r = run(&["--devices", &devices]);
+    assert!((f(&r["paper"]["server_mttf_years"]) - 11.6).abs() < 0.02, "{}", r["paper"]);
+    // vRegions larger than an mComponent cannot be placed.
+    let two = write(d.path(), "two.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\nn1,4000,8192\n");
+    let big = write(d.path(), "big.csv", "name,cpu_milli,memory_mib,creation_time,deletion_time\na,1000,8192,0,100\n");
+    let json = d.path().join("v.json");
+    let out = sim(&["--nodes", &two, "--tasks", &big, "--models", "splitos", "--json", json.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((n(&r["splitos"]["placed"]), n(&r["splitos"]["peak_memory_on"])), (1, 2), "8 GiB in 1 GiB vRegions over two mComponents of 6 GiB");
+    fails_with(&["--nodes", &two, "--tasks", &big, "--models", "splitos", "--vregion", "8G"], "vRegions of 8192 MiB, larger than an mComponent (6144 MiB)");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "5:1"], "not before its end");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--excache-share", "1"], "--excache-share must be between 0 and 1");
+}
