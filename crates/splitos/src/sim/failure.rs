@@ -71,7 +71,8 @@ impl Devices {
             }
         }
         let r = &d.repair;
-        if !(r.detect_seconds >= 0.0 && r.rebuild_mib_per_second > 0.0 && r.backup_log_mib >= 0.0) || !(r.detect_seconds.is_finite() && r.rebuild_mib_per_second.is_finite() && r.backup_log_mib.is_finite()) {
+        let finite = [r.detect_seconds, r.rebuild_mib_per_second, r.backup_log_mib].iter().all(|v| v.is_finite());
+        if !(finite && r.detect_seconds >= 0.0 && r.rebuild_mib_per_second > 0.0 && r.backup_log_mib >= 0.0) {
             bail!("{name}: repair: detect_seconds and backup_log_mib must be at least 0, rebuild_mib_per_second more than 0");
         }
         Ok(d)

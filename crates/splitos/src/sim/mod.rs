@@ -36,10 +36,10 @@ pub struct SimArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Columns of the node list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB) [default: name=sn,cpu=cpu_milli,mem=memory_mib].
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", hide_default_value = true)]
     pub node_columns: String,
     /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds, phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", hide_default_value = true)]
     pub task_columns: String,
     #[arg(long, default_value = "best-fit", help = format!("Placement policy of every model: {}", policy::POLICIES.join(", ")))]
     pub policy: String,
@@ -66,8 +66,8 @@ pub struct SimArgs {
     /// Seconds between the start times of consecutive copies of the task list.
     #[arg(long, default_value_t = 3600.0)]
     pub shift: f64,
-    /// Average over this part of the replay only: START:END in the trace's seconds (after any shift), either may be left out.
-    #[arg(long, default_value = ":", value_parser = parse_window)]
+    /// Average over this part of the replay only: START:END in the trace's seconds (after any shift), either may be left out [default: the whole replay].
+    #[arg(long, default_value = ":", hide_default_value = true, value_parser = parse_window)]
     pub window: (f64, f64),
     /// Waiting tasks a release tries to place, oldest first.
     #[arg(long, default_value_t = 1000)]
@@ -343,9 +343,9 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
     ModelReport {
         policy: String::new(),
         topology: m.spec.topology.to_string(),
-        compute_units: compute.len(),
-        memory_units: memory.unwrap_or(compute).len(),
-        memory_unit_mib: { let units = memory.unwrap_or(compute); (0..units.len()).map(|u| units.cap(u)[pool::MEM]).max().unwrap_or(0) },
+        compute_units: compute.units(),
+        memory_units: memory.unwrap_or(compute).units(),
+        memory_unit_mib: { let units = memory.unwrap_or(compute); (0..units.units()).map(|u| units.cap(u)[pool::MEM]).max().unwrap_or(0) },
         cpu_milli: compute.total(pool::CPU),
         memory_mib: compute.total(pool::MEM) + memory.map_or(0, |p| p.total(pool::MEM)),
         fragmentation_cpu: avg(0, g.fragmentation_cpu),
@@ -393,20 +393,21 @@ pub struct Audit {
 
 impl Audit {
     fn new(m: &Model) -> Audit {
-        Audit { placements: 0, releases: 0, over_capacity: 0, unmatched_releases: 0, units_left_holding: 0, compute: vec![[0; 2]; m.compute.len()], memory: vec![0; m.memory.as_ref().map_or(0, |p| p.len())] }
+        Audit { placements: 0, releases: 0, over_capacity: 0, unmatched_releases: 0, units_left_holding: 0, compute: vec![[0; 2]; m.compute.units()], memory: vec![0; m.memory.as_ref().map_or(0, |p| p.units())] }
     }
 
     fn placed(&mut self, m: &Model, id: usize) {
         self.placements += 1;
-        let Some((c, cpu, local, pieces)) = m.allocation(id) else {
+        let Some(a) = m.allocation(id) else {
             self.over_capacity += 1;
             return;
         };
-        self.compute[c][0] += cpu;
-        self.compute[c][1] += local;
+        let c = a.compute as usize;
+        self.compute[c][0] += a.cpu;
+        self.compute[c][1] += a.local;
         let cap = m.compute.cap(c);
         let mut over = self.compute[c][0] > cap[pool::CPU] || self.compute[c][1] > cap[pool::MEM];
-        for &(u, mib) in pieces {
+        for &(u, mib) in &a.pieces {
             self.memory[u as usize] += mib;
             over |= m.memory.as_ref().is_none_or(|p| self.memory[u as usize] > p.cap(u as usize)[pool::MEM]);
         }
@@ -415,13 +416,13 @@ impl Audit {
 
     fn released(&mut self, m: &Model, id: usize) {
         self.releases += 1;
-        let Some((c, cpu, local, pieces)) = m.allocation(id) else {
+        let Some(a) = m.allocation(id) else {
             self.unmatched_releases += 1;
             return;
         };
-        self.compute[c][0] -= cpu;
-        self.compute[c][1] -= local;
-        for &(u, mib) in pieces {
+        self.compute[a.compute as usize][0] -= a.cpu;
+        self.compute[a.compute as usize][1] -= a.local;
+        for &(u, mib) in &a.pieces {
             self.memory[u as usize] -= mib;
         }
     }
@@ -512,7 +513,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let window = args.window;
     let total_events = (w.events.len() * models.len()) as u64;
     let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_events) };
-    progress.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} events ({per_sec}, {eta} left)").expect("a valid template"));
+    progress.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} events ({eta} left)").expect("a valid template"));
     let replay_started = Instant::now();
     let mut reports: Vec<(Kind, ModelReport)> = std::thread::scope(|s| {
         let handles: Vec<_> = models

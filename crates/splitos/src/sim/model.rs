@@ -98,12 +98,12 @@ pub struct Spec {
 }
 
 /// Where a running task's resources are.
-struct Alloc {
-    compute: u32,
-    cpu: u64,
-    local: u64,
+pub struct Alloc {
+    pub compute: u32,
+    pub cpu: u64,
+    pub local: u64,
     /// (memory module, MiB): one entry per module.
-    pieces: Vec<(u32, u64)>,
+    pub pieces: Vec<(u32, u64)>,
 }
 
 /// How many compute units a placement tries before the task waits, when the unit the
@@ -152,7 +152,7 @@ impl Model {
         let memory = memory.transpose()?;
         let shapes = caps.iter().map(|c| [c[CPU], c[MEM]]).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let compute = Pool::new(caps, 1, |_| 0, policy::by_name(policy)?);
-        Ok(Model { links: vec![Vec::new(); compute.len()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes })
+        Ok(Model { links: vec![Vec::new(); compute.units()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes })
     }
 
     pub fn name(&self) -> &'static str {
@@ -180,10 +180,10 @@ impl Model {
             return Some((field, format!("needs {} milli-cores and {} MiB on one {what}, more than any has", need.cpu, need.local)));
         }
         let mem = self.memory.as_ref()?;
-        let module = (0..mem.len()).map(|u| mem.cap(u)[MEM]).max().unwrap_or(0);
+        let module = (0..mem.units()).map(|u| mem.cap(u)[MEM]).max().unwrap_or(0);
         let per_rack = match self.spec.topology.racks {
             Some(r) => (0..r).map(|k| self.rack_range(k)).map(|(lo, hi)| hi - lo).max().unwrap_or(0),
-            None => mem.len(),
+            None => mem.units(),
         };
         let reach = per_rack.min(self.spec.topology.links.map_or(usize::MAX, |l| l as usize)) as u64 * module;
         if need.remote > reach {
@@ -197,7 +197,7 @@ impl Model {
 
     /// The memory modules of rack `k`.
     fn rack_range(&self, k: usize) -> (usize, usize) {
-        let m = self.memory.as_ref().map_or(0, Pool::len);
+        let m = self.memory.as_ref().map_or(0, Pool::units);
         let r = self.spec.topology.racks.unwrap_or(1);
         ((k * m).div_ceil(r), ((k + 1) * m).div_ceil(r))
     }
@@ -206,7 +206,7 @@ impl Model {
     fn reach(&self, c: usize) -> std::ops::Range<usize> {
         match self.spec.topology.racks {
             Some(r) => {
-                let k = c * r / self.compute.len();
+                let k = c * r / self.compute.units();
                 k..k + 1
             }
             None => 0..1,
@@ -343,10 +343,9 @@ impl Model {
         self.compute.give(a.compute as usize, &[a.cpu, a.local, 0], true);
     }
 
-    /// Where running task `id` is: its compute unit, CPU and memory there, and its pieces
-    /// of memory modules.
-    pub fn allocation(&self, id: usize) -> Option<(usize, u64, u64, &[(u32, u64)])> {
-        self.allocs[id].as_ref().map(|a| (a.compute as usize, a.cpu, a.local, a.pieces.as_slice()))
+    /// Where running task `id` is.
+    pub fn allocation(&self, id: usize) -> Option<&Alloc> {
+        self.allocs[id].as_ref()
     }
 
     /// The model's state now.
@@ -354,15 +353,15 @@ impl Model {
         let c = &self.compute;
         let used = |p: &Pool, r: usize| p.total(r) - p.free_total(r);
         let (m_on, m_len, m_free_on, m_total, m_used) = match &self.memory {
-            Some(m) => (m.on(), m.len(), m.free_on(MEM), m.total(MEM), used(m, MEM)),
-            None => (c.on(), c.len(), 0, 0, 0),
+            Some(m) => (m.on(), m.units(), m.free_on(MEM), m.total(MEM), used(m, MEM)),
+            None => (c.on(), c.units(), 0, 0, 0),
         };
         let total_cpu = c.total(CPU) as f64;
         let total_mem = (c.total(MEM) + m_total) as f64;
         Gauges {
             fragmentation_cpu: c.free_on(CPU) as f64 / total_cpu,
             fragmentation_mem: (c.free_on(MEM) + m_free_on) as f64 / total_mem,
-            switched_off_compute: (c.len() - c.on()) as f64 / c.len() as f64,
+            switched_off_compute: (c.units() - c.on()) as f64 / c.units() as f64,
             switched_off_memory: (m_len - m_on) as f64 / m_len as f64,
             utilization_cpu: used(c, CPU) as f64 / total_cpu,
             utilization_mem: (used(c, MEM) + m_used) as f64 / total_mem,

@@ -101,7 +101,7 @@ impl Pool {
         pool
     }
 
-    pub fn len(&self) -> usize {
+    pub fn units(&self) -> usize {
         self.cap.len()
     }
 

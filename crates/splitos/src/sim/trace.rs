@@ -143,6 +143,10 @@ fn reader(path: &Path) -> anyhow::Result<csv::Reader<std::fs::File>> {
     Ok(csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(file))
 }
 
+/// The largest value a field may have: 2^40 milli-cores or MiB, a million cores or a
+/// thousand TiB per machine; 2^40 seconds is 35,000 years.
+const MAX_VALUE: f64 = (1u64 << 40) as f64;
+
 /// A row's field as a number in the simulator's unit: `None` if the cell is empty.
 fn number(path: &Path, row: usize, rec: &csv::StringRecord, col: (usize, f64), field: &str, header: &csv::StringRecord) -> anyhow::Result<Option<f64>> {
     let cell = rec.get(col.0).unwrap_or("").trim();
@@ -152,6 +156,10 @@ fn number(path: &Path, row: usize, rec: &csv::StringRecord, col: (usize, f64), f
     let v: f64 = cell.parse().map_err(|_| anyhow!("{}: row {row}, field `{}` ({field}): `{cell}` is not a number", path.display(), &header[col.0]))?;
     if !v.is_finite() || v < 0.0 {
         bail!("{}: row {row}, field `{}` ({field}): `{cell}` must be a finite number of at least 0", path.display(), &header[col.0]);
+    }
+    // Amounts are summed over a whole (scaled-up) cluster in 64 bits.
+    if v * col.1 > MAX_VALUE {
+        bail!("{}: row {row}, field `{}` ({field}): `{cell}` is too large (at most {MAX_VALUE} after the column's factor)", path.display(), &header[col.0]);
     }
     Ok(Some(v * col.1))
 }
@@ -258,6 +266,7 @@ mod tests {
         assert!(err("a,1000,1,0,Pending,,10\n").contains("row 1 (a), field `creation_time` (start) is empty"));
         assert!(err("a,1000,1,0,Running,9,3\n").contains("row 1 (a), field `deletion_time` (end): 3 is before its start 9"));
         assert!(err("a,1000,1,0,Running\n").contains("row 1"));
+        assert!(err("a,1e300,1,0,Running,0,1\n").contains("row 1, field `cpu_milli` (cpu): `1e300` is too large"));
         let (t, s) = tasks(&format!("{HEAD}a,1000,1,0,Pending,,10\nb,1,1,0,Running,1,2\n"), "", true).unwrap();
         assert_eq!((t.len(), s.skipped_incomplete, s.rows), (1, 1, 2));
     }
