@@ -122,6 +122,10 @@ fn under_load_disaggregation_frees_memory_modules() {
 /// are the splitos model's.
 #[test]
 fn scale_and_model_knobs() {
+    // The fixed cluster is the failure model's baseline whether it is shown or not.
+    let alone = report(&["--models", "splitos"]);
+    let all = report(&[]);
+    assert_eq!(alone["splitos"]["reliability"], all["splitos"]["reliability"]);
     let r = report(&["--scale", "3", "--models", "splitos", "--excache-share", "0.5", "--topology", "racks:4"]);
     check_invariants(&r, &["splitos"]);
     assert_eq!((n(&r["trace"]["replayed_nodes"]), n(&r["trace"]["replayed_tasks"])), (3 * 1523, 3 * 8152));
@@ -207,7 +211,7 @@ fn replay_knobs_do_what_they_say() {
     let d = tempfile::tempdir().unwrap();
     let nodes = write(d.path(), "nodes.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\n");
     // b arrives while a holds the only server, and gets it when a ends.
-    let tasks = write(d.path(), "tasks.csv", "name,cpu_milli,memory_mib,creation_time,deletion_time\na,4000,1024,0,100\nb,4000,1024,50,200\n");
+    let tasks = write(d.path(), "tasks.csv", "name,cpu_milli,memory_mib,creation_time,deletion_time\na,4000,1024,0,100\nb,4000,2048,50,200\n");
     let run = |extra: &[&str]| -> Value {
         let json = d.path().join("k.json");
         let mut args = vec!["--nodes", &nodes, "--tasks", &tasks, "--json", json.to_str().unwrap(), "--quiet", "--models", "fixed,disaggregated"];
@@ -223,10 +227,18 @@ fn replay_knobs_do_what_they_say() {
     // No retries: b never gets the server.
     let r = run(&["--retry-window", "0"]);
     assert_eq!((n(&r["fixed"]["placed"]), n(&r["fixed"]["unplaced"])), (1, 1));
-    // The window: from 100 on only b runs; before 50 only a.
+    // The window: before 100 a runs (1 GiB), from 100 on b (2 GiB).
+    let whole = f(&run(&[])["fixed"]["utilization_mem"]);
+    assert!((whole - 1.5 / 8.0).abs() < 1e-9, "{whole}");
     let r = run(&["--window", "100:"]);
-    assert!((f(&r["fixed"]["utilization_cpu"]) - 1.0).abs() < 1e-9 && (f(&r["fixed"]["utilization_mem"]) - 1024.0 / 8192.0).abs() < 1e-9);
+    assert!((f(&r["fixed"]["utilization_mem"]) - 2.0 / 8.0).abs() < 1e-9);
     assert_eq!(r["run"]["window"], serde_json::json!([100.0, 200.0]));
+    let r = run(&["--window", ":100"]);
+    assert!((f(&r["fixed"]["utilization_mem"]) - 1.0 / 8.0).abs() < 1e-9);
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "1000:"], "the replay runs from 0 s to 200 s");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "nan:"], "not a number of seconds");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--models", "fixed,fixed"], "named twice");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--shift", "1e300", "--load", "3"], "the last copy of the task list would end");
     // Copies shifted by --shift: the second copy's b ends 1,000 s later.
     let r = run(&["--load", "2", "--shift", "1000"]);
     assert_eq!((f(&r["trace"]["end"]), n(&r["trace"]["replayed_tasks"])), (1200.0, 4));

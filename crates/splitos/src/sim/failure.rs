@@ -95,11 +95,12 @@ pub struct Reliability {
     pub mcomponents: usize,
     pub scomponents: usize,
     pub failures_per_year: f64,
-    /// Mean time between hardware replacements anywhere in this cluster.
-    pub cluster_mttf_days: f64,
+    /// Mean time between hardware replacements anywhere in this cluster (none if it needed
+    /// no units).
+    pub cluster_mttf_days: Option<f64>,
     /// This cluster's MTTF over the fixed cluster's: LegoOS's "improves MTTF by 17% to 49%"
     /// is 1.17 to 1.49 here.
-    pub mttf_vs_fixed: f64,
+    pub mttf_vs_fixed: Option<f64>,
 }
 
 /// The fixed model needs `servers`; a disaggregated one `compute` and `memory` modules plus
@@ -114,8 +115,8 @@ pub fn reliability(rates: &Rates, servers: usize, compute: Option<(usize, usize)
         mcomponents: m,
         scomponents: s,
         failures_per_year: rate,
-        cluster_mttf_days: 365.25 / rate,
-        mttf_vs_fixed: fixed / rate,
+        cluster_mttf_days: (rate > 0.0).then(|| 365.25 / rate),
+        mttf_vs_fixed: (rate > 0.0 && fixed > 0.0).then(|| fixed / rate),
     }
 }
 
@@ -162,17 +163,19 @@ pub struct Redundancy {
 pub fn redundancy(d: &Devices, rates: &Rates, data_mib: f64, peak_mib: f64, module_mib: f64, others: f64) -> Vec<Redundancy> {
     SCHEMES
         .iter()
-        .map(|&scheme| {
+        .filter_map(|&scheme| {
+            let stripe: f64 = scheme.strip_prefix("ec:").map_or(0.0, |k| k.parse().expect("an ec:K scheme"));
             let (factor, log) = match scheme {
                 "none" => (1.0, 0.0),
                 "replica" => (2.0, 0.0),
                 "log" => (1.0, d.repair.backup_log_mib),
-                ec => {
-                    let k: f64 = ec[3..].parse().expect("an ec:K scheme");
-                    ((k + 1.0) / k, 0.0)
-                }
+                _ => ((stripe + 1.0) / stripe, 0.0),
             };
-            let room = (module_mib - log).max(1.0);
+            // An mComponent no larger than a logger's log cannot hold data besides it.
+            if module_mib <= log {
+                return None;
+            }
+            let room = module_mib - log;
             let mcomponents = ((peak_mib * factor / room).ceil() as usize).max(1);
             let per_unit = data_mib * factor / mcomponents as f64;
             let exposure = d.repair.detect_seconds + per_unit / d.repair.rebuild_mib_per_second;
@@ -183,9 +186,9 @@ pub fn redundancy(d: &Devices, rates: &Rates, data_mib: f64, peak_mib: f64, modu
                 "none" => 1.0,
                 "replica" => rates.mcomponent * window,
                 "log" => rates.scomponent * window,
-                ec => ec[3..].parse::<f64>().expect("an ec:K scheme") * rates.mcomponent * window,
+                _ => stripe * rates.mcomponent * window,
             };
-            Redundancy {
+            Some(Redundancy {
                 scheme,
                 memory_factor: factor,
                 mcomponents,
@@ -193,7 +196,7 @@ pub fn redundancy(d: &Devices, rates: &Rates, data_mib: f64, peak_mib: f64, modu
                 exposure_seconds: exposure,
                 expected_loss_gib_per_year: rates.mcomponent * data_mib * second.min(1.0) / 1024.0,
                 failures_per_year: others + mcomponents as f64 * rates.mcomponent,
-            }
+            })
         })
         .collect()
 }
@@ -215,10 +218,12 @@ mod tests {
     fn rates_add_up_over_units() {
         let r = Rates { server: 0.2, pcomponent: 0.05, mcomponent: 0.04, scomponent: 0.03 };
         let f = reliability(&r, 10, None);
-        assert!((f.failures_per_year - 2.0).abs() < 1e-12 && (f.mttf_vs_fixed - 1.0).abs() < 1e-12);
+        assert!((f.failures_per_year - 2.0).abs() < 1e-12 && (f.mttf_vs_fixed.unwrap() - 1.0).abs() < 1e-12);
         let s = reliability(&r, 10, Some((4, 5)));
         assert!((s.failures_per_year - (0.2 + 0.2 + 0.3)).abs() < 1e-12);
-        assert!((s.mttf_vs_fixed - 2.0 / 0.7).abs() < 1e-9);
+        assert!((s.mttf_vs_fixed.unwrap() - 2.0 / 0.7).abs() < 1e-9);
+        let none = reliability(&r, 0, None);
+        assert_eq!((none.cluster_mttf_days, none.mttf_vs_fixed), (None, None));
         assert_eq!((s.pcomponents, s.mcomponents, s.scomponents, s.servers), (4, 5, 10, 0));
     }
 

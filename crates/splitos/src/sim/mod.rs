@@ -5,7 +5,7 @@
 //! placed, utilization and the failure model of LegoOS section 6.3 (docs/simulation.md).
 //!
 //! Each model replays on its own thread; a replay is a sorted stream of allocation and
-//! release events, and a placement a search of a segment tree (`pool.rs`).
+//! release events, and a placement a search of an index of units (`pool.rs`).
 
 pub mod failure;
 pub mod model;
@@ -35,7 +35,7 @@ pub struct SimArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Columns of the node list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB) [default: name=sn,cpu=cpu_milli,mem=memory_mib].
+    /// Columns of the node list, FIELD=COLUMN[*FACTOR],... (fields: cpu in milli-cores, mem in MiB) [default: cpu=cpu_milli,mem=memory_mib].
     #[arg(long, default_value = "", hide_default_value = true)]
     pub node_columns: String,
     /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds, phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
@@ -54,7 +54,7 @@ pub struct SimArgs {
     /// splitos: the unit the global memory manager places memory in.
     #[arg(long, default_value = "1G")]
     pub vregion: Size,
-    /// Memory modules of the disaggregated models (0: as many as nodes).
+    /// Memory modules of the disaggregated models, per copy of the cluster (0: as many as nodes).
     #[arg(long, default_value_t = 0)]
     pub memory_modules: usize,
     /// Scale-up: this many copies of the cluster, with this many copies of the task list, each shifted by --shift.
@@ -89,9 +89,14 @@ pub struct SimArgs {
     pub quiet: bool,
 }
 
+/// The latest time a replay may reach, shifts included (35,000 years).
+const MAX_TIME: f64 = (1u64 << 40) as f64;
+/// The most units a scaled-up cluster may have.
+const MAX_UNITS: usize = 1 << 24;
+
 fn parse_window(s: &str) -> Result<(f64, f64), String> {
     let (a, b) = s.split_once(':').ok_or("expected START:END (seconds; either may be left out)")?;
-    let num = |x: &str, default: f64| if x.trim().is_empty() { Ok(default) } else { x.trim().parse::<f64>().map_err(|_| format!("`{x}` is not a number of seconds")) };
+    let num = |x: &str, default: f64| if x.trim().is_empty() { Ok(default) } else { x.trim().parse::<f64>().ok().filter(|v| !v.is_nan()).ok_or_else(|| format!("`{x}` is not a number of seconds")) };
     let (a, b) = (num(a, f64::NEG_INFINITY)?, num(b, f64::INFINITY)?);
     if a >= b {
         return Err(format!("the window's start {a} is not before its end {b}"));
@@ -111,16 +116,16 @@ struct Workload {
 
 impl Workload {
     fn new(tasks: Vec<Task>, copies: usize, shift: f64) -> anyhow::Result<Workload> {
-        let n = tasks.len();
-        let total = n.checked_mul(copies).filter(|t| *t <= u32::MAX as usize).context("too many tasks: the scale-up needs fewer than 2^32")?;
-        let mut events = Vec::with_capacity(2 * total);
-        for id in 0..total {
-            let (t, k) = (&tasks[id % n], (id / n) as f64 * shift);
-            events.push((t.start + k, 1, id as u32));
-            events.push((t.end + k, 0, id as u32));
+        let total = tasks.len().checked_mul(copies).filter(|t| *t <= u32::MAX as usize).context("too many tasks: the scale-up needs fewer than 2^32")?;
+        let last = tasks.iter().map(|t| t.end).fold(0.0, f64::max) + (copies - 1) as f64 * shift;
+        if last > MAX_TIME {
+            bail!("--shift {shift}: the last copy of the task list would end at {last} s, past {MAX_TIME} s");
         }
-        events.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        Ok(Workload { tasks, copies, shift, events })
+        let mut w = Workload { tasks, copies, shift, events: Vec::with_capacity(2 * total) };
+        let events: Vec<(f64, u8, u32)> = (0..total).flat_map(|id| [(w.start(id), 1, id as u32), (w.end(id), 0, id as u32)]).collect();
+        w.events = events;
+        w.events.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        Ok(w)
     }
 
     fn len(&self) -> usize {
@@ -333,7 +338,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         series.push(next_sample.min(t1), &g, queue.len() - dead);
         next_sample += step;
     }
-    audit.finish();
+    audit.finish(&m);
     let span = (t1.min(window.1) - t0.max(window.0)).max(0.0);
     let avg = |k: usize, now: f64| if span > 0.0 { sums[k] / span } else { now };
     waits.sort_by(f64::total_cmp);
@@ -381,6 +386,8 @@ pub struct Audit {
     pub releases: usize,
     /// Placements after which a unit held more than its capacity.
     pub over_capacity: usize,
+    /// Placements the model reported without recording the allocation.
+    pub missing_allocations: usize,
     /// Releases of a task holding nothing.
     pub unmatched_releases: usize,
     /// Units holding anything once every task has ended.
@@ -393,13 +400,13 @@ pub struct Audit {
 
 impl Audit {
     fn new(m: &Model) -> Audit {
-        Audit { placements: 0, releases: 0, over_capacity: 0, unmatched_releases: 0, units_left_holding: 0, compute: vec![[0; 2]; m.compute.units()], memory: vec![0; m.memory.as_ref().map_or(0, |p| p.units())] }
+        Audit { placements: 0, releases: 0, over_capacity: 0, missing_allocations: 0, unmatched_releases: 0, units_left_holding: 0, compute: vec![[0; 2]; m.compute.units()], memory: vec![0; m.memory.as_ref().map_or(0, |p| p.units())] }
     }
 
     fn placed(&mut self, m: &Model, id: usize) {
         self.placements += 1;
         let Some(a) = m.allocation(id) else {
-            self.over_capacity += 1;
+            self.missing_allocations += 1;
             return;
         };
         let c = a.compute as usize;
@@ -427,8 +434,10 @@ impl Audit {
         }
     }
 
-    fn finish(&mut self) {
-        self.units_left_holding = self.compute.iter().filter(|c| c[0] > 0 || c[1] > 0).count() + self.memory.iter().filter(|m| **m > 0).count();
+    /// Once every task has ended, units still holding anything by the ledger or by the
+    /// model's own pools (free below capacity, allocations, links).
+    fn finish(&mut self, m: &Model) {
+        self.units_left_holding = self.compute.iter().filter(|c| c[0] > 0 || c[1] > 0).count() + self.memory.iter().filter(|m| **m > 0).count() + m.busy_units();
     }
 }
 
@@ -466,31 +475,46 @@ struct RunReport {
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let kinds: Vec<Kind> = args.models.split(',').map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
-    if kinds.is_empty() {
-        bail!("--models: name at least one model");
+    let shown: Vec<Kind> = args.models.split(',').map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
+    if let Some(k) = shown.iter().find(|k| shown.iter().filter(|x| x == k).count() > 1) {
+        bail!("--models: `{}` is named twice", k.name());
+    }
+    // The fixed cluster is every failure comparison's baseline: it is replayed even when not shown.
+    let mut kinds = shown.clone();
+    if !kinds.contains(&Kind::Fixed) {
+        kinds.insert(0, Kind::Fixed);
     }
     policy::by_name(&args.policy).map_err(anyhow::Error::msg)?;
     if !(args.excache_share > 0.0 && args.excache_share < 1.0) {
         bail!("--excache-share must be between 0 and 1 (exclusive), not {}", args.excache_share);
     }
     let vregion_mib = args.vregion.0 >> 20;
-    if vregion_mib == 0 {
-        bail!("--vregion must be at least 1 MiB");
+    if vregion_mib == 0 || args.vregion.0 % (1 << 20) != 0 {
+        bail!("--vregion must be a whole number of MiB, not {} bytes", args.vregion.0);
     }
     if args.scale == 0 || args.load == 0 || !(args.shift.is_finite() && args.shift >= 0.0) {
         bail!("--scale and --load must be at least 1, --shift a number of seconds of at least 0");
     }
+    let copies = args.scale.checked_mul(args.load).context("--scale x --load is too large")?;
+    let memory_modules = args.memory_modules.checked_mul(args.scale).filter(|m| *m <= MAX_UNITS).context("--memory-modules x --scale is too large")?;
     let devices = failure::Devices::load(args.devices.as_deref())?;
     let node_cols = Columns::parse(&trace::NODE_FIELDS, &args.node_columns).context("--node-columns")?;
     let task_cols = Columns::parse(&trace::TASK_FIELDS, &args.task_columns).context("--task-columns")?;
     let base_nodes = trace::read_nodes(&args.nodes, &node_cols)?;
     let (tasks, stats) = trace::read_tasks(&args.tasks, &task_cols, args.skip_incomplete)?;
-    let nodes: Vec<Node> = (0..args.scale).flat_map(|_| base_nodes.iter().copied()).collect();
+    if base_nodes.len().checked_mul(args.scale).is_none_or(|n| n > MAX_UNITS) {
+        bail!("--scale {}: {} nodes per copy make more than {MAX_UNITS} units", args.scale, base_nodes.len());
+    }
     let base_tasks = tasks.len();
-    let w = Workload::new(tasks, args.scale * args.load, args.shift)?;
+    let w = Workload::new(tasks, copies, args.shift)?;
+    let nodes: Vec<Node> = (0..args.scale).flat_map(|_| base_nodes.iter().copied()).collect();
+    let (start, end) = w.span();
+    let window = args.window;
+    if window.1 <= start || window.0 >= end {
+        bail!("--window {}:{}: the replay runs from {start} s to {end} s", window.0, window.1);
+    }
 
-    let specs: Vec<Spec> = kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules: args.memory_modules * args.scale }).collect();
+    let specs: Vec<Spec> = kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules }).collect();
     let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
     // asked to count such tasks.
@@ -510,7 +534,6 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         needs.push(v);
     }
 
-    let window = args.window;
     let total_events = (w.events.len() * models.len()) as u64;
     let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_events) };
     progress.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} events ({eta} left)").expect("a valid template"));
@@ -531,7 +554,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let replay_seconds = replay_started.elapsed().as_secs_f64();
 
     let rates = devices.rates();
-    let servers = reports.iter().find(|(k, _)| *k == Kind::Fixed).map_or(nodes.len(), |(_, r)| r.peak_compute_on);
+    let servers = reports.iter().find(|(k, _)| *k == Kind::Fixed).expect("the fixed model is always replayed").1.peak_compute_on;
     for (kind, r) in &mut reports {
         r.policy = args.policy.clone();
         r.reliability = Some(match kind {
@@ -543,8 +566,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             r.redundancy = Some(failure::redundancy(&devices, &rates, r.average_remote_mib, r.peak_remote_mib, r.memory_unit_mib as f64, others));
         }
     }
+    reports.retain(|(k, _)| shown.contains(k));
     let events: usize = reports.iter().map(|(_, r)| r.events).sum();
-    let (start, end) = w.span();
     let mut out = serde_json::json!({
         "trace": TraceReport {
             nodes_file: args.nodes.display().to_string(),
@@ -569,7 +592,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             seconds: replay_seconds,
             events_per_second: events as f64 / replay_seconds.max(1e-9),
             threads: reports.len().min(std::thread::available_parallelism().map_or(1, |n| n.get())),
-            window: (args.window.0.max(start), args.window.1.min(end)),
+            window: (window.0.max(start), window.1.min(end)),
         },
         "paper": failure::paper_cases(&rates),
     });
@@ -582,6 +605,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("report: {}", path.display());
     }
     Ok(())
+}
+
+/// A redundancy scheme's figure for the splitos model, "-" for the others.
+fn scheme(r: &ModelReport, name: &str, f: impl Fn(&failure::Redundancy) -> String) -> String {
+    r.redundancy.iter().flatten().find(|x| x.scheme == name).map_or("-".into(), f)
 }
 
 /// The report as a table: one column per model.
@@ -605,10 +633,10 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
         ("unplaced (oversized)", |r, _| format!("{} ({})", r.unplaced, r.oversized)),
         ("waited, p50 / max wait", |r, _| format!("{}, {:.0} s / {:.0} s", r.waits.waited, r.waits.p50_seconds, r.waits.max_seconds)),
         ("peak units on (compute / memory)", |r, _| format!("{} / {}", r.peak_compute_on, r.peak_memory_on)),
-        ("cluster MTTF (days)", |r, _| r.reliability.as_ref().map_or("-".into(), |f| format!("{:.1}", f.cluster_mttf_days))),
-        ("MTTF vs fixed", |r, _| r.reliability.as_ref().map_or("-".into(), |f| format!("{:.2}x", f.mttf_vs_fixed))),
-        ("memory with replica / ec:4", |r, _| r.redundancy.as_ref().map_or("-".into(), |v| format!("{:.0} / {:.0} GiB", v[1].memory_needed_gib, v[4].memory_needed_gib))),
-        ("loss/yr none / replica", |r, _| r.redundancy.as_ref().map_or("-".into(), |v| format!("{:.3} / {:.2e} GiB", v[0].expected_loss_gib_per_year, v[1].expected_loss_gib_per_year))),
+        ("cluster MTTF (days)", |r, _| r.reliability.as_ref().and_then(|f| f.cluster_mttf_days).map_or("-".into(), |d| format!("{d:.1}"))),
+        ("MTTF vs fixed", |r, _| r.reliability.as_ref().and_then(|f| f.mttf_vs_fixed).map_or("-".into(), |x| format!("{x:.2}x"))),
+        ("memory with replica / ec:4", |r, _| format!("{} / {} GiB", scheme(r, "replica", |x| format!("{:.0}", x.memory_needed_gib)), scheme(r, "ec:4", |x| format!("{:.0}", x.memory_needed_gib)))),
+        ("loss/yr none / replica", |r, _| format!("{} / {} GiB", scheme(r, "none", |x| format!("{:.3}", x.expected_loss_gib_per_year)), scheme(r, "replica", |x| format!("{:.2e}", x.expected_loss_gib_per_year)))),
         ("events per second", |r, _| format!("{:.0}", r.events_per_second)),
     ];
     for (name, f) in rows {
@@ -628,6 +656,7 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
 #[cfg(test)]
 mod tests {
     use super::*;
+    use policy::POLICIES;
 
     /// Replays hand-made tasks `(cpu, mem, start, end)` on nodes `(cpu, mem)`, with an
     /// ExCache share of a quarter and vRegions of 4 MiB.
@@ -705,6 +734,47 @@ mod tests {
         assert_eq!(field, "cpu");
         let r = replay_of(Kind::Splitos, &nodes, &[(1000, 8, 0.0, 10.0), (1000, 8, 0.0, 10.0)], "first-fit", "racks:2");
         assert_eq!((r.placed, r.peak_compute_on, r.peak_memory_on), (2, 2, 2), "the second task's pComponent cannot reach the first mComponent's room");
+    }
+
+    /// Memory fills rack after rack: a task goes to a rack whose memory has room, whatever
+    /// the policy's favourite compute unit in another.
+    #[test]
+    fn racks_fill_one_after_another() {
+        let nodes = [(4000, 8); 8];
+        let tasks: Vec<(u64, u64, f64, f64)> = (0..8).map(|i| (1000, 8, i as f64, 100.0)).collect();
+        for policy in POLICIES {
+            let r = replay_of(Kind::Disaggregated, &nodes, &tasks, policy, "racks:2");
+            assert_eq!((r.placed, r.unplaced, r.oversized), (8, 0, 0), "{policy}");
+            assert_eq!(r.peak_memory_on, 8, "{policy}: all memory is used");
+        }
+    }
+
+    /// A pComponent with its one link taken cannot reach a second mComponent: the task
+    /// waits and ends unplaced, though it is not too large.
+    #[test]
+    fn links_run_out_at_placement() {
+        let nodes: Vec<Node> = vec![Node { cpu: 4000, mem: 16 }];
+        let spec = Spec { kind: Kind::Splitos, topology: "links:1".parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 2 };
+        let tasks = vec![Task { name: "a".into(), row: 1, cpu: 1000, mem: 4, start: 0.0, end: 10.0 }, Task { name: "b".into(), row: 2, cpu: 1000, mem: 4, start: 1.0, end: 5.0 }];
+        let w = Workload::new(tasks, 1, 0.0).unwrap();
+        let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
+        let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
+        assert!(needs.iter().all(Option::is_some), "neither task is too large");
+        let r = replay(m, &w, &needs, 100, 3, (f64::NEG_INFINITY, f64::INFINITY), &indicatif::ProgressBar::hidden());
+        assert_eq!((r.placed, r.unplaced, r.oversized, r.peak_memory_on), (1, 1, 0, 1));
+        assert_eq!(r.audit.units_left_holding, 0);
+    }
+
+    /// Many tasks give up while one holds the only server: the queue is compacted and the
+    /// last one still gets the server.
+    #[test]
+    fn a_long_queue_of_waiting_tasks() {
+        let mut tasks = vec![(4000, 8, 0.0, 1000.0)];
+        tasks.extend((0..200).map(|i| (4000, 8, 1.0 + i as f64, 500.0 + i as f64)));
+        tasks.push((4000, 8, 900.0, 2000.0));
+        let r = replay_of(Kind::Fixed, &[(4000, 8)], &tasks, "best-fit", "none");
+        assert_eq!((r.placed, r.unplaced, r.waits.waited), (2, 200, 1));
+        assert!(close(r.waits.max_seconds, 100.0));
     }
 
     /// GMM places each vRegion on the least loaded mComponent; best fit keeps a task's

@@ -119,6 +119,8 @@ pub struct Model {
     allocs: Vec<Option<Alloc>>,
     /// The distinct (CPU, memory) capacities of the compute units.
     shapes: Vec<[u64; 2]>,
+    /// The most memory modules in a rack.
+    rack_modules: usize,
 }
 
 /// What a task asks of one model.
@@ -131,6 +133,17 @@ pub struct Need {
     pub remote: u64,
 }
 
+/// The rack of unit `i` of `n` spread in order over `racks`.
+fn rack_of(i: usize, n: usize, racks: usize) -> usize {
+    (i as u128 * racks as u128 / n as u128) as usize
+}
+
+/// The ExCache share of `mem` MiB, rounded up alike for a pComponent and for a task, so that
+/// a task as large as its server fits.
+fn excache(mem: u64, share: f64) -> u64 {
+    (mem as f64 * share).ceil() as u64
+}
+
 impl Model {
     pub fn new(spec: Spec, nodes: &[Node], tasks: usize, policy: &str) -> Result<Model, String> {
         let links = spec.topology.links.map_or(0, u64::from);
@@ -138,21 +151,28 @@ impl Model {
         let share = |mem: u64| match spec.kind {
             Kind::Fixed => mem,
             Kind::Disaggregated => 0,
-            Kind::Splitos => (mem as f64 * spec.excache_share).floor() as u64,
+            Kind::Splitos => excache(mem, spec.excache_share),
         };
         let caps: Vec<Amount> = nodes.iter().map(|n| [n.cpu, share(n.mem), if spec.kind == Kind::Fixed { 0 } else { links }]).collect();
         let local_total: u64 = caps.iter().map(|c| c[MEM]).sum();
+        let racks = spec.topology.racks.unwrap_or(1);
+        let m = if spec.memory_modules == 0 { nodes.len() } else { spec.memory_modules };
+        if spec.kind != Kind::Fixed && racks > nodes.len().min(m) {
+            return Err(format!("topology racks:{racks}: more racks than compute units ({}) or memory modules ({m})", nodes.len()));
+        }
         let memory = (spec.kind != Kind::Fixed).then(|| {
-            let m = if spec.memory_modules == 0 { nodes.len() } else { spec.memory_modules };
             let rest = total_mem - local_total;
-            let racks = spec.topology.racks.unwrap_or(1);
             let caps = (0..m as u64).map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links]).collect();
-            policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| j * racks / m, p))
+            policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| rack_of(j, m, racks), p))
         });
         let memory = memory.transpose()?;
         let shapes = caps.iter().map(|c| [c[CPU], c[MEM]]).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-        let compute = Pool::new(caps, 1, |_| 0, policy::by_name(policy)?);
-        Ok(Model { links: vec![Vec::new(); compute.units()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes })
+        let n = nodes.len();
+        let compute = Pool::new(caps, racks, |c| rack_of(c, n, racks), policy::by_name(policy)?);
+        let mut per_rack = vec![0usize; racks];
+        (0..m).for_each(|j| per_rack[rack_of(j, m, racks)] += 1);
+        let rack_modules = per_rack.into_iter().max().unwrap_or(0);
+        Ok(Model { links: vec![Vec::new(); compute.units()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes, rack_modules })
     }
 
     pub fn name(&self) -> &'static str {
@@ -163,7 +183,7 @@ impl Model {
         match self.spec.kind {
             Kind::Fixed => Need { cpu, local: mem, remote: 0 },
             Kind::Disaggregated => Need { cpu, local: 0, remote: mem },
-            Kind::Splitos => Need { cpu, local: (mem as f64 * self.spec.excache_share).ceil() as u64, remote: mem },
+            Kind::Splitos => Need { cpu, local: excache(mem, self.spec.excache_share), remote: mem },
         }
     }
 
@@ -181,64 +201,54 @@ impl Model {
         }
         let mem = self.memory.as_ref()?;
         let module = (0..mem.units()).map(|u| mem.cap(u)[MEM]).max().unwrap_or(0);
-        let per_rack = match self.spec.topology.racks {
-            Some(r) => (0..r).map(|k| self.rack_range(k)).map(|(lo, hi)| hi - lo).max().unwrap_or(0),
-            None => mem.units(),
-        };
-        let reach = per_rack.min(self.spec.topology.links.map_or(usize::MAX, |l| l as usize)) as u64 * module;
+        let reach = self.rack_modules.min(self.spec.topology.links.map_or(usize::MAX, |l| l as usize)) as u64 * module;
         if need.remote > reach {
             return Some(("mem", format!("needs {} MiB of memory modules, more than a compute unit can reach ({reach} MiB)", need.remote)));
         }
-        if self.spec.kind == Kind::Splitos && need.remote.min(self.spec.vregion_mib) > module {
-            return Some(("mem", format!("needs vRegions of {} MiB, larger than an mComponent ({module} MiB)", self.spec.vregion_mib)));
+        let vregion = need.remote.min(self.spec.vregion_mib);
+        if self.spec.kind == Kind::Splitos && vregion > module {
+            return Some(("mem", format!("needs vRegions of {vregion} MiB, larger than an mComponent ({module} MiB)")));
         }
         None
     }
 
-    /// The memory modules of rack `k`.
-    fn rack_range(&self, k: usize) -> (usize, usize) {
-        let m = self.memory.as_ref().map_or(0, Pool::units);
-        let r = self.spec.topology.racks.unwrap_or(1);
-        ((k * m).div_ceil(r), ((k + 1) * m).div_ceil(r))
+    fn racks(&self) -> usize {
+        self.spec.topology.racks.unwrap_or(1)
     }
 
-    /// The racks (parts of the memory pool) compute unit `c` reaches.
-    fn reach(&self, c: usize) -> std::ops::Range<usize> {
-        match self.spec.topology.racks {
-            Some(r) => {
-                let k = c * r / self.compute.units();
-                k..k + 1
-            }
-            None => 0..1,
-        }
+    /// The rack (part of both pools) compute unit `c` is in.
+    fn rack(&self, c: usize) -> usize {
+        rack_of(c, self.compute.units(), self.racks())
     }
 
-    /// Places task `id`; false if there is no room for it now. The policy's choice of
-    /// compute unit may have used up its links (packing policies choose the busiest); the
-    /// next tries ask for a unit with the links the task's memory needs free.
+    /// Places task `id`; false if there is no room for it now. Only racks whose memory
+    /// modules have room for a first piece of the task are tried. In each, the policy's
+    /// choice of compute unit may have used up its links (packing policies choose the
+    /// busiest): the next tries there ask for a unit with the links the task needs free.
     pub fn place(&mut self, id: usize, need: Need) -> bool {
         let take: Amount = [need.cpu, need.local, 0];
-        let links_needed = match (self.spec.topology.links, &self.memory) {
-            (Some(l), Some(mem)) if need.remote > 0 => need.remote.div_ceil(mem.cap(0)[MEM].max(1)).clamp(1, u64::from(l)),
-            _ => 0,
+        let (links_needed, racks) = match &self.memory {
+            Some(mem) if need.remote > 0 => {
+                let links = self.spec.topology.links.map_or(0, |l| need.remote.div_ceil(mem.cap(0)[MEM].max(1)).clamp(1, u64::from(l)));
+                let first = need.remote.min(if self.spec.kind == Kind::Splitos { self.spec.vregion_mib } else { 1 });
+                (links, (0..self.racks()).filter(|&k| mem.search(&[0, first, 0], [k], &[]).is_some()).collect())
+            }
+            _ => (0, (0..self.racks()).collect::<Vec<_>>()),
         };
         let mut tried = Vec::new();
-        for attempt in 0..TRIES {
-            let want = if attempt == 0 { take } else { [need.cpu, need.local, links_needed] };
-            let Some(c) = self.compute.search(&want, 0..1, &tried) else {
-                if attempt == 0 && links_needed > 0 {
-                    continue;
+        for rack in racks {
+            for attempt in 0..TRIES {
+                let want = if attempt == 0 { take } else { [need.cpu, need.local, links_needed] };
+                let Some(c) = self.compute.search(&want, [rack], &tried) else { break };
+                let pieces = if need.remote == 0 { Some(Vec::new()) } else { self.place_memory(c, need.remote) };
+                match pieces {
+                    Some(pieces) => {
+                        self.compute.take(c, &take, true);
+                        self.allocs[id] = Some(Alloc { compute: c as u32, cpu: need.cpu, local: need.local, pieces });
+                        return true;
+                    }
+                    None => tried.push(c),
                 }
-                return false;
-            };
-            let pieces = if need.remote == 0 { Some(Vec::new()) } else { self.place_memory(c, need.remote) };
-            match pieces {
-                Some(pieces) => {
-                    self.compute.take(c, &take, true);
-                    self.allocs[id] = Some(Alloc { compute: c as u32, cpu: need.cpu, local: need.local, pieces });
-                    return true;
-                }
-                None => tried.push(c),
             }
         }
         false
@@ -263,9 +273,10 @@ impl Model {
                     None => u64::MAX,
                 };
                 let part = left.div_ceil(links).div_ceil(unit).saturating_mul(unit).min(left);
+                // No module has room for all of the rest (else the first choice had found
+                // it), so this takes whole vRegions, at least one.
                 let m = self.pick_memory(c, part)?;
-                let free = self.memory.as_ref()?.free(m)[MEM];
-                Some((m, if free >= left { left } else { free / unit * unit }))
+                Some((m, self.memory.as_ref()?.free(m)[MEM] / unit * unit))
             });
             let Some((m, got)) = chosen else {
                 self.free_memory(c, &pieces);
@@ -287,8 +298,8 @@ impl Model {
             return linked;
         }
         let other = match self.spec.topology.links {
-            None => mem.search(&[0, want, 0], self.reach(c), &[]),
-            Some(_) if self.compute.free(c)[LINKS] > 0 => mem.search(&[0, want, 1], self.reach(c), &[]),
+            None => mem.search(&[0, want, 0], [self.rack(c)], &[]),
+            Some(_) if self.compute.free(c)[LINKS] > 0 => mem.search(&[0, want, 1], [self.rack(c)], &[]),
             Some(_) => None,
         };
         [linked, other].into_iter().flatten().min_by_key(|&m| mem.rank(m))
@@ -343,6 +354,12 @@ impl Model {
         self.compute.give(a.compute as usize, &[a.cpu, a.local, 0], true);
     }
 
+    /// Units that hold anything: an allocation, resources taken, or a link.
+    pub fn busy_units(&self) -> usize {
+        let busy = |p: &Pool| (0..p.units()).filter(|&u| p.holds(u) || p.free(u) != p.cap(u)).count();
+        busy(&self.compute) + self.memory.as_ref().map_or(0, busy) + self.links.iter().filter(|l| !l.is_empty()).count()
+    }
+
     /// Where running task `id` is.
     pub fn allocation(&self, id: usize) -> Option<&Alloc> {
         self.allocs[id].as_ref()
@@ -373,7 +390,7 @@ impl Model {
 }
 
 /// A model's state at one time; all but the counts are fractions.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug)]
 pub struct Gauges {
     pub fragmentation_cpu: f64,
     pub fragmentation_mem: f64,

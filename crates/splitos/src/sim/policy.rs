@@ -6,7 +6,6 @@
 use super::pool::{Amount, CPU, MEM, RES};
 
 pub trait Placement: Send + Sync {
-    fn name(&self) -> &'static str;
     /// The key of unit `unit` with `free` of `cap` (lower is preferred); `weights` put the
     /// resources on one scale (1 / the mean capacity).
     fn key(&self, unit: usize, free: &Amount, cap: &Amount, weights: &[f64; RES]) -> f64;
@@ -33,9 +32,6 @@ pub fn by_name(name: &str) -> Result<Box<dyn Placement>, String> {
 pub struct BestFit;
 
 impl Placement for BestFit {
-    fn name(&self) -> &'static str {
-        "best-fit"
-    }
     fn key(&self, _unit: usize, free: &Amount, _cap: &Amount, w: &[f64; RES]) -> f64 {
         (0..RES).map(|r| w[r] * free[r] as f64).sum()
     }
@@ -48,9 +44,6 @@ impl Placement for BestFit {
 pub struct FirstFit;
 
 impl Placement for FirstFit {
-    fn name(&self) -> &'static str {
-        "first-fit"
-    }
     fn key(&self, unit: usize, _free: &Amount, _cap: &Amount, _w: &[f64; RES]) -> f64 {
         unit as f64
     }
@@ -66,9 +59,6 @@ impl Placement for FirstFit {
 pub struct LeastLoaded;
 
 impl Placement for LeastLoaded {
-    fn name(&self) -> &'static str {
-        "gpm-gmm"
-    }
     fn key(&self, _unit: usize, free: &Amount, cap: &Amount, w: &[f64; RES]) -> f64 {
         let r = if w[CPU] > 0.0 { CPU } else { MEM };
         (cap[r] - free[r]) as f64

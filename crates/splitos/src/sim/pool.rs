@@ -3,11 +3,11 @@
 //! classes by the magnitude of their free CPU and free memory (powers of two), each class
 //! ordered by the policy's key: a request looks only at the classes that can hold it, and in
 //! each takes the first unit that fits, which in every class above the request's own is
-//! the first one. A placement costs about log(units), which is what lets a 100-fold
+//! the first one unless links are short (links are not classed: a unit without a free link
+//! is passed over). A placement costs about log(units), which is what lets a 100-fold
 //! scale-up replay in seconds.
 
 use std::collections::BTreeSet;
-use std::ops::Range;
 
 use super::policy::Placement;
 
@@ -161,6 +161,11 @@ impl Pool {
         }
     }
 
+    /// Whether unit `u` holds an allocation.
+    pub fn holds(&self, u: usize) -> bool {
+        self.holders[u] > 0
+    }
+
     pub fn fits(&self, u: usize, want: &Amount) -> bool {
         (0..RES).all(|r| self.free[u][r] >= want[r])
     }
@@ -217,12 +222,12 @@ impl Pool {
         (self.key[u], u as u32)
     }
 
-    /// The unit of parts `parts` that the policy prefers among those with `want` free,
+    /// The unit of `parts` that the policy prefers among those with `want` free,
     /// other than the ones in `skip`.
-    pub fn search(&self, want: &Amount, parts: Range<usize>, skip: &[usize]) -> Option<usize> {
+    pub fn search(&self, want: &Amount, parts: impl IntoIterator<Item = usize>, skip: &[usize]) -> Option<usize> {
         let (ca, cb) = self.classes(want);
         let mut best: Option<(u64, u32)> = None;
-        for part in &self.parts[parts] {
+        for part in parts.into_iter().map(|p| &self.parts[p]) {
             let mut cols = part.cols & !((1u32 << ca) - 1);
             while cols != 0 {
                 let ci = cols.trailing_zeros() as usize;

@@ -56,7 +56,7 @@ struct Mapping {
 }
 
 /// Fields of a node list: (name, default column, required).
-pub const NODE_FIELDS: [(&str, &str, bool); 3] = [("name", "sn", false), ("cpu", "cpu_milli", true), ("mem", "memory_mib", true)];
+pub const NODE_FIELDS: [(&str, &str, bool); 2] = [("cpu", "cpu_milli", true), ("mem", "memory_mib", true)];
 /// Fields of a task list: (name, default column, required).
 pub const TASK_FIELDS: [(&str, &str, bool); 7] = [
     ("name", "name", false),
@@ -179,8 +179,10 @@ pub fn read_nodes(path: &Path, cols: &Columns) -> anyhow::Result<Vec<Node>> {
         let rec = rec.map_err(|e| anyhow!("{}: row {row}: {e}", path.display()))?;
         let cpu = required(path, row, number(path, row, &rec, at["cpu"], "cpu", &header)?, at["cpu"], "cpu", &header)?.round() as u64;
         let mem = required(path, row, number(path, row, &rec, at["mem"], "mem", &header)?, at["mem"], "mem", &header)?.round() as u64;
-        if cpu == 0 || mem == 0 {
-            bail!("{}: row {row}: a node needs CPU and memory (cpu {cpu} milli-cores, memory {mem} MiB)", path.display());
+        for (field, v) in [("cpu", cpu), ("mem", mem)] {
+            if v == 0 {
+                bail!("{}: row {row}, field `{}` ({field}): a node needs some (after the column's factor and rounding to milli-cores and MiB, it has 0)", path.display(), &header[at[field].0]);
+            }
         }
         nodes.push(Node { cpu, mem });
     }
@@ -289,6 +291,6 @@ mod tests {
     fn nodes_need_cpu_and_memory() {
         let f = file("sn,cpu_milli,memory_mib\nn0,32000,262144\nn1,0,10\n");
         let e = read_nodes(f.path(), &Columns::parse(&NODE_FIELDS, "").unwrap()).unwrap_err().to_string();
-        assert!(e.contains("row 2: a node needs CPU and memory"), "{e}");
+        assert!(e.contains("row 2, field `cpu_milli` (cpu): a node needs some"), "{e}");
     }
 }
