@@ -489,7 +489,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         bail!("--excache-share must be between 0 and 1 (exclusive), not {}", args.excache_share);
     }
     let vregion_mib = args.vregion.0 >> 20;
-    if vregion_mib == 0 || args.vregion.0 % (1 << 20) != 0 {
+    if vregion_mib == 0 || !args.vregion.0.is_multiple_of(1 << 20) {
         bail!("--vregion must be a whole number of MiB, not {} bytes", args.vregion.0);
     }
     if args.scale == 0 || args.load == 0 || !(args.shift.is_finite() && args.shift >= 0.0) {
