@@ -162,6 +162,14 @@ fn bad_input_is_refused_by_row_and_field() {
     fails_with(&["--nodes", &nodes, "--tasks", &bad, "--task-columns", "disk=x"], "unknown field `disk`");
     let big = write(d.path(), "big.csv", &format!("{head}a,1000,1024,0,10\nhuge,8000,1024,0,10\n"));
     fails_with(&["--nodes", &nodes, "--tasks", &big], "row 2 (huge), field `cpu_milli`: a task larger than any module of model `fixed`");
+    // 12 GiB fit no server, but fit two memory modules of the disaggregated model.
+    let wide = write(d.path(), "wide.csv", &format!("{head}a,1000,12288,0,10\n"));
+    fails_with(&["--nodes", &nodes, "--tasks", &wide], "row 1 (a), field `memory_mib`: a task larger than any module of model `fixed`");
+    let json = d.path().join("wide.json");
+    let out = sim(&["--nodes", &nodes, "--tasks", &wide, "--models", "disaggregated", "--json", json.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "the fixed baseline, not asked for, does not stop the run: {}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((n(&r["disaggregated"]["placed"]), n(&r["disaggregated"]["peak_memory_on"])), (1, 2));
     fails_with(&["--nodes", &nodes, "--tasks", &big, "--policy", "worst-fit"], "unknown placement policy `worst-fit`");
     fails_with(&["--nodes", &nodes, "--tasks", &big, "--topology", "links:0"], "not a positive number");
     fails_with(&["--nodes", &nodes, "--tasks", &big, "--models", "fixed,cloud"], "unknown model `cloud`");

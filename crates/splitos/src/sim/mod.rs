@@ -517,7 +517,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let specs: Vec<Spec> = kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules }).collect();
     let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
-    // asked to count such tasks.
+    // asked to count such tasks. The baseline replayed without being asked for counts them.
     let mut needs: Vec<Vec<Option<Need>>> = Vec::new();
     for m in &models {
         let mut v = Vec::with_capacity(base_tasks);
@@ -525,7 +525,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             let need = m.need(t.cpu, t.mem);
             match m.oversized(&need) {
                 None => v.push(Some(need)),
-                Some((field, why)) if !args.skip_oversized => {
+                Some((field, why)) if !args.skip_oversized && shown.contains(&m.spec.kind) => {
                     bail!("{}: row {} ({}), field `{}`: a task larger than any module of model `{}`: it {why}; --skip-oversized counts such tasks as unplaced", args.tasks.display(), t.row, t.name, task_cols.column(field).unwrap_or(field), m.name())
                 }
                 Some(_) => v.push(None),
