@@ -44,7 +44,7 @@ fn check_invariants(r: &Value, models: &[&str]) {
     for m in models {
         let x = &r[*m];
         let a = &x["audit"];
-        assert_eq!((n(&a["over_capacity"]), n(&a["unmatched_releases"]), n(&a["units_left_holding"])), (0, 0, 0), "{m}: {a}");
+        assert_eq!((n(&a["over_capacity"]), n(&a["missing_allocations"]), n(&a["unmatched_releases"]), n(&a["units_left_holding"])), (0, 0, 0, 0), "{m}: {a}");
         assert_eq!(n(&a["placements"]), n(&x["placed"]), "{m}");
         assert_eq!(n(&a["releases"]), n(&x["placed"]), "{m}: every placed task was released once");
         assert_eq!(n(&x["placed"]) + n(&x["unplaced"]) + n(&x["instant"]), tasks, "{m}: every task placed, unplaced or instant");
@@ -170,6 +170,7 @@ fn bad_input_is_refused_by_row_and_field() {
     assert!(out.status.success(), "the fixed baseline, not asked for, does not stop the run: {}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!((n(&r["disaggregated"]["placed"]), n(&r["disaggregated"]["peak_memory_on"])), (1, 2));
+    assert_eq!((n(&r["fixed_baseline"]["oversized"]), n(&r["fixed_baseline"]["servers"])), (1, 0), "what the unshown baseline skipped is reported");
     fails_with(&["--nodes", &nodes, "--tasks", &big, "--policy", "worst-fit"], "unknown placement policy `worst-fit`");
     fails_with(&["--nodes", &nodes, "--tasks", &big, "--topology", "links:0"], "not a positive number");
     fails_with(&["--nodes", &nodes, "--tasks", &big, "--models", "fixed,cloud"], "unknown model `cloud`");
@@ -269,4 +270,8 @@ fn replay_knobs_do_what_they_say() {
     fails_with(&["--nodes", &two, "--tasks", &big, "--models", "splitos", "--vregion", "8G"], "vRegions of 8192 MiB, larger than an mComponent (6144 MiB)");
     fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "5:1"], "not before its end");
     fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--excache-share", "1"], "--excache-share must be between 0 and 1");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--topology", "racks:2"], "topology racks:2: more racks than compute units (1)");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--vregion", "1536K"], "--vregion must be a whole number of MiB");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--scale", "4", "--load", "9223372036854775807"], "--scale x --load is too large");
+    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--scale", "20000000"], "make more than 16777215 units");
 }

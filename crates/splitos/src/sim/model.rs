@@ -106,8 +106,8 @@ pub struct Alloc {
     pub pieces: Vec<(u32, u64)>,
 }
 
-/// How many compute units a placement tries before the task waits, when the unit the
-/// policy chose cannot reach enough memory.
+/// How many compute units a placement tries per rack before the task waits, when the unit
+/// the policy chose cannot reach enough memory.
 const TRIES: usize = 4;
 
 pub struct Model {
@@ -133,6 +133,9 @@ pub struct Need {
     pub remote: u64,
 }
 
+/// The most racks a model may have: a placement looks at each rack's memory.
+const MAX_RACKS: usize = 4096;
+
 /// The rack of unit `i` of `n` spread in order over `racks`.
 fn rack_of(i: usize, n: usize, racks: usize) -> usize {
     (i as u128 * racks as u128 / n as u128) as usize
@@ -157,8 +160,8 @@ impl Model {
         let local_total: u64 = caps.iter().map(|c| c[MEM]).sum();
         let racks = spec.topology.racks.unwrap_or(1);
         let m = if spec.memory_modules == 0 { nodes.len() } else { spec.memory_modules };
-        if spec.kind != Kind::Fixed && racks > nodes.len().min(m) {
-            return Err(format!("topology racks:{racks}: more racks than compute units ({}) or memory modules ({m})", nodes.len()));
+        if spec.kind != Kind::Fixed && racks > nodes.len().min(m).min(MAX_RACKS) {
+            return Err(format!("topology racks:{racks}: more racks than compute units ({}), memory modules ({m}) or {MAX_RACKS}", nodes.len()));
         }
         let memory = (spec.kind != Kind::Fixed).then(|| {
             let rest = total_mem - local_total;
@@ -222,9 +225,10 @@ impl Model {
     }
 
     /// Places task `id`; false if there is no room for it now. Only racks whose memory
-    /// modules have room for a first piece of the task are tried. In each, the policy's
-    /// choice of compute unit may have used up its links (packing policies choose the
-    /// busiest): the next tries there ask for a unit with the links the task needs free.
+    /// modules have room for a first piece of the task are searched, all together in the
+    /// policy's order. The policy's choice of compute unit may have used up its links
+    /// (packing policies choose the busiest): the next tries ask for a unit with the links
+    /// the task needs free.
     pub fn place(&mut self, id: usize, need: Need) -> bool {
         let take: Amount = [need.cpu, need.local, 0];
         let (links_needed, racks) = match &self.memory {
@@ -236,19 +240,17 @@ impl Model {
             _ => (0, (0..self.racks()).collect::<Vec<_>>()),
         };
         let mut tried = Vec::new();
-        for rack in racks {
-            for attempt in 0..TRIES {
-                let want = if attempt == 0 { take } else { [need.cpu, need.local, links_needed] };
-                let Some(c) = self.compute.search(&want, [rack], &tried) else { break };
-                let pieces = if need.remote == 0 { Some(Vec::new()) } else { self.place_memory(c, need.remote) };
-                match pieces {
-                    Some(pieces) => {
-                        self.compute.take(c, &take, true);
-                        self.allocs[id] = Some(Alloc { compute: c as u32, cpu: need.cpu, local: need.local, pieces });
-                        return true;
-                    }
-                    None => tried.push(c),
+        for attempt in 0..TRIES * racks.len() {
+            let want = if attempt == 0 { take } else { [need.cpu, need.local, links_needed] };
+            let Some(c) = self.compute.search(&want, racks.iter().copied(), &tried) else { return false };
+            let pieces = if need.remote == 0 { Some(Vec::new()) } else { self.place_memory(c, need.remote) };
+            match pieces {
+                Some(pieces) => {
+                    self.compute.take(c, &take, true);
+                    self.allocs[id] = Some(Alloc { compute: c as u32, cpu: need.cpu, local: need.local, pieces });
+                    return true;
                 }
+                None => tried.push(c),
             }
         }
         false
