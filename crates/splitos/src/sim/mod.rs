@@ -21,7 +21,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::config::Size;
-use model::{Gauges, Kind, Model, Need, Spec, Topology};
+use model::{Fractions, Gauges, Kind, Model, Need, Spec, Topology};
 use trace::{Columns, Node, Task, TaskStats};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -172,12 +172,10 @@ pub struct Series {
 impl Series {
     fn push(&mut self, t: f64, g: &Gauges, waiting: usize) {
         self.time.push(t);
-        self.fragmentation_cpu.push(g.fragmentation_cpu);
-        self.fragmentation_mem.push(g.fragmentation_mem);
-        self.switched_off_compute.push(g.switched_off_compute);
-        self.switched_off_memory.push(g.switched_off_memory);
-        self.utilization_cpu.push(g.utilization_cpu);
-        self.utilization_mem.push(g.utilization_mem);
+        let columns = [&mut self.fragmentation_cpu, &mut self.fragmentation_mem, &mut self.switched_off_compute, &mut self.switched_off_memory, &mut self.utilization_cpu, &mut self.utilization_mem];
+        for (c, v) in columns.into_iter().zip(g.fractions.to_array()) {
+            c.push(v);
+        }
         self.waiting.push(waiting);
     }
 }
@@ -202,12 +200,8 @@ pub struct ModelReport {
     pub memory_unit_mib: u64,
     pub cpu_milli: u128,
     pub memory_mib: u128,
-    pub fragmentation_cpu: f64,
-    pub fragmentation_mem: f64,
-    pub switched_off_compute: f64,
-    pub switched_off_memory: f64,
-    pub utilization_cpu: f64,
-    pub utilization_mem: f64,
+    #[serde(flatten)]
+    pub average: Fractions,
     /// Tasks never placed: they ended while waiting, or were larger than any module
     /// (`oversized`, with --skip-oversized).
     pub unplaced: usize,
@@ -240,7 +234,8 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
     let step = if samples > 1 { (t1 - t0) / (samples - 1) as f64 } else { f64::INFINITY };
     let mut next_sample = t0;
     let mut series = Series::default();
-    let mut sums = [0f64; 7];
+    let mut sums = [0f64; 6];
+    let mut remote_sum = 0f64;
     let mut prev = t0;
     let (mut placed, mut unplaced, mut oversized, mut instant) = (0usize, 0usize, 0usize, 0usize);
     let mut waits: Vec<f64> = Vec::new();
@@ -250,9 +245,10 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
     for (i, &(t, kind, id)) in w.events.iter().enumerate() {
         if t > prev {
             let dt = (t.min(window.1) - prev.max(window.0)).max(0.0);
-            for (s, v) in sums.iter_mut().zip([g.fragmentation_cpu, g.fragmentation_mem, g.switched_off_compute, g.switched_off_memory, g.utilization_cpu, g.utilization_mem, g.remote_mem]) {
+            for (s, v) in sums.iter_mut().zip(g.fractions.to_array()) {
                 *s += v * dt;
             }
+            remote_sum += g.remote_mem * dt;
             prev = t;
         }
         while next_sample < t && series.time.len() < samples {
@@ -339,7 +335,8 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
     }
     audit.finish(&m);
     let span = (t1.min(window.1) - t0.max(window.0)).max(0.0);
-    let avg = |k: usize, now: f64| if span > 0.0 { sums[k] / span } else { now };
+    let now = g.fractions.to_array();
+    let avg = |k: usize| if span > 0.0 { sums[k] / span } else { now[k] };
     waits.sort_by(f64::total_cmp);
     let pct = |p: f64| if waits.is_empty() { 0.0 } else { waits[((waits.len() - 1) as f64 * p).round() as usize] };
     let seconds = started.elapsed().as_secs_f64();
@@ -352,12 +349,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         memory_unit_mib: { let units = memory.unwrap_or(compute); (0..units.units()).map(|u| units.cap(u)[pool::MEM]).max().unwrap_or(0) },
         cpu_milli: compute.total(pool::CPU),
         memory_mib: compute.total(pool::MEM) + memory.map_or(0, |p| p.total(pool::MEM)),
-        fragmentation_cpu: avg(0, g.fragmentation_cpu),
-        fragmentation_mem: avg(1, g.fragmentation_mem),
-        switched_off_compute: avg(2, g.switched_off_compute),
-        switched_off_memory: avg(3, g.switched_off_memory),
-        utilization_cpu: avg(4, g.utilization_cpu),
-        utilization_mem: avg(5, g.utilization_mem),
+        average: Fractions::from_array(std::array::from_fn(avg)),
         unplaced: unplaced + oversized,
         oversized,
         placed,
@@ -365,7 +357,7 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         waits: Waits { waited: waits.len(), p50_seconds: pct(0.5), p99_seconds: pct(0.99), max_seconds: waits.last().copied().unwrap_or(0.0) },
         peak_compute_on: peak_c,
         peak_memory_on: peak_m,
-        average_remote_mib: avg(6, g.remote_mem),
+        average_remote_mib: if span > 0.0 { remote_sum / span } else { g.remote_mem },
         peak_remote_mib: peak_remote,
         events: w.events.len(),
         seconds,
@@ -629,12 +621,12 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
     type Row = (&'static str, fn(&ModelReport, &dyn Fn(f64) -> String) -> String);
     let rows: [Row; 16] = [
         ("units (compute / memory)", |r, _| format!("{} / {}", r.compute_units, r.memory_units)),
-        ("fragmentation CPU", |r, p| p(r.fragmentation_cpu)),
-        ("fragmentation memory", |r, p| p(r.fragmentation_mem)),
-        ("switched off compute", |r, p| p(r.switched_off_compute)),
-        ("switched off memory", |r, p| p(r.switched_off_memory)),
-        ("utilization CPU", |r, p| p(r.utilization_cpu)),
-        ("utilization memory", |r, p| p(r.utilization_mem)),
+        ("fragmentation CPU", |r, p| p(r.average.fragmentation_cpu)),
+        ("fragmentation memory", |r, p| p(r.average.fragmentation_mem)),
+        ("switched off compute", |r, p| p(r.average.switched_off_compute)),
+        ("switched off memory", |r, p| p(r.average.switched_off_memory)),
+        ("utilization CPU", |r, p| p(r.average.utilization_cpu)),
+        ("utilization memory", |r, p| p(r.average.utilization_mem)),
         ("placed", |r, _| r.placed.to_string()),
         ("unplaced (oversized)", |r, _| format!("{} ({})", r.unplaced, r.oversized)),
         ("waited, p50 / max wait", |r, _| format!("{}, {:.0} s / {:.0} s", r.waits.waited, r.waits.p50_seconds, r.waits.max_seconds)),
@@ -688,12 +680,12 @@ mod tests {
         let tasks = [(2000, 4, 0.0, 10.0), (2000, 4, 0.0, 10.0)];
         for policy in ["best-fit", "first-fit"] {
             let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, policy, "none");
-            assert!(close(r.switched_off_compute, 0.5) && close(r.switched_off_memory, 0.5), "{policy}");
-            assert!(close(r.fragmentation_cpu, 0.0) && close(r.fragmentation_mem, 0.0), "{policy}");
-            assert!(close(r.utilization_cpu, 0.5) && close(r.utilization_mem, 0.5), "{policy}");
+            assert!(close(r.average.switched_off_compute, 0.5) && close(r.average.switched_off_memory, 0.5), "{policy}");
+            assert!(close(r.average.fragmentation_cpu, 0.0) && close(r.average.fragmentation_mem, 0.0), "{policy}");
+            assert!(close(r.average.utilization_cpu, 0.5) && close(r.average.utilization_mem, 0.5), "{policy}");
         }
         let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, "gpm-gmm", "none");
-        assert!(close(r.switched_off_compute, 0.0) && close(r.fragmentation_cpu, 0.5) && close(r.fragmentation_mem, 0.5));
+        assert!(close(r.average.switched_off_compute, 0.0) && close(r.average.fragmentation_cpu, 0.5) && close(r.average.fragmentation_mem, 0.5));
     }
 
     /// Two tasks leave 1 core and 6 MiB on each server: a third (1 core, 7 MiB) fits no
@@ -704,12 +696,12 @@ mod tests {
         let tasks = [(3000, 2, 0.0, 10.0), (3000, 2, 0.0, 10.0), (1000, 7, 0.0, 10.0)];
         let f = replay_of(Kind::Fixed, &nodes, &tasks, "best-fit", "none");
         assert_eq!((f.placed, f.unplaced, f.waits.waited), (2, 1, 0));
-        assert!(close(f.fragmentation_cpu, 0.25) && close(f.fragmentation_mem, 0.75));
+        assert!(close(f.average.fragmentation_cpu, 0.25) && close(f.average.fragmentation_mem, 0.75));
         let d = replay_of(Kind::Disaggregated, &nodes, &tasks, "best-fit", "none");
         assert_eq!((d.placed, d.unplaced), (3, 0));
         // Compute: one module full, one with 1 core free. Memory: 4 and 1 MiB free.
-        assert!(close(d.fragmentation_cpu, 0.125) && close(d.fragmentation_mem, 5.0 / 16.0), "{} {}", d.fragmentation_cpu, d.fragmentation_mem);
-        assert!(close(d.switched_off_compute, 0.0) && close(d.switched_off_memory, 0.0));
+        assert!(close(d.average.fragmentation_cpu, 0.125) && close(d.average.fragmentation_mem, 5.0 / 16.0), "{} {}", d.average.fragmentation_cpu, d.average.fragmentation_mem);
+        assert!(close(d.average.switched_off_compute, 0.0) && close(d.average.switched_off_memory, 0.0));
     }
 
     #[test]
@@ -717,7 +709,7 @@ mod tests {
         let r = replay_of(Kind::Fixed, &[(4000, 8)], &[(4000, 8, 0.0, 10.0), (4000, 8, 5.0, 20.0), (1000, 1, 6.0, 9.0), (1, 1, 12.0, 12.0)], "best-fit", "none");
         assert_eq!((r.placed, r.unplaced, r.instant, r.waits.waited), (2, 1, 1, 1));
         assert!(close(r.waits.p50_seconds, 5.0) && close(r.waits.max_seconds, 5.0));
-        assert!(close(r.utilization_cpu, 1.0) && close(r.switched_off_compute, 0.0));
+        assert!(close(r.average.utilization_cpu, 1.0) && close(r.average.switched_off_compute, 0.0));
     }
 
     /// splitos: pComponents of 4 cores and 4 MiB of ExCache, two mComponents of 12 MiB.
@@ -728,7 +720,7 @@ mod tests {
         let task = [(1000, 16, 0.0, 10.0)];
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:2");
         assert_eq!((r.placed, r.peak_memory_on, r.memory_units, r.memory_unit_mib), (1, 2, 2, 12));
-        assert!(close(r.utilization_mem, (4.0 + 16.0) / 32.0));
+        assert!(close(r.average.utilization_mem, (4.0 + 16.0) / 32.0));
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:1");
         assert_eq!((r.placed, r.unplaced), (0, 1));
         // Racks: each pComponent reaches only its rack's mComponent, 12 MiB.
@@ -793,9 +785,9 @@ mod tests {
         let task = [(1000, 8, 0.0, 10.0)];
         let r = replay_of(Kind::Splitos, &nodes, &task, "gpm-gmm", "links:16");
         assert_eq!(r.peak_memory_on, 2);
-        assert!(close(r.switched_off_memory, 0.0));
+        assert!(close(r.average.switched_off_memory, 0.0));
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:16");
         assert_eq!(r.peak_memory_on, 1);
-        assert!(close(r.switched_off_memory, 0.5) && close(r.fragmentation_mem, (2.0 + 4.0) / 32.0), "{}", r.fragmentation_mem);
+        assert!(close(r.average.switched_off_memory, 0.5) && close(r.average.fragmentation_mem, (2.0 + 4.0) / 32.0), "{}", r.average.fragmentation_mem);
     }
 }

@@ -378,12 +378,14 @@ impl Model {
         let total_cpu = c.total(CPU) as f64;
         let total_mem = (c.total(MEM) + m_total) as f64;
         Gauges {
-            fragmentation_cpu: c.free_on(CPU) as f64 / total_cpu,
-            fragmentation_mem: (c.free_on(MEM) + m_free_on) as f64 / total_mem,
-            switched_off_compute: (c.units() - c.on()) as f64 / c.units() as f64,
-            switched_off_memory: (m_len - m_on) as f64 / m_len as f64,
-            utilization_cpu: used(c, CPU) as f64 / total_cpu,
-            utilization_mem: (used(c, MEM) + m_used) as f64 / total_mem,
+            fractions: Fractions {
+                fragmentation_cpu: c.free_on(CPU) as f64 / total_cpu,
+                fragmentation_mem: (c.free_on(MEM) + m_free_on) as f64 / total_mem,
+                switched_off_compute: (c.units() - c.on()) as f64 / c.units() as f64,
+                switched_off_memory: (m_len - m_on) as f64 / m_len as f64,
+                utilization_cpu: used(c, CPU) as f64 / total_cpu,
+                utilization_mem: (used(c, MEM) + m_used) as f64 / total_mem,
+            },
             compute_on: c.on(),
             memory_on: m_on,
             remote_mem: m_used as f64,
@@ -391,15 +393,31 @@ impl Model {
     }
 }
 
-/// A model's state at one time; all but the counts are fractions.
-#[derive(Clone, Copy, Debug)]
-pub struct Gauges {
+/// The fractions a model is measured by (docs/simulation.md).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Fractions {
     pub fragmentation_cpu: f64,
     pub fragmentation_mem: f64,
     pub switched_off_compute: f64,
     pub switched_off_memory: f64,
     pub utilization_cpu: f64,
     pub utilization_mem: f64,
+}
+
+impl Fractions {
+    pub fn to_array(self) -> [f64; 6] {
+        [self.fragmentation_cpu, self.fragmentation_mem, self.switched_off_compute, self.switched_off_memory, self.utilization_cpu, self.utilization_mem]
+    }
+
+    pub fn from_array(a: [f64; 6]) -> Fractions {
+        Fractions { fragmentation_cpu: a[0], fragmentation_mem: a[1], switched_off_compute: a[2], switched_off_memory: a[3], utilization_cpu: a[4], utilization_mem: a[5] }
+    }
+}
+
+/// A model's state at one time.
+#[derive(Clone, Copy, Debug)]
+pub struct Gauges {
+    pub fractions: Fractions,
     pub compute_on: usize,
     pub memory_on: usize,
     /// MiB on memory modules.
