@@ -6,7 +6,7 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::
 use splitos_shim_abi::{uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_PROGRAM, REGION_BASE, WELCOME_HEAP_FILE, WELCOME_UFFD_DEV};
 
 use crate::start::env;
-use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, spin_lock, spin_unlock, until_nul};
+use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, served_by_trusted_user, spin_lock, spin_unlock, until_nul};
 use crate::vm::REGION_SIZE;
 
 pub(crate) static SOCK: AtomicI32 = AtomicI32::new(-1);
@@ -70,6 +70,9 @@ pub(crate) fn connect() -> Welcomed {
     // SAFETY: the address is a live sockaddr_un of the length passed.
     if unsafe { libc::connect(sock, &sa as *const _ as *const libc::sockaddr, core::mem::size_of::<libc::sockaddr_un>() as u32) } != 0 {
         die(&[b"cannot reach the pComponent at ", path, b" (is the cluster up?)"]);
+    }
+    if !served_by_trusted_user(sock) {
+        die(&[b"the socket at ", path, b" is served by another user, not by root or this program's user: it is not a pComponent, refusing to give it this program's memory"]);
     }
     let sock = high_fd(sock);
     SOCK.store(sock, Relaxed);

@@ -18,7 +18,7 @@ use splitos_shim_abi::{udp_addr, udp_name, FromZeros, IntoBytes, NetOp, NetReq, 
 
 use crate::conn::SOCK;
 use crate::start::{env, ready};
-use crate::sys::{errno, set_errno, until_nul};
+use crate::sys::{errno, served_by_trusted_user, set_errno, until_nul};
 
 /// The kinds of sockets ([`TCP`], [`UDP`]) the pComponent said are the host's (the cluster
 /// has no nComponent, or the pComponent cannot name datagram sockets).
@@ -169,6 +169,10 @@ fn call(req: &NetReq, fd: c_int) -> (NetResp, c_int) {
     let connected = unsafe { libc::syscall(libc::SYS_connect, s, &sa as *const libc::sockaddr_un, core::mem::size_of::<libc::sockaddr_un>() as socklen_t) } == 0;
     let got = if !connected {
         resp.ret = if matches!(errno(), libc::ENOENT | libc::ECONNREFUSED) { NET_LOCAL } else { -(libc::ENETDOWN as i64) };
+        -1
+    } else if !served_by_trusted_user(s) {
+        // Another user's socket in the stub's place gets neither the call nor the descriptor.
+        resp.ret = -(libc::ENETDOWN as i64);
         -1
     } else if !send_with_fd(s, req.as_bytes(), fd) {
         resp.ret = -(libc::ENETDOWN as i64);

@@ -113,6 +113,19 @@ pub(crate) unsafe fn raw_mprotect(addr: u64, len: u64, prot: c_int) -> c_int {
     unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as c_int }
 }
 
+/// Whether the process at the other end of the connected Unix socket `fd` may be given this
+/// program's memory and sockets: it runs as root (the host's pComponent) or as this program's
+/// own user, never as another user who made a socket where the pComponent's was expected.
+pub(crate) fn served_by_trusted_user(fd: c_int) -> bool {
+    // SAFETY: ucred is plain data, valid when zeroed.
+    let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which lives across the call.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut c_void, &mut len) };
+    // SAFETY: geteuid has no preconditions.
+    r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
+}
+
 /// Moves a descriptor the shim just created (and owns) above the program's usual range.
 pub(crate) fn high_fd(fd: c_int) -> c_int {
     // SAFETY: F_DUPFD_CLOEXEC only creates a descriptor; `fd` is ours, so closing it after a

@@ -9,6 +9,7 @@
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`node`] what every component process shares (logging, metrics, registration)
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
+//! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
 // The run statistics are one json! literal with a field per counter, deeper than the default.
 #![recursion_limit = "256"]
 pub mod bench;
@@ -21,3 +22,4 @@ pub mod node;
 pub mod pmon;
 pub mod sim;
 pub mod smon;
+pub mod trusted;

@@ -44,7 +44,7 @@ struct TransportArgs {
     /// Shared memory: how long a side polls its channel before sleeping (µs).
     #[arg(long, default_value_t = TransportConfig::default().shm.spin_us)]
     shm_spin_us: u64,
-    /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /run/splitos for root, else /tmp/splitos-UID).
+    /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /run/splitos for root, else $HOME/.local/state/splitos).
     #[arg(long, default_value_t = TransportConfig::default().shm.dir)]
     shm_dir: String,
     /// This component's credentials, issued by the cluster's authority (`cluster up` makes them for the components it starts; `splitos cluster credentials --role ROLE --out FILE` for one started by hand).

@@ -429,3 +429,140 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     assert!(c.eventually(Duration::from_secs(45), |c| held(c) == 0), "unclaimed children are reaped: {}", held(&c));
     assert!(c.metric(&m, "rpc_requests_refused_total") == 0.0);
 }
+
+/// `cluster up` on a state directory in `state`, with its data beside it; a cluster it did
+/// start (which it must not have) is stopped again.
+fn up_on(state: &std::path::Path) -> std::process::Output {
+    let data = state.with_extension("data");
+    let out = Command::new(splitos()).args(["cluster", "up"]).env("SPLITOS_STATE_DIR", state).env("SPLITOS_DATA_DIR", &data).output().unwrap();
+    if out.status.success() {
+        let _ = Command::new(splitos()).args(["cluster", "down"]).env("SPLITOS_STATE_DIR", state).output();
+        unmount_under(state);
+    }
+    out
+}
+
+/// Runs a shell command as `nobody`.
+fn sh_as_nobody(cmd: &str) {
+    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd]).output().unwrap();
+    assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
+}
+
+/// A state directory that was open to other users holds what they planted while it was: a
+/// link where a log is written, a `programs/` directory of theirs (where a fake pComponent
+/// socket would be found), a link in place of a vNode's mount point. `cluster up` refuses each,
+/// naming it, and follows none of them.
+#[test]
+fn a_state_directory_others_could_write_is_refused_naming_what_they_planted() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::Builder::new().prefix("splitos-planted-").tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, "root's own\n").unwrap();
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let state = t.path().join("state");
+    let open_state = |inner: &[&str]| {
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+        for d in inner {
+            std::fs::create_dir(state.join(d)).unwrap();
+            std::fs::set_permissions(state.join(d), std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+    };
+    let (s, v, e) = (state.display(), victim.display(), elsewhere.display());
+
+    open_state(&[]);
+    sh_as_nobody(&format!("ln -s {v} {s}/gm.log"));
+    let out = up_on(&state);
+    assert!(!out.status.success() && text(&out.stderr).contains("gm.log") && text(&out.stderr).contains("uid 65534"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's own\n", "the planted link was followed");
+
+    open_state(&[]);
+    sh_as_nobody(&format!("mkdir -m 777 {s}/programs && touch {s}/programs/proc0.sock"));
+    let out = up_on(&state);
+    assert!(!out.status.success() && text(&out.stderr).contains("programs") && text(&out.stderr).contains("uid 65534"), "{}", text(&out.stderr));
+
+    open_state(&["vnodes"]);
+    sh_as_nobody(&format!("ln -s {e} {s}/vnodes/default"));
+    let out = up_on(&state);
+    assert!(!out.status.success() && text(&out.stderr).contains("vnodes/default"), "{}", text(&out.stderr));
+
+    // Taken away, the same directory is made the cluster's and serves programs.
+    open_state(&[]);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(splitos()).args(["cluster", "up"]).env("SPLITOS_STATE_DIR", &state).env("SPLITOS_DATA_DIR", state.with_extension("data")).output().unwrap();
+    let _down = ClusterDown(state.clone());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::metadata(&state).unwrap().permissions().mode() & 0o7777, 0o711);
+}
+
+/// Stops the cluster whose state is in the directory when dropped.
+struct ClusterDown(std::path::PathBuf);
+
+impl Drop for ClusterDown {
+    fn drop(&mut self) {
+        let _ = Command::new(splitos()).args(["cluster", "down"]).env("SPLITOS_STATE_DIR", &self.0).output();
+        unmount_under(&self.0);
+    }
+}
+
+/// Listens as `nobody` at argv[1] like a pComponent: sends a welcome, then reports what the
+/// client sent and how many descriptors came with it.
+const FAKE_PCOMPONENT: &str = r#"
+import os, socket, struct, sys
+l = socket.socket(socket.AF_UNIX)
+l.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o666); l.listen(4)
+print("ready", flush=True)
+l.settimeout(60)
+got, fds = 0, 0
+try:
+    s, _ = l.accept()
+    s.settimeout(10)
+    s.sendall(struct.pack("<qIIQII", -71, 5, 0, 0, 0, 0))
+    while True:
+        data, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(16 * 4))
+        if not data: break
+        got += len(data)
+        for level, kind, d in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += len(d) // 4
+except OSError:
+    pass
+print(got, fds, flush=True)
+"#;
+
+/// A socket of another user where a pComponent's is expected (named by `--pcomponent`, or
+/// handed to a program's shim) is refused before anything is sent: the fake gets no hello, and
+/// none of the program's heap or userfaultfd descriptors.
+#[test]
+fn a_socket_of_another_user_in_a_pcomponents_place_gets_nothing() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::Builder::new().prefix("splitos-fake-").tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let alice = 60011u32;
+    let shim = splitos().with_file_name("libsplitos_shim.so");
+    for (n, how) in ["launcher", "shim"].iter().enumerate() {
+        let sock = t.path().join(format!("fake{n}.sock"));
+        let mut fake = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", FAKE_PCOMPONENT, sock.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        let out = if *how == "launcher" {
+            as_user(alice, &[splitos().to_str().unwrap(), "run", "--pcomponent", sock.to_str().unwrap(), "--", "/bin/true"], &[])
+        } else {
+            as_user(alice, &["/bin/true"], &[("LD_PRELOAD", shim.to_str().unwrap()), ("SPLITOS_PCOMP_SOCK", sock.to_str().unwrap())])
+        };
+        let said = lines.next().unwrap().unwrap();
+        let _ = fake.kill();
+        let _ = fake.wait();
+        assert!(!out.status.success(), "{how}: ran with a fake pComponent");
+        assert!(text(&out.stderr).contains("uid 65534") || text(&out.stderr).contains("served by another user"), "{how}: {}", text(&out.stderr));
+        assert_eq!(said, "0 0", "{how}: the fake pComponent was sent something (bytes, descriptors)");
+    }
+}

@@ -54,7 +54,7 @@ pub struct ShmConfig {
     #[serde(default = "default_spin_us")]
     pub spin_us: u64,
     /// Where the rendezvous sockets live; empty: `$XDG_RUNTIME_DIR/splitos`, else
-    /// `/run/splitos` for root, else `/tmp/splitos-UID`. Every component of a host must agree.
+    /// `/run/splitos` for root, else `$HOME/.local/state/splitos`. Every component of a host must agree.
     #[serde(default)]
     pub dir: String,
 }
@@ -82,7 +82,11 @@ impl ShmConfig {
             Some(d) if !d.is_empty() => Path::new(&d).join("splitos"),
             // Only root may create in /run: no other user can take the name first.
             _ if uid == 0 => PathBuf::from("/run/splitos"),
-            _ => PathBuf::from(format!("/tmp/splitos-{uid}")),
+            // Never a shared directory such as /tmp, where another user could make it first.
+            _ => match std::env::var_os("HOME") {
+                Some(h) if !h.is_empty() => Path::new(&h).join(".local/state/splitos"),
+                _ => PathBuf::from(format!("/run/user/{uid}/splitos")),
+            },
         }
     }
 }

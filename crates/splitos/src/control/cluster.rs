@@ -1,5 +1,4 @@
 //! Starting, finding, inspecting and stopping a cluster of component processes on this host.
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,7 +20,9 @@ pub struct ClusterState {
 }
 
 /// The directory of the long-lived cluster's state: $SPLITOS_STATE_DIR, else /run/splitos
-/// for root, else a directory in the temp dir named after the user.
+/// for root, else the user's own runtime directory ($XDG_RUNTIME_DIR/splitos), else one in
+/// the user's home: never a shared directory such as /tmp, where another user could make it
+/// first.
 pub fn state_dir() -> PathBuf {
     if let Ok(d) = std::env::var("SPLITOS_STATE_DIR") {
         return PathBuf::from(d);
@@ -29,10 +30,21 @@ pub fn state_dir() -> PathBuf {
     // SAFETY: getuid takes nothing and cannot fail.
     let uid = unsafe { libc::getuid() };
     if uid == 0 {
-        PathBuf::from("/run/splitos")
-    } else {
-        std::env::temp_dir().join(format!("splitos-{uid}"))
+        return PathBuf::from("/run/splitos");
     }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("splitos"),
+        _ => home().join(".local/state/splitos"),
+    }
+}
+
+/// This user's home: $HOME, else the one the user database names.
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.dir))
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"))
 }
 
 /// Where sComponents keep files unless configured otherwise: $SPLITOS_DATA_DIR, else
@@ -46,7 +58,7 @@ pub fn data_dir() -> PathBuf {
     if unsafe { libc::getuid() } == 0 {
         return PathBuf::from("/var/lib/splitos");
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share/splitos")).unwrap_or_else(|| std::env::temp_dir().join("splitos-data"))
+    home().join(".local/share/splitos")
 }
 
 /// The state directory of the host's cluster, the one users run programs on:
@@ -144,7 +156,7 @@ fn spawn(dir: &Path, name: &str, args: &[String], detach: bool, netns: Option<&s
     let ready = dir.join(format!("{name}.ready"));
     let _ = std::fs::remove_file(&ready);
     // Logs name programs, vNodes and addresses: for root (the admin) only.
-    let log = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(dir.join(format!("{name}.log")))?;
+    let log = crate::trusted::new_file(&dir.join(format!("{name}.log")), 0o600).map_err(|e| anyhow::anyhow!("cannot create {name}'s log in {}: {e}", dir.display()))?;
     let mut cmd = Command::new(self_exe()?);
     cmd.args(args).arg("--ready-file").arg(&ready).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     cmd.env_remove("LD_PRELOAD");
@@ -191,22 +203,13 @@ fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow
 /// Creates the state directory so that its user alone lists it (`0711`), or makes an existing
 /// one of that user so: it holds the secrets, the logs, the PID record and the rendezvous
 /// sockets of shared memory, all its user's alone, and the two directories other users need
-/// to pass through to: `programs` (the program sockets) and `vnodes` (the mounts).
+/// to pass through to: `programs` (the program sockets) and `vnodes` (the mounts). A tree that
+/// another user could change, or that holds what its user did not make, is refused.
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(dir).map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", dir.display()))?;
-    let m = std::fs::metadata(dir)?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if m.uid() != me {
-        anyhow::bail!("the state directory {} belongs to uid {}, not to this user (uid {me})", dir.display(), m.uid());
-    }
-    if m.mode() & 0o7777 != 0o711 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
-    }
+    let state = |e: anyhow::Error| anyhow::anyhow!("the state directory {}: {e}", dir.display());
+    crate::trusted::own_dir(dir, 0o711).map_err(state)?;
     for d in [programs_dir(dir), vnodes_dir(dir)] {
-        std::fs::create_dir_all(&d)?;
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+        crate::trusted::own_dir(&d, 0o755).map_err(state)?;
     }
     Ok(())
 }

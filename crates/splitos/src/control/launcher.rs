@@ -25,6 +25,11 @@ impl Launcher {
     /// counters when this connection ends.
     pub fn connect(path: &Path, vnode: &str, run_id: u64) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
         let sock = UnixStream::connect(path).map_err(|e| anyhow::anyhow!("cannot reach the pComponent's program socket {}: {e}", path.display()))?;
+        // Before anything is said: a pComponent is root's (the host's cluster) or this user's.
+        let peer = crate::trusted::peer_uid(&sock).map_err(|e| anyhow::anyhow!("cannot tell who serves the program socket {}: {e}", path.display()))?;
+        if !crate::trusted::trusted_server(peer) {
+            anyhow::bail!("the program socket {} is served by uid {peer}, neither root nor this user: it is not a pComponent of this host's cluster, refusing to run there", path.display());
+        }
         let mut l = Launcher { sock, path: path.to_path_buf() };
         let mut w = Welcome::new_zeroed();
         // The descriptors a welcome brings are for programs: dropped (closed) here.

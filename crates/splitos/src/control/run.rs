@@ -143,6 +143,11 @@ fn target(a: &RunArgs) -> anyhow::Result<Target> {
     // SAFETY: geteuid takes nothing and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         let dir = cluster::programs_dir(&cluster::host_state_dir());
+        // Only the cluster's user may have made what is found there: a socket another user
+        // put in its place would be handed this program's memory.
+        if dir.exists() {
+            crate::trusted::check_path(&dir).map_err(|e| anyhow::anyhow!("will not look for the host's pComponent there: {e}"))?;
+        }
         let mut socks: Vec<PathBuf> = std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
         socks.sort();
         return socks.into_iter().next().map(Target::Socket).ok_or_else(|| {

@@ -26,6 +26,7 @@ mod vfs;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -389,6 +390,11 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
     }
     let grants = grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
+    // Programs of every user hand their memory to whoever answers at the program socket, and
+    // vNodes are mounted by name under the vNode root: no other user may have a hand in either.
+    let sock_dir = args.shim_sock.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    crate::trusted::check_path(sock_dir).map_err(|e| anyhow::anyhow!("the program socket's directory: {e}"))?;
+    crate::trusted::own_dir(&args.vnode_root, 0o755).map_err(|e| anyhow::anyhow!("the vNode root: {e}"))?;
     let uffd_dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").map(OwnedFd::from);
     if let Err(e) = &uffd_dev {
         tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");

@@ -706,8 +706,9 @@ pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
 pub fn unmount(dir: &Path) {
     if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
         // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it. The
-        // result is not needed: EINVAL (nothing mounted there) is the usual case.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        // result is not needed: EINVAL (nothing mounted there) is the usual case. A link in the
+        // mount point's place is not followed: it never names one of our mounts.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
     }
 }
 
@@ -722,6 +723,25 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .collect();
     v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     v
+}
+
+/// Makes `dir` a mount point only this pComponent could have made: a directory of its own in
+/// the vNode root it checked at start (which no one else can write). Anything else in its place
+/// is refused, never mounted over or through.
+fn mount_point(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create mount point {}: {e}", dir.display())),
+    }
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("mount point {}: {e}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me {
+        return Err(format!("mount point {} is not a directory of this pComponent's user (uid {me}): refusing to mount there", dir.display()));
+    }
+    Ok(())
 }
 
 impl Mounts {
@@ -740,7 +760,7 @@ impl Mounts {
         fs.storage().map_err(|_| ERR::new(ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
         let dir = self.root.join(vnode);
         unmount(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot create mount point {}: {e}", dir.display())))?;
+        mount_point(&dir).map_err(|e| ERR::new(ErrCode::Internal, e))?;
         let mut cfg = fuser::Config::default();
         // Users share the mount: a set-user-ID file or a device node there must grant nothing.
         cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions, MountOption::NoSuid, MountOption::NoDev];

@@ -25,10 +25,11 @@ impl Store {
     /// Opens (or creates) the store under `dir`. Inodes detached by an earlier run and never
     /// dropped (their pComponent went away) are freed now.
     pub fn open(dir: &Path, quota: u64) -> anyhow::Result<Store> {
-        std::fs::create_dir_all(dir.join("data"))?;
         // File data is the vNodes' users', who reach it only through their mounts, where the
-        // modes recorded here are enforced: on this host's disk it is the sComponent's alone.
-        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(|e| anyhow::anyhow!("cannot make the storage directory {} private: {e}", dir.display()))?;
+        // modes recorded here are enforced: on this host's disk it is the sComponent's alone,
+        // and a tree another user could have planted links in is refused.
+        crate::trusted::own_dir(dir, 0o700).map_err(|e| anyhow::anyhow!("the storage directory: {e}"))?;
+        std::fs::create_dir_all(dir.join("data"))?;
         let db = Database::create(dir.join("namespace.redb")).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!("storage directory {} is in use by another sComponent", dir.display()),
             e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
