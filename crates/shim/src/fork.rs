@@ -53,8 +53,8 @@ pub extern "C" fn fork() -> pid_t {
     pid
 }
 
-/// Runs first among the child's fork handlers (registered at load), so that handlers of other
-/// libraries already find a heap.
+/// Runs first among the child's fork handlers (registered at the shim's first use), so that
+/// handlers of other libraries already find a heap.
 pub(crate) extern "C" fn child_after_fork() {
     let token = FORK_TOKEN.swap(0, AcqRel);
     if token == 0 {
