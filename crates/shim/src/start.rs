@@ -142,14 +142,6 @@ unsafe fn init() -> bool {
         die(&[b"no pComponent is named (SPLITOS_PCOMP_SOCK is not set), so this program's memory would not be \
                disaggregated. Start it with `splitos run`, or set SPLITOS_ALLOW_NATIVE=1 to run it natively."]);
     }
-    // The fork child handler sets the child's heap up, so it must run before the handlers of
-    // every library that keeps state in the heap (jemalloc resets its locks there). Child
-    // handlers run in the order they were registered, and the constructors of the program's
-    // libraries run before this library's and may already allocate and register theirs: so
-    // the handler is registered here, at the shim's first use, which precedes any heap use.
-    // SAFETY: registers a handler that stays valid (this library is never unloaded: it is
-    // preloaded); no other arguments.
-    unsafe { libc::pthread_atfork(None, None, Some(fork::child_after_fork)) };
     let size = parse_u64(getenv(c"SPLITOS_REGION_SIZE")).unwrap_or(DEFAULT_REGION_SIZE);
     debug_assert_eq!(ENV_REGION_SIZE, "SPLITOS_REGION_SIZE");
     if sock.len() >= e.sock.len() {
@@ -176,11 +168,13 @@ unsafe fn init() -> bool {
 static CONSTRUCTOR: extern "C" fn() = constructor;
 
 /// Sets the region up before main (unless a library's constructor used it already), so that
-/// the program's first allocation finds it.
+/// the program's first allocation finds it, and registers the fork child handler (unless a
+/// library's constructor registered handlers already, and so it).
 extern "C" fn constructor() {
     fork::REAL_FORK.resolve();
     for f in exec::REAL {
         f.resolve();
     }
+    fork::register_child_handler();
     ready();
 }

@@ -253,3 +253,20 @@ fn redis_server_daemonizes_under_splitos_and_its_daemon_saves_with_bgsave() {
     let p = c.components("pcomponent").remove(0);
     assert_eq!(p["stats"]["totals"]["processes"], 3, "{}", p["stats"]["totals"]);
 }
+
+#[test]
+fn a_library_that_registers_fork_handlers_before_the_shim_starts_finds_the_childs_heap() {
+    // The library's constructor runs before the preloaded shim's and registers its handlers
+    // before anything uses the heap; its child handler writes to heap memory allocated later.
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, prog) = (dir.path().join("libatfork_early_lib.so"), dir.path().join("atfork_early"));
+    let cc = |args: &[&std::ffi::OsStr]| assert!(std::process::Command::new("gcc").arg("-O2").args(args).status().unwrap().success(), "gcc {args:?}");
+    cc(&["-shared".as_ref(), "-fPIC".as_ref(), "-o".as_ref(), lib.as_os_str(), programs_src().join("atfork_early_lib.c").as_os_str()]);
+    let rpath = format!("-Wl,-rpath,{}", dir.path().display());
+    let libdir = format!("-L{}", dir.path().display());
+    cc(&["-o".as_ref(), prog.as_os_str(), programs_src().join("atfork_early.c").as_os_str(), libdir.as_ref(), "-latfork_early_lib".as_ref(), rpath.as_ref()]);
+    let (out, s) = same_as_native_with_stats(&[], &[prog.to_str().unwrap()]);
+    assert_eq!(text(&out.stdout), "child: rewritten by the library's child handler\nchild exited 0\nparent: written in the parent\n");
+    // The parent and the child, whose heap the pComponent set up before the library's handler ran.
+    assert_eq!(n(&s, "processes"), 2, "{s}");
+}
