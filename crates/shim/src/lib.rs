@@ -15,7 +15,8 @@
 //! - `conn`: the connection to the pComponent (hello with the descriptors, request/response);
 //! - `vm`: the heap region and the virtual-memory calls that land on it;
 //! - `brk`: the program break, emulated inside the region;
-//! - `fork`: fork, giving the child a private copy through the mComponents;
+//! - `fork`: fork, giving the child a private copy through the mComponents, and the
+//!   registration of fork handlers, the shim's own child handler first;
 //! - `exec`: the exec family and spawn, so that a new image keeps the shim;
 //! - `heap`: the malloc family;
 //! - `net`: TCP sockets run by an nComponent (the socket stub's program side);

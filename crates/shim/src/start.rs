@@ -167,15 +167,14 @@ unsafe fn init() -> bool {
 #[link_section = ".init_array"]
 static CONSTRUCTOR: extern "C" fn() = constructor;
 
-/// Sets the region up before main, so that the program's first allocation finds it, and
-/// registers the fork child handler first, so that other libraries' handlers find a heap.
+/// Sets the region up before main (unless a library's constructor used it already), so that
+/// the program's first allocation finds it, and registers the fork child handler (unless a
+/// library's constructor registered handlers already, and so it).
 extern "C" fn constructor() {
     fork::REAL_FORK.resolve();
     for f in exec::REAL {
         f.resolve();
     }
-    // SAFETY: registers a handler that stays valid (this library is never unloaded: it is
-    // preloaded); no other arguments.
-    unsafe { libc::pthread_atfork(None, None, Some(fork::child_after_fork)) };
+    fork::register_child_handler();
     ready();
 }

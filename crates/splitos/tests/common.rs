@@ -34,6 +34,9 @@ pub fn program(name: &str) -> PathBuf {
     let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let (src, cc, extra): (PathBuf, &str, &[&str]) = if name == "static_hello" {
         (programs_src().join("static_hello.c"), "gcc", &["-static"])
+    } else if name.starts_with("jemalloc") {
+        // Linked with the system's jemalloc, as Debian's redis-server is.
+        (programs_src().join(format!("{name}.c")), "gcc", &["-pthread", "-ljemalloc"])
     } else if programs_src().join(format!("{name}.cpp")).exists() {
         (programs_src().join(format!("{name}.cpp")), "g++", &[])
     } else {
