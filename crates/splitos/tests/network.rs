@@ -603,6 +603,13 @@ fn raw_socket_system_calls_go_through_the_stub_and_cannot_reach_another_vnodes_p
     assert_eq!(text(&b.stdout), "connect: Connection refused\n", "{}", text(&b.stderr));
     let b = in_vnode("b", &["sh", "-c", &format!("{raw} connect 8732; echo exit $?")]).output().unwrap();
     assert_eq!(text(&b.stdout), "connect: Connection refused\nexit 1\n", "{}", text(&b.stderr));
+    // A statically linked copy, which the shim cannot be loaded into, keeps the filter and
+    // is stopped at its first network socket (SIGSYS) rather than reach the port.
+    let dir = tempfile::tempdir().unwrap();
+    let fixed = dir.path().join("rawnet-static");
+    assert!(Command::new("gcc").args(["-O2", "-static", "-o"]).arg(&fixed).arg(programs_src().join("rawnet.c")).status().unwrap().success());
+    let b = in_vnode("b", &["sh", "-c", &format!("{} connect 8732; echo exit $?", fixed.display())]).output().unwrap();
+    assert_eq!(text(&b.stdout), format!("exit {}\n", 128 + libc::SIGSYS), "{}", text(&b.stderr));
     // vNode a's own client reaches it, output as native.
     let a = in_vnode("a", &[raw, "connect", "8732"]).output().unwrap();
     assert_eq!(text(&a.stdout), text(&native.stdout), "{}", text(&a.stderr));
