@@ -20,6 +20,7 @@
 //! - `exec`: the exec family and spawn, so that a new image keeps the shim;
 //! - `heap`: the malloc family;
 //! - `net`: TCP sockets run by an nComponent (the socket stub's program side);
+//! - `trap`: the seccomp filter that sends the program's own socket system calls to `net`;
 //! - `sys`: raw system calls and the allocation-free helpers everything above uses.
 #![deny(unsafe_op_in_unsafe_fn)]
 // The exported functions are C's: their contract is that of the function they replace.
@@ -33,6 +34,7 @@ mod heap;
 mod net;
 mod start;
 mod sys;
+mod trap;
 mod vm;
 
 pub use brk::*;

@@ -17,6 +17,7 @@ use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use splitos_shim_abi::{udp_addr, udp_name, FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, NET_UDP_MAX, NET_UDP_SUFFIX, SHIM_ABI_VERSION};
 
 use crate::conn::SOCK;
+use crate::trap::sys;
 use crate::start::{env, ready};
 use crate::sys::{errno, served_by_trusted_user, set_errno, until_nul};
 
@@ -50,7 +51,7 @@ fn pcomp_pid() -> c_int {
 /// As getsockopt(2): `val` has room for `*len` bytes.
 unsafe fn raw_getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe { libc::syscall(libc::SYS_getsockopt, fd, level, name, val, len) as c_int }
+    unsafe { sys!(libc::SYS_getsockopt, fd, level, name, val, len) as c_int }
 }
 
 /// A UDP socket's name: the path of its Unix datagram socket.
@@ -85,7 +86,7 @@ fn classify(fd: c_int) -> Kind {
     let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
     let mut len = core::mem::size_of::<libc::sockaddr_un>() as socklen_t;
     // SAFETY: getsockname writes at most `len` bytes into the live sockaddr_un.
-    let r = unsafe { libc::syscall(libc::SYS_getsockname, fd, &mut sa as *mut libc::sockaddr_un, &mut len) };
+    let r = unsafe { sys!(libc::SYS_getsockname, fd, &mut sa as *mut libc::sockaddr_un, &mut len as *mut socklen_t) };
     set_errno(saved);
     if r != 0 || sa.sun_family != libc::AF_UNIX as libc::sa_family_t {
         return Kind::Other;
@@ -159,14 +160,14 @@ fn call(req: &NetReq, fd: c_int) -> (NetResp, c_int) {
         sa.sun_path[i] = *b as c_char;
     }
     // SAFETY: socket(2) creates a descriptor, closed below.
-    let s = unsafe { libc::syscall(libc::SYS_socket, libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) } as c_int;
+    let s = unsafe { sys!(libc::SYS_socket, libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) } as c_int;
     if s < 0 {
         resp.ret = -(errno() as i64);
         return (resp, -1);
     }
     let saved = errno();
     // SAFETY: the address is a live sockaddr_un of the length passed.
-    let connected = unsafe { libc::syscall(libc::SYS_connect, s, &sa as *const libc::sockaddr_un, core::mem::size_of::<libc::sockaddr_un>() as socklen_t) } == 0;
+    let connected = unsafe { sys!(libc::SYS_connect, s, &sa as *const libc::sockaddr_un, core::mem::size_of::<libc::sockaddr_un>() as socklen_t) } == 0;
     let got = if !connected {
         resp.ret = if matches!(errno(), libc::ENOENT | libc::ECONNREFUSED) { NET_LOCAL } else { -(libc::ENETDOWN as i64) };
         -1
@@ -188,7 +189,7 @@ fn call(req: &NetReq, fd: c_int) -> (NetResp, c_int) {
         }
     };
     // SAFETY: closes the descriptor made above.
-    unsafe { libc::syscall(libc::SYS_close, s) };
+    unsafe { sys!(libc::SYS_close, s) };
     set_errno(saved);
     (resp, got)
 }
@@ -215,7 +216,7 @@ fn send_with_fd(s: c_int, bytes: &[u8], fd: c_int) -> bool {
     }
     loop {
         // SAFETY: the message points at live bytes and at cbuf; sendmsg only reads them.
-        let n = unsafe { libc::syscall(libc::SYS_sendmsg, s, &msg as *const libc::msghdr, libc::MSG_NOSIGNAL) };
+        let n = unsafe { sys!(libc::SYS_sendmsg, s, &msg as *const libc::msghdr, libc::MSG_NOSIGNAL) };
         // A signal before anything was sent: send it again (the record is small enough to go
         // whole, or not at all).
         if n < 0 && errno() == libc::EINTR {
@@ -240,7 +241,7 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     let n = loop {
         // SAFETY: the message points at the live buffer and cbuf, sized as declared; a
         // descriptor the kernel installs is ours alone.
-        let n = unsafe { libc::syscall(libc::SYS_recvmsg, s, &mut msg as *mut libc::msghdr, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+        let n = unsafe { sys!(libc::SYS_recvmsg, s, &mut msg as *mut libc::msghdr, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
         if !(n < 0 && errno() == libc::EINTR) {
             break n;
         }
@@ -258,7 +259,7 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     let mut got = n.max(0) as usize;
     while n > 0 && got < buf.len() {
         // SAFETY: reads into the unfilled tail of the live buffer.
-        let m = unsafe { libc::syscall(libc::SYS_recvfrom, s, buf[got..].as_mut_ptr(), buf.len() - got, libc::MSG_WAITALL, 0usize, 0usize) };
+        let m = unsafe { sys!(libc::SYS_recvfrom, s, buf[got..].as_mut_ptr(), buf.len() - got, libc::MSG_WAITALL, 0usize, 0usize) };
         if m > 0 {
             got += m as usize;
         } else if !(m < 0 && errno() == libc::EINTR) {
@@ -268,7 +269,7 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     if got != buf.len() {
         if fd >= 0 {
             // SAFETY: a descriptor just installed for us that nothing else knows.
-            unsafe { libc::syscall(libc::SYS_close, fd) };
+            unsafe { sys!(libc::SYS_close, fd) };
         }
         return None;
     }
@@ -287,11 +288,11 @@ fn apply_flags(fd: c_int, flags: c_int) {
     // SAFETY: fcntl(2) on a descriptor just received.
     unsafe {
         if flags & libc::SOCK_CLOEXEC == 0 {
-            libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, 0);
+            sys!(libc::SYS_fcntl, fd, libc::F_SETFD, 0);
         }
         if flags & libc::SOCK_NONBLOCK != 0 {
-            let fl = libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL);
-            libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFL, fl | libc::O_NONBLOCK as i64);
+            let fl = sys!(libc::SYS_fcntl, fd, libc::F_GETFL);
+            sys!(libc::SYS_fcntl, fd, libc::F_SETFL, fl | libc::O_NONBLOCK as i64);
         }
     }
 }
@@ -348,7 +349,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         LOCAL_STACK.fetch_or(kind, Relaxed);
     }
     // SAFETY: socket(2) takes no pointers.
-    unsafe { libc::syscall(libc::SYS_socket, domain, ty, protocol) as c_int }
+    unsafe { sys!(libc::SYS_socket, domain, ty, protocol) as c_int }
 }
 
 /// One call about a socket of ours; None: the kernel's.
@@ -359,7 +360,7 @@ fn on_socket(fd: c_int, req: &NetReq) -> Option<NetResp> {
     let (r, extra) = call(req, fd);
     if extra >= 0 {
         // SAFETY: a descriptor nothing asked for.
-        unsafe { libc::syscall(libc::SYS_close, extra) };
+        unsafe { sys!(libc::SYS_close, extra) };
     }
     (r.ret != NET_LOCAL).then_some(r)
 }
@@ -379,7 +380,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     match on_socket(fd, &request(NetOp::Bind, 0, 0, 0, bytes)) {
         Some(r) => answer(&r),
         // SAFETY: bind(2) with the caller's arguments.
-        None => unsafe { libc::syscall(libc::SYS_bind, fd, addr, len) as c_int },
+        None => unsafe { sys!(libc::SYS_bind, fd, addr, len) as c_int },
     }
 }
 
@@ -388,7 +389,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     match on_socket(fd, &request(NetOp::Listen, backlog as i64, 0, 0, &[])) {
         Some(r) => answer(&r),
         // SAFETY: listen(2) takes no pointers.
-        None => unsafe { libc::syscall(libc::SYS_listen, fd, backlog) as c_int },
+        None => unsafe { sys!(libc::SYS_listen, fd, backlog) as c_int },
     }
 }
 
@@ -398,21 +399,21 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let bytes = unsafe { addr_bytes(addr, len) };
     if bridged(fd) {
         // SAFETY: fcntl(2) takes no pointers here.
-        let nonblocking = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) } & libc::O_NONBLOCK as i64 != 0;
+        let nonblocking = unsafe { sys!(libc::SYS_fcntl, fd, libc::F_GETFL) } & libc::O_NONBLOCK as i64 != 0;
         let (r, _) = call(&request(NetOp::Connect, nonblocking as i64, 0, 0, bytes), fd);
         if r.ret != NET_LOCAL {
             return answer(&r);
         }
     }
     // SAFETY: connect(2) with the caller's arguments.
-    unsafe { libc::syscall(libc::SYS_connect, fd, addr, len) as c_int }
+    unsafe { sys!(libc::SYS_connect, fd, addr, len) as c_int }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     if !bridged(fd) {
         // SAFETY: accept4(2) with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as c_int };
+        return unsafe { sys!(libc::SYS_accept4, fd, addr, len, flags) as c_int };
     }
     // The pComponent marks a listening socket's end (SO_PASSCRED): accept on any other
     // socket fails at once, as the kernel's does, without touching its bytes.
@@ -428,7 +429,7 @@ pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut sockl
     // The end of the stream means the socket failed: the pComponent says how.
     let mut token = 0u8;
     // SAFETY: reads one byte into a live u8.
-    let n = unsafe { libc::syscall(libc::SYS_recvfrom, fd, &mut token as *mut u8, 1, 0, 0usize, 0usize) };
+    let n = unsafe { sys!(libc::SYS_recvfrom, fd, &mut token as *mut u8, 1, 0, 0usize, 0usize) };
     if n < 0 {
         return -1;
     }
@@ -461,7 +462,7 @@ unsafe fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, op: NetOp, n
             0
         }
         // SAFETY: the system call with the caller's arguments.
-        None => unsafe { libc::syscall(nr, fd, addr, len) as c_int },
+        None => unsafe { sys!(nr, fd, addr, len) as c_int },
     }
 }
 
@@ -518,7 +519,7 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, opt: c_int, val: *c
         }
     }
     // SAFETY: setsockopt(2) with the caller's arguments.
-    unsafe { libc::syscall(libc::SYS_setsockopt, fd, level, opt, val, len) as c_int }
+    unsafe { sys!(libc::SYS_setsockopt, fd, level, opt, val, len) as c_int }
 }
 
 /// Sends a UDP socket's datagram of `n` bytes to the sender of `dest` (a sockaddr's bytes):
@@ -566,7 +567,7 @@ pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags:
                 // SAFETY: the caller's contract (sendto(2)).
                 let dest = unsafe { addr_bytes(addr, len) };
                 // SAFETY: sendto(2) with the caller's buffer and a live sockaddr_un.
-                return udp_send(fd, &own, dest, n, |sa, salen| unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t });
+                return udp_send(fd, &own, dest, n, |sa, salen| unsafe { sys!(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t });
             }
             // A connected TCP socket ignores a destination; its Unix end would refuse one.
             Kind::Unix if paired(fd) => (core::ptr::null(), 0),
@@ -576,7 +577,7 @@ pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags:
         (addr, len)
     };
     // SAFETY: sendto(2) with the caller's arguments.
-    unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, addr, len) as ssize_t }
+    unsafe { sys!(libc::SYS_sendto, fd, buf, n, flags, addr, len) as ssize_t }
 }
 
 /// The bytes a message carries.
@@ -602,7 +603,7 @@ unsafe fn udp_sendmsg(fd: c_int, own: &UdpName, msg: &libc::msghdr, flags: c_int
         m.msg_name = sa as *mut c_void;
         m.msg_namelen = salen;
         // SAFETY: sendmsg(2) with the caller's buffers and a live sockaddr_un.
-        unsafe { libc::syscall(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t }
+        unsafe { sys!(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t }
     })
 }
 
@@ -621,18 +622,18 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
             m.msg_name = core::ptr::null_mut();
             m.msg_namelen = 0;
             // SAFETY: sendmsg(2) with the caller's buffers.
-            return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t };
+            return unsafe { sys!(libc::SYS_sendmsg, fd, &m as *const libc::msghdr, flags) as ssize_t };
         }
     }
     // SAFETY: sendmsg(2) with the caller's arguments.
-    unsafe { libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as ssize_t }
+    unsafe { sys!(libc::SYS_sendmsg, fd, msg, flags) as ssize_t }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc::c_uint, flags: c_int) -> c_int {
     let Some(own) = udp_self(fd) else {
         // SAFETY: sendmmsg(2) with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_sendmmsg, fd, vec, vlen, flags) as c_int };
+        return unsafe { sys!(libc::SYS_sendmmsg, fd, vec, vlen, flags) as c_int };
     };
     // One at a time, each to its destination's sender; as the kernel's, the count of those
     // sent, or the first one's error.
@@ -641,7 +642,7 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
         let mm = unsafe { &mut *vec.add(i) };
         let r = if mm.msg_hdr.msg_name.is_null() || mm.msg_hdr.msg_namelen == 0 {
             // SAFETY: sendmsg(2) with the caller's message.
-            unsafe { libc::syscall(libc::SYS_sendmsg, fd, &mm.msg_hdr as *const libc::msghdr, flags) as ssize_t }
+            unsafe { sys!(libc::SYS_sendmsg, fd, &mm.msg_hdr as *const libc::msghdr, flags) as ssize_t }
         } else {
             // SAFETY: as above.
             unsafe { udp_sendmsg(fd, &own, &mm.msg_hdr, flags) }
@@ -705,14 +706,14 @@ fn reset_or(fd: c_int, want: usize, n: ssize_t) -> ssize_t {
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: read(2) with the caller's arguments.
-    let r = unsafe { libc::syscall(libc::SYS_read, fd, buf, n) as ssize_t };
+    let r = unsafe { sys!(libc::SYS_read, fd, buf, n) as ssize_t };
     reset_or(fd, n, r)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: recvfrom(2) with the caller's arguments and no address.
-    let r = unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, 0usize, 0usize) as ssize_t };
+    let r = unsafe { sys!(libc::SYS_recvfrom, fd, buf, n, flags, 0usize, 0usize) as ssize_t };
     reset_or(fd, n, r)
 }
 
@@ -720,13 +721,13 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
 pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t {
     if addr.is_null() || alen.is_null() || !crate::start::is_ready() {
         // SAFETY: recvfrom(2) with the caller's arguments.
-        return reset_or(fd, n, unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t });
+        return reset_or(fd, n, unsafe { sys!(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t });
     }
     // SAFETY: sockaddr_storage is plain data, valid when zeroed.
     let mut raw: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
     let mut rlen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
     // SAFETY: recvfrom(2) with the caller's buffer and a live address of the size given.
-    let r = unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, &mut raw as *mut libc::sockaddr_storage, &mut rlen) as ssize_t };
+    let r = unsafe { sys!(libc::SYS_recvfrom, fd, buf, n, flags, &mut raw as *mut libc::sockaddr_storage, &mut rlen as *mut socklen_t) as ssize_t };
     if r >= 0 {
         // SAFETY: the kernel wrote `rlen` bytes (at most the size) of the live value.
         let bytes = unsafe { core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>()) };
@@ -743,7 +744,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
     // SAFETY: the caller's contract: `msg` is a readable msghdr.
     if msg.is_null() || unsafe { (*msg).msg_name }.is_null() || !crate::start::is_ready() {
         // SAFETY: recvmsg(2) with the caller's arguments.
-        let r = unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t };
+        let r = unsafe { sys!(libc::SYS_recvmsg, fd, msg, flags) as ssize_t };
         // SAFETY: the caller's contract: a readable msghdr, if any.
         let want = if msg.is_null() { 0 } else { unsafe { msg_len(&*msg) } };
         return reset_or(fd, want, r);
@@ -755,7 +756,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
     m.msg_name = (&mut raw as *mut libc::sockaddr_storage).cast();
     m.msg_namelen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
     // SAFETY: recvmsg(2) with the caller's buffers and a live address of the size given.
-    let r = unsafe { libc::syscall(libc::SYS_recvmsg, fd, &mut m as *mut libc::msghdr, flags) as ssize_t };
+    let r = unsafe { sys!(libc::SYS_recvmsg, fd, &mut m as *mut libc::msghdr, flags) as ssize_t };
     if r >= 0 {
         // SAFETY: the caller's msghdr, written back as the kernel would have.
         unsafe {
@@ -779,7 +780,7 @@ pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
     let own = match udp_self(fd) {
         Some(own) if !vec.is_null() => own,
         // SAFETY: recvmmsg(2) with the caller's arguments.
-        _ => return unsafe { libc::syscall(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int },
+        _ => return unsafe { sys!(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int },
     };
     let n = (vlen as usize).min(MMSG);
     // SAFETY: sockaddr_storage is plain data, valid when zeroed.
@@ -794,7 +795,7 @@ pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
             h.msg_name = (&mut raw[i] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
         }
-        let r = libc::syscall(libc::SYS_recvmmsg, fd, vec, n as libc::c_uint, flags, timeout) as c_int;
+        let r = sys!(libc::SYS_recvmmsg, fd, vec, n as libc::c_uint, flags, timeout) as c_int;
         let saved = errno();
         for i in 0..n {
             let h = &mut (*vec.add(i)).msg_hdr;

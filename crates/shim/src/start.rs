@@ -4,7 +4,7 @@ use core::sync::atomic::{AtomicU32, Ordering::*};
 use splitos_shim_abi::{DEFAULT_REGION_SIZE, ENV_ALLOW_NATIVE, ENV_REGION_SIZE, ENV_RUN_ID, ENV_SOCK, ENV_VNODE};
 
 use crate::sys::{cstr, die, parse_u64, PAGE};
-use crate::{exec, fork, vm};
+use crate::{exec, fork, trap, vm};
 
 const UNINIT: u32 = 0;
 const INITIALIZING: u32 = 1;
@@ -158,6 +158,9 @@ unsafe fn init() -> bool {
     // SAFETY: a plain setter; mimalloc reads the option when it next reserves an arena. Its
     // default reserve would commit a GiB of an mComponent per process.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_RESERVE, 64 * 1024) };
+    // Before the shim's first socket call: the filter of the image that exec'd this one,
+    // if any, already traps the calls not made from the gate.
+    trap::install();
     // SAFETY: first set-up of this process's region: nothing lives in its range yet.
     unsafe { vm::setup_region(0) };
     true

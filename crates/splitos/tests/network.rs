@@ -565,3 +565,60 @@ fn a_connection_the_peer_resets_reads_as_reset_as_natively() {
     let under = run_on(&h, &c, "p1", &[&py, "-c", RESET_CLIENT, &out, "8781"]).output().unwrap();
     assert_eq!(text(&under.stdout), text(&native.stdout), "{}", text(&under.stderr));
 }
+
+#[test]
+fn raw_socket_system_calls_go_through_the_stub_and_cannot_reach_another_vnodes_port() {
+    let h = Hosts::new(&["p1"]);
+    // One host: a listener of vNode a is a real port on this host's loopback, where a raw
+    // connect that bypassed the stub would reach it.
+    let cfg = format!(
+        "[cluster]\ngm = \"{ip}:0\"\nnetns = \"{ns}\"\n[[pcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[mcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[ncomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[vnode]]\nname = \"a\"\nusers = [\"root\"]\n[[vnode]]\nname = \"b\"\nusers = [\"root\"]\n",
+        ns = h.netns("p1"),
+        ip = h.addr("p1")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    let raw = program("rawnet");
+    let raw = raw.to_str().unwrap();
+    let in_vnode = |vnode: &str, prog: &[&str]| {
+        let mut cmd = h.exec("p1", &[splitos().to_str().unwrap(), "run", "--vnode", vnode, "--"]);
+        cmd.args(prog).env("SPLITOS_STATE_DIR", c.dir.path()).env("SPLITOS_DATA_DIR", c.dir.path().join("data")).env_remove("SPLITOS_GM");
+        cmd
+    };
+    // A server serves one connection and ends; the hosts end any left (their processes).
+    let rest = |s: Child| text(&s.wait_with_output().unwrap().stdout);
+
+    // Natively, on this host.
+    let mut server = h.exec("p1", &[raw, "serve", "8731"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    assert_eq!(read_line(&mut server), "listening on 127.0.0.1:8731\n");
+    let native = h.exec("p1", &[raw, "connect", "8731"]).output().unwrap();
+    assert!(native.status.success(), "{}", text(&native.stderr));
+    let native_server = rest(server);
+
+    // vNode a's server, raw calls too.
+    let mut server = in_vnode("a", &[raw, "serve", "8732"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    assert_eq!(read_line(&mut server), "listening on 127.0.0.1:8732\n");
+    // vNode b's raw connect is refused, as an unreachable port is; also from an image a shell
+    // forked and exec'd (the filter stays across exec; the new image's shim serves its calls).
+    let b = in_vnode("b", &[raw, "connect", "8732"]).output().unwrap();
+    assert_eq!(text(&b.stdout), "connect: Connection refused\n", "{}", text(&b.stderr));
+    let b = in_vnode("b", &["sh", "-c", &format!("{raw} connect 8732; echo exit $?")]).output().unwrap();
+    assert_eq!(text(&b.stdout), "connect: Connection refused\nexit 1\n", "{}", text(&b.stderr));
+    // A statically linked copy, which the shim cannot be loaded into, keeps the filter and
+    // is stopped at its first network socket (SIGSYS) rather than reach the port.
+    let dir = tempfile::tempdir().unwrap();
+    let fixed = dir.path().join("rawnet-static");
+    assert!(Command::new("gcc").args(["-O2", "-static", "-o"]).arg(&fixed).arg(programs_src().join("rawnet.c")).status().unwrap().success());
+    let b = in_vnode("b", &["sh", "-c", &format!("{} connect 8732; echo exit $?", fixed.display())]).output().unwrap();
+    assert_eq!(text(&b.stdout), format!("exit {}\n", 128 + libc::SIGSYS), "{}", text(&b.stderr));
+    // vNode a's own client reaches it, output as native.
+    let a = in_vnode("a", &[raw, "connect", "8732"]).output().unwrap();
+    assert_eq!(text(&a.stdout), text(&native.stdout), "{}", text(&a.stderr));
+    assert_eq!(rest(server), native_server);
+
+    // The stub made the four sockets and the connections: the raw calls never reached the
+    // host's stack.
+    let p = c.components("pcomponent").remove(0);
+    let net = &p["stats"]["net"];
+    assert!(net["sockets"].as_u64().unwrap() >= 4 && net["connects"].as_u64().unwrap() >= 3, "{net}");
+    assert!(net["shortcut"]["connections"].as_u64().unwrap() >= 1, "{net}");
+}
