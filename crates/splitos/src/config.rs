@@ -223,6 +223,10 @@ pub struct VnodeSection {
     /// Groups (names or numeric gids) whose members may.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Memory all its processes together may map writable across the cluster (their heaps,
+    /// as strict overcommit charges them); a mapping beyond it fails with ENOMEM. Unset: no
+    /// quota.
+    pub memory: Option<Size>,
 }
 
 impl VnodeSection {
@@ -230,6 +234,26 @@ impl VnodeSection {
     pub fn grant_spec(&self) -> String {
         let who: Vec<String> = self.users.iter().map(|u| format!("user:{u}")).chain(self.groups.iter().map(|g| format!("group:{g}"))).collect();
         format!("{}={}", self.name, who.join(","))
+    }
+
+    /// As `splitos gm --vnode-memory` takes it, when the vNode has a quota.
+    pub fn memory_spec(&self) -> Option<String> {
+        self.memory.map(|m| format!("{}={}", self.name, m.0))
+    }
+}
+
+/// A vNode's memory quota as `splitos gm --vnode-memory` takes it: `VNODE=SIZE`.
+pub fn parse_vnode_memory(s: &str) -> Result<(String, u64), String> {
+    let (name, size) = s.split_once('=').filter(|(name, _)| !name.is_empty()).ok_or_else(|| format!("{s:?}: expected VNODE=SIZE"))?;
+    let bytes = parse_size(size)?;
+    check_memory_quota(bytes)?;
+    Ok((name.to_string(), bytes))
+}
+
+fn check_memory_quota(bytes: u64) -> Result<(), String> {
+    match bytes < PAGE {
+        true => Err(format!("a memory quota of {bytes} bytes is less than one 4 KiB page")),
+        false => Ok(()),
     }
 }
 
@@ -373,6 +397,9 @@ impl ClusterConfig {
         }
         for (i, v) in self.vnode.iter().enumerate() {
             crate::pmon::Grants::parse(&[v.grant_spec()]).map_err(|e| format!("vnode[{i}]: {e}"))?;
+            if let Some(m) = v.memory {
+                check_memory_quota(m.0).map_err(|e| format!("vnode[{i}].memory: {e}"))?;
+            }
         }
         Ok(())
     }
