@@ -441,6 +441,18 @@ mod tests {
     }
 
     #[test]
+    fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
+        let check = |memory: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n")).map_err(|e| e.to_string()).and_then(|c| c.validate().map(|()| c));
+        assert_eq!(check("\"256M\"").unwrap().vnode[0].memory_spec().as_deref(), Some("lab=268435456"));
+        assert!(check("\"1K\"").unwrap_err().contains("vnode[0].memory"));
+        assert!(check("\"lots\"").unwrap_err().contains("\"lots\""));
+        assert_eq!(parse_vnode_memory("lab=268435456"), Ok(("lab".to_string(), 256 << 20)));
+        assert!(parse_vnode_memory("lab").unwrap_err().contains("VNODE=SIZE"));
+        assert!(parse_vnode_memory("=1G").is_err());
+        assert!(parse_vnode_memory("lab=0").unwrap_err().contains("less than one 4 KiB page"));
+    }
+
+    #[test]
     fn the_evictors_reserve_leaves_a_way_to_fill_in_every_set() {
         let check = |pcomp: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n")).unwrap().validate();
         assert!(check("evict_reserve = 7").is_ok());
