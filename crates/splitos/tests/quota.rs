@@ -54,6 +54,20 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
     assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "64"]).stdout), "{}", text(&out.stderr));
     // Its memory is given back to the quota when it exits.
     assert!(c.eventually(std::time::Duration::from_secs(10), |c| vnode_memory(c, "small")["used"].as_u64() == Some(0)), "{}", vnode_memory(&c, "small"));
+
+    // A fork charges the child what its parent maps: past the quota, fork fails with ENOMEM
+    // and the children forked before it run to the end.
+    let forks = program("forkmany");
+    let forks = forks.to_str().unwrap();
+    assert_eq!(text(&native(&[forks, "20", "8"]).stdout), "forked 20 of 20, 20 children ok\n");
+    let refused = vnode_memory(&c, "small")["refused"].as_u64().unwrap();
+    let out = c.run(&["--vnode", "small"], &[forks, "20", "8"]);
+    assert!(text(&out.stderr).contains("fork: Cannot allocate memory"), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let forked = said.strip_prefix("forked ").and_then(|s| s.split_once(" of 20, ")).unwrap_or_else(|| panic!("{said}"));
+    assert_eq!(forked.1, format!("{} children ok\n", forked.0), "{said}");
+    assert!(forked.0.parse::<u32>().unwrap() < 20, "{said}");
+    assert!(vnode_memory(&c, "small")["refused"].as_u64().unwrap() > refused);
 }
 
 #[test]
