@@ -64,6 +64,10 @@ pub struct Gm {
     started: Instant,
     /// vNodes' memory quotas (`[[vnode]] memory`).
     memory_quotas: std::collections::HashMap<String, u64>,
+    /// The home of each vNode with a quota, kept while it is alive: an mComponent that joins
+    /// later does not win the rendezvous for the vNode's next processes, whose charges the
+    /// first home would then not see.
+    quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
 }
 
 impl Gm {
@@ -262,7 +266,17 @@ impl Gm {
     fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
         let memory_quota = self.memory_quotas.get(&r.vnode).copied();
         let mcomp = match memory_quota {
-            Some(_) => rendezvous(&self.comps(), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent"))?,
+            Some(_) => {
+                let comps = self.comps();
+                let mut homes = self.quota_homes.lock().unwrap();
+                let kept = homes.get(&r.vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e))).cloned();
+                let home = match kept {
+                    Some(h) => h,
+                    None => rendezvous(&comps, Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent"))?,
+                };
+                homes.insert(r.vnode, home.clone());
+                home
+            }
             None => self.pick_memory(0, &[])?,
         };
         Ok(G2P_HOME { mcomp, memory_quota })
@@ -363,7 +377,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, overcommit: args.overcommit, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now(), memory_quotas: args.memory_quotas });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, overcommit: args.overcommit, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now(), memory_quotas: args.memory_quotas, quota_homes: Mutex::new(Default::default()) });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
