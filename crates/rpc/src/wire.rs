@@ -33,7 +33,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// for the DMA path (`P2M_NETBUF_*`, `N2M_NETBUF_*`).
 /// Version 12 added datagram sockets (`P2N_SENDTO`, `P2N_RECVFROM`, `P2N_DISCONNECT`) and
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
-pub const WIRE_VERSION: u16 = 12;
+/// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
+/// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
+pub const WIRE_VERSION: u16 = 13;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
