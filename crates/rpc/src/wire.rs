@@ -33,7 +33,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// for the DMA path (`P2M_NETBUF_*`, `N2M_NETBUF_*`).
 /// Version 12 added datagram sockets (`P2N_SENDTO`, `P2N_RECVFROM`, `P2N_DISCONNECT`) and
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
-pub const WIRE_VERSION: u16 = 12;
+/// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
+/// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
+pub const WIRE_VERSION: u16 = 13;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -533,6 +535,8 @@ pub struct HomeState {
     pub vregions: Vec<VregionReplicas>,
     /// Members taken out of its sets that may still hold copies: freed when it exits.
     pub retired: Vec<ComponentRef>,
+    /// Its vNode's memory quota.
+    pub memory_quota: Option<u64>,
 }
 
 /// A virtual memory area as the pComponent needs it to rebuild protections (after fork).
@@ -727,9 +731,11 @@ messages! {
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
     C2G_PLACE_PROCESS;
     G2C_PLACED { pub pcomp: ComponentInfo };
-    /// GMM: which mComponent is home of a new process.
-    P2G_PICK_HOME;
-    G2P_HOME { pub mcomp: ComponentRef };
+    /// GMM: which mComponent is home of a new process of `vnode`. `memory_quota`: the
+    /// vNode's memory quota, which its home enforces (one home serves all processes of a vNode
+    /// with a quota).
+    P2G_PICK_HOME { pub vnode: String };
+    G2P_HOME { pub mcomp: ComponentRef, pub memory_quota: Option<u64> };
     /// GMM: which mComponent owns a newly active vRegion (or is a backup home, with `bytes`
     /// 0), other than those in `exclude` and, when it can, on another host than they are.
     M2G_PICK_OWNER { pub bytes: u64, pub exclude: Vec<u32> };
@@ -747,7 +753,8 @@ messages! {
 
     // ---- pComponent -> home mComponent: virtual memory calls of a process
     /// `pcomp`: the sender's component id, which with its key names this start of it.
-    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64, pub pcomp: u32 };
+    /// `memory_quota`: its vNode's, as GMM answered `P2G_PICK_HOME`.
+    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64, pub pcomp: u32, pub memory_quota: Option<u64> };
     /// `backup`: the mComponent that keeps a copy of the home's state of the process and
     /// takes over when the home is lost (replicated clusters).
     M2P_HOME { pub backup: Option<ComponentRef> };

@@ -223,6 +223,10 @@ pub struct VnodeSection {
     /// Groups (names or numeric gids) whose members may.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Memory all its processes together may map writable across the cluster (their heaps,
+    /// as strict overcommit charges them); a mapping beyond it fails with ENOMEM. Unset: no
+    /// quota.
+    pub memory: Option<Size>,
 }
 
 impl VnodeSection {
@@ -230,6 +234,26 @@ impl VnodeSection {
     pub fn grant_spec(&self) -> String {
         let who: Vec<String> = self.users.iter().map(|u| format!("user:{u}")).chain(self.groups.iter().map(|g| format!("group:{g}"))).collect();
         format!("{}={}", self.name, who.join(","))
+    }
+
+    /// As `splitos gm --vnode-memory` takes it, when the vNode has a quota.
+    pub fn memory_spec(&self) -> Option<String> {
+        self.memory.map(|m| format!("{}={}", self.name, m.0))
+    }
+}
+
+/// A vNode's memory quota as `splitos gm --vnode-memory` takes it: `VNODE=SIZE`.
+pub fn parse_vnode_memory(s: &str) -> Result<(String, u64), String> {
+    let (name, size) = s.split_once('=').filter(|(name, _)| !name.is_empty()).ok_or_else(|| format!("{s:?}: expected VNODE=SIZE"))?;
+    let bytes = parse_size(size)?;
+    check_memory_quota(bytes)?;
+    Ok((name.to_string(), bytes))
+}
+
+fn check_memory_quota(bytes: u64) -> Result<(), String> {
+    match bytes < PAGE {
+        true => Err(format!("a memory quota of {bytes} bytes is less than one 4 KiB page")),
+        false => Ok(()),
     }
 }
 
@@ -373,6 +397,9 @@ impl ClusterConfig {
         }
         for (i, v) in self.vnode.iter().enumerate() {
             crate::pmon::Grants::parse(&[v.grant_spec()]).map_err(|e| format!("vnode[{i}]: {e}"))?;
+            if let Some(m) = v.memory {
+                check_memory_quota(m.0).map_err(|e| format!("vnode[{i}].memory: {e}"))?;
+            }
         }
         Ok(())
     }
@@ -411,6 +438,18 @@ mod tests {
         }
         assert_eq!(Size(64 << 20).to_string(), "64M");
         assert_eq!(Size(1536 << 20).to_string(), "1536M");
+    }
+
+    #[test]
+    fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
+        let check = |memory: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n")).map_err(|e| e.to_string()).and_then(|c| c.validate().map(|()| c));
+        assert_eq!(check("\"256M\"").unwrap().vnode[0].memory_spec().as_deref(), Some("lab=268435456"));
+        assert!(check("\"1K\"").unwrap_err().contains("vnode[0].memory"));
+        assert!(check("\"lots\"").unwrap_err().contains("\"lots\""));
+        assert_eq!(parse_vnode_memory("lab=268435456"), Ok(("lab".to_string(), 256 << 20)));
+        assert!(parse_vnode_memory("lab").unwrap_err().contains("VNODE=SIZE"));
+        assert!(parse_vnode_memory("=1G").is_err());
+        assert!(parse_vnode_memory("lab=0").unwrap_err().contains("less than one 4 KiB page"));
     }
 
     #[test]

@@ -198,6 +198,9 @@ enum Cmd {
         /// Serve Prometheus metrics over HTTP here.
         #[arg(long)]
         metrics_addr: Option<String>,
+        /// A vNode's memory quota: what all its processes together may map writable; beyond it their mappings fail with ENOMEM (repeatable; see docs/security.md).
+        #[arg(long = "vnode-memory", value_name = "VNODE=SIZE", value_parser = config::parse_vnode_memory)]
+        vnode_memory: Vec<(String, u64)>,
         #[command(flatten)]
         transport: TransportArgs,
     },
@@ -461,9 +464,9 @@ fn main() {
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
-        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, overcommit, ready_file, metrics_addr, transport } => {
+        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, overcommit, ready_file, metrics_addr, transport, vnode_memory } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, replication, overcommit, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, replication, overcommit, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr, memory_quotas: vnode_memory.into_iter().collect() }))
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, backup_log, ready_file, metrics_addr, transport } => {
             node::init_metrics();
@@ -553,7 +556,7 @@ mod tests {
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
         let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms, netns: _, replication: _, overcommit } = file.cluster.clone();
-        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, replication, overcommit: o, ready_file: _, metrics_addr: _, transport } = parse(&["gm"]) else { unreachable!() };
+        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, replication, overcommit: o, ready_file: _, metrics_addr: _, transport, vnode_memory: _ } = parse(&["gm"]) else { unreachable!() };
         assert_eq!(o.name(), overcommit, "gm overcommit");
         // The hand-started global managers cannot count the mComponents to come.
         assert_eq!(replication, splitos_rpc::Replication::None);

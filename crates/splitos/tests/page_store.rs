@@ -27,9 +27,9 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let st = c.status();
     let gm = st["gm"].as_str().unwrap();
     let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &TransportConfig::default(), &c.issue("pcomponent")).unwrap();
-    let home = node.call_gm(P2G_PICK_HOME).unwrap().mcomp;
+    let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into() }).unwrap().mcomp;
     let who = Who::new("store-test", 0x7fff_0001);
-    let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0 }).unwrap();
+    let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false, noreserve: false }).unwrap();
     let first = mapped.addr / PAGE_SIZE as u64;
 

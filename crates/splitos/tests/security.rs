@@ -133,9 +133,9 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     }
     // Nor take the victim's id over: creating a process under it, or forking into it.
     let mine = Who::new("default", 0x5eed);
-    other.call(&m, splitos_rpc::P2M_PROC_CREATE { who: mine.clone(), region_base: 0x200000000000, region_size: 1 << 30, pcomp: 0 }).unwrap();
+    other.call(&m, splitos_rpc::P2M_PROC_CREATE { who: mine.clone(), region_base: 0x200000000000, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();
     let takeovers: Vec<Msg> = vec![
-        splitos_rpc::P2M_PROC_CREATE { who: victim_who.clone(), region_base: 0x200000000000, region_size: 1 << 30, pcomp: 0 }.into(),
+        splitos_rpc::P2M_PROC_CREATE { who: victim_who.clone(), region_base: 0x200000000000, region_size: 1 << 30, pcomp: 0, memory_quota: None }.into(),
         splitos_rpc::P2M_FORK { parent: mine.clone(), child: victim_pid }.into(),
     ];
     for msg in takeovers {

@@ -242,6 +242,7 @@ impl Cluster {
         // Every component speaks the cluster's transport.
         let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--tcp-max-connections".into(), t.tcp.max_connections.to_string(), "--tcp-max-connections-per-peer".into(), t.tcp.max_connections_per_peer.to_string(), "--tcp-frame-timeout-ms".into(), t.tcp.frame_timeout_ms.to_string(), "--tcp-max-in-flight".into(), t.tcp.max_in_flight.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
         let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string(), "--forget-dead-ms".into(), cfg.cluster.forget_dead_ms.to_string(), "--reclaim-dead-ms".into(), cfg.cluster.reclaim_dead_ms.to_string(), "--replication".into(), cfg.replication().map_err(|e| anyhow::anyhow!(e))?.to_string(), "--overcommit".into(), cfg.cluster.overcommit.clone()];
+        args.extend(cfg.vnode.iter().filter_map(|v| v.memory_spec()).flat_map(|m| ["--vnode-memory".into(), m]));
         args.extend(transport.iter().cloned());
         args.extend(creds("gm", Role::Gm)?);
         let (mut ch, ready) = spawn(dir, "gm", &args, detach, cfg.cluster.netns.as_deref())?;

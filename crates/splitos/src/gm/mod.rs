@@ -62,6 +62,12 @@ pub struct Gm {
     /// off) every component looks silent, and none of them may be taken for lost.
     last_any: Mutex<Instant>,
     started: Instant,
+    /// vNodes' memory quotas (`[[vnode]] memory`).
+    memory_quotas: std::collections::HashMap<String, u64>,
+    /// The home of each vNode with a quota, kept while it is alive: an mComponent that joins
+    /// later does not win the rendezvous for the vNode's next processes, whose charges the
+    /// first home would then not see.
+    quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
 }
 
 impl Gm {
@@ -254,6 +260,28 @@ impl Gm {
         Ok(G2C_PLACED { pcomp: e.info.clone() })
     }
 
+    /// GMM: the home of a new process. A vNode with a memory quota has every process's home
+    /// on one mComponent (rendezvous on its name), which so sees all the memory the vNode
+    /// maps and enforces the quota alone; other processes go to the least loaded.
+    fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
+        let memory_quota = self.memory_quotas.get(&r.vnode).copied();
+        let mcomp = match memory_quota {
+            Some(_) => {
+                let comps = self.comps();
+                let mut homes = self.quota_homes.lock().unwrap();
+                let kept = homes.get(&r.vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e))).cloned();
+                let home = match kept {
+                    Some(h) => h,
+                    None => rendezvous(&comps, Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent"))?,
+                };
+                homes.insert(r.vnode, home.clone());
+                home
+            }
+            None => self.pick_memory(0, &[])?,
+        };
+        Ok(G2P_HOME { mcomp, memory_quota })
+    }
+
     fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
         let scomp = rendezvous(&self.comps(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
         Ok(G2P_STORAGE { scomp })
@@ -307,7 +335,7 @@ impl Handler for Gm {
             Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
             Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size })),
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
-            Msg::P2G_PICK_HOME(r) => on(r, |_| self.pick_memory(0, &[]).map(|mcomp| G2P_HOME { mcomp })),
+            Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
             Msg::M2G_PICK_OWNER(r) => on(r, |r| {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
                 self.pick_memory(r.bytes, &r.exclude).map(|mcomp| G2M_OWNER { mcomp })
@@ -340,6 +368,8 @@ pub struct GmArgs {
     pub reclaim_dead: Duration,
     pub ready_file: Option<std::path::PathBuf>,
     pub metrics_addr: Option<String>,
+    /// vNodes' memory quotas, by name.
+    pub memory_quotas: std::collections::HashMap<String, u64>,
 }
 
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
@@ -347,7 +377,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, overcommit: args.overcommit, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now() });
+    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, overcommit: args.overcommit, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now(), memory_quotas: args.memory_quotas, quota_homes: Mutex::new(Default::default()) });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;

@@ -33,6 +33,8 @@ use super::{Mem, PAGE};
 /// Pages per message when a mapping moves between owners (mremap) or a replica is rebuilt.
 const MOVE_BATCH: u32 = 128;
 
+const PROT_WRITE: u32 = 2;
+
 /// How long a home waits for a member a pComponent reported lost, and a backup for the home
 /// it would replace, before it takes them for lost.
 const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -81,6 +83,10 @@ pub(super) struct HomeProc {
     retired: Vec<ComponentRef>,
     /// The process exited: a rebuild queued before must not bring it back.
     exited: bool,
+    /// Its vNode's memory quota ([`super::quota`]).
+    memory_quota: Option<u64>,
+    /// What it is charged against that quota: the bytes it maps writable.
+    charged: u64,
 }
 
 impl HomeProc {
@@ -95,6 +101,11 @@ impl HomeProc {
             return Err(ERR::new(ErrCode::Invalid, format!("range {addr:#x}+{len:#x} is not page-aligned inside the heap region")));
         }
         Ok(end)
+    }
+
+    /// Bytes of [start, end) its layout has writable.
+    fn writable_in(&self, start: u64, end: u64) -> u64 {
+        self.layout.iter().filter(|(_, v)| v.prot & PROT_WRITE != 0).map(|(s, v)| v.end.min(end).saturating_sub(s.max(start))).sum()
     }
 
     fn mapped(&self, addr: u64, prot: u32) -> M2P_MAPPED {
@@ -116,6 +127,7 @@ impl HomeProc {
             vmas: self.layout.iter().map(|(start, v)| HomeVma { start, end: v.end, prot: v.prot, accounted: v.accounted }).collect(),
             vregions: self.owners(),
             retired: self.retired.clone(),
+            memory_quota: self.memory_quota,
         }
     }
 
@@ -125,7 +137,7 @@ impl HomeProc {
             layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
         }
         let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners, data: r.data, log: r.log })).collect();
-        HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None, retired: s.retired, exited: false }
+        HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None, retired: s.retired, exited: false, memory_quota: s.memory_quota, charged: 0 }
     }
 
     /// The process as `cluster status --json` shows it: where each vRegion's copies are.
@@ -446,7 +458,11 @@ impl Mem {
             backup: None,
             retired: Vec::new(),
             exited: false,
+            memory_quota: r.memory_quota,
+            charged: 0,
         };
+        // Shows the vNode and its quota before it maps anything.
+        self.quotas.reserve(&r.who.vnode, r.memory_quota, 0)?;
         self.sync_backup(&mut h);
         let backup = h.backup.clone();
         self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
@@ -462,17 +478,34 @@ impl Mem {
             self.obvious_overcommit(r.len, r.prot)?;
         }
         let mut h = hp.lock().unwrap();
-        let start = if r.fixed {
-            let end = h.check_range(r.hint, r.len)?;
-            self.remove_range(&mut h, r.hint, end)?;
-            r.hint
-        } else {
-            h.layout.find_gap(h.base, h.limit, r.len, r.hint).ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
-        };
-        let added = self.add_range(&mut h, start, start + r.len, r.prot);
-        self.sync_backup(&mut h);
-        added?;
+        // A fixed mapping replaces what it lands on.
+        let replaced = if r.fixed { h.writable_in(r.hint, r.hint.saturating_add(r.len)) } else { 0 };
+        let more = if r.prot & PROT_WRITE != 0 { r.len.saturating_sub(replaced) } else { 0 };
+        let start = self.within_quota(&mut h, more, |m, h| {
+            let start = if r.fixed {
+                let end = h.check_range(r.hint, r.len)?;
+                m.remove_range(h, r.hint, end)?;
+                r.hint
+            } else {
+                h.layout.find_gap(h.base, h.limit, r.len, r.hint).ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
+            };
+            let added = m.add_range(h, start, start + r.len, r.prot);
+            m.sync_backup(h);
+            added.map(|()| start)
+        })?;
         Ok(h.mapped(start, r.prot))
+    }
+
+    /// Runs `change` on process `h` within its vNode's memory quota: `more`, the most it can
+    /// add to what the process maps writable, is reserved first, and the process is charged
+    /// what it maps after the change, done or failed.
+    fn within_quota<T>(&self, h: &mut HomeProc, more: u64, change: impl FnOnce(&Self, &mut HomeProc) -> Result<T, Refusal>) -> Result<T, Refusal> {
+        self.quotas.reserve(&h.who.vnode, h.memory_quota, more)?;
+        let out = change(self, h);
+        let after = h.writable_in(h.base, h.limit);
+        self.quotas.settle(&h.who.vnode, more, h.charged, after);
+        h.charged = after;
+        out
     }
 
     /// Heuristic overcommit refuses only the obvious, as Linux's does: making writable at
@@ -492,7 +525,7 @@ impl Mem {
         let hp = self.home_proc(&r.who)?;
         let mut h = hp.lock().unwrap();
         let end = h.check_range(r.addr, r.len)?;
-        let removed = self.remove_range(&mut h, r.addr, end);
+        let removed = self.within_quota(&mut h, 0, |m, h| m.remove_range(h, r.addr, end));
         self.sync_backup(&mut h);
         removed.map(|()| OK)
     }
@@ -505,13 +538,17 @@ impl Mem {
             return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
         }
         self.obvious_overcommit(r.len, r.prot)?;
-        for (idx, s, e) in self.slices(r.addr, end) {
-            self.ensure_owners(&mut h, idx)?;
-            self.to_replicas(&mut h, idx, |who| M2M_VMA_PROTECT { who, start: s, end: e, prot: r.prot })?;
-        }
-        for (s, v) in h.layout.carve(r.addr, end) {
-            h.layout.set(s, Vma { prot: r.prot, ..v });
-        }
+        let more = if r.prot & PROT_WRITE != 0 { r.len - h.writable_in(r.addr, end) } else { 0 };
+        self.within_quota(&mut h, more, |m, h| {
+            for (idx, s, e) in m.slices(r.addr, end) {
+                m.ensure_owners(h, idx)?;
+                m.to_replicas(h, idx, |who| M2M_VMA_PROTECT { who, start: s, end: e, prot: r.prot })?;
+            }
+            for (s, v) in h.layout.carve(r.addr, end) {
+                h.layout.set(s, Vma { prot: r.prot, ..v });
+            }
+            Ok(())
+        })?;
         self.sync_backup(&mut h);
         Ok(OK)
     }
@@ -531,7 +568,9 @@ impl Mem {
     pub(super) fn mremap(&self, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
         let hp = self.home_proc(&r.who)?;
         let mut h = hp.lock().unwrap();
-        let out = self.mremap_locked(&mut h, r);
+        let writable = h.writable_in(r.old, r.old.saturating_add(r.old_len)) > 0;
+        let more = if writable { r.new_len.saturating_sub(r.old_len) } else { 0 };
+        let out = self.within_quota(&mut h, more, |m, h| m.mremap_locked(h, r));
         self.sync_backup(&mut h);
         out
     }
@@ -577,11 +616,14 @@ impl Mem {
         self.fresh_pid(child)?;
         let hp = self.home_proc(&parent)?;
         let mut h = hp.lock().unwrap();
+        // The child maps what its parent does: charged as much, or refused.
+        self.quotas.reserve(&h.who.vnode, h.memory_quota, h.charged)?;
         let vrs = self.vrs();
         let idxs: Vec<u64> = h.vregions.keys().copied().collect();
         for idx in idxs {
             let forked = self.to_replicas(&mut h, idx, |who| M2M_FORK { parent: who, child, start: idx * vrs, end: (idx + 1) * vrs });
             if let Err(e) = forked {
+                self.quotas.settle(&h.who.vnode, h.charged, 0, 0);
                 for o in h.all_owners() {
                     let _ = self.to_owner(&o, M2M_EXIT { who: Who { pid: child, ..h.who() } });
                 }
@@ -600,6 +642,8 @@ impl Mem {
             backup: h.backup.clone(),
             retired: Vec::new(),
             exited: false,
+            memory_quota: h.memory_quota,
+            charged: h.charged,
         };
         self.sync_backup(&mut copy);
         let vmas = h.layout.iter().map(|(s, v)| VmaInfo { start: s, end: v.end, prot: v.prot }).collect();
@@ -613,6 +657,8 @@ impl Mem {
         self.homes.lock().unwrap().remove(&r.who.pid);
         let mut h = hp.lock().unwrap();
         h.exited = true;
+        self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
+        h.charged = 0;
         let mut all = h.all_owners();
         all.extend(h.retired.iter().filter(|r| !all.iter().any(|o| o.id == r.id)).cloned().collect::<Vec<_>>());
         let mut orphaned: Vec<ComponentRef> = Vec::new();
@@ -1246,6 +1292,9 @@ impl Mem {
         metrics::counter!("mcomp_home_takeovers_total").increment(1);
         tracing::warn!(pid = who.pid, lost = lost_home, "home of a process is lost: this mComponent, its backup, takes over");
         h.epoch = h.epoch.max(who.epoch) + 1;
+        // Charged here now: what it had mapped is not refused, only what it maps next.
+        h.charged = h.writable_in(h.base, h.limit);
+        self.quotas.settle(&h.who.vnode, 0, 0, h.charged);
         let epoch_who = h.who();
         for o in h.all_owners() {
             if let Err(e) = self.to_owner(&o, M2M_EPOCH { who: epoch_who.clone() }) {

@@ -18,6 +18,7 @@ mod home;
 mod log;
 mod netbuf;
 mod owner;
+mod quota;
 mod vma;
 
 use std::collections::HashMap;
@@ -89,6 +90,8 @@ pub struct Mem {
     worker_pool: bool,
     /// Socket buffers of the network's DMA path.
     netbufs: netbuf::NetBufs,
+    /// vNodes' memory quotas, for the processes this mComponent is home of.
+    quotas: quota::Ledger,
     c: Counters,
 }
 
@@ -249,6 +252,7 @@ impl Mem {
             "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
             "backup_log": self.backup_log.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
             "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(), "socket_buffers": self.netbufs.stats(),
+            "vnode_memory": self.quotas.stats(),
         })
         .to_string()
     }
@@ -256,6 +260,7 @@ impl Mem {
     fn metrics(&self) -> Result<X2C_METRICS, Refusal> {
         metrics::gauge!("mcomp_committed_bytes").set(self.committed.load(Relaxed) as f64);
         metrics::gauge!("mcomp_used_bytes").set(self.used.load(Relaxed) as f64);
+        self.quotas.export();
         Ok(X2C_METRICS { text: node::render_metrics() })
     }
 
@@ -410,6 +415,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         backup_log: log::BackupLog::new(args.backup_log),
         worker_pool: args.workers > 0,
         netbufs: netbuf::NetBufs::default(),
+        quotas: quota::Ledger::default(),
         c: Counters::default(),
     });
     let m3 = mem.clone();

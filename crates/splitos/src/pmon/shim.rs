@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
+use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, G2P_HOME, P2G_PICK_HOME};
 use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
 
 use super::dirty::{DirtyTracking, Tracker};
@@ -349,9 +349,9 @@ impl Pcomp {
         } else {
             let run = self.run_stats(h.run_id, peer.uid);
             let pid = super::new_pid();
-            let home = self.node.call_gm(P2G_PICK_HOME)?.mcomp;
+            let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone() })?;
             let who = Who::new(vnode, pid);
-            let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id() })?;
+            let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
             (pid, PendingChild { space: Arc::new(Space::new(who, home, created.backup)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
