@@ -311,7 +311,8 @@ enum Cmd {
         listen: String,
         #[arg(long, default_value = config::HAND_STARTED_GM)]
         gm: String,
-        /// Directory holding the namespace database and file data.
+        /// Directory holding the namespace database and file data. If another sComponent has it
+        /// open, this one passes requests on files to that one, and takes it over when it stops.
         #[arg(long)]
         dir: PathBuf,
         /// Bytes of file data stored for all vNodes together; beyond it writes fail with ENOSPC.

@@ -549,3 +549,131 @@ fn readahead_turns_sequential_misses_into_few_storage_requests() {
     assert_eq!(none, 0, "readahead = 0 fetches nothing ahead");
     assert!(prefetched > 1000 && ahead * 4 < plain, "read-ahead cuts sComponent requests: {plain} without, {ahead} with ({prefetched} blocks ahead)");
 }
+
+/// `splitos run --vnode shared --stats-json STATS -- bash -c SCRIPT` on an embedded cluster
+/// whose sComponent keeps its files in `data`, started in `cwd`.
+fn embedded_run(data: &Path, cwd: &Path, stats: &Path, script: &str) -> Command {
+    let mut c = Command::new(splitos());
+    c.args(["run", "--vnode", "shared", "--stats-json", stats.to_str().unwrap(), "--", "bash", "-c", script])
+        .env_remove("SPLITOS_GM")
+        .env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster"))
+        .env("SPLITOS_DATA_DIR", data)
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// A run under way, killed (with its embedded cluster, which dies with it) if the test fails.
+struct Running(Option<Child>);
+
+impl Running {
+    /// The program's output up to and with its line `ready` (all of it if it ends first),
+    /// read one byte at a time so that nothing past it is taken from the pipe.
+    fn until_ready(&mut self) -> String {
+        let out = self.0.as_mut().unwrap().stdout.as_mut().unwrap();
+        let mut got = Vec::new();
+        let mut b = [0u8];
+        while !(got.ends_with(b"\nready\n") || got == b"ready\n") && out.read(&mut b).unwrap() == 1 {
+            got.push(b[0]);
+        }
+        text(&got)
+    }
+
+    /// Lets the program go on past its `read` and waits for the rest of its output.
+    fn finish(mut self) -> Output {
+        let mut c = self.0.take().unwrap();
+        c.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        c.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn sharing(stats: &Path) -> serde_json::Value {
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
+    s["scomponents"][0]["sharing"].clone()
+}
+
+/// Two embedded runs at once on one storage directory (as two `splitos run` of root on the
+/// default one): the second run's sComponent passes its requests on files to the first run's,
+/// which has the directory open, and takes the directory over when the first run ends. Each
+/// run reads the file the other wrote and fsynced (the runs' buffer caches are their own), a
+/// third run reads all, and nothing lands in the directory the runs were started in.
+#[test]
+fn two_embedded_runs_at_once_share_their_vnode_files() {
+    let data = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let records = tempfile::tempdir().unwrap();
+    let (sa, sb, sc) = (records.path().join("a.json"), records.path().join("b.json"), records.path().join("c.json"));
+    let mut a = Running(Some(embedded_run(data.path(), cwd.path(), &sa, r#"set -e; cd "$SPLITOS_VNODE_DIR"; echo from-a > a.txt; sync a.txt; echo ready; read go; cat b.txt"#).spawn().unwrap()));
+    assert_eq!(a.until_ready(), "ready\n", "the first run started");
+    let mut b = Running(Some(
+        embedded_run(
+            data.path(),
+            cwd.path(),
+            &sb,
+            r#"set -e; cd "$SPLITOS_VNODE_DIR"; echo from-b > b.txt; sync b.txt; cat a.txt; echo ready; read go; echo from-b2 > b2.txt; cat a.txt b.txt b2.txt"#,
+        )
+        .spawn()
+        .unwrap(),
+    ));
+    assert_eq!(b.until_ready(), "from-a\nready\n", "the second run, while the first holds the storage, reads its file");
+
+    let out = a.finish();
+    assert_eq!((text(&out.stdout), out.status.code()), ("from-b\n".to_string(), Some(0)), "the first run reads the second's file: {}", text(&out.stderr));
+    let owner = sharing(&sa);
+    assert!(owner["owner"] == true && owner["served_requests"].as_u64().unwrap() > 0, "the first run's sComponent had the directory open and served the second's requests: {owner}");
+
+    // The first run's cluster is gone: the second one's sComponent takes the directory over.
+    let out = b.finish();
+    assert_eq!((text(&out.stdout), out.status.code()), ("from-a\nfrom-b\nfrom-b2\n".to_string(), Some(0)), "the second run goes on with the files after the first ended: {}", text(&out.stderr));
+    let front = sharing(&sb);
+    assert!(
+        front["forwarded_requests"].as_u64().unwrap() > 0 && front["takeovers"] == 1 && front["owner"] == true,
+        "the second run's sComponent passed requests on, then took the directory over: {front}"
+    );
+
+    let c = embedded_run(data.path(), cwd.path(), &sc, r#"cd "$SPLITOS_VNODE_DIR" && cat a.txt b.txt b2.txt"#).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(text(&c.stdout), "from-a\nfrom-b\nfrom-b2\n", "a third run sees both runs' files: {}", text(&c.stderr));
+    assert_eq!(sharing(&sc)["takeovers"], 0, "alone, a run's sComponent opens the directory itself");
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "nothing was written in the runs' current directory: {left:?}");
+}
+
+/// A run whose vNode's files cannot be had does not start its program: it would write in the
+/// host's current directory instead. Two ways: the storage directory cannot be made, and
+/// another process holds it without sharing it.
+#[test]
+fn a_run_that_cannot_have_its_vnode_files_fails_and_runs_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let stats = tmp.path().join("stats.json");
+    let script = r#"cd "$SPLITOS_VNODE_DIR"; echo ran > marker"#;
+    let not_a_dir = tmp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let out = embedded_run(&not_a_dir, cwd.path(), &stats, script).stdin(Stdio::null()).output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("the cluster cannot keep its vNodes' files") && err.contains("storage0 exited during start-up"), "{err}");
+
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(data.join("storage")).unwrap();
+    let held = std::fs::File::create(data.join("storage/namespace.redb")).unwrap();
+    // SAFETY: flock takes the descriptor of `held`, which outlives the call.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) }, 0);
+    let out = embedded_run(&data, cwd.path(), &stats, script).stdin(Stdio::null()).output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("is in use by another process, and no sComponent that shares it answers"), "{err}");
+    drop(held);
+
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "the program did not run: {left:?}");
+}

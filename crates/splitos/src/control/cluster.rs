@@ -306,22 +306,13 @@ impl Cluster {
             args.extend(creds(&format!("net{i}"), Role::Net)?);
             pending.push((format!("net{i}"), spawn(dir, &format!("net{i}"), &args, detach, n.netns.as_deref())?));
         }
-        let mut want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len() + cfg.ncomponent.len();
+        let want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len() + cfg.ncomponent.len();
         for (name, (mut ch, ready)) in pending {
             let r = wait_ready(&mut ch, &ready, &name, dir);
             self.state.pids.push(ch.id());
             self.children.push(ch);
-            match r {
-                // Two embedded runs at once share one storage directory, which only one
-                // sComponent can open: the second run goes on without files.
-                Err(e) if !detach && name.starts_with("storage") => {
-                    eprintln!("splitos: note: this run has no vNode file system: {e}");
-                    want -= 1;
-                }
-                r => {
-                    r?;
-                }
-            }
+            // Without its sComponent no program of the cluster could have its vNode's files.
+            r.map_err(|e| if name.starts_with("storage") { e.context("the cluster cannot keep its vNodes' files") } else { e })?;
         }
         let t0 = Instant::now();
         loop {

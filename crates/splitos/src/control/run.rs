@@ -247,7 +247,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
-    let result = run_on(&target, &path, &a);
+    let result = run_on(&target, &path, &a, embedded.is_some());
     if let Some((mut c, dir)) = embedded {
         // Processes the program left behind (a pipeline's other end, a daemon) would hang on
         // their first miss once the cluster is gone: stop them, and say so.
@@ -279,7 +279,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
+/// `files`: the cluster has an sComponent for the program's vNode, so a program that would
+/// get no files is not started (it would write to the host's directory instead).
+fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
     let (sock, gm) = match target {
         Target::Cluster(gm) => {
             let pcomp = cluster::rpc()?.call(gm, C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.pcomp;
@@ -309,6 +311,7 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64
             cmd.env(ENV_VNODE_DIR, d);
             isolate_vnode(&mut cmd, d);
         }
+        None if files => anyhow::bail!("{pcomp_name} cannot give vNode {:?} its files (no sComponent is alive to keep them): not running {} without them", a.vnode, path.display()),
         None => {
             cmd.env_remove(ENV_VNODE_DIR);
         }
@@ -352,29 +355,31 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64
         // The components' own counters are the admin's to read.
         if let Some((gm, pcomp)) = &gm {
             s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
-            s["mcomponents"] = mcomponent_stats(gm);
+            s["mcomponents"] = components_stats(gm, splitos_rpc::Role::Mem);
+            s["scomponents"] = components_stats(gm, splitos_rpc::Role::Storage);
         }
         std::fs::write(f, serde_json::to_string_pretty(&s)?)?;
     }
     Ok((exit_code(st), secs, stats, run_id))
 }
 
-/// Each mComponent's own statistics (`C2X_STATS`: fetches, flushes, piggybacked, pages owned
-/// per process, ...), read when the program has ended and before an embedded cluster stops, so
-/// that a run's record shows the work the memory side did. Counters are since the component
-/// started: on an embedded cluster that is this run. One that cannot be asked is listed with
-/// the reason.
-fn mcomponent_stats(gm: &str) -> serde_json::Value {
+/// Each mComponent's or sComponent's own statistics (`C2X_STATS`: fetches, flushes,
+/// piggybacked, pages owned per process, ...; requests on files passed to the sComponent that
+/// has the storage directory open), read when the program has ended and before an embedded
+/// cluster stops, so that a run's record shows the work the memory and storage sides did.
+/// Counters are since the component started: on an embedded cluster that is this run. One that
+/// cannot be asked is listed with the reason.
+fn components_stats(gm: &str, role: splitos_rpc::Role) -> serde_json::Value {
     let comps = match cluster::status(gm) {
         Ok(c) => c,
         Err(e) => return serde_json::json!([{ "error": e.to_string() }]),
     };
     comps
         .iter()
-        .filter(|c| c.role == splitos_rpc::Role::Mem)
+        .filter(|c| c.role == role)
         .map(|c| match cluster::component_stats(&c.addr) {
             Ok(v) => v,
-            Err(e) => serde_json::json!({ "role": "mcomponent", "id": c.id, "addr": c.addr, "alive": c.alive, "error": e.to_string() }),
+            Err(e) => serde_json::json!({ "role": role.name(), "id": c.id, "addr": c.addr, "alive": c.alive, "error": e.to_string() }),
         })
         .collect()
 }

@@ -4,9 +4,14 @@
 //! fsync, every `CHECKPOINT_EVERY`, and at an orderly stop, like a journaling file system's
 //! commit interval. pComponents send it namespace
 //! operations; mComponents (the buffer cache) read and write file data, and loggers their
-//! backup files ([`backup`]). It never calls another component.
+//! backup files ([`backup`]). It never calls another component of its cluster.
+//!
+//! One process at a time opens a storage directory (its database is locked). Other sComponents
+//! started on the same directory, e.g. by two embedded runs at once, pass their requests to
+//! that one ([`share`]) and take the directory over when it stops.
 mod backup;
 mod ns;
+mod share;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -21,30 +26,37 @@ use crate::node::{self, Node};
 
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-pub struct Storage {
-    node: Arc<Node>,
+/// What the process that has a storage directory open keeps of it, and its counters.
+pub struct Core {
     store: Store,
     backups: backup::BackupFiles,
-    started: Instant,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     syncs: AtomicU64,
     backup_appended: AtomicU64,
 }
 
-impl Storage {
-    fn load(&self) -> Load {
-        Load { threads: 0, processes: 0, capacity: self.store.quota(), committed: self.store.used(), used: self.store.used() }
+impl Core {
+    /// Opens the storage directory; an [`ns::InUse`] error if another process has it open.
+    fn open(dir: &std::path::Path, quota: u64) -> anyhow::Result<Core> {
+        let store = Store::open(dir, quota)?;
+        let backups = backup::BackupFiles::open(dir)?;
+        Ok(Core { store, backups, bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0), backup_appended: AtomicU64::new(0) })
     }
 
-    fn stats_json(&self) -> String {
+    /// The directory's figures and this process's counters of the work it did on it.
+    fn stats(&self) -> serde_json::Value {
         serde_json::json!({
-            "role": "scomponent", "id": self.node.id(), "addr": self.node.addr, "uptime_ms": self.started.elapsed().as_millis() as u64,
             "quota": self.store.quota(), "used": self.store.used(),
             "bytes_read": self.bytes_read.load(Relaxed), "bytes_written": self.bytes_written.load(Relaxed), "syncs": self.syncs.load(Relaxed),
             "backup_files": {"bytes": self.backups.bytes(), "appended_bytes": self.backup_appended.load(Relaxed)},
         })
-        .to_string()
+    }
+
+    fn checkpoint(&self) {
+        if let Err(e) = self.store.checkpoint() {
+            tracing::error!(errno = e, "commit failed");
+        }
     }
 
     fn sync(&self, r: X2S_SYNC) -> Result<OK, Refusal> {
@@ -75,35 +87,10 @@ impl Storage {
         Ok(OK)
     }
 
-    fn shutdown(&self) -> Result<OK, Refusal> {
-        if let Err(e) = self.store.checkpoint() {
-            tracing::error!(errno = e, "final commit failed");
-        }
-        crate::node::exit_soon();
-        Ok(OK)
-    }
-}
-
-/// A refused change of a backup file, as its logger sees it.
-fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
-    match e {
-        backup::Refused::Errno(e) => Refusal::errno(e),
-        backup::Refused::Stale(at) => ERR::new(ErrCode::Stale, format!("the backup file of vRegion {} of process {} was reset at epoch {at}, after this change's {epoch}", file.index, file.pid)),
-    }
-}
-
-/// A namespace or data error becomes the errno the program sees.
-fn fs<T>(r: ns::FsResult<T>) -> Result<T, Refusal> {
-    r.map_err(Refusal::errno)
-}
-
-/// The sComponent's dispatch table.
-impl Handler for Storage {
+    /// Serves one request on the files: the sComponent's own, or one another passed on.
     fn handle(&self, msg: Msg) -> Msg {
-        let name = msg.name();
-        metrics::counter!("scomp_requests_total", "msg" => name).increment(1);
         let s = &self.store;
-        let reply = match msg {
+        match msg {
             Msg::P2S_LOOKUP(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.lookup(&r.vnode, &r.path))? })),
             Msg::X2S_GETATTR(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.getattr(&r.vnode, r.ino))? })),
             Msg::P2S_CREATE(r) => on(r, |r| Ok(S2P_ATTR { attr: fs(s.create(&r.vnode, &r.path, r.kind, r.perm, r.uid, r.gid, r.excl, r.target))? })),
@@ -130,14 +117,62 @@ impl Handler for Storage {
             }),
             Msg::M2S_LOG_COPY(r) => on(r, |r| self.backups.copy(&r.from, &r.to, r.epoch).map(|_| OK).map_err(|e| refused(e, &r.to, r.epoch))),
             Msg::M2S_LOG_DROP(r) => on(r, |r| fs(self.backups.drop_process(&r.vnode, r.pid)).map(|_| OK)),
+            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an sComponent does not handle {}", other.name()))),
+        }
+    }
+}
+
+pub struct Storage {
+    node: Arc<Node>,
+    share: Arc<share::Share>,
+    started: Instant,
+}
+
+impl Storage {
+    fn stats_json(&self) -> String {
+        let mut s = self.share.stats();
+        let me = serde_json::json!({"role": "scomponent", "id": self.node.id(), "addr": self.node.addr, "uptime_ms": self.started.elapsed().as_millis() as u64});
+        if let (Some(s), serde_json::Value::Object(me)) = (s.as_object_mut(), me) {
+            s.extend(me);
+        }
+        s.to_string()
+    }
+
+    fn shutdown(&self) -> Result<OK, Refusal> {
+        self.share.checkpoint();
+        crate::node::exit_soon();
+        Ok(OK)
+    }
+}
+
+/// A refused change of a backup file, as its logger sees it.
+fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
+    match e {
+        backup::Refused::Errno(e) => Refusal::errno(e),
+        backup::Refused::Stale(at) => ERR::new(ErrCode::Stale, format!("the backup file of vRegion {} of process {} was reset at epoch {at}, after this change's {epoch}", file.index, file.pid)),
+    }
+}
+
+/// A namespace or data error becomes the errno the program sees.
+fn fs<T>(r: ns::FsResult<T>) -> Result<T, Refusal> {
+    r.map_err(Refusal::errno)
+}
+
+/// The sComponent's dispatch table: requests on files go to the process that has the storage
+/// directory open, this one or the one it shares it with.
+impl Handler for Storage {
+    fn handle(&self, msg: Msg) -> Msg {
+        let name = msg.name();
+        metrics::counter!("scomp_requests_total", "msg" => name).increment(1);
+        let reply = match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Storage, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| {
-                metrics::gauge!("scomp_used_bytes").set(s.used() as f64);
+                metrics::gauge!("scomp_used_bytes").set(self.share.load().used as f64);
                 Ok(X2C_METRICS { text: node::render_metrics() })
             }),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an sComponent does not handle {}", other.name()))),
+            other => self.share.handle(other),
         };
         if let Msg::ERR(e) = &reply {
             tracing::debug!(request = name, code = ?e.code, msg = %e.msg, "request refused");
@@ -160,35 +195,27 @@ pub struct StorageArgs {
 
 pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
-    let store = Store::open(&args.dir, args.quota)?;
-    let backups = backup::BackupFiles::open(&args.dir)?;
+    let share = share::Share::open(&args.dir, args.quota)?;
     let (node, endpoint) = Node::bind(Role::Storage, &args.gm, &args.listen, &args.transport, &args.credentials)?;
-    let st = Arc::new(Storage { node: node.clone(), store, backups, backup_appended: AtomicU64::new(0), started: Instant::now(), bytes_read: AtomicU64::new(0), bytes_written: AtomicU64::new(0), syncs: AtomicU64::new(0) });
-    let s3 = st.clone();
-    stop.on_stop(move || {
-        if let Err(e) = s3.store.checkpoint() {
-            tracing::error!(errno = e, "final commit failed");
-        }
-    });
-    let s4 = st.clone();
+    let st = Arc::new(Storage { node: node.clone(), share: share.clone(), started: Instant::now() });
+    let s3 = share.clone();
+    stop.on_stop(move || s3.checkpoint());
     std::thread::Builder::new()
         .name("checkpoint".into())
         .spawn(move || loop {
             std::thread::sleep(CHECKPOINT_EVERY);
-            if let Err(e) = s4.store.checkpoint() {
-                tracing::error!(errno = e, "periodic commit failed");
-            }
+            share.checkpoint();
         })
         .expect("spawn checkpoint thread");
     endpoint.serve(st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
-    node.register(None, st.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    node.register(None, st.share.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     let s2 = st.clone();
-    node.clone().heartbeat_forever(None, move || s2.load(), |_| {});
+    node.clone().heartbeat_forever(None, move || s2.share.load(), |_| {});
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", dir = %args.dir.display(), quota = args.quota, used = st.store.used(), "splitos storage monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", dir = %args.dir.display(), quota = args.quota, used = st.share.load().used, owner = st.share.is_owner(), "splitos storage monitor started");
     node::announce_ready(args.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -10,6 +10,8 @@
 mod data;
 mod durability;
 
+pub use durability::InUse;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;

@@ -21,6 +21,19 @@ const INO_BATCH: u64 = 4096;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
+/// The storage directory is open in another process (its database is locked): that process
+/// may share it ([`crate::smon`]), this one cannot open it too.
+#[derive(Debug)]
+pub struct InUse(pub std::path::PathBuf);
+
+impl std::fmt::Display for InUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "storage directory {} is in use by another process", self.0.display())
+    }
+}
+
+impl std::error::Error for InUse {}
+
 impl Store {
     /// Opens (or creates) the store under `dir`. Inodes detached by an earlier run and never
     /// dropped (their pComponent went away) are freed now.
@@ -31,7 +44,7 @@ impl Store {
         crate::trusted::own_dir(dir, 0o700).map_err(|e| anyhow::anyhow!("the storage directory: {e}"))?;
         std::fs::create_dir_all(dir.join("data"))?;
         let db = Database::create(dir.join("namespace.redb")).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!("storage directory {} is in use by another sComponent", dir.display()),
+            redb::DatabaseError::DatabaseAlreadyOpen => anyhow::Error::new(InUse(dir.to_path_buf())),
             e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
         })?;
         let s = Store { db, inos: Mutex::new((0, 0)), unsynced: AtomicBool::new(false), dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
