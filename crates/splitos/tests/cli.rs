@@ -231,3 +231,16 @@ fn a_running_cluster_refuses_memory_options_notes_the_rest_and_guards_its_progra
     assert!(text(&down.stderr).contains("warning: stopping 1 program"), "{}", text(&down.stderr));
     assert!(!child.wait().unwrap().success());
 }
+
+#[test]
+fn out_of_memory_under_heuristic_overcommit_is_told_once() {
+    // The default charges pages when stored: the program is stopped when a page it wrote
+    // fits nowhere, as Linux's OOM killer would (docs/running-programs.md); strict overcommit
+    // makes malloc return NULL instead (cluster::out_of_memory_fails_malloc_not_the_cluster).
+    let p = program("memtouch");
+    let out = under_splitos(&["--embedded", "--mcomponents", "1", "--mem-capacity", "64M", "--excache", "4M"], &[p.to_str().unwrap(), "200"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(137), "{err}");
+    assert!(err.contains("is full"), "{err}");
+    assert_eq!(err.matches("cannot write back heap page").count(), 1, "told once: {err}");
+}

@@ -371,12 +371,10 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs) -> anyhow::Result<(i32, f64
         anyhow::bail!("{why}");
     }
     let secs = t0.elapsed().as_secs_f64();
+    // A process whose memory could not be served was told why on its own stderr by the
+    // pComponent that stopped it (the run's errors, in --stats-json): repeating it here
+    // printed every such message twice.
     let stats = launcher.run_stats(run_id).unwrap_or_else(|| serde_json::json!({}));
-    if let Some(errs) = stats.get("errors").and_then(|e| e.as_array()) {
-        for e in errs {
-            eprintln!("splitos: {}", e.as_str().unwrap_or_default());
-        }
-    }
     if let Some(f) = &a.stats_json {
         let mut s = stats.clone();
         s["wall_s"] = serde_json::json!(secs);
