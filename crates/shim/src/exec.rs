@@ -254,9 +254,9 @@ unsafe fn warn_if_static(dirfd: c_int, path: *const c_char) {
 
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
-    // SAFETY: the caller's path; then execve(2) itself, with the caller's path and argv and a
-    // completed envp.
+    // SAFETY: the caller's NUL-terminated path.
     unsafe { warn_if_static(libc::AT_FDCWD, path) };
+    // SAFETY: execve(2) itself, with the caller's path and argv and a completed envp.
     exec_result(unsafe { with_shim_env(envp, |envp| libc::syscall(libc::SYS_execve, path, argv, envp) as c_int) })
 }
 
