@@ -244,3 +244,24 @@ fn out_of_memory_under_heuristic_overcommit_is_told_once() {
     assert!(err.contains("is full"), "{err}");
     assert_eq!(err.matches("cannot write back heap page").count(), 1, "told once: {err}");
 }
+
+#[test]
+fn ctrl_c_typed_on_a_terminal_reaches_the_program() {
+    // `script` runs `run` on a pseudo-terminal of its own, as its foreground job; the ^C
+    // written to it is the terminal's SIGINT, sent to whichever process group has the terminal.
+    let data = tempfile::tempdir().unwrap();
+    let prog = data.path().join("catches.py");
+    std::fs::write(&prog, CATCHES_SIGINT).unwrap();
+    let line = format!("{} run --embedded -- {} {}", splitos().display(), python3(), prog.display());
+    let mut c = Command::new("script");
+    c.args(["-qfec", &line, "/dev/null"]).env_remove("SPLITOS_GM").env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster")).env("SPLITOS_DATA_DIR", data.path());
+    c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let mut job = Job(c.spawn().unwrap());
+    assert_eq!(first_line(&mut job).trim_end(), "ready");
+    use std::io::Write;
+    job.0.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
+    let (out, err, code) = finish(job);
+    assert!(out.contains("caught KeyboardInterrupt") && out.contains("KeyboardInterrupt"), "{out}{err}");
+    assert!(!out.contains("went away"), "{out}");
+    assert_eq!(code, 130, "{out}{err}");
+}
