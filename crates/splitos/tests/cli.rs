@@ -265,3 +265,15 @@ fn ctrl_c_typed_on_a_terminal_reaches_the_program() {
     assert!(!out.contains("went away"), "{out}");
     assert_eq!(code, 130, "{out}{err}");
 }
+
+#[test]
+fn cluster_down_leaves_no_rendezvous_sockets() {
+    let shm = tempfile::tempdir().unwrap();
+    let shm_dir = shm.path().join("rendezvous");
+    let c = TestCluster::up(Some(&format!("[transport]\nkind = \"shm\"\n[transport.shm]\ndir = \"{}\"\n[[pcomponent]]\n[[mcomponent]]\n", shm_dir.display())));
+    let socks = || std::fs::read_dir(&shm_dir).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "sock")).count();
+    assert!(socks() > 0, "the components listen on rendezvous sockets");
+    let down = c.cmd(&["cluster", "down"]).output().unwrap();
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert_eq!(socks(), 0, "sockets left in {}", shm_dir.display());
+}

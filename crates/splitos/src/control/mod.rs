@@ -100,6 +100,12 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     }
     cluster::stop_pids(&s.pids);
     cluster::unmount_vnodes(&s.dir);
+    // The stopped components' rendezvous sockets would stay until the next cluster starts.
+    if s.transport.kind == "shm" {
+        if let Ok(t) = splitos_rpc::transport::ShmTransport::new(&s.transport.shm, s.transport.tcp.clone(), s.transport.polling, None) {
+            t.sweep();
+        }
+    }
     let _ = std::fs::remove_file(cluster::state_file());
     println!("cluster down: stopped {} component process(es)", s.pids.len());
     Ok(())
