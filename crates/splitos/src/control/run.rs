@@ -457,9 +457,14 @@ const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, 
 extern "C" fn forward(sig: libc::c_int) {
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: kill is async-signal-safe and takes no pointers. Its result is not needed: it
-        // fails only when the program is already gone, and a handler has nowhere to report.
-        unsafe { libc::kill(-pid, sig) };
+        // SAFETY: kill is async-signal-safe and takes no pointers. The group is gone when the
+        // program left it (setsid, a shell's own job control): then the program alone. A
+        // failure of that means the program is gone, and a handler has nowhere to report.
+        unsafe {
+            if libc::kill(-pid, sig) != 0 {
+                libc::kill(pid, sig);
+            }
+        }
     } else {
         PENDING.store(sig, Ordering::SeqCst);
     }
