@@ -201,14 +201,71 @@ fn environ() -> Argv {
     unsafe { libc::environ as Argv }
 }
 
+/// Whether `path` (relative to `dirfd`) is a statically linked ELF executable: one without an
+/// interpreter, which LD_PRELOAD cannot reach. Only open, pread and close: async-signal-safe.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+unsafe fn is_static_elf(dirfd: c_int, path: *const c_char) -> bool {
+    // SAFETY: openat reads the caller's NUL-terminated path.
+    let fd = unsafe { libc::openat(dirfd, path, libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let read = |buf: &mut [u8], at: u64| {
+        // SAFETY: pread writes at most buf.len() bytes into the live buffer.
+        unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), at as libc::off_t) == buf.len() as isize }
+    };
+    let mut eh = [0u8; 64];
+    let mut interpreter = None;
+    if read(&mut eh, 0) && eh[..4] == *b"\x7fELF" && eh[4] == 2 {
+        let phoff = u64::from_le_bytes([eh[32], eh[33], eh[34], eh[35], eh[36], eh[37], eh[38], eh[39]]);
+        let (entsize, count) = (u16::from_le_bytes([eh[54], eh[55]]) as u64, u16::from_le_bytes([eh[56], eh[57]]) as u64);
+        interpreter = Some(false);
+        for i in 0..count {
+            let mut kind = [0u8; 4];
+            // A header that cannot be read: not known to be static.
+            if !read(&mut kind, phoff + i * entsize) || u32::from_le_bytes(kind) == libc::PT_INTERP {
+                interpreter = Some(true);
+                break;
+            }
+        }
+    }
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::close(fd) };
+    interpreter == Some(false)
+}
+
+/// A program exec'd from the program (a script's command, a launcher's child) that is
+/// statically linked runs natively: its memory is not disaggregated. `splitos run` refuses
+/// such a program itself; here the image is the program's business, so it is said on its
+/// stderr and the exec goes on.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+unsafe fn warn_if_static(dirfd: c_int, path: *const c_char) {
+    // SAFETY: the caller's NUL-terminated path.
+    if !path.is_null() && unsafe { is_static_elf(dirfd, path) } {
+        // SAFETY: as above.
+        let name = unsafe { core::ffi::CStr::from_ptr(path) }.to_bytes();
+        crate::sys::say(&[b"splitos shim: warning: ", name, b" is statically linked: it runs natively, its memory is not disaggregated\n"]);
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    // SAFETY: the caller's NUL-terminated path.
+    unsafe { warn_if_static(libc::AT_FDCWD, path) };
     // SAFETY: execve(2) itself, with the caller's path and argv and a completed envp.
     exec_result(unsafe { with_shim_env(envp, |envp| libc::syscall(libc::SYS_execve, path, argv, envp) as c_int) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execveat(dirfd: c_int, path: *const c_char, argv: Argv, envp: Argv, flags: c_int) -> c_int {
+    if flags & libc::AT_EMPTY_PATH == 0 {
+        // SAFETY: the caller's directory and path.
+        unsafe { warn_if_static(dirfd, path) };
+    }
     // SAFETY: execveat(2) itself, with the caller's arguments and a completed envp.
     exec_result(unsafe { with_shim_env(envp, |envp| libc::syscall(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int) })
 }
@@ -221,6 +278,13 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    // A name with a slash is a path; one without is searched in PATH by the C library, whose
+    // own execve this shim does not see.
+    // SAFETY: the caller's NUL-terminated name.
+    if !file.is_null() && unsafe { core::ffi::CStr::from_ptr(file) }.to_bytes().contains(&b'/') {
+        // SAFETY: as above.
+        unsafe { warn_if_static(libc::AT_FDCWD, file) };
+    }
     // SAFETY: the C library's execvpe (its PATH search and its shell fallback), resolved for
     // this type, with the caller's arguments and a completed envp.
     exec_result(unsafe { with_shim_env(envp, |envp| REAL_EXECVPE.get::<ExecvpeFn>()(file, argv, envp)) })
@@ -247,6 +311,8 @@ pub unsafe extern "C" fn posix_spawn(
     argv: Argv,
     envp: Argv,
 ) -> c_int {
+    // SAFETY: the caller's path.
+    unsafe { warn_if_static(libc::AT_FDCWD, path) };
     // SAFETY: the C library's posix_spawn, resolved for this type, with the caller's arguments
     // and a completed envp, which lives until it returns (the child has copied it by then).
     unsafe { with_shim_env(envp, |envp| REAL_POSIX_SPAWN.get::<SpawnFn>()(pid, path, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)

@@ -16,7 +16,9 @@ const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 pub struct Size(pub u64);
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    // "64MB" and "64MiB" mean 64M, as people write them.
     let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).or_else(|| t.strip_suffix(['B', 'b']).filter(|n| n.ends_with(|c: char| c.is_ascii_alphabetic()))).unwrap_or(t);
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m = match c.to_ascii_uppercase() {
@@ -351,9 +353,7 @@ impl ClusterConfig {
             return Err("mcomponent: at least one [[mcomponent]] is needed".into());
         }
         for (i, p) in self.pcomponent.iter().enumerate() {
-            if p.excache.0 < PAGE {
-                return Err(format!("pcomponent[{i}].excache: {} bytes is less than one 4 KiB line", p.excache.0));
-            }
+            crate::pmon::check_excache(p.excache.0).map_err(|e| format!("pcomponent[{i}].{e}"))?;
             if crate::pmon::policy_by_name(&p.policy).is_none() {
                 return Err(format!("pcomponent[{i}].policy: unknown policy {:?} (known: {})", p.policy, crate::pmon::POLICIES.join(", ")));
             }
@@ -458,7 +458,19 @@ mod tests {
         assert!(check("evict_reserve = 7").is_ok());
         assert!(check("evict_reserve = 8").unwrap_err().contains("pcomponent[0].evict_reserve"));
         // Fully associative: one set of every line.
-        assert!(check("ways = 0\nexcache = \"64K\"\nevict_reserve = 15").is_ok());
-        assert!(check("ways = 0\nexcache = \"64K\"\nevict_reserve = 16").is_err());
+        assert!(check("ways = 0\nexcache = \"256K\"\nevict_reserve = 63").is_ok());
+        assert!(check("ways = 0\nexcache = \"256K\"\nevict_reserve = 64").is_err());
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them_and_unworkable_excaches_are_refused() {
+        for (s, n) in [("64MB", 64u64 << 20), ("64MiB", 64 << 20), ("1GB", 1 << 30), ("4096B", 4096), ("4096", 4096)] {
+            assert_eq!(parse_size(s), Ok(n), "{s}");
+        }
+        let check = |pcomp: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n")).unwrap().validate();
+        let tiny = check("excache = \"4K\"").unwrap_err();
+        assert!(tiny.contains("pcomponent[0].excache") && tiny.contains("256K"), "{tiny}");
+        assert!(check("excache = \"1T\"").unwrap_err().contains("more than this host's memory"));
+        assert!(check("excache = \"256K\"").is_ok());
     }
 }

@@ -120,9 +120,8 @@ enum Cmd {
         dirty_tracking: Option<pmon::DirtyTracking>,
         #[arg(long, help = format!("Spare ways a background evictor of the embedded cluster's pComponent keeps in each ExCache set a miss used, fewer than --ways; 0 = off [default: {}]", config::default_pcomp().evict_reserve))]
         evict_reserve: Option<usize>,
-        /// Number of mComponents of the embedded cluster.
-        #[arg(long, default_value_t = ClusterConfig::embedded().mcomponent.len())]
-        mcomponents: usize,
+        #[arg(long, help = format!("Number of mComponents of the embedded cluster [default: {}]", ClusterConfig::embedded().mcomponent.len()))]
+        mcomponents: Option<usize>,
         /// Start an nComponent with the embedded cluster: the program's TCP sockets live on it (docs/network.md).
         #[arg(long)]
         ncomponent: bool,
@@ -164,6 +163,9 @@ enum Cmd {
         /// Run a statically linked program natively (with a warning) instead of refusing it.
         #[arg(long)]
         allow_native: bool,
+        /// Print no hints, such as the one when most of the run went to ExCache misses of a too small ExCache.
+        #[arg(long, short)]
+        quiet: bool,
         #[arg(long, help = format!("Where the embedded cluster's fault workers run: {} (faulting: on the faulting thread's CPU, sleeping between faults) [default: {}]", pmon::FAULT_CPUS.join(", "), config::default_pcomp().fault_cpu))]
         fault_cpu: Option<pmon::FaultCpu>,
         /// The program and its arguments.
@@ -378,11 +380,16 @@ enum ClusterCmd {
     Status {
         #[arg(long)]
         gm: Option<String>,
+        /// Print JSON (also when no cluster runs: {"gm": null, "components": [], "error": ...}).
         #[arg(long)]
         json: bool,
     },
-    /// Stop the cluster started by `cluster up`.
-    Down,
+    /// Stop the cluster started by `cluster up`; refused while programs run on it, unless --force.
+    Down {
+        /// Stop it even while programs run on it (they are stopped with it).
+        #[arg(long)]
+        force: bool,
+    },
     /// Print every component's counters in Prometheus text format.
     Metrics {
         #[arg(long)]
@@ -391,7 +398,7 @@ enum ClusterCmd {
     /// Issue credentials from the cluster's authority (in the state directory), for a
     /// component started by hand or another admin's tools.
     Credentials {
-        /// global-managers, pcomponent, mcomponent, scomponent or admin.
+        /// global-managers, pcomponent, mcomponent, scomponent, ncomponent or admin (or the subcommand that runs it: gm, proc, mem, storage, net).
         #[arg(long)]
         role: String,
         /// Where to write them (mode 0600).
@@ -451,17 +458,17 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, fault_cpu, program } => {
+        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, quiet, fault_cpu, program } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu,
+                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu, quiet,
             })
             .map(|code| std::process::exit(code))
         }
         Cmd::Cluster { cmd } => match cmd {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
-            ClusterCmd::Down => control::down(),
+            ClusterCmd::Down { force } => control::down(force),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
@@ -565,8 +572,9 @@ mod tests {
         assert_eq!(transport.config(), file.transport, "gm transport");
         assert_eq!(listen, config::HAND_STARTED_GM);
 
+        // Left unset, so that `run` can tell a running cluster's user it does not apply.
         let Cmd::Run { mcomponents, .. } = parse(&["run", "true"]) else { unreachable!() };
-        assert_eq!(mcomponents, ClusterConfig::embedded().mcomponent.len());
+        assert_eq!(mcomponents, None);
     }
 
 }

@@ -343,7 +343,7 @@ static ISSUED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::
 impl Drop for TestCluster {
     fn drop(&mut self) {
         let pids = std::fs::read_to_string(self.dir.path().join("cluster.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
-        let _ = self.cmd(&["cluster", "down"]).output();
+        let _ = self.cmd(&["cluster", "down", "--force"]).output();
         // Whatever `cluster down` left running, if it is still a splitos process (a PID of a
         // component that ended may belong to another process by now).
         let exe = std::fs::canonicalize(splitos()).unwrap_or_else(|_| splitos());

@@ -123,7 +123,7 @@ impl Drop for TwoHosts {
             let _ = m.kill();
             let _ = m.wait();
         }
-        let _ = self.splitos(&self.a, &["cluster", "down"]).output();
+        let _ = self.splitos(&self.a, &["cluster", "down", "--force"]).output();
         for ns in [&self.a, &self.b] {
             // The rendezvous sockets of a namespace about to go: no later sweep would find them.
             use std::os::unix::fs::MetadataExt;

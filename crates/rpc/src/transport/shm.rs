@@ -308,7 +308,7 @@ impl ShmTransport {
 
     /// Removes the sockets of this namespace's components that are gone (killed components
     /// leave theirs behind), so that the directory does not grow with every cluster.
-    fn sweep(&self) {
+    pub fn sweep(&self) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
         let mine = format!("{}-", self.netns);
         for e in entries.flatten() {

@@ -161,9 +161,10 @@ fn spawn(dir: &Path, name: &str, args: &[String], detach: bool, netns: Option<&s
     cmd.args(args).arg("--ready-file").arg(&ready).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     cmd.env_remove("LD_PRELOAD");
     use std::os::unix::process::CommandExt;
-    if detach {
-        cmd.process_group(0);
-    } else {
+    // A process group of its own: signals for the job that started it (the terminal's ^C,
+    // `timeout`) are for its program, not for the cluster.
+    cmd.process_group(0);
+    if !detach {
         // An embedded cluster ends with the run that started it, even if that run is killed.
         // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
         // is async-signal-safe, touches no memory of ours and allocates nothing.

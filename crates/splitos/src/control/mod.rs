@@ -3,6 +3,8 @@ pub mod cluster;
 pub mod launcher;
 pub mod run;
 
+use std::io::Write;
+
 use comfy_table::Table;
 use splitos_rpc::{unseal_page, Role, Who, C2M_DEBUG_FLIP, C2X_METRICS, P2M_FETCH, PAGE_SIZE};
 
@@ -15,7 +17,27 @@ fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
         .ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))
 }
 
+/// Holds an exclusive lock next to the state directory `dir` until dropped: two `cluster up`
+/// at once would both start components in it and race on its files.
+fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "splitos".into());
+    let path = dir.with_file_name(format!("{name}.lock"));
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
+    // SAFETY: flock takes the descriptor of `f`, open for the call.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!("splitos: another `splitos cluster up` is starting a cluster in {}; waiting for it", dir.display());
+        // SAFETY: as above.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            anyhow::bail!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+    }
+    Ok(f)
+}
+
 pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let _only_one = lock_state_dir(&cluster::state_dir())?;
     if let Some(s) = cluster::read_state() {
         if cluster::status(&s.gm).is_ok() {
             anyhow::bail!("a cluster is already running (global managers at {}); `splitos cluster down` first", s.gm);
@@ -42,7 +64,16 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
 
 /// Issues credentials of `role` from the authority of the cluster in the state directory.
 pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
-    let role = Role::from_name(role).ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (known: {})", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))?;
+    // The subcommand that runs a role names it too (`splitos gm`, `splitos proc`, ...).
+    let by_command = match role {
+        "gm" => Some(Role::Gm),
+        "proc" => Some(Role::Proc),
+        "mem" => Some(Role::Mem),
+        "storage" => Some(Role::Storage),
+        "net" => Some(Role::Net),
+        _ => None,
+    };
+    let role = by_command.or_else(|| Role::from_name(role)).ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))?;
     let dir = cluster::state_dir();
     if !dir.join(cluster::AUTHORITY).exists() {
         anyhow::bail!("no cluster authority in {} (`splitos cluster up` makes one)", dir.display());
@@ -52,13 +83,29 @@ pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn down() -> anyhow::Result<()> {
+pub fn down(force: bool) -> anyhow::Result<()> {
     let Some(s) = cluster::read_state() else {
         println!("no cluster is running");
         return Ok(());
     };
+    // Programs on it would be stopped mid-way: only when asked to.
+    // Each pComponent's count of runs is exact; its heartbeat's count of processes may lag.
+    let runs = |c: &splitos_rpc::ComponentInfo| cluster::component_stats(&c.addr).ok().and_then(|s| s["runs"].as_u64()).unwrap_or(c.load.processes.into());
+    let running: u64 = cluster::status(&s.gm).map(|cs| cs.iter().filter(|c| c.alive && c.role == Role::Proc).map(runs).sum()).unwrap_or(0);
+    if running > 0 {
+        if !force {
+            anyhow::bail!("{running} program(s) run on the cluster and would be stopped with it; `splitos cluster down --force` stops them too");
+        }
+        eprintln!("splitos: warning: stopping {running} program(s) that run on the cluster");
+    }
     cluster::stop_pids(&s.pids);
     cluster::unmount_vnodes(&s.dir);
+    // The stopped components' rendezvous sockets would stay until the next cluster starts.
+    if s.transport.kind == "shm" {
+        if let Ok(t) = splitos_rpc::transport::ShmTransport::new(&s.transport.shm, s.transport.tcp.clone(), s.transport.polling, None) {
+            t.sweep();
+        }
+    }
     let _ = std::fs::remove_file(cluster::state_file());
     println!("cluster down: stopped {} component process(es)", s.pids.len());
     Ok(())
@@ -74,8 +121,16 @@ fn human(b: u64) -> String {
 }
 
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
-    let gm = gm_addr(gm)?;
-    let comps = cluster::status(&gm)?;
+    let found = gm_addr(gm).and_then(|gm| cluster::status(&gm).map(|comps| (gm, comps)));
+    let (gm, comps) = match found {
+        Ok(f) => f,
+        // A script reading --json gets JSON it can test, and the exit status says it too.
+        Err(e) if json => {
+            println!("{}", serde_json::json!({"gm": null, "components": [], "error": format!("{e:#}")}));
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     let mut rows = Vec::new();
     for c in &comps {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
@@ -134,9 +189,14 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
     let mut addrs = vec![gm.clone()];
     addrs.extend(cluster::status(&gm)?.into_iter().filter(|c| c.alive).map(|c| c.addr));
+    let mut out = std::io::stdout().lock();
     for a in addrs {
         if let Ok(m) = cluster::ask(&a, C2X_METRICS) {
-            println!("# component {a}\n{}", m.text);
+            match writeln!(out, "# component {a}\n{}", m.text) {
+                // The reader has what it wanted (`| head`): not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                r => r?,
+            }
         }
     }
     Ok(())

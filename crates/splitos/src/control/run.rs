@@ -37,7 +37,7 @@ pub struct RunArgs {
     pub huge_pages: Option<crate::pmon::HugePages>,
     pub dirty_tracking: Option<crate::pmon::DirtyTracking>,
     pub evict_reserve: Option<usize>,
-    pub mcomponents: usize,
+    pub mcomponents: Option<usize>,
     pub ncomponent: bool,
     pub net_path: Option<crate::pmon::NetPath>,
     pub mem_capacity: Option<u64>,
@@ -51,6 +51,7 @@ pub struct RunArgs {
     pub allow_native: bool,
     pub print_stats: bool,
     pub fault_cpu: Option<crate::pmon::FaultCpu>,
+    pub quiet: bool,
 }
 
 /// Finds `prog` the way execvp would.
@@ -186,6 +187,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 
     let mut embedded = None;
     let mut target = target(&a)?;
+    if !matches!(target, Target::Embedded) {
+        not_for_a_running_cluster(&a)?;
+    }
+    forward_signals();
     if let Target::Embedded = target {
         // SAFETY: geteuid takes nothing and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -213,7 +218,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             // One machine: its loopback services are the user's, as for a native run.
             cfg.ncomponent = vec![crate::config::NcompSection { loopback: crate::nmon::Loopback::Host, ..crate::config::default_ncomp() }];
         }
-        cfg.mcomponent = (0..a.mcomponents.max(1))
+        cfg.mcomponent = (0..a.mcomponents.unwrap_or(cfg.mcomponent.len()).max(1))
             .map(|_| {
                 let mut m = crate::config::default_mcomp();
                 m.capacity = Size(a.mem_capacity.unwrap_or(m.capacity.0));
@@ -239,12 +244,18 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         }
         cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
         let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
-        let c = Cluster::start(&cfg, &dir, false)?;
+        let c = match Cluster::start(&cfg, &dir, false) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        // The authority only signed the components' credentials, now issued. A run killed
+        // by SIGKILL leaves its directory behind; it must not leave a key that signs more.
+        let _ = std::fs::remove_file(dir.join(cluster::AUTHORITY));
         target = Target::Cluster(c.state.gm.clone());
         embedded = Some((c, dir));
-    }
-    if embedded.is_none() && (a.excache.is_some() || a.ways.is_some() || a.policy.is_some() || a.no_piggyback || a.prefetch.is_some() || a.prefetch_policy.is_some() || a.fault_around.is_some() || a.transport.is_some() || a.polling.is_some() || a.compressed_tier.is_some() || a.prealloc.is_some() || a.heap_reuse.is_some() || a.huge_pages.is_some() || a.fault_cpu.is_some() || a.dirty_tracking.is_some() || a.evict_reserve.is_some() || a.replication.is_some() || a.overcommit.is_some() || a.ncomponent || a.net_path.is_some()) {
-        eprintln!("splitos: note: ExCache and transport options apply to the embedded cluster; the running cluster keeps its configuration");
     }
 
     let result = run_on(&target, &path, &a, embedded.is_some());
@@ -261,6 +272,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         let _ = std::fs::remove_dir_all(dir);
     }
     let (code, secs, stats, _) = result?;
+    if !a.quiet {
+        if let Some(hint) = excache_hint(&stats, secs) {
+            eprintln!("splitos: hint: {hint}");
+        }
+    }
     if a.print_stats {
         let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "faulted_around", "preallocated", "prefetched", "tier_hits", "tier_stores", "tier_writebacks", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99", "inline_evictions", "bg_evictions"];
         let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
@@ -316,23 +332,44 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
             cmd.env_remove(ENV_VNODE_DIR);
         }
     }
-    // SAFETY: prctl is async-signal-safe; the program dies with us rather than outliving the
-    // run that owns its cluster.
-    unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
-    let mut child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
-    // SAFETY: `forward` is an extern "C" handler that only reads an atomic and calls kill, both
-    // async-signal-safe. With these valid signal numbers signal() cannot fail.
+    // The program is a job of its own (its own process group, given the terminal if this run
+    // has it): the terminal's ^C and ^Z reach it alone, and what reaches this run's group
+    // (`timeout`, kill -INT -PGID) is passed on, so that no signal meant for the program
+    // reaches the cluster's components.
+    let tty = foreground_tty();
+    cmd.process_group(0);
+    // SAFETY: prctl, tcsetpgrp, getpid and signal are async-signal-safe and touch no memory of
+    // ours. The program dies with us rather than outliving the run that owns its cluster.
     unsafe {
-        // The terminal's ^C reaches the program itself; a SIGTERM or SIGHUP sent to us is passed on.
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGTERM, forward as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGHUP, forward as *const () as libc::sighandler_t);
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = tty {
+                // SIGTTOU is ignored here (inherited), so a background group may take the terminal.
+                libc::tcsetpgrp(fd, libc::getpid());
+            }
+            libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            Ok(())
+        })
+    };
+    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
+    let pid = child.id() as i32;
+    if let Some(fd) = tty {
+        // Also here: whichever of the two runs first, the program has the terminal before exec.
+        // SAFETY: tcsetpgrp takes no pointers.
+        unsafe { libc::tcsetpgrp(fd, pid) };
+    }
+    CHILD.store(pid, Ordering::SeqCst);
+    let early = PENDING.swap(0, Ordering::SeqCst);
+    if early != 0 {
+        // SAFETY: kill takes no pointers; the group is the program's, just started.
+        unsafe { libc::kill(-pid, early) };
     }
     let (stop, stopper) = std::os::unix::net::UnixStream::pair()?;
     let (st, lost) = std::thread::scope(|scope| -> anyhow::Result<_> {
         let watcher = scope.spawn(|| watch_pcomponent(&launcher, &pcomp_name, &stop, run_id));
-        let st = child.wait();
+        let st = wait_program(pid, tty);
         // Wakes the watcher; if the write failed it would wait for ever, so it is checked.
         (&stopper).write_all(b"x")?;
         let lost = watcher.join().expect("the watcher does not panic");
@@ -342,12 +379,10 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
         anyhow::bail!("{why}");
     }
     let secs = t0.elapsed().as_secs_f64();
+    // A process whose memory could not be served was told why on its own stderr by the
+    // pComponent that stopped it (the run's errors, in --stats-json): repeating it here
+    // printed every such message twice.
     let stats = launcher.run_stats(run_id).unwrap_or_else(|| serde_json::json!({}));
-    if let Some(errs) = stats.get("errors").and_then(|e| e.as_array()) {
-        for e in errs {
-            eprintln!("splitos: {}", e.as_str().unwrap_or_default());
-        }
-    }
     if let Some(f) = &a.stats_json {
         let mut s = stats.clone();
         s["wall_s"] = serde_json::json!(secs);
@@ -421,15 +456,144 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
     };
 }
 
+/// The program's process (and group) id once it runs.
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A signal that reached this run before the program ran: passed on when it starts.
+static PENDING: AtomicI32 = AtomicI32::new(0);
+
+/// What a terminal, a supervisor (`timeout`, systemd) or a user sends to end or interrupt a job.
+const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(Ordering::Relaxed);
+    let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: kill is async-signal-safe and takes no pointers. Its result is not needed: it
-        // fails only when the program is already gone, and a handler has nowhere to report.
-        unsafe { libc::kill(pid, sig) };
+        // SAFETY: kill is async-signal-safe and takes no pointers. The group is gone when the
+        // program left it (setsid, a shell's own job control): then the program alone. A
+        // failure of that means the program is gone, and a handler has nowhere to report.
+        unsafe {
+            if libc::kill(-pid, sig) != 0 {
+                libc::kill(pid, sig);
+            }
+        }
+    } else {
+        PENDING.store(sig, Ordering::SeqCst);
     }
+}
+
+/// From now on the signals of [`FORWARDED`] go to the program's process group, like the
+/// terminal's, instead of ending this run (and with it the embedded cluster) while the program
+/// lives.
+fn forward_signals() {
+    // SAFETY: `forward` is an extern "C" handler that only uses atomics and kill, all
+    // async-signal-safe. With these valid signal numbers signal() cannot fail.
+    unsafe {
+        for sig in FORWARDED {
+            libc::signal(sig, forward as *const () as libc::sighandler_t);
+        }
+        // Taking the terminal back from the program's group, from the background, must not stop us.
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+    }
+}
+
+/// The descriptor of the terminal whose foreground job this run is, if any.
+fn foreground_tty() -> Option<i32> {
+    // SAFETY: isatty, tcgetpgrp and getpgrp take no pointers.
+    (0..3).find(|&fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() })
+}
+
+/// Waits for the program to end. When it stops (^Z, or reading the terminal in the background)
+/// this run stops too, so that the shell sees its job stopped; when the job is continued, so is
+/// the program, with the terminal if the job has it (`fg`) and without (`bg`).
+fn wait_program(pid: i32, tty: Option<i32>) -> std::io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let st = loop {
+        let mut st = 0;
+        // SAFETY: waitpid writes the status to `st`, which outlives the call.
+        if unsafe { libc::waitpid(pid, &mut st, libc::WUNTRACED) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if !libc::WIFSTOPPED(st) {
+            break st;
+        }
+        // SAFETY: tcsetpgrp, getpgrp, kill and getpid take no pointers.
+        unsafe {
+            if let Some(fd) = tty {
+                libc::tcsetpgrp(fd, libc::getpgrp());
+            }
+            libc::kill(libc::getpid(), libc::SIGSTOP);
+            if let Some(fd) = tty.filter(|&fd| libc::tcgetpgrp(fd) == libc::getpgrp()) {
+                libc::tcsetpgrp(fd, pid);
+            }
+            libc::kill(-pid, libc::SIGCONT);
+        }
+    };
+    if let Some(fd) = tty {
+        // SAFETY: as above.
+        unsafe { libc::tcsetpgrp(fd, libc::getpgrp()) };
+    }
+    Ok(std::process::ExitStatus::from_raw(st))
+}
+
+/// Options that shape an embedded cluster given for a running one: those that decide how much
+/// memory the cluster has are an error (a test meant for 1 GiB would fill the host's), the
+/// others a note naming them.
+fn not_for_a_running_cluster(a: &RunArgs) -> anyhow::Result<()> {
+    let given = |flags: &[(&str, bool)]| flags.iter().filter(|(_, on)| *on).map(|(f, _)| *f).collect::<Vec<_>>().join(", ");
+    let memory = given(&[("--mem-capacity", a.mem_capacity.is_some()), ("--mcomponents", a.mcomponents.is_some()), ("--vregion-size", a.vregion_size.is_some()), ("--mem-workers", a.mem_workers.is_some()), ("--overcommit", a.overcommit.is_some()), ("--replication", a.replication.is_some())]);
+    if !memory.is_empty() {
+        anyhow::bail!("{memory} shape(s) the memory of an embedded cluster, and this run goes to a running cluster, which has its own: pass --embedded to run on a cluster of this command's own, or leave them out");
+    }
+    let others = given(&[
+        ("--excache", a.excache.is_some()),
+        ("--ways", a.ways.is_some()),
+        ("--policy", a.policy.is_some()),
+        ("--no-piggyback", a.no_piggyback),
+        ("--fault-workers", a.fault_workers.is_some()),
+        ("--prefetch", a.prefetch.is_some()),
+        ("--prefetch-policy", a.prefetch_policy.is_some()),
+        ("--fault-around", a.fault_around.is_some()),
+        ("--transport", a.transport.is_some()),
+        ("--polling", a.polling.is_some()),
+        ("--compressed-tier", a.compressed_tier.is_some()),
+        ("--prealloc", a.prealloc.is_some()),
+        ("--heap-reuse", a.heap_reuse.is_some()),
+        ("--huge-pages", a.huge_pages.is_some()),
+        ("--fault-cpu", a.fault_cpu.is_some()),
+        ("--dirty-tracking", a.dirty_tracking.is_some()),
+        ("--evict-reserve", a.evict_reserve.is_some()),
+        ("--ncomponent", a.ncomponent),
+        ("--net-path", a.net_path.is_some()),
+    ]);
+    if !others.is_empty() {
+        eprintln!("splitos: note: ignored: {others} (options of an embedded cluster: the running cluster keeps its configuration; --embedded runs on a cluster of this command's own)");
+    }
+    Ok(())
+}
+
+/// One line when the run spent most of its time in ExCache misses that fetched back pages it
+/// had already had (capacity misses: the ExCache is smaller than what the program keeps using),
+/// from the run's own counters; `None` otherwise.
+fn excache_hint(stats: &serde_json::Value, secs: f64) -> Option<String> {
+    let n = |k: &str| stats.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let misses = n("misses");
+    let refetched = misses.saturating_sub(n("plocal_fills") + n("tier_hits"));
+    // Every page the program touched was filled fresh once: by a miss, around one, or ahead.
+    let fresh = n("plocal_fills") + n("faulted_around") + n("preallocated").saturating_sub(n("prealloc_unused"));
+    let in_misses = misses as f64 * n("miss_ns_mean") as f64 / 1e9;
+    if secs <= 0.0 || refetched < fresh.max(1) || in_misses < secs / 2.0 {
+        return None;
+    }
+    let fits = Size((fresh * splitos_rpc::PAGE_SIZE as u64).next_power_of_two().max(1 << 20));
+    Some(format!(
+        "the ExCache is too small for this program: {misses} misses ({:.0}/s), {refetched} of them for pages it had already had, took about {:.0}% of the run; its heap touched {} pages, which an ExCache of {fits} would hold (--excache; --quiet drops this hint)",
+        misses as f64 / secs,
+        (100.0 * in_misses / secs).min(100.0),
+        fresh
+    ))
 }
 
 /// Every process of this run (the program and whatever it forked or executed).

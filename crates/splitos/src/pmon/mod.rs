@@ -360,6 +360,25 @@ fn raise_descriptor_limit() {
     }
 }
 
+
+/// The least ExCache a program works with: an instruction, a system call's buffers and the
+/// interpreter's hot pages need lines at once, and with fewer (4K: one) each miss evicts the
+/// line the next access needs again, so that even a Python one-liner never ends.
+pub const MIN_EXCACHE: u64 = 256 << 10;
+
+/// Refuses an ExCache size that cannot work: below [`MIN_EXCACHE`], or more than this host's
+/// memory (its lines' bookkeeping alone would take seconds to set up and then not fit).
+pub fn check_excache(bytes: u64) -> Result<(), String> {
+    use crate::config::Size;
+    if bytes < MIN_EXCACHE {
+        return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
+    }
+    let host = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())).map(|kb| kb << 10);
+    if let Some(host) = host.filter(|&h| bytes > h) {
+        return Err(format!("excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory", Size(bytes), Size(host)));
+    }
+    Ok(())
+}
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     raise_descriptor_limit();
@@ -377,10 +396,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         }
         dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
     }
+    check_excache(args.cfg.excache_bytes).map_err(|e| anyhow::anyhow!(e))?;
     let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
-    if lines == 0 {
-        anyhow::bail!("excache: {} bytes is less than one 4 KiB line", args.cfg.excache_bytes);
-    }
     let heap_fs = match args.cfg.huge_pages {
         HugePages::Off => None,
         HugePages::On => Some(huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
