@@ -25,6 +25,13 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "splitos".into());
     let path = dir.with_file_name(format!("{name}.lock"));
     let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
+    // Beside a state directory in a shared directory, another user could have made the lock
+    // first and hold it for ever.
+    let owner = std::os::unix::fs::MetadataExt::uid(&f.metadata()?);
+    // SAFETY: geteuid has no preconditions.
+    if owner != unsafe { libc::geteuid() } {
+        anyhow::bail!("the lock file {} belongs to uid {owner}, not to this user: remove it, or keep the state directory where only its user makes names", path.display());
+    }
     // SAFETY: flock takes the descriptor of `f`, open for the call.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         eprintln!("splitos: another `splitos cluster up` is starting a cluster in {}; waiting for it", dir.display());
