@@ -24,24 +24,6 @@ fn unprotected(c: &TestCluster) -> Vec<u64> {
     mcomp_stats(c).iter().filter_map(|m| m["stats"]["owned_processes"].as_array().cloned()).flatten().flat_map(|p| p["unprotected_vregions"].as_array().cloned().unwrap_or_default()).map(|v| v.as_u64().unwrap()).collect()
 }
 
-/// Stops a component (SIGSTOP) until dropped: a storage server too slow to keep up.
-struct Stalled(i32);
-
-impl Stalled {
-    fn new(pid: i32) -> Stalled {
-        // SAFETY: kill(2) takes no pointers; `pid` is this test's own cluster's sComponent.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-        Stalled(pid)
-    }
-}
-
-impl Drop for Stalled {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 #[test]
 fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between() {
     let c = cluster(4, "");

@@ -80,7 +80,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     for c in &comps {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
-            "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive,
+            "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive, "lost": c.lost,
             "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "stats": stats,
         }));
     }
@@ -100,7 +100,12 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             c.id.to_string(),
             c.role.name().to_string(),
             c.addr.clone(),
-            if c.alive { "yes".into() } else { format!("NO ({} ms)", c.since_heartbeat_ms) },
+            match (c.alive, c.lost) {
+                (true, _) => "yes".into(),
+                // Late on heartbeats: paused or overloaded, waited for until declared lost.
+                (false, false) => format!("unresponsive ({} ms)", c.since_heartbeat_ms),
+                (false, true) => format!("LOST ({} ms)", c.since_heartbeat_ms),
+            },
             c.load.processes.to_string(),
             c.load.threads.to_string(),
             used,
