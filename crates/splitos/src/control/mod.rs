@@ -126,9 +126,19 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         if scheme == "log" {
             let sum = |k: &str| mstats.iter().filter_map(|s| s["backup_log"][k].as_u64()).sum::<u64>();
             let unprotected: usize = mstats.iter().filter_map(|s| s["owned_processes"].as_array()).flatten().filter_map(|p| p["unprotected_vregions"].as_array()).map(|v| v.len()).sum();
-            println!("backup logs: {} queued, {} streamed to sComponents, {} write-backs and frees skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), sum("skipped_records"));
+            println!("backup logs: {} queued, {} stored on sComponents, {} refused by them, {} write-backs and frees skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), human(sum("refused_bytes")), sum("skipped_records"));
             if unprotected > 0 {
-                println!("unprotected: {unprotected} vRegion(s) whose backup log was full (the sComponent was too slow); protected again once copied to their logger");
+                // The causes seen: a log that skipped records, a sComponent that refused them.
+                let mut why: Vec<String> = mstats.iter().filter_map(|s| s["backup_log"]["refusal"].as_str()).map(|r| format!("the sComponent refused their backup records: {r}")).collect();
+                why.sort();
+                why.dedup();
+                if sum("skipped_records") > 0 {
+                    why.insert(0, "their backup log was full (the sComponent was too slow)".into());
+                }
+                if why.is_empty() {
+                    why.push("their backup is being copied to their logger".into());
+                }
+                println!("unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger", why.join("; "));
             }
         }
     }
