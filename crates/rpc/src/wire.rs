@@ -370,6 +370,11 @@ pub struct ComponentInfo {
     pub load: Load,
     pub alive: bool,
     pub since_heartbeat_ms: u64,
+    /// Declared lost by the global managers (silent for `reclaim_dead_ms`): its processes
+    /// (pComponent) or its copies (mComponent) are given up. One that is not alive and not lost
+    /// is late: the components that need it wait for it.
+    #[serde(default)]
+    pub lost: bool,
 }
 
 /// The mComponents holding a vRegion of a process. `epoch` is the process's epoch when the

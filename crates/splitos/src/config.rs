@@ -84,8 +84,10 @@ pub struct ClusterSection {
     /// How long the global managers keep a component that stopped heartbeating (ms) before
     /// they forget it; one that comes back later registers again.
     pub forget_dead_ms: u64,
-    /// How long a pComponent may be silent (ms) before the mComponents release the memory of
-    /// the processes it created; less than `forget_dead_ms`.
+    /// How long a pComponent or mComponent may be silent (ms) before the global managers
+    /// declare it lost: the mComponents release the memory of the processes a lost pComponent
+    /// created; programs give up what a lost mComponent held (until then they wait for it,
+    /// and `cluster status` shows it unresponsive); less than `forget_dead_ms`.
     pub reclaim_dead_ms: u64,
     /// The network namespace (`ip netns`) to start the global managers in (docs/deployment.md);
     /// none: the namespace of `cluster up`.

@@ -186,7 +186,7 @@ enum Cmd {
         /// How long a component that stopped heartbeating is kept (shown dead) before it is forgotten (ms).
         #[arg(long, default_value_t = config::default_cluster().forget_dead_ms)]
         forget_dead_ms: u64,
-        /// How long a pComponent may be silent before the mComponents release the memory of its processes (ms).
+        /// How long a pComponent or mComponent may be silent before it is declared lost (ms): the mComponents release the memory of a lost pComponent's processes; programs wait for a silent mComponent until it is declared lost.
         #[arg(long, default_value_t = config::default_cluster().reclaim_dead_ms)]
         reclaim_dead_ms: u64,
         /// How heap memory survives the loss of an mComponent: none (one copy), replica (two, on different hosts where there are), log (LegoOS: one copy, and a logger mComponent streams each write-back to a backup file on an sComponent), ec or ec:K (one copy striped over K = 2, 4 or 8 mComponents plus their XOR parity on one more; ec is ec:4).
@@ -376,7 +376,7 @@ enum ClusterCmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Show every component, its liveness and its memory.
+    /// Show every component, its liveness (yes; unresponsive: late on heartbeats, waited for; LOST: declared lost after reclaim_dead_ms) and its memory.
     Status {
         #[arg(long)]
         gm: Option<String>,

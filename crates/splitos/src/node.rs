@@ -1,8 +1,8 @@
 //! What every component process shares: logging, the metrics registry, its RPC server, and
 //! registration plus heartbeats with the global managers.
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use splitos_rpc::auth::Credentials;
@@ -66,6 +66,9 @@ pub struct Node {
     id: AtomicU32,
     /// An nComponent's interface addresses, told to the global managers at every registration.
     pub nics: std::sync::OnceLock<Vec<std::net::IpAddr>>,
+    /// When the global managers last answered a heartbeat, and the mComponents they had
+    /// declared lost then.
+    heard: Mutex<Option<(Instant, Vec<u32>)>>,
 }
 
 impl Node {
@@ -75,7 +78,7 @@ impl Node {
         let t = transport.build(Some(credentials(creds, role)?)).map_err(|e| anyhow::anyhow!(e))?;
         let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
         let rpc = Rpc::new(t, RPC_TIMEOUT);
-        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new() }), ep))
+        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), heard: Mutex::new(None) }), ep))
     }
 
     pub fn id(&self) -> u32 {
@@ -104,6 +107,17 @@ impl Node {
         Err(last.expect("at least one attempt"))
     }
 
+    /// Whether mComponent `id` still counts as alive, late maybe: the global managers answer
+    /// heartbeats and have not declared it lost. A call to it that got no answer is then
+    /// worth waiting for (it may be paused, swapping, overloaded) rather than giving up what
+    /// it holds.
+    pub fn mcomp_not_lost(&self, id: u32) -> bool {
+        match &*self.heard.lock().unwrap() {
+            Some((at, lost)) => at.elapsed() < HEARTBEAT * crate::gm::MISSED_BEATS && !lost.contains(&id),
+            None => false,
+        }
+    }
+
     /// Heartbeats forever, handing each answer to `on_beat`; re-registers if the global
     /// managers forgot us (they restarted).
     pub fn heartbeat_forever(self: Arc<Self>, shim_sock: Option<String>, load: impl Fn() -> Load + Send + 'static, on_beat: impl Fn(splitos_rpc::G2X_BEAT) + Send + 'static) {
@@ -112,7 +126,10 @@ impl Node {
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
                 match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load() }) {
-                    Ok(beat) => on_beat(beat),
+                    Ok(beat) => {
+                        *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
+                        on_beat(beat)
+                    }
                     Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
                             if r.fenced {

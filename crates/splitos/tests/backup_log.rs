@@ -24,24 +24,6 @@ fn unprotected(c: &TestCluster) -> Vec<u64> {
     mcomp_stats(c).iter().filter_map(|m| m["stats"]["owned_processes"].as_array().cloned()).flatten().flat_map(|p| p["unprotected_vregions"].as_array().cloned().unwrap_or_default()).map(|v| v.as_u64().unwrap()).collect()
 }
 
-/// Stops a component (SIGSTOP) until dropped: a storage server too slow to keep up.
-struct Stalled(i32);
-
-impl Stalled {
-    fn new(pid: i32) -> Stalled {
-        // SAFETY: kill(2) takes no pointers; `pid` is this test's own cluster's sComponent.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-        Stalled(pid)
-    }
-}
-
-impl Drop for Stalled {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 #[test]
 fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between() {
     let c = cluster(4, "");
@@ -187,4 +169,41 @@ fn log_is_a_knob_that_costs_no_second_copy_in_memory_and_refuses_bad_appends() {
     assert!(st["mcomponents"].as_array().unwrap().iter().all(|m| m["replication"] == "log"), "{st}");
     assert!(n(&st, "flushes") > 0 && mcomp_sum(&st, "flushes") >= 2 * n(&st, "flushes"), "{st}");
     assert!(st["mcomponents"].as_array().unwrap().iter().any(|m| m["backup_log"]["streamed_bytes"].as_u64().unwrap() > 0), "{st}");
+}
+
+/// A tmpfs of `size` at a directory of its own, unmounted when dropped: a small disk.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let d = tempfile::Builder::new().prefix("splitos-small-disk-").tempdir().unwrap();
+        let out = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"]).arg(d.path()).output().unwrap();
+        assert!(out.status.success(), "mount: {}", text(&out.stderr));
+        SmallDisk(d)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        unmount_under(self.0.path());
+    }
+}
+
+#[test]
+fn a_full_scomponent_disk_is_named_as_the_cause() {
+    // Dropped after the cluster: the sComponent is gone before its disk.
+    let disk = SmallDisk::new("4M");
+    let c = TestCluster::up(Some(&format!("[cluster]\nvregion_size = \"4M\"\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\ndir = \"{}\"\n{}", disk.0.path().display(), "[[mcomponent]]\n".repeat(3))));
+    // Far more write-backs than the disk holds.
+    let (child, _) = spawn_hold(&c, 24);
+    let s = scomp(&c);
+    assert!(c.eventually(Duration::from_secs(30), |c| !unprotected(c).is_empty() && c.metric(&s, "scomp_backup_disk_full_total") > 0.0), "{:?}", mcomp_stats(&c));
+    let status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
+    assert!(status.contains("the sComponent refused their backup records") && status.contains("disk is full"), "{status}");
+    // What was refused is not counted as stored: no more than the disk holds.
+    let sum = |k: &str| mcomp_stats(&c).iter().map(|m| m["stats"]["backup_log"][k].as_u64().unwrap()).sum::<u64>();
+    assert!(sum("streamed_bytes") <= 4 << 20 && sum("refused_bytes") > 0, "{:?}", mcomp_stats(&c));
+    assert!(c.log("storage0").contains("disk is full"), "{}", c.log("storage0"));
+    // The program loses nothing: its pages are on their primaries.
+    assert_hold_ends_native(child);
 }

@@ -563,3 +563,26 @@ fn a_page_changed_on_its_mcomponent_is_never_taken_for_the_programs_data() {
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
 }
+
+#[test]
+fn an_mcomponent_gives_the_memory_of_exited_programs_back_to_the_kernel() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let pid = c.pid_of_addr(&m);
+    // Resident memory of the real mComponent process, in KiB.
+    let rss = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        s.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap()
+    };
+    let idle = rss();
+    let (mut child, _) = spawn_hold(&c, 128);
+    let held = rss();
+    assert!(held > idle + (100 << 10), "the mComponent holds the heap: {idle} KiB idle, {held} KiB held");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let used = |c: &TestCluster| c.components("mcomponent")[0]["stats"]["used"].as_u64().unwrap();
+    assert!(c.eventually(Duration::from_secs(10), |c| used(c) == 0), "released");
+    let back = c.eventually(Duration::from_secs(10), |_| rss() < idle + (held - idle) / 4);
+    assert!(back, "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the exit", rss());
+    assert!(c.metric(&m, "mcomp_memory_trims_total") >= 1.0);
+}

@@ -736,3 +736,22 @@ pub fn flip_each_vregion_and_expect_rebuilt(c: &TestCluster, child: std::process
     assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
     assert!(mcomp_metric(c, "mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages {how}");
 }
+
+/// Stops a component (SIGSTOP) until dropped (SIGCONT): a component too slow to keep up, or
+/// paused.
+pub struct Stalled(i32);
+
+impl Stalled {
+    pub fn new(pid: i32) -> Stalled {
+        // SAFETY: kill(2) takes no pointers; `pid` is a component of this test's own cluster.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        Stalled(pid)
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}

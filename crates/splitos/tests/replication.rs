@@ -161,3 +161,24 @@ fn global_managers_that_stall_take_no_mcomponent_for_lost() {
     assert!(c.log("gm").contains("heard no heartbeat for a while"), "{}", c.log("gm"));
     assert_hold_ends_native(child);
 }
+
+#[test]
+fn a_paused_mcomponent_is_waited_for_until_the_managers_declare_it_lost() {
+    // One copy of every page, on one mComponent; declared lost only after a minute silent.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\nreclaim_dead_ms = 60000\nforget_dead_ms = 120000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let (mut child, _) = spawn_hold(&c, 24);
+    let mcomp = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let paused = Stalled::new(c.pid_of_addr(&mcomp));
+    // The program reads its heap back, which is all on the paused mComponent.
+    drop(child.stdin.take());
+    // Longer than a call's timeout: the pComponent's calls to it got no reply.
+    assert!(c.eventually(Duration::from_secs(60), |c| c.log("proc0").contains("have not declared it lost: waiting for it")), "{}", c.log("proc0"));
+    let m = &c.components("mcomponent")[0];
+    assert_eq!((m["alive"].as_bool(), m["lost"].as_bool()), (Some(false), Some(false)), "late, not lost: {m}");
+    let table = c.cmd(&["cluster", "status"]).output().unwrap();
+    assert!(text(&table.stdout).contains("unresponsive ("), "{}", text(&table.stdout));
+    drop(paused);
+    assert_hold_ends_native(child);
+    assert!(c.metric(&pcomp, "pcomp_late_mcomponent_waits_total") > 0.0);
+}

@@ -430,6 +430,54 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     assert!(c.metric(&m, "rpc_requests_refused_total") == 0.0);
 }
 
+/// [`SHIM_CLIENT`]'s `forged`: a hello whose "userfaultfd" is a pipe the program could write
+/// page-fault messages into, then a real userfaultfd with a range outside the heap region
+/// registered on it by the program and touched.
+const FORGED_FAULTS: &str = r#"
+if what == "forged":
+    import ctypes, mmap
+    memfd = os.memfd_create("h")
+    os.ftruncate(memfd, SIZE)
+    s = connect()
+    welcome(s)
+    r, w = os.pipe()
+    print("pipe", hello(s, [r, memfd], 0x5EC0_0002)[0])
+    s = connect()
+    _, fds = welcome(s)
+    uffd = fcntl.ioctl(fds[0], 0xAA00, os.O_CLOEXEC | os.O_NONBLOCK)
+    fcntl.ioctl(uffd, 0xC018AA3F, bytearray(struct.pack("<QQQ", 0xAA, (1 << 5) | (1 << 8) | (1 << 12), 0)))
+    print("uffd", hello(s, [uffd, memfd], 0x5EC0_0003)[0])
+    m = mmap.mmap(-1, 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    fcntl.ioctl(uffd, 0xC020AA00, bytearray(struct.pack("<QQQQ", addr, 4096, 1, 0)))  # UFFDIO_REGISTER, missing
+    sys.stdout.flush()
+    m[0] = 1
+    print("served outside the heap")
+"#;
+
+#[test]
+fn fault_events_from_a_forged_descriptor_or_outside_the_heap_are_refused() {
+    let alice = 60013u32;
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
+    let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let script = format!("{SHIM_CLIENT}{FORGED_FAULTS}");
+    let out = as_user(alice, &["/usr/bin/python3", "-c", &script, &sock, "forged"], &[]);
+    // A pipe is no userfaultfd: EINVAL at hello. The fault outside the heap ends the program
+    // that made it, with the reason on its stderr, before anything of it reaches the ExCache.
+    assert_eq!(text(&out.stdout), "pipe -22\nuffd 0\n", "{}", text(&out.stderr));
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(libc::SIGKILL), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("outside its heap region"), "{}", text(&out.stderr));
+    assert!(c.log("proc0").contains("not a userfaultfd"), "{}", c.log("proc0"));
+    assert_eq!(c.metric(&p, "pcomp_fault_sources_refused_total"), 1.0);
+    assert_eq!(c.metric(&p, "pcomp_fault_events_refused_total"), 1.0);
+    let stats = &c.components("pcomponent")[0]["stats"];
+    assert_eq!((stats["totals"]["misses"].as_u64(), stats["excache"]["used_lines"].as_u64()), (Some(0), Some(0)), "nothing reached the ExCache: {stats}");
+    // Everyone else is served meanwhile.
+    let out = c.run(&["--vnode", "lab"], &["echo", "served"]);
+    assert_eq!(text(&out.stdout), "served\n", "{}", text(&out.stderr));
+}
+
 /// `cluster up` on a state directory in `state`, with its data beside it; a cluster it did
 /// start (which it must not have) is stopped again.
 fn up_on(state: &std::path::Path) -> std::process::Output {

@@ -142,7 +142,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     for c in &comps {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
-            "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive,
+            "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive, "lost": c.lost,
             "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "stats": stats,
         }));
     }
@@ -162,7 +162,12 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             c.id.to_string(),
             c.role.name().to_string(),
             c.addr.clone(),
-            if c.alive { "yes".into() } else { format!("NO ({} ms)", c.since_heartbeat_ms) },
+            match (c.alive, c.lost) {
+                (true, _) => "yes".into(),
+                // Late on heartbeats: paused or overloaded, waited for until declared lost.
+                (false, false) => format!("unresponsive ({} ms)", c.since_heartbeat_ms),
+                (false, true) => format!("LOST ({} ms)", c.since_heartbeat_ms),
+            },
             c.load.processes.to_string(),
             c.load.threads.to_string(),
             used,
@@ -183,9 +188,19 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         if scheme == "log" {
             let sum = |k: &str| mstats.iter().filter_map(|s| s["backup_log"][k].as_u64()).sum::<u64>();
             let unprotected: usize = mstats.iter().filter_map(|s| s["owned_processes"].as_array()).flatten().filter_map(|p| p["unprotected_vregions"].as_array()).map(|v| v.len()).sum();
-            println!("backup logs: {} queued, {} streamed to sComponents, {} write-backs and frees skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), sum("skipped_records"));
+            println!("backup logs: {} queued, {} stored on sComponents, {} refused by them, {} write-backs and frees skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), human(sum("refused_bytes")), sum("skipped_records"));
             if unprotected > 0 {
-                println!("unprotected: {unprotected} vRegion(s) whose backup log was full (the sComponent was too slow); protected again once copied to their logger");
+                // The causes seen: a log that skipped records, a sComponent that refused them.
+                let mut why: Vec<String> = mstats.iter().filter_map(|s| s["backup_log"]["refusal"].as_str()).map(|r| format!("the sComponent refused their backup records: {r}")).collect();
+                why.sort();
+                why.dedup();
+                if sum("skipped_records") > 0 {
+                    why.insert(0, "their backup log was full (the sComponent was too slow)".into());
+                }
+                if why.is_empty() {
+                    why.push("their backup is being copied to their logger".into());
+                }
+                println!("unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger", why.join("; "));
             }
         }
     }

@@ -28,7 +28,7 @@ use splitos_rpc::*;
 use crate::node::{self, HEARTBEAT};
 
 /// How many missed heartbeats make a component dead.
-const MISSED_BEATS: u32 = 4;
+pub const MISSED_BEATS: u32 = 4;
 
 struct Entry {
     info: ComponentInfo,
@@ -82,6 +82,12 @@ impl Gm {
         e.last.elapsed() < HEARTBEAT * MISSED_BEATS
     }
 
+    /// Whether a pComponent or mComponent is declared lost: its programs or its copies are
+    /// given up, where until then it was only late and waited for.
+    fn lost(&self, e: &Entry) -> bool {
+        matches!(e.info.role, Role::Proc | Role::Mem) && e.last.elapsed() > self.reclaim_dead
+    }
+
     /// The entries, less those silent for longer than `forget_dead`.
     fn comps(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
         let mut comps = self.comps.lock().unwrap();
@@ -100,7 +106,7 @@ impl Gm {
     fn snapshot(&self) -> Vec<ComponentInfo> {
         self.comps()
             .iter()
-            .map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, ..e.info.clone() })
+            .map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), ..e.info.clone() })
             .collect()
     }
 
@@ -183,7 +189,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0 };
+        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced })
@@ -225,19 +231,23 @@ impl Gm {
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
-        let mut lost: Vec<LostPcomp> = comps.iter().filter(|e| e.info.role == Role::Proc && e.last.elapsed() > self.reclaim_dead).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
+        let mut lost: Vec<LostPcomp> = comps.iter().filter(|e| e.info.role == Role::Proc && self.lost(e)).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
         let mut replaced = self.replaced.lock().unwrap();
         replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
-        // An nComponent closes the sockets of lost pComponents; a pComponent its direct
-        // connections with them.
-        if matches!(role, Role::Net | Role::Proc) {
+        // An nComponent closes the sockets of lost pComponents.
+        if role == Role::Net {
             return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0 });
         }
-        let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && e.last.elapsed() > self.reclaim_dead).map(|e| e.info.id).collect();
+        let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
         let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
         replaced_mcomps.retain(|(_, at)| at.elapsed() < self.forget_dead);
         lost_mcomps.extend(replaced_mcomps.iter().map(|(id, _)| *id));
+        // A pComponent closes its direct connections with lost pComponents, and waits for an
+        // mComponent that does not answer until it is among the lost ones.
+        if role == Role::Proc {
+            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0 });
+        }
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }

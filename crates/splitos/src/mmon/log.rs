@@ -73,6 +73,10 @@ pub(super) struct BackupLog {
     cv: Condvar,
     capacity: u64,
     streamed: AtomicU64,
+    /// Bytes the sComponent refused for good (dropped, not stored).
+    refused_bytes: AtomicU64,
+    /// Why the sComponent last refused records (its disk is full, say).
+    refusal: Mutex<Option<String>>,
     skipped: AtomicU64,
     /// Files whose records the sComponent refused for good (with the epoch they were logged
     /// at): their vRegions are unprotected, marked so when their process is next free.
@@ -108,7 +112,7 @@ impl Logged {
 
 impl BackupLog {
     pub fn new(capacity: u64) -> BackupLog {
-        BackupLog { q: Mutex::new(Queue::default()), cv: Condvar::new(), capacity, streamed: AtomicU64::new(0), skipped: AtomicU64::new(0), refused: Mutex::new(Vec::new()) }
+        BackupLog { q: Mutex::new(Queue::default()), cv: Condvar::new(), capacity, streamed: AtomicU64::new(0), refused_bytes: AtomicU64::new(0), refusal: Mutex::new(None), skipped: AtomicU64::new(0), refused: Mutex::new(Vec::new()) }
     }
 
     /// Queues `op` for `file`; `false` if the log has no room for it (within `wait`).
@@ -165,7 +169,7 @@ impl BackupLog {
 
     pub fn stats(&self) -> serde_json::Value {
         let q = self.q.lock().unwrap();
-        serde_json::json!({"capacity": self.capacity, "queued_bytes": q.bytes, "queued_entries": q.entries.len(), "streamed_bytes": self.streamed.load(Relaxed), "skipped_records": self.skipped.load(Relaxed), "stalled": q.stalled})
+        serde_json::json!({"capacity": self.capacity, "queued_bytes": q.bytes, "queued_entries": q.entries.len(), "streamed_bytes": self.streamed.load(Relaxed), "refused_bytes": self.refused_bytes.load(Relaxed), "refusal": *self.refusal.lock().unwrap(), "skipped_records": self.skipped.load(Relaxed), "stalled": q.stalled})
     }
 
     /// The request the front of the queue makes, and how many entries it covers: a run of
@@ -191,9 +195,9 @@ impl BackupLog {
         Some((first.scomp.clone(), msg, first.file.clone(), first.epoch, first.seq))
     }
 
-    /// The entries up to `last` reached their sComponent (or were refused there for good).
-    /// A fence may have cleared the queue meanwhile: only what is still there goes.
-    fn done(&self, last: u64) -> u64 {
+    /// The entries up to `last` reached their sComponent (`stored`) or were refused there for
+    /// good. A fence may have cleared the queue meanwhile: only what is still there goes.
+    fn done(&self, last: u64, stored: bool) -> u64 {
         let mut q = self.q.lock().unwrap();
         let mut bytes = 0;
         while q.entries.front().is_some_and(|e| e.seq <= last) {
@@ -201,7 +205,10 @@ impl BackupLog {
         }
         q.bytes = q.bytes.saturating_sub(bytes);
         q.stalled = None;
-        self.streamed.fetch_add(bytes, Relaxed);
+        match stored {
+            true => self.streamed.fetch_add(bytes, Relaxed),
+            false => self.refused_bytes.fetch_add(bytes, Relaxed),
+        };
         self.cv.notify_all();
         bytes
     }
@@ -230,7 +237,7 @@ impl Mem {
             match self.node.rpc.call_msg(&scomp.addr, &msg) {
                 Ok(_) => {
                     backoff = Duration::from_millis(50);
-                    let bytes = self.backup_log.done(last);
+                    let bytes = self.backup_log.done(last, true);
                     metrics::counter!("mcomp_log_streamed_bytes_total").increment(bytes);
                     if self.backup_log.roomy() {
                         self.ask_resyncs();
@@ -241,7 +248,11 @@ impl Mem {
                 Err(RpcError::Remote { code, msg }) => {
                     metrics::counter!("mcomp_log_refused_total").increment(1);
                     tracing::warn!(scomp = scomp.id, pid = file.pid, vregion = file.index, ?code, error = %msg, "the sComponent refused backup records");
-                    self.backup_log.done(last);
+                    self.backup_log.done(last, false);
+                    // A newer logger's reset is no fault of the sComponent's.
+                    if code != ErrCode::Stale {
+                        *self.backup_log.refusal.lock().unwrap() = Some(msg);
+                    }
                     self.backup_log.refused.lock().unwrap().push((file, epoch));
                 }
                 Err(e) => self.stalled(&scomp, name, &e.to_string(), &mut backoff),

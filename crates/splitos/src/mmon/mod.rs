@@ -33,6 +33,8 @@ use crate::node::{self, Node};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+/// Freed bytes worth a `malloc_trim` (it walks every arena).
+const FREED_TO_TRIM: u64 = 1 << 20;
 /// How often replica sets that a rebuild could not complete are tried again.
 const REBUILD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -68,6 +70,8 @@ pub struct Mem {
     vregion_size: AtomicU64,
     committed: AtomicU64,
     used: AtomicU64,
+    /// Bytes of pages freed since the allocator last gave free memory back to the kernel.
+    freed: AtomicU64,
     homes: Mutex<HashMap<u64, Arc<Mutex<home::HomeProc>>>>,
     /// Home states this mComponent keeps as backup home, for taking over.
     backups: Mutex<HashMap<u64, HomeState>>,
@@ -150,9 +154,25 @@ impl Mem {
             let g = p.lock().unwrap();
             self.committed.fetch_sub(g.committed, Relaxed);
             self.used.fetch_sub(g.held(), Relaxed);
+            self.freed.fetch_add(g.held(), Relaxed);
         }
         metrics::counter!("mcomp_fenced_total").increment(1);
         tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
+    }
+
+    /// Hands the memory of pages freed since the last heartbeat back to the kernel. Pages are
+    /// small allocations spread over the allocator's per-thread arenas, which keep what is freed
+    /// for later allocations: an mComponent would stay as large as its busiest moment while
+    /// reporting nothing used. At most once a heartbeat, off every request's path.
+    fn give_back_freed(&self) {
+        if self.freed.load(Relaxed) < FREED_TO_TRIM {
+            return;
+        }
+        self.freed.store(0, Relaxed);
+        // SAFETY: malloc_trim takes no pointers; it only returns the allocator's free memory.
+        if unsafe { libc::malloc_trim(0) } != 0 {
+            metrics::counter!("mcomp_memory_trims_total").increment(1);
+        }
     }
 
     /// A heartbeat's answer, on the rebuilder thread (fencing was done on the heartbeat's).
@@ -161,6 +181,7 @@ impl Mem {
         self.reclaim_lost(&beat.lost);
         self.netbufs_of_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);
+        self.give_back_freed();
         // Sets a rebuild could not complete (no room then) are tried again, now and then.
         let mut last = self.last_retry.lock().unwrap();
         if last.elapsed() < REBUILD_RETRY {
@@ -401,6 +422,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         vregion_size: AtomicU64::new(1 << 30),
         committed: AtomicU64::new(0),
         used: AtomicU64::new(0),
+        freed: AtomicU64::new(0),
         homes: Mutex::new(HashMap::new()),
         backups: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),

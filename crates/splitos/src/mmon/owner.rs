@@ -238,6 +238,7 @@ impl Mem {
             p.pages.remove(v);
         }
         self.used.fetch_sub(vpns.len() as u64 * PAGE, Relaxed);
+        self.freed.fetch_add(vpns.len() as u64 * PAGE, Relaxed);
         deltas
     }
 
@@ -760,6 +761,7 @@ impl Mem {
             }
             self.committed.fetch_sub(g.committed, Relaxed);
             self.used.fetch_sub(g.held(), Relaxed);
+            self.freed.fetch_add(g.held(), Relaxed);
         }
         Ok(OK)
     }

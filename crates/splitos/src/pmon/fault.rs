@@ -38,6 +38,13 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
         }
         let t0 = Instant::now();
         for f in &faults {
+            // A program may register other ranges of its own with its userfaultfd: their
+            // faults are none of the heap's, and must not reach the shared ExCache.
+            if !proc_.heap.contains(&f.addr) {
+                metrics::counter!("pcomp_fault_events_refused_total").increment(1);
+                p.miss.fail(&proc_.tenant, &format!("a page fault at {:#x}, outside its heap region {:#x}..{:#x}, was refused", f.addr, proc_.heap.start, proc_.heap.end));
+                break;
+            }
             if let Some(fo) = &mut follower {
                 fo.fault(f.tid, stats);
             }

@@ -336,6 +336,10 @@ impl Pcomp {
         if !peer.alive() {
             return Err(ERR::new(ErrCode::Denied, format!("process {} that connected has ended", peer.pid)));
         }
+        if !super::uffd::is_userfaultfd(&uffd_fd) {
+            metrics::counter!("pcomp_fault_sources_refused_total").increment(1);
+            return Err(ERR::new(ErrCode::Invalid, format!("program {} handed over a descriptor that is not a userfaultfd as its heap's", peer.pid)));
+        }
         let (pid, child) = if h.fork_token != 0 {
             let mut pending = self.pending.lock().unwrap();
             match pending.remove(&h.fork_token) {

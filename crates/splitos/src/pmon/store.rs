@@ -41,7 +41,8 @@ type VictimWrite = (Arc<Space>, Write);
 /// the process and first page of the pages it writes (none for the fetch itself).
 type Target = (ComponentRef, usize, Option<(Arc<Space>, u64)>);
 
-/// Attempts of one page operation while replica sets change under it.
+/// Attempts of one page operation while replica sets change under it (waits for a late
+/// member not counted).
 const TRIES: usize = 8;
 
 pub trait PageStore: Send + Sync {
@@ -96,6 +97,20 @@ fn transport_failure(e: &RpcError) -> bool {
     matches!(e, RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. })
 }
 
+/// After a call to mComponent `o` failed with `e`: whether it is only late (it did not answer,
+/// and the global managers have not declared it lost), in which case this waits a heartbeat
+/// for the call to be made again. A paused or overloaded mComponent that comes back loses
+/// no program; one the managers declare lost fails them as before.
+fn waited_for(node: &Node, o: &ComponentRef, e: &RpcError) -> bool {
+    if !transport_failure(e) || !node.mcomp_not_lost(o.id) {
+        return false;
+    }
+    metrics::counter!("pcomp_late_mcomponent_waits_total").increment(1);
+    tracing::warn!(mcomp = o.id, addr = %o.addr, error = %e, "an mComponent does not answer, and the global managers have not declared it lost: waiting for it");
+    std::thread::sleep(crate::node::HEARTBEAT);
+    true
+}
+
 impl Space {
     pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> Space {
         Space { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()) }
@@ -134,7 +149,14 @@ impl Space {
     /// it finds the same.
     pub fn call_home<R: Request + Clone>(&self, node: &Node, req: R) -> Result<R::Reply, RpcError> {
         let home = self.home();
-        match node.rpc.call(&home.addr, req.clone()) {
+        let mut r = node.rpc.call(&home.addr, req.clone());
+        while let Err(e) = &r {
+            if self.backup().is_some() || !waited_for(node, &home, e) {
+                break;
+            }
+            r = node.rpc.call(&home.addr, req.clone());
+        }
+        match r {
             Err(e) if transport_failure(&e) || matches!(e, RpcError::Remote { code: ErrCode::NotHome, .. }) => {
                 let Some(backup) = self.backup() else { return Err(e) };
                 let taken = node.rpc.call(&backup.addr, P2M_HOME_TAKEOVER { who: self.who_now(), lost: home.id });
@@ -180,6 +202,9 @@ enum Next {
     /// The replica sets changed (a replica was reported lost, or the owner said the epoch is
     /// stale): do the whole operation again on the new sets.
     Again,
+    /// The member is late, and was waited for: the operation is done again without counting
+    /// as one of its `TRIES`.
+    Waited,
     Fail(Refusal),
 }
 
@@ -280,6 +305,9 @@ impl RemoteStore {
                 Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Remote { code: ErrCode::NoMemory, msg: format!("{e}; and the home found no room elsewhere: {he}") })),
             };
         }
+        if copies < 2 && waited_for(&self.node, o, &e) {
+            return Next::Waited;
+        }
         let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
         if !gone || copies < 2 {
             return Next::Fail(failed(o, what, vpn, e));
@@ -345,7 +373,9 @@ impl RemoteStore {
     /// Sends `pages` of one process to every replica that holds them.
     fn write_all(&self, s: &Space, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
-        'again: for _ in 0..TRIES {
+        let mut tries = 0;
+        'again: while tries < TRIES {
+            tries += 1;
             let who = s.who_now();
             let mut to: Vec<Write> = Vec::new();
             for (vpn, data) in pages {
@@ -360,6 +390,10 @@ impl RemoteStore {
                 if let Err(e) = stored(o, r) {
                     match self.after(s, o, *copies, "write back", first, e) {
                         Next::Again => continue 'again,
+                        Next::Waited => {
+                            tries -= 1;
+                            continue 'again;
+                        }
                         Next::Fail(r) => return Err(r),
                     }
                 }
@@ -372,7 +406,9 @@ impl RemoteStore {
     /// One page from the first replica that has a good copy (from its holder in a striped
     /// set, or rebuilt by the home from the parity when the holder's copy is bad).
     fn fetch_one(&self, s: &Space, vpn: u64) -> Result<Page, Refusal> {
-        'again: for _ in 0..TRIES {
+        let mut tries = 0;
+        'again: while tries < TRIES {
+            tries += 1;
             let set = self.set_of(s, vpn)?;
             let who = s.who_now();
             let mut bad = Vec::new();
@@ -394,6 +430,10 @@ impl RemoteStore {
                     },
                     Err(e) => match self.after(s, o, members, "fetch", vpn, e) {
                         Next::Again => continue 'again,
+                        Next::Waited => {
+                            tries -= 1;
+                            continue 'again;
+                        }
                         Next::Fail(r) => return Err(r),
                     },
                 }
@@ -512,7 +552,9 @@ impl PageStore for RemoteStore {
     fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
         let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
         let s = self.space(pid)?;
-        'again: for _ in 0..TRIES {
+        let mut tries = 0;
+        'again: while tries < TRIES {
+            tries += 1;
             let set = self.set_of(&s, first)?;
             let o = set.holder(first);
             let members = set.distinct().len();
@@ -537,6 +579,10 @@ impl PageStore for RemoteStore {
                 if let Err(e) = stored(t, r) {
                     match self.after(fs, t, *copies, "write back", *fvpn, e) {
                         Next::Again => continue 'again,
+                        Next::Waited => {
+                            tries -= 1;
+                            continue 'again;
+                        }
                         Next::Fail(r) => return Err(r),
                     }
                 }
@@ -572,6 +618,10 @@ impl PageStore for RemoteStore {
                 }
                 Err(e) => match self.after(&s, o, members, what, first, e) {
                     Next::Again => continue 'again,
+                    Next::Waited => {
+                        tries -= 1;
+                        continue 'again;
+                    }
                     Next::Fail(r) => return Err(r),
                 },
             };

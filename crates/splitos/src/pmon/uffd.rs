@@ -17,6 +17,13 @@ fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
     }
 }
 
+/// Whether `fd` is a userfaultfd: the kernel names each one `anon_inode:[userfaultfd]`. Any
+/// other descriptor (a pipe, a file) would let a program write page-fault messages of its own,
+/// at addresses of its choosing, for the miss path to serve.
+pub fn is_userfaultfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+}
+
 pub enum Install {
     Done,
     /// Someone installed the page first; waiters were woken.

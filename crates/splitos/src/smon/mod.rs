@@ -148,6 +148,11 @@ impl Storage {
 /// A refused change of a backup file, as its logger sees it.
 fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
     match e {
+        backup::Refused::Errno(e @ (libc::ENOSPC | libc::EDQUOT)) => {
+            metrics::counter!("scomp_backup_disk_full_total").increment(1);
+            tracing::error!(pid = file.pid, vregion = file.index, "the storage directory's disk is full: a backup file cannot grow");
+            ERR::new(ErrCode::Errno(e), format!("the sComponent's disk is full ({}): the backup file of vRegion {} of process {} cannot grow", std::io::Error::from_raw_os_error(e), file.index, file.pid))
+        }
         backup::Refused::Errno(e) => Refusal::errno(e),
         backup::Refused::Stale(at) => ERR::new(ErrCode::Stale, format!("the backup file of vRegion {} of process {} was reset at epoch {at}, after this change's {epoch}", file.index, file.pid)),
     }
