@@ -277,6 +277,7 @@ impl Cluster {
                 "--fault-spin-us".into(), p.fault_spin_us.to_string(), "--fault-polling".into(), p.fault_polling.to_string(), "--prefetch".into(), p.prefetch.to_string(), "--prefetch-policy".into(), p.prefetch_policy.clone(),
                 "--fault-around".into(), p.fault_around.to_string(), "--compressed-tier".into(), p.compressed_tier.0.to_string(), "--prealloc".into(), p.prealloc.to_string(), "--heap-reuse".into(), p.heap_reuse.0.to_string(), "--huge-pages".into(), p.huge_pages.to_string(), "--fault-cpu".into(), p.fault_cpu.to_string(),
                 "--dirty-tracking".into(), p.dirty_tracking.to_string(), "--evict-reserve".into(), p.evict_reserve.to_string(), "--net-path".into(), p.net_path.to_string(),
+                "--max-programs-per-user".into(), p.max_programs_per_user.to_string(), "--max-programs".into(), p.max_programs.to_string(),
                 "--shim-sock".into(), programs_dir(dir).join(format!("proc{i}.sock")).to_string_lossy().to_string(),
                 "--vnode-root".into(), vnodes_dir(dir).to_string_lossy().to_string(),
             ];
