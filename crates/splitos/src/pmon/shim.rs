@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, P2G_PICK_HOME};
 use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
 
@@ -177,9 +178,12 @@ impl Pcomp {
         splitos_rpc::fdpass::send_fds(s, w.as_bytes(), &fds)
     }
 
-    /// Logs and counts a connection refused for who it is.
+    /// Logs (a flood's first lines, then a summary) and counts a connection refused for who it is.
     fn refuse(&self, peer: &PeerCred, why: &str) {
-        tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
+        static REFUSED: Refusals = Refusals::new("refused a program-socket connection");
+        if REFUSED.log_this() {
+            tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
+        }
         metrics::counter!("pcomp_program_connections_refused_total").increment(1);
     }
 

@@ -789,7 +789,10 @@ fn admit(p: &Arc<Pcomp>, s: UnixStream) {
     };
     let Some((vnode, uid)) = caller else {
         p.net.c.refused.fetch_add(1, Relaxed);
-        tracing::warn!("refused a socket call of a process this pComponent does not run");
+        static STRANGER: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a socket call of a process this pComponent does not run");
+        if STRANGER.log_this() {
+            tracing::warn!("refused a socket call of a process this pComponent does not run");
+        }
         return refuse(libc::EACCES);
     };
     let Some(slot) = super::shim::take_slot(&p.net.calls, uid) else {
