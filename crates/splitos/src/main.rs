@@ -47,6 +47,9 @@ struct TransportArgs {
     /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /run/splitos for root, else /tmp/splitos-UID).
     #[arg(long, default_value_t = TransportConfig::default().shm.dir)]
     shm_dir: String,
+    /// Shared memory: how long a channel this component opened may sit unused before it closes it, ending its server's thread (ms).
+    #[arg(long, default_value_t = TransportConfig::default().shm.idle_ms)]
+    shm_idle_ms: u64,
     /// This component's credentials, issued by the cluster's authority (`cluster up` makes them for the components it starts; `splitos cluster credentials --role ROLE --out FILE` for one started by hand).
     #[arg(long)]
     credentials: Option<PathBuf>,
@@ -66,7 +69,7 @@ impl TransportArgs {
                 max_connections_per_peer: self.tcp_max_connections_per_peer,
                 frame_timeout_ms: self.tcp_frame_timeout_ms,
                 max_in_flight: self.tcp_max_in_flight,
-            }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
+            }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir, idle_ms: self.shm_idle_ms } }
     }
 }
 
