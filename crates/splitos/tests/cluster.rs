@@ -572,12 +572,12 @@ fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
     let mcomp = c.pid_of_addr(&m);
     let servers = || threads_named(mcomp, "mcomp-shm");
     let before = servers();
-    // Eight programs at once, each missing on far more than the ExCache holds: the
+    // Six programs at once, each missing on far more than the ExCache holds: the
     // pComponent's fault workers call the mComponent at the same time, on channels of their own.
     let py = python3();
-    let script = "x = bytearray(24 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = i % 251\nprint(sum(x[::4096]))\n";
+    let script = "x = bytearray(16 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = i % 251\nprint(sum(x[::4096]))\n";
     let native = text(&native(&[&py, "-c", script]).stdout);
-    let burst: Vec<std::process::Child> = (0..8).map(|_| c.spawn(&[], &[&py, "-c", script])).collect();
+    let burst: Vec<std::process::Child> = (0..6).map(|_| c.spawn(&[], &[&py, "-c", script])).collect();
     let mut peak = servers();
     let mut outs = Vec::new();
     for mut child in burst {
