@@ -446,11 +446,12 @@ fn spawn_as(uid: u32, args: &[&str], env: &[(&str, &str)]) -> std::process::Chil
         .unwrap()
 }
 
-/// Tries to fork, says how that went and that it is ready, then holds until its stdin closes.
+/// Tries to fork, says how that went (one line: `read_line` reads only one), then holds until
+/// its stdin closes.
 const FORK_AND_HOLD: &str = "import os, sys\n\
 try:\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n    print('forked', flush=True)\n\
 except OSError as e:\n    print('fork:', e.strerror, flush=True)\n\
-print('ready', flush=True)\nsys.stdin.read()\n";
+sys.stdin.read()\n";
 
 #[test]
 fn a_user_over_the_program_cap_is_refused_while_another_users_programs_run() {
@@ -465,10 +466,11 @@ fn a_user_over_the_program_cap_is_refused_while_another_users_programs_run() {
     // second may not: with it she holds both her programs.
     let mut first = hold(alice);
     assert_eq!(read_line(&mut first), "forked\n");
-    assert_eq!(read_line(&mut first), "ready\n");
+    let users_programs = |c: &TestCluster| c.components("pcomponent")[0]["stats"]["users_programs"].as_u64().unwrap();
+    assert!(c.eventually(Duration::from_secs(10), |c| users_programs(c) == 1), "the child's slot is given back when it ends");
     let mut second = hold(alice);
     assert_eq!(read_line(&mut second), "fork: Resource temporarily unavailable\n");
-    assert_eq!(read_line(&mut second), "ready\n");
+    assert_eq!(users_programs(&c), 2);
     // A third is refused at its start, and says why.
     let refused_before = c.metric(&p, "pcomp_program_connections_refused_total");
     let out = as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", "print(1)"], &env);
@@ -484,6 +486,7 @@ fn a_user_over_the_program_cap_is_refused_while_another_users_programs_run() {
     // Once one of Alice's programs ends, she may start another.
     drop(first.stdin.take());
     assert!(first.wait().unwrap().success());
+    assert!(c.eventually(Duration::from_secs(10), |c| users_programs(c) == 1), "the slot is given back when the program ends");
     let out = as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", "print(1)"], &env);
     assert_eq!(text(&out.stdout), "1\n", "{}", text(&out.stderr));
     drop(second.stdin.take());

@@ -228,6 +228,8 @@ impl Pcomp {
                 "net": self.net.stats(),
                 // Runs whose launcher is still connected (or whose processes said hello first).
                 "runs": self.runs.lock().unwrap().len(),
+                // Programs of users other than root, against `max_programs`.
+                "users_programs": self.programs.lock().unwrap().held(),
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
             })

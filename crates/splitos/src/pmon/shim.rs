@@ -94,6 +94,11 @@ impl Slots {
         Slots::new(RUNS_TOTAL, RUNS_PER_USER)
     }
 
+    /// Slots held, by all users but root.
+    pub(super) fn held(&self) -> usize {
+        self.total
+    }
+
     /// Whether `uid` would be refused a slot now.
     pub(super) fn full_for(&self, uid: u32) -> bool {
         uid != 0 && (self.total >= self.max_total || self.per_user.get(&uid).copied().unwrap_or(0) >= self.max_per_user)
