@@ -13,6 +13,7 @@
 //!   that moves itself.
 //! * [`fdpass`] — descriptors over Unix sockets (shared-memory channels, a program's heap).
 //! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
+//! * [`refusals`] — log lines for refusals that a flood cannot multiply.
 
 /// A configuration knob that takes one of a few lowercase names: the enum, the list of its names
 /// (for help texts and errors), parsing with an error naming the knob and what it accepts, and
@@ -50,6 +51,7 @@ pub mod error;
 pub mod fdpass;
 pub mod frame;
 pub mod poll;
+pub mod refusals;
 pub mod server;
 pub mod transport;
 pub mod wire;

@@ -110,7 +110,10 @@ impl Dispatcher {
     pub fn submit(&self, msg: Msg, peer: Option<Peer>, reply: impl FnOnce(Msg) + Send + 'static) {
         if let Some(role) = peer.map(|p| p.role).filter(|r| !may_send(*r, &msg)) {
             metrics::counter!("rpc_requests_refused_total").increment(1);
-            tracing::warn!(role = role.name(), msg = msg.name(), "refused a request its sender's role may not send");
+            static WRONG_ROLE: crate::refusals::Refusals = crate::refusals::Refusals::new("refused a request its sender's role may not send");
+            if WRONG_ROLE.log_this() {
+                tracing::warn!(role = role.name(), msg = msg.name(), "refused a request its sender's role may not send");
+            }
             return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("a {} may not send {}", role.name(), msg.name()))));
         }
         if self.handler.answers_later(&msg) {

@@ -180,6 +180,9 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     if resp.ret == -(libc::EACCES as i64) {
         die(&[b"vNode ", until_nul(&env().vnode), b" is not granted to this user: the pComponent refused this process"]);
     }
+    if resp.ret == -(libc::EAGAIN as i64) {
+        die(&[b"the pComponent refused this process: too many of this user's programs run there"]);
+    }
     if resp.ret < 0 {
         let mut b = [0u8; 20];
         die(&[b"the pComponent refused this process (errno ", fmt_u64((-resp.ret) as u64, &mut b), b")"]);

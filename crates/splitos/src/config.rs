@@ -144,6 +144,11 @@ pub struct PcompSection {
     /// How sockets' bytes travel to the nComponent: `ddio` (in the requests) or `dma`
     /// (through socket buffers on an mComponent).
     pub net_path: crate::pmon::NetPath,
+    /// Programs of one user other than root that may run on the pComponent at once; beyond,
+    /// a program is refused at its start and a fork fails (EAGAIN).
+    pub max_programs_per_user: usize,
+    /// Programs of all users but root that may run on the pComponent at once.
+    pub max_programs: usize,
     /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     pub netns: Option<String>,
@@ -277,7 +282,7 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, net_shortcut: true, net_path: crate::pmon::NetPath::Ddio, netns: None }
+    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, net_shortcut: true, net_path: crate::pmon::NetPath::Ddio, max_programs_per_user: 128, max_programs: 1024, netns: None }
 }
 
 pub fn default_mcomp() -> McompSection {

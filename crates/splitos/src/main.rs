@@ -47,6 +47,9 @@ struct TransportArgs {
     /// Shared memory: the directory of the rendezvous sockets (empty: $XDG_RUNTIME_DIR/splitos, else /run/splitos for root, else $HOME/.local/state/splitos).
     #[arg(long, default_value_t = TransportConfig::default().shm.dir)]
     shm_dir: String,
+    /// Shared memory: how long a channel this component opened may sit unused before it closes it, ending its server's thread (ms).
+    #[arg(long, default_value_t = TransportConfig::default().shm.idle_ms)]
+    shm_idle_ms: u64,
     /// This component's credentials, issued by the cluster's authority (`cluster up` makes them for the components it starts; `splitos cluster credentials --role ROLE --out FILE` for one started by hand).
     #[arg(long)]
     credentials: Option<PathBuf>,
@@ -66,7 +69,7 @@ impl TransportArgs {
                 max_connections_per_peer: self.tcp_max_connections_per_peer,
                 frame_timeout_ms: self.tcp_frame_timeout_ms,
                 max_in_flight: self.tcp_max_in_flight,
-            }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir } }
+            }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir, idle_ms: self.shm_idle_ms } }
     }
 }
 
@@ -289,6 +292,12 @@ enum Cmd {
         no_net_shortcut: bool,
         #[arg(long, default_value_t = config::default_pcomp().net_path, help = format!("How sockets' bytes travel to the nComponent: {} (ddio: in the requests; dma: through socket buffers on an mComponent)", pmon::NET_PATHS.join(", ")))]
         net_path: pmon::NetPath,
+        /// Programs of one user other than root that may run here at once; beyond, a program is refused at its start and a fork fails (EAGAIN).
+        #[arg(long, default_value_t = config::default_pcomp().max_programs_per_user)]
+        max_programs_per_user: usize,
+        /// Programs of all users but root that may run here at once.
+        #[arg(long, default_value_t = config::default_pcomp().max_programs)]
+        max_programs: usize,
         /// Unix socket where programs' shims connect.
         #[arg(long)]
         shim_sock: PathBuf,
@@ -480,9 +489,9 @@ fn main() {
             node::init_metrics();
             transport.credentials().and_then(|credentials| mmon::run(mmon::MemArgs { listen, credentials, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, backup_log: backup_log.0, ready_file, metrics_addr }))
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, no_net_shortcut, net_path, shim_sock, vnode_root, grants, ready_file, metrics_addr, transport, fault_cpu } => {
+        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, no_net_shortcut, net_path, max_programs_per_user, max_programs, shim_sock, vnode_root, grants, ready_file, metrics_addr, transport, fault_cpu } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking, evict_reserve, net_shortcut: !no_net_shortcut, net_path };
+            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking, evict_reserve, net_shortcut: !no_net_shortcut, net_path, max_programs_per_user, max_programs };
             transport.credentials().and_then(|credentials| pmon::run(pmon::ProcArgs { listen, credentials, transport: transport.config(), gm, shim_sock, vnode_root, grants, cfg, ready_file, metrics_addr }))
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
@@ -527,8 +536,8 @@ mod tests {
     fn the_command_line_and_the_config_file_agree_on_every_default() {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n[[ncomponent]]\n").unwrap();
 
-        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve, net_shortcut, net_path, netns: _ } = file.pcomponent[0].clone();
-        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, no_net_shortcut, net_path: np, shim_sock: _, vnode_root: _, grants: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
+        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve, net_shortcut, net_path, max_programs_per_user, max_programs, netns: _ } = file.pcomponent[0].clone();
+        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, no_net_shortcut, net_path: np, max_programs_per_user: mpu, max_programs: mp, shim_sock: _, vnode_root: _, grants: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
             parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
         else {
             unreachable!()
@@ -540,6 +549,7 @@ mod tests {
         assert_eq!((dt,), (dirty_tracking,), "proc dirty tracking");
         assert_eq!((er,), (evict_reserve,), "proc evictor");
         assert_eq!((!no_net_shortcut, np), (net_shortcut, net_path), "proc network");
+        assert_eq!((mpu, mp), (max_programs_per_user, max_programs), "proc caps");
         assert_eq!(transport.config(), file.transport, "proc transport");
         assert_eq!(gm, config::HAND_STARTED_GM);
 

@@ -586,3 +586,35 @@ fn an_mcomponent_gives_the_memory_of_exited_programs_back_to_the_kernel() {
     assert!(back, "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the exit", rss());
     assert!(c.metric(&m, "mcomp_memory_trims_total") >= 1.0);
 }
+
+#[test]
+fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
+    let c = TestCluster::up(Some("[transport.shm]\nidle_ms = 1000\n[[pcomponent]]\nexcache = \"4M\"\nfault_workers = 2\n[[mcomponent]]\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let mcomp = c.pid_of_addr(&m);
+    let servers = || threads_named(mcomp, "mcomp-shm");
+    let before = servers();
+    // Six programs at once, each missing on far more than the ExCache holds: the
+    // pComponent's fault workers call the mComponent at the same time, on channels of their own.
+    let py = python3();
+    let script = "x = bytearray(16 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = i % 251\nprint(sum(x[::4096]))\n";
+    let native = text(&native(&[&py, "-c", script]).stdout);
+    let burst: Vec<std::process::Child> = (0..6).map(|_| c.spawn(&[], &[&py, "-c", script])).collect();
+    let mut peak = servers();
+    let mut outs = Vec::new();
+    for mut child in burst {
+        while child.try_wait().unwrap().is_none() {
+            peak = peak.max(servers());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        outs.push(child.wait_with_output().unwrap());
+    }
+    for out in outs {
+        assert_eq!(text(&out.stdout), native, "{}", text(&out.stderr));
+    }
+    assert!(peak > before, "the burst opened channels: {before} server threads, then {peak}");
+    // Once unused for idle_ms, the pComponent closes them, and the mComponent's threads end.
+    assert!(c.eventually(Duration::from_secs(20), |_| servers() <= before), "{} server threads left of {peak}, {before} before the burst", servers());
+    assert!(c.metric(&p, "rpc_shm_idle_closed_total") >= (peak - before) as f64);
+}

@@ -614,3 +614,141 @@ fn a_socket_of_another_user_in_a_pcomponents_place_gets_nothing() {
         assert_eq!(said, "0 0", "{how}: the fake pComponent was sent something (bytes, descriptors)");
     }
 }
+
+/// `splitos run` of `args` as user `uid` with `env`, its stdin and stdout piped.
+fn spawn_as(uid: u32, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    Command::new("setpriv")
+        .args([u.as_str(), g.as_str(), "--clear-groups"])
+        .arg(splitos())
+        .arg("run")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Tries to fork, says how that went (one line: `read_line` reads only one), then holds until
+/// its stdin closes.
+const FORK_AND_HOLD: &str = "import os, sys\n\
+try:\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n    print('forked', flush=True)\n\
+except OSError as e:\n    print('fork:', e.strerror, flush=True)\n\
+sys.stdin.read()\n";
+
+#[test]
+fn a_user_over_the_program_cap_is_refused_while_another_users_programs_run() {
+    let (alice, bob) = (60031u32, 60032u32);
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nmax_programs_per_user = 2\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\", \"{bob}\"]\n")));
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let state = c.dir.path().to_str().unwrap().to_string();
+    let env = [("SPLITOS_STATE_DIR", state.as_str())];
+    let py = "/usr/bin/python3";
+    let hold = |uid: u32| spawn_as(uid, &["--vnode", "lab", "--", py, "-c", FORK_AND_HOLD], &env);
+    // Alice's first program may fork (its child is her second program for a moment); her
+    // second may not: with it she holds both her programs.
+    let mut first = hold(alice);
+    assert_eq!(read_line(&mut first), "forked\n");
+    let users_programs = |c: &TestCluster| c.components("pcomponent")[0]["stats"]["users_programs"].as_u64().unwrap();
+    assert!(c.eventually(Duration::from_secs(10), |c| users_programs(c) == 1), "the child's slot is given back when it ends");
+    let mut second = hold(alice);
+    assert_eq!(read_line(&mut second), "fork: Resource temporarily unavailable\n");
+    assert_eq!(users_programs(&c), 2);
+    // A third is refused at its start, and says why.
+    let refused_before = c.metric(&p, "pcomp_program_connections_refused_total");
+    let out = as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", "print(1)"], &env);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("too many of this user's programs run there"), "{}", text(&out.stderr));
+    assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= refused_before + 1.0);
+    assert!(c.log("proc0").contains("too many of the user's programs run here"));
+    // Bob's programs run meanwhile, forks included, as natively.
+    let script = "import os\nx = [i * i for i in range(300000)]\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nprint(sum(x))\n";
+    let native = Command::new(py).args(["-c", script]).output().unwrap();
+    let out = as_user(bob, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", script], &env);
+    assert_eq!(text(&out.stdout), text(&native.stdout), "{}", text(&out.stderr));
+    // Once one of Alice's programs ends, she may start another.
+    drop(first.stdin.take());
+    assert!(first.wait().unwrap().success());
+    assert!(c.eventually(Duration::from_secs(10), |c| users_programs(c) == 1), "the slot is given back when the program ends");
+    let out = as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", "print(1)"], &env);
+    assert_eq!(text(&out.stdout), "1\n", "{}", text(&out.stderr));
+    drop(second.stdin.take());
+    assert!(second.wait().unwrap().success());
+}
+
+/// Keeps 300 connections to the socket-call socket open that never say anything, opening
+/// new ones as the pComponent closes them, until its stdin closes.
+const SILENT_CALLS: &str = "import select, socket, sys\n\
+def conn():\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(sys.argv[1])\n    return s\n\
+socks = [conn() for _ in range(300)]\n\
+print('flooding', flush=True)\n\
+while True:\n    r, _, _ = select.select(socks + [sys.stdin], [], [])\n    if sys.stdin in r:\n        break\n    for s in r:\n        s.close()\n        socks[socks.index(s)] = conn()\n";
+
+/// A listener and 40 connections to it on the vNode's loopback: how many made it, and why
+/// the others did not.
+const CONNECT_40: &str = "import socket\n\
+errors = {}\nok = 0\n\
+try:\n    srv = socket.create_server(('127.0.0.1', 8795))\n\
+except OSError as e:\n    print('listen:', e.strerror)\n    raise SystemExit\n\
+for _ in range(40):\n    try:\n        c = socket.create_connection(('127.0.0.1', 8795))\n        a, _ = srv.accept()\n        c.close()\n        a.close()\n        ok += 1\n    except OSError as e:\n        errors[e.strerror] = errors.get(e.strerror, 0) + 1\n\
+print(ok, errors)\n";
+
+#[test]
+fn one_users_silent_socket_calls_do_not_fail_another_users_connects() {
+    let (alice, bob) = (60041u32, 60042u32);
+    let h = Hosts::new(&["p1"]);
+    let cfg = format!(
+        "[cluster]\ngm = \"{ip}:0\"\nnetns = \"{ns}\"\n[[pcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[mcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[ncomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[vnode]]\nname = \"a\"\nusers = [\"{alice}\"]\n[[vnode]]\nname = \"b\"\nusers = [\"{bob}\"]\n",
+        ns = h.netns("p1"),
+        ip = h.addr("p1")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    let net_sock = c.dir.path().join("programs/proc0.sock.net").to_str().unwrap().to_string();
+    let state = c.dir.path().to_str().unwrap().to_string();
+    let py = "/usr/bin/python3";
+    let native = h.exec("p1", &[py, "-c", CONNECT_40]).output().unwrap();
+    assert_eq!(text(&native.stdout), "40 {}\n", "{}", text(&native.stderr));
+    let in_p1 = |uid: u32, args: &[&str]| {
+        let mut cmd = h.exec("p1", &["setpriv", &format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", splitos().to_str().unwrap(), "run"]);
+        cmd.args(args).env("SPLITOS_STATE_DIR", &state).env_remove("SPLITOS_GM");
+        cmd
+    };
+    let mut flood = in_p1(alice, &["--vnode", "a", "--", py, "-c", SILENT_CALLS, &net_sock]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    assert_eq!(read_line(&mut flood), "flooding\n");
+    let out = in_p1(bob, &["--vnode", "b", "--", py, "-c", CONNECT_40]).output().unwrap();
+    let net = c.components("pcomponent")[0]["stats"]["net"].clone();
+    drop(flood.stdin.take());
+    let _ = flood.wait();
+    assert_eq!(text(&out.stdout), text(&native.stdout), "{}", text(&out.stderr));
+    // Alice's connections beyond her share were answered at once, not given threads.
+    assert!(net["busy"].as_u64().unwrap() > 0, "{net}");
+}
+
+#[test]
+fn a_flood_of_refused_connections_logs_a_few_lines_and_a_summary() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let before = c.metric(&p, "pcomp_program_connections_refused_total");
+    // Nobody, granted nothing, connects 2000 times.
+    let flood = "import socket, sys\nfor _ in range(2000):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(sys.argv[1])\n    s.recv(64)\n    s.close()\nprint('done')";
+    assert_eq!(as_nobody(flood, &[&sock]), "done");
+    let refused = c.metric(&p, "pcomp_program_connections_refused_total") - before;
+    assert_eq!(refused, 2000.0, "each refusal is counted");
+    // Each line logged one by one, and the summaries of those that were not, account for
+    // every refusal once the last window's summary is out.
+    let tally = |c: &TestCluster| {
+        let log = c.log("proc0");
+        let lines = log.lines().filter(|l| l.contains("refused a program-socket connection: the user is granted no vNode")).count() as u64;
+        let summarised: u64 = log
+            .lines()
+            .filter_map(|l| l.split("refused a program-socket connection: ").nth(1)?.split(" more not logged one by one").next()?.parse::<u64>().ok())
+            .sum();
+        (lines, summarised)
+    };
+    assert!(c.eventually(Duration::from_secs(30), |c| { let (l, s) = tally(c); l + s == 2000 }), "{:?}\n{}", tally(&c), c.log("proc0"));
+    let (lines, _) = tally(&c);
+    assert!(lines <= 2000 / 10, "{lines} lines for 2000 refusals");
+}

@@ -57,9 +57,18 @@ pub struct ShmConfig {
     /// `/run/splitos` for root, else `$HOME/.local/state/splitos`. Every component of a host must agree.
     #[serde(default)]
     pub dir: String,
+    /// How long a channel a caller opened may sit unused before the caller closes it (ms),
+    /// which ends its server's thread: the channels a burst of calls opened do not stay.
+    #[serde(default = "default_idle_ms")]
+    pub idle_ms: u64,
 }
 
 pub const DEFAULT_SPIN_US: u64 = 100;
+pub const DEFAULT_IDLE_MS: u64 = 5000;
+
+fn default_idle_ms() -> u64 {
+    DEFAULT_IDLE_MS
+}
 
 fn default_spin_us() -> u64 {
     DEFAULT_SPIN_US
@@ -67,7 +76,7 @@ fn default_spin_us() -> u64 {
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { spin_us: DEFAULT_SPIN_US, dir: String::new() }
+        ShmConfig { spin_us: DEFAULT_SPIN_US, dir: String::new(), idle_ms: DEFAULT_IDLE_MS }
     }
 }
 
@@ -283,7 +292,7 @@ pub struct ShmTransport {
     dir: PathBuf,
     netns: String,
     /// By peer address: the channels not in use, or when the peer was last found remote.
-    peers: Mutex<HashMap<String, Peer>>,
+    peers: Arc<Mutex<HashMap<String, Peer>>>,
 }
 
 enum Peer {
@@ -299,7 +308,9 @@ impl ShmTransport {
         let dir = cfg.dir();
         private_dir(&dir)?;
         let spin = Duration::from_micros(cfg.spin_us);
-        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers: Mutex::new(HashMap::new()) })
+        let peers = Arc::new(Mutex::new(HashMap::new()));
+        close_idle_channels(Arc::downgrade(&peers), Duration::from_millis(cfg.idle_ms));
+        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers })
     }
 
     fn socket_path(&self, addr: &str) -> PathBuf {
@@ -357,8 +368,9 @@ impl ShmTransport {
         Ok(Some(c))
     }
 
-    fn give_back(&self, addr: &str, c: Channel) {
+    fn give_back(&self, addr: &str, mut c: Channel) {
         if let Some(Peer::Local(free)) = self.peers.lock().unwrap().get_mut(addr) {
+            c.idle_since = Instant::now();
             free.push(c);
         }
     }
@@ -443,6 +455,31 @@ impl Transport for ShmTransport {
     }
 }
 
+/// Closes, as long as the transport exists, the free channels unused for `idle`: each one
+/// closed ends its server's thread and unmaps its memory on both sides.
+fn close_idle_channels(peers: std::sync::Weak<Mutex<HashMap<String, Peer>>>, idle: Duration) {
+    let spawned = std::thread::Builder::new().name("shm-idle".into()).spawn(move || loop {
+        std::thread::sleep(idle.max(Duration::from_millis(10)) / 2);
+        let Some(peers) = peers.upgrade() else { return };
+        let mut idle_ones = Vec::new();
+        for p in peers.lock().unwrap().values_mut() {
+            if let Peer::Local(free) = p {
+                let (old, kept): (Vec<Channel>, Vec<Channel>) = std::mem::take(free).into_iter().partition(|c| c.idle_since.elapsed() >= idle);
+                *free = kept;
+                idle_ones.extend(old);
+            }
+        }
+        if !idle_ones.is_empty() {
+            metrics::counter!("rpc_shm_idle_closed_total").increment(idle_ones.len() as u64);
+        }
+        // Closed outside the lock: unmapping takes a while.
+        drop(idle_ones);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the thread that closes idle shared-memory channels; they stay open");
+    }
+}
+
 /// Which of the free channels a caller takes: one whose server runs where the caller wants it
 /// (`want`: a followed caller's CPU), else one whose server runs anywhere; a caller that is not
 /// followed then takes the one used last. `None`: open a new channel, so that a followed
@@ -463,6 +500,8 @@ struct Channel {
     poller: Poller,
     /// The CPU the last call asked the server to run on.
     server_at: Option<u32>,
+    /// When it was last given back to the free channels.
+    idle_since: Instant,
 }
 
 impl Channel {
@@ -498,7 +537,7 @@ impl Channel {
         if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
         }
-        Ok(Channel { addr: addr.to_string(), peer, sock, map, seq: 0, poller, server_at: None })
+        Ok(Channel { addr: addr.to_string(), peer, sock, map, seq: 0, poller, server_at: None, idle_since: Instant::now() })
     }
 
     /// Whether the server's end of the socket is still open (stale doorbells are drained).

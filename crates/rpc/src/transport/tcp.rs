@@ -29,6 +29,7 @@ use super::{Endpoint, Transport};
 use crate::error::RpcError;
 use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
+use crate::refusals::Refusals;
 use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
 use crate::auth::{self, AuthError, Credentials, Session};
 use crate::wire::{may_receive, wrong_receiver, FrameKind, Msg};
@@ -487,7 +488,10 @@ impl TcpListen {
                             Ok(a) => a,
                             Err(cap) => {
                                 refused.increment(1);
-                                tracing::warn!(%peer, cap, "refused a connection over the cap; still serving the others");
+                                static OVER_CAP: Refusals = Refusals::new("refused a connection over the cap");
+                                if OVER_CAP.log_this() {
+                                    tracing::warn!(%peer, cap, "refused a connection over the cap; still serving the others");
+                                }
                                 conn.close();
                                 continue;
                             }
@@ -511,7 +515,10 @@ impl TcpListen {
                                     Ok(_) => return,
                                     Err(e) => {
                                         metrics::counter!("rpc_handshakes_refused_total").increment(1);
-                                        tracing::warn!(%peer, error = %e, "refused a connection that did not authenticate; still serving the others");
+                                        static UNAUTHENTICATED: Refusals = Refusals::new("refused a connection that did not authenticate");
+                                        if UNAUTHENTICATED.log_this() {
+                                            tracing::warn!(%peer, error = %e, "refused a connection that did not authenticate; still serving the others");
+                                        }
                                         conn.close();
                                         return;
                                     }

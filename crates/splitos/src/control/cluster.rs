@@ -241,7 +241,7 @@ impl Cluster {
         };
         let t = &cfg.transport;
         // Every component speaks the cluster's transport.
-        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--tcp-max-connections".into(), t.tcp.max_connections.to_string(), "--tcp-max-connections-per-peer".into(), t.tcp.max_connections_per_peer.to_string(), "--tcp-frame-timeout-ms".into(), t.tcp.frame_timeout_ms.to_string(), "--tcp-max-in-flight".into(), t.tcp.max_in_flight.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone()];
+        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--tcp-max-connections".into(), t.tcp.max_connections.to_string(), "--tcp-max-connections-per-peer".into(), t.tcp.max_connections_per_peer.to_string(), "--tcp-frame-timeout-ms".into(), t.tcp.frame_timeout_ms.to_string(), "--tcp-max-in-flight".into(), t.tcp.max_in_flight.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone(), "--shm-idle-ms".into(), t.shm.idle_ms.to_string()];
         let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string(), "--forget-dead-ms".into(), cfg.cluster.forget_dead_ms.to_string(), "--reclaim-dead-ms".into(), cfg.cluster.reclaim_dead_ms.to_string(), "--replication".into(), cfg.replication().map_err(|e| anyhow::anyhow!(e))?.to_string(), "--overcommit".into(), cfg.cluster.overcommit.clone()];
         args.extend(cfg.vnode.iter().filter_map(|v| v.memory_spec()).flat_map(|m| ["--vnode-memory".into(), m]));
         args.extend(transport.iter().cloned());
@@ -282,6 +282,7 @@ impl Cluster {
                 "--fault-spin-us".into(), p.fault_spin_us.to_string(), "--fault-polling".into(), p.fault_polling.to_string(), "--prefetch".into(), p.prefetch.to_string(), "--prefetch-policy".into(), p.prefetch_policy.clone(),
                 "--fault-around".into(), p.fault_around.to_string(), "--compressed-tier".into(), p.compressed_tier.0.to_string(), "--prealloc".into(), p.prealloc.to_string(), "--heap-reuse".into(), p.heap_reuse.0.to_string(), "--huge-pages".into(), p.huge_pages.to_string(), "--fault-cpu".into(), p.fault_cpu.to_string(),
                 "--dirty-tracking".into(), p.dirty_tracking.to_string(), "--evict-reserve".into(), p.evict_reserve.to_string(), "--net-path".into(), p.net_path.to_string(),
+                "--max-programs-per-user".into(), p.max_programs_per_user.to_string(), "--max-programs".into(), p.max_programs.to_string(),
                 "--shim-sock".into(), programs_dir(dir).join(format!("proc{i}.sock")).to_string_lossy().to_string(),
                 "--vnode-root".into(), vnodes_dir(dir).to_string_lossy().to_string(),
             ];

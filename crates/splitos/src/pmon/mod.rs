@@ -89,6 +89,9 @@ pub struct PcompConfig {
     pub net_shortcut: bool,
     /// How sockets' bytes travel to the nComponent.
     pub net_path: NetPath,
+    /// Programs of one user other than root that may run here at once, and of all users.
+    pub max_programs_per_user: usize,
+    pub max_programs: usize,
 }
 
 /// A process running on this pComponent.
@@ -145,8 +148,10 @@ pub struct Pcomp {
     /// Each run's counters, with the user whose processes it has.
     runs: Mutex<HashMap<u64, (u32, Arc<RunStats>)>>,
     /// Program-socket connections waiting for their hello, and launchers.
-    waiting: Mutex<shim::Slots>,
-    launchers: Mutex<shim::Slots>,
+    waiting: shim::SharedSlots,
+    launchers: shim::SharedSlots,
+    /// Programs admitted and not yet exited.
+    programs: shim::SharedSlots,
     grants: grants::Grants,
     /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
     uffd_dev: Option<OwnedFd>,
@@ -224,6 +229,8 @@ impl Pcomp {
                 "net": self.net.stats(),
                 // Runs whose launcher is still connected (or whose processes said hello first).
                 "runs": self.runs.lock().unwrap().len(),
+                // Programs of users other than root, against `max_programs`.
+                "users_programs": self.programs.lock().unwrap().held(),
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
             })
@@ -441,8 +448,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
-            waiting: Mutex::new(shim::Slots::waiting()),
-            launchers: Mutex::new(shim::Slots::runs()),
+            waiting: shim::Slots::waiting(),
+            launchers: shim::Slots::runs(),
+            programs: shim::Slots::new(args.cfg.max_programs, args.cfg.max_programs_per_user),
             grants,
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),

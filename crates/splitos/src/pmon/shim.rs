@@ -8,8 +8,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, G2P_HOME, P2G_PICK_HOME};
 use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
 
@@ -77,22 +78,39 @@ pub(super) struct Slots {
     max_per_user: usize,
 }
 
+/// Slots shared with the threads that hold them.
+pub(super) type SharedSlots = Arc<Mutex<Slots>>;
+
 impl Slots {
-    pub(super) fn waiting() -> Slots {
-        Slots { total: 0, per_user: Default::default(), max_total: WAITING_TOTAL, max_per_user: WAITING_PER_USER }
+    pub(super) fn new(max_total: usize, max_per_user: usize) -> SharedSlots {
+        Arc::new(Mutex::new(Slots { total: 0, per_user: Default::default(), max_total, max_per_user }))
     }
 
-    pub(super) fn runs() -> Slots {
-        Slots { total: 0, per_user: Default::default(), max_total: RUNS_TOTAL, max_per_user: RUNS_PER_USER }
+    pub(super) fn waiting() -> SharedSlots {
+        Slots::new(WAITING_TOTAL, WAITING_PER_USER)
+    }
+
+    pub(super) fn runs() -> SharedSlots {
+        Slots::new(RUNS_TOTAL, RUNS_PER_USER)
+    }
+
+    /// Slots held, by all users but root.
+    pub(super) fn held(&self) -> usize {
+        self.total
+    }
+
+    /// Whether `uid` would be refused a slot now.
+    pub(super) fn full_for(&self, uid: u32) -> bool {
+        uid != 0 && (self.total >= self.max_total || self.per_user.get(&uid).copied().unwrap_or(0) >= self.max_per_user)
     }
 }
 
 /// One slot, given back when dropped. Root's take none: root is never refused.
-struct Slot<'a>(Option<(&'a std::sync::Mutex<Slots>, u32)>);
+pub(super) struct Slot(Option<(SharedSlots, u32)>);
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        let Some((slots, uid)) = self.0 else { return };
+        let Some((slots, uid)) = self.0.take() else { return };
         let mut w = slots.lock().unwrap();
         w.total -= 1;
         if let Some(n) = w.per_user.get_mut(&uid) {
@@ -104,17 +122,17 @@ impl Drop for Slot<'_> {
     }
 }
 
-fn take_slot(slots: &std::sync::Mutex<Slots>, uid: u32) -> Option<Slot<'_>> {
+pub(super) fn take_slot(slots: &SharedSlots, uid: u32) -> Option<Slot> {
     if uid == 0 {
         return Some(Slot(None));
     }
     let mut w = slots.lock().unwrap();
-    if w.total >= w.max_total || w.per_user.get(&uid).copied().unwrap_or(0) >= w.max_per_user {
+    if w.full_for(uid) {
         return None;
     }
     w.total += 1;
     *w.per_user.entry(uid).or_insert(0) += 1;
-    Some(Slot(Some((slots, uid))))
+    Some(Slot(Some((slots.clone(), uid))))
 }
 
 /// The welcome of a connection that gets nothing, with why (an errno).
@@ -165,9 +183,12 @@ impl Pcomp {
         splitos_rpc::fdpass::send_fds(s, w.as_bytes(), &fds)
     }
 
-    /// Logs and counts a connection refused for who it is.
+    /// Logs (a flood's first lines, then a summary) and counts a connection refused for who it is.
     fn refuse(&self, peer: &PeerCred, why: &str) {
-        tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
+        static REFUSED: Refusals = Refusals::new("refused a program-socket connection");
+        if REFUSED.log_this() {
+            tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
+        }
         metrics::counter!("pcomp_program_connections_refused_total").increment(1);
     }
 
@@ -239,6 +260,13 @@ impl Pcomp {
                 let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
                 return;
             }
+        };
+        // Held until the program exits: what one user's programs hold here (threads, the
+        // ExCache's bookkeeping, channels to homes) stays bounded.
+        let Some(_program) = take_slot(&self.programs, peer.uid) else {
+            self.refuse(&peer, "too many of the user's programs run here");
+            let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
+            return;
         };
         let proc_ = match s.try_clone().map_err(|e| ERR::new(ErrCode::Internal, e.to_string())).and_then(|conn| self.admit(&hello, &peer, vnode, uffd_fd, memfd, conn)) {
             Ok((p, vmas)) => {
@@ -605,7 +633,9 @@ impl Pcomp {
     /// Writes back the parent's dirty lines, has the home copy the address space for the
     /// child, and parks the child's state until its hello.
     fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
-        if self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
+        // A child beyond the programs a user may run would be refused at its hello.
+        let full = self.programs.lock().unwrap().full_for(p.uid);
+        if full || self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
             // As fork(2) says when a process may not have more.
             return Err(libc::EAGAIN as i64);
         }

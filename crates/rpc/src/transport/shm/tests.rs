@@ -33,7 +33,7 @@ fn private_tmp() -> tempfile::TempDir {
 }
 
 fn cfg(dir: &Path) -> ShmConfig {
-    ShmConfig { spin_us: 50, dir: dir.to_str().unwrap().into() }
+    ShmConfig { spin_us: 50, dir: dir.to_str().unwrap().into(), ..Default::default() }
 }
 
 fn server(dir: &Path) -> String {

@@ -67,6 +67,8 @@ pub struct NetCounters {
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub refused: AtomicU64,
+    /// Socket calls answered EAGAIN because their user's share of call threads was taken.
+    pub busy: AtomicU64,
     /// Connections between two programs of a vNode on this pComponent, and the bytes they
     /// moved, that never reached an nComponent (the shortcut).
     pub shortcuts: AtomicU64,
@@ -183,8 +185,8 @@ pub struct NetStub {
     path: NetPath,
     /// Ports handed to the client ends of shortcut connections (their getsockname).
     next_port: AtomicU64,
-    /// Socket calls being served.
-    calls: std::sync::atomic::AtomicUsize,
+    /// Socket calls being served, by user.
+    calls: super::shim::SharedSlots,
     pub c: NetCounters,
 }
 
@@ -199,7 +201,7 @@ fn errno_of(e: &RpcError) -> i32 {
 
 impl NetStub {
     pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), senders_open: Default::default(), conns: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: Default::default(), c: NetCounters::default() }
+        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), senders_open: Default::default(), conns: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: super::shim::Slots::new(CALLS, CALLS_PER_USER), c: NetCounters::default() }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -208,7 +210,7 @@ impl NetStub {
             "open_sockets": self.socks.lock().unwrap().len() + self.dgrams.lock().unwrap().len(),
             "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed), "on": self.udp_dir.get().is_some()},
             "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
-            "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed),
+            "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed), "busy": c.busy.load(Relaxed),
             "path": self.path.to_string(), "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed), "remote_connections": c.remote_shortcuts.load(Relaxed), "remote_bytes": c.remote_shortcut_bytes.load(Relaxed)},
         })
     }
@@ -771,9 +773,11 @@ pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Socket calls served at once; beyond, a call is answered EAGAIN (a program retries its
-/// connect; no local user can hold every thread of the pComponent).
+/// Socket calls served at once for users other than root, and for one of them; beyond, a
+/// call is answered EAGAIN (a program retries its connect). One user's calls that never say
+/// anything hold at most their share of threads, never another user's.
 const CALLS: usize = 256;
+const CALLS_PER_USER: usize = 64;
 
 /// Gives a call a thread of its own, if it comes from a process this pComponent runs and
 /// there is room; otherwise answers it at once, without reading it.
@@ -785,21 +789,21 @@ fn admit(p: &Arc<Pcomp>, s: UnixStream) {
     };
     let Some((vnode, uid)) = caller else {
         p.net.c.refused.fetch_add(1, Relaxed);
-        tracing::warn!("refused a socket call of a process this pComponent does not run");
+        static STRANGER: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a socket call of a process this pComponent does not run");
+        if STRANGER.log_this() {
+            tracing::warn!("refused a socket call of a process this pComponent does not run");
+        }
         return refuse(libc::EACCES);
     };
-    if p.net.calls.fetch_add(1, Relaxed) >= CALLS {
-        p.net.calls.fetch_sub(1, Relaxed);
+    let Some(slot) = super::shim::take_slot(&p.net.calls, uid) else {
+        p.net.c.busy.fetch_add(1, Relaxed);
         return refuse(libc::EAGAIN);
-    }
+    };
     let p2 = p.clone();
-    let spawned = std::thread::Builder::new().name("net-call".into()).spawn(move || {
+    let _ = std::thread::Builder::new().name("net-call".into()).spawn(move || {
         serve_call(&p2, s, &vnode, uid);
-        p2.net.calls.fetch_sub(1, Relaxed);
+        drop(slot);
     });
-    if spawned.is_err() {
-        p.net.calls.fetch_sub(1, Relaxed);
-    }
 }
 
 /// One socket call of a program of `vnode` run by `uid`: the request with its descriptor,
