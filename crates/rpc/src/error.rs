@@ -27,14 +27,30 @@ impl std::error::Error for ERR {}
 pub enum RpcError {
     /// The component could not be reached at all: the request was not delivered, so sending
     /// it again is safe.
-    Unreachable { addr: String, why: String },
+    Unreachable {
+        addr: String,
+        why: String,
+    },
     /// The connection broke while the call was outstanding.
-    Closed { addr: String },
-    Timeout { addr: String, msg: &'static str, after: Duration },
+    Closed {
+        addr: String,
+    },
+    Timeout {
+        addr: String,
+        msg: &'static str,
+        after: Duration,
+    },
     /// The component answered with an error.
-    Remote { code: ErrCode, msg: String },
+    Remote {
+        code: ErrCode,
+        msg: String,
+    },
     /// The component answered with a message that is not the reply to the request.
-    Protocol { addr: String, request: &'static str, reply: &'static str },
+    Protocol {
+        addr: String,
+        request: &'static str,
+        reply: &'static str,
+    },
 }
 
 impl std::fmt::Display for RpcError {

@@ -637,7 +637,6 @@ pub struct SetAttr {
     pub mtime_ns: Option<i64>,
 }
 
-
 /// Defines every message as its own type and [`Msg`] as their union. A message's fields are
 /// encoded in the order given, after the variant index, exactly as if it were a struct variant
 /// of `Msg`; the order of the list is therefore part of the wire format.

@@ -22,9 +22,9 @@
 #![no_std]
 
 use core::mem::{offset_of, size_of};
-use zerocopy::{Immutable, KnownLayout};
 /// The byte views both sides use on these records, re-exported so that they agree on the version.
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
+use zerocopy::{Immutable, KnownLayout};
 
 pub const SHIM_ABI_VERSION: u32 = 5;
 
@@ -284,7 +284,11 @@ pub fn udp_name(sa: &[u8]) -> Option<([u8; UDP_NAME_MAX], usize)> {
         raw[16..18].copy_from_slice(&sa[2..4]);
         let scope = u32::from_ne_bytes([sa[24], sa[25], sa[26], sa[27]]);
         raw[18..22].copy_from_slice(&scope.to_be_bytes());
-        if scope == 0 { 18 } else { 22 }
+        if scope == 0 {
+            18
+        } else {
+            22
+        }
     } else {
         return None;
     };

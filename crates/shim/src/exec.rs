@@ -28,14 +28,7 @@ pub(crate) static REAL: [&NextFn; 6] = [&REAL_EXECVPE, &REAL_FEXECVE, &REAL_POSI
 
 type ExecvpeFn = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
 type FexecveFn = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
-type SpawnFn = unsafe extern "C" fn(
-    *mut pid_t,
-    *const c_char,
-    *const libc::posix_spawn_file_actions_t,
-    *const libc::posix_spawnattr_t,
-    Argv,
-    Argv,
-) -> c_int;
+type SpawnFn = unsafe extern "C" fn(*mut pid_t, *const c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, Argv, Argv) -> c_int;
 type SystemFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type PopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
 
@@ -303,14 +296,7 @@ pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: Argv,
-    envp: Argv,
-) -> c_int {
+pub unsafe extern "C" fn posix_spawn(pid: *mut pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: the caller's path.
     unsafe { warn_if_static(libc::AT_FDCWD, path) };
     // SAFETY: the C library's posix_spawn, resolved for this type, with the caller's arguments
@@ -319,14 +305,7 @@ pub unsafe extern "C" fn posix_spawn(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: Argv,
-    envp: Argv,
-) -> c_int {
+pub unsafe extern "C" fn posix_spawnp(pid: *mut pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int {
     // SAFETY: as posix_spawn.
     unsafe { with_shim_env(envp, |envp| REAL_POSIX_SPAWNP.get::<SpawnFn>()(pid, file, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
 }

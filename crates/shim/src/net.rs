@@ -17,9 +17,9 @@ use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use splitos_shim_abi::{udp_addr, udp_name, FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, NET_UDP_MAX, NET_UDP_SUFFIX, SHIM_ABI_VERSION};
 
 use crate::conn::SOCK;
-use crate::trap::sys;
 use crate::start::{env, ready};
 use crate::sys::{errno, served_by_trusted_user, set_errno, until_nul};
+use crate::trap::sys;
 
 /// The kinds of sockets ([`TCP`], [`UDP`]) the pComponent said are the host's (the cluster
 /// has no nComponent, or the pComponent cannot name datagram sockets).

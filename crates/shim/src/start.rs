@@ -32,13 +32,11 @@ pub(crate) struct EnvCache {
     preload_len: usize,
 }
 
-static mut ENV: EnvCache =
-    EnvCache { sock: [0; 108], vnode: [0; 64], run_id: 0, carried: [0; 1024], carried_len: 0, preload: [0; 4096], preload_len: 0 };
+static mut ENV: EnvCache = EnvCache { sock: [0; 108], vnode: [0; 64], run_id: 0, carried: [0; 1024], carried_len: 0, preload: [0; 4096], preload_len: 0 };
 
 pub(crate) const PRELOAD: &[u8] = b"LD_PRELOAD=";
 /// The variables the shim reads, which a new image needs as they were.
-pub(crate) const CARRIED: [&core::ffi::CStr; 5] =
-    [c"SPLITOS_PCOMP_SOCK", c"SPLITOS_VNODE", c"SPLITOS_RUN_ID", c"SPLITOS_REGION_SIZE", c"SPLITOS_ALLOW_NATIVE"];
+pub(crate) const CARRIED: [&core::ffi::CStr; 5] = [c"SPLITOS_PCOMP_SOCK", c"SPLITOS_VNODE", c"SPLITOS_RUN_ID", c"SPLITOS_REGION_SIZE", c"SPLITOS_ALLOW_NATIVE"];
 
 impl EnvCache {
     /// The carried variables, each a NUL-terminated `NAME=value`.

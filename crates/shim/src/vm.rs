@@ -85,11 +85,7 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
 }
 
 fn register_range(uffd: c_int, start: u64, len: u64) {
-    let mut reg = uffd::Register {
-        range: uffd::Range { start, len },
-        mode: uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
-        ioctls: 0,
-    };
+    let mut reg = uffd::Register { range: uffd::Range { start, len }, mode: uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP, ioctls: 0 };
     // SAFETY: UFFDIO_REGISTER reads and writes a uffdio_register, whose layout Register is.
     // Registering changes who serves faults in the range, not what the memory holds.
     if unsafe { libc::ioctl(uffd, uffd::UFFDIO_REGISTER as _, &mut reg) } != 0 {

@@ -8,8 +8,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use splitos_rpc::transport::tcp::DEFAULT_SPIN_US;
 use splitos_rpc::poll::{Poller, Polling};
+use splitos_rpc::transport::tcp::DEFAULT_SPIN_US;
 use splitos_rpc::transport::{TcpConfig, TcpTransport};
 use splitos_shim_abi::uffd;
 

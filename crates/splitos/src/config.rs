@@ -6,8 +6,8 @@ use serde::Deserialize;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::TransportConfig;
 
-use crate::pmon::HugePages;
 use crate::pmon::DirtyTracking;
+use crate::pmon::HugePages;
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
@@ -180,7 +180,8 @@ pub struct ScompSection {
     /// Where files are kept (default: the data directory's `storage`, see docs/storage.md).
     pub dir: Option<std::path::PathBuf>,
     /// Bytes of file data this sComponent stores for all vNodes together.
-    pub quota: Size,    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
+    pub quota: Size,
+    /// The network namespace (`ip netns`) to start it in: a "host" of a cluster on one machine
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     pub netns: Option<String>,
 }
@@ -282,7 +283,31 @@ pub fn default_cluster() -> ClusterSection {
 }
 
 pub fn default_pcomp() -> PcompSection {
-    PcompSection { listen: any_port(), excache: Size(64 << 20), ways: 8, policy: "fifo".into(), piggyback: true, fault_workers: 1, fault_spin_us: 100, fault_polling: Polling::Fixed, prefetch: 8, prefetch_policy: "leap".into(), fault_around: 16, compressed_tier: Size(0), prealloc: 64, heap_reuse: Size(64 << 20), huge_pages: HugePages::Off, fault_cpu: crate::pmon::FaultCpu::Any, dirty_tracking: DirtyTracking::Fault, evict_reserve: 0, net_shortcut: true, net_path: crate::pmon::NetPath::Ddio, max_programs_per_user: 128, max_programs: 1024, netns: None }
+    PcompSection {
+        listen: any_port(),
+        excache: Size(64 << 20),
+        ways: 8,
+        policy: "fifo".into(),
+        piggyback: true,
+        fault_workers: 1,
+        fault_spin_us: 100,
+        fault_polling: Polling::Fixed,
+        prefetch: 8,
+        prefetch_policy: "leap".into(),
+        fault_around: 16,
+        compressed_tier: Size(0),
+        prealloc: 64,
+        heap_reuse: Size(64 << 20),
+        huge_pages: HugePages::Off,
+        fault_cpu: crate::pmon::FaultCpu::Any,
+        dirty_tracking: DirtyTracking::Fault,
+        evict_reserve: 0,
+        net_shortcut: true,
+        net_path: crate::pmon::NetPath::Ddio,
+        max_programs_per_user: 128,
+        max_programs: 1024,
+        netns: None,
+    }
 }
 
 pub fn default_mcomp() -> McompSection {
@@ -449,7 +474,11 @@ mod tests {
 
     #[test]
     fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
-        let check = |memory: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n")).map_err(|e| e.to_string()).and_then(|c| c.validate().map(|()| c));
+        let check = |memory: &str| {
+            toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"))
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c))
+        };
         assert_eq!(check("\"256M\"").unwrap().vnode[0].memory_spec().as_deref(), Some("lab=268435456"));
         assert!(check("\"1K\"").unwrap_err().contains("vnode[0].memory"));
         assert!(check("\"lots\"").unwrap_err().contains("\"lots\""));

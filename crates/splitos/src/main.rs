@@ -58,18 +58,25 @@ struct TransportArgs {
 impl TransportArgs {
     /// The credentials file, which every component needs.
     fn credentials(&self) -> anyhow::Result<PathBuf> {
-        self.credentials.clone().ok_or_else(|| anyhow::anyhow!("a component needs the cluster's credentials: --credentials FILE (`splitos cluster credentials --role ROLE --out FILE` issues them from the cluster's authority)"))
+        self.credentials
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("a component needs the cluster's credentials: --credentials FILE (`splitos cluster credentials --role ROLE --out FILE` issues them from the cluster's authority)"))
     }
 
     fn config(self) -> TransportConfig {
-        TransportConfig { kind: self.kind, polling: self.polling, tcp: TcpConfig {
+        TransportConfig {
+            kind: self.kind,
+            polling: self.polling,
+            tcp: TcpConfig {
                 spin_us: self.tcp_spin_us,
                 delay_us: self.tcp_delay_us,
                 max_connections: self.tcp_max_connections,
                 max_connections_per_peer: self.tcp_max_connections_per_peer,
                 frame_timeout_ms: self.tcp_frame_timeout_ms,
                 max_in_flight: self.tcp_max_in_flight,
-            }, shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir, idle_ms: self.shm_idle_ms } }
+            },
+            shm: ShmConfig { spin_us: self.shm_spin_us, dir: self.shm_dir, idle_ms: self.shm_idle_ms },
+        }
     }
 }
 
@@ -467,10 +474,80 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run { excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, embedded, gm, pcomponent, vnode, stats_json, stats, compare_native, allow_native, quiet, fault_cpu, program } => {
+        Cmd::Run {
+            excache,
+            ways,
+            policy,
+            no_piggyback,
+            fault_workers,
+            prefetch,
+            prefetch_policy,
+            fault_around,
+            compressed_tier,
+            prealloc,
+            heap_reuse,
+            huge_pages,
+            dirty_tracking,
+            evict_reserve,
+            transport,
+            polling,
+            mcomponents,
+            ncomponent,
+            net_path,
+            mem_capacity,
+            mem_workers,
+            vregion_size,
+            replication,
+            overcommit,
+            embedded,
+            gm,
+            pcomponent,
+            vnode,
+            stats_json,
+            stats,
+            compare_native,
+            allow_native,
+            quiet,
+            fault_cpu,
+            program,
+        } => {
             let (excache, compressed_tier, mem_capacity, vregion_size) = (excache.map(|s| s.0), compressed_tier.map(|s| s.0), mem_capacity.map(|s| s.0), vregion_size.map(|s| s.0));
             control::run::run(control::run::RunArgs {
-                program, gm, pcomponent, embedded, excache, ways, policy, no_piggyback, fault_workers, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, transport, polling, mcomponents, ncomponent, net_path, mem_capacity, mem_workers, vregion_size, replication, overcommit, vnode, stats_json, compare_native, allow_native, print_stats: stats, fault_cpu, quiet,
+                program,
+                gm,
+                pcomponent,
+                embedded,
+                excache,
+                ways,
+                policy,
+                no_piggyback,
+                fault_workers,
+                prefetch,
+                prefetch_policy,
+                fault_around,
+                compressed_tier,
+                prealloc,
+                heap_reuse,
+                huge_pages,
+                dirty_tracking,
+                evict_reserve,
+                transport,
+                polling,
+                mcomponents,
+                ncomponent,
+                net_path,
+                mem_capacity,
+                mem_workers,
+                vregion_size,
+                replication,
+                overcommit,
+                vnode,
+                stats_json,
+                compare_native,
+                allow_native,
+                print_stats: stats,
+                fault_cpu,
+                quiet,
             })
             .map(|code| std::process::exit(code))
         }
@@ -483,15 +560,95 @@ fn main() {
         },
         Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, overcommit, ready_file, metrics_addr, transport, vnode_memory } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| gm::run(gm::GmArgs { listen, credentials, transport: transport.config(), vregion_size: vregion_size.0, replication, overcommit, forget_dead: std::time::Duration::from_millis(forget_dead_ms), reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms), ready_file, metrics_addr, memory_quotas: vnode_memory.into_iter().collect() }))
+            transport.credentials().and_then(|credentials| {
+                gm::run(gm::GmArgs {
+                    listen,
+                    credentials,
+                    transport: transport.config(),
+                    vregion_size: vregion_size.0,
+                    replication,
+                    overcommit,
+                    forget_dead: std::time::Duration::from_millis(forget_dead_ms),
+                    reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms),
+                    ready_file,
+                    metrics_addr,
+                    memory_quotas: vnode_memory.into_iter().collect(),
+                })
+            })
         }
         Cmd::Mem { listen, gm, capacity, workers, bcache, readahead, backup_log, ready_file, metrics_addr, transport } => {
             node::init_metrics();
-            transport.credentials().and_then(|credentials| mmon::run(mmon::MemArgs { listen, credentials, transport: transport.config(), gm, capacity: capacity.0, workers, bcache: bcache.0, readahead: readahead.0, backup_log: backup_log.0, ready_file, metrics_addr }))
+            transport.credentials().and_then(|credentials| {
+                mmon::run(mmon::MemArgs {
+                    listen,
+                    credentials,
+                    transport: transport.config(),
+                    gm,
+                    capacity: capacity.0,
+                    workers,
+                    bcache: bcache.0,
+                    readahead: readahead.0,
+                    backup_log: backup_log.0,
+                    ready_file,
+                    metrics_addr,
+                })
+            })
         }
-        Cmd::Proc { listen, gm, excache, ways, policy, no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, dirty_tracking, evict_reserve, no_net_shortcut, net_path, max_programs_per_user, max_programs, shim_sock, vnode_root, grants, ready_file, metrics_addr, transport, fault_cpu } => {
+        Cmd::Proc {
+            listen,
+            gm,
+            excache,
+            ways,
+            policy,
+            no_piggyback,
+            fault_workers,
+            fault_spin_us,
+            fault_polling,
+            prefetch,
+            prefetch_policy,
+            fault_around,
+            compressed_tier,
+            prealloc,
+            heap_reuse,
+            huge_pages,
+            dirty_tracking,
+            evict_reserve,
+            no_net_shortcut,
+            net_path,
+            max_programs_per_user,
+            max_programs,
+            shim_sock,
+            vnode_root,
+            grants,
+            ready_file,
+            metrics_addr,
+            transport,
+            fault_cpu,
+        } => {
             node::init_metrics();
-            let cfg = pmon::PcompConfig { excache_bytes: excache.0, ways, policy, piggyback: !no_piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier_bytes: compressed_tier.0, prealloc, heap_reuse: heap_reuse.0, huge_pages, fault_cpu, dirty_tracking, evict_reserve, net_shortcut: !no_net_shortcut, net_path, max_programs_per_user, max_programs };
+            let cfg = pmon::PcompConfig {
+                excache_bytes: excache.0,
+                ways,
+                policy,
+                piggyback: !no_piggyback,
+                fault_workers,
+                fault_spin_us,
+                fault_polling,
+                prefetch,
+                prefetch_policy,
+                fault_around,
+                compressed_tier_bytes: compressed_tier.0,
+                prealloc,
+                heap_reuse: heap_reuse.0,
+                huge_pages,
+                fault_cpu,
+                dirty_tracking,
+                evict_reserve,
+                net_shortcut: !no_net_shortcut,
+                net_path,
+                max_programs_per_user,
+                max_programs,
+            };
             transport.credentials().and_then(|credentials| pmon::run(pmon::ProcArgs { listen, credentials, transport: transport.config(), gm, shim_sock, vnode_root, grants, cfg, ready_file, metrics_addr }))
         }
         Cmd::Storage { listen, gm, dir, quota, ready_file, metrics_addr, transport } => {
@@ -536,9 +693,62 @@ mod tests {
     fn the_command_line_and_the_config_file_agree_on_every_default() {
         let file: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n[[ncomponent]]\n").unwrap();
 
-        let PcompSection { listen, excache, ways, policy, piggyback, fault_workers, fault_spin_us, fault_polling, prefetch, prefetch_policy, fault_around, compressed_tier, prealloc, heap_reuse, huge_pages, fault_cpu, dirty_tracking, evict_reserve, net_shortcut, net_path, max_programs_per_user, max_programs, netns: _ } = file.pcomponent[0].clone();
-        let Cmd::Proc { listen: l, gm, excache: e, ways: w, policy: p, no_piggyback, fault_workers: f, fault_spin_us: fs, fault_polling: fp, prefetch: pf, prefetch_policy: pp, fault_around: fa, compressed_tier: ct, prealloc: pa, heap_reuse: hr, huge_pages: hp, dirty_tracking: dt, evict_reserve: er, no_net_shortcut, net_path: np, max_programs_per_user: mpu, max_programs: mp, shim_sock: _, vnode_root: _, grants: _, ready_file: _, metrics_addr: _, transport, fault_cpu: fc } =
-            parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
+        let PcompSection {
+            listen,
+            excache,
+            ways,
+            policy,
+            piggyback,
+            fault_workers,
+            fault_spin_us,
+            fault_polling,
+            prefetch,
+            prefetch_policy,
+            fault_around,
+            compressed_tier,
+            prealloc,
+            heap_reuse,
+            huge_pages,
+            fault_cpu,
+            dirty_tracking,
+            evict_reserve,
+            net_shortcut,
+            net_path,
+            max_programs_per_user,
+            max_programs,
+            netns: _,
+        } = file.pcomponent[0].clone();
+        let Cmd::Proc {
+            listen: l,
+            gm,
+            excache: e,
+            ways: w,
+            policy: p,
+            no_piggyback,
+            fault_workers: f,
+            fault_spin_us: fs,
+            fault_polling: fp,
+            prefetch: pf,
+            prefetch_policy: pp,
+            fault_around: fa,
+            compressed_tier: ct,
+            prealloc: pa,
+            heap_reuse: hr,
+            huge_pages: hp,
+            dirty_tracking: dt,
+            evict_reserve: er,
+            no_net_shortcut,
+            net_path: np,
+            max_programs_per_user: mpu,
+            max_programs: mp,
+            shim_sock: _,
+            vnode_root: _,
+            grants: _,
+            ready_file: _,
+            metrics_addr: _,
+            transport,
+            fault_cpu: fc,
+        } = parse(&["proc", "--shim-sock", "x", "--vnode-root", "y"])
         else {
             unreachable!()
         };
@@ -586,5 +796,4 @@ mod tests {
         let Cmd::Run { mcomponents, .. } = parse(&["run", "true"]) else { unreachable!() };
         assert_eq!(mcomponents, None);
     }
-
 }

@@ -200,7 +200,6 @@ pub fn announce_ready(ready_file: Option<&std::path::Path>, addr: &str) {
     }
 }
 
-
 /// Ends the process shortly after the current reply is on its way.
 pub fn exit_soon() {
     std::thread::spawn(|| {

@@ -12,7 +12,10 @@ use common::*;
 /// `mcomps` mComponents (each with `mcomp` in its table), one sComponent, vRegions of 4 MiB
 /// so that a program's heap spreads over all of them, an ExCache of 4 MiB.
 fn cluster(mcomps: usize, mcomp: &str) -> TestCluster {
-    TestCluster::up(Some(&format!("[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\n{}", format!("[[mcomponent]]\n{mcomp}").repeat(mcomps))))
+    TestCluster::up(Some(&format!(
+        "[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\n{}",
+        format!("[[mcomponent]]\n{mcomp}").repeat(mcomps)
+    )))
 }
 
 fn scomp(c: &TestCluster) -> String {
@@ -58,7 +61,10 @@ fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between
 fn cpython_and_sqlite_survive_a_lost_primary_and_restarts_of_the_global_managers() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let gm_addr = format!("127.0.0.1:{port}");
-    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\n{}", "[[mcomponent]]\n".repeat(5))));
+    let c = TestCluster::up(Some(&format!(
+        "[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\n{}",
+        "[[mcomponent]]\n".repeat(5)
+    )));
     python_phases_as_native(&c, |c, phase, round, pid| {
         if phase == 1 {
             c.kill_component(c.pid_of_addr(&busiest_primary(c, pid)));
@@ -193,7 +199,11 @@ impl Drop for SmallDisk {
 fn a_full_scomponent_disk_is_named_as_the_cause() {
     // Dropped after the cluster: the sComponent is gone before its disk.
     let disk = SmallDisk::new("4M");
-    let c = TestCluster::up(Some(&format!("[cluster]\nvregion_size = \"4M\"\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\ndir = \"{}\"\n{}", disk.0.path().display(), "[[mcomponent]]\n".repeat(3))));
+    let c = TestCluster::up(Some(&format!(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\ndir = \"{}\"\n{}",
+        disk.0.path().display(),
+        "[[mcomponent]]\n".repeat(3)
+    )));
     // Far more write-backs than the disk holds.
     let (child, _) = spawn_hold(&c, 24);
     let s = scomp(&c);

@@ -17,14 +17,7 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     let thp = || std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     let thp_before = thp();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/suite.py");
-    let run = Command::new("python3")
-        .arg(&script)
-        .args(["--quick", "--out"])
-        .arg(&out)
-        .env("SPLITOS_BIN", common::splitos())
-        .env("SPLITOS_DATA_DIR", out.join("data"))
-        .output()
-        .expect("python3 runs");
+    let run = Command::new("python3").arg(&script).args(["--quick", "--out"]).arg(&out).env("SPLITOS_BIN", common::splitos()).env("SPLITOS_DATA_DIR", out.join("data")).output().expect("python3 runs");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "suite failed: {}", &stderr[stderr.len().saturating_sub(3000)..]);
 
@@ -86,8 +79,7 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     // Swap devices, memory cgroups and the huge-page setting are the suite's to undo.
     assert_eq!(swaps(), swaps_before, "swap devices left behind");
     assert_eq!(thp(), thp_before, "the transparent huge page setting is restored");
-    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/memory")
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("splitos-bench-")).collect())
-        .unwrap_or_default();
+    let left: Vec<_> =
+        std::fs::read_dir("/sys/fs/cgroup/memory").map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("splitos-bench-")).collect()).unwrap_or_default();
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }

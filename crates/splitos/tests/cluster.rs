@@ -178,8 +178,24 @@ fn malformed_frames_are_rejected_and_others_still_served() {
         ("bad version", with_ping(FrameHeader { version: WIRE_VERSION + 1, ..valid }), false),
         ("bad kind", with_ping(FrameHeader { kind: 0xee, ..valid }), false),
         ("oversized length", frame_header(FrameHeader { len: MAX_BODY + 1, ..valid }), false),
-        ("undecodable body", { let mut f = frame_header(FrameHeader { len: 64, ..valid }); f.extend_from_slice(&[0xff; 64]); f }, false),
-        ("truncated body", { let mut f = frame_header(FrameHeader { len: 64, ..valid }); f.extend_from_slice(&[0; 10]); f }, true),
+        (
+            "undecodable body",
+            {
+                let mut f = frame_header(FrameHeader { len: 64, ..valid });
+                f.extend_from_slice(&[0xff; 64]);
+                f
+            },
+            false,
+        ),
+        (
+            "truncated body",
+            {
+                let mut f = frame_header(FrameHeader { len: 64, ..valid });
+                f.extend_from_slice(&[0; 10]);
+                f
+            },
+            true,
+        ),
     ];
     for (what, bytes, close_write) in &bad {
         let mut s = authenticated(&c, &m);
@@ -351,12 +367,8 @@ fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
 
 /// Each component the global managers list: (address, role, id, alive), by address.
 fn members(c: &TestCluster) -> Vec<(String, String, u64, bool)> {
-    let mut m: Vec<_> = c.status()["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| (x["addr"].as_str().unwrap().to_string(), x["role"].as_str().unwrap().to_string(), x["id"].as_u64().unwrap(), x["alive"].as_bool().unwrap()))
-        .collect();
+    let mut m: Vec<_> =
+        c.status()["components"].as_array().unwrap().iter().map(|x| (x["addr"].as_str().unwrap().to_string(), x["role"].as_str().unwrap().to_string(), x["id"].as_u64().unwrap(), x["alive"].as_bool().unwrap())).collect();
     m.sort();
     m
 }
@@ -392,7 +404,11 @@ fn membership_survives_restarts_of_the_global_managers() {
         };
         remember_pid(c.dir.path(), restarted.id() as i32);
         // The components that outlived the managers register again, each under the id it had.
-        assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && members(c) == before), "round {round}: {before:?}; the managers' log: {}", c.log(&format!("gm-again{round}")));
+        assert!(
+            c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && members(c) == before),
+            "round {round}: {before:?}; the managers' log: {}",
+            c.log(&format!("gm-again{round}"))
+        );
         let out = c.run(&[], &[memtouch, "16"]);
         assert_eq!(text(&out.stdout), native_out, "round {round}: {}", text(&out.stderr));
     }
@@ -460,9 +476,7 @@ fn gpm_places_two_programs_on_two_pcomponents() {
     // program started, so that the choice below does not depend on a heartbeat in flight.
     let ready = Instant::now();
     let fresh = c.eventually(Duration::from_secs(5), |c| {
-        c.components("pcomponent").iter().any(|pc| {
-            pc["load"]["threads"].as_u64().unwrap_or(0) >= 1 && (pc["since_heartbeat_ms"].as_u64().unwrap() as u128) + 20 < ready.elapsed().as_millis()
-        })
+        c.components("pcomponent").iter().any(|pc| pc["load"]["threads"].as_u64().unwrap_or(0) >= 1 && (pc["since_heartbeat_ms"].as_u64().unwrap() as u128) + 20 < ready.elapsed().as_millis())
     });
     assert!(fresh, "a heartbeat reports the first program's threads: {:?}", c.components("pcomponent"));
     let mut second = c.spawn(&[], &cmd);

@@ -406,22 +406,12 @@ pub fn pid_listening_on(addr: &str, pids: &[i32]) -> Option<i32> {
             }
         }
     }
-    pids.iter().copied().find(|pid| {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str())))
-    })
+    pids.iter().copied().find(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))))
 }
 
 /// How many threads of `pid` have a name (comm) starting with `prefix`.
 pub fn threads_named(pid: i32, prefix: &str) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap_or_else(|e| panic!("threads of {pid}: {e}"))
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
-        .count()
+    std::fs::read_dir(format!("/proc/{pid}/task")).unwrap_or_else(|e| panic!("threads of {pid}: {e}")).flatten().filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))).count()
 }
 
 /// Detaches every mount under `dir` (vNode mounts a killed pComponent left), so that removing

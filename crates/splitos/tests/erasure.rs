@@ -45,11 +45,7 @@ fn a_c_hash_table_survives_losing_a_data_member_then_a_parity_member_with_a_rebu
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
         let (home, sets) = home_of(c, pid);
         assert!(sets.iter().all(|s| s.len() == 3), "two data places and a parity place: {sets:?}");
-        let victim = if phase == 1 {
-            busiest_data_member(c, pid, 2)
-        } else {
-            places(&sets, 2).into_iter().map(|(_, p)| addr_of(c, p)).find(|a| *a != home).expect("a parity member other than the home")
-        };
+        let victim = if phase == 1 { busiest_data_member(c, pid, 2) } else { places(&sets, 2).into_iter().map(|(_, p)| addr_of(c, p)).find(|a| *a != home).expect("a parity member other than the home") };
         c.kill_component(c.pid_of_addr(&victim));
         wait_rebuilt(c, pid, 3);
     });
@@ -67,7 +63,10 @@ fn a_c_hash_table_survives_losing_a_data_member_then_a_parity_member_with_a_rebu
 fn cpython_and_sqlite_survive_a_lost_member_of_an_ec4_cluster_and_restarts_of_the_global_managers() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let gm_addr = format!("127.0.0.1:{port}");
-    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"ec\"\n[[pcomponent]]\nexcache = \"4M\"\n{}", "[[mcomponent]]\n".repeat(7))));
+    let c = TestCluster::up(Some(&format!(
+        "[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"ec\"\n[[pcomponent]]\nexcache = \"4M\"\n{}",
+        "[[mcomponent]]\n".repeat(7)
+    )));
     python_phases_as_native(&c, |c, phase, round, pid| {
         if phase == 1 {
             // Four data places and a parity place, each on another mComponent: five of the

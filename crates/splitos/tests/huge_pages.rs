@@ -42,7 +42,14 @@ fn huge_pages_split_when_their_lines_leave_and_every_program_keeps_its_semantics
     // mapping again, and random pages through an ExCache a quarter of their size: the same
     // output as natively, in a cache that fits and in one that does not.
     for excache in ["256M", "8M"] {
-        let cmds = [vec![rand.to_str().unwrap(), "32", "2"], vec![zero.to_str().unwrap()], vec![fork.to_str().unwrap(), "12"], vec![threads.to_str().unwrap(), "24"], vec![memsem.to_str().unwrap(), "16"], vec![remap.to_str().unwrap()]];
+        let cmds = [
+            vec![rand.to_str().unwrap(), "32", "2"],
+            vec![zero.to_str().unwrap()],
+            vec![fork.to_str().unwrap(), "12"],
+            vec![threads.to_str().unwrap(), "24"],
+            vec![memsem.to_str().unwrap(), "16"],
+            vec![remap.to_str().unwrap()],
+        ];
         for cmd in cmds {
             let (out, s) = stats_of(&["--excache", excache, "--huge-pages", "on"], &cmd);
             let stdout = text(&out.stdout);

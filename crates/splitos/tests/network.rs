@@ -20,14 +20,7 @@ fn rack_with(pcomp: &str) -> (Hosts, TestCluster, String, String) {
     let mut h = Hosts::new(&["gm", "p1", "m1", "n1"]);
     let (n1_out, out) = h.add_outside("n1");
     let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
-    let cfg = format!(
-        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}{pcomp}\n[[mcomponent]]\n{}[[ncomponent]]\n{}",
-        h.addr("gm"),
-        h.netns("gm"),
-        at("p1"),
-        at("m1"),
-        at("n1")
-    );
+    let cfg = format!("[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}{pcomp}\n[[mcomponent]]\n{}[[ncomponent]]\n{}", h.addr("gm"), h.netns("gm"), at("p1"), at("m1"), at("n1"));
     let c = TestCluster::up(Some(&cfg));
     (h, c, n1_out, out)
 }
@@ -362,13 +355,8 @@ fn an_embedded_run_with_an_ncomponent_takes_the_programs_sockets_through_it() {
 #[test]
 fn redis_server_under_splitos_serves_redis_benchmark_from_the_outside() {
     let (h, c, n1_out, _) = rack();
-    let _server = Server(
-        run_on(&h, &c, "p1", &["redis-server", "--port", "6390", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let _server =
+        Server(run_on(&h, &c, "p1", &["redis-server", "--port", "6390", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
     let port = "6390";
     let cli = |args: &[&str]| {
         let mut a = vec!["redis-cli", "-h", &n1_out, "-p", port];
@@ -523,7 +511,8 @@ fn programs_of_a_vnode_on_two_pcomponents_connect_directly_not_through_the_ncomp
     // direct connection ends, as a reset one.
     let mut client = on("p2", 1, &[&py, "-c", WAIT_FOR_END, "127.0.0.1", "8771"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     assert_eq!(read_line(&mut client), "echo: one\n");
-    let recorded: Vec<i64> = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap()["pids"].as_array().unwrap().iter().filter_map(|p| p.as_i64()).collect();
+    let recorded: Vec<i64> =
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap()["pids"].as_array().unwrap().iter().filter_map(|p| p.as_i64()).collect();
     for pid in h.pids("p1").into_iter().filter(|p| recorded.contains(&(*p as i64))) {
         forget_pid(c.dir.path(), pid);
         // SAFETY: kill(2) takes no pointers; the pid is the pComponent's, which this test started.

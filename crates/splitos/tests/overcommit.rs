@@ -33,7 +33,9 @@ fn a_terabyte_mapped_writable_with_noreserve_is_charged_only_under_strict_overco
 
 #[test]
 fn a_write_back_that_finds_its_owner_full_moves_the_vregion_to_one_with_room() {
-    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"24M\"\n[[mcomponent]]\ncapacity = \"24M\"\n[[mcomponent]]\ncapacity = \"512M\"\n"));
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"24M\"\n[[mcomponent]]\ncapacity = \"24M\"\n[[mcomponent]]\ncapacity = \"512M\"\n",
+    ));
     let hold = program("hold");
     let hold = hold.to_str().unwrap();
     let out = c.run(&[], &[hold, "96"]);

@@ -83,10 +83,7 @@ fn java() {
 
 #[test]
 fn shell_pipelines_fork_and_exec() {
-    let script = format!(
-        "a=$(seq 1 3000 | sort -r | head -3 | tr '\\n' ' '); echo \"$a\"; for i in 1 2 3; do echo $((i * i)); done; exec {} -c 'print(sum(range(10**6)))'",
-        python3()
-    );
+    let script = format!("a=$(seq 1 3000 | sort -r | head -3 | tr '\\n' ' '); echo \"$a\"; for i in 1 2 3; do echo $((i * i)); done; exec {} -c 'print(sum(range(10**6)))'", python3());
     // bash; the subshell it forks for $(...); in it, a forked child per pipeline stage, each of
     // which execs its program; the last exec of bash into python: 1 + 1 + 4 + 4 + 1 images.
     through_components(&["--excache", "4M"], &["bash", "-c", &script], 11);
@@ -137,14 +134,8 @@ impl Redis {
         let mut cmd: Vec<&str> = launch.to_vec();
         cmd.extend(["redis-server", "--port", "0", "--unixsocket", &sock, "--pidfile", &pidfile, "--dir", dir.to_str().unwrap(), "--logfile", &log]);
         cmd.extend(["--save", "", "--appendonly", "no", "--enable-debug-command", "local", "--daemonize", if daemonize { "yes" } else { "no" }]);
-        let launched = std::process::Command::new(cmd[0])
-            .args(&cmd[1..])
-            .env_remove("SPLITOS_GM")
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let launched =
+            std::process::Command::new(cmd[0]).args(&cmd[1..]).env_remove("SPLITOS_GM").envs(env.iter().map(|(k, v)| (k, v))).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
         let r = Redis { dir: dir.to_path_buf(), launched };
         let t0 = std::time::Instant::now();
         while r.cli(&["ping"]) != "PONG" {

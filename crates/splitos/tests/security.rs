@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use splitos_rpc::auth::{Authority, Credentials};
-use splitos_rpc::transport::{TcpConfig, TcpTransport};
 use splitos_rpc::poll::Polling;
+use splitos_rpc::transport::{TcpConfig, TcpTransport};
 use splitos_rpc::{FrameKind, Msg, Role, Rpc, RpcError, Who, P2M_FETCH};
 
 /// Runs python3 as the user `nobody` with `script` and `args`; returns its stdout.
@@ -156,7 +156,13 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     assert!(log.contains("did not authenticate") && log.contains("may not send"), "refusals are logged: {log}");
     // The admin's tools work for root and not for nobody.
     assert!(c.cmd(&["cluster", "status"]).output().unwrap().status.success());
-    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(splitos()).args(["cluster", "status", "--gm", c.status()["gm"].as_str().unwrap()]).env("SPLITOS_STATE_DIR", c.dir.path()).output().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(splitos())
+        .args(["cluster", "status", "--gm", c.status()["gm"].as_str().unwrap()])
+        .env("SPLITOS_STATE_DIR", c.dir.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success(), "nobody ran cluster status: {}", text(&out.stdout));
     // The victim never noticed.
     drop(victim.stdin.take());
@@ -212,9 +218,7 @@ print(os.getuid(), os.getgid(), sum(x), open(p).read().strip(), st.st_uid, st.st
 #[test]
 fn users_run_programs_on_the_vnodes_granted_to_them() {
     let (alice, bob, carol) = (60001u32, 60002u32, 60003u32);
-    let c = TestCluster::up(Some(&format!(
-        "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[scomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n[[vnode]]\nname = \"other\"\ngroups = [\"{bob}\"]\n"
-    )));
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[scomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n[[vnode]]\nname = \"other\"\ngroups = [\"{bob}\"]\n")));
     let sock = c.dir.path().join("programs/proc0.sock");
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let state = c.dir.path().to_str().unwrap().to_string();
@@ -402,11 +406,8 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     assert!(c.log("proc0").contains("that connected has ended"), "{}", c.log("proc0"));
     // Memory calls outside the heap region are refused, and forked children beyond a
     // process's share are EAGAIN, as fork(2) says; the pComponent serves on.
-    let mut misuse = Command::new("setpriv")
-        .args([&format!("--reuid={alice}"), &format!("--regid={alice}"), "--clear-groups", py, "-c", SHIM_CLIENT, &sock, "misuse", "5"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut misuse =
+        Command::new("setpriv").args([&format!("--reuid={alice}"), &format!("--regid={alice}"), "--clear-groups", py, "-c", SHIM_CLIENT, &sock, "misuse", "5"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(misuse.stdout.take().unwrap()));
     let mut line = || lines.next().unwrap().unwrap();
     assert_eq!(line(), "hello 0");
@@ -594,11 +595,8 @@ fn a_socket_of_another_user_in_a_pcomponents_place_gets_nothing() {
     let shim = splitos().with_file_name("libsplitos_shim.so");
     for (n, how) in ["launcher", "shim"].iter().enumerate() {
         let sock = t.path().join(format!("fake{n}.sock"));
-        let mut fake = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", FAKE_PCOMPONENT, sock.to_str().unwrap()])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut fake =
+            Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", FAKE_PCOMPONENT, sock.to_str().unwrap()]).stdout(std::process::Stdio::piped()).spawn().unwrap();
         let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap()).lines();
         assert_eq!(lines.next().unwrap().unwrap(), "ready");
         let out = if *how == "launcher" {
@@ -742,13 +740,18 @@ fn a_flood_of_refused_connections_logs_a_few_lines_and_a_summary() {
     let tally = |c: &TestCluster| {
         let log = c.log("proc0");
         let lines = log.lines().filter(|l| l.contains("refused a program-socket connection: the user is granted no vNode")).count() as u64;
-        let summarised: u64 = log
-            .lines()
-            .filter_map(|l| l.split("refused a program-socket connection: ").nth(1)?.split(" more not logged one by one").next()?.parse::<u64>().ok())
-            .sum();
+        let summarised: u64 = log.lines().filter_map(|l| l.split("refused a program-socket connection: ").nth(1)?.split(" more not logged one by one").next()?.parse::<u64>().ok()).sum();
         (lines, summarised)
     };
-    assert!(c.eventually(Duration::from_secs(30), |c| { let (l, s) = tally(c); l + s == 2000 }), "{:?}\n{}", tally(&c), c.log("proc0"));
+    assert!(
+        c.eventually(Duration::from_secs(30), |c| {
+            let (l, s) = tally(c);
+            l + s == 2000
+        }),
+        "{:?}\n{}",
+        tally(&c),
+        c.log("proc0")
+    );
     let (lines, _) = tally(&c);
     assert!(lines <= 2000 / 10, "{lines} lines for 2000 refusals");
 }

@@ -114,9 +114,7 @@ fn signalled(under_splitos: Option<&std::path::Path>, cmd: &[&str], sig: i32) ->
         Some(stats) => {
             let mut c = Command::new(splitos());
             c.args(["run", "--stats-json", stats.to_str().unwrap(), "--"]).args(cmd);
-            c.env_remove("SPLITOS_GM")
-                .env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster"))
-                .env("SPLITOS_DATA_DIR", data.path());
+            c.env_remove("SPLITOS_GM").env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster")).env("SPLITOS_DATA_DIR", data.path());
             c
         }
         None => {

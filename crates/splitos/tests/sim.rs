@@ -256,7 +256,18 @@ fn replay_knobs_do_what_they_say() {
     let r = run(&["--memory-modules", "4", "--scale", "2"]);
     assert_eq!((n(&r["disaggregated"]["memory_units"]), n(&r["disaggregated"]["memory_unit_mib"]), n(&r["disaggregated"]["compute_units"])), (8, 2048, 2));
     // Device inputs: every device twice as reliable, every server twice as reliable.
-    let devices = write(d.path(), "d.toml", &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sim/devices.toml")).unwrap().replace("cpu = 204.3", "cpu = 408.6").replace("memory = 289.9", "memory = 579.8").replace("disk = 538.8", "disk = 1077.6").replace("nic = 100.5", "nic = 201").replace("power = 27.4", "power = 54.8").replace("board = 8.64", "board = 17.28"));
+    let devices = write(
+        d.path(),
+        "d.toml",
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sim/devices.toml"))
+            .unwrap()
+            .replace("cpu = 204.3", "cpu = 408.6")
+            .replace("memory = 289.9", "memory = 579.8")
+            .replace("disk = 538.8", "disk = 1077.6")
+            .replace("nic = 100.5", "nic = 201")
+            .replace("power = 27.4", "power = 54.8")
+            .replace("board = 8.64", "board = 17.28"),
+    );
     let r = run(&["--devices", &devices]);
     assert!((f(&r["paper"]["server_mttf_years"]) - 11.6).abs() < 0.02, "{}", r["paper"]);
     // vRegions larger than an mComponent cannot be placed.

@@ -105,10 +105,7 @@ impl Drop for Proc {
 }
 
 fn pid_of(c: &TestCluster, arg: &str) -> i32 {
-    *c.state_pids()
-        .iter()
-        .find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|cl| cl.split(|b| *b == 0).any(|a| a == arg.as_bytes())))
-        .unwrap_or_else(|| panic!("no component process with {arg}"))
+    *c.state_pids().iter().find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|cl| cl.split(|b| *b == 0).any(|a| a == arg.as_bytes()))).unwrap_or_else(|| panic!("no component process with {arg}"))
 }
 
 fn py(c: &TestCluster, opts: &[&str], code: &str) -> Output {
@@ -617,14 +614,7 @@ fn two_embedded_runs_at_once_share_their_vnode_files() {
     let mut a = Running(Some(embedded_run(data.path(), cwd.path(), &sa, r#"set -e; cd "$SPLITOS_VNODE_DIR"; echo from-a > a.txt; sync a.txt; echo ready; read go; cat b.txt"#).spawn().unwrap()));
     assert_eq!(a.until_ready(), "ready\n", "the first run started");
     let mut b = Running(Some(
-        embedded_run(
-            data.path(),
-            cwd.path(),
-            &sb,
-            r#"set -e; cd "$SPLITOS_VNODE_DIR"; echo from-b > b.txt; sync b.txt; cat a.txt; echo ready; read go; echo from-b2 > b2.txt; cat a.txt b.txt b2.txt"#,
-        )
-        .spawn()
-        .unwrap(),
+        embedded_run(data.path(), cwd.path(), &sb, r#"set -e; cd "$SPLITOS_VNODE_DIR"; echo from-b > b.txt; sync b.txt; cat a.txt; echo ready; read go; echo from-b2 > b2.txt; cat a.txt b.txt b2.txt"#).spawn().unwrap(),
     ));
     assert_eq!(b.until_ready(), "from-a\nready\n", "the second run, while the first holds the storage, reads its file");
 
@@ -637,10 +627,7 @@ fn two_embedded_runs_at_once_share_their_vnode_files() {
     let out = b.finish();
     assert_eq!((text(&out.stdout), out.status.code()), ("from-a\nfrom-b\nfrom-b2\n".to_string(), Some(0)), "the second run goes on with the files after the first ended: {}", text(&out.stderr));
     let front = sharing(&sb);
-    assert!(
-        front["forwarded_requests"].as_u64().unwrap() > 0 && front["takeovers"] == 1 && front["owner"] == true,
-        "the second run's sComponent passed requests on, then took the directory over: {front}"
-    );
+    assert!(front["forwarded_requests"].as_u64().unwrap() > 0 && front["takeovers"] == 1 && front["owner"] == true, "the second run's sComponent passed requests on, then took the directory over: {front}");
 
     let c = embedded_run(data.path(), cwd.path(), &sc, r#"cd "$SPLITOS_VNODE_DIR" && cat a.txt b.txt b2.txt"#).stdin(Stdio::null()).output().unwrap();
     assert_eq!(text(&c.stdout), "from-a\nfrom-b\nfrom-b2\n", "a third run sees both runs' files: {}", text(&c.stderr));

@@ -149,10 +149,7 @@ fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared
     }
     let mut h = TwoHosts::new();
     // Host A's mComponent is too small for a vRegion (1 GiB), so the program's pages go to B.
-    let config = format!(
-        "[cluster]\ngm = \"{a}:0\"\n[[pcomponent]]\nlisten = \"{a}:0\"\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\nlisten = \"{a}:0\"\ncapacity = \"64M\"\n",
-        a = h.ip_a
-    );
+    let config = format!("[cluster]\ngm = \"{a}:0\"\n[[pcomponent]]\nlisten = \"{a}:0\"\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\nlisten = \"{a}:0\"\ncapacity = \"64M\"\n", a = h.ip_a);
     let cfg = h.state.path().join("cluster.toml");
     std::fs::write(&cfg, config).unwrap();
     h.ok(&h.a.clone(), &["cluster", "up", "--config", cfg.to_str().unwrap()]);
@@ -163,7 +160,12 @@ fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared
     let b = h.b.clone();
     let creds = h.state.path().join("mem-b.cred");
     h.ok(&h.a.clone(), &["cluster", "credentials", "--role", "mcomponent", "--out", creds.to_str().unwrap()]);
-    let child = h.splitos(&b, &["mem", "--gm", &gm, "--listen", &listen, "--capacity", "8G", "--ready-file", ready.to_str().unwrap(), "--credentials", creds.to_str().unwrap()]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let child = h
+        .splitos(&b, &["mem", "--gm", &gm, "--listen", &listen, "--capacity", "8G", "--ready-file", ready.to_str().unwrap(), "--credentials", creds.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     h.mem_b = Some(child);
     let t0 = std::time::Instant::now();
     while !ready.exists() {

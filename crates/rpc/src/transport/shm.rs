@@ -38,12 +38,12 @@ use serde::{Deserialize, Serialize};
 
 use super::tcp::TcpListen;
 use super::{Endpoint, TcpConfig, TcpTransport, Transport};
+use crate::auth::{self, AuthError, Credentials};
 use crate::cpu::{self, Placement};
 use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
 use crate::server::{self, Dispatcher, Handler, ServerConfig};
-use crate::auth::{self, AuthError, Credentials};
 use crate::wire::{may_receive, wrong_receiver, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -254,10 +254,7 @@ fn ring(seq: &AtomicU64, n: u64, sleeps: &AtomicU32, sock: &UnixStream) {
 }
 
 fn netns() -> String {
-    std::fs::read_link("/proc/self/ns/net")
-        .ok()
-        .and_then(|l| l.to_str().map(|s| s.trim_start_matches("net:[").trim_end_matches(']').to_string()))
-        .unwrap_or_else(|| "0".into())
+    std::fs::read_link("/proc/self/ns/net").ok().and_then(|l| l.to_str().map(|s| s.trim_start_matches("net:[").trim_end_matches(']').to_string())).unwrap_or_else(|| "0".into())
 }
 
 /// The rendezvous directory, made if missing; refused unless others can neither list it nor
@@ -581,11 +578,7 @@ impl Channel {
         let h = self.map.header();
         let deadline = Some(Instant::now() + timeout);
         // A followed caller leaves its CPU to the server at once.
-        let got = if follow.is_some() {
-            sleep_until_moved(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, deadline)
-        } else {
-            wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, &self.poller, deadline)
-        };
+        let got = if follow.is_some() { sleep_until_moved(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, deadline) } else { wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, &self.poller, deadline) };
         let addr = &self.addr;
         match got {
             Ok(n) if n == self.seq => {}
@@ -683,9 +676,7 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: plain calls on the descriptor we own; sealing stops the caller from shrinking
     // the memory under this process's mapping (which would kill it with SIGBUS).
-    let sealed = unsafe {
-        libc::ftruncate(raw, CHANNEL as libc::off_t) == 0 && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) == 0
-    };
+    let sealed = unsafe { libc::ftruncate(raw, CHANNEL as libc::off_t) == 0 && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) == 0 };
     if !sealed {
         return Err(io::Error::last_os_error());
     }
@@ -715,11 +706,7 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, pe
     // the caller, who sleeps until it sends its next request.
     let mut beside_caller = false;
     loop {
-        let got = if beside_caller {
-            sleep_until_moved(&h.req_seq, last, &h.server_sleeps, &sock, None)
-        } else {
-            wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None)
-        };
+        let got = if beside_caller { sleep_until_moved(&h.req_seq, last, &h.server_sleeps, &sock, None) } else { wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None) };
         let Ok(n) = got else { return };
         last = n;
         let follow = h.follow_cpu.load(Relaxed).checked_sub(1);

@@ -26,12 +26,12 @@ use crossbeam_channel::{bounded, Sender};
 use serde::{Deserialize, Serialize};
 
 use super::{Endpoint, Transport};
+use crate::auth::{self, AuthError, Credentials, Session};
 use crate::error::RpcError;
 use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
 use crate::refusals::Refusals;
 use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
-use crate::auth::{self, AuthError, Credentials, Session};
 use crate::wire::{may_receive, wrong_receiver, FrameKind, Msg};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -156,9 +156,7 @@ impl TcpTransport {
                 return Ok(c.clone());
             }
         }
-        let conn = self
-            .connect_stream(addr, timeout.min(Duration::from_secs(3)))
-            .map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+        let conn = self.connect_stream(addr, timeout.min(Duration::from_secs(3))).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
         let c = Client::start(conn, addr)?;
         self.clients.lock().unwrap().insert(addr.to_string(), c.clone());
         Ok(c)
@@ -632,14 +630,7 @@ struct Client {
 impl Client {
     fn start(conn: TcpConn, addr: &str) -> Result<Client, RpcError> {
         let reader = conn.try_clone().map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
-        let inner = Arc::new(Inner {
-            addr: addr.to_string(),
-            peer: conn.peer,
-            writer: Mutex::new(conn),
-            pending: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            dead: AtomicBool::new(false),
-        });
+        let inner = Arc::new(Inner { addr: addr.to_string(), peer: conn.peer, writer: Mutex::new(conn), pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1), dead: AtomicBool::new(false) });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new().name(format!("rpc-rx {addr}")).spawn(move || reader_loop(reader, weak)).expect("spawn rpc reader");
         Ok(Client { inner })
@@ -749,20 +740,16 @@ fn call_direct(t: &TcpTransport, addr: &str, msg: &Msg, timeout: Duration) -> Re
         }
         *next += 1;
         let id = *next;
-        let r = write_frame(conn, FrameKind::Request, id, msg)
-            .map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })
-            .and_then(|_| loop {
-                match read_frame(conn) {
-                    Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
-                    // A reply to an earlier call that timed out: skip it.
-                    Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id < id => continue,
-                    Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
-                    Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                        return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout })
-                    }
-                    Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
-                }
-            });
+        let r = write_frame(conn, FrameKind::Request, id, msg).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() }).and_then(|_| loop {
+            match read_frame(conn) {
+                Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
+                // A reply to an earlier call that timed out: skip it.
+                Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id < id => continue,
+                Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
+                Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout }),
+                Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
+            }
+        });
         if r.is_err() {
             d.remove(addr);
         }

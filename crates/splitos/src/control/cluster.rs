@@ -40,11 +40,7 @@ pub fn state_dir() -> PathBuf {
 
 /// This user's home: $HOME, else the one the user database names.
 fn home() -> PathBuf {
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.dir))
-        .unwrap_or_else(|| PathBuf::from("/nonexistent"))
+    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from).or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.dir)).unwrap_or_else(|| PathBuf::from("/nonexistent"))
 }
 
 /// Where sComponents keep files unless configured otherwise: $SPLITOS_DATA_DIR, else
@@ -241,8 +237,45 @@ impl Cluster {
         };
         let t = &cfg.transport;
         // Every component speaks the cluster's transport.
-        let transport: Vec<String> = vec!["--transport".into(), t.kind.clone(), "--polling".into(), t.polling.to_string(), "--tcp-spin-us".into(), t.tcp.spin_us.to_string(), "--tcp-delay-us".into(), t.tcp.delay_us.to_string(), "--tcp-max-connections".into(), t.tcp.max_connections.to_string(), "--tcp-max-connections-per-peer".into(), t.tcp.max_connections_per_peer.to_string(), "--tcp-frame-timeout-ms".into(), t.tcp.frame_timeout_ms.to_string(), "--tcp-max-in-flight".into(), t.tcp.max_in_flight.to_string(), "--shm-spin-us".into(), t.shm.spin_us.to_string(), "--shm-dir".into(), t.shm.dir.clone(), "--shm-idle-ms".into(), t.shm.idle_ms.to_string()];
-        let mut args = vec!["gm".into(), "--listen".into(), cfg.cluster.gm.clone(), "--vregion-size".into(), cfg.cluster.vregion_size.0.to_string(), "--forget-dead-ms".into(), cfg.cluster.forget_dead_ms.to_string(), "--reclaim-dead-ms".into(), cfg.cluster.reclaim_dead_ms.to_string(), "--replication".into(), cfg.replication().map_err(|e| anyhow::anyhow!(e))?.to_string(), "--overcommit".into(), cfg.cluster.overcommit.clone()];
+        let transport: Vec<String> = vec![
+            "--transport".into(),
+            t.kind.clone(),
+            "--polling".into(),
+            t.polling.to_string(),
+            "--tcp-spin-us".into(),
+            t.tcp.spin_us.to_string(),
+            "--tcp-delay-us".into(),
+            t.tcp.delay_us.to_string(),
+            "--tcp-max-connections".into(),
+            t.tcp.max_connections.to_string(),
+            "--tcp-max-connections-per-peer".into(),
+            t.tcp.max_connections_per_peer.to_string(),
+            "--tcp-frame-timeout-ms".into(),
+            t.tcp.frame_timeout_ms.to_string(),
+            "--tcp-max-in-flight".into(),
+            t.tcp.max_in_flight.to_string(),
+            "--shm-spin-us".into(),
+            t.shm.spin_us.to_string(),
+            "--shm-dir".into(),
+            t.shm.dir.clone(),
+            "--shm-idle-ms".into(),
+            t.shm.idle_ms.to_string(),
+        ];
+        let mut args = vec![
+            "gm".into(),
+            "--listen".into(),
+            cfg.cluster.gm.clone(),
+            "--vregion-size".into(),
+            cfg.cluster.vregion_size.0.to_string(),
+            "--forget-dead-ms".into(),
+            cfg.cluster.forget_dead_ms.to_string(),
+            "--reclaim-dead-ms".into(),
+            cfg.cluster.reclaim_dead_ms.to_string(),
+            "--replication".into(),
+            cfg.replication().map_err(|e| anyhow::anyhow!(e))?.to_string(),
+            "--overcommit".into(),
+            cfg.cluster.overcommit.clone(),
+        ];
         args.extend(cfg.vnode.iter().filter_map(|v| v.memory_spec()).flat_map(|m| ["--vnode-memory".into(), m]));
         args.extend(transport.iter().cloned());
         args.extend(creds("gm", Role::Gm)?);
@@ -256,19 +289,29 @@ impl Cluster {
         let mut pending = Vec::new();
         for (i, sc) in cfg.scomponent.iter().enumerate() {
             let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
-            let mut args = vec![
-                "storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(),
-                "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string(),
-            ];
+            let mut args =
+                vec!["storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(), "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string()];
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("storage{i}"), Role::Storage)?);
             pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach, sc.netns.as_deref())?));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
             let mut args = vec![
-                "mem".into(), "--listen".into(), m.listen.clone(), "--gm".into(), self.state.gm.clone(),
-                "--capacity".into(), m.capacity.0.to_string(), "--workers".into(), m.workers.to_string(),
-                "--bcache".into(), m.bcache.0.to_string(), "--readahead".into(), m.readahead.0.to_string(), "--backup-log".into(), m.backup_log.0.to_string(),
+                "mem".into(),
+                "--listen".into(),
+                m.listen.clone(),
+                "--gm".into(),
+                self.state.gm.clone(),
+                "--capacity".into(),
+                m.capacity.0.to_string(),
+                "--workers".into(),
+                m.workers.to_string(),
+                "--bcache".into(),
+                m.bcache.0.to_string(),
+                "--readahead".into(),
+                m.readahead.0.to_string(),
+                "--backup-log".into(),
+                m.backup_log.0.to_string(),
             ];
             args.extend(transport.iter().cloned());
             args.extend(creds(&format!("mem{i}"), Role::Mem)?);
@@ -276,15 +319,53 @@ impl Cluster {
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
             let mut args = vec![
-                "proc".into(), "--listen".into(), p.listen.clone(), "--gm".into(), self.state.gm.clone(),
-                "--excache".into(), p.excache.0.to_string(), "--ways".into(), p.ways.to_string(),
-                "--policy".into(), p.policy.clone(), "--fault-workers".into(), p.fault_workers.to_string(),
-                "--fault-spin-us".into(), p.fault_spin_us.to_string(), "--fault-polling".into(), p.fault_polling.to_string(), "--prefetch".into(), p.prefetch.to_string(), "--prefetch-policy".into(), p.prefetch_policy.clone(),
-                "--fault-around".into(), p.fault_around.to_string(), "--compressed-tier".into(), p.compressed_tier.0.to_string(), "--prealloc".into(), p.prealloc.to_string(), "--heap-reuse".into(), p.heap_reuse.0.to_string(), "--huge-pages".into(), p.huge_pages.to_string(), "--fault-cpu".into(), p.fault_cpu.to_string(),
-                "--dirty-tracking".into(), p.dirty_tracking.to_string(), "--evict-reserve".into(), p.evict_reserve.to_string(), "--net-path".into(), p.net_path.to_string(),
-                "--max-programs-per-user".into(), p.max_programs_per_user.to_string(), "--max-programs".into(), p.max_programs.to_string(),
-                "--shim-sock".into(), programs_dir(dir).join(format!("proc{i}.sock")).to_string_lossy().to_string(),
-                "--vnode-root".into(), vnodes_dir(dir).to_string_lossy().to_string(),
+                "proc".into(),
+                "--listen".into(),
+                p.listen.clone(),
+                "--gm".into(),
+                self.state.gm.clone(),
+                "--excache".into(),
+                p.excache.0.to_string(),
+                "--ways".into(),
+                p.ways.to_string(),
+                "--policy".into(),
+                p.policy.clone(),
+                "--fault-workers".into(),
+                p.fault_workers.to_string(),
+                "--fault-spin-us".into(),
+                p.fault_spin_us.to_string(),
+                "--fault-polling".into(),
+                p.fault_polling.to_string(),
+                "--prefetch".into(),
+                p.prefetch.to_string(),
+                "--prefetch-policy".into(),
+                p.prefetch_policy.clone(),
+                "--fault-around".into(),
+                p.fault_around.to_string(),
+                "--compressed-tier".into(),
+                p.compressed_tier.0.to_string(),
+                "--prealloc".into(),
+                p.prealloc.to_string(),
+                "--heap-reuse".into(),
+                p.heap_reuse.0.to_string(),
+                "--huge-pages".into(),
+                p.huge_pages.to_string(),
+                "--fault-cpu".into(),
+                p.fault_cpu.to_string(),
+                "--dirty-tracking".into(),
+                p.dirty_tracking.to_string(),
+                "--evict-reserve".into(),
+                p.evict_reserve.to_string(),
+                "--net-path".into(),
+                p.net_path.to_string(),
+                "--max-programs-per-user".into(),
+                p.max_programs_per_user.to_string(),
+                "--max-programs".into(),
+                p.max_programs.to_string(),
+                "--shim-sock".into(),
+                programs_dir(dir).join(format!("proc{i}.sock")).to_string_lossy().to_string(),
+                "--vnode-root".into(),
+                vnodes_dir(dir).to_string_lossy().to_string(),
             ];
             for v in &cfg.vnode {
                 args.extend(["--grant".into(), v.grant_spec()]);

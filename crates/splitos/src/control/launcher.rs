@@ -94,10 +94,7 @@ impl Launcher {
     /// Waits until the pComponent goes away (its end of the connection closes: it never
     /// speaks unasked) or `stop` has something to read. True if the pComponent went away.
     pub fn wait_lost(&self, stop: &UnixStream) -> bool {
-        let mut fds = [
-            libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 },
-            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        ];
+        let mut fds = [libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         loop {
             // SAFETY: poll reads and writes the two pollfds of the array, which outlives the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };

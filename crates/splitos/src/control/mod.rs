@@ -12,9 +12,7 @@ use crate::config::ClusterConfig;
 use cluster::{Cluster, ClusterState};
 
 fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
-    gm.or_else(|| std::env::var("SPLITOS_GM").ok())
-        .or_else(|| cluster::read_state().map(|s| s.gm))
-        .ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))
+    gm.or_else(|| std::env::var("SPLITOS_GM").ok()).or_else(|| cluster::read_state().map(|s| s.gm)).ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))
 }
 
 /// Holds an exclusive lock next to the state directory `dir` until dropped: two `cluster up`
@@ -24,7 +22,8 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "splitos".into());
     let path = dir.with_file_name(format!("{name}.lock"));
-    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
+    let f =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
     // Beside a state directory in a shared directory, another user could have made the lock
     // first and hold it for ever.
     let owner = std::os::unix::fs::MetadataExt::uid(&f.metadata()?);
@@ -58,14 +57,7 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let c = Cluster::start(&cfg, &dir, true)?;
     let state: ClusterState = c.detach();
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
-    println!(
-        "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}",
-        state.gm,
-        cfg.pcomponent.len(),
-        cfg.mcomponent.len(),
-        cfg.scomponent.len(),
-        dir.display()
-    );
+    println!("cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}", state.gm, cfg.pcomponent.len(), cfg.mcomponent.len(), cfg.scomponent.len(), dir.display());
     Ok(())
 }
 
@@ -80,7 +72,9 @@ pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
         "net" => Some(Role::Net),
         _ => None,
     };
-    let role = by_command.or_else(|| Role::from_name(role)).ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))?;
+    let role = by_command
+        .or_else(|| Role::from_name(role))
+        .ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))?;
     let dir = cluster::state_dir();
     if !dir.join(cluster::AUTHORITY).exists() {
         anyhow::bail!("no cluster authority in {} (`splitos cluster up` makes one)", dir.display());
@@ -188,7 +182,13 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         if scheme == "log" {
             let sum = |k: &str| mstats.iter().filter_map(|s| s["backup_log"][k].as_u64()).sum::<u64>();
             let unprotected: usize = mstats.iter().filter_map(|s| s["owned_processes"].as_array()).flatten().filter_map(|p| p["unprotected_vregions"].as_array()).map(|v| v.len()).sum();
-            println!("backup logs: {} queued, {} stored on sComponents, {} refused by them, {} write-backs and frees skipped", human(sum("queued_bytes")), human(sum("streamed_bytes")), human(sum("refused_bytes")), sum("skipped_records"));
+            println!(
+                "backup logs: {} queued, {} stored on sComponents, {} refused by them, {} write-backs and frees skipped",
+                human(sum("queued_bytes")),
+                human(sum("streamed_bytes")),
+                human(sum("refused_bytes")),
+                sum("skipped_records")
+            );
             if unprotected > 0 {
                 // The causes seen: a log that skipped records, a sComponent that refused them.
                 let mut why: Vec<String> = mstats.iter().filter_map(|s| s["backup_log"]["refusal"].as_str()).map(|r| format!("the sComponent refused their backup records: {r}")).collect();
@@ -226,9 +226,7 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
 
 /// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.
 pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
-    let page = cluster::rpc()?
-        .call(mcomp, P2M_FETCH { who: Who::new(vnode, pid), vpn: vaddr / PAGE_SIZE as u64 })
-        .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    let page = cluster::rpc()?.call(mcomp, P2M_FETCH { who: Who::new(vnode, pid), vpn: vaddr / PAGE_SIZE as u64 }).map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     let at = vaddr & !(PAGE_SIZE as u64 - 1);
     match unseal_page(page.data) {
         Ok(data) => println!("page {at:#x}: {} bytes, checksum good, first bytes {:02x?}", data.len(), &data[..16]),
@@ -239,9 +237,7 @@ pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::
 
 /// `splitos debug flip`: flips a bit of a page an mComponent stores, as a memory error would.
 pub fn debug_flip(mcomp: &str, vnode: String, pid: u64, vaddr: u64, bit: u32) -> anyhow::Result<()> {
-    let r = cluster::rpc()?
-        .call(mcomp, C2M_DEBUG_FLIP { who: Who::new(vnode, pid), from_vpn: vaddr / PAGE_SIZE as u64, bit })
-        .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    let r = cluster::rpc()?.call(mcomp, C2M_DEBUG_FLIP { who: Who::new(vnode, pid), from_vpn: vaddr / PAGE_SIZE as u64, bit }).map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     println!("flipped bit {bit} of page {:#x}", r.vpn * PAGE_SIZE as u64);
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! `splitos run`: runs an unmodified program with its heap on the cluster's mComponents.
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::io::Write;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Instant;
 
@@ -278,7 +278,26 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         }
     }
     if a.print_stats {
-        let keys = ["misses", "evictions", "flushes", "piggybacked", "plocal_fills", "faulted_around", "preallocated", "prefetched", "tier_hits", "tier_stores", "tier_writebacks", "wp_faults", "bytes_fetched", "bytes_flushed", "miss_ns_p50", "miss_ns_p99", "inline_evictions", "bg_evictions"];
+        let keys = [
+            "misses",
+            "evictions",
+            "flushes",
+            "piggybacked",
+            "plocal_fills",
+            "faulted_around",
+            "preallocated",
+            "prefetched",
+            "tier_hits",
+            "tier_stores",
+            "tier_writebacks",
+            "wp_faults",
+            "bytes_fetched",
+            "bytes_flushed",
+            "miss_ns_p50",
+            "miss_ns_p99",
+            "inline_evictions",
+            "bg_evictions",
+        ];
         let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
         eprintln!("splitos: {}", parts.join(" "));
     }
@@ -428,11 +447,7 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
         return;
     }
     let Some(root) = mine.parent() else { return };
-    let others: Vec<std::ffi::CString> = crate::pmon::mounts_under(root)
-        .into_iter()
-        .filter(|m| m != mine)
-        .filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok())
-        .collect();
+    let others: Vec<std::ffi::CString> = crate::pmon::mounts_under(root).into_iter().filter(|m| m != mine).filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok()).collect();
     // SAFETY: only async-signal-safe system calls on memory prepared before fork (the C strings
     // in `others`), and errno read into an io::Error, which does not allocate.
     unsafe {
@@ -543,7 +558,14 @@ fn wait_program(pid: i32, tty: Option<i32>) -> std::io::Result<std::process::Exi
 /// others a note naming them.
 fn not_for_a_running_cluster(a: &RunArgs) -> anyhow::Result<()> {
     let given = |flags: &[(&str, bool)]| flags.iter().filter(|(_, on)| *on).map(|(f, _)| *f).collect::<Vec<_>>().join(", ");
-    let memory = given(&[("--mem-capacity", a.mem_capacity.is_some()), ("--mcomponents", a.mcomponents.is_some()), ("--vregion-size", a.vregion_size.is_some()), ("--mem-workers", a.mem_workers.is_some()), ("--overcommit", a.overcommit.is_some()), ("--replication", a.replication.is_some())]);
+    let memory = given(&[
+        ("--mem-capacity", a.mem_capacity.is_some()),
+        ("--mcomponents", a.mcomponents.is_some()),
+        ("--vregion-size", a.vregion_size.is_some()),
+        ("--mem-workers", a.mem_workers.is_some()),
+        ("--overcommit", a.overcommit.is_some()),
+        ("--replication", a.replication.is_some()),
+    ]);
     if !memory.is_empty() {
         anyhow::bail!("{memory} shape(s) the memory of an embedded cluster, and this run goes to a running cluster, which has its own: pass --embedded to run on a cluster of this command's own, or leave them out");
     }

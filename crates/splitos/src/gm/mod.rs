@@ -104,10 +104,7 @@ impl Gm {
     }
 
     fn snapshot(&self) -> Vec<ComponentInfo> {
-        self.comps()
-            .iter()
-            .map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), ..e.info.clone() })
-            .collect()
+        self.comps().iter().map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), ..e.info.clone() }).collect()
     }
 
     /// GMM: the least loaded alive mComponent with at least `need` bytes free, other than
@@ -138,11 +135,7 @@ fn host_of(addr: &str) -> &str {
 
 /// Rendezvous (highest random weight) choice among the live components of a role.
 fn rendezvous(comps: &[Entry], role: Role, key: &str) -> Option<ComponentRef> {
-    comps
-        .iter()
-        .filter(|e| e.info.role == role && Gm::alive(e))
-        .max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes()))
-        .map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
+    comps.iter().filter(|e| e.info.role == role && Gm::alive(e)).max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes())).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
 }
 
 /// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
@@ -200,7 +193,10 @@ impl Gm {
         {
             let mut last_any = self.last_any.lock().unwrap();
             if last_any.elapsed() > HEARTBEAT * MISSED_BEATS {
-                tracing::warn!(silent_ms = last_any.elapsed().as_millis() as u64, "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost");
+                tracing::warn!(
+                    silent_ms = last_any.elapsed().as_millis() as u64,
+                    "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost"
+                );
                 let now = Instant::now();
                 for e in comps.iter_mut() {
                     e.last = now;
@@ -258,11 +254,7 @@ impl Gm {
     /// GPM: the pComponent with the fewest threads.
     fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
         let mut comps = self.comps();
-        let e = comps
-            .iter_mut()
-            .filter(|e| e.info.role == Role::Proc && Gm::alive(e))
-            .min_by_key(|e| e.info.load.threads)
-            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no pComponent is alive"))?;
+        let e = comps.iter_mut().filter(|e| e.info.role == Role::Proc && Gm::alive(e)).min_by_key(|e| e.info.load.threads).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no pComponent is alive"))?;
         metrics::counter!("gpm_placements_total").increment(1);
         // Count the new process's thread until the next heartbeat reports it, so that
         // processes started together spread.
@@ -387,7 +379,21 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
-    let gm = Arc::new(Gm { vregion_size: args.vregion_size, replication: args.replication, overcommit: args.overcommit, forget_dead: args.forget_dead, reclaim_dead: args.reclaim_dead, comps: Mutex::new(Vec::new()), replaced: Mutex::new(Vec::new()), replaced_mcomps: Mutex::new(Vec::new()), announced: Mutex::new(Default::default()), last_any: Mutex::new(Instant::now()), started: Instant::now(), memory_quotas: args.memory_quotas, quota_homes: Mutex::new(Default::default()) });
+    let gm = Arc::new(Gm {
+        vregion_size: args.vregion_size,
+        replication: args.replication,
+        overcommit: args.overcommit,
+        forget_dead: args.forget_dead,
+        reclaim_dead: args.reclaim_dead,
+        comps: Mutex::new(Vec::new()),
+        replaced: Mutex::new(Vec::new()),
+        replaced_mcomps: Mutex::new(Vec::new()),
+        announced: Mutex::new(Default::default()),
+        last_any: Mutex::new(Instant::now()),
+        started: Instant::now(),
+        memory_quotas: args.memory_quotas,
+        quota_homes: Mutex::new(Default::default()),
+    });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;

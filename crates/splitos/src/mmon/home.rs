@@ -137,7 +137,21 @@ impl HomeProc {
             layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
         }
         let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners, data: r.data, log: r.log })).collect();
-        HomeProc { epoch: s.who.epoch, who: Who { epoch: 0, ..s.who }, creator: s.creator, pcomp: s.pcomp, base: s.base, limit: s.limit, layout, vregions, backup: None, retired: s.retired, exited: false, memory_quota: s.memory_quota, charged: 0 }
+        HomeProc {
+            epoch: s.who.epoch,
+            who: Who { epoch: 0, ..s.who },
+            creator: s.creator,
+            pcomp: s.pcomp,
+            base: s.base,
+            limit: s.limit,
+            layout,
+            vregions,
+            backup: None,
+            retired: s.retired,
+            exited: false,
+            memory_quota: s.memory_quota,
+            charged: 0,
+        }
     }
 
     /// The process as `cluster status --json` shows it: where each vRegion's copies are.
@@ -968,7 +982,8 @@ impl Mem {
         let hp = self.home_proc(&r.who)?;
         let mut h = hp.lock().unwrap();
         let idx = r.vpn * PAGE / self.vrs();
-        let set = h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0 || s.logger().is_some()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE)))?;
+        let set =
+            h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0 || s.logger().is_some()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE)))?;
         h.epoch += 1;
         let who = h.who();
         let out = self.fence_set(&set, &who, None).and_then(|()| match set.logger() {

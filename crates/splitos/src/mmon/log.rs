@@ -112,7 +112,16 @@ impl Logged {
 
 impl BackupLog {
     pub fn new(capacity: u64) -> BackupLog {
-        BackupLog { q: Mutex::new(Queue::default()), cv: Condvar::new(), capacity, streamed: AtomicU64::new(0), refused_bytes: AtomicU64::new(0), refusal: Mutex::new(None), skipped: AtomicU64::new(0), refused: Mutex::new(Vec::new()) }
+        BackupLog {
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            capacity,
+            streamed: AtomicU64::new(0),
+            refused_bytes: AtomicU64::new(0),
+            refusal: Mutex::new(None),
+            skipped: AtomicU64::new(0),
+            refused: Mutex::new(Vec::new()),
+        }
     }
 
     /// Queues `op` for `file`; `false` if the log has no room for it (within `wait`).
@@ -182,7 +191,8 @@ impl BackupLog {
             Op::DropProcess => M2S_LOG_DROP { vnode: first.file.vnode.clone(), pid: first.file.pid }.into(),
             Op::Reset | Op::Record(_) => {
                 let reset = matches!(first.op, Op::Reset);
-                let run: Vec<&Entry> = q.entries.iter().enumerate().take_while(|(i, e)| e.file == first.file && e.epoch == first.epoch && (*i == 0 || matches!(e.op, Op::Record(_)))).map(|(_, e)| e).take(APPEND_BATCH).collect();
+                let run: Vec<&Entry> =
+                    q.entries.iter().enumerate().take_while(|(i, e)| e.file == first.file && e.epoch == first.epoch && (*i == 0 || matches!(e.op, Op::Record(_)))).map(|(_, e)| e).take(APPEND_BATCH).collect();
                 let records = run.iter().filter_map(|e| match &e.op {
                     Op::Record(r) => Some(r.clone()),
                     _ => None,

@@ -212,13 +212,7 @@ impl Mem {
     }
 
     fn load(&self) -> Load {
-        Load {
-            threads: 0,
-            processes: self.homes.lock().unwrap().len() as u32,
-            capacity: self.capacity,
-            committed: self.committed.load(Relaxed),
-            used: self.used.load(Relaxed),
-        }
+        Load { threads: 0, processes: self.homes.lock().unwrap().len() as u32, capacity: self.capacity, committed: self.committed.load(Relaxed), used: self.used.load(Relaxed) }
     }
 
     /// Refuses a request about process `pid` from a pComponent other than the one that created
@@ -364,7 +358,18 @@ impl Handler for Mem {
         // this one (and a change of epoch on write-backs): with a shared worker pool neither
         // may hold a worker while it waits. With none, each connection's receiving thread
         // serves its own requests, and the wait blocks no other.
-        let forwards = matches!(msg, Msg::P2M_FLUSH(_) | Msg::P2M_FLUSH_MANY(_) | Msg::P2M_FLUSH_FETCH(_) | Msg::P2M_FLUSH_FETCH_MANY(_) | Msg::M2M_VMA_ADD(_) | Msg::M2M_VMA_REMOVE(_) | Msg::M2M_DISCARD(_) | Msg::M2M_PUT_PAGES(_) | Msg::M2M_EPOCH(_));
+        let forwards = matches!(
+            msg,
+            Msg::P2M_FLUSH(_)
+                | Msg::P2M_FLUSH_MANY(_)
+                | Msg::P2M_FLUSH_FETCH(_)
+                | Msg::P2M_FLUSH_FETCH_MANY(_)
+                | Msg::M2M_VMA_ADD(_)
+                | Msg::M2M_VMA_REMOVE(_)
+                | Msg::M2M_DISCARD(_)
+                | Msg::M2M_PUT_PAGES(_)
+                | Msg::M2M_EPOCH(_)
+        );
         if forwards && self.worker_pool && self.replication().data() > 0 {
             return true;
         }

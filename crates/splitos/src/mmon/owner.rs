@@ -653,7 +653,13 @@ impl Mem {
         let l = g.logs.get(&idx).cloned().expect("checked by the caller");
         if !l.protects() {
             metrics::counter!("mcomp_log_promotions_refused_total").increment(1);
-            return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} of process {} is not whole (its log skipped {} records while full, or its first copy did not complete): the vRegion's pages were on its lost primary alone", g.pid, l.skipped)));
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!(
+                    "the backup of vRegion {idx} of process {} is not whole (its log skipped {} records while full, or its first copy did not complete): the vRegion's pages were on its lost primary alone",
+                    g.pid, l.skipped
+                ),
+            ));
         }
         let vrs = self.vrs();
         let pages: Vec<(u64, ByteBuf)> = self.read_backup(&l.scomp, &g.file(idx))?.into_iter().filter(|(v, _)| *v * PAGE / vrs == idx).collect();

@@ -200,12 +200,16 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
     endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
     let (n2, n3) = (net.clone(), net.clone());
-    node.clone().heartbeat_forever(None, move || n2.load(), move |beat| {
-        let keys: Vec<[u8; 32]> = beat.lost.iter().map(|l| l.key).collect();
-        if !keys.is_empty() {
-            n3.proxy.forget_owners(&keys);
-        }
-    });
+    node.clone().heartbeat_forever(
+        None,
+        move || n2.load(),
+        move |beat| {
+            let keys: Vec<[u8; 32]> = beat.lost.iter().map(|l| l.key).collect();
+            if !keys.is_empty() {
+                n3.proxy.forget_owners(&keys);
+            }
+        },
+    );
     if let Some(m) = &args.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");

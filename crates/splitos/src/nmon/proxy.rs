@@ -513,11 +513,40 @@ fn allowed(level: i32, name: i32) -> bool {
     match level {
         libc::SOL_SOCKET => matches!(
             name,
-            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_KEEPALIVE | libc::SO_LINGER | libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVLOWAT | libc::SO_SNDLOWAT | libc::SO_BROADCAST | libc::SO_OOBINLINE | libc::SO_ERROR | libc::SO_TYPE | libc::SO_DOMAIN | libc::SO_PROTOCOL | libc::SO_ACCEPTCONN | libc::SO_TIMESTAMP | libc::SO_ZEROCOPY
+            libc::SO_REUSEADDR
+                | libc::SO_REUSEPORT
+                | libc::SO_KEEPALIVE
+                | libc::SO_LINGER
+                | libc::SO_RCVBUF
+                | libc::SO_SNDBUF
+                | libc::SO_RCVLOWAT
+                | libc::SO_SNDLOWAT
+                | libc::SO_BROADCAST
+                | libc::SO_OOBINLINE
+                | libc::SO_ERROR
+                | libc::SO_TYPE
+                | libc::SO_DOMAIN
+                | libc::SO_PROTOCOL
+                | libc::SO_ACCEPTCONN
+                | libc::SO_TIMESTAMP
+                | libc::SO_ZEROCOPY
         ),
         libc::IPPROTO_TCP => matches!(
             name,
-            libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_CORK | libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT | libc::TCP_SYNCNT | libc::TCP_LINGER2 | libc::TCP_DEFER_ACCEPT | libc::TCP_INFO | libc::TCP_QUICKACK | libc::TCP_USER_TIMEOUT | libc::TCP_FASTOPEN | libc::TCP_NOTSENT_LOWAT
+            libc::TCP_NODELAY
+                | libc::TCP_MAXSEG
+                | libc::TCP_CORK
+                | libc::TCP_KEEPIDLE
+                | libc::TCP_KEEPINTVL
+                | libc::TCP_KEEPCNT
+                | libc::TCP_SYNCNT
+                | libc::TCP_LINGER2
+                | libc::TCP_DEFER_ACCEPT
+                | libc::TCP_INFO
+                | libc::TCP_QUICKACK
+                | libc::TCP_USER_TIMEOUT
+                | libc::TCP_FASTOPEN
+                | libc::TCP_NOTSENT_LOWAT
         ),
         libc::IPPROTO_IP => matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU),
         libc::IPPROTO_IPV6 => matches!(name, libc::IPV6_V6ONLY | libc::IPV6_TCLASS | libc::IPV6_UNICAST_HOPS | libc::IPV6_RECVERR | libc::IPV6_MTU_DISCOVER | libc::IPV6_MTU),

@@ -125,17 +125,8 @@ fn scan(pagemap: &File, first: u64, end: u64, flags: u64, anyof: u64) -> io::Res
     let mut runs = [PageRun::default(); RUNS];
     let (mut at, stop) = (first * PAGE, end * PAGE);
     while at < stop {
-        let mut a = ScanArg {
-            size: std::mem::size_of::<ScanArg>() as u64,
-            flags,
-            start: at,
-            end: stop,
-            vec: runs.as_mut_ptr() as u64,
-            vec_len: RUNS as u64,
-            category_anyof_mask: anyof,
-            return_mask: anyof,
-            ..ScanArg::default()
-        };
+        let mut a =
+            ScanArg { size: std::mem::size_of::<ScanArg>() as u64, flags, start: at, end: stop, vec: runs.as_mut_ptr() as u64, vec_len: RUNS as u64, category_anyof_mask: anyof, return_mask: anyof, ..ScanArg::default() };
         // SAFETY: `a` is a pm_scan_arg (size asserted) whose output vector `runs` is writable
         // for `vec_len` entries for the whole call; the ioctl reads the program's page tables.
         let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut a) };

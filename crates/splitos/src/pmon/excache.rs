@@ -62,11 +62,7 @@ impl EvictionPolicy for Fifo {
         "fifo"
     }
     fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
-        set.iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.filter(|l| l.state == LineState::Ready).map(|l| (i, l.seq)))
-            .min_by_key(|(_, seq)| *seq)
-            .map(|(i, _)| i)
+        set.iter().enumerate().filter_map(|(i, l)| l.filter(|l| l.state == LineState::Ready).map(|l| (i, l.seq))).min_by_key(|(_, seq)| *seq).map(|(i, _)| i)
     }
 }
 
@@ -402,11 +398,16 @@ mod tests {
         // After the first sweep, 10 is the victim; it was written unseen, so 11 goes instead.
         let mut asked = Vec::new();
         let cl = c
-            .claim_observing(1, 13, |_| true, |l| {
-                asked.push(l.vpn);
-                l.dirty |= l.vpn == 10;
-                l.vpn == 10
-            })
+            .claim_observing(
+                1,
+                13,
+                |_| true,
+                |l| {
+                    asked.push(l.vpn);
+                    l.dirty |= l.vpn == 10;
+                    l.vpn == 10
+                },
+            )
             .unwrap();
         assert_eq!(cl.victim.unwrap().vpn, 11);
         assert_eq!(asked, vec![10, 11]);

@@ -173,13 +173,7 @@ mod tests {
 
     #[test]
     fn bad_grants_are_refused_with_the_reason() {
-        for (spec, why) in [
-            ("lab", "expected VNODE="),
-            ("lab=alice", "neither user:NAME"),
-            ("lab=user:no-such-user-here", "no user"),
-            ("lab=group:no-such-group-here", "no group"),
-            ("a/b=user:1", "not a vNode name"),
-        ] {
+        for (spec, why) in [("lab", "expected VNODE="), ("lab=alice", "neither user:NAME"), ("lab=user:no-such-user-here", "no user"), ("lab=group:no-such-group-here", "no group"), ("a/b=user:1", "not a vNode name")] {
             let e = Grants::parse(&[spec.into()]).unwrap_err();
             assert!(e.contains(why), "{spec}: {e}");
         }
@@ -192,13 +186,7 @@ mod tests {
         let g = Grants::parse(&["lab=user:20,user:10,group:5".into()]).unwrap();
         let acl = g.of("lab").unwrap().acl();
         assert_eq!(u32::from_le_bytes(acl[..4].try_into().unwrap()), 2);
-        let entries: Vec<(u16, u16, u32)> = acl[4..]
-            .chunks(8)
-            .map(|e| (u16::from_le_bytes([e[0], e[1]]), u16::from_le_bytes([e[2], e[3]]), u32::from_le_bytes(e[4..8].try_into().unwrap())))
-            .collect();
-        assert_eq!(
-            entries,
-            vec![(ACL_USER_OBJ, 7, u32::MAX), (ACL_USER, 7, 10), (ACL_USER, 7, 20), (ACL_GROUP_OBJ, 0, u32::MAX), (ACL_GROUP, 7, 5), (ACL_MASK, 7, u32::MAX), (ACL_OTHER, 0, u32::MAX)]
-        );
+        let entries: Vec<(u16, u16, u32)> = acl[4..].chunks(8).map(|e| (u16::from_le_bytes([e[0], e[1]]), u16::from_le_bytes([e[2], e[3]]), u32::from_le_bytes(e[4..8].try_into().unwrap()))).collect();
+        assert_eq!(entries, vec![(ACL_USER_OBJ, 7, u32::MAX), (ACL_USER, 7, 10), (ACL_USER, 7, 20), (ACL_GROUP_OBJ, 0, u32::MAX), (ACL_GROUP, 7, 5), (ACL_MASK, 7, u32::MAX), (ACL_OTHER, 0, u32::MAX)]);
     }
 }

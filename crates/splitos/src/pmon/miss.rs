@@ -40,12 +40,12 @@ use splitos_rpc::{Refusal, PAGE_SIZE};
 
 use super::excache::{ExCache, Line, LineState};
 use super::huge::{SplitError, EXTENT};
-use crate::mmon::{Vma, VmaMap};
 use super::prefetch::{Prefetcher, SAMPLE};
 use super::region::{Install, Region};
 use super::stats::RunStats;
 use super::store::{Page, PageStore, Place};
 use super::tier::{Codec, Entry, VictimTier};
+use crate::mmon::{Vma, VmaMap};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 const PROT_WRITE: u32 = 2;
@@ -185,7 +185,19 @@ pub struct MissPath {
 impl MissPath {
     pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
         let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None };
-        MissPath { store, piggyback, fault_around: fault_around as u64, prealloc: prealloc as u64, state: Mutex::new(state), cv: Condvar::new(), total: Arc::new(RunStats::default()), on_fail, codec: None, prefetch_count: AtomicU64::new(0), evictor_cv: Condvar::new() }
+        MissPath {
+            store,
+            piggyback,
+            fault_around: fault_around as u64,
+            prealloc: prealloc as u64,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            total: Arc::new(RunStats::default()),
+            on_fail,
+            codec: None,
+            prefetch_count: AtomicU64::new(0),
+            evictor_cv: Condvar::new(),
+        }
     }
 
     /// Puts a compressed tier between the ExCache and the store.
@@ -788,8 +800,7 @@ impl MissPath {
             let rest = pages.split_off(1);
             (pages.pop(), rest)
         };
-        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) =
-            victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place);
+        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) = victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place);
         self.flush_apart(apart);
         match source {
             Source::Local => return Ok((None, Vec::new())),
@@ -1203,7 +1214,7 @@ fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
     Ok(data)
 }
 
-mod scan;
 mod evictor;
+mod scan;
 #[cfg(test)]
 mod tests;

@@ -9,9 +9,9 @@
 mod dirty;
 mod excache;
 mod fault;
-mod huge;
 mod fault_cpu;
 mod grants;
+mod huge;
 mod miss;
 mod net;
 mod prefetch;
@@ -36,9 +36,9 @@ use splitos_rpc::*;
 
 pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
-pub use huge::{HugePages, HUGE_PAGES};
 pub use fault_cpu::{FaultCpu, FAULT_CPUS};
 pub use grants::Grants;
+pub use huge::{HugePages, HUGE_PAGES};
 pub use miss::{Access, FailHook, MissPath, Tenant};
 pub use net::{NetPath, NET_PATHS};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
@@ -313,10 +313,7 @@ fn same_user(p: &Proc) -> bool {
 }
 
 fn thread_count(os_pid: i32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{os_pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(17)).and_then(|t| t.parse().ok()))
-        .unwrap_or(1)
+    std::fs::read_to_string(format!("/proc/{os_pid}/stat")).ok().and_then(|s| s.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(17)).and_then(|t| t.parse().ok())).unwrap_or(1)
 }
 
 /// The pComponent's dispatch table (its programs' requests arrive on their own sockets, see
@@ -352,7 +349,8 @@ pub struct ProcArgs {
 
 pub const SCAN_WITH_HUGE_PAGES: &str = "dirty_tracking = \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB";
 
-pub const SCAN_WITH_EVICTOR: &str = "dirty_tracking = \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier";
+pub const SCAN_WITH_EVICTOR: &str =
+    "dirty_tracking = \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier";
 
 /// Programs' sockets are descriptors here too (a pair's end, a UDP socket's senders): the
 /// soft limit on descriptors goes up to the hard one.
@@ -366,7 +364,6 @@ fn raise_descriptor_limit() {
         }
     }
 }
-
 
 /// The least ExCache a program works with: an instruction, a system call's buffers and the
 /// interpreter's hot pages need lines at once, and with fewer (4K: one) each miss evicts the
@@ -389,10 +386,8 @@ pub fn check_excache(bytes: u64) -> Result<(), String> {
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     raise_descriptor_limit();
-    let policy = policy_by_name(&args.cfg.policy)
-        .ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
-    let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch)
-        .ok_or_else(|| anyhow::anyhow!("unknown prefetch policy {:?} (known: {})", args.cfg.prefetch_policy, PREFETCH_POLICIES.join(", ")))?;
+    let policy = policy_by_name(&args.cfg.policy).ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
+    let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch).ok_or_else(|| anyhow::anyhow!("unknown prefetch policy {:?} (known: {})", args.cfg.prefetch_policy, PREFETCH_POLICIES.join(", ")))?;
     if args.cfg.dirty_tracking == DirtyTracking::Scan {
         // Scan eviction takes a page out of a heap file whose pages are 4 KiB (dirty.rs).
         if args.cfg.huge_pages == HugePages::On {

@@ -5,8 +5,8 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::huge::{HugeHeap, SplitError, EXTENT};
 use super::dirty::{Keep, Taken, Tracker};
+use super::huge::{HugeHeap, SplitError, EXTENT};
 use super::uffd::{self, PAGE};
 
 pub use super::uffd::Install;

@@ -11,15 +11,18 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use splitos_rpc::refusals::Refusals;
-use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE, G2P_HOME, P2G_PICK_HOME};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV};
+use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE};
+use splitos_shim_abi::{
+    FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
+    WELCOME_UFFD_DEV,
+};
 
 use super::dirty::{DirtyTracking, Tracker};
 use super::grants::PeerCred;
 use super::huge::HugeHeap;
 use super::miss::Tenant;
-use super::reuse::HeapReuse;
 use super::region::UffdRegion;
+use super::reuse::HeapReuse;
 use super::store::Space;
 use super::uffd::PAGE;
 use super::{fault, Pcomp, PendingChild, Proc};
@@ -270,8 +273,7 @@ impl Pcomp {
         };
         let proc_ = match s.try_clone().map_err(|e| ERR::new(ErrCode::Internal, e.to_string())).and_then(|conn| self.admit(&hello, &peer, vnode, uffd_fd, memfd, conn)) {
             Ok((p, vmas)) => {
-                let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
-                    && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
+                let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok() && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
                 if !ok {
                     self.exit_process(&p);
                     return;

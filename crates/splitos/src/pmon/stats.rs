@@ -219,4 +219,3 @@ impl RunStats {
         })
     }
 }
-

@@ -346,7 +346,9 @@ impl RemoteStore {
     /// rebuilt by the home from the parity or the backup (which also writes it over the bad
     /// copy).
     fn reconstruct(&self, s: &Space, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
-        let r = s.call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn }).map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
+        let r = s
+            .call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn })
+            .map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
         match opened(&s.home(), vpn, r.data)? {
             Some(good) => {
                 metrics::counter!("pcomp_pages_repaired_total").increment(1);
@@ -568,9 +570,8 @@ impl PageStore for RemoteStore {
             };
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
-            let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(((o.clone(), members, None), msg))
-                .chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg())))
-                .unzip();
+            let (targets, msgs): (Vec<Target>, Vec<Msg>) =
+                std::iter::once(((o.clone(), members, None), msg)).chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg()))).unzip();
             let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
             let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
             let fetched = replies.next().expect("one reply per call");

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use serde_bytes::ByteBuf;
 use splitos_rpc::Request as RpcRequest;
@@ -144,12 +144,7 @@ impl VnodeFs {
     pub fn new(vnode: String, node: Arc<Node>, grant: Option<Grant>) -> VnodeFs {
         let mut paths = HashMap::new();
         paths.insert(ROOT, "/".to_string());
-        VnodeFs {
-            vnode,
-            node,
-            grant,
-            st: Mutex::new(State { scomp: None, paths, lookups: HashMap::new(), caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }),
-        }
+        VnodeFs { vnode, node, grant, st: Mutex::new(State { scomp: None, paths, lookups: HashMap::new(), caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }) }
     }
 
     /// The vNode's sComponent, as GSM placed it.
@@ -285,7 +280,13 @@ impl VnodeFs {
             libc::O_WRONLY => 2,
             _ => 6,
         } | if flags & libc::O_TRUNC != 0 { 2 } else { 0 };
-        let shift = if req.uid() == a.uid { 6 } else if req.gid() == a.gid { 3 } else { 0 };
+        let shift = if req.uid() == a.uid {
+            6
+        } else if req.gid() == a.gid {
+            3
+        } else {
+            0
+        };
         let bits = (a.perm >> shift) & 7;
         if req.uid() != 0 && bits & want != want {
             return Err(Errno::EACCES);
@@ -537,18 +538,7 @@ impl Filesystem for VnodeFs {
         }
     }
 
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: fuser::WriteFlags,
-        _flags: OpenFlags,
-        _lock: Option<fuser::LockOwner>,
-        reply: ReplyWrite,
-    ) {
+    fn write(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, data: &[u8], _write_flags: fuser::WriteFlags, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyWrite) {
         let ino = ino.0;
         match self.m_call(ino, |scomp| P2M_FILE_WRITE { scomp, vnode: self.vnode.clone(), ino, offset, data: ByteBuf::from(data.to_vec()) }) {
             Ok(_) => reply.written(data.len() as u32),
@@ -715,12 +705,7 @@ pub fn unmount(dir: &Path) {
 /// Every mount point under `dir`, deepest first (from /proc/self/mountinfo).
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut v: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(dir) && p != dir)
-        .collect();
+    let mut v: Vec<PathBuf> = info.lines().filter_map(|l| l.split(' ').nth(4)).map(|p| PathBuf::from(p.replace("\\040", " "))).filter(|p| p.starts_with(dir) && p != dir).collect();
     v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     v
 }

@@ -346,7 +346,10 @@ fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usiz
         topology: m.spec.topology.to_string(),
         compute_units: compute.units(),
         memory_units: memory.unwrap_or(compute).units(),
-        memory_unit_mib: { let units = memory.unwrap_or(compute); (0..units.units()).map(|u| units.cap(u)[pool::MEM]).max().unwrap_or(0) },
+        memory_unit_mib: {
+            let units = memory.unwrap_or(compute);
+            (0..units.units()).map(|u| units.cap(u)[pool::MEM]).max().unwrap_or(0)
+        },
         cpu_milli: compute.total(pool::CPU),
         memory_mib: compute.total(pool::MEM) + memory.map_or(0, |p| p.total(pool::MEM)),
         average: Fractions::from_array(std::array::from_fn(avg)),
@@ -391,7 +394,16 @@ pub struct Audit {
 
 impl Audit {
     fn new(m: &Model) -> Audit {
-        Audit { placements: 0, releases: 0, over_capacity: 0, missing_allocations: 0, unmatched_releases: 0, units_left_holding: 0, compute: vec![[0; 2]; m.compute.units()], memory: vec![0; m.memory.as_ref().map_or(0, |p| p.units())] }
+        Audit {
+            placements: 0,
+            releases: 0,
+            over_capacity: 0,
+            missing_allocations: 0,
+            unmatched_releases: 0,
+            units_left_holding: 0,
+            compute: vec![[0; 2]; m.compute.units()],
+            memory: vec![0; m.memory.as_ref().map_or(0, |p| p.units())],
+        }
     }
 
     fn placed(&mut self, m: &Model, id: usize) {
@@ -505,7 +517,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         bail!("--window {}:{}: the replay runs from {start} s to {end} s", window.0, window.1);
     }
 
-    let specs: Vec<Spec> = kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules }).collect();
+    let specs: Vec<Spec> =
+        kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules }).collect();
     let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
     // asked to count such tasks. The baseline replayed without being asked for counts them.
@@ -517,7 +530,14 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             match m.oversized(&need) {
                 None => v.push(Some(need)),
                 Some((field, why)) if !args.skip_oversized && shown.contains(&m.spec.kind) => {
-                    bail!("{}: row {} ({}), field `{}`: a task larger than any module of model `{}`: it {why}; --skip-oversized counts such tasks as unplaced", args.tasks.display(), t.row, t.name, task_cols.column(field).unwrap_or(field), m.name())
+                    bail!(
+                        "{}: row {} ({}), field `{}`: a task larger than any module of model `{}`: it {why}; --skip-oversized counts such tasks as unplaced",
+                        args.tasks.display(),
+                        t.row,
+                        t.name,
+                        task_cols.column(field).unwrap_or(field),
+                        m.name()
+                    )
                 }
                 Some(_) => v.push(None),
             }
@@ -645,8 +665,18 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
     let t = &out["trace"];
     println!(
         "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
-        t["nodes"], t["scale"], t["replayed_nodes"], t["tasks"], out["trace"]["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1), t["replayed_tasks"], t["stats"]["rows"], t["stats"]["skipped_incomplete"],
-        out["run"]["policy"].as_str().unwrap_or(""), out["run"]["events"], seconds, out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
+        t["nodes"],
+        t["scale"],
+        t["replayed_nodes"],
+        t["tasks"],
+        out["trace"]["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1),
+        t["replayed_tasks"],
+        t["stats"]["rows"],
+        t["stats"]["skipped_incomplete"],
+        out["run"]["policy"].as_str().unwrap_or(""),
+        out["run"]["events"],
+        seconds,
+        out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
     );
     println!("{table}");
 }

@@ -174,21 +174,29 @@ impl Pool {
     /// one it already holds.
     pub fn take(&mut self, u: usize, amount: &Amount, hold: bool) {
         assert!(self.fits(u, amount), "unit {u} cannot take {amount:?}: {:?} free", self.free[u]);
-        self.change(u, |free| {
-            for r in 0..RES {
-                free[r] -= amount[r];
-            }
-        }, if hold { 1 } else { 0 });
+        self.change(
+            u,
+            |free| {
+                for r in 0..RES {
+                    free[r] -= amount[r];
+                }
+            },
+            if hold { 1 } else { 0 },
+        );
     }
 
     /// Gives `amount` back to unit `u`, ending one allocation it held when `release`.
     pub fn give(&mut self, u: usize, amount: &Amount, release: bool) {
         assert!(!release || self.holders[u] > 0, "unit {u} holds no allocation to release");
-        self.change(u, |free| {
-            for r in 0..RES {
-                free[r] += amount[r];
-            }
-        }, if release { -1 } else { 0 });
+        self.change(
+            u,
+            |free| {
+                for r in 0..RES {
+                    free[r] += amount[r];
+                }
+            },
+            if release { -1 } else { 0 },
+        );
         assert!((0..RES).all(|r| self.free[u][r] <= self.cap[u][r]), "unit {u} was given more than it has");
     }
 

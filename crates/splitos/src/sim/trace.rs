@@ -58,15 +58,8 @@ struct Mapping {
 /// Fields of a node list: (name, default column, required).
 pub const NODE_FIELDS: [(&str, &str, bool); 2] = [("cpu", "cpu_milli", true), ("mem", "memory_mib", true)];
 /// Fields of a task list: (name, default column, required).
-pub const TASK_FIELDS: [(&str, &str, bool); 7] = [
-    ("name", "name", false),
-    ("cpu", "cpu_milli", true),
-    ("mem", "memory_mib", true),
-    ("start", "creation_time", true),
-    ("end", "deletion_time", true),
-    ("phase", "pod_phase", false),
-    ("gpu", "num_gpu", false),
-];
+pub const TASK_FIELDS: [(&str, &str, bool); 7] =
+    [("name", "name", false), ("cpu", "cpu_milli", true), ("mem", "memory_mib", true), ("start", "creation_time", true), ("end", "deletion_time", true), ("phase", "pod_phase", false), ("gpu", "num_gpu", false)];
 
 impl Columns {
     /// The defaults for `fields`, overridden by `spec`: `field=column[*factor],...`.
@@ -74,9 +67,11 @@ impl Columns {
         let mut cols = Columns { fields: fields.iter().map(|(f, c, _)| (*f, Some(Mapping { column: c.to_string(), factor: 1.0, explicit: false }))).collect() };
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (field, value) = item.split_once('=').ok_or_else(|| anyhow!("column mapping `{item}`: expected FIELD=COLUMN[*FACTOR]"))?;
-            let slot = cols.fields.iter_mut().find(|(f, _)| *f == field.trim()).ok_or_else(|| {
-                anyhow!("column mapping `{item}`: unknown field `{}` (fields: {})", field.trim(), fields.iter().map(|f| f.0).collect::<Vec<_>>().join(", "))
-            })?;
+            let slot = cols
+                .fields
+                .iter_mut()
+                .find(|(f, _)| *f == field.trim())
+                .ok_or_else(|| anyhow!("column mapping `{item}`: unknown field `{}` (fields: {})", field.trim(), fields.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")))?;
             let value = value.trim();
             if value.is_empty() {
                 slot.1 = None;
@@ -124,12 +119,7 @@ impl Columns {
                 None => {
                     let needed = required.iter().any(|(f, _, r)| f == field && *r);
                     if needed || m.explicit {
-                        bail!(
-                            "{}: no column `{}` for field `{field}` (its columns: {}); map another with {flag} {field}=COLUMN",
-                            what.display(),
-                            m.column,
-                            header.iter().collect::<Vec<_>>().join(", "),
-                        );
+                        bail!("{}: no column `{}` for field `{field}` (its columns: {}); map another with {flag} {field}=COLUMN", what.display(), m.column, header.iter().collect::<Vec<_>>().join(", "),);
                     }
                 }
             }

@@ -178,10 +178,13 @@ impl BackupFiles {
             st.compacted = self.compact(&path).map_err(|e| Refused::Errno(io(e)))?;
             metrics::counter!("scomp_backup_compactions_total").increment(1);
         }
-        Ok(records.iter().map(|r| match r {
-            LogRecord::Page { .. } => (HEADER + SEALED_PAGE) as u64,
-            LogRecord::Discard { .. } => HEADER as u64,
-        }).sum())
+        Ok(records
+            .iter()
+            .map(|r| match r {
+                LogRecord::Page { .. } => (HEADER + SEALED_PAGE) as u64,
+                LogRecord::Discard { .. } => HEADER as u64,
+            })
+            .sum())
     }
 
     /// Rewrites a file with the last content of each page; returns its new size.

@@ -175,10 +175,7 @@ impl NetStub {
                 (st.phase, st.shut_wr)
             };
             let reading = phase == Phase::Connected && !shut_wr;
-            let mut fds = [
-                libc::pollfd { fd: s.mine.as_raw_fd(), events: if reading { libc::POLLIN } else { 0 }, revents: 0 },
-                libc::pollfd { fd: s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            ];
+            let mut fds = [libc::pollfd { fd: s.mine.as_raw_fd(), events: if reading { libc::POLLIN } else { 0 }, revents: 0 }, libc::pollfd { fd: s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
             // SAFETY: polls two live pollfds.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
             if n < 0 {

@@ -201,7 +201,21 @@ fn errno_of(e: &RpcError) -> i32 {
 
 impl NetStub {
     pub fn new(node: Arc<Node>, shortcut: bool, path: NetPath) -> NetStub {
-        NetStub { node, socks: Mutex::new(HashMap::new()), dgrams: Mutex::new(HashMap::new()), senders_open: Default::default(), conns: Mutex::new(HashMap::new()), udp_dir: Default::default(), next_dgram: Default::default(), homes: Mutex::new(HashMap::new()), shortcut, path, next_port: AtomicU64::new(0), calls: super::shim::Slots::new(CALLS, CALLS_PER_USER), c: NetCounters::default() }
+        NetStub {
+            node,
+            socks: Mutex::new(HashMap::new()),
+            dgrams: Mutex::new(HashMap::new()),
+            senders_open: Default::default(),
+            conns: Mutex::new(HashMap::new()),
+            udp_dir: Default::default(),
+            next_dgram: Default::default(),
+            homes: Mutex::new(HashMap::new()),
+            shortcut,
+            path,
+            next_port: AtomicU64::new(0),
+            calls: super::shim::Slots::new(CALLS, CALLS_PER_USER),
+            c: NetCounters::default(),
+        }
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -517,7 +531,13 @@ impl NetStub {
             NetOp::SockName | NetOp::PeerName => {
                 let names = s.st.lock().unwrap().names;
                 let a = match names {
-                    Some((local, peer)) => if op == NetOp::PeerName { peer } else { local },
+                    Some((local, peer)) => {
+                        if op == NetOp::PeerName {
+                            peer
+                        } else {
+                            local
+                        }
+                    }
                     None => self.skel_name(&s.spec, &s.slot, op == NetOp::PeerName)?,
                 };
                 put_addr(resp, a);

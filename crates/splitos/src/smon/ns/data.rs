@@ -213,7 +213,6 @@ impl Store {
         *used = used.saturating_sub(released);
         Ok(())
     }
-
 }
 
 #[cfg(test)]
