@@ -259,7 +259,9 @@ fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
         .collect();
     std::thread::sleep(Duration::from_millis(300));
     let during = threads_of(pid);
-    assert!(during <= before + 40, "threads of the mComponent: {before} before, {during} during the flood");
+    // The per-peer cap, and at most one thread per kind of refusal that will log the
+    // flood's summary (connections over the cap, handshakes that fail).
+    assert!(during <= before + 40 + 2, "threads of the mComponent: {before} before, {during} during the flood");
     // A program runs meanwhile (its components reach each other over shared memory), with
     // its output as natively.
     let p = program("memtouch");

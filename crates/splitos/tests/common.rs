@@ -87,9 +87,10 @@ pub fn text(b: &[u8]) -> String {
 }
 
 /// Runs `cmd` natively and under splitos; asserts identical stdout, stderr and exit status.
+/// splitos' own hint about the ExCache's size (tested in cli.rs) is not the program's stderr.
 pub fn same_as_native(opts: &[&str], cmd: &[&str]) -> Output {
     let n = native(cmd);
-    let s = under_splitos(opts, cmd);
+    let s = under_splitos(&[opts, &["--quiet"]].concat(), cmd);
     assert_eq!(text(&s.stdout), text(&n.stdout), "stdout differs for {cmd:?}; splitos stderr:\n{}", text(&s.stderr));
     assert_eq!(text(&s.stderr), text(&n.stderr), "stderr differs for {cmd:?}");
     assert_eq!(s.status.code(), n.status.code(), "exit status differs for {cmd:?}");
@@ -115,7 +116,7 @@ pub fn same_as_native_with_stats(opts: &[&str], cmd: &[&str]) -> (Output, serde_
     let f = tempfile::NamedTempFile::new().unwrap();
     let path = f.path().to_str().unwrap().to_string();
     let mut o: Vec<&str> = opts.to_vec();
-    o.extend(["--stats-json", &path]);
+    o.extend(["--stats-json", &path, "--quiet"]);
     let n = native(cmd);
     let s = under_splitos(&o, cmd);
     assert_eq!(text(&s.stdout), text(&n.stdout), "stdout differs for {cmd:?}; splitos stderr:\n{}", text(&s.stderr));
