@@ -310,7 +310,8 @@ impl ShmTransport {
         Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers })
     }
 
-    fn socket_path(&self, addr: &str) -> PathBuf {
+    /// The rendezvous socket of the component at `addr` in this namespace.
+    pub fn socket_path(&self, addr: &str) -> PathBuf {
         self.dir.join(format!("{}-{}.sock", self.netns, addr.replace('/', "_")))
     }
 

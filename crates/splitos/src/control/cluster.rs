@@ -462,6 +462,12 @@ pub fn stop_pids(pids: &[u32]) {
         if pid_alive(*p) {
             // SAFETY: as above. SIGTERM reached it, so only ESRCH (it exited meanwhile) can fail this.
             unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+            // Gone before we go on: what comes after (the next component's stop, removing its
+            // sockets, unmounting) must not find it still listening.
+            let t0 = Instant::now();
+            while pid_alive(*p) && t0.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
 }

@@ -92,7 +92,9 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     // Programs on it would be stopped mid-way: only when asked to.
     // Each pComponent's count of runs is exact; its heartbeat's count of processes may lag.
     let runs = |c: &splitos_rpc::ComponentInfo| cluster::component_stats(&c.addr).ok().and_then(|s| s["runs"].as_u64()).unwrap_or(c.load.processes.into());
-    let running: u64 = cluster::status(&s.gm).map(|cs| cs.iter().filter(|c| c.alive && c.role == Role::Proc).map(runs).sum()).unwrap_or(0);
+    let comps = cluster::status(&s.gm).unwrap_or_default();
+    let running: u64 = comps.iter().filter(|c| c.alive && c.role == Role::Proc).map(runs).sum();
+    let addrs: Vec<String> = comps.iter().map(|c| c.addr.clone()).chain([s.gm.clone()]).collect();
     if running > 0 {
         if !force {
             anyhow::bail!("{running} program(s) run on the cluster and would be stopped with it; `splitos cluster down --force` stops them too");
@@ -104,6 +106,12 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     // The stopped components' rendezvous sockets would stay until the next cluster starts.
     if s.transport.kind == "shm" {
         if let Ok(t) = splitos_rpc::transport::ShmTransport::new(&s.transport.shm, s.transport.tcp.clone(), s.transport.polling, None) {
+            // A component whose main thread has exited can hold its sockets until its last
+            // thread is gone: give the stopped ones a moment to let go of theirs.
+            let t0 = std::time::Instant::now();
+            while addrs.iter().any(|a| std::os::unix::net::UnixStream::connect(t.socket_path(a)).is_ok()) && t0.elapsed() < std::time::Duration::from_secs(3) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
             t.sweep();
         }
     }
