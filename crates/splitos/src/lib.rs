@@ -9,6 +9,7 @@
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`node`] what every component process shares (logging, metrics, registration)
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
+//! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
 //! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
 // The run statistics are one json! literal with a field per counter, deeper than the default.
 #![recursion_limit = "256"]
@@ -23,3 +24,4 @@ pub mod pmon;
 pub mod sim;
 pub mod smon;
 pub mod trusted;
+pub mod vma;

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::vma::{Vma, VmaMap};
 use super::{Mem, PAGE};
+use crate::vma::{Vma, VmaMap};
 
 /// Pages per message when a mapping moves between owners (mremap) or a replica is rebuilt.
 const MOVE_BATCH: u32 = 128;

@@ -19,15 +19,12 @@ mod log;
 mod netbuf;
 mod owner;
 mod quota;
-mod vma;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use splitos_rpc::*;
-
-pub use vma::{Vma, VmaMap};
 
 use crate::node::{self, Node};
 

@@ -25,8 +25,8 @@ use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
 use super::log::{Logged, Op, COPY_WAIT};
-use super::vma::{Vma, VmaMap};
 use super::{Mem, PAGE};
+use crate::vma::{Vma, VmaMap};
 
 /// A page as it was written back: sealed with its checksum ([`SEALED_PAGE`]), which the
 /// owner keeps and returns without looking at it.

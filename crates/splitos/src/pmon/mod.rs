@@ -1,28 +1,19 @@
 //! The process monitor (pComponent). It runs the processes placed on it: each program's shim
-//! connects over a Unix socket and hands over its heap region (a userfaultfd and a memfd)
-//! ([`shim`]). The pComponent owns the ExCache shared by all its processes ([`excache`]) and
-//! serves every miss ([`miss`]) from a page store ([`store`]: the vRegion owners) into each
-//! program's region ([`region`]); fault workers read the faults ([`fault`]). Lines it evicts
-//! may stay on the pComponent compressed ([`tier`]). It forwards the
-//! processes' virtual-memory calls to their home mComponents, and mounts each vNode's file
-//! system ([`vfs`]). This file is its dispatch table and start-up.
-mod dirty;
+//! connects over a Unix socket and hands over its heap region (a userfaultfd and a memfd), and
+//! the pComponent serves its misses, forwards its virtual-memory calls to its home mComponent,
+//! runs its sockets on an nComponent and mounts its vNode's file system. Four rooms:
+//!
+//! * [`excache`] the ExCache shared by all its processes, the miss path and its policies
+//! * [`host`] process hosting: the program socket, fault workers, heap regions
+//! * [`fs`] the vNode file systems (FUSE) and who may use which vNode
+//! * [`net`] the socket stub
+//!
+//! This file is its dispatch table and start-up.
 mod excache;
-mod fault;
-mod fault_cpu;
-mod grants;
-mod huge;
-mod miss;
+mod fs;
+mod host;
 mod net;
-mod prefetch;
-mod region;
-mod reuse;
-mod shim;
 mod stats;
-mod store;
-mod tier;
-mod uffd;
-mod vfs;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -34,19 +25,17 @@ use std::time::Instant;
 use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
-pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
-pub use fault_cpu::{FaultCpu, FAULT_CPUS};
-pub use grants::Grants;
-pub use huge::{HugePages, HUGE_PAGES};
-pub use miss::{Access, FailHook, MissPath, Tenant};
+pub use excache::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
+pub use excache::{Access, FailHook, MissPath, Tenant};
+pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
+pub use excache::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
+pub use excache::{Install, Region, UffdRegion};
+pub use excache::{Page, PageStore, Place, RemoteStore, Space};
+pub use fs::{mounts_under, unmount, Grants};
+pub use host::{FaultCpu, HugePages, FAULT_CPUS, HUGE_PAGES};
 pub use net::{NetPath, NET_PATHS};
-pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
-pub use region::{Install, Region, UffdRegion};
 pub use stats::RunStats;
-pub use store::{Page, PageStore, Place, RemoteStore, Space};
-pub use tier::{Codec, Entry, Lz4, OldestFirst, VictimTier};
-pub use vfs::{mounts_under, unmount};
 
 use crate::node::{self, Node};
 
@@ -113,7 +102,7 @@ pub struct Proc {
     /// Written when the process ends, so that its fault workers stop.
     stop: OwnedFd,
     /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
-    reuse: Mutex<reuse::HeapReuse>,
+    reuse: Mutex<host::reuse::HeapReuse>,
     /// Its heap region's addresses.
     heap: std::ops::Range<u64>,
 }
@@ -140,7 +129,7 @@ fn new_pid() -> u64 {
 pub struct Pcomp {
     node: Arc<Node>,
     cfg: PcompConfig,
-    mounts: vfs::Mounts,
+    mounts: fs::Mounts,
     store: Arc<RemoteStore>,
     miss: MissPath,
     procs: Mutex<HashMap<u64, Arc<Proc>>>,
@@ -148,16 +137,16 @@ pub struct Pcomp {
     /// Each run's counters, with the user whose processes it has.
     runs: Mutex<HashMap<u64, (u32, Arc<RunStats>)>>,
     /// Program-socket connections waiting for their hello, and launchers.
-    waiting: shim::SharedSlots,
-    launchers: shim::SharedSlots,
+    waiting: host::shim::SharedSlots,
+    launchers: host::shim::SharedSlots,
     /// Programs admitted and not yet exited.
-    programs: shim::SharedSlots,
-    grants: grants::Grants,
+    programs: host::shim::SharedSlots,
+    grants: fs::grants::Grants,
     /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
     uffd_dev: Option<OwnedFd>,
     started: Instant,
     /// Where heap files come from with `huge_pages` on.
-    heap_fs: Option<huge::HeapFs>,
+    heap_fs: Option<host::huge::HeapFs>,
     /// Programs' sockets, run on nComponents.
     net: Arc<net::NetStub>,
 }
@@ -304,12 +293,12 @@ impl Pcomp {
 /// Whether the process still runs as the user it connected as (real and effective uid),
 /// read while its pidfd shows it alive before and after, so that the pid read is its own.
 fn same_user(p: &Proc) -> bool {
-    if !grants::alive(&p.pidfd) {
+    if !fs::grants::alive(&p.pidfd) {
         return false;
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", p.os_pid)).unwrap_or_default();
     let uids: Vec<u32> = status.lines().find_map(|l| l.strip_prefix("Uid:")).map(|u| u.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default();
-    grants::alive(&p.pidfd) && uids.len() >= 2 && uids[..2].iter().all(|u| *u == p.uid)
+    fs::grants::alive(&p.pidfd) && uids.len() >= 2 && uids[..2].iter().all(|u| *u == p.uid)
 }
 
 fn thread_count(os_pid: i32) -> u32 {
@@ -396,19 +385,19 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         if args.cfg.evict_reserve > 0 {
             anyhow::bail!("{}", SCAN_WITH_EVICTOR);
         }
-        dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
+        excache::dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
     }
     check_excache(args.cfg.excache_bytes).map_err(|e| anyhow::anyhow!(e))?;
     let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
     let heap_fs = match args.cfg.huge_pages {
         HugePages::Off => None,
-        HugePages::On => Some(huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
+        HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
     let cache = ExCache::new(lines, args.cfg.ways, policy);
     if args.cfg.evict_reserve >= cache.ways() {
         anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
     }
-    let grants = grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
+    let grants = fs::grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
     // Programs of every user hand their memory to whoever answers at the program socket, and
     // vNodes are mounted by name under the vNode root: no other user may have a hand in either.
     let sock_dir = args.shim_sock.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -437,15 +426,15 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         Pcomp {
             node: node.clone(),
             cfg: args.cfg.clone(),
-            mounts: vfs::Mounts::new(args.vnode_root.clone(), node.clone(), grants.clone()),
+            mounts: fs::Mounts::new(args.vnode_root.clone(), node.clone(), grants.clone()),
             store: store.clone(),
             miss,
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
-            waiting: shim::Slots::waiting(),
-            launchers: shim::Slots::runs(),
-            programs: shim::Slots::new(args.cfg.max_programs, args.cfg.max_programs_per_user),
+            waiting: host::shim::Slots::waiting(),
+            launchers: host::shim::Slots::runs(),
+            programs: host::shim::Slots::new(args.cfg.max_programs, args.cfg.max_programs_per_user),
             grants,
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
@@ -463,10 +452,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     }
     let p2 = p.clone();
     std::thread::Builder::new().name("fork-reaper".into()).spawn(move || loop {
-        std::thread::sleep(shim::PENDING_TIMEOUT / 3);
+        std::thread::sleep(host::shim::PENDING_TIMEOUT / 3);
         p2.reap_unclaimed_children();
     })?;
-    shim::listen(p.clone(), &args.shim_sock)?;
+    host::shim::listen(p.clone(), &args.shim_sock)?;
     net::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
     let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;

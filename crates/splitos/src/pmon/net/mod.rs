@@ -186,7 +186,7 @@ pub struct NetStub {
     /// Ports handed to the client ends of shortcut connections (their getsockname).
     next_port: AtomicU64,
     /// Socket calls being served, by user.
-    calls: super::shim::SharedSlots,
+    calls: super::host::shim::SharedSlots,
     pub c: NetCounters,
 }
 
@@ -213,7 +213,7 @@ impl NetStub {
             shortcut,
             path,
             next_port: AtomicU64::new(0),
-            calls: super::shim::Slots::new(CALLS, CALLS_PER_USER),
+            calls: super::host::shim::Slots::new(CALLS, CALLS_PER_USER),
             c: NetCounters::default(),
         }
     }
@@ -815,7 +815,7 @@ fn admit(p: &Arc<Pcomp>, s: UnixStream) {
         }
         return refuse(libc::EACCES);
     };
-    let Some(slot) = super::shim::take_slot(&p.net.calls, uid) else {
+    let Some(slot) = super::host::shim::take_slot(&p.net.calls, uid) else {
         p.net.c.busy.fetch_add(1, Relaxed);
         return refuse(libc::EAGAIN);
     };

@@ -38,14 +38,14 @@ use std::time::Instant;
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
-use super::excache::{ExCache, Line, LineState};
-use super::huge::{SplitError, EXTENT};
+use super::cache::{ExCache, Line, LineState};
 use super::prefetch::{Prefetcher, SAMPLE};
 use super::region::{Install, Region};
-use super::stats::RunStats;
 use super::store::{Page, PageStore, Place};
 use super::tier::{Codec, Entry, VictimTier};
-use crate::mmon::{Vma, VmaMap};
+use crate::pmon::host::huge::{SplitError, EXTENT};
+use crate::pmon::stats::RunStats;
+use crate::vma::{Vma, VmaMap};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 const PROT_WRITE: u32 = 2;

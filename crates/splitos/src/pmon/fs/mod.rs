@@ -15,6 +15,8 @@
 //! set them. The top directory is the vNode's door: it shows root as owner, mode
 //! [`TOP_MODE`], and the vNode's grants as its POSIX ACL, so only the users the admin granted
 //! the vNode get past it.
+pub(super) mod grants;
+
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -31,8 +33,9 @@ use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, 
 use splitos_rpc::{P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC, P2M_FILE_WRITE};
 use splitos_rpc::{P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS, P2S_UNLINK, X2S_GETATTR, X2S_SYNC};
 
-use super::grants::{Grant, Grants, TOP_MODE};
 use crate::node::Node;
+pub use grants::Grants;
+use grants::{Grant, TOP_MODE};
 
 /// How long the kernel may trust a name or attributes without asking again.
 const TTL: Duration = Duration::from_secs(1);

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use splitos_rpc::cpu::{self, Placement};
 
-use super::stats::RunStats;
+use crate::pmon::stats::RunStats;
 
 splitos_rpc::knob_enum! {
     #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]

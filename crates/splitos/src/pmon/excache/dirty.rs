@@ -53,7 +53,7 @@ use std::sync::{Mutex, OnceLock};
 use splitos_shim_abi::uffd;
 
 use super::store::Page;
-use super::uffd::{punch, PAGE};
+use crate::pmon::host::uffd::{punch, PAGE};
 
 splitos_rpc::knob_enum! {
     /// How the pComponent learns which lines a program wrote.
@@ -389,8 +389,8 @@ mod tests {
         /// Installs page `i` filled with `b`, write-protected.
         fn install(&self, i: u64, b: u8) {
             let data = vec![b; PAGE as usize];
-            let r = crate::pmon::uffd::copy(&self.uffd, self.base + i * PAGE, &data, true).unwrap();
-            assert!(matches!(r, crate::pmon::uffd::Install::Done));
+            let r = crate::pmon::host::uffd::copy(&self.uffd, self.base + i * PAGE, &data, true).unwrap();
+            assert!(matches!(r, crate::pmon::host::uffd::Install::Done));
         }
         /// Writes `b` at `at` in page `i` (resident: no fault message is needed).
         fn write(&self, i: u64, at: usize, b: u8) {

@@ -17,15 +17,16 @@ use splitos_shim_abi::{
     WELCOME_UFFD_DEV,
 };
 
-use super::dirty::{DirtyTracking, Tracker};
-use super::grants::PeerCred;
+use super::fault;
 use super::huge::HugeHeap;
-use super::miss::Tenant;
-use super::region::UffdRegion;
 use super::reuse::HeapReuse;
-use super::store::Space;
 use super::uffd::PAGE;
-use super::{fault, Pcomp, PendingChild, Proc};
+use crate::pmon::excache::dirty::{DirtyTracking, Tracker};
+use crate::pmon::excache::miss::Tenant;
+use crate::pmon::excache::region::UffdRegion;
+use crate::pmon::excache::store::Space;
+use crate::pmon::fs::grants::PeerCred;
+use crate::pmon::{Pcomp, PendingChild, Proc};
 
 /// The errno a program's memory call fails with: the one mapping of refusals to errnos
 /// (`ErrCode::errno`), narrowed to what mmap(2) and its kin may return.
@@ -71,10 +72,10 @@ const RUNS_TOTAL: usize = 1024;
 /// of the address space at the home), and how long one whose parent has ended may take
 /// before it is given up.
 const PENDING_PER_PARENT: usize = 256;
-pub(super) const PENDING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(in crate::pmon) const PENDING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What users other than root hold of something the pComponent has a bounded number of.
-pub(super) struct Slots {
+pub(in crate::pmon) struct Slots {
     total: usize,
     per_user: std::collections::HashMap<u32, usize>,
     max_total: usize,
@@ -82,34 +83,34 @@ pub(super) struct Slots {
 }
 
 /// Slots shared with the threads that hold them.
-pub(super) type SharedSlots = Arc<Mutex<Slots>>;
+pub(in crate::pmon) type SharedSlots = Arc<Mutex<Slots>>;
 
 impl Slots {
-    pub(super) fn new(max_total: usize, max_per_user: usize) -> SharedSlots {
+    pub(in crate::pmon) fn new(max_total: usize, max_per_user: usize) -> SharedSlots {
         Arc::new(Mutex::new(Slots { total: 0, per_user: Default::default(), max_total, max_per_user }))
     }
 
-    pub(super) fn waiting() -> SharedSlots {
+    pub(in crate::pmon) fn waiting() -> SharedSlots {
         Slots::new(WAITING_TOTAL, WAITING_PER_USER)
     }
 
-    pub(super) fn runs() -> SharedSlots {
+    pub(in crate::pmon) fn runs() -> SharedSlots {
         Slots::new(RUNS_TOTAL, RUNS_PER_USER)
     }
 
     /// Slots held, by all users but root.
-    pub(super) fn held(&self) -> usize {
+    pub(in crate::pmon) fn held(&self) -> usize {
         self.total
     }
 
     /// Whether `uid` would be refused a slot now.
-    pub(super) fn full_for(&self, uid: u32) -> bool {
+    pub(in crate::pmon) fn full_for(&self, uid: u32) -> bool {
         uid != 0 && (self.total >= self.max_total || self.per_user.get(&uid).copied().unwrap_or(0) >= self.max_per_user)
     }
 }
 
 /// One slot, given back when dropped. Root's take none: root is never refused.
-pub(super) struct Slot(Option<(SharedSlots, u32)>);
+pub(in crate::pmon) struct Slot(Option<(SharedSlots, u32)>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -125,7 +126,7 @@ impl Drop for Slot {
     }
 }
 
-pub(super) fn take_slot(slots: &SharedSlots, uid: u32) -> Option<Slot> {
+pub(in crate::pmon) fn take_slot(slots: &SharedSlots, uid: u32) -> Option<Slot> {
     if uid == 0 {
         return Some(Slot(None));
     }
@@ -382,7 +383,7 @@ impl Pcomp {
             }
         } else {
             let run = self.run_stats(h.run_id, peer.uid);
-            let pid = super::new_pid();
+            let pid = crate::pmon::new_pid();
             let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone() })?;
             let who = Who::new(vnode, pid);
             let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
@@ -409,7 +410,7 @@ impl Pcomp {
             let mut procs = self.procs.lock().unwrap();
             procs.insert(pid, p.clone());
             // Two processes alive now with one pid are one process.
-            let same = |o: &Proc| o.pid != pid && o.os_pid == peer.pid && super::grants::alive(&o.pidfd) && peer.alive();
+            let same = |o: &Proc| o.pid != pid && o.os_pid == peer.pid && crate::pmon::fs::grants::alive(&o.pidfd) && peer.alive();
             procs.values().filter(|o| same(o)).cloned().collect()
         };
         // One program per process: a process says hello again after an exec, whose end of
@@ -431,7 +432,7 @@ impl Pcomp {
     /// made): their homes drop the copies of the address space. A live parent's are bounded
     /// by [`PENDING_PER_PARENT`] and kept: a child may be stopped (^Z, a debugger) between
     /// its fork and its hello for any time.
-    pub(super) fn reap_unclaimed_children(&self) {
+    pub(in crate::pmon) fn reap_unclaimed_children(&self) {
         let live: BTreeSet<u64> = self.procs.lock().unwrap().keys().copied().collect();
         let stale: Vec<(u64, PendingChild)> = {
             let mut pending = self.pending.lock().unwrap();
@@ -647,7 +648,7 @@ impl Pcomp {
             tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
             libc::ENOMEM as i64
         })?;
-        let child = super::new_pid();
+        let child = crate::pmon::new_pid();
         let forked = self.home_call(p, P2M_FORK { parent: p.space.who.clone(), child })?;
         let space = Arc::new(Space::new(Who::new(p.space.who.vnode.clone(), child), p.space.home(), forked.backup.clone()));
         space.learn(&forked.owners, forked.epoch, forked.backup.clone());

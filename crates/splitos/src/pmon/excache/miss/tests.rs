@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use splitos_rpc::{ErrCode, Refusal, ERR, PAGE_SIZE};
 
 use super::*;
-use crate::pmon::excache::{Clock, EvictionPolicy, ExCache, Fifo};
-use crate::pmon::tier::{Codec, Lz4, OldestFirst};
+use crate::pmon::excache::cache::{Clock, EvictionPolicy, ExCache, Fifo};
+use crate::pmon::excache::tier::{Codec, Lz4, OldestFirst};
 
 #[derive(Default)]
 struct RegionPages {
@@ -586,7 +586,7 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
         assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
     }
     let (prefetched, sampled, used) = (p.stat(|s| &s.prefetched), p.stat(|s| &s.prefetch_sampled), p.stat(|s| &s.prefetch_sample_used));
-    assert_eq!(sampled, prefetched / crate::pmon::prefetch::SAMPLE, "one in SAMPLE of {prefetched}");
+    assert_eq!(sampled, prefetched / crate::pmon::excache::prefetch::SAMPLE, "one in SAMPLE of {prefetched}");
     assert!(sampled >= 2 && used == sampled, "a scan uses every sample: {used} of {sampled}");
     // A staged line is installed on its first touch, written back when written, and a staged
     // line of a range that was unmapped is gone with it.
@@ -733,7 +733,7 @@ impl Rig {
 fn small_entry() -> u64 {
     let mut page = vec![0u8; PAGE_SIZE];
     page[0] = 1;
-    Lz4.pack(&page).unwrap().len() as u64 + crate::pmon::tier::ENTRY_OVERHEAD
+    Lz4.pack(&page).unwrap().len() as u64 + crate::pmon::excache::tier::ENTRY_OVERHEAD
 }
 
 /// Fills half of a resident page with noise: it compresses to about half a page.

@@ -15,7 +15,7 @@
 //!
 //! Reads are still unseen (dirty.rs, "Access bits"), as in fault mode.
 use super::*;
-use crate::pmon::{excache, Keep};
+use crate::pmon::excache::{cache as excache, Keep};
 
 impl MissPath {
     /// Claims a way for (pid, vpn) as [`ExCache::claim`] does (`clean_only`: only one that needs

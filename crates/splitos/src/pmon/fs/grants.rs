@@ -121,7 +121,7 @@ impl Grants {
         let mut g = Grants::default();
         for spec in specs {
             let (vnode, who) = spec.split_once('=').ok_or_else(|| format!("grant {spec:?}: expected VNODE=user:NAME,group:NAME,..."))?;
-            crate::pmon::vfs::check_vnode_name(vnode).map_err(|e| format!("grant {spec:?}: {e}"))?;
+            super::check_vnode_name(vnode).map_err(|e| format!("grant {spec:?}: {e}"))?;
             let grant = g.by_vnode.entry(vnode.to_string()).or_default();
             for w in who.split(',').filter(|w| !w.is_empty()) {
                 match w.split_once(':') {

@@ -6,10 +6,10 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::dirty::{Keep, Taken, Tracker};
-use super::huge::{HugeHeap, SplitError, EXTENT};
-use super::uffd::{self, PAGE};
+use crate::pmon::host::huge::{HugeHeap, SplitError, EXTENT};
+use crate::pmon::host::uffd::{self, PAGE};
 
-pub use super::uffd::Install;
+pub use crate::pmon::host::uffd::Install;
 
 pub trait Region: Send + Sync {
     /// Installs a page and wakes the threads waiting for it; `wp` maps it write-protected so

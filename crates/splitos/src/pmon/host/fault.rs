@@ -11,9 +11,9 @@ use splitos_rpc::poll::Poller;
 use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
 
 use super::fault_cpu::{FaultCpu, Follower};
-use super::miss::Access;
 use super::uffd::{FaultWait, PAGE};
-use super::{Pcomp, Proc};
+use crate::pmon::excache::miss::Access;
+use crate::pmon::{Pcomp, Proc};
 
 pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
     let wait = match FaultWait::new(&proc_.uffd, &proc_.stop) {

@@ -23,7 +23,7 @@ use std::time::Instant;
 use splitos_rpc::PAGE_SIZE;
 
 use super::{Held, LineState, MissPath, State, Tenant, Writeback, PAGE};
-use crate::pmon::store::Page;
+use crate::pmon::excache::store::Page;
 
 /// Most lines one round of the evictor takes out: enough for the kernel's range operations
 /// and one write-back message per place to pay, few enough that a miss on one of them does

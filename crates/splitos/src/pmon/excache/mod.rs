@@ -1,0 +1,19 @@
+//! The ExCache and its miss path: the cache's bookkeeping ([`cache`]), the miss path that moves
+//! lines ([`miss`]), and the policies a researcher swaps: eviction ([`cache`]), read-ahead
+//! ([`prefetch`]), dirty tracking ([`dirty`]), the compressed tier behind the cache ([`tier`]),
+//! where lines come from ([`store`]) and what is done to a program's heap ([`region`]).
+pub(super) mod cache;
+pub(super) mod dirty;
+pub(super) mod miss;
+pub(super) mod prefetch;
+pub(super) mod region;
+pub(super) mod store;
+pub(super) mod tier;
+
+pub use cache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
+pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
+pub use miss::{Access, FailHook, MissPath, Tenant};
+pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
+pub use region::{Install, Region, UffdRegion};
+pub use store::{Page, PageStore, Place, RemoteStore, Space};
+pub use tier::{Codec, Entry, Lz4, OldestFirst, VictimTier};
