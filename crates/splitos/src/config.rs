@@ -97,6 +97,11 @@ pub struct ClusterSection {
     pub replication: Option<String>,
     /// When heap memory is charged (`heuristic`, `strict`; docs/failures.md).
     pub overcommit: String,
+    /// How the global managers choose the pComponent of a process and the mComponent of a
+    /// home or vRegion among those with room: `least-loaded` spreads (fewest threads, smallest
+    /// share of memory taken), `best-fit` (the least free) and `first-fit` (the first
+    /// registered) pack.
+    pub placement: crate::placement::Policy,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -279,7 +284,7 @@ fn any_port() -> String {
 }
 
 pub fn default_cluster() -> ClusterSection {
-    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None, replication: None, overcommit: "heuristic".into() }
+    ClusterSection { gm: any_port(), vregion_size: Size(1 << 30), forget_dead_ms: 30_000, reclaim_dead_ms: 5_000, netns: None, replication: None, overcommit: "heuristic".into(), placement: Default::default() }
 }
 
 pub fn default_pcomp() -> PcompSection {

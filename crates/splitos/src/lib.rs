@@ -6,6 +6,7 @@
 //! * [`mmon`] the memory monitor (mComponent): homes, vRegion owners, the storage buffer cache
 //! * [`smon`] the storage monitor (sComponent)
 //! * [`gm`] the global managers (GPM, GMM, GSM)
+//! * [`placement`] the placement policies of the global managers and the simulator
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`node`] what every component process shares (logging, metrics, registration)
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
@@ -20,6 +21,7 @@ pub mod gm;
 pub mod mmon;
 pub mod nmon;
 pub mod node;
+pub mod placement;
 pub mod pmon;
 pub mod sim;
 pub mod smon;

@@ -7,7 +7,7 @@ use splitos_rpc::poll::Polling;
 use splitos_rpc::transport::{ShmConfig, TcpConfig, TransportConfig};
 
 use splitos::config::{self, ClusterConfig, Size};
-use splitos::{bench, control, gm, mmon, nmon, node, pmon, sim, smon};
+use splitos::{bench, control, gm, mmon, nmon, node, placement, pmon, sim, smon};
 
 #[derive(Parser)]
 #[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
@@ -205,6 +205,9 @@ enum Cmd {
         /// When heap memory is charged: heuristic (when stored; only a mapping larger than all memory is refused), strict (writable mappings whole, when made).
         #[arg(long, default_value = "heuristic", value_parser = parse_overcommit)]
         overcommit: splitos_rpc::Overcommit,
+        /// How GPM and GMM choose among the components with room: least-loaded (spreads), best-fit (the least free), first-fit (the first registered).
+        #[arg(long, default_value_t = config::default_cluster().placement)]
+        placement: placement::Policy,
         #[arg(long)]
         ready_file: Option<PathBuf>,
         /// Serve Prometheus metrics over HTTP here.
@@ -558,7 +561,7 @@ fn main() {
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
-        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, overcommit, ready_file, metrics_addr, transport, vnode_memory } => {
+        Cmd::Gm { listen, vregion_size, forget_dead_ms, reclaim_dead_ms, replication, overcommit, placement, ready_file, metrics_addr, transport, vnode_memory } => {
             node::init_metrics();
             transport.credentials().and_then(|credentials| {
                 gm::run(gm::GmArgs {
@@ -568,6 +571,7 @@ fn main() {
                     vregion_size: vregion_size.0,
                     replication,
                     overcommit,
+                    placement,
                     forget_dead: std::time::Duration::from_millis(forget_dead_ms),
                     reclaim_dead: std::time::Duration::from_millis(reclaim_dead_ms),
                     ready_file,
@@ -783,9 +787,12 @@ mod tests {
         assert_eq!(gm, config::HAND_STARTED_GM);
 
         // The global managers' address differs on purpose: see `config::HAND_STARTED_GM`.
-        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms, netns: _, replication: _, overcommit } = file.cluster.clone();
-        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, replication, overcommit: o, ready_file: _, metrics_addr: _, transport, vnode_memory: _ } = parse(&["gm"]) else { unreachable!() };
+        let config::ClusterSection { gm: _, vregion_size, forget_dead_ms, reclaim_dead_ms, netns: _, replication: _, overcommit, placement } = file.cluster.clone();
+        let Cmd::Gm { listen, vregion_size: v, forget_dead_ms: f, reclaim_dead_ms: r, replication, overcommit: o, placement: pl, ready_file: _, metrics_addr: _, transport, vnode_memory: _ } = parse(&["gm"]) else {
+            unreachable!()
+        };
         assert_eq!(o.name(), overcommit, "gm overcommit");
+        assert_eq!(pl, placement, "gm placement");
         // The hand-started global managers cannot count the mComponents to come.
         assert_eq!(replication, splitos_rpc::Replication::None);
         assert_eq!((v, f, r), (vregion_size, forget_dead_ms, reclaim_dead_ms), "gm");

@@ -275,6 +275,8 @@ impl Cluster {
             cfg.replication().map_err(|e| anyhow::anyhow!(e))?.to_string(),
             "--overcommit".into(),
             cfg.cluster.overcommit.clone(),
+            "--placement".into(),
+            cfg.cluster.placement.to_string(),
         ];
         args.extend(cfg.vnode.iter().filter_map(|v| v.memory_spec()).flat_map(|m| ["--vnode-memory".into(), m]));
         args.extend(transport.iter().cloned());

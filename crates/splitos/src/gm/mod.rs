@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use splitos_rpc::*;
 
 use crate::node::{self, HEARTBEAT};
+use crate::placement::{Policy, Unit};
 
 /// How many missed heartbeats make a component dead.
 pub const MISSED_BEATS: u32 = 4;
@@ -45,6 +46,8 @@ pub struct Gm {
     vregion_size: u64,
     replication: Replication,
     overcommit: Overcommit,
+    /// How GPM and GMM choose among the components with room (`[cluster] placement`).
+    placement: Policy,
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
@@ -107,16 +110,26 @@ impl Gm {
         self.comps().iter().map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), ..e.info.clone() }).collect()
     }
 
-    /// GMM: the least loaded alive mComponent with at least `need` bytes free, other than
-    /// those in `exclude`, and on a host none of them is on when there is one.
+    /// GMM: the alive mComponent the placement policy prefers among those with at least
+    /// `need` bytes free, other than those in `exclude`, and on a host none of them is on when
+    /// there is one. Its load is the share of its memory taken.
     fn pick_memory(&self, need: u64, exclude: &[u32]) -> Result<ComponentRef, Refusal> {
         let mut comps = self.comps();
         let taken_hosts: Vec<String> = comps.iter().filter(|e| exclude.contains(&e.info.id)).map(|e| host_of(&e.info.addr).to_string()).collect();
+        let rule = self.placement.rule();
         let best = comps
             .iter_mut()
-            .filter(|e| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id))
-            .filter(|e| e.info.load.capacity.saturating_sub(Gm::taken(e)) >= need)
-            .min_by_key(|e| (taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), Gm::taken(e) * 1000 / e.info.load.capacity.max(1)));
+            .enumerate()
+            .filter(|(_, e)| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id))
+            .map(|(index, e)| (index, e.info.load.capacity.saturating_sub(Gm::taken(e)), e))
+            .filter(|(_, free, _)| *free >= need)
+            .map(|(index, free, e)| {
+                let load = (Gm::taken(e) * 1000 / e.info.load.capacity.max(1)) as f64;
+                let key = rule.key(&Unit { index, free: &[free], weights: &[1.0], load });
+                (taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), key, e)
+            })
+            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
+            .map(|(_, _, e)| e);
         let Some(e) = best else {
             let free: Vec<String> = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity)).collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
@@ -251,10 +264,20 @@ impl Gm {
         Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory })
     }
 
-    /// GPM: the pComponent with the fewest threads.
+    /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
+    /// reports no capacity for processes, so every pComponent has room and a packing policy
+    /// puts every process on the first.
     fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
         let mut comps = self.comps();
-        let e = comps.iter_mut().filter(|e| e.info.role == Role::Proc && Gm::alive(e)).min_by_key(|e| e.info.load.threads).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no pComponent is alive"))?;
+        let rule = self.placement.rule();
+        let e = comps
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, e)| e.info.role == Role::Proc && Gm::alive(e))
+            .map(|(index, e)| (rule.key(&Unit { index, free: &[], weights: &[], load: e.info.load.threads as f64 }), e))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, e)| e)
+            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no pComponent is alive"))?;
         metrics::counter!("gpm_placements_total").increment(1);
         // Count the new process's thread until the next heartbeat reports it, so that
         // processes started together spread.
@@ -264,7 +287,7 @@ impl Gm {
 
     /// GMM: the home of a new process. A vNode with a memory quota has every process's home
     /// on one mComponent (rendezvous on its name), which so sees all the memory the vNode
-    /// maps and enforces the quota alone; other processes go to the least loaded.
+    /// maps and enforces the quota alone; other processes go where the placement policy says.
     fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
         let memory_quota = self.memory_quotas.get(&r.vnode).copied();
         let mcomp = match memory_quota {
@@ -324,7 +347,7 @@ impl Gm {
     }
 
     fn stats(&self) -> Result<X2C_STATS, Refusal> {
-        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len()}).to_string();
+        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.to_string()}).to_string();
         Ok(X2C_STATS { json })
     }
 }
@@ -366,6 +389,7 @@ pub struct GmArgs {
     pub vregion_size: u64,
     pub replication: Replication,
     pub overcommit: Overcommit,
+    pub placement: Policy,
     pub forget_dead: Duration,
     pub reclaim_dead: Duration,
     pub ready_file: Option<std::path::PathBuf>,
@@ -383,6 +407,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         vregion_size: args.vregion_size,
         replication: args.replication,
         overcommit: args.overcommit,
+        placement: args.placement,
         forget_dead: args.forget_dead,
         reclaim_dead: args.reclaim_dead,
         comps: Mutex::new(Vec::new()),
@@ -399,7 +424,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = %args.replication, overcommit = args.overcommit.name(), "splitos global managers started");
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = %args.replication, overcommit = args.overcommit.name(), placement = %args.placement, "splitos global managers started");
     node::announce_ready(args.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

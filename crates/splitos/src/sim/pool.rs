@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use super::policy::Placement;
+use crate::placement::{Placement, Unit};
 
 /// Resources a unit has: `[CPU (milli), memory (MiB), links]`. A pool leaves the ones its
 /// units do not have at zero.
@@ -137,9 +137,17 @@ impl Pool {
         (bits(a[CPU] / self.grain[0]), bits(a[MEM] / self.grain[1]))
     }
 
+    /// How loaded unit `u` is: what it uses of the pool's first resource, CPU for servers and
+    /// compute modules, memory for memory modules.
+    fn load(&self, u: usize) -> f64 {
+        let r = if self.weights[CPU] > 0.0 { CPU } else { MEM };
+        (self.cap[u][r] - self.free[u][r]) as f64
+    }
+
     fn index(&mut self, u: usize) {
         let (ci, cm) = self.classes(&self.free[u]);
-        let key = ordered(self.policy.key(u, &self.free[u], &self.cap[u], &self.weights));
+        let unit = Unit { index: u, free: &self.free[u], weights: &self.weights, load: self.load(u) };
+        let key = ordered(self.policy.key(&unit));
         let part = &mut self.parts[self.part[u] as usize];
         part.sets[ci * CLASSES + cm].insert((key, u as u32));
         part.rows[ci] |= 1 << cm;
