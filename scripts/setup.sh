@@ -27,4 +27,6 @@ fi
 if [ "$(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0)" != 1 ] && [ "$(id -u)" -ne 0 ]; then
     echo "setup: note: userfaultfd needs root or vm.unprivileged_userfaultfd=1" >&2
 fi
+# The test command checks formatting (rustfmt.toml); rustup's minimal profile leaves rustfmt out.
+rustfmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo build --release --workspace --quiet
