@@ -35,7 +35,7 @@ fn allowed_cpus(pid: i32, prefix: &str) -> Vec<String> {
 fn a_fault_worker_and_the_mcomponent_follow_a_program_to_its_cpu() {
     let cpus = usable_cpus();
     if cpus.len() < 2 {
-        eprintln!("skipped: needs two CPUs");
+        skip(&format!("needs two usable CPUs, has {cpus:?}"));
         return;
     }
     let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\nfault_cpu = \"faulting\"\n[[mcomponent]]\n"));
