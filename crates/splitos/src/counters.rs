@@ -46,10 +46,10 @@ pub fn export<'a>(prefix: &str, counters: impl IntoIterator<Item = Counter<'a>>)
     }
 }
 
-/// Declares a struct of `AtomicU64` counters, each with a doc comment (its help text), and
-/// optionally after `also` fields that are not counters, each with its initial value. Gives the
-/// struct `Default` (counters at zero) and `counters()`, every counter in declaration order,
-/// for [`json`] and [`export`].
+/// Declares a struct of `AtomicU64` counters, each with a doc comment (its help text), and,
+/// after `also`, the struct's other fields, each with its initial value. Gives the struct
+/// `Default` (counters at zero) and `counters()`, every counter in declaration order, for
+/// [`json`] and [`export`].
 ///
 /// ```ignore
 /// counters! {
