@@ -8,15 +8,15 @@
 //! * [`gm`] the global managers (GPM, GMM, GSM)
 //! * [`placement`] the placement policies of the global managers and the simulator
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
+//! * [`counters`] counters declared once, for a component's statistics and Prometheus metrics
 //! * [`node`] what every component process shares (logging, metrics, registration)
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
 //! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
 //! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
-// The run statistics are one json! literal with a field per counter, deeper than the default.
-#![recursion_limit = "256"]
 pub mod bench;
 pub mod config;
 pub mod control;
+pub mod counters;
 pub mod gm;
 pub mod mmon;
 pub mod nmon;

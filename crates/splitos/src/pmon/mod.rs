@@ -18,7 +18,6 @@ mod stats;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -228,54 +227,7 @@ impl Pcomp {
     }
 
     fn metrics(&self) -> Result<X2C_METRICS, Refusal> {
-        let t = self.miss.total();
-        for (k, v) in [
-            ("pcomp_misses_total", &t.misses),
-            ("pcomp_evictions_total", &t.evictions),
-            ("pcomp_flushes_total", &t.flushes),
-            ("pcomp_piggybacked_total", &t.piggybacked),
-            ("pcomp_plocal_fills_total", &t.plocal_fills),
-            ("pcomp_prefetched_total", &t.prefetched),
-            ("pcomp_prefetch_sampled_total", &t.prefetch_sampled),
-            ("pcomp_prefetch_sample_used_total", &t.prefetch_sample_used),
-            ("pcomp_prefetch_sample_wasted_total", &t.prefetch_sample_wasted),
-            ("pcomp_faulted_around_total", &t.faulted_around),
-            ("pcomp_preallocated_total", &t.preallocated),
-            ("pcomp_prealloc_unused_total", &t.prealloc_unused),
-            ("pcomp_zero_writebacks_skipped_total", &t.zero_writebacks_skipped),
-            ("pcomp_heap_calls_total", &t.heap_calls),
-            ("pcomp_heap_call_ns_total", &t.heap_call_ns),
-            ("pcomp_heap_calls_local_total", &t.heap_calls_local),
-            ("pcomp_bytes_fetched_total", &t.bytes_fetched),
-            ("pcomp_bytes_flushed_total", &t.bytes_flushed),
-            ("pcomp_wp_faults_total", &t.wp_faults),
-            ("pcomp_tier_hits_total", &t.tier_hits),
-            ("pcomp_tier_stores_total", &t.tier_stores),
-            ("pcomp_tier_bytes_raw_total", &t.tier_bytes_raw),
-            ("pcomp_tier_bytes_packed_total", &t.tier_bytes_packed),
-            ("pcomp_tier_incompressible_total", &t.tier_incompressible),
-            ("pcomp_tier_writebacks_total", &t.tier_writebacks),
-            ("pcomp_tier_pack_ns_total", &t.tier_pack_ns),
-            ("pcomp_tier_unpack_ns_total", &t.tier_unpack_ns),
-            ("pcomp_huge_pages_total", &t.huge_pages),
-            ("pcomp_huge_splits_total", &t.huge_splits),
-            ("pcomp_faults_on_faulting_cpu_total", &t.faults_on_faulting_cpu),
-            ("pcomp_faults_off_faulting_cpu_total", &t.faults_off_faulting_cpu),
-            ("pcomp_fault_worker_moves_total", &t.fault_worker_moves),
-            ("pcomp_fault_worker_partings_total", &t.fault_worker_partings),
-            ("pcomp_dirty_scans_total", &t.dirty_scans),
-            ("pcomp_dirty_scanned_pages_total", &t.dirty_scanned_pages),
-            ("pcomp_scan_clean_evictions_total", &t.scan_clean_evictions),
-            ("pcomp_writebacks_avoided_total", &t.writebacks_avoided),
-            ("pcomp_inline_evictions_total", &t.inline_evictions),
-            ("pcomp_bg_evictions_total", &t.bg_evictions),
-            ("pcomp_bg_writebacks_total", &t.bg_writebacks),
-            ("pcomp_bg_writeback_batches_total", &t.bg_writeback_batches),
-            ("pcomp_evictor_ns_total", &t.evictor_ns),
-            ("pcomp_evictor_cpu_ns_total", &t.evictor_cpu_ns),
-        ] {
-            metrics::counter!(k).absolute(v.load(Relaxed));
-        }
+        self.miss.total().export();
         metrics::gauge!("pcomp_excache_used_lines").set(self.miss.with_cache(|c| c.used()) as f64);
         let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
         metrics::gauge!("pcomp_tier_used_bytes").set(used as f64);

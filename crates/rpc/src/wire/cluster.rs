@@ -1,0 +1,107 @@
+//! Messages between every component and the global managers (registration, heartbeats,
+//! placement) and from the control client to every component, with the data they carry.
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+use super::{Overcommit, Replication, Role};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComponentRef {
+    pub id: u32,
+    pub addr: String,
+}
+
+/// One start of a pComponent that the global managers know to be gone: its credentials' key
+/// and the component id it had. The processes it created are gone with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostPcomp {
+    pub key: [u8; 32],
+    pub id: u32,
+}
+
+/// Approximate load a component reports in its heartbeat.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Load {
+    pub threads: u32,
+    pub processes: u32,
+    /// Bytes of memory this component offers (mComponent) or ExCache bytes (pComponent).
+    pub capacity: u64,
+    /// Bytes promised to mappings (mComponent) and so unavailable to others.
+    pub committed: u64,
+    /// Bytes holding page contents now.
+    pub used: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ComponentInfo {
+    pub id: u32,
+    pub role: Role,
+    pub addr: String,
+    /// Where programs of this pComponent connect (pComponents only).
+    pub shim_sock: Option<String>,
+    /// The addresses of this nComponent's network interfaces (nComponents only).
+    #[serde(default)]
+    pub nics: Vec<IpAddr>,
+    pub load: Load,
+    pub alive: bool,
+    pub since_heartbeat_ms: u64,
+    /// Declared lost by the global managers (silent for `reclaim_dead_ms`): its processes
+    /// (pComponent) or its copies (mComponent) are given up. One that is not alive and not lost
+    /// is late: the components that need it wait for it.
+    #[serde(default)]
+    pub lost: bool,
+}
+
+message_types! {
+    // ---- any component <-> global managers (GPM, GMM)
+    /// `id`: the id the component had before the global managers restarted (0: a new one).
+    /// `nics`: an nComponent's interface addresses, which the GNM maps to it.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32 };
+    /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
+    /// declared lost (and forgotten).
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool };
+    /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
+    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
+    /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
+    /// cluster's `reclaim_dead_ms`, or replaced by a new start at their address, whose
+    /// processes' memory the mComponents release and whose sockets the nComponents close. `lost_mcomps` (to mComponents only): the mComponents
+    /// silent for as long, whose replicas the homes rebuild elsewhere. `fenced`: the receiver
+    /// itself was declared lost in a replicated cluster; its copies are out of date, and it
+    /// drops them and registers again.
+    /// `memory`: the capacity of all live mComponents (a mapping larger than that is an
+    /// obvious overcommit).
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64 };
+    C2G_STATUS;
+    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
+    /// GPM: which pComponent runs a new process (the one with the fewest threads).
+    C2G_PLACE_PROCESS;
+    G2C_PLACED { pub pcomp: ComponentInfo };
+    /// GMM: which mComponent is home of a new process of `vnode`. `memory_quota`: the
+    /// vNode's memory quota, which its home enforces (one home serves all processes of a vNode
+    /// with a quota).
+    P2G_PICK_HOME { pub vnode: String };
+    G2P_HOME { pub mcomp: ComponentRef, pub memory_quota: Option<u64> };
+    /// GMM: which mComponent owns a newly active vRegion (or is a backup home, with `bytes`
+    /// 0), other than those in `exclude` and, when it can, on another host than they are.
+    M2G_PICK_OWNER { pub bytes: u64, pub exclude: Vec<u32> };
+    G2M_OWNER { pub mcomp: ComponentRef };
+    /// GSM: which sComponent keeps the backup files of a process of `vnode` (`log`
+    /// replication): the one storing the vNode's files.
+    M2G_BACKUP_STORE { pub vnode: String };
+    G2M_BACKUP_STORE { pub scomp: ComponentRef };
+    /// GSM: which sComponent stores a vNode's files.
+    P2G_VNODE_STORAGE { pub vnode: String };
+    G2P_STORAGE { pub scomp: ComponentRef };
+    /// GMM: which mComponent holds the buffer cache of one file.
+    P2G_FILE_CACHE { pub vnode: String, pub ino: u64 };
+    G2P_FILE_CACHE { pub mcomp: ComponentRef };
+
+    // ---- control client -> any component
+    C2X_PING;
+    X2C_PONG { pub role: Role, pub id: u32 };
+    C2X_STATS;
+    X2C_STATS { pub json: String };
+    C2X_METRICS;
+    X2C_METRICS { pub text: String };
+    C2X_SHUTDOWN;
+}
