@@ -27,11 +27,11 @@ use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use excache::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
-pub use excache::{Access, FailHook, MissPath, Tenant};
+pub use excache::{Access, FailHook, MissPath, ProcHeap};
 pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
 pub use excache::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{Install, Region, UffdRegion};
-pub use excache::{Page, PageStore, Place, RemoteStore, Space};
+pub use excache::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use fs::{mounts_under, unmount, Grants};
 pub use host::{FaultCpu, HugePages, FAULT_CPUS, HUGE_PAGES};
 pub use net::{NetPath, NET_PATHS};
@@ -83,7 +83,8 @@ pub struct PcompConfig {
     pub max_programs: usize,
 }
 
-/// A process running on this pComponent.
+/// A process running on this pComponent: its hosting (connection, credentials, fault
+/// workers), with its two other facets, `memory` and `heap`.
 pub struct Proc {
     pub pid: u64,
     pub os_pid: i32,
@@ -94,9 +95,9 @@ pub struct Proc {
     /// Its connection, to end it when the process says hello again.
     conn: std::os::unix::net::UnixStream,
     /// Who it is and where its memory lives (shared with the page store).
-    pub space: Arc<Space>,
+    pub memory: Arc<ProcMemory>,
     /// Its heap as the miss path sees it.
-    pub tenant: Arc<Tenant>,
+    pub heap: Arc<ProcHeap>,
     /// The userfaultfd its fault workers read (the region holds it too).
     uffd: Arc<OwnedFd>,
     /// Written when the process ends, so that its fault workers stop.
@@ -104,12 +105,12 @@ pub struct Proc {
     /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
     reuse: Mutex<host::reuse::HeapReuse>,
     /// Its heap region's addresses.
-    heap: std::ops::Range<u64>,
+    heap_range: std::ops::Range<u64>,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.
 struct PendingChild {
-    space: Arc<Space>,
+    memory: Arc<ProcMemory>,
     run: Arc<RunStats>,
     vmas: Vec<VmaInfo>,
     materialized: BTreeSet<u64>,
@@ -220,7 +221,7 @@ impl Pcomp {
                 "runs": self.runs.lock().unwrap().len(),
                 // Programs of users other than root, against `max_programs`.
                 "users_programs": self.programs.lock().unwrap().held(),
-                "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
+                "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.memory.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
             })
         })

@@ -802,7 +802,7 @@ const CALLS_PER_USER: usize = 64;
 /// Gives a call a thread of its own, if it comes from a process this pComponent runs and
 /// there is room; otherwise answers it at once, without reading it.
 fn admit(p: &Arc<Pcomp>, s: UnixStream) {
-    let caller = splitos_rpc::fdpass::peer_cred(&s).ok().and_then(|c| p.procs.lock().unwrap().values().find(|pr| pr.os_pid == c.pid).map(|pr| (pr.space.who.vnode.clone(), pr.uid)));
+    let caller = splitos_rpc::fdpass::peer_cred(&s).ok().and_then(|c| p.procs.lock().unwrap().values().find(|pr| pr.os_pid == c.pid).map(|pr| (pr.memory.who.vnode.clone(), pr.uid)));
     let refuse = |errno: i32| {
         let _ = s.set_nonblocking(true);
         let _ = (&s).write_all(NetResp { ret: -(errno as i64), ..NetResp::new_zeroed() }.as_bytes());

@@ -195,7 +195,7 @@ fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: 
 
 /// A process as the test drives it.
 struct Prog {
-    t: Arc<Tenant>,
+    t: Arc<ProcHeap>,
     mem: MemRegion,
 }
 
@@ -207,7 +207,7 @@ impl Rig {
     fn prog_tracked(&self, pid: u64, tracked: bool) -> Prog {
         let mem = MemRegion::default();
         mem.0.tracked.store(tracked, Ordering::Relaxed);
-        let t = Tenant::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
+        let t = ProcHeap::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
         self.mp.add(t.clone(), Default::default());
         Prog { t, mem }
     }
@@ -496,7 +496,7 @@ impl Region for FlakyRegion {
 fn flaky(mp: &MissPath, pid: u64) -> (Prog, Arc<AtomicBool>) {
     let mem = MemRegion::default();
     let fail_read = Arc::new(AtomicBool::new(false));
-    let t = Tenant::new(pid, Box::new(FlakyRegion { inner: mem.clone(), fail_read: fail_read.clone() }), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(pid, Box::new(FlakyRegion { inner: mem.clone(), fail_read: fail_read.clone() }), Arc::new(RunStats::default()));
     mp.add(t.clone(), Default::default());
     (Prog { t, mem }, fail_read)
 }
@@ -532,7 +532,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
     fail_read.store(true, Ordering::SeqCst);
     let b = {
         let mem = MemRegion::default();
-        let t = Tenant::new(2, Box::new(mem.clone()), Arc::new(RunStats::default()));
+        let t = ProcHeap::new(2, Box::new(mem.clone()), Arc::new(RunStats::default()));
         mp.add(t.clone(), Default::default());
         Prog { t, mem }
     };
@@ -827,7 +827,7 @@ fn a_write_back_range_pushes_the_tiers_dirty_pages_to_the_store_for_a_fork() {
     let copied: Vec<((u64, u64), Vec<u8>)> = r.store.pages.lock().unwrap().iter().filter(|(k, _)| k.0 == 1).map(|(k, d)| ((2, k.1), d.clone())).collect();
     r.store.pages.lock().unwrap().extend(copied);
     let mem = MemRegion::default();
-    let child = Prog { t: Tenant::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())), mem };
+    let child = Prog { t: ProcHeap::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())), mem };
     r.mp.add(child.t.clone(), r.mp.materialized_of(1));
     for v in 0..6 {
         assert_eq!(child.read(&r.mp, v), Some(v as u8 + 1), "the child sees page {v}");
@@ -1179,7 +1179,7 @@ impl Region for FullRegion {
 fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
     let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 0, 4));
     let mem = MemRegion::default();
-    let t = Tenant::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
     let p = Prog { t, mem };
@@ -1262,7 +1262,7 @@ impl From<io::Error> for SplitError {
 fn huge_rig(lines: usize, mapped: u64) -> (Rig, Prog, HugeRegion) {
     let r = rig_full(lines, 0, Box::new(Fifo), 1, true, (0, 16, 64));
     let region = HugeRegion::default();
-    let t = Tenant::new(1, Box::new(region.clone()), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(1, Box::new(region.clone()), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     r.mp.set_prot(1, 0, mapped * 4096, Some(3));
     let p = Prog { t, mem: region.mem.clone() };
@@ -1486,7 +1486,7 @@ fn scan_mode_fails_the_process_of_a_line_it_cannot_take_even_a_clean_one() {
     let r = rig(2, 0, Box::new(Fifo), 1, true);
     let mem = MemRegion::default();
     mem.0.tracked.store(true, Ordering::Relaxed);
-    let t = Tenant::new(1, Box::new(Untakeable(mem.clone())), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(1, Box::new(Untakeable(mem.clone())), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     let p = Prog { t, mem };
     let other = r.prog(2);

@@ -68,7 +68,7 @@ impl Region for Watched {
 
 fn watched(mp: &MissPath, pid: u64) -> (Prog, Watched) {
     let w = Watched::default();
-    let t = Tenant::new(pid, Box::new(w.clone()), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(pid, Box::new(w.clone()), Arc::new(RunStats::default()));
     mp.add(t.clone(), Default::default());
     (Prog { t, mem: w.inner.clone() }, w)
 }

@@ -52,8 +52,10 @@ const PROT_WRITE: u32 = 2;
 /// Pages per batched write-back message (well inside the frame bound).
 const FLUSH_BATCH: usize = 256;
 
-/// A process whose heap lines the ExCache holds.
-pub struct Tenant {
+/// A process's heap as the miss path serves it: the region its lines go to, its counters, and
+/// whether it is still served. One of a process's three facets: `Proc` (pmon/mod.rs) is its
+/// hosting, `ProcMemory` (store.rs) who it is and where its memory lives.
+pub struct ProcHeap {
     pub pid: u64,
     pub region: Box<dyn Region>,
     /// The run's counters (the miss path also counts into its pComponent total).
@@ -68,9 +70,9 @@ pub struct Tenant {
     written_after_read: AtomicU64,
 }
 
-impl Tenant {
-    pub fn new(pid: u64, region: Box<dyn Region>, stats: Arc<RunStats>) -> Arc<Tenant> {
-        Arc::new(Tenant { pid, region, stats, alive: AtomicBool::new(true), done: AtomicBool::new(false), read_fills: AtomicU64::new(0), written_after_read: AtomicU64::new(0) })
+impl ProcHeap {
+    pub fn new(pid: u64, region: Box<dyn Region>, stats: Arc<RunStats>) -> Arc<ProcHeap> {
+        Arc::new(ProcHeap { pid, region, stats, alive: AtomicBool::new(true), done: AtomicBool::new(false), read_fills: AtomicU64::new(0), written_after_read: AtomicU64::new(0) })
     }
 
     pub fn alive(&self) -> bool {
@@ -93,11 +95,11 @@ pub enum Access {
 }
 
 /// Called once for a process whose memory cannot be served, with why.
-pub type FailHook = Box<dyn Fn(&Tenant, &str) + Send + Sync>;
+pub type FailHook = Box<dyn Fn(&ProcHeap, &str) + Send + Sync>;
 
 /// A page captured for write-back; until it is settled, `data` may be its only copy.
 struct Writeback {
-    tenant: Arc<Tenant>,
+    heap: Arc<ProcHeap>,
     vpn: u64,
     data: Page,
     held: Held,
@@ -149,7 +151,7 @@ struct State {
     inflight: HashSet<(u64, u64)>,
     /// Pages that exist on the store; a miss on any other page is a p-local line.
     materialized: HashMap<u64, BTreeSet<u64>>,
-    tenants: HashMap<u64, Arc<Tenant>>,
+    heaps: HashMap<u64, Arc<ProcHeap>>,
     prefetcher: Box<dyn Prefetcher>,
     /// Each process's mappings as its home granted them: fault-around installs fresh lines
     /// only where the program may write.
@@ -184,7 +186,7 @@ pub struct MissPath {
 
 impl MissPath {
     pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), tenants: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None };
+        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), heaps: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None };
         MissPath {
             store,
             piggyback,
@@ -246,14 +248,14 @@ impl MissPath {
 
     /// A new process; `materialized` are the pages it already has on the store (a forked
     /// child's copy).
-    pub fn add(&self, t: Arc<Tenant>, materialized: BTreeSet<u64>) {
+    pub fn add(&self, t: Arc<ProcHeap>, materialized: BTreeSet<u64>) {
         let mut g = self.state.lock().unwrap();
         g.materialized.insert(t.pid, materialized);
-        g.tenants.insert(t.pid, t);
+        g.heaps.insert(t.pid, t);
     }
 
     /// A process that ended: its lines leave the cache; it is never failed after this.
-    pub fn remove(&self, t: &Tenant) {
+    pub fn remove(&self, t: &ProcHeap) {
         t.done.store(true, Relaxed);
         t.alive.store(false, Relaxed);
         let mut g = self.state.lock().unwrap();
@@ -264,7 +266,7 @@ impl MissPath {
             tier.drop_range(t.pid, 0, u64::MAX);
         }
         unstage(&mut g, t.pid, 0, u64::MAX);
-        g.tenants.remove(&t.pid);
+        g.heaps.remove(&t.pid);
         g.materialized.remove(&t.pid);
         g.prefetcher.forget(t.pid);
         g.layouts.remove(&t.pid);
@@ -293,13 +295,13 @@ impl MissPath {
     }
 
     /// Applies a counter update to the process's run and to the pComponent total.
-    fn bump(&self, t: &Tenant, f: impl Fn(&RunStats)) {
+    fn bump(&self, t: &ProcHeap, f: impl Fn(&RunStats)) {
         f(&t.stats);
         f(&self.total);
     }
 
     /// Stops serving a process and reports why, once.
-    pub fn fail(&self, t: &Tenant, why: &str) {
+    pub fn fail(&self, t: &ProcHeap, why: &str) {
         t.alive.store(false, Relaxed);
         if !t.done.swap(true, Relaxed) {
             t.stats.errors.lock().unwrap().push(why.to_string());
@@ -309,7 +311,7 @@ impl MissPath {
     }
 
     /// Serves one fault of `t` on page `vpn`.
-    pub fn fault(&self, t: &Arc<Tenant>, vpn: u64, access: Access, t0: Instant) {
+    pub fn fault(&self, t: &Arc<ProcHeap>, vpn: u64, access: Access, t0: Instant) {
         let Some(claim) = self.claim(t, vpn, access) else { return };
         let t_evicted = Instant::now();
         let (remote, tier_dirty) = match &claim.source {
@@ -397,7 +399,7 @@ impl MissPath {
     /// Step 1: a hit is served here (a write to a write-protected line makes it dirty); a miss
     /// claims a way, evicting the policy's victim if the set is full. `None` when nothing more
     /// is to be done.
-    fn claim(&self, t: &Arc<Tenant>, vpn: u64, access: Access) -> Option<Claim> {
+    fn claim(&self, t: &Arc<ProcHeap>, vpn: u64, access: Access) -> Option<Claim> {
         let mut g = self.state.lock().unwrap();
         loop {
             if !t.alive() {
@@ -477,7 +479,7 @@ impl MissPath {
     /// Claims ways for the lines the prefetcher asks for along its stride from `vpn`: lines
     /// that exist on the store and are neither resident nor in flight, up to the first that is
     /// not. Their victims are evicted as a miss's are, and written back with the miss.
-    fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) -> Vec<(u64, usize)> {
+    fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>) -> Vec<(u64, usize)> {
         let want = g.prefetcher.window(t.pid, vpn);
         let mut ahead = Vec::new();
         let lines = (1..=want.lines as i64).map_while(|i| want.stride.checked_mul(i).and_then(|d| vpn.checked_add_signed(d)));
@@ -506,7 +508,7 @@ impl MissPath {
     /// the touched line; the `prealloc` beyond them are pre-allocated ([`MissPath::preallocate`]).
     /// Either way they hold ExCache ways like any line and are evicted by the policy. (A victim
     /// the kernel saw written after it was last asked goes to `victims` all the same.)
-    fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>) -> Vec<(u64, usize)> {
+    fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>) -> Vec<(u64, usize)> {
         let window = self.fault_around + self.prealloc;
         if window == 0 {
             return Vec::new();
@@ -553,7 +555,7 @@ impl MissPath {
     /// or in flight), lies in one writable mapping, and every line takes a way without a
     /// write-back; else claims nothing. The extent is then pre-allocated as one huge page
     /// ([`MissPath::allocate_extent`]).
-    fn claim_extent(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64) -> Vec<(u64, usize)> {
+    fn claim_extent(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64) -> Vec<(u64, usize)> {
         let (first, end) = (vpn - vpn % EXTENT, vpn - vpn % EXTENT + EXTENT);
         let writable = g.layouts.get(&t.pid).and_then(|m| m.prot_of(first * PAGE, end * PAGE)).is_some_and(|p| p & PROT_WRITE != 0);
         if !t.region.huge_pages() || !writable {
@@ -586,7 +588,7 @@ impl MissPath {
     /// (a line whose writes the kernel tracks keeps what it recorded: [`MissPath::observe`]).
     fn rearm(&self, g: &mut MutexGuard<'_, State>, vpn: u64) {
         for (pid, rv) in g.cache.take_rearm(vpn) {
-            let Some(q) = g.tenants.get(&pid).cloned() else { continue };
+            let Some(q) = g.heaps.get(&pid).cloned() else { continue };
             match g.cache.lookup(pid, rv) {
                 Some(slot) if q.region.tracks_writes() => {
                     self.observe(&q, g.cache.line_mut(slot));
@@ -604,8 +606,8 @@ impl MissPath {
     /// to `lost` to be failed once the lock is released. With the compressed tier on and
     /// `keep_clean`, a clean line the store holds is captured too, for the tier, and is in
     /// flight until the tier took it (so that no miss fetches it meanwhile and two copies exist).
-    fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>, keep_clean: bool) {
-        let Some(vt) = g.tenants.get(&v.pid).cloned() else { return };
+    fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, keep_clean: bool) {
+        let Some(vt) = g.heaps.get(&v.pid).cloned() else { return };
         // A staged sample was never in the program: the store holds it, nothing is unmapped.
         if g.staged.remove(&(v.pid, v.vpn)).is_some() {
             g.prefetcher.outcome(v.pid, false);
@@ -626,7 +628,7 @@ impl MissPath {
                 Ok(data) => {
                     g.inflight.insert((v.pid, v.vpn));
                     let held = if v.dirty { Held::Evicted } else { Held::Clean };
-                    victims.push(Writeback { tenant: vt.clone(), vpn: v.vpn, data, held });
+                    victims.push(Writeback { heap: vt.clone(), vpn: v.vpn, data, held });
                 }
                 Err(e) if v.dirty => {
                     vt.alive.store(false, Relaxed);
@@ -650,7 +652,7 @@ impl MissPath {
     /// all zeros, which is what a miss on it fills in anyway (an untouched pre-allocated or
     /// faulted-around line). Its contents were captured write-protected, so a later write
     /// traps and makes it dirty again.
-    fn needs_no_write_back(&self, g: &MutexGuard<'_, State>, t: &Tenant, line: &Line, data: &[u8]) -> bool {
+    fn needs_no_write_back(&self, g: &MutexGuard<'_, State>, t: &ProcHeap, line: &Line, data: &[u8]) -> bool {
         let stored = g.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
         if stored || !is_zero(data) {
             return false;
@@ -666,7 +668,7 @@ impl MissPath {
 
     /// Keeps a fetched read-ahead line in the pComponent as a sample: it holds its way as a
     /// clean line, and the program's first touch of it traps ([`MissPath::unstage_used`]).
-    fn stage(&self, t: &Tenant, vpn: u64, slot: usize, page: Page) {
+    fn stage(&self, t: &ProcHeap, vpn: u64, slot: usize, page: Page) {
         let mut g = self.state.lock().unwrap();
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             g.cache.complete(slot, false, true);
@@ -681,7 +683,7 @@ impl MissPath {
 
     /// The first touch of a staged sample: installs it as a miss would (writable and dirty
     /// for a write), under the lock because it is rare and needs no round trip.
-    fn unstage_used(&self, g: &mut MutexGuard<'_, State>, t: &Tenant, vpn: u64, slot: usize, page: &[u8], access: Access) {
+    fn unstage_used(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64, slot: usize, page: &[u8], access: Access) {
         let writable = access != Access::Read;
         let installed = t.region.copy(vpn, page, !writable).unwrap_or_else(|e| {
             tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot install a sampled read-ahead line");
@@ -703,7 +705,7 @@ impl MissPath {
     /// of each is an ordinary page fault instead of a trap into the pComponent. A touch that
     /// trapped before the pages existed finds the line ready and is woken. If the memfd
     /// cannot take them, each is installed as fault-around installs its lines.
-    fn preallocate(&self, t: &Tenant, fresh: &[(u64, usize)]) {
+    fn preallocate(&self, t: &ProcHeap, fresh: &[(u64, usize)]) {
         // The window is contiguous, upwards or downwards from the touched line.
         let Some(first) = fresh.iter().map(|f| f.0).min() else { return };
         if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
@@ -732,7 +734,7 @@ impl MissPath {
     /// if the region could give only 4 KiB pages), and the touching thread is woken to map it.
     /// If the region cannot, the touched line is installed alone and the others are given back.
     /// Returns whether the touched line is in the program.
-    fn allocate_extent(&self, t: &Tenant, vpn: u64, slot: usize, extent: &[(u64, usize)], writable: bool) -> bool {
+    fn allocate_extent(&self, t: &ProcHeap, vpn: u64, slot: usize, extent: &[(u64, usize)], writable: bool) -> bool {
         let huge = match t.region.allocate_huge(vpn - vpn % EXTENT) {
             Ok(huge) => huge,
             Err(e) => {
@@ -768,7 +770,7 @@ impl MissPath {
     /// Drops [vpn, vpn + pages) from `t`'s program, splitting first the huge pages the range
     /// cuts. `Err` says what was lost when a split failed after the huge page had left the
     /// program: the process must be failed (the caller stops it under the lock).
-    fn punch(&self, t: &Tenant, vpn: u64, pages: u64) -> Result<(), String> {
+    fn punch(&self, t: &ProcHeap, vpn: u64, pages: u64) -> Result<(), String> {
         match t.region.split_huge(vpn, pages) {
             Ok(0) => {}
             Ok(n) => self.bump(t, |s| {
@@ -787,7 +789,7 @@ impl MissPath {
     /// ahead that live at the same place (a prefix of `ahead`). Victims go to the compressed
     /// tier first; those that must still be written back are piggybacked on the fetch when
     /// they go to its place, the others are written back first.
-    fn fill(&self, t: &Tenant, vpn: u64, source: Source, victims: Vec<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
+    fn fill(&self, t: &ProcHeap, vpn: u64, source: Source, victims: Vec<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
         let victims = self.stash(victims);
         let place = match source {
             Source::Store => self.store.place(t.pid, vpn).ok(),
@@ -800,7 +802,7 @@ impl MissPath {
             let rest = pages.split_off(1);
             (pages.pop(), rest)
         };
-        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) = victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.tenant.pid, wb.vpn).ok() == place);
+        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) = victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.heap.pid, wb.vpn).ok() == place);
         self.flush_apart(apart);
         match source {
             Source::Local => return Ok((None, Vec::new())),
@@ -810,9 +812,9 @@ impl MissPath {
         let r = match (&joint[..], vpns.len()) {
             ([], 1) => self.store.fetch(t.pid, vpn).map(|p| vec![p]),
             ([], _) => self.store.fetch_many(t.pid, &vpns),
-            ([wb], 1) => self.store.flush_fetch((wb.tenant.pid, wb.vpn, &wb.data), (t.pid, vpn)).map(|p| vec![p]),
+            ([wb], 1) => self.store.flush_fetch((wb.heap.pid, wb.vpn, &wb.data), (t.pid, vpn)).map(|p| vec![p]),
             (wbs, _) => {
-                let flushes: Vec<(u64, u64, &[u8])> = wbs.iter().map(|wb| (wb.tenant.pid, wb.vpn, &wb.data[..])).collect();
+                let flushes: Vec<(u64, u64, &[u8])> = wbs.iter().map(|wb| (wb.heap.pid, wb.vpn, &wb.data[..])).collect();
                 self.store.flush_fetch_many(&flushes, t.pid, &vpns)
             }
         };
@@ -838,14 +840,14 @@ impl MissPath {
         let st = &mut *g;
         let tier = st.tier.as_mut().expect("a codec comes with a tier");
         for (wb, p) in victims.into_iter().zip(packed) {
-            let key = (wb.tenant.pid, wb.vpn);
+            let key = (wb.heap.pid, wb.vpn);
             // A process that exited meanwhile needs none of its pages.
-            if !st.tenants.contains_key(&key.0) {
+            if !st.heaps.contains_key(&key.0) {
                 st.inflight.remove(&key);
                 continue;
             }
             let Some(p) = p else {
-                skipped.push(wb.tenant.clone());
+                skipped.push(wb.heap.clone());
                 if wb.held == Held::Clean {
                     st.inflight.remove(&key);
                 } else {
@@ -853,9 +855,9 @@ impl MissPath {
                 }
                 continue;
             };
-            stored.push((wb.tenant.clone(), p.len() as u64));
+            stored.push((wb.heap.clone(), p.len() as u64));
             for (pid, vpn, e) in tier.insert(key.0, key.1, Entry { packed: p, dirty: wb.held != Held::Clean }) {
-                if let Some(owner) = st.tenants.get(&pid).filter(|_| e.dirty) {
+                if let Some(owner) = st.heaps.get(&pid).filter(|_| e.dirty) {
                     st.inflight.insert((pid, vpn));
                     pushed.push((owner.clone(), vpn, e.packed));
                 }
@@ -881,9 +883,9 @@ impl MissPath {
         }
         for (vt, vpn, packed) in pushed {
             match self.unpack(&vt, vpn, &packed) {
-                Ok(data) => rest.push(Writeback { tenant: vt, vpn, data, held: Held::PushedOut }),
+                Ok(data) => rest.push(Writeback { heap: vt, vpn, data, held: Held::PushedOut }),
                 Err(e) => {
-                    let wb = Writeback { tenant: vt, vpn, data: Vec::new(), held: Held::PushedOut };
+                    let wb = Writeback { heap: vt, vpn, data: Vec::new(), held: Held::PushedOut };
                     self.settle(vec![wb], Err(e), false);
                 }
             }
@@ -892,7 +894,7 @@ impl MissPath {
     }
 
     /// Restores a page from its tier entry.
-    fn unpack(&self, t: &Tenant, vpn: u64, packed: &[u8]) -> Result<Page, Refusal> {
+    fn unpack(&self, t: &ProcHeap, vpn: u64, packed: &[u8]) -> Result<Page, Refusal> {
         let codec = self.codec.as_deref().expect("tier entries exist only with a codec");
         let t0 = Instant::now();
         let mut page = vec![0u8; PAGE_SIZE];
@@ -907,11 +909,11 @@ impl MissPath {
     /// Writes back victims that travel without a fetch: one message per process and place
     /// (`flush_many` for several), each settled with its result. Returns the process of each
     /// message sent.
-    fn flush_apart(&self, victims: Vec<Writeback>) -> Vec<Arc<Tenant>> {
+    fn flush_apart(&self, victims: Vec<Writeback>) -> Vec<Arc<ProcHeap>> {
         let mut groups: BTreeMap<(u64, Place), Vec<Writeback>> = BTreeMap::new();
         for wb in victims {
-            match self.store.place(wb.tenant.pid, wb.vpn) {
-                Ok(p) => groups.entry((wb.tenant.pid, p)).or_default().push(wb),
+            match self.store.place(wb.heap.pid, wb.vpn) {
+                Ok(p) => groups.entry((wb.heap.pid, p)).or_default().push(wb),
                 Err(e) => self.settle(vec![wb], Err(e), false),
             }
         }
@@ -923,7 +925,7 @@ impl MissPath {
                     [wb] => self.store.flush(pid, wb.vpn, &wb.data),
                     _ => self.store.flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
                 };
-                messages.push(batch[0].tenant.clone());
+                messages.push(batch[0].heap.clone());
                 self.settle(batch, r, false);
             }
         }
@@ -933,7 +935,7 @@ impl MissPath {
     /// Step 3: installs a line (`None`: zeros) and completes its claim; a line installed
     /// `writable` is dirty, any other write-protected, and dirty as told. Returns whether the
     /// line is in the program now.
-    fn install(&self, t: &Tenant, vpn: u64, slot: usize, data: Option<&[u8]>, writable: bool, dirty: bool) -> bool {
+    fn install(&self, t: &ProcHeap, vpn: u64, slot: usize, data: Option<&[u8]>, writable: bool, dirty: bool) -> bool {
         let r = match data {
             Some(d) => t.region.copy(vpn, d, !writable),
             None => t.region.zero(vpn, !writable),
@@ -958,7 +960,7 @@ impl MissPath {
     }
 
     /// Gives back the way a failed miss claimed.
-    fn abandon(&self, t: &Tenant, vpn: u64, slot: usize) {
+    fn abandon(&self, t: &ProcHeap, vpn: u64, slot: usize) {
         let mut g = self.state.lock().unwrap();
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             g.cache.remove(t.pid, vpn);
@@ -973,7 +975,7 @@ impl MissPath {
         let mut lost = Vec::new();
         let mut g = self.state.lock().unwrap();
         for wb in &wbs {
-            let (pid, vpn) = (wb.tenant.pid, wb.vpn);
+            let (pid, vpn) = (wb.heap.pid, wb.vpn);
             if r.is_ok() {
                 if let Some(m) = g.materialized.get_mut(&pid) {
                     m.insert(vpn);
@@ -981,10 +983,10 @@ impl MissPath {
             }
             match wb.held {
                 Held::Evicted | Held::PushedOut | Held::Clean => {
-                    if r.is_err() && wb.held != Held::Clean && wb.tenant.alive() {
+                    if r.is_err() && wb.held != Held::Clean && wb.heap.alive() {
                         // Stop the process before the page stops being in flight: none of its
                         // threads may miss on it and read zeros.
-                        wb.tenant.alive.store(false, Relaxed);
+                        wb.heap.alive.store(false, Relaxed);
                         lost.push(wb);
                     }
                     g.inflight.remove(&(pid, vpn));
@@ -1011,7 +1013,7 @@ impl MissPath {
         match &r {
             Ok(()) => {
                 for wb in &wbs {
-                    self.bump(&wb.tenant, |s| {
+                    self.bump(&wb.heap, |s| {
                         s.flushes.fetch_add(1, Relaxed);
                         s.bytes_flushed.fetch_add(PAGE, Relaxed);
                         if piggybacked {
@@ -1025,7 +1027,7 @@ impl MissPath {
             }
             Err(e) => {
                 for wb in lost {
-                    self.fail(&wb.tenant, &format!("{}; it was the only copy of that page", e.msg));
+                    self.fail(&wb.heap, &format!("{}; it was the only copy of that page", e.msg));
                 }
             }
         }
@@ -1036,7 +1038,7 @@ impl MissPath {
     /// mremap); the lines stay resident and the entries in the tier, and those not written
     /// meanwhile become clean. One whose write-back fails stays dirty, and the first error is
     /// returned.
-    pub fn write_back_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
+    pub fn write_back_range(&self, t: &Arc<ProcHeap>, first: u64, end: u64) -> Result<(), Refusal> {
         let mut wbs = Vec::new();
         let mut result = Ok(());
         let mut pinned = Vec::new();
@@ -1065,7 +1067,7 @@ impl MissPath {
                     }
                     Ok(data) => {
                         l.state = LineState::WritingBack;
-                        wbs.push(Writeback { tenant: t.clone(), vpn, data, held: Held::Line(l.writes) });
+                        wbs.push(Writeback { heap: t.clone(), vpn, data, held: Held::Line(l.writes) });
                     }
                     Err(e) => result = Err(Refusal::new(splitos_rpc::ErrCode::Internal, format!("cannot read heap page {:#x}: {e}", vpn * PAGE))),
                 }
@@ -1080,9 +1082,9 @@ impl MissPath {
         }
         for (vpn, packed) in pinned {
             match self.unpack(t, vpn, &packed) {
-                Ok(data) => wbs.push(Writeback { tenant: t.clone(), vpn, data, held: Held::Tier }),
+                Ok(data) => wbs.push(Writeback { heap: t.clone(), vpn, data, held: Held::Tier }),
                 Err(e) => {
-                    self.settle(vec![Writeback { tenant: t.clone(), vpn, data: Vec::new(), held: Held::Tier }], Err(e.clone()), false);
+                    self.settle(vec![Writeback { heap: t.clone(), vpn, data: Vec::new(), held: Held::Tier }], Err(e.clone()), false);
                     result = result.and(Err(e));
                 }
             }
@@ -1116,7 +1118,7 @@ impl MissPath {
     /// dropped only in the lock hold that saw every one of them clean: a write that raced the
     /// write-back (or a line evicted dirty into the tier meanwhile) is written back too, never
     /// dropped.
-    pub fn evict_range(&self, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
+    pub fn evict_range(&self, t: &Arc<ProcHeap>, first: u64, end: u64) -> Result<(), Refusal> {
         loop {
             self.write_back_range(t, first, end)?;
             let g = self.wait_range_settled(t.pid, first, end);
@@ -1135,12 +1137,12 @@ impl MissPath {
     /// Drops [first, end) from the cache and from the program without writing anything back,
     /// and forgets that those pages ever existed on the store (munmap, MADV_DONTNEED). True if
     /// some of them did: only then do their owners hold anything of the range.
-    pub fn discard_range(&self, t: &Tenant, first: u64, end: u64) -> bool {
+    pub fn discard_range(&self, t: &ProcHeap, first: u64, end: u64) -> bool {
         let g = self.wait_range_settled(t.pid, first, end);
         self.drop_locked(g, t, first, end, true)
     }
 
-    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &Tenant, first: u64, end: u64, forget: bool) -> bool {
+    fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &ProcHeap, first: u64, end: u64, forget: bool) -> bool {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
         }
@@ -1205,7 +1207,7 @@ fn is_zero(data: &[u8]) -> bool {
 
 /// Write-protects a dirty line (so later writes trap) and copies it out. A line that could
 /// not be protected is not captured: a write after the copy would go unseen.
-fn capture(t: &Tenant, vpn: u64, wp: bool) -> std::io::Result<Page> {
+fn capture(t: &ProcHeap, vpn: u64, wp: bool) -> std::io::Result<Page> {
     if !wp {
         t.region.write_protect(vpn, 1, true)?;
     }
