@@ -22,25 +22,13 @@ use std::time::Instant;
 
 use splitos_rpc::PAGE_SIZE;
 
-use super::{Held, LineState, MissPath, State, ProcHeap, Writeback, PAGE};
+use super::{Held, LineState, MissPath, ProcHeap, Reserve, Writeback, PAGE};
 use crate::pmon::excache::store::Page;
 
 /// Most lines one round of the evictor takes out: enough for the kernel's range operations
 /// and one write-back message per place to pay, few enough that a miss on one of them does
 /// not wait long.
 const ROUND: usize = 64;
-
-/// The evictor's share of the miss path's state (under its lock).
-pub(super) struct Reserve {
-    /// Spare ways the evictor keeps in every set a claim used.
-    ways: usize,
-    /// Queued sets that wake the evictor.
-    wake_at: usize,
-    /// Sets short of `ways` spare ways, each queued once, oldest first.
-    short: VecDeque<usize>,
-    queued: Vec<bool>,
-    stop: bool,
-}
 
 /// A line the evictor picked, between the lock hold that picked it and the one that drops it.
 struct Victim {
@@ -68,21 +56,6 @@ impl MissPath {
         // in again before the refill.
         st.reserve = Some(Reserve { ways, wake_at: (sets / 16).clamp(1, ROUND), short: VecDeque::new(), queued: vec![false; sets], stop: false });
         self
-    }
-
-    /// Called under the lock after a claim took a way in `vpn`'s set: queues the set if it is
-    /// short of its reserve, and wakes the evictor at the low watermark.
-    pub(super) fn claimed(&self, g: &mut State, vpn: u64) {
-        let Some(r) = g.reserve.as_mut() else { return };
-        let set = g.cache.set_of(vpn);
-        if r.queued[set] || g.cache.spare(set) >= r.ways {
-            return;
-        }
-        r.queued[set] = true;
-        r.short.push_back(set);
-        if r.short.len() == r.wake_at {
-            self.evictor_cv.notify_one();
-        }
     }
 
     /// The evictor's thread: sleeps until enough sets are short of their reserve, refills

@@ -15,19 +15,9 @@
 //!
 //! Reads are still unseen (dirty.rs, "Access bits"), as in fault mode.
 use super::*;
-use crate::pmon::excache::{cache as excache, Keep};
+use crate::pmon::excache::Keep;
 
 impl MissPath {
-    /// Claims a way for (pid, vpn) as [`ExCache::claim`] does (`clean_only`: only one that needs
-    /// no write-back, as [`ExCache::claim_clean`]); a line whose writes the kernel tracks is
-    /// asked about first.
-    pub(super) fn claim_way(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, clean_only: bool) -> Option<excache::Claim> {
-        let st = &mut **g;
-        let heaps = &st.heaps;
-        let used = |l: &mut Line| heaps.get(&l.pid).filter(|t| t.region.tracks_writes()).is_some_and(|t| self.observe(t, l));
-        st.cache.claim_observing(pid, vpn, |l| !clean_only || (!l.dirty && !used(l)), used)
-    }
-
     /// Asks the kernel whether line `l` of `t` was written since it was last protected and
     /// protects it again; a written line becomes dirty. A failed question counts as written.
     pub(super) fn observe(&self, t: &ProcHeap, l: &mut Line) -> bool {

@@ -11,7 +11,10 @@ use splitos_rpc::{ErrCode, Refusal, ERR, PAGE_SIZE};
 
 use super::*;
 use crate::pmon::excache::cache::{Clock, EvictionPolicy, ExCache, Fifo};
+use crate::pmon::excache::region::Install;
+use crate::pmon::excache::store::Place;
 use crate::pmon::excache::tier::{Codec, Lz4, OldestFirst};
+use crate::pmon::host::huge::{SplitError, EXTENT};
 
 #[derive(Default)]
 struct RegionPages {
