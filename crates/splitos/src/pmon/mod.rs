@@ -27,7 +27,7 @@ use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use excache::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
-pub use excache::{Access, FailHook, MissPath, ProcHeap};
+pub use excache::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
 pub use excache::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{Install, Region, UffdRegion};
@@ -417,7 +417,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let mut miss = MissPath::new(cache, store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
+        let parts = MissPathParts { cache, store: store.clone(), prefetcher: prefetch, piggyback: args.cfg.piggyback, fault_around: args.cfg.fault_around, prealloc: args.cfg.prealloc, on_fail: hook };
+        let mut miss = MissPath::new(parts);
         if args.cfg.compressed_tier_bytes > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
         }

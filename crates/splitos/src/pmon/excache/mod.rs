@@ -12,7 +12,7 @@ pub(super) mod tier;
 
 pub use cache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
-pub use miss::{Access, FailHook, MissPath, ProcHeap};
+pub use miss::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
 pub use store::{Page, PageStore, Place, ProcMemory, RemoteStore};

@@ -6,7 +6,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, MutexGuard};
 
-use super::{tiered, Access, MissPath, ProcHeap, State, Writeback, PAGE};
+use super::{tiered, Access, CleanVictim, Evictable, MissPath, ProcHeap, State, Writeback, PAGE};
+use crate::pmon::excache::cache::Filled;
 use crate::pmon::excache::region::Install;
 use crate::pmon::excache::store::Page;
 
@@ -24,10 +25,10 @@ impl MissPath {
             if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
                 break;
             }
-            let Some(c) = self.claim_way(g, t.pid, v, false) else { break };
+            let Some(c) = self.claim_way(g, t.pid, v, Evictable::Any) else { break };
             self.claimed(g, v);
             if let Some(victim) = c.victim {
-                self.evict(g, victim, victims, lost, true);
+                self.evict(g, victim, victims, lost, CleanVictim::ToTier);
             }
             self.rearm(g, v);
             ahead.push((v, c.slot));
@@ -40,7 +41,7 @@ impl MissPath {
     pub(super) fn stage(&self, t: &ProcHeap, vpn: u64, slot: usize, page: Page) {
         let mut g = self.state.lock().unwrap();
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
-            g.cache.complete(slot, false, true);
+            g.cache.complete(slot, Filled { dirty: false, wp: true });
             g.staged.insert((t.pid, vpn), page);
             self.bump(t, |s| {
                 s.prefetch_sampled.fetch_add(1, Relaxed);
@@ -62,7 +63,7 @@ impl MissPath {
             g.cache.remove(t.pid, vpn);
             return;
         }
-        g.cache.complete(slot, writable, !writable);
+        g.cache.complete(slot, Filled { dirty: writable, wp: !writable });
         g.prefetcher.outcome(t.pid, true);
         self.bump(t, |s| {
             s.prefetch_sample_used.fetch_add(1, Relaxed);

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
-use super::{capture, Held, MissPath, ProcHeap, State, Writeback, PAGE};
+use super::{capture, CleanVictim, Held, MissPath, ProcHeap, Sent, State, Writeback, PAGE};
 use crate::pmon::excache::cache::Line;
 use crate::pmon::excache::store::Page;
 use crate::pmon::excache::tier::Entry;
@@ -19,9 +19,9 @@ impl MissPath {
     /// flight, its write-back (pushed to `victims`) now holding the only copy. A dirty line
     /// that cannot be captured is lost: its process is stopped here, under the lock, and pushed
     /// to `lost` to be failed once the lock is released. With the compressed tier on and
-    /// `keep_clean`, a clean line the store holds is captured too, for the tier, and is in
+    /// `clean` [`CleanVictim::ToTier`], a clean line the store holds is captured too, for the tier, and is in
     /// flight until the tier took it (so that no miss fetches it meanwhile and two copies exist).
-    pub(super) fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, keep_clean: bool) {
+    pub(super) fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, clean: CleanVictim) {
         let Some(vt) = g.heaps.get(&v.pid).cloned() else { return };
         // A staged sample was never in the program: the store holds it, nothing is unmapped.
         if g.staged.remove(&(v.pid, v.vpn)).is_some() {
@@ -33,10 +33,10 @@ impl MissPath {
             return;
         }
         if vt.region.tracks_writes() && vt.alive() {
-            return self.evict_taken(g, &vt, v, victims, lost, keep_clean);
+            return self.evict_taken(g, &vt, v, victims, lost, clean);
         }
         // A clean line the store does not hold is zeros never written: a miss zero-fills it again.
-        let for_tier = !v.dirty && keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
+        let for_tier = !v.dirty && clean == CleanVictim::ToTier && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         if (v.dirty || for_tier) && vt.alive() {
             match capture(&vt, v.vpn, v.wp) {
                 Ok(data) if self.needs_no_write_back(g, &vt, &v, &data) => {}
@@ -161,7 +161,7 @@ impl MissPath {
                 Ok(data) => rest.push(Writeback { heap: vt, vpn, data, held: Held::PushedOut }),
                 Err(e) => {
                     let wb = Writeback { heap: vt, vpn, data: Vec::new(), held: Held::PushedOut };
-                    self.settle(vec![wb], Err(e), false);
+                    self.settle(vec![wb], Err(e), Sent::Alone);
                 }
             }
         }

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use splitos_rpc::Refusal;
 
-use super::{Access, Claim, MissPath, ProcHeap, Source, State, Writeback, PAGE};
-use crate::pmon::excache::cache::{self, Line, LineState};
+use super::{Access, Claim, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, Sent, Source, State, Writeback, PAGE};
+use crate::pmon::excache::cache::{self, Filled, Line, LineState};
 use crate::pmon::excache::prefetch::SAMPLE;
 use crate::pmon::excache::region::Install;
 use crate::pmon::excache::store::Page;
@@ -40,8 +40,12 @@ impl MissPath {
                 }
                 // A dirty tier entry stays dirty as a line (write-protected after a read all the
                 // same, so that the process's write prediction still learns).
-                let dirty = writable || tier_dirty == Some(true);
-                let installed = if claim.extent.is_empty() { self.install(t, vpn, claim.slot, data.as_deref(), writable, dirty) } else { self.allocate_extent(t, vpn, claim.slot, &claim.extent, writable) };
+                let how = match (writable, tier_dirty) {
+                    (true, _) => InstallAs::Writable,
+                    (false, Some(true)) => InstallAs::ProtectedDirty,
+                    (false, _) => InstallAs::Clean,
+                };
+                let installed = if claim.extent.is_empty() { self.install(t, vpn, claim.slot, data.as_deref(), how) } else { self.allocate_extent(t, vpn, claim.slot, &claim.extent, how) };
                 if !installed && tier_dirty == Some(true) && t.alive() {
                     self.fail(t, &format!("cannot install heap page {:#x} from the compressed tier, which held its only copy", vpn * PAGE));
                     return;
@@ -55,7 +59,7 @@ impl MissPath {
                     match pages.next() {
                         Some(p) if self.prefetch_count.fetch_add(1, Relaxed) % SAMPLE == SAMPLE - 1 => self.stage(t, *v, *slot, p),
                         Some(p) => {
-                            self.install(t, *v, *slot, Some(&p), false, false);
+                            self.install(t, *v, *slot, Some(&p), InstallAs::Clean);
                         }
                         None => self.abandon(t, *v, *slot),
                     }
@@ -67,7 +71,7 @@ impl MissPath {
                     });
                 }
                 for (v, slot) in &claim.around {
-                    self.install(t, *v, *slot, None, true, true);
+                    self.install(t, *v, *slot, None, InstallAs::Writable);
                 }
                 if !claim.around.is_empty() {
                     self.bump(t, |s| {
@@ -153,7 +157,7 @@ impl MissPath {
                 g = self.cv.wait(g).unwrap();
                 continue;
             }
-            let Some(c) = self.claim_way(&mut g, t.pid, vpn, false) else {
+            let Some(c) = self.claim_way(&mut g, t.pid, vpn, Evictable::Any) else {
                 g = self.cv.wait(g).unwrap();
                 continue;
             };
@@ -161,7 +165,7 @@ impl MissPath {
             self.claimed(&mut g, vpn);
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
-                self.evict(&mut g, v, &mut victims, &mut lost, true);
+                self.evict(&mut g, v, &mut victims, &mut lost, CleanVictim::ToTier);
             }
             self.rearm(&mut g, vpn);
             // The tier before the store: a tier entry is the page's newest version.
@@ -183,14 +187,13 @@ impl MissPath {
         }
     }
 
-    /// Claims a way for (pid, vpn) as [`ExCache::claim`] does (`clean_only`: only one that needs
-    /// no write-back, as [`ExCache::claim_clean`]); a line whose writes the kernel tracks is
-    /// asked about first.
-    pub(super) fn claim_way(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, clean_only: bool) -> Option<cache::Claim> {
+    /// Claims a way for (pid, vpn) as [`ExCache::claim`] or [`ExCache::claim_clean`] does; a
+    /// line whose writes the kernel tracks is asked about first.
+    pub(super) fn claim_way(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, evictable: Evictable) -> Option<cache::Claim> {
         let st = &mut **g;
         let heaps = &st.heaps;
         let used = |l: &mut Line| heaps.get(&l.pid).filter(|t| t.region.tracks_writes()).is_some_and(|t| self.observe(t, l));
-        st.cache.claim_observing(pid, vpn, |l| !clean_only || (!l.dirty && !used(l)), used)
+        st.cache.claim_observing(pid, vpn, |l| evictable == Evictable::Any || (!l.dirty && !used(l)), used)
     }
 
     /// Called under the lock after a claim took a way in `vpn`'s set: queues the set if it is
@@ -258,18 +261,18 @@ impl MissPath {
             }
         };
         if !joint.is_empty() {
-            self.settle(joint, r.as_ref().map(|_| ()).map_err(Clone::clone), true);
+            self.settle(joint, r.as_ref().map(|_| ()).map_err(Clone::clone), Sent::WithFetch);
         }
         r.map(split)
     }
 
-    /// Step 3: installs a line (`None`: zeros) and completes its claim; a line installed
-    /// `writable` is dirty, any other write-protected, and dirty as told. Returns whether the
-    /// line is in the program now.
-    pub(super) fn install(&self, t: &ProcHeap, vpn: u64, slot: usize, data: Option<&[u8]>, writable: bool, dirty: bool) -> bool {
+    /// Step 3: installs a line (`None`: zeros) as `how` says and completes its claim. Returns
+    /// whether the line is in the program now.
+    pub(super) fn install(&self, t: &ProcHeap, vpn: u64, slot: usize, data: Option<&[u8]>, how: InstallAs) -> bool {
+        let wp = !how.writable();
         let r = match data {
-            Some(d) => t.region.copy(vpn, d, !writable),
-            None => t.region.zero(vpn, !writable),
+            Some(d) => t.region.copy(vpn, d, wp),
+            None => t.region.zero(vpn, wp),
         };
         let installed = r.unwrap_or_else(|e| {
             tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot install a line");
@@ -279,7 +282,7 @@ impl MissPath {
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             match installed {
                 // No write traps when the kernel tracks writes.
-                Install::Done | Install::Exists => g.cache.complete(slot, dirty, !writable && !t.region.tracks_writes()),
+                Install::Done | Install::Exists => g.cache.complete(slot, Filled { dirty: how.dirty(), wp: wp && !t.region.tracks_writes() }),
                 Install::Gone => {
                     g.cache.remove(t.pid, vpn);
                 }

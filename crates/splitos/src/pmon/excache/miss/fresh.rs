@@ -7,7 +7,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, MutexGuard};
 
-use super::{tiered, MissPath, ProcHeap, State, Writeback, PAGE, PROT_WRITE};
+use super::{tiered, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, State, Writeback, PAGE, PROT_WRITE};
+use crate::pmon::excache::cache::Filled;
 use crate::pmon::host::huge::{SplitError, EXTENT};
 
 impl MissPath {
@@ -48,12 +49,12 @@ impl MissPath {
             if !fresh(g, v) {
                 break;
             }
-            let Some(c) = self.claim_way(g, t.pid, v, true) else { break };
+            let Some(c) = self.claim_way(g, t.pid, v, Evictable::CleanOnly) else { break };
             self.claimed(g, v);
             if let Some(victim) = c.victim {
                 // A clean victim is dropped here, not offered to the tier: a first touch does
                 // not wait for compression.
-                self.evict(g, victim, victims, lost, false);
+                self.evict(g, victim, victims, lost, CleanVictim::Drop);
             }
             self.rearm(g, v);
             around.push((v, c.slot));
@@ -86,7 +87,7 @@ impl MissPath {
                 return Vec::new();
             };
             if let Some(victim) = c.victim {
-                self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), false);
+                self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), CleanVictim::Drop);
             }
             self.claimed(g, v);
             self.rearm(g, v);
@@ -106,14 +107,14 @@ impl MissPath {
         if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
             tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
             for (v, slot) in fresh {
-                self.install(t, *v, *slot, None, true, true);
+                self.install(t, *v, *slot, None, InstallAs::Writable);
             }
             return;
         }
         let mut g = self.state.lock().unwrap();
         for &(v, slot) in fresh {
             if g.cache.lookup(t.pid, v) == Some(slot) {
-                g.cache.complete(slot, true, false);
+                g.cache.complete(slot, Filled { dirty: true, wp: false });
                 g.cache.line_mut(slot).fresh = true;
             }
         }
@@ -127,9 +128,9 @@ impl MissPath {
     /// Pre-allocates the 2 MiB extent of a first touch at `vpn` as one huge page: the touched
     /// line and `extent` (the others) become resident and dirty (writable, or write-protected
     /// if the region could give only 4 KiB pages), and the touching thread is woken to map it.
-    /// If the region cannot, the touched line is installed alone and the others are given back.
-    /// Returns whether the touched line is in the program.
-    pub(super) fn allocate_extent(&self, t: &ProcHeap, vpn: u64, slot: usize, extent: &[(u64, usize)], writable: bool) -> bool {
+    /// If the region cannot, the touched line is installed alone as `how` says and the others
+    /// are given back. Returns whether the touched line is in the program.
+    pub(super) fn allocate_extent(&self, t: &ProcHeap, vpn: u64, slot: usize, extent: &[(u64, usize)], how: InstallAs) -> bool {
         let huge = match t.region.allocate_huge(vpn - vpn % EXTENT) {
             Ok(huge) => huge,
             Err(e) => {
@@ -142,13 +143,13 @@ impl MissPath {
                     return false;
                 }
                 tracing::debug!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot pre-allocate a huge page; installing the line alone");
-                return self.install(t, vpn, slot, None, writable, writable);
+                return self.install(t, vpn, slot, None, how);
             }
         };
         let mut g = self.state.lock().unwrap();
         for &(v, s) in extent.iter().chain([&(vpn, slot)]) {
             if g.cache.lookup(t.pid, v) == Some(s) {
-                g.cache.complete(s, true, !huge);
+                g.cache.complete(s, Filled { dirty: true, wp: !huge });
                 g.cache.line_mut(s).fresh = v != vpn;
             }
         }

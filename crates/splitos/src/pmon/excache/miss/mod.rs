@@ -132,6 +132,63 @@ enum Source {
     Tier(Entry),
 }
 
+/// Which ways a claim may take ([`MissPath::claim_way`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Evictable {
+    /// A free way or any victim the policy picks.
+    Any,
+    /// A free way or a victim that needs no write-back (as [`ExCache::claim_clean`]).
+    CleanOnly,
+}
+
+/// What an eviction does with a clean victim the store holds ([`MissPath::evict`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CleanVictim {
+    /// Offers it to the compressed tier, when the tier is on.
+    ToTier,
+    /// Drops it.
+    Drop,
+}
+
+/// How a line goes into the program ([`MissPath::install`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum InstallAs {
+    /// Writable, and so dirty from the start: no write to it can go unseen.
+    Writable,
+    /// Write-protected and clean: its first write traps and makes it dirty.
+    Clean,
+    /// Write-protected but dirty already (a dirty tier entry: the line is its only copy).
+    ProtectedDirty,
+}
+
+impl InstallAs {
+    fn writable(self) -> bool {
+        self == InstallAs::Writable
+    }
+
+    fn dirty(self) -> bool {
+        self != InstallAs::Clean
+    }
+}
+
+/// How write-backs travelled ([`MissPath::settle`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Alone,
+    /// In the fetch's round trip (LegoOS piggyback).
+    WithFetch,
+}
+
+/// What a range dropped from the cache leaves of its pages on the store
+/// ([`MissPath::drop_locked`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    /// They are still there (mremap moved them).
+    Keep,
+    /// They are gone (munmap, MADV_DONTNEED): a miss on one is a p-local line again.
+    Forget,
+}
+
 struct Claim {
     slot: usize,
     /// Lines evicted for this miss and its read-ahead: dirty ones to be written back with it,
@@ -200,8 +257,24 @@ pub struct MissPath {
     evictor_cv: Condvar,
 }
 
+/// What a [`MissPath`] is built from ([`MissPath::with_tier`] and [`MissPath::with_evictor`]
+/// add the optional parts).
+pub struct MissPathParts {
+    pub cache: ExCache,
+    pub store: Arc<dyn PageStore>,
+    pub prefetcher: Box<dyn Prefetcher>,
+    /// Dirty victims ride with the fetch when both go to the same place (LegoOS piggyback).
+    pub piggyback: bool,
+    /// Fresh lines installed with a first touch (0: none).
+    pub fault_around: usize,
+    /// Fresh lines pre-allocated past those (0: none).
+    pub prealloc: usize,
+    pub on_fail: FailHook,
+}
+
 impl MissPath {
-    pub fn new(cache: ExCache, store: Arc<dyn PageStore>, piggyback: bool, prefetcher: Box<dyn Prefetcher>, fault_around: usize, prealloc: usize, on_fail: FailHook) -> MissPath {
+    pub fn new(parts: MissPathParts) -> MissPath {
+        let MissPathParts { cache, store, prefetcher, piggyback, fault_around, prealloc, on_fail } = parts;
         let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), heaps: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None };
         MissPath {
             store,

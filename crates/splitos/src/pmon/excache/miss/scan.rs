@@ -71,10 +71,10 @@ impl MissPath {
 
     /// [`MissPath::evict`] of a line whose writes the kernel tracks: takes it from the program,
     /// then writes it back if it was dirty or written since its last protection; a clean one is
-    /// dropped (or, with `keep_clean`, offered to the compressed tier as in fault mode). If it
+    /// dropped (or, as `clean` says, offered to the compressed tier as in fault mode). If it
     /// cannot be taken its writes may be lost, so its process is stopped here, under the lock.
-    pub(super) fn evict_taken(&self, g: &mut MutexGuard<'_, State>, vt: &Arc<ProcHeap>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, keep_clean: bool) {
-        let for_tier = keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
+    pub(super) fn evict_taken(&self, g: &mut MutexGuard<'_, State>, vt: &Arc<ProcHeap>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, clean: CleanVictim) {
+        let for_tier = clean == CleanVictim::ToTier && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         let keep = match (v.dirty, for_tier) {
             (true, _) => Keep::Dirty,
             (false, true) => Keep::All,
@@ -140,7 +140,7 @@ impl MissPath {
         if failure.is_some() {
             t.alive.store(false, Relaxed);
         }
-        self.drop_locked(g, t, first, end, false);
+        self.drop_locked(g, t, first, end, Stored::Keep);
         self.flush_apart(victims);
         if let Some(why) = failure {
             self.fail(t, &why);

@@ -192,8 +192,14 @@ fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: 
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), fault_around, prealloc, hook));
+    let prefetcher = crate::pmon::prefetcher("sequential", prefetch).unwrap();
+    let mp = Arc::new(MissPath::new(MissPathParts { prefetcher, piggyback, fault_around, prealloc, ..parts(ExCache::new(lines, ways, policy), store.clone(), hook) }));
     Rig { mp, store, failed }
+}
+
+/// A miss path's parts with piggyback on, no read-ahead and no fresh lines.
+fn parts(cache: ExCache, store: Arc<MemStore>, on_fail: FailHook) -> MissPathParts {
+    MissPathParts { cache, store, prefetcher: crate::pmon::prefetcher("sequential", 0).unwrap(), piggyback: true, fault_around: 0, prealloc: 0, on_fail }
 }
 
 /// A process as the test drives it.
@@ -528,7 +534,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook));
+    let mp = Arc::new(MissPath::new(parts(ExCache::new(1, 1, Box::new(Fifo)), store, hook)));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
@@ -629,7 +635,7 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
 #[test]
 fn staged_samples_evicted_untouched_are_waste() {
     let store = MemStore::new(1);
-    let mp = MissPath::new(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 0, 0, Box::new(|_, _| {}));
+    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher("nextline", 8).unwrap(), ..parts(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {})) });
     let r = Rig { mp: Arc::new(mp), store, failed: Arc::default() };
     let p = r.prog(1);
     for v in 0..256 {
@@ -718,7 +724,7 @@ fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
+    let mp = MissPath::new(parts(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), hook));
     let mp = Arc::new(mp.with_tier(Box::new(OldestFirst::new(tier_bytes)), Box::new(Lz4)));
     Rig { mp, store, failed }
 }
@@ -973,7 +979,7 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
 fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     let store = MemStore::new(1);
     let hook: FailHook = Box::new(|_, _| {});
-    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 8, 0, hook);
+    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher("nextline", 8).unwrap(), fault_around: 8, ..parts(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), hook) });
     let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));

@@ -8,7 +8,7 @@ use std::sync::{Arc, MutexGuard};
 
 use splitos_rpc::Refusal;
 
-use super::{capture, unstage, Held, MissPath, ProcHeap, State, Writeback, FLUSH_BATCH, PAGE};
+use super::{capture, unstage, Held, MissPath, ProcHeap, Sent, State, Stored, Writeback, FLUSH_BATCH, PAGE};
 use crate::pmon::excache::cache::LineState;
 use crate::pmon::excache::store::Place;
 
@@ -21,7 +21,7 @@ impl MissPath {
         for wb in victims {
             match self.store.place(wb.heap.pid, wb.vpn) {
                 Ok(p) => groups.entry((wb.heap.pid, p)).or_default().push(wb),
-                Err(e) => self.settle(vec![wb], Err(e), false),
+                Err(e) => self.settle(vec![wb], Err(e), Sent::Alone),
             }
         }
         let mut messages = Vec::new();
@@ -33,7 +33,7 @@ impl MissPath {
                     _ => self.store.flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
                 };
                 messages.push(batch[0].heap.clone());
-                self.settle(batch, r, false);
+                self.settle(batch, r, Sent::Alone);
             }
         }
         messages
@@ -41,7 +41,7 @@ impl MissPath {
 
     /// Ends write-backs that were sent together, with their one result. This is the one
     /// failure rule of every write-back (see the module documentation).
-    pub(super) fn settle(&self, wbs: Vec<Writeback>, r: Result<(), Refusal>, piggybacked: bool) {
+    pub(super) fn settle(&self, wbs: Vec<Writeback>, r: Result<(), Refusal>, sent: Sent) {
         let mut lost = Vec::new();
         let mut g = self.state.lock().unwrap();
         for wb in &wbs {
@@ -86,7 +86,7 @@ impl MissPath {
                     self.bump(&wb.heap, |s| {
                         s.flushes.fetch_add(1, Relaxed);
                         s.bytes_flushed.fetch_add(PAGE, Relaxed);
-                        if piggybacked {
+                        if sent == Sent::WithFetch {
                             s.piggybacked.fetch_add(1, Relaxed);
                         }
                         if matches!(wb.held, Held::PushedOut | Held::Tier) {
@@ -154,7 +154,7 @@ impl MissPath {
             match self.unpack(t, vpn, &packed) {
                 Ok(data) => wbs.push(Writeback { heap: t.clone(), vpn, data, held: Held::Tier }),
                 Err(e) => {
-                    self.settle(vec![Writeback { heap: t.clone(), vpn, data: Vec::new(), held: Held::Tier }], Err(e.clone()), false);
+                    self.settle(vec![Writeback { heap: t.clone(), vpn, data: Vec::new(), held: Held::Tier }], Err(e.clone()), Sent::Alone);
                     result = result.and(Err(e));
                 }
             }
@@ -164,7 +164,7 @@ impl MissPath {
             match self.store.place(t.pid, wb.vpn) {
                 Ok(p) => by_place.entry(p).or_default().push(wb),
                 Err(e) => {
-                    self.settle(vec![wb], Err(e.clone()), false);
+                    self.settle(vec![wb], Err(e.clone()), Sent::Alone);
                     result = result.and(Err(e));
                 }
             }
@@ -177,7 +177,7 @@ impl MissPath {
                 if let Err(e) = &r {
                     result = result.and(Err(e.clone()));
                 }
-                self.settle(batch, r, false);
+                self.settle(batch, r, Sent::Alone);
             }
         }
         result
@@ -199,7 +199,7 @@ impl MissPath {
             if t.region.tracks_writes() {
                 return self.drop_taken(g, t, first, end);
             }
-            self.drop_locked(g, t, first, end, false);
+            self.drop_locked(g, t, first, end, Stored::Keep);
             return Ok(());
         }
     }
@@ -209,10 +209,12 @@ impl MissPath {
     /// some of them did: only then do their owners hold anything of the range.
     pub fn discard_range(&self, t: &ProcHeap, first: u64, end: u64) -> bool {
         let g = self.wait_range_settled(t.pid, first, end);
-        self.drop_locked(g, t, first, end, true)
+        self.drop_locked(g, t, first, end, Stored::Forget)
     }
 
-    pub(super) fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &ProcHeap, first: u64, end: u64, forget: bool) -> bool {
+    /// Drops [first, end) from the cache, the tier and the program under the lock `g` holds.
+    /// With [`Stored::Forget`], returns whether some of the pages existed on the store.
+    pub(super) fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &ProcHeap, first: u64, end: u64, on_store: Stored) -> bool {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
         }
@@ -224,7 +226,7 @@ impl MissPath {
         // Stopped under the lock: no thread of it may be woken onto a lost page.
         let lost = self.punch(t, first, end - first).inspect_err(|_| t.alive.store(false, Relaxed)).err();
         let mut stored = false;
-        if forget {
+        if on_store == Stored::Forget {
             if let Some(m) = g.materialized.get_mut(&t.pid) {
                 let gone: Vec<u64> = m.range(first..end).copied().collect();
                 stored = !gone.is_empty();
