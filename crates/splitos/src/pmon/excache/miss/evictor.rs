@@ -4,7 +4,7 @@
 //!
 //! The reserve is per set, because a miss can only take a way of its own line's set: every
 //! claim that leaves its set with fewer than `reserve` spare ways (free, or being freed here)
-//! queues that set. The evictor sleeps until enough sets are queued to work in batches (the
+//! queues that set ([`MissPath::claimed`], on the miss path). The evictor sleeps until enough sets are queued to work in batches (the
 //! low watermark), then brings each queued set back to `reserve` spare ways (the high
 //! watermark) with the policy's victims, and sleeps again.
 //!
