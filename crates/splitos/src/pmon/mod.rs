@@ -307,7 +307,7 @@ fn thread_count(os_pid: i32) -> u32 {
 }
 
 /// The pComponent's dispatch table (its programs' requests arrive on their own sockets, see
-/// [`shim`]).
+/// [`host::shim`]).
 impl Handler for Pcomp {
     fn handle(&self, msg: Msg) -> Msg {
         match msg {

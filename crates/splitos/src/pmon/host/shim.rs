@@ -1,7 +1,7 @@
 //! The pComponent's side of the shim protocol (splitos_shim_abi): welcome, hello, then one
 //! request at a time per program. A closed connection is the process's exit (or exec). The
 //! socket is open to every user of the host; what a connection may do follows from its
-//! peer's credentials and the admin's grants ([`super::grants`]).
+//! peer's credentials and the admin's grants ([`crate::pmon::fs::grants`]).
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -187,8 +187,8 @@ impl MissPath {
         }
     }
 
-    /// Claims a way for (pid, vpn) as [`ExCache::claim`] or [`ExCache::claim_clean`] does; a
-    /// line whose writes the kernel tracks is asked about first.
+    /// Claims a way for (pid, vpn) as [`cache::ExCache::claim`] or [`cache::ExCache::claim_clean`]
+    /// does; a line whose writes the kernel tracks is asked about first.
     pub(super) fn claim_way(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, evictable: Evictable) -> Option<cache::Claim> {
         let st = &mut **g;
         let heaps = &st.heaps;

@@ -251,7 +251,7 @@ pub struct MissPath {
     on_fail: FailHook,
     /// The compressed tier's codec, when the tier is on (used without the lock).
     codec: Option<Box<dyn Codec>>,
-    /// Lines read ahead so far: every [`SAMPLE`]th is staged.
+    /// Lines read ahead so far: every [`SAMPLE`](super::prefetch::SAMPLE)th is staged.
     prefetch_count: AtomicU64,
     /// Where the background evictor sleeps.
     evictor_cv: Condvar,
