@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use common::*;
 use splitos::node::Node;
-use splitos::pmon::{PageStore, RemoteStore, Space};
+use splitos::pmon::{PageStore, ProcMemory, RemoteStore};
 use splitos_rpc::*;
 
 const BASE: u64 = 0x2000_0000_0000;
@@ -34,7 +34,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let first = mapped.addr / PAGE_SIZE as u64;
 
     let store = RemoteStore::new(node.clone());
-    let space = Arc::new(Space::new(who.clone(), home.clone(), created.backup));
+    let space = Arc::new(ProcMemory::new(who.clone(), home.clone(), created.backup));
     space.learn(&mapped.owners, mapped.epoch, mapped.backup.clone());
     store.attach(who.pid, space);
     let owner = mapped.owners[0].owners[0].clone();

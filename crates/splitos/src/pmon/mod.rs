@@ -26,11 +26,11 @@ use splitos_rpc::*;
 
 pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use excache::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
-pub use excache::{Access, FailHook, MissPath, Tenant};
+pub use excache::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
 pub use excache::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{Install, Region, UffdRegion};
-pub use excache::{Page, PageStore, Place, RemoteStore, Space};
+pub use excache::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use fs::{mounts_under, unmount, Grants};
 pub use host::{FaultCpu, HugePages, FAULT_CPUS, HUGE_PAGES};
 pub use net::{NetPath, NET_PATHS};
@@ -82,7 +82,8 @@ pub struct PcompConfig {
     pub max_programs: usize,
 }
 
-/// A process running on this pComponent.
+/// A process running on this pComponent: its hosting (connection, credentials, fault
+/// workers), with its two other facets, `memory` and `heap`.
 pub struct Proc {
     pub pid: u64,
     pub os_pid: i32,
@@ -93,9 +94,9 @@ pub struct Proc {
     /// Its connection, to end it when the process says hello again.
     conn: std::os::unix::net::UnixStream,
     /// Who it is and where its memory lives (shared with the page store).
-    pub space: Arc<Space>,
+    pub memory: Arc<ProcMemory>,
     /// Its heap as the miss path sees it.
-    pub tenant: Arc<Tenant>,
+    pub heap: Arc<ProcHeap>,
     /// The userfaultfd its fault workers read (the region holds it too).
     uffd: Arc<OwnedFd>,
     /// Written when the process ends, so that its fault workers stop.
@@ -103,12 +104,12 @@ pub struct Proc {
     /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
     reuse: Mutex<host::reuse::HeapReuse>,
     /// Its heap region's addresses.
-    heap: std::ops::Range<u64>,
+    heap_range: std::ops::Range<u64>,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.
 struct PendingChild {
-    space: Arc<Space>,
+    memory: Arc<ProcMemory>,
     run: Arc<RunStats>,
     vmas: Vec<VmaInfo>,
     materialized: BTreeSet<u64>,
@@ -219,7 +220,7 @@ impl Pcomp {
                 "runs": self.runs.lock().unwrap().len(),
                 // Programs of users other than root, against `max_programs`.
                 "users_programs": self.programs.lock().unwrap().held(),
-                "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.space.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
+                "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.memory.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
             })
         })
@@ -258,7 +259,7 @@ fn thread_count(os_pid: i32) -> u32 {
 }
 
 /// The pComponent's dispatch table (its programs' requests arrive on their own sockets, see
-/// [`shim`]).
+/// [`host::shim`]).
 impl Handler for Pcomp {
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
@@ -368,7 +369,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let mut miss = MissPath::new(cache, store.clone(), args.cfg.piggyback, prefetch, args.cfg.fault_around, args.cfg.prealloc, hook);
+        let parts = MissPathParts { cache, store: store.clone(), prefetcher: prefetch, piggyback: args.cfg.piggyback, fault_around: args.cfg.fault_around, prealloc: args.cfg.prealloc, on_fail: hook };
+        let mut miss = MissPath::new(parts);
         if args.cfg.compressed_tier_bytes > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
         }

@@ -1,6 +1,6 @@
 //! The ExCache: a set-associative, virtually indexed cache of 4 KB lines of remote memory,
 //! owned by the pComponent and shared by all of its processes. This is its bookkeeping; the
-//! miss path moves the data (miss.rs). A line is tagged by (process, virtual page).
+//! miss path moves the data (miss/). A line is tagged by (process, virtual page).
 //!
 //! Eviction policy is a swappable component ([`EvictionPolicy`]): FIFO evicts in fill order;
 //! CLOCK approximates LRU with a reference bit and a hand per set.
@@ -42,6 +42,14 @@ pub struct Line {
     /// Filled by a read miss of a process whose writes the kernel tracks: fault tracking
     /// installs such a line writable and dirty whenever the process predicts writes.
     pub read_fill: bool,
+}
+
+/// What a line is once its fill completes ([`ExCache::complete`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Filled {
+    pub dirty: bool,
+    /// Mapped write-protected.
+    pub wp: bool,
 }
 
 pub trait EvictionPolicy: Send {
@@ -259,7 +267,7 @@ impl ExCache {
         out
     }
 
-    pub fn complete(&mut self, slot: usize, dirty: bool, wp: bool) {
+    pub fn complete(&mut self, slot: usize, Filled { dirty, wp }: Filled) {
         let l = self.line_mut(slot);
         l.state = LineState::Ready;
         l.dirty = dirty;
@@ -332,7 +340,7 @@ mod tests {
 
     fn fill(c: &mut ExCache, pid: u64, vpn: u64, dirty: bool) -> Option<Line> {
         let cl = c.claim(pid, vpn).expect("a way");
-        c.complete(cl.slot, dirty, !dirty);
+        c.complete(cl.slot, Filled { dirty, wp: !dirty });
         cl.victim
     }
 

@@ -12,8 +12,8 @@ pub(super) mod tier;
 
 pub use cache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
 pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
-pub use miss::{Access, FailHook, MissPath, Tenant};
+pub use miss::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
 pub use region::{Install, Region, UffdRegion};
-pub use store::{Page, PageStore, Place, RemoteStore, Space};
+pub use store::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use tier::{Codec, Entry, Lz4, OldestFirst, VictimTier};

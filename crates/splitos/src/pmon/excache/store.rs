@@ -35,11 +35,11 @@ pub type Place = u32;
 type Riding = (Who, u64, ByteBuf);
 
 /// A victim's write-back to a further member of its set, with the victim's process.
-type VictimWrite = (Arc<Space>, Write);
+type VictimWrite = (Arc<ProcMemory>, Write);
 
 /// Where one of several calls under way at once goes: the member, the size of its set, and
 /// the process and first page of the pages it writes (none for the fetch itself).
-type Target = (ComponentRef, usize, Option<(Arc<Space>, u64)>);
+type Target = (ComponentRef, usize, Option<(Arc<ProcMemory>, u64)>);
 
 /// Attempts of one page operation while replica sets change under it (waits for a late
 /// member not counted).
@@ -73,9 +73,11 @@ struct View {
     vregions: HashMap<u64, VregionReplicas>,
 }
 
-/// A process's address space as the page store needs it: who it is, its home (and backup
-/// home), and the replica sets of its vRegions learnt so far.
-pub struct Space {
+/// A process's memory as the page store needs it: who the process is, its home (and backup
+/// home), and the replica sets of its vRegions learnt so far. One of a process's three
+/// facets: `Proc` (pmon/mod.rs) is its hosting, `ProcHeap` (excache/miss/) its heap as the miss
+/// path serves it.
+pub struct ProcMemory {
     pub who: Who,
     homes: Mutex<Homes>,
     view: Mutex<View>,
@@ -111,9 +113,9 @@ fn waited_for(node: &Node, o: &ComponentRef, e: &RpcError) -> bool {
     true
 }
 
-impl Space {
-    pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> Space {
-        Space { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()) }
+impl ProcMemory {
+    pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> ProcMemory {
+        ProcMemory { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()) }
     }
 
     pub fn home(&self) -> ComponentRef {
@@ -181,7 +183,7 @@ impl Space {
 pub struct RemoteStore {
     node: Arc<Node>,
     vregion_size: AtomicU64,
-    spaces: Mutex<HashMap<u64, Arc<Space>>>,
+    procs: Mutex<HashMap<u64, Arc<ProcMemory>>>,
 }
 
 fn page(vpn: u64) -> u64 {
@@ -223,34 +225,34 @@ fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Ref
 
 impl RemoteStore {
     pub fn new(node: Arc<Node>) -> RemoteStore {
-        RemoteStore { node, vregion_size: AtomicU64::new(1 << 30), spaces: Mutex::new(HashMap::new()) }
+        RemoteStore { node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()) }
     }
 
     pub fn set_vregion_size(&self, v: u64) {
         self.vregion_size.store(v, Relaxed);
     }
 
-    pub fn attach(&self, pid: u64, space: Arc<Space>) {
-        self.spaces.lock().unwrap().insert(pid, space);
+    pub fn attach(&self, pid: u64, memory: Arc<ProcMemory>) {
+        self.procs.lock().unwrap().insert(pid, memory);
     }
 
     pub fn detach(&self, pid: u64) {
-        self.spaces.lock().unwrap().remove(&pid);
+        self.procs.lock().unwrap().remove(&pid);
     }
 
-    fn space(&self, pid: u64) -> Result<Arc<Space>, Refusal> {
-        self.spaces.lock().unwrap().get(&pid).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
+    fn memory_of(&self, pid: u64) -> Result<Arc<ProcMemory>, Refusal> {
+        self.procs.lock().unwrap().get(&pid).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
     }
 
     /// Asks the home for the process's replica sets (for a failure at page `vpn`).
-    fn refresh(&self, s: &Space, vpn: u64) -> Result<(), Refusal> {
+    fn refresh(&self, s: &ProcMemory, vpn: u64) -> Result<(), Refusal> {
         let r = s.call_home(&self.node, P2M_VREGIONS { who: s.who.clone() }).map_err(|e| failed(&s.home(), "find the replicas of", vpn, e))?;
         s.learn(&r.owners, r.epoch, r.backup);
         Ok(())
     }
 
     /// The replica set of the vRegion holding `vpn`, from the cached view or the home.
-    fn set_of(&self, s: &Space, vpn: u64) -> Result<VregionReplicas, Refusal> {
+    fn set_of(&self, s: &ProcMemory, vpn: u64) -> Result<VregionReplicas, Refusal> {
         let idx = page(vpn) / self.vregion_size.load(Relaxed);
         let cached = s.view.lock().unwrap().vregions.get(&idx).cloned();
         let set = match cached {
@@ -271,7 +273,7 @@ impl RemoteStore {
     /// sets (the owner has seen a newer one: the home has it); a replica that cannot be
     /// reached, or no longer holds the process (it was fenced), while others hold the page is
     /// reported to the home, which takes it out of the sets once it finds the same.
-    fn after(&self, s: &Space, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
+    fn after(&self, s: &ProcMemory, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
         if e.code() == ErrCode::ParityLost {
             // The holder stored the page but could not reach its set's parity member: that
             // member is the one to report.
@@ -345,7 +347,7 @@ impl RemoteStore {
     /// Page `vpn` of a striped or logged set whose holder sent a copy failing its checksum,
     /// rebuilt by the home from the parity or the backup (which also writes it over the bad
     /// copy).
-    fn reconstruct(&self, s: &Space, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
+    fn reconstruct(&self, s: &ProcMemory, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
         let r = s
             .call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn })
             .map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
@@ -373,7 +375,7 @@ impl RemoteStore {
     }
 
     /// Sends `pages` of one process to every replica that holds them.
-    fn write_all(&self, s: &Space, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
+    fn write_all(&self, s: &ProcMemory, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         let mut tries = 0;
         'again: while tries < TRIES {
@@ -407,7 +409,7 @@ impl RemoteStore {
 
     /// One page from the first replica that has a good copy (from its holder in a striped
     /// set, or rebuilt by the home from the parity when the holder's copy is bad).
-    fn fetch_one(&self, s: &Space, vpn: u64) -> Result<Page, Refusal> {
+    fn fetch_one(&self, s: &ProcMemory, vpn: u64) -> Result<Page, Refusal> {
         let mut tries = 0;
         'again: while tries < TRIES {
             tries += 1;
@@ -450,7 +452,7 @@ impl RemoteStore {
 
     /// The pages of a batched fetch from `o`, one per page asked for; a page failing its
     /// checksum is fetched again from the other replicas.
-    fn pages_of(&self, s: &Space, o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
+    fn pages_of(&self, s: &ProcMemory, o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
         if r.pages.len() != vpns.len() {
             return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} pages for {}", o.id, o.addr, r.pages.len(), vpns.len())));
         }
@@ -470,9 +472,9 @@ impl RemoteStore {
     fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<Riding>, Vec<VictimWrite>), Refusal> {
         let mut along = Vec::new();
         let mut others: Vec<Write> = Vec::new();
-        let mut spaces: Vec<Arc<Space>> = Vec::new();
+        let mut memories: Vec<Arc<ProcMemory>> = Vec::new();
         for (fpid, fvpn, data) in flushes {
-            let Ok(fs) = self.space(*fpid) else { continue };
+            let Ok(fs) = self.memory_of(*fpid) else { continue };
             let set = self.set_of(&fs, *fvpn)?;
             let who = fs.who_now();
             let sealed = seal_page(data);
@@ -481,11 +483,11 @@ impl RemoteStore {
                 along.push((who.clone(), *fvpn, sealed.clone()));
             }
             Write::add(&mut others, &set, &who, *fvpn, sealed, rides.then_some(primary.id));
-            if !spaces.iter().any(|x| x.who.pid == *fpid) {
-                spaces.push(fs);
+            if !memories.iter().any(|x| x.who.pid == *fpid) {
+                memories.push(fs);
             }
         }
-        let others = others.into_iter().map(|w| (spaces.iter().find(|x| x.who.pid == w.who.pid).expect("added above").clone(), w)).collect();
+        let others = others.into_iter().map(|w| (memories.iter().find(|x| x.who.pid == w.who.pid).expect("added above").clone(), w)).collect();
         Ok((along, others))
     }
 }
@@ -531,15 +533,15 @@ fn stored(o: &ComponentRef, r: Result<Msg, RpcError>) -> Result<(), RpcError> {
 
 impl PageStore for RemoteStore {
     fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal> {
-        Ok(self.set_of(&*self.space(pid)?, vpn)?.holder(vpn).id)
+        Ok(self.set_of(&*self.memory_of(pid)?, vpn)?.holder(vpn).id)
     }
 
     fn fetch(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
-        self.fetch_one(&*self.space(pid)?, vpn)
+        self.fetch_one(&*self.memory_of(pid)?, vpn)
     }
 
     fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
-        self.write_all(&*self.space(pid)?, &[(vpn, data)])
+        self.write_all(&*self.memory_of(pid)?, &[(vpn, data)])
     }
 
     fn flush_fetch(&self, (fpid, fvpn, data): (u64, u64, &[u8]), (pid, vpn): (u64, u64)) -> Result<Page, Refusal> {
@@ -553,7 +555,7 @@ impl PageStore for RemoteStore {
 
     fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
         let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
-        let s = self.space(pid)?;
+        let s = self.memory_of(pid)?;
         let mut tries = 0;
         'again: while tries < TRIES {
             tries += 1;
@@ -598,7 +600,7 @@ impl PageStore for RemoteStore {
                     // A victim riding along found the owner full (its vRegion moves), or its
                     // change could not reach its set's parity member (which is reported).
                     for (fwho, fvpn, _) in &along {
-                        let Ok(fs) = self.space(fwho.pid) else { continue };
+                        let Ok(fs) = self.memory_of(fwho.pid) else { continue };
                         if let Next::Fail(r) = self.after(&fs, o, members, "write back", *fvpn, e.clone()) {
                             return Err(r);
                         }
@@ -610,7 +612,7 @@ impl PageStore for RemoteStore {
                     // request learns its sets again.
                     tracing::debug!(error = %e, "a write-back riding with a fetch was refused as stale");
                     for (fpid, fvpn, _) in flushes {
-                        if let Ok(fs) = self.space(*fpid) {
+                        if let Ok(fs) = self.memory_of(*fpid) {
                             self.refresh(&fs, *fvpn)?;
                         }
                     }
@@ -632,6 +634,6 @@ impl PageStore for RemoteStore {
     }
 
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
-        self.write_all(&*self.space(pid)?, pages)
+        self.write_all(&*self.memory_of(pid)?, pages)
     }
 }

@@ -8,7 +8,7 @@
 //! pages the ExCache does not. An entry is `dirty` when the store does not hold its contents
 //! (it owes a write-back when it leaves the tier), clean when the store does.
 //!
-//! The miss path (miss.rs) keeps the entries' correctness rules; this file holds the two
+//! The miss path (miss/) keeps the entries' correctness rules; this file holds the two
 //! parts a researcher swaps: how a page is compressed ([`Codec`]) and which entries the tier
 //! keeps ([`VictimTier`]; [`OldestFirst`] pushes out the entry that left the ExCache first).
 use std::collections::BTreeMap;

@@ -19,7 +19,7 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
     let wait = match FaultWait::new(&proc_.uffd, &proc_.stop) {
         Ok(w) => w,
         Err(e) => {
-            p.miss.fail(&proc_.tenant, &format!("cannot wait for page faults: {e}"));
+            p.miss.fail(&proc_.heap, &format!("cannot wait for page faults: {e}"));
             return;
         }
     };
@@ -28,9 +28,9 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
     // Beside the faulting thread a worker sleeps at once: polling would hold that CPU from the
     // program's other threads and from the components serving the miss.
     let sleeping = Poller::new(Duration::ZERO, p.cfg.fault_polling);
-    let stats = [&*proc_.tenant.stats, &**p.miss.total()];
+    let stats = [&*proc_.heap.stats, &**p.miss.total()];
     let mut faults = Vec::with_capacity(16);
-    while proc_.tenant.alive() {
+    while proc_.heap.alive() {
         faults.clear();
         let poller = if follower.as_ref().is_some_and(Follower::beside) { &sleeping } else { &polling };
         if wait.next(&proc_.uffd, poller, 1000, &mut faults).is_none() {
@@ -40,9 +40,9 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
         for f in &faults {
             // A program may register other ranges of its own with its userfaultfd: their
             // faults are none of the heap's, and must not reach the shared ExCache.
-            if !proc_.heap.contains(&f.addr) {
+            if !proc_.heap_range.contains(&f.addr) {
                 metrics::counter!("pcomp_fault_events_refused_total").increment(1);
-                p.miss.fail(&proc_.tenant, &format!("a page fault at {:#x}, outside its heap region {:#x}..{:#x}, was refused", f.addr, proc_.heap.start, proc_.heap.end));
+                p.miss.fail(&proc_.heap, &format!("a page fault at {:#x}, outside its heap region {:#x}..{:#x}, was refused", f.addr, proc_.heap_range.start, proc_.heap_range.end));
                 break;
             }
             if let Some(fo) = &mut follower {
@@ -55,7 +55,7 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
             } else {
                 Access::Read
             };
-            p.miss.fault(&proc_.tenant, f.addr / PAGE, access, t0);
+            p.miss.fault(&proc_.heap, f.addr / PAGE, access, t0);
         }
         // Moving after the faults at hand were served keeps the move off their wait.
         if follower.as_mut().is_some_and(|fo| fo.settle()) {

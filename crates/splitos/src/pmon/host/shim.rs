@@ -1,7 +1,7 @@
 //! The pComponent's side of the shim protocol (splitos_shim_abi): welcome, hello, then one
 //! request at a time per program. A closed connection is the process's exit (or exec). The
 //! socket is open to every user of the host; what a connection may do follows from its
-//! peer's credentials and the admin's grants ([`super::grants`]).
+//! peer's credentials and the admin's grants ([`crate::pmon::fs::grants`]).
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -22,9 +22,9 @@ use super::huge::HugeHeap;
 use super::reuse::HeapReuse;
 use super::uffd::PAGE;
 use crate::pmon::excache::dirty::{DirtyTracking, Tracker};
-use crate::pmon::excache::miss::Tenant;
+use crate::pmon::excache::miss::ProcHeap;
 use crate::pmon::excache::region::UffdRegion;
-use crate::pmon::excache::store::Space;
+use crate::pmon::excache::store::ProcMemory;
 use crate::pmon::fs::grants::PeerCred;
 use crate::pmon::{Pcomp, PendingChild, Proc};
 
@@ -303,7 +303,7 @@ impl Pcomp {
             };
             if matches!(Op::from_u32(req.op), Some(Op::Mmap | Op::Munmap | Op::Mprotect | Op::Dontneed | Op::Mremap)) {
                 let ns = t0.elapsed().as_nanos() as u64;
-                for s in [&proc_.tenant.stats, self.miss.total()] {
+                for s in [&proc_.heap.stats, self.miss.total()] {
                     s.heap_calls.fetch_add(1, Relaxed);
                     s.heap_call_ns.fetch_add(ns, Relaxed);
                 }
@@ -387,7 +387,7 @@ impl Pcomp {
             let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone() })?;
             let who = Who::new(vnode, pid);
             let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
-            (pid, PendingChild { space: Arc::new(Space::new(who, home, created.backup)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
+            (pid, PendingChild { memory: Arc::new(ProcMemory::new(who, home, created.backup)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -399,13 +399,13 @@ impl Pcomp {
         let uffd = Arc::new(uffd_fd);
         let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
         let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker };
-        let tenant = Tenant::new(pid, Box::new(region), child.run);
+        let heap = ProcHeap::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
-        let heap = h.region_base..h.region_base.saturating_add(h.region_size);
-        let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd: peer.pidfd.clone(), conn, space: child.space, tenant, uffd, stop, reuse, heap });
-        p.tenant.stats.processes.fetch_add(1, Relaxed);
+        let heap_range = h.region_base..h.region_base.saturating_add(h.region_size);
+        let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd: peer.pidfd.clone(), conn, memory: child.memory, heap, uffd, stop, reuse, heap_range });
+        p.heap.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
-        self.store.attach(pid, p.space.clone());
+        self.store.attach(pid, p.memory.clone());
         let earlier: Vec<Arc<Proc>> = {
             let mut procs = self.procs.lock().unwrap();
             procs.insert(pid, p.clone());
@@ -419,11 +419,11 @@ impl Pcomp {
         for o in earlier {
             let _ = o.conn.shutdown(std::net::Shutdown::Both);
         }
-        self.miss.add(p.tenant.clone(), child.materialized);
+        self.miss.add(p.heap.clone(), child.materialized);
         for v in &child.vmas {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
-        tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.space.who.vnode, home = p.space.home().id, forked = h.fork_token != 0, "process started");
+        tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.memory.who.vnode, home = p.memory.home().id, forked = h.fork_token != 0, "process started");
         Ok((p, child.vmas))
     }
 
@@ -441,7 +441,7 @@ impl Pcomp {
         };
         for (pid, c) in stale {
             tracing::warn!(pid, parent = c.parent, "a forked child never said hello; its copy is dropped");
-            let _ = c.space.call_home(&self.node, P2M_EXIT { who: c.space.who.clone() });
+            let _ = c.memory.call_home(&self.node, P2M_EXIT { who: c.memory.who.clone() });
         }
     }
 
@@ -450,9 +450,9 @@ impl Pcomp {
         // SAFETY: writes the 8 bytes of `one` to the process's own eventfd.
         unsafe { libc::write(p.stop.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
         self.procs.lock().unwrap().remove(&p.pid);
-        self.miss.remove(&p.tenant);
+        self.miss.remove(&p.heap);
         self.store.detach(p.pid);
-        if let Err(e) = p.space.call_home(&self.node, P2M_EXIT { who: p.space.who.clone() }) {
+        if let Err(e) = p.memory.call_home(&self.node, P2M_EXIT { who: p.memory.who.clone() }) {
             tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
         }
         tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
@@ -461,7 +461,7 @@ impl Pcomp {
     /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
     /// program sees.
     fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
-        p.space.call_home(&self.node, req).map_err(|e| {
+        p.memory.call_home(&self.node, req).map_err(|e| {
             let e = Refusal::from(e);
             if e.code != ErrCode::NoMemory {
                 tracing::warn!(pid = p.pid, error = %e, "home mComponent refused a memory call");
@@ -471,7 +471,7 @@ impl Pcomp {
     }
 
     fn count_local(&self, p: &Proc) {
-        for s in [&p.tenant.stats, self.miss.total()] {
+        for s in [&p.heap.stats, self.miss.total()] {
             s.heap_calls_local.fetch_add(1, Relaxed);
         }
     }
@@ -481,7 +481,7 @@ impl Pcomp {
     fn release_kept(&self, p: &Proc, start: u64, end: u64) -> Result<(), i64> {
         let mut kept = p.reuse.lock().unwrap();
         while let Some((s, len, prot)) = kept.take_overlapping(start, end) {
-            if let Err(e) = self.home_call(p, P2M_MUNMAP { who: p.space.who.clone(), addr: s, len }) {
+            if let Err(e) = self.home_call(p, P2M_MUNMAP { who: p.memory.who.clone(), addr: s, len }) {
                 kept.put_back(s, len, prot);
                 return Err(e);
             }
@@ -492,7 +492,7 @@ impl Pcomp {
     fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
         // The shim sends only ranges in the heap region; anything else (an end past the end of
         // the address space included) is refused before it reaches the miss path.
-        let within = |a: u64, len: u64| a >= p.heap.start && a.checked_add(len).is_some_and(|e| e <= p.heap.end);
+        let within = |a: u64, len: u64| a >= p.heap_range.start && a.checked_add(len).is_some_and(|e| e <= p.heap_range.end);
         let valid = match Op::from_u32(r.op) {
             Some(Op::Munmap) => r.b > 0 && within(r.a, r.b),
             Some(Op::Mprotect | Op::Dontneed) => within(r.a, r.b),
@@ -504,8 +504,8 @@ impl Pcomp {
             tracing::warn!(pid = p.pid, op = r.op, addr = r.a, len = r.b, "refused a memory call outside the heap region");
             return Err(libc::EINVAL as i64);
         }
-        let who = p.space.who.clone();
-        let t = &p.tenant;
+        let who = p.memory.who.clone();
+        let t = &p.heap;
         let pages = |a: u64, len: u64| (a / PAGE, (a + len).div_ceil(PAGE));
         match Op::from_u32(r.op) {
             Some(Op::Mmap) => {
@@ -514,7 +514,7 @@ impl Pcomp {
                 let prot = r.c as u32;
                 // A hint outside the heap region cannot be honoured (the home ignores it): V8
                 // gives a random one with each of its 508 KiB mappings.
-                if (r.a == 0 || !p.heap.contains(&r.a)) && !fixed {
+                if (r.a == 0 || !p.heap_range.contains(&r.a)) && !fixed {
                     let reused = p.reuse.lock().unwrap().take(r.b, prot);
                     if let Some(addr) = reused {
                         self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
@@ -525,7 +525,7 @@ impl Pcomp {
                     if let Some(chunk) = chunk {
                         // A full home falls through to asking for the exact size.
                         if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false, noreserve }) {
-                            p.space.learn(&m.owners, m.epoch, m.backup.clone());
+                            p.memory.learn(&m.owners, m.epoch, m.backup.clone());
                             let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
                             if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
                                 self.home_call(p, P2M_MUNMAP { who: who.clone(), addr: rest, len: rest_len })?;
@@ -551,7 +551,7 @@ impl Pcomp {
                     }
                     m => m?,
                 };
-                p.space.learn(&m.owners, m.epoch, m.backup.clone());
+                p.memory.learn(&m.owners, m.epoch, m.backup.clone());
                 self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
                 Ok((m.addr, m.prot as u64))
             }
@@ -606,7 +606,7 @@ impl Pcomp {
                     self.miss.discard_range(t, tf, te);
                 }
                 let m = self.home_call(p, P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
-                p.space.learn(&m.owners, m.epoch, m.backup.clone());
+                p.memory.learn(&m.owners, m.epoch, m.backup.clone());
                 self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
                 self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
                 self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
@@ -622,7 +622,7 @@ impl Pcomp {
                     }
                 };
                 if let Some(c) = mine {
-                    let _ = c.space.call_home(&self.node, P2M_EXIT { who: c.space.who.clone() });
+                    let _ = c.memory.call_home(&self.node, P2M_EXIT { who: c.memory.who.clone() });
                 }
                 Ok((0, 0))
             }
@@ -644,16 +644,16 @@ impl Pcomp {
         }
         // The child's layout is the home's: it must not map what the parent unmapped.
         self.release_kept(p, 0, u64::MAX)?;
-        self.miss.write_back_range(&p.tenant, 0, u64::MAX / PAGE).map_err(|e| {
+        self.miss.write_back_range(&p.heap, 0, u64::MAX / PAGE).map_err(|e| {
             tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
             libc::ENOMEM as i64
         })?;
         let child = crate::pmon::new_pid();
-        let forked = self.home_call(p, P2M_FORK { parent: p.space.who.clone(), child })?;
-        let space = Arc::new(Space::new(Who::new(p.space.who.vnode.clone(), child), p.space.home(), forked.backup.clone()));
-        space.learn(&forked.owners, forked.epoch, forked.backup.clone());
+        let forked = self.home_call(p, P2M_FORK { parent: p.memory.who.clone(), child })?;
+        let memory = Arc::new(ProcMemory::new(Who::new(p.memory.who.vnode.clone(), child), p.memory.home(), forked.backup.clone()));
+        memory.learn(&forked.owners, forked.epoch, forked.backup.clone());
         let materialized = self.miss.materialized_of(p.pid);
-        self.pending.lock().unwrap().insert(child, PendingChild { space, run: p.tenant.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
+        self.pending.lock().unwrap().insert(child, PendingChild { memory, run: p.heap.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
         Ok(child)
     }
 }

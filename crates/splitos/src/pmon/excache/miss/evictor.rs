@@ -4,7 +4,7 @@
 //!
 //! The reserve is per set, because a miss can only take a way of its own line's set: every
 //! claim that leaves its set with fewer than `reserve` spare ways (free, or being freed here)
-//! queues that set. The evictor sleeps until enough sets are queued to work in batches (the
+//! queues that set ([`MissPath::claimed`], on the miss path). The evictor sleeps until enough sets are queued to work in batches (the
 //! low watermark), then brings each queued set back to `reserve` spare ways (the high
 //! watermark) with the policy's victims, and sleeps again.
 //!
@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use splitos_rpc::PAGE_SIZE;
 
-use super::{Held, LineState, MissPath, State, Tenant, Writeback, PAGE};
+use super::{Held, LineState, MissPath, ProcHeap, Reserve, Writeback, PAGE};
 use crate::pmon::excache::store::Page;
 
 /// Most lines one round of the evictor takes out: enough for the kernel's range operations
@@ -30,21 +30,9 @@ use crate::pmon::excache::store::Page;
 /// not wait long.
 const ROUND: usize = 64;
 
-/// The evictor's share of the miss path's state (under its lock).
-pub(super) struct Reserve {
-    /// Spare ways the evictor keeps in every set a claim used.
-    ways: usize,
-    /// Queued sets that wake the evictor.
-    wake_at: usize,
-    /// Sets short of `ways` spare ways, each queued once, oldest first.
-    short: VecDeque<usize>,
-    queued: Vec<bool>,
-    stop: bool,
-}
-
 /// A line the evictor picked, between the lock hold that picked it and the one that drops it.
 struct Victim {
-    tenant: Arc<Tenant>,
+    heap: Arc<ProcHeap>,
     vpn: u64,
     slot: usize,
     dirty: bool,
@@ -68,21 +56,6 @@ impl MissPath {
         // in again before the refill.
         st.reserve = Some(Reserve { ways, wake_at: (sets / 16).clamp(1, ROUND), short: VecDeque::new(), queued: vec![false; sets], stop: false });
         self
-    }
-
-    /// Called under the lock after a claim took a way in `vpn`'s set: queues the set if it is
-    /// short of its reserve, and wakes the evictor at the low watermark.
-    pub(super) fn claimed(&self, g: &mut State, vpn: u64) {
-        let Some(r) = g.reserve.as_mut() else { return };
-        let set = g.cache.set_of(vpn);
-        if r.queued[set] || g.cache.spare(set) >= r.ways {
-            return;
-        }
-        r.queued[set] = true;
-        r.short.push_back(set);
-        if r.short.len() == r.wake_at {
-            self.evictor_cv.notify_one();
-        }
     }
 
     /// The evictor's thread: sleeps until enough sets are short of their reserve, refills
@@ -124,17 +97,17 @@ impl MissPath {
 
     /// One round: takes queued sets back to their reserve, at most [`ROUND`] victims.
     /// Returns the processes whose lines it took, with how many.
-    pub(super) fn refill(&self) -> HashMap<u64, (Arc<Tenant>, u64)> {
+    pub(super) fn refill(&self) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
         let mut victims = self.pick();
-        let mut served: HashMap<u64, (Arc<Tenant>, u64)> = HashMap::new();
+        let mut served: HashMap<u64, (Arc<ProcHeap>, u64)> = HashMap::new();
         for v in &victims {
-            served.entry(v.tenant.pid).or_insert_with(|| (v.tenant.clone(), 0)).1 += 1;
+            served.entry(v.heap.pid).or_insert_with(|| (v.heap.clone(), 0)).1 += 1;
         }
-        victims.sort_by_key(|v| (v.tenant.pid, v.vpn));
+        victims.sort_by_key(|v| (v.heap.pid, v.vpn));
         let mut wbs = Vec::new();
         let mut rest = &mut victims[..];
         while !rest.is_empty() {
-            let n = 1 + rest.windows(2).take_while(|w| w[1].tenant.pid == w[0].tenant.pid && w[1].vpn == w[0].vpn + 1).count();
+            let n = 1 + rest.windows(2).take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1).count();
             let (run, tail) = rest.split_at_mut(n);
             self.take_out(run);
             self.finish(run, &mut wbs);
@@ -142,7 +115,7 @@ impl MissPath {
         }
         let wbs = self.stash(wbs);
         for wb in &wbs {
-            self.bump(&wb.tenant, |s| {
+            self.bump(&wb.heap, |s| {
                 s.bg_writebacks.fetch_add(1, Relaxed);
             });
         }
@@ -168,7 +141,7 @@ impl MissPath {
             while st.cache.spare(set) < want {
                 let Some(slot) = st.cache.pick(set) else { break };
                 let line = *st.cache.line(slot);
-                let Some(t) = st.tenants.get(&line.pid).cloned() else {
+                let Some(t) = st.heaps.get(&line.pid).cloned() else {
                     st.cache.remove(line.pid, line.vpn);
                     continue;
                 };
@@ -186,7 +159,7 @@ impl MissPath {
                 // As evict(): a clean line the store holds is worth keeping compressed.
                 let for_tier = !line.dirty && self.codec.is_some() && st.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
                 let capture = (line.dirty || for_tier) && t.alive();
-                victims.push(Victim { tenant: t, vpn: line.vpn, slot, dirty: line.dirty, capture, data: None, protected: line.wp, dropped: false });
+                victims.push(Victim { heap: t, vpn: line.vpn, slot, dirty: line.dirty, capture, data: None, protected: line.wp, dropped: false });
             }
             // The policy may have cleared reference bits in the set (CLOCK).
             if let Some(v) = victims.get(before).map(|v| v.vpn) {
@@ -200,7 +173,7 @@ impl MissPath {
     /// out those to capture and punches the others out, each in as few calls as the run
     /// allows. A line that could not be protected or copied is not dropped.
     fn take_out(&self, run: &mut [Victim]) {
-        let (t, first) = (run[0].tenant.clone(), run[0].vpn);
+        let (t, first) = (run[0].heap.clone(), run[0].vpn);
         let len = run.len() as u64;
         if run.iter().any(|v| v.capture && !v.protected) {
             if let Err(e) = t.region.write_protect(first, len, true) {
@@ -240,7 +213,7 @@ impl MissPath {
         let mut g = self.state.lock().unwrap();
         let mut evicted = 0;
         for v in run.iter_mut() {
-            let (pid, vpn) = (v.tenant.pid, v.vpn);
+            let (pid, vpn) = (v.heap.pid, v.vpn);
             if g.cache.lookup(pid, vpn) != Some(v.slot) || g.cache.line(v.slot).state != LineState::Evicting {
                 continue;
             }
@@ -252,16 +225,16 @@ impl MissPath {
             let line = g.cache.remove(pid, vpn).expect("a picked line is resident");
             evicted += 1;
             let Some(data) = v.data.take() else { continue };
-            if !self.needs_no_write_back(&g, &v.tenant, &line, &data) {
+            if !self.needs_no_write_back(&g, &v.heap, &line, &data) {
                 g.inflight.insert((pid, vpn));
                 let held = if v.dirty { Held::Evicted } else { Held::Clean };
-                wbs.push(Writeback { tenant: v.tenant.clone(), vpn, data, held });
+                wbs.push(Writeback { heap: v.heap.clone(), vpn, data, held });
             }
         }
         drop(g);
         self.cv.notify_all();
         if evicted > 0 {
-            self.bump(&run[0].tenant, |s| {
+            self.bump(&run[0].heap, |s| {
                 s.evictions.fetch_add(evicted, Relaxed);
                 s.bg_evictions.fetch_add(evicted, Relaxed);
             });

@@ -15,22 +15,12 @@
 //!
 //! Reads are still unseen (dirty.rs, "Access bits"), as in fault mode.
 use super::*;
-use crate::pmon::excache::{cache as excache, Keep};
+use crate::pmon::excache::Keep;
 
 impl MissPath {
-    /// Claims a way for (pid, vpn) as [`ExCache::claim`] does (`clean_only`: only one that needs
-    /// no write-back, as [`ExCache::claim_clean`]); a line whose writes the kernel tracks is
-    /// asked about first.
-    pub(super) fn claim_way(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, clean_only: bool) -> Option<excache::Claim> {
-        let st = &mut **g;
-        let tenants = &st.tenants;
-        let used = |l: &mut Line| tenants.get(&l.pid).filter(|t| t.region.tracks_writes()).is_some_and(|t| self.observe(t, l));
-        st.cache.claim_observing(pid, vpn, |l| !clean_only || (!l.dirty && !used(l)), used)
-    }
-
     /// Asks the kernel whether line `l` of `t` was written since it was last protected and
     /// protects it again; a written line becomes dirty. A failed question counts as written.
-    pub(super) fn observe(&self, t: &Tenant, l: &mut Line) -> bool {
+    pub(super) fn observe(&self, t: &ProcHeap, l: &mut Line) -> bool {
         let written = t.region.written(l.vpn, l.vpn + 1).map_or(true, |w| !w.is_empty());
         self.count_scan(t, 1);
         if written {
@@ -48,7 +38,7 @@ impl MissPath {
         l.wp = false;
     }
 
-    fn count_scan(&self, t: &Tenant, pages: u64) {
+    fn count_scan(&self, t: &ProcHeap, pages: u64) {
         self.bump(t, |s| {
             s.dirty_scans.fetch_add(1, Relaxed);
             s.dirty_scanned_pages.fetch_add(pages, Relaxed);
@@ -59,7 +49,7 @@ impl MissPath {
     /// now protected again (one scan per run of adjacent lines, never over holes, see dirty.rs),
     /// and whether that protection happened. Without tracking by the kernel, none and false; a
     /// failed scan counts every line of its run as written, unprotected.
-    pub(super) fn scan_written(&self, t: &Tenant, resident: &[(u64, usize)]) -> (HashSet<u64>, bool) {
+    pub(super) fn scan_written(&self, t: &ProcHeap, resident: &[(u64, usize)]) -> (HashSet<u64>, bool) {
         let mut written = HashSet::new();
         if !t.region.tracks_writes() {
             return (written, false);
@@ -81,10 +71,10 @@ impl MissPath {
 
     /// [`MissPath::evict`] of a line whose writes the kernel tracks: takes it from the program,
     /// then writes it back if it was dirty or written since its last protection; a clean one is
-    /// dropped (or, with `keep_clean`, offered to the compressed tier as in fault mode). If it
+    /// dropped (or, as `clean` says, offered to the compressed tier as in fault mode). If it
     /// cannot be taken its writes may be lost, so its process is stopped here, under the lock.
-    pub(super) fn evict_taken(&self, g: &mut MutexGuard<'_, State>, vt: &Arc<Tenant>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<Tenant>, String)>, keep_clean: bool) {
-        let for_tier = keep_clean && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
+    pub(super) fn evict_taken(&self, g: &mut MutexGuard<'_, State>, vt: &Arc<ProcHeap>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, clean: CleanVictim) {
+        let for_tier = clean == CleanVictim::ToTier && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         let keep = match (v.dirty, for_tier) {
             (true, _) => Keep::Dirty,
             (false, true) => Keep::All,
@@ -109,7 +99,7 @@ impl MissPath {
                     Some(data) if (dirty || for_tier) && !self.needs_no_write_back(g, vt, &v, &data) => {
                         g.inflight.insert((v.pid, v.vpn));
                         let held = if dirty { Held::Evicted } else { Held::Clean };
-                        victims.push(Writeback { tenant: vt.clone(), vpn: v.vpn, data, held });
+                        victims.push(Writeback { heap: vt.clone(), vpn: v.vpn, data, held });
                     }
                     _ => {}
                 }
@@ -130,7 +120,7 @@ impl MissPath {
     /// written them since their write-back. They are taken from the program, those written are
     /// written back (in flight until acknowledged, as evicted victims are), and the range is
     /// dropped. A line that cannot be taken, or whose write-back fails, fails the process.
-    pub(super) fn drop_taken(&self, mut g: MutexGuard<'_, State>, t: &Arc<Tenant>, first: u64, end: u64) -> Result<(), Refusal> {
+    pub(super) fn drop_taken(&self, mut g: MutexGuard<'_, State>, t: &Arc<ProcHeap>, first: u64, end: u64) -> Result<(), Refusal> {
         let resident: Vec<u64> = g.cache.resident_in(t.pid, first, end).into_iter().map(|(v, _)| v).collect();
         let (mut victims, mut failure) = (Vec::new(), None);
         for (run, stop) in runs(resident.iter().copied()) {
@@ -140,7 +130,7 @@ impl MissPath {
                     for tk in taken {
                         if let Some(data) = tk.data {
                             g.inflight.insert((t.pid, tk.vpn));
-                            victims.push(Writeback { tenant: t.clone(), vpn: tk.vpn, data, held: Held::Evicted });
+                            victims.push(Writeback { heap: t.clone(), vpn: tk.vpn, data, held: Held::Evicted });
                         }
                     }
                 }
@@ -150,7 +140,7 @@ impl MissPath {
         if failure.is_some() {
             t.alive.store(false, Relaxed);
         }
-        self.drop_locked(g, t, first, end, false);
+        self.drop_locked(g, t, first, end, Stored::Keep);
         self.flush_apart(victims);
         if let Some(why) = failure {
             self.fail(t, &why);

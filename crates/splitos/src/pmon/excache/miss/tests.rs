@@ -11,7 +11,10 @@ use splitos_rpc::{ErrCode, Refusal, ERR, PAGE_SIZE};
 
 use super::*;
 use crate::pmon::excache::cache::{Clock, EvictionPolicy, ExCache, Fifo};
+use crate::pmon::excache::region::Install;
+use crate::pmon::excache::store::Place;
 use crate::pmon::excache::tier::{Codec, Lz4, OldestFirst};
+use crate::pmon::host::huge::{SplitError, EXTENT};
 
 #[derive(Default)]
 struct RegionPages {
@@ -189,13 +192,19 @@ fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: 
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), fault_around, prealloc, hook));
+    let prefetcher = crate::pmon::prefetcher("sequential", prefetch).unwrap();
+    let mp = Arc::new(MissPath::new(MissPathParts { prefetcher, piggyback, fault_around, prealloc, ..parts(ExCache::new(lines, ways, policy), store.clone(), hook) }));
     Rig { mp, store, failed }
+}
+
+/// A miss path's parts with piggyback on, no read-ahead and no fresh lines.
+fn parts(cache: ExCache, store: Arc<MemStore>, on_fail: FailHook) -> MissPathParts {
+    MissPathParts { cache, store, prefetcher: crate::pmon::prefetcher("sequential", 0).unwrap(), piggyback: true, fault_around: 0, prealloc: 0, on_fail }
 }
 
 /// A process as the test drives it.
 struct Prog {
-    t: Arc<Tenant>,
+    t: Arc<ProcHeap>,
     mem: MemRegion,
 }
 
@@ -207,7 +216,7 @@ impl Rig {
     fn prog_tracked(&self, pid: u64, tracked: bool) -> Prog {
         let mem = MemRegion::default();
         mem.0.tracked.store(tracked, Ordering::Relaxed);
-        let t = Tenant::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
+        let t = ProcHeap::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
         self.mp.add(t.clone(), Default::default());
         Prog { t, mem }
     }
@@ -496,7 +505,7 @@ impl Region for FlakyRegion {
 fn flaky(mp: &MissPath, pid: u64) -> (Prog, Arc<AtomicBool>) {
     let mem = MemRegion::default();
     let fail_read = Arc::new(AtomicBool::new(false));
-    let t = Tenant::new(pid, Box::new(FlakyRegion { inner: mem.clone(), fail_read: fail_read.clone() }), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(pid, Box::new(FlakyRegion { inner: mem.clone(), fail_read: fail_read.clone() }), Arc::new(RunStats::default()));
     mp.add(t.clone(), Default::default());
     (Prog { t, mem }, fail_read)
 }
@@ -525,14 +534,14 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook));
+    let mp = Arc::new(MissPath::new(parts(ExCache::new(1, 1, Box::new(Fifo)), store, hook)));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
     fail_read.store(true, Ordering::SeqCst);
     let b = {
         let mem = MemRegion::default();
-        let t = Tenant::new(2, Box::new(mem.clone()), Arc::new(RunStats::default()));
+        let t = ProcHeap::new(2, Box::new(mem.clone()), Arc::new(RunStats::default()));
         mp.add(t.clone(), Default::default());
         Prog { t, mem }
     };
@@ -626,7 +635,7 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
 #[test]
 fn staged_samples_evicted_untouched_are_waste() {
     let store = MemStore::new(1);
-    let mp = MissPath::new(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 0, 0, Box::new(|_, _| {}));
+    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher("nextline", 8).unwrap(), ..parts(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {})) });
     let r = Rig { mp: Arc::new(mp), store, failed: Arc::default() };
     let p = r.prog(1);
     for v in 0..256 {
@@ -715,7 +724,7 @@ fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
+    let mp = MissPath::new(parts(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), hook));
     let mp = Arc::new(mp.with_tier(Box::new(OldestFirst::new(tier_bytes)), Box::new(Lz4)));
     Rig { mp, store, failed }
 }
@@ -827,7 +836,7 @@ fn a_write_back_range_pushes_the_tiers_dirty_pages_to_the_store_for_a_fork() {
     let copied: Vec<((u64, u64), Vec<u8>)> = r.store.pages.lock().unwrap().iter().filter(|(k, _)| k.0 == 1).map(|(k, d)| ((2, k.1), d.clone())).collect();
     r.store.pages.lock().unwrap().extend(copied);
     let mem = MemRegion::default();
-    let child = Prog { t: Tenant::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())), mem };
+    let child = Prog { t: ProcHeap::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())), mem };
     r.mp.add(child.t.clone(), r.mp.materialized_of(1));
     for v in 0..6 {
         assert_eq!(child.read(&r.mp, v), Some(v as u8 + 1), "the child sees page {v}");
@@ -970,7 +979,7 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
 fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     let store = MemStore::new(1);
     let hook: FailHook = Box::new(|_, _| {});
-    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 8, 0, hook);
+    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher("nextline", 8).unwrap(), fault_around: 8, ..parts(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), hook) });
     let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
@@ -1179,7 +1188,7 @@ impl Region for FullRegion {
 fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
     let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 0, 4));
     let mem = MemRegion::default();
-    let t = Tenant::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
     let p = Prog { t, mem };
@@ -1262,7 +1271,7 @@ impl From<io::Error> for SplitError {
 fn huge_rig(lines: usize, mapped: u64) -> (Rig, Prog, HugeRegion) {
     let r = rig_full(lines, 0, Box::new(Fifo), 1, true, (0, 16, 64));
     let region = HugeRegion::default();
-    let t = Tenant::new(1, Box::new(region.clone()), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(1, Box::new(region.clone()), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     r.mp.set_prot(1, 0, mapped * 4096, Some(3));
     let p = Prog { t, mem: region.mem.clone() };
@@ -1486,7 +1495,7 @@ fn scan_mode_fails_the_process_of_a_line_it_cannot_take_even_a_clean_one() {
     let r = rig(2, 0, Box::new(Fifo), 1, true);
     let mem = MemRegion::default();
     mem.0.tracked.store(true, Ordering::Relaxed);
-    let t = Tenant::new(1, Box::new(Untakeable(mem.clone())), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(1, Box::new(Untakeable(mem.clone())), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     let p = Prog { t, mem };
     let other = r.prog(2);

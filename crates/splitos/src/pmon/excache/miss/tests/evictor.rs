@@ -8,7 +8,7 @@ fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
+    let mp = MissPath::new(parts(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), hook));
     Rig { mp: Arc::new(mp.with_evictor(reserve)), store, failed }
 }
 
@@ -68,7 +68,7 @@ impl Region for Watched {
 
 fn watched(mp: &MissPath, pid: u64) -> (Prog, Watched) {
     let w = Watched::default();
-    let t = Tenant::new(pid, Box::new(w.clone()), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(pid, Box::new(w.clone()), Arc::new(RunStats::default()));
     mp.add(t.clone(), Default::default());
     (Prog { t, mem: w.inner.clone() }, w)
 }
