@@ -189,7 +189,7 @@ fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: 
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher("sequential", prefetch).unwrap(), fault_around, prealloc, hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(lines, ways, policy), store.clone(), piggyback, crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, prefetch), fault_around, prealloc, hook));
     Rig { mp, store, failed }
 }
 
@@ -525,7 +525,7 @@ fn the_fail_hook_never_runs_under_the_miss_paths_lock() {
         let mp = me2.get().unwrap().upgrade().unwrap();
         seen.lock().unwrap().push(mp.state.try_lock().is_ok());
     });
-    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook));
+    let mp = Arc::new(MissPath::new(ExCache::new(1, 1, Box::new(Fifo)), store, true, crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, 0), 0, 0, hook));
     me.set(Arc::downgrade(&mp)).unwrap();
     let (a, fail_read) = flaky(&mp, 1);
     assert!(a.write(&mp, 0, 1));
@@ -626,7 +626,7 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
 #[test]
 fn staged_samples_evicted_untouched_are_waste() {
     let store = MemStore::new(1);
-    let mp = MissPath::new(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 0, 0, Box::new(|_, _| {}));
+    let mp = MissPath::new(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8), 0, 0, Box::new(|_, _| {}));
     let r = Rig { mp: Arc::new(mp), store, failed: Arc::default() };
     let p = r.prog(1);
     for v in 0..256 {
@@ -715,7 +715,7 @@ fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
+    let mp = MissPath::new(ExCache::new(lines, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, 0), 0, 0, hook);
     let mp = Arc::new(mp.with_tier(Box::new(OldestFirst::new(tier_bytes)), Box::new(Lz4)));
     Rig { mp, store, failed }
 }
@@ -970,7 +970,7 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
 fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     let store = MemStore::new(1);
     let hook: FailHook = Box::new(|_, _| {});
-    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("nextline", 8).unwrap(), 8, 0, hook);
+    let mp = MissPath::new(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8), 8, 0, hook);
     let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));

@@ -8,7 +8,7 @@ fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher("sequential", 0).unwrap(), 0, 0, hook);
+    let mp = MissPath::new(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), true, crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, 0), 0, 0, hook);
     Rig { mp: Arc::new(mp.with_evictor(reserve)), store, failed }
 }
 
