@@ -14,35 +14,7 @@
 //! * [`fdpass`] — descriptors over Unix sockets (shared-memory channels, a program's heap).
 //! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
 //! * [`refusals`] — log lines for refusals that a flood cannot multiply.
-
-/// A configuration knob that takes one of a few lowercase names: the enum, the list of its names
-/// (for help texts and errors), parsing with an error naming the knob and what it accepts, and
-/// display as the name. Serde derives go with the enum's own attributes.
-#[macro_export]
-macro_rules! knob_enum {
-    ($(#[$meta:meta])* $vis:vis enum $name:ident, $knob:literal, $names:ident { $($(#[$vmeta:meta])* $var:ident = $text:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        $vis enum $name { $($(#[$vmeta])* $var),+ }
-
-        $vis const $names: &[&str] = &[$($text),+];
-
-        impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<$name, String> {
-                match s {
-                    $($text => Ok($name::$var),)+
-                    _ => Err(format!("unknown {} {s:?} (known: {})", $knob, $names.join(", "))),
-                }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(match self { $($name::$var => $text),+ })
-            }
-        }
-    };
-}
+//! * [`knob`] — declaring a configuration knob once, for the command line and the files.
 
 pub mod auth;
 pub mod client;
@@ -50,6 +22,7 @@ pub mod cpu;
 pub mod error;
 pub mod fdpass;
 pub mod frame;
+pub mod knob;
 pub mod poll;
 pub mod refusals;
 pub mod server;

@@ -15,16 +15,13 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 crate::knob_enum! {
     /// How a waiter polls: `fixed` (the default: always the whole ceiling) or `adaptive`. On the
     /// 2-vCPU machines we measured, adaptive polling made programs with frequent misses 5-15%
     /// slower (a waiter descheduled between polls sees a long wait and stops polling just before
     /// the next burst) and saved no measurable CPU, so it is a choice, not the default
     /// (docs/benchmarks.md, "Transports").
-    #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
-    #[serde(rename_all = "lowercase")]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub enum Polling, "polling", POLLING {
         Adaptive = "adaptive",
         #[default]

@@ -2,6 +2,7 @@
 //! benchmarks' floors. The `splitos` binary (main.rs) is only its command line, so monitors can
 //! be built and tested in-process.
 //!
+//! * [`config`] the configuration of a cluster and of each component, declared once
 //! * [`pmon`] the process monitor (pComponent): ExCache, miss path, program connections, vNode mounts
 //! * [`mmon`] the memory monitor (mComponent): homes, vRegion owners, the storage buffer cache
 //! * [`smon`] the storage monitor (sComponent)
@@ -12,6 +13,7 @@
 //! * [`node`] what every component process shares (logging, metrics, registration)
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
 //! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
+//! * [`sys`] this host's users, groups and mounts, as components and the control plane see them
 //! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
 pub mod bench;
 pub mod config;
@@ -25,5 +27,6 @@ pub mod placement;
 pub mod pmon;
 pub mod sim;
 pub mod smon;
+pub mod sys;
 pub mod trusted;
 pub mod vma;

@@ -13,7 +13,7 @@
 //! placements must come out the same on every pComponent and after a restart of the global
 //! managers, which rendezvous hashing gives (`gm/mod.rs`).
 
-use serde::Deserialize;
+use crate::config::PlacementPolicy;
 
 /// What a policy sees of a unit.
 pub struct Unit<'a> {
@@ -79,24 +79,13 @@ impl Placement for FirstFit {
     }
 }
 
-splitos_rpc::knob_enum! {
-    /// The policies the global managers can be told to use (`[cluster] placement`).
-    #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
-    #[serde(rename_all = "kebab-case")]
-    pub enum Policy, "placement", POLICIES {
-        #[default]
-        LeastLoaded = "least-loaded",
-        BestFit = "best-fit",
-        FirstFit = "first-fit",
-    }
-}
-
-impl Policy {
+impl PlacementPolicy {
+    /// The rule a configuration names.
     pub fn rule(self) -> &'static dyn Placement {
         match self {
-            Policy::LeastLoaded => &LeastLoaded,
-            Policy::BestFit => &BestFit,
-            Policy::FirstFit => &FirstFit,
+            PlacementPolicy::LeastLoaded => &LeastLoaded,
+            PlacementPolicy::BestFit => &BestFit,
+            PlacementPolicy::FirstFit => &FirstFit,
         }
     }
 }
@@ -106,22 +95,22 @@ mod tests {
     use super::*;
 
     /// Units as (free, load), numbered in order; one resource.
-    fn choice(policy: Policy, units: &[(u64, f64)]) -> usize {
+    fn choice(policy: PlacementPolicy, units: &[(u64, f64)]) -> usize {
         let keys: Vec<f64> = units.iter().enumerate().map(|(index, (free, load))| policy.rule().key(&Unit { index, free: &[*free], weights: &[1.0], load: *load })).collect();
         (0..units.len()).min_by(|a, b| keys[*a].total_cmp(&keys[*b])).unwrap()
     }
 
     #[test]
     fn least_loaded_takes_the_unit_with_the_lowest_load() {
-        assert_eq!(choice(Policy::LeastLoaded, &[(10, 3.0), (5, 1.0), (20, 2.0)]), 1);
-        assert_eq!(choice(Policy::LeastLoaded, &[(10, 1.0), (5, 1.0)]), 0, "ties go to the first");
-        assert!(!Policy::LeastLoaded.rule().packs());
+        assert_eq!(choice(PlacementPolicy::LeastLoaded, &[(10, 3.0), (5, 1.0), (20, 2.0)]), 1);
+        assert_eq!(choice(PlacementPolicy::LeastLoaded, &[(10, 1.0), (5, 1.0)]), 0, "ties go to the first");
+        assert!(!PlacementPolicy::LeastLoaded.rule().packs());
     }
 
     #[test]
     fn best_fit_takes_the_unit_with_the_least_free() {
-        assert_eq!(choice(Policy::BestFit, &[(10, 0.0), (5, 9.0), (20, 1.0)]), 1);
-        assert!(Policy::BestFit.rule().packs());
+        assert_eq!(choice(PlacementPolicy::BestFit, &[(10, 0.0), (5, 9.0), (20, 1.0)]), 1);
+        assert!(PlacementPolicy::BestFit.rule().packs());
         // Resources weighted to one scale: 4 of 8 CPUs free weighs as much as 512 of 1024 MiB.
         let key = |free: [u64; 2]| BestFit.key(&Unit { index: 0, free: &free, weights: &[1.0 / 8.0, 1.0 / 1024.0], load: 0.0 });
         assert_eq!(key([4, 512]), 1.0);
@@ -130,17 +119,17 @@ mod tests {
 
     #[test]
     fn first_fit_takes_the_first_unit_whatever_their_state() {
-        assert_eq!(choice(Policy::FirstFit, &[(10, 5.0), (5, 1.0), (1, 0.0)]), 0);
-        assert!(Policy::FirstFit.rule().packs());
+        assert_eq!(choice(PlacementPolicy::FirstFit, &[(10, 5.0), (5, 1.0), (1, 0.0)]), 0);
+        assert!(PlacementPolicy::FirstFit.rule().packs());
     }
 
     #[test]
     fn policies_are_named_as_the_configuration_names_them() {
-        for name in POLICIES {
-            assert_eq!(name.parse::<Policy>().unwrap().to_string(), *name);
+        for name in crate::config::PLACEMENT_POLICIES {
+            assert_eq!(name.parse::<PlacementPolicy>().unwrap().to_string(), *name);
         }
-        assert_eq!(Policy::default(), Policy::LeastLoaded);
-        let err = "worst-fit".parse::<Policy>().unwrap_err();
+        assert_eq!(PlacementPolicy::default(), PlacementPolicy::LeastLoaded);
+        let err = "worst-fit".parse::<PlacementPolicy>().unwrap_err();
         assert!(err.contains("placement") && err.contains("least-loaded, best-fit, first-fit"), "{err}");
     }
 }

@@ -295,7 +295,7 @@ fn fsynced_data_survives_kill_9_of_the_mcomponent_holding_its_buffer_cache() {
     let survivor = others[0]["addr"].as_str().unwrap().to_string();
 
     // The writer kills it as its fsync returns (out of the cluster's PID record first).
-    let pid = pid_of(&c, &holder);
+    let pid = c.pid_of_addr(&holder);
     forget_pid(c.dir.path(), pid);
     writeln!(writer.0.stdin.as_mut().unwrap(), "{pid}").unwrap();
     assert_eq!(read_line(&mut writer.0), "synced\n");

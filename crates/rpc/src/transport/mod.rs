@@ -53,28 +53,28 @@ pub trait Endpoint: Send {
 
 /// Which transport a cluster uses and the knobs of each, in its own section
 /// (`[transport]` with `kind`, `[transport.tcp]` and `[transport.shm]` with their knobs).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, clap::Args)]
+#[serde(deny_unknown_fields, default)]
+#[command(next_help_heading = "Transport")]
 pub struct TransportConfig {
-    #[serde(default = "default_kind")]
+    /// Transport to the other components: shm (shared memory to components of this host, TCP
+    /// to the others) or tcp (TCP to all).
+    #[arg(long = "transport", default_value = "shm", value_parser = clap::builder::PossibleValuesParser::new(KINDS))]
     pub kind: String,
-    /// How every waiter of the transport polls before sleeping ([`Polling`]).
-    #[serde(default)]
+    /// How every waiter of the transport polls before sleeping: fixed (always the whole spin)
+    /// or adaptive.
+    #[arg(long, default_value_t)]
     pub polling: Polling,
-    #[serde(default)]
+    #[command(flatten)]
     pub tcp: TcpConfig,
     /// Shared memory's knobs; its calls to peers on other hosts use `tcp`'s.
-    #[serde(default)]
+    #[command(flatten)]
     pub shm: ShmConfig,
-}
-
-fn default_kind() -> String {
-    "shm".into()
 }
 
 impl Default for TransportConfig {
     fn default() -> Self {
-        TransportConfig { kind: default_kind(), polling: Polling::default(), tcp: TcpConfig::default(), shm: ShmConfig::default() }
+        crate::knob::defaults()
     }
 }
 

@@ -46,37 +46,31 @@ use crate::poll::{Poller, Polling};
 use crate::server::{self, Dispatcher, Handler, ServerConfig};
 use crate::wire::{may_receive, wrong_receiver, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+/// The knobs of shared memory (`[transport.shm]`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, clap::Args)]
+#[serde(deny_unknown_fields, default)]
+#[command(next_help_heading = "Transport: shared memory")]
 pub struct ShmConfig {
     /// How long a side polls its channel for the other's message before sleeping on the
     /// socket (µs). A sleeping side costs the other a doorbell and a wake-up.
-    #[serde(default = "default_spin_us")]
+    #[arg(id = "shm.spin_us", value_name = "US", long = "shm-spin-us", default_value_t = DEFAULT_SPIN_US)]
     pub spin_us: u64,
     /// Where the rendezvous sockets live; empty: `$XDG_RUNTIME_DIR/splitos`, else
     /// `/run/splitos` for root, else `$HOME/.local/state/splitos`. Every component of a host must agree.
-    #[serde(default)]
+    #[arg(id = "shm.dir", value_name = "DIR", long = "shm-dir", default_value_t)]
     pub dir: String,
     /// How long a channel a caller opened may sit unused before the caller closes it (ms),
     /// which ends its server's thread: the channels a burst of calls opened do not stay.
-    #[serde(default = "default_idle_ms")]
+    #[arg(id = "shm.idle_ms", value_name = "MS", long = "shm-idle-ms", default_value_t = DEFAULT_IDLE_MS)]
     pub idle_ms: u64,
 }
 
 pub const DEFAULT_SPIN_US: u64 = 100;
 pub const DEFAULT_IDLE_MS: u64 = 5000;
 
-fn default_idle_ms() -> u64 {
-    DEFAULT_IDLE_MS
-}
-
-fn default_spin_us() -> u64 {
-    DEFAULT_SPIN_US
-}
-
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { spin_us: DEFAULT_SPIN_US, dir: String::new(), idle_ms: DEFAULT_IDLE_MS }
+        crate::knob::defaults()
     }
 }
 

@@ -34,65 +34,40 @@ use crate::refusals::Refusals;
 use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
 use crate::wire::{may_receive, wrong_receiver, FrameKind, Msg};
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+/// The knobs of TCP (`[transport.tcp]`), which both kinds use to reach other hosts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, clap::Args)]
+#[serde(deny_unknown_fields, default)]
+#[command(next_help_heading = "Transport: TCP")]
 pub struct TcpConfig {
     /// How long a reader polls its socket before sleeping in the kernel (µs). On virtual
     /// machines waking a halted vCPU costs more than a loopback round trip.
-    #[serde(default = "default_spin_us")]
+    #[arg(id = "tcp.spin_us", value_name = "US", long = "tcp-spin-us", default_value_t = DEFAULT_SPIN_US)]
     pub spin_us: u64,
     /// Delay added before every message sent (µs): fault injection, 0 = none.
-    #[serde(default)]
+    #[arg(id = "tcp.delay_us", value_name = "US", long = "tcp-delay-us", default_value_t = 0)]
     pub delay_us: u64,
     /// Connections a component serves at once, from all peers.
-    #[serde(default = "default_max_connections")]
+    #[arg(id = "tcp.max_connections", value_name = "N", long = "tcp-max-connections", default_value_t = 4096)]
     pub max_connections: usize,
-    /// Connections a component serves at once from one peer address.
-    #[serde(default = "default_max_connections_per_peer")]
+    /// Connections a component serves at once from one peer address. Loopback peers share one
+    /// address: every component of a host, and a pComponent makes a connection per fault
+    /// worker (one per program) to each mComponent.
+    #[arg(id = "tcp.max_connections_per_peer", value_name = "N", long = "tcp-max-connections-per-peer", default_value_t = 2048)]
     pub max_connections_per_peer: usize,
     /// How long a frame may take to arrive once its first byte did, and a new connection's
     /// first frame from the accept (ms).
-    #[serde(default = "default_frame_timeout_ms")]
+    #[arg(id = "tcp.frame_timeout_ms", value_name = "MS", long = "tcp-frame-timeout-ms", default_value_t = 10_000)]
     pub frame_timeout_ms: u64,
     /// Requests of one connection served at once; its next frame waits for an answer.
-    #[serde(default = "default_max_in_flight")]
+    #[arg(id = "tcp.max_in_flight", value_name = "N", long = "tcp-max-in-flight", default_value_t = 64)]
     pub max_in_flight: usize,
-}
-
-fn default_max_connections() -> usize {
-    4096
-}
-
-// Loopback peers share one address: every component of a host, and a pComponent makes a
-// connection per fault worker (one per program) to each mComponent.
-fn default_max_connections_per_peer() -> usize {
-    2048
-}
-
-fn default_frame_timeout_ms() -> u64 {
-    10_000
-}
-
-fn default_max_in_flight() -> usize {
-    64
 }
 
 pub const DEFAULT_SPIN_US: u64 = 100;
 
-fn default_spin_us() -> u64 {
-    DEFAULT_SPIN_US
-}
-
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig {
-            spin_us: DEFAULT_SPIN_US,
-            delay_us: 0,
-            max_connections: default_max_connections(),
-            max_connections_per_peer: default_max_connections_per_peer(),
-            frame_timeout_ms: default_frame_timeout_ms(),
-            max_in_flight: default_max_in_flight(),
-        }
+        crate::knob::defaults()
     }
 }
 

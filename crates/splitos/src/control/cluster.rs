@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use splitos_rpc::auth::Authority;
 use splitos_rpc::{ComponentInfo, Request, Role, Rpc, TransportConfig, C2G_STATUS, C2X_STATS};
 
-use crate::config::ClusterConfig;
+use crate::config::{self, ClusterConfig, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, ScompConfig, StorageArgs};
 
 /// What `cluster up` leaves behind so that `run`, `status` and `down` find the cluster.
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -147,14 +147,17 @@ fn self_exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot locate the splitos binary: {e}"))
 }
 
-/// Starts a component process, in network namespace `netns` (a file of /run/netns) if given.
-fn spawn(dir: &Path, name: &str, args: &[String], detach: bool, netns: Option<&str>) -> anyhow::Result<(Child, PathBuf)> {
-    let ready = dir.join(format!("{name}.ready"));
-    let _ = std::fs::remove_file(&ready);
+/// Starts a component process running `splitos COMMAND` with its whole configuration `args`
+/// (written next to its log for its `--config-file`), in network namespace `netns` (a file of
+/// /run/netns) if given.
+fn spawn<T: Serialize>(dir: &Path, name: &str, command: &str, args: &T, detach: bool, netns: Option<&str>) -> anyhow::Result<(Child, PathBuf)> {
+    let _ = std::fs::remove_file(ready_file(dir, name));
+    let config = dir.join(format!("{name}.json"));
+    config::write_start_file(&config, args)?;
     // Logs name programs, vNodes and addresses: for root (the admin) only.
     let log = crate::trusted::new_file(&dir.join(format!("{name}.log")), 0o600).map_err(|e| anyhow::anyhow!("cannot create {name}'s log in {}: {e}", dir.display()))?;
     let mut cmd = Command::new(self_exe()?);
-    cmd.args(args).arg("--ready-file").arg(&ready).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.arg(command).arg("--config-file").arg(&config).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     cmd.env_remove("LD_PRELOAD");
     use std::os::unix::process::CommandExt;
     // A process group of its own: signals for the job that started it (the terminal's ^C,
@@ -178,7 +181,12 @@ fn spawn(dir: &Path, name: &str, args: &[String], detach: bool, netns: Option<&s
         };
     }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
-    Ok((child, ready))
+    Ok((child, ready_file(dir, name)))
+}
+
+/// Where the component `name` writes its address once it serves.
+fn ready_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.ready"))
 }
 
 fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow::Result<String> {
@@ -229,167 +237,49 @@ impl Cluster {
         if !detach {
             use_admin_credentials(&dir.join(ADMIN_CREDENTIALS));
         }
-        // Each component gets credentials of its own role, next to its log.
-        let creds = |name: &str, role: Role| -> anyhow::Result<Vec<String>> {
-            let p = dir.join(format!("{name}.cred"));
-            ca.issue(role)?.save(&p)?;
-            Ok(vec!["--credentials".into(), p.to_string_lossy().to_string()])
+        // Each component gets credentials of its own role, next to its log, and speaks the
+        // cluster's transport.
+        let process = |name: &str, role: Role| -> anyhow::Result<ProcessArgs> {
+            let credentials = dir.join(format!("{name}.cred"));
+            ca.issue(role)?.save(&credentials)?;
+            Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: None })
         };
-        let t = &cfg.transport;
-        // Every component speaks the cluster's transport.
-        let transport: Vec<String> = vec![
-            "--transport".into(),
-            t.kind.clone(),
-            "--polling".into(),
-            t.polling.to_string(),
-            "--tcp-spin-us".into(),
-            t.tcp.spin_us.to_string(),
-            "--tcp-delay-us".into(),
-            t.tcp.delay_us.to_string(),
-            "--tcp-max-connections".into(),
-            t.tcp.max_connections.to_string(),
-            "--tcp-max-connections-per-peer".into(),
-            t.tcp.max_connections_per_peer.to_string(),
-            "--tcp-frame-timeout-ms".into(),
-            t.tcp.frame_timeout_ms.to_string(),
-            "--tcp-max-in-flight".into(),
-            t.tcp.max_in_flight.to_string(),
-            "--shm-spin-us".into(),
-            t.shm.spin_us.to_string(),
-            "--shm-dir".into(),
-            t.shm.dir.clone(),
-            "--shm-idle-ms".into(),
-            t.shm.idle_ms.to_string(),
-        ];
-        let mut args = vec![
-            "gm".into(),
-            "--listen".into(),
-            cfg.cluster.gm.clone(),
-            "--vregion-size".into(),
-            cfg.cluster.vregion_size.0.to_string(),
-            "--forget-dead-ms".into(),
-            cfg.cluster.forget_dead_ms.to_string(),
-            "--reclaim-dead-ms".into(),
-            cfg.cluster.reclaim_dead_ms.to_string(),
-            "--replication".into(),
-            cfg.replication().map_err(|e| anyhow::anyhow!(e))?.to_string(),
-            "--overcommit".into(),
-            cfg.cluster.overcommit.clone(),
-            "--placement".into(),
-            cfg.cluster.placement.to_string(),
-        ];
-        args.extend(cfg.vnode.iter().filter_map(|v| v.memory_spec()).flat_map(|m| ["--vnode-memory".into(), m]));
-        args.extend(transport.iter().cloned());
-        args.extend(creds("gm", Role::Gm)?);
-        let (mut ch, ready) = spawn(dir, "gm", &args, detach, cfg.cluster.netns.as_deref())?;
+        let gm = GmArgs { listen: cfg.cluster.gm.clone(), cluster: cfg.gm(), vnode_memory: cfg.vnode.iter().filter_map(|v| v.memory_quota()).collect(), process: process("gm", Role::Gm)? };
+        let (mut ch, ready) = spawn(dir, "gm", "gm", &gm, detach, cfg.cluster.netns.as_deref())?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());
         self.children.push(ch);
         self.state.gm = gm?;
+        let node = |name: &str, role: Role| -> anyhow::Result<NodeArgs> { Ok(NodeArgs { gm: self.state.gm.clone(), process: process(name, role)? }) };
         // Started in dependency order and stopped in reverse: pComponents unmount first,
         // mComponents write their buffer caches back, and sComponents commit last.
         let mut pending = Vec::new();
         for (i, sc) in cfg.scomponent.iter().enumerate() {
+            let name = format!("storage{i}");
             let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
-            let mut args =
-                vec!["storage".into(), "--listen".into(), sc.listen.clone(), "--gm".into(), self.state.gm.clone(), "--dir".into(), store.to_string_lossy().to_string(), "--quota".into(), sc.quota.0.to_string()];
-            args.extend(transport.iter().cloned());
-            args.extend(creds(&format!("storage{i}"), Role::Storage)?);
-            pending.push((format!("storage{i}"), spawn(dir, &format!("storage{i}"), &args, detach, sc.netns.as_deref())?));
+            let args = StorageArgs { scomp: ScompConfig { dir: Some(store), ..sc.clone() }, node: node(&name, Role::Storage)? };
+            pending.push((name.clone(), spawn(dir, &name, "storage", &args, detach, sc.netns.as_deref())?));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
-            let mut args = vec![
-                "mem".into(),
-                "--listen".into(),
-                m.listen.clone(),
-                "--gm".into(),
-                self.state.gm.clone(),
-                "--capacity".into(),
-                m.capacity.0.to_string(),
-                "--workers".into(),
-                m.workers.to_string(),
-                "--bcache".into(),
-                m.bcache.0.to_string(),
-                "--readahead".into(),
-                m.readahead.0.to_string(),
-                "--backup-log".into(),
-                m.backup_log.0.to_string(),
-            ];
-            args.extend(transport.iter().cloned());
-            args.extend(creds(&format!("mem{i}"), Role::Mem)?);
-            pending.push((format!("mem{i}"), spawn(dir, &format!("mem{i}"), &args, detach, m.netns.as_deref())?));
+            let name = format!("mem{i}");
+            let args = MemArgs { mcomp: m.clone(), node: node(&name, Role::Mem)? };
+            pending.push((name.clone(), spawn(dir, &name, "mem", &args, detach, m.netns.as_deref())?));
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
-            let mut args = vec![
-                "proc".into(),
-                "--listen".into(),
-                p.listen.clone(),
-                "--gm".into(),
-                self.state.gm.clone(),
-                "--excache".into(),
-                p.excache.0.to_string(),
-                "--ways".into(),
-                p.ways.to_string(),
-                "--policy".into(),
-                p.policy.clone(),
-                "--fault-workers".into(),
-                p.fault_workers.to_string(),
-                "--fault-spin-us".into(),
-                p.fault_spin_us.to_string(),
-                "--fault-polling".into(),
-                p.fault_polling.to_string(),
-                "--prefetch".into(),
-                p.prefetch.to_string(),
-                "--prefetch-policy".into(),
-                p.prefetch_policy.clone(),
-                "--fault-around".into(),
-                p.fault_around.to_string(),
-                "--compressed-tier".into(),
-                p.compressed_tier.0.to_string(),
-                "--prealloc".into(),
-                p.prealloc.to_string(),
-                "--heap-reuse".into(),
-                p.heap_reuse.0.to_string(),
-                "--huge-pages".into(),
-                p.huge_pages.to_string(),
-                "--fault-cpu".into(),
-                p.fault_cpu.to_string(),
-                "--dirty-tracking".into(),
-                p.dirty_tracking.to_string(),
-                "--evict-reserve".into(),
-                p.evict_reserve.to_string(),
-                "--net-path".into(),
-                p.net_path.to_string(),
-                "--max-programs-per-user".into(),
-                p.max_programs_per_user.to_string(),
-                "--max-programs".into(),
-                p.max_programs.to_string(),
-                "--shim-sock".into(),
-                programs_dir(dir).join(format!("proc{i}.sock")).to_string_lossy().to_string(),
-                "--vnode-root".into(),
-                vnodes_dir(dir).to_string_lossy().to_string(),
-            ];
-            for v in &cfg.vnode {
-                args.extend(["--grant".into(), v.grant_spec()]);
-            }
-            if !p.piggyback {
-                args.push("--no-piggyback".into());
-            }
-            if !p.net_shortcut {
-                args.push("--no-net-shortcut".into());
-            }
-            args.extend(transport.iter().cloned());
-            args.extend(creds(&format!("proc{i}"), Role::Proc)?);
-            pending.push((format!("proc{i}"), spawn(dir, &format!("proc{i}"), &args, detach, p.netns.as_deref())?));
+            let name = format!("proc{i}");
+            let args = ProcArgs {
+                pcomp: p.clone(),
+                shim_sock: programs_dir(dir).join(format!("{name}.sock")),
+                vnode_root: vnodes_dir(dir),
+                grants: cfg.vnode.iter().map(|v| v.grant_spec()).collect(),
+                node: node(&name, Role::Proc)?,
+            };
+            pending.push((name.clone(), spawn(dir, &name, "proc", &args, detach, p.netns.as_deref())?));
         }
         for (i, n) in cfg.ncomponent.iter().enumerate() {
-            let mut args = vec!["net".into(), "--listen".into(), n.listen.clone(), "--gm".into(), self.state.gm.clone(), "--loopback".into(), n.loopback.to_string()];
-            for ip in &n.nics {
-                args.extend(["--nic-addr".into(), ip.to_string()]);
-            }
-            args.extend(transport.iter().cloned());
-            args.extend(creds(&format!("net{i}"), Role::Net)?);
-            pending.push((format!("net{i}"), spawn(dir, &format!("net{i}"), &args, detach, n.netns.as_deref())?));
+            let name = format!("net{i}");
+            let args = NetArgs { ncomp: n.clone(), node: node(&name, Role::Net)? };
+            pending.push((name.clone(), spawn(dir, &name, "net", &args, detach, n.netns.as_deref())?));
         }
         let want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len() + cfg.ncomponent.len();
         for (name, (mut ch, ready)) in pending {
@@ -439,8 +329,8 @@ impl Drop for Cluster {
 /// Detaches vNode mounts a pComponent left under a cluster's directory (it was killed before
 /// it could unmount them), so that nothing walks into a dead mount.
 pub fn unmount_vnodes(dir: &Path) {
-    for m in crate::pmon::mounts_under(&vnodes_dir(dir)) {
-        crate::pmon::unmount(&m);
+    for m in crate::sys::mounts_under(&vnodes_dir(dir)) {
+        crate::sys::unmount(&m);
     }
 }
 

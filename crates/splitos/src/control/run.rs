@@ -14,44 +14,46 @@ pub const ENV_VNODE_DIR: &str = "SPLITOS_VNODE_DIR";
 
 use super::cluster::{self, Cluster};
 use super::launcher::Launcher;
-use crate::config::{ClusterConfig, Size};
+use crate::config::{Embedded, Size};
 
+/// `splitos run`: its own options, and those of the embedded cluster it starts when it runs
+/// on none other.
+#[derive(clap::Args)]
 pub struct RunArgs {
-    pub program: Vec<String>,
-    pub gm: Option<String>,
-    pub pcomponent: Option<PathBuf>,
+    /// Always start an embedded cluster, even if one is running.
+    #[arg(long)]
     pub embedded: bool,
-    pub excache: Option<u64>,
-    pub ways: Option<usize>,
-    pub policy: Option<String>,
-    pub no_piggyback: bool,
-    pub fault_workers: Option<usize>,
-    pub prefetch: Option<usize>,
-    pub prefetch_policy: Option<String>,
-    pub fault_around: Option<usize>,
-    pub transport: Option<String>,
-    pub polling: Option<splitos_rpc::poll::Polling>,
-    pub compressed_tier: Option<u64>,
-    pub prealloc: Option<usize>,
-    pub heap_reuse: Option<Size>,
-    pub huge_pages: Option<crate::pmon::HugePages>,
-    pub dirty_tracking: Option<crate::pmon::DirtyTracking>,
-    pub evict_reserve: Option<usize>,
-    pub mcomponents: Option<usize>,
-    pub ncomponent: bool,
-    pub net_path: Option<crate::pmon::NetPath>,
-    pub mem_capacity: Option<u64>,
-    pub mem_workers: Option<usize>,
-    pub vregion_size: Option<u64>,
-    pub replication: Option<splitos_rpc::Replication>,
-    pub overcommit: Option<splitos_rpc::Overcommit>,
+    /// Address of the global managers of a running cluster (needs the admin's credentials).
+    #[arg(long)]
+    pub gm: Option<String>,
+    /// The program socket of a pComponent of this host to run on, as a user the cluster's
+    /// admin granted the vNode (see docs/security.md); also $SPLITOS_PCOMPONENT.
+    #[arg(long, value_name = "SOCKET")]
+    pub pcomponent: Option<PathBuf>,
+    /// The vNode to run the process in.
+    #[arg(long, default_value = "default")]
     pub vnode: String,
+    /// Write the run's counters as JSON to this file.
+    #[arg(long)]
     pub stats_json: Option<PathBuf>,
-    pub compare_native: bool,
-    pub allow_native: bool,
+    /// Print the run's counters to stderr when it ends.
+    #[arg(long = "stats")]
     pub print_stats: bool,
-    pub fault_cpu: Option<crate::pmon::FaultCpu>,
+    /// Also run the program natively first and report both times.
+    #[arg(long)]
+    pub compare_native: bool,
+    /// Run a statically linked program natively (with a warning) instead of refusing it.
+    #[arg(long)]
+    pub allow_native: bool,
+    /// Print no hints, such as the one when most of the run went to ExCache misses of a too
+    /// small ExCache.
+    #[arg(long, short)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub cluster: Embedded,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true)]
+    pub program: Vec<String>,
 }
 
 /// Finds `prog` the way execvp would.
@@ -188,7 +190,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let mut embedded = None;
     let mut target = target(&a)?;
     if !matches!(target, Target::Embedded) {
-        not_for_a_running_cluster(&a)?;
+        not_for_a_running_cluster(&a.cluster)?;
     }
     forward_signals();
     if let Target::Embedded = target {
@@ -196,53 +198,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         if unsafe { libc::geteuid() } != 0 {
             anyhow::bail!("an embedded cluster needs root (it mounts file systems and serves programs' memory faults); as a user, run on the host's cluster");
         }
-        let mut cfg = ClusterConfig::embedded();
-        let p = &mut cfg.pcomponent[0];
-        p.excache = Size(a.excache.unwrap_or(p.excache.0));
-        p.ways = a.ways.unwrap_or(p.ways);
-        p.policy = a.policy.clone().unwrap_or(p.policy.clone());
-        p.piggyback = !a.no_piggyback;
-        p.fault_workers = a.fault_workers.unwrap_or(p.fault_workers);
-        p.prefetch = a.prefetch.unwrap_or(p.prefetch);
-        p.prefetch_policy = a.prefetch_policy.clone().unwrap_or(p.prefetch_policy.clone());
-        p.fault_around = a.fault_around.unwrap_or(p.fault_around);
-        p.compressed_tier = Size(a.compressed_tier.unwrap_or(p.compressed_tier.0));
-        p.prealloc = a.prealloc.unwrap_or(p.prealloc);
-        p.heap_reuse = a.heap_reuse.unwrap_or(p.heap_reuse);
-        p.huge_pages = a.huge_pages.unwrap_or(p.huge_pages);
-        p.fault_cpu = a.fault_cpu.unwrap_or(p.fault_cpu);
-        p.dirty_tracking = a.dirty_tracking.unwrap_or(p.dirty_tracking);
-        p.evict_reserve = a.evict_reserve.unwrap_or(p.evict_reserve);
-        p.net_path = a.net_path.unwrap_or(p.net_path);
-        if a.ncomponent {
-            // One machine: its loopback services are the user's, as for a native run.
-            cfg.ncomponent = vec![crate::config::NcompSection { loopback: crate::nmon::Loopback::Host, ..crate::config::default_ncomp() }];
-        }
-        cfg.mcomponent = (0..a.mcomponents.unwrap_or(cfg.mcomponent.len()).max(1))
-            .map(|_| {
-                let mut m = crate::config::default_mcomp();
-                m.capacity = Size(a.mem_capacity.unwrap_or(m.capacity.0));
-                m.workers = a.mem_workers.unwrap_or(m.workers);
-                m
-            })
-            .collect();
-        if let Some(t) = &a.transport {
-            cfg.transport.kind = t.clone();
-        }
-        if let Some(polling) = a.polling {
-            cfg.transport.polling = polling;
-            cfg.pcomponent[0].fault_polling = polling;
-        }
-        if let Some(v) = a.vregion_size {
-            cfg.cluster.vregion_size = Size(v);
-        }
-        if let Some(r) = a.replication {
-            cfg.cluster.replication = Some(r.to_string());
-        }
-        if let Some(o) = a.overcommit {
-            cfg.cluster.overcommit = o.name().into();
-        }
-        cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+        let cfg = a.cluster.config().map_err(|e| anyhow::anyhow!(e))?;
         let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
         let c = match Cluster::start(&cfg, &dir, false) {
             Ok(c) => c,
@@ -447,7 +403,7 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
         return;
     }
     let Some(root) = mine.parent() else { return };
-    let others: Vec<std::ffi::CString> = crate::pmon::mounts_under(root).into_iter().filter(|m| m != mine).filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok()).collect();
+    let others: Vec<std::ffi::CString> = crate::sys::mounts_under(root).into_iter().filter(|m| m != mine).filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok()).collect();
     // SAFETY: only async-signal-safe system calls on memory prepared before fork (the C strings
     // in `others`), and errno read into an io::Error, which does not allocate.
     unsafe {
@@ -553,47 +509,20 @@ fn wait_program(pid: i32, tty: Option<i32>) -> std::io::Result<std::process::Exi
     Ok(std::process::ExitStatus::from_raw(st))
 }
 
-/// Options that shape an embedded cluster given for a running one: those that decide how much
-/// memory the cluster has are an error (a test meant for 1 GiB would fill the host's), the
-/// others a note naming them.
-fn not_for_a_running_cluster(a: &RunArgs) -> anyhow::Result<()> {
-    let given = |flags: &[(&str, bool)]| flags.iter().filter(|(_, on)| *on).map(|(f, _)| *f).collect::<Vec<_>>().join(", ");
-    let memory = given(&[
-        ("--mem-capacity", a.mem_capacity.is_some()),
-        ("--mcomponents", a.mcomponents.is_some()),
-        ("--vregion-size", a.vregion_size.is_some()),
-        ("--mem-workers", a.mem_workers.is_some()),
-        ("--overcommit", a.overcommit.is_some()),
-        ("--replication", a.replication.is_some()),
-    ]);
-    if !memory.is_empty() {
-        anyhow::bail!("{memory} shape(s) the memory of an embedded cluster, and this run goes to a running cluster, which has its own: pass --embedded to run on a cluster of this command's own, or leave them out");
+/// Options of an embedded cluster given for a running one, which keeps its configuration: those
+/// of its memory are an error, the others a note naming them ([`crate::config::OnRun`]).
+fn not_for_a_running_cluster(e: &Embedded) -> anyhow::Result<()> {
+    match e.for_a_running_cluster() {
+        Err(refused) => anyhow::bail!(
+            "{} configure(s) the memory of an embedded cluster (its mComponents and global managers), and this run goes to a running cluster, which has its own: pass --embedded to run on a cluster of this command's own, or leave them out",
+            refused.join(", ")
+        ),
+        Ok(noted) if !noted.is_empty() => {
+            eprintln!("splitos: note: ignored: {} (options of an embedded cluster: the running cluster keeps its configuration; --embedded runs on a cluster of this command's own)", noted.join(", "));
+            Ok(())
+        }
+        Ok(_) => Ok(()),
     }
-    let others = given(&[
-        ("--excache", a.excache.is_some()),
-        ("--ways", a.ways.is_some()),
-        ("--policy", a.policy.is_some()),
-        ("--no-piggyback", a.no_piggyback),
-        ("--fault-workers", a.fault_workers.is_some()),
-        ("--prefetch", a.prefetch.is_some()),
-        ("--prefetch-policy", a.prefetch_policy.is_some()),
-        ("--fault-around", a.fault_around.is_some()),
-        ("--transport", a.transport.is_some()),
-        ("--polling", a.polling.is_some()),
-        ("--compressed-tier", a.compressed_tier.is_some()),
-        ("--prealloc", a.prealloc.is_some()),
-        ("--heap-reuse", a.heap_reuse.is_some()),
-        ("--huge-pages", a.huge_pages.is_some()),
-        ("--fault-cpu", a.fault_cpu.is_some()),
-        ("--dirty-tracking", a.dirty_tracking.is_some()),
-        ("--evict-reserve", a.evict_reserve.is_some()),
-        ("--ncomponent", a.ncomponent),
-        ("--net-path", a.net_path.is_some()),
-    ]);
-    if !others.is_empty() {
-        eprintln!("splitos: note: ignored: {others} (options of an embedded cluster: the running cluster keeps its configuration; --embedded runs on a cluster of this command's own)");
-    }
-    Ok(())
 }
 
 /// One line when the run spent most of its time in ExCache misses that fetched back pages it

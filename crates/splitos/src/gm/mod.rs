@@ -25,8 +25,10 @@ use std::time::{Duration, Instant};
 
 use splitos_rpc::*;
 
+use crate::config::GmArgs;
+use crate::config::PlacementPolicy;
 use crate::node::{self, HEARTBEAT};
-use crate::placement::{Policy, Unit};
+use crate::placement::Unit;
 
 /// How many missed heartbeats make a component dead.
 pub const MISSED_BEATS: u32 = 4;
@@ -47,7 +49,7 @@ pub struct Gm {
     replication: Replication,
     overcommit: Overcommit,
     /// How GPM and GMM choose among the components with room (`[cluster] placement`).
-    placement: Policy,
+    placement: PlacementPolicy,
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
@@ -381,50 +383,35 @@ impl Handler for Gm {
     }
 }
 
-pub struct GmArgs {
-    pub listen: String,
-    /// The global managers' credentials file.
-    pub credentials: std::path::PathBuf,
-    pub transport: TransportConfig,
-    pub vregion_size: u64,
-    pub replication: Replication,
-    pub overcommit: Overcommit,
-    pub placement: Policy,
-    pub forget_dead: Duration,
-    pub reclaim_dead: Duration,
-    pub ready_file: Option<std::path::PathBuf>,
-    pub metrics_addr: Option<String>,
-    /// vNodes' memory quotas, by name.
-    pub memory_quotas: std::collections::HashMap<String, u64>,
-}
-
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
-    args.replication.check_vregion_size(args.vregion_size).map_err(|e| anyhow::anyhow!("--vregion-size: {e}"))?;
-    let t = args.transport.build(Some(node::credentials(&args.credentials, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
+    let cfg = &args.cluster;
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let replication = cfg.replication.unwrap_or_default();
+    let t = args.process.transport.build(Some(node::credentials(args.process.credentials()?, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
     let gm = Arc::new(Gm {
-        vregion_size: args.vregion_size,
-        replication: args.replication,
-        overcommit: args.overcommit,
-        placement: args.placement,
-        forget_dead: args.forget_dead,
-        reclaim_dead: args.reclaim_dead,
+        vregion_size: cfg.vregion_size.0,
+        replication,
+        overcommit: cfg.overcommit,
+        placement: cfg.placement,
+        forget_dead: Duration::from_millis(cfg.forget_dead_ms),
+        reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
         comps: Mutex::new(Vec::new()),
         replaced: Mutex::new(Vec::new()),
         replaced_mcomps: Mutex::new(Vec::new()),
         announced: Mutex::new(Default::default()),
         last_any: Mutex::new(Instant::now()),
         started: Instant::now(),
-        memory_quotas: args.memory_quotas,
+        memory_quotas: args.vnode_memory.iter().cloned().collect(),
         quota_homes: Mutex::new(Default::default()),
     });
     ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
-    if let Some(m) = &args.metrics_addr {
+    if let Some(m) = &args.process.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = args.vregion_size, replication = %args.replication, overcommit = args.overcommit.name(), placement = %args.placement, "splitos global managers started");
-    node::announce_ready(args.ready_file.as_deref(), &addr);
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");
+    node::announce_ready(args.process.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

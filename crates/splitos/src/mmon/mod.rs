@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use splitos_rpc::*;
 
+use crate::config::MemArgs;
 use crate::node::{self, Node};
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -396,31 +397,15 @@ impl Handler for Mem {
     }
 }
 
-pub struct MemArgs {
-    pub listen: String,
-    /// This component's credentials file.
-    pub credentials: std::path::PathBuf,
-    pub transport: TransportConfig,
-    pub gm: String,
-    pub capacity: u64,
-    pub workers: usize,
-    /// Bytes of storage buffer cache.
-    pub bcache: u64,
-    /// Largest read-ahead window for sequential file reads (0: off).
-    pub readahead: u64,
-    /// Bytes of backup log kept for the sComponent (`replication = "log"`).
-    pub backup_log: u64,
-    pub ready_file: Option<std::path::PathBuf>,
-    pub metrics_addr: Option<String>,
-}
-
 pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
-    let (node, endpoint) = Node::bind(Role::Mem, &args.gm, &args.listen, &args.transport, &args.credentials)?;
+    let cfg = &args.mcomp;
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let (node, endpoint) = Node::bind(Role::Mem, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let mem = Arc::new(Mem {
         node: node.clone(),
-        capacity: args.capacity,
+        capacity: cfg.capacity.0,
         vregion_size: AtomicU64::new(1 << 30),
         committed: AtomicU64::new(0),
         used: AtomicU64::new(0),
@@ -435,9 +420,9 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         rebuilt_pages: AtomicU64::new(0),
         lost: Mutex::new(HashMap::new()),
         last_retry: Mutex::new(std::time::Instant::now()),
-        bcache: bcache::BufferCache::new(node.clone(), args.bcache, args.readahead),
-        backup_log: log::BackupLog::new(args.backup_log),
-        worker_pool: args.workers > 0,
+        bcache: bcache::BufferCache::new(node.clone(), cfg.bcache.0, cfg.readahead.0),
+        backup_log: log::BackupLog::new(cfg.backup_log.0),
+        worker_pool: cfg.workers > 0,
         netbufs: netbuf::NetBufs::default(),
         quotas: quota::Ledger::default(),
         c: Counters::default(),
@@ -445,8 +430,8 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let m3 = mem.clone();
     // Buffered file writes reach the sComponent before an orderly stop.
     stop.on_stop(move || m3.bcache.write_back_all());
-    endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: args.workers, fanout_workers: 2 });
-    let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: cfg.workers, fanout_workers: 2 });
+    let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     mem.vregion_size.store(reg.vregion_size, Relaxed);
     *mem.replication.lock().unwrap() = reg.replication;
     *mem.overcommit.lock().unwrap() = reg.overcommit;
@@ -475,11 +460,11 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         .expect("spawn the rebuilder");
     let m5 = mem.clone();
     std::thread::Builder::new().name("log-stream".into()).spawn(move || m5.stream_logs()).expect("spawn the log streamer");
-    if let Some(m) = &args.metrics_addr {
+    if let Some(m) = &args.node.process.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = args.capacity, buffer_cache = args.bcache, readahead = args.readahead, backup_log = args.backup_log, workers = args.workers, "splitos memory monitor started");
-    node::announce_ready(args.ready_file.as_deref(), &node.addr);
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = cfg.capacity.0, buffer_cache = cfg.bcache.0, readahead = cfg.readahead.0, backup_log = cfg.backup_log.0, workers = cfg.workers, "splitos memory monitor started");
+    node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use splitos_rpc::*;
 
+use crate::config::NetArgs;
 use crate::node::{self, Node};
 use proxy::{Counters, Job, ProxyHandle};
 
@@ -126,33 +127,6 @@ impl Handler for Net {
     }
 }
 
-splitos_rpc::knob_enum! {
-    /// What a program's connect to a loopback address reaches.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    pub enum Loopback, "loopback", LOOPBACKS {
-        /// Only ports its own vNode holds on this nComponent: neither the host's own services
-        /// nor another vNode's loopback servers.
-        #[default]
-        Vnode = "vnode",
-        /// Every port of the host's loopback, as for a program of the host (the embedded
-        /// cluster on one machine, whose user's services are there).
-        Host = "host",
-    }
-}
-
-pub struct NetArgs {
-    pub listen: String,
-    pub loopback: Loopback,
-    pub credentials: std::path::PathBuf,
-    pub transport: TransportConfig,
-    pub gm: String,
-    /// The interface addresses to register; empty: every address of this host but loopback.
-    pub nics: Vec<IpAddr>,
-    pub ready_file: Option<std::path::PathBuf>,
-    pub metrics_addr: Option<String>,
-}
-
 /// This host's interface addresses, loopback and IPv6 link-local ones left out: those are the
 /// addresses a bind can name and the outside can reach.
 pub fn host_addresses() -> std::io::Result<Vec<IpAddr>> {
@@ -190,15 +164,17 @@ pub fn host_addresses() -> std::io::Result<Vec<IpAddr>> {
 }
 
 pub fn run(args: NetArgs) -> anyhow::Result<()> {
-    let nics = if args.nics.is_empty() { host_addresses()? } else { args.nics.clone() };
-    let (node, endpoint) = Node::bind(Role::Net, &args.gm, &args.listen, &args.transport, &args.credentials)?;
+    let cfg = &args.ncomp;
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let nics = if cfg.nics.is_empty() { host_addresses()? } else { cfg.nics.clone() };
+    let (node, endpoint) = Node::bind(Role::Net, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
     let _ = node.nics.set(nics.clone());
     let c = Arc::new(Counters::default());
-    let proxy = Arc::new(proxy::start(c.clone(), args.loopback, nics.clone())?);
+    let proxy = Arc::new(proxy::start(c.clone(), cfg.loopback, nics.clone())?);
     let ddma = ddma::Ddma::start(node.clone(), proxy.clone(), c.clone())?;
     let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
     endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
-    node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let (n2, n3) = (net.clone(), net.clone());
     node.clone().heartbeat_forever(
         None,
@@ -210,12 +186,12 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
             }
         },
     );
-    if let Some(m) = &args.metrics_addr {
+    if let Some(m) = &args.node.process.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     let shown: Vec<String> = nics.iter().map(|ip| ip.to_string()).collect();
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", nics = %shown.join(","), loopback = %args.loopback, "splitos network monitor started");
-    node::announce_ready(args.ready_file.as_deref(), &node.addr);
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", nics = %shown.join(","), loopback = %cfg.loopback, "splitos network monitor started");
+    node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

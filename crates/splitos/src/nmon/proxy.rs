@@ -125,14 +125,14 @@ struct Proxy {
     next: u64,
     /// When the proxy thread looks again without an event.
     next_deadline: Option<Instant>,
-    loopback: super::Loopback,
+    loopback: crate::config::Loopback,
     /// This host's addresses, which a connect to a listener here names.
     nics: Vec<std::net::IpAddr>,
     c: Arc<Counters>,
 }
 
 /// Starts the proxy thread.
-pub fn start(c: Arc<Counters>, loopback: super::Loopback, nics: Vec<std::net::IpAddr>) -> anyhow::Result<ProxyHandle> {
+pub fn start(c: Arc<Counters>, loopback: crate::config::Loopback, nics: Vec<std::net::IpAddr>) -> anyhow::Result<ProxyHandle> {
     let mut poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
     let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, nics, c };
@@ -463,10 +463,10 @@ type Registry = HashMap<(i32, u16), (String, usize)>;
 
 /// Loopback is the vNode's own: the host's private services and other vNodes' loopback
 /// servers are not there for it.
-fn loopback_allowed(loopback: super::Loopback, registry: &Registry, vnode: &str, kind: i32, a: std::net::SocketAddr) -> bool {
+fn loopback_allowed(loopback: crate::config::Loopback, registry: &Registry, vnode: &str, kind: i32, a: std::net::SocketAddr) -> bool {
     // The unspecified address reaches this host's loopback too, as Linux routes it.
     let ip = a.ip().to_canonical();
-    loopback != super::Loopback::Vnode || !(ip.is_loopback() || ip.is_unspecified()) || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
+    loopback != crate::config::Loopback::Vnode || !(ip.is_loopback() || ip.is_unspecified()) || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
 }
 
 fn release(registry: &mut Registry, port: (i32, u16)) {

@@ -21,69 +21,22 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use splitos_rpc::poll::Polling;
 use splitos_rpc::*;
 
-pub use excache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
-pub use excache::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
+pub use excache::{eviction_policy, Clock, EvictionPolicy, ExCache, Fifo};
+pub use excache::{prefetcher, Prefetcher, Sequential};
 pub use excache::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
-pub use excache::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
 pub use excache::{Install, Region, UffdRegion};
+pub use excache::{Keep, Taken};
 pub use excache::{Page, PageStore, Place, ProcMemory, RemoteStore};
-pub use fs::{mounts_under, unmount, Grants};
-pub use host::{FaultCpu, HugePages, FAULT_CPUS, HUGE_PAGES};
-pub use net::{NetPath, NET_PATHS};
+pub use fs::Grants;
 pub use stats::RunStats;
 
+use crate::config::{DirtyTracking, HugePages, PcompConfig, ProcArgs};
 use crate::node::{self, Node};
 
-#[derive(Clone, Debug)]
-pub struct PcompConfig {
-    pub excache_bytes: u64,
-    pub ways: usize,
-    pub policy: String,
-    pub piggyback: bool,
-    pub fault_workers: usize,
-    /// How long a fault worker polls for the next fault before sleeping (µs): a busy program
-    /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake.
-    pub fault_spin_us: u64,
-    /// Whether that polling adapts to how long waits are, or always takes `fault_spin_us`.
-    pub fault_polling: Polling,
-    /// Most lines read ahead with a remote miss (0: no read-ahead).
-    pub prefetch: usize,
-    /// Which read-ahead policy (`PREFETCH_POLICIES`).
-    pub prefetch_policy: String,
-    /// Fresh lines installed with a first touch (0: none).
-    pub fault_around: usize,
-    /// Bytes of the compressed tier behind the ExCache (0: off).
-    pub compressed_tier_bytes: u64,
-    /// Fresh lines pre-allocated in the heap's memfd past a first touch (0: none).
-    pub prealloc: usize,
-    /// Bytes of unmapped heap ranges each process keeps mapped at its home to map again
-    /// without asking it (0: none).
-    pub heap_reuse: u64,
-    /// Heaps on the pComponent's private tmpfs, fresh 2 MiB extents pre-allocated as huge pages.
-    pub huge_pages: HugePages,
-    /// Where fault workers run: anywhere, or on the faulting thread's CPU (then they never
-    /// poll, whatever `fault_spin_us` says).
-    pub fault_cpu: FaultCpu,
-    /// How the pComponent learns which lines a program wrote (dirty.rs).
-    pub dirty_tracking: DirtyTracking,
-    /// Spare ways the background evictor keeps in each set a miss used (0: no evictor).
-    pub evict_reserve: usize,
-    /// Two programs of a vNode on this pComponent connect through it, not the nComponent
-    /// (docs/network.md).
-    pub net_shortcut: bool,
-    /// How sockets' bytes travel to the nComponent.
-    pub net_path: NetPath,
-    /// Programs of one user other than root that may run here at once, and of all users.
-    pub max_programs_per_user: usize,
-    pub max_programs: usize,
-}
-
-/// A process running on this pComponent: its hosting (connection, credentials, fault
-/// workers), with its two other facets, `memory` and `heap`.
+/// A process running on this pComponent.
 pub struct Proc {
     pub pid: u64,
     pub os_pid: i32,
@@ -168,7 +121,7 @@ impl Pcomp {
     fn load(&self) -> Load {
         let procs: Vec<i32> = self.procs.lock().unwrap().values().map(|p| p.os_pid).collect();
         let threads = procs.iter().map(|pid| thread_count(*pid)).sum();
-        Load { threads, processes: procs.len() as u32, capacity: self.cfg.excache_bytes, committed: 0, used: 0 }
+        Load { threads, processes: procs.len() as u32, capacity: self.cfg.excache.0, committed: 0, used: 0 }
     }
 
     /// Ends a process whose memory cannot be served (the miss path's fail hook): says why on
@@ -273,27 +226,6 @@ impl Handler for Pcomp {
     }
 }
 
-pub struct ProcArgs {
-    pub listen: String,
-    /// This component's credentials file.
-    pub credentials: std::path::PathBuf,
-    pub transport: TransportConfig,
-    pub gm: String,
-    pub shim_sock: std::path::PathBuf,
-    /// Where vNode file systems are mounted (one directory per vNode).
-    pub vnode_root: std::path::PathBuf,
-    /// Which users may use which vNode (`VNODE=user:NAME,group:NAME,...`); root uses all.
-    pub grants: Vec<String>,
-    pub cfg: PcompConfig,
-    pub ready_file: Option<std::path::PathBuf>,
-    pub metrics_addr: Option<String>,
-}
-
-pub const SCAN_WITH_HUGE_PAGES: &str = "dirty_tracking = \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB";
-
-pub const SCAN_WITH_EVICTOR: &str =
-    "dirty_tracking = \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier";
-
 /// Programs' sockets are descriptors here too (a pair's end, a UDP socket's senders): the
 /// soft limit on descriptors goes up to the hard one.
 fn raise_descriptor_limit() {
@@ -307,49 +239,21 @@ fn raise_descriptor_limit() {
     }
 }
 
-/// The least ExCache a program works with: an instruction, a system call's buffers and the
-/// interpreter's hot pages need lines at once, and with fewer (4K: one) each miss evicts the
-/// line the next access needs again, so that even a Python one-liner never ends.
-pub const MIN_EXCACHE: u64 = 256 << 10;
-
-/// Refuses an ExCache size that cannot work: below [`MIN_EXCACHE`], or more than this host's
-/// memory (its lines' bookkeeping alone would take seconds to set up and then not fit).
-pub fn check_excache(bytes: u64) -> Result<(), String> {
-    use crate::config::Size;
-    if bytes < MIN_EXCACHE {
-        return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
-    }
-    let host = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())).map(|kb| kb << 10);
-    if let Some(host) = host.filter(|&h| bytes > h) {
-        return Err(format!("excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory", Size(bytes), Size(host)));
-    }
-    Ok(())
-}
 pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     raise_descriptor_limit();
-    let policy = policy_by_name(&args.cfg.policy).ok_or_else(|| anyhow::anyhow!("unknown eviction policy {:?} (known: {})", args.cfg.policy, POLICIES.join(", ")))?;
-    let prefetch = prefetcher(&args.cfg.prefetch_policy, args.cfg.prefetch).ok_or_else(|| anyhow::anyhow!("unknown prefetch policy {:?} (known: {})", args.cfg.prefetch_policy, PREFETCH_POLICIES.join(", ")))?;
-    if args.cfg.dirty_tracking == DirtyTracking::Scan {
-        // Scan eviction takes a page out of a heap file whose pages are 4 KiB (dirty.rs).
-        if args.cfg.huge_pages == HugePages::On {
-            anyhow::bail!("{}", SCAN_WITH_HUGE_PAGES);
-        }
-        if args.cfg.evict_reserve > 0 {
-            anyhow::bail!("{}", SCAN_WITH_EVICTOR);
-        }
+    let cfg = &args.pcomp;
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    if cfg.dirty_tracking == DirtyTracking::Scan {
         excache::dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
     }
-    check_excache(args.cfg.excache_bytes).map_err(|e| anyhow::anyhow!(e))?;
-    let lines = (args.cfg.excache_bytes / PAGE_SIZE as u64) as usize;
-    let heap_fs = match args.cfg.huge_pages {
+    let credentials = args.node.process.credentials()?;
+    let lines = (cfg.excache.0 / PAGE_SIZE as u64) as usize;
+    let heap_fs = match cfg.huge_pages {
         HugePages::Off => None,
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
-    let cache = ExCache::new(lines, args.cfg.ways, policy);
-    if args.cfg.evict_reserve >= cache.ways() {
-        anyhow::bail!("evict_reserve: {} spare ways leave no way to fill in sets of {}", args.cfg.evict_reserve, cache.ways());
-    }
+    let cache = ExCache::new(lines, cfg.ways, eviction_policy(cfg.policy));
     let grants = fs::grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
     // Programs of every user hand their memory to whoever answers at the program socket, and
     // vNodes are mounted by name under the vNode root: no other user may have a hand in either.
@@ -360,7 +264,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if let Err(e) = &uffd_dev {
         tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");
     }
-    let (node, endpoint) = Node::bind(Role::Proc, &args.gm, &args.listen, &args.transport, &args.credentials)?;
+    let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process.transport, credentials)?;
     let store = Arc::new(RemoteStore::new(node.clone()));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
         let me = me.clone();
@@ -369,17 +273,18 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let parts = MissPathParts { cache, store: store.clone(), prefetcher: prefetch, piggyback: args.cfg.piggyback, fault_around: args.cfg.fault_around, prealloc: args.cfg.prealloc, on_fail: hook };
+        let parts =
+            MissPathParts { cache, store: store.clone(), prefetcher: prefetcher(cfg.prefetch_policy, cfg.prefetch), piggyback: cfg.piggyback, fault_around: cfg.fault_around, prealloc: cfg.prealloc, on_fail: hook };
         let mut miss = MissPath::new(parts);
-        if args.cfg.compressed_tier_bytes > 0 {
-            miss = miss.with_tier(Box::new(OldestFirst::new(args.cfg.compressed_tier_bytes)), Box::new(Lz4));
+        if cfg.compressed_tier.0 > 0 {
+            miss = miss.with_tier(Box::new(OldestFirst::new(cfg.compressed_tier.0)), Box::new(Lz4));
         }
-        if args.cfg.evict_reserve > 0 {
-            miss = miss.with_evictor(args.cfg.evict_reserve);
+        if cfg.evict_reserve > 0 {
+            miss = miss.with_evictor(cfg.evict_reserve);
         }
         Pcomp {
             node: node.clone(),
-            cfg: args.cfg.clone(),
+            cfg: cfg.clone(),
             mounts: fs::Mounts::new(args.vnode_root.clone(), node.clone(), grants.clone()),
             store: store.clone(),
             miss,
@@ -388,19 +293,19 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             runs: Mutex::new(HashMap::new()),
             waiting: host::shim::Slots::waiting(),
             launchers: host::shim::Slots::runs(),
-            programs: host::shim::Slots::new(args.cfg.max_programs, args.cfg.max_programs_per_user),
+            programs: host::shim::Slots::new(cfg.max_programs, cfg.max_programs_per_user),
             grants,
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
             heap_fs,
-            net: Arc::new(net::NetStub::new(node.clone(), args.cfg.net_shortcut, args.cfg.net_path)),
+            net: Arc::new(net::NetStub::new(node.clone(), cfg.net_shortcut, cfg.net_path)),
         }
     });
     let p2 = p.clone();
     // Programs must not find dead mounts: unmount the vNode file systems before exiting.
     stop.on_stop(move || p2.mounts.unmount_all());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
-    if args.cfg.evict_reserve > 0 {
+    if cfg.evict_reserve > 0 {
         let p2 = p.clone();
         std::thread::Builder::new().name("evictor".into()).spawn(move || p2.miss.run_evictor())?;
     }
@@ -412,18 +317,18 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     host::shim::listen(p.clone(), &args.shim_sock)?;
     net::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
-    let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     store.set_vregion_size(vrs);
     let p2 = p.clone();
     let p3 = p.clone();
     node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), move |beat| p3.net.forget_peers(&beat.lost));
-    if let Some(m) = &args.metrics_addr {
+    if let Some(m) = &args.node.process.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = args.cfg.piggyback, prefetch = args.cfg.prefetch, compressed_tier = args.cfg.compressed_tier_bytes, huge_pages = %args.cfg.huge_pages, dirty_tracking = %args.cfg.dirty_tracking, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, "splitos process monitor started");
     });
-    node::announce_ready(args.ready_file.as_deref(), &node.addr);
+    node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     node::park_forever()
 }

@@ -22,6 +22,7 @@ use splitos_rpc::*;
 
 pub use ns::Store;
 
+use crate::config::StorageArgs;
 use crate::node::{self, Node};
 
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -186,22 +187,13 @@ impl Handler for Storage {
     }
 }
 
-pub struct StorageArgs {
-    pub listen: String,
-    /// This component's credentials file.
-    pub credentials: std::path::PathBuf,
-    pub transport: TransportConfig,
-    pub gm: String,
-    pub dir: std::path::PathBuf,
-    pub quota: u64,
-    pub ready_file: Option<std::path::PathBuf>,
-    pub metrics_addr: Option<String>,
-}
-
 pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
-    let share = share::Share::open(&args.dir, args.quota)?;
-    let (node, endpoint) = Node::bind(Role::Storage, &args.gm, &args.listen, &args.transport, &args.credentials)?;
+    let cfg = &args.scomp;
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let dir = cfg.dir.as_deref().ok_or_else(|| anyhow::anyhow!("an sComponent needs its storage directory (dir)"))?;
+    let share = share::Share::open(dir, cfg.quota.0)?;
+    let (node, endpoint) = Node::bind(Role::Storage, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
     let st = Arc::new(Storage { node: node.clone(), share: share.clone(), started: Instant::now() });
     let s3 = share.clone();
     stop.on_stop(move || s3.checkpoint());
@@ -213,14 +205,14 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
         })
         .expect("spawn checkpoint thread");
     endpoint.serve(st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
-    node.register(None, st.share.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.gm))?;
+    node.register(None, st.share.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let s2 = st.clone();
     node.clone().heartbeat_forever(None, move || s2.share.load(), |_| {});
-    if let Some(m) = &args.metrics_addr {
+    if let Some(m) = &args.node.process.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", dir = %args.dir.display(), quota = args.quota, used = st.share.load().used, owner = st.share.is_owner(), "splitos storage monitor started");
-    node::announce_ready(args.ready_file.as_deref(), &node.addr);
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", dir = %dir.display(), quota = cfg.quota.0, used = st.share.load().used, owner = st.share.is_owner(), "splitos storage monitor started");
+    node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -6,6 +6,8 @@
 //! CLOCK approximates LRU with a reference bit and a hand per set.
 use std::collections::{BTreeMap, HashMap};
 
+use crate::config::EvictPolicy;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LineState {
     /// Claimed by a miss that is still fetching; never a victim.
@@ -105,15 +107,13 @@ impl EvictionPolicy for Clock {
     }
 }
 
-pub fn policy_by_name(name: &str) -> Option<Box<dyn EvictionPolicy>> {
-    match name {
-        "fifo" => Some(Box::new(Fifo)),
-        "clock" | "lru" => Some(Box::new(Clock)),
-        _ => None,
+/// The policy the knob names.
+pub fn eviction_policy(knob: EvictPolicy) -> Box<dyn EvictionPolicy> {
+    match knob {
+        EvictPolicy::Fifo => Box::new(Fifo),
+        EvictPolicy::Clock => Box::new(Clock),
     }
 }
-
-pub const POLICIES: &[&str] = &["fifo", "clock"];
 
 /// What a miss got: the slot it fills and the line it displaced, if any.
 pub struct Claim {

@@ -53,22 +53,8 @@ use std::sync::{Mutex, OnceLock};
 use splitos_shim_abi::uffd;
 
 use super::store::Page;
+use crate::config::DirtyTracking;
 use crate::pmon::host::uffd::{punch, PAGE};
-
-splitos_rpc::knob_enum! {
-    /// How the pComponent learns which lines a program wrote.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    pub enum DirtyTracking, "dirty_tracking", DIRTY_TRACKING {
-        /// A line installed after a read is write-protected and the first write traps to the
-        /// pComponent; lines of a process whose reads are mostly followed by writes are
-        /// installed writable and dirty instead.
-        #[default]
-        Fault = "fault",
-        /// The kernel lifts write protection itself and PAGEMAP_SCAN reports written pages.
-        Scan = "scan",
-    }
-}
 
 impl DirtyTracking {
     /// The userfaultfd features a program's shim must ask for.

@@ -10,10 +10,10 @@ pub(super) mod region;
 pub(super) mod store;
 pub(super) mod tier;
 
-pub use cache::{policy_by_name, Clock, EvictionPolicy, ExCache, Fifo, POLICIES};
-pub use dirty::{DirtyTracking, Keep, Taken, DIRTY_TRACKING};
+pub use cache::{eviction_policy, Clock, EvictionPolicy, ExCache, Fifo};
+pub use dirty::{Keep, Taken};
 pub use miss::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
-pub use prefetch::{prefetcher, Prefetcher, Sequential, PREFETCH_POLICIES};
+pub use prefetch::{prefetcher, Prefetcher, Sequential};
 pub use region::{Install, Region, UffdRegion};
 pub use store::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use tier::{Codec, Entry, Lz4, OldestFirst, VictimTier};

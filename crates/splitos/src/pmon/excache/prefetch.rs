@@ -11,6 +11,8 @@
 //! trap served locally) or its eviction untouched is reported to [`Prefetcher::outcome`].
 use std::collections::HashMap;
 
+use crate::config::PrefetchPolicy;
+
 /// One prefetched line in this many is a sample whose use is observed.
 pub const SAMPLE: u64 = 16;
 
@@ -194,16 +196,13 @@ impl Prefetcher for Leap {
     }
 }
 
-pub const PREFETCH_POLICIES: &[&str] = &["sequential", "nextline", "leap"];
-
-/// The prefetcher named `policy` reading ahead at most `max` lines (0: off).
-pub fn prefetcher(policy: &str, max: usize) -> Option<Box<dyn Prefetcher>> {
+/// The prefetcher of `policy` reading ahead at most `max` lines (0: off).
+pub fn prefetcher(policy: PrefetchPolicy, max: usize) -> Box<dyn Prefetcher> {
     match (policy, max) {
-        ("sequential" | "nextline" | "leap", 0) => Some(Box::new(Off)),
-        ("sequential", _) => Some(Box::new(Sequential::new(max, 0))),
-        ("nextline", _) => Some(Box::new(Sequential::new(max, 1))),
-        ("leap", _) => Some(Box::new(Leap::new(max))),
-        _ => None,
+        (_, 0) => Box::new(Off),
+        (PrefetchPolicy::Sequential, _) => Box::new(Sequential::new(max, 0)),
+        (PrefetchPolicy::Nextline, _) => Box::new(Sequential::new(max, 1)),
+        (PrefetchPolicy::Leap, _) => Box::new(Leap::new(max)),
     }
 }
 
@@ -237,8 +236,7 @@ mod tests {
         assert_eq!(w(102), 2);
         assert_eq!(w(105), 4);
         assert_eq!(w(7), 1, "a jump falls back to one line");
-        assert_eq!(prefetcher("nextline", 0).unwrap().window(1, 5), Ahead::NONE, "0 is off");
-        assert!(prefetcher("lru", 8).is_none());
+        assert_eq!(prefetcher(PrefetchPolicy::Nextline, 0).window(1, 5), Ahead::NONE, "0 is off");
     }
 
     #[test]

@@ -92,27 +92,6 @@ pub struct Grants {
     by_vnode: HashMap<String, Grant>,
 }
 
-/// A user's or group's id, from its number or its name on this host; a name this host does not
-/// know is an error, not a grant to nobody.
-fn id_of(what: &str, name: &str, lookup: impl Fn(&str) -> nix::Result<Option<u32>>) -> Result<u32, String> {
-    if let Ok(n) = name.parse() {
-        return Ok(n);
-    }
-    match lookup(name) {
-        Ok(Some(id)) => Ok(id),
-        Ok(None) => Err(format!("no {what} {name:?} on this host")),
-        Err(e) => Err(format!("cannot look up {what} {name:?}: {e}")),
-    }
-}
-
-fn uid_of(name: &str) -> Result<u32, String> {
-    id_of("user", name, |n| nix::unistd::User::from_name(n).map(|u| u.map(|u| u.uid.as_raw())))
-}
-
-fn gid_of(name: &str) -> Result<u32, String> {
-    id_of("group", name, |n| nix::unistd::Group::from_name(n).map(|g| g.map(|g| g.gid.as_raw())))
-}
-
 impl Grants {
     /// Parses `VNODE=WHO[,WHO...]`, each WHO `user:NAME`, `user:UID`, `group:NAME` or
     /// `group:GID`. Names are resolved now: a name this host does not know is an error, not a
@@ -121,12 +100,12 @@ impl Grants {
         let mut g = Grants::default();
         for spec in specs {
             let (vnode, who) = spec.split_once('=').ok_or_else(|| format!("grant {spec:?}: expected VNODE=user:NAME,group:NAME,..."))?;
-            super::check_vnode_name(vnode).map_err(|e| format!("grant {spec:?}: {e}"))?;
+            crate::config::check_vnode_name(vnode).map_err(|e| format!("grant {spec:?}: {e}"))?;
             let grant = g.by_vnode.entry(vnode.to_string()).or_default();
             for w in who.split(',').filter(|w| !w.is_empty()) {
                 match w.split_once(':') {
-                    Some(("user", n)) => grant.uids.insert(uid_of(n).map_err(|e| format!("grant {spec:?}: {e}"))?),
-                    Some(("group", n)) => grant.gids.insert(gid_of(n).map_err(|e| format!("grant {spec:?}: {e}"))?),
+                    Some(("user", n)) => grant.uids.insert(crate::sys::uid_of(n).map_err(|e| format!("grant {spec:?}: {e}"))?),
+                    Some(("group", n)) => grant.gids.insert(crate::sys::gid_of(n).map_err(|e| format!("grant {spec:?}: {e}"))?),
                     _ => return Err(format!("grant {spec:?}: {w:?} is neither user:NAME nor group:NAME")),
                 };
             }

@@ -33,7 +33,9 @@ use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, 
 use splitos_rpc::{P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC, P2M_FILE_WRITE};
 use splitos_rpc::{P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS, P2S_UNLINK, X2S_GETATTR, X2S_SYNC};
 
+use crate::config::check_vnode_name;
 use crate::node::Node;
+use crate::sys::unmount;
 pub use grants::Grants;
 use grants::{Grant, TOP_MODE};
 
@@ -685,32 +687,6 @@ pub struct Mounts {
     node: Arc<Node>,
     grants: Grants,
     live: Mutex<HashMap<String, (PathBuf, fuser::BackgroundSession)>>,
-}
-
-/// A vNode's name is a directory name under the mount root.
-pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
-    if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
-        return Err(format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"));
-    }
-    Ok(())
-}
-
-/// Detaches whatever is mounted at `dir` (a mount left by a pComponent that was killed).
-pub fn unmount(dir: &Path) {
-    if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
-        // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it. The
-        // result is not needed: EINVAL (nothing mounted there) is the usual case. A link in the
-        // mount point's place is not followed: it never names one of our mounts.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
-    }
-}
-
-/// Every mount point under `dir`, deepest first (from /proc/self/mountinfo).
-pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut v: Vec<PathBuf> = info.lines().filter_map(|l| l.split(' ').nth(4)).map(|p| PathBuf::from(p.replace("\\040", " "))).filter(|p| p.starts_with(dir) && p != dir).collect();
-    v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    v
 }
 
 /// Makes `dir` a mount point only this pComponent could have made: a directory of its own in

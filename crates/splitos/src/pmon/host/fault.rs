@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use splitos_rpc::poll::Poller;
 use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
 
-use super::fault_cpu::{FaultCpu, Follower};
+use super::fault_cpu::Follower;
 use super::uffd::{FaultWait, PAGE};
+use crate::config::FaultCpu;
 use crate::pmon::excache::miss::Access;
 use crate::pmon::{Pcomp, Proc};
 

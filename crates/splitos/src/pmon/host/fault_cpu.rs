@@ -21,20 +21,9 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use splitos_rpc::cpu::{self, Placement};
 
 use crate::pmon::stats::RunStats;
-
-splitos_rpc::knob_enum! {
-    #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
-    #[serde(rename_all = "lowercase")]
-    pub enum FaultCpu, "fault_cpu", FAULT_CPUS {
-        #[default]
-        Any = "any",
-        Faulting = "faulting",
-    }
-}
 
 /// A thread's CPU is read again after this many of its faults...
 const REREAD_FAULTS: u32 = 16;
@@ -285,12 +274,5 @@ mod tests {
         assert!(!f.settle(), "and does not move back at once");
         drop((done_tx, go_tx));
         t.join().unwrap();
-    }
-
-    #[test]
-    fn names_parse_and_bad_ones_are_refused() {
-        assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
-        assert_eq!(FaultCpu::Any.to_string(), "any");
-        assert!("sometimes".parse::<FaultCpu>().unwrap_err().contains("any, faulting"));
     }
 }

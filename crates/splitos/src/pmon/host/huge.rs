@@ -22,8 +22,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
-
 use super::uffd::{self, PAGE};
 
 /// Lines in a 2 MiB huge page.
@@ -36,18 +34,6 @@ const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 const SHMEM_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-
-splitos_rpc::knob_enum! {
-    /// Whether the pComponent backs heaps with its private tmpfs and pre-allocates fresh 2 MiB
-    /// extents as huge pages.
-    #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
-    #[serde(rename_all = "lowercase")]
-    pub enum HugePages, "huge_pages", HUGE_PAGES {
-        #[default]
-        Off = "off",
-        On = "on",
-    }
-}
 
 fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
     if r < 0 {
@@ -295,13 +281,5 @@ mod tests {
             assert_eq!(exact_fallocate(setting, false), memfd, "{setting} (memfd)");
             assert_eq!(exact_fallocate(setting, true), ours, "{setting} (private mount)");
         }
-    }
-
-    #[test]
-    fn the_knob_parses_its_names_only() {
-        for n in HUGE_PAGES {
-            assert_eq!(n.parse::<HugePages>().unwrap().to_string(), *n);
-        }
-        assert!("2m".parse::<HugePages>().unwrap_err().contains("off, on"));
     }
 }

@@ -8,6 +8,3 @@ pub(super) mod huge;
 pub(super) mod reuse;
 pub(super) mod shim;
 pub(super) mod uffd;
-
-pub use fault_cpu::{FaultCpu, FAULT_CPUS};
-pub use huge::{HugePages, HUGE_PAGES};

@@ -21,7 +21,8 @@ use super::fault;
 use super::huge::HugeHeap;
 use super::reuse::HeapReuse;
 use super::uffd::PAGE;
-use crate::pmon::excache::dirty::{DirtyTracking, Tracker};
+use crate::config::DirtyTracking;
+use crate::pmon::excache::dirty::Tracker;
 use crate::pmon::excache::miss::ProcHeap;
 use crate::pmon::excache::region::UffdRegion;
 use crate::pmon::excache::store::ProcMemory;
@@ -400,7 +401,7 @@ impl Pcomp {
         let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
         let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker };
         let heap = ProcHeap::new(pid, Box::new(region), child.run);
-        let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse));
+        let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse.0));
         let heap_range = h.region_base..h.region_base.saturating_add(h.region_size);
         let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd: peer.pidfd.clone(), conn, memory: child.memory, heap, uffd, stop, reuse, heap_range });
         p.heap.stats.processes.fetch_add(1, Relaxed);

@@ -29,23 +29,8 @@ use splitos_rpc::*;
 use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_LOCAL, SHIM_ABI_VERSION};
 
 use super::Pcomp;
+use crate::config::NetPath;
 use crate::node::Node;
-
-splitos_rpc::knob_enum! {
-    /// How a socket's bytes travel between this pComponent and its nComponent (the paper's
-    /// section 3.4-3.6).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    pub enum NetPath, "net_path", NET_PATHS {
-        /// In the requests themselves, straight between the two (DDIO).
-        #[default]
-        Ddio = "ddio",
-        /// Through socket buffers on an mComponent: the stub writes what a program sends
-        /// there and the nComponent fetches it; the nComponent writes what it receives there
-        /// and the stub reads it (DMA).
-        Dma = "dma",
-    }
-}
 
 /// A socket's two buffers on an mComponent (the DMA path).
 #[derive(Clone)]

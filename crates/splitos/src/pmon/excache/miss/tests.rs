@@ -192,14 +192,14 @@ fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: 
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let prefetcher = crate::pmon::prefetcher("sequential", prefetch).unwrap();
+    let prefetcher = crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, prefetch);
     let mp = Arc::new(MissPath::new(MissPathParts { prefetcher, piggyback, fault_around, prealloc, ..parts(ExCache::new(lines, ways, policy), store.clone(), hook) }));
     Rig { mp, store, failed }
 }
 
 /// A miss path's parts with piggyback on, no read-ahead and no fresh lines.
 fn parts(cache: ExCache, store: Arc<MemStore>, on_fail: FailHook) -> MissPathParts {
-    MissPathParts { cache, store, prefetcher: crate::pmon::prefetcher("sequential", 0).unwrap(), piggyback: true, fault_around: 0, prealloc: 0, on_fail }
+    MissPathParts { cache, store, prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, 0), piggyback: true, fault_around: 0, prealloc: 0, on_fail }
 }
 
 /// A process as the test drives it.
@@ -635,7 +635,7 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
 #[test]
 fn staged_samples_evicted_untouched_are_waste() {
     let store = MemStore::new(1);
-    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher("nextline", 8).unwrap(), ..parts(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {})) });
+    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8), ..parts(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {})) });
     let r = Rig { mp: Arc::new(mp), store, failed: Arc::default() };
     let p = r.prog(1);
     for v in 0..256 {
@@ -979,7 +979,7 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
 fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     let store = MemStore::new(1);
     let hook: FailHook = Box::new(|_, _| {});
-    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher("nextline", 8).unwrap(), fault_around: 8, ..parts(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), hook) });
+    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8), fault_around: 8, ..parts(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), hook) });
     let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));

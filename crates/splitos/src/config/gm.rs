@@ -1,0 +1,118 @@
+//! The global managers' configuration: the `[cluster]` table.
+use serde::{Deserialize, Serialize};
+use splitos_rpc::{knob_enum, Overcommit, Replication};
+
+use super::{check_netns, Size, ANY_PORT, PAGE};
+
+/// The global managers' knobs: the `[cluster]` table of the cluster configuration, the options
+/// of `splitos gm`, and those `splitos run` gives the embedded cluster's global managers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields, default)]
+pub struct GmConfig {
+    /// Where `cluster up` starts the global managers (port 0: any free port, which it tells
+    /// every component it starts); one started by hand listens at `splitos gm --listen`.
+    #[arg(skip = ANY_PORT.to_string())]
+    pub gm: String,
+    /// vRegion size: a power of two of at least 4096.
+    #[arg(long, default_value_t = Size(1 << 30))]
+    pub vregion_size: Size,
+    /// How long a component that stopped heartbeating is kept (shown dead) before it is
+    /// forgotten (ms); one that comes back later registers again.
+    #[arg(long, default_value_t = 30_000)]
+    pub forget_dead_ms: u64,
+    /// How long a pComponent or mComponent may be silent before it is declared lost (ms),
+    /// less than forget_dead_ms: the mComponents release the memory of the processes a lost
+    /// pComponent created; programs wait for a silent mComponent until it is declared lost
+    /// (docs/failures.md).
+    #[arg(long, default_value_t = 5_000)]
+    pub reclaim_dead_ms: u64,
+    /// How heap memory survives the loss of an mComponent: none (one copy), replica (two, on
+    /// different hosts where there are), log (LegoOS: one copy, and a logger mComponent
+    /// streams each write-back to a backup file on an sComponent), ec or ec:K (one copy
+    /// striped over K = 2, 4 or 8 mComponents plus their XOR parity on one more; ec is ec:4).
+    /// Unset: replica with three or more mComponents, else none (docs/failures.md); started by
+    /// hand, the global managers cannot count the mComponents to come: none.
+    #[arg(long, value_parser = Replication::from_name)]
+    #[serde(with = "replication_by_name")]
+    pub replication: Option<Replication>,
+    /// When heap memory is charged, as Linux's vm.overcommit_memory: heuristic (when stored;
+    /// only a mapping larger than all memory is refused), strict (writable mappings whole,
+    /// when made; ENOMEM beyond capacity; docs/failures.md).
+    #[arg(long, default_value = "heuristic", value_parser = Overcommit::from_name)]
+    #[serde(with = "overcommit_by_name")]
+    pub overcommit: Overcommit,
+    /// How the global managers choose the pComponent of a process and the mComponent of a
+    /// home or vRegion among those with room: least-loaded spreads (fewest threads, smallest
+    /// share of memory taken), best-fit (the least free) and first-fit (the first registered)
+    /// pack.
+    #[arg(long, default_value_t)]
+    pub placement: PlacementPolicy,
+    /// The network namespace (`ip netns`) `cluster up` starts the global managers in
+    /// (docs/deployment.md); none: the namespace of `cluster up`.
+    #[arg(skip)]
+    pub netns: Option<String>,
+}
+
+knob_enum! {
+    /// The placement policy of the global managers (the rules: `crate::placement`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum PlacementPolicy, "placement", PLACEMENT_POLICIES {
+        /// The least loaded component: what the global managers did before policies existed.
+        #[default]
+        LeastLoaded = "least-loaded",
+        /// The component with the least free.
+        BestFit = "best-fit",
+        /// The first registered component with room.
+        FirstFit = "first-fit",
+    }
+}
+
+impl Default for GmConfig {
+    fn default() -> Self {
+        splitos_rpc::knob::defaults()
+    }
+}
+
+impl GmConfig {
+    /// An error names the field it is about.
+    pub fn validate(&self) -> Result<(), String> {
+        let vrs = self.vregion_size.0;
+        self.replication.unwrap_or_default().check_vregion_size(vrs).map_err(|e| format!("vregion_size: {e}"))?;
+        if vrs < PAGE || !vrs.is_power_of_two() {
+            return Err(format!("vregion_size: {vrs} must be a power of two of at least 4096"));
+        }
+        check_netns(&self.netns)?;
+        if self.reclaim_dead_ms >= self.forget_dead_ms {
+            return Err(format!("reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.reclaim_dead_ms, self.forget_dead_ms));
+        }
+        Ok(())
+    }
+}
+
+/// The replication scheme by the name a configuration gives it (its serde is the wire's).
+mod replication_by_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+    use splitos_rpc::Replication;
+
+    pub fn serialize<S: Serializer>(r: &Option<Replication>, s: S) -> Result<S::Ok, S::Error> {
+        r.map(|r| r.to_string()).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Replication>, D::Error> {
+        Option::<String>::deserialize(d)?.map(|n| Replication::from_name(&n)).transpose().map_err(D::Error::custom)
+    }
+}
+
+/// The overcommit mode by the name a configuration gives it (its serde is the wire's).
+mod overcommit_by_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+    use splitos_rpc::Overcommit;
+
+    pub fn serialize<S: Serializer>(o: &Overcommit, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(o.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Overcommit, D::Error> {
+        Overcommit::from_name(&String::deserialize(d)?).map_err(D::Error::custom)
+    }
+}

@@ -1,0 +1,255 @@
+//! The configuration of a cluster and of each of its components, declared once.
+//!
+//! Each component's knobs are one struct: [`PcompConfig`], [`McompConfig`], [`ScompConfig`],
+//! [`NcompConfig`], [`GmConfig`] (the `[cluster]` table), and the transport's
+//! [`TransportConfig`]. A field is a knob: its doc comment is its help (`--help`,
+//! docs/configuration.md), its `#[arg(default_value_t = ...)]` its one default, serde gives its
+//! name in the cluster file (TOML) and in JSON, clap its option, and the struct's `validate()`
+//! checks it. Adding a knob is adding a field, and using it in the component.
+//!
+//! How a knob reaches a component:
+//! * a cluster file ([`ClusterConfig`]) holds one struct per `[[pcomponent]]`,
+//!   `[[mcomponent]]`, ... table; `cluster up` gives each component process its whole
+//!   configuration ([`ProcArgs`], [`MemArgs`], ...) as a JSON file (`splitos proc
+//!   --config-file F`, see [`Startup`]), never re-written as options;
+//! * a monitor started by hand (`splitos proc --excache 1G ...`) gets the same struct from its
+//!   options, each struct flattened into its command;
+//! * `splitos run` flattens them too ([`Embedded`]): the options given override the embedded
+//!   cluster's configuration, and are refused or noted on a running cluster by the struct
+//!   they belong to ([`OnRun`]).
+//!
+//! Every default is written once, on its field, and the struct's `Default` is the command line
+//! without options ([`splitos_rpc::knob::defaults`]): a field missing from a file and an option
+//! not given cannot disagree. This module imports no monitor: the monitors import their
+//! configuration from here.
+mod embedded;
+mod gm;
+mod mcomp;
+mod ncomp;
+mod pcomp;
+mod process;
+mod scomp;
+mod size;
+mod vnode;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+pub use splitos_rpc::TransportConfig;
+
+pub use embedded::{Embedded, OnRun, Override, Running};
+pub use gm::{GmConfig, PlacementPolicy, PLACEMENT_POLICIES};
+pub use mcomp::McompConfig;
+pub use ncomp::{Loopback, NcompConfig};
+pub use pcomp::{DirtyTracking, EvictPolicy, FaultCpu, HugePages, NetPath, PcompConfig, PrefetchPolicy, MIN_EXCACHE};
+pub use process::{write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs};
+pub use scomp::ScompConfig;
+pub use size::{parse_size, Size};
+pub use vnode::{check_vnode_name, parse_vnode_memory, VnodeConfig};
+
+const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
+
+/// Any free port on loopback: where a component of a cluster on one host listens unless told.
+const ANY_PORT: &str = "127.0.0.1:0";
+
+/// Where the global managers listen when started by hand (`splitos gm`), and where monitors
+/// started by hand look for them. `cluster up` instead starts them on any free port
+/// (`[cluster] gm`) and tells every component it starts, so that clusters on one host do not
+/// collide.
+pub const HAND_STARTED_GM: &str = "127.0.0.1:7100";
+
+/// `netns`, which every component's table has.
+fn check_netns(netns: &Option<String>) -> Result<(), String> {
+    match netns.as_deref().filter(|ns| ns.is_empty() || ns.contains('/') || ns.starts_with('.')) {
+        Some(ns) => Err(format!("netns: {ns:?} is not a network namespace name (as `ip netns` names them)")),
+        None => Ok(()),
+    }
+}
+
+/// A cluster configuration file (TOML). Every field is documented in docs/configuration.md;
+/// a bad file is refused with a message naming the field.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    #[serde(default)]
+    pub cluster: GmConfig,
+    #[serde(default)]
+    pub pcomponent: Vec<PcompConfig>,
+    #[serde(default)]
+    pub mcomponent: Vec<McompConfig>,
+    /// Storage components; without one, runs get no vNode file system.
+    #[serde(default)]
+    pub scomponent: Vec<ScompConfig>,
+    /// Network components; without one, programs' sockets use their pComponent host's stack.
+    #[serde(default)]
+    pub ncomponent: Vec<NcompConfig>,
+    /// Which transport every component uses, and that transport's knobs (`[transport.tcp]`).
+    #[serde(default)]
+    pub transport: TransportConfig,
+    /// vNodes granted to users of the pComponents' hosts; a vNode not listed is root's alone.
+    #[serde(default)]
+    pub vnode: Vec<VnodeConfig>,
+}
+
+impl ClusterConfig {
+    /// The embedded cluster: global managers, one pComponent, two mComponents, one sComponent.
+    pub fn embedded() -> ClusterConfig {
+        ClusterConfig {
+            cluster: GmConfig::default(),
+            pcomponent: vec![PcompConfig::default()],
+            mcomponent: vec![McompConfig::default(); 2],
+            scomponent: vec![ScompConfig::default()],
+            ncomponent: Vec::new(),
+            transport: TransportConfig::default(),
+            vnode: Vec::new(),
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<ClusterConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let c: ClusterConfig = toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        c.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
+        Ok(c)
+    }
+
+    /// The cluster's replication scheme: the one configured, or by default `replica` when
+    /// there are mComponents enough for a copy on another one to spare.
+    pub fn replication(&self) -> splitos_rpc::Replication {
+        match self.cluster.replication {
+            Some(r) => r,
+            None if self.mcomponent.len() >= 3 => splitos_rpc::Replication::Replica,
+            None => splitos_rpc::Replication::None,
+        }
+    }
+
+    /// What the global managers are started with: `[cluster]`, its replication scheme decided.
+    pub fn gm(&self) -> GmConfig {
+        GmConfig { replication: Some(self.replication()), ..self.cluster.clone() }
+    }
+
+    /// Each component's own checks, and those across components; an error names the field
+    /// (`pcomponent[0].excache: ...`).
+    pub fn validate(&self) -> Result<(), String> {
+        self.transport.validate()?;
+        self.gm().validate().map_err(|e| format!("cluster.{e}"))?;
+        if self.replication() == splitos_rpc::Replication::Log && self.scomponent.is_empty() {
+            return Err("cluster.replication: \"log\" keeps each vRegion's backup file on an sComponent, and the cluster has no [[scomponent]]".into());
+        }
+        if self.pcomponent.is_empty() {
+            return Err("pcomponent: at least one [[pcomponent]] is needed".into());
+        }
+        if self.mcomponent.is_empty() {
+            return Err("mcomponent: at least one [[mcomponent]] is needed".into());
+        }
+        let each = |table: &str, checks: Vec<Result<(), String>>| checks.into_iter().enumerate().try_for_each(|(i, r)| r.map_err(|e| format!("{table}[{i}].{e}")));
+        each("pcomponent", self.pcomponent.iter().map(PcompConfig::validate).collect())?;
+        each("mcomponent", self.mcomponent.iter().map(McompConfig::validate).collect())?;
+        each("scomponent", self.scomponent.iter().map(ScompConfig::validate).collect())?;
+        each("ncomponent", self.ncomponent.iter().map(NcompConfig::validate).collect())?;
+        each("vnode", self.vnode.iter().map(VnodeConfig::validate).collect())?;
+        let mut dirs = std::collections::HashSet::new();
+        for (i, s) in self.scomponent.iter().enumerate() {
+            if !dirs.insert(s.dir.clone()) {
+                return Err(format!("scomponent[{i}].dir: two sComponents cannot share a storage directory"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_fields_are_named() {
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\nexcahce = \"1M\"\n").unwrap_err().to_string();
+        assert!(e.contains("excahce"), "{e}");
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\npolicy = \"lfu\"\n[[mcomponent]]\n").unwrap_err().to_string();
+        assert!(e.contains("policy") && e.contains("fifo, clock"), "{e}");
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\ndirty_tracking = \"dirty\"\n[[mcomponent]]\n").unwrap_err().to_string();
+        assert!(e.contains("dirty_tracking") && e.contains("scan"), "{e}");
+        let e = toml::from_str::<ClusterConfig>("[[mcomponent]]\ncapacity = \"9X\"\n").unwrap_err().to_string();
+        assert!(e.contains("capacity") || e.contains("9X"), "{e}");
+        let e = toml::from_str::<ClusterConfig>("[cluster]\nreplication = \"ec:3\"\n").unwrap_err().to_string();
+        assert!(e.contains("replication") && e.contains("2, 4 or 8"), "{e}");
+        let check = |text: &str| toml::from_str::<ClusterConfig>(text).unwrap().validate().unwrap_err();
+        assert!(check("[[pcomponent]]\nfault_workers = 0\n[[mcomponent]]\n").starts_with("pcomponent[0].fault_workers:"));
+        assert!(check("[[pcomponent]]\n[[mcomponent]]\n[[mcomponent]]\nnetns = \"a/b\"\n").starts_with("mcomponent[1].netns:"));
+        assert!(check("[cluster]\nvregion_size = 3000\n[[pcomponent]]\n[[mcomponent]]\n").starts_with("cluster.vregion_size:"));
+        assert!(check("[cluster]\nreplication = \"log\"\n[[pcomponent]]\n[[mcomponent]]\n").starts_with("cluster.replication:"));
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them_and_unworkable_excaches_are_refused() {
+        let check = |pcomp: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n")).unwrap().validate();
+        let tiny = check("excache = \"4K\"").unwrap_err();
+        assert!(tiny.contains("pcomponent[0].excache") && tiny.contains("256K"), "{tiny}");
+        assert!(check("excache = \"1T\"").unwrap_err().contains("more than this host's memory"));
+        assert!(check("excache = \"256K\"").is_ok());
+        assert!(check("excache = \"64MB\"").is_ok());
+    }
+
+    /// What `cluster up` writes for a component reads back the same: the configuration travels
+    /// whole.
+    #[test]
+    fn the_configuration_travels_through_json_unchanged() {
+        let text = "[cluster]\nreplication = \"ec:2\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"1G\"\npolicy = \"clock\"\npiggyback = false\nnetns = \"p\"\n[[mcomponent]]\n[[scomponent]]\ndir = \"/d\"\n[[ncomponent]]\nnics = [\"10.0.0.1\"]\n[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 5\n[[vnode]]\nname = \"lab\"\nmemory = \"1G\"\n";
+        let c: ClusterConfig = toml::from_str(text).unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<ClusterConfig>(&json).unwrap(), c, "{json}");
+        assert_eq!(toml::from_str::<ClusterConfig>(&toml::to_string(&c).unwrap()).unwrap(), c);
+        assert_eq!(c.pcomponent[0].excache, Size(1 << 30));
+        assert!(!c.pcomponent[0].piggyback);
+    }
+
+    /// A table that names a component with no fields gives it what its command line without
+    /// options gives, and what `ClusterConfig::embedded` starts.
+    #[test]
+    fn a_file_and_the_command_line_agree_on_every_default() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli<T: clap::Args> {
+            #[command(flatten)]
+            knobs: T,
+        }
+        fn no_options<T: clap::Args>() -> T {
+            Cli::<T>::parse_from(["splitos"]).knobs
+        }
+        let c: ClusterConfig = toml::from_str("[[pcomponent]]\n[[mcomponent]]\n[[ncomponent]]\n").unwrap();
+        assert_eq!(c.pcomponent[0], no_options::<PcompConfig>());
+        assert_eq!(c.mcomponent[0], no_options::<McompConfig>());
+        assert_eq!(c.ncomponent[0], no_options::<NcompConfig>());
+        assert_eq!(c.cluster, no_options::<GmConfig>());
+        assert_eq!(c.transport, no_options::<TransportConfig>());
+        assert_eq!(ScompConfig { dir: None, ..Cli::<ScompConfig>::parse_from(["splitos", "--dir", "d"]).knobs }, toml::from_str::<ScompConfig>("").unwrap());
+        assert!(ClusterConfig::embedded().validate().is_ok());
+        assert_eq!((c.cluster.gm.as_str(), c.pcomponent[0].listen.as_str()), (ANY_PORT, ANY_PORT));
+        assert_eq!(c.pcomponent[0].excache, Size(64 << 20));
+    }
+
+    /// docs/configuration.md shows every field of every table.
+    #[test]
+    fn the_configuration_page_shows_every_field() {
+        let page = include_str!("../../../../docs/configuration.md");
+        let mut c = ClusterConfig::embedded();
+        c.ncomponent.push(NcompConfig::default());
+        c.vnode.push(VnodeConfig { name: "lab".into(), users: Vec::new(), groups: Vec::new(), memory: Some(Size(1 << 30)) });
+        let serde_json::Value::Object(tables) = serde_json::to_value(&c).unwrap() else { unreachable!() };
+        for (table, v) in tables {
+            let fields = match v {
+                serde_json::Value::Array(mut a) => a.remove(0),
+                v => v,
+            };
+            for (field, value) in fields.as_object().unwrap() {
+                let keys: Vec<String> = match value.as_object() {
+                    Some(sub) => sub.keys().map(|k| format!("{k} = ")).collect(),
+                    None => vec![format!("{field} = ")],
+                };
+                for k in keys {
+                    assert!(page.lines().any(|l| l.trim_start_matches(['#', ' ']).starts_with(&k)), "docs/configuration.md does not show {table}.{field} ({k:?})");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The pComponent's configuration ([`PcompConfig`]) and its knobs that take names.
+use clap::ArgAction;
+use serde::{Deserialize, Serialize};
+use splitos_rpc::knob_enum;
+use splitos_rpc::poll::Polling;
+
+use super::{check_netns, Size, ANY_PORT, PAGE};
+
+knob_enum! {
+    /// Which line of a full ExCache set a miss evicts.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum EvictPolicy, "policy", EVICT_POLICIES {
+        /// The line installed first.
+        #[default]
+        Fifo = "fifo",
+        /// The first line not referenced since the hand last passed it (second chance).
+        Clock = "clock" | "lru",
+    }
+}
+
+knob_enum! {
+    /// Which lines a remote miss reads ahead (docs/excache.md).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum PrefetchPolicy, "prefetch policy", PREFETCH_POLICIES {
+        /// The next lines, only while a process's misses are sequential.
+        Sequential = "sequential",
+        /// As `sequential`, and the next line of any remote miss.
+        Nextline = "nextline",
+        /// Leap (ATC'20): the majority stride of the recent misses, with a window that grows
+        /// while what it read ahead is used.
+        #[default]
+        Leap = "leap",
+    }
+}
+
+knob_enum! {
+    /// How the pComponent learns which lines a program wrote.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum DirtyTracking, "dirty_tracking", DIRTY_TRACKING {
+        /// A line installed after a read is write-protected and the first write traps to the
+        /// pComponent; lines of a process whose reads are mostly followed by writes are
+        /// installed writable and dirty instead.
+        #[default]
+        Fault = "fault",
+        /// The kernel lifts write protection itself and PAGEMAP_SCAN reports written pages.
+        Scan = "scan",
+    }
+}
+
+knob_enum! {
+    /// Whether the pComponent backs heaps with its private tmpfs and pre-allocates fresh 2 MiB
+    /// extents as huge pages.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum HugePages, "huge_pages", HUGE_PAGES {
+        #[default]
+        Off = "off",
+        On = "on",
+    }
+}
+
+knob_enum! {
+    /// Where fault workers run.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum FaultCpu, "fault_cpu", FAULT_CPUS {
+        #[default]
+        Any = "any",
+        Faulting = "faulting",
+    }
+}
+
+knob_enum! {
+    /// How a socket's bytes travel between a pComponent and its nComponent (the paper's
+    /// section 3.4-3.6).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum NetPath, "net_path", NET_PATHS {
+        /// In the requests themselves, straight between the two (DDIO).
+        #[default]
+        Ddio = "ddio",
+        /// Through socket buffers on an mComponent: the stub writes what a program sends
+        /// there and the nComponent fetches it; the nComponent writes what it receives there
+        /// and the stub reads it (DMA).
+        Dma = "dma",
+    }
+}
+
+/// A pComponent's knobs: a `[[pcomponent]]` table of the cluster configuration, the options of
+/// `splitos proc`, and those `splitos run` gives the embedded cluster's pComponent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields, default)]
+pub struct PcompConfig {
+    /// Where it listens for the other components (port 0: any free port).
+    #[arg(long, default_value = ANY_PORT)]
+    pub listen: String,
+    /// ExCache capacity: at least 256K, at most the host's memory.
+    #[arg(long, default_value_t = Size(64 << 20))]
+    pub excache: Size,
+    /// ExCache associativity: lines per set (0: fully associative).
+    #[arg(long, default_value_t = 8)]
+    pub ways: usize,
+    /// Eviction policy: fifo, or clock (second chance).
+    #[arg(long, default_value_t)]
+    pub policy: EvictPolicy,
+    /// Piggybacking: a dirty victim's flush goes in the same RPC as the fill when both go to
+    /// one mComponent (`--no-piggyback`: separate RPCs).
+    #[arg(long = "no-piggyback", action = ArgAction::SetFalse)]
+    pub piggyback: bool,
+    /// Threads serving the misses of each process.
+    #[arg(long, default_value_t = 1)]
+    pub fault_workers: usize,
+    /// How long a fault worker polls for the next fault before sleeping (µs): a busy program
+    /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake.
+    #[arg(long, default_value_t = 100)]
+    pub fault_spin_us: u64,
+    /// Whether fault workers' polling adapts to how often the process faults: adaptive shrinks
+    /// it while the process idles and grows it back while it faults; fixed always polls
+    /// fault_spin_us (docs/transport.md).
+    #[arg(long, default_value_t)]
+    pub fault_polling: Polling,
+    /// Most lines read ahead with a remote miss (0: off; docs/excache.md).
+    #[arg(long, default_value_t = 8)]
+    pub prefetch: usize,
+    /// Read-ahead policy: leap (the majority stride of recent misses), sequential (only while
+    /// misses are sequential), nextline (also the next line of any remote miss).
+    #[arg(long, default_value_t)]
+    pub prefetch_policy: PrefetchPolicy,
+    /// Fresh lines installed zero-filled and writable with a first touch (0: off).
+    #[arg(long, default_value_t = 16)]
+    pub fault_around: usize,
+    /// Memory for evicted lines kept compressed (LZ4) beyond the ExCache (0: off, else at
+    /// least 4096).
+    #[arg(long, default_value_t = Size(0))]
+    pub compressed_tier: Size,
+    /// Fresh lines pre-allocated in the heap's memfd past a first touch, so that touching them
+    /// does not trap (0: off).
+    #[arg(long, default_value_t = 64)]
+    pub prealloc: usize,
+    /// Unmapped heap each process keeps mapped at its home, to map again without asking it
+    /// (0: off).
+    #[arg(long, default_value_t = Size(64 << 20))]
+    pub heap_reuse: Size,
+    /// Huge pages: on puts heaps on a private tmpfs and pre-allocates fresh 2 MiB extents as
+    /// huge pages (needs root); off: memfd heaps, 4 KiB pages.
+    #[arg(long, default_value_t)]
+    pub huge_pages: HugePages,
+    /// Where fault workers run: any (anywhere, polling fault_spin_us), or faulting (each on
+    /// the CPU of the thread whose fault it serves, sleeping between faults unless the thread
+    /// keeps leaving that CPU; the mComponents' shared-memory channels follow it).
+    #[arg(long, default_value_t)]
+    pub fault_cpu: FaultCpu,
+    /// How it learns which lines a program wrote: fault (the first write to a line traps to
+    /// it) or scan (the kernel records writes and eviction asks it; Linux 6.7+, not with huge
+    /// pages or the evictor).
+    #[arg(long, default_value_t)]
+    pub dirty_tracking: DirtyTracking,
+    /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
+    /// (0: off, misses evict inline).
+    #[arg(long, default_value_t = 0)]
+    pub evict_reserve: usize,
+    /// The shortcut: two programs of a vNode connect through their pComponents (this one, or
+    /// two directly), not through an nComponent (`--no-net-shortcut`: always through the
+    /// nComponent; docs/network.md).
+    #[arg(long = "no-net-shortcut", action = ArgAction::SetFalse)]
+    pub net_shortcut: bool,
+    /// How sockets' bytes travel to the nComponent: ddio (in the requests) or dma (through
+    /// socket buffers on an mComponent; docs/network.md).
+    #[arg(long, default_value_t)]
+    pub net_path: NetPath,
+    /// Programs of one user other than root that may run here at once; beyond, a program is
+    /// refused at its start and a fork fails (EAGAIN; docs/security.md).
+    #[arg(long, default_value_t = 128)]
+    pub max_programs_per_user: usize,
+    /// Programs of all users but root that may run here at once.
+    #[arg(long, default_value_t = 1024)]
+    pub max_programs: usize,
+    /// The network namespace (`ip netns`) `cluster up` starts it in: a "host" of a cluster on
+    /// one machine (docs/deployment.md); none: the namespace of `cluster up`.
+    #[arg(skip)]
+    pub netns: Option<String>,
+}
+
+impl Default for PcompConfig {
+    fn default() -> Self {
+        splitos_rpc::knob::defaults()
+    }
+}
+
+/// The least ExCache a program works with: an instruction, a system call's buffers and the
+/// interpreter's hot pages need lines at once, and with fewer (4K: one) each miss evicts the
+/// line the next access needs again, so that even a Python one-liner never ends.
+pub const MIN_EXCACHE: u64 = 256 << 10;
+
+impl PcompConfig {
+    /// Lines per ExCache set, as the ExCache makes them: fully associative (`ways = 0`) is one
+    /// set of every line, and a set has no more ways than the ExCache has lines.
+    pub fn set_ways(&self) -> u64 {
+        let lines = self.excache.0 / PAGE;
+        if self.ways == 0 {
+            lines
+        } else {
+            (self.ways as u64).min(lines)
+        }
+    }
+
+    /// An error names the field it is about.
+    pub fn validate(&self) -> Result<(), String> {
+        check_excache(self.excache.0)?;
+        if self.dirty_tracking == DirtyTracking::Scan && self.huge_pages == HugePages::On {
+            return Err("dirty_tracking: \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB".into());
+        }
+        if self.dirty_tracking == DirtyTracking::Scan && self.evict_reserve > 0 {
+            return Err(
+                "dirty_tracking: \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier".into()
+            );
+        }
+        if self.compressed_tier.0 != 0 && self.compressed_tier.0 < PAGE {
+            return Err(format!("compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)", self.compressed_tier.0));
+        }
+        if self.fault_workers == 0 {
+            return Err("fault_workers: must be at least 1".into());
+        }
+        let ways = self.set_ways();
+        if self.evict_reserve as u64 >= ways {
+            return Err(format!("evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)", self.evict_reserve));
+        }
+        check_netns(&self.netns)
+    }
+}
+
+/// Refuses an ExCache size that cannot work: below [`MIN_EXCACHE`], or more than this host's
+/// memory (its lines' bookkeeping alone would take seconds to set up and then not fit).
+fn check_excache(bytes: u64) -> Result<(), String> {
+    if bytes < MIN_EXCACHE {
+        return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
+    }
+    let host = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())).map(|kb| kb << 10);
+    if let Some(host) = host.filter(|&h| bytes > h) {
+        return Err(format!("excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory", Size(bytes), Size(host)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_parse_their_names_only() {
+        for n in HUGE_PAGES {
+            assert_eq!(n.parse::<HugePages>().unwrap().to_string(), *n);
+        }
+        assert!("2m".parse::<HugePages>().unwrap_err().contains("off, on"));
+        assert_eq!("lru".parse::<EvictPolicy>(), Ok(EvictPolicy::Clock), "the old name of clock");
+        assert!("lfu".parse::<EvictPolicy>().unwrap_err().contains("fifo, clock"));
+        assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
+        assert_eq!(FaultCpu::Any.to_string(), "any");
+        assert!("sometimes".parse::<FaultCpu>().unwrap_err().contains("any, faulting"));
+    }
+
+    #[test]
+    fn the_evictors_reserve_leaves_a_way_to_fill_in_every_set() {
+        let with = |ways, excache, evict_reserve| PcompConfig { ways, excache: Size(excache), evict_reserve, ..PcompConfig::default() }.validate();
+        assert!(with(8, 64 << 20, 7).is_ok());
+        assert!(with(8, 64 << 20, 8).unwrap_err().starts_with("evict_reserve:"));
+        // Fully associative: one set of every line.
+        assert!(with(0, 256 << 10, 63).is_ok());
+        assert!(with(0, 256 << 10, 64).is_err());
+    }
+}

@@ -1,0 +1,174 @@
+//! What each component process is started with: its component's configuration and what it
+//! needs to join the cluster, from its command line or, when `cluster up` or `run` starts it,
+//! whole from a JSON file ([`Startup`]).
+use std::path::{Path, PathBuf};
+
+use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{parse_vnode_memory, GmConfig, McompConfig, NcompConfig, PcompConfig, ScompConfig, TransportConfig, HAND_STARTED_GM};
+
+/// What every component process has besides its knobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct ProcessArgs {
+    /// This component's credentials, issued by the cluster's authority (`cluster up` makes
+    /// them for the components it starts; `splitos cluster credentials --role ROLE --out FILE`
+    /// for one started by hand).
+    #[arg(long)]
+    pub credentials: Option<PathBuf>,
+    /// A file to write the component's address to once it serves.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP here.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// How it reaches the other components. Last: its options' headings (`--help`) hold for
+    /// every option after them.
+    #[command(flatten)]
+    pub transport: TransportConfig,
+}
+
+impl ProcessArgs {
+    /// The credentials file, which every component needs.
+    pub fn credentials(&self) -> anyhow::Result<&Path> {
+        self.credentials
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("a component needs the cluster's credentials: --credentials FILE (`splitos cluster credentials --role ROLE --out FILE` issues them from the cluster's authority)"))
+    }
+}
+
+/// What a monitor (every component but the global managers) has besides its knobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct NodeArgs {
+    /// Where the global managers listen.
+    #[arg(long, default_value = HAND_STARTED_GM)]
+    pub gm: String,
+    #[command(flatten)]
+    pub process: ProcessArgs,
+}
+
+/// `splitos gm`: the global managers (GPM, GMM, GSM, GNM).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct GmArgs {
+    /// Where the global managers listen.
+    #[arg(long, default_value = HAND_STARTED_GM)]
+    pub listen: String,
+    #[command(flatten)]
+    pub cluster: GmConfig,
+    /// A vNode's memory quota: what all its processes together may map writable; beyond it
+    /// their mappings fail with ENOMEM (repeatable; docs/security.md).
+    #[arg(long = "vnode-memory", value_name = "VNODE=SIZE", value_parser = parse_vnode_memory)]
+    pub vnode_memory: Vec<(String, u64)>,
+    #[command(flatten)]
+    pub process: ProcessArgs,
+}
+
+/// `splitos proc`: a pComponent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct ProcArgs {
+    #[command(flatten)]
+    pub pcomp: PcompConfig,
+    /// Unix socket where programs' shims connect.
+    #[arg(long)]
+    pub shim_sock: PathBuf,
+    /// Directory under which each vNode's file system is mounted (one subdirectory per vNode).
+    #[arg(long)]
+    pub vnode_root: PathBuf,
+    /// Let users run programs on a vNode and see its files: VNODE=user:NAME,group:NAME,...
+    /// (names or numeric ids; repeatable). Root uses every vNode; a vNode granted to no one is
+    /// root's alone.
+    #[arg(long = "grant", value_name = "VNODE=WHO,...")]
+    pub grants: Vec<String>,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// `splitos mem`: an mComponent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct MemArgs {
+    #[command(flatten)]
+    pub mcomp: McompConfig,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// `splitos storage`: an sComponent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct StorageArgs {
+    #[command(flatten)]
+    pub scomp: ScompConfig,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// `splitos net`: an nComponent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+pub struct NetArgs {
+    #[command(flatten)]
+    pub ncomp: NcompConfig,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// A component's start: its options, or its whole configuration in a JSON file that `cluster
+/// up` and `run` write (`--config-file`, which takes no other option with it).
+pub enum Startup<T> {
+    Options(T),
+    File(PathBuf),
+}
+
+const CONFIG_FILE: &str = "config_file";
+
+impl<T: DeserializeOwned> Startup<T> {
+    pub fn load(self) -> anyhow::Result<T> {
+        match self {
+            Startup::Options(t) => Ok(t),
+            Startup::File(f) => {
+                let text = std::fs::read_to_string(&f).map_err(|e| anyhow::anyhow!("cannot read the configuration {}: {e}", f.display()))?;
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("the configuration {}: {e}", f.display()))
+            }
+        }
+    }
+}
+
+/// Writes a component's whole configuration for its `--config-file` (its user's alone: it
+/// names its credentials).
+pub fn write_start_file<T: Serialize>(path: &Path, args: &T) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = crate::trusted::new_file(path, 0o600).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    f.write_all(serde_json::to_string_pretty(args)?.as_bytes())?;
+    Ok(())
+}
+
+impl<T: Args> Args for Startup<T> {
+    fn augment_args(cmd: Command) -> Command {
+        // Exclusive: the options the command requires are not required with it.
+        let file = Arg::new(CONFIG_FILE)
+            .long("config-file")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .exclusive(true)
+            .help_heading("Options")
+            .help("The whole configuration as JSON, as `cluster up` writes it, instead of the options");
+        T::augment_args(cmd).arg(file)
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl<T: FromArgMatches> FromArgMatches for Startup<T> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        match m.get_one::<PathBuf>(CONFIG_FILE) {
+            Some(f) => Ok(Startup::File(f.clone())),
+            None => T::from_arg_matches(m).map(Startup::Options),
+        }
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}

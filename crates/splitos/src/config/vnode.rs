@@ -1,0 +1,96 @@
+//! vNodes: their names, who may use them, and their memory quotas (`[[vnode]]`).
+use serde::{Deserialize, Serialize};
+
+use super::{parse_size, Size, PAGE};
+
+/// A vNode granted to users of the pComponents' hosts: a `[[vnode]]` table (a vNode not listed
+/// is root's alone). `cluster up` gives the pComponents its grant (`splitos proc --grant`) and
+/// the global managers its quota (`splitos gm --vnode-memory`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VnodeConfig {
+    pub name: String,
+    /// Users (names or numeric uids) who may run programs on it and see its files.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Groups (names or numeric gids) whose members may.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Memory all its processes together may map writable across the cluster (their heaps,
+    /// as strict overcommit charges them); a mapping beyond it fails with ENOMEM. Unset: no
+    /// quota.
+    pub memory: Option<Size>,
+}
+
+impl VnodeConfig {
+    /// As `splitos proc --grant` takes it.
+    pub fn grant_spec(&self) -> String {
+        let who: Vec<String> = self.users.iter().map(|u| format!("user:{u}")).chain(self.groups.iter().map(|g| format!("group:{g}"))).collect();
+        format!("{}={}", self.name, who.join(","))
+    }
+
+    /// As `splitos gm --vnode-memory` takes it, when the vNode has a quota.
+    pub fn memory_quota(&self) -> Option<(String, u64)> {
+        self.memory.map(|m| (self.name.clone(), m.0))
+    }
+
+    /// Names are resolved now: a user or group this host does not know is an error, not a
+    /// grant to nobody. An error names the field it is about.
+    pub fn validate(&self) -> Result<(), String> {
+        check_vnode_name(&self.name).map_err(|e| format!("name: {e}"))?;
+        for u in &self.users {
+            crate::sys::uid_of(u).map_err(|e| format!("users: {e}"))?;
+        }
+        for g in &self.groups {
+            crate::sys::gid_of(g).map_err(|e| format!("groups: {e}"))?;
+        }
+        match self.memory {
+            Some(m) => check_memory_quota(m.0).map_err(|e| format!("memory: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A vNode's name is a directory name under a pComponent's mount root.
+pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
+    if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
+        return Err(format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"));
+    }
+    Ok(())
+}
+
+/// A vNode's memory quota as `splitos gm --vnode-memory` takes it: `VNODE=SIZE`.
+pub fn parse_vnode_memory(s: &str) -> Result<(String, u64), String> {
+    let (name, size) = s.split_once('=').filter(|(name, _)| !name.is_empty()).ok_or_else(|| format!("{s:?}: expected VNODE=SIZE"))?;
+    let bytes = parse_size(size)?;
+    check_memory_quota(bytes)?;
+    Ok((name.to_string(), bytes))
+}
+
+fn check_memory_quota(bytes: u64) -> Result<(), String> {
+    match bytes < PAGE {
+        true => Err(format!("a memory quota of {bytes} bytes is less than one 4 KiB page")),
+        false => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
+        let check = |memory: &str| {
+            toml::from_str::<super::super::ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"))
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c))
+        };
+        assert_eq!(check("\"256M\"").unwrap().vnode[0].memory_quota(), Some(("lab".to_string(), 256 << 20)));
+        assert!(check("\"1K\"").unwrap_err().contains("vnode[0].memory"));
+        assert!(check("\"lots\"").unwrap_err().contains("\"lots\""));
+        assert_eq!(parse_vnode_memory("lab=268435456"), Ok(("lab".to_string(), 256 << 20)));
+        assert!(parse_vnode_memory("lab").unwrap_err().contains("VNODE=SIZE"));
+        assert!(parse_vnode_memory("=1G").is_err());
+        assert!(parse_vnode_memory("lab=0").unwrap_err().contains("less than one 4 KiB page"));
+    }
+}
