@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{Mem, PAGE};
+use super::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
 /// Pages per message when a mapping moves between owners (mremap) or a replica is rebuilt.
@@ -205,10 +205,10 @@ fn unreachable(e: &Refusal) -> bool {
     e.code == ErrCode::Unreachable
 }
 
-impl Mem {
+impl<P: Peers> Mem<P> {
     fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, Refusal> {
         let h = self.homes.lock().unwrap().get(&who.pid).cloned();
-        let h = h.ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.node.id(), who.pid)))?;
+        let h = h.ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.peers.id(), who.pid)))?;
         let (vnode, creator) = {
             let g = h.lock().unwrap();
             (g.who.vnode.clone(), g.creator)
@@ -240,7 +240,7 @@ impl Mem {
     fn pick_other(&self, bytes: u64, exclude: &[u32]) -> Result<Option<ComponentRef>, Refusal> {
         let mut exclude = exclude.to_vec();
         exclude.extend(self.recently_lost());
-        match self.node.call_gm(M2G_PICK_OWNER { bytes, exclude }) {
+        match self.peers.call_gm(M2G_PICK_OWNER { bytes, exclude }) {
             Ok(r) => Ok(Some(r.mcomp)),
             Err(RpcError::Remote { code: ErrCode::NoMemory, .. }) => Ok(None),
             Err(e) => Err(e.into()),
@@ -265,14 +265,14 @@ impl Mem {
                 None if data > 0 => owners.push(self.pick_other(share, &[])?.unwrap_or_else(|| self.me())),
                 // With every mComponent short of a whole free vRegion, the home holds it and
                 // the accounting of each mapping decides what fits.
-                None if !ids.contains(&self.node.id()) => owners.push(self.me()),
+                None if !ids.contains(&self.peers.id()) => owners.push(self.me()),
                 None => break,
             }
         }
         // A logged set's backup file goes where the vNode's files are (a set that starts
         // with its primary alone gets its logger when one has room, as a rebuild).
         let log = match scheme == Replication::Log {
-            true => Some(self.node.call_gm(M2G_BACKUP_STORE { vnode: h.who.vnode.clone() })?.scomp),
+            true => Some(self.peers.call_gm(M2G_BACKUP_STORE { vnode: h.who.vnode.clone() })?.scomp),
             false => None,
         };
         if log.is_some() {
@@ -363,7 +363,7 @@ impl Mem {
     /// Whether member `o` answers this home about the process, within [`VERIFY_TIMEOUT`].
     fn reaches(&self, o: &ComponentRef, who: &Who) -> bool {
         let who = Who::new(who.vnode.clone(), who.pid);
-        o.id == self.node.id() || self.node.rpc.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0, parity: false }, VERIFY_TIMEOUT).is_ok()
+        o.id == self.peers.id() || self.peers.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0, parity: false }, VERIFY_TIMEOUT).is_ok()
     }
 
     /// Sends `msg(who)` to members of vRegion `idx`'s set that joined it since it had
@@ -432,7 +432,7 @@ impl Mem {
         if !self.replication().redundant() || h.exited {
             return;
         }
-        let mut failed = vec![self.node.id()];
+        let mut failed = vec![self.peers.id()];
         for _ in 0..3 {
             let backup = match h.backup.clone() {
                 Some(b) => b,
@@ -444,7 +444,7 @@ impl Mem {
                     }
                 },
             };
-            match self.node.rpc.call(&backup.addr, M2M_HOME_SYNC { state: h.state(self.me()) }) {
+            match self.peers.call(&backup.addr, M2M_HOME_SYNC { state: h.state(self.me()) }) {
                 Ok(_) => {
                     h.backup = Some(backup);
                     return;
@@ -688,12 +688,12 @@ impl Mem {
         orphaned.sort_by_key(|s| s.id);
         orphaned.dedup_by_key(|s| s.id);
         for scomp in orphaned {
-            if let Err(e) = self.node.rpc.call(&scomp.addr, M2S_LOG_DROP { vnode: h.who.vnode.clone(), pid: h.who.pid }) {
+            if let Err(e) = self.peers.call(&scomp.addr, M2S_LOG_DROP { vnode: h.who.vnode.clone(), pid: h.who.pid }) {
                 tracing::warn!(pid = r.who.pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
             }
         }
         if let Some(b) = &h.backup {
-            if let Err(e) = self.node.rpc.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
+            if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
                 tracing::warn!(pid = r.who.pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
             }
         }
@@ -915,9 +915,9 @@ impl Mem {
         let promoted = Replicas { epoch: h.epoch, owners: vec![logger.clone()], ..set };
         // Replaying reads the whole backup from the sComponent: longer than a call may take.
         let replay = M2M_SET { who, set: promoted.wire(idx), creator: h.creator, home: self.me(), log: LogStep::Replay };
-        match logger.id == self.node.id() {
+        match logger.id == self.peers.id() {
             true => self.to_owner(&logger, replay).map(|_| ())?,
-            false => self.node.rpc.call_timeout(&logger.addr, replay, REPLAY_TIMEOUT).map(|_| ())?,
+            false => self.peers.call_timeout(&logger.addr, replay, REPLAY_TIMEOUT).map(|_| ())?,
         }
         h.vregions.insert(idx, promoted);
         metrics::counter!("mcomp_loggers_promoted_total").increment(1);
@@ -1258,7 +1258,7 @@ impl Mem {
     pub(super) fn home_sync(&self, r: M2M_HOME_SYNC) -> Result<OK, Refusal> {
         let pid = r.state.who.pid;
         if self.homes.lock().unwrap().contains_key(&pid) {
-            return Err(ERR::new(ErrCode::Denied, format!("mComponent {} is now the home of process {pid}", self.node.id())));
+            return Err(ERR::new(ErrCode::Denied, format!("mComponent {} is now the home of process {pid}", self.peers.id())));
         }
         self.backups.lock().unwrap().insert(pid, r.state);
         Ok(OK)
@@ -1278,13 +1278,13 @@ impl Mem {
         }
         let kept = self.backups.lock().unwrap().get(&r.who.pid).map(|s| (s.who.vnode.clone(), s.creator, s.home.clone()));
         let Some((vnode, creator, home)) = kept else {
-            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.node.id(), r.who.pid)));
+            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.peers.id(), r.who.pid)));
         };
         if vnode != r.who.vnode {
             return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
         }
         self.may_act(r.who.pid, creator)?;
-        if self.node.rpc.call_timeout(&home.addr, M2M_HOME_OF { who: Who::new(vnode, r.who.pid) }, VERIFY_TIMEOUT).is_ok() {
+        if self.peers.call_timeout(&home.addr, M2M_HOME_OF { who: Who::new(vnode, r.who.pid) }, VERIFY_TIMEOUT).is_ok() {
             return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {} at {} is still the home of process {}: it is slow, not lost", home.id, home.addr, r.who.pid)));
         }
         self.take_over(r.who, home.id)
@@ -1292,14 +1292,14 @@ impl Mem {
 
     /// `M2M_HOME_OF`: whether this mComponent is still the process's home.
     pub(super) fn home_of(&self, r: M2M_HOME_OF) -> Result<OK, Refusal> {
-        self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.node.id(), r.who.pid)))
+        self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.peers.id(), r.who.pid)))
     }
 
     /// Becomes the home of `who` from the copy of its state kept here. The epoch moves past
     /// any the process's pComponent (`who.epoch`) or an owner may have seen.
     fn take_over(&self, who: Who, lost_home: u32) -> Result<M2P_HOME, Refusal> {
         let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
-            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.node.id(), who.pid)));
+            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.peers.id(), who.pid)));
         };
         let hp = Arc::new(Mutex::new(HomeProc::from_state(state)));
         let mut h = hp.lock().unwrap();

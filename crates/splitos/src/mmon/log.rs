@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{Job, Mem};
+use super::{Job, Mem, Peers};
 
 /// Records per `M2S_LOG_APPEND`, well inside a frame.
 const APPEND_BATCH: usize = 64;
@@ -231,7 +231,7 @@ impl BackupLog {
     }
 }
 
-impl Mem {
+impl<P: Peers> Mem<P> {
     /// The streamer thread: sends the log in order, one batch at a time, retrying a batch its
     /// sComponent did not take; and asks for a copy of the vRegions it had to skip once there
     /// is room again.
@@ -244,7 +244,7 @@ impl Mem {
                 continue;
             };
             let name = msg.name();
-            match self.node.rpc.call_msg(&scomp.addr, &msg) {
+            match self.peers.call_msg(&scomp.addr, &msg) {
                 Ok(_) => {
                     backoff = Duration::from_millis(50);
                     let bytes = self.backup_log.done(last, true);
@@ -332,7 +332,7 @@ impl Mem {
         let mut pages = BTreeMap::new();
         let mut offset = 0;
         loop {
-            let r = self.node.rpc.call(&scomp.addr, M2S_LOG_READ { file: file.clone(), offset, max: u32::MAX });
+            let r = self.peers.call(&scomp.addr, M2S_LOG_READ { file: file.clone(), offset, max: u32::MAX });
             let S2M_LOG { records, next, more } = match r {
                 Ok(r) => r,
                 // Nothing was ever logged: an empty vRegion.
