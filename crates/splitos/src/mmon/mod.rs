@@ -20,6 +20,8 @@ mod netbuf;
 mod owner;
 mod peers;
 mod quota;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
