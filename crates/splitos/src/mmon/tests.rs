@@ -434,7 +434,7 @@ impl Rig {
         self.net.down.lock().unwrap().insert(id);
     }
 
-    /// Member `o`'s stats, as `cluster status --json` shows them.
+    /// mComponent `id`'s stats, as `cluster status --json` shows them.
     fn stats(&self, id: u32) -> serde_json::Value {
         serde_json::from_str(&self.mem(id).stats_json()).expect("stats are JSON")
     }
