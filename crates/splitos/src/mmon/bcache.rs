@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use crate::node::Node;
+use super::Peers;
 
 const BLOCK: u64 = PAGE_SIZE as u64;
 const RESERVE_STEP: u64 = 1 << 20;
@@ -70,8 +70,9 @@ pub struct Counters {
 }
 
 /// Decides how far past a read that missed the buffer cache to fetch with it. Swappable: a
-/// researcher's prefetcher implements this and is chosen where the cache is built.
-pub trait Prefetcher: Send + Sync {
+/// researcher's read-ahead policy implements this and is chosen where the cache is built.
+/// (Not the miss path's `Prefetcher`, which brings heap pages ahead of a fault.)
+pub trait ReadAhead: Send + Sync {
     /// `sequential`: this read starts where the file's previous read ended; `window`: the
     /// file's window so far (0 at first). Returns the new window, in blocks.
     fn window(&self, sequential: bool, window: u64) -> u64;
@@ -79,11 +80,11 @@ pub trait Prefetcher: Send + Sync {
 
 /// Linux-style read-ahead: the window doubles while reads are sequential, up to a maximum, and
 /// closes on a random read. A maximum of 0 turns read-ahead off.
-pub struct Sequential {
+pub struct SequentialReadAhead {
     pub max_blocks: u64,
 }
 
-impl Prefetcher for Sequential {
+impl ReadAhead for SequentialReadAhead {
     fn window(&self, sequential: bool, window: u64) -> u64 {
         if sequential {
             (window * 2).clamp(4, self.max_blocks.max(4)).min(self.max_blocks)
@@ -93,10 +94,10 @@ impl Prefetcher for Sequential {
     }
 }
 
-pub struct BufferCache {
-    node: Arc<Node>,
+pub struct BufferCache<P> {
+    peers: P,
     capacity: usize,
-    prefetcher: Box<dyn Prefetcher>,
+    read_ahead: Box<dyn ReadAhead>,
     inner: Mutex<Inner>,
     c: Counters,
 }
@@ -134,11 +135,11 @@ fn now_ns() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
 }
 
-impl BufferCache {
+impl<P: Peers> BufferCache<P> {
     /// A cache of `capacity_bytes`, reading ahead up to `readahead_bytes` for sequential reads.
-    pub fn new(node: Arc<Node>, capacity_bytes: u64, readahead_bytes: u64) -> Arc<BufferCache> {
-        let prefetcher = Box::new(Sequential { max_blocks: readahead_bytes / BLOCK });
-        let bc = Arc::new(BufferCache { node, capacity: (capacity_bytes / BLOCK).max(1) as usize, prefetcher, inner: Mutex::new(Inner::default()), c: Counters::default() });
+    pub fn new(peers: P, capacity_bytes: u64, readahead_bytes: u64) -> Arc<BufferCache<P>> {
+        let read_ahead = Box::new(SequentialReadAhead { max_blocks: readahead_bytes / BLOCK });
+        let bc = Arc::new(BufferCache { peers, capacity: (capacity_bytes / BLOCK).max(1) as usize, read_ahead, inner: Mutex::new(Inner::default()), c: Counters::default() });
         let weak = Arc::downgrade(&bc);
         std::thread::Builder::new()
             .name("bcache-writeback".into())
@@ -152,7 +153,7 @@ impl BufferCache {
     }
 
     fn call<R: Request>(&self, scomp: &str, req: R) -> Result<R::Reply, Refusal> {
-        self.node.rpc.call(scomp, req).map_err(fs_err)
+        self.peers.call(scomp, req).map_err(fs_err)
     }
 
     /// The file's state, loaded from the sComponent on first use.
@@ -265,7 +266,7 @@ impl BufferCache {
         let mut missing: Vec<u64> = (first..=last).filter(|b| !f.blocks.contains_key(b)).collect();
         let demanded = missing.len() as u64;
         // A window beyond half the cache would evict its own blocks before they are read.
-        f.window = self.prefetcher.window(first == f.next_read, f.window).min(self.capacity as u64 / 2);
+        f.window = self.read_ahead.window(first == f.next_read, f.window).min(self.capacity as u64 / 2);
         f.next_read = last + 1;
         if missing.last() == Some(&last) && f.window > 0 {
             let file_blocks = f.size.div_ceil(BLOCK);
@@ -423,7 +424,7 @@ impl BufferCache {
             let need = f.size.div_ceil(BLOCK) * BLOCK;
             if !f.active && f.reserved > need {
                 let msg = M2S_RESERVE { vnode: k.0.clone(), ino: k.1, bytes: need };
-                if self.node.rpc.call(&f.scomp, msg).is_ok() {
+                if self.peers.call(&f.scomp, msg).is_ok() {
                     f.reserved = need;
                 }
             }
@@ -489,10 +490,10 @@ mod tests {
 
     #[test]
     fn sequential_window_doubles_to_its_maximum_and_random_reads_close_it() {
-        let p = Sequential { max_blocks: 32 };
+        let p = SequentialReadAhead { max_blocks: 32 };
         let grown: Vec<u64> = std::iter::successors(Some(0), |w| Some(p.window(true, *w))).take(6).collect();
         assert_eq!(grown, vec![0, 4, 8, 16, 32, 32]);
         assert_eq!(p.window(false, 32), 0);
-        assert_eq!(Sequential { max_blocks: 0 }.window(true, 0), 0, "readahead = 0 is off");
+        assert_eq!(SequentialReadAhead { max_blocks: 0 }.window(true, 0), 0, "readahead = 0 is off");
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{Job, Mem};
+use super::{Job, Mem, Peers};
 
 /// Records per `M2S_LOG_APPEND`, well inside a frame.
 const APPEND_BATCH: usize = 64;
@@ -231,43 +231,49 @@ impl BackupLog {
     }
 }
 
-impl Mem {
+impl<P: Peers> Mem<P> {
     /// The streamer thread: sends the log in order, one batch at a time, retrying a batch its
     /// sComponent did not take; and asks for a copy of the vRegions it had to skip once there
     /// is room again.
     pub(super) fn stream_logs(&self) {
         let mut backoff = Duration::from_millis(50);
         loop {
-            let Some((scomp, msg, file, epoch, last)) = self.backup_log.next_request() else {
+            if !self.stream_one(&mut backoff) {
                 self.backup_log.wait_for_work(Duration::from_secs(1));
                 self.ask_resyncs();
-                continue;
-            };
-            let name = msg.name();
-            match self.node.rpc.call_msg(&scomp.addr, &msg) {
-                Ok(_) => {
-                    backoff = Duration::from_millis(50);
-                    let bytes = self.backup_log.done(last, true);
-                    metrics::counter!("mcomp_log_streamed_bytes_total").increment(bytes);
-                    if self.backup_log.roomy() {
-                        self.ask_resyncs();
-                    }
-                }
-                // Refused for good (a newer logger reset the file, a record it cannot take):
-                // the batch is dropped, and the vRegion, if still logged here, is unprotected.
-                Err(RpcError::Remote { code, msg }) => {
-                    metrics::counter!("mcomp_log_refused_total").increment(1);
-                    tracing::warn!(scomp = scomp.id, pid = file.pid, vregion = file.index, ?code, error = %msg, "the sComponent refused backup records");
-                    self.backup_log.done(last, false);
-                    // A newer logger's reset is no fault of the sComponent's.
-                    if code != ErrCode::Stale {
-                        *self.backup_log.refusal.lock().unwrap() = Some(msg);
-                    }
-                    self.backup_log.refused.lock().unwrap().push((file, epoch));
-                }
-                Err(e) => self.stalled(&scomp, name, &e.to_string(), &mut backoff),
             }
         }
+    }
+
+    /// Sends the batch at the front of the log to its sComponent, if there is one (`false`:
+    /// the log is empty). A batch not taken stays at the front, after a `backoff`.
+    pub(super) fn stream_one(&self, backoff: &mut Duration) -> bool {
+        let Some((scomp, msg, file, epoch, last)) = self.backup_log.next_request() else { return false };
+        let name = msg.name();
+        match self.peers.call_msg(&scomp.addr, &msg) {
+            Ok(_) => {
+                *backoff = Duration::from_millis(50);
+                let bytes = self.backup_log.done(last, true);
+                metrics::counter!("mcomp_log_streamed_bytes_total").increment(bytes);
+                if self.backup_log.roomy() {
+                    self.ask_resyncs();
+                }
+            }
+            // Refused for good (a newer logger reset the file, a record it cannot take):
+            // the batch is dropped, and the vRegion, if still logged here, is unprotected.
+            Err(RpcError::Remote { code, msg }) => {
+                metrics::counter!("mcomp_log_refused_total").increment(1);
+                tracing::warn!(scomp = scomp.id, pid = file.pid, vregion = file.index, ?code, error = %msg, "the sComponent refused backup records");
+                self.backup_log.done(last, false);
+                // A newer logger's reset is no fault of the sComponent's.
+                if code != ErrCode::Stale {
+                    *self.backup_log.refusal.lock().unwrap() = Some(msg);
+                }
+                self.backup_log.refused.lock().unwrap().push((file, epoch));
+            }
+            Err(e) => self.stalled(&scomp, name, &e.to_string(), backoff),
+        }
+        true
     }
 
     fn stalled(&self, scomp: &ComponentRef, name: &str, why: &str, backoff: &mut Duration) {
@@ -283,7 +289,7 @@ impl Mem {
 
     /// Marks the vRegions whose records the sComponent refused, and queues a request to the
     /// home of each process with a vRegion whose backup is not whole.
-    fn ask_resyncs(&self) {
+    pub(super) fn ask_resyncs(&self) {
         let owned: Vec<_> = self.owned.lock().unwrap().values().cloned().collect();
         let mut refused = std::mem::take(&mut *self.backup_log.refused.lock().unwrap());
         let roomy = self.backup_log.roomy();
@@ -332,7 +338,7 @@ impl Mem {
         let mut pages = BTreeMap::new();
         let mut offset = 0;
         loop {
-            let r = self.node.rpc.call(&scomp.addr, M2S_LOG_READ { file: file.clone(), offset, max: u32::MAX });
+            let r = self.peers.call(&scomp.addr, M2S_LOG_READ { file: file.clone(), offset, max: u32::MAX });
             let S2M_LOG { records, next, more } = match r {
                 Ok(r) => r,
                 // Nothing was ever logged: an empty vRegion.

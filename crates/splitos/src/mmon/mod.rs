@@ -18,7 +18,10 @@ mod home;
 mod log;
 mod netbuf;
 mod owner;
+mod peers;
 mod quota;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -26,7 +29,9 @@ use std::sync::{Arc, Mutex};
 
 use splitos_rpc::*;
 
-use crate::config::MemArgs;
+use crate::config::{McompConfig, MemArgs};
+pub use peers::{Peers, RpcPeers};
+
 use crate::node::{self, Node};
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -62,8 +67,9 @@ enum Job {
     Resync(Who, u64, ComponentRef),
 }
 
-pub struct Mem {
-    node: Arc<Node>,
+pub struct Mem<P = RpcPeers> {
+    /// The rest of the cluster, as this mComponent calls it.
+    peers: P,
     capacity: u64,
     vregion_size: AtomicU64,
     committed: AtomicU64,
@@ -85,7 +91,7 @@ pub struct Mem {
     /// alive for a few heartbeats, and a replica placed there would be lost again.
     lost: Mutex<HashMap<u32, std::time::Instant>>,
     last_retry: Mutex<std::time::Instant>,
-    bcache: Arc<bcache::BufferCache>,
+    bcache: Arc<bcache::BufferCache<P>>,
     /// The log of the vRegions this mComponent is the logger of.
     backup_log: log::BackupLog,
     /// Leaf requests run on a shared pool of workers (rather than each connection's own thread).
@@ -97,9 +103,38 @@ pub struct Mem {
     c: Counters,
 }
 
-impl Mem {
+impl<P: Peers> Mem<P> {
+    /// An mComponent as `args` say, reaching the cluster through `peers`; its rebuilder's work
+    /// goes to `jobs`.
+    fn new(peers: P, cfg: &McompConfig, jobs: std::sync::mpsc::Sender<Job>) -> Mem<P> {
+        Mem {
+            peers: peers.clone(),
+            capacity: cfg.capacity.0,
+            vregion_size: AtomicU64::new(1 << 30),
+            committed: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
+            homes: Mutex::new(HashMap::new()),
+            backups: Mutex::new(HashMap::new()),
+            owned: Mutex::new(HashMap::new()),
+            replication: Mutex::new(Replication::None),
+            overcommit: Mutex::new(Overcommit::Heuristic),
+            cluster_memory: AtomicU64::new(0),
+            jobs: Mutex::new(jobs),
+            rebuilt_pages: AtomicU64::new(0),
+            lost: Mutex::new(HashMap::new()),
+            last_retry: Mutex::new(std::time::Instant::now()),
+            bcache: bcache::BufferCache::new(peers, cfg.bcache.0, cfg.readahead.0),
+            backup_log: log::BackupLog::new(cfg.backup_log.0),
+            worker_pool: cfg.workers > 0,
+            netbufs: netbuf::NetBufs::default(),
+            quotas: quota::Ledger::default(),
+            c: Counters::default(),
+        }
+    }
+
     fn me(&self) -> ComponentRef {
-        ComponentRef { id: self.node.id(), addr: self.node.addr.clone() }
+        ComponentRef { id: self.peers.id(), addr: self.peers.addr().to_string() }
     }
 
     fn vrs(&self) -> u64 {
@@ -232,8 +267,8 @@ impl Mem {
     /// Sends an owner request to the vRegion's owner, through this mComponent's own dispatch
     /// table when that is us.
     fn to_owner<R: Request>(&self, owner: &ComponentRef, req: R) -> Result<R::Reply, Refusal> {
-        if owner.id != self.node.id() {
-            return Ok(self.node.rpc.call(&owner.addr, req)?);
+        if owner.id != self.peers.id() {
+            return Ok(self.peers.call(&owner.addr, req)?);
         }
         let msg: Msg = req.into();
         let name = msg.name();
@@ -255,7 +290,7 @@ impl Mem {
             })
             .collect();
         serde_json::json!({
-            "role": "mcomponent", "id": self.node.id(), "addr": self.node.addr,
+            "role": "mcomponent", "id": self.peers.id(), "addr": self.peers.addr(),
             "capacity": self.capacity, "committed": self.committed.load(Relaxed), "used": self.used.load(Relaxed),
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
             "replication": self.replication().to_string(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
@@ -286,7 +321,7 @@ impl Mem {
 
 /// The mComponent's dispatch table: home calls in [`home`], owner and data-path requests in
 /// [`owner`], file requests in [`bcache`].
-impl Handler for Mem {
+impl<P: Peers> Handler for Mem<P> {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
         metrics::counter!("mcomp_requests_total", "msg" => name).increment(1);
@@ -339,7 +374,7 @@ impl Handler for Mem {
             Msg::N2M_NETBUF_WRITE(r) => on(r, |r| self.netbuf_write(r.buf, Some(r.owner), r.offset, &r.data)),
             Msg::P2M_NETBUF_READ(r) => on(r, |r| Ok(M2P_NETBUF_DATA { data: self.netbuf_read(r.buf, None, r.offset, r.len)? })),
             Msg::N2M_NETBUF_READ(r) => on(r, |r| Ok(M2N_NETBUF_DATA { data: self.netbuf_read(r.buf, Some(r.owner), r.offset, r.len)? })),
-            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Mem, id: self.node.id() })),
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Mem, id: self.peers.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
@@ -403,30 +438,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
     let (node, endpoint) = Node::bind(Role::Mem, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
-    let mem = Arc::new(Mem {
-        node: node.clone(),
-        capacity: cfg.capacity.0,
-        vregion_size: AtomicU64::new(1 << 30),
-        committed: AtomicU64::new(0),
-        used: AtomicU64::new(0),
-        freed: AtomicU64::new(0),
-        homes: Mutex::new(HashMap::new()),
-        backups: Mutex::new(HashMap::new()),
-        owned: Mutex::new(HashMap::new()),
-        replication: Mutex::new(Replication::None),
-        overcommit: Mutex::new(Overcommit::Heuristic),
-        cluster_memory: AtomicU64::new(0),
-        jobs: Mutex::new(jobs_tx),
-        rebuilt_pages: AtomicU64::new(0),
-        lost: Mutex::new(HashMap::new()),
-        last_retry: Mutex::new(std::time::Instant::now()),
-        bcache: bcache::BufferCache::new(node.clone(), cfg.bcache.0, cfg.readahead.0),
-        backup_log: log::BackupLog::new(cfg.backup_log.0),
-        worker_pool: cfg.workers > 0,
-        netbufs: netbuf::NetBufs::default(),
-        quotas: quota::Ledger::default(),
-        c: Counters::default(),
-    });
+    let mem = Arc::new(Mem::new(RpcPeers(node.clone()), cfg, jobs_tx));
     let m3 = mem.clone();
     // Buffered file writes reach the sComponent before an orderly stop.
     stop.on_stop(move || m3.bcache.write_back_all());

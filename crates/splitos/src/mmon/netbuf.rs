@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::Mem;
+use super::{Mem, Peers};
 
 /// The largest socket buffer.
 pub const NETBUF_MAX: u32 = 1 << 20;
@@ -55,7 +55,7 @@ fn span(size: usize, offset: u32, len: usize) -> Result<std::ops::Range<usize>, 
     }
 }
 
-impl Mem {
+impl<P: Peers> Mem<P> {
     pub(super) fn netbuf_alloc(&self, r: P2M_NETBUF_ALLOC) -> Result<M2P_NETBUF, Refusal> {
         if r.bytes == 0 || r.bytes > NETBUF_MAX {
             return Err(Refusal::errno(libc::EINVAL));

@@ -25,7 +25,7 @@ use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
 use super::log::{Logged, Op, COPY_WAIT};
-use super::{Mem, PAGE};
+use super::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
 /// A page as it was written back: sealed with its checksum ([`SEALED_PAGE`]), which the
@@ -173,10 +173,10 @@ impl OwnerProc {
     }
 }
 
-impl Mem {
+impl<P: Peers> Mem<P> {
     fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
         let p = self.owned.lock().unwrap().get(&who.pid).cloned();
-        let p = p.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no memory on mComponent {}", who.pid, self.node.id())))?;
+        let p = p.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no memory on mComponent {}", who.pid, self.peers.id())))?;
         let (vnode, creator) = {
             let g = p.lock().unwrap();
             (g.vnode.clone(), g.creator)
@@ -211,7 +211,7 @@ impl Mem {
             if cur + bytes > self.capacity {
                 self.c.oom.fetch_add(1, Relaxed);
                 metrics::counter!("mcomp_out_of_memory_total").increment(1);
-                return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is out of memory ({cur} of {} bytes committed, {bytes} more asked)", self.node.id(), self.capacity)));
+                return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is out of memory ({cur} of {} bytes committed, {bytes} more asked)", self.peers.id(), self.capacity)));
             }
             match self.committed.compare_exchange(cur, cur + bytes, Relaxed, Relaxed) {
                 Ok(_) => return Ok(()),
@@ -258,9 +258,9 @@ impl Mem {
             let msg = M2M_PARITY { who: who.clone(), deltas: batch.iter().map(|x| (x.vpn, x.d.clone())).collect() };
             // On this thread's own channel: the parity member serves it on a receiving thread
             // no other request waits on, so two owners forwarding to each other never block.
-            let sent = match o.id == self.node.id() {
+            let sent = match o.id == self.peers.id() {
                 true => self.to_owner(&o, msg).map(|_| ()),
-                false => self.node.rpc.call_direct(&o.addr, msg).map(|_| ()).map_err(Refusal::from),
+                false => self.peers.call_direct(&o.addr, msg).map(|_| ()).map_err(Refusal::from),
             };
             match sent {
                 Ok(()) => metrics::counter!("mcomp_parity_deltas_sent_total").increment(batch.len() as u64),
@@ -342,7 +342,7 @@ impl Mem {
         if !self.charges_mappings() && !p.pages.contains_key(&vpn) && self.used.load(Relaxed) + PAGE > self.capacity {
             self.c.oom.fetch_add(1, Relaxed);
             metrics::counter!("mcomp_full_writes_total").increment(1);
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages)", self.node.id(), self.used.load(Relaxed), self.capacity)));
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages)", self.peers.id(), self.used.load(Relaxed), self.capacity)));
         }
         deltas.extend(p.delta(vpn, Some(data), self.vrs()));
         let mut page: Page = Box::new([0u8; SEALED_PAGE]);
@@ -586,7 +586,7 @@ impl Mem {
         }
         let p = self.owner_from_home(&who, creator)?;
         let mut g = p.lock().unwrap();
-        if set.owners.iter().any(|o| o.id == self.node.id()) {
+        if set.owners.iter().any(|o| o.id == self.peers.id()) {
             g.sets.insert(set.index, set);
         } else {
             // It left the set (its vRegion moved): what it frees from now on is no change
@@ -608,7 +608,7 @@ impl Mem {
     fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, step: LogStep) -> Result<OK, Refusal> {
         let p = self.owner_from_home(&who, creator)?;
         let mut g = p.lock().unwrap();
-        let me = self.node.id();
+        let me = self.peers.id();
         let idx = set.index;
         let scomp = set.log.clone().expect("checked by the caller");
         if set.logger().is_some_and(|l| l.id == me) && set.owners[0].id != me {
@@ -667,7 +667,7 @@ impl Mem {
         let n = pages.len() as u64;
         if !self.charges_mappings() && self.used.load(Relaxed) + n * PAGE > self.capacity {
             self.c.oom.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of", self.node.id())));
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of", self.peers.id())));
         }
         g.logs.remove(&idx);
         for (vpn, data) in pages {
