@@ -28,29 +28,29 @@ enum Cmd {
     /// reached is an error, never a reason to run on another; --embedded always runs on an
     /// embedded one. The program runs as the user who runs this; its stdout, stderr and exit
     /// status are its own.
-    Run(control::run::RunArgs),
+    Run(Box<control::run::RunArgs>),
     /// Manage a long-lived cluster on this host.
     Cluster {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
     /// Run the global managers (GPM, GMM).
-    Gm(Startup<GmArgs>),
+    Gm(Box<Startup<GmArgs>>),
     /// Run a memory monitor (mComponent).
-    Mem(Startup<MemArgs>),
+    Mem(Box<Startup<MemArgs>>),
     /// Run a process monitor (pComponent).
-    Proc(Startup<ProcArgs>),
+    Proc(Box<Startup<ProcArgs>>),
     /// Run a storage monitor (sComponent): vNodes' files, kept durably under --dir.
-    Storage(Startup<StorageArgs>),
+    Storage(Box<Startup<StorageArgs>>),
     /// Run a network monitor (nComponent): owns this host's network interfaces and runs the
     /// sockets of programs on pComponents on its stack (docs/network.md).
-    Net(Startup<NetArgs>),
+    Net(Box<Startup<NetArgs>>),
     /// Replay a cluster trace against fixed, disaggregated and splitos datacenters with the same resources (docs/simulation.md).
     ///
     /// Reports per model the fragmentation index, the modules that could be switched off,
     /// the tasks that could not be placed and their waits, utilization, and the failure
     /// model of LegoOS section 6.3 for the units the replay needed.
-    Sim(sim::SimArgs),
+    Sim(Box<sim::SimArgs>),
     /// Measure the floors a miss is compared with (JSON on stdout).
     BenchFloor {
         #[arg(long, default_value_t = 20000)]
@@ -148,7 +148,7 @@ fn main() {
     let cli = Cli::parse();
     node::init_logging();
     let r = match cli.cmd {
-        Cmd::Run(args) => control::run::run(args).map(|code| std::process::exit(code)),
+        Cmd::Run(args) => control::run::run(*args).map(|code| std::process::exit(code)),
         Cmd::Cluster { cmd } => match cmd {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
@@ -156,12 +156,12 @@ fn main() {
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
         },
-        Cmd::Gm(start) => component(start, gm::run),
-        Cmd::Mem(start) => component(start, mmon::run),
-        Cmd::Proc(start) => component(start, pmon::run),
-        Cmd::Storage(start) => component(start, smon::run),
-        Cmd::Net(start) => component(start, nmon::run),
-        Cmd::Sim(args) => sim::run(args),
+        Cmd::Gm(start) => component(*start, gm::run),
+        Cmd::Mem(start) => component(*start, mmon::run),
+        Cmd::Proc(start) => component(*start, pmon::run),
+        Cmd::Storage(start) => component(*start, smon::run),
+        Cmd::Net(start) => component(*start, nmon::run),
+        Cmd::Sim(args) => sim::run(*args),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
         Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
@@ -197,13 +197,15 @@ mod tests {
     /// started by hand still needs what has no default.
     #[test]
     fn a_component_takes_its_options_or_its_file_but_not_both() {
-        assert!(matches!(parse(&["proc", "--config-file", "f"]), Ok(Cmd::Proc(Startup::File(_)))));
+        assert!(matches!(parse(&["proc", "--config-file", "f"]), Ok(Cmd::Proc(s)) if matches!(*s, Startup::File(_))));
         assert!(parse(&["proc", "--config-file", "f", "--excache", "1G"]).is_err());
         assert!(parse(&["proc", "--excache", "1G"]).is_err(), "--shim-sock and --vnode-root are needed");
-        let Ok(Cmd::Proc(Startup::Options(p))) = parse(&["proc", "--shim-sock", "s", "--vnode-root", "r", "--excache", "1G", "--no-piggyback"]) else { panic!() };
+        let Ok(Cmd::Proc(s)) = parse(&["proc", "--shim-sock", "s", "--vnode-root", "r", "--excache", "1G", "--no-piggyback"]) else { panic!() };
+        let Startup::Options(p) = *s else { panic!() };
         assert_eq!((p.pcomp.excache.0, p.pcomp.piggyback, p.node.gm.as_str()), (1 << 30, false, splitos::config::HAND_STARTED_GM));
         assert!(matches!(parse(&["storage"]), Err(e) if e.to_string().contains("--dir")));
-        let Ok(Cmd::Gm(Startup::Options(g))) = parse(&["gm"]) else { panic!() };
+        let Ok(Cmd::Gm(s)) = parse(&["gm"]) else { panic!() };
+        let Startup::Options(g) = *s else { panic!() };
         assert_eq!((g.listen.as_str(), g.cluster.replication), (splitos::config::HAND_STARTED_GM, None));
     }
 }

@@ -221,6 +221,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::config::Size;
 
     #[derive(Parser)]
     struct Run {
@@ -236,8 +237,8 @@ mod tests {
     fn only_the_options_given_override_the_embedded_cluster() {
         let e = run(&["--excache", "1G", "--no-piggyback", "--mem-capacity", "2G", "--mcomponents", "3", "--tcp-delay-us", "7", "--polling", "adaptive", "--replication", "ec:2"]);
         let c = e.config().unwrap();
-        assert_eq!(c.pcomponent[0], PcompConfig { excache: super::super::Size(1 << 30), piggyback: false, fault_polling: splitos_rpc::poll::Polling::Adaptive, ..PcompConfig::default() });
-        assert_eq!(c.mcomponent, vec![McompConfig { capacity: super::super::Size(2 << 30), ..McompConfig::default() }; 3]);
+        assert_eq!(c.pcomponent[0], PcompConfig { excache: Size(1 << 30), piggyback: false, fault_polling: splitos_rpc::poll::Polling::Adaptive, ..PcompConfig::default() });
+        assert_eq!(c.mcomponent, vec![McompConfig { capacity: Size(2 << 30), ..McompConfig::default() }; 3]);
         assert_eq!((c.transport.tcp.delay_us, c.transport.polling), (7, splitos_rpc::poll::Polling::Adaptive));
         assert_eq!(c.cluster.replication, Some(splitos_rpc::Replication::Ec { data: 2 }));
         assert_eq!(run(&[]).config().unwrap(), ClusterConfig::embedded());

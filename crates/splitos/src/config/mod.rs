@@ -41,7 +41,7 @@ pub use embedded::{Embedded, OnRun, Override, Running};
 pub use gm::{GmConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
-pub use pcomp::{DirtyTracking, EvictPolicy, FaultCpu, HugePages, NetPath, PcompConfig, PrefetchPolicy, MIN_EXCACHE};
+pub use pcomp::{DirtyTracking, EvictPolicy, FaultCpu, HugePages, NetPath, PcompConfig, PrefetchPolicy};
 pub use process::{write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs};
 pub use scomp::ScompConfig;
 pub use size::{parse_size, Size};
@@ -141,12 +141,11 @@ impl ClusterConfig {
         if self.mcomponent.is_empty() {
             return Err("mcomponent: at least one [[mcomponent]] is needed".into());
         }
-        let each = |table: &str, checks: Vec<Result<(), String>>| checks.into_iter().enumerate().try_for_each(|(i, r)| r.map_err(|e| format!("{table}[{i}].{e}")));
-        each("pcomponent", self.pcomponent.iter().map(PcompConfig::validate).collect())?;
-        each("mcomponent", self.mcomponent.iter().map(McompConfig::validate).collect())?;
-        each("scomponent", self.scomponent.iter().map(ScompConfig::validate).collect())?;
-        each("ncomponent", self.ncomponent.iter().map(NcompConfig::validate).collect())?;
-        each("vnode", self.vnode.iter().map(VnodeConfig::validate).collect())?;
+        each("pcomponent", &self.pcomponent, PcompConfig::validate)?;
+        each("mcomponent", &self.mcomponent, McompConfig::validate)?;
+        each("scomponent", &self.scomponent, ScompConfig::validate)?;
+        each("ncomponent", &self.ncomponent, NcompConfig::validate)?;
+        each("vnode", &self.vnode, VnodeConfig::validate)?;
         let mut dirs = std::collections::HashSet::new();
         for (i, s) in self.scomponent.iter().enumerate() {
             if !dirs.insert(s.dir.clone()) {
@@ -155,6 +154,11 @@ impl ClusterConfig {
         }
         Ok(())
     }
+}
+
+/// `check` of every table of an array of tables, its error naming the table (`pcomponent[1].`).
+fn each<T>(table: &str, tables: &[T], check: impl Fn(&T) -> Result<(), String>) -> Result<(), String> {
+    tables.iter().enumerate().try_for_each(|(i, t)| check(t).map_err(|e| format!("{table}[{i}].{e}")))
 }
 
 #[cfg(test)]

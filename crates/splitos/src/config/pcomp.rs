@@ -21,7 +21,7 @@ knob_enum! {
 knob_enum! {
     /// Which lines a remote miss reads ahead (docs/excache.md).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PrefetchPolicy, "prefetch policy", PREFETCH_POLICIES {
+    pub enum PrefetchPolicy, "prefetch_policy", PREFETCH_POLICIES {
         /// The next lines, only while a process's misses are sequential.
         Sequential = "sequential",
         /// As `sequential`, and the next line of any remote miss.
@@ -187,12 +187,12 @@ impl Default for PcompConfig {
 /// The least ExCache a program works with: an instruction, a system call's buffers and the
 /// interpreter's hot pages need lines at once, and with fewer (4K: one) each miss evicts the
 /// line the next access needs again, so that even a Python one-liner never ends.
-pub const MIN_EXCACHE: u64 = 256 << 10;
+const MIN_EXCACHE: u64 = 256 << 10;
 
 impl PcompConfig {
     /// Lines per ExCache set, as the ExCache makes them: fully associative (`ways = 0`) is one
     /// set of every line, and a set has no more ways than the ExCache has lines.
-    pub fn set_ways(&self) -> u64 {
+    fn set_ways(&self) -> u64 {
         let lines = self.excache.0 / PAGE;
         if self.ways == 0 {
             lines

@@ -149,9 +149,9 @@ impl<T: Args> Args for Startup<T> {
             .value_name("FILE")
             .value_parser(clap::value_parser!(PathBuf))
             .exclusive(true)
-            .help_heading("Options")
             .help("The whole configuration as JSON, as `cluster up` writes it, instead of the options");
-        T::augment_args(cmd).arg(file)
+        // First: the options' headings (the transport's) hold for every option after them.
+        T::augment_args(cmd.arg(file))
     }
 
     fn augment_args_for_update(cmd: Command) -> Command {

@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
         let check = |memory: &str| {
-            toml::from_str::<super::super::ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"))
+            toml::from_str::<crate::config::ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"))
                 .map_err(|e| e.to_string())
                 .and_then(|c| c.validate().map(|()| c))
         };
