@@ -394,7 +394,7 @@ elif what == "flood":
 #[test]
 fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     let alice = 60011u32;
-    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nfork_timeout_ms = 2000\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
     let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
@@ -425,9 +425,9 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     let out = c.run(&["--vnode", "lab"], &["echo", "served"]);
     assert_eq!(text(&out.stdout), "served\n", "{}", text(&out.stderr));
     // The children never said hello: once their parent is gone, given up within the
-    // timeout and their copies released.
+    // timeout and their copies released (`fork_timeout_ms`, not the default 30 s).
     assert!(misuse.wait().unwrap().success());
-    assert!(c.eventually(Duration::from_secs(45), |c| held(c) == 0), "unclaimed children are reaped: {}", held(&c));
+    assert!(c.eventually(Duration::from_secs(15), |c| held(c) == 0), "unclaimed children are reaped: {}", held(&c));
     assert!(c.metric(&m, "rpc_requests_refused_total") == 0.0);
 }
 

@@ -172,6 +172,10 @@ pub struct PcompConfig {
     /// Programs of all users but root that may run here at once.
     #[arg(long, default_value_t = 1024)]
     pub max_programs: usize,
+    /// How long a forked child whose parent has ended may take to say hello before it is given
+    /// up and its home drops its copy of the address space (ms); a live parent's wait for it.
+    #[arg(long, default_value_t = 30_000)]
+    pub fork_timeout_ms: u64,
     /// The network namespace (`ip netns`) `cluster up` starts it in: a "host" of a cluster on
     /// one machine (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]
@@ -217,6 +221,9 @@ impl PcompConfig {
         }
         if self.fault_workers == 0 {
             return Err("fault_workers: must be at least 1".into());
+        }
+        if self.fork_timeout_ms == 0 {
+            return Err("fork_timeout_ms: must be at least 1".into());
         }
         let ways = self.set_ways();
         if self.evict_reserve as u64 >= ways {

@@ -311,7 +311,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     }
     let p2 = p.clone();
     std::thread::Builder::new().name("fork-reaper".into()).spawn(move || loop {
-        std::thread::sleep(host::shim::PENDING_TIMEOUT / 3);
+        std::thread::sleep(std::time::Duration::from_millis(p2.cfg.fork_timeout_ms) / 3);
         p2.reap_unclaimed_children();
     })?;
     host::shim::listen(p.clone(), &args.shim_sock)?;

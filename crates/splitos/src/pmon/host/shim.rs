@@ -70,10 +70,8 @@ const WAITING_TOTAL: usize = 1024;
 const RUNS_PER_USER: usize = 64;
 const RUNS_TOTAL: usize = 1024;
 /// Forked children of one process that may wait for their hello at once (each holds a copy
-/// of the address space at the home), and how long one whose parent has ended may take
-/// before it is given up.
+/// of the address space at the home).
 const PENDING_PER_PARENT: usize = 256;
-pub(in crate::pmon) const PENDING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What users other than root hold of something the pComponent has a bounded number of.
 pub(in crate::pmon) struct Slots {
@@ -429,7 +427,7 @@ impl Pcomp {
     }
 
     /// Gives up forked children whose parent has ended and that did not say hello within
-    /// [`PENDING_TIMEOUT`] (their fork failed, or a process asked for children it never
+    /// `fork_timeout_ms` (their fork failed, or a process asked for children it never
     /// made): their homes drop the copies of the address space. A live parent's are bounded
     /// by [`PENDING_PER_PARENT`] and kept: a child may be stopped (^Z, a debugger) between
     /// its fork and its hello for any time.
@@ -437,7 +435,7 @@ impl Pcomp {
         let live: BTreeSet<u64> = self.procs.lock().unwrap().keys().copied().collect();
         let stale: Vec<(u64, PendingChild)> = {
             let mut pending = self.pending.lock().unwrap();
-            let old: Vec<u64> = pending.iter().filter(|(_, c)| c.since.elapsed() > PENDING_TIMEOUT && !live.contains(&c.parent)).map(|(k, _)| *k).collect();
+            let old: Vec<u64> = pending.iter().filter(|(_, c)| c.since.elapsed().as_millis() > self.cfg.fork_timeout_ms.into() && !live.contains(&c.parent)).map(|(k, _)| *k).collect();
             old.into_iter().filter_map(|k| pending.remove(&k).map(|c| (k, c))).collect()
         };
         for (pid, c) in stale {
