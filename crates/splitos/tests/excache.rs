@@ -79,3 +79,27 @@ fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
         }
     }
 }
+
+#[test]
+fn programs_thrashing_a_shared_excache_are_told_the_others_are_why() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"1M\"\n[[mcomponent]]\n"));
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "8", "6"];
+    // Three at once: each has the others' misses take most of its lines.
+    let files: Vec<_> = (0..3).map(|i| c.dir.path().join(format!("s{i}.json"))).collect();
+    let runs: Vec<_> = files.iter().map(|f| c.spawn(&["--stats-json", f.to_str().unwrap()], &cmd)).collect();
+    for (run, f) in runs.into_iter().zip(&files) {
+        let out = run.wait_with_output().unwrap();
+        assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        let err = text(&out.stderr);
+        assert!(err.contains("the ExCache is too small for the programs sharing it") && err.contains("other programs' misses evicted"), "{err}\n{s}");
+        assert!(n(&s, "evicted_by_others") * 4 >= n(&s, "evictions"), "{s}");
+    }
+    // Alone, the same program is told about its own size only, and nobody took its lines.
+    let f = c.dir.path().join("alone.json");
+    let out = c.run(&["--stats-json", f.to_str().unwrap()], &cmd);
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert!(text(&out.stderr).contains("the ExCache is too small for this program"), "{}", text(&out.stderr));
+    assert_eq!(n(&s, "evicted_by_others"), 0, "{s}");
+}
