@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Programs sharing one small ExCache: N copies of a CPython one-liner (300k strings in a list
-and a dict, about 30-40 MiB each) at once on one pComponent whose ExCache holds a fraction of
-what they need together, against the same programs natively and one copy alone on the same
+"""Programs sharing one small ExCache: N copies of a CPython one-liner (by default 200,000
+strings in a list and a dict, about 40 MiB of heap each) at once on one pComponent whose
+ExCache holds a fraction of what they need together, against the same programs natively and one copy alone on the same
 cluster. Each configuration (a build and cluster settings) gets a fresh `cluster up`; the
 configurations are interleaved run by run. Reports, per configuration, the median over programs
 and runs of each program's wall time, remote misses and the pComponent's miss p50/p99, and the
@@ -62,8 +62,9 @@ def cpu_of(pids):
     return total / CLOCK
 
 
-def on_cluster(splitos, config, n, rng):
-    """Starts a cluster, runs `n` programs at once on it, then one alone; returns each of the
+def on_cluster(splitos, config, n, rng, expected):
+    """Starts a cluster, runs `n` programs at once on it, then one alone, each of which must
+    print `expected` (the native output); returns each of the
     `n` runs' counters (with `wall_s` and whether `run` printed its ExCache hint), the alone
     run's, and the components' CPU seconds during the `n` runs."""
     with tempfile.TemporaryDirectory() as d:
@@ -82,12 +83,12 @@ def on_cluster(splitos, config, n, rng):
         finally:
             subprocess.run([splitos, "cluster", "down", "--force"], env=env, capture_output=True)
         results = [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)] + [(alone.returncode, alone.stdout, alone.stderr)]
-        if any(r for r, _, _ in results) or len({o for _, o, _ in results}) != 1:
+        if any(r for r, _, _ in results) or {o for _, o, _ in results} != {expected}:
             raise SystemExit("a run failed or printed something else:\n" + "\n".join(f"exit {r}, stdout {o!r}, stderr {e[-500:]!r}" for r, o, e in results))
         runs = []
         for i, (_, err) in enumerate(outs):
             s = json.load(open(stats[i]))
-            s["hint"] = next((l for l in err.splitlines() if l.startswith("splitos:")), "")
+            s["hint"] = next((l for l in err.splitlines() if l.startswith("splitos: hint:")), "")
             runs.append(s)
         return runs, json.load(open(stats[n])), cpu
 
@@ -128,6 +129,7 @@ def main():
     cases = [(b, c) for b in builds for c in configs]
     data = {(b[0], c[0]): {"runs": [], "alone": [], "cpu": []} for b, c in cases}
     nat = []
+    expected = subprocess.run(program(args.range), capture_output=True, text=True, check=True).stdout
     # Build names, not paths: the results name no file of this machine.
     params = dict(vars(args), build=[b[0] for b in builds])
     res = {"machine": machine(), "params": params, "load_before": os.getloadavg()}
@@ -135,7 +137,7 @@ def main():
         nat.append(native(args.programs, args.range))
         # Alternate the order, so that no case always runs on a warmer (or busier) machine.
         for (bname, path), (cname, settings) in (cases if rep % 2 == 0 else cases[::-1]):
-            runs, alone, cpu = on_cluster(path, toml(args.excache, settings), args.programs, args.range)
+            runs, alone, cpu = on_cluster(path, toml(args.excache, settings), args.programs, args.range, expected)
             d = data[(bname, cname)]
             d["runs"] += runs
             d["alone"].append(alone)
