@@ -12,7 +12,13 @@
 //! to find out whether its events came back within reach. So a waiter whose events come in
 //! bursts polls through the burst, and one whose events come later than the ceiling, or not at
 //! all, stops polling. With `adaptive: false` it polls for the full ceiling every time.
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+//!
+//! However many threads of a process wait, at most half its CPUs' worth of them poll at once
+//! (`most_polling`); the others sleep at once. A poller holds a CPU that the thread it waits
+//! for (a program, a fault worker, a channel's server) may need: when many programs miss on one
+//! pComponent, a poller per waiter would take the CPUs from the work they all wait for.
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 crate::knob_enum! {
@@ -37,19 +43,48 @@ const MIN_BUDGET_NS: u64 = 1_000;
 /// says nothing about that: the wake-up itself may be most of it).
 const PROBE_EVERY: u64 = 16;
 
+/// Threads of this process polling at this moment.
+static POLLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many threads of a process may poll at once: half the CPUs it may run on, at least one.
+fn most_polling() -> usize {
+    static MOST: OnceLock<usize> = OnceLock::new();
+    *MOST.get_or_init(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1))
+}
+
+/// A place among the process's pollers, given back when dropped.
+struct Place;
+
+impl Place {
+    fn take() -> Option<Place> {
+        POLLERS.fetch_update(Relaxed, Relaxed, |n| (n < most_polling()).then_some(n + 1)).ok().map(|_| Place)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        POLLERS.fetch_sub(1, Relaxed);
+    }
+}
+
 /// One waiter's polling state (each thread that waits has its own). Counters, per component:
 /// `poll_spins_total` (waits that polled), `poll_sleeps_total` (of those, the ones that found
-/// nothing and slept) and `poll_skipped_total` (waits that slept at once, the budget having
-/// shrunk to nothing).
+/// nothing and slept), `poll_skipped_total` (waits that slept at once, the budget having
+/// shrunk to nothing) and `poll_crowded_total` (waits that slept at once because as many of
+/// the process's threads as may poll were polling).
 pub struct Poller {
     ceiling_ns: u64,
     adaptive: bool,
+    /// Whether it polls only with a place among the process's pollers (always, but in tests
+    /// of the polling itself, which run beside other tests).
+    limited: bool,
     budget_ns: AtomicU64,
     skipped: AtomicU64,
     /// Registered once: every wait on the data path counts.
     spins: metrics::Counter,
     sleeps: metrics::Counter,
     skips: metrics::Counter,
+    crowded: metrics::Counter,
 }
 
 /// What a [`Poller::poll`] left to do: polling found nothing, so the caller sleeps and then
@@ -66,11 +101,13 @@ impl Poller {
         Poller {
             ceiling_ns,
             adaptive: polling == Polling::Adaptive,
+            limited: true,
             budget_ns: AtomicU64::new(ceiling_ns),
             skipped: AtomicU64::new(0),
             spins: metrics::counter!("poll_spins_total"),
             sleeps: metrics::counter!("poll_sleeps_total"),
             skips: metrics::counter!("poll_skipped_total"),
+            crowded: metrics::counter!("poll_crowded_total"),
         }
     }
 
@@ -90,6 +127,11 @@ impl Poller {
         }
         if budget == 0 {
             self.skips.increment(1);
+            return try_once().ok_or(Pending { poller: self, t0 });
+        }
+        let place = if self.limited { Place::take() } else { None };
+        if self.limited && place.is_none() {
+            self.crowded.increment(1);
             return try_once().ok_or(Pending { poller: self, t0 });
         }
         let budget = Duration::from_nanos(budget);
@@ -153,6 +195,11 @@ impl Pending<'_> {
 mod tests {
     use super::*;
 
+    /// A poller that polls whatever other tests' pollers do meanwhile.
+    fn alone(ceiling: Duration, polling: Polling) -> Poller {
+        Poller { limited: false, ..Poller::new(ceiling, polling) }
+    }
+
     /// One wait whose event comes `after` into it; a sleeping waiter sees it `late` after that.
     fn wait(p: &Poller, after: Duration, late: Duration) -> bool {
         let t0 = Instant::now();
@@ -168,7 +215,7 @@ mod tests {
 
     #[test]
     fn an_idle_waiter_stops_polling_and_a_busy_one_polls_again() {
-        let p = Poller::new(Duration::from_millis(1), Polling::Adaptive);
+        let p = alone(Duration::from_millis(1), Polling::Adaptive);
         assert_eq!(p.budget(), Duration::from_millis(1));
         for _ in 0..20 {
             let pending = p.poll(|| None::<()>).err().unwrap();
@@ -185,7 +232,7 @@ mod tests {
     #[test]
     fn events_beyond_the_ceiling_stop_the_polling() {
         // Each event comes 2.5 ceilings into its wait: polling the whole ceiling never catches it.
-        let p = Poller::new(Duration::from_millis(2), Polling::Adaptive);
+        let p = alone(Duration::from_millis(2), Polling::Adaptive);
         let hits = (0..30).filter(|_| wait(&p, Duration::from_millis(5), Duration::ZERO)).count();
         assert_eq!(hits, 0);
         assert_eq!(p.budget(), Duration::ZERO, "nothing to catch: no polling");
@@ -193,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_waiter_that_stopped_polling_finds_events_back_within_reach() {
-        let p = Poller::new(Duration::from_millis(2), Polling::Adaptive);
+        let p = alone(Duration::from_millis(2), Polling::Adaptive);
         for _ in 0..10 {
             wait(&p, Duration::from_millis(20), Duration::ZERO);
         }
@@ -207,7 +254,7 @@ mod tests {
 
     #[test]
     fn fixed_polling_keeps_its_budget() {
-        let p = Poller::new(Duration::from_micros(50), Polling::Fixed);
+        let p = alone(Duration::from_micros(50), Polling::Fixed);
         for _ in 0..5 {
             wait(&p, Duration::from_millis(1), Duration::ZERO);
         }
@@ -216,7 +263,7 @@ mod tests {
 
     #[test]
     fn polling_stops_at_the_budget() {
-        let p = Poller::new(Duration::from_micros(200), Polling::Fixed);
+        let p = alone(Duration::from_micros(200), Polling::Fixed);
         let mut tries = 0;
         let r = p.poll(|| {
             tries += 1;
@@ -224,5 +271,44 @@ mod tests {
         });
         assert!(r.is_err());
         assert!(tries > 1, "it polled more than once");
+    }
+
+    #[test]
+    fn at_most_half_the_cpus_poll_at_once_and_the_others_sleep_at_once() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let n = most_polling() + 2;
+        let (started, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let waiters: Vec<_> = (0..n)
+            .map(|_| {
+                let (started, stop) = (started.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let p = Poller::new(Duration::from_secs(30), Polling::Fixed);
+                    let mut tries = 0;
+                    let polled = p
+                        .poll(|| {
+                            tries += 1;
+                            if tries == 1 {
+                                started.fetch_add(1, Relaxed);
+                            } else {
+                                // Holding its place without holding a CPU from other tests.
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            stop.load(Relaxed).then_some(())
+                        })
+                        .is_ok();
+                    (polled, tries)
+                })
+            })
+            .collect();
+        while started.load(Relaxed) < n {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Relaxed);
+        let results: Vec<(bool, u32)> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+        let polled = results.iter().filter(|(p, _)| *p).count();
+        // Pollers of other tests may hold places too: fewer may have polled, never more.
+        assert!(polled <= most_polling(), "{results:?}");
+        assert!(results.iter().filter(|(p, _)| !p).all(|(_, tries)| *tries == 1), "a waiter without a place tried once and slept: {results:?}");
     }
 }

@@ -79,3 +79,55 @@ fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
         }
     }
 }
+
+/// `hold 1` (1 MiB) waits on the cluster while `randpages` thrashes the shared 4 MiB ExCache;
+/// then it reads its buffer back. Returns hold's counters and the thrasher's.
+fn beside_a_thrasher(share_floor: u32) -> (serde_json::Value, serde_json::Value) {
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nshare_floor = {share_floor}\n[[mcomponent]]\n")));
+    let (hold, rnd) = (program("hold"), program("randpages"));
+    let f = c.dir.path().join("hold.json");
+    let mut small = c.spawn(&["-q", "--stats-json", f.to_str().unwrap()], &[hold.to_str().unwrap(), "1"]);
+    assert_eq!(read_line(&mut small), "ready\n");
+    let big = c.run_stats(&[rnd.to_str().unwrap(), "16", "3"]);
+    drop(small.stdin.take());
+    let out = small.wait_with_output().unwrap();
+    assert!(out.status.success() && text(&out.stdout).starts_with("sum "), "{}", text(&out.stderr));
+    (serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap(), big)
+}
+
+#[test]
+fn a_process_keeps_its_floor_of_lines_beside_a_thrashing_one() {
+    // Two processes: an equal share is 512 lines, and the floor all of it; hold needs about 300.
+    let (kept, big) = beside_a_thrasher(100);
+    assert!(n(&big, "evictions") > 4000, "the thrasher evicted: {big}");
+    assert_eq!(n(&kept, "evicted_by_others"), 0, "{kept}");
+    assert_eq!(n(&kept, "bytes_fetched"), 0, "no line came back from an mComponent: {kept}");
+    // Without a floor, the thrasher's misses take hold's lines (FIFO: the oldest go first).
+    let (lost, _) = beside_a_thrasher(0);
+    assert!(n(&lost, "evicted_by_others") >= 200, "{lost}");
+    assert!(n(&lost, "bytes_fetched") >= 200 * 4096, "its lines came back from an mComponent: {lost}");
+}
+
+#[test]
+fn programs_thrashing_a_shared_excache_are_told_the_others_are_why() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"1M\"\n[[mcomponent]]\n"));
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "8", "6"];
+    // Three at once: each has the others' misses take most of its lines.
+    let files: Vec<_> = (0..3).map(|i| c.dir.path().join(format!("s{i}.json"))).collect();
+    let runs: Vec<_> = files.iter().map(|f| c.spawn(&["--stats-json", f.to_str().unwrap()], &cmd)).collect();
+    for (run, f) in runs.into_iter().zip(&files) {
+        let out = run.wait_with_output().unwrap();
+        assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        let err = text(&out.stderr);
+        assert!(err.contains("the ExCache is too small for the programs sharing it") && err.contains("other programs' misses evicted"), "{err}\n{s}");
+        assert!(n(&s, "evicted_by_others") * 4 >= n(&s, "evictions"), "{s}");
+    }
+    // Alone, the same program is told about its own size only, and nobody took its lines.
+    let f = c.dir.path().join("alone.json");
+    let out = c.run(&["--stats-json", f.to_str().unwrap()], &cmd);
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert!(text(&out.stderr).contains("the ExCache is too small for this program"), "{}", text(&out.stderr));
+    assert_eq!(n(&s, "evicted_by_others"), 0, "{s}");
+}

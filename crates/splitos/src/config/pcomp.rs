@@ -156,6 +156,11 @@ pub struct PcompConfig {
     /// (0: off, misses evict inline).
     #[arg(long, default_value_t = 0)]
     pub evict_reserve: usize,
+    /// Percent of an equal share of the ExCache (its lines over the processes holding lines)
+    /// that each process keeps against other processes' misses (0: off, at most 100;
+    /// docs/excache.md).
+    #[arg(long, default_value_t = 0)]
+    pub share_floor: usize,
     /// The shortcut: two programs of a vNode connect through their pComponents (this one, or
     /// two directly), not through an nComponent (`--no-net-shortcut`: always through the
     /// nComponent; docs/network.md).
@@ -229,6 +234,9 @@ impl PcompConfig {
         if self.evict_reserve as u64 >= ways {
             return Err(format!("evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)", self.evict_reserve));
         }
+        if self.share_floor > 100 {
+            return Err(format!("share_floor: {}% is more than an equal share (at most 100; 0 turns it off)", self.share_floor));
+        }
         check_netns(&self.netns)
     }
 }
@@ -261,6 +269,14 @@ mod tests {
         assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
         assert_eq!(FaultCpu::Any.to_string(), "any");
         assert!("sometimes".parse::<FaultCpu>().unwrap_err().contains("any, faulting"));
+    }
+
+    #[test]
+    fn a_share_floor_is_at_most_an_equal_share() {
+        let with = |share_floor| PcompConfig { share_floor, ..PcompConfig::default() }.validate();
+        assert!(with(0).is_ok());
+        assert!(with(100).is_ok());
+        assert!(with(101).unwrap_err().starts_with("share_floor:"));
     }
 
     #[test]

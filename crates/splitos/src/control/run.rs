@@ -539,11 +539,18 @@ fn excache_hint(stats: &serde_json::Value, secs: f64) -> Option<String> {
         return None;
     }
     let fits = Size((fresh * splitos_rpc::PAGE_SIZE as u64).next_power_of_two().max(1 << 20));
+    let (evicted, by_others) = (n("evictions"), n("evicted_by_others"));
+    let (rate, share) = (misses as f64 / secs, (100.0 * in_misses / secs).min(100.0));
+    // Alone in the ExCache a program evicts only its own lines: when others' misses took a
+    // good part of them, its size is not the whole story.
+    if by_others > 0 && by_others * 4 >= evicted {
+        return Some(format!(
+            "the ExCache is too small for the programs sharing it: {misses} misses ({rate:.0}/s), {refetched} of them for pages it had already had, took about {share:.0}% of the run; other programs' misses evicted {by_others} of its lines ({:.0}% of its evictions); its heap touched {fresh} pages, which an ExCache of {fits} would hold for it alone (a larger ExCache, or fewer programs at once; --quiet drops this hint)",
+            100.0 * by_others as f64 / evicted as f64
+        ));
+    }
     Some(format!(
-        "the ExCache is too small for this program: {misses} misses ({:.0}/s), {refetched} of them for pages it had already had, took about {:.0}% of the run; its heap touched {} pages, which an ExCache of {fits} would hold (--excache; --quiet drops this hint)",
-        misses as f64 / secs,
-        (100.0 * in_misses / secs).min(100.0),
-        fresh
+        "the ExCache is too small for this program: {misses} misses ({rate:.0}/s), {refetched} of them for pages it had already had, took about {share:.0}% of the run; its heap touched {fresh} pages, which an ExCache of {fits} would hold (--excache; --quiet drops this hint)"
     ))
 }
 

@@ -107,6 +107,10 @@ counters! {
         /// Lines evicted on a miss's way (for the line, its read-ahead or its fault-around):
         /// the miss waited for them. Also counted in `evictions`.
         inline_evictions,
+        /// Lines of this run a miss of another run evicted: the ExCache is shared, and the
+        /// others' misses took them (for the whole pComponent: every line one run took from
+        /// another).
+        evicted_by_others,
         /// Lines the background evictor took out ahead of the misses. Also counted in
         /// `evictions`.
         bg_evictions,
@@ -165,7 +169,7 @@ mod tests {
 
     /// Keys that scripts/bench and the end-to-end tests read from `--stats-json` and the
     /// pComponent's statistics, and Prometheus metrics the tests read.
-    const READ_KEYS: &[&str] = &["misses", "evictions", "flushes", "processes", "prefetch_sample_used", "prefetch_sample_wasted", "miss_ns_p50", "miss_ns_p99", "miss_breakdown_ns_p50", "errors"];
+    const READ_KEYS: &[&str] = &["misses", "evictions", "flushes", "processes", "prefetch_sample_used", "prefetch_sample_wasted", "evicted_by_others", "miss_ns_p50", "miss_ns_p99", "miss_breakdown_ns_p50", "errors"];
     const READ_METRICS: &[&str] = &[
         "pcomp_misses_total",
         "pcomp_tier_hits_total",

@@ -4,6 +4,10 @@
 //!
 //! Eviction policy is a swappable component ([`EvictionPolicy`]): FIFO evicts in fill order;
 //! CLOCK approximates LRU with a reference bit and a hand per set.
+//!
+//! Processes sharing the cache may each keep a floor of lines against the others' misses
+//! ([`ExCache::with_floor`], off unless configured): then a program whose misses come fast
+//! cannot evict every line of one whose misses come slowly.
 use std::collections::{BTreeMap, HashMap};
 
 use crate::config::EvictPolicy;
@@ -115,6 +119,11 @@ pub fn eviction_policy(knob: EvictPolicy) -> Box<dyn EvictionPolicy> {
     }
 }
 
+/// Candidates of one claim the policy may pass over because their process is at its floor:
+/// a bound, so that a fully associative cache (one set of every line) does not ask its policy
+/// again and again on the way of a miss.
+const SHIELDED: usize = 8;
+
 /// What a miss got: the slot it fills and the line it displaced, if any.
 pub struct Claim {
     pub slot: usize,
@@ -139,6 +148,9 @@ pub struct ExCache {
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
     seq: u64,
+    /// Percent of an equal share (lines over processes holding lines) that each process keeps
+    /// against other processes' misses (0: none).
+    floor: usize,
 }
 
 impl ExCache {
@@ -160,7 +172,22 @@ impl ExCache {
             index: HashMap::new(),
             policy,
             seq: 0,
+            floor: 0,
         }
+    }
+
+    /// Each process keeps `percent` of an equal share of the lines (the lines over the
+    /// processes holding any) against other processes' misses: while it holds no more, the
+    /// policy passes over its lines for a miss of another process, unless its set has no
+    /// other line to give.
+    pub fn with_floor(mut self, percent: usize) -> ExCache {
+        self.floor = percent;
+        self
+    }
+
+    /// The lines a process keeps against others' misses.
+    fn floor_lines(&self) -> usize {
+        self.slots.len() * self.floor / 100 / self.index.len().max(1)
     }
 
     pub fn lines(&self) -> usize {
@@ -225,9 +252,27 @@ impl ExCache {
             (base + i, None)
         } else {
             self.may_rearm[set] |= self.policy.rearms();
+            let mut floor = self.floor_lines();
             let mut spared = 0;
+            // Lines passed over for their process's floor, kept out of the policy's sight as
+            // if being filled until the victim is chosen.
+            let mut shielded = Vec::new();
             let i = loop {
-                let i = self.policy.victim(&mut self.slots[range.clone()], &mut self.hands[set])?;
+                let Some(i) = self.policy.victim(&mut self.slots[range.clone()], &mut self.hands[set]) else {
+                    if shielded.is_empty() {
+                        return None;
+                    }
+                    // Every line left is at its process's floor: the floor gives way.
+                    self.unshield(&mut shielded);
+                    floor = 0;
+                    continue;
+                };
+                let l = self.slots[base + i].as_ref().expect("victim is a line");
+                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED && self.resident_of(l.pid) <= floor {
+                    shielded.push(base + i);
+                    self.line_mut(base + i).state = LineState::Filling;
+                    continue;
+                }
                 let l = self.slots[base + i].as_mut().expect("victim is a line");
                 // Only a policy that watches writes (one that rearms) asks.
                 if !self.policy.rearms() || spared == self.ways || !used(l) {
@@ -236,6 +281,7 @@ impl ExCache {
                 l.referenced = true;
                 spared += 1;
             };
+            self.unshield(&mut shielded);
             if !evictable(self.slots[base + i].as_mut().expect("victim is a line")) {
                 return None;
             }
@@ -247,6 +293,12 @@ impl ExCache {
         self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         Some(Claim { slot: slot.0, victim: slot.1 })
+    }
+
+    fn unshield(&mut self, shielded: &mut Vec<usize>) {
+        for slot in shielded.drain(..) {
+            self.line_mut(slot).state = LineState::Ready;
+        }
     }
 
     /// Lines a policy wants write-protected again (CLOCK cleared their reference bit).
@@ -455,6 +507,46 @@ mod tests {
         c.remove(1, 0);
         assert_eq!((c.spare(0), c.used()), (1, 1));
         assert!(c.claim(1, 6).expect("the freed way").victim.is_none());
+    }
+
+    #[test]
+    fn a_process_at_its_floor_keeps_its_lines_against_anothers_misses() {
+        // Two processes in 4 lines: an equal share is 2 lines, the floor all of it.
+        for (floor, kept) in [(100, true), (0, false)] {
+            let mut c = ExCache::new(4, 0, Box::new(Fifo)).with_floor(floor);
+            fill(&mut c, 1, 10, true);
+            fill(&mut c, 1, 11, true);
+            fill(&mut c, 2, 20, true);
+            fill(&mut c, 2, 21, true);
+            let v = fill(&mut c, 2, 22, true).expect("a full cache evicts");
+            assert_eq!(v.pid == 2, kept, "floor {floor}: {v:?}");
+            assert_eq!(c.resident_of(1) == 2, kept);
+            assert!(c.line(c.lookup(1, 10).or(c.lookup(1, 11)).unwrap()).state == LineState::Ready, "lines passed over are ready again");
+        }
+        // Above its floor a process loses lines to another's misses as before: with 3 of the 4
+        // lines, process 1 holds more than its 2.
+        let mut c = ExCache::new(4, 0, Box::new(Fifo)).with_floor(100);
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, true);
+        }
+        fill(&mut c, 2, 20, true);
+        assert_eq!(fill(&mut c, 2, 21, true).map(|v| (v.pid, v.vpn)), Some((1, 10)));
+    }
+
+    #[test]
+    fn a_set_whose_lines_are_all_at_their_floor_still_gives_one() {
+        // One set of 2 ways, both process 1's, the only process holding lines: its floor is the
+        // whole cache. A miss of process 2 must not wait forever.
+        let mut c = ExCache::new(2, 2, Box::new(Clock)).with_floor(100);
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        let v = fill(&mut c, 2, 4, true).expect("the floor gives way");
+        assert_eq!(v.pid, 1);
+        // A process is never shielded from its own misses.
+        let mut c = ExCache::new(2, 2, Box::new(Fifo)).with_floor(100);
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        assert_eq!(fill(&mut c, 1, 4, true).map(|v| v.vpn), Some(0));
     }
 
     #[test]

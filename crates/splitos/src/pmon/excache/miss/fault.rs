@@ -193,7 +193,16 @@ impl MissPath {
         let st = &mut **g;
         let heaps = &st.heaps;
         let used = |l: &mut Line| heaps.get(&l.pid).filter(|t| t.region.tracks_writes()).is_some_and(|t| self.observe(t, l));
-        st.cache.claim_observing(pid, vpn, |l| evictable == Evictable::Any || (!l.dirty && !used(l)), used)
+        let c = st.cache.claim_observing(pid, vpn, |l| evictable == Evictable::Any || (!l.dirty && !used(l)), used)?;
+        let owner = c.victim.and_then(|v| heaps.get(&v.pid));
+        if let (Some(owner), Some(claimer)) = (owner, heaps.get(&pid)) {
+            if !Arc::ptr_eq(&owner.stats, &claimer.stats) {
+                self.bump(owner, |s| {
+                    s.evicted_by_others.fetch_add(1, Relaxed);
+                });
+            }
+        }
+        Some(c)
     }
 
     /// Called under the lock after a claim took a way in `vpn`'s set: queues the set if it is
