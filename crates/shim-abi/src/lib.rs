@@ -26,7 +26,7 @@ use core::mem::{offset_of, size_of};
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use zerocopy::{Immutable, KnownLayout};
 
-pub const SHIM_ABI_VERSION: u32 = 5;
+pub const SHIM_ABI_VERSION: u32 = 6;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -376,6 +376,7 @@ pub mod uffd {
     pub const UFFDIO_WAKE: u64 = 0x8010_aa02;
     pub const UFFDIO_COPY: u64 = 0xc028_aa03;
     pub const UFFDIO_WRITEPROTECT: u64 = 0xc018_aa06;
+    pub const UFFDIO_CONTINUE: u64 = 0xc020_aa07;
     /// On /dev/userfaultfd: a new userfaultfd of the caller's address space; who may is
     /// decided when the device is opened, not by the caller's privileges.
     pub const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
@@ -383,22 +384,29 @@ pub mod uffd {
     pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
     /// Each page-fault message carries the faulting thread's id ([`Msg::tid`]).
     pub const FEATURE_THREAD_ID: u64 = 1 << 8;
+    /// A touch of a page that the memfd holds but the program does not map is a fault message
+    /// too (a minor fault), answered with UFFDIO_CONTINUE: the ExCache sees reads this way.
+    pub const FEATURE_MINOR_SHMEM: u64 = 1 << 10;
     pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
     /// A write to a write-protected page lifts the protection in the kernel, without a fault
     /// message; PAGEMAP_SCAN tells which pages were written (Linux 6.7).
     pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
     /// What a [`super::Welcome`] may ask for.
-    pub const FEATURES_ON_REQUEST: u64 = FEATURE_WP_ASYNC;
+    pub const FEATURES_ON_REQUEST: u64 = FEATURE_WP_ASYNC | FEATURE_MINOR_SHMEM;
 
     pub const REGISTER_MODE_MISSING: u64 = 1;
     pub const REGISTER_MODE_WP: u64 = 2;
+    pub const REGISTER_MODE_MINOR: u64 = 4;
 
     pub const COPY_MODE_WP: u64 = 2;
     pub const WP_MODE_WP: u64 = 1;
+    pub const CONTINUE_MODE_DONTWAKE: u64 = 1;
+    pub const CONTINUE_MODE_WP: u64 = 2;
 
     pub const EVENT_PAGEFAULT: u8 = 0x12;
     pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
     pub const PAGEFAULT_FLAG_WP: u64 = 2;
+    pub const PAGEFAULT_FLAG_MINOR: u64 = 4;
 
     #[repr(C)]
     #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -440,6 +448,15 @@ pub mod uffd {
         pub mode: u64,
     }
 
+    #[repr(C)]
+    #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+    pub struct Continue {
+        pub range: Range,
+        pub mode: u64,
+        /// Bytes mapped, or a negative errno.
+        pub mapped: i64,
+    }
+
     /// `struct uffd_msg` for a page fault: event at byte 0, flags at 8, address at 16, the
     /// faulting thread's id at 24 (with [`FEATURE_THREAD_ID`]).
     #[repr(C)]
@@ -468,6 +485,7 @@ pub mod uffd {
     const _: () = assert!(size_of::<Register>() == 32 && UFFDIO_REGISTER >> 16 & 0x3fff == 32);
     const _: () = assert!(size_of::<Copy>() == 40 && UFFDIO_COPY >> 16 & 0x3fff == 40 && offset_of!(Copy, copy) == 32);
     const _: () = assert!(size_of::<WriteProtect>() == 24 && UFFDIO_WRITEPROTECT >> 16 & 0x3fff == 24);
+    const _: () = assert!(size_of::<Continue>() == 32 && UFFDIO_CONTINUE >> 16 & 0x3fff == 32 && offset_of!(Continue, mapped) == 24);
     const _: () = assert!(size_of::<Msg>() == 32 && offset_of!(Msg, flags) == 8 && offset_of!(Msg, address) == 16);
 }
 

@@ -15,6 +15,9 @@ knob_enum! {
         Fifo = "fifo",
         /// The first line not referenced since the hand last passed it (second chance).
         Clock = "clock" | "lru",
+        /// CLOCK whose new lines start unreferenced unless they were evicted recently (ghost
+        /// entries): lines used once leave first. Wants access_sampling = "unmap".
+        GhostClock = "ghost-clock",
     }
 }
 
@@ -44,6 +47,19 @@ knob_enum! {
         Fault = "fault",
         /// The kernel lifts write protection itself and PAGEMAP_SCAN reports written pages.
         Scan = "scan",
+    }
+}
+
+knob_enum! {
+    /// How the ExCache learns that a resident line is still in use.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum AccessSampling, "access_sampling", ACCESS_SAMPLING {
+        /// Only misses and first writes are seen: a line read but never written looks unused.
+        #[default]
+        Off = "off",
+        /// Lines the policy passed over are unmapped in batches, their pages kept; the next
+        /// touch of one is a minor fault, a reference bit (docs/excache.md).
+        Unmap = "unmap",
     }
 }
 
@@ -97,7 +113,8 @@ pub struct PcompConfig {
     /// ExCache associativity: lines per set (0: fully associative).
     #[arg(long, default_value_t = 8)]
     pub ways: usize,
-    /// Eviction policy: fifo, or clock (second chance).
+    /// Eviction policy: fifo, clock (second chance), or ghost-clock (new lines start
+    /// unreferenced unless evicted recently; with access_sampling = "unmap").
     #[arg(long, default_value_t)]
     pub policy: EvictPolicy,
     /// Piggybacking: a dirty victim's flush goes in the same RPC as the fill when both go to
@@ -152,6 +169,12 @@ pub struct PcompConfig {
     /// pages or the evictor).
     #[arg(long, default_value_t)]
     pub dirty_tracking: DirtyTracking,
+    /// Reads made visible: off, or unmap (lines the clock hand passes are unmapped in batches
+    /// and their next touch is a minor fault that sets their reference bit; needs policy =
+    /// clock or ghost-clock and dirty_tracking = fault, not huge pages; the pComponent needs CAP_SYS_NICE and a
+    /// host without swap, else it runs with off and says why).
+    #[arg(long, default_value_t)]
+    pub access_sampling: AccessSampling,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
     /// (0: off, misses evict inline).
     #[arg(long, default_value_t = 0)]
@@ -220,6 +243,20 @@ impl PcompConfig {
             return Err(
                 "dirty_tracking: \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier".into()
             );
+        }
+        if self.access_sampling == AccessSampling::Unmap {
+            let why = if self.policy == EvictPolicy::Fifo {
+                Some("needs policy = \"clock\" or \"ghost-clock\": only a policy with reference bits uses what sampling sees")
+            } else if self.dirty_tracking != DirtyTracking::Fault {
+                Some("needs dirty_tracking = \"fault\": unmapping a page drops the written bit the kernel keeps for a scan")
+            } else if self.huge_pages != HugePages::Off {
+                Some("cannot be used with huge_pages = \"on\": a huge page is unmapped and faulted whole")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(format!("access_sampling: \"unmap\" {why}"));
+            }
         }
         if self.compressed_tier.0 != 0 && self.compressed_tier.0 < PAGE {
             return Err(format!("compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)", self.compressed_tier.0));

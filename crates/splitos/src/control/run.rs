@@ -247,6 +247,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             "tier_stores",
             "tier_writebacks",
             "wp_faults",
+            "sample_touches",
             "bytes_fetched",
             "bytes_flushed",
             "miss_ns_p50",

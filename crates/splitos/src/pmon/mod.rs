@@ -33,7 +33,7 @@ pub use excache::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use fs::Grants;
 pub use stats::RunStats;
 
-use crate::config::{DirtyTracking, HugePages, PcompConfig, ProcArgs};
+use crate::config::{AccessSampling, DirtyTracking, HugePages, PcompConfig, ProcArgs};
 use crate::node::{self, Node};
 
 /// A process running on this pComponent.
@@ -102,6 +102,8 @@ pub struct Pcomp {
     heap_fs: Option<host::huge::HeapFs>,
     /// Programs' sockets, run on nComponents.
     net: Arc<net::NetStub>,
+    /// Access sampling is on (`access_sampling = "unmap"` and this host allows it).
+    sampling: bool,
 }
 
 impl Pcomp {
@@ -253,7 +255,15 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::Off => None,
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
-    let cache = ExCache::new(lines, cfg.ways, eviction_policy(cfg.policy)).with_floor(cfg.share_floor);
+    let cache = ExCache::new(lines, cfg.ways, eviction_policy(cfg.policy, lines)).with_floor(cfg.share_floor);
+    let sampling = cfg.access_sampling == AccessSampling::Unmap
+        && match host::uffd::cannot_unmap() {
+            Some(why) => {
+                tracing::warn!("access_sampling = \"unmap\" is off: {why}");
+                false
+            }
+            None => true,
+        };
     let grants = fs::grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
     // Programs of every user hand their memory to whoever answers at the program socket, and
     // vNodes are mounted by name under the vNode root: no other user may have a hand in either.
@@ -299,6 +309,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             started: Instant::now(),
             heap_fs,
             net: Arc::new(net::NetStub::new(node.clone(), cfg.net_shortcut, cfg.net_path)),
+            sampling,
         }
     });
     let p2 = p.clone();
@@ -327,7 +338,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, "splitos process monitor started");
     });
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     node::park_forever()

@@ -56,6 +56,13 @@ counters! {
         bytes_flushed,
         /// Write-protect faults: first writes to lines installed write-protected.
         wp_faults,
+        /// Access sampling: resident lines unmapped (kept in the memfd) so that their next touch
+        /// shows they are in use.
+        sample_unmaps,
+        /// Access sampling: the unmap requests that carried them (one per process per batch).
+        sample_unmap_calls,
+        /// Access sampling: touches of unmapped lines (minor faults), each a reference bit.
+        sample_touches,
         /// Misses served by decompressing the line from the compressed tier (no round trip).
         tier_hits,
         /// Victims compressed into the tier.

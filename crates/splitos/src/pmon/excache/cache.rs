@@ -3,12 +3,15 @@
 //! miss path moves the data (miss/). A line is tagged by (process, virtual page).
 //!
 //! Eviction policy is a swappable component ([`EvictionPolicy`]): FIFO evicts in fill order;
-//! CLOCK approximates LRU with a reference bit and a hand per set.
+//! CLOCK approximates LRU with a reference bit and a hand per set; ghost CLOCK admits a new
+//! line unreferenced unless it was evicted recently, so that lines used once (a scan) leave
+//! before lines in use. A policy sees the access events the pComponent sees: a line claimed,
+//! used (a write trap, or with access sampling a touch) and evicted.
 //!
 //! Processes sharing the cache may each keep a floor of lines against the others' misses
 //! ([`ExCache::with_floor`], off unless configured): then a program whose misses come fast
 //! cannot evict every line of one whose misses come slowly.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::config::EvictPolicy;
 
@@ -33,10 +36,14 @@ pub struct Line {
     pub dirty: bool,
     /// Mapped write-protected in the program, so the next write traps to us.
     pub wp: bool,
-    /// CLOCK's reference bit: set on fill and on every write we observe.
+    /// CLOCK's reference bit: set on fill, on every write we observe and, with access
+    /// sampling, on every touch of the line while it was unmapped.
     pub referenced: bool,
-    /// Set by a policy that cleared `referenced` and wants the next write observed again.
+    /// Set by a policy that cleared `referenced` and wants the next use observed again (the
+    /// next write, or with access sampling the next touch).
     pub rearm: bool,
+    /// Resident but unmapped by access sampling: the next touch is a minor fault.
+    pub unmapped: bool,
     /// Fill order, for FIFO.
     pub seq: u64,
     /// Pre-allocated ahead of the program: it may have been written without any trap, and
@@ -63,10 +70,21 @@ pub trait EvictionPolicy: Send {
     /// Picks the way to evict from a full set, among `Ready` lines. `hand` is the set's own
     /// policy state (CLOCK's hand). `None` if every way is still filling.
     fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
-    /// True if `victim` may mark lines to be write-protected again (`Line::rearm`).
+    /// True if `victim` may mark lines to be observed again (`Line::rearm`).
     fn rearms(&self) -> bool {
         false
     }
+    /// Whether a line just claimed for (pid, vpn) starts referenced.
+    fn admit(&mut self, _pid: u64, _vpn: u64) -> bool {
+        true
+    }
+    /// The program was seen using a resident line: a write trap, or with access sampling a
+    /// touch of a line it had unmapped.
+    fn touched(&mut self, line: &mut Line) {
+        line.referenced = true;
+    }
+    /// A line left the cache as a victim.
+    fn evicted(&mut self, _line: &Line) {}
 }
 
 pub struct Fifo;
@@ -90,32 +108,84 @@ impl EvictionPolicy for Clock {
         true
     }
     fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
-        let n = set.len();
-        // Two sweeps: the first clears reference bits, the second must find an unreferenced line.
-        for _ in 0..2 * n + 1 {
-            let i = *hand % n;
-            *hand = (i + 1) % n;
-            if let Some(l) = set[i].as_mut() {
-                if l.state != LineState::Ready {
-                    continue;
-                }
-                if l.referenced {
-                    l.referenced = false;
-                    l.rearm = !l.wp;
-                    continue;
-                }
-                return Some(i);
-            }
-        }
-        None
+        clock_victim(set, hand)
     }
 }
 
-/// The policy the knob names.
-pub fn eviction_policy(knob: EvictPolicy) -> Box<dyn EvictionPolicy> {
+/// CLOCK's sweep: the first `Ready` line from the hand on whose reference bit is clear,
+/// clearing the bits it passes (and asking that those lines be observed again).
+fn clock_victim(set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+    let n = set.len();
+    // Two sweeps: the first clears reference bits, the second must find an unreferenced line.
+    for _ in 0..2 * n + 1 {
+        let i = *hand % n;
+        *hand = (i + 1) % n;
+        if let Some(l) = set[i].as_mut() {
+            if l.state != LineState::Ready {
+                continue;
+            }
+            if l.referenced {
+                l.referenced = false;
+                l.rearm = true;
+                continue;
+            }
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// CLOCK with a memory of the lines it evicted recently (as many as the cache holds): a new
+/// line starts unreferenced, so that the hand evicts it at its first pass unless the program
+/// was seen using it since, except a line evicted recently, whose miss shows it was evicted
+/// too early. Lines read once (a scan, a sort's input) then go before lines in use, which
+/// plain CLOCK gives a whole turn each. It needs access sampling to see reads.
+pub struct GhostClock {
+    ghosts: HashMap<(u64, u64), u64>,
+    order: VecDeque<((u64, u64), u64)>,
+    cap: usize,
+    seq: u64,
+}
+
+impl GhostClock {
+    pub fn new(cap: usize) -> GhostClock {
+        GhostClock { ghosts: HashMap::new(), order: VecDeque::new(), cap: cap.max(1), seq: 0 }
+    }
+}
+
+impl EvictionPolicy for GhostClock {
+    fn name(&self) -> &'static str {
+        "ghost-clock"
+    }
+    fn rearms(&self) -> bool {
+        true
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+        clock_victim(set, hand)
+    }
+    fn admit(&mut self, pid: u64, vpn: u64) -> bool {
+        self.ghosts.remove(&(pid, vpn)).is_some()
+    }
+    fn evicted(&mut self, line: &Line) {
+        self.seq += 1;
+        self.ghosts.insert((line.pid, line.vpn), self.seq);
+        self.order.push_back(((line.pid, line.vpn), self.seq));
+        while self.order.len() > self.cap {
+            let (key, seq) = self.order.pop_front().expect("over capacity means not empty");
+            // An entry re-made since is newer than this one: it stays.
+            if self.ghosts.get(&key) == Some(&seq) {
+                self.ghosts.remove(&key);
+            }
+        }
+    }
+}
+
+/// The policy the knob names, for a cache of `lines`.
+pub fn eviction_policy(knob: EvictPolicy, lines: usize) -> Box<dyn EvictionPolicy> {
     match knob {
         EvictPolicy::Fifo => Box::new(Fifo),
         EvictPolicy::Clock => Box::new(Clock),
+        EvictPolicy::GhostClock => Box::new(GhostClock::new(lines)),
     }
 }
 
@@ -287,10 +357,12 @@ impl ExCache {
             }
             let v = self.slots[base + i].take().expect("victim is a line");
             self.unindex(v.pid, v.vpn);
+            self.policy.evicted(&v);
             (base + i, Some(v))
         };
         self.seq += 1;
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced: true, rearm: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
+        let referenced = self.policy.admit(pid, vpn);
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced, rearm: false, unmapped: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         Some(Claim { slot: slot.0, victim: slot.1 })
     }
@@ -301,19 +373,19 @@ impl ExCache {
         }
     }
 
-    /// Lines a policy wants write-protected again (CLOCK cleared their reference bit).
-    pub fn take_rearm(&mut self, vpn: u64) -> Vec<(u64, u64)> {
+    /// The slots of `vpn`'s set whose lines a policy wants observed again (CLOCK cleared
+    /// their reference bit); their marks are cleared.
+    pub fn take_rearm(&mut self, vpn: u64) -> Vec<usize> {
         let set = self.set_of(vpn);
         if !std::mem::take(&mut self.may_rearm[set]) {
             return Vec::new();
         }
         let base = set * self.ways;
         let mut out = Vec::new();
-        for l in self.slots[base..base + self.ways].iter_mut().flatten() {
-            if l.rearm {
+        for (i, l) in self.slots[base..base + self.ways].iter_mut().enumerate() {
+            if let Some(l) = l.as_mut().filter(|l| l.rearm) {
                 l.rearm = false;
-                l.wp = true;
-                out.push((l.pid, l.vpn));
+                out.push(base + i);
             }
         }
         out
@@ -324,7 +396,12 @@ impl ExCache {
         l.state = LineState::Ready;
         l.dirty = dirty;
         l.wp = wp;
-        l.referenced = true;
+    }
+
+    /// The program was seen using the line in `slot` (the policy decides what that means).
+    pub fn touch(&mut self, slot: usize) {
+        let l = self.slots[slot].as_mut().expect("slot holds a line");
+        self.policy.touched(l);
     }
 
     fn unindex(&mut self, pid: u64, vpn: u64) {
@@ -369,7 +446,12 @@ impl ExCache {
         self.held[set] -= 1;
         self.free_from[set] = self.free_from[set].min(way);
         self.used -= 1;
-        self.slots[slot].take()
+        let line = self.slots[slot].take();
+        // A line the background evictor picked is a victim; others leave with their range.
+        if let Some(l) = line.as_ref().filter(|l| l.state == LineState::Evicting) {
+            self.policy.evicted(l);
+        }
+        line
     }
 
     /// Resident (pid, vpn) lines in [first, end) of virtual pages.
@@ -442,7 +524,7 @@ mod tests {
         // All referenced after fill: the first sweep clears, the second evicts the hand's first.
         assert_eq!(fill(&mut c, 1, 13, true).unwrap().vpn, 10);
         let rearm = c.take_rearm(13);
-        assert_eq!(rearm.len(), 2, "dirty writable lines whose bit was cleared get write-protected");
+        assert_eq!(rearm.len(), 2, "the lines whose bit was cleared are to be observed again");
         // 11 is written again (its bit set); 12 is not: CLOCK evicts 12, FIFO would evict 11.
         let s = c.lookup(1, 11).unwrap();
         c.line_mut(s).referenced = true;

@@ -21,13 +21,28 @@ pub trait Region: Send + Sync {
     fn wake(&self, vpn: u64);
     /// Sets or lifts write protection of resident pages; lifting wakes waiting writers.
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()>;
-    /// Makes pages of zeros resident without mapping them: the program's first touch of one
-    /// does not trap (pre-allocation of fresh lines).
+    /// Makes pages of zeros resident, writable: the program's first touch of one does not trap
+    /// (pre-allocation of fresh lines).
     fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// Drops pages from the program and frees the memory behind them; the next access faults.
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// The current contents of a resident page.
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// True if resident pages can be unmapped and kept ([`Region::unmap`]): their next touch
+    /// is a minor fault, which [`Region::map`] answers.
+    fn samples(&self) -> bool {
+        false
+    }
+    /// Unmaps resident pages, keeping them: the next touch of each faults as a minor fault.
+    /// `vpns` is sorted.
+    fn unmap(&self, _vpns: &[u64]) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Maps a resident page that was unmapped and wakes the threads waiting for it; `wp` maps
+    /// it write-protected. `Gone` if the page is not resident.
+    fn map(&self, _vpn: u64, _wp: bool) -> io::Result<Install> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
     /// Whether fresh 2 MiB extents can be made resident as huge pages ([`Region::allocate_huge`]).
     fn huge_pages(&self) -> bool {
         false
@@ -72,6 +87,8 @@ pub struct UffdRegion {
     pub huge: HugeHeap,
     /// With dirty tracking by scan: the program's page tables.
     pub tracker: Option<Tracker>,
+    /// With access sampling: the program, whose pages are unmapped through it.
+    pub pidfd: Option<Arc<OwnedFd>>,
 }
 
 static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
@@ -108,7 +125,13 @@ impl Region for UffdRegion {
         if !self.huge.exact_fallocate() {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "fallocate on this heap may allocate huge pages beyond the range"));
         }
-        uffd::allocate(&self.memfd, self.offset(vpn), pages * PAGE)
+        uffd::allocate(&self.memfd, self.offset(vpn), pages * PAGE)?;
+        // A page the memfd holds but the program does not map is a minor fault when sampling:
+        // map them now, or the first touch of each would trap.
+        if self.pidfd.is_some() {
+            uffd::map(&self.uffd, vpn * PAGE, pages * PAGE, false, false)?;
+        }
+        Ok(())
     }
 
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
@@ -121,6 +144,26 @@ impl Region for UffdRegion {
 
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
         uffd::read_page(&self.memfd, self.offset(vpn), buf)
+    }
+
+    fn samples(&self) -> bool {
+        self.pidfd.is_some()
+    }
+
+    fn unmap(&self, vpns: &[u64]) -> io::Result<()> {
+        let pidfd = self.pidfd.as_deref().ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &v in vpns {
+            match runs.last_mut() {
+                Some((a, l)) if *a + *l == v * PAGE => *l += PAGE,
+                _ => runs.push((v * PAGE, PAGE)),
+            }
+        }
+        uffd::unmap(pidfd, &runs)
+    }
+
+    fn map(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        uffd::map(&self.uffd, vpn * PAGE, PAGE, wp, true)
     }
 
     fn huge_pages(&self) -> bool {

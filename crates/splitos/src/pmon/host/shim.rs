@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE};
 use splitos_shim_abi::{
-    FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
+    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
     WELCOME_UFFD_DEV,
 };
 
@@ -173,7 +173,8 @@ impl Pcomp {
     /// live on the private tmpfs (huge pages), else none and the shim creates a memfd.
     fn welcome(&self, s: &mut UnixStream) -> std::io::Result<()> {
         let file = self.heap_fs.as_ref().and_then(|fs| fs.create().inspect_err(|e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages")).ok());
-        let mut w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: self.cfg.dirty_tracking.uffd_features(), refused: 0, _pad: 0 };
+        let mut w =
+            Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() | if self.sampling { uffd::FEATURE_MINOR_SHMEM } else { 0 }, refused: 0, _pad: 0 };
         let mut fds = Vec::new();
         if let Some(d) = &self.uffd_dev {
             w.flags |= WELCOME_UFFD_DEV;
@@ -397,7 +398,7 @@ impl Pcomp {
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };
         let uffd = Arc::new(uffd_fd);
         let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
-        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker };
+        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker, pidfd: self.sampling.then(|| peer.pidfd.clone()) };
         let heap = ProcHeap::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse.0));
         let heap_range = h.region_base..h.region_base.saturating_add(h.region_size);

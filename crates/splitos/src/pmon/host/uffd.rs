@@ -69,6 +69,68 @@ pub fn copy_range(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Re
     Ok(result)
 }
 
+/// Maps pages the memfd holds into the program (answers minor faults), write-protected if
+/// `wp`; `wake` wakes the threads waiting in the range. A page already mapped is left as it is.
+/// `Gone` when the memfd no longer holds a page (it was punched meanwhile) or the program is gone.
+pub fn map(uffd_fd: &OwnedFd, addr: u64, len: u64, wp: bool, wake: bool) -> io::Result<Install> {
+    let mode = if wp { uffd::CONTINUE_MODE_WP } else { 0 } | if wake { 0 } else { uffd::CONTINUE_MODE_DONTWAKE };
+    let (mut done, mut result) = (0, Install::Done);
+    while done < len {
+        let mut c = uffd::Continue { range: uffd::Range { start: addr + done, len: len - done }, mode, mapped: 0 };
+        match ioctl(uffd_fd, uffd::UFFDIO_CONTINUE, &mut c) {
+            Ok(()) => done = len,
+            Err(_) if c.mapped > 0 => done += c.mapped as u64,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EEXIST) => {
+                    if wake {
+                        self::wake(uffd_fd, addr + done, PAGE);
+                    }
+                    done += PAGE;
+                    result = Install::Exists;
+                }
+                Some(libc::EAGAIN) => std::thread::yield_now(),
+                Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT) => return Ok(Install::Gone),
+                _ => return Err(e),
+            },
+        }
+    }
+    Ok(result)
+}
+
+/// Unmaps pages of the program at `runs` (start address, length) and keeps them in its memfd,
+/// so that the next touch of each is a minor fault. `pidfd` is the program's. The kernel
+/// unmaps them as reclaim would (MADV_PAGEOUT) and, with no swap to write them to, keeps them:
+/// which is why sampling is off on a host with swap. Needs CAP_SYS_NICE.
+pub fn unmap(pidfd: &OwnedFd, runs: &[(u64, u64)]) -> io::Result<()> {
+    // The kernel takes at most IOV_MAX (1024) ranges per call.
+    for chunk in runs.chunks(1024) {
+        let iov: Vec<libc::iovec> = chunk.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut _, iov_len: l as usize }).collect();
+        // SAFETY: process_madvise(2) reads `iov` (valid for the call) and acts on the
+        // program's address space, never on ours.
+        let r = unsafe { libc::syscall(libc::SYS_process_madvise, pidfd.as_raw_fd(), iov.as_ptr(), iov.len(), libc::MADV_PAGEOUT, 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Why this host cannot sample accesses by unmapping, if it cannot.
+pub fn cannot_unmap() -> Option<String> {
+    // SAFETY: sysinfo(2) fills the record it is given.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `si` is valid for the call.
+    if unsafe { libc::sysinfo(&mut si) } == 0 && si.totalswap > 0 {
+        return Some("this host has swap, to which unmapping would write the ExCache's lines".into());
+    }
+    let caps = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").and_then(|h| u64::from_str_radix(h.trim(), 16).ok())));
+    const CAP_SYS_NICE: u64 = 23;
+    if caps.is_some_and(|c| c & (1 << CAP_SYS_NICE) == 0) {
+        return Some("the pComponent lacks CAP_SYS_NICE, which unmapping another process's pages needs".into());
+    }
+    None
+}
+
 pub fn wake(uffd_fd: &OwnedFd, addr: u64, len: u64) {
     let mut r = uffd::Range { start: addr, len };
     let _ = ioctl(uffd_fd, uffd::UFFDIO_WAKE, &mut r);

@@ -64,6 +64,7 @@ impl MissPath {
             return;
         }
         g.cache.complete(slot, Filled { dirty: writable, wp: !writable });
+        g.cache.touch(slot);
         g.prefetcher.outcome(t.pid, true);
         self.bump(t, |s| {
             s.prefetch_sample_used.fetch_add(1, Relaxed);

@@ -105,6 +105,7 @@ impl MissPath {
             s.misses.fetch_add(1, Relaxed);
             let _ = s.miss_ns.lock().unwrap().record(((t_done - t0).as_nanos() as u64).max(1));
         });
+        self.flush_unmaps();
     }
 
     /// Step 1: a hit is served here (a write to a write-protected line makes it dirty); a miss
@@ -126,26 +127,24 @@ impl MissPath {
                     self.unstage_used(&mut g, t, vpn, slot, &page, access);
                     return None;
                 }
+                if let Access::Touch(write) = access {
+                    self.touched(&mut g, t, slot, vpn, write);
+                    return None;
+                }
                 // A write-protect fault on a line believed writable (its protection was set but
                 // not recorded) is lifted too, or the writer would fault forever.
                 if access != Access::Read && (line.wp || access == Access::WriteProtect) {
-                    if !line.dirty {
-                        t.written_after_read.fetch_add(1, Relaxed);
-                    }
-                    let l = g.cache.line_mut(slot);
-                    l.wp = false;
-                    l.dirty = true;
-                    l.referenced = true;
-                    l.writes = l.writes.wrapping_add(1);
-                    self.bump(t, |s| {
-                        s.wp_faults.fetch_add(1, Relaxed);
-                    });
+                    self.written(&mut g, t, slot);
                     if let Err(e) = t.region.write_protect(vpn, 1, false) {
                         tracing::warn!(pid = t.pid, error = %e, "cannot lift write protection");
                     }
                 } else {
                     t.region.wake(vpn);
                 }
+                return None;
+            }
+            if let Access::Touch(_) = access {
+                self.stray_touch(t, vpn);
                 return None;
             }
             if access == Access::WriteProtect {
@@ -220,17 +219,26 @@ impl MissPath {
         }
     }
 
-    /// Write-protects again the lines of `vpn`'s set whose reference bit the policy cleared
-    /// (a line whose writes the kernel tracks keeps what it recorded: [`MissPath::observe`]).
+    /// Has the next use of the lines of `vpn`'s set whose reference bit the policy cleared
+    /// observed: with access sampling their next touch (they are queued to be unmapped,
+    /// sample.rs), else their next write (write-protected again; a line whose writes the kernel
+    /// tracks keeps what it recorded: [`MissPath::observe`]).
     pub(super) fn rearm(&self, g: &mut MutexGuard<'_, State>, vpn: u64) {
-        for (pid, rv) in g.cache.take_rearm(vpn) {
-            let Some(q) = g.heaps.get(&pid).cloned() else { continue };
-            match g.cache.lookup(pid, rv) {
-                Some(slot) if q.region.tracks_writes() => {
-                    self.observe(&q, g.cache.line_mut(slot));
+        for slot in g.cache.take_rearm(vpn) {
+            let l = *g.cache.line(slot);
+            let Some(q) = g.heaps.get(&l.pid).cloned() else { continue };
+            if q.region.samples() {
+                if !l.unmapped {
+                    g.cache.line_mut(slot).unmapped = true;
+                    g.unmaps.push((l.pid, l.vpn));
                 }
-                _ => {
-                    let _ = q.region.write_protect(rv, 1, true);
+            } else if !l.wp {
+                let line = g.cache.line_mut(slot);
+                line.wp = true;
+                if q.region.tracks_writes() {
+                    self.observe(&q, line);
+                } else {
+                    let _ = q.region.write_protect(l.vpn, 1, true);
                 }
             }
         }

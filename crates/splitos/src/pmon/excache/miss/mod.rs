@@ -36,7 +36,7 @@
 //! fault.rs; what becomes of a victim in evict.rs; write-backs, their failure rule and the
 //! range operations in writeback.rs; read-ahead in ahead.rs; fresh lines (fault-around,
 //! pre-allocation, huge pages) in fresh.rs; the background evictor in evictor.rs; dirty
-//! tracking by scan in scan.rs.
+//! tracking by scan in scan.rs; access sampling in sample.rs.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -96,6 +96,9 @@ pub enum Access {
     Write,
     /// A write to a page mapped write-protected.
     WriteProtect,
+    /// A touch of a resident page that access sampling unmapped (a minor fault); `true` if
+    /// it was a write.
+    Touch(bool),
 }
 
 /// Called once for a process whose memory cannot be served, with why.
@@ -224,6 +227,9 @@ struct State {
     staged: BTreeMap<(u64, u64), Page>,
     /// What the background evictor keeps free, when on (evictor.rs).
     reserve: Option<Reserve>,
+    /// Access sampling: lines marked unmapped whose pages are still mapped, (pid, page),
+    /// unmapped in batches (sample.rs).
+    unmaps: Vec<(u64, u64)>,
 }
 
 /// The evictor's share of the miss path's state (under its lock).
@@ -275,7 +281,8 @@ pub struct MissPathParts {
 impl MissPath {
     pub fn new(parts: MissPathParts) -> MissPath {
         let MissPathParts { cache, store, prefetcher, piggyback, fault_around, prealloc, on_fail } = parts;
-        let state = State { cache, inflight: HashSet::new(), materialized: HashMap::new(), heaps: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None };
+        let state =
+            State { cache, inflight: HashSet::new(), materialized: HashMap::new(), heaps: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None, unmaps: Vec::new() };
         MissPath {
             store,
             piggyback,
@@ -429,6 +436,7 @@ mod evict;
 mod evictor;
 mod fault;
 mod fresh;
+mod sample;
 mod scan;
 #[cfg(test)]
 mod tests;
