@@ -10,9 +10,15 @@
 use super::*;
 use crate::pmon::excache::region::Install;
 
-/// Lines unmapped per batch: one system call per process per batch, and a line passed by
-/// the hand stays mapped (unobserved) for at most this many more unmaps.
+/// Lines unmapped per batch at most: one system call per process per batch, and a line
+/// passed by the hand stays mapped (unobserved) until its batch is due. A small cache takes
+/// smaller batches ([`unmap_batch`]), or lines would be evicted before they were observed.
 const UNMAP_BATCH: usize = 32;
+
+/// The batch for a cache of `lines`: at most a 64th of it.
+pub(super) fn unmap_batch(lines: usize) -> usize {
+    (lines / 64).clamp(1, UNMAP_BATCH)
+}
 
 impl MissPath {
     /// A touch of line `slot` (page `vpn` of `t`) while it was unmapped: it is referenced, and
@@ -70,7 +76,7 @@ impl MissPath {
     /// Runs after a miss was served, off its wait.
     pub(super) fn flush_unmaps(&self) {
         let mut g = self.state.lock().unwrap();
-        if g.unmaps.len() < UNMAP_BATCH {
+        if g.unmaps.len() < unmap_batch(g.cache.lines()) {
             return;
         }
         let mut queued = std::mem::take(&mut g.unmaps);

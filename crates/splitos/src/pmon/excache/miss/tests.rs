@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use splitos_rpc::{ErrCode, Refusal, ERR, PAGE_SIZE};
 
 use super::*;
-use crate::pmon::excache::cache::{Clock, EvictionPolicy, ExCache, Fifo};
+use crate::pmon::excache::cache::{Clock, EvictionPolicy, ExCache, Fifo, GhostClock};
 use crate::pmon::excache::region::Install;
 use crate::pmon::excache::store::Place;
 use crate::pmon::excache::tier::{Codec, Lz4, OldestFirst};
@@ -23,6 +23,9 @@ struct RegionPages {
     /// The kernel tracks writes (dirty tracking by scan): a write to a protected page lifts the
     /// protection without a fault, and an unprotected page counts as written.
     tracked: AtomicBool,
+    /// Access sampling: resident pages may be unmapped, and touching one is a minor fault.
+    sampling: AtomicBool,
+    unmapped: Mutex<HashSet<u64>>,
 }
 
 #[derive(Clone, Default)]
@@ -35,6 +38,7 @@ impl Region for MemRegion {
             return Ok(Install::Exists);
         }
         p.insert(vpn, (data.to_vec(), wp));
+        self.0.unmapped.lock().unwrap().remove(&vpn);
         Ok(Install::Done)
     }
     fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
@@ -60,7 +64,23 @@ impl Region for MemRegion {
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         let mut p = self.0.pages.lock().unwrap();
         p.retain(|v, _| *v < vpn || *v >= vpn + pages);
+        self.0.unmapped.lock().unwrap().retain(|v| *v < vpn || *v >= vpn + pages);
         Ok(())
+    }
+    fn samples(&self) -> bool {
+        self.0.sampling.load(Ordering::Relaxed)
+    }
+    fn unmap(&self, vpns: &[u64]) -> io::Result<()> {
+        let p = self.0.pages.lock().unwrap();
+        self.0.unmapped.lock().unwrap().extend(vpns.iter().filter(|v| p.contains_key(v)));
+        Ok(())
+    }
+    fn map(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        let mut p = self.0.pages.lock().unwrap();
+        let Some(e) = p.get_mut(&vpn) else { return Ok(Install::Gone) };
+        e.1 = wp;
+        self.0.unmapped.lock().unwrap().remove(&vpn);
+        Ok(Install::Done)
     }
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
         let p = self.0.pages.lock().unwrap();
@@ -214,8 +234,13 @@ impl Rig {
     }
     /// A process whose writes the kernel tracks (`tracked`) or that traps on them.
     fn prog_tracked(&self, pid: u64, tracked: bool) -> Prog {
+        self.prog_with(pid, tracked, false)
+    }
+    /// A process whose accesses are sampled (`sampling`).
+    fn prog_with(&self, pid: u64, tracked: bool, sampling: bool) -> Prog {
         let mem = MemRegion::default();
         mem.0.tracked.store(tracked, Ordering::Relaxed);
+        mem.0.sampling.store(sampling, Ordering::Relaxed);
         let t = ProcHeap::new(pid, Box::new(mem.clone()), Arc::new(RunStats::default()));
         self.mp.add(t.clone(), Default::default());
         Prog { t, mem }
@@ -229,6 +254,10 @@ impl Prog {
     /// The first byte of page `vpn`, faulting it in; `None` once the process was failed.
     fn read(&self, mp: &MissPath, vpn: u64) -> Option<u8> {
         for _ in 0..8 {
+            if self.mem.0.unmapped.lock().unwrap().contains(&vpn) {
+                mp.fault(&self.t, vpn, Access::Touch(false), Instant::now());
+                continue;
+            }
             if let Some((d, _)) = self.mem.0.pages.lock().unwrap().get(&vpn) {
                 return Some(d[0]);
             }
@@ -242,6 +271,10 @@ impl Prog {
     /// Writes the first byte of page `vpn`; false once the process was failed.
     fn write(&self, mp: &MissPath, vpn: u64, b: u8) -> bool {
         for _ in 0..8 {
+            if self.mem.0.unmapped.lock().unwrap().contains(&vpn) {
+                mp.fault(&self.t, vpn, Access::Touch(true), Instant::now());
+                continue;
+            }
             let tracked = self.mem.0.tracked.load(Ordering::Relaxed);
             let access = match self.mem.0.pages.lock().unwrap().get_mut(&vpn) {
                 Some((d, wp)) if !*wp || tracked => {
@@ -1510,3 +1543,80 @@ fn scan_mode_fails_the_process_of_a_line_it_cannot_take_even_a_clean_one() {
 }
 
 mod evictor;
+
+/// A hot set read over and over between scans of pages read once, in a cache that holds the
+/// hot set and a few more: re-misses on the hot set per configuration, and the process.
+fn hot_and_scan(policy: Box<dyn EvictionPolicy>, sampling: bool) -> (u64, Prog, Rig) {
+    let r = rig(64, 0, policy, 1, true);
+    let p = r.mp_prog(1, sampling);
+    let (hot, mut cold) = (0..32u64, 1000u64);
+    for v in hot.clone() {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    let before = r.store.calls("fetch") + r.store.calls("flush_fetch");
+    for _ in 0..20 {
+        for v in hot.clone() {
+            assert_eq!(p.read(&r.mp, v), Some(v as u8));
+        }
+        for _ in 0..48 {
+            assert!(p.write(&r.mp, cold, 7));
+            cold += 1;
+        }
+    }
+    let refetched = (r.store.calls("fetch") + r.store.calls("flush_fetch") - before) as u64;
+    (refetched, p, r)
+}
+
+impl Rig {
+    fn mp_prog(&self, pid: u64, sampling: bool) -> Prog {
+        self.prog_with(pid, false, sampling)
+    }
+}
+
+#[test]
+fn sampled_reads_keep_a_hot_set_that_scans_would_evict() {
+    let (fifo, _, _) = hot_and_scan(Box::new(Fifo), false);
+    let (clock_blind, _, _) = hot_and_scan(Box::new(GhostClock::new(64)), false);
+    let (sampled, p, _r) = hot_and_scan(Box::new(GhostClock::new(64)), true);
+    // Without sampling the hot set is only read: no policy can tell it from the scan.
+    assert!(fifo > 300 && clock_blind > 300, "the scans push the hot set out: fifo {fifo}, ghost-clock without sampling {clock_blind} fetches");
+    assert!(sampled * 2 < fifo, "with reads seen the hot set stays: {sampled} fetches against {fifo} with fifo");
+    assert!(p.stat(|s| &s.sample_unmaps) > 0 && p.stat(|s| &s.sample_touches) > 0, "the lines were unmapped and their touches seen");
+}
+
+#[test]
+fn a_touch_maps_the_line_back_as_it_was_and_a_write_makes_it_dirty() {
+    let r = rig(64, 0, Box::new(GhostClock::new(64)), 1, true);
+    let p = r.mp_prog(1, true);
+    assert!(p.write(&r.mp, 5, 9));
+    assert_eq!(p.read(&r.mp, 6), Some(0));
+    {
+        let mut g = r.mp.state.lock().unwrap();
+        for v in [5, 6] {
+            let s = g.cache.lookup(1, v).unwrap();
+            g.cache.line_mut(s).unmapped = true;
+        }
+    }
+    p.mem.unmap(&[5, 6]).unwrap();
+    // A read of the clean line maps it write-protected, so that its first write still traps.
+    assert_eq!(p.read(&r.mp, 6), Some(0));
+    assert!(p.mem.0.pages.lock().unwrap()[&6].1, "a clean line is mapped write-protected again");
+    // A write to the dirty line maps it writable with its contents.
+    assert!(p.write(&r.mp, 5, 10));
+    assert_eq!(p.read(&r.mp, 5), Some(10));
+    assert!(p.write(&r.mp, 6, 1));
+    let g = r.mp.state.lock().unwrap();
+    let l = *g.cache.line(g.cache.lookup(1, 6).unwrap());
+    assert!(l.dirty && !l.wp && !l.unmapped && l.referenced, "a touch that writes makes the line dirty and referenced: {l:?}");
+    drop(g);
+    assert_eq!(p.stat(|s| &s.sample_touches), 2, "two touches of unmapped lines; the later write to the protected line is a write trap");
+}
+
+#[test]
+fn a_touch_of_a_page_no_line_stands_for_drops_it_and_the_thread_misses() {
+    let r = rig(64, 0, Box::new(GhostClock::new(64)), 1, true);
+    let p = r.mp_prog(1, true);
+    p.mem.0.pages.lock().unwrap().insert(9, (vec![0xee; PAGE_SIZE], false));
+    p.mem.0.unmapped.lock().unwrap().insert(9);
+    assert_eq!(p.read(&r.mp, 9), Some(0), "a stale page is never shown: the miss fills the line afresh");
+}
