@@ -45,6 +45,7 @@ OPTIONAL_LEVERS = [
     ("miss served on the faulting CPU", ["--fault-cpu", "faulting"]),
     ("huge pages", ["--huge-pages", "on"]),
     ("adaptive polling", ["--polling", "adaptive"]),
+    ("access sampling with ghost-clock", ["--policy", "ghost-clock", "--access-sampling", "unmap"]),
 ]
 
 
