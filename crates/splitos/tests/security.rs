@@ -310,6 +310,11 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     assert_eq!(text(&out.stdout), format!("written by {alice}\n"), "{}", text(&out.stderr));
 }
 
+/// A script speaking the shim protocol with this build's version where it says `@ABI@`.
+fn with_abi(script: &str) -> String {
+    script.replace("@ABI@", &splitos_shim_abi::SHIM_ABI_VERSION.to_string())
+}
+
 /// A granted user speaking the shim protocol (crates/shim-abi) by hand, as an attacker would:
 /// `ended` (the process that connected ends before a child of it says hello), `misuse` (a
 /// well-formed program whose memory calls overflow, and who asks for more forked children
@@ -342,7 +347,7 @@ def exact(s, n):
     return b
 
 def hello(s, fds, run_id):
-    h = struct.pack("<IIQQQQ64s", 5, 0, BASE, SIZE, 0, run_id, b"lab")  # SHIM_ABI_VERSION
+    h = struct.pack("<IIQQQQ64s", @ABI@, 0, BASE, SIZE, 0, run_id, b"lab")
     s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     return struct.unpack("<qQQ", exact(s, 24))
 
@@ -401,13 +406,16 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     let py = "/usr/bin/python3";
     let held = |c: &TestCluster| c.components("mcomponent")[0]["stats"]["home_of"].as_u64().unwrap();
     // A process that connected and ended is no program, whoever has its pid by the hello.
-    let out = as_user(alice, &[py, "-c", SHIM_CLIENT, &sock, "ended"], &[]);
+    let out = as_user(alice, &[py, "-c", &with_abi(SHIM_CLIENT), &sock, "ended"], &[]);
     assert_eq!(text(&out.stdout), "hello -13\n", "{}", text(&out.stderr));
     assert!(c.log("proc0").contains("that connected has ended"), "{}", c.log("proc0"));
     // Memory calls outside the heap region are refused, and forked children beyond a
     // process's share are EAGAIN, as fork(2) says; the pComponent serves on.
-    let mut misuse =
-        Command::new("setpriv").args([&format!("--reuid={alice}"), &format!("--regid={alice}"), "--clear-groups", py, "-c", SHIM_CLIENT, &sock, "misuse", "5"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut misuse = Command::new("setpriv")
+        .args([&format!("--reuid={alice}"), &format!("--regid={alice}"), "--clear-groups", py, "-c", &with_abi(SHIM_CLIENT), &sock, "misuse", "5"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(misuse.stdout.take().unwrap()));
     let mut line = || lines.next().unwrap().unwrap();
     assert_eq!(line(), "hello 0");
@@ -418,7 +426,7 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     // The launcherless run id left nothing behind.
     assert_eq!(c.components("pcomponent")[0]["stats"]["runs"], 0);
     // Connections that never say hello hold few threads, and not for long.
-    let out = as_user(alice, &[py, "-c", SHIM_CLIENT, &sock, "flood"], &[]);
+    let out = as_user(alice, &[py, "-c", &with_abi(SHIM_CLIENT), &sock, "flood"], &[]);
     assert_eq!(text(&out.stdout), "welcomed 256 busy 44\n", "{}", text(&out.stderr));
     assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= 44.0);
     // Everyone else is served meanwhile.
@@ -462,7 +470,7 @@ fn fault_events_from_a_forged_descriptor_or_outside_the_heap_are_refused() {
     let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
     let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    let script = format!("{SHIM_CLIENT}{FORGED_FAULTS}");
+    let script = with_abi(&format!("{SHIM_CLIENT}{FORGED_FAULTS}"));
     let out = as_user(alice, &["/usr/bin/python3", "-c", &script, &sock, "forged"], &[]);
     // A pipe is no userfaultfd: EINVAL at hello. The fault outside the heap ends the program
     // that made it, with the reason on its stderr, before anything of it reaches the ExCache.
@@ -569,7 +577,7 @@ got, fds = 0, 0
 try:
     s, _ = l.accept()
     s.settimeout(10)
-    s.sendall(struct.pack("<qIIQII", -71, 5, 0, 0, 0, 0))
+    s.sendall(struct.pack("<qIIQII", -71, @ABI@, 0, 0, 0, 0))
     while True:
         data, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(16 * 4))
         if not data: break
@@ -595,8 +603,11 @@ fn a_socket_of_another_user_in_a_pcomponents_place_gets_nothing() {
     let shim = splitos().with_file_name("libsplitos_shim.so");
     for (n, how) in ["launcher", "shim"].iter().enumerate() {
         let sock = t.path().join(format!("fake{n}.sock"));
-        let mut fake =
-            Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", FAKE_PCOMPONENT, sock.to_str().unwrap()]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let mut fake = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", &with_abi(FAKE_PCOMPONENT), sock.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut lines = std::io::BufReader::new(fake.stdout.take().unwrap()).lines();
         assert_eq!(lines.next().unwrap().unwrap(), "ready");
         let out = if *how == "launcher" {
