@@ -368,6 +368,10 @@ impl Drop for TestCluster {
             }
         }
         unmount_under(self.dir.path());
+        // `cluster up` locks a file beside the state directory, outside the temporary one.
+        if let Some(name) = self.dir.path().file_name() {
+            let _ = std::fs::remove_file(self.dir.path().with_file_name(format!("{}.lock", name.to_string_lossy())));
+        }
     }
 }
 
