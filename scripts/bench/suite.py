@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -103,15 +104,21 @@ SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
 TIMEOUT = {"s": None}
 
 
-LAST_CPU = {"s": 0.0}
+LAST_CPU = {"s": 0.0, "majflt": 0}
+
+
+def swap_ins():
+    """Pages the kernel has read back from swap since boot (`pswpin`): around a Linux run,
+    what swapping cost it, to set beside splitos's remote misses."""
+    return next(int(l.split()[1]) for l in open("/proc/vmstat") if l.startswith("pswpin "))
 
 
 def run(cmd, env=None, prefix=()):
     """Runs a command; returns (wall seconds, stdout digest, exit code, stdout, stderr). A run
     longer than TIMEOUT is stopped and reported as taking the timeout (exit code -1). Its CPU
     time (user + system of it and everything it waited for: under splitos the program and the
-    embedded cluster's components) is left in LAST_CPU."""
-    c0 = cpu_of_children()
+    embedded cluster's components) and its major page faults are left in LAST_CPU."""
+    c0, f0 = cpu_of_children(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt
     t0 = time.monotonic()
     p = subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
     try:
@@ -127,6 +134,7 @@ def run(cmd, env=None, prefix=()):
         code = -1
     secs = time.monotonic() - t0
     LAST_CPU["s"] = cpu_of_children() - c0
+    LAST_CPU["majflt"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt - f0
     return secs, hashlib.sha256(out).hexdigest(), code, out, err
 
 
@@ -358,9 +366,9 @@ def main():
                 with no_transparent_huge_pages(), swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
                     for _ in range(reps):
                         bar.set_description(f"{name[:24]}: {kind} {f:.0%}")
-                        before = kills()
+                        before, swapped = kills(), swap_ins()
                         secs, digest, code, _, err = run(spec["cmd"], env, pre)
-                        killed = kills() > before
+                        killed, swapped = kills() > before, swap_ins() - swapped
                         if code == -1:
                             r.setdefault("timed_out", []).append(f"{kind} {f:.0%}")
                         elif killed:
@@ -368,7 +376,7 @@ def main():
                             r.setdefault("oom_killed", []).append(f"{kind} {f:.0%}")
                         elif digest != native_out[name] or code != 0:
                             r["mismatches"].append({"config": f"{kind} {f}", "stderr": err.decode(errors="replace")[-300:]})
-                        runs.append({"s": secs, "oom": killed and code != -1})
+                        runs.append({"s": secs, "oom": killed and code != -1, "pswpin": swapped, "majflt": LAST_CPU["majflt"]})
                         bar.update()
 
     spec = wl[fig13_wl]
@@ -570,6 +578,22 @@ def plots(res, docs):
     plt.close(fig)
 
 
+def misses_table(res):
+    """splitos's remote misses (misses less first touches filled in the pComponent) beside the
+    pages Linux read back from swap (pswpin around each run) at the same memory."""
+    lines = ["", "Misses against swap-ins (medians): splitos's remote misses (its misses less first touches, which "
+             "it fills without a round trip; read-ahead pages not counted) beside the pages Linux read back from swap "
+             "(`pswpin` of /proc/vmstat around each run, read-ahead included) under the same limit. OOM-killed runs are left out.", "",
+             "| workload | memory | splitos remote misses | swap file pswpin | zram pswpin |", "|---|---|---|---|---|"]
+    for name, w in res["workloads"].items():
+        for f in sorted(w.get("zram", {}), key=float):
+            remote = [(r["misses"] or 0) - (r["plocal_fills"] or 0) for r in w["splitos"].get(f, []) if r.get("misses") is not None]
+            linux = lambda kind: [r["pswpin"] for r in w[kind].get(f, []) if not r["oom"] and "pswpin" in r]
+            show = lambda xs: f"{med(xs):,.0f}" if xs else "–"
+            lines.append(f"| {name} | {float(f):.0%} | {show(remote)} | {show(linux('swap-file'))} | {show(linux('zram'))} |")
+    return lines
+
+
 def cpu_table(res):
     """CPU time of the program and the components, where the working set fits and at 25%."""
     empty = res.get("empty_run_cpu_s")
@@ -620,6 +644,7 @@ def report(res, docs):
                   "anonymous memory stayed on the active list, so memory-cgroup reclaim gave up); those runs are left out of "
                   "the ratios and of the plot (no bar: Linux could not run the program under that limit): " + "; ".join(killed) + "."]
     lines += cpu_table(res)
+    lines += misses_table(res)
     lines += ["", "![slowdown](suite-slowdown.png)", "", "What each result says:", ""]
     floors = []
     for name, row in rows.items():
@@ -667,8 +692,8 @@ def report(res, docs):
         "from zram here, and more than LegoOS's whole miss), the misses counted above would still cost a geometric mean of "
         f"{geomean(floors):.2f}x over the suite (each workload's figure is in its line above). "
         "Closing the rest needs fewer misses as well: read-ahead along the right stride already removed 40% of word "
-        "counting's; an eviction policy that sees reads, which this kernel does not show to user space, would cut 13-16% "
-        "more in trace replays; and a cheaper miss (victims taken out in batches off the miss path without losing the "
+        "counting's; an eviction policy that sees reads (access sampling, an option: docs/excache.md) cuts misses where a hot set "
+        "is read between streams, but a touch costs about as much as a miss on this machine; and a cheaper miss (victims taken out in batches off the miss path without losing the "
         "piggybacked write-back, a futex instead of a socket doorbell, installing and evicting in one kernel call). "
         "The \"fits\" column has an ExCache four times the working set and fully associative, so nothing is ever evicted. "
         "What remains there, per workload, is first touches of fresh memory that still trap (once per window of fault-around "
