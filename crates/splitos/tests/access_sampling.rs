@@ -31,6 +31,8 @@ fn sampled_reads_keep_a_read_hot_set_that_streams_push_out_otherwise() {
     let (_, sampled) = through_components(&[&base[..], &["--policy", "ghost-clock", "--access-sampling", "unmap"]].concat(), &cmd, 1);
     // The pComponent unmapped lines and saw them touched again: its own counters.
     assert!(n(&sampled, "sample_unmaps") > 1000 && n(&sampled, "sample_touches") > 1000, "{sampled}");
+    assert_eq!(sampled["pcomponent"]["access_sampling"], "unmap", "the pComponent says sampling is on: {sampled}");
+    assert_eq!(blind["pcomponent"]["access_sampling"], "off", "{blind}");
     assert_eq!(n(&fifo, "sample_unmaps") + n(&blind, "sample_touches"), 0, "no sampling unless asked: {fifo} {blind}");
     // Every page of the stream is read once, a remote miss under any policy, and the hot set
     // comes back once after the stream's first touches pushed it out: what is left are the

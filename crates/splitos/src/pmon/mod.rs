@@ -166,7 +166,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(),
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" },
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
                 },
                 "compressed_tier": tier,

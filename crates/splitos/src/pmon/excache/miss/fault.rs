@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use splitos_rpc::Refusal;
 
+use super::sample::unmap_batch;
 use super::{Access, Claim, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, Sent, Source, State, Writeback, PAGE};
 use crate::pmon::excache::cache::{self, Filled, Line, LineState};
 use crate::pmon::excache::prefetch::SAMPLE;
@@ -231,6 +232,9 @@ impl MissPath {
                 if !l.unmapped {
                     g.cache.line_mut(slot).unmapped = true;
                     g.unmaps.push((l.pid, l.vpn));
+                    if g.unmaps.len() >= unmap_batch(g.cache.lines()) {
+                        self.unmaps_due.store(true, Relaxed);
+                    }
                 }
             } else if !l.wp {
                 let line = g.cache.line_mut(slot);

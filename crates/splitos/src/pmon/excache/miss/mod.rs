@@ -261,6 +261,9 @@ pub struct MissPath {
     prefetch_count: AtomicU64,
     /// Where the background evictor sleeps.
     evictor_cv: Condvar,
+    /// A batch of lines to unmap is queued (sample.rs): read without the lock, so that a miss
+    /// takes the lock again only when there is something to do.
+    unmaps_due: AtomicBool,
 }
 
 /// What a [`MissPath`] is built from ([`MissPath::with_tier`] and [`MissPath::with_evictor`]
@@ -295,6 +298,7 @@ impl MissPath {
             codec: None,
             prefetch_count: AtomicU64::new(0),
             evictor_cv: Condvar::new(),
+            unmaps_due: AtomicBool::new(false),
         }
     }
 

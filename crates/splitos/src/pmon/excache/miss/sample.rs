@@ -75,10 +75,10 @@ impl MissPath {
     /// Unmaps the lines queued by `rearm` once a batch is due, one system call per process.
     /// Runs after a miss was served, off its wait.
     pub(super) fn flush_unmaps(&self) {
-        let mut g = self.state.lock().unwrap();
-        if g.unmaps.len() < unmap_batch(g.cache.lines()) {
+        if !self.unmaps_due.swap(false, Relaxed) {
             return;
         }
+        let mut g = self.state.lock().unwrap();
         let mut queued = std::mem::take(&mut g.unmaps);
         queued.sort_unstable();
         let mut batches: Vec<(Arc<ProcHeap>, Vec<u64>)> = Vec::new();
