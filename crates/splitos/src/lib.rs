@@ -12,6 +12,7 @@
 //! * [`counters`] counters declared once, for a component's statistics and Prometheus metrics
 //! * [`node`] what every component process shares (logging, metrics, registration)
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
+//! * [`segment`] a vRegion's pages in a memfd, shared by an owner and a pComponent of one host (one-sided access)
 //! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
 //! * [`sys`] this host's users, groups and mounts, as components and the control plane see them
 //! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
@@ -25,6 +26,7 @@ pub mod nmon;
 pub mod node;
 pub mod placement;
 pub mod pmon;
+pub mod segment;
 pub mod sim;
 pub mod smon;
 pub mod sys;

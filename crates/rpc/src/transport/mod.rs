@@ -41,6 +41,12 @@ pub trait Transport: Send + Sync + 'static {
     }
     /// Claims an address to serve at (`host:0` picks a free port).
     fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>>;
+    /// Where the component at `addr` hands out memory for one-sided access, if this transport
+    /// reaches it on this host (shared memory: a Unix socket beside its rendezvous socket).
+    /// A transport without one-sided access (TCP) has none.
+    fn pages_socket(&self, _addr: &str) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// An address claimed by [`Transport::listen`], not yet serving.

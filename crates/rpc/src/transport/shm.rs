@@ -309,6 +309,10 @@ impl ShmTransport {
         self.dir.join(format!("{}-{}.sock", self.netns, addr.replace('/', "_")))
     }
 
+    fn pages_path(&self, addr: &str) -> PathBuf {
+        self.dir.join(format!("{}-{}.pages.sock", self.netns, addr.replace('/', "_")))
+    }
+
     /// Removes the sockets of this namespace's components that are gone (killed components
     /// leave theirs behind), so that the directory does not grow with every cluster.
     pub fn sweep(&self) {
@@ -385,6 +389,10 @@ impl ShmTransport {
 impl Transport for ShmTransport {
     fn name(&self) -> &'static str {
         "shm"
+    }
+
+    fn pages_socket(&self, addr: &str) -> Option<PathBuf> {
+        Some(self.pages_path(addr))
     }
 
     fn call(&self, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {

@@ -21,6 +21,11 @@ pub fn seal_page(data: &[u8]) -> ByteBuf {
     ByteBuf::from(v)
 }
 
+/// The checksum a sealed page carries.
+pub fn page_checksum(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
 /// A page never written back: zeros, sealed.
 pub fn sealed_zero_page() -> ByteBuf {
     seal_page(&[0u8; PAGE_SIZE])
@@ -368,6 +373,13 @@ message_types! {
     /// its checksum: the page rebuilt from the parity and the rest of its row with the set
     /// fenced (answered as `M2P_PAGE`), which the home also writes over the bad copy.
     P2M_RECONSTRUCT { pub who: Who, pub vpn: u64 };
+    /// One-sided access ([`crate::Transport::pages_socket`]): the pComponent of the process
+    /// asks the owner for its pages of vRegion `index`. The owner answers with a lease: the
+    /// segment's id and size, the generation it is valid for, and a one-time `token` that the
+    /// pComponent presents on the owner's pages socket to receive the segment's memfd (unless
+    /// it already holds segment `segment`). Refused for vRegions in striped or logged sets.
+    P2M_LEASE { pub who: Who, pub index: u64 };
+    M2P_LEASE { pub segment: u64, pub pages: u64, pub generation: u64, pub token: ByteBuf };
 
     // ---- home mComponent -> vRegion owner
     /// `creator`: the static key of the pComponent that created the process (the home

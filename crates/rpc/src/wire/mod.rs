@@ -42,7 +42,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
 /// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
 /// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
-pub const WIRE_VERSION: u16 = 13;
+pub const WIRE_VERSION: u16 = 14;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -305,7 +305,7 @@ messages! {
     P2M_OWNER_FULL, P2M_HOME_TAKEOVER,
     // ---- pComponent -> vRegion owner: the ExCache data path, in memory.rs
     P2M_FETCH, M2P_PAGE, P2M_FLUSH, P2M_FLUSH_FETCH, P2M_FETCH_MANY, M2P_PAGES,
-    P2M_FLUSH_FETCH_MANY, P2M_FLUSH_MANY, P2M_RECONSTRUCT,
+    P2M_FLUSH_FETCH_MANY, P2M_FLUSH_MANY, P2M_RECONSTRUCT, P2M_LEASE, M2P_LEASE,
     // ---- home mComponent -> vRegion owner, in memory.rs
     M2M_VMA_ADD, M2M_EPOCH, M2M_READ_PAGES, M2M_SET, M2M_LOG_RESYNC, M2M_PARITY, M2M_HOME_OF,
     M2M_HOME_SYNC, M2M_HOME_DROP, M2M_VMA_REMOVE, M2M_VMA_PROTECT, M2M_DISCARD, M2M_PAGES,
@@ -396,6 +396,7 @@ replies! {
     P2M_FLUSH_MANY => OK,
     P2M_FLUSH_FETCH_MANY => M2P_PAGES,
     P2M_RECONSTRUCT => M2P_PAGE,
+    P2M_LEASE => M2P_LEASE,
     M2M_VMA_ADD => OK,
     M2M_EPOCH => OK,
     M2M_SET => OK,

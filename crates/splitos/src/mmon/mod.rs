@@ -18,6 +18,7 @@ mod home;
 mod log;
 mod netbuf;
 mod owner;
+mod pages;
 mod peers;
 mod quota;
 #[cfg(test)]

@@ -25,11 +25,12 @@ use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
 use super::log::{Logged, Op, COPY_WAIT};
+use super::pages::Pages;
 use super::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
-/// A page as it was written back: sealed with its checksum ([`SEALED_PAGE`]), which the
-/// owner keeps and returns without looking at it.
+/// A parity row, sealed as a page is ([`SEALED_PAGE`]); the owner keeps pages as they were
+/// written back, checksum included, and returns them without looking at them ([`Pages`]).
 type Page = Box<[u8; SEALED_PAGE]>;
 
 const PROT_WRITE: u32 = 2;
@@ -73,7 +74,7 @@ pub(super) struct OwnerProc {
     /// The pComponent that created the process ([`super::may_act`]).
     creator: Option<[u8; 32]>,
     vmas: VmaMap,
-    pub pages: BTreeMap<u64, Page>,
+    pub pages: Pages,
     /// Parity rows of striped sets this mComponent is parity member of, keyed by the first
     /// page of the row. A row whose parity is all zeros is not kept.
     pub parity: BTreeMap<u64, Page>,
@@ -89,8 +90,8 @@ pub(super) struct OwnerProc {
 }
 
 impl OwnerProc {
-    fn new(pid: u64, vnode: &str, creator: Option<[u8; 32]>, epoch: u64) -> OwnerProc {
-        OwnerProc { pid, vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: BTreeMap::new(), parity: BTreeMap::new(), sets: BTreeMap::new(), logs: BTreeMap::new(), committed: 0, epoch, forwarding: 0 }
+    fn new(pid: u64, vnode: &str, creator: Option<[u8; 32]>, epoch: u64, vregion_size: u64) -> OwnerProc {
+        OwnerProc { pid, vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: Pages::new(vregion_size), parity: BTreeMap::new(), sets: BTreeMap::new(), logs: BTreeMap::new(), committed: 0, epoch, forwarding: 0 }
     }
 
     /// The vRegion of page `vpn`, if this mComponent is its logger.
@@ -119,9 +120,9 @@ impl OwnerProc {
     fn delta(&self, vpn: u64, new: Option<&[u8]>, vrs: u64) -> Option<Delta> {
         let to = self.striped(vpn, vrs)?.parity()?.clone();
         let mut d = vec![0u8; SEALED_PAGE];
-        let old = self.pages.get(&vpn);
-        if let Some(old) = old {
-            d.copy_from_slice(&old[..]);
+        let old = self.pages.get(vpn);
+        if let Some(old) = &old {
+            d.copy_from_slice(old);
         }
         if let Some(new) = new {
             xor_into(&mut d, new);
@@ -134,14 +135,12 @@ impl OwnerProc {
     fn undo(&mut self, deltas: &[Delta], used: &std::sync::atomic::AtomicU64) {
         for x in deltas {
             match x.undo {
-                Some(true) if self.pages.remove(&x.vpn).is_some() => {
+                Some(true) if self.pages.remove(x.vpn) => {
                     used.fetch_sub(PAGE, Relaxed);
                 }
                 Some(true) => {}
                 Some(false) => {
-                    if let Some(pg) = self.pages.get_mut(&x.vpn) {
-                        xor_into(&mut pg[..], &x.d);
-                    }
+                    self.pages.modify(x.vpn, |pg| xor_into(pg, &x.d));
                 }
                 None => {}
             }
@@ -166,8 +165,8 @@ impl OwnerProc {
         if let Some(idx) = self.logged(vpn, vrs) {
             return Err(ERR::new(ErrCode::Stale, format!("this mComponent keeps the backup log of vRegion {idx} of process {}, not its pages", self.pid)));
         }
-        Ok(match self.pages.get(&vpn) {
-            Some(pg) => ByteBuf::from(pg.to_vec()),
+        Ok(match self.pages.get(vpn) {
+            Some(pg) => ByteBuf::from(pg),
             None => sealed_zero_page(),
         })
     }
@@ -194,7 +193,7 @@ impl<P: Peers> Mem<P> {
     /// The owner state of a process its home names (made if new here), moved to the home's
     /// epoch; refused when the id is another vNode's or pComponent's process.
     fn owner_from_home(&self, who: &Who, creator: Option<[u8; 32]>) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(who.pid, &who.vnode, creator, who.epoch)))).clone();
+        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(who.pid, &who.vnode, creator, who.epoch, self.vrs())))).clone();
         let mut g = p.lock().unwrap();
         if g.vnode != who.vnode || g.creator != creator {
             self.c.denied.fetch_add(1, Relaxed);
@@ -231,14 +230,11 @@ impl<P: Peers> Mem<P> {
                 self.log_op(p, idx, LogRecord::Discard { start: s / PAGE, end: e / PAGE });
             }
         }
-        let vpns: Vec<u64> = p.pages.range(start / PAGE..end / PAGE).map(|(k, _)| *k).collect();
-        let mut deltas = Deltas::new();
-        for v in &vpns {
-            deltas.extend(p.delta(*v, None, self.vrs()));
-            p.pages.remove(v);
-        }
-        self.used.fetch_sub(vpns.len() as u64 * PAGE, Relaxed);
-        self.freed.fetch_add(vpns.len() as u64 * PAGE, Relaxed);
+        let vrs = self.vrs();
+        let deltas: Deltas = p.pages.keys(start / PAGE..end / PAGE).collect::<Vec<u64>>().into_iter().filter_map(|v| p.delta(v, None, vrs)).collect();
+        let n = p.pages.remove_range(start / PAGE..end / PAGE);
+        self.used.fetch_sub(n * PAGE, Relaxed);
+        self.freed.fetch_add(n * PAGE, Relaxed);
         deltas
     }
 
@@ -339,15 +335,13 @@ impl<P: Peers> Mem<P> {
         }
         // Heuristic overcommit charges pages as they arrive: a new page beyond capacity is
         // refused, and the pComponent has the home move the vRegion to an mComponent with room.
-        if !self.charges_mappings() && !p.pages.contains_key(&vpn) && self.used.load(Relaxed) + PAGE > self.capacity {
+        if !self.charges_mappings() && !p.pages.contains(vpn) && self.used.load(Relaxed) + PAGE > self.capacity {
             self.c.oom.fetch_add(1, Relaxed);
             metrics::counter!("mcomp_full_writes_total").increment(1);
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages)", self.peers.id(), self.used.load(Relaxed), self.capacity)));
         }
         deltas.extend(p.delta(vpn, Some(data), self.vrs()));
-        let mut page: Page = Box::new([0u8; SEALED_PAGE]);
-        page.copy_from_slice(data);
-        if p.pages.insert(vpn, page).is_none() {
+        if p.pages.insert(vpn, data)? {
             self.used.fetch_add(PAGE, Relaxed);
         }
         Ok(())
@@ -357,11 +351,11 @@ impl<P: Peers> Mem<P> {
     pub(super) fn debug_flip(&self, r: C2M_DEBUG_FLIP) -> Result<M2C_FLIPPED, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
-        let (vpn, page) = g.pages.range_mut(r.from_vpn..).next().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no page at or after {:#x} here", r.who.pid, r.from_vpn * PAGE)))?;
+        let vpn = g.pages.keys(r.from_vpn..u64::MAX).next().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no page at or after {:#x} here", r.who.pid, r.from_vpn * PAGE)))?;
         let bit = r.bit as usize % (PAGE_SIZE * 8);
-        page[bit / 8] ^= 1 << (bit % 8);
-        tracing::warn!(pid = r.who.pid, vpn = *vpn, bit, "flipped a bit of a stored page (fault injection)");
-        Ok(M2C_FLIPPED { vpn: *vpn })
+        g.pages.modify(vpn, |page| page[bit / 8] ^= 1 << (bit % 8));
+        tracing::warn!(pid = r.who.pid, vpn, bit, "flipped a bit of a stored page (fault injection)");
+        Ok(M2C_FLIPPED { vpn })
     }
 
     pub(super) fn fetch(&self, r: P2M_FETCH) -> Result<M2P_PAGE, Refusal> {
@@ -541,9 +535,15 @@ impl<P: Peers> Mem<P> {
                 return Err(ERR::new(ErrCode::Invalid, format!("{:#x}..{:#x} spans vRegions this mComponent keeps backup logs of", r.from, r.end)));
             }
         }
-        let mut it = if r.parity { g.parity.range(r.from / PAGE..r.end / PAGE) } else { g.pages.range(r.from / PAGE..r.end / PAGE) };
-        let pages = it.by_ref().take(max).map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec()))).collect();
-        Ok(M2M_PAGES { pages, more: it.next().is_some() })
+        let range = r.from / PAGE..r.end / PAGE;
+        let (pages, more) = if r.parity {
+            let mut it = g.parity.range(range);
+            (it.by_ref().take(max).map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec()))).collect(), it.next().is_some())
+        } else {
+            let mut it = g.pages.keys(range);
+            (it.by_ref().take(max).filter_map(|v| Some((v, ByteBuf::from(g.pages.get(v)?)))).collect(), it.next().is_some())
+        };
+        Ok(M2M_PAGES { pages, more })
     }
 
     pub(super) fn put_pages(&self, r: M2M_PUT_PAGES) -> Result<OK, Refusal> {
@@ -671,9 +671,7 @@ impl<P: Peers> Mem<P> {
         }
         g.logs.remove(&idx);
         for (vpn, data) in pages {
-            let mut page: Page = Box::new([0u8; SEALED_PAGE]);
-            page.copy_from_slice(&data);
-            if g.pages.insert(vpn, page).is_none() {
+            if g.pages.insert(vpn, &data)? {
                 self.used.fetch_add(PAGE, Relaxed);
             }
         }
@@ -723,13 +721,13 @@ impl<P: Peers> Mem<P> {
             vmas.insert(s, v);
         }
         self.commit(need)?;
-        let pages: BTreeMap<u64, Page> = g.pages.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
+        let pages: Vec<(u64, Vec<u8>)> = g.pages.keys(start / PAGE..end / PAGE).filter_map(|v| Some((v, g.pages.get(v)?))).collect();
         let parity: BTreeMap<u64, Page> = g.parity.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
         let sets: Vec<VregionReplicas> = g.sets.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(_, s)| s.clone()).collect();
         let logs: Vec<(u64, Logged)> = g.logs.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(i, l)| (*i, l.clone())).collect();
         self.used.fetch_add((pages.len() + parity.len()) as u64 * PAGE, Relaxed);
         let mut owned = self.owned.lock().unwrap();
-        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(child, &parent.vnode, g.creator, g.epoch))));
+        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(child, &parent.vnode, g.creator, g.epoch, self.vrs()))));
         let mut c = cp.lock().unwrap();
         // The child's vRegions arrive one message each; a child id that names another
         // process (of another vNode or pComponent) is not merged into.
@@ -740,7 +738,9 @@ impl<P: Peers> Mem<P> {
         for (s, v) in vmas.iter() {
             c.vmas.insert(s, v);
         }
-        c.pages.extend(pages);
+        for (vpn, data) in &pages {
+            c.pages.insert(*vpn, data)?;
+        }
         c.parity.extend(parity);
         c.sets.extend(sets.into_iter().map(|s| (s.index, s)));
         for (idx, l) in logs {
