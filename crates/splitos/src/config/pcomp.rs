@@ -64,6 +64,20 @@ knob_enum! {
 }
 
 knob_enum! {
+    /// Whether misses and write-backs reach the pages of owners on this host by a copy.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum OneSided, "one_sided", ONE_SIDED {
+        /// Every fetch and write-back is a message to the owner.
+        #[default]
+        Off = "off",
+        /// An owner on this host (shared-memory transport) hands over its segment of each
+        /// vRegion, and the miss path copies pages in and out without waking it
+        /// (docs/excache.md).
+        On = "on",
+    }
+}
+
+knob_enum! {
     /// Whether the pComponent backs heaps with its private tmpfs and pre-allocates fresh 2 MiB
     /// extents as huge pages.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -175,6 +189,12 @@ pub struct PcompConfig {
     /// host without swap, else it runs with off and says why).
     #[arg(long, default_value_t)]
     pub access_sampling: AccessSampling,
+    /// One-sided access: off, or on (owners on this host hand over their pages of each vRegion
+    /// in a memfd; a miss or write-back of a page the owner holds is a copy, with no message
+    /// and no mComponent thread woken; vRegions with one member only, not striped or logged
+    /// ones; the shared-memory transport only).
+    #[arg(long, default_value_t)]
+    pub one_sided: OneSided,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
     /// (0: off, misses evict inline).
     #[arg(long, default_value_t = 0)]

@@ -365,7 +365,10 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
         s["exit_code"] = serde_json::json!(exit_code(st));
         // The components' own counters are the admin's to read.
         if let Some((gm, pcomp)) = &gm {
-            s["pcomponent"] = cluster::component_stats(&pcomp.addr).map(|v| v["excache"].clone()).unwrap_or_default();
+            let pstats = cluster::component_stats(&pcomp.addr).unwrap_or_default();
+            s["pcomponent"] = pstats["excache"].clone();
+            // The pComponent's, not the run's: every run on it adds to them.
+            s["one_sided"] = pstats["one_sided"].clone();
             s["mcomponents"] = components_stats(gm, splitos_rpc::Role::Mem);
             s["scomponents"] = components_stats(gm, splitos_rpc::Role::Storage);
         }

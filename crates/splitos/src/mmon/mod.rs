@@ -15,6 +15,7 @@
 //! the mComponent's dispatch table: which handler serves each message.
 mod bcache;
 mod home;
+mod lease;
 mod log;
 mod netbuf;
 mod owner;
@@ -55,6 +56,7 @@ struct Counters {
     parity_deltas: AtomicU64,
     reconstructed: AtomicU64,
     promoted: AtomicU64,
+    leases: AtomicU64,
 }
 
 /// What the rebuilder thread does: everything that may wait on a home lock a rebuild holds,
@@ -101,6 +103,8 @@ pub struct Mem<P = RpcPeers> {
     netbufs: netbuf::NetBufs,
     /// vNodes' memory quotas, for the processes this mComponent is home of.
     quotas: quota::Ledger,
+    /// Segments promised to lease holders (one-sided access).
+    handouts: Arc<lease::Handouts>,
     c: Counters,
 }
 
@@ -130,6 +134,7 @@ impl<P: Peers> Mem<P> {
             worker_pool: cfg.workers > 0,
             netbufs: netbuf::NetBufs::default(),
             quotas: quota::Ledger::default(),
+            handouts: Arc::default(),
             c: Counters::default(),
         }
     }
@@ -300,6 +305,7 @@ impl<P: Peers> Mem<P> {
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
             "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
             "backup_log": self.backup_log.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
+            "leases": {"granted": self.c.leases.load(Relaxed), "handed_out": self.handouts.handed_out()},
             "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(), "socket_buffers": self.netbufs.stats(),
             "vnode_memory": self.quotas.stats(),
         })
@@ -347,6 +353,7 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::P2M_FETCH_MANY(r) => on(r, |r| self.fetch_many(r)),
             Msg::P2M_FLUSH_MANY(r) => on(r, |r| self.flush_many(r)),
             Msg::P2M_FLUSH_FETCH_MANY(r) => on(r, |r| self.flush_fetch_many(r)),
+            Msg::P2M_LEASE(r) => on(r, |r| self.lease(r)),
             Msg::M2M_VMA_ADD(r) => on(r, |r| self.vma_add(r)),
             Msg::M2M_VMA_REMOVE(r) => on(r, |r| self.vma_remove(r)),
             Msg::M2M_EPOCH(r) => on(r, |r| self.set_epoch(r)),
@@ -443,6 +450,12 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let m3 = mem.clone();
     // Buffered file writes reach the sComponent before an orderly stop.
     stop.on_stop(move || m3.bcache.write_back_all());
+    if let Some(path) = node.rpc.transport().pages_socket(&node.addr) {
+        // One-sided access only speeds things up: without its socket every access is a message.
+        if let Err(e) = mem.handouts.clone().serve(path) {
+            tracing::warn!(error = %e, "cannot serve one-sided access: the pages of this host's processes go by message");
+        }
+    }
     endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: cfg.workers, fanout_workers: 2 });
     let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     mem.vregion_size.store(reg.vregion_size, Relaxed);

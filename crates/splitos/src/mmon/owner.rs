@@ -79,7 +79,7 @@ pub(super) struct OwnerProc {
     /// page of the row. A row whose parity is all zeros is not kept.
     pub parity: BTreeMap<u64, Page>,
     /// The striped sets of the process's vRegions this mComponent is a member of, by index.
-    sets: BTreeMap<u64, VregionReplicas>,
+    pub(super) sets: BTreeMap<u64, VregionReplicas>,
     /// The vRegions this mComponent is the logger of, by index.
     pub logs: BTreeMap<u64, Logged>,
     pub committed: u64,
@@ -91,7 +91,24 @@ pub(super) struct OwnerProc {
 
 impl OwnerProc {
     fn new(pid: u64, vnode: &str, creator: Option<[u8; 32]>, epoch: u64, vregion_size: u64) -> OwnerProc {
-        OwnerProc { pid, vnode: vnode.to_string(), creator, vmas: VmaMap::default(), pages: Pages::new(vregion_size), parity: BTreeMap::new(), sets: BTreeMap::new(), logs: BTreeMap::new(), committed: 0, epoch, forwarding: 0 }
+        OwnerProc {
+            pid,
+            vnode: vnode.to_string(),
+            creator,
+            vmas: VmaMap::default(),
+            pages: Pages::new(vregion_size),
+            parity: BTreeMap::new(),
+            sets: BTreeMap::new(),
+            logs: BTreeMap::new(),
+            committed: 0,
+            epoch,
+            forwarding: 0,
+        }
+    }
+
+    /// Whether a vma of the process overlaps [start, end).
+    pub(super) fn has_memory_in(&self, start: u64, end: u64) -> bool {
+        self.vmas.iter().any(|(s, v)| s < end && v.end > start)
     }
 
     /// The vRegion of page `vpn`, if this mComponent is its logger.
@@ -148,7 +165,7 @@ impl OwnerProc {
     }
 
     /// Refuses a write-back sent for replica sets that have changed since.
-    fn current(&self, who: &Who) -> Result<(), Refusal> {
+    pub(super) fn current(&self, who: &Who) -> Result<(), Refusal> {
         if who.epoch < self.epoch {
             metrics::counter!("mcomp_stale_writes_refused_total").increment(1);
             return Err(ERR::new(ErrCode::Stale, format!("process {} is at epoch {}, the write-back was sent for epoch {}", who.pid, self.epoch, who.epoch)));
@@ -173,7 +190,7 @@ impl OwnerProc {
 }
 
 impl<P: Peers> Mem<P> {
-    fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+    pub(super) fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
         let p = self.owned.lock().unwrap().get(&who.pid).cloned();
         let p = p.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no memory on mComponent {}", who.pid, self.peers.id())))?;
         let (vnode, creator) = {
@@ -452,6 +469,7 @@ impl<P: Peers> Mem<P> {
             }
         };
         let mut g = p.lock().unwrap();
+        g.pages.revoke();
         let gone = g.vmas.remove_range(start, end);
         self.uncommit(&mut g, &gone);
         let deltas = self.free_pages(&mut g, start, end);
@@ -466,6 +484,7 @@ impl<P: Peers> Mem<P> {
     pub(super) fn vma_remove(&self, r: M2M_VMA_REMOVE) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
+        g.pages.revoke();
         let gone = g.vmas.remove_range(r.start, r.end);
         self.uncommit(&mut g, &gone);
         let deltas = self.free_pages(&mut g, r.start, r.end);
@@ -492,6 +511,7 @@ impl<P: Peers> Mem<P> {
     pub(super) fn discard(&self, r: M2M_DISCARD) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
+        g.pages.revoke();
         let deltas = self.free_pages(&mut g, r.start, r.end);
         self.release_and_forward(&p, g, &r.who, deltas)?;
         Ok(OK)
@@ -503,6 +523,7 @@ impl<P: Peers> Mem<P> {
         let p = self.owner_proc(&r.who)?;
         loop {
             let mut g = p.lock().unwrap();
+            g.pages.revoke();
             g.epoch = g.epoch.max(r.who.epoch);
             if g.forwarding == 0 {
                 return Ok(OK);
@@ -515,6 +536,8 @@ impl<P: Peers> Mem<P> {
     pub(super) fn read_pages(&self, r: M2M_READ_PAGES) -> Result<M2M_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let g = p.lock().unwrap();
+        // What is read must not change under the reader (a rebuild, mremap copying it).
+        g.pages.revoke();
         let max = r.max as usize;
         let vrs = self.vrs();
         if max > 0 && !r.parity && r.end > r.from {
@@ -549,6 +572,7 @@ impl<P: Peers> Mem<P> {
     pub(super) fn put_pages(&self, r: M2M_PUT_PAGES) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
+        g.pages.revoke();
         let mut deltas = Deltas::new();
         let stored = r.pages.iter().try_for_each(|(vpn, data)| match r.put {
             Put::Write => self.store_or_wait(&mut g, *vpn, data, &mut deltas, Some(COPY_WAIT)),
@@ -586,6 +610,7 @@ impl<P: Peers> Mem<P> {
         }
         let p = self.owner_from_home(&who, creator)?;
         let mut g = p.lock().unwrap();
+        g.pages.revoke();
         if set.owners.iter().any(|o| o.id == self.peers.id()) {
             g.sets.insert(set.index, set);
         } else {
@@ -608,6 +633,7 @@ impl<P: Peers> Mem<P> {
     fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, step: LogStep) -> Result<OK, Refusal> {
         let p = self.owner_from_home(&who, creator)?;
         let mut g = p.lock().unwrap();
+        g.pages.revoke();
         let me = self.peers.id();
         let idx = set.index;
         let scomp = set.log.clone().expect("checked by the caller");
@@ -714,6 +740,7 @@ impl<P: Peers> Mem<P> {
         let M2M_FORK { parent, child, start, end } = r;
         let p = self.owner_proc(&parent)?;
         let g = p.lock().unwrap();
+        g.pages.revoke();
         let mut vmas = VmaMap::default();
         let mut need = 0;
         for (s, v) in g.vmas.iter().filter(|(s, v)| *s < end && v.end > start) {

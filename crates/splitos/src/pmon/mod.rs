@@ -33,7 +33,7 @@ pub use excache::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use fs::Grants;
 pub use stats::RunStats;
 
-use crate::config::{AccessSampling, DirtyTracking, HugePages, PcompConfig, ProcArgs};
+use crate::config::{AccessSampling, DirtyTracking, HugePages, OneSided, PcompConfig, ProcArgs};
 use crate::node::{self, Node};
 
 /// A process running on this pComponent.
@@ -166,7 +166,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" },
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(),
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
                 },
                 "compressed_tier": tier,
@@ -177,6 +177,7 @@ impl Pcomp {
                 "users_programs": self.programs.lock().unwrap().held(),
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.memory.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
+                "one_sided": crate::counters::json(self.store.one_sided.stats.counters()),
             })
         })
         .to_string()
@@ -184,6 +185,7 @@ impl Pcomp {
 
     fn metrics(&self) -> Result<X2C_METRICS, Refusal> {
         self.miss.total().export();
+        crate::counters::export("pcomp_one_sided", self.store.one_sided.stats.counters());
         metrics::gauge!("pcomp_excache_used_lines").set(self.miss.with_cache(|c| c.used()) as f64);
         let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
         metrics::gauge!("pcomp_tier_used_bytes").set(used as f64);
@@ -275,7 +277,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");
     }
     let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process.transport, credentials)?;
-    let store = Arc::new(RemoteStore::new(node.clone()));
+    let store = Arc::new(RemoteStore::new(node.clone(), cfg.one_sided == OneSided::On));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
         let me = me.clone();
         let hook: FailHook = Box::new(move |t, why| {
@@ -338,7 +340,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, "splitos process monitor started");
     });
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     node::park_forever()

@@ -1,10 +1,11 @@
 //! The ExCache and its miss path: the cache's bookkeeping ([`cache`]), the miss path that moves
 //! lines ([`miss`]), and the policies a researcher swaps: eviction ([`cache`]), read-ahead
 //! ([`prefetch`]), dirty tracking ([`dirty`]), the compressed tier behind the cache ([`tier`]),
-//! where lines come from ([`store`]) and what is done to a program's heap ([`region`]).
+//! where lines come from ([`store`], by a copy where it can: [`onesided`]) and what is done to a program's heap ([`region`]).
 pub(super) mod cache;
 pub(super) mod dirty;
 pub(super) mod miss;
+pub(super) mod onesided;
 pub(super) mod prefetch;
 pub(super) mod region;
 pub(super) mod store;

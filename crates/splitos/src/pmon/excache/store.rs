@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
+use super::onesided::{Leases, OneSided};
 use crate::node::Node;
 
 /// The contents of one page (`PAGE_SIZE` bytes).
@@ -84,6 +85,8 @@ pub struct ProcMemory {
     /// Members reported lost that the home kept in the sets: how many times in a row, and
     /// when last.
     kept: Mutex<HashMap<u32, (u32, std::time::Instant)>>,
+    /// Owners' segments this process's pages are reached in by a copy.
+    leases: Leases,
 }
 
 /// Reports of one member that its home keeps before an operation gives up on it: the home
@@ -115,7 +118,7 @@ fn waited_for(node: &Node, o: &ComponentRef, e: &RpcError) -> bool {
 
 impl ProcMemory {
     pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> ProcMemory {
-        ProcMemory { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()) }
+        ProcMemory { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()), leases: Leases::default() }
     }
 
     pub fn home(&self) -> ComponentRef {
@@ -184,6 +187,7 @@ pub struct RemoteStore {
     node: Arc<Node>,
     vregion_size: AtomicU64,
     procs: Mutex<HashMap<u64, Arc<ProcMemory>>>,
+    pub one_sided: OneSided,
 }
 
 fn page(vpn: u64) -> u64 {
@@ -224,8 +228,9 @@ fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Ref
 }
 
 impl RemoteStore {
-    pub fn new(node: Arc<Node>) -> RemoteStore {
-        RemoteStore { node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()) }
+    /// `one_sided`: whether pages of owners on this host are reached by a copy.
+    pub fn new(node: Arc<Node>, one_sided: bool) -> RemoteStore {
+        RemoteStore { one_sided: OneSided::new(node.clone(), one_sided), node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()) }
     }
 
     pub fn set_vregion_size(&self, v: u64) {
@@ -242,6 +247,25 @@ impl RemoteStore {
 
     fn memory_of(&self, pid: u64) -> Result<Arc<ProcMemory>, Refusal> {
         self.procs.lock().unwrap().get(&pid).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
+    }
+
+    /// The one owner of page `vpn`'s vRegion, and its index, when a copy may reach the page
+    /// there: a vRegion with one member, no parity and no log (those keep every copy and
+    /// every change through their owners).
+    fn sole_owner(&self, s: &ProcMemory, vpn: u64) -> Option<(ComponentRef, u64)> {
+        let set = self.set_of(s, vpn).ok()?;
+        let sole = set.distinct().len() == 1 && set.parity().is_none() && set.logger().is_none();
+        sole.then(|| (set.holder(vpn).clone(), page(vpn) / self.vregion_size.load(Relaxed)))
+    }
+
+    fn read_direct(&self, s: &ProcMemory, vpn: u64) -> Option<Page> {
+        let (o, idx) = self.sole_owner(s, vpn)?;
+        self.one_sided.read(&s.who_now(), &s.leases, &o, idx, vpn)
+    }
+
+    fn write_direct(&self, s: &ProcMemory, vpn: u64, data: &[u8]) -> bool {
+        let Some((o, idx)) = self.sole_owner(s, vpn) else { return false };
+        self.one_sided.write(&s.who_now(), &s.leases, &o, idx, vpn, data)
     }
 
     /// Asks the home for the process's replica sets (for a failure at page `vpn`).
@@ -376,6 +400,8 @@ impl RemoteStore {
 
     /// Sends `pages` of one process to every replica that holds them.
     fn write_all(&self, s: &ProcMemory, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
+        let rest: Vec<(u64, &[u8])> = pages.iter().filter(|(v, d)| !self.write_direct(s, *v, d)).copied().collect();
+        let pages = &rest[..];
         let Some(&(first, _)) = pages.first() else { return Ok(()) };
         let mut tries = 0;
         'again: while tries < TRIES {
@@ -410,6 +436,9 @@ impl RemoteStore {
     /// One page from the first replica that has a good copy (from its holder in a striped
     /// set, or rebuilt by the home from the parity when the holder's copy is bad).
     fn fetch_one(&self, s: &ProcMemory, vpn: u64) -> Result<Page, Refusal> {
+        if let Some(p) = self.read_direct(s, vpn) {
+            return Ok(p);
+        }
         let mut tries = 0;
         'again: while tries < TRIES {
             tries += 1;
@@ -556,6 +585,26 @@ impl PageStore for RemoteStore {
     fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
         let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
         let s = self.memory_of(pid)?;
+        // Victims and pages a copy reaches go no further; the rest by message, together.
+        let flushes: Vec<(u64, u64, &[u8])> = flushes.iter().filter(|(fpid, fvpn, d)| !self.memory_of(*fpid).is_ok_and(|fs| self.write_direct(&fs, *fvpn, d))).copied().collect();
+        let flushes = &flushes[..];
+        if flushes.is_empty() {
+            let mut got = Vec::with_capacity(vpns.len());
+            for v in vpns {
+                match self.read_direct(&s, *v) {
+                    Some(p) => got.push(p),
+                    None => break,
+                }
+            }
+            if got.len() == vpns.len() {
+                return Ok(got);
+            }
+            if !got.is_empty() {
+                let more = self.flush_fetch_many(&[], pid, &vpns[got.len()..])?;
+                got.extend(more);
+                return Ok(got);
+            }
+        }
         let mut tries = 0;
         'again: while tries < TRIES {
             tries += 1;
