@@ -25,10 +25,13 @@ const TOKEN: usize = 16;
 /// How long a token waits for its holder to fetch the segment.
 const TOKEN_LIFE: Duration = Duration::from_secs(10);
 
+/// A segment promised, and when.
+type Promise = (Arc<Segment>, Instant);
+
 /// Segments promised to lease holders, by token.
 #[derive(Default)]
 pub(super) struct Handouts {
-    pending: Mutex<HashMap<[u8; TOKEN], (Arc<Segment>, Instant)>>,
+    pending: Mutex<HashMap<[u8; TOKEN], Promise>>,
     handed_out: AtomicU64,
 }
 
