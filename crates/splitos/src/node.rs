@@ -118,6 +118,11 @@ impl Node {
         }
     }
 
+    /// Whether the global managers said in their last answer that mComponent `id` is lost.
+    pub fn mcomp_declared_lost(&self, id: u32) -> bool {
+        self.heard.lock().unwrap().as_ref().is_some_and(|(_, lost)| lost.contains(&id))
+    }
+
     /// Heartbeats forever, handing each answer to `on_beat`; re-registers if the global
     /// managers forgot us (they restarted).
     pub fn heartbeat_forever(self: Arc<Self>, shim_sock: Option<String>, load: impl Fn() -> Load + Send + 'static, on_beat: impl Fn(splitos_rpc::G2X_BEAT) + Send + 'static) {

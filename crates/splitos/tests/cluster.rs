@@ -37,7 +37,8 @@ fn exit_frees_all_memory_and_status_shows_it() {
 
 #[test]
 fn small_vregions_spread_one_process_over_both_mcomponents() {
-    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"8M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
+    // Every access by message, so that each mComponent counts what it served.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"8M\"\n[[pcomponent]]\nexcache = \"4M\"\none_sided = \"off\"\n[[mcomponent]]\n[[mcomponent]]\n"));
     let p = program("hold");
     let cmd = [p.to_str().unwrap(), "48"];
     let mut child = c.spawn(&[], &cmd);
@@ -600,7 +601,6 @@ fn an_mcomponent_gives_the_memory_of_exited_programs_back_to_the_kernel() {
     assert!(c.eventually(Duration::from_secs(10), |c| used(c) == 0), "released");
     let back = c.eventually(Duration::from_secs(10), |_| rss() < idle + (held - idle) / 4);
     assert!(back, "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the exit", rss());
-    assert!(c.metric(&m, "mcomp_memory_trims_total") >= 1.0);
 }
 
 #[test]

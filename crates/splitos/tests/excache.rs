@@ -34,11 +34,12 @@ fn clock_keeps_a_written_hot_set_that_fifo_evicts() {
 #[test]
 fn piggyback_merges_flush_and_fetch_only_when_enabled() {
     // One mComponent: every victim and every missed line have the same owner, so with
-    // piggyback on each dirty eviction that precedes a fetch travels with it.
+    // piggyback on each dirty eviction that precedes a fetch travels with it. Every access by
+    // message: one-sided access copies what the owner holds instead.
     let p = program("memtouch");
     let cmd = [p.to_str().unwrap(), "12"];
-    let (_, on) = through_components(&["--excache", "4M", "--mcomponents", "1"], &cmd, 1);
-    let (_, off) = through_components(&["--excache", "4M", "--mcomponents", "1", "--no-piggyback"], &cmd, 1);
+    let (_, on) = through_components(&["--excache", "4M", "--mcomponents", "1", "--one-sided", "off"], &cmd, 1);
+    let (_, off) = through_components(&["--excache", "4M", "--mcomponents", "1", "--no-piggyback", "--one-sided", "off"], &cmd, 1);
     assert!(n(&on, "piggybacked") > 1000, "{on}");
     // The mComponent received them as combined flush+fetch requests: its own count agrees.
     assert_eq!(mcomp_sum(&on, "piggybacked"), n(&on, "piggybacked"), "{on}");

@@ -8,7 +8,8 @@ use common::*;
 fn shared_memory_carries_misses_between_components_of_one_host_unless_tcp_is_asked_for() {
     let p = program("stride");
     let cmd = [p.to_str().unwrap(), "4", "8", "30"];
-    let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
+    // Every access by message: one-sided access (on this host) copies pages without one.
+    let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\none_sided = \"off\"\n[[mcomponent]]\n";
     for (kind, config) in [("shm", base.to_string()), ("tcp", format!("{base}[transport]\nkind = \"tcp\"\n"))] {
         let c = TestCluster::up(Some(&config));
         let s = c.run_stats(&cmd);

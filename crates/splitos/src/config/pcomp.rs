@@ -68,11 +68,11 @@ knob_enum! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub enum OneSided, "one_sided", ONE_SIDED {
         /// Every fetch and write-back is a message to the owner.
-        #[default]
         Off = "off",
         /// An owner on this host (shared-memory transport) hands over its segment of each
         /// vRegion, and the miss path copies pages in and out without waking it
         /// (docs/excache.md).
+        #[default]
         On = "on",
     }
 }
@@ -189,10 +189,10 @@ pub struct PcompConfig {
     /// host without swap, else it runs with off and says why).
     #[arg(long, default_value_t)]
     pub access_sampling: AccessSampling,
-    /// One-sided access: off, or on (owners on this host hand over their pages of each vRegion
-    /// in a memfd; a miss or write-back of a page the owner holds is a copy, with no message
-    /// and no mComponent thread woken; vRegions with one member only, not striped or logged
-    /// ones; the shared-memory transport only).
+    /// One-sided access: on (owners on this host hand over their pages of each vRegion in a
+    /// memfd; a miss or write-back of a page the owner holds is a copy, with no message and no
+    /// mComponent thread woken; vRegions with one member only, not replicated, striped or
+    /// logged ones; the shared-memory transport only), or off (every access a message).
     #[arg(long, default_value_t)]
     pub one_sided: OneSided,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways

@@ -38,7 +38,7 @@ use crate::node::{self, Node};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
-/// Freed bytes worth a `malloc_trim` (it walks every arena).
+/// Freed parity bytes worth a `malloc_trim` (it walks every arena).
 const FREED_TO_TRIM: u64 = 1 << 20;
 /// How often replica sets that a rebuild could not complete are tried again.
 const REBUILD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -77,7 +77,7 @@ pub struct Mem<P = RpcPeers> {
     vregion_size: AtomicU64,
     committed: AtomicU64,
     used: AtomicU64,
-    /// Bytes of pages freed since the allocator last gave free memory back to the kernel.
+    /// Bytes of parity rows freed since the allocator last gave free memory back to the kernel.
     freed: AtomicU64,
     homes: Mutex<HashMap<u64, Arc<Mutex<home::HomeProc>>>>,
     /// Home states this mComponent keeps as backup home, for taking over.
@@ -193,16 +193,17 @@ impl<P: Peers> Mem<P> {
             let g = p.lock().unwrap();
             self.committed.fetch_sub(g.committed, Relaxed);
             self.used.fetch_sub(g.held(), Relaxed);
-            self.freed.fetch_add(g.held(), Relaxed);
+            self.freed.fetch_add(g.parity.len() as u64 * PAGE, Relaxed);
         }
         metrics::counter!("mcomp_fenced_total").increment(1);
         tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
     }
 
-    /// Hands the memory of pages freed since the last heartbeat back to the kernel. Pages are
-    /// small allocations spread over the allocator's per-thread arenas, which keep what is freed
-    /// for later allocations: an mComponent would stay as large as its busiest moment while
-    /// reporting nothing used. At most once a heartbeat, off every request's path.
+    /// Hands the memory of parity rows freed since the last heartbeat back to the kernel. Rows
+    /// are small allocations spread over the allocator's per-thread arenas, which keep what is
+    /// freed for later allocations: an mComponent would stay as large as its busiest moment
+    /// while reporting nothing used. At most once a heartbeat, off every request's path.
+    /// (Pages live in segments, whose memory goes back as they are freed.)
     fn give_back_freed(&self) {
         if self.freed.load(Relaxed) < FREED_TO_TRIM {
             return;

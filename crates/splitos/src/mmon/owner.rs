@@ -251,7 +251,6 @@ impl<P: Peers> Mem<P> {
         let deltas: Deltas = p.pages.keys(start / PAGE..end / PAGE).collect::<Vec<u64>>().into_iter().filter_map(|v| p.delta(v, None, vrs)).collect();
         let n = p.pages.remove_range(start / PAGE..end / PAGE);
         self.used.fetch_sub(n * PAGE, Relaxed);
-        self.freed.fetch_add(n * PAGE, Relaxed);
         deltas
     }
 
@@ -794,7 +793,7 @@ impl<P: Peers> Mem<P> {
             }
             self.committed.fetch_sub(g.committed, Relaxed);
             self.used.fetch_sub(g.held(), Relaxed);
-            self.freed.fetch_add(g.held(), Relaxed);
+            self.freed.fetch_add(g.parity.len() as u64 * PAGE, Relaxed);
         }
         Ok(OK)
     }
