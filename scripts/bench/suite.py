@@ -87,6 +87,9 @@ SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
         perl_in = os.path.join(data, "corpus-q-256k.txt")
         with open(text, "rb") as src, open(perl_in, "wb") as dst:
             dst.write(src.read(256 << 10))
+    # A C program's index: a chained hash table of malloc'd nodes, looked up at random.
+    chainhash = os.path.join(data, "chainhash")
+    subprocess.run(["gcc", "-O2", "-o", chainhash, os.path.join(ROOT, "scripts", "workloads", "chainhash.c")], check=True)
     return {
         "ml-train (scikit-learn MLP, CIFAR-shaped)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "mltrain.py"), "300" if quick else "1000", "1" if quick else "2"],
                                                        "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
@@ -96,6 +99,8 @@ SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
         "sqlite3 (in-memory database)": {"cmd": ["sqlite3", ":memory:", f".read {sql}"]},
         "perl (word-pair hash)": {"cmd": ["perl", os.path.join(ROOT, "scripts", "workloads", "bigram.pl"), perl_in]},
         "node (word-pair Map)": {"cmd": ["node", os.path.join(ROOT, "scripts", "workloads", "bigram.js"), text]},
+        "CPython record table (build, sort, index)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "records.py"), "10000" if quick else "150000"]},
+        "C chained hash table (random lookups)": {"cmd": [chainhash, "30000" if quick else "1000000", "2" if quick else "4"]},
     }
 
 

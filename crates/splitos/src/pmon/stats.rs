@@ -18,8 +18,9 @@ counters! {
         evictions,
         /// Lines written back to the mComponents.
         flushes,
-        /// Of the write-backs, the ones that went in the same round trip as a miss's fetch
-        /// (piggyback).
+        /// Of the write-backs, the ones handed to the page store with a miss's fetch
+        /// (piggyback): one round trip by message, or copies where one-sided access reaches
+        /// the owner (counted in `one_sided.writes` too).
         piggybacked,
         /// Misses on p-local lines (never left this pComponent), zero-filled without a
         /// round trip.
