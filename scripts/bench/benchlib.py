@@ -1,11 +1,16 @@
 """What the benchmark scripts share: where things are, their Python environment, the machine
 description and the generated sections of docs/benchmarks.md."""
+import json
 import os
 import platform
+import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPLITOS = os.environ.get("SPLITOS_BIN") or os.path.join(ROOT, "target", "release", "splitos")
@@ -77,3 +82,55 @@ def cpu_of_children():
     """User + system seconds of every child waited for so far (and of theirs they waited for)."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+def run_splitos(cmd, excache=None, flags=()):
+    """Runs `cmd` natively (no `excache`), or under `splitos run` on an embedded cluster with
+    that ExCache and `flags`. Returns (wall s, CPU s of it and its children, stdout, the run's
+    counters from --stats-json, empty natively); a failed run ends the script."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--stats-json", f.name, "--", *cmd]
+        c0 = cpu_of_children()
+        t0 = time.monotonic()
+        r = subprocess.run(full, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        cpu = cpu_of_children() - c0
+        if r.returncode != 0:
+            sys.exit(f"{' '.join(full)} failed ({r.returncode}): {r.stderr[-2000:]}")
+        stats = json.load(open(f.name)) if excache is not None else {}
+    return wall, cpu, r.stdout, stats
+
+
+def side_by_side(workloads, configs, reps, sample, only=""):
+    """Each (name, command, ExCache) of `workloads` natively, then under every (label, flags) of
+    `configs` in a fresh random order each repetition, every output checked against the native
+    run's. `sample(wall, cpu, stats)` gives what one run records (a dict with `wall_s`). One row
+    per workload: the native medians and, per configuration, the medians of what was recorded
+    with the wall time's min and max."""
+    rows = []
+    for name, cmd, ex in workloads:
+        if only not in name:
+            continue
+        native, native_cpu, expected = [], [], None
+        samples = {label: [] for label, _ in configs}
+        for _ in range(reps):
+            wall, cpu, out, _ = run_splitos(cmd)
+            native.append(wall)
+            native_cpu.append(cpu)
+            expected = expected or out
+            order = list(configs)
+            random.shuffle(order)
+            for label, flags in order:
+                wall, cpu, out, stats = run_splitos(cmd, ex, flags)
+                if out != expected:
+                    sys.exit(f"{name} under {label}: output differs from the native run")
+                samples[label].append(sample(wall, cpu, stats))
+        row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "native_cpu_s": statistics.median(native_cpu), "configs": {}}
+        for label, runs in samples.items():
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            med["wall_min_s"] = min(r["wall_s"] for r in runs)
+            med["wall_max_s"] = max(r["wall_s"] for r in runs)
+            row["configs"][label] = med
+        rows.append(row)
+        print(f"{name} done", file=sys.stderr)
+    return rows

@@ -15,14 +15,10 @@ load average is recorded before and after.
 import argparse
 import json
 import os
-import random
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-from benchlib import ROOT, SPLITOS, cpu_of_children, ensure_env, machine, miss_workloads, replace_section
+from benchlib import ROOT, ensure_env, machine, miss_workloads, replace_section, side_by_side
 
 CONFIGS = [("messages", ["--one-sided", "off"]), ("one-sided", ["--one-sided", "on"])]
 
@@ -36,18 +32,13 @@ def workloads(tmp):
     return checked + [("record table (CPython) at 65%", records, "50M"), ("record table (CPython) at 45%", records, "35M")]
 
 
-def run(cmd, excache=None, flags=()):
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--stats-json", f.name, "--", *cmd]
-        c0 = cpu_of_children()
-        t0 = time.monotonic()
-        r = subprocess.run(full, capture_output=True, text=True)
-        wall = time.monotonic() - t0
-        cpu = cpu_of_children() - c0
-        if r.returncode != 0:
-            sys.exit(f"{' '.join(full)} failed ({r.returncode}): {r.stderr[-2000:]}")
-        stats = json.load(open(f.name)) if excache is not None else {}
-    return wall, cpu, r.stdout, stats
+def sample(wall, cpu, s):
+    sided = s.get("one_sided") or {}
+    return {
+        "wall_s": wall, "cpu_s": cpu, "remote_misses": s["misses"] - s["plocal_fills"], "miss_ns_p50": s["miss_ns_p50"],
+        "rpc_ns_p50": s["miss_breakdown_ns_p50"]["rpc"], "evict_ns_p50": s["miss_breakdown_ns_p50"]["evict"], "install_ns_p50": s["miss_breakdown_ns_p50"]["install"],
+        "mcomp_fetches": sum(m["fetches"] for m in s["mcomponents"]), "copied_in": sided.get("reads", 0), "copied_out": sided.get("writes", 0),
+    }
 
 
 def main():
@@ -58,38 +49,9 @@ def main():
     ap.add_argument("--docs", default=os.path.join(ROOT, "docs"))
     args = ap.parse_args()
     ensure_env()
-    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps, "workloads": []}
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cmd, ex in workloads(tmp):
-            if args.only not in name:
-                continue
-            native, native_cpu, expected = [], [], None
-            samples = {c: [] for c, _ in CONFIGS}
-            for _ in range(args.reps):
-                wall, cpu, out, _ = run(cmd)
-                native.append(wall)
-                native_cpu.append(cpu)
-                expected = expected or out
-                order = list(CONFIGS)
-                random.shuffle(order)
-                for label, flags in order:
-                    wall, cpu, out, s = run(cmd, ex, flags)
-                    if out != expected:
-                        sys.exit(f"{name} under {label}: output differs from the native run")
-                    sided = s.get("one_sided") or {}
-                    samples[label].append({
-                        "wall_s": wall, "cpu_s": cpu, "remote_misses": s["misses"] - s["plocal_fills"], "miss_ns_p50": s["miss_ns_p50"],
-                        "rpc_ns_p50": s["miss_breakdown_ns_p50"]["rpc"], "evict_ns_p50": s["miss_breakdown_ns_p50"]["evict"], "install_ns_p50": s["miss_breakdown_ns_p50"]["install"],
-                        "mcomp_fetches": sum(m["fetches"] for m in s["mcomponents"]), "copied_in": sided.get("reads", 0), "copied_out": sided.get("writes", 0),
-                    })
-            row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "native_cpu_s": statistics.median(native_cpu), "configs": {}}
-            for label, runs in samples.items():
-                med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                med["wall_min_s"] = min(r["wall_s"] for r in runs)
-                med["wall_max_s"] = max(r["wall_s"] for r in runs)
-                row["configs"][label] = med
-            res["workloads"].append(row)
-            print(f"{name} done", file=sys.stderr)
+        res["workloads"] = side_by_side(workloads(tmp), CONFIGS, args.reps, sample, args.only)
     res["load_after"] = os.getloadavg()[0]
     os.makedirs(args.out, exist_ok=True)
     json.dump(res, open(os.path.join(args.out, "onesided.json"), "w"), indent=1)

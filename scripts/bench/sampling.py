@@ -17,14 +17,11 @@ off, and the script stops.
 import argparse
 import json
 import os
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from benchlib import ROOT, SPLITOS, ensure_env, machine, replace_section
+from benchlib import ROOT, ensure_env, machine, replace_section, side_by_side
 
 POLICIES = ["fifo", "clock", "ghost-clock"]
 
@@ -52,20 +49,8 @@ def workloads(tmp):
     ]
 
 
-def run(cmd, excache=None, flags=()):
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--stats-json", f.name, "--", *cmd]
-        t0 = time.monotonic()
-        r = subprocess.run(full, capture_output=True, text=True)
-        wall = time.monotonic() - t0
-        if r.returncode != 0:
-            sys.exit(f"{' '.join(full)} failed ({r.returncode}): {r.stderr[-2000:]}")
-        stats = json.load(open(f.name)) if excache is not None else {}
-    return wall, r.stdout, stats
-
-
-def load():
-    return os.getloadavg()[0]
+def sample(wall, cpu, s):
+    return {"wall_s": wall, "remote_misses": s["misses"] - s["plocal_fills"], "misses": s["misses"], "unmaps": s.get("sample_unmaps", 0), "touches": s.get("sample_touches", 0), "wp_faults": s["wp_faults"], "evictions": s["evictions"], "miss_ns_p50": s["miss_ns_p50"]}
 
 
 def main():
@@ -78,33 +63,10 @@ def main():
     ensure_env()
     if any(l.strip() and not l.startswith("Filename") for l in open("/proc/swaps")):
         sys.exit("this host has swap: the pComponent turns access sampling off on it (swapoff -a first)")
-    res = {"machine": machine(), "load_before": load(), "reps": args.reps, "workloads": []}
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cmd, ex in workloads(tmp):
-            if args.only not in name:
-                continue
-            native, expected = [], None
-            samples = {c: [] for c, _ in configs()}
-            for rep in range(args.reps):
-                wall, out, _ = run(cmd)
-                native.append(wall)
-                expected = expected or out
-                order = configs()
-                random.shuffle(order)
-                for label, flags in order:
-                    wall, out, s = run(cmd, ex, flags)
-                    if out != expected:
-                        sys.exit(f"{name} under {label}: output differs from the native run")
-                    samples[label].append({"wall_s": wall, "remote_misses": s["misses"] - s["plocal_fills"], "misses": s["misses"], "unmaps": s.get("sample_unmaps", 0), "touches": s.get("sample_touches", 0), "wp_faults": s["wp_faults"], "evictions": s["evictions"], "miss_ns_p50": s["miss_ns_p50"]})
-            row = {"workload": name, "excache": ex, "native_s": statistics.median(native), "configs": {}}
-            for label, runs in samples.items():
-                med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                med["wall_min_s"] = min(r["wall_s"] for r in runs)
-                med["wall_max_s"] = max(r["wall_s"] for r in runs)
-                row["configs"][label] = med
-            res["workloads"].append(row)
-            print(f"{name} done", file=sys.stderr)
-    res["load_after"] = load()
+        res["workloads"] = side_by_side(workloads(tmp), configs(), args.reps, sample, args.only)
+    res["load_after"] = os.getloadavg()[0]
     os.makedirs(args.out, exist_ok=True)
     json.dump(res, open(os.path.join(args.out, "sampling.json"), "w"), indent=1)
     report(res, args.docs)

@@ -91,8 +91,8 @@ fn a_lease_goes_to_the_processs_own_pcomponent_and_a_segment_to_its_token_alone(
         r => panic!("the admin got a lease: {r:?}"),
     }
     assert_eq!(granted(&c), before, "no lease granted to either");
-    // On the pages socket, a guessed token gets no memfd, and a peer that says nothing holds
-    // up no one.
+    // On the pages socket, a guessed token gets no memfd (and is counted before the answer),
+    // and a peer that connects and says nothing does not keep the next one from an answer.
     let path = pages_socket(&m);
     let silent = UnixStream::connect(&path).unwrap();
     let mut s = UnixStream::connect(&path).unwrap();

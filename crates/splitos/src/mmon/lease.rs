@@ -6,7 +6,7 @@
 //! reach) to receive the memfd. A token is good once, for a few seconds, and names one
 //! segment: whoever can reach the socket without a token gets nothing.
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -71,9 +71,12 @@ impl Handouts {
                     // A thread each: a peer that connects and says nothing holds up no one.
                     let me = self.clone();
                     let spawned = std::thread::Builder::new().name("mcomp-handout".into()).spawn(move || {
-                        if let Err(e) = me.hand_out(c) {
+                        let mut c = c;
+                        if let Err(e) = me.hand_out(&c) {
+                            // Counted before the peer hears it: whoever saw the refusal sees the count.
                             metrics::counter!("mcomp_lease_handouts_refused_total").increment(1);
                             tracing::warn!(error = %e, "refused a request for a segment on the pages socket");
+                            let _ = c.write_all(b"n");
                         }
                     });
                     if let Err(e) = spawned {
@@ -84,26 +87,19 @@ impl Handouts {
             .map(|_| ())
     }
 
-    fn hand_out(&self, mut c: UnixStream) -> std::io::Result<()> {
+    fn hand_out(&self, mut c: &UnixStream) -> std::io::Result<()> {
         c.set_read_timeout(Some(Duration::from_secs(1)))?;
         // The directory is this user's alone; a peer of another user got in some other way.
         // SAFETY: geteuid has no preconditions.
-        if peer_cred(&c)?.uid != unsafe { libc::geteuid() } {
+        if peer_cred(c)?.uid != unsafe { libc::geteuid() } {
             return Err(std::io::Error::other("a peer of another user"));
         }
         let mut t = [0u8; TOKEN];
         c.read_exact(&mut t)?;
-        match self.redeem(&t) {
-            Some(seg) => {
-                self.handed_out.fetch_add(1, Relaxed);
-                metrics::counter!("mcomp_lease_handouts_total").increment(1);
-                send_fds(&c, b"k", &[seg.fd().as_raw_fd()])
-            }
-            None => {
-                send_fds(&c, b"n", &[]).ok();
-                Err(std::io::Error::other("an unknown or expired token"))
-            }
-        }
+        let seg = self.redeem(&t).ok_or_else(|| std::io::Error::other("an unknown or expired token"))?;
+        self.handed_out.fetch_add(1, Relaxed);
+        metrics::counter!("mcomp_lease_handouts_total").increment(1);
+        send_fds(c, b"k", &[seg.fd().as_raw_fd()])
     }
 }
 

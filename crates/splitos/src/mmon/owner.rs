@@ -248,7 +248,7 @@ impl<P: Peers> Mem<P> {
             }
         }
         let vrs = self.vrs();
-        let deltas: Deltas = p.pages.keys(start / PAGE..end / PAGE).collect::<Vec<u64>>().into_iter().filter_map(|v| p.delta(v, None, vrs)).collect();
+        let deltas: Deltas = p.pages.keys(start / PAGE..end / PAGE).filter_map(|v| p.delta(v, None, vrs)).collect();
         let n = p.pages.remove_range(start / PAGE..end / PAGE);
         self.used.fetch_sub(n * PAGE, Relaxed);
         deltas

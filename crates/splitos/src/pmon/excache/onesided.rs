@@ -82,11 +82,16 @@ impl OneSided {
         OneSided { node, on, stats: OneSidedStats::default() }
     }
 
+    /// Whether it is on: off, the page store asks nothing of it (not even whose a page is).
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
     /// The segment holding page `vpn` of vRegion `idx` at owner `o`, leased if need be.
     fn reach(&self, who: &Who, leases: &Leases, o: &ComponentRef, idx: u64, vpn: u64) -> Option<Reach> {
         // The memfd outlives its owner: the pages of an owner the managers declared lost are
         // not served from it, but go by message and fail as they would without a copy.
-        if !self.on || self.node.mcomp_declared_lost(o.id) {
+        if self.node.mcomp_declared_lost(o.id) {
             return None;
         }
         let mut held = leases.held.lock().unwrap();

@@ -259,11 +259,17 @@ impl RemoteStore {
     }
 
     fn read_direct(&self, s: &ProcMemory, vpn: u64) -> Option<Page> {
+        if !self.one_sided.on() {
+            return None;
+        }
         let (o, idx) = self.sole_owner(s, vpn)?;
         self.one_sided.read(&s.who_now(), &s.leases, &o, idx, vpn)
     }
 
     fn write_direct(&self, s: &ProcMemory, vpn: u64, data: &[u8]) -> bool {
+        if !self.one_sided.on() {
+            return false;
+        }
         let Some((o, idx)) = self.sole_owner(s, vpn) else { return false };
         self.one_sided.write(&s.who_now(), &s.leases, &o, idx, vpn, data)
     }
@@ -583,28 +589,19 @@ impl PageStore for RemoteStore {
     }
 
     fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
-        let Some(&first) = vpns.first() else { return Ok(Vec::new()) };
         let s = self.memory_of(pid)?;
-        // Victims and pages a copy reaches go no further; the rest by message, together.
+        // Victims and pages a copy reaches go no further; the rest by message, together (the
+        // pages copied first, in the order asked, so only while no victim needs a message).
         let flushes: Vec<(u64, u64, &[u8])> = flushes.iter().filter(|(fpid, fvpn, d)| !self.memory_of(*fpid).is_ok_and(|fs| self.write_direct(&fs, *fvpn, d))).copied().collect();
         let flushes = &flushes[..];
-        if flushes.is_empty() {
-            let mut got = Vec::with_capacity(vpns.len());
-            for v in vpns {
-                match self.read_direct(&s, *v) {
-                    Some(p) => got.push(p),
-                    None => break,
-                }
-            }
-            if got.len() == vpns.len() {
-                return Ok(got);
-            }
-            if !got.is_empty() {
-                let more = self.flush_fetch_many(&[], pid, &vpns[got.len()..])?;
-                got.extend(more);
-                return Ok(got);
-            }
+        let mut copied = Vec::new();
+        let mut vpns = vpns;
+        while let (true, Some((v, rest))) = (flushes.is_empty(), vpns.split_first()) {
+            let Some(p) = self.read_direct(&s, *v) else { break };
+            copied.push(p);
+            vpns = rest;
         }
+        let Some(&first) = vpns.first() else { return Ok(copied) };
         let mut tries = 0;
         'again: while tries < TRIES {
             tries += 1;
@@ -677,7 +674,8 @@ impl PageStore for RemoteStore {
                     Next::Fail(r) => return Err(r),
                 },
             };
-            return self.pages_of(&s, o, vpns, r);
+            copied.extend(self.pages_of(&s, o, vpns, r)?);
+            return Ok(copied);
         }
         Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
     }
