@@ -84,13 +84,25 @@ def cpu_of_children():
     return r.ru_utime + r.ru_stime
 
 
+def idle_polling_s():
+    """Seconds the CPUs have spent polling in the idle loop (cpuidle's POLL state) since boot:
+    the CPU time idle polling costs, which the idle task, not the program, is charged with."""
+    total = 0
+    for cpu in os.listdir("/sys/devices/system/cpu"):
+        path = f"/sys/devices/system/cpu/{cpu}/cpuidle/state0/time"
+        if cpu.startswith("cpu") and os.path.exists(path) and open(f"/sys/devices/system/cpu/{cpu}/cpuidle/state0/name").read().strip() == "POLL":
+            total += int(open(path).read())
+    return total / 1e6
+
+
 def run_splitos(cmd, excache=None, flags=()):
     """Runs `cmd` natively (no `excache`), or under `splitos run` on an embedded cluster with
     that ExCache and `flags`. Returns (wall s, CPU s of it and its children, stdout, the run's
-    counters from --stats-json, empty natively); a failed run ends the script."""
+    counters from --stats-json with `idle_polling_s` (the CPUs' time polling while idle during
+    the run) added, empty natively); a failed run ends the script."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--stats-json", f.name, "--", *cmd]
-        c0 = cpu_of_children()
+        c0, p0 = cpu_of_children(), idle_polling_s()
         t0 = time.monotonic()
         r = subprocess.run(full, capture_output=True, text=True)
         wall = time.monotonic() - t0
@@ -98,6 +110,8 @@ def run_splitos(cmd, excache=None, flags=()):
         if r.returncode != 0:
             sys.exit(f"{' '.join(full)} failed ({r.returncode}): {r.stderr[-2000:]}")
         stats = json.load(open(f.name)) if excache is not None else {}
+        if stats:
+            stats["idle_polling_s"] = idle_polling_s() - p0
     return wall, cpu, r.stdout, stats
 
 

@@ -59,9 +59,20 @@ fn native_first_touch(n: usize) -> anyhow::Result<Histogram<u64>> {
     Ok(h)
 }
 
-/// A missing fault on a uffd-registered shared-memory page, served by another thread with
-/// UFFDIO_COPY: the trap-and-install cost with no network at all.
-fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
+/// How [`uffd_floor`]'s server installs a page.
+#[derive(Clone, Copy)]
+enum InstallBy {
+    /// UFFDIO_COPY: allocate, copy and map in one call.
+    Copy,
+    /// pwrite into the memfd, then UFFDIO_CONTINUE maps the page it now holds: the install
+    /// that writes a fetched line where it lives and maps it without a second copy.
+    Continue,
+}
+
+/// A missing fault on a uffd-registered shared-memory page, served by another thread that
+/// installs a local page `by` one of the two ways: the trap-and-install cost with no network
+/// at all.
+fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
     // SAFETY: the name is a NUL-terminated static string; the call creates a new descriptor.
     let memfd = checked(unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) } as i64, "memfd_create")? as i32;
     // SAFETY: `memfd` is a descriptor this function just made and still owns.
@@ -73,13 +84,18 @@ fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
     let ufd = checked(unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) }, "userfaultfd")? as i32;
     // SAFETY: `ufd` is a descriptor this function just made; OwnedFd closes it once.
     let ufd = unsafe { OwnedFd::from_raw_fd(ufd) };
-    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM, ioctls: 0 };
+    let (features, minor) = match by {
+        InstallBy::Copy => (uffd::FEATURE_MISSING_SHMEM, 0),
+        InstallBy::Continue => (uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_MINOR_SHMEM, uffd::REGISTER_MODE_MINOR),
+    };
+    let mut api = uffd::Api { api: uffd::UFFD_API, features, ioctls: 0 };
     // SAFETY: `api` is the repr(C) struct UFFDIO_API reads and writes, live for the call.
     checked(unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } as i64, "UFFDIO_API")?;
-    let mut reg = uffd::Register { range: uffd::Range { start: base, len: (n * PAGE) as u64 }, mode: uffd::REGISTER_MODE_MISSING, ioctls: 0 };
+    let mut reg = uffd::Register { range: uffd::Range { start: base, len: (n * PAGE) as u64 }, mode: uffd::REGISTER_MODE_MISSING | minor, ioctls: 0 };
     // SAFETY: `reg` is the repr(C) struct UFFDIO_REGISTER reads and writes; the range is our mapping.
     checked(unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) } as i64, "UFFDIO_REGISTER")?;
     let raw = ufd.as_raw_fd();
+    let mfd = memfd.as_raw_fd();
     let server = std::thread::spawn(move || {
         let page = vec![7u8; PAGE];
         let poller = Poller::new(SPIN, Polling::Fixed);
@@ -101,10 +117,24 @@ fn uffd_floor(n: usize) -> anyhow::Result<Histogram<u64>> {
             if m.event != uffd::EVENT_PAGEFAULT {
                 continue;
             }
-            let mut c = uffd::Copy { dst: m.address & !(PAGE as u64 - 1), src: page.as_ptr() as u64, len: PAGE as u64, mode: 0, copy: 0 };
-            // SAFETY: `c` is the repr(C) struct UFFDIO_COPY reads and writes; its source is `page`,
-            // PAGE live bytes, and its destination a page of the registered mapping.
-            unsafe { libc::ioctl(raw, uffd::UFFDIO_COPY as _, &mut c) };
+            let dst = m.address & !(PAGE as u64 - 1);
+            match by {
+                InstallBy::Copy => {
+                    let mut c = uffd::Copy { dst, src: page.as_ptr() as u64, len: PAGE as u64, mode: 0, copy: 0 };
+                    // SAFETY: `c` is the repr(C) struct UFFDIO_COPY reads and writes; its source
+                    // is `page`, PAGE live bytes, and its destination a page of the registered mapping.
+                    unsafe { libc::ioctl(raw, uffd::UFFDIO_COPY as _, &mut c) };
+                }
+                InstallBy::Continue => {
+                    // SAFETY: writes PAGE bytes of `page` into the memfd, which stays open until
+                    // the thread is joined.
+                    unsafe { libc::pwrite(mfd, page.as_ptr() as *const libc::c_void, PAGE, (dst - base) as i64) };
+                    let mut c = uffd::Continue { range: uffd::Range { start: dst, len: PAGE as u64 }, mode: 0, mapped: 0 };
+                    // SAFETY: `c` is the repr(C) struct UFFDIO_CONTINUE reads and writes; the
+                    // range is a page of the registered mapping that the memfd now holds.
+                    unsafe { libc::ioctl(raw, uffd::UFFDIO_CONTINUE as _, &mut c) };
+                }
+            }
             served += 1;
         }
     });
@@ -171,7 +201,8 @@ fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>>
 pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
     let mut out = vec![
         summary("native_first_touch", &native_first_touch(n)?),
-        summary("uffd_fault_local_page", &uffd_floor(n)?),
+        summary("uffd_fault_local_page", &uffd_floor(n, InstallBy::Copy)?),
+        summary("uffd_fault_local_page_continue", &uffd_floor(n, InstallBy::Continue)?),
         summary("tcp_rtt_4k", &tcp_floor(n, 0)),
         summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
     ];

@@ -78,6 +78,19 @@ knob_enum! {
 }
 
 knob_enum! {
+    /// Whether idle CPUs poll while programs run here.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum IdlePoll, "idle_poll", IDLE_POLL {
+        /// The kernel's idle states: a CPU whose thread waits for a miss may halt.
+        Off = "off",
+        /// While programs run, a CPU latency request of 0 µs keeps idle CPUs polling
+        /// (docs/excache.md).
+        #[default]
+        On = "on",
+    }
+}
+
+knob_enum! {
     /// Whether the pComponent backs heaps with its private tmpfs and pre-allocates fresh 2 MiB
     /// extents as huge pages.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -195,6 +208,12 @@ pub struct PcompConfig {
     /// logged ones; the shared-memory transport only), or off (every access a message).
     #[arg(long, default_value_t)]
     pub one_sided: OneSided,
+    /// Idle polling: on (while programs run here, the pComponent asks the kernel to keep idle
+    /// CPUs polling instead of entering idle states, through /dev/cpu_dma_latency: a thread
+    /// waiting for a miss resumes without its CPU being woken, tens of microseconds a miss on
+    /// a virtual machine; idle CPUs spin while programs run), or off.
+    #[arg(long, default_value_t)]
+    pub idle_poll: IdlePoll,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
     /// (0: off, misses evict inline).
     #[arg(long, default_value_t = 0)]

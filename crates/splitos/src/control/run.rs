@@ -369,6 +369,7 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
             s["pcomponent"] = pstats["excache"].clone();
             // The pComponent's, not the run's: every run on it adds to them.
             s["one_sided"] = pstats["one_sided"].clone();
+            s["idle_poll"] = pstats["idle_poll"].clone();
             s["mcomponents"] = components_stats(gm, splitos_rpc::Role::Mem);
             s["scomponents"] = components_stats(gm, splitos_rpc::Role::Storage);
         }

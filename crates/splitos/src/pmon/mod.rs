@@ -33,7 +33,7 @@ pub use excache::{Page, PageStore, Place, ProcMemory, RemoteStore};
 pub use fs::Grants;
 pub use stats::RunStats;
 
-use crate::config::{AccessSampling, DirtyTracking, HugePages, OneSided, PcompConfig, ProcArgs};
+use crate::config::{AccessSampling, DirtyTracking, HugePages, IdlePoll, OneSided, PcompConfig, ProcArgs};
 use crate::node::{self, Node};
 
 /// A process running on this pComponent.
@@ -58,6 +58,8 @@ pub struct Proc {
     reuse: Mutex<host::reuse::HeapReuse>,
     /// Its heap region's addresses.
     heap_range: std::ops::Range<u64>,
+    /// Its share of the idle-polling request, while it runs.
+    _idle: Option<host::idle::LatencyHold>,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.
@@ -104,6 +106,8 @@ pub struct Pcomp {
     net: Arc<net::NetStub>,
     /// Access sampling is on (`access_sampling = "unmap"` and this host allows it).
     sampling: bool,
+    /// Idle polling while programs run (`idle_poll`).
+    idle: Arc<host::idle::CpuLatency>,
 }
 
 impl Pcomp {
@@ -166,7 +170,7 @@ impl Pcomp {
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(),
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(), "idle_poll": self.cfg.idle_poll.to_string(),
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
                 },
                 "compressed_tier": tier,
@@ -178,6 +182,7 @@ impl Pcomp {
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.memory.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
                 "one_sided": crate::counters::json(self.store.one_sided.stats.counters()),
+                "idle_poll": {"in_force": self.idle.in_force(), "counters": crate::counters::json(self.idle.stats.counters())},
             })
         })
         .to_string()
@@ -186,6 +191,7 @@ impl Pcomp {
     fn metrics(&self) -> Result<X2C_METRICS, Refusal> {
         self.miss.total().export();
         crate::counters::export("pcomp_one_sided", self.store.one_sided.stats.counters());
+        crate::counters::export("pcomp_idle_poll", self.idle.stats.counters());
         metrics::gauge!("pcomp_excache_used_lines").set(self.miss.with_cache(|c| c.used()) as f64);
         let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
         metrics::gauge!("pcomp_tier_used_bytes").set(used as f64);
@@ -312,6 +318,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             heap_fs,
             net: Arc::new(net::NetStub::new(node.clone(), cfg.net_shortcut, cfg.net_path)),
             sampling,
+            idle: host::idle::CpuLatency::new(cfg.idle_poll == IdlePoll::On),
         }
     });
     let p2 = p.clone();
@@ -340,7 +347,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::info!(metrics = %at, "serving Prometheus metrics");
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
     });
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     node::park_forever()
