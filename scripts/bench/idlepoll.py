@@ -64,7 +64,7 @@ def report(res, docs):
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}; load average {res['load_before']:.1f} before, {res['load_after']:.1f} after. "
         f"Medians of {res['reps']} runs per configuration, in a fresh random order each repetition, on the embedded cluster (shared-memory transport, one-sided access). "
-        "halt: `idle_poll = \\"off\\"`, the kernel's idle states; poll: `idle_poll = \\"on\\"`. "
+        'halt: `idle_poll = "off"`, the kernel\'s idle states; poll: `idle_poll = "on"`. '
         "Miss p50 and its parts as the pComponent measures them: the victim taken out, the round trip (a copy with one-sided access), the install (which wakes the faulting thread). "
         "µs per miss: (wall time - native) / remote misses, what the program waited per miss; CPU µs per miss: the CPU time of the program and of every component beyond the native run's, per remote miss; "
         "idle polling s: CPU time the idle loop spent polling during the run (cpuidle's POLL state, charged to no process).",
