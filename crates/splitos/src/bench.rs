@@ -199,13 +199,17 @@ fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>>
 }
 
 pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
-    let mut out = vec![
-        summary("native_first_touch", &native_first_touch(n)?),
-        summary("uffd_fault_local_page", &uffd_floor(n, InstallBy::Copy)?),
-        summary("uffd_fault_local_page_continue", &uffd_floor(n, InstallBy::Continue)?),
-        summary("tcp_rtt_4k", &tcp_floor(n, 0)),
-        summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
-    ];
+    let mut out =
+        vec![summary("native_first_touch", &native_first_touch(n)?), summary("uffd_fault_local_page", &uffd_floor(n, InstallBy::Copy)?), summary("uffd_fault_local_page_continue", &uffd_floor(n, InstallBy::Continue)?)];
+    // The same with idle CPUs polling, as a pComponent with `idle_poll = "on"` has them.
+    match crate::pmon::host::idle::request() {
+        Ok(_held) => {
+            out.push(summary("uffd_fault_local_page_idle_poll", &uffd_floor(n, InstallBy::Copy)?));
+            out.push(summary("uffd_fault_local_page_continue_idle_poll", &uffd_floor(n, InstallBy::Continue)?));
+        }
+        Err(e) => eprintln!("no idle-polling floors: {e}"),
+    }
+    out.extend([summary("tcp_rtt_4k", &tcp_floor(n, 0)), summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US))]);
     if let Some(a) = mcomp {
         out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n, "tcp")?));
         out.push(summary("splitos_rpc_4k_shm", &rpc_floor(&a, n, "shm")?));

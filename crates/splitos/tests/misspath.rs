@@ -173,3 +173,52 @@ fn gnu_sort_filling_its_line_table_downwards_traps_once_per_window() {
     assert!(n(&on, "preallocated") > 3_000, "{on}");
     assert!(n(&on, "plocal_fills") * 16 < n(&off, "plocal_fills"), "first touches that trap: {} with the window, {} without", n(&on, "plocal_fills"), n(&off, "plocal_fills"));
 }
+
+/// The kernel's count of entries into the idle loop's polling state, over all CPUs; None if
+/// its first idle state is not polling.
+fn idle_polls() -> Option<u64> {
+    let cpus = std::fs::read_dir("/sys/devices/system/cpu").ok()?;
+    let mut total = 0;
+    for cpu in cpus.flatten() {
+        let state = cpu.path().join("cpuidle/state0");
+        if std::fs::read_to_string(state.join("name")).is_ok_and(|n| n.trim() == "POLL") {
+            total += std::fs::read_to_string(state.join("usage")).ok()?.trim().parse::<u64>().ok()?;
+        } else if cpu.file_name().to_string_lossy().starts_with("cpu") && state.exists() {
+            return None;
+        }
+    }
+    Some(total)
+}
+
+#[test]
+fn idle_poll_keeps_idle_cpus_polling_while_programs_run_and_off_asks_for_nothing() {
+    if !std::path::Path::new("/dev/cpu_dma_latency").exists() {
+        skip("no /dev/cpu_dma_latency");
+        return;
+    }
+    // The program reads the CPU latency the kernel enforces while it runs, and misses all the
+    // while (a quarter of its 16 MiB fits).
+    let prog = "import os, struct\nx = [bytearray(4096) for _ in range(4096)]\nfor _ in range(3):\n    for b in x:\n        b[0] += 1\nf = os.open('/dev/cpu_dma_latency', os.O_RDONLY)\nprint(struct.unpack('i', os.read(f, 4))[0], sum(b[0] for b in x))";
+    let py = python3();
+    let run = |mode: &str| {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let polls = idle_polls();
+        let out = under_splitos(&["--quiet", "--excache", "4M", "--idle-poll", mode, "--stats-json", f.path().to_str().unwrap()], &[&py, "-c", prog]);
+        assert!(out.status.success(), "idle_poll = {mode}: {}", text(&out.stderr));
+        let polled = polls.zip(idle_polls()).map(|(a, b)| b - a);
+        (text(&out.stdout), serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f.path()).unwrap()).unwrap(), polled)
+    };
+    let (out, s, polled) = run("on");
+    assert_eq!(out, format!("0 {}\n", 4096 * 3), "inside the program the kernel enforces a latency of 0 µs: {s}");
+    assert!(s["misses"].as_u64().unwrap() > 4096, "the program missed all the while: {s}");
+    assert_eq!(s["pcomponent"]["idle_poll"], "on");
+    assert!(n(&s["idle_poll"]["counters"], "requests") >= 1, "the pComponent made the request: {s}");
+    assert_eq!(s["idle_poll"]["in_force"], false, "and dropped it when the program exited: {s}");
+    if let Some(p) = polled {
+        assert!(p > 0, "idle CPUs polled during the run");
+    }
+    let (out, s, _) = run("off");
+    assert!(out.ends_with(&format!(" {}\n", 4096 * 3)), "{out}");
+    assert_eq!(s["pcomponent"]["idle_poll"], "off");
+    assert_eq!(n(&s["idle_poll"]["counters"], "requests"), 0, "off asks the kernel for nothing: {s}");
+}

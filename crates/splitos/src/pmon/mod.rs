@@ -11,7 +11,7 @@
 //! This file is its dispatch table and start-up.
 mod excache;
 mod fs;
-mod host;
+pub(crate) mod host;
 mod net;
 mod stats;
 

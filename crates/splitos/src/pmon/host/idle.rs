@@ -72,7 +72,8 @@ impl CpuLatency {
     }
 }
 
-fn request() -> std::io::Result<File> {
+/// Makes the request; it holds while the descriptor stays open.
+pub(crate) fn request() -> std::io::Result<File> {
     let mut f = std::fs::OpenOptions::new().write(true).open(DEVICE)?;
     f.write_all(&0i32.to_ne_bytes())?;
     Ok(f)

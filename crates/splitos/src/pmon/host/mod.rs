@@ -5,7 +5,7 @@
 pub(super) mod fault;
 pub(super) mod fault_cpu;
 pub(super) mod huge;
-pub(super) mod idle;
+pub(crate) mod idle;
 pub(super) mod reuse;
 pub(super) mod shim;
 pub(super) mod uffd;
