@@ -36,6 +36,8 @@ DEFAULT_LEVERS = [
     ("fault-around", ["--fault-around", "0"]),
     ("pre-allocation", ["--prealloc", "0"]),
     ("heap reuse", ["--heap-reuse", "0"]),
+    ("one-sided access", ["--one-sided", "off"]),
+    ("idle polling", ["--idle-poll", "off"]),
 ]
 OPTIONAL_LEVERS = [
     ("read-ahead sequential", ["--prefetch-policy", "sequential"]),
@@ -55,6 +57,14 @@ def configs():
     out += [(f"without {name}", fl) for name, fl in DEFAULT_LEVERS]
     out += [(f"with {name}", fl) for name, fl in OPTIONAL_LEVERS]
     return out
+
+
+def workloads(tmp):
+    """The miss-path workloads, and word counting and a CPython record table at half their
+    heap: the ablation at 25% and at 50%."""
+    wordfreq = next(cmd for name, cmd, _ in miss_workloads(tmp) if name.startswith("wordfreq"))
+    records = [sys.executable, os.path.join(ROOT, "scripts", "workloads", "records.py"), "100000"]
+    return miss_workloads(tmp) + [("wordfreq (CPython) at 50%", wordfreq, "44M"), ("record table (CPython) at 50%", records, "39M")]
 
 
 def run(cmd, excache=None, flags=()):
@@ -150,7 +160,7 @@ def main():
     chosen = [c for c in configs() if c[0] == "defaults" or not wanted or any(w in c[0] for w in wanted)]
     res = {"machine": machine(), "params": vars(args), "configs": {label: flags for label, flags in chosen}, "load_before": os.getloadavg(), "workloads": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cmd, ex in miss_workloads(tmp):
+        for name, cmd, ex in workloads(tmp):
             if args.only not in name:
                 continue
             native, runs = [], {c[0]: [] for c in chosen}
