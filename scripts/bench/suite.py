@@ -23,6 +23,7 @@ import json
 import os
 import random
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,16 +127,20 @@ def run(cmd, env=None, prefix=()):
     embedded cluster's components) and its major page faults are left in LAST_CPU."""
     c0, f0 = cpu_of_children(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt
     t0 = time.monotonic()
-    p = subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+    # Its own process group: a pipeline's stages outlive a signal to its shell and would hold
+    # the output open until they finished on their own.
+    p = subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})), start_new_session=True)
     try:
         out, err = p.communicate(timeout=TIMEOUT["s"])
         code = p.returncode
     except subprocess.TimeoutExpired:
-        p.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
         try:
             out, err = p.communicate(timeout=15)
         except subprocess.TimeoutExpired:
-            p.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
         code = -1
     secs = time.monotonic() - t0
