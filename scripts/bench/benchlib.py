@@ -1,5 +1,6 @@
 """What the benchmark scripts share: where things are, their Python environment, the machine
 description and the generated sections of docs/benchmarks.md."""
+import argparse
 import json
 import os
 import platform
@@ -148,3 +149,32 @@ def side_by_side(workloads, configs, reps, sample, only=""):
         rows.append(row)
         print(f"{name} done", file=sys.stderr)
     return rows
+
+
+def side_by_side_main(doc, name, workloads, configs, sample, report, precheck=None):
+    """The command line of a side-by-side benchmark (`--reps`, `--only`, `--out`, `--docs`) and
+    its run: [`side_by_side`] over `workloads(tmp)` and `configs` with `sample`, the machine and
+    its load average before and after, written to OUT/NAME.json, then `report(res, docs)`.
+    `precheck()`, if given, may end the script before anything runs."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", default="", help="run only the workloads whose name contains this")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results"))
+    ap.add_argument("--docs", default=os.path.join(ROOT, "docs"))
+    args = ap.parse_args()
+    ensure_env()
+    if precheck:
+        precheck()
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps}
+    with tempfile.TemporaryDirectory() as tmp:
+        res["workloads"] = side_by_side(workloads(tmp), configs, args.reps, sample, args.only)
+    res["load_after"] = os.getloadavg()[0]
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(res, open(os.path.join(args.out, f"{name}.json"), "w"), indent=1)
+    report(res, args.docs)
+
+
+def machine_line(res):
+    """The report's first sentence: the machine and its load average around the run."""
+    m = res["machine"]
+    return f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}; load average {res['load_before']:.1f} before, {res['load_after']:.1f} after. "

@@ -128,7 +128,9 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
                 InstallBy::Continue => {
                     // SAFETY: writes PAGE bytes of `page` into the memfd, which stays open until
                     // the thread is joined.
-                    unsafe { libc::pwrite(mfd, page.as_ptr() as *const libc::c_void, PAGE, (dst - base) as i64) };
+                    let wrote = unsafe { libc::pwrite(mfd, page.as_ptr() as *const libc::c_void, PAGE, (dst - base) as i64) };
+                    // Without the page in the memfd UFFDIO_CONTINUE fails and the faulting thread waits for good.
+                    assert_eq!(wrote, PAGE as isize, "pwrite into the floor's memfd: {}", std::io::Error::last_os_error());
                     let mut c = uffd::Continue { range: uffd::Range { start: dst, len: PAGE as u64 }, mode: 0, mapped: 0 };
                     // SAFETY: `c` is the repr(C) struct UFFDIO_CONTINUE reads and writes; the
                     // range is a page of the registered mapping that the memfd now holds.
