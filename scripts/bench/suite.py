@@ -198,9 +198,6 @@ def splitos_prefix(excache_kib, stats, extra=()):
     return [SPLITOS, "run", "--embedded", "--excache", f"{max(excache_kib, 1024)}K", "--stats-json", stats, *extra, "--"]
 
 
-SPLITOS_ROWS = (("splitos-fits", "splitos fits"), ("splitos-tcp", "splitos TCP"))
-
-
 @contextlib.contextmanager
 def swap_device(kind, mib):
     """A swap file or zram device, the only swap while the block runs."""
@@ -320,25 +317,28 @@ def main():
     reps = args.reps or (1 if args.quick else 3)
     fractions = [0.25, 1.0] if args.quick else [0.125, 0.25, 0.5, 1.0]
     # (result key, label, ExCache as a share of the working set, extra options): the shares of
-    # LegoOS's figures; "fits", an ExCache four times the largest process's working set and
-    # fully associative, so that no line is ever evicted (at 100% with 8-way sets some are;
-    # pipelines run several processes at once, and pre-allocated fresh lines take ways before
-    # the program touches them); and 25% over TCP beside the default shared memory, for
-    # components on separate hosts.
+    # LegoOS's figures over shared memory and over TCP (components on separate hosts), the memory
+    # sweep; and "fits", an ExCache four times the largest process's working set and fully
+    # associative, so that no line is ever evicted (at 100% with 8-way sets some are; pipelines
+    # run several processes at once, and pre-allocated fresh lines take ways before the program
+    # touches them).
     variants = [("splitos", f"splitos {f:.1%}", f, []) for f in fractions] + [
-        ("splitos-fits", "splitos fits", 4.0, ["--ways", "0"]),
-        ("splitos-tcp", "splitos TCP 25.0%", 0.25, ["--transport", "tcp"]),
-    ]
-    limits = [0.25] if args.quick else [0.25, 0.5]
+        ("splitos-tcp", f"splitos TCP {f:.1%}", f, ["--transport", "tcp"]) for f in fractions] + [
+        ("splitos-fits", "splitos fits", 4.0, ["--ways", "0"])]
+    # Linux swapping under a memory cgroup of the same shares.
+    linux = [(kind, f) for kind in ("swap-file", "zram") for f in fractions]
     wl = workloads(args.quick)
-    res = {"machine": machine(), "quick": args.quick, "reps": reps, "linux_stat_refresh_s": STAT_REFRESH_S, "workloads": {}}
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "quick": args.quick, "reps": reps,
+           "linux_stat_refresh_s": STAT_REFRESH_S, "workloads": {}}
+    out_path = os.path.join(out_dir, "suite.json")
+    os.makedirs(out_dir, exist_ok=True)
 
     # The plan first, so that the progress bar knows its length.
     plan = []
     for name in wl:
         plan += [(name, "native", None)] * reps
         plan += [(name, label, None) for _, label, _, _ in variants for _ in range(reps)]
-        plan += [(name, kind, f) for kind in ("swap-file", "zram") for f in limits for _ in range(reps)]
+        plan += [(name, kind, f) for kind, f in linux for _ in range(reps)]
     fig13 = [("fifo", True, 0), ("clock", True, 0), ("fifo", False, 0), ("fifo", True, 1), ("fifo", True, 4), ("clock", False, 4)]
     if args.quick:
         fig13 = fig13[:3]
@@ -377,42 +377,56 @@ def main():
             r["native_output"] = out.decode(errors="replace")[-400:]
             bar.update()
         # No configuration may take more than this many times native: beyond it the run is
-        # stopped and reported at the bound (marked in the report).
+        # stopped and reported at the bound (marked in the report). One that reached the bound
+        # is not run again: its repetitions would only say the same, at the bound's cost.
         r["timeout_s"] = TIMEOUT["s"] = max(20.0, 15 * med(r["native_s"]))
-        for key, label, f, extra in variants:
-            runs = r[key][str(f)] = []
-            for _ in range(reps):
+        bounded = set()
+
+        def timed_out(label):
+            r.setdefault("timed_out", []).append(label)
+            bounded.add(label)
+
+        # Configurations interleaved: each repetition runs every one once, so that a change in
+        # the machine's load during the run spreads over all of them.
+        for _ in range(reps):
+            for key, label, f, extra in variants:
+                runs = r[key].setdefault(str(f), [])
+                bar.update()
+                if label in bounded:
+                    continue
                 bar.set_description(f"{name[:24]}: {label}")
                 with tempfile.NamedTemporaryFile(suffix=".json") as st:
                     secs, digest, code, _, err = run(spec["cmd"], env, splitos_prefix(int(ws[name] * f), st.name, extra))
                     stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}
                 if code == -1:
-                    r.setdefault("timed_out", []).append(label)
+                    timed_out(label)
                 elif digest != native_out[name] or code != 0:
                     r["mismatches"].append({"config": label, "stderr": err.decode(errors="replace")[-300:]})
                 # The program's own time, without starting and stopping the embedded cluster.
                 secs = stats.get("wall_s", secs)
                 runs.append({"s": secs, "cpu_s": LAST_CPU["s"], **{k: stats.get(k) for k in ("misses", "evictions", "flushes", "piggybacked", "plocal_fills", "wp_faults", "miss_ns_p50", "miss_ns_p99", "miss_ns_mean", "heap_calls", "heap_calls_local", "heap_call_ns", "processes")}})
+            for kind, f in linux:
+                label = linux_label(kind, f)
+                runs = r[kind].setdefault(str(f), [])
                 bar.update()
-        for kind in ("swap-file", "zram"):
-            for f in limits:
+                if label in bounded:
+                    continue
+                bar.set_description(f"{name[:24]}: {label}")
                 limit = int(ws[name] * f) * 1024 + local
-                runs = r[kind][str(f)] = []
                 with no_transparent_huge_pages(), swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
-                    for _ in range(reps):
-                        bar.set_description(f"{name[:24]}: {kind} {f:.0%}")
-                        before, swapped = kills(), swap_ins()
-                        secs, digest, code, _, err = run(spec["cmd"], env, pre)
-                        killed, swapped = kills() > before, swap_ins() - swapped
-                        if code == -1:
-                            r.setdefault("timed_out", []).append(f"{kind} {f:.0%}")
-                        elif killed:
-                            # The kernel's OOM killer ended it: Linux could not run it under this limit.
-                            r.setdefault("oom_killed", []).append(f"{kind} {f:.0%}")
-                        elif digest != native_out[name] or code != 0:
-                            r["mismatches"].append({"config": f"{kind} {f}", "stderr": err.decode(errors="replace")[-300:]})
-                        runs.append({"s": secs, "oom": killed and code != -1, "pswpin": swapped, "majflt": LAST_CPU["majflt"]})
-                        bar.update()
+                    before, swapped = kills(), swap_ins()
+                    secs, digest, code, _, err = run(spec["cmd"], env, pre)
+                    killed, swapped = kills() > before, swap_ins() - swapped
+                if code == -1:
+                    timed_out(label)
+                elif killed:
+                    # The kernel's OOM killer ended it: Linux could not run it under this limit.
+                    r.setdefault("oom_killed", []).append(label)
+                elif digest != native_out[name] or code != 0:
+                    r["mismatches"].append({"config": label, "stderr": err.decode(errors="replace")[-300:]})
+                runs.append({"s": secs, "oom": killed and code != -1, "pswpin": swapped, "majflt": LAST_CPU["majflt"]})
+        # What is measured so far survives a suite stopped part-way (--replot draws it).
+        json.dump(res, open(out_path, "w"), indent=2)
 
     spec = wl[fig13_wl]
     res["fig13"] = {"workload": fig13_wl, "fraction": 0.25, "native_s": statistics.median(res["workloads"][fig13_wl]["native_s"]), "configs": []}
@@ -443,9 +457,8 @@ def main():
     pair = ["ml-train (scikit-learn MLP, CIFAR-shaped)", fig13_wl]
     res["fig15"] = two_programs([dict(wl[n], name=n, ws_kib=ws[n], digest=native_out[n], native_s=med(res["workloads"][n]["native_s"])) for n in pair], reps, bar)
     bar.close()
-
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "suite.json"), "w") as f:
+    res["load_after"] = os.getloadavg()[0]
+    with open(out_path, "w") as f:
         json.dump(res, f, indent=2)
     plots(res, docs_dir)
     report(res, docs_dir)
@@ -512,6 +525,15 @@ def med(xs):
     return statistics.median(xs)
 
 
+def linux_label(kind, f):
+    return f"{kind} {f * 100:g}%"
+
+
+# The memory sweep's systems: (result key, label of a share, name in tables and plots).
+SYSTEMS = (("splitos", lambda f: f"splitos {f:.1%}", "splitos"), ("splitos-tcp", lambda f: f"splitos TCP {f:.1%}", "splitos TCP"),
+           ("swap-file", lambda f: linux_label("swap-file", f), "swap file"), ("zram", lambda f: linux_label("zram", f), "zram"))
+
+
 def slowdowns(res):
     """Per workload and configuration: (median, min, max, OOM-killed runs, runs) of time / native.
     Runs the OOM killer ended are left out of the ratios (their time is only until the kill);
@@ -520,16 +542,13 @@ def slowdowns(res):
     for name, w in res["workloads"].items():
         nat = med(w["native_s"])
         row = {"native": (1.0, 1.0, 1.0, 0, len(w["native_s"]))}
-        for f, runs in w["splitos"].items():
-            s = [r["s"] / nat for r in runs]
-            row[f"splitos {float(f):.1%}"] = (med(s), min(s), max(s), 0, len(runs))
-        for key, label in SPLITOS_ROWS:
+        for key, label, _ in SYSTEMS[:2] + (("splitos-fits", lambda f: "splitos fits", None),):
             for f, runs in w.get(key, {}).items():
                 s = [r["s"] / nat for r in runs]
-                row[label if key == "splitos-fits" else f"{label} {float(f):.1%}"] = (med(s), min(s), max(s), 0, len(runs))
+                row[label(float(f))] = (med(s), min(s), max(s), 0, len(runs))
         for kind in ("swap-file", "zram"):
             for f, runs in w[kind].items():
-                label = f"{kind} {float(f):.0%}"
+                label = linux_label(kind, float(f))
                 if all("oom" in r for r in runs):
                     kept = [r for r in runs if not r["oom"]]
                 else:
@@ -555,7 +574,9 @@ def plots(res, docs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = slowdowns(res)
-    configs = list(next(iter(rows.values())).keys())
+    # The bars: the shares at which Linux and splitos are compared in the issue's goals; the
+    # sweep figures below have every share.
+    configs = [c for c in next(iter(rows.values())) if c == "splitos fits" or c.endswith((" 25.0%", " 25%", " 50.0%", " 50%"))]
     fig, ax = plt.subplots(figsize=(11, 4.8))
     width = 0.8 / len(configs)
     nan = float("nan")
@@ -574,6 +595,7 @@ def plots(res, docs):
     fig.tight_layout()
     fig.savefig(os.path.join(docs, "suite-slowdown.png"), dpi=100)
     plt.close(fig)
+    sweep_plots(res, rows, plt, docs)
 
     f13 = res["fig13"]
     fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -613,19 +635,91 @@ def plots(res, docs):
     plt.close(fig)
 
 
-def misses_table(res):
-    """splitos's remote misses (misses less first touches filled in the pComponent) beside the
-    pages Linux read back from swap (pswpin around each run) at the same memory."""
-    lines = ["", "Misses against swap-ins (medians): splitos's remote misses (its misses less first touches, which "
-             "it fills without a round trip; read-ahead pages not counted) beside the pages Linux read back from swap "
-             "(`pswpin` of /proc/vmstat around each run, read-ahead included) under the same limit. OOM-killed runs are left out.", "",
-             "| workload | memory | splitos remote misses | swap file pswpin | zram pswpin |", "|---|---|---|---|---|"]
+def sweep_plots(res, rows, plt, docs):
+    """The memory sweep (LegoOS figures 10-12 drawn as lines): per workload, time / native and
+    misses against the share of the working set, splitos over shared memory and TCP beside Linux
+    swapping to a swap file and to zram. Runs at the time bound are drawn at it (hollow markers);
+    OOM-killed configurations have no point."""
+    names = list(res["workloads"])
+    cols = 3
+    nrows = (len(names) + cols - 1) // cols
+    for what, fname in (("time", "suite-sweep.png"), ("misses", "suite-sweep-misses.png")):
+        fig, axes = plt.subplots(nrows, cols, figsize=(12, 3.2 * nrows), squeeze=False)
+        for ax, name in zip(axes.flat, names):
+            w = res["workloads"][name]
+            for key, label, legend in SYSTEMS:
+                fs = sorted((float(f) for f in w.get(key, {})))
+                pts, bound = [], []
+                for f in fs:
+                    if what == "time":
+                        y = rows[name].get(label(f), (None,))[0]
+                    else:
+                        y = remote_misses(w, key, f)
+                    if y is not None:
+                        pts.append((f * 100, y))
+                        if label(f) in w.get("timed_out", []):
+                            bound.append((f * 100, y))
+                if pts:
+                    line, = ax.plot(*zip(*pts), marker="o", ms=4, label=legend)
+                    if bound:
+                        ax.plot(*zip(*bound), ls="none", marker="o", ms=9, mfc="none", color=line.get_color())
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks([12.5, 25, 50, 100])
+            ax.set_xticklabels(["12.5", "25", "50", "100"])
+            if what == "time":
+                ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_title(name.split(" (")[0], fontsize=9)
+            ax.tick_params(labelsize=7)
+        for ax in axes.flat[len(names):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=7)
+        ylabel = "time / native" if what == "time" else "remote misses (splitos) or pswpin (Linux)"
+        fig.supxlabel("memory: ExCache or cgroup limit, % of the working set", fontsize=9)
+        fig.supylabel(ylabel + " (log)", fontsize=9)
+        fig.suptitle("Memory sweep: " + ("time" if what == "time" else "misses and swap-ins") + " against the share of memory; hollow: stopped at the time bound", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(docs, fname), dpi=100)
+        plt.close(fig)
+
+
+def remote_misses(w, key, f):
+    """Median pages fetched from far memory: splitos's misses less first touches filled in the
+    pComponent, or the pages Linux read back from swap (pswpin). None if no run finished."""
+    runs = w.get(key, {}).get(str(f), [])
+    if key.startswith("splitos"):
+        xs = [(r["misses"] or 0) - (r["plocal_fills"] or 0) for r in runs if r.get("misses") is not None]
+    else:
+        xs = [r["pswpin"] for r in runs if not r.get("oom") and "pswpin" in r]
+    return med(xs) if xs else None
+
+
+def sweep_table(res, rows):
+    """The memory sweep as a table: per workload and share, every system's time / native and
+    far-memory reads, then the geometric means per share."""
+    lines = ["", "The memory sweep (LegoOS figures 10-12): time / native, median (min–max), and far-memory reads: "
+             "splitos's remote misses (its misses less first touches, which it fills without a round trip; read-ahead "
+             "pages not counted) beside the pages Linux read back from swap (`pswpin` of /proc/vmstat around each run, "
+             "read-ahead included) under the same limit. OOM-killed runs are left out.", "",
+             "| workload | memory | " + " | ".join(n for _, _, n in SYSTEMS) + " | " + " | ".join(f"{n} reads" for _, _, n in SYSTEMS) + " |",
+             "|---|---|" + "---|" * (2 * len(SYSTEMS))]
+    shares = sorted({float(f) for w in res["workloads"].values() for f in w.get("splitos", {})})
+    show = lambda x: f"{x:,.0f}" if x is not None else "–"
     for name, w in res["workloads"].items():
-        for f in sorted(w.get("zram", {}), key=float):
-            remote = [(r["misses"] or 0) - (r["plocal_fills"] or 0) for r in w["splitos"].get(f, []) if r.get("misses") is not None]
-            linux = lambda kind: [r["pswpin"] for r in w[kind].get(f, []) if not r["oom"] and "pswpin" in r]
-            show = lambda xs: f"{med(xs):,.0f}" if xs else "–"
-            lines.append(f"| {name} | {float(f):.0%} | {show(remote)} | {show(linux('swap-file'))} | {show(linux('zram'))} |")
+        for f in shares:
+            times = [cell(rows[name][label(f)]) if label(f) in rows[name] else "–" for _, label, _ in SYSTEMS]
+            reads = [show(remote_misses(w, key, f)) for key, _, _ in SYSTEMS]
+            lines.append(f"| {name.split(' (')[0]} | {f * 100:g}% | " + " | ".join(times) + " | " + " | ".join(reads) + " |")
+    lines += ["", "Geometric means over the workloads (a run at the time bound counts at the bound, so a mean with one is "
+              "a lower bound, marked ≥; a system with a workload it could not run at all, OOM-killed, has none):", "",
+              "| memory | " + " | ".join(n for _, _, n in SYSTEMS) + " |", "|---|" + "---|" * len(SYSTEMS)]
+    for f in shares:
+        out = []
+        for _, label, _ in SYSTEMS:
+            vals = [rows[n].get(label(f), (None,))[0] for n in rows]
+            bounded = any(label(f) in w.get("timed_out", []) for w in res["workloads"].values())
+            out.append("–" if None in vals else ("≥" if bounded else "") + f"{geomean(vals):.2f}")
+        lines.append(f"| {f * 100:g}% | " + " | ".join(out) + " |")
     return lines
 
 
@@ -675,7 +769,9 @@ def report(res, docs):
         "<!-- suite:begin (generated by scripts/bench/suite.py; do not edit by hand) -->",
         "## Memory evaluation: LegoOS figures 10-15" + (" (quick mode: small inputs, one run each)" if res["quick"] else ""),
         "",
-        f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}. Medians of {res['reps']} run(s); "
+        f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}"
+        + (f"; load average {res['load_before']:.1f} before, {res['load_after']:.1f} after" if "load_after" in res else "")
+        + f". Medians of {res['reps']} run(s); "
         "every run's output was compared with the native run's. Numbers are time divided by native time (1.0 = native); "
         "the range is min–max over the runs. Linux swap baselines run in a memory cgroup limited to the same share of the "
         "working set plus the program's local footprint (what a cgroup charges but splitos keeps local: code and data of "
@@ -684,16 +780,18 @@ def report(res, docs):
         "pages; with them on, numpy's huge pages could not be swapped out in time and the OOM killer ended ml-train)."
         + refresh_note(res),
         "",
-        "| workload | working set | local footprint | native s | " + " | ".join(next(iter(rows.values())).keys()) + " |",
-        "|---|---|---|---|" + "---|" * len(next(iter(rows.values()))),
+        "| workload | working set | local footprint | native s | splitos fits |",
+        "|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         w = res["workloads"][name]
-        cells = [cell(v) if k != "native" else "1.00" for k, v in row.items()]
-        lines.append(f"| {name} | {w['working_set_kib'] // 1024} MiB | {w.get('local_footprint_kib', 0) // 1024} MiB | {med(w['native_s']):.2f} | " + " | ".join(cells) + " |")
+        fits = cell(row["splitos fits"]) if "splitos fits" in row else "–"
+        lines.append(f"| {name} | {w['working_set_kib'] // 1024} MiB | {w.get('local_footprint_kib', 0) // 1024} MiB | {med(w['native_s']):.2f} | {fits} |")
+    lines += sweep_table(res, rows)
     stopped = [f"{n}: {', '.join(w['timed_out'])}" for n, w in res["workloads"].items() if w.get("timed_out")]
     if stopped:
-        lines += ["", "Runs stopped at the time bound (their numbers are lower bounds): " + "; ".join(stopped) + "."]
+        lines += ["", "Runs stopped at the time bound (their numbers are lower bounds; a configuration that reached it "
+                  "is not run again): " + "; ".join(stopped) + "."]
     killed = [f"{n}: {', '.join(w['oom_killed'])}" for n, w in res["workloads"].items() if w.get("oom_killed")]
     if killed:
         why = ("despite the reads of memory.stat" if res.get("linux_stat_refresh_s") else
@@ -701,13 +799,13 @@ def report(res, docs):
         lines += ["", f"The kernel's OOM killer ended Linux baselines under the memory limit {why}; those runs are left out of "
                   "the ratios and of the plot (no bar: Linux could not run the program under that limit): " + "; ".join(killed) + "."]
     lines += cpu_table(res)
-    lines += misses_table(res)
-    lines += ["", "![slowdown](suite-slowdown.png)", "", "What each result says:", ""]
+    lines += ["", "![slowdown](suite-slowdown.png)", "", "![memory sweep](suite-sweep.png)", "", "![misses](suite-sweep-misses.png)",
+              "", "What each result says:", ""]
     floors = []
     for name, row in rows.items():
         w = res["workloads"][name]
         q = w["splitos"]["0.25"]
-        sp, swf, zr = row["splitos 25.0%"][0], row["swap-file 25%"][0], row["zram 25%"][0]
+        sp, swf, zr = (row.get(label(0.25), (None,))[0] for _, label, _ in (SYSTEMS[0], SYSTEMS[2], SYSTEMS[3]))
         linux = [x for x in (swf, zr) if x is not None]
         misses = med([r["misses"] or 0 for r in q])
         miss_us = med([(r["miss_ns_mean"] or 0) / 1000 for r in q])
