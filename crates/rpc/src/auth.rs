@@ -91,7 +91,8 @@ fn signed(role: Role, public: &[u8]) -> Vec<u8> {
     b
 }
 
-fn random<const N: usize>() -> io::Result<[u8; N]> {
+/// `N` bytes from the kernel's random generator.
+pub fn random<const N: usize>() -> io::Result<[u8; N]> {
     let mut b = [0u8; N];
     let mut got = 0;
     while got < N {

@@ -16,6 +16,7 @@
 //! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
 //! * [`sys`] this host's users, groups and mounts, as components and the control plane see them
 //! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
+pub mod api;
 pub mod bench;
 pub mod config;
 pub mod control;

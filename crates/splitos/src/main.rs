@@ -93,6 +93,13 @@ enum ClusterCmd {
         #[arg(long)]
         gm: Option<String>,
     },
+    /// Print the REST API's OpenAPI document (the one the API serves at /openapi.json).
+    Openapi,
+    /// Create, list and revoke the REST API's bearer tokens (docs/control-plane.md).
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
     /// Issue credentials from the cluster's authority (in the state directory), for a
     /// component started by hand or another admin's tools.
     Credentials {
@@ -102,6 +109,36 @@ enum ClusterCmd {
         /// Where to write them (mode 0600).
         #[arg(long)]
         out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a token; prints it once, as the last line (only its hash is kept).
+    Create {
+        /// Its name, to list and revoke it by (letters, digits, '-', '_', '.').
+        name: String,
+        /// An admin's token: every vNode, job and component.
+        #[arg(long, conflicts_with = "vnode", required_unless_present = "vnode")]
+        admin: bool,
+        /// A tenant's token: sees and changes only these vNodes and their jobs (repeatable).
+        #[arg(long)]
+        vnode: Vec<String>,
+        #[arg(long)]
+        gm: Option<String>,
+    },
+    /// List the tokens (never their secrets).
+    List {
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        gm: Option<String>,
+    },
+    /// Revoke a token: requests with it are refused from now on.
+    Revoke {
+        name: String,
+        #[arg(long)]
+        gm: Option<String>,
     },
 }
 
@@ -155,6 +192,13 @@ fn main() {
             ClusterCmd::Down { force } => control::down(force),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
+            ClusterCmd::Openapi => {
+                print!("{}", splitos::api::openapi_json());
+                Ok(())
+            }
+            ClusterCmd::Token { cmd: TokenCmd::Create { name, admin, vnode, gm } } => control::token_create(gm, name, admin, vnode),
+            ClusterCmd::Token { cmd: TokenCmd::List { json, gm } } => control::token_list(gm, json),
+            ClusterCmd::Token { cmd: TokenCmd::Revoke { name, gm } } => control::token_revoke(gm, name),
         },
         Cmd::Gm(start) => component(*start, gm::run),
         Cmd::Mem(start) => component(*start, mmon::run),

@@ -52,6 +52,16 @@ pub struct ComponentInfo {
     pub lost: bool,
 }
 
+/// An API token as the global managers list it: never its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub name: String,
+    pub admin: bool,
+    pub vnodes: Vec<String>,
+    /// When it was created, in seconds since the Unix epoch.
+    pub created_unix_s: u64,
+}
+
 message_types! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
@@ -72,7 +82,8 @@ message_types! {
     /// obvious overcommit).
     G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64 };
     C2G_STATUS;
-    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64 };
+    /// `api`: where the global managers serve the REST API, if they do.
+    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String> };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
     C2G_PLACE_PROCESS;
     G2C_PLACED { pub pcomp: ComponentInfo };
@@ -95,6 +106,15 @@ message_types! {
     /// GMM: which mComponent holds the buffer cache of one file.
     P2G_FILE_CACHE { pub vnode: String, pub ino: u64 };
     G2P_FILE_CACHE { pub mcomp: ComponentRef };
+    /// The REST API's bearer tokens (docs/control-plane.md): an `admin` token sees and
+    /// changes everything, any other is a tenant's, of the `vnodes` named. The reply carries
+    /// the secret, once: the global managers keep only its hash.
+    C2G_TOKEN_CREATE { pub name: String, pub admin: bool, pub vnodes: Vec<String> };
+    G2C_TOKEN { pub token: String };
+    C2G_TOKEN_LIST;
+    G2C_TOKENS { pub tokens: Vec<TokenInfo> };
+    /// Answered `ERR NotFound` if no token has that name.
+    C2G_TOKEN_REVOKE { pub name: String };
 
     // ---- control client -> any component
     C2X_PING;

@@ -42,7 +42,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
 /// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
 /// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
-pub const WIRE_VERSION: u16 = 14;
+pub const WIRE_VERSION: u16 = 15;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -298,7 +298,7 @@ messages! {
     X2G_REGISTER, G2X_REGISTERED, X2G_HEARTBEAT, G2X_BEAT, C2G_STATUS, G2C_STATUS,
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
-    G2P_FILE_CACHE,
+    G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
@@ -343,6 +343,9 @@ replies! {
     X2G_REGISTER => G2X_REGISTERED,
     X2G_HEARTBEAT => G2X_BEAT,
     C2G_STATUS => G2C_STATUS,
+    C2G_TOKEN_CREATE => G2C_TOKEN,
+    C2G_TOKEN_LIST => G2C_TOKENS,
+    C2G_TOKEN_REVOKE => OK,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
     P2G_PICK_NET => G2P_NET,
@@ -468,6 +471,8 @@ mod role_tests {
             (P2N_CLOSE { sock: 1 }.into(), &[Role::Proc, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
+            (C2G_TOKEN_CREATE { name: "t".into(), admin: true, vnodes: Vec::new() }.into(), &[Role::Admin]),
+            (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new() }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),

@@ -47,6 +47,11 @@ pub struct GmConfig {
     /// pack.
     #[arg(long, default_value_t)]
     pub placement: PlacementPolicy,
+    /// Where the global managers serve the REST API, the dashboard and the cluster's metrics
+    /// (docs/control-plane.md): an address on loopback (port 0: any free port, which `cluster
+    /// status --json` names under `api`), or "off".
+    #[arg(long, default_value = ANY_PORT)]
+    pub api: String,
     /// The network namespace (`ip netns`) `cluster up` starts the global managers in
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]
@@ -76,6 +81,9 @@ impl Default for GmConfig {
 impl GmConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
+        if self.api != "off" && self.api.parse::<std::net::SocketAddr>().map(|a| !a.ip().is_loopback()).unwrap_or(true) {
+            return Err(format!("api: {:?} is not an address on loopback (the API has no TLS yet) or \"off\"", self.api));
+        }
         let vrs = self.vregion_size.0;
         self.replication.unwrap_or_default().check_vregion_size(vrs).map_err(|e| format!("vregion_size: {e}"))?;
         if vrs < PAGE || !vrs.is_power_of_two() {

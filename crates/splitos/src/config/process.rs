@@ -60,6 +60,10 @@ pub struct GmArgs {
     /// their mappings fail with ENOMEM (repeatable; docs/security.md).
     #[arg(long = "vnode-memory", value_name = "VNODE=SIZE", value_parser = parse_vnode_memory)]
     pub vnode_memory: Vec<(String, u64)>,
+    /// The file where the REST API's tokens are kept, hashed (created if missing); none: they
+    /// last as long as the process. `cluster up` keeps them in the cluster's state directory.
+    #[arg(long)]
+    pub tokens: Option<PathBuf>,
     #[command(flatten)]
     pub process: ProcessArgs,
 }

@@ -244,7 +244,13 @@ impl Cluster {
             ca.issue(role)?.save(&credentials)?;
             Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: None })
         };
-        let gm = GmArgs { listen: cfg.cluster.gm.clone(), cluster: cfg.gm(), vnode_memory: cfg.vnode.iter().filter_map(|v| v.memory_quota()).collect(), process: process("gm", Role::Gm)? };
+        let gm = GmArgs {
+            listen: cfg.cluster.gm.clone(),
+            cluster: cfg.gm(),
+            vnode_memory: cfg.vnode.iter().filter_map(|v| v.memory_quota()).collect(),
+            tokens: Some(dir.join("tokens.redb")),
+            process: process("gm", Role::Gm)?,
+        };
         let (mut ch, ready) = spawn(dir, "gm", "gm", &gm, detach, cfg.cluster.netns.as_deref())?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());
@@ -373,8 +379,13 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
+    Ok(gm_status(gm)?.components)
+}
+
+/// What the global managers say of the cluster: its components and where its API is.
+pub fn gm_status(gm: &str) -> anyhow::Result<splitos_rpc::G2C_STATUS> {
     let rpc = rpc().map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
-    Ok(rpc.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.components)
+    rpc.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
 }
 
 /// Asks one component for its own statistics (exact, unlike heartbeat load).

@@ -6,7 +6,7 @@ pub mod run;
 use std::io::Write;
 
 use comfy_table::Table;
-use splitos_rpc::{unseal_page, Role, Who, C2M_DEBUG_FLIP, C2X_METRICS, P2M_FETCH, PAGE_SIZE};
+use splitos_rpc::{unseal_page, Role, Who, C2G_TOKEN_CREATE, C2G_TOKEN_LIST, C2G_TOKEN_REVOKE, C2M_DEBUG_FLIP, C2X_METRICS, G2C_STATUS, P2M_FETCH, PAGE_SIZE};
 
 use crate::config::ClusterConfig;
 use cluster::{Cluster, ClusterState};
@@ -130,8 +130,8 @@ fn human(b: u64) -> String {
 }
 
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
-    let found = gm_addr(gm).and_then(|gm| cluster::status(&gm).map(|comps| (gm, comps)));
-    let (gm, comps) = match found {
+    let found = gm_addr(gm).and_then(|gm| cluster::gm_status(&gm).map(|st| (gm, st)));
+    let (gm, G2C_STATUS { components: comps, api, .. }) = match found {
         Ok(f) => f,
         // A script reading --json gets JSON it can test, and the exit status says it too.
         Err(e) if json => {
@@ -149,7 +149,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         }));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "components": rows}))?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "api": api, "components": rows}))?);
         return Ok(());
     }
     let mut t = Table::new();
@@ -178,7 +178,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             if c.role == Role::Net { c.nics.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join(" ") } else { human(c.load.capacity) },
         ]);
     }
-    println!("global managers at {gm}\n{t}");
+    println!("global managers at {gm}{}\n{t}", api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default());
     let mstats: Vec<&serde_json::Value> = rows.iter().filter(|r| r["role"] == "mcomponent").map(|r| &r["stats"]).filter(|s| !s.is_null()).collect();
     if let Some(scheme) = mstats.first().and_then(|s| s["replication"].as_str()) {
         let short: u64 = mstats.iter().filter_map(|s| s["rebuild"]["short_vregions"].as_u64()).sum();
@@ -212,6 +212,40 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `cluster token create`: prints what the token may do, then the token itself as the last
+/// line (for scripts: `| tail -1`).
+pub fn token_create(gm: Option<String>, name: String, admin: bool, vnodes: Vec<String>) -> anyhow::Result<()> {
+    let gm = gm_addr(gm)?;
+    let t = cluster::ask(&gm, C2G_TOKEN_CREATE { name: name.clone(), admin, vnodes: vnodes.clone() })?;
+    let what = if admin { "admin: every vNode, job and component".to_string() } else { format!("tenant of vNode(s) {}", vnodes.join(", ")) };
+    println!("API token {name:?} ({what}); it is shown only now:\n{}", t.token);
+    Ok(())
+}
+
+pub fn token_list(gm: Option<String>, json: bool) -> anyhow::Result<()> {
+    let gm = gm_addr(gm)?;
+    let tokens = cluster::ask(&gm, C2G_TOKEN_LIST)?.tokens;
+    if json {
+        let rows: Vec<_> = tokens.iter().map(|t| serde_json::json!({"name": t.name, "role": if t.admin { "admin" } else { "tenant" }, "vnodes": t.vnodes, "created_unix_s": t.created_unix_s})).collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.set_header(["name", "role", "vNodes", "created (Unix time)"]);
+    for k in tokens {
+        t.add_row([k.name, if k.admin { "admin".into() } else { "tenant".into() }, if k.admin { "all".into() } else { k.vnodes.join(", ") }, k.created_unix_s.to_string()]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+pub fn token_revoke(gm: Option<String>, name: String) -> anyhow::Result<()> {
+    let gm = gm_addr(gm)?;
+    cluster::ask(&gm, C2G_TOKEN_REVOKE { name: name.clone() })?;
+    println!("API token {name:?} revoked");
     Ok(())
 }
 

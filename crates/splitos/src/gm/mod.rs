@@ -73,6 +73,10 @@ pub struct Gm {
     /// later does not win the rendezvous for the vNode's next processes, whose charges the
     /// first home would then not see.
     quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
+    /// The REST API's tokens (`C2G_TOKEN_*`).
+    pub tokens: crate::api::Tokens,
+    /// Where the REST API listens, once it does.
+    api: std::sync::OnceLock<String>,
 }
 
 impl Gm {
@@ -108,7 +112,7 @@ impl Gm {
         comps
     }
 
-    fn snapshot(&self) -> Vec<ComponentInfo> {
+    pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
         self.comps().iter().map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), ..e.info.clone() }).collect()
     }
 
@@ -144,7 +148,7 @@ impl Gm {
 
 /// The host part of a component's address (`10.0.0.2:7000` → `10.0.0.2`): replicas go to
 /// different hosts where the cluster has them.
-fn host_of(addr: &str) -> &str {
+pub(crate) fn host_of(addr: &str) -> &str {
     addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
@@ -360,7 +364,21 @@ impl Handler for Gm {
         match msg {
             Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
             Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
-            Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size })),
+            Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned() })),
+            Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
+                let token = self.tokens.create(&r.name, r.admin, r.vnodes.clone()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+                tracing::info!(name = %r.name, admin = r.admin, vnodes = ?r.vnodes, "API token created");
+                Ok(G2C_TOKEN { token })
+            }),
+            Msg::C2G_TOKEN_LIST(r) => on(r, |_| Ok(G2C_TOKENS { tokens: self.tokens.list() })),
+            Msg::C2G_TOKEN_REVOKE(r) => on(r, |r| match self.tokens.revoke(&r.name) {
+                Ok(true) => {
+                    tracing::info!(name = %r.name, "API token revoked");
+                    Ok(OK)
+                }
+                Ok(false) => Err(ERR::new(ErrCode::NotFound, format!("no API token is named {:?}", r.name))),
+                Err(e) => Err(ERR::new(ErrCode::Internal, e)),
+            }),
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
             Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
             Msg::M2G_PICK_OWNER(r) => on(r, |r| {
@@ -405,11 +423,19 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         started: Instant::now(),
         memory_quotas: args.vnode_memory.iter().cloned().collect(),
         quota_homes: Mutex::new(Default::default()),
+        tokens: crate::api::Tokens::open(args.tokens.as_deref())?,
+        api: std::sync::OnceLock::new(),
     });
-    ep.serve(gm, ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
+    ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.process.metrics_addr {
         let at = node::serve_metrics_http(m)?;
         tracing::info!(metrics = %at, "serving Prometheus metrics");
+    }
+    if cfg.api != "off" {
+        let api = crate::api::Api { gm: gm.clone(), config: serde_json::to_value(cfg)? };
+        let at = crate::api::serve(&cfg.api, Arc::new(api))?;
+        tracing::info!(api = %at, tokens = ?args.tokens, "serving the REST API");
+        let _ = gm.api.set(at);
     }
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");
     node::announce_ready(args.process.ready_file.as_deref(), &addr);

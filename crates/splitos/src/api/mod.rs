@@ -1,0 +1,250 @@
+//! The REST API of the global managers (docs/control-plane.md): what the cluster is and what
+//! runs on it, for operators' tools, dashboards and scripts, under `/api/v1/`, each request
+//! with a bearer token ([`tokens`]). `/livez` and `/readyz` answer without one, as Kubernetes'
+//! API server does, and `/openapi.json` describes the rest; it is generated from the handlers
+//! below and checked into docs/openapi.json.
+//!
+//! It runs on a thread of its own with a single-threaded tokio runtime: the managers' RPC
+//! serving never waits for it, and a flood of API clients holds one thread.
+pub mod tokens;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use serde::Serialize;
+use splitos_rpc::refusals::Refusals;
+use splitos_rpc::Role;
+use utoipa::OpenApi;
+
+use crate::gm::Gm;
+pub use tokens::{Principal, Tokens};
+
+/// The largest request body accepted: the API's requests are small JSON documents.
+const MAX_BODY: usize = 64 << 10;
+
+/// What the API's handlers share.
+pub struct Api {
+    pub gm: Arc<Gm>,
+    /// The cluster's configuration as the global managers have it (`[cluster]`).
+    pub config: serde_json::Value,
+}
+
+/// An error as the API answers it: a status and `{"error": "..."}`.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(ErrorBody { error: self.1 })).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// One component of the cluster as the global managers know it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ComponentView {
+    pub id: u32,
+    /// pcomponent, mcomponent, scomponent or ncomponent.
+    pub role: String,
+    /// Where it serves requests.
+    pub addr: String,
+    /// The host part of `addr`.
+    pub host: String,
+    /// It heartbeats on time.
+    pub alive: bool,
+    /// Declared lost (silent for the cluster's `reclaim_dead_ms`): its processes or copies are given up.
+    pub lost: bool,
+    pub since_heartbeat_ms: u64,
+    pub processes: u32,
+    pub threads: u32,
+    /// Memory it offers (mComponent) or its ExCache (pComponent), bytes.
+    pub capacity_bytes: u64,
+    /// Memory promised to mappings, bytes (mComponent).
+    pub committed_bytes: u64,
+    /// Memory holding pages now, bytes.
+    pub used_bytes: u64,
+}
+
+/// Whom the caller's token speaks for.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WhoAmI {
+    /// The token's name.
+    pub token: String,
+    /// admin or tenant.
+    pub role: String,
+    /// The vNodes a tenant's token reaches (none listed for an admin: all).
+    pub vnodes: Vec<String>,
+}
+
+/// Refusals of API requests, logged a few at a time.
+static REFUSED: Refusals = Refusals::new("API requests refused");
+
+fn refuse(status: StatusCode, peer: SocketAddr, method: &str, path: &str, who: Option<&str>, why: String) -> ApiError {
+    metrics::counter!("gm_api_requests_refused_total", "status" => status.as_u16().to_string()).increment(1);
+    if REFUSED.log_this() {
+        tracing::warn!(%peer, method, path, token = who.unwrap_or("-"), status = status.as_u16(), "API request refused: {why}");
+    }
+    ApiError(status, why)
+}
+
+/// Every request under `/api/` proves a token; the handlers get whom it speaks for.
+async fn authenticate(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, mut req: Request, next: Next) -> Response {
+    let sent = req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim));
+    let principal = match sent {
+        None => Err("no bearer token (Authorization: Bearer TOKEN; tokens: splitos cluster token create)"),
+        Some(None) => Err("the Authorization header is not a bearer token"),
+        Some(Some(t)) => api.gm.tokens.check(t).ok_or("not a valid token (revoked, or never issued)"),
+    };
+    match principal {
+        Ok(p) => {
+            metrics::counter!("gm_api_requests_total").increment(1);
+            req.extensions_mut().insert(p);
+            next.run(req).await
+        }
+        Err(why) => refuse(StatusCode::UNAUTHORIZED, peer, req.method().as_str(), req.uri().path(), None, why.into()).into_response(),
+    }
+}
+
+/// Refuses a tenant what only an admin may see.
+fn admin_only(p: &Principal, peer: SocketAddr, path: &str) -> Result<(), ApiError> {
+    match p {
+        Principal::Admin { .. } => Ok(()),
+        Principal::Tenant { token, .. } => Err(refuse(StatusCode::FORBIDDEN, peer, "GET", path, Some(token), "only an admin token may see this".into())),
+    }
+}
+
+#[utoipa::path(get, path = "/livez", responses((status = 200, description = "The API server runs", body = String)))]
+async fn livez() -> &'static str {
+    "ok\n"
+}
+
+/// Ready when a program could start: the managers know an alive pComponent and an alive
+/// mComponent.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "A program could start", body = String), (status = 503, description = "What is missing", body = String)))]
+async fn readyz(State(api): State<Arc<Api>>) -> (StatusCode, String) {
+    let comps = api.gm.snapshot();
+    let missing: Vec<&str> = [(Role::Proc, "no alive pComponent"), (Role::Mem, "no alive mComponent")].into_iter().filter(|(role, _)| !comps.iter().any(|c| c.role == *role && c.alive)).map(|(_, why)| why).collect();
+    if missing.is_empty() {
+        (StatusCode::OK, "ok\n".into())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{}\n", missing.join("\n")))
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/whoami", security(("bearer" = [])), responses((status = 200, description = "Whom the token speaks for", body = WhoAmI), (status = 401, description = "No valid token", body = ErrorBody)))]
+async fn whoami(Extension(p): Extension<Principal>) -> Json<WhoAmI> {
+    Json(match p {
+        Principal::Admin { token } => WhoAmI { token, role: "admin".into(), vnodes: Vec::new() },
+        Principal::Tenant { token, vnodes } => WhoAmI { token, role: "tenant".into(), vnodes },
+    })
+}
+
+/// Every component the global managers know, alive or not (admin only).
+#[utoipa::path(get, path = "/api/v1/components", security(("bearer" = [])),
+    responses((status = 200, description = "The components", body = [ComponentView]), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
+async fn components(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<Vec<ComponentView>>, ApiError> {
+    admin_only(&p, peer, "/api/v1/components")?;
+    Ok(Json(
+        api.gm
+            .snapshot()
+            .into_iter()
+            .map(|c| ComponentView {
+                id: c.id,
+                role: c.role.name().to_string(),
+                host: crate::gm::host_of(&c.addr).to_string(),
+                addr: c.addr,
+                alive: c.alive,
+                lost: c.lost,
+                since_heartbeat_ms: c.since_heartbeat_ms,
+                processes: c.load.processes,
+                threads: c.load.threads,
+                capacity_bytes: c.load.capacity,
+                committed_bytes: c.load.committed,
+                used_bytes: c.load.used,
+            })
+            .collect(),
+    ))
+}
+
+/// The cluster's configuration as the global managers run it: the `[cluster]` table
+/// (docs/configuration.md), admin only.
+#[utoipa::path(get, path = "/api/v1/config", security(("bearer" = [])),
+    responses((status = 200, description = "The [cluster] table", body = Object), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
+async fn config(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<serde_json::Value>, ApiError> {
+    admin_only(&p, peer, "/api/v1/config")?;
+    Ok(Json(api.config.clone()))
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("no such resource: {}", req.uri().path()))
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
+    paths(livez, readyz, whoami, components, config),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        doc.components.get_or_insert_with(Default::default).add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// The API's OpenAPI document (docs/openapi.json is this, checked in).
+pub fn openapi_json() -> String {
+    ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serializes") + "\n"
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json())
+}
+
+fn router(api: Arc<Api>) -> Router {
+    let v1 = Router::new().route("/whoami", get(whoami)).route("/components", get(components)).route("/config", get(config)).fallback(not_found).layer(middleware::from_fn_with_state(api.clone(), authenticate));
+    Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY)).with_state(api)
+}
+
+/// Serves the API at `addr` on a thread of its own; returns the address it listens at.
+/// Refused beyond loopback: the API has no TLS yet, and its tokens must not cross a network
+/// in the clear.
+pub fn serve(addr: &str, api: Arc<Api>) -> anyhow::Result<String> {
+    let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
+    let local = l.local_addr()?;
+    if !local.ip().is_loopback() {
+        anyhow::bail!("the REST API listens only on loopback until it has TLS, not on {local} (docs/control-plane.md)");
+    }
+    l.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("gm-api".into()).spawn(move || {
+        rt.block_on(async move {
+            let served = match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => axum::serve(l, router(api).into_make_service_with_connect_info::<SocketAddr>()).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = served {
+                tracing::error!("the REST API stopped: {e}");
+            }
+        })
+    })?;
+    Ok(local.to_string())
+}

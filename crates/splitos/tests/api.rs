@@ -1,0 +1,150 @@
+//! The REST API of the global managers (docs/control-plane.md), over real HTTP against a
+//! cluster started by `cluster up`: liveness and readiness without a token, everything under
+//! /api/v1/ only with one, tenants kept from what is the admin's, tokens revoked for good and
+//! kept across a restart of the global managers as hashes only, and the OpenAPI document the
+//! server serves is the one checked into docs/.
+mod common;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::*;
+
+/// One HTTP/1.1 request; returns the status, the headers (lowercased names) and the body.
+fn http(api: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String, String) {
+    let mut s = TcpStream::connect(api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: {api}\r\n{auth}Content-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    // A body the server refuses early may find the connection closed: what it answered counts.
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).to_string();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("not an HTTP answer: {out:?}"));
+    (status, head.to_lowercase(), body.to_string())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+fn token(c: &TestCluster, args: &[&str]) -> String {
+    let mut a = vec!["cluster", "token", "create"];
+    a.extend_from_slice(args);
+    let out = c.cmd(&a).output().unwrap();
+    assert!(out.status.success(), "token create: {}", text(&out.stderr));
+    text(&out.stdout).lines().last().unwrap().to_string()
+}
+
+#[test]
+fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
+    let c = TestCluster::up(None);
+    let api = c.status()["api"].as_str().expect("cluster status --json names the API's address").to_string();
+
+    // Liveness and readiness need no token.
+    assert_eq!(http(&api, "GET", "/livez", None, b"").0, 200);
+    let (code, _, body) = http(&api, "GET", "/readyz", None, b"");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+
+    // No token, a malformed header, a made-up token: 401, with the challenge, and logged.
+    for t in [None, Some("splitos_0011223344556677_00"), Some("garbage")] {
+        let (code, head, body) = http(&api, "GET", "/api/v1/components", t, b"");
+        assert_eq!(code, 401, "{t:?}: {body}");
+        assert!(head.contains("www-authenticate: bearer"), "{head}");
+        assert!(json(&body)["error"].is_string());
+    }
+    assert!(c.log("gm").contains("API request refused"), "refusals are logged: {}", c.log("gm"));
+
+    let admin = token(&c, &["ops", "--admin"]);
+    let tenant = token(&c, &["lab-ci", "--vnode", "lab"]);
+    assert!(admin.starts_with("splitos_") && tenant.starts_with("splitos_"));
+
+    // The admin sees every component, as `cluster status` does.
+    let (code, _, body) = http(&api, "GET", "/api/v1/components", Some(&admin), b"");
+    assert_eq!(code, 200, "{body}");
+    let comps = json(&body);
+    let mut roles: Vec<&str> = comps.as_array().unwrap().iter().map(|c| c["role"].as_str().unwrap()).collect();
+    roles.sort();
+    let mut expected: Vec<String> = c.status()["components"].as_array().unwrap().iter().map(|c| c["role"].as_str().unwrap().to_string()).collect();
+    expected.sort();
+    assert_eq!(roles, expected);
+    assert!(roles.contains(&"pcomponent") && roles.contains(&"mcomponent"));
+    assert!(comps.as_array().unwrap().iter().all(|c| c["alive"] == true && c["host"] == "127.0.0.1"));
+    let mem: u64 = comps.as_array().unwrap().iter().filter(|c| c["role"] == "mcomponent").map(|c| c["capacity_bytes"].as_u64().unwrap()).sum();
+    assert!(mem > 0);
+    let (code, _, body) = http(&api, "GET", "/api/v1/config", Some(&admin), b"");
+    assert_eq!(code, 200);
+    // The `[cluster]` table as the managers run it: the default vRegion size, in bytes.
+    assert_eq!(json(&body)["vregion_size"], 1u64 << 30, "{body}");
+    assert_eq!(json(&http(&api, "GET", "/api/v1/whoami", Some(&admin), b"").2)["role"], "admin");
+
+    // A tenant is told who it is, and refused what is the admin's: 403, not 404.
+    let who = json(&http(&api, "GET", "/api/v1/whoami", Some(&tenant), b"").2);
+    assert_eq!((who["role"].as_str(), who["vnodes"][0].as_str(), who["token"].as_str()), (Some("tenant"), Some("lab"), Some("lab-ci")));
+    for path in ["/api/v1/components", "/api/v1/config"] {
+        let (code, _, body) = http(&api, "GET", path, Some(&tenant), b"");
+        assert_eq!(code, 403, "{path}: {body}");
+    }
+    assert!(c.log("gm").contains("lab-ci"), "a 403 names the token it refused");
+
+    // Unknown resources, and a body beyond the bound: clear 4xx, and the API keeps serving.
+    assert_eq!(http(&api, "GET", "/api/v1/nothing", Some(&admin), b"").0, 404);
+    assert_eq!(http(&api, "GET", "/nothing", None, b"").0, 404);
+    let big = vec![b'x'; 1 << 20];
+    let (code, _, _) = http(&api, "POST", "/api/v1/components", Some(&admin), &big);
+    assert!((400..500).contains(&code), "a 1 MiB body: {code}");
+    assert_eq!(http(&api, "GET", "/api/v1/components", Some(&admin), b"").0, 200);
+
+    // Listed without secrets; revoked for good.
+    let out = c.cmd(&["cluster", "token", "list", "--json"]).output().unwrap();
+    let list = json(&text(&out.stdout));
+    assert_eq!(list.as_array().unwrap().iter().map(|t| (t["name"].as_str().unwrap(), t["role"].as_str().unwrap())).collect::<Vec<_>>(), [("lab-ci", "tenant"), ("ops", "admin")]);
+    assert!(!text(&out.stdout).contains(&admin[admin.len() - 16..]));
+    let out = c.cmd(&["cluster", "token", "revoke", "lab-ci"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(http(&api, "GET", "/api/v1/whoami", Some(&tenant), b"").0, 401);
+    let out = c.cmd(&["cluster", "token", "revoke", "lab-ci"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("no API token"), "{}", text(&out.stderr));
+    let out = c.cmd(&["cluster", "token", "create", "bad name", "--admin"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("name"), "{}", text(&out.stderr));
+
+    // The file keeps hashes, not secrets.
+    let raw = std::fs::read(c.dir.path().join("tokens.redb")).unwrap();
+    let secret = admin.rsplit('_').next().unwrap().as_bytes();
+    assert!(!raw.windows(secret.len()).any(|w| w == secret));
+
+    // The served OpenAPI document is the checked-in one, and names every route.
+    let (code, _, served) = http(&api, "GET", "/openapi.json", None, b"");
+    assert_eq!(code, 200);
+    let doc = json(&served);
+    for p in ["/livez", "/readyz", "/api/v1/whoami", "/api/v1/components", "/api/v1/config"] {
+        assert!(doc["paths"][p].is_object(), "{p} in the OpenAPI document");
+    }
+    let checked_in = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json")).unwrap();
+    assert_eq!(json(&checked_in), doc, "docs/openapi.json is stale: regenerate it with `splitos cluster openapi > docs/openapi.json`");
+}
+
+#[test]
+fn tokens_outlive_a_restart_of_the_global_managers() {
+    // A fixed address, so that the restarted global managers are where `cluster status` looks.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"127.0.0.1:{port}\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n")));
+    let admin = token(&c, &["ops", "--admin"]);
+    let gm = c.pid_of_addr(&format!("127.0.0.1:{port}"));
+    let cmdline = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap();
+    let argv: Vec<String> = cmdline.strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    c.kill_component(gm);
+    let log = std::fs::File::create(c.dir.path().join("gm-again.log")).unwrap();
+    let restarted = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
+    };
+    remember_pid(c.dir.path(), restarted.id() as i32);
+    assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success())), "{}", c.log("gm-again"));
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    let (code, _, body) = http(&api, "GET", "/api/v1/whoami", Some(&admin), b"");
+    assert_eq!((code, json(&body)["token"].as_str()), (200, Some("ops")), "{body}");
+}
