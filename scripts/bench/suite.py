@@ -699,7 +699,8 @@ def remote_misses(w, key, f):
 
 def cost_per_miss(w, key, f):
     """The issue's cost per miss: the run's time beyond native divided by its remote misses
-    (medians), in µs; "–" without misses, and a lower bound ("≥") for a run at the time bound."""
+    (medians), in µs; "–" without misses. For a run stopped at the time bound both are what it
+    had done by then, so the ratio still prices a miss."""
     runs = w.get(key, {}).get(str(f), [])
     misses = remote_misses(w, key, f)
     if not runs or not misses:
