@@ -29,6 +29,19 @@ enum Cmd {
     /// embedded one. The program runs as the user who runs this; its stdout, stderr and exit
     /// status are its own.
     Run(Box<control::run::RunArgs>),
+    /// List the programs running on the cluster (through its REST API), as squeue or kubectl get pods do.
+    Ps {
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+        /// The REST API's address ($SPLITOS_API); default: that of the cluster `cluster up` started.
+        #[arg(long)]
+        api: Option<String>,
+        /// An API token ($SPLITOS_TOKEN; a tenant's lists its vNodes' programs); default: root's
+        /// own token of the cluster `cluster up` started.
+        #[arg(long)]
+        token: Option<String>,
+    },
     /// Manage a long-lived cluster on this host.
     Cluster {
         #[command(subcommand)]
@@ -200,6 +213,7 @@ fn main() {
             ClusterCmd::Token { cmd: TokenCmd::List { json, gm } } => control::token_list(gm, json),
             ClusterCmd::Token { cmd: TokenCmd::Revoke { name, gm } } => control::token_revoke(gm, name),
         },
+        Cmd::Ps { json, api, token } => control::ps(api, token, json),
         Cmd::Gm(start) => component(*start, gm::run),
         Cmd::Mem(start) => component(*start, mmon::run),
         Cmd::Proc(start) => component(*start, pmon::run),

@@ -101,7 +101,11 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
     // Listed without secrets; revoked for good.
     let out = c.cmd(&["cluster", "token", "list", "--json"]).output().unwrap();
     let list = json(&text(&out.stdout));
-    assert_eq!(list.as_array().unwrap().iter().map(|t| (t["name"].as_str().unwrap(), t["role"].as_str().unwrap())).collect::<Vec<_>>(), [("lab-ci", "tenant"), ("ops", "admin")]);
+    assert_eq!(
+        list.as_array().unwrap().iter().map(|t| (t["name"].as_str().unwrap(), t["role"].as_str().unwrap())).collect::<Vec<_>>(),
+        [("lab-ci", "tenant"), ("local-admin", "admin"), ("ops", "admin")],
+        "cluster up made root's own token"
+    );
     assert!(!text(&out.stdout).contains(&admin[admin.len() - 16..]));
     let out = c.cmd(&["cluster", "token", "revoke", "lab-ci"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -129,22 +133,90 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
 
 #[test]
 fn tokens_outlive_a_restart_of_the_global_managers() {
-    // A fixed address, so that the restarted global managers are where `cluster status` looks.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"127.0.0.1:{port}\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n")));
+    let c = TestCluster::up(None);
     let admin = token(&c, &["ops", "--admin"]);
-    let gm = c.pid_of_addr(&format!("127.0.0.1:{port}"));
-    let cmdline = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap();
-    let argv: Vec<String> = cmdline.strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-    c.kill_component(gm);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    c.kill_component(c.pid_of_addr(&gm));
+    // Started again from the configuration `cluster up` gave it, on any free port (its old
+    // one may be taken by then): the same token file.
+    let mut args: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("gm.json")).unwrap()).unwrap();
+    let ready = c.dir.path().join("gm-again.ready");
+    args["listen"] = "127.0.0.1:0".into();
+    args["process"]["ready_file"] = ready.to_str().unwrap().into();
+    let conf = c.dir.path().join("gm-again.json");
+    std::fs::write(&conf, args.to_string()).unwrap();
     let log = std::fs::File::create(c.dir.path().join("gm-again.log")).unwrap();
     let restarted = {
         use std::os::unix::process::CommandExt;
-        std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
+        c.cmd(&["gm", "--config-file", conf.to_str().unwrap()]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
     };
     remember_pid(c.dir.path(), restarted.id() as i32);
-    assert!(c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success())), "{}", c.log("gm-again"));
-    let api = c.status()["api"].as_str().unwrap().to_string();
+    assert!(c.eventually(Duration::from_secs(15), |_| ready.exists()), "{}", c.log("gm-again"));
+    let gm = std::fs::read_to_string(&ready).unwrap();
+    let out = c.cmd(&["cluster", "status", "--json", "--gm", &gm]).output().unwrap();
+    let api = json(&text(&out.stdout))["api"].as_str().unwrap_or_else(|| panic!("{}", text(&out.stderr))).to_string();
     let (code, _, body) = http(&api, "GET", "/api/v1/whoami", Some(&admin), b"");
     assert_eq!((code, json(&body)["token"].as_str()), (200, Some("ops")), "{body}");
+}
+
+#[test]
+fn jobs_are_listed_to_whom_they_belong_and_signalled_through_the_api() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    let admin = token(&c, &["ops", "--admin"]);
+    let mine = token(&c, &["default-ci", "--vnode", "default"]);
+    let other = token(&c, &["lab-ci", "--vnode", "lab"]);
+    let hold = program("hold");
+    let hold = hold.to_str().unwrap();
+    // 16 MiB through a 4 MiB ExCache: the job's counters move.
+    let mut job = c.spawn(&[], &[hold, "16"]);
+    assert_eq!(read_line(&mut job), "ready\n");
+
+    let list = json(&http(&api, "GET", "/api/v1/jobs", Some(&admin), b"").2);
+    let jobs = list["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{list}");
+    let j = &jobs[0];
+    assert_eq!((j["vnode"].as_str(), j["user"].as_str(), j["uid"].as_u64()), (Some("default"), Some("root"), Some(0)), "{j}");
+    let command = j["command"].as_str().unwrap();
+    assert!(command.starts_with(hold) && command.ends_with(" 16"), "{j}");
+    assert!(j["evictions"].as_u64().unwrap() > 0 && j["misses"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["pcomponent"], c.components("pcomponent")[0]["id"]);
+    let age = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() - j["started_unix_s"].as_u64().unwrap();
+    assert!(age < 120, "{j}");
+    let pid = j["pid"].as_str().unwrap().to_string();
+    // As the pComponent itself counts them.
+    let stats = cluster_stats_of(&c, "pcomponent");
+    assert!(stats["totals"]["evictions"].as_u64().unwrap() >= j["evictions"].as_u64().unwrap());
+
+    // A tenant of the job's vNode sees it; a tenant of another sees nothing, and may not signal it.
+    assert_eq!(json(&http(&api, "GET", "/api/v1/jobs", Some(&mine), b"").2)["jobs"][0]["pid"], pid.as_str());
+    assert_eq!(json(&http(&api, "GET", "/api/v1/jobs", Some(&other), b"").2)["jobs"].as_array().unwrap().len(), 0);
+    let (code, _, body) = http(&api, "DELETE", &format!("/api/v1/jobs/{pid}"), Some(&other), b"");
+    assert_eq!(code, 403, "{body}");
+    for (path, want) in [(format!("/api/v1/jobs/{}", 12345u64), 404), ("/api/v1/jobs/not-a-pid".to_string(), 400), (format!("/api/v1/jobs/{pid}?signal=STOP"), 400)] {
+        assert_eq!(http(&api, "DELETE", &path, Some(&admin), b"").0, want, "{path}");
+    }
+
+    // `splitos ps` shows what the API shows, with root's own token of this cluster.
+    let out = c.cmd(&["ps"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ps = text(&out.stdout);
+    assert!(ps.contains(&pid) && ps.contains("hold") && ps.contains("default"), "{ps}");
+    let out = c.cmd(&["ps", "--json", "--token", &other]).output().unwrap();
+    assert_eq!(json(&text(&out.stdout))["jobs"].as_array().unwrap().len(), 0);
+    let out = c.cmd(&["ps", "--token", "splitos_00_00"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+
+    // The tenant whose job it is ends it.
+    let (code, _, body) = http(&api, "DELETE", &format!("/api/v1/jobs/{pid}?signal=KILL"), Some(&mine), b"");
+    assert_eq!(code, 202, "{body}");
+    let st = job.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert!(st.signal() == Some(libc::SIGKILL) || st.code() == Some(128 + libc::SIGKILL), "{st:?}");
+    assert!(c.eventually(Duration::from_secs(10), |_| json(&http(&api, "GET", "/api/v1/jobs", Some(&admin), b"").2)["jobs"].as_array().unwrap().is_empty()));
+}
+
+/// The statistics of the first component of `role`, as it reports them itself.
+fn cluster_stats_of(c: &TestCluster, role: &str) -> serde_json::Value {
+    c.components(role)[0]["stats"].clone()
 }

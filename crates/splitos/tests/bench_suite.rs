@@ -37,6 +37,10 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         }
         // At a quarter of its working set a program must miss in the ExCache.
         assert!(w["splitos"]["0.25"][0]["misses"].as_u64().unwrap() > 0, "{name}: no misses at 25%");
+        // The memory sweep: every system at every share quick mode measures.
+        for (kind, frac) in [("splitos-tcp", "1.0"), ("swap-file", "1.0"), ("zram", "1.0")] {
+            assert!(w[kind][frac][0]["s"].as_f64().unwrap() > 0.0, "{name} {kind} at {frac}");
+        }
         for kind in ["swap-file", "zram"] {
             let r = &w[kind]["0.25"][0];
             assert!(r["s"].as_f64().unwrap() > 0.0, "{name} {kind}");
@@ -70,12 +74,26 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     for c in f15 {
         assert_eq!(c["runs"][0]["slowdown"].as_object().unwrap().len(), 2, "{c}");
     }
-    for png in ["suite-slowdown.png", "suite-fig13.png", "suite-fig14.png", "suite-fig15.png"] {
+    for png in ["suite-slowdown.png", "suite-sweep.png", "suite-sweep-misses.png", "suite-fig13.png", "suite-fig14.png", "suite-fig15.png"] {
         let bytes = std::fs::read(out.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
         assert_eq!(&bytes[1..4], b"PNG", "{png}");
     }
     let report = std::fs::read_to_string(out.join("benchmarks.md")).unwrap();
-    for want in ["<!-- suite:begin", "Machine:", "splitos fits", "splitos TCP 25.0%", "CPU time", "Misses against swap-ins", "Figure 13", "Figure 14", "Figure 15", "<!-- suite:end -->"] {
+    for want in [
+        "<!-- suite:begin",
+        "Machine:",
+        "splitos fits",
+        "The memory sweep",
+        "| splitos TCP |",
+        "swap file reads",
+        "Geometric means",
+        "Time over native per remote miss",
+        "CPU time",
+        "Figure 13",
+        "Figure 14",
+        "Figure 15",
+        "<!-- suite:end -->",
+    ] {
         assert!(report.contains(want), "report lacks {want}");
     }
 

@@ -62,6 +62,28 @@ pub struct TokenInfo {
     pub created_unix_s: u64,
 }
 
+/// A program running on a pComponent, as the control plane lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    /// Its process id in the cluster.
+    pub pid: u64,
+    /// Its process id on the pComponent's host.
+    pub os_pid: i32,
+    pub uid: u32,
+    /// Its user's name on that host ("" if the host has none for `uid`).
+    pub user: String,
+    pub vnode: String,
+    /// Its command line as the host's /proc shows it, arguments separated by spaces.
+    pub command: String,
+    /// When the pComponent took it on, in seconds since the Unix epoch.
+    pub started_unix_s: u64,
+    /// Counters of its run (every process one `splitos run` started): misses served,
+    /// lines evicted, lines written back.
+    pub misses: u64,
+    pub evictions: u64,
+    pub writebacks: u64,
+}
+
 message_types! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
@@ -115,6 +137,11 @@ message_types! {
     G2C_TOKENS { pub tokens: Vec<TokenInfo> };
     /// Answered `ERR NotFound` if no token has that name.
     C2G_TOKEN_REVOKE { pub name: String };
+    /// The programs a pComponent runs, for the control plane's job list.
+    G2P_JOBS;
+    P2G_JOBS { pub jobs: Vec<JobInfo> };
+    /// Sends `signal` to one of its programs; `ERR NotFound` if it runs no process `pid`.
+    G2P_SIGNAL { pub pid: u64, pub signal: i32 };
 
     // ---- control client -> any component
     C2X_PING;

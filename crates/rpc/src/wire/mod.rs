@@ -299,6 +299,7 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
@@ -346,6 +347,8 @@ replies! {
     C2G_TOKEN_CREATE => G2C_TOKEN,
     C2G_TOKEN_LIST => G2C_TOKENS,
     C2G_TOKEN_REVOKE => OK,
+    G2P_JOBS => P2G_JOBS,
+    G2P_SIGNAL => OK,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
     P2G_PICK_NET => G2P_NET,
@@ -473,6 +476,7 @@ mod role_tests {
             (C2G_STATUS.into(), &[Role::Admin]),
             (C2G_TOKEN_CREATE { name: "t".into(), admin: true, vnodes: Vec::new() }.into(), &[Role::Admin]),
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
+            (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new() }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
@@ -488,6 +492,7 @@ mod role_tests {
             (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm]),
             (P2N_SEND { sock: 1, data: ByteBuf::new() }.into(), &[Role::Net]),
             (C2G_STATUS.into(), &[Role::Gm]),
+            (G2P_JOBS.into(), &[Role::Proc]),
             (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
         ];
         for (msg, allowed) in receivers {

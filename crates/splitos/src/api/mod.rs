@@ -11,13 +11,13 @@ pub mod tokens;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get};
 use axum::{Extension, Json, Router};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::Role;
 use utoipa::OpenApi;
@@ -77,6 +77,70 @@ pub struct ComponentView {
     pub committed_bytes: u64,
     /// Memory holding pages now, bytes.
     pub used_bytes: u64,
+}
+
+/// A program running on the cluster.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct JobView {
+    /// Its process id in the cluster, a decimal string (64 bits do not fit a JSON number that
+    /// JavaScript reads exactly).
+    pub pid: String,
+    /// Its process id on its pComponent's host.
+    pub os_pid: i32,
+    pub user: String,
+    pub uid: u32,
+    pub vnode: String,
+    pub command: String,
+    pub started_unix_s: u64,
+    /// The id of the pComponent it runs on, and its address.
+    pub pcomponent: u32,
+    pub pcomponent_addr: String,
+    /// Counters of its run (all processes one `splitos run` started): ExCache misses served,
+    /// lines evicted, lines written back to mComponents.
+    pub misses: u64,
+    pub evictions: u64,
+    pub writebacks: u64,
+}
+
+impl JobView {
+    fn of(c: splitos_rpc::ComponentInfo, j: splitos_rpc::JobInfo) -> JobView {
+        JobView {
+            pid: j.pid.to_string(),
+            os_pid: j.os_pid,
+            user: j.user,
+            uid: j.uid,
+            vnode: j.vnode,
+            command: j.command,
+            started_unix_s: j.started_unix_s,
+            pcomponent: c.id,
+            pcomponent_addr: c.addr,
+            misses: j.misses,
+            evictions: j.evictions,
+            writebacks: j.writebacks,
+        }
+    }
+}
+
+/// A pComponent that did not answer for its jobs.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Unanswered {
+    pub pcomponent: u32,
+    pub error: String,
+}
+
+/// The jobs the caller may see.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+    /// pComponents whose jobs are missing from `jobs` because they did not answer (shown to
+    /// an admin only).
+    pub unanswered: Vec<Unanswered>,
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct SignalQuery {
+    /// TERM (the default), INT, KILL, HUP, USR1 or USR2.
+    pub signal: Option<String>,
 }
 
 /// Whom the caller's token speaks for.
@@ -189,6 +253,63 @@ async fn config(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Sock
     Ok(Json(api.config.clone()))
 }
 
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// The running programs: every one for an admin, those of its vNodes for a tenant.
+#[utoipa::path(get, path = "/api/v1/jobs", security(("bearer" = [])),
+    responses((status = 200, description = "The jobs", body = JobList), (status = 401, description = "No valid token", body = ErrorBody)))]
+async fn jobs(State(api): State<Arc<Api>>, Extension(p): Extension<Principal>) -> Result<Json<JobList>, ApiError> {
+    let gm = api.gm.clone();
+    let jobs = tokio::task::spawn_blocking(move || gm.jobs()).await.map_err(internal)?;
+    // Which pComponents are silent is the admin's business.
+    let unanswered = match p {
+        Principal::Admin { .. } => jobs.unanswered.into_iter().map(|(c, error)| Unanswered { pcomponent: c.id, error }).collect(),
+        Principal::Tenant { .. } => Vec::new(),
+    };
+    Ok(Json(JobList { jobs: jobs.running.into_iter().filter(|(_, j)| p.may_see_vnode(&j.vnode)).map(|(c, j)| JobView::of(c, j)).collect(), unanswered }))
+}
+
+/// Signals a job (SIGTERM unless `signal` says otherwise): an admin any, a tenant those of its
+/// vNodes; another tenant's job is 403.
+#[utoipa::path(delete, path = "/api/v1/jobs/{pid}", security(("bearer" = [])), params(("pid" = String, Path, description = "The job's pid"), SignalQuery),
+    responses((status = 202, description = "Signalled", body = JobView), (status = 400, description = "Not a pid or a signal", body = ErrorBody),
+              (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Another tenant's job", body = ErrorBody),
+              (status = 404, description = "No such job", body = ErrorBody)))]
+async fn kill_job(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(pid): Path<String>,
+    Query(q): Query<SignalQuery>,
+) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    let pid: u64 = pid.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{pid:?} is not a pid")))?;
+    let signal = match q.signal.as_deref().unwrap_or("TERM").trim_start_matches("SIG") {
+        "TERM" => libc::SIGTERM,
+        "INT" => libc::SIGINT,
+        "KILL" => libc::SIGKILL,
+        "HUP" => libc::SIGHUP,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        other => return Err(ApiError(StatusCode::BAD_REQUEST, format!("{other:?} is not a signal this API sends (TERM, INT, KILL, HUP, USR1, USR2)"))),
+    };
+    let gm = api.gm.clone();
+    tokio::task::spawn_blocking(move || {
+        let Some((c, j)) = gm.jobs().running.into_iter().find(|(_, j)| j.pid == pid) else {
+            return Err(ApiError(StatusCode::NOT_FOUND, format!("no job {pid} runs")));
+        };
+        if !p.may_see_vnode(&j.vnode) {
+            return Err(refuse(StatusCode::FORBIDDEN, peer, "DELETE", &format!("/api/v1/jobs/{pid}"), Some(p.name()), format!("job {pid} is not of this token's vNodes")));
+        }
+        gm.signal(&c, pid, signal).map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("job {pid}: {e}")))?;
+        tracing::info!(pid, signal, token = p.name(), "job signalled through the API");
+        Ok((StatusCode::ACCEPTED, Json(JobView::of(c, j))))
+    })
+    .await
+    .map_err(internal)?
+}
+
 async fn not_found(req: Request) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, format!("no such resource: {}", req.uri().path()))
 }
@@ -196,7 +317,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, config),
+    paths(livez, readyz, whoami, components, config, jobs, kill_job),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -220,7 +341,14 @@ async fn openapi() -> impl IntoResponse {
 }
 
 fn router(api: Arc<Api>) -> Router {
-    let v1 = Router::new().route("/whoami", get(whoami)).route("/components", get(components)).route("/config", get(config)).fallback(not_found).layer(middleware::from_fn_with_state(api.clone(), authenticate));
+    let v1 = Router::new()
+        .route("/whoami", get(whoami))
+        .route("/components", get(components))
+        .route("/config", get(config))
+        .route("/jobs", get(jobs))
+        .route("/jobs/{pid}", delete(kill_job))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(api.clone(), authenticate));
     Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY)).with_state(api)
 }
 

@@ -17,6 +17,9 @@ pub struct ClusterState {
     pub pids: Vec<u32>,
     #[serde(default)]
     pub transport: TransportConfig,
+    /// Where the global managers serve the REST API.
+    #[serde(default)]
+    pub api: Option<String>,
 }
 
 /// The directory of the long-lived cluster's state: $SPLITOS_STATE_DIR, else /run/splitos
@@ -113,6 +116,11 @@ pub fn rpc() -> anyhow::Result<&'static Rpc> {
 /// Where a state directory keeps the cluster's authority and the admin's credentials.
 pub const AUTHORITY: &str = "authority.key";
 pub const ADMIN_CREDENTIALS: &str = "admin.cred";
+/// Where a state directory keeps the REST API token of root's own tools (`splitos ps`), made
+/// anew by every `cluster up`.
+pub const ADMIN_TOKEN: &str = "admin.token";
+/// That token's name in `cluster token list`.
+pub const ADMIN_TOKEN_NAME: &str = "local-admin";
 
 /// The authority of the cluster whose state is in `dir`, made on its first start and kept
 /// for the next (so that the admin's credentials and those issued by hand stay valid).
@@ -223,7 +231,7 @@ impl Cluster {
     /// Starts every component of `cfg`, each its own process, and waits until all registered.
     pub fn start(cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<Cluster> {
         private_dir(dir)?;
-        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone() }, children: Vec::new() };
+        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone(), api: None }, children: Vec::new() };
         let r = c.start_all(cfg, dir, detach);
         if let Err(e) = r {
             c.stop();

@@ -55,7 +55,16 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     };
     let dir = cluster::state_dir();
     let c = Cluster::start(&cfg, &dir, true)?;
-    let state: ClusterState = c.detach();
+    let mut state: ClusterState = c.detach();
+    splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
+    state.api = cluster::gm_status(&state.gm)?.api;
+    if state.api.is_some() {
+        // Root's own tools reach the API with a token of their own, made anew each time so
+        // that one left by an earlier cluster in this directory is not kept alive.
+        let _ = cluster::ask(&state.gm, C2G_TOKEN_REVOKE { name: cluster::ADMIN_TOKEN_NAME.into() });
+        let t = cluster::ask(&state.gm, C2G_TOKEN_CREATE { name: cluster::ADMIN_TOKEN_NAME.into(), admin: true, vnodes: Vec::new() })?;
+        splitos_rpc::auth::write_private(&dir.join(cluster::ADMIN_TOKEN), t.token.as_bytes())?;
+    }
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
     println!("cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}", state.gm, cfg.pcomponent.len(), cfg.mcomponent.len(), cfg.scomponent.len(), dir.display());
     Ok(())
@@ -211,6 +220,77 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
                 println!("unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger", why.join("; "));
             }
         }
+    }
+    Ok(())
+}
+
+/// Where the REST API is and the token to use: the ones given (or $SPLITOS_API and
+/// $SPLITOS_TOKEN), else those of the cluster `cluster up` started (its state directory is
+/// root's, and so is its token).
+fn api_access(api: Option<String>, token: Option<String>) -> anyhow::Result<(String, String)> {
+    let state = cluster::read_state();
+    let api = match api.or_else(|| std::env::var("SPLITOS_API").ok()) {
+        Some(a) => a,
+        None => state.as_ref().and_then(|s| s.api.clone()).ok_or_else(|| anyhow::anyhow!("no REST API known: give --api ADDR (or $SPLITOS_API), or start a cluster with `splitos cluster up`"))?,
+    };
+    let token = match token.or_else(|| std::env::var("SPLITOS_TOKEN").ok()) {
+        Some(t) => t,
+        None => {
+            let f = cluster::state_dir().join(cluster::ADMIN_TOKEN);
+            std::fs::read_to_string(&f).map_err(|e| anyhow::anyhow!("no API token: give --token (or $SPLITOS_TOKEN); {} cannot be read: {e}", f.display()))?.trim().to_string()
+        }
+    };
+    Ok((api, token))
+}
+
+/// One GET of the REST API; an error carries the API's own message.
+fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let mut r = ureq::get(format!("http://{api}{path}"))
+        .header("Authorization", format!("Bearer {token}"))
+        .config()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(10)))
+        .build()
+        .call()
+        .map_err(|e| anyhow::anyhow!("the REST API at {api}: {e}"))?;
+    let status = r.status();
+    let body: serde_json::Value = r.body_mut().read_json().map_err(|e| anyhow::anyhow!("the REST API at {api} answered {status} without JSON: {e}"))?;
+    if !status.is_success() {
+        anyhow::bail!("the REST API at {api} answered {status}: {}", body["error"].as_str().unwrap_or("?"));
+    }
+    Ok(body)
+}
+
+/// `splitos ps`: the running programs, as the REST API lists them for the token.
+pub fn ps(api: Option<String>, token: Option<String>, json: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(api, token)?;
+    let list = api_get(&api, &token, "/api/v1/jobs")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(["PID", "USER", "VNODE", "PCOMP", "AGE", "MISSES", "EVICTIONS", "WRITEBACKS", "COMMAND"]);
+    for j in list["jobs"].as_array().into_iter().flatten() {
+        let age = now.saturating_sub(j["started_unix_s"].as_u64().unwrap_or(now));
+        let cmd = j["command"].as_str().unwrap_or("");
+        t.add_row([
+            j["pid"].as_str().unwrap_or("?").to_string(),
+            j["user"].as_str().filter(|u| !u.is_empty()).map(str::to_string).unwrap_or_else(|| j["uid"].to_string()),
+            j["vnode"].as_str().unwrap_or("").to_string(),
+            j["pcomponent"].to_string(),
+            if age >= 3600 { format!("{}h{:02}m", age / 3600, age / 60 % 60) } else { format!("{}m{:02}s", age / 60, age % 60) },
+            j["misses"].to_string(),
+            j["evictions"].to_string(),
+            j["writebacks"].to_string(),
+            if cmd.chars().count() > 60 { format!("{}...", cmd.chars().take(57).collect::<String>()) } else { cmd.to_string() },
+        ]);
+    }
+    println!("{t}");
+    for u in list["unanswered"].as_array().into_iter().flatten() {
+        eprintln!("splitos: pComponent {} did not answer: {}", u["pcomponent"], u["error"].as_str().unwrap_or("?"));
     }
     Ok(())
 }

@@ -30,6 +30,17 @@ use crate::config::PlacementPolicy;
 use crate::node::{self, HEARTBEAT};
 use crate::placement::Unit;
 
+/// The programs of the cluster, as its pComponents report them.
+pub struct Jobs {
+    /// Each program with the pComponent it runs on.
+    pub running: Vec<(ComponentInfo, JobInfo)>,
+    /// The alive pComponents that did not answer, with why.
+    pub unanswered: Vec<(ComponentInfo, String)>,
+}
+
+/// How long the managers wait for a component's answer to a control-plane request.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How many missed heartbeats make a component dead.
 pub const MISSED_BEATS: u32 = 4;
 
@@ -77,6 +88,9 @@ pub struct Gm {
     pub tokens: crate::api::Tokens,
     /// Where the REST API listens, once it does.
     api: std::sync::OnceLock<String>,
+    /// The managers' own requests to components, for the control plane: a short timeout, so
+    /// that a hung pComponent delays a job list by that much at most.
+    rpc: Rpc,
 }
 
 impl Gm {
@@ -352,6 +366,28 @@ impl Gm {
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
+    /// Every program the alive pComponents run; they are asked at once.
+    pub fn jobs(&self) -> Jobs {
+        let pcomps: Vec<ComponentInfo> = self.snapshot().into_iter().filter(|c| c.role == Role::Proc && c.alive).collect();
+        let answers: Vec<Result<P2G_JOBS, RpcError>> = std::thread::scope(|s| {
+            let asks: Vec<_> = pcomps.iter().map(|c| s.spawn(|| self.rpc.call(&c.addr, G2P_JOBS))).collect();
+            asks.into_iter().map(|h| h.join().expect("a job-list request panicked")).collect()
+        });
+        let mut jobs = Jobs { running: Vec::new(), unanswered: Vec::new() };
+        for (c, a) in pcomps.into_iter().zip(answers) {
+            match a {
+                Ok(r) => jobs.running.extend(r.jobs.into_iter().map(|j| (c.clone(), j))),
+                Err(e) => jobs.unanswered.push((c, e.to_string())),
+            }
+        }
+        jobs
+    }
+
+    /// Signals program `pid` on `pcomp`, which the caller found it on.
+    pub fn signal(&self, pcomp: &ComponentInfo, pid: u64, signal: i32) -> Result<(), RpcError> {
+        self.rpc.call(&pcomp.addr, G2P_SIGNAL { pid, signal }).map(|_| ())
+    }
+
     fn stats(&self) -> Result<X2C_STATS, Refusal> {
         let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.to_string()}).to_string();
         Ok(X2C_STATS { json })
@@ -425,6 +461,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         quota_homes: Mutex::new(Default::default()),
         tokens: crate::api::Tokens::open(args.tokens.as_deref())?,
         api: std::sync::OnceLock::new(),
+        rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
     });
     ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
     if let Some(m) = &args.process.metrics_addr {

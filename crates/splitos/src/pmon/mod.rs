@@ -60,6 +60,8 @@ pub struct Proc {
     heap_range: std::ops::Range<u64>,
     /// Its share of the idle-polling request, while it runs.
     _idle: Option<host::idle::LatencyHold>,
+    /// When this pComponent took it on (the control plane's job list).
+    started: std::time::SystemTime,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.
@@ -161,6 +163,51 @@ impl Pcomp {
         unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
     }
 
+    /// The programs it runs, for the control plane.
+    fn jobs(&self) -> Vec<JobInfo> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let procs: Vec<Arc<Proc>> = self.procs.lock().unwrap().values().cloned().collect();
+        procs
+            .iter()
+            .map(|p| {
+                // Arguments end with NULs; a process that has just ended shows none.
+                let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.os_pid)).unwrap_or_default();
+                let command = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a)).collect::<Vec<_>>().join(" ");
+                let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(p.uid)).ok().flatten().map(|u| u.name).unwrap_or_default();
+                let s = &p.heap.stats;
+                JobInfo {
+                    pid: p.pid,
+                    os_pid: p.os_pid,
+                    uid: p.uid,
+                    user,
+                    vnode: p.memory.who.vnode.clone(),
+                    command,
+                    started_unix_s: p.started.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+                    misses: s.misses.load(Relaxed),
+                    evictions: s.evictions.load(Relaxed),
+                    writebacks: s.flushes.load(Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Signals one of its programs for the control plane (`splitos job kill`, the API), through
+    /// its pidfd: a pid the host reused since is never hit.
+    fn signal(&self, pid: u64, signal: i32) -> Result<OK, ERR> {
+        if !(1..=64).contains(&signal) {
+            return Err(ERR::new(ErrCode::Invalid, format!("{signal} is not a signal")));
+        }
+        let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else {
+            return Err(ERR::new(ErrCode::NotFound, format!("no process {pid} runs on this pComponent")));
+        };
+        // SAFETY: pidfd_send_signal takes the process's pidfd and no other pointers but a null siginfo.
+        if unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0) } != 0 {
+            return Err(ERR::new(ErrCode::NotFound, format!("process {pid}: {}", std::io::Error::last_os_error())));
+        }
+        tracing::info!(pid, os_pid = p.os_pid, signal, "signalled a program for the control plane");
+        Ok(OK)
+    }
+
     fn stats_json(&self) -> String {
         let procs: Vec<Arc<Proc>> = self.procs.lock().unwrap().values().cloned().collect();
         let tier = self.miss.tier_usage().map(|(policy, codec, budget, used, entries)| serde_json::json!({"budget_bytes": budget, "used_bytes": used, "entries": entries, "policy": policy, "codec": codec}));
@@ -230,6 +277,8 @@ impl Handler for Pcomp {
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
+            Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
+            Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
         }

@@ -402,7 +402,21 @@ impl Pcomp {
         let heap = ProcHeap::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse.0));
         let heap_range = h.region_base..h.region_base.saturating_add(h.region_size);
-        let p = Arc::new(Proc { pid, os_pid: peer.pid, uid: peer.uid, pidfd: peer.pidfd.clone(), conn, memory: child.memory, heap, uffd, stop, reuse, heap_range, _idle: self.idle.hold() });
+        let p = Arc::new(Proc {
+            pid,
+            os_pid: peer.pid,
+            uid: peer.uid,
+            pidfd: peer.pidfd.clone(),
+            conn,
+            memory: child.memory,
+            heap,
+            uffd,
+            stop,
+            reuse,
+            heap_range,
+            _idle: self.idle.hold(),
+            started: std::time::SystemTime::now(),
+        });
         p.heap.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
         self.store.attach(pid, p.memory.clone());
