@@ -220,3 +220,20 @@ fn jobs_are_listed_to_whom_they_belong_and_signalled_through_the_api() {
 fn cluster_stats_of(c: &TestCluster, role: &str) -> serde_json::Value {
     c.components(role)[0]["stats"].clone()
 }
+
+#[test]
+fn the_api_knob_turns_it_off_and_refuses_addresses_beyond_loopback() {
+    let c = TestCluster::up(Some("[cluster]\napi = \"off\"\n[[pcomponent]]\n[[mcomponent]]\n"));
+    assert!(c.status()["api"].is_null(), "{}", c.status());
+    assert!(!c.log("gm").contains("serving the REST API"));
+    let out = c.cmd(&["ps"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("no REST API known"), "{}", text(&out.stderr));
+    drop(c);
+
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("c.toml");
+    std::fs::write(&conf, "[cluster]\napi = \"0.0.0.0:0\"\n[[pcomponent]]\n[[mcomponent]]\n").unwrap();
+    let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&conf).env("SPLITOS_STATE_DIR", dir.path()).env("SPLITOS_DATA_DIR", dir.path().join("data")).output().unwrap();
+    assert!(!out.status.success(), "cluster up with the API on every interface");
+    assert!(text(&out.stderr).contains("cluster.api") && text(&out.stderr).contains("loopback"), "{}", text(&out.stderr));
+}
