@@ -88,14 +88,15 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
         let (code, _, body) = http(&api, "GET", path, Some(&tenant), b"");
         assert_eq!(code, 403, "{path}: {body}");
     }
-    assert!(c.log("gm").contains("lab-ci"), "a 403 names the token it refused");
+    assert!(c.log("gm").lines().any(|l| l.contains("API request refused") && l.contains("lab-ci")), "a 403 names the token it refused: {}", c.log("gm"));
 
-    // Unknown resources, and a body beyond the bound: clear 4xx, and the API keeps serving.
+    // Unknown resources, and a 1 MiB body to a route that takes none: clear 4xx (the body is
+    // never read), and the API keeps serving.
     assert_eq!(http(&api, "GET", "/api/v1/nothing", Some(&admin), b"").0, 404);
     assert_eq!(http(&api, "GET", "/nothing", None, b"").0, 404);
     let big = vec![b'x'; 1 << 20];
     let (code, _, _) = http(&api, "POST", "/api/v1/components", Some(&admin), &big);
-    assert!((400..500).contains(&code), "a 1 MiB body: {code}");
+    assert_eq!(code, 405, "a 1 MiB body");
     assert_eq!(http(&api, "GET", "/api/v1/components", Some(&admin), b"").0, 200);
 
     // Listed without secrets; revoked for good.
@@ -185,7 +186,7 @@ fn jobs_are_listed_to_whom_they_belong_and_signalled_through_the_api() {
     assert!(age < 120, "{j}");
     let pid = j["pid"].as_str().unwrap().to_string();
     // As the pComponent itself counts them.
-    let stats = cluster_stats_of(&c, "pcomponent");
+    let stats = &c.components("pcomponent")[0]["stats"];
     assert!(stats["totals"]["evictions"].as_u64().unwrap() >= j["evictions"].as_u64().unwrap());
 
     // A tenant of the job's vNode sees it; a tenant of another sees nothing, and may not signal it.
@@ -214,11 +215,6 @@ fn jobs_are_listed_to_whom_they_belong_and_signalled_through_the_api() {
     use std::os::unix::process::ExitStatusExt;
     assert!(st.signal() == Some(libc::SIGKILL) || st.code() == Some(128 + libc::SIGKILL), "{st:?}");
     assert!(c.eventually(Duration::from_secs(10), |_| json(&http(&api, "GET", "/api/v1/jobs", Some(&admin), b"").2)["jobs"].as_array().unwrap().is_empty()));
-}
-
-/// The statistics of the first component of `role`, as it reports them itself.
-fn cluster_stats_of(c: &TestCluster, role: &str) -> serde_json::Value {
-    c.components(role)[0]["stats"].clone()
 }
 
 #[test]

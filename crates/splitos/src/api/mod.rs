@@ -11,7 +11,7 @@ pub mod tokens;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,9 +24,6 @@ use utoipa::OpenApi;
 
 use crate::gm::Gm;
 pub use tokens::{Principal, Tokens};
-
-/// The largest request body accepted: the API's requests are small JSON documents.
-const MAX_BODY: usize = 64 << 10;
 
 /// What the API's handlers share.
 pub struct Api {
@@ -349,7 +346,7 @@ fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{pid}", delete(kill_job))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(api.clone(), authenticate));
-    Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY)).with_state(api)
+    Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).fallback(not_found).with_state(api)
 }
 
 /// Serves the API at `addr` on a thread of its own; returns the address it listens at.

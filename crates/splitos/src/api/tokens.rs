@@ -126,9 +126,9 @@ impl Tokens {
         if by_name.contains_key(name) {
             return Err(format!("a token named {name:?} exists: revoke it first"));
         }
-        let rnd = |n| splitos_rpc::auth::random::<16>().map(|b| hex(&b[..n])).map_err(|e| format!("the kernel's random generator: {e}"));
-        let id = rnd(8)?;
-        let secret = format!("{}{}", rnd(16)?, rnd(16)?);
+        let rng = |e: std::io::Error| format!("the kernel's random generator: {e}");
+        let id = hex(&splitos_rpc::auth::random::<8>().map_err(rng)?);
+        let secret = hex(&splitos_rpc::auth::random::<32>().map_err(rng)?);
         let created_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let stored = Stored { id: id.clone(), hash: hash(&secret), info: TokenInfo { name: name.to_string(), admin, vnodes, created_unix_s } };
         self.save(name, Some(&stored)).map_err(|e| format!("cannot keep the token: {e}"))?;

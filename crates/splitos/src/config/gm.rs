@@ -47,8 +47,7 @@ pub struct GmConfig {
     /// pack.
     #[arg(long, default_value_t)]
     pub placement: PlacementPolicy,
-    /// Where the global managers serve the REST API, the dashboard and the cluster's metrics
-    /// (docs/control-plane.md): an address on loopback (port 0: any free port, which `cluster
+    /// Where the global managers serve the REST API (docs/control-plane.md): an address on loopback (port 0: any free port, which `cluster
     /// status --json` names under `api`), or "off".
     #[arg(long, default_value = ANY_PORT)]
     pub api: String,

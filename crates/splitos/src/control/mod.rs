@@ -56,6 +56,8 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let dir = cluster::state_dir();
     let c = Cluster::start(&cfg, &dir, true)?;
     let mut state: ClusterState = c.detach();
+    // Written once before the API is known: the admin's RPC client takes the cluster's
+    // transport from it.
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
     state.api = cluster::gm_status(&state.gm)?.api;
     if state.api.is_some() {
