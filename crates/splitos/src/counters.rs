@@ -19,9 +19,14 @@ impl Counter<'_> {
         self.atomic.load(Relaxed)
     }
 
-    /// Its Prometheus metric's name for a component whose metrics start with `prefix`.
-    pub fn metric(&self, prefix: &str) -> String {
-        format!("{prefix}_{}_total", self.name)
+    /// Its Prometheus metric's name (after `splitos_`) for a component whose metrics start
+    /// with `prefix`, and its value in the metric's unit: a count of nanoseconds (`…_ns`) is
+    /// shown in seconds, Prometheus's base unit.
+    pub fn metric(&self, prefix: &str) -> (String, f64) {
+        match self.name.strip_suffix("_ns") {
+            Some(stem) => (format!("{prefix}_{stem}_seconds_total"), self.value() as f64 / 1e9),
+            None => (format!("{prefix}_{}_total", self.name), self.value() as f64),
+        }
     }
 
     /// The doc comment on one line, as a Prometheus help text.
@@ -35,21 +40,19 @@ pub fn json<'a>(counters: impl IntoIterator<Item = Counter<'a>>) -> serde_json::
     counters.into_iter().map(|c| (c.name.to_string(), c.value().into())).collect()
 }
 
-/// Sets the counters as the Prometheus metrics `PREFIX_NAME_total`, described by their help.
-/// Counters only ever grow, so setting them to their totals when asked for the metrics is the
-/// same as adding to them as they happen.
-pub fn export<'a>(prefix: &str, counters: impl IntoIterator<Item = Counter<'a>>) {
+/// Renders the counters as the Prometheus counters `splitos_PREFIX_NAME_total`, described by
+/// their help.
+pub fn render<'a>(e: &mut crate::telemetry::Exposition, prefix: &str, counters: impl IntoIterator<Item = Counter<'a>>) {
     for c in counters {
-        let name = c.metric(prefix);
-        metrics::describe_counter!(name.clone(), c.help_line());
-        metrics::counter!(name).absolute(c.value());
+        let (name, value) = c.metric(prefix);
+        e.one(&name, crate::telemetry::Kind::Counter, &c.help_line(), value);
     }
 }
 
 /// Declares a struct of `AtomicU64` counters, each with a doc comment (its help text), and,
 /// after `also`, the struct's other fields, each with its initial value. Gives the struct
 /// `Default` (counters at zero) and `counters()`, every counter in declaration order, for
-/// [`json`] and [`export`].
+/// [`json`] and [`render`].
 ///
 /// ```ignore
 /// counters! {
@@ -117,6 +120,8 @@ mod tests {
             things,
             /// Others.
             others,
+            /// Time, in nanoseconds.
+            time_ns,
         }
         also {
             label: &'static str = "two",
@@ -129,8 +134,10 @@ mod tests {
         t.things.fetch_add(3, Relaxed);
         assert_eq!(t.label, "two");
         let all: Vec<Counter> = t.counters().collect();
-        assert_eq!(all.iter().map(|c| (c.name, c.value())).collect::<Vec<_>>(), [("things", 3), ("others", 0)]);
-        assert_eq!((all[0].help_line(), all[0].metric("x")), ("Things counted.".to_string(), "x_things_total".to_string()));
-        assert_eq!(serde_json::Value::from(json(t.counters())), serde_json::json!({"things": 3, "others": 0}));
+        t.time_ns.store(1_500_000_000, Relaxed);
+        assert_eq!(all.iter().map(|c| (c.name, c.value())).collect::<Vec<_>>(), [("things", 3), ("others", 0), ("time_ns", 1_500_000_000)]);
+        assert_eq!((all[0].help_line(), all[0].metric("x")), ("Things counted.".to_string(), ("x_things_total".to_string(), 3.0)));
+        assert_eq!(all[2].metric("x"), ("x_time_seconds_total".to_string(), 1.5));
+        assert_eq!(serde_json::Value::from(json(t.counters())), serde_json::json!({"things": 3, "others": 0, "time_ns": 1_500_000_000u64}));
     }
 }

@@ -31,5 +31,6 @@ pub mod segment;
 pub mod sim;
 pub mod smon;
 pub mod sys;
+pub mod telemetry;
 pub mod trusted;
 pub mod vma;

@@ -232,7 +232,6 @@ fn main() {
 
 /// Runs a component process with its configuration, from its options or its file.
 fn component<T: serde::de::DeserializeOwned>(start: Startup<T>, run: fn(T) -> anyhow::Result<()>) -> anyhow::Result<()> {
-    node::init_metrics();
     run(start.load()?)
 }
 

@@ -1,46 +1,31 @@
-//! What every component process shares: logging, the metrics registry, its RPC server, and
+//! What every component process shares: logging, its metrics, its RPC server, and
 //! registration plus heartbeats with the global managers.
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use splitos_rpc::auth::Credentials;
-use splitos_rpc::{Endpoint, ErrCode, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_HEARTBEAT, X2G_REGISTER};
+use splitos_rpc::{Endpoint, ErrCode, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER};
+
+use crate::config::ProcessArgs;
 
 pub const HEARTBEAT: Duration = Duration::from_millis(300);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
-static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
-
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPLITOS_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only for a person at a terminal, not in log files and pipes.
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).try_init();
 }
 
-pub fn init_metrics() {
-    METRICS.get_or_init(|| PrometheusBuilder::new().install_recorder().expect("metrics recorder"));
-}
-
-/// The component's counters in Prometheus text format.
-pub fn render_metrics() -> String {
-    METRICS.get().map(|h| h.render()).unwrap_or_default()
-}
-
-/// Serves `GET /metrics` for Prometheus scrapers, when `--metrics-addr` is given.
-pub fn serve_metrics_http(addr: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind(addr)?;
-    let local = l.local_addr()?.to_string();
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf);
-            let body = render_metrics();
-            let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-        }
-    });
-    Ok(local)
+/// Serves the component's metrics at `process.metrics_addr` unless it is `off`; beyond
+/// loopback to requests with an admin token, which `is_admin` checks. Returns the address.
+pub fn serve_metrics(process: &ProcessArgs, is_admin: impl Fn(&str) -> bool + Send + Sync + 'static) -> anyhow::Result<Option<String>> {
+    if process.metrics_addr == "off" {
+        return Ok(None);
+    }
+    crate::telemetry::serve(&process.metrics_addr, is_admin).map(Some)
 }
 
 /// The RPC client of a process that is not a component (the admin's tools), proving `creds`.
@@ -66,19 +51,25 @@ pub struct Node {
     id: AtomicU32,
     /// An nComponent's interface addresses, told to the global managers at every registration.
     pub nics: std::sync::OnceLock<Vec<std::net::IpAddr>>,
+    /// Where it serves its Prometheus metrics, if it does.
+    pub metrics: Option<String>,
     /// When the global managers last answered a heartbeat, and the mComponents they had
     /// declared lost then.
     heard: Mutex<Option<(Instant, Vec<u32>)>>,
 }
 
 impl Node {
-    /// Claims the component's address on the configured transport; the returned endpoint
-    /// serves once the component is built around the node.
-    pub fn bind(role: Role, gm: &str, listen: &str, transport: &TransportConfig, creds: &std::path::Path) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
-        let t = transport.build(Some(credentials(creds, role)?)).map_err(|e| anyhow::anyhow!(e))?;
+    /// Claims the component's address on the configured transport and serves its metrics;
+    /// the returned endpoint serves once the component is built around the node.
+    pub fn bind(role: Role, gm: &str, listen: &str, process: &ProcessArgs) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
+        let t = process.transport.build(Some(credentials(process.credentials()?, role)?)).map_err(|e| anyhow::anyhow!(e))?;
         let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
+        crate::telemetry::init(role, &ep.addr());
         let rpc = Rpc::new(t, RPC_TIMEOUT);
-        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), heard: Mutex::new(None) }), ep))
+        // The global managers keep the tokens: a scrape beyond loopback asks them.
+        let (asker, gm_addr) = (rpc.clone(), gm.to_string());
+        let metrics = serve_metrics(process, move |token| asker.call(&gm_addr, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
+        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), metrics, heard: Mutex::new(None) }), ep))
     }
 
     pub fn id(&self) -> u32 {
@@ -94,7 +85,15 @@ impl Node {
     pub fn register(&self, shim_sock: Option<String>, load: Load) -> Result<splitos_rpc::G2X_REGISTERED, RpcError> {
         let mut last = None;
         for _ in 0..100 {
-            let msg = X2G_REGISTER { role: self.role, addr: self.addr.clone(), shim_sock: shim_sock.clone(), nics: self.nics.get().cloned().unwrap_or_default(), load: load.clone(), id: self.id() };
+            let msg = X2G_REGISTER {
+                role: self.role,
+                addr: self.addr.clone(),
+                shim_sock: shim_sock.clone(),
+                nics: self.nics.get().cloned().unwrap_or_default(),
+                load: load.clone(),
+                id: self.id(),
+                metrics: self.metrics.clone(),
+            };
             match self.call_gm(msg) {
                 Ok(r) => {
                     self.id.store(r.id, Ordering::Relaxed);

@@ -4,39 +4,12 @@
 //! kept across a restart of the global managers as hashes only, and the OpenAPI document the
 //! server serves is the one checked into docs/.
 mod common;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use common::*;
 
-/// One HTTP/1.1 request; returns the status, the headers (lowercased names) and the body.
-fn http(api: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String, String) {
-    let mut s = TcpStream::connect(api).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: {api}\r\n{auth}Content-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n", body.len());
-    s.write_all(head.as_bytes()).unwrap();
-    // A body the server refuses early may find the connection closed: what it answered counts.
-    let _ = s.write_all(body);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let out = String::from_utf8_lossy(&out).to_string();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("not an HTTP answer: {out:?}"));
-    (status, head.to_lowercase(), body.to_string())
-}
-
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
-}
-
-fn token(c: &TestCluster, args: &[&str]) -> String {
-    let mut a = vec!["cluster", "token", "create"];
-    a.extend_from_slice(args);
-    let out = c.cmd(&a).output().unwrap();
-    assert!(out.status.success(), "token create: {}", text(&out.stderr));
-    text(&out.stdout).lines().last().unwrap().to_string()
 }
 
 #[test]
@@ -58,8 +31,8 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
     }
     assert!(c.log("gm").contains("API request refused"), "refusals are logged: {}", c.log("gm"));
 
-    let admin = token(&c, &["ops", "--admin"]);
-    let tenant = token(&c, &["lab-ci", "--vnode", "lab"]);
+    let admin = api_token(&c, &["ops", "--admin"]);
+    let tenant = api_token(&c, &["lab-ci", "--vnode", "lab"]);
     assert!(admin.starts_with("splitos_") && tenant.starts_with("splitos_"));
 
     // The admin sees every component, as `cluster status` does.
@@ -135,7 +108,7 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
 #[test]
 fn tokens_outlive_a_restart_of_the_global_managers() {
     let c = TestCluster::up(None);
-    let admin = token(&c, &["ops", "--admin"]);
+    let admin = api_token(&c, &["ops", "--admin"]);
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     c.kill_component(c.pid_of_addr(&gm));
     // Started again from the configuration `cluster up` gave it, on any free port (its old
@@ -164,9 +137,9 @@ fn tokens_outlive_a_restart_of_the_global_managers() {
 fn jobs_are_listed_to_whom_they_belong_and_signalled_through_the_api() {
     let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
     let api = c.status()["api"].as_str().unwrap().to_string();
-    let admin = token(&c, &["ops", "--admin"]);
-    let mine = token(&c, &["default-ci", "--vnode", "default"]);
-    let other = token(&c, &["lab-ci", "--vnode", "lab"]);
+    let admin = api_token(&c, &["ops", "--admin"]);
+    let mine = api_token(&c, &["default-ci", "--vnode", "default"]);
+    let other = api_token(&c, &["lab-ci", "--vnode", "lab"]);
     let hold = program("hold");
     let hold = hold.to_str().unwrap();
     // 16 MiB through a 4 MiB ExCache: the job's counters move.

@@ -47,10 +47,10 @@ fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between
     // The loggers' write-backs reached the backup files (the sComponent's counter), a logger
     // replayed one into pages when its primary was lost, and new loggers got full copies.
     let s = scomp(&c);
-    assert!(c.metric(&s, "scomp_backup_appended_bytes_total") > 0.0);
-    assert!(mcomp_metric(&c, "mcomp_loggers_promoted_total") >= 1.0, "a logger was made primary");
-    assert!(mcomp_metric(&c, "mcomp_log_promoted_pages_total") > 0.0, "from the pages of its backup");
-    assert!(mcomp_metric(&c, "mcomp_rebuilt_pages_total") > 0.0, "new loggers got copies");
+    assert!(c.metric(&s, "splitos_scomp_backup_appended_bytes_total") > 0.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_loggers_promoted_total") >= 1.0, "a logger was made primary");
+    assert!(mcomp_metric(&c, "splitos_mcomp_log_promoted_pages_total") > 0.0, "from the pages of its backup");
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_pages_total") > 0.0, "new loggers got copies");
     // Everything is released when the program ends: memory, and the backup files.
     let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
     assert_eq!(used, 0);
@@ -74,7 +74,7 @@ fn cpython_and_sqlite_survive_a_lost_primary_and_restarts_of_the_global_managers
             restart_gm_and_wait(c, &gm_addr, round, 4 - round);
         }
     });
-    assert!(mcomp_metric(&c, "mcomp_loggers_promoted_total") >= 2.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_loggers_promoted_total") >= 2.0);
 }
 
 #[test]
@@ -93,20 +93,20 @@ fn a_full_log_stops_protecting_says_so_and_protects_again_once_it_drains() {
         }
         // Phase 2 wrote back far more than the log holds: the loggers skipped, and say so.
         assert!(!unprotected(c).is_empty(), "{:?}", mcomp_stats(c));
-        assert!(mcomp_metric(c, "mcomp_log_skipped_records_total") > 0.0);
+        assert!(mcomp_metric(c, "splitos_mcomp_log_skipped_records_total") > 0.0);
         let status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
         assert!(status.contains("unprotected:") && status.contains("backup log was full"), "{status}");
         // The sComponent catches up: the log drains, each skipped vRegion is copied to its
         // logger again, and a primary lost now is replayed from a whole backup.
         stall = None;
         assert!(c.eventually(Duration::from_secs(30), |c| unprotected(c).is_empty()), "{:?}", mcomp_stats(c));
-        assert!(mcomp_metric(c, "mcomp_log_resyncs_total") >= 1.0);
+        assert!(mcomp_metric(c, "splitos_mcomp_log_resyncs_total") >= 1.0);
         c.kill_component(c.pid_of_addr(&busiest_primary(c, pid)));
     });
     drop(stall);
     assert!(ok, "{err}");
     assert_eq!(out, native_phased(&cmd), "{err}");
-    assert!(mcomp_metric(&c, "mcomp_loggers_promoted_total") >= 1.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_loggers_promoted_total") >= 1.0);
 }
 
 #[test]
@@ -134,7 +134,7 @@ fn losing_a_primary_whose_log_was_full_ends_the_program_with_an_error_naming_it(
     assert!(!ok, "the program cannot go on without pages nobody has");
     assert!(native_phased(&cmd).starts_with(&out), "no output from lost data: {out}");
     assert!(err.contains(&victim), "the error names the lost mComponent {victim}: {err}");
-    assert!(mcomp_metric(&c, "mcomp_log_promotions_refused_total") >= 1.0, "the logger refused to replay a backup that misses pages: {err}");
+    assert!(mcomp_metric(&c, "splitos_mcomp_log_promotions_refused_total") >= 1.0, "the logger refused to replay a backup that misses pages: {err}");
 }
 
 #[test]
@@ -207,7 +207,7 @@ fn a_full_scomponent_disk_is_named_as_the_cause() {
     // Far more write-backs than the disk holds.
     let (child, _) = spawn_hold(&c, 24);
     let s = scomp(&c);
-    assert!(c.eventually(Duration::from_secs(30), |c| !unprotected(c).is_empty() && c.metric(&s, "scomp_backup_disk_full_total") > 0.0), "{:?}", mcomp_stats(&c));
+    assert!(c.eventually(Duration::from_secs(30), |c| !unprotected(c).is_empty() && c.metric(&s, "splitos_scomp_backup_disk_full_total") > 0.0), "{:?}", mcomp_stats(&c));
     let status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
     assert!(status.contains("the sComponent refused their backup records") && status.contains("disk is full"), "{status}");
     // What was refused is not counted as stored: no more than the disk holds.

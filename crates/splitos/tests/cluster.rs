@@ -162,7 +162,7 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     // being served after them.
     let mut good = authenticated(&c, &m);
     assert!(matches!(ping(&mut good, 1), Msg::X2C_PONG { .. }), "the well-formed frame these tests alter is answered");
-    let rejected_before = c.metric(&m, "rpc_frames_rejected_total");
+    let rejected_before = c.metric(&m, "splitos_rpc_frames_rejected_total");
 
     let valid = request_header(7, 0);
     let ping_body = postcard::to_allocvec(&Msg::C2X_PING(splitos_rpc::C2X_PING)).unwrap();
@@ -215,7 +215,7 @@ fn malformed_frames_are_rejected_and_others_still_served() {
             Err(e) => panic!("{what}: {e}"),
         }
     }
-    let rejected = c.metric(&m, "rpc_frames_rejected_total") - rejected_before;
+    let rejected = c.metric(&m, "splitos_rpc_frames_rejected_total") - rejected_before;
     assert_eq!(rejected, bad.len() as f64, "the mComponent counted each bad frame as rejected");
     assert!(matches!(ping(&mut good, 2), Msg::X2C_PONG { .. }), "the other connection is still served");
     // The cluster has two mComponents, which register in either order: read the attacked one's log.
@@ -283,8 +283,8 @@ fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
     // once it has been idle for the transport's idle time (5 s, checked every 2.5 s).
     let channel_idle = Duration::from_millis(splitos_rpc::transport::shm::DEFAULT_IDLE_MS * 3 / 2);
     assert!(c.eventually(channel_idle + Duration::from_secs(5), |_| threads_of(pid) <= before + 2), "threads back to {before}: {}", threads_of(pid));
-    assert!(c.metric(&m, "rpc_connections_refused_total") >= 360.0);
-    assert!(c.metric(&m, "rpc_handshakes_refused_total") >= 40.0);
+    assert!(c.metric(&m, "splitos_rpc_connections_refused_total") >= 360.0);
+    assert!(c.metric(&m, "splitos_rpc_handshakes_refused_total") >= 40.0);
     // And the port serves an authenticated peer again.
     assert!(matches!(c.admin_rpc().call(&m, splitos_rpc::C2X_PING), Ok(splitos_rpc::X2C_PONG { .. })));
 }
@@ -467,7 +467,7 @@ fn knobs_of_a_configured_cluster_take_effect() {
     assert!(n(&st, "evictions") >= 700, "ways = 1: {st}");
 
     let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
-    assert!(text(&out.stdout).contains("pcomp_misses_total"), "Prometheus counters: {}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("splitos_pcomp_misses_total"), "Prometheus counters: {}", text(&out.stdout));
 }
 
 #[test]
@@ -545,7 +545,7 @@ fn a_dead_pcomponents_memory_is_released_on_every_mcomponent() {
         assert_eq!(held_meanwhile, 2, "released before reclaim_dead_ms");
     }
     assert!(c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0 && homes(c) == 1), "memory of the lost pComponent's process: {:?}", c.components("mcomponent"));
-    let released: f64 = c.components("mcomponent").iter().map(|m| c.metric(m["addr"].as_str().unwrap(), "mcomp_lost_processes_released_total")).sum();
+    let released: f64 = c.components("mcomponent").iter().map(|m| c.metric(m["addr"].as_str().unwrap(), "splitos_mcomp_lost_processes_released_total")).sum();
     assert_eq!(released, 1.0);
     assert_hold_ends_native(survivor);
 }
@@ -581,7 +581,7 @@ fn a_page_changed_on_its_mcomponent_is_never_taken_for_the_programs_data() {
     let err = text(&out.stderr);
     assert!(err.contains("fails its checksum") && err.contains(&addr), "{err}");
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
+    assert!(c.metric(&p, "splitos_pcomp_checksum_failures_total") >= 1.0);
 }
 
 #[test]
@@ -635,5 +635,5 @@ fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
     assert!(peak > before, "the burst opened channels: {before} server threads, then {peak}");
     // Once unused for idle_ms, the pComponent closes them, and the mComponent's threads end.
     assert!(c.eventually(Duration::from_secs(20), |_| servers() <= before), "{} server threads left of {peak}, {before} before the burst", servers());
-    assert!(c.metric(&p, "rpc_shm_idle_closed_total") >= (peak - before) as f64);
+    assert!(c.metric(&p, "splitos_rpc_shm_idle_closed_total") >= (peak - before) as f64);
 }

@@ -297,14 +297,7 @@ impl TestCluster {
     pub fn metric(&self, addr: &str, name: &str) -> f64 {
         let out = self.cmd(&["cluster", "metrics"]).output().unwrap();
         assert!(out.status.success(), "cluster metrics: {}", text(&out.stderr));
-        let all = text(&out.stdout);
-        let section = all.split("# component ").find(|s| s.lines().next() == Some(addr));
-        let section = section.unwrap_or_else(|| panic!("cluster metrics has no section for {addr}:\n{all}"));
-        section
-            .lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}")))
-            .sum()
+        metric_of(&text(&out.stdout), addr, name)
     }
 
     /// Waits until `f` holds or the timeout passes; returns whether it held.
@@ -713,6 +706,15 @@ pub fn addr_of(c: &TestCluster, id: u64) -> String {
     c.components("mcomponent").into_iter().find(|m| m["id"] == id).unwrap()["addr"].as_str().unwrap().to_string()
 }
 
+/// The sum of the series `name` of the component at `addr` in a Prometheus exposition (0
+/// when it was never counted); fails unless the component's `splitos_build_info` is there.
+pub fn metric_of(all: &str, addr: &str, name: &str) -> f64 {
+    let ours = format!("component=\"{addr}\"");
+    let of_it = |l: &&str| l.split_once('{').is_some_and(|(_, labels)| labels.contains(&ours));
+    assert!(all.lines().filter(of_it).any(|l| l.starts_with("splitos_build_info{")), "no metrics of {addr}:\n{all}");
+    all.lines().filter(of_it).filter(|l| l.split('{').next() == Some(name)).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}"))).sum()
+}
+
 /// Sum of a counter over the live mComponents.
 pub fn mcomp_metric(c: &TestCluster, name: &str) -> f64 {
     mcomp_stats(c).iter().map(|m| c.metric(m["addr"].as_str().unwrap(), name)).sum()
@@ -756,9 +758,9 @@ pub fn flip_each_vregion_and_expect_rebuilt(c: &TestCluster, child: std::process
     assert!(flipped >= 5, "pages of the program are on the mComponents: {flipped}");
     assert_hold_ends_native(child);
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
-    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0);
-    assert!(mcomp_metric(c, "mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages {how}");
+    assert!(c.metric(&p, "splitos_pcomp_checksum_failures_total") >= 1.0);
+    assert!(c.metric(&p, "splitos_pcomp_pages_repaired_total") >= 1.0);
+    assert!(mcomp_metric(c, "splitos_mcomp_pages_reconstructed_total") >= 1.0, "the home rebuilt the pages {how}");
 }
 
 /// Stops a component (SIGSTOP) until dropped (SIGCONT): a component too slow to keep up, or
@@ -778,4 +780,31 @@ impl Drop for Stalled {
         // SAFETY: as in `new`.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
+}
+
+/// One HTTP/1.1 request; returns the status, the headers (lowercased names) and the body.
+pub fn http(api: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: {api}\r\n{auth}Content-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    // A body the server refuses early may find the connection closed: what it answered counts.
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).to_string();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("not an HTTP answer: {out:?}"));
+    (status, head.to_lowercase(), body.to_string())
+}
+
+/// A REST API token made with `splitos cluster token create ARGS` (its last line).
+pub fn api_token(c: &TestCluster, args: &[&str]) -> String {
+    let mut a = vec!["cluster", "token", "create"];
+    a.extend_from_slice(args);
+    let out = c.cmd(&a).output().unwrap();
+    assert!(out.status.success(), "token create: {}", text(&out.stderr));
+    text(&out.stdout).lines().last().unwrap().to_string()
 }

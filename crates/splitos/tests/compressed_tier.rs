@@ -35,9 +35,9 @@ fn a_forked_child_gets_the_pages_the_tier_held_and_the_counters_show_it() {
     let (c, pcomp) = forktest_on("compressed_tier = \"8M\"");
     // 12 MiB through a 4 MiB ExCache: the parent's evicted pages were in the tier, dirty, when
     // it forked; they reached the mComponent before it copied the parent's pages.
-    assert!(c.metric(&pcomp, "pcomp_tier_hits_total") > 0.0);
-    assert!(c.metric(&pcomp, "pcomp_tier_writebacks_total") > 0.0);
-    assert!(c.metric(&pcomp, "pcomp_tier_stores_total") > c.metric(&pcomp, "pcomp_tier_hits_total"));
+    assert!(c.metric(&pcomp, "splitos_pcomp_tier_hits_total") > 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_tier_writebacks_total") > 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_tier_stores_total") > c.metric(&pcomp, "splitos_pcomp_tier_hits_total"));
     // Both processes exited: their entries are gone.
-    assert_eq!(c.metric(&pcomp, "pcomp_tier_entries"), 0.0);
+    assert_eq!(c.metric(&pcomp, "splitos_pcomp_tier_entries"), 0.0);
 }

@@ -43,8 +43,8 @@ fn no_write_is_lost_while_threads_write_pages_under_eviction() {
 fn a_forked_child_gets_the_pages_its_parent_wrote_with_scan_tracking_from_the_config() {
     let (c, pcomp) = forktest_on("dirty_tracking = \"scan\"");
     // The fork's write-back asked the kernel which resident lines were written.
-    assert!(c.metric(&pcomp, "pcomp_dirty_scans_total") > 0.0);
-    assert_eq!(c.metric(&pcomp, "pcomp_wp_faults_total"), 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_dirty_scans_total") > 0.0);
+    assert_eq!(c.metric(&pcomp, "splitos_pcomp_wp_faults_total"), 0.0);
 }
 
 #[test]

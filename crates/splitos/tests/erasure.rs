@@ -53,9 +53,9 @@ fn a_c_hash_table_survives_losing_a_data_member_then_a_parity_member_with_a_rebu
     assert_eq!(out, native_phased(&cmd), "{err}");
     // The parity members applied the owners' changes, and the lost places were rebuilt from
     // parity (the home's counter), not copied.
-    assert!(mcomp_metric(&c, "mcomp_parity_deltas_applied_total") > 0.0);
-    assert!(mcomp_metric(&c, "mcomp_rebuilt_pages_total") > 0.0, "pages were rebuilt from parity");
-    assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_parity_deltas_applied_total") > 0.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_pages_total") > 0.0, "pages were rebuilt from parity");
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_vregions_total") >= 2.0);
     assert_eq!(used(&c), 0, "everything is released when the program ends, rebuilt places too");
 }
 
@@ -78,7 +78,7 @@ fn cpython_and_sqlite_survive_a_lost_member_of_an_ec4_cluster_and_restarts_of_th
             restart_gm_and_wait(c, &gm_addr, round, 6 - round);
         }
     });
-    assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_vregions_total") >= 2.0);
 }
 
 #[test]

@@ -29,9 +29,9 @@ fn the_evictor_takes_evictions_off_the_miss_path_and_programs_see_their_own_data
 #[test]
 fn a_forked_child_gets_its_parents_pages_with_the_evictor_on_and_the_pcomponent_counts_it() {
     let (c, pcomp) = forktest_on("evict_reserve = 2");
-    let bg = c.metric(&pcomp, "pcomp_bg_evictions_total");
+    let bg = c.metric(&pcomp, "splitos_pcomp_bg_evictions_total");
     assert!(bg > 0.0, "background evictions: {bg}");
-    assert!(c.metric(&pcomp, "pcomp_inline_evictions_total") < bg);
-    assert!(c.metric(&pcomp, "pcomp_bg_writeback_batches_total") > 0.0);
-    assert!(c.metric(&pcomp, "pcomp_evictor_ns_total") > 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_inline_evictions_total") < bg);
+    assert!(c.metric(&pcomp, "splitos_pcomp_bg_writeback_batches_total") > 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_evictor_seconds_total") > 0.0);
 }

@@ -75,7 +75,7 @@ fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
     for (c, delayed) in [(&slow, true), (&fast, false)] {
         for role in ["pcomponent", "mcomponent"] {
             let addr = c.components(role)[0]["addr"].as_str().unwrap().to_string();
-            let d = c.metric(&addr, "rpc_injected_delays_total");
+            let d = c.metric(&addr, "splitos_rpc_injected_delays_total");
             assert_eq!(d > 0.0, delayed, "{role} counts the delays it injected: {d}");
         }
     }

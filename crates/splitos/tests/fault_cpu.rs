@@ -69,10 +69,10 @@ fn a_fault_worker_and_the_mcomponent_follow_a_program_to_its_cpu() {
         assert!(n(&s, "fault_worker_moves") >= 1, "{s}");
         assert_eq!(n(&s, "fault_worker_partings"), 0, "a pinned program never leaves its CPU: {s}");
     }
-    assert!(c.metric(&pcomp, "pcomp_faults_on_faulting_cpu_total") > 4000.0);
-    let followed = c.metric(&mcomp, "rpc_shm_followed_total");
+    assert!(c.metric(&pcomp, "splitos_pcomp_faults_on_faulting_cpu_total") > 4000.0);
+    let followed = c.metric(&mcomp, "splitos_rpc_shm_followed_total");
     assert!(followed > 1000.0, "the pComponent's requests asked the mComponent to follow: {followed}");
-    assert!(c.metric(&mcomp, "rpc_shm_server_moves_total") >= 2.0, "a channel thread moved to each CPU");
+    assert!(c.metric(&mcomp, "splitos_rpc_shm_server_moves_total") >= 2.0, "a channel thread moved to each CPU");
 }
 
 #[test]

@@ -111,7 +111,7 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
             h.link(&host_of(&cut), true);
             let fenced = c.eventually(Duration::from_secs(30), |c| c.components("mcomponent").into_iter().any(|m| m["addr"] == cut.as_str() && m["alive"] == true && m["stats"]["used"] == 0));
             assert!(fenced, "the host that came back holds nothing: {:?}", mcomp_stats(c));
-            assert_eq!(c.metric(&cut, "mcomp_fenced_total"), 1.0);
+            assert_eq!(c.metric(&cut, "splitos_mcomp_fenced_total"), 1.0);
         } else {
             // The home's host is lost, all its processes at once.
             for p in h.pids(&host_of(&home)) {
@@ -123,5 +123,5 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
     });
     assert!(ok, "{err}");
     assert_eq!(out, native_phased(&cmd), "{err}");
-    assert!(mcomp_metric(&c, "mcomp_home_takeovers_total") >= 1.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_home_takeovers_total") >= 1.0);
 }

@@ -80,7 +80,7 @@ fn a_configured_cluster_takes_the_knob_and_its_pcomponent_counts_huge_pages() {
     assert_eq!(text(&out.stdout), text(&native.stdout), "stderr:\n{}", text(&out.stderr));
     assert!(huge_mapped(&out) >= 8 * 2048, "{}", text(&out.stderr));
     let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&pcomp, "pcomp_huge_pages_total") >= 8.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_huge_pages_total") >= 8.0);
     let bad = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(bad.path(), "[[pcomponent]]\nhuge_pages = \"always\"\n[[mcomponent]]\n").unwrap();
     let up = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(bad.path()).env("SPLITOS_STATE_DIR", c.dir.path().join("other")).output().unwrap();

@@ -100,7 +100,7 @@ fn a_lease_goes_to_the_processs_own_pcomponent_and_a_segment_to_its_token_alone(
     let mut answer = Vec::new();
     s.read_to_end(&mut answer).unwrap();
     assert_eq!(answer, b"n", "a guessed token is refused");
-    assert!(c.metric(&m, "mcomp_lease_handouts_refused_total") >= 1.0);
+    assert!(c.metric(&m, "splitos_mcomp_lease_handouts_refused_total") >= 1.0);
     drop(silent);
     // The victim never noticed, and its pComponent still copies its pages.
     drop(victim.stdin.take());

@@ -45,8 +45,8 @@ fn a_write_back_that_finds_its_owner_full_moves_the_vregion_to_one_with_room() {
     let out = c.run(&[], &[hold, "900"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("is full") && text(&out.stderr).contains("mComponent"), "{}", text(&out.stderr));
-    assert!(mcomp_metric(&c, "mcomp_full_writes_total") >= 1.0, "mComponents filled up");
-    assert!(mcomp_metric(&c, "mcomp_vregions_moved_total") >= 1.0, "and vRegions moved off them");
+    assert!(mcomp_metric(&c, "splitos_mcomp_full_writes_total") >= 1.0, "mComponents filled up");
+    assert!(mcomp_metric(&c, "splitos_mcomp_vregions_moved_total") >= 1.0, "and vRegions moved off them");
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&p, "pcomp_owner_full_total") >= 1.0);
+    assert!(c.metric(&p, "splitos_pcomp_owner_full_total") >= 1.0);
 }

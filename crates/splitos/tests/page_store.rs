@@ -22,12 +22,18 @@ fn mcomp_counter(c: &TestCluster, addr: &str, key: &str) -> u64 {
     c.components("mcomponent").iter().find(|m| m["addr"] == addr).map(|m| m["stats"][key].as_u64().unwrap()).unwrap()
 }
 
+/// What a pComponent the test builds in its own process is started with: credentials from the
+/// cluster's authority, no metrics served.
+fn process_args(c: &TestCluster) -> splitos::config::ProcessArgs {
+    splitos::config::ProcessArgs { credentials: Some(c.issue("pcomponent")), ready_file: None, metrics_addr: "off".into(), transport: TransportConfig::default() }
+}
+
 #[test]
 fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let c = TestCluster::up(Some("[[pcomponent]]\n[[mcomponent]]\n"));
     let st = c.status();
     let gm = st["gm"].as_str().unwrap();
-    let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &TransportConfig::default(), &c.issue("pcomponent")).unwrap();
+    let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &process_args(&c)).unwrap();
     let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into() }).unwrap().mcomp;
     let who = Who::new("store-test", 0x7fff_0001);
     let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();
@@ -83,7 +89,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
 fn one_sided_copies_reach_only_what_the_owner_holds_and_stop_when_it_changes_the_memory() {
     let c = TestCluster::up(Some("[[pcomponent]]\n[[mcomponent]]\n"));
     let gm = c.status()["gm"].as_str().unwrap().to_string();
-    let (node, _unused_endpoint) = Node::bind(Role::Proc, &gm, "127.0.0.1:0", &TransportConfig::default(), &c.issue("pcomponent")).unwrap();
+    let (node, _unused_endpoint) = Node::bind(Role::Proc, &gm, "127.0.0.1:0", &process_args(&c)).unwrap();
     let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into() }).unwrap().mcomp;
     let who = Who::new("store-test", 0x7fff_0002);
     let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();

@@ -40,7 +40,7 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
     assert!(small["refused"].as_u64().unwrap() >= 1, "{small}");
     assert!(small["used"].as_u64().unwrap() <= 200 << 20, "{small}");
     let home = c.components("mcomponent").into_iter().find(|m| !m["stats"]["vnode_memory"]["small"].is_null()).unwrap();
-    assert!(c.metric(home["addr"].as_str().unwrap(), "mcomp_vnode_memory_refused_total") >= 1.0);
+    assert!(c.metric(home["addr"].as_str().unwrap(), "splitos_mcomp_vnode_memory_refused_total") >= 1.0);
 
     // A program of vNode "big", which has no quota, gets all it asks for while "small" is at
     // its quota: the same 400 MiB, as natively.

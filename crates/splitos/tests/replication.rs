@@ -26,8 +26,8 @@ fn a_c_hash_table_survives_losing_a_primary_then_its_home_with_a_rebuild_between
     });
     assert!(ok, "{err}");
     assert_eq!(out, native_phased(&cmd), "{err}");
-    assert!(mcomp_metric(&c, "mcomp_rebuilt_pages_total") > 0.0, "pages were copied to new replicas");
-    assert!(mcomp_metric(&c, "mcomp_home_takeovers_total") >= 1.0, "the backup home took over");
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_pages_total") > 0.0, "pages were copied to new replicas");
+    assert!(mcomp_metric(&c, "splitos_mcomp_home_takeovers_total") >= 1.0, "the backup home took over");
     // Everything is released when the program ends, rebuilt copies too.
     let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
     assert_eq!(used, 0, "and released when the program ended");
@@ -51,7 +51,7 @@ fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers
             wait_rebuilt(c, pid, 2);
         }
     });
-    assert!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total") >= 2.0);
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_vregions_total") >= 2.0);
 }
 
 #[test]
@@ -87,8 +87,8 @@ fn a_corrupted_page_is_repaired_from_its_other_replica() {
     assert!(flipped >= 12, "pages of the program are on the mComponents: {flipped}");
     assert_hold_ends_native(child);
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&p, "pcomp_checksum_failures_total") >= 1.0);
-    assert!(c.metric(&p, "pcomp_pages_repaired_total") >= 1.0, "bad copies were written over with good ones");
+    assert!(c.metric(&p, "splitos_pcomp_checksum_failures_total") >= 1.0);
+    assert!(c.metric(&p, "splitos_pcomp_pages_repaired_total") >= 1.0, "bad copies were written over with good ones");
 }
 
 #[test]
@@ -156,8 +156,8 @@ fn global_managers_that_stall_take_no_mcomponent_for_lost() {
     unsafe { libc::kill(gm, libc::SIGCONT) };
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(used(&c), before, "every copy is still held");
-    assert_eq!(mcomp_metric(&c, "mcomp_fenced_total"), 0.0);
-    assert_eq!(mcomp_metric(&c, "mcomp_rebuilt_vregions_total"), 0.0);
+    assert_eq!(mcomp_metric(&c, "splitos_mcomp_fenced_total"), 0.0);
+    assert_eq!(mcomp_metric(&c, "splitos_mcomp_rebuilt_vregions_total"), 0.0);
     assert!(c.log("gm").contains("heard no heartbeat for a while"), "{}", c.log("gm"));
     assert_hold_ends_native(child);
 }
@@ -180,5 +180,5 @@ fn a_paused_mcomponent_is_waited_for_until_the_managers_declare_it_lost() {
     assert!(text(&table.stdout).contains("unresponsive ("), "{}", text(&table.stdout));
     drop(paused);
     assert_hold_ends_native(child);
-    assert!(c.metric(&pcomp, "pcomp_late_mcomponent_waits_total") > 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_late_mcomponent_waits_total") > 0.0);
 }

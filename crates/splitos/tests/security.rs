@@ -71,11 +71,11 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     // Even knowing the victim's process id (random, so only the admin's tools see it).
     let victim_pid = c.components("mcomponent")[0]["stats"]["owned_processes"].as_array().unwrap()[0]["pid"].as_u64().unwrap();
     assert!(victim_pid > u32::MAX as u64, "process ids are random 64-bit numbers: {victim_pid}");
-    let before = c.metric(&m, "rpc_handshakes_refused_total");
+    let before = c.metric(&m, "splitos_rpc_handshakes_refused_total");
     for pid in [victim_pid, 1, 2] {
         assert_eq!(as_nobody(SEND_FRAME, &[&m, &fetch_frame(pid)]), "closed");
     }
-    assert!(c.metric(&m, "rpc_handshakes_refused_total") >= before + 3.0);
+    assert!(c.metric(&m, "splitos_rpc_handshakes_refused_total") >= before + 3.0);
     // The other attacks of the issue, each to the component it hit: end a program, stop an
     // mComponent, register a rogue mComponent, stop the pComponent (whose program socket
     // refuses users it grants nothing: `users_run_programs_on_the_vnodes_granted_to_them`).
@@ -85,7 +85,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     let attacks: Vec<(&str, Msg)> = vec![
         (&m, splitos_rpc::M2M_EXIT { who: Who::new("default", 1) }.into()),
         (&m, splitos_rpc::C2X_SHUTDOWN.into()),
-        (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0 }.into()),
+        (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0, metrics: None }.into()),
         (&p, splitos_rpc::C2X_SHUTDOWN.into()),
     ];
     for (addr, msg) in attacks {
@@ -109,7 +109,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
         Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("may not send P2M_FETCH"), "{msg}"),
         other => panic!("an sComponent fetched a page: {other:?}"),
     }
-    assert!(c.metric(&m, "rpc_requests_refused_total") >= 1.0);
+    assert!(c.metric(&m, "splitos_rpc_requests_refused_total") >= 1.0);
     // A pComponent's credentials reach only the programs that pComponent runs: another
     // pComponent, knowing the victim's id and vNode, can neither read its pages at the owner
     // nor change its layout at the home.
@@ -148,7 +148,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     assert!(c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap() >= denied_before + 5, "the mComponent counted the refusals");
     // A pComponent's credentials do not register an mComponent with the global managers.
     let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
-    match other.call_msg(&gm, &splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0 }.into()) {
+    match other.call_msg(&gm, &splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0, metrics: None }.into()) {
         Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("may not register as a mcomponent"), "{msg}"),
         r => panic!("a pComponent registered an mComponent: {r:?}"),
     }
@@ -257,7 +257,7 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     assert_eq!((std::fs::metadata(&mine).unwrap().uid(), std::fs::metadata(&mine).unwrap().gid()), (alice, alice));
 
     // Bob, granted another vNode, is refused hers, and the refusal is counted.
-    let refused_before = c.metric(&p, "pcomp_program_connections_refused_total");
+    let refused_before = c.metric(&p, "splitos_pcomp_program_connections_refused_total");
     let out = as_user(bob, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", &py, "-c", "print(1)"], &env);
     assert!(!out.status.success() && text(&out.stdout).is_empty());
     assert!(text(&out.stderr).contains("vNode \"lab\" is not granted to this user (uid 60002)"), "{}", text(&out.stderr));
@@ -304,7 +304,7 @@ fn users_run_programs_on_the_vnodes_granted_to_them() {
     assert!(!out.status.success(), "the state directory cannot be listed");
     let out = as_user(carol, &[splitos().to_str().unwrap(), "run", "--pcomponent", sock.to_str().unwrap(), "--", &py, "-c", "print(1)"], &[]);
     assert!(text(&out.stderr).contains("grants no vNode to this user (uid 60003)"), "{}", text(&out.stderr));
-    assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= refused_before + 3.0);
+    assert!(c.metric(&p, "splitos_pcomp_program_connections_refused_total") >= refused_before + 3.0);
     // Root, the admin, still runs on any vNode.
     let out = c.run(&["--vnode", "lab"], &["bash", "-c", "cat \"$SPLITOS_VNODE_DIR/mine.txt\""]);
     assert_eq!(text(&out.stdout), format!("written by {alice}\n"), "{}", text(&out.stderr));
@@ -428,7 +428,7 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     // Connections that never say hello hold few threads, and not for long.
     let out = as_user(alice, &[py, "-c", &with_abi(SHIM_CLIENT), &sock, "flood"], &[]);
     assert_eq!(text(&out.stdout), "welcomed 256 busy 44\n", "{}", text(&out.stderr));
-    assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= 44.0);
+    assert!(c.metric(&p, "splitos_pcomp_program_connections_refused_total") >= 44.0);
     // Everyone else is served meanwhile.
     let out = c.run(&["--vnode", "lab"], &["echo", "served"]);
     assert_eq!(text(&out.stdout), "served\n", "{}", text(&out.stderr));
@@ -436,7 +436,7 @@ fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     // timeout and their copies released (`fork_timeout_ms`, not the default 30 s).
     assert!(misuse.wait().unwrap().success());
     assert!(c.eventually(Duration::from_secs(15), |c| held(c) == 0), "unclaimed children are reaped: {}", held(&c));
-    assert!(c.metric(&m, "rpc_requests_refused_total") == 0.0);
+    assert!(c.metric(&m, "splitos_rpc_requests_refused_total") == 0.0);
 }
 
 /// [`SHIM_CLIENT`]'s `forged`: a hello whose "userfaultfd" is a pipe the program could write
@@ -478,8 +478,8 @@ fn fault_events_from_a_forged_descriptor_or_outside_the_heap_are_refused() {
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(libc::SIGKILL), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("outside its heap region"), "{}", text(&out.stderr));
     assert!(c.log("proc0").contains("not a userfaultfd"), "{}", c.log("proc0"));
-    assert_eq!(c.metric(&p, "pcomp_fault_sources_refused_total"), 1.0);
-    assert_eq!(c.metric(&p, "pcomp_fault_events_refused_total"), 1.0);
+    assert_eq!(c.metric(&p, "splitos_pcomp_fault_sources_refused_total"), 1.0);
+    assert_eq!(c.metric(&p, "splitos_pcomp_fault_events_refused_total"), 1.0);
     let stats = &c.components("pcomponent")[0]["stats"];
     assert_eq!((stats["totals"]["misses"].as_u64(), stats["excache"]["used_lines"].as_u64()), (Some(0), Some(0)), "nothing reached the ExCache: {stats}");
     // Everyone else is served meanwhile.
@@ -666,11 +666,11 @@ fn a_user_over_the_program_cap_is_refused_while_another_users_programs_run() {
     assert_eq!(read_line(&mut second), "fork: Resource temporarily unavailable\n");
     assert_eq!(users_programs(&c), 2);
     // A third is refused at its start, and says why.
-    let refused_before = c.metric(&p, "pcomp_program_connections_refused_total");
+    let refused_before = c.metric(&p, "splitos_pcomp_program_connections_refused_total");
     let out = as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", "print(1)"], &env);
     assert!(!out.status.success() && out.stdout.is_empty(), "{}", text(&out.stdout));
     assert!(text(&out.stderr).contains("too many of this user's programs run there"), "{}", text(&out.stderr));
-    assert!(c.metric(&p, "pcomp_program_connections_refused_total") >= refused_before + 1.0);
+    assert!(c.metric(&p, "splitos_pcomp_program_connections_refused_total") >= refused_before + 1.0);
     assert!(c.log("proc0").contains("too many of the user's programs run here"));
     // Bob's programs run meanwhile, forks included, as natively.
     let script = "import os\nx = [i * i for i in range(300000)]\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nprint(sum(x))\n";
@@ -740,11 +740,11 @@ fn a_flood_of_refused_connections_logs_a_few_lines_and_a_summary() {
     let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
     let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    let before = c.metric(&p, "pcomp_program_connections_refused_total");
+    let before = c.metric(&p, "splitos_pcomp_program_connections_refused_total");
     // Nobody, granted nothing, connects 2000 times.
     let flood = "import socket, sys\nfor _ in range(2000):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(sys.argv[1])\n    s.recv(64)\n    s.close()\nprint('done')";
     assert_eq!(as_nobody(flood, &[&sock]), "done");
-    let refused = c.metric(&p, "pcomp_program_connections_refused_total") - before;
+    let refused = c.metric(&p, "splitos_pcomp_program_connections_refused_total") - before;
     assert_eq!(refused, 2000.0, "each refusal is counted");
     // Each line logged one by one, and the summaries of those that were not, account for
     // every refusal once the last window's summary is out.

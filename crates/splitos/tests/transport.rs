@@ -16,7 +16,7 @@ fn shared_memory_carries_misses_between_components_of_one_host_unless_tcp_is_ask
         let misses = n(&s, "misses") - n(&s, "plocal_fills");
         assert!(misses >= 200, "{kind}: the program missed remotely: {s}");
         let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
-        let through_shm = c.metric(&m, "rpc_shm_requests_total");
+        let through_shm = c.metric(&m, "splitos_rpc_shm_requests_total");
         if kind == "shm" {
             assert!(through_shm >= misses as f64, "{kind}: the mComponent served every remote miss from its channels ({through_shm} of {misses})");
         } else {
@@ -32,7 +32,7 @@ fn a_program_whose_mcomponent_dies_mid_run_gets_an_error_over_shared_memory() {
     let mut a = c.spawn(&[], &[hold.to_str().unwrap(), "16"]);
     assert_eq!(read_line(&mut a), "ready\n");
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
-    assert!(c.metric(&m, "rpc_shm_requests_total") > 0.0, "the pComponent reached the mComponent through shared memory");
+    assert!(c.metric(&m, "splitos_rpc_shm_requests_total") > 0.0, "the pComponent reached the mComponent through shared memory");
     c.kill_component(c.pid_of_addr(&m));
     drop(a.stdin.take());
     let a = a.wait_with_output().unwrap();
@@ -51,8 +51,8 @@ fn adaptive_polling_stops_polling_while_a_program_idles_and_fixed_polling_never_
         let c = TestCluster::up(Some(config));
         let out = c.run(&[], &cmd);
         assert_eq!(text(&out.stdout), text(&native(&cmd).stdout), "{}", text(&out.stderr));
-        let skipped: f64 = ["pcomponent", "mcomponent"].iter().map(|r| c.metric(c.components(r)[0]["addr"].as_str().unwrap(), "poll_skipped_total")).sum();
-        let spins: f64 = ["pcomponent", "mcomponent"].iter().map(|r| c.metric(c.components(r)[0]["addr"].as_str().unwrap(), "poll_spins_total")).sum();
+        let skipped: f64 = ["pcomponent", "mcomponent"].iter().map(|r| c.metric(c.components(r)[0]["addr"].as_str().unwrap(), "splitos_poll_skipped_total")).sum();
+        let spins: f64 = ["pcomponent", "mcomponent"].iter().map(|r| c.metric(c.components(r)[0]["addr"].as_str().unwrap(), "splitos_poll_spins_total")).sum();
         assert!(spins > 0.0, "{polling}: the components polled");
         if polling == "adaptive" {
             assert!(skipped > 0.0, "{polling}: idle waiters went to sleep without polling");
@@ -112,9 +112,7 @@ impl TwoHosts {
 
     /// One counter of the component at `addr`, read from host A (0 when never counted).
     fn metric(&self, addr: &str, name: &str) -> f64 {
-        let all = self.ok(&self.a, &["cluster", "metrics"]);
-        let section = all.split("# component ").find(|s| s.lines().next() == Some(addr)).unwrap_or_else(|| panic!("no metrics of {addr}:\n{all}"));
-        section.lines().filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{"))).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+        metric_of(&self.ok(&self.a, &["cluster", "metrics"]), addr, name)
     }
 }
 
@@ -181,10 +179,10 @@ fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared
     let mems: Vec<&serde_json::Value> = status["components"].as_array().unwrap().iter().filter(|c| c["role"] == "mcomponent").collect();
     let on_b = mems.iter().find(|c| c["addr"] == addr_b.as_str()).expect("host B's mComponent is in the cluster");
     assert!(on_b["stats"]["flushes"].as_u64().unwrap() >= 200, "the program's lines went to host B: {on_b}");
-    assert_eq!(h.metric(&addr_b, "rpc_shm_requests_total"), 0.0, "host B is reached over TCP only");
-    assert!(h.metric(&addr_b, "mcomp_requests_total") > 0.0);
+    assert_eq!(h.metric(&addr_b, "splitos_rpc_shm_requests_total"), 0.0, "host B is reached over TCP only");
+    assert!(h.metric(&addr_b, "splitos_mcomp_requests_total") > 0.0);
     let on_a = mems.iter().find(|c| c["addr"] != addr_b.as_str()).unwrap()["addr"].as_str().unwrap().to_string();
     let pcomp = status["components"].as_array().unwrap().iter().find(|c| c["role"] == "pcomponent").unwrap()["addr"].as_str().unwrap().to_string();
-    let local: f64 = [on_a.as_str(), pcomp.as_str(), gm.as_str()].iter().map(|a| h.metric(a, "rpc_shm_requests_total")).sum();
+    let local: f64 = [on_a.as_str(), pcomp.as_str(), gm.as_str()].iter().map(|a| h.metric(a, "splitos_rpc_shm_requests_total")).sum();
     assert!(local > 0.0, "components of host A reached each other through shared memory");
 }

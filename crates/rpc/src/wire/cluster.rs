@@ -50,6 +50,9 @@ pub struct ComponentInfo {
     /// is late: the components that need it wait for it.
     #[serde(default)]
     pub lost: bool,
+    /// Where it serves its Prometheus metrics over HTTP, if it does.
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// An API token as the global managers list it: never its secret.
@@ -88,7 +91,8 @@ message_types! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
     /// `nics`: an nComponent's interface addresses, which the GNM maps to it.
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32 };
+    /// `metrics`: where it serves its Prometheus metrics over HTTP, if it does.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String> };
     /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool };
@@ -104,8 +108,9 @@ message_types! {
     /// obvious overcommit).
     G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64 };
     C2G_STATUS;
-    /// `api`: where the global managers serve the REST API, if they do.
-    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String> };
+    /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
+    /// they serve their own Prometheus metrics.
+    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String>, pub metrics: Option<String> };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
     C2G_PLACE_PROCESS;
     G2C_PLACED { pub pcomp: ComponentInfo };
@@ -142,6 +147,13 @@ message_types! {
     P2G_JOBS { pub jobs: Vec<JobInfo> };
     /// Sends `signal` to one of its programs; `ERR NotFound` if it runs no process `pid`.
     G2P_SIGNAL { pub pid: u64, pub signal: i32 };
+    /// Whom a bearer token of the REST API speaks for, for a component that serves its
+    /// metrics beyond loopback to admins only; `ERR NotFound` for no valid token.
+    X2G_API_TOKEN { pub token: String };
+    G2X_API_PRINCIPAL { pub name: String, pub admin: bool, pub vnodes: Vec<String> };
+    /// A component's Prometheus metrics, for the cluster-wide `/metrics` of the REST API.
+    G2X_METRICS;
+    X2G_METRICS { pub text: String };
 
     // ---- control client -> any component
     C2X_PING;

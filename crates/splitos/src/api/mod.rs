@@ -4,8 +4,9 @@
 //! API server does, and `/openapi.json` describes the rest; it is generated from the handlers
 //! below and checked into docs/openapi.json.
 //!
-//! It runs on a thread of its own with a single-threaded tokio runtime: the managers' RPC
-//! serving never waits for it, and a flood of API clients holds one thread.
+//! It runs on a thread of its own with a single-threaded tokio runtime
+//! ([`crate::telemetry::serve_router`]): the managers' RPC serving never waits for it, and a
+//! flood of API clients holds one thread and a few for the calls it makes to components.
 pub mod tokens;
 
 use std::net::SocketAddr;
@@ -135,6 +136,7 @@ pub struct JobList {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct SignalQuery {
     /// TERM (the default), INT, KILL, HUP, USR1 or USR2.
     pub signal: Option<String>,
@@ -162,10 +164,14 @@ fn refuse(status: StatusCode, peer: SocketAddr, method: &str, path: &str, who: O
     ApiError(status, why)
 }
 
+/// The path the client asked for (a nested router sees only the rest of it).
+fn path_of(req: &Request) -> String {
+    req.extensions().get::<axum::extract::OriginalUri>().map_or_else(|| req.uri().path().to_string(), |u| u.path().to_string())
+}
+
 /// Every request under `/api/` proves a token; the handlers get whom it speaks for.
 async fn authenticate(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, mut req: Request, next: Next) -> Response {
-    let sent = req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim));
-    let principal = match sent {
+    let principal = match crate::telemetry::bearer(req.headers()) {
         None => Err("no bearer token (Authorization: Bearer TOKEN; tokens: splitos cluster token create)"),
         Some(None) => Err("the Authorization header is not a bearer token"),
         Some(Some(t)) => api.gm.tokens.check(t).ok_or("not a valid token (revoked, or never issued)"),
@@ -176,7 +182,7 @@ async fn authenticate(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInf
             req.extensions_mut().insert(p);
             next.run(req).await
         }
-        Err(why) => refuse(StatusCode::UNAUTHORIZED, peer, req.method().as_str(), req.uri().path(), None, why.into()).into_response(),
+        Err(why) => refuse(StatusCode::UNAUTHORIZED, peer, req.method().as_str(), &path_of(&req), None, why.into()).into_response(),
     }
 }
 
@@ -307,14 +313,50 @@ async fn kill_job(
     .map_err(internal)?
 }
 
+/// The whole cluster's Prometheus metrics: the managers' and every alive component's series in
+/// one exposition, each labelled with its component and role (admin only).
+#[utoipa::path(get, path = "/metrics", security(("bearer" = [])),
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
+async fn cluster_metrics(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Response, ApiError> {
+    admin_only(&p, peer, "/metrics")?;
+    let gm = api.gm.clone();
+    let text = tokio::task::spawn_blocking(move || gm.cluster_metrics()).await.map_err(internal)?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+/// A group of scrape targets as Prometheus's HTTP service discovery reads them.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TargetGroup {
+    /// One component's metrics address.
+    pub targets: Vec<String>,
+    /// `__meta_splitos_component` (its RPC address) and `__meta_splitos_role`, for relabelling:
+    /// the series carry `component` and `role` labels of their own.
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// Where every alive component and the managers serve their metrics, in the format of
+/// Prometheus's `http_sd_configs` (admin only).
+#[utoipa::path(get, path = "/api/v1/targets", security(("bearer" = [])),
+    responses((status = 200, description = "Scrape targets", body = [TargetGroup]), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
+async fn targets(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<Vec<TargetGroup>>, ApiError> {
+    admin_only(&p, peer, "/api/v1/targets")?;
+    let group = |metrics: String, component: String, role: &str| TargetGroup {
+        targets: vec![metrics],
+        labels: [("__meta_splitos_component".to_string(), component), ("__meta_splitos_role".to_string(), role.to_string())].into(),
+    };
+    let own = api.gm.metrics_addr().map(|m| group(m, api.gm.addr.clone(), Role::Gm.name()));
+    let comps = api.gm.snapshot().into_iter().filter(|c| c.alive).filter_map(|c| Some(group(c.metrics?, c.addr, c.role.name())));
+    Ok(Json(own.into_iter().chain(comps).collect()))
+}
+
 async fn not_found(req: Request) -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, format!("no such resource: {}", req.uri().path()))
+    ApiError(StatusCode::NOT_FOUND, format!("no such resource: {}", path_of(&req)))
 }
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, config, jobs, kill_job),
+    paths(livez, readyz, whoami, components, config, jobs, kill_job, targets, cluster_metrics),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -344,9 +386,11 @@ fn router(api: Arc<Api>) -> Router {
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))
+        .route("/targets", get(targets))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(api.clone(), authenticate));
-    Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).fallback(not_found).with_state(api)
+    let metrics = Router::new().route("/metrics", get(cluster_metrics)).layer(middleware::from_fn_with_state(api.clone(), authenticate));
+    Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).merge(metrics).fallback(not_found).with_state(api)
 }
 
 /// Serves the API at `addr` on a thread of its own; returns the address it listens at.
@@ -358,18 +402,6 @@ pub fn serve(addr: &str, api: Arc<Api>) -> anyhow::Result<String> {
     if !local.ip().is_loopback() {
         anyhow::bail!("the REST API listens only on loopback until it has TLS, not on {local} (docs/control-plane.md)");
     }
-    l.set_nonblocking(true)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name("gm-api".into()).spawn(move || {
-        rt.block_on(async move {
-            let served = match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => axum::serve(l, router(api).into_make_service_with_connect_info::<SocketAddr>()).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = served {
-                tracing::error!("the REST API stopped: {e}");
-            }
-        })
-    })?;
+    crate::telemetry::serve_router(l, router(api), "api")?;
     Ok(local.to_string())
 }

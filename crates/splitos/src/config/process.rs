@@ -20,13 +20,24 @@ pub struct ProcessArgs {
     /// A file to write the component's address to once it serves.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
-    /// Serve Prometheus metrics over HTTP here.
-    #[arg(long)]
-    pub metrics_addr: Option<String>,
+    /// Where it serves its Prometheus metrics over HTTP (`GET /metrics`, docs/control-plane.md):
+    /// on loopback (port 0: any free port, which `cluster status --json` names) to anyone on
+    /// the host; beyond loopback only to requests with an admin token of the REST API; "off":
+    /// not served.
+    #[arg(long, default_value = METRICS_ADDR)]
+    #[serde(default = "metrics_addr")]
+    pub metrics_addr: String,
     /// How it reaches the other components. Last: its options' headings (`--help`) hold for
     /// every option after them.
     #[command(flatten)]
     pub transport: TransportConfig,
+}
+
+/// Where a component serves its metrics unless told otherwise.
+pub const METRICS_ADDR: &str = "127.0.0.1:0";
+
+fn metrics_addr() -> String {
+    METRICS_ADDR.to_string()
 }
 
 impl ProcessArgs {

@@ -250,7 +250,7 @@ impl Cluster {
         let process = |name: &str, role: Role| -> anyhow::Result<ProcessArgs> {
             let credentials = dir.join(format!("{name}.cred"));
             ca.issue(role)?.save(&credentials)?;
-            Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: None })
+            Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: crate::config::METRICS_ADDR.to_string() })
         };
         let gm = GmArgs {
             listen: cfg.cluster.gm.clone(),

@@ -142,7 +142,7 @@ fn human(b: u64) -> String {
 
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     let found = gm_addr(gm).and_then(|gm| cluster::gm_status(&gm).map(|st| (gm, st)));
-    let (gm, G2C_STATUS { components: comps, api, .. }) = match found {
+    let (gm, G2C_STATUS { components: comps, api, metrics, .. }) = match found {
         Ok(f) => f,
         // A script reading --json gets JSON it can test, and the exit status says it too.
         Err(e) if json => {
@@ -156,11 +156,11 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
             "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive, "lost": c.lost,
-            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "stats": stats,
+            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "metrics": c.metrics, "stats": stats,
         }));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "api": api, "components": rows}))?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "api": api, "gm_metrics": metrics, "components": rows}))?);
         return Ok(());
     }
     let mut t = Table::new();
@@ -331,21 +331,18 @@ pub fn token_revoke(gm: Option<String>, name: String) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every alive component's metrics, merged as the REST API's `/metrics` serves them.
 pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
     let mut addrs = vec![gm.clone()];
     addrs.extend(cluster::status(&gm)?.into_iter().filter(|c| c.alive).map(|c| c.addr));
-    let mut out = std::io::stdout().lock();
-    for a in addrs {
-        if let Ok(m) = cluster::ask(&a, C2X_METRICS) {
-            match writeln!(out, "# component {a}\n{}", m.text) {
-                // The reader has what it wanted (`| head`): not an error.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-                r => r?,
-            }
-        }
+    // A silent component's series are missing, as from a scrape.
+    let texts: Vec<String> = addrs.iter().filter_map(|a| cluster::ask(a, C2X_METRICS).ok().map(|m| m.text)).collect();
+    match std::io::stdout().lock().write_all(crate::telemetry::merge(texts).as_bytes()) {
+        // The reader has what it wanted (`| head`): not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
     }
-    Ok(())
 }
 
 /// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.

@@ -56,6 +56,8 @@ struct Entry {
 }
 
 pub struct Gm {
+    /// Where the managers serve requests.
+    pub addr: String,
     vregion_size: u64,
     replication: Replication,
     overcommit: Overcommit,
@@ -88,6 +90,8 @@ pub struct Gm {
     pub tokens: crate::api::Tokens,
     /// Where the REST API listens, once it does.
     api: std::sync::OnceLock<String>,
+    /// Where the managers serve their own metrics, once they do.
+    metrics: std::sync::OnceLock<String>,
     /// The managers' own requests to components, for the control plane: a short timeout, so
     /// that a hung pComponent delays a job list by that much at most.
     rpc: Rpc,
@@ -215,7 +219,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false };
+        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced })
@@ -366,21 +370,41 @@ impl Gm {
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
+    /// Where the managers serve their own metrics, if they do.
+    pub fn metrics_addr(&self) -> Option<String> {
+        self.metrics.get().cloned()
+    }
+
+    /// Asks every alive component that `which` picks at once, each answer beside its asker.
+    fn ask_all<R: Request + Clone + Sync>(&self, which: impl Fn(&ComponentInfo) -> bool, req: R) -> Vec<(ComponentInfo, Result<R::Reply, RpcError>)>
+    where
+        R::Reply: Send,
+    {
+        let comps: Vec<ComponentInfo> = self.snapshot().into_iter().filter(|c| c.alive && which(c)).collect();
+        let answers: Vec<Result<R::Reply, RpcError>> = std::thread::scope(|s| {
+            let asks: Vec<_> = comps.iter().map(|c| s.spawn(|| self.rpc.call(&c.addr, req.clone()))).collect();
+            asks.into_iter().map(|h| h.join().expect("a request to a component panicked")).collect()
+        });
+        comps.into_iter().zip(answers).collect()
+    }
+
     /// Every program the alive pComponents run; they are asked at once.
     pub fn jobs(&self) -> Jobs {
-        let pcomps: Vec<ComponentInfo> = self.snapshot().into_iter().filter(|c| c.role == Role::Proc && c.alive).collect();
-        let answers: Vec<Result<P2G_JOBS, RpcError>> = std::thread::scope(|s| {
-            let asks: Vec<_> = pcomps.iter().map(|c| s.spawn(|| self.rpc.call(&c.addr, G2P_JOBS))).collect();
-            asks.into_iter().map(|h| h.join().expect("a job-list request panicked")).collect()
-        });
         let mut jobs = Jobs { running: Vec::new(), unanswered: Vec::new() };
-        for (c, a) in pcomps.into_iter().zip(answers) {
+        for (c, a) in self.ask_all(|c| c.role == Role::Proc, G2P_JOBS) {
             match a {
                 Ok(r) => jobs.running.extend(r.jobs.into_iter().map(|j| (c.clone(), j))),
                 Err(e) => jobs.unanswered.push((c, e.to_string())),
             }
         }
         jobs
+    }
+
+    /// The whole cluster's metrics: the managers' own and every alive component's, merged
+    /// into one exposition (a silent component's series are missing).
+    pub fn cluster_metrics(&self) -> String {
+        let answers = self.ask_all(|_| true, G2X_METRICS);
+        crate::telemetry::merge(std::iter::once(crate::telemetry::render()).chain(answers.into_iter().filter_map(|(_, a)| a.ok().map(|m| m.text))))
     }
 
     /// Signals program `pid` on `pcomp`, which the caller found it on.
@@ -400,7 +424,12 @@ impl Handler for Gm {
         match msg {
             Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
             Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
-            Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned() })),
+            Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned() })),
+            Msg::X2G_API_TOKEN(r) => on(r, |r| match self.tokens.check(&r.token) {
+                Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL { name: token, admin: true, vnodes: Vec::new() }),
+                Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL { name: token, admin: false, vnodes }),
+                None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
+            }),
             Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
                 let token = self.tokens.create(&r.name, r.admin, r.vnodes.clone()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
                 tracing::info!(name = %r.name, admin = r.admin, vnodes = ?r.vnodes, "API token created");
@@ -426,7 +455,7 @@ impl Handler for Gm {
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
-            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: node::render_metrics() })),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_STATS(r) => on(r, |_| self.stats()),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| {
                 crate::node::exit_soon();
@@ -444,7 +473,9 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let t = args.process.transport.build(Some(node::credentials(args.process.credentials()?, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
+    crate::telemetry::init(Role::Gm, &addr);
     let gm = Arc::new(Gm {
+        addr: addr.clone(),
         vregion_size: cfg.vregion_size.0,
         replication,
         overcommit: cfg.overcommit,
@@ -461,12 +492,13 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         quota_homes: Mutex::new(Default::default()),
         tokens: crate::api::Tokens::open(args.tokens.as_deref())?,
         api: std::sync::OnceLock::new(),
+        metrics: std::sync::OnceLock::new(),
         rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
     });
     ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
-    if let Some(m) = &args.process.metrics_addr {
-        let at = node::serve_metrics_http(m)?;
-        tracing::info!(metrics = %at, "serving Prometheus metrics");
+    let g = gm.clone();
+    if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
+        let _ = gm.metrics.set(at);
     }
     if cfg.api != "off" {
         let api = crate::api::Api { gm: gm.clone(), config: serde_json::to_value(cfg)? };
@@ -474,7 +506,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         tracing::info!(api = %at, tokens = ?args.tokens, "serving the REST API");
         let _ = gm.api.set(at);
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");
     node::announce_ready(args.process.ready_file.as_deref(), &addr);
     crate::node::park_forever()
 }

@@ -313,11 +313,11 @@ impl<P: Peers> Mem<P> {
         .to_string()
     }
 
-    fn metrics(&self) -> Result<X2C_METRICS, Refusal> {
+    /// Its gauges, as they are at a scrape.
+    fn render_metrics(&self) {
         metrics::gauge!("mcomp_committed_bytes").set(self.committed.load(Relaxed) as f64);
         metrics::gauge!("mcomp_used_bytes").set(self.used.load(Relaxed) as f64);
         self.quotas.export();
-        Ok(X2C_METRICS { text: node::render_metrics() })
     }
 
     fn shutdown(&self) -> Result<OK, Refusal> {
@@ -385,7 +385,8 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::N2M_NETBUF_READ(r) => on(r, |r| Ok(M2N_NETBUF_DATA { data: self.netbuf_read(r.buf, Some(r.owner), r.offset, r.len)? })),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Mem, id: self.peers.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
+            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an mComponent does not handle {}", other.name()))),
         };
@@ -445,9 +446,11 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let cfg = &args.mcomp;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let (node, endpoint) = Node::bind(Role::Mem, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
+    let (node, endpoint) = Node::bind(Role::Mem, &args.node.gm, &cfg.listen, &args.node.process)?;
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let mem = Arc::new(Mem::new(RpcPeers(node.clone()), cfg, jobs_tx));
+    let m = mem.clone();
+    crate::telemetry::on_render(move |_| m.render_metrics());
     let m3 = mem.clone();
     // Buffered file writes reach the sComponent before an orderly stop.
     stop.on_stop(move || m3.bcache.write_back_all());
@@ -487,11 +490,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         .expect("spawn the rebuilder");
     let m5 = mem.clone();
     std::thread::Builder::new().name("log-stream".into()).spawn(move || m5.stream_logs()).expect("spawn the log streamer");
-    if let Some(m) = &args.node.process.metrics_addr {
-        let at = node::serve_metrics_http(m)?;
-        tracing::info!(metrics = %at, "serving Prometheus metrics");
-    }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = cfg.capacity.0, buffer_cache = cfg.bcache.0, readahead = cfg.readahead.0, backup_log = cfg.backup_log.0, workers = cfg.workers, "splitos memory monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", metrics = ?node.metrics, replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = cfg.capacity.0, buffer_cache = cfg.bcache.0, readahead = cfg.readahead.0, backup_log = cfg.backup_log.0, workers = cfg.workers, "splitos memory monitor started");
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -114,10 +114,8 @@ impl Handler for Net {
         match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Net, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| {
-                metrics::gauge!("ncomp_open_sockets").set(self.c.open.load(Relaxed) as f64);
-                Ok(X2C_METRICS { text: node::render_metrics() })
-            }),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
+            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| {
                 node::exit_soon();
                 Ok(OK)
@@ -167,12 +165,14 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
     let cfg = &args.ncomp;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
     let nics = if cfg.nics.is_empty() { host_addresses()? } else { cfg.nics.clone() };
-    let (node, endpoint) = Node::bind(Role::Net, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
+    let (node, endpoint) = Node::bind(Role::Net, &args.node.gm, &cfg.listen, &args.node.process)?;
     let _ = node.nics.set(nics.clone());
     let c = Arc::new(Counters::default());
     let proxy = Arc::new(proxy::start(c.clone(), cfg.loopback, nics.clone())?);
     let ddma = ddma::Ddma::start(node.clone(), proxy.clone(), c.clone())?;
     let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
+    let n = net.clone();
+    crate::telemetry::on_render(move |e| e.one("ncomp_open_sockets", crate::telemetry::Kind::Gauge, "Sockets open for programs.", n.c.open.load(Relaxed) as f64));
     endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
     node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let (n2, n3) = (net.clone(), net.clone());
@@ -186,12 +186,8 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
             }
         },
     );
-    if let Some(m) = &args.node.process.metrics_addr {
-        let at = node::serve_metrics_http(m)?;
-        tracing::info!(metrics = %at, "serving Prometheus metrics");
-    }
     let shown: Vec<String> = nics.iter().map(|ip| ip.to_string()).collect();
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", nics = %shown.join(","), loopback = %cfg.loopback, "splitos network monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", metrics = ?node.metrics, nics = %shown.join(","), loopback = %cfg.loopback, "splitos network monitor started");
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -35,6 +35,7 @@ pub use stats::RunStats;
 
 use crate::config::{AccessSampling, DirtyTracking, HugePages, IdlePoll, OneSided, PcompConfig, ProcArgs};
 use crate::node::{self, Node};
+use crate::telemetry::{Exposition, Kind};
 
 /// A process running on this pComponent.
 pub struct Proc {
@@ -235,15 +236,30 @@ impl Pcomp {
         .to_string()
     }
 
-    fn metrics(&self) -> Result<X2C_METRICS, Refusal> {
-        self.miss.total().export();
-        crate::counters::export("pcomp_one_sided", self.store.one_sided.stats.counters());
-        crate::counters::export("pcomp_idle_poll", self.idle.stats.counters());
-        metrics::gauge!("pcomp_excache_used_lines").set(self.miss.with_cache(|c| c.used()) as f64);
+    /// Its counters and gauges, and each job's, as they are at a scrape.
+    fn render_metrics(&self, e: &mut Exposition) {
+        self.miss.total().render(e);
+        crate::counters::render(e, "pcomp_one_sided", self.store.one_sided.stats.counters());
+        crate::counters::render(e, "pcomp_idle_poll", self.idle.stats.counters());
+        e.one("pcomp_excache_used_lines", Kind::Gauge, "ExCache lines holding a page.", self.miss.with_cache(|c| c.used()) as f64);
         let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
-        metrics::gauge!("pcomp_tier_used_bytes").set(used as f64);
-        metrics::gauge!("pcomp_tier_entries").set(entries as f64);
-        Ok(X2C_METRICS { text: node::render_metrics() })
+        e.one("pcomp_tier_used_bytes", Kind::Gauge, "Bytes the compressed tier holds.", used as f64);
+        e.one("pcomp_tier_entries", Kind::Gauge, "Pages the compressed tier holds.", entries as f64);
+        // A job is a run: the processes one `splitos run` started share its counters, and it
+        // is named by its first process's pid (as `splitos ps` shows it; `job` is the label
+        // Prometheus gives its own scrape jobs).
+        let mut runs: Vec<(u64, Arc<RunStats>, String)> = Vec::new();
+        for p in self.procs.lock().unwrap().values() {
+            match runs.iter_mut().find(|(_, r, _)| Arc::ptr_eq(r, &p.heap.stats)) {
+                Some(run) => run.0 = run.0.min(p.pid),
+                None => runs.push((p.pid, p.heap.stats.clone(), p.memory.who.vnode.clone())),
+            }
+        }
+        let job = |(pid, _, vnode): &(u64, Arc<RunStats>, String)| vec![("pid", pid.to_string()), ("vnode", vnode.clone())];
+        let per_job = |c: fn(&RunStats) -> &std::sync::atomic::AtomicU64| runs.iter().map(move |r| (job(r), c(&r.1).load(std::sync::atomic::Ordering::Relaxed) as f64));
+        e.family("pcomp_job_misses_total", Kind::Counter, "ExCache misses of a running job (its run's processes).", per_job(|s| &s.misses));
+        e.family("pcomp_job_evictions_total", Kind::Counter, "ExCache lines a running job evicted.", per_job(|s| &s.evictions));
+        e.family("pcomp_job_writebacks_total", Kind::Counter, "Lines a running job wrote back to mComponents.", per_job(|s| &s.flushes));
     }
 
     fn shutdown(&self) -> Result<OK, Refusal> {
@@ -275,7 +291,8 @@ impl Handler for Pcomp {
         match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Proc, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| self.metrics()),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
+            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
@@ -306,7 +323,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if cfg.dirty_tracking == DirtyTracking::Scan {
         excache::dirty::check_kernel().map_err(|e| anyhow::anyhow!("dirty_tracking = \"scan\": {e}"))?;
     }
-    let credentials = args.node.process.credentials()?;
+    // Without credentials it stops here, before it mounts anything.
+    args.node.process.credentials()?;
     let lines = (cfg.excache.0 / PAGE_SIZE as u64) as usize;
     let heap_fs = match cfg.huge_pages {
         HugePages::Off => None,
@@ -331,7 +349,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     if let Err(e) = &uffd_dev {
         tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");
     }
-    let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process.transport, credentials)?;
+    let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process)?;
     let store = Arc::new(RemoteStore::new(node.clone(), cfg.one_sided == OneSided::On));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
         let me = me.clone();
@@ -371,6 +389,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         }
     });
     let p2 = p.clone();
+    crate::telemetry::on_render(move |e| p2.render_metrics(e));
+    let p2 = p.clone();
     // Programs must not find dead mounts: unmount the vNode file systems before exiting.
     stop.on_stop(move || p2.mounts.unmount_all());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
@@ -391,12 +411,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let p2 = p.clone();
     let p3 = p.clone();
     node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), move |beat| p3.net.forget_peers(&beat.lost));
-    if let Some(m) = &args.node.process.metrics_addr {
-        let at = node::serve_metrics_http(m)?;
-        tracing::info!(metrics = %at, "serving Prometheus metrics");
-    }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", metrics = ?node.metrics, shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
     });
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     node::park_forever()

@@ -164,9 +164,9 @@ impl RunStats {
         j.into()
     }
 
-    /// Sets the pComponent's Prometheus counters to these totals.
-    pub fn export(&self) {
-        counters::export("pcomp", self.counters());
+    /// Renders these totals as the pComponent's Prometheus counters.
+    pub fn render(&self, e: &mut crate::telemetry::Exposition) {
+        counters::render(e, "pcomp", self.counters());
     }
 }
 
@@ -179,18 +179,18 @@ mod tests {
     /// pComponent's statistics, and Prometheus metrics the tests read.
     const READ_KEYS: &[&str] = &["misses", "evictions", "flushes", "processes", "prefetch_sample_used", "prefetch_sample_wasted", "evicted_by_others", "miss_ns_p50", "miss_ns_p99", "miss_breakdown_ns_p50", "errors"];
     const READ_METRICS: &[&str] = &[
-        "pcomp_misses_total",
-        "pcomp_tier_hits_total",
-        "pcomp_tier_writebacks_total",
-        "pcomp_tier_stores_total",
-        "pcomp_dirty_scans_total",
-        "pcomp_wp_faults_total",
-        "pcomp_bg_evictions_total",
-        "pcomp_inline_evictions_total",
-        "pcomp_bg_writeback_batches_total",
-        "pcomp_evictor_ns_total",
-        "pcomp_faults_on_faulting_cpu_total",
-        "pcomp_huge_pages_total",
+        "splitos_pcomp_misses_total",
+        "splitos_pcomp_tier_hits_total",
+        "splitos_pcomp_tier_writebacks_total",
+        "splitos_pcomp_tier_stores_total",
+        "splitos_pcomp_dirty_scans_total",
+        "splitos_pcomp_wp_faults_total",
+        "splitos_pcomp_bg_evictions_total",
+        "splitos_pcomp_inline_evictions_total",
+        "splitos_pcomp_bg_writeback_batches_total",
+        "splitos_pcomp_evictor_seconds_total",
+        "splitos_pcomp_faults_on_faulting_cpu_total",
+        "splitos_pcomp_huge_pages_total",
     ];
 
     #[test]
@@ -201,14 +201,14 @@ mod tests {
             c.atomic.store(1000 + i as u64, Relaxed);
         }
         let json = s.json();
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || s.export());
-        let text = handle.render();
+        let mut e = crate::telemetry::Exposition::unlabelled();
+        s.render(&mut e);
+        let text = e.text();
         for c in s.counters() {
             assert_eq!(json[c.name], c.value(), "{}", c.name);
-            let metric = c.metric("pcomp");
-            assert!(text.lines().any(|l| l == format!("{metric} {}", c.value())), "{metric} in\n{text}");
+            let (metric, value) = c.metric("pcomp");
+            let metric = format!("splitos_{metric}");
+            assert!(text.lines().any(|l| l == format!("{metric} {value}")), "{metric} in\n{text}");
             assert!(text.lines().any(|l| l.starts_with(&format!("# HELP {metric} ")) && l.len() > metric.len() + 10), "{metric}'s help in\n{text}");
         }
         for k in READ_KEYS {

@@ -173,10 +173,8 @@ impl Handler for Storage {
         let reply = match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Storage, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| {
-                metrics::gauge!("scomp_used_bytes").set(self.share.load().used as f64);
-                Ok(X2C_METRICS { text: node::render_metrics() })
-            }),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
+            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             other => self.share.handle(other),
         };
@@ -193,8 +191,10 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
     let dir = cfg.dir.as_deref().ok_or_else(|| anyhow::anyhow!("an sComponent needs its storage directory (dir)"))?;
     let share = share::Share::open(dir, cfg.quota.0)?;
-    let (node, endpoint) = Node::bind(Role::Storage, &args.node.gm, &cfg.listen, &args.node.process.transport, args.node.process.credentials()?)?;
+    let (node, endpoint) = Node::bind(Role::Storage, &args.node.gm, &cfg.listen, &args.node.process)?;
     let st = Arc::new(Storage { node: node.clone(), share: share.clone(), started: Instant::now() });
+    let s = st.clone();
+    crate::telemetry::on_render(move |e| e.one("scomp_used_bytes", crate::telemetry::Kind::Gauge, "Bytes the vNodes' files take.", s.share.load().used as f64));
     let s3 = share.clone();
     stop.on_stop(move || s3.checkpoint());
     std::thread::Builder::new()
@@ -208,11 +208,7 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
     node.register(None, st.share.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let s2 = st.clone();
     node.clone().heartbeat_forever(None, move || s2.share.load(), |_| {});
-    if let Some(m) = &args.node.process.metrics_addr {
-        let at = node::serve_metrics_http(m)?;
-        tracing::info!(metrics = %at, "serving Prometheus metrics");
-    }
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", dir = %dir.display(), quota = cfg.quota.0, used = st.share.load().used, owner = st.share.is_owner(), "splitos storage monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "scomponent", metrics = ?node.metrics, dir = %dir.display(), quota = cfg.quota.0, used = st.share.load().used, owner = st.share.is_owner(), "splitos storage monitor started");
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }
