@@ -90,7 +90,7 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
     assert!(!out.status.success() && text(&out.stderr).contains("name"), "{}", text(&out.stderr));
 
     // The file keeps hashes, not secrets.
-    let raw = std::fs::read(c.dir.path().join("tokens.redb")).unwrap();
+    let raw = std::fs::read(c.dir.path().join("gm-state.redb")).unwrap();
     let secret = admin.rsplit('_').next().unwrap().as_bytes();
     assert!(!raw.windows(secret.len()).any(|w| w == secret));
 
@@ -205,4 +205,87 @@ fn the_api_knob_turns_it_off_and_refuses_addresses_beyond_loopback() {
     let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&conf).env("SPLITOS_STATE_DIR", dir.path()).env("SPLITOS_DATA_DIR", dir.path().join("data")).output().unwrap();
     assert!(!out.status.success(), "cluster up with the API on every interface");
     assert!(text(&out.stderr).contains("cluster.api") && text(&out.stderr).contains("loopback"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn vnodes_made_through_the_api_are_granted_at_once_and_refused_once_deleted() {
+    let alice = 60011u32;
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[scomponent]]\n"));
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    let admin = api_token(&c, &["ops", "--admin"]);
+    let lab_tenant = api_token(&c, &["lab-ci", "--vnode", "lab"]);
+    let other_tenant = api_token(&c, &["other-ci", "--vnode", "other"]);
+    let state = c.dir.path().to_str().unwrap().to_string();
+    let env = [("SPLITOS_STATE_DIR", state.as_str())];
+    let py = "/usr/bin/python3";
+    let squares = "import os; x = [i * i for i in range(200000)]; print(os.getuid(), sum(x))";
+    let native = as_user(alice, &[py, "-c", squares], &[]);
+    assert!(native.status.success(), "{}", text(&native.stderr));
+    let run_as_alice = || as_user(alice, &[splitos().to_str().unwrap(), "run", "--vnode", "lab", "--", py, "-c", squares], &env);
+
+    // Before the vNode is made, Alice is granted nothing.
+    let out = run_as_alice();
+    assert!(!out.status.success() && text(&out.stderr).contains("grants no vNode to this user"), "{}", text(&out.stderr));
+
+    // Bad bodies get a clear 4xx in JSON, and make nothing.
+    let lab = br#"{"name": "lab", "users": ["60011"], "memory": "64M"}"#;
+    for (content_type, body, code, why) in [
+        ("text/plain", &lab[..], 415, "not JSON"),
+        ("application/json", &b"{\"name\": "[..], 400, "malformed"),
+        ("application/json", &br#"{"name": "lab", "colour": "red"}"#[..], 422, "an unknown field"),
+        ("application/json", &br#"{"users": []}"#[..], 422, "no name"),
+        ("application/json", &br#"{"name": "../up"}"#[..], 422, "a bad name"),
+        ("application/json", &br#"{"name": "lab", "users": ["no-such-user-here"]}"#[..], 422, "an unknown user"),
+        ("application/json", &br#"{"name": "lab", "memory": "1K"}"#[..], 422, "a quota under a page"),
+    ] {
+        let (got, _, body) = http_as(&api, "POST", "/api/v1/vnodes", Some(&admin), content_type, body);
+        assert_eq!(got, code, "{why}: {body}");
+        assert!(json(&body)["error"].as_str().is_some_and(|e| !e.is_empty()), "{why}: {body}");
+    }
+    let huge = format!(r#"{{"name": "lab", "users": ["{}"]}}"#, "x".repeat(100 << 10));
+    assert_eq!(http(&api, "POST", "/api/v1/vnodes", Some(&admin), huge.as_bytes()).0, 413);
+    assert_eq!(http(&api, "POST", "/api/v1/vnodes", Some(&lab_tenant), lab).0, 403, "a tenant makes no vNode");
+    assert_eq!(http(&api, "POST", "/api/v1/vnodes", None, lab).0, 401);
+    assert!(json(&http(&api, "GET", "/api/v1/vnodes", Some(&admin), b"").2).as_array().unwrap().is_empty(), "nothing was made");
+
+    // Made, once.
+    let (code, _, body) = http(&api, "POST", "/api/v1/vnodes", Some(&admin), lab);
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(json(&body), serde_json::json!({"name": "lab", "users": ["60011"], "groups": [], "memory_bytes": 64 << 20}));
+    assert_eq!(http(&api, "POST", "/api/v1/vnodes", Some(&admin), lab).0, 409);
+
+    // Each tenant sees its own; another's is 403 whether it exists or not, a missing one of
+    // its own 404.
+    let names = |t: &str| json(&http(&api, "GET", "/api/v1/vnodes", Some(t), b"").2).as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert_eq!((names(&admin), names(&lab_tenant), names(&other_tenant)), (vec!["lab".to_string()], vec!["lab".to_string()], vec![]));
+    assert_eq!(http(&api, "GET", "/api/v1/vnodes/lab", Some(&lab_tenant), b"").0, 200);
+    assert_eq!(http(&api, "GET", "/api/v1/vnodes/lab", Some(&other_tenant), b"").0, 403);
+    assert_eq!(http(&api, "GET", "/api/v1/vnodes/nowhere", Some(&lab_tenant), b"").0, 403);
+    assert_eq!(http(&api, "GET", "/api/v1/vnodes/other", Some(&other_tenant), b"").0, 404);
+    assert_eq!(http(&api, "DELETE", "/api/v1/vnodes/lab", Some(&lab_tenant), b"").0, 403, "a tenant deletes no vNode");
+
+    // The pComponent grants it within a heartbeat: Alice runs python3 as herself on it, and
+    // it prints what it prints natively.
+    assert!(c.eventually(Duration::from_secs(5), |_| run_as_alice().status.success()), "{}", text(&run_as_alice().stderr));
+    let out = run_as_alice();
+    assert_eq!(text(&out.stdout), text(&native.stdout), "{}", text(&out.stderr));
+
+    // Not deleted while a job runs on it.
+    let hold = program("hold");
+    let mut job = c.spawn(&["--vnode", "lab"], &[hold.to_str().unwrap(), "4"]);
+    assert_eq!(read_line(&mut job), "ready\n");
+    let (code, _, body) = http(&api, "DELETE", "/api/v1/vnodes/lab", Some(&admin), b"");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("1 job(s) run on vNode"), "{body}");
+    let jobs = json(&http(&api, "GET", "/api/v1/jobs", Some(&admin), b"").2);
+    let pid = jobs["jobs"][0]["pid"].as_str().unwrap().to_string();
+    assert_eq!(http(&api, "DELETE", &format!("/api/v1/jobs/{pid}?signal=KILL"), Some(&admin), b"").0, 202);
+    let _ = job.wait();
+    assert!(c.eventually(Duration::from_secs(10), |_| http(&api, "DELETE", "/api/v1/vnodes/lab", Some(&admin), b"").0 == 204));
+    assert_eq!(http(&api, "GET", "/api/v1/vnodes/lab", Some(&admin), b"").0, 404);
+
+    // Deleted, it is root's alone again.
+    assert!(c.eventually(Duration::from_secs(5), |_| !run_as_alice().status.success()));
+    let out = run_as_alice();
+    assert!(text(&out.stderr).contains("grants no vNode to this user"), "{}", text(&out.stderr));
 }

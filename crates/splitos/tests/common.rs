@@ -782,13 +782,19 @@ impl Drop for Stalled {
     }
 }
 
-/// One HTTP/1.1 request; returns the status, the headers (lowercased names) and the body.
+/// One HTTP/1.1 request with a JSON body; returns the status, the headers (lowercased names)
+/// and the body.
 pub fn http(api: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String, String) {
+    http_as(api, method, path, token, "application/json", body)
+}
+
+/// One HTTP/1.1 request with a body of `content_type`.
+pub fn http_as(api: &str, method: &str, path: &str, token: Option<&str>, content_type: &str, body: &[u8]) -> (u16, String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(api).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: {api}\r\n{auth}Content-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n", body.len());
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: {api}\r\n{auth}Content-Length: {}\r\nContent-Type: {content_type}\r\nConnection: close\r\n\r\n", body.len());
     s.write_all(head.as_bytes()).unwrap();
     // A body the server refuses early may find the connection closed: what it answered counts.
     let _ = s.write_all(body);
@@ -807,4 +813,10 @@ pub fn api_token(c: &TestCluster, args: &[&str]) -> String {
     let out = c.cmd(&a).output().unwrap();
     assert!(out.status.success(), "token create: {}", text(&out.stderr));
     text(&out.stdout).lines().last().unwrap().to_string()
+}
+
+/// Runs `args` as the user `uid` (with its own group and no other), with `env`.
+pub fn as_user(uid: u32, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    std::process::Command::new("setpriv").args([u.as_str(), g.as_str(), "--clear-groups"]).args(args).envs(env.iter().copied()).output().unwrap()
 }

@@ -196,12 +196,6 @@ except PermissionError:
     assert_eq!(text(&out.stdout), "secret\n", "root's programs still read it: {}", text(&out.stderr));
 }
 
-/// Runs `args` as the user `uid` (with its own group and no other), with `env`.
-fn as_user(uid: u32, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
-    Command::new("setpriv").args([u.as_str(), g.as_str(), "--clear-groups"]).args(args).envs(env.iter().copied()).output().unwrap()
-}
-
 /// Allocates, writes a file where it is told, and says who it is: the same as a native run
 /// when it runs as that user.
 const USER_PROGRAM: &str = r#"

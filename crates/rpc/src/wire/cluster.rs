@@ -65,6 +65,17 @@ pub struct TokenInfo {
     pub created_unix_s: u64,
 }
 
+/// A vNode the admin made (a `[[vnode]]` table, or the REST API): who may use it, by names
+/// or numeric ids that each pComponent resolves on its host, and its memory quota.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VnodeInfo {
+    pub name: String,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+    /// Bytes all its processes together may map writable; none: no quota.
+    pub memory: Option<u64>,
+}
+
 /// A program running on a pComponent, as the control plane lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobInfo {
@@ -95,7 +106,8 @@ message_types! {
     X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String> };
     /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
-    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool };
+    /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool, pub vnodes: u64 };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
     /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
@@ -106,7 +118,9 @@ message_types! {
     /// drops them and registers again.
     /// `memory`: the capacity of all live mComponents (a mapping larger than that is an
     /// obvious overcommit).
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64 };
+    /// `vnodes`: the version of the vNodes' table; a pComponent that has another asks for
+    /// the table (`P2G_VNODES`).
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64 };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics.
@@ -147,6 +161,10 @@ message_types! {
     P2G_JOBS { pub jobs: Vec<JobInfo> };
     /// Sends `signal` to one of its programs; `ERR NotFound` if it runs no process `pid`.
     G2P_SIGNAL { pub pid: u64, pub signal: i32 };
+    /// The vNodes the admin made, and the table's version: a pComponent grants them to the
+    /// users and groups named.
+    P2G_VNODES;
+    G2P_VNODES { pub version: u64, pub vnodes: Vec<VnodeInfo> };
     /// Whom a bearer token of the REST API speaks for, for a component that serves its
     /// metrics beyond loopback to admins only; `ERR NotFound` for no valid token.
     X2G_API_TOKEN { pub token: String };

@@ -42,7 +42,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
 /// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
 /// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
-pub const WIRE_VERSION: u16 = 16;
+pub const WIRE_VERSION: u16 = 17;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -299,7 +299,7 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
-    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, P2G_VNODES, G2P_VNODES,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
@@ -349,6 +349,7 @@ replies! {
     C2G_TOKEN_REVOKE => OK,
     G2P_JOBS => P2G_JOBS,
     X2G_API_TOKEN => G2X_API_PRINCIPAL,
+    P2G_VNODES => G2P_VNODES,
     G2X_METRICS => X2G_METRICS,
     G2P_SIGNAL => OK,
     C2G_PLACE_PROCESS => G2C_PLACED,

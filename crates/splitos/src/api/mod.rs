@@ -12,15 +12,16 @@ pub mod tokens;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Extension, Json, Router};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use splitos_rpc::refusals::Refusals;
-use splitos_rpc::Role;
+use splitos_rpc::{Role, VnodeInfo};
 use utoipa::OpenApi;
 
 use crate::gm::Gm;
@@ -44,6 +45,25 @@ impl IntoResponse for ApiError {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
         r
+    }
+}
+
+/// The most a request body may hold; a larger one is refused (413) before it is read whole.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// A JSON request body, refused as the API refuses anything: `{"error": ...}` with 415 (not
+/// JSON), 400 (malformed), 422 (fields missing, unknown or of the wrong type) or 413 (larger
+/// than [`MAX_BODY`]).
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(r) => Err(ApiError(r.status(), r.body_text())),
+        }
     }
 }
 
@@ -140,6 +160,22 @@ pub struct JobList {
 pub struct SignalQuery {
     /// TERM (the default), INT, KILL, HUP, USR1 or USR2.
     pub signal: Option<String>,
+}
+
+/// A vNode the admin made.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct VnodeView {
+    pub name: String,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+    /// Its memory quota in bytes; none: no quota.
+    pub memory_bytes: Option<u64>,
+}
+
+impl From<VnodeInfo> for VnodeView {
+    fn from(v: VnodeInfo) -> VnodeView {
+        VnodeView { name: v.name, users: v.users, groups: v.groups, memory_bytes: v.memory }
+    }
 }
 
 /// Whom the caller's token speaks for.
@@ -349,6 +385,89 @@ async fn targets(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Soc
     Ok(Json(own.into_iter().chain(comps).collect()))
 }
 
+/// The vNodes the admin made: every one for an admin, its own for a tenant.
+#[utoipa::path(get, path = "/api/v1/vnodes", security(("bearer" = [])),
+    responses((status = 200, description = "The vNodes", body = [VnodeView]), (status = 401, description = "No valid token", body = ErrorBody)))]
+async fn vnodes(State(api): State<Arc<Api>>, Extension(p): Extension<Principal>) -> Json<Vec<VnodeView>> {
+    Json(api.gm.vnodes.list().1.into_iter().filter(|v| p.may_see_vnode(&v.name)).map(VnodeView::from).collect())
+}
+
+/// Makes a vNode, granted to the users and groups named, with its memory quota (admin only).
+/// pComponents grant it within a heartbeat (300 ms); it outlives a restart of the managers.
+#[utoipa::path(post, path = "/api/v1/vnodes", security(("bearer" = [])), request_body = crate::config::VnodeConfig,
+    responses((status = 201, description = "Made", body = VnodeView), (status = 400, description = "Not JSON", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
+              (status = 403, description = "Not an admin token", body = ErrorBody), (status = 409, description = "It exists", body = ErrorBody), (status = 413, description = "A body over 64 KiB", body = ErrorBody),
+              (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "Unknown or missing fields, a bad name, an unknown user or group, a quota under a page", body = ErrorBody)))]
+async fn create_vnode(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Body(v): Body<crate::config::VnodeConfig>,
+) -> Result<(StatusCode, Json<VnodeView>), ApiError> {
+    admin_only(&p, peer, "/api/v1/vnodes")?;
+    let v = VnodeInfo { name: v.name, users: v.users, groups: v.groups, memory: v.memory.map(|m| m.0) };
+    let gm = api.gm.clone();
+    let made = v.clone();
+    tokio::task::spawn_blocking(move || gm.vnodes.create(made)).await.map_err(internal)?.map_err(vnode_error)?;
+    tracing::info!(vnode = %v.name, users = ?v.users, groups = ?v.groups, memory = ?v.memory, token = p.name(), "vNode made through the API");
+    Ok((StatusCode::CREATED, Json(v.into())))
+}
+
+fn vnode_error(e: crate::gm::vnodes::VnodeError) -> ApiError {
+    use crate::gm::vnodes::VnodeError;
+    let status = match &e {
+        VnodeError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        VnodeError::Exists(_) => StatusCode::CONFLICT,
+        VnodeError::NotFound(_) => StatusCode::NOT_FOUND,
+        VnodeError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError(status, e.to_string())
+}
+
+/// Refuses a tenant another tenant's vNode, whether or not it exists.
+fn tenant_of(p: &Principal, peer: SocketAddr, method: &str, name: &str) -> Result<(), ApiError> {
+    match p.may_see_vnode(name) {
+        true => Ok(()),
+        false => Err(refuse(StatusCode::FORBIDDEN, peer, method, &format!("/api/v1/vnodes/{name}"), Some(p.name()), "not a vNode of this token".into())),
+    }
+}
+
+/// One vNode: an admin any, a tenant its own; another tenant's is 403.
+#[utoipa::path(get, path = "/api/v1/vnodes/{name}", security(("bearer" = [])), params(("name" = String, Path, description = "The vNode's name")),
+    responses((status = 200, description = "The vNode", body = VnodeView), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Another tenant's vNode", body = ErrorBody),
+              (status = 404, description = "No such vNode", body = ErrorBody)))]
+async fn vnode(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(name): Path<String>) -> Result<Json<VnodeView>, ApiError> {
+    tenant_of(&p, peer, "GET", &name)?;
+    api.gm.vnodes.get(&name).map(|v| Json(v.into())).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no vNode is named {name:?}")))
+}
+
+/// Deletes a vNode on which no job runs (admin only): its users are refused from then on,
+/// and its files stay on its sComponent, for a vNode of the same name made later.
+#[utoipa::path(delete, path = "/api/v1/vnodes/{name}", security(("bearer" = [])), params(("name" = String, Path, description = "The vNode's name")),
+    responses((status = 204, description = "Deleted"), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody),
+              (status = 404, description = "No such vNode", body = ErrorBody), (status = 409, description = "Jobs run on it, or a pComponent did not say whether any does", body = ErrorBody)))]
+async fn delete_vnode(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    admin_only(&p, peer, &format!("/api/v1/vnodes/{name}"))?;
+    let gm = api.gm.clone();
+    let n = name.clone();
+    tokio::task::spawn_blocking(move || {
+        gm.vnodes.get(&n).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no vNode is named {n:?}")))?;
+        let jobs = gm.jobs();
+        let running = jobs.running.iter().filter(|(_, j)| j.vnode == n).count();
+        if running > 0 {
+            return Err(ApiError(StatusCode::CONFLICT, format!("{running} job(s) run on vNode {n:?}: end them first (DELETE /api/v1/jobs/PID)")));
+        }
+        if let Some((c, e)) = jobs.unanswered.first() {
+            return Err(ApiError(StatusCode::CONFLICT, format!("pComponent {} did not say whether jobs run on vNode {n:?} ({e}): try again", c.id)));
+        }
+        gm.vnodes.delete(&n).map_err(vnode_error)
+    })
+    .await
+    .map_err(internal)??;
+    tracing::info!(vnode = %name, token = p.name(), "vNode deleted through the API");
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn not_found(req: Request) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, format!("no such resource: {}", path_of(&req)))
 }
@@ -356,7 +475,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, config, jobs, kill_job, targets, cluster_metrics),
+    paths(livez, readyz, whoami, components, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -386,11 +505,21 @@ fn router(api: Arc<Api>) -> Router {
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))
+        .route("/vnodes", get(vnodes).post(create_vnode))
+        .route("/vnodes/{name}", get(vnode).delete(delete_vnode))
         .route("/targets", get(targets))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(api.clone(), authenticate));
     let metrics = Router::new().route("/metrics", get(cluster_metrics)).layer(middleware::from_fn_with_state(api.clone(), authenticate));
-    Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/openapi.json", get(openapi)).nest("/api/v1", v1).merge(metrics).fallback(not_found).with_state(api)
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/openapi.json", get(openapi))
+        .nest("/api/v1", v1)
+        .merge(metrics)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
 }
 
 /// Serves the API at `addr` on a thread of its own; returns the address it listens at.

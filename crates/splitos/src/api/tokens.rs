@@ -1,19 +1,20 @@
 //! The REST API's bearer tokens: who may call it, and as whom.
 //!
 //! A token reads `splitos_ID_SECRET`: ID names its entry, SECRET is 32 random bytes in hex.
-//! Only the SHA-256 of the secret is kept (in memory, and in a redb file when the global
-//! managers have one), so the file does not let anyone in, and a token is checked by hashing
+//! Only the SHA-256 of the secret is kept (in memory, and in the managers' state file when
+//! they have one), so the file does not let anyone in, and a token is checked by hashing
 //! what the caller sent and comparing in constant time.
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Mutex;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use splitos_rpc::TokenInfo;
 
-const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
+use crate::gm::state::{Store, Table};
+
+const TOKENS: Table = TableDefinition::new("tokens");
 const PREFIX: &str = "splitos_";
 
 /// Whom a request speaks for, from the token it carried.
@@ -50,7 +51,7 @@ struct Stored {
 
 /// The tokens, by name.
 pub struct Tokens {
-    db: Option<Database>,
+    store: Store,
     by_name: Mutex<HashMap<String, Stored>>,
 }
 
@@ -71,44 +72,14 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 impl Tokens {
-    /// Tokens kept in `file` (created if missing), or only in memory without one.
-    pub fn open(file: Option<&Path>) -> anyhow::Result<Tokens> {
-        let mut by_name = HashMap::new();
-        let db = match file {
-            None => None,
-            Some(f) => {
-                let db = Database::create(f).map_err(|e| anyhow::anyhow!("cannot open the API tokens {}: {e}", f.display()))?;
-                let tx = db.begin_read()?;
-                // A new file has no table yet: no tokens.
-                if let Ok(t) = tx.open_table(TOKENS) {
-                    for row in t.iter()? {
-                        let (_, v) = row?;
-                        let s: Stored = postcard::from_bytes(v.value()).map_err(|e| anyhow::anyhow!("the API tokens {}: a damaged entry: {e}", f.display()))?;
-                        by_name.insert(s.info.name.clone(), s);
-                    }
-                }
-                Some(db)
-            }
-        };
-        Ok(Tokens { db, by_name: Mutex::new(by_name) })
+    /// The tokens of the managers' state.
+    pub fn open(store: Store) -> anyhow::Result<Tokens> {
+        let by_name = store.load::<Stored>(TOKENS)?.into_iter().map(|s| (s.info.name.clone(), s)).collect();
+        Ok(Tokens { store, by_name: Mutex::new(by_name) })
     }
 
     fn save(&self, name: &str, entry: Option<&Stored>) -> anyhow::Result<()> {
-        let Some(db) = &self.db else { return Ok(()) };
-        let tx = db.begin_write()?;
-        {
-            let mut t = tx.open_table(TOKENS)?;
-            match entry {
-                Some(s) => {
-                    t.insert(name, postcard::to_allocvec(s)?.as_slice())?;
-                }
-                None => {
-                    t.remove(name)?;
-                }
-            }
-        }
-        tx.commit()?;
-        Ok(())
+        self.store.put(TOKENS, name, entry)
     }
 
     /// Makes a token and returns its secret form, which is not kept.
@@ -172,11 +143,15 @@ impl Tokens {
 mod tests {
     use super::*;
 
+    fn db(file: &std::path::Path) -> Store {
+        Store::open(Some(file)).unwrap()
+    }
+
     #[test]
     fn a_token_is_checked_by_its_hash_and_revoked_for_good() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("tokens.redb");
-        let t = Tokens::open(Some(&file)).unwrap();
+        let t = Tokens::open(db(&file)).unwrap();
         let admin = t.create("ops", true, Vec::new()).unwrap();
         let lab = t.create("lab-ci", false, vec!["lab".into()]).unwrap();
         assert_eq!(t.check(&admin), Some(Principal::Admin { token: "ops".into() }));
@@ -197,13 +172,13 @@ mod tests {
         let raw = std::fs::read(&file).unwrap();
         let secret = admin.rsplit('_').next().unwrap();
         assert!(!raw.windows(secret.len()).any(|w| w == secret.as_bytes()));
-        let t = Tokens::open(Some(&file)).unwrap();
+        let t = Tokens::open(db(&file)).unwrap();
         assert_eq!(t.list().iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["lab-ci", "ops"]);
         assert!(t.check(&admin).is_some());
         assert!(t.revoke("ops").unwrap());
         assert!(!t.revoke("ops").unwrap());
         assert_eq!(t.check(&admin), None);
         drop(t);
-        assert_eq!(Tokens::open(Some(&file)).unwrap().check(&admin), None);
+        assert_eq!(Tokens::open(db(&file)).unwrap().check(&admin), None);
     }
 }

@@ -45,7 +45,7 @@ pub use pcomp::{AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages,
 pub use process::{write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs, METRICS_ADDR};
 pub use scomp::ScompConfig;
 pub use size::{parse_size, Size};
-pub use vnode::{check_vnode_name, parse_vnode_memory, VnodeConfig};
+pub use vnode::{check_vnode_name, VnodeConfig};
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 

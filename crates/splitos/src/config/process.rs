@@ -7,7 +7,7 @@ use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{parse_vnode_memory, GmConfig, McompConfig, NcompConfig, PcompConfig, ScompConfig, TransportConfig, HAND_STARTED_GM};
+use super::{GmConfig, McompConfig, NcompConfig, PcompConfig, ScompConfig, TransportConfig, VnodeConfig, HAND_STARTED_GM};
 
 /// What every component process has besides its knobs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
@@ -67,14 +67,16 @@ pub struct GmArgs {
     pub listen: String,
     #[command(flatten)]
     pub cluster: GmConfig,
-    /// A vNode's memory quota: what all its processes together may map writable; beyond it
-    /// their mappings fail with ENOMEM (repeatable; docs/security.md).
-    #[arg(long = "vnode-memory", value_name = "VNODE=SIZE", value_parser = parse_vnode_memory)]
-    pub vnode_memory: Vec<(String, u64)>,
-    /// The file where the REST API's tokens are kept, hashed (created if missing); none: they
-    /// last as long as the process. `cluster up` keeps them in the cluster's state directory.
+    /// The vNodes of the cluster's configuration (`[[vnode]]`), made at every start; started by
+    /// hand, the managers make them through the REST API (docs/control-plane.md).
+    #[arg(skip)]
+    pub vnodes: Vec<VnodeConfig>,
+    /// The file where the managers keep what they are told at run time, to resume with it
+    /// after a restart: the REST API's tokens (hashed) and the vNodes made through it (created
+    /// if missing); none: they last as long as the process. `cluster up` keeps it in the
+    /// cluster's state directory.
     #[arg(long)]
-    pub tokens: Option<PathBuf>,
+    pub state: Option<PathBuf>,
     #[command(flatten)]
     pub process: ProcessArgs,
 }
@@ -90,11 +92,6 @@ pub struct ProcArgs {
     /// Directory under which each vNode's file system is mounted (one subdirectory per vNode).
     #[arg(long)]
     pub vnode_root: PathBuf,
-    /// Let users run programs on a vNode and see its files: VNODE=user:NAME,group:NAME,...
-    /// (names or numeric ids; repeatable). Root uses every vNode; a vNode granted to no one is
-    /// root's alone.
-    #[arg(long = "grant", value_name = "VNODE=WHO,...")]
-    pub grants: Vec<String>,
     #[command(flatten)]
     pub node: NodeArgs,
 }

@@ -1,14 +1,16 @@
 //! vNodes: their names, who may use them, and their memory quotas (`[[vnode]]`).
 use serde::{Deserialize, Serialize};
 
-use super::{parse_size, Size, PAGE};
+use super::{Size, PAGE};
 
 /// A vNode granted to users of the pComponents' hosts: a `[[vnode]]` table (a vNode not listed
-/// is root's alone). `cluster up` gives the pComponents its grant (`splitos proc --grant`) and
-/// the global managers its quota (`splitos gm --vnode-memory`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// is root's alone). `cluster up` gives it to the global managers, which tell the pComponents
+/// whom it is granted to and its home its quota; the REST API makes more at run time
+/// (`POST /api/v1/vnodes` takes this).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VnodeConfig {
+    /// 1-128 characters, no '/', not starting with '.'.
     pub name: String,
     /// Users (names or numeric uids) who may run programs on it and see its files.
     #[serde(default)]
@@ -18,22 +20,12 @@ pub struct VnodeConfig {
     pub groups: Vec<String>,
     /// Memory all its processes together may map writable across the cluster (their heaps,
     /// as strict overcommit charges them); a mapping beyond it fails with ENOMEM. Unset: no
-    /// quota.
+    /// quota. A size ("256M", "8G") or a number of bytes.
+    #[schema(value_type = Option<String>)]
     pub memory: Option<Size>,
 }
 
 impl VnodeConfig {
-    /// As `splitos proc --grant` takes it.
-    pub fn grant_spec(&self) -> String {
-        let who: Vec<String> = self.users.iter().map(|u| format!("user:{u}")).chain(self.groups.iter().map(|g| format!("group:{g}"))).collect();
-        format!("{}={}", self.name, who.join(","))
-    }
-
-    /// As `splitos gm --vnode-memory` takes it, when the vNode has a quota.
-    pub fn memory_quota(&self) -> Option<(String, u64)> {
-        self.memory.map(|m| (self.name.clone(), m.0))
-    }
-
     /// Names are resolved now: a user or group this host does not know is an error, not a
     /// grant to nobody. An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
@@ -59,14 +51,6 @@ pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A vNode's memory quota as `splitos gm --vnode-memory` takes it: `VNODE=SIZE`.
-pub fn parse_vnode_memory(s: &str) -> Result<(String, u64), String> {
-    let (name, size) = s.split_once('=').filter(|(name, _)| !name.is_empty()).ok_or_else(|| format!("{s:?}: expected VNODE=SIZE"))?;
-    let bytes = parse_size(size)?;
-    check_memory_quota(bytes)?;
-    Ok((name.to_string(), bytes))
-}
-
 fn check_memory_quota(bytes: u64) -> Result<(), String> {
     match bytes < PAGE {
         true => Err(format!("a memory quota of {bytes} bytes is less than one 4 KiB page")),
@@ -76,8 +60,6 @@ fn check_memory_quota(bytes: u64) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
         let check = |memory: &str| {
@@ -85,12 +67,8 @@ mod tests {
                 .map_err(|e| e.to_string())
                 .and_then(|c| c.validate().map(|()| c))
         };
-        assert_eq!(check("\"256M\"").unwrap().vnode[0].memory_quota(), Some(("lab".to_string(), 256 << 20)));
+        assert_eq!(check("\"256M\"").unwrap().vnode[0].memory, Some(crate::config::Size(256 << 20)));
         assert!(check("\"1K\"").unwrap_err().contains("vnode[0].memory"));
         assert!(check("\"lots\"").unwrap_err().contains("\"lots\""));
-        assert_eq!(parse_vnode_memory("lab=268435456"), Ok(("lab".to_string(), 256 << 20)));
-        assert!(parse_vnode_memory("lab").unwrap_err().contains("VNODE=SIZE"));
-        assert!(parse_vnode_memory("=1G").is_err());
-        assert!(parse_vnode_memory("lab=0").unwrap_err().contains("less than one 4 KiB page"));
     }
 }

@@ -252,13 +252,7 @@ impl Cluster {
             ca.issue(role)?.save(&credentials)?;
             Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: crate::config::METRICS_ADDR.to_string() })
         };
-        let gm = GmArgs {
-            listen: cfg.cluster.gm.clone(),
-            cluster: cfg.gm(),
-            vnode_memory: cfg.vnode.iter().filter_map(|v| v.memory_quota()).collect(),
-            tokens: Some(dir.join("tokens.redb")),
-            process: process("gm", Role::Gm)?,
-        };
+        let gm = GmArgs { listen: cfg.cluster.gm.clone(), cluster: cfg.gm(), vnodes: cfg.vnode.clone(), state: Some(dir.join("gm-state.redb")), process: process("gm", Role::Gm)? };
         let (mut ch, ready) = spawn(dir, "gm", "gm", &gm, detach, cfg.cluster.netns.as_deref())?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());
@@ -281,13 +275,7 @@ impl Cluster {
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
             let name = format!("proc{i}");
-            let args = ProcArgs {
-                pcomp: p.clone(),
-                shim_sock: programs_dir(dir).join(format!("{name}.sock")),
-                vnode_root: vnodes_dir(dir),
-                grants: cfg.vnode.iter().map(|v| v.grant_spec()).collect(),
-                node: node(&name, Role::Proc)?,
-            };
+            let args = ProcArgs { pcomp: p.clone(), shim_sock: programs_dir(dir).join(format!("{name}.sock")), vnode_root: vnodes_dir(dir), node: node(&name, Role::Proc)? };
             pending.push((name.clone(), spawn(dir, &name, "proc", &args, detach, p.netns.as_deref())?));
         }
         for (i, n) in cfg.ncomponent.iter().enumerate() {

@@ -20,6 +20,11 @@
 //! their memory. In a replicated cluster they also learn which mComponents are lost (silent
 //! as long), and rebuild the copies those held; an mComponent that was declared lost and
 //! speaks again is fenced: its copies may be out of date, so it drops them.
+//!
+//! What they are told at run time (the REST API's tokens, the vNodes) they keep in their state
+//! file, and resume with after a restart.
+pub mod state;
+pub mod vnodes;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -80,8 +85,8 @@ pub struct Gm {
     /// off) every component looks silent, and none of them may be taken for lost.
     last_any: Mutex<Instant>,
     started: Instant,
-    /// vNodes' memory quotas (`[[vnode]] memory`).
-    memory_quotas: std::collections::HashMap<String, u64>,
+    /// The vNodes the admin made, their grants and memory quotas.
+    pub vnodes: vnodes::Vnodes,
     /// The home of each vNode with a quota, kept while it is alive: an mComponent that joins
     /// later does not win the rendezvous for the vNode's next processes, whose charges the
     /// first home would then not see.
@@ -222,7 +227,7 @@ impl Gm {
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
-        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced })
+        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
@@ -260,7 +265,7 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0 });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0 });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -270,7 +275,7 @@ impl Gm {
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
-            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0 });
+            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0 });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
         let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
@@ -279,13 +284,13 @@ impl Gm {
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
-            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0 });
+            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version() });
         }
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory })
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0 })
     }
 
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
@@ -313,7 +318,7 @@ impl Gm {
     /// on one mComponent (rendezvous on its name), which so sees all the memory the vNode
     /// maps and enforces the quota alone; other processes go where the placement policy says.
     fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
-        let memory_quota = self.memory_quotas.get(&r.vnode).copied();
+        let memory_quota = self.vnodes.quota(&r.vnode);
         let mcomp = match memory_quota {
             Some(_) => {
                 let comps = self.comps();
@@ -425,6 +430,10 @@ impl Handler for Gm {
             Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
             Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
             Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned() })),
+            Msg::P2G_VNODES(r) => on(r, |_| {
+                let (version, vnodes) = self.vnodes.list();
+                Ok(G2P_VNODES { version, vnodes })
+            }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| match self.tokens.check(&r.token) {
                 Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL { name: token, admin: true, vnodes: Vec::new() }),
                 Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL { name: token, admin: false, vnodes }),
@@ -474,6 +483,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
     crate::telemetry::init(Role::Gm, &addr);
+    let state = state::Store::open(args.state.as_deref())?;
     let gm = Arc::new(Gm {
         addr: addr.clone(),
         vregion_size: cfg.vregion_size.0,
@@ -488,9 +498,9 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         announced: Mutex::new(Default::default()),
         last_any: Mutex::new(Instant::now()),
         started: Instant::now(),
-        memory_quotas: args.vnode_memory.iter().cloned().collect(),
+        vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
         quota_homes: Mutex::new(Default::default()),
-        tokens: crate::api::Tokens::open(args.tokens.as_deref())?,
+        tokens: crate::api::Tokens::open(state)?,
         api: std::sync::OnceLock::new(),
         metrics: std::sync::OnceLock::new(),
         rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
@@ -503,7 +513,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     if cfg.api != "off" {
         let api = crate::api::Api { gm: gm.clone(), config: serde_json::to_value(cfg)? };
         let at = crate::api::serve(&cfg.api, Arc::new(api))?;
-        tracing::info!(api = %at, tokens = ?args.tokens, "serving the REST API");
+        tracing::info!(api = %at, state = ?args.state, "serving the REST API");
         let _ = gm.api.set(at);
     }
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");

@@ -99,7 +99,8 @@ pub struct Pcomp {
     launchers: host::shim::SharedSlots,
     /// Programs admitted and not yet exited.
     programs: host::shim::SharedSlots,
-    grants: fs::grants::Grants,
+    /// Who may use which vNode: the global managers' table, followed by its version.
+    grants: Arc<fs::grants::Grants>,
     /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
     uffd_dev: Option<OwnedFd>,
     started: Instant,
@@ -236,6 +237,25 @@ impl Pcomp {
         .to_string()
     }
 
+    /// Takes the global managers' table of vNodes when its version is not the one held, and
+    /// lets go of the mounts whose grant changed. A table it cannot get now is asked for
+    /// again at the next heartbeat.
+    fn follow_vnodes(&self, version: u64) {
+        if version == self.grants.version() {
+            return;
+        }
+        match self.node.call_gm(P2G_VNODES) {
+            Ok(t) => {
+                let changed = self.grants.replace(t.version, fs::grants::Grants::resolve(&t.vnodes));
+                tracing::info!(version = t.version, vnodes = t.vnodes.len(), changed = ?changed, "took the vNodes' table of the global managers");
+                for v in changed {
+                    self.mounts.forget(&v);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot get the vNodes' table of the global managers"),
+        }
+    }
+
     /// Its counters and gauges, and each job's, as they are at a scrape.
     fn render_metrics(&self, e: &mut Exposition) {
         self.miss.total().render(e);
@@ -339,7 +359,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             }
             None => true,
         };
-    let grants = fs::grants::Grants::parse(&args.grants).map_err(|e| anyhow::anyhow!(e))?;
+    let grants = Arc::new(fs::grants::Grants::default());
     // Programs of every user hand their memory to whoever answers at the program socket, and
     // vNodes are mounted by name under the vNode root: no other user may have a hand in either.
     let sock_dir = args.shim_sock.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -406,11 +426,19 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     host::shim::listen(p.clone(), &args.shim_sock)?;
     net::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
-    let vrs = node.register(Some(shim_sock.clone()), p.load()).map(|r| r.vregion_size).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
-    store.set_vregion_size(vrs);
+    let reg = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
+    store.set_vregion_size(reg.vregion_size);
+    p.follow_vnodes(reg.vnodes);
     let p2 = p.clone();
     let p3 = p.clone();
-    node.clone().heartbeat_forever(Some(shim_sock.clone()), move || p2.load(), move |beat| p3.net.forget_peers(&beat.lost));
+    node.clone().heartbeat_forever(
+        Some(shim_sock.clone()),
+        move || p2.load(),
+        move |beat| {
+            p3.net.forget_peers(&beat.lost);
+            p3.follow_vnodes(beat.vnodes);
+        },
+    );
     p.miss.with_cache(|c| {
         tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", metrics = ?node.metrics, shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
     });

@@ -1,5 +1,6 @@
-//! Who may use which vNode on this pComponent: the admin's grants (`[[vnode]]` of the cluster
-//! configuration, `splitos proc --grant`), checked against the credentials the kernel gives
+//! Who may use which vNode on this pComponent: the admin's grants (the global managers' table
+//! of vNodes: `[[vnode]]` of the cluster configuration and those made through the REST API,
+//! followed by its version in every heartbeat's answer), checked against the credentials the kernel gives
 //! for each connection to the program socket (SO_PEERCRED, SO_PEERGROUPS), never against
 //! anything the connection says. Root uses every vNode.
 //!
@@ -9,7 +10,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use splitos_rpc::VnodeInfo;
 
 /// The credentials of the process at the other end of a Unix socket, as the kernel recorded
 /// them when it connected.
@@ -87,44 +91,70 @@ impl Grant {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+/// The grants of this pComponent: the global managers' table of vNodes, resolved on this host.
+#[derive(Debug, Default)]
 pub struct Grants {
-    by_vnode: HashMap<String, Grant>,
+    by_vnode: RwLock<HashMap<String, Grant>>,
+    /// The version of the managers' table they are (0: none yet).
+    version: AtomicU64,
 }
 
 impl Grants {
-    /// Parses `VNODE=WHO[,WHO...]`, each WHO `user:NAME`, `user:UID`, `group:NAME` or
-    /// `group:GID`. Names are resolved now: a name this host does not know is an error, not a
-    /// grant to nobody.
-    pub fn parse(specs: &[String]) -> Result<Grants, String> {
-        let mut g = Grants::default();
-        for spec in specs {
-            let (vnode, who) = spec.split_once('=').ok_or_else(|| format!("grant {spec:?}: expected VNODE=user:NAME,group:NAME,..."))?;
-            crate::config::check_vnode_name(vnode).map_err(|e| format!("grant {spec:?}: {e}"))?;
-            let grant = g.by_vnode.entry(vnode.to_string()).or_default();
-            for w in who.split(',').filter(|w| !w.is_empty()) {
-                match w.split_once(':') {
-                    Some(("user", n)) => grant.uids.insert(crate::sys::uid_of(n).map_err(|e| format!("grant {spec:?}: {e}"))?),
-                    Some(("group", n)) => grant.gids.insert(crate::sys::gid_of(n).map_err(|e| format!("grant {spec:?}: {e}"))?),
-                    _ => return Err(format!("grant {spec:?}: {w:?} is neither user:NAME nor group:NAME")),
-                };
+    /// Resolves the managers' table on this host: user and group names (or numeric ids) to
+    /// ids. A name this host does not know grants nothing, and is logged: a grant to someone
+    /// else of the same name elsewhere must not become a grant to anyone here.
+    pub fn resolve(vnodes: &[VnodeInfo]) -> HashMap<String, Grant> {
+        let mut table = HashMap::new();
+        for v in vnodes {
+            if let Err(e) = crate::config::check_vnode_name(&v.name) {
+                tracing::warn!(vnode = %v.name, "a vNode of the global managers is not granted here: {e}");
+                continue;
             }
+            let mut g = Grant::default();
+            for u in &v.users {
+                match crate::sys::uid_of(u) {
+                    Ok(uid) => _ = g.uids.insert(uid),
+                    Err(e) => tracing::warn!(vnode = %v.name, user = %u, "not granted on this host: {e}"),
+                }
+            }
+            for n in &v.groups {
+                match crate::sys::gid_of(n) {
+                    Ok(gid) => _ = g.gids.insert(gid),
+                    Err(e) => tracing::warn!(vnode = %v.name, group = %n, "not granted on this host: {e}"),
+                }
+            }
+            table.insert(v.name.clone(), g);
         }
-        Ok(g)
+        table
     }
 
-    pub fn of(&self, vnode: &str) -> Option<&Grant> {
-        self.by_vnode.get(vnode)
+    /// Takes the table of `version` in place of the one held; returns the vNodes whose grant
+    /// changed (made, deleted, or granted to others).
+    pub fn replace(&self, version: u64, table: HashMap<String, Grant>) -> Vec<String> {
+        let mut held = self.by_vnode.write().unwrap();
+        let mut changed: Vec<String> = held.iter().filter(|(v, g)| table.get(*v) != Some(g)).map(|(v, _)| v.clone()).collect();
+        changed.extend(table.keys().filter(|v| !held.contains_key(*v)).cloned());
+        *held = table;
+        self.version.store(version, Ordering::Relaxed);
+        changed
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+
+    pub fn of(&self, vnode: &str) -> Option<Grant> {
+        self.by_vnode.read().unwrap().get(vnode).cloned()
     }
 
     /// Whether `who` may run programs on `vnode` and see its files.
     pub fn may_use(&self, vnode: &str, who: &PeerCred) -> bool {
-        who.uid == 0 || self.of(vnode).is_some_and(|g| g.admits(who))
+        who.uid == 0 || self.by_vnode.read().unwrap().get(vnode).is_some_and(|g| g.admits(who))
     }
 
     /// Whether `who` may use some vNode here (else the program socket serves them nothing).
     pub fn may_use_any(&self, who: &PeerCred) -> bool {
-        who.uid == 0 || self.by_vnode.values().any(|g| g.admits(who))
+        who.uid == 0 || self.by_vnode.read().unwrap().values().any(|g| g.admits(who))
     }
 }
 
@@ -137,9 +167,19 @@ mod tests {
         PeerCred { pid: 1, uid, gid, groups: groups.to_vec(), pidfd }
     }
 
+    fn vnode(name: &str, users: &[&str], groups: &[&str]) -> VnodeInfo {
+        VnodeInfo { name: name.into(), users: users.iter().map(|u| u.to_string()).collect(), groups: groups.iter().map(|g| g.to_string()).collect(), memory: None }
+    }
+
+    fn grants(vnodes: &[VnodeInfo]) -> Grants {
+        let g = Grants::default();
+        g.replace(1, Grants::resolve(vnodes));
+        g
+    }
+
     #[test]
     fn grants_admit_their_users_and_groups_and_root_only() {
-        let g = Grants::parse(&["lab=user:1001,user:1002,group:3000".into(), "solo=user:1003".into()]).unwrap();
+        let g = grants(&[vnode("lab", &["1001", "1002"], &["3000"]), vnode("solo", &["1003"], &[])]);
         assert!(g.may_use("lab", &who(1001, 1001, &[])));
         assert!(g.may_use("lab", &who(1500, 3000, &[])), "primary group");
         assert!(g.may_use("lab", &who(1500, 1500, &[7, 3000])), "supplementary group");
@@ -151,18 +191,24 @@ mod tests {
     }
 
     #[test]
-    fn bad_grants_are_refused_with_the_reason() {
-        for (spec, why) in [("lab", "expected VNODE="), ("lab=alice", "neither user:NAME"), ("lab=user:no-such-user-here", "no user"), ("lab=group:no-such-group-here", "no group"), ("a/b=user:1", "not a vNode name")] {
-            let e = Grants::parse(&[spec.into()]).unwrap_err();
-            assert!(e.contains(why), "{spec}: {e}");
-        }
-        let g = Grants::parse(&["lab=user:root,group:root".into()]).unwrap();
-        assert_eq!(g.of("lab").unwrap().uids.iter().copied().collect::<Vec<_>>(), vec![0]);
+    fn names_this_host_does_not_know_grant_nothing_and_changes_are_told() {
+        let g = grants(&[vnode("lab", &["root", "no-such-user-here"], &["root", "no-such-group-here"]), vnode("a/b", &["1"], &[])]);
+        let lab = g.of("lab").unwrap();
+        assert_eq!((lab.uids.iter().copied().collect::<Vec<_>>(), lab.gids.iter().copied().collect::<Vec<_>>()), (vec![0], vec![0]));
+        assert!(g.of("a/b").is_none(), "not a vNode name");
+        assert_eq!(g.version(), 1);
+        let mut changed = g.replace(2, Grants::resolve(&[vnode("lab", &["root"], &["root"]), vnode("new", &["7"], &[])]));
+        changed.sort();
+        assert_eq!(changed, ["new"], "lab's grant is the same");
+        let mut changed = g.replace(3, Grants::resolve(&[vnode("lab", &["8"], &[])]));
+        changed.sort();
+        assert_eq!(changed, ["lab", "new"]);
+        assert!(!g.may_use("new", &who(7, 7, &[])), "a deleted vNode is root's alone");
     }
 
     #[test]
     fn the_acl_is_sorted_by_tag_and_id_as_the_kernel_requires() {
-        let g = Grants::parse(&["lab=user:20,user:10,group:5".into()]).unwrap();
+        let g = grants(&[vnode("lab", &["20", "10"], &["5"])]);
         let acl = g.of("lab").unwrap().acl();
         assert_eq!(u32::from_le_bytes(acl[..4].try_into().unwrap()), 2);
         let entries: Vec<(u16, u16, u32)> = acl[4..].chunks(8).map(|e| (u16::from_le_bytes([e[0], e[1]]), u16::from_le_bytes([e[2], e[3]]), u32::from_le_bytes(e[4..8].try_into().unwrap()))).collect();

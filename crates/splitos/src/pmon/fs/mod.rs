@@ -685,7 +685,7 @@ impl Filesystem for VnodeFs {
 pub struct Mounts {
     root: PathBuf,
     node: Arc<Node>,
-    grants: Grants,
+    grants: Arc<Grants>,
     live: Mutex<HashMap<String, (PathBuf, fuser::BackgroundSession)>>,
 }
 
@@ -709,7 +709,7 @@ fn mount_point(dir: &Path) -> Result<(), String> {
 }
 
 impl Mounts {
-    pub fn new(root: PathBuf, node: Arc<Node>, grants: Grants) -> Mounts {
+    pub fn new(root: PathBuf, node: Arc<Node>, grants: Arc<Grants>) -> Mounts {
         Mounts { root, node, grants, live: Mutex::new(HashMap::new()) }
     }
 
@@ -720,7 +720,7 @@ impl Mounts {
             return Ok(dir.clone());
         }
         check_vnode_name(vnode).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
-        let fs = VnodeFs::new(vnode.to_string(), self.node.clone(), self.grants.of(vnode).cloned());
+        let fs = VnodeFs::new(vnode.to_string(), self.node.clone(), self.grants.of(vnode));
         fs.storage().map_err(|_| ERR::new(ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
         let dir = self.root.join(vnode);
         unmount(&dir);
@@ -736,6 +736,16 @@ impl Mounts {
         metrics::counter!("pcomp_vnode_mounts_total").increment(1);
         live.insert(vnode.to_string(), (dir.clone(), session));
         Ok(dir)
+    }
+
+    /// Lets go of a vNode's mount, whose top directory carries a grant that changed: the next
+    /// program of the vNode mounts it anew. Detached, not torn down: a program still in it
+    /// keeps what it has open.
+    pub fn forget(&self, vnode: &str) {
+        if let Some((dir, _session)) = self.live.lock().unwrap().remove(vnode) {
+            unmount(&dir);
+            tracing::info!(vnode, "the vNode's grant changed: its mount is let go");
+        }
     }
 
     /// Unmounts every vNode (the pComponent is stopping).
