@@ -11,12 +11,16 @@
 //! the host who can reach it, as the rest of its state; beyond loopback only to a request
 //! with an admin token of the REST API.
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::layers::{Layer, PrefixLayer};
 use splitos_rpc::Role;
+
+/// How long an HTTP client may take to send a request's headers, or keep a connection idle.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// HTTP connections an HTTP server serves at once.
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// Threads an HTTP server's handlers may block in at once (calls to components, rendering);
 /// more wait for one.
@@ -230,19 +234,43 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
 
 /// Serves `router` on `l` from a thread of its own with a single-threaded runtime, so that a
 /// flood of HTTP clients holds one thread, and at most [`BLOCKING_THREADS`] more for the
-/// blocking work of its handlers, and never the component's request serving.
+/// blocking work of its handlers, and never the component's request serving. Each connection
+/// must send a request's headers within [`HEADER_TIMEOUT`] (an idle kept-alive one too) or is
+/// closed, and at most [`MAX_CONNECTIONS`] are served at once: clients that connect and send
+/// nothing, or send slowly, hold a bounded number of sockets for a bounded time, and a
+/// connection beyond the bound is closed at once.
 pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str) -> anyhow::Result<()> {
     l.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(BLOCKING_THREADS).build()?;
     let what = name.to_string();
     std::thread::Builder::new().name(format!("http-{name}")).spawn(move || {
         rt.block_on(async move {
-            let served = match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => axum::serve(l, router.into_make_service_with_connect_info::<SocketAddr>()).await,
-                Err(e) => Err(e),
+            let l = match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => l,
+                Err(e) => return tracing::error!("the {what} server cannot serve: {e}"),
             };
-            if let Err(e) = served {
-                tracing::error!("the {what} server stopped: {e}");
+            let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+            loop {
+                let (stream, peer) = match l.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of descriptors, most likely: others' connections end and free some.
+                        tracing::warn!("the {what} server cannot accept a connection: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    metrics::counter!("http_connections_refused_total", "server" => what.clone()).increment(1);
+                    continue;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer))));
+                tokio::spawn(async move {
+                    let mut http = hyper::server::conn::http1::Builder::new();
+                    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+                    drop(slot);
+                });
             }
         })
     })?;

@@ -289,3 +289,89 @@ fn vnodes_made_through_the_api_are_granted_at_once_and_refused_once_deleted() {
     let out = run_as_alice();
     assert!(text(&out.stderr).contains("grants no vNode to this user"), "{}", text(&out.stderr));
 }
+
+/// The threads of process `pid`.
+fn threads(pid: i32) -> usize {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn slow_clients_and_floods_hold_bounded_resources_and_the_api_keeps_serving() {
+    use std::io::{Read, Write};
+    let c = TestCluster::up(None);
+    let status = c.status();
+    let api = status["api"].as_str().unwrap().to_string();
+    let gm = c.pid_of_addr(status["gm"].as_str().unwrap());
+    let admin = api_token(&c, &["ops", "--admin"]);
+    assert_eq!(http(&api, "GET", "/api/v1/whoami", Some(&admin), b"").0, 200);
+    let before = threads(gm);
+
+    // 300 clients that send half a request's headers and stall: 256 are served (and wait for
+    // the rest), those beyond are closed at once.
+    let stalled: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&api).unwrap();
+            s.write_all(b"GET /api/v1/whoami HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // Whether the server closed a connection within `wait`.
+    let closed = |mut s: &std::net::TcpStream, wait: Duration| {
+        s.set_read_timeout(Some(wait)).unwrap();
+        match s.read(&mut [0u8; 64]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    };
+    let early = stalled[256..].iter().filter(|s| closed(s, Duration::from_millis(200))).count();
+    assert_eq!(early, 44, "connections beyond 256 are closed at once");
+    assert_eq!(stalled[..256].iter().filter(|s| closed(s, Duration::from_millis(10))).count(), 0, "the first 256 wait for the rest of their headers");
+    assert!(threads(gm) <= before + 4, "threads: {before} before, {} with 300 clients", threads(gm));
+
+    // While they stall, a new client is closed at once; once their headers' time (10 s) is up
+    // they are closed, and the API serves again.
+    let livez = || {
+        let Ok(mut s) = std::net::TcpStream::connect(&api) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer.starts_with("HTTP/1.1 200")
+    };
+    let t0 = std::time::Instant::now();
+    assert!(!livez(), "no slot is free");
+    assert!(c.eventually(Duration::from_secs(20), |_| livez()));
+    assert!(t0.elapsed() < Duration::from_secs(15), "served again after {:?}", t0.elapsed());
+    assert_eq!(stalled[..256].iter().filter(|s| closed(s, Duration::from_secs(1))).count(), 256, "every stalled client was closed");
+    drop(stalled);
+
+    // A body that never arrives whole: 408 once the body's time (10 s) is up, in JSON.
+    let mut s = std::net::TcpStream::connect(&api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let head = format!("POST /api/v1/vnodes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {admin}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(b"{\"name\":").unwrap();
+    let t0 = std::time::Instant::now();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("did not arrive within"), "{answer}");
+    assert!(t0.elapsed() >= Duration::from_secs(9), "{:?}", t0.elapsed());
+
+    // A flood of bad tokens from 8 clients at once: each gets 401, the log holds a bounded
+    // number of lines about them, and an admin is served afterwards.
+    let floods: Vec<_> = (0..8)
+        .map(|_| {
+            let api = api.clone();
+            std::thread::spawn(move || (0..250).filter(|_| http(&api, "GET", "/api/v1/components", Some("splitos_0000000000000000_00"), b"").0 == 401).count())
+        })
+        .collect();
+    let refused: usize = floods.into_iter().map(|f| f.join().unwrap()).sum();
+    assert_eq!(refused, 2000);
+    assert_eq!(http(&api, "GET", "/api/v1/components", Some(&admin), b"").0, 200);
+    let logged = c.log("gm").lines().filter(|l| l.contains("API request refused") || l.contains("API requests refused")).count();
+    assert!(logged <= 30, "{logged} log lines for 2000 refusals");
+    assert!(threads(gm) <= before + 4, "threads: {before} before, {} after the flood", threads(gm));
+}

@@ -51,18 +51,22 @@ impl IntoResponse for ApiError {
 /// The most a request body may hold; a larger one is refused (413) before it is read whole.
 pub const MAX_BODY: usize = 64 * 1024;
 
+/// How long a client may take to send a request's body.
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A JSON request body, refused as the API refuses anything: `{"error": ...}` with 415 (not
-/// JSON), 400 (malformed), 422 (fields missing, unknown or of the wrong type) or 413 (larger
-/// than [`MAX_BODY`]).
+/// JSON), 400 (malformed), 422 (fields missing, unknown or of the wrong type), 413 (larger
+/// than [`MAX_BODY`]) or 408 (not sent whole within [`BODY_TIMEOUT`]).
 pub struct Body<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Body(v)),
-            Err(r) => Err(ApiError(r.status(), r.body_text())),
+        match tokio::time::timeout(BODY_TIMEOUT, Json::<T>::from_request(req, state)).await {
+            Ok(Ok(Json(v))) => Ok(Body(v)),
+            Ok(Err(r)) => Err(ApiError(r.status(), r.body_text())),
+            Err(_) => Err(ApiError(StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {} s", BODY_TIMEOUT.as_secs()))),
         }
     }
 }
