@@ -34,13 +34,8 @@ enum Cmd {
         /// Print the API's JSON.
         #[arg(long)]
         json: bool,
-        /// The REST API's address ($SPLITOS_API); default: that of the cluster `cluster up` started.
-        #[arg(long)]
-        api: Option<String>,
-        /// An API token ($SPLITOS_TOKEN; a tenant's lists its vNodes' programs); default: root's
-        /// own token of the cluster `cluster up` started.
-        #[arg(long)]
-        token: Option<String>,
+        #[command(flatten)]
+        api: control::ApiArgs,
     },
     /// Manage a long-lived cluster on this host.
     Cluster {
@@ -108,6 +103,29 @@ enum ClusterCmd {
     },
     /// Print the REST API's OpenAPI document (the one the API serves at /openapi.json).
     Openapi,
+    /// Take a pComponent or mComponent out of placement, by its id (`cluster status`): no new
+    /// programs start on it, no new homes or vRegions go to it; what runs there goes on.
+    Cordon {
+        id: u32,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
+    /// Put a cordoned component back into placement.
+    Uncordon {
+        id: u32,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
+    /// Cordon a component and wait until nothing runs on it: no job on a pComponent, no memory
+    /// held on an mComponent (its programs ended).
+    Drain {
+        id: u32,
+        /// Give up after this many seconds (the component stays cordoned).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
     /// Create, list and revoke the REST API's bearer tokens (docs/control-plane.md).
     Token {
         #[command(subcommand)]
@@ -205,6 +223,9 @@ fn main() {
             ClusterCmd::Down { force } => control::down(force),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
+            ClusterCmd::Cordon { id, api } => control::cordon(api, id, true),
+            ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),
+            ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),
             ClusterCmd::Openapi => {
                 print!("{}", splitos::api::openapi_json());
                 Ok(())
@@ -213,7 +234,7 @@ fn main() {
             ClusterCmd::Token { cmd: TokenCmd::List { json, gm } } => control::token_list(gm, json),
             ClusterCmd::Token { cmd: TokenCmd::Revoke { name, gm } } => control::token_revoke(gm, name),
         },
-        Cmd::Ps { json, api, token } => control::ps(api, token, json),
+        Cmd::Ps { json, api } => control::ps(api, json),
         Cmd::Gm(start) => component(*start, gm::run),
         Cmd::Mem(start) => component(*start, mmon::run),
         Cmd::Proc(start) => component(*start, pmon::run),

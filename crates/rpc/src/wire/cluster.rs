@@ -53,6 +53,10 @@ pub struct ComponentInfo {
     /// Where it serves its Prometheus metrics over HTTP, if it does.
     #[serde(default)]
     pub metrics: Option<String>,
+    /// Cordoned by the admin: it takes no new programs (pComponent) or homes and vRegions
+    /// (mComponent); what it has keeps running.
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 /// An API token as the global managers list it: never its secret.
@@ -119,8 +123,9 @@ message_types! {
     /// `memory`: the capacity of all live mComponents (a mapping larger than that is an
     /// obvious overcommit).
     /// `vnodes`: the version of the vNodes' table; a pComponent that has another asks for
-    /// the table (`P2G_VNODES`).
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64 };
+    /// the table (`P2G_VNODES`). `cordoned`: the receiver (a pComponent) takes no new
+    /// programs.
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics.

@@ -99,6 +99,32 @@ pub struct ComponentView {
     pub committed_bytes: u64,
     /// Memory holding pages now, bytes.
     pub used_bytes: u64,
+    /// Taken out of placement by the admin: no new programs (pComponent) or homes and
+    /// vRegions (mComponent).
+    pub cordoned: bool,
+    /// Where it serves its Prometheus metrics.
+    pub metrics: Option<String>,
+}
+
+impl From<splitos_rpc::ComponentInfo> for ComponentView {
+    fn from(c: splitos_rpc::ComponentInfo) -> ComponentView {
+        ComponentView {
+            id: c.id,
+            role: c.role.name().to_string(),
+            host: crate::gm::host_of(&c.addr).to_string(),
+            addr: c.addr,
+            alive: c.alive,
+            lost: c.lost,
+            since_heartbeat_ms: c.since_heartbeat_ms,
+            processes: c.load.processes,
+            threads: c.load.threads,
+            capacity_bytes: c.load.capacity,
+            committed_bytes: c.load.committed,
+            used_bytes: c.load.used,
+            cordoned: c.cordoned,
+            metrics: c.metrics,
+        }
+    }
 }
 
 /// A program running on the cluster.
@@ -265,26 +291,42 @@ async fn whoami(Extension(p): Extension<Principal>) -> Json<WhoAmI> {
     responses((status = 200, description = "The components", body = [ComponentView]), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
 async fn components(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<Vec<ComponentView>>, ApiError> {
     admin_only(&p, peer, "/api/v1/components")?;
-    Ok(Json(
-        api.gm
-            .snapshot()
-            .into_iter()
-            .map(|c| ComponentView {
-                id: c.id,
-                role: c.role.name().to_string(),
-                host: crate::gm::host_of(&c.addr).to_string(),
-                addr: c.addr,
-                alive: c.alive,
-                lost: c.lost,
-                since_heartbeat_ms: c.since_heartbeat_ms,
-                processes: c.load.processes,
-                threads: c.load.threads,
-                capacity_bytes: c.load.capacity,
-                committed_bytes: c.load.committed,
-                used_bytes: c.load.used,
-            })
-            .collect(),
-    ))
+    Ok(Json(api.gm.snapshot().into_iter().map(ComponentView::from).collect()))
+}
+
+/// Takes a pComponent or mComponent out of placement (admin only): no new programs start on
+/// a cordoned pComponent, no new homes or vRegions go to a cordoned mComponent; what runs
+/// there goes on. It outlives a restart of the managers.
+#[utoipa::path(post, path = "/api/v1/components/{id}/cordon", security(("bearer" = [])), params(("id" = u32, Path, description = "The component's id")),
+    responses((status = 200, description = "Cordoned", body = ComponentView), (status = 400, description = "Not a pComponent or mComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
+              (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody)))]
+async fn cordon(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<ComponentView>, ApiError> {
+    set_cordon(api, peer, p, id, true).await
+}
+
+/// Puts a cordoned component back into placement (admin only).
+#[utoipa::path(post, path = "/api/v1/components/{id}/uncordon", security(("bearer" = [])), params(("id" = u32, Path, description = "The component's id")),
+    responses((status = 200, description = "Uncordoned", body = ComponentView), (status = 400, description = "Not a pComponent or mComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
+              (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody)))]
+async fn uncordon(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<ComponentView>, ApiError> {
+    set_cordon(api, peer, p, id, false).await
+}
+
+async fn set_cordon(api: Arc<Api>, peer: SocketAddr, p: Principal, id: String, on: bool) -> Result<Json<ComponentView>, ApiError> {
+    let verb = if on { "cordon" } else { "uncordon" };
+    admin_only(&p, peer, &format!("/api/v1/components/{id}/{verb}"))?;
+    let id: u32 = id.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))?;
+    let gm = api.gm.clone();
+    let c = tokio::task::spawn_blocking(move || gm.cordon(id, on)).await.map_err(internal)?.map_err(|e| {
+        let status = match e.code {
+            splitos_rpc::ErrCode::NotFound => StatusCode::NOT_FOUND,
+            splitos_rpc::ErrCode::Invalid => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.msg)
+    })?;
+    tracing::info!(id, token = p.name(), "component {verb}ed through the API");
+    Ok(Json(c.into()))
 }
 
 /// The cluster's configuration as the global managers run it: the `[cluster]` table
@@ -479,7 +521,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics),
+    paths(livez, readyz, whoami, components, cordon, uncordon, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -506,6 +548,8 @@ fn router(api: Arc<Api>) -> Router {
     let v1 = Router::new()
         .route("/whoami", get(whoami))
         .route("/components", get(components))
+        .route("/components/{id}/cordon", axum::routing::post(cordon))
+        .route("/components/{id}/uncordon", axum::routing::post(uncordon))
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))

@@ -57,6 +57,7 @@ impl Launcher {
             Ok(bytes) => Some(PathBuf::from(String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the pComponent at {} named a mount point that is not UTF-8", path.display()))?)),
             Err(Some(e)) if e == libc::EACCES => anyhow::bail!("vNode {vnode:?} is not granted to this user (uid {}) on the pComponent at {}", uid(), path.display()),
             Err(Some(e)) if e == libc::EAGAIN => anyhow::bail!("too many of this user's runs are under way on the pComponent at {}", path.display()),
+            Err(Some(e)) if e == libc::EBUSY => anyhow::bail!("the pComponent at {} is cordoned: it takes no new programs (`splitos cluster uncordon`)", path.display()),
             Err(Some(e)) => anyhow::bail!("the pComponent at {} cannot mount vNode {vnode:?}: {}", path.display(), std::io::Error::from_raw_os_error(e)),
             Err(None) => return Err(l.lost("it closed the connection")),
         };

@@ -156,7 +156,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
             "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive, "lost": c.lost,
-            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "metrics": c.metrics, "stats": stats,
+            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "metrics": c.metrics, "cordoned": c.cordoned, "stats": stats,
         }));
     }
     if json {
@@ -176,6 +176,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             c.role.name().to_string(),
             c.addr.clone(),
             match (c.alive, c.lost) {
+                (true, _) if c.cordoned => "yes, cordoned".into(),
                 (true, _) => "yes".into(),
                 // Late on heartbeats: paused or overloaded, waited for until declared lost.
                 (false, false) => format!("unresponsive ({} ms)", c.since_heartbeat_ms),
@@ -229,7 +230,20 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
 /// Where the REST API is and the token to use: the ones given (or $SPLITOS_API and
 /// $SPLITOS_TOKEN), else those of the cluster `cluster up` started (its state directory is
 /// root's, and so is its token).
-fn api_access(api: Option<String>, token: Option<String>) -> anyhow::Result<(String, String)> {
+/// How a command reaches the REST API.
+#[derive(clap::Args)]
+pub struct ApiArgs {
+    /// The REST API's address ($SPLITOS_API); default: that of the cluster `cluster up` started.
+    #[arg(long)]
+    pub api: Option<String>,
+    /// An API token ($SPLITOS_TOKEN; a tenant's sees only its vNodes); default: root's own
+    /// token of the cluster `cluster up` started.
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
+    let ApiArgs { api, token } = a;
     let state = cluster::read_state();
     let api = match api.or_else(|| std::env::var("SPLITOS_API").ok()) {
         Some(a) => a,
@@ -247,14 +261,18 @@ fn api_access(api: Option<String>, token: Option<String>) -> anyhow::Result<(Str
 
 /// One GET of the REST API; an error carries the API's own message.
 fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let mut r = ureq::get(format!("http://{api}{path}"))
-        .header("Authorization", format!("Bearer {token}"))
-        .config()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(10)))
-        .build()
-        .call()
-        .map_err(|e| anyhow::anyhow!("the REST API at {api}: {e}"))?;
+    let r = ureq::get(format!("http://{api}{path}")).header("Authorization", format!("Bearer {token}")).config().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10))).build().call();
+    api_answer(api, r)
+}
+
+/// One POST without a body.
+fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let r = ureq::post(format!("http://{api}{path}")).header("Authorization", format!("Bearer {token}")).config().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10))).build().send_empty();
+    api_answer(api, r)
+}
+
+fn api_answer(api: &str, r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> anyhow::Result<serde_json::Value> {
+    let mut r = r.map_err(|e| anyhow::anyhow!("the REST API at {api}: {e}"))?;
     let status = r.status();
     let body: serde_json::Value = r.body_mut().read_json().map_err(|e| anyhow::anyhow!("the REST API at {api} answered {status} without JSON: {e}"))?;
     if !status.is_success() {
@@ -264,8 +282,8 @@ fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Val
 }
 
 /// `splitos ps`: the running programs, as the REST API lists them for the token.
-pub fn ps(api: Option<String>, token: Option<String>, json: bool) -> anyhow::Result<()> {
-    let (api, token) = api_access(api, token)?;
+pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
     let list = api_get(&api, &token, "/api/v1/jobs")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
@@ -295,6 +313,59 @@ pub fn ps(api: Option<String>, token: Option<String>, json: bool) -> anyhow::Res
         eprintln!("splitos: pComponent {} did not answer: {}", u["pcomponent"], u["error"].as_str().unwrap_or("?"));
     }
     Ok(())
+}
+
+/// `cluster cordon` and `cluster uncordon`.
+pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let c = api_post(&api, &token, &format!("/api/v1/components/{id}/{}", if on { "cordon" } else { "uncordon" }))?;
+    let what = match c["role"].as_str() {
+        Some("pcomponent") => "new programs",
+        _ => "new homes and vRegions",
+    };
+    match on {
+        true => println!("{} {id} ({}) cordoned: it takes no {what}; what runs there goes on", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
+        false => println!("{} {id} ({}) uncordoned: it takes {what} again", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
+    }
+    Ok(())
+}
+
+/// `cluster drain`: cordons the component, then waits until nothing runs on it.
+pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let c = api_post(&api, &token, &format!("/api/v1/components/{id}/cordon"))?;
+    let role = c["role"].as_str().unwrap_or("?").to_string();
+    println!("{role} {id} cordoned; waiting until nothing runs on it");
+    let t0 = std::time::Instant::now();
+    let mut last = String::new();
+    loop {
+        let left = match role.as_str() {
+            "pcomponent" => {
+                let jobs = api_get(&api, &token, "/api/v1/jobs")?;
+                let n = jobs["jobs"].as_array().into_iter().flatten().filter(|j| j["pcomponent"] == id).count();
+                (n > 0).then(|| format!("{n} job(s) run on it"))
+            }
+            _ => {
+                let comps = api_get(&api, &token, "/api/v1/components")?;
+                let c = comps.as_array().into_iter().flatten().find(|c| c["id"] == id).ok_or_else(|| anyhow::anyhow!("component {id} is gone"))?;
+                let (used, committed) = (c["used_bytes"].as_u64().unwrap_or(0), c["committed_bytes"].as_u64().unwrap_or(0));
+                // Its programs' memory goes with them; moving it elsewhere is migration's.
+                (used > 0 || committed > 0).then(|| format!("it holds {} of programs' memory ({} committed)", human(used), human(committed)))
+            }
+        };
+        let Some(left) = left else {
+            println!("{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)", t0.elapsed().as_secs_f64());
+            return Ok(());
+        };
+        if left != last {
+            println!("  {left}");
+            last = left.clone();
+        }
+        if t0.elapsed() >= timeout {
+            anyhow::bail!("{role} {id} is not drained after {} s: {left} (it stays cordoned)", timeout.as_secs());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
 
 /// `cluster token create`: prints what the token may do, then the token itself as the last

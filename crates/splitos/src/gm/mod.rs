@@ -23,6 +23,7 @@
 //!
 //! What they are told at run time (the REST API's tokens, the vNodes) they keep in their state
 //! file, and resume with after a restart.
+pub mod cordon;
 pub mod state;
 pub mod vnodes;
 use std::sync::{Arc, Mutex};
@@ -87,6 +88,8 @@ pub struct Gm {
     started: Instant,
     /// The vNodes the admin made, their grants and memory quotas.
     pub vnodes: vnodes::Vnodes,
+    /// The components the admin took out of placement.
+    cordons: cordon::Cordons,
     /// The home of each vNode with a quota, kept while it is alive: an mComponent that joins
     /// later does not win the rendezvous for the vNode's next processes, whose charges the
     /// first home would then not see.
@@ -136,7 +139,19 @@ impl Gm {
     }
 
     pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
-        self.comps().iter().map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), ..e.info.clone() }).collect()
+        self.comps().iter().map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), cordoned: self.cordons.has(e.info.id), ..e.info.clone() }).collect()
+    }
+
+    /// Cordons component `id` (`on`) or lets it take work again; returns it as it is now.
+    /// Only pComponents and mComponents are placed on, and so cordoned.
+    pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, Refusal> {
+        let c = self.snapshot().into_iter().find(|c| c.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        if !matches!(c.role, Role::Proc | Role::Mem) {
+            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only pComponents and mComponents take new work, and are cordoned", c.role.name())));
+        }
+        self.cordons.set(id, on).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+        tracing::info!(id, role = c.role.name(), addr = %c.addr, cordoned = on, "{}", if on { "component cordoned" } else { "component uncordoned" });
+        Ok(ComponentInfo { cordoned: on, ..c })
     }
 
     /// GMM: the alive mComponent the placement policy prefers among those with at least
@@ -149,7 +164,7 @@ impl Gm {
         let best = comps
             .iter_mut()
             .enumerate()
-            .filter(|(_, e)| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id))
+            .filter(|(_, e)| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id) && !self.cordons.has(e.info.id))
             .map(|(index, e)| (index, e.info.load.capacity.saturating_sub(Gm::taken(e)), e))
             .filter(|(_, free, _)| *free >= need)
             .map(|(index, free, e)| {
@@ -176,8 +191,8 @@ pub(crate) fn host_of(addr: &str) -> &str {
 }
 
 /// Rendezvous (highest random weight) choice among the live components of a role.
-fn rendezvous(comps: &[Entry], role: Role, key: &str) -> Option<ComponentRef> {
-    comps.iter().filter(|e| e.info.role == role && Gm::alive(e)).max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes())).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
+fn rendezvous<'a>(comps: impl IntoIterator<Item = &'a Entry>, role: Role, key: &str) -> Option<ComponentRef> {
+    comps.into_iter().filter(|e| e.info.role == role && Gm::alive(e)).max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes())).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
 }
 
 /// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
@@ -224,7 +239,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics };
+        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
@@ -265,7 +280,7 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0 });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -275,7 +290,7 @@ impl Gm {
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
-            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0 });
+            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
         let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
@@ -284,13 +299,13 @@ impl Gm {
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
-            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version() });
+            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id) });
         }
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0 })
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false })
     }
 
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
@@ -302,11 +317,11 @@ impl Gm {
         let e = comps
             .iter_mut()
             .enumerate()
-            .filter(|(_, e)| e.info.role == Role::Proc && Gm::alive(e))
+            .filter(|(_, e)| e.info.role == Role::Proc && Gm::alive(e) && !self.cordons.has(e.info.id))
             .map(|(index, e)| (rule.key(&Unit { index, free: &[], weights: &[], load: e.info.load.threads as f64 }), e))
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, e)| e)
-            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no pComponent is alive"))?;
+            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no alive pComponent takes new programs (none is alive, or every one is cordoned)"))?;
         metrics::counter!("gpm_placements_total").increment(1);
         // Count the new process's thread until the next heartbeat reports it, so that
         // processes started together spread.
@@ -326,7 +341,10 @@ impl Gm {
                 let kept = homes.get(&r.vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e))).cloned();
                 let home = match kept {
                     Some(h) => h,
-                    None => rendezvous(&comps, Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent"))?,
+                    // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
+                    None => {
+                        rendezvous(comps.iter().filter(|e| !self.cordons.has(e.info.id)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?
+                    }
                 };
                 homes.insert(r.vnode, home.clone());
                 home
@@ -337,13 +355,13 @@ impl Gm {
     }
 
     fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
-        let scomp = rendezvous(&self.comps(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
         Ok(G2P_STORAGE { scomp })
     }
 
     /// Backup files go where the vNode's files are: one sComponent per vNode to reach.
     fn backup_store(&self, r: M2G_BACKUP_STORE) -> Result<G2M_BACKUP_STORE, Refusal> {
-        let scomp = rendezvous(&self.comps(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "replication \"log\" keeps backup files on an sComponent, and none is alive"))?;
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "replication \"log\" keeps backup files on an sComponent, and none is alive"))?;
         Ok(G2M_BACKUP_STORE { scomp })
     }
 
@@ -365,13 +383,13 @@ impl Gm {
             // Programs keep the stack of their pComponent's host.
             return Err(ERR::new(ErrCode::NotFound, "the cluster has no nComponent"));
         }
-        let ncomp = rendezvous(&comps, Role::Net, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
+        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
         Ok(G2P_NET { ncomp })
     }
 
     fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
         metrics::counter!("gmm_file_cache_placements_total").increment(1);
-        let mcomp = rendezvous(&self.comps(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        let mcomp = rendezvous(self.comps().iter(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
@@ -499,6 +517,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         last_any: Mutex::new(Instant::now()),
         started: Instant::now(),
         vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
+        cordons: cordon::Cordons::open(state.clone())?,
         quota_homes: Mutex::new(Default::default()),
         tokens: crate::api::Tokens::open(state)?,
         api: std::sync::OnceLock::new(),

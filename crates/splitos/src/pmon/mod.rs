@@ -101,6 +101,9 @@ pub struct Pcomp {
     programs: host::shim::SharedSlots,
     /// Who may use which vNode: the global managers' table, followed by its version.
     grants: Arc<fs::grants::Grants>,
+    /// Cordoned by the admin (the global managers say so in every heartbeat's answer): no new
+    /// runs start here; those under way go on.
+    cordoned: std::sync::atomic::AtomicBool,
     /// The userfaultfd device, handed to programs in their welcome (none if it cannot be opened).
     uffd_dev: Option<OwnedFd>,
     started: Instant,
@@ -400,6 +403,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             launchers: host::shim::Slots::runs(),
             programs: host::shim::Slots::new(cfg.max_programs, cfg.max_programs_per_user),
             grants,
+            cordoned: Default::default(),
             uffd_dev: uffd_dev.ok(),
             started: Instant::now(),
             heap_fs,
@@ -437,6 +441,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         move |beat| {
             p3.net.forget_peers(&beat.lost);
             p3.follow_vnodes(beat.vnodes);
+            if p3.cordoned.swap(beat.cordoned, std::sync::atomic::Ordering::Relaxed) != beat.cordoned {
+                tracing::info!(cordoned = beat.cordoned, "{}", if beat.cordoned { "cordoned: no new programs start here" } else { "uncordoned: new programs start here again" });
+            }
         },
     );
     p.miss.with_cache(|c| {

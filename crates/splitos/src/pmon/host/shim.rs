@@ -240,6 +240,11 @@ impl Pcomp {
         let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
             (HELLO_PROGRAM, Ok([u, m])) => (u, m),
             (HELLO_LAUNCHER, _) => {
+                if self.cordoned.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.refuse(&peer, "the pComponent is cordoned");
+                    let _ = reply(&mut s, -(libc::EBUSY as i64), 0, 0);
+                    return;
+                }
                 let Some(_run) = take_slot(&self.launchers, peer.uid) else {
                     self.refuse(&peer, "too many of the user's runs are under way");
                     let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
