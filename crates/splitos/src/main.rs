@@ -37,6 +37,18 @@ enum Cmd {
         #[command(flatten)]
         api: control::ApiArgs,
     },
+    /// Show the cluster live (through its REST API), as top does: its components, and its jobs
+    /// with their ExCache misses, evictions and write-backs per second.
+    Top {
+        /// Seconds between two looks.
+        #[arg(long, short = 'd', default_value_t = 2.0)]
+        interval: f64,
+        /// Stop after this many looks (default: until interrupted).
+        #[arg(long, short = 'n')]
+        iterations: Option<u64>,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
     /// Manage a long-lived cluster on this host.
     Cluster {
         #[command(subcommand)]
@@ -235,6 +247,10 @@ fn main() {
             ClusterCmd::Token { cmd: TokenCmd::Revoke { name, gm } } => control::token_revoke(gm, name),
         },
         Cmd::Ps { json, api } => control::ps(api, json),
+        Cmd::Top { interval, iterations, api } => match interval.is_finite() && interval >= 0.1 {
+            true => control::top::top(api, std::time::Duration::from_secs_f64(interval), iterations),
+            false => Err(anyhow::anyhow!("--interval must be at least 0.1 seconds, not {interval}")),
+        },
         Cmd::Gm(start) => component(*start, gm::run),
         Cmd::Mem(start) => component(*start, mmon::run),
         Cmd::Proc(start) => component(*start, pmon::run),

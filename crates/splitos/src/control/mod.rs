@@ -2,6 +2,7 @@
 pub mod cluster;
 pub mod launcher;
 pub mod run;
+pub mod top;
 
 use std::io::Write;
 
@@ -131,7 +132,7 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn human(b: u64) -> String {
+pub(crate) fn human(b: u64) -> String {
     match b {
         b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
@@ -242,7 +243,7 @@ pub struct ApiArgs {
     pub token: Option<String>,
 }
 
-fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
+pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
     let ApiArgs { api, token } = a;
     let state = cluster::read_state();
     let api = match api.or_else(|| std::env::var("SPLITOS_API").ok()) {
@@ -260,7 +261,7 @@ fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
 }
 
 /// One GET of the REST API; an error carries the API's own message.
-fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
     let r = ureq::get(format!("http://{api}{path}")).header("Authorization", format!("Bearer {token}")).config().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10))).build().call();
     api_answer(api, r)
 }

@@ -1,4 +1,6 @@
-//! Cordoning and draining (docs/control-plane.md, "The operator's commands"): a cordoned
+//! The operator's commands (docs/control-plane.md). `splitos top` shows the jobs' misses per
+//! second while they run, to an admin with the components and to a tenant without. Cordoning
+//! and draining: a cordoned
 //! pComponent starts no new program, whether placed by the global managers or reached by its
 //! program socket, and a cordoned mComponent takes no new home or vRegion, as their own
 //! counters show, while programs keep giving the output of a native run; `cluster drain` waits
@@ -66,4 +68,31 @@ fn cordoned_components_take_no_new_work_and_drain_waits_for_the_rest() {
     // Bad input: an id no component has.
     let out = c.cmd(&["cluster", "cordon", "12345"]).output().unwrap();
     assert!(!out.status.success() && text(&out.stderr).contains("no component has id 12345"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn top_shows_the_misses_per_second_of_a_running_job() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let randpages = program("randpages");
+    let mut job = c.spawn(&[], &[randpages.to_str().unwrap(), "32", "100000"]);
+    let pcomp = c.components("pcomponent")[0]["id"].to_string();
+    assert!(c.eventually(Duration::from_secs(10), |c| c.components("pcomponent")[0]["stats"]["processes"].as_array().is_some_and(|p| !p.is_empty())));
+    let tenant = api_token(&c, &["default-ci", "--vnode", "default"]);
+    for (token, components) in [(None, true), (Some(tenant.as_str()), false)] {
+        let mut args = vec!["top", "-n", "2", "-d", "1"];
+        args.extend(token.map(|t| ["--token", t]).into_iter().flatten());
+        let out = splitos_ok(&c, &args);
+        let frames: Vec<&str> = out.split("splitos top: ").filter(|f| !f.is_empty()).collect();
+        assert_eq!(frames.len(), 2, "{out}");
+        assert_eq!(frames[1].contains(&format!(" {pcomp} ")) && frames[1].contains("ROLE"), components, "{out}");
+        // The second look has a rate: the job's line, its misses per second above zero.
+        let line = frames[1].lines().find(|l| l.contains("randpages")).unwrap_or_else(|| panic!("{out}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let per_s: f64 = cols[4].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(per_s > 0.0 && cols[2] == "default", "{line}");
+    }
+    let out = c.cmd(&["top", "-d", "0"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("--interval must be at least 0.1 seconds"));
+    let _ = job.kill();
+    let _ = job.wait();
 }
