@@ -581,6 +581,22 @@ impl Hosts {
     }
 }
 
+/// Deletes network namespace `ns` and the shared-memory rendezvous sockets its components
+/// left (named after the namespace's inode): killed, they could not remove them, and once the
+/// namespace is gone no sweep would know them for stale.
+pub fn delete_netns(ns: &str) {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = std::fs::metadata(format!("/run/netns/{ns}")) {
+        let prefix = format!("{}-", m.ino());
+        for e in std::fs::read_dir("/run/splitos").into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let _ = Command::new("ip").args(["netns", "del", ns]).output();
+}
+
 impl Drop for Hosts {
     fn drop(&mut self) {
         for name in &self.names {
@@ -588,7 +604,7 @@ impl Drop for Hosts {
                 // SAFETY: kill(2) takes no pointers; these are processes of this test's own host.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
-            let _ = Command::new("ip").args(["netns", "del", &self.netns(name)]).output();
+            delete_netns(&self.netns(name));
         }
         let _ = Command::new("ip").args(["link", "del", &format!("{}br", self.tag)]).output();
     }

@@ -124,17 +124,7 @@ impl Drop for TwoHosts {
         }
         let _ = self.splitos(&self.a, &["cluster", "down", "--force"]).output();
         for ns in [&self.a, &self.b] {
-            // The rendezvous sockets of a namespace about to go: no later sweep would find them.
-            use std::os::unix::fs::MetadataExt;
-            if let Ok(m) = std::fs::metadata(format!("/run/netns/{ns}")) {
-                let prefix = format!("{}-", m.ino());
-                for e in std::fs::read_dir("/run/splitos").into_iter().flatten().flatten() {
-                    if e.file_name().to_string_lossy().starts_with(&prefix) {
-                        let _ = std::fs::remove_file(e.path());
-                    }
-                }
-            }
-            let _ = std::process::Command::new("ip").args(["netns", "del", ns]).output();
+            delete_netns(ns);
         }
     }
 }
