@@ -183,18 +183,11 @@ pub fn bearer(headers: &axum::http::HeaderMap) -> Option<Option<&str>> {
     Some(v.to_str().ok().and_then(|v| v.trim().split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t.trim()))
 }
 
-/// Who may read a component's metrics over HTTP.
-enum Gate {
-    /// Anyone who reaches a loopback address: the host's own users, as for the rest of the
-    /// component's state on the host.
-    Loopback,
-    /// A request with a bearer token that this check accepts (an admin token of the API).
-    Token(Arc<dyn Fn(&str) -> bool + Send + Sync>),
-}
-
 /// Serves `GET /metrics` at `addr` on a thread of its own; returns the address it listens at.
-/// An address beyond loopback needs `token_check`: metrics name programs, vNodes and
-/// addresses, which are not for the network.
+/// On loopback it answers anyone who reaches it (the host's own users, as for the rest of the
+/// component's state on the host); beyond loopback only a request whose bearer token
+/// `token_check` accepts: metrics name programs, vNodes and addresses, which are not for the
+/// network.
 pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'static) -> anyhow::Result<String> {
     use axum::extract::Request;
     use axum::http::{header, StatusCode};
@@ -202,13 +195,9 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
 
     let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the metrics address {addr} cannot be served: {e}"))?;
     let local = l.local_addr()?;
-    let gate = if local.ip().is_loopback() { Gate::Loopback } else { Gate::Token(Arc::new(token_check)) };
-    let gate = Arc::new(gate);
+    let gate = (!local.ip().is_loopback()).then(|| Arc::new(token_check));
     let metrics = move |req: Request| {
-        let check = match &*gate {
-            Gate::Loopback => None,
-            Gate::Token(check) => Some(check.clone()),
-        };
+        let check = gate.clone();
         async move {
             if let Some(check) = check {
                 let allowed = match bearer(req.headers()) {
