@@ -32,5 +32,6 @@ pub mod sim;
 pub mod smon;
 pub mod sys;
 pub mod telemetry;
+pub mod topology;
 pub mod trusted;
 pub mod vma;

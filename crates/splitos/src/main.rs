@@ -115,6 +115,15 @@ enum ClusterCmd {
     },
     /// Print the REST API's OpenAPI document (the one the API serves at /openapi.json).
     Openapi,
+    /// Print the topology graph: hosts and their components, and the links pComponents
+    /// measured to the mComponents their programs use (latency, bandwidth).
+    Topology {
+        /// Print the graph as the API serves it (JSON).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
     /// Take a pComponent or mComponent out of placement, by its id (`cluster status`): no new
     /// programs start on it, no new homes or vRegions go to it; what runs there goes on.
     Cordon {
@@ -238,6 +247,7 @@ fn main() {
             ClusterCmd::Cordon { id, api } => control::cordon(api, id, true),
             ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),
             ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),
+            ClusterCmd::Topology { json, api } => control::topology(api, json),
             ClusterCmd::Openapi => {
                 print!("{}", splitos::api::openapi_json());
                 Ok(())

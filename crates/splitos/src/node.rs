@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use splitos_rpc::auth::Credentials;
-use splitos_rpc::{Endpoint, ErrCode, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER};
+use splitos_rpc::{Endpoint, ErrCode, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER};
 
 use crate::config::ProcessArgs;
 
@@ -56,6 +56,9 @@ pub struct Node {
     /// When the global managers last answered a heartbeat, and the mComponents they had
     /// declared lost then.
     heard: Mutex<Option<(Instant, Vec<u32>)>>,
+    /// What it last measured of its links to the components it uses, and when: told to the
+    /// global managers in every heartbeat (`crate::topology`).
+    links: Mutex<Vec<(LinkSample, Instant)>>,
 }
 
 impl Node {
@@ -69,7 +72,16 @@ impl Node {
         // The global managers keep the tokens: a scrape beyond loopback asks them.
         let (asker, gm_addr) = (rpc.clone(), gm.to_string());
         let metrics = serve_metrics(process, move |token| asker.call(&gm_addr, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
-        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), metrics, heard: Mutex::new(None) }), ep))
+        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), metrics, heard: Mutex::new(None), links: Mutex::new(Vec::new()) }), ep))
+    }
+
+    /// Replaces what it tells the global managers of its links.
+    pub fn set_links(&self, links: Vec<(LinkSample, Instant)>) {
+        *self.links.lock().unwrap() = links;
+    }
+
+    fn links(&self) -> Vec<LinkSample> {
+        self.links.lock().unwrap().iter().map(|(l, at)| LinkSample { age_ms: at.elapsed().as_millis() as u64, ..l.clone() }).collect()
     }
 
     pub fn id(&self) -> u32 {
@@ -129,7 +141,7 @@ impl Node {
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load() }) {
+                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links() }) {
                     Ok(beat) => {
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
                         on_beat(beat)

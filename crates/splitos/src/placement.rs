@@ -38,6 +38,12 @@ pub trait Placement: Send + Sync {
     /// packing policy places a task's memory in one piece where it can, a spreading one each
     /// vRegion on its own.
     fn packs(&self) -> bool;
+    /// Whether units nearer the asker come first, whatever their keys: the placer orders
+    /// them by hops on the topology graph (`crate::topology`) from the component the
+    /// allocation is for, then by key.
+    fn near_first(&self) -> bool {
+        false
+    }
 }
 
 /// The least loaded unit: what the global managers have always done (the pComponent running
@@ -67,6 +73,23 @@ impl Placement for BestFit {
     }
 }
 
+/// The unit the fewest hops away from the asker, then the least loaded of those: the path
+/// search of ThymesisFlow's control plane, which reserves the shortest path for each request.
+/// Memory of the pComponent's own host comes first, then that of other hosts.
+pub struct Nearest;
+
+impl Placement for Nearest {
+    fn key(&self, unit: &Unit) -> f64 {
+        unit.load
+    }
+    fn packs(&self) -> bool {
+        false
+    }
+    fn near_first(&self) -> bool {
+        true
+    }
+}
+
 /// The first unit that fits.
 pub struct FirstFit;
 
@@ -86,6 +109,7 @@ impl PlacementPolicy {
             PlacementPolicy::LeastLoaded => &LeastLoaded,
             PlacementPolicy::BestFit => &BestFit,
             PlacementPolicy::FirstFit => &FirstFit,
+            PlacementPolicy::Nearest => &Nearest,
         }
     }
 }
@@ -124,12 +148,19 @@ mod tests {
     }
 
     #[test]
+    fn nearest_orders_by_hops_then_as_least_loaded() {
+        assert!(PlacementPolicy::Nearest.rule().near_first());
+        assert_eq!(choice(PlacementPolicy::Nearest, &[(10, 3.0), (5, 1.0)]), 1);
+        assert!(!PlacementPolicy::LeastLoaded.rule().near_first() && !PlacementPolicy::BestFit.rule().near_first());
+    }
+
+    #[test]
     fn policies_are_named_as_the_configuration_names_them() {
         for name in crate::config::PLACEMENT_POLICIES {
             assert_eq!(name.parse::<PlacementPolicy>().unwrap().to_string(), *name);
         }
         assert_eq!(PlacementPolicy::default(), PlacementPolicy::LeastLoaded);
         let err = "worst-fit".parse::<PlacementPolicy>().unwrap_err();
-        assert!(err.contains("placement") && err.contains("least-loaded, best-fit, first-fit"), "{err}");
+        assert!(err.contains("placement") && err.contains("least-loaded, best-fit, first-fit, nearest"), "{err}");
     }
 }

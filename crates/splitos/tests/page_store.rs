@@ -34,7 +34,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let st = c.status();
     let gm = st["gm"].as_str().unwrap();
     let (node, _unused_endpoint) = Node::bind(Role::Proc, gm, "127.0.0.1:0", &process_args(&c)).unwrap();
-    let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into() }).unwrap().mcomp;
+    let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into(), pcomp: 0 }).unwrap().mcomp;
     let who = Who::new("store-test", 0x7fff_0001);
     let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false, noreserve: false }).unwrap();
@@ -90,7 +90,7 @@ fn one_sided_copies_reach_only_what_the_owner_holds_and_stop_when_it_changes_the
     let c = TestCluster::up(Some("[[pcomponent]]\n[[mcomponent]]\n"));
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let (node, _unused_endpoint) = Node::bind(Role::Proc, &gm, "127.0.0.1:0", &process_args(&c)).unwrap();
-    let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into() }).unwrap().mcomp;
+    let home = node.call_gm(P2G_PICK_HOME { vnode: "store-test".into(), pcomp: 0 }).unwrap().mcomp;
     let who = Who::new("store-test", 0x7fff_0002);
     let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false, noreserve: false }).unwrap();

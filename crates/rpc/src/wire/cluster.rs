@@ -102,6 +102,20 @@ pub struct JobInfo {
     pub writebacks: u64,
 }
 
+/// One link as the component using it measured it (off the data path, by probes): the round
+/// trip of a small request and the rate a large reply arrived at.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkSample {
+    /// The component at the other end.
+    pub peer: u32,
+    /// The shortest round trip of a few small requests, in nanoseconds.
+    pub rtt_ns: u64,
+    /// Bytes per second of a large reply, its round trip's latency taken off.
+    pub bytes_per_s: u64,
+    /// How long ago it was measured, in milliseconds.
+    pub age_ms: u64,
+}
+
 message_types! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
@@ -113,7 +127,9 @@ message_types! {
     /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.
     G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool, pub vnodes: u64 };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
-    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load };
+    /// `links`: what the sender last measured of its links to the components it uses (the
+    /// topology graph's measured links).
+    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample> };
     /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
     /// cluster's `reclaim_dead_ms`, or replaced by a new start at their address, whose
     /// processes' memory the mComponents release and whose sockets the nComponents close. `lost_mcomps` (to mComponents only): the mComponents
@@ -135,12 +151,14 @@ message_types! {
     G2C_PLACED { pub pcomp: ComponentInfo };
     /// GMM: which mComponent is home of a new process of `vnode`. `memory_quota`: the
     /// vNode's memory quota, which its home enforces (one home serves all processes of a vNode
-    /// with a quota).
-    P2G_PICK_HOME { pub vnode: String };
+    /// with a quota). `pcomp`: the asker's id, from which the `nearest` placement counts hops.
+    P2G_PICK_HOME { pub vnode: String, pub pcomp: u32 };
     G2P_HOME { pub mcomp: ComponentRef, pub memory_quota: Option<u64> };
     /// GMM: which mComponent owns a newly active vRegion (or is a backup home, with `bytes`
     /// 0), other than those in `exclude` and, when it can, on another host than they are.
-    M2G_PICK_OWNER { pub bytes: u64, pub exclude: Vec<u32> };
+    /// `near`: the pComponent the vRegion's process runs on (0: none), from which the
+    /// `nearest` placement counts hops.
+    M2G_PICK_OWNER { pub bytes: u64, pub exclude: Vec<u32>, pub near: u32 };
     G2M_OWNER { pub mcomp: ComponentRef };
     /// GSM: which sComponent keeps the backup files of a process of `vnode` (`log`
     /// replication): the one storing the vNode's files.

@@ -321,6 +321,9 @@ pub struct VmaInfo {
     pub prot: u32,
 }
 
+/// The largest reply a link probe asks for.
+pub const MAX_PROBE: u32 = 1 << 20;
+
 message_types! {
     // ---- pComponent -> home mComponent: virtual memory calls of a process
     /// `pcomp`: the sender's component id, which with its key names this start of it.
@@ -355,6 +358,11 @@ message_types! {
 
     // ---- pComponent -> vRegion owner: the ExCache data path
     P2M_FETCH { pub who: Who, pub vpn: u64 };
+    /// A probe of the link, off the data path: answered with `bytes` (at most
+    /// [`MAX_PROBE`]) of zeros, whose arrival rate is the link's bandwidth towards the
+    /// pComponent, the direction misses use.
+    P2M_PROBE_LINK { pub bytes: u32 };
+    M2P_PROBED { pub payload: ByteBuf };
     M2P_PAGE { pub data: ByteBuf };
     P2M_FLUSH { pub who: Who, pub vpn: u64, pub data: ByteBuf };
     /// A dirty victim and a miss to the same owner in one round trip (LegoOS piggyback). The

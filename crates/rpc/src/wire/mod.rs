@@ -42,7 +42,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
 /// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
 /// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
-pub const WIRE_VERSION: u16 = 17;
+pub const WIRE_VERSION: u16 = 18;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -305,7 +305,7 @@ messages! {
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
     P2M_OWNER_FULL, P2M_HOME_TAKEOVER,
     // ---- pComponent -> vRegion owner: the ExCache data path, in memory.rs
-    P2M_FETCH, M2P_PAGE, P2M_FLUSH, P2M_FLUSH_FETCH, P2M_FETCH_MANY, M2P_PAGES,
+    P2M_FETCH, M2P_PAGE, P2M_PROBE_LINK, M2P_PROBED, P2M_FLUSH, P2M_FLUSH_FETCH, P2M_FETCH_MANY, M2P_PAGES,
     P2M_FLUSH_FETCH_MANY, P2M_FLUSH_MANY, P2M_RECONSTRUCT, P2M_LEASE, M2P_LEASE,
     // ---- home mComponent -> vRegion owner, in memory.rs
     M2M_VMA_ADD, M2M_EPOCH, M2M_READ_PAGES, M2M_SET, M2M_LOG_RESYNC, M2M_PARITY, M2M_HOME_OF,
@@ -399,6 +399,7 @@ replies! {
     P2M_OWNER_FULL => M2P_VREGIONS,
     P2M_HOME_TAKEOVER => M2P_HOME,
     P2M_FETCH => M2P_PAGE,
+    P2M_PROBE_LINK => M2P_PROBED,
     P2M_FLUSH => OK,
     P2M_FLUSH_FETCH => M2P_PAGE,
     P2M_FETCH_MANY => M2P_PAGES,
@@ -473,14 +474,14 @@ mod role_tests {
             (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
             (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
             (P2N_CLOSE { sock: 1 }.into(), &[Role::Proc, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
             (C2G_TOKEN_CREATE { name: "t".into(), admin: true, vnodes: Vec::new() }.into(), &[Role::Admin]),
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
-            (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new() }.into(), &[Role::Mem, Role::Admin]),
+            (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new(), near: 0 }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
         ];
@@ -492,7 +493,7 @@ mod role_tests {
         let receivers: Vec<(Msg, &[Role])> = vec![
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default() }.into(), &[Role::Gm]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new() }.into(), &[Role::Gm]),
             (P2N_SEND { sock: 1, data: ByteBuf::new() }.into(), &[Role::Net]),
             (C2G_STATUS.into(), &[Role::Gm]),
             (G2P_JOBS.into(), &[Role::Proc]),

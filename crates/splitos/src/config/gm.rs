@@ -44,7 +44,8 @@ pub struct GmConfig {
     /// How the global managers choose the pComponent of a process and the mComponent of a
     /// home or vRegion among those with room: least-loaded spreads (fewest threads, smallest
     /// share of memory taken), best-fit (the least free) and first-fit (the first registered)
-    /// pack.
+    /// pack, nearest takes the mComponent fewest hops from the program's pComponent on the
+    /// topology graph, then the least loaded.
     #[arg(long, default_value_t)]
     pub placement: PlacementPolicy,
     /// Where the global managers serve the REST API (docs/control-plane.md): an address on loopback (port 0: any free port, which `cluster
@@ -68,6 +69,8 @@ knob_enum! {
         BestFit = "best-fit",
         /// The first registered component with room.
         FirstFit = "first-fit",
+        /// The component fewest hops away on the topology graph, then the least loaded.
+        Nearest = "nearest",
     }
 }
 

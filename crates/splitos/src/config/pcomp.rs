@@ -243,6 +243,11 @@ pub struct PcompConfig {
     /// up and its home drops its copy of the address space (ms); a live parent's wait for it.
     #[arg(long, default_value_t = 30_000)]
     pub fork_timeout_ms: u64,
+    /// How often it measures the latency and bandwidth of its links to the mComponents its
+    /// programs use, for the topology graph (ms; 0: never). Each round costs per mComponent
+    /// three small round trips and two 256 KiB replies (docs/control-plane.md#topology).
+    #[arg(long, default_value_t = 5_000)]
+    pub link_probe_ms: u64,
     /// The network namespace (`ip netns`) `cluster up` starts it in: a "host" of a cluster on
     /// one machine (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]

@@ -282,6 +282,43 @@ fn api_answer(api: &str, r: Result<ureq::http::Response<ureq::Body>, ureq::Error
     Ok(body)
 }
 
+/// `splitos cluster topology`: the graph the REST API serves, as text: each host with its
+/// components, then the measured links.
+pub fn topology(a: ApiArgs, json: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let g = api_get(&api, &token, "/api/v1/topology")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+        return Ok(());
+    }
+    let nodes = g["nodes"].as_array().cloned().unwrap_or_default();
+    let links = g["links"].as_array().cloned().unwrap_or_default();
+    let label = |id: &str| nodes.iter().find(|n| n["id"] == id).and_then(|n| n["label"].as_str()).unwrap_or(id).to_string();
+    for host in nodes.iter().filter(|n| n["kind"] == "host") {
+        println!("host {}", host["label"].as_str().unwrap_or("?"));
+        for l in links.iter().filter(|l| l["kind"] == "attached" && l["to"] == host["id"]) {
+            println!("  {}", label(l["from"].as_str().unwrap_or("?")));
+        }
+    }
+    if let Some(sw) = nodes.iter().find(|n| n["kind"] == "switch") {
+        println!("the hosts reach each other through switch {}", sw["label"].as_str().unwrap_or("?"));
+    }
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(["FROM", "TO", "LATENCY", "BANDWIDTH", "AGE"]);
+    for l in links.iter().filter(|l| l["kind"] == "uses") {
+        let latency = l["latency_us"].as_f64().map_or("-".into(), |us| format!("{us:.1} µs"));
+        let bandwidth = l["bandwidth_mbps"].as_f64().map_or("-".into(), |m| format!("{:.2} Gbit/s", m / 1e3));
+        let age = l["age_ms"].as_u64().map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1e3));
+        t.add_row([label(l["from"].as_str().unwrap_or("?")), label(l["to"].as_str().unwrap_or("?")), latency, bandwidth, age]);
+    }
+    match t.row_count() {
+        0 => println!("no measured links (links are measured while programs use them)"),
+        _ => println!("{t}"),
+    }
+    Ok(())
+}
+
 /// `splitos ps`: the running programs, as the REST API lists them for the token.
 pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;

@@ -59,6 +59,8 @@ struct Entry {
     /// Bytes GMM promised to vRegions since the last heartbeat, so that a burst of placements
     /// between two heartbeats spreads instead of piling onto one stale minimum.
     pending: u64,
+    /// The links it measured to the components it uses, as its last heartbeat said.
+    links: Vec<LinkSample>,
 }
 
 pub struct Gm {
@@ -154,13 +156,33 @@ impl Gm {
         Ok(ComponentInfo { cordoned: on, ..c })
     }
 
+    /// The cluster's topology graph, with the links components measured.
+    pub fn topology(&self) -> crate::topology::Graph {
+        let comps = self.comps();
+        let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
+        let samples = comps.iter().map(|e| (e.info.id, e.links.iter().map(|l| LinkSample { age_ms: l.age_ms + e.last.elapsed().as_millis() as u64, ..l.clone() }).collect())).collect();
+        crate::topology::Graph::cluster(&self.addr, &infos, &samples)
+    }
+
+    /// Hops on the topology graph from component `from` to each component (by id), for a
+    /// policy that places near first; empty for another policy, or an unknown `from`.
+    fn hops(&self, comps: &[Entry], from: Option<u32>) -> std::collections::HashMap<u32, u32> {
+        let Some(from) = from.filter(|_| self.placement.rule().near_first()) else { return Default::default() };
+        let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
+        let g = crate::topology::Graph::cluster(&self.addr, &infos, &Default::default());
+        let Some(start) = g.find(&crate::topology::component_id(from)) else { return Default::default() };
+        g.hops_from(start).into_iter().zip(&g.nodes).filter_map(|(h, n)| Some((n.component?, h?))).collect()
+    }
+
     /// GMM: the alive mComponent the placement policy prefers among those with at least
     /// `need` bytes free, other than those in `exclude`, and on a host none of them is on when
-    /// there is one. Its load is the share of its memory taken.
-    fn pick_memory(&self, need: u64, exclude: &[u32]) -> Result<ComponentRef, Refusal> {
+    /// there is one. Its load is the share of its memory taken. `near`: the pComponent the
+    /// memory is for, from which a policy that places near first counts hops.
+    fn pick_memory(&self, need: u64, exclude: &[u32], near: Option<u32>) -> Result<ComponentRef, Refusal> {
         let mut comps = self.comps();
         let taken_hosts: Vec<String> = comps.iter().filter(|e| exclude.contains(&e.info.id)).map(|e| host_of(&e.info.addr).to_string()).collect();
         let rule = self.placement.rule();
+        let hops = self.hops(&comps, near);
         let best = comps
             .iter_mut()
             .enumerate()
@@ -170,7 +192,8 @@ impl Gm {
             .map(|(index, free, e)| {
                 let load = (Gm::taken(e) * 1000 / e.info.load.capacity.max(1)) as f64;
                 let key = rule.key(&Unit { index, free: &[free], weights: &[1.0], load });
-                (taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), key, e)
+                let far = hops.get(&e.info.id).copied().unwrap_or(0);
+                ((taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), far), key, e)
             })
             .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
             .map(|(_, _, e)| e);
@@ -240,7 +263,7 @@ impl Gm {
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false };
-        comps.push(Entry { info, key, last: Instant::now(), pending: 0 });
+        comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new() });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
     }
@@ -276,6 +299,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         e.info.load = r.load;
+        e.links = r.links;
         e.last = Instant::now();
         e.pending = 0;
         let role = e.info.role;
@@ -349,7 +373,7 @@ impl Gm {
                 homes.insert(r.vnode, home.clone());
                 home
             }
-            None => self.pick_memory(0, &[])?,
+            None => self.pick_memory(0, &[], Some(r.pcomp))?,
         };
         Ok(G2P_HOME { mcomp, memory_quota })
     }
@@ -475,7 +499,7 @@ impl Handler for Gm {
             Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
             Msg::M2G_PICK_OWNER(r) => on(r, |r| {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
-                self.pick_memory(r.bytes, &r.exclude).map(|mcomp| G2M_OWNER { mcomp })
+                self.pick_memory(r.bytes, &r.exclude, (r.near != 0).then_some(r.near)).map(|mcomp| G2M_OWNER { mcomp })
             }),
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),

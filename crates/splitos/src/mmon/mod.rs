@@ -348,6 +348,10 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::P2M_OWNER_FULL(r) => on(r, |r| self.owner_full(r)),
             Msg::P2M_HOME_TAKEOVER(r) => on(r, |r| self.home_takeover(r)),
             Msg::P2M_FETCH(r) => on(r, |r| self.fetch(r)),
+            Msg::P2M_PROBE_LINK(r) => on(r, |r| match r.bytes {
+                b if b > MAX_PROBE => Err(ERR::new(ErrCode::Invalid, format!("a link probe of {b} bytes: at most {MAX_PROBE}"))),
+                b => Ok(M2P_PROBED { payload: serde_bytes::ByteBuf::from(vec![0; b as usize]) }),
+            }),
             Msg::C2M_DEBUG_FLIP(r) => on(r, |r| self.debug_flip(r)),
             Msg::P2M_FLUSH(r) => on(r, |r| self.flush(r)),
             Msg::P2M_FLUSH_FETCH(r) => on(r, |r| self.flush_fetch(r)),

@@ -12,6 +12,7 @@
 mod excache;
 mod fs;
 pub(crate) mod host;
+mod links;
 mod net;
 mod stats;
 
@@ -446,6 +447,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             }
         },
     );
+    if cfg.link_probe_ms > 0 {
+        links::probe_forever(node.clone(), p.store.clone(), std::time::Duration::from_millis(cfg.link_probe_ms))?;
+    }
     p.miss.with_cache(|c| {
         tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", metrics = ?node.metrics, shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
     });

@@ -12,7 +12,10 @@
 //!
 //! What a compute unit can reach is the topology: a unit has a number of links, one per
 //! memory module it uses (ThymesisFlow's 16 transceivers), and/or units are in racks and reach
-//! only memory modules of their own rack.
+//! only memory modules of their own rack. The racks are the topology graph the global
+//! managers keep (`crate::topology`): each unit on its rack's switch, and the memory a unit
+//! reaches is what a path search finds from it (every module of its rack, two hops away, so
+//! that `nearest` would order them as least-loaded does).
 
 use super::policy;
 use super::pool::{Amount, Pool, CPU, LINKS, MEM};
@@ -121,6 +124,8 @@ pub struct Model {
     shapes: Vec<[u64; 2]>,
     /// The most memory modules in a rack.
     rack_modules: usize,
+    /// The rack of each compute unit: the part of the topology graph it is in.
+    compute_rack: Vec<usize>,
 }
 
 /// What a task asks of one model.
@@ -163,19 +168,20 @@ impl Model {
         if spec.kind != Kind::Fixed && racks > nodes.len().min(m).min(MAX_RACKS) {
             return Err(format!("topology racks:{racks}: more racks than compute units ({}), memory modules ({m}) or {MAX_RACKS}", nodes.len()));
         }
+        let n = nodes.len();
+        let part = crate::topology::Graph::racks(n, m, racks, rack_of).parts();
         let memory = (spec.kind != Kind::Fixed).then(|| {
             let rest = total_mem - local_total;
             let caps = (0..m as u64).map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links]).collect();
-            policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| rack_of(j, m, racks), p))
+            policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| part[n + j], p))
         });
         let memory = memory.transpose()?;
         let shapes = caps.iter().map(|c| [c[CPU], c[MEM]]).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-        let n = nodes.len();
-        let compute = Pool::new(caps, racks, |c| rack_of(c, n, racks), policy::by_name(policy)?);
+        let compute = Pool::new(caps, racks, |c| part[c], policy::by_name(policy)?);
         let mut per_rack = vec![0usize; racks];
-        (0..m).for_each(|j| per_rack[rack_of(j, m, racks)] += 1);
+        (0..m).for_each(|j| per_rack[part[n + j]] += 1);
         let rack_modules = per_rack.into_iter().max().unwrap_or(0);
-        Ok(Model { links: vec![Vec::new(); compute.units()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes, rack_modules })
+        Ok(Model { links: vec![Vec::new(); compute.units()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes, rack_modules, compute_rack: part[..n].to_vec() })
     }
 
     pub fn name(&self) -> &'static str {
@@ -221,7 +227,7 @@ impl Model {
 
     /// The rack (part of both pools) compute unit `c` is in.
     fn rack(&self, c: usize) -> usize {
-        rack_of(c, self.compute.units(), self.racks())
+        self.compute_rack[c]
     }
 
     /// Places task `id`; false if there is no room for it now. Only racks whose memory

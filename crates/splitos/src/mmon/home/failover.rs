@@ -19,7 +19,7 @@ impl<P: Peers> Mem<P> {
         for _ in 0..3 {
             let backup = match h.backup.clone() {
                 Some(b) => b,
-                None => match self.pick_other(0, &failed) {
+                None => match self.pick_other(0, &failed, 0) {
                     Ok(Some(b)) => b,
                     _ => {
                         tracing::warn!(pid = h.who.pid, "no mComponent can be backup home: the process's layout has one copy");

@@ -239,11 +239,12 @@ impl<P: Peers> Mem<P> {
     }
 
     /// One more mComponent for a replica set (or a backup home, `bytes` 0), none of
-    /// `exclude`. `None` when no other has room: the set stays short, and says so.
-    fn pick_other(&self, bytes: u64, exclude: &[u32]) -> Result<Option<ComponentRef>, Refusal> {
+    /// `exclude`. `None` when no other has room: the set stays short, and says so. `near`:
+    /// the pComponent of the process (0: none), which a placement near first counts from.
+    fn pick_other(&self, bytes: u64, exclude: &[u32], near: u32) -> Result<Option<ComponentRef>, Refusal> {
         let mut exclude = exclude.to_vec();
         exclude.extend(self.recently_lost());
-        match self.peers.call_gm(M2G_PICK_OWNER { bytes, exclude }) {
+        match self.peers.call_gm(M2G_PICK_OWNER { bytes, exclude, near }) {
             Ok(r) => Ok(Some(r.mcomp)),
             Err(RpcError::Remote { code: ErrCode::NoMemory, .. }) => Ok(None),
             Err(e) => Err(e.into()),
@@ -261,11 +262,11 @@ impl<P: Peers> Mem<P> {
         let mut owners: Vec<ComponentRef> = Vec::new();
         for _ in 0..scheme.members() {
             let ids: Vec<u32> = owners.iter().map(|o| o.id).collect();
-            match self.pick_other(share, &ids)? {
+            match self.pick_other(share, &ids, h.pcomp)? {
                 Some(o) => owners.push(o),
                 // A striped set needs all its places: with too few mComponents one stands at
                 // two (losing it then loses rows).
-                None if data > 0 => owners.push(self.pick_other(share, &[])?.unwrap_or_else(|| self.me())),
+                None if data > 0 => owners.push(self.pick_other(share, &[], h.pcomp)?.unwrap_or_else(|| self.me())),
                 // With every mComponent short of a whole free vRegion, the home holds it and
                 // the accounting of each mapping decides what fits.
                 None if !ids.contains(&self.peers.id()) => owners.push(self.me()),

@@ -335,9 +335,9 @@ impl<P: Peers> Mem<P> {
         let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
         out.extend(&retired);
         // Another mComponent if one has room; else a survivor takes a second place.
-        let new = match self.pick_other(share, &out)? {
+        let new = match self.pick_other(share, &out, h.pcomp)? {
             Some(n) => n,
-            None => self.pick_other(share, &retired)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no mComponent has room to rebuild vRegion {idx} of process {}", h.who.pid)))?,
+            None => self.pick_other(share, &retired, h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no mComponent has room to rebuild vRegion {idx} of process {}", h.who.pid)))?,
         };
         h.epoch += 1;
         let who = h.who();
@@ -444,7 +444,7 @@ impl<P: Peers> Mem<P> {
         let set = h.vregions.get(&idx).cloned().expect("checked by the caller");
         let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
         out.extend_from_slice(exclude);
-        let Some(new) = self.pick_other(self.vrs(), &out)? else { return Ok(None) };
+        let Some(new) = self.pick_other(self.vrs(), &out, h.pcomp)? else { return Ok(None) };
         h.epoch += 1;
         let who = h.who();
         self.fence_set(&set.wire(idx), &who, None)?;

@@ -233,6 +233,26 @@ impl RemoteStore {
         RemoteStore { one_sided: OneSided::new(node.clone(), one_sided), node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()) }
     }
 
+    /// The mComponents this pComponent's programs use: their homes, backup homes and the
+    /// members of their vRegions' sets as last heard, each once.
+    pub fn mcomponents(&self) -> Vec<ComponentRef> {
+        let procs: Vec<Arc<ProcMemory>> = self.procs.lock().unwrap().values().cloned().collect();
+        let mut all: Vec<ComponentRef> = Vec::new();
+        for p in procs {
+            let homes = p.homes.lock().unwrap();
+            all.push(homes.home.clone());
+            all.extend(homes.backup.clone());
+            drop(homes);
+            for set in p.view.lock().unwrap().vregions.values() {
+                all.extend(set.owners.iter().cloned());
+                all.extend(set.log.clone());
+            }
+        }
+        all.sort_by_key(|c| c.id);
+        all.dedup_by_key(|c| c.id);
+        all
+    }
+
     pub fn set_vregion_size(&self, v: u64) {
         self.vregion_size.store(v, Relaxed);
     }

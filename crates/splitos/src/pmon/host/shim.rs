@@ -389,7 +389,7 @@ impl Pcomp {
         } else {
             let run = self.run_stats(h.run_id, peer.uid);
             let pid = crate::pmon::new_pid();
-            let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone() })?;
+            let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone(), pcomp: self.node.id() })?;
             let who = Who::new(vnode, pid);
             let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
             (pid, PendingChild { memory: Arc::new(ProcMemory::new(who, home, created.backup)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })

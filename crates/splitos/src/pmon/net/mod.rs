@@ -380,7 +380,7 @@ impl NetStub {
         if let Some(b) = s.st.lock().unwrap().dma.clone() {
             return Ok(b);
         }
-        let mcomp = self.node.call_gm(P2G_PICK_HOME { vnode: s.spec.vnode.clone() }).map_err(|e| errno_of(&e))?.mcomp.addr;
+        let mcomp = self.node.call_gm(P2G_PICK_HOME { vnode: s.spec.vnode.clone(), pcomp: self.node.id() }).map_err(|e| errno_of(&e))?.mcomp.addr;
         let alloc = || self.call(&mcomp, P2M_NETBUF_ALLOC { vnode: s.spec.vnode.clone(), bytes: bridge::CHUNK as u32 }).map(|r| r.buf);
         let (tx, rx) = (alloc()?, alloc()?);
         let mut st = s.st.lock().unwrap();
