@@ -286,3 +286,168 @@ fn replay_knobs_do_what_they_say() {
     fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--scale", "4", "--load", "9223372036854775807"], "--scale x --load is too large");
     fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--scale", "20000000"], "make more than 16777215 units");
 }
+
+/// The shipped pod list as the ATC '23 study's static pod lists come: without its time
+/// columns. Returns its path.
+fn static_pods(dir: &Path) -> String {
+    let text = std::fs::read_to_string(traces().join("alibaba-openb-pods.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let keep: Vec<usize> = (0..header.len()).filter(|&i| !header[i].ends_with("_time")).collect();
+    assert_eq!(keep.len(), header.len() - 3, "creation, deletion and scheduled times dropped");
+    let rows: Vec<String> = text.lines().map(|l| keep.iter().map(|&i| l.split(',').nth(i).unwrap()).collect::<Vec<_>>().join(",")).collect();
+    write(dir, "openb-static.csv", &(rows.join("\n") + "\n"))
+}
+
+/// Runs the simulator on the shipped nodes and `tasks`; its JSON report and its text.
+fn run_on(tasks: &str, extra: &[&str]) -> (Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sim.json");
+    let nodes = traces().join("alibaba-openb-nodes.csv");
+    let mut args = vec!["--nodes", nodes.to_str().unwrap(), "--tasks", tasks, "--json", json.to_str().unwrap(), "--quiet"];
+    args.extend_from_slice(extra);
+    let out = sim(&args);
+    assert!(out.status.success(), "splitos sim {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    (serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn column(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(f).collect()
+}
+
+/// A static fill holds together: the curve only grows, its fractions are fractions, and its
+/// counts are the report's.
+fn check_fill(r: &Value, models: &[&str]) {
+    let tasks = n(&r["trace"]["replayed_tasks"]);
+    for m in models {
+        let x = &r[*m];
+        let fill = &x["fill"];
+        let c = &fill["curve"];
+        let len = c["arrived"].as_array().unwrap().len();
+        for (k, v) in c.as_object().unwrap() {
+            assert_eq!(v.as_array().unwrap().len(), len, "{m}: curve.{k}");
+        }
+        for k in ["arrived", "arrived_cpu", "arrived_mem", "tasks", "placed", "utilization_cpu", "utilization_mem"] {
+            let v = column(&c[k]);
+            assert!(v.windows(2).all(|p| p[0] <= p[1] + 1e-12), "{m}: curve.{k} goes down");
+        }
+        let arrived = column(&c["arrived"]);
+        assert_eq!(arrived[0], 0.0, "{m}: the curve starts empty");
+        assert!(arrived.windows(2).all(|p| p[1] - p[0] < 0.02), "{m}: a point per percent");
+        for k in ["fragmentation_rate_cpu", "fragmentation_rate_mem", "utilization_cpu", "utilization_mem"] {
+            assert!(column(&c[k]).iter().all(|v| (0.0..=1.0).contains(v)), "{m}: curve.{k}");
+        }
+        let last = |k: &str| n(c[k].as_array().unwrap().last().unwrap());
+        assert_eq!((last("placed"), last("tasks")), (n(&x["placed"]), n(&fill["tried"])), "{m}");
+        assert_eq!(n(&x["audit"]["placements"]), n(&x["placed"]), "{m}");
+        assert_eq!(n(&fill["failed"]) + n(&x["placed"]) + n(&x["oversized"]), n(&fill["tried"]), "{m}: every task that came was placed or failed");
+        assert_eq!(n(&x["unplaced"]), tasks - n(&x["placed"]), "{m}");
+        assert!(n(&fill["tried"]) == tasks || fill["full"] == true, "{m}: the fill stops at the end of the list or full");
+    }
+}
+
+/// The ATC '23 experiment on the shipped pod list without its times: two copies of it fill
+/// the cluster, and fragmentation is followed as it fills. Pooling memory leaves less of
+/// what is free unusable, as ThymesisFlow and LegoOS argue.
+#[test]
+fn a_static_pod_list_fills_the_cluster() {
+    let d = tempfile::tempdir().unwrap();
+    let pods = static_pods(d.path());
+    let models = ["fixed", "disaggregated", "splitos"];
+    let (r, text) = run_on(&pods, &["--load", "2"]);
+    let t = &r["trace"];
+    assert_eq!((t["timed"].as_bool(), n(&t["replayed_tasks"]), n(&t["stats"]["skipped_incomplete"])), (Some(false), 2 * 8152, 0));
+    check_invariants(&r, &models);
+    check_fill(&r, &models);
+    let names: Vec<String> = std::fs::read_to_string(&pods).unwrap().lines().skip(1).map(|l| l.split(',').next().unwrap().to_string()).collect();
+    for m in models {
+        let fill = &r[m]["fill"];
+        // The list offers 136% of the cluster's CPU: it stops fitting in the second copy,
+        // with the cluster almost full.
+        let first = &fill["first_failed"];
+        let task = n(&first["task"]) as usize;
+        assert!((8152..2 * 8152).contains(&task), "{m}: {first}");
+        assert_eq!((n(&first["row"]) as usize, first["name"].as_str().unwrap()), (task % 8152 + 1, names[task % 8152].as_str()), "{m}");
+        assert!((0.9..1.0).contains(&f(&first["arrived"])), "{m}: {first}");
+        assert!(f(&r[m]["utilization_cpu"]) > 0.95, "{m}");
+        // The text says what the JSON says.
+        let placed = format!("{m}: {} tasks came (", n(&fill["tried"]));
+        let line = text.lines().find(|l| l.starts_with(&placed)).unwrap_or_else(|| panic!("no `{placed}` in:\n{text}"));
+        assert!(line.contains(&format!(" {} placed, {} failed", n(&r[m]["placed"]), n(&fill["failed"]))), "{line}");
+    }
+    assert!(text.contains("As the cluster fills") && text.contains("fixed fragmented"), "{text}");
+    assert!(n(&r["disaggregated"]["placed"]) >= n(&r["fixed"]["placed"]));
+    // Until the cluster is nearly full (then every model's few free resources are useless
+    // to most tasks), at every point: memory modules leave less of the free memory
+    // fragmented than servers, and pComponents, with a quarter of a task's memory on them,
+    // in between; the compute modules' CPU is never more fragmented than the servers'.
+    let curve = |m: &str, k: &str| column(&r[m]["fill"]["curve"][k]);
+    let arrived = curve("fixed", "arrived");
+    for m in ["disaggregated", "splitos"] {
+        assert_eq!(curve(m, "arrived"), arrived, "the same tasks come to every model");
+    }
+    let (fixed, disaggregated, splitos) = (curve("fixed", "fragmentation_rate_mem"), curve("disaggregated", "fragmentation_rate_mem"), curve("splitos", "fragmentation_rate_mem"));
+    let (fixed_cpu, disaggregated_cpu) = (curve("fixed", "fragmentation_rate_cpu"), curve("disaggregated", "fragmentation_rate_cpu"));
+    let filling: Vec<usize> = (0..arrived.len()).filter(|&i| (0.1..=0.9).contains(&arrived[i])).collect();
+    assert!(filling.len() >= 75, "{}", filling.len());
+    for &i in &filling {
+        assert!(disaggregated[i] < splitos[i] && splitos[i] < fixed[i], "memory at {}: {} {} {}", arrived[i], fixed[i], disaggregated[i], splitos[i]);
+        assert!(disaggregated_cpu[i] <= fixed_cpu[i] + 1e-9, "CPU at {}", arrived[i]);
+    }
+    assert!(fixed[*filling.last().unwrap()] > 5.0 * fixed[filling[0]], "servers strand more memory as they fill");
+    assert!(disaggregated[*filling.last().unwrap()] < 0.01, "memory modules strand almost none");
+
+    // Dropping the times by the column mapping makes the same static list of the file.
+    let timed = traces().join("alibaba-openb-pods.csv");
+    let (by_mapping, _) = run_on(timed.to_str().unwrap(), &["--task-columns", "start=,end="]);
+    let (by_file, _) = run_on(&pods, &[]);
+    for m in models {
+        assert_eq!(by_mapping[m]["fill"], by_file[m]["fill"], "{m}");
+        assert_eq!(by_file[m]["fill"]["full"], false, "{m}: one copy fits");
+    }
+    // A timed trace's report has no fill.
+    let (timed_report, _) = run_on(timed.to_str().unwrap(), &["--models", "fixed"]);
+    assert!(timed_report["fixed"].get("fill").is_none() && timed_report["trace"]["timed"] == true);
+
+    // Policies, topology and scale-up work on a static list as on a trace.
+    let (r, _) = run_on(&pods, &["--load", "2", "--policy", "gpm-gmm", "--topology", "links:4,racks:4", "--models", "splitos"]);
+    check_invariants(&r, &["splitos"]);
+    check_fill(&r, &["splitos"]);
+    let (r, _) = run_on(&pods, &["--scale", "2", "--load", "2", "--policy", "first-fit", "--models", "fixed,disaggregated", "--memory-modules", "500"]);
+    check_invariants(&r, &["fixed", "disaggregated"]);
+    check_fill(&r, &["fixed", "disaggregated"]);
+    assert_eq!(n(&r["disaggregated"]["memory_units"]), 1000);
+}
+
+/// A list is timed or static: one that mixes rows with times and rows without is refused,
+/// naming the first row without, unless --skip-incomplete skips such rows.
+#[test]
+fn a_task_list_mixing_timed_and_untimed_rows_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let nodes = traces().join("alibaba-openb-nodes.csv");
+    let nodes = nodes.to_str().unwrap();
+    let text = std::fs::read_to_string(traces().join("alibaba-openb-pods.csv")).unwrap();
+    // Row 100 (the 101st line) loses its creation and deletion times.
+    let lines: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut cells: Vec<&str> = l.split(',').collect();
+            if i == 100 {
+                cells[8] = "";
+                cells[9] = "";
+            }
+            cells.join(",")
+        })
+        .collect();
+    let mixed = write(d.path(), "mixed.csv", &(lines.join("\n") + "\n"));
+    fails_with(&["--nodes", nodes, "--tasks", &mixed], "mixed.csv: the list mixes timed and untimed rows: row 100 (openb-pod-0099) has no time (`creation_time` and `deletion_time` empty) but row 1 (openb-pod-0000) has");
+    let (r, _) = run_on(&mixed, &["--skip-incomplete", "--models", "fixed"]);
+    assert_eq!((r["trace"]["timed"].as_bool(), n(&r["trace"]["stats"]["skipped_incomplete"]), n(&r["trace"]["replayed_tasks"])), (Some(true), 1, 8151));
+    check_invariants(&r, &["fixed"]);
+
+    // Static lists have no times to average over, and a list has both times or neither.
+    let pods = static_pods(d.path());
+    fails_with(&["--nodes", nodes, "--tasks", &pods, "--window", "0:100"], "is a static task list (no row has a start or end time)");
+    let half = write(d.path(), "half.csv", "name,cpu_milli,memory_mib,creation_time\na,1000,1024,0\n");
+    fails_with(&["--nodes", nodes, "--tasks", &half], "no column `deletion_time` for field `end`");
+}

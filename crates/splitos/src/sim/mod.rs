@@ -3,9 +3,12 @@
 //! ExCache share plus mComponents), with the same total resources and one placement policy,
 //! and reports fragmentation, modules that could be switched off, tasks that could not be
 //! placed, utilization and the failure model of LegoOS section 6.3 (docs/simulation.md).
+//! A task list without times is static: it fills the cluster in file order, and the report
+//! follows fragmentation as the cluster fills.
 //!
 //! Each model replays on its own thread; a replay (`replay.rs`) is a sorted stream of
-//! allocation and release events, and a placement a search of an index of units (`pool.rs`).
+//! allocation and release events, a fill the tasks in order, and a placement a search of an
+//! index of units (`pool.rs`).
 
 pub mod failure;
 pub mod model;
@@ -22,15 +25,15 @@ use serde::Serialize;
 
 use crate::config::Size;
 use model::{Kind, Model, Need, Spec, Topology};
-use replay::{replay, ModelReport, Workload};
-use trace::{Columns, Node, TaskStats};
+use replay::{fill, replay, Fill, ModelReport, Workload};
+use trace::{Columns, Node, TaskList, TaskStats};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimArgs {
     /// Node list (CSV): one row per server.
     #[arg(long)]
     pub nodes: PathBuf,
-    /// Task list (CSV): one row per task, with its requests and start and end times.
+    /// Task list (CSV): one row per task, with its requests and its start and end times. A list without times is static: its tasks come in file order and stay until the cluster is full, and the report follows fragmentation as the cluster fills.
     #[arg(long)]
     pub tasks: PathBuf,
     /// Write the report as JSON here.
@@ -39,7 +42,7 @@ pub struct SimArgs {
     /// Columns of the node list, FIELD=COLUMN[*FACTOR],... (fields: cpu in milli-cores, mem in MiB) [default: cpu=cpu_milli,mem=memory_mib].
     #[arg(long, default_value = "", hide_default_value = true)]
     pub node_columns: String,
-    /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds, phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
+    /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds (both or neither: without them the list is static), phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
     #[arg(long, default_value = "", hide_default_value = true)]
     pub task_columns: String,
     #[arg(long, default_value = "best-fit", help = format!("Placement policy of every model: {}", policy::POLICIES.join(", ")))]
@@ -61,19 +64,19 @@ pub struct SimArgs {
     /// Scale-up: this many copies of the cluster, with this many copies of the task list, each shifted by --shift.
     #[arg(long, default_value_t = 1)]
     pub scale: usize,
-    /// More load: this many copies of the task list per copy of the cluster, each shifted by --shift.
+    /// More load: this many copies of the task list per copy of the cluster, each shifted by --shift (a static list's copies come one after another).
     #[arg(long, default_value_t = 1)]
     pub load: usize,
-    /// Seconds between the start times of consecutive copies of the task list.
+    /// Seconds between the start times of consecutive copies of a timed task list.
     #[arg(long, default_value_t = 3600.0)]
     pub shift: f64,
-    /// Average over this part of the replay only: START:END in the trace's seconds (after any shift), either may be left out [default: the whole replay].
+    /// Average over this part of the replay only: START:END in the trace's seconds (after any shift), either may be left out; a static list has no times [default: the whole replay].
     #[arg(long, default_value = ":", hide_default_value = true, value_parser = parse_window)]
     pub window: (f64, f64),
-    /// Waiting tasks a release tries to place, oldest first.
+    /// Waiting tasks a release tries to place, oldest first (a static list's tasks do not wait: a task without room fails).
     #[arg(long, default_value_t = 1000)]
     pub retry_window: usize,
-    /// Skip and count task rows without a start or end time instead of stopping.
+    /// Skip and count the rows of a timed task list that lack a start or end time, instead of stopping (a list in which no row has a time is static, not incomplete).
     #[arg(long)]
     pub skip_incomplete: bool,
     /// Count tasks larger than any module of a model as unplaced instead of stopping.
@@ -82,7 +85,7 @@ pub struct SimArgs {
     /// Device failure inputs (TOML); the default is LegoOS table 1's (docs/simulation.md).
     #[arg(long)]
     pub devices: Option<PathBuf>,
-    /// Points of the time series in the JSON.
+    /// Points of the time series in the JSON (a static list's fill has a point per percent of the cluster's capacity requested instead).
     #[arg(long, default_value_t = 400)]
     pub samples: usize,
     /// No progress bar.
@@ -111,6 +114,9 @@ struct TraceReport {
     nodes: usize,
     tasks: usize,
     stats: TaskStats,
+    /// False for a static list: its tasks come in file order and never end, and `start` and
+    /// `end` are 0.
+    timed: bool,
     scale: usize,
     load: usize,
     shift_seconds: f64,
@@ -163,16 +169,23 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let node_cols = Columns::parse(&trace::NODE_FIELDS, &args.node_columns).context("--node-columns")?;
     let task_cols = Columns::parse(&trace::TASK_FIELDS, &args.task_columns).context("--task-columns")?;
     let base_nodes = trace::read_nodes(&args.nodes, &node_cols)?;
-    let (tasks, stats) = trace::read_tasks(&args.tasks, &task_cols, args.skip_incomplete)?;
+    let TaskList { tasks, stats, timed } = trace::read_tasks(&args.tasks, &task_cols, args.skip_incomplete)?;
     if base_nodes.len().checked_mul(args.scale).is_none_or(|n| n > MAX_UNITS) {
         bail!("--scale {}: {} nodes per copy make more than {MAX_UNITS} units", args.scale, base_nodes.len());
     }
     let base_tasks = tasks.len();
-    let w = Workload::new(tasks, copies, args.shift)?;
+    let window = args.window;
+    let w = if timed {
+        Workload::new(tasks, copies, args.shift)?
+    } else {
+        if window != (f64::NEG_INFINITY, f64::INFINITY) {
+            bail!("--window: {} is a static task list (no row has a start or end time), which has no times to average over", args.tasks.display());
+        }
+        Workload::in_order(tasks, copies)?
+    };
     let nodes: Vec<Node> = (0..args.scale).flat_map(|_| base_nodes.iter().copied()).collect();
     let (start, end) = w.span();
-    let window = args.window;
-    if window.1 <= start || window.0 >= end {
+    if timed && (window.1 <= start || window.0 >= end) {
         bail!("--window {}:{}: the replay runs from {start} s to {end} s", window.0, window.1);
     }
 
@@ -204,9 +217,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         needs.push(v);
     }
 
-    let total_events = (w.events.len() * models.len()) as u64;
+    let total_events = (if timed { w.events.len() } else { w.len() } * models.len()) as u64;
     let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_events) };
-    progress.set_style(indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} events ({eta} left)").expect("a valid template"));
+    let what = if timed { "events" } else { "tasks" };
+    progress.set_style(indicatif::ProgressStyle::with_template(&format!("{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{human_pos}}/{{human_len}} {what} ({{eta}} left)")).expect("a valid template"));
     let replay_started = Instant::now();
     let mut reports: Vec<(Kind, ModelReport)> = std::thread::scope(|s| {
         let handles: Vec<_> = models
@@ -215,7 +229,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             .map(|(m, needs)| {
                 let (w, progress) = (&w, progress.clone());
                 let kind = m.spec.kind;
-                s.spawn(move || (kind, replay(m, w, needs, args.retry_window, args.samples, window, &progress)))
+                s.spawn(move || (kind, if timed { replay(m, w, needs, args.retry_window, args.samples, window, &progress) } else { fill(m, w, needs, &progress) }))
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a replay thread panicked")).collect()
@@ -248,6 +262,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             nodes: base_nodes.len(),
             tasks: base_tasks,
             stats,
+            timed,
             scale: args.scale,
             load: args.load,
             shift_seconds: args.shift,
@@ -322,22 +337,92 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
         table.add_row(row);
     }
     let t = &out["trace"];
-    println!(
-        "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
-        t["nodes"],
-        t["scale"],
-        t["replayed_nodes"],
-        t["tasks"],
-        out["trace"]["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1),
-        t["replayed_tasks"],
-        t["stats"]["rows"],
-        t["stats"]["skipped_incomplete"],
-        out["run"]["policy"].as_str().unwrap_or(""),
-        out["run"]["events"],
-        seconds,
-        out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
-    );
+    let copies = t["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1);
+    if t["timed"].as_bool().unwrap_or(true) {
+        println!(
+            "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
+            t["nodes"],
+            t["scale"],
+            t["replayed_nodes"],
+            t["tasks"],
+            copies,
+            t["replayed_tasks"],
+            t["stats"]["rows"],
+            t["stats"]["skipped_incomplete"],
+            out["run"]["policy"].as_str().unwrap_or(""),
+            out["run"]["events"],
+            seconds,
+            out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
+        );
+    } else {
+        println!(
+            "{} nodes x {} = {}, a static list of {} tasks x {} = {} ({} rows) in file order, policy {}, in {:.2} s; the table is the cluster where the fill stopped",
+            t["nodes"],
+            t["scale"],
+            t["replayed_nodes"],
+            t["tasks"],
+            copies,
+            t["replayed_tasks"],
+            t["stats"]["rows"],
+            out["run"]["policy"].as_str().unwrap_or(""),
+            seconds,
+        );
+    }
     println!("{table}");
+    print_fill(reports);
+}
+
+/// A static list's fill: the curve every tenth of the cluster's capacity requested (the JSON
+/// has every hundredth), then where each model stopped and why.
+fn print_fill(reports: &[(Kind, ModelReport)]) {
+    let fills: Vec<(&str, &Fill)> = reports.iter().filter_map(|(k, r)| r.fill.as_ref().map(|f| (k.name(), f))).collect();
+    if fills.is_empty() {
+        return;
+    }
+    println!("As the cluster fills: allocated, and fragmented (the share of the free CPU / memory that the list's tasks cannot use), by requests come as a share of the cluster:");
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    let mut header = vec!["requested".to_string()];
+    for (name, _) in &fills {
+        header.push(format!("{name} allocated"));
+        header.push(format!("{name} fragmented"));
+    }
+    table.set_header(header);
+    let pair = |a: f64, b: f64| format!("{:.1}% / {:.1}%", a * 100.0, b * 100.0);
+    let cells = |f: &Fill, i: Option<usize>| match i {
+        Some(i) => {
+            let c = &f.curve;
+            [pair(c.utilization_cpu[i], c.utilization_mem[i]), pair(c.fragmentation_rate_cpu[i], c.fragmentation_rate_mem[i])]
+        }
+        None => ["-".to_string(), "-".to_string()],
+    };
+    let percent = |f: &Fill, i: usize| (f.curve.arrived[i] * 100.0).floor() as u64;
+    let top = fills.iter().map(|(_, f)| percent(f, f.curve.arrived.len() - 1)).max().unwrap_or(0);
+    for step in (10..=top).step_by(10) {
+        let mut row = vec![format!("{step}%")];
+        for (_, f) in &fills {
+            row.extend(cells(f, (0..f.curve.arrived.len()).find(|&i| percent(f, i) >= step)));
+        }
+        table.add_row(row);
+    }
+    let mut row = vec!["stopped".to_string()];
+    for (_, f) in &fills {
+        row.extend(cells(f, Some(f.curve.arrived.len() - 1)));
+    }
+    table.add_row(row);
+    println!("{table}");
+    for (name, f) in &fills {
+        let c = &f.curve;
+        let first = f.first_failed.as_ref().map_or("none failed".to_string(), |x| format!("the first to fail was row {} ({}), at {:.1}% requested", x.row, x.name, x.arrived * 100.0));
+        println!(
+            "{name}: {} tasks came ({:.1}% requested), {} placed, {} failed; {first}; {}",
+            f.tried,
+            c.arrived.last().copied().unwrap_or(0.0) * 100.0,
+            c.placed.last().copied().unwrap_or(0),
+            f.failed,
+            if f.full { "stopped full: not even the smallest tasks fit" } else { "stopped at the end of the list" }
+        );
+    }
 }
 
 #[cfg(test)]
@@ -356,6 +441,20 @@ mod tests {
         let m = Model::new(spec, &nodes, w.len(), policy).unwrap();
         let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
         let r = replay(m, &w, &needs, 100, 3, (f64::NEG_INFINITY, f64::INFINITY), &indicatif::ProgressBar::hidden());
+        let a = &r.audit;
+        assert_eq!((a.over_capacity, a.missing_allocations, a.unmatched_releases, a.units_left_holding, a.placements, a.releases), (0, 0, 0, 0, r.placed, r.placed));
+        r
+    }
+
+    /// Fills hand-made static tasks `(cpu, mem)` into nodes `(cpu, mem)`, as `replay_of`.
+    fn fill_of(kind: Kind, nodes: &[(u64, u64)], tasks: &[(u64, u64)], topology: &str) -> ModelReport {
+        let nodes: Vec<Node> = nodes.iter().map(|&(cpu, mem)| Node { cpu, mem }).collect();
+        let tasks = tasks.iter().enumerate().map(|(i, &(cpu, mem))| Task { name: format!("t{i}"), row: i + 1, cpu, mem, start: 0.0, end: f64::INFINITY }).collect();
+        let w = Workload::in_order(tasks, 1).unwrap();
+        let spec = Spec { kind, topology: topology.parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 };
+        let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
+        let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
+        let r = fill(m, &w, &needs, &indicatif::ProgressBar::hidden());
         let a = &r.audit;
         assert_eq!((a.over_capacity, a.missing_allocations, a.unmatched_releases, a.units_left_holding, a.placements, a.releases), (0, 0, 0, 0, r.placed, r.placed));
         r
@@ -479,5 +578,58 @@ mod tests {
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:16");
         assert_eq!(r.peak_memory_on, 1);
         assert!(close(r.average.switched_off_memory, 0.5) && close(r.average.fragmentation_mem, (2.0 + 4.0) / 32.0), "{}", r.average.fragmentation_mem);
+    }
+
+    /// Two tasks leave 1 core and 6 MiB on each server: no task of the list fits what is
+    /// left on either, so all of it is fragmented, and the third task finds the cluster
+    /// full. Pooled memory leaves the compute modules and memory usable by half of the list,
+    /// and takes the third task.
+    #[test]
+    fn a_static_list_fills_until_the_cluster_is_full() {
+        let nodes = [(4000, 8), (4000, 8)];
+        let tasks = [(3000, 2), (3000, 2), (1000, 7), (1000, 7)];
+        let f = fill_of(Kind::Fixed, &nodes, &tasks, "none");
+        let x = f.fill.as_ref().unwrap();
+        assert_eq!((x.tried, x.failed, x.full, f.placed, f.unplaced), (3, 1, true, 2, 2));
+        let first = x.first_failed.as_ref().unwrap();
+        assert_eq!((first.task, first.row, first.name.as_str()), (2, 3, "t2"));
+        assert!(close(first.arrived, 0.75));
+        let c = &x.curve;
+        assert_eq!((c.tasks.as_slice(), c.placed.as_slice()), (&[0, 1, 2, 3][..], &[0, 1, 2, 2][..]));
+        assert!(close(c.arrived[1], 3000.0 / 8000.0) && close(c.arrived_mem[1], 2.0 / 16.0) && close(c.arrived[3], 7000.0 / 8000.0));
+        // An empty cluster: every task fits a unit, nothing is fragmented.
+        assert!(close(c.fragmentation_rate_cpu[0], 0.0) && close(c.fragmentation_rate_mem[0], 0.0));
+        assert!(close(c.fragmentation_rate_cpu[2], 1.0) && close(c.fragmentation_rate_mem[2], 1.0));
+        assert!(close(c.utilization_cpu[2], 0.75) && close(f.average.utilization_cpu, 0.75) && f.peak_compute_on == 2);
+
+        let d = fill_of(Kind::Disaggregated, &nodes, &tasks, "none");
+        let x = d.fill.as_ref().unwrap();
+        assert_eq!((x.tried, x.failed, x.full, d.placed, d.unplaced), (4, 1, true, 3, 1));
+        assert_eq!(x.first_failed.as_ref().unwrap().row, 4);
+        // After two tasks: 1 core free on each compute module and 4 and 8 MiB on the memory
+        // modules, usable by the tasks of 1 core and 7 MiB, half of the list.
+        let c = &x.curve;
+        assert!(close(c.fragmentation_rate_cpu[2], 0.5) && close(c.fragmentation_rate_mem[2], 0.5), "{} {}", c.fragmentation_rate_cpu[2], c.fragmentation_rate_mem[2]);
+    }
+
+    /// What fits what: a server too small for a task of the list leaves all its free
+    /// resources fragmented for that task; a memory module without room for a vRegion, or
+    /// in a rack whose compute units are full, is fragmented for every task.
+    #[test]
+    fn fragmentation_counts_what_the_list_cannot_use() {
+        // A small and a large server; half the list needs the large one.
+        let f = fill_of(Kind::Fixed, &[(1000, 4), (4000, 16)], &[(1000, 2), (4000, 16)], "none");
+        let c = &f.fill.as_ref().unwrap().curve;
+        // Empty: the small server (1 core, 4 MiB) serves half of the list.
+        assert!(close(c.fragmentation_rate_cpu[0], 0.5 * 1000.0 / 5000.0) && close(c.fragmentation_rate_mem[0], 0.5 * 4.0 / 20.0));
+        assert_eq!(f.placed, 2);
+        // splitos, two racks: the first task takes all the CPU of rack 0's pComponent, so
+        // the rest of its ExCache and its mComponent's memory are of no use to anyone.
+        let s = fill_of(Kind::Splitos, &[(1000, 16), (1000, 16)], &[(1000, 4)], "racks:2");
+        let c = &s.fill.as_ref().unwrap().curve;
+        // Free: rack 0's ExCache 4 - 1 MiB and mComponent 12 - 4 MiB (useless), rack 1's
+        // ExCache 4 and mComponent 12 MiB (usable).
+        assert!(close(c.fragmentation_rate_mem[1], 11.0 / 27.0), "{}", c.fragmentation_rate_mem[1]);
+        assert!(close(c.fragmentation_rate_cpu[1], 0.0));
     }
 }

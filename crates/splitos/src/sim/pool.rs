@@ -129,6 +129,15 @@ impl Pool {
         self.free_all[r]
     }
 
+    /// The part (rack) unit `u` is in.
+    pub fn part(&self, u: usize) -> usize {
+        self.part[u] as usize
+    }
+
+    pub fn parts(&self) -> usize {
+        self.parts.len()
+    }
+
     pub fn policy(&self) -> &dyn Placement {
         &*self.policy
     }

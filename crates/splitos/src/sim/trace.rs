@@ -1,6 +1,8 @@
 //! Cluster traces: a node list and a task list in CSV, read through a column mapping so that
-//! any trace with CPU and memory per row (and start and end times per task) can be replayed.
-//! The defaults are the columns of Alibaba's `openb` files (cluster-trace-gpu-v2023).
+//! any trace with CPU and memory per row can be replayed. A task list is either timed (every
+//! task has a start and an end) or static (no task has either: the pod lists of fragmentation
+//! studies, which fill a cluster in file order). The defaults are the columns of Alibaba's
+//! `openb` files (cluster-trace-gpu-v2023).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,7 +16,8 @@ pub struct Node {
     pub mem: u64,
 }
 
-/// A task: what it asks for while it lives, from `start` to `end` (seconds).
+/// A task: what it asks for while it lives, from `start` to `end` (seconds). A task of a
+/// static list is there from 0 and never ends; its place in the list is its arrival order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Task {
     pub name: String,
@@ -39,6 +42,15 @@ pub struct TaskStats {
     pub skipped_incomplete: usize,
 }
 
+/// A task list as read: its tasks, what was counted, and whether it has times.
+#[derive(Debug)]
+pub struct TaskList {
+    pub tasks: Vec<Task>,
+    pub stats: TaskStats,
+    /// False for a static list: no row had a start or an end time.
+    pub timed: bool,
+}
+
 /// Which column feeds which field, and the factor that brings its values to the simulator's
 /// units (milli-cores, MiB, seconds).
 #[derive(Clone, Debug)]
@@ -57,9 +69,10 @@ struct Mapping {
 
 /// Fields of a node list: (name, default column, required).
 pub const NODE_FIELDS: [(&str, &str, bool); 2] = [("cpu", "cpu_milli", true), ("mem", "memory_mib", true)];
-/// Fields of a task list: (name, default column, required).
+/// Fields of a task list: (name, default column, required). The times are optional as a
+/// pair: a list without both is static.
 pub const TASK_FIELDS: [(&str, &str, bool); 7] =
-    [("name", "name", false), ("cpu", "cpu_milli", true), ("mem", "memory_mib", true), ("start", "creation_time", true), ("end", "deletion_time", true), ("phase", "pod_phase", false), ("gpu", "num_gpu", false)];
+    [("name", "name", false), ("cpu", "cpu_milli", true), ("mem", "memory_mib", true), ("start", "creation_time", false), ("end", "deletion_time", false), ("phase", "pod_phase", false), ("gpu", "num_gpu", false)];
 
 impl Columns {
     /// The defaults for `fields`, overridden by `spec`: `field=column[*factor],...`.
@@ -182,47 +195,103 @@ pub fn read_nodes(path: &Path, cols: &Columns) -> anyhow::Result<Vec<Node>> {
     Ok(nodes)
 }
 
-/// Reads a task list. A row without a start or end time is an error, or skipped and counted
-/// with `skip_incomplete`.
-pub fn read_tasks(path: &Path, cols: &Columns, skip_incomplete: bool) -> anyhow::Result<(Vec<Task>, TaskStats)> {
+/// Reads a task list. A list in which no row has a time is static. In a timed list, a row
+/// without a start or end time is an error, or skipped and counted with `skip_incomplete`;
+/// the error names the first such row, and calls the list mixed when that row has no time at
+/// all.
+pub fn read_tasks(path: &Path, cols: &Columns, skip_incomplete: bool) -> anyhow::Result<TaskList> {
     let mut rd = reader(path)?;
     let header = rd.headers().with_context(|| format!("{}: cannot read the header", path.display()))?.clone();
     let at = cols.resolve(path, &header, &TASK_FIELDS, "--task-columns")?;
+    let columns = || header.iter().collect::<Vec<_>>().join(", ");
+    match (at.contains_key("start"), at.contains_key("end")) {
+        (true, false) | (false, true) => {
+            let (has, lacks) = if at.contains_key("start") { ("start", "end") } else { ("end", "start") };
+            let why = cols.column(lacks).map_or_else(|| format!("field `{lacks}` is dropped"), |c| format!("no column `{c}` for field `{lacks}` (its columns: {})", columns()));
+            bail!(
+                "{}: {why}, but column `{}` gives `{has}`: a task list has both times or neither (a static list); map one with --task-columns {lacks}=COLUMN, or drop both with {has}=,{lacks}=",
+                path.display(),
+                &header[at[has].0]
+            );
+        }
+        _ => {}
+    }
+    let time_columns = at.get("start").zip(at.get("end")).map(|(s, e)| format!("`{}` and `{}`", &header[s.0], &header[e.0]));
     let mut tasks = Vec::new();
     let mut stats = TaskStats::default();
+    // Rows without times before the first row with one: the list is static if no row has a
+    // time, and these rows are its tasks; otherwise they are incomplete rows of a timed list.
+    let mut untimed = Vec::new();
+    let mut untimed_stats = TaskStats::default();
+    let mut first_timed: Option<(usize, String)> = None;
+    let mixed = |untimed_row: usize, untimed_name: &str, timed: &(usize, String)| {
+        anyhow!(
+            "{}: the list mixes timed and untimed rows: row {untimed_row} ({untimed_name}) has no time ({} empty) but row {} ({}) has; a task list is either timed (every row has a start and an end) or static (no row has either); --skip-incomplete skips and counts the rows without a start or end",
+            path.display(),
+            time_columns.as_deref().unwrap_or_default(),
+            timed.0,
+            timed.1
+        )
+    };
     for (i, rec) in rd.records().enumerate() {
         let row = i + 1;
         let rec = rec.map_err(|e| anyhow!("{}: row {row}: {e}", path.display()))?;
         stats.rows += 1;
         let name = at.get("name").and_then(|c| rec.get(c.0)).map_or_else(|| format!("row {row}"), |s| s.trim().to_string());
-        let num = |field: &str| -> anyhow::Result<Option<f64>> { number(path, row, &rec, at[field], field, &header) };
+        let num = |field: &str| -> anyhow::Result<Option<f64>> { at.get(field).map_or(Ok(None), |&c| number(path, row, &rec, c, field, &header)) };
         let cpu = required(path, row, num("cpu")?, at["cpu"], "cpu", &header)?.round() as u64;
         let mem = required(path, row, num("mem")?, at["mem"], "mem", &header)?.round() as u64;
         let (start, end) = (num("start")?, num("end")?);
+        if start.is_none() && end.is_none() && first_timed.is_none() {
+            count(&mut untimed_stats, &at, &rec, &num)?;
+            untimed.push(Task { name, row, cpu, mem, start: 0.0, end: f64::INFINITY });
+            continue;
+        }
+        if first_timed.is_none() {
+            first_timed = Some((row, name.clone()));
+            if let (Some(first), false) = (untimed.first(), skip_incomplete) {
+                return Err(mixed(first.row, &first.name, first_timed.as_ref().expect("just set")));
+            }
+        }
         let (start, end) = match (start, end) {
             (Some(s), Some(e)) => (s, e),
             _ if skip_incomplete => {
                 stats.skipped_incomplete += 1;
                 continue;
             }
+            (None, None) => return Err(mixed(row, &name, first_timed.as_ref().expect("a timed row came first"))),
             (None, _) => bail!("{}: row {row} ({name}), field `{}` (start) is empty; --skip-incomplete skips and counts such rows", path.display(), &header[at["start"].0]),
             (_, None) => bail!("{}: row {row} ({name}), field `{}` (end) is empty; --skip-incomplete skips and counts such rows", path.display(), &header[at["end"].0]),
         };
         if end < start {
             bail!("{}: row {row} ({name}), field `{}` (end): {end} is before its start {start}", path.display(), &header[at["end"].0]);
         }
-        if let Some(c) = at.get("phase") {
-            *stats.phases.entry(rec.get(c.0).unwrap_or("").trim().to_string()).or_default() += 1;
-        }
-        if at.contains_key("gpu") && num("gpu")?.is_some_and(|g| g > 0.0) {
-            stats.gpu_tasks += 1;
-        }
+        count(&mut stats, &at, &rec, &num)?;
         tasks.push(Task { name, row, cpu, mem, start, end });
+    }
+    let timed = first_timed.is_some();
+    if timed {
+        stats.skipped_incomplete += untimed.len();
+    } else {
+        tasks = untimed;
+        stats.phases = untimed_stats.phases;
+        stats.gpu_tasks = untimed_stats.gpu_tasks;
     }
     if tasks.is_empty() {
         bail!("{}: no tasks to replay ({} rows, {} skipped as incomplete)", path.display(), stats.rows, stats.skipped_incomplete);
     }
-    Ok((tasks, stats))
+    Ok(TaskList { tasks, stats, timed })
+}
+
+/// Counts a kept row's phase and GPUs, which the models do not use.
+fn count(stats: &mut TaskStats, at: &BTreeMap<&'static str, (usize, f64)>, rec: &csv::StringRecord, num: &dyn Fn(&str) -> anyhow::Result<Option<f64>>) -> anyhow::Result<()> {
+    if let Some(c) = at.get("phase") {
+        *stats.phases.entry(rec.get(c.0).unwrap_or("").trim().to_string()).or_default() += 1;
+    }
+    if num("gpu")?.is_some_and(|g| g > 0.0) {
+        stats.gpu_tasks += 1;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -237,6 +306,13 @@ mod tests {
     }
 
     fn tasks(text: &str, map: &str, skip: bool) -> anyhow::Result<(Vec<Task>, TaskStats)> {
+        list(text, map, skip).map(|l| {
+            assert!(l.timed, "a timed list");
+            (l.tasks, l.stats)
+        })
+    }
+
+    fn list(text: &str, map: &str, skip: bool) -> anyhow::Result<TaskList> {
         let f = file(text);
         read_tasks(f.path(), &Columns::parse(&TASK_FIELDS, map)?, skip)
     }
@@ -261,6 +337,41 @@ mod tests {
         assert!(err("a,1e300,1,0,Running,0,1\n").contains("row 1, field `cpu_milli` (cpu): `1e300` is too large"));
         let (t, s) = tasks(&format!("{HEAD}a,1000,1,0,Pending,,10\nb,1,1,0,Running,1,2\n"), "", true).unwrap();
         assert_eq!((t.len(), s.skipped_incomplete, s.rows), (1, 1, 2));
+    }
+
+    #[test]
+    fn a_list_without_times_is_static_in_file_order() {
+        let static_task = |name: &str, row, cpu, mem| Task { name: name.into(), row, cpu, mem, start: 0.0, end: f64::INFINITY };
+        // The times' columns absent, or present and empty in every row.
+        for text in ["name,cpu_milli,memory_mib,num_gpu,pod_phase\nb,2000,64,1,Running\na,1000,32,0,Failed\n", &format!("{HEAD}b,2000,64,1,Running,,\na,1000,32,0,Failed,,\n")] {
+            let l = list(text, "", false).unwrap();
+            assert!(!l.timed, "{text}");
+            assert_eq!(l.tasks, [static_task("b", 1, 2000, 64), static_task("a", 2, 1000, 32)]);
+            assert_eq!((l.stats.rows, l.stats.gpu_tasks, l.stats.phases["Failed"], l.stats.skipped_incomplete), (2, 1, 1, 0));
+        }
+        // Dropping both times makes a timed file static; dropping one is refused.
+        let l = list(&format!("{HEAD}a,1000,1,0,Running,0,10\n"), "start=,end=", false).unwrap();
+        assert!(!l.timed && l.tasks[0].end == f64::INFINITY);
+        let e = list(&format!("{HEAD}a,1000,1,0,Running,0,10\n"), "end=", false).unwrap_err().to_string();
+        assert!(e.contains("field `end` is dropped, but column `creation_time` gives `start`: a task list has both times or neither"), "{e}");
+        let e = list("name,cpu_milli,memory_mib,creation_time\na,1,1,0\n", "", false).unwrap_err().to_string();
+        assert!(e.contains("no column `deletion_time` for field `end` (its columns: name, cpu_milli, memory_mib, creation_time), but column `creation_time` gives `start`"), "{e}");
+        // A mapped column the file lacks is still an error, not a static list.
+        let e = list("id,cpu_milli,memory_mib\na,1,1\n", "start=t0,end=t1", false).unwrap_err().to_string();
+        assert!(e.contains("no column `t0` for field `start`"), "{e}");
+    }
+
+    #[test]
+    fn a_list_mixing_timed_and_untimed_rows_names_the_first_untimed_row() {
+        let mixed = "the list mixes timed and untimed rows";
+        let e = list(&format!("{HEAD}a,1,1,0,Running,0,10\nb,1,1,0,Running,,\nc,1,1,0,Running,,\n"), "", false).unwrap_err().to_string();
+        assert!(e.contains(&format!("{mixed}: row 2 (b) has no time (`creation_time` and `deletion_time` empty) but row 1 (a) has")), "{e}");
+        // Untimed rows first: the first of them is named, against the first timed row.
+        let e = list(&format!("{HEAD}a,1,1,0,Running,,\nb,1,1,0,Running,,\nc,1,1,0,Running,3,\n"), "", false).unwrap_err().to_string();
+        assert!(e.contains(&format!("{mixed}: row 1 (a) has no time")) && e.contains("but row 3 (c) has"), "{e}");
+        // --skip-incomplete keeps the timed rows, before and after, and counts the others.
+        let (t, s) = tasks(&format!("{HEAD}a,1,1,0,Running,,\nb,1,1,1,Running,2,5\nc,1,1,0,Running,,\nd,1,1,0,Running,,7\n"), "", true).unwrap();
+        assert_eq!((t.len(), t[0].name.as_str(), s.skipped_incomplete, s.rows, s.gpu_tasks, s.phases["Running"]), (1, "b", 3, 4, 1, 1));
     }
 
     #[test]
