@@ -18,6 +18,9 @@ command -v tar >/dev/null || need+=(tar)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v prometheus >/dev/null || need+=(prometheus) # the metrics test scrapes a cluster with a real Prometheus
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev) # a test program links jemalloc, as redis-server does
+command -v curl >/dev/null || need+=(curl) # the TLS test checks the API as a client other than splitos sees it
+# The dashboard's test drives a real headless browser.
+command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || need+=(chromium-headless-shell)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

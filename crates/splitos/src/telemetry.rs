@@ -217,7 +217,7 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
         }
     };
     let router = axum::Router::new().route("/metrics", axum::routing::get(metrics));
-    serve_router(l, router, "metrics")?;
+    serve_router(l, router, "metrics", None)?;
     Ok(local.to_string())
 }
 
@@ -227,8 +227,9 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
 /// must send a request's headers within [`HEADER_TIMEOUT`] (an idle kept-alive one too) or is
 /// closed, and at most [`MAX_CONNECTIONS`] are served at once: clients that connect and send
 /// nothing, or send slowly, hold a bounded number of sockets for a bounded time, and a
-/// connection beyond the bound is closed at once.
-pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str) -> anyhow::Result<()> {
+/// connection beyond the bound is closed at once. With `tls` it serves HTTPS, the handshake
+/// held to the same time as the headers.
+pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, tls: Option<tokio_rustls::TlsAcceptor>) -> anyhow::Result<()> {
     l.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(BLOCKING_THREADS).build()?;
     let what = name.to_string();
@@ -254,16 +255,38 @@ pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str) 
                     continue;
                 };
                 let service = hyper_util::service::TowerToHyperService::new(router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer))));
+                let (tls, what) = (tls.clone(), what.clone());
                 tokio::spawn(async move {
-                    let mut http = hyper::server::conn::http1::Builder::new();
-                    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+                    match tls {
+                        Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
+                            Ok(Ok(s)) => serve_connection(s, service).await,
+                            Ok(Err(e)) => {
+                                metrics::counter!("http_tls_handshakes_failed_total", "server" => what).increment(1);
+                                tracing::debug!(%peer, "TLS handshake failed: {e}");
+                            }
+                            Err(_) => metrics::counter!("http_tls_handshakes_failed_total", "server" => what).increment(1),
+                        },
+                        None => serve_connection(stream, service).await,
+                    }
                     drop(slot);
                 });
             }
         })
     })?;
     Ok(())
+}
+
+/// Serves HTTP/1.1 on one connection, plain or TLS, until it ends.
+async fn serve_connection<S, Io>(io: Io, service: S)
+where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = axum::response::Response> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(io), service).await;
 }
 
 #[cfg(test)]

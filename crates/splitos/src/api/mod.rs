@@ -7,6 +7,8 @@
 //! It runs on a thread of its own with a single-threaded tokio runtime
 //! ([`crate::telemetry::serve_router`]): the managers' RPC serving never waits for it, and a
 //! flood of API clients holds one thread and a few for the calls it makes to components.
+mod dashboard;
+pub mod tls;
 pub mod tokens;
 
 use std::net::SocketAddr;
@@ -294,6 +296,16 @@ async fn components(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<
     Ok(Json(api.gm.snapshot().into_iter().map(ComponentView::from).collect()))
 }
 
+/// The cluster as a graph (admin only): hosts, the switch between them, components, and the
+/// links pComponents measured to the mComponents their programs use, with latency and
+/// bandwidth. The `nearest` placement counts hops on it.
+#[utoipa::path(get, path = "/api/v1/topology", security(("bearer" = [])),
+    responses((status = 200, description = "The topology graph", body = crate::topology::Graph), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
+async fn topology(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<crate::topology::Graph>, ApiError> {
+    admin_only(&p, peer, "/api/v1/topology")?;
+    Ok(Json(api.gm.topology()))
+}
+
 /// Takes a pComponent or mComponent out of placement (admin only): no new programs start on
 /// a cordoned pComponent, no new homes or vRegions go to a cordoned mComponent; what runs
 /// there goes on. It outlives a restart of the managers.
@@ -521,7 +533,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, cordon, uncordon, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics),
+    paths(livez, readyz, whoami, components, topology, cordon, uncordon, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -548,6 +560,7 @@ fn router(api: Arc<Api>) -> Router {
     let v1 = Router::new()
         .route("/whoami", get(whoami))
         .route("/components", get(components))
+        .route("/topology", get(topology))
         .route("/components/{id}/cordon", axum::routing::post(cordon))
         .route("/components/{id}/uncordon", axum::routing::post(uncordon))
         .route("/config", get(config))
@@ -556,6 +569,7 @@ fn router(api: Arc<Api>) -> Router {
         .route("/vnodes", get(vnodes).post(create_vnode))
         .route("/vnodes/{name}", get(vnode).delete(delete_vnode))
         .route("/targets", get(targets))
+        .route("/events", dashboard::events_route())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(api.clone(), authenticate));
     let metrics = Router::new().route("/metrics", get(cluster_metrics)).layer(middleware::from_fn_with_state(api.clone(), authenticate));
@@ -563,6 +577,8 @@ fn router(api: Arc<Api>) -> Router {
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi))
+        .route("/", get(dashboard::page))
+        .route("/dashboard", get(dashboard::page))
         .nest("/api/v1", v1)
         .merge(metrics)
         .fallback(not_found)
@@ -573,12 +589,12 @@ fn router(api: Arc<Api>) -> Router {
 /// Serves the API at `addr` on a thread of its own; returns the address it listens at.
 /// Refused beyond loopback: the API has no TLS yet, and its tokens must not cross a network
 /// in the clear.
-pub fn serve(addr: &str, api: Arc<Api>) -> anyhow::Result<String> {
+pub fn serve(addr: &str, api: Arc<Api>, tls: Option<tokio_rustls::TlsAcceptor>) -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
     let local = l.local_addr()?;
-    if !local.ip().is_loopback() {
-        anyhow::bail!("the REST API listens only on loopback until it has TLS, not on {local} (docs/control-plane.md)");
+    if !local.ip().is_loopback() && tls.is_none() {
+        anyhow::bail!("the REST API listens beyond loopback ({local}) only with TLS: give --api-cert and --api-key (docs/control-plane.md)");
     }
-    crate::telemetry::serve_router(l, router(api), "api")?;
+    crate::telemetry::serve_router(l, router(api), "api", tls)?;
     Ok(local.to_string())
 }

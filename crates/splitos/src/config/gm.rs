@@ -48,8 +48,9 @@ pub struct GmConfig {
     /// topology graph, then the least loaded.
     #[arg(long, default_value_t)]
     pub placement: PlacementPolicy,
-    /// Where the global managers serve the REST API (docs/control-plane.md): an address on loopback (port 0: any free port, which `cluster
-    /// status --json` names under `api`), or "off".
+    /// Where the global managers serve the REST API (docs/control-plane.md): an address (port
+    /// 0: any free port, which `cluster status --json` names under `api`), or "off". Beyond
+    /// loopback it serves HTTPS with a certificate from the cluster's authority.
     #[arg(long, default_value = ANY_PORT)]
     pub api: String,
     /// The network namespace (`ip netns`) `cluster up` starts the global managers in
@@ -83,8 +84,8 @@ impl Default for GmConfig {
 impl GmConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
-        if self.api != "off" && self.api.parse::<std::net::SocketAddr>().map(|a| !a.ip().is_loopback()).unwrap_or(true) {
-            return Err(format!("api: {:?} is not an address on loopback (the API has no TLS yet) or \"off\"", self.api));
+        if self.api != "off" && self.api.parse::<std::net::SocketAddr>().map(|a| a.ip().is_unspecified()).unwrap_or(true) {
+            return Err(format!("api: {:?} is not an address (loopback, or one of the managers' host, served with TLS) or \"off\"", self.api));
         }
         let vrs = self.vregion_size.0;
         self.replication.unwrap_or_default().check_vregion_size(vrs).map_err(|e| format!("vregion_size: {e}"))?;

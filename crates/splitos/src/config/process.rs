@@ -77,6 +77,12 @@ pub struct GmArgs {
     /// cluster's state directory.
     #[arg(long)]
     pub state: Option<PathBuf>,
+    /// The REST API's certificate (PEM) and its key: with both, the API serves HTTPS, which
+    /// it must beyond loopback. `cluster up` issues them from the cluster's authority.
+    #[arg(long, requires = "api_key")]
+    pub api_cert: Option<PathBuf>,
+    #[arg(long, requires = "api_cert")]
+    pub api_key: Option<PathBuf>,
     #[command(flatten)]
     pub process: ProcessArgs,
 }

@@ -113,6 +113,11 @@ pub fn rpc() -> anyhow::Result<&'static Rpc> {
     Ok(r)
 }
 
+/// The cluster authority's X.509 certificate, which clients of an API beyond loopback trust,
+/// and the API's certificate and key it issued.
+pub const CA_CERT: &str = "ca.pem";
+pub const API_CERT: &str = "api.pem";
+pub const API_KEY: &str = "api.key";
 /// Where a state directory keeps the cluster's authority and the admin's credentials.
 pub const AUTHORITY: &str = "authority.key";
 pub const ADMIN_CREDENTIALS: &str = "admin.cred";
@@ -252,7 +257,21 @@ impl Cluster {
             ca.issue(role)?.save(&credentials)?;
             Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: crate::config::METRICS_ADDR.to_string() })
         };
-        let gm = GmArgs { listen: cfg.cluster.gm.clone(), cluster: cfg.gm(), vnodes: cfg.vnode.clone(), state: Some(dir.join("gm-state.redb")), process: process("gm", Role::Gm)? };
+        // Beyond loopback the API serves HTTPS, with a certificate the authority issues at
+        // every start; clients trust the authority's certificate beside it.
+        let api_ip = cfg.cluster.api.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()).filter(|ip| !ip.is_loopback());
+        let (api_cert, api_key) = match api_ip {
+            Some(ip) => {
+                let issued = crate::api::tls::issue(&ca, ip)?;
+                let (cert, key) = (dir.join(API_CERT), dir.join(API_KEY));
+                std::fs::write(dir.join(CA_CERT), &issued.ca_pem)?;
+                std::fs::write(&cert, &issued.cert_pem)?;
+                splitos_rpc::auth::write_private(&key, issued.key_pem.as_bytes())?;
+                (Some(cert), Some(key))
+            }
+            None => (None, None),
+        };
+        let gm = GmArgs { listen: cfg.cluster.gm.clone(), cluster: cfg.gm(), vnodes: cfg.vnode.clone(), state: Some(dir.join("gm-state.redb")), api_cert, api_key, process: process("gm", Role::Gm)? };
         let (mut ch, ready) = spawn(dir, "gm", "gm", &gm, detach, cfg.cluster.netns.as_deref())?;
         let gm = wait_ready(&mut ch, &ready, "gm", dir);
         self.state.pids.push(ch.id());

@@ -260,16 +260,31 @@ pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
     Ok((api, token))
 }
 
+/// The REST API's client: HTTPS, trusting only the cluster's authority (`$SPLITOS_CA`, or
+/// `ca.pem` of the state directory), for an API beyond loopback; HTTP on loopback.
+fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
+    let config = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10)));
+    let loopback = api.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
+    if loopback {
+        return Ok((format!("http://{api}"), config.build().new_agent()));
+    }
+    let ca = std::env::var_os("SPLITOS_CA").map(std::path::PathBuf::from).unwrap_or_else(|| cluster::state_dir().join(cluster::CA_CERT));
+    let pem = std::fs::read(&ca).map_err(|e| anyhow::anyhow!("the REST API at {api} is beyond loopback and served with TLS: its authority's certificate {} cannot be read ($SPLITOS_CA): {e}", ca.display()))?;
+    let cert = ureq::tls::Certificate::from_pem(&pem).map_err(|e| anyhow::anyhow!("{}: {e}", ca.display()))?;
+    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::new_with_certs(&[cert])).build();
+    Ok((format!("https://{api}"), config.tls_config(tls).build().new_agent()))
+}
+
 /// One GET of the REST API; an error carries the API's own message.
 pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let r = ureq::get(format!("http://{api}{path}")).header("Authorization", format!("Bearer {token}")).config().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10))).build().call();
-    api_answer(api, r)
+    let (base, agent) = api_client(api)?;
+    api_answer(api, agent.get(format!("{base}{path}")).header("Authorization", format!("Bearer {token}")).call())
 }
 
 /// One POST without a body.
 fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let r = ureq::post(format!("http://{api}{path}")).header("Authorization", format!("Bearer {token}")).config().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10))).build().send_empty();
-    api_answer(api, r)
+    let (base, agent) = api_client(api)?;
+    api_answer(api, agent.post(format!("{base}{path}")).header("Authorization", format!("Bearer {token}")).send_empty())
 }
 
 fn api_answer(api: &str, r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> anyhow::Result<serde_json::Value> {

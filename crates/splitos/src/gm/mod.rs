@@ -555,8 +555,13 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     }
     if cfg.api != "off" {
         let api = crate::api::Api { gm: gm.clone(), config: serde_json::to_value(cfg)? };
-        let at = crate::api::serve(&cfg.api, Arc::new(api))?;
-        tracing::info!(api = %at, state = ?args.state, "serving the REST API");
+        let tls = match (&args.api_cert, &args.api_key) {
+            (Some(cert), Some(key)) => Some(crate::api::tls::acceptor(cert, key)?),
+            _ => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let at = crate::api::serve(&cfg.api, Arc::new(api), tls)?;
+        tracing::info!(api = %at, scheme, state = ?args.state, "serving the REST API");
         let _ = gm.api.set(at);
     }
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");
