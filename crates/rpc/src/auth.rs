@@ -128,7 +128,7 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Reads a key file, refusing one that another user owns or that other users may read or
 /// change.
-fn read_private(path: &Path) -> io::Result<Vec<u8>> {
+pub fn read_private(path: &Path) -> io::Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path)?;
     // SAFETY: geteuid has no preconditions.
@@ -160,14 +160,6 @@ impl Authority {
 
     pub fn save(&self, path: &Path) -> io::Result<()> {
         write_private(path, self.key.as_bytes())
-    }
-
-    /// The authority's key as PKCS#8 (RFC 8410), so that it can sign X.509 certificates too:
-    /// the REST API's, when it serves TLS beyond loopback.
-    pub fn pkcs8_der(&self) -> Vec<u8> {
-        // PrivateKeyInfo { version 0, AlgorithmIdentifier { id-Ed25519 }, OCTET STRING { OCTET STRING seed } }.
-        const PREFIX: [u8; 16] = [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
-        [&PREFIX[..], self.key.as_bytes()].concat()
     }
 
     /// New credentials for one component (or the admin) of `role`.

@@ -148,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn nearest_orders_by_hops_then_as_least_loaded() {
+    fn nearest_asks_the_placer_for_hops_first_then_orders_as_least_loaded() {
         assert!(PlacementPolicy::Nearest.rule().near_first());
         assert_eq!(choice(PlacementPolicy::Nearest, &[(10, 3.0), (5, 1.0)]), 1);
         assert!(!PlacementPolicy::LeastLoaded.rule().near_first() && !PlacementPolicy::BestFit.rule().near_first());

@@ -133,17 +133,24 @@ impl Graph {
     }
 
     /// The parts of the graph no path joins: per node, the number of its part, numbered in
-    /// the order of their first nodes.
+    /// the order of their first nodes. One breadth-first pass over the whole graph, so that a
+    /// simulated datacenter of millions of units takes time in proportion to its size.
     pub fn parts(&self) -> Vec<usize> {
         let mut part = vec![usize::MAX; self.nodes.len()];
         let mut parts = 0;
+        let mut queue = VecDeque::new();
         for start in 0..self.nodes.len() {
             if part[start] != usize::MAX {
                 continue;
             }
-            for (n, h) in self.hops_from(start).into_iter().enumerate() {
-                if h.is_some() {
-                    part[n] = parts;
+            part[start] = parts;
+            queue.push_back(start);
+            while let Some(n) = queue.pop_front() {
+                for &m in &self.adjacent[n] {
+                    if part[m] == usize::MAX {
+                        part[m] = parts;
+                        queue.push_back(m);
+                    }
                 }
             }
             parts += 1;
@@ -198,14 +205,15 @@ impl Graph {
 
     /// A datacenter of racks for the simulator: compute units and memory modules spread in
     /// order over `racks` (as `rack_of` spreads them), each on its rack's switch, and no path
-    /// between racks. Compute unit `c` is node `c`, memory module `j` node `compute + j`.
+    /// between racks. Compute unit `c` is node `c`, memory module `j` node `compute + j`; they
+    /// have no labels, which would cost memory at millions of units.
     pub fn racks(compute: usize, memory: usize, racks: usize, rack_of: impl Fn(usize, usize, usize) -> usize) -> Graph {
         let mut g = Graph::default();
         for c in 0..compute {
-            g.node(format!("compute:{c}"), NodeKind::Pcomponent, format!("compute unit {c}"), None);
+            g.node(format!("compute:{c}"), NodeKind::Pcomponent, String::new(), None);
         }
         for j in 0..memory {
-            g.node(format!("memory:{j}"), NodeKind::Mcomponent, format!("memory module {j}"), None);
+            g.node(format!("memory:{j}"), NodeKind::Mcomponent, String::new(), None);
         }
         let switches: Vec<usize> = (0..racks).map(|r| g.node(format!("switch:rack{r}"), NodeKind::Switch, format!("rack {r}"), None)).collect();
         for c in 0..compute {
@@ -239,7 +247,7 @@ mod tests {
         let used: Vec<&Link> = g.links.iter().filter(|l| l.kind == LinkKind::Uses).collect();
         assert_eq!(used.len(), 1, "a link to an unknown component is left out");
         assert_eq!((used[0].latency_us, used[0].bandwidth_mbps), (Some(20.0), Some(8000.0)));
-        // A measured link is not a path: without the switch, no path joins two hosts.
+        // A switch joins hosts only when there are several.
         let one = Graph::cluster("10.0.0.1:5000", &comps[..2], &samples);
         assert!(one.find("switch:network").is_none(), "one host needs no switch");
     }

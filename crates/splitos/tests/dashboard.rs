@@ -3,7 +3,7 @@
 //! token, signs in as the admin and sees a running program's misses per second, the components
 //! with their roles, the mComponents' memory and the topology; tenants see their own vNode's
 //! jobs and nothing of the components. The event stream behind it is bounded: at most
-//! `MAX_STREAMS` at once, each ending when its client goes away or its token is revoked.
+//! `MAX_STREAMS` at once (`MAX_STREAMS_PER_TOKEN` per token), each ending when its client goes away or its token is revoked.
 //!
 //! `SPLITOS_SCREENSHOT=docs/dashboard.png` (relative to the workspace) keeps the screenshot the
 //! test takes; without it, it goes to the test's temporary directory.
@@ -375,9 +375,14 @@ fn event_streams_are_bounded_and_end_with_their_client_or_their_token() {
     assert_eq!((event.as_str(), data["status"].as_u64()), ("error", Some(401)), "{data}");
     assert!(next_event(&mut tenant_stream).is_none(), "the stream ends after its error");
 
-    // At most 32 streams at once; one more is refused in JSON, and once their clients go
-    // away the managers hold none and serve a new one.
-    let streams: Vec<_> = (0..32).map(|_| open_stream(&api, &admin)).collect();
+    // At most 4 streams per token, and 32 at once; one more is refused in JSON, and once
+    // their clients go away the managers hold none and serve a new one.
+    let tokens: Vec<String> = (0..8).map(|i| api_token(&c, &[&format!("screen-{i}"), "--admin"])).collect();
+    let mut streams: Vec<_> = (0..4).map(|_| open_stream(&api, &tokens[0])).collect();
+    let (code, _, body) = http(&api, "GET", "/api/v1/events", Some(&tokens[0]), b"");
+    assert_eq!(code, 429, "{body}");
+    assert!(json(&body)["error"].as_str().unwrap().contains("4 event streams"), "{body}");
+    streams.extend(tokens[1..].iter().flat_map(|t| (0..4).map(|_| open_stream(&api, t)).collect::<Vec<_>>()));
     assert!(streams.iter().all(|(code, _)| *code == 200));
     assert_eq!(open_streams(&api, &admin), 32.0);
     let (code, _, body) = http(&api, "GET", "/api/v1/events", Some(&admin), b"");

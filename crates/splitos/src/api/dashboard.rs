@@ -36,6 +36,9 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 
 /// The most event streams open at once; one more is refused (503).
 pub const MAX_STREAMS: usize = 32;
+/// The most one token may hold open, so that one tenant's dashboards (or a script) cannot take
+/// every stream from the others.
+pub const MAX_STREAMS_PER_TOKEN: usize = 4;
 
 const PAGE: &str = include_str!("dashboard.html");
 
@@ -45,7 +48,7 @@ static POLICY: LazyLock<String> = LazyLock::new(|| {
     let hash = |tag: &str| {
         use base64::Engine;
         use sha2::Digest;
-        let body = PAGE.split_once(&format!("<{tag}>")).and_then(|(_, rest)| rest.split_once(&format!("</{tag}>"))).map_or("", |(body, _)| body);
+        let body = PAGE.split_once(&format!("<{tag}>")).and_then(|(_, rest)| rest.split_once(&format!("</{tag}>"))).map(|(body, _)| body).expect("the page has its script and style elements, without attributes");
         format!("'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes())))
     };
     format!("default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'", hash("script"), hash("style"))
@@ -68,7 +71,7 @@ pub(super) async fn page() -> Response {
 
 /// The route of `GET /api/v1/events`, with what its streams share.
 pub(super) fn events_route() -> MethodRouter<Arc<Api>> {
-    get(events).layer(Extension(Arc::new(Shared { latest: Default::default(), slots: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)) })))
+    get(events).layer(Extension(Arc::new(Shared { latest: Default::default(), slots: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)), per_token: Default::default() })))
 }
 
 /// One snapshot of the cluster as the token may see it.
@@ -194,6 +197,8 @@ fn label(labels: &str, name: &str) -> Option<String> {
 pub(super) struct Shared {
     latest: tokio::sync::Mutex<Option<Arc<Raw>>>,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Streams open per token, by its name.
+    per_token: Arc<std::sync::Mutex<HashMap<String, usize>>>,
 }
 
 impl Shared {
@@ -214,17 +219,34 @@ impl Shared {
 /// An open stream's slot, counted while it is open.
 struct Slot {
     _permit: tokio::sync::OwnedSemaphorePermit,
+    per_token: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    token: String,
 }
 
 impl Slot {
-    fn new(permit: tokio::sync::OwnedSemaphorePermit) -> Slot {
+    /// A slot for one more stream of the token named `token`, if it holds fewer than
+    /// [`MAX_STREAMS_PER_TOKEN`].
+    fn new(permit: tokio::sync::OwnedSemaphorePermit, shared: &Shared, token: &str) -> Option<Slot> {
+        let mut per_token = shared.per_token.lock().unwrap();
+        let open = per_token.entry(token.to_string()).or_default();
+        if *open >= MAX_STREAMS_PER_TOKEN {
+            return None;
+        }
+        *open += 1;
         metrics::gauge!("gm_api_event_streams").increment(1.0);
-        Slot { _permit: permit }
+        Some(Slot { _permit: permit, per_token: shared.per_token.clone(), token: token.to_string() })
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        let mut per_token = self.per_token.lock().unwrap();
+        if let Some(open) = per_token.get_mut(&self.token) {
+            *open -= 1;
+            if *open == 0 {
+                per_token.remove(&self.token);
+            }
+        }
         metrics::gauge!("gm_api_event_streams").decrement(1.0);
     }
 }
@@ -331,6 +353,7 @@ fn error_event(status: StatusCode, why: &str) -> Event {
 #[utoipa::path(get, path = "/api/v1/events", security(("bearer" = [])),
     responses((status = 200, description = "Server-sent events: `event: snapshot` with a Snapshot as data, every second", body = Snapshot, content_type = "text/event-stream"),
               (status = 401, description = "No valid token", body = super::ErrorBody),
+              (status = 429, description = "The token holds as many event streams open as one token may", body = super::ErrorBody),
               (status = 503, description = "As many event streams as the API serves at once are open", body = super::ErrorBody)))]
 pub(super) async fn events(
     State(api): State<Arc<Api>>,
@@ -342,11 +365,14 @@ pub(super) async fn events(
     let Ok(permit) = shared.slots.clone().try_acquire_owned() else {
         return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, peer, "GET", "/api/v1/events", Some(p.name()), format!("{MAX_STREAMS} event streams are open already: close a dashboard or try again later")));
     };
+    let Some(slot) = Slot::new(permit, &shared, p.name()) else {
+        return Err(refuse(StatusCode::TOO_MANY_REQUESTS, peer, "GET", "/api/v1/events", Some(p.name()), format!("this token holds {MAX_STREAMS_PER_TOKEN} event streams open already: close a dashboard")));
+    };
     // The authentication in front of this handler read the same header.
     let token = crate::telemetry::bearer(&headers).flatten().unwrap_or_default().to_string();
     let mut ticks = tokio::time::interval(PERIOD);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let stream = Stream { api, shared, token, ticks, last: None, ended: false, _slot: Slot::new(permit) };
+    let stream = Stream { api, shared, token, ticks, last: None, ended: false, _slot: slot };
     let events = futures_util::stream::unfold(stream, |mut s| async move {
         if s.ended {
             return None;

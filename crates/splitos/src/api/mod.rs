@@ -587,8 +587,7 @@ fn router(api: Arc<Api>) -> Router {
 }
 
 /// Serves the API at `addr` on a thread of its own; returns the address it listens at.
-/// Refused beyond loopback: the API has no TLS yet, and its tokens must not cross a network
-/// in the clear.
+/// Beyond loopback only with `tls`: its tokens must not cross a network in the clear.
 pub fn serve(addr: &str, api: Arc<Api>, tls: Option<tokio_rustls::TlsAcceptor>) -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
     let local = l.local_addr()?;

@@ -1,16 +1,24 @@
 //! TLS for the REST API beyond loopback: a bearer token must not cross a network in the clear.
-//! The certificate is issued by the cluster's authority (the key that signs every component's
-//! credentials), as an X.509 certificate authority of its own; clients trust that authority
-//! (`ca.pem` in the cluster's state directory), not the web's.
+//! The certificate is issued by the cluster's X.509 authority, a key of the cluster's state
+//! directory made with its authority and kept as long (`x509-authority.key`); clients trust that
+//! authority (`ca.pem` beside it), not the web's. It is an ECDSA P-256 key of its own rather
+//! than the Ed25519 key that signs components' credentials, because browsers accept no Ed25519
+//! signature in a certificate.
 
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType, PKCS_ED25519};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use splitos_rpc::auth::Authority;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// How long the API's certificate is valid: it is issued anew at every `cluster up`, and a key
+/// copied off a host stops being worth anything after that long.
+const LEAF_DAYS: i64 = 365;
+/// How long the authority's certificate is valid (it is made again at every start, from the
+/// same key, so that clients keep trusting the `ca.pem` they have).
+const CA_DAYS: i64 = 3650;
 
 /// What `cluster up` gives the global managers and their clients.
 pub struct Issued {
@@ -22,28 +30,49 @@ pub struct Issued {
     pub key_pem: String,
 }
 
-/// The authority as an X.509 certificate authority, and a certificate for the API at `ip`
-/// signed by it (with a key made for it).
-pub fn issue(authority: &Authority, ip: IpAddr) -> anyhow::Result<Issued> {
-    let ca_key = KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(authority.pkcs8_der()), &PKCS_ED25519)?;
+/// The cluster's X.509 authority key kept at `path`, made there (mode 0600) if missing.
+pub fn authority_key(path: &Path) -> anyhow::Result<KeyPair> {
+    if path.exists() {
+        let pem = splitos_rpc::auth::read_private(path).map_err(|e| anyhow::anyhow!("cannot read the cluster's X.509 authority {}: {e}", path.display()))?;
+        return Ok(KeyPair::from_pem(std::str::from_utf8(&pem)?)?);
+    }
+    let key = KeyPair::generate()?;
+    splitos_rpc::auth::write_private(path, key.serialize_pem().as_bytes())?;
+    Ok(key)
+}
+
+fn valid_for(p: &mut CertificateParams, days: i64) {
+    let now = time::OffsetDateTime::now_utc();
+    // An hour back, for clients whose clocks are a little behind.
+    p.not_before = now - time::Duration::hours(1);
+    p.not_after = now + time::Duration::days(days);
+}
+
+/// The authority's certificate, and a certificate for the API at `ip` signed by it (with a
+/// key made for it).
+pub fn issue(ca_key: &KeyPair, ip: IpAddr) -> anyhow::Result<Issued> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name.push(DnType::CommonName, "splitos cluster authority");
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
-    let ca = ca.self_signed(&ca_key)?;
+    valid_for(&mut ca, CA_DAYS);
+    let ca = ca.self_signed(ca_key)?;
     let key = KeyPair::generate()?;
     let mut leaf = CertificateParams::new(Vec::<String>::new())?;
     leaf.distinguished_name.push(DnType::CommonName, "splitos REST API");
     leaf.subject_alt_names = vec![SanType::IpAddress(ip)];
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let leaf = leaf.signed_by(&key, &ca, &ca_key)?;
+    valid_for(&mut leaf, LEAF_DAYS);
+    let leaf = leaf.signed_by(&key, &ca, ca_key)?;
     Ok(Issued { ca_pem: ca.pem(), cert_pem: leaf.pem(), key_pem: key.serialize_pem() })
 }
 
-/// The server side, from the files `issue`'s output was written to.
+/// The server side, from the files `issue`'s output was written to; the key file must be the
+/// caller's alone, as every key of the cluster.
 pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
     let certs = CertificateDer::pem_file_iter(cert).and_then(|i| i.collect::<Result<Vec<_>, _>>()).map_err(|e| anyhow::anyhow!("the API's certificate {}: {e}", cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
+    let pem = splitos_rpc::auth::read_private(key).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions()?.with_no_client_auth().with_single_cert(certs, key)?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
 }
@@ -53,30 +82,35 @@ mod tests {
     use super::*;
     use rustls::client::danger::ServerCertVerifier;
 
+    fn verifies(ca_pem: &str, leaf_pem: &str, ip: &str) -> bool {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::new(rustls::crypto::ring::default_provider())).build().unwrap();
+        let leaf = CertificateDer::from_pem_slice(leaf_pem.as_bytes()).unwrap();
+        verifier.verify_server_cert(&leaf, &[], &rustls::pki_types::ServerName::try_from(ip.to_string()).unwrap(), &[], rustls::pki_types::UnixTime::now()).is_ok()
+    }
+
     #[test]
     fn the_apis_certificate_chains_to_the_clusters_authority_and_names_its_address() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Authority::generate().unwrap();
-        let issued = issue(&a, "10.0.0.7".parse().unwrap()).unwrap();
+        let ca_key = authority_key(&dir.path().join("x509-authority.key")).unwrap();
+        let issued = issue(&ca_key, "10.0.0.7".parse().unwrap()).unwrap();
         let (cert, key) = (dir.path().join("api.pem"), dir.path().join("api.key"));
         std::fs::write(&cert, &issued.cert_pem).unwrap();
-        std::fs::write(&key, &issued.key_pem).unwrap();
+        splitos_rpc::auth::write_private(&key, issued.key_pem.as_bytes()).unwrap();
         acceptor(&cert, &key).unwrap();
-        let ca = CertificateDer::from_pem_slice(issued.ca_pem.as_bytes()).unwrap();
-        let leaf = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().unwrap();
-        let now = rustls::pki_types::UnixTime::now();
-        let at = |ip: &str| verifier.verify_server_cert(&leaf, &[], &rustls::pki_types::ServerName::try_from(ip.to_string()).unwrap(), &[], now);
-        assert!(at("10.0.0.7").is_ok());
-        assert!(at("10.0.0.8").is_err(), "another address");
+        assert!(verifies(&issued.ca_pem, &issued.cert_pem, "10.0.0.7"));
+        assert!(!verifies(&issued.ca_pem, &issued.cert_pem, "10.0.0.8"), "another address");
+        // The next start's certificate chains to the authority's certificate clients kept.
+        let again = authority_key(&dir.path().join("x509-authority.key")).unwrap();
+        let next = issue(&again, "10.0.0.7".parse().unwrap()).unwrap();
+        assert!(verifies(&issued.ca_pem, &next.cert_pem, "10.0.0.7"));
         // Another cluster's authority does not vouch for it.
-        let other = issue(&Authority::generate().unwrap(), "10.0.0.7".parse().unwrap()).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(other.ca_pem.as_bytes()).unwrap()).unwrap();
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::new(rustls::crypto::ring::default_provider())).build().unwrap();
-        assert!(verifier.verify_server_cert(&leaf, &[], &rustls::pki_types::ServerName::try_from("10.0.0.7").unwrap(), &[], now).is_err());
+        let other = issue(&KeyPair::generate().unwrap(), "10.0.0.7".parse().unwrap()).unwrap();
+        assert!(!verifies(&other.ca_pem, &issued.cert_pem, "10.0.0.7"));
+        // A key file others may read is refused.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(acceptor(&cert, &key).is_err());
     }
 }

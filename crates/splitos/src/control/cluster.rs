@@ -116,6 +116,8 @@ pub fn rpc() -> anyhow::Result<&'static Rpc> {
 /// The cluster authority's X.509 certificate, which clients of an API beyond loopback trust,
 /// and the API's certificate and key it issued.
 pub const CA_CERT: &str = "ca.pem";
+/// The key of that authority, made with the cluster and kept as long.
+pub const X509_AUTHORITY: &str = "x509-authority.key";
 pub const API_CERT: &str = "api.pem";
 pub const API_KEY: &str = "api.key";
 /// Where a state directory keeps the cluster's authority and the admin's credentials.
@@ -262,7 +264,7 @@ impl Cluster {
         let api_ip = cfg.cluster.api.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()).filter(|ip| !ip.is_loopback());
         let (api_cert, api_key) = match api_ip {
             Some(ip) => {
-                let issued = crate::api::tls::issue(&ca, ip)?;
+                let issued = crate::api::tls::issue(&crate::api::tls::authority_key(&dir.join(X509_AUTHORITY))?, ip)?;
                 let (cert, key) = (dir.join(API_CERT), dir.join(API_KEY));
                 std::fs::write(dir.join(CA_CERT), &issued.ca_pem)?;
                 std::fs::write(&cert, &issued.cert_pem)?;

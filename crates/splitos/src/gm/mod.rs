@@ -47,6 +47,9 @@ pub struct Jobs {
 /// How long the managers wait for a component's answer to a control-plane request.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The most measured links the managers keep of one component.
+const MAX_LINKS: usize = 256;
+
 /// How many missed heartbeats make a component dead.
 pub const MISSED_BEATS: u32 = 4;
 
@@ -160,16 +163,18 @@ impl Gm {
     pub fn topology(&self) -> crate::topology::Graph {
         let comps = self.comps();
         let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
-        let samples = comps.iter().map(|e| (e.info.id, e.links.iter().map(|l| LinkSample { age_ms: l.age_ms + e.last.elapsed().as_millis() as u64, ..l.clone() }).collect())).collect();
+        let samples = comps.iter().map(|e| (e.info.id, e.links.iter().map(|l| LinkSample { age_ms: l.age_ms.saturating_add(e.last.elapsed().as_millis() as u64), ..l.clone() }).collect())).collect();
+        drop(comps);
         crate::topology::Graph::cluster(&self.addr, &infos, &samples)
     }
 
-    /// Hops on the topology graph from component `from` to each component (by id), for a
-    /// policy that places near first; empty for another policy, or an unknown `from`.
-    fn hops(&self, comps: &[Entry], from: Option<u32>) -> std::collections::HashMap<u32, u32> {
+    /// Hops on the topology graph from component `from` to each component it has a path to
+    /// (by id), for a policy that places near first; empty for another policy, or an unknown
+    /// `from`. The graph is built from a snapshot, outside the membership's lock, which
+    /// heartbeats and placements wait for.
+    fn hops(&self, from: Option<u32>) -> std::collections::HashMap<u32, u32> {
         let Some(from) = from.filter(|_| self.placement.rule().near_first()) else { return Default::default() };
-        let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
-        let g = crate::topology::Graph::cluster(&self.addr, &infos, &Default::default());
+        let g = crate::topology::Graph::cluster(&self.addr, &self.snapshot(), &Default::default());
         let Some(start) = g.find(&crate::topology::component_id(from)) else { return Default::default() };
         g.hops_from(start).into_iter().zip(&g.nodes).filter_map(|(h, n)| Some((n.component?, h?))).collect()
     }
@@ -179,10 +184,10 @@ impl Gm {
     /// there is one. Its load is the share of its memory taken. `near`: the pComponent the
     /// memory is for, from which a policy that places near first counts hops.
     fn pick_memory(&self, need: u64, exclude: &[u32], near: Option<u32>) -> Result<ComponentRef, Refusal> {
+        let hops = self.hops(near);
         let mut comps = self.comps();
         let taken_hosts: Vec<String> = comps.iter().filter(|e| exclude.contains(&e.info.id)).map(|e| host_of(&e.info.addr).to_string()).collect();
         let rule = self.placement.rule();
-        let hops = self.hops(&comps, near);
         let best = comps
             .iter_mut()
             .enumerate()
@@ -192,7 +197,8 @@ impl Gm {
             .map(|(index, free, e)| {
                 let load = (Gm::taken(e) * 1000 / e.info.load.capacity.max(1)) as f64;
                 let key = rule.key(&Unit { index, free: &[free], weights: &[1.0], load });
-                let far = hops.get(&e.info.id).copied().unwrap_or(0);
+                // Without a path (or one counted before it registered) it comes last.
+                let far = if hops.is_empty() { 0 } else { hops.get(&e.info.id).copied().unwrap_or(u32::MAX) };
                 ((taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), far), key, e)
             })
             .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
@@ -284,6 +290,8 @@ impl Gm {
             }
             *last_any = Instant::now();
         }
+        // A component reports links only to components the managers know, a bounded number.
+        let known: std::collections::HashSet<u32> = comps.iter().map(|e| e.info.id).collect();
         let e = comps
             .iter_mut()
             .find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key))
@@ -300,6 +308,8 @@ impl Gm {
         }
         e.info.load = r.load;
         e.links = r.links;
+        e.links.retain(|l| known.contains(&l.peer));
+        e.links.truncate(MAX_LINKS);
         e.last = Instant::now();
         e.pending = 0;
         let role = e.info.role;

@@ -396,6 +396,8 @@ pub(super) fn fill(mut m: Model, w: &Workload, needs: &[Option<Need>], progress:
     let hopeless = |no_room: &[Need], n: &Need| no_room.iter().any(|f| at_most(f, n));
     let mut first_failed = None;
     let mut percent = 0.0;
+    // Among the tasks tried: a fill that stops full never tries the rest.
+    let mut oversized = 0;
     for id in 0..w.len() {
         let t = w.task(id);
         let before = share(&came);
@@ -403,7 +405,7 @@ pub(super) fn fill(mut m: Model, w: &Workload, needs: &[Option<Need>], progress:
         came[1] += u128::from(t.mem);
         tried += 1;
         match needs[id % w.tasks.len()] {
-            None => {}
+            None => oversized += 1,
             Some(need) if !hopeless(&no_room, &need) && m.place(id, need) => {
                 placed += 1;
                 audit.placed(&m, id);
@@ -460,7 +462,7 @@ pub(super) fn fill(mut m: Model, w: &Workload, needs: &[Option<Need>], progress:
     ModelReport {
         average: g.fractions,
         unplaced: w.len() - placed,
-        oversized: needs.iter().filter(|n| n.is_none()).count() * w.copies,
+        oversized,
         placed,
         peak_compute_on: g.compute_on,
         peak_memory_on: g.memory_on,
