@@ -54,6 +54,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// Attach and detach mComponents of a running cluster, through its REST API
+    /// (docs/elastic-memory.md).
+    Memory {
+        #[command(subcommand)]
+        cmd: MemoryCmd,
+    },
     /// Run the global managers (GPM, GMM).
     Gm(Box<Startup<GmArgs>>),
     /// Run a memory monitor (mComponent).
@@ -137,8 +143,8 @@ enum ClusterCmd {
         #[command(flatten)]
         api: control::ApiArgs,
     },
-    /// Cordon a component and wait until nothing runs on it: no job on a pComponent, no memory
-    /// held on an mComponent (its programs ended).
+    /// Cordon a component and wait until nothing runs on it: no job on a pComponent; an
+    /// mComponent's memory moves to the others while programs run (it stays, empty).
     Drain {
         id: u32,
         /// Give up after this many seconds (the component stays cordoned).
@@ -161,6 +167,41 @@ enum ClusterCmd {
         /// Where to write them (mode 0600).
         #[arg(long)]
         out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum MemoryCmd {
+    /// The cluster's mComponents: state (attached, cordoned, detaching, draining, drained),
+    /// capacity, use, and how far a detach has come.
+    List {
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
+    /// Give an mComponent (by id, `memory list`) to the cluster: new homes and vRegions go to
+    /// it at once. One started with `splitos mem --standby` waits for this; a detach under
+    /// way is called off.
+    Attach {
+        id: u32,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
+    /// Detach an mComponent while programs run: every vRegion, home and cached file it holds
+    /// moves to the other mComponents, then it exits. Refused for the last mComponent and
+    /// when the others lack room.
+    Detach {
+        id: u32,
+        /// Return once the detach has started, without waiting for it to end.
+        #[arg(long)]
+        no_wait: bool,
+        /// Stop waiting after this many seconds (the detach goes on).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[command(flatten)]
+        api: control::ApiArgs,
     },
 }
 
@@ -255,6 +296,11 @@ fn main() {
             ClusterCmd::Token { cmd: TokenCmd::Create { name, admin, vnode, gm } } => control::token_create(gm, name, admin, vnode),
             ClusterCmd::Token { cmd: TokenCmd::List { json, gm } } => control::token_list(gm, json),
             ClusterCmd::Token { cmd: TokenCmd::Revoke { name, gm } } => control::token_revoke(gm, name),
+        },
+        Cmd::Memory { cmd } => match cmd {
+            MemoryCmd::List { json, api } => control::memory::list(api, json),
+            MemoryCmd::Attach { id, api } => control::memory::attach(api, id),
+            MemoryCmd::Detach { id, no_wait, timeout, api } => control::memory::detach(api, id, false, !no_wait, std::time::Duration::from_secs(timeout)),
         },
         Cmd::Ps { json, api } => control::ps(api, json),
         Cmd::Top { interval, iterations, api } => match interval.is_finite() && interval >= 0.1 {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use splitos_rpc::auth::Credentials;
-use splitos_rpc::{Endpoint, ErrCode, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER};
+use splitos_rpc::{Endpoint, ErrCode, Leaving, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER};
 
 use crate::config::ProcessArgs;
 
@@ -53,12 +53,16 @@ pub struct Node {
     pub nics: std::sync::OnceLock<Vec<std::net::IpAddr>>,
     /// Where it serves its Prometheus metrics, if it does.
     pub metrics: Option<String>,
+    /// An mComponent that joins out of placement, for the admin to attach.
+    pub standby: std::sync::atomic::AtomicBool,
     /// When the global managers last answered a heartbeat, and the mComponents they had
     /// declared lost then.
     heard: Mutex<Option<(Instant, Vec<u32>)>>,
     /// What it last measured of its links to the components it uses, and when: told to the
     /// global managers in every heartbeat (`crate::topology`).
     links: Mutex<Vec<(LinkSample, Instant)>>,
+    /// A leaving mComponent's progress, told in every heartbeat.
+    leaving: Mutex<Option<Leaving>>,
 }
 
 impl Node {
@@ -72,12 +76,17 @@ impl Node {
         // The global managers keep the tokens: a scrape beyond loopback asks them.
         let (asker, gm_addr) = (rpc.clone(), gm.to_string());
         let metrics = serve_metrics(process, move |token| asker.call(&gm_addr, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
-        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), metrics, heard: Mutex::new(None), links: Mutex::new(Vec::new()) }), ep))
+        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), metrics, standby: Default::default(), heard: Mutex::new(None), links: Mutex::new(Vec::new()), leaving: Mutex::new(None) }), ep))
     }
 
     /// Replaces what it tells the global managers of its links.
     pub fn set_links(&self, links: Vec<(LinkSample, Instant)>) {
         *self.links.lock().unwrap() = links;
+    }
+
+    /// Replaces what it tells the global managers of its detach.
+    pub fn set_leaving(&self, leaving: Option<Leaving>) {
+        *self.leaving.lock().unwrap() = leaving;
     }
 
     fn links(&self) -> Vec<LinkSample> {
@@ -105,6 +114,7 @@ impl Node {
                 load: load.clone(),
                 id: self.id(),
                 metrics: self.metrics.clone(),
+                standby: self.standby.load(Ordering::Relaxed),
             };
             match self.call_gm(msg) {
                 Ok(r) => {
@@ -141,7 +151,7 @@ impl Node {
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links() }) {
+                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links(), leaving: self.leaving.lock().unwrap().clone() }) {
                     Ok(beat) => {
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
                         on_beat(beat)
@@ -149,7 +159,7 @@ impl Node {
                     Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
                             if r.fenced {
-                                on_beat(splitos_rpc::G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: true, memory: 0, vnodes: 0, cordoned: false });
+                                on_beat(splitos_rpc::G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: true, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false });
                             }
                         }
                     }

@@ -57,6 +57,38 @@ pub struct ComponentInfo {
     /// (mComponent); what it has keeps running.
     #[serde(default)]
     pub cordoned: bool,
+    /// An mComponent being detached: its vRegions and homes move to others while programs
+    /// run, and it exits once it holds nothing (docs/elastic-memory.md).
+    #[serde(default)]
+    pub leaving: Option<Leaving>,
+}
+
+/// How far the detach of an mComponent has come, as its own heartbeats say.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leaving {
+    /// Bytes of pages and parity it held when the detach began, and holds now.
+    pub bytes_at_start: u64,
+    pub bytes_left: u64,
+    /// Processes it is still home of, home copies it keeps as a backup, processes it still
+    /// holds memory of, and socket buffers still in use on it.
+    pub homes: u32,
+    pub backups: u32,
+    pub processes: u32,
+    pub socket_buffers: u32,
+    /// Its buffer cache was written back and now refuses file requests (they go elsewhere).
+    pub files_released: bool,
+    /// Exit when empty (`memory detach`), or stay, empty and cordoned (`cluster drain`).
+    pub exit: bool,
+    /// Why it cannot go on, if it cannot (no room elsewhere): everything keeps working and
+    /// it is tried again.
+    pub stuck: Option<String>,
+}
+
+impl Leaving {
+    /// Whether nothing is left on it.
+    pub fn empty(&self) -> bool {
+        self.bytes_left == 0 && self.homes == 0 && self.backups == 0 && self.processes == 0 && self.socket_buffers == 0 && self.files_released
+    }
 }
 
 /// An API token as the global managers list it: never its secret.
@@ -121,7 +153,8 @@ message_types! {
     /// `id`: the id the component had before the global managers restarted (0: a new one).
     /// `nics`: an nComponent's interface addresses, which the GNM maps to it.
     /// `metrics`: where it serves its Prometheus metrics over HTTP, if it does.
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String> };
+    /// `standby`: an mComponent that joins cordoned, for the admin to attach.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool };
     /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.
@@ -129,7 +162,8 @@ message_types! {
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     /// `links`: what the sender last measured of its links to the components it uses (the
     /// topology graph's measured links).
-    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample> };
+    /// `leaving`: a leaving mComponent's progress.
+    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample>, pub leaving: Option<Leaving> };
     /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
     /// cluster's `reclaim_dead_ms`, or replaced by a new start at their address, whose
     /// processes' memory the mComponents release and whose sockets the nComponents close. `lost_mcomps` (to mComponents only): the mComponents
@@ -140,8 +174,11 @@ message_types! {
     /// obvious overcommit).
     /// `vnodes`: the version of the vNodes' table; a pComponent that has another asks for
     /// the table (`P2G_VNODES`). `cordoned`: the receiver (a pComponent) takes no new
-    /// programs.
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool };
+    /// programs. `leaving` (to mComponents): the mComponents being detached; every home moves
+    /// its processes' vRegions and backup homes off them, and one that finds itself there
+    /// gives up its homes and its buffer cache. `exit`: the receiver, detached and empty,
+    /// exits now (the managers have forgotten it).
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics.
@@ -195,6 +232,9 @@ message_types! {
     /// A component's Prometheus metrics, for the cluster-wide `/metrics` of the REST API.
     G2X_METRICS;
     X2G_METRICS { pub text: String };
+    /// Where component `id` is (a leaving home tells a pComponent its processes' new home).
+    M2G_FIND { pub id: u32 };
+    G2M_FOUND { pub comp: ComponentRef };
 
     // ---- control client -> any component
     C2X_PING;

@@ -418,6 +418,12 @@ message_types! {
     /// The home's state of a process, to the backup home after each change.
     M2M_HOME_SYNC { pub state: HomeState };
     M2M_HOME_DROP { pub who: Who };
+    /// From a leaving home: the receiver becomes the home of the process in `state` (its
+    /// epoch moves past the state's), and answers with its backup home.
+    M2M_HOME_ADOPT { pub state: HomeState };
+    M2M_HOME_ADOPTED { pub backup: Option<ComponentRef> };
+    /// From a leaving home to the pComponent of a process it gave to `home` (with its backup).
+    M2P_HOME_MOVED { pub who: Who, pub home: ComponentRef, pub backup: Option<ComponentRef> };
     M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
     M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };

@@ -42,7 +42,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// the shortcut between pComponents (`P2N_LISTEN.direct`, `P2N_FIND_LISTENER`, `P2P_*`).
 /// Version 13 added vNodes' memory quotas: `P2G_PICK_HOME.vnode`, `G2P_HOME.memory_quota`,
 /// `P2M_PROC_CREATE.memory_quota` and `HomeState.memory_quota`.
-pub const WIRE_VERSION: u16 = 18;
+/// Version 19 added elastic memory: detaching an mComponent (`Leaving`, `G2X_BEAT.leaving`,
+/// `M2M_HOME_ADOPT`, `M2P_HOME_MOVED`, `M2G_FIND`, `ErrCode::Moved`).
+pub const WIRE_VERSION: u16 = 19;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -182,6 +184,9 @@ pub enum ErrCode {
     /// A striped write-back was stored but its owner could not reach the set's parity member:
     /// the sender reports that member lost and writes again once the parity is rebuilt.
     ParityLost,
+    /// The receiver gave up what the request is about (a leaving mComponent's buffer cache):
+    /// the sender asks the global managers where it went.
+    Moved,
 }
 
 impl ErrCode {
@@ -193,7 +198,7 @@ impl ErrCode {
             ErrCode::Invalid => libc::EINVAL,
             ErrCode::Denied => libc::EACCES,
             ErrCode::NotFound | ErrCode::NotHome => libc::ENOENT,
-            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale | ErrCode::ParityLost => libc::EIO,
+            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale | ErrCode::ParityLost | ErrCode::Moved => libc::EIO,
             ErrCode::Errno(n) => n,
         }
     }
@@ -299,7 +304,7 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
-    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, P2G_VNODES, G2P_VNODES,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
@@ -310,7 +315,7 @@ messages! {
     // ---- home mComponent -> vRegion owner, in memory.rs
     M2M_VMA_ADD, M2M_EPOCH, M2M_READ_PAGES, M2M_SET, M2M_LOG_RESYNC, M2M_PARITY, M2M_HOME_OF,
     M2M_HOME_SYNC, M2M_HOME_DROP, M2M_VMA_REMOVE, M2M_VMA_PROTECT, M2M_DISCARD, M2M_PAGES,
-    M2M_PUT_PAGES, M2M_FORK, M2M_EXIT,
+    M2M_PUT_PAGES, M2M_FORK, M2M_EXIT, M2M_HOME_ADOPT, M2M_HOME_ADOPTED, M2P_HOME_MOVED,
     // ---- pComponent -> sComponent: the namespace of a vNode, in storage.rs
     P2S_LOOKUP, S2P_ATTR, X2S_GETATTR, P2S_CREATE, P2S_SETATTR, P2S_LINK, P2S_READLINK, S2P_TARGET,
     P2S_UNLINK, S2P_DETACHED, P2S_RENAME, P2S_READDIR, S2P_ENTRIES, P2S_DROP, P2S_STATFS,
@@ -416,6 +421,9 @@ replies! {
     M2M_HOME_OF => OK,
     M2M_HOME_SYNC => OK,
     M2M_HOME_DROP => OK,
+    M2M_HOME_ADOPT => M2M_HOME_ADOPTED,
+    M2P_HOME_MOVED => OK,
+    M2G_FIND => G2M_FOUND,
     M2M_VMA_REMOVE => OK,
     M2M_VMA_PROTECT => OK,
     M2M_DISCARD => OK,

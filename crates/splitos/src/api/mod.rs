@@ -8,6 +8,7 @@
 //! ([`crate::telemetry::serve_router`]): the managers' RPC serving never waits for it, and a
 //! flood of API clients holds one thread and a few for the calls it makes to components.
 mod dashboard;
+mod memory;
 pub mod tls;
 pub mod tokens;
 
@@ -106,6 +107,8 @@ pub struct ComponentView {
     pub cordoned: bool,
     /// Where it serves its Prometheus metrics.
     pub metrics: Option<String>,
+    /// An mComponent being detached or drained: how far that has come.
+    pub leaving: Option<memory::LeavingView>,
 }
 
 impl From<splitos_rpc::ComponentInfo> for ComponentView {
@@ -125,6 +128,7 @@ impl From<splitos_rpc::ComponentInfo> for ComponentView {
             used_bytes: c.load.used,
             cordoned: c.cordoned,
             metrics: c.metrics,
+            leaving: c.leaving.map(memory::LeavingView::from),
         }
     }
 }
@@ -533,7 +537,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, topology, cordon, uncordon, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -563,6 +567,9 @@ fn router(api: Arc<Api>) -> Router {
         .route("/topology", get(topology))
         .route("/components/{id}/cordon", axum::routing::post(cordon))
         .route("/components/{id}/uncordon", axum::routing::post(uncordon))
+        .route("/memory", get(memory::list))
+        .route("/memory/{id}/detach", axum::routing::post(memory::detach))
+        .route("/memory/{id}/attach", axum::routing::post(memory::attach))
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))

@@ -30,6 +30,10 @@ pub struct McompConfig {
     /// primary copies it again (docs/failures.md).
     #[arg(long, default_value_t = Size(64 << 20))]
     pub backup_log: Size,
+    /// Join out of placement: it holds nothing until the admin attaches it (`splitos memory
+    /// attach ID`), as memory a host lends when asked (docs/elastic-memory.md).
+    #[arg(long, default_value_t = false)]
+    pub standby: bool,
     /// The network namespace (`ip netns`) `cluster up` starts it in: a "host" of a cluster on
     /// one machine (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]

@@ -1,6 +1,7 @@
 //! The control plane's command-line side: running programs and managing a cluster.
 pub mod cluster;
 pub mod launcher;
+pub mod memory;
 pub mod run;
 pub mod top;
 
@@ -232,7 +233,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
 /// $SPLITOS_TOKEN), else those of the cluster `cluster up` started (its state directory is
 /// root's, and so is its token).
 /// How a command reaches the REST API.
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct ApiArgs {
     /// The REST API's address ($SPLITOS_API); default: that of the cluster `cluster up` started.
     #[arg(long)]
@@ -385,27 +386,21 @@ pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
 
 /// `cluster drain`: cordons the component, then waits until nothing runs on it.
 pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Result<()> {
-    let (api, token) = api_access(a)?;
+    let (api, token) = api_access(a.clone())?;
+    let comps = api_get(&api, &token, "/api/v1/components")?;
+    if comps.as_array().into_iter().flatten().any(|c| c["id"] == id && c["role"] == "mcomponent") {
+        // Its programs' memory moves to the other mComponents while they run.
+        return memory::detach(a, id, true, true, timeout);
+    }
     let c = api_post(&api, &token, &format!("/api/v1/components/{id}/cordon"))?;
     let role = c["role"].as_str().unwrap_or("?").to_string();
     println!("{role} {id} cordoned; waiting until nothing runs on it");
     let t0 = std::time::Instant::now();
     let mut last = String::new();
     loop {
-        let left = match role.as_str() {
-            "pcomponent" => {
-                let jobs = api_get(&api, &token, "/api/v1/jobs")?;
-                let n = jobs["jobs"].as_array().into_iter().flatten().filter(|j| j["pcomponent"] == id).count();
-                (n > 0).then(|| format!("{n} job(s) run on it"))
-            }
-            _ => {
-                let comps = api_get(&api, &token, "/api/v1/components")?;
-                let c = comps.as_array().into_iter().flatten().find(|c| c["id"] == id).ok_or_else(|| anyhow::anyhow!("component {id} is gone"))?;
-                let (used, committed) = (c["used_bytes"].as_u64().unwrap_or(0), c["committed_bytes"].as_u64().unwrap_or(0));
-                // Its programs' memory goes with them; moving it elsewhere is migration's.
-                (used > 0 || committed > 0).then(|| format!("it holds {} of programs' memory ({} committed)", human(used), human(committed)))
-            }
-        };
+        let jobs = api_get(&api, &token, "/api/v1/jobs")?;
+        let n = jobs["jobs"].as_array().into_iter().flatten().filter(|j| j["pcomponent"] == id).count();
+        let left = (n > 0).then(|| format!("{n} job(s) run on it"));
         let Some(left) = left else {
             println!("{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)", t0.elapsed().as_secs_f64());
             return Ok(());

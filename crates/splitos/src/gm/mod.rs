@@ -24,6 +24,7 @@
 //! What they are told at run time (the REST API's tokens, the vNodes) they keep in their state
 //! file, and resume with after a restart.
 pub mod cordon;
+mod detach;
 pub mod state;
 pub mod vnodes;
 use std::sync::{Arc, Mutex};
@@ -155,8 +156,11 @@ impl Gm {
             return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only pComponents and mComponents take new work, and are cordoned", c.role.name())));
         }
         self.cordons.set(id, on).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+        if !on {
+            self.stay(id);
+        }
         tracing::info!(id, role = c.role.name(), addr = %c.addr, cordoned = on, "{}", if on { "component cordoned" } else { "component uncordoned" });
-        Ok(ComponentInfo { cordoned: on, ..c })
+        Ok(ComponentInfo { cordoned: on, leaving: if on { c.leaving } else { None }, ..c })
     }
 
     /// The cluster's topology graph, with the links components measured.
@@ -191,7 +195,7 @@ impl Gm {
         let best = comps
             .iter_mut()
             .enumerate()
-            .filter(|(_, e)| e.info.role == Role::Mem && Gm::alive(e) && !exclude.contains(&e.info.id) && !self.cordons.has(e.info.id))
+            .filter(|(_, e)| self.takes_memory(e) && !exclude.contains(&e.info.id))
             .map(|(index, e)| (index, e.info.load.capacity.saturating_sub(Gm::taken(e)), e))
             .filter(|(_, free, _)| *free >= need)
             .map(|(index, free, e)| {
@@ -267,8 +271,11 @@ impl Gm {
             tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
+        if r.standby && r.role == Role::Mem && !again {
+            self.cordons.set(id, true).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+        }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false };
+        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new() });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
@@ -307,6 +314,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         e.info.load = r.load;
+        let exit = Gm::leaving_report(e, r.leaving);
         e.links = r.links;
         e.links.retain(|l| known.contains(&l.peer));
         e.links.truncate(MAX_LINKS);
@@ -314,7 +322,7 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -324,7 +332,7 @@ impl Gm {
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
-            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false });
+            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
         let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
@@ -333,13 +341,20 @@ impl Gm {
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
-            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id) });
+            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false });
         }
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false })
+        let leaving = Gm::leaving_ids(&comps);
+        if exit {
+            // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
+            comps.retain(|e| e.info.id != r.id);
+            metrics::counter!("gm_mcomponents_detached_total").increment(1);
+            tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
+        }
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false, leaving, exit })
     }
 
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
@@ -372,12 +387,12 @@ impl Gm {
             Some(_) => {
                 let comps = self.comps();
                 let mut homes = self.quota_homes.lock().unwrap();
-                let kept = homes.get(&r.vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e))).cloned();
+                let kept = homes.get(&r.vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())).cloned();
                 let home = match kept {
                     Some(h) => h,
                     // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
                     None => {
-                        rendezvous(comps.iter().filter(|e| !self.cordons.has(e.info.id)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?
+                        rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?
                     }
                 };
                 homes.insert(r.vnode, home.clone());
@@ -423,7 +438,10 @@ impl Gm {
 
     fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
         metrics::counter!("gmm_file_cache_placements_total").increment(1);
-        let mcomp = rendezvous(self.comps().iter(), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        // A leaving mComponent keeps its files until it wrote them back: two caches of one
+        // file at once would each miss the other's writes.
+        let comps = self.comps();
+        let mcomp = rendezvous(comps.iter().filter(|e| !e.info.leaving.as_ref().is_some_and(|l| l.files_released)), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
@@ -514,6 +532,10 @@ impl Handler for Gm {
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
+            Msg::M2G_FIND(r) => on(r, |r| {
+                let c = self.comps().iter().find(|e| e.info.id == r.id).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() });
+                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {}", r.id)))
+            }),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
             Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),

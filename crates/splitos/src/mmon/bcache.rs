@@ -400,6 +400,19 @@ impl<P: Peers> BufferCache<P> {
         }
     }
 
+    /// Makes every cached file durable on its sComponent and forgets it, for an mComponent
+    /// that leaves (its files' caches go elsewhere). True when nothing is left.
+    pub fn release(&self) -> bool {
+        let files: Vec<(Key, String)> = self.inner.lock().unwrap().files.iter().map(|(k, f)| (k.clone(), f.scomp.clone())).collect();
+        for (key, scomp) in files {
+            match self.sync(&scomp, key.clone()) {
+                Ok(_) => self.forget(key),
+                Err(e) => tracing::warn!(vnode = %key.0, ino = key.1, error = %e.msg, "cannot write a leaving buffer cache's file back yet"),
+            }
+        }
+        self.inner.lock().unwrap().files.is_empty()
+    }
+
     /// The background write back: every file's dirty blocks, one file per lock hold. Files
     /// not written since the last pass give back reservation past their data.
     pub fn write_back_all(&self) {

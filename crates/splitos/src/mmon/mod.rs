@@ -105,6 +105,17 @@ pub struct Mem<P = RpcPeers> {
     quotas: quota::Ledger,
     /// Segments promised to lease holders (one-sided access).
     handouts: Arc<lease::Handouts>,
+    /// Closed (true) once this mComponent leaves: file requests are refused `Moved` and go to
+    /// another buffer cache. File requests hold it shared, so closing waits for those under way.
+    files_closed: std::sync::RwLock<bool>,
+    /// This mComponent being detached: what it held when that began, and its buffer cache
+    /// written back.
+    leaving: Mutex<Option<Leaving>>,
+    /// Pages copied to other mComponents by vRegions moved off members (this home's work).
+    moved_pages: AtomicU64,
+    /// New homes of processes this leaving mComponent gave away, not yet told to their
+    /// pComponents (by pComponent id).
+    unannounced: Mutex<Vec<(u32, M2P_HOME_MOVED)>>,
     c: Counters,
 }
 
@@ -135,6 +146,10 @@ impl<P: Peers> Mem<P> {
             netbufs: netbuf::NetBufs::default(),
             quotas: quota::Ledger::default(),
             handouts: Arc::default(),
+            files_closed: std::sync::RwLock::new(false),
+            leaving: Mutex::new(None),
+            moved_pages: AtomicU64::new(0),
+            unannounced: Mutex::new(Vec::new()),
             c: Counters::default(),
         }
     }
@@ -218,6 +233,7 @@ impl<P: Peers> Mem<P> {
     /// A heartbeat's answer, on the rebuilder thread (fencing was done on the heartbeat's).
     fn on_beat(&self, beat: G2X_BEAT) {
         self.cluster_memory.store(beat.memory, Relaxed);
+        self.leave(&beat.leaving);
         self.reclaim_lost(&beat.lost);
         self.netbufs_of_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);
@@ -235,6 +251,58 @@ impl<P: Peers> Mem<P> {
                 self.rebuild(pid);
             }
         }
+    }
+
+    /// Moves what this home has on the `leaving` mComponents elsewhere; if this mComponent is
+    /// among them, gives up its homes and its buffer cache too (and takes them back if the
+    /// detach was called off).
+    fn leave(&self, leaving: &[u32]) {
+        let me = leaving.contains(&self.peers.id());
+        if !me && self.leaving.lock().unwrap().take().is_some() {
+            *self.files_closed.write().unwrap() = false;
+            tracing::info!("detach called off: this mComponent takes file requests again");
+        }
+        if me && self.leaving.lock().unwrap().is_none() {
+            let at_start = self.used.load(Relaxed);
+            *self.leaving.lock().unwrap() = Some(Leaving { bytes_at_start: at_start, ..Leaving::default() });
+            tracing::info!(bytes = at_start, homes = self.homes.lock().unwrap().len(), "leaving: moving homes, vRegions and the buffer cache to other mComponents");
+        }
+        if leaving.is_empty() {
+            return;
+        }
+        let stuck = self.leave_pass(leaving);
+        if me {
+            self.announce_moves();
+            let released = {
+                *self.files_closed.write().unwrap() = true;
+                self.bcache.release()
+            };
+            if let Some(l) = self.leaving.lock().unwrap().as_mut() {
+                l.files_released = released;
+                l.stuck = stuck;
+            }
+        }
+    }
+
+    /// How far this mComponent's detach has come, for its heartbeat (none: not leaving).
+    fn leave_report(&self) -> Option<Leaving> {
+        let mut l = self.leaving.lock().unwrap().clone()?;
+        let owned: Vec<Arc<Mutex<owner::OwnerProc>>> = self.owned.lock().unwrap().values().cloned().collect();
+        l.processes = owned.iter().filter(|p| p.lock().unwrap().holds()).count() as u32;
+        l.bytes_left = self.used.load(Relaxed);
+        l.homes = (self.homes.lock().unwrap().len() + self.unannounced.lock().unwrap().len()) as u32;
+        l.backups = self.backups.lock().unwrap().len() as u32;
+        l.socket_buffers = self.netbufs.count() as u32;
+        Some(l)
+    }
+
+    /// A file request, unless this mComponent left (its files' caches are elsewhere now).
+    fn file_request<R>(&self, f: impl FnOnce() -> Result<R, Refusal>) -> Result<R, Refusal> {
+        let closed = self.files_closed.read().unwrap();
+        if *closed {
+            return Err(ERR::new(ErrCode::Moved, format!("mComponent {} is leaving: its buffer cache moved to another mComponent", self.peers.id())));
+        }
+        f()
     }
 
     fn home_stats(&self) -> Vec<serde_json::Value> {
@@ -302,6 +370,7 @@ impl<P: Peers> Mem<P> {
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
             "replication": self.replication().to_string(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
             "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
+            "moved_pages": self.moved_pages.load(Relaxed), "leaving": self.leave_report(),
             "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
             "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
             "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
@@ -370,17 +439,18 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::M2M_HOME_OF(r) => on(r, |r| self.home_of(r)),
             Msg::M2M_HOME_SYNC(r) => on(r, |r| self.home_sync(r)),
             Msg::M2M_HOME_DROP(r) => on(r, |r| self.home_drop(r)),
+            Msg::M2M_HOME_ADOPT(r) => on(r, |r| self.home_adopt(r)),
             Msg::M2M_VMA_PROTECT(r) => on(r, |r| self.vma_protect(r)),
             Msg::M2M_DISCARD(r) => on(r, |r| self.discard(r)),
             Msg::M2M_PUT_PAGES(r) => on(r, |r| self.put_pages(r)),
             Msg::M2M_FORK(r) => on(r, |r| self.owner_fork(r)),
             Msg::M2M_EXIT(r) => on(r, |r| self.owner_exit(r)),
-            Msg::P2M_FILE_READ(r) => on(r, |r| bc.file_read(r)),
-            Msg::P2M_FILE_WRITE(r) => on(r, |r| bc.file_write(r)),
-            Msg::P2M_FILE_SETSIZE(r) => on(r, |r| bc.file_setsize(r)),
-            Msg::P2M_FILE_SYNC(r) => on(r, |r| bc.file_sync(r)),
-            Msg::P2M_FILE_STAT(r) => on(r, |r| bc.file_stat(r)),
-            Msg::P2M_FILE_FORGET(r) => on(r, |r| bc.file_forget(r)),
+            Msg::P2M_FILE_READ(r) => on(r, |r| self.file_request(|| bc.file_read(r))),
+            Msg::P2M_FILE_WRITE(r) => on(r, |r| self.file_request(|| bc.file_write(r))),
+            Msg::P2M_FILE_SETSIZE(r) => on(r, |r| self.file_request(|| bc.file_setsize(r))),
+            Msg::P2M_FILE_SYNC(r) => on(r, |r| self.file_request(|| bc.file_sync(r))),
+            Msg::P2M_FILE_STAT(r) => on(r, |r| self.file_request(|| bc.file_stat(r))),
+            Msg::P2M_FILE_FORGET(r) => on(r, |r| self.file_request(|| bc.file_forget(r))),
             Msg::P2M_NETBUF_ALLOC(r) => on(r, |r| self.netbuf_alloc(r)),
             Msg::P2M_NETBUF_FREE(r) => on(r, |r| self.netbuf_free(r)),
             Msg::P2M_NETBUF_WRITE(r) => on(r, |r| self.netbuf_write(r.buf, None, r.offset, &r.data)),
@@ -434,6 +504,7 @@ impl<P: Peers> Handler for Mem<P> {
                 | Msg::P2M_REPLICA_LOST(_)
                 | Msg::P2M_OWNER_FULL(_)
                 | Msg::P2M_HOME_TAKEOVER(_)
+                | Msg::M2M_HOME_ADOPT(_)
                 | Msg::P2M_RECONSTRUCT(_)
                 | Msg::M2M_LOG_RESYNC(_)
                 // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
@@ -465,22 +536,30 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         }
     }
     endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: cfg.workers, fanout_workers: 2 });
+    node.standby.store(cfg.standby, Relaxed);
     let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     mem.vregion_size.store(reg.vregion_size, Relaxed);
     *mem.replication.lock().unwrap() = reg.replication;
     *mem.overcommit.lock().unwrap() = reg.overcommit;
     let m2 = mem.clone();
     let m3 = mem.clone();
+    let node2 = node.clone();
     node.clone().heartbeat_forever(
         None,
         move || m2.load(),
         move |beat| {
+            if beat.exit {
+                m3.bcache.write_back_all();
+                tracing::info!("detached: this mComponent holds nothing any more and exits");
+                std::process::exit(0);
+            }
             // At once, not behind a rebuild: until then this mComponent serves what may be old.
             if beat.fenced {
                 m3.fence();
             } else {
                 m3.queue(Job::Beat(beat));
             }
+            node2.set_leaving(m3.leave_report());
         },
     );
     let m4 = mem.clone();

@@ -33,6 +33,10 @@ pub struct NetBufs {
 }
 
 impl NetBufs {
+    pub fn count(&self) -> usize {
+        self.bufs.lock().unwrap().len()
+    }
+
     pub fn stats(&self) -> serde_json::Value {
         serde_json::json!({
             "buffers": self.bufs.lock().unwrap().len(),

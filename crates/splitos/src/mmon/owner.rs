@@ -123,6 +123,11 @@ impl OwnerProc {
     }
 
     /// Pages and parity rows held: what the process takes of this mComponent's memory.
+    /// Whether it still holds anything of the process: a mapping, a page or a parity row.
+    pub fn holds(&self) -> bool {
+        self.vmas.iter().next().is_some() || self.held() > 0
+    }
+
     pub fn held(&self) -> u64 {
         (self.pages.len() + self.parity.len()) as u64 * PAGE
     }

@@ -320,6 +320,7 @@ impl Handler for Pcomp {
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
+            Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
         }

@@ -12,7 +12,7 @@ impl<P: Peers> Mem<P> {
     /// Copies the home's state of the process to its backup home, choosing another backup
     /// when that one cannot be reached.
     pub(super) fn sync_backup(&self, h: &mut HomeProc) {
-        if !self.replication().redundant() || h.exited {
+        if !self.replication().redundant() || h.gone() {
             return;
         }
         let mut failed = vec![self.peers.id()];
@@ -112,12 +112,35 @@ impl<P: Peers> Mem<P> {
         let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
             return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.peers.id(), who.pid)));
         };
-        let hp = Arc::new(Mutex::new(HomeProc::from_state(state)));
-        let mut h = hp.lock().unwrap();
-        self.homes.lock().unwrap().insert(who.pid, hp.clone());
         metrics::counter!("mcomp_home_takeovers_total").increment(1);
         tracing::warn!(pid = who.pid, lost = lost_home, "home of a process is lost: this mComponent, its backup, takes over");
-        h.epoch = h.epoch.max(who.epoch) + 1;
+        let backup = self.become_home(state, who.epoch, Some(lost_home));
+        Ok(M2P_HOME { backup })
+    }
+
+    /// `M2M_HOME_ADOPT`: a leaving home gives this mComponent one of its processes.
+    pub(in crate::mmon) fn home_adopt(&self, r: M2M_HOME_ADOPT) -> Result<M2M_HOME_ADOPTED, Refusal> {
+        let pid = r.state.who.pid;
+        if self.homes.lock().unwrap().contains_key(&pid) {
+            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is already the home of process {pid}", self.peers.id())));
+        }
+        self.backups.lock().unwrap().remove(&pid);
+        let from = r.state.home.id;
+        let backup = self.become_home(r.state, 0, None);
+        metrics::counter!("mcomp_homes_adopted_total").increment(1);
+        tracing::info!(pid, from, "became the home of a process its leaving home gave up");
+        Ok(M2M_HOME_ADOPTED { backup })
+    }
+
+    /// Becomes the home of the process in `state`, past epoch `seen` and the state's own: the
+    /// owners refuse write-backs of older epochs from now on. `lost`: the home it replaces is
+    /// lost, and leaves the process's sets. Returns the new backup home.
+    fn become_home(&self, state: HomeState, seen: u64, lost: Option<u32>) -> Option<ComponentRef> {
+        let pid = state.who.pid;
+        let hp = Arc::new(Mutex::new(HomeProc::from_state(state)));
+        let mut h = hp.lock().unwrap();
+        self.homes.lock().unwrap().insert(pid, hp.clone());
+        h.epoch = h.epoch.max(seen) + 1;
         // Charged here now: what it had mapped is not refused, only what it maps next.
         h.charged = h.writable_in(h.base, h.limit);
         self.quotas.settle(&h.who.vnode, 0, 0, h.charged);
@@ -127,15 +150,17 @@ impl<P: Peers> Mem<P> {
                 tracing::debug!(owner = o.id, error = %e, "cannot tell an owner the new epoch");
             }
         }
-        self.drop_replicas(&mut h, &[lost_home], None);
+        if let Some(lost) = lost {
+            self.drop_replicas(&mut h, &[lost], None);
+        }
         // Loggers ask their home for copies: this one now.
         let logged: Vec<(u64, Replicas)> = h.vregions.iter().filter(|(_, s)| s.log.is_some()).map(|(i, s)| (*i, s.clone())).collect();
         for (idx, set) in logged {
             if let Err(e) = self.tell_set(&h, idx, &set, LogStep::Keep) {
-                tracing::warn!(pid = who.pid, vregion = idx, error = %e, "cannot tell a logged set its new home");
+                tracing::warn!(pid, vregion = idx, error = %e, "cannot tell a logged set its new home");
             }
         }
         self.sync_backup(&mut h);
-        Ok(M2P_HOME { backup: h.backup.clone() })
+        h.backup.clone()
     }
 }

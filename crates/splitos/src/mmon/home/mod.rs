@@ -34,6 +34,7 @@ use super::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
 mod failover;
+mod leave;
 mod rebuild;
 mod vm;
 
@@ -87,6 +88,9 @@ pub(super) struct HomeProc {
     retired: Vec<ComponentRef>,
     /// The process exited: a rebuild queued before must not bring it back.
     exited: bool,
+    /// The home this leaving mComponent gave the process to: a call that waited for the
+    /// process's lock meanwhile is answered `NotHome` and goes there.
+    moved_to: Option<ComponentRef>,
     /// Its vNode's memory quota ([`super::quota`]).
     memory_quota: Option<u64>,
     /// What it is charged against that quota: the bytes it maps writable.
@@ -94,6 +98,11 @@ pub(super) struct HomeProc {
 }
 
 impl HomeProc {
+    /// Whether this mComponent no longer acts for the process: it exited, or its home moved.
+    fn gone(&self) -> bool {
+        self.exited || self.moved_to.is_some()
+    }
+
     fn owners(&self) -> Vec<VregionReplicas> {
         self.vregions.iter().map(|(i, r)| r.wire(*i)).collect()
     }
@@ -153,6 +162,7 @@ impl HomeProc {
             backup: None,
             retired: s.retired,
             exited: false,
+            moved_to: None,
             memory_quota: s.memory_quota,
             charged: 0,
         }
@@ -192,6 +202,16 @@ impl HomeProc {
             }
         }
         seen
+    }
+}
+
+/// The home state of a process, once a call may act on it: a process whose home moved away
+/// while the call waited is refused with `NotHome`, naming the new home.
+fn lock_home(hp: &Arc<Mutex<HomeProc>>) -> Result<std::sync::MutexGuard<'_, HomeProc>, Refusal> {
+    let h = hp.lock().unwrap();
+    match &h.moved_to {
+        Some(to) => Err(ERR::new(ErrCode::NotHome, format!("process {} moved to home mComponent {} at {}", h.who.pid, to.id, to.addr))),
+        None => Ok(h),
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{HomeProc, Replicas, MOVE_BATCH};
+use super::{lock_home, HomeProc, Replicas, MOVE_BATCH};
 use crate::mmon::{Mem, Peers, PAGE};
 use crate::vma::Vma;
 
@@ -29,7 +29,7 @@ impl<P: Peers> Mem<P> {
             } else {
                 tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
                 // The vRegion the pComponent waits for first; the others in the background.
-                self.drop_replicas(&mut hp.lock().unwrap(), &[r.lost], Some(r.vpn * PAGE / self.vrs()));
+                self.drop_replicas(&mut *lock_home(&hp)?, &[r.lost], Some(r.vpn * PAGE / self.vrs()));
             }
         }
         self.vregions(P2M_VREGIONS { who: r.who })
@@ -41,7 +41,7 @@ impl<P: Peers> Mem<P> {
     pub(in crate::mmon) fn owner_full(&self, r: P2M_OWNER_FULL) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
         {
-            let mut h = hp.lock().unwrap();
+            let mut h = lock_home(&hp)?;
             let idx = r.vpn * PAGE / self.vrs();
             let holds = h.vregions.get(&idx).and_then(|s| s.owners.iter().find(|o| o.id == r.full)).cloned();
             if let Some(full) = holds {
@@ -51,10 +51,22 @@ impl<P: Peers> Mem<P> {
         self.vregions(P2M_VREGIONS { who: r.who })
     }
 
-    fn relocate(&self, h: &mut HomeProc, idx: u64, full: &ComponentRef) -> Result<(), Refusal> {
-        let Some((new, moved)) = self.copy_to_new_member(h, idx, full, &[full.id], false)? else {
+    /// Moves member `full` (out of memory, or leaving) of vRegion `idx`'s set to an
+    /// mComponent with room, and releases its copy there.
+    pub(super) fn relocate(&self, h: &mut HomeProc, idx: u64, full: &ComponentRef) -> Result<(), Refusal> {
+        let set = &h.vregions[&idx];
+        // A logger's copy comes from its primary, and starts the backup afresh, as a new
+        // logger's does after a loss.
+        let copied = match set.log.is_some() && set.owners.len() == 2 && set.owners[1].id == full.id {
+            true => {
+                let primary = set.owners[0].clone();
+                self.copy_to_new_member(h, idx, &primary, &[full.id], true)?
+            }
+            false => self.copy_to_new_member(h, idx, full, &[full.id], false)?,
+        };
+        let Some((new, moved)) = copied else {
             metrics::counter!("mcomp_no_room_total").increment(1);
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full and no other mComponent has room for vRegion {idx} of process {}", full.id, h.who.pid)));
+            return Err(ERR::new(ErrCode::NoMemory, format!("no other mComponent has room for vRegion {idx} of process {} held on mComponent {}", h.who.pid, full.id)));
         };
         let s = h.vregions.get_mut(&idx).expect("checked by the caller");
         for o in s.owners.iter_mut().filter(|o| o.id == full.id) {
@@ -76,7 +88,8 @@ impl<P: Peers> Mem<P> {
         }
         self.sync_backup(h);
         metrics::counter!("mcomp_vregions_moved_total").increment(1);
-        tracing::info!(pid = h.who.pid, vregion = idx, from = full.id, to = new.id, pages = moved, "vRegion moved off a full mComponent");
+        self.moved_pages.fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(pid = h.who.pid, vregion = idx, from = full.id, to = new.id, pages = moved, "vRegion moved to another mComponent");
         Ok(())
     }
 
@@ -159,7 +172,7 @@ impl<P: Peers> Mem<P> {
         let mut tried = std::collections::BTreeSet::new();
         loop {
             let mut h = hp.lock().unwrap();
-            if h.exited {
+            if h.gone() {
                 return;
             }
             let Some(idx) = h.vregions.iter().find(|(i, s)| h.short(s, members) && !tried.contains(*i)).map(|(i, _)| *i) else { return };
@@ -217,7 +230,7 @@ impl<P: Peers> Mem<P> {
     /// the primary's pages are copied to it.
     pub(in crate::mmon) fn log_resync(&self, r: M2M_LOG_RESYNC) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         let idx = r.index;
         let set = h.vregions.get(&idx).cloned().filter(|s| s.log.is_some() && s.owners.len() == 2).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("vRegion {idx} of process {} has no logger", r.who.pid)))?;
         let (primary, logger) = (set.owners[0].clone(), set.owners[1].clone());
@@ -267,7 +280,7 @@ impl<P: Peers> Mem<P> {
     /// logged set the page is what the logger's backup says.
     pub(in crate::mmon) fn reconstruct(&self, r: P2M_RECONSTRUCT) -> Result<M2P_PAGE, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         let idx = r.vpn * PAGE / self.vrs();
         let set =
             h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0 || s.logger().is_some()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE)))?;

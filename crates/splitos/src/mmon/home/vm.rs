@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{ignore_unknown, HomeProc, MOVE_BATCH, PROT_WRITE};
+use super::{lock_home, ignore_unknown, HomeProc, MOVE_BATCH, PROT_WRITE};
 use crate::mmon::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
@@ -38,6 +38,7 @@ impl<P: Peers> Mem<P> {
             backup: None,
             retired: Vec::new(),
             exited: false,
+            moved_to: None,
             memory_quota: r.memory_quota,
             charged: 0,
         };
@@ -57,7 +58,7 @@ impl<P: Peers> Mem<P> {
         if !r.noreserve {
             self.obvious_overcommit(r.len, r.prot)?;
         }
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         // A fixed mapping replaces what it lands on.
         let replaced = if r.fixed { h.writable_in(r.hint, r.hint.saturating_add(r.len)) } else { 0 };
         let more = if r.prot & PROT_WRITE != 0 { r.len.saturating_sub(replaced) } else { 0 };
@@ -103,7 +104,7 @@ impl<P: Peers> Mem<P> {
 
     pub(in crate::mmon) fn munmap(&self, r: P2M_MUNMAP) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         let end = h.check_range(r.addr, r.len)?;
         let removed = self.within_quota(&mut h, 0, |m, h| m.remove_range(h, r.addr, end));
         self.sync_backup(&mut h);
@@ -112,7 +113,7 @@ impl<P: Peers> Mem<P> {
 
     pub(in crate::mmon) fn mprotect(&self, r: P2M_MPROTECT) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         let end = h.check_range(r.addr, r.len)?;
         if !h.layout.covers(r.addr, end) {
             return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
@@ -135,7 +136,7 @@ impl<P: Peers> Mem<P> {
 
     pub(in crate::mmon) fn dontneed(&self, r: P2M_DONTNEED) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         let end = h.check_range(r.addr, r.len)?;
         for (idx, s, e) in self.slices(r.addr, end) {
             if h.vregions.contains_key(&idx) {
@@ -147,7 +148,7 @@ impl<P: Peers> Mem<P> {
 
     pub(in crate::mmon) fn mremap(&self, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         let writable = h.writable_in(r.old, r.old.saturating_add(r.old_len)) > 0;
         let more = if writable { r.new_len.saturating_sub(r.old_len) } else { 0 };
         let out = self.within_quota(&mut h, more, |m, h| m.mremap_locked(h, r));
@@ -235,7 +236,7 @@ impl<P: Peers> Mem<P> {
         let P2M_FORK { parent, child } = r;
         self.fresh_pid(child)?;
         let hp = self.home_proc(&parent)?;
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         // The child maps what its parent does: charged as much, or refused.
         self.quotas.reserve(&h.who.vnode, h.memory_quota, h.charged)?;
         let vrs = self.vrs();
@@ -262,6 +263,7 @@ impl<P: Peers> Mem<P> {
             backup: h.backup.clone(),
             retired: Vec::new(),
             exited: false,
+            moved_to: None,
             memory_quota: h.memory_quota,
             charged: h.charged,
         };
@@ -275,7 +277,7 @@ impl<P: Peers> Mem<P> {
     pub(in crate::mmon) fn home_exit(&self, r: P2M_EXIT) -> Result<OK, Refusal> {
         let hp = self.home_proc(&r.who)?;
         self.homes.lock().unwrap().remove(&r.who.pid);
-        let mut h = hp.lock().unwrap();
+        let mut h = lock_home(&hp)?;
         h.exited = true;
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
@@ -331,7 +333,7 @@ impl<P: Peers> Mem<P> {
 
     pub(in crate::mmon) fn vregions(&self, r: P2M_VREGIONS) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let h = hp.lock().unwrap();
+        let h = lock_home(&hp)?;
         Ok(M2P_VREGIONS { owners: h.owners(), epoch: h.epoch, backup: h.backup.clone() })
     }
 }

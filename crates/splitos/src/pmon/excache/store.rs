@@ -153,8 +153,21 @@ impl ProcMemory {
     /// process's home (it was fenced), is replaced by the backup home, which takes over once
     /// it finds the same.
     pub fn call_home<R: Request + Clone>(&self, node: &Node, req: R) -> Result<R::Reply, RpcError> {
-        let home = self.home();
+        let mut home = self.home();
         let mut r = node.rpc.call(&home.addr, req.clone());
+        // A home that left names the new one (`M2P_HOME_MOVED`), before or as it refuses.
+        for attempt in 0..TRIES {
+            let Err(RpcError::Remote { code: ErrCode::NotHome, .. }) = &r else { break };
+            if self.home().id == home.id {
+                // Not told yet: a fenced home says the same, and then its backup takes over.
+                if attempt >= 2 && self.backup().is_some() {
+                    break;
+                }
+                std::thread::sleep(crate::node::HEARTBEAT);
+            }
+            home = self.home();
+            r = node.rpc.call(&home.addr, req.clone());
+        }
         while let Err(e) = &r {
             if self.backup().is_some() || !waited_for(node, &home, e) {
                 break;
@@ -263,6 +276,21 @@ impl RemoteStore {
 
     pub fn detach(&self, pid: u64) {
         self.procs.lock().unwrap().remove(&pid);
+    }
+
+    /// `M2P_HOME_MOVED`: the home of one of this pComponent's processes left and gave it to
+    /// another mComponent. Only an mComponent may say so (the transport's roles), and only of
+    /// a process of the vNode it names.
+    pub fn home_moved(&self, r: M2P_HOME_MOVED) -> Result<OK, Refusal> {
+        let m = self.memory_of(r.who.pid)?;
+        if m.who.vnode != r.who.vnode {
+            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
+        }
+        let mut homes = m.homes.lock().unwrap();
+        tracing::info!(pid = r.who.pid, from = homes.home.id, to = r.home.id, "a process's home moved (its old home is leaving)");
+        metrics::counter!("pcomp_home_moves_total").increment(1);
+        *homes = Homes { home: r.home, backup: r.backup.or(homes.backup.take()) };
+        Ok(OK)
     }
 
     fn memory_of(&self, pid: u64) -> Result<Arc<ProcMemory>, Refusal> {

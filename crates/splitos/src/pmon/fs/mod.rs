@@ -75,6 +75,9 @@ pub struct VnodeFs {
 
 const ACL_ACCESS: &str = "system.posix_acl_access";
 
+/// How many times a file request follows a buffer cache that moved (a heartbeat apart).
+const MOVED_TRIES: usize = 40;
+
 fn errno_of(e: &RpcError) -> Errno {
     Errno::from_i32(e.code().errno())
 }
@@ -205,12 +208,20 @@ impl VnodeFs {
 
     /// A request to the mComponent holding the file's buffer cache; if it is gone, GMM
     /// places the cache again (on a live one) and the request is retried once.
+    /// A cache that moved (its mComponent is leaving, `ErrCode::Moved`) is asked for again
+    /// until GMM places it elsewhere, which it does once the old one wrote the file back.
     fn m_call<Q: RpcRequest>(&self, ino: u64, req: impl Fn(String) -> Q) -> R<Q::Reply> {
-        for attempt in 0..2 {
+        let mut unreached = 0;
+        for _ in 0..MOVED_TRIES {
             let (m, s) = (self.cache_of(ino)?, self.storage()?);
             match self.node.rpc.call(&m, req(s)) {
                 Ok(r) => return Ok(r),
-                Err(e) if unreachable(&e) && attempt == 0 => {
+                Err(RpcError::Remote { code: ErrCode::Moved, .. }) => {
+                    self.st.lock().unwrap().caches.remove(&ino);
+                    std::thread::sleep(crate::node::HEARTBEAT);
+                }
+                Err(e) if unreachable(&e) && unreached == 0 => {
+                    unreached += 1;
                     let mut st = self.st.lock().unwrap();
                     st.caches.remove(&ino);
                     st.scomp = None;

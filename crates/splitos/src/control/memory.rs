@@ -1,0 +1,90 @@
+//! `splitos memory`: attach and detach mComponents of a running cluster through the REST API
+//! (docs/elastic-memory.md), and `cluster drain` of an mComponent.
+use std::time::{Duration, Instant};
+
+use super::{api_access, api_get, api_post, human, ApiArgs};
+
+/// `memory list`: every mComponent, its state and, while it leaves, its progress.
+pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let all = api_get(&api, &token, "/api/v1/memory")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    println!("{:>10}  {:<22} {:<10} {:>10} {:>10}  progress", "ID", "ADDRESS", "STATE", "CAPACITY", "USED");
+    for m in all.as_array().into_iter().flatten() {
+        let u = |k: &str| m[k].as_u64().unwrap_or(0);
+        let progress = m["leaving"].as_object().map(|_| progress(&m["leaving"])).unwrap_or_default();
+        println!("{:>10}  {:<22} {:<10} {:>10} {:>10}  {progress}", m["id"], m["addr"].as_str().unwrap_or("?"), m["state"].as_str().unwrap_or("?"), human(u("capacity_bytes")), human(u("used_bytes")));
+    }
+    Ok(())
+}
+
+/// What a leaving mComponent still holds, in words.
+fn progress(l: &serde_json::Value) -> String {
+    let u = |k: &str| l[k].as_u64().unwrap_or(0);
+    let mut parts = vec![format!("{} moved, {} left", human(u("bytes_moved")), human(u("bytes_left")))];
+    for (k, what) in [("homes", "home(s)"), ("backups", "backup home(s)"), ("processes", "process(es) with memory"), ("socket_buffers", "socket buffer(s)")] {
+        if u(k) > 0 {
+            parts.push(format!("{} {what}", u(k)));
+        }
+    }
+    if l["files_released"] != true {
+        parts.push("buffer cache not written back yet".into());
+    }
+    if let Some(s) = l["stuck"].as_str() {
+        parts.push(format!("stuck: {s}"));
+    }
+    parts.join(", ")
+}
+
+/// `memory attach`: the mComponent takes new homes and vRegions (a standby one joins; a
+/// detach under way is called off).
+pub fn attach(a: ApiArgs, id: u32) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let m = api_post(&api, &token, &format!("/api/v1/memory/{id}/attach"))?;
+    println!("mComponent {id} ({}) attached: {} for new homes and vRegions", m["addr"].as_str().unwrap_or("?"), human(m["capacity_bytes"].as_u64().unwrap_or(0)));
+    Ok(())
+}
+
+/// `memory detach` (`stay`: `cluster drain`): starts moving everything off the mComponent,
+/// then waits until it is gone (or drained), printing progress; gives up waiting (the move
+/// goes on) after `timeout`.
+pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let path = format!("/api/v1/memory/{id}/detach{}", if stay { "?stay=true" } else { "" });
+    let m = api_post(&api, &token, &path)?;
+    let verb = if stay { "draining" } else { "detaching" };
+    println!("mComponent {id} ({}) {verb}: {} to move to the other mComponents", m["addr"].as_str().unwrap_or("?"), human(m["used_bytes"].as_u64().unwrap_or(0)));
+    if !wait {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let mut last = String::new();
+    loop {
+        let all = api_get(&api, &token, "/api/v1/memory")?;
+        let Some(m) = all.as_array().into_iter().flatten().find(|m| m["id"] == id) else {
+            println!("mComponent {id} detached in {:.1} s: it held nothing any more and exited", t0.elapsed().as_secs_f64());
+            return Ok(());
+        };
+        match m["state"].as_str() {
+            Some("drained") => {
+                println!("mComponent {id} drained in {:.1} s: it holds nothing and stays out of placement (memory attach {id} gives it back)", t0.elapsed().as_secs_f64());
+                return Ok(());
+            }
+            Some("detaching" | "draining") => {}
+            Some(s) => anyhow::bail!("mComponent {id} is {s}: its detach was called off"),
+            None => anyhow::bail!("mComponent {id}: the API gave no state"),
+        }
+        let now = progress(&m["leaving"]);
+        if now != last {
+            println!("  {now}");
+            last = now.clone();
+        }
+        if t0.elapsed() >= timeout {
+            anyhow::bail!("mComponent {id} is still {verb} after {} s ({now}); it goes on (memory list shows it)", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}

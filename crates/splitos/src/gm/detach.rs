@@ -1,0 +1,85 @@
+//! Detaching and attaching memory (docs/elastic-memory.md): the admin detaches an mComponent,
+//! which leaves placement at once; its heartbeats' answers name it among the `leaving` ones,
+//! so every home moves its processes' vRegions and backup homes off it and it gives its own
+//! homes and buffer cache away. Its heartbeats report what is left; once nothing is, the
+//! managers forget it and tell it to exit (or, drained, it stays, empty and cordoned).
+use splitos_rpc::*;
+
+use super::{Entry, Gm};
+
+impl Gm {
+    /// Whether new homes, vRegions and buffer caches may go to this entry.
+    pub(super) fn takes_memory(&self, e: &Entry) -> bool {
+        e.info.role == Role::Mem && Gm::alive(e) && !self.cordons.has(e.info.id) && e.info.leaving.is_none()
+    }
+
+    /// The mComponents being detached or drained.
+    pub(super) fn leaving_ids(comps: &[Entry]) -> Vec<u32> {
+        comps.iter().filter(|e| e.info.leaving.is_some()).map(|e| e.info.id).collect()
+    }
+
+    /// Starts moving everything off mComponent `id` while programs run; `exit`: it exits once
+    /// empty (a detach), else it stays, empty and out of placement (a drain). Refused for an
+    /// unknown or lost component, one already leaving, the last mComponent that takes memory,
+    /// and when the others lack room for what it holds.
+    pub fn detach(&self, id: u32, exit: bool) -> Result<ComponentInfo, Refusal> {
+        let mut comps = self.comps();
+        let others_free: u64 = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).map(|e| e.info.load.capacity.saturating_sub(Gm::taken(e))).sum();
+        let others = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).count();
+        let busy: Vec<u32> = Gm::leaving_ids(&comps).into_iter().filter(|l| *l != id).collect();
+        let e = comps.iter_mut().find(|e| e.info.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        if e.info.role != Role::Mem {
+            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only mComponents are detached", e.info.role.name())));
+        }
+        if !Gm::alive(e) {
+            return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {id} does not answer: a lost mComponent's copies are rebuilt from the others, not moved")));
+        }
+        if e.info.leaving.is_some() {
+            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {id} is already being detached")));
+        }
+        if let Some(other) = busy.first() {
+            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {other} is being detached: one detach at a time")));
+        }
+        if others == 0 {
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} is the last mComponent that takes memory: its memory has nowhere to go")));
+        }
+        let holds = e.info.load.used.max(e.info.load.committed);
+        if holds > others_free {
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} holds {holds} bytes and the other mComponents have {others_free} free: no room to move it (attach memory first)")));
+        }
+        e.info.leaving = Some(Leaving { bytes_at_start: e.info.load.used, bytes_left: e.info.load.used, homes: e.info.load.processes, exit, ..Leaving::default() });
+        metrics::counter!("gm_mcomponent_detaches_total").increment(1);
+        tracing::info!(id, addr = %e.info.addr, bytes = e.info.load.used, exit, "mComponent leaving: its memory moves to the others");
+        Ok(ComponentInfo { alive: true, cordoned: self.cordons.has(id), ..e.info.clone() })
+    }
+
+    /// Gives mComponent `id` to placement again: calls off its detach (what moved stays
+    /// where it went) and lifts a cordon.
+    pub fn attach(&self, id: u32) -> Result<ComponentInfo, Refusal> {
+        let role = self.comps().iter().find(|e| e.info.id == id).map(|e| e.info.role).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        if role != Role::Mem {
+            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only mComponents are attached", role.name())));
+        }
+        let c = self.cordon(id, false)?;
+        metrics::counter!("gm_mcomponent_attaches_total").increment(1);
+        tracing::info!(id, addr = %c.addr, capacity = c.load.capacity, "mComponent attached: it takes new homes and vRegions");
+        Ok(c)
+    }
+
+    /// Calls off the detach or drain of mComponent `id`, if one is under way.
+    pub(super) fn stay(&self, id: u32) {
+        if let Some(e) = self.comps().iter_mut().find(|e| e.info.id == id) {
+            if e.info.leaving.take().is_some() {
+                tracing::info!(id, "detach called off: the mComponent takes memory again");
+            }
+        }
+    }
+
+    /// Takes a leaving mComponent's heartbeat report; true when it is to exit now (detached
+    /// and empty).
+    pub(super) fn leaving_report(e: &mut Entry, report: Option<Leaving>) -> bool {
+        let (Some(l), Some(r)) = (e.info.leaving.as_mut(), report) else { return false };
+        *l = Leaving { bytes_at_start: l.bytes_at_start.max(r.bytes_at_start), exit: l.exit, ..r };
+        l.exit && l.empty()
+    }
+}

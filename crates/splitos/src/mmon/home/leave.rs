@@ -1,0 +1,113 @@
+//! Detaching an mComponent while programs run (docs/elastic-memory.md): every home moves the
+//! vRegions of its processes off the leaving members, one vRegion at a time under the
+//! process's lock ([`Mem::relocate`], as for a full member: fenced by a new epoch, so no
+//! write-back lands only on the old member), and chooses another backup home where the backup
+//! leaves. The leaving mComponent also gives each process it is home of to another
+//! mComponent (`M2M_HOME_ADOPT`) and tells the process's pComponent where it went
+//! (`M2P_HOME_MOVED`).
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use splitos_rpc::*;
+
+use super::HomeProc;
+use crate::mmon::{Mem, Peers};
+
+impl<P: Peers> Mem<P> {
+    /// One pass of moving this home's processes off the `leaving` mComponents (this one
+    /// among them: its processes get other homes). Returns why something could not move,
+    /// if it could not: everything stays as it was, and the next pass tries again.
+    pub(in crate::mmon) fn leave_pass(&self, leaving: &[u32]) -> Option<String> {
+        let me_leaving = leaving.contains(&self.peers.id());
+        let homes: Vec<Arc<Mutex<HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
+        let mut stuck = None;
+        for hp in homes {
+            // A leaving home first gives the process away: its new home moves the vRegions.
+            let r = match me_leaving {
+                true => self.hand_off(&hp),
+                false => self.move_off(&hp, leaving),
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e.msg, "cannot move a process's memory off a leaving mComponent yet; will try again");
+                stuck.get_or_insert(e.msg);
+            }
+        }
+        stuck
+    }
+
+    /// Moves every vRegion of the process with a member in `leaving` to other mComponents,
+    /// and its backup home if that leaves.
+    fn move_off(&self, hp: &Arc<Mutex<HomeProc>>, leaving: &[u32]) -> Result<(), Refusal> {
+        let mut tried = BTreeSet::new();
+        loop {
+            let mut h = hp.lock().unwrap();
+            if h.gone() {
+                return Ok(());
+            }
+            let found = h.vregions.iter().filter(|(i, _)| !tried.contains(*i)).find_map(|(i, s)| s.owners.iter().find(|o| leaving.contains(&o.id)).map(|o| (*i, o.clone())));
+            let Some((idx, member)) = found else { break };
+            tried.insert(idx);
+            self.relocate(&mut h, idx, &member)?;
+        }
+        let mut h = hp.lock().unwrap();
+        if let Some(b) = h.backup.clone().filter(|b| leaving.contains(&b.id)) {
+            h.backup = None;
+            self.sync_backup(&mut h);
+            if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
+                tracing::warn!(pid = h.who.pid, backup = b.id, error = %e, "a leaving backup home did not drop its copy");
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the process to another mComponent as its home, then tells its pComponent. Calls
+    /// that waited for the process's lock meanwhile are refused `NotHome` and follow it.
+    fn hand_off(&self, hp: &Arc<Mutex<HomeProc>>) -> Result<(), Refusal> {
+        let mut h = hp.lock().unwrap();
+        if h.gone() {
+            return Ok(());
+        }
+        let pid = h.who.pid;
+        let new = self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no other mComponent can be the home of process {pid}")))?;
+        let adopted = self.peers.call(&new.addr, M2M_HOME_ADOPT { state: h.state(self.me()) })?;
+        h.moved_to = Some(new.clone());
+        self.homes.lock().unwrap().remove(&pid);
+        self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
+        h.charged = 0;
+        // The old backup's copy names this home: only the new home's backup may take over.
+        if let Some(b) = h.backup.take().filter(|b| b.id != new.id && Some(b.id) != adopted.backup.as_ref().map(|a| a.id)) {
+            if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
+                tracing::warn!(pid, backup = b.id, error = %e, "the old backup home did not drop its copy");
+            }
+        }
+        let (who, pcomp) = (h.who(), h.pcomp);
+        drop(h);
+        metrics::counter!("mcomp_homes_handed_off_total").increment(1);
+        tracing::info!(pid, to = new.id, "gave a process to another home before leaving");
+        let moved = M2P_HOME_MOVED { who, home: new, backup: adopted.backup };
+        self.unannounced.lock().unwrap().push((pcomp, moved));
+        self.announce_moves();
+        Ok(())
+    }
+
+    /// Tells pComponents the new homes of processes this mComponent gave away; those it
+    /// cannot reach yet are told at the next pass (until then they find out by `NotHome`,
+    /// and this mComponent stays).
+    pub(in crate::mmon) fn announce_moves(&self) {
+        let pending = std::mem::take(&mut *self.unannounced.lock().unwrap());
+        let mut left = Vec::new();
+        for (pcomp, moved) in pending {
+            let told = self.peers.call_gm(M2G_FIND { id: pcomp }).map_err(Refusal::from).and_then(|f| Ok(self.peers.call(&f.comp.addr, moved.clone())?));
+            match told {
+                Ok(_) => {}
+                // A pComponent the managers forgot ran its processes' last: nothing to tell.
+                Err(e) if e.code == ErrCode::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(pid = moved.who.pid, pcomp, error = %e.msg, "cannot tell a pComponent its process's new home yet");
+                    left.push((pcomp, moved));
+                }
+            }
+        }
+        self.unannounced.lock().unwrap().extend(left);
+    }
+}
