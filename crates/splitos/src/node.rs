@@ -76,7 +76,22 @@ impl Node {
         // The global managers keep the tokens: a scrape beyond loopback asks them.
         let (asker, gm_addr) = (rpc.clone(), gm.to_string());
         let metrics = serve_metrics(process, move |token| asker.call(&gm_addr, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
-        Ok((Arc::new(Node { role, addr: ep.addr(), gm: gm.to_string(), rpc, id: AtomicU32::new(0), nics: std::sync::OnceLock::new(), metrics, standby: Default::default(), heard: Mutex::new(None), links: Mutex::new(Vec::new()), leaving: Mutex::new(None) }), ep))
+        Ok((
+            Arc::new(Node {
+                role,
+                addr: ep.addr(),
+                gm: gm.to_string(),
+                rpc,
+                id: AtomicU32::new(0),
+                nics: std::sync::OnceLock::new(),
+                metrics,
+                standby: Default::default(),
+                heard: Mutex::new(None),
+                links: Mutex::new(Vec::new()),
+                leaving: Mutex::new(None),
+            }),
+            ep,
+        ))
     }
 
     /// Replaces what it tells the global managers of its links.
@@ -151,7 +166,8 @@ impl Node {
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links(), leaving: self.leaving.lock().unwrap().clone() }) {
+                let leaving = self.leaving.lock().unwrap().clone();
+                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links(), leaving }) {
                     Ok(beat) => {
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
                         on_beat(beat)

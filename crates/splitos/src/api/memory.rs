@@ -110,7 +110,13 @@ pub async fn list(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<So
     responses((status = 202, description = "Detaching", body = MemoryView), (status = 400, description = "Not an mComponent, or a detach is under way", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody),
               (status = 409, description = "Nowhere to move its memory: the last mComponent, or too little room on the others", body = ErrorBody), (status = 503, description = "It does not answer", body = ErrorBody)))]
-pub async fn detach(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>, Query(q): Query<DetachQuery>) -> Result<(StatusCode, Json<MemoryView>), ApiError> {
+pub async fn detach(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+    Query(q): Query<DetachQuery>,
+) -> Result<(StatusCode, Json<MemoryView>), ApiError> {
     let path = format!("/api/v1/memory/{id}/detach");
     admin_only(&p, peer, &path)?;
     let id = parse_id(&id)?;

@@ -275,7 +275,8 @@ impl Gm {
             self.cordons.set(id, true).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        let info = ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
+        let info =
+            ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
         comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new() });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
@@ -391,9 +392,7 @@ impl Gm {
                 let home = match kept {
                     Some(h) => h,
                     // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
-                    None => {
-                        rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?
-                    }
+                    None => rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
                 };
                 homes.insert(r.vnode, home.clone());
                 home
@@ -441,7 +440,8 @@ impl Gm {
         // A leaving mComponent keeps its files until it wrote them back: two caches of one
         // file at once would each miss the other's writes.
         let comps = self.comps();
-        let mcomp = rendezvous(comps.iter().filter(|e| !e.info.leaving.as_ref().is_some_and(|l| l.files_released)), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        let mcomp = rendezvous(comps.iter().filter(|e| !e.info.leaving.as_ref().is_some_and(|l| l.files_released)), Role::Mem, &format!("{}\0{}", r.vnode, r.ino))
+            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 

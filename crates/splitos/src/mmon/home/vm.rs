@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{lock_home, ignore_unknown, HomeProc, MOVE_BATCH, PROT_WRITE};
+use super::{ignore_unknown, lock_home, HomeProc, MOVE_BATCH, PROT_WRITE};
 use crate::mmon::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
