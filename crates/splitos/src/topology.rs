@@ -232,7 +232,7 @@ mod tests {
     use splitos_rpc::Load;
 
     fn comp(id: u32, role: Role, addr: &str) -> ComponentInfo {
-        ComponentInfo { id, role, addr: addr.into(), shim_sock: None, nics: Vec::new(), load: Load::default(), alive: true, since_heartbeat_ms: 0, lost: false, metrics: None, cordoned: false }
+        ComponentInfo { id, role, addr: addr.into(), shim_sock: None, nics: Vec::new(), load: Load::default(), alive: true, since_heartbeat_ms: 0, lost: false, metrics: None, cordoned: false, leaving: None }
     }
 
     #[test]

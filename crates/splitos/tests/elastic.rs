@@ -1,5 +1,5 @@
 //! Elastic memory (docs/elastic-memory.md): an mComponent detached while a C hash table with a
-//! small ExCache runs, under each replication scheme, moves every vRegion and home it holds to
+//! small ExCache runs, under each replication scheme (none, replica, log, ec), moves every vRegion and home it holds to
 //! the others and exits; the program prints what it prints natively, and the components that
 //! did the work show it in their own counters. A standby mComponent takes nothing until
 //! attached. Bad input: an unknown component, the last mComponent, two detaches at once, a
@@ -28,9 +28,11 @@ fn splitos_fails(c: &TestCluster, args: &[&str]) -> String {
 /// Detaches the home of the hash table's process after its first phase (it holds vRegions
 /// too) and checks it is gone and the program's output native.
 fn detach_the_home_mid_run(scheme: &str, mcomps: usize) {
-    let c = cluster(scheme, mcomps, "");
+    // A logged set's backup file goes to an sComponent.
+    let c = cluster(scheme, mcomps, if scheme == "log" { "[[scomponent]]\n" } else { "" });
     let table = program("hashtable");
-    let cmd = [table.to_str().unwrap(), "100000"];
+    // Every write-back of a logged set is also logged and streamed to disk: a smaller table.
+    let cmd = [table.to_str().unwrap(), if scheme == "log" { "30000" } else { "100000" }];
     let mut detached = String::new();
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
         if phase != 1 {
@@ -54,7 +56,7 @@ fn detach_the_home_mid_run(scheme: &str, mcomps: usize) {
     // The new home adopted the process; the homes moved vRegions by copying pages.
     assert_eq!(mcomp_metric(&c, "splitos_mcomp_homes_adopted_total"), 1.0, "{scheme}");
     assert!(mcomp_metric(&c, "splitos_mcomp_vregions_moved_total") > 0.0, "{scheme}");
-    assert!(c.metric(&c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string(), "splitos_pcomp_home_moves_total") == 1.0, "{scheme}: the pComponent was told the new home");
+    assert!(c.metric(c.components("pcomponent")[0]["addr"].as_str().unwrap(), "splitos_pcomp_home_moves_total") == 1.0, "{scheme}: the pComponent was told the new home");
     let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
     assert_eq!(used, 0, "{scheme}: everything is released when the program ends");
 }
@@ -67,6 +69,11 @@ fn detaching_the_home_of_a_running_c_hash_table_without_replication() {
 #[test]
 fn detaching_the_home_of_a_running_c_hash_table_with_replicas() {
     detach_the_home_mid_run("replica", 3);
+}
+
+#[test]
+fn detaching_the_home_of_a_running_c_hash_table_logged() {
+    detach_the_home_mid_run("log", 3);
 }
 
 #[test]

@@ -482,7 +482,7 @@ mod role_tests {
             (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
             (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
             (P2N_CLOSE { sock: 1 }.into(), &[Role::Proc, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
@@ -501,7 +501,7 @@ mod role_tests {
         let receivers: Vec<(Msg, &[Role])> = vec![
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new() }.into(), &[Role::Gm]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None }.into(), &[Role::Gm]),
             (P2N_SEND { sock: 1, data: ByteBuf::new() }.into(), &[Role::Net]),
             (C2G_STATUS.into(), &[Role::Gm]),
             (G2P_JOBS.into(), &[Role::Proc]),

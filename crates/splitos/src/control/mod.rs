@@ -158,7 +158,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
         rows.push(serde_json::json!({
             "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive, "lost": c.lost,
-            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "metrics": c.metrics, "cordoned": c.cordoned, "stats": stats,
+            "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "metrics": c.metrics, "cordoned": c.cordoned, "leaving": c.leaving, "stats": stats,
         }));
     }
     if json {
@@ -178,6 +178,10 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             c.role.name().to_string(),
             c.addr.clone(),
             match (c.alive, c.lost) {
+                (true, _) if c.leaving.is_some() => {
+                    let l = c.leaving.as_ref().expect("matched");
+                    format!("yes, {}: {} moved, {} left", if l.exit { "detaching" } else { "draining" }, human(l.bytes_at_start.saturating_sub(l.bytes_left)), human(l.bytes_left))
+                }
                 (true, _) if c.cordoned => "yes, cordoned".into(),
                 (true, _) => "yes".into(),
                 // Late on heartbeats: paused or overloaded, waited for until declared lost.
