@@ -48,6 +48,15 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
     assert!(comps.as_array().unwrap().iter().all(|c| c["alive"] == true && c["host"] == "127.0.0.1"));
     let mem: u64 = comps.as_array().unwrap().iter().filter(|c| c["role"] == "mcomponent").map(|c| c["capacity_bytes"].as_u64().unwrap()).sum();
     assert!(mem > 0);
+    // `cluster status` asks the API (one request), which gathers every component's statistics.
+    let (code, _, body) = http(&api, "GET", "/api/v1/status", Some(&admin), b"");
+    assert_eq!(code, 200, "{body}");
+    assert!(json(&body)["components"].as_array().unwrap().iter().all(|c| c["stats"].is_object()), "{body}");
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let requests = || metric_of(&http(&api, "GET", "/metrics", Some(&admin), b"").2, &gm, "splitos_gm_api_requests_total");
+    let before = requests();
+    assert!(c.status()["components"].as_array().unwrap().iter().all(|c| c["stats"].is_object()));
+    assert_eq!(requests() - before, 2.0, "one for `cluster status`, one for this scrape");
     let (code, _, body) = http(&api, "GET", "/api/v1/config", Some(&admin), b"");
     assert_eq!(code, 200);
     // The `[cluster]` table as the managers run it: the default vRegion size, in bytes.
@@ -57,7 +66,7 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
     // A tenant is told who it is, and refused what is the admin's: 403, not 404.
     let who = json(&http(&api, "GET", "/api/v1/whoami", Some(&tenant), b"").2);
     assert_eq!((who["role"].as_str(), who["vnodes"][0].as_str(), who["token"].as_str()), (Some("tenant"), Some("lab"), Some("lab-ci")));
-    for path in ["/api/v1/components", "/api/v1/config"] {
+    for path in ["/api/v1/components", "/api/v1/config", "/api/v1/status", "/api/v1/memory"] {
         let (code, _, body) = http(&api, "GET", path, Some(&tenant), b"");
         assert_eq!(code, 403, "{path}: {body}");
     }

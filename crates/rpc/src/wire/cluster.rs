@@ -232,6 +232,10 @@ message_types! {
     /// A component's Prometheus metrics, for the cluster-wide `/metrics` of the REST API.
     G2X_METRICS;
     X2G_METRICS { pub text: String };
+    /// A component's statistics (the JSON `cluster status --json` shows under `stats`), for
+    /// the REST API's `/api/v1/status`.
+    G2X_STATS;
+    X2G_STATS { pub json: String };
     /// Where component `id` is (a leaving home tells a pComponent its processes' new home).
     M2G_FIND { pub id: u32 };
     G2M_FOUND { pub comp: ComponentRef };

@@ -345,6 +345,39 @@ async fn set_cordon(api: Arc<Api>, peer: SocketAddr, p: Principal, id: String, o
     Ok(Json(c.into()))
 }
 
+/// The whole cluster as `splitos cluster status` shows it (admin only).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct StatusView {
+    /// Where the global managers serve the components, the REST API and their own metrics.
+    pub gm: String,
+    pub api: Option<String>,
+    pub gm_metrics: Option<String>,
+    pub vregion_size: u64,
+    /// Each component as the managers know it (its role, address, liveness, load, cordon, a
+    /// detach's progress) with `stats`: its own statistics, which differ by role (none when
+    /// it did not answer within 2 s).
+    #[schema(value_type = Vec<Object>)]
+    pub components: Vec<serde_json::Value>,
+}
+
+/// Every component with its own statistics: what `splitos cluster status` prints (admin only).
+#[utoipa::path(get, path = "/api/v1/status", security(("bearer" = [])),
+    responses((status = 200, description = "The cluster", body = StatusView), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
+async fn status(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<StatusView>, ApiError> {
+    admin_only(&p, peer, "/api/v1/status")?;
+    let gm = api.gm.clone();
+    let (summary, all) = tokio::task::spawn_blocking(move || (gm.status_summary(), gm.status())).await.map_err(internal)?;
+    let components = all
+        .into_iter()
+        .map(|(c, stats)| {
+            let mut v = serde_json::to_value(c).unwrap_or_default();
+            v["stats"] = stats.unwrap_or_default();
+            v
+        })
+        .collect();
+    Ok(Json(StatusView { gm: api.gm.addr.clone(), api: summary.api, gm_metrics: summary.metrics, vregion_size: summary.vregion_size, components }))
+}
+
 /// The cluster's configuration as the global managers run it: the `[cluster]` table
 /// (docs/configuration.md), admin only.
 #[utoipa::path(get, path = "/api/v1/config", security(("bearer" = [])),
@@ -537,7 +570,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -563,6 +596,7 @@ async fn openapi() -> impl IntoResponse {
 fn router(api: Arc<Api>) -> Router {
     let v1 = Router::new()
         .route("/whoami", get(whoami))
+        .route("/status", get(status))
         .route("/components", get(components))
         .route("/topology", get(topology))
         .route("/components/{id}/cordon", axum::routing::post(cordon))

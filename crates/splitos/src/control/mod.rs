@@ -142,9 +142,47 @@ pub(crate) fn human(b: u64) -> String {
     }
 }
 
+/// What `cluster status` shows: the managers' address, the API's and their metrics', and each
+/// component with its own statistics.
+struct Status {
+    gm: String,
+    api: Option<String>,
+    metrics: Option<String>,
+    comps: Vec<(splitos_rpc::ComponentInfo, Option<serde_json::Value>)>,
+}
+
+/// The cluster's status through its REST API (`GET /api/v1/status`), when one is known and
+/// the managers were not named by address.
+fn status_by_api(gm: &Option<String>) -> Option<Status> {
+    if gm.is_some() {
+        return None;
+    }
+    let (api, token) = api_access(ApiArgs { api: None, token: None }).ok()?;
+    let v = match api_get(&api, &token, "/api/v1/status") {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(error = %e, "the REST API does not answer: asking the global managers directly");
+            return None;
+        }
+    };
+    let comps = v["components"].as_array()?.iter().filter_map(|c| Some((serde_json::from_value(c.clone()).ok()?, Some(c["stats"].clone()).filter(|s| !s.is_null())))).collect();
+    Some(Status { gm: v["gm"].as_str()?.to_string(), api: v["api"].as_str().map(String::from), metrics: v["gm_metrics"].as_str().map(String::from), comps })
+}
+
+/// The same from the managers and each component directly (a cluster without a REST API).
+fn status_by_rpc(gm: Option<String>) -> anyhow::Result<Status> {
+    let gm = gm_addr(gm)?;
+    let G2C_STATUS { components, api, metrics, .. } = cluster::gm_status(&gm)?;
+    let comps = components.into_iter().map(|c| (c.alive.then(|| cluster::component_stats(&c.addr).ok()).flatten(), c)).map(|(s, c)| (c, s)).collect();
+    Ok(Status { gm, api, metrics, comps })
+}
+
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
-    let found = gm_addr(gm).and_then(|gm| cluster::gm_status(&gm).map(|st| (gm, st)));
-    let (gm, G2C_STATUS { components: comps, api, metrics, .. }) = match found {
+    let found = match status_by_api(&gm) {
+        Some(s) => Ok(s),
+        None => status_by_rpc(gm),
+    };
+    let Status { gm, api, metrics, comps } = match found {
         Ok(f) => f,
         // A script reading --json gets JSON it can test, and the exit status says it too.
         Err(e) if json => {
@@ -154,8 +192,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         Err(e) => return Err(e),
     };
     let mut rows = Vec::new();
-    for c in &comps {
-        let stats = if c.alive { cluster::component_stats(&c.addr).ok() } else { None };
+    for (c, stats) in &comps {
         rows.push(serde_json::json!({
             "id": c.id, "role": c.role.name(), "addr": c.addr, "alive": c.alive, "lost": c.lost,
             "since_heartbeat_ms": c.since_heartbeat_ms, "load": c.load, "shim_sock": c.shim_sock, "nics": c.nics, "metrics": c.metrics, "cordoned": c.cordoned, "leaving": c.leaving, "stats": stats,
@@ -167,7 +204,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     }
     let mut t = Table::new();
     t.set_header(["id", "role", "address", "alive", "processes", "threads", "memory used", "committed", "capacity"]);
-    for (c, r) in comps.iter().zip(&rows) {
+    for ((c, _), r) in comps.iter().zip(&rows) {
         let s = &r["stats"];
         let (used, committed) = match c.role {
             Role::Mem | Role::Storage => (human(s["used"].as_u64().unwrap_or(c.load.used)), human(s["committed"].as_u64().unwrap_or(c.load.committed))),

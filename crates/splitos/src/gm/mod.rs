@@ -48,6 +48,10 @@ pub struct Jobs {
 /// How long the managers wait for a component's answer to a control-plane request.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long `/api/v1/status` waits for a component's statistics: longer than a control
+/// request (a busy mComponent answers late), shorter than the CLI waits for the API.
+const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The most measured links the managers keep of one component.
 const MAX_LINKS: usize = 256;
 
@@ -445,28 +449,47 @@ impl Gm {
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
+    /// The components and where the managers serve (the API's `/api/v1/status` adds each
+    /// component's statistics).
+    pub fn status_summary(&self) -> G2C_STATUS {
+        G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned() }
+    }
+
     /// Where the managers serve their own metrics, if they do.
     pub fn metrics_addr(&self) -> Option<String> {
         self.metrics.get().cloned()
     }
 
     /// Asks every alive component that `which` picks at once, each answer beside its asker.
-    fn ask_all<R: Request + Clone + Sync>(&self, which: impl Fn(&ComponentInfo) -> bool, req: R) -> Vec<(ComponentInfo, Result<R::Reply, RpcError>)>
+    fn ask_all<R: Request + Clone + Sync>(&self, which: impl Fn(&ComponentInfo) -> bool, req: R, timeout: Duration) -> Vec<(ComponentInfo, Result<R::Reply, RpcError>)>
     where
         R::Reply: Send,
     {
         let comps: Vec<ComponentInfo> = self.snapshot().into_iter().filter(|c| c.alive && which(c)).collect();
         let answers: Vec<Result<R::Reply, RpcError>> = std::thread::scope(|s| {
-            let asks: Vec<_> = comps.iter().map(|c| s.spawn(|| self.rpc.call(&c.addr, req.clone()))).collect();
+            let asks: Vec<_> = comps.iter().map(|c| s.spawn(|| self.rpc.call_timeout(&c.addr, req.clone(), timeout))).collect();
             asks.into_iter().map(|h| h.join().expect("a request to a component panicked")).collect()
         });
         comps.into_iter().zip(answers).collect()
     }
 
     /// Every program the alive pComponents run; they are asked at once.
+    /// Every component with its own statistics (alive ones that answer), as `cluster status`
+    /// shows them.
+    pub fn status(&self) -> Vec<(ComponentInfo, Option<serde_json::Value>)> {
+        let mut answered: std::collections::HashMap<u32, serde_json::Value> = std::collections::HashMap::new();
+        for (c, r) in self.ask_all(|_| true, G2X_STATS, STATS_TIMEOUT) {
+            match r.map_err(|e| e.to_string()).and_then(|s| serde_json::from_str(&s.json).map_err(|e| e.to_string())) {
+                Ok(v) => _ = answered.insert(c.id, v),
+                Err(e) => tracing::debug!(id = c.id, error = %e, "a component did not give its statistics"),
+            }
+        }
+        self.snapshot().into_iter().map(|c| (answered.remove(&c.id), c)).map(|(s, c)| (c, s)).collect()
+    }
+
     pub fn jobs(&self) -> Jobs {
         let mut jobs = Jobs { running: Vec::new(), unanswered: Vec::new() };
-        for (c, a) in self.ask_all(|c| c.role == Role::Proc, G2P_JOBS) {
+        for (c, a) in self.ask_all(|c| c.role == Role::Proc, G2P_JOBS, CONTROL_TIMEOUT) {
             match a {
                 Ok(r) => jobs.running.extend(r.jobs.into_iter().map(|j| (c.clone(), j))),
                 Err(e) => jobs.unanswered.push((c, e.to_string())),
@@ -478,7 +501,7 @@ impl Gm {
     /// The whole cluster's metrics: the managers' own and every alive component's, merged
     /// into one exposition (a silent component's series are missing).
     pub fn cluster_metrics(&self) -> String {
-        let answers = self.ask_all(|_| true, G2X_METRICS);
+        let answers = self.ask_all(|_| true, G2X_METRICS, CONTROL_TIMEOUT);
         crate::telemetry::merge(std::iter::once(crate::telemetry::render()).chain(answers.into_iter().filter_map(|(_, a)| a.ok().map(|m| m.text))))
     }
 
@@ -499,7 +522,7 @@ impl Handler for Gm {
         match msg {
             Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
             Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
-            Msg::C2G_STATUS(r) => on(r, |_| Ok(G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned() })),
+            Msg::C2G_STATUS(r) => on(r, |_| Ok(self.status_summary())),
             Msg::P2G_VNODES(r) => on(r, |_| {
                 let (version, vnodes) = self.vnodes.list();
                 Ok(G2P_VNODES { version, vnodes })

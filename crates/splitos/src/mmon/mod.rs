@@ -459,6 +459,7 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::N2M_NETBUF_READ(r) => on(r, |r| Ok(M2N_NETBUF_DATA { data: self.netbuf_read(r.buf, Some(r.owner), r.offset, r.len)? })),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Mem, id: self.peers.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
+            Msg::G2X_STATS(r) => on(r, |_| Ok(X2G_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
             Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),

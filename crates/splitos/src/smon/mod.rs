@@ -173,6 +173,7 @@ impl Handler for Storage {
         let reply = match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Storage, id: self.node.id() })),
             Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
+            Msg::G2X_STATS(r) => on(r, |_| Ok(X2G_STATS { json: self.stats_json() })),
             Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
             Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
