@@ -89,6 +89,10 @@ pub struct Gm {
     /// Ids of mComponents replaced by a new start at their address, kept for `forget_dead`
     /// so that every home rebuilds the copies they held.
     replaced_mcomps: Mutex<Vec<(u32, Instant)>>,
+    /// Ids of mComponents detached (they exited empty), kept for `forget_dead` and told to
+    /// pComponents as lost: one whose view of a process still names it asks the home again
+    /// instead of waiting for it.
+    detached: Mutex<Vec<(u32, Instant)>>,
     /// mComponents announced lost to some other live mComponent: only those are fenced when
     /// they speak again, since only their copies can have been rebuilt elsewhere.
     announced: Mutex<std::collections::HashSet<u32>>,
@@ -346,6 +350,10 @@ impl Gm {
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
+            let mut detached = self.detached.lock().unwrap();
+            detached.retain(|(_, at)| at.elapsed() < self.forget_dead);
+            lost_mcomps.extend(detached.iter().map(|(id, _)| *id));
+            drop(detached);
             return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false });
         }
         if self.replication != Replication::None && !fenced {
@@ -356,6 +364,7 @@ impl Gm {
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
             comps.retain(|e| e.info.id != r.id);
+            self.detached.lock().unwrap().push((r.id, Instant::now()));
             metrics::counter!("gm_mcomponents_detached_total").increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
@@ -592,6 +601,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         comps: Mutex::new(Vec::new()),
         replaced: Mutex::new(Vec::new()),
         replaced_mcomps: Mutex::new(Vec::new()),
+        detached: Mutex::new(Vec::new()),
         announced: Mutex::new(Default::default()),
         last_any: Mutex::new(Instant::now()),
         started: Instant::now(),
