@@ -423,7 +423,7 @@ message_types! {
     M2M_HOME_ADOPT { pub state: HomeState };
     M2M_HOME_ADOPTED { pub backup: Option<ComponentRef> };
     /// From a leaving home to the pComponent of a process it gave to `home` (with its backup).
-    M2P_HOME_MOVED { pub who: Who, pub home: ComponentRef, pub backup: Option<ComponentRef> };
+    M2P_HOME_MOVED { pub who: Who, pub from: u32, pub home: ComponentRef, pub backup: Option<ComponentRef> };
     M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };
     M2M_DISCARD { pub who: Who, pub start: u64, pub end: u64 };

@@ -13,9 +13,10 @@ impl Gm {
         e.info.role == Role::Mem && Gm::alive(e) && !self.cordons.has(e.info.id) && e.info.leaving.is_none()
     }
 
-    /// The mComponents being detached or drained.
-    pub(super) fn leaving_ids(comps: &[Entry]) -> Vec<u32> {
-        comps.iter().filter(|e| e.info.leaving.is_some()).map(|e| e.info.id).collect()
+    /// The mComponents being detached or drained. One declared lost meanwhile is not: its
+    /// copies are rebuilt from the others, as for any loss.
+    pub(super) fn leaving_ids(&self, comps: &[Entry]) -> Vec<u32> {
+        comps.iter().filter(|e| e.info.leaving.is_some() && !self.lost(e)).map(|e| e.info.id).collect()
     }
 
     /// Starts moving everything off mComponent `id` while programs run; `exit`: it exits once
@@ -26,7 +27,8 @@ impl Gm {
         let mut comps = self.comps();
         let others_free: u64 = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).map(|e| e.info.load.capacity.saturating_sub(Gm::taken(e))).sum();
         let others = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).count();
-        let busy: Vec<u32> = Gm::leaving_ids(&comps).into_iter().filter(|l| *l != id).collect();
+        // A finished drain (empty, staying) is no detach under way.
+        let busy: Vec<u32> = comps.iter().filter(|e| e.info.id != id && e.info.leaving.as_ref().is_some_and(|l| l.exit || !l.empty()) && !self.lost(e)).map(|e| e.info.id).collect();
         let e = comps.iter_mut().find(|e| e.info.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
         if e.info.role != Role::Mem {
             return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only mComponents are detached", e.info.role.name())));
@@ -34,14 +36,25 @@ impl Gm {
         if !Gm::alive(e) {
             return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {id} does not answer: a lost mComponent's copies are rebuilt from the others, not moved")));
         }
-        if e.info.leaving.is_some() {
-            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {id} is already being detached")));
+        match e.info.leaving.as_mut() {
+            // A drained (or draining) mComponent is detached by letting it exit once empty.
+            Some(l) if exit && !l.exit => {
+                l.exit = true;
+                tracing::info!(id, "a drained mComponent is detached: it exits once empty");
+                return Ok(ComponentInfo { alive: true, cordoned: self.cordons.has(id), ..e.info.clone() });
+            }
+            Some(_) => return Err(ERR::new(ErrCode::Invalid, format!("mComponent {id} is already being detached"))),
+            None => {}
         }
         if let Some(other) = busy.first() {
             return Err(ERR::new(ErrCode::Invalid, format!("mComponent {other} is being detached: one detach at a time")));
         }
         if others == 0 {
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} is the last mComponent that takes memory: its memory has nowhere to go")));
+        }
+        let needs = self.replication.members();
+        if others < needs {
+            return Err(ERR::new(ErrCode::NoMemory, format!("replication {} keeps each vRegion on {needs} mComponents and only {others} others take memory: attach memory first", self.replication)));
         }
         let holds = e.info.load.used.max(e.info.load.committed);
         if holds > others_free {
@@ -78,6 +91,7 @@ impl Gm {
     /// Takes a leaving mComponent's heartbeat report; true when it is to exit now (detached
     /// and empty).
     pub(super) fn leaving_report(e: &mut Entry, report: Option<Leaving>) -> bool {
+        e.files_gone |= report.as_ref().is_some_and(|r| r.files_released);
         let (Some(l), Some(r)) = (e.info.leaving.as_mut(), report) else { return false };
         *l = Leaving { bytes_at_start: l.bytes_at_start.max(r.bytes_at_start), exit: l.exit, ..r };
         l.exit && l.empty()

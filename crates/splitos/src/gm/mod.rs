@@ -69,6 +69,9 @@ struct Entry {
     pending: u64,
     /// The links it measured to the components it uses, as its last heartbeat said.
     links: Vec<LinkSample>,
+    /// Its buffer cache was handed over in a detach: pComponents may still use the interim
+    /// caches, so it takes no file again until it starts anew (two caches of one file).
+    files_gone: bool,
 }
 
 pub struct Gm {
@@ -285,7 +288,7 @@ impl Gm {
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info =
             ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
-        comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new() });
+        comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
     }
@@ -308,10 +311,14 @@ impl Gm {
         }
         // A component reports links only to components the managers know, a bounded number.
         let known: std::collections::HashSet<u32> = comps.iter().map(|e| e.info.id).collect();
-        let e = comps
-            .iter_mut()
-            .find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key))
-            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)))?;
+        let Some(e) = comps.iter_mut().find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)) else {
+            // A detached mComponent whose `exit` answer was lost is told again, rather than
+            // registering as a new one.
+            if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.lock().unwrap().iter().any(|(id, _)| *id == r.id) {
+                return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true });
+            }
+            return Err(ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)));
+        };
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
         }
@@ -360,7 +367,7 @@ impl Gm {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
-        let leaving = Gm::leaving_ids(&comps);
+        let leaving = self.leaving_ids(&comps);
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
             comps.retain(|e| e.info.id != r.id);
@@ -453,8 +460,7 @@ impl Gm {
         // A leaving mComponent keeps its files until it wrote them back: two caches of one
         // file at once would each miss the other's writes.
         let comps = self.comps();
-        let mcomp = rendezvous(comps.iter().filter(|e| !e.info.leaving.as_ref().is_some_and(|l| l.files_released)), Role::Mem, &format!("{}\0{}", r.vnode, r.ino))
-            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        let mcomp = rendezvous(comps.iter().filter(|e| !e.files_gone), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
@@ -565,8 +571,9 @@ impl Handler for Gm {
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
             Msg::M2G_FIND(r) => on(r, |r| {
-                let c = self.comps().iter().find(|e| e.info.id == r.id).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() });
-                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {}", r.id)))
+                // Only pComponents, alive: an mComponent has no other use for it.
+                let c = self.comps().iter().find(|e| e.info.id == r.id && e.info.role == Role::Proc && Gm::alive(e)).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() });
+                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no alive pComponent has id {}", r.id)))
             }),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),

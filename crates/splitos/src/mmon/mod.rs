@@ -116,6 +116,9 @@ pub struct Mem<P = RpcPeers> {
     /// New homes of processes this leaving mComponent gave away, not yet told to their
     /// pComponents (by pComponent id).
     unannounced: Mutex<Vec<(u32, M2P_HOME_MOVED)>>,
+    /// The mComponents leaving, as the managers' last heartbeat answer said: only they give
+    /// homes away (`M2M_HOME_ADOPT`).
+    leavers: Mutex<Vec<u32>>,
     c: Counters,
 }
 
@@ -150,6 +153,7 @@ impl<P: Peers> Mem<P> {
             leaving: Mutex::new(None),
             moved_pages: AtomicU64::new(0),
             unannounced: Mutex::new(Vec::new()),
+            leavers: Mutex::new(Vec::new()),
             c: Counters::default(),
         }
     }
@@ -257,6 +261,7 @@ impl<P: Peers> Mem<P> {
     /// among them, gives up its homes and its buffer cache too (and takes them back if the
     /// detach was called off).
     fn leave(&self, leaving: &[u32]) {
+        *self.leavers.lock().unwrap() = leaving.to_vec();
         let me = leaving.contains(&self.peers.id());
         if !me && self.leaving.lock().unwrap().take().is_some() {
             *self.files_closed.write().unwrap() = false;

@@ -121,12 +121,27 @@ impl<P: Peers> Mem<P> {
     /// `M2M_HOME_ADOPT`: a leaving home gives this mComponent one of its processes.
     pub(in crate::mmon) fn home_adopt(&self, r: M2M_HOME_ADOPT) -> Result<M2M_HOME_ADOPTED, Refusal> {
         let pid = r.state.who.pid;
-        if self.homes.lock().unwrap().contains_key(&pid) {
-            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is already the home of process {pid}", self.peers.id())));
+        let from = r.state.home.id;
+        if !self.leavers.lock().unwrap().contains(&from) {
+            return Err(ERR::new(ErrCode::Denied, format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes")));
+        }
+        let mine = self.homes.lock().unwrap().get(&pid).cloned();
+        if let Some(hp) = mine {
+            // The same home again: its first answer was lost, and nobody was told of this
+            // one yet. The state it sends now replaces the first.
+            let mut h = hp.lock().unwrap();
+            if h.adopted_from != Some(from) || h.who.vnode != r.state.who.vnode {
+                return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is already the home of process {pid}", self.peers.id())));
+            }
+            self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
+            h.charged = 0;
+            h.exited = true;
         }
         self.backups.lock().unwrap().remove(&pid);
-        let from = r.state.home.id;
         let backup = self.become_home(r.state, 0, None);
+        if let Some(hp) = self.homes.lock().unwrap().get(&pid) {
+            hp.lock().unwrap().adopted_from = Some(from);
+        }
         metrics::counter!("mcomp_homes_adopted_total").increment(1);
         tracing::info!(pid, from, "became the home of a process its leaving home gave up");
         Ok(M2M_HOME_ADOPTED { backup })

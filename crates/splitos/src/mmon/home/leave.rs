@@ -68,25 +68,40 @@ impl<P: Peers> Mem<P> {
             return Ok(());
         }
         let pid = h.who.pid;
-        let new = self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no other mComponent can be the home of process {pid}")))?;
-        let adopted = self.peers.call(&new.addr, M2M_HOME_ADOPT { state: h.state(self.me()) })?;
-        h.moved_to = Some(new.clone());
-        self.homes.lock().unwrap().remove(&pid);
-        self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
-        h.charged = 0;
+        let new = match h.adopting.clone() {
+            Some(to) => to,
+            None => self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no other mComponent can be the home of process {pid}")))?,
+        };
+        h.adopting = Some(new.clone());
+        let adopted = match self.peers.call(&new.addr, M2M_HOME_ADOPT { state: h.state(self.me()) }) {
+            Ok(a) => a,
+            Err(e) => {
+                // Refused: it is not the home, and another may be chosen. Unanswered: it may
+                // be, so only it is asked again (it takes the state anew from this home).
+                if matches!(e, RpcError::Remote { .. }) {
+                    h.adopting = None;
+                }
+                return Err(e.into());
+            }
+        };
         // The old backup's copy names this home: only the new home's backup may take over.
         if let Some(b) = h.backup.take().filter(|b| b.id != new.id && Some(b.id) != adopted.backup.as_ref().map(|a| a.id)) {
             if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
                 tracing::warn!(pid, backup = b.id, error = %e, "the old backup home did not drop its copy");
             }
         }
-        let (who, pcomp) = (h.who(), h.pcomp);
+        // Listed as to be told before it stops counting among the homes, so that this
+        // mComponent never reports itself empty while a pComponent still knows only it; told
+        // at once, while calls still wait on the lock, so that they find the new home.
+        self.unannounced.lock().unwrap().push((h.pcomp, M2P_HOME_MOVED { who: h.who(), from: self.peers.id(), home: new.clone(), backup: adopted.backup }));
+        self.announce_moves();
+        h.moved_to = Some(new.clone());
+        self.homes.lock().unwrap().remove(&pid);
+        self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
+        h.charged = 0;
         drop(h);
         metrics::counter!("mcomp_homes_handed_off_total").increment(1);
         tracing::info!(pid, to = new.id, "gave a process to another home before leaving");
-        let moved = M2P_HOME_MOVED { who, home: new, backup: adopted.backup };
-        self.unannounced.lock().unwrap().push((pcomp, moved));
-        self.announce_moves();
         Ok(())
     }
 
@@ -94,20 +109,19 @@ impl<P: Peers> Mem<P> {
     /// cannot reach yet are told at the next pass (until then they find out by `NotHome`,
     /// and this mComponent stays).
     pub(in crate::mmon) fn announce_moves(&self) {
-        let pending = std::mem::take(&mut *self.unannounced.lock().unwrap());
-        let mut left = Vec::new();
+        let pending = self.unannounced.lock().unwrap().clone();
         for (pcomp, moved) in pending {
             let told = self.peers.call_gm(M2G_FIND { id: pcomp }).map_err(Refusal::from).and_then(|f| Ok(self.peers.call(&f.comp.addr, moved.clone())?));
             match told {
                 Ok(_) => {}
-                // A pComponent the managers forgot ran its processes' last: nothing to tell.
+                // A pComponent the managers do not know alive ran its processes' last: nothing to tell.
                 Err(e) if e.code == ErrCode::NotFound => {}
                 Err(e) => {
                     tracing::warn!(pid = moved.who.pid, pcomp, error = %e.msg, "cannot tell a pComponent its process's new home yet");
-                    left.push((pcomp, moved));
+                    continue;
                 }
             }
+            self.unannounced.lock().unwrap().retain(|(_, m)| m.who.pid != moved.who.pid);
         }
-        self.unannounced.lock().unwrap().extend(left);
     }
 }

@@ -91,6 +91,12 @@ pub(super) struct HomeProc {
     /// The home this leaving mComponent gave the process to: a call that waited for the
     /// process's lock meanwhile is answered `NotHome` and goes there.
     moved_to: Option<ComponentRef>,
+    /// The mComponent this leaving home sent the process to, without an answer yet: asked
+    /// again (never another, which may have become its home already).
+    adopting: Option<ComponentRef>,
+    /// The leaving home that gave this mComponent the process, while it may give it again
+    /// (its answer lost): that home has not told anyone of this one yet.
+    adopted_from: Option<u32>,
     /// Its vNode's memory quota ([`super::quota`]).
     memory_quota: Option<u64>,
     /// What it is charged against that quota: the bytes it maps writable.
@@ -163,6 +169,8 @@ impl HomeProc {
             retired: s.retired,
             exited: false,
             moved_to: None,
+            adopting: None,
+            adopted_from: None,
             memory_quota: s.memory_quota,
             charged: 0,
         }

@@ -39,6 +39,8 @@ impl<P: Peers> Mem<P> {
             retired: Vec::new(),
             exited: false,
             moved_to: None,
+            adopting: None,
+            adopted_from: None,
             memory_quota: r.memory_quota,
             charged: 0,
         };
@@ -264,6 +266,8 @@ impl<P: Peers> Mem<P> {
             retired: Vec::new(),
             exited: false,
             moved_to: None,
+            adopting: None,
+            adopted_from: None,
             memory_quota: h.memory_quota,
             charged: h.charged,
         };

@@ -204,7 +204,11 @@ pub struct Claim {
 /// cache is one set of every line.
 pub struct ExCache {
     nsets: usize,
+    /// Ways in use per set: the cache's size is `nsets * ways` lines, and it changes while
+    /// programs run ([`ExCache::resize`]) up to `stride` ways. A set's ways sit at
+    /// `set * stride`, so a line's slot never moves when the size changes.
     ways: usize,
+    stride: usize,
     slots: Vec<Option<Line>>,
     hands: Vec<usize>,
     /// Per set: lines held, and the lowest way that may be free.
@@ -221,18 +225,33 @@ pub struct ExCache {
     /// Percent of an equal share (lines over processes holding lines) that each process keeps
     /// against other processes' misses (0: none).
     floor: usize,
+    /// Each process's group (its vNode), for shares.
+    groups: HashMap<u64, u32>,
+    /// Lines each group holds, and the lines a group with a share keeps against other
+    /// groups' misses ([`ExCache::set_shares`]).
+    group_lines: HashMap<u32, usize>,
+    shares: HashMap<u32, usize>,
 }
 
 impl ExCache {
     /// `lines` total lines in sets of `ways` (0 = fully associative).
     pub fn new(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>) -> ExCache {
+        ExCache::growable(lines, lines, ways, policy)
+    }
+
+    /// As [`ExCache::new`], able to grow to `max_lines` while running (rounded down to whole
+    /// ways of every set). Only bookkeeping is reserved for them: a line's page is the
+    /// program's own.
+    pub fn growable(lines: usize, max_lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>) -> ExCache {
         let lines = lines.max(1);
         let ways = if ways == 0 || ways > lines { lines } else { ways };
         let nsets = lines / ways;
+        let stride = (max_lines / nsets).max(ways);
         ExCache {
             nsets,
             ways,
-            slots: vec![None; nsets * ways],
+            stride,
+            slots: vec![None; nsets * stride],
             hands: vec![0; nsets],
             held: vec![0; nsets],
             free_from: vec![0; nsets],
@@ -243,7 +262,102 @@ impl ExCache {
             policy,
             seq: 0,
             floor: 0,
+            groups: HashMap::new(),
+            group_lines: HashMap::new(),
+            shares: HashMap::new(),
         }
+    }
+
+    /// Ways per set for a cache of `lines` lines: its size rounds down to whole ways of every
+    /// set, between one way and the most it may grow to.
+    pub fn ways_for(&self, lines: usize) -> Result<usize, String> {
+        let ways = lines / self.nsets;
+        if ways == 0 || ways > self.stride {
+            return Err(format!("{lines} lines: the ExCache has {} sets and grows to {} ways each, so it holds {} to {} lines", self.nsets, self.stride, self.nsets, self.nsets * self.stride));
+        }
+        Ok(ways)
+    }
+
+    /// Uses `ways` ways per set from now on. Growing takes effect at once; after shrinking,
+    /// the lines in ways past the new end are still resident and are no miss's to take:
+    /// [`ExCache::beyond`] names them for the miss path to evict.
+    pub fn resize(&mut self, ways: usize) {
+        assert!(ways > 0 && ways <= self.stride, "{ways} ways in sets of at most {}", self.stride);
+        self.ways = ways;
+        for set in 0..self.nsets {
+            self.free_from[set] = self.free_from[set].min(ways);
+        }
+    }
+
+    /// The most lines it may grow to.
+    pub fn max_lines(&self) -> usize {
+        self.nsets * self.stride
+    }
+
+    /// Resident lines in ways past the cache's size (left by a shrink), as (slot, line).
+    pub fn beyond(&self) -> Vec<(usize, Line)> {
+        let mut out = Vec::new();
+        for set in 0..self.nsets {
+            let base = set * self.stride;
+            for way in self.ways..self.stride {
+                if let Some(l) = self.slots[base + way] {
+                    out.push((base + way, l));
+                }
+            }
+        }
+        out
+    }
+
+    /// Marks a resident `Ready` line `Evicting`, as [`ExCache::pick`] does with the policy's.
+    pub fn mark_evicting(&mut self, slot: usize) {
+        let l = self.line_mut(slot);
+        assert_eq!(l.state, LineState::Ready, "only a ready line is evicted");
+        l.state = LineState::Evicting;
+        self.evicting[slot / self.stride] += 1;
+    }
+
+    /// Puts process `pid` in group `group` (its vNode), for shares.
+    pub fn set_group(&mut self, pid: u64, group: u32) {
+        let held = self.resident_of(pid);
+        if let Some(old) = self.groups.insert(pid, group) {
+            self.count_group(old, held, false);
+        }
+        self.count_group(group, held, true);
+    }
+
+    /// Lines each group keeps against other groups' misses while it holds no more: a miss of
+    /// another group passes over them, as over a line being filled. Replaces every share.
+    pub fn set_shares(&mut self, shares: HashMap<u32, usize>) {
+        self.shares = shares;
+    }
+
+    /// Process `pid` left (its lines already did): pids are reused.
+    pub fn forget_group(&mut self, pid: u64) {
+        let held = self.resident_of(pid);
+        if let Some(g) = self.groups.remove(&pid) {
+            self.count_group(g, held, false);
+        }
+    }
+
+    fn count_group(&mut self, group: u32, n: usize, add: bool) {
+        let c = self.group_lines.entry(group).or_default();
+        *c = if add { *c + n } else { c.saturating_sub(n) };
+    }
+
+    /// Lines the processes of group `group` hold.
+    pub fn group_lines(&self, group: u32) -> usize {
+        self.group_lines.get(&group).copied().unwrap_or(0)
+    }
+
+    fn group_of(&self, pid: u64) -> Option<u32> {
+        self.groups.get(&pid).copied()
+    }
+
+    /// Whether a miss of `pid` must pass over `victim`: its group holds no more than its
+    /// share, and is not `pid`'s.
+    fn shared_away(&self, pid: u64, victim: &Line) -> bool {
+        let Some(g) = self.group_of(victim.pid) else { return false };
+        self.group_of(pid) != Some(g) && self.shares.get(&g).is_some_and(|share| self.group_lines.get(&g).copied().unwrap_or(0) <= *share)
     }
 
     /// Each process keeps `percent` of an equal share of the lines (the lines over the
@@ -257,11 +371,11 @@ impl ExCache {
 
     /// The lines a process keeps against others' misses.
     fn floor_lines(&self) -> usize {
-        self.slots.len() * self.floor / 100 / self.index.len().max(1)
+        self.lines() * self.floor / 100 / self.index.len().max(1)
     }
 
     pub fn lines(&self) -> usize {
-        self.slots.len()
+        self.nsets * self.ways
     }
     pub fn ways(&self) -> usize {
         self.ways
@@ -312,10 +426,12 @@ impl ExCache {
 
     fn claim_where(&mut self, pid: u64, vpn: u64, mut evictable: impl FnMut(&mut Line) -> bool, mut used: impl FnMut(&mut Line) -> bool) -> Option<Claim> {
         let set = self.set_of(vpn);
-        let base = set * self.ways;
+        let base = set * self.stride;
         let range = base..base + self.ways;
-        let slot = if self.held[set] < self.ways {
-            let i = (self.free_from[set]..self.ways).find(|i| self.slots[base + i].is_none()).expect("a set not full has a free way");
+        // After a shrink a set may hold lines past its ways (being evicted): a free way is
+        // looked for, not counted.
+        let free = (self.free_from[set]..self.ways).find(|i| self.slots[base + i].is_none());
+        let slot = if let Some(i) = free {
             self.free_from[set] = i + 1;
             self.held[set] += 1;
             self.used += 1;
@@ -323,6 +439,7 @@ impl ExCache {
         } else {
             self.may_rearm[set] |= self.policy.rearms();
             let mut floor = self.floor_lines();
+            let mut shares = !self.shares.is_empty();
             let mut spared = 0;
             // Lines passed over for their process's floor, kept out of the policy's sight as
             // if being filled until the victim is chosen.
@@ -332,13 +449,18 @@ impl ExCache {
                     if shielded.is_empty() {
                         return None;
                     }
-                    // Every line left is at its process's floor: the floor gives way.
+                    // Every line left is at its process's floor or its vNode's share: they
+                    // give way.
                     self.unshield(&mut shielded);
                     floor = 0;
+                    shares = false;
                     continue;
                 };
                 let l = self.slots[base + i].as_ref().expect("victim is a line");
-                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED && self.resident_of(l.pid) <= floor {
+                // A share shields without bound (the set's ways bound it); a floor gives way
+                // after a few lines.
+                let floored = floor > 0 && l.pid != pid && shielded.len() < SHIELDED && self.resident_of(l.pid) <= floor;
+                if floored || (shares && self.shared_away(pid, l)) {
                     shielded.push(base + i);
                     self.line_mut(base + i).state = LineState::Filling;
                     continue;
@@ -364,6 +486,9 @@ impl ExCache {
         let referenced = self.policy.admit(pid, vpn);
         self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced, rearm: false, unmapped: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
+        if let Some(g) = self.group_of(pid) {
+            self.count_group(g, 1, true);
+        }
         Some(Claim { slot: slot.0, victim: slot.1 })
     }
 
@@ -380,7 +505,7 @@ impl ExCache {
         if !std::mem::take(&mut self.may_rearm[set]) {
             return Vec::new();
         }
-        let base = set * self.ways;
+        let base = set * self.stride;
         let mut out = Vec::new();
         for (i, l) in self.slots[base..base + self.ways].iter_mut().enumerate() {
             if let Some(l) = l.as_mut().filter(|l| l.rearm) {
@@ -405,24 +530,26 @@ impl ExCache {
     }
 
     fn unindex(&mut self, pid: u64, vpn: u64) {
-        if let Some(m) = self.index.get_mut(&pid) {
-            m.remove(&vpn);
-            if m.is_empty() {
-                self.index.remove(&pid);
-            }
+        let Some(m) = self.index.get_mut(&pid) else { return };
+        let held = m.remove(&vpn).is_some();
+        if m.is_empty() {
+            self.index.remove(&pid);
+        }
+        if let Some(g) = self.group_of(pid).filter(|_| held) {
+            self.count_group(g, 1, false);
         }
     }
 
     /// Ways of `set` that are free or being freed by the background evictor.
     pub fn spare(&self, set: usize) -> usize {
-        self.ways - self.held[set] + self.evicting[set]
+        (self.ways + self.evicting[set]).saturating_sub(self.held[set])
     }
 
     /// Has the policy choose a victim in `set`, full or not, and marks it `Evicting`: it stays
     /// resident, and no miss or policy takes it, until [`ExCache::remove`] or
     /// [`ExCache::keep`]. `None` if no line of the set is `Ready`.
     pub fn pick(&mut self, set: usize) -> Option<usize> {
-        let base = set * self.ways;
+        let base = set * self.stride;
         self.may_rearm[set] |= self.policy.rearms();
         let i = self.policy.victim(&mut self.slots[base..base + self.ways], &mut self.hands[set])?;
         self.line_mut(base + i).state = LineState::Evicting;
@@ -433,13 +560,13 @@ impl ExCache {
     /// A line [`ExCache::pick`] chose stays after all.
     pub fn keep(&mut self, slot: usize) {
         self.line_mut(slot).state = LineState::Ready;
-        self.evicting[slot / self.ways] -= 1;
+        self.evicting[slot / self.stride] -= 1;
     }
 
     pub fn remove(&mut self, pid: u64, vpn: u64) -> Option<Line> {
         let slot = self.lookup(pid, vpn)?;
         self.unindex(pid, vpn);
-        let (set, way) = (slot / self.ways, slot % self.ways);
+        let (set, way) = (slot / self.stride, slot % self.stride);
         if self.line(slot).state == LineState::Evicting {
             self.evicting[set] -= 1;
         }
@@ -640,5 +767,72 @@ mod tests {
         assert_eq!(c.resident_in(2, 0, 10).len(), 1);
         assert!(c.remove(1, 5).is_some());
         assert!(c.lookup(2, 5).is_some());
+    }
+
+    #[test]
+    fn a_growable_cache_grows_in_place_and_a_shrink_leaves_the_lines_past_its_end_to_evict() {
+        // 4 sets of 2 ways, able to grow to 4 ways.
+        let mut c = ExCache::growable(8, 16, 2, Box::new(Fifo));
+        assert_eq!((c.sets(), c.ways(), c.lines(), c.max_lines()), (4, 2, 8, 16));
+        for v in [0, 4] {
+            fill(&mut c, 1, v, false);
+        }
+        let (s0, s4) = (c.lookup(1, 0).unwrap(), c.lookup(1, 4).unwrap());
+        c.resize(c.ways_for(16).unwrap());
+        assert_eq!(c.lines(), 16);
+        assert_eq!((c.lookup(1, 0), c.lookup(1, 4)), (Some(s0), Some(s4)), "lines stay where they were");
+        assert!(fill(&mut c, 1, 8, false).is_none() && fill(&mut c, 1, 12, false).is_none(), "the new ways take misses without evicting");
+        assert!(fill(&mut c, 1, 16, false).is_some(), "four ways, then a victim");
+        // Back to one way per set: three lines of set 0 are past the end, and a miss there
+        // takes the one way left (its line is the policy's victim) and never a way past it.
+        c.resize(c.ways_for(4).unwrap());
+        let beyond: Vec<u64> = c.beyond().iter().map(|(_, l)| l.vpn).collect();
+        assert_eq!(beyond.len(), 3, "{beyond:?}");
+        for (slot, l) in c.beyond() {
+            c.mark_evicting(slot);
+            c.remove(l.pid, l.vpn);
+        }
+        assert!(c.beyond().is_empty());
+        assert_eq!(c.used(), 1);
+        let v = fill(&mut c, 1, 20, false).expect("the one way's line is the victim");
+        assert!(!beyond.contains(&v.vpn));
+        assert!(c.ways_for(2).is_err() && c.ways_for(32).is_err(), "under one way a set, or past the most it grows to");
+    }
+
+    #[test]
+    fn a_vnode_within_its_share_keeps_its_lines_against_another_vnodes_misses() {
+        for (share, kept) in [(Some(2), true), (None, false)] {
+            let mut c = ExCache::new(4, 0, Box::new(Fifo));
+            c.set_group(1, 10);
+            c.set_group(2, 20);
+            if let Some(n) = share {
+                c.set_shares(HashMap::from([(10, n)]));
+            }
+            for v in 0..2 {
+                fill(&mut c, 1, v, false);
+            }
+            for v in 10..12 {
+                fill(&mut c, 2, v, false);
+            }
+            // Process 2's misses evict only its own lines while vNode 10 holds its share.
+            for v in 12..20 {
+                let victim = fill(&mut c, 2, v, false).expect("a victim");
+                if kept {
+                    assert_eq!(victim.pid, 2, "share {share:?}: {victim:?}");
+                }
+            }
+            assert_eq!(c.resident_of(1) == 2, kept, "share {share:?}");
+            assert_eq!(c.group_lines(10), c.resident_of(1));
+        }
+        // A vNode's own misses may evict its own lines, and the share counts lines, not pids.
+        let mut c = ExCache::new(2, 0, Box::new(Fifo));
+        c.set_group(1, 10);
+        c.set_shares(HashMap::from([(10, 2)]));
+        for v in 0..3 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.group_lines(10), 2);
+        c.forget_group(1);
+        assert_eq!(c.group_lines(10), 0);
     }
 }

@@ -287,9 +287,15 @@ impl RemoteStore {
             return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
         }
         let mut homes = m.homes.lock().unwrap();
-        tracing::info!(pid = r.who.pid, from = homes.home.id, to = r.home.id, "a process's home moved (its old home is leaving)");
+        // Only the current home gives the process away; a repeated word changes nothing.
+        if homes.home.id != r.from {
+            tracing::debug!(pid = r.who.pid, home = homes.home.id, from = r.from, "ignored a home move from an mComponent that is not the process's home");
+            return Ok(OK);
+        }
+        tracing::info!(pid = r.who.pid, from = r.from, to = r.home.id, "a process's home moved (its old home is leaving)");
         metrics::counter!("pcomp_home_moves_total").increment(1);
-        *homes = Homes { home: r.home, backup: r.backup.or(homes.backup.take()) };
+        // The new home's backup, or none: the old one's copy names the old home.
+        *homes = Homes { home: r.home, backup: r.backup };
         Ok(OK)
     }
 

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use splitos_rpc::PAGE_SIZE;
 
-use super::{Held, LineState, MissPath, ProcHeap, Reserve, Writeback, PAGE};
+use super::{Held, LineState, MissPath, ProcHeap, Reserve, State, Writeback, PAGE};
 use crate::pmon::excache::store::Page;
 
 /// Most lines one round of the evictor takes out: enough for the kernel's range operations
@@ -31,7 +31,7 @@ use crate::pmon::excache::store::Page;
 const ROUND: usize = 64;
 
 /// A line the evictor picked, between the lock hold that picked it and the one that drops it.
-struct Victim {
+pub(super) struct Victim {
     heap: Arc<ProcHeap>,
     vpn: u64,
     slot: usize,
@@ -98,7 +98,13 @@ impl MissPath {
     /// One round: takes queued sets back to their reserve, at most [`ROUND`] victims.
     /// Returns the processes whose lines it took, with how many.
     pub(super) fn refill(&self) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
-        let mut victims = self.pick();
+        self.evict_picked(self.pick())
+    }
+
+    /// Without the lock: takes lines marked `Evicting` out of their programs, in runs of
+    /// neighbouring pages, and writes the dirty ones back. Returns the processes whose lines
+    /// it took, with how many.
+    pub(super) fn evict_picked(&self, mut victims: Vec<Victim>) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
         let mut served: HashMap<u64, (Arc<ProcHeap>, u64)> = HashMap::new();
         for v in &victims {
             served.entry(v.heap.pid).or_insert_with(|| (v.heap.clone(), 0)).1 += 1;
@@ -140,26 +146,7 @@ impl MissPath {
             let before = victims.len();
             while st.cache.spare(set) < want {
                 let Some(slot) = st.cache.pick(set) else { break };
-                let line = *st.cache.line(slot);
-                let Some(t) = st.heaps.get(&line.pid).cloned() else {
-                    st.cache.remove(line.pid, line.vpn);
-                    continue;
-                };
-                // As evict(): a staged sample was never in the program, nothing to take out.
-                if st.staged.remove(&(line.pid, line.vpn)).is_some() {
-                    st.cache.remove(line.pid, line.vpn);
-                    st.prefetcher.outcome(line.pid, false);
-                    self.bump(&t, |s| {
-                        s.evictions.fetch_add(1, Relaxed);
-                        s.bg_evictions.fetch_add(1, Relaxed);
-                        s.prefetch_sample_wasted.fetch_add(1, Relaxed);
-                    });
-                    continue;
-                }
-                // As evict(): a clean line the store holds is worth keeping compressed.
-                let for_tier = !line.dirty && self.codec.is_some() && st.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
-                let capture = (line.dirty || for_tier) && t.alive();
-                victims.push(Victim { heap: t, vpn: line.vpn, slot, dirty: line.dirty, capture, data: None, protected: line.wp, dropped: false });
+                victims.extend(self.victim_at(st, slot));
             }
             // The policy may have cleared reference bits in the set (CLOCK).
             if let Some(v) = victims.get(before).map(|v| v.vpn) {
@@ -167,6 +154,32 @@ impl MissPath {
             }
         }
         victims
+    }
+
+    /// Under the lock: the victim to take out for the line in `slot`, just marked
+    /// `Evicting`; none if it could leave at once (its process is gone, or it is a staged
+    /// sample, never in the program).
+    pub(super) fn victim_at(&self, st: &mut State, slot: usize) -> Option<Victim> {
+        let line = *st.cache.line(slot);
+        let Some(t) = st.heaps.get(&line.pid).cloned() else {
+            st.cache.remove(line.pid, line.vpn);
+            return None;
+        };
+        // As evict(): a staged sample was never in the program, nothing to take out.
+        if st.staged.remove(&(line.pid, line.vpn)).is_some() {
+            st.cache.remove(line.pid, line.vpn);
+            st.prefetcher.outcome(line.pid, false);
+            self.bump(&t, |s| {
+                s.evictions.fetch_add(1, Relaxed);
+                s.bg_evictions.fetch_add(1, Relaxed);
+                s.prefetch_sample_wasted.fetch_add(1, Relaxed);
+            });
+            return None;
+        }
+        // As evict(): a clean line the store holds is worth keeping compressed.
+        let for_tier = !line.dirty && self.codec.is_some() && st.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
+        let capture = (line.dirty || for_tier) && t.alive();
+        Some(Victim { heap: t, vpn: line.vpn, slot, dirty: line.dirty, capture, data: None, protected: line.wp, dropped: false })
     }
 
     /// Without the lock: write-protects a run of neighbouring pages of one process, copies

@@ -230,6 +230,10 @@ struct State {
     /// Access sampling: lines marked unmapped whose pages are still mapped, (pid, page),
     /// unmapped in batches (sample.rs).
     unmaps: Vec<(u64, u64)>,
+    /// vNodes by the group id the cache knows them by, and their shares in lines
+    /// (resize.rs).
+    vnode_ids: HashMap<String, u32>,
+    shares: HashMap<String, usize>,
 }
 
 /// The evictor's share of the miss path's state (under its lock).
@@ -284,8 +288,20 @@ pub struct MissPathParts {
 impl MissPath {
     pub fn new(parts: MissPathParts) -> MissPath {
         let MissPathParts { cache, store, prefetcher, piggyback, fault_around, prealloc, on_fail } = parts;
-        let state =
-            State { cache, inflight: HashSet::new(), materialized: HashMap::new(), heaps: HashMap::new(), prefetcher, layouts: HashMap::new(), tier: None, staged: BTreeMap::new(), reserve: None, unmaps: Vec::new() };
+        let state = State {
+            cache,
+            inflight: HashSet::new(),
+            materialized: HashMap::new(),
+            heaps: HashMap::new(),
+            prefetcher,
+            layouts: HashMap::new(),
+            tier: None,
+            staged: BTreeMap::new(),
+            reserve: None,
+            unmaps: Vec::new(),
+            vnode_ids: HashMap::new(),
+            shares: HashMap::new(),
+        };
         MissPath {
             store,
             piggyback,
@@ -370,6 +386,7 @@ impl MissPath {
         g.materialized.remove(&t.pid);
         g.prefetcher.forget(t.pid);
         g.layouts.remove(&t.pid);
+        g.cache.forget_group(t.pid);
         drop(g);
         self.cv.notify_all();
     }
@@ -440,6 +457,7 @@ mod evict;
 mod evictor;
 mod fault;
 mod fresh;
+mod resize;
 mod sample;
 mod scan;
 #[cfg(test)]
