@@ -143,6 +143,26 @@ enum ClusterCmd {
         #[command(flatten)]
         api: control::ApiArgs,
     },
+    /// Resize a running pComponent's ExCache, by its id (`cluster status`), while programs
+    /// run: growing takes effect at once; shrinking evicts down to the new size, writing dirty
+    /// lines back first. Prints the ExCache as it is then (with neither SIZE nor shares, as
+    /// it is now).
+    SetExcache {
+        id: u32,
+        /// The new size (e.g. 32M): at least 256K, at most the pComponent's excache_max
+        /// (default four times its excache); rounded down to whole ways of every set.
+        size: Option<splitos::config::Size>,
+        /// A vNode's share (VNODE=SIZE, repeated): lines it keeps against other vNodes' misses
+        /// while it holds no more. Replaces every share set before; they add up to no more
+        /// than the size.
+        #[arg(long = "share", value_name = "VNODE=SIZE")]
+        shares: Vec<String>,
+        /// Remove every vNode's share.
+        #[arg(long, conflicts_with = "shares")]
+        clear_shares: bool,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
     /// Cordon a component and wait until nothing runs on it: no job on a pComponent; an
     /// mComponent's memory moves to the others while programs run (it stays, empty).
     Drain {
@@ -289,6 +309,14 @@ fn main() {
             ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),
             ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),
             ClusterCmd::Topology { json, api } => control::topology(api, json),
+            ClusterCmd::SetExcache { id, size, shares, clear_shares, api } => {
+                let shares = match (clear_shares, shares.is_empty()) {
+                    (true, _) => Some(Vec::new()),
+                    (false, true) => None,
+                    (false, false) => Some(shares),
+                };
+                control::memory::set_excache(api, id, size, shares)
+            }
             ClusterCmd::Openapi => {
                 print!("{}", splitos::api::openapi_json());
                 Ok(())

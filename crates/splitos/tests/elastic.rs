@@ -2,8 +2,9 @@
 //! small ExCache runs, under each replication scheme (none, replica, log, ec), moves every vRegion and home it holds to
 //! the others and exits; the program prints what it prints natively, and the components that
 //! did the work show it in their own counters. A standby mComponent takes nothing until
-//! attached. Bad input: an unknown component, the last mComponent, two detaches at once, a
-//! tenant's token.
+//! attached. A running ExCache shrinks and grows under a program, and a vNode's share of it
+//! keeps another vNode's misses off its lines. Bad input: an unknown component, the last
+//! mComponent, two detaches at once, sizes out of bounds, a tenant's token.
 mod common;
 use std::time::Duration;
 
@@ -116,8 +117,102 @@ fn standby_memory_takes_nothing_until_attached_and_detach_refuses_bad_requests()
     assert_eq!(text(&out.stdout), text(&native(&prog).stdout), "{}", text(&out.stderr));
     let m = &c.components("mcomponent")[0];
     assert_eq!(m["id"].as_u64().unwrap().to_string(), standby);
-    assert!(
-        m["stats"]["flushes"].as_u64().unwrap() > 0 || m["stats"]["fetches"].as_u64().unwrap() > 0 || c.metric(m["addr"].as_str().unwrap(), "splitos_mcomp_requests_total") > 0.0,
-        "the attached mComponent served the program: {m}"
-    );
+    // It was the program's home: the process was created there.
+    assert_eq!(requests_of(&c, m["addr"].as_str().unwrap(), "P2M_PROC_CREATE"), 1.0, "the attached mComponent was the program's home");
+}
+
+/// Requests of kind `msg` the component at `addr` served, by its own counter.
+fn requests_of(c: &TestCluster, addr: &str, msg: &str) -> f64 {
+    let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
+    let (ours, kind) = (format!("component=\"{addr}\""), format!("msg=\"{msg}\""));
+    text(&out.stdout).lines().filter(|l| l.starts_with("splitos_mcomp_requests_total{") && l.contains(&ours) && l.contains(&kind)).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+}
+
+fn pcomp(c: &TestCluster) -> serde_json::Value {
+    c.components("pcomponent").remove(0)
+}
+
+#[test]
+fn a_running_excache_shrinks_and_grows_under_a_c_hash_table_and_refuses_bad_sizes() {
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"8M\"\nexcache_max = \"16M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
+    let p = pcomp(&c);
+    let (id, addr) = (p["id"].to_string(), p["addr"].as_str().unwrap().to_string());
+    assert_eq!(p["stats"]["excache"]["max_bytes"], 16 << 20, "{p}");
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, _| {
+        let (size, lines) = if phase == 1 { ("1M", 256) } else { ("16M", 4096) };
+        let said = splitos_ok(c, &["cluster", "set-excache", &id, size]);
+        assert!(said.contains(&format!("ExCache {}.0M", &size[..size.len() - 1])), "{said}");
+        let p = pcomp(c);
+        assert_eq!(p["stats"]["excache"]["lines"], lines, "{p}");
+        assert!(p["stats"]["excache"]["used_lines"].as_u64().unwrap() <= lines, "no line past the new size: {p}");
+        if phase == 1 {
+            // The shrink took the lines past the new size out of the program, as the
+            // background evictor does (none runs here), writing dirty ones back.
+            assert!(c.metric(&addr, "splitos_pcomp_bg_evictions_total") > 0.0);
+            assert!(c.metric(&addr, "splitos_pcomp_bg_writebacks_total") > 0.0);
+        }
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    assert_eq!(c.metric(&addr, "splitos_pcomp_excache_resizes_total"), 2.0);
+    assert_eq!(c.metric(&addr, "splitos_pcomp_excache_lines"), 4096.0);
+    // Bad input: too small, past excache_max, not a pComponent, no component, a share over
+    // the size, a bad share; and a tenant's token. The ExCache is as it was.
+    assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "8K"]).contains("less than the least workable ExCache"));
+    assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "64M"]).contains("grows to"));
+    let mcomp = c.components("mcomponent")[0]["id"].to_string();
+    assert!(splitos_fails(&c, &["cluster", "set-excache", &mcomp, "4M"]).contains("only pComponents have an ExCache"));
+    assert!(splitos_fails(&c, &["cluster", "set-excache", "12345", "4M"]).contains("404"));
+    assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "4M", "--share", "default=8M"]).contains("more than"));
+    assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "--share", "default"]).contains("VNODE=SIZE"));
+    let tenant = api_token(&c, &["cache-tenant", "--vnode", "default"]);
+    assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "4M", "--token", &tenant]).contains("403"));
+    assert_eq!(pcomp(&c)["stats"]["excache"]["lines"], 4096);
+}
+
+/// Lines of vNode `a`'s waiting program that a program of vNode `b`, streaming through the
+/// ExCache, takes from it; and that program's output against native.
+fn lines_taken_from_a_waiting_vnode(c: &TestCluster, share: bool) -> f64 {
+    let id = pcomp(c)["id"].to_string();
+    let shares: &[&str] = if share { &["--share", "a=4M"] } else { &["--clear-shares"] };
+    let mut args = vec!["cluster", "set-excache", &id];
+    args.extend_from_slice(shares);
+    let said = splitos_ok(c, &args);
+    assert_eq!(said.contains("vNode a: share 4.0M"), share, "{said}");
+    let addr = pcomp(c)["addr"].as_str().unwrap().to_string();
+    let before = c.metric(&addr, "splitos_pcomp_evicted_by_others_total");
+    let hold = program("hold");
+    let mut a = c.spawn(&["--vnode", "a"], &[hold.to_str().unwrap(), "2"]);
+    assert_eq!(read_line(&mut a), "ready\n");
+    // vNode a's lines are counted against its share by the pComponent itself (its heap
+    // with the allocator's and read-ahead's lines: more than the 2 MiB, less than 4).
+    let held = c.metric(&addr, "splitos_pcomp_excache_vnode_lines");
+    assert_eq!(held >= 512.0, share, "vNode a holds {held} lines");
+    let touch = program("memtouch");
+    let stream = [touch.to_str().unwrap(), "16"];
+    let out = c.run(&["--vnode", "b"], &stream);
+    assert_eq!(text(&out.stdout), text(&native(&stream).stdout), "{}", text(&out.stderr));
+    let taken = c.metric(&addr, "splitos_pcomp_evicted_by_others_total") - before;
+    if share {
+        assert_eq!(c.metric(&addr, "splitos_pcomp_excache_vnode_lines"), held, "vNode a kept every line");
+    }
+    drop(a.stdin.take());
+    let rest = a.wait_with_output().unwrap();
+    let native_hold = native(&[hold.to_str().unwrap(), "2"]);
+    assert_eq!(format!("ready\n{}", text(&rest.stdout)), text(&native_hold.stdout), "{}", text(&rest.stderr));
+    taken
+}
+
+#[test]
+fn a_vnodes_share_of_the_excache_keeps_its_lines_from_another_vnodes_misses() {
+    let vnodes = "[[vnode]]\nname = \"a\"\nusers = [\"root\"]\n[[vnode]]\nname = \"b\"\nusers = [\"root\"]\n";
+    let c = TestCluster::up(Some(&format!("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"6M\"\nways = 0\n[[mcomponent]]\n{vnodes}")));
+    // Without a share, b's stream takes all of a's lines (FIFO, one set); with a's share of
+    // 4 MiB, which a's lines fit, none of them.
+    let without = lines_taken_from_a_waiting_vnode(&c, false);
+    assert!(without >= 256.0, "b's stream took {without} of a's lines");
+    let with = lines_taken_from_a_waiting_vnode(&c, true);
+    assert_eq!(with, 0.0, "b's stream took {with} of a's lines despite its share");
 }

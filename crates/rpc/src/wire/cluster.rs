@@ -91,6 +91,15 @@ impl Leaving {
     }
 }
 
+/// Bytes of a pComponent's ExCache that a vNode keeps against other vNodes' misses while it
+/// holds no more (`bytes`), and what its processes hold now (`used`; ignored in a request).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExcacheShare {
+    pub vnode: String,
+    pub bytes: u64,
+    pub used: u64,
+}
+
 /// An API token as the global managers list it: never its secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenInfo {
@@ -221,6 +230,11 @@ message_types! {
     P2G_JOBS { pub jobs: Vec<JobInfo> };
     /// Sends `signal` to one of its programs; `ERR NotFound` if it runs no process `pid`.
     G2P_SIGNAL { pub pid: u64, pub signal: i32 };
+    /// Resizes a running ExCache (`size`, bytes; rounded down to whole ways of every set) and
+    /// replaces the vNodes' shares of it (`shares`), each left as it is when absent; neither
+    /// only reads them. A shrink is answered once the lines past the new size left.
+    G2P_SET_EXCACHE { pub size: Option<u64>, pub shares: Option<Vec<ExcacheShare>> };
+    P2G_EXCACHE { pub size: u64, pub max: u64, pub used: u64, pub shares: Vec<ExcacheShare> };
     /// The vNodes the admin made, and the table's version: a pComponent grants them to the
     /// users and groups named.
     P2G_VNODES;

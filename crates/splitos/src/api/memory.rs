@@ -141,11 +141,11 @@ pub async fn attach(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<
     Ok(Json(c.into()))
 }
 
-fn parse_id(id: &str) -> Result<u32, ApiError> {
+pub(super) fn parse_id(id: &str) -> Result<u32, ApiError> {
     id.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))
 }
 
-fn refused(e: Refusal) -> ApiError {
+pub(super) fn refused(e: Refusal) -> ApiError {
     let status = match e.code {
         ErrCode::NotFound => StatusCode::NOT_FOUND,
         ErrCode::Invalid => StatusCode::BAD_REQUEST,

@@ -8,6 +8,7 @@
 //! ([`crate::telemetry::serve_router`]): the managers' RPC serving never waits for it, and a
 //! flood of API clients holds one thread and a few for the calls it makes to components.
 mod dashboard;
+mod excache;
 mod memory;
 pub mod tls;
 pub mod tokens;
@@ -570,7 +571,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -604,6 +605,7 @@ fn router(api: Arc<Api>) -> Router {
         .route("/memory", get(memory::list))
         .route("/memory/{id}/detach", axum::routing::post(memory::detach))
         .route("/memory/{id}/attach", axum::routing::post(memory::attach))
+        .route("/pcomponents/{id}/excache", get(excache::get).put(excache::put))
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))

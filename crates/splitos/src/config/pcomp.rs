@@ -137,6 +137,10 @@ pub struct PcompConfig {
     /// ExCache capacity: at least 256K, at most the host's memory.
     #[arg(long, default_value_t = Size(64 << 20))]
     pub excache: Size,
+    /// The most `cluster set-excache` may grow the ExCache to while it runs (0: four times
+    /// excache, at most the host's memory). Only the lines' bookkeeping is reserved for it, about 40 bytes a line.
+    #[arg(long, default_value_t = Size(0))]
+    pub excache_max: Size,
     /// ExCache associativity: lines per set (0: fully associative).
     #[arg(long, default_value_t = 8)]
     pub ways: usize,
@@ -277,9 +281,21 @@ impl PcompConfig {
         }
     }
 
+    /// The most the ExCache may grow to, in bytes.
+    pub fn excache_max(&self) -> u64 {
+        match self.excache_max.0 {
+            0 => (self.excache.0 * 4).min(host_memory().unwrap_or(u64::MAX)).max(self.excache.0),
+            max => max,
+        }
+    }
+
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
         check_excache(self.excache.0)?;
+        if self.excache_max.0 != 0 && self.excache_max.0 < self.excache.0 {
+            return Err(format!("excache_max: {} is less than excache ({}): the ExCache starts no larger than it may grow", self.excache_max, self.excache));
+        }
+        check_excache(self.excache_max.0.max(self.excache.0)).map_err(|e| e.replacen("excache:", "excache_max:", 1))?;
         if self.dirty_tracking == DirtyTracking::Scan && self.huge_pages == HugePages::On {
             return Err("dirty_tracking: \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB".into());
         }
@@ -324,15 +340,18 @@ impl PcompConfig {
 
 /// Refuses an ExCache size that cannot work: below [`MIN_EXCACHE`], or more than this host's
 /// memory (its lines' bookkeeping alone would take seconds to set up and then not fit).
-fn check_excache(bytes: u64) -> Result<(), String> {
+pub fn check_excache(bytes: u64) -> Result<(), String> {
     if bytes < MIN_EXCACHE {
         return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
     }
-    let host = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())).map(|kb| kb << 10);
-    if let Some(host) = host.filter(|&h| bytes > h) {
+    if let Some(host) = host_memory().filter(|&h| bytes > h) {
         return Err(format!("excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory", Size(bytes), Size(host)));
     }
     Ok(())
+}
+
+fn host_memory() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())).map(|kb| kb << 10)
 }
 
 #[cfg(test)]

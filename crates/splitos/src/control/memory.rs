@@ -1,8 +1,9 @@
 //! `splitos memory`: attach and detach mComponents of a running cluster through the REST API
-//! (docs/elastic-memory.md), and `cluster drain` of an mComponent.
+//! (docs/elastic-memory.md), `cluster drain` of an mComponent, and `cluster set-excache`.
 use std::time::{Duration, Instant};
 
-use super::{api_access, api_get, api_post, human, ApiArgs};
+use super::{api_access, api_get, api_post, api_put, human, ApiArgs};
+use crate::config::Size;
 
 /// `memory list`: every mComponent, its state and, while it leaves, its progress.
 pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
@@ -88,3 +89,33 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+/// `cluster set-excache`: resizes a running pComponent's ExCache (`size` none: as it is) and
+/// sets the vNodes' shares of it (`shares` none: as they are; empty: none), then prints it.
+pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<String>>) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let mut body = serde_json::Map::new();
+    if let Some(s) = size {
+        body.insert("size".into(), s.to_string().into());
+    }
+    if let Some(list) = shares {
+        let mut m = serde_json::Map::new();
+        for s in list {
+            let (vnode, bytes) = s.split_once('=').ok_or_else(|| anyhow::anyhow!("--share {s:?}: expected VNODE=SIZE (e.g. lab=16M)"))?;
+            let bytes: Size = bytes.parse().map_err(|e| anyhow::anyhow!("--share {s:?}: {e}"))?;
+            m.insert(vnode.to_string(), bytes.to_string().into());
+        }
+        body.insert("shares".into(), m.into());
+    }
+    let path = format!("/api/v1/pcomponents/{id}/excache");
+    let c = api_put(&api, &token, &path, &body.into(), EXCACHE_TIMEOUT)?;
+    let u = |v: &serde_json::Value, k: &str| human(v[k].as_u64().unwrap_or(0));
+    println!("pComponent {id}: ExCache {} (at most {}), {} in use", u(&c, "size_bytes"), u(&c, "max_bytes"), u(&c, "used_bytes"));
+    for (vnode, s) in c["shares"].as_object().into_iter().flatten() {
+        println!("  vNode {vnode}: share {}, holds {}", u(s, "share_bytes"), u(s, "used_bytes"));
+    }
+    Ok(())
+}
+
+/// How long `set-excache` waits for the pComponent: a shrink writes dirty lines back first.
+const EXCACHE_TIMEOUT: Duration = Duration::from_secs(130);

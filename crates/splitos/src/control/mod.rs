@@ -329,6 +329,13 @@ fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Va
     api_answer(api, agent.post(format!("{base}{path}")).header("Authorization", format!("Bearer {token}")).send_empty())
 }
 
+/// One PUT of a JSON body, waiting up to `timeout` (an ExCache shrink writes back first).
+fn api_put(api: &str, token: &str, path: &str, body: &serde_json::Value, timeout: std::time::Duration) -> anyhow::Result<serde_json::Value> {
+    let (base, agent) = api_client(api)?;
+    let req = agent.put(format!("{base}{path}")).config().timeout_global(Some(timeout)).build();
+    api_answer(api, req.header("Authorization", format!("Bearer {token}")).send_json(body))
+}
+
 fn api_answer(api: &str, r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> anyhow::Result<serde_json::Value> {
     let mut r = r.map_err(|e| anyhow::anyhow!("the REST API at {api}: {e}"))?;
     let status = r.status();

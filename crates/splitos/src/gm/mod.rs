@@ -51,6 +51,9 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long `/api/v1/status` waits for a component's statistics: longer than a control
 /// request (a busy mComponent answers late), shorter than the CLI waits for the API.
 const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an ExCache resize may take: a shrink writes back every dirty line past the new
+/// size first (a GiB of them at the miss path's write-back rate is seconds).
+const EXCACHE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The most measured links the managers keep of one component.
 const MAX_LINKS: usize = 256;
@@ -518,6 +521,21 @@ impl Gm {
     pub fn cluster_metrics(&self) -> String {
         let answers = self.ask_all(|_| true, G2X_METRICS, CONTROL_TIMEOUT);
         crate::telemetry::merge(std::iter::once(crate::telemetry::render()).chain(answers.into_iter().filter_map(|(_, a)| a.ok().map(|m| m.text))))
+    }
+
+    /// Resizes the ExCache of pComponent `id` and sets the vNodes' shares of it (each left as
+    /// it is when `None`). A shrink waits for the lines past the new size to be written back.
+    pub fn set_excache(&self, id: u32, size: Option<u64>, shares: Option<Vec<ExcacheShare>>) -> Result<P2G_EXCACHE, Refusal> {
+        let pcomp = self.snapshot().into_iter().find(|c| c.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        if pcomp.role != Role::Proc {
+            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only pComponents have an ExCache", pcomp.role.name())));
+        }
+        if !pcomp.alive {
+            return Err(ERR::new(ErrCode::Unreachable, format!("pComponent {id} does not answer")));
+        }
+        let r = self.rpc.call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
+        metrics::counter!("gm_excache_changes_total").increment(1);
+        Ok(r)
     }
 
     /// Signals program `pid` on `pcomp`, which the caller found it on.

@@ -135,7 +135,7 @@ impl Pcomp {
     fn load(&self) -> Load {
         let procs: Vec<i32> = self.procs.lock().unwrap().values().map(|p| p.os_pid).collect();
         let threads = procs.iter().map(|pid| thread_count(*pid)).sum();
-        Load { threads, processes: procs.len() as u32, capacity: self.cfg.excache.0, committed: 0, used: 0 }
+        Load { threads, processes: procs.len() as u32, capacity: self.miss.with_cache(|c| c.lines()) as u64 * PAGE_SIZE as u64, committed: 0, used: 0 }
     }
 
     /// Ends a process whose memory cannot be served (the miss path's fail hook): says why on
@@ -199,6 +199,38 @@ impl Pcomp {
 
     /// Signals one of its programs for the control plane (`splitos job kill`, the API), through
     /// its pidfd: a pid the host reused since is never hit.
+    /// `G2P_SET_EXCACHE`: resizes the running ExCache and sets the vNodes' shares of it
+    /// (docs/elastic-memory.md). Shares are checked against the size they will have.
+    fn set_excache(&self, r: G2P_SET_EXCACHE) -> Result<P2G_EXCACHE, ERR> {
+        let lines = |bytes: u64| (bytes / PAGE_SIZE as u64) as usize;
+        let invalid = |e: String| ERR::new(ErrCode::Invalid, e);
+        if let Some(size) = r.size {
+            crate::config::check_excache(size).map_err(invalid)?;
+        }
+        let shares: Option<std::collections::HashMap<String, usize>> = r.shares.map(|s| s.into_iter().map(|s| (s.vnode, lines(s.bytes))).collect());
+        // Shares that fit the new size are set first when it shrinks, last when it grows.
+        let grows = r.size.is_none_or(|s| lines(s) >= self.miss.with_cache(|c| c.lines()));
+        if let Some(sh) = shares.clone().filter(|_| !grows) {
+            self.miss.set_shares(sh).map_err(invalid)?;
+        }
+        if let Some(size) = r.size {
+            let before = self.miss.with_cache(|c| c.lines());
+            let now = self.miss.resize(lines(size)).map_err(invalid)?;
+            tracing::info!(from_lines = before, to_lines = now, "ExCache resized");
+        }
+        if let Some(sh) = shares.filter(|_| grows) {
+            self.miss.set_shares(sh).map_err(invalid)?;
+        }
+        Ok(self.excache_now())
+    }
+
+    fn excache_now(&self) -> P2G_EXCACHE {
+        let page = PAGE_SIZE as u64;
+        let (size, max, used) = self.miss.with_cache(|c| (c.lines() as u64 * page, c.max_lines() as u64 * page, c.used() as u64 * page));
+        let shares = self.miss.shares().into_iter().map(|(vnode, share, held)| ExcacheShare { vnode, bytes: share as u64 * page, used: held as u64 * page }).collect();
+        P2G_EXCACHE { size, max, used, shares }
+    }
+
     fn signal(&self, pid: u64, signal: i32) -> Result<OK, ERR> {
         if !(1..=64).contains(&signal) {
             return Err(ERR::new(ErrCode::Invalid, format!("{signal} is not a signal")));
@@ -222,7 +254,7 @@ impl Pcomp {
                 "role": "pcomponent", "id": self.node.id(), "addr": self.node.addr,
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
-                    "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
+                    "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "max_bytes": c.max_lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(), "idle_poll": self.cfg.idle_poll.to_string(),
                     "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
                 },
@@ -266,6 +298,11 @@ impl Pcomp {
         crate::counters::render(e, "pcomp_one_sided", self.store.one_sided.stats.counters());
         crate::counters::render(e, "pcomp_idle_poll", self.idle.stats.counters());
         e.one("pcomp_excache_used_lines", Kind::Gauge, "ExCache lines holding a page.", self.miss.with_cache(|c| c.used()) as f64);
+        e.one("pcomp_excache_lines", Kind::Gauge, "ExCache lines, as last resized.", self.miss.with_cache(|c| c.lines()) as f64);
+        let shares = self.miss.shares();
+        let vnode = |v: &String| vec![("vnode", v.clone())];
+        e.family("pcomp_excache_share_lines", Kind::Gauge, "ExCache lines a vNode keeps against other vNodes' misses.", shares.iter().map(|(v, share, _)| (vnode(v), *share as f64)));
+        e.family("pcomp_excache_vnode_lines", Kind::Gauge, "ExCache lines the processes of a vNode with a share hold.", shares.iter().map(|(v, _, held)| (vnode(v), *held as f64)));
         let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
         e.one("pcomp_tier_used_bytes", Kind::Gauge, "Bytes the compressed tier holds.", used as f64);
         e.one("pcomp_tier_entries", Kind::Gauge, "Pages the compressed tier holds.", entries as f64);
@@ -321,6 +358,7 @@ impl Handler for Pcomp {
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
+            Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
@@ -356,7 +394,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::Off => None,
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
-    let cache = ExCache::new(lines, cfg.ways, eviction_policy(cfg.policy, lines)).with_floor(cfg.share_floor);
+    let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
+    let cache = ExCache::growable(lines, max_lines, cfg.ways, eviction_policy(cfg.policy, lines)).with_floor(cfg.share_floor);
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {

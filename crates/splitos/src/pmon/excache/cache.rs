@@ -326,7 +326,9 @@ impl ExCache {
     }
 
     /// Lines each group keeps against other groups' misses while it holds no more: a miss of
-    /// another group passes over them, as over a line being filled. Replaces every share.
+    /// another group passes over them, as over a line being filled, unless its set has no
+    /// other line to give. Replaces every share. With shares, a miss in a full set looks at
+    /// each of the set's lines once.
     pub fn set_shares(&mut self, shares: HashMap<u32, usize>) {
         self.shares = shares;
     }
@@ -439,28 +441,37 @@ impl ExCache {
         } else {
             self.may_rearm[set] |= self.policy.rearms();
             let mut floor = self.floor_lines();
-            let mut shares = !self.shares.is_empty();
             let mut spared = 0;
             // Lines passed over for their process's floor, kept out of the policy's sight as
             // if being filled until the victim is chosen.
             let mut shielded = Vec::new();
+            // Those of vNodes within their shares are all kept out at once, in one pass.
+            let mut by_share = 0;
+            if !self.shares.is_empty() {
+                for way in range.clone() {
+                    if self.slots[way].as_ref().is_some_and(|l| l.state == LineState::Ready && self.shared_away(pid, l)) {
+                        self.line_mut(way).state = LineState::Filling;
+                        shielded.push(way);
+                    }
+                }
+                by_share = shielded.len();
+            }
             let i = loop {
                 let Some(i) = self.policy.victim(&mut self.slots[range.clone()], &mut self.hands[set]) else {
                     if shielded.is_empty() {
                         return None;
                     }
-                    // Every line left is at its process's floor or its vNode's share: they
-                    // give way.
+                    // Every line left is at its process's floor or within its vNode's share:
+                    // they give way.
                     self.unshield(&mut shielded);
                     floor = 0;
-                    shares = false;
+                    by_share = 0;
                     continue;
                 };
                 let l = self.slots[base + i].as_ref().expect("victim is a line");
                 // A share shields without bound (the set's ways bound it); a floor gives way
                 // after a few lines.
-                let floored = floor > 0 && l.pid != pid && shielded.len() < SHIELDED && self.resident_of(l.pid) <= floor;
-                if floored || (shares && self.shared_away(pid, l)) {
+                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED + by_share && self.resident_of(l.pid) <= floor {
                     shielded.push(base + i);
                     self.line_mut(base + i).state = LineState::Filling;
                     continue;

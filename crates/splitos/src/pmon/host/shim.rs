@@ -439,6 +439,7 @@ impl Pcomp {
             let _ = o.conn.shutdown(std::net::Shutdown::Both);
         }
         self.miss.add(p.heap.clone(), child.materialized);
+        self.miss.set_vnode(pid, &p.memory.who.vnode);
         for v in &child.vmas {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
