@@ -166,6 +166,7 @@ fn a_running_excache_shrinks_and_grows_under_a_c_hash_table_and_refuses_bad_size
     assert!(splitos_fails(&c, &["cluster", "set-excache", &mcomp, "4M"]).contains("only pComponents have an ExCache"));
     assert!(splitos_fails(&c, &["cluster", "set-excache", "12345", "4M"]).contains("404"));
     assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "4M", "--share", "default=8M"]).contains("more than"));
+    assert!(!splitos_ok(&c, &["cluster", "set-excache", &id]).contains("vNode default"), "a refused change sets no share");
     assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "--share", "default"]).contains("VNODE=SIZE"));
     let tenant = api_token(&c, &["cache-tenant", "--vnode", "default"]);
     assert!(splitos_fails(&c, &["cluster", "set-excache", &id, "4M", "--token", &tenant]).contains("403"));
@@ -215,4 +216,72 @@ fn a_vnodes_share_of_the_excache_keeps_its_lines_from_another_vnodes_misses() {
     assert!(without >= 256.0, "b's stream took {without} of a's lines");
     let with = lines_taken_from_a_waiting_vnode(&c, true);
     assert_eq!(with, 0.0, "b's stream took {with} of a's lines despite its share");
+}
+
+/// A program fills 48 MiB on the only mComponent; a second is attached while the program
+/// holds it: with `rebalance_percent`, the homes move vRegions onto the new one until both are
+/// within half the gap; without, the new one takes nothing. Output native either way.
+fn attach_under_a_full_mcomponent(rebalance: u32) -> (f64, u64) {
+    let c = TestCluster::up(Some(&format!(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\nrebalance_percent = {rebalance}\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"128M\"\n[[mcomponent]]\ncapacity = \"128M\"\nstandby = true\n"
+    )));
+    let spare = c.components("mcomponent").into_iter().find(|m| m["cordoned"] == true).unwrap();
+    let (spare_id, spare_addr) = (spare["id"].to_string(), spare["addr"].as_str().unwrap().to_string());
+    let hold = program("hold");
+    let cmd = [hold.to_str().unwrap(), "48"];
+    let mut p = c.spawn(&[], &cmd);
+    assert_eq!(read_line(&mut p), "ready\n");
+    splitos_ok(&c, &["memory", "attach", &spare_id]);
+    let used = |c: &TestCluster| c.components("mcomponent").iter().find(|m| m["addr"] == spare_addr.as_str()).unwrap()["stats"]["used"].as_u64().unwrap();
+    if rebalance > 0 {
+        // 48 MiB is 37.5% of the first: moves go on until the gap is under 10 points.
+        let even = c.eventually(Duration::from_secs(60), |c| used(c) >= 16 << 20);
+        assert!(even, "the attached mComponent holds {} bytes", used(&c));
+    } else {
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let moved = mcomp_metric(&c, "splitos_mcomp_rebalance_moves_total");
+    let held = used(&c);
+    drop(p.stdin.take());
+    let rest = p.wait_with_output().unwrap();
+    assert_eq!(format!("ready\n{}", text(&rest.stdout)), text(&native(&cmd).stdout), "{}", text(&rest.stderr));
+    (moved, held)
+}
+
+#[test]
+fn rebalancing_moves_vregions_onto_attached_memory_only_when_on() {
+    let (moved, held) = attach_under_a_full_mcomponent(20);
+    assert!(moved >= 4.0, "the home moved {moved} vRegions");
+    assert!((16 << 20..=32 << 20).contains(&held), "the attached mComponent holds {held} bytes");
+    let (moved, held) = attach_under_a_full_mcomponent(0);
+    assert_eq!((moved, held), (0.0, 0), "rebalancing is off by default");
+}
+
+#[test]
+fn a_detach_interrupted_by_the_death_of_the_leaving_mcomponent_ends_as_a_loss() {
+    // Under replication the copies of a lost mComponent are rebuilt from the others: a detach
+    // cut short by its death ends as any loss does, and the program never notices.
+    let c = cluster("replica", 4, "");
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+        if phase != 1 {
+            return;
+        }
+        // Not the home: its vRegions move while the program runs, and it dies midway.
+        let (home, _) = home_of(c, pid);
+        let victim = c.components("mcomponent").into_iter().find(|m| m["addr"] != home.as_str() && m["stats"]["used"].as_u64().unwrap() > 0).expect("an mComponent holding vRegions");
+        let (id, num) = (victim["id"].to_string(), victim["id"].as_u64().unwrap());
+        let said = splitos_ok(c, &["memory", "detach", &id, "--no-wait"]);
+        assert!(said.contains("detaching"), "{said}");
+        c.kill_component(c.pid_of_addr(victim["addr"].as_str().unwrap()));
+        // Lost, it is no detach under way: another mComponent can be detached.
+        let gone = c.eventually(Duration::from_secs(30), |c| c.components("mcomponent").iter().find(|m| m["id"] == num).is_none_or(|m| m["lost"] == true));
+        assert!(gone, "the managers took the killed mComponent for lost");
+        wait_rebuilt(c, pid, 2);
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    let other = c.components("mcomponent").into_iter().find(|m| m["alive"] == true).unwrap()["id"].to_string();
+    assert!(splitos_ok(&c, &["memory", "detach", &other, "--no-wait"]).contains("detaching"), "a later detach is not blocked by the dead one");
 }

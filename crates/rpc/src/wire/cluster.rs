@@ -187,7 +187,9 @@ message_types! {
     /// its processes' vRegions and backup homes off them, and one that finds itself there
     /// gives up its homes and its buffer cache. `exit`: the receiver, detached and empty,
     /// exits now (the managers have forgotten it).
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool };
+    /// `rebalance` (to mComponents, with `[cluster] rebalance_percent`): the mComponent
+    /// fullest for its capacity, off which each home moves one vRegion of its processes now.
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32> };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics.

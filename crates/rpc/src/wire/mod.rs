@@ -45,7 +45,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 19 added elastic memory: detaching an mComponent (`Leaving`, `G2X_BEAT.leaving`,
 /// `M2M_HOME_ADOPT`, `M2P_HOME_MOVED`, `M2G_FIND`, `ErrCode::Moved`) and `G2X_STATS` (`cluster
 /// status` through the REST API).
-/// Version 20 added `M2P_HOME_MOVED.from` (only the current home gives a process away) and a
+/// Version 20 added `M2P_HOME_MOVED.from` (only the current home gives a process away),
+/// `G2X_BEAT.rebalance` (background rebalancing) and a
 /// running ExCache resized and shared among vNodes (`G2P_SET_EXCACHE`, `P2G_EXCACHE`,
 /// `ExcacheShare`).
 pub const WIRE_VERSION: u16 = 20;

@@ -48,6 +48,12 @@ pub struct GmConfig {
     /// topology graph, then the least loaded.
     #[arg(long, default_value_t)]
     pub placement: PlacementPolicy,
+    /// Background rebalancing (docs/elastic-memory.md): when the mComponent fullest for its
+    /// capacity is fuller than the emptiest by more than this many percentage points, every
+    /// home moves one vRegion off it each heartbeat, until the gap is under half of this
+    /// (0: off; at most 100).
+    #[arg(long, default_value_t = 0)]
+    pub rebalance_percent: u32,
     /// Where the global managers serve the REST API (docs/control-plane.md): an address (port
     /// 0: any free port, which `cluster status --json` names under `api`), or "off". Beyond
     /// loopback it serves HTTPS with a certificate from the cluster's authority.
@@ -93,6 +99,9 @@ impl GmConfig {
             return Err(format!("vregion_size: {vrs} must be a power of two of at least 4096"));
         }
         check_netns(&self.netns)?;
+        if self.rebalance_percent > 100 {
+            return Err(format!("rebalance_percent: {} is more than 100 percentage points (0 turns rebalancing off)", self.rebalance_percent));
+        }
         if self.reclaim_dead_ms >= self.forget_dead_ms {
             return Err(format!("reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.reclaim_dead_ms, self.forget_dead_ms));
         }

@@ -1,4 +1,4 @@
-//! Detaching and attaching memory (docs/elastic-memory.md): the admin detaches an mComponent,
+//! Detaching, attaching and rebalancing memory (docs/elastic-memory.md): the admin detaches an mComponent,
 //! which leaves placement at once; its heartbeats' answers name it among the `leaving` ones,
 //! so every home moves its processes' vRegions and backup homes off it and it gives its own
 //! homes and buffer cache away. Its heartbeats report what is left; once nothing is, the
@@ -95,5 +95,35 @@ impl Gm {
         let (Some(l), Some(r)) = (e.info.leaving.as_mut(), report) else { return false };
         *l = Leaving { bytes_at_start: l.bytes_at_start.max(r.bytes_at_start), exit: l.exit, ..r };
         l.exit && l.empty()
+    }
+
+    /// With rebalancing on, the mComponent whose vRegions the homes move off now: the one
+    /// fullest for its capacity, from when it is `rebalance_percent` points fuller than the
+    /// emptiest until the gap is under half of that (so that moves settle rather than swing).
+    /// Only mComponents that take memory count.
+    pub(super) fn rebalance_from(&self, comps: &[Entry]) -> Option<u32> {
+        if self.rebalance_percent == 0 {
+            return None;
+        }
+        let fill: Vec<(u32, f64)> = comps.iter().filter(|e| self.takes_memory(e) && e.info.load.capacity > 0).map(|e| (e.info.id, e.info.load.used as f64 * 100.0 / e.info.load.capacity as f64)).collect();
+        let full = fill.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+        let empty = fill.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
+        let mut on = self.rebalancing.lock().unwrap();
+        let gap = full.zip(empty).map_or(0.0, |(f, e)| f.1 - e.1);
+        let limit = self.rebalance_percent as f64;
+        let (Some(full), Some(empty)) = (full, empty) else {
+            *on = None;
+            return None;
+        };
+        if gap > limit || (on.is_some() && gap > limit / 2.0) {
+            if *on != Some(full.0) {
+                metrics::counter!("gm_rebalances_total").increment(1);
+                tracing::info!(full = full.0, full_percent = full.1, empty = empty.0, empty_percent = empty.1, "rebalancing: the homes move vRegions off the fullest mComponent");
+            }
+            *on = Some(full.0);
+        } else if on.take().is_some() {
+            tracing::info!(gap, "rebalanced: the mComponents are within half the rebalancing gap of each other");
+        }
+        *on
     }
 }

@@ -85,6 +85,10 @@ pub struct Gm {
     overcommit: Overcommit,
     /// How GPM and GMM choose among the components with room (`[cluster] placement`).
     placement: PlacementPolicy,
+    /// `[cluster] rebalance_percent` (0: off), and the mComponent being emptied towards the
+    /// others now (detach.rs).
+    rebalance_percent: u32,
+    rebalancing: Mutex<Option<u32>>,
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
@@ -318,7 +322,7 @@ impl Gm {
             // A detached mComponent whose `exit` answer was lost is told again, rather than
             // registering as a new one.
             if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.lock().unwrap().iter().any(|(id, _)| *id == r.id) {
-                return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true });
+                return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true, rebalance: None });
             }
             return Err(ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)));
         };
@@ -341,7 +345,7 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -351,7 +355,7 @@ impl Gm {
         lost.extend(replaced.iter().map(|(l, _)| l.clone()));
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
-            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false });
+            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
         let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
@@ -364,13 +368,14 @@ impl Gm {
             detached.retain(|(_, at)| at.elapsed() < self.forget_dead);
             lost_mcomps.extend(detached.iter().map(|(id, _)| *id));
             drop(detached);
-            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false });
+            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false, rebalance: None });
         }
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
         let leaving = self.leaving_ids(&comps);
+        let rebalance = self.rebalance_from(&comps);
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
             comps.retain(|e| e.info.id != r.id);
@@ -378,7 +383,7 @@ impl Gm {
             metrics::counter!("gm_mcomponents_detached_total").increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false, leaving, exit })
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false, leaving, exit, rebalance })
     }
 
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
@@ -589,9 +594,10 @@ impl Handler for Gm {
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
             Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
             Msg::M2G_FIND(r) => on(r, |r| {
-                // Only pComponents, alive: an mComponent has no other use for it.
-                let c = self.comps().iter().find(|e| e.info.id == r.id && e.info.role == Role::Proc && Gm::alive(e)).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() });
-                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no alive pComponent has id {}", r.id)))
+                // Only pComponents not lost (a late one is still told): an mComponent has no
+                // other use for it.
+                let c = self.comps().iter().find(|e| e.info.id == r.id && e.info.role == Role::Proc && !self.lost(e)).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() });
+                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no pComponent that is not lost has id {}", r.id)))
             }),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
@@ -621,6 +627,8 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         replication,
         overcommit: cfg.overcommit,
         placement: cfg.placement,
+        rebalance_percent: cfg.rebalance_percent,
+        rebalancing: Mutex::new(None),
         forget_dead: Duration::from_millis(cfg.forget_dead_ms),
         reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
         comps: Mutex::new(Vec::new()),

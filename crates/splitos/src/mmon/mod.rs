@@ -238,6 +238,9 @@ impl<P: Peers> Mem<P> {
     fn on_beat(&self, beat: G2X_BEAT) {
         self.cluster_memory.store(beat.memory, Relaxed);
         self.leave(&beat.leaving);
+        if let Some(full) = beat.rebalance {
+            self.rebalance_pass(full);
+        }
         self.reclaim_lost(&beat.lost);
         self.netbufs_of_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);

@@ -183,7 +183,10 @@ impl OwnerProc {
     }
 
     fn load_page(&self, vpn: u64, vrs: u64) -> Result<ByteBuf, Refusal> {
-        self.page_in_vma(vpn)?;
+        // Not mapped here: its vRegion may have moved to another member (a detach, or
+        // rebalancing) since the fetcher's view of the sets, so the fetcher asks the home for
+        // them and tries again (a page mapped nowhere still fails, after a few tries).
+        self.page_in_vma(vpn).map_err(|e| ERR::new(ErrCode::Stale, e.msg))?;
         if let Some(idx) = self.logged(vpn, vrs) {
             return Err(ERR::new(ErrCode::Stale, format!("this mComponent keeps the backup log of vRegion {idx} of process {}, not its pages", self.pid)));
         }

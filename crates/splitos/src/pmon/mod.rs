@@ -203,23 +203,14 @@ impl Pcomp {
     /// (docs/elastic-memory.md). Shares are checked against the size they will have.
     fn set_excache(&self, r: G2P_SET_EXCACHE) -> Result<P2G_EXCACHE, ERR> {
         let lines = |bytes: u64| (bytes / PAGE_SIZE as u64) as usize;
-        let invalid = |e: String| ERR::new(ErrCode::Invalid, e);
         if let Some(size) = r.size {
-            crate::config::check_excache(size).map_err(invalid)?;
+            crate::config::check_excache(size).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         }
-        let shares: Option<std::collections::HashMap<String, usize>> = r.shares.map(|s| s.into_iter().map(|s| (s.vnode, lines(s.bytes))).collect());
-        // Shares that fit the new size are set first when it shrinks, last when it grows.
-        let grows = r.size.is_none_or(|s| lines(s) >= self.miss.with_cache(|c| c.lines()));
-        if let Some(sh) = shares.clone().filter(|_| !grows) {
-            self.miss.set_shares(sh).map_err(invalid)?;
-        }
-        if let Some(size) = r.size {
-            let before = self.miss.with_cache(|c| c.lines());
-            let now = self.miss.resize(lines(size)).map_err(invalid)?;
+        let shares = r.shares.map(|s| s.into_iter().map(|s| (s.vnode, lines(s.bytes))).collect());
+        let before = self.miss.with_cache(|c| c.lines());
+        let now = self.miss.reconfigure(r.size.map(lines), shares).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+        if now != before {
             tracing::info!(from_lines = before, to_lines = now, "ExCache resized");
-        }
-        if let Some(sh) = shares.filter(|_| grows) {
-            self.miss.set_shares(sh).map_err(invalid)?;
         }
         Ok(self.excache_now())
     }
@@ -348,6 +339,12 @@ fn thread_count(os_pid: i32) -> u32 {
 /// The pComponent's dispatch table (its programs' requests arrive on their own sockets, see
 /// [`host::shim`]).
 impl Handler for Pcomp {
+    /// A resize of the ExCache writes lines back and may take seconds: on the fan-out
+    /// worker, so that the leaf worker goes on serving (home moves, sockets, signals).
+    fn fans_out(&self, msg: &Msg) -> bool {
+        matches!(msg, Msg::G2P_SET_EXCACHE(_))
+    }
+
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Proc, id: self.node.id() })),

@@ -118,24 +118,22 @@ impl<P: Peers> Mem<P> {
         Ok(M2P_HOME { backup })
     }
 
-    /// `M2M_HOME_ADOPT`: a leaving home gives this mComponent one of its processes.
+    /// `M2M_HOME_ADOPT`: a leaving home gives this mComponent one of its processes. A repeat
+    /// from the same home (its answer was lost) is answered again: that home stopped acting
+    /// for the process when it first asked, so the state is the one taken.
     pub(in crate::mmon) fn home_adopt(&self, r: M2M_HOME_ADOPT) -> Result<M2M_HOME_ADOPTED, Refusal> {
         let pid = r.state.who.pid;
         let from = r.state.home.id;
-        if !self.leavers.lock().unwrap().contains(&from) {
-            return Err(ERR::new(ErrCode::Denied, format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes")));
-        }
         let mine = self.homes.lock().unwrap().get(&pid).cloned();
         if let Some(hp) = mine {
-            // The same home again: its first answer was lost, and nobody was told of this
-            // one yet. The state it sends now replaces the first.
-            let mut h = hp.lock().unwrap();
-            if h.adopted_from != Some(from) || h.who.vnode != r.state.who.vnode {
-                return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is already the home of process {pid}", self.peers.id())));
+            let h = hp.lock().unwrap();
+            if h.adopted_from == Some(from) && h.who.vnode == r.state.who.vnode {
+                return Ok(M2M_HOME_ADOPTED { backup: h.backup.clone() });
             }
-            self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
-            h.charged = 0;
-            h.exited = true;
+            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is already the home of process {pid}", self.peers.id())));
+        }
+        if !self.leavers.lock().unwrap().contains(&from) {
+            return Err(ERR::new(ErrCode::Denied, format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes")));
         }
         self.backups.lock().unwrap().remove(&pid);
         let backup = self.become_home(r.state, 0, None);

@@ -4,7 +4,8 @@
 //! write-back lands only on the old member), and chooses another backup home where the backup
 //! leaves. The leaving mComponent also gives each process it is home of to another
 //! mComponent (`M2M_HOME_ADOPT`) and tells the process's pComponent where it went
-//! (`M2P_HOME_MOVED`).
+//! (`M2P_HOME_MOVED`). Rebalancing moves vRegions the same way, one a heartbeat, off the
+//! mComponent the managers find fullest.
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +36,28 @@ impl<P: Peers> Mem<P> {
         stuck
     }
 
+    /// Rebalancing: moves one vRegion of this home's processes off mComponent `full` (to the
+    /// mComponent placement picks, not a member of its set), if any has a copy there.
+    pub(in crate::mmon) fn rebalance_pass(&self, full: u32) {
+        let homes: Vec<Arc<Mutex<HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
+        for hp in homes {
+            let mut h = hp.lock().unwrap();
+            if h.gone() {
+                continue;
+            }
+            let found = h.vregions.iter().find_map(|(i, s)| s.owners.iter().find(|o| o.id == full).map(|o| (*i, o.clone())));
+            let Some((idx, member)) = found else { continue };
+            match self.relocate(&mut h, idx, &member) {
+                Ok(()) => {
+                    metrics::counter!("mcomp_rebalance_moves_total").increment(1);
+                    tracing::info!(pid = h.who.pid, vregion = idx, from = full, "rebalancing: moved a vRegion off the fullest mComponent");
+                }
+                Err(e) => tracing::debug!(pid = h.who.pid, vregion = idx, error = %e.msg, "rebalancing: cannot move a vRegion now"),
+            }
+            return;
+        }
+    }
+
     /// Moves every vRegion of the process with a member in `leaving` to other mComponents,
     /// and its backup home if that leaves.
     fn move_off(&self, hp: &Arc<Mutex<HomeProc>>, leaving: &[u32]) -> Result<(), Refusal> {
@@ -60,30 +83,33 @@ impl<P: Peers> Mem<P> {
         Ok(())
     }
 
-    /// Gives the process to another mComponent as its home, then tells its pComponent. Calls
-    /// that waited for the process's lock meanwhile are refused `NotHome` and follow it.
+    /// Gives the process to another mComponent as its home, then tells its pComponent. From
+    /// the request on, this home no longer acts for the process: calls are refused `NotHome`,
+    /// naming the new home. An answer that does not come is asked for again, of that same
+    /// mComponent (which may be the home already, and answers a repeat again): two homes of
+    /// one process never exist. A refusal, or a request never delivered, gives the process
+    /// back to this home.
     fn hand_off(&self, hp: &Arc<Mutex<HomeProc>>) -> Result<(), Refusal> {
         let mut h = hp.lock().unwrap();
-        if h.gone() {
+        if h.exited || h.handed {
             return Ok(());
         }
         let pid = h.who.pid;
-        let new = match h.adopting.clone() {
+        let new = match h.moved_to.clone() {
             Some(to) => to,
             None => self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no other mComponent can be the home of process {pid}")))?,
         };
-        h.adopting = Some(new.clone());
+        h.moved_to = Some(new.clone());
         let adopted = match self.peers.call(&new.addr, M2M_HOME_ADOPT { state: h.state(self.me()) }) {
             Ok(a) => a,
             Err(e) => {
-                // Refused: it is not the home, and another may be chosen. Unanswered: it may
-                // be, so only it is asked again (it takes the state anew from this home).
-                if matches!(e, RpcError::Remote { .. }) {
-                    h.adopting = None;
+                if matches!(e, RpcError::Remote { .. } | RpcError::Unreachable { .. }) {
+                    h.moved_to = None;
                 }
-                return Err(e.into());
+                return Err(ERR::new(e.code(), format!("cannot give process {pid} to mComponent {} as its home yet: {e}", new.id)));
             }
         };
+        h.handed = true;
         // The old backup's copy names this home: only the new home's backup may take over.
         if let Some(b) = h.backup.take().filter(|b| b.id != new.id && Some(b.id) != adopted.backup.as_ref().map(|a| a.id)) {
             if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
@@ -95,7 +121,6 @@ impl<P: Peers> Mem<P> {
         // at once, while calls still wait on the lock, so that they find the new home.
         self.unannounced.lock().unwrap().push((h.pcomp, M2P_HOME_MOVED { who: h.who(), from: self.peers.id(), home: new.clone(), backup: adopted.backup }));
         self.announce_moves();
-        h.moved_to = Some(new.clone());
         self.homes.lock().unwrap().remove(&pid);
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;

@@ -88,14 +88,13 @@ pub(super) struct HomeProc {
     retired: Vec<ComponentRef>,
     /// The process exited: a rebuild queued before must not bring it back.
     exited: bool,
-    /// The home this leaving mComponent gave the process to: a call that waited for the
-    /// process's lock meanwhile is answered `NotHome` and goes there.
+    /// The home this leaving mComponent gives the process to: from the moment it is asked,
+    /// this one no longer acts for the process (a call is answered `NotHome` and goes there),
+    /// so the state it sent stays the state; `handed` once it answered.
     moved_to: Option<ComponentRef>,
-    /// The mComponent this leaving home sent the process to, without an answer yet: asked
-    /// again (never another, which may have become its home already).
-    adopting: Option<ComponentRef>,
-    /// The leaving home that gave this mComponent the process, while it may give it again
-    /// (its answer lost): that home has not told anyone of this one yet.
+    handed: bool,
+    /// The leaving home that gave this mComponent the process: a repeat of its request (the
+    /// answer was lost) is answered again.
     adopted_from: Option<u32>,
     /// Its vNode's memory quota ([`super::quota`]).
     memory_quota: Option<u64>,
@@ -169,7 +168,7 @@ impl HomeProc {
             retired: s.retired,
             exited: false,
             moved_to: None,
-            adopting: None,
+            handed: false,
             adopted_from: None,
             memory_quota: s.memory_quota,
             charged: 0,

@@ -211,8 +211,10 @@ pub struct ExCache {
     stride: usize,
     slots: Vec<Option<Line>>,
     hands: Vec<usize>,
-    /// Per set: lines held, and the lowest way that may be free.
+    /// Per set: lines held in its ways, and the lowest way that may be free.
     held: Vec<usize>,
+    /// Per set: lines still held in ways past its end after a shrink (being evicted).
+    past_end: Vec<usize>,
     free_from: Vec<usize>,
     /// Per set: the policy ran since the set was last checked for lines to rearm.
     may_rearm: Vec<bool>,
@@ -254,6 +256,7 @@ impl ExCache {
             slots: vec![None; nsets * stride],
             hands: vec![0; nsets],
             held: vec![0; nsets],
+            past_end: vec![0; nsets],
             free_from: vec![0; nsets],
             may_rearm: vec![false; nsets],
             evicting: vec![0; nsets],
@@ -285,7 +288,12 @@ impl ExCache {
         assert!(ways > 0 && ways <= self.stride, "{ways} ways in sets of at most {}", self.stride);
         self.ways = ways;
         for set in 0..self.nsets {
-            self.free_from[set] = self.free_from[set].min(ways);
+            let base = set * self.stride;
+            let (within, past) = self.slots[base..base + self.stride].split_at(ways);
+            self.held[set] = within.iter().flatten().count();
+            self.evicting[set] = within.iter().flatten().filter(|l| l.state == LineState::Evicting).count();
+            self.past_end[set] = past.iter().flatten().count();
+            self.free_from[set] = within.iter().position(|l| l.is_none()).unwrap_or(ways);
         }
     }
 
@@ -297,7 +305,7 @@ impl ExCache {
     /// Resident lines in ways past the cache's size (left by a shrink), as (slot, line).
     pub fn beyond(&self) -> Vec<(usize, Line)> {
         let mut out = Vec::new();
-        for set in 0..self.nsets {
+        for set in (0..self.nsets).filter(|s| self.past_end[*s] > 0) {
             let base = set * self.stride;
             for way in self.ways..self.stride {
                 if let Some(l) = self.slots[base + way] {
@@ -313,7 +321,9 @@ impl ExCache {
         let l = self.line_mut(slot);
         assert_eq!(l.state, LineState::Ready, "only a ready line is evicted");
         l.state = LineState::Evicting;
-        self.evicting[slot / self.stride] += 1;
+        if slot % self.stride < self.ways {
+            self.evicting[slot / self.stride] += 1;
+        }
     }
 
     /// Puts process `pid` in group `group` (its vNode), for shares.
@@ -430,10 +440,8 @@ impl ExCache {
         let set = self.set_of(vpn);
         let base = set * self.stride;
         let range = base..base + self.ways;
-        // After a shrink a set may hold lines past its ways (being evicted): a free way is
-        // looked for, not counted.
-        let free = (self.free_from[set]..self.ways).find(|i| self.slots[base + i].is_none());
-        let slot = if let Some(i) = free {
+        let slot = if self.held[set] < self.ways {
+            let i = (self.free_from[set]..self.ways).find(|i| self.slots[base + i].is_none()).expect("a set not full has a free way");
             self.free_from[set] = i + 1;
             self.held[set] += 1;
             self.used += 1;
@@ -553,7 +561,7 @@ impl ExCache {
 
     /// Ways of `set` that are free or being freed by the background evictor.
     pub fn spare(&self, set: usize) -> usize {
-        (self.ways + self.evicting[set]).saturating_sub(self.held[set])
+        self.ways - self.held[set] + self.evicting[set]
     }
 
     /// Has the policy choose a victim in `set`, full or not, and marks it `Evicting`: it stays
@@ -571,18 +579,24 @@ impl ExCache {
     /// A line [`ExCache::pick`] chose stays after all.
     pub fn keep(&mut self, slot: usize) {
         self.line_mut(slot).state = LineState::Ready;
-        self.evicting[slot / self.stride] -= 1;
+        if slot % self.stride < self.ways {
+            self.evicting[slot / self.stride] -= 1;
+        }
     }
 
     pub fn remove(&mut self, pid: u64, vpn: u64) -> Option<Line> {
         let slot = self.lookup(pid, vpn)?;
         self.unindex(pid, vpn);
         let (set, way) = (slot / self.stride, slot % self.stride);
-        if self.line(slot).state == LineState::Evicting {
-            self.evicting[set] -= 1;
+        if way >= self.ways {
+            self.past_end[set] -= 1;
+        } else {
+            if self.line(slot).state == LineState::Evicting {
+                self.evicting[set] -= 1;
+            }
+            self.held[set] -= 1;
+            self.free_from[set] = self.free_from[set].min(way);
         }
-        self.held[set] -= 1;
-        self.free_from[set] = self.free_from[set].min(way);
         self.used -= 1;
         let line = self.slots[slot].take();
         // A line the background evictor picked is a victim; others leave with their range.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{LineState, MissPath};
 
-/// How long a shrink waits for a line past the new end that is being filled or written back.
+/// How long a shrink waits for lines past the new end that are being filled or written back.
 const SETTLE: Duration = Duration::from_millis(1);
 
 impl MissPath {
@@ -20,64 +20,70 @@ impl MissPath {
         g.cache.set_group(pid, id);
     }
 
-    /// The cache holds `lines` lines from now on (rounded down to whole ways of every set);
-    /// a shrink returns once the lines past the new size left, written back where dirty.
-    /// Returns the new number of lines. Refused below the vNodes' shares, below the
-    /// evictor's reserve plus one way, and beyond what the cache was started able to grow to.
-    pub fn resize(&self, lines: usize) -> Result<usize, String> {
+    /// Resizes the cache to `lines` lines (rounded down to whole ways of every set) and
+    /// replaces every vNode's share (lines it keeps against other vNodes' misses while it
+    /// holds no more), each left as it is when `None`; both are checked before either is
+    /// applied. A shrink returns once the lines past the new size left, written back where
+    /// dirty. Returns the number of lines. Refused beyond what the cache was started able to
+    /// grow to, below the evictor's reserve plus one way, and for shares over the size.
+    pub fn reconfigure(&self, lines: Option<usize>, shares: Option<HashMap<String, usize>>) -> Result<usize, String> {
         let mut g = self.state.lock().unwrap();
-        let ways = g.cache.ways_for(lines)?;
+        let ways = match lines {
+            Some(n) => g.cache.ways_for(n)?,
+            None => g.cache.ways(),
+        };
         if let Some(r) = g.reserve.as_ref().filter(|r| r.ways >= ways) {
             return Err(format!("{ways} ways per set leave none to fill beside the evictor's reserve of {} (evict_reserve)", r.ways));
         }
-        let shared: usize = g.shares.values().sum();
         let new_lines = ways * g.cache.sets();
+        let shared = shares.as_ref().unwrap_or(&g.shares).values().fold(0usize, |a, n| a.saturating_add(*n));
         if shared > new_lines {
-            return Err(format!("the vNodes' shares add up to {shared} lines, more than {new_lines}"));
+            return Err(format!("the vNodes' shares add up to {shared} lines, more than the ExCache's {new_lines}"));
+        }
+        if let Some(shares) = shares {
+            let mut by_id = HashMap::new();
+            for (vnode, n) in &shares {
+                let next = g.vnode_ids.len() as u32;
+                let id = *g.vnode_ids.entry(vnode.clone()).or_insert(next);
+                by_id.insert(id, *n);
+            }
+            g.cache.set_shares(by_id);
+            g.shares = shares;
+        }
+        if ways == g.cache.ways() {
+            return Ok(new_lines);
         }
         g.cache.resize(ways);
+        metrics::counter!("pcomp_excache_resizes_total").increment(1);
+        // Misses waiting for a way may take the new ones.
+        self.cv.notify_all();
+        let mut left = usize::MAX;
         loop {
             let beyond = g.cache.beyond();
             if beyond.is_empty() {
-                break;
+                return Ok(new_lines);
             }
+            // Lines being filled, written back or evicted are waited for, as are lines that
+            // could not be taken out (their process's memory could not be protected or read):
+            // a pass that took nothing out sleeps before the next.
+            let progress = beyond.len() < left;
+            left = beyond.len();
             let mut victims = Vec::new();
             for (slot, line) in beyond {
-                // Lines being filled, written back or evicted are waited for.
                 if line.state == LineState::Ready {
                     g.cache.mark_evicting(slot);
                     victims.extend(self.victim_at(&mut g, slot));
                 }
             }
             drop(g);
-            if victims.is_empty() {
+            if !progress || victims.is_empty() {
                 std::thread::sleep(SETTLE);
-            } else {
+            }
+            if !victims.is_empty() {
                 self.evict_picked(victims);
             }
             g = self.state.lock().unwrap();
         }
-        metrics::counter!("pcomp_excache_resizes_total").increment(1);
-        Ok(new_lines)
-    }
-
-    /// Replaces every vNode's share of the cache (lines it keeps against other vNodes'
-    /// misses while it holds no more). Refused when they add up to more than the cache.
-    pub fn set_shares(&self, shares: HashMap<String, usize>) -> Result<(), String> {
-        let mut g = self.state.lock().unwrap();
-        let total: usize = shares.values().sum();
-        if total > g.cache.lines() {
-            return Err(format!("the shares add up to {total} lines, more than the ExCache's {}", g.cache.lines()));
-        }
-        let mut by_id = HashMap::new();
-        for (vnode, lines) in &shares {
-            let next = g.vnode_ids.len() as u32;
-            let id = *g.vnode_ids.entry(vnode.clone()).or_insert(next);
-            by_id.insert(id, *lines);
-        }
-        g.cache.set_shares(by_id);
-        g.shares = shares;
-        Ok(())
     }
 
     /// Each vNode's share (lines), and the lines its processes hold now.
