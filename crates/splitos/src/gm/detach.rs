@@ -106,15 +106,12 @@ impl Gm {
             return None;
         }
         let fill: Vec<(u32, f64)> = comps.iter().filter(|e| self.takes_memory(e) && e.info.load.capacity > 0).map(|e| (e.info.id, e.info.load.used as f64 * 100.0 / e.info.load.capacity as f64)).collect();
-        let full = fill.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
-        let empty = fill.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
         let mut on = self.rebalancing.lock().unwrap();
-        let gap = full.zip(empty).map_or(0.0, |(f, e)| f.1 - e.1);
-        let limit = self.rebalance_percent as f64;
-        let (Some(full), Some(empty)) = (full, empty) else {
+        let (Some(full), Some(empty)) = (fill.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)), fill.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))) else {
             *on = None;
             return None;
         };
+        let (gap, limit) = (full.1 - empty.1, self.rebalance_percent as f64);
         if gap > limit || (on.is_some() && gap > limit / 2.0) {
             if *on != Some(full.0) {
                 metrics::counter!("gm_rebalances_total").increment(1);

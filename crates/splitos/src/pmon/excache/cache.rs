@@ -343,6 +343,10 @@ impl ExCache {
         self.shares = shares;
     }
 
+    pub fn shares(&self) -> &HashMap<u32, usize> {
+        &self.shares
+    }
+
     /// Process `pid` left (its lines already did): pids are reused.
     pub fn forget_group(&mut self, pid: u64) {
         let held = self.resident_of(pid);

@@ -230,10 +230,8 @@ struct State {
     /// Access sampling: lines marked unmapped whose pages are still mapped, (pid, page),
     /// unmapped in batches (sample.rs).
     unmaps: Vec<(u64, u64)>,
-    /// vNodes by the group id the cache knows them by, and their shares in lines
-    /// (resize.rs).
+    /// vNodes by the group id the cache knows them by (resize.rs).
     vnode_ids: HashMap<String, u32>,
-    shares: HashMap<String, usize>,
 }
 
 /// The evictor's share of the miss path's state (under its lock).
@@ -300,7 +298,6 @@ impl MissPath {
             reserve: None,
             unmaps: Vec::new(),
             vnode_ids: HashMap::new(),
-            shares: HashMap::new(),
         };
         MissPath {
             store,

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{LineState, MissPath};
+use super::{LineState, MissPath, State};
 
 /// How long a shrink waits for lines past the new end that are being filled or written back.
 const SETTLE: Duration = Duration::from_millis(1);
@@ -15,8 +15,7 @@ impl MissPath {
     /// Process `pid` belongs to vNode `vnode`: its lines count against that vNode's share.
     pub fn set_vnode(&self, pid: u64, vnode: &str) {
         let mut g = self.state.lock().unwrap();
-        let next = g.vnode_ids.len() as u32;
-        let id = *g.vnode_ids.entry(vnode.to_string()).or_insert(next);
+        let id = vnode_id(&mut g, vnode);
         g.cache.set_group(pid, id);
     }
 
@@ -36,19 +35,16 @@ impl MissPath {
             return Err(format!("{ways} ways per set leave none to fill beside the evictor's reserve of {} (evict_reserve)", r.ways));
         }
         let new_lines = ways * g.cache.sets();
-        let shared = shares.as_ref().unwrap_or(&g.shares).values().fold(0usize, |a, n| a.saturating_add(*n));
+        let shared = match &shares {
+            Some(s) => s.values().fold(0usize, |a, n| a.saturating_add(*n)),
+            None => g.cache.shares().values().sum(),
+        };
         if shared > new_lines {
             return Err(format!("the vNodes' shares add up to {shared} lines, more than the ExCache's {new_lines}"));
         }
         if let Some(shares) = shares {
-            let mut by_id = HashMap::new();
-            for (vnode, n) in &shares {
-                let next = g.vnode_ids.len() as u32;
-                let id = *g.vnode_ids.entry(vnode.clone()).or_insert(next);
-                by_id.insert(id, *n);
-            }
+            let by_id = shares.iter().map(|(vnode, n)| (vnode_id(&mut g, vnode), *n)).collect();
             g.cache.set_shares(by_id);
-            g.shares = shares;
         }
         if ways == g.cache.ways() {
             return Ok(new_lines);
@@ -89,8 +85,14 @@ impl MissPath {
     /// Each vNode's share (lines), and the lines its processes hold now.
     pub fn shares(&self) -> Vec<(String, usize, usize)> {
         let g = self.state.lock().unwrap();
-        let mut out: Vec<(String, usize, usize)> = g.shares.iter().map(|(v, n)| (v.clone(), *n, g.vnode_ids.get(v).map_or(0, |id| g.cache.group_lines(*id)))).collect();
+        let mut out: Vec<(String, usize, usize)> = g.vnode_ids.iter().filter_map(|(v, id)| g.cache.shares().get(id).map(|n| (v.clone(), *n, g.cache.group_lines(*id)))).collect();
         out.sort();
         out
     }
+}
+
+/// The id the cache knows vNode `vnode` by (one per vNode this pComponent has seen).
+fn vnode_id(st: &mut State, vnode: &str) -> u32 {
+    let next = st.vnode_ids.len() as u32;
+    *st.vnode_ids.entry(vnode.to_string()).or_insert(next)
 }
