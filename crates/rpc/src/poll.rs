@@ -231,10 +231,12 @@ mod tests {
 
     #[test]
     fn events_beyond_the_ceiling_stop_the_polling() {
-        // Each event comes 2.5 ceilings into its wait: polling the whole ceiling never catches it.
+        // Each event comes 2.5 ceilings into its wait: polling the whole ceiling never catches it
+        // (unless the poller is descheduled past the event, which teaches it nothing).
         let p = alone(Duration::from_millis(2), Polling::Adaptive);
-        let hits = (0..30).filter(|_| wait(&p, Duration::from_millis(5), Duration::ZERO)).count();
-        assert_eq!(hits, 0);
+        for _ in 0..30 {
+            wait(&p, Duration::from_millis(5), Duration::ZERO);
+        }
         assert_eq!(p.budget(), Duration::ZERO, "nothing to catch: no polling");
     }
 

@@ -59,7 +59,7 @@ fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between
 
 #[test]
 fn cpython_and_sqlite_survive_a_lost_primary_and_restarts_of_the_global_managers() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = restartable_port();
     let gm_addr = format!("127.0.0.1:{port}");
     let c = TestCluster::up(Some(&format!(
         "[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"log\"\n[[pcomponent]]\nexcache = \"4M\"\n[[scomponent]]\n{}",

@@ -382,7 +382,7 @@ fn members(c: &TestCluster) -> Vec<(String, String, u64, bool)> {
 #[test]
 fn membership_survives_restarts_of_the_global_managers() {
     // A fixed address, so that the restarted global managers are where the components look.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = restartable_port();
     let c = TestCluster::up(Some(&format!("[cluster]\ngm = \"127.0.0.1:{port}\"\nforget_dead_ms = 3000\nreclaim_dead_ms = 2000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n")));
     let before = members(&c);
     assert!(before.iter().all(|m| m.3) && before.len() >= 3, "{before:?}");

@@ -641,6 +641,20 @@ pub fn run_phased(c: &TestCluster, cmd: &[&str], mut between: impl FnMut(&TestCl
     (out, text(&rest.stderr), rest.status.success())
 }
 
+/// A free loopback port for a component that is killed and started again at the same address.
+/// It lies below the kernel's ephemeral range, so that while its owner is down no outgoing
+/// connection and no bind to port 0 (of this test or one running beside it) can be given it.
+pub fn restartable_port() -> u16 {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low: u16 = range.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32768);
+    let (first, span) = (low.saturating_sub(12000).max(1024), low.saturating_sub(1024).min(12000));
+    // Tests run in parallel: start from a different place in each so they rarely try the same port.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(2654435761) ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let start = seed.wrapping_add(NEXT.fetch_add(7919, std::sync::atomic::Ordering::Relaxed));
+    (0..u32::from(span)).map(|i| first + ((start.wrapping_add(i)) % u32::from(span)) as u16).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).expect("a free port below the ephemeral range")
+}
+
 /// Kills the cluster's global managers (at `gm_addr`) and starts them again as they were
 /// started, logging to `log` in the cluster's directory.
 pub fn restart_gm(c: &TestCluster, gm_addr: &str, log: &str) {

@@ -61,7 +61,7 @@ fn a_c_hash_table_survives_losing_a_data_member_then_a_parity_member_with_a_rebu
 
 #[test]
 fn cpython_and_sqlite_survive_a_lost_member_of_an_ec4_cluster_and_restarts_of_the_global_managers() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = restartable_port();
     let gm_addr = format!("127.0.0.1:{port}");
     let c = TestCluster::up(Some(&format!(
         "[cluster]\ngm = \"{gm_addr}\"\nforget_dead_ms = 6000\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\nreplication = \"ec\"\n[[pcomponent]]\nexcache = \"4M\"\n{}",

@@ -35,7 +35,7 @@ fn a_c_hash_table_survives_losing_a_primary_then_its_home_with_a_rebuild_between
 
 #[test]
 fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = restartable_port();
     let gm_addr = format!("127.0.0.1:{port}");
     let c = cluster(4, &format!("gm = \"{gm_addr}\"\nforget_dead_ms = 6000\n"));
     python_phases_as_native(&c, |c, phase, round, pid| {

@@ -89,11 +89,6 @@ fn unmodified_programs_on_a_vnode_mount_match_a_local_directory() {
     assert!(caches.iter().all(|s| s["blocks"].as_u64().unwrap() <= 64), "no cache holds more than its 256 KiB: {caches:?}");
 }
 
-/// A free TCP port on loopback, so that a restarted sComponent comes back at the same address.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A component process this test started; killed by PID when the test ends, also on failure.
 struct Proc(Child);
 
@@ -116,7 +111,7 @@ fn py(c: &TestCluster, opts: &[&str], code: &str) -> Output {
 
 #[test]
 fn fsynced_data_survives_kill_9_of_the_scomponent_which_is_eio_until_restarted() {
-    let port = free_port();
+    let port = restartable_port();
     let store = tempfile::tempdir().unwrap();
     let cfg = format!("[[pcomponent]]\n[[mcomponent]]\n[[mcomponent]]\n[[scomponent]]\nlisten = \"127.0.0.1:{port}\"\ndir = \"{}\"\n", store.path().display());
     let c = TestCluster::up(Some(&cfg));
@@ -280,8 +275,8 @@ fn seen_dead(c: &TestCluster, role: &str, addr: &str) -> bool {
 #[test]
 fn fsynced_data_survives_kill_9_of_the_mcomponent_holding_its_buffer_cache() {
     // Fixed ports, so that the killed mComponent can come back at its address.
-    let m0 = free_port();
-    let m1 = std::iter::repeat_with(free_port).find(|p| *p != m0).unwrap();
+    let m0 = restartable_port();
+    let m1 = std::iter::repeat_with(restartable_port).find(|p| *p != m0).unwrap();
     let c = TestCluster::up(Some(&format!("[[pcomponent]]\n[[mcomponent]]\nlisten = \"127.0.0.1:{m0}\"\n[[mcomponent]]\nlisten = \"127.0.0.1:{m1}\"\n[[scomponent]]\n")));
     let (src, want) = durable_content(&c);
     let mut writer = start_writer(&c, &src);
