@@ -49,7 +49,7 @@ pub fn program(name: &str) -> PathBuf {
     } else if programs_src().join(format!("{name}.cpp")).exists() {
         (programs_src().join(format!("{name}.cpp")), "g++", &[])
     } else {
-        (programs_src().join(format!("{name}.c")), "gcc", &["-pthread"])
+        (programs_src().join(format!("{name}.c")), "gcc", &["-pthread", "-lm"])
     };
     let code = std::fs::read(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
     let hash = code.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3));

@@ -40,7 +40,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false, noreserve: false }).unwrap();
     let first = mapped.addr / PAGE_SIZE as u64;
 
-    let store = RemoteStore::new(node.clone(), false);
+    let store = RemoteStore::new(node.clone(), false, 1);
     let space = Arc::new(ProcMemory::new(who.clone(), home.clone(), created.backup));
     space.learn(&mapped.owners, mapped.epoch, mapped.backup.clone());
     store.attach(who.pid, space);
@@ -95,7 +95,7 @@ fn one_sided_copies_reach_only_what_the_owner_holds_and_stop_when_it_changes_the
     let created = node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: 1 << 30, pcomp: 0, memory_quota: None }).unwrap();
     let mapped = node.rpc.call(&home.addr, P2M_MMAP { who: who.clone(), hint: 0, len: 64 * PAGE_SIZE as u64, prot: 3, fixed: false, noreserve: false }).unwrap();
     let first = mapped.addr / PAGE_SIZE as u64;
-    let store = RemoteStore::new(node.clone(), true);
+    let store = RemoteStore::new(node.clone(), true, 1);
     let space = Arc::new(ProcMemory::new(who.clone(), home.clone(), created.backup));
     space.learn(&mapped.owners, mapped.epoch, mapped.backup.clone());
     store.attach(who.pid, space);

@@ -33,9 +33,10 @@ pub trait Transport: Send + Sync + 'static {
     fn call_direct(&self, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
         self.call(addr, msg, timeout)
     }
-    /// Several [`Transport::call_direct`]s (to different components) whose replies the caller
-    /// needs all of, in the order given: a transport that can have them under way at once
-    /// (a write-back to every replica) does; the default makes them one after another.
+    /// Several [`Transport::call_direct`]s whose replies the caller needs all of, in the order
+    /// given: a transport that can have them under way at once (a write-back to every replica,
+    /// the stripes of a bonded fetch to one component, each on a link of its own) does; the
+    /// default makes them one after another.
     fn call_all_direct(&self, calls: &[(&str, &Msg)], timeout: Duration) -> Vec<Result<Msg, RpcError>> {
         calls.iter().map(|(addr, msg)| self.call_direct(addr, msg, timeout)).collect()
     }

@@ -151,6 +151,10 @@ impl Transport for TcpTransport {
         call_direct(self, addr, msg, timeout)
     }
 
+    fn call_all_direct(&self, calls: &[(&str, &Msg)], timeout: Duration) -> Vec<Result<Msg, RpcError>> {
+        call_all_direct(self, calls, timeout)
+    }
+
     fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.listen_stream(addr)?))
     }
@@ -484,6 +488,7 @@ impl TcpListen {
                                     Ok(hs) if conn.frame_done().is_ok() => {
                                         conn.peer = Some(hs.peer);
                                         conn.session = hs.session.map(Arc::new);
+                                        metrics::counter!("rpc_tcp_connections_accepted_total").increment(1);
                                     }
                                     Ok(_) => return,
                                     Err(e) => {
@@ -691,44 +696,83 @@ fn fail_all(inner: &Inner) {
     }
 }
 
-/// A thread's own connections, by peer address, each with its last request id.
-type DirectConns = HashMap<String, (TcpConn, u64)>;
+/// A thread's own connections, by peer address and link (the n-th of the calls to one peer
+/// that [`Transport::call_all_direct`] has under way at once), each with its last request id.
+type DirectConns = HashMap<(String, usize), (TcpConn, u64)>;
 
 thread_local! {
     static DIRECT: std::cell::RefCell<DirectConns> = std::cell::RefCell::new(HashMap::new());
+}
+
+/// Sends `msg` on the calling thread's connection `link` to `addr`, made on first use; the
+/// request id to wait for.
+fn send_direct(t: &TcpTransport, d: &mut DirectConns, key: &(String, usize), msg: &Msg, timeout: Duration) -> Result<u64, RpcError> {
+    let addr = &key.0;
+    if !d.contains_key(key) {
+        let c = t.connect_stream(addr, timeout.min(Duration::from_secs(3))).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+        let _ = c.s.set_read_timeout(Some(timeout));
+        d.insert(key.clone(), (c, 1));
+    }
+    let (conn, next) = d.get_mut(key).expect("inserted above");
+    if let Some(p) = conn.peer.filter(|p| !may_receive(p.role, msg)) {
+        return Err(wrong_receiver(addr, p.role, msg));
+    }
+    *next += 1;
+    let id = *next;
+    write_frame(conn, FrameKind::Request, id, msg).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+    Ok(id)
+}
+
+/// Reads the reply to request `id` off the calling thread's connection `key`.
+fn receive_direct(d: &mut DirectConns, key: &(String, usize), id: u64, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+    let addr = &key.0;
+    let (conn, _) = d.get_mut(key).ok_or_else(|| RpcError::Closed { addr: addr.to_string() })?;
+    loop {
+        match read_frame(conn) {
+            Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
+            // A reply to an earlier call that timed out: skip it.
+            Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id < id => continue,
+            Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
+            Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout }),
+            Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
+        }
+    }
 }
 
 /// A call on a connection owned by the calling thread: no reader thread, no hand-off between
 /// threads. The connection is made on the thread's first call to `addr` and dropped after any
 /// error.
 fn call_direct(t: &TcpTransport, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+    call_all_direct(t, &[(addr, msg)], timeout).pop().expect("one reply per call")
+}
+
+/// Every request sent before any reply is read: each on a connection of its own, so calls to
+/// one peer (the stripes of a bonded fetch) are served at once by its receiving threads.
+fn call_all_direct(t: &TcpTransport, calls: &[(&str, &Msg)], timeout: Duration) -> Vec<Result<Msg, RpcError>> {
     DIRECT.with(|d| {
         let mut d = d.borrow_mut();
-        if !d.contains_key(addr) {
-            let c = t.connect_stream(addr, timeout.min(Duration::from_secs(3))).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
-            let _ = c.s.set_read_timeout(Some(timeout));
-            d.insert(addr.to_string(), (c, 1));
-        }
-        let (conn, next) = d.get_mut(addr).expect("inserted above");
-        if let Some(p) = conn.peer.filter(|p| !may_receive(p.role, msg)) {
-            return Err(wrong_receiver(addr, p.role, msg));
-        }
-        *next += 1;
-        let id = *next;
-        let r = write_frame(conn, FrameKind::Request, id, msg).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() }).and_then(|_| loop {
-            match read_frame(conn) {
-                Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
-                // A reply to an earlier call that timed out: skip it.
-                Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id < id => continue,
-                Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
-                Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout }),
-                Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
-            }
-        });
-        if r.is_err() {
-            d.remove(addr);
-        }
-        r
+        let mut links: HashMap<&str, usize> = HashMap::new();
+        let keys: Vec<(String, usize)> = calls
+            .iter()
+            .map(|(addr, _)| {
+                let n = links.entry(addr).or_insert(0);
+                *n += 1;
+                (addr.to_string(), *n - 1)
+            })
+            .collect();
+        let sent: Vec<Result<u64, RpcError>> = calls.iter().zip(&keys).map(|((_, msg), key)| send_direct(t, &mut d, key, msg, timeout)).collect();
+        calls
+            .iter()
+            .zip(&keys)
+            .zip(sent)
+            .map(|(((_, msg), key), id)| {
+                let r = id.and_then(|id| receive_direct(&mut d, key, id, msg, timeout));
+                if r.is_err() {
+                    d.remove(key);
+                }
+                r
+            })
+            .collect()
     })
 }
 

@@ -167,6 +167,12 @@ pub struct PcompConfig {
     /// Most lines read ahead with a remote miss (0: off; docs/excache.md).
     #[arg(long, default_value_t = 8)]
     pub prefetch: usize,
+    /// Links to each mComponent a batch of fetched pages is striped across, all under way at
+    /// once (ThymesisFlow's bonding): a miss that reads ahead N pages sends up to `links`
+    /// requests of about N/links pages each, on as many connections (or shared-memory
+    /// channels) of the faulting thread. 1: one request per batch (docs/elastic-memory.md).
+    #[arg(long, default_value_t = 1)]
+    pub links: usize,
     /// Read-ahead policy: leap (the majority stride of recent misses), sequential (only while
     /// misses are sequential), nextline (also the next line of any remote miss).
     #[arg(long, default_value_t)]
@@ -269,6 +275,10 @@ impl Default for PcompConfig {
 /// line the next access needs again, so that even a Python one-liner never ends.
 const MIN_EXCACHE: u64 = 256 << 10;
 
+/// The most links a pComponent stripes a batch across: each is a connection of every faulting
+/// thread to every mComponent it uses.
+pub const MAX_LINKS: usize = 16;
+
 impl PcompConfig {
     /// Lines per ExCache set, as the ExCache makes them: fully associative (`ways = 0`) is one
     /// set of every line, and a set has no more ways than the ExCache has lines.
@@ -292,6 +302,9 @@ impl PcompConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
         check_excache(self.excache.0)?;
+        if !(1..=MAX_LINKS).contains(&self.links) {
+            return Err(format!("links: {} is not between 1 and {MAX_LINKS}", self.links));
+        }
         if self.excache_max.0 != 0 && self.excache_max.0 < self.excache.0 {
             return Err(format!("excache_max: {} is less than excache ({}): the ExCache starts no larger than it may grow", self.excache_max, self.excache));
         }

@@ -412,7 +412,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");
     }
     let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process)?;
-    let store = Arc::new(RemoteStore::new(node.clone(), cfg.one_sided == OneSided::On));
+    let store = Arc::new(RemoteStore::new(node.clone(), cfg.one_sided == OneSided::On, cfg.links));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
         let me = me.clone();
         let hook: FailHook = Box::new(move |t, why| {

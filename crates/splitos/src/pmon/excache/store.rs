@@ -201,6 +201,8 @@ pub struct RemoteStore {
     vregion_size: AtomicU64,
     procs: Mutex<HashMap<u64, Arc<ProcMemory>>>,
     pub one_sided: OneSided,
+    /// Requests a batch of fetched pages is striped across (`links`).
+    links: usize,
 }
 
 fn page(vpn: u64) -> u64 {
@@ -242,8 +244,8 @@ fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Ref
 
 impl RemoteStore {
     /// `one_sided`: whether pages of owners on this host are reached by a copy.
-    pub fn new(node: Arc<Node>, one_sided: bool) -> RemoteStore {
-        RemoteStore { one_sided: OneSided::new(node.clone(), one_sided), node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()) }
+    pub fn new(node: Arc<Node>, one_sided: bool, links: usize) -> RemoteStore {
+        RemoteStore { one_sided: OneSided::new(node.clone(), one_sided), node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()), links: links.max(1) }
     }
 
     /// The mComponents this pComponent's programs use: their homes, backup homes and the
@@ -664,20 +666,29 @@ impl PageStore for RemoteStore {
             let members = set.distinct().len();
             let (along, others) = self.victim_writes(o, flushes)?;
             let who = s.who_now();
-            let (msg, what): (Msg, _) = match (&along[..], vpns) {
+            // Bonding: the batch cut into stripes, each on a link of its own; the victims ride
+            // with the first.
+            let mut stripes = vpns.chunks(vpns.len().div_ceil(self.links.min(vpns.len())));
+            let head = stripes.next().expect("a batch has a page");
+            let striped: Vec<Msg> = stripes.map(|v| P2M_FETCH_MANY { who: who.clone(), vpns: v.to_vec() }.into()).collect();
+            let n_striped = striped.len();
+            if n_striped > 0 {
+                metrics::counter!("pcomp_fetch_stripes_total").increment(n_striped as u64 + 1);
+            }
+            let (msg, what): (Msg, _) = match (&along[..], head) {
                 ([], [vpn]) => (P2M_FETCH { who, vpn: *vpn }.into(), "fetch"),
-                ([], _) => (P2M_FETCH_MANY { who, vpns: vpns.to_vec() }.into(), "fetch"),
+                ([], _) => (P2M_FETCH_MANY { who, vpns: head.to_vec() }.into(), "fetch"),
                 ([(fwho, fvpn, data)], [vpn]) => (P2M_FLUSH_FETCH { who, fetch_vpn: *vpn, flush_who: fwho.clone(), flush_vpn: *fvpn, data: data.clone() }.into(), "write back and fetch"),
-                _ => (P2M_FLUSH_FETCH_MANY { who, vpns: vpns.to_vec(), flushes: along.clone() }.into(), "write back and fetch"),
+                _ => (P2M_FLUSH_FETCH_MANY { who, vpns: head.to_vec(), flushes: along.clone() }.into(), "write back and fetch"),
             };
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
             let (targets, msgs): (Vec<Target>, Vec<Msg>) =
-                std::iter::once(((o.clone(), members, None), msg)).chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg()))).unzip();
+                std::iter::once(msg).chain(striped).map(|m| ((o.clone(), members, None), m)).chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg()))).unzip();
             let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
             let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
-            let fetched = replies.next().expect("one reply per call");
-            for ((t, copies, w), r) in targets.iter().skip(1).zip(replies) {
+            let fetched: Vec<Result<Msg, RpcError>> = (&mut replies).take(1 + n_striped).collect();
+            for ((t, copies, w), r) in targets.iter().skip(1 + n_striped).zip(replies) {
                 let (fs, fvpn) = w.as_ref().expect("every write but the fetch names its process");
                 if let Err(e) = stored(t, r) {
                     match self.after(fs, t, *copies, "write back", *fvpn, e) {
@@ -690,10 +701,14 @@ impl PageStore for RemoteStore {
                     }
                 }
             }
-            let r = match fetched.and_then(|m| match m {
-                Msg::M2P_PAGES(p) => Ok(p),
-                Msg::M2P_PAGE(p) => Ok(M2P_PAGES { pages: vec![p.data] }),
-                other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FETCH", reply: other.name() }),
+            // The stripes' pages in the order asked; the first failure stands for the batch.
+            let r = match fetched.into_iter().try_fold(M2P_PAGES { pages: Vec::with_capacity(vpns.len()) }, |mut all, m| {
+                match m? {
+                    Msg::M2P_PAGES(p) => all.pages.extend(p.pages),
+                    Msg::M2P_PAGE(p) => all.pages.push(p.data),
+                    other => return Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FETCH", reply: other.name() }),
+                }
+                Ok(all)
             }) {
                 Ok(r) => r,
                 Err(e) if matches!(e.code(), ErrCode::NoMemory | ErrCode::ParityLost) && !along.is_empty() => {

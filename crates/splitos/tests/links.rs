@@ -1,0 +1,46 @@
+//! The links between a pComponent and its mComponents (docs/elastic-memory.md, "Bonded links
+//! and credits"): a batch of fetched pages striped across several connections (bonding), and
+//! the requests a peer may have in flight bounded by the receiver's grant (credits). Real
+//! programs over TCP, their output compared with native runs, and the counters of the
+//! component that did the work.
+mod common;
+use common::*;
+
+fn cluster(links: usize) -> TestCluster {
+    TestCluster::up(Some(&format!("[transport]\nkind = \"tcp\"\n[[pcomponent]]\nexcache = \"4M\"\nlinks = {links}\n[[mcomponent]]\n")))
+}
+
+/// Runs a sequential scan and STREAM (two threads) on a cluster whose pComponent stripes each
+/// batch across `links` links; returns the fetch requests it sent as stripes and the
+/// connections the mComponent accepted.
+fn scan_with(links: usize) -> (f64, f64) {
+    let c = cluster(links);
+    let memtouch = program("memtouch");
+    let stream = program("stream");
+    for cmd in [vec![memtouch.to_str().unwrap(), "24"], vec![stream.to_str().unwrap(), "6", "2", "2"]] {
+        let out = c.run(&[], &cmd);
+        assert_eq!(text(&out.stdout), text(&native(&cmd).stdout), "links = {links}, {cmd:?}: {}", text(&out.stderr));
+    }
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    (c.metric(&p, "splitos_pcomp_fetch_stripes_total"), c.metric(&m, "splitos_rpc_tcp_connections_accepted_total"))
+}
+
+#[test]
+fn bonded_links_stripe_each_batch_of_fetched_pages() {
+    let (stripes1, accepted1) = scan_with(1);
+    assert_eq!(stripes1, 0.0, "one link: a batch is one request");
+    let (stripes4, accepted4) = scan_with(4);
+    assert!(stripes4 > 0.0, "four links: batches went out in stripes");
+    // Each faulting thread holds a connection per link to the mComponent.
+    assert!(accepted4 >= accepted1 + 3.0, "the mComponent served the stripes on their own connections: {accepted1} with one link, {accepted4} with four");
+    // A link count out of bounds is refused at start, naming the knob.
+    for bad in [0, 17] {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("bad.toml");
+        std::fs::write(&f, format!("[[pcomponent]]\nlinks = {bad}\n[[mcomponent]]\n")).unwrap();
+        let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
+        assert_ne!(out.status.code(), Some(0));
+        assert!(text(&out.stderr).contains("links"), "{bad}: {}", text(&out.stderr));
+    }
+}
