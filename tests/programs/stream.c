@@ -1,11 +1,12 @@
 /* STREAM (McCalpin's copy, scale, add and triad kernels) on three heap arrays, split across
- * threads. Usage: stream MIB_PER_ARRAY [ITERATIONS [THREADS]].
+ * threads. Usage: stream MIB_PER_ARRAY [ITERATIONS [THREADS [rates]]].
  * stdout: the validation of the arrays' final values, the same on every run and machine.
- * stderr: one line per kernel with its best bandwidth, for the benchmarks. */
+ * stderr, with "rates": one line per kernel with its best bandwidth, for the benchmarks. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double *a, *b, *c;
@@ -61,8 +62,9 @@ int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoul(argv[1], 0, 10) : 16;
     int iters = argc > 2 ? atoi(argv[2]) : 5;
     threads = argc > 3 ? atoi(argv[3]) : 1;
+    int rates = argc > 4 && !strcmp(argv[4], "rates");
     if (mib == 0 || iters < 1 || threads < 1 || threads > 64) {
-        fprintf(stderr, "usage: stream MIB_PER_ARRAY [ITERATIONS [THREADS (1-64)]]\n");
+        fprintf(stderr, "usage: stream MIB_PER_ARRAY [ITERATIONS [THREADS (1-64) [rates]]]\n");
         return 2;
     }
     n = (mib << 20) / sizeof(double);
@@ -85,7 +87,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < iters; i++) { cj = aj; bj = scalar * cj; cj = aj + bj; aj = bj + scalar * cj; }
     printf("stream: %zu MiB per array, %d iterations\n", mib, iters);
     int ok = check("a", a, aj) & check("b", b, bj) & check("c", c, cj);
-    for (int k = 0; k < KERNELS; k++)
+    for (int k = 0; k < KERNELS && rates; k++)
         fprintf(stderr, "%s %.1f MB/s\n", names[k], arrays[k] * n * sizeof(double) / best[k] / 1e6);
     return ok ? 0 : 1;
 }

@@ -226,7 +226,9 @@ mod tests {
         // Events now come 100 µs into each wait: polling resumes and catches them.
         let hits: Vec<bool> = (0..30).map(|_| wait(&p, Duration::from_micros(100), Duration::ZERO)).collect();
         assert!(hits[25..].iter().all(|h| *h), "the last waits were caught polling: {hits:?}");
-        assert!(p.budget() >= Duration::from_micros(200), "{:?}", p.budget());
+        // At least the events' delay (twice it, measured from the poll's start, a little
+        // after the wait's).
+        assert!(p.budget() >= Duration::from_micros(100), "{:?}", p.budget());
     }
 
     #[test]

@@ -26,33 +26,35 @@ fn splitos_fails(c: &TestCluster, args: &[&str]) -> String {
     text(&out.stderr)
 }
 
-/// Detaches the home of the hash table's process after its first phase (it holds vRegions
-/// too) and checks it is gone and the program's output native.
-fn detach_the_home_mid_run(scheme: &str, mcomps: usize) {
+/// Detaches the home of the process `pid` (it holds vRegions too), waits until it is gone and
+/// checks that no set names it; returns its id.
+fn detach_home(c: &TestCluster, scheme: &str, pid: u64) -> String {
+    let (home, sets) = home_of(c, pid);
+    let id = c.components("mcomponent").into_iter().find(|m| m["addr"] == home.as_str()).unwrap()["id"].as_u64().unwrap();
+    assert!(sets.iter().any(|s| s.contains(&id)), "{scheme}: the home holds vRegions too: {sets:?}");
+    let pid_of_home = c.pid_of_addr(&home);
+    let said = splitos_ok(c, &["memory", "detach", &id.to_string(), "--timeout", "60"]);
+    assert!(said.contains("detached in"), "{said}");
+    assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(pid_of_home)), "the detached mComponent exited");
+    assert!(c.components("mcomponent").iter().all(|m| m["id"] != id), "{scheme}: the managers forgot it");
+    let (_, sets) = home_of(c, pid);
+    assert!(sets.iter().all(|s| !s.contains(&id)), "{scheme}: no set names it: {sets:?}");
+    id.to_string()
+}
+
+/// Runs `cmd` (a program of phases) with its home detached after the first phase, and checks
+/// its output is native and the components that did the work counted it.
+fn detach_the_home_mid_run_of(scheme: &str, mcomps: usize, cmd: &[&str]) {
     // A logged set's backup file goes to an sComponent.
     let c = cluster(scheme, mcomps, if scheme == "log" { "[[scomponent]]\n" } else { "" });
-    let table = program("hashtable");
-    // Every write-back of a logged set is also logged and streamed to disk: a smaller table.
-    let cmd = [table.to_str().unwrap(), if scheme == "log" { "30000" } else { "100000" }];
     let mut detached = String::new();
-    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
-        if phase != 1 {
-            return;
+    let (out, err, ok) = run_phased(&c, cmd, |c, phase, pid| {
+        if phase == 1 {
+            detached = detach_home(c, scheme, pid);
         }
-        let (home, sets) = home_of(c, pid);
-        let id = c.components("mcomponent").into_iter().find(|m| m["addr"] == home.as_str()).unwrap()["id"].as_u64().unwrap();
-        assert!(sets.iter().any(|s| s.contains(&id)), "{scheme}: the home holds vRegions too: {sets:?}");
-        let pid_of_home = c.pid_of_addr(&home);
-        let said = splitos_ok(c, &["memory", "detach", &id.to_string(), "--timeout", "60"]);
-        assert!(said.contains("detached in"), "{said}");
-        assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(pid_of_home)), "the detached mComponent exited");
-        assert!(c.components("mcomponent").iter().all(|m| m["id"] != id), "{scheme}: the managers forgot it");
-        let (_, sets) = home_of(c, pid);
-        assert!(sets.iter().all(|s| !s.contains(&id)), "{scheme}: no set names it: {sets:?}");
-        detached = id.to_string();
     });
     assert!(ok, "{scheme}: {err}");
-    assert_eq!(out, native_phased(&cmd), "{scheme}: {err}");
+    assert_eq!(out, native_phased(cmd), "{scheme}: {err}");
     assert!(!detached.is_empty());
     // The new home adopted the process; the homes moved vRegions by copying pages.
     assert_eq!(mcomp_metric(&c, "splitos_mcomp_homes_adopted_total"), 1.0, "{scheme}");
@@ -60,6 +62,35 @@ fn detach_the_home_mid_run(scheme: &str, mcomps: usize) {
     assert!(c.metric(c.components("pcomponent")[0]["addr"].as_str().unwrap(), "splitos_pcomp_home_moves_total") == 1.0, "{scheme}: the pComponent was told the new home");
     let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
     assert_eq!(used, 0, "{scheme}: everything is released when the program ends");
+}
+
+/// The C hash table (a smaller one under `log`, whose every write-back is also logged and
+/// streamed to disk).
+fn detach_the_home_mid_run(scheme: &str, mcomps: usize) {
+    let table = program("hashtable");
+    detach_the_home_mid_run_of(scheme, mcomps, &[table.to_str().unwrap(), if scheme == "log" { "30000" } else { "100000" }]);
+}
+
+/// CPython building and querying a dict of records (`phases.py dict`).
+fn detach_the_home_of_cpython_mid_run(scheme: &str, mcomps: usize) {
+    let py = python3();
+    let phases = script("phases.py");
+    detach_the_home_mid_run_of(scheme, mcomps, &[py.as_str(), phases.as_str(), "dict"]);
+}
+
+#[test]
+fn detaching_the_home_of_running_cpython_without_replication() {
+    detach_the_home_of_cpython_mid_run("none", 3);
+}
+
+#[test]
+fn detaching_the_home_of_running_cpython_with_replicas() {
+    detach_the_home_of_cpython_mid_run("replica", 3);
+}
+
+#[test]
+fn detaching_the_home_of_running_cpython_erasure_coded() {
+    detach_the_home_of_cpython_mid_run("ec:2", 4);
 }
 
 #[test]
@@ -284,4 +315,60 @@ fn a_detach_interrupted_by_the_death_of_the_leaving_mcomponent_ends_as_a_loss() 
     assert_eq!(out, native_phased(&cmd), "{err}");
     let other = c.components("mcomponent").into_iter().find(|m| m["alive"] == true).unwrap()["id"].to_string();
     assert!(splitos_ok(&c, &["memory", "detach", &other, "--no-wait"]).contains("detaching"), "a later detach is not blocked by the dead one");
+}
+
+#[test]
+fn memory_attached_to_a_program_waiting_on_enomem_lets_it_allocate_again() {
+    // Strict overcommit: a writable mapping is charged when made, and refused beyond the
+    // memory that takes vRegions. The standby mComponent's does not count until attached.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"8M\"\n[[mcomponent]]\ncapacity = \"48M\"\n[[mcomponent]]\ncapacity = \"128M\"\nstandby = true\n"));
+    let standby = c.components("mcomponent").iter().find(|m| m["cordoned"] == true).expect("the standby joined cordoned")["id"].as_u64().unwrap().to_string();
+    let grow = program("growmem");
+    let cmd = [grow.to_str().unwrap(), "96"];
+    let mut child = c.spawn(&[], &cmd);
+    // The program reports on stderr when an allocation first fails.
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    assert!(line.starts_with("waiting for memory"), "the program ran out of memory first: {line:?}");
+    assert!(splitos_ok(&c, &["memory", "attach", &standby]).contains("attached"));
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(out.status.success(), "{rest}");
+    assert_eq!(text(&out.stdout), text(&native(&cmd).stdout), "{rest}");
+    let failed: u64 = rest.lines().find_map(|l| l.strip_prefix("allocations failed: ")).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(failed > 0, "allocations failed before the attach: {rest}");
+    // The attached mComponent holds vRegions of the program's heap: by its own counters.
+    let m = c.components("mcomponent").into_iter().find(|m| m["id"].as_u64().unwrap().to_string() == standby).unwrap();
+    assert!(
+        requests_of(&c, m["addr"].as_str().unwrap(), "M2M_VMA_ADD") + requests_of(&c, m["addr"].as_str().unwrap(), "P2M_FLUSH_MANY") + requests_of(&c, m["addr"].as_str().unwrap(), "P2M_FLUSH") > 0.0,
+        "the attached mComponent took the program's memory"
+    );
+}
+
+#[test]
+fn interleaving_keeps_its_share_of_the_heap_local_and_fetches_only_the_rest() {
+    // STREAM's 24 MiB on a 12 MiB ExCache: every kernel's arrays exceed it, so each pass
+    // evicts what the next needs. With 1:2, half of every set's pages (up to all its ways but
+    // one) stay local for good and only the others come and go.
+    let stream = program("stream");
+    let cmd = [stream.to_str().unwrap(), "8", "2", "1"];
+    let served = |interleave: &str| {
+        let (_, s) = same_as_native_with_stats(&["--excache", "12M", "--interleave", interleave], &cmd);
+        pages_served(&s)
+    };
+    let (off, half) = (served("off"), served("1:2"));
+    assert!(off > 0 && (half as f64) < off as f64 * 0.75, "the mComponent served {off} pages without interleaving, {half} with 1:2");
+    // By range: 4 MiB local, 4 MiB remote.
+    let by_range = {
+        let (_, s) = same_as_native_with_stats(&["--excache", "12M", "--interleave", "1:2", "--interleave-unit", "4M"], &cmd);
+        pages_served(&s)
+    };
+    assert!((by_range as f64) < off as f64 * 0.75, "by range: {by_range} pages served, {off} without");
+    for bad in [&["--interleave", "2:2"][..], &["--interleave", "1:0"], &["--interleave", "half"], &["--interleave", "1:2", "--interleave-unit", "6K"]] {
+        let out = under_splitos(bad, &["true"]);
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(text(&out.stderr).contains("interleave"), "{bad:?}: {}", text(&out.stderr));
+    }
 }

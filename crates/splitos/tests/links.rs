@@ -44,3 +44,36 @@ fn bonded_links_stripe_each_batch_of_fetched_pages() {
         assert!(text(&out.stderr).contains("links"), "{bad}: {}", text(&out.stderr));
     }
 }
+
+/// The peak memory of a process (VmHWM), in KiB.
+fn peak_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
+}
+
+#[test]
+fn a_slow_mcomponent_slows_its_clients_within_their_credits() {
+    // Two credits per connection, and an mComponent that takes 2 ms for every request.
+    let c = TestCluster::up(Some("[transport]\nkind = \"tcp\"\n[transport.tcp]\nmax_in_flight = 2\n[[pcomponent]]\nexcache = \"16M\"\n[[mcomponent]]\nserve_delay_us = 2000\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let mpid = c.pid_of_addr(&m);
+    let threads = program("threads");
+    let memtouch = program("memtouch");
+    let cmds: Vec<Vec<&str>> = (0..3).flat_map(|_| [vec![threads.to_str().unwrap(), "2"], vec![memtouch.to_str().unwrap(), "6"]]).collect();
+    let running: Vec<_> = cmds.iter().map(|cmd| c.cmd(&["run", "--"]).args(cmd).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()).collect();
+    for (cmd, child) in cmds.iter().zip(running) {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{cmd:?}: {}", text(&out.stderr));
+    }
+    let waits = c.metric(&p, "splitos_rpc_credit_waits_total");
+    let over = c.metric(&m, "splitos_rpc_requests_over_credit_total");
+    let served = c.metric(&m, "splitos_mcomp_requests_total");
+    let peak = peak_kib(mpid);
+    eprintln!("credit waits {waits}, over credit {over}, served {served}, mcomp peak {peak} KiB");
+    assert!(served > 0.0);
+    assert_eq!(over, 0.0, "no client sent beyond its credits");
+    assert!(waits > 0.0, "callers waited for credits");
+    // The programs hold 24 MiB: requests queued without bound would show far beyond it.
+    assert!(peak < 128 << 10, "the slow mComponent's memory stayed bounded: {peak} KiB at its peak");
+}

@@ -11,9 +11,11 @@
 //! Anyone who reaches the port can connect, so what a connection may hold is bounded: the
 //! connections served at once, in all and per peer address (one more is closed at once); the
 //! time a frame may take to arrive once it began, and a new connection's first frame from the
-//! accept (a peer that stalls is closed); the requests of one connection in flight at once (its
-//! next frame is not read until one is answered); and the memory of a frame, which grows with
-//! the bytes that arrived rather than with the length its header announces.
+//! accept (a peer that stalls is closed); the requests of one connection in flight at once,
+//! granted to the peer as credits when the connection begins (a caller beyond them waits for a
+//! reply; a frame sent beyond them is not read until one is answered); and the memory of a
+//! frame, which grows with the bytes that arrived rather than with the length its header
+//! announces.
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream, ToSocketAddrs};
@@ -58,7 +60,9 @@ pub struct TcpConfig {
     /// first frame from the accept (ms).
     #[arg(id = "tcp.frame_timeout_ms", value_name = "MS", long = "tcp-frame-timeout-ms", default_value_t = 10_000)]
     pub frame_timeout_ms: u64,
-    /// Requests of one connection served at once; its next frame waits for an answer.
+    /// Credits: requests of one connection served at once, granted to the peer when the
+    /// connection begins; a peer's caller beyond them waits for a reply, and a frame sent
+    /// beyond them is not read until one is answered.
     #[arg(id = "tcp.max_in_flight", value_name = "N", long = "tcp-max-in-flight", default_value_t = 64)]
     pub max_in_flight: usize,
 }
@@ -516,7 +520,7 @@ impl TcpListen {
     }
 }
 
-/// Requests of one connection being served, and how many may be.
+/// Requests of one connection being served, and how many may be: the credits granted to it.
 struct InFlight {
     n: Mutex<usize>,
     done: Condvar,
@@ -526,6 +530,10 @@ struct InFlight {
 impl InFlight {
     fn enter(&self) {
         let mut n = self.n.lock().unwrap();
+        if *n >= self.max {
+            // The peer sent beyond its credits: its frames wait in the socket, not here.
+            metrics::counter!("rpc_requests_over_credit_total").increment(1);
+        }
         while *n >= self.max {
             n = self.done.wait(n).unwrap();
         }
@@ -547,6 +555,11 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
         }
     };
     let in_flight = Arc::new(InFlight { n: Mutex::new(0), done: Condvar::new(), max: max_in_flight });
+    if let Err(e) = write_frame(&mut *writer.lock().unwrap(), FrameKind::Credit, max_in_flight as u64, &Msg::OK(crate::wire::OK)) {
+        tracing::debug!(%peer, error = %e, "cannot grant credits; closing the connection");
+        writer.lock().unwrap().close();
+        return;
+    }
     loop {
         let frame = read_frame(&mut reader);
         if frame.is_ok() && reader.frame_done().is_err() {
@@ -557,13 +570,15 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
                 let (w, req_id, flight) = (writer.clone(), f.req_id, in_flight.clone());
                 flight.enter();
                 dispatcher.submit(f.msg, reader.peer, move |reply| {
+                    // The credit comes back before the reply goes: the peer may send its next
+                    // request as soon as it has the reply.
+                    flight.leave();
                     let mut w = w.lock().unwrap();
                     if let Err(e) = write_frame(&mut *w, FrameKind::Reply, req_id, &reply) {
                         metrics::counter!("rpc_replies_undelivered_total").increment(1);
                         tracing::debug!(error = %e, "reply not delivered; closing the connection");
                         w.close();
                     }
-                    flight.leave();
                 });
             }
             Ok(Some(f)) => {
@@ -598,7 +613,22 @@ struct Inner {
     pending: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     dead: AtomicBool,
+    credits: Mutex<Credits>,
+    /// Signalled when a credit comes back, more are granted, or the connection dies.
+    credit_back: Condvar,
 }
+
+/// The requests a connection may have in flight, as its receiver granted, and those it has:
+/// a caller beyond the grant waits for a reply to bring a credit back, so that a slow
+/// receiver slows its callers instead of queueing their requests.
+struct Credits {
+    granted: u64,
+    used: u64,
+}
+
+/// Credits a connection has before its receiver's grant arrives: one request is always
+/// allowed (every receiver serves at least one at a time).
+const FIRST_CREDITS: u64 = 1;
 
 /// A multiplexed connection: callers on many threads share it; a reader thread matches
 /// replies to callers by request id.
@@ -610,7 +640,16 @@ struct Client {
 impl Client {
     fn start(conn: TcpConn, addr: &str) -> Result<Client, RpcError> {
         let reader = conn.try_clone().map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
-        let inner = Arc::new(Inner { addr: addr.to_string(), peer: conn.peer, writer: Mutex::new(conn), pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1), dead: AtomicBool::new(false) });
+        let inner = Arc::new(Inner {
+            addr: addr.to_string(),
+            peer: conn.peer,
+            writer: Mutex::new(conn),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
+            credits: Mutex::new(Credits { granted: FIRST_CREDITS, used: 0 }),
+            credit_back: Condvar::new(),
+        });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new().name(format!("rpc-rx {addr}")).spawn(move || reader_loop(reader, weak)).expect("spawn rpc reader");
         Ok(Client { inner })
@@ -628,6 +667,9 @@ impl Client {
         if let Some(p) = inner.peer.filter(|p| !may_receive(p.role, msg)) {
             return Err(wrong_receiver(&inner.addr, p.role, msg));
         }
+        let t0 = Instant::now();
+        self.take_credit(msg, timeout)?;
+        let timeout = timeout.saturating_sub(t0.elapsed());
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = bounded(1);
         inner.pending.lock().unwrap().insert(id, tx);
@@ -635,6 +677,7 @@ impl Client {
         if let Err(e) = sent {
             inner.pending.lock().unwrap().remove(&id);
             inner.dead.store(true, Ordering::Release);
+            inner.credit_back.notify_all();
             return Err(RpcError::Unreachable { addr: inner.addr.clone(), why: e.to_string() });
         }
         match rx.recv_timeout(timeout) {
@@ -644,6 +687,30 @@ impl Client {
                 Err(RpcError::Timeout { addr: inner.addr.clone(), msg: msg.name(), after: timeout })
             }
         }
+    }
+}
+
+impl Client {
+    /// Waits up to `timeout` for a credit of the connection and takes it; a reply gives it back.
+    fn take_credit(&self, msg: &Msg, timeout: Duration) -> Result<(), RpcError> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + timeout;
+        let mut c = inner.credits.lock().unwrap();
+        if c.used >= c.granted {
+            metrics::counter!("rpc_credit_waits_total").increment(1);
+        }
+        while c.used >= c.granted {
+            if inner.dead.load(Ordering::Acquire) {
+                return Err(RpcError::Closed { addr: inner.addr.clone() });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RpcError::Timeout { addr: inner.addr.clone(), msg: msg.name(), after: timeout });
+            }
+            c = inner.credit_back.wait_timeout(c, left).unwrap().0;
+        }
+        c.used += 1;
+        Ok(())
     }
 }
 
@@ -661,9 +728,19 @@ fn reader_loop(mut conn: TcpConn, inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         match frame {
             Ok(Some(f)) if f.kind == FrameKind::Reply => {
+                // Every reply brings its credit back, also one whose caller gave up waiting:
+                // the receiver served that request all the same.
+                let mut c = inner.credits.lock().unwrap();
+                c.used = c.used.saturating_sub(1);
+                drop(c);
+                inner.credit_back.notify_one();
                 if let Some(w) = inner.pending.lock().unwrap().remove(&f.req_id) {
                     let _ = w.send(Ok(f.msg));
                 }
+            }
+            Ok(Some(f)) if f.kind == FrameKind::Credit => {
+                inner.credits.lock().unwrap().granted = f.req_id.max(1);
+                inner.credit_back.notify_all();
             }
             Ok(Some(f)) => {
                 tracing::warn!(peer = %inner.addr, req_id = f.req_id, "peer sent a request on a client connection; closing");
@@ -691,6 +768,7 @@ fn reader_loop(mut conn: TcpConn, inner: Weak<Inner>) {
 
 fn fail_all(inner: &Inner) {
     inner.dead.store(true, Ordering::Release);
+    inner.credit_back.notify_all();
     for (_, w) in inner.pending.lock().unwrap().drain() {
         let _ = w.send(Err(RpcError::Closed { addr: inner.addr.clone() }));
     }
@@ -730,8 +808,9 @@ fn receive_direct(d: &mut DirectConns, key: &(String, usize), id: u64, msg: &Msg
     loop {
         match read_frame(conn) {
             Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
-            // A reply to an earlier call that timed out: skip it.
-            Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id < id => continue,
+            // A reply to an earlier call that timed out: skip it. A thread's own connection has
+            // one request in flight at a time, within any grant.
+            Ok(Some(f)) if (f.kind == FrameKind::Reply && f.req_id < id) || f.kind == FrameKind::Credit => continue,
             Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
             Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout }),
             Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),

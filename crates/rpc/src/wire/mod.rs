@@ -49,7 +49,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `G2X_BEAT.rebalance` (background rebalancing) and a
 /// running ExCache resized and shared among vNodes (`G2P_SET_EXCACHE`, `P2G_EXCACHE`,
 /// `ExcacheShare`).
-pub const WIRE_VERSION: u16 = 20;
+pub const WIRE_VERSION: u16 = 21;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -85,6 +85,9 @@ const _: () = assert!(std::mem::size_of::<FrameHeader>() == FrameHeader::SIZE);
 pub enum FrameKind {
     Request = 0,
     Reply = 1,
+    /// The receiver's grant of credits (TCP): how many requests the connection may have in
+    /// flight, in `req_id`; the body is `OK`. Sent when a connection begins to be served.
+    Credit = 2,
 }
 
 impl FrameKind {
@@ -92,6 +95,7 @@ impl FrameKind {
         match v {
             0 => Some(FrameKind::Request),
             1 => Some(FrameKind::Reply),
+            2 => Some(FrameKind::Credit),
             _ => None,
         }
     }

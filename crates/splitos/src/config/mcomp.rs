@@ -30,6 +30,11 @@ pub struct McompConfig {
     /// primary copies it again (docs/failures.md).
     #[arg(long, default_value_t = Size(64 << 20))]
     pub backup_log: Size,
+    /// Fault injection: how long it waits before serving each request (µs; 0: none). An
+    /// artificially slow mComponent, to see its clients slow down with it instead of queueing
+    /// requests without bound (docs/elastic-memory.md, "Credits").
+    #[arg(long, default_value_t = 0)]
+    pub serve_delay_us: u64,
     /// Join out of placement: it holds nothing until the admin attaches it (`splitos memory
     /// attach ID`), as memory a host lends when asked (docs/elastic-memory.md).
     #[arg(long, default_value_t = false)]

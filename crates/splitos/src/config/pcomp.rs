@@ -228,6 +228,16 @@ pub struct PcompConfig {
     /// (0: off, misses evict inline).
     #[arg(long, default_value_t = 0)]
     pub evict_reserve: usize,
+    /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
+    /// (or ranges of interleave_unit) in the ExCache for good, local, and the others remote,
+    /// round robin; off: none. A set keeps at most all its ways but one pinned
+    /// (docs/elastic-memory.md#interleaving).
+    #[arg(long, default_value_t)]
+    pub interleave: InterleaveRatio,
+    /// What interleaving deals out round robin: 4K (by page), or a larger multiple of 4K (by
+    /// range).
+    #[arg(long, default_value_t = Size(PAGE))]
+    pub interleave_unit: Size,
     /// Percent of an equal share of the ExCache (its lines over the processes holding lines)
     /// that each process keeps against other processes' misses (0: off, at most 100;
     /// docs/excache.md).
@@ -275,6 +285,49 @@ impl Default for PcompConfig {
 /// line the next access needs again, so that even a Python one-liner never ends.
 const MIN_EXCACHE: u64 = 256 << 10;
 
+/// Interleaving's share of the heap kept local: `off`, or `N:M`, N of every M pages (or ranges)
+/// with 1 <= N < M <= 1024.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InterleaveRatio(pub Option<(u32, u32)>);
+
+impl std::str::FromStr for InterleaveRatio {
+    type Err = String;
+    fn from_str(s: &str) -> Result<InterleaveRatio, String> {
+        let t = s.trim();
+        if t.is_empty() || t == "off" {
+            return Ok(InterleaveRatio(None));
+        }
+        let bad = || format!("{s:?}: interleave is off or N:M (N of every M pages local, 1 <= N < M <= 1024), as in 1:2");
+        let (n, m) = t.split_once(':').ok_or_else(bad)?;
+        let (n, m): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+        if n == 0 || n >= m || m > 1024 {
+            return Err(bad());
+        }
+        Ok(InterleaveRatio(Some((n, m))))
+    }
+}
+
+impl std::fmt::Display for InterleaveRatio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            None => write!(f, "off"),
+            Some((n, m)) => write!(f, "{n}:{m}"),
+        }
+    }
+}
+
+impl Serialize for InterleaveRatio {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for InterleaveRatio {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The most links a pComponent stripes a batch across: each is a connection of every faulting
 /// thread to every mComponent it uses.
 pub const MAX_LINKS: usize = 16;
@@ -302,6 +355,9 @@ impl PcompConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
         check_excache(self.excache.0)?;
+        if self.interleave_unit.0 < PAGE || !self.interleave_unit.0.is_multiple_of(PAGE) {
+            return Err(format!("interleave_unit: {} is not a whole number of 4 KiB pages", self.interleave_unit));
+        }
         if !(1..=MAX_LINKS).contains(&self.links) {
             return Err(format!("links: {} is not between 1 and {MAX_LINKS}", self.links));
         }

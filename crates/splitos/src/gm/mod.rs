@@ -373,7 +373,9 @@ impl Gm {
         if self.replication != Replication::None && !fenced {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
-        let memory = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| e.info.load.capacity).sum();
+        // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
+        // there to be promised (strict overcommit charges against this).
+        let memory = comps.iter().filter(|e| self.takes_memory(e)).map(|e| e.info.load.capacity).sum();
         let leaving = self.leaving_ids(&comps);
         let rebalance = self.rebalance_from(&comps);
         if exit {

@@ -119,6 +119,8 @@ pub struct Mem<P = RpcPeers> {
     /// The mComponents leaving, as the managers' last heartbeat answer said: only they give
     /// homes away (`M2M_HOME_ADOPT`).
     leavers: Mutex<Vec<u32>>,
+    /// Injected before serving each request (`serve_delay_us`).
+    serve_delay: std::time::Duration,
     c: Counters,
 }
 
@@ -154,6 +156,7 @@ impl<P: Peers> Mem<P> {
             moved_pages: AtomicU64::new(0),
             unannounced: Mutex::new(Vec::new()),
             leavers: Mutex::new(Vec::new()),
+            serve_delay: std::time::Duration::from_micros(cfg.serve_delay_us),
             c: Counters::default(),
         }
     }
@@ -410,6 +413,9 @@ impl<P: Peers> Handler for Mem<P> {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
         metrics::counter!("mcomp_requests_total", "msg" => name).increment(1);
+        if !self.serve_delay.is_zero() {
+            std::thread::sleep(self.serve_delay);
+        }
         let bc = &self.bcache;
         let reply = match msg {
             Msg::P2M_PROC_CREATE(r) => on(r, |r| self.proc_create(r)),

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use splitos_rpc::*;
 
-pub use excache::{eviction_policy, Clock, EvictionPolicy, ExCache, Fifo};
+pub use excache::{eviction_policy, Clock, EvictionPolicy, ExCache, Fifo, Interleave};
 pub use excache::{prefetcher, Prefetcher, Sequential};
 pub use excache::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
@@ -290,6 +290,7 @@ impl Pcomp {
         crate::counters::render(e, "pcomp_idle_poll", self.idle.stats.counters());
         e.one("pcomp_excache_used_lines", Kind::Gauge, "ExCache lines holding a page.", self.miss.with_cache(|c| c.used()) as f64);
         e.one("pcomp_excache_lines", Kind::Gauge, "ExCache lines, as last resized.", self.miss.with_cache(|c| c.lines()) as f64);
+        e.one("pcomp_excache_pinned_lines", Kind::Gauge, "ExCache lines interleaving keeps local for good.", self.miss.with_cache(|c| c.pinned_lines()) as f64);
         let shares = self.miss.shares();
         let vnode = |v: &String| vec![("vnode", v.clone())];
         e.family("pcomp_excache_share_lines", Kind::Gauge, "ExCache lines a vNode keeps against other vNodes' misses.", shares.iter().map(|(v, share, _)| (vnode(v), *share as f64)));
@@ -392,7 +393,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
-    let cache = ExCache::growable(lines, max_lines, cfg.ways, eviction_policy(cfg.policy, lines)).with_floor(cfg.share_floor);
+    let interleave = cfg.interleave.0.map(|(local, of)| Interleave { local: local.into(), of: of.into(), unit: cfg.interleave_unit.0 / PAGE_SIZE as u64 });
+    let cache = ExCache::growable(lines, max_lines, cfg.ways, eviction_policy(cfg.policy, lines)).with_floor(cfg.share_floor).with_interleave(interleave);
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {

@@ -42,24 +42,40 @@ fn ping_frame(id: u64) -> Vec<u8> {
     encode(FrameKind::Request, id, &C2X_PING.into())
 }
 
-/// Reads one reply frame's request id.
-fn reply_id(s: &mut TcpStream) -> u64 {
+/// Reads one frame: its kind and request id; `None` if the connection ends or times out.
+fn try_frame(s: &mut TcpStream) -> Option<(u8, u64)> {
     let mut h = [0u8; FrameHeader::SIZE];
-    s.read_exact(&mut h).unwrap();
+    s.read_exact(&mut h).ok()?;
     let len = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
     let mut body = vec![0u8; len];
-    s.read_exact(&mut body).unwrap();
-    u64::from_le_bytes(h[8..16].try_into().unwrap())
+    s.read_exact(&mut body).ok()?;
+    Some((h[6], u64::from_le_bytes(h[8..16].try_into().unwrap())))
 }
 
-/// True if the peer closed `s` within `within`.
+fn next_frame(s: &mut TcpStream) -> (u8, u64) {
+    try_frame(s).expect("a frame")
+}
+
+/// Reads one reply frame's request id, past the grant of credits.
+fn reply_id(s: &mut TcpStream) -> u64 {
+    loop {
+        match next_frame(s) {
+            (k, id) if k == FrameKind::Reply as u8 => return id,
+            (k, _) => assert_eq!(k, FrameKind::Credit as u8, "a reply or a grant"),
+        }
+    }
+}
+
+/// True if the peer closed `s` within `within` (what it sent before, a grant, is read past).
 fn closed(s: &mut TcpStream, within: Duration) -> bool {
     s.set_read_timeout(Some(within)).unwrap();
-    let mut b = [0u8; 16];
-    match s.read(&mut b) {
-        Ok(0) => true,
-        Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
-        Ok(_) => false,
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Err(e) => return e.kind() == io::ErrorKind::ConnectionReset,
+            Ok(_) => continue,
+        }
     }
 }
 
@@ -67,6 +83,7 @@ fn closed(s: &mut TcpStream, within: Duration) -> bool {
 fn one_connection_has_at_most_max_in_flight_requests_served_at_once() {
     let (addr, h) = serve(TcpConfig { max_in_flight: 2, ..TcpConfig::default() }, 8);
     let mut s = TcpStream::connect(&addr).unwrap();
+    assert_eq!(next_frame(&mut s), (FrameKind::Credit as u8, 2), "the connection is granted its credits first");
     let burst: Vec<u8> = (1..=10).flat_map(ping_frame).collect();
     s.write_all(&burst).unwrap();
     let mut ids: Vec<u64> = (0..10).map(|_| reply_id(&mut s)).collect();
@@ -91,10 +108,7 @@ fn connections_over_the_caps_are_closed_and_the_others_served() {
         std::thread::sleep(Duration::from_millis(20));
         let mut s = TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        s.write_all(&ping_frame(99)).is_ok() && {
-            let mut h = [0u8; FrameHeader::SIZE];
-            s.read_exact(&mut h).is_ok()
-        }
+        s.write_all(&ping_frame(99)).is_ok() && std::iter::from_fn(|| try_frame(&mut s)).any(|(k, id)| k == FrameKind::Reply as u8 && id == 99)
     });
     assert!(served, "a connection is served again once one ended");
     let (addr, _) = serve(TcpConfig { max_connections: 2, ..TcpConfig::default() }, 0);
@@ -231,4 +245,57 @@ fn a_peer_that_stops_reading_its_replies_does_not_hold_the_workers() {
     next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     next.write_all(&ping_frame(99)).unwrap();
     assert_eq!(reply_id(&mut next), 99);
+}
+
+/// Reads frames until a request, and returns its id.
+fn request_id(s: &mut TcpStream) -> u64 {
+    let (k, id) = next_frame(s);
+    assert_eq!(k, FrameKind::Request as u8);
+    id
+}
+
+#[test]
+fn a_client_has_no_more_requests_in_flight_than_its_receiver_granted() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = Arc::new(TcpTransport::new(TcpConfig::default(), Polling::Fixed, None));
+    let pong = || encode(FrameKind::Reply, 0, &X2C_PONG { role: crate::Role::Gm, id: 1 }.into());
+    let reply = |id: u64| {
+        let mut f = pong();
+        f[8..16].copy_from_slice(&id.to_le_bytes());
+        f
+    };
+    // A first call makes the connection; its receiver grants three credits.
+    let first = {
+        let (t, addr) = (t.clone(), addr.clone());
+        std::thread::spawn(move || t.call(&addr, &C2X_PING.into(), Duration::from_secs(20)))
+    };
+    let (mut s, _) = l.accept().unwrap();
+    s.write_all(&encode(FrameKind::Credit, 3, &Msg::OK(crate::wire::OK))).unwrap();
+    let id = request_id(&mut s);
+    s.write_all(&reply(id)).unwrap();
+    assert!(matches!(first.join().unwrap(), Ok(Msg::X2C_PONG(_))));
+    // Ten callers at once: three requests come, and then one per reply.
+    let callers: Vec<_> = (0..10)
+        .map(|_| {
+            let (t, addr) = (t.clone(), addr.clone());
+            std::thread::spawn(move || t.call(&addr, &C2X_PING.into(), Duration::from_secs(20)))
+        })
+        .collect();
+    let mut outstanding: Vec<u64> = (0..3).map(|_| request_id(&mut s)).collect();
+    let mut answered = 0;
+    while let Some(id) = outstanding.pop() {
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        assert!(try_frame(&mut s).is_none(), "no request beyond the three credits");
+        s.set_read_timeout(None).unwrap();
+        s.write_all(&reply(id)).unwrap();
+        answered += 1;
+        if answered + outstanding.len() < 10 {
+            outstanding.push(request_id(&mut s));
+        }
+    }
+    assert_eq!(answered, 10);
+    for c in callers {
+        assert!(matches!(c.join().unwrap(), Ok(Msg::X2C_PONG(_))), "every caller answered");
+    }
 }

@@ -412,7 +412,21 @@ impl<P: Peers> Mem<P> {
         let mut done: Vec<(u64, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
             let creator = h.creator;
-            let r = self.ensure_owners(h, idx).and_then(|_| self.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator }));
+            let add = |m: &Self, h: &mut HomeProc| m.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator });
+            let mut r = self.ensure_owners(h, idx).and_then(|_| add(self, h));
+            // Under strict overcommit a member out of memory to promise refuses: the vRegion
+            // moves to an mComponent with room (memory attached since, say) and the range is
+            // tried there.
+            if matches!(&r, Err(err) if err.code == ErrCode::NoMemory) && self.charges_mappings() {
+                for m in h.members(idx) {
+                    if self.relocate(h, idx, &m).is_ok() {
+                        r = add(self, h);
+                        if r.is_ok() {
+                            break;
+                        }
+                    }
+                }
+            }
             match r {
                 Ok(()) => done.push((idx, s, e)),
                 Err(err) => {

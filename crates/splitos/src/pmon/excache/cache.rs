@@ -8,6 +8,10 @@
 //! before lines in use. A policy sees the access events the pComponent sees: a line claimed,
 //! used (a write trap, or with access sampling a touch) and evicted.
 //!
+//! Interleaving ([`ExCache::with_interleave`], ThymesisFlow's best configuration) keeps a share
+//! of the heap's pages local for good: a line of such a page is pinned when filled, and no
+//! policy ever chooses it; the others come and go as remote memory.
+//!
 //! Processes sharing the cache may each keep a floor of lines against the others' misses
 //! ([`ExCache::with_floor`], off unless configured): then a program whose misses come fast
 //! cannot evict every line of one whose misses come slowly.
@@ -55,6 +59,36 @@ pub struct Line {
     /// Filled by a read miss of a process whose writes the kernel tracks: fault tracking
     /// installs such a line writable and dirty whenever the process predicts writes.
     pub read_fill: bool,
+    /// Kept local for good (interleaving): never a victim.
+    pub pinned: bool,
+}
+
+impl Line {
+    /// Whether a policy may choose the line as a victim: ready, and not pinned. Every policy
+    /// chooses among these only.
+    pub fn candidate(&self) -> bool {
+        self.state == LineState::Ready && !self.pinned
+    }
+}
+
+/// Which heap pages interleaving keeps local: `local` of every `of` pages, or of every `of`
+/// ranges of `unit` pages, round robin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interleave {
+    pub local: u64,
+    pub of: u64,
+    pub unit: u64,
+}
+
+impl Interleave {
+    /// Whether `vpn` is local in a cache of `sets` sets. The round robin runs over the pages
+    /// that share a set (in address order), so that every set keeps its share: dealing out
+    /// consecutive pages would put every local page of a 1:2 round robin in the even sets.
+    /// Seen from the program, a page is then a range of as many pages as there are sets, and
+    /// a range shorter than that acts as a page.
+    pub fn is_local(&self, vpn: u64, sets: u64) -> bool {
+        (vpn / sets / (self.unit / sets).max(1)) % self.of < self.local
+    }
 }
 
 /// What a line is once its fill completes ([`ExCache::complete`]).
@@ -94,7 +128,7 @@ impl EvictionPolicy for Fifo {
         "fifo"
     }
     fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
-        set.iter().enumerate().filter_map(|(i, l)| l.filter(|l| l.state == LineState::Ready).map(|l| (i, l.seq))).min_by_key(|(_, seq)| *seq).map(|(i, _)| i)
+        set.iter().enumerate().filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq))).min_by_key(|(_, seq)| *seq).map(|(i, _)| i)
     }
 }
 
@@ -121,7 +155,7 @@ fn clock_victim(set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
         let i = *hand % n;
         *hand = (i + 1) % n;
         if let Some(l) = set[i].as_mut() {
-            if l.state != LineState::Ready {
+            if !l.candidate() {
                 continue;
             }
             if l.referenced {
@@ -220,6 +254,10 @@ pub struct ExCache {
     may_rearm: Vec<bool>,
     /// Per set: lines the background evictor is taking out (`LineState::Evicting`).
     evicting: Vec<usize>,
+    /// Per set: pinned lines in its ways; at most all ways but one, so that a set always has a
+    /// way for the pages that come and go.
+    pinned: Vec<usize>,
+    interleave: Option<Interleave>,
     used: usize,
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
@@ -260,6 +298,8 @@ impl ExCache {
             free_from: vec![0; nsets],
             may_rearm: vec![false; nsets],
             evicting: vec![0; nsets],
+            pinned: vec![0; nsets],
+            interleave: None,
             used: 0,
             index: HashMap::new(),
             policy,
@@ -294,7 +334,26 @@ impl ExCache {
             self.evicting[set] = within.iter().flatten().filter(|l| l.state == LineState::Evicting).count();
             self.past_end[set] = past.iter().flatten().count();
             self.free_from[set] = within.iter().position(|l| l.is_none()).unwrap_or(ways);
+            // Fewer ways may leave more pinned lines than a set keeps: the newest go back to
+            // coming and going.
+            let mut pinned: Vec<(u64, usize)> = (0..ways).filter_map(|w| self.slots[base + w].filter(|l| l.pinned).map(|l| (l.seq, base + w))).collect();
+            pinned.sort_unstable();
+            for (_, slot) in pinned.drain(pinned.len().min(ways - 1)..) {
+                self.line_mut(slot).pinned = false;
+            }
+            self.pinned[set] = pinned.len();
         }
+    }
+
+    /// Keeps the lines of the heap pages `interleave` names local for good, from now on.
+    pub fn with_interleave(mut self, interleave: Option<Interleave>) -> ExCache {
+        self.interleave = interleave;
+        self
+    }
+
+    /// Lines pinned by interleaving.
+    pub fn pinned_lines(&self) -> usize {
+        self.pinned.iter().sum()
     }
 
     /// The most lines it may grow to.
@@ -507,7 +566,9 @@ impl ExCache {
         };
         self.seq += 1;
         let referenced = self.policy.admit(pid, vpn);
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced, rearm: false, unmapped: false, seq: self.seq, fresh: false, writes: 0, read_fill: false });
+        let pinned = self.interleave.is_some_and(|i| i.is_local(vpn, self.nsets as u64)) && self.pinned[set] + 1 < self.ways;
+        self.pinned[set] += pinned as usize;
+        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced, rearm: false, unmapped: false, seq: self.seq, fresh: false, writes: 0, read_fill: false, pinned });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         if let Some(g) = self.group_of(pid) {
             self.count_group(g, 1, true);
@@ -597,6 +658,9 @@ impl ExCache {
         } else {
             if self.line(slot).state == LineState::Evicting {
                 self.evicting[set] -= 1;
+            }
+            if self.line(slot).pinned {
+                self.pinned[set] -= 1;
             }
             self.held[set] -= 1;
             self.free_from[set] = self.free_from[set].min(way);
@@ -714,6 +778,49 @@ mod tests {
         fill(&mut f, 1, 0, false);
         fill(&mut f, 1, 2, false);
         assert_eq!(f.claim_observing(1, 4, |_| true, |_| panic!("FIFO does not ask")).unwrap().victim.unwrap().vpn, 0);
+    }
+
+    #[test]
+    fn interleaving_pins_its_pages_for_good_and_leaves_a_way_for_the_others() {
+        // Fully associative, 4 lines; every other page is local.
+        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave { local: 1, of: 2, unit: 1 }));
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2);
+        // FIFO passes over the pinned 0 and 2: the remote pages go.
+        assert_eq!(fill(&mut c, 1, 4, false).unwrap().vpn, 1);
+        assert_eq!(c.pinned_lines(), 3, "4 is local too");
+        // A fourth pinned line would leave no way for remote pages: 6 comes and goes.
+        assert_eq!(fill(&mut c, 1, 6, false).unwrap().vpn, 3);
+        assert_eq!(fill(&mut c, 1, 8, false).unwrap().vpn, 6);
+        for v in 9..40 {
+            assert!(!matches!(fill(&mut c, 1, v, false), Some(l) if l.pinned), "a pinned line is never a victim");
+        }
+        assert!([0, 2, 4].iter().all(|v| c.lookup(1, *v).is_some()), "the pinned pages stay");
+        // A line leaving with its range gives its pin back.
+        c.remove(1, 0);
+        assert_eq!(c.pinned_lines(), 2);
+        // Shrinking keeps one way of every set for the others: the newest pins give way.
+        let mut c = ExCache::growable(3, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave { local: 2, of: 3, unit: 1 }));
+        for v in 0..3 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2);
+        c.resize(2);
+        assert_eq!(c.pinned_lines(), 1);
+        assert!(c.line(c.lookup(1, 0).unwrap()).pinned && !c.line(c.lookup(1, 1).unwrap()).pinned);
+        // By range: pages 0-3 local, 4-7 remote, 8-11 local.
+        let r = Interleave { local: 1, of: 2, unit: 4 };
+        assert!(r.is_local(3, 1) && !r.is_local(4, 1) && !r.is_local(7, 1) && r.is_local(8, 1));
+        // With 4 sets, by page: each set's pages alternate, so every set keeps half local.
+        let p = Interleave { local: 1, of: 2, unit: 1 };
+        for set in 0..4 {
+            let local: Vec<bool> = (0..4).map(|round| p.is_local(round * 4 + set, 4)).collect();
+            assert_eq!(local, [true, false, true, false], "set {set}");
+        }
+        // Ranges of 8 pages over 4 sets: pages 0-7 local, 8-15 remote.
+        assert!(Interleave { unit: 8, ..p }.is_local(7, 4) && !Interleave { unit: 8, ..p }.is_local(8, 4));
     }
 
     #[test]

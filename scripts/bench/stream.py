@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""STREAM (ThymesisFlow section VI) with its three arrays on mComponents, side by side with a
+native run in one run: copy, scale, add and triad bandwidth with 1 and 2 threads, the ExCache
+holding all of the arrays, half and a quarter of them, over the shared-memory transport and
+over TCP with 1, 2 and 4 bonded links (`--links`), and interleaved (`--interleave 1:2`: half of
+every ExCache set's pages kept local for good). Every configuration runs once per
+repetition in a fresh random order; the report gives each kernel's median best bandwidth and
+its share of native. Each run's output (the arrays' validation) must equal the native run's.
+Writes results/stream.json and the "STREAM" section of docs/benchmarks.md.
+
+    python3 scripts/bench/stream.py [--reps 3] [--mib 16] [--iters 2]
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from benchlib import ROOT, SPLITOS, ensure_env, machine, machine_line, replace_section
+
+KERNELS = ["copy", "scale", "add", "triad"]
+CONFIGS = [
+    ("shared memory", ["--transport", "shm"]),
+    ("shared memory, interleaved 1:2", ["--transport", "shm", "--interleave", "1:2"]),
+    ("TCP, 1 link", ["--transport", "tcp", "--links", "1"]),
+    ("TCP, 2 links", ["--transport", "tcp", "--links", "2"]),
+    ("TCP, 4 links", ["--transport", "tcp", "--links", "4"]),
+]
+
+
+def run(cmd, excache=None, flags=()):
+    """Best MB/s per kernel of one run, natively or under `splitos run` with that ExCache, and
+    its validation output."""
+    full = cmd if excache is None else [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--", *cmd]
+    r = subprocess.run(full, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(full)} failed ({r.returncode}): {r.stderr[-2000:]}")
+    rates = {}
+    for line in r.stderr.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in KERNELS and parts[2] == "MB/s":
+            rates[parts[0]] = float(parts[1])
+    if set(rates) != set(KERNELS):
+        sys.exit(f"{' '.join(full)}: no bandwidth line for every kernel in {r.stderr[-2000:]}")
+    return rates, r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--mib", type=int, default=16, help="MiB per array (three arrays)")
+    ap.add_argument("--iters", type=int, default=2, help="STREAM iterations per run (the best counts)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results"))
+    ap.add_argument("--docs", default=os.path.join(ROOT, "docs"))
+    args = ap.parse_args()
+    ensure_env()
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps, "mib_per_array": args.mib, "iters": args.iters, "rows": []}
+    total = 3 * args.mib
+    fits = {"all": f"{total + 16}M", "50%": f"{total // 2}M", "25%": f"{total // 4}M"}
+    with tempfile.TemporaryDirectory() as tmp:
+        prog = os.path.join(tmp, "stream")
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", prog, os.path.join(ROOT, "tests", "programs", "stream.c"), "-lm"], check=True)
+        for threads in (1, 2):
+            cmd = [prog, str(args.mib), str(args.iters), str(threads), "rates"]
+            native, expected = [], None
+            samples = {(f, label): [] for f in fits for label, _ in CONFIGS}
+            for _ in range(args.reps):
+                rates, out = run(cmd)
+                native.append(rates)
+                expected = expected or out
+                order = list(samples)
+                random.shuffle(order)
+                for f, label in order:
+                    flags = dict(CONFIGS)[label]
+                    rates, out = run(cmd, fits[f], flags)
+                    if out != expected:
+                        sys.exit(f"STREAM {threads} threads, ExCache {f}, {label}: output differs from the native run")
+                    samples[(f, label)].append(rates)
+                print(f"{threads} thread(s): one repetition done", file=sys.stderr)
+            med = lambda runs, k: statistics.median(r[k] for r in runs)
+            spread = lambda runs, k: (min(r[k] for r in runs), max(r[k] for r in runs))
+            res["rows"].append({"threads": threads, "config": "native", "excache": "-", **{k: med(native, k) for k in KERNELS}, "triad_range": spread(native, "triad")})
+            for (f, label), runs in samples.items():
+                res["rows"].append({"threads": threads, "config": label, "excache": f"{f} ({fits[f]})", **{k: med(runs, k) for k in KERNELS}, "triad_range": spread(runs, "triad")})
+    res["load_after"] = os.getloadavg()[0]
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(res, open(os.path.join(args.out, "stream.json"), "w"), indent=1)
+    report(res, args.docs)
+
+
+def report(res, docs):
+    lines = [
+        "<!-- stream:begin (generated by scripts/bench/stream.py; do not edit by hand) -->",
+        "## STREAM",
+        "",
+        machine_line(res) +
+        f"Three arrays of {res['mib_per_array']} MiB on the heap, the best of {res['iters']} iterations per run, medians of {res['reps']} runs per configuration in a fresh random order each repetition, on the embedded cluster (one mComponent). "
+        "ExCache: all of the arrays (plus 16 MiB), half, a quarter. Bandwidth in MB/s as STREAM counts it (bytes the kernel reads and writes); × native: the triad's share of the native run's.",
+        "",
+        "| threads | transport | ExCache | copy | scale | add | triad (min–max) | triad × native |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    natives = {r["threads"]: r["triad"] for r in res["rows"] if r["config"] == "native"}
+    for r in res["rows"]:
+        lo, hi = r["triad_range"]
+        lines.append(f"| {r['threads']} | {r['config']} | {r['excache']} | {r['copy']:,.0f} | {r['scale']:,.0f} | {r['add']:,.0f} | {r['triad']:,.0f} ({lo:,.0f}–{hi:,.0f}) | {r['triad'] / natives[r['threads']]:.3f} |")
+    lines += ["", "<!-- stream:end -->"]
+    replace_section(docs, "stream", lines)
+
+
+if __name__ == "__main__":
+    main()
