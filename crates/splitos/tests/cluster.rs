@@ -130,8 +130,15 @@ fn frame(h: FrameHeader, msg: &Msg) -> Vec<u8> {
 fn authenticated(c: &TestCluster, addr: &str) -> TcpConn {
     let creds = splitos_rpc::auth::Credentials::load(&c.dir.path().join("admin.cred")).unwrap();
     let t = TcpTransport::new(TcpConfig::default(), splitos_rpc::poll::Polling::Fixed, Some(std::sync::Arc::new(creds)));
-    let s = t.connect_stream(addr, Duration::from_secs(5)).unwrap();
+    let mut s = t.connect_stream(addr, Duration::from_secs(5)).unwrap();
     s.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The receiver's first frame grants the connection its credits.
+    let mut h = [0u8; FrameHeader::SIZE];
+    s.read_exact(&mut h).expect("a credit frame");
+    assert_eq!(h[6], 2, "a credit frame");
+    assert_eq!(u64::from_le_bytes(h[8..16].try_into().unwrap()), TcpConfig::default().max_in_flight as u64, "the grant is max_in_flight");
+    let mut body = vec![0u8; u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize];
+    s.read_exact(&mut body).unwrap();
     s
 }
 

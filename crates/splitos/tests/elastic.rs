@@ -366,6 +366,14 @@ fn interleaving_keeps_its_share_of_the_heap_local_and_fetches_only_the_rest() {
         pages_served(&s)
     };
     assert!((by_range as f64) < off as f64 * 0.75, "by range: {by_range} pages served, {off} without");
+    // Pinned lines are written back for a fork and move with mremap: a forked child and
+    // remapped heap see what the parent wrote.
+    let fork = program("forktest");
+    let remap = program("remap");
+    for cmd in [[fork.to_str().unwrap(), "12"], [remap.to_str().unwrap(), ""]] {
+        let cmd: Vec<&str> = cmd.into_iter().filter(|a| !a.is_empty()).collect();
+        same_as_native(&["--excache", "4M", "--interleave", "1:2"], &cmd);
+    }
     for bad in [&["--interleave", "2:2"][..], &["--interleave", "1:0"], &["--interleave", "half"], &["--interleave", "1:2", "--interleave-unit", "6K"]] {
         let out = under_splitos(bad, &["true"]);
         assert!(!out.status.success(), "{bad:?}");

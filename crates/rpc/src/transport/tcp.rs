@@ -677,7 +677,7 @@ impl Client {
         if let Err(e) = sent {
             inner.pending.lock().unwrap().remove(&id);
             inner.dead.store(true, Ordering::Release);
-            inner.credit_back.notify_all();
+            wake_credit_waiters(inner);
             return Err(RpcError::Unreachable { addr: inner.addr.clone(), why: e.to_string() });
         }
         match rx.recv_timeout(timeout) {
@@ -768,10 +768,17 @@ fn reader_loop(mut conn: TcpConn, inner: Weak<Inner>) {
 
 fn fail_all(inner: &Inner) {
     inner.dead.store(true, Ordering::Release);
-    inner.credit_back.notify_all();
+    wake_credit_waiters(inner);
     for (_, w) in inner.pending.lock().unwrap().drain() {
         let _ = w.send(Err(RpcError::Closed { addr: inner.addr.clone() }));
     }
+}
+
+/// Wakes the callers waiting for a credit of a connection that died. Taken under the credits'
+/// lock, so that a caller between its check of `dead` and its wait cannot miss the wake-up.
+fn wake_credit_waiters(inner: &Inner) {
+    let _held = inner.credits.lock().unwrap();
+    inner.credit_back.notify_all();
 }
 
 /// A thread's own connections, by peer address and link (the n-th of the calls to one peer

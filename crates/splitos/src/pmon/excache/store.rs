@@ -393,10 +393,15 @@ impl RemoteStore {
                 Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Remote { code: ErrCode::NoMemory, msg: format!("{e}; and the home found no room elsewhere: {he}") })),
             };
         }
+        let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
+        if gone && copies < 2 && self.refresh(s, vpn).is_ok() && self.set_of(s, vpn).is_ok_and(|set| set.holder(vpn).id != o.id) {
+            // The only copy's holder was detached, and the vRegion moved on before this
+            // thread's view learned it: its home says where it is now.
+            return Next::Again;
+        }
         if copies < 2 && waited_for(&self.node, o, &e) {
             return Next::Waited;
         }
-        let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
         if !gone || copies < 2 {
             return Next::Fail(failed(o, what, vpn, e));
         }
