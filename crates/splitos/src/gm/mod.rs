@@ -374,7 +374,7 @@ impl Gm {
             self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
-        // there to be promised (strict overcommit charges against this).
+        // there to be promised (heuristic overcommit refuses a mapping larger than this).
         let memory = comps.iter().filter(|e| self.takes_memory(e)).map(|e| e.info.load.capacity).sum();
         let leaving = self.leaving_ids(&comps);
         let rebalance = self.rebalance_from(&comps);

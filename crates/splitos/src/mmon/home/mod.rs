@@ -417,11 +417,12 @@ impl<P: Peers> Mem<P> {
             // Under strict overcommit a member out of memory to promise refuses: the vRegion
             // moves to an mComponent with room (memory attached since, say) and the range is
             // tried there.
-            if matches!(&r, Err(err) if err.code == ErrCode::NoMemory) && self.charges_mappings() {
+            let out_of_memory = |r: &Result<(), Refusal>| matches!(r, Err(err) if err.code == ErrCode::NoMemory);
+            if out_of_memory(&r) && self.charges_mappings() {
                 for m in h.members(idx) {
                     if self.relocate(h, idx, &m).is_ok() {
                         r = add(self, h);
-                        if r.is_ok() {
+                        if !out_of_memory(&r) {
                             break;
                         }
                     }
@@ -430,6 +431,8 @@ impl<P: Peers> Mem<P> {
             match r {
                 Ok(()) => done.push((idx, s, e)),
                 Err(err) => {
+                    // Members that took this slice before another refused give it back too.
+                    let _ = self.to_replicas(h, idx, |who| M2M_VMA_REMOVE { who, start: s, end: e });
                     for (idx, s, e) in done {
                         let _ = self.to_replicas(h, idx, |who| M2M_VMA_REMOVE { who, start: s, end: e });
                     }
