@@ -16,6 +16,7 @@ command -v git >/dev/null || need+=(git)
 command -v tar >/dev/null || need+=(tar)
 # A server the network tests run under splitos, and its benchmark client outside.
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v memcached >/dev/null || need+=(memcached) # served under splitos to `splitos loadgen` (elastic tests)
 command -v prometheus >/dev/null || need+=(prometheus) # the metrics test scrapes a cluster with a real Prometheus
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev) # a test program links jemalloc, as redis-server does
 command -v curl >/dev/null || need+=(curl) # the TLS test checks the API as a client other than splitos sees it

@@ -22,6 +22,7 @@ pub mod config;
 pub mod control;
 pub mod counters;
 pub mod gm;
+pub mod loadgen;
 pub mod mmon;
 pub mod nmon;
 pub mod node;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use splitos::config::{GmArgs, MemArgs, NetArgs, ProcArgs, Startup, StorageArgs};
-use splitos::{bench, control, gm, mmon, nmon, node, pmon, sim, smon};
+use splitos::{bench, control, gm, loadgen, mmon, nmon, node, pmon, sim, smon};
 
 #[derive(Parser)]
 #[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
@@ -85,6 +85,10 @@ enum Cmd {
         #[arg(long)]
         mcomp: Option<String>,
     },
+    /// Drive memcached-protocol servers with Facebook's ETC load (key and value sizes, GET:SET
+    /// 30:1, Zipf keys), open or closed loop, and report throughput, hit ratio and latency
+    /// percentiles; every value read back is checked (docs/benchmarks.md).
+    Loadgen(Box<loadgen::LoadgenArgs>),
     /// Tools for testing and debugging components.
     Debug {
         #[command(subcommand)]
@@ -342,6 +346,7 @@ fn main() {
         Cmd::Net(start) => component(*start, nmon::run),
         Cmd::Sim(args) => sim::run(*args),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
+        Cmd::Loadgen(args) => loadgen::run(*args),
         Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
         Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
     };

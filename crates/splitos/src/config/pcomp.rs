@@ -230,7 +230,7 @@ pub struct PcompConfig {
     pub evict_reserve: usize,
     /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
     /// (or ranges of interleave_unit) in the ExCache for good, local, and the others remote,
-    /// round robin; off: none. A set keeps at most all its ways but one pinned
+    /// round robin; off: none. A set keeps at most all its ways but two pinned
     /// (docs/elastic-memory.md#interleaving).
     #[arg(long, default_value_t)]
     pub interleave: InterleaveRatio,
