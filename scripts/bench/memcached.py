@@ -10,7 +10,8 @@ rate and reports mean, p90 and p99 latency. Configurations:
 - single: the ExCache a quarter of memcached's memory, TCP with one link (and over shared
   memory, the embedded cluster's default);
 - bonded: the same with two TCP links (`--links 2`);
-- interleaved: the same with `--interleave 1:2` (a third of every ExCache set kept local);
+- interleaved: the same with `--interleave 1:2` (half of the pages local: more than the
+  ExCache holds, so 6 of every set's 8 ways are pinned);
 - scale-out: two native memcached of half the memory each, keys sharded by the client.
 
 Every configuration runs once per repetition in a fresh random order; each GET's value is
@@ -52,21 +53,27 @@ def configs(mem):
     ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """`n` distinct free loopback ports (held open together while chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def memcached_cmd(port, mem):
     return ["memcached", "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-m", str(mem), "-t", "2", "-c", "4096"]
 
 
-def wait_port(port, proc, what):
+def wait_port(port, proc, what, log):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"{what} exited ({proc.returncode}) before it listened: {proc.stderr.read()[-2000:]}")
+            sys.exit(f"{what} exited ({proc.returncode}) before it listened: {open(log).read()[-2000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
@@ -88,38 +95,40 @@ def stats(port):
     return dict(l.split()[1:3] for l in data.decode().splitlines() if l.startswith("STAT ") and len(l.split()) >= 3)
 
 
-def one_run(label, excache, flags, args, keys, tmp):
+def one_run(label, excache, flags, args, keys, seed, tmp):
     """Starts the configuration's memcached, drives it with `splitos loadgen`, stops it, and
     returns the load generator's report with the server's and (under splitos) the run's counters."""
     scale_out = flags == ["scale-out"]
-    ports = [free_port()] + ([free_port()] if scale_out else [])
+    ports = free_ports(2 if scale_out else 1)
     mem = args.mem // 2 if scale_out else args.mem
     stats_file = os.path.join(tmp, "stats.json")
     if os.path.exists(stats_file):
         os.unlink(stats_file)
     procs = []
-    for p in ports:
-        cmd = memcached_cmd(p, mem)
-        if excache is not None:
-            cmd = [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--stats-json", stats_file, "--", *cmd]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs.append(proc)
-        wait_port(p, proc, label)
-    gen = [SPLITOS, "loadgen", "--json", "--keys", str(keys), "--rate", str(args.rate), "--duration", str(args.duration), "--clients", str(args.clients), "--seed", str(args.seed)]
-    for p in ports:
-        gen += ["--server", f"127.0.0.1:{p}"]
-    r = subprocess.run(gen, capture_output=True, text=True)
-    server = [stats(p) for p in ports]
-    for s, proc in zip(server, procs):
-        os.kill(int(s["pid"]), signal.SIGTERM)
-    for proc in procs:
-        try:
+    try:
+        for i, p in enumerate(ports):
+            cmd = memcached_cmd(p, mem)
+            if excache is not None:
+                cmd = [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, *flags, "--stats-json", stats_file, "--", *cmd]
+            log = os.path.join(tmp, f"server{i}.log")
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w")))
+            wait_port(p, procs[-1], label, log)
+        gen = [SPLITOS, "loadgen", "--json", "--keys", str(keys), "--rate", str(args.rate), "--duration", str(args.duration), "--clients", str(args.clients), "--seed", str(seed)]
+        for p in ports:
+            gen += ["--server", f"127.0.0.1:{p}"]
+        r = subprocess.run(gen, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"{label}: the load generator failed: {r.stderr[-2000:]}")
+        server = [stats(p) for p in ports]
+        for s in server:
+            os.kill(int(s["pid"]), signal.SIGTERM)
+        for proc in procs:
             proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            sys.exit(f"{label}: the server did not stop within 60 s of SIGTERM")
-    if r.returncode != 0:
-        sys.exit(f"{label}: the load generator failed: {r.stderr[-2000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     out = json.loads(r.stdout)
     out["evictions"] = sum(int(s["evictions"]) for s in server)
     if excache is not None:
@@ -153,7 +162,8 @@ def main():
             order = list(cfgs)
             random.shuffle(order)
             for label, excache, flags in order:
-                samples[label].append(one_run(label, excache, flags, args, keys, tmp))
+                # Each repetition sends another request stream, the same for every configuration.
+                samples[label].append(one_run(label, excache, flags, args, keys, args.seed + rep, tmp))
                 print(f"rep {rep + 1}: {label}: GET mean {samples[label][-1]['get']['mean_us']} us", file=sys.stderr)
     for label, excache, flags in cfgs:
         runs = samples[label]

@@ -10,8 +10,10 @@
 //! a server that returns a wrong byte fails the run.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -39,7 +41,8 @@ pub struct LoadgenArgs {
     /// Client threads; each has one connection to every server.
     #[arg(long, default_value_t = 8)]
     pub clients: usize,
-    /// Requests a client may have outstanding at once (pipelining across its connections).
+    /// Closed loop: requests a client may have outstanding at once (pipelining across its
+    /// connections). The open loop sends whatever is outstanding.
     #[arg(long, default_value_t = 1)]
     pub depth: usize,
     /// Requests per second over all clients, sent at exponentially distributed intervals
@@ -154,6 +157,7 @@ fn etc_value(u: f64) -> f64 {
 }
 
 /// The keys, their sizes and their servers.
+#[derive(Clone, Copy)]
 struct Keyspace {
     seed: u64,
     key_size: Sizes,
@@ -186,14 +190,27 @@ impl Keyspace {
     }
 }
 
-/// The bytes of every value of key `idx` with `len` bytes: whichever SET a GET returns, its
-/// bytes are known.
-fn value_byte(idx: u64, len: usize, j: usize) -> u8 {
-    b'a' + ((idx as usize).wrapping_add(j * 7).wrapping_add(len) % 26) as u8
+/// The 32 bytes that every value of key `idx` with `len` bytes repeats: whichever SET a GET
+/// returns, its bytes are known, and another key's value (or another length's) differs.
+fn value_pattern(idx: u64, len: usize) -> [u8; 32] {
+    let mut p = [0u8; 32];
+    let mut h = idx ^ (len as u64).rotate_left(40);
+    for (i, b) in p.iter_mut().enumerate() {
+        if i % 8 == 0 {
+            h = mix64(h);
+        }
+        *b = b'a' + ((h >> (8 * (i % 8))) as u8) % 26;
+    }
+    p
 }
 
 fn fill_value(out: &mut Vec<u8>, idx: u64, len: usize) {
-    out.extend((0..len).map(|j| value_byte(idx, len, j)));
+    out.extend(value_pattern(idx, len).iter().cycle().take(len));
+}
+
+fn value_is(data: &[u8], idx: u64) -> bool {
+    let p = value_pattern(idx, data.len());
+    data.chunks(p.len()).all(|c| c == &p[..c.len()])
 }
 
 fn write_set(out: &mut Vec<u8>, key: &str, idx: u64, len: usize) {
@@ -219,6 +236,8 @@ struct Pending {
 struct Seen {
     get: Histogram<u64>,
     set: Histogram<u64>,
+    /// Replies that arrived within the measured interval (whenever their requests were due).
+    answered: u64,
     hits: u64,
     misses: u64,
     set_refused: u64,
@@ -231,12 +250,13 @@ fn hist() -> Histogram<u64> {
 
 impl Seen {
     fn new() -> Self {
-        Seen { get: hist(), set: hist(), hits: 0, misses: 0, set_refused: 0, corrupt: 0 }
+        Seen { get: hist(), set: hist(), answered: 0, hits: 0, misses: 0, set_refused: 0, corrupt: 0 }
     }
 
     fn add(&mut self, o: &Seen) {
         self.get.add(&o.get).expect("same bounds");
         self.set.add(&o.set).expect("same bounds");
+        self.answered += o.answered;
         self.hits += o.hits;
         self.misses += o.misses;
         self.set_refused += o.set_refused;
@@ -248,6 +268,8 @@ fn connect(addr: &str) -> anyhow::Result<TcpStream> {
     let s = TcpStream::connect(addr).with_context(|| format!("connecting to memcached at {addr}"))?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(REPLY_TIMEOUT))?;
+    // A server that stops reading must fail the run as one that stops answering does.
+    s.set_write_timeout(Some(REPLY_TIMEOUT))?;
     Ok(s)
 }
 
@@ -263,29 +285,30 @@ fn read_line(r: &mut BufReader<TcpStream>, line: &mut String, addr: &str) -> any
     }
 }
 
-/// Reads the answer to a GET: a hit (true), a miss (false), or a wrong value (counted).
-fn read_get(r: &mut BufReader<TcpStream>, idx: u64, seen: &mut Seen, addr: &str) -> anyhow::Result<()> {
+/// A GET's answer: a miss, or the key the server named and the value's bytes and their end.
+enum Got {
+    Miss,
+    Hit { key: String, data: Vec<u8> },
+}
+
+/// Reads the answer to a GET, whole (its bytes are checked after the clock has been read).
+fn read_get(r: &mut BufReader<TcpStream>, addr: &str) -> anyhow::Result<Got> {
     let mut line = String::new();
     read_line(r, &mut line, addr)?;
     if line == "END\r\n" {
-        seen.misses += 1;
-        return Ok(());
+        return Ok(Got::Miss);
     }
-    let len = match line.strip_prefix("VALUE ").map(|rest| rest.split_whitespace().collect::<Vec<_>>()) {
-        Some(f) if f.len() >= 3 => f[2].parse::<usize>().with_context(|| format!("{addr}: bad length in {line:?}"))?,
+    let (key, len) = match line.strip_prefix("VALUE ").map(|rest| rest.split_whitespace().collect::<Vec<_>>()) {
+        Some(f) if f.len() >= 3 => (f[0].to_string(), f[2].parse::<usize>().with_context(|| format!("{addr}: bad length in {line:?}"))?),
         _ => bail!("{addr} answered a GET with {line:?}"),
     };
     let mut data = vec![0u8; len + 2];
     r.read_exact(&mut data).with_context(|| format!("reading a {len}-byte value from {addr}"))?;
-    seen.hits += 1;
-    if !data[..len].iter().enumerate().all(|(j, &b)| b == value_byte(idx, len, j)) || &data[len..] != b"\r\n" {
-        seen.corrupt += 1;
-    }
     read_line(r, &mut line, addr)?;
     if line != "END\r\n" {
         bail!("{addr} ended a GET's value with {line:?}");
     }
-    Ok(())
+    Ok(Got::Hit { key, data })
 }
 
 fn read_set(r: &mut BufReader<TcpStream>, seen: &mut Seen, addr: &str) -> anyhow::Result<()> {
@@ -323,27 +346,66 @@ fn preload(addr: &str, ks: &Keyspace, mut keys: Vec<u64>, seed: u64) -> anyhow::
     Ok(keys.len() as u64 - seen.set_refused)
 }
 
+/// The measured interval, and what a connection's reader shares with its client.
+struct Watch {
+    measured: Instant,
+    end: Instant,
+    ks: Keyspace,
+    /// Closed loop: a slot to give back for every reply.
+    window: Option<Receiver<()>>,
+    /// Set by a reader that failed, so that its client stops at once.
+    failed: Arc<AtomicBool>,
+}
+
 /// Reads one connection's replies in order, gives its client's window a slot back for each,
-/// and records those of requests due in the measured interval.
-fn reader(stream: TcpStream, addr: String, pending: Receiver<Pending>, window: Receiver<()>, measured: Instant) -> anyhow::Result<Seen> {
+/// and records the latency of those due in the measured interval. A reader that fails shuts
+/// its connection down and tells its client.
+fn reader(stream: TcpStream, addr: String, pending: Receiver<Pending>, w: Watch) -> anyhow::Result<Seen> {
     let mut r = BufReader::new(stream);
     let mut seen = Seen::new();
-    let mut ignored = Seen::new();
-    for p in pending {
-        let s = if p.due >= measured { &mut seen } else { &mut ignored };
-        match p.op {
-            Op::Get => read_get(&mut r, p.idx, s, &addr)?,
-            Op::Set => read_set(&mut r, s, &addr)?,
+    let read = (|| {
+        let mut ignored = Seen::new();
+        for p in pending {
+            let s = if p.due >= w.measured { &mut seen } else { &mut ignored };
+            let got = match p.op {
+                Op::Get => Some(read_get(&mut r, &addr)?),
+                Op::Set => {
+                    read_set(&mut r, s, &addr)?;
+                    None
+                }
+            };
+            let done = Instant::now();
+            if p.due >= w.measured {
+                let h = if p.op == Op::Get { &mut s.get } else { &mut s.set };
+                h.saturating_record((done - p.due).as_nanos().max(1) as u64);
+            }
+            if done >= w.measured && done < w.end {
+                seen.answered += 1;
+            }
+            let s = if p.due >= w.measured { &mut seen } else { &mut ignored };
+            match got {
+                Some(Got::Miss) => s.misses += 1,
+                Some(Got::Hit { key, data }) => {
+                    s.hits += 1;
+                    let len = data.len() - 2;
+                    if key != w.ks.key(p.idx) || !value_is(&data[..len], p.idx) || &data[len..] != b"\r\n" {
+                        s.corrupt += 1;
+                    }
+                }
+                None => {}
+            }
+            if let Some(window) = &w.window {
+                let _ = window.recv();
+            }
         }
-        let ns = p.due.elapsed().as_nanos() as u64;
-        if p.due >= measured {
-            let h = if p.op == Op::Get { &mut seen.get } else { &mut seen.set };
-            h.saturating_record(ns.max(1));
-        }
-        let _ = window.recv();
+        seen.corrupt += ignored.corrupt;
+        Ok(())
+    })();
+    if read.is_err() {
+        w.failed.store(true, Ordering::Release);
+        let _ = r.get_ref().shutdown(Shutdown::Both);
     }
-    seen.corrupt += ignored.corrupt;
-    Ok(seen)
+    read.map(|()| seen)
 }
 
 struct ClientPlan {
@@ -353,8 +415,8 @@ struct ClientPlan {
     end: Instant,
 }
 
-/// One client: picks each request's operation and key, sends it to the key's server, and
-/// keeps at most `depth` outstanding.
+/// One client: picks each request's operation and key and sends it to the key's server: when
+/// due (open loop), or when fewer than `depth` are outstanding (closed loop).
 fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result<Seen> {
     if plan.rate > 0.0 {
         // The default 50 us timer slack would be counted in every open-loop latency, which
@@ -365,15 +427,23 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
     let mut rng = SmallRng::seed_from_u64(plan.seed);
     let zipf = (args.zipf > 0.0).then(|| Zipf::new(args.keys as f64, args.zipf)).transpose().context("--zipf")?;
     let gaps = (plan.rate > 0.0).then(|| Exp::new(plan.rate)).transpose().context("--rate")?;
-    let (window_tx, window_rx) = crossbeam_channel::bounded::<()>(args.depth);
+    let (window_tx, window_rx) = match gaps {
+        Some(_) => (None, None),
+        None => {
+            let (tx, rx) = crossbeam_channel::bounded::<()>(args.depth);
+            (Some(tx), Some(rx))
+        }
+    };
     let measured = plan.start + Duration::from_secs_f64(args.warmup);
+    let failed = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     let mut readers = Vec::new();
     for addr in &args.servers {
         let s = connect(addr)?;
         let (tx, rx): (Sender<Pending>, Receiver<Pending>) = crossbeam_channel::unbounded();
-        let (rs, addr2, wrx) = (s.try_clone()?, addr.clone(), window_rx.clone());
-        readers.push(std::thread::spawn(move || reader(rs, addr2, rx, wrx, measured)));
+        let w = Watch { measured, end: plan.end, ks: *ks, window: window_rx.clone(), failed: failed.clone() };
+        let (rs, addr2) = (s.try_clone()?, addr.clone());
+        readers.push(std::thread::spawn(move || reader(rs, addr2, rx, w)));
         writers.push((s, tx));
     }
     let total = u64::from(args.mix.gets) + u64::from(args.mix.sets);
@@ -388,11 +458,17 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
                     std::thread::sleep(due - now);
                 }
             }
-            if window_tx.send_timeout((), REPLY_TIMEOUT).is_err() {
-                bail!("no reply for {} s", REPLY_TIMEOUT.as_secs());
-            }
-            if gaps.is_none() {
+            if let Some(window) = &window_tx {
+                // Its readers time out on a silent server and then raise `failed`.
+                while window.send_timeout((), Duration::from_millis(100)).is_err() {
+                    if failed.load(Ordering::Acquire) {
+                        return Ok(());
+                    }
+                }
                 due = Instant::now();
+            }
+            if failed.load(Ordering::Acquire) {
+                return Ok(());
             }
             if due >= plan.end {
                 return Ok(());
@@ -409,20 +485,23 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
                 Op::Set => write_set(&mut buf, &key, idx, ks.value_len(&mut rng)),
             }
             let (s, tx) = &mut writers[ks.server(idx)];
+            // Written before its reader learns of it: the reader reads the socket only for a
+            // request it knows, so the reply waits there if it comes first.
+            s.write_all(&buf).context("writing a request")?;
             if tx.send(Pending { idx, op, due }).is_err() {
                 // Its reader ended on an error, which the join below reports.
                 return Ok(());
             }
-            s.write_all(&buf).context("writing a request")?;
         }
     })();
     drop(writers);
     drop(window_tx);
-    let mut seen = Seen::new();
-    for r in readers {
-        seen.add(&r.join().expect("a reader panicked")?);
-    }
+    let read: Vec<anyhow::Result<Seen>> = readers.into_iter().map(|r| r.join().expect("a reader panicked")).collect();
     sent?;
+    let mut seen = Seen::new();
+    for r in read {
+        seen.add(&r?);
+    }
     Ok(seen)
 }
 
@@ -518,7 +597,9 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         "zipf": args.zipf,
         "preload": {"stored": stored, "seconds": (preload_s * 100.0).round() / 100.0},
         "requests": done,
-        "throughput_per_s": (done as f64 / args.duration).round(),
+        // Replies that came within the measured interval: below the offered rate when the
+        // server cannot keep up.
+        "throughput_per_s": (seen.answered as f64 / args.duration).round(),
         "hit_ratio": if seen.hits + seen.misses > 0 { seen.hits as f64 / (seen.hits + seen.misses) as f64 } else { 0.0 },
         "sets_refused": seen.set_refused,
         "corrupt": seen.corrupt,
@@ -529,7 +610,7 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         println!("{out}");
     } else {
         let line = |name: &str, v: &serde_json::Value| println!("{name}: {} requests, mean {} us, p50 {} us, p90 {} us, p99 {} us, max {} us", v["n"], v["mean_us"], v["p50_us"], v["p90_us"], v["p99_us"], v["max_us"]);
-        println!("{} requests in {} s: {} per second ({} loop)", done, args.duration, out["throughput_per_s"], out["mode"].as_str().unwrap_or(""));
+        println!("{} requests due in {} s, {} replies per second ({} loop)", done, args.duration, out["throughput_per_s"], out["mode"].as_str().unwrap_or(""));
         if let Some(n) = stored {
             println!("preload: {n} of {} keys stored in {preload_s:.1} s", args.keys);
         }
@@ -572,6 +653,19 @@ mod tests {
         }
         let fixed = Keyspace { key_size: Sizes::Fixed(400), ..ks };
         assert_eq!(fixed.key(5).len(), MAX_KEY);
+    }
+
+    /// A value names its key and length: another key's value, another length's, or one byte
+    /// changed is caught.
+    #[test]
+    fn values_are_checked_against_their_key() {
+        let mut v = Vec::new();
+        fill_value(&mut v, 7, 100);
+        assert!(value_is(&v, 7));
+        assert!(!value_is(&v, 7 + 26) && !value_is(&v, 8));
+        assert!(!value_is(&v[..99], 7), "a shorter value of the same key");
+        v[50] ^= 1;
+        assert!(!value_is(&v, 7));
     }
 
     #[test]

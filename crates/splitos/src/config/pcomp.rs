@@ -358,6 +358,9 @@ impl PcompConfig {
         if self.interleave_unit.0 < PAGE || !self.interleave_unit.0.is_multiple_of(PAGE) {
             return Err(format!("interleave_unit: {} is not a whole number of 4 KiB pages", self.interleave_unit));
         }
+        if self.interleave.0.is_some() && self.set_ways() <= 2 {
+            return Err(format!("interleave: an ExCache of {} ways per set pins nothing, as every set keeps two ways for the pages that come and go", self.set_ways()));
+        }
         if !(1..=MAX_LINKS).contains(&self.links) {
             return Err(format!("links: {} is not between 1 and {MAX_LINKS}", self.links));
         }
