@@ -26,7 +26,7 @@ use core::mem::{offset_of, size_of};
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use zerocopy::{Immutable, KnownLayout};
 
-pub const SHIM_ABI_VERSION: u32 = 6;
+pub const SHIM_ABI_VERSION: u32 = 7;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -66,6 +66,13 @@ pub struct Hello {
     pub fork_token: u64,
     pub run_id: u64,
     pub vnode: [u8; 64],
+    /// A launcher's choice of interleaving for its run's processes (a program's hello leaves
+    /// these 0): with `interleave_of` 0, the pComponent's own; else `interleave_local` of
+    /// every `interleave_of` ranges of `interleave_unit` bytes of the heap kept local
+    /// (`interleave_local` 0: none). Checked as the pComponent's own setting is.
+    pub interleave_local: u32,
+    pub interleave_of: u32,
+    pub interleave_unit: u64,
 }
 
 /// The first record on a connection, from the pComponent, before the shim creates its
@@ -360,7 +367,7 @@ pub const NET_LOCAL: i64 = 1;
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
 const _: () = assert!(size_of::<Welcome>() == 32 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, flags) == 12 && offset_of!(Welcome, uffd_features) == 16 && offset_of!(Welcome, refused) == 24);
-const _: () = assert!(size_of::<Hello>() == 104 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, kind) == 4 && offset_of!(Hello, vnode) == 40);
+const _: () = assert!(size_of::<Hello>() == 120 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, kind) == 4 && offset_of!(Hello, vnode) == 40 && offset_of!(Hello, interleave_unit) == 112);
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
 const _: () = assert!(size_of::<VmaRec>() == 24);

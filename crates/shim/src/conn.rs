@@ -140,7 +140,18 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     let sock = SOCK.load(Relaxed);
     mark_hello_said();
 
-    let hello = Hello { abi: splitos_shim_abi::SHIM_ABI_VERSION, kind: HELLO_PROGRAM, region_base: REGION_BASE, region_size: REGION_SIZE.load(Relaxed), fork_token, run_id: env().run_id, vnode: env().vnode };
+    let hello = Hello {
+        abi: splitos_shim_abi::SHIM_ABI_VERSION,
+        kind: HELLO_PROGRAM,
+        region_base: REGION_BASE,
+        region_size: REGION_SIZE.load(Relaxed),
+        fork_token,
+        run_id: env().run_id,
+        vnode: env().vnode,
+        interleave_local: 0,
+        interleave_of: 0,
+        interleave_unit: 0,
+    };
 
     let fds = [uffd, memfd];
     let mut cbuf = [0u64; 8];

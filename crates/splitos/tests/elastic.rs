@@ -381,6 +381,57 @@ fn interleaving_keeps_its_share_of_the_heap_local_and_fetches_only_the_rest() {
     }
 }
 
+/// A run's counters on the cluster, with its options; output native.
+fn run_with(c: &TestCluster, opts: &[&str], cmd: &[&str]) -> serde_json::Value {
+    let f = c.dir.path().join("job-stats.json");
+    let mut o = opts.to_vec();
+    o.extend(["--stats-json", f.to_str().unwrap(), "--quiet"]);
+    let out = c.run(&o, cmd);
+    assert!(out.status.success(), "{opts:?}: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{opts:?}: {}", text(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap()
+}
+
+#[test]
+fn a_job_on_a_running_cluster_chooses_its_own_interleaving() {
+    // 128 sets of 2 ways: interleaving would pin nothing, so a job asking for it is refused
+    // by the pComponent, which checks its ExCache as it is now.
+    let c = TestCluster::up(Some("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"1M\"\nways = 2\nexcache_max = \"12M\"\n[[mcomponent]]\n"));
+    let p = pcomp(&c);
+    let (id, addr) = (p["id"].to_string(), p["addr"].as_str().unwrap().to_string());
+    let out = c.run(&["--interleave", "1:2"], &["true"]);
+    assert!(!out.status.success(), "a job interleaving on 2 ways ran");
+    let err = text(&out.stderr);
+    assert!(err.contains("refused this run's --interleave") && err.contains("too few ways"), "{err}");
+    // Grown to 24 ways, the same cluster takes it, for that job alone.
+    splitos_ok(&c, &["cluster", "set-excache", &id, "12M"]);
+    let stream = program("stream");
+    let cmd = [stream.to_str().unwrap(), "8", "2", "1"];
+    let pinned_before = c.metric(&addr, "splitos_pcomp_pinned_total");
+    let off = run_with(&c, &[], &cmd);
+    assert_eq!(off["pinned"], 0, "the pComponent interleaves nothing of its own: {off}");
+    assert_eq!(c.metric(&addr, "splitos_pcomp_pinned_total"), pinned_before);
+    let half = run_with(&c, &["--interleave", "1:2"], &cmd);
+    let pinned = half["pinned"].as_u64().unwrap();
+    // Half of 24 MiB of arrays is 3072 pages; each set pins at most 22 of its 24 ways.
+    assert!(pinned >= 1024, "the job pinned {pinned} lines: {half}");
+    assert_eq!(c.metric(&addr, "splitos_pcomp_pinned_total") - pinned_before, pinned as f64, "the pComponent counted the job's pins");
+    // The run's own fetches (the mComponents' counters on a running cluster are of all runs).
+    let (off_fetched, half_fetched) = (off["bytes_fetched"].as_u64().unwrap(), half["bytes_fetched"].as_u64().unwrap());
+    assert!(off_fetched > 0 && (half_fetched as f64) < off_fetched as f64 * 0.75, "the job fetched {off_fetched} bytes without interleaving, {half_fetched} with its 1:2");
+    // By range, and a forked child keeps its parent's job's interleaving.
+    let by_range = run_with(&c, &["--interleave", "1:2", "--interleave-unit", "4M"], &cmd);
+    assert!(by_range["pinned"].as_u64().unwrap() >= 1024, "{by_range}");
+    let fork = program("forktest");
+    let forked = run_with(&c, &["--interleave", "1:2"], &[fork.to_str().unwrap(), "12"]);
+    // The child reads all 12 MiB after the fork. Measured: about 1800 pins with the parent's
+    // alone (its half of 12 MiB, 1536 pages, and some again after the fork), about 2900 with
+    // the child's.
+    assert!(forked["processes"].as_u64().unwrap() >= 2 && forked["pinned"].as_u64().unwrap() > 2300, "the child pinned lines too: {forked}");
+    // Nothing of a job outlives it: the next run without the option pins nothing.
+    assert_eq!(run_with(&c, &[], &cmd)["pinned"], 0);
+}
+
 /// memcached's `stats`, by name.
 fn memcached_stats(port: u16) -> std::collections::HashMap<String, String> {
     use std::io::{Read, Write};

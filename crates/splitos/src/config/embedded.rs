@@ -27,12 +27,15 @@ pub trait OnRun {
     /// The heading of its options in `--help`.
     const HEADING: &'static str;
     const ON_A_RUNNING_CLUSTER: Running;
+    /// Fields whose options a run on a running cluster takes for its own job instead.
+    const PER_JOB: &'static [&'static str] = &[];
 }
 
 impl OnRun for PcompConfig {
     const PREFIX: &'static str = "";
     const HEADING: &'static str = "The embedded cluster's pComponent";
     const ON_A_RUNNING_CLUSTER: Running = Running::Noted;
+    const PER_JOB: &'static [&'static str] = &["interleave", "interleave_unit"];
 }
 
 impl OnRun for McompConfig {
@@ -137,9 +140,18 @@ impl<T: Serialize + DeserializeOwned> Override<T> {
         self.given.iter().any(|(i, _)| i == id)
     }
 
-    /// The options given, as written.
-    pub fn flags(&self) -> impl Iterator<Item = &str> {
-        self.given.iter().map(|(_, flag)| flag.as_str())
+    /// The options given, as written, but for those a run takes for its own job.
+    pub fn flags(&self) -> impl Iterator<Item = &str>
+    where
+        T: OnRun,
+    {
+        self.given.iter().filter(|(id, _)| !T::PER_JOB.contains(&id.as_str())).map(|(_, flag)| flag.as_str())
+    }
+
+    /// The configuration the options were read into: a field whose option was not given
+    /// holds its default.
+    pub fn value(&self) -> &T {
+        &self.value
     }
 
     /// `to` with the options given in place of its values.
@@ -198,6 +210,13 @@ impl Embedded {
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The interleaving a run on a running cluster asks for its job, if `--interleave` or
+    /// `--interleave-unit` was given; the pComponent's own otherwise.
+    pub fn job_interleave(&self) -> Option<(super::pcomp::InterleaveRatio, super::Size)> {
+        let p = &self.pcomp;
+        (p.gave("interleave") || p.gave("interleave_unit")).then(|| (p.value().interleave, p.value().interleave_unit))
     }
 
     /// The options given, for a run that goes to a running cluster: an error for those it

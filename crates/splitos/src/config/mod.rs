@@ -41,7 +41,7 @@ pub use embedded::{Embedded, OnRun, Override, Running};
 pub use gm::{GmConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
-pub use pcomp::{check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, NetPath, OneSided, PcompConfig, PrefetchPolicy};
+pub use pcomp::{check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy};
 pub use process::{write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs, METRICS_ADDR};
 pub use scomp::ScompConfig;
 pub use size::{parse_size, Size};

@@ -230,7 +230,8 @@ pub struct PcompConfig {
     pub evict_reserve: usize,
     /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
     /// (or ranges of interleave_unit) in the ExCache for good, local, and the others remote,
-    /// round robin; off: none. A set keeps at most all its ways but two pinned
+    /// round robin; off: none. A set keeps at most all its ways but two (and but
+    /// evict_reserve) pinned. `splitos run` on a running cluster sets it for its job alone
     /// (docs/elastic-memory.md#interleaving).
     #[arg(long, default_value_t)]
     pub interleave: InterleaveRatio,
@@ -300,10 +301,33 @@ impl std::str::FromStr for InterleaveRatio {
         let bad = || format!("{s:?}: interleave is off or N:M (N of every M pages local, 1 <= N < M <= 1024), as in 1:2");
         let (n, m) = t.split_once(':').ok_or_else(bad)?;
         let (n, m): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+        InterleaveRatio::of(n, m).map_err(|_| bad())
+    }
+}
+
+impl InterleaveRatio {
+    /// N of every M pages local, checked.
+    pub fn of(n: u32, m: u32) -> Result<InterleaveRatio, String> {
         if n == 0 || n >= m || m > 1024 {
-            return Err(bad());
+            return Err(format!("{n}:{m}: interleave is off or N:M with 1 <= N < M <= 1024"));
         }
         Ok(InterleaveRatio(Some((n, m))))
+    }
+
+    /// Checks the ratio and its unit against an ExCache of `ways` ways per set whose
+    /// background evictor keeps `reserve` of them free; an error names the field.
+    pub fn check(&self, unit: Size, ways: u64, reserve: usize) -> Result<(), String> {
+        if unit.0 < PAGE || !unit.0.is_multiple_of(PAGE) {
+            return Err(format!("interleave_unit: {unit} is not a whole number of 4 KiB pages"));
+        }
+        let unpinned = crate::pmon::excache::MIN_UNPINNED as u64 + reserve as u64;
+        if self.0.is_some() && ways <= unpinned {
+            return Err(format!(
+                "interleave: an ExCache of {ways} ways per set pins nothing, as every set keeps {} ways for the pages that come and go and {reserve} free for the background evictor",
+                crate::pmon::excache::MIN_UNPINNED
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -355,12 +379,7 @@ impl PcompConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
         check_excache(self.excache.0)?;
-        if self.interleave_unit.0 < PAGE || !self.interleave_unit.0.is_multiple_of(PAGE) {
-            return Err(format!("interleave_unit: {} is not a whole number of 4 KiB pages", self.interleave_unit));
-        }
-        if self.interleave.0.is_some() && self.set_ways() <= 2 {
-            return Err(format!("interleave: an ExCache of {} ways per set pins nothing, as every set keeps two ways for the pages that come and go", self.set_ways()));
-        }
+        self.interleave.check(self.interleave_unit, self.set_ways(), self.evict_reserve)?;
         if !(1..=MAX_LINKS).contains(&self.links) {
             return Err(format!("links: {} is not between 1 and {MAX_LINKS}", self.links));
         }

@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use crate::config::{InterleaveRatio, Size};
 use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, Welcome, HELLO_LAUNCHER, SHIM_ABI_VERSION, WELCOME_MARK};
 
 pub struct Launcher {
@@ -23,7 +24,9 @@ impl Launcher {
     /// Connects to the program socket at `path` for run `run_id` and asks for `vnode`'s mount
     /// point (`None`: the cluster has no file system for it). The pComponent forgets the run's
     /// counters when this connection ends.
-    pub fn connect(path: &Path, vnode: &str, run_id: u64) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
+    /// `interleave`: the run's own interleaving (a ratio and its unit), instead of the
+    /// pComponent's.
+    pub fn connect(path: &Path, vnode: &str, run_id: u64, interleave: Option<(InterleaveRatio, Size)>) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
         let sock = UnixStream::connect(path).map_err(|e| anyhow::anyhow!("cannot reach the pComponent's program socket {}: {e}", path.display()))?;
         // Before anything is said: a pComponent is root's (the host's cluster) or this user's.
         let peer = crate::trusted::peer_uid(&sock).map_err(|e| anyhow::anyhow!("cannot tell who serves the program socket {}: {e}", path.display()))?;
@@ -51,12 +54,21 @@ impl Launcher {
             anyhow::bail!("vNode name {vnode:?} is longer than {} bytes", hello.vnode.len() - 1);
         }
         hello.vnode[..vnode.len()].copy_from_slice(vnode.as_bytes());
+        if let Some((ratio, unit)) = interleave {
+            // 0 of 1: none (a ratio is never that).
+            (hello.interleave_local, hello.interleave_of) = ratio.0.unwrap_or((0, 1));
+            hello.interleave_unit = unit.0;
+        }
         l.sock.write_all(hello.as_bytes()).map_err(|e| l.lost(&e.to_string()))?;
         let dir = match l.answer() {
             Ok(bytes) if bytes.is_empty() => None,
             Ok(bytes) => Some(PathBuf::from(String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the pComponent at {} named a mount point that is not UTF-8", path.display()))?)),
             Err(Some(e)) if e == libc::EACCES => anyhow::bail!("vNode {vnode:?} is not granted to this user (uid {}) on the pComponent at {}", uid(), path.display()),
             Err(Some(e)) if e == libc::EAGAIN => anyhow::bail!("too many of this user's runs are under way on the pComponent at {}", path.display()),
+            Err(Some(e)) if e == libc::EINVAL => anyhow::bail!(
+                "the pComponent at {} refused this run's --interleave: its ExCache has too few ways per set to pin a line (each set keeps two ways, and its evict_reserve, for the pages that come and go; docs/elastic-memory.md#interleaving)",
+                path.display()
+            ),
             Err(Some(e)) if e == libc::EBUSY => anyhow::bail!("the pComponent at {} is cordoned: it takes no new programs (`splitos cluster uncordon`)", path.display()),
             Err(Some(e)) => anyhow::bail!("the pComponent at {} cannot mount vNode {vnode:?}: {}", path.display(), std::io::Error::from_raw_os_error(e)),
             Err(None) => return Err(l.lost("it closed the connection")),

@@ -290,7 +290,7 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
     };
     // Random: a run's id is its claim to its counters on the pComponent.
     let run_id = splitos_rpc::auth::random_u64();
-    let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode, run_id)?;
+    let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode, run_id, a.cluster.job_interleave())?;
     let pcomp_name = match &gm {
         Some((_, pcomp)) => format!("pComponent {} at {}", pcomp.id, pcomp.addr),
         None => format!("the pComponent at {}", sock.display()),

@@ -9,7 +9,7 @@
 //! * [`net`] the socket stub
 //!
 //! This file is its dispatch table and start-up.
-mod excache;
+pub(crate) mod excache;
 mod fs;
 pub(crate) mod host;
 mod links;
@@ -70,6 +70,8 @@ pub struct Proc {
 struct PendingChild {
     memory: Arc<ProcMemory>,
     run: Arc<RunStats>,
+    /// The interleaving its job chose, if it chose one.
+    interleave: Option<Option<Interleave>>,
     vmas: Vec<VmaInfo>,
     materialized: BTreeSet<u64>,
     /// Its parent's user: only that user's process may say hello as the child.
@@ -77,6 +79,14 @@ struct PendingChild {
     /// Its parent's process id (0 for a new process), and when it was parked.
     parent: u64,
     since: Instant,
+}
+
+/// A `splitos run` under way: the user whose processes it has, their counters, and the
+/// interleaving its launcher chose for them (`None`: the pComponent's).
+struct Run {
+    uid: u32,
+    stats: Arc<RunStats>,
+    interleave: Option<Option<Interleave>>,
 }
 
 /// A new process id: random, so that ids are unique across pComponents and no one guesses
@@ -93,8 +103,8 @@ pub struct Pcomp {
     miss: MissPath,
     procs: Mutex<HashMap<u64, Arc<Proc>>>,
     pending: Mutex<HashMap<u64, PendingChild>>,
-    /// Each run's counters, with the user whose processes it has.
-    runs: Mutex<HashMap<u64, (u32, Arc<RunStats>)>>,
+    /// Each `splitos run` under way, by its id.
+    runs: Mutex<HashMap<u64, Run>>,
     /// Program-socket connections waiting for their hello, and launchers.
     waiting: host::shim::SharedSlots,
     launchers: host::shim::SharedSlots,
@@ -119,17 +129,19 @@ pub struct Pcomp {
 }
 
 impl Pcomp {
-    /// Makes run `run_id` `uid`'s, for its launcher; false if it is another user's.
-    fn claim_run(&self, run_id: u64, uid: u32) -> bool {
-        self.runs.lock().unwrap().entry(run_id).or_insert_with(|| (uid, Arc::default())).0 == uid
+    /// Makes run `run_id` `uid`'s, for its launcher, with the interleaving it chose; false if
+    /// it is another user's.
+    fn claim_run(&self, run_id: u64, uid: u32, interleave: Option<Option<Interleave>>) -> bool {
+        self.runs.lock().unwrap().entry(run_id).or_insert_with(|| Run { uid, stats: Arc::default(), interleave }).uid == uid
     }
 
-    /// The counters a process of `uid` adds to: its run's, if its launcher is there and the
-    /// run is the same user's or root's (root may start programs that become another user's,
-    /// `runuser`); else counters of its own, which end with it.
-    fn run_stats(&self, run_id: u64, uid: u32) -> Arc<RunStats> {
+    /// The counters a process of `uid` adds to, and the interleaving its job chose: its run's,
+    /// if its launcher is there and the run is the same user's or root's (root may start
+    /// programs that become another user's, `runuser`); else counters of its own, which end
+    /// with it, and the pComponent's interleaving.
+    fn run_of(&self, run_id: u64, uid: u32) -> (Arc<RunStats>, Option<Option<Interleave>>) {
         let runs = self.runs.lock().unwrap();
-        runs.get(&run_id).filter(|(owner, _)| *owner == uid || *owner == 0).map(|(_, run)| run.clone()).unwrap_or_default()
+        runs.get(&run_id).filter(|r| r.uid == uid || r.uid == 0).map(|r| (r.stats.clone(), r.interleave)).unwrap_or_default()
     }
 
     fn load(&self) -> Load {
@@ -247,7 +259,7 @@ impl Pcomp {
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "max_bytes": c.max_lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(), "idle_poll": self.cfg.idle_poll.to_string(),
-                    "used_lines": c.used(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
+                    "used_lines": c.used(), "pinned_lines": c.pinned_lines(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
                 },
                 "compressed_tier": tier,
                 "net": self.net.stats(),
@@ -393,8 +405,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
-    let interleave = cfg.interleave.0.map(|(local, of)| Interleave { local: local.into(), of: of.into(), unit: cfg.interleave_unit.0 / PAGE_SIZE as u64 });
-    let cache = ExCache::growable(lines, max_lines, cfg.ways, eviction_policy(cfg.policy, lines)).with_floor(cfg.share_floor).with_interleave(interleave);
+    let cache = ExCache::growable(lines, max_lines, cfg.ways, eviction_policy(cfg.policy, lines))
+        .with_floor(cfg.share_floor)
+        .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
+        .with_evict_reserve(cfg.evict_reserve);
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {

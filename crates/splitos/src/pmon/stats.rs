@@ -27,6 +27,9 @@ counters! {
         plocal_fills,
         /// Lines fetched ahead of a miss with it (read-ahead) and installed clean.
         prefetched,
+        /// Lines pinned local for good by interleaving when they were filled (the job's or
+        /// the pComponent's `interleave`).
+        pinned,
         /// Read-ahead lines kept in the pComponent as samples (one in `prefetch::SAMPLE`).
         prefetch_sampled,
         /// Of the samples, the ones the program touched.

@@ -10,7 +10,8 @@
 //!
 //! Interleaving ([`ExCache::with_interleave`], ThymesisFlow's best configuration) keeps a share
 //! of the heap's pages local for good: a line of such a page is pinned when filled, and no
-//! policy ever chooses it; the others come and go as remote memory.
+//! policy ever chooses it; the others come and go as remote memory. A job may choose its own
+//! share ([`ExCache::set_interleave`]) instead of the pComponent's.
 //!
 //! Processes sharing the cache may each keep a floor of lines against the others' misses
 //! ([`ExCache::with_floor`], off unless configured): then a program whose misses come fast
@@ -86,6 +87,11 @@ pub struct Interleave {
 }
 
 impl Interleave {
+    /// A configuration's: `ratio` of every range of `unit` bytes.
+    pub fn of(ratio: crate::config::InterleaveRatio, unit: crate::config::Size) -> Option<Interleave> {
+        ratio.0.map(|(local, of)| Interleave { local: local.into(), of: of.into(), unit: unit.0 / splitos_rpc::PAGE_SIZE as u64 })
+    }
+
     /// Whether `vpn` is local in a cache of `sets` sets. The round robin runs over the pages
     /// that share a set (in address order), so that every set keeps its share: dealing out
     /// consecutive pages would put every local page of a 1:2 round robin in the even sets.
@@ -261,7 +267,13 @@ pub struct ExCache {
     evicting: Vec<usize>,
     /// Per set: pinned lines in its ways, at most [`ExCache::pin_cap`].
     pinned: Vec<usize>,
+    /// The pComponent's interleaving, for processes whose job chose none of its own.
     interleave: Option<Interleave>,
+    /// Processes whose job chose its own interleaving (or none).
+    own_interleave: HashMap<u64, Option<Interleave>>,
+    /// Ways of a set interleaving never pins: [`MIN_UNPINNED`] and those the background
+    /// evictor keeps free.
+    unpinned: usize,
     used: usize,
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
@@ -304,6 +316,8 @@ impl ExCache {
             evicting: vec![0; nsets],
             pinned: vec![0; nsets],
             interleave: None,
+            own_interleave: HashMap::new(),
+            unpinned: MIN_UNPINNED,
             used: 0,
             index: HashMap::new(),
             policy,
@@ -349,16 +363,49 @@ impl ExCache {
         }
     }
 
-    /// The most lines of a set that interleaving pins: all its ways but [`MIN_UNPINNED`], so
-    /// that as much of the local share as the ExCache can hold stays local, as asked.
+    /// The most lines of a set that interleaving pins: all its ways but those it never pins,
+    /// so that as much of the local share as the ExCache can hold stays local, as asked.
     fn pin_cap(&self) -> usize {
-        self.interleave.map_or(0, |_| self.ways.saturating_sub(MIN_UNPINNED))
+        self.ways.saturating_sub(self.unpinned)
     }
 
-    /// Keeps the lines of the heap pages `interleave` names local for good, from now on.
+    /// Keeps the lines of the heap pages `interleave` names local for good, from now on, for
+    /// every process whose job chose no interleaving of its own.
     pub fn with_interleave(mut self, interleave: Option<Interleave>) -> ExCache {
         self.interleave = interleave;
         self
+    }
+
+    /// Interleaving never pins the `reserve` ways per set the background evictor keeps free
+    /// either: a pinned line in one of them would leave the set's remote pages fewer than
+    /// [`MIN_UNPINNED`] ways to come and go in.
+    pub fn with_evict_reserve(mut self, reserve: usize) -> ExCache {
+        self.unpinned = MIN_UNPINNED + reserve;
+        self
+    }
+
+    /// Process `pid`'s job chose its own interleaving (`None`: none), instead of the
+    /// pComponent's, from its next fill on.
+    pub fn set_interleave(&mut self, pid: u64, interleave: Option<Interleave>) {
+        self.own_interleave.insert(pid, interleave);
+    }
+
+    /// The interleaving `pid`'s job chose, if it chose one.
+    pub fn job_interleave(&self, pid: u64) -> Option<Option<Interleave>> {
+        self.own_interleave.get(&pid).copied()
+    }
+
+    fn interleave_of(&self, pid: u64) -> Option<Interleave> {
+        self.own_interleave.get(&pid).copied().unwrap_or(self.interleave)
+    }
+
+    /// Whether a line of `pid` may be pinned: with shares, only within its vNode's share, so
+    /// that no job pins away lines another vNode's share keeps.
+    fn may_pin(&self, pid: u64) -> bool {
+        if self.shares.is_empty() {
+            return true;
+        }
+        self.group_of(pid).is_some_and(|g| self.shares.get(&g).is_some_and(|share| self.group_lines(g) < *share))
     }
 
     /// Lines pinned by interleaving.
@@ -418,6 +465,7 @@ impl ExCache {
 
     /// Process `pid` left (its lines already did): pids are reused.
     pub fn forget_group(&mut self, pid: u64) {
+        self.own_interleave.remove(&pid);
         let held = self.resident_of(pid);
         if let Some(g) = self.groups.remove(&pid) {
             self.count_group(g, held, false);
@@ -576,7 +624,7 @@ impl ExCache {
         };
         self.seq += 1;
         let referenced = self.policy.admit(pid, vpn);
-        let pinned = self.interleave.is_some_and(|i| i.is_local(vpn, self.nsets as u64)) && self.pinned[set] < self.pin_cap();
+        let pinned = self.interleave_of(pid).is_some_and(|i| i.is_local(vpn, self.nsets as u64)) && self.pinned[set] < self.pin_cap() && self.may_pin(pid);
         self.pinned[set] += pinned as usize;
         self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced, rearm: false, unmapped: false, seq: self.seq, fresh: false, writes: 0, read_fill: false, pinned });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
@@ -833,6 +881,50 @@ mod tests {
         }
         // Ranges of 8 pages over 4 sets: pages 0-7 local, 8-15 remote.
         assert!(Interleave { unit: 8, ..p }.is_local(7, 4) && !Interleave { unit: 8, ..p }.is_local(8, 4));
+    }
+
+    #[test]
+    fn a_job_interleaves_its_own_processes_and_pins_within_its_share_and_past_the_reserve() {
+        let half = Some(Interleave { local: 1, of: 2, unit: 1 });
+        // The pComponent interleaves nothing; process 1's job chose 1:2, process 2's nothing.
+        let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo));
+        c.set_interleave(1, half);
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+            fill(&mut c, 2, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2, "pages 0 and 2 of process 1 alone");
+        assert_eq!(c.job_interleave(1), Some(half));
+        // A job's choice of none overrides the pComponent's; a pid reused is a new process.
+        let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo)).with_interleave(half);
+        c.set_interleave(2, None);
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+            fill(&mut c, 2, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2, "process 1's by the pComponent's, none of process 2's");
+        c.forget_group(2);
+        assert_eq!(c.job_interleave(2), None);
+        // With shares, a vNode pins only while it holds less than its share.
+        let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo)).with_interleave(half);
+        c.set_group(1, 7);
+        c.set_group(2, 9);
+        c.set_shares(HashMap::from([(7, 2)]));
+        for v in 0..8 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 1, "page 0 pinned with 0 lines held, page 2 with 2 (its share) not");
+        c.remove(1, 0);
+        for v in 0..4 {
+            fill(&mut c, 2, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 0, "vNode 9 has no share to pin within");
+        // The background evictor's reserve is never pinned: 6 ways, 2 kept, 2 reserved.
+        let mut c = ExCache::growable(6, 6, 0, Box::new(Fifo)).with_interleave(Some(Interleave { local: 5, of: 6, unit: 1 })).with_evict_reserve(2);
+        for v in 0..6 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2);
     }
 
     #[test]

@@ -21,11 +21,12 @@ use super::fault;
 use super::huge::HugeHeap;
 use super::reuse::HeapReuse;
 use super::uffd::PAGE;
-use crate::config::DirtyTracking;
+use crate::config::{DirtyTracking, InterleaveRatio, Size};
 use crate::pmon::excache::dirty::Tracker;
 use crate::pmon::excache::miss::ProcHeap;
 use crate::pmon::excache::region::UffdRegion;
 use crate::pmon::excache::store::ProcMemory;
+use crate::pmon::excache::Interleave;
 use crate::pmon::fs::grants::PeerCred;
 use crate::pmon::{Pcomp, PendingChild, Proc};
 
@@ -250,7 +251,15 @@ impl Pcomp {
                     let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
                     return;
                 };
-                if !self.claim_run(hello.run_id, peer.uid) {
+                let interleave = match self.job_interleave(&hello) {
+                    Ok(i) => i,
+                    Err(why) => {
+                        self.refuse(&peer, &format!("the run's {why}"));
+                        let _ = reply(&mut s, -(libc::EINVAL as i64), 0, 0);
+                        return;
+                    }
+                };
+                if !self.claim_run(hello.run_id, peer.uid, interleave) {
                     self.refuse(&peer, &format!("run {} is another user's", hello.run_id));
                     let _ = reply(&mut s, -(libc::EEXIST as i64), 0, 0);
                     return;
@@ -259,7 +268,7 @@ impl Pcomp {
                 // The run's processes that are still there keep their counters; the
                 // pComponent keeps nothing of a run whose launcher is gone.
                 let mut runs = self.runs.lock().unwrap();
-                if runs.get(&hello.run_id).is_some_and(|(uid, _)| *uid == peer.uid) {
+                if runs.get(&hello.run_id).is_some_and(|r| r.uid == peer.uid) {
                     runs.remove(&hello.run_id);
                 }
                 return;
@@ -320,6 +329,21 @@ impl Pcomp {
         self.exit_process(&proc_);
     }
 
+    /// The interleaving a launcher's hello chose for its run (`None`: the pComponent's),
+    /// checked as the pComponent's own against the ExCache as it is now.
+    fn job_interleave(&self, h: &Hello) -> Result<Option<Option<Interleave>>, String> {
+        if h.interleave_of == 0 {
+            return Ok(None);
+        }
+        if h.interleave_local == 0 {
+            return Ok(Some(None));
+        }
+        let ratio = InterleaveRatio::of(h.interleave_local, h.interleave_of)?;
+        let unit = Size(h.interleave_unit);
+        ratio.check(unit, self.miss.with_cache(|c| c.ways()) as u64, self.cfg.evict_reserve)?;
+        Ok(Some(Interleave::of(ratio, unit)))
+    }
+
     /// `splitos run`'s connection: mounts the vNode's file system and says where, then
     /// answers for the counters of the user's runs until it closes.
     fn serve_launcher(&self, mut s: UnixStream, peer: &PeerCred, vnode: &str) {
@@ -342,7 +366,7 @@ impl Pcomp {
                 return;
             }
             let sent = match Op::from_u32(req.op) {
-                Some(Op::RunStats) => match self.runs.lock().unwrap().get(&req.a).cloned() {
+                Some(Op::RunStats) => match self.runs.lock().unwrap().get(&req.a).map(|r| (r.uid, r.stats.clone())) {
                     Some((uid, run)) if uid == peer.uid || peer.uid == 0 => reply_bytes(&mut s, run.json().to_string().as_bytes()),
                     // Another user's run is as unknown as one that never was.
                     _ => reply(&mut s, -(libc::ENOENT as i64), 0, 0),
@@ -387,12 +411,15 @@ impl Pcomp {
                 None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token))),
             }
         } else {
-            let run = self.run_stats(h.run_id, peer.uid);
+            let (run, interleave) = self.run_of(h.run_id, peer.uid);
             let pid = crate::pmon::new_pid();
             let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone(), pcomp: self.node.id() })?;
             let who = Who::new(vnode, pid);
             let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
-            (pid, PendingChild { memory: Arc::new(ProcMemory::new(who, home, created.backup)), run, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() })
+            (
+                pid,
+                PendingChild { memory: Arc::new(ProcMemory::new(who, home, created.backup)), run, interleave, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() },
+            )
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -440,6 +467,9 @@ impl Pcomp {
         }
         self.miss.add(p.heap.clone(), child.materialized);
         self.miss.set_vnode(pid, &p.memory.who.vnode);
+        if let Some(i) = child.interleave {
+            self.miss.set_interleave(pid, i);
+        }
         for v in &child.vmas {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
@@ -673,7 +703,10 @@ impl Pcomp {
         let memory = Arc::new(ProcMemory::new(Who::new(p.memory.who.vnode.clone(), child), p.memory.home(), forked.backup.clone()));
         memory.learn(&forked.owners, forked.epoch, forked.backup.clone());
         let materialized = self.miss.materialized_of(p.pid);
-        self.pending.lock().unwrap().insert(child, PendingChild { memory, run: p.heap.stats.clone(), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
+        self.pending
+            .lock()
+            .unwrap()
+            .insert(child, PendingChild { memory, run: p.heap.stats.clone(), interleave: self.miss.job_interleave(p.pid), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
         Ok(child)
     }
 }

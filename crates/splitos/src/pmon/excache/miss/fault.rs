@@ -202,6 +202,11 @@ impl MissPath {
                 });
             }
         }
+        if let Some(t) = heaps.get(&pid).filter(|_| st.cache.line(c.slot).pinned) {
+            self.bump(t, |s| {
+                s.pinned.fetch_add(1, Relaxed);
+            });
+        }
         Some(c)
     }
 

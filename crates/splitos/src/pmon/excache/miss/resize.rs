@@ -7,11 +7,22 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{LineState, MissPath, State};
+use crate::pmon::excache::Interleave;
 
 /// How long a shrink waits for lines past the new end that are being filled or written back.
 const SETTLE: Duration = Duration::from_millis(1);
 
 impl MissPath {
+    /// Process `pid`'s job chose its own interleaving (`None`: none) over the pComponent's.
+    pub fn set_interleave(&self, pid: u64, interleave: Option<Interleave>) {
+        self.state.lock().unwrap().cache.set_interleave(pid, interleave);
+    }
+
+    /// The interleaving process `pid`'s job chose, if it chose one: a forked child keeps it.
+    pub fn job_interleave(&self, pid: u64) -> Option<Option<Interleave>> {
+        self.state.lock().unwrap().cache.job_interleave(pid)
+    }
+
     /// Process `pid` belongs to vNode `vnode`: its lines count against that vNode's share.
     pub fn set_vnode(&self, pid: u64, vnode: &str) {
         let mut g = self.state.lock().unwrap();
