@@ -51,10 +51,11 @@ fn peak_kib(pid: i32) -> u64 {
     status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
 }
 
-#[test]
-fn a_slow_mcomponent_slows_its_clients_within_their_credits() {
-    // Two credits per connection, and an mComponent that takes 2 ms for every request.
-    let c = TestCluster::up(Some("[transport]\nkind = \"tcp\"\n[transport.tcp]\nmax_in_flight = 2\n[[pcomponent]]\nexcache = \"16M\"\n[[mcomponent]]\nserve_delay_us = 2000\n"));
+/// Six programs at once on a pComponent whose mComponent takes 2 ms for every request and
+/// grants two credits (`config`); returns the pComponent's and the mComponent's addresses, the
+/// mComponent's peak memory in KiB, and the cluster.
+fn six_programs_on_a_slow_mcomponent(config: &str) -> (TestCluster, String, String, u64) {
+    let c = TestCluster::up(Some(config));
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let mpid = c.pid_of_addr(&m);
@@ -66,14 +67,43 @@ fn a_slow_mcomponent_slows_its_clients_within_their_credits() {
         let out = child.wait_with_output().unwrap();
         assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{cmd:?}: {}", text(&out.stderr));
     }
+    let peak = peak_kib(mpid);
+    (c, p, m, peak)
+}
+
+#[test]
+fn a_slow_mcomponent_slows_its_clients_within_their_credits() {
+    // Two credits per connection.
+    let (c, p, m, peak) = six_programs_on_a_slow_mcomponent("[transport]\nkind = \"tcp\"\n[transport.tcp]\nmax_in_flight = 2\n[[pcomponent]]\nexcache = \"16M\"\n[[mcomponent]]\nserve_delay_us = 2000\n");
     let waits = c.metric(&p, "splitos_rpc_credit_waits_total");
     let over = c.metric(&m, "splitos_rpc_requests_over_credit_total");
     let served = c.metric(&m, "splitos_mcomp_requests_total");
-    let peak = peak_kib(mpid);
     eprintln!("credit waits {waits}, over credit {over}, served {served}, mcomp peak {peak} KiB");
     assert!(served > 0.0);
     assert_eq!(over, 0.0, "no client sent beyond its credits");
     assert!(waits > 0.0, "callers waited for credits");
     // The programs hold 24 MiB: requests queued without bound would show far beyond it.
     assert!(peak < 128 << 10, "the slow mComponent's memory stayed bounded: {peak} KiB at its peak");
+}
+
+#[test]
+fn a_slow_mcomponent_keeps_its_shared_memory_callers_within_their_credits() {
+    // Two channels per caller, each one call; every fetch a message (no one-sided copies).
+    let (c, p, m, peak) =
+        six_programs_on_a_slow_mcomponent("[transport]\nkind = \"shm\"\n[transport.shm]\nmax_channels_per_peer = 2\n[[pcomponent]]\nexcache = \"16M\"\none_sided = \"off\"\n[[mcomponent]]\nserve_delay_us = 2000\n");
+    let waits = c.metric(&p, "splitos_rpc_credit_waits_total");
+    let most = c.metric(&m, "splitos_rpc_shm_peer_channels_peak");
+    let requests = c.metric(&m, "splitos_rpc_shm_requests_total");
+    eprintln!("credit waits {waits}, most channels of one caller {most}, shm requests {requests}, mcomp peak {peak} KiB");
+    assert!(requests > 1000.0, "the programs' misses crossed shared memory: {requests}");
+    assert!(waits > 0.0, "callers waited for credits");
+    assert!(most > 0.0 && most <= 2.0, "the mComponent served at most two channels of one caller at once: {most}");
+    assert!(peak < 128 << 10, "the slow mComponent's memory stayed bounded: {peak} KiB at its peak");
+    // No credit at all is refused at start, naming the knob.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.toml");
+    std::fs::write(&f, "[transport.shm]\nmax_channels_per_peer = 0\n[[pcomponent]]\n[[mcomponent]]\n").unwrap();
+    let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("max_channels_per_peer"), "{}", text(&out.stderr));
 }

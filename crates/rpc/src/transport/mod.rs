@@ -94,7 +94,8 @@ impl TransportConfig {
         if !KINDS.contains(&self.kind.as_str()) {
             return Err(format!("transport.kind: unknown transport {:?} (known: {})", self.kind, KINDS.join(", ")));
         }
-        self.tcp.validate()
+        self.tcp.validate()?;
+        self.shm.validate()
     }
 
     /// The transport this configuration names, proving `creds` on every connection.

@@ -14,6 +14,12 @@
 //! A channel holds one call at a time: the caller writes the request and bumps `req_seq`; the
 //! server polls for it (`spin_us`), then sleeps on the socket after announcing so in the
 //! header, and the caller rings the doorbell only then. The reply comes back the same way.
+//!
+//! Credits: since a channel holds one call, the channels a caller has open to a server are its
+//! calls in flight there. The server grants each caller (a process) `max_channels_per_peer`
+//! in every channel's header and refuses a channel beyond them; a caller that has as many
+//! open as granted waits for one to come back, so that a slow server slows its callers
+//! instead of gaining a thread and a channel's memory for every one of their threads.
 //! Bytes a peer wrote are copied out before they are decoded and checked like any frame.
 //!
 //! A caller that asked to be followed ([`crate::cpu`]) puts its CPU in the header with each
@@ -25,7 +31,7 @@
 //! one whose server already runs on its CPU, else one whose server runs anywhere, else a new
 //! one.
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -63,6 +69,11 @@ pub struct ShmConfig {
     /// which ends its server's thread: the channels a burst of calls opened do not stay.
     #[arg(id = "shm.idle_ms", value_name = "MS", long = "shm-idle-ms", default_value_t = DEFAULT_IDLE_MS)]
     pub idle_ms: u64,
+    /// Credits: channels one caller may have open to this component at once, each one call
+    /// in flight (and a serving thread and two message areas here); a caller beyond them
+    /// waits for one of its calls to end.
+    #[arg(id = "shm.max_channels_per_peer", value_name = "N", long = "shm-max-channels-per-peer", default_value_t = 64)]
+    pub max_channels_per_peer: usize,
 }
 
 pub const DEFAULT_SPIN_US: u64 = 100;
@@ -75,6 +86,13 @@ impl Default for ShmConfig {
 }
 
 impl ShmConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_channels_per_peer == 0 {
+            return Err("[transport.shm] max_channels_per_peer must be at least 1".into());
+        }
+        Ok(())
+    }
+
     fn dir(&self) -> PathBuf {
         if !self.dir.is_empty() {
             return PathBuf::from(&self.dir);
@@ -114,6 +132,8 @@ struct Header {
     /// Set by the caller with each request: 0, or 1 + the CPU it runs on and sleeps on while
     /// it waits (serve it there, and do not poll for its next request).
     follow_cpu: AtomicU32,
+    /// Set by the server: the channels it lets this caller have open at once (its credits).
+    credits: AtomicU32,
 }
 
 /// One channel's memory, mapped in this process.
@@ -284,11 +304,94 @@ pub struct ShmTransport {
     netns: String,
     /// By peer address: the channels not in use, or when the peer was last found remote.
     peers: Arc<Mutex<HashMap<String, Peer>>>,
+    /// The credits this component grants each caller.
+    max_channels: usize,
 }
 
 enum Peer {
-    Local(Vec<Channel>),
+    Local(Pool),
     Remote(Instant),
+}
+
+/// The channels to one peer on this host: those not in use, and the credits they hold.
+struct Pool {
+    free: Vec<Channel>,
+    credits: Arc<Credits>,
+}
+
+/// A caller's credits at one peer: channels open (in use or free) and how many the peer
+/// grants. `gen` moves whenever a channel comes back or closes, for a caller waiting for one.
+struct Credits {
+    state: Mutex<CreditState>,
+    back: std::sync::Condvar,
+}
+
+struct CreditState {
+    open: usize,
+    granted: usize,
+    gen: u64,
+}
+
+/// Credits a caller has at a peer before the peer's first channel says how many it grants: a
+/// burst of first calls opens one channel, not one each.
+const FIRST_CREDITS: usize = 1;
+
+impl Credits {
+    fn new() -> Arc<Credits> {
+        Arc::new(Credits { state: Mutex::new(CreditState { open: 0, granted: FIRST_CREDITS, gen: 0 }), back: std::sync::Condvar::new() })
+    }
+
+    fn gen(&self) -> u64 {
+        self.state.lock().unwrap().gen
+    }
+
+    /// Takes a credit if one is left.
+    fn take(self: &Arc<Credits>) -> Option<Credit> {
+        let mut s = self.state.lock().unwrap();
+        (s.open < s.granted).then(|| {
+            s.open += 1;
+            Credit(self.clone())
+        })
+    }
+
+    /// Waits until `deadline` for a credit or a channel to come back after `gen`; false if
+    /// none did.
+    fn wait(&self, gen: u64, deadline: Instant) -> bool {
+        let mut s = self.state.lock().unwrap();
+        while s.gen == gen && s.open >= s.granted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            s = self.back.wait_timeout(s, left).unwrap().0;
+        }
+        true
+    }
+
+    fn grant(&self, n: u32) {
+        let mut s = self.state.lock().unwrap();
+        s.granted = (n as usize).max(1);
+        s.gen += 1;
+        self.back.notify_all();
+    }
+
+    /// A channel came back to the pool.
+    fn returned(&self) {
+        self.state.lock().unwrap().gen += 1;
+        self.back.notify_all();
+    }
+}
+
+/// A channel's hold on one of its peer's credits, given back when the channel closes.
+struct Credit(Arc<Credits>);
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().unwrap();
+        s.open -= 1;
+        s.gen += 1;
+        self.0.back.notify_all();
+    }
 }
 
 /// How long a peer found without a rendezvous socket is reached over TCP before looking again.
@@ -301,7 +404,7 @@ impl ShmTransport {
         let spin = Duration::from_micros(cfg.spin_us);
         let peers = Arc::new(Mutex::new(HashMap::new()));
         close_idle_channels(Arc::downgrade(&peers), Duration::from_millis(cfg.idle_ms));
-        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers })
+        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers, max_channels: cfg.max_channels_per_peer })
     }
 
     /// The rendezvous socket of the component at `addr` in this namespace.
@@ -327,52 +430,101 @@ impl ShmTransport {
         }
     }
 
-    /// A free channel to `addr`, or `None` when `addr` is not on this host.
-    fn channel(&self, addr: &str, timeout: Duration) -> Result<Option<Channel>, RpcError> {
-        match self.peers.lock().unwrap().get_mut(addr) {
-            Some(Peer::Local(free)) => {
-                // A channel whose server died while it sat in the pool is dropped here, before a
-                // request goes into it: then the call reports the peer unreachable (safe to
-                // retry elsewhere) rather than a request lost on the way.
-                let want = cpu::followed_at();
-                while let Some(i) = pick(free, want) {
-                    let c = free.remove(i);
-                    if c.server_alive() {
-                        return Ok(Some(c));
+    /// A free channel to `addr`, or `None` when `addr` is not on this host. Beyond the peer's
+    /// credits it waits up to `credit_wait` for one of this component's channels to it to
+    /// come back.
+    fn channel(&self, addr: &str, timeout: Duration, credit_wait: Duration) -> Result<Option<Channel>, RpcError> {
+        let deadline = Instant::now() + credit_wait;
+        let want = cpu::followed_at();
+        let mut waited = false;
+        loop {
+            let (credits, gen) = {
+                let mut peers = self.peers.lock().unwrap();
+                match peers.get_mut(addr) {
+                    Some(Peer::Local(pool)) => {
+                        // Read before the pool is looked at: a channel given back after this
+                        // ends the wait below.
+                        let gen = pool.credits.gen();
+                        // A channel whose server died while it sat in the pool is dropped here,
+                        // before a request goes into it: then the call reports the peer
+                        // unreachable (safe to retry elsewhere) rather than a request lost on
+                        // the way.
+                        while let Some(i) = pick(&pool.free, want) {
+                            let c = pool.free.remove(i);
+                            if c.server_alive() {
+                                return Ok(Some(c));
+                            }
+                        }
+                        (pool.credits.clone(), gen)
+                    }
+                    Some(Peer::Remote(since)) if since.elapsed() < RECHECK => return Ok(None),
+                    _ => {
+                        if !self.socket_path(addr).exists() {
+                            peers.insert(addr.to_string(), Peer::Remote(Instant::now()));
+                            return Ok(None);
+                        }
+                        let credits = Credits::new();
+                        peers.insert(addr.to_string(), Peer::Local(Pool { free: Vec::new(), credits: credits.clone() }));
+                        (credits, 0)
                     }
                 }
+            };
+            if let Some(credit) = credits.take() {
+                return self.open(addr, timeout, credit, deadline);
             }
-            Some(Peer::Remote(since)) if since.elapsed() < RECHECK => return Ok(None),
-            _ => {}
+            // No credit left: a followed caller takes a channel served elsewhere rather than wait.
+            if let Some(Peer::Local(pool)) = self.peers.lock().unwrap().get_mut(addr) {
+                if let Some(c) = pool.free.pop() {
+                    return Ok(Some(c));
+                }
+            }
+            if !waited {
+                waited = true;
+                metrics::counter!("rpc_credit_waits_total").increment(1);
+            }
+            if !credits.wait(gen, deadline) {
+                return Err(RpcError::Timeout { addr: addr.to_string(), msg: "a shared-memory credit", after: credit_wait });
+            }
         }
+    }
+
+    /// Opens a new channel to `addr` on `credit`; a server that counts more of this
+    /// component's channels than it grants (one just closed, not yet seen closed there) is
+    /// asked again until `deadline`.
+    fn open(&self, addr: &str, timeout: Duration, credit: Credit, deadline: Instant) -> Result<Option<Channel>, RpcError> {
         let path = self.socket_path(addr);
-        if !path.exists() {
-            self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
-            return Ok(None);
-        }
-        let c = match Channel::open(&path, addr, timeout, Poller::new(self.spin, self.polling), self.creds.as_deref()) {
-            Ok(c) => c,
-            // A socket left by a component that is gone (whatever holds its port now, if
-            // anything, is reached over TCP).
-            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) => {
-                self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
-                return Ok(None);
+        loop {
+            match Channel::open(&path, addr, timeout, Poller::new(self.spin, self.polling), self.creds.as_deref()) {
+                Ok(mut c) => {
+                    credit.0.grant(c.map.header().credits.load(Acquire));
+                    c.credit = Some(credit);
+                    return Ok(Some(c));
+                }
+                Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => {
+                    metrics::counter!("rpc_shm_channels_refused_total").increment(1);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                // A socket left by a component that is gone (whatever holds its port now, if
+                // anything, is reached over TCP).
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) => {
+                    self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
+                    return Ok(None);
+                }
+                Err(e) => return Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("shared-memory channel: {e}") }),
             }
-            Err(e) => return Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("shared-memory channel: {e}") }),
-        };
-        self.peers.lock().unwrap().entry(addr.to_string()).or_insert_with(|| Peer::Local(Vec::new()));
-        Ok(Some(c))
+        }
     }
 
     fn give_back(&self, addr: &str, mut c: Channel) {
-        if let Some(Peer::Local(free)) = self.peers.lock().unwrap().get_mut(addr) {
+        if let Some(Peer::Local(pool)) = self.peers.lock().unwrap().get_mut(addr) {
             c.idle_since = Instant::now();
-            free.push(c);
+            pool.free.push(c);
+            pool.credits.returned();
         }
     }
 
     fn call_via(&self, addr: &str, msg: &Msg, timeout: Duration, direct: bool) -> Result<Msg, RpcError> {
-        let Some(c) = self.channel(addr, timeout)? else {
+        let Some(c) = self.channel(addr, timeout, timeout)? else {
             return if direct { self.tcp.call_direct(addr, msg, timeout) } else { self.tcp.call(addr, msg, timeout) };
         };
         if let Some(p) = c.peer.filter(|p| !may_receive(p.role, msg)) {
@@ -413,7 +565,9 @@ impl Transport for ShmTransport {
         }
         let mut chans: Vec<Channel> = Vec::with_capacity(calls.len());
         for (addr, msg) in calls {
-            match self.channel(addr, timeout) {
+            // Without waiting: a caller holding one channel to a peer while it waits for
+            // another would wait on callers doing the same.
+            match self.channel(addr, timeout, Duration::ZERO) {
                 Ok(Some(c)) if c.peer.is_none_or(|p| may_receive(p.role, msg)) => chans.push(c),
                 other => {
                     if let Ok(Some(c)) = other {
@@ -451,7 +605,7 @@ impl Transport for ShmTransport {
         let unix = UnixListener::bind(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&tmp, &path)?;
-        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling, creds: self.creds.clone() }))
+        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling, creds: self.creds.clone(), max_channels: self.max_channels }))
     }
 }
 
@@ -463,9 +617,9 @@ fn close_idle_channels(peers: std::sync::Weak<Mutex<HashMap<String, Peer>>>, idl
         let Some(peers) = peers.upgrade() else { return };
         let mut idle_ones = Vec::new();
         for p in peers.lock().unwrap().values_mut() {
-            if let Peer::Local(free) = p {
-                let (old, kept): (Vec<Channel>, Vec<Channel>) = std::mem::take(free).into_iter().partition(|c| c.idle_since.elapsed() >= idle);
-                *free = kept;
+            if let Peer::Local(pool) = p {
+                let (old, kept): (Vec<Channel>, Vec<Channel>) = std::mem::take(&mut pool.free).into_iter().partition(|c| c.idle_since.elapsed() >= idle);
+                pool.free = kept;
                 idle_ones.extend(old);
             }
         }
@@ -502,6 +656,8 @@ struct Channel {
     server_at: Option<u32>,
     /// When it was last given back to the free channels.
     idle_since: Instant,
+    /// The credit it holds at its peer.
+    credit: Option<Credit>,
 }
 
 impl Channel {
@@ -520,7 +676,11 @@ impl Channel {
             None => None,
         };
         let mut hello = [0u8; 1];
-        let fd = recv_fds(&sock, &mut hello)?.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
+        let fds = recv_fds(&sock, &mut hello)?;
+        if &hello == NO_CREDIT {
+            return Err(io::Error::new(io::ErrorKind::ResourceBusy, format!("{addr}: no credit left for another channel")));
+        }
+        let fd = fds.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
         sock.set_read_timeout(None)?;
         sock.set_nonblocking(true)?;
         // SAFETY: F_GET_SEALS on a descriptor we own takes no pointers.
@@ -537,7 +697,7 @@ impl Channel {
         if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
         }
-        Ok(Channel { addr: addr.to_string(), peer, sock, map, seq: 0, poller, server_at: None, idle_since: Instant::now() })
+        Ok(Channel { addr: addr.to_string(), peer, sock, map, seq: 0, poller, server_at: None, idle_since: Instant::now(), credit: None })
     }
 
     /// Whether the server's end of the socket is still open (stale doorbells are drained).
@@ -603,6 +763,52 @@ pub struct ShmListen {
     spin: Duration,
     polling: Polling,
     creds: Option<Arc<Credentials>>,
+    max_channels: usize,
+}
+
+/// What the server sends instead of a channel to a caller that has all its credits in use.
+const NO_CREDIT: &[u8; 1] = b"n";
+
+/// Channels open per caller (process), on the serving side.
+#[derive(Default)]
+struct Held {
+    by_pid: Mutex<HashMap<i32, usize>>,
+    /// The most one caller has had open at once.
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+/// One channel counted against its caller's credits while it is served.
+struct Hold<'a> {
+    held: &'a Held,
+    pid: i32,
+}
+
+impl Held {
+    fn hold(&self, pid: i32, max: usize) -> Option<Hold<'_>> {
+        let mut m = self.by_pid.lock().unwrap();
+        let n = m.entry(pid).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        let peak = self.peak.fetch_max(*n, Relaxed).max(*n);
+        metrics::gauge!("rpc_shm_channels").increment(1.0);
+        metrics::gauge!("rpc_shm_peer_channels_peak").set(peak as f64);
+        Some(Hold { held: self, pid })
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let mut m = self.held.by_pid.lock().unwrap();
+        if let Some(n) = m.get_mut(&self.pid) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.pid);
+            }
+        }
+        metrics::gauge!("rpc_shm_channels").decrement(1.0);
+    }
 }
 
 impl Endpoint for ShmListen {
@@ -612,7 +818,8 @@ impl Endpoint for ShmListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        let ShmListen { tcp, unix, path, spin, polling, creds } = *self;
+        let ShmListen { tcp, unix, path, spin, polling, creds, max_channels } = *self;
+        let held = Arc::new(Held::default());
         tcp.serve_with(dispatcher.clone(), &cfg.name);
         let name = cfg.name;
         tracing::debug!(socket = %path.display(), "shared-memory rendezvous");
@@ -628,13 +835,17 @@ impl Endpoint for ShmListen {
                             continue;
                         }
                     };
-                    let (d, creds) = (dispatcher.clone(), creds.clone());
+                    let (d, creds, held) = (dispatcher.clone(), creds.clone(), held.clone());
                     // The channel's own thread checks the caller, so that one that stalls in
                     // its handshake holds up no other.
                     let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || {
                         let mut s = s;
-                        match offer(&mut s, creds.as_deref()) {
-                            Ok((map, peer)) => serve_channel(s, map, d, peer, Poller::new(spin, polling)),
+                        match offer(&mut s, creds.as_deref(), &held, max_channels) {
+                            Ok((map, peer, _hold)) => serve_channel(s, map, d, peer, Poller::new(spin, polling)),
+                            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
+                                metrics::counter!("rpc_shm_over_credit_total").increment(1);
+                                tracing::debug!(error = %e, "shared-memory channel refused: no credit left");
+                            }
                             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                                 metrics::counter!("rpc_shm_refused_total").increment(1);
                                 tracing::warn!(error = %e, "shared-memory channel refused");
@@ -649,9 +860,10 @@ impl Endpoint for ShmListen {
     }
 }
 
-/// Checks the caller's user and (with credentials) its identity, then makes a sealed channel
-/// and passes it over; returns it with the caller's role.
-fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping, Option<server::Peer>)> {
+/// Checks the caller's user and (with credentials) its identity and that it has a credit left,
+/// then makes a sealed channel and passes it over; returns it with the caller's role and the
+/// credit it holds.
+fn offer<'a>(s: &mut UnixStream, creds: Option<&Credentials>, held: &'a Held, max_channels: usize) -> io::Result<(Mapping, Option<server::Peer>, Hold<'a>)> {
     let cred = crate::fdpass::peer_cred(s)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -670,6 +882,10 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping
         }
         None => None,
     };
+    let Some(hold) = held.hold(cred.pid, max_channels) else {
+        s.write_all(NO_CREDIT)?;
+        return Err(io::Error::new(io::ErrorKind::ResourceBusy, format!("caller pid {} has {max_channels} channels open", cred.pid)));
+    };
     // SAFETY: a NUL-terminated name and valid flags.
     let raw = unsafe { libc::memfd_create(c"splitos-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
@@ -686,9 +902,10 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>) -> io::Result<(Mapping
     let map = Mapping::new(&fd)?;
     let h = map.header();
     h.magic.store(MAGIC, Relaxed);
+    h.credits.store(max_channels.min(u32::MAX as usize) as u32, Relaxed);
     h.version.store(WIRE_VERSION as u32, Release);
     send_fds(s, b"c", &[raw])?;
-    Ok((map, peer))
+    Ok((map, peer, hold))
 }
 
 /// How long a caller has to prove who it is on a channel's socket.

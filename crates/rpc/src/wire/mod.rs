@@ -49,7 +49,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `G2X_BEAT.rebalance` (background rebalancing) and a
 /// running ExCache resized and shared among vNodes (`G2P_SET_EXCACHE`, `P2G_EXCACHE`,
 /// `ExcacheShare`).
-pub const WIRE_VERSION: u16 = 21;
+/// Version 21 added the credit frame; version 22 credits on shared-memory channels (the
+/// channel header's `credits`, and a caller refused a channel beyond them).
+pub const WIRE_VERSION: u16 = 22;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;

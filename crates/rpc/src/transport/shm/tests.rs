@@ -180,7 +180,8 @@ fn a_server_that_died_between_calls_is_unreachable_not_a_lost_request() {
     // A server that answers one call, then dies (its socket closes, its file stays).
     let server = std::thread::spawn(move || {
         let (mut s, _) = unix.accept().unwrap();
-        let (map, _) = offer(&mut s, None).unwrap();
+        let held = Held::default();
+        let (map, _, _hold) = offer(&mut s, None, &held, 4).unwrap();
         s.set_nonblocking(true).unwrap();
         let h = map.header();
         let n = wait(&h.req_seq, 0, &h.server_sleeps, &s, &Poller::new(Duration::ZERO, Polling::Fixed), None).ok().unwrap();
@@ -281,4 +282,96 @@ fn a_followed_callers_requests_are_served_on_its_cpu_and_callers_on_other_cpus_k
     assert_eq!(allowed.len(), 2, "one channel per CPU: {allowed:?}");
     let pinned = |a: &String| cpus[..2].iter().any(|c| a.ends_with(&format!("\t{c}")));
     assert_eq!(allowed.iter().filter(|a| pinned(a)).count(), 1, "one server runs anywhere again: {allowed:?}");
+}
+
+/// Sleeps 30 ms per call and keeps the most calls it served at once.
+#[derive(Default)]
+struct Slow {
+    now: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+impl Handler for Slow {
+    fn handle(&self, msg: Msg) -> Msg {
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(n, SeqCst);
+        std::thread::sleep(Duration::from_millis(30));
+        self.now.fetch_sub(1, SeqCst);
+        Echo.handle(msg)
+    }
+}
+
+#[test]
+fn a_slow_server_keeps_each_caller_within_its_credits() {
+    let d = private_tmp();
+    let server_cfg = ShmConfig { max_channels_per_peer: 2, ..cfg(d.path()) };
+    let t = ShmTransport::new(&server_cfg, TcpConfig::default(), Polling::Adaptive, None).unwrap();
+    let ep = t.listen("127.0.0.1:0").unwrap();
+    let addr = ep.addr();
+    let slow = Arc::new(Slow::default());
+    ep.serve(slow.clone(), ServerConfig { name: "slow".into(), workers: 0, fanout_workers: 1 });
+    // The caller's own grant is larger: the server's is the one that counts.
+    let caller = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
+    let rpc = Rpc::new(caller.clone(), Duration::from_secs(10));
+    let threads: Vec<_> = (0..8u64)
+        .map(|i| {
+            let (rpc, addr) = (rpc.clone(), addr.clone());
+            std::thread::spawn(move || {
+                let p = rpc.call(&addr, fetch(20_000 + i)).unwrap();
+                assert_eq!(&p.data[..8], (20_000 + i).to_le_bytes().as_slice(), "call {i} got its own answer");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(slow.peak.load(SeqCst), 2, "eight callers, two credits: two calls at once, no more");
+    let credits = match caller.peers.lock().unwrap().get(&addr) {
+        Some(Peer::Local(pool)) => pool.credits.clone(),
+        _ => panic!("the server is on this host"),
+    };
+    let s = credits.state.lock().unwrap();
+    assert_eq!((s.open, s.granted), (2, 2), "the caller opened as many channels as granted");
+    drop(s);
+    // Several calls to one peer at once take no credit they would wait for: beyond the grant,
+    // they go one after another.
+    let calls: Vec<Msg> = (0..3).map(|i| fetch(30_000 + i).into()).collect();
+    let batch: Vec<(&str, &Msg)> = calls.iter().map(|m| (addr.as_str(), m)).collect();
+    for (i, r) in caller.call_all_direct(&batch, Duration::from_secs(10)).into_iter().enumerate() {
+        let Msg::M2P_PAGE(p) = r.unwrap() else { panic!("call {i}: not a page") };
+        assert_eq!(&p.data[..8], (30_000 + i as u64).to_le_bytes().as_slice(), "call {i} got its own answer");
+    }
+}
+
+#[test]
+fn a_caller_beyond_its_credits_gets_no_channel() {
+    let d = private_tmp();
+    let server_cfg = ShmConfig { max_channels_per_peer: 2, ..cfg(d.path()) };
+    let t = ShmTransport::new(&server_cfg, TcpConfig::default(), Polling::Adaptive, None).unwrap();
+    let ep = t.listen("127.0.0.1:0").unwrap();
+    let addr = ep.addr();
+    ep.serve(Arc::new(Echo), ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
+    // A caller that ignores the grant, opening channels by hand.
+    let path = t.socket_path(&addr);
+    let open = || Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None);
+    let (a, b) = (open().unwrap(), open().unwrap());
+    assert_eq!(a.map.header().credits.load(Relaxed), 2, "the grant is in the header");
+    match open() {
+        Err(e) => assert_eq!(e.kind(), io::ErrorKind::ResourceBusy, "{e}"),
+        Ok(_) => panic!("a third channel beyond two credits"),
+    }
+    // One closed gives its credit back, once the server has seen it close.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let c = loop {
+        match open() {
+            Ok(c) => break c,
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("the credit never came back: {e}"),
+        }
+    };
+    drop((b, c));
+    // Others are served all along.
+    let other = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
+    assert_eq!(other.call(&addr, fetch(10_021)).unwrap().data.len(), 4096);
 }
