@@ -37,11 +37,16 @@ fn cfg(dir: &Path) -> ShmConfig {
 }
 
 fn server(dir: &Path) -> String {
-    let t = ShmTransport::new(&cfg(dir), TcpConfig::default(), Polling::Adaptive, None).unwrap();
+    server_granting(dir, 64, Arc::new(Echo)).1
+}
+
+/// A server with `handler` that grants each caller `credits` channels; its transport and address.
+fn server_granting(dir: &Path, credits: usize, handler: Arc<dyn Handler>) -> (ShmTransport, String) {
+    let t = ShmTransport::new(&ShmConfig { max_channels_per_peer: credits, ..cfg(dir) }, TcpConfig::default(), Polling::Adaptive, None).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
-    ep.serve(Arc::new(Echo), ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
-    addr
+    ep.serve(handler, ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
+    (t, addr)
 }
 
 fn fetch(vpn: u64) -> P2M_FETCH {
@@ -304,12 +309,8 @@ impl Handler for Slow {
 #[test]
 fn a_slow_server_keeps_each_caller_within_its_credits() {
     let d = private_tmp();
-    let server_cfg = ShmConfig { max_channels_per_peer: 2, ..cfg(d.path()) };
-    let t = ShmTransport::new(&server_cfg, TcpConfig::default(), Polling::Adaptive, None).unwrap();
-    let ep = t.listen("127.0.0.1:0").unwrap();
-    let addr = ep.addr();
     let slow = Arc::new(Slow::default());
-    ep.serve(slow.clone(), ServerConfig { name: "slow".into(), workers: 0, fanout_workers: 1 });
+    let (_server, addr) = server_granting(d.path(), 2, slow.clone());
     // The caller's own grant is larger: the server's is the one that counts.
     let caller = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
     let rpc = Rpc::new(caller.clone(), Duration::from_secs(10));
@@ -346,11 +347,7 @@ fn a_slow_server_keeps_each_caller_within_its_credits() {
 #[test]
 fn a_caller_beyond_its_credits_gets_no_channel() {
     let d = private_tmp();
-    let server_cfg = ShmConfig { max_channels_per_peer: 2, ..cfg(d.path()) };
-    let t = ShmTransport::new(&server_cfg, TcpConfig::default(), Polling::Adaptive, None).unwrap();
-    let ep = t.listen("127.0.0.1:0").unwrap();
-    let addr = ep.addr();
-    ep.serve(Arc::new(Echo), ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
+    let (t, addr) = server_granting(d.path(), 2, Arc::new(Echo));
     // A caller that ignores the grant, opening channels by hand.
     let path = t.socket_path(&addr);
     let open = || Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None);
