@@ -332,9 +332,11 @@ struct CreditState {
     gen: u64,
 }
 
-/// Credits a caller has at a peer before the peer's first channel says how many it grants: a
-/// burst of first calls opens one channel, not one each.
-const FIRST_CREDITS: usize = 1;
+/// Credits a caller has at a peer before the peer's first channel says how many it grants: no
+/// bound of its own, the server's refusals bound it. One credit (as over TCP) made every
+/// caller at a peer that was still starting wait behind one handshake after another, each up
+/// to its timeout.
+const FIRST_CREDITS: usize = usize::MAX;
 
 impl Credits {
     fn new() -> Arc<Credits> {
@@ -375,11 +377,26 @@ impl Credits {
         self.back.notify_all();
     }
 
+    /// The server refused a channel: it grants no more than the channels open now.
+    fn refused(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.granted = s.open.max(1);
+    }
+
     /// A channel came back to the pool.
     fn returned(&self) {
         self.state.lock().unwrap().gen += 1;
         self.back.notify_all();
     }
+}
+
+/// What opening a channel came to.
+enum Opened {
+    Channel(Box<Channel>),
+    /// The peer is not on this host (after all).
+    Remote,
+    /// No credit left at the server.
+    Refused,
 }
 
 /// A channel's hold on one of its peer's credits, given back when the channel closes.
@@ -470,7 +487,20 @@ impl ShmTransport {
                 }
             };
             if let Some(credit) = credits.take() {
-                return self.open(addr, timeout, credit, deadline);
+                match self.open(addr, timeout, credit)? {
+                    Opened::Channel(c) => return Ok(Some(*c)),
+                    Opened::Remote => return Ok(None),
+                    // The server counts as many of this component's channels as it grants:
+                    // wait for one of them (or for one just closed to be seen closed there).
+                    Opened::Refused => {
+                        metrics::counter!("rpc_shm_channels_refused_total").increment(1);
+                        std::thread::sleep(Duration::from_millis(1));
+                        if Instant::now() >= deadline {
+                            return Err(RpcError::Timeout { addr: addr.to_string(), msg: "a shared-memory credit", after: credit_wait });
+                        }
+                        continue;
+                    }
+                }
             }
             // No credit left: a followed caller takes a channel served elsewhere rather than wait.
             if let Some(Peer::Local(pool)) = self.peers.lock().unwrap().get_mut(addr) {
@@ -488,30 +518,27 @@ impl ShmTransport {
         }
     }
 
-    /// Opens a new channel to `addr` on `credit`; a server that counts more of this
-    /// component's channels than it grants (one just closed, not yet seen closed there) is
-    /// asked again until `deadline`.
-    fn open(&self, addr: &str, timeout: Duration, credit: Credit, deadline: Instant) -> Result<Option<Channel>, RpcError> {
-        let path = self.socket_path(addr);
-        loop {
-            match Channel::open(&path, addr, timeout, Poller::new(self.spin, self.polling), self.creds.as_deref()) {
-                Ok(mut c) => {
-                    credit.0.grant(c.map.header().credits.load(Acquire));
-                    c.credit = Some(credit);
-                    return Ok(Some(c));
-                }
-                Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => {
-                    metrics::counter!("rpc_shm_channels_refused_total").increment(1);
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                // A socket left by a component that is gone (whatever holds its port now, if
-                // anything, is reached over TCP).
-                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) => {
-                    self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
-                    return Ok(None);
-                }
-                Err(e) => return Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("shared-memory channel: {e}") }),
+    /// Opens a new channel to `addr` on `credit`.
+    fn open(&self, addr: &str, timeout: Duration, credit: Credit) -> Result<Opened, RpcError> {
+        match Channel::open(&self.socket_path(addr), addr, timeout, Poller::new(self.spin, self.polling), self.creds.as_deref()) {
+            Ok(mut c) => {
+                credit.0.grant(c.map.header().credits.load(Acquire));
+                c.credit = Some(credit);
+                Ok(Opened::Channel(Box::new(c)))
             }
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
+                let credits = credit.0.clone();
+                drop(credit);
+                credits.refused();
+                Ok(Opened::Refused)
+            }
+            // A socket left by a component that is gone (whatever holds its port now, if
+            // anything, is reached over TCP).
+            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound) => {
+                self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
+                Ok(Opened::Remote)
+            }
+            Err(e) => Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("shared-memory channel: {e}") }),
         }
     }
 
