@@ -504,11 +504,14 @@ impl ShmTransport {
             }
             // No credit left: a followed caller takes a channel served elsewhere rather than wait.
             if let Some(Peer::Local(pool)) = self.peers.lock().unwrap().get_mut(addr) {
-                if let Some(c) = pool.free.pop() {
-                    return Ok(Some(c));
+                while let Some(c) = pool.free.pop() {
+                    if c.server_alive() {
+                        return Ok(Some(c));
+                    }
                 }
             }
-            if !waited {
+            // A caller that would not wait (a batch going one by one instead) did not.
+            if !waited && !credit_wait.is_zero() {
                 waited = true;
                 metrics::counter!("rpc_credit_waits_total").increment(1);
             }
@@ -544,6 +547,11 @@ impl ShmTransport {
 
     fn give_back(&self, addr: &str, mut c: Channel) {
         if let Some(Peer::Local(pool)) = self.peers.lock().unwrap().get_mut(addr) {
+            // A channel of a pool since replaced (the peer was taken for remote a while) holds
+            // none of this pool's credits: kept, it would take the pool past its grant.
+            if !c.credit.as_ref().is_some_and(|k| Arc::ptr_eq(&k.0, &pool.credits)) {
+                return;
+            }
             c.idle_since = Instant::now();
             pool.free.push(c);
             pool.credits.returned();

@@ -368,7 +368,7 @@ fn a_caller_beyond_its_credits_gets_no_channel() {
         }
     };
     drop((b, c));
-    // Others are served all along.
+    // The server serves on.
     let other = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
     assert_eq!(other.call(&addr, fetch(10_021)).unwrap().data.len(), 4096);
 }
