@@ -412,7 +412,9 @@ pub fn remember_pid(state_dir: &Path, pid: i32) {
 /// Whether `pid` is a running (not zombie) process.
 pub fn pid_running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        // A killed process's first thread may be a zombie while its other threads still exit,
+        // holding its descriptors (a manager's port, which a restart then cannot take).
+        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z') || std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|t| t.count() > 1),
         Err(_) => false,
     }
 }

@@ -547,11 +547,6 @@ impl ShmTransport {
 
     fn give_back(&self, addr: &str, mut c: Channel) {
         if let Some(Peer::Local(pool)) = self.peers.lock().unwrap().get_mut(addr) {
-            // A channel of a pool since replaced (the peer was taken for remote a while) holds
-            // none of this pool's credits: kept, it would take the pool past its grant.
-            if !c.credit.as_ref().is_some_and(|k| Arc::ptr_eq(&k.0, &pool.credits)) {
-                return;
-            }
             c.idle_since = Instant::now();
             pool.free.push(c);
             pool.credits.returned();
