@@ -1,0 +1,594 @@
+//! A core's event loop: non-preemptive, every event runs to completion on the loop's thread.
+//!
+//! Events are one-shot closures ([`spawn_local`], or [`Remote::spawn`] from another thread),
+//! timers ([`after`]), I/O readiness of sources registered with [`register`], and idle
+//! handlers ([`add_idle`]), which run whenever an iteration found nothing else to do.
+//!
+//! The loop switches itself between two ways of waiting, as EbbRT's drivers switch between
+//! interrupts and polling: **sleeping** in epoll until an event comes, which costs a wake-up
+//! (tens of microseconds on a virtual machine) per event but no CPU at rest, and **polling**
+//! (epoll with a zero timeout, again and again), which catches an event within a microsecond
+//! or two but holds a CPU. It counts the events of every window ([`LoopConfig::window`]); at a
+//! rate above [`LoopConfig::poll_above`] it polls, and below [`LoopConfig::sleep_below`] it
+//! sleeps again: the gap between the two is the hysteresis that keeps a rate near one
+//! threshold from flapping. An installed idle handler keeps the loop polling (that is what it
+//! is for: a device polled for work). [`LoopStats`] counts the switches.
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+
+/// How a loop waits for events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Waiting {
+    /// Polls above [`LoopConfig::poll_above`] events per second, sleeps below
+    /// [`LoopConfig::sleep_below`].
+    #[default]
+    Adaptive,
+    /// Always polls (a CPU per loop, always).
+    Poll,
+    /// Always sleeps in epoll between events.
+    Sleep,
+}
+
+impl std::str::FromStr for Waiting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "adaptive" => Ok(Waiting::Adaptive),
+            "poll" => Ok(Waiting::Poll),
+            "sleep" => Ok(Waiting::Sleep),
+            _ => Err(format!("unknown waiting {s:?} (adaptive, poll or sleep)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Waiting::Adaptive => "adaptive",
+            Waiting::Poll => "poll",
+            Waiting::Sleep => "sleep",
+        })
+    }
+}
+
+/// When a loop polls and when it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoopConfig {
+    pub waiting: Waiting,
+    /// Events per second above which an adaptive loop starts polling.
+    pub poll_above: u64,
+    /// Events per second below which a polling adaptive loop sleeps again (at most
+    /// `poll_above`).
+    pub sleep_below: u64,
+    /// The window the rate is measured over.
+    pub window: Duration,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        LoopConfig { waiting: Waiting::Adaptive, poll_above: 20_000, sleep_below: 5_000, window: Duration::from_millis(10) }
+    }
+}
+
+impl LoopConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sleep_below > self.poll_above {
+            return Err(format!("sleep_below ({}) must not exceed poll_above ({}): the loop would switch on every window", self.sleep_below, self.poll_above));
+        }
+        if self.window.is_zero() {
+            return Err("the rate window must be longer than zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// A loop's counters, readable from any thread.
+#[derive(Debug, Default)]
+pub struct LoopStats {
+    /// Events run: closures, timers, readiness events.
+    pub events: AtomicU64,
+    /// Switches from sleeping to polling, and back.
+    pub to_poll: AtomicU64,
+    pub to_sleep: AtomicU64,
+    /// Waits in epoll that could block (sleeping mode).
+    pub sleeps: AtomicU64,
+    /// Iterations that polled and found nothing.
+    pub empty_polls: AtomicU64,
+    pub idle_calls: AtomicU64,
+    /// Whether the loop polls now.
+    pub polling: AtomicBool,
+}
+
+/// A snapshot of [`LoopStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoopCounts {
+    pub events: u64,
+    pub to_poll: u64,
+    pub to_sleep: u64,
+    pub sleeps: u64,
+    pub empty_polls: u64,
+    pub idle_calls: u64,
+    pub polling: bool,
+}
+
+impl LoopStats {
+    pub fn counts(&self) -> LoopCounts {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LoopCounts {
+            events: r(&self.events),
+            to_poll: r(&self.to_poll),
+            to_sleep: r(&self.to_sleep),
+            sleeps: r(&self.sleeps),
+            empty_polls: r(&self.empty_polls),
+            idle_calls: r(&self.idle_calls),
+            polling: self.polling.load(Ordering::Relaxed),
+        }
+    }
+}
+
+const WAKER: Token = Token(0);
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// A loop as other threads see it: they hand it closures to run.
+pub struct Remote {
+    core: usize,
+    queue: Mutex<Vec<Task>>,
+    waker: Waker,
+    /// Set while the loop may block in epoll: only then does a spawn pay for a wake-up.
+    asleep: AtomicBool,
+    stats: Arc<LoopStats>,
+}
+
+impl Remote {
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    pub fn stats(&self) -> &LoopStats {
+        &self.stats
+    }
+
+    /// Runs `f` on the loop, as soon as it gets to it.
+    pub fn spawn(&self, f: impl FnOnce() + Send + 'static) {
+        self.queue.lock().unwrap().push(Box::new(f));
+        // Pairs with the loop's store before its last look at the queue: either it sees this
+        // task, or this sees it asleep and wakes it.
+        if self.asleep.load(Ordering::SeqCst) {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+type Handler = Rc<RefCell<dyn FnMut(&mio::event::Event)>>;
+type Idle = Rc<RefCell<dyn FnMut()>>;
+
+/// What the loop's thread holds: everything the free functions of this module reach.
+struct Local {
+    remote: Arc<Remote>,
+    registry: Registry,
+    queue: VecDeque<Box<dyn FnOnce()>>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_fns: BTreeMap<u64, Box<dyn FnOnce()>>,
+    next_timer: u64,
+    idle: BTreeMap<u64, Idle>,
+    next_idle: u64,
+    sources: Vec<Option<Handler>>,
+    free_sources: Vec<usize>,
+    stop: bool,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
+    static CORE: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn with_local<T>(f: impl FnOnce(&mut Local) -> T) -> T {
+    LOCAL.with(|l| f(l.borrow_mut().as_mut().expect("called outside an Ebb event loop")))
+}
+
+/// The index of the loop this thread runs, if it runs one.
+pub fn current_core() -> Option<usize> {
+    CORE.with(|c| c.get())
+}
+
+/// This loop as other threads reach it.
+pub fn remote() -> Arc<Remote> {
+    with_local(|l| l.remote.clone())
+}
+
+/// Runs `f` on this loop after the events already queued.
+pub fn spawn_local(f: impl FnOnce() + 'static) {
+    with_local(|l| l.queue.push_back(Box::new(f)));
+}
+
+/// A timer set by [`after`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimerId(u64);
+
+/// Runs `f` on this loop once `delay` has passed.
+pub fn after(delay: Duration, f: impl FnOnce() + 'static) -> TimerId {
+    with_local(|l| {
+        let id = l.next_timer;
+        l.next_timer += 1;
+        l.timers.push(Reverse((Instant::now() + delay, id)));
+        l.timer_fns.insert(id, Box::new(f));
+        TimerId(id)
+    })
+}
+
+/// Cancels a timer that has not fired (a fired or cancelled one is left alone).
+pub fn cancel(t: TimerId) {
+    with_local(|l| l.timer_fns.remove(&t.0));
+}
+
+/// An idle handler added by [`add_idle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdleId(u64);
+
+/// Runs `f` whenever an iteration of this loop finds nothing else to do; while one is
+/// installed the loop polls.
+pub fn add_idle(f: impl FnMut() + 'static) -> IdleId {
+    with_local(|l| {
+        let id = l.next_idle;
+        l.next_idle += 1;
+        l.idle.insert(id, Rc::new(RefCell::new(f)));
+        IdleId(id)
+    })
+}
+
+pub fn remove_idle(id: IdleId) {
+    with_local(|l| l.idle.remove(&id.0));
+}
+
+/// Registers an I/O source with this loop: `handler` runs on each readiness event. Returns
+/// the token to [`reregister`] or [`deregister`] it with.
+pub fn register<S: mio::event::Source + ?Sized>(source: &mut S, interest: Interest, handler: impl FnMut(&mio::event::Event) + 'static) -> io::Result<Token> {
+    with_local(|l| {
+        let slot = l.free_sources.pop().unwrap_or_else(|| {
+            l.sources.push(None);
+            l.sources.len() - 1
+        });
+        let token = Token(slot + 1);
+        if let Err(e) = l.registry.register(source, token, interest) {
+            l.free_sources.push(slot);
+            return Err(e);
+        }
+        l.sources[slot] = Some(Rc::new(RefCell::new(handler)));
+        Ok(token)
+    })
+}
+
+pub fn reregister<S: mio::event::Source + ?Sized>(source: &mut S, token: Token, interest: Interest) -> io::Result<()> {
+    with_local(|l| l.registry.reregister(source, token, interest))
+}
+
+/// Removes a source and its handler (which may be the handler running now).
+pub fn deregister<S: mio::event::Source + ?Sized>(source: &mut S, token: Token) {
+    with_local(|l| {
+        let _ = l.registry.deregister(source);
+        if let Some(h) = l.sources.get_mut(token.0 - 1).and_then(Option::take) {
+            // Dropped after this borrow ends: the handler may be the caller.
+            l.free_sources.push(token.0 - 1);
+            l.queue.push_back(Box::new(move || drop(h)));
+        }
+    })
+}
+
+/// Ends this loop after the event running now.
+pub fn stop() {
+    with_local(|l| l.stop = true);
+}
+
+/// One core's loop, built on the thread that will run it or handed to it.
+pub struct EventLoop {
+    poll: Poll,
+    events: Events,
+    cfg: LoopConfig,
+    remote: Arc<Remote>,
+}
+
+impl EventLoop {
+    pub fn new(core: usize, cfg: LoopConfig) -> io::Result<EventLoop> {
+        cfg.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let remote = Arc::new(Remote { core, queue: Mutex::new(Vec::new()), waker, asleep: AtomicBool::new(false), stats: Arc::default() });
+        Ok(EventLoop { poll, events: Events::with_capacity(256), cfg, remote })
+    }
+
+    pub fn remote(&self) -> Arc<Remote> {
+        self.remote.clone()
+    }
+
+    /// Runs events on this thread until [`stop`] is called on it.
+    pub fn run(mut self) {
+        let core = self.remote.core;
+        let registry = self.poll.registry().try_clone().expect("clone an epoll registry");
+        LOCAL.with(|l| {
+            *l.borrow_mut() = Some(Local {
+                remote: self.remote.clone(),
+                registry,
+                queue: VecDeque::new(),
+                timers: BinaryHeap::new(),
+                timer_fns: BTreeMap::new(),
+                next_timer: 0,
+                idle: BTreeMap::new(),
+                next_idle: 0,
+                sources: Vec::new(),
+                free_sources: Vec::new(),
+                stop: false,
+            })
+        });
+        CORE.with(|c| c.set(Some(core)));
+        tracing::debug!(core, "Ebb event loop running");
+        self.turn();
+        CORE.with(|c| c.set(None));
+        // Handlers may hold sources whose drop reaches the loop: drop them while it is there.
+        let local = LOCAL.with(|l| l.borrow_mut().take());
+        drop(local);
+    }
+
+    fn turn(&mut self) {
+        let stats = self.remote.stats.clone();
+        let counters = Counters::new(self.remote.core);
+        let mut polling = self.cfg.waiting == Waiting::Poll;
+        stats.polling.store(polling, Ordering::Relaxed);
+        let (mut window_start, mut window_events) = (Instant::now(), 0u64);
+        loop {
+            let mut n = self.run_remote() + run_queue() + run_timers();
+            if with_local(|l| l.stop) {
+                return;
+            }
+            let (busy, next_timer, idle) = with_local(|l| (!l.queue.is_empty(), l.timers.peek().map(|t| t.0 .0), !l.idle.is_empty()));
+            let may_sleep = !busy && !polling && !idle;
+            let timeout = if may_sleep { next_timer.map(|t| t.saturating_duration_since(Instant::now())) } else { Some(Duration::ZERO) };
+            if may_sleep {
+                self.remote.asleep.store(true, Ordering::SeqCst);
+            }
+            let sleep = may_sleep && self.remote.queue.lock().unwrap().is_empty();
+            if sleep {
+                stats.sleeps.fetch_add(1, Ordering::Relaxed);
+                counters.sleeps.increment(1);
+            }
+            let r = self.poll.poll(&mut self.events, if sleep { timeout } else { Some(Duration::ZERO) });
+            self.remote.asleep.store(false, Ordering::Relaxed);
+            if let Err(e) = r {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "an Ebb event loop cannot wait for events; it stops");
+                    return;
+                }
+            }
+            for ev in self.events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let h = with_local(|l| l.sources.get(ev.token().0 - 1).cloned().flatten());
+                if let Some(h) = h {
+                    (h.borrow_mut())(ev);
+                    n += 1;
+                }
+            }
+            if n == 0 && !sleep {
+                stats.empty_polls.fetch_add(1, Ordering::Relaxed);
+                let idle: Vec<Idle> = with_local(|l| l.idle.values().cloned().collect());
+                for h in idle {
+                    (h.borrow_mut())();
+                    stats.idle_calls.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            stats.events.fetch_add(n, Ordering::Relaxed);
+            counters.events.increment(n);
+            window_events += n;
+            let elapsed = window_start.elapsed();
+            if elapsed >= self.cfg.window {
+                if self.cfg.waiting == Waiting::Adaptive {
+                    let rate = (window_events as f64 / elapsed.as_secs_f64()) as u64;
+                    if !polling && rate > self.cfg.poll_above {
+                        polling = true;
+                        stats.to_poll.fetch_add(1, Ordering::Relaxed);
+                        counters.to_poll.increment(1);
+                    } else if polling && rate < self.cfg.sleep_below {
+                        polling = false;
+                        stats.to_sleep.fetch_add(1, Ordering::Relaxed);
+                        counters.to_sleep.increment(1);
+                    }
+                    stats.polling.store(polling, Ordering::Relaxed);
+                }
+                (window_start, window_events) = (Instant::now(), 0);
+            }
+        }
+    }
+
+    fn run_remote(&mut self) -> u64 {
+        let tasks = std::mem::take(&mut *self.remote.queue.lock().unwrap());
+        let n = tasks.len() as u64;
+        for t in tasks {
+            t();
+        }
+        n
+    }
+}
+
+/// The loop's counters as Prometheus sees them, labelled by core.
+struct Counters {
+    events: metrics::Counter,
+    sleeps: metrics::Counter,
+    to_poll: metrics::Counter,
+    to_sleep: metrics::Counter,
+}
+
+impl Counters {
+    fn new(core: usize) -> Counters {
+        let core = core.to_string();
+        Counters {
+            events: metrics::counter!("ebb_loop_events_total", "core" => core.clone()),
+            sleeps: metrics::counter!("ebb_loop_sleeps_total", "core" => core.clone()),
+            to_poll: metrics::counter!("ebb_loop_switches_total", "core" => core.clone(), "to" => "poll"),
+            to_sleep: metrics::counter!("ebb_loop_switches_total", "core" => core, "to" => "sleep"),
+        }
+    }
+}
+
+/// Runs the closures queued now (those they queue wait for the next iteration, so that
+/// readiness events are not starved).
+fn run_queue() -> u64 {
+    let batch: VecDeque<Box<dyn FnOnce()>> = with_local(|l| std::mem::take(&mut l.queue));
+    let n = batch.len() as u64;
+    for f in batch {
+        f();
+    }
+    n
+}
+
+fn run_timers() -> u64 {
+    let now = Instant::now();
+    let mut n = 0;
+    loop {
+        let due = with_local(|l| match l.timers.peek() {
+            Some(Reverse((at, id))) if *at <= now => {
+                let id = *id;
+                l.timers.pop();
+                Some(l.timer_fns.remove(&id))
+            }
+            _ => None,
+        });
+        match due {
+            None => return n,
+            Some(None) => {}
+            Some(Some(f)) => {
+                f();
+                n += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(cfg: LoopConfig) -> (Arc<Remote>, std::thread::JoinHandle<()>) {
+        let lp = EventLoop::new(0, cfg).unwrap();
+        let r = lp.remote();
+        (r, std::thread::spawn(move || lp.run()))
+    }
+
+    #[test]
+    fn closures_timers_and_idle_handlers_run_on_the_loop_in_order() {
+        let (r, t) = start(LoopConfig::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        r.spawn(move || {
+            let tx2 = tx.clone();
+            after(Duration::from_millis(20), move || tx2.send("timer").unwrap());
+            let tx3 = tx.clone();
+            let cancelled = after(Duration::from_millis(5), move || tx3.send("cancelled").unwrap());
+            cancel(cancelled);
+            let tx4 = tx.clone();
+            spawn_local(move || tx4.send("local").unwrap());
+            let seen = Rc::new(Cell::new(0));
+            let tx5 = tx.clone();
+            let id = Rc::new(Cell::new(None));
+            let id2 = id.clone();
+            id.set(Some(add_idle(move || {
+                seen.set(seen.get() + 1);
+                if seen.get() == 3 {
+                    tx5.send("idle3").unwrap();
+                    remove_idle(id2.get().unwrap());
+                }
+            })));
+            tx.send(if current_core() == Some(0) { "on core 0" } else { "elsewhere" }).unwrap();
+        });
+        let got: Vec<&str> = (0..4).map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap()).collect();
+        assert_eq!(got, ["on core 0", "local", "idle3", "timer"]);
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "the cancelled timer never fired");
+        r.spawn(stop);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_loop_polls_under_load_and_sleeps_at_rest() {
+        let cfg = LoopConfig { waiting: Waiting::Adaptive, poll_above: 2_000, sleep_below: 500, window: Duration::from_millis(5) };
+        let (r, t) = start(cfg);
+        // At rest: no switch, and the loop sleeps.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(r.stats().counts().to_poll, 0);
+        assert!(!r.stats().counts().polling);
+        // 100 ms of events well above the threshold.
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(100) {
+            for _ in 0..50 {
+                r.spawn(|| {});
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let busy = r.stats().counts();
+        assert!(busy.to_poll >= 1 && busy.polling, "it polled under load: {busy:?}");
+        std::thread::sleep(Duration::from_millis(50));
+        let rest = r.stats().counts();
+        assert!(!rest.polling && rest.to_sleep >= 1, "it went back to sleep: {rest:?}");
+        let sleeps = rest.sleeps;
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(r.stats().counts().sleeps - sleeps <= 2, "asleep at rest, not spinning: {:?}", r.stats().counts());
+        r.spawn(stop);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_loop_that_only_sleeps_or_only_polls_never_switches() {
+        for waiting in [Waiting::Sleep, Waiting::Poll] {
+            let (r, t) = start(LoopConfig { waiting, poll_above: 10, sleep_below: 5, window: Duration::from_millis(1) });
+            for _ in 0..2000 {
+                r.spawn(|| {});
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            let c = r.stats().counts();
+            assert_eq!((c.to_poll, c.to_sleep, c.polling), (0, 0, waiting == Waiting::Poll), "{waiting}: {c:?}");
+            assert!(c.events >= 2000);
+            r.spawn(stop);
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn readiness_of_a_registered_socket_runs_its_handler() {
+        let (r, t) = start(LoopConfig::default());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        r.spawn(move || {
+            let mut l = mio::net::TcpListener::from_std(listener);
+            let l2 = Rc::new(RefCell::new(None::<mio::net::TcpListener>));
+            let l3 = l2.clone();
+            let tok = register(&mut l, Interest::READABLE, move |_| {
+                let mut g = l3.borrow_mut();
+                let l = g.as_mut().unwrap();
+                while let Ok((_s, peer)) = l.accept() {
+                    tx.send(peer).unwrap();
+                }
+            })
+            .unwrap();
+            assert_eq!(tok, Token(1));
+            *l2.borrow_mut() = Some(l);
+        });
+        let c = std::net::TcpStream::connect(addr).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), c.local_addr().unwrap());
+        r.spawn(stop);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_config_whose_thresholds_cross_is_refused() {
+        let e = EventLoop::new(0, LoopConfig { sleep_below: 10, poll_above: 5, ..Default::default() }).err().unwrap();
+        assert!(e.to_string().contains("sleep_below"), "{e}");
+    }
+}
