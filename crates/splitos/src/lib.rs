@@ -23,6 +23,7 @@ pub mod control;
 pub mod counters;
 pub mod gm;
 pub mod loadgen;
+pub mod memcached;
 pub mod mmon;
 pub mod nmon;
 pub mod node;

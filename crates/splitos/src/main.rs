@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use splitos::config::{GmArgs, MemArgs, NetArgs, ProcArgs, Startup, StorageArgs};
-use splitos::{bench, control, gm, loadgen, mmon, nmon, node, pmon, sim, smon};
+use splitos::{bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
 
 #[derive(Parser)]
 #[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
@@ -89,6 +89,10 @@ enum Cmd {
     /// 30:1, Zipf keys), open or closed loop, and report throughput, hit ratio and latency
     /// percentiles; every value read back is checked (docs/benchmarks.md).
     Loadgen(Box<loadgen::LoadgenArgs>),
+    /// Serve the memcached protocol (text and binary) from the Ebb runtime: per-core event
+    /// loops that poll under load and sleep at rest, a table with per-core representatives,
+    /// LRU eviction at --memory (docs/ebb.md).
+    Memcached(Box<memcached::MemcachedArgs>),
     /// Tools for testing and debugging components.
     Debug {
         #[command(subcommand)]
@@ -347,6 +351,7 @@ fn main() {
         Cmd::Sim(args) => sim::run(*args),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Loadgen(args) => loadgen::run(*args),
+        Cmd::Memcached(args) => memcached::run(*args),
         Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
         Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
     };
