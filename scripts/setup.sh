@@ -16,7 +16,9 @@ command -v git >/dev/null || need+=(git)
 command -v tar >/dev/null || need+=(tar)
 # A server the network tests run under splitos, and its benchmark client outside.
 command -v redis-server >/dev/null || need+=(redis-server)
-command -v memcached >/dev/null || need+=(memcached) # served under splitos to `splitos loadgen` (elastic tests)
+command -v memcached >/dev/null || need+=(memcached) # served under splitos to `splitos loadgen` (elastic tests), and the reference of `splitos memcached`'s conformance test
+command -v memccapable >/dev/null || need+=(libmemcached-tools) # real clients of `splitos memcached` (memccapable, memccp, memccat, memcslap)
+/usr/bin/python3 -c "import pymemcache" 2>/dev/null || need+=(python3-pymemcache) # a Python client of `splitos memcached`
 command -v prometheus >/dev/null || need+=(prometheus) # the metrics test scrapes a cluster with a real Prometheus
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev) # a test program links jemalloc, as redis-server does
 command -v curl >/dev/null || need+=(curl) # the TLS test checks the API as a client other than splitos sees it

@@ -110,6 +110,8 @@ TEXT = [
     b"bogus command\r\n",
     b"\r\n",
     b"get\r\n",
+    b"stats noreply\r\n",
+    b"stats nonsense\r\n",
     b"verbosity 1\r\n",
     b"verbosity 1 noreply\r\n",
     b"flush_all\r\n",

@@ -306,21 +306,27 @@ impl Conn {
     }
 
     fn serve(&mut self) -> Next {
-        if self.swallow > 0 {
-            let n = self.swallow.min(self.input.len());
-            let _ = self.input.split_to(n);
-            self.swallow -= n;
+        loop {
             if self.swallow > 0 {
+                let n = self.swallow.min(self.input.len());
+                let _ = self.input.split_to(n);
+                self.swallow -= n;
+                if self.swallow > 0 {
+                    return Next::Read;
+                }
+            }
+            if self.input.is_empty() {
                 return Next::Read;
             }
-        }
-        if self.input.is_empty() {
-            return Next::Read;
-        }
-        let proto = *self.proto.get_or_insert(if self.input[0] == binary::REQ_MAGIC { Proto::Binary } else { Proto::Text });
-        match proto {
-            Proto::Text => text::serve(&self.cache, &mut self.input, &mut self.out, &mut self.swallow),
-            Proto::Binary => binary::serve(&self.cache, &mut self.input, &mut self.out),
+            let proto = *self.proto.get_or_insert(if self.input[0] == binary::REQ_MAGIC { Proto::Binary } else { Proto::Text });
+            let next = match proto {
+                Proto::Text => text::serve(&self.cache, &mut self.input, &mut self.out, &mut self.swallow),
+                Proto::Binary => binary::serve(&self.cache, &mut self.input, &mut self.out),
+            };
+            // A refused value's bytes may be in already, and the commands after them.
+            if !(next == Next::Read && self.swallow > 0) {
+                return next;
+            }
         }
     }
 }

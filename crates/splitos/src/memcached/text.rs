@@ -255,7 +255,8 @@ fn command(cache: &Cache, cmd: &[u8], tokens: &[&[u8]], args: &[&[u8]], noreply:
             table.flush(delay);
             reply(out, b"OK\r\n")
         }
-        b"stats" => match args {
+        // Counted from the tokens: `stats noreply` is a statistics group memcached does not have.
+        b"stats" => match &tokens[1..] {
             [] => {
                 for (k, v) in cache.stats() {
                     out.put(format!("STAT {k} {v}\r\n").as_bytes());
