@@ -202,6 +202,15 @@ impl<R: 'static> Ebb<R> {
         rep
     }
 
+    /// A representative built now by the current miss handler, for a user that keeps it
+    /// itself rather than per thread: one whose calls are serialised already (a cache under its
+    /// lock is one core to its policy). Such a user builds another after a [`Ebb::replace`].
+    pub fn build(&self) -> R {
+        let factory = self.entry.factory.read().unwrap().clone();
+        self.entry.built.fetch_add(1, Ordering::Relaxed);
+        factory(Core::current())
+    }
+
     /// Replaces the miss handler while the system runs: every core builds a representative
     /// with `factory` at its next call (a call under way finishes on the old one). The old
     /// representatives are dropped as each core moves on; state they must hand over goes
@@ -256,6 +265,8 @@ mod tests {
         assert_eq!(e.built(), 2);
         assert_eq!(e.rep().tag, "new");
         assert_eq!(e.built(), 2, "built once per generation");
+        assert_eq!(e.build().tag, "new", "a representative its user keeps");
+        assert_eq!(e.built(), 3);
     }
 
     #[test]

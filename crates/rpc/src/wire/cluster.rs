@@ -237,6 +237,13 @@ message_types! {
     /// only reads them. A shrink is answered once the lines past the new size left.
     G2P_SET_EXCACHE { pub size: Option<u64>, pub shares: Option<Vec<ExcacheShare>> };
     P2G_EXCACHE { pub size: u64, pub max: u64, pub used: u64, pub shares: Vec<ExcacheShare> };
+    /// Replaces a running pComponent's eviction policy and read-ahead policy (each by its
+    /// configuration name; left as it is when absent; neither only reads them). The policies
+    /// are Ebbs: the swap replaces their miss handlers, and the ExCache takes a
+    /// representative built by the new one before its next miss.
+    G2P_SET_POLICY { pub eviction: Option<String>, pub prefetch: Option<String> };
+    /// The policies now, with how many times each was replaced since the pComponent started.
+    P2G_POLICY { pub eviction: String, pub prefetch: String, pub eviction_swaps: u64, pub prefetch_swaps: u64 };
     /// The vNodes the admin made, and the table's version: a pComponent grants them to the
     /// users and groups named.
     P2G_VNODES;

@@ -51,7 +51,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `ExcacheShare`).
 /// Version 21 added the credit frame; version 22 credits on shared-memory channels (the
 /// channel header's `credits`, and a caller refused a channel beyond them).
-pub const WIRE_VERSION: u16 = 22;
+/// Version 23 added a running pComponent's policies replaced (`G2P_SET_POLICY`, `P2G_POLICY`).
+pub const WIRE_VERSION: u16 = 23;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -315,7 +316,7 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
-    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, G2P_SET_POLICY, P2G_POLICY, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
@@ -369,6 +370,7 @@ replies! {
     G2X_METRICS => X2G_METRICS,
     G2P_SIGNAL => OK,
     G2P_SET_EXCACHE => P2G_EXCACHE,
+    G2P_SET_POLICY => P2G_POLICY,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
     P2G_PICK_NET => G2P_NET,
@@ -503,6 +505,7 @@ mod role_tests {
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
             (G2P_SET_EXCACHE { size: Some(1 << 20), shares: None }.into(), &[Role::Gm, Role::Admin]),
+            (G2P_SET_POLICY { eviction: Some("clock".into()), prefetch: None }.into(), &[Role::Gm, Role::Admin]),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new(), near: 0 }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),

@@ -101,6 +101,8 @@ pub struct Pcomp {
     mounts: fs::Mounts,
     store: Arc<RemoteStore>,
     miss: MissPath,
+    /// The eviction and read-ahead policies, as Ebbs replaceable while programs run.
+    policies: excache::Policies,
     procs: Mutex<HashMap<u64, Arc<Proc>>>,
     pending: Mutex<HashMap<u64, PendingChild>>,
     /// Each `splitos run` under way, by its id.
@@ -227,6 +229,27 @@ impl Pcomp {
         Ok(self.excache_now())
     }
 
+    /// `G2P_SET_POLICY`: replaces the eviction or read-ahead policy while programs run
+    /// (docs/ebb.md#policies-as-ebbs), refusing what the configuration would refuse.
+    fn set_policy(&self, r: G2P_SET_POLICY) -> Result<P2G_POLICY, ERR> {
+        let invalid = |e: String| ERR::new(ErrCode::Invalid, e);
+        let eviction = r.eviction.map(|n| n.parse::<crate::config::EvictPolicy>()).transpose().map_err(|e| invalid(format!("eviction: {e}")))?;
+        let prefetch = r.prefetch.map(|n| n.parse::<crate::config::PrefetchPolicy>()).transpose().map_err(|e| invalid(format!("prefetch: {e}")))?;
+        if self.sampling && eviction == Some(crate::config::EvictPolicy::Fifo) {
+            return Err(invalid("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)".into()));
+        }
+        let lines = self.miss.with_cache(|c| c.lines());
+        let (before, _) = self.miss.policy_names();
+        let (e, p) = self.policies.replace(&self.miss, eviction, prefetch, lines, self.cfg.prefetch);
+        tracing::info!(from = before, eviction = e, prefetch = p, "ExCache policies replaced");
+        Ok(self.policy_now())
+    }
+
+    fn policy_now(&self) -> P2G_POLICY {
+        let (eviction, prefetch) = self.miss.policy_names();
+        P2G_POLICY { eviction: eviction.into(), prefetch: prefetch.into(), eviction_swaps: self.policies.eviction.generation(), prefetch_swaps: self.policies.prefetch.generation() }
+    }
+
     fn excache_now(&self) -> P2G_EXCACHE {
         let page = PAGE_SIZE as u64;
         let (size, max, used) = self.miss.with_cache(|c| (c.lines() as u64 * page, c.max_lines() as u64 * page, c.used() as u64 * page));
@@ -252,13 +275,15 @@ impl Pcomp {
     fn stats_json(&self) -> String {
         let procs: Vec<Arc<Proc>> = self.procs.lock().unwrap().values().cloned().collect();
         let tier = self.miss.tier_usage().map(|(policy, codec, budget, used, entries)| serde_json::json!({"budget_bytes": budget, "used_bytes": used, "entries": entries, "policy": policy, "codec": codec}));
+        // Read before the cache's lock is taken below: it takes that lock too.
+        let (_, prefetch_policy) = self.miss.policy_names();
         self.miss.with_cache(|c| {
             serde_json::json!({
                 "role": "pcomponent", "id": self.node.id(), "addr": self.node.addr,
                 "uptime_ms": self.started.elapsed().as_millis() as u64,
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "max_bytes": c.max_lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
-                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": self.cfg.prefetch_policy, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(), "idle_poll": self.cfg.idle_poll.to_string(),
+                    "sets": c.sets(), "policy": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch": self.cfg.prefetch, "prefetch_policy": prefetch_policy, "victims_by_policy": c.victims_by_policy(), "policy_swaps": {"eviction": self.policies.eviction.generation(), "prefetch": self.policies.prefetch.generation()}, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(), "idle_poll": self.cfg.idle_poll.to_string(),
                     "used_lines": c.used(), "pinned_lines": c.pinned_lines(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.evict_reserve, "share_floor": self.cfg.share_floor,
                 },
                 "compressed_tier": tier,
@@ -369,6 +394,7 @@ impl Handler for Pcomp {
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
             Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
+            Msg::G2P_SET_POLICY(r) => on(r, |r| self.set_policy(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
@@ -405,7 +431,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
-    let cache = ExCache::growable(lines, max_lines, cfg.ways, eviction_policy(cfg.policy, lines))
+    let policies = excache::Policies::new(cfg.policy, lines, cfg.prefetch_policy, cfg.prefetch);
+    let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
         .with_floor(cfg.share_floor)
         .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
         .with_evict_reserve(cfg.evict_reserve);
@@ -437,7 +464,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             }
         });
         let parts =
-            MissPathParts { cache, store: store.clone(), prefetcher: prefetcher(cfg.prefetch_policy, cfg.prefetch), piggyback: cfg.piggyback, fault_around: cfg.fault_around, prealloc: cfg.prealloc, on_fail: hook };
+            MissPathParts { cache, store: store.clone(), prefetcher: policies.prefetch.build(), piggyback: cfg.piggyback, fault_around: cfg.fault_around, prealloc: cfg.prealloc, on_fail: hook };
         let mut miss = MissPath::new(parts);
         if cfg.compressed_tier.0 > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(cfg.compressed_tier.0)), Box::new(Lz4));
@@ -451,6 +478,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             mounts: fs::Mounts::new(args.vnode_root.clone(), node.clone(), grants.clone()),
             store: store.clone(),
             miss,
+            policies,
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),

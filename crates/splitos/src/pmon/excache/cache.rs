@@ -277,6 +277,8 @@ pub struct ExCache {
     used: usize,
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
+    /// Victims each policy chose, by name: which policy ran, across replacements.
+    victims: BTreeMap<&'static str, u64>,
     seq: u64,
     /// Percent of an equal share (lines over processes holding lines) that each process keeps
     /// against other processes' misses (0: none).
@@ -321,6 +323,7 @@ impl ExCache {
             used: 0,
             index: HashMap::new(),
             policy,
+            victims: BTreeMap::new(),
             seq: 0,
             floor: 0,
             groups: HashMap::new(),
@@ -520,6 +523,23 @@ impl ExCache {
         self.policy.name()
     }
 
+    /// Replaces the eviction policy while lines are resident: the new one starts from the
+    /// lines as they are (their reference bits, their fill order), without the old one's
+    /// history (ghost entries).
+    pub fn set_policy(&mut self, policy: Box<dyn EvictionPolicy>) {
+        self.policy = policy;
+    }
+
+    /// Victims each policy chose so far, by name.
+    pub fn victims_by_policy(&self) -> &BTreeMap<&'static str, u64> {
+        &self.victims
+    }
+
+    fn evicted(&mut self, line: &Line) {
+        self.policy.evicted(line);
+        *self.victims.entry(self.policy.name()).or_default() += 1;
+    }
+
     pub fn set_of(&self, vpn: u64) -> usize {
         (vpn % self.nsets as u64) as usize
     }
@@ -619,7 +639,7 @@ impl ExCache {
             }
             let v = self.slots[base + i].take().expect("victim is a line");
             self.unindex(v.pid, v.vpn);
-            self.policy.evicted(&v);
+            self.evicted(&v);
             (base + i, Some(v))
         };
         self.seq += 1;
@@ -727,7 +747,7 @@ impl ExCache {
         let line = self.slots[slot].take();
         // A line the background evictor picked is a victim; others leave with their range.
         if let Some(l) = line.as_ref().filter(|l| l.state == LineState::Evicting) {
-            self.policy.evicted(l);
+            self.evicted(l);
         }
         line
     }

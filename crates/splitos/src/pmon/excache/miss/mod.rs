@@ -43,7 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
-use super::cache::{ExCache, Line, LineState};
+use super::cache::{EvictionPolicy, ExCache, Line, LineState};
 use super::prefetch::Prefetcher;
 use super::region::Region;
 use super::store::{Page, PageStore};
@@ -352,6 +352,25 @@ impl MissPath {
 
     pub fn piggyback(&self) -> bool {
         self.piggyback
+    }
+
+    /// Puts new policies in place of the running ones (each only when given), between two
+    /// misses: a miss under way finishes with the old. A new prefetcher starts without the old
+    /// one's streams. Returns the names now in place.
+    pub fn replace_policies(&self, eviction: Option<Box<dyn EvictionPolicy>>, prefetch: Option<Box<dyn Prefetcher>>) -> (&'static str, &'static str) {
+        let mut g = self.state.lock().unwrap();
+        if let Some(p) = eviction {
+            g.cache.set_policy(p);
+        }
+        if let Some(p) = prefetch {
+            g.prefetcher = p;
+        }
+        (g.cache.policy_name(), g.prefetcher.name())
+    }
+
+    /// The eviction and read-ahead policies in place.
+    pub fn policy_names(&self) -> (&'static str, &'static str) {
+        self.replace_policies(None, None)
     }
 
     /// Reads the cache's bookkeeping (for statistics).
