@@ -85,10 +85,13 @@ pub struct EbbInfo {
     pub built: u64,
 }
 
-/// This process's Ebbs by id: what [`Ebb::lookup`] and [`list`] read.
+/// This process's Ebbs by id: what [`Ebb::lookup`] and [`list`] read. The registry does not
+/// keep an Ebb alive: one whose every reference was dropped (and with it what its factory
+/// holds) leaves it.
 struct Registered {
-    any: Arc<dyn Any + Send + Sync>,
-    info: Box<dyn Fn() -> EbbInfo + Send + Sync>,
+    /// A `Weak<Entry<R>>`.
+    entry: Box<dyn Any + Send + Sync>,
+    info: Box<dyn Fn() -> Option<EbbInfo> + Send + Sync>,
 }
 
 fn registry() -> &'static Mutex<HashMap<EbbId, Registered>> {
@@ -129,13 +132,14 @@ impl<R: 'static> Ebb<R> {
     /// A new Ebb with a static id (below [`FIRST_DYNAMIC`]) or one handed out elsewhere.
     pub fn with_id(id: EbbId, name: &str, factory: impl Fn(Core) -> R + Send + Sync + 'static) -> Result<Ebb<R>, EbbError> {
         let mut reg = registry().lock().unwrap();
+        reg.retain(|_, r| (r.info)().is_some());
         if reg.contains_key(&id) {
             return Err(EbbError::Taken(id));
         }
         let entry = Arc::new(Entry { id, name: name.to_string(), slot: NEXT_SLOT.fetch_add(1, Ordering::Relaxed), generation: AtomicU64::new(0), factory: RwLock::new(Arc::new(factory)), built: AtomicU64::new(0) });
-        let e = entry.clone();
-        let info = Box::new(move || EbbInfo { id: e.id, name: e.name.clone(), generation: e.generation.load(Ordering::Relaxed), built: e.built.load(Ordering::Relaxed) });
-        reg.insert(id, Registered { any: Arc::new(Ebb { entry: entry.clone() }), info });
+        let e = Arc::downgrade(&entry);
+        let info = Box::new(move || e.upgrade().map(|e| EbbInfo { id: e.id, name: e.name.clone(), generation: e.generation.load(Ordering::Relaxed), built: e.built.load(Ordering::Relaxed) }));
+        reg.insert(id, Registered { entry: Box::new(Arc::downgrade(&entry)), info });
         Ok(Ebb { entry })
     }
 
@@ -143,7 +147,8 @@ impl<R: 'static> Ebb<R> {
     pub fn lookup(id: EbbId) -> Result<Ebb<R>, EbbError> {
         let reg = registry().lock().unwrap();
         let r = reg.get(&id).ok_or(EbbError::Unknown(id))?;
-        r.any.downcast_ref::<Ebb<R>>().cloned().ok_or(EbbError::WrongType(id))
+        let weak = r.entry.downcast_ref::<std::sync::Weak<Entry<R>>>().ok_or(EbbError::WrongType(id))?;
+        weak.upgrade().map(|entry| Ebb { entry }).ok_or(EbbError::Unknown(id))
     }
 
     pub fn id(&self) -> EbbId {
@@ -225,7 +230,7 @@ impl<R: 'static> Ebb<R> {
 
 /// Every Ebb of this process, by id.
 pub fn list() -> Vec<EbbInfo> {
-    let mut v: Vec<EbbInfo> = registry().lock().unwrap().values().map(|r| (r.info)()).collect();
+    let mut v: Vec<EbbInfo> = registry().lock().unwrap().values().filter_map(|r| (r.info)()).collect();
     v.sort_by_key(|i| i.id);
     v
 }
@@ -277,5 +282,11 @@ mod tests {
         assert_eq!(Ebb::<u32>::lookup(EbbId(3)).err(), Some(EbbError::Unknown(EbbId(3))));
         assert_eq!(Ebb::with_id(e.id(), "again", |_| 1u32).err(), Some(EbbError::Taken(e.id())));
         assert!(list().iter().any(|i| i.id == e.id() && i.name == "findme" && i.built == 1));
+        // Dropped everywhere (this thread's representative aside), it is gone.
+        let id = e.id();
+        drop(e);
+        assert_eq!(Ebb::<u32>::lookup(id).err(), Some(EbbError::Unknown(id)));
+        assert!(!list().iter().any(|i| i.id == id));
+        Ebb::with_id(id, "again", |_| 2u32).expect("its id is free again");
     }
 }

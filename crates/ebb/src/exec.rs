@@ -26,7 +26,7 @@ struct TaskWaker {
 impl Wake for TaskWaker {
     fn wake(self: Arc<Self>) {
         let id = self.id;
-        if event::current_core() == Some(self.remote.core()) {
+        if event::is_current(&self.remote) {
             event::spawn_local(move || poll_task(id));
         } else {
             self.remote.spawn(move || poll_task(id));

@@ -8,8 +8,6 @@ use super::{take_value, Cache, Next, Out, OUT_HIGH_WATER, VERSION};
 pub const HEADER: usize = 24;
 pub const REQ_MAGIC: u8 = 0x80;
 const RES_MAGIC: u8 = 0x81;
-/// The largest body a request may announce: the largest item and its extras, with room.
-const BODY_MAX: usize = 64 << 20;
 
 mod op {
     pub const GET: u8 = 0x00;
@@ -100,8 +98,9 @@ fn error(out: &mut Out, req: &Req, status: u16) {
     respond(out, req, status, 0, &[], &[], &Bytes::from_static(error_text(status)));
 }
 
-/// Serves the whole requests in `input`, answering into `out`.
-pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out) -> Next {
+/// Serves the whole requests in `input`, answering into `out`; `swallow` is set to the bytes
+/// of a refused value still to come.
+pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut usize) -> Next {
     loop {
         if out.len() >= OUT_HIGH_WATER {
             return Next::Full;
@@ -116,16 +115,28 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out) -> Next {
         let keylen = u16::from_be_bytes([input[2], input[3]]) as usize;
         let extlen = input[4] as usize;
         let body = u32::from_be_bytes([input[8], input[9], input[10], input[11]]) as usize;
-        if body > BODY_MAX || keylen + extlen > body {
+        if keylen + extlen > body {
             return Next::Close;
+        }
+        let (opcode, opaque) = (input[1], u32::from_be_bytes([input[12], input[13], input[14], input[15]]));
+        // Judged on the header alone, before the body is waited for: a client cannot make the
+        // server hold more than a command may carry.
+        let header_only = Req { opcode, opaque, cas: 0, extras: Bytes::new(), key: Bytes::new(), value: Bytes::new() };
+        if keylen > KEY_MAX {
+            error(out, &header_only, status::INVALID);
+            return Next::Close;
+        }
+        if body - keylen - extlen > cache.root.table.item_max() {
+            let _ = input.split_to(HEADER);
+            error(out, &header_only, status::TOO_LARGE);
+            *swallow = body;
+            return Next::Read;
         }
         if input.len() < HEADER + body {
             return Next::Read;
         }
         let mut h = input.split_to(HEADER);
-        let opcode = h[1];
-        h.advance(12);
-        let opaque = h.get_u32();
+        h.advance(16);
         let cas = h.get_u64();
         let extras = input.split_to(extlen).freeze();
         let key = input.split_to(keylen).freeze();
@@ -172,7 +183,7 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
         op::GET | op::GETQ | op::GETK | op::GETKQ | op::GAT | op::GATQ | op::GATK | op::GATKQ | op::TOUCH => {
             let quiet = matches!(r.opcode, op::GETQ | op::GETKQ | op::GATQ | op::GATKQ);
             let with_key = matches!(r.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
-            let touch = (r.extras.len() == 4).then(|| be32(&r.extras) as i32 as i64);
+            let touch = (r.extras.len() == 4).then(|| i64::from(be32(&r.extras)));
             if touch.is_some() {
                 Cache::bump(&s.cmd_touch);
             }
@@ -201,7 +212,7 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
         }
         op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ | op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => {
             let quiet = matches!(r.opcode, op::SETQ | op::ADDQ | op::REPLACEQ | op::APPENDQ | op::PREPENDQ);
-            let (flags, exptime) = if r.extras.len() == 8 { (be32(&r.extras), be32(&r.extras[4..]) as i32 as i64) } else { (0, 0) };
+            let (flags, exptime) = if r.extras.len() == 8 { (be32(&r.extras), i64::from(be32(&r.extras[4..]))) } else { (0, 0) };
             let mode = match r.opcode {
                 _ if r.cas != 0 && matches!(r.opcode, op::SET | op::SETQ | op::REPLACE | op::REPLACEQ) => Mode::Cas(r.cas),
                 op::SET | op::SETQ => Mode::Set,
@@ -249,7 +260,7 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
             let quiet = matches!(r.opcode, op::INCREMENTQ | op::DECREMENTQ);
             let (delta, initial, exptime) = (be64(&r.extras), be64(&r.extras[8..]), be32(&r.extras[16..]));
             // An expiry of all ones means: do not create a missing item.
-            let init = (exptime != u32::MAX).then_some((initial, exptime as i32 as i64));
+            let init = (exptime != u32::MAX).then_some((initial, i64::from(exptime)));
             let (hits, misses) = if incr { (&s.incr_hits, &s.incr_misses) } else { (&s.decr_hits, &s.decr_misses) };
             match table.delta(&r.key, incr, delta, init, Some(r.cas)) {
                 Ok((n, cas)) => {
@@ -271,7 +282,7 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
         }
         op::FLUSH | op::FLUSHQ => {
             Cache::bump(&s.cmd_flush);
-            table.flush(if r.extras.len() == 4 { be32(&r.extras) as i32 as i64 } else { 0 });
+            table.flush(if r.extras.len() == 4 { i64::from(be32(&r.extras)) } else { 0 });
             if r.opcode == op::FLUSH {
                 respond(out, r, status::OK, 0, &[], &[], &none);
             }

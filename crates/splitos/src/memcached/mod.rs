@@ -12,6 +12,7 @@ pub mod binary;
 pub mod store;
 pub mod text;
 
+use std::cell::RefCell;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -39,10 +40,10 @@ const SHARDS_PER_CORE: usize = 16;
 /// sends without reading must not grow the server without bound).
 pub const OUT_HIGH_WATER: usize = 4 << 20;
 /// A command line longer than this without its end is an error, as in memcached.
-const LINE_MAX: usize = 2048;
-/// Values shorter than this are copied out of the read buffer: a value taken as a slice of it
-/// would keep the whole buffer alive.
-const COPY_BELOW: usize = 1024;
+pub const LINE_MAX: usize = 2048;
+/// The longest `get` or `gets` line (memcached takes them longer than other commands): 250
+/// keys of the longest kind.
+pub const LINE_MAX_GET: usize = 64 << 10;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct MemcachedArgs {
@@ -214,9 +215,11 @@ pub enum Next {
     Close,
 }
 
-/// Takes a value out of the read buffer: by reference when long, by copy when short.
+/// Takes a value out of the read buffer: by reference when it is most of the buffer, else by
+/// copy. A value taken as a slice keeps its whole buffer alive, which the memory limit does
+/// not see.
 pub fn take_value(input: &mut BytesMut, n: usize) -> Bytes {
-    if n < COPY_BELOW {
+    if n * 2 < input.capacity() {
         let v = Bytes::copy_from_slice(&input[..n]);
         let _ = input.split_to(n);
         v
@@ -239,70 +242,115 @@ struct Conn {
     proto: Option<Proto>,
     /// Bytes of input to drop (the data of a value refused as too large).
     swallow: usize,
+    /// The client sent its last bytes: what it sent is served, then the connection closes.
+    eof: bool,
+    /// A command asked to close (quit, a protocol error): the answers queued go, then it closes.
     closing: bool,
     writing: bool,
     cache: Rc<Cache>,
 }
 
+/// What a connection's driver wants next.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Wait for the socket's next event.
+    Wait,
+    /// It has more to do without an event: come back after the loop's other events.
+    Again,
+    Close,
+}
+
+/// Rounds of read, serve and write one turn of a connection may take before it lets the
+/// loop's other events run.
+const ROUNDS: usize = 8;
+/// Bytes read per round: a client that pipelines faster than it reads its answers is held
+/// back by TCP's flow control, not buffered here.
+const READ_PER_ROUND: usize = 256 << 10;
+
 impl Conn {
-    /// Handles a readiness event: reads, serves, writes. Returns false once the connection is
-    /// over.
-    fn ready(&mut self) -> bool {
-        loop {
+    /// The most input kept unserved: a whole command, the largest value included, must fit.
+    fn input_high_water(&self) -> usize {
+        self.cache.root.table.item_max() + LINE_MAX_GET + binary::HEADER + 512
+    }
+
+    /// Reads, serves and writes until the socket would block, the client is done, or the
+    /// turn's rounds are spent.
+    fn turn(&mut self) -> Step {
+        for _ in 0..ROUNDS {
+            let (mut progress, mut read_capped) = (false, false);
+            if !self.eof && !self.closing && self.input.len() < self.input_high_water() {
+                match self.read() {
+                    Ok((n, eof, capped)) => {
+                        progress |= n > 0;
+                        self.eof |= eof;
+                        read_capped = capped;
+                    }
+                    Err(_) => return Step::Close,
+                }
+            }
             let mut full = false;
             if !self.closing && self.out.len() < OUT_HIGH_WATER {
-                match self.read() {
-                    Ok(true) => {}
-                    Ok(false) => self.closing = true,
-                    Err(_) => return false,
-                }
+                let before = self.input.len();
                 match self.serve() {
                     Next::Read => {}
                     Next::Full => full = true,
                     Next::Close => self.closing = true,
                 }
+                progress |= self.input.len() != before;
             }
             self.out.seal();
             while !self.out.chain.is_empty() {
                 match self.out.chain.write_to(&mut self.stream) {
-                    Ok(_) => {}
+                    Ok(n) => progress |= n > 0,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return false,
+                    Err(_) => return Step::Close,
                 }
             }
-            if self.out.is_empty() && self.closing {
-                return false;
+            if self.out.is_empty() && (self.closing || (self.eof && !full)) {
+                return Step::Close;
             }
-            // Serving stopped at the high-water mark and the replies are all out: the input
-            // left is served now, as no event will come for it (epoll is edge-triggered).
-            if !(full && self.out.is_empty()) {
-                break;
+            // Input left unserved at the high-water mark, or unread bytes past this round's
+            // share: no event will come for them (epoll is edge-triggered), so go on while
+            // the answers drain.
+            if !((full || read_capped) && self.out.len() < OUT_HIGH_WATER && progress) {
+                return self.watch();
             }
         }
+        Step::Again
+    }
+
+    /// Watches the socket for what the connection waits for: answers to send, or requests.
+    fn watch(&mut self) -> Step {
         let want_write = !self.out.is_empty();
         if want_write != self.writing {
             self.writing = want_write;
             let interest = if want_write { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
             if event::reregister(&mut self.stream, self.token, interest).is_err() {
-                return false;
+                return Step::Close;
             }
         }
-        true
+        Step::Wait
     }
 
-    /// Reads what the socket has: false at its end.
-    fn read(&mut self) -> io::Result<bool> {
+    /// Reads up to a round's share: the bytes read, whether the client is done, whether the
+    /// share ran out first.
+    fn read(&mut self) -> io::Result<(usize, bool, bool)> {
         let mut buf = [0u8; 16 << 10];
-        loop {
+        let mut n = 0;
+        while n < READ_PER_ROUND {
             match self.stream.read(&mut buf) {
-                Ok(0) => return Ok(false),
-                Ok(n) => self.input.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Ok(0) => return Ok((n, true, false)),
+                Ok(k) => {
+                    self.input.extend_from_slice(&buf[..k]);
+                    n += k;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((n, false, false)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
+        Ok((n, false, true))
     }
 
     fn serve(&mut self) -> Next {
@@ -321,7 +369,7 @@ impl Conn {
             let proto = *self.proto.get_or_insert(if self.input[0] == binary::REQ_MAGIC { Proto::Binary } else { Proto::Text });
             let next = match proto {
                 Proto::Text => text::serve(&self.cache, &mut self.input, &mut self.out, &mut self.swallow),
-                Proto::Binary => binary::serve(&self.cache, &mut self.input, &mut self.out),
+                Proto::Binary => binary::serve(&self.cache, &mut self.input, &mut self.out, &mut self.swallow),
             };
             // A refused value's bytes may be in already, and the commands after them.
             if !(next == Next::Read && self.swallow > 0) {
@@ -331,10 +379,35 @@ impl Conn {
     }
 }
 
-/// Accepts this core's connections and serves each on this core.
-fn accept_all(listener: &TcpListener, cache: &Ebb<Cache>) {
+type Shared = Rc<RefCell<Option<Conn>>>;
+
+/// Runs a turn of the connection; closes it when it is over, or queues its next turn.
+fn drive(conn: &Shared) {
+    let mut g = conn.borrow_mut();
+    let Some(c) = g.as_mut() else { return };
+    match c.turn() {
+        Step::Wait => {}
+        Step::Again => {
+            let conn = conn.clone();
+            event::spawn_local(move || drive(&conn));
+        }
+        Step::Close => {
+            let mut c = g.take().expect("present");
+            event::deregister(&mut c.stream, c.token);
+            let s = &c.cache.stats.curr_connections;
+            s.store(s.load(Relaxed) - 1, Relaxed);
+        }
+    }
+}
+
+/// Accepts this core's connections and serves each on this core. Out of descriptors, it
+/// tries again shortly: with edge-triggered epoll, no event comes for connections already
+/// waiting.
+fn accept_all(listener: &Rc<RefCell<Option<TcpListener>>>, cache: &Ebb<Cache>) {
+    let g = listener.borrow();
+    let Some(l) = g.as_ref() else { return };
     loop {
-        match listener.accept() {
+        match l.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nodelay(true);
                 serve_conn(stream, cache.rep());
@@ -342,8 +415,9 @@ fn accept_all(listener: &TcpListener, cache: &Ebb<Cache>) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                // Out of descriptors, mostly: the listener stays, the next event retries.
-                tracing::warn!(error = %e, "memcached: accept failed");
+                tracing::warn!(error = %e, "memcached: accept failed; trying again in 10 ms");
+                let (listener, cache) = (listener.clone(), cache.clone());
+                event::after(Duration::from_millis(10), move || accept_all(&listener, &cache));
                 return;
             }
         }
@@ -353,21 +427,11 @@ fn accept_all(listener: &TcpListener, cache: &Ebb<Cache>) {
 fn serve_conn(mut stream: TcpStream, cache: Rc<Cache>) {
     Cache::bump(&cache.stats.total_connections);
     Cache::bump(&cache.stats.curr_connections);
-    let conn = Rc::new(std::cell::RefCell::new(None::<Conn>));
+    let conn: Shared = Rc::new(RefCell::new(None));
     let c2 = conn.clone();
-    let registered = event::register(&mut stream, Interest::READABLE, move |_| {
-        let mut g = c2.borrow_mut();
-        let Some(c) = g.as_mut() else { return };
-        if !c.ready() {
-            let mut c = g.take().expect("present");
-            event::deregister(&mut c.stream, c.token);
-            let s = &c.cache.stats.curr_connections;
-            s.store(s.load(Relaxed) - 1, Relaxed);
-        }
-    });
-    match registered {
+    match event::register(&mut stream, Interest::READABLE, move |_| drive(&c2)) {
         Ok(token) => {
-            *conn.borrow_mut() = Some(Conn { stream, token, input: BytesMut::new(), out: Out::default(), proto: None, swallow: 0, closing: false, writing: false, cache });
+            *conn.borrow_mut() = Some(Conn { stream, token, input: BytesMut::new(), out: Out::default(), proto: None, swallow: 0, eof: false, closing: false, writing: false, cache });
         }
         Err(e) => {
             tracing::warn!(error = %e, "memcached: cannot watch a connection; closed");
@@ -415,14 +479,10 @@ impl Server {
         let runtime = Runtime::start("memcached", args.cores, cfg, move |core| {
             let std_listener = listeners.lock().unwrap()[core].take().expect("one listener per core");
             let mut l = TcpListener::from_std(std_listener);
-            let l2 = Rc::new(std::cell::RefCell::new(None::<TcpListener>));
+            let l2 = Rc::new(RefCell::new(None::<TcpListener>));
             let l3 = l2.clone();
             let c = c.clone();
-            match event::register(&mut l, Interest::READABLE, move |_| {
-                if let Some(l) = l3.borrow().as_ref() {
-                    accept_all(l, &c)
-                }
-            }) {
+            match event::register(&mut l, Interest::READABLE, move |_| accept_all(&l3, &c)) {
                 Ok(_) => *l2.borrow_mut() = Some(l),
                 Err(e) => tracing::error!(core, error = %e, "memcached: a core cannot watch its listener"),
             }

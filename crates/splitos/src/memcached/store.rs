@@ -273,8 +273,9 @@ impl Table {
                 let mut joined = Vec::with_capacity(a.len() + b.len());
                 joined.extend_from_slice(a);
                 joined.extend_from_slice(b);
+                // memcached answers a concatenation it cannot allocate as one it did not store.
                 if key.len() + joined.len() > self.item_max {
-                    return Stored::TooLarge;
+                    return Stored::NotStored;
                 }
                 (Bytes::from(joined), it.flags, it.exptime)
             }
@@ -341,6 +342,9 @@ impl Table {
         if delay > 0 {
             self.flush_at.store(expiry(delay, now()), Ordering::Relaxed);
         } else {
+            // As memcached, whose one flush time this overwrites: a delayed flush still to
+            // come is called off.
+            self.flush_at.store(0, Ordering::Relaxed);
             self.flushed_below_cas.store(self.cas.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         }
     }

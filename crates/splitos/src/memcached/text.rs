@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::store::{DeltaError, Mode, Stored, KEY_MAX};
-use super::{take_value, Cache, Next, Out, LINE_MAX, OUT_HIGH_WATER, VERSION};
+use super::{take_value, Cache, Next, Out, LINE_MAX, LINE_MAX_GET, OUT_HIGH_WATER, VERSION};
 
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 
@@ -16,7 +16,8 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
             return Next::Full;
         }
         let Some(nl) = input.iter().position(|b| *b == b'\n') else {
-            if input.len() > LINE_MAX {
+            let most = if [&b"get "[..], b"gets ", b"gat ", b"gats "].iter().any(|p| input.starts_with(p)) { LINE_MAX_GET } else { LINE_MAX };
+            if input.len() > most {
                 out.put(b"CLIENT_ERROR line too long\r\n");
                 return Next::Close;
             }
@@ -65,7 +66,9 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
                 if mode == Mode::Set {
                     let _ = cache.root.table.delete(&key, None);
                 }
-                out.put(b"SERVER_ERROR object too large for cache\r\n");
+                if !noreply {
+                    out.put(b"SERVER_ERROR object too large for cache\r\n");
+                }
                 *swallow = len + 2;
                 return Next::Read;
             }
@@ -96,7 +99,7 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
                 Stored::NotFound => b"NOT_FOUND\r\n",
                 Stored::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
             };
-            if !noreply || r == Stored::TooLarge {
+            if !noreply {
                 out.put(answer);
             }
             continue;

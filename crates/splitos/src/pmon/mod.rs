@@ -432,10 +432,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
     let policies = excache::Policies::new(cfg.policy, lines, cfg.prefetch_policy, cfg.prefetch);
-    let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
-        .with_floor(cfg.share_floor)
-        .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
-        .with_evict_reserve(cfg.evict_reserve);
+    let cache =
+        ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build()).with_floor(cfg.share_floor).with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit)).with_evict_reserve(cfg.evict_reserve);
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {
@@ -463,8 +461,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let parts =
-            MissPathParts { cache, store: store.clone(), prefetcher: policies.prefetch.build(), piggyback: cfg.piggyback, fault_around: cfg.fault_around, prealloc: cfg.prealloc, on_fail: hook };
+        let parts = MissPathParts { cache, store: store.clone(), prefetcher: policies.prefetch.build(), piggyback: cfg.piggyback, fault_around: cfg.fault_around, prealloc: cfg.prealloc, on_fail: hook };
         let mut miss = MissPath::new(parts);
         if cfg.compressed_tier.0 > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(cfg.compressed_tier.0)), Box::new(Lz4));

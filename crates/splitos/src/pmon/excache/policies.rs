@@ -30,11 +30,7 @@ impl Policies {
     /// The policies a pComponent starts with: `eviction` for a cache of `lines`, `prefetch`
     /// reading ahead at most `window` lines.
     pub fn new(eviction: EvictPolicy, lines: usize, prefetch: PrefetchPolicy, window: usize) -> Policies {
-        Policies {
-            eviction: Ebb::new("excache-eviction", move |_| eviction_policy(eviction, lines)),
-            prefetch: Ebb::new("excache-prefetch", move |_| prefetcher(prefetch, window)),
-            replacing: Mutex::new(()),
-        }
+        Policies { eviction: Ebb::new("excache-eviction", move |_| eviction_policy(eviction, lines)), prefetch: Ebb::new("excache-prefetch", move |_| prefetcher(prefetch, window)), replacing: Mutex::new(()) }
     }
 
     /// Replaces the policies given (a cache now of `lines`) and puts them in `miss`'s place;
