@@ -171,6 +171,21 @@ enum ClusterCmd {
         #[command(flatten)]
         api: control::ApiArgs,
     },
+    /// Replace a running pComponent's eviction or read-ahead policy, by its id (`cluster
+    /// status`), while programs run: the ExCache takes the new policy before its next miss,
+    /// with the lines it holds (docs/ebb.md#policies-as-ebbs). Prints the policies then (with
+    /// neither option, as they are).
+    SetPolicy {
+        id: u32,
+        /// The eviction policy: fifo, clock or ghost-clock.
+        #[arg(long)]
+        eviction: Option<String>,
+        /// The read-ahead policy: leap, sequential or nextline.
+        #[arg(long)]
+        prefetch: Option<String>,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
     /// Cordon a component and wait until nothing runs on it: no job on a pComponent; an
     /// mComponent's memory moves to the others while programs run (it stays, empty).
     Drain {
@@ -317,6 +332,7 @@ fn main() {
             ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),
             ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),
             ClusterCmd::Topology { json, api } => control::topology(api, json),
+            ClusterCmd::SetPolicy { id, eviction, prefetch, api } => control::memory::set_policy(api, id, eviction, prefetch),
             ClusterCmd::SetExcache { id, size, shares, clear_shares, api } => {
                 let shares = match (clear_shares, shares.is_empty()) {
                     (true, _) => Some(Vec::new()),

@@ -521,3 +521,51 @@ fn memcached_interleaved_on_a_small_excache_serves_every_value_it_stored() {
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(n(&s, "misses") > 1000, "the pComponent's ExCache missed: {s}");
 }
+
+/// The ExCache's policies are Ebbs replaced while a program runs: a C hash table starts under
+/// FIFO eviction and sequential read-ahead; between its phases the admin puts CLOCK and
+/// nextline in place, then ghost-clock; its output is native, and the pComponent's own
+/// counters show each policy choosing victims in its turn.
+#[test]
+fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
+    let c = TestCluster::up(Some("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"2M\"\npolicy = \"fifo\"\nprefetch_policy = \"sequential\"\n[[mcomponent]]\n"));
+    let id = pcomp(&c)["id"].to_string();
+    let policies = |c: &TestCluster| pcomp(c)["stats"]["excache"].clone();
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let mut seen = Vec::new();
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, _| {
+        let victims = policies(c)["victims_by_policy"].clone();
+        seen.push(victims.clone());
+        let (eviction, prefetch) = if phase == 1 { ("clock", Some("nextline")) } else { ("ghost-clock", None) };
+        let mut args = vec!["cluster", "set-policy", &id, "--eviction", eviction];
+        if let Some(p) = prefetch {
+            args.extend(["--prefetch", p]);
+        }
+        let said = splitos_ok(c, &args);
+        assert!(said.contains(&format!("eviction {eviction}")), "{said}");
+        let now = policies(c);
+        assert_eq!(now["policy"], eviction, "{now}");
+        assert_eq!(now["prefetch_policy"], "nextline", "the read-ahead policy replaced in phase 1 stays: {now}");
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    let end = policies(&c);
+    let victims = &end["victims_by_policy"];
+    assert!(seen[0]["fifo"].as_u64().unwrap_or(0) > 0, "FIFO chose victims in the first phase: {:?}", seen);
+    assert_eq!(seen[0].get("clock"), None, "{seen:?}");
+    assert!(seen[1]["clock"].as_u64().unwrap_or(0) > 0, "CLOCK chose victims in the second: {seen:?}");
+    assert!(victims["ghost-clock"].as_u64().unwrap_or(0) > 0, "ghost-clock in the third: {end}");
+    assert_eq!(victims["fifo"], seen[1]["fifo"], "FIFO chose nothing after it was replaced: {end}");
+    assert_eq!((end["policy_swaps"]["eviction"].as_u64(), end["policy_swaps"]["prefetch"].as_u64()), (Some(2), Some(1)), "{end}");
+    let addr = pcomp(&c)["addr"].as_str().unwrap().to_string();
+    assert_eq!(c.metric(&addr, "splitos_pcomp_policy_swaps_total"), 3.0);
+    // Reads alone answer the policies as they are; bad names and roles are refused, and leave
+    // the policies as they were.
+    assert!(splitos_ok(&c, &["cluster", "set-policy", &id]).contains("eviction ghost-clock (replaced 2 times), read-ahead nextline (replaced 1 times)"));
+    assert!(splitos_fails(&c, &["cluster", "set-policy", &id, "--eviction", "lfu"]).contains("fifo, clock"));
+    assert!(splitos_fails(&c, &["cluster", "set-policy", &id, "--prefetch", "psychic"]).contains("leap"));
+    let mcomp = c.components("mcomponent")[0]["id"].to_string();
+    assert!(splitos_fails(&c, &["cluster", "set-policy", &mcomp, "--eviction", "clock"]).contains("only pComponents"));
+    assert_eq!(policies(&c)["policy"], "ghost-clock");
+}

@@ -1,5 +1,6 @@
 //! `/api/v1/pcomponents/{id}/excache`: a running pComponent's ExCache, resized and shared out
-//! among vNodes (docs/elastic-memory.md), admin only.
+//! among vNodes (docs/elastic-memory.md), and `/api/v1/pcomponents/{id}/policy`: its eviction
+//! and read-ahead policies, replaced while programs run (docs/ebb.md), admin only.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{ExcacheShare, P2G_EXCACHE};
+use splitos_rpc::{ExcacheShare, P2G_EXCACHE, P2G_POLICY};
 
 use super::memory::{parse_id, refused};
 use super::{admin_only, internal, Api, ApiError, Body, ErrorBody, Principal};
@@ -80,5 +81,67 @@ pub async fn put(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Soc
 async fn change(api: Arc<Api>, id: u32, size: Option<u64>, shares: Option<Vec<ExcacheShare>>) -> Result<Json<ExcacheView>, ApiError> {
     let gm = api.gm.clone();
     let r = tokio::task::spawn_blocking(move || gm.set_excache(id, size, shares)).await.map_err(internal)?.map_err(refused)?;
+    Ok(Json(r.into()))
+}
+
+/// A pComponent's ExCache policies as they are now.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct PolicyView {
+    /// The eviction policy and the read-ahead policy, by their configuration names.
+    pub eviction: String,
+    pub prefetch: String,
+    /// How many times each was replaced since the pComponent started.
+    pub eviction_swaps: u64,
+    pub prefetch_swaps: u64,
+}
+
+impl From<P2G_POLICY> for PolicyView {
+    fn from(r: P2G_POLICY) -> PolicyView {
+        PolicyView { eviction: r.eviction, prefetch: r.prefetch, eviction_swaps: r.eviction_swaps, prefetch_swaps: r.prefetch_swaps }
+    }
+}
+
+/// Policies to put in place; what is absent stays as it is.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyChange {
+    /// An eviction policy: fifo, clock or ghost-clock (the `policy` knob's names).
+    pub eviction: Option<String>,
+    /// A read-ahead policy: leap, sequential or nextline (the `prefetch_policy` knob's names).
+    pub prefetch: Option<String>,
+}
+
+/// A pComponent's eviction and read-ahead policies (admin only).
+#[utoipa::path(get, path = "/api/v1/pcomponents/{id}/policy", security(("bearer" = [])), params(("id" = u32, Path, description = "The pComponent's id")),
+    responses((status = 200, description = "The policies", body = PolicyView), (status = 400, description = "Not a pComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
+              (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody), (status = 503, description = "It does not answer", body = ErrorBody)))]
+pub async fn get_policy(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<PolicyView>, ApiError> {
+    admin_only(&p, peer, &format!("/api/v1/pcomponents/{id}/policy"))?;
+    change_policy(api, parse_id(&id)?, None, None).await
+}
+
+/// Replaces a running pComponent's eviction or read-ahead policy (admin only). Programs keep
+/// running: the ExCache takes the new policy before its next miss, with the lines it holds.
+#[utoipa::path(put, path = "/api/v1/pcomponents/{id}/policy", security(("bearer" = [])), params(("id" = u32, Path, description = "The pComponent's id")), request_body = PolicyChange,
+    responses((status = 200, description = "Replaced", body = PolicyView), (status = 400, description = "Not a pComponent; an unknown policy; fifo while access sampling is on", body = ErrorBody),
+              (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody),
+              (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "Unknown fields", body = ErrorBody), (status = 503, description = "It does not answer", body = ErrorBody)))]
+pub async fn put_policy(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+    Body(c): Body<PolicyChange>,
+) -> Result<Json<PolicyView>, ApiError> {
+    admin_only(&p, peer, &format!("/api/v1/pcomponents/{id}/policy"))?;
+    let id = parse_id(&id)?;
+    let view = change_policy(api, id, c.eviction, c.prefetch).await?;
+    tracing::info!(id, eviction = %view.eviction, prefetch = %view.prefetch, token = p.name(), "ExCache policies replaced through the API");
+    Ok(view)
+}
+
+async fn change_policy(api: Arc<Api>, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<Json<PolicyView>, ApiError> {
+    let gm = api.gm.clone();
+    let r = tokio::task::spawn_blocking(move || gm.set_policy(id, eviction, prefetch)).await.map_err(internal)?.map_err(refused)?;
     Ok(Json(r.into()))
 }

@@ -571,7 +571,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -606,6 +606,7 @@ fn router(api: Arc<Api>) -> Router {
         .route("/memory/{id}/detach", axum::routing::post(memory::detach))
         .route("/memory/{id}/attach", axum::routing::post(memory::attach))
         .route("/pcomponents/{id}/excache", get(excache::get).put(excache::put))
+        .route("/pcomponents/{id}/policy", get(excache::get_policy).put(excache::put_policy))
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))

@@ -117,5 +117,23 @@ pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<S
     Ok(())
 }
 
+/// `cluster set-policy`: replaces a running pComponent's eviction or read-ahead policy (none
+/// given: prints them), then prints them.
+pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Option<String>) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let mut body = serde_json::Map::new();
+    if let Some(e) = eviction {
+        body.insert("eviction".into(), e.into());
+    }
+    if let Some(p) = prefetch {
+        body.insert("prefetch".into(), p.into());
+    }
+    let c = api_put(&api, &token, &format!("/api/v1/pcomponents/{id}/policy"), &body.into(), Duration::from_secs(30))?;
+    let s = |k: &str| c[k].as_str().unwrap_or("?").to_string();
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    println!("pComponent {id}: eviction {} (replaced {} times), read-ahead {} (replaced {} times)", s("eviction"), n("eviction_swaps"), s("prefetch"), n("prefetch_swaps"));
+    Ok(())
+}
+
 /// How long `set-excache` waits for the pComponent: a shrink writes dirty lines back first.
 const EXCACHE_TIMEOUT: Duration = Duration::from_secs(130);

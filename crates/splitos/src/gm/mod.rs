@@ -533,6 +533,23 @@ impl Gm {
     /// Resizes the ExCache of pComponent `id` and sets the vNodes' shares of it (each left as
     /// it is when `None`). A shrink waits for the lines past the new size to be written back.
     pub fn set_excache(&self, id: u32, size: Option<u64>, shares: Option<Vec<ExcacheShare>>) -> Result<P2G_EXCACHE, Refusal> {
+        let pcomp = self.running_pcomponent(id)?;
+        let r = self.rpc.call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
+        metrics::counter!("gm_excache_changes_total").increment(1);
+        Ok(r)
+    }
+
+    /// Replaces the eviction or read-ahead policy of pComponent `id` while it runs (each left
+    /// as it is when `None`).
+    pub fn set_policy(&self, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<P2G_POLICY, Refusal> {
+        let pcomp = self.running_pcomponent(id)?;
+        let r = self.rpc.call(&pcomp.addr, G2P_SET_POLICY { eviction, prefetch })?;
+        metrics::counter!("gm_policy_changes_total").increment(1);
+        Ok(r)
+    }
+
+    /// The pComponent `id`, answering.
+    fn running_pcomponent(&self, id: u32) -> Result<ComponentInfo, Refusal> {
         let pcomp = self.snapshot().into_iter().find(|c| c.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
         if pcomp.role != Role::Proc {
             return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only pComponents have an ExCache", pcomp.role.name())));
@@ -540,9 +557,7 @@ impl Gm {
         if !pcomp.alive {
             return Err(ERR::new(ErrCode::Unreachable, format!("pComponent {id} does not answer")));
         }
-        let r = self.rpc.call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
-        metrics::counter!("gm_excache_changes_total").increment(1);
-        Ok(r)
+        Ok(pcomp)
     }
 
     /// Signals program `pid` on `pcomp`, which the caller found it on.

@@ -39,11 +39,11 @@ impl Policies {
         let _one = self.replacing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = eviction {
             self.eviction.replace(move |_| eviction_policy(k, lines));
-            metrics::counter!("splitos_pcomp_policy_swaps_total", "policy" => "eviction").increment(1);
+            metrics::counter!("pcomp_policy_swaps_total", "policy" => "eviction").increment(1);
         }
         if let Some(k) = prefetch {
             self.prefetch.replace(move |_| prefetcher(k, window));
-            metrics::counter!("splitos_pcomp_policy_swaps_total", "policy" => "prefetch").increment(1);
+            metrics::counter!("pcomp_policy_swaps_total", "policy" => "prefetch").increment(1);
         }
         miss.replace_policies(eviction.map(|_| self.eviction.build()), prefetch.map(|_| self.prefetch.build()))
     }
