@@ -211,7 +211,7 @@ BINARY = [
     lambda: breq(0x01, b"x", b"v", b"", opaque=34),
     "reconnect",
     lambda: breq(0x5F, b"", opaque=35),
-    lambda: breq(0x01, b"big", b"x" * 2000000, flags_exp(0, 0), opaque=36),
+    lambda: breq(0x01, b"x", b"x" * 2000000, flags_exp(0, 0), opaque=36) + breq(0x00, b"x", opaque=44),
     lambda: breq(0x0B, opaque=37),
     lambda: breq(0x01, b"late", b"v", flags_exp(0, 0xFFFFFFF0), opaque=42) + breq(0x00, b"late", opaque=43),
     lambda: breq(0x08, opaque=38) + breq(0x00, b"x", opaque=39),

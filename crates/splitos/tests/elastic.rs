@@ -545,6 +545,8 @@ fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
         let said = splitos_ok(c, &args);
         assert!(said.contains(&format!("eviction {eviction}")), "{said}");
         let now = policies(c);
+        // From here on the replaced policy chooses nothing.
+        seen.push(now["victims_by_policy"].clone());
         assert_eq!(now["policy"], eviction, "{now}");
         assert_eq!(now["prefetch_policy"], "nextline", "the read-ahead policy replaced in phase 1 stays: {now}");
     });
@@ -552,11 +554,13 @@ fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
     assert_eq!(out, native_phased(&cmd), "{err}");
     let end = policies(&c);
     let victims = &end["victims_by_policy"];
+    // seen: before and after the first swap, before and after the second.
     assert!(seen[0]["fifo"].as_u64().unwrap_or(0) > 0, "FIFO chose victims in the first phase: {:?}", seen);
     assert_eq!(seen[0].get("clock"), None, "{seen:?}");
-    assert!(seen[1]["clock"].as_u64().unwrap_or(0) > 0, "CLOCK chose victims in the second: {seen:?}");
+    assert!(seen[2]["clock"].as_u64().unwrap_or(0) > 0, "CLOCK chose victims in the second: {seen:?}");
     assert!(victims["ghost-clock"].as_u64().unwrap_or(0) > 0, "ghost-clock in the third: {end}");
     assert_eq!(victims["fifo"], seen[1]["fifo"], "FIFO chose nothing after it was replaced: {end}");
+    assert_eq!(victims["clock"], seen[3]["clock"], "nor CLOCK after its turn: {end}");
     assert_eq!((end["policy_swaps"]["eviction"].as_u64(), end["policy_swaps"]["prefetch"].as_u64()), (Some(2), Some(1)), "{end}");
     let addr = pcomp(&c)["addr"].as_str().unwrap().to_string();
     assert_eq!(c.metric(&addr, "splitos_pcomp_policy_swaps_total"), 3.0);

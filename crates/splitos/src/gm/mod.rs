@@ -543,8 +543,11 @@ impl Gm {
     /// as it is when `None`).
     pub fn set_policy(&self, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<P2G_POLICY, Refusal> {
         let pcomp = self.running_pcomponent(id)?;
+        let change = eviction.is_some() || prefetch.is_some();
         let r = self.rpc.call(&pcomp.addr, G2P_SET_POLICY { eviction, prefetch })?;
-        metrics::counter!("gm_policy_changes_total").increment(1);
+        if change {
+            metrics::counter!("gm_policy_changes_total").increment(1);
+        }
         Ok(r)
     }
 

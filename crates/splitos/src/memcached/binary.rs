@@ -127,9 +127,18 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
             return Next::Close;
         }
         if body - keylen - extlen > cache.root.table.item_max() {
-            let _ = input.split_to(HEADER);
+            // The key is waited for (a few hundred bytes at most), the value is not: as
+            // memcached, a set that cannot be stored leaves no stale value behind.
+            if input.len() < HEADER + extlen + keylen {
+                return Next::Read;
+            }
+            let _ = input.split_to(HEADER + extlen);
+            let key = input.split_to(keylen);
+            if matches!(opcode, op::SET | op::SETQ) {
+                let _ = cache.root.table.delete(&key, None);
+            }
             error(out, &header_only, status::TOO_LARGE);
-            *swallow = body;
+            *swallow = body - extlen - keylen;
             return Next::Read;
         }
         if input.len() < HEADER + body {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 use splitos_ebb::buf::Chain;
@@ -215,17 +215,12 @@ pub enum Next {
     Close,
 }
 
-/// Takes a value out of the read buffer: by reference when it is most of the buffer, else by
-/// copy. A value taken as a slice keeps its whole buffer alive, which the memory limit does
-/// not see.
+/// Takes a value out of the read buffer, by copy: a value taken as a slice would keep its
+/// whole read buffer alive, which the memory limit does not see.
 pub fn take_value(input: &mut BytesMut, n: usize) -> Bytes {
-    if n * 2 < input.capacity() {
-        let v = Bytes::copy_from_slice(&input[..n]);
-        let _ = input.split_to(n);
-        v
-    } else {
-        input.split_to(n).freeze()
-    }
+    let v = Bytes::copy_from_slice(&input[..n]);
+    input.advance(n);
+    v
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -278,18 +273,24 @@ impl Conn {
     fn turn(&mut self) -> Step {
         for _ in 0..ROUNDS {
             let (mut progress, mut read_capped) = (false, false);
-            if !self.eof && !self.closing && self.input.len() < self.input_high_water() {
-                match self.read() {
-                    Ok((n, eof, capped)) => {
-                        progress |= n > 0;
-                        self.eof |= eof;
-                        read_capped = capped;
+            if !self.eof && !self.closing {
+                if self.input.len() < self.input_high_water() {
+                    match self.read() {
+                        Ok((n, eof, capped)) => {
+                            progress |= n > 0;
+                            self.eof |= eof;
+                            read_capped = capped;
+                        }
+                        Err(_) => return Step::Close,
                     }
-                    Err(_) => return Step::Close,
+                } else {
+                    // Bytes may wait in the socket for which no edge will come again.
+                    read_capped = true;
                 }
             }
-            let mut full = false;
-            if !self.closing && self.out.len() < OUT_HIGH_WATER {
+            // Answers queued up to the mark from before: serving waits for them to drain.
+            let mut full = !self.closing && self.out.len() >= OUT_HIGH_WATER;
+            if !self.closing && !full {
                 let before = self.input.len();
                 match self.serve() {
                     Next::Read => {}
@@ -400,11 +401,17 @@ fn drive(conn: &Shared) {
     }
 }
 
+/// A core's listening socket, and whether a retry of its accepts is due.
+struct Listening {
+    listener: RefCell<Option<TcpListener>>,
+    retrying: std::cell::Cell<bool>,
+}
+
 /// Accepts this core's connections and serves each on this core. Out of descriptors, it
-/// tries again shortly: with edge-triggered epoll, no event comes for connections already
-/// waiting.
-fn accept_all(listener: &Rc<RefCell<Option<TcpListener>>>, cache: &Ebb<Cache>) {
-    let g = listener.borrow();
+/// tries again shortly (once, however many events come meanwhile): with edge-triggered epoll,
+/// no event comes for connections already waiting.
+fn accept_all(listening: &Rc<Listening>, cache: &Ebb<Cache>) {
+    let g = listening.listener.borrow();
     let Some(l) = g.as_ref() else { return };
     loop {
         match l.accept() {
@@ -415,9 +422,14 @@ fn accept_all(listener: &Rc<RefCell<Option<TcpListener>>>, cache: &Ebb<Cache>) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                tracing::warn!(error = %e, "memcached: accept failed; trying again in 10 ms");
-                let (listener, cache) = (listener.clone(), cache.clone());
-                event::after(Duration::from_millis(10), move || accept_all(&listener, &cache));
+                if !listening.retrying.replace(true) {
+                    tracing::warn!(error = %e, "memcached: accept failed; trying again in 10 ms");
+                    let (listening, cache) = (listening.clone(), cache.clone());
+                    event::after(Duration::from_millis(10), move || {
+                        listening.retrying.set(false);
+                        accept_all(&listening, &cache)
+                    });
+                }
                 return;
             }
         }
@@ -479,11 +491,11 @@ impl Server {
         let runtime = Runtime::start("memcached", args.cores, cfg, move |core| {
             let std_listener = listeners.lock().unwrap()[core].take().expect("one listener per core");
             let mut l = TcpListener::from_std(std_listener);
-            let l2 = Rc::new(RefCell::new(None::<TcpListener>));
-            let l3 = l2.clone();
+            let listening = Rc::new(Listening { listener: RefCell::new(None), retrying: Default::default() });
+            let l2 = listening.clone();
             let c = c.clone();
-            match event::register(&mut l, Interest::READABLE, move |_| accept_all(&l3, &c)) {
-                Ok(_) => *l2.borrow_mut() = Some(l),
+            match event::register(&mut l, Interest::READABLE, move |_| accept_all(&l2, &c)) {
+                Ok(_) => *listening.listener.borrow_mut() = Some(l),
                 Err(e) => tracing::error!(core, error = %e, "memcached: a core cannot watch its listener"),
             }
         })?;

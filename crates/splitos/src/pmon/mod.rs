@@ -232,9 +232,15 @@ impl Pcomp {
     /// `G2P_SET_POLICY`: replaces the eviction or read-ahead policy while programs run
     /// (docs/ebb.md#policies-as-ebbs), refusing what the configuration would refuse.
     fn set_policy(&self, r: G2P_SET_POLICY) -> Result<P2G_POLICY, ERR> {
+        if r.eviction.is_none() && r.prefetch.is_none() {
+            return Ok(self.policy_now());
+        }
         let invalid = |e: String| ERR::new(ErrCode::Invalid, e);
         let eviction = r.eviction.map(|n| n.parse::<crate::config::EvictPolicy>()).transpose().map_err(|e| invalid(format!("eviction: {e}")))?;
         let prefetch = r.prefetch.map(|n| n.parse::<crate::config::PrefetchPolicy>()).transpose().map_err(|e| invalid(format!("prefetch: {e}")))?;
+        if prefetch.is_some() && self.cfg.prefetch == 0 {
+            return Err(invalid("prefetch: this pComponent reads no line ahead (prefetch = 0): a read-ahead policy would have nothing to do".into()));
+        }
         if self.sampling && eviction == Some(crate::config::EvictPolicy::Fifo) {
             return Err(invalid("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)".into()));
         }
