@@ -7,6 +7,7 @@ import platform
 import random
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -178,3 +179,41 @@ def machine_line(res):
     """The report's first sentence: the machine and its load average around the run."""
     m = res["machine"]
     return f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}; load average {res['load_before']:.1f} before, {res['load_after']:.1f} after. "
+
+
+def free_ports(n):
+    """`n` distinct free loopback ports (held open together while chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_port(port, proc, what, log):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited ({proc.returncode}) before it listened: {open(log).read()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{what} did not listen on port {port} within 60 s")
+
+
+def memcached_stats(port):
+    """A memcached server's own `stats`, a name-to-value map."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"stats\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return dict(l.split()[1:3] for l in data.decode().splitlines() if l.startswith("STAT ") and len(l.split()) >= 3)

@@ -20,14 +20,12 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from benchlib import ROOT, SPLITOS, ensure_env, machine, machine_line, replace_section
+from benchlib import ROOT, SPLITOS, ensure_env, free_ports, machine, machine_line, memcached_stats as stats, replace_section, wait_port
 
 RATES = [5000, 10000, 20000, 30000, 40000, 60000, 80000]
 # EbbRT's bound, and a looser one: on a 2-vCPU virtual machine whose load generator shares the
@@ -46,45 +44,14 @@ def configs(mem):
     return rows
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_cmd(kind, cores, port, mem):
     if kind == "stock":
         return ["memcached", "-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", str(port), "-m", str(mem), "-t", str(cores), "-c", "4096"]
     return [SPLITOS, "memcached", "--listen", f"127.0.0.1:{port}", "--memory", f"{mem}M", "--cores", str(cores)]
 
 
-def wait_port(port, proc, what, log):
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited ({proc.returncode}) before it listened: {open(log).read()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    sys.exit(f"{what} did not listen on port {port} within 60 s")
-
-
-def stats(port):
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"stats\r\n")
-        data = b""
-        while not data.endswith(b"END\r\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return dict(l.split()[1:3] for l in data.decode().splitlines() if l.startswith("STAT ") and len(l.split()) >= 3)
-
-
 def one_run(label, cores, kind, excache, rate, args, seed, tmp):
-    port = free_port()
+    (port,) = free_ports(1)
     cmd = server_cmd(kind, cores, port, args.mem)
     if excache is not None:
         cmd = [SPLITOS, "run", "--embedded", "--quiet", "--excache", excache, "--", *cmd]

@@ -26,14 +26,12 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from benchlib import ROOT, SPLITOS, ensure_env, machine, machine_line, replace_section
+from benchlib import ROOT, SPLITOS, ensure_env, free_ports, machine, machine_line, memcached_stats as stats, replace_section, wait_port
 
 # Bytes memcached spends per ETC item (key, value, header and slab rounding), measured with
 # `stats` after a preload; sizes the key space at 1.5 times what memcached holds.
@@ -53,46 +51,8 @@ def configs(mem):
     ]
 
 
-def free_ports(n):
-    """`n` distinct free loopback ports (held open together while chosen)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def memcached_cmd(port, mem):
     return ["memcached", "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-m", str(mem), "-t", "2", "-c", "4096"]
-
-
-def wait_port(port, proc, what, log):
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited ({proc.returncode}) before it listened: {open(log).read()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    sys.exit(f"{what} did not listen on port {port} within 60 s")
-
-
-def stats(port):
-    """memcached's own `stats`, a name-to-value map."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"stats\r\n")
-        data = b""
-        while not data.endswith(b"END\r\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return dict(l.split()[1:3] for l in data.decode().splitlines() if l.startswith("STAT ") and len(l.split()) >= 3)
 
 
 def one_run(label, excache, flags, args, keys, seed, tmp):

@@ -155,10 +155,6 @@ impl<R: 'static> Ebb<R> {
         self.entry.id
     }
 
-    pub fn name(&self) -> &str {
-        &self.entry.name
-    }
-
     /// How many times [`Ebb::replace`] has swapped the miss handler.
     pub fn generation(&self) -> u64 {
         self.entry.generation.load(Ordering::Relaxed)

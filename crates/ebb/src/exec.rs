@@ -191,5 +191,7 @@ mod tests {
             })
         });
         assert_eq!(block_on(result).unwrap(), Ok(vec![0, 1, 0]));
+        // A closure's result from another core, awaited outside the loops.
+        assert_eq!(block_on(rt.call_on(1, event::current_core)), Ok(Some(1)));
     }
 }

@@ -236,7 +236,8 @@ fn its_event_loops_poll_under_load_and_sleep_at_rest() {
     let t0 = cpu_seconds(polling.pid());
     std::thread::sleep(Duration::from_secs(1));
     let busy = cpu_seconds(polling.pid()) - t0;
-    assert!(busy > 0.5, "an always-polling loop used {busy} s of CPU in 1 s");
+    // Well above the sleeping server's, with room for the other tests sharing the CPUs.
+    assert!(busy > 0.2, "an always-polling loop used {busy} s of CPU in 1 s");
     assert_eq!(stats(polling.port)["ebb_loops_polling"], 1);
 }
 

@@ -457,7 +457,8 @@ fn serve_conn(mut stream: TcpStream, cache: Rc<Cache>) {
 pub struct Server {
     pub addr: SocketAddr,
     pub cache: Ebb<Cache>,
-    runtime: Runtime,
+    /// Held for its drop, which stops the cores' loops.
+    _runtime: Runtime,
 }
 
 impl Server {
@@ -500,11 +501,7 @@ impl Server {
             }
         })?;
         let _ = root.loops.set((0..args.cores).map(|i| runtime.remote(i)).collect());
-        Ok(Server { addr, cache, runtime })
-    }
-
-    pub fn runtime(&self) -> &Runtime {
-        &self.runtime
+        Ok(Server { addr, cache, _runtime: runtime })
     }
 }
 

@@ -116,6 +116,19 @@ fn num<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
     std::str::from_utf8(t).ok()?.parse().ok()
 }
 
+/// Whether `args` are a key and one argument (`incr`, `decr`, `touch`); answers the error if not.
+fn key_and_one_more(args: &[&[u8]], out: &mut Out) -> bool {
+    if args.len() != 2 {
+        out.put(b"ERROR\r\n");
+        false
+    } else if args[0].len() > KEY_MAX {
+        out.put(BAD_FORMAT);
+        false
+    } else {
+        true
+    }
+}
+
 /// Every command but the storage ones; true for `quit`.
 fn command(cache: &Cache, cmd: &[u8], tokens: &[&[u8]], args: &[&[u8]], noreply: bool, out: &mut Out) -> bool {
     let table = &cache.root.table;
@@ -197,12 +210,7 @@ fn command(cache: &Cache, cmd: &[u8], tokens: &[&[u8]], args: &[&[u8]], noreply:
         }
         b"incr" | b"decr" => {
             let incr = cmd == b"incr";
-            if args.len() != 2 {
-                out.put(b"ERROR\r\n");
-                return false;
-            }
-            if args[0].len() > KEY_MAX {
-                out.put(BAD_FORMAT);
+            if !key_and_one_more(args, out) {
                 return false;
             }
             let Some(delta) = num::<u64>(args[1]) else {
@@ -223,12 +231,7 @@ fn command(cache: &Cache, cmd: &[u8], tokens: &[&[u8]], args: &[&[u8]], noreply:
             }
         }
         b"touch" => {
-            if args.len() != 2 {
-                out.put(b"ERROR\r\n");
-                return false;
-            }
-            if args[0].len() > KEY_MAX {
-                out.put(BAD_FORMAT);
+            if !key_and_one_more(args, out) {
                 return false;
             }
             let Some(e) = num::<i64>(args[1]) else {

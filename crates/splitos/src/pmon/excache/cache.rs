@@ -277,8 +277,10 @@ pub struct ExCache {
     used: usize,
     index: HashMap<u64, BTreeMap<u64, usize>>,
     policy: Box<dyn EvictionPolicy>,
-    /// Victims each policy chose, by name: which policy ran, across replacements.
+    /// Victims each policy replaced so far chose, by name, and those the current one chose:
+    /// which policy ran, across replacements (a plain count on the eviction path).
     victims: BTreeMap<&'static str, u64>,
+    chosen: u64,
     seq: u64,
     /// Percent of an equal share (lines over processes holding lines) that each process keeps
     /// against other processes' misses (0: none).
@@ -324,6 +326,7 @@ impl ExCache {
             index: HashMap::new(),
             policy,
             victims: BTreeMap::new(),
+            chosen: 0,
             seq: 0,
             floor: 0,
             groups: HashMap::new(),
@@ -527,17 +530,20 @@ impl ExCache {
     /// lines as they are (their reference bits, their fill order), without the old one's
     /// history (ghost entries).
     pub fn set_policy(&mut self, policy: Box<dyn EvictionPolicy>) {
+        *self.victims.entry(self.policy.name()).or_default() += std::mem::take(&mut self.chosen);
         self.policy = policy;
     }
 
     /// Victims each policy chose so far, by name.
-    pub fn victims_by_policy(&self) -> &BTreeMap<&'static str, u64> {
-        &self.victims
+    pub fn victims_by_policy(&self) -> BTreeMap<&'static str, u64> {
+        let mut v = self.victims.clone();
+        *v.entry(self.policy.name()).or_default() += self.chosen;
+        v
     }
 
     fn evicted(&mut self, line: &Line) {
         self.policy.evicted(line);
-        *self.victims.entry(self.policy.name()).or_default() += 1;
+        self.chosen += 1;
     }
 
     pub fn set_of(&self, vpn: u64) -> usize {
