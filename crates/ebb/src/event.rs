@@ -1,8 +1,10 @@
 //! A core's event loop: non-preemptive, every event runs to completion on the loop's thread.
 //!
 //! Events are one-shot closures ([`spawn_local`], or [`Remote::spawn`] from another thread),
-//! timers ([`after`]), I/O readiness of sources registered with [`register`], and idle
-//! handlers ([`add_idle`]), which run whenever an iteration found nothing else to do.
+//! timers ([`after`]), I/O readiness of sources registered with [`register`], idle
+//! handlers ([`add_idle`]), which run whenever an iteration found nothing else to do, and
+//! devices ([`add_device`]): rings in memory a peer writes (a shared-memory channel), looked
+//! at on every iteration, which must ask for a wake-up (a doorbell) before the loop sleeps.
 //!
 //! The loop switches itself between two ways of waiting, as EbbRT's drivers switch between
 //! interrupts and polling: **sleeping** in epoll until an event comes, which costs a wake-up
@@ -46,6 +48,18 @@ impl std::str::FromStr for Waiting {
             "sleep" => Ok(Waiting::Sleep),
             _ => Err(format!("unknown waiting {s:?} (adaptive, poll or sleep)")),
         }
+    }
+}
+
+impl serde::Serialize for Waiting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Waiting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Waiting, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -174,6 +188,7 @@ impl Remote {
 
 type Handler = Rc<RefCell<dyn FnMut(&mio::event::Event)>>;
 type Idle = Rc<RefCell<dyn FnMut()>>;
+type Dev = Rc<RefCell<dyn Device>>;
 
 /// What the loop's thread holds: everything the free functions of this module reach.
 struct Local {
@@ -185,6 +200,8 @@ struct Local {
     next_timer: u64,
     idle: BTreeMap<u64, Idle>,
     next_idle: u64,
+    devices: BTreeMap<u64, Dev>,
+    next_device: u64,
     sources: Vec<Option<Handler>>,
     free_sources: Vec<usize>,
     stop: bool,
@@ -237,6 +254,44 @@ pub fn after(delay: Duration, f: impl FnOnce() + 'static) -> TimerId {
 /// Cancels a timer that has not fired (a fired or cancelled one is left alone).
 pub fn cancel(t: TimerId) {
     with_local(|l| l.timer_fns.remove(&t.0));
+}
+
+/// A source of work the loop looks at itself, as a NIC's receive ring: polled on every
+/// iteration, and armed before the loop sleeps, as EbbRT's drivers enable interrupts when they
+/// stop polling.
+pub trait Device {
+    /// Looks for work and does it; returns the events it ran (they count towards the rate
+    /// that decides between polling and sleeping).
+    fn poll(&mut self) -> u64;
+    /// The loop is about to sleep: ask to be woken (through a source registered with this
+    /// loop) when work comes. False if work came meanwhile, so that the loop does not sleep;
+    /// an armed device must then still take work when it is polled.
+    fn arm(&mut self) -> bool;
+    /// The loop is awake again: wake-ups may stop.
+    fn disarm(&mut self);
+}
+
+/// A device added by [`add_device`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceId(u64);
+
+/// Adds a device to this loop.
+pub fn add_device(d: impl Device + 'static) -> DeviceId {
+    with_local(|l| {
+        let id = l.next_device;
+        l.next_device += 1;
+        l.devices.insert(id, Rc::new(RefCell::new(d)));
+        DeviceId(id)
+    })
+}
+
+/// Removes a device (which may be the one polled now: it is dropped after its call).
+pub fn remove_device(id: DeviceId) {
+    with_local(|l| {
+        if let Some(d) = l.devices.remove(&id.0) {
+            l.queue.push_back(Box::new(move || drop(d)));
+        }
+    });
 }
 
 /// An idle handler added by [`add_idle`].
@@ -337,6 +392,8 @@ impl EventLoop {
                 next_timer: 0,
                 idle: BTreeMap::new(),
                 next_idle: 0,
+                devices: BTreeMap::new(),
+                next_device: 0,
                 sources: Vec::new(),
                 free_sources: Vec::new(),
                 stop: false,
@@ -349,11 +406,12 @@ impl EventLoop {
         // (`deregister`, `spawn_local`): they are dropped while it is still there, each
         // outside the loop's borrow.
         loop {
-            let (sources, queue, idle, timers) = with_local(|l| (std::mem::take(&mut l.sources), std::mem::take(&mut l.queue), std::mem::take(&mut l.idle), std::mem::take(&mut l.timer_fns)));
-            if sources.iter().all(Option::is_none) && queue.is_empty() && idle.is_empty() && timers.is_empty() {
+            let (sources, queue, idle, timers, devices) =
+                with_local(|l| (std::mem::take(&mut l.sources), std::mem::take(&mut l.queue), std::mem::take(&mut l.idle), std::mem::take(&mut l.timer_fns), std::mem::take(&mut l.devices)));
+            if sources.iter().all(Option::is_none) && queue.is_empty() && idle.is_empty() && timers.is_empty() && devices.is_empty() {
                 break;
             }
-            drop((sources, queue, idle, timers));
+            drop((sources, queue, idle, timers, devices));
         }
         CORE.with(|c| c.set(None));
         LOCAL.with(|l| l.borrow_mut().take());
@@ -366,7 +424,7 @@ impl EventLoop {
         stats.polling.store(polling, Ordering::Relaxed);
         let (mut window_start, mut window_events) = (Instant::now(), 0u64);
         loop {
-            let ran = self.run_remote() + run_queue() + run_timers();
+            let ran = self.run_remote() + run_queue() + run_timers() + poll_devices();
             // Counted before the loop may sleep: what it did is seen while it sleeps.
             stats.events.fetch_add(ran, Ordering::Relaxed);
             counters.events.increment(ran);
@@ -376,7 +434,8 @@ impl EventLoop {
             let (busy, next_timer, idle) = with_local(|l| (!l.queue.is_empty(), l.timers.peek().map(|t| t.0 .0), !l.idle.is_empty()));
             let may_sleep = !busy && !polling && !idle;
             let timeout = if may_sleep { next_timer.map(|t| t.saturating_duration_since(Instant::now())) } else { Some(Duration::ZERO) };
-            let sleep = may_sleep && {
+            let armed = may_sleep && arm_devices();
+            let sleep = armed && {
                 let q = self.remote.queue.lock().unwrap();
                 let empty = q.is_empty();
                 self.remote.asleep.store(empty, Ordering::Relaxed);
@@ -388,6 +447,9 @@ impl EventLoop {
             }
             let r = self.poll.poll(&mut self.events, if sleep { timeout } else { Some(Duration::ZERO) });
             self.remote.asleep.store(false, Ordering::Relaxed);
+            if armed {
+                disarm_devices();
+            }
             if let Err(e) = r {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "an Ebb event loop cannot wait for events; it stops");
@@ -478,6 +540,34 @@ fn run_queue() -> u64 {
     n
 }
 
+fn devices() -> Vec<Dev> {
+    with_local(|l| l.devices.values().cloned().collect())
+}
+
+fn poll_devices() -> u64 {
+    devices().iter().map(|d| d.borrow_mut().poll()).sum()
+}
+
+/// Arms every device; false (with all of them disarmed again) if one had work.
+fn arm_devices() -> bool {
+    let devs = devices();
+    for (i, d) in devs.iter().enumerate() {
+        if !d.borrow_mut().arm() {
+            for d in &devs[..=i] {
+                d.borrow_mut().disarm();
+            }
+            return false;
+        }
+    }
+    true
+}
+
+fn disarm_devices() {
+    for d in devices() {
+        d.borrow_mut().disarm();
+    }
+}
+
 fn run_timers() -> u64 {
     let now = Instant::now();
     let mut n = 0;
@@ -541,6 +631,83 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "the cancelled timer never fired");
         r.spawn(stop);
         t.join().unwrap();
+    }
+
+    /// A ring another thread writes: a count it bumps, and a doorbell it rings only when the
+    /// device asked for one, as a shared-memory channel does.
+    struct Ring {
+        seq: Arc<AtomicU64>,
+        armed: Arc<AtomicBool>,
+        seen: u64,
+        done: std::sync::mpsc::Sender<u64>,
+    }
+
+    impl Device for Ring {
+        fn poll(&mut self) -> u64 {
+            let now = self.seq.load(Ordering::SeqCst);
+            let n = now - self.seen;
+            self.seen = now;
+            if n > 0 {
+                self.done.send(now).unwrap();
+            }
+            n
+        }
+        fn arm(&mut self) -> bool {
+            self.armed.store(true, Ordering::SeqCst);
+            self.seq.load(Ordering::SeqCst) == self.seen
+        }
+        fn disarm(&mut self) {
+            self.armed.store(false, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_device_is_polled_and_wakes_a_sleeping_loop_only_through_its_doorbell() {
+        for waiting in [Waiting::Sleep, Waiting::Poll] {
+            let (r, t) = start(LoopConfig { waiting, ..LoopConfig::default() });
+            let (seq, armed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+            let (done, seen) = std::sync::mpsc::channel();
+            let (mut bell_rx, mut bell_tx) = mio::net::UnixStream::pair().unwrap();
+            // The loop's end drops the handler and with it the socket, after `stop`.
+            let rings = Arc::new(AtomicU64::new(0));
+            let (s2, a2) = (seq.clone(), armed.clone());
+            r.spawn(move || {
+                add_device(Ring { seq: s2, armed: a2, seen: 0, done });
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&bell_rx);
+                register(&mut mio::unix::SourceFd(&fd), Interest::READABLE, move |_| {
+                    let mut b = [0u8; 64];
+                    while matches!(io::Read::read(&mut bell_rx, &mut b), Ok(n) if n > 0) {}
+                })
+                .map(drop)
+                .unwrap();
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            for i in 1..=200u64 {
+                seq.store(i, Ordering::SeqCst);
+                if armed.load(Ordering::SeqCst) {
+                    rings.fetch_add(1, Ordering::Relaxed);
+                    let _ = io::Write::write(&mut bell_tx, b"!");
+                }
+                // Every bump is seen, asleep or not.
+                let mut last = 0;
+                while last < i {
+                    last = seen.recv_timeout(Duration::from_secs(5)).expect("the loop saw the bump");
+                }
+                // Time for the loop to go to sleep (a sleeping loop) between bumps.
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            let c = r.stats().counts();
+            let rang = rings.load(Ordering::Relaxed);
+            match waiting {
+                // Asleep between bumps: each one needed the doorbell, and the loop slept.
+                Waiting::Sleep => assert!(rang >= 100 && c.sleeps >= rang, "{rang} rings, {c:?}"),
+                // Polling: the device was never armed, so no bump rang.
+                _ => assert!(rang == 0 && c.sleeps == 0, "{rang} rings, {c:?}"),
+            }
+            assert!(c.events >= 200, "{c:?}");
+            r.spawn(stop);
+            t.join().unwrap();
+        }
     }
 
     #[test]

@@ -77,7 +77,24 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameErr
             Err(e) => return Err(e.into()),
         }
     }
-    let hdr = FrameHeader::read_from_bytes(&hdr_bytes).expect("header size is fixed");
+    let (kind, req_id, len) = check_header(&hdr_bytes)?;
+    // The body's memory grows with the bytes that arrive, not with the length the header
+    // announces: a peer that announces the bound and stalls costs no more than it sent.
+    let mut body = Vec::with_capacity(len.min(BODY_STEP));
+    while body.len() < len {
+        let want = (len - body.len()).min(BODY_STEP);
+        let at = body.len();
+        body.resize(at + want, 0);
+        if let Err(e) = r.read_exact(&mut body[at..]) {
+            return Err(FrameError::Io(if e.kind() == io::ErrorKind::UnexpectedEof { io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body") } else { e }));
+        }
+    }
+    decode(kind, req_id, &body).map(Some)
+}
+
+/// Checks a frame's header: its kind, request id and body length, or the first rule it breaks.
+fn check_header(bytes: &[u8; FrameHeader::SIZE]) -> Result<(FrameKind, u64, usize), FrameError> {
+    let hdr = FrameHeader::read_from_bytes(bytes).expect("header size is fixed");
     if hdr.magic != MAGIC {
         return Err(FrameError::BadMagic(hdr.magic));
     }
@@ -88,19 +105,24 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameErr
     if hdr.len > MAX_BODY {
         return Err(FrameError::TooLarge(hdr.len));
     }
-    // The body's memory grows with the bytes that arrive, not with the length the header
-    // announces: a peer that announces the bound and stalls costs no more than it sent.
-    let mut body = Vec::with_capacity((hdr.len as usize).min(BODY_STEP));
-    while body.len() < hdr.len as usize {
-        let want = (hdr.len as usize - body.len()).min(BODY_STEP);
-        let at = body.len();
-        body.resize(at + want, 0);
-        if let Err(e) = r.read_exact(&mut body[at..]) {
-            return Err(FrameError::Io(if e.kind() == io::ErrorKind::UnexpectedEof { io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body") } else { e }));
-        }
+    Ok((kind, hdr.req_id, hdr.len as usize))
+}
+
+fn decode(kind: FrameKind, req_id: u64, body: &[u8]) -> Result<Frame, FrameError> {
+    let msg: Msg = postcard::from_bytes(body).map_err(|e| FrameError::Undecodable(e.to_string()))?;
+    Ok(Frame { kind, req_id, msg })
+}
+
+/// The frame at the start of `buf` and the bytes it took, if all of it is there; its header
+/// is checked as soon as it is (a reader need not wait for a body it will refuse).
+pub fn parse_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
+    let Some(hdr) = buf.first_chunk::<{ FrameHeader::SIZE }>() else { return Ok(None) };
+    let (kind, req_id, len) = check_header(hdr)?;
+    let end = FrameHeader::SIZE + len;
+    if buf.len() < end {
+        return Ok(None);
     }
-    let msg: Msg = postcard::from_bytes(&body).map_err(|e| FrameError::Undecodable(e.to_string()))?;
-    Ok(Some(Frame { kind, req_id: hdr.req_id, msg }))
+    Ok(Some((decode(kind, req_id, &buf[FrameHeader::SIZE..end])?, end)))
 }
 
 #[cfg(test)]
@@ -120,6 +142,20 @@ mod tests {
         let f = read_frame(&mut &buf[..]).unwrap().unwrap();
         assert_eq!(f.req_id, 9);
         assert!(matches!(f.msg, Msg::P2M_FETCH(P2M_FETCH { vpn: 42, .. })));
+    }
+
+    #[test]
+    fn a_buffer_parses_frame_by_frame_and_waits_for_the_rest() {
+        let mut buf = encode(FrameKind::Request, 1, &fetch(1));
+        let one = buf.len();
+        buf.extend(encode(FrameKind::Request, 2, &fetch(2)));
+        let (f, used) = parse_frame(&buf).unwrap().unwrap();
+        assert_eq!((f.req_id, used), (1, one));
+        assert!(parse_frame(&buf[one..buf.len() - 1]).unwrap().is_none(), "a partial body waits");
+        assert!(parse_frame(&buf[one..one + 3]).unwrap().is_none(), "a partial header waits");
+        assert_eq!(parse_frame(&buf[one..]).unwrap().unwrap().0.req_id, 2);
+        let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY + 1, reserved: 0 };
+        assert!(matches!(parse_frame(hdr.as_bytes()), Err(FrameError::TooLarge(_))), "refused on its header alone");
     }
 
     #[test]

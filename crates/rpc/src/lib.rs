@@ -8,6 +8,8 @@
 //! * [`server`] — a component's [`Handler`], its dispatch helper [`on`], and worker pools.
 //! * [`transport`] — the message-level [`Transport`] interface, chosen from
 //!   [`TransportConfig`]: TCP, and shared memory between components of one host.
+//! * [`serving`] — [`serving::ServingConfig`]: requests received on a thread per connection,
+//!   or on the Ebb runtime's event loops.
 //! * [`poll`] — [`poll::Poller`], polling before sleeping that adapts to how long waits are.
 //! * [`cpu`] — serving a caller on its own CPU: a thread that asks to be followed, a thread
 //!   that moves itself.
@@ -26,6 +28,7 @@ pub mod knob;
 pub mod poll;
 pub mod refusals;
 pub mod server;
+pub mod serving;
 pub mod transport;
 pub mod wire;
 

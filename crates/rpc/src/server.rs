@@ -53,6 +53,8 @@ pub struct ServerConfig {
     pub workers: usize,
     /// Worker threads for requests that fan out to other components.
     pub fanout_workers: usize,
+    /// Whether requests are received on a thread per connection or on event loops.
+    pub serving: crate::serving::ServingConfig,
 }
 
 /// Who sent a request, as its connection's handshake proved: its role and its static key.

@@ -30,17 +30,21 @@
 //! never pull one back and forth: a followed caller takes, from the free channels to a peer,
 //! one whose server already runs on its CPU, else one whose server runs anywhere, else a new
 //! one.
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
+use std::rc::Rc;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mio::unix::SourceFd;
 use serde::{Deserialize, Serialize};
+use splitos_ebb::event::{add_device, deregister, register, remove_device, Device, DeviceId};
 
 use super::tcp::TcpListen;
 use super::{Endpoint, TcpConfig, TcpTransport, Transport};
@@ -50,6 +54,7 @@ use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
 use crate::server::{self, Dispatcher, Handler, ServerConfig};
+use crate::serving::{Loops, Serving};
 use crate::wire::{may_receive, wrong_receiver, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 /// The knobs of shared memory (`[transport.shm]`).
@@ -808,13 +813,13 @@ struct Held {
 }
 
 /// One channel counted against its caller's credits while it is served.
-struct Hold<'a> {
-    held: &'a Held,
+struct Hold {
+    held: Arc<Held>,
     pid: i32,
 }
 
 impl Held {
-    fn hold(&self, pid: i32, max: usize) -> Option<Hold<'_>> {
+    fn hold(self: &Arc<Held>, pid: i32, max: usize) -> Option<Hold> {
         let mut m = self.by_pid.lock().unwrap();
         let n = m.entry(pid).or_default();
         if *n >= max {
@@ -824,11 +829,11 @@ impl Held {
         let peak = self.peak.fetch_max(*n, Relaxed).max(*n);
         metrics::gauge!("rpc_shm_channels").increment(1.0);
         metrics::gauge!("rpc_shm_peer_channels_peak").set(peak as f64);
-        Some(Hold { held: self, pid })
+        Some(Hold { held: self.clone(), pid })
     }
 }
 
-impl Drop for Hold<'_> {
+impl Drop for Hold {
     fn drop(&mut self) {
         let mut m = self.held.by_pid.lock().unwrap();
         if let Some(n) = m.get_mut(&self.pid) {
@@ -850,7 +855,17 @@ impl Endpoint for ShmListen {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
         let ShmListen { tcp, unix, path, spin, polling, creds, max_channels } = *self;
         let held = Arc::new(Held::default());
-        tcp.serve_with(dispatcher.clone(), &cfg.name);
+        let loops = match cfg.serving.kind {
+            Serving::Threads => None,
+            Serving::Loops => match Loops::start(&cfg.name, &cfg.serving) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start event loops; serving on threads");
+                    None
+                }
+            },
+        };
+        tcp.serve_with(dispatcher.clone(), &cfg.name, loops.clone());
         let name = cfg.name;
         tracing::debug!(socket = %path.display(), "shared-memory rendezvous");
         std::thread::Builder::new()
@@ -865,13 +880,16 @@ impl Endpoint for ShmListen {
                             continue;
                         }
                     };
-                    let (d, creds, held) = (dispatcher.clone(), creds.clone(), held.clone());
+                    let (d, creds, held, loops) = (dispatcher.clone(), creds.clone(), held.clone(), loops.clone());
                     // The channel's own thread checks the caller, so that one that stalls in
                     // its handshake holds up no other.
                     let _ = std::thread::Builder::new().name(format!("{name}-shm")).spawn(move || {
                         let mut s = s;
                         match offer(&mut s, creds.as_deref(), &held, max_channels) {
-                            Ok((map, peer, _hold)) => serve_channel(s, map, d, peer, Poller::new(spin, polling)),
+                            Ok((map, peer, hold)) => match loops {
+                                Some(loops) => loops.next().spawn(move || LoopChannel::start(s, map, d, peer, hold)),
+                                None => serve_channel(s, map, d, peer, Poller::new(spin, polling), hold),
+                            },
                             Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
                                 metrics::counter!("rpc_shm_over_credit_total").increment(1);
                                 tracing::debug!(error = %e, "shared-memory channel refused: no credit left");
@@ -893,7 +911,7 @@ impl Endpoint for ShmListen {
 /// Checks the caller's user and (with credentials) its identity and that it has a credit left,
 /// then makes a sealed channel and passes it over; returns it with the caller's role and the
 /// credit it holds.
-fn offer<'a>(s: &mut UnixStream, creds: Option<&Credentials>, held: &'a Held, max_channels: usize) -> io::Result<(Mapping, Option<server::Peer>, Hold<'a>)> {
+fn offer(s: &mut UnixStream, creds: Option<&Credentials>, held: &Arc<Held>, max_channels: usize) -> io::Result<(Mapping, Option<server::Peer>, Hold)> {
     let cred = crate::fdpass::peer_cred(s)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -941,8 +959,8 @@ fn offer<'a>(s: &mut UnixStream, creds: Option<&Credentials>, held: &'a Held, ma
 /// How long a caller has to prove who it is on a channel's socket.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves one caller's channel until it goes away.
-fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<server::Peer>, poller: Poller) {
+/// Serves one caller's channel on a thread of its own until it goes away.
+fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<server::Peer>, poller: Poller, _hold: Hold) {
     if sock.set_nonblocking(true).is_err() {
         return;
     }
@@ -996,6 +1014,138 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, pe
             None => place.release(),
         }
         beside_caller = follow.is_some() && place.at() == follow;
+    }
+}
+
+/// What of a channel served on an event loop its answer needs, from whichever thread answers.
+struct Answering {
+    map: Mapping,
+    sock: UnixStream,
+    /// A request is being handled (on a worker, or waiting for an event): the loop takes no
+    /// other from this channel until it is answered, so that the channel has one writer.
+    busy: AtomicBool,
+}
+
+impl Answering {
+    /// Writes the answer to request `n` and rings if the caller sleeps. `busy` ends before
+    /// the ring: once the caller can send its next request, the loop looks for it.
+    fn answer(&self, n: u64, reply: Msg) {
+        let h = self.map.header();
+        let body = postcard::to_allocvec(&reply).expect("encoding into a Vec cannot fail");
+        if body.len() > AREA {
+            tracing::warn!(bytes = body.len(), "reply exceeds the frame bound; closing that channel");
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.map.put(REP, &body);
+        h.rep_len.store(body.len() as u32, Relaxed);
+        self.busy.store(false, SeqCst);
+        ring(&h.rep_seq, n, &h.client_sleeps, &self.sock);
+    }
+}
+
+/// A caller's channel served by an event loop (`serving = "loops"`): a [`Device`] the loop
+/// polls on each turn, whose doorbell (the channel's socket) wakes the loop when it sleeps.
+/// A caller that asks to be followed is not: the loop stays on its own CPU.
+struct LoopChannel {
+    ans: Arc<Answering>,
+    dispatcher: Arc<Dispatcher>,
+    peer: Option<server::Peer>,
+    last: u64,
+    requests: metrics::Counter,
+    /// Set when the channel closed, with what removes it from the loop.
+    closing: Rc<Closing>,
+}
+
+/// How a loop's channel leaves it: its device and its doorbell, and its caller's credit.
+struct Closing {
+    device: Cell<Option<DeviceId>>,
+    bell: Cell<Option<mio::Token>>,
+    hold: RefCell<Option<Hold>>,
+}
+
+impl Closing {
+    fn close(&self, fd: i32) {
+        if let Some(d) = self.device.take() {
+            remove_device(d);
+        }
+        if let Some(t) = self.bell.take() {
+            deregister(&mut SourceFd(&fd), t);
+        }
+        self.hold.borrow_mut().take();
+    }
+}
+
+impl LoopChannel {
+    /// Runs on the loop: adds the channel and its doorbell to it.
+    fn start(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<server::Peer>, hold: Hold) {
+        if sock.set_nonblocking(true).is_err() {
+            return;
+        }
+        let fd = sock.as_raw_fd();
+        let closing = Rc::new(Closing { device: Cell::new(None), bell: Cell::new(None), hold: RefCell::new(Some(hold)) });
+        let ans = Arc::new(Answering { map, sock, busy: AtomicBool::new(false) });
+        let bell_ans = ans.clone();
+        let bell_closing = closing.clone();
+        let bell = register(&mut SourceFd(&fd), mio::Interest::READABLE, move |_| {
+            // Doorbells are hints: drain them; an end of stream is the caller's death.
+            let mut buf = [0u8; 64];
+            loop {
+                match (&bell_ans.sock).read(&mut buf) {
+                    Ok(0) => return bell_closing.close(fd),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return bell_closing.close(fd),
+                }
+            }
+        });
+        let Ok(bell) = bell else { return };
+        closing.bell.set(Some(bell));
+        metrics::gauge!("rpc_loop_channels").increment(1.0);
+        let requests = metrics::counter!("rpc_shm_requests_total");
+        let device = add_device(LoopChannel { ans, dispatcher, peer, last: 0, requests, closing: closing.clone() });
+        closing.device.set(Some(device));
+    }
+}
+
+impl Drop for LoopChannel {
+    fn drop(&mut self) {
+        metrics::gauge!("rpc_loop_channels").decrement(1.0);
+    }
+}
+
+impl Device for LoopChannel {
+    fn poll(&mut self) -> u64 {
+        if self.ans.busy.load(SeqCst) {
+            return 0;
+        }
+        let h = self.ans.map.header();
+        let Some(n) = moved(&h.req_seq, self.last) else { return 0 };
+        self.last = n;
+        let Some(msg) = self.ans.map.take(REQ, h.req_len.load(Relaxed)).and_then(|b| postcard::from_bytes::<Msg>(&b).ok()) else {
+            metrics::counter!("rpc_frames_rejected_total").increment(1);
+            tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
+            let _ = self.ans.sock.shutdown(std::net::Shutdown::Both);
+            self.closing.close(self.ans.sock.as_raw_fd());
+            return 1;
+        };
+        self.requests.increment(1);
+        self.ans.busy.store(true, SeqCst);
+        let ans = self.ans.clone();
+        self.dispatcher.submit(msg, self.peer, move |reply| ans.answer(n, reply));
+        1
+    }
+
+    fn arm(&mut self) -> bool {
+        let h = self.ans.map.header();
+        h.server_sleeps.store(1, SeqCst);
+        fence(SeqCst);
+        self.ans.busy.load(SeqCst) || moved(&h.req_seq, self.last).is_none()
+    }
+
+    fn disarm(&mut self) {
+        self.ans.map.header().server_sleeps.store(0, Relaxed);
     }
 }
 

@@ -34,6 +34,7 @@ use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
 use crate::refusals::Refusals;
 use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
+use crate::serving::{Loops, Serving};
 use crate::wire::{may_receive, wrong_receiver, FrameKind, Msg};
 
 /// The knobs of TCP (`[transport.tcp]`), which both kinds use to reach other hosts.
@@ -83,6 +84,8 @@ impl TcpConfig {
         Ok(())
     }
 }
+
+mod loops;
 
 pub struct TcpTransport {
     cfg: TcpConfig,
@@ -449,13 +452,24 @@ impl Endpoint for TcpListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        self.serve_with(dispatcher, &cfg.name);
+        let loops = match cfg.serving.kind {
+            Serving::Threads => None,
+            Serving::Loops => match Loops::start(&cfg.name, &cfg.serving) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start event loops; serving on threads");
+                    None
+                }
+            },
+        };
+        self.serve_with(dispatcher, &cfg.name, loops);
     }
 }
 
 impl TcpListen {
     /// Serves with a dispatcher shared with another way in (the shared-memory transport's).
-    pub(super) fn serve_with(self, dispatcher: Arc<Dispatcher>, name: &str) {
+    /// With `loops`, each connection is served on one of them once it authenticated.
+    pub(super) fn serve_with(self, dispatcher: Arc<Dispatcher>, name: &str, loops: Option<Arc<Loops>>) {
         let name = name.to_string();
         let admission = Arc::new(Mutex::new(Admission { total: 0, per_peer: HashMap::new() }));
         let refused = metrics::counter!("rpc_connections_refused_total");
@@ -483,7 +497,8 @@ impl TcpListen {
                         if conn.s.set_write_timeout(Some(Duration::from_millis(self.cfg.frame_timeout_ms))).is_err() {
                             continue;
                         }
-                        let (d, in_flight, creds) = (dispatcher.clone(), self.cfg.max_in_flight, self.creds.clone());
+                        let (d, in_flight, creds, loops) = (dispatcher.clone(), self.cfg.max_in_flight, self.creds.clone(), loops.clone());
+                        let frame_timeout = Duration::from_millis(self.cfg.frame_timeout_ms);
                         let _ = std::thread::Builder::new().name(format!("{name}-rx")).spawn(move || {
                             // The handshake counts as the connection's first frame: it must
                             // be done within the frame timeout of the accept.
@@ -506,8 +521,13 @@ impl TcpListen {
                                     }
                                 }
                             }
-                            receive_loop(conn, d, in_flight);
-                            drop(admitted);
+                            match loops {
+                                Some(loops) => loops.next().spawn(move || loops::LoopConn::start(conn, d, in_flight, frame_timeout, admitted)),
+                                None => {
+                                    receive_loop(conn, d, in_flight);
+                                    drop(admitted);
+                                }
+                            }
                         });
                     }
                     Err(e) => {

@@ -1,6 +1,8 @@
 //! The mComponent's configuration.
 use serde::{Deserialize, Serialize};
 
+use splitos_rpc::serving::ServingConfig;
+
 use super::{check_netns, Size, ANY_PORT, PAGE};
 
 /// An mComponent's knobs: a `[[mcomponent]]` table of the cluster configuration, the options
@@ -19,6 +21,9 @@ pub struct McompConfig {
     /// thread (docs/excache.md has the cost of each).
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
+    /// How its requests are served: on a thread per connection, or on Ebb event loops.
+    #[command(flatten)]
+    pub serving: ServingConfig,
     /// Storage buffer cache held for the files the global managers place on it.
     #[arg(long, default_value_t = Size(256 << 20))]
     pub bcache: Size,
@@ -60,6 +65,7 @@ impl McompConfig {
         if self.bcache.0 < PAGE {
             return Err(format!("bcache: {} bytes is less than one 4 KiB block", self.bcache.0));
         }
+        self.serving.validate()?;
         check_netns(&self.netns)
     }
 }

@@ -1,6 +1,7 @@
 //! The nComponent's configuration.
 use serde::{Deserialize, Serialize};
 use splitos_rpc::knob_enum;
+use splitos_rpc::serving::ServingConfig;
 
 use super::{check_netns, ANY_PORT};
 
@@ -34,6 +35,9 @@ pub struct NcompConfig {
     /// or host (the host's loopback too).
     #[arg(long, default_value_t)]
     pub loopback: Loopback,
+    /// How its requests are served: on a thread per connection, or on Ebb event loops.
+    #[command(flatten)]
+    pub serving: ServingConfig,
     /// The network namespace (`ip netns`) `cluster up` starts it in: a "host" of a cluster on
     /// one machine (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]
@@ -49,6 +53,7 @@ impl Default for NcompConfig {
 impl NcompConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
+        self.serving.validate()?;
         check_netns(&self.netns)
     }
 }

@@ -666,7 +666,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         metrics: std::sync::OnceLock::new(),
         rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
     });
-    ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1 });
+    ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() });
     let g = gm.clone();
     if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
         let _ = gm.metrics.set(at);

@@ -550,7 +550,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "cannot serve one-sided access: the pages of this host's processes go by message");
         }
     }
-    endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: cfg.workers, fanout_workers: 2 });
+    endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: cfg.workers, fanout_workers: 2, serving: cfg.serving.clone() });
     node.standby.store(cfg.standby, Relaxed);
     let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     mem.vregion_size.store(reg.vregion_size, Relaxed);
@@ -588,7 +588,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         .expect("spawn the rebuilder");
     let m5 = mem.clone();
     std::thread::Builder::new().name("log-stream".into()).spawn(move || m5.stream_logs()).expect("spawn the log streamer");
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", metrics = ?node.metrics, replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = cfg.capacity.0, buffer_cache = cfg.bcache.0, readahead = cfg.readahead.0, backup_log = cfg.backup_log.0, workers = cfg.workers, "splitos memory monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", metrics = ?node.metrics, replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = cfg.capacity.0, buffer_cache = cfg.bcache.0, readahead = cfg.readahead.0, backup_log = cfg.backup_log.0, workers = cfg.workers, serving = %cfg.serving.kind, "splitos memory monitor started");
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

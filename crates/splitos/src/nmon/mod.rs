@@ -174,7 +174,7 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
     let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
     let n = net.clone();
     crate::telemetry::on_render(move |e| e.one("ncomp_open_sockets", crate::telemetry::Kind::Gauge, "Sockets open for programs.", n.c.open.load(Relaxed) as f64));
-    endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1 });
+    endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1, serving: cfg.serving.clone() });
     node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let (n2, n3) = (net.clone(), net.clone());
     node.clone().heartbeat_forever(
@@ -188,7 +188,7 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
         },
     );
     let shown: Vec<String> = nics.iter().map(|ip| ip.to_string()).collect();
-    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", metrics = ?node.metrics, nics = %shown.join(","), loopback = %cfg.loopback, "splitos network monitor started");
+    tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "ncomponent", metrics = ?node.metrics, nics = %shown.join(","), loopback = %cfg.loopback, serving = %cfg.serving.kind, "splitos network monitor started");
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()
 }

@@ -515,7 +515,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     })?;
     host::shim::listen(p.clone(), &args.shim_sock)?;
     net::listen(p.clone(), &args.shim_sock)?;
-    endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1 });
+    endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1, serving: Default::default() });
     let reg = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     store.set_vregion_size(reg.vregion_size);
     p.follow_vnodes(reg.vnodes);

@@ -205,7 +205,7 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
             share.checkpoint();
         })
         .expect("spawn checkpoint thread");
-    endpoint.serve(st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1 });
+    endpoint.serve(st.clone(), ServerConfig { name: "scomp".into(), workers: 0, fanout_workers: 1, serving: Default::default() });
     node.register(None, st.share.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let s2 = st.clone();
     node.clone().heartbeat_forever(None, move || s2.share.load(), |_| {});

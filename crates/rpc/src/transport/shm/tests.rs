@@ -45,7 +45,7 @@ fn server_granting(dir: &Path, credits: usize, handler: Arc<dyn Handler>) -> (Sh
     let t = ShmTransport::new(&ShmConfig { max_channels_per_peer: credits, ..cfg(dir) }, TcpConfig::default(), Polling::Adaptive, None).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
-    ep.serve(handler, ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1 });
+    ep.serve(handler, ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1, serving: Default::default() });
     (t, addr)
 }
 
@@ -185,7 +185,7 @@ fn a_server_that_died_between_calls_is_unreachable_not_a_lost_request() {
     // A server that answers one call, then dies (its socket closes, its file stays).
     let server = std::thread::spawn(move || {
         let (mut s, _) = unix.accept().unwrap();
-        let held = Held::default();
+        let held = Arc::new(Held::default());
         let (map, _, _hold) = offer(&mut s, None, &held, 4).unwrap();
         s.set_nonblocking(true).unwrap();
         let h = map.header();
@@ -244,7 +244,7 @@ fn a_followed_callers_requests_are_served_on_its_cpu_and_callers_on_other_cpus_k
     let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed, None).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
-    ep.serve(Arc::new(WhereAmI), ServerConfig { name: "where".into(), workers: 0, fanout_workers: 1 });
+    ep.serve(Arc::new(WhereAmI), ServerConfig { name: "where".into(), workers: 0, fanout_workers: 1, serving: Default::default() });
     let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Fixed, None).unwrap()), Duration::from_secs(5));
     // Two followed callers, each pinned to its own CPU, call in turn (never at once): after
     // each one's first call, every request of each is served on its own CPU.

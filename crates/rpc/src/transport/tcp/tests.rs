@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicUsize;
 
 use super::*;
 use crate::frame::encode;
+use crate::serving::ServingConfig;
 use crate::wire::{FrameHeader, C2X_PING, MAGIC, MAX_BODY, WIRE_VERSION, X2C_PONG};
 use zerocopy::IntoBytes;
 
@@ -29,13 +30,18 @@ impl Handler for Slow {
     }
 }
 
-fn serve(cfg: TcpConfig, workers: usize) -> (String, Arc<Slow>) {
+fn serve(cfg: TcpConfig, workers: usize, serving: &ServingConfig) -> (String, Arc<Slow>) {
     let t = TcpTransport::new(cfg, Polling::Fixed, None);
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
     let h = Arc::new(Slow::default());
-    ep.serve(h.clone(), ServerConfig { name: "slow".into(), workers, fanout_workers: 1 });
+    ep.serve(h.clone(), ServerConfig { name: "slow".into(), workers, fanout_workers: 1, serving: serving.clone() });
     (addr, h)
+}
+
+/// Both ways of serving: the bounds hold on each.
+fn servings() -> [ServingConfig; 2] {
+    [ServingConfig::default(), ServingConfig { kind: Serving::Loops, ..ServingConfig::default() }]
 }
 
 fn ping_frame(id: u64) -> Vec<u8> {
@@ -81,78 +87,84 @@ fn closed(s: &mut TcpStream, within: Duration) -> bool {
 
 #[test]
 fn one_connection_has_at_most_max_in_flight_requests_served_at_once() {
-    let (addr, h) = serve(TcpConfig { max_in_flight: 2, ..TcpConfig::default() }, 8);
-    let mut s = TcpStream::connect(&addr).unwrap();
-    assert_eq!(next_frame(&mut s), (FrameKind::Credit as u8, 2), "the connection is granted its credits first");
-    let burst: Vec<u8> = (1..=10).flat_map(ping_frame).collect();
-    s.write_all(&burst).unwrap();
-    let mut ids: Vec<u64> = (0..10).map(|_| reply_id(&mut s)).collect();
-    ids.sort();
-    assert_eq!(ids, (1..=10).collect::<Vec<_>>(), "every request is answered");
-    assert_eq!(h.most.load(Ordering::SeqCst), 2, "eight workers, but two requests of the connection at a time");
+    for serving in &servings() {
+        let (addr, h) = serve(TcpConfig { max_in_flight: 2, ..TcpConfig::default() }, 8, serving);
+        let mut s = TcpStream::connect(&addr).unwrap();
+        assert_eq!(next_frame(&mut s), (FrameKind::Credit as u8, 2), "the connection is granted its credits first");
+        let burst: Vec<u8> = (1..=10).flat_map(ping_frame).collect();
+        s.write_all(&burst).unwrap();
+        let mut ids: Vec<u64> = (0..10).map(|_| reply_id(&mut s)).collect();
+        ids.sort();
+        assert_eq!(ids, (1..=10).collect::<Vec<_>>(), "every request is answered");
+        assert_eq!(h.most.load(Ordering::SeqCst), 2, "eight workers, but two requests of the connection at a time");
+    }
 }
 
 #[test]
 fn connections_over_the_caps_are_closed_and_the_others_served() {
-    let (addr, _) = serve(TcpConfig { max_connections_per_peer: 3, ..TcpConfig::default() }, 0);
-    let mut held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
-    for (i, s) in held.iter_mut().enumerate() {
-        s.write_all(&ping_frame(i as u64)).unwrap();
-        assert_eq!(reply_id(s), i as u64);
+    for serving in &servings() {
+        let (addr, _) = serve(TcpConfig { max_connections_per_peer: 3, ..TcpConfig::default() }, 0, serving);
+        let mut held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+        for (i, s) in held.iter_mut().enumerate() {
+            s.write_all(&ping_frame(i as u64)).unwrap();
+            assert_eq!(reply_id(s), i as u64);
+        }
+        let mut over = TcpStream::connect(&addr).unwrap();
+        assert!(closed(&mut over, Duration::from_secs(5)), "a fourth connection from the same address is closed at once");
+        drop(held.pop());
+        // The slot comes back once the component sees the connection end.
+        let served = (0..50).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(&ping_frame(99)).is_ok() && std::iter::from_fn(|| try_frame(&mut s)).any(|(k, id)| k == FrameKind::Reply as u8 && id == 99)
+        });
+        assert!(served, "a connection is served again once one ended");
+        let (addr, _) = serve(TcpConfig { max_connections: 2, ..TcpConfig::default() }, 0, serving);
+        let _a = TcpStream::connect(&addr).unwrap();
+        let _b = TcpStream::connect(&addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(closed(&mut TcpStream::connect(&addr).unwrap(), Duration::from_secs(5)), "max_connections holds for all peers together");
     }
-    let mut over = TcpStream::connect(&addr).unwrap();
-    assert!(closed(&mut over, Duration::from_secs(5)), "a fourth connection from the same address is closed at once");
-    drop(held.pop());
-    // The slot comes back once the component sees the connection end.
-    let served = (0..50).any(|_| {
-        std::thread::sleep(Duration::from_millis(20));
-        let mut s = TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        s.write_all(&ping_frame(99)).is_ok() && std::iter::from_fn(|| try_frame(&mut s)).any(|(k, id)| k == FrameKind::Reply as u8 && id == 99)
-    });
-    assert!(served, "a connection is served again once one ended");
-    let (addr, _) = serve(TcpConfig { max_connections: 2, ..TcpConfig::default() }, 0);
-    let _a = TcpStream::connect(&addr).unwrap();
-    let _b = TcpStream::connect(&addr).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(closed(&mut TcpStream::connect(&addr).unwrap(), Duration::from_secs(5)), "max_connections holds for all peers together");
 }
 
 #[test]
 fn stalled_frames_and_silent_connections_are_closed_after_the_frame_timeout() {
-    let (addr, _) = serve(TcpConfig { frame_timeout_ms: 300, ..TcpConfig::default() }, 0);
-    // Half a header announcing the largest body; then a whole header and part of the body.
-    let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY, reserved: 0 };
-    let mut half = TcpStream::connect(&addr).unwrap();
-    half.write_all(&hdr.as_bytes()[..10]).unwrap();
-    let mut body = TcpStream::connect(&addr).unwrap();
-    body.write_all(hdr.as_bytes()).unwrap();
-    body.write_all(&[0u8; 1000]).unwrap();
-    let mut silent = TcpStream::connect(&addr).unwrap();
-    // A connection whose first frame came in time may then stay idle.
-    let mut idle = TcpStream::connect(&addr).unwrap();
-    idle.write_all(&ping_frame(5)).unwrap();
-    assert_eq!(reply_id(&mut idle), 5);
-    let t0 = Instant::now();
-    for (what, s) in [("half a header", &mut half), ("part of a body", &mut body), ("nothing", &mut silent)] {
-        assert!(closed(s, Duration::from_secs(5)), "{what}: closed");
-    }
-    assert!(t0.elapsed() < Duration::from_secs(3), "closed after about the frame timeout: {:?}", t0.elapsed());
-    std::thread::sleep(Duration::from_millis(400));
-    idle.write_all(&ping_frame(6)).unwrap();
-    assert_eq!(reply_id(&mut idle), 6, "an idle connection between frames is kept");
-    // A frame that trickles in, each byte within the timeout, still has to arrive whole in time.
-    let mut trickle = TcpStream::connect(&addr).unwrap();
-    let f = ping_frame(7);
-    let mut cut = false;
-    for b in &f {
-        if trickle.write_all(&[*b]).is_err() {
-            cut = true;
-            break;
+    for serving in &servings() {
+        let (addr, _) = serve(TcpConfig { frame_timeout_ms: 300, ..TcpConfig::default() }, 0, serving);
+        // Half a header announcing the largest body; then a whole header and part of the body.
+        let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY, reserved: 0 };
+        let mut half = TcpStream::connect(&addr).unwrap();
+        half.write_all(&hdr.as_bytes()[..10]).unwrap();
+        let mut body = TcpStream::connect(&addr).unwrap();
+        body.write_all(hdr.as_bytes()).unwrap();
+        body.write_all(&[0u8; 1000]).unwrap();
+        let mut silent = TcpStream::connect(&addr).unwrap();
+        // A connection whose first frame came in time may then stay idle.
+        let mut idle = TcpStream::connect(&addr).unwrap();
+        idle.write_all(&ping_frame(5)).unwrap();
+        assert_eq!(reply_id(&mut idle), 5);
+        let t0 = Instant::now();
+        for (what, s) in [("half a header", &mut half), ("part of a body", &mut body), ("nothing", &mut silent)] {
+            assert!(closed(s, Duration::from_secs(5)), "{what}: closed");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        assert!(t0.elapsed() < Duration::from_secs(3), "closed after about the frame timeout: {:?}", t0.elapsed());
+        std::thread::sleep(Duration::from_millis(400));
+        idle.write_all(&ping_frame(6)).unwrap();
+        assert_eq!(reply_id(&mut idle), 6, "an idle connection between frames is kept");
+        // A frame that trickles in, each byte within the timeout, still has to arrive whole in time.
+        let mut trickle = TcpStream::connect(&addr).unwrap();
+        let f = ping_frame(7);
+        let mut cut = false;
+        for b in &f {
+            if trickle.write_all(&[*b]).is_err() {
+                cut = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(cut || closed(&mut trickle, Duration::from_secs(1)), "a trickled frame is cut at its deadline");
     }
-    assert!(cut || closed(&mut trickle, Duration::from_secs(1)), "a trickled frame is cut at its deadline");
 }
 
 mod authenticated {
@@ -170,11 +182,11 @@ mod authenticated {
         }
     }
 
-    fn serve_as(ca: &Authority, role: crate::Role) -> String {
+    fn serve_as(ca: &Authority, role: crate::Role, serving: &ServingConfig) -> String {
         let t = TcpTransport::new(TcpConfig::default(), Polling::Fixed, Some(Arc::new(ca.issue(role).unwrap())));
         let ep = t.listen("127.0.0.1:0").unwrap();
         let addr = ep.addr();
-        ep.serve(Arc::new(Pong), ServerConfig { name: "pong".into(), workers: 0, fanout_workers: 1 });
+        ep.serve(Arc::new(Pong), ServerConfig { name: "pong".into(), workers: 0, fanout_workers: 1, serving: serving.clone() });
         addr
     }
 
@@ -184,39 +196,43 @@ mod authenticated {
 
     #[test]
     fn a_peer_of_the_cluster_is_served_what_its_role_may_send() {
-        let ca = Authority::generate().unwrap();
-        let addr = serve_as(&ca, crate::Role::Mem);
-        let fetch = || P2M_FETCH { who: Who::new("v", 1), vpn: 1 };
-        let proc_ = client(&ca, crate::Role::Proc);
-        assert!(matches!(proc_.call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "a pComponent may fetch");
-        for role in [crate::Role::Storage, crate::Role::Gm, crate::Role::Mem] {
-            match client(&ca, role).call_msg(&addr, &fetch().into()) {
-                Err(crate::RpcError::Remote { msg, .. }) => assert!(msg.contains("may not send P2M_FETCH"), "{msg}"),
-                other => panic!("a {} fetched a page: {other:?}", role.name()),
+        for serving in &servings() {
+            let ca = Authority::generate().unwrap();
+            let addr = serve_as(&ca, crate::Role::Mem, serving);
+            let fetch = || P2M_FETCH { who: Who::new("v", 1), vpn: 1 };
+            let proc_ = client(&ca, crate::Role::Proc);
+            assert!(matches!(proc_.call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "a pComponent may fetch");
+            for role in [crate::Role::Storage, crate::Role::Gm, crate::Role::Mem] {
+                match client(&ca, role).call_msg(&addr, &fetch().into()) {
+                    Err(crate::RpcError::Remote { msg, .. }) => assert!(msg.contains("may not send P2M_FETCH"), "{msg}"),
+                    other => panic!("a {} fetched a page: {other:?}", role.name()),
+                }
             }
-        }
-        assert!(matches!(client(&ca, crate::Role::Admin).call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "the admin may");
-        // And a caller sends a page request only to a component that handles it, whoever
-        // holds the address.
-        let imposter = serve_as(&ca, crate::Role::Storage);
-        match proc_.call_msg(&imposter, &fetch().into()) {
-            Err(crate::RpcError::Unreachable { why, .. }) => assert!(why.contains("does not handle P2M_FETCH"), "{why}"),
-            other => panic!("a fetch went to an sComponent: {other:?}"),
+            assert!(matches!(client(&ca, crate::Role::Admin).call_msg(&addr, &fetch().into()), Ok(Msg::X2C_PONG(_))), "the admin may");
+            // And a caller sends a page request only to a component that handles it, whoever
+            // holds the address.
+            let imposter = serve_as(&ca, crate::Role::Storage, serving);
+            match proc_.call_msg(&imposter, &fetch().into()) {
+                Err(crate::RpcError::Unreachable { why, .. }) => assert!(why.contains("does not handle P2M_FETCH"), "{why}"),
+                other => panic!("a fetch went to an sComponent: {other:?}"),
+            }
         }
     }
 
     #[test]
     fn a_peer_without_the_clusters_credentials_gets_nothing() {
-        let ca = Authority::generate().unwrap();
-        let addr = serve_as(&ca, crate::Role::Mem);
-        // The documented wire format, without a handshake.
-        let mut s = TcpStream::connect(&addr).unwrap();
-        s.write_all(&ping_frame(1)).unwrap();
-        assert!(closed(&mut s, Duration::from_secs(5)), "a frame without a handshake is not answered");
-        // A handshake with credentials of another authority.
-        let other = Authority::generate().unwrap();
-        let e = client(&other, crate::Role::Proc).call_msg(&addr, &C2X_PING.into()).unwrap_err();
-        assert!(e.to_string().contains("did not issue") || e.to_string().contains("refused") || e.to_string().contains("closed"), "{e}");
+        for serving in &servings() {
+            let ca = Authority::generate().unwrap();
+            let addr = serve_as(&ca, crate::Role::Mem, serving);
+            // The documented wire format, without a handshake.
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(&ping_frame(1)).unwrap();
+            assert!(closed(&mut s, Duration::from_secs(5)), "a frame without a handshake is not answered");
+            // A handshake with credentials of another authority.
+            let other = Authority::generate().unwrap();
+            let e = client(&other, crate::Role::Proc).call_msg(&addr, &C2X_PING.into()).unwrap_err();
+            assert!(e.to_string().contains("did not issue") || e.to_string().contains("refused") || e.to_string().contains("closed"), "{e}");
+        }
     }
 }
 
@@ -231,20 +247,22 @@ impl Handler for Big {
 
 #[test]
 fn a_peer_that_stops_reading_its_replies_does_not_hold_the_workers() {
-    let t = TcpTransport::new(TcpConfig { frame_timeout_ms: 300, ..TcpConfig::default() }, Polling::Fixed, None);
-    let ep = t.listen("127.0.0.1:0").unwrap();
-    let addr = ep.addr();
-    ep.serve(Arc::new(Big), ServerConfig { name: "big".into(), workers: 1, fanout_workers: 1 });
-    // Sixty-four requests whose replies (64 MiB) are never read fill the socket's buffers.
-    let mut stuck = TcpStream::connect(&addr).unwrap();
-    let burst: Vec<u8> = (1..=64).flat_map(ping_frame).collect();
-    stuck.write_all(&burst).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    // The one worker gives up on that peer and serves the next.
-    let mut next = TcpStream::connect(&addr).unwrap();
-    next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    next.write_all(&ping_frame(99)).unwrap();
-    assert_eq!(reply_id(&mut next), 99);
+    for serving in &servings() {
+        let t = TcpTransport::new(TcpConfig { frame_timeout_ms: 300, ..TcpConfig::default() }, Polling::Fixed, None);
+        let ep = t.listen("127.0.0.1:0").unwrap();
+        let addr = ep.addr();
+        ep.serve(Arc::new(Big), ServerConfig { name: "big".into(), workers: 1, fanout_workers: 1, serving: serving.clone() });
+        // Sixty-four requests whose replies (64 MiB) are never read fill the socket's buffers.
+        let mut stuck = TcpStream::connect(&addr).unwrap();
+        let burst: Vec<u8> = (1..=64).flat_map(ping_frame).collect();
+        stuck.write_all(&burst).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        // The one worker gives up on that peer and serves the next.
+        let mut next = TcpStream::connect(&addr).unwrap();
+        next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        next.write_all(&ping_frame(99)).unwrap();
+        assert_eq!(reply_id(&mut next), 99);
+    }
 }
 
 /// Reads frames until a request, and returns its id.

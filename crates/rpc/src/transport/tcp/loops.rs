@@ -1,0 +1,349 @@
+//! A served TCP connection on an Ebb event loop (`serving = "loops"`), once its handshake is
+//! done: the loop reads what the socket has, takes the frames whole, hands the requests to the
+//! dispatcher, and writes the answers when they come, many in one write. The bounds of the
+//! thread-per-connection way hold here too: credits (frames beyond them stay in the socket),
+//! the frame timeout (a frame begun must arrive within it), and a peer that stops reading its
+//! answers is closed once they stop draining for as long.
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use splitos_ebb::event::{self, Remote};
+
+use super::{Admitted, TcpConn};
+use crate::auth::{self, Session};
+use crate::frame::{encode, parse_frame};
+use crate::refusals::Refusals;
+use crate::server::{Dispatcher, Peer};
+use crate::wire::{FrameKind, Msg, MAX_BODY};
+
+/// Bytes read from the socket at a time.
+const READ_STEP: usize = 64 << 10;
+
+/// Answers waiting to be written beyond which no more requests are taken from the connection:
+/// a peer that does not read its answers stops being served, and is closed after the frame
+/// timeout.
+const OUT_HIGH_WATER: usize = 4 << 20;
+
+pub(super) struct LoopConn {
+    s: TcpStream,
+    addr: String,
+    peer: Option<Peer>,
+    session: Option<Arc<Session>>,
+    dispatcher: Arc<Dispatcher>,
+    remote: Arc<Remote>,
+    max_in_flight: usize,
+    frame_timeout: Duration,
+    st: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Sealed records received and not yet opened (with a session).
+    raw: Vec<u8>,
+    /// Bytes of frames received and not yet taken, from `at`.
+    plain: Vec<u8>,
+    at: usize,
+    /// Records received and sent (a session's nonces).
+    received: u64,
+    sent: u64,
+    /// Answers (sealed, with a session) not yet written, from `out_at`.
+    out: Vec<u8>,
+    out_at: usize,
+    /// Requests handed to the dispatcher and not yet answered: the credits in use.
+    in_flight: usize,
+    /// The peer ended its side: answer what it sent, then close.
+    eof: bool,
+    closed: bool,
+    token: Option<Token>,
+    /// Whether the loop waits for the socket to take more of `out`.
+    writable: bool,
+    /// A turn is queued on the loop.
+    queued: bool,
+    /// Since when a frame has begun arriving and not ended, and since when `out` has not
+    /// drained: either beyond the frame timeout closes the connection.
+    partial_since: Option<Instant>,
+    stalled_since: Option<Instant>,
+    /// No handshake was its first frame (a transport without credentials): the first frame
+    /// is due within the frame timeout of the accept, as on a thread.
+    awaiting_first: bool,
+    /// Its place among the listener's connections, given back as it closes (a timer may
+    /// hold the connection a while longer).
+    admitted: Option<Admitted>,
+    timer: bool,
+}
+
+impl LoopConn {
+    /// Runs on the loop: serves `conn` there from now on, starting with its grant of credits.
+    pub(super) fn start(conn: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight: usize, frame_timeout: Duration, admitted: Admitted) {
+        let addr = conn.peer();
+        let TcpConn { s, peer, session, sent, received, .. } = conn;
+        // The connection's own timeouts were for blocking reads and writes.
+        if s.set_nonblocking(true).is_err() || s.set_read_timeout(None).is_err() || s.set_write_timeout(None).is_err() {
+            return;
+        }
+        let awaiting_first = peer.is_none();
+        let st = State { sent, received, awaiting_first, partial_since: awaiting_first.then(Instant::now), admitted: Some(admitted), ..State::default() };
+        let c = Arc::new(LoopConn { s, addr, peer, session, dispatcher, remote: event::remote(), max_in_flight, frame_timeout, st: Mutex::new(st) });
+        let fd = c.s.as_raw_fd();
+        let handler = c.clone();
+        let token = match event::register(&mut SourceFd(&fd), Interest::READABLE, move |_| handler.turn()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(peer = %c.addr, error = %e, "cannot add a connection to an event loop; closing it");
+                return;
+            }
+        };
+        metrics::gauge!("rpc_loop_connections").increment(1.0);
+        {
+            let mut st = c.lock();
+            st.token = Some(token);
+            c.queue_frame(&mut st, FrameKind::Credit, max_in_flight as u64, &Msg::OK(crate::wire::OK));
+        }
+        c.turn();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap()
+    }
+
+    /// Writes what it can, then reads and takes the requests its credits allow, and hands them
+    /// to the dispatcher outside the lock (an answer made on the spot comes back through it).
+    fn turn(self: &Arc<Self>) {
+        let mut requests = Vec::new();
+        {
+            let mut st = self.lock();
+            st.queued = false;
+            if st.closed {
+                return;
+            }
+            if let Err(why) = self.write_out(&mut st).and_then(|()| self.read_in(&mut st, &mut requests)) {
+                self.close(&mut st, &why);
+                return;
+            }
+            st.in_flight += requests.len();
+            if st.eof && st.in_flight == 0 && st.out_at == st.out.len() {
+                self.close(&mut st, "");
+                return;
+            }
+            self.watch_time(&mut st);
+        }
+        for (req_id, msg) in requests {
+            let c = self.clone();
+            self.dispatcher.submit(msg, self.peer, move |reply| c.answered(req_id, reply));
+        }
+    }
+
+    /// An answer, from any thread: queued, with its credit back, and written on the loop's
+    /// next turn of this connection.
+    fn answered(self: &Arc<Self>, req_id: u64, reply: Msg) {
+        let mut st = self.lock();
+        st.in_flight -= 1;
+        if st.closed {
+            return;
+        }
+        self.queue_frame(&mut st, FrameKind::Reply, req_id, &reply);
+        if !st.queued {
+            st.queued = true;
+            drop(st);
+            let c = self.clone();
+            if event::is_current(&self.remote) {
+                event::spawn_local(move || c.turn());
+            } else {
+                self.remote.spawn(move || c.turn());
+            }
+        }
+    }
+
+    /// Encodes a frame into `out`, sealed in records with a session.
+    fn queue_frame(&self, st: &mut State, kind: FrameKind, req_id: u64, msg: &Msg) {
+        let buf = encode(kind, req_id, msg);
+        if buf.len() - crate::wire::FrameHeader::SIZE > MAX_BODY as usize {
+            metrics::counter!("rpc_replies_undelivered_total").increment(1);
+            tracing::warn!(peer = %self.addr, bytes = buf.len(), "an answer exceeds the frame bound; closing the connection");
+            st.eof = true;
+            return;
+        }
+        let Some(session) = &self.session else { return st.out.extend_from_slice(&buf) };
+        let mut sealed = Vec::new();
+        for chunk in buf.chunks(auth::RECORD) {
+            if session.seal(st.sent, chunk, &mut sealed).is_err() {
+                st.eof = true;
+                return;
+            }
+            st.sent += 1;
+            st.out.extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+            st.out.extend_from_slice(&sealed);
+        }
+    }
+
+    fn write_out(&self, st: &mut State) -> Result<(), String> {
+        while st.out_at < st.out.len() {
+            match (&self.s).write(&st.out[st.out_at..]) {
+                Ok(0) => return Err("the peer takes no more bytes".into()),
+                Ok(n) => {
+                    st.out_at += n;
+                    st.stalled_since = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    metrics::counter!("rpc_replies_undelivered_total").increment(1);
+                    return Err(format!("reply not delivered: {e}"));
+                }
+            }
+        }
+        let pending = st.out_at < st.out.len();
+        if !pending {
+            st.out.clear();
+            st.out_at = 0;
+        } else if st.stalled_since.is_none() {
+            st.stalled_since = Some(Instant::now());
+        }
+        if pending != st.writable {
+            let interest = if pending { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            if let Some(t) = st.token {
+                event::reregister(&mut SourceFd(&self.s.as_raw_fd()), t, interest).map_err(|e| e.to_string())?;
+            }
+            st.writable = pending;
+        }
+        Ok(())
+    }
+
+    /// Takes whole frames while credits last and answers are not piling up, reading the
+    /// socket (to its end, as the loop's readiness is edge-triggered) when it needs more.
+    fn read_in(&self, st: &mut State, requests: &mut Vec<(u64, Msg)>) -> Result<(), String> {
+        loop {
+            while st.in_flight + requests.len() < self.max_in_flight && st.out.len() - st.out_at < OUT_HIGH_WATER {
+                match parse_frame(&st.plain[st.at..]) {
+                    Ok(Some((f, used))) => {
+                        st.at += used;
+                        st.partial_since = None;
+                        st.awaiting_first = false;
+                        if f.kind != FrameKind::Request {
+                            metrics::counter!("rpc_frames_rejected_total").increment(1);
+                            return Err(format!("unsolicited reply frame {}", f.req_id));
+                        }
+                        requests.push((f.req_id, f.msg));
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        metrics::counter!("rpc_frames_rejected_total").increment(1);
+                        return Err(format!("rejected malformed frame: {e}"));
+                    }
+                }
+            }
+            if st.at == st.plain.len() {
+                st.plain.clear();
+                st.at = 0;
+            }
+            let full = st.in_flight + requests.len() >= self.max_in_flight || st.out.len() - st.out_at >= OUT_HIGH_WATER;
+            if full || st.eof {
+                if full && st.at < st.plain.len() {
+                    metrics::counter!("rpc_requests_over_credit_total").increment(1);
+                }
+                return Ok(());
+            }
+            match self.read_some(st) {
+                Ok(0) => {
+                    if st.at < st.plain.len() || !st.raw.is_empty() {
+                        return Err("the peer closed in the middle of a frame".into());
+                    }
+                    st.eof = true;
+                    return Ok(());
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(String::new()),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Reads up to a step of bytes into `plain`, through the session's records if there is one.
+    fn read_some(&self, st: &mut State) -> io::Result<usize> {
+        let Some(session) = &self.session else { return read_into(&self.s, &mut st.plain) };
+        let n = read_into(&self.s, &mut st.raw)?;
+        let mut used = 0;
+        let mut opened = Vec::new();
+        while let Some(len) = st.raw[used..].first_chunk::<4>().map(|l| u32::from_le_bytes(*l) as usize) {
+            if len > auth::RECORD + 16 {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a record of {len} bytes")));
+            }
+            if st.raw.len() - used < 4 + len {
+                break;
+            }
+            session.open(st.received, &st.raw[used + 4..used + 4 + len], &mut opened)?;
+            st.received += 1;
+            st.plain.extend_from_slice(&opened);
+            used += 4 + len;
+        }
+        st.raw.drain(..used);
+        Ok(n)
+    }
+
+    /// Keeps a timer while a frame is arriving or answers are not draining.
+    fn watch_time(self: &Arc<Self>, st: &mut State) {
+        let partial = st.at < st.plain.len() || !st.raw.is_empty();
+        if partial && st.partial_since.is_none() {
+            st.partial_since = Some(Instant::now());
+        } else if !partial && !st.awaiting_first {
+            st.partial_since = None;
+        }
+        let since = [st.partial_since, st.stalled_since].into_iter().flatten().min();
+        let Some(since) = since else { return };
+        if st.timer {
+            return;
+        }
+        st.timer = true;
+        let c = self.clone();
+        event::after((since + self.frame_timeout).saturating_duration_since(Instant::now()), move || {
+            let mut st = c.lock();
+            st.timer = false;
+            if st.closed {
+                return;
+            }
+            let late = [st.partial_since, st.stalled_since].into_iter().flatten().any(|t| t.elapsed() >= c.frame_timeout);
+            if late {
+                metrics::counter!("rpc_frames_timed_out_total").increment(1);
+                c.close(&mut st, "a frame did not arrive, or answers were not taken, in time");
+            } else {
+                c.watch_time(&mut st);
+            }
+        });
+    }
+
+    fn close(&self, st: &mut State, why: &str) {
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        if !why.is_empty() {
+            static CLOSED: Refusals = Refusals::new("closed a connection on an event loop");
+            if CLOSED.log_this() {
+                tracing::warn!(peer = %self.addr, why, "closing that connection, still serving others");
+            }
+        }
+        if let Some(t) = st.token.take() {
+            event::deregister(&mut SourceFd(&self.s.as_raw_fd()), t);
+        }
+        let _ = self.s.shutdown(Shutdown::Both);
+        (st.raw, st.plain, st.out) = Default::default();
+        st.admitted = None;
+        metrics::gauge!("rpc_loop_connections").decrement(1.0);
+    }
+}
+
+/// Appends up to [`READ_STEP`] bytes from `s` to `buf`.
+fn read_into(mut s: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let at = buf.len();
+    buf.resize(at + READ_STEP, 0);
+    let r = s.read(&mut buf[at..]);
+    buf.truncate(at + *r.as_ref().unwrap_or(&0));
+    r
+}
