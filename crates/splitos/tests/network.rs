@@ -17,10 +17,15 @@ fn rack() -> (Hosts, TestCluster, String, String) {
 
 /// [`rack`] with more settings of the pComponent.
 fn rack_with(pcomp: &str) -> (Hosts, TestCluster, String, String) {
+    rack_of(pcomp, "", "")
+}
+
+/// [`rack`] with more settings of each component (their tables' last lines).
+fn rack_of(pcomp: &str, mcomp: &str, ncomp: &str) -> (Hosts, TestCluster, String, String) {
     let mut h = Hosts::new(&["gm", "p1", "m1", "n1"]);
     let (n1_out, out) = h.add_outside("n1");
     let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
-    let cfg = format!("[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}{pcomp}\n[[mcomponent]]\n{}[[ncomponent]]\n{}", h.addr("gm"), h.netns("gm"), at("p1"), at("m1"), at("n1"));
+    let cfg = format!("[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\n[[pcomponent]]\n{}{pcomp}\n[[mcomponent]]\n{}{mcomp}\n[[ncomponent]]\n{}{ncomp}\n", h.addr("gm"), h.netns("gm"), at("p1"), at("m1"), at("n1"));
     let c = TestCluster::up(Some(&cfg));
     (h, c, n1_out, out)
 }
@@ -119,6 +124,30 @@ fn the_socket_calls_of_a_c_program_behave_as_natively_through_the_ncomponent() {
     let before = net["connects"].as_u64().unwrap();
     let p = c.components("pcomponent").remove(0);
     assert!(p["stats"]["net"]["connects"].as_u64().unwrap() >= before + 2, "{}", p["stats"]["net"]);
+}
+
+/// The nComponent and the mComponent serving on Ebb event loops, each on a host of its own:
+/// every request reaches them over TCP between hosts, in encrypted records, on a loop.
+#[test]
+fn an_ncomponent_and_an_mcomponent_serving_on_event_loops_carry_a_programs_sockets_and_heap() {
+    let loops = "[ncomponent.serving]\nkind = \"loops\"\n";
+    let (h, c, _, _) = rack_of("net_shortcut = false\nexcache = \"4M\"", &loops.replace("ncomponent", "mcomponent"), loops);
+    let (_, p, n) = sockets_program(&h, &c);
+    assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() >= 8 << 20, "the nComponent carried the bulk transfer: {}", n["stats"]);
+    assert!(p["stats"]["net"]["connects"].as_u64().unwrap() >= 4, "{}", p["stats"]["net"]);
+    let memtouch = program("memtouch");
+    let cmd = [memtouch.to_str().unwrap(), "8"];
+    let under = run_on(&h, &c, "p1", &cmd).output().unwrap();
+    assert_eq!(text(&under.stdout), text(&native(&cmd).stdout), "{}", text(&under.stderr));
+    let m = c.components("mcomponent").remove(0);
+    for (what, addr) in [("nComponent", n["addr"].as_str().unwrap()), ("mComponent", m["addr"].as_str().unwrap())] {
+        let events = c.metric(addr, "splitos_ebb_loop_events_total");
+        let open = c.metric(addr, "splitos_rpc_loop_connections");
+        let accepted = c.metric(addr, "splitos_rpc_tcp_connections_accepted_total");
+        eprintln!("{what}: loop events {events}, connections on the loop {open}, accepted {accepted}");
+        assert!(events > 1000.0 && open >= 1.0, "{what} served on its loop: {events} events, {open} connections");
+    }
+    assert!(c.metric(m["addr"].as_str().unwrap(), "splitos_mcomp_requests_total") > 1000.0, "the program's misses reached the mComponent");
 }
 
 #[test]

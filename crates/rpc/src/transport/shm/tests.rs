@@ -6,6 +6,7 @@ use std::process::Command;
 use serde_bytes::ByteBuf;
 
 use super::*;
+use crate::serving::ServingConfig;
 use crate::wire::{Who, M2P_PAGE, P2M_FETCH};
 use crate::Rpc;
 
@@ -36,17 +37,25 @@ fn cfg(dir: &Path) -> ShmConfig {
     ShmConfig { spin_us: 50, dir: dir.to_str().unwrap().into(), ..Default::default() }
 }
 
-fn server(dir: &Path) -> String {
-    server_granting(dir, 64, Arc::new(Echo)).1
+fn server(dir: &Path, serving: &ServingConfig) -> String {
+    server_granting(dir, 64, Arc::new(Echo), 0, serving).1
 }
 
-/// A server with `handler` that grants each caller `credits` channels; its transport and address.
-fn server_granting(dir: &Path, credits: usize, handler: Arc<dyn Handler>) -> (ShmTransport, String) {
+/// A server with `handler` and `workers` that grants each caller `credits` channels; its
+/// transport and address.
+fn server_granting(dir: &Path, credits: usize, handler: Arc<dyn Handler>, workers: usize, serving: &ServingConfig) -> (ShmTransport, String) {
     let t = ShmTransport::new(&ShmConfig { max_channels_per_peer: credits, ..cfg(dir) }, TcpConfig::default(), Polling::Adaptive, None).unwrap();
     let ep = t.listen("127.0.0.1:0").unwrap();
     let addr = ep.addr();
-    ep.serve(handler, ServerConfig { name: "echo".into(), workers: 0, fanout_workers: 1, serving: Default::default() });
+    ep.serve(handler, ServerConfig { name: "echo".into(), workers, fanout_workers: 1, serving: serving.clone() });
     (t, addr)
+}
+
+/// Channels served on threads, and on event loops: one that polls, one that always sleeps
+/// (every request then comes through the doorbell).
+fn servings() -> [ServingConfig; 3] {
+    let loops = ServingConfig { kind: crate::serving::Serving::Loops, ..ServingConfig::default() };
+    [ServingConfig::default(), ServingConfig { waiting: splitos_ebb::event::Waiting::Poll, ..loops.clone() }, ServingConfig { waiting: splitos_ebb::event::Waiting::Sleep, ..loops }]
 }
 
 fn fetch(vpn: u64) -> P2M_FETCH {
@@ -59,78 +68,89 @@ fn is_local(t: &ShmTransport, addr: &str) -> bool {
 
 #[test]
 fn calls_cross_shared_memory_on_one_host_and_tcp_to_other_hosts() {
-    let d = private_tmp();
-    let addr = server(d.path());
-    let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
-    let rpc = Rpc::new(t.clone(), Duration::from_secs(5));
-    for vpn in [10_001u64, 10_002] {
-        let p = rpc.call_direct(&addr, fetch(vpn)).unwrap();
-        assert_eq!(p.data.as_ref(), vpn.to_le_bytes().repeat(512).as_slice());
+    for serving in &servings() {
+        let d = private_tmp();
+        let addr = server(d.path(), serving);
+        let t = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
+        let rpc = Rpc::new(t.clone(), Duration::from_secs(5));
+        for vpn in [10_001u64, 10_002] {
+            let p = rpc.call_direct(&addr, fetch(vpn)).unwrap();
+            assert_eq!(p.data.as_ref(), vpn.to_le_bytes().repeat(512).as_slice());
+        }
+        assert!(is_local(&t, &addr), "a peer of this host is reached through its channel");
+        // Another host's component has no rendezvous socket where this caller looks.
+        let elsewhere = private_tmp();
+        let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
+        let p = Rpc::new(far.clone(), Duration::from_secs(5)).call(&addr, fetch(10_003)).unwrap();
+        assert_eq!(p.data.len(), 4096);
+        assert!(!is_local(&far, &addr), "a peer without a channel is reached over TCP");
     }
-    assert!(is_local(&t, &addr), "a peer of this host is reached through its channel");
-    // Another host's component has no rendezvous socket where this caller looks.
-    let elsewhere = private_tmp();
-    let far = Arc::new(ShmTransport::new(&cfg(elsewhere.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
-    let p = Rpc::new(far.clone(), Duration::from_secs(5)).call(&addr, fetch(10_003)).unwrap();
-    assert_eq!(p.data.len(), 4096);
-    assert!(!is_local(&far, &addr), "a peer without a channel is reached over TCP");
 }
 
 #[test]
 fn concurrent_callers_each_get_their_own_reply() {
-    let d = private_tmp();
-    let addr = server(d.path());
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
-    let threads: Vec<_> = (0..6u64)
-        .map(|i| {
-            let (rpc, addr) = (rpc.clone(), addr.clone());
-            std::thread::spawn(move || {
-                for k in 0..300u64 {
-                    let vpn = 10_000 + i * 1000 + k;
-                    let p = rpc.call(&addr, fetch(vpn)).unwrap();
-                    assert_eq!(&p.data[..8], vpn.to_le_bytes().as_slice());
-                }
+    for serving in &servings() {
+        let d = private_tmp();
+        let addr = server(d.path(), serving);
+        let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
+        let threads: Vec<_> = (0..6u64)
+            .map(|i| {
+                let (rpc, addr) = (rpc.clone(), addr.clone());
+                std::thread::spawn(move || {
+                    for k in 0..300u64 {
+                        let vpn = 10_000 + i * 1000 + k;
+                        let p = rpc.call(&addr, fetch(vpn)).unwrap();
+                        assert_eq!(&p.data[..8], vpn.to_le_bytes().as_slice());
+                    }
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
     }
 }
 
 #[test]
 fn a_timed_out_call_never_answers_the_next_one() {
-    let d = private_tmp();
-    let addr = server(d.path());
-    let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_millis(100));
-    match rpc.call_direct(&addr, fetch(400)) {
-        Err(RpcError::Timeout { .. }) => {}
-        r => panic!("a slow reply times out: {r:?}"),
+    for serving in &servings() {
+        let d = private_tmp();
+        let addr = server(d.path(), serving);
+        let rpc = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_millis(100));
+        match rpc.call_direct(&addr, fetch(400)) {
+            Err(RpcError::Timeout { .. }) => {}
+            r => panic!("a slow reply times out: {r:?}"),
+        }
+        // Its late answer is there by now (a loop serves the next call only after it: a
+        // request served on the loop holds it).
+        std::thread::sleep(Duration::from_millis(400));
+        let p = rpc.call_direct(&addr, fetch(10_007)).unwrap();
+        assert_eq!(&p.data[..8], 10_007u64.to_le_bytes().as_slice());
     }
-    let p = rpc.call_direct(&addr, fetch(10_007)).unwrap();
-    assert_eq!(&p.data[..8], 10_007u64.to_le_bytes().as_slice());
 }
 
 #[test]
 fn garbage_in_a_channel_closes_that_channel_only() {
-    let d = private_tmp();
-    let addr = server(d.path());
-    let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap();
-    let path = t.socket_path(&addr);
-    for (len, bytes) in [(16u32, vec![0xffu8; 16]), (u32::MAX, vec![1u8; 8])] {
-        let c = Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None).unwrap();
-        let h = c.map.header();
-        c.map.put(REQ, &bytes);
-        h.req_len.store(len, Relaxed);
-        ring(&h.req_seq, 1, &h.server_sleeps, &c.sock);
-        match wait(&h.rep_seq, 0, &h.client_sleeps, &c.sock, &c.poller, Some(Instant::now() + Duration::from_secs(5))) {
-            Err(Gone::Closed) => {}
-            Ok(_) => panic!("garbage got an answer"),
-            Err(Gone::Timeout) => panic!("the server neither answered nor closed the channel"),
+    for serving in &servings() {
+        let d = private_tmp();
+        let addr = server(d.path(), serving);
+        let t = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap();
+        let path = t.socket_path(&addr);
+        for (len, bytes) in [(16u32, vec![0xffu8; 16]), (u32::MAX, vec![1u8; 8])] {
+            let c = Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None).unwrap();
+            let h = c.map.header();
+            c.map.put(REQ, &bytes);
+            h.req_len.store(len, Relaxed);
+            ring(&h.req_seq, 1, &h.server_sleeps, &c.sock);
+            match wait(&h.rep_seq, 0, &h.client_sleeps, &c.sock, &c.poller, Some(Instant::now() + Duration::from_secs(5))) {
+                Err(Gone::Closed) => {}
+                Ok(_) => panic!("garbage got an answer"),
+                Err(Gone::Timeout) => panic!("the server neither answered nor closed the channel"),
+            }
         }
+        let p = Rpc::new(Arc::new(t), Duration::from_secs(5)).call(&addr, fetch(10_009)).unwrap();
+        assert_eq!(&p.data[..8], 10_009u64.to_le_bytes().as_slice(), "the component still serves others");
     }
-    let p = Rpc::new(Arc::new(t), Duration::from_secs(5)).call(&addr, fetch(10_009)).unwrap();
-    assert_eq!(&p.data[..8], 10_009u64.to_le_bytes().as_slice(), "the component still serves others");
 }
 
 #[test]
@@ -165,7 +185,7 @@ fn another_user_gets_no_channel() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (it acts as another user): run the tests as root, as CI does");
     let d = private_tmp();
-    let addr = server(d.path());
+    let addr = server(d.path(), &ServingConfig::default());
     let path = ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap().socket_path(&addr);
     assert_eq!(as_nobody(&path), "denied", "the directory keeps other users from the socket");
     // Even with the directory and socket opened up by mistake, the server checks who calls.
@@ -308,67 +328,71 @@ impl Handler for Slow {
 
 #[test]
 fn a_slow_server_keeps_each_caller_within_its_credits() {
-    let d = private_tmp();
-    let slow = Arc::new(Slow::default());
-    let (_server, addr) = server_granting(d.path(), 2, slow.clone());
-    // The caller's own grant is larger: the server's is the one that counts.
-    let caller = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
-    let rpc = Rpc::new(caller.clone(), Duration::from_secs(10));
-    let threads: Vec<_> = (0..8u64)
-        .map(|i| {
-            let (rpc, addr) = (rpc.clone(), addr.clone());
-            std::thread::spawn(move || {
-                let p = rpc.call(&addr, fetch(20_000 + i)).unwrap();
-                assert_eq!(&p.data[..8], (20_000 + i).to_le_bytes().as_slice(), "call {i} got its own answer");
+    for serving in &servings() {
+        let d = private_tmp();
+        let slow = Arc::new(Slow::default());
+        let (_server, addr) = server_granting(d.path(), 2, slow.clone(), 8, serving);
+        // The caller's own grant is larger: the server's is the one that counts.
+        let caller = Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap());
+        let rpc = Rpc::new(caller.clone(), Duration::from_secs(10));
+        let threads: Vec<_> = (0..8u64)
+            .map(|i| {
+                let (rpc, addr) = (rpc.clone(), addr.clone());
+                std::thread::spawn(move || {
+                    let p = rpc.call(&addr, fetch(20_000 + i)).unwrap();
+                    assert_eq!(&p.data[..8], (20_000 + i).to_le_bytes().as_slice(), "call {i} got its own answer");
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert_eq!(slow.peak.load(SeqCst), 2, "eight callers, two credits: two calls at once, no more");
-    let credits = match caller.peers.lock().unwrap().get(&addr) {
-        Some(Peer::Local(pool)) => pool.credits.clone(),
-        _ => panic!("the server is on this host"),
-    };
-    let s = credits.state.lock().unwrap();
-    assert_eq!((s.open, s.granted), (2, 2), "the caller opened as many channels as granted");
-    drop(s);
-    // Several calls to one peer at once take no credit they would wait for: beyond the grant,
-    // they go one after another.
-    let calls: Vec<Msg> = (0..3).map(|i| fetch(30_000 + i).into()).collect();
-    let batch: Vec<(&str, &Msg)> = calls.iter().map(|m| (addr.as_str(), m)).collect();
-    for (i, r) in caller.call_all_direct(&batch, Duration::from_secs(10)).into_iter().enumerate() {
-        let Msg::M2P_PAGE(p) = r.unwrap() else { panic!("call {i}: not a page") };
-        assert_eq!(&p.data[..8], (30_000 + i as u64).to_le_bytes().as_slice(), "call {i} got its own answer");
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(slow.peak.load(SeqCst), 2, "eight callers, two credits: two calls at once, no more");
+        let credits = match caller.peers.lock().unwrap().get(&addr) {
+            Some(Peer::Local(pool)) => pool.credits.clone(),
+            _ => panic!("the server is on this host"),
+        };
+        let s = credits.state.lock().unwrap();
+        assert_eq!((s.open, s.granted), (2, 2), "the caller opened as many channels as granted");
+        drop(s);
+        // Several calls to one peer at once take no credit they would wait for: beyond the grant,
+        // they go one after another.
+        let calls: Vec<Msg> = (0..3).map(|i| fetch(30_000 + i).into()).collect();
+        let batch: Vec<(&str, &Msg)> = calls.iter().map(|m| (addr.as_str(), m)).collect();
+        for (i, r) in caller.call_all_direct(&batch, Duration::from_secs(10)).into_iter().enumerate() {
+            let Msg::M2P_PAGE(p) = r.unwrap() else { panic!("call {i}: not a page") };
+            assert_eq!(&p.data[..8], (30_000 + i as u64).to_le_bytes().as_slice(), "call {i} got its own answer");
+        }
     }
 }
 
 #[test]
 fn a_caller_beyond_its_credits_gets_no_channel() {
-    let d = private_tmp();
-    let (t, addr) = server_granting(d.path(), 2, Arc::new(Echo));
-    // A caller that ignores the grant, opening channels by hand.
-    let path = t.socket_path(&addr);
-    let open = || Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None);
-    let (a, b) = (open().unwrap(), open().unwrap());
-    assert_eq!(a.map.header().credits.load(Relaxed), 2, "the grant is in the header");
-    match open() {
-        Err(e) => assert_eq!(e.kind(), io::ErrorKind::ResourceBusy, "{e}"),
-        Ok(_) => panic!("a third channel beyond two credits"),
-    }
-    // One closed gives its credit back, once the server has seen it close.
-    drop(a);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let c = loop {
+    for serving in &servings() {
+        let d = private_tmp();
+        let (t, addr) = server_granting(d.path(), 2, Arc::new(Echo), 0, serving);
+        // A caller that ignores the grant, opening channels by hand.
+        let path = t.socket_path(&addr);
+        let open = || Channel::open(&path, &addr, Duration::from_secs(3), Poller::new(Duration::ZERO, Polling::Fixed), None);
+        let (a, b) = (open().unwrap(), open().unwrap());
+        assert_eq!(a.map.header().credits.load(Relaxed), 2, "the grant is in the header");
         match open() {
-            Ok(c) => break c,
-            Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => panic!("the credit never came back: {e}"),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ResourceBusy, "{e}"),
+            Ok(_) => panic!("a third channel beyond two credits"),
         }
-    };
-    drop((b, c));
-    // The server serves on.
-    let other = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
-    assert_eq!(other.call(&addr, fetch(10_021)).unwrap().data.len(), 4096);
+        // One closed gives its credit back, once the server has seen it close.
+        drop(a);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let c = loop {
+            match open() {
+                Ok(c) => break c,
+                Err(e) if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => panic!("the credit never came back: {e}"),
+            }
+        };
+        drop((b, c));
+        // The server serves on.
+        let other = Rpc::new(Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()), Duration::from_secs(5));
+        assert_eq!(other.call(&addr, fetch(10_021)).unwrap().data.len(), 4096);
+    }
 }
