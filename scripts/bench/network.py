@@ -111,7 +111,8 @@ def children_cpu():
 
 
 class Rack:
-    def __init__(self, state):
+    def __init__(self, state, ncomp=""):
+        """The rack's cluster, its state in `state`; `ncomp`: more lines of the nComponent's table."""
         os.makedirs(state)
         self.state = state
         self.env = dict(os.environ, SPLITOS_STATE_DIR=state, SPLITOS_DATA_DIR=os.path.join(state, "data"))
@@ -119,7 +120,7 @@ class Rack:
         cfg = os.path.join(state, "cluster.toml")
         ns = lambda h: f'listen = "{RACK}.{1 if h == "p" else 2}:0"\nnetns = "{TAG}-{h}"\n'
         pcomps = "".join(f'[[pcomponent]]\n{ns("p")}excache = "1G"\n{extra}\n' for extra in ('net_path = "ddio"', 'net_path = "dma"\nnet_shortcut = false', 'net_shortcut = false', 'net_path = "ddio"'))
-        open(cfg, "w").write(f'[cluster]\ngm = "{RACK}.1:0"\nnetns = "{TAG}-p"\n{pcomps}[[mcomponent]]\n{ns("p")}[[ncomponent]]\n{ns("n")}')
+        open(cfg, "w").write(f'[cluster]\ngm = "{RACK}.1:0"\nnetns = "{TAG}-p"\n{pcomps}[[mcomponent]]\n{ns("p")}[[ncomponent]]\n{ns("n")}{ncomp}')
         subprocess.run([SPLITOS, "cluster", "up", "--config", cfg], env=self.env, check=True, capture_output=True)
         st = json.loads(subprocess.run([SPLITOS, "cluster", "status", "--json"], env=self.env, check=True, capture_output=True, text=True).stdout)
         self.component_pids = json.load(open(os.path.join(state, "cluster.json")))["pids"]

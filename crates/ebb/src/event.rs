@@ -150,6 +150,9 @@ impl LoopStats {
 
 const WAKER: Token = Token(0);
 
+/// How long a polling loop watches its devices alone before it looks at its I/O sources again.
+const DEVICE_SPIN: Duration = Duration::from_micros(50);
+
 type Task = Box<dyn FnOnce() + Send>;
 
 /// A loop as other threads see it: they hand it closures to run.
@@ -423,6 +426,7 @@ impl EventLoop {
         let mut polling = self.cfg.waiting == Waiting::Poll;
         stats.polling.store(polling, Ordering::Relaxed);
         let (mut window_start, mut window_events) = (Instant::now(), 0u64);
+        let mut last_epoll = Instant::now();
         loop {
             let ran = self.run_remote() + run_queue() + run_timers() + poll_devices();
             // Counted before the loop may sleep: what it did is seen while it sleeps.
@@ -445,7 +449,17 @@ impl EventLoop {
                 stats.sleeps.fetch_add(1, Ordering::Relaxed);
                 counters.sleeps.increment(1);
             }
-            let r = self.poll.poll(&mut self.events, if sleep { timeout } else { Some(Duration::ZERO) });
+            // A polling loop with devices watches them rather than epoll for a while, so that
+            // work in a device waits for a load rather than for a system call.
+            // It still looks at epoll at least every DEVICE_SPIN, however busy the devices.
+            let spun = if !sleep && !busy && ran == 0 { self.spin_devices(last_epoll + DEVICE_SPIN) } else { 0 };
+            let r = if spun > 0 && last_epoll.elapsed() < DEVICE_SPIN {
+                self.events.clear();
+                Ok(())
+            } else {
+                last_epoll = Instant::now();
+                self.poll.poll(&mut self.events, if sleep { timeout } else { Some(Duration::ZERO) })
+            };
             self.remote.asleep.store(false, Ordering::Relaxed);
             if armed {
                 disarm_devices();
@@ -467,6 +481,7 @@ impl EventLoop {
                     ready += 1;
                 }
             }
+            let ready = ready + spun;
             stats.events.fetch_add(ready, Ordering::Relaxed);
             counters.events.increment(ready);
             let n = ran + ready;
@@ -496,6 +511,25 @@ impl EventLoop {
                 }
                 (window_start, window_events) = (Instant::now(), 0);
             }
+        }
+    }
+
+    /// Polls the devices until one has work (its events), a closure comes from another thread
+    /// or `until` passes (0).
+    fn spin_devices(&self, until: Instant) -> u64 {
+        let devs = devices();
+        if devs.is_empty() {
+            return 0;
+        }
+        loop {
+            let n: u64 = devs.iter().map(|d| d.borrow_mut().poll()).sum();
+            if n > 0 {
+                return n;
+            }
+            if !self.remote.queue.lock().unwrap().is_empty() || Instant::now() >= until {
+                return 0;
+            }
+            std::hint::spin_loop();
         }
     }
 
@@ -708,6 +742,50 @@ mod tests {
             r.spawn(stop);
             t.join().unwrap();
         }
+    }
+
+    /// Always has work.
+    struct Busy(Rc<Cell<u64>>);
+
+    impl Device for Busy {
+        fn poll(&mut self) -> u64 {
+            self.0.set(self.0.get() + 1);
+            1
+        }
+        fn arm(&mut self) -> bool {
+            false
+        }
+        fn disarm(&mut self) {}
+    }
+
+    #[test]
+    fn a_device_that_always_has_work_neither_starves_io_nor_outlives_its_removal() {
+        let (r, t) = start(LoopConfig { waiting: Waiting::Poll, ..LoopConfig::default() });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (mut bell_rx, mut bell_tx) = mio::net::UnixStream::pair().unwrap();
+        r.spawn(move || {
+            let polls = Rc::new(Cell::new(0));
+            let id = add_device(Busy(polls.clone()));
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&bell_rx);
+            register(&mut mio::unix::SourceFd(&fd), Interest::READABLE, move |_| {
+                let mut b = [0u8; 8];
+                let _ = io::Read::read(&mut bell_rx, &mut b);
+                // Seen while the device was busy all along; then it goes.
+                remove_device(id);
+                let at = polls.get();
+                let (tx, polls) = (tx.clone(), polls.clone());
+                after(Duration::from_millis(20), move || tx.send((at, polls.get())).unwrap());
+            })
+            .map(drop)
+            .unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        io::Write::write_all(&mut bell_tx, b"!").unwrap();
+        let (at, later) = rx.recv_timeout(Duration::from_secs(5)).expect("the socket's event ran beside a busy device");
+        assert!(at > 0, "the device was polled");
+        assert!(later <= at + 1, "a removed device is polled no more: {at} then {later}");
+        r.spawn(stop);
+        t.join().unwrap();
     }
 
     #[test]

@@ -131,12 +131,12 @@ fn the_socket_calls_of_a_c_program_behave_as_natively_through_the_ncomponent() {
 #[test]
 fn an_ncomponent_and_an_mcomponent_serving_on_event_loops_carry_a_programs_sockets_and_heap() {
     let loops = "[ncomponent.serving]\nkind = \"loops\"\n";
-    let (h, c, _, _) = rack_of("net_shortcut = false\nexcache = \"4M\"", &loops.replace("ncomponent", "mcomponent"), loops);
+    let (h, c, _, _) = rack_of("net_shortcut = false\nexcache = \"2M\"", &loops.replace("ncomponent", "mcomponent"), loops);
     let (_, p, n) = sockets_program(&h, &c);
     assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() >= 8 << 20, "the nComponent carried the bulk transfer: {}", n["stats"]);
     assert!(p["stats"]["net"]["connects"].as_u64().unwrap() >= 4, "{}", p["stats"]["net"]);
     let memtouch = program("memtouch");
-    let cmd = [memtouch.to_str().unwrap(), "8"];
+    let cmd = [memtouch.to_str().unwrap(), "3"];
     let under = run_on(&h, &c, "p1", &cmd).output().unwrap();
     assert_eq!(text(&under.stdout), text(&native(&cmd).stdout), "{}", text(&under.stderr));
     let m = c.components("mcomponent").remove(0);
@@ -145,7 +145,7 @@ fn an_ncomponent_and_an_mcomponent_serving_on_event_loops_carry_a_programs_socke
         let open = c.metric(addr, "splitos_rpc_loop_connections");
         let accepted = c.metric(addr, "splitos_rpc_tcp_connections_accepted_total");
         eprintln!("{what}: loop events {events}, connections on the loop {open}, accepted {accepted}");
-        assert!(events > 1000.0 && open >= 1.0, "{what} served on its loop: {events} events, {open} connections");
+        assert!(events > 100.0 && open >= 1.0, "{what} served on its loop: {events} events, {open} connections");
     }
     assert!(c.metric(m["addr"].as_str().unwrap(), "splitos_mcomp_requests_total") > 1000.0, "the program's misses reached the mComponent");
 }

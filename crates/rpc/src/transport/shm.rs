@@ -30,7 +30,7 @@
 //! never pull one back and forth: a followed caller takes, from the free channels to a peer,
 //! one whose server already runs on its CPU, else one whose server runs anywhere, else a new
 //! one.
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use serde::{Deserialize, Serialize};
-use splitos_ebb::event::{add_device, deregister, register, remove_device, Device, DeviceId};
+use splitos_ebb::event::{add_device, deregister, register, remove_device, Device, DeviceId, Remote};
 
 use super::tcp::TcpListen;
 use super::{Endpoint, TcpConfig, TcpTransport, Transport};
@@ -1024,6 +1024,11 @@ struct Answering {
     /// A request is being handled (on a worker, or waiting for an event): the loop takes no
     /// other from this channel until it is answered, so that the channel has one writer.
     busy: AtomicBool,
+    /// The caller's credit for the channel: given back when the last answer is done, as on a
+    /// thread, so that a caller closing channels with requests under way gains none.
+    _hold: Hold,
+    /// The loop, woken if the caller sent again before its answer (while the loop slept).
+    remote: Arc<Remote>,
 }
 
 impl Answering {
@@ -1041,6 +1046,9 @@ impl Answering {
         h.rep_len.store(body.len() as u32, Relaxed);
         self.busy.store(false, SeqCst);
         ring(&h.rep_seq, n, &h.client_sleeps, &self.sock);
+        if h.req_seq.load(SeqCst) != n {
+            self.remote.spawn(|| {});
+        }
     }
 }
 
@@ -1057,11 +1065,10 @@ struct LoopChannel {
     closing: Rc<Closing>,
 }
 
-/// How a loop's channel leaves it: its device and its doorbell, and its caller's credit.
+/// How a loop's channel leaves it: its device and its doorbell.
 struct Closing {
     device: Cell<Option<DeviceId>>,
     bell: Cell<Option<mio::Token>>,
-    hold: RefCell<Option<Hold>>,
 }
 
 impl Closing {
@@ -1072,7 +1079,6 @@ impl Closing {
         if let Some(t) = self.bell.take() {
             deregister(&mut SourceFd(&fd), t);
         }
-        self.hold.borrow_mut().take();
     }
 }
 
@@ -1083,8 +1089,8 @@ impl LoopChannel {
             return;
         }
         let fd = sock.as_raw_fd();
-        let closing = Rc::new(Closing { device: Cell::new(None), bell: Cell::new(None), hold: RefCell::new(Some(hold)) });
-        let ans = Arc::new(Answering { map, sock, busy: AtomicBool::new(false) });
+        let closing = Rc::new(Closing { device: Cell::new(None), bell: Cell::new(None) });
+        let ans = Arc::new(Answering { map, sock, busy: AtomicBool::new(false), _hold: hold, remote: splitos_ebb::event::remote() });
         let bell_ans = ans.clone();
         let bell_closing = closing.clone();
         let bell = register(&mut SourceFd(&fd), mio::Interest::READABLE, move |_| {

@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use splitos_rpc::serving::Serving;
 use splitos_rpc::*;
 
 use crate::config::{McompConfig, MemArgs};
@@ -97,8 +98,12 @@ pub struct Mem<P = RpcPeers> {
     bcache: Arc<bcache::BufferCache<P>>,
     /// The log of the vRegions this mComponent is the logger of.
     backup_log: log::BackupLog,
-    /// Leaf requests run on a shared pool of workers (rather than each connection's own thread).
-    worker_pool: bool,
+    /// Leaf requests do not each have a thread of their own: a shared pool of workers serves
+    /// them, or event loops do.
+    shared_receivers: bool,
+    /// Requests are received on event loops: one that waits for another component holds
+    /// every connection of its loop.
+    on_loops: bool,
     /// Socket buffers of the network's DMA path.
     netbufs: netbuf::NetBufs,
     /// vNodes' memory quotas, for the processes this mComponent is home of.
@@ -147,7 +152,8 @@ impl<P: Peers> Mem<P> {
             last_retry: Mutex::new(std::time::Instant::now()),
             bcache: bcache::BufferCache::new(peers, cfg.bcache.0, cfg.readahead.0),
             backup_log: log::BackupLog::new(cfg.backup_log.0),
-            worker_pool: cfg.workers > 0,
+            shared_receivers: cfg.workers > 0 || cfg.serving.kind == Serving::Loops,
+            on_loops: cfg.serving.kind == Serving::Loops,
             netbufs: netbuf::NetBufs::default(),
             quotas: quota::Ledger::default(),
             handouts: Arc::default(),
@@ -487,9 +493,9 @@ impl<P: Peers> Handler for Mem<P> {
 
     fn fans_out(&self, msg: &Msg) -> bool {
         // A write-back to a striped set waits on the parity member, which may be waiting on
-        // this one (and a change of epoch on write-backs): with a shared worker pool neither
-        // may hold a worker while it waits. With none, each connection's receiving thread
-        // serves its own requests, and the wait blocks no other.
+        // this one (and a change of epoch on write-backs): with a shared worker pool or event
+        // loops neither may hold a worker or a loop while it waits. With neither, each
+        // connection's receiving thread serves its own requests, and the wait blocks no other.
         let forwards = matches!(
             msg,
             Msg::P2M_FLUSH(_)
@@ -502,7 +508,11 @@ impl<P: Peers> Handler for Mem<P> {
                 | Msg::M2M_PUT_PAGES(_)
                 | Msg::M2M_EPOCH(_)
         );
-        if forwards && self.worker_pool && self.replication().data() > 0 {
+        if forwards && self.shared_receivers && self.replication().data() > 0 {
+            return true;
+        }
+        // A file request that misses the buffer cache waits on the sComponent's disk.
+        if self.on_loops && matches!(msg, Msg::P2M_FILE_READ(_) | Msg::P2M_FILE_WRITE(_) | Msg::P2M_FILE_STAT(_) | Msg::P2M_FILE_FORGET(_)) {
             return true;
         }
         matches!(

@@ -34,6 +34,8 @@ pub(super) struct LoopConn {
     addr: String,
     peer: Option<Peer>,
     session: Option<Arc<Session>>,
+    /// Fault injection: how long each frame waits before it is sent (`delay_us`).
+    delay: Duration,
     dispatcher: Arc<Dispatcher>,
     remote: Arc<Remote>,
     max_in_flight: usize,
@@ -56,8 +58,8 @@ struct State {
     out_at: usize,
     /// Requests handed to the dispatcher and not yet answered: the credits in use.
     in_flight: usize,
-    /// The peer ended its side: answer what it sent, then close.
-    eof: bool,
+    /// Why the connection must close at its next turn (an answer that cannot be sent).
+    broken: Option<String>,
     closed: bool,
     token: Option<Token>,
     /// Whether the loop waits for the socket to take more of `out`.
@@ -81,14 +83,14 @@ impl LoopConn {
     /// Runs on the loop: serves `conn` there from now on, starting with its grant of credits.
     pub(super) fn start(conn: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight: usize, frame_timeout: Duration, admitted: Admitted) {
         let addr = conn.peer();
-        let TcpConn { s, peer, session, sent, received, .. } = conn;
+        let TcpConn { s, peer, session, sent, received, delay, .. } = conn;
         // The connection's own timeouts were for blocking reads and writes.
         if s.set_nonblocking(true).is_err() || s.set_read_timeout(None).is_err() || s.set_write_timeout(None).is_err() {
             return;
         }
         let awaiting_first = peer.is_none();
         let st = State { sent, received, awaiting_first, partial_since: awaiting_first.then(Instant::now), admitted: Some(admitted), ..State::default() };
-        let c = Arc::new(LoopConn { s, addr, peer, session, dispatcher, remote: event::remote(), max_in_flight, frame_timeout, st: Mutex::new(st) });
+        let c = Arc::new(LoopConn { s, addr, peer, session, delay, dispatcher, remote: event::remote(), max_in_flight, frame_timeout, st: Mutex::new(st) });
         let fd = c.s.as_raw_fd();
         let handler = c.clone();
         let token = match event::register(&mut SourceFd(&fd), Interest::READABLE, move |_| handler.turn()) {
@@ -99,11 +101,8 @@ impl LoopConn {
             }
         };
         metrics::gauge!("rpc_loop_connections").increment(1.0);
-        {
-            let mut st = c.lock();
-            st.token = Some(token);
-            c.queue_frame(&mut st, FrameKind::Credit, max_in_flight as u64, &Msg::OK(crate::wire::OK));
-        }
+        c.lock().token = Some(token);
+        c.send(FrameKind::Credit, max_in_flight as u64, Msg::OK(crate::wire::OK));
         c.turn();
     }
 
@@ -121,15 +120,15 @@ impl LoopConn {
             if st.closed {
                 return;
             }
-            if let Err(why) = self.write_out(&mut st).and_then(|()| self.read_in(&mut st, &mut requests)) {
+            let done = match st.broken.take() {
+                Some(why) => Err(why),
+                None => self.write_out(&mut st).and_then(|()| self.read_in(&mut st, &mut requests)),
+            };
+            if let Err(why) = done {
                 self.close(&mut st, &why);
                 return;
             }
             st.in_flight += requests.len();
-            if st.eof && st.in_flight == 0 && st.out_at == st.out.len() {
-                self.close(&mut st, "");
-                return;
-            }
             self.watch_time(&mut st);
         }
         for (req_id, msg) in requests {
@@ -138,24 +137,49 @@ impl LoopConn {
         }
     }
 
-    /// An answer, from any thread: queued, with its credit back, and written on the loop's
-    /// next turn of this connection.
+    /// An answer, from any thread.
     fn answered(self: &Arc<Self>, req_id: u64, reply: Msg) {
+        self.send(FrameKind::Reply, req_id, reply)
+    }
+
+    /// Sends a frame from any thread: after the injected delay if there is one (`delay_us`),
+    /// as a frame written on a thread waits for it.
+    fn send(self: &Arc<Self>, kind: FrameKind, req_id: u64, msg: Msg) {
+        if self.delay.is_zero() {
+            return self.queue(kind, req_id, msg);
+        }
+        metrics::counter!("rpc_injected_delays_total").increment(1);
+        let c = self.clone();
+        self.on_loop(move || {
+            let delay = c.delay;
+            event::after(delay, move || c.queue(kind, req_id, msg));
+        });
+    }
+
+    /// Queues a frame (an answer gives its credit back) and has the loop write it on its next
+    /// turn of this connection, with whatever else is queued by then.
+    fn queue(self: &Arc<Self>, kind: FrameKind, req_id: u64, msg: Msg) {
         let mut st = self.lock();
-        st.in_flight -= 1;
+        if kind == FrameKind::Reply {
+            st.in_flight -= 1;
+        }
         if st.closed {
             return;
         }
-        self.queue_frame(&mut st, FrameKind::Reply, req_id, &reply);
+        self.queue_frame(&mut st, kind, req_id, &msg);
         if !st.queued {
             st.queued = true;
             drop(st);
             let c = self.clone();
-            if event::is_current(&self.remote) {
-                event::spawn_local(move || c.turn());
-            } else {
-                self.remote.spawn(move || c.turn());
-            }
+            self.on_loop(move || c.turn());
+        }
+    }
+
+    fn on_loop(&self, f: impl FnOnce() + Send + 'static) {
+        if event::is_current(&self.remote) {
+            event::spawn_local(f);
+        } else {
+            self.remote.spawn(f);
         }
     }
 
@@ -164,15 +188,14 @@ impl LoopConn {
         let buf = encode(kind, req_id, msg);
         if buf.len() - crate::wire::FrameHeader::SIZE > MAX_BODY as usize {
             metrics::counter!("rpc_replies_undelivered_total").increment(1);
-            tracing::warn!(peer = %self.addr, bytes = buf.len(), "an answer exceeds the frame bound; closing the connection");
-            st.eof = true;
+            st.broken = Some(format!("an answer of {} bytes exceeds the frame bound", buf.len()));
             return;
         }
         let Some(session) = &self.session else { return st.out.extend_from_slice(&buf) };
         let mut sealed = Vec::new();
         for chunk in buf.chunks(auth::RECORD) {
-            if session.seal(st.sent, chunk, &mut sealed).is_err() {
-                st.eof = true;
+            if let Err(e) = session.seal(st.sent, chunk, &mut sealed) {
+                st.broken = Some(e.to_string());
                 return;
             }
             st.sent += 1;
@@ -198,10 +221,12 @@ impl LoopConn {
             }
         }
         let pending = st.out_at < st.out.len();
-        if !pending {
-            st.out.clear();
+        if !pending || st.out_at >= READ_STEP {
+            let at = st.out_at;
+            st.out.drain(..at);
             st.out_at = 0;
-        } else if st.stalled_since.is_none() {
+        }
+        if pending && st.stalled_since.is_none() {
             st.stalled_since = Some(Instant::now());
         }
         if pending != st.writable {
@@ -237,25 +262,23 @@ impl LoopConn {
                     }
                 }
             }
-            if st.at == st.plain.len() {
-                st.plain.clear();
+            // Taken bytes go, so that a peer always a frame ahead cannot grow the buffer.
+            if st.at == st.plain.len() || st.at >= READ_STEP {
+                let at = st.at;
+                st.plain.drain(..at);
                 st.at = 0;
             }
             let full = st.in_flight + requests.len() >= self.max_in_flight || st.out.len() - st.out_at >= OUT_HIGH_WATER;
-            if full || st.eof {
+            if full {
                 if full && st.at < st.plain.len() {
                     metrics::counter!("rpc_requests_over_credit_total").increment(1);
                 }
                 return Ok(());
             }
             match self.read_some(st) {
-                Ok(0) => {
-                    if st.at < st.plain.len() || !st.raw.is_empty() {
-                        return Err("the peer closed in the middle of a frame".into());
-                    }
-                    st.eof = true;
-                    return Ok(());
-                }
+                // The peer's end, as on a thread: what it still had in flight is not answered.
+                Ok(0) if st.at < st.plain.len() || !st.raw.is_empty() => return Err("the peer closed in the middle of a frame".into()),
+                Ok(0) => return Err(String::new()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -301,8 +324,10 @@ impl LoopConn {
             return;
         }
         st.timer = true;
-        let c = self.clone();
+        // Weak: a closed connection's socket must not wait for the timer to be closed.
+        let c = Arc::downgrade(self);
         event::after((since + self.frame_timeout).saturating_duration_since(Instant::now()), move || {
+            let Some(c) = c.upgrade() else { return };
             let mut st = c.lock();
             st.timer = false;
             if st.closed {

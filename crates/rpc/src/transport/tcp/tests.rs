@@ -219,6 +219,42 @@ mod authenticated {
         }
     }
 
+    /// A connection whose caller asks for encrypted records (as across hosts): whole frames
+    /// spanning several records, pipelined, are served; a record that does not authenticate
+    /// closes the connection.
+    #[test]
+    fn encrypted_records_are_served_and_a_forged_one_closes_the_connection() {
+        for serving in &servings() {
+            let ca = Authority::generate().unwrap();
+            let addr = serve_as(&ca, crate::Role::Mem, serving);
+            let creds = ca.issue(crate::Role::Proc).unwrap();
+            let mut c = TcpConn::new(TcpStream::connect(&addr).unwrap(), &TcpConfig::default(), Polling::Fixed).unwrap();
+            let hs = auth::initiate(&mut c, &creds, true).unwrap();
+            c.session = Some(Arc::new(hs.session.expect("records are encrypted when asked")));
+            let big = crate::wire::P2M_FLUSH { who: Who::new("v", 1), vpn: 3, data: serde_bytes::ByteBuf::from(vec![5u8; 3 * auth::RECORD + 100]) };
+            let mut burst = Vec::new();
+            for (id, m) in [(1u64, Msg::from(P2M_FETCH { who: Who::new("v", 1), vpn: 1 })), (2, big.into()), (3, P2M_FETCH { who: Who::new("v", 1), vpn: 2 }.into())] {
+                burst.extend(encode(FrameKind::Request, id, &m));
+            }
+            c.write_all(&burst).unwrap();
+            let mut ids = Vec::new();
+            while ids.len() < 3 {
+                let f = crate::frame::read_frame(&mut c).unwrap().expect("a frame");
+                if f.kind == FrameKind::Reply {
+                    assert!(matches!(f.msg, Msg::X2C_PONG(_)), "{serving:?}: {:?}", f.msg);
+                    ids.push(f.req_id);
+                }
+            }
+            ids.sort();
+            assert_eq!(ids, [1, 2, 3], "{serving:?}");
+            // A record of the right length that does not authenticate.
+            let mut raw = c.s.try_clone().unwrap();
+            raw.write_all(&100u32.to_le_bytes()).unwrap();
+            raw.write_all(&[0xa5u8; 100]).unwrap();
+            assert!(closed(&mut raw, Duration::from_secs(5)), "{serving:?}: a forged record closes the connection");
+        }
+    }
+
     #[test]
     fn a_peer_without_the_clusters_credentials_gets_nothing() {
         for serving in &servings() {
@@ -262,6 +298,8 @@ fn a_peer_that_stops_reading_its_replies_does_not_hold_the_workers() {
         next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         next.write_all(&ping_frame(99)).unwrap();
         assert_eq!(reply_id(&mut next), 99);
+        // And the peer that does not read is closed once its answers stop draining.
+        assert!(closed(&mut stuck, Duration::from_secs(5)), "the stuck peer was closed");
     }
 }
 
