@@ -101,6 +101,19 @@ fn one_connection_has_at_most_max_in_flight_requests_served_at_once() {
 }
 
 #[test]
+fn an_injected_delay_holds_every_answer() {
+    for serving in &servings() {
+        let (addr, _) = serve(TcpConfig { delay_us: 200_000, ..TcpConfig::default() }, 0, serving);
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let t0 = Instant::now();
+        s.write_all(&ping_frame(1)).unwrap();
+        assert_eq!(reply_id(&mut s), 1);
+        // The handler's 50 ms, and the delay before the answer.
+        assert!(t0.elapsed() >= Duration::from_millis(250), "{serving:?}: answered after {:?}", t0.elapsed());
+    }
+}
+
+#[test]
 fn connections_over_the_caps_are_closed_and_the_others_served() {
     for serving in &servings() {
         let (addr, _) = serve(TcpConfig { max_connections_per_peer: 3, ..TcpConfig::default() }, 0, serving);
