@@ -311,8 +311,10 @@ fn a_peer_that_stops_reading_its_replies_does_not_hold_the_workers() {
         next.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         next.write_all(&ping_frame(99)).unwrap();
         assert_eq!(reply_id(&mut next), 99);
-        // And the peer that does not read is closed once its answers stop draining.
-        assert!(closed(&mut stuck, Duration::from_secs(5)), "the stuck peer was closed");
+        // And the peer that does not read is closed once its answers stopped draining for the
+        // frame timeout (reading earlier would drain them).
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(closed(&mut stuck, Duration::from_secs(5)), "{serving:?}: the stuck peer was closed");
     }
 }
 
