@@ -91,6 +91,15 @@ impl Loops {
         Ok(Arc::new(Loops { rt, next: AtomicUsize::new(0) }))
     }
 
+    /// The loops `cfg` asks for, if it asks for loops; a component whose loops cannot start
+    /// serves on threads rather than not at all.
+    pub fn for_config(name: &str, cfg: &ServingConfig) -> Option<Arc<Loops>> {
+        match cfg.kind {
+            Serving::Threads => None,
+            Serving::Loops => Loops::start(name, cfg).map_err(|e| tracing::error!(error = %e, "cannot start event loops; serving on threads")).ok(),
+        }
+    }
+
     /// The loop the next connection or channel is served on: each in turn.
     pub fn next(&self) -> Arc<Remote> {
         self.rt.remote(self.next.fetch_add(1, Ordering::Relaxed) % self.rt.cores())

@@ -54,7 +54,7 @@ use crate::error::RpcError;
 use crate::fdpass::{recv_fds, send_fds};
 use crate::poll::{Poller, Polling};
 use crate::server::{self, Dispatcher, Handler, ServerConfig};
-use crate::serving::{Loops, Serving};
+use crate::serving::Loops;
 use crate::wire::{may_receive, wrong_receiver, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 /// The knobs of shared memory (`[transport.shm]`).
@@ -855,16 +855,7 @@ impl Endpoint for ShmListen {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
         let ShmListen { tcp, unix, path, spin, polling, creds, max_channels } = *self;
         let held = Arc::new(Held::default());
-        let loops = match cfg.serving.kind {
-            Serving::Threads => None,
-            Serving::Loops => match Loops::start(&cfg.name, &cfg.serving) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start event loops; serving on threads");
-                    None
-                }
-            },
-        };
+        let loops = Loops::for_config(&cfg.name, &cfg.serving);
         tcp.serve_with(dispatcher.clone(), &cfg.name, loops.clone());
         let name = cfg.name;
         tracing::debug!(socket = %path.display(), "shared-memory rendezvous");

@@ -34,7 +34,7 @@ use crate::frame::{read_frame, write_frame, FrameError};
 use crate::poll::{Poller, Polling};
 use crate::refusals::Refusals;
 use crate::server::{Dispatcher, Handler, Peer, ServerConfig};
-use crate::serving::{Loops, Serving};
+use crate::serving::Loops;
 use crate::wire::{may_receive, wrong_receiver, FrameKind, Msg};
 
 /// The knobs of TCP (`[transport.tcp]`), which both kinds use to reach other hosts.
@@ -452,16 +452,7 @@ impl Endpoint for TcpListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        let loops = match cfg.serving.kind {
-            Serving::Threads => None,
-            Serving::Loops => match Loops::start(&cfg.name, &cfg.serving) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start event loops; serving on threads");
-                    None
-                }
-            },
-        };
+        let loops = Loops::for_config(&cfg.name, &cfg.serving);
         self.serve_with(dispatcher, &cfg.name, loops);
     }
 }

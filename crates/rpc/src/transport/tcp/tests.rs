@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicUsize;
 
 use super::*;
 use crate::frame::encode;
-use crate::serving::ServingConfig;
+use crate::serving::{Serving, ServingConfig};
 use crate::wire::{FrameHeader, C2X_PING, MAGIC, MAX_BODY, WIRE_VERSION, X2C_PONG};
 use zerocopy::IntoBytes;
 
