@@ -108,6 +108,8 @@ pub enum EbbError {
     Unknown(EbbId),
     /// The id names an Ebb of another representative type.
     WrongType(EbbId),
+    /// The id is dynamic, so it names the Ebb in this process only.
+    NotStatic(EbbId),
 }
 
 impl std::fmt::Display for EbbError {
@@ -116,6 +118,7 @@ impl std::fmt::Display for EbbError {
             EbbError::Taken(id) => write!(f, "{id} exists already"),
             EbbError::Unknown(id) => write!(f, "no Ebb {id}"),
             EbbError::WrongType(id) => write!(f, "{id} has representatives of another type"),
+            EbbError::NotStatic(id) => write!(f, "{id} is not a static id (below {FIRST_DYNAMIC}): other components cannot name it"),
         }
     }
 }
@@ -153,6 +156,10 @@ impl<R: 'static> Ebb<R> {
 
     pub fn id(&self) -> EbbId {
         self.entry.id
+    }
+
+    pub fn name(&self) -> &str {
+        &self.entry.name
     }
 
     /// How many times [`Ebb::replace`] has swapped the miss handler.

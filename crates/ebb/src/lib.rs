@@ -11,6 +11,8 @@
 //!   events it sees, with hysteresis ([`event::LoopConfig`]), as EbbRT's drivers switch
 //!   between polling and interrupts.
 //! - Futures ([`exec`]) run on a core's loop and carry results and errors across cores.
+//! - The [`messenger`] carries messages between the representatives of one Ebb on different
+//!   components; a transport delivers them, and tells the global id map which Ebbs are here.
 //! - Buffers ([`buf::Chain`]) are chains of reference-counted slices: appending, splitting and
 //!   writing with `writev` copy nothing.
 //!
@@ -21,6 +23,7 @@ pub mod buf;
 pub mod ebb;
 pub mod event;
 pub mod exec;
+pub mod messenger;
 pub mod runtime;
 
 pub use ebb::{Ebb, EbbId};

@@ -25,6 +25,7 @@ pub mod error;
 pub mod fdpass;
 pub mod frame;
 pub mod knob;
+pub mod messenger;
 pub mod poll;
 pub mod refusals;
 pub mod server;

@@ -75,8 +75,13 @@ pub fn current_peer() -> Option<Peer> {
     PEER.with(|p| p.get())
 }
 
-/// Handles `msg` with `peer` as the current sender.
+/// Handles `msg` with `peer` as the current sender. A message for an Ebb goes to the
+/// messenger, whatever the component.
 fn handle_from(handler: &dyn Handler, msg: Msg, peer: Option<Peer>) -> Msg {
+    let msg = match msg {
+        Msg::X2X_EBB_MESSAGE(m) => return crate::messenger::receive(m, peer),
+        msg => msg,
+    };
     let before = PEER.with(|p| p.replace(peer));
     let reply = handler.handle(msg);
     PEER.with(|p| p.set(before));
@@ -118,13 +123,15 @@ impl Dispatcher {
             }
             return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("a {} may not send {}", role.name(), msg.name()))));
         }
-        if self.handler.answers_later(&msg) {
+        // An Ebb's representative may send messages of its own.
+        let fans_out = matches!(msg, Msg::X2X_EBB_MESSAGE(_)) || self.handler.fans_out(&msg);
+        if !fans_out && self.handler.answers_later(&msg) {
             let before = PEER.with(|p| p.replace(peer));
             self.handler.handle_later(msg, Box::new(reply));
             PEER.with(|p| p.set(before));
             return;
         }
-        let q = if self.handler.fans_out(&msg) {
+        let q = if fans_out {
             &self.fan
         } else {
             match &self.leaf {

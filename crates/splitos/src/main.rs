@@ -129,6 +129,15 @@ enum ClusterCmd {
     },
     /// Print the REST API's OpenAPI document (the one the API serves at /openapi.json).
     Openapi,
+    /// Print the global id map: the Ebbs whose messages components serve, and which
+    /// components serve each (docs/ebb.md#the-messenger).
+    Ebbs {
+        #[arg(long)]
+        gm: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the topology graph: hosts and their components, and the links pComponents
     /// measured to the mComponents their programs use (latency, bandwidth).
     Topology {
@@ -332,6 +341,7 @@ fn main() {
             ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),
             ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),
             ClusterCmd::Topology { json, api } => control::topology(api, json),
+            ClusterCmd::Ebbs { gm, json } => control::ebbs(gm, json),
             ClusterCmd::SetPolicy { id, eviction, prefetch, api } => control::memory::set_policy(api, id, eviction, prefetch),
             ClusterCmd::SetExcache { id, size, shares, clear_shares, api } => {
                 let shares = match (clear_shares, shares.is_empty()) {

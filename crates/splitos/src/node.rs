@@ -130,6 +130,7 @@ impl Node {
                 id: self.id(),
                 metrics: self.metrics.clone(),
                 standby: self.standby.load(Ordering::Relaxed),
+                ebbs: splitos_rpc::messenger::served(),
             };
             match self.call_gm(msg) {
                 Ok(r) => {
@@ -167,7 +168,7 @@ impl Node {
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
                 let leaving = self.leaving.lock().unwrap().clone();
-                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links(), leaving }) {
+                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links(), leaving, ebbs: splitos_rpc::messenger::served() }) {
                     Ok(beat) => {
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
                         on_beat(beat)

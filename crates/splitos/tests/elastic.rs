@@ -572,4 +572,45 @@ fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
     let mcomp = c.components("mcomponent")[0]["id"].to_string();
     assert!(splitos_fails(&c, &["cluster", "set-policy", &mcomp, "--eviction", "clock"]).contains("only pComponents"));
     assert_eq!(policies(&c)["policy"], "ghost-clock");
+    through_the_messenger(&c, &id, &addr);
+}
+
+/// The swaps above went through the Ebb messenger: the command line (a hosted caller) found
+/// the pComponent in the global id map and sent the message to its `excache-policies`
+/// representative itself; through the REST API the managers send it. The pComponent counts
+/// every message it received, and refuses senders, bodies and Ebbs it should.
+fn through_the_messenger(c: &TestCluster, id: &str, addr: &str) {
+    let map: serde_json::Value = serde_json::from_str(&splitos_ok(c, &["cluster", "ebbs", "--json"])).unwrap();
+    let entry = map.as_array().unwrap().iter().find(|e| e["id"] == 1).unwrap_or_else(|| panic!("the global id map names the excache-policies Ebb: {map}"));
+    assert_eq!(entry["name"], "excache-policies", "{map}");
+    let homes: Vec<String> = entry["homes"].as_array().unwrap().iter().map(|h| h["id"].to_string()).collect();
+    assert_eq!(homes, [id], "served by the one pComponent alone: {map}");
+    assert!(splitos_ok(c, &["cluster", "ebbs"]).contains("excache-policies"));
+    // Two swaps, a read and two refused names reached the pComponent; the mComponent's did
+    // not leave the command line (the map has no such home).
+    let received = |c: &TestCluster| c.metric(addr, "splitos_ebb_messages_received_total");
+    assert_eq!(received(c), 5.0);
+    assert_eq!(c.metric(addr, "splitos_ebb_messages_refused_total"), 2.0);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    assert_eq!(c.metric(&gm, "splitos_ebb_messages_sent_total"), 0.0);
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    assert!(splitos_ok(c, &["cluster", "set-policy", id, "--eviction", "clock", "--api", &api]).contains("eviction clock (replaced 3 times)"));
+    assert_eq!(c.metric(&gm, "splitos_ebb_messages_sent_total"), 1.0, "the managers sent the REST API's change");
+    assert_eq!(received(c), 6.0);
+    // Only the managers and the admin may: an mComponent's credentials are refused, as are a
+    // body that is no SetPolicy and an Ebb the pComponent does not serve.
+    let msg = |ebb: u32, body: Vec<u8>| splitos_rpc::X2X_EBB_MESSAGE { ebb, body: serde_bytes::ByteBuf::from(body) };
+    let swap = postcard::to_allocvec(&splitos_rpc::SetPolicy { eviction: Some("fifo".into()), prefetch: None }).unwrap();
+    let creds = splitos_rpc::auth::Credentials::load(&c.issue("mcomponent")).unwrap();
+    let as_mcomp = splitos_rpc::Rpc::new(splitos_rpc::TransportConfig::default().build(Some(std::sync::Arc::new(creds))).unwrap(), Duration::from_secs(5));
+    let code = |r: Result<splitos_rpc::X2X_EBB_ANSWER, splitos_rpc::RpcError>| r.map(|_| ()).map_err(|e| e.code());
+    assert_eq!(code(as_mcomp.call(addr, msg(1, swap.clone()))), Err(splitos_rpc::ErrCode::Denied));
+    let admin = c.admin_rpc();
+    assert_eq!(code(admin.call(addr, msg(1, vec![0xff; 9]))), Err(splitos_rpc::ErrCode::Invalid));
+    assert_eq!(code(admin.call(addr, msg(7, swap))), Err(splitos_rpc::ErrCode::NotFound));
+    assert_eq!(policies_of(c)["policy"], "clock", "nothing refused changed the policy");
+}
+
+fn policies_of(c: &TestCluster) -> serde_json::Value {
+    pcomp(c)["stats"]["excache"].clone()
 }

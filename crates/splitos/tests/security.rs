@@ -85,7 +85,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     let attacks: Vec<(&str, Msg)> = vec![
         (&m, splitos_rpc::M2M_EXIT { who: Who::new("default", 1) }.into()),
         (&m, splitos_rpc::C2X_SHUTDOWN.into()),
-        (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0, metrics: None, standby: false }.into()),
+        (&gm, splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0, metrics: None, standby: false, ebbs: Vec::new() }.into()),
         (&p, splitos_rpc::C2X_SHUTDOWN.into()),
     ];
     for (addr, msg) in attacks {
@@ -148,7 +148,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
     assert!(c.components("mcomponent")[0]["stats"]["denied"].as_u64().unwrap() >= denied_before + 5, "the mComponent counted the refusals");
     // A pComponent's credentials do not register an mComponent with the global managers.
     let load = splitos_rpc::Load { capacity: 16 << 40, ..Default::default() };
-    match other.call_msg(&gm, &splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0, metrics: None, standby: false }.into()) {
+    match other.call_msg(&gm, &splitos_rpc::X2G_REGISTER { role: Role::Mem, addr: "127.0.0.1:9".into(), shim_sock: None, nics: Vec::new(), load, id: 0, metrics: None, standby: false, ebbs: Vec::new() }.into()) {
         Err(RpcError::Remote { msg, .. }) => assert!(msg.contains("may not register as a mcomponent"), "{msg}"),
         r => panic!("a pComponent registered an mComponent: {r:?}"),
     }

@@ -1,6 +1,7 @@
 //! Messages between every component and the global managers (registration, heartbeats,
 //! placement) and from the control client to every component, with the data they carry.
 use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 use std::net::IpAddr;
 
 use super::{Overcommit, Replication, Role};
@@ -157,13 +158,59 @@ pub struct LinkSample {
     pub age_ms: u64,
 }
 
+/// An Ebb a component serves messages of: its static id and its name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbbServed {
+    pub id: u32,
+    pub name: String,
+}
+
+/// One entry of the global id map: an Ebb and the live components that serve it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbbHomes {
+    pub id: u32,
+    pub name: String,
+    pub homes: Vec<EbbHome>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbbHome {
+    pub id: u32,
+    pub role: Role,
+    pub addr: String,
+}
+
+/// The static id of a pComponent's ExCache policies (docs/ebb.md#policies-as-ebbs): every
+/// pComponent serves it; a message is a [`SetPolicy`], its answer a [`PolicyState`].
+pub const EBB_EXCACHE_POLICIES: u32 = 1;
+
+/// Replaces a running pComponent's eviction policy and read-ahead policy (each by its
+/// configuration name; left as it is when absent; neither only reads them). The policies are
+/// Ebbs: the swap replaces their miss handlers, and the ExCache takes a representative built
+/// by the new one before its next miss. Only the global managers and the admin may.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetPolicy {
+    pub eviction: Option<String>,
+    pub prefetch: Option<String>,
+}
+
+/// A pComponent's policies now, with how many times each was replaced since it started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyState {
+    pub eviction: String,
+    pub prefetch: String,
+    pub eviction_swaps: u64,
+    pub prefetch_swaps: u64,
+}
+
 message_types! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).
     /// `nics`: an nComponent's interface addresses, which the GNM maps to it.
     /// `metrics`: where it serves its Prometheus metrics over HTTP, if it does.
     /// `standby`: an mComponent that joins cordoned, for the admin to attach.
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool };
+    /// `ebbs`: the Ebbs whose messages it serves, for the global id map.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool, pub ebbs: Vec<EbbServed> };
     /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.
@@ -172,7 +219,8 @@ message_types! {
     /// `links`: what the sender last measured of its links to the components it uses (the
     /// topology graph's measured links).
     /// `leaving`: a leaving mComponent's progress.
-    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample>, pub leaving: Option<Leaving> };
+    /// `ebbs`: as in `X2G_REGISTER`, now.
+    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample>, pub leaving: Option<Leaving>, pub ebbs: Vec<EbbServed> };
     /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
     /// cluster's `reclaim_dead_ms`, or replaced by a new start at their address, whose
     /// processes' memory the mComponents release and whose sockets the nComponents close. `lost_mcomps` (to mComponents only): the mComponents
@@ -237,13 +285,6 @@ message_types! {
     /// only reads them. A shrink is answered once the lines past the new size left.
     G2P_SET_EXCACHE { pub size: Option<u64>, pub shares: Option<Vec<ExcacheShare>> };
     P2G_EXCACHE { pub size: u64, pub max: u64, pub used: u64, pub shares: Vec<ExcacheShare> };
-    /// Replaces a running pComponent's eviction policy and read-ahead policy (each by its
-    /// configuration name; left as it is when absent; neither only reads them). The policies
-    /// are Ebbs: the swap replaces their miss handlers, and the ExCache takes a
-    /// representative built by the new one before its next miss.
-    G2P_SET_POLICY { pub eviction: Option<String>, pub prefetch: Option<String> };
-    /// The policies now, with how many times each was replaced since the pComponent started.
-    P2G_POLICY { pub eviction: String, pub prefetch: String, pub eviction_swaps: u64, pub prefetch_swaps: u64 };
     /// The vNodes the admin made, and the table's version: a pComponent grants them to the
     /// users and groups named.
     P2G_VNODES;
@@ -262,6 +303,19 @@ message_types! {
     /// Where component `id` is (a leaving home tells a pComponent its processes' new home).
     M2G_FIND { pub id: u32 };
     G2M_FOUND { pub comp: ComponentRef };
+    /// The global id map: the Ebbs served in the cluster, each with the live components that
+    /// serve it (`ebb`: that Ebb only, `ERR NotFound` if no live component serves it; none:
+    /// all).
+    X2G_EBB_FIND { pub ebb: Option<u32> };
+    G2X_EBB_MAP { pub ebbs: Vec<EbbHomes> };
+
+    // ---- any component (or the admin's tools, hosted) -> any component: the Ebb messenger
+    /// A message for the representative of Ebb `ebb` on the receiving component
+    /// (docs/ebb.md#the-messenger). The body is the Ebb's own: [`EBB_EXCACHE_POLICIES`]
+    /// takes a postcard [`SetPolicy`] and answers a [`PolicyState`]. `ERR NotFound` if the
+    /// receiver serves no such Ebb; the representative's refusal as `ERR Denied` or `Invalid`.
+    X2X_EBB_MESSAGE { pub ebb: u32, pub body: ByteBuf };
+    X2X_EBB_ANSWER { pub body: ByteBuf };
 
     // ---- control client -> any component
     C2X_PING;

@@ -52,7 +52,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 21 added the credit frame; version 22 credits on shared-memory channels (the
 /// channel header's `credits`, and a caller refused a channel beyond them).
 /// Version 23 added a running pComponent's policies replaced (`G2P_SET_POLICY`, `P2G_POLICY`).
-pub const WIRE_VERSION: u16 = 23;
+/// Version 24 added the Ebb messenger (`X2X_EBB_MESSAGE`) and the global id map
+/// (`X2G_EBB_FIND`, the `ebbs` of registrations and heartbeats); a pComponent's policies are
+/// now replaced through it, not by `G2P_SET_POLICY`.
+pub const WIRE_VERSION: u16 = 24;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -316,7 +319,10 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
-    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, G2P_SET_POLICY, P2G_POLICY, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
+    X2G_EBB_FIND, G2X_EBB_MAP,
+    // ---- the Ebb messenger: any component (or the admin's tools) -> any component, in cluster.rs
+    X2X_EBB_MESSAGE, X2X_EBB_ANSWER,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
     P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
@@ -370,7 +376,8 @@ replies! {
     G2X_METRICS => X2G_METRICS,
     G2P_SIGNAL => OK,
     G2P_SET_EXCACHE => P2G_EXCACHE,
-    G2P_SET_POLICY => P2G_POLICY,
+    X2G_EBB_FIND => G2X_EBB_MAP,
+    X2X_EBB_MESSAGE => X2X_EBB_ANSWER,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
     P2G_PICK_NET => G2P_NET,
@@ -497,7 +504,7 @@ mod role_tests {
             (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
             (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None, ebbs: Vec::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
             (P2N_CLOSE { sock: 1 }.into(), &[Role::Proc, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
@@ -505,7 +512,8 @@ mod role_tests {
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
             (G2P_SET_EXCACHE { size: Some(1 << 20), shares: None }.into(), &[Role::Gm, Role::Admin]),
-            (G2P_SET_POLICY { eviction: Some("clock".into()), prefetch: None }.into(), &[Role::Gm, Role::Admin]),
+            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, body: ByteBuf::new() }.into(), &Role::ALL),
+            (X2G_EBB_FIND { ebb: None }.into(), &Role::ALL),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new(), near: 0 }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
@@ -518,11 +526,13 @@ mod role_tests {
         let receivers: Vec<(Msg, &[Role])> = vec![
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
             (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None }.into(), &[Role::Gm]),
+            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None, ebbs: Vec::new() }.into(), &[Role::Gm]),
             (P2N_SEND { sock: 1, data: ByteBuf::new() }.into(), &[Role::Net]),
             (C2G_STATUS.into(), &[Role::Gm]),
             (G2P_JOBS.into(), &[Role::Proc]),
             (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
+            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, body: ByteBuf::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
+            (X2G_EBB_FIND { ebb: None }.into(), &[Role::Gm]),
         ];
         for (msg, allowed) in receivers {
             for role in Role::ALL {

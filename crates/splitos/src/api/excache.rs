@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{ExcacheShare, P2G_EXCACHE, P2G_POLICY};
+use splitos_rpc::{ExcacheShare, PolicyState, P2G_EXCACHE};
 
 use super::memory::{parse_id, refused};
 use super::{admin_only, internal, Api, ApiError, Body, ErrorBody, Principal};
@@ -95,8 +95,8 @@ pub struct PolicyView {
     pub prefetch_swaps: u64,
 }
 
-impl From<P2G_POLICY> for PolicyView {
-    fn from(r: P2G_POLICY) -> PolicyView {
+impl From<PolicyState> for PolicyView {
+    fn from(r: PolicyState) -> PolicyView {
         PolicyView { eviction: r.eviction, prefetch: r.prefetch, eviction_swaps: r.eviction_swaps, prefetch_swaps: r.prefetch_swaps }
     }
 }

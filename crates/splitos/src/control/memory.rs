@@ -1,9 +1,15 @@
 //! `splitos memory`: attach and detach mComponents of a running cluster through the REST API
-//! (docs/elastic-memory.md), `cluster drain` of an mComponent, and `cluster set-excache`.
+//! (docs/elastic-memory.md), `cluster drain` of an mComponent, `cluster set-excache` and
+//! `cluster set-policy`.
 use std::time::{Duration, Instant};
+
+use splitos_ebb::EbbId;
+use splitos_rpc::messenger::Messenger;
+use splitos_rpc::{ErrCode, PolicyState, RpcError, SetPolicy, EBB_EXCACHE_POLICIES};
 
 use super::{api_access, api_get, api_post, api_put, human, ApiArgs};
 use crate::config::Size;
+use crate::pmon::excache::policies::ask;
 
 /// `memory list`: every mComponent, its state and, while it leaves, its progress.
 pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
@@ -118,20 +124,28 @@ pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<S
 }
 
 /// `cluster set-policy`: replaces a running pComponent's eviction or read-ahead policy (none
-/// given: prints them), then prints them.
+/// given: prints them), then prints them. Holding this cluster's admin credentials (and naming
+/// no API), the command line is a hosted caller of the pComponent's `excache-policies` Ebb: it
+/// finds the pComponent in the global id map and sends it the message itself. Otherwise it
+/// asks the REST API, whose managers send the same message.
 pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Option<String>) -> anyhow::Result<()> {
-    let (api, token) = api_access(a)?;
-    let mut body = serde_json::Map::new();
-    if let Some(e) = eviction {
-        body.insert("eviction".into(), e.into());
-    }
-    if let Some(p) = prefetch {
-        body.insert("prefetch".into(), p.into());
-    }
-    let c = api_put(&api, &token, &format!("/api/v1/pcomponents/{id}/policy"), &body.into(), Duration::from_secs(30))?;
-    let s = |k: &str| c[k].as_str().unwrap_or("?").to_string();
-    let n = |k: &str| c[k].as_u64().unwrap_or(0);
-    println!("pComponent {id}: eviction {} (replaced {} times), read-ahead {} (replaced {} times)", s("eviction"), n("eviction_swaps"), s("prefetch"), n("prefetch_swaps"));
+    let change = SetPolicy { eviction, prefetch };
+    let now = match super::hosted_gm(&a) {
+        Some(gm) => {
+            let messenger = Messenger::via_gm(super::cluster::rpc()?.clone(), gm);
+            ask(|body| messenger.send_to(EbbId(EBB_EXCACHE_POLICIES), id, body), &change).map_err(|e| match e {
+                RpcError::Remote { code: ErrCode::NotFound, .. } => anyhow::anyhow!("component {id} does not serve the excache-policies Ebb: only pComponents have an ExCache ({e})"),
+                e => anyhow::anyhow!("pComponent {id}: {e}"),
+            })?
+        }
+        None => {
+            let (api, token) = api_access(a)?;
+            let body = serde_json::to_value(&change)?;
+            serde_json::from_value(api_put(&api, &token, &format!("/api/v1/pcomponents/{id}/policy"), &body, Duration::from_secs(30))?)?
+        }
+    };
+    let PolicyState { eviction, prefetch, eviction_swaps, prefetch_swaps } = now;
+    println!("pComponent {id}: eviction {eviction} (replaced {eviction_swaps} times), read-ahead {prefetch} (replaced {prefetch_swaps} times)");
     Ok(())
 }
 

@@ -285,6 +285,32 @@ pub struct ApiArgs {
     pub token: Option<String>,
 }
 
+/// The global managers of the cluster `cluster up` started, when a command given `a` may
+/// speak the cluster's own protocol to them as a hosted caller: no API or token named (on the
+/// command line or in the environment), so the admin's credentials are this cluster's.
+pub(crate) fn hosted_gm(a: &ApiArgs) -> Option<String> {
+    let named = a.api.is_some() || a.token.is_some() || std::env::var_os("SPLITOS_API").is_some() || std::env::var_os("SPLITOS_TOKEN").is_some();
+    (!named).then(cluster::read_state).flatten().map(|s| s.gm)
+}
+
+/// `cluster ebbs`: the global id map, as the global managers keep it.
+pub fn ebbs(gm: Option<String>, json: bool) -> anyhow::Result<()> {
+    let gm = gm_addr(gm)?;
+    let map = splitos_rpc::messenger::find(cluster::rpc()?, &gm, None).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&map)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.set_header(["ebb", "name", "served by"]);
+    for e in &map {
+        let homes: Vec<String> = e.homes.iter().map(|h| format!("{} {} ({})", h.role.name(), h.id, h.addr)).collect();
+        t.add_row([e.id.to_string(), e.name.clone(), homes.join("\n")]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
 pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
     let ApiArgs { api, token } = a;
     let state = cluster::read_state();

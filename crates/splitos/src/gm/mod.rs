@@ -75,6 +75,22 @@ struct Entry {
     /// Its buffer cache was handed over in a detach: pComponents may still use the interim
     /// caches, so it takes no file again until it starts anew (two caches of one file).
     files_gone: bool,
+    /// The Ebbs whose messages it serves, as its registration or last heartbeat said: its
+    /// part of the global id map.
+    ebbs: Vec<EbbServed>,
+}
+
+/// At most this many Ebbs per component in the id map, each named in at most
+/// [`MAX_EBB_NAME`] bytes: a component cannot grow the managers' memory without bound.
+const MAX_EBBS: usize = 64;
+const MAX_EBB_NAME: usize = 64;
+
+/// The Ebbs a registration or heartbeat names, refused whole if they exceed the bounds.
+fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, Refusal> {
+    if ebbs.len() > MAX_EBBS || ebbs.iter().any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC) {
+        return Err(ERR::new(ErrCode::Invalid, format!("at most {MAX_EBBS} Ebbs, with static ids (below {}) and names of at most {MAX_EBB_NAME} bytes", splitos_ebb::ebb::FIRST_DYNAMIC)));
+    }
+    Ok(ebbs)
 }
 
 pub struct Gm {
@@ -253,6 +269,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 impl Gm {
     fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
+        let ebbs = checked_ebbs(r.ebbs)?;
         let peer = current_peer();
         // A component registers as what its credentials say it is.
         if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
@@ -295,12 +312,13 @@ impl Gm {
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         let info =
             ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
-        comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false });
+        comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false, ebbs });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
+        let ebbs = checked_ebbs(r.ebbs)?;
         let mut comps = self.comps();
         {
             let mut last_any = self.last_any.lock().unwrap();
@@ -341,6 +359,7 @@ impl Gm {
         e.links = r.links;
         e.links.retain(|l| known.contains(&l.peer));
         e.links.truncate(MAX_LINKS);
+        e.ebbs = ebbs;
         e.last = Instant::now();
         e.pending = 0;
         let role = e.info.role;
@@ -540,15 +559,32 @@ impl Gm {
     }
 
     /// Replaces the eviction or read-ahead policy of pComponent `id` while it runs (each left
-    /// as it is when `None`).
-    pub fn set_policy(&self, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<P2G_POLICY, Refusal> {
+    /// as it is when `None`), through the messenger to its `excache-policies` Ebb.
+    pub fn set_policy(&self, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<PolicyState, Refusal> {
         let pcomp = self.running_pcomponent(id)?;
         let change = eviction.is_some() || prefetch.is_some();
-        let r = self.rpc.call(&pcomp.addr, G2P_SET_POLICY { eviction, prefetch })?;
+        let send = |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
+        let r = crate::pmon::excache::policies::ask(send, &SetPolicy { eviction, prefetch })?;
         if change {
             metrics::counter!("gm_policy_changes_total").increment(1);
         }
         Ok(r)
+    }
+
+    /// The global id map: every Ebb served by a live component (only `ebb`, if given), with
+    /// the live components that serve it.
+    fn ebb_map(&self, ebb: Option<u32>) -> Result<G2X_EBB_MAP, Refusal> {
+        let mut map: std::collections::BTreeMap<u32, EbbHomes> = Default::default();
+        for e in self.comps().iter().filter(|e| Gm::alive(e)) {
+            for s in e.ebbs.iter().filter(|s| ebb.is_none_or(|id| id == s.id)) {
+                let entry = map.entry(s.id).or_insert_with(|| EbbHomes { id: s.id, name: s.name.clone(), homes: Vec::new() });
+                entry.homes.push(EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() });
+            }
+        }
+        if let Some(id) = ebb.filter(|_| map.is_empty()) {
+            return Err(ERR::new(ErrCode::NotFound, format!("no live component serves Ebb {id}")));
+        }
+        Ok(G2X_EBB_MAP { ebbs: map.into_values().collect() })
     }
 
     /// The pComponent `id`, answering.
@@ -620,6 +656,7 @@ impl Handler for Gm {
                 c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no pComponent that is not lost has id {}", r.id)))
             }),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
+            Msg::X2G_EBB_FIND(r) => on(r, |r| self.ebb_map(r.ebb)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
             Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
             Msg::C2X_STATS(r) => on(r, |_| self.stats()),

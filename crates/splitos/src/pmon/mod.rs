@@ -103,6 +103,8 @@ pub struct Pcomp {
     miss: MissPath,
     /// The eviction and read-ahead policies, as Ebbs replaceable while programs run.
     policies: excache::Policies,
+    /// The `excache-policies` Ebb's messages are served while this lives.
+    _policy_messages: splitos_ebb::messenger::Serving,
     procs: Mutex<HashMap<u64, Arc<Proc>>>,
     pending: Mutex<HashMap<u64, PendingChild>>,
     /// Each `splitos run` under way, by its id.
@@ -229,9 +231,10 @@ impl Pcomp {
         Ok(self.excache_now())
     }
 
-    /// `G2P_SET_POLICY`: replaces the eviction or read-ahead policy while programs run
-    /// (docs/ebb.md#policies-as-ebbs), refusing what the configuration would refuse.
-    fn set_policy(&self, r: G2P_SET_POLICY) -> Result<P2G_POLICY, ERR> {
+    /// A [`SetPolicy`] message to the `excache-policies` Ebb: replaces the eviction or
+    /// read-ahead policy while programs run (docs/ebb.md#policies-as-ebbs), refusing what the
+    /// configuration would refuse.
+    fn set_policy(&self, r: SetPolicy) -> Result<PolicyState, ERR> {
         if r.eviction.is_none() && r.prefetch.is_none() {
             return Ok(self.policy_now());
         }
@@ -251,9 +254,9 @@ impl Pcomp {
         Ok(self.policy_now())
     }
 
-    fn policy_now(&self) -> P2G_POLICY {
+    fn policy_now(&self) -> PolicyState {
         let (eviction, prefetch) = self.miss.policy_names();
-        P2G_POLICY { eviction: eviction.into(), prefetch: prefetch.into(), eviction_swaps: self.policies.eviction.generation(), prefetch_swaps: self.policies.prefetch.generation() }
+        PolicyState { eviction: eviction.into(), prefetch: prefetch.into(), eviction_swaps: self.policies.eviction.generation(), prefetch_swaps: self.policies.prefetch.generation() }
     }
 
     fn excache_now(&self) -> P2G_EXCACHE {
@@ -400,7 +403,6 @@ impl Handler for Pcomp {
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
             Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
-            Msg::G2P_SET_POLICY(r) => on(r, |r| self.set_policy(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
             other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
@@ -461,6 +463,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process)?;
     let store = Arc::new(RemoteStore::new(node.clone(), cfg.one_sided == OneSided::On, cfg.links));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
+        let policy_messages = excache::policies::serve(me.clone());
         let me = me.clone();
         let hook: FailHook = Box::new(move |t, why| {
             if let Some(p) = me.upgrade() {
@@ -482,6 +485,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             store: store.clone(),
             miss,
             policies,
+            _policy_messages: policy_messages,
             procs: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),

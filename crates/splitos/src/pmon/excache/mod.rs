@@ -6,7 +6,7 @@ pub(super) mod cache;
 pub(super) mod dirty;
 pub(super) mod miss;
 pub(super) mod onesided;
-pub(super) mod policies;
+pub(crate) mod policies;
 pub(super) mod prefetch;
 pub(super) mod region;
 pub(super) mod store;

@@ -1,6 +1,6 @@
 //! A pComponent's policies as Ebbs (docs/ebb.md#policies-as-ebbs): the eviction policy and the
 //! read-ahead policy are each an Ebb whose miss handler builds the policy the configuration (or
-//! the last `G2P_SET_POLICY`) names. The ExCache is one core to them: every miss is serialised
+//! the last [`SetPolicy`]) names. The ExCache is one core to them: every miss is serialised
 //! by the miss path's lock, so it keeps the representative itself ([`Ebb::build`]) rather than
 //! per thread. Replacing a policy while programs run replaces the Ebb's miss handler and puts
 //! a representative built by the new one in the ExCache between two misses.
@@ -9,14 +9,22 @@
 //! gets a name in its knob (`EvictPolicy`, `PrefetchPolicy` in config/pcomp.rs) and an arm in
 //! [`eviction_policy`] or [`prefetcher`]: the configuration, the command line and the swap
 //! then all know it.
-use std::sync::Mutex;
+//!
+//! Replacements arrive through the messenger: every pComponent serves the `excache-policies`
+//! Ebb ([`EBB_EXCACHE_POLICIES`]), whose representative here applies a [`SetPolicy`] message
+//! from the global managers or the admin's tools ([`ask`] sends one).
+use std::sync::{Mutex, Weak};
 
-use splitos_ebb::Ebb;
+use bytes::Bytes;
+use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
+use splitos_ebb::{Ebb, EbbId};
+use splitos_rpc::{ErrCode, PolicyState, Role, RpcError, SetPolicy, EBB_EXCACHE_POLICIES};
 
 use super::cache::{eviction_policy, EvictionPolicy};
 use super::miss::MissPath;
 use super::prefetch::{prefetcher, Prefetcher};
 use crate::config::{EvictPolicy, PrefetchPolicy};
+use crate::pmon::Pcomp;
 
 pub struct Policies {
     pub eviction: Ebb<Box<dyn EvictionPolicy>>,
@@ -47,4 +55,38 @@ impl Policies {
         }
         miss.replace_policies(eviction.map(|_| self.eviction.build()), prefetch.map(|_| self.prefetch.build()))
     }
+}
+
+/// The representative of the `excache-policies` Ebb on a pComponent.
+struct PolicyMessages {
+    pcomp: Weak<Pcomp>,
+}
+
+impl Messagable for PolicyMessages {
+    fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
+        // The transport without credentials is built by benchmarks and tests alone.
+        if from.role.as_deref().is_some_and(|r| r != Role::Gm.name() && r != Role::Admin.name()) {
+            return Err(Refused::Denied(format!("a {} may not replace a pComponent's policies", from.role.as_deref().unwrap_or("?"))));
+        }
+        let r: SetPolicy = postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPolicy message: {e}")))?;
+        let pcomp = self.pcomp.upgrade().ok_or_else(|| Refused::Invalid("the pComponent is stopping".into()))?;
+        let now = pcomp.set_policy(r).map_err(|e| match e.code {
+            ErrCode::Denied => Refused::Denied(e.msg),
+            _ => Refused::Invalid(e.msg),
+        })?;
+        Ok(postcard::to_allocvec(&now).expect("a PolicyState encodes").into())
+    }
+}
+
+/// Serves the `excache-policies` Ebb of `pcomp` until the guard is dropped.
+pub fn serve(pcomp: Weak<Pcomp>) -> Serving {
+    let ebb = Ebb::with_id(EbbId(EBB_EXCACHE_POLICIES), "excache-policies", move |_| PolicyMessages { pcomp: pcomp.clone() }).expect("one pComponent per process");
+    splitos_ebb::messenger::serve(&ebb).expect("a static id served once")
+}
+
+/// Sends `r` to a pComponent's `excache-policies` representative through `send` and returns
+/// its policies after it.
+pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPolicy) -> Result<PolicyState, RpcError> {
+    let answer = send(postcard::to_allocvec(r).expect("a SetPolicy encodes").into())?;
+    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote { code: ErrCode::Internal, msg: format!("the pComponent's answer is not a PolicyState: {e}") })
 }
