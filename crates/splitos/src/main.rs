@@ -129,6 +129,16 @@ enum ClusterCmd {
     },
     /// Print the REST API's OpenAPI document (the one the API serves at /openapi.json).
     Openapi,
+    /// Replace the global managers' placement policy while the cluster runs: placements
+    /// from then on follow it (what is placed stays where it is). Prints the policy then
+    /// (without a name, as it is). It lasts until the managers restart, which start again
+    /// with `[cluster] placement`.
+    SetPlacement {
+        /// least-loaded, best-fit, first-fit or nearest.
+        placement: Option<String>,
+        #[arg(long)]
+        gm: Option<String>,
+    },
     /// Print the global id map: the Ebbs whose messages components serve, and which
     /// components serve each (docs/ebb.md#the-messenger).
     Ebbs {
@@ -342,6 +352,7 @@ fn main() {
             ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),
             ClusterCmd::Topology { json, api } => control::topology(api, json),
             ClusterCmd::Ebbs { gm, json } => control::ebbs(gm, json),
+            ClusterCmd::SetPlacement { placement, gm } => control::set_placement(gm, placement),
             ClusterCmd::SetPolicy { id, eviction, prefetch, api } => control::memory::set_policy(api, id, eviction, prefetch),
             ClusterCmd::SetExcache { id, size, shares, clear_shares, api } => {
                 let shares = match (clear_shares, shares.is_empty()) {

@@ -9,9 +9,17 @@
 //! the simulator's pool keep its units indexed in the policy's order and find its choice in
 //! about log(units).
 //!
+//! The global managers' policy is an Ebb ([`Placements`]): the admin replaces it while the
+//! cluster runs (`splitos cluster set-placement`), through the messenger.
+//!
 //! Where the storage of a vNode or the buffer cache of a file goes is not a policy: those
 //! placements must come out the same on every pComponent and after a restart of the global
 //! managers, which rendezvous hashing gives (`gm/mod.rs`).
+
+use bytes::Bytes;
+use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
+use splitos_ebb::{Ebb, EbbId};
+use splitos_rpc::{ErrCode, PlacementState, Role, RpcError, SetPlacement, EBB_PLACEMENT};
 
 use crate::config::PlacementPolicy;
 
@@ -112,6 +120,70 @@ impl PlacementPolicy {
             PlacementPolicy::Nearest => &Nearest,
         }
     }
+}
+
+/// The global managers' placement policy, as an Ebb whose representative on each thread is
+/// the policy that thread places with; a replacement reaches each thread at its next
+/// placement. Its messages ([`EBB_PLACEMENT`]) are served while this lives.
+pub struct Placements {
+    rule: Ebb<PlacementPolicy>,
+    _messages: Serving,
+}
+
+impl Placements {
+    /// The placements of the global managers of this process, starting with `initial`.
+    pub fn new(initial: PlacementPolicy) -> Placements {
+        let rule = Ebb::new("placement-rule", move |_| initial);
+        let r = rule.clone();
+        let control = Ebb::with_id(EbbId(EBB_PLACEMENT), "placement", move |_| PlacementMessages { rule: r.clone() }).expect("one global managers per process");
+        let messages = splitos_ebb::messenger::serve(&control).expect("a static id served once");
+        Placements { rule, _messages: messages }
+    }
+
+    /// The policy in place.
+    pub fn now(&self) -> PlacementPolicy {
+        *self.rule.rep()
+    }
+
+    /// The rule of the policy in place.
+    pub fn rule(&self) -> &'static dyn Placement {
+        self.now().rule()
+    }
+
+    /// How many times the policy was replaced.
+    pub fn swaps(&self) -> u64 {
+        self.rule.generation()
+    }
+}
+
+/// The representative of the `placement` Ebb on the global managers.
+struct PlacementMessages {
+    rule: Ebb<PlacementPolicy>,
+}
+
+impl Messagable for PlacementMessages {
+    fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
+        if from.role.as_deref().is_some_and(|r| r != Role::Admin.name()) {
+            return Err(Refused::Denied(format!("a {} may not replace the placement policy", from.role.as_deref().unwrap_or("?"))));
+        }
+        let r: SetPlacement = postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPlacement message: {e}")))?;
+        if let Some(name) = r.placement {
+            let k: PlacementPolicy = name.parse().map_err(Refused::Invalid)?;
+            let before = *self.rule.rep();
+            self.rule.replace(move |_| k);
+            metrics::counter!("gm_placement_swaps_total").increment(1);
+            tracing::info!(from = %before, to = %k, "placement policy replaced");
+        }
+        let now = PlacementState { placement: self.rule.rep().to_string(), swaps: self.rule.generation() };
+        Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
+    }
+}
+
+/// Sends `r` to the global managers' `placement` representative through `send` and returns
+/// the policy after it.
+pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPlacement) -> Result<PlacementState, RpcError> {
+    let answer = send(postcard::to_allocvec(r).expect("a SetPlacement encodes").into())?;
+    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote { code: ErrCode::Internal, msg: format!("the answer is not a PlacementState: {e}") })
 }
 
 #[cfg(test)]

@@ -45,3 +45,46 @@ fn an_unknown_placement_is_refused_by_name() {
     let err = text(&out.stderr);
     assert!(err.contains("--placement") && err.contains("least-loaded, best-fit, first-fit"), "{err}");
 }
+
+/// The placement policy is an Ebb of the global managers: the admin replaces it while the
+/// cluster runs, as a hosted caller sending its representative a message, and what is placed
+/// afterwards follows the new policy (seen in what the mComponents themselves hold).
+#[test]
+fn the_placement_policy_is_replaced_while_the_cluster_runs() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nplacement = \"least-loaded\"\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"256M\"\n[[mcomponent]]\ncapacity = \"64M\"\n",
+    ));
+    let run = |args: &[&str]| {
+        let out = c.cmd(args).output().unwrap();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, out, err) = run(&["cluster", "set-placement"]);
+    assert!(ok && out.contains("placement least-loaded (replaced 0 times)"), "{out}{err}");
+    let (ok, out, err) = run(&["cluster", "set-placement", "first-fit"]);
+    assert!(ok && out.contains("placement first-fit (replaced 1 times)"), "{out}{err}");
+    let (child, _) = spawn_hold(&c, 24);
+    let held: Vec<u64> = mcomp_stats(&c).iter().map(|m| n(&m["stats"], "used")).collect();
+    assert_hold_ends_native(child);
+    assert!(held[0] >= 16 << 20 && held[1] == 0, "first-fit, put in place of least-loaded, packs every vRegion on the first mComponent: {held:?}");
+
+    // The managers serve the Ebb (the map names them, at id 0) and counted what they received.
+    let (ok, map, err) = run(&["cluster", "ebbs", "--json"]);
+    assert!(ok, "{err}");
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+    let entry = map.as_array().unwrap().iter().find(|e| e["id"] == 2).unwrap_or_else(|| panic!("{map}"));
+    assert_eq!((entry["name"].as_str(), entry["homes"][0]["id"].as_u64(), entry["homes"][0]["role"].as_str()), (Some("placement"), Some(0), Some("Gm")), "{map}");
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    assert_eq!(c.metric(&gm, "splitos_ebb_messages_received_total"), 2.0);
+    assert_eq!(c.metric(&gm, "splitos_gm_placement_swaps_total"), 1.0);
+
+    // An unknown name and a sender other than the admin are refused, and change nothing.
+    let (ok, _, err) = run(&["cluster", "set-placement", "worst-fit"]);
+    assert!(!ok && err.contains("least-loaded, best-fit, first-fit"), "{err}");
+    let creds = splitos_rpc::auth::Credentials::load(&c.issue("pcomponent")).unwrap();
+    let as_pcomp = splitos_rpc::Rpc::new(splitos_rpc::TransportConfig::default().build(Some(std::sync::Arc::new(creds))).unwrap(), std::time::Duration::from_secs(5));
+    let body = postcard::to_allocvec(&splitos_rpc::SetPlacement { placement: Some("best-fit".into()) }).unwrap();
+    let r = as_pcomp.call(&gm, splitos_rpc::X2X_EBB_MESSAGE { ebb: 2, body: serde_bytes::ByteBuf::from(body) });
+    assert_eq!(r.map(|_| ()).map_err(|e| e.code()), Err(splitos_rpc::ErrCode::Denied));
+    let (_, out, _) = run(&["cluster", "set-placement"]);
+    assert!(out.contains("placement first-fit (replaced 1 times)"), "{out}");
+}

@@ -203,6 +203,24 @@ pub struct PolicyState {
     pub prefetch_swaps: u64,
 }
 
+/// The static id of the global managers' placement policy (docs/ebb.md#the-messenger): a
+/// message is a [`SetPlacement`], its answer a [`PlacementState`].
+pub const EBB_PLACEMENT: u32 = 2;
+
+/// Replaces the placement policy of the global managers while the cluster runs (by its
+/// `[cluster] placement` name; absent: only reads it). Only the admin may.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetPlacement {
+    pub placement: Option<String>,
+}
+
+/// The placement policy now, with how many times it was replaced since the managers started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementState {
+    pub placement: String,
+    pub swaps: u64,
+}
+
 message_types! {
     // ---- any component <-> global managers (GPM, GMM)
     /// `id`: the id the component had before the global managers restarted (0: a new one).

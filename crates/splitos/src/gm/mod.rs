@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 use splitos_rpc::*;
 
 use crate::config::GmArgs;
-use crate::config::PlacementPolicy;
 use crate::node::{self, HEARTBEAT};
 use crate::placement::Unit;
 
@@ -99,8 +98,9 @@ pub struct Gm {
     vregion_size: u64,
     replication: Replication,
     overcommit: Overcommit,
-    /// How GPM and GMM choose among the components with room (`[cluster] placement`).
-    placement: PlacementPolicy,
+    /// How GPM and GMM choose among the components with room (`[cluster] placement`, then
+    /// what the admin put in its place).
+    placement: crate::placement::Placements,
     /// `[cluster] rebalance_percent` (0: off), and the mComponent being emptied towards the
     /// others now (detach.rs).
     rebalance_percent: u32,
@@ -575,10 +575,13 @@ impl Gm {
     /// the live components that serve it.
     fn ebb_map(&self, ebb: Option<u32>) -> Result<G2X_EBB_MAP, Refusal> {
         let mut map: std::collections::BTreeMap<u32, EbbHomes> = Default::default();
-        for e in self.comps().iter().filter(|e| Gm::alive(e)) {
-            for s in e.ebbs.iter().filter(|s| ebb.is_none_or(|id| id == s.id)) {
-                let entry = map.entry(s.id).or_insert_with(|| EbbHomes { id: s.id, name: s.name.clone(), homes: Vec::new() });
-                entry.homes.push(EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() });
+        // The managers' own Ebbs, at id 0 (no component has it).
+        let own = EbbHome { id: 0, role: Role::Gm, addr: self.addr.clone() };
+        let comps = self.comps();
+        let served = comps.iter().filter(|e| Gm::alive(e)).map(|e| (EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() }, e.ebbs.clone()));
+        for (home, ebbs) in std::iter::once((own, splitos_rpc::messenger::served())).chain(served) {
+            for s in ebbs.into_iter().filter(|s| ebb.is_none_or(|id| id == s.id)) {
+                map.entry(s.id).or_insert_with(|| EbbHomes { id: s.id, name: s.name, homes: Vec::new() }).homes.push(home.clone());
             }
         }
         if let Some(id) = ebb.filter(|_| map.is_empty()) {
@@ -605,7 +608,7 @@ impl Gm {
     }
 
     fn stats(&self) -> Result<X2C_STATS, Refusal> {
-        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.to_string()}).to_string();
+        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.now().to_string(), "placement_swaps": self.placement.swaps()}).to_string();
         Ok(X2C_STATS { json })
     }
 }
@@ -683,7 +686,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         vregion_size: cfg.vregion_size.0,
         replication,
         overcommit: cfg.overcommit,
-        placement: cfg.placement,
+        placement: crate::placement::Placements::new(cfg.placement),
         rebalance_percent: cfg.rebalance_percent,
         rebalancing: Mutex::new(None),
         forget_dead: Duration::from_millis(cfg.forget_dead_ms),
