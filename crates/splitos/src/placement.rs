@@ -21,8 +21,6 @@ use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
 use splitos_rpc::{ErrCode, PlacementState, Role, RpcError, SetPlacement, EBB_PLACEMENT};
 
-use crate::config::PlacementPolicy;
-
 /// What a policy sees of a unit.
 pub struct Unit<'a> {
     /// Where the unit comes in the placer's order (the simulator's unit number; the order in
@@ -110,15 +108,21 @@ impl Placement for FirstFit {
     }
 }
 
-impl PlacementPolicy {
-    /// The rule a configuration names.
-    pub fn rule(self) -> &'static dyn Placement {
-        match self {
-            PlacementPolicy::LeastLoaded => &LeastLoaded,
-            PlacementPolicy::BestFit => &BestFit,
-            PlacementPolicy::FirstFit => &FirstFit,
-            PlacementPolicy::Nearest => &Nearest,
-        }
+splitos_rpc::knob_registry! {
+    /// The placement policy of the global managers. A new policy implements [`Placement`]
+    /// and is registered here: the configuration, the command line and `cluster
+    /// set-placement` then know it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum PlacementPolicy, "placement", PLACEMENT_POLICIES, fn rule() -> &'static dyn Placement {
+        /// The least loaded component: what the global managers did before policies existed.
+        #[default]
+        LeastLoaded = "least-loaded" => &LeastLoaded,
+        /// The component with the least free.
+        BestFit = "best-fit" => &BestFit,
+        /// The first registered component with room.
+        FirstFit = "first-fit" => &FirstFit,
+        /// The component fewest hops away on the topology graph, then the least loaded.
+        Nearest = "nearest" => &Nearest,
     }
 }
 

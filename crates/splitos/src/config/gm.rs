@@ -1,6 +1,6 @@
 //! The global managers' configuration: the `[cluster]` table.
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{knob_enum, Overcommit, Replication};
+use splitos_rpc::{Overcommit, Replication};
 
 use super::{check_netns, Size, ANY_PORT, PAGE};
 
@@ -65,21 +65,7 @@ pub struct GmConfig {
     pub netns: Option<String>,
 }
 
-knob_enum! {
-    /// The placement policy of the global managers (the rules: `crate::placement`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PlacementPolicy, "placement", PLACEMENT_POLICIES {
-        /// The least loaded component: what the global managers did before policies existed.
-        #[default]
-        LeastLoaded = "least-loaded",
-        /// The component with the least free.
-        BestFit = "best-fit",
-        /// The first registered component with room.
-        FirstFit = "first-fit",
-        /// The component fewest hops away on the topology graph, then the least loaded.
-        Nearest = "nearest",
-    }
-}
+pub use crate::placement::{PlacementPolicy, PLACEMENT_POLICIES};
 
 impl Default for GmConfig {
     fn default() -> Self {

@@ -6,35 +6,7 @@ use splitos_rpc::poll::Polling;
 
 use super::{check_netns, Size, ANY_PORT, PAGE};
 
-knob_enum! {
-    /// Which line of a full ExCache set a miss evicts.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum EvictPolicy, "policy", EVICT_POLICIES {
-        /// The line installed first.
-        #[default]
-        Fifo = "fifo",
-        /// The first line not referenced since the hand last passed it (second chance).
-        Clock = "clock" | "lru",
-        /// CLOCK whose new lines start unreferenced unless they were evicted recently (ghost
-        /// entries): lines used once leave first. Wants access_sampling = "unmap".
-        GhostClock = "ghost-clock",
-    }
-}
-
-knob_enum! {
-    /// Which lines a remote miss reads ahead (docs/excache.md).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PrefetchPolicy, "prefetch_policy", PREFETCH_POLICIES {
-        /// The next lines, only while a process's misses are sequential.
-        Sequential = "sequential",
-        /// As `sequential`, and the next line of any remote miss.
-        Nextline = "nextline",
-        /// Leap (ATC'20): the majority stride of the recent misses, with a window that grows
-        /// while what it read ahead is used.
-        #[default]
-        Leap = "leap",
-    }
-}
+pub use crate::pmon::excache::policies::{EvictPolicy, PrefetchPolicy};
 
 knob_enum! {
     /// How the pComponent learns which lines a program wrote.

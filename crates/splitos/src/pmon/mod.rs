@@ -24,9 +24,9 @@ use std::time::Instant;
 
 use splitos_rpc::*;
 
-pub use excache::{eviction_policy, Clock, EvictionPolicy, ExCache, Fifo, Interleave};
 pub use excache::{prefetcher, Prefetcher, Sequential};
 pub use excache::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
+pub use excache::{Clock, EvictionPolicy, ExCache, Fifo, Interleave};
 pub use excache::{Codec, Entry, Lz4, OldestFirst, VictimTier};
 pub use excache::{Install, Region, UffdRegion};
 pub use excache::{Keep, Taken};

@@ -18,8 +18,6 @@
 //! cannot evict every line of one whose misses come slowly.
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::config::EvictPolicy;
-
 /// Ways of a set that interleaving never pins. With one, memcached under 1:2 interleaving with
 /// more local pages than the ExCache holds stopped for good: its two threads, each faulting on
 /// a remote page of the same set, took the one way from each other at every fault.
@@ -222,15 +220,6 @@ impl EvictionPolicy for GhostClock {
                 self.ghosts.remove(&key);
             }
         }
-    }
-}
-
-/// The policy the knob names, for a cache of `lines`.
-pub fn eviction_policy(knob: EvictPolicy, lines: usize) -> Box<dyn EvictionPolicy> {
-    match knob {
-        EvictPolicy::Fifo => Box::new(Fifo),
-        EvictPolicy::Clock => Box::new(Clock),
-        EvictPolicy::GhostClock => Box::new(GhostClock::new(lines)),
     }
 }
 

@@ -200,9 +200,7 @@ impl Prefetcher for Leap {
 pub fn prefetcher(policy: PrefetchPolicy, max: usize) -> Box<dyn Prefetcher> {
     match (policy, max) {
         (_, 0) => Box::new(Off),
-        (PrefetchPolicy::Sequential, _) => Box::new(Sequential::new(max, 0)),
-        (PrefetchPolicy::Nextline, _) => Box::new(Sequential::new(max, 1)),
-        (PrefetchPolicy::Leap, _) => Box::new(Leap::new(max)),
+        (policy, max) => policy.build(max),
     }
 }
 
