@@ -84,11 +84,16 @@ pub struct LoopConfig {
     pub sleep_below: u64,
     /// The window the rate is measured over.
     pub window: Duration,
+    /// How long a sleeping adaptive loop keeps polling after its last event before it sleeps:
+    /// a caller that waits for an answer often sends its next request at once, which then
+    /// finds the loop awake although the rate is below `poll_above` (zero: sleep as soon as
+    /// there is nothing to do). It costs CPU only after work.
+    pub linger: Duration,
 }
 
 impl Default for LoopConfig {
     fn default() -> Self {
-        LoopConfig { waiting: Waiting::Adaptive, poll_above: 20_000, sleep_below: 5_000, window: Duration::from_millis(10) }
+        LoopConfig { waiting: Waiting::Adaptive, poll_above: 20_000, sleep_below: 5_000, window: Duration::from_millis(10), linger: Duration::ZERO }
     }
 }
 
@@ -427,8 +432,13 @@ impl EventLoop {
         stats.polling.store(polling, Ordering::Relaxed);
         let (mut window_start, mut window_events) = (Instant::now(), 0u64);
         let mut last_epoll = Instant::now();
+        let linger = if self.cfg.waiting == Waiting::Adaptive { self.cfg.linger } else { Duration::ZERO };
+        let mut last_work = Instant::now() - linger;
         loop {
             let ran = self.run_remote() + run_queue() + run_timers() + poll_devices();
+            if ran > 0 && !linger.is_zero() {
+                last_work = Instant::now();
+            }
             // Counted before the loop may sleep: what it did is seen while it sleeps.
             stats.events.fetch_add(ran, Ordering::Relaxed);
             counters.events.increment(ran);
@@ -436,7 +446,7 @@ impl EventLoop {
                 return;
             }
             let (busy, next_timer, idle) = with_local(|l| (!l.queue.is_empty(), l.timers.peek().map(|t| t.0 .0), !l.idle.is_empty()));
-            let may_sleep = !busy && !polling && !idle;
+            let may_sleep = !busy && !polling && !idle && (linger.is_zero() || last_work.elapsed() >= linger);
             let timeout = if may_sleep { next_timer.map(|t| t.saturating_duration_since(Instant::now())) } else { Some(Duration::ZERO) };
             let armed = may_sleep && arm_devices();
             let sleep = armed && {
@@ -485,6 +495,9 @@ impl EventLoop {
             stats.events.fetch_add(ready, Ordering::Relaxed);
             counters.events.increment(ready);
             let n = ran + ready;
+            if ready > 0 && !linger.is_zero() {
+                last_work = Instant::now();
+            }
             if n == 0 && !sleep {
                 stats.empty_polls.fetch_add(1, Ordering::Relaxed);
                 let idle: Vec<Idle> = with_local(|l| l.idle.values().cloned().collect());
@@ -790,7 +803,7 @@ mod tests {
 
     #[test]
     fn a_loop_polls_under_load_and_sleeps_at_rest() {
-        let cfg = LoopConfig { waiting: Waiting::Adaptive, poll_above: 2_000, sleep_below: 500, window: Duration::from_millis(5) };
+        let cfg = LoopConfig { waiting: Waiting::Adaptive, poll_above: 2_000, sleep_below: 500, window: Duration::from_millis(5), linger: Duration::ZERO };
         let (r, t) = start(cfg);
         // At rest: no switch, and the loop sleeps.
         std::thread::sleep(Duration::from_millis(30));
@@ -817,9 +830,36 @@ mod tests {
     }
 
     #[test]
+    fn a_lingering_loop_polls_a_while_after_each_event_then_sleeps() {
+        let linger = Duration::from_millis(40);
+        let cfg = LoopConfig { waiting: Waiting::Adaptive, poll_above: 1_000_000, sleep_below: 1, window: Duration::from_millis(5), linger };
+        let (r, t) = start(cfg);
+        std::thread::sleep(Duration::from_millis(20));
+        let rest = r.stats().counts();
+        assert_eq!(rest.empty_polls, 0, "at rest it sleeps at once: {rest:?}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        r.spawn(move || tx.send(Instant::now()).unwrap());
+        let ran = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        let lingering = r.stats().counts();
+        assert!(lingering.empty_polls > 10 && lingering.sleeps == rest.sleeps, "it polls after the event, asleep no more: {lingering:?}");
+        while ran.elapsed() < linger + Duration::from_millis(30) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let after = r.stats().counts();
+        std::thread::sleep(Duration::from_millis(50));
+        let later = r.stats().counts();
+        assert!(after.sleeps > rest.sleeps, "it slept once the linger passed: {after:?}");
+        assert_eq!(later.empty_polls, after.empty_polls, "and polls no more: {later:?}");
+        assert_eq!((later.to_poll, later.polling), (0, false), "lingering is not the switch to polling: {later:?}");
+        r.spawn(stop);
+        t.join().unwrap();
+    }
+
+    #[test]
     fn a_loop_that_only_sleeps_or_only_polls_never_switches() {
         for waiting in [Waiting::Sleep, Waiting::Poll] {
-            let (r, t) = start(LoopConfig { waiting, poll_above: 10, sleep_below: 5, window: Duration::from_millis(1) });
+            let (r, t) = start(LoopConfig { waiting, poll_above: 10, sleep_below: 5, window: Duration::from_millis(1), linger: Duration::from_millis(50) });
             for _ in 0..2000 {
                 r.spawn(|| {});
             }

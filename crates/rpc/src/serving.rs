@@ -51,6 +51,12 @@ pub struct ServingConfig {
     /// the gap keeps a rate near one threshold from switching on every window).
     #[arg(id = "serving.sleep_below", value_name = "N", long = "serving-sleep-below", default_value_t = 5_000)]
     pub sleep_below: u64,
+    /// How long (µs) an adaptive loop below poll_above keeps polling after its last event
+    /// before it sleeps, so that a caller's next request, sent as soon as it has its answer,
+    /// finds it awake (as a thread polls for spin_us after each request); 0: sleep at once.
+    /// At rest it costs nothing.
+    #[arg(id = "serving.linger_us", value_name = "US", long = "serving-linger-us", default_value_t = 100)]
+    pub linger_us: u64,
 }
 
 impl Default for ServingConfig {
@@ -59,18 +65,24 @@ impl Default for ServingConfig {
     }
 }
 
+/// The longest `linger_us`.
+const MAX_LINGER_US: u64 = 10_000;
+
 /// The window a loop's event rate is measured over.
 const WINDOW: Duration = Duration::from_millis(10);
 
 impl ServingConfig {
     fn loop_config(&self) -> LoopConfig {
-        LoopConfig { waiting: self.waiting, poll_above: self.poll_above, sleep_below: self.sleep_below, window: WINDOW }
+        LoopConfig { waiting: self.waiting, poll_above: self.poll_above, sleep_below: self.sleep_below, window: WINDOW, linger: Duration::from_micros(self.linger_us) }
     }
 
     /// An error names the knob it is about.
     pub fn validate(&self) -> Result<(), String> {
         if self.cores == 0 {
             return Err("serving.cores: at least one loop".into());
+        }
+        if self.linger_us > MAX_LINGER_US {
+            return Err(format!("serving.linger_us: {} is above {MAX_LINGER_US} (a loop that lingers that long polls: waiting = \"poll\")", self.linger_us));
         }
         self.loop_config().validate().map_err(|e| format!("serving: {e}"))
     }

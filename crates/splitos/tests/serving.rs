@@ -105,7 +105,7 @@ fn the_loops_waiting_knobs_do_what_they_say() {
     // Knobs out of range are refused at start, naming them.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("bad.toml");
-    for (bad, knob) in [("cores = 0", "serving.cores"), ("poll_above = 10\nsleep_below = 20", "sleep_below"), ("kind = \"fibers\"", "serving")] {
+    for (bad, knob) in [("cores = 0", "serving.cores"), ("poll_above = 10\nsleep_below = 20", "sleep_below"), ("kind = \"fibers\"", "serving"), ("linger_us = 20000", "serving.linger_us")] {
         std::fs::write(&f, format!("[[pcomponent]]\n[[mcomponent]]\n[mcomponent.serving]\n{bad}\n")).unwrap();
         let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
         assert_ne!(out.status.code(), Some(0), "{bad}");
