@@ -74,7 +74,7 @@ macro_rules! knob_enum {
 
 /// A registry of policies: a [`knob_enum!`](crate::knob_enum) whose every name also says what
 /// it builds, through one method of the knob. A policy is one entry: its name (and aliases),
-/// its doc comment (the knob's help lists it) and the expression that builds it; the
+/// a doc comment saying what it does, and the expression that builds it; the
 /// configuration, the command line and whatever builds from the knob (a run-time swap) then
 /// all know it.
 ///

@@ -11,6 +11,7 @@
 //! - **Sending.** A [`Messenger`] sends a message to an Ebb's representative on one component,
 //!   found in the map. It is all a hosted program (one not run under splitos, as the admin's
 //!   command line) needs to call an Ebb that lives in the cluster.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -22,8 +23,21 @@ use crate::server::Peer;
 use crate::wire::{EbbHome, EbbHomes, EbbServed, ErrCode, Msg, ERR, G2X_EBB_MAP, X2G_EBB_FIND, X2X_EBB_ANSWER, X2X_EBB_MESSAGE};
 use crate::{Rpc, RpcError};
 
-/// Answers an `X2X_EBB_MESSAGE` with the representative of its Ebb on this core.
+/// This process's component id, once the global managers gave it (above `u32::MAX`: not yet).
+static COMPONENT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Says which component this process is (the global managers are 0): a message meant for
+/// another (`X2X_EBB_MESSAGE.to`) is refused.
+pub fn set_component_id(id: u32) {
+    COMPONENT.store(id as u64, Ordering::Relaxed);
+}
+
+/// Answers an `X2X_EBB_MESSAGE` with the representative of its Ebb on the serving thread.
 pub(crate) fn receive(m: X2X_EBB_MESSAGE, peer: Option<Peer>) -> Msg {
+    let me = COMPONENT.load(Ordering::Relaxed);
+    if let Some(to) = m.to.filter(|to| *to as u64 != me) {
+        return Msg::ERR(ERR::new(ErrCode::NotFound, format!("this is not component {to}")));
+    }
     let from = Origin { role: peer.map(|p| p.role.name().to_string()) };
     match messenger::deliver(EbbId(m.ebb), &from, Bytes::from(m.body.into_vec())) {
         Ok(body) => X2X_EBB_ANSWER { body: ByteBuf::from(Vec::from(body)) }.into(),
@@ -63,12 +77,15 @@ impl Messenger {
     }
 
     /// Sends `body` to the representative of Ebb `ebb` on component `component` and returns
-    /// its answer.
+    /// its answer. A home remembered that turned out wrong before the message was delivered
+    /// (unreachable, or not serving the Ebb as that component) is looked up again, once; one
+    /// whose connection broke during the call is not, since the message may have been
+    /// served.
     pub fn send_to(&self, ebb: EbbId, component: u32, body: Bytes) -> Result<Bytes, RpcError> {
         let cached = self.homes.lock().unwrap().iter().find(|(id, _)| *id == ebb).and_then(|(_, h)| h.iter().find(|h| h.id == component).cloned());
         if let Some(home) = cached {
-            match send(&self.rpc, &home.addr, ebb, body.clone()) {
-                Err(RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Remote { code: ErrCode::NotFound, .. }) => {}
+            match deliver_to(&self.rpc, &home.addr, ebb, Some(component), body.clone()) {
+                Err(RpcError::Unreachable { .. } | RpcError::Remote { code: ErrCode::NotFound, .. }) => {}
                 answer => return answer,
             }
         }
@@ -80,15 +97,19 @@ impl Messenger {
             cache.push((ebb, homes));
         }
         let home = home.ok_or_else(|| RpcError::Remote { code: ErrCode::NotFound, msg: format!("no live component {component} serves {ebb} (the global id map names no such home)") })?;
-        send(&self.rpc, &home.addr, ebb, body)
+        deliver_to(&self.rpc, &home.addr, ebb, Some(component), body)
     }
 }
 
 /// Sends `body` to the representative of Ebb `ebb` on the component at `addr` and returns its
 /// answer.
 pub fn send(rpc: &Rpc, addr: &str, ebb: EbbId, body: Bytes) -> Result<Bytes, RpcError> {
+    deliver_to(rpc, addr, ebb, None, body)
+}
+
+fn deliver_to(rpc: &Rpc, addr: &str, ebb: EbbId, to: Option<u32>, body: Bytes) -> Result<Bytes, RpcError> {
     metrics::counter!("ebb_messages_sent_total", "ebb" => ebb.0.to_string()).increment(1);
-    let a = rpc.call(addr, X2X_EBB_MESSAGE { ebb: ebb.0, body: ByteBuf::from(Vec::from(body)) })?;
+    let a = rpc.call(addr, X2X_EBB_MESSAGE { ebb: ebb.0, to, body: ByteBuf::from(Vec::from(body)) })?;
     Ok(Bytes::from(a.body.into_vec()))
 }
 
@@ -132,7 +153,7 @@ mod tests {
     }
 
     #[test]
-    fn a_message_reaches_the_ebb_on_the_component_the_map_names_and_the_map_is_read_again_when_it_moved() {
+    fn a_message_reaches_the_ebb_on_the_component_the_map_names_and_the_map_is_read_again_when_its_home_moved() {
         let t = TransportConfig::default().build(None).unwrap();
         let ep = t.listen("127.0.0.1:0").unwrap();
         let addr = ep.addr();
@@ -146,24 +167,34 @@ mod tests {
         assert_eq!(code(send(&rpc, &addr, EbbId(901), Bytes::new())), Err(ErrCode::Invalid));
         assert_eq!(code(send(&rpc, &addr, EbbId(902), Bytes::from_static(b"x"))), Err(ErrCode::NotFound));
 
+        // Sent for component 7, it is refused: this process is component 5.
+        set_component_id(5);
+        assert_eq!(code(deliver_to(&rpc, &addr, EbbId(901), Some(7), Bytes::from_static(b"x"))), Err(ErrCode::NotFound));
+        assert_eq!(deliver_to(&rpc, &addr, EbbId(901), Some(5), Bytes::from_static(b"ok")).unwrap(), "ko");
+
+        // The map first names an address where nothing listens (component 5 moved), then the
+        // right one.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let lookups = Arc::new(AtomicUsize::new(0));
         let (l, a) = (lookups.clone(), addr.clone());
         let m = Messenger::new(
             rpc,
             Box::new(move |id| {
-                l.fetch_add(1, Ordering::SeqCst);
                 assert_eq!(id, EbbId(901));
-                Ok(vec![EbbHome { id: 5, role: Role::Mem, addr: a.clone() }])
+                let at = if l.fetch_add(1, Ordering::SeqCst) == 0 { dead.clone() } else { a.clone() };
+                Ok(vec![EbbHome { id: 5, role: Role::Mem, addr: at }])
             }),
         );
-        assert_eq!(m.send_to(EbbId(901), 5, Bytes::from_static(b"12")).unwrap(), "21");
-        assert_eq!(m.send_to(EbbId(901), 5, Bytes::from_static(b"345")).unwrap(), "543");
-        assert_eq!(lookups.load(Ordering::SeqCst), 1, "the home found once is remembered");
-        assert_eq!(code(m.send_to(EbbId(901), 6, Bytes::from_static(b"x"))), Err(ErrCode::NotFound), "no such home in the map");
+        assert_eq!(code(m.send_to(EbbId(901), 5, Bytes::from_static(b"12"))), Err(ErrCode::Unreachable), "a fresh lookup is not repeated");
+        assert_eq!(m.send_to(EbbId(901), 5, Bytes::from_static(b"12")).unwrap(), "21", "the remembered home did not answer: looked up again");
         assert_eq!(lookups.load(Ordering::SeqCst), 2);
+        assert_eq!(m.send_to(EbbId(901), 5, Bytes::from_static(b"345")).unwrap(), "543");
+        assert_eq!(lookups.load(Ordering::SeqCst), 2, "the home found is remembered");
+        assert_eq!(code(m.send_to(EbbId(901), 6, Bytes::from_static(b"x"))), Err(ErrCode::NotFound), "no such home in the map");
+        assert_eq!(lookups.load(Ordering::SeqCst), 3);
         // No longer served where the map said: read again once, then the refusal.
         drop(serving);
         assert_eq!(code(m.send_to(EbbId(901), 5, Bytes::from_static(b"x"))), Err(ErrCode::NotFound));
-        assert_eq!(lookups.load(Ordering::SeqCst), 3);
+        assert_eq!(lookups.load(Ordering::SeqCst), 4);
     }
 }

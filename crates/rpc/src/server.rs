@@ -78,12 +78,11 @@ pub fn current_peer() -> Option<Peer> {
 /// Handles `msg` with `peer` as the current sender. A message for an Ebb goes to the
 /// messenger, whatever the component.
 fn handle_from(handler: &dyn Handler, msg: Msg, peer: Option<Peer>) -> Msg {
-    let msg = match msg {
-        Msg::X2X_EBB_MESSAGE(m) => return crate::messenger::receive(m, peer),
-        msg => msg,
-    };
     let before = PEER.with(|p| p.replace(peer));
-    let reply = handler.handle(msg);
+    let reply = match msg {
+        Msg::X2X_EBB_MESSAGE(m) => crate::messenger::receive(m, peer),
+        msg => handler.handle(msg),
+    };
     PEER.with(|p| p.set(before));
     reply
 }

@@ -135,6 +135,7 @@ impl Node {
             match self.call_gm(msg) {
                 Ok(r) => {
                     self.id.store(r.id, Ordering::Relaxed);
+                    splitos_rpc::messenger::set_component_id(r.id);
                     return Ok(r);
                 }
                 Err(e) => last = Some(e),

@@ -230,6 +230,35 @@ mod tests {
         assert!(!PlacementPolicy::LeastLoaded.rule().near_first() && !PlacementPolicy::BestFit.rule().near_first());
     }
 
+    /// The managers' `placement` Ebb, as a message reaches it: the admin replaces the policy,
+    /// and every thread places with the new one from its next placement; others are refused.
+    #[test]
+    fn the_placement_ebb_is_replaced_by_the_admin_alone_and_reaches_every_thread() {
+        use splitos_ebb::messenger::{deliver, Undelivered};
+        let p = std::sync::Arc::new(Placements::new(PlacementPolicy::LeastLoaded));
+        let before_elsewhere = {
+            let p = p.clone();
+            std::thread::spawn(move || p.now()).join().unwrap()
+        };
+        assert_eq!((p.now(), before_elsewhere, p.swaps()), (PlacementPolicy::LeastLoaded, PlacementPolicy::LeastLoaded, 0));
+        let from = |role: &str| Origin { role: Some(role.into()) };
+        let body = |name: Option<&str>| Bytes::from(postcard::to_allocvec(&SetPlacement { placement: name.map(Into::into) }).unwrap());
+        let answer = deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("first-fit"))).unwrap();
+        let now: PlacementState = postcard::from_bytes(&answer).unwrap();
+        assert_eq!((now.placement.as_str(), now.swaps), ("first-fit", 1));
+        assert_eq!(p.now(), PlacementPolicy::FirstFit);
+        assert!(p.rule().packs());
+        let p2 = p.clone();
+        assert_eq!(std::thread::spawn(move || p2.now()).join().unwrap(), PlacementPolicy::FirstFit, "another thread's representative is rebuilt");
+        for (who, b) in [("pcomponent", body(Some("best-fit"))), ("global-managers", body(Some("best-fit")))] {
+            assert!(matches!(deliver(EbbId(EBB_PLACEMENT), &from(who), b), Err(Undelivered::Refused(Refused::Denied(_)))), "{who}");
+        }
+        assert!(matches!(deliver(EbbId(EBB_PLACEMENT), &from("admin"), Bytes::from_static(&[0xff; 7])), Err(Undelivered::Refused(Refused::Invalid(_)))));
+        let Err(Undelivered::Refused(Refused::Invalid(why))) = deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("worst-fit"))) else { panic!("an unknown name") };
+        assert!(why.contains("least-loaded, best-fit"), "{why}");
+        assert_eq!((p.now(), p.swaps()), (PlacementPolicy::FirstFit, 1), "nothing refused changed it");
+    }
+
     #[test]
     fn policies_are_named_as_the_configuration_names_them() {
         for name in crate::config::PLACEMENT_POLICIES {

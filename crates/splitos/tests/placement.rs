@@ -83,7 +83,7 @@ fn the_placement_policy_is_replaced_while_the_cluster_runs() {
     let creds = splitos_rpc::auth::Credentials::load(&c.issue("pcomponent")).unwrap();
     let as_pcomp = splitos_rpc::Rpc::new(splitos_rpc::TransportConfig::default().build(Some(std::sync::Arc::new(creds))).unwrap(), std::time::Duration::from_secs(5));
     let body = postcard::to_allocvec(&splitos_rpc::SetPlacement { placement: Some("best-fit".into()) }).unwrap();
-    let r = as_pcomp.call(&gm, splitos_rpc::X2X_EBB_MESSAGE { ebb: 2, body: serde_bytes::ByteBuf::from(body) });
+    let r = as_pcomp.call(&gm, splitos_rpc::X2X_EBB_MESSAGE { ebb: 2, to: None, body: serde_bytes::ByteBuf::from(body) });
     assert_eq!(r.map(|_| ()).map_err(|e| e.code()), Err(splitos_rpc::ErrCode::Denied));
     let (_, out, _) = run(&["cluster", "set-placement"]);
     assert!(out.contains("placement first-fit (replaced 1 times)"), "{out}");

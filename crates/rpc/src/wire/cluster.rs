@@ -330,9 +330,13 @@ message_types! {
     // ---- any component (or the admin's tools, hosted) -> any component: the Ebb messenger
     /// A message for the representative of Ebb `ebb` on the receiving component
     /// (docs/ebb.md#the-messenger). The body is the Ebb's own: [`EBB_EXCACHE_POLICIES`]
-    /// takes a postcard [`SetPolicy`] and answers a [`PolicyState`]. `ERR NotFound` if the
-    /// receiver serves no such Ebb; the representative's refusal as `ERR Denied` or `Invalid`.
-    X2X_EBB_MESSAGE { pub ebb: u32, pub body: ByteBuf };
+    /// takes a postcard [`SetPolicy`] and answers a [`PolicyState`], [`EBB_PLACEMENT`] a
+    /// [`SetPlacement`] and a [`PlacementState`]. `to`: the component id the sender found the
+    /// Ebb's home under (the global managers are 0), which the receiver checks, so that an
+    /// address reused by another component is not taken for it; none: whoever is at the
+    /// address. `ERR NotFound` if the receiver serves no such Ebb or is not `to`; the
+    /// representative's refusal as `ERR Denied` or `Invalid`.
+    X2X_EBB_MESSAGE { pub ebb: u32, pub to: Option<u32>, pub body: ByteBuf };
     X2X_EBB_ANSWER { pub body: ByteBuf };
 
     // ---- control client -> any component

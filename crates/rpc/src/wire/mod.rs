@@ -512,7 +512,7 @@ mod role_tests {
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
             (G2P_SET_EXCACHE { size: Some(1 << 20), shares: None }.into(), &[Role::Gm, Role::Admin]),
-            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, body: ByteBuf::new() }.into(), &Role::ALL),
+            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, to: None, body: ByteBuf::new() }.into(), &Role::ALL),
             (X2G_EBB_FIND { ebb: None }.into(), &Role::ALL),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new(), near: 0 }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
@@ -531,7 +531,7 @@ mod role_tests {
             (C2G_STATUS.into(), &[Role::Gm]),
             (G2P_JOBS.into(), &[Role::Proc]),
             (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
-            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, body: ByteBuf::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
+            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, to: None, body: ByteBuf::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
             (X2G_EBB_FIND { ebb: None }.into(), &[Role::Gm]),
         ];
         for (msg, allowed) in receivers {

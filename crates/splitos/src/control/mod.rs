@@ -311,12 +311,14 @@ pub fn ebbs(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cluster set-placement`: a hosted call of the global managers' `placement` Ebb.
+/// `cluster set-placement`: a hosted call of the global managers' `placement` Ebb, at the
+/// managers' address (no map needed).
 pub fn set_placement(gm: Option<String>, placement: Option<String>) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
-    let messenger = splitos_rpc::messenger::Messenger::via_gm(cluster::rpc()?.clone(), gm.clone());
+    let rpc = cluster::rpc()?;
     let change = splitos_rpc::SetPlacement { placement };
-    let now = crate::placement::ask(|body| messenger.send_to(splitos_ebb::EbbId(splitos_rpc::EBB_PLACEMENT), 0, body), &change).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    let send = |body| splitos_rpc::messenger::send(rpc, &gm, splitos_ebb::EbbId(splitos_rpc::EBB_PLACEMENT), body);
+    let now = crate::placement::ask(send, &change).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
     println!("placement {} (replaced {} times)", now.placement, now.swaps);
     Ok(())
 }

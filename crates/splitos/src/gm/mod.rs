@@ -80,14 +80,18 @@ struct Entry {
 }
 
 /// At most this many Ebbs per component in the id map, each named in at most
-/// [`MAX_EBB_NAME`] bytes: a component cannot grow the managers' memory without bound.
+/// [`MAX_EBB_NAME`] bytes, and addresses of at most [`MAX_ADDR`] bytes: a component cannot
+/// grow the managers' memory (or the map's answer) without bound.
 const MAX_EBBS: usize = 64;
 const MAX_EBB_NAME: usize = 64;
+const MAX_ADDR: usize = 256;
 
-/// The Ebbs a registration or heartbeat names, refused whole if they exceed the bounds.
+/// The Ebbs a registration or heartbeat names, refused whole if they exceed the bounds or
+/// name one id twice.
 fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, Refusal> {
-    if ebbs.len() > MAX_EBBS || ebbs.iter().any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC) {
-        return Err(ERR::new(ErrCode::Invalid, format!("at most {MAX_EBBS} Ebbs, with static ids (below {}) and names of at most {MAX_EBB_NAME} bytes", splitos_ebb::ebb::FIRST_DYNAMIC)));
+    let ids: std::collections::BTreeSet<u32> = ebbs.iter().map(|e| e.id).collect();
+    if ebbs.len() > MAX_EBBS || ids.len() != ebbs.len() || ebbs.iter().any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC) {
+        return Err(ERR::new(ErrCode::Invalid, format!("ebbs: at most {MAX_EBBS}, each once, with static ids (below {}) and names of at most {MAX_EBB_NAME} bytes", splitos_ebb::ebb::FIRST_DYNAMIC)));
     }
     Ok(ebbs)
 }
@@ -210,8 +214,8 @@ impl Gm {
     /// (by id), for a policy that places near first; empty for another policy, or an unknown
     /// `from`. The graph is built from a snapshot, outside the membership's lock, which
     /// heartbeats and placements wait for.
-    fn hops(&self, from: Option<u32>) -> std::collections::HashMap<u32, u32> {
-        let Some(from) = from.filter(|_| self.placement.rule().near_first()) else { return Default::default() };
+    fn hops(&self, from: Option<u32>, rule: &dyn crate::placement::Placement) -> std::collections::HashMap<u32, u32> {
+        let Some(from) = from.filter(|_| rule.near_first()) else { return Default::default() };
         let g = crate::topology::Graph::cluster(&self.addr, &self.snapshot(), &Default::default());
         let Some(start) = g.find(&crate::topology::component_id(from)) else { return Default::default() };
         g.hops_from(start).into_iter().zip(&g.nodes).filter_map(|(h, n)| Some((n.component?, h?))).collect()
@@ -222,10 +226,11 @@ impl Gm {
     /// there is one. Its load is the share of its memory taken. `near`: the pComponent the
     /// memory is for, from which a policy that places near first counts hops.
     fn pick_memory(&self, need: u64, exclude: &[u32], near: Option<u32>) -> Result<ComponentRef, Refusal> {
-        let hops = self.hops(near);
+        // One policy for the whole choice, though it may be replaced meanwhile.
+        let rule = self.placement.rule();
+        let hops = self.hops(near, rule);
         let mut comps = self.comps();
         let taken_hosts: Vec<String> = comps.iter().filter(|e| exclude.contains(&e.info.id)).map(|e| host_of(&e.info.addr).to_string()).collect();
-        let rule = self.placement.rule();
         let best = comps
             .iter_mut()
             .enumerate()
@@ -270,6 +275,9 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 impl Gm {
     fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
         let ebbs = checked_ebbs(r.ebbs)?;
+        if r.addr.len() > MAX_ADDR {
+            return Err(ERR::new(ErrCode::Invalid, format!("addr: longer than {MAX_ADDR} bytes")));
+        }
         let peer = current_peer();
         // A component registers as what its credentials say it is.
         if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
@@ -318,7 +326,16 @@ impl Gm {
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
-        let ebbs = checked_ebbs(r.ebbs)?;
+        // A list out of bounds keeps the one registered: a heartbeat refused would make the
+        // component look dead.
+        let ebbs = checked_ebbs(r.ebbs)
+            .inspect_err(|e| {
+                static BAD_EBBS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("heartbeats naming Ebbs out of bounds");
+                if BAD_EBBS.log_this() {
+                    tracing::warn!(id = r.id, error = %e, "a heartbeat named Ebbs out of bounds; its registered ones are kept");
+                }
+            })
+            .ok();
         let mut comps = self.comps();
         {
             let mut last_any = self.last_any.lock().unwrap();
@@ -359,7 +376,9 @@ impl Gm {
         e.links = r.links;
         e.links.retain(|l| known.contains(&l.peer));
         e.links.truncate(MAX_LINKS);
-        e.ebbs = ebbs;
+        if let Some(ebbs) = ebbs {
+            e.ebbs = ebbs;
+        }
         e.last = Instant::now();
         e.pending = 0;
         let role = e.info.role;
@@ -577,8 +596,14 @@ impl Gm {
         let mut map: std::collections::BTreeMap<u32, EbbHomes> = Default::default();
         // The managers' own Ebbs, at id 0 (no component has it).
         let own = EbbHome { id: 0, role: Role::Gm, addr: self.addr.clone() };
-        let comps = self.comps();
-        let served = comps.iter().filter(|e| Gm::alive(e)).map(|e| (EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() }, e.ebbs.clone()));
+        // Taken under the membership's lock, which heartbeats and placements wait for; built
+        // after it.
+        let served: Vec<(EbbHome, Vec<EbbServed>)> = self
+            .comps()
+            .iter()
+            .filter(|e| Gm::alive(e) && !e.ebbs.is_empty())
+            .map(|e| (EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() }, e.ebbs.iter().filter(|s| ebb.is_none_or(|id| id == s.id)).cloned().collect()))
+            .collect();
         for (home, ebbs) in std::iter::once((own, splitos_rpc::messenger::served())).chain(served) {
             for s in ebbs.into_iter().filter(|s| ebb.is_none_or(|id| id == s.id)) {
                 map.entry(s.id).or_insert_with(|| EbbHomes { id: s.id, name: s.name, homes: Vec::new() }).homes.push(home.clone());
@@ -681,6 +706,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let addr = ep.addr();
     crate::telemetry::init(Role::Gm, &addr);
     let state = state::Store::open(args.state.as_deref())?;
+    splitos_rpc::messenger::set_component_id(0);
     let gm = Arc::new(Gm {
         addr: addr.clone(),
         vregion_size: cfg.vregion_size.0,
