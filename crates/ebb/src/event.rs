@@ -209,6 +209,9 @@ struct Local {
     idle: BTreeMap<u64, Idle>,
     next_idle: u64,
     devices: BTreeMap<u64, Dev>,
+    /// The devices as one list, rebuilt when one comes or goes: what each iteration polls,
+    /// without a list made per iteration.
+    device_list: Rc<[Dev]>,
     next_device: u64,
     sources: Vec<Option<Handler>>,
     free_sources: Vec<usize>,
@@ -289,6 +292,7 @@ pub fn add_device(d: impl Device + 'static) -> DeviceId {
         let id = l.next_device;
         l.next_device += 1;
         l.devices.insert(id, Rc::new(RefCell::new(d)));
+        l.device_list = l.devices.values().cloned().collect();
         DeviceId(id)
     })
 }
@@ -297,6 +301,7 @@ pub fn add_device(d: impl Device + 'static) -> DeviceId {
 pub fn remove_device(id: DeviceId) {
     with_local(|l| {
         if let Some(d) = l.devices.remove(&id.0) {
+            l.device_list = l.devices.values().cloned().collect();
             l.queue.push_back(Box::new(move || drop(d)));
         }
     });
@@ -401,6 +406,7 @@ impl EventLoop {
                 idle: BTreeMap::new(),
                 next_idle: 0,
                 devices: BTreeMap::new(),
+                device_list: Rc::new([]),
                 next_device: 0,
                 sources: Vec::new(),
                 free_sources: Vec::new(),
@@ -414,8 +420,12 @@ impl EventLoop {
         // (`deregister`, `spawn_local`): they are dropped while it is still there, each
         // outside the loop's borrow.
         loop {
-            let (sources, queue, idle, timers, devices) =
-                with_local(|l| (std::mem::take(&mut l.sources), std::mem::take(&mut l.queue), std::mem::take(&mut l.idle), std::mem::take(&mut l.timer_fns), std::mem::take(&mut l.devices)));
+            let (sources, queue, idle, timers, devices) = with_local(|l| {
+                (std::mem::take(&mut l.sources), std::mem::take(&mut l.queue), std::mem::take(&mut l.idle), std::mem::take(&mut l.timer_fns), {
+                    l.device_list = Rc::new([]);
+                    std::mem::take(&mut l.devices)
+                })
+            });
             if sources.iter().all(Option::is_none) && queue.is_empty() && idle.is_empty() && timers.is_empty() && devices.is_empty() {
                 break;
             }
@@ -587,8 +597,8 @@ fn run_queue() -> u64 {
     n
 }
 
-fn devices() -> Vec<Dev> {
-    with_local(|l| l.devices.values().cloned().collect())
+fn devices() -> Rc<[Dev]> {
+    with_local(|l| l.device_list.clone())
 }
 
 fn poll_devices() -> u64 {
@@ -610,7 +620,7 @@ fn arm_devices() -> bool {
 }
 
 fn disarm_devices() {
-    for d in devices() {
+    for d in devices().iter() {
         d.borrow_mut().disarm();
     }
 }

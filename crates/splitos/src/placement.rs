@@ -158,6 +158,24 @@ impl Placements {
     pub fn swaps(&self) -> u64 {
         self.rule.generation()
     }
+
+    /// Replaces the policy with the one `name` names (none: only reads it), as the
+    /// `placement` Ebb's message does; the policy then.
+    pub fn set(&self, name: Option<String>) -> Result<PlacementState, String> {
+        replace(&self.rule, name)
+    }
+}
+
+/// Puts the policy `name` names in place of `rule`'s (none: only reads it).
+fn replace(rule: &Ebb<PlacementPolicy>, name: Option<String>) -> Result<PlacementState, String> {
+    if let Some(name) = name {
+        let k: PlacementPolicy = name.parse()?;
+        let before = *rule.rep();
+        rule.replace(move |_| k);
+        metrics::counter!("gm_placement_swaps_total").increment(1);
+        tracing::info!(from = %before, to = %k, "placement policy replaced");
+    }
+    Ok(PlacementState { placement: rule.rep().to_string(), swaps: rule.generation() })
 }
 
 /// The representative of the `placement` Ebb on the global managers.
@@ -171,14 +189,7 @@ impl Messagable for PlacementMessages {
             return Err(Refused::Denied(format!("a {} may not replace the placement policy", from.role.as_deref().unwrap_or("?"))));
         }
         let r: SetPlacement = postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPlacement message: {e}")))?;
-        if let Some(name) = r.placement {
-            let k: PlacementPolicy = name.parse().map_err(Refused::Invalid)?;
-            let before = *self.rule.rep();
-            self.rule.replace(move |_| k);
-            metrics::counter!("gm_placement_swaps_total").increment(1);
-            tracing::info!(from = %before, to = %k, "placement policy replaced");
-        }
-        let now = PlacementState { placement: self.rule.rep().to_string(), swaps: self.rule.generation() };
+        let now = replace(&self.rule, r.placement).map_err(Refused::Invalid)?;
         Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
     }
 }

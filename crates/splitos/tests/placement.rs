@@ -87,4 +87,19 @@ fn the_placement_policy_is_replaced_while_the_cluster_runs() {
     assert_eq!(r.map(|_| ()).map_err(|e| e.code()), Err(splitos_rpc::ErrCode::Denied));
     let (_, out, _) = run(&["cluster", "set-placement"]);
     assert!(out.contains("placement first-fit (replaced 1 times)"), "{out}");
+
+    // The REST API replaces it the same way, for admin tokens alone.
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    let admin = std::fs::read_to_string(c.dir.path().join("admin.token")).unwrap().trim().to_string();
+    let tenant = api_token(&c, &["lab", "--vnode", "lab"]);
+    let (code, _, body) = http(&api, "PUT", "/api/v1/placement", Some(&admin), br#"{"placement": "best-fit"}"#);
+    assert_eq!(code, 200, "{body}");
+    let now: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((now["placement"].as_str(), now["swaps"].as_u64()), (Some("best-fit"), Some(2)), "{body}");
+    assert_eq!(http(&api, "PUT", "/api/v1/placement", Some(&tenant), br#"{"placement": "nearest"}"#).0, 403);
+    let (code, _, body) = http(&api, "PUT", "/api/v1/placement", Some(&admin), br#"{"placement": "worst-fit"}"#);
+    assert!(code == 400 && body.contains("least-loaded"), "{code} {body}");
+    let (code, _, body) = http(&api, "GET", "/api/v1/placement", Some(&admin), b"");
+    assert!(code == 200 && body.contains("best-fit"), "{code} {body}");
+    assert_eq!(c.metric(&gm, "splitos_gm_placement_swaps_total"), 2.0);
 }

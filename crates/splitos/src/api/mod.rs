@@ -10,6 +10,7 @@
 mod dashboard;
 mod excache;
 mod memory;
+mod placement;
 pub mod tls;
 pub mod tokens;
 
@@ -571,7 +572,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, placement::get, placement::put, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -607,6 +608,7 @@ fn router(api: Arc<Api>) -> Router {
         .route("/memory/{id}/attach", axum::routing::post(memory::attach))
         .route("/pcomponents/{id}/excache", get(excache::get).put(excache::put))
         .route("/pcomponents/{id}/policy", get(excache::get_policy).put(excache::put_policy))
+        .route("/placement", get(placement::get).put(placement::put))
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))

@@ -590,6 +590,11 @@ impl Gm {
         Ok(r)
     }
 
+    /// Replaces the placement policy with the one `name` names (none: only reads it).
+    pub fn placement(&self, name: Option<String>) -> Result<PlacementState, String> {
+        self.placement.set(name)
+    }
+
     /// The global id map: every Ebb served by a live component (only `ebb`, if given), with
     /// the live components that serve it.
     fn ebb_map(&self, ebb: Option<u32>) -> Result<G2X_EBB_MAP, Refusal> {
