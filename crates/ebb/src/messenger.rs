@@ -2,8 +2,8 @@
 //! different components, as EbbRT's messenger carries them between nodes.
 //!
 //! An Ebb whose representatives answer messages ([`Messagable`]) is served with [`serve`]: a
-//! message that arrives for its id is handed to the representative of the core that received
-//! it. The runtime knows no network: a transport hands each message it receives to
+//! message that arrives for its id is handed to the representative of the core (thread) that
+//! delivers it. The runtime knows no network: a transport hands each message it receives to
 //! [`deliver`], and says which Ebbs this process serves ([`served`]) to whatever keeps the
 //! global id map. The project's transport does both (`splitos_rpc::messenger`).
 //!

@@ -52,8 +52,8 @@ pub fn served() -> Vec<EbbServed> {
     messenger::served().into_iter().map(|(id, name)| EbbServed { id: id.0, name }).collect()
 }
 
-/// Where the global id map is read: the global managers' answer to `X2G_EBB_FIND`, or (in
-/// the global managers themselves) their own table.
+/// Where a [`Messenger`] reads the homes of an Ebb ([`Messenger::via_gm`]: the global
+/// managers' answer to `X2G_EBB_FIND`).
 pub type Resolve = Box<dyn Fn(EbbId) -> Result<Vec<EbbHome>, RpcError> + Send + Sync>;
 
 /// Sends messages to the representatives of Ebbs on other components.

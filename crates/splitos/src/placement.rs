@@ -247,11 +247,17 @@ mod tests {
     fn the_placement_ebb_is_replaced_by_the_admin_alone_and_reaches_every_thread() {
         use splitos_ebb::messenger::{deliver, Undelivered};
         let p = std::sync::Arc::new(Placements::new(PlacementPolicy::LeastLoaded));
-        let before_elsewhere = {
-            let p = p.clone();
-            std::thread::spawn(move || p.now()).join().unwrap()
+        // A thread that places, before and after the swap: its representative is built once,
+        // then rebuilt.
+        let (ask_tx, ask_rx) = std::sync::mpsc::channel::<()>();
+        let (now_tx, now_rx) = std::sync::mpsc::channel();
+        let p2 = p.clone();
+        let placer = std::thread::spawn(move || ask_rx.iter().for_each(|_| now_tx.send(p2.now()).unwrap()));
+        let elsewhere = || {
+            ask_tx.send(()).unwrap();
+            now_rx.recv().unwrap()
         };
-        assert_eq!((p.now(), before_elsewhere, p.swaps()), (PlacementPolicy::LeastLoaded, PlacementPolicy::LeastLoaded, 0));
+        assert_eq!((p.now(), elsewhere(), p.swaps()), (PlacementPolicy::LeastLoaded, PlacementPolicy::LeastLoaded, 0));
         let from = |role: &str| Origin { role: Some(role.into()) };
         let body = |name: Option<&str>| Bytes::from(postcard::to_allocvec(&SetPlacement { placement: name.map(Into::into) }).unwrap());
         let answer = deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("first-fit"))).unwrap();
@@ -259,8 +265,7 @@ mod tests {
         assert_eq!((now.placement.as_str(), now.swaps), ("first-fit", 1));
         assert_eq!(p.now(), PlacementPolicy::FirstFit);
         assert!(p.rule().packs());
-        let p2 = p.clone();
-        assert_eq!(std::thread::spawn(move || p2.now()).join().unwrap(), PlacementPolicy::FirstFit, "another thread's representative is rebuilt");
+        assert_eq!(elsewhere(), PlacementPolicy::FirstFit, "the placing thread's representative is rebuilt");
         for (who, b) in [("pcomponent", body(Some("best-fit"))), ("global-managers", body(Some("best-fit")))] {
             assert!(matches!(deliver(EbbId(EBB_PLACEMENT), &from(who), b), Err(Undelivered::Refused(Refused::Denied(_)))), "{who}");
         }
@@ -268,6 +273,8 @@ mod tests {
         let Err(Undelivered::Refused(Refused::Invalid(why))) = deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("worst-fit"))) else { panic!("an unknown name") };
         assert!(why.contains("least-loaded, best-fit"), "{why}");
         assert_eq!((p.now(), p.swaps()), (PlacementPolicy::FirstFit, 1), "nothing refused changed it");
+        drop(ask_tx);
+        placer.join().unwrap();
     }
 
     #[test]

@@ -609,8 +609,9 @@ impl Gm {
             .filter(|e| Gm::alive(e) && !e.ebbs.is_empty())
             .map(|e| (EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() }, e.ebbs.iter().filter(|s| ebb.is_none_or(|id| id == s.id)).cloned().collect()))
             .collect();
-        for (home, ebbs) in std::iter::once((own, splitos_rpc::messenger::served())).chain(served) {
-            for s in ebbs.into_iter().filter(|s| ebb.is_none_or(|id| id == s.id)) {
+        let own_ebbs = splitos_rpc::messenger::served().into_iter().filter(|s| ebb.is_none_or(|id| id == s.id)).collect();
+        for (home, ebbs) in std::iter::once((own, own_ebbs)).chain(served) {
+            for s in ebbs {
                 map.entry(s.id).or_insert_with(|| EbbHomes { id: s.id, name: s.name, homes: Vec::new() }).homes.push(home.clone());
             }
         }

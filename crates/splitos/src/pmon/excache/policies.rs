@@ -8,8 +8,8 @@
 //! **Adding a policy is one entry in this file**: implement [`EvictionPolicy`] (cache.rs) or
 //! [`Prefetcher`] (prefetch.rs), here or in a file of its own, and register it below in
 //! [`EvictPolicy`] or [`PrefetchPolicy`] with its name, a doc comment saying what it does and
-//! how its miss handler builds it. The configuration,
-//! the command line and the swap while running then all know it.
+//! how its miss handler builds it. The configuration, the command line and the swap while
+//! running then all know it.
 //!
 //! Replacements arrive through the messenger: every pComponent serves the `excache-policies`
 //! Ebb ([`EBB_EXCACHE_POLICIES`]), whose representative here applies a [`SetPolicy`] message
