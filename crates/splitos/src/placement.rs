@@ -16,6 +16,7 @@
 //! placements must come out the same on every pComponent and after a restart of the global
 //! managers, which rendezvous hashing gives (`gm/mod.rs`).
 
+use crate::gm::state::{Store, Table};
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
@@ -131,17 +132,24 @@ splitos_rpc::knob_registry! {
 /// placement. Its messages ([`EBB_PLACEMENT`]) are served while this lives.
 pub struct Placements {
     rule: Ebb<PlacementPolicy>,
+    store: Store,
     _messages: Serving,
 }
 
+/// The policy the admin put in place, kept in the managers' state so that it outlives them.
+const PLACEMENT: Table = Table("placement");
+
 impl Placements {
-    /// The placements of the global managers of this process, starting with `initial`.
-    pub fn new(initial: PlacementPolicy) -> Placements {
+    /// The placements of the global managers of this process: the policy the admin last put
+    /// in place, kept in `store`, or else `configured`.
+    pub fn new(configured: PlacementPolicy, store: Store) -> anyhow::Result<Placements> {
+        let kept = store.load::<String>(PLACEMENT)?.into_iter().next().map(|name| name.parse::<PlacementPolicy>()).transpose().map_err(|e| anyhow::anyhow!("the managers' state: {e}"))?;
+        let initial = kept.unwrap_or(configured);
         let rule = Ebb::new("placement-rule", move |_| initial);
-        let r = rule.clone();
-        let control = Ebb::with_id(EbbId(EBB_PLACEMENT), "placement", move |_| PlacementMessages { rule: r.clone() }).expect("one global managers per process");
+        let (r, s) = (rule.clone(), store.clone());
+        let control = Ebb::with_id(EbbId(EBB_PLACEMENT), "placement", move |_| PlacementMessages { rule: r.clone(), store: s.clone() }).expect("one global managers per process");
         let messages = splitos_ebb::messenger::serve(&control).expect("a static id served once");
-        Placements { rule, _messages: messages }
+        Ok(Placements { rule, store, _messages: messages })
     }
 
     /// The policy in place.
@@ -162,14 +170,16 @@ impl Placements {
     /// Replaces the policy with the one `name` names (none: only reads it), as the
     /// `placement` Ebb's message does; the policy then.
     pub fn set(&self, name: Option<String>) -> Result<PlacementState, String> {
-        replace(&self.rule, name)
+        replace(&self.rule, &self.store, name)
     }
 }
 
-/// Puts the policy `name` names in place of `rule`'s (none: only reads it).
-fn replace(rule: &Ebb<PlacementPolicy>, name: Option<String>) -> Result<PlacementState, String> {
+/// Puts the policy `name` names in place of `rule`'s (none: only reads it), kept in `store`
+/// first: a manager that may no longer write its state changes nothing.
+fn replace(rule: &Ebb<PlacementPolicy>, store: &Store, name: Option<String>) -> Result<PlacementState, String> {
     if let Some(name) = name {
         let k: PlacementPolicy = name.parse()?;
+        store.put(PLACEMENT, "policy", Some(&k.to_string())).map_err(|e| format!("cannot keep the placement policy: {e}"))?;
         let before = *rule.rep();
         rule.replace(move |_| k);
         metrics::counter!("gm_placement_swaps_total").increment(1);
@@ -181,6 +191,7 @@ fn replace(rule: &Ebb<PlacementPolicy>, name: Option<String>) -> Result<Placemen
 /// The representative of the `placement` Ebb on the global managers.
 struct PlacementMessages {
     rule: Ebb<PlacementPolicy>,
+    store: Store,
 }
 
 impl Messagable for PlacementMessages {
@@ -189,7 +200,7 @@ impl Messagable for PlacementMessages {
             return Err(Refused::Denied(format!("a {} may not replace the placement policy", from.role.as_deref().unwrap_or("?"))));
         }
         let r: SetPlacement = postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPlacement message: {e}")))?;
-        let now = replace(&self.rule, r.placement).map_err(Refused::Invalid)?;
+        let now = replace(&self.rule, &self.store, r.placement).map_err(Refused::Invalid)?;
         Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
     }
 }
@@ -246,7 +257,7 @@ mod tests {
     #[test]
     fn the_placement_ebb_is_replaced_by_the_admin_alone_and_reaches_every_thread() {
         use splitos_ebb::messenger::{deliver, Undelivered};
-        let p = std::sync::Arc::new(Placements::new(PlacementPolicy::LeastLoaded));
+        let p = std::sync::Arc::new(Placements::new(PlacementPolicy::LeastLoaded, Store::default()).unwrap());
         // A thread that places, before and after the swap: its representative is built once,
         // then rebuilt.
         let (ask_tx, ask_rx) = std::sync::mpsc::channel::<()>();

@@ -404,6 +404,7 @@ fn membership_survives_restarts_of_the_global_managers() {
     let hold = hold.to_str().unwrap();
     let mut across = c.spawn(&[], &[hold, "16"]);
     assert_eq!(read_line(&mut across), "ready\n");
+    assert!(c.cmd(&["cluster", "set-placement", "first-fit"]).status().unwrap().success());
     for round in 0..3 {
         let gm = c.pid_of_addr(&gm_addr);
         let cmdline = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap();
@@ -416,18 +417,27 @@ fn membership_survives_restarts_of_the_global_managers() {
             std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
         };
         remember_pid(c.dir.path(), restarted.id() as i32);
-        // The components that outlived the managers register again, each under the id it had.
+        // The managers resume the membership from their state: the components that outlived
+        // them keep their ids, and none registers again.
         assert!(
             c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && members(c) == before),
             "round {round}: {before:?}; the managers' log: {}",
             c.log(&format!("gm-again{round}"))
         );
+        assert_eq!(c.metric(&gm_addr, "splitos_gm_components_resumed"), before.len() as f64, "round {round}");
+        assert_eq!(c.metric(&gm_addr, "splitos_gm_registrations_total"), 0.0, "round {round}: {}", c.log(&format!("gm-again{round}")));
+        assert!(c.log(&format!("gm-again{round}")).contains("membership resumed"));
+        // The policy the admin put in place outlives the managers too.
+        let placement = c.cmd(&["cluster", "set-placement"]).output().unwrap();
+        assert!(text(&placement.stdout).contains("placement first-fit"), "round {round}: {}{}", text(&placement.stdout), text(&placement.stderr));
         let out = c.run(&[], &[memtouch, "16"]);
         assert_eq!(text(&out.stdout), native_out, "round {round}: {}", text(&out.stderr));
     }
     drop(across.stdin.take());
     let out = across.wait_with_output().unwrap();
     assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "16"]).stdout), "{}", text(&out.stderr));
+    let again: f64 = before.iter().filter(|m| m.1 != "global-managers").map(|m| c.metric(&m.0, "splitos_node_registrations_again_total")).sum();
+    assert_eq!(again, 0.0, "no component had to register again");
     // A component that stops is shown dead, then forgotten.
     let (addr, _, _, _) = before.iter().find(|m| m.1 == "mcomponent").unwrap().clone();
     c.kill_component(c.pid_of_addr(&addr));

@@ -7,14 +7,13 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use splitos_rpc::TokenInfo;
 
 use crate::gm::state::{Store, Table};
 
-const TOKENS: Table = TableDefinition::new("tokens");
+const TOKENS: Table = Table("tokens");
 const PREFIX: &str = "splitos_";
 
 /// Whom a request speaks for, from the token it carried.

@@ -6,11 +6,9 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use redb::TableDefinition;
-
 use super::state::{Store, Table};
 
-const CORDONED: Table = TableDefinition::new("cordoned");
+const CORDONED: Table = Table("cordoned");
 
 pub struct Cordons {
     store: Store,

@@ -61,6 +61,7 @@ impl Gm {
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} holds {holds} bytes and the other mComponents have {others_free} free: no room to move it (attach memory first)")));
         }
         e.info.leaving = Some(Leaving { bytes_at_start: e.info.load.used, bytes_left: e.info.load.used, homes: e.info.load.processes, exit, ..Leaving::default() });
+        self.keep_change(e);
         metrics::counter!("gm_mcomponent_detaches_total").increment(1);
         tracing::info!(id, addr = %e.info.addr, bytes = e.info.load.used, exit, "mComponent leaving: its memory moves to the others");
         Ok(ComponentInfo { alive: true, cordoned: self.cordons.has(id), ..e.info.clone() })
@@ -83,6 +84,7 @@ impl Gm {
     pub(super) fn stay(&self, id: u32) {
         if let Some(e) = self.comps().iter_mut().find(|e| e.info.id == id) {
             if e.info.leaving.take().is_some() {
+                self.keep_change(e);
                 tracing::info!(id, "detach called off: the mComponent takes memory again");
             }
         }

@@ -25,6 +25,7 @@
 //! file, and resume with after a restart.
 pub mod cordon;
 mod detach;
+mod kept;
 pub mod state;
 pub mod vnodes;
 use std::sync::{Arc, Mutex};
@@ -113,16 +114,18 @@ pub struct Gm {
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
     comps: Mutex<Vec<Entry>>,
+    /// Where membership and the rest of the managers' state are kept (kept.rs).
+    store: state::Store,
     /// Starts of pComponents replaced by a new start at their address, kept for
     /// `forget_dead` so that every mComponent hears of them.
-    replaced: Mutex<Vec<(LostPcomp, Instant)>>,
+    replaced: kept::Recent<LostPcomp>,
     /// Ids of mComponents replaced by a new start at their address, kept for `forget_dead`
     /// so that every home rebuilds the copies they held.
-    replaced_mcomps: Mutex<Vec<(u32, Instant)>>,
+    replaced_mcomps: kept::Recent<u32>,
     /// Ids of mComponents detached (they exited empty), kept for `forget_dead` and told to
     /// pComponents as lost: one whose view of a process still names it asks the home again
     /// instead of waiting for it.
-    detached: Mutex<Vec<(u32, Instant)>>,
+    detached: kept::Recent<u32>,
     /// mComponents announced lost to some other live mComponent: only those are fenced when
     /// they speak again, since only their copies can have been rebuilt elsewhere.
     announced: Mutex<std::collections::HashSet<u32>>,
@@ -175,11 +178,63 @@ impl Gm {
             if !keep {
                 tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
                 metrics::counter!("gm_components_forgotten_total").increment(1);
+                self.unkeep(e.info.id);
             }
             keep
         });
         metrics::gauge!("gm_components").set(comps.len() as f64);
         comps
+    }
+
+    /// Keeps `e`'s registration in the managers' state.
+    fn keep(&self, e: &Entry) -> anyhow::Result<()> {
+        self.store.put(kept::MEMBERS, &e.info.id.to_string(), Some(&kept::Member { info: ComponentInfo { load: Load::default(), ..e.info.clone() }, key: e.key, ebbs: e.ebbs.clone(), files_gone: e.files_gone }))
+    }
+
+    /// Keeps `e`'s registration after a change a successor must know; one that cannot be kept
+    /// is logged, and the successor has the registration as it was.
+    fn keep_change(&self, e: &Entry) {
+        if let Err(err) = self.keep(e) {
+            tracing::warn!(id = e.info.id, error = %err, "cannot keep a change of a component's registration in the managers' state");
+        }
+    }
+
+    /// Drops component `id`'s registration from the managers' state.
+    fn unkeep(&self, id: u32) {
+        if let Err(e) = self.store.put::<kept::Member>(kept::MEMBERS, &id.to_string(), None) {
+            tracing::warn!(id, error = %e, "cannot drop a component from the managers' state");
+        }
+    }
+
+    /// Adds mComponents to those announced lost, kept in the managers' state: a successor
+    /// fences them too when they speak again.
+    fn announce(&self, ids: impl Iterator<Item = u32>) {
+        let mut announced = self.announced.lock().unwrap();
+        for id in ids {
+            if announced.insert(id) {
+                if let Err(e) = self.store.put(kept::ANNOUNCED, &id.to_string(), Some(&id)) {
+                    tracing::warn!(id, error = %e, "cannot keep an mComponent announced lost in the managers' state");
+                }
+            }
+        }
+    }
+
+    /// Whether mComponent `id` was announced lost, which it no longer is from now.
+    fn unannounce(&self, id: u32) -> bool {
+        let was = self.announced.lock().unwrap().remove(&id);
+        if was {
+            if let Err(e) = self.store.put::<u32>(kept::ANNOUNCED, &id.to_string(), None) {
+                tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
+            }
+        }
+        was
+    }
+
+    /// The registrations kept in `store`, each with a fresh start: whether a component is
+    /// alive is learnt again from its heartbeats.
+    fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {
+        let now = Instant::now();
+        Ok(store.load::<kept::Member>(kept::MEMBERS)?.into_iter().map(|m| Entry { info: m.info, key: m.key, last: now, pending: 0, links: Vec::new(), files_gone: m.files_gone, ebbs: m.ebbs }).collect())
     }
 
     pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
@@ -292,7 +347,13 @@ impl Gm {
         }
         let before: Vec<LostPcomp> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Proc && r.role == Role::Proc).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
         let earlier_mem: Vec<u32> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Mem && r.role == Role::Mem).map(|e| e.info.id).collect();
-        comps.retain(|e| !(e.info.addr == r.addr && e.info.role == r.role));
+        comps.retain(|e| {
+            let replaced = e.info.addr == r.addr && e.info.role == r.role;
+            if replaced {
+                self.unkeep(e.info.id);
+            }
+            !replaced
+        });
         let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
         let again = !taken(r.id);
         let id = if again { r.id } else { std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32).find(|id| !taken(*id)).expect("an endless supply") };
@@ -300,16 +361,16 @@ impl Gm {
         // are gone (the same start registering again keeps its key and id).
         for l in before.into_iter().filter(|l| Some(l.key) != key || l.id != id) {
             tracing::warn!(id = l.id, addr = %r.addr, "a pComponent was replaced by a new start; its processes' memory is released");
-            self.replaced.lock().unwrap().push((l, Instant::now()));
+            self.replaced.push(l);
         }
         // A new start of an mComponent in place of an earlier one: the earlier one's copies
         // are gone.
         for old in earlier_mem.into_iter().filter(|old| *old != id) {
             tracing::warn!(id = old, addr = %r.addr, "an mComponent was replaced by a new start; the homes rebuild the copies it held");
-            self.replaced_mcomps.lock().unwrap().push((old, Instant::now()));
+            self.replaced_mcomps.push(old);
         }
         // One declared lost that registers again (it was forgotten meanwhile) is fenced too.
-        let fenced = r.role == Role::Mem && self.announced.lock().unwrap().remove(&id);
+        let fenced = r.role == Role::Mem && self.unannounce(id);
         if fenced {
             tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
@@ -318,9 +379,14 @@ impl Gm {
             self.cordons.set(id, true).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
+        metrics::counter!("gm_registrations_total").increment(1);
         let info =
             ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
-        comps.push(Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false, ebbs });
+        let e = Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false, ebbs };
+        // Kept before it is answered: a manager that cannot keep it (it stopped leading)
+        // registers nobody.
+        self.keep(&e).map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
+        comps.push(e);
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
     }
@@ -356,7 +422,7 @@ impl Gm {
         let Some(e) = comps.iter_mut().find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)) else {
             // A detached mComponent whose `exit` answer was lost is told again, rather than
             // registering as a new one.
-            if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.lock().unwrap().iter().any(|(id, _)| *id == r.id) {
+            if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.current().contains(&r.id) {
                 return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true, rebalance: None });
             }
             return Err(ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)));
@@ -366,18 +432,24 @@ impl Gm {
         }
         // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
         // what it holds may be older.
-        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && e.last.elapsed() > self.reclaim_dead && self.announced.lock().unwrap().remove(&r.id);
+        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && e.last.elapsed() > self.reclaim_dead && self.unannounce(r.id);
         if fenced {
             tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         e.info.load = r.load;
+        let files_gone = e.files_gone;
         let exit = Gm::leaving_report(e, r.leaving);
         e.links = r.links;
         e.links.retain(|l| known.contains(&l.peer));
         e.links.truncate(MAX_LINKS);
-        if let Some(ebbs) = ebbs {
+        let mut changed = e.files_gone != files_gone;
+        if let Some(ebbs) = ebbs.filter(|ebbs| *ebbs != e.ebbs) {
             e.ebbs = ebbs;
+            changed = true;
+        }
+        if changed {
+            self.keep_change(e);
         }
         e.last = Instant::now();
         e.pending = 0;
@@ -388,28 +460,21 @@ impl Gm {
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
         let mut lost: Vec<LostPcomp> = comps.iter().filter(|e| e.info.role == Role::Proc && self.lost(e)).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
-        let mut replaced = self.replaced.lock().unwrap();
-        replaced.retain(|(_, at)| at.elapsed() < self.forget_dead);
-        lost.extend(replaced.iter().map(|(l, _)| l.clone()));
+        lost.extend(self.replaced.current());
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
             return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
-        let mut replaced_mcomps = self.replaced_mcomps.lock().unwrap();
-        replaced_mcomps.retain(|(_, at)| at.elapsed() < self.forget_dead);
-        lost_mcomps.extend(replaced_mcomps.iter().map(|(id, _)| *id));
+        lost_mcomps.extend(self.replaced_mcomps.current());
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
-            let mut detached = self.detached.lock().unwrap();
-            detached.retain(|(_, at)| at.elapsed() < self.forget_dead);
-            lost_mcomps.extend(detached.iter().map(|(id, _)| *id));
-            drop(detached);
+            lost_mcomps.extend(self.detached.current());
             return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false, rebalance: None });
         }
         if self.replication != Replication::None && !fenced {
-            self.announced.lock().unwrap().extend(lost_mcomps.iter().copied().filter(|id| *id != r.id));
+            self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
         // there to be promised (heuristic overcommit refuses a mapping larger than this).
@@ -419,7 +484,8 @@ impl Gm {
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
             comps.retain(|e| e.info.id != r.id);
-            self.detached.lock().unwrap().push((r.id, Instant::now()));
+            self.unkeep(r.id);
+            self.detached.push(r.id);
             metrics::counter!("gm_mcomponents_detached_total").increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
@@ -712,22 +778,24 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let addr = ep.addr();
     crate::telemetry::init(Role::Gm, &addr);
     let state = state::Store::open(args.state.as_deref())?;
+    let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
     splitos_rpc::messenger::set_component_id(0);
     let gm = Arc::new(Gm {
         addr: addr.clone(),
         vregion_size: cfg.vregion_size.0,
         replication,
         overcommit: cfg.overcommit,
-        placement: crate::placement::Placements::new(cfg.placement),
+        placement: crate::placement::Placements::new(cfg.placement, state.clone())?,
         rebalance_percent: cfg.rebalance_percent,
         rebalancing: Mutex::new(None),
-        forget_dead: Duration::from_millis(cfg.forget_dead_ms),
+        forget_dead,
         reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
-        comps: Mutex::new(Vec::new()),
-        replaced: Mutex::new(Vec::new()),
-        replaced_mcomps: Mutex::new(Vec::new()),
-        detached: Mutex::new(Vec::new()),
-        announced: Mutex::new(Default::default()),
+        comps: Mutex::new(Gm::resume(&state)?),
+        replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
+        replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
+        detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead)?,
+        announced: Mutex::new(state.load::<u32>(kept::ANNOUNCED)?.into_iter().collect()),
+        store: state.clone(),
         last_any: Mutex::new(Instant::now()),
         started: Instant::now(),
         vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
@@ -738,6 +806,11 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         metrics: std::sync::OnceLock::new(),
         rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
     });
+    let resumed = gm.comps.lock().unwrap().len();
+    metrics::gauge!("gm_components_resumed").set(resumed as f64);
+    if resumed > 0 {
+        tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
+    }
     ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() });
     let g = gm.clone();
     if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {

@@ -1,52 +1,89 @@
-//! The global managers' state file: what they are told at run time (the REST API's tokens, the
-//! vNodes made through it), one redb table each, keyed by name, each value postcard-encoded,
-//! so that a restart resumes with it. Without a file, it lasts as long as the process.
+//! The global managers' state: what they are told at run time (membership, the REST API's
+//! tokens, vNodes, cordons, the placement policy, fencing), one table each, keyed by name,
+//! each value postcard-encoded, so that a restart or another manager resumes with it.
+//!
+//! Where it lives is a [`Backend`]: a local redb file (one manager, the embedded default), or
+//! etcd (several managers, one leader; `super::leader`), or nowhere (it lasts as long as the
+//! process).
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub type Table = TableDefinition<'static, &'static str, &'static [u8]>;
+/// A table of the managers' state, by name.
+#[derive(Clone, Copy, Debug)]
+pub struct Table(pub &'static str);
+
+/// Where the managers' state is kept: raw values by table and key.
+pub trait Backend: Send + Sync {
+    /// Every key and value of `table` (none when it was never written).
+    fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>>;
+    /// Keeps `value` under `key` in `table`, or removes the key (`None`); durable when it
+    /// returns, and refused when this manager may no longer write (it stopped leading).
+    fn put(&self, table: &str, key: &str, value: Option<&[u8]>) -> anyhow::Result<()>;
+}
 
 #[derive(Clone, Default)]
 pub struct Store {
-    db: Option<Arc<Database>>,
+    backend: Option<Arc<dyn Backend>>,
 }
 
 impl Store {
     /// The state kept in `file` (created if missing), or in memory only without one.
     pub fn open(file: Option<&Path>) -> anyhow::Result<Store> {
-        let db = match file {
-            Some(f) => Some(Arc::new(Database::create(f).map_err(|e| anyhow::anyhow!("cannot open the managers' state {}: {e}", f.display()))?)),
-            None => None,
-        };
-        Ok(Store { db })
+        Ok(match file {
+            Some(f) => Store::on(Arc::new(Redb(Database::create(f).map_err(|e| anyhow::anyhow!("cannot open the managers' state {}: {e}", f.display()))?))),
+            None => Store::default(),
+        })
     }
 
-    /// Every value of `table` (none in a new file).
+    pub fn on(backend: Arc<dyn Backend>) -> Store {
+        Store { backend: Some(backend) }
+    }
+
+    /// Every value of `table` (none in a new store).
     pub fn load<T: DeserializeOwned>(&self, table: Table) -> anyhow::Result<Vec<T>> {
-        let Some(db) = &self.db else { return Ok(Vec::new()) };
-        let tx = db.begin_read()?;
-        let Ok(t) = tx.open_table(table) else { return Ok(Vec::new()) };
-        let mut all = Vec::new();
-        for row in t.iter()? {
-            let (k, v) = row?;
-            all.push(postcard::from_bytes(v.value()).map_err(|e| anyhow::anyhow!("the managers' state: a damaged {} entry {:?}: {e}", table.name(), k.value()))?);
-        }
-        Ok(all)
+        Ok(self.load_keyed(table)?.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// Every key of `table` with its value.
+    pub fn load_keyed<T: DeserializeOwned>(&self, table: Table) -> anyhow::Result<Vec<(String, T)>> {
+        let Some(b) = &self.backend else { return Ok(Vec::new()) };
+        b.load(table.0)?.into_iter().map(|(k, v)| postcard::from_bytes(&v).map(|v| (k.clone(), v)).map_err(|e| anyhow::anyhow!("the managers' state: a damaged {} entry {k:?}: {e}", table.0))).collect()
     }
 
     /// Keeps `value` under `key` in `table`, or removes the key (`None`); durable when it
     /// returns.
     pub fn put<T: Serialize>(&self, table: Table, key: &str, value: Option<&T>) -> anyhow::Result<()> {
-        let Some(db) = &self.db else { return Ok(()) };
-        let tx = db.begin_write()?;
+        let Some(b) = &self.backend else { return Ok(()) };
+        let bytes = value.map(postcard::to_allocvec).transpose()?;
+        b.put(table.0, key, bytes.as_deref())
+    }
+}
+
+/// The local store: one redb file.
+struct Redb(Database);
+
+impl Backend for Redb {
+    fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let tx = self.0.begin_read()?;
+        let Ok(t) = tx.open_table(TableDefinition::<&str, &[u8]>::new(table)) else { return Ok(Vec::new()) };
+        let mut all = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            all.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(all)
+    }
+
+    fn put(&self, table: &str, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
+        let tx = self.0.begin_write()?;
         {
-            let mut t = tx.open_table(table)?;
+            let mut t = tx.open_table(TableDefinition::<&str, &[u8]>::new(table))?;
             match value {
-                Some(v) => _ = t.insert(key, postcard::to_allocvec(v)?.as_slice())?,
+                Some(v) => _ = t.insert(key, v)?,
                 None => _ = t.remove(key)?,
             }
         }

@@ -9,13 +9,12 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use redb::TableDefinition;
 use splitos_rpc::VnodeInfo;
 
 use super::state::{Store, Table as StateTable};
 use crate::config::VnodeConfig;
 
-const VNODES: StateTable = TableDefinition::new("vnodes");
+const VNODES: StateTable = StateTable("vnodes");
 
 /// Why a change to the table was refused.
 #[derive(Debug, PartialEq, Eq)]
