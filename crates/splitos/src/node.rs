@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use splitos_rpc::auth::Credentials;
-use splitos_rpc::{Endpoint, ErrCode, Leaving, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER};
+use splitos_rpc::{Endpoint, ErrCode, Leaving, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, G2X_LEADER, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER, X2G_WHO_LEADS};
 
 use crate::config::ProcessArgs;
 
@@ -42,11 +42,79 @@ pub fn credentials(path: &std::path::Path, role: Role) -> anyhow::Result<Arc<Cre
     Ok(Arc::new(c))
 }
 
+/// How long one call to one of several global managers may take: one cut off is given up
+/// sooner than a component is, so that the others are asked who leads.
+const GM_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a caller looks for the leader among the managers before it gives up: longer
+/// than a handover (a lease, and an election).
+const FIND_LEADER: Duration = Duration::from_secs(20);
+/// How long a manager asked who leads has to answer.
+const WHO_LEADS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The global managers a component or tool knows (`--gm ADDR[,ADDR...]`), and which of them
+/// leads as it last heard: calls go to the leader, and when it refuses (`NotLeader`) or does
+/// not answer, the caller asks every manager who leads and sends again there.
+pub struct Managers {
+    addrs: Vec<String>,
+    leader: Mutex<String>,
+}
+
+impl Managers {
+    pub fn new(list: &str) -> Managers {
+        let addrs: Vec<String> = list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+        Managers { leader: Mutex::new(addrs.first().cloned().unwrap_or_default()), addrs }
+    }
+
+    /// The leader as last heard (the first manager before any answer).
+    pub fn leader(&self) -> String {
+        self.leader.lock().unwrap().clone()
+    }
+
+    /// Calls the leading manager; one manager alone is called as any component is.
+    pub fn call<R: Request>(&self, rpc: &Rpc, req: R) -> Result<R::Reply, RpcError> {
+        if self.addrs.len() < 2 {
+            return rpc.call(&self.leader(), req);
+        }
+        let mut last = rpc.call_timeout(&self.leader(), req.clone(), GM_TIMEOUT);
+        let t0 = Instant::now();
+        while Managers::elsewhere(&last) && t0.elapsed() < FIND_LEADER {
+            match self.find_leader(rpc) {
+                Some(l) => {
+                    if l != self.leader() {
+                        tracing::info!(leader = %l, "the global managers have another leader");
+                        metrics::counter!("node_gm_leader_changes_total").increment(1);
+                        *self.leader.lock().unwrap() = l.clone();
+                    }
+                    last = rpc.call_timeout(&l, req.clone(), GM_TIMEOUT);
+                    if !Managers::elsewhere(&last) {
+                        break;
+                    }
+                }
+                None => std::thread::sleep(Duration::from_millis(200)),
+            }
+            if Managers::elsewhere(&last) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        last
+    }
+
+    /// Whether an answer says to look for the leader elsewhere.
+    fn elsewhere<T>(r: &Result<T, RpcError>) -> bool {
+        matches!(r, Err(RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. } | RpcError::Remote { code: ErrCode::NotLeader, .. }))
+    }
+
+    /// The leader the managers name, in the latest term any of them knows.
+    pub fn find_leader(&self, rpc: &Rpc) -> Option<String> {
+        self.addrs.iter().filter_map(|a| rpc.call_timeout(a, X2G_WHO_LEADS, WHO_LEADS_TIMEOUT).ok()).filter_map(|G2X_LEADER { leader, term }| Some((term, leader?))).max_by_key(|(term, _)| *term).map(|(_, l)| l)
+    }
+}
+
 /// A component's link to the rest of the cluster.
 pub struct Node {
     pub role: Role,
     pub addr: String,
-    pub gm: String,
+    pub gm: Arc<Managers>,
     pub rpc: Rpc,
     id: AtomicU32,
     /// An nComponent's interface addresses, told to the global managers at every registration.
@@ -74,13 +142,14 @@ impl Node {
         crate::telemetry::init(role, &ep.addr());
         let rpc = Rpc::new(t, RPC_TIMEOUT);
         // The global managers keep the tokens: a scrape beyond loopback asks them.
-        let (asker, gm_addr) = (rpc.clone(), gm.to_string());
-        let metrics = serve_metrics(process, move |token| asker.call(&gm_addr, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
+        let managers = Arc::new(Managers::new(gm));
+        let (asker, m) = (rpc.clone(), managers.clone());
+        let metrics = serve_metrics(process, move |token| m.call(&asker, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
         Ok((
             Arc::new(Node {
                 role,
                 addr: ep.addr(),
-                gm: gm.to_string(),
+                gm: managers,
                 rpc,
                 id: AtomicU32::new(0),
                 nics: std::sync::OnceLock::new(),
@@ -113,7 +182,7 @@ impl Node {
     }
 
     pub fn call_gm<R: Request>(&self, req: R) -> Result<R::Reply, RpcError> {
-        self.rpc.call(&self.gm, req)
+        self.gm.call(&self.rpc, req)
     }
 
     /// Registers with the global managers (retrying while they start) and returns what they

@@ -258,8 +258,10 @@ message_types! {
     G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32> };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
-    /// they serve their own Prometheus metrics.
-    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String>, pub metrics: Option<String> };
+    /// they serve their own Prometheus metrics. `leader`: the manager that leads (the one
+    /// answering, unless a follower answers from the leader's last published status);
+    /// `managers`: every manager alive (one alone: itself).
+    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String>, pub metrics: Option<String>, pub leader: Option<String>, pub managers: Vec<String> };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
     C2G_PLACE_PROCESS;
     G2C_PLACED { pub pcomp: ComponentInfo };
@@ -326,6 +328,11 @@ message_types! {
     /// all).
     X2G_EBB_FIND { pub ebb: Option<u32> };
     G2X_EBB_MAP { pub ebbs: Vec<EbbHomes> };
+    /// Which global manager leads: any manager answers, a follower too (`leader`: none while
+    /// none is elected). `term` grows with each new leader (etcd's revision of its election),
+    /// so that an answer from before a handover is told from one after it.
+    X2G_WHO_LEADS;
+    G2X_LEADER { pub leader: Option<String>, pub term: u64 };
 
     // ---- any component (or the admin's tools, hosted) -> any component: the Ebb messenger
     /// A message for the representative of Ebb `ebb` on the receiving component

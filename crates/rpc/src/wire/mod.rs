@@ -55,7 +55,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 24 added the Ebb messenger (`X2X_EBB_MESSAGE`) and the global id map
 /// (`X2G_EBB_FIND`, the `ebbs` of registrations and heartbeats); a pComponent's policies are
 /// now replaced through it, not by `G2P_SET_POLICY`.
-pub const WIRE_VERSION: u16 = 24;
+/// Version 25 added several global managers with one leader: `ErrCode::NotLeader`,
+/// `X2G_WHO_LEADS`, and the `leader` and `managers` of `G2C_STATUS`.
+pub const WIRE_VERSION: u16 = 25;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -202,6 +204,9 @@ pub enum ErrCode {
     /// The receiver gave up what the request is about (a leaving mComponent's buffer cache):
     /// the sender asks the global managers where it went.
     Moved,
+    /// The global manager asked does not lead (or no longer): the sender asks the managers it
+    /// knows `X2G_WHO_LEADS` and sends again to the leader.
+    NotLeader,
 }
 
 impl ErrCode {
@@ -213,7 +218,7 @@ impl ErrCode {
             ErrCode::Invalid => libc::EINVAL,
             ErrCode::Denied => libc::EACCES,
             ErrCode::NotFound | ErrCode::NotHome => libc::ENOENT,
-            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale | ErrCode::ParityLost | ErrCode::Moved => libc::EIO,
+            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale | ErrCode::ParityLost | ErrCode::Moved | ErrCode::NotLeader => libc::EIO,
             ErrCode::Errno(n) => n,
         }
     }
@@ -288,7 +293,7 @@ macro_rules! messages {
 }
 
 /// A message that asks for an answer, and the type of that answer.
-pub trait Request: Into<Msg> {
+pub trait Request: Into<Msg> + Clone {
     type Reply: TryFrom<Msg, Error = Msg> + Into<Msg>;
 }
 
@@ -320,7 +325,7 @@ messages! {
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
     G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
-    X2G_EBB_FIND, G2X_EBB_MAP,
+    X2G_EBB_FIND, G2X_EBB_MAP, X2G_WHO_LEADS, G2X_LEADER,
     // ---- the Ebb messenger: any component (or the admin's tools) -> any component, in cluster.rs
     X2X_EBB_MESSAGE, X2X_EBB_ANSWER,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
@@ -377,6 +382,7 @@ replies! {
     G2P_SIGNAL => OK,
     G2P_SET_EXCACHE => P2G_EXCACHE,
     X2G_EBB_FIND => G2X_EBB_MAP,
+    X2G_WHO_LEADS => G2X_LEADER,
     X2X_EBB_MESSAGE => X2X_EBB_ANSWER,
     C2G_PLACE_PROCESS => G2C_PLACED,
     P2G_PICK_HOME => G2P_HOME,
@@ -514,6 +520,7 @@ mod role_tests {
             (G2P_SET_EXCACHE { size: Some(1 << 20), shares: None }.into(), &[Role::Gm, Role::Admin]),
             (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, to: None, body: ByteBuf::new() }.into(), &Role::ALL),
             (X2G_EBB_FIND { ebb: None }.into(), &Role::ALL),
+            (X2G_WHO_LEADS.into(), &Role::ALL),
             (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new(), near: 0 }.into(), &[Role::Mem, Role::Admin]),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),

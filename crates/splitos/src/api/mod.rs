@@ -352,6 +352,9 @@ async fn set_cordon(api: Arc<Api>, peer: SocketAddr, p: Principal, id: String, o
 pub struct StatusView {
     /// Where the global managers serve the components, the REST API and their own metrics.
     pub gm: String,
+    /// The leading manager (the one answering), and every manager alive.
+    pub leader: Option<String>,
+    pub managers: Vec<String>,
     pub api: Option<String>,
     pub gm_metrics: Option<String>,
     pub vregion_size: u64,
@@ -377,7 +380,7 @@ async fn status(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Sock
             v
         })
         .collect();
-    Ok(Json(StatusView { gm: api.gm.addr.clone(), api: summary.api, gm_metrics: summary.metrics, vregion_size: summary.vregion_size, components }))
+    Ok(Json(StatusView { gm: api.gm.addr.clone(), leader: summary.leader, managers: summary.managers, api: summary.api, gm_metrics: summary.metrics, vregion_size: summary.vregion_size, components }))
 }
 
 /// The cluster's configuration as the global managers run it: the `[cluster]` table

@@ -63,9 +63,40 @@ pub struct GmConfig {
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]
     pub netns: Option<String>,
+    /// The etcd cluster the global managers keep the cluster's state in and elect their
+    /// leader through (client URLs, such as http://10.0.0.1:2379; docs/deployment.md);
+    /// several managers (`[[gm]]`) need it. Empty: one manager, which keeps the state in a
+    /// local file.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Where the cluster's keys start in etcd: two clusters that share an etcd need two
+    /// prefixes.
+    #[arg(long, default_value = "/splitos")]
+    pub etcd_prefix: String,
+    /// How long the leading manager's lease in etcd lasts without a keep-alive (s, 2 to 60):
+    /// a leader that died is replaced after about this long, and one cut off from the etcd
+    /// majority stops leading a little sooner.
+    #[arg(long, default_value_t = 3)]
+    pub leader_lease_s: u64,
 }
 
 pub use crate::placement::{PlacementPolicy, PLACEMENT_POLICIES};
+
+/// One global manager of several (a `[[gm]]` table; docs/deployment.md): with `[cluster]
+/// etcd`, one leads and the others take over when it goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerConfig {
+    /// Where this manager listens, a fixed port: components and tools are told every
+    /// manager's address, and find the leader among them.
+    pub listen: String,
+    /// Where this manager serves the REST API while it leads; unset: `[cluster] api`.
+    #[serde(default)]
+    pub api: Option<String>,
+    /// The network namespace `cluster up` starts this manager in; unset: `[cluster] netns`.
+    #[serde(default)]
+    pub netns: Option<String>,
+}
 
 impl Default for GmConfig {
     fn default() -> Self {
@@ -87,6 +118,15 @@ impl GmConfig {
         check_netns(&self.netns)?;
         if self.rebalance_percent > 100 {
             return Err(format!("rebalance_percent: {} is more than 100 percentage points (0 turns rebalancing off)", self.rebalance_percent));
+        }
+        if !(2..=60).contains(&self.leader_lease_s) {
+            return Err(format!("leader_lease_s: {} is not between 2 and 60 seconds", self.leader_lease_s));
+        }
+        if let Some(bad) = self.etcd.iter().find(|e| !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 256) {
+            return Err(format!("etcd: {bad:?} is not an etcd client URL (http://HOST:PORT)"));
+        }
+        if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.len() > 128 || self.etcd_prefix.contains("//") {
+            return Err(format!("etcd_prefix: {:?} is not a key prefix (\"/splitos\", \"/clusters/a\")", self.etcd_prefix));
         }
         if self.reclaim_dead_ms >= self.forget_dead_ms {
             return Err(format!("reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.reclaim_dead_ms, self.forget_dead_ms));

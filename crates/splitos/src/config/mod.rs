@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 pub use splitos_rpc::TransportConfig;
 
 pub use embedded::{Embedded, OnRun, Override, Running};
-pub use gm::{GmConfig, PlacementPolicy, PLACEMENT_POLICIES};
+pub use gm::{GmConfig, ManagerConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
 pub use pcomp::{check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy};
@@ -73,6 +73,10 @@ fn check_netns(netns: &Option<String>) -> Result<(), String> {
 pub struct ClusterConfig {
     #[serde(default)]
     pub cluster: GmConfig,
+    /// The global managers, one table each; several need `[cluster] etcd`. None: one, at
+    /// `[cluster] gm`.
+    #[serde(default)]
+    pub gm: Vec<ManagerConfig>,
     #[serde(default)]
     pub pcomponent: Vec<PcompConfig>,
     #[serde(default)]
@@ -96,6 +100,7 @@ impl ClusterConfig {
     pub fn embedded() -> ClusterConfig {
         ClusterConfig {
             cluster: GmConfig::default(),
+            gm: Vec::new(),
             pcomponent: vec![PcompConfig::default()],
             mcomponent: vec![McompConfig::default(); 2],
             scomponent: vec![ScompConfig::default()],
@@ -127,11 +132,42 @@ impl ClusterConfig {
         GmConfig { replication: Some(self.replication()), ..self.cluster.clone() }
     }
 
+    /// The global managers: the `[[gm]]` tables, or one at `[cluster] gm`.
+    pub fn managers(&self) -> Vec<ManagerConfig> {
+        match self.gm.is_empty() {
+            true => vec![ManagerConfig { listen: self.cluster.gm.clone(), api: None, netns: self.cluster.netns.clone() }],
+            false => self.gm.clone(),
+        }
+    }
+
     /// Each component's own checks, and those across components; an error names the field
     /// (`pcomponent[0].excache: ...`).
     pub fn validate(&self) -> Result<(), String> {
         self.transport.validate()?;
         self.gm().validate().map_err(|e| format!("cluster.{e}"))?;
+        if self.gm.len() > 1 && self.cluster.etcd.is_empty() {
+            return Err(format!("gm: {} managers need [cluster] etcd, where they elect their leader and keep the state", self.gm.len()));
+        }
+        if !self.gm.is_empty() && self.cluster.gm != ANY_PORT {
+            return Err("cluster.gm: the managers are the [[gm]] tables; leave cluster.gm out".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, m) in self.gm.iter().enumerate() {
+            let at = m.listen.parse::<std::net::SocketAddr>().map_err(|_| format!("gm[{i}].listen: {:?} is not an address", m.listen))?;
+            if at.port() == 0 || at.ip().is_unspecified() {
+                return Err(format!("gm[{i}].listen: {:?} needs a fixed port and an address others reach (not 0.0.0.0)", m.listen));
+            }
+            if !seen.insert(at) {
+                return Err(format!("gm[{i}].listen: {} is another manager's too", m.listen));
+            }
+            if let Some(api) = &m.api {
+                GmConfig { api: api.clone(), ..self.cluster.clone() }.validate().map_err(|e| format!("gm[{i}].{e}"))?;
+            }
+            check_netns(&m.netns).map_err(|e| format!("gm[{i}].{e}"))?;
+        }
+        if self.gm.is_empty() && !self.cluster.etcd.is_empty() && self.cluster.gm.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() == 0) {
+            return Err("cluster.gm: with etcd, the global managers need a fixed port (a manager that stops leading starts again at its address)".into());
+        }
         if self.replication() == splitos_rpc::Replication::Log && self.scomponent.is_empty() {
             return Err("cluster.replication: \"log\" keeps each vRegion's backup file on an sComponent, and the cluster has no [[scomponent]]".into());
         }

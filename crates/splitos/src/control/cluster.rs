@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use splitos_rpc::auth::Authority;
-use splitos_rpc::{ComponentInfo, Request, Role, Rpc, TransportConfig, C2G_STATUS, C2X_STATS};
+use splitos_rpc::{ComponentInfo, Request, Role, Rpc, TransportConfig, C2G_STATUS, C2X_STATS, X2G_WHO_LEADS};
 
-use crate::config::{self, ClusterConfig, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, ScompConfig, StorageArgs};
+use crate::config::{self, ClusterConfig, GmArgs, GmConfig, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, ScompConfig, StorageArgs};
 
 /// What `cluster up` leaves behind so that `run`, `status` and `down` find the cluster.
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -273,12 +273,22 @@ impl Cluster {
             }
             None => (None, None),
         };
-        let gm = GmArgs { listen: cfg.cluster.gm.clone(), cluster: cfg.gm(), vnodes: cfg.vnode.clone(), state: Some(dir.join("gm-state.redb")), api_cert, api_key, process: process("gm", Role::Gm)? };
-        let (mut ch, ready) = spawn(dir, "gm", "gm", &gm, detach, cfg.cluster.netns.as_deref())?;
-        let gm = wait_ready(&mut ch, &ready, "gm", dir);
-        self.state.pids.push(ch.id());
-        self.children.push(ch);
-        self.state.gm = gm?;
+        // One manager keeps the state in a file of the cluster's state directory; several keep
+        // it in etcd, and each is named `gm<i>`.
+        let managers = cfg.managers();
+        let mut addrs = Vec::new();
+        for (i, m) in managers.iter().enumerate() {
+            let name = if cfg.gm.is_empty() { "gm".to_string() } else { format!("gm{i}") };
+            let state = cfg.cluster.etcd.is_empty().then(|| dir.join("gm-state.redb"));
+            let cluster = GmConfig { api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()), ..cfg.gm() };
+            let gm = GmArgs { listen: m.listen.clone(), cluster, vnodes: cfg.vnode.clone(), state, api_cert: api_cert.clone(), api_key: api_key.clone(), process: process(&name, Role::Gm)? };
+            let (mut ch, ready) = spawn(dir, &name, "gm", &gm, detach, m.netns.as_deref())?;
+            let gm = wait_ready(&mut ch, &ready, &name, dir);
+            self.state.pids.push(ch.id());
+            self.children.push(ch);
+            addrs.push(gm?);
+        }
+        self.state.gm = addrs.join(",");
         let node = |name: &str, role: Role| -> anyhow::Result<NodeArgs> { Ok(NodeArgs { gm: self.state.gm.clone(), process: process(name, role)? }) };
         // Started in dependency order and stopped in reverse: pComponents unmount first,
         // mComponents write their buffer caches back, and sComponents commit last.
@@ -402,7 +412,29 @@ pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
 /// What the global managers say of the cluster: its components and where its API is.
 pub fn gm_status(gm: &str) -> anyhow::Result<splitos_rpc::G2C_STATUS> {
     let rpc = rpc().map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
-    rpc.call(gm, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
+    crate::node::Managers::new(gm).call(&rpc, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
+}
+
+/// How long a tool waits for the managers to name a leader: about a handover.
+const FIND_LEADER: Duration = Duration::from_secs(10);
+
+/// The leading manager among `gm` (`ADDR[,ADDR...]`; one alone is taken as it is).
+pub fn leader(gm: &str) -> anyhow::Result<String> {
+    if !gm.contains(',') {
+        return Ok(gm.to_string());
+    }
+    let (managers, rpc, t0) = (crate::node::Managers::new(gm), rpc()?, Instant::now());
+    loop {
+        // The one named must say so itself: during a handover the followers still name a
+        // leader that is gone.
+        if let Some(l) = managers.find_leader(&rpc).filter(|l| rpc.call_timeout(l, X2G_WHO_LEADS, Duration::from_secs(1)).is_ok_and(|w| w.leader.as_ref() == Some(l))) {
+            return Ok(l);
+        }
+        if t0.elapsed() > FIND_LEADER {
+            anyhow::bail!("none of the global managers at {gm} names a leader");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Asks one component for its own statistics (exact, unlike heartbeat load).

@@ -13,8 +13,12 @@ use splitos_rpc::{unseal_page, Role, Who, C2G_TOKEN_CREATE, C2G_TOKEN_LIST, C2G_
 use crate::config::ClusterConfig;
 use cluster::{Cluster, ClusterState};
 
+/// The leading global manager of the cluster named by `--gm`, `$SPLITOS_GM` or the state of
+/// `cluster up` (each a list of managers, `ADDR[,ADDR...]`).
 fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
-    gm.or_else(|| std::env::var("SPLITOS_GM").ok()).or_else(|| cluster::read_state().map(|s| s.gm)).ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))
+    let gm =
+        gm.or_else(|| std::env::var("SPLITOS_GM").ok()).or_else(|| cluster::read_state().map(|s| s.gm)).ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))?;
+    cluster::leader(&gm)
 }
 
 /// Holds an exclusive lock next to the state directory `dir` until dropped: two `cluster up`
@@ -65,8 +69,9 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     if state.api.is_some() {
         // Root's own tools reach the API with a token of their own, made anew each time so
         // that one left by an earlier cluster in this directory is not kept alive.
-        let _ = cluster::ask(&state.gm, C2G_TOKEN_REVOKE { name: cluster::ADMIN_TOKEN_NAME.into() });
-        let t = cluster::ask(&state.gm, C2G_TOKEN_CREATE { name: cluster::ADMIN_TOKEN_NAME.into(), admin: true, vnodes: Vec::new() })?;
+        let leader = cluster::leader(&state.gm)?;
+        let _ = cluster::ask(&leader, C2G_TOKEN_REVOKE { name: cluster::ADMIN_TOKEN_NAME.into() });
+        let t = cluster::ask(&leader, C2G_TOKEN_CREATE { name: cluster::ADMIN_TOKEN_NAME.into(), admin: true, vnodes: Vec::new() })?;
         splitos_rpc::auth::write_private(&dir.join(cluster::ADMIN_TOKEN), t.token.as_bytes())?;
     }
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
@@ -107,7 +112,7 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     let runs = |c: &splitos_rpc::ComponentInfo| cluster::component_stats(&c.addr).ok().and_then(|s| s["runs"].as_u64()).unwrap_or(c.load.processes.into());
     let comps = cluster::status(&s.gm).unwrap_or_default();
     let running: u64 = comps.iter().filter(|c| c.alive && c.role == Role::Proc).map(runs).sum();
-    let addrs: Vec<String> = comps.iter().map(|c| c.addr.clone()).chain([s.gm.clone()]).collect();
+    let addrs: Vec<String> = comps.iter().map(|c| c.addr.clone()).chain(s.gm.split(',').map(String::from)).collect();
     if running > 0 {
         if !force {
             anyhow::bail!("{running} program(s) run on the cluster and would be stopped with it; `splitos cluster down --force` stops them too");
@@ -146,6 +151,9 @@ pub(crate) fn human(b: u64) -> String {
 /// component with its own statistics.
 struct Status {
     gm: String,
+    /// The leading manager, and every manager alive (one alone: itself).
+    leader: Option<String>,
+    managers: Vec<String>,
     api: Option<String>,
     metrics: Option<String>,
     comps: Vec<(splitos_rpc::ComponentInfo, Option<serde_json::Value>)>,
@@ -166,15 +174,23 @@ fn status_by_api(gm: &Option<String>) -> Option<Status> {
         }
     };
     let comps = v["components"].as_array()?.iter().filter_map(|c| Some((serde_json::from_value(c.clone()).ok()?, Some(c["stats"].clone()).filter(|s| !s.is_null())))).collect();
-    Some(Status { gm: v["gm"].as_str()?.to_string(), api: v["api"].as_str().map(String::from), metrics: v["gm_metrics"].as_str().map(String::from), comps })
+    let strings = |v: &serde_json::Value| v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+    Some(Status {
+        gm: v["gm"].as_str()?.to_string(),
+        leader: v["leader"].as_str().map(String::from),
+        managers: strings(&v["managers"]),
+        api: v["api"].as_str().map(String::from),
+        metrics: v["gm_metrics"].as_str().map(String::from),
+        comps,
+    })
 }
 
 /// The same from the managers and each component directly (a cluster without a REST API).
 fn status_by_rpc(gm: Option<String>) -> anyhow::Result<Status> {
     let gm = gm_addr(gm)?;
-    let G2C_STATUS { components, api, metrics, .. } = cluster::gm_status(&gm)?;
+    let G2C_STATUS { components, api, metrics, leader, managers, .. } = cluster::gm_status(&gm)?;
     let comps = components.into_iter().map(|c| (c.alive.then(|| cluster::component_stats(&c.addr).ok()).flatten(), c)).map(|(s, c)| (c, s)).collect();
-    Ok(Status { gm, api, metrics, comps })
+    Ok(Status { gm, leader, managers, api, metrics, comps })
 }
 
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
@@ -182,7 +198,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         Some(s) => Ok(s),
         None => status_by_rpc(gm),
     };
-    let Status { gm, api, metrics, comps } = match found {
+    let Status { gm, leader, managers, api, metrics, comps } = match found {
         Ok(f) => f,
         // A script reading --json gets JSON it can test, and the exit status says it too.
         Err(e) if json => {
@@ -199,7 +215,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         }));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "api": api, "gm_metrics": metrics, "components": rows}))?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "gm_metrics": metrics, "components": rows}))?);
         return Ok(());
     }
     let mut t = Table::new();
@@ -233,7 +249,9 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             if c.role == Role::Net { c.nics.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join(" ") } else { human(c.load.capacity) },
         ]);
     }
-    println!("global managers at {gm}{}\n{t}", api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default());
+    let others: Vec<&String> = managers.iter().filter(|m| Some(*m) != leader.as_ref()).collect();
+    let following = if others.is_empty() { String::new() } else { format!(" (leader; following: {})", others.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")) };
+    println!("global managers at {gm}{following}{}\n{t}", api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default());
     let mstats: Vec<&serde_json::Value> = rows.iter().filter(|r| r["role"] == "mcomponent").map(|r| &r["stats"]).filter(|s| !s.is_null()).collect();
     if let Some(scheme) = mstats.first().and_then(|s| s["replication"].as_str()) {
         let short: u64 = mstats.iter().filter_map(|s| s["rebuild"]["short_vregions"].as_u64()).sum();

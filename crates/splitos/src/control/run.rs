@@ -114,6 +114,7 @@ enum Target {
 }
 
 fn reachable(gm: String, named_by: &str, instead: &str) -> anyhow::Result<Target> {
+    let gm = cluster::leader(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
     cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
     Ok(Target::Cluster(gm))
 }

@@ -25,6 +25,7 @@
 //! file, and resume with after a restart.
 pub mod cordon;
 mod detach;
+mod etcd;
 mod kept;
 pub mod state;
 pub mod vnodes;
@@ -150,6 +151,8 @@ pub struct Gm {
     /// The managers' own requests to components, for the control plane: a short timeout, so
     /// that a hung pComponent delays a job list by that much at most.
     rpc: Rpc,
+    /// Their election, when several managers keep the state in etcd.
+    election: Option<Arc<etcd::Election>>,
 }
 
 impl Gm {
@@ -581,7 +584,8 @@ impl Gm {
     /// The components and where the managers serve (the API's `/api/v1/status` adds each
     /// component's statistics).
     pub fn status_summary(&self) -> G2C_STATUS {
-        G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned() }
+        let managers = self.election.as_ref().map_or_else(|| vec![self.addr.clone()], |e| e.managers());
+        G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned(), leader: Some(self.addr.clone()), managers }
     }
 
     /// Where the managers serve their own metrics, if they do.
@@ -721,11 +725,8 @@ impl Handler for Gm {
                 let (version, vnodes) = self.vnodes.list();
                 Ok(G2P_VNODES { version, vnodes })
             }),
-            Msg::X2G_API_TOKEN(r) => on(r, |r| match self.tokens.check(&r.token) {
-                Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL { name: token, admin: true, vnodes: Vec::new() }),
-                Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL { name: token, admin: false, vnodes }),
-                None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
-            }),
+            Msg::X2G_API_TOKEN(r) => on(r, |r| principal(self.tokens.check(&r.token))),
+            Msg::X2G_WHO_LEADS(r) => on(r, |_| Ok(G2X_LEADER { leader: Some(self.addr.clone()), term: self.election.as_ref().map_or(0, |e| e.etcd.term()) })),
             Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
                 let token = self.tokens.create(&r.name, r.admin, r.vnodes.clone()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
                 tracing::info!(name = %r.name, admin = r.admin, vnodes = ?r.vnodes, "API token created");
@@ -769,65 +770,184 @@ impl Handler for Gm {
     }
 }
 
+/// What answers the managers' address when they keep their state in etcd: the managers
+/// themselves while this one leads; before that, and after it stopped, a follower that answers
+/// who leads and reads (the leader's last status, the API tokens), and refuses the rest
+/// `NotLeader`.
+struct Manager {
+    election: Arc<etcd::Election>,
+    gm: std::sync::OnceLock<Arc<Gm>>,
+    store: state::Store,
+}
+
+impl Handler for Manager {
+    fn handle(&self, msg: Msg) -> Msg {
+        if let Msg::X2G_WHO_LEADS(r) = msg {
+            return on(r, |_| Ok(self.who_leads()));
+        }
+        match self.gm.get().filter(|_| self.election.leading()) {
+            Some(gm) => gm.handle(msg),
+            None => self.follow(msg),
+        }
+    }
+}
+
+impl Manager {
+    fn who_leads(&self) -> G2X_LEADER {
+        let seen = self.election.seen();
+        G2X_LEADER { leader: seen.leader, term: seen.term }
+    }
+
+    fn follow(&self, msg: Msg) -> Msg {
+        metrics::counter!("gm_follower_requests_total").increment(1);
+        match msg {
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
+            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
+            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: serde_json::json!({"role": "global-managers", "leading": false, "leader": self.election.seen().leader}).to_string() })),
+            Msg::C2G_STATUS(r) => on(r, |_| {
+                let published = self.election.published_status().ok_or_else(|| self.not_leader())?;
+                let mut s: G2C_STATUS = postcard::from_bytes(&published).map_err(|e| ERR::new(ErrCode::Internal, format!("the leader's published status: {e}")))?;
+                s.leader = self.election.seen().leader;
+                s.managers = self.election.managers();
+                Ok(s)
+            }),
+            Msg::X2G_API_TOKEN(r) => on(r, |r| {
+                let tokens = crate::api::Tokens::open(self.store.clone()).map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
+                principal(tokens.check(&r.token))
+            }),
+            Msg::C2X_SHUTDOWN(r) => on(r, |_| {
+                crate::node::exit_soon();
+                Ok(OK)
+            }),
+            _ => Msg::ERR(self.not_leader()),
+        }
+    }
+
+    fn not_leader(&self) -> ERR {
+        match self.election.seen().leader {
+            Some(l) => ERR::new(ErrCode::NotLeader, format!("this global manager follows; the leader is at {l}")),
+            None => ERR::new(ErrCode::NotLeader, "this global manager follows, and no leader is elected yet"),
+        }
+    }
+}
+
+/// What the managers answer `X2G_API_TOKEN` with.
+fn principal(p: Option<crate::api::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
+    match p {
+        Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL { name: token, admin: true, vnodes: Vec::new() }),
+        Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL { name: token, admin: false, vnodes }),
+        None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
+    }
+}
+
+const SERVER: fn() -> ServerConfig = || ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() };
+
+/// How often a leader publishes its status for the followers to answer with.
+const PUBLISH: Duration = Duration::from_secs(1);
+
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let cfg = &args.cluster;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let replication = cfg.replication.unwrap_or_default();
     let t = args.process.transport.build(Some(node::credentials(args.process.credentials()?, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
     crate::telemetry::init(Role::Gm, &addr);
-    let state = state::Store::open(args.state.as_deref())?;
-    let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
     splitos_rpc::messenger::set_component_id(0);
-    let gm = Arc::new(Gm {
-        addr: addr.clone(),
-        vregion_size: cfg.vregion_size.0,
-        replication,
-        overcommit: cfg.overcommit,
-        placement: crate::placement::Placements::new(cfg.placement, state.clone())?,
-        rebalance_percent: cfg.rebalance_percent,
-        rebalancing: Mutex::new(None),
-        forget_dead,
-        reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
-        comps: Mutex::new(Gm::resume(&state)?),
-        replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
-        replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
-        detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead)?,
-        announced: Mutex::new(state.load::<u32>(kept::ANNOUNCED)?.into_iter().collect()),
-        store: state.clone(),
-        last_any: Mutex::new(Instant::now()),
-        started: Instant::now(),
-        vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
-        cordons: cordon::Cordons::open(state.clone())?,
-        quota_homes: Mutex::new(Default::default()),
-        tokens: crate::api::Tokens::open(state)?,
-        api: std::sync::OnceLock::new(),
-        metrics: std::sync::OnceLock::new(),
-        rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
-    });
-    let resumed = gm.comps.lock().unwrap().len();
-    metrics::gauge!("gm_components_resumed").set(resumed as f64);
-    if resumed > 0 {
-        tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
+    if cfg.etcd.is_empty() {
+        let gm = Gm::open(&args, &addr, &t, state::Store::open(args.state.as_deref())?, None)?;
+        ep.serve(gm.clone(), SERVER());
+        let g = gm.clone();
+        if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
+            let _ = gm.metrics.set(at);
+        }
+        gm.serve_api(&args)?;
+        tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %gm.replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, state = ?args.state, "splitos global managers started");
+        node::announce_ready(args.process.ready_file.as_deref(), &addr);
+        crate::node::park_forever()
     }
-    ep.serve(gm.clone(), ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() });
-    let g = gm.clone();
-    if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
-        let _ = gm.metrics.set(at);
+    let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix)?;
+    let store = state::Store::on(etcd.clone());
+    let election = etcd::Election::new(etcd, &addr, Duration::from_secs(cfg.leader_lease_s));
+    let manager = Arc::new(Manager { election: election.clone(), gm: std::sync::OnceLock::new(), store: store.clone() });
+    ep.serve(manager.clone(), SERVER());
+    let tokens = store.clone();
+    let metrics = node::serve_metrics(&args.process, move |token| crate::api::Tokens::open(tokens.clone()).is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. }))))?;
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
+    node::announce_ready(args.process.ready_file.as_deref(), &addr);
+    let e = election.clone();
+    election.run(move || {
+        let gm = Gm::open(&args, &addr, &t, store, Some(e.clone()))?;
+        if let Some(at) = metrics {
+            let _ = gm.metrics.set(at);
+        }
+        let _ = manager.gm.set(gm.clone());
+        gm.serve_api(&args)?;
+        std::thread::Builder::new().name("publish-status".into()).spawn(move || loop {
+            if let Err(err) = e.publish_status(&postcard::to_allocvec(&gm.status_summary()).expect("a status encodes")) {
+                tracing::debug!(error = %err, "cannot publish the status for the followers");
+            }
+            std::thread::sleep(PUBLISH);
+        })?;
+        Ok(())
+    })
+}
+
+impl Gm {
+    /// The managers, resuming from what `state` keeps; `election`: theirs, when they are
+    /// several.
+    fn open(args: &GmArgs, addr: &str, t: &Arc<dyn splitos_rpc::Transport>, state: state::Store, election: Option<Arc<etcd::Election>>) -> anyhow::Result<Arc<Gm>> {
+        let cfg = &args.cluster;
+        let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
+        let gm = Arc::new(Gm {
+            addr: addr.to_string(),
+            vregion_size: cfg.vregion_size.0,
+            replication: cfg.replication.unwrap_or_default(),
+            overcommit: cfg.overcommit,
+            placement: crate::placement::Placements::new(cfg.placement, state.clone())?,
+            rebalance_percent: cfg.rebalance_percent,
+            rebalancing: Mutex::new(None),
+            forget_dead,
+            reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
+            comps: Mutex::new(Gm::resume(&state)?),
+            replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
+            replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
+            detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead)?,
+            announced: Mutex::new(state.load::<u32>(kept::ANNOUNCED)?.into_iter().collect()),
+            store: state.clone(),
+            last_any: Mutex::new(Instant::now()),
+            started: Instant::now(),
+            vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
+            cordons: cordon::Cordons::open(state.clone())?,
+            quota_homes: Mutex::new(Default::default()),
+            tokens: crate::api::Tokens::open(state)?,
+            api: std::sync::OnceLock::new(),
+            metrics: std::sync::OnceLock::new(),
+            rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
+            election,
+        });
+        let resumed = gm.comps.lock().unwrap().len();
+        metrics::gauge!("gm_components_resumed").set(resumed as f64);
+        if resumed > 0 {
+            tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
+        }
+        Ok(gm)
     }
-    if cfg.api != "off" {
-        let api = crate::api::Api { gm: gm.clone(), config: serde_json::to_value(cfg)? };
+
+    /// Serves the REST API unless it is off.
+    fn serve_api(self: &Arc<Self>, args: &GmArgs) -> anyhow::Result<()> {
+        let cfg = &args.cluster;
+        if cfg.api == "off" {
+            return Ok(());
+        }
+        let api = crate::api::Api { gm: self.clone(), config: serde_json::to_value(cfg)? };
         let tls = match (&args.api_cert, &args.api_key) {
             (Some(cert), Some(key)) => Some(crate::api::tls::acceptor(cert, key)?),
             _ => None,
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let at = crate::api::serve(&cfg.api, Arc::new(api), tls)?;
-        tracing::info!(api = %at, scheme, state = ?args.state, "serving the REST API");
-        let _ = gm.api.set(at);
+        tracing::info!(api = %at, scheme, "serving the REST API");
+        let _ = self.api.set(at);
+        Ok(())
     }
-    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, "splitos global managers started");
-    node::announce_ready(args.process.ready_file.as_deref(), &addr);
-    crate::node::park_forever()
 }

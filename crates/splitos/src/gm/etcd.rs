@@ -1,0 +1,304 @@
+//! Several global managers with their state in etcd (`[cluster] etcd`): one leads, elected
+//! through etcd, and the others follow, answer reads and take over when it goes.
+//!
+//! Under the cluster's prefix, etcd holds:
+//! - `leader`: the leading manager's address, under its lease. The key's create revision is
+//!   the leader's term; a manager wins by creating the key when it is absent.
+//! - `managers/ADDR`: every manager alive, under its lease.
+//! - `state/TABLE/KEY`: the managers' state (`super::state`).
+//! - `status`: the leader's last status, which followers answer `C2G_STATUS` with.
+//!
+//! Fencing: every write of the state is a transaction on the leader key's create revision
+//! being the writer's term, so that a manager that stopped leading cannot change it; and a
+//! leader serves nothing from the moment its lease may have run out at etcd (a keep-alive
+//! sent then, plus the lease's time to live, less a margin), before another can be elected.
+//! A manager that stops leading starts again as a follower: it executes itself anew, so that
+//! nothing it held while leading outlives its term.
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+
+use super::state::Backend;
+
+/// How long one request to etcd may take.
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a follower tries to win, and a leader checks it still leads.
+const WATCH: Duration = Duration::from_millis(250);
+/// How long before its lease may have run out at etcd a leader stops serving: room for the
+/// difference between its clock and etcd's.
+const MARGIN: Duration = Duration::from_millis(500);
+
+/// The cluster's state and election in etcd, as one manager sees them.
+pub struct Etcd {
+    rt: tokio::runtime::Handle,
+    client: Client,
+    prefix: String,
+    /// The term this manager leads in (the create revision of its leader key); 0 while it
+    /// follows.
+    term: AtomicI64,
+}
+
+fn key_error(e: etcd_client::Error) -> anyhow::Error {
+    anyhow::anyhow!("etcd: {e}")
+}
+
+impl Etcd {
+    /// A client of the etcd cluster at `endpoints`, for the cluster whose keys start with
+    /// `prefix`. It connects lazily: etcd may come up after the managers.
+    pub fn connect(endpoints: &[String], prefix: &str) -> anyhow::Result<Arc<Etcd>> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = rt.handle().clone();
+        std::thread::Builder::new().name("etcd".into()).spawn(move || rt.block_on(std::future::pending::<()>()))?;
+        let eps: Vec<String> = endpoints.to_vec();
+        // A request to a member cut off from the majority fails instead of answering from its
+        // stale copy.
+        let options = ConnectOptions::new().with_require_leader(true).with_connect_timeout(OP_TIMEOUT).with_timeout(OP_TIMEOUT).with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
+        let client = wait(&handle, async move { Client::connect(eps, Some(options)).await.map_err(key_error) })?;
+        Ok(Arc::new(Etcd { rt: handle, client, prefix: prefix.trim_end_matches('/').to_string(), term: AtomicI64::new(0) }))
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    /// Runs a request on the client's runtime and waits for it, from any thread (an async
+    /// one included); one that takes longer than [`OP_TIMEOUT`] fails.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, etcd_client::Error>> + Send>>) -> anyhow::Result<T> {
+        let fut = f(self.client.clone());
+        wait(&self.rt, async move { fut.await.map_err(key_error) })
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::Relaxed).max(0) as u64
+    }
+}
+
+fn wait<T: Send + 'static>(rt: &tokio::runtime::Handle, f: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let r = match tokio::time::timeout(OP_TIMEOUT, f).await {
+            Ok(r) => r,
+            Err(_) => Err(anyhow::anyhow!("etcd did not answer within {OP_TIMEOUT:?}")),
+        };
+        let _ = tx.send(r);
+    });
+    rx.recv().map_err(|_| anyhow::anyhow!("the etcd client stopped"))?
+}
+
+impl Backend for Etcd {
+    fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let prefix = self.key(&format!("state/{table}/"));
+        let p = prefix.clone();
+        let r = self.run(move |mut c| Box::pin(async move { c.get(p, Some(GetOptions::new().with_prefix())).await }))?;
+        Ok(r.kvs().iter().map(|kv| (String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(), kv.value().to_vec())).collect())
+    }
+
+    fn put(&self, table: &str, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
+        let term = self.term.load(Ordering::Relaxed);
+        if term <= 0 {
+            anyhow::bail!("this manager does not lead: it may not change the cluster's state");
+        }
+        let k = self.key(&format!("state/{table}/{key}"));
+        let op = match value {
+            Some(v) => TxnOp::put(k, v.to_vec(), None),
+            None => TxnOp::delete(k, None),
+        };
+        let txn = Txn::new().when([Compare::create_revision(self.key("leader"), CompareOp::Equal, term)]).and_then([op]);
+        let r = self.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
+        if !r.succeeded() {
+            anyhow::bail!("this manager no longer leads (term {term} ended): it may not change the cluster's state");
+        }
+        Ok(())
+    }
+}
+
+/// Who leads, as a manager last saw it.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    pub leader: Option<String>,
+    pub term: u64,
+}
+
+/// This manager's part in the election: its lease, and whether it leads.
+pub struct Election {
+    pub etcd: Arc<Etcd>,
+    addr: String,
+    ttl: Duration,
+    base: Instant,
+    /// Until when (ns after `base`) this manager's lease is surely alive at etcd.
+    valid_until: AtomicU64,
+    seen: Mutex<Seen>,
+}
+
+impl Election {
+    pub fn new(etcd: Arc<Etcd>, addr: &str, ttl: Duration) -> Arc<Election> {
+        Arc::new(Election { etcd, addr: addr.to_string(), ttl, base: Instant::now(), valid_until: AtomicU64::new(0), seen: Mutex::new(Seen::default()) })
+    }
+
+    /// Whether this manager leads now: it won, and its lease cannot have run out yet.
+    pub fn leading(&self) -> bool {
+        self.etcd.term.load(Ordering::Relaxed) > 0 && (self.base.elapsed().as_nanos() as u64) < self.valid_until.load(Ordering::Relaxed)
+    }
+
+    pub fn seen(&self) -> Seen {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The managers alive, by address.
+    pub fn managers(&self) -> Vec<String> {
+        let p = self.etcd.key("managers/");
+        let p2 = p.clone();
+        match self.etcd.run(move |mut c| Box::pin(async move { c.get(p2, Some(GetOptions::new().with_prefix())).await })) {
+            Ok(r) => r.kvs().iter().map(|kv| String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned()).collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot list the managers");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Publishes what followers answer `C2G_STATUS` with; only while leading.
+    pub fn publish_status(&self, status: &[u8]) -> anyhow::Result<()> {
+        self.etcd.put("published", "status", Some(status))
+    }
+
+    /// The leader's last published status.
+    pub fn published_status(&self) -> Option<Vec<u8>> {
+        let k = self.etcd.key("state/published/status");
+        self.etcd.run(move |mut c| Box::pin(async move { c.get(k, None).await })).ok()?.kvs().first().map(|kv| kv.value().to_vec())
+    }
+
+    /// Takes part in the election for good: keeps a lease, follows while another leads,
+    /// calls `elected` once when this manager wins, and then makes this process start again
+    /// (as a follower) the moment it may no longer lead. Never returns.
+    pub fn run(self: Arc<Self>, elected: impl FnOnce() -> anyhow::Result<()>) -> ! {
+        let lease = loop {
+            match self.lease() {
+                Ok(l) => break l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot take a lease in etcd; trying again");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        };
+        let mut elected = Some(elected);
+        loop {
+            if self.etcd.term.load(Ordering::Relaxed) > 0 {
+                if !self.leading() {
+                    step_down("its lease may have run out at etcd (it cannot reach a majority)");
+                }
+                match self.check() {
+                    Ok(true) => {}
+                    Ok(false) => step_down("another manager leads"),
+                    Err(e) => tracing::debug!(error = %e, "cannot check the leadership (etcd unreachable?)"),
+                }
+            } else {
+                match self.campaign(lease) {
+                    Ok(true) => {
+                        let term = self.etcd.term();
+                        tracing::info!(addr = %self.addr, term, "this manager leads now");
+                        metrics::counter!("gm_elections_won_total").increment(1);
+                        metrics::gauge!("gm_leading").set(1.0);
+                        if let Some(f) = elected.take() {
+                            if let Err(e) = f() {
+                                tracing::error!(error = %e, "cannot start leading");
+                                step_down("it could not start leading");
+                            }
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(error = %e, "cannot campaign (etcd unreachable?)"),
+                }
+            }
+            std::thread::sleep(WATCH);
+        }
+    }
+
+    /// A lease kept alive from now on (`valid_until` follows its keep-alives), with this
+    /// manager listed under it.
+    fn lease(self: &Arc<Self>) -> anyhow::Result<i64> {
+        let ttl = self.ttl.as_secs() as i64;
+        let granted = self.etcd.run(move |mut c| Box::pin(async move { c.lease_grant(ttl, None).await }))?;
+        let id = granted.id();
+        let (key, addr) = (self.etcd.key(&format!("managers/{}", self.addr)), self.addr.clone());
+        self.etcd.run(move |mut c| Box::pin(async move { c.put(key, addr, Some(PutOptions::new().with_lease(id))).await }))?;
+        let me = self.clone();
+        let mut client = self.etcd.client.clone();
+        self.valid_until.store((self.base.elapsed() + self.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed);
+        self.etcd.rt.spawn(async move {
+            loop {
+                match client.lease_keep_alive(id).await {
+                    Ok((mut keeper, mut stream)) => loop {
+                        let sent = me.base.elapsed();
+                        let alive = async {
+                            keeper.keep_alive().await?;
+                            stream.message().await
+                        };
+                        match tokio::time::timeout(OP_TIMEOUT, alive).await {
+                            Ok(Ok(Some(r))) if r.ttl() > 0 => me.valid_until.store((sent + me.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed),
+                            Ok(Ok(Some(_))) => {
+                                // The lease expired at etcd: whatever this manager led, it no
+                                // longer does, and its listing is gone.
+                                step_down("its lease expired at etcd");
+                            }
+                            _ => break,
+                        }
+                        tokio::time::sleep(me.ttl / 4).await;
+                    },
+                    Err(e) => tracing::debug!(error = %e, "cannot keep the lease alive"),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Ok(id)
+    }
+
+    /// Tries to become the leader; true when this manager won.
+    fn campaign(&self, lease: i64) -> anyhow::Result<bool> {
+        let key = self.etcd.key("leader");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), self.addr.clone(), Some(PutOptions::new().with_lease(lease)))])
+            .or_else([TxnOp::get(key, None)]);
+        let r = self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
+        if r.succeeded() {
+            let term = r.header().map_or(0, |h| h.revision());
+            self.etcd.term.store(term, Ordering::Relaxed);
+            *self.seen.lock().unwrap() = Seen { leader: Some(self.addr.clone()), term: term as u64 };
+            return Ok(true);
+        }
+        let held = r.op_responses().into_iter().find_map(|o| match o {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision())),
+            _ => None,
+        });
+        let mut seen = self.seen.lock().unwrap();
+        let now = Seen { leader: held.as_ref().map(|h| h.0.clone()), term: held.map_or(0, |h| h.1 as u64) };
+        if now.leader != seen.leader {
+            tracing::info!(leader = ?now.leader, term = now.term, "following");
+        }
+        *seen = now;
+        Ok(false)
+    }
+
+    /// Whether the leader key is still this manager's, in its term.
+    fn check(&self) -> anyhow::Result<bool> {
+        let key = self.etcd.key("leader");
+        let r = self.etcd.run(move |mut c| Box::pin(async move { c.get(key, None).await }))?;
+        let term = self.etcd.term.load(Ordering::Relaxed);
+        Ok(r.kvs().first().is_some_and(|kv| kv.create_revision() == term && kv.value() == self.addr.as_bytes()))
+    }
+}
+
+/// Ends this manager's part as a leader: it starts again, the same process with the same
+/// arguments, as a follower.
+pub fn step_down(why: &str) -> ! {
+    tracing::warn!(why, "this manager stops leading and starts again as a follower");
+    metrics::gauge!("gm_leading").set(0.0);
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new("/proc/self/exe").args(std::env::args_os().skip(1)).exec();
+    tracing::error!(error = %err, "cannot start again; exiting");
+    std::process::exit(1)
+}
