@@ -22,6 +22,11 @@ command -v memccapable >/dev/null || need+=(libmemcached-tools) # real clients o
 command -v prometheus >/dev/null || need+=(prometheus) # the metrics test scrapes a cluster with a real Prometheus
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev) # a test program links jemalloc, as redis-server does
 command -v curl >/dev/null || need+=(curl) # the TLS test checks the API as a client other than splitos sees it
+# Several global managers keep the cluster's state in etcd (the fault tests run a three-member
+# etcd); its client crate compiles etcd's protocol at build time.
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
 # The dashboard's test drives a real headless browser.
 command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || need+=(chromium-headless-shell)
 if [ ${#need[@]} -gt 0 ]; then

@@ -419,23 +419,30 @@ pub fn pid_running(pid: i32) -> bool {
     }
 }
 
-/// Which of `pids` has a listening TCP socket on `addr`'s port (from /proc/net/tcp{,6} and the
-/// processes' file descriptors).
+/// Which of `pids` has a listening TCP socket on `addr`'s port (from each process's own
+/// /proc/PID/net/tcp{,6}, which are of its network namespace, and its file descriptors).
 pub fn pid_listening_on(addr: &str, pids: &[i32]) -> Option<i32> {
     let port: u16 = addr.rsplit(':').next()?.parse().ok()?;
-    let mut inodes = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        for l in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            let listening = f.get(3) == Some(&"0A");
-            let p = f.get(1).and_then(|a| a.rsplit(':').next()).and_then(|h| u16::from_str_radix(h, 16).ok());
-            if listening && p == Some(port) {
-                inodes.push(format!("socket:[{}]", f[9]));
+    // Hosts in namespaces may each have a component at one port: the address tells them
+    // apart (an IPv4 one as /proc/net/tcp prints it, its bytes in this machine's order).
+    let ip = addr.rsplit_once(':').and_then(|(h, _)| h.parse::<std::net::Ipv4Addr>().ok()).filter(|ip| !ip.is_unspecified());
+    let ours = |hex: &str| ip.is_none_or(|ip| u32::from_str_radix(hex, 16).is_ok_and(|v| [ip, std::net::Ipv4Addr::UNSPECIFIED].contains(&std::net::Ipv4Addr::from(v.to_le_bytes()))));
+    pids.iter().copied().find(|pid| {
+        let mut inodes = Vec::new();
+        for table in ["tcp", "tcp6"] {
+            for l in std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default().lines().skip(1) {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                let listening = f.get(3) == Some(&"0A");
+                let local = f.get(1).and_then(|a| a.rsplit_once(':'));
+                let p = local.and_then(|(_, h)| u16::from_str_radix(h, 16).ok());
+                if listening && p == Some(port) && (table == "tcp6" || local.is_some_and(|(h, _)| ours(h))) {
+                    inodes.push(format!("socket:[{}]", f[9]));
+                }
             }
         }
-    }
-    pids.iter().copied().find(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))))
+        !inodes.is_empty() && std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str())))
+    })
 }
 
 /// How many threads of `pid` have a name (comm) starting with `prefix`.
@@ -609,6 +616,65 @@ impl Drop for Hosts {
             delete_netns(&self.netns(name));
         }
         let _ = Command::new("ip").args(["link", "del", &format!("{}br", self.tag)]).output();
+    }
+}
+
+/// An etcd cluster of one member per host of `hosts` (Debian's `etcd-server`), each member
+/// in its host's namespace with its data under `dir`; dropped (also when the test fails), it
+/// kills its members by PID.
+pub struct EtcdCluster {
+    members: Vec<std::process::Child>,
+    /// The members' client URLs.
+    pub endpoints: Vec<String>,
+}
+
+impl EtcdCluster {
+    pub fn start(h: &Hosts, hosts: &[&str], dir: &Path) -> EtcdCluster {
+        let peers: Vec<String> = hosts.iter().map(|n| format!("{n}=http://{}:2380", h.addr(n))).collect();
+        let mut e = EtcdCluster { members: Vec::new(), endpoints: hosts.iter().map(|n| format!("http://{}:2379", h.addr(n))).collect() };
+        for n in hosts {
+            let (ip, data) = (h.addr(n), dir.join(format!("etcd-{n}")));
+            let log = std::fs::File::create(dir.join(format!("etcd-{n}.log"))).unwrap();
+            let (client, peer) = (format!("http://{ip}:2379"), format!("http://{ip}:2380"));
+            let child = h
+                .exec(
+                    n,
+                    &["etcd", "--name", n, "--data-dir", data.to_str().unwrap(), "--listen-client-urls", &client, "--advertise-client-urls", &client, "--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer],
+                )
+                .args(["--initial-cluster", &peers.join(","), "--initial-cluster-state", "new", "--initial-cluster-token", &h.netns("etcd")])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            e.members.push(child);
+        }
+        let healthy = |ep: &String| {
+            let Ok(mut s) = std::net::TcpStream::connect_timeout(&ep.trim_start_matches("http://").parse().unwrap(), Duration::from_millis(500)) else { return false };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut answer = String::new();
+            std::io::Write::write_all(&mut s, b"GET /health HTTP/1.0\r\n\r\n").is_ok() && std::io::Read::read_to_string(&mut s, &mut answer).is_ok() && answer.contains("\"health\":\"true\"")
+        };
+        let t0 = Instant::now();
+        while !e.endpoints.iter().all(healthy) {
+            assert!(t0.elapsed() < Duration::from_secs(30), "etcd did not become healthy; its logs are in {}", dir.display());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        e
+    }
+
+    /// `[cluster] etcd` naming the members.
+    pub fn config(&self) -> String {
+        format!("etcd = [{}]\n", self.endpoints.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>().join(", "))
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
     }
 }
 

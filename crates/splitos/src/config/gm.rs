@@ -74,9 +74,11 @@ pub struct GmConfig {
     #[arg(long, default_value = "/splitos")]
     pub etcd_prefix: String,
     /// How long the leading manager's lease in etcd lasts without a keep-alive (s, 2 to 60):
-    /// a leader that died is replaced after about this long, and one cut off from the etcd
-    /// majority stops leading a little sooner.
-    #[arg(long, default_value_t = 3)]
+    /// a leader that died is replaced after about this long (one stopped by SIGTERM gives its
+    /// lease up at once), and one cut off from the etcd majority stops leading a little
+    /// sooner. Shorter than etcd takes to elect its own new leader (a second or two), every
+    /// loss of etcd's leader would also change the managers'.
+    #[arg(long, default_value_t = 5)]
     pub leader_lease_s: u64,
 }
 

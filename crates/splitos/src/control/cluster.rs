@@ -412,7 +412,7 @@ pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
 /// What the global managers say of the cluster: its components and where its API is.
 pub fn gm_status(gm: &str) -> anyhow::Result<splitos_rpc::G2C_STATUS> {
     let rpc = rpc().map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
-    crate::node::Managers::new(gm).call(&rpc, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
+    crate::node::Managers::new(gm).call(rpc, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
 }
 
 /// How long a tool waits for the managers to name a leader: about a handover.
@@ -427,7 +427,7 @@ pub fn leader(gm: &str) -> anyhow::Result<String> {
     loop {
         // The one named must say so itself: during a handover the followers still name a
         // leader that is gone.
-        if let Some(l) = managers.find_leader(&rpc).filter(|l| rpc.call_timeout(l, X2G_WHO_LEADS, Duration::from_secs(1)).is_ok_and(|w| w.leader.as_ref() == Some(l))) {
+        if let Some(l) = managers.find_leader(rpc).filter(|l| rpc.call_timeout(l, X2G_WHO_LEADS, Duration::from_secs(1)).is_ok_and(|w| w.leader.as_ref() == Some(l))) {
             return Ok(l);
         }
         if t0.elapsed() > FIND_LEADER {

@@ -557,8 +557,10 @@ pub fn token_revoke(gm: Option<String>, name: String) -> anyhow::Result<()> {
 /// Every alive component's metrics, merged as the REST API's `/metrics` serves them.
 pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
-    let mut addrs = vec![gm.clone()];
-    addrs.extend(cluster::status(&gm)?.into_iter().filter(|c| c.alive).map(|c| c.addr));
+    let status = cluster::gm_status(&gm)?;
+    // Every manager alive (followers too), then every component alive.
+    let mut addrs = if status.managers.is_empty() { vec![gm.clone()] } else { status.managers };
+    addrs.extend(status.components.into_iter().filter(|c| c.alive).map(|c| c.addr));
     // A silent component's series are missing, as from a scrape.
     let texts: Vec<String> = addrs.iter().filter_map(|a| cluster::ask(a, C2X_METRICS).ok().map(|m| m.text)).collect();
     match std::io::stdout().lock().write_all(crate::telemetry::merge(texts).as_bytes()) {

@@ -91,8 +91,20 @@ fn wait<T: Send + 'static>(rt: &tokio::runtime::Handle, f: impl Future<Output = 
 impl Backend for Etcd {
     fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         let prefix = self.key(&format!("state/{table}/"));
-        let p = prefix.clone();
-        let r = self.run(move |mut c| Box::pin(async move { c.get(p, Some(GetOptions::new().with_prefix())).await }))?;
+        // A read may be sent again: the client may have picked a member that is cut off, and
+        // picks another the next time.
+        let mut tries = 0;
+        let r = loop {
+            let p = prefix.clone();
+            match self.run(move |mut c| Box::pin(async move { c.get(p, Some(GetOptions::new().with_prefix())).await })) {
+                Ok(r) => break r,
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, table, "reading the state from etcd failed; trying again");
+                }
+                Err(e) => return Err(e),
+            }
+        };
         Ok(r.kvs().iter().map(|kv| (String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(), kv.value().to_vec())).collect())
     }
 
@@ -130,12 +142,14 @@ pub struct Election {
     base: Instant,
     /// Until when (ns after `base`) this manager's lease is surely alive at etcd.
     valid_until: AtomicU64,
+    /// Its lease (0: none yet).
+    lease: AtomicI64,
     seen: Mutex<Seen>,
 }
 
 impl Election {
     pub fn new(etcd: Arc<Etcd>, addr: &str, ttl: Duration) -> Arc<Election> {
-        Arc::new(Election { etcd, addr: addr.to_string(), ttl, base: Instant::now(), valid_until: AtomicU64::new(0), seen: Mutex::new(Seen::default()) })
+        Arc::new(Election { etcd, addr: addr.to_string(), ttl, base: Instant::now(), valid_until: AtomicU64::new(0), lease: AtomicI64::new(0), seen: Mutex::new(Seen::default()) })
     }
 
     /// Whether this manager leads now: it won, and its lease cannot have run out yet.
@@ -223,6 +237,7 @@ impl Election {
         let ttl = self.ttl.as_secs() as i64;
         let granted = self.etcd.run(move |mut c| Box::pin(async move { c.lease_grant(ttl, None).await }))?;
         let id = granted.id();
+        self.lease.store(id, Ordering::Relaxed);
         let (key, addr) = (self.etcd.key(&format!("managers/{}", self.addr)), self.addr.clone());
         self.etcd.run(move |mut c| Box::pin(async move { c.put(key, addr, Some(PutOptions::new().with_lease(id))).await }))?;
         let me = self.clone();
@@ -256,6 +271,19 @@ impl Election {
         Ok(id)
     }
 
+    /// Gives up the lease, and with it the lead if this manager has it: another manager takes
+    /// over at once instead of after the lease's time to live.
+    pub fn resign(&self) {
+        let id = self.lease.load(Ordering::Relaxed);
+        if id != 0 {
+            self.valid_until.store(0, Ordering::Relaxed);
+            match self.etcd.run(move |mut c| Box::pin(async move { c.lease_revoke(id).await })) {
+                Ok(_) => tracing::info!("lease given up: another manager can lead at once"),
+                Err(e) => tracing::warn!(error = %e, "cannot give up the lease; another manager leads once it runs out"),
+            }
+        }
+    }
+
     /// Tries to become the leader; true when this manager won.
     fn campaign(&self, lease: i64) -> anyhow::Result<bool> {
         let key = self.etcd.key("leader");
@@ -271,9 +299,19 @@ impl Election {
             return Ok(true);
         }
         let held = r.op_responses().into_iter().find_map(|o| match o {
-            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision())),
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision(), kv.lease())),
             _ => None,
         });
+        // This manager's address under another lease: an earlier run of this manager led, and
+        // is gone (this process holds its address now). Its key goes at once, not when its
+        // lease runs out, and only that term's key.
+        if let Some((_, term, _)) = held.as_ref().filter(|h| h.0 == self.addr && h.2 != lease) {
+            let (key, term) = (self.etcd.key("leader"), *term);
+            let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, term)]).and_then([TxnOp::delete(key, None)]);
+            self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
+            tracing::info!(term, "the lead of an earlier run of this manager is given up");
+            return Ok(false);
+        }
         let mut seen = self.seen.lock().unwrap();
         let now = Seen { leader: held.as_ref().map(|h| h.0.clone()), term: held.map_or(0, |h| h.1 as u64) };
         if now.leader != seen.leader {
@@ -298,7 +336,13 @@ pub fn step_down(why: &str) -> ! {
     tracing::warn!(why, "this manager stops leading and starts again as a follower");
     metrics::gauge!("gm_leading").set(0.0);
     use std::os::unix::process::CommandExt;
-    let err = std::process::Command::new("/proc/self/exe").args(std::env::args_os().skip(1)).exec();
+    // The binary by its path, so that the new image's command line is the one this process
+    // was started with (an operator or supervisor finds it by it); the kernel's link to the
+    // running image if that path is gone (the binary was replaced meanwhile).
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    let exe = std::env::current_exe().ok().filter(|p| p.exists()).unwrap_or_else(|| "/proc/self/exe".into());
+    let err = std::process::Command::new(exe).arg0(argv0).args(args).exec();
     tracing::error!(error = %err, "cannot start again; exiting");
     std::process::exit(1)
 }

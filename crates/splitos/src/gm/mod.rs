@@ -846,6 +846,8 @@ const SERVER: fn() -> ServerConfig = || ServerConfig { name: "gm".into(), worker
 const PUBLISH: Duration = Duration::from_secs(1);
 
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
+    // Before any thread starts, which would inherit the mask.
+    let stop = node::block_stop_signals();
     let cfg = &args.cluster;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
     let t = args.process.transport.build(Some(node::credentials(args.process.credentials()?, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
@@ -861,6 +863,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
             let _ = gm.metrics.set(at);
         }
         gm.serve_api(&args)?;
+        stop.on_stop(|| {});
         tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %gm.replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, state = ?args.state, "splitos global managers started");
         node::announce_ready(args.process.ready_file.as_deref(), &addr);
         crate::node::park_forever()
@@ -869,6 +872,8 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let store = state::Store::on(etcd.clone());
     let election = etcd::Election::new(etcd, &addr, Duration::from_secs(cfg.leader_lease_s));
     let manager = Arc::new(Manager { election: election.clone(), gm: std::sync::OnceLock::new(), store: store.clone() });
+    let leaving = election.clone();
+    stop.on_stop(move || leaving.resign());
     ep.serve(manager.clone(), SERVER());
     let tokens = store.clone();
     let metrics = node::serve_metrics(&args.process, move |token| crate::api::Tokens::open(tokens.clone()).is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. }))))?;
