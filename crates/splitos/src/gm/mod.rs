@@ -4,7 +4,7 @@
 //! are never on the data path.
 //!
 //! Storage placements must come out the same after a restart of the global managers (which
-//! keep no state) and on every pComponent, so GSM and the buffer-cache placement use
+//! keep no placement of their own) and on every pComponent, so GSM and the buffer-cache placement use
 //! rendezvous hashing over the live components: deterministic, and moving only the share of
 //! a component that died.
 //!
@@ -21,8 +21,10 @@
 //! as long), and rebuild the copies those held; an mComponent that was declared lost and
 //! speaks again is fenced: its copies may be out of date, so it drops them.
 //!
-//! What they are told at run time (the REST API's tokens, the vNodes) they keep in their state
-//! file, and resume with after a restart.
+//! What they are told at run time (membership, fencing, the REST API's tokens, the vNodes,
+//! cordons, the placement policy) they keep in their state (state.rs, kept.rs): a local file,
+//! or etcd when several managers run, one elected leader (etcd.rs). A restarted manager, or a
+//! new leader, resumes with it.
 pub mod cordon;
 mod detach;
 mod etcd;
