@@ -110,6 +110,15 @@ impl Managers {
     }
 }
 
+/// Refuses a listening address that cannot be advertised: the address a component listens on
+/// is the one it registers, and others reach it there; `0.0.0.0` (or `::`) names no host.
+pub fn advertisable(role: Role, listen: &str) -> anyhow::Result<()> {
+    if listen.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_unspecified()) {
+        anyhow::bail!("{} cannot listen on {listen}: that address is also the one it advertises, and it names no host; listen on one of this host's addresses others reach", role.name());
+    }
+    Ok(())
+}
+
 /// A component's link to the rest of the cluster.
 pub struct Node {
     pub role: Role,
@@ -138,6 +147,7 @@ impl Node {
     /// the returned endpoint serves once the component is built around the node.
     pub fn bind(role: Role, gm: &str, listen: &str, process: &ProcessArgs) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
         let t = process.transport.build(Some(credentials(process.credentials()?, role)?)).map_err(|e| anyhow::anyhow!(e))?;
+        advertisable(role, listen)?;
         let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
         crate::telemetry::init(role, &ep.addr());
         let rpc = Rpc::new(t, RPC_TIMEOUT);

@@ -181,6 +181,20 @@ fn status_json_without_a_cluster_is_json() {
 }
 
 #[test]
+fn a_component_or_manager_refuses_to_advertise_0_0_0_0() {
+    // The cluster's authority issues the credentials a monitor started by hand needs.
+    let c = TestCluster::up(None);
+    let cred = c.dir.path().join("by-hand.cred");
+    for (role, args) in [("gm", vec!["gm", "--listen", "0.0.0.0:0"]), ("mcomponent", vec!["mem", "--gm", "127.0.0.1:1", "--listen", "0.0.0.0:0"])] {
+        let made = c.cmd(&["cluster", "credentials", "--role", role, "--out"]).arg(&cred).output().unwrap();
+        assert!(made.status.success(), "{}", text(&made.stderr));
+        let out = Command::new(splitos()).args(&args).arg("--credentials").arg(&cred).output().unwrap();
+        assert!(!out.status.success(), "{role}");
+        assert!(text(&out.stderr).contains("cannot listen on 0.0.0.0:0: that address is also the one it advertises"), "{role}: {}", text(&out.stderr));
+    }
+}
+
+#[test]
 fn a_running_cluster_refuses_memory_options_notes_the_rest_and_guards_its_programs() {
     // Two `cluster up` at once in one state directory: one starts the cluster, the other says
     // there is one.

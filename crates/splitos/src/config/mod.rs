@@ -233,6 +233,27 @@ mod tests {
     /// What `cluster up` writes for a component reads back the same: the configuration travels
     /// whole.
     #[test]
+    fn several_managers_need_etcd_fixed_ports_and_reachable_addresses() {
+        let check = |text: &str| toml::from_str::<ClusterConfig>(&format!("{text}\n[[pcomponent]]\n[[mcomponent]]\n")).unwrap().validate();
+        let etcd = "[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n";
+        let two = "[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.2:7100\"\n";
+        assert!(check(two).unwrap_err().contains("need [cluster] etcd"));
+        assert!(check(&format!("{etcd}{two}")).is_ok());
+        assert_eq!(toml::from_str::<ClusterConfig>(&format!("{etcd}{two}")).unwrap().managers().len(), 2);
+        for (listen, why) in [("10.0.0.1:0", "fixed port"), ("0.0.0.0:7100", "not 0.0.0.0"), ("gm-host", "not an address")] {
+            let e = check(&format!("{etcd}[[gm]]\nlisten = \"{listen}\"\n")).unwrap_err();
+            assert!(e.starts_with("gm[0].listen") && e.contains(why), "{listen}: {e}");
+        }
+        assert!(check(&format!("{etcd}[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.1:7100\"\n")).unwrap_err().contains("another manager's"));
+        assert!(check("[cluster]\netcd = [\"10.0.0.1:2379\"]\ngm = \"10.0.0.1:7100\"\n").unwrap_err().contains("not an etcd client URL"));
+        assert!(check("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n").unwrap_err().contains("fixed port"), "one manager with etcd re-executes at its address");
+        assert!(check("[cluster]\nleader_lease_s = 1\n").unwrap_err().contains("leader_lease_s"));
+        assert!(check("[cluster]\netcd_prefix = \"splitos\"\n").unwrap_err().contains("etcd_prefix"));
+        // One manager alone, at cluster.gm, as before.
+        assert_eq!(ClusterConfig::embedded().managers()[0].listen, ANY_PORT);
+    }
+
+    #[test]
     fn the_configuration_travels_through_json_unchanged() {
         let text = "[cluster]\nreplication = \"ec:2\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"1G\"\npolicy = \"clock\"\npiggyback = false\nnetns = \"p\"\n[[mcomponent]]\n[[scomponent]]\ndir = \"/d\"\n[[ncomponent]]\nnics = [\"10.0.0.1\"]\n[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 5\n[[vnode]]\nname = \"lab\"\nmemory = \"1G\"\n";
         let c: ClusterConfig = toml::from_str(text).unwrap();
@@ -275,6 +296,7 @@ mod tests {
         let mut c = ClusterConfig::embedded();
         c.ncomponent.push(NcompConfig::default());
         c.vnode.push(VnodeConfig { name: "lab".into(), users: Vec::new(), groups: Vec::new(), memory: Some(Size(1 << 30)) });
+        c.gm.push(ManagerConfig { listen: "10.0.0.1:7100".into(), api: None, netns: None });
         let serde_json::Value::Object(tables) = serde_json::to_value(&c).unwrap() else { unreachable!() };
         for (table, v) in tables {
             let fields = match v {

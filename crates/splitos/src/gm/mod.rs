@@ -853,6 +853,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let cfg = &args.cluster;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
     let t = args.process.transport.build(Some(node::credentials(args.process.credentials()?, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
+    node::advertisable(Role::Gm, &args.listen)?;
     let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
     crate::telemetry::init(Role::Gm, &addr);
