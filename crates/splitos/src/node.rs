@@ -70,7 +70,10 @@ impl Managers {
         self.leader.lock().unwrap().clone()
     }
 
-    /// Calls the leading manager; one manager alone is called as any component is.
+    /// Calls the leading manager; one manager alone is called as any component is. A
+    /// request refused `NotLeader`, or that reached no manager, is sent again to the leader
+    /// the managers name; one that may have been carried out (its answer was lost or late) is
+    /// not, and the caller gets the error, while the next call goes to the leader found.
     pub fn call<R: Request>(&self, rpc: &Rpc, req: R) -> Result<R::Reply, RpcError> {
         if self.addrs.len() < 2 {
             return rpc.call(&self.leader(), req);
@@ -78,20 +81,14 @@ impl Managers {
         let mut last = rpc.call_timeout(&self.leader(), req.clone(), GM_TIMEOUT);
         let t0 = Instant::now();
         while Managers::elsewhere(&last) && t0.elapsed() < FIND_LEADER {
-            match self.find_leader(rpc) {
-                Some(l) => {
-                    if l != self.leader() {
-                        tracing::info!(leader = %l, "the global managers have another leader");
-                        metrics::counter!("node_gm_leader_changes_total").increment(1);
-                        *self.leader.lock().unwrap() = l.clone();
-                    }
-                    last = rpc.call_timeout(&l, req.clone(), GM_TIMEOUT);
-                    if !Managers::elsewhere(&last) {
-                        break;
-                    }
-                }
-                None => std::thread::sleep(Duration::from_millis(200)),
+            let Some(l) = self.follow_leader(rpc) else {
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            };
+            if !Managers::undelivered(&last) {
+                return last;
             }
+            last = rpc.call_timeout(&l, req.clone(), GM_TIMEOUT);
             if Managers::elsewhere(&last) {
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -99,9 +96,25 @@ impl Managers {
         last
     }
 
+    /// Asks the managers who leads, and remembers it.
+    fn follow_leader(&self, rpc: &Rpc) -> Option<String> {
+        let l = self.find_leader(rpc)?;
+        if l != self.leader() {
+            tracing::info!(leader = %l, "the global managers have another leader");
+            metrics::counter!("node_gm_leader_changes_total").increment(1);
+            *self.leader.lock().unwrap() = l.clone();
+        }
+        Some(l)
+    }
+
     /// Whether an answer says to look for the leader elsewhere.
     fn elsewhere<T>(r: &Result<T, RpcError>) -> bool {
-        matches!(r, Err(RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. } | RpcError::Remote { code: ErrCode::NotLeader, .. }))
+        Managers::undelivered(r) || matches!(r, Err(RpcError::Closed { .. } | RpcError::Timeout { .. }))
+    }
+
+    /// Whether a request was surely not carried out, and may be sent again.
+    fn undelivered<T>(r: &Result<T, RpcError>) -> bool {
+        matches!(r, Err(RpcError::Unreachable { .. } | RpcError::Remote { code: ErrCode::NotLeader, .. }))
     }
 
     /// The leader the managers name, in the latest term any of them knows.

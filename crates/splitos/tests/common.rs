@@ -641,7 +641,7 @@ impl EtcdCluster {
                     n,
                     &["etcd", "--name", n, "--data-dir", data.to_str().unwrap(), "--listen-client-urls", &client, "--advertise-client-urls", &client, "--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer],
                 )
-                .args(["--initial-cluster", &peers.join(","), "--initial-cluster-state", "new", "--initial-cluster-token", &h.netns("etcd")])
+                .args(["--initial-cluster", &peers.join(","), "--initial-cluster-state", "new", "--initial-cluster-token", &h.netns("etcd"), "--auto-compaction-retention", "1"])
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use splitos_rpc::{ErrCode, PlacementState, ERR};
 
 use super::memory::refused;
-use super::{admin_only, Api, ApiError, Body, ErrorBody, Principal};
+use super::{admin_only, internal, Api, ApiError, Body, ErrorBody, Principal};
 
 /// The placement policy in place.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -43,13 +43,16 @@ pub async fn get(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Soc
 }
 
 /// Replaces the placement policy while the cluster runs (admin only): placements from then on
-/// follow it; what is placed stays where it is. It lasts until the managers restart.
+/// follow it; what is placed stays where it is. It is kept in the managers' state, and
+/// outlives their restart.
 #[utoipa::path(put, path = "/api/v1/placement", security(("bearer" = [])), request_body = PlacementChange,
     responses((status = 200, description = "Replaced", body = PlacementView), (status = 400, description = "An unknown policy", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "Unknown fields", body = ErrorBody)))]
 pub async fn put(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Body(c): Body<PlacementChange>) -> Result<Json<PlacementView>, ApiError> {
     admin_only(&p, peer, "/api/v1/placement")?;
-    let now = api.gm.placement(Some(c.placement)).map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?;
+    // Kept in the managers' state first (etcd may take a while): not on the API's thread.
+    let gm = api.gm.clone();
+    let now = tokio::task::spawn_blocking(move || gm.placement(Some(c.placement))).await.map_err(internal)?.map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?;
     tracing::info!(placement = %now.placement, token = p.name(), "placement policy replaced through the API");
     Ok(Json(now.into()))
 }

@@ -127,8 +127,11 @@ impl GmConfig {
         if let Some(bad) = self.etcd.iter().find(|e| !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 256) {
             return Err(format!("etcd: {bad:?} is not an etcd client URL (http://HOST:PORT)"));
         }
-        if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.len() > 128 || self.etcd_prefix.contains("//") {
-            return Err(format!("etcd_prefix: {:?} is not a key prefix (\"/splitos\", \"/clusters/a\")", self.etcd_prefix));
+        // A prefix that holds another cluster's parts (`/a/state/...` beside `/a`) would read
+        // that cluster's keys as its own.
+        let reserved = ["/state/", "/leader", "/managers/"].iter().any(|part| format!("{}/", self.etcd_prefix).contains(part));
+        if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.len() > 128 || self.etcd_prefix.contains("//") || reserved {
+            return Err(format!("etcd_prefix: {:?} is not a key prefix (\"/splitos\", \"/clusters/a\"; not holding /state/, /leader or /managers/)", self.etcd_prefix));
         }
         if self.reclaim_dead_ms >= self.forget_dead_ms {
             return Err(format!("reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.reclaim_dead_ms, self.forget_dead_ms));

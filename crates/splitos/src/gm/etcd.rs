@@ -6,14 +6,15 @@
 //!   the leader's term; a manager wins by creating the key when it is absent.
 //! - `managers/ADDR`: every manager alive, under its lease.
 //! - `state/TABLE/KEY`: the managers' state (`super::state`).
-//! - `status`: the leader's last status, which followers answer `C2G_STATUS` with.
+//! - `status`: the leader's last status, under its lease, which followers answer
+//!   `C2G_STATUS` with.
 //!
 //! Fencing: every write of the state is a transaction on the leader key's create revision
 //! being the writer's term, so that a manager that stopped leading cannot change it; and a
-//! leader serves nothing from the moment its lease may have run out at etcd (a keep-alive
-//! sent then, plus the lease's time to live, less a margin), before another can be elected.
-//! A manager that stops leading starts again as a follower: it executes itself anew, so that
-//! nothing it held while leading outlives its term.
+//! leader starts again as a follower (it executes itself anew, so that nothing it held while
+//! leading outlives its term) the moment its lease may have run out at etcd (from the send
+//! time of its last answered keep-alive, the lease's time to live less a margin), before
+//! another can be elected; a request it was serving then gets no answer.
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,6 +54,8 @@ impl Etcd {
         let handle = rt.handle().clone();
         std::thread::Builder::new().name("etcd".into()).spawn(move || rt.block_on(std::future::pending::<()>()))?;
         let eps: Vec<String> = endpoints.to_vec();
+        // The prefix is the cluster's alone: one that reaches into another cluster's keys
+        // would read them as its own.
         // A request to a member cut off from the majority fails instead of answering from its
         // stale copy.
         let options = ConnectOptions::new().with_require_leader(true).with_connect_timeout(OP_TIMEOUT).with_timeout(OP_TIMEOUT).with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
@@ -64,8 +67,8 @@ impl Etcd {
         format!("{}/{rest}", self.prefix)
     }
 
-    /// Runs a request on the client's runtime and waits for it, from any thread (an async
-    /// one included); one that takes longer than [`OP_TIMEOUT`] fails.
+    /// Runs a request on the client's runtime and waits for it, from any thread but the
+    /// client's own (an async one included); one that takes longer than [`OP_TIMEOUT`] fails.
     fn run<T: Send + 'static>(&self, f: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, etcd_client::Error>> + Send>>) -> anyhow::Result<T> {
         let fut = f(self.client.clone());
         wait(&self.rt, async move { fut.await.map_err(key_error) })
@@ -134,6 +137,10 @@ pub struct Seen {
     pub term: u64,
 }
 
+/// Set once the manager is stopping: it then gives up what it holds and exits, and does not
+/// start again.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// This manager's part in the election: its lease, and whether it leads.
 pub struct Election {
     pub etcd: Arc<Etcd>,
@@ -174,9 +181,16 @@ impl Election {
         }
     }
 
-    /// Publishes what followers answer `C2G_STATUS` with; only while leading.
+    /// Publishes what followers answer `C2G_STATUS` with: only while leading, and under this
+    /// manager's lease, so that it goes with the leader.
     pub fn publish_status(&self, status: &[u8]) -> anyhow::Result<()> {
-        self.etcd.put("published", "status", Some(status))
+        let term = self.etcd.term.load(Ordering::Relaxed);
+        let lease = self.lease.load(Ordering::Relaxed);
+        let put = TxnOp::put(self.etcd.key("state/published/status"), status.to_vec(), Some(PutOptions::new().with_lease(lease)));
+        let txn = Txn::new().when([Compare::create_revision(self.etcd.key("leader"), CompareOp::Equal, term)]).and_then([put]);
+        let r = self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
+        anyhow::ensure!(r.succeeded(), "this manager no longer leads");
+        Ok(())
     }
 
     /// The leader's last published status.
@@ -199,11 +213,20 @@ impl Election {
             }
         };
         let mut elected = Some(elected);
-        loop {
-            if self.etcd.term.load(Ordering::Relaxed) > 0 {
-                if !self.leading() {
+        // Apart from the election's own requests to etcd (each up to its timeout), so that a
+        // leader whose lease may have run out stops at once.
+        let watched = self.clone();
+        std::thread::Builder::new()
+            .name("lease-watch".into())
+            .spawn(move || loop {
+                if watched.etcd.term.load(Ordering::Relaxed) > 0 && !watched.leading() {
                     step_down("its lease may have run out at etcd (it cannot reach a majority)");
                 }
+                std::thread::sleep(Duration::from_millis(20));
+            })
+            .expect("spawn the lease watch");
+        loop {
+            if self.etcd.term.load(Ordering::Relaxed) > 0 {
                 match self.check() {
                     Ok(true) => {}
                     Ok(false) => step_down("another manager leads"),
@@ -235,6 +258,8 @@ impl Election {
     /// manager listed under it.
     fn lease(self: &Arc<Self>) -> anyhow::Result<i64> {
         let ttl = self.ttl.as_secs() as i64;
+        // etcd counts the lease from when it grants it, which is after this.
+        let asked = self.base.elapsed();
         let granted = self.etcd.run(move |mut c| Box::pin(async move { c.lease_grant(ttl, None).await }))?;
         let id = granted.id();
         self.lease.store(id, Ordering::Relaxed);
@@ -242,7 +267,7 @@ impl Election {
         self.etcd.run(move |mut c| Box::pin(async move { c.put(key, addr, Some(PutOptions::new().with_lease(id))).await }))?;
         let me = self.clone();
         let mut client = self.etcd.client.clone();
-        self.valid_until.store((self.base.elapsed() + self.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed);
+        self.valid_until.store((asked + self.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed);
         self.etcd.rt.spawn(async move {
             loop {
                 match client.lease_keep_alive(id).await {
@@ -274,6 +299,7 @@ impl Election {
     /// Gives up the lease, and with it the lead if this manager has it: another manager takes
     /// over at once instead of after the lease's time to live.
     pub fn resign(&self) {
+        STOPPING.store(true, Ordering::Relaxed);
         let id = self.lease.load(Ordering::Relaxed);
         if id != 0 {
             self.valid_until.store(0, Ordering::Relaxed);
@@ -302,6 +328,12 @@ impl Election {
             etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision(), kv.lease())),
             _ => None,
         });
+        // This manager's own key: it won, but the answer was lost (it timed out).
+        if let Some((_, term, _)) = held.as_ref().filter(|h| h.0 == self.addr && h.2 == lease) {
+            self.etcd.term.store(*term, Ordering::Relaxed);
+            *self.seen.lock().unwrap() = Seen { leader: Some(self.addr.clone()), term: *term as u64 };
+            return Ok(true);
+        }
         // This manager's address under another lease: an earlier run of this manager led, and
         // is gone (this process holds its address now). Its key goes at once, not when its
         // lease runs out, and only that term's key.
@@ -333,8 +365,12 @@ impl Election {
 /// Ends this manager's part as a leader: it starts again, the same process with the same
 /// arguments, as a follower.
 pub fn step_down(why: &str) -> ! {
-    tracing::warn!(why, "this manager stops leading and starts again as a follower");
     metrics::gauge!("gm_leading").set(0.0);
+    if STOPPING.load(Ordering::Relaxed) {
+        tracing::info!(why, "stopped");
+        std::process::exit(0);
+    }
+    tracing::warn!(why, "this manager stops leading and starts again as a follower");
     use std::os::unix::process::CommandExt;
     // The binary by its path, so that the new image's command line is the one this process
     // was started with (an operator or supervisor finds it by it); the kernel's link to the

@@ -350,18 +350,34 @@ impl Gm {
         if comps.iter().any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e)) {
             return Err(ERR::new(ErrCode::Denied, format!("a live {} with other credentials is registered at {}", r.role.name(), r.addr)));
         }
-        let before: Vec<LostPcomp> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Proc && r.role == Role::Proc).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
-        let earlier_mem: Vec<u32> = comps.iter().filter(|e| e.info.addr == r.addr && e.info.role == Role::Mem && r.role == Role::Mem).map(|e| e.info.id).collect();
-        comps.retain(|e| {
-            let replaced = e.info.addr == r.addr && e.info.role == r.role;
-            if replaced {
-                self.unkeep(e.info.id);
-            }
-            !replaced
-        });
-        let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id);
+        let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
+        let before: Vec<LostPcomp> = comps.iter().filter(|e| replaces(e) && r.role == Role::Proc).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
+        let earlier: Vec<u32> = comps.iter().filter(|e| replaces(e)).map(|e| e.info.id).collect();
+        let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id && !replaces(e));
         let again = !taken(r.id);
         let id = if again { r.id } else { std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32).find(|id| !taken(*id)).expect("an endless supply") };
+        let info = ComponentInfo {
+            id,
+            role: r.role,
+            addr: r.addr.clone(),
+            shim_sock: r.shim_sock,
+            nics: r.nics,
+            load: r.load,
+            alive: true,
+            since_heartbeat_ms: 0,
+            lost: false,
+            metrics: r.metrics,
+            cordoned: false,
+            leaving: None,
+        };
+        let e = Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false, ebbs };
+        // Kept before anything changes: a manager that cannot keep it (it stopped leading)
+        // registers nobody, and changes nothing.
+        self.keep(&e).map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
+        comps.retain(|e| !replaces(e));
+        for old in earlier.iter().filter(|old| **old != id) {
+            self.unkeep(*old);
+        }
         // A new start of a pComponent in place of an earlier one: the earlier one's programs
         // are gone (the same start registering again keeps its key and id).
         for l in before.into_iter().filter(|l| Some(l.key) != key || l.id != id) {
@@ -370,7 +386,7 @@ impl Gm {
         }
         // A new start of an mComponent in place of an earlier one: the earlier one's copies
         // are gone.
-        for old in earlier_mem.into_iter().filter(|old| *old != id) {
+        for old in earlier.into_iter().filter(|old| *old != id && r.role == Role::Mem) {
             tracing::warn!(id = old, addr = %r.addr, "an mComponent was replaced by a new start; the homes rebuild the copies it held");
             self.replaced_mcomps.push(old);
         }
@@ -381,16 +397,12 @@ impl Gm {
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
         }
         if r.standby && r.role == Role::Mem && !again {
-            self.cordons.set(id, true).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+            if let Err(err) = self.cordons.set(id, true) {
+                tracing::warn!(id, error = %err, "cannot keep the cordon of a standby mComponent; it takes memory");
+            }
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         metrics::counter!("gm_registrations_total").increment(1);
-        let info =
-            ComponentInfo { id, role: r.role, addr: r.addr, shim_sock: r.shim_sock, nics: r.nics, load: r.load, alive: true, since_heartbeat_ms: 0, lost: false, metrics: r.metrics, cordoned: false, leaving: None };
-        let e = Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false, ebbs };
-        // Kept before it is answered: a manager that cannot keep it (it stopped leading)
-        // registers nobody.
-        self.keep(&e).map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
         comps.push(e);
         metrics::gauge!("gm_components").set(comps.len() as f64);
         Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
@@ -437,7 +449,10 @@ impl Gm {
         }
         // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
         // what it holds may be older.
-        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && e.last.elapsed() > self.reclaim_dead && self.unannounce(r.id);
+        // (Only one silent for longer than `reclaim_dead` is announced, and it leaves the set
+        // at its first heartbeat: being in it is enough, also after a restart of the managers,
+        // which gives every component a fresh start.)
+        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && self.unannounce(r.id);
         if fenced {
             tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
             metrics::counter!("gm_mcomponents_fenced_total").increment(1);
@@ -784,11 +799,24 @@ struct Manager {
 
 impl Handler for Manager {
     fn handle(&self, msg: Msg) -> Msg {
-        if let Msg::X2G_WHO_LEADS(r) = msg {
-            return on(r, |_| Ok(self.who_leads()));
+        match msg {
+            Msg::X2G_WHO_LEADS(r) => return on(r, |_| Ok(self.who_leads())),
+            // A leader that stops gives its lease up: another leads at once.
+            Msg::C2X_SHUTDOWN(r) => {
+                return on(r, |_| {
+                    self.election.resign();
+                    crate::node::exit_soon();
+                    Ok(OK)
+                })
+            }
+            _ => {}
         }
         match self.gm.get().filter(|_| self.election.leading()) {
-            Some(gm) => gm.handle(msg),
+            // An answer made while the lease lapsed is not sent: another may lead by now.
+            Some(gm) => match gm.handle(msg) {
+                _ if !self.election.leading() => Msg::ERR(self.not_leader()),
+                answer => answer,
+            },
             None => self.follow(msg),
         }
     }
@@ -817,10 +845,6 @@ impl Manager {
                 let tokens = crate::api::Tokens::open(self.store.clone()).map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
                 principal(tokens.check(&r.token))
             }),
-            Msg::C2X_SHUTDOWN(r) => on(r, |_| {
-                crate::node::exit_soon();
-                Ok(OK)
-            }),
             _ => Msg::ERR(self.not_leader()),
         }
     }
@@ -844,8 +868,12 @@ fn principal(p: Option<crate::api::Principal>) -> Result<G2X_API_PRINCIPAL, Refu
 
 const SERVER: fn() -> ServerConfig = || ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() };
 
-/// How often a leader publishes its status for the followers to answer with.
+/// How often a leader looks at its status, to publish it for the followers when it changed
+/// (which components there are, and whether each is alive), and at least every
+/// [`PUBLISH_ANYWAY`] (their loads): each publication is a revision etcd keeps until it
+/// compacts its history.
 const PUBLISH: Duration = Duration::from_secs(1);
+const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
 
 pub fn run(args: GmArgs) -> anyhow::Result<()> {
     // Before any thread starts, which would inherit the mask.
@@ -890,11 +918,20 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         }
         let _ = manager.gm.set(gm.clone());
         gm.serve_api(&args)?;
-        std::thread::Builder::new().name("publish-status".into()).spawn(move || loop {
-            if let Err(err) = e.publish_status(&postcard::to_allocvec(&gm.status_summary()).expect("a status encodes")) {
-                tracing::debug!(error = %err, "cannot publish the status for the followers");
+        std::thread::Builder::new().name("publish-status".into()).spawn(move || {
+            let mut last: Option<(Vec<u8>, Instant)> = None;
+            loop {
+                let status = gm.status_summary();
+                let shape = G2C_STATUS { components: status.components.iter().map(|c| ComponentInfo { since_heartbeat_ms: 0, load: Load::default(), ..c.clone() }).collect(), ..status.clone() };
+                let shape = postcard::to_allocvec(&shape).expect("a status encodes");
+                if last.as_ref().is_none_or(|(s, at)| *s != shape || at.elapsed() > PUBLISH_ANYWAY) {
+                    match e.publish_status(&postcard::to_allocvec(&status).expect("a status encodes")) {
+                        Ok(()) => last = Some((shape, Instant::now())),
+                        Err(err) => tracing::debug!(error = %err, "cannot publish the status for the followers"),
+                    }
+                }
+                std::thread::sleep(PUBLISH);
             }
-            std::thread::sleep(PUBLISH);
         })?;
         Ok(())
     })

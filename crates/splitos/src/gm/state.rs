@@ -3,7 +3,7 @@
 //! each value postcard-encoded, so that a restart or another manager resumes with it.
 //!
 //! Where it lives is a [`Backend`]: a local redb file (one manager, the embedded default), or
-//! etcd (several managers, one leader; `super::leader`), or nowhere (it lasts as long as the
+//! etcd (several managers, one leader; `super::etcd`), or nowhere (it lasts as long as the
 //! process).
 use std::path::Path;
 use std::sync::Arc;
@@ -48,10 +48,22 @@ impl Store {
         Ok(self.load_keyed(table)?.into_iter().map(|(_, v)| v).collect())
     }
 
-    /// Every key of `table` with its value.
+    /// Every key of `table` with its value. An entry that cannot be read (damaged, or written
+    /// by another version) is left out and logged: the managers start without it rather than
+    /// not at all.
     pub fn load_keyed<T: DeserializeOwned>(&self, table: Table) -> anyhow::Result<Vec<(String, T)>> {
         let Some(b) = &self.backend else { return Ok(Vec::new()) };
-        b.load(table.0)?.into_iter().map(|(k, v)| postcard::from_bytes(&v).map(|v| (k.clone(), v)).map_err(|e| anyhow::anyhow!("the managers' state: a damaged {} entry {k:?}: {e}", table.0))).collect()
+        Ok(b.load(table.0)?
+            .into_iter()
+            .filter_map(|(k, v)| match postcard::from_bytes(&v) {
+                Ok(v) => Some((k, v)),
+                Err(e) => {
+                    tracing::error!(table = table.0, key = %k, error = %e, "the managers' state holds an entry that cannot be read; it is left out");
+                    metrics::counter!("gm_state_unreadable_total").increment(1);
+                    None
+                }
+            })
+            .collect())
     }
 
     /// Keeps `value` under `key` in `table`, or removes the key (`None`); durable when it
