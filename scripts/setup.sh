@@ -27,6 +27,7 @@ command -v curl >/dev/null || need+=(curl) # the TLS test checks the API as a cl
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
+command -v systemd-analyze >/dev/null || need+=(systemd) # the deployment test checks the service units
 # The dashboard's test drives a real headless browser.
 command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || need+=(chromium-headless-shell)
 if [ ${#need[@]} -gt 0 ]; then

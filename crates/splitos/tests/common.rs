@@ -550,6 +550,11 @@ impl Hosts {
         format!("10.201.{}.{}", self.subnet, self.index(name) + 1)
     }
 
+    /// The address of this machine itself on the hosts' bridge (the test's own namespace).
+    pub fn bridge_addr(&self) -> String {
+        format!("10.201.{}.254", self.subnet)
+    }
+
     /// Adds host `out`, the world outside the rack: linked only to host `via`, by a link of a
     /// subnet of its own, so that no other host has a route to it. Returns the addresses of
     /// `via` and of `out` on that link.

@@ -125,3 +125,41 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
     assert_eq!(out, native_phased(&cmd), "{err}");
     assert!(mcomp_metric(&c, "splitos_mcomp_home_takeovers_total") >= 1.0);
 }
+
+/// A configuration that spans machines: `cluster up` starts only this machine's components,
+/// names the others, and an mComponent started by hand on its own host, with credentials from
+/// the cluster's authority, joins and takes memory.
+#[test]
+fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
+    let h = Hosts::new(&["m2"]);
+    let (here, there) = (h.bridge_addr(), format!("{}:7000", h.addr("m2")));
+    let cfg = format!("[cluster]\ngm = \"{here}:0\"\nvregion_size = \"4M\"\n[[pcomponent]]\nlisten = \"{here}:0\"\nexcache = \"4M\"\n[[mcomponent]]\nlisten = \"{here}:0\"\n[[mcomponent]]\nlisten = \"{there}\"\n");
+    let c = TestCluster::up(Some(&cfg));
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(state["elsewhere"], serde_json::json!([format!("mem1 at {there}")]), "{state}");
+    assert_eq!(c.components("mcomponent").len(), 1, "only this machine's mComponent started");
+    // On the other machine: its credentials, issued by the authority here, and its monitor.
+    let cred = c.dir.path().join("m2.cred");
+    let made = c.cmd(&["cluster", "credentials", "--role", "mem", "--out"]).arg(&cred).output().unwrap();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let gm = state["gm"].as_str().unwrap().to_string();
+    let log = std::fs::File::create(c.dir.path().join("m2.log")).unwrap();
+    let child = {
+        use std::os::unix::process::CommandExt;
+        let bin = splitos();
+        h.exec("m2", &[bin.to_str().unwrap(), "mem", "--gm", &gm, "--listen", &there, "--credentials", cred.to_str().unwrap()])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
+    remember_pid(c.dir.path(), child.id() as i32);
+    assert!(c.eventually(Duration::from_secs(15), |c| mcomp_stats(c).iter().any(|m| m["addr"] == there.as_str())), "{}", c.log("m2"));
+    // A heap larger than one mComponent's share spreads to the one that joined.
+    let (child, _) = spawn_hold(&c, 24);
+    let remote_used = mcomp_stats(&c).iter().find(|m| m["addr"] == there.as_str()).map(|m| m["stats"]["used"].as_u64().unwrap_or(0)).unwrap();
+    assert_hold_ends_native(child);
+    assert!(remote_used > 0, "the joined mComponent holds part of the heap");
+}

@@ -52,7 +52,8 @@ impl ProcessArgs {
 /// What a monitor (every component but the global managers) has besides its knobs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
 pub struct NodeArgs {
-    /// Where the global managers listen.
+    /// Where the global managers listen: an address, or several (ADDR,ADDR,...) when several
+    /// managers run, of which the component follows the leader (docs/deployment.md).
     #[arg(long, default_value = HAND_STARTED_GM)]
     pub gm: String,
     #[command(flatten)]

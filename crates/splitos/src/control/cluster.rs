@@ -20,6 +20,9 @@ pub struct ClusterState {
     /// Where the global managers serve the REST API.
     #[serde(default)]
     pub api: Option<String>,
+    /// The components of the configuration that run on other machines, not started here.
+    #[serde(default)]
+    pub elsewhere: Vec<String>,
 }
 
 /// The directory of the long-lived cluster's state: $SPLITOS_STATE_DIR, else /run/splitos
@@ -199,6 +202,19 @@ fn spawn<T: Serialize>(dir: &Path, name: &str, command: &str, args: &T, detach: 
     Ok((child, ready_file(dir, name)))
 }
 
+/// Whether a component listening at `listen` (in network namespace `netns`) runs on this
+/// machine: in one of its namespaces, at a loopback address, or at an address of one of its
+/// interfaces (one it can bind).
+fn local(listen: &str, netns: Option<&str>) -> bool {
+    if netns.is_some() {
+        return true;
+    }
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().is_loopback() || std::net::TcpListener::bind((a.ip(), 0)).is_ok(),
+        Err(_) => true,
+    }
+}
+
 /// Where the component `name` writes its address once it serves.
 fn ready_file(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.ready"))
@@ -238,7 +254,7 @@ impl Cluster {
     /// Starts every component of `cfg`, each its own process, and waits until all registered.
     pub fn start(cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<Cluster> {
         private_dir(dir)?;
-        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone(), api: None }, children: Vec::new() };
+        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone(), api: None, elsewhere: Vec::new() }, children: Vec::new() };
         let r = c.start_all(cfg, dir, detach);
         if let Err(e) = r {
             c.stop();
@@ -277,8 +293,16 @@ impl Cluster {
         // it in etcd, and each is named `gm<i>`.
         let managers = cfg.managers();
         let mut addrs = Vec::new();
+        // A configuration may span machines: what is another's is started there (by `splitos
+        // gm`, `splitos mem`, ... or their service units), not here.
+        let mut elsewhere = Vec::new();
         for (i, m) in managers.iter().enumerate() {
             let name = if cfg.gm.is_empty() { "gm".to_string() } else { format!("gm{i}") };
+            if !local(&m.listen, m.netns.as_deref()) {
+                elsewhere.push(format!("{name} at {}", m.listen));
+                addrs.push(m.listen.clone());
+                continue;
+            }
             let state = cfg.cluster.etcd.is_empty().then(|| dir.join("gm-state.redb"));
             let cluster = GmConfig { api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()), ..cfg.gm() };
             let gm = GmArgs { listen: m.listen.clone(), cluster, vnodes: cfg.vnode.clone(), state, api_cert: api_cert.clone(), api_key: api_key.clone(), process: process(&name, Role::Gm)? };
@@ -288,6 +312,9 @@ impl Cluster {
             self.children.push(ch);
             addrs.push(gm?);
         }
+        if addrs.iter().any(|a| a.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() == 0)) && !elsewhere.is_empty() {
+            anyhow::bail!("a global manager on another machine needs a fixed port, which the components here are told");
+        }
         self.state.gm = addrs.join(",");
         let node = |name: &str, role: Role| -> anyhow::Result<NodeArgs> { Ok(NodeArgs { gm: self.state.gm.clone(), process: process(name, role)? }) };
         // Started in dependency order and stopped in reverse: pComponents unmount first,
@@ -295,26 +322,46 @@ impl Cluster {
         let mut pending = Vec::new();
         for (i, sc) in cfg.scomponent.iter().enumerate() {
             let name = format!("storage{i}");
+            if !local(&sc.listen, sc.netns.as_deref()) {
+                elsewhere.push(format!("{name} at {}", sc.listen));
+                continue;
+            }
             let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
             let args = StorageArgs { scomp: ScompConfig { dir: Some(store), ..sc.clone() }, node: node(&name, Role::Storage)? };
             pending.push((name.clone(), spawn(dir, &name, "storage", &args, detach, sc.netns.as_deref())?));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
             let name = format!("mem{i}");
+            if !local(&m.listen, m.netns.as_deref()) {
+                elsewhere.push(format!("{name} at {}", m.listen));
+                continue;
+            }
             let args = MemArgs { mcomp: m.clone(), node: node(&name, Role::Mem)? };
             pending.push((name.clone(), spawn(dir, &name, "mem", &args, detach, m.netns.as_deref())?));
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
             let name = format!("proc{i}");
+            if !local(&p.listen, p.netns.as_deref()) {
+                elsewhere.push(format!("{name} at {}", p.listen));
+                continue;
+            }
             let args = ProcArgs { pcomp: p.clone(), shim_sock: programs_dir(dir).join(format!("{name}.sock")), vnode_root: vnodes_dir(dir), node: node(&name, Role::Proc)? };
             pending.push((name.clone(), spawn(dir, &name, "proc", &args, detach, p.netns.as_deref())?));
         }
         for (i, n) in cfg.ncomponent.iter().enumerate() {
             let name = format!("net{i}");
+            if !local(&n.listen, n.netns.as_deref()) {
+                elsewhere.push(format!("{name} at {}", n.listen));
+                continue;
+            }
             let args = NetArgs { ncomp: n.clone(), node: node(&name, Role::Net)? };
             pending.push((name.clone(), spawn(dir, &name, "net", &args, detach, n.netns.as_deref())?));
         }
-        let want = cfg.mcomponent.len() + cfg.pcomponent.len() + cfg.scomponent.len() + cfg.ncomponent.len();
+        let want = pending.len();
+        if !elsewhere.is_empty() {
+            tracing::info!(components = ?elsewhere, "not started here: their addresses are another machine's");
+            self.state.elsewhere = elsewhere;
+        }
         for (name, (mut ch, ready)) in pending {
             let r = wait_ready(&mut ch, &ready, &name, dir);
             self.state.pids.push(ch.id());

@@ -76,6 +76,12 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     }
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
     println!("cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}", state.gm, cfg.pcomponent.len(), cfg.mcomponent.len(), cfg.scomponent.len(), dir.display());
+    if !state.elsewhere.is_empty() {
+        println!(
+            "cluster up: not started here, their addresses being another machine's: {}; start each on its machine with credentials from `splitos cluster credentials` (docs/deployment.md)",
+            state.elsewhere.join(", ")
+        );
+    }
     Ok(())
 }
 
