@@ -13,6 +13,8 @@ use splitos_rpc::{ComponentInfo, EbbServed};
 use super::state::{Store, Table};
 
 pub const MEMBERS: Table = Table("members");
+/// The home of each vNode with a memory quota (`Gm::quota_homes`), by vNode.
+pub const QUOTA_HOMES: Table = Table("quota-homes");
 /// mComponents announced lost to another (`Gm::announced`).
 pub const ANNOUNCED: Table = Table("announced");
 

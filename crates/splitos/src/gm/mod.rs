@@ -548,6 +548,11 @@ impl Gm {
                     // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
                     None => rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
                 };
+                // Kept before it is answered: a successor gives the vNode's next processes the
+                // same home, which alone sees all of the vNode's memory.
+                if homes.get(&r.vnode) != Some(&home) {
+                    self.store.put(kept::QUOTA_HOMES, &r.vnode, Some(&home)).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
+                }
                 homes.insert(r.vnode, home.clone());
                 home
             }
@@ -963,7 +968,7 @@ impl Gm {
             started: Instant::now(),
             vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
             cordons: cordon::Cordons::open(state.clone())?,
-            quota_homes: Mutex::new(Default::default()),
+            quota_homes: Mutex::new(state.load_keyed::<ComponentRef>(kept::QUOTA_HOMES)?.into_iter().collect()),
             tokens: crate::api::Tokens::open(state)?,
             api: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
