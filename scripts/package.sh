@@ -22,11 +22,14 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 name="splitos-$version-$(uname -m)-linux"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/$name/bin" "$stage/$name/lib/systemd/system" "$stage/$name/share/doc/splitos"
+mkdir -p "$stage/$name/bin" "$stage/$name/lib/systemd/system" "$stage/$name/lib/tmpfiles.d" "$stage/$name/share/doc/splitos"
 install -m 0755 "$from/splitos" "$stage/$name/bin/splitos"
 install -m 0644 "$from/libsplitos_shim.so" "$stage/$name/bin/libsplitos_shim.so"
 install -m 0644 deploy/systemd/*.service "$stage/$name/lib/systemd/system/"
+install -m 0644 deploy/tmpfiles.d/splitos.conf "$stage/$name/lib/tmpfiles.d/"
 install -m 0644 README.md docs/*.md "$stage/$name/share/doc/splitos/"
 mkdir -p "$out"
-tar -C "$stage/$name" -czf "$out/$name.tar.gz" .
+# Owned by root and not writable by others whoever packs it: unpacked as root into /usr/local,
+# its directories must not hand /usr/local to the packer.
+tar --owner=0 --group=0 --numeric-owner --mode=go-w -C "$stage/$name" -czf "$out/$name.tar.gz" bin lib share
 echo "$out/$name.tar.gz"

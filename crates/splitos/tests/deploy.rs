@@ -22,7 +22,10 @@ fn the_release_archive_holds_splitos_its_shim_and_units_that_systemd_accepts() {
     std::fs::create_dir(&prefix).unwrap();
     assert!(Command::new("tar").arg("-C").arg(&prefix).arg("-xzf").arg(&archive).status().unwrap().success());
     // `splitos run` finds the shim next to the binary.
-    for f in ["bin/splitos", "bin/libsplitos_shim.so", "share/doc/splitos/deployment.md"] {
+    // Owned by root, whoever packed it: unpacked as root, it hands no directory to the packer.
+    let listing = text(&Command::new("tar").args(["--numeric-owner", "-tvzf", &archive]).output().unwrap().stdout);
+    assert!(listing.lines().all(|l| l.split_whitespace().nth(1) == Some("0/0") && l.as_bytes().get(5) != Some(&b'w') && l.as_bytes().get(8) != Some(&b'w')), "{listing}");
+    for f in ["bin/splitos", "bin/libsplitos_shim.so", "lib/tmpfiles.d/splitos.conf", "share/doc/splitos/deployment.md"] {
         assert!(prefix.join(f).is_file(), "{f} is in the archive");
     }
     let help = Command::new(prefix.join("bin/splitos")).arg("--help").output().unwrap();

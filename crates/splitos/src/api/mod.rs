@@ -560,7 +560,9 @@ async fn delete_vnode(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInf
         if let Some((c, e)) = jobs.unanswered.first() {
             return Err(ApiError(StatusCode::CONFLICT, format!("pComponent {} did not say whether jobs run on vNode {n:?} ({e}): try again", c.id)));
         }
-        gm.vnodes.delete(&n).map_err(vnode_error)
+        let gone = gm.vnodes.delete(&n).map_err(vnode_error)?;
+        gm.forget_quota_home(&n);
+        Ok::<_, ApiError>(gone)
     })
     .await
     .map_err(internal)??;

@@ -205,13 +205,20 @@ fn spawn<T: Serialize>(dir: &Path, name: &str, command: &str, args: &T, detach: 
 /// Whether a component listening at `listen` (in network namespace `netns`) runs on this
 /// machine: in one of its namespaces, at a loopback address, or at an address of one of its
 /// interfaces (one it can bind).
+/// A name that resolves to nothing is taken for local: the component started here says why
+/// it cannot listen there.
 fn local(listen: &str, netns: Option<&str>) -> bool {
+    use std::net::ToSocketAddrs;
     if netns.is_some() {
         return true;
     }
-    match listen.parse::<std::net::SocketAddr>() {
-        Ok(a) => a.ip().is_loopback() || std::net::TcpListener::bind((a.ip(), 0)).is_ok(),
-        Err(_) => true,
+    match listen.to_socket_addrs().ok().and_then(|mut a| a.next()) {
+        // The whole address but its port, so that an IPv6 one keeps its scope.
+        Some(mut a) => {
+            a.set_port(0);
+            a.ip().is_loopback() || std::net::TcpListener::bind(a).is_ok()
+        }
+        None => true,
     }
 }
 
@@ -311,6 +318,11 @@ impl Cluster {
             self.state.pids.push(ch.id());
             self.children.push(ch);
             addrs.push(gm?);
+        }
+        // This machine holds the authority that issues every credential, and the components
+        // it starts register with a manager: at least one runs here.
+        if elsewhere.len() == managers.len() {
+            anyhow::bail!("none of the global managers is on this machine: run `cluster up` where one is (it holds the cluster's authority)");
         }
         if addrs.iter().any(|a| a.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() == 0)) && !elsewhere.is_empty() {
             anyhow::bail!("a global manager on another machine needs a fixed port, which the components here are told");

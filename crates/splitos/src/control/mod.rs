@@ -75,7 +75,15 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
         splitos_rpc::auth::write_private(&dir.join(cluster::ADMIN_TOKEN), t.token.as_bytes())?;
     }
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
-    println!("cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s); logs in {}", state.gm, cfg.pcomponent.len(), cfg.mcomponent.len(), cfg.scomponent.len(), dir.display());
+    let here = |prefix: &str, of: usize| of - state.elsewhere.iter().filter(|e| e.strip_prefix(prefix).is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))).count();
+    println!(
+        "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s) started here; logs in {}",
+        state.gm,
+        here("proc", cfg.pcomponent.len()),
+        here("mem", cfg.mcomponent.len()),
+        here("storage", cfg.scomponent.len()),
+        dir.display()
+    );
     if !state.elsewhere.is_empty() {
         println!(
             "cluster up: not started here, their addresses being another machine's: {}; start each on its machine with credentials from `splitos cluster credentials` (docs/deployment.md)",

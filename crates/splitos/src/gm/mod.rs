@@ -561,6 +561,15 @@ impl Gm {
         Ok(G2P_HOME { mcomp, memory_quota })
     }
 
+    /// Forgets the home of a deleted vNode: one made later under its name is placed anew.
+    pub fn forget_quota_home(&self, vnode: &str) {
+        if self.quota_homes.lock().unwrap().remove(vnode).is_some() {
+            if let Err(e) = self.store.put::<ComponentRef>(kept::QUOTA_HOMES, vnode, None) {
+                tracing::warn!(vnode, error = %e, "cannot drop a deleted vNode's home from the managers' state");
+            }
+        }
+    }
+
     fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
         let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
         Ok(G2P_STORAGE { scomp })
