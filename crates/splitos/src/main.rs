@@ -49,6 +49,20 @@ enum Cmd {
         #[command(flatten)]
         api: control::ApiArgs,
     },
+    /// Join this machine to a cluster: trade a join token (`splitos cluster join-token`) for
+    /// credentials of its role, over the managers' HTTPS REST API, checked against the
+    /// authority the token pins; writes them, and the managers' addresses, in --out.
+    Join {
+        /// The join token.
+        #[arg(long)]
+        token: String,
+        /// Where to write the credentials (ROLE.cred), the managers' addresses (ROLE.env) and
+        /// the authority's certificate (ca.pem).
+        #[arg(long, default_value = "/etc/splitos/default")]
+        out: PathBuf,
+        /// The managers' REST API (HOST:PORT, served over HTTPS).
+        api: String,
+    },
     /// Manage a long-lived cluster on this host.
     Cluster {
         #[command(subcommand)]
@@ -220,6 +234,19 @@ enum ClusterCmd {
         #[command(subcommand)]
         cmd: TokenCmd,
     },
+    /// Make a single-use join token for a role, through the REST API: `splitos join` on another
+    /// machine trades it for credentials (docs/deployment.md#joining-a-machine).
+    JoinToken {
+        /// The role of the component the machine runs: pcomponent, mcomponent, scomponent,
+        /// ncomponent or global-managers (or the subcommand: proc, mem, storage, net, gm).
+        #[arg(long)]
+        role: String,
+        /// How long the token lasts (s), at most a week.
+        #[arg(long, default_value_t = 3600)]
+        ttl_s: u64,
+        #[command(flatten)]
+        api: control::ApiArgs,
+    },
     /// Issue credentials from the cluster's authority (in the state directory), for a
     /// component started by hand or another admin's tools.
     Credentials {
@@ -341,12 +368,14 @@ fn main() {
     node::init_logging();
     let r = match cli.cmd {
         Cmd::Run(args) => control::run::run(*args).map(|code| std::process::exit(code)),
+        Cmd::Join { token, out, api } => splitos::api::join::join_cli(&token, &api, &out),
         Cmd::Cluster { cmd } => match cmd {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
             ClusterCmd::Down { force } => control::down(force),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
+            ClusterCmd::JoinToken { role, ttl_s, api } => control::join_token(api, &role, ttl_s),
             ClusterCmd::Cordon { id, api } => control::cordon(api, id, true),
             ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),
             ClusterCmd::Drain { id, timeout, api } => control::drain(api, id, std::time::Duration::from_secs(timeout)),

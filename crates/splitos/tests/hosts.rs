@@ -126,28 +126,47 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
     assert!(mcomp_metric(&c, "splitos_mcomp_home_takeovers_total") >= 1.0);
 }
 
-/// A configuration that spans machines: `cluster up` starts only this machine's components,
-/// names the others, and an mComponent started by hand on its own host, with credentials from
-/// the cluster's authority, joins and takes memory.
+/// A configuration that spans machines: `cluster up` starts only this machine's components and
+/// names the others; the other host joins with a join token (credentials over the API's
+/// HTTPS, its authority checked against the token's pin), and its mComponent registers and
+/// takes memory.
 #[test]
 fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
     let h = Hosts::new(&["m2"]);
     let (here, there) = (h.bridge_addr(), format!("{}:7000", h.addr("m2")));
-    let cfg = format!("[cluster]\ngm = \"{here}:0\"\nvregion_size = \"4M\"\n[[pcomponent]]\nlisten = \"{here}:0\"\nexcache = \"4M\"\n[[mcomponent]]\nlisten = \"{here}:0\"\n[[mcomponent]]\nlisten = \"{there}\"\n");
+    let cfg = format!(
+        "[cluster]\ngm = \"{here}:0\"\napi = \"{here}:0\"\nvregion_size = \"4M\"\n[[pcomponent]]\nlisten = \"{here}:0\"\nexcache = \"4M\"\n[[mcomponent]]\nlisten = \"{here}:0\"\n[[mcomponent]]\nlisten = \"{there}\"\n"
+    );
     let c = TestCluster::up(Some(&cfg));
     let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
     assert_eq!(state["elsewhere"], serde_json::json!([format!("mem1 at {there}")]), "{state}");
     assert_eq!(c.components("mcomponent").len(), 1, "only this machine's mComponent started");
-    // On the other machine: its credentials, issued by the authority here, and its monitor.
-    let cred = c.dir.path().join("m2.cred");
-    let made = c.cmd(&["cluster", "credentials", "--role", "mem", "--out"]).arg(&cred).output().unwrap();
-    assert!(made.status.success(), "{}", text(&made.stderr));
-    let gm = state["gm"].as_str().unwrap().to_string();
+    let api = state["api"].as_str().unwrap().to_string();
+    let join_token = |c: &TestCluster| {
+        let out = c.cmd(&["cluster", "join-token", "--role", "mem"]).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    // On the other machine, which has nothing of the cluster's yet.
+    let bin = splitos();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("etc");
+    let join = |token: &str| h.exec("m2", &[bin.to_str().unwrap(), "join", "--token", token, "--out", out.to_str().unwrap(), &api]).output().unwrap();
+    // A token whose pin is another authority's is not sent.
+    let token = join_token(&c);
+    let forged = format!("{}{}", &token[..token.len() - 64], "0".repeat(64));
+    let refused = join(&forged);
+    assert!(!refused.status.success() && text(&refused.stderr).contains("is not the one the join token names"), "{}", text(&refused.stderr));
+    let joined = join(&token);
+    assert!(joined.status.success(), "{}", text(&joined.stderr));
+    let again = join(&token);
+    assert!(!again.status.success() && text(&again.stderr).contains("not a valid join token"), "a join token works once: {}", text(&again.stderr));
+    let env = std::fs::read_to_string(out.join("mem.env")).unwrap();
+    let gm = env.trim().strip_prefix("SPLITOS_GM=").unwrap().to_string();
     let log = std::fs::File::create(c.dir.path().join("m2.log")).unwrap();
     let child = {
         use std::os::unix::process::CommandExt;
-        let bin = splitos();
-        h.exec("m2", &[bin.to_str().unwrap(), "mem", "--gm", &gm, "--listen", &there, "--credentials", cred.to_str().unwrap()])
+        h.exec("m2", &[bin.to_str().unwrap(), "mem", "--gm", &gm, "--listen", &there, "--credentials", out.join("mem.cred").to_str().unwrap()])
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -157,6 +176,9 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
     };
     remember_pid(c.dir.path(), child.id() as i32);
     assert!(c.eventually(Duration::from_secs(15), |c| mcomp_stats(c).iter().any(|m| m["addr"] == there.as_str())), "{}", c.log("m2"));
+    let gm_addr = c.status()["gm"].as_str().unwrap().to_string();
+    assert_eq!(c.metric(&gm_addr, "splitos_gm_joins_total"), 1.0);
+    assert_eq!(c.metric(&gm_addr, "splitos_gm_joins_refused_total"), 1.0, "the used token's second try");
     // A heap larger than one mComponent's share spreads to the one that joined.
     let (child, _) = spawn_hold(&c, 24);
     let remote_used = |c: &TestCluster| mcomp_stats(c).iter().find(|m| m["addr"] == there.as_str()).and_then(|m| m["stats"]["used"].as_u64()).unwrap_or(0);

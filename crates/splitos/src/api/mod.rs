@@ -9,6 +9,7 @@
 //! flood of API clients holds one thread and a few for the calls it makes to components.
 mod dashboard;
 mod excache;
+pub mod join;
 mod memory;
 mod placement;
 pub mod tls;
@@ -577,7 +578,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, placement::get, placement::put, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, placement::get, placement::put, join::create, join::ca, join::join, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -614,6 +615,7 @@ fn router(api: Arc<Api>) -> Router {
         .route("/pcomponents/{id}/excache", get(excache::get).put(excache::put))
         .route("/pcomponents/{id}/policy", get(excache::get_policy).put(excache::put_policy))
         .route("/placement", get(placement::get).put(placement::put))
+        .route("/join-tokens", axum::routing::post(join::create))
         .route("/config", get(config))
         .route("/jobs", get(jobs))
         .route("/jobs/{pid}", delete(kill_job))
@@ -628,6 +630,9 @@ fn router(api: Arc<Api>) -> Router {
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi))
+        // The token in the body is the proof: a machine that joins has no bearer token yet.
+        .route("/api/v1/join/ca", get(join::ca))
+        .route("/api/v1/join", axum::routing::post(join::join))
         .route("/", get(dashboard::page))
         .route("/dashboard", get(dashboard::page))
         .nest("/api/v1", v1)

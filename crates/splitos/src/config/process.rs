@@ -84,6 +84,15 @@ pub struct GmArgs {
     pub api_cert: Option<PathBuf>,
     #[arg(long, requires = "api_cert")]
     pub api_key: Option<PathBuf>,
+    /// The certificate (PEM) of the authority that issued the API's certificate: join tokens
+    /// pin it (docs/deployment.md#joining-a-machine). `cluster up` gives its own.
+    #[arg(long, requires = "api_cert")]
+    pub api_ca: Option<PathBuf>,
+    /// The cluster's authority (its key), with which the managers issue credentials to a
+    /// machine that joins with a join token; none: no machine joins. `cluster up` gives its
+    /// own.
+    #[arg(long)]
+    pub authority: Option<PathBuf>,
     #[command(flatten)]
     pub process: ProcessArgs,
 }

@@ -312,7 +312,18 @@ impl Cluster {
             }
             let state = cfg.cluster.etcd.is_empty().then(|| dir.join("gm-state.redb"));
             let cluster = GmConfig { api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()), ..cfg.gm() };
-            let gm = GmArgs { listen: m.listen.clone(), cluster, vnodes: cfg.vnode.clone(), state, api_cert: api_cert.clone(), api_key: api_key.clone(), process: process(&name, Role::Gm)? };
+            let api_ca = api_cert.as_ref().map(|_| dir.join(CA_CERT));
+            let gm = GmArgs {
+                listen: m.listen.clone(),
+                cluster,
+                vnodes: cfg.vnode.clone(),
+                state,
+                api_cert: api_cert.clone(),
+                api_key: api_key.clone(),
+                api_ca,
+                authority: Some(dir.join(AUTHORITY)),
+                process: process(&name, Role::Gm)?,
+            };
             let (mut ch, ready) = spawn(dir, &name, "gm", &gm, detach, m.netns.as_deref())?;
             let gm = wait_ready(&mut ch, &ready, &name, dir);
             self.state.pids.push(ch.id());

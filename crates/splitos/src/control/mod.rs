@@ -86,27 +86,34 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     );
     if !state.elsewhere.is_empty() {
         println!(
-            "cluster up: not started here, their addresses being another machine's: {}; start each on its machine with credentials from `splitos cluster credentials` (docs/deployment.md)",
+            "cluster up: not started here, their addresses being another machine's: {}; start each on its machine, which gets its credentials with `splitos join` (a token from `splitos cluster join-token`; docs/deployment.md)",
             state.elsewhere.join(", ")
         );
     }
     Ok(())
 }
 
+/// The subcommand that runs each role but the admin's.
+const SUBCOMMANDS: [(&str, Role); 5] = [("gm", Role::Gm), ("proc", Role::Proc), ("mem", Role::Mem), ("storage", Role::Storage), ("net", Role::Net)];
+
+/// The role `name` names: its own name, or the subcommand that runs it (`gm`, `proc`, ...).
+pub(crate) fn role_named(name: &str) -> anyhow::Result<Role> {
+    SUBCOMMANDS
+        .iter()
+        .find(|(c, _)| *c == name)
+        .map(|(_, r)| *r)
+        .or_else(|| Role::from_name(name))
+        .ok_or_else(|| anyhow::anyhow!("unknown role {name:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))
+}
+
+/// The subcommand that runs `role` (the admin's tools: `cluster`).
+pub(crate) fn subcommand(role: Role) -> &'static str {
+    SUBCOMMANDS.iter().find(|(_, r)| *r == role).map_or("cluster", |(c, _)| c)
+}
+
 /// Issues credentials of `role` from the authority of the cluster in the state directory.
 pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
-    // The subcommand that runs a role names it too (`splitos gm`, `splitos proc`, ...).
-    let by_command = match role {
-        "gm" => Some(Role::Gm),
-        "proc" => Some(Role::Proc),
-        "mem" => Some(Role::Mem),
-        "storage" => Some(Role::Storage),
-        "net" => Some(Role::Net),
-        _ => None,
-    };
-    let role = by_command
-        .or_else(|| Role::from_name(role))
-        .ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))?;
+    let role = role_named(role)?;
     let dir = cluster::state_dir();
     if !dir.join(cluster::AUTHORITY).exists() {
         anyhow::bail!("no cluster authority in {} (`splitos cluster up` makes one)", dir.display());
@@ -488,6 +495,16 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
 }
 
 /// `cluster cordon` and `cluster uncordon`.
+/// `splitos cluster join-token`: prints a join token for `role`, lasting `ttl_s`.
+pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let (base, agent) = api_client(&api)?;
+    let t = api_answer(&api, agent.post(format!("{base}/api/v1/join-tokens")).header("Authorization", format!("Bearer {token}")).send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s })))?;
+    eprintln!("a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}", t["role"].as_str().unwrap_or("?"), t["expires_unix_s"]);
+    println!("{}", t["token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
 pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let c = api_post(&api, &token, &format!("/api/v1/components/{id}/{}", if on { "cordon" } else { "uncordon" }))?;

@@ -146,6 +146,9 @@ pub struct Gm {
     quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
     /// The REST API's tokens (`C2G_TOKEN_*`).
     pub tokens: crate::api::Tokens,
+    /// The join tokens, and the authority the managers issue credentials with to a machine
+    /// that joins.
+    pub joins: crate::api::join::JoinTokens,
     /// Where the REST API listens, once it does.
     api: std::sync::OnceLock<String>,
     /// Where the managers serve their own metrics, once they do.
@@ -957,6 +960,8 @@ impl Gm {
     fn open(args: &GmArgs, addr: &str, t: &Arc<dyn splitos_rpc::Transport>, state: state::Store, election: Option<Arc<etcd::Election>>) -> anyhow::Result<Arc<Gm>> {
         let cfg = &args.cluster;
         let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
+        let authority = args.authority.as_deref().map(|p| splitos_rpc::auth::Authority::load(p).map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()))).transpose()?;
+        let api_ca = args.api_ca.as_deref().map(|p| std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("cannot read the API's certificate authority {}: {e}", p.display()))).transpose()?;
         let gm = Arc::new(Gm {
             addr: addr.to_string(),
             vregion_size: cfg.vregion_size.0,
@@ -978,7 +983,8 @@ impl Gm {
             vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
             cordons: cordon::Cordons::open(state.clone())?,
             quota_homes: Mutex::new(state.load_keyed::<ComponentRef>(kept::QUOTA_HOMES)?.into_iter().collect()),
-            tokens: crate::api::Tokens::open(state)?,
+            tokens: crate::api::Tokens::open(state.clone())?,
+            joins: crate::api::join::JoinTokens::open(state, authority, api_ca)?,
             api: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
             rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
