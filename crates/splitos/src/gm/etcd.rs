@@ -140,6 +140,8 @@ pub struct Seen {
 /// Set once the manager is stopping: it then gives up what it holds and exits, and does not
 /// start again.
 static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set once this run of the manager has led.
+static LED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// This manager's part in the election: its lease, and whether it leads.
 pub struct Election {
@@ -161,7 +163,12 @@ impl Election {
 
     /// Whether this manager leads now: it won, and its lease cannot have run out yet.
     pub fn leading(&self) -> bool {
-        self.etcd.term.load(Ordering::Relaxed) > 0 && (self.base.elapsed().as_nanos() as u64) < self.valid_until.load(Ordering::Relaxed)
+        self.etcd.term.load(Ordering::Relaxed) > 0 && self.lease_alive()
+    }
+
+    /// Whether this manager's lease cannot have run out at etcd yet.
+    fn lease_alive(&self) -> bool {
+        (self.base.elapsed().as_nanos() as u64) < self.valid_until.load(Ordering::Relaxed)
     }
 
     pub fn seen(&self) -> Seen {
@@ -214,12 +221,14 @@ impl Election {
         };
         let mut elected = Some(elected);
         // Apart from the election's own requests to etcd (each up to its timeout), so that a
-        // leader whose lease may have run out stops at once.
+        // leader whose lease may have run out stops at once. A follower whose lease may have
+        // run out starts again too: its listing among the managers went with the lease, and
+        // the new run takes a new one.
         let watched = self.clone();
         std::thread::Builder::new()
             .name("lease-watch".into())
             .spawn(move || loop {
-                if watched.etcd.term.load(Ordering::Relaxed) > 0 && !watched.leading() {
+                if !watched.lease_alive() {
                     step_down("its lease may have run out at etcd (it cannot reach a majority)");
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -270,7 +279,7 @@ impl Election {
         self.valid_until.store((asked + self.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed);
         self.etcd.rt.spawn(async move {
             loop {
-                match client.lease_keep_alive(id).await {
+                match tokio::time::timeout(OP_TIMEOUT, client.lease_keep_alive(id)).await.unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("no answer".into()))) {
                     Ok((mut keeper, mut stream)) => loop {
                         let sent = me.base.elapsed();
                         let alive = async {
@@ -319,6 +328,7 @@ impl Election {
             .or_else([TxnOp::get(key, None)]);
         let r = self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
         if r.succeeded() {
+            LED.store(true, Ordering::Relaxed);
             let term = r.header().map_or(0, |h| h.revision());
             self.etcd.term.store(term, Ordering::Relaxed);
             *self.seen.lock().unwrap() = Seen { leader: Some(self.addr.clone()), term: term as u64 };
@@ -330,6 +340,7 @@ impl Election {
         });
         // This manager's own key: it won, but the answer was lost (it timed out).
         if let Some((_, term, _)) = held.as_ref().filter(|h| h.0 == self.addr && h.2 == lease) {
+            LED.store(true, Ordering::Relaxed);
             self.etcd.term.store(*term, Ordering::Relaxed);
             *self.seen.lock().unwrap() = Seen { leader: Some(self.addr.clone()), term: *term as u64 };
             return Ok(true);
@@ -370,7 +381,10 @@ pub fn step_down(why: &str) -> ! {
         tracing::info!(why, "stopped");
         std::process::exit(0);
     }
-    tracing::warn!(why, "this manager stops leading and starts again as a follower");
+    match LED.load(Ordering::Relaxed) {
+        true => tracing::warn!(why, "this manager stops leading and starts again as a follower"),
+        false => tracing::warn!(why, "this manager starts again, to follow under a new lease"),
+    }
     use std::os::unix::process::CommandExt;
     // The binary by its path, so that the new image's command line is the one this process
     // was started with (an operator or supervisor finds it by it); the kernel's link to the
