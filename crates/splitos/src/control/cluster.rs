@@ -222,6 +222,15 @@ fn local(listen: &str, netns: Option<&str>) -> bool {
     }
 }
 
+/// Whether component `name` is another machine's (`local`), noted in `elsewhere` if so.
+fn away(elsewhere: &mut Vec<String>, name: &str, listen: &str, netns: Option<&str>) -> bool {
+    let away = !local(listen, netns);
+    if away {
+        elsewhere.push(format!("{name} at {listen}"));
+    }
+    away
+}
+
 /// Where the component `name` writes its address once it serves.
 fn ready_file(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.ready"))
@@ -305,8 +314,7 @@ impl Cluster {
         let mut elsewhere = Vec::new();
         for (i, m) in managers.iter().enumerate() {
             let name = if cfg.gm.is_empty() { "gm".to_string() } else { format!("gm{i}") };
-            if !local(&m.listen, m.netns.as_deref()) {
-                elsewhere.push(format!("{name} at {}", m.listen));
+            if away(&mut elsewhere, &name, &m.listen, m.netns.as_deref()) {
                 addrs.push(m.listen.clone());
                 continue;
             }
@@ -345,8 +353,7 @@ impl Cluster {
         let mut pending = Vec::new();
         for (i, sc) in cfg.scomponent.iter().enumerate() {
             let name = format!("storage{i}");
-            if !local(&sc.listen, sc.netns.as_deref()) {
-                elsewhere.push(format!("{name} at {}", sc.listen));
+            if away(&mut elsewhere, &name, &sc.listen, sc.netns.as_deref()) {
                 continue;
             }
             let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
@@ -355,8 +362,7 @@ impl Cluster {
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
             let name = format!("mem{i}");
-            if !local(&m.listen, m.netns.as_deref()) {
-                elsewhere.push(format!("{name} at {}", m.listen));
+            if away(&mut elsewhere, &name, &m.listen, m.netns.as_deref()) {
                 continue;
             }
             let args = MemArgs { mcomp: m.clone(), node: node(&name, Role::Mem)? };
@@ -364,8 +370,7 @@ impl Cluster {
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
             let name = format!("proc{i}");
-            if !local(&p.listen, p.netns.as_deref()) {
-                elsewhere.push(format!("{name} at {}", p.listen));
+            if away(&mut elsewhere, &name, &p.listen, p.netns.as_deref()) {
                 continue;
             }
             let args = ProcArgs { pcomp: p.clone(), shim_sock: programs_dir(dir).join(format!("{name}.sock")), vnode_root: vnodes_dir(dir), node: node(&name, Role::Proc)? };
@@ -373,8 +378,7 @@ impl Cluster {
         }
         for (i, n) in cfg.ncomponent.iter().enumerate() {
             let name = format!("net{i}");
-            if !local(&n.listen, n.netns.as_deref()) {
-                elsewhere.push(format!("{name} at {}", n.listen));
+            if away(&mut elsewhere, &name, &n.listen, n.netns.as_deref()) {
                 continue;
             }
             let args = NetArgs { ncomp: n.clone(), node: node(&name, Role::Net)? };

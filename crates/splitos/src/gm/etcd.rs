@@ -6,8 +6,8 @@
 //!   the leader's term; a manager wins by creating the key when it is absent.
 //! - `managers/ADDR`: every manager alive, under its lease.
 //! - `state/TABLE/KEY`: the managers' state (`super::state`).
-//! - `status`: the leader's last status, under its lease, which followers answer
-//!   `C2G_STATUS` with.
+//! - `state/published/status`: the leader's last status, under its lease, which followers
+//!   answer `C2G_STATUS` with.
 //!
 //! Fencing: every write of the state is a transaction on the leader key's create revision
 //! being the writer's term, so that a manager that stopped leading cannot change it; and a
@@ -54,8 +54,6 @@ impl Etcd {
         let handle = rt.handle().clone();
         std::thread::Builder::new().name("etcd".into()).spawn(move || rt.block_on(std::future::pending::<()>()))?;
         let eps: Vec<String> = endpoints.to_vec();
-        // The prefix is the cluster's alone: one that reaches into another cluster's keys
-        // would read them as its own.
         // A request to a member cut off from the majority fails instead of answering from its
         // stale copy.
         let options = ConnectOptions::new().with_require_leader(true).with_connect_timeout(OP_TIMEOUT).with_timeout(OP_TIMEOUT).with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
@@ -373,8 +371,9 @@ impl Election {
     }
 }
 
-/// Ends this manager's part as a leader: it starts again, the same process with the same
-/// arguments, as a follower.
+/// Ends this run of the manager, when it may no longer lead or its lease may have run out: it
+/// starts again, the same process with the same arguments, as a follower (or exits, when it
+/// is stopping).
 pub fn step_down(why: &str) -> ! {
     metrics::gauge!("gm_leading").set(0.0);
     if STOPPING.load(Ordering::Relaxed) {

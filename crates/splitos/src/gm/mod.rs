@@ -883,7 +883,9 @@ fn principal(p: Option<crate::api::Principal>) -> Result<G2X_API_PRINCIPAL, Refu
     }
 }
 
-const SERVER: fn() -> ServerConfig = || ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() };
+fn server_config() -> ServerConfig {
+    ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() }
+}
 
 /// How often a leader looks at its status, to publish it for the followers when it changed
 /// (which components there are, and whether each is alive), and at least every
@@ -905,7 +907,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     splitos_rpc::messenger::set_component_id(0);
     if cfg.etcd.is_empty() {
         let gm = Gm::open(&args, &addr, &t, state::Store::open(args.state.as_deref())?, None)?;
-        ep.serve(gm.clone(), SERVER());
+        ep.serve(gm.clone(), server_config());
         let g = gm.clone();
         if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
             let _ = gm.metrics.set(at);
@@ -922,7 +924,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let manager = Arc::new(Manager { election: election.clone(), gm: std::sync::OnceLock::new(), store: store.clone() });
     let leaving = election.clone();
     stop.on_stop(move || leaving.resign());
-    ep.serve(manager.clone(), SERVER());
+    ep.serve(manager.clone(), server_config());
     let tokens = store.clone();
     let metrics = node::serve_metrics(&args.process, move |token| crate::api::Tokens::open(tokens.clone()).is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. }))))?;
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
