@@ -247,6 +247,17 @@ enum ClusterCmd {
         #[command(flatten)]
         api: control::ApiArgs,
     },
+    /// Issue an etcd member's certificate from the cluster's X.509 authority (in the state
+    /// directory): the etcd the managers keep their state in serves them over TLS and requires
+    /// the client certificate `cluster up` gives them (docs/deployment.md#managers-in-etcd).
+    EtcdCert {
+        /// The member's addresses, those of its client and peer URLs (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        ip: Vec<std::net::IpAddr>,
+        /// The directory to write etcd.pem, etcd.key (mode 0600) and ca.pem to.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Issue credentials from the cluster's authority (in the state directory), for a
     /// component started by hand or another admin's tools.
     Credentials {
@@ -375,6 +386,7 @@ fn main() {
             ClusterCmd::Down { force } => control::down(force),
             ClusterCmd::Metrics { gm } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
+            ClusterCmd::EtcdCert { ip, out } => control::etcd_cert(&ip, &out),
             ClusterCmd::JoinToken { role, ttl_s, api } => control::join_token(api, &role, ttl_s),
             ClusterCmd::Cordon { id, api } => control::cordon(api, id, true),
             ClusterCmd::Uncordon { id, api } => control::cordon(api, id, false),

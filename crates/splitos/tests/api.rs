@@ -99,7 +99,7 @@ fn the_api_serves_only_token_holders_and_tenants_only_their_own() {
     assert!(!out.status.success() && text(&out.stderr).contains("name"), "{}", text(&out.stderr));
 
     // The file keeps hashes, not secrets.
-    let raw = std::fs::read(c.dir.path().join("gm-state.redb")).unwrap();
+    let raw = std::fs::read(c.dir.path().join("gm/state.redb")).unwrap();
     let secret = admin.rsplit('_').next().unwrap().as_bytes();
     assert!(!raw.windows(secret.len()).any(|w| w == secret));
 

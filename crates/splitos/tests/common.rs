@@ -220,7 +220,16 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub fn up(config: Option<&str>) -> TestCluster {
-        let dir = tempfile::Builder::new().prefix("splitos-cluster-").tempdir().unwrap();
+        TestCluster::up_in(TestCluster::state_dir(), config)
+    }
+
+    /// A state directory for [`TestCluster::up_in`], where certificates for what the cluster
+    /// relies on (etcd) can be issued before it starts.
+    pub fn state_dir() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("splitos-cluster-").tempdir().unwrap()
+    }
+
+    pub fn up_in(dir: tempfile::TempDir, config: Option<&str>) -> TestCluster {
         let mut cmd = Command::new(splitos());
         cmd.args(["cluster", "up"]).env("SPLITOS_STATE_DIR", dir.path()).env("SPLITOS_DATA_DIR", dir.path().join("data"));
         if let Some(c) = config {
@@ -631,41 +640,57 @@ pub struct EtcdCluster {
     members: Vec<std::process::Child>,
     /// The members' client URLs.
     pub endpoints: Vec<String>,
+    /// Each member's certificate, key and the authority's certificate.
+    pub tls: Vec<PathBuf>,
 }
 
 impl EtcdCluster {
-    pub fn start(h: &Hosts, hosts: &[&str], dir: &Path) -> EtcdCluster {
-        let peers: Vec<String> = hosts.iter().map(|n| format!("{n}=http://{}:2380", h.addr(n))).collect();
-        let mut e = EtcdCluster { members: Vec::new(), endpoints: hosts.iter().map(|n| format!("http://{}:2379", h.addr(n))).collect() };
+    /// Members on `hosts`, serving and speaking to each other only over TLS with certificates
+    /// of the cluster whose state directory is `state` (`splitos cluster etcd-cert`), and
+    /// requiring a client certificate of it, as docs/deployment.md sets etcd up.
+    pub fn start(h: &Hosts, hosts: &[&str], dir: &Path, state: &Path) -> EtcdCluster {
+        let peers: Vec<String> = hosts.iter().map(|n| format!("{n}=https://{}:2380", h.addr(n))).collect();
+        let mut e = EtcdCluster { members: Vec::new(), endpoints: hosts.iter().map(|n| format!("https://{}:2379", h.addr(n))).collect(), tls: Vec::new() };
         for n in hosts {
-            let (ip, data) = (h.addr(n), dir.join(format!("etcd-{n}")));
+            let (ip, data, tls) = (h.addr(n), dir.join(format!("etcd-{n}")), dir.join(format!("etcd-{n}-tls")));
+            let out = Command::new(splitos()).args(["cluster", "etcd-cert", "--ip", &ip, "--out", tls.to_str().unwrap()]).env("SPLITOS_STATE_DIR", state).output().unwrap();
+            assert!(out.status.success(), "etcd-cert: {}", text(&out.stderr));
             let log = std::fs::File::create(dir.join(format!("etcd-{n}.log"))).unwrap();
-            let (client, peer) = (format!("http://{ip}:2379"), format!("http://{ip}:2380"));
+            let (client, peer) = (format!("https://{ip}:2379"), format!("https://{ip}:2380"));
+            let f = |name: &str| tls.join(name).to_str().unwrap().to_string();
+            let (ca, cert, key) = (f("ca.pem"), f("etcd.pem"), f("etcd.key"));
             let child = h
                 .exec(
                     n,
                     &["etcd", "--name", n, "--data-dir", data.to_str().unwrap(), "--listen-client-urls", &client, "--advertise-client-urls", &client, "--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer],
                 )
                 .args(["--initial-cluster", &peers.join(","), "--initial-cluster-state", "new", "--initial-cluster-token", &h.netns("etcd"), "--auto-compaction-retention", "1"])
+                .args(["--client-cert-auth", "--trusted-ca-file", &ca, "--cert-file", &cert, "--key-file", &key])
+                .args(["--peer-client-cert-auth", "--peer-trusted-ca-file", &ca, "--peer-cert-file", &cert, "--peer-key-file", &key])
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
                 .spawn()
                 .unwrap();
             e.members.push(child);
+            e.tls.push(tls);
         }
-        let healthy = |ep: &String| {
-            let Ok(mut s) = std::net::TcpStream::connect_timeout(&ep.trim_start_matches("http://").parse().unwrap(), Duration::from_millis(500)) else { return false };
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut answer = String::new();
-            std::io::Write::write_all(&mut s, b"GET /health HTTP/1.0\r\n\r\n").is_ok() && std::io::Read::read_to_string(&mut s, &mut answer).is_ok() && answer.contains("\"health\":\"true\"")
-        };
         let t0 = Instant::now();
-        while !e.endpoints.iter().all(healthy) {
+        while !(0..e.endpoints.len()).all(|i| e.healthy(h, hosts[i], i)) {
             assert!(t0.elapsed() < Duration::from_secs(30), "etcd did not become healthy; its logs are in {}", dir.display());
             std::thread::sleep(Duration::from_millis(200));
         }
         e
+    }
+
+    /// Whether member `i` (on host `host`) answers its health check, asked with its own
+    /// certificate as etcd requires.
+    fn healthy(&self, h: &Hosts, host: &str, i: usize) -> bool {
+        let f = |name: &str| self.tls[i].join(name).to_str().unwrap().to_string();
+        let url = format!("{}/health", self.endpoints[i]);
+        h.exec(host, &["curl", "-sS", "--max-time", "2", "--cacert", &f("ca.pem"), "--cert", &f("etcd.pem"), "--key", &f("etcd.key"), &url])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("\"health\":\"true\""))
     }
 
     /// `[cluster] etcd` naming the members.

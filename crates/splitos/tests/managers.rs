@@ -56,7 +56,8 @@ fn last_stamp(log: &str, what: &str) -> Option<String> {
 fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
     let h = Hosts::new(&["a", "b", "c", "w"]);
     let data = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(&h, &["a", "b", "c"], data.path());
+    let state = TestCluster::state_dir();
+    let etcd = EtcdCluster::start(&h, &["a", "b", "c"], data.path(), state.path());
     let gm_at = |host: &str| format!("{}:7100", h.addr(host));
     let host_of = |addr: &str| ["a", "b", "c"].into_iter().find(|n| gm_at(n) == addr).unwrap_or_else(|| panic!("no manager host has {addr}"));
     let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
@@ -65,7 +66,7 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
         cfg += &format!("[[gm]]\nlisten = \"{}\"\nnetns = \"{}\"\n", gm_at(n), h.netns(n));
     }
     cfg += &format!("[[pcomponent]]\n{}excache = \"4M\"\n[[mcomponent]]\n{}[[mcomponent]]\n{}", at("w"), at("w"), at("w"));
-    let c = TestCluster::up(Some(&cfg));
+    let c = TestCluster::up_in(state, Some(&cfg));
     let all: Vec<String> = ["a", "b", "c"].into_iter().map(gm_at).collect();
     let settled = |c: &TestCluster| leadership(c).filter(|(_, m)| *m == all).map(|(l, _)| l);
     assert!(c.eventually(Duration::from_secs(20), |c| settled(c).is_some()), "{}", story(&c));

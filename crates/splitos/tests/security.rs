@@ -760,3 +760,78 @@ fn a_flood_of_refused_connections_logs_a_few_lines_and_a_summary() {
     let (lines, _) = tally(&c);
     assert!(lines <= 2000 / 10, "{lines} lines for 2000 refusals");
 }
+
+// ---- the managers' state: etcd behind TLS, records signed
+
+/// A REST API token record of role admin as the managers keep it (`api::tokens`), encoded as
+/// they encode it, for the token `splitos_ID_SECRET`: what someone who can write to the
+/// managers' backend would plant.
+fn forged_admin_record(id: &str, secret: &str) -> Vec<u8> {
+    use sha2::Digest;
+    #[derive(serde::Serialize)]
+    struct Stored {
+        id: String,
+        hash: [u8; 32],
+        info: splitos_rpc::TokenInfo,
+    }
+    let hash: [u8; 32] = sha2::Sha256::digest(secret.as_bytes()).into();
+    postcard::to_allocvec(&Stored { id: id.into(), hash, info: splitos_rpc::TokenInfo { name: "forged".into(), admin: true, vnodes: Vec::new(), created_unix_s: 0 } }).unwrap()
+}
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+#[test]
+fn etcd_answers_only_the_managers_and_a_record_they_did_not_sign_grants_nothing() {
+    let h = Hosts::new(&["e"]);
+    let data = tempfile::tempdir().unwrap();
+    let state = TestCluster::state_dir();
+    let etcd = EtcdCluster::start(&h, &["e"], data.path(), state.path());
+    let (gm, api) = (format!("127.0.0.1:{}", restartable_port()), format!("127.0.0.1:{}", restartable_port()));
+    let cfg = format!("[cluster]\n{}etcd_prefix = \"/sec\"\ngm = \"{gm}\"\napi = \"{api}\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n", etcd.config());
+    let c = TestCluster::up_in(state, Some(&cfg));
+    let admin = api_token(&c, &["ops", "--admin"]);
+    assert_eq!(http(&api, "GET", "/api/v1/whoami", Some(&admin), b"").0, 200);
+
+    // A user who reaches etcd's port gets nothing from it: no key read or written, in the
+    // clear or over TLS without the cluster's client certificate.
+    let url = format!("{}/v3/kv/range", etcd.endpoints[0]);
+    let body = format!("{{\"key\":\"{}\",\"range_end\":\"{}\"}}", b64(b"/"), b64(b"0"));
+    for scheme in ["https", "http"] {
+        let u = url.replacen("https", scheme, 1);
+        let out = as_user(65534, &["curl", "-sS", "-k", "--max-time", "5", "-X", "POST", &u, "-d", &body], &[]);
+        assert!(!out.status.success() && !text(&out.stdout).contains("kvs"), "{scheme}: {} {}", text(&out.stdout), text(&out.stderr));
+    }
+    // Nor the managers' files: their directory is the cluster user's alone.
+    for f in ["gm/state.key", "gm/etcd-client.key"] {
+        assert_eq!(as_nobody(READ_FILE, &[c.dir.path().join(f).to_str().unwrap()]), "denied", "{f}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(c.dir.path().join("gm")).unwrap().permissions().mode() & 0o777, 0o700);
+
+    // Someone who could write etcd's keys anyway (with a certificate of the cluster's
+    // authority, as a plain-http etcd let every local user) plants an admin token and deletes
+    // the leader's key, so that the manager steps down and reads the state again.
+    let tls = &etcd.tls[0];
+    let put = |path: &str, body: String| {
+        let f = |n: &str| tls.join(n).to_str().unwrap().to_string();
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", "--cacert", &f("ca.pem"), "--cert", &f("etcd.pem"), "--key", &f("etcd.key"), "-X", "POST", &format!("{}{path}", etcd.endpoints[0]), "-d", &body])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{path}: {}", text(&out.stderr));
+    };
+    let (id, secret) = ("00112233deadbeef", "ab".repeat(32));
+    put("/v3/kv/put", format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", b64(b"/sec/state/tokens/forged"), b64(&forged_admin_record(id, &secret))));
+    put("/v3/kv/deleterange", format!("{{\"key\":\"{}\"}}", b64(b"/sec/leader")));
+    let refused = |c: &TestCluster| c.log("gm").contains("did not sign");
+    assert!(c.eventually(Duration::from_secs(30), refused), "the manager read the state again and refused the record: {}", c.log("gm"));
+    assert!(c.eventually(Duration::from_secs(30), |_| std::net::TcpStream::connect(&api).is_ok() && http(&api, "GET", "/api/v1/whoami", Some(&admin), b"").0 == 200), "{}", c.log("gm"));
+    let forged = format!("splitos_{id}_{secret}");
+    assert_eq!(http(&api, "GET", "/api/v1/whoami", Some(&forged), b"").0, 401, "a token the managers did not make");
+    let grant = br#"{"name":"loot","users":["nobody"]}"#;
+    assert_eq!(http(&api, "POST", "/api/v1/vnodes", Some(&forged), grant).0, 401);
+    assert!(c.log("gm").contains("this manager leads now"), "{}", c.log("gm"));
+}

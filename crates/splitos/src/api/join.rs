@@ -241,7 +241,7 @@ mod tests {
     use super::*;
 
     fn tokens(file: &std::path::Path) -> JoinTokens {
-        JoinTokens::open(Store::open(Some(file)).unwrap(), Some(Authority::generate().unwrap()), Some("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n".into())).unwrap()
+        JoinTokens::open(Store::for_test(file), Some(Authority::generate().unwrap()), Some("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n".into())).unwrap()
     }
 
     #[test]

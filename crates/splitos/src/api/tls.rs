@@ -48,23 +48,55 @@ fn valid_for(p: &mut CertificateParams, days: i64) {
     p.not_after = now + time::Duration::days(days);
 }
 
-/// The authority's certificate, and a certificate for the API at `ip` signed by it (with a
-/// key made for it).
-pub fn issue(ca_key: &KeyPair, ip: IpAddr) -> anyhow::Result<Issued> {
+/// The authority's certificate, made again from its key (clients keep trusting the one they
+/// have: same key, same name).
+fn authority_cert(ca_key: &KeyPair) -> anyhow::Result<rcgen::Certificate> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name.push(DnType::CommonName, "splitos cluster authority");
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
     valid_for(&mut ca, CA_DAYS);
-    let ca = ca.self_signed(ca_key)?;
+    Ok(ca.self_signed(ca_key)?)
+}
+
+/// A certificate named `name` for the addresses `ips`, for `purposes`, with a key made for
+/// it, signed by the authority.
+fn leaf(ca_key: &KeyPair, name: &str, ips: &[IpAddr], purposes: Vec<ExtendedKeyUsagePurpose>) -> anyhow::Result<Issued> {
+    let ca = authority_cert(ca_key)?;
     let key = KeyPair::generate()?;
     let mut leaf = CertificateParams::new(Vec::<String>::new())?;
-    leaf.distinguished_name.push(DnType::CommonName, "splitos REST API");
-    leaf.subject_alt_names = vec![SanType::IpAddress(ip)];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.distinguished_name.push(DnType::CommonName, name);
+    leaf.subject_alt_names = ips.iter().map(|ip| SanType::IpAddress(*ip)).collect();
+    leaf.extended_key_usages = purposes;
     valid_for(&mut leaf, LEAF_DAYS);
     let leaf = leaf.signed_by(&key, &ca, ca_key)?;
     Ok(Issued { ca_pem: ca.pem(), cert_pem: leaf.pem(), key_pem: key.serialize_pem() })
+}
+
+/// The authority's certificate, and a certificate for the API at `ip` signed by it (with a
+/// key made for it).
+pub fn issue(ca_key: &KeyPair, ip: IpAddr) -> anyhow::Result<Issued> {
+    leaf(ca_key, "splitos REST API", &[ip], vec![ExtendedKeyUsagePurpose::ServerAuth])
+}
+
+/// A certificate for an etcd member that keeps the managers' state, at `ips`: it serves the
+/// managers' requests and speaks to its peers with it (server and client).
+pub fn issue_etcd_member(ca_key: &KeyPair, ips: &[IpAddr]) -> anyhow::Result<Issued> {
+    leaf(ca_key, "splitos etcd member", ips, vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth])
+}
+
+/// The global managers' client certificate for etcd.
+pub fn issue_etcd_client(ca_key: &KeyPair) -> anyhow::Result<Issued> {
+    leaf(ca_key, "splitos global managers", &[], vec![ExtendedKeyUsagePurpose::ClientAuth])
+}
+
+/// Writes an issued certificate to `cert`, its key to `key` (0600) and the authority's
+/// certificate to `ca`.
+pub fn write_issued(issued: &Issued, ca: &Path, cert: &Path, key: &Path) -> anyhow::Result<()> {
+    let named = |p: &Path, e: std::io::Error| anyhow::anyhow!("cannot write {}: {e}", p.display());
+    std::fs::write(ca, &issued.ca_pem).map_err(|e| named(ca, e))?;
+    std::fs::write(cert, &issued.cert_pem).map_err(|e| named(cert, e))?;
+    splitos_rpc::auth::write_private(key, issued.key_pem.as_bytes()).map_err(|e| named(key, e))
 }
 
 /// The server side, from the files `issue`'s output was written to; the key file must be the

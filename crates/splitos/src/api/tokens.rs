@@ -143,7 +143,7 @@ mod tests {
     use super::*;
 
     fn db(file: &std::path::Path) -> Store {
-        Store::open(Some(file)).unwrap()
+        Store::for_test(file)
     }
 
     #[test]

@@ -64,11 +64,17 @@ pub struct GmConfig {
     #[arg(skip)]
     pub netns: Option<String>,
     /// The etcd cluster the global managers keep the cluster's state in and elect their
-    /// leader through (client URLs, such as http://10.0.0.1:2379; docs/deployment.md);
-    /// several managers (`[[gm]]`) need it. Empty: one manager, which keeps the state in a
-    /// local file.
+    /// leader through (client URLs, https://10.0.0.1:2379; docs/deployment.md); several
+    /// managers (`[[gm]]`) need it. The managers speak to it only over TLS with a client
+    /// certificate of the cluster's authority, which etcd must require
+    /// (`--client-cert-auth`): whoever writes its keys is the cluster's admin. Empty: one
+    /// manager, which keeps the state in a local file.
     #[arg(long, value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// For development on a machine no one else uses: let the managers speak plain http to
+    /// etcd, whose keys any user who reaches its port can then read and change.
+    #[arg(long)]
+    pub etcd_insecure: bool,
     /// Where the cluster's keys start in etcd: two clusters that share an etcd need two
     /// prefixes.
     #[arg(long, default_value = "/splitos")]
@@ -125,7 +131,15 @@ impl GmConfig {
             return Err(format!("leader_lease_s: {} is not between 2 and 60 seconds", self.leader_lease_s));
         }
         if let Some(bad) = self.etcd.iter().find(|e| !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 256) {
-            return Err(format!("etcd: {bad:?} is not an etcd client URL (http://HOST:PORT)"));
+            return Err(format!("etcd: {bad:?} is not an etcd client URL (https://HOST:PORT)"));
+        }
+        if self.etcd.iter().any(|e| e.starts_with("http://")) && self.etcd.iter().any(|e| e.starts_with("https://")) {
+            return Err("etcd: mixes https and http endpoints (one etcd cluster speaks one of them)".into());
+        }
+        if let Some(plain) = self.etcd.iter().find(|e| e.starts_with("http://") && !self.etcd_insecure) {
+            return Err(format!(
+                "etcd: {plain:?} is plain http, which lets every user who reaches it read and change the cluster's state: use https with client certificates (docs/deployment.md), or etcd_insecure = true on a machine no one else uses"
+            ));
         }
         // A prefix that holds another cluster's parts (`/a/state/...` beside `/a`) would read
         // that cluster's keys as its own.

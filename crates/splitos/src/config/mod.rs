@@ -235,7 +235,7 @@ mod tests {
     #[test]
     fn several_managers_need_etcd_fixed_ports_and_reachable_addresses() {
         let check = |text: &str| toml::from_str::<ClusterConfig>(&format!("{text}\n[[pcomponent]]\n[[mcomponent]]\n")).unwrap().validate();
-        let etcd = "[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n";
+        let etcd = "[cluster]\netcd = [\"https://10.0.0.1:2379\"]\n";
         let two = "[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.2:7100\"\n";
         assert!(check(two).unwrap_err().contains("need [cluster] etcd"));
         assert!(check(&format!("{etcd}{two}")).is_ok());
@@ -246,7 +246,14 @@ mod tests {
         }
         assert!(check(&format!("{etcd}[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.1:7100\"\n")).unwrap_err().contains("another manager's"));
         assert!(check("[cluster]\netcd = [\"10.0.0.1:2379\"]\ngm = \"10.0.0.1:7100\"\n").unwrap_err().contains("not an etcd client URL"));
-        assert!(check("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n").unwrap_err().contains("fixed port"), "one manager with etcd re-executes at its address");
+        assert!(check("[cluster]\netcd = [\"https://10.0.0.1:2379\"]\n").unwrap_err().contains("fixed port"), "one manager with etcd re-executes at its address");
+        // Plain http lets whoever reaches etcd write the cluster's authority: only when asked
+        // for by name, and never mixed with https.
+        let plain = check(&format!("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n{two}")).unwrap_err();
+        assert!(plain.starts_with("etcd:") && plain.contains("plain http") && plain.contains("etcd_insecure"), "{plain}");
+        assert!(check(&format!("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\netcd_insecure = true\n{two}")).is_ok());
+        let mixed = check(&format!("[cluster]\netcd = [\"https://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\netcd_insecure = true\n{two}")).unwrap_err();
+        assert!(mixed.contains("mixes"), "{mixed}");
         assert!(check("[cluster]\nleader_lease_s = 1\n").unwrap_err().contains("leader_lease_s"));
         assert!(check("[cluster]\netcd_prefix = \"splitos\"\n").unwrap_err().contains("etcd_prefix"));
         // One manager alone, at cluster.gm, as before.

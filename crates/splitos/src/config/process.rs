@@ -93,6 +93,23 @@ pub struct GmArgs {
     /// own.
     #[arg(long)]
     pub authority: Option<PathBuf>,
+    /// The key every record of the managers' state is signed with (32 random bytes in hex,
+    /// mode 0600), the same for every manager of the cluster: a record without its signature
+    /// is refused. Unset: beside `--state` (`FILE.key`, made if missing); with etcd it must be
+    /// given (`cluster up` makes one in its state directory).
+    #[arg(long)]
+    pub state_key: Option<PathBuf>,
+    /// The certificate authority (PEM) etcd's certificates are checked against: the
+    /// cluster's X.509 authority (`ca.pem` of the state directory; docs/deployment.md).
+    #[arg(long, requires_all = ["etcd_cert", "etcd_key"])]
+    pub etcd_ca: Option<PathBuf>,
+    /// The managers' client certificate for etcd (PEM), issued by that authority; `cluster
+    /// up` issues it.
+    #[arg(long, requires_all = ["etcd_ca", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// Its private key (PEM, mode 0600).
+    #[arg(long, requires_all = ["etcd_ca", "etcd_cert"])]
+    pub etcd_key: Option<PathBuf>,
     #[command(flatten)]
     pub process: ProcessArgs,
 }

@@ -123,6 +123,15 @@ pub const CA_CERT: &str = "ca.pem";
 pub const X509_AUTHORITY: &str = "x509-authority.key";
 pub const API_CERT: &str = "api.pem";
 pub const API_KEY: &str = "api.key";
+/// Where a state directory keeps what only the global managers read: their state file, the
+/// key its records are signed with, and their client certificate for etcd (a directory only
+/// the cluster's user can enter: the state directory itself lets others pass).
+pub const MANAGERS_DIR: &str = "gm";
+pub const GM_STATE: &str = "gm/state.redb";
+pub const GM_STATE_KEY: &str = "gm/state.key";
+pub const ETCD_CLIENT_CERT: &str = "gm/etcd-client.pem";
+pub const ETCD_CLIENT_KEY: &str = "gm/etcd-client.key";
+pub const ETCD_CA: &str = "gm/etcd-ca.pem";
 /// Where a state directory keeps the cluster's authority and the admin's credentials.
 pub const AUTHORITY: &str = "authority.key";
 pub const ADMIN_CREDENTIALS: &str = "admin.cred";
@@ -257,13 +266,27 @@ fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow
 /// sockets of shared memory, all its user's alone, and the two directories other users need
 /// to pass through to: `programs` (the program sockets) and `vnodes` (the mounts). A tree that
 /// another user could change, or that holds what its user did not make, is refused.
-fn private_dir(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
     let state = |e: anyhow::Error| anyhow::anyhow!("the state directory {}: {e}", dir.display());
     crate::trusted::own_dir(dir, 0o711).map_err(state)?;
     for d in [programs_dir(dir), vnodes_dir(dir)] {
         crate::trusted::own_dir(&d, 0o755).map_err(state)?;
     }
+    crate::trusted::own_dir(&dir.join(MANAGERS_DIR), 0o700).map_err(state)?;
+    // Earlier versions kept the managers' state here, readable by anyone who knew the path.
+    let legacy = dir.join("gm-state.redb");
+    if legacy.exists() {
+        std::fs::remove_file(&legacy).map_err(|e| state(anyhow::anyhow!("cannot remove the unsigned state of an earlier version {}: {e}", legacy.display())))?;
+        tracing::warn!(file = %legacy.display(), "removed the managers' state of an earlier version: its records are not signed; tokens made through the API must be made again");
+    }
     Ok(())
+}
+
+/// The global managers' client certificate for etcd, issued by the cluster's X.509 authority
+/// at every start, beside the authority's certificate that etcd's is checked against.
+fn issue_etcd_client(dir: &Path) -> anyhow::Result<()> {
+    let issued = crate::api::tls::issue_etcd_client(&crate::api::tls::authority_key(&dir.join(X509_AUTHORITY))?)?;
+    crate::api::tls::write_issued(&issued, &dir.join(ETCD_CA), &dir.join(ETCD_CLIENT_CERT), &dir.join(ETCD_CLIENT_KEY))
 }
 
 impl Cluster {
@@ -306,8 +329,13 @@ impl Cluster {
             None => (None, None),
         };
         // One manager keeps the state in a file of the cluster's state directory; several keep
-        // it in etcd, and each is named `gm<i>`.
+        // it in etcd, and each is named `gm<i>`. Either way its records are signed with a key
+        // made with the cluster and kept as long.
         let managers = cfg.managers();
+        crate::gm::state::StateKey::at(&dir.join(GM_STATE_KEY), true)?;
+        if cfg.cluster.etcd.iter().any(|e| e.starts_with("https://")) {
+            issue_etcd_client(dir)?;
+        }
         let mut addrs = Vec::new();
         // A configuration may span machines: what is another's is started there (by `splitos
         // gm`, `splitos mem`, ... or their service units), not here.
@@ -318,7 +346,8 @@ impl Cluster {
                 addrs.push(m.listen.clone());
                 continue;
             }
-            let state = cfg.cluster.etcd.is_empty().then(|| dir.join("gm-state.redb"));
+            let state = cfg.cluster.etcd.is_empty().then(|| dir.join(GM_STATE));
+            let etcd_tls = cfg.cluster.etcd.iter().any(|e| e.starts_with("https://"));
             let cluster = GmConfig { api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()), ..cfg.gm() };
             let api_ca = api_cert.as_ref().map(|_| dir.join(CA_CERT));
             let gm = GmArgs {
@@ -330,6 +359,10 @@ impl Cluster {
                 api_key: api_key.clone(),
                 api_ca,
                 authority: Some(dir.join(AUTHORITY)),
+                state_key: Some(dir.join(GM_STATE_KEY)),
+                etcd_ca: etcd_tls.then(|| dir.join(ETCD_CA)),
+                etcd_cert: etcd_tls.then(|| dir.join(ETCD_CLIENT_CERT)),
+                etcd_key: etcd_tls.then(|| dir.join(ETCD_CLIENT_KEY)),
                 process: process(&name, Role::Gm)?,
             };
             let (mut ch, ready) = spawn(dir, &name, "gm", &gm, detach, m.netns.as_deref())?;

@@ -45,12 +45,12 @@ mod tests {
     fn a_cordon_outlives_a_restart_until_lifted() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("state.redb");
-        let c = Cordons::open(Store::open(Some(&file)).unwrap()).unwrap();
+        let c = Cordons::open(Store::for_test(&file)).unwrap();
         c.set(7, true).unwrap();
         c.set(9, true).unwrap();
         c.set(9, false).unwrap();
         drop(c);
-        let c = Cordons::open(Store::open(Some(&file)).unwrap()).unwrap();
+        let c = Cordons::open(Store::for_test(&file)).unwrap();
         assert!(c.has(7) && !c.has(9));
     }
 }

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp};
 
-use super::state::Backend;
+use super::state::{Backend, StateKey};
 
 /// How long one request to etcd may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -40,6 +40,24 @@ pub struct Etcd {
     /// The term this manager leads in (the create revision of its leader key); 0 while it
     /// follows.
     term: AtomicI64,
+    /// What the published status is signed with, as every record of the state.
+    key: StateKey,
+}
+
+/// The files the managers prove themselves to etcd with, and check etcd's certificate
+/// against.
+pub struct Tls<'a> {
+    pub ca: &'a std::path::Path,
+    pub cert: &'a std::path::Path,
+    pub key: &'a std::path::Path,
+}
+
+impl Tls<'_> {
+    fn options(&self) -> anyhow::Result<TlsOptions> {
+        let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| anyhow::anyhow!("etcd's TLS: {}: {e}", p.display()));
+        let key = splitos_rpc::auth::read_private(self.key).map_err(|e| anyhow::anyhow!("etcd's TLS: {e}"))?;
+        Ok(TlsOptions::new().ca_certificate(Certificate::from_pem(read(self.ca)?)).identity(Identity::from_pem(read(self.cert)?, key)))
+    }
 }
 
 fn key_error(e: etcd_client::Error) -> anyhow::Error {
@@ -48,17 +66,22 @@ fn key_error(e: etcd_client::Error) -> anyhow::Error {
 
 impl Etcd {
     /// A client of the etcd cluster at `endpoints`, for the cluster whose keys start with
-    /// `prefix`. It connects lazily: etcd may come up after the managers.
-    pub fn connect(endpoints: &[String], prefix: &str) -> anyhow::Result<Arc<Etcd>> {
+    /// `prefix`, over TLS with `tls` for https endpoints. It connects lazily: etcd may come
+    /// up after the managers.
+    pub fn connect(endpoints: &[String], prefix: &str, tls: Option<Tls>, key: StateKey) -> anyhow::Result<Arc<Etcd>> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let handle = rt.handle().clone();
         std::thread::Builder::new().name("etcd".into()).spawn(move || rt.block_on(std::future::pending::<()>()))?;
         let eps: Vec<String> = endpoints.to_vec();
         // A request to a member cut off from the majority fails instead of answering from its
         // stale copy.
-        let options = ConnectOptions::new().with_require_leader(true).with_connect_timeout(OP_TIMEOUT).with_timeout(OP_TIMEOUT).with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
+        let mut options = ConnectOptions::new().with_require_leader(true).with_connect_timeout(OP_TIMEOUT).with_timeout(OP_TIMEOUT).with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
+        if endpoints.iter().any(|e| e.starts_with("https://")) {
+            let tls = tls.ok_or_else(|| anyhow::anyhow!("etcd over https needs the managers' client certificate (--etcd-ca, --etcd-cert, --etcd-key; `cluster up` issues them)"))?;
+            options = options.with_tls(tls.options()?);
+        }
         let client = wait(&handle, async move { Client::connect(eps, Some(options)).await.map_err(key_error) })?;
-        Ok(Arc::new(Etcd { rt: handle, client, prefix: prefix.trim_end_matches('/').to_string(), term: AtomicI64::new(0) }))
+        Ok(Arc::new(Etcd { rt: handle, client, prefix: prefix.trim_end_matches('/').to_string(), term: AtomicI64::new(0), key }))
     }
 
     fn key(&self, rest: &str) -> String {
@@ -191,17 +214,24 @@ impl Election {
     pub fn publish_status(&self, status: &[u8]) -> anyhow::Result<()> {
         let term = self.etcd.term.load(Ordering::Relaxed);
         let lease = self.lease.load(Ordering::Relaxed);
-        let put = TxnOp::put(self.etcd.key("state/published/status"), status.to_vec(), Some(PutOptions::new().with_lease(lease)));
+        let put = TxnOp::put(self.etcd.key("state/published/status"), self.etcd.key.seal("published", "status", status), Some(PutOptions::new().with_lease(lease)));
         let txn = Txn::new().when([Compare::create_revision(self.etcd.key("leader"), CompareOp::Equal, term)]).and_then([put]);
         let r = self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
         anyhow::ensure!(r.succeeded(), "this manager no longer leads");
         Ok(())
     }
 
-    /// The leader's last published status.
+    /// The leader's last published status, if a manager of this cluster signed it.
     pub fn published_status(&self) -> Option<Vec<u8>> {
         let k = self.etcd.key("state/published/status");
-        self.etcd.run(move |mut c| Box::pin(async move { c.get(k, None).await })).ok()?.kvs().first().map(|kv| kv.value().to_vec())
+        let r = self.etcd.run(move |mut c| Box::pin(async move { c.get(k, None).await })).ok()?;
+        let record = r.kvs().first()?.value();
+        let status = self.etcd.key.open("published", "status", record);
+        if status.is_none() {
+            metrics::counter!("gm_state_unsigned_total").increment(1);
+            tracing::warn!("the published status in etcd is not signed by a manager of this cluster; it is not answered");
+        }
+        status.map(<[u8]>::to_vec)
     }
 
     /// Takes part in the election for good: keeps a lease, follows while another leads,

@@ -97,18 +97,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("state.redb");
         let table = Table("departures");
-        let r = Recent::<u32>::open(Store::open(Some(&file)).unwrap(), table, Duration::from_millis(400)).unwrap();
+        let r = Recent::<u32>::open(Store::for_test(&file), table, Duration::from_millis(400)).unwrap();
         r.push(7);
         r.push(9);
         drop(r);
-        let r = Recent::<u32>::open(Store::open(Some(&file)).unwrap(), table, Duration::from_millis(400)).unwrap();
+        let r = Recent::<u32>::open(Store::for_test(&file), table, Duration::from_millis(400)).unwrap();
         let mut kept = r.current();
         kept.sort();
         assert_eq!(kept, [7, 9]);
         std::thread::sleep(Duration::from_millis(500));
         assert!(r.current().is_empty());
         drop(r);
-        let store = Store::open(Some(&file)).unwrap();
+        let store = Store::for_test(&file);
         assert!(store.load::<Dated<u32>>(table).unwrap().is_empty(), "an expired departure leaves the state");
     }
 }

@@ -906,7 +906,11 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     crate::telemetry::init(Role::Gm, &addr);
     splitos_rpc::messenger::set_component_id(0);
     if cfg.etcd.is_empty() {
-        let gm = Gm::open(&args, &addr, &t, state::Store::open(args.state.as_deref())?, None)?;
+        let store = match &args.state {
+            Some(file) => state::Store::open(file, state::StateKey::at(&args.state_key.clone().unwrap_or_else(|| file.with_extension("key")), true)?)?,
+            None => state::Store::default(),
+        };
+        let gm = Gm::open(&args, &addr, &t, store, None)?;
         ep.serve(gm.clone(), server_config());
         let g = gm.clone();
         if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
@@ -918,8 +922,15 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         node::announce_ready(args.process.ready_file.as_deref(), &addr);
         crate::node::park_forever()
     }
-    let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix)?;
-    let store = state::Store::on(etcd.clone());
+    // Every manager of the cluster signs with the same key: one made here would refuse the
+    // others' records.
+    let key = state::StateKey::at(args.state_key.as_deref().ok_or_else(|| anyhow::anyhow!("managers in etcd need the cluster's state key (--state-key; `cluster up` makes one)"))?, false)?;
+    let tls = match (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) {
+        (Some(ca), Some(cert), Some(key)) => Some(etcd::Tls { ca, cert, key }),
+        _ => None,
+    };
+    let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix, tls, key.clone())?;
+    let store = state::Store::on(etcd.clone(), key);
     let election = etcd::Election::new(etcd, &addr, Duration::from_secs(cfg.leader_lease_s));
     let manager = Arc::new(Manager { election: election.clone(), gm: std::sync::OnceLock::new(), store: store.clone() });
     let leaving = election.clone();

@@ -138,7 +138,7 @@ mod tests {
     fn vnodes_outlive_a_restart_and_each_change_moves_the_version() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("state.redb");
-        let v = Vnodes::open(Store::open(Some(&file)).unwrap(), &[]).unwrap();
+        let v = Vnodes::open(Store::for_test(&file), &[]).unwrap();
         let v0 = v.version();
         v.create(lab(&["0"])).unwrap();
         assert_ne!(v.version(), v0);
@@ -148,7 +148,7 @@ mod tests {
         assert_eq!(v.quota("lab"), Some(1 << 20));
         let before = v.version();
         drop(v);
-        let again = Vnodes::open(Store::open(Some(&file)).unwrap(), &[]).unwrap();
+        let again = Vnodes::open(Store::for_test(&file), &[]).unwrap();
         assert_eq!(again.get("lab"), Some(lab(&["0"])));
         assert_ne!(again.version(), before, "a restart gives a version no pComponent holds");
         assert_eq!(again.delete("lab").unwrap().name, "lab");
