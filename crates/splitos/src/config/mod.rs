@@ -250,7 +250,7 @@ mod tests {
         // Plain http lets whoever reaches etcd write the cluster's authority: only when asked
         // for by name, and never mixed with https.
         let plain = check(&format!("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n{two}")).unwrap_err();
-        assert!(plain.starts_with("etcd:") && plain.contains("plain http") && plain.contains("etcd_insecure"), "{plain}");
+        assert!(plain.starts_with("cluster.etcd:") && plain.contains("plain http") && plain.contains("etcd_insecure"), "{plain}");
         assert!(check(&format!("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\netcd_insecure = true\n{two}")).is_ok());
         let mixed = check(&format!("[cluster]\netcd = [\"https://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\netcd_insecure = true\n{two}")).unwrap_err();
         assert!(mixed.contains("mixes"), "{mixed}");
