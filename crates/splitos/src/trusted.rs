@@ -98,10 +98,8 @@ fn check_entries(dir: &Path, top: &Path) -> anyhow::Result<()> {
 /// refused for what it holds is left closed with `mode`.
 pub fn own_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
     let dir = absolute(dir)?;
+    make_parents(&dir)?;
     if let Some(parent) = dir.parent() {
-        if !parent.exists() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(parent).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
-        }
         check_path(parent)?;
     }
     match std::fs::DirBuilder::new().mode(mode).create(&dir) {
@@ -123,6 +121,15 @@ pub fn own_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
     }
     check_entries(&dir, &dir)
+}
+
+/// Makes the missing directories on the way to `dir`, not `dir` itself: this user's alone
+/// (`0700`, as the XDG base directories are made: `~/.local/state` of a user's own cluster),
+/// but root's `0755`, for other users pass through them to a host cluster's program sockets.
+pub fn make_parents(dir: &Path) -> anyhow::Result<()> {
+    let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) else { return Ok(()) };
+    let mode = if me() == 0 { 0o755 } else { 0o700 };
+    std::fs::DirBuilder::new().recursive(true).mode(mode).create(parent).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))
 }
 
 /// Opens `path` (in a directory [`own_dir`] checked) as a new file of mode `mode`, never

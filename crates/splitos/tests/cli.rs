@@ -293,3 +293,52 @@ fn cluster_down_leaves_no_rendezvous_sockets() {
     assert!(down.status.success(), "{}", text(&down.stderr));
     assert_eq!(socks(), 0, "sockets left in {}", shm_dir.display());
 }
+
+// ---- Non-root `cluster up`
+
+/// Ends every process of `uid` when dropped: what a `cluster up` of that user left running.
+struct ProcessesOf(u32);
+
+impl Drop for ProcessesOf {
+    fn drop(&mut self) {
+        let uid = format!("Uid:\t{}\t", self.0);
+        for pid in std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+            if std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| s.lines().any(|l| l.starts_with(&uid))) {
+                // SAFETY: kill(2) takes no pointers; the process runs as this test's own user.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+#[test]
+fn a_users_cluster_up_makes_the_directories_of_its_state_its_own() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // A user of no other test, with a fresh home and no runtime directory: the state goes to
+    // ~/.local/state/splitos, none of whose directories exist yet.
+    let uid = 60051u32;
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let home = t.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
+    let _left = ProcessesOf(uid);
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    let as_user = |args: &[&str]| Command::new("setpriv").args([u.as_str(), g.as_str(), "--clear-groups"]).arg(splitos()).args(args).env_clear().env("PATH", "/usr/bin:/bin").env("HOME", &home).output().unwrap();
+    let out = as_user(&["cluster", "up"]);
+    let err = text(&out.stderr);
+    // What comes after depends on what the host lets a user do; a cluster that came up is
+    // stopped again.
+    if out.status.success() {
+        let down = as_user(&["cluster", "down", "--force"]);
+        assert!(down.status.success(), "{}", text(&down.stderr));
+    }
+    unmount_under(&home);
+    assert!(!err.contains("lock file"), "{err}");
+    for d in [".local", ".local/state", ".local/state/splitos"] {
+        let m = std::fs::metadata(home.join(d)).unwrap_or_else(|e| panic!("{d}: {e}; {err}"));
+        let want = if d.ends_with("splitos") { 0o711 } else { 0o700 };
+        assert_eq!((m.uid(), m.mode() & 0o7777), (uid, want), "{d}");
+    }
+    assert_eq!(std::fs::metadata(home.join(".local/state/splitos.lock")).unwrap().uid(), uid);
+}

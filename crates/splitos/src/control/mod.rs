@@ -28,6 +28,7 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "splitos".into());
     let path = dir.with_file_name(format!("{name}.lock"));
+    crate::trusted::make_parents(dir)?;
     let f =
         std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
     // Beside a state directory in a shared directory, another user could have made the lock
