@@ -209,13 +209,13 @@ pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
             out.push(summary("uffd_fault_local_page_idle_poll", &uffd_floor(n, InstallBy::Copy)?));
             out.push(summary("uffd_fault_local_page_continue_idle_poll", &uffd_floor(n, InstallBy::Continue)?));
         }
-        Err(e) => eprintln!("no idle-polling floors: {e}"),
+        Err(e) => crate::errln!("no idle-polling floors: {e}"),
     }
     out.extend([summary("tcp_rtt_4k", &tcp_floor(n, 0)), summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US))]);
     if let Some(a) = mcomp {
         out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n, "tcp")?));
         out.push(summary("splitos_rpc_4k_shm", &rpc_floor(&a, n, "shm")?));
     }
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    crate::outln!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

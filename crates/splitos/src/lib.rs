@@ -11,6 +11,7 @@
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`counters`] counters declared once, for a component's statistics and Prometheus metrics
 //! * [`node`] what every component process shares (logging, metrics, registration)
+//! * [`out`] what the command-line tools print: a reader gone (`| head`) ends a command quietly
 //! * [`sim`] the datacenter simulator: cluster traces replayed against fixed and disaggregated models
 //! * [`segment`] a vRegion's pages in a memfd, shared by an owner and a pComponent of one host (one-sided access)
 //! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
@@ -27,6 +28,7 @@ pub mod memcached;
 pub mod mmon;
 pub mod nmon;
 pub mod node;
+pub mod out;
 pub mod placement;
 pub mod pmon;
 pub mod segment;

@@ -607,14 +607,15 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         "set": summary(&seen.set),
     });
     if args.json {
-        println!("{out}");
+        crate::outln!("{out}");
     } else {
-        let line = |name: &str, v: &serde_json::Value| println!("{name}: {} requests, mean {} us, p50 {} us, p90 {} us, p99 {} us, max {} us", v["n"], v["mean_us"], v["p50_us"], v["p90_us"], v["p99_us"], v["max_us"]);
-        println!("{} requests due in {} s, {} replies per second ({} loop)", done, args.duration, out["throughput_per_s"], out["mode"].as_str().unwrap_or(""));
+        let line =
+            |name: &str, v: &serde_json::Value| crate::outln!("{name}: {} requests, mean {} us, p50 {} us, p90 {} us, p99 {} us, max {} us", v["n"], v["mean_us"], v["p50_us"], v["p90_us"], v["p99_us"], v["max_us"]);
+        crate::outln!("{} requests due in {} s, {} replies per second ({} loop)", done, args.duration, out["throughput_per_s"], out["mode"].as_str().unwrap_or(""));
         if let Some(n) = stored {
-            println!("preload: {n} of {} keys stored in {preload_s:.1} s", args.keys);
+            crate::outln!("preload: {n} of {} keys stored in {preload_s:.1} s", args.keys);
         }
-        println!("hit ratio {:.3}, {} SETs refused", out["hit_ratio"].as_f64().unwrap_or(0.0), seen.set_refused);
+        crate::outln!("hit ratio {:.3}, {} SETs refused", out["hit_ratio"].as_f64().unwrap_or(0.0), seen.set_refused);
         line("GET", &out["get"]);
         line("SET", &out["set"]);
     }

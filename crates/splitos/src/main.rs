@@ -404,7 +404,7 @@ fn main() {
                 control::memory::set_excache(api, id, size, shares)
             }
             ClusterCmd::Openapi => {
-                print!("{}", splitos::api::openapi_json());
+                splitos::out!("{}", splitos::api::openapi_json());
                 Ok(())
             }
             ClusterCmd::Token { cmd: TokenCmd::Create { name, admin, vnode, gm } } => control::token_create(gm, name, admin, vnode),
@@ -434,7 +434,7 @@ fn main() {
         Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
     };
     if let Err(e) = r {
-        eprintln!("splitos: {e:#}");
+        splitos::errln!("splitos: {e:#}");
         std::process::exit(1);
     }
 }

@@ -16,7 +16,9 @@ pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPLITOS_LOG").unwrap_or_else(|_| "info".into());
     // Colours only for a person at a terminal, not in log files and pipes.
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).try_init();
+    // A line stderr does not take is dropped: the subscriber would say so on stderr, with a
+    // panic when that fails too (a reader gone, a full disk).
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).log_internal_errors(false).try_init();
 }
 
 /// Serves the component's metrics at `process.metrics_addr` unless it is `off`; beyond

@@ -94,13 +94,12 @@ fn check_entries(dir: &Path, top: &Path) -> anyhow::Result<()> {
 
 /// Makes `dir` (and any missing parent) a directory of this user with `mode`, or checks and
 /// fixes an existing one: its path must be safe ([`check_path`]) and the tree below it hold
-/// only what this user made. Returns what was wrong as an error naming the path.
+/// only what this user made. Returns what was wrong as an error naming the path; a tree
+/// refused for what it holds is left closed with `mode`.
 pub fn own_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
     let dir = absolute(dir)?;
+    make_parents(&dir)?;
     if let Some(parent) = dir.parent() {
-        if !parent.exists() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(parent).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
-        }
         check_path(parent)?;
     }
     match std::fs::DirBuilder::new().mode(mode).create(&dir) {
@@ -115,11 +114,22 @@ pub fn own_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
     if m.uid() != me() {
         anyhow::bail!("{} belongs to uid {}, not to this user (uid {})", dir.display(), m.uid(), me());
     }
-    check_entries(&dir, &dir)?;
+    // Closed first, then checked: whatever others planted before the close is found, and
+    // nothing can be planted after it (checked first, an entry planted between the check and
+    // the close would stay).
     if m.mode() & 0o7777 != mode {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
     }
-    Ok(())
+    check_entries(&dir, &dir)
+}
+
+/// Makes the missing directories on the way to `dir`, not `dir` itself: this user's alone
+/// (`0700`, as the XDG base directories are made: `~/.local/state` of a user's own cluster),
+/// but root's `0755`, for other users pass through them to a host cluster's program sockets.
+pub fn make_parents(dir: &Path) -> anyhow::Result<()> {
+    let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) else { return Ok(()) };
+    let mode = if me() == 0 { 0o755 } else { 0o700 };
+    std::fs::DirBuilder::new().recursive(true).mode(mode).create(parent).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))
 }
 
 /// Opens `path` (in a directory [`own_dir`] checked) as a new file of mode `mode`, never
@@ -177,7 +187,19 @@ mod tests {
         symlink("/etc/hostname", d.join("gm.log")).unwrap();
         let e = own_dir(&d, 0o711).unwrap_err().to_string();
         assert!(e.contains("gm.log") && e.contains("symbolic link"), "{e}");
-        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o777, "a refused tree is left as it was");
+    }
+
+    /// The mode is set before the entries are checked, so that nothing can be planted between
+    /// the check and the close: a tree refused for what it holds was closed already.
+    #[test]
+    fn a_tree_is_closed_before_its_entries_are_checked() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("state");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        symlink("/etc/hostname", d.join("gm.log")).unwrap();
+        assert!(own_dir(&d, 0o711).is_err());
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o711, "closed before the check refused it");
     }
 
     #[test]

@@ -220,14 +220,7 @@ fn a_running_cluster_refuses_memory_options_notes_the_rest_and_guards_its_progra
     assert!(text(&out.stderr).contains("note: ignored: --excache ("), "{}", text(&out.stderr));
 
     // `cluster metrics | head`: the reader is gone before anything is written.
-    let mut fds = [0; 2];
-    // SAFETY: pipe(2) writes two descriptors into the array.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: the read end, ours, closed once.
-    unsafe { libc::close(fds[0]) };
-    // SAFETY: the write end, ours, handed over to the child's stdout.
-    let w = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
-    let out = c.cmd(&["cluster", "metrics"]).stdout(Stdio::from(w)).stderr(Stdio::piped()).output().unwrap();
+    let out = c.cmd(&["cluster", "metrics"]).stdout(gone_reader()).stderr(Stdio::piped()).output().unwrap();
     assert!(out.status.success() && !text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
 
     // Roles are also named as the subcommands that run them (docs/deployment.md).
@@ -292,4 +285,185 @@ fn cluster_down_leaves_no_rendezvous_sockets() {
     let down = c.cmd(&["cluster", "down"]).output().unwrap();
     assert!(down.status.success(), "{}", text(&down.stderr));
     assert_eq!(socks(), 0, "sockets left in {}", shm_dir.display());
+}
+
+// ---- Non-root `cluster up`
+
+/// Ends every process of `uid` when dropped: what a `cluster up` of that user left running.
+struct ProcessesOf(u32);
+
+impl Drop for ProcessesOf {
+    fn drop(&mut self) {
+        let uid = format!("Uid:\t{}\t", self.0);
+        for pid in std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+            if std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| s.lines().any(|l| l.starts_with(&uid))) {
+                // SAFETY: kill(2) takes no pointers; the process runs as this test's own user.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+#[test]
+fn a_users_cluster_up_makes_the_directories_of_its_state_its_own() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // A user of no other test, with a fresh home and no runtime directory: the state goes to
+    // ~/.local/state/splitos, none of whose directories exist yet.
+    let uid = 60051u32;
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let home = t.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
+    let _left = ProcessesOf(uid);
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    let as_user = |args: &[&str]| Command::new("setpriv").args([u.as_str(), g.as_str(), "--clear-groups"]).arg(splitos()).args(args).env_clear().env("PATH", "/usr/bin:/bin").env("HOME", &home).output().unwrap();
+    let out = as_user(&["cluster", "up"]);
+    let err = text(&out.stderr);
+    // What comes after depends on what the host lets a user do; a cluster that came up is
+    // stopped again.
+    if out.status.success() {
+        let down = as_user(&["cluster", "down", "--force"]);
+        assert!(down.status.success(), "{}", text(&down.stderr));
+    }
+    unmount_under(&home);
+    assert!(!err.contains("lock file"), "{err}");
+    for d in [".local", ".local/state", ".local/state/splitos"] {
+        let m = std::fs::metadata(home.join(d)).unwrap_or_else(|e| panic!("{d}: {e}; {err}"));
+        let want = if d.ends_with("splitos") { 0o711 } else { 0o700 };
+        assert_eq!((m.uid(), m.mode() & 0o7777), (uid, want), "{d}");
+    }
+    assert_eq!(std::fs::metadata(home.join(".local/state/splitos.lock")).unwrap().uid(), uid);
+}
+
+// ---- Broken pipes
+
+/// A pipe whose reader is gone already, as `| head` is once it has what it wanted: the first
+/// write to it fails with EPIPE.
+fn gone_reader() -> Stdio {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the read end, ours, closed once.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: the write end, ours, handed over to the child.
+    Stdio::from(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) })
+}
+
+/// Every command below `path`, as clap lists them in the help, with its usage line (but
+/// clap's `help`, which prints what `--help` does).
+fn commands_below(path: &[String]) -> Vec<(Vec<String>, String)> {
+    let help = text(&Command::new(splitos()).args(path).arg("--help").output().unwrap().stdout);
+    let subs: Vec<String> =
+        help.lines().skip_while(|l| *l != "Commands:").skip(1).take_while(|l| !l.is_empty()).filter_map(|l| Some(l.strip_prefix("  ")?.split_whitespace().next()?.to_string())).filter(|c| c != "help").collect();
+    if subs.is_empty() {
+        let usage = help.lines().find_map(|l| l.strip_prefix("Usage: ")).unwrap_or_else(|| panic!("no usage in the help of {path:?}: {help}"));
+        return vec![(path.to_vec(), usage.to_string())];
+    }
+    subs.iter().flat_map(|s| commands_below(&[path, std::slice::from_ref(s)].concat())).collect()
+}
+
+/// Waits for `child`, which a regression could leave writing for ever into nothing.
+fn finished(mut child: Child, what: &str) -> std::process::Output {
+    for _ in 0..1200 {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("{what} still runs after 120 s: {:?}", child.wait_with_output().unwrap());
+}
+
+/// The memcached server the load generator drives, ended when dropped.
+struct Memcached(Child);
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn every_command_whose_reader_goes_away_exits_without_a_panic() {
+    let c = TestCluster::up(None);
+    let ids = |role: &str| c.components(role).iter().map(|x| (x["id"].to_string(), x["addr"].as_str().unwrap().to_string())).collect::<Vec<_>>();
+    let (pcomp, mcomps) = (ids("pcomponent")[0].0.clone(), ids("mcomponent"));
+    let dir = c.dir.path();
+    std::fs::write(dir.join("nodes.csv"), "sn,cpu_milli,memory_mib\nn0,4000,8192\n").unwrap();
+    std::fs::write(dir.join("tasks.csv"), "name,cpu_milli,memory_mib\na,1000,1024\n").unwrap();
+    let mut memcached = Memcached(Command::new(splitos()).args(["memcached", "--listen", "127.0.0.1:0", "--cores", "1"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
+    let listening = read_line(&mut memcached.0);
+    let server = listening.split_whitespace().nth(4).unwrap_or_else(|| panic!("{listening}")).to_string();
+    let file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    // What each command that needs arguments is given. The components' own monitors serve
+    // until stopped and print nothing a reader could cut: their help alone is piped.
+    let servers = ["gm", "mem", "proc", "storage", "net"];
+    let args_of = |cmd: &str| -> Option<Vec<String>> {
+        let a: Vec<String> = match cmd {
+            "run" => vec!["--".into(), "seq".into(), "1".into(), "100000".into()],
+            "top" => vec!["-n".into(), "2".into(), "-d".into(), "0.1".into()],
+            "join" => vec!["--token".into(), "not-a-token".into(), "--out".into(), file("joined"), "127.0.0.1:1".into()],
+            "cluster cordon" | "cluster uncordon" | "cluster set-excache" | "cluster set-policy" | "cluster drain" => vec![pcomp.clone()],
+            "cluster token create" => vec!["piped".into(), "--admin".into()],
+            "cluster token revoke" => vec!["piped".into()],
+            "cluster join-token" => vec!["--role".into(), "mem".into()],
+            "cluster credentials" => vec!["--role".into(), "admin".into(), "--out".into(), file("piped.cred")],
+            "memory attach" => vec![mcomps[0].0.clone()],
+            "memory detach" => vec![mcomps[1].0.clone()],
+            "debug fetch" => ["--mcomp", &mcomps[0].1, "--vnode", "default", "--pid", "1", "--vaddr", "0x200000000000"].map(String::from).to_vec(),
+            "debug flip" => ["--mcomp", &mcomps[0].1, "--vnode", "default", "--pid", "1"].map(String::from).to_vec(),
+            "sim" => vec!["--nodes".into(), file("nodes.csv"), "--tasks".into(), file("tasks.csv")],
+            "bench-floor" => vec!["--n".into(), "100".into()],
+            "loadgen" => ["--server", &server, "--duration", "1", "--warmup", "0", "--keys", "100", "--clients", "1"].map(String::from).to_vec(),
+            "memcached" => vec!["--listen".into(), "127.0.0.1:0".into(), "--cores".into(), "1".into()],
+            _ => return None,
+        };
+        Some(a)
+    };
+    let mut commands = commands_below(&[]);
+    // Stopping the cluster comes last: the others run on it.
+    commands.sort_by_key(|(path, _)| path == &["cluster", "down"]);
+    let mut needs_args = Vec::new();
+    let mut run = 0;
+    for (path, usage) in &commands {
+        let name = path.join(" ");
+        let panicked = |out: &std::process::Output, how: &str| {
+            assert!(out.status.code() != Some(101) && !text(&out.stderr).contains("panicked"), "`splitos {name}` {how}: {:?} {}", out.status, text(&out.stderr));
+        };
+        let help = c.cmd(path.iter().map(String::as_str).chain(["--help"]).collect::<Vec<_>>().as_slice()).stdout(gone_reader()).stderr(Stdio::piped()).output().unwrap();
+        panicked(&help, "--help into a gone reader");
+        if servers.contains(&name.as_str()) {
+            continue;
+        }
+        // A command with arguments it cannot go without must be given some above.
+        let required = usage.split_whitespace().skip(1 + path.len()).any(|w| !w.starts_with('['));
+        let args = match args_of(&name) {
+            Some(a) => a,
+            None if required => {
+                needs_args.push(name.clone());
+                continue;
+            }
+            None => Vec::new(),
+        };
+        let cmd = |stderr: Stdio| {
+            let mut k = c.cmd(&path.iter().map(String::as_str).collect::<Vec<_>>());
+            k.args(&args).stdin(Stdio::null()).stdout(gone_reader()).stderr(stderr);
+            finished(k.spawn().unwrap(), &name)
+        };
+        let out = cmd(Stdio::piped());
+        panicked(&out, "into a gone reader");
+        if name == "run" {
+            // The program meets the gone reader itself, as natively: SIGPIPE ends it.
+            let native = Command::new("seq").args(["1", "100000"]).stdout(gone_reader()).status().unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!((native.signal(), out.status.code()), (Some(libc::SIGPIPE), Some(128 + libc::SIGPIPE)), "{}", text(&out.stderr));
+        }
+        // Its messages to stderr, into a gone reader too.
+        panicked(&cmd(gone_reader()), "with stdout and stderr into gone readers");
+        run += 1;
+    }
+    assert!(needs_args.is_empty(), "give these commands arguments in this test: {needs_args:?}");
+    assert!(run >= 30, "{run} commands run, of {commands:?}");
 }

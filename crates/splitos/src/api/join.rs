@@ -231,8 +231,8 @@ pub fn join_cli(token: &str, api: &str, out: &std::path::Path) -> anyhow::Result
     splitos_rpc::auth::write_private(&cred, &creds)?;
     std::fs::write(&ca, &pem)?;
     splitos_rpc::auth::write_private(&env, format!("SPLITOS_GM={}\n", j.gm).as_bytes())?;
-    println!("joined as a {}: credentials in {}, the managers in {} (SPLITOS_GM={})", role.name(), cred.display(), env.display(), j.gm);
-    println!("start it: splitos {} --gm {} --listen ADDR:PORT --credentials {}   (or its unit, docs/deployment.md)", sub, j.gm, cred.display());
+    crate::outln!("joined as a {}: credentials in {}, the managers in {} (SPLITOS_GM={})", role.name(), cred.display(), env.display(), j.gm);
+    crate::outln!("start it: splitos {} --gm {} --listen ADDR:PORT --credentials {}   (or its unit, docs/deployment.md)", sub, j.gm, cred.display());
     Ok(())
 }
 

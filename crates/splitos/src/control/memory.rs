@@ -16,14 +16,14 @@ pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let all = api_get(&api, &token, "/api/v1/memory")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
-    println!("{:>10}  {:<22} {:<10} {:>10} {:>10}  progress", "ID", "ADDRESS", "STATE", "CAPACITY", "USED");
+    crate::outln!("{:>10}  {:<22} {:<10} {:>10} {:>10}  progress", "ID", "ADDRESS", "STATE", "CAPACITY", "USED");
     for m in all.as_array().into_iter().flatten() {
         let u = |k: &str| m[k].as_u64().unwrap_or(0);
         let progress = m["leaving"].as_object().map(|_| progress(&m["leaving"])).unwrap_or_default();
-        println!("{:>10}  {:<22} {:<10} {:>10} {:>10}  {progress}", m["id"], m["addr"].as_str().unwrap_or("?"), m["state"].as_str().unwrap_or("?"), human(u("capacity_bytes")), human(u("used_bytes")));
+        crate::outln!("{:>10}  {:<22} {:<10} {:>10} {:>10}  {progress}", m["id"], m["addr"].as_str().unwrap_or("?"), m["state"].as_str().unwrap_or("?"), human(u("capacity_bytes")), human(u("used_bytes")));
     }
     Ok(())
 }
@@ -51,7 +51,7 @@ fn progress(l: &serde_json::Value) -> String {
 pub fn attach(a: ApiArgs, id: u32) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let m = api_post(&api, &token, &format!("/api/v1/memory/{id}/attach"))?;
-    println!("mComponent {id} ({}) attached: {} for new homes and vRegions", m["addr"].as_str().unwrap_or("?"), human(m["capacity_bytes"].as_u64().unwrap_or(0)));
+    crate::outln!("mComponent {id} ({}) attached: {} for new homes and vRegions", m["addr"].as_str().unwrap_or("?"), human(m["capacity_bytes"].as_u64().unwrap_or(0)));
     Ok(())
 }
 
@@ -63,7 +63,7 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
     let path = format!("/api/v1/memory/{id}/detach{}", if stay { "?stay=true" } else { "" });
     let m = api_post(&api, &token, &path)?;
     let verb = if stay { "draining" } else { "detaching" };
-    println!("mComponent {id} ({}) {verb}: {} to move to the other mComponents", m["addr"].as_str().unwrap_or("?"), human(m["used_bytes"].as_u64().unwrap_or(0)));
+    crate::outln!("mComponent {id} ({}) {verb}: {} to move to the other mComponents", m["addr"].as_str().unwrap_or("?"), human(m["used_bytes"].as_u64().unwrap_or(0)));
     if !wait {
         return Ok(());
     }
@@ -72,12 +72,12 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
     loop {
         let all = api_get(&api, &token, "/api/v1/memory")?;
         let Some(m) = all.as_array().into_iter().flatten().find(|m| m["id"] == id) else {
-            println!("mComponent {id} detached in {:.1} s: it held nothing any more and exited", t0.elapsed().as_secs_f64());
+            crate::outln!("mComponent {id} detached in {:.1} s: it held nothing any more and exited", t0.elapsed().as_secs_f64());
             return Ok(());
         };
         match m["state"].as_str() {
             Some("drained") => {
-                println!("mComponent {id} drained in {:.1} s: it holds nothing and stays out of placement (memory attach {id} gives it back)", t0.elapsed().as_secs_f64());
+                crate::outln!("mComponent {id} drained in {:.1} s: it holds nothing and stays out of placement (memory attach {id} gives it back)", t0.elapsed().as_secs_f64());
                 return Ok(());
             }
             Some("detaching" | "draining") => {}
@@ -86,7 +86,7 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
         }
         let now = progress(&m["leaving"]);
         if now != last {
-            println!("  {now}");
+            crate::outln!("  {now}");
             last = now.clone();
         }
         if t0.elapsed() >= timeout {
@@ -116,9 +116,9 @@ pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<S
     let path = format!("/api/v1/pcomponents/{id}/excache");
     let c = api_put(&api, &token, &path, &body.into(), EXCACHE_TIMEOUT)?;
     let u = |v: &serde_json::Value, k: &str| human(v[k].as_u64().unwrap_or(0));
-    println!("pComponent {id}: ExCache {} (at most {}), {} in use", u(&c, "size_bytes"), u(&c, "max_bytes"), u(&c, "used_bytes"));
+    crate::outln!("pComponent {id}: ExCache {} (at most {}), {} in use", u(&c, "size_bytes"), u(&c, "max_bytes"), u(&c, "used_bytes"));
     for (vnode, s) in c["shares"].as_object().into_iter().flatten() {
-        println!("  vNode {vnode}: share {}, holds {}", u(s, "share_bytes"), u(s, "used_bytes"));
+        crate::outln!("  vNode {vnode}: share {}, holds {}", u(s, "share_bytes"), u(s, "used_bytes"));
     }
     Ok(())
 }
@@ -145,7 +145,7 @@ pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Optio
         }
     };
     let PolicyState { eviction, prefetch, eviction_swaps, prefetch_swaps } = now;
-    println!("pComponent {id}: eviction {eviction} (replaced {eviction_swaps} times), read-ahead {prefetch} (replaced {prefetch_swaps} times)");
+    crate::outln!("pComponent {id}: eviction {eviction} (replaced {eviction_swaps} times), read-ahead {prefetch} (replaced {prefetch_swaps} times)");
     Ok(())
 }
 

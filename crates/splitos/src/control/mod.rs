@@ -5,8 +5,6 @@ pub mod memory;
 pub mod run;
 pub mod top;
 
-use std::io::Write;
-
 use comfy_table::Table;
 use splitos_rpc::{unseal_page, Role, Who, C2G_TOKEN_CREATE, C2G_TOKEN_LIST, C2G_TOKEN_REVOKE, C2M_DEBUG_FLIP, C2X_METRICS, G2C_STATUS, P2M_FETCH, PAGE_SIZE};
 
@@ -28,6 +26,7 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "splitos".into());
     let path = dir.with_file_name(format!("{name}.lock"));
+    crate::trusted::make_parents(dir)?;
     let f =
         std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
     // Beside a state directory in a shared directory, another user could have made the lock
@@ -39,7 +38,7 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     }
     // SAFETY: flock takes the descriptor of `f`, open for the call.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        eprintln!("splitos: another `splitos cluster up` is starting a cluster in {}; waiting for it", dir.display());
+        crate::errln!("splitos: another `splitos cluster up` is starting a cluster in {}; waiting for it", dir.display());
         // SAFETY: as above.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
             anyhow::bail!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error());
@@ -76,7 +75,7 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     }
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
     let here = |prefix: &str, of: usize| of - state.elsewhere.iter().filter(|e| e.strip_prefix(prefix).is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))).count();
-    println!(
+    crate::outln!(
         "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s) started here; logs in {}",
         state.gm,
         here("proc", cfg.pcomponent.len()),
@@ -85,7 +84,7 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
         dir.display()
     );
     if !state.elsewhere.is_empty() {
-        println!(
+        crate::outln!(
             "cluster up: not started here, their addresses being another machine's: {}; start each on its machine, which gets its credentials with `splitos join` (a token from `splitos cluster join-token`; docs/deployment.md)",
             state.elsewhere.join(", ")
         );
@@ -119,7 +118,7 @@ pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
         anyhow::bail!("no cluster authority in {} (`splitos cluster up` makes one)", dir.display());
     }
     cluster::authority(&dir)?.issue(role)?.save(out)?;
-    println!("credentials of a {} in {}", role.name(), out.display());
+    crate::outln!("credentials of a {} in {}", role.name(), out.display());
     Ok(())
 }
 
@@ -135,7 +134,7 @@ pub fn etcd_cert(ips: &[std::net::IpAddr], out: &std::path::Path) -> anyhow::Res
 
 pub fn down(force: bool) -> anyhow::Result<()> {
     let Some(s) = cluster::read_state() else {
-        println!("no cluster is running");
+        crate::outln!("no cluster is running");
         return Ok(());
     };
     // Programs on it would be stopped mid-way: only when asked to.
@@ -148,7 +147,7 @@ pub fn down(force: bool) -> anyhow::Result<()> {
         if !force {
             anyhow::bail!("{running} program(s) run on the cluster and would be stopped with it; `splitos cluster down --force` stops them too");
         }
-        eprintln!("splitos: warning: stopping {running} program(s) that run on the cluster");
+        crate::errln!("splitos: warning: stopping {running} program(s) that run on the cluster");
     }
     cluster::stop_pids(&s.pids);
     cluster::unmount_vnodes(&s.dir);
@@ -165,7 +164,7 @@ pub fn down(force: bool) -> anyhow::Result<()> {
         }
     }
     let _ = std::fs::remove_file(cluster::state_file());
-    println!("cluster down: stopped {} component process(es)", s.pids.len());
+    crate::outln!("cluster down: stopped {} component process(es)", s.pids.len());
     Ok(())
 }
 
@@ -233,7 +232,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         Ok(f) => f,
         // A script reading --json gets JSON it can test, and the exit status says it too.
         Err(e) if json => {
-            println!("{}", serde_json::json!({"gm": null, "components": [], "error": format!("{e:#}")}));
+            crate::outln!("{}", serde_json::json!({"gm": null, "components": [], "error": format!("{e:#}")}));
             return Err(e);
         }
         Err(e) => return Err(e),
@@ -246,7 +245,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         }));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "gm_metrics": metrics, "components": rows}))?);
+        crate::outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "gm_metrics": metrics, "components": rows}))?);
         return Ok(());
     }
     let mut t = Table::new();
@@ -282,19 +281,19 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     }
     let others: Vec<&String> = managers.iter().filter(|m| Some(*m) != leader.as_ref()).collect();
     let following = if others.is_empty() { String::new() } else { format!(" (leader; following: {})", others.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")) };
-    println!("global managers at {gm}{following}{}\n{t}", api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default());
+    crate::outln!("global managers at {gm}{following}{}\n{t}", api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default());
     let mstats: Vec<&serde_json::Value> = rows.iter().filter(|r| r["role"] == "mcomponent").map(|r| &r["stats"]).filter(|s| !s.is_null()).collect();
     if let Some(scheme) = mstats.first().and_then(|s| s["replication"].as_str()) {
         let short: u64 = mstats.iter().filter_map(|s| s["rebuild"]["short_vregions"].as_u64()).sum();
         let copied: u64 = mstats.iter().filter_map(|s| s["rebuild"]["copied_pages"].as_u64()).sum();
-        println!("replication: {scheme}");
+        crate::outln!("replication: {scheme}");
         if short > 0 {
-            println!("rebuilding: {short} vRegion(s) short of copies; {copied} pages copied to new replicas so far");
+            crate::outln!("rebuilding: {short} vRegion(s) short of copies; {copied} pages copied to new replicas so far");
         }
         if scheme == "log" {
             let sum = |k: &str| mstats.iter().filter_map(|s| s["backup_log"][k].as_u64()).sum::<u64>();
             let unprotected: usize = mstats.iter().filter_map(|s| s["owned_processes"].as_array()).flatten().filter_map(|p| p["unprotected_vregions"].as_array()).map(|v| v.len()).sum();
-            println!(
+            crate::outln!(
                 "backup logs: {} queued, {} stored on sComponents, {} refused by them, {} write-backs and frees skipped",
                 human(sum("queued_bytes")),
                 human(sum("streamed_bytes")),
@@ -312,7 +311,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
                 if why.is_empty() {
                     why.push("their backup is being copied to their logger".into());
                 }
-                println!("unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger", why.join("; "));
+                crate::outln!("unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger", why.join("; "));
             }
         }
     }
@@ -347,7 +346,7 @@ pub fn ebbs(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
     let map = splitos_rpc::messenger::find(cluster::rpc()?, &gm, None).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&map)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&map)?);
         return Ok(());
     }
     let mut t = Table::new();
@@ -356,7 +355,7 @@ pub fn ebbs(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         let homes: Vec<String> = e.homes.iter().map(|h| format!("{} {} ({})", h.role.name(), h.id, h.addr)).collect();
         t.add_row([e.id.to_string(), e.name.clone(), homes.join("\n")]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     Ok(())
 }
 
@@ -368,7 +367,7 @@ pub fn set_placement(gm: Option<String>, placement: Option<String>) -> anyhow::R
     let change = splitos_rpc::SetPlacement { placement };
     let send = |body| splitos_rpc::messenger::send(rpc, &gm, splitos_ebb::EbbId(splitos_rpc::EBB_PLACEMENT), body);
     let now = crate::placement::ask(send, &change).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
-    println!("placement {} (replaced {} times)", now.placement, now.swaps);
+    crate::outln!("placement {} (replaced {} times)", now.placement, now.swaps);
     Ok(())
 }
 
@@ -439,20 +438,20 @@ pub fn topology(a: ApiArgs, json: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let g = api_get(&api, &token, "/api/v1/topology")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&g)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&g)?);
         return Ok(());
     }
     let nodes = g["nodes"].as_array().cloned().unwrap_or_default();
     let links = g["links"].as_array().cloned().unwrap_or_default();
     let label = |id: &str| nodes.iter().find(|n| n["id"] == id).and_then(|n| n["label"].as_str()).unwrap_or(id).to_string();
     for host in nodes.iter().filter(|n| n["kind"] == "host") {
-        println!("host {}", host["label"].as_str().unwrap_or("?"));
+        crate::outln!("host {}", host["label"].as_str().unwrap_or("?"));
         for l in links.iter().filter(|l| l["kind"] == "attached" && l["to"] == host["id"]) {
-            println!("  {}", label(l["from"].as_str().unwrap_or("?")));
+            crate::outln!("  {}", label(l["from"].as_str().unwrap_or("?")));
         }
     }
     if let Some(sw) = nodes.iter().find(|n| n["kind"] == "switch") {
-        println!("the hosts reach each other through switch {}", sw["label"].as_str().unwrap_or("?"));
+        crate::outln!("the hosts reach each other through switch {}", sw["label"].as_str().unwrap_or("?"));
     }
     let mut t = Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
@@ -464,8 +463,8 @@ pub fn topology(a: ApiArgs, json: bool) -> anyhow::Result<()> {
         t.add_row([label(l["from"].as_str().unwrap_or("?")), label(l["to"].as_str().unwrap_or("?")), latency, bandwidth, age]);
     }
     match t.row_count() {
-        0 => println!("no measured links (links are measured while programs use them)"),
-        _ => println!("{t}"),
+        0 => crate::outln!("no measured links (links are measured while programs use them)"),
+        _ => crate::outln!("{t}"),
     }
     Ok(())
 }
@@ -475,7 +474,7 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let list = api_get(&api, &token, "/api/v1/jobs")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -497,9 +496,9 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
             if cmd.chars().count() > 60 { format!("{}...", cmd.chars().take(57).collect::<String>()) } else { cmd.to_string() },
         ]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     for u in list["unanswered"].as_array().into_iter().flatten() {
-        eprintln!("splitos: pComponent {} did not answer: {}", u["pcomponent"], u["error"].as_str().unwrap_or("?"));
+        crate::errln!("splitos: pComponent {} did not answer: {}", u["pcomponent"], u["error"].as_str().unwrap_or("?"));
     }
     Ok(())
 }
@@ -510,8 +509,8 @@ pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let (base, agent) = api_client(&api)?;
     let t = api_answer(&api, agent.post(format!("{base}/api/v1/join-tokens")).header("Authorization", format!("Bearer {token}")).send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s })))?;
-    eprintln!("a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}", t["role"].as_str().unwrap_or("?"), t["expires_unix_s"]);
-    println!("{}", t["token"].as_str().unwrap_or_default());
+    crate::errln!("a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}", t["role"].as_str().unwrap_or("?"), t["expires_unix_s"]);
+    crate::outln!("{}", t["token"].as_str().unwrap_or_default());
     Ok(())
 }
 
@@ -523,8 +522,8 @@ pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
         _ => "new homes and vRegions",
     };
     match on {
-        true => println!("{} {id} ({}) cordoned: it takes no {what}; what runs there goes on", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
-        false => println!("{} {id} ({}) uncordoned: it takes {what} again", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
+        true => crate::outln!("{} {id} ({}) cordoned: it takes no {what}; what runs there goes on", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
+        false => crate::outln!("{} {id} ({}) uncordoned: it takes {what} again", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
     }
     Ok(())
 }
@@ -539,7 +538,7 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
     }
     let c = api_post(&api, &token, &format!("/api/v1/components/{id}/cordon"))?;
     let role = c["role"].as_str().unwrap_or("?").to_string();
-    println!("{role} {id} cordoned; waiting until nothing runs on it");
+    crate::outln!("{role} {id} cordoned; waiting until nothing runs on it");
     let t0 = std::time::Instant::now();
     let mut last = String::new();
     loop {
@@ -547,11 +546,11 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
         let n = jobs["jobs"].as_array().into_iter().flatten().filter(|j| j["pcomponent"] == id).count();
         let left = (n > 0).then(|| format!("{n} job(s) run on it"));
         let Some(left) = left else {
-            println!("{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)", t0.elapsed().as_secs_f64());
+            crate::outln!("{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)", t0.elapsed().as_secs_f64());
             return Ok(());
         };
         if left != last {
-            println!("  {left}");
+            crate::outln!("  {left}");
             last = left.clone();
         }
         if t0.elapsed() >= timeout {
@@ -567,7 +566,7 @@ pub fn token_create(gm: Option<String>, name: String, admin: bool, vnodes: Vec<S
     let gm = gm_addr(gm)?;
     let t = cluster::ask(&gm, C2G_TOKEN_CREATE { name: name.clone(), admin, vnodes: vnodes.clone() })?;
     let what = if admin { "admin: every vNode, job and component".to_string() } else { format!("tenant of vNode(s) {}", vnodes.join(", ")) };
-    println!("API token {name:?} ({what}); it is shown only now:\n{}", t.token);
+    crate::outln!("API token {name:?} ({what}); it is shown only now:\n{}", t.token);
     Ok(())
 }
 
@@ -576,7 +575,7 @@ pub fn token_list(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     let tokens = cluster::ask(&gm, C2G_TOKEN_LIST)?.tokens;
     if json {
         let rows: Vec<_> = tokens.iter().map(|t| serde_json::json!({"name": t.name, "role": if t.admin { "admin" } else { "tenant" }, "vnodes": t.vnodes, "created_unix_s": t.created_unix_s})).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
     let mut t = Table::new();
@@ -584,14 +583,14 @@ pub fn token_list(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     for k in tokens {
         t.add_row([k.name, if k.admin { "admin".into() } else { "tenant".into() }, if k.admin { "all".into() } else { k.vnodes.join(", ") }, k.created_unix_s.to_string()]);
     }
-    println!("{t}");
+    crate::outln!("{t}");
     Ok(())
 }
 
 pub fn token_revoke(gm: Option<String>, name: String) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
     cluster::ask(&gm, C2G_TOKEN_REVOKE { name: name.clone() })?;
-    println!("API token {name:?} revoked");
+    crate::outln!("API token {name:?} revoked");
     Ok(())
 }
 
@@ -604,11 +603,8 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     addrs.extend(status.components.into_iter().filter(|c| c.alive).map(|c| c.addr));
     // A silent component's series are missing, as from a scrape.
     let texts: Vec<String> = addrs.iter().filter_map(|a| cluster::ask(a, C2X_METRICS).ok().map(|m| m.text)).collect();
-    match std::io::stdout().lock().write_all(crate::telemetry::merge(texts).as_bytes()) {
-        // The reader has what it wanted (`| head`): not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => Ok(r?),
-    }
+    crate::out!("{}", crate::telemetry::merge(texts));
+    Ok(())
 }
 
 /// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.
@@ -616,8 +612,8 @@ pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::
     let page = cluster::rpc()?.call(mcomp, P2M_FETCH { who: Who::new(vnode, pid), vpn: vaddr / PAGE_SIZE as u64 }).map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     let at = vaddr & !(PAGE_SIZE as u64 - 1);
     match unseal_page(page.data) {
-        Ok(data) => println!("page {at:#x}: {} bytes, checksum good, first bytes {:02x?}", data.len(), &data[..16]),
-        Err(e) => println!("page {at:#x}: not what was written back ({e:?})"),
+        Ok(data) => crate::outln!("page {at:#x}: {} bytes, checksum good, first bytes {:02x?}", data.len(), &data[..16]),
+        Err(e) => crate::outln!("page {at:#x}: not what was written back ({e:?})"),
     }
     Ok(())
 }
@@ -625,6 +621,6 @@ pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::
 /// `splitos debug flip`: flips a bit of a page an mComponent stores, as a memory error would.
 pub fn debug_flip(mcomp: &str, vnode: String, pid: u64, vaddr: u64, bit: u32) -> anyhow::Result<()> {
     let r = cluster::rpc()?.call(mcomp, C2M_DEBUG_FLIP { who: Who::new(vnode, pid), from_vpn: vaddr / PAGE_SIZE as u64, bit }).map_err(|e| anyhow::anyhow!("refused: {e}"))?;
-    println!("flipped bit {bit} of page {:#x}", r.vpn * PAGE_SIZE as u64);
+    crate::outln!("flipped bit {bit} of page {:#x}", r.vpn * PAGE_SIZE as u64);
     Ok(())
 }

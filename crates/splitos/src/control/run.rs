@@ -175,7 +175,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 path.display()
             );
         }
-        eprintln!("splitos: warning: {} is statically linked; running it NATIVELY, its memory is not disaggregated", path.display());
+        crate::errln!("splitos: warning: {} is statically linked; running it NATIVELY, its memory is not disaggregated", path.display());
         let st = Command::new(&path).args(&a.program[1..]).status()?;
         return Ok(exit_code(st));
     }
@@ -222,7 +222,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         if let Ok((_, _, _, run_id)) = &result {
             let left = stop_processes_of_run(*run_id);
             if left > 0 {
-                eprintln!("splitos: stopped {left} process(es) the program left running; the embedded cluster ends with the run");
+                crate::errln!("splitos: stopped {left} process(es) the program left running; the embedded cluster ends with the run");
             }
         }
         c.stop();
@@ -231,7 +231,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let (code, secs, stats, _) = result?;
     if !a.quiet {
         if let Some(hint) = excache_hint(&stats, secs) {
-            eprintln!("splitos: hint: {hint}");
+            crate::errln!("splitos: hint: {hint}");
         }
     }
     if a.print_stats {
@@ -257,11 +257,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             "bg_evictions",
         ];
         let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
-        eprintln!("splitos: {}", parts.join(" "));
+        crate::errln!("splitos: {}", parts.join(" "));
     }
     if let Some((native, out)) = native_secs {
         let same = out.status.code() == Some(code);
-        eprintln!(
+        crate::errln!(
             "splitos: native {:.3} s, splitos {:.3} s ({:.2}x native); exit status {}",
             native,
             secs,
@@ -524,7 +524,7 @@ fn not_for_a_running_cluster(e: &Embedded) -> anyhow::Result<()> {
             refused.join(", ")
         ),
         Ok(noted) if !noted.is_empty() => {
-            eprintln!("splitos: note: ignored: {} (options of an embedded cluster: the running cluster keeps its configuration; --embedded runs on a cluster of this command's own)", noted.join(", "));
+            crate::errln!("splitos: note: ignored: {} (options of an embedded cluster: the running cluster keeps its configuration; --embedded runs on a cluster of this command's own)", noted.join(", "));
             Ok(())
         }
         Ok(_) => Ok(()),
@@ -581,7 +581,7 @@ fn stop_processes_of_run(run_id: u64) -> usize {
         if unsafe { libc::kill(*pid, libc::SIGKILL) } != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::ESRCH) {
-                eprintln!("splitos: warning: cannot stop process {pid} of the run: {e}");
+                crate::errln!("splitos: warning: cannot stop process {pid} of the run: {e}");
             }
         }
     }

@@ -2,7 +2,7 @@
 //! memory, cordons) and its jobs with their ExCache misses, evictions and write-backs per
 //! second, from the change of their counters between two looks.
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use comfy_table::Table;
@@ -95,11 +95,7 @@ pub fn top(a: ApiArgs, interval: Duration, frames: Option<u64>) -> anyhow::Resul
         if !tty {
             out.push('\n');
         }
-        match std::io::stdout().lock().write_all(out.as_bytes()) {
-            // The reader has what it wanted (`| head`): not an error.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-            r => r?,
-        }
+        crate::out!("{out}");
         before = now;
         shown += 1;
         if frames.is_some_and(|n| shown >= n) {

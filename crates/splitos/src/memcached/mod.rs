@@ -519,7 +519,7 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     let server = Server::start(&args)?;
     tracing::info!(addr = %server.addr, cores = args.cores, memory = args.memory.0, "memcached on the Ebb runtime listening");
-    println!("splitos memcached listening on {} ({} cores, {} bytes for items)", server.addr, args.cores, args.memory.0);
+    crate::outln!("splitos memcached listening on {} ({} cores, {} bytes for items)", server.addr, args.cores, args.memory.0);
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

@@ -288,13 +288,13 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         out[kind.name()] = serde_json::to_value(r)?;
     }
     if let Some(b) = baseline {
-        println!("the fixed baseline of the failure model needed {} servers and left {} tasks unplaced ({} too large for any server)", b["servers"], b["unplaced"], b["oversized"]);
+        crate::outln!("the fixed baseline of the failure model needed {} servers and left {} tasks unplaced ({} too large for any server)", b["servers"], b["unplaced"], b["oversized"]);
         out["fixed_baseline"] = b;
     }
     print_report(&reports, &out, started.elapsed().as_secs_f64());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n").with_context(|| format!("cannot write {}", path.display()))?;
-        println!("report: {}", path.display());
+        crate::outln!("report: {}", path.display());
     }
     Ok(())
 }
@@ -339,7 +339,7 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
     let t = &out["trace"];
     let copies = t["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1);
     if t["timed"].as_bool().unwrap_or(true) {
-        println!(
+        crate::outln!(
             "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
             t["nodes"],
             t["scale"],
@@ -355,7 +355,7 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
             out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
         );
     } else {
-        println!(
+        crate::outln!(
             "{} nodes x {} = {}, a static list of {} tasks x {} = {} ({} rows) in file order, policy {}, in {:.2} s; the table is the cluster where the fill stopped",
             t["nodes"],
             t["scale"],
@@ -368,7 +368,7 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
             seconds,
         );
     }
-    println!("{table}");
+    crate::outln!("{table}");
     print_fill(reports);
 }
 
@@ -379,7 +379,7 @@ fn print_fill(reports: &[(Kind, ModelReport)]) {
     if fills.is_empty() {
         return;
     }
-    println!("As the cluster fills: allocated, and fragmented (the share of the free CPU / memory that the list's tasks cannot use), by requests come as a share of the cluster:");
+    crate::outln!("As the cluster fills: allocated, and fragmented (the share of the free CPU / memory that the list's tasks cannot use), by requests come as a share of the cluster:");
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
     let mut header = vec!["requested".to_string()];
@@ -410,11 +410,11 @@ fn print_fill(reports: &[(Kind, ModelReport)]) {
         row.extend(cells(f, Some(f.curve.arrived.len() - 1)));
     }
     table.add_row(row);
-    println!("{table}");
+    crate::outln!("{table}");
     for (name, f) in &fills {
         let c = &f.curve;
         let first = f.first_failed.as_ref().map_or("none failed".to_string(), |x| format!("the first to fail was row {} ({}), at {:.1}% requested", x.row, x.name, x.arrived * 100.0));
-        println!(
+        crate::outln!(
             "{name}: {} tasks came ({:.1}% requested), {} placed, {} failed; {first}; {}",
             f.tried,
             c.arrived.last().copied().unwrap_or(0.0) * 100.0,
