@@ -51,10 +51,15 @@ pub(super) fn call(req: &NetReq, fd: c_int) -> (NetResp, c_int) {
         // Another user's socket in the stub's place gets neither the call nor the descriptor.
         resp.ret = -(libc::ENETDOWN as i64);
         -1
-    } else if !send_with_fd(s, req.as_bytes(), fd) {
-        resp.ret = -(libc::ENETDOWN as i64);
-        -1
     } else {
+        // A send that fails may still have an answer waiting: a stub that refuses a call
+        // (EAGAIN when the vNode's share of call threads is taken) answers and closes without
+        // reading it, and may do so before the call is sent (EPIPE). Shut, the connection
+        // ends a stub that still waits for the call.
+        if !send_with_fd(s, req.as_bytes(), fd) {
+            // SAFETY: shutdown(2) of the descriptor made above takes no pointers.
+            unsafe { sys!(libc::SYS_shutdown, s, libc::SHUT_WR) };
+        }
         match recv_with_fd(s, resp.as_mut_bytes()) {
             Some(fd) => fd,
             None => {

@@ -2,7 +2,8 @@
 //! request at a time per program. A closed connection is the process's exit (or exec). The
 //! socket is open to every user of the host; what a connection may do follows from its
 //! peer's credentials and the admin's grants ([`crate::pmon::fs::grants`]).
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -74,28 +75,21 @@ const RUNS_TOTAL: usize = 1024;
 /// of the address space at the home).
 const PENDING_PER_PARENT: usize = 256;
 
-/// What users other than root hold of something the pComponent has a bounded number of.
-pub(in crate::pmon) struct Slots {
+/// What users other than root hold of something the pComponent has a bounded number of: in
+/// all, and per share (a user's, or a vNode's for what a vNode's users hold together).
+pub(in crate::pmon) struct Slots<K: Hash + Eq = u32> {
     total: usize,
-    per_user: std::collections::HashMap<u32, usize>,
+    per_share: HashMap<K, usize>,
     max_total: usize,
-    max_per_user: usize,
+    max_per_share: usize,
 }
 
 /// Slots shared with the threads that hold them.
-pub(in crate::pmon) type SharedSlots = Arc<Mutex<Slots>>;
+pub(in crate::pmon) type SharedSlots<K = u32> = Arc<Mutex<Slots<K>>>;
 
-impl Slots {
-    pub(in crate::pmon) fn new(max_total: usize, max_per_user: usize) -> SharedSlots {
-        Arc::new(Mutex::new(Slots { total: 0, per_user: Default::default(), max_total, max_per_user }))
-    }
-
-    pub(in crate::pmon) fn waiting() -> SharedSlots {
-        Slots::new(WAITING_TOTAL, WAITING_PER_USER)
-    }
-
-    pub(in crate::pmon) fn runs() -> SharedSlots {
-        Slots::new(RUNS_TOTAL, RUNS_PER_USER)
+impl<K: Hash + Eq> Slots<K> {
+    pub(in crate::pmon) fn new(max_total: usize, max_per_share: usize) -> SharedSlots<K> {
+        Arc::new(Mutex::new(Slots { total: 0, per_share: HashMap::new(), max_total, max_per_share }))
     }
 
     /// Slots held, by all users but root.
@@ -103,40 +97,51 @@ impl Slots {
         self.total
     }
 
-    /// Whether `uid` would be refused a slot now.
-    pub(in crate::pmon) fn full_for(&self, uid: u32) -> bool {
-        uid != 0 && (self.total >= self.max_total || self.per_user.get(&uid).copied().unwrap_or(0) >= self.max_per_user)
+    /// Whether `uid` would be refused a slot of `share` now.
+    pub(in crate::pmon) fn full_for(&self, uid: u32, share: &K) -> bool {
+        uid != 0 && (self.total >= self.max_total || self.per_share.get(share).copied().unwrap_or(0) >= self.max_per_share)
+    }
+}
+
+impl Slots {
+    pub(in crate::pmon) fn waiting() -> SharedSlots {
+        Slots::new(WAITING_TOTAL, WAITING_PER_USER)
+    }
+
+    pub(in crate::pmon) fn runs() -> SharedSlots {
+        Slots::new(RUNS_TOTAL, RUNS_PER_USER)
     }
 }
 
 /// One slot, given back when dropped. Root's take none: root is never refused.
-pub(in crate::pmon) struct Slot(Option<(SharedSlots, u32)>);
+pub(in crate::pmon) struct Slot<K: Hash + Eq = u32>(Option<(SharedSlots<K>, K)>);
 
-impl Drop for Slot {
+impl<K: Hash + Eq> Drop for Slot<K> {
     fn drop(&mut self) {
-        let Some((slots, uid)) = self.0.take() else { return };
+        let Some((slots, share)) = self.0.take() else { return };
         let mut w = slots.lock().unwrap();
         w.total -= 1;
-        if let Some(n) = w.per_user.get_mut(&uid) {
+        if let Some(n) = w.per_share.get_mut(&share) {
             *n -= 1;
             if *n == 0 {
-                w.per_user.remove(&uid);
+                w.per_share.remove(&share);
             }
         }
     }
 }
 
-pub(in crate::pmon) fn take_slot(slots: &SharedSlots, uid: u32) -> Option<Slot> {
+/// A slot of `share` for `uid`, if there is room.
+pub(in crate::pmon) fn take_slot<K: Hash + Eq + Clone>(slots: &SharedSlots<K>, uid: u32, share: K) -> Option<Slot<K>> {
     if uid == 0 {
         return Some(Slot(None));
     }
     let mut w = slots.lock().unwrap();
-    if w.full_for(uid) {
+    if w.full_for(uid, &share) {
         return None;
     }
     w.total += 1;
-    *w.per_user.entry(uid).or_insert(0) += 1;
-    Some(Slot(Some((slots.clone(), uid))))
+    *w.per_share.entry(share.clone()).or_insert(0) += 1;
+    Some(Slot(Some((slots.clone(), share))))
 }
 
 /// The welcome of a connection that gets nothing, with why (an errno).
@@ -209,7 +214,7 @@ impl Pcomp {
             self.refuse(&peer, "the user is granted no vNode");
             return refused_welcome(&mut s, libc::EACCES);
         }
-        let Some(wait) = take_slot(&self.waiting, peer.uid) else {
+        let Some(wait) = take_slot(&self.waiting, peer.uid, peer.uid) else {
             self.refuse(&peer, "too many of the user's connections are waiting for their hello");
             return refused_welcome(&mut s, libc::EAGAIN);
         };
@@ -246,7 +251,7 @@ impl Pcomp {
                     let _ = reply(&mut s, -(libc::EBUSY as i64), 0, 0);
                     return;
                 }
-                let Some(_run) = take_slot(&self.launchers, peer.uid) else {
+                let Some(_run) = take_slot(&self.launchers, peer.uid, peer.uid) else {
                     self.refuse(&peer, "too many of the user's runs are under way");
                     let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
                     return;
@@ -281,7 +286,7 @@ impl Pcomp {
         };
         // Held until the program exits: what one user's programs hold here (threads, the
         // ExCache's bookkeeping, channels to homes) stays bounded.
-        let Some(_program) = take_slot(&self.programs, peer.uid) else {
+        let Some(_program) = take_slot(&self.programs, peer.uid, peer.uid) else {
             self.refuse(&peer, "too many of the user's programs run here");
             let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
             return;
@@ -687,7 +692,7 @@ impl Pcomp {
     /// child, and parks the child's state until its hello.
     fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
         // A child beyond the programs a user may run would be refused at its hello.
-        let full = self.programs.lock().unwrap().full_for(p.uid);
+        let full = self.programs.lock().unwrap().full_for(p.uid, &p.uid);
         if full || self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
             // As fork(2) says when a process may not have more.
             return Err(libc::EAGAIN as i64);

@@ -50,7 +50,7 @@ pub struct NetCounters {
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub refused: AtomicU64,
-    /// Socket calls answered EAGAIN because their user's share of call threads was taken.
+    /// Socket calls answered EAGAIN because their vNode's share of call threads was taken.
     pub busy: AtomicU64,
     /// Connections between two programs of a vNode on this pComponent, and the bytes they
     /// moved, that never reached an nComponent (the shortcut).
@@ -168,8 +168,8 @@ pub struct NetStub {
     path: NetPath,
     /// Ports handed to the client ends of shortcut connections (their getsockname).
     next_port: AtomicU64,
-    /// Socket calls being served, by user.
-    calls: super::host::shim::SharedSlots,
+    /// Socket calls being served, by vNode.
+    calls: super::host::shim::SharedSlots<String>,
     pub c: NetCounters,
 }
 
@@ -196,7 +196,7 @@ impl NetStub {
             shortcut,
             path,
             next_port: AtomicU64::new(0),
-            calls: super::host::shim::Slots::new(CALLS, CALLS_PER_USER),
+            calls: super::host::shim::Slots::new(CALLS, CALLS_PER_VNODE),
             c: NetCounters::default(),
         }
     }
@@ -536,11 +536,12 @@ pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Socket calls served at once for users other than root, and for one of them; beyond, a
-/// call is answered EAGAIN (a program retries its connect). One user's calls that never say
-/// anything hold at most their share of threads, never another user's.
+/// Socket calls served at once for users other than root, and for the programs of one vNode,
+/// whatever users run them; beyond, a call is answered EAGAIN (a program retries its
+/// connect). A vNode's calls that never say anything hold at most its share of threads,
+/// never another vNode's.
 const CALLS: usize = 256;
-const CALLS_PER_USER: usize = 64;
+const CALLS_PER_VNODE: usize = 64;
 
 /// Gives a call a thread of its own, if it comes from a process this pComponent runs and
 /// there is room; otherwise answers it at once, without reading it.
@@ -558,7 +559,7 @@ fn admit(p: &Arc<Pcomp>, s: UnixStream) {
         }
         return refuse(libc::EACCES);
     };
-    let Some(slot) = super::host::shim::take_slot(&p.net.calls, uid) else {
+    let Some(slot) = super::host::shim::take_slot(&p.net.calls, uid, vnode.clone()) else {
         p.net.c.busy.fetch_add(1, Relaxed);
         return refuse(libc::EAGAIN);
     };
