@@ -654,3 +654,46 @@ fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
     assert!(c.eventually(Duration::from_secs(20), |_| servers() <= before), "{} server threads left of {peak}, {before} before the burst", servers());
     assert!(c.metric(&p, "splitos_rpc_shm_idle_closed_total") >= (peak - before) as f64);
 }
+
+// ---- An mComponent keeps the memory of a killed program resident
+
+/// The OS process id of the program a `splitos run` (`run`) started from `exe`: the run's child.
+fn program_pid(run: &std::process::Child, exe: &std::path::Path) -> i32 {
+    let exe = std::fs::canonicalize(exe).unwrap();
+    let children: Vec<i32> = std::fs::read_dir(format!("/proc/{}/task", run.id()))
+        .unwrap()
+        .flatten()
+        .flat_map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect();
+    children.into_iter().find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == exe)).unwrap_or_else(|| panic!("no child of run {} runs {}", run.id(), exe.display()))
+}
+
+#[test]
+fn an_mcomponent_gives_the_memory_of_a_killed_program_back_to_the_kernel() {
+    let c = TestCluster::up(Some("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"1G\"\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let mcomp = c.pid_of_addr(&m);
+    // What the mComponent process has resident, its anonymous memory and the memfds of its
+    // pages (shared memory), in KiB.
+    let resident = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{mcomp}/status")).unwrap();
+        ["RssAnon:", "RssShmem:"].iter().map(|k| s.lines().find_map(|l| l.strip_prefix(k)).unwrap().trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap()).sum()
+    };
+    let idle = resident();
+    // 8 MiB at a time: each new mapping takes the pages' segments back from the pComponent,
+    // which then leases them again.
+    let fill = program("fill");
+    let mut child = c.spawn(&[], &[fill.to_str().unwrap(), "320", "wait"]);
+    assert_eq!(read_line(&mut child), "filled 320 MiB\n");
+    let used = |c: &TestCluster| c.components("mcomponent")[0]["stats"]["used"].as_u64().unwrap();
+    assert!(c.eventually(Duration::from_secs(10), |c| used(c) >= 300 << 20), "the program's pages are on the mComponent: {} bytes", used(&c));
+    let held = resident();
+    assert!(held > idle + (300 << 10), "the mComponent holds the heap: {idle} KiB idle, {held} KiB held");
+    let prog = program_pid(&child, &fill);
+    // SAFETY: kill(2) takes no pointers; `prog` is this test's program, a child of its run.
+    unsafe { libc::kill(prog, libc::SIGKILL) };
+    assert!(!child.wait().unwrap().success());
+    assert!(c.eventually(Duration::from_secs(10), |c| used(c) == 0 && mem_stats(c)[0]["owned_processes"].as_array().is_some_and(|o| o.is_empty())), "released: {:?}", mem_stats(&c));
+    let back = c.eventually(Duration::from_secs(10), |_| resident() < idle + (held - idle) / 8);
+    assert!(back, "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the kill", resident());
+}

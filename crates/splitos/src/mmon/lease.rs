@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_bytes::ByteBuf;
@@ -25,8 +25,10 @@ const TOKEN: usize = 16;
 /// How long a token waits for its holder to fetch the segment.
 const TOKEN_LIFE: Duration = Duration::from_secs(10);
 
-/// A segment promised, and when.
-type Promise = (Arc<Segment>, Instant);
+/// A segment promised, and when. The promise does not keep the segment: a holder that never
+/// comes for it (a lease renewed on a segment it maps already, a process killed meanwhile)
+/// leaves nothing behind once the owner lets go of the process's pages.
+type Promise = (Weak<Segment>, Instant);
 
 /// Segments promised to lease holders, by token.
 #[derive(Default)]
@@ -40,19 +42,19 @@ impl Handouts {
         self.handed_out.load(Relaxed)
     }
 
-    fn promise(&self, seg: Arc<Segment>) -> [u8; TOKEN] {
+    fn promise(&self, seg: &Arc<Segment>) -> [u8; TOKEN] {
         let mut t = [0u8; TOKEN];
         t[..8].copy_from_slice(&auth::random_u64().to_ne_bytes());
         t[8..].copy_from_slice(&auth::random_u64().to_ne_bytes());
         let mut p = self.pending.lock().unwrap();
         p.retain(|_, (_, at)| at.elapsed() < TOKEN_LIFE);
-        p.insert(t, (seg, Instant::now()));
+        p.insert(t, (Arc::downgrade(seg), Instant::now()));
         t
     }
 
     fn redeem(&self, t: &[u8; TOKEN]) -> Option<Arc<Segment>> {
         let (seg, at) = self.pending.lock().unwrap().remove(t)?;
-        (at.elapsed() < TOKEN_LIFE).then_some(seg)
+        seg.upgrade().filter(|_| at.elapsed() < TOKEN_LIFE)
     }
 
     /// Serves the pages socket at `path`: each connection presents a token and gets the
@@ -123,7 +125,7 @@ impl<P: Peers> Mem<P> {
         }
         let (segment, seg) = g.pages.segment(r.index)?;
         let generation = seg.generation();
-        let token = self.handouts.promise(seg.clone());
+        let token = self.handouts.promise(&seg);
         self.c.leases.fetch_add(1, Relaxed);
         metrics::counter!("mcomp_leases_total").increment(1);
         Ok(M2P_LEASE { segment, pages: vrs / PAGE, generation, token: ByteBuf::from(token.to_vec()) })

@@ -92,7 +92,7 @@ impl Pages {
             let (from, to) = (vpns.start.max(base) - base, vpns.end.min(base + self.per_vregion) - base);
             if from == 0 && to == self.per_vregion {
                 if let Some((_, s)) = self.segments.remove(&idx) {
-                    s.revoke();
+                    release(&s);
                 }
             } else {
                 self.segments[&idx].1.clear(from, to);
@@ -115,9 +115,18 @@ impl Pages {
     }
 }
 
+/// Takes a segment back from its lease holder and gives its memory back to the host: the
+/// holder's mapping would otherwise keep the pages of a segment the owner dropped.
+fn release(s: &Segment) {
+    s.revoke();
+    s.clear_all();
+}
+
 impl Drop for Pages {
     fn drop(&mut self) {
         // A holder still mapping a segment must not go on reading pages the owner dropped.
-        self.revoke();
+        for (_, s) in self.segments.values() {
+            release(s);
+        }
     }
 }
