@@ -803,6 +803,7 @@ fn etcd_answers_only_the_managers_and_a_record_they_did_not_sign_grants_nothing(
     let grant = br#"{"name":"loot","users":["nobody"]}"#;
     assert_eq!(http(&api, "POST", "/api/v1/vnodes", Some(&forged), grant).0, 401);
     assert!(c.log("gm").contains("this manager leads now"), "{}", c.log("gm"));
+}
 
 // ---- Socket-call slots are capped per vNode, not per user
 
