@@ -711,22 +711,7 @@ fn a_flood_of_refused_connections_logs_a_few_lines_and_a_summary() {
     assert_eq!(refused, 2000.0, "each refusal is counted");
     // Each line logged one by one, and the summaries of those that were not, account for
     // every refusal once the last window's summary is out.
-    let tally = |c: &TestCluster| {
-        let log = c.log("proc0");
-        let lines = log.lines().filter(|l| l.contains("refused a program-socket connection: the user is granted no vNode")).count() as u64;
-        let summarised: u64 = log.lines().filter_map(|l| l.split("refused a program-socket connection: ").nth(1)?.split(" more not logged one by one").next()?.parse::<u64>().ok()).sum();
-        (lines, summarised)
-    };
-    assert!(
-        c.eventually(Duration::from_secs(30), |c| {
-            let (l, s) = tally(c);
-            l + s == 2000
-        }),
-        "{:?}\n{}",
-        tally(&c),
-        c.log("proc0")
-    );
-    let (lines, _) = tally(&c);
+    let lines = accounted(&c, "proc0", "refused a program-socket connection", 2000);
     assert!(lines <= 2000 / 10, "{lines} lines for 2000 refusals");
 }
 
@@ -861,4 +846,65 @@ fn a_vnodes_users_flooding_socket_calls_leave_another_vnode_its_share_and_get_ea
     let over = in_p1(users[0], &["--vnode", "a", "--", py, "-c", SOCKETS_UNTIL_REFUSED]).output().unwrap();
     stop(holder);
     assert_eq!(text(&over.stdout), "{'Resource temporarily unavailable': 50}\n", "{}", text(&over.stderr));
+
+// ---- Refusals logged a few lines at a time, per peer
+
+/// The lines of `log` that `what` logged one by one, and the refusals its summaries counted
+/// (`crates/rpc/src/refusals.rs`).
+fn tally(log: &str, what: &str) -> (u64, u64) {
+    let summary = " more not logged one by one";
+    let lines = log.lines().filter(|l| l.contains(what) && !l.contains(summary)).count() as u64;
+    let summarised = log.lines().filter_map(|l| l.split(&format!("{what}: ")).nth(1)?.split(summary).next()?.parse::<u64>().ok()).sum();
+    (lines, summarised)
+}
+
+/// Waits until the lines and summaries of `what` in the log `name` account for `refused`
+/// refusals (the last summary comes when its window ends); returns the lines logged one by one.
+fn accounted(c: &TestCluster, name: &str, what: &str, refused: u64) -> u64 {
+    let whole = |c: &TestCluster| {
+        let (lines, summarised) = tally(&c.log(name), what);
+        lines + summarised == refused
+    };
+    assert!(c.eventually(Duration::from_secs(30), whole), "{refused} refused, {:?} logged and summarised:\n{}", tally(&c.log(name), what), c.log(name));
+    tally(&c.log(name), what).0
+}
+
+/// A program that asks for 128 MiB, `argv[1]` times, and says how often malloc said no.
+const MALLOCS: &str = "import ctypes, sys\nlibc = ctypes.CDLL(None)\nlibc.malloc.restype = ctypes.c_void_p\nprint(sum(1 for _ in range(int(sys.argv[1])) if not libc.malloc(128 << 20)))";
+
+#[test]
+fn a_program_mapping_past_its_vnodes_quota_in_a_loop_fills_no_log() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[vnode]]\nname = \"small\"\nusers = [\"root\"]\nmemory = \"64M\"\n"));
+    let out = c.run(&["--vnode", "small"], &[&python3(), "-c", MALLOCS, "2000"]);
+    assert_eq!(text(&out.stdout), "2000\n", "{}", text(&out.stderr));
+    // The home counted every refusal; its log has a few lines and summaries for the rest.
+    let refused = c.components("mcomponent")[0]["stats"]["vnode_memory"]["small"]["refused"].as_u64().unwrap();
+    assert!(refused >= 2000, "{refused}");
+    let lines = accounted(&c, "mem0", "memory quota", refused);
+    assert!(lines <= refused / 10, "{lines} lines for {refused} refusals");
+}
+
+/// Sends 64 bytes that are no socket call to the socket-call socket `argv[1]`, `argv[2]`
+/// times, each on a connection of its own, and waits for the pComponent to close it.
+const GARBAGE_CALLS: &str = "import socket, sys\nfor _ in range(int(sys.argv[2])):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(sys.argv[1])\n    s.sendall(b'\\xa5' * 64)\n    s.shutdown(socket.SHUT_WR)\n    s.recv(64)\n    s.close()\nprint('sent')";
+
+#[test]
+fn garbage_on_the_socket_call_socket_in_a_loop_fills_no_log_and_hides_no_other_users_lines() {
+    let bystander = 60071u32;
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[vnode]]\nname = \"flooder\"\nusers = [\"root\"]\n[[vnode]]\nname = \"bystander\"\nusers = [\"{bystander}\"]\n")));
+    let net_sock = c.dir.path().join("programs/proc0.sock.net").to_str().unwrap().to_string();
+    // One every user may run.
+    let py = "/usr/bin/python3";
+    let refused = |c: &TestCluster| c.components("pcomponent")[0]["stats"]["net"]["refused"].as_u64().unwrap();
+    let before = refused(&c);
+    let out = c.run(&["--vnode", "flooder"], &[py, "-c", GARBAGE_CALLS, &net_sock, "2000"]);
+    assert_eq!(text(&out.stdout), "sent\n", "{}", text(&out.stderr));
+    // Another user's refusal right after gets its own line, whatever the flood took.
+    let state = c.dir.path().to_str().unwrap().to_string();
+    let out = as_user(bystander, &[splitos().to_str().unwrap(), "run", "--vnode", "bystander", "--", py, "-c", GARBAGE_CALLS, &net_sock, "1"], &[("SPLITOS_STATE_DIR", &state)]);
+    assert_eq!(text(&out.stdout), "sent\n", "{}", text(&out.stderr));
+    let what = "refused a malformed socket call";
+    let lines = accounted(&c, "proc0", what, refused(&c) - before);
+    assert!(lines <= 2000 / 10, "{lines} lines for 2001 refusals");
+    assert!(c.log("proc0").lines().any(|l| l.contains(what) && l.contains("bystander")), "{}", c.log("proc0"));
 }

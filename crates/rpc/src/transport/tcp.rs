@@ -475,7 +475,7 @@ impl TcpListen {
                             Err(cap) => {
                                 refused.increment(1);
                                 static OVER_CAP: Refusals = Refusals::new("refused a connection over the cap");
-                                if OVER_CAP.log_this() {
+                                if OVER_CAP.log_this(peer.ip()) {
                                     tracing::warn!(%peer, cap, "refused a connection over the cap; still serving the others");
                                 }
                                 conn.close();
@@ -504,7 +504,7 @@ impl TcpListen {
                                     Err(e) => {
                                         metrics::counter!("rpc_handshakes_refused_total").increment(1);
                                         static UNAUTHENTICATED: Refusals = Refusals::new("refused a connection that did not authenticate");
-                                        if UNAUTHENTICATED.log_this() {
+                                        if UNAUTHENTICATED.log_this(peer.ip()) {
                                             tracing::warn!(%peer, error = %e, "refused a connection that did not authenticate; still serving the others");
                                         }
                                         conn.close();
@@ -556,8 +556,16 @@ impl InFlight {
     }
 }
 
+/// The address of the host at the other end of `s`, which names it among the peers whose
+/// refusals are logged a few at a time.
+pub(super) fn host(s: &TcpStream) -> String {
+    s.peer_addr().map_or_else(|_| "?".to_string(), |a| a.ip().to_string())
+}
+
 fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight: usize) {
+    static CLOSED: Refusals = Refusals::new("closed a connection that broke the protocol");
     let peer = reader.peer();
+    let host = host(&reader.s);
     let writer = match reader.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
         Err(e) => {
@@ -594,19 +602,25 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
             }
             Ok(Some(f)) => {
                 metrics::counter!("rpc_frames_rejected_total").increment(1);
-                tracing::warn!(%peer, req_id = f.req_id, "unsolicited reply frame; closing connection");
+                if CLOSED.log_this(&host) {
+                    tracing::warn!(%peer, req_id = f.req_id, "unsolicited reply frame; closing connection");
+                }
                 break;
             }
             Ok(None) => break,
             Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => break,
             Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
                 metrics::counter!("rpc_frames_timed_out_total").increment(1);
-                tracing::warn!(%peer, "a frame did not arrive in time; closing that connection, still serving others");
+                if CLOSED.log_this(&host) {
+                    tracing::warn!(%peer, "a frame did not arrive in time; closing that connection, still serving others");
+                }
                 break;
             }
             Err(e) => {
                 metrics::counter!("rpc_frames_rejected_total").increment(1);
-                tracing::warn!(%peer, error = %e, "rejected malformed frame; closing that connection, still serving others");
+                if CLOSED.log_this(&host) {
+                    tracing::warn!(%peer, error = %e, "rejected malformed frame; closing that connection, still serving others");
+                }
                 break;
             }
         }

@@ -194,7 +194,10 @@ pub async fn join(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<So
     let (answer, managers) = tokio::task::spawn_blocking(move || (gm.joins.redeem(&r.token), gm.status_summary().managers)).await.map_err(internal)?;
     let (role, creds) = answer.map_err(|why| {
         metrics::counter!("gm_joins_refused_total").increment(1);
-        tracing::warn!(%peer, "join refused: {why}");
+        static REFUSED: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("join refused");
+        if REFUSED.log_this(peer.ip()) {
+            tracing::warn!(%peer, "join refused: {why}");
+        }
         ApiError(StatusCode::FORBIDDEN, why)
     })?;
     metrics::counter!("gm_joins_total").increment(1);

@@ -233,7 +233,7 @@ static REFUSED: Refusals = Refusals::new("API requests refused");
 
 fn refuse(status: StatusCode, peer: SocketAddr, method: &str, path: &str, who: Option<&str>, why: String) -> ApiError {
     metrics::counter!("gm_api_requests_refused_total", "status" => status.as_u16().to_string()).increment(1);
-    if REFUSED.log_this() {
+    if REFUSED.log_this(peer.ip()) {
         tracing::warn!(%peer, method, path, token = who.unwrap_or("-"), status = status.as_u16(), "API request refused: {why}");
     }
     ApiError(status, why)

@@ -417,7 +417,7 @@ impl Gm {
         let ebbs = checked_ebbs(r.ebbs)
             .inspect_err(|e| {
                 static BAD_EBBS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("heartbeats naming Ebbs out of bounds");
-                if BAD_EBBS.log_this() {
+                if BAD_EBBS.log_this(format_args!("component {}", r.id)) {
                     tracing::warn!(id = r.id, error = %e, "a heartbeat named Ebbs out of bounds; its registered ones are kept");
                 }
             })

@@ -349,7 +349,10 @@ impl<P: Peers> Mem<P> {
             Some(p) if p.role == Role::Proc && creator.is_some_and(|c| c != p.key) => {
                 self.c.denied.fetch_add(1, Relaxed);
                 metrics::counter!("mcomp_denied_total").increment(1);
-                tracing::warn!(pid, "refused a request about a process another pComponent created");
+                static NOT_YOURS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a request about a process another pComponent created");
+                if NOT_YOURS.log_this(p) {
+                    tracing::warn!(pid, peer = %p, "refused a request about a process another pComponent created");
+                }
                 Err(ERR::new(ErrCode::Denied, format!("process {pid} runs on another pComponent")))
             }
             _ => Ok(()),

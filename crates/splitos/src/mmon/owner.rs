@@ -208,7 +208,10 @@ impl<P: Peers> Mem<P> {
         if vnode != who.vnode {
             self.c.denied.fetch_add(1, Relaxed);
             metrics::counter!("mcomp_denied_total").increment(1);
-            tracing::warn!(pid = who.pid, owner_vnode = %vnode, asked_by = %who.vnode, "refused a request for another vNode's pages");
+            static THEIRS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a request for another vNode's pages");
+            if THEIRS.log_this(format_args!("vNode {}", who.vnode)) {
+                tracing::warn!(pid = who.pid, owner_vnode = %vnode, asked_by = %who.vnode, "refused a request for another vNode's pages");
+            }
             return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", who.pid)));
         }
         self.may_act(who.pid, creator)?;

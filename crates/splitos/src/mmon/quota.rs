@@ -38,7 +38,10 @@ impl Ledger {
         if let Some(q) = quota.filter(|q| v.used.saturating_add(more) > *q) {
             v.refused += 1;
             metrics::counter!("mcomp_vnode_memory_refused_total", "vnode" => vnode.to_string()).increment(1);
-            tracing::info!(vnode, used = v.used, quota = q, more, "a mapping would take its vNode past its memory quota: refused");
+            static OVER: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a mapping past its vNode's memory quota");
+            if OVER.log_this(format_args!("vNode {vnode}")) {
+                tracing::info!(vnode, used = v.used, quota = q, more, "refused a mapping past its vNode's memory quota");
+            }
             return Err(ERR::new(ErrCode::NoMemory, format!("vNode {vnode} is at its memory quota: {} of {q} bytes mapped writable, {more} more asked", v.used)));
         }
         v.used += more;

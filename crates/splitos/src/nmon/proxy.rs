@@ -12,6 +12,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_bytes::ByteBuf;
 use socket2::SockAddr;
+use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
 
 use super::skeleton::{refusal, Owner, Skeleton, State, MAX_WAIT};
@@ -363,7 +364,10 @@ impl Proxy {
                 }
                 if !loopback_allowed(self.loopback, &self.registry, &s.owner.vnode, s.kind, r.addr) {
                     self.c.refused.fetch_add(1, Relaxed);
-                    tracing::info!(vnode = %s.owner.vnode, port = r.addr.port(), "refused a connect to a loopback port the vNode does not hold");
+                    static NOT_HELD: Refusals = Refusals::new("refused a connect to a loopback port the vNode does not hold");
+                    if NOT_HELD.log_this(format_args!("vNode {}", s.owner.vnode)) {
+                        tracing::info!(vnode = %s.owner.vnode, port = r.addr.port(), "refused a connect to a loopback port the vNode does not hold");
+                    }
                     errno_reply(reply, libc::ECONNREFUSED);
                     return None;
                 }
@@ -401,7 +405,10 @@ impl Proxy {
                 let refused = (before - grams.len()) as u64;
                 if refused > 0 {
                     self.c.refused.fetch_add(refused, Relaxed);
-                    tracing::info!(vnode = %s.owner.vnode, datagrams = refused, "dropped datagrams to loopback ports the vNode does not hold");
+                    static NOT_HELD: Refusals = Refusals::new("dropped datagrams to loopback ports the vNode does not hold");
+                    if NOT_HELD.log_this(format_args!("vNode {}", s.owner.vnode)) {
+                        tracing::info!(vnode = %s.owner.vnode, datagrams = refused, "dropped datagrams to loopback ports the vNode does not hold");
+                    }
                 }
                 let n = grams.len() as u64;
                 let (sent, dropped) = s.send_grams(grams);
@@ -452,7 +459,11 @@ fn owned<'a>(socks: &'a mut HashMap<u64, Skeleton>, c: &Counters, id: u64, key: 
         Some(s) if key.is_none_or(|k| k == s.owner.key) => Ok(s),
         Some(_) => {
             c.refused.fetch_add(1, Relaxed);
-            tracing::warn!(sock = id, "refused a request about a socket another pComponent made");
+            static NOT_YOURS: Refusals = Refusals::new("refused a request about a socket another pComponent made");
+            let peer = splitos_rpc::current_peer().map_or_else(|| "?".to_string(), |p| p.to_string());
+            if NOT_YOURS.log_this(&peer) {
+                tracing::warn!(sock = id, peer, "refused a request about a socket another pComponent made");
+            }
             Err(ERR::new(ErrCode::Denied, format!("socket {id} is not yours")))
         }
         None => Err(Refusal::errno(libc::EBADF)),
@@ -556,7 +567,10 @@ fn allowed(level: i32, name: i32) -> bool {
 
 fn check_allowed(s: &Skeleton, level: i32, name: i32) -> Result<(), Refusal> {
     if s.owner.uid != 0 && !allowed(level, name) {
-        tracing::info!(level, name, vnode = %s.owner.vnode, uid = s.owner.uid, "refused a socket option reserved to root");
+        static ROOTS: Refusals = Refusals::new("refused a socket option reserved to root");
+        if ROOTS.log_this(format_args!("uid {}", s.owner.uid)) {
+            tracing::info!(level, name, vnode = %s.owner.vnode, uid = s.owner.uid, "refused a socket option reserved to root");
+        }
         return Err(Refusal::errno(libc::EPERM));
     }
     Ok(())

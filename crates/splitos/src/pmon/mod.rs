@@ -22,6 +22,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
 
 pub use excache::{prefetcher, Prefetcher, Sequential};
@@ -161,11 +162,18 @@ impl Pcomp {
         // The pidfd pins the process, not its credentials: one that became another user's
         // (an exec of a set-user-ID program by a helper holding its connection) is not this
         // program's to end.
+        // A user's programs can make these again and again (a fault outside the heap ends one).
+        static NOT_KILLED: Refusals = Refusals::new("not killing a process that is no longer its user's");
+        static KILLED: Refusals = Refusals::new("killing a process whose memory cannot be served");
         if p.uid != 0 && !same_user(&p) {
-            tracing::warn!(pid, os_pid = p.os_pid, %why, "not killing a process that is no longer its user's");
+            if NOT_KILLED.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(pid, os_pid = p.os_pid, %why, "not killing a process that is no longer its user's");
+            }
             return;
         }
-        tracing::error!(pid, os_pid = p.os_pid, %why, "killing a process whose memory cannot be served");
+        if KILLED.log_this(format_args!("uid {}", p.uid)) {
+            tracing::error!(pid, os_pid = p.os_pid, %why, "killing a process whose memory cannot be served");
+        }
         let line = format!("splitos: {why}; the process cannot continue\n");
         // Its own stderr, as it opened it: reopening /proc/PID/fd/2 would open the file anew
         // with the pComponent's rights, and a program's read-only descriptor of a file it may

@@ -350,7 +350,7 @@ impl LoopConn {
         st.closed = true;
         if !why.is_empty() {
             static CLOSED: Refusals = Refusals::new("closed a connection on an event loop");
-            if CLOSED.log_this() {
+            if CLOSED.log_this(super::host(&self.s)) {
                 tracing::warn!(peer = %self.addr, why, "closing that connection, still serving others");
             }
         }

@@ -196,7 +196,7 @@ impl Pcomp {
     /// Logs (a flood's first lines, then a summary) and counts a connection refused for who it is.
     fn refuse(&self, peer: &PeerCred, why: &str) {
         static REFUSED: Refusals = Refusals::new("refused a program-socket connection");
-        if REFUSED.log_this() {
+        if REFUSED.log_this(format_args!("uid {}", peer.uid)) {
             tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
         }
         metrics::counter!("pcomp_program_connections_refused_total").increment(1);
@@ -227,13 +227,10 @@ impl Pcomp {
         drop(wait);
         let (hello, fds) = match hello {
             Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(error = %e, "refused a malformed hello from a program");
-                return;
-            }
+            Err(e) => return self.refuse(&peer, &format!("a malformed hello: {e}")),
         };
         if hello.abi != SHIM_ABI_VERSION {
-            tracing::warn!(abi = hello.abi, "refused a program whose shim speaks another ABI version");
+            self.refuse(&peer, &format!("its shim speaks ABI version {}, this pComponent {SHIM_ABI_VERSION}", hello.abi));
             let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
             return;
         }
@@ -279,7 +276,7 @@ impl Pcomp {
                 return;
             }
             (kind, _) => {
-                tracing::warn!(kind, os_pid = peer.pid, "refused a hello that is neither a launcher's nor a program's with exactly a userfaultfd and a memfd");
+                self.refuse(&peer, &format!("a hello of kind {kind} is neither a launcher's nor a program's with exactly a userfaultfd and a memfd"));
                 let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
                 return;
             }
@@ -301,7 +298,7 @@ impl Pcomp {
                 p
             }
             Err(e) => {
-                tracing::warn!(error = %e, os_pid = peer.pid, "cannot admit a program");
+                self.refuse(&peer, &format!("cannot admit the program: {e}"));
                 let _ = reply(&mut s, -vm_errno(&e), 0, 0);
                 return;
             }
@@ -377,7 +374,10 @@ impl Pcomp {
                     _ => reply(&mut s, -(libc::ENOENT as i64), 0, 0),
                 },
                 _ => {
-                    tracing::warn!(op = req.op, os_pid = peer.pid, "a launcher asked for something launchers do not ask");
+                    static ASKS: Refusals = Refusals::new("refused a launcher's request launchers do not make");
+                    if ASKS.log_this(format_args!("uid {}", peer.uid)) {
+                        tracing::warn!(op = req.op, os_pid = peer.pid, "refused a launcher's request launchers do not make");
+                    }
                     reply(&mut s, -(libc::ENOSYS as i64), 0, 0)
                 }
             };
@@ -518,8 +518,9 @@ impl Pcomp {
     fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
         p.memory.call_home(&self.node, req).map_err(|e| {
             let e = Refusal::from(e);
-            if e.code != ErrCode::NoMemory {
-                tracing::warn!(pid = p.pid, error = %e, "home mComponent refused a memory call");
+            static REFUSED: Refusals = Refusals::new("the home mComponent refused a memory call");
+            if e.code != ErrCode::NoMemory && REFUSED.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(pid = p.pid, error = %e, "the home mComponent refused a memory call");
             }
             vm_errno(&e)
         })
@@ -556,7 +557,10 @@ impl Pcomp {
             _ => true,
         };
         if !valid {
-            tracing::warn!(pid = p.pid, op = r.op, addr = r.a, len = r.b, "refused a memory call outside the heap region");
+            static OUTSIDE: Refusals = Refusals::new("refused a memory call outside the heap region");
+            if OUTSIDE.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(pid = p.pid, op = r.op, addr = r.a, len = r.b, "refused a memory call outside the heap region");
+            }
             return Err(libc::EINVAL as i64);
         }
         let who = p.memory.who.clone();
@@ -682,7 +686,10 @@ impl Pcomp {
                 Ok((0, 0))
             }
             Some(Op::RunStats) | None => {
-                tracing::warn!(pid = p.pid, op = r.op, "a request programs do not make");
+                static UNKNOWN: Refusals = Refusals::new("refused a request programs do not make");
+                if UNKNOWN.log_this(format_args!("uid {}", p.uid)) {
+                    tracing::warn!(pid = p.pid, op = r.op, "refused a request programs do not make");
+                }
                 Err(libc::ENOSYS as i64)
             }
         }

@@ -343,7 +343,10 @@ impl NetStub {
                     let Ok((n, from)) = recv_from_nb(s, &mut buf) else { break };
                     if from.as_deref() != Some(d.path.as_path()) {
                         self.c.refused.fetch_add(1, Relaxed);
-                        tracing::warn!(vnode = %d.spec.vnode, "dropped a datagram sent to a program's UDP socket by someone else");
+                        static STRANGERS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("dropped a datagram sent to a program's UDP socket by someone else");
+                        if STRANGERS.log_this(format_args!("vNode {}", d.spec.vnode)) {
+                            tracing::warn!(vnode = %d.spec.vnode, "dropped a datagram sent to a program's UDP socket by someone else");
+                        }
                         continue;
                     }
                     if n > splitos_shim_abi::NET_UDP_MAX {

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use serde_bytes::ByteBuf;
+use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
 use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_LOCAL, SHIM_ABI_VERSION};
 
@@ -425,7 +426,10 @@ impl NetStub {
             Some(s) if owner(&s) => Ok(Some(s)),
             Some(_) => {
                 self.c.refused.fetch_add(1, Relaxed);
-                tracing::warn!(vnode, "refused a socket call on another vNode's socket");
+                static THEIRS: Refusals = Refusals::new("refused a socket call on another vNode's socket");
+                if THEIRS.log_this(format_args!("vNode {vnode}")) {
+                    tracing::warn!(vnode, "refused a socket call on another vNode's socket");
+                }
                 Err(libc::EACCES)
             }
             None => Ok(None),
@@ -450,7 +454,9 @@ impl NetStub {
             },
             _ => {
                 self.c.refused.fetch_add(1, Relaxed);
-                tracing::warn!(op = req.op, "refused a malformed socket call");
+                if MALFORMED.log_this(format_args!("uid {uid}")) {
+                    tracing::warn!(vnode, op = req.op, "refused a malformed socket call");
+                }
                 Err(libc::EINVAL)
             }
         };
@@ -536,6 +542,9 @@ pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Socket calls that are not what the shim sends, from any program of a user.
+static MALFORMED: Refusals = Refusals::new("refused a malformed socket call");
+
 /// Socket calls served at once for users other than root, and for the programs of one vNode,
 /// whatever users run them; beyond, a call is answered EAGAIN (a program retries its
 /// connect). A vNode's calls that never say anything hold at most its share of threads,
@@ -546,16 +555,17 @@ const CALLS_PER_VNODE: usize = 64;
 /// Gives a call a thread of its own, if it comes from a process this pComponent runs and
 /// there is room; otherwise answers it at once, without reading it.
 fn admit(p: &Arc<Pcomp>, s: UnixStream) {
-    let caller = splitos_rpc::fdpass::peer_cred(&s).ok().and_then(|c| p.procs.lock().unwrap().values().find(|pr| pr.os_pid == c.pid).map(|pr| (pr.memory.who.vnode.clone(), pr.uid)));
+    let cred = splitos_rpc::fdpass::peer_cred(&s).ok();
+    let caller = cred.as_ref().and_then(|c| p.procs.lock().unwrap().values().find(|pr| pr.os_pid == c.pid).map(|pr| (pr.memory.who.vnode.clone(), pr.uid)));
     let refuse = |errno: i32| {
         let _ = s.set_nonblocking(true);
         let _ = (&s).write_all(NetResp { ret: -(errno as i64), ..NetResp::new_zeroed() }.as_bytes());
     };
     let Some((vnode, uid)) = caller else {
         p.net.c.refused.fetch_add(1, Relaxed);
-        static STRANGER: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a socket call of a process this pComponent does not run");
-        if STRANGER.log_this() {
-            tracing::warn!("refused a socket call of a process this pComponent does not run");
+        static STRANGER: Refusals = Refusals::new("refused a socket call of a process this pComponent does not run");
+        if STRANGER.log_this(cred.map_or_else(|| "an unknown user".to_string(), |c| format!("uid {}", c.uid))) {
+            tracing::warn!(uid = cred.map(|c| c.uid), "refused a socket call of a process this pComponent does not run");
         }
         return refuse(libc::EACCES);
     };
@@ -579,12 +589,18 @@ fn serve_call(p: &Arc<Pcomp>, mut s: UnixStream, vnode: &str, uid: u32) {
         Ok(f) => f,
         Err(e) => {
             p.net.c.refused.fetch_add(1, Relaxed);
-            tracing::warn!(vnode, error = %e, "refused a malformed socket call");
+            if MALFORMED.log_this(format_args!("uid {uid}")) {
+                tracing::warn!(vnode, error = %e, "refused a malformed socket call");
+            }
             return;
         }
     };
     let (resp, fd) = if req.abi != SHIM_ABI_VERSION {
-        tracing::warn!(vnode, abi = req.abi, "refused a socket call of another shim ABI version");
+        p.net.c.refused.fetch_add(1, Relaxed);
+        static ABI: Refusals = Refusals::new("refused a socket call of another shim ABI version");
+        if ABI.log_this(format_args!("uid {uid}")) {
+            tracing::warn!(vnode, abi = req.abi, "refused a socket call of another shim ABI version");
+        }
         (NetResp { ret: -(libc::EPROTO as i64), ..NetResp::new_zeroed() }, None)
     } else {
         p.net.call_from(vnode, uid, &req, fds.into_iter().next())
