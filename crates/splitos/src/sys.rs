@@ -41,3 +41,40 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     v
 }
+
+/// The user whose socket is the other end of the TCP connection from `peer` to `local`, when
+/// that socket is on this host (in this network namespace): every user of the host shares its
+/// addresses, loopback's and its own, so only the socket's owner tells them apart. None for a
+/// peer on another host, or one already gone. One exact lookup by the kernel (sock_diag), not
+/// a walk of every socket.
+pub fn tcp_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<u32> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+    use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    // A peer of an IPv6 listener that connected over IPv4 (::ffff:a.b.c.d) has an IPv4 socket.
+    let (peer_ip, local_ip) = (peer.ip().to_canonical(), local.ip().to_canonical());
+    let family = match (peer_ip, local_ip) {
+        (std::net::IpAddr::V4(_), std::net::IpAddr::V4(_)) => AF_INET,
+        (std::net::IpAddr::V6(_), std::net::IpAddr::V6(_)) => AF_INET6,
+        _ => return None,
+    };
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    let socket_id = SocketId { source_port: peer.port(), destination_port: local.port(), source_address: peer_ip, destination_address: local_ip, interface_id: 0, cookie: [0xff; 8] };
+    let request = InetRequest { family, protocol: IPPROTO_TCP, extensions: ExtensionFlags::empty(), states: StateFlags::all(), socket_id };
+    let mut msg = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
+    msg.finalize();
+    let mut out = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut out);
+    let s = socket2::Socket::new(socket2::Domain::from(libc::AF_NETLINK), socket2::Type::DGRAM, Some(socket2::Protocol::from(libc::NETLINK_SOCK_DIAG))).ok()?;
+    // The kernel answers while the request is sent: nothing to wait for after.
+    s.set_nonblocking(true).ok()?;
+    s.send(&out).ok()?;
+    let mut answer = [0u8; 1024];
+    let n = std::io::Read::read(&mut &s, &mut answer).ok()?;
+    match NetlinkMessage::<SockDiagMessage>::deserialize(&answer[..n]).ok()?.payload {
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => Some(r.header.uid),
+        _ => None,
+    }
+}

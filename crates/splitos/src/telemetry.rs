@@ -21,6 +21,9 @@ use splitos_rpc::Role;
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// HTTP connections an HTTP server serves at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// HTTP connections one peer ([`Peer`]) may hold on an HTTP server at once, unless its
+/// configuration says otherwise (the REST API's `[cluster] api_connections_per_peer`).
+pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
 
 /// Threads an HTTP server's handlers may block in at once (calls to components, rendering);
 /// more wait for one.
@@ -217,20 +220,97 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
         }
     };
     let router = axum::Router::new().route("/metrics", axum::routing::get(metrics));
-    serve_router(l, router, "metrics", None)?;
+    serve_router(l, router, "metrics", None, MAX_CONNECTIONS_PER_PEER)?;
     Ok(local.to_string())
+}
+
+/// Whose connections an HTTP server's per-peer cap counts together: a peer on another host is
+/// its address; on this host every user shares the addresses (loopback's and the host's own),
+/// so a local peer is the user that owns the connecting socket.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// A peer on another host: its address.
+    Remote(std::net::IpAddr),
+    /// A peer on this host: its user.
+    Local(u32),
+}
+
+impl Peer {
+    fn of(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Peer {
+        match crate::sys::tcp_peer_uid(peer, local) {
+            Some(uid) => Peer::Local(uid),
+            None => Peer::Remote(peer.ip().to_canonical()),
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Remote(ip) => write!(f, "{ip}"),
+            Peer::Local(uid) => write!(f, "uid {uid} on this host"),
+        }
+    }
+}
+
+/// Connections each peer holds on one server.
+type Held = Arc<Mutex<std::collections::HashMap<Peer, usize>>>;
+
+/// One of a peer's connections, given back when dropped.
+struct PeerSlot(Held, Peer);
+
+impl PeerSlot {
+    fn take(held: &Held, peer: &Peer, max: usize) -> Option<PeerSlot> {
+        let mut h = held.lock().unwrap();
+        let n = h.entry(peer.clone()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(held.clone(), peer.clone()))
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut h = self.0.lock().unwrap();
+        if let Some(n) = h.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                h.remove(&self.1);
+            }
+        }
+    }
+}
+
+/// HTTP connections closed as soon as they were accepted, logged a few at a time.
+static CONNECTIONS_REFUSED: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("HTTP connections refused");
+
+/// Closes a connection beyond `cap` ("peer": its peer's, or "all"), counted and logged.
+fn refuse_connection(server: &str, peer: &Peer, cap: &'static str) {
+    metrics::counter!("http_connections_refused_total", "server" => server.to_string(), "cap" => cap).increment(1);
+    if CONNECTIONS_REFUSED.log_this() {
+        let why = match cap {
+            "peer" => "the peer holds as many connections as one peer may",
+            _ => "the server holds as many connections as it serves at once",
+        };
+        tracing::warn!(server, %peer, cap, "HTTP connection refused: {why}");
+    }
 }
 
 /// Serves `router` on `l` from a thread of its own with a single-threaded runtime, so that a
 /// flood of HTTP clients holds one thread, and at most [`BLOCKING_THREADS`] more for the
 /// blocking work of its handlers, and never the component's request serving. Each connection
 /// must send a request's headers within [`HEADER_TIMEOUT`] (an idle kept-alive one too) or is
-/// closed, and at most [`MAX_CONNECTIONS`] are served at once: clients that connect and send
-/// nothing, or send slowly, hold a bounded number of sockets for a bounded time, and a
-/// connection beyond the bound is closed at once. With `tls` it serves HTTPS, the handshake
-/// held to the same time as the headers.
-pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, tls: Option<tokio_rustls::TlsAcceptor>) -> anyhow::Result<()> {
+/// closed; one [`Peer`] holds at most `per_peer` connections at once, and all peers at most
+/// [`MAX_CONNECTIONS`]: clients that connect and send nothing, or send slowly, hold a bounded
+/// number of sockets for a bounded time, one client never all of them, and a connection beyond
+/// either bound is closed at once. Root's connections from this host count to their own
+/// per-peer bound but not to the server's: others' floods never shut the host's operators out.
+/// With `tls` it serves HTTPS, the handshake held to the same time as the headers.
+pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, tls: Option<tokio_rustls::TlsAcceptor>, per_peer: usize) -> anyhow::Result<()> {
     l.set_nonblocking(true)?;
+    let local = l.local_addr()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(BLOCKING_THREADS).build()?;
     let what = name.to_string();
     std::thread::Builder::new().name(format!("http-{name}")).spawn(move || {
@@ -240,6 +320,7 @@ pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, 
                 Err(e) => return tracing::error!("the {what} server cannot serve: {e}"),
             };
             let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+            let held = Held::default();
             loop {
                 let (stream, peer) = match l.accept().await {
                     Ok(c) => c,
@@ -250,9 +331,19 @@ pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, 
                         continue;
                     }
                 };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    metrics::counter!("http_connections_refused_total", "server" => what.clone()).increment(1);
+                let who = Peer::of(peer, stream.local_addr().unwrap_or(local));
+                let Some(mine) = PeerSlot::take(&held, &who, per_peer) else {
+                    refuse_connection(&what, &who, "peer");
                     continue;
+                };
+                let slot = match slots.clone().try_acquire_owned() {
+                    Ok(slot) => Some(slot),
+                    // The host's operators: bounded by their own cap, not shut out by others.
+                    Err(_) if who == Peer::Local(0) => None,
+                    Err(_) => {
+                        refuse_connection(&what, &who, "all");
+                        continue;
+                    }
                 };
                 let service = hyper_util::service::TowerToHyperService::new(router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer))));
                 let (tls, what) = (tls.clone(), what.clone());
@@ -268,7 +359,7 @@ pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, 
                         },
                         None => serve_connection(stream, service).await,
                     }
-                    drop(slot);
+                    drop((slot, mine));
                 });
             }
         })

@@ -908,3 +908,121 @@ fn garbage_on_the_socket_call_socket_in_a_loop_fills_no_log_and_hides_no_other_u
     assert!(lines <= 2000 / 10, "{lines} lines for 2001 refusals");
     assert!(c.log("proc0").lines().any(|l| l.contains(what) && l.contains("bystander")), "{}", c.log("proc0"));
 }
+
+// ---- A slowloris on the API starves operators
+
+/// Keeps `argv[2]` connections to the HTTP server at `argv[1]` sending a request's headers, a
+/// line a second, never ending them (a slowloris); every second it opens again those the server
+/// closed. Says `flooding` once all were opened, and how many it opened in all when its stdin
+/// closes.
+const SLOWLORIS: &str = r#"
+import select, socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+opened = 0
+def conn():
+    global opened
+    opened += 1
+    s = socket.create_connection((host, int(port)))
+    try:
+        s.sendall(b"GET /api/v1/whoami HTTP/1.1\r\nHost: x\r\n")
+    except OSError:
+        pass
+    return s
+socks = [conn() for _ in range(int(sys.argv[2]))]
+print("flooding", flush=True)
+while not select.select([sys.stdin], [], [], 1)[0]:
+    closed = select.select(socks, [], [], 0)[0]
+    for i, s in enumerate(socks):
+        if s in closed:
+            s.close()
+            socks[i] = conn()
+            continue
+        try:
+            s.sendall(b"X-a: b\r\n")
+        except OSError:
+            pass
+print(opened)
+"#;
+
+/// SLOWLORIS as user `uid` with `n` connections, flooding.
+fn slowloris(uid: u32, api: &str, n: usize) -> std::process::Child {
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+    let mut f = Command::new("setpriv")
+        .args([u.as_str(), g.as_str(), "--clear-groups", "/usr/bin/python3", "-c", SLOWLORIS, api, &n.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(read_line(&mut f), "flooding\n");
+    f
+}
+
+/// Ends a SLOWLORIS; how many connections it opened in all.
+fn stop_slowloris(mut f: std::process::Child) -> usize {
+    drop(f.stdin.take());
+    let out = f.wait_with_output().unwrap();
+    text(&out.stdout).trim().parse().unwrap()
+}
+
+/// GETs /livez from the HTTP server at `argv[1]`; prints the status line, or `closed`.
+const LIVEZ: &str = r#"
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+try:
+    s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    print(s.makefile("rb").readline().decode().strip() or "closed")
+except (BrokenPipeError, ConnectionResetError):
+    print("closed")
+"#;
+
+/// The REST API's connections refused for `cap` (`peer` or `all`), as the managers count them.
+fn api_refused(c: &TestCluster, gm: &str, cap: &str) -> f64 {
+    let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
+    assert!(out.status.success(), "cluster metrics: {}", text(&out.stderr));
+    let labels = [format!("component=\"{gm}\""), "server=\"api\"".to_string(), format!("cap=\"{cap}\"")];
+    let all = text(&out.stdout);
+    let series = all.lines().filter(|l| l.starts_with("splitos_http_connections_refused_total{") && labels.iter().all(|x| l.contains(x.as_str())));
+    series.map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+}
+
+#[test]
+fn a_slowloris_of_one_user_leaves_the_api_to_operators_and_other_users() {
+    let c = TestCluster::up(None);
+    let status = c.status();
+    let (api, gm) = (status["api"].as_str().unwrap().to_string(), status["gm"].as_str().unwrap().to_string());
+    let admin = api_token(&c, &["ops", "--admin"]);
+    let livez_as = |uid: u32| text(&as_user(uid, &["/usr/bin/python3", "-c", LIVEZ, &api], &[]).stdout).trim().to_string();
+    // Nobody holds 400 connections (more than the 256 the API serves at once), renewing them,
+    // while an operator makes 30 requests over about 12 s: past the 10 s the server gives a
+    // request's headers, so the flood's connections are closed and opened again meanwhile.
+    let nobody = slowloris(65534, &api, 400);
+    for i in 0..30 {
+        let (code, _, body) = http(&api, "GET", "/api/v1/components", Some(&admin), b"");
+        assert_eq!(code, 200, "request {i}: {body}");
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let ps = c.cmd(&["ps"]).output().unwrap();
+    assert!(ps.status.success(), "splitos ps: {}", text(&ps.stderr));
+    // Another user of the host is served too: the flood holds its own share, not all.
+    assert_eq!(livez_as(60061), "HTTP/1.1 200 OK");
+    let by_peer = api_refused(&c, &gm, "peer");
+    assert!(by_peer >= 400.0 - 64.0, "{by_peer} connections refused for their peer's cap");
+    let log = c.log("gm");
+    assert!(log.contains("HTTP connection refused: the peer holds as many connections as one peer may") && log.contains("uid 65534 on this host"), "{log}");
+    assert!(stop_slowloris(nobody) > 400, "the flood opened no connection again");
+    // Four users hold 64 each: the API's 256 are all taken. Another user is refused, and
+    // counted; the host's operators (root) are still served.
+    let floods: Vec<std::process::Child> = (60062..60066).map(|u| slowloris(u, &api, 80)).collect();
+    assert_eq!(livez_as(60066), "closed");
+    for i in 0..5 {
+        let (code, _, body) = http(&api, "GET", "/api/v1/whoami", Some(&admin), b"");
+        assert_eq!(code, 200, "request {i} with all connections taken: {body}");
+    }
+    let ps = c.cmd(&["ps"]).output().unwrap();
+    assert!(ps.status.success(), "splitos ps with all connections taken: {}", text(&ps.stderr));
+    assert!(api_refused(&c, &gm, "all") >= 1.0, "the refusal for the server's cap was not counted");
+    for f in floods {
+        stop_slowloris(f);
+    }
+}

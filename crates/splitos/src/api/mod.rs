@@ -642,14 +642,15 @@ fn router(api: Arc<Api>) -> Router {
         .with_state(api)
 }
 
-/// Serves the API at `addr` on a thread of its own; returns the address it listens at.
-/// Beyond loopback only with `tls`: its tokens must not cross a network in the clear.
-pub fn serve(addr: &str, api: Arc<Api>, tls: Option<tokio_rustls::TlsAcceptor>) -> anyhow::Result<String> {
+/// Serves the API at `addr` on a thread of its own, each peer holding at most `per_peer`
+/// connections at once; returns the address it listens at. Beyond loopback only with `tls`:
+/// its tokens must not cross a network in the clear.
+pub fn serve(addr: &str, api: Arc<Api>, tls: Option<tokio_rustls::TlsAcceptor>, per_peer: usize) -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
     let local = l.local_addr()?;
     if !local.ip().is_loopback() && tls.is_none() {
         anyhow::bail!("the REST API listens beyond loopback ({local}) only with TLS: give --api-cert and --api-key (docs/control-plane.md)");
     }
-    crate::telemetry::serve_router(l, router(api), "api", tls)?;
+    crate::telemetry::serve_router(l, router(api), "api", tls, per_peer)?;
     Ok(local.to_string())
 }

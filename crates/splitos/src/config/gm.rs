@@ -59,6 +59,13 @@ pub struct GmConfig {
     /// loopback it serves HTTPS with a certificate from the cluster's authority.
     #[arg(long, default_value = ANY_PORT)]
     pub api: String,
+    /// Connections one client may hold on the REST API at once (1 to 256, the most it serves
+    /// at once): a client on another host is its address, one on the managers' host its user
+    /// (every local user shares loopback). One beyond is closed as soon as it is accepted, so a
+    /// client that floods the API with slow or silent connections leaves the others room; root's
+    /// own from the managers' host are never shut out by the others'.
+    #[arg(long, default_value_t = crate::telemetry::MAX_CONNECTIONS_PER_PEER)]
+    pub api_connections_per_peer: usize,
     /// The network namespace (`ip netns`) `cluster up` starts the global managers in
     /// (docs/deployment.md); none: the namespace of `cluster up`.
     #[arg(skip)]
@@ -117,6 +124,9 @@ impl GmConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.api != "off" && self.api.parse::<std::net::SocketAddr>().map(|a| a.ip().is_unspecified()).unwrap_or(true) {
             return Err(format!("api: {:?} is not an address (loopback, or one of the managers' host, served with TLS) or \"off\"", self.api));
+        }
+        if !(1..=crate::telemetry::MAX_CONNECTIONS).contains(&self.api_connections_per_peer) {
+            return Err(format!("api_connections_per_peer: {} is not between 1 and {}, the connections the API serves at once", self.api_connections_per_peer, crate::telemetry::MAX_CONNECTIONS));
         }
         let vrs = self.vregion_size.0;
         self.replication.unwrap_or_default().check_vregion_size(vrs).map_err(|e| format!("vregion_size: {e}"))?;

@@ -1023,7 +1023,7 @@ impl Gm {
             _ => None,
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let at = crate::api::serve(&cfg.api, Arc::new(api), tls)?;
+        let at = crate::api::serve(&cfg.api, Arc::new(api), tls, cfg.api_connections_per_peer)?;
         tracing::info!(api = %at, scheme, "serving the REST API");
         let _ = self.api.set(at);
         Ok(())
