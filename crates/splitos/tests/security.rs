@@ -393,7 +393,9 @@ elif what == "flood":
 #[test]
 fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     let alice = 60011u32;
-    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nfork_timeout_ms = 2000\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
+    // Forked children count against the user's programs from their fork: a cap above the
+    // 256 a process may have waiting, so that the latter is what refuses.
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nfork_timeout_ms = 2000\nmax_programs_per_user = 512\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
     let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
