@@ -393,7 +393,9 @@ elif what == "flood":
 #[test]
 fn a_granted_user_speaking_the_shim_protocol_by_hand_harms_no_one() {
     let alice = 60011u32;
-    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nfork_timeout_ms = 2000\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
+    // Forked children count against the user's programs from their fork: a cap above the
+    // 256 a process may have waiting, so that the latter is what refuses.
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nfork_timeout_ms = 2000\nmax_programs_per_user = 512\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
     let sock = c.dir.path().join("programs/proc0.sock").to_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
@@ -1025,4 +1027,80 @@ fn a_slowloris_of_one_user_leaves_the_api_to_operators_and_other_users() {
     for f in floods {
         stop_slowloris(f);
     }
+
+// ---- Forks over a user's cap
+
+/// Two forkers, each forking 20 children as fast as it can once both exist, every child
+/// holding until the pipe closes: one line (how many forks succeeded and how many failed with EAGAIN), then,
+/// once stdin closes, each child's exit code.
+const FORK_RACE: &str = r#"
+import errno, os, sys
+hold_r, hold_w = os.pipe()
+res_r, res_w = os.pipe()
+go_r, go_w = os.pipe()
+def forker():
+    os.read(go_r, 1)
+    kids, eagain = [], 0
+    for _ in range(20):
+        try:
+            pid = os.fork()
+        except OSError as e:
+            if e.errno != errno.EAGAIN:
+                raise
+            eagain += 1
+            continue
+        if pid == 0:
+            os.close(hold_w)
+            os.read(hold_r, 1)
+            os._exit(0)
+        kids.append(pid)
+    os.write(res_w, f"{len(kids)} {eagain}\n".encode())
+    os.close(hold_w)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids]
+    os.write(res_w, (" ".join(map(str, codes)) + "\n").encode())
+    os._exit(0)
+forkers = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        forker()
+    forkers.append(pid)
+os.write(go_w, b"gg")
+os.close(res_w)
+res = os.fdopen(res_r)
+counts = [res.readline().split() for _ in forkers]
+print(sum(int(c[0]) for c in counts), sum(int(c[1]) for c in counts), flush=True)
+sys.stdin.read()
+os.close(hold_w)
+codes = [res.readline().split() for _ in forkers]
+for f in forkers:
+    os.waitpid(f, 0)
+print("exits", sorted(set(c for cs in codes for c in cs)))
+"#;
+
+#[test]
+fn forks_over_the_program_cap_fail_with_eagain_in_the_parent_and_no_child_is_refused() {
+    let alice = 60051u32;
+    let cap = 8;
+    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nmax_programs_per_user = {cap}\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"{alice}\"]\n")));
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let state = c.dir.path().to_str().unwrap().to_string();
+    let refused_before = c.metric(&p, "splitos_pcomp_program_connections_refused_total");
+    let mut race = spawn_as(alice, &["--vnode", "lab", "--", "/usr/bin/python3", "-c", FORK_RACE], &[("SPLITOS_STATE_DIR", state.as_str())]);
+    // The parent and its two forkers hold three of the user's programs: five of the 40 forks
+    // fit, and every other one failed in its parent.
+    let counts = read_line(&mut race);
+    // The status shows the pComponent's count as of its last heartbeat.
+    let held = |c: &TestCluster| c.components("pcomponent")[0]["stats"]["users_programs"].as_u64().unwrap();
+    let at_cap = c.eventually(Duration::from_secs(10), |c| held(c) == cap as u64);
+    let held_then = held(&c);
+    drop(race.stdin.take());
+    let out = race.wait_with_output().unwrap();
+    assert_eq!(counts, format!("{} {}\n", cap - 3, 40 - (cap - 3)), "{}", text(&out.stderr));
+    assert!(at_cap, "the pComponent holds {held_then} of the user's programs while they all run, not the cap of {cap}");
+    // Every child that fork(2) made ran: none was refused at its hello (exit 127).
+    assert_eq!(text(&out.stdout), "exits ['0']\n", "{}", text(&out.stderr));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(c.metric(&p, "splitos_pcomp_program_connections_refused_total"), refused_before, "{}", c.log("proc0"));
+    assert!(!c.log("proc0").contains("too many of the user's programs run here"));
 }

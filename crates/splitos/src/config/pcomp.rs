@@ -225,8 +225,9 @@ pub struct PcompConfig {
     /// socket buffers on an mComponent; docs/network.md).
     #[arg(long, default_value_t)]
     pub net_path: NetPath,
-    /// Programs of one user other than root that may run here at once; beyond, a program is
-    /// refused at its start and a fork fails (EAGAIN; docs/security.md).
+    /// Programs of one user other than root that may run here at once (a forked child counts
+    /// from its parent's fork); beyond, a program is refused at its start and a fork fails
+    /// (EAGAIN; docs/security.md).
     #[arg(long, default_value_t = 128)]
     pub max_programs_per_user: usize,
     /// Programs of all users but root that may run here at once.

@@ -80,6 +80,9 @@ struct PendingChild {
     /// Its parent's process id (0 for a new process), and when it was parked.
     parent: u64,
     since: Instant,
+    /// Its place under `max_programs_per_user`, taken before the home copied anything and
+    /// given back with it if the child never says hello.
+    program: host::shim::Slot,
 }
 
 /// A `splitos run` under way: the user whose processes it has, their counters, and the

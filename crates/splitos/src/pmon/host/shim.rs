@@ -144,6 +144,14 @@ pub(in crate::pmon) fn take_slot<K: Hash + Eq + Clone>(slots: &SharedSlots<K>, u
     Some(Slot(Some((slots.clone(), share))))
 }
 
+/// How a program's process comes to be: a new one of the hello's vNode, with the program
+/// slot its hello took, or a forked child (the token its parent's fork gave it) of its
+/// parent's vNode, whose slot the fork took.
+enum Start {
+    New { vnode: String, program: Slot },
+    Forked(u64),
+}
+
 /// The welcome of a connection that gets nothing, with why (an errno).
 fn refused_welcome(s: &mut UnixStream, errno: i32) {
     let w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: 0, refused: errno as u32, _pad: 0 };
@@ -281,21 +289,28 @@ impl Pcomp {
                 return;
             }
         };
-        // Held until the program exits: what one user's programs hold here (threads, the
-        // ExCache's bookkeeping, channels to homes) stays bounded.
-        let Some(_program) = take_slot(&self.programs, peer.uid, peer.uid) else {
-            self.refuse(&peer, "too many of the user's programs run here");
-            let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
-            return;
+        // A program slot is held until the program exits: what one user's programs hold here
+        // (threads, the ExCache's bookkeeping, channels to homes) stays bounded. A forked
+        // child's was taken at its parent's fork, so that a fork over the cap fails there.
+        let start = match hello.fork_token {
+            0 => match take_slot(&self.programs, peer.uid, peer.uid) {
+                Some(program) => Start::New { vnode, program },
+                None => {
+                    self.refuse(&peer, "too many of the user's programs run here");
+                    let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
+                    return;
+                }
+            },
+            token => Start::Forked(token),
         };
-        let proc_ = match s.try_clone().map_err(|e| ERR::new(ErrCode::Internal, e.to_string())).and_then(|conn| self.admit(&hello, &peer, vnode, uffd_fd, memfd, conn)) {
-            Ok((p, vmas)) => {
+        let (proc_, _program) = match s.try_clone().map_err(|e| ERR::new(ErrCode::Internal, e.to_string())).and_then(|conn| self.admit(&hello, &peer, uffd_fd, memfd, conn, start)) {
+            Ok((p, vmas, slot)) => {
                 let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok() && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
                 if !ok {
                     self.exit_process(&p);
                     return;
                 }
-                p
+                (p, slot)
             }
             Err(e) => {
                 self.refuse(&peer, &format!("cannot admit the program: {e}"));
@@ -388,8 +403,8 @@ impl Pcomp {
     }
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
-    /// The process is the peer's, whatever the hello says.
-    fn admit(&self, h: &Hello, peer: &PeerCred, vnode: String, uffd_fd: OwnedFd, memfd: OwnedFd, conn: UnixStream) -> Result<(Arc<Proc>, Vec<VmaInfo>), Refusal> {
+    /// The process is the peer's, whatever the hello says. Returns its program slot with it.
+    fn admit(&self, h: &Hello, peer: &PeerCred, uffd_fd: OwnedFd, memfd: OwnedFd, conn: UnixStream, start: Start) -> Result<(Arc<Proc>, Vec<VmaInfo>, Slot), Refusal> {
         // Before anything exists for it: a program whose writes cannot be tracked is refused.
         let tracker = match self.cfg.dirty_tracking {
             DirtyTracking::Fault => None,
@@ -405,26 +420,39 @@ impl Pcomp {
             metrics::counter!("pcomp_fault_sources_refused_total").increment(1);
             return Err(ERR::new(ErrCode::Invalid, format!("program {} handed over a descriptor that is not a userfaultfd as its heap's", peer.pid)));
         }
-        let (pid, child) = if h.fork_token != 0 {
-            let mut pending = self.pending.lock().unwrap();
-            match pending.remove(&h.fork_token) {
-                Some(c) if c.uid == peer.uid => (h.fork_token, c),
-                Some(c) => {
-                    pending.insert(h.fork_token, c);
-                    return Err(ERR::new(ErrCode::Denied, "a forked child is its parent's user's"));
+        let (pid, child) = match start {
+            Start::Forked(token) => {
+                let mut pending = self.pending.lock().unwrap();
+                match pending.remove(&token) {
+                    Some(c) if c.uid == peer.uid => (token, c),
+                    Some(c) => {
+                        pending.insert(token, c);
+                        return Err(ERR::new(ErrCode::Denied, "a forked child is its parent's user's"));
+                    }
+                    None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {token}"))),
                 }
-                None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {}", h.fork_token))),
             }
-        } else {
-            let (run, interleave) = self.run_of(h.run_id, peer.uid);
-            let pid = crate::pmon::new_pid();
-            let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone(), pcomp: self.node.id() })?;
-            let who = Who::new(vnode, pid);
-            let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
-            (
-                pid,
-                PendingChild { memory: Arc::new(ProcMemory::new(who, home, created.backup)), run, interleave, vmas: Vec::new(), materialized: BTreeSet::new(), uid: peer.uid, parent: 0, since: std::time::Instant::now() },
-            )
+            Start::New { vnode, program } => {
+                let (run, interleave) = self.run_of(h.run_id, peer.uid);
+                let pid = crate::pmon::new_pid();
+                let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone(), pcomp: self.node.id() })?;
+                let who = Who::new(vnode, pid);
+                let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
+                (
+                    pid,
+                    PendingChild {
+                        memory: Arc::new(ProcMemory::new(who, home, created.backup)),
+                        run,
+                        interleave,
+                        vmas: Vec::new(),
+                        materialized: BTreeSet::new(),
+                        uid: peer.uid,
+                        parent: 0,
+                        since: std::time::Instant::now(),
+                        program,
+                    },
+                )
+            }
         };
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -479,7 +507,7 @@ impl Pcomp {
             self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
         }
         tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.memory.who.vnode, home = p.memory.home().id, forked = h.fork_token != 0, "process started");
-        Ok((p, child.vmas))
+        Ok((p, child.vmas, child.program))
     }
 
     /// Gives up forked children whose parent has ended and that did not say hello within
@@ -698,10 +726,14 @@ impl Pcomp {
     /// Writes back the parent's dirty lines, has the home copy the address space for the
     /// child, and parks the child's state until its hello.
     fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
-        // A child beyond the programs a user may run would be refused at its hello.
-        let full = self.programs.lock().unwrap().full_for(p.uid, &p.uid);
-        if full || self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
-            // As fork(2) says when a process may not have more.
+        // The child's program slot is taken here, not at its hello: forks in a row (or of
+        // many processes at once) would otherwise all pass before their children said hello,
+        // and the children over the cap would be refused after fork(2) had succeeded.
+        let Some(program) = take_slot(&self.programs, p.uid, p.uid) else {
+            // As fork(2) says when a user may not have more.
+            return Err(libc::EAGAIN as i64);
+        };
+        if self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
             return Err(libc::EAGAIN as i64);
         }
         // The child's layout is the home's: it must not map what the parent unmapped.
@@ -715,10 +747,10 @@ impl Pcomp {
         let memory = Arc::new(ProcMemory::new(Who::new(p.memory.who.vnode.clone(), child), p.memory.home(), forked.backup.clone()));
         memory.learn(&forked.owners, forked.epoch, forked.backup.clone());
         let materialized = self.miss.materialized_of(p.pid);
-        self.pending
-            .lock()
-            .unwrap()
-            .insert(child, PendingChild { memory, run: p.heap.stats.clone(), interleave: self.miss.job_interleave(p.pid), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now() });
+        self.pending.lock().unwrap().insert(
+            child,
+            PendingChild { memory, run: p.heap.stats.clone(), interleave: self.miss.job_interleave(p.pid), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now(), program },
+        );
         Ok(child)
     }
 }
