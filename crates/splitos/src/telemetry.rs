@@ -289,7 +289,7 @@ static CONNECTIONS_REFUSED: splitos_rpc::refusals::Refusals = splitos_rpc::refus
 /// Closes a connection beyond `cap` ("peer": its peer's, or "all"), counted and logged.
 fn refuse_connection(server: &str, peer: &Peer, cap: &'static str) {
     metrics::counter!("http_connections_refused_total", "server" => server.to_string(), "cap" => cap).increment(1);
-    if CONNECTIONS_REFUSED.log_this() {
+    if CONNECTIONS_REFUSED.log_this(peer) {
         let why = match cap {
             "peer" => "the peer holds as many connections as one peer may",
             _ => "the server holds as many connections as it serves at once",
