@@ -848,6 +848,7 @@ fn a_vnodes_users_flooding_socket_calls_leave_another_vnode_its_share_and_get_ea
     let over = in_p1(users[0], &["--vnode", "a", "--", py, "-c", SOCKETS_UNTIL_REFUSED]).output().unwrap();
     stop(holder);
     assert_eq!(text(&over.stdout), "{'Resource temporarily unavailable': 50}\n", "{}", text(&over.stderr));
+}
 
 // ---- Refusals logged a few lines at a time, per peer
 
@@ -1027,6 +1028,7 @@ fn a_slowloris_of_one_user_leaves_the_api_to_operators_and_other_users() {
     for f in floods {
         stop_slowloris(f);
     }
+}
 
 // ---- Forks over a user's cap
 
