@@ -410,6 +410,7 @@ fn every_command_whose_reader_goes_away_exits_without_a_panic() {
             "cluster token revoke" => vec!["piped".into()],
             "cluster join-token" => vec!["--role".into(), "mem".into()],
             "cluster credentials" => vec!["--role".into(), "admin".into(), "--out".into(), file("piped.cred")],
+            "cluster etcd-cert" => vec!["--ip".into(), "127.0.0.1".into(), "--out".into(), file("piped-etcd")],
             "memory attach" => vec![mcomps[0].0.clone()],
             "memory detach" => vec![mcomps[1].0.clone()],
             "debug fetch" => ["--mcomp", &mcomps[0].1, "--vnode", "default", "--pid", "1", "--vaddr", "0x200000000000"].map(String::from).to_vec(),
