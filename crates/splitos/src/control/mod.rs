@@ -128,7 +128,7 @@ pub fn etcd_cert(ips: &[std::net::IpAddr], out: &std::path::Path) -> anyhow::Res
     let issued = crate::api::tls::issue_etcd_member(&crate::api::tls::authority_key(&dir.join(cluster::X509_AUTHORITY))?, ips)?;
     std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("cannot make {}: {e}", out.display()))?;
     crate::api::tls::write_issued(&issued, &out.join("ca.pem"), &out.join("etcd.pem"), &out.join("etcd.key"))?;
-    println!("an etcd member's certificate for {} in {} (etcd.pem, etcd.key, ca.pem)", ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "), out.display());
+    crate::outln!("an etcd member's certificate for {} in {} (etcd.pem, etcd.key, ca.pem)", ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "), out.display());
     Ok(())
 }
 
