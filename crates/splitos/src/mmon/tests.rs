@@ -272,6 +272,11 @@ impl Peers for Peer {
     fn call_gm<R: Request>(&self, req: R) -> Result<R::Reply, RpcError> {
         self.net.send(self.id, "gm", req, How::Rpc)
     }
+
+    /// A member these tests cut off or fail is lost, never late.
+    fn late(&self, _: u32) -> bool {
+        false
+    }
 }
 
 /// A test's cluster: mComponents 1..=n, the global managers and one sComponent.
