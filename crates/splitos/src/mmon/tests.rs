@@ -419,7 +419,7 @@ impl Rig {
         self.net.lost.lock().unwrap().extend(ids);
         for (id, m) in &self.mems {
             if !ids.contains(id) {
-                m.on_beat(G2X_BEAT { lost: Vec::new(), lost_mcomps: ids.to_vec(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
+                m.on_beat(G2X_BEAT { lost: Vec::new(), lost_mcomps: ids.to_vec(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
             }
         }
     }

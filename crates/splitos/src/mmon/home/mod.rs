@@ -286,8 +286,11 @@ impl<P: Peers> Mem<P> {
         let scheme = self.replication();
         let data = scheme.data();
         let share = self.vrs() / data.max(1) as u64;
-        let mut owners: Vec<ComponentRef> = Vec::new();
-        for _ in 0..scheme.members() {
+        // The home of a vNode with a quota keeps room for all of it: its processes' pages go
+        // there first, where no other vNode can take that room (a leaving home excepted).
+        let here = h.memory_quota.is_some() && self.leaving.lock().unwrap().is_none();
+        let mut owners: Vec<ComponentRef> = if here { vec![self.me()] } else { Vec::new() };
+        for _ in owners.len()..scheme.members() {
             let ids: Vec<u32> = owners.iter().map(|o| o.id).collect();
             match self.pick_other(share, &ids, h.pcomp)? {
                 Some(o) => owners.push(o),
@@ -436,8 +439,8 @@ impl<P: Peers> Mem<P> {
         h.layout.insert(start, Vma { end, prot, accounted: false });
         let mut done: Vec<(u64, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
-            let creator = h.creator;
-            let add = |m: &Self, h: &mut HomeProc| m.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator });
+            let (creator, quota) = (h.creator, h.memory_quota);
+            let add = |m: &Self, h: &mut HomeProc| m.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator, quota });
             let mut r = self.ensure_owners(h, idx).and_then(|_| add(self, h));
             // Under strict overcommit a member out of memory to promise refuses: the vRegion
             // moves to an mComponent with room (memory attached since, say) and the range is
