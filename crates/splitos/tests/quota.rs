@@ -82,3 +82,36 @@ fn a_bad_memory_quota_is_refused_with_a_message_naming_it() {
         assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
     }
 }
+
+// ---- A vNode within its quota is killed by another vNode filling memory
+
+#[test]
+fn a_vnode_within_its_quota_runs_as_natively_while_another_vnode_fills_the_memory() {
+    // Strict overcommit: the vNode that fills the memory learns it from malloc.
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n[[mcomponent]]\ncapacity = \"96M\"\n[[vnode]]\nname = \"va\"\nusers = [\"root\"]\n[[vnode]]\nname = \"vq\"\nusers = [\"root\"]\nmemory = \"48M\"\n",
+    ));
+    // The home of vq keeps its quota before any program of vq runs.
+    let kept = |c: &TestCluster| c.components("mcomponent").iter().filter_map(|m| m["stats"]["kept_for_vnodes"]["vq"]["kept"].as_u64()).collect::<Vec<_>>();
+    assert!(c.eventually(std::time::Duration::from_secs(5), |c| kept(c) == vec![48 << 20]), "one mComponent keeps vq's quota: {:?}", kept(&c));
+    let fill = program("fill");
+    let fill = fill.to_str().unwrap();
+    let touch = program("memtouch");
+    let cmd = [touch.to_str().unwrap(), "24"];
+    let native_touch = native(&cmd);
+    for trial in 1..=3 {
+        // vNode va takes all the memory it can get, 8 MiB at a time, and holds it.
+        let mut filler = c.spawn(&["--vnode", "va"], &[fill, "1024", "wait"]);
+        let said = read_line(&mut filler);
+        let got: u64 = said.strip_prefix("filled ").and_then(|s| s.strip_suffix(" MiB, then malloc returned NULL\n")).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("trial {trial}: {said:?}"));
+        assert!(got <= 192 - 48, "trial {trial}: va took {got} MiB, some of what is kept for vq");
+        // vNode vq, within its quota, runs as natively all the same.
+        let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
+        assert_eq!(text(&out.stdout), text(&native_touch.stdout), "trial {trial}: {}", text(&out.stderr));
+        assert_eq!((text(&out.stderr), out.status.code()), (text(&native_touch.stderr), native_touch.status.code()), "trial {trial}");
+        drop(filler.stdin.take());
+        let rest = filler.wait_with_output().unwrap();
+        assert!(rest.status.success(), "trial {trial}: {}", text(&rest.stderr));
+        assert_eq!((text(&rest.stdout), text(&rest.stderr)), ("freed\n".to_string(), String::new()), "trial {trial}: va's messages are its own");
+    }
+}

@@ -3,6 +3,7 @@
 //! heaps run while components are killed under them, and print what they print natively;
 //! the components that did the work (rebuilds, take-overs, repairs) show it in their counters.
 mod common;
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -181,4 +182,34 @@ fn a_paused_mcomponent_is_waited_for_until_the_managers_declare_it_lost() {
     drop(paused);
     assert_hold_ends_native(child);
     assert!(c.metric(&pcomp, "splitos_pcomp_late_mcomponent_waits_total") > 0.0);
+}
+
+// ---- A paused mComponent still kills programs
+
+#[test]
+fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_again() {
+    // One copy of every page, on one mComponent, declared lost only after 20 s of silence.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\nreclaim_dead_ms = 20000\nforget_dead_ms = 60000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let mcomp = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    for trial in 1..=3 {
+        let (mut child, pid) = spawn_hold(&c, 24);
+        let served = c.metric(&mcomp, "splitos_mcomp_requests_total");
+        // Longer than a new channel's handshake was waited for (3 s), shorter than
+        // reclaim_dead_ms and than the admin tool's call timeout (5 s).
+        let paused = Stalled::new(c.pid_of_addr(&mcomp));
+        // The program reads its heap back, all of it on the paused mComponent, and the admin's
+        // tools (a new process: a new channel, whose handshake the paused mComponent cannot
+        // answer either) read one of its pages.
+        drop(child.stdin.take());
+        let pid = pid.to_string();
+        let fetch = c.cmd(&["debug", "fetch", "--mcomp", &mcomp, "--vnode", "default", "--pid", &pid, "--vaddr", "0x200000000000"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+        let late = c.components("mcomponent").remove(0);
+        drop(paused);
+        assert_eq!((late["alive"].as_bool(), late["lost"].as_bool()), (Some(false), Some(false)), "trial {trial}: late, not lost: {late}");
+        let fetched = fetch.wait_with_output().unwrap();
+        assert!(fetched.status.success() && text(&fetched.stdout).contains("checksum good"), "trial {trial}: {}{}", text(&fetched.stdout), text(&fetched.stderr));
+        assert_hold_ends_native(child);
+        assert!(c.metric(&mcomp, "splitos_mcomp_requests_total") > served, "trial {trial}: the paused mComponent is used again once it goes on");
+    }
 }

@@ -546,6 +546,10 @@ impl ShmTransport {
                 self.peers.lock().unwrap().insert(addr.to_string(), Peer::Remote(Instant::now()));
                 Ok(Opened::Remote)
             }
+            // Nothing was sent: the caller may try again, as with a component that is late.
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("it did not answer a new shared-memory channel's handshake within {timeout:?} (paused or overloaded)") })
+            }
             Err(e) => Err(RpcError::Unreachable { addr: addr.to_string(), why: format!("shared-memory channel: {e}") }),
         }
     }
@@ -698,7 +702,10 @@ struct Channel {
 impl Channel {
     fn open(path: &Path, addr: &str, timeout: Duration, poller: Poller, creds: Option<&Credentials>) -> io::Result<Channel> {
         let mut sock = UnixStream::connect(path)?;
-        sock.set_read_timeout(Some(timeout.min(Duration::from_secs(3))))?;
+        // A server that is paused or overloaded takes the connection (the kernel queues it)
+        // and answers its handshake late: it is waited for as long as a call on an open
+        // channel waits for its reply.
+        sock.set_read_timeout(Some(timeout))?;
         let peer = match creds {
             Some(creds) => Some(
                 auth::initiate(&mut sock, creds, false)

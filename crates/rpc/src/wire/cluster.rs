@@ -27,7 +27,8 @@ pub struct Load {
     pub processes: u32,
     /// Bytes of memory this component offers (mComponent) or ExCache bytes (pComponent).
     pub capacity: u64,
-    /// Bytes promised to mappings (mComponent) and so unavailable to others.
+    /// Bytes unavailable to new mappings and vRegions (mComponent): held by pages, promised
+    /// to mappings, or kept for vNodes' memory quotas.
     pub committed: u64,
     /// Bytes holding page contents now.
     pub used: u64,
@@ -255,7 +256,9 @@ message_types! {
     /// exits now (the managers have forgotten it).
     /// `rebalance` (to mComponents, with `[cluster] rebalance_percent`): the mComponent
     /// fullest for its capacity, off which each home moves one vRegion of its processes now.
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32> };
+    /// `keep` (to mComponents): the vNodes with a memory quota whose home the receiver is, and
+    /// their quotas: it keeps that much of its memory for each, which no other vNode takes.
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32>, pub keep: Vec<(String, u64)> };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics. `leader`: the manager that leads (the one

@@ -391,8 +391,10 @@ message_types! {
 
     // ---- home mComponent -> vRegion owner
     /// `creator`: the static key of the pComponent that created the process (the home
-    /// recorded it); the owner serves the process's pages to that pComponent alone.
-    M2M_VMA_ADD { pub who: Who, pub start: u64, pub end: u64, pub prot: u32, pub creator: Option<[u8; 32]> };
+    /// recorded it); the owner serves the process's pages to that pComponent alone. `quota`:
+    /// the memory quota of the process's vNode, which the owner keeps room for while it holds
+    /// any of the vNode's processes.
+    M2M_VMA_ADD { pub who: Who, pub start: u64, pub end: u64, pub prot: u32, pub creator: Option<[u8; 32]>, pub quota: Option<u64> };
     /// From now on, refuse the process's write-backs older than `who.epoch` (a replica set
     /// of it is changing).
     M2M_EPOCH { pub who: Who };

@@ -57,7 +57,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// now replaced through it, not by `G2P_SET_POLICY`.
 /// Version 25 added several global managers with one leader: `ErrCode::NotLeader`,
 /// `X2G_WHO_LEADS`, and the `leader` and `managers` of `G2C_STATUS`.
-pub const WIRE_VERSION: u16 = 25;
+/// Version 26 added room kept for vNodes' memory quotas: `G2X_BEAT.keep` and
+/// `M2M_VMA_ADD.quota`.
+pub const WIRE_VERSION: u16 = 26;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;

@@ -101,7 +101,8 @@ pub struct ComponentView {
     pub threads: u32,
     /// Memory it offers (mComponent) or its ExCache (pComponent), bytes.
     pub capacity_bytes: u64,
-    /// Memory promised to mappings, bytes (mComponent).
+    /// Memory no new mapping or vRegion may have, bytes (mComponent): held by pages, promised
+    /// to mappings, or kept for vNodes' memory quotas.
     pub committed_bytes: u64,
     /// Memory holding pages now, bytes.
     pub used_bytes: u64,

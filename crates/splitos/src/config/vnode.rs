@@ -19,8 +19,9 @@ pub struct VnodeConfig {
     #[serde(default)]
     pub groups: Vec<String>,
     /// Memory all its processes together may map writable across the cluster (their heaps,
-    /// as strict overcommit charges them); a mapping beyond it fails with ENOMEM. Unset: no
-    /// quota. A size ("256M", "8G") or a number of bytes.
+    /// as strict overcommit charges them); a mapping beyond it fails with ENOMEM. Its home
+    /// keeps that much memory for it, which no other vNode takes. Unset: no quota. A size
+    /// ("256M", "8G") or a number of bytes.
     #[schema(value_type = Option<String>)]
     pub memory: Option<Size>,
 }

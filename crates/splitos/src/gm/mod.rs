@@ -443,7 +443,7 @@ impl Gm {
             // A detached mComponent whose `exit` answer was lost is told again, rather than
             // registering as a new one.
             if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.current().contains(&r.id) {
-                return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true, rebalance: None });
+                return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true, rebalance: None, keep: Vec::new() });
             }
             return Err(ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)));
         };
@@ -478,7 +478,7 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
+            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -486,7 +486,7 @@ impl Gm {
         lost.extend(self.replaced.current());
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
-            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
+            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
         }
         let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
         lost_mcomps.extend(self.replaced_mcomps.current());
@@ -494,7 +494,7 @@ impl Gm {
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
             lost_mcomps.extend(self.detached.current());
-            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false, rebalance: None });
+            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
         }
         if self.replication != Replication::None && !fenced {
             self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
@@ -512,7 +512,8 @@ impl Gm {
             metrics::counter!("gm_mcomponents_detached_total").increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false, leaving, exit, rebalance })
+        let keep = self.quotas_kept_by(&comps, r.id);
+        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false, leaving, exit, rebalance, keep })
     }
 
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
@@ -542,26 +543,37 @@ impl Gm {
     fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
         let memory_quota = self.vnodes.quota(&r.vnode);
         let mcomp = match memory_quota {
-            Some(_) => {
-                let comps = self.comps();
-                let mut homes = self.quota_homes.lock().unwrap();
-                let kept = homes.get(&r.vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())).cloned();
-                let home = match kept {
-                    Some(h) => h,
-                    // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
-                    None => rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{}", r.vnode)).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
-                };
-                // Kept before it is answered: a successor gives the vNode's next processes the
-                // same home, which alone sees all of the vNode's memory.
-                if homes.get(&r.vnode) != Some(&home) {
-                    self.store.put(kept::QUOTA_HOMES, &r.vnode, Some(&home)).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
-                }
-                homes.insert(r.vnode, home.clone());
-                home
-            }
+            Some(_) => self.quota_home(&self.comps(), &r.vnode)?,
             None => self.pick_memory(0, &[], Some(r.pcomp))?,
         };
         Ok(G2P_HOME { mcomp, memory_quota })
+    }
+
+    /// The home of every process of `vnode`, which has a memory quota: the one it had while
+    /// that one is alive and not leaving, else a new one (rendezvous on the vNode's name).
+    fn quota_home(&self, comps: &[Entry], vnode: &str) -> Result<ComponentRef, Refusal> {
+        let mut homes = self.quota_homes.lock().unwrap();
+        let kept = homes.get(vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())).cloned();
+        let home = match kept {
+            Some(h) => h,
+            // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
+            None => rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{vnode}")).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
+        };
+        // Kept before it is answered: a successor gives the vNode's next processes the same
+        // home, which alone sees all of the vNode's memory.
+        if homes.get(vnode) != Some(&home) {
+            self.store.put(kept::QUOTA_HOMES, vnode, Some(&home)).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
+        }
+        homes.insert(vnode.to_string(), home.clone());
+        Ok(home)
+    }
+
+    /// The vNodes with a quota whose home mComponent `id` is, and their quotas: it keeps room
+    /// for them from the moment they exist, before their first process (a home is named for
+    /// each now if it has none yet).
+    fn quotas_kept_by(&self, comps: &[Entry], id: u32) -> Vec<(String, u64)> {
+        let (_, vnodes) = self.vnodes.list();
+        vnodes.into_iter().filter_map(|v| Some((v.memory?, v.name))).filter(|(_, name)| self.quota_home(comps, name).is_ok_and(|h| h.id == id)).map(|(q, name)| (name, q)).collect()
     }
 
     /// Forgets the home of a deleted vNode: one made later under its name is placed anew.

@@ -22,6 +22,7 @@ mod owner;
 mod pages;
 mod peers;
 mod quota;
+mod room;
 #[cfg(test)]
 mod tests;
 
@@ -76,8 +77,8 @@ pub struct Mem<P = RpcPeers> {
     peers: P,
     capacity: u64,
     vregion_size: AtomicU64,
-    committed: AtomicU64,
-    used: AtomicU64,
+    /// What each vNode takes of `capacity`, and what is kept for vNodes' quotas.
+    room: room::Room,
     /// Bytes of parity rows freed since the allocator last gave free memory back to the kernel.
     freed: AtomicU64,
     homes: Mutex<HashMap<u64, Arc<Mutex<home::HomeProc>>>>,
@@ -137,8 +138,7 @@ impl<P: Peers> Mem<P> {
             peers: peers.clone(),
             capacity: cfg.capacity.0,
             vregion_size: AtomicU64::new(1 << 30),
-            committed: AtomicU64::new(0),
-            used: AtomicU64::new(0),
+            room: room::Room::new(cfg.capacity.0),
             freed: AtomicU64::new(0),
             homes: Mutex::new(HashMap::new()),
             backups: Mutex::new(HashMap::new()),
@@ -218,10 +218,7 @@ impl<P: Peers> Mem<P> {
         let backups = std::mem::take(&mut *self.backups.lock().unwrap());
         self.backup_log.clear();
         for p in owned.values() {
-            let g = p.lock().unwrap();
-            self.committed.fetch_sub(g.committed, Relaxed);
-            self.used.fetch_sub(g.held(), Relaxed);
-            self.freed.fetch_add(g.parity.len() as u64 * PAGE, Relaxed);
+            self.let_go(&p.lock().unwrap());
         }
         metrics::counter!("mcomp_fenced_total").increment(1);
         tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
@@ -280,7 +277,7 @@ impl<P: Peers> Mem<P> {
             tracing::info!("detach called off: this mComponent takes file requests again");
         }
         if me && self.leaving.lock().unwrap().is_none() {
-            let at_start = self.used.load(Relaxed);
+            let at_start = self.room.used();
             *self.leaving.lock().unwrap() = Some(Leaving { bytes_at_start: at_start, ..Leaving::default() });
             tracing::info!(bytes = at_start, homes = self.homes.lock().unwrap().len(), "leaving: moving homes, vRegions and the buffer cache to other mComponents");
         }
@@ -306,7 +303,7 @@ impl<P: Peers> Mem<P> {
         let mut l = self.leaving.lock().unwrap().clone()?;
         let owned: Vec<Arc<Mutex<owner::OwnerProc>>> = self.owned.lock().unwrap().values().cloned().collect();
         l.processes = owned.iter().filter(|p| p.lock().unwrap().holds()).count() as u32;
-        l.bytes_left = self.used.load(Relaxed);
+        l.bytes_left = self.room.used();
         l.homes = (self.homes.lock().unwrap().len() + self.unannounced.lock().unwrap().len()) as u32;
         l.backups = self.backups.lock().unwrap().len() as u32;
         l.socket_buffers = self.netbufs.count() as u32;
@@ -337,7 +334,7 @@ impl<P: Peers> Mem<P> {
     }
 
     fn load(&self) -> Load {
-        Load { threads: 0, processes: self.homes.lock().unwrap().len() as u32, capacity: self.capacity, committed: self.committed.load(Relaxed), used: self.used.load(Relaxed) }
+        Load { threads: 0, processes: self.homes.lock().unwrap().len() as u32, capacity: self.capacity, committed: self.room.taken(), used: self.room.used() }
     }
 
     /// Refuses a request about process `pid` from a pComponent other than the one that created
@@ -386,7 +383,7 @@ impl<P: Peers> Mem<P> {
             .collect();
         serde_json::json!({
             "role": "mcomponent", "id": self.peers.id(), "addr": self.peers.addr(),
-            "capacity": self.capacity, "committed": self.committed.load(Relaxed), "used": self.used.load(Relaxed),
+            "capacity": self.capacity, "committed": self.room.committed(), "used": self.room.used(), "taken": self.room.taken(), "kept_for_vnodes": self.room.stats(),
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
             "replication": self.replication().to_string(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
             "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
@@ -404,8 +401,9 @@ impl<P: Peers> Mem<P> {
 
     /// Its gauges, as they are at a scrape.
     fn render_metrics(&self) {
-        metrics::gauge!("mcomp_committed_bytes").set(self.committed.load(Relaxed) as f64);
-        metrics::gauge!("mcomp_used_bytes").set(self.used.load(Relaxed) as f64);
+        metrics::gauge!("mcomp_committed_bytes").set(self.room.committed() as f64);
+        metrics::gauge!("mcomp_used_bytes").set(self.room.used() as f64);
+        metrics::gauge!("mcomp_taken_bytes").set(self.room.taken() as f64);
         self.quotas.export();
     }
 
@@ -581,7 +579,9 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
                 tracing::info!("detached: this mComponent holds nothing any more and exits");
                 std::process::exit(0);
             }
-            // At once, not behind a rebuild: until then this mComponent serves what may be old.
+            // At once, not behind a rebuild: until then this mComponent serves what may be old,
+            // and other vNodes may take what is to be kept.
+            m3.room.keep_homes(&beat.keep);
             if beat.fenced {
                 m3.fence();
             } else {

@@ -59,16 +59,20 @@ fn span(size: usize, offset: u32, len: usize) -> Result<std::ops::Range<usize>, 
     }
 }
 
+/// Whose socket buffers are, in what the mComponent's memory holds ([`super::room`]).
+const NO_VNODE: &str = "";
+
 impl<P: Peers> Mem<P> {
     pub(super) fn netbuf_alloc(&self, r: P2M_NETBUF_ALLOC) -> Result<M2P_NETBUF, Refusal> {
         if r.bytes == 0 || r.bytes > NETBUF_MAX {
             return Err(Refusal::errno(libc::EINVAL));
         }
-        self.commit(r.bytes as u64)?;
+        // A socket buffer is no vNode's heap: no room kept for a quota covers it.
+        self.commit(NO_VNODE, r.bytes as u64)?;
         let buf = splitos_rpc::auth::random_u64();
         let owner = current_peer().map(|p| p.key);
         self.netbufs.bufs.lock().unwrap().insert(buf, NetBuf { owner, data: vec![0; r.bytes as usize] });
-        self.used.fetch_add(r.bytes as u64, Relaxed);
+        self.room.add_pages(NO_VNODE, r.bytes as u64);
         metrics::gauge!("mcomp_netbufs").increment(1.0);
         Ok(M2P_NETBUF { buf })
     }
@@ -110,8 +114,8 @@ impl<P: Peers> Mem<P> {
     }
 
     fn release_netbuf(&self, size: u64) {
-        self.committed.fetch_sub(size, Relaxed);
-        self.used.fetch_sub(size, Relaxed);
+        self.room.uncommit(NO_VNODE, size);
+        self.room.free_pages(NO_VNODE, size);
         metrics::gauge!("mcomp_netbufs").decrement(1.0);
     }
 

@@ -26,6 +26,7 @@ use splitos_rpc::*;
 
 use super::log::{Logged, Op, COPY_WAIT};
 use super::pages::Pages;
+use super::room::Room;
 use super::{Mem, Peers, PAGE};
 use crate::vma::{Vma, VmaMap};
 
@@ -83,6 +84,9 @@ pub(super) struct OwnerProc {
     /// The vRegions this mComponent is the logger of, by index.
     pub logs: BTreeMap<u64, Logged>,
     pub committed: u64,
+    /// Its vNode's memory quota, which this mComponent keeps room for while it holds the
+    /// process ([`super::room`]).
+    quota: Option<u64>,
     /// Write-backs of an older epoch of the process are refused ([`Who::epoch`]).
     pub epoch: u64,
     /// Parity forwards under way (each counted while its lock is held).
@@ -101,6 +105,7 @@ impl OwnerProc {
             sets: BTreeMap::new(),
             logs: BTreeMap::new(),
             committed: 0,
+            quota: None,
             epoch,
             forwarding: 0,
         }
@@ -154,11 +159,11 @@ impl OwnerProc {
     }
 
     /// Undoes the stores of a write-back whose changes the parity refused.
-    fn undo(&mut self, deltas: &[Delta], used: &std::sync::atomic::AtomicU64) {
+    fn undo(&mut self, deltas: &[Delta], room: &Room) {
         for x in deltas {
             match x.undo {
                 Some(true) if self.pages.remove(x.vpn) => {
-                    used.fetch_sub(PAGE, Relaxed);
+                    room.free_pages(&self.vnode, PAGE);
                 }
                 Some(true) => {}
                 Some(false) => {
@@ -219,8 +224,9 @@ impl<P: Peers> Mem<P> {
     }
 
     /// The owner state of a process its home names (made if new here), moved to the home's
-    /// epoch; refused when the id is another vNode's or pComponent's process.
-    fn owner_from_home(&self, who: &Who, creator: Option<[u8; 32]>) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+    /// epoch, with its vNode's `quota` kept for it; refused when the id is another vNode's or
+    /// pComponent's process.
+    fn owner_from_home(&self, who: &Who, creator: Option<[u8; 32]>, quota: Option<u64>) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
         let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(who.pid, &who.vnode, creator, who.epoch, self.vrs())))).clone();
         let mut g = p.lock().unwrap();
         if g.vnode != who.vnode || g.creator != creator {
@@ -228,23 +234,32 @@ impl<P: Peers> Mem<P> {
             return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
         }
         g.epoch = g.epoch.max(who.epoch);
+        if let (None, Some(q)) = (g.quota, quota) {
+            g.quota = Some(q);
+            self.room.hold(&g.vnode, q);
+        }
         drop(g);
         Ok(p)
     }
 
-    pub(super) fn commit(&self, bytes: u64) -> Result<(), Refusal> {
-        let mut cur = self.committed.load(Relaxed);
-        loop {
-            if cur + bytes > self.capacity {
-                self.c.oom.fetch_add(1, Relaxed);
-                metrics::counter!("mcomp_out_of_memory_total").increment(1);
-                return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is out of memory ({cur} of {} bytes committed, {bytes} more asked)", self.peers.id(), self.capacity)));
-            }
-            match self.committed.compare_exchange(cur, cur + bytes, Relaxed, Relaxed) {
-                Ok(_) => return Ok(()),
-                Err(now) => cur = now,
-            }
+    /// Lets go of all that process `g` takes here (it exited, or this mComponent was fenced).
+    pub(super) fn let_go(&self, g: &OwnerProc) {
+        self.room.uncommit(&g.vnode, g.committed);
+        self.room.free_pages(&g.vnode, g.held());
+        if g.quota.is_some() {
+            self.room.unhold(&g.vnode);
         }
+        self.freed.fetch_add(g.parity.len() as u64 * PAGE, Relaxed);
+    }
+
+    /// Promises `bytes` to writable mappings of `vnode` (strict overcommit).
+    pub(super) fn commit(&self, vnode: &str, bytes: u64) -> Result<(), Refusal> {
+        if !self.room.commit(vnode, bytes) {
+            self.c.oom.fetch_add(1, Relaxed);
+            metrics::counter!("mcomp_out_of_memory_total").increment(1);
+            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is out of memory ({} of {} bytes taken, {bytes} more asked)", self.peers.id(), self.room.taken(), self.capacity)));
+        }
+        Ok(())
     }
 
     /// Drops the pages of [start, end); in striped sets their contents go to the parity as
@@ -261,7 +276,7 @@ impl<P: Peers> Mem<P> {
         let vrs = self.vrs();
         let deltas: Deltas = p.pages.keys(start / PAGE..end / PAGE).filter_map(|v| p.delta(v, None, vrs)).collect();
         let n = p.pages.remove_range(start / PAGE..end / PAGE);
-        self.used.fetch_sub(n * PAGE, Relaxed);
+        self.room.free_pages(&p.vnode, n * PAGE);
         deltas
     }
 
@@ -288,7 +303,7 @@ impl<P: Peers> Mem<P> {
             match sent {
                 Ok(()) => metrics::counter!("mcomp_parity_deltas_sent_total").increment(batch.len() as u64),
                 Err(e) if e.code == ErrCode::Stale => {
-                    p.lock().unwrap().undo(&batch, &self.used);
+                    p.lock().unwrap().undo(&batch, &self.room);
                     out = Err(e);
                 }
                 Err(e) => {
@@ -316,7 +331,7 @@ impl<P: Peers> Mem<P> {
     fn uncommit(&self, p: &mut OwnerProc, gone: &[(u64, Vma)]) {
         let bytes: u64 = gone.iter().filter(|(_, v)| v.accounted).map(|(s, v)| v.end - s).sum();
         p.committed -= bytes;
-        self.committed.fetch_sub(bytes, Relaxed);
+        self.room.uncommit(&p.vnode, bytes);
     }
 
     /// Appends `record` to the backup log of vRegion `idx`; a log without room skips it, and
@@ -360,16 +375,25 @@ impl<P: Peers> Mem<P> {
             }
             return Ok(());
         }
-        // Heuristic overcommit charges pages as they arrive: a new page beyond capacity is
-        // refused, and the pComponent has the home move the vRegion to an mComponent with room.
-        if !self.charges_mappings() && !p.pages.contains(vpn) && self.used.load(Relaxed) + PAGE > self.capacity {
-            self.c.oom.fetch_add(1, Relaxed);
-            metrics::counter!("mcomp_full_writes_total").increment(1);
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages)", self.peers.id(), self.used.load(Relaxed), self.capacity)));
+        // Heuristic overcommit charges pages as they arrive: a new page that fits neither in
+        // what is kept for its vNode nor in what no vNode took or kept is refused, and the
+        // pComponent has the home move the vRegion to an mComponent with room.
+        let new = !p.pages.contains(vpn);
+        if new && !self.charges_mappings() {
+            if !self.room.take_pages(&p.vnode, PAGE) {
+                self.c.oom.fetch_add(1, Relaxed);
+                metrics::counter!("mcomp_full_writes_total").increment(1);
+                return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages or are kept for vNodes' quotas)", self.peers.id(), self.room.taken(), self.capacity)));
+            }
+        } else if new {
+            self.room.add_pages(&p.vnode, PAGE);
         }
         deltas.extend(p.delta(vpn, Some(data), self.vrs()));
-        if p.pages.insert(vpn, data)? {
-            self.used.fetch_add(PAGE, Relaxed);
+        if let Err(e) = p.pages.insert(vpn, data) {
+            if new {
+                self.room.free_pages(&p.vnode, PAGE);
+            }
+            return Err(e);
         }
         Ok(())
     }
@@ -464,16 +488,16 @@ impl<P: Peers> Mem<P> {
     }
 
     pub(super) fn vma_add(&self, r: M2M_VMA_ADD) -> Result<OK, Refusal> {
-        let M2M_VMA_ADD { who, start, end, prot, creator } = r;
+        let M2M_VMA_ADD { who, start, end, prot, creator, quota } = r;
         let accounted = prot & PROT_WRITE != 0 && self.charges_mappings();
         if accounted {
-            self.commit(end - start)?;
+            self.commit(&who.vnode, end - start)?;
         }
-        let p = match self.owner_from_home(&who, creator) {
+        let p = match self.owner_from_home(&who, creator, quota) {
             Ok(p) => p,
             Err(e) => {
                 if accounted {
-                    self.committed.fetch_sub(end - start, Relaxed);
+                    self.room.uncommit(&who.vnode, end - start);
                 }
                 return Err(e);
             }
@@ -509,7 +533,7 @@ impl<P: Peers> Mem<P> {
         let writable = r.prot & PROT_WRITE != 0 && self.charges_mappings();
         if writable {
             let need: u64 = parts.iter().filter(|(_, v)| !v.accounted).map(|(s, v)| v.end - s).sum();
-            self.commit(need)?;
+            self.commit(&r.who.vnode, need)?;
             g.committed += need;
         }
         for (s, v) in parts {
@@ -592,7 +616,7 @@ impl<P: Peers> Mem<P> {
                 let mut row: Page = Box::new([0u8; SEALED_PAGE]);
                 row.copy_from_slice(data);
                 if g.parity.insert(*vpn, row).is_none() {
-                    self.used.fetch_add(PAGE, Relaxed);
+                    self.room.add_pages(&r.who.vnode, PAGE);
                 }
                 Ok(())
             }
@@ -618,7 +642,7 @@ impl<P: Peers> Mem<P> {
         if set.data > 0 {
             Replication::Ec { data: set.data }.check_vregion_size(self.vrs()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         }
-        let p = self.owner_from_home(&who, creator)?;
+        let p = self.owner_from_home(&who, creator, None)?;
         let mut g = p.lock().unwrap();
         g.pages.revoke();
         if set.owners.iter().any(|o| o.id == self.peers.id()) {
@@ -632,7 +656,7 @@ impl<P: Peers> Mem<P> {
             for r in &rows {
                 g.parity.remove(r);
             }
-            self.used.fetch_sub(rows.len() as u64 * PAGE, Relaxed);
+            self.room.free_pages(&g.vnode, rows.len() as u64 * PAGE);
         }
         Ok(OK)
     }
@@ -641,7 +665,7 @@ impl<P: Peers> Mem<P> {
     /// made whole as `step` says), is made its primary (replaying its backup into pages
     /// first when `step` is `Replay`; otherwise a copy follows), or leaves it.
     fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, step: LogStep) -> Result<OK, Refusal> {
-        let p = self.owner_from_home(&who, creator)?;
+        let p = self.owner_from_home(&who, creator, None)?;
         let mut g = p.lock().unwrap();
         g.pages.revoke();
         let me = self.peers.id();
@@ -701,15 +725,22 @@ impl<P: Peers> Mem<P> {
         let pages: Vec<(u64, ByteBuf)> = self.read_backup(&l.scomp, &g.file(idx))?.into_iter().filter(|(v, _)| *v * PAGE / vrs == idx).collect();
         pages.iter().try_for_each(|(_, d)| sealed_size(d))?;
         let n = pages.len() as u64;
-        if !self.charges_mappings() && self.used.load(Relaxed) + n * PAGE > self.capacity {
+        // Heuristic overcommit charges the pages at once (a logger holds none of the vRegion).
+        let charged = !self.charges_mappings();
+        if charged && !self.room.take_pages(&g.vnode, n * PAGE) {
             self.c.oom.fetch_add(1, Relaxed);
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of", self.peers.id())));
         }
         g.logs.remove(&idx);
+        let mut held = 0;
         for (vpn, data) in pages {
             if g.pages.insert(vpn, &data)? {
-                self.used.fetch_add(PAGE, Relaxed);
+                held += PAGE;
             }
+        }
+        match charged {
+            true => self.room.free_pages(&g.vnode, n * PAGE - held),
+            false => self.room.add_pages(&g.vnode, held),
         }
         self.c.promoted.fetch_add(n, Relaxed);
         metrics::counter!("mcomp_log_promoted_pages_total").increment(n);
@@ -730,7 +761,7 @@ impl<P: Peers> Mem<P> {
             let row = g.striped(*vpn, vrs).map(|s| s.row(*vpn)).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is in no striped set here", vpn * PAGE)))?;
             let zero = {
                 let parity = g.parity.entry(row).or_insert_with(|| {
-                    self.used.fetch_add(PAGE, Relaxed);
+                    self.room.add_pages(&r.who.vnode, PAGE);
                     Box::new([0u8; SEALED_PAGE])
                 });
                 xor_into(&mut parity[..], d);
@@ -738,7 +769,7 @@ impl<P: Peers> Mem<P> {
             };
             if zero {
                 g.parity.remove(&row);
-                self.used.fetch_sub(PAGE, Relaxed);
+                self.room.free_pages(&r.who.vnode, PAGE);
             }
         }
         self.c.parity_deltas.fetch_add(r.deltas.len() as u64, Relaxed);
@@ -757,20 +788,29 @@ impl<P: Peers> Mem<P> {
             need += if v.accounted { v.end - s } else { 0 };
             vmas.insert(s, v);
         }
-        self.commit(need)?;
         let pages: Vec<(u64, Vec<u8>)> = g.pages.keys(start / PAGE..end / PAGE).filter_map(|v| Some((v, g.pages.get(v)?))).collect();
         let parity: BTreeMap<u64, Page> = g.parity.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
         let sets: Vec<VregionReplicas> = g.sets.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(_, s)| s.clone()).collect();
         let logs: Vec<(u64, Logged)> = g.logs.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(i, l)| (*i, l.clone())).collect();
-        self.used.fetch_add((pages.len() + parity.len()) as u64 * PAGE, Relaxed);
         let mut owned = self.owned.lock().unwrap();
-        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(child, &parent.vnode, g.creator, g.epoch, self.vrs()))));
+        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(child, &parent.vnode, g.creator, g.epoch, self.vrs())))).clone();
         let mut c = cp.lock().unwrap();
         // The child's vRegions arrive one message each; a child id that names another
         // process (of another vNode or pComponent) is not merged into.
         if c.vnode != parent.vnode || c.creator != g.creator {
             self.c.denied.fetch_add(1, Relaxed);
             return Err(ERR::new(ErrCode::Denied, format!("process id {child} is in use")));
+        }
+        if let Err(e) = self.commit(&parent.vnode, need) {
+            if !c.holds() {
+                owned.remove(&child);
+            }
+            return Err(e);
+        }
+        self.room.add_pages(&parent.vnode, (pages.len() + parity.len()) as u64 * PAGE);
+        if let (None, Some(q)) = (c.quota, g.quota) {
+            c.quota = Some(q);
+            self.room.hold(&c.vnode, q);
         }
         for (s, v) in vmas.iter() {
             c.vmas.insert(s, v);
@@ -802,9 +842,7 @@ impl<P: Peers> Mem<P> {
                     self.backup_log.push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
                 }
             }
-            self.committed.fetch_sub(g.committed, Relaxed);
-            self.used.fetch_sub(g.held(), Relaxed);
-            self.freed.fetch_add(g.parity.len() as u64 * PAGE, Relaxed);
+            self.let_go(&g);
         }
         Ok(OK)
     }

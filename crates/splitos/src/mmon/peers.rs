@@ -27,6 +27,9 @@ pub trait Peers: Clone + Send + Sync + 'static {
     fn call_msg(&self, addr: &str, msg: &Msg) -> Result<Msg, RpcError>;
     /// A request to the global managers.
     fn call_gm<R: Request>(&self, req: R) -> Result<R::Reply, RpcError>;
+    /// Whether mComponent `id`, which did not answer, is only late (paused, overloaded): the
+    /// global managers answer this mComponent's heartbeats and have not declared it lost.
+    fn late(&self, id: u32) -> bool;
 }
 
 /// The calls over the component's RPC client, to the global managers it registered with.
@@ -60,5 +63,9 @@ impl Peers for RpcPeers {
 
     fn call_gm<R: Request>(&self, req: R) -> Result<R::Reply, RpcError> {
         self.0.call_gm(req)
+    }
+
+    fn late(&self, id: u32) -> bool {
+        self.0.mcomp_not_lost(id)
     }
 }

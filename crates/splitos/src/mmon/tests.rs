@@ -272,6 +272,11 @@ impl Peers for Peer {
     fn call_gm<R: Request>(&self, req: R) -> Result<R::Reply, RpcError> {
         self.net.send(self.id, "gm", req, How::Rpc)
     }
+
+    /// A member these tests cut off or fail is lost, never late.
+    fn late(&self, _: u32) -> bool {
+        false
+    }
 }
 
 /// A test's cluster: mComponents 1..=n, the global managers and one sComponent.
@@ -414,7 +419,7 @@ impl Rig {
         self.net.lost.lock().unwrap().extend(ids);
         for (id, m) in &self.mems {
             if !ids.contains(id) {
-                m.on_beat(G2X_BEAT { lost: Vec::new(), lost_mcomps: ids.to_vec(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None });
+                m.on_beat(G2X_BEAT { lost: Vec::new(), lost_mcomps: ids.to_vec(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
             }
         }
     }

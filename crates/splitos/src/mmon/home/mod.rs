@@ -286,8 +286,11 @@ impl<P: Peers> Mem<P> {
         let scheme = self.replication();
         let data = scheme.data();
         let share = self.vrs() / data.max(1) as u64;
-        let mut owners: Vec<ComponentRef> = Vec::new();
-        for _ in 0..scheme.members() {
+        // The home of a vNode with a quota keeps room for all of it: its processes' pages go
+        // there first, where no other vNode can take that room (a leaving home excepted).
+        let here = h.memory_quota.is_some() && self.leaving.lock().unwrap().is_none();
+        let mut owners: Vec<ComponentRef> = if here { vec![self.me()] } else { Vec::new() };
+        for _ in owners.len()..scheme.members() {
             let ids: Vec<u32> = owners.iter().map(|o| o.id).collect();
             match self.pick_other(share, &ids, h.pcomp)? {
                 Some(o) => owners.push(o),
@@ -344,15 +347,40 @@ impl<P: Peers> Mem<P> {
         self.to_owner(o, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator, home: self.me(), log })
     }
 
+    /// Sends `msg()` to `o`, which holds the only copy of what it is about. One that does not
+    /// answer while the global managers have not declared it lost is only late (paused,
+    /// overloaded): it is waited for a heartbeat at a time and asked again, as the pComponent
+    /// waits for it, so that a late mComponent costs its programs time, not a failed call.
+    pub(in crate::mmon) fn to_only_copy<R: Request>(&self, o: &ComponentRef, msg: impl Fn() -> R) -> Result<R::Reply, Refusal> {
+        if o.id == self.peers.id() {
+            return self.to_owner(o, msg());
+        }
+        loop {
+            match self.peers.call(&o.addr, msg()) {
+                Err(e) if !matches!(e, RpcError::Remote { .. } | RpcError::Protocol { .. }) && self.peers.late(o.id) => {
+                    metrics::counter!("mcomp_late_mcomponent_waits_total").increment(1);
+                    tracing::warn!(mcomp = o.id, addr = %o.addr, error = %e, "an mComponent holding the only copy does not answer, and the global managers have not declared it lost: waiting for it");
+                    std::thread::sleep(crate::node::HEARTBEAT);
+                }
+                r => return r.map_err(Refusal::from),
+            }
+        }
+    }
+
     /// Sends `msg(who)` to every replica of vRegion `idx`. A replica that cannot be reached
     /// while another answers leaves the set (and is rebuilt): the call succeeds on the rest.
+    /// The only member of a set is waited for while it is late ([`Mem::to_only_copy`]).
     fn to_replicas<R: Request>(&self, h: &mut HomeProc, idx: u64, msg: impl Fn(Who) -> R) -> Result<(), Refusal> {
         let owners = h.members(idx);
         let mut lost = Vec::new();
         let mut answered = false;
         let mut first_err = None;
         for o in &owners {
-            match self.to_owner(o, msg(h.who())) {
+            let sent = match owners.len() {
+                1 => self.to_only_copy(o, || msg(h.who())),
+                _ => self.to_owner(o, msg(h.who())),
+            };
+            match sent {
                 Ok(_) => answered = true,
                 Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => lost.push(o.id),
                 // Done on the member, whose change did not reach the parity: a parity member
@@ -411,8 +439,8 @@ impl<P: Peers> Mem<P> {
         h.layout.insert(start, Vma { end, prot, accounted: false });
         let mut done: Vec<(u64, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
-            let creator = h.creator;
-            let add = |m: &Self, h: &mut HomeProc| m.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator });
+            let (creator, quota) = (h.creator, h.memory_quota);
+            let add = |m: &Self, h: &mut HomeProc| m.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator, quota });
             let mut r = self.ensure_owners(h, idx).and_then(|_| add(self, h));
             // Under strict overcommit a member out of memory to promise refuses: the vRegion
             // moves to an mComponent with room (memory attached since, say) and the range is
@@ -448,7 +476,12 @@ impl<P: Peers> Mem<P> {
         for (idx, s, e) in self.slices(start, end) {
             let owners = h.members(idx);
             for o in &owners {
-                match self.to_owner(o, M2M_VMA_REMOVE { who: h.who(), start: s, end: e }) {
+                let remove = || M2M_VMA_REMOVE { who: h.who(), start: s, end: e };
+                let removed = match owners.len() {
+                    1 => self.to_only_copy(o, remove),
+                    _ => self.to_owner(o, remove()),
+                };
+                match removed {
                     // Another member answers for the range; this one leaves the set.
                     Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => self.drop_replicas(h, &[o.id], Some(idx)),
                     Err(e) if e.code == ErrCode::ParityLost => match self.parity_lost(h, idx) {

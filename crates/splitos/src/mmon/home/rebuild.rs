@@ -494,7 +494,7 @@ impl<P: Peers> Mem<P> {
     fn give_vmas(&self, h: &HomeProc, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<(), Refusal> {
         let vmas: Vec<(u64, Vma)> = h.layout.iter().filter(|(s, v)| *s < hi && v.end > lo).collect();
         for (s, v) in vmas {
-            self.to_owner(new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator })?;
+            self.to_owner(new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator, quota: h.memory_quota })?;
         }
         Ok(())
     }

@@ -289,7 +289,8 @@ impl<P: Peers> Mem<P> {
         all.extend(h.retired.iter().filter(|r| !all.iter().any(|o| o.id == r.id)).cloned().collect::<Vec<_>>());
         let mut orphaned: Vec<ComponentRef> = Vec::new();
         for o in all {
-            if let Err(e) = self.to_owner(&o, M2M_EXIT { who: h.who() }) {
+            // A late owner is waited for: what it holds of the process would stay charged.
+            if let Err(e) = self.to_only_copy(&o, || M2M_EXIT { who: h.who() }) {
                 tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
                 // A logger drops the process's backup files after what it still streams
                 // there; those of a logger that cannot are dropped here.

@@ -277,19 +277,31 @@ impl MissPath {
             Source::Tier(e) => return self.unpack(t, vpn, &e.packed).map(|p| (Some(p), Vec::new())),
             Source::Store => {}
         }
-        let r = match (&joint[..], vpns.len()) {
-            ([], 1) => self.store.fetch(t.pid, vpn).map(|p| vec![p]),
-            ([], _) => self.store.fetch_many(t.pid, &vpns),
-            ([wb], 1) => self.store.flush_fetch((wb.heap.pid, wb.vpn, &wb.data), (t.pid, vpn)).map(|p| vec![p]),
-            (wbs, _) => {
+        let alone = || match vpns.len() {
+            1 => self.store.fetch(t.pid, vpn).map(|p| vec![p]),
+            _ => self.store.fetch_many(t.pid, &vpns),
+        };
+        let r = match &joint[..] {
+            [] => return alone().map(split),
+            [wb] if vpns.len() == 1 => self.store.flush_fetch((wb.heap.pid, wb.vpn, &wb.data), (t.pid, vpn)).map(|p| vec![p]),
+            wbs => {
                 let flushes: Vec<(u64, u64, &[u8])> = wbs.iter().map(|wb| (wb.heap.pid, wb.vpn, &wb.data[..])).collect();
                 self.store.flush_fetch_many(&flushes, t.pid, &vpns)
             }
         };
-        if !joint.is_empty() {
-            self.settle(joint, r.as_ref().map(|_| ()).map_err(Clone::clone), Sent::WithFetch);
+        match r {
+            Ok(pages) => {
+                self.settle(joint, Ok(()), Sent::WithFetch);
+                Ok(split(pages))
+            }
+            // The victims may belong to other processes, of other vNodes: a write-back that
+            // failed fails its own process alone (with its own error), never the miss it rode
+            // with. They are written back on their own, and the line is fetched alone.
+            Err(_) => {
+                self.flush_apart(joint);
+                alone().map(split)
+            }
         }
-        r.map(split)
     }
 
     /// Step 3: installs a line (`None`: zeros) as `how` says and completes its claim. Returns
