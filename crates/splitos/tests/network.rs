@@ -210,7 +210,8 @@ print('echo again:', s.recv(100).decode(), flush=True)\n";
 fn a_dead_ncomponent_ends_its_connections_and_programs_connect_again_through_a_new_one() {
     let (h, c, _, out) = rack();
     let py = python3();
-    let _echo = serve(h.exec("out", &[&py, "-c", ECHO_SERVER, &out, "8711"]));
+    let mut echo = Server(h.exec("out", &[&py, "-c", ECHO_SERVER, &out, "8711"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut echo.0), "listening\n");
     let mut client = run_on(&h, &c, "p1", &[&py, "-c", ECHO_CLIENT, &out, "8711"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let t0 = Instant::now();
     let mut first = read_line(&mut client);
@@ -530,8 +531,8 @@ fn programs_of_a_vnode_on_two_pcomponents_connect_directly_not_through_the_ncomp
     assert_eq!(n["stats"]["accepts"], 0, "{}", n["stats"]);
     assert!(n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20, "{}", n["stats"]);
     // The same client not of the vNode (natively, on the nComponent's host) goes through the
-    // nComponent, with the same output.
-    let native = h.exec("n1", &[&py, "-c", BULK_CLIENT, "127.0.0.1", "8771"]).output().unwrap();
+    // nComponent at its address, with the same output; the vNode's loopback is not its.
+    let native = h.exec("n1", &[&py, "-c", BULK_CLIENT, &n1_out, "8771"]).output().unwrap();
     assert_eq!(text(&native.stdout), "2000000 True 8771\n", "{}", text(&native.stderr));
     let n = c.components("ncomponent").remove(0);
     assert_eq!(n["stats"]["accepts"], 1, "{}", n["stats"]);
@@ -639,4 +640,45 @@ fn raw_socket_system_calls_go_through_the_stub_and_cannot_reach_another_vnodes_p
     let net = &p["stats"]["net"];
     assert!(net["sockets"].as_u64().unwrap() >= 4 && net["connects"].as_u64().unwrap() >= 3, "{net}");
     assert!(net["shortcut"]["connections"].as_u64().unwrap() >= 1, "{net}");
+}
+
+// ---- A program that gets around the socket stub
+
+#[test]
+fn a_program_that_gets_around_the_socket_stub_reaches_no_vnodes_loopback_server() {
+    let h = Hosts::new(&["p1"]);
+    // One host: the pComponent's programs and anyone logged in there share the nComponent's
+    // host stack.
+    let cfg = format!(
+        "[cluster]\ngm = \"{ip}:0\"\nnetns = \"{ns}\"\n[[pcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[mcomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[ncomponent]]\nlisten = \"{ip}:0\"\nnetns = \"{ns}\"\n[[vnode]]\nname = \"a\"\nusers = [\"root\"]\n[[vnode]]\nname = \"b\"\nusers = [\"root\"]\n",
+        ns = h.netns("p1"),
+        ip = h.addr("p1")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    let (raw, gate) = (program("rawnet"), program("gatenet"));
+    let (raw, gate) = (raw.to_str().unwrap(), gate.to_str().unwrap());
+    let in_vnode = |vnode: &str, prog: &[&str]| {
+        let mut cmd = h.exec("p1", &[splitos().to_str().unwrap(), "run", "--vnode", vnode, "--"]);
+        cmd.args(prog).env("SPLITOS_STATE_DIR", c.dir.path()).env("SPLITOS_DATA_DIR", c.dir.path().join("data")).env_remove("SPLITOS_GM");
+        cmd
+    };
+    // vNode a's server on its loopback serves one connection, then ends.
+    let mut server = in_vnode("a", &[raw, "serve", "8741"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    assert_eq!(read_line(&mut server), "listening on 127.0.0.1:8741\n");
+    // A program of vNode b that makes its socket calls through the shim's gate, and one not
+    // run under splitos: the port is closed for both, as nothing listened there.
+    let out = in_vnode("b", &[gate, "gate", "8741"]).output().unwrap();
+    assert_eq!(text(&out.stdout), "connect: Connection refused\n", "{}", text(&out.stderr));
+    let out = h.exec("p1", &[gate, "raw", "8741"]).output().unwrap();
+    assert_eq!(text(&out.stdout), "connect: Connection refused\n", "{}", text(&out.stderr));
+    // The server's one connection is its own vNode's client's.
+    let own = in_vnode("a", &[raw, "connect", "8741"]).output().unwrap();
+    assert!(own.status.success(), "{}", text(&own.stderr));
+    let served = server.wait_with_output().unwrap();
+    assert_eq!(text(&served.stdout), "accepted from 127.0.0.1\ngot: hello over raw system calls\n", "{}", text(&served.stderr));
+    // The nComponent put the server's socket in vNode a's loopback, and took no connection
+    // on it (the client's went through the pComponent).
+    let n = c.components("ncomponent").remove(0);
+    assert!(n["stats"]["vnode_loopbacks"].as_u64().unwrap() >= 1, "{}", n["stats"]);
+    assert_eq!(n["stats"]["accepts"], 0, "{}", n["stats"]);
 }

@@ -10,7 +10,8 @@ knob_enum! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub enum Loopback, "loopback", LOOPBACKS {
         /// Only ports its own vNode holds on this nComponent: neither the host's own services
-        /// nor another vNode's loopback servers.
+        /// nor another vNode's loopback servers. Each vNode's loopback is a network namespace
+        /// of its own here, which no process of the host reaches (docs/network.md).
         #[default]
         Vnode = "vnode",
         /// Every port of the host's loopback, as for a program of the host (the embedded
@@ -31,8 +32,9 @@ pub struct NcompConfig {
     /// every address of its host but loopback and IPv6 link-local ones (docs/network.md).
     #[arg(long = "nic-addr")]
     pub nics: Vec<std::net::IpAddr>,
-    /// What programs' connects to loopback reach: vnode (only ports their vNode holds here)
-    /// or host (the host's loopback too).
+    /// What programs' connects to loopback reach: vnode (only ports their vNode holds here,
+    /// in a network namespace of the vNode's that no process of the host reaches) or host
+    /// (the host's loopback too, where its processes reach the programs' loopback servers).
     #[arg(long, default_value_t)]
     pub loopback: Loopback,
     /// How its requests are served: on a thread per connection, or on Ebb event loops.

@@ -1,9 +1,11 @@
 //! The network monitor (nComponent): the one component that owns network interfaces. It
 //! registers their addresses with the global network manager and runs programs' sockets on
 //! its own host's stack: a proxy takes the socket stubs' requests and makes one socket
-//! skeleton per socket ([`proxy`], [`skeleton`]). It never calls another component on the
-//! data path. docs/network.md tells the whole design.
+//! skeleton per socket ([`proxy`], [`skeleton`]), each vNode's loopback sockets in a network
+//! namespace of the vNode's ([`netns`]). It never calls another component on the data path.
+//! docs/network.md tells the whole design.
 mod ddma;
+mod netns;
 mod proxy;
 mod skeleton;
 
@@ -41,7 +43,7 @@ impl Net {
             "bytes_sent": {"wire": c.wire_sent.load(Relaxed), "ddio": c.ddio_sent.load(Relaxed), "dma": c.dma_sent.load(Relaxed)},
             "bytes_received": {"wire": c.wire_received.load(Relaxed), "ddio": c.ddio_received.load(Relaxed), "dma": c.dma_received.load(Relaxed)},
             "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed)},
-            "refused": c.refused.load(Relaxed),
+            "refused": c.refused.load(Relaxed), "vnode_loopbacks": self.proxy.loopbacks(),
         })
         .to_string()
     }

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_bytes::ByteBuf;
-use socket2::SockAddr;
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
 
+use super::netns::{Namespaces, Realm};
 use super::skeleton::{refusal, Owner, Skeleton, State, MAX_WAIT};
 
 const WAKER: Token = Token(usize::MAX);
@@ -105,6 +105,11 @@ impl ProxyHandle {
         });
     }
 
+    /// How many vNodes have a loopback of their own here.
+    pub fn loopbacks(&self) -> usize {
+        self.state.lock().unwrap().ns.as_ref().map_or(0, Namespaces::count)
+    }
+
     /// Whether socket `sock` is the sender's (before work is done for it elsewhere).
     pub fn owns(&self, sock: u64, key: Option<[u8; 32]>) -> bool {
         self.state.lock().unwrap().socks.get(&sock).is_some_and(|s| key.is_none_or(|k| k == s.owner.key))
@@ -127,7 +132,10 @@ struct Proxy {
     /// When the proxy thread looks again without an event.
     next_deadline: Option<Instant>,
     loopback: crate::config::Loopback,
-    /// This host's addresses, which a connect to a listener here names.
+    /// The vNodes' loopbacks (with `loopback = "vnode"`, when this process may make them).
+    ns: Option<Namespaces>,
+    /// This host's addresses, which a connect to a listener here names, and where a server
+    /// bound to all addresses listens beside its vNode's loopback.
     nics: Vec<std::net::IpAddr>,
     c: Arc<Counters>,
 }
@@ -136,7 +144,13 @@ struct Proxy {
 pub fn start(c: Arc<Counters>, loopback: crate::config::Loopback, nics: Vec<std::net::IpAddr>) -> anyhow::Result<ProxyHandle> {
     let mut poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, nics, c };
+    let ns = match loopback {
+        crate::config::Loopback::Host => None,
+        crate::config::Loopback::Vnode => Namespaces::new()
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot make network namespaces (the nComponent must run as root): vNodes' loopback servers are on this host's loopback, where any of its processes reaches them"))
+            .ok(),
+    };
+    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, ns, nics, c };
     let state = Arc::new(Mutex::new(p));
     let outbox = Outbox::default();
     let (s2, o2) = (state.clone(), outbox.clone());
@@ -193,14 +207,14 @@ impl Proxy {
     fn try_accept(&mut self, id: u64, now: Instant) {
         let s = self.socks.get_mut(&id).expect("a listening skeleton");
         let Some((deadline, reply)) = s.take_accept_waiter() else { return };
-        match s.socket.accept() {
-            Ok((conn, peer)) => {
-                let (owner, kind) = (s.owner.clone(), s.kind);
+        match s.accept() {
+            Ok((conn, peer, realm)) => {
+                let (owner, spec) = (s.owner.clone(), s.spec());
                 let Some(peer) = peer.as_socket() else { return errno_reply(reply, libc::EAFNOSUPPORT) };
                 if let Err(e) = conn.set_nonblocking(true) {
                     return reply(Msg::ERR(refusal(&e)));
                 }
-                let new = self.add(Skeleton::wrap(owner, conn, kind, State::Connected));
+                let new = self.add(Skeleton::wrap(owner, conn, realm, spec, State::Connected));
                 self.c.accepts.fetch_add(1, Relaxed);
                 metrics::counter!("ncomp_accepts_total").increment(1);
                 reply(N2P_ACCEPTED { sock: new, peer }.into());
@@ -214,16 +228,25 @@ impl Proxy {
     fn add(&mut self, s: Skeleton) -> u64 {
         let id = self.next;
         self.next += 1;
-        let fd = s.fd();
-        // A datagram socket's sends never wait for room here: only its receives are watched.
-        let interest = if s.is_dgram() { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
-        if let Err(e) = self.watch.register(&mut SourceFd(&fd), Token(id as usize), interest) {
-            tracing::warn!(error = %e, "cannot watch a socket");
-        }
         self.socks.insert(id, s);
+        self.watch_all(id);
         self.c.sockets.fetch_add(1, Relaxed);
         self.c.open.fetch_add(1, Relaxed);
         id
+    }
+
+    /// Watches every socket skeleton `id` has (a closed one left the poll with its
+    /// descriptor; one watched already stays).
+    fn watch_all(&self, id: u64) {
+        let Some(s) = self.socks.get(&id) else { return };
+        // A datagram socket's sends never wait for room here: only its receives are watched.
+        let interest = if s.is_dgram() { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
+        for fd in s.sockets().map(|s| s.as_raw_fd()) {
+            match self.watch.register(&mut SourceFd(&fd), Token(id as usize), interest) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => tracing::warn!(error = %e, "cannot watch a socket"),
+                _ => {}
+            }
+        }
     }
 
     fn forget(&mut self, id: u64) {
@@ -330,18 +353,17 @@ impl Proxy {
             Msg::P2N_SETSOCKOPT(r) => reply(on(r, |r| set_option(s, r.level, r.name, &r.value))),
             Msg::P2N_GETSOCKOPT(r) => reply(on(r, |r| get_option(s, r.level, r.name, r.len))),
             Msg::P2N_BIND(r) => {
-                let a = r.addr;
-                let res = bind(s, &mut self.registry, a);
+                let res = bind(s, &mut self.registry, self.ns.as_ref(), &self.nics, r.addr);
                 reply(match res {
                     Ok(addr) => N2P_ADDR { addr }.into(),
                     Err(e) => Msg::ERR(e),
                 });
+                self.watch_all(sock);
             }
             Msg::P2N_LISTEN(r) => {
-                let res = s.socket.listen(r.backlog.clamp(1, 4096));
+                let res = s.listen(r.backlog.clamp(1, 4096));
                 reply(match res {
                     Ok(()) => {
-                        s.state = State::Listening;
                         s.direct = r.direct;
                         OK.into()
                     }
@@ -371,7 +393,18 @@ impl Proxy {
                     errno_reply(reply, libc::ECONNREFUSED);
                     return None;
                 }
+                // A connect under way stays where it began.
+                let movable = matches!(s.state, State::Fresh) || (s.is_dgram() && matches!(s.state, State::Connected));
+                let placed = match &self.ns {
+                    Some(ns) if movable => s.place_for(ns, r.addr),
+                    _ => Ok(()),
+                };
+                if let Err(e) = placed {
+                    reply(Msg::ERR(e));
+                    return None;
+                }
                 s.connect(r.addr, now, reply);
+                self.watch_all(sock);
                 return Some(sock);
             }
             Msg::P2N_NAME(r) => {
@@ -400,6 +433,17 @@ impl Proxy {
             Msg::P2N_SENDTO(r) => {
                 let mut grams = r.grams;
                 let before = grams.len();
+                // The kernel's first send binds a socket to all addresses, as bind does here.
+                let unbound = s.port.is_none() && matches!(s.state, State::Fresh);
+                if let Some(ns) = self.ns.as_ref().filter(|_| unbound) {
+                    let any: std::net::IpAddr = if s.spec().0 == libc::AF_INET6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
+                    if let Err(e) = bind(s, &mut self.registry, Some(ns), &self.nics, std::net::SocketAddr::new(any, 0)) {
+                        reply(Msg::ERR(e));
+                        return None;
+                    }
+                    self.watch_all(sock);
+                }
+                let s = self.socks.get_mut(&sock)?;
                 let (registry, loopback) = (&self.registry, self.loopback);
                 grams.retain(|g| g.addr.is_none_or(|a| loopback_allowed(loopback, registry, &s.owner.vnode, s.kind, a)));
                 let refused = (before - grams.len()) as u64;
@@ -490,8 +534,10 @@ fn release(registry: &mut Registry, port: (i32, u16)) {
 }
 
 /// Binds through the service registry: a port another vNode holds here is in use, whatever
-/// the socket's options say, and ports below 1024 are root's.
-fn bind(s: &mut Skeleton, registry: &mut Registry, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Refusal> {
+/// the socket's options say, and ports below 1024 are root's. With the vNodes' loopbacks
+/// (`ns`), a loopback address or all of them is bound in the vNode's (all of them: also on
+/// each of `nics`), any other in the host's namespace.
+fn bind(s: &mut Skeleton, registry: &mut Registry, ns: Option<&Namespaces>, nics: &[std::net::IpAddr], addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Refusal> {
     let port = addr.port();
     if port != 0 && port < 1024 && s.owner.uid != 0 {
         return Err(Refusal::errno(libc::EACCES));
@@ -500,18 +546,14 @@ fn bind(s: &mut Skeleton, registry: &mut Registry, addr: std::net::SocketAddr) -
     if holder.is_some_and(|v| *v != s.owner.vnode) {
         return Err(Refusal::errno(libc::EADDRINUSE));
     }
-    // SO_REUSEPORT shares a port only among sockets of one user, and every skeleton is this
-    // monitor's: it applies only when the vNode already holds the port.
-    let share = s.reuseport && holder.is_some();
-    if s.reuseport && !share {
-        s.socket.set_reuse_port(false).map_err(|e| refusal(&e))?;
+    // A socket bound already fails as the kernel's does, where it is.
+    if let Some(ns) = ns.filter(|_| s.port.is_none() && matches!(s.state, State::Fresh)) {
+        let want = Realm::of(addr.ip());
+        if s.realm != want {
+            s.remake(ns, want)?;
+        }
     }
-    let bound = s.socket.bind(&SockAddr::from(addr));
-    if s.reuseport && !share {
-        let _ = s.socket.set_reuse_port(true);
-    }
-    bound.map_err(|e| refusal(&e))?;
-    let local = s.socket.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| Refusal::errno(libc::EINVAL))?;
+    let local = s.bind_all(ns, nics, addr, s.reuseport && holder.is_some())?;
     registry.entry((s.kind, local.port())).or_insert_with(|| (s.owner.vnode.clone(), 0)).1 += 1;
     s.port = Some((s.kind, local.port()));
     Ok(local)
@@ -581,12 +623,7 @@ fn set_option(s: &mut Skeleton, level: i32, name: i32, value: &[u8]) -> Result<O
     if value.len() > 256 {
         return Err(Refusal::errno(libc::EINVAL));
     }
-    // SAFETY: setsockopt reads `value.len()` bytes from a live slice; the kernel checks the
-    // option and its size.
-    let r = unsafe { libc::setsockopt(s.socket.as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) };
-    if r != 0 {
-        return Err(refusal(&std::io::Error::last_os_error()));
-    }
+    s.set_option(level, name, value).map_err(|e| refusal(&e))?;
     if level == libc::SOL_SOCKET && name == libc::SO_REUSEPORT {
         s.reuseport = value.iter().any(|b| *b != 0);
     }

@@ -12,6 +12,8 @@ use serde_bytes::ByteBuf;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use splitos_rpc::{Datagram, Msg, Refusal, Reply, ERR, N2P_ADDR, N2P_DATA, N2P_GRAMS, OK};
 
+use super::netns::{Namespaces, Realm};
+
 /// Bytes a skeleton holds for sending before it makes its stub wait: enough to keep a
 /// connection busy between two of the stub's sends.
 pub const SEND_QUEUE: usize = 256 << 10;
@@ -21,6 +23,8 @@ pub const RECV_MAX: usize = 256 << 10;
 pub const GRAM_MAX: usize = 65535;
 /// Most datagrams one receive hands back.
 const GRAMS_MAX: usize = 1024;
+/// Peers whose part a skeleton remembers (a datagram to another asks the routes).
+const ROUTES: usize = 16;
 
 /// Who a skeleton belongs to: the pComponent that made it (its credentials' key), the vNode
 /// and the user of the program.
@@ -46,8 +50,20 @@ pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 pub struct Skeleton {
     pub owner: Owner,
     pub socket: Socket,
+    /// Where `socket` is (the vNodes' loopbacks: [`super::netns`]).
+    pub realm: Realm,
+    /// The parts on the host's interface addresses of a socket in its vNode's loopback that
+    /// is bound to all addresses (a server on 0.0.0.0, a datagram socket that sent before it
+    /// was bound): one per address, on its port.
+    pub nic_parts: Vec<Socket>,
+    family: i32,
     /// SOCK_STREAM or SOCK_DGRAM.
     pub kind: i32,
+    protocol: i32,
+    /// Every option set (and accepted), to set again on a socket made anew elsewhere.
+    opts: Vec<(i32, i32, Vec<u8>)>,
+    /// The part each of the last peers of its datagrams went from.
+    routes: Vec<(std::net::IpAddr, usize)>,
     pub state: State,
     /// The (kind, port) this socket holds in the service registry.
     pub port: Option<(i32, u16)>,
@@ -83,29 +99,65 @@ pub fn refusal(e: &std::io::Error) -> Refusal {
     Refusal::errno(errno_of(e))
 }
 
+/// The kind of socket a skeleton's sockets are, as socket2 names it.
+fn kind_of(family: i32, kind: i32, protocol: i32) -> Result<(Domain, Type, Option<Protocol>), Refusal> {
+    let domain = match family {
+        libc::AF_INET => Domain::IPV4,
+        libc::AF_INET6 => Domain::IPV6,
+        _ => return Err(Refusal::errno(libc::EAFNOSUPPORT)),
+    };
+    let ty = match kind {
+        libc::SOCK_STREAM => Type::STREAM,
+        libc::SOCK_DGRAM => Type::DGRAM,
+        _ => return Err(Refusal::errno(libc::ESOCKTNOSUPPORT)),
+    };
+    Ok((domain, ty, (protocol != 0).then_some(Protocol::from(protocol))))
+}
+
+/// Sets an option on a socket as setsockopt(2) does.
+fn set_raw_option(s: &Socket, level: i32, name: i32, value: &[u8]) -> std::io::Result<()> {
+    // SAFETY: setsockopt reads `value.len()` bytes from a live slice; the kernel checks the
+    // option and its size.
+    let r = unsafe { libc::setsockopt(s.as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Binds `s` to `addr`. SO_REUSEPORT shares a port only among sockets of one user, and every
+/// skeleton is this monitor's: it applies only when the vNode already holds the port (`share`).
+fn bind_one(s: &Socket, addr: SocketAddr, reuseport: bool, share: bool) -> std::io::Result<()> {
+    if reuseport && !share {
+        s.set_reuse_port(false)?;
+    }
+    let bound = s.bind(&SockAddr::from(addr));
+    if reuseport && !share {
+        let _ = s.set_reuse_port(true);
+    }
+    bound
+}
+
 impl Skeleton {
     pub fn new(owner: Owner, family: i32, kind: i32, protocol: i32) -> Result<Skeleton, Refusal> {
-        let domain = match family {
-            libc::AF_INET => Domain::IPV4,
-            libc::AF_INET6 => Domain::IPV6,
-            _ => return Err(Refusal::errno(libc::EAFNOSUPPORT)),
-        };
-        let ty = match kind {
-            libc::SOCK_STREAM => Type::STREAM,
-            libc::SOCK_DGRAM => Type::DGRAM,
-            _ => return Err(Refusal::errno(libc::ESOCKTNOSUPPORT)),
-        };
-        let proto = (protocol != 0).then_some(Protocol::from(protocol));
+        let (domain, ty, proto) = kind_of(family, kind, protocol)?;
         let socket = Socket::new(domain, ty, proto).map_err(|e| refusal(&e))?;
         socket.set_nonblocking(true).map_err(|e| refusal(&e))?;
-        Ok(Skeleton::wrap(owner, socket, kind, State::Fresh))
+        Ok(Skeleton::wrap(owner, socket, Realm::Host, (family, kind, protocol), State::Fresh))
     }
 
-    pub fn wrap(owner: Owner, socket: Socket, kind: i32, state: State) -> Skeleton {
+    /// A skeleton of `socket` in `realm`, of `(family, kind, protocol)`.
+    pub fn wrap(owner: Owner, socket: Socket, realm: Realm, (family, kind, protocol): (i32, i32, i32), state: State) -> Skeleton {
         Skeleton {
             owner,
             socket,
+            realm,
+            nic_parts: Vec::new(),
+            family,
             kind,
+            protocol,
+            opts: Vec::new(),
+            routes: Vec::new(),
             state,
             port: None,
             sendq: VecDeque::new(),
@@ -124,6 +176,176 @@ impl Skeleton {
 
     pub fn fd(&self) -> i32 {
         self.socket.as_raw_fd()
+    }
+
+    /// Its family, kind and protocol, for a socket accepted on it.
+    pub fn spec(&self) -> (i32, i32, i32) {
+        (self.family, self.kind, self.protocol)
+    }
+
+    /// Every socket it has: its own, then its parts on the host's interface addresses.
+    pub fn sockets(&self) -> impl Iterator<Item = &Socket> {
+        std::iter::once(&self.socket).chain(&self.nic_parts)
+    }
+
+    /// Sets an option on every socket it has, and keeps it for a socket made anew.
+    pub fn set_option(&mut self, level: i32, name: i32, value: &[u8]) -> std::io::Result<()> {
+        for s in self.sockets() {
+            set_raw_option(s, level, name, value)?;
+        }
+        self.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+        self.opts.push((level, name, value.to_vec()));
+        Ok(())
+    }
+
+    /// A socket like this one's in `realm`, with the options set so far.
+    fn make(&self, ns: &Namespaces, realm: Realm) -> Result<Socket, Refusal> {
+        let (domain, ty, proto) = kind_of(self.family, self.kind, self.protocol)?;
+        let s = ns.socket(realm, &self.owner.vnode, domain, ty, proto).map_err(|e| refusal(&e))?;
+        for (level, name, value) in &self.opts {
+            // Each was accepted once, by the same kind of socket.
+            if let Err(e) = set_raw_option(&s, *level, *name, value) {
+                tracing::debug!(level, name, error = %e, "an option did not carry over to a socket made anew");
+            }
+        }
+        Ok(s)
+    }
+
+    /// Replaces its (unbound, unconnected) socket with one in `realm`.
+    pub fn remake(&mut self, ns: &Namespaces, realm: Realm) -> Result<(), Refusal> {
+        self.socket = self.make(ns, realm)?;
+        self.realm = realm;
+        self.nic_parts.clear();
+        self.routes.clear();
+        Ok(())
+    }
+
+    /// Binds its socket to `addr`, and when that is all of the host's addresses in its
+    /// vNode's loopback, a part on each of `nics` (of its family) on the same port. Fails as
+    /// the kernel's bind would, with nothing bound.
+    pub fn bind_all(&mut self, ns: Option<&Namespaces>, nics: &[std::net::IpAddr], addr: SocketAddr, share: bool) -> Result<SocketAddr, Refusal> {
+        // An ephemeral port free in the vNode's loopback may be taken on an interface address.
+        for _ in 0..8 {
+            bind_one(&self.socket, addr, self.reuseport, share).map_err(|e| refusal(&e))?;
+            let local = self.socket.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| Refusal::errno(libc::EINVAL))?;
+            let Some(ns) = ns.filter(|_| self.realm == Realm::Vnode && addr.ip().is_unspecified()) else { return Ok(local) };
+            match self.spread(ns, nics, local.port(), share) {
+                Ok(()) => return Ok(local),
+                Err(e) => {
+                    self.remake(ns, Realm::Vnode)?;
+                    if addr.port() != 0 || e.raw_os_error() != Some(libc::EADDRINUSE) {
+                        return Err(refusal(&e));
+                    }
+                }
+            }
+        }
+        Err(Refusal::errno(libc::EADDRINUSE))
+    }
+
+    /// Its parts on the host's interface addresses of its family (IPv4 ones as IPv6 names them
+    /// too, unless the socket is IPv6 only), on `port`.
+    fn spread(&mut self, ns: &Namespaces, nics: &[std::net::IpAddr], port: u16, share: bool) -> std::io::Result<()> {
+        let v6only = self.family == libc::AF_INET6 && self.socket.only_v6()?;
+        let mut parts = Vec::new();
+        for ip in nics {
+            let at = match (self.family, ip) {
+                (libc::AF_INET, std::net::IpAddr::V4(_)) | (libc::AF_INET6, std::net::IpAddr::V6(_)) => *ip,
+                (libc::AF_INET6, std::net::IpAddr::V4(v4)) if !v6only => std::net::IpAddr::V6(v4.to_ipv6_mapped()),
+                _ => continue,
+            };
+            let s = self.make(ns, Realm::Host).map_err(|e| std::io::Error::from_raw_os_error(e.code.errno()))?;
+            bind_one(&s, SocketAddr::new(at, port), self.reuseport, share)?;
+            parts.push(s);
+        }
+        self.nic_parts = parts;
+        self.routes.clear();
+        Ok(())
+    }
+
+    /// Puts the socket where a connect to `peer` goes from: the vNode's loopback for a
+    /// loopback peer, the host's namespace (its part on an interface address, if it has
+    /// them) for any other. A connected socket is one socket.
+    pub fn place_for(&mut self, ns: &Namespaces, peer: SocketAddr) -> Result<(), Refusal> {
+        let want = Realm::of(peer.ip());
+        let port = self.socket.local_addr().ok().and_then(|a| a.as_socket()).map_or(0, |a| a.port());
+        match (self.realm, want) {
+            (Realm::Vnode, Realm::Host) => {
+                if let Some(i) = self.part_for(peer) {
+                    self.socket = self.nic_parts.swap_remove(i);
+                    self.realm = Realm::Host;
+                } else if port == 0 {
+                    self.remake(ns, Realm::Host)?;
+                }
+            }
+            (Realm::Host, Realm::Vnode) => {
+                self.remake(ns, Realm::Vnode)?;
+                if port != 0 {
+                    let any: std::net::IpAddr = if self.family == libc::AF_INET6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
+                    bind_one(&self.socket, SocketAddr::new(any, port), self.reuseport, true).map_err(|e| refusal(&e))?;
+                }
+            }
+            _ => {}
+        }
+        self.nic_parts.clear();
+        self.routes.clear();
+        Ok(())
+    }
+
+    /// Its part on the interface address the host's routes send to `peer` from (else on one of
+    /// the peer's family), if it has parts.
+    fn part_for(&self, peer: SocketAddr) -> Option<usize> {
+        let ip = peer.ip().to_canonical();
+        let local = |s: &Socket| s.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.ip().to_canonical());
+        if self.nic_parts.is_empty() {
+            return None;
+        }
+        // A datagram socket connected to the peer asks the routes, and sends nothing.
+        let domain = if ip.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let source = Socket::new(domain, Type::DGRAM, None).and_then(|s| s.connect(&SockAddr::from(SocketAddr::new(ip, peer.port().max(1)))).map(|()| s)).ok().as_ref().and_then(local);
+        let routed = self.nic_parts.iter().position(|s| source.is_some() && local(s) == source);
+        routed.or_else(|| self.nic_parts.iter().position(|s| local(s).is_some_and(|l| l.is_ipv4() == ip.is_ipv4())))
+    }
+
+    /// The socket a datagram to `to` leaves from: for a peer beyond loopback, its part on the
+    /// interface address the routes choose, if it has parts.
+    fn sender_for(&mut self, to: SocketAddr) -> &Socket {
+        if Realm::of(to.ip()) == Realm::Host {
+            let known = self.routes.iter().find(|(ip, _)| *ip == to.ip()).map(|(_, i)| *i);
+            let part = known.or_else(|| {
+                let i = self.part_for(to)?;
+                if self.routes.len() >= ROUTES {
+                    self.routes.remove(0);
+                }
+                self.routes.push((to.ip(), i));
+                Some(i)
+            });
+            if let Some(i) = part {
+                return &self.nic_parts[i];
+            }
+        }
+        &self.socket
+    }
+
+    /// Listens on every socket it has.
+    pub fn listen(&mut self, backlog: i32) -> std::io::Result<()> {
+        for s in self.sockets() {
+            s.listen(backlog)?;
+        }
+        self.state = State::Listening;
+        Ok(())
+    }
+
+    /// A connection waiting on any of its sockets, and where it is.
+    pub fn accept(&self) -> std::io::Result<(Socket, SockAddr, Realm)> {
+        let mut last = std::io::Error::from(ErrorKind::WouldBlock);
+        for (i, s) in self.sockets().enumerate() {
+            match s.accept() {
+                Ok((c, peer)) => return Ok((c, peer, if i == 0 { self.realm } else { Realm::Host })),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     /// Starts a connect, or waits for the one under way (the stub asks again after each
@@ -183,7 +405,7 @@ impl Skeleton {
         let (mut sent, mut dropped) = (0u64, 0u64);
         for g in grams {
             let r = match g.addr {
-                Some(a) => self.socket.send_to(&g.data, &SockAddr::from(a)),
+                Some(a) => self.sender_for(a).send_to(&g.data, &SockAddr::from(a)),
                 None => self.socket.send(&g.data),
             };
             match r {
@@ -364,25 +586,32 @@ impl Skeleton {
         let mut grams = Vec::new();
         let mut total = 0usize;
         let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); GRAM_MAX];
-        // One more datagram only if the largest one still fits the answer.
-        while grams.is_empty() || (total + GRAM_MAX <= max && grams.len() < GRAMS_MAX) {
-            match self.socket.recv_from(&mut buf) {
+        // One more datagram only if the largest one still fits the answer; each of its
+        // sockets in turn, until none has one.
+        let parts: Vec<&Socket> = self.sockets().collect();
+        let mut dry = 0;
+        let mut at = 0;
+        while dry < parts.len() && (grams.is_empty() || (total + GRAM_MAX <= max && grams.len() < GRAMS_MAX)) {
+            match parts[at].recv_from(&mut buf) {
                 Ok((n, from)) => {
                     // SAFETY: recv_from initialized the first `n` bytes.
                     let data = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
                     total += n;
                     grams.push(Datagram { addr: from.as_socket(), data: ByteBuf::from(data.to_vec()) });
+                    continue;
                 }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 // An error queued by an earlier send (ICMP unreachable on a connected socket):
                 // reported once, as the kernel's recv does.
                 Err(e) if grams.is_empty() => {
                     reply(Msg::ERR(refusal(&e)));
                     return 0;
                 }
-                Err(_) => break,
+                Err(_) => {}
             }
+            dry += 1;
+            at = (at + 1) % parts.len();
         }
         if grams.is_empty() && now < deadline {
             self.recv_waiter = Some((max, deadline, reply));
