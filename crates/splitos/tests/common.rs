@@ -523,9 +523,10 @@ fn ip(args: &[&str]) {
 impl Hosts {
     pub fn new(names: &[&str]) -> Hosts {
         static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-        // Tests of one binary run at once: each set gets its own subnet and names.
+        // Tests run at once, in one process and in many: each set gets its own names and a
+        // subnet no other set holds.
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let subnet = 100 + (std::process::id() % 100) as u8 + n;
+        let subnet = claim_subnet();
         let tag = format!("sp{}x{n}", std::process::id() % 100000);
         let h = Hosts { tag: tag.clone(), subnet, names: names.iter().map(|s| s.to_string()).collect() };
         let br = format!("{tag}br");
@@ -620,8 +621,36 @@ pub fn delete_netns(ns: &str) {
     let _ = Command::new("ip").args(["netns", "del", ns]).output();
 }
 
+const SUBNET_CLAIMS: &str = "/run/splitos-test-subnets";
+
+/// Claims one of the subnets 10.201.1-250.0/24 for this process: a file named after it that
+/// only one process can create, taken over when the process that made it is gone.
+fn claim_subnet() -> u8 {
+    std::fs::create_dir_all(SUBNET_CLAIMS).unwrap();
+    let me = std::process::id();
+    let start = (me % 250) as u8;
+    for i in 0..250u8 {
+        let subnet = 1 + (start.wrapping_add(i)) % 250;
+        let path = format!("{SUBNET_CLAIMS}/{subnet}");
+        let holder = std::fs::read_to_string(&path).ok().and_then(|p| p.trim().parse::<u32>().ok());
+        if holder.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+            continue;
+        }
+        if holder.is_some() {
+            let _ = std::fs::remove_file(&path);
+        }
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            use std::io::Write;
+            write!(f, "{me}").unwrap();
+            return subnet;
+        }
+    }
+    panic!("every test subnet is taken ({SUBNET_CLAIMS})");
+}
+
 impl Drop for Hosts {
     fn drop(&mut self) {
+        let _ = std::fs::remove_file(format!("{SUBNET_CLAIMS}/{}", self.subnet));
         for name in &self.names {
             for pid in self.pids(name) {
                 // SAFETY: kill(2) takes no pointers; these are processes of this test's own host.

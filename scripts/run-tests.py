@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Runs the workspace's tests side by side, one process per end-to-end test.
+
+The end-to-end tests spend most of their time waiting on the components and programs they
+start, so one at a time (what `cargo test` does across test binaries) leaves a 2-core
+machine mostly idle. This runner builds once, lists every test, and runs them from a pool of
+`--jobs` slots, longest first (by the times of the last run, kept in target/), each in a
+process group of its own that is ended if it outlives `--timeout`. Unit-test binaries run
+whole, as `cargo test` would run them.
+
+Tests whose result depends on having the machine to themselves (they measure timing or
+change machine-wide settings such as swap) are listed in tests/alone.txt: they run after the
+pool drains, one at a time, with nothing else beside them. Nothing is skipped: every test of
+every binary runs, and a test that fails is reported with its whole output.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMES = ROOT / "target" / "test-times.json"
+ALONE = ROOT / "tests" / "alone.txt"
+
+
+def build(cargo_args):
+    """Builds every test binary; returns (name, kind, executable, cwd) for each."""
+    cmd = ["cargo", "test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"run-tests: the build failed ({' '.join(cmd)})")
+    bins = []
+    for line in proc.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("profile", {}).get("test") or not msg.get("executable"):
+            continue
+        target = msg["target"]
+        kind = "e2e" if "test" in target["kind"] else "unit"
+        crate = msg["package_id"].split("#")[-1].split("@")[0].rsplit("/", 1)[-1]
+        name = target["name"] if kind == "e2e" else f"{crate}:{target['kind'][0]}"
+        bins.append((name, kind, msg["executable"], str(Path(msg["manifest_path"]).parent)))
+    return bins
+
+
+def list_tests(exe, cwd):
+    out = subprocess.run([exe, "--list", "--format", "terse"], cwd=cwd, stdout=subprocess.PIPE, text=True, check=True).stdout
+    return [line[: -len(": test")] for line in out.splitlines() if line.endswith(": test")]
+
+
+def jobs_of(bins, filters):
+    """One job per end-to-end test, one per unit-test binary."""
+    jobs = []
+    for name, kind, exe, cwd in bins:
+        if kind == "unit":
+            if not filters or any(f in name for f in filters):
+                jobs.append({"id": name, "argv": [exe], "cwd": cwd})
+            continue
+        for test in list_tests(exe, cwd):
+            tid = f"{name}::{test}"
+            if filters and not any(f in tid for f in filters):
+                continue
+            jobs.append({"id": tid, "argv": [exe, "--exact", test, "--test-threads", "1"], "cwd": cwd})
+    return jobs
+
+
+def alone_patterns():
+    if not ALONE.exists():
+        return []
+    lines = (line.split("#", 1)[0].strip() for line in ALONE.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+class Running:
+    def __init__(self, job, log_dir):
+        self.job = job
+        self.log = open(log_dir / (job["id"].replace("/", "_").replace(":", "_") + ".log"), "w+b")
+        self.start = time.monotonic()
+        # A session of its own: on a timeout the test and everything it started are ended.
+        self.proc = subprocess.Popen(job["argv"], cwd=job["cwd"], stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def elapsed(self):
+        return time.monotonic() - self.start
+
+    def left_behind(self):
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def end(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def output(self):
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+
+def run(jobs, slots, timeout, log_dir, results):
+    """Runs `jobs` (in the order given) `slots` at a time; fills `results`."""
+    pending = list(jobs)
+    running = []
+    while pending or running:
+        while pending and len(running) < slots:
+            running.append(Running(pending.pop(0), log_dir))
+        time.sleep(0.05)
+        for r in list(running):
+            code = r.proc.poll()
+            timed_out = code is None and r.elapsed() > timeout
+            if code is None and not timed_out:
+                continue
+            if not timed_out and r.left_behind():
+                print(f"run-tests: {r.job['id']} left processes running; ending them", flush=True)
+            r.end()
+            running.remove(r)
+            ok = code == 0 and not timed_out
+            secs = r.elapsed()
+            results[r.job["id"]] = {"ok": ok, "secs": secs, "timed_out": timed_out, "output": "" if ok else r.output()}
+            status = "PASS" if ok else ("TIMEOUT" if timed_out else "FAIL")
+            print(f"{status:7} {secs:7.1f}s  {r.job['id']}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("filters", nargs="*", help="run only tests whose `binary::name` contains one of these")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SPLITOS_TEST_JOBS", 2 * (os.cpu_count() or 1) + 2)), help="tests run at once (default: twice the cores, plus two; env SPLITOS_TEST_JOBS)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds after which a test is ended and counted as failed")
+    args = ap.parse_args()
+
+    t0 = time.monotonic()
+    bins = build([])
+    built = time.monotonic() - t0
+    jobs = jobs_of(bins, args.filters)
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    alone = alone_patterns()
+    solo = [j for j in jobs if any(p in j["id"] for p in alone)]
+    pool = [j for j in jobs if j not in solo]
+    # Longest first; a test never timed yet counts as long, so it does not start last.
+    pool.sort(key=lambda j: -times.get(j["id"], 120))
+    log_dir = ROOT / "target" / "test-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"run-tests: built in {built:.0f} s; {len(pool)} jobs {args.jobs} at a time, then {len(solo)} alone", flush=True)
+
+    results = {}
+    run(pool, args.jobs, args.timeout, log_dir, results)
+    run(solo, 1, args.timeout, log_dir, results)
+
+    times.update({k: round(v["secs"], 1) for k, v in results.items()})
+    TIMES.write_text(json.dumps(times, indent=1, sort_keys=True))
+    failed = [k for k, v in results.items() if not v["ok"]]
+    for k in failed:
+        print(f"\n==== {k} ====\n{results[k]['output'][-20000:]}")
+    slowest = sorted(results.items(), key=lambda kv: -kv[1]["secs"])[:10]
+    print("\nslowest: " + ", ".join(f"{k} {v['secs']:.0f}s" for k, v in slowest))
+    total = time.monotonic() - t0
+    print(f"run-tests: {len(results) - len(failed)} passed, {len(failed)} failed, in {total:.0f} s (build {built:.0f} s)")
+    if failed:
+        print("failed:\n  " + "\n  ".join(failed))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
