@@ -60,7 +60,9 @@ pub struct Ebb<R: 'static> {
 
 impl<R: 'static> Clone for Ebb<R> {
     fn clone(&self) -> Self {
-        Ebb { entry: self.entry.clone() }
+        Ebb {
+            entry: self.entry.clone(),
+        }
     }
 }
 
@@ -118,7 +120,10 @@ impl std::fmt::Display for EbbError {
             EbbError::Taken(id) => write!(f, "{id} exists already"),
             EbbError::Unknown(id) => write!(f, "no Ebb {id}"),
             EbbError::WrongType(id) => write!(f, "{id} has representatives of another type"),
-            EbbError::NotStatic(id) => write!(f, "{id} is not a static id (below {FIRST_DYNAMIC}): other components cannot name it"),
+            EbbError::NotStatic(id) => write!(
+                f,
+                "{id} is not a static id (below {FIRST_DYNAMIC}): other components cannot name it"
+            ),
         }
     }
 }
@@ -133,16 +138,40 @@ impl<R: 'static> Ebb<R> {
     }
 
     /// A new Ebb with a static id (below [`FIRST_DYNAMIC`]) or one handed out elsewhere.
-    pub fn with_id(id: EbbId, name: &str, factory: impl Fn(Core) -> R + Send + Sync + 'static) -> Result<Ebb<R>, EbbError> {
+    pub fn with_id(
+        id: EbbId,
+        name: &str,
+        factory: impl Fn(Core) -> R + Send + Sync + 'static,
+    ) -> Result<Ebb<R>, EbbError> {
         let mut reg = registry().lock().unwrap();
         reg.retain(|_, r| (r.info)().is_some());
         if reg.contains_key(&id) {
             return Err(EbbError::Taken(id));
         }
-        let entry = Arc::new(Entry { id, name: name.to_string(), slot: NEXT_SLOT.fetch_add(1, Ordering::Relaxed), generation: AtomicU64::new(0), factory: RwLock::new(Arc::new(factory)), built: AtomicU64::new(0) });
+        let entry = Arc::new(Entry {
+            id,
+            name: name.to_string(),
+            slot: NEXT_SLOT.fetch_add(1, Ordering::Relaxed),
+            generation: AtomicU64::new(0),
+            factory: RwLock::new(Arc::new(factory)),
+            built: AtomicU64::new(0),
+        });
         let e = Arc::downgrade(&entry);
-        let info = Box::new(move || e.upgrade().map(|e| EbbInfo { id: e.id, name: e.name.clone(), generation: e.generation.load(Ordering::Relaxed), built: e.built.load(Ordering::Relaxed) }));
-        reg.insert(id, Registered { entry: Box::new(Arc::downgrade(&entry)), info });
+        let info = Box::new(move || {
+            e.upgrade().map(|e| EbbInfo {
+                id: e.id,
+                name: e.name.clone(),
+                generation: e.generation.load(Ordering::Relaxed),
+                built: e.built.load(Ordering::Relaxed),
+            })
+        });
+        reg.insert(
+            id,
+            Registered {
+                entry: Box::new(Arc::downgrade(&entry)),
+                info,
+            },
+        );
         Ok(Ebb { entry })
     }
 
@@ -150,7 +179,10 @@ impl<R: 'static> Ebb<R> {
     pub fn lookup(id: EbbId) -> Result<Ebb<R>, EbbError> {
         let reg = registry().lock().unwrap();
         let r = reg.get(&id).ok_or(EbbError::Unknown(id))?;
-        let weak = r.entry.downcast_ref::<std::sync::Weak<Entry<R>>>().ok_or(EbbError::WrongType(id))?;
+        let weak = r
+            .entry
+            .downcast_ref::<std::sync::Weak<Entry<R>>>()
+            .ok_or(EbbError::WrongType(id))?;
         weak.upgrade().map(|entry| Ebb { entry }).ok_or(EbbError::Unknown(id))
     }
 
@@ -251,7 +283,11 @@ mod tests {
 
     #[test]
     fn each_thread_gets_its_own_representative_built_once() {
-        let e = Ebb::new("counter", |core| Counter { core, calls: Cell::new(0), tag: "a" });
+        let e = Ebb::new("counter", |core| Counter {
+            core,
+            calls: Cell::new(0),
+            tag: "a",
+        });
         for _ in 0..10 {
             e.call(|r| r.calls.set(r.calls.get() + 1));
         }
@@ -259,15 +295,25 @@ mod tests {
         assert_eq!(e.rep().core, Core::Hosted);
         assert_eq!(e.built(), 1);
         let e2 = e.clone();
-        std::thread::spawn(move || assert_eq!(e2.rep().calls.get(), 0, "another thread's representative is its own")).join().unwrap();
+        std::thread::spawn(move || assert_eq!(e2.rep().calls.get(), 0, "another thread's representative is its own"))
+            .join()
+            .unwrap();
         assert_eq!(e.built(), 2);
     }
 
     #[test]
     fn replacing_the_miss_handler_rebuilds_each_representative_at_its_next_call() {
-        let e = Ebb::new("policy", |core| Counter { core, calls: Cell::new(0), tag: "old" });
+        let e = Ebb::new("policy", |core| Counter {
+            core,
+            calls: Cell::new(0),
+            tag: "old",
+        });
         assert_eq!(e.rep().tag, "old");
-        e.replace(|core| Counter { core, calls: Cell::new(0), tag: "new" });
+        e.replace(|core| Counter {
+            core,
+            calls: Cell::new(0),
+            tag: "new",
+        });
         assert_eq!(e.generation(), 1);
         assert_eq!(e.rep().tag, "new");
         assert_eq!(e.built(), 2);
@@ -283,8 +329,13 @@ mod tests {
         assert_eq!(*Ebb::<u32>::lookup(e.id()).unwrap().rep(), 7);
         assert_eq!(Ebb::<u64>::lookup(e.id()).err(), Some(EbbError::WrongType(e.id())));
         assert_eq!(Ebb::<u32>::lookup(EbbId(3)).err(), Some(EbbError::Unknown(EbbId(3))));
-        assert_eq!(Ebb::with_id(e.id(), "again", |_| 1u32).err(), Some(EbbError::Taken(e.id())));
-        assert!(list().iter().any(|i| i.id == e.id() && i.name == "findme" && i.built == 1));
+        assert_eq!(
+            Ebb::with_id(e.id(), "again", |_| 1u32).err(),
+            Some(EbbError::Taken(e.id()))
+        );
+        assert!(list()
+            .iter()
+            .any(|i| i.id == e.id() && i.name == "findme" && i.built == 1));
         // Dropped everywhere (this thread's representative aside), it is gone.
         let id = e.id();
         drop(e);

@@ -94,14 +94,23 @@ pub struct LoopConfig {
 
 impl Default for LoopConfig {
     fn default() -> Self {
-        LoopConfig { waiting: Waiting::Adaptive, poll_above: 20_000, sleep_below: 5_000, window: Duration::from_millis(10), linger: Duration::ZERO }
+        LoopConfig {
+            waiting: Waiting::Adaptive,
+            poll_above: 20_000,
+            sleep_below: 5_000,
+            window: Duration::from_millis(10),
+            linger: Duration::ZERO,
+        }
     }
 }
 
 impl LoopConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.sleep_below > self.poll_above {
-            return Err(format!("sleep_below ({}) must not exceed poll_above ({}): the loop would switch on every window", self.sleep_below, self.poll_above));
+            return Err(format!(
+                "sleep_below ({}) must not exceed poll_above ({}): the loop would switch on every window",
+                self.sleep_below, self.poll_above
+            ));
         }
         if self.window.is_zero() {
             return Err("the rate window must be longer than zero".into());
@@ -240,7 +249,12 @@ pub fn remote() -> Arc<Remote> {
 
 /// Whether this thread runs the loop `r` reaches (loops of two runtimes share core numbers).
 pub fn is_current(r: &Arc<Remote>) -> bool {
-    LOCAL.with(|l| l.try_borrow().ok().and_then(|l| l.as_ref().map(|l| Arc::ptr_eq(&l.remote, r))).unwrap_or(false))
+    LOCAL.with(|l| {
+        l.try_borrow()
+            .ok()
+            .and_then(|l| l.as_ref().map(|l| Arc::ptr_eq(&l.remote, r)))
+            .unwrap_or(false)
+    })
 }
 
 /// Runs `f` on this loop after the events already queued.
@@ -329,7 +343,11 @@ pub fn remove_idle(id: IdleId) {
 
 /// Registers an I/O source with this loop: `handler` runs on each readiness event. Returns
 /// the token to [`reregister`] or [`deregister`] it with.
-pub fn register<S: mio::event::Source + ?Sized>(source: &mut S, interest: Interest, handler: impl FnMut(&mio::event::Event) + 'static) -> io::Result<Token> {
+pub fn register<S: mio::event::Source + ?Sized>(
+    source: &mut S,
+    interest: Interest,
+    handler: impl FnMut(&mio::event::Event) + 'static,
+) -> io::Result<Token> {
     with_local(|l| {
         let slot = l.free_sources.pop().unwrap_or_else(|| {
             l.sources.push(None);
@@ -381,11 +399,23 @@ pub struct EventLoop {
 
 impl EventLoop {
     pub fn new(core: usize, cfg: LoopConfig) -> io::Result<EventLoop> {
-        cfg.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        cfg.validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
-        let remote = Arc::new(Remote { core, queue: Mutex::new(Vec::new()), waker, asleep: AtomicBool::new(false), stats: Arc::default() });
-        Ok(EventLoop { poll, events: Events::with_capacity(256), cfg, remote })
+        let remote = Arc::new(Remote {
+            core,
+            queue: Mutex::new(Vec::new()),
+            waker,
+            asleep: AtomicBool::new(false),
+            stats: Arc::default(),
+        });
+        Ok(EventLoop {
+            poll,
+            events: Events::with_capacity(256),
+            cfg,
+            remote,
+        })
     }
 
     pub fn remote(&self) -> Arc<Remote> {
@@ -422,12 +452,23 @@ impl EventLoop {
         // outside the loop's borrow.
         loop {
             let (sources, queue, idle, timers, devices) = with_local(|l| {
-                (std::mem::take(&mut l.sources), std::mem::take(&mut l.queue), std::mem::take(&mut l.idle), std::mem::take(&mut l.timer_fns), {
-                    l.device_list = Rc::new([]);
-                    std::mem::take(&mut l.devices)
-                })
+                (
+                    std::mem::take(&mut l.sources),
+                    std::mem::take(&mut l.queue),
+                    std::mem::take(&mut l.idle),
+                    std::mem::take(&mut l.timer_fns),
+                    {
+                        l.device_list = Rc::new([]);
+                        std::mem::take(&mut l.devices)
+                    },
+                )
             });
-            if sources.iter().all(Option::is_none) && queue.is_empty() && idle.is_empty() && timers.is_empty() && devices.is_empty() {
+            if sources.iter().all(Option::is_none)
+                && queue.is_empty()
+                && idle.is_empty()
+                && timers.is_empty()
+                && devices.is_empty()
+            {
                 break;
             }
             drop((sources, queue, idle, timers, devices));
@@ -443,7 +484,11 @@ impl EventLoop {
         stats.polling.store(polling, Ordering::Relaxed);
         let (mut window_start, mut window_events) = (Instant::now(), 0u64);
         let mut last_epoll = Instant::now();
-        let linger = if self.cfg.waiting == Waiting::Adaptive { self.cfg.linger } else { Duration::ZERO };
+        let linger = if self.cfg.waiting == Waiting::Adaptive {
+            self.cfg.linger
+        } else {
+            Duration::ZERO
+        };
         let mut last_work = Instant::now().checked_sub(linger).unwrap_or_else(Instant::now);
         loop {
             let ran = self.run_remote() + run_queue() + run_timers() + poll_devices();
@@ -456,9 +501,14 @@ impl EventLoop {
             if with_local(|l| l.stop) {
                 return;
             }
-            let (busy, next_timer, idle) = with_local(|l| (!l.queue.is_empty(), l.timers.peek().map(|t| t.0 .0), !l.idle.is_empty()));
+            let (busy, next_timer, idle) =
+                with_local(|l| (!l.queue.is_empty(), l.timers.peek().map(|t| t.0 .0), !l.idle.is_empty()));
             let may_sleep = !busy && !polling && !idle && (linger.is_zero() || last_work.elapsed() >= linger);
-            let timeout = if may_sleep { next_timer.map(|t| t.saturating_duration_since(Instant::now())) } else { Some(Duration::ZERO) };
+            let timeout = if may_sleep {
+                next_timer.map(|t| t.saturating_duration_since(Instant::now()))
+            } else {
+                Some(Duration::ZERO)
+            };
             let armed = may_sleep && arm_devices();
             let sleep = armed && {
                 let q = self.remote.queue.lock().unwrap();
@@ -473,13 +523,18 @@ impl EventLoop {
             // A polling loop with devices watches them rather than epoll for a while, so that
             // work in a device waits for a load rather than for a system call.
             // It still looks at epoll at least every DEVICE_SPIN, however busy the devices.
-            let spun = if !sleep && !busy && ran == 0 { self.spin_devices(last_epoll + DEVICE_SPIN) } else { 0 };
+            let spun = if !sleep && !busy && ran == 0 {
+                self.spin_devices(last_epoll + DEVICE_SPIN)
+            } else {
+                0
+            };
             let r = if spun > 0 && last_epoll.elapsed() < DEVICE_SPIN {
                 self.events.clear();
                 Ok(())
             } else {
                 last_epoll = Instant::now();
-                self.poll.poll(&mut self.events, if sleep { timeout } else { Some(Duration::ZERO) })
+                self.poll
+                    .poll(&mut self.events, if sleep { timeout } else { Some(Duration::ZERO) })
             };
             self.remote.asleep.store(false, Ordering::Relaxed);
             if armed {
@@ -682,11 +737,21 @@ mod tests {
                     remove_idle(id2.get().unwrap());
                 }
             })));
-            tx.send(if current_core() == Some(0) { "on core 0" } else { "elsewhere" }).unwrap();
+            tx.send(if current_core() == Some(0) {
+                "on core 0"
+            } else {
+                "elsewhere"
+            })
+            .unwrap();
         });
-        let got: Vec<&str> = (0..4).map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap()).collect();
+        let got: Vec<&str> = (0..4)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
         assert_eq!(got, ["on core 0", "local", "idle3", "timer"]);
-        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "the cancelled timer never fired");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "the cancelled timer never fired"
+        );
         r.spawn(stop);
         t.join().unwrap();
     }
@@ -722,7 +787,10 @@ mod tests {
     #[test]
     fn a_device_is_polled_and_wakes_a_sleeping_loop_only_through_its_doorbell() {
         for waiting in [Waiting::Sleep, Waiting::Poll] {
-            let (r, t) = start(LoopConfig { waiting, ..LoopConfig::default() });
+            let (r, t) = start(LoopConfig {
+                waiting,
+                ..LoopConfig::default()
+            });
             let (seq, armed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
             let (done, seen) = std::sync::mpsc::channel();
             let (mut bell_rx, mut bell_tx) = mio::net::UnixStream::pair().unwrap();
@@ -730,7 +798,12 @@ mod tests {
             let rings = Arc::new(AtomicU64::new(0));
             let (s2, a2) = (seq.clone(), armed.clone());
             r.spawn(move || {
-                add_device(Ring { seq: s2, armed: a2, seen: 0, done });
+                add_device(Ring {
+                    seq: s2,
+                    armed: a2,
+                    seen: 0,
+                    done,
+                });
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&bell_rx);
                 register(&mut mio::unix::SourceFd(&fd), Interest::READABLE, move |_| {
                     let mut b = [0u8; 64];
@@ -749,7 +822,9 @@ mod tests {
                 // Every bump is seen, asleep or not.
                 let mut last = 0;
                 while last < i {
-                    last = seen.recv_timeout(Duration::from_secs(5)).expect("the loop saw the bump");
+                    last = seen
+                        .recv_timeout(Duration::from_secs(5))
+                        .expect("the loop saw the bump");
                 }
                 // Time for the loop to go to sleep (a sleeping loop) between bumps.
                 std::thread::sleep(Duration::from_micros(500));
@@ -784,7 +859,10 @@ mod tests {
 
     #[test]
     fn a_device_that_always_has_work_neither_starves_io_nor_outlives_its_removal() {
-        let (r, t) = start(LoopConfig { waiting: Waiting::Poll, ..LoopConfig::default() });
+        let (r, t) = start(LoopConfig {
+            waiting: Waiting::Poll,
+            ..LoopConfig::default()
+        });
         let (tx, rx) = std::sync::mpsc::channel();
         let (mut bell_rx, mut bell_tx) = mio::net::UnixStream::pair().unwrap();
         r.spawn(move || {
@@ -805,7 +883,9 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(30));
         io::Write::write_all(&mut bell_tx, b"!").unwrap();
-        let (at, later) = rx.recv_timeout(Duration::from_secs(5)).expect("the socket's event ran beside a busy device");
+        let (at, later) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the socket's event ran beside a busy device");
         assert!(at > 0, "the device was polled");
         assert!(later <= at + 1, "a removed device is polled no more: {at} then {later}");
         r.spawn(stop);
@@ -814,7 +894,13 @@ mod tests {
 
     #[test]
     fn a_loop_polls_under_load_and_sleeps_at_rest() {
-        let cfg = LoopConfig { waiting: Waiting::Adaptive, poll_above: 2_000, sleep_below: 500, window: Duration::from_millis(5), linger: Duration::ZERO };
+        let cfg = LoopConfig {
+            waiting: Waiting::Adaptive,
+            poll_above: 2_000,
+            sleep_below: 500,
+            window: Duration::from_millis(5),
+            linger: Duration::ZERO,
+        };
         let (r, t) = start(cfg);
         // At rest: no switch, and the loop sleeps.
         std::thread::sleep(Duration::from_millis(30));
@@ -835,7 +921,11 @@ mod tests {
         assert!(!rest.polling && rest.to_sleep >= 1, "it went back to sleep: {rest:?}");
         let sleeps = rest.sleeps;
         std::thread::sleep(Duration::from_millis(100));
-        assert!(r.stats().counts().sleeps - sleeps <= 2, "asleep at rest, not spinning: {:?}", r.stats().counts());
+        assert!(
+            r.stats().counts().sleeps - sleeps <= 2,
+            "asleep at rest, not spinning: {:?}",
+            r.stats().counts()
+        );
         r.spawn(stop);
         t.join().unwrap();
     }
@@ -844,7 +934,13 @@ mod tests {
     fn a_lingering_loop_polls_a_while_after_each_event_then_sleeps() {
         // Long, so that a loop thread kept off its CPU a while still checks within it.
         let linger = Duration::from_millis(300);
-        let cfg = LoopConfig { waiting: Waiting::Adaptive, poll_above: 1_000_000, sleep_below: 1, window: Duration::from_millis(5), linger };
+        let cfg = LoopConfig {
+            waiting: Waiting::Adaptive,
+            poll_above: 1_000_000,
+            sleep_below: 1,
+            window: Duration::from_millis(5),
+            linger,
+        };
         let (r, t) = start(cfg);
         std::thread::sleep(Duration::from_millis(20));
         let rest = r.stats().counts();
@@ -854,7 +950,10 @@ mod tests {
         let ran = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         std::thread::sleep(Duration::from_millis(30));
         let lingering = r.stats().counts();
-        assert!(lingering.empty_polls > 0 && lingering.sleeps == rest.sleeps, "it polls after the event, asleep no more: {lingering:?}");
+        assert!(
+            lingering.empty_polls > 0 && lingering.sleeps == rest.sleeps,
+            "it polls after the event, asleep no more: {lingering:?}"
+        );
         while ran.elapsed() < linger + Duration::from_millis(30) {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -863,7 +962,11 @@ mod tests {
         let later = r.stats().counts();
         assert!(after.sleeps > rest.sleeps, "it slept once the linger passed: {after:?}");
         assert_eq!(later.empty_polls, after.empty_polls, "and polls no more: {later:?}");
-        assert_eq!((later.to_poll, later.polling), (0, false), "lingering is not the switch to polling: {later:?}");
+        assert_eq!(
+            (later.to_poll, later.polling),
+            (0, false),
+            "lingering is not the switch to polling: {later:?}"
+        );
         r.spawn(stop);
         t.join().unwrap();
     }
@@ -871,19 +974,33 @@ mod tests {
     #[test]
     fn a_loop_that_only_sleeps_or_only_polls_never_switches() {
         for waiting in [Waiting::Sleep, Waiting::Poll] {
-            let (r, t) = start(LoopConfig { waiting, poll_above: 10, sleep_below: 5, window: Duration::from_millis(1), linger: Duration::from_millis(50) });
+            let (r, t) = start(LoopConfig {
+                waiting,
+                poll_above: 10,
+                sleep_below: 5,
+                window: Duration::from_millis(1),
+                linger: Duration::from_millis(50),
+            });
             for _ in 0..2000 {
                 r.spawn(|| {});
             }
             let t0 = Instant::now();
             while r.stats().counts().events < 2000 {
-                assert!(t0.elapsed() < Duration::from_secs(10), "{waiting}: the loop ran its events: {:?}", r.stats().counts());
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "{waiting}: the loop ran its events: {:?}",
+                    r.stats().counts()
+                );
                 std::thread::sleep(Duration::from_millis(1));
             }
             // Windows pass with nothing to do: a switch, were one due, would come.
             std::thread::sleep(Duration::from_millis(20));
             let c = r.stats().counts();
-            assert_eq!((c.to_poll, c.to_sleep, c.polling), (0, 0, waiting == Waiting::Poll), "{waiting}: {c:?}");
+            assert_eq!(
+                (c.to_poll, c.to_sleep, c.polling),
+                (0, 0, waiting == Waiting::Poll),
+                "{waiting}: {c:?}"
+            );
             r.spawn(stop);
             t.join().unwrap();
         }
@@ -912,14 +1029,26 @@ mod tests {
             *l2.borrow_mut() = Some(l);
         });
         let c = std::net::TcpStream::connect(addr).unwrap();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), c.local_addr().unwrap());
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            c.local_addr().unwrap()
+        );
         r.spawn(stop);
         t.join().unwrap();
     }
 
     #[test]
     fn a_config_whose_thresholds_cross_is_refused() {
-        let e = EventLoop::new(0, LoopConfig { sleep_below: 10, poll_above: 5, ..Default::default() }).err().unwrap();
+        let e = EventLoop::new(
+            0,
+            LoopConfig {
+                sleep_below: 10,
+                poll_above: 5,
+                ..Default::default()
+            },
+        )
+        .err()
+        .unwrap();
         assert!(e.to_string().contains("sleep_below"), "{e}");
     }
 }

@@ -52,7 +52,10 @@ fn poll_task(id: usize) {
     let Some(mut fut) = TASKS.with(|t| t.borrow_mut().get_mut(id).and_then(Option::take)) else {
         return; // Woken after it finished, or twice before it ran.
     };
-    let waker = Waker::from(Arc::new(TaskWaker { id, remote: event::remote() }));
+    let waker = Waker::from(Arc::new(TaskWaker {
+        id,
+        remote: event::remote(),
+    }));
     match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
         Poll::Ready(()) => FREE.with(|f| f.borrow_mut().push(id)),
         Poll::Pending => TASKS.with(|t| t.borrow_mut()[id] = Some(fut)),
@@ -88,7 +91,11 @@ impl std::fmt::Display for Broken {
 impl std::error::Error for Broken {}
 
 pub fn oneshot<T>() -> (Promise<T>, Receiver<T>) {
-    let slot = Arc::new(Mutex::new(Slot { value: None, waker: None, broken: false }));
+    let slot = Arc::new(Mutex::new(Slot {
+        value: None,
+        waker: None,
+        broken: false,
+    }));
     (Promise { slot: slot.clone() }, Receiver { slot })
 }
 

@@ -92,7 +92,13 @@ pub fn serve<R: Messagable>(ebb: &Ebb<R>) -> Result<Serving, EbbError> {
     }
     let e = ebb.clone();
     let deliver: Deliver = Arc::new(move |from, body| e.call(|rep| rep.receive(from, body)));
-    t.insert(id, ServedEbb { name: ebb.name().to_string(), deliver });
+    t.insert(
+        id,
+        ServedEbb {
+            name: ebb.name().to_string(),
+            deliver,
+        },
+    );
     Ok(Serving(id))
 }
 
@@ -100,7 +106,12 @@ pub fn serve<R: Messagable>(ebb: &Ebb<R>) -> Result<Serving, EbbError> {
 /// returns its answer. The table's lock is not held while the representative runs, so a
 /// representative may itself send (or serve) messages.
 pub fn deliver(id: EbbId, from: &Origin, body: Bytes) -> Result<Bytes, Undelivered> {
-    let d = table().lock().unwrap().get(&id).map(|s| s.deliver.clone()).ok_or(Undelivered::NotServed(id))?;
+    let d = table()
+        .lock()
+        .unwrap()
+        .get(&id)
+        .map(|s| s.deliver.clone())
+        .ok_or(Undelivered::NotServed(id))?;
     metrics::counter!("ebb_messages_received_total", "ebb" => id.0.to_string()).increment(1);
     d(from, body).map_err(|why| {
         metrics::counter!("ebb_messages_refused_total", "ebb" => id.0.to_string()).increment(1);
@@ -110,7 +121,12 @@ pub fn deliver(id: EbbId, from: &Origin, body: Bytes) -> Result<Bytes, Undeliver
 
 /// The Ebbs this process serves, by id, with their names: what it tells the global id map.
 pub fn served() -> Vec<(EbbId, String)> {
-    let mut v: Vec<(EbbId, String)> = table().lock().unwrap().iter().map(|(id, s)| (*id, s.name.clone())).collect();
+    let mut v: Vec<(EbbId, String)> = table()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, s)| (*id, s.name.clone()))
+        .collect();
     v.sort();
     v
 }
@@ -127,28 +143,66 @@ mod tests {
 
     impl Messagable for Echo {
         fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
-            let role = from.role.as_deref().ok_or_else(|| Refused::Denied("who are you?".into()))?;
+            let role = from
+                .role
+                .as_deref()
+                .ok_or_else(|| Refused::Denied("who are you?".into()))?;
             self.seen.set(self.seen.get() + 1);
-            Ok(Bytes::from(format!("{role}:{}:{}", self.seen.get(), String::from_utf8_lossy(&body))))
+            Ok(Bytes::from(format!(
+                "{role}:{}:{}",
+                self.seen.get(),
+                String::from_utf8_lossy(&body)
+            )))
         }
     }
 
     #[test]
     fn a_served_ebb_answers_on_the_receiving_cores_representative_until_its_guard_drops() {
         let e = Ebb::with_id(EbbId(900), "echo", |_| Echo { seen: Cell::new(0) }).unwrap();
-        let admin = Origin { role: Some("admin".into()) };
-        assert_eq!(deliver(EbbId(900), &admin, Bytes::from_static(b"x")), Err(Undelivered::NotServed(EbbId(900))));
+        let admin = Origin {
+            role: Some("admin".into()),
+        };
+        assert_eq!(
+            deliver(EbbId(900), &admin, Bytes::from_static(b"x")),
+            Err(Undelivered::NotServed(EbbId(900)))
+        );
         let serving = serve(&e).unwrap();
         assert!(served().contains(&(EbbId(900), "echo".to_string())));
         assert_eq!(serve(&e).err(), Some(EbbError::Taken(EbbId(900))));
-        assert_eq!(deliver(EbbId(900), &admin, Bytes::from_static(b"hi")).unwrap(), "admin:1:hi");
-        assert_eq!(deliver(EbbId(900), &admin, Bytes::from_static(b"again")).unwrap(), "admin:2:again");
-        assert_eq!(deliver(EbbId(900), &Origin { role: None }, Bytes::new()), Err(Undelivered::Refused(Refused::Denied("who are you?".into()))));
+        assert_eq!(
+            deliver(EbbId(900), &admin, Bytes::from_static(b"hi")).unwrap(),
+            "admin:1:hi"
+        );
+        assert_eq!(
+            deliver(EbbId(900), &admin, Bytes::from_static(b"again")).unwrap(),
+            "admin:2:again"
+        );
+        assert_eq!(
+            deliver(EbbId(900), &Origin { role: None }, Bytes::new()),
+            Err(Undelivered::Refused(Refused::Denied("who are you?".into())))
+        );
         // Another thread is another core: a representative of its own.
-        std::thread::spawn(move || assert_eq!(deliver(EbbId(900), &Origin { role: Some("gm".into()) }, Bytes::from_static(b"t")).unwrap(), "gm:1:t")).join().unwrap();
+        std::thread::spawn(move || {
+            assert_eq!(
+                deliver(
+                    EbbId(900),
+                    &Origin {
+                        role: Some("gm".into())
+                    },
+                    Bytes::from_static(b"t")
+                )
+                .unwrap(),
+                "gm:1:t"
+            )
+        })
+        .join()
+        .unwrap();
         assert_eq!(e.built(), 2);
         drop(serving);
-        assert_eq!(deliver(EbbId(900), &admin, Bytes::new()), Err(Undelivered::NotServed(EbbId(900))));
+        assert_eq!(
+            deliver(EbbId(900), &admin, Bytes::new()),
+            Err(Undelivered::NotServed(EbbId(900)))
+        );
         assert!(!served().iter().any(|(id, _)| *id == EbbId(900)));
     }
 

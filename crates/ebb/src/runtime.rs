@@ -15,9 +15,17 @@ pub struct Runtime {
 
 impl Runtime {
     /// Starts `cores` loops (threads `NAME-0`, `NAME-1`, ...), running `init(core)` first on each.
-    pub fn start(name: &str, cores: usize, cfg: LoopConfig, init: impl Fn(usize) + Send + Sync + 'static) -> io::Result<Runtime> {
+    pub fn start(
+        name: &str,
+        cores: usize,
+        cfg: LoopConfig,
+        init: impl Fn(usize) + Send + Sync + 'static,
+    ) -> io::Result<Runtime> {
         if cores == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a runtime needs at least one core"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a runtime needs at least one core",
+            ));
         }
         let init = Arc::new(init);
         let (mut remotes, mut threads) = (Vec::new(), Vec::new());
@@ -26,7 +34,11 @@ impl Runtime {
             remotes.push(lp.remote());
             let init = init.clone();
             lp.remote().spawn(move || init(core));
-            threads.push(std::thread::Builder::new().name(format!("{name}-{core}")).spawn(move || lp.run())?);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{name}-{core}"))
+                    .spawn(move || lp.run())?,
+            );
         }
         Ok(Runtime { remotes, threads })
     }
@@ -45,7 +57,11 @@ impl Runtime {
     }
 
     /// Runs `f` on `core`'s loop; its result comes back as a future.
-    pub fn call_on<T: Send + 'static>(&self, core: usize, f: impl FnOnce() -> T + Send + 'static) -> impl Future<Output = Result<T, exec::Broken>> {
+    pub fn call_on<T: Send + 'static>(
+        &self,
+        core: usize,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> impl Future<Output = Result<T, exec::Broken>> {
         let (p, r) = exec::oneshot();
         self.remotes[core].spawn(move || p.set(f()));
         r

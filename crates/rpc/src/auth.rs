@@ -69,7 +69,9 @@ pub struct Credentials {
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials").field("role", &self.role).finish_non_exhaustive()
+        f.debug_struct("Credentials")
+            .field("role", &self.role)
+            .finish_non_exhaustive()
     }
 }
 
@@ -120,7 +122,11 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
@@ -134,10 +140,24 @@ pub fn read_private(path: &Path) -> io::Result<Vec<u8>> {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if m.uid() != me {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} belongs to uid {}, not to this user (uid {me})", path.display(), m.uid())));
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} belongs to uid {}, not to this user (uid {me})",
+                path.display(),
+                m.uid()
+            ),
+        ));
     }
     if m.mode() & 0o077 != 0 {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} is open to other users (mode {:o}); it must be 0600", path.display(), m.mode() & 0o777)));
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is open to other users (mode {:o}); it must be 0600",
+                path.display(),
+                m.mode() & 0o777
+            ),
+        ));
     }
     std::fs::read(path)
 }
@@ -149,13 +169,22 @@ pub struct Authority {
 
 impl Authority {
     pub fn generate() -> io::Result<Authority> {
-        Ok(Authority { key: SigningKey::from_bytes(&random::<32>()?) })
+        Ok(Authority {
+            key: SigningKey::from_bytes(&random::<32>()?),
+        })
     }
 
     pub fn load(path: &Path) -> io::Result<Authority> {
         let b = read_private(path)?;
-        let seed: [u8; 32] = b.as_slice().try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a cluster authority key", path.display())))?;
-        Ok(Authority { key: SigningKey::from_bytes(&seed) })
+        let seed: [u8; 32] = b.as_slice().try_into().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a cluster authority key", path.display()),
+            )
+        })?;
+        Ok(Authority {
+            key: SigningKey::from_bytes(&seed),
+        })
     }
 
     pub fn save(&self, path: &Path) -> io::Result<()> {
@@ -164,26 +193,43 @@ impl Authority {
 
     /// New credentials for one component (or the admin) of `role`.
     pub fn issue(&self, role: Role) -> Result<Credentials, AuthError> {
-        let kp = snow::Builder::new(NOISE.parse().expect("a valid Noise name")).generate_keypair().map_err(|e| refused(format!("cannot make a key pair: {e}")))?;
+        let kp = snow::Builder::new(NOISE.parse().expect("a valid Noise name"))
+            .generate_keypair()
+            .map_err(|e| refused(format!("cannot make a key pair: {e}")))?;
         let sig = self.key.sign(&signed(role, &kp.public));
-        Ok(Credentials { role, private: kp.private, public: kp.public, cert: sig.to_bytes().to_vec(), ca: self.key.verifying_key().to_bytes() })
+        Ok(Credentials {
+            role,
+            private: kp.private,
+            public: kp.public,
+            cert: sig.to_bytes().to_vec(),
+            ca: self.key.verifying_key().to_bytes(),
+        })
     }
 }
 
 impl Credentials {
     pub fn load(path: &Path) -> io::Result<Credentials> {
-        postcard::from_bytes(&read_private(path)?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{} holds no credentials: {e}", path.display())))
+        postcard::from_bytes(&read_private(path)?).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} holds no credentials: {e}", path.display()),
+            )
+        })
     }
 
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        write_private(path, &postcard::to_allocvec(self).expect("encoding into a Vec cannot fail"))
+        write_private(
+            path,
+            &postcard::to_allocvec(self).expect("encoding into a Vec cannot fail"),
+        )
     }
 
     /// Checks a peer's certificate for the static key the handshake proved it holds.
     fn verify(&self, cert: &Cert, remote_static: &[u8]) -> Result<(), AuthError> {
         let ca = VerifyingKey::from_bytes(&self.ca).map_err(|e| refused(format!("bad authority key: {e}")))?;
         let sig = Signature::from_slice(&cert.sig).map_err(|_| refused("a malformed certificate"))?;
-        ca.verify_strict(&signed(cert.role, remote_static), &sig).map_err(|_| refused("a certificate this cluster's authority did not issue"))
+        ca.verify_strict(&signed(cert.role, remote_static), &sig)
+            .map_err(|_| refused("a certificate this cluster's authority did not issue"))
     }
 }
 
@@ -204,7 +250,10 @@ impl Session {
     /// Encrypts record number `n` of this side.
     pub fn seal(&self, n: u64, plain: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
         out.resize(plain.len() + 16, 0);
-        let len = self.t.write_message(n, plain, out).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("cannot seal a record: {e}")))?;
+        let len = self
+            .t
+            .write_message(n, plain, out)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("cannot seal a record: {e}")))?;
         out.truncate(len);
         Ok(())
     }
@@ -212,7 +261,10 @@ impl Session {
     /// Decrypts and checks record number `n` of the peer.
     pub fn open(&self, n: u64, sealed: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
         out.resize(sealed.len(), 0);
-        let len = self.t.read_message(n, sealed, out).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a record that does not authenticate"))?;
+        let len = self
+            .t
+            .read_message(n, sealed, out)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a record that does not authenticate"))?;
         out.truncate(len);
         Ok(())
     }
@@ -235,13 +287,17 @@ fn recv(s: &mut impl Read) -> io::Result<Vec<u8>> {
 
 /// The peer a verified certificate names: its role and the static key it proved.
 fn verified(creds: &Credentials, cert: &Cert, remote_static: Option<&[u8]>) -> Result<Peer, AuthError> {
-    let key: [u8; 32] = remote_static.and_then(|k| k.try_into().ok()).ok_or_else(|| refused("no static key"))?;
+    let key: [u8; 32] = remote_static
+        .and_then(|k| k.try_into().ok())
+        .ok_or_else(|| refused("no static key"))?;
     creds.verify(cert, &key)?;
     Ok(Peer { role: cert.role, key })
 }
 
 fn builder(creds: &Credentials) -> Result<snow::Builder<'_>, AuthError> {
-    snow::Builder::new(NOISE.parse().expect("a valid Noise name")).local_private_key(&creds.private).map_err(|e| refused(format!("bad private key: {e}")))
+    snow::Builder::new(NOISE.parse().expect("a valid Noise name"))
+        .local_private_key(&creds.private)
+        .map_err(|e| refused(format!("bad private key: {e}")))
 }
 
 /// The connecting side: `encrypt` says whether the records that follow are encrypted.
@@ -252,14 +308,24 @@ pub fn initiate<S: Read + Write>(s: &mut S, creds: &Credentials, encrypt: bool) 
     send(s, &buf[..n])?;
     let msg = recv(s)?;
     let mut payload = vec![0u8; MAX_MESSAGE];
-    let n = hs.read_message(&msg, &mut payload).map_err(|_| refused("the peer's handshake does not authenticate"))?;
+    let n = hs
+        .read_message(&msg, &mut payload)
+        .map_err(|_| refused("the peer's handshake does not authenticate"))?;
     let theirs: Cert = postcard::from_bytes(&payload[..n]).map_err(|_| refused("a malformed certificate"))?;
     let peer = verified(creds, &theirs, hs.get_remote_static())?;
-    let mine = postcard::to_allocvec(&Cert { role: creds.role, sig: creds.cert.clone(), encrypt }).expect("encoding into a Vec cannot fail");
+    let mine = postcard::to_allocvec(&Cert {
+        role: creds.role,
+        sig: creds.cert.clone(),
+        encrypt,
+    })
+    .expect("encoding into a Vec cannot fail");
     let n = hs.write_message(&mine, &mut buf).map_err(|e| refused(e.to_string()))?;
     send(s, &buf[..n])?;
     let t = hs.into_stateless_transport_mode().map_err(|e| refused(e.to_string()))?;
-    Ok(Handshake { peer, session: encrypt.then_some(Session { t }) })
+    Ok(Handshake {
+        peer,
+        session: encrypt.then_some(Session { t }),
+    })
 }
 
 /// The accepting side; `plain_ok`: whether the peer may ask for plain records (it is on
@@ -277,19 +343,30 @@ pub fn respond<S: Read + Write>(s: &mut S, creds: &Credentials, plain_ok: bool) 
     }
     let mut msg = [0u8; FIRST_MESSAGE];
     s.read_exact(&mut msg)?;
-    hs.read_message(&msg, &mut payload).map_err(|_| refused("not a Noise handshake"))?;
-    let mine = postcard::to_allocvec(&Cert { role: creds.role, sig: creds.cert.clone(), encrypt: false }).expect("encoding into a Vec cannot fail");
+    hs.read_message(&msg, &mut payload)
+        .map_err(|_| refused("not a Noise handshake"))?;
+    let mine = postcard::to_allocvec(&Cert {
+        role: creds.role,
+        sig: creds.cert.clone(),
+        encrypt: false,
+    })
+    .expect("encoding into a Vec cannot fail");
     let n = hs.write_message(&mine, &mut buf).map_err(|e| refused(e.to_string()))?;
     send(s, &buf[..n])?;
     let msg = recv(s)?;
-    let n = hs.read_message(&msg, &mut payload).map_err(|_| refused("the peer's handshake does not authenticate"))?;
+    let n = hs
+        .read_message(&msg, &mut payload)
+        .map_err(|_| refused("the peer's handshake does not authenticate"))?;
     let theirs: Cert = postcard::from_bytes(&payload[..n]).map_err(|_| refused("a malformed certificate"))?;
     let peer = verified(creds, &theirs, hs.get_remote_static())?;
     if !theirs.encrypt && !plain_ok {
         return Err(refused("plain records from a peer that is not on loopback"));
     }
     let t = hs.into_stateless_transport_mode().map_err(|e| refused(e.to_string()))?;
-    Ok(Handshake { peer, session: theirs.encrypt.then_some(Session { t }) })
+    Ok(Handshake {
+        peer,
+        session: theirs.encrypt.then_some(Session { t }),
+    })
 }
 
 #[cfg(test)]
@@ -297,7 +374,12 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
 
-    fn pair(a: Credentials, b: Credentials, encrypt: bool, plain_ok: bool) -> (Result<Handshake, AuthError>, Result<Handshake, AuthError>) {
+    fn pair(
+        a: Credentials,
+        b: Credentials,
+        encrypt: bool,
+        plain_ok: bool,
+    ) -> (Result<Handshake, AuthError>, Result<Handshake, AuthError>) {
         let (mut x, mut y) = UnixStream::pair().unwrap();
         let t = std::thread::spawn(move || respond(&mut y, &b, plain_ok));
         let i = initiate(&mut x, &a, encrypt);
@@ -313,14 +395,21 @@ mod tests {
         let (i, r) = pair(p, m, true, false);
         let (i, r) = (i.unwrap(), r.unwrap());
         assert_eq!((i.peer.role, r.peer.role), (Role::Mem, Role::Proc));
-        assert_eq!((&i.peer.key[..], &r.peer.key[..]), (&mk[..], &pk[..]), "each learns the key the other proved");
+        assert_eq!(
+            (&i.peer.key[..], &r.peer.key[..]),
+            (&mk[..], &pk[..]),
+            "each learns the key the other proved"
+        );
         let (si, sr) = (i.session.unwrap(), r.session.unwrap());
         let (mut sealed, mut opened) = (Vec::new(), Vec::new());
         si.seal(0, b"page", &mut sealed).unwrap();
         assert_ne!(&sealed[..4], b"page");
         sr.open(0, &sealed, &mut opened).unwrap();
         assert_eq!(opened, b"page");
-        assert!(sr.open(1, &sealed, &mut opened).is_err(), "a record replayed under another number");
+        assert!(
+            sr.open(1, &sealed, &mut opened).is_err(),
+            "a record replayed under another number"
+        );
         sealed[0] ^= 1;
         assert!(sr.open(0, &sealed, &mut opened).is_err(), "a changed record");
     }
@@ -328,11 +417,24 @@ mod tests {
     #[test]
     fn another_authoritys_credentials_are_refused_both_ways() {
         let (ours, theirs) = (Authority::generate().unwrap(), Authority::generate().unwrap());
-        let (i, r) = pair(theirs.issue(Role::Mem).unwrap(), ours.issue(Role::Mem).unwrap(), true, true);
+        let (i, r) = pair(
+            theirs.issue(Role::Mem).unwrap(),
+            ours.issue(Role::Mem).unwrap(),
+            true,
+            true,
+        );
         assert!(i.is_err() || r.is_err(), "one side must refuse");
         assert!(matches!(r, Err(AuthError::Refused(_))) || matches!(i, Err(AuthError::Refused(_))));
-        let (i, _) = pair(ours.issue(Role::Proc).unwrap(), theirs.issue(Role::Mem).unwrap(), true, true);
-        assert!(matches!(i, Err(AuthError::Refused(_))), "the initiator checks the responder too");
+        let (i, _) = pair(
+            ours.issue(Role::Proc).unwrap(),
+            theirs.issue(Role::Mem).unwrap(),
+            true,
+            true,
+        );
+        assert!(
+            matches!(i, Err(AuthError::Refused(_))),
+            "the initiator checks the responder too"
+        );
     }
 
     #[test]
@@ -349,7 +451,12 @@ mod tests {
         let ca = Authority::generate().unwrap();
         let (i, r) = pair(ca.issue(Role::Proc).unwrap(), ca.issue(Role::Mem).unwrap(), false, true);
         assert!(i.unwrap().session.is_none() && r.unwrap().session.is_none());
-        let (_, r) = pair(ca.issue(Role::Proc).unwrap(), ca.issue(Role::Mem).unwrap(), false, false);
+        let (_, r) = pair(
+            ca.issue(Role::Proc).unwrap(),
+            ca.issue(Role::Mem).unwrap(),
+            false,
+            false,
+        );
         assert!(matches!(r, Err(AuthError::Refused(_))));
     }
 
@@ -368,6 +475,9 @@ mod tests {
         let again = Authority::load(&ap).unwrap();
         assert_eq!(again.key.verifying_key(), ca.key.verifying_key());
         std::fs::set_permissions(&cp, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert_eq!(Credentials::load(&cp).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(
+            Credentials::load(&cp).unwrap_err().kind(),
+            io::ErrorKind::PermissionDenied
+        );
     }
 }

@@ -45,7 +45,10 @@ impl Rpc {
             .call_all_direct(calls, self.timeout)
             .into_iter()
             .map(|r| match r? {
-                Msg::ERR(e) => Err(RpcError::Remote { code: e.code, msg: e.msg }),
+                Msg::ERR(e) => Err(RpcError::Remote {
+                    code: e.code,
+                    msg: e.msg,
+                }),
                 m => Ok(m),
             })
             .collect()
@@ -54,7 +57,10 @@ impl Rpc {
     /// An untyped call, for tools that send whatever they are told to (debugging, floors).
     pub fn call_msg(&self, addr: &str, msg: &Msg) -> Result<Msg, RpcError> {
         match self.transport.call(addr, msg, self.timeout)? {
-            Msg::ERR(e) => Err(RpcError::Remote { code: e.code, msg: e.msg }),
+            Msg::ERR(e) => Err(RpcError::Remote {
+                code: e.code,
+                msg: e.msg,
+            }),
             m => Ok(m),
         }
     }
@@ -62,7 +68,14 @@ impl Rpc {
 
 fn typed<R: Request>(addr: &str, request: &'static str, r: Result<Msg, RpcError>) -> Result<R::Reply, RpcError> {
     match r? {
-        Msg::ERR(e) => Err(RpcError::Remote { code: e.code, msg: e.msg }),
-        m => R::Reply::try_from(m).map_err(|m| RpcError::Protocol { addr: addr.to_string(), request, reply: m.name() }),
+        Msg::ERR(e) => Err(RpcError::Remote {
+            code: e.code,
+            msg: e.msg,
+        }),
+        m => R::Reply::try_from(m).map_err(|m| RpcError::Protocol {
+            addr: addr.to_string(),
+            request,
+            reply: m.name(),
+        }),
     }
 }

@@ -27,24 +27,16 @@ impl std::error::Error for ERR {}
 pub enum RpcError {
     /// The component could not be reached at all: the request was not delivered, so sending
     /// it again is safe.
-    Unreachable {
-        addr: String,
-        why: String,
-    },
+    Unreachable { addr: String, why: String },
     /// The connection broke while the call was outstanding.
-    Closed {
-        addr: String,
-    },
+    Closed { addr: String },
     Timeout {
         addr: String,
         msg: &'static str,
         after: Duration,
     },
     /// The component answered with an error.
-    Remote {
-        code: ErrCode,
-        msg: String,
-    },
+    Remote { code: ErrCode, msg: String },
     /// The component answered with a message that is not the reply to the request.
     Protocol {
         addr: String,
@@ -58,9 +50,13 @@ impl std::fmt::Display for RpcError {
         match self {
             RpcError::Unreachable { addr, why } => write!(f, "component at {addr} cannot be reached: {why}"),
             RpcError::Closed { addr } => write!(f, "connection to component at {addr} closed during the call"),
-            RpcError::Timeout { addr, msg, after } => write!(f, "{msg} to component at {addr} got no reply within {after:?}"),
+            RpcError::Timeout { addr, msg, after } => {
+                write!(f, "{msg} to component at {addr} got no reply within {after:?}")
+            }
             RpcError::Remote { code, msg } => write!(f, "{code:?}: {msg}"),
-            RpcError::Protocol { addr, request, reply } => write!(f, "component at {addr} answered {request} with {reply}"),
+            RpcError::Protocol { addr, request, reply } => {
+                write!(f, "component at {addr} answered {request} with {reply}")
+            }
         }
     }
 }
@@ -83,7 +79,10 @@ impl From<RpcError> for Refusal {
     fn from(e: RpcError) -> Refusal {
         match e {
             RpcError::Remote { code, msg } => ERR { code, msg },
-            other => ERR { code: other.code(), msg: other.to_string() },
+            other => ERR {
+                code: other.code(),
+                msg: other.to_string(),
+            },
         }
     }
 }

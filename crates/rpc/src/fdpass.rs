@@ -15,7 +15,10 @@ type ControlBuf = [u64; 8];
 pub fn send_fds(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     assert!(!bytes.is_empty() && fds.len() <= MAX_FDS);
     let mut cbuf: ControlBuf = [0; 8];
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
     // SAFETY: msghdr is plain data; all-zero is its empty value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -37,7 +40,10 @@ pub fn send_fds(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     if n as usize != bytes.len() {
-        return Err(io::Error::new(io::ErrorKind::WriteZero, "short send of a descriptor message"));
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short send of a descriptor message",
+        ));
     }
     Ok(())
 }
@@ -45,7 +51,10 @@ pub fn send_fds(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
 /// Receives exactly `buf.len()` bytes and the descriptors attached to them (close-on-exec).
 pub fn recv_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
     let mut cbuf: ControlBuf = [0; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
     // SAFETY: msghdr is plain data; all-zero is its empty value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -66,7 +75,8 @@ pub fn recv_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let k = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let k =
+                    ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                 let data = libc::CMSG_DATA(c) as *const RawFd;
                 for i in 0..k {
                     fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
@@ -76,7 +86,10 @@ pub fn recv_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
         }
     }
     if n as usize != buf.len() || msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("expected {} bytes with descriptors, got {n}", buf.len())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("expected {} bytes with descriptors, got {n}", buf.len()),
+        ));
     }
     Ok(fds)
 }
@@ -87,7 +100,16 @@ pub fn peer_cred(s: &UnixStream) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED writes at most `len` bytes into the ucred, which outlives the call.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) } != 0 {
+    if unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(cred)
@@ -101,7 +123,15 @@ pub fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
         let mut len = (groups.len() * size) as libc::socklen_t;
         // SAFETY: SO_PEERGROUPS writes at most `len` bytes into the vector's buffer; on ERANGE
         // it writes none and says how many are needed.
-        let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr() as *mut libc::c_void, &mut len) };
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr() as *mut libc::c_void,
+                &mut len,
+            )
+        };
         let e = io::Error::last_os_error();
         if r == 0 {
             groups.truncate(len as usize / size);
@@ -122,7 +152,16 @@ pub fn peer_pidfd(s: &UnixStream, pid: libc::pid_t) -> io::Result<OwnedFd> {
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: SO_PEERPIDFD writes one descriptor number into `fd`, which outlives the call.
-    if unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERPIDFD, &mut fd as *mut _ as *mut libc::c_void, &mut len) } != 0 {
+    if unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERPIDFD,
+            &mut fd as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    } != 0
+    {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::ENOPROTOOPT) {
             return Err(e);

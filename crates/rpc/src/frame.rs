@@ -48,7 +48,15 @@ pub struct Frame {
 pub fn encode(kind: FrameKind, req_id: u64, msg: &Msg) -> Vec<u8> {
     let mut buf = postcard::to_extend(msg, vec![0u8; FrameHeader::SIZE]).expect("encoding into a Vec cannot fail");
     let len = (buf.len() - FrameHeader::SIZE) as u32;
-    let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: kind as u8, flags: 0, req_id, len, reserved: 0 };
+    let hdr = FrameHeader {
+        magic: MAGIC,
+        version: WIRE_VERSION,
+        kind: kind as u8,
+        flags: 0,
+        req_id,
+        len,
+        reserved: 0,
+    };
     buf[..FrameHeader::SIZE].copy_from_slice(hdr.as_bytes());
     buf
 }
@@ -56,7 +64,10 @@ pub fn encode(kind: FrameKind, req_id: u64, msg: &Msg) -> Vec<u8> {
 pub fn write_frame<W: Write + ?Sized>(w: &mut W, kind: FrameKind, req_id: u64, msg: &Msg) -> io::Result<()> {
     let buf = encode(kind, req_id, msg);
     if buf.len() - FrameHeader::SIZE > MAX_BODY as usize {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("message body of {} bytes exceeds the frame bound", buf.len())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("message body of {} bytes exceeds the frame bound", buf.len()),
+        ));
     }
     w.write_all(&buf)
 }
@@ -71,7 +82,12 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameErr
     while got < hdr_bytes.len() {
         match r.read(&mut hdr_bytes[got..]) {
             Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => return Err(FrameError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame header"))),
+            Ok(0) => {
+                return Err(FrameError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "truncated frame header",
+                )))
+            }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
@@ -86,7 +102,11 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Option<Frame>, FrameErr
         let at = body.len();
         body.resize(at + want, 0);
         if let Err(e) = r.read_exact(&mut body[at..]) {
-            return Err(FrameError::Io(if e.kind() == io::ErrorKind::UnexpectedEof { io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body") } else { e }));
+            return Err(FrameError::Io(if e.kind() == io::ErrorKind::UnexpectedEof {
+                io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame body")
+            } else {
+                e
+            }));
         }
     }
     decode(kind, req_id, &body).map(Some)
@@ -116,7 +136,9 @@ fn decode(kind: FrameKind, req_id: u64, body: &[u8]) -> Result<Frame, FrameError
 /// The frame at the start of `buf` and the bytes it took, if all of it is there; its header
 /// is checked as soon as it is (a reader need not wait for a body it will refuse).
 pub fn parse_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
-    let Some(hdr) = buf.first_chunk::<{ FrameHeader::SIZE }>() else { return Ok(None) };
+    let Some(hdr) = buf.first_chunk::<{ FrameHeader::SIZE }>() else {
+        return Ok(None);
+    };
     let (kind, req_id, len) = check_header(hdr)?;
     let end = FrameHeader::SIZE + len;
     if buf.len() < end {
@@ -133,7 +155,11 @@ mod tests {
     use serde_bytes::ByteBuf;
 
     fn fetch(vpn: u64) -> Msg {
-        P2M_FETCH { who: Who::new("v", 7), vpn }.into()
+        P2M_FETCH {
+            who: Who::new("v", 7),
+            vpn,
+        }
+        .into()
     }
 
     #[test]
@@ -151,22 +177,53 @@ mod tests {
         buf.extend(encode(FrameKind::Request, 2, &fetch(2)));
         let (f, used) = parse_frame(&buf).unwrap().unwrap();
         assert_eq!((f.req_id, used), (1, one));
-        assert!(parse_frame(&buf[one..buf.len() - 1]).unwrap().is_none(), "a partial body waits");
-        assert!(parse_frame(&buf[one..one + 3]).unwrap().is_none(), "a partial header waits");
+        assert!(
+            parse_frame(&buf[one..buf.len() - 1]).unwrap().is_none(),
+            "a partial body waits"
+        );
+        assert!(
+            parse_frame(&buf[one..one + 3]).unwrap().is_none(),
+            "a partial header waits"
+        );
         assert_eq!(parse_frame(&buf[one..]).unwrap().unwrap().0.req_id, 2);
-        let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY + 1, reserved: 0 };
-        assert!(matches!(parse_frame(hdr.as_bytes()), Err(FrameError::TooLarge(_))), "refused on its header alone");
+        let hdr = FrameHeader {
+            magic: MAGIC,
+            version: WIRE_VERSION,
+            kind: 0,
+            flags: 0,
+            req_id: 1,
+            len: MAX_BODY + 1,
+            reserved: 0,
+        };
+        assert!(
+            matches!(parse_frame(hdr.as_bytes()), Err(FrameError::TooLarge(_))),
+            "refused on its header alone"
+        );
     }
 
     #[test]
     fn oversized_and_garbage_are_refused() {
-        let hdr = FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id: 1, len: MAX_BODY + 1, reserved: 0 };
+        let hdr = FrameHeader {
+            magic: MAGIC,
+            version: WIRE_VERSION,
+            kind: 0,
+            flags: 0,
+            req_id: 1,
+            len: MAX_BODY + 1,
+            reserved: 0,
+        };
         assert!(matches!(read_frame(&mut hdr.as_bytes()), Err(FrameError::TooLarge(_))));
         let junk = [0xffu8; 64];
         assert!(matches!(read_frame(&mut &junk[..]), Err(FrameError::BadMagic(_))));
         let buf = encode(FrameKind::Request, 1, &fetch(2));
-        assert!(matches!(read_frame(&mut &buf[..buf.len() - 1]), Err(FrameError::Io(_))), "truncated body");
-        assert!(matches!(read_frame(&mut &buf[..10]), Err(FrameError::Io(_))), "truncated header");
+        assert!(
+            matches!(read_frame(&mut &buf[..buf.len() - 1]), Err(FrameError::Io(_))),
+            "truncated body"
+        );
+        assert!(
+            matches!(read_frame(&mut &buf[..10]), Err(FrameError::Io(_))),
+            "truncated header"
+        );
         let mut bad_version = buf.clone();
         let other = WIRE_VERSION + 1;
         bad_version[4..6].copy_from_slice(&other.to_le_bytes());

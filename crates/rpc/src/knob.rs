@@ -18,7 +18,9 @@ pub use {clap as __clap, serde as __serde};
 /// absent.
 pub fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
     let cmd = T::augment_args(clap::Command::new("defaults").no_binary_name(true)).ignore_errors(true);
-    let m = cmd.try_get_matches_from(std::iter::empty::<&str>()).expect("a command line without options parses");
+    let m = cmd
+        .try_get_matches_from(std::iter::empty::<&str>())
+        .expect("a command line without options parses");
     T::from_arg_matches(&m).expect("every option's default parses")
 }
 
@@ -112,7 +114,10 @@ pub struct KnobParser<T> {
 
 impl<T> KnobParser<T> {
     pub fn new(names: &'static [&'static str]) -> KnobParser<T> {
-        KnobParser { names, knob: PhantomData }
+        KnobParser {
+            names,
+            knob: PhantomData,
+        }
     }
 }
 
@@ -125,7 +130,12 @@ impl<T> Clone for KnobParser<T> {
 impl<T: FromStr<Err = String> + Clone + Send + Sync + 'static> TypedValueParser for KnobParser<T> {
     type Value = T;
 
-    fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &std::ffi::OsStr) -> Result<T, clap::Error> {
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
         (|s: &str| s.parse::<T>()).parse_ref(cmd, arg, value)
     }
 

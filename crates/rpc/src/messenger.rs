@@ -20,7 +20,9 @@ use splitos_ebb::messenger::{self, Origin, Refused, Undelivered};
 use splitos_ebb::EbbId;
 
 use crate::server::Peer;
-use crate::wire::{EbbHome, EbbHomes, EbbServed, ErrCode, Msg, ERR, G2X_EBB_MAP, X2G_EBB_FIND, X2X_EBB_ANSWER, X2X_EBB_MESSAGE};
+use crate::wire::{
+    EbbHome, EbbHomes, EbbServed, ErrCode, Msg, ERR, G2X_EBB_MAP, X2G_EBB_FIND, X2X_EBB_ANSWER, X2X_EBB_MESSAGE,
+};
 use crate::{Rpc, RpcError};
 
 /// This process's component id, once the global managers gave it (above `u32::MAX`: not yet).
@@ -38,9 +40,14 @@ pub(crate) fn receive(m: X2X_EBB_MESSAGE, peer: Option<Peer>) -> Msg {
     if let Some(to) = m.to.filter(|to| *to as u64 != me) {
         return Msg::ERR(ERR::new(ErrCode::NotFound, format!("this is not component {to}")));
     }
-    let from = Origin { role: peer.map(|p| p.role.name().to_string()) };
+    let from = Origin {
+        role: peer.map(|p| p.role.name().to_string()),
+    };
     match messenger::deliver(EbbId(m.ebb), &from, Bytes::from(m.body.into_vec())) {
-        Ok(body) => X2X_EBB_ANSWER { body: ByteBuf::from(Vec::from(body)) }.into(),
+        Ok(body) => X2X_EBB_ANSWER {
+            body: ByteBuf::from(Vec::from(body)),
+        }
+        .into(),
         Err(e @ Undelivered::NotServed(_)) => Msg::ERR(ERR::new(ErrCode::NotFound, e.to_string())),
         Err(Undelivered::Refused(Refused::Denied(why))) => Msg::ERR(ERR::new(ErrCode::Denied, why)),
         Err(Undelivered::Refused(Refused::Invalid(why))) => Msg::ERR(ERR::new(ErrCode::Invalid, why)),
@@ -49,7 +56,10 @@ pub(crate) fn receive(m: X2X_EBB_MESSAGE, peer: Option<Peer>) -> Msg {
 
 /// The Ebbs this process serves, as registrations and heartbeats name them.
 pub fn served() -> Vec<EbbServed> {
-    messenger::served().into_iter().map(|(id, name)| EbbServed { id: id.0, name }).collect()
+    messenger::served()
+        .into_iter()
+        .map(|(id, name)| EbbServed { id: id.0, name })
+        .collect()
 }
 
 /// Where a [`Messenger`] reads the homes of an Ebb ([`Messenger::via_gm`]: the global
@@ -67,13 +77,20 @@ pub struct Messenger {
 
 impl Messenger {
     pub fn new(rpc: Rpc, resolve: Resolve) -> Messenger {
-        Messenger { rpc, resolve, homes: Mutex::new(Vec::new()) }
+        Messenger {
+            rpc,
+            resolve,
+            homes: Mutex::new(Vec::new()),
+        }
     }
 
     /// A messenger that reads the id map from the global managers at `gm`.
     pub fn via_gm(rpc: Rpc, gm: String) -> Messenger {
         let r = rpc.clone();
-        Messenger::new(rpc, Box::new(move |id| Ok(find(&r, &gm, Some(id))?.into_iter().flat_map(|e| e.homes).collect())))
+        Messenger::new(
+            rpc,
+            Box::new(move |id| Ok(find(&r, &gm, Some(id))?.into_iter().flat_map(|e| e.homes).collect())),
+        )
     }
 
     /// Sends `body` to the representative of Ebb `ebb` on component `component` and returns
@@ -82,10 +99,22 @@ impl Messenger {
     /// whose connection broke during the call is not, since the message may have been
     /// served.
     pub fn send_to(&self, ebb: EbbId, component: u32, body: Bytes) -> Result<Bytes, RpcError> {
-        let cached = self.homes.lock().unwrap().iter().find(|(id, _)| *id == ebb).and_then(|(_, h)| h.iter().find(|h| h.id == component).cloned());
+        let cached = self
+            .homes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(id, _)| *id == ebb)
+            .and_then(|(_, h)| h.iter().find(|h| h.id == component).cloned());
         if let Some(home) = cached {
             match deliver_to(&self.rpc, &home.addr, ebb, Some(component), body.clone()) {
-                Err(RpcError::Unreachable { .. } | RpcError::Remote { code: ErrCode::NotFound, .. }) => {}
+                Err(
+                    RpcError::Unreachable { .. }
+                    | RpcError::Remote {
+                        code: ErrCode::NotFound,
+                        ..
+                    },
+                ) => {}
                 answer => return answer,
             }
         }
@@ -96,7 +125,10 @@ impl Messenger {
             cache.retain(|(id, _)| *id != ebb);
             cache.push((ebb, homes));
         }
-        let home = home.ok_or_else(|| RpcError::Remote { code: ErrCode::NotFound, msg: format!("no live component {component} serves {ebb} (the global id map names no such home)") })?;
+        let home = home.ok_or_else(|| RpcError::Remote {
+            code: ErrCode::NotFound,
+            msg: format!("no live component {component} serves {ebb} (the global id map names no such home)"),
+        })?;
         deliver_to(&self.rpc, &home.addr, ebb, Some(component), body)
     }
 }
@@ -109,7 +141,14 @@ pub fn send(rpc: &Rpc, addr: &str, ebb: EbbId, body: Bytes) -> Result<Bytes, Rpc
 
 fn deliver_to(rpc: &Rpc, addr: &str, ebb: EbbId, to: Option<u32>, body: Bytes) -> Result<Bytes, RpcError> {
     metrics::counter!("ebb_messages_sent_total", "ebb" => ebb.0.to_string()).increment(1);
-    let a = rpc.call(addr, X2X_EBB_MESSAGE { ebb: ebb.0, to, body: ByteBuf::from(Vec::from(body)) })?;
+    let a = rpc.call(
+        addr,
+        X2X_EBB_MESSAGE {
+            ebb: ebb.0,
+            to,
+            body: ByteBuf::from(Vec::from(body)),
+        },
+    )?;
     Ok(Bytes::from(a.body.into_vec()))
 }
 
@@ -157,44 +196,94 @@ mod tests {
         let t = TransportConfig::default().build(None).unwrap();
         let ep = t.listen("127.0.0.1:0").unwrap();
         let addr = ep.addr();
-        ep.serve(Arc::new(Nothing), ServerConfig { name: "msgr".into(), workers: 0, fanout_workers: 1, serving: Default::default() });
+        ep.serve(
+            Arc::new(Nothing),
+            ServerConfig {
+                name: "msgr".into(),
+                workers: 0,
+                fanout_workers: 1,
+                serving: Default::default(),
+            },
+        );
         let rpc = Rpc::new(t, Duration::from_secs(5));
         let ebb = Ebb::with_id(EbbId(901), "reverse", |_| Reverse).unwrap();
         let serving = messenger::serve(&ebb).unwrap();
-        assert!(served().contains(&EbbServed { id: 901, name: "reverse".into() }));
-        assert_eq!(send(&rpc, &addr, EbbId(901), Bytes::from_static(b"abc")).unwrap(), "cba");
+        assert!(served().contains(&EbbServed {
+            id: 901,
+            name: "reverse".into()
+        }));
+        assert_eq!(
+            send(&rpc, &addr, EbbId(901), Bytes::from_static(b"abc")).unwrap(),
+            "cba"
+        );
         let code = |r: Result<Bytes, RpcError>| r.map_err(|e| e.code());
         assert_eq!(code(send(&rpc, &addr, EbbId(901), Bytes::new())), Err(ErrCode::Invalid));
-        assert_eq!(code(send(&rpc, &addr, EbbId(902), Bytes::from_static(b"x"))), Err(ErrCode::NotFound));
+        assert_eq!(
+            code(send(&rpc, &addr, EbbId(902), Bytes::from_static(b"x"))),
+            Err(ErrCode::NotFound)
+        );
 
         // Sent for component 7, it is refused: this process is component 5.
         set_component_id(5);
-        assert_eq!(code(deliver_to(&rpc, &addr, EbbId(901), Some(7), Bytes::from_static(b"x"))), Err(ErrCode::NotFound));
-        assert_eq!(deliver_to(&rpc, &addr, EbbId(901), Some(5), Bytes::from_static(b"ok")).unwrap(), "ko");
+        assert_eq!(
+            code(deliver_to(&rpc, &addr, EbbId(901), Some(7), Bytes::from_static(b"x"))),
+            Err(ErrCode::NotFound)
+        );
+        assert_eq!(
+            deliver_to(&rpc, &addr, EbbId(901), Some(5), Bytes::from_static(b"ok")).unwrap(),
+            "ko"
+        );
 
         // The map first names an address where nothing listens (component 5 moved), then the
         // right one.
-        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
         let lookups = Arc::new(AtomicUsize::new(0));
         let (l, a) = (lookups.clone(), addr.clone());
         let m = Messenger::new(
             rpc,
             Box::new(move |id| {
                 assert_eq!(id, EbbId(901));
-                let at = if l.fetch_add(1, Ordering::SeqCst) == 0 { dead.clone() } else { a.clone() };
-                Ok(vec![EbbHome { id: 5, role: Role::Mem, addr: at }])
+                let at = if l.fetch_add(1, Ordering::SeqCst) == 0 {
+                    dead.clone()
+                } else {
+                    a.clone()
+                };
+                Ok(vec![EbbHome {
+                    id: 5,
+                    role: Role::Mem,
+                    addr: at,
+                }])
             }),
         );
-        assert_eq!(code(m.send_to(EbbId(901), 5, Bytes::from_static(b"12"))), Err(ErrCode::Unreachable), "a fresh lookup is not repeated");
-        assert_eq!(m.send_to(EbbId(901), 5, Bytes::from_static(b"12")).unwrap(), "21", "the remembered home did not answer: looked up again");
+        assert_eq!(
+            code(m.send_to(EbbId(901), 5, Bytes::from_static(b"12"))),
+            Err(ErrCode::Unreachable),
+            "a fresh lookup is not repeated"
+        );
+        assert_eq!(
+            m.send_to(EbbId(901), 5, Bytes::from_static(b"12")).unwrap(),
+            "21",
+            "the remembered home did not answer: looked up again"
+        );
         assert_eq!(lookups.load(Ordering::SeqCst), 2);
         assert_eq!(m.send_to(EbbId(901), 5, Bytes::from_static(b"345")).unwrap(), "543");
         assert_eq!(lookups.load(Ordering::SeqCst), 2, "the home found is remembered");
-        assert_eq!(code(m.send_to(EbbId(901), 6, Bytes::from_static(b"x"))), Err(ErrCode::NotFound), "no such home in the map");
+        assert_eq!(
+            code(m.send_to(EbbId(901), 6, Bytes::from_static(b"x"))),
+            Err(ErrCode::NotFound),
+            "no such home in the map"
+        );
         assert_eq!(lookups.load(Ordering::SeqCst), 3);
         // No longer served where the map said: read again once, then the refusal.
         drop(serving);
-        assert_eq!(code(m.send_to(EbbId(901), 5, Bytes::from_static(b"x"))), Err(ErrCode::NotFound));
+        assert_eq!(
+            code(m.send_to(EbbId(901), 5, Bytes::from_static(b"x"))),
+            Err(ErrCode::NotFound)
+        );
         assert_eq!(lookups.load(Ordering::SeqCst), 4);
     }
 }

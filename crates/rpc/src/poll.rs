@@ -57,7 +57,10 @@ struct Place;
 
 impl Place {
     fn take() -> Option<Place> {
-        POLLERS.fetch_update(Relaxed, Relaxed, |n| (n < most_polling()).then_some(n + 1)).ok().map(|_| Place)
+        POLLERS
+            .fetch_update(Relaxed, Relaxed, |n| (n < most_polling()).then_some(n + 1))
+            .ok()
+            .map(|_| Place)
     }
 }
 
@@ -197,7 +200,10 @@ mod tests {
 
     /// A poller that polls whatever other tests' pollers do meanwhile.
     fn alone(ceiling: Duration, polling: Polling) -> Poller {
-        Poller { limited: false, ..Poller::new(ceiling, polling) }
+        Poller {
+            limited: false,
+            ..Poller::new(ceiling, polling)
+        }
     }
 
     /// One wait whose event comes `after` into it; a sleeping waiter sees it `late` after that.
@@ -222,10 +228,19 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
             pending.slept();
         }
-        assert_eq!(p.budget(), Duration::ZERO, "sleeps of 10 ms against a 1 ms ceiling: polling is wasted");
+        assert_eq!(
+            p.budget(),
+            Duration::ZERO,
+            "sleeps of 10 ms against a 1 ms ceiling: polling is wasted"
+        );
         // Events now come 100 µs into each wait: polling resumes and catches them.
-        let hits: Vec<bool> = (0..30).map(|_| wait(&p, Duration::from_micros(100), Duration::ZERO)).collect();
-        assert!(hits[25..].iter().all(|h| *h), "the last waits were caught polling: {hits:?}");
+        let hits: Vec<bool> = (0..30)
+            .map(|_| wait(&p, Duration::from_micros(100), Duration::ZERO))
+            .collect();
+        assert!(
+            hits[25..].iter().all(|h| *h),
+            "the last waits were caught polling: {hits:?}"
+        );
         // At least the events' delay (twice it, measured from the poll's start, a little
         // after the wait's).
         assert!(p.budget() >= Duration::from_micros(100), "{:?}", p.budget());
@@ -251,9 +266,15 @@ mod tests {
         assert_eq!(p.budget(), Duration::ZERO);
         // Events now come 300 µs into each wait, but a sleeper only sees them 3 ms later (a slow
         // wake-up): sleeping shows nothing, the periodic probe finds them.
-        let hits = (0..40).filter(|_| wait(&p, Duration::from_micros(300), Duration::from_millis(3))).count();
+        let hits = (0..40)
+            .filter(|_| wait(&p, Duration::from_micros(300), Duration::from_millis(3)))
+            .count();
         assert!(hits > 0, "a probe caught an event");
-        assert!(p.budget() >= Duration::from_micros(600), "polling resumed: {:?}", p.budget());
+        assert!(
+            p.budget() >= Duration::from_micros(600),
+            "polling resumed: {:?}",
+            p.budget()
+        );
     }
 
     #[test]
@@ -313,6 +334,9 @@ mod tests {
         let polled = results.iter().filter(|(p, _)| *p).count();
         // Pollers of other tests may hold places too: fewer may have polled, never more.
         assert!(polled <= most_polling(), "{results:?}");
-        assert!(results.iter().filter(|(p, _)| !p).all(|(_, tries)| *tries == 1), "a waiter without a place tried once and slept: {results:?}");
+        assert!(
+            results.iter().filter(|(p, _)| !p).all(|(_, tries)| *tries == 1),
+            "a waiter without a place tried once and slept: {results:?}"
+        );
     }
 }

@@ -41,7 +41,13 @@ struct Window {
 impl Refusals {
     /// `what` names the refusal in the summary line, as its own lines say it.
     pub const fn new(what: &'static str) -> Refusals {
-        Refusals { what, windows: Mutex::new(Windows { by_peer: BTreeMap::new(), summarizing: false }) }
+        Refusals {
+            what,
+            windows: Mutex::new(Windows {
+                by_peer: BTreeMap::new(),
+                summarizing: false,
+            }),
+        }
     }
 
     /// Whether this refusal of `peer`'s gets a line of its own; if not, the summary of the
@@ -52,7 +58,11 @@ impl Refusals {
         if w.by_peer.len() >= PEERS - 1 && !w.by_peer.contains_key(&peer) {
             peer = OTHERS.to_string();
         }
-        let win = w.by_peer.entry(peer).or_insert_with(|| Window { since: Instant::now(), logged: 0, unlogged: 0 });
+        let win = w.by_peer.entry(peer).or_insert_with(|| Window {
+            since: Instant::now(),
+            logged: 0,
+            unlogged: 0,
+        });
         let line = win.logged < LINES_PER_WINDOW;
         match line {
             true => win.logged += 1,
@@ -61,7 +71,10 @@ impl Refusals {
         // Summaries come when windows end, also when the flood stops there. A thread that
         // cannot be started now is tried again at the next refusal.
         if !w.summarizing {
-            w.summarizing = std::thread::Builder::new().name("refusal-log".into()).spawn(move || self.summarize_until_quiet()).is_ok();
+            w.summarizing = std::thread::Builder::new()
+                .name("refusal-log".into())
+                .spawn(move || self.summarize_until_quiet())
+                .is_ok();
         }
         line
     }
@@ -76,14 +89,23 @@ impl Refusals {
     /// returns when the next one ends, or `None` when none is left.
     fn sweep(&self, now: Instant) -> Option<Instant> {
         let mut w = self.windows.lock().unwrap();
-        let (ended, open): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut w.by_peer).into_iter().partition(|(_, win)| win.since + WINDOW <= now);
+        let (ended, open): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut w.by_peer)
+            .into_iter()
+            .partition(|(_, win)| win.since + WINDOW <= now);
         w.by_peer = open;
         let next = w.by_peer.values().map(|win| win.since + WINDOW).min();
         w.summarizing = next.is_some();
         drop(w);
         for (peer, win) in ended.into_iter().filter(|(_, win)| win.unlogged > 0) {
             let (unlogged, logged, secs) = (win.unlogged, win.logged, now.duration_since(win.since).as_secs());
-            tracing::warn!(peer, unlogged, logged, secs, "{}: {unlogged} more not logged one by one (in {secs} s, after {logged} that were)", self.what);
+            tracing::warn!(
+                peer,
+                unlogged,
+                logged,
+                secs,
+                "{}: {unlogged} more not logged one by one (in {secs} s, after {logged} that were)",
+                self.what
+            );
         }
         next
     }
@@ -112,15 +134,26 @@ mod tests {
     #[test]
     fn one_peers_flood_leaves_another_its_lines() {
         static R: Refusals = Refusals::new("refused a test");
-        assert_eq!((0..1000).filter(|_| R.log_this("uid 1")).count() as u64, LINES_PER_WINDOW);
-        assert_eq!((0..1000).filter(|_| R.log_this("uid 2")).count() as u64, LINES_PER_WINDOW);
-        assert_eq!((unlogged(&R, "uid 1"), unlogged(&R, "uid 2")), (1000 - LINES_PER_WINDOW, 1000 - LINES_PER_WINDOW));
+        assert_eq!(
+            (0..1000).filter(|_| R.log_this("uid 1")).count() as u64,
+            LINES_PER_WINDOW
+        );
+        assert_eq!(
+            (0..1000).filter(|_| R.log_this("uid 2")).count() as u64,
+            LINES_PER_WINDOW
+        );
+        assert_eq!(
+            (unlogged(&R, "uid 1"), unlogged(&R, "uid 2")),
+            (1000 - LINES_PER_WINDOW, 1000 - LINES_PER_WINDOW)
+        );
     }
 
     #[test]
     fn peers_beyond_those_followed_share_one_window() {
         static R: Refusals = Refusals::new("refused a test");
-        let logged = (0..PEERS as u64 + 100).filter(|i| R.log_this(format!("10.0.0.{i}"))).count() as u64;
+        let logged = (0..PEERS as u64 + 100)
+            .filter(|i| R.log_this(format!("10.0.0.{i}")))
+            .count() as u64;
         // The first PEERS - 1 peers each, then `others` for the rest.
         assert_eq!(logged, PEERS as u64 - 1 + LINES_PER_WINDOW);
         assert_eq!(R.windows.lock().unwrap().by_peer.len(), PEERS);

@@ -67,7 +67,15 @@ pub struct Peer {
 /// Its role and the first bytes of its key, as logs name it.
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "{} {:02x}{:02x}{:02x}{:02x}", self.role.name(), self.key[0], self.key[1], self.key[2], self.key[3])
+        write!(
+            f,
+            "{} {:02x}{:02x}{:02x}{:02x}",
+            self.role.name(),
+            self.key[0],
+            self.key[1],
+            self.key[2],
+            self.key[3]
+        )
     }
 }
 
@@ -123,11 +131,15 @@ impl Dispatcher {
     pub fn submit(&self, msg: Msg, peer: Option<Peer>, reply: impl FnOnce(Msg) + Send + 'static) {
         if let Some(p) = peer.filter(|p| !may_send(p.role, &msg)) {
             metrics::counter!("rpc_requests_refused_total").increment(1);
-            static WRONG_ROLE: crate::refusals::Refusals = crate::refusals::Refusals::new("refused a request its sender's role may not send");
+            static WRONG_ROLE: crate::refusals::Refusals =
+                crate::refusals::Refusals::new("refused a request its sender's role may not send");
             if WRONG_ROLE.log_this(p) {
                 tracing::warn!(peer = %p, msg = msg.name(), "refused a request its sender's role may not send");
             }
-            return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("a {} may not send {}", p.role.name(), msg.name()))));
+            return reply(Msg::ERR(ERR::new(
+                ErrCode::Denied,
+                format!("a {} may not send {}", p.role.name(), msg.name()),
+            )));
         }
         // An Ebb's representative may send messages of its own.
         let fans_out = matches!(msg, Msg::X2X_EBB_MESSAGE(_)) || self.handler.fans_out(&msg);

@@ -42,20 +42,40 @@ pub struct ServingConfig {
     pub cores: usize,
     /// How the loops wait: adaptive (poll above poll_above events a second, sleep below
     /// sleep_below), poll (always: a CPU per loop) or sleep (always in epoll).
-    #[arg(id = "serving.waiting", value_name = "HOW", long = "serving-waiting", default_value_t)]
+    #[arg(
+        id = "serving.waiting",
+        value_name = "HOW",
+        long = "serving-waiting",
+        default_value_t
+    )]
     pub waiting: Waiting,
     /// Events a second (requests, doorbells, connections) above which an adaptive loop polls.
-    #[arg(id = "serving.poll_above", value_name = "N", long = "serving-poll-above", default_value_t = 20_000)]
+    #[arg(
+        id = "serving.poll_above",
+        value_name = "N",
+        long = "serving-poll-above",
+        default_value_t = 20_000
+    )]
     pub poll_above: u64,
     /// Events a second below which a polling adaptive loop sleeps again (at most poll_above:
     /// the gap keeps a rate near one threshold from switching on every window).
-    #[arg(id = "serving.sleep_below", value_name = "N", long = "serving-sleep-below", default_value_t = 5_000)]
+    #[arg(
+        id = "serving.sleep_below",
+        value_name = "N",
+        long = "serving-sleep-below",
+        default_value_t = 5_000
+    )]
     pub sleep_below: u64,
     /// How long (µs) an adaptive loop below poll_above keeps polling after its last event
     /// before it sleeps, so that a caller's next request, sent as soon as it has its answer,
     /// finds it awake (as a thread polls for spin_us after each request); 0: sleep at once.
     /// At rest it costs nothing.
-    #[arg(id = "serving.linger_us", value_name = "US", long = "serving-linger-us", default_value_t = 100)]
+    #[arg(
+        id = "serving.linger_us",
+        value_name = "US",
+        long = "serving-linger-us",
+        default_value_t = 100
+    )]
     pub linger_us: u64,
 }
 
@@ -73,7 +93,13 @@ const WINDOW: Duration = Duration::from_millis(10);
 
 impl ServingConfig {
     fn loop_config(&self) -> LoopConfig {
-        LoopConfig { waiting: self.waiting, poll_above: self.poll_above, sleep_below: self.sleep_below, window: WINDOW, linger: Duration::from_micros(self.linger_us) }
+        LoopConfig {
+            waiting: self.waiting,
+            poll_above: self.poll_above,
+            sleep_below: self.sleep_below,
+            window: WINDOW,
+            linger: Duration::from_micros(self.linger_us),
+        }
     }
 
     /// An error names the knob it is about.
@@ -97,10 +123,14 @@ pub struct Loops {
 impl Loops {
     /// Starts `cfg.cores` loops, threads `NAME-loop-0`, ...
     pub fn start(name: &str, cfg: &ServingConfig) -> io::Result<Arc<Loops>> {
-        cfg.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        cfg.validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let rt = Runtime::start(&format!("{name}-loop"), cfg.cores, cfg.loop_config(), |_| {})?;
         tracing::info!(component = name, loops = cfg.cores, waiting = %cfg.waiting, poll_above = cfg.poll_above, sleep_below = cfg.sleep_below, "serving on Ebb event loops");
-        Ok(Arc::new(Loops { rt, next: AtomicUsize::new(0) }))
+        Ok(Arc::new(Loops {
+            rt,
+            next: AtomicUsize::new(0),
+        }))
     }
 
     /// The loops `cfg` asks for, if it asks for loops; a component whose loops cannot start
@@ -108,12 +138,15 @@ impl Loops {
     pub fn for_config(name: &str, cfg: &ServingConfig) -> Option<Arc<Loops>> {
         match cfg.kind {
             Serving::Threads => None,
-            Serving::Loops => Loops::start(name, cfg).map_err(|e| tracing::error!(error = %e, "cannot start event loops; serving on threads")).ok(),
+            Serving::Loops => Loops::start(name, cfg)
+                .map_err(|e| tracing::error!(error = %e, "cannot start event loops; serving on threads"))
+                .ok(),
         }
     }
 
     /// The loop the next connection or channel is served on: each in turn.
     pub fn next(&self) -> Arc<Remote> {
-        self.rt.remote(self.next.fetch_add(1, Ordering::Relaxed) % self.rt.cores())
+        self.rt
+            .remote(self.next.fetch_add(1, Ordering::Relaxed) % self.rt.cores())
     }
 }

@@ -366,8 +366,20 @@ pub const NET_LOCAL: i64 = 1;
 
 // These sizes are part of SHIM_ABI_VERSION: the pComponent reads the hello before it can check
 // the version, so a change here must bump it.
-const _: () = assert!(size_of::<Welcome>() == 32 && offset_of!(Welcome, abi) == 8 && offset_of!(Welcome, flags) == 12 && offset_of!(Welcome, uffd_features) == 16 && offset_of!(Welcome, refused) == 24);
-const _: () = assert!(size_of::<Hello>() == 120 && offset_of!(Hello, abi) == 0 && offset_of!(Hello, kind) == 4 && offset_of!(Hello, vnode) == 40 && offset_of!(Hello, interleave_unit) == 112);
+const _: () = assert!(
+    size_of::<Welcome>() == 32
+        && offset_of!(Welcome, abi) == 8
+        && offset_of!(Welcome, flags) == 12
+        && offset_of!(Welcome, uffd_features) == 16
+        && offset_of!(Welcome, refused) == 24
+);
+const _: () = assert!(
+    size_of::<Hello>() == 120
+        && offset_of!(Hello, abi) == 0
+        && offset_of!(Hello, kind) == 4
+        && offset_of!(Hello, vnode) == 40
+        && offset_of!(Hello, interleave_unit) == 112
+);
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
 const _: () = assert!(size_of::<VmaRec>() == 24);
@@ -492,7 +504,9 @@ pub mod uffd {
     const _: () = assert!(size_of::<Register>() == 32 && UFFDIO_REGISTER >> 16 & 0x3fff == 32);
     const _: () = assert!(size_of::<Copy>() == 40 && UFFDIO_COPY >> 16 & 0x3fff == 40 && offset_of!(Copy, copy) == 32);
     const _: () = assert!(size_of::<WriteProtect>() == 24 && UFFDIO_WRITEPROTECT >> 16 & 0x3fff == 24);
-    const _: () = assert!(size_of::<Continue>() == 32 && UFFDIO_CONTINUE >> 16 & 0x3fff == 32 && offset_of!(Continue, mapped) == 24);
+    const _: () = assert!(
+        size_of::<Continue>() == 32 && UFFDIO_CONTINUE >> 16 & 0x3fff == 32 && offset_of!(Continue, mapped) == 24
+    );
     const _: () = assert!(size_of::<Msg>() == 32 && offset_of!(Msg, flags) == 8 && offset_of!(Msg, address) == 16);
 }
 

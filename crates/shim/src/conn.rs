@@ -3,10 +3,15 @@
 //! userfaultfd and the heap's file (SCM_RIGHTS), then one response per request.
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
-use splitos_shim_abi::{uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_PROGRAM, REGION_BASE, WELCOME_HEAP_FILE, WELCOME_UFFD_DEV};
+use splitos_shim_abi::{
+    uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_PROGRAM, REGION_BASE, WELCOME_HEAP_FILE,
+    WELCOME_UFFD_DEV,
+};
 
 use crate::start::env;
-use crate::sys::{die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, served_by_trusted_user, spin_lock, spin_unlock, until_nul};
+use crate::sys::{
+    die, errno, fmt_u64, high_fd, raw_mmap, raw_mprotect, served_by_trusted_user, spin_lock, spin_unlock, until_nul,
+};
 use crate::vm::REGION_SIZE;
 
 pub(crate) static SOCK: AtomicI32 = AtomicI32::new(-1);
@@ -22,7 +27,10 @@ static HELLO_SAID: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
 fn mark_hello_said() {
     let mut w = HELLO_SAID.load(Relaxed);
     if w.is_null() {
-        let (rw, private) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        let (rw, private) = (
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        );
         // SAFETY: a fresh page at an address the kernel picks replaces nothing.
         let p = unsafe { raw_mmap(0, 4096, rw, private, -1, 0) };
         // SAFETY: the advice only changes what a copy of the address space inherits of the page.
@@ -68,7 +76,14 @@ pub(crate) fn connect() -> Welcomed {
         sa.sun_path[i] = *b as c_char;
     }
     // SAFETY: the address is a live sockaddr_un of the length passed.
-    if unsafe { libc::connect(sock, &sa as *const _ as *const libc::sockaddr, core::mem::size_of::<libc::sockaddr_un>() as u32) } != 0 {
+    if unsafe {
+        libc::connect(
+            sock,
+            &sa as *const _ as *const libc::sockaddr,
+            core::mem::size_of::<libc::sockaddr_un>() as u32,
+        )
+    } != 0
+    {
         die(&[b"cannot reach the pComponent at ", path, b" (is the cluster up?)"]);
     }
     if !served_by_trusted_user(sock) {
@@ -82,7 +97,10 @@ pub(crate) fn connect() -> Welcomed {
     set_receive_timeout(sock, &patience);
     let mut welcome = Welcome::default();
     let mut cbuf = [0u64; 4];
-    let mut iov = libc::iovec { iov_base: welcome.as_mut_bytes().as_mut_ptr() as *mut c_void, iov_len: core::mem::size_of::<Welcome>() };
+    let mut iov = libc::iovec {
+        iov_base: welcome.as_mut_bytes().as_mut_ptr() as *mut c_void,
+        iov_len: core::mem::size_of::<Welcome>(),
+    };
     // SAFETY: msghdr is plain data, valid when zeroed.
     let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -105,30 +123,58 @@ pub(crate) fn connect() -> Welcomed {
         }
     }
     if n != core::mem::size_of::<Welcome>() as isize {
-        die(&[b"no welcome from the pComponent at ", path, b" (closed, or a splitos build older than this shim)"]);
+        die(&[
+            b"no welcome from the pComponent at ",
+            path,
+            b" (closed, or a splitos build older than this shim)",
+        ]);
     }
     set_receive_timeout(sock, &libc::timeval { tv_sec: 0, tv_usec: 0 });
     if welcome.mark != splitos_shim_abi::WELCOME_MARK || welcome.abi != splitos_shim_abi::SHIM_ABI_VERSION {
-        die(&[b"the pComponent at ", path, b" speaks another shim ABI version (a different splitos build)"]);
+        die(&[
+            b"the pComponent at ",
+            path,
+            b" speaks another shim ABI version (a different splitos build)",
+        ]);
     }
     if welcome.refused == libc::EAGAIN as u32 {
-        die(&[b"the pComponent at ", path, b" is busy: too many of this user's processes are starting at once"]);
+        die(&[
+            b"the pComponent at ",
+            path,
+            b" is busy: too many of this user's processes are starting at once",
+        ]);
     }
     if welcome.refused != 0 {
         let mut uid = [0u8; 20];
         // SAFETY: getuid takes nothing and cannot fail.
         let uid = fmt_u64(unsafe { libc::getuid() } as u64, &mut uid);
-        die(&[b"the pComponent at ", path, b" grants no vNode to this user (uid ", uid, b"): ask the cluster's admin for one"]);
+        die(&[
+            b"the pComponent at ",
+            path,
+            b" grants no vNode to this user (uid ",
+            uid,
+            b"): ask the cluster's admin for one",
+        ]);
     }
     let mut next = fds.into_iter();
-    let mut take = |flag: u32| if welcome.flags & flag != 0 { next.next().unwrap_or(-1) } else { -1 };
+    let mut take = |flag: u32| {
+        if welcome.flags & flag != 0 {
+            next.next().unwrap_or(-1)
+        } else {
+            -1
+        }
+    };
     let (uffd_dev, heap_file) = (take(WELCOME_UFFD_DEV), take(WELCOME_HEAP_FILE));
     for fd in next.filter(|fd| *fd >= 0) {
         // SAFETY: a descriptor that was just installed for us, which the flags did not announce
         // and nothing else knows.
         unsafe { libc::close(fd) };
     }
-    Welcomed { features: welcome.uffd_features & uffd::FEATURES_ON_REQUEST, uffd_dev, heap_file }
+    Welcomed {
+        features: welcome.uffd_features & uffd::FEATURES_ON_REQUEST,
+        uffd_dev,
+        heap_file,
+    }
 }
 
 /// Sends the hello with the two descriptors on the connection [`connect`] made and, in a
@@ -155,7 +201,10 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
 
     let fds = [uffd, memfd];
     let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: hello.as_bytes().as_ptr() as *mut c_void, iov_len: core::mem::size_of::<Hello>() };
+    let mut iov = libc::iovec {
+        iov_base: hello.as_bytes().as_ptr() as *mut c_void,
+        iov_len: core::mem::size_of::<Hello>(),
+    };
     // SAFETY: msghdr is plain data, valid when zeroed.
     let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -181,14 +230,22 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
         die(&[b"the pComponent closed the connection during the hello"]);
     }
     if resp.ret == -(libc::EACCES as i64) {
-        die(&[b"vNode ", until_nul(&env().vnode), b" is not granted to this user: the pComponent refused this process"]);
+        die(&[
+            b"vNode ",
+            until_nul(&env().vnode),
+            b" is not granted to this user: the pComponent refused this process",
+        ]);
     }
     if resp.ret == -(libc::EAGAIN as i64) {
         die(&[b"the pComponent refused this process: too many of this user's programs run there"]);
     }
     if resp.ret < 0 {
         let mut b = [0u8; 20];
-        die(&[b"the pComponent refused this process (errno ", fmt_u64((-resp.ret) as u64, &mut b), b")"]);
+        die(&[
+            b"the pComponent refused this process (errno ",
+            fmt_u64((-resp.ret) as u64, &mut b),
+            b")",
+        ]);
     }
     for _ in 0..resp.val2 {
         let mut v = VmaRec::default();
@@ -206,7 +263,15 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
 /// Bounds how long reads on `sock` wait (zero: for ever).
 fn set_receive_timeout(sock: c_int, tv: &libc::timeval) {
     // SAFETY: setsockopt reads a timeval of the size given from a live reference.
-    unsafe { libc::setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVTIMEO, tv as *const _ as *const c_void, core::mem::size_of::<libc::timeval>() as u32) };
+    unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            tv as *const _ as *const c_void,
+            core::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
 }
 
 fn read_all(fd: c_int, buf: &mut [u8]) -> bool {
@@ -229,7 +294,14 @@ fn write_all(fd: c_int, buf: &[u8]) -> bool {
     let mut put = 0;
     while put < buf.len() {
         // SAFETY: sends from the unsent tail of a live buffer; send only reads it.
-        let n = unsafe { libc::send(fd, buf[put..].as_ptr() as *const c_void, buf.len() - put, libc::MSG_NOSIGNAL) };
+        let n = unsafe {
+            libc::send(
+                fd,
+                buf[put..].as_ptr() as *const c_void,
+                buf.len() - put,
+                libc::MSG_NOSIGNAL,
+            )
+        };
         if n > 0 {
             put += n as usize;
         } else if n < 0 && errno() == libc::EINTR {
@@ -253,8 +325,10 @@ pub(crate) fn unlock() {
 /// One request and its response; the caller holds the lock.
 pub(crate) fn request_locked(req: &ShimReq) -> ShimResp {
     if !hello_said_here() {
-        die(&[b"this process was made by a clone system call without CLONE_VM, which the shim cannot see: \
-               it has no heap of its own (its parent's is not mapped here). Use fork(), vfork() or posix_spawn()."]);
+        die(&[
+            b"this process was made by a clone system call without CLONE_VM, which the shim cannot see: \
+               it has no heap of its own (its parent's is not mapped here). Use fork(), vfork() or posix_spawn().",
+        ]);
     }
     let sock = SOCK.load(Relaxed);
     let mut resp = ShimResp::default();
@@ -265,7 +339,15 @@ pub(crate) fn request_locked(req: &ShimReq) -> ShimResp {
 }
 
 pub(crate) fn request(op: Op, a: u64, b: u64, c: u64, d: u64, e: u64) -> ShimResp {
-    let req = ShimReq { op: op as u32, _pad: 0, a, b, c, d, e };
+    let req = ShimReq {
+        op: op as u32,
+        _pad: 0,
+        a,
+        b,
+        c,
+        d,
+        e,
+    };
     lock();
     let r = request_locked(&req);
     unlock();

@@ -24,11 +24,25 @@ static REAL_POSIX_SPAWN: NextFn = NextFn::new(c"posix_spawn");
 static REAL_POSIX_SPAWNP: NextFn = NextFn::new(c"posix_spawnp");
 static REAL_SYSTEM: NextFn = NextFn::new(c"system");
 static REAL_POPEN: NextFn = NextFn::new(c"popen");
-pub(crate) static REAL: [&NextFn; 6] = [&REAL_EXECVPE, &REAL_FEXECVE, &REAL_POSIX_SPAWN, &REAL_POSIX_SPAWNP, &REAL_SYSTEM, &REAL_POPEN];
+pub(crate) static REAL: [&NextFn; 6] = [
+    &REAL_EXECVPE,
+    &REAL_FEXECVE,
+    &REAL_POSIX_SPAWN,
+    &REAL_POSIX_SPAWNP,
+    &REAL_SYSTEM,
+    &REAL_POPEN,
+];
 
 type ExecvpeFn = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
 type FexecveFn = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
-type SpawnFn = unsafe extern "C" fn(*mut pid_t, *const c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, Argv, Argv) -> c_int;
+type SpawnFn = unsafe extern "C" fn(
+    *mut pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    Argv,
+    Argv,
+) -> c_int;
 type SystemFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type PopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
 
@@ -63,7 +77,13 @@ struct Scan<'a> {
 /// As [`with_shim_env`].
 unsafe fn scan<'a>(envp: Argv) -> Scan<'a> {
     let e = env();
-    let mut s = Scan { entries: 0, first_preload: None, preloads_name_shim: true, has: [false; CARRIED.len()], other_pcomponent: false };
+    let mut s = Scan {
+        entries: 0,
+        first_preload: None,
+        preloads_name_shim: true,
+        has: [false; CARRIED.len()],
+        other_pcomponent: false,
+    };
     // SAFETY: envp is NULL or NULL-terminated, its entries C strings (the contract).
     while !envp.is_null() && !unsafe { *envp.add(s.entries) }.is_null() {
         // SAFETY: as above.
@@ -86,7 +106,9 @@ impl Scan<'_> {
     }
 
     fn complete(&self) -> bool {
-        self.first_preload.is_some() && self.preloads_name_shim && (0..env().carried().count()).all(|j| !self.missing(j))
+        self.first_preload.is_some()
+            && self.preloads_name_shim
+            && (0..env().carried().count()).all(|j| !self.missing(j))
     }
 }
 
@@ -122,7 +144,16 @@ unsafe fn with_shim_env<R>(envp: Argv, f: impl FnOnce(Argv) -> R) -> Result<R, c
         // SAFETY: a fresh private mapping at an address the kernel picks replaces nothing.
         // In a vfork child it stays in the parent if the exec succeeds; only an environment
         // of more than 8 KiB gets here.
-        let p = unsafe { raw_mmap(0, (words * 8) as u64, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        let p = unsafe {
+            raw_mmap(
+                0,
+                (words * 8) as u64,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(libc::E2BIG);
         }
@@ -207,13 +238,18 @@ unsafe fn is_static_elf(dirfd: c_int, path: *const c_char) -> bool {
     }
     let read = |buf: &mut [u8], at: u64| {
         // SAFETY: pread writes at most buf.len() bytes into the live buffer.
-        unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), at as libc::off_t) == buf.len() as isize }
+        unsafe {
+            libc::pread(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), at as libc::off_t) == buf.len() as isize
+        }
     };
     let mut eh = [0u8; 64];
     let mut interpreter = None;
     if read(&mut eh, 0) && eh[..4] == *b"\x7fELF" && eh[4] == 2 {
         let phoff = u64::from_le_bytes([eh[32], eh[33], eh[34], eh[35], eh[36], eh[37], eh[38], eh[39]]);
-        let (entsize, count) = (u16::from_le_bytes([eh[54], eh[55]]) as u64, u16::from_le_bytes([eh[56], eh[57]]) as u64);
+        let (entsize, count) = (
+            u16::from_le_bytes([eh[54], eh[55]]) as u64,
+            u16::from_le_bytes([eh[56], eh[57]]) as u64,
+        );
         interpreter = Some(false);
         for i in 0..count {
             let mut kind = [0u8; 4];
@@ -241,7 +277,11 @@ unsafe fn warn_if_static(dirfd: c_int, path: *const c_char) {
     if !path.is_null() && unsafe { is_static_elf(dirfd, path) } {
         // SAFETY: as above.
         let name = unsafe { core::ffi::CStr::from_ptr(path) }.to_bytes();
-        crate::sys::say(&[b"splitos shim: warning: ", name, b" is statically linked: it runs natively, its memory is not disaggregated\n"]);
+        crate::sys::say(&[
+            b"splitos shim: warning: ",
+            name,
+            b" is statically linked: it runs natively, its memory is not disaggregated\n",
+        ]);
     }
 }
 
@@ -260,7 +300,11 @@ pub unsafe extern "C" fn execveat(dirfd: c_int, path: *const c_char, argv: Argv,
         unsafe { warn_if_static(dirfd, path) };
     }
     // SAFETY: execveat(2) itself, with the caller's arguments and a completed envp.
-    exec_result(unsafe { with_shim_env(envp, |envp| libc::syscall(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int) })
+    exec_result(unsafe {
+        with_shim_env(envp, |envp| {
+            libc::syscall(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int
+        })
+    })
 }
 
 #[no_mangle]
@@ -296,18 +340,42 @@ pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_spawn(pid: *mut pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int {
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
     // SAFETY: the caller's path.
     unsafe { warn_if_static(libc::AT_FDCWD, path) };
     // SAFETY: the C library's posix_spawn, resolved for this type, with the caller's arguments
     // and a completed envp, which lives until it returns (the child has copied it by then).
-    unsafe { with_shim_env(envp, |envp| REAL_POSIX_SPAWN.get::<SpawnFn>()(pid, path, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
+    unsafe {
+        with_shim_env(envp, |envp| {
+            REAL_POSIX_SPAWN.get::<SpawnFn>()(pid, path, actions, attr, argv, envp)
+        })
+    }
+    .unwrap_or_else(|e| e)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(pid: *mut pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int {
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
     // SAFETY: as posix_spawn.
-    unsafe { with_shim_env(envp, |envp| REAL_POSIX_SPAWNP.get::<SpawnFn>()(pid, file, actions, attr, argv, envp)) }.unwrap_or_else(|e| e)
+    unsafe {
+        with_shim_env(envp, |envp| {
+            REAL_POSIX_SPAWNP.get::<SpawnFn>()(pid, file, actions, attr, argv, envp)
+        })
+    }
+    .unwrap_or_else(|e| e)
 }
 
 /// system() and popen() start a shell inside the C library with the program's own
@@ -322,7 +390,10 @@ fn restore_own_environment() {
             i += 1;
             // SAFETY: an entry of `full`, a C string.
             let v = unsafe { cstr(p) };
-            let name = [c"LD_PRELOAD"].into_iter().chain(CARRIED).find(|n| v.strip_prefix(n.to_bytes()).is_some_and(|r| r.first() == Some(&b'=')));
+            let name = [c"LD_PRELOAD"]
+                .into_iter()
+                .chain(CARRIED)
+                .find(|n| v.strip_prefix(n.to_bytes()).is_some_and(|r| r.first() == Some(&b'=')));
             if let Some(name) = name {
                 // SAFETY: NUL-terminated name and value (the rest of the entry); setenv copies
                 // both.

@@ -46,7 +46,10 @@ pub(crate) fn register_child_handler() {
     }
     // SAFETY: the C library's function of this name and type; the handler stays valid (this
     // library is preloaded, never unloaded), so it is registered with no object to unload it with.
-    if unsafe { REAL_REGISTER_ATFORK.get::<RegisterAtforkFn>()(None, None, Some(child_after_fork), core::ptr::null_mut()) } != 0 {
+    if unsafe {
+        REAL_REGISTER_ATFORK.get::<RegisterAtforkFn>()(None, None, Some(child_after_fork), core::ptr::null_mut())
+    } != 0
+    {
         die(&[b"cannot register the fork handler that gives a forked child its heap"]);
     }
     OWN_HANDLER.store(REGISTERED, Release);
@@ -55,7 +58,12 @@ pub(crate) fn register_child_handler() {
 /// Every `pthread_atfork` of the program and its libraries, also in constructors that run
 /// before this library's: the shim's own child handler is registered first.
 #[no_mangle]
-pub unsafe extern "C" fn __register_atfork(prepare: Handler, parent: Handler, child: Handler, dso: *mut c_void) -> c_int {
+pub unsafe extern "C" fn __register_atfork(
+    prepare: Handler,
+    parent: Handler,
+    child: Handler,
+    dso: *mut c_void,
+) -> c_int {
     register_child_handler();
     // SAFETY: the C library's function of this name and type, with the caller's arguments.
     unsafe { REAL_REGISTER_ATFORK.get::<RegisterAtforkFn>()(prepare, parent, child, dso) }
@@ -70,7 +78,10 @@ pub extern "C" fn fork() -> pid_t {
         return unsafe { real() };
     }
     conn::lock();
-    let r = request_locked(&ShimReq { op: Op::ForkPrepare as u32, ..Default::default() });
+    let r = request_locked(&ShimReq {
+        op: Op::ForkPrepare as u32,
+        ..Default::default()
+    });
     if r.ret < 0 {
         conn::unlock();
         set_errno((-r.ret) as c_int);
@@ -90,7 +101,11 @@ pub extern "C" fn fork() -> pid_t {
     FORK_TOKEN.store(0, Release);
     if pid < 0 {
         let e = errno();
-        request_locked(&ShimReq { op: Op::ForkAbort as u32, a: r.val, ..Default::default() });
+        request_locked(&ShimReq {
+            op: Op::ForkAbort as u32,
+            a: r.val,
+            ..Default::default()
+        });
         set_errno(e);
     }
     conn::unlock();

@@ -98,7 +98,11 @@ fn host_memory() -> u64 {
     // SAFETY: sysinfo fills the struct it is given; all zeros is a valid value of it.
     let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
     // SAFETY: a valid pointer to that struct.
-    let host = if unsafe { libc::sysinfo(&mut si) } == 0 { (si.totalram as u64 + si.totalswap as u64).saturating_mul(si.mem_unit as u64) } else { u64::MAX };
+    let host = if unsafe { libc::sysinfo(&mut si) } == 0 {
+        (si.totalram as u64 + si.totalswap as u64).saturating_mul(si.mem_unit as u64)
+    } else {
+        u64::MAX
+    };
     HOST.store(host, core::sync::atomic::Ordering::Relaxed);
     host
 }

@@ -32,11 +32,25 @@ pub(crate) struct EnvCache {
     preload_len: usize,
 }
 
-static mut ENV: EnvCache = EnvCache { sock: [0; 108], vnode: [0; 64], run_id: 0, carried: [0; 1024], carried_len: 0, preload: [0; 4096], preload_len: 0 };
+static mut ENV: EnvCache = EnvCache {
+    sock: [0; 108],
+    vnode: [0; 64],
+    run_id: 0,
+    carried: [0; 1024],
+    carried_len: 0,
+    preload: [0; 4096],
+    preload_len: 0,
+};
 
 pub(crate) const PRELOAD: &[u8] = b"LD_PRELOAD=";
 /// The variables the shim reads, which a new image needs as they were.
-pub(crate) const CARRIED: [&core::ffi::CStr; 5] = [c"SPLITOS_PCOMP_SOCK", c"SPLITOS_VNODE", c"SPLITOS_RUN_ID", c"SPLITOS_REGION_SIZE", c"SPLITOS_ALLOW_NATIVE"];
+pub(crate) const CARRIED: [&core::ffi::CStr; 5] = [
+    c"SPLITOS_PCOMP_SOCK",
+    c"SPLITOS_VNODE",
+    c"SPLITOS_RUN_ID",
+    c"SPLITOS_REGION_SIZE",
+    c"SPLITOS_ALLOW_NATIVE",
+];
 
 impl EnvCache {
     /// The carried variables, each a NUL-terminated `NAME=value`.
@@ -53,7 +67,11 @@ impl EnvCache {
         let entry = [name, b"=", value, b"\0"];
         let len: usize = entry.iter().map(|p| p.len()).sum();
         if self.carried_len + len > self.carried.len() {
-            die(&[b"the value of ", name, b" is too long to hand to programs this one starts"]);
+            die(&[
+                b"the value of ",
+                name,
+                b" is too long to hand to programs this one starts",
+            ]);
         }
         for p in entry {
             self.carried[self.carried_len..self.carried_len + p.len()].copy_from_slice(p);
@@ -116,7 +134,12 @@ unsafe fn init() -> bool {
             e.carry(name.to_bytes(), unsafe { cstr(value) });
         }
     }
-    let mut info: libc::Dl_info = libc::Dl_info { dli_fname: core::ptr::null(), dli_fbase: core::ptr::null_mut(), dli_sname: core::ptr::null(), dli_saddr: core::ptr::null_mut() };
+    let mut info: libc::Dl_info = libc::Dl_info {
+        dli_fname: core::ptr::null(),
+        dli_fbase: core::ptr::null_mut(),
+        dli_sname: core::ptr::null(),
+        dli_saddr: core::ptr::null_mut(),
+    };
     // SAFETY: dladdr only fills `info`; dli_fname then names this library's link map entry,
     // which lives as long as the library, and is copied here.
     let path = unsafe {
@@ -137,8 +160,10 @@ unsafe fn init() -> bool {
         if getenv(c"SPLITOS_ALLOW_NATIVE") == b"1" {
             return false;
         }
-        die(&[b"no pComponent is named (SPLITOS_PCOMP_SOCK is not set), so this program's memory would not be \
-               disaggregated. Start it with `splitos run`, or set SPLITOS_ALLOW_NATIVE=1 to run it natively."]);
+        die(&[
+            b"no pComponent is named (SPLITOS_PCOMP_SOCK is not set), so this program's memory would not be \
+               disaggregated. Start it with `splitos run`, or set SPLITOS_ALLOW_NATIVE=1 to run it natively.",
+        ]);
     }
     let size = parse_u64(getenv(c"SPLITOS_REGION_SIZE")).unwrap_or(DEFAULT_REGION_SIZE);
     debug_assert_eq!(ENV_REGION_SIZE, "SPLITOS_REGION_SIZE");

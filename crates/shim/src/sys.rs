@@ -122,7 +122,16 @@ pub(crate) fn served_by_trusted_user(fd: c_int) -> bool {
     let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`, which lives across the call;
     // made from the gate, as the shim's own call, not the program's.
-    let r = unsafe { crate::trap::sys!(libc::SYS_getsockopt, fd, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut libc::ucred, &mut len as *mut libc::socklen_t) } as c_int;
+    let r = unsafe {
+        crate::trap::sys!(
+            libc::SYS_getsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred,
+            &mut len as *mut libc::socklen_t
+        )
+    } as c_int;
     // SAFETY: geteuid has no preconditions.
     r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
 }
@@ -151,7 +160,10 @@ pub(crate) struct NextFn {
 
 impl NextFn {
     pub(crate) const fn new(name: &'static CStr) -> NextFn {
-        NextFn { name, addr: AtomicUsize::new(0) }
+        NextFn {
+            name,
+            addr: AtomicUsize::new(0),
+        }
     }
 
     pub(crate) fn resolve(&self) -> usize {

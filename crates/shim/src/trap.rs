@@ -241,7 +241,12 @@ fn assemble(prog: &[Ins]) -> ([sock_filter; MAX_INS], usize) {
             _ => pos += 1,
         }
     }
-    let mut out = [sock_filter { code: 0, jt: 0, jf: 0, k: 0 }; MAX_INS];
+    let mut out = [sock_filter {
+        code: 0,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }; MAX_INS];
     let mut pos = 0;
     let off = |to: To, pos: usize| match to {
         To::Next => 0,
@@ -255,7 +260,12 @@ fn assemble(prog: &[Ins]) -> ([sock_filter; MAX_INS], usize) {
             Ins::Ge(k, t, f) => (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, k, off(t, pos), off(f, pos)),
             Ins::Ret(k) => (libc::BPF_RET | libc::BPF_K, k, 0, 0),
         };
-        out[pos] = sock_filter { code: code as u16, jt, jf, k };
+        out[pos] = sock_filter {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        };
         pos += 1;
     }
     (out, pos)
@@ -266,7 +276,11 @@ fn assemble(prog: &[Ins]) -> ([sock_filter; MAX_INS], usize) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn install() {
     // The symbols delimit the gate's code in this library's text.
-    let (code, after, end) = (splitos_gate_code as *const () as usize, core::ptr::addr_of!(splitos_gate_after) as usize, core::ptr::addr_of!(splitos_gate_end) as usize);
+    let (code, after, end) = (
+        splitos_gate_code as *const () as usize,
+        core::ptr::addr_of!(splitos_gate_after) as usize,
+        core::ptr::addr_of!(splitos_gate_end) as usize,
+    );
     let len = end - code;
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
     // SAFETY: MAP_FIXED_NOREPLACE fails rather than replace anything mapped there.
@@ -296,9 +310,19 @@ pub(crate) fn install() {
     }
 
     let (ins, n) = program(GATE + (after - code) as u64);
-    let prog = libc::sock_fprog { len: n as u16, filter: ins.as_ptr() as *mut sock_filter };
+    let prog = libc::sock_fprog {
+        len: n as u16,
+        filter: ins.as_ptr() as *mut sock_filter,
+    };
     // SAFETY: seccomp(2) reads the program `prog` points to, which lives through the call.
-    let set = || unsafe { sys!(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, libc::SECCOMP_FILTER_FLAG_TSYNC, &prog as *const libc::sock_fprog) };
+    let set = || unsafe {
+        sys!(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_TSYNC,
+            &prog as *const libc::sock_fprog
+        )
+    };
     let mut r = set();
     // Without CAP_SYS_ADMIN a filter needs no_new_privs: set-user-ID programs this one starts
     // then gain no privilege.
@@ -324,7 +348,11 @@ extern "C" fn on_sigsys(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     // (int) and its architecture (u32), from byte 16.
     let (code, nr, arch) = unsafe {
         let base = info as *const u8;
-        ((*info).si_code, *(base.add(24) as *const c_int), *(base.add(28) as *const u32))
+        (
+            (*info).si_code,
+            *(base.add(24) as *const c_int),
+            *(base.add(28) as *const u32),
+        )
     };
     if code != SYS_SECCOMP || arch != AUDIT_ARCH_X86_64 {
         // Somebody else's SIGSYS: what it would have done without us.
@@ -337,7 +365,15 @@ extern "C" fn on_sigsys(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     }
     // SAFETY: `ctx` is the interrupted thread's ucontext, ours to read and change.
     let g = unsafe { &mut (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs };
-    let a = [libc::REG_RDI, libc::REG_RSI, libc::REG_RDX, libc::REG_R10, libc::REG_R8, libc::REG_R9].map(|r| g[r as usize] as usize);
+    let a = [
+        libc::REG_RDI,
+        libc::REG_RSI,
+        libc::REG_RDX,
+        libc::REG_R10,
+        libc::REG_R8,
+        libc::REG_R9,
+    ]
+    .map(|r| g[r as usize] as usize);
     let saved = errno();
     // SAFETY: the program's own call, with its arguments, to the shim's entry point of that
     // call, whose contract is the system call's.

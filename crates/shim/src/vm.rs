@@ -56,7 +56,13 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     unsafe { libc::syscall(libc::SYS_madvise, REGION_BASE, size, libc::MADV_DONTFORK) };
     let uffd = if welcomed.uffd_dev >= 0 {
         // SAFETY: the ioctl only creates a descriptor; the device's own is closed after it.
-        let fd = unsafe { libc::ioctl(welcomed.uffd_dev, uffd::USERFAULTFD_IOC_NEW as _, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let fd = unsafe {
+            libc::ioctl(
+                welcomed.uffd_dev,
+                uffd::USERFAULTFD_IOC_NEW as _,
+                libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
         // SAFETY: the device descriptor the welcome brought, used by nothing else.
         unsafe { libc::close(welcomed.uffd_dev) };
         fd
@@ -67,7 +73,11 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     if uffd < 0 {
         die(&[b"userfaultfd is not available (the pComponent offered no /dev/userfaultfd, and this user may not create one: needs root or vm.unprivileged_userfaultfd=1)"]);
     }
-    let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_THREAD_ID | wanted, ioctls: 0 };
+    let mut api = uffd::Api {
+        api: uffd::UFFD_API,
+        features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_THREAD_ID | wanted,
+        ioctls: 0,
+    };
     // SAFETY: UFFDIO_API reads and writes a uffdio_api, whose layout Api is (size asserted).
     if unsafe { libc::ioctl(uffd, uffd::UFFDIO_API as _, &mut api) } != 0 {
         if wanted & uffd::FEATURE_WP_ASYNC != 0 {
@@ -92,9 +102,17 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
 static MINOR_FAULTS: AtomicBool = AtomicBool::new(false);
 
 fn register_range(uffd: c_int, start: u64, len: u64) {
-    let minor = if MINOR_FAULTS.load(Relaxed) { uffd::REGISTER_MODE_MINOR } else { 0 };
+    let minor = if MINOR_FAULTS.load(Relaxed) {
+        uffd::REGISTER_MODE_MINOR
+    } else {
+        0
+    };
     let mode = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP | minor;
-    let mut reg = uffd::Register { range: uffd::Range { start, len }, mode, ioctls: 0 };
+    let mut reg = uffd::Register {
+        range: uffd::Range { start, len },
+        mode,
+        ioctls: 0,
+    };
     // SAFETY: UFFDIO_REGISTER reads and writes a uffdio_register, whose layout Register is.
     // Registering changes who serves faults in the range, not what the memory holds.
     if unsafe { libc::ioctl(uffd, uffd::UFFDIO_REGISTER as _, &mut reg) } != 0 {
@@ -107,7 +125,10 @@ fn register_range(uffd: c_int, start: u64, len: u64) {
 fn is_heap_mapping(prot: c_int, flags: c_int, fd: c_int) -> bool {
     let anon_private = flags & libc::MAP_ANONYMOUS != 0 && flags & libc::MAP_TYPE == libc::MAP_PRIVATE;
     let excluded = libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_STACK;
-    anon_private && flags & excluded == 0 && prot & libc::PROT_EXEC == 0 && (fd == -1 || flags & libc::MAP_ANONYMOUS != 0)
+    anon_private
+        && flags & excluded == 0
+        && prot & libc::PROT_EXEC == 0
+        && (fd == -1 || flags & libc::MAP_ANONYMOUS != 0)
 }
 
 pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool, noreserve: bool) -> Result<u64, c_int> {
@@ -133,7 +154,16 @@ pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool, noreser
 unsafe fn restore_region_backing(addr: u64, len: u64) {
     let flags = libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE;
     // SAFETY: replaces only the range the caller gives up, with inaccessible region backing.
-    let p = unsafe { raw_mmap(addr, len, libc::PROT_NONE, flags, MEMFD.load(Relaxed), (addr - REGION_BASE) as off_t) };
+    let p = unsafe {
+        raw_mmap(
+            addr,
+            len,
+            libc::PROT_NONE,
+            flags,
+            MEMFD.load(Relaxed),
+            (addr - REGION_BASE) as off_t,
+        )
+    };
     if p as u64 != addr {
         die(&[b"cannot restore the heap region after a foreign mapping"]);
     }
@@ -143,7 +173,14 @@ unsafe fn restore_region_backing(addr: u64, len: u64) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     let a = addr as u64;
     let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
     if !is_heap_mapping(prot, flags, fd) || !ready() || (fixed && !in_region(a, len as u64)) {
@@ -195,7 +232,14 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     // SAFETY: the same call under its other name; the caller's contract is mmap's.
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
@@ -285,7 +329,13 @@ pub unsafe extern "C" fn posix_madvise(addr: *mut c_void, len: size_t, advice: c
 /// `mremap` is variadic in C; on x86-64 the optional fifth argument is simply the next
 /// register, read only when MREMAP_FIXED says it was passed.
 #[no_mangle]
-pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     let o = old as u64;
     if !is_ready() || !overlaps_region(o, old_len as u64) {
         // SAFETY: the program's own mremap outside the region, passed on unchanged.

@@ -47,7 +47,12 @@ fn map(len: usize, prot: i32, flags: i32, fd: i32) -> anyhow::Result<*mut u8> {
 /// First touch of fresh anonymous memory, served by the kernel.
 fn native_first_touch(n: usize) -> anyhow::Result<Histogram<u64>> {
     let mut h = hist();
-    let p = map(n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)?;
+    let p = map(
+        n * PAGE,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+    )?;
     for i in 0..n {
         let t = Instant::now();
         // SAFETY: page i lies inside the n-page mapping above, which nothing else references.
@@ -74,26 +79,60 @@ enum InstallBy {
 /// at all.
 fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
     // SAFETY: the name is a NUL-terminated static string; the call creates a new descriptor.
-    let memfd = checked(unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) } as i64, "memfd_create")? as i32;
+    let memfd = checked(
+        unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) } as i64,
+        "memfd_create",
+    )? as i32;
     // SAFETY: `memfd` is a descriptor this function just made and still owns.
     let memfd = unsafe { OwnedFd::from_raw_fd(memfd) };
     // SAFETY: integers only.
-    checked(unsafe { libc::ftruncate(memfd.as_raw_fd(), (n * PAGE) as i64) } as i64, "ftruncate")?;
-    let base = map(n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd())? as u64;
+    checked(
+        unsafe { libc::ftruncate(memfd.as_raw_fd(), (n * PAGE) as i64) } as i64,
+        "ftruncate",
+    )?;
+    let base = map(
+        n * PAGE,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+        memfd.as_raw_fd(),
+    )? as u64;
     // SAFETY: integers only; the result is checked before it is owned.
-    let ufd = checked(unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) }, "userfaultfd")? as i32;
+    let ufd = checked(
+        unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) },
+        "userfaultfd",
+    )? as i32;
     // SAFETY: `ufd` is a descriptor this function just made; OwnedFd closes it once.
     let ufd = unsafe { OwnedFd::from_raw_fd(ufd) };
     let (features, minor) = match by {
         InstallBy::Copy => (uffd::FEATURE_MISSING_SHMEM, 0),
-        InstallBy::Continue => (uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_MINOR_SHMEM, uffd::REGISTER_MODE_MINOR),
+        InstallBy::Continue => (
+            uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_MINOR_SHMEM,
+            uffd::REGISTER_MODE_MINOR,
+        ),
     };
-    let mut api = uffd::Api { api: uffd::UFFD_API, features, ioctls: 0 };
+    let mut api = uffd::Api {
+        api: uffd::UFFD_API,
+        features,
+        ioctls: 0,
+    };
     // SAFETY: `api` is the repr(C) struct UFFDIO_API reads and writes, live for the call.
-    checked(unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } as i64, "UFFDIO_API")?;
-    let mut reg = uffd::Register { range: uffd::Range { start: base, len: (n * PAGE) as u64 }, mode: uffd::REGISTER_MODE_MISSING | minor, ioctls: 0 };
+    checked(
+        unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } as i64,
+        "UFFDIO_API",
+    )?;
+    let mut reg = uffd::Register {
+        range: uffd::Range {
+            start: base,
+            len: (n * PAGE) as u64,
+        },
+        mode: uffd::REGISTER_MODE_MISSING | minor,
+        ioctls: 0,
+    };
     // SAFETY: `reg` is the repr(C) struct UFFDIO_REGISTER reads and writes; the range is our mapping.
-    checked(unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) } as i64, "UFFDIO_REGISTER")?;
+    checked(
+        unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) } as i64,
+        "UFFDIO_REGISTER",
+    )?;
     let raw = ufd.as_raw_fd();
     let mfd = memfd.as_raw_fd();
     let server = std::thread::spawn(move || {
@@ -105,11 +144,21 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
             let got = poller.poll(|| {
                 // SAFETY: reads at most size_of::<Msg>() bytes into `m`, a live repr(C) record
                 // valid for any bytes; `raw` stays open until the thread is joined.
-                let r = unsafe { libc::read(raw, &mut m as *mut _ as *mut libc::c_void, std::mem::size_of::<uffd::Msg>()) };
+                let r = unsafe {
+                    libc::read(
+                        raw,
+                        &mut m as *mut _ as *mut libc::c_void,
+                        std::mem::size_of::<uffd::Msg>(),
+                    )
+                };
                 (r > 0).then_some(())
             });
             if got.is_err() {
-                let mut pfd = libc::pollfd { fd: raw, events: libc::POLLIN, revents: 0 };
+                let mut pfd = libc::pollfd {
+                    fd: raw,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 // SAFETY: one live pollfd; a timeout or error only leads to another read attempt.
                 unsafe { libc::poll(&mut pfd, 1, 1000) };
                 continue;
@@ -120,7 +169,13 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
             let dst = m.address & !(PAGE as u64 - 1);
             match by {
                 InstallBy::Copy => {
-                    let mut c = uffd::Copy { dst, src: page.as_ptr() as u64, len: PAGE as u64, mode: 0, copy: 0 };
+                    let mut c = uffd::Copy {
+                        dst,
+                        src: page.as_ptr() as u64,
+                        len: PAGE as u64,
+                        mode: 0,
+                        copy: 0,
+                    };
                     // SAFETY: `c` is the repr(C) struct UFFDIO_COPY reads and writes; its source
                     // is `page`, PAGE live bytes, and its destination a page of the registered mapping.
                     unsafe { libc::ioctl(raw, uffd::UFFDIO_COPY as _, &mut c) };
@@ -128,10 +183,23 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
                 InstallBy::Continue => {
                     // SAFETY: writes PAGE bytes of `page` into the memfd, which stays open until
                     // the thread is joined.
-                    let wrote = unsafe { libc::pwrite(mfd, page.as_ptr() as *const libc::c_void, PAGE, (dst - base) as i64) };
+                    let wrote =
+                        unsafe { libc::pwrite(mfd, page.as_ptr() as *const libc::c_void, PAGE, (dst - base) as i64) };
                     // Without the page in the memfd UFFDIO_CONTINUE fails and the faulting thread waits for good.
-                    assert_eq!(wrote, PAGE as isize, "pwrite into the floor's memfd: {}", std::io::Error::last_os_error());
-                    let mut c = uffd::Continue { range: uffd::Range { start: dst, len: PAGE as u64 }, mode: 0, mapped: 0 };
+                    assert_eq!(
+                        wrote,
+                        PAGE as isize,
+                        "pwrite into the floor's memfd: {}",
+                        std::io::Error::last_os_error()
+                    );
+                    let mut c = uffd::Continue {
+                        range: uffd::Range {
+                            start: dst,
+                            len: PAGE as u64,
+                        },
+                        mode: 0,
+                        mapped: 0,
+                    };
                     // SAFETY: `c` is the repr(C) struct UFFDIO_CONTINUE reads and writes; the
                     // range is a page of the registered mapping that the memfd now holds.
                     unsafe { libc::ioctl(raw, uffd::UFFDIO_CONTINUE as _, &mut c) };
@@ -157,7 +225,15 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
 /// both ends reading through the transport splitos uses, polling for `spin_us` first (0: a
 /// plain blocking read, which the scheduler often turns into a same-CPU ping-pong).
 fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
-    let t = TcpTransport::new(TcpConfig { spin_us, delay_us: 0, ..TcpConfig::default() }, Polling::Fixed, None);
+    let t = TcpTransport::new(
+        TcpConfig {
+            spin_us,
+            delay_us: 0,
+            ..TcpConfig::default()
+        },
+        Polling::Fixed,
+        None,
+    );
     let l = t.listen_stream("127.0.0.1:0").expect("bind");
     let addr = splitos_rpc::Endpoint::addr(&l);
     std::thread::spawn(move || {
@@ -170,7 +246,9 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
             }
         }
     });
-    let mut c = t.connect_stream(&addr, std::time::Duration::from_secs(3)).expect("connect");
+    let mut c = t
+        .connect_stream(&addr, std::time::Duration::from_secs(3))
+        .expect("connect");
     let mut page = vec![0u8; PAGE];
     let mut h = hist();
     for _ in 0..n {
@@ -187,11 +265,18 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
 /// the same framing, hand-off to a worker and reply path as a fetch. `kind` is the transport
 /// (shared memory only reaches an mComponent of this host that serves it).
 fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>> {
-    let t = splitos_rpc::TransportConfig { kind: kind.into(), ..Default::default() };
+    let t = splitos_rpc::TransportConfig {
+        kind: kind.into(),
+        ..Default::default()
+    };
     let creds = crate::node::credentials(&crate::control::cluster::admin_credentials(), splitos_rpc::Role::Admin)?;
     let rpc = crate::node::client_rpc(&t, creds, std::time::Duration::from_secs(5))?;
     let mut h = hist();
-    let msg = splitos_rpc::P2M_FLUSH { who: splitos_rpc::Who::new("bench", u64::MAX), vpn: 0, data: splitos_rpc::seal_page(&[0u8; PAGE]) };
+    let msg = splitos_rpc::P2M_FLUSH {
+        who: splitos_rpc::Who::new("bench", u64::MAX),
+        vpn: 0,
+        data: splitos_rpc::seal_page(&[0u8; PAGE]),
+    };
     for _ in 0..n {
         let t0 = Instant::now();
         let _ = rpc.call_direct(addr, msg.clone());
@@ -201,17 +286,29 @@ fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>>
 }
 
 pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
-    let mut out =
-        vec![summary("native_first_touch", &native_first_touch(n)?), summary("uffd_fault_local_page", &uffd_floor(n, InstallBy::Copy)?), summary("uffd_fault_local_page_continue", &uffd_floor(n, InstallBy::Continue)?)];
+    let mut out = vec![
+        summary("native_first_touch", &native_first_touch(n)?),
+        summary("uffd_fault_local_page", &uffd_floor(n, InstallBy::Copy)?),
+        summary("uffd_fault_local_page_continue", &uffd_floor(n, InstallBy::Continue)?),
+    ];
     // The same with idle CPUs polling, as a pComponent with `idle_poll = "on"` has them.
     match crate::pmon::host::idle::request() {
         Ok(_held) => {
-            out.push(summary("uffd_fault_local_page_idle_poll", &uffd_floor(n, InstallBy::Copy)?));
-            out.push(summary("uffd_fault_local_page_continue_idle_poll", &uffd_floor(n, InstallBy::Continue)?));
+            out.push(summary(
+                "uffd_fault_local_page_idle_poll",
+                &uffd_floor(n, InstallBy::Copy)?,
+            ));
+            out.push(summary(
+                "uffd_fault_local_page_continue_idle_poll",
+                &uffd_floor(n, InstallBy::Continue)?,
+            ));
         }
         Err(e) => crate::errln!("no idle-polling floors: {e}"),
     }
-    out.extend([summary("tcp_rtt_4k", &tcp_floor(n, 0)), summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US))]);
+    out.extend([
+        summary("tcp_rtt_4k", &tcp_floor(n, 0)),
+        summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
+    ]);
     if let Some(a) = mcomp {
         out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n, "tcp")?));
         out.push(summary("splitos_rpc_4k_shm", &rpc_floor(&a, n, "shm")?));

@@ -37,7 +37,10 @@ impl Counter<'_> {
 
 /// The counters as the fields of a JSON object, keyed by name.
 pub fn json<'a>(counters: impl IntoIterator<Item = Counter<'a>>) -> serde_json::Map<String, serde_json::Value> {
-    counters.into_iter().map(|c| (c.name.to_string(), c.value().into())).collect()
+    counters
+        .into_iter()
+        .map(|c| (c.name.to_string(), c.value().into()))
+        .collect()
 }
 
 /// Renders the counters as the Prometheus counters `splitos_PREFIX_NAME_total`, described by
@@ -135,9 +138,18 @@ mod tests {
         assert_eq!(t.label, "two");
         let all: Vec<Counter> = t.counters().collect();
         t.time_ns.store(1_500_000_000, Relaxed);
-        assert_eq!(all.iter().map(|c| (c.name, c.value())).collect::<Vec<_>>(), [("things", 3), ("others", 0), ("time_ns", 1_500_000_000)]);
-        assert_eq!((all[0].help_line(), all[0].metric("x")), ("Things counted.".to_string(), ("x_things_total".to_string(), 3.0)));
+        assert_eq!(
+            all.iter().map(|c| (c.name, c.value())).collect::<Vec<_>>(),
+            [("things", 3), ("others", 0), ("time_ns", 1_500_000_000)]
+        );
+        assert_eq!(
+            (all[0].help_line(), all[0].metric("x")),
+            ("Things counted.".to_string(), ("x_things_total".to_string(), 3.0))
+        );
         assert_eq!(all[2].metric("x"), ("x_time_seconds_total".to_string(), 1.5));
-        assert_eq!(serde_json::Value::from(json(t.counters())), serde_json::json!({"things": 3, "others": 0, "time_ns": 1_500_000_000u64}));
+        assert_eq!(
+            serde_json::Value::from(json(t.counters())),
+            serde_json::json!({"things": 3, "others": 0, "time_ns": 1_500_000_000u64})
+        );
     }
 }

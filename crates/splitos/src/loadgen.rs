@@ -99,7 +99,10 @@ impl FromStr for Mix {
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || format!("{s:?} is not a GET:SET ratio such as 30:1");
         let (g, st) = s.split_once(':').ok_or_else(bad)?;
-        let (gets, sets) = (g.trim().parse().map_err(|_| bad())?, st.trim().parse().map_err(|_| bad())?);
+        let (gets, sets) = (
+            g.trim().parse().map_err(|_| bad())?,
+            st.trim().parse().map_err(|_| bad())?,
+        );
         match (gets, sets) {
             (0, 0) => Err(format!("{s:?}: a ratio needs GETs or SETs")),
             _ => Ok(Mix { gets, sets }),
@@ -250,7 +253,15 @@ fn hist() -> Histogram<u64> {
 
 impl Seen {
     fn new() -> Self {
-        Seen { get: hist(), set: hist(), answered: 0, hits: 0, misses: 0, set_refused: 0, corrupt: 0 }
+        Seen {
+            get: hist(),
+            set: hist(),
+            answered: 0,
+            hits: 0,
+            misses: 0,
+            set_refused: 0,
+            corrupt: 0,
+        }
     }
 
     fn add(&mut self, o: &Seen) {
@@ -298,12 +309,20 @@ fn read_get(r: &mut BufReader<TcpStream>, addr: &str) -> anyhow::Result<Got> {
     if line == "END\r\n" {
         return Ok(Got::Miss);
     }
-    let (key, len) = match line.strip_prefix("VALUE ").map(|rest| rest.split_whitespace().collect::<Vec<_>>()) {
-        Some(f) if f.len() >= 3 => (f[0].to_string(), f[2].parse::<usize>().with_context(|| format!("{addr}: bad length in {line:?}"))?),
+    let (key, len) = match line
+        .strip_prefix("VALUE ")
+        .map(|rest| rest.split_whitespace().collect::<Vec<_>>())
+    {
+        Some(f) if f.len() >= 3 => (
+            f[0].to_string(),
+            f[2].parse::<usize>()
+                .with_context(|| format!("{addr}: bad length in {line:?}"))?,
+        ),
         _ => bail!("{addr} answered a GET with {line:?}"),
     };
     let mut data = vec![0u8; len + 2];
-    r.read_exact(&mut data).with_context(|| format!("reading a {len}-byte value from {addr}"))?;
+    r.read_exact(&mut data)
+        .with_context(|| format!("reading a {len}-byte value from {addr}"))?;
     read_line(r, &mut line, addr)?;
     if line != "END\r\n" {
         bail!("{addr} ended a GET's value with {line:?}");
@@ -425,8 +444,14 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
     }
     let mut rng = SmallRng::seed_from_u64(plan.seed);
-    let zipf = (args.zipf > 0.0).then(|| Zipf::new(args.keys as f64, args.zipf)).transpose().context("--zipf")?;
-    let gaps = (plan.rate > 0.0).then(|| Exp::new(plan.rate)).transpose().context("--rate")?;
+    let zipf = (args.zipf > 0.0)
+        .then(|| Zipf::new(args.keys as f64, args.zipf))
+        .transpose()
+        .context("--zipf")?;
+    let gaps = (plan.rate > 0.0)
+        .then(|| Exp::new(plan.rate))
+        .transpose()
+        .context("--rate")?;
     let (window_tx, window_rx) = match gaps {
         Some(_) => (None, None),
         None => {
@@ -441,7 +466,13 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
     for addr in &args.servers {
         let s = connect(addr)?;
         let (tx, rx): (Sender<Pending>, Receiver<Pending>) = crossbeam_channel::unbounded();
-        let w = Watch { measured, end: plan.end, ks: *ks, window: window_rx.clone(), failed: failed.clone() };
+        let w = Watch {
+            measured,
+            end: plan.end,
+            ks: *ks,
+            window: window_rx.clone(),
+            failed: failed.clone(),
+        };
         let (rs, addr2) = (s.try_clone()?, addr.clone());
         readers.push(std::thread::spawn(move || reader(rs, addr2, rx, w)));
         writers.push((s, tx));
@@ -477,7 +508,11 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
                 Some(z) => z.sample(&mut rng) as u64 - 1,
                 None => rng.random_range(0..args.keys),
             };
-            let op = if rng.random_range(0..total) < u64::from(args.mix.gets) { Op::Get } else { Op::Set };
+            let op = if rng.random_range(0..total) < u64::from(args.mix.gets) {
+                Op::Get
+            } else {
+                Op::Set
+            };
             let key = ks.key(idx);
             buf.clear();
             match op {
@@ -496,7 +531,10 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
     })();
     drop(writers);
     drop(window_tx);
-    let read: Vec<anyhow::Result<Seen>> = readers.into_iter().map(|r| r.join().expect("a reader panicked")).collect();
+    let read: Vec<anyhow::Result<Seen>> = readers
+        .into_iter()
+        .map(|r| r.join().expect("a reader panicked"))
+        .collect();
     sent?;
     let mut seen = Seen::new();
     for r in read {
@@ -507,7 +545,12 @@ fn client(args: &LoadgenArgs, ks: &Keyspace, plan: ClientPlan) -> anyhow::Result
 
 fn summary(h: &Histogram<u64>) -> serde_json::Value {
     let us = |ns: u64| (ns as f64 / 1000.0 * 10.0).round() / 10.0;
-    let cdf: Vec<_> = [1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.9].iter().map(|&p| serde_json::json!([p, us(h.value_at_percentile(p))])).collect();
+    let cdf: Vec<_> = [
+        1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.9,
+    ]
+    .iter()
+    .map(|&p| serde_json::json!([p, us(h.value_at_percentile(p))]))
+    .collect();
     serde_json::json!({
         "n": h.len(),
         "mean_us": us(h.mean() as u64),
@@ -542,7 +585,13 @@ fn check(args: &LoadgenArgs) -> anyhow::Result<()> {
 /// Runs `splitos loadgen`.
 pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
     check(&args)?;
-    let ks = Keyspace { seed: args.seed, key_size: args.key_size, value_size: args.value_size, max_value: args.max_value, servers: args.servers.len() };
+    let ks = Keyspace {
+        seed: args.seed,
+        key_size: args.key_size,
+        value_size: args.value_size,
+        max_value: args.max_value,
+        servers: args.servers.len(),
+    };
     let mut stored = None;
     let t = Instant::now();
     if !args.no_preload {
@@ -563,7 +612,9 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
                     sc.spawn(move || preload(addr, ks, keys, mix64(args.seed ^ ((s * 64 + p) as u64))))
                 })
                 .collect();
-            hs.into_iter().map(|h| h.join().expect("a preload thread panicked")).sum::<anyhow::Result<u64>>()
+            hs.into_iter()
+                .map(|h| h.join().expect("a preload thread panicked"))
+                .sum::<anyhow::Result<u64>>()
         })?;
         stored = Some(n);
     }
@@ -576,7 +627,12 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         let hs: Vec<_> = (0..args.clients)
             .map(|c| {
                 let (args, ks) = (&args, &ks);
-                let plan = ClientPlan { seed: mix64(args.seed.wrapping_add(1000 + c as u64)), rate, start, end };
+                let plan = ClientPlan {
+                    seed: mix64(args.seed.wrapping_add(1000 + c as u64)),
+                    rate,
+                    start,
+                    end,
+                };
                 sc.spawn(move || client(args, ks, plan))
             })
             .collect();
@@ -609,13 +665,32 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
     if args.json {
         crate::outln!("{out}");
     } else {
-        let line =
-            |name: &str, v: &serde_json::Value| crate::outln!("{name}: {} requests, mean {} us, p50 {} us, p90 {} us, p99 {} us, max {} us", v["n"], v["mean_us"], v["p50_us"], v["p90_us"], v["p99_us"], v["max_us"]);
-        crate::outln!("{} requests due in {} s, {} replies per second ({} loop)", done, args.duration, out["throughput_per_s"], out["mode"].as_str().unwrap_or(""));
+        let line = |name: &str, v: &serde_json::Value| {
+            crate::outln!(
+                "{name}: {} requests, mean {} us, p50 {} us, p90 {} us, p99 {} us, max {} us",
+                v["n"],
+                v["mean_us"],
+                v["p50_us"],
+                v["p90_us"],
+                v["p99_us"],
+                v["max_us"]
+            )
+        };
+        crate::outln!(
+            "{} requests due in {} s, {} replies per second ({} loop)",
+            done,
+            args.duration,
+            out["throughput_per_s"],
+            out["mode"].as_str().unwrap_or("")
+        );
         if let Some(n) = stored {
             crate::outln!("preload: {n} of {} keys stored in {preload_s:.1} s", args.keys);
         }
-        crate::outln!("hit ratio {:.3}, {} SETs refused", out["hit_ratio"].as_f64().unwrap_or(0.0), seen.set_refused);
+        crate::outln!(
+            "hit ratio {:.3}, {} SETs refused",
+            out["hit_ratio"].as_f64().unwrap_or(0.0),
+            seen.set_refused
+        );
         line("GET", &out["get"]);
         line("SET", &out["set"]);
     }
@@ -645,14 +720,26 @@ mod tests {
 
     #[test]
     fn keys_are_valid_memcached_keys_and_stable() {
-        let ks = Keyspace { seed: 7, key_size: Sizes::Etc, value_size: Sizes::Etc, max_value: 1000, servers: 3 };
+        let ks = Keyspace {
+            seed: 7,
+            key_size: Sizes::Etc,
+            value_size: Sizes::Etc,
+            max_value: 1000,
+            servers: 3,
+        };
         for idx in [0, 1, 99, 123_456_789, u64::MAX] {
             let k = ks.key(idx);
-            assert!(k.len() <= MAX_KEY && !k.contains(|c: char| c.is_whitespace() || c.is_control()), "{k:?}");
+            assert!(
+                k.len() <= MAX_KEY && !k.contains(|c: char| c.is_whitespace() || c.is_control()),
+                "{k:?}"
+            );
             assert_eq!(k, ks.key(idx));
             assert!(ks.server(idx) < 3);
         }
-        let fixed = Keyspace { key_size: Sizes::Fixed(400), ..ks };
+        let fixed = Keyspace {
+            key_size: Sizes::Fixed(400),
+            ..ks
+        };
         assert_eq!(fixed.key(5).len(), MAX_KEY);
     }
 

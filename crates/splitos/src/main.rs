@@ -9,7 +9,11 @@ use splitos::config::{GmArgs, MemArgs, NetArgs, ProcArgs, Startup, StorageArgs};
 use splitos::{bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
 
 #[derive(Parser)]
-#[command(name = "splitos", version, about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components")]
+#[command(
+    name = "splitos",
+    version,
+    about = "A user-space splitkernel: run unmodified programs with their memory on disaggregated memory components"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -394,8 +398,19 @@ fn main() {
             ClusterCmd::Topology { json, api } => control::topology(api, json),
             ClusterCmd::Ebbs { gm, json } => control::ebbs(gm, json),
             ClusterCmd::SetPlacement { placement, gm } => control::set_placement(gm, placement),
-            ClusterCmd::SetPolicy { id, eviction, prefetch, api } => control::memory::set_policy(api, id, eviction, prefetch),
-            ClusterCmd::SetExcache { id, size, shares, clear_shares, api } => {
+            ClusterCmd::SetPolicy {
+                id,
+                eviction,
+                prefetch,
+                api,
+            } => control::memory::set_policy(api, id, eviction, prefetch),
+            ClusterCmd::SetExcache {
+                id,
+                size,
+                shares,
+                clear_shares,
+                api,
+            } => {
                 let shares = match (clear_shares, shares.is_empty()) {
                     (true, _) => Some(Vec::new()),
                     (false, true) => None,
@@ -407,19 +422,36 @@ fn main() {
                 splitos::out!("{}", splitos::api::openapi_json());
                 Ok(())
             }
-            ClusterCmd::Token { cmd: TokenCmd::Create { name, admin, vnode, gm } } => control::token_create(gm, name, admin, vnode),
-            ClusterCmd::Token { cmd: TokenCmd::List { json, gm } } => control::token_list(gm, json),
-            ClusterCmd::Token { cmd: TokenCmd::Revoke { name, gm } } => control::token_revoke(gm, name),
+            ClusterCmd::Token {
+                cmd: TokenCmd::Create { name, admin, vnode, gm },
+            } => control::token_create(gm, name, admin, vnode),
+            ClusterCmd::Token {
+                cmd: TokenCmd::List { json, gm },
+            } => control::token_list(gm, json),
+            ClusterCmd::Token {
+                cmd: TokenCmd::Revoke { name, gm },
+            } => control::token_revoke(gm, name),
         },
         Cmd::Memory { cmd } => match cmd {
             MemoryCmd::List { json, api } => control::memory::list(api, json),
             MemoryCmd::Attach { id, api } => control::memory::attach(api, id),
-            MemoryCmd::Detach { id, no_wait, timeout, api } => control::memory::detach(api, id, false, !no_wait, std::time::Duration::from_secs(timeout)),
+            MemoryCmd::Detach {
+                id,
+                no_wait,
+                timeout,
+                api,
+            } => control::memory::detach(api, id, false, !no_wait, std::time::Duration::from_secs(timeout)),
         },
         Cmd::Ps { json, api } => control::ps(api, json),
-        Cmd::Top { interval, iterations, api } => match interval.is_finite() && interval >= 0.1 {
+        Cmd::Top {
+            interval,
+            iterations,
+            api,
+        } => match interval.is_finite() && interval >= 0.1 {
             true => control::top::top(api, std::time::Duration::from_secs_f64(interval), iterations),
-            false => Err(anyhow::anyhow!("--interval must be at least 0.1 seconds, not {interval}")),
+            false => Err(anyhow::anyhow!(
+                "--interval must be at least 0.1 seconds, not {interval}"
+            )),
         },
         Cmd::Gm(start) => component(*start, gm::run),
         Cmd::Mem(start) => component(*start, mmon::run),
@@ -430,8 +462,12 @@ fn main() {
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
         Cmd::Loadgen(args) => loadgen::run(*args),
         Cmd::Memcached(args) => memcached::run(*args),
-        Cmd::Debug { cmd: DebugCmd::Fetch { at, vaddr } } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
-        Cmd::Debug { cmd: DebugCmd::Flip { at, vaddr, bit } } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
+        Cmd::Debug {
+            cmd: DebugCmd::Fetch { at, vaddr },
+        } => control::debug_fetch(&at.mcomp, at.vnode, at.pid, vaddr),
+        Cmd::Debug {
+            cmd: DebugCmd::Flip { at, vaddr, bit },
+        } => control::debug_flip(&at.mcomp, at.vnode, at.pid, vaddr, bit),
     };
     if let Err(e) = r {
         splitos::errln!("splitos: {e:#}");
@@ -440,7 +476,10 @@ fn main() {
 }
 
 /// Runs a component process with its configuration, from its options or its file.
-fn component<T: serde::de::DeserializeOwned>(start: Startup<T>, run: fn(T) -> anyhow::Result<()>) -> anyhow::Result<()> {
+fn component<T: serde::de::DeserializeOwned>(
+    start: Startup<T>,
+    run: fn(T) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     run(start.load()?)
 }
 
@@ -465,13 +504,33 @@ mod tests {
     fn a_component_takes_its_options_or_its_file_but_not_both() {
         assert!(matches!(parse(&["proc", "--config-file", "f"]), Ok(Cmd::Proc(s)) if matches!(*s, Startup::File(_))));
         assert!(parse(&["proc", "--config-file", "f", "--excache", "1G"]).is_err());
-        assert!(parse(&["proc", "--excache", "1G"]).is_err(), "--shim-sock and --vnode-root are needed");
-        let Ok(Cmd::Proc(s)) = parse(&["proc", "--shim-sock", "s", "--vnode-root", "r", "--excache", "1G", "--no-piggyback"]) else { panic!() };
+        assert!(
+            parse(&["proc", "--excache", "1G"]).is_err(),
+            "--shim-sock and --vnode-root are needed"
+        );
+        let Ok(Cmd::Proc(s)) = parse(&[
+            "proc",
+            "--shim-sock",
+            "s",
+            "--vnode-root",
+            "r",
+            "--excache",
+            "1G",
+            "--no-piggyback",
+        ]) else {
+            panic!()
+        };
         let Startup::Options(p) = *s else { panic!() };
-        assert_eq!((p.pcomp.excache.0, p.pcomp.piggyback, p.node.gm.as_str()), (1 << 30, false, splitos::config::HAND_STARTED_GM));
+        assert_eq!(
+            (p.pcomp.excache.0, p.pcomp.piggyback, p.node.gm.as_str()),
+            (1 << 30, false, splitos::config::HAND_STARTED_GM)
+        );
         assert!(matches!(parse(&["storage"]), Err(e) if e.to_string().contains("--dir")));
         let Ok(Cmd::Gm(s)) = parse(&["gm"]) else { panic!() };
         let Startup::Options(g) = *s else { panic!() };
-        assert_eq!((g.listen.as_str(), g.cluster.replication), (splitos::config::HAND_STARTED_GM, None));
+        assert_eq!(
+            (g.listen.as_str(), g.cluster.replication),
+            (splitos::config::HAND_STARTED_GM, None)
+        );
     }
 }

@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use splitos_rpc::auth::Credentials;
-use splitos_rpc::{Endpoint, ErrCode, Leaving, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, G2X_LEADER, X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER, X2G_WHO_LEADS};
+use splitos_rpc::{
+    Endpoint, ErrCode, Leaving, LinkSample, Load, Request, Role, Rpc, RpcError, TransportConfig, G2X_LEADER,
+    X2G_API_TOKEN, X2G_HEARTBEAT, X2G_REGISTER, X2G_WHO_LEADS,
+};
 
 use crate::config::ProcessArgs;
 
@@ -18,12 +21,20 @@ pub fn init_logging() {
     use std::io::IsTerminal;
     // A line stderr does not take is dropped: the subscriber would say so on stderr, with a
     // panic when that fails too (a reader gone, a full disk).
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).log_internal_errors(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .try_init();
 }
 
 /// Serves the component's metrics at `process.metrics_addr` unless it is `off`; beyond
 /// loopback to requests with an admin token, which `is_admin` checks. Returns the address.
-pub fn serve_metrics(process: &ProcessArgs, is_admin: impl Fn(&str) -> bool + Send + Sync + 'static) -> anyhow::Result<Option<String>> {
+pub fn serve_metrics(
+    process: &ProcessArgs,
+    is_admin: impl Fn(&str) -> bool + Send + Sync + 'static,
+) -> anyhow::Result<Option<String>> {
     if process.metrics_addr == "off" {
         return Ok(None);
     }
@@ -32,14 +43,23 @@ pub fn serve_metrics(process: &ProcessArgs, is_admin: impl Fn(&str) -> bool + Se
 
 /// The RPC client of a process that is not a component (the admin's tools), proving `creds`.
 pub fn client_rpc(transport: &TransportConfig, creds: Arc<Credentials>, timeout: Duration) -> anyhow::Result<Rpc> {
-    Ok(Rpc::new(transport.build(Some(creds)).map_err(|e| anyhow::anyhow!(e))?, timeout))
+    Ok(Rpc::new(
+        transport.build(Some(creds)).map_err(|e| anyhow::anyhow!(e))?,
+        timeout,
+    ))
 }
 
 /// Loads credentials from `path` and checks they are of `role`.
 pub fn credentials(path: &std::path::Path, role: Role) -> anyhow::Result<Arc<Credentials>> {
-    let c = Credentials::load(path).map_err(|e| anyhow::anyhow!("cannot read the credentials {}: {e}", path.display()))?;
+    let c =
+        Credentials::load(path).map_err(|e| anyhow::anyhow!("cannot read the credentials {}: {e}", path.display()))?;
     if c.role != role {
-        anyhow::bail!("the credentials {} are a {}'s, not a {}'s", path.display(), c.role.name(), role.name());
+        anyhow::bail!(
+            "the credentials {} are a {}'s, not a {}'s",
+            path.display(),
+            c.role.name(),
+            role.name()
+        );
     }
     Ok(Arc::new(c))
 }
@@ -63,8 +83,16 @@ pub struct Managers {
 
 impl Managers {
     pub fn new(list: &str) -> Managers {
-        let addrs: Vec<String> = list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
-        Managers { leader: Mutex::new(addrs.first().cloned().unwrap_or_default()), addrs }
+        let addrs: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
+        Managers {
+            leader: Mutex::new(addrs.first().cloned().unwrap_or_default()),
+            addrs,
+        }
     }
 
     /// The leader as last heard (the first manager before any answer).
@@ -116,19 +144,34 @@ impl Managers {
 
     /// Whether a request was surely not carried out, and may be sent again.
     fn undelivered<T>(r: &Result<T, RpcError>) -> bool {
-        matches!(r, Err(RpcError::Unreachable { .. } | RpcError::Remote { code: ErrCode::NotLeader, .. }))
+        matches!(
+            r,
+            Err(RpcError::Unreachable { .. }
+                | RpcError::Remote {
+                    code: ErrCode::NotLeader,
+                    ..
+                })
+        )
     }
 
     /// The leader the managers name, in the latest term any of them knows.
     pub fn find_leader(&self, rpc: &Rpc) -> Option<String> {
-        self.addrs.iter().filter_map(|a| rpc.call_timeout(a, X2G_WHO_LEADS, WHO_LEADS_TIMEOUT).ok()).filter_map(|G2X_LEADER { leader, term }| Some((term, leader?))).max_by_key(|(term, _)| *term).map(|(_, l)| l)
+        self.addrs
+            .iter()
+            .filter_map(|a| rpc.call_timeout(a, X2G_WHO_LEADS, WHO_LEADS_TIMEOUT).ok())
+            .filter_map(|G2X_LEADER { leader, term }| Some((term, leader?)))
+            .max_by_key(|(term, _)| *term)
+            .map(|(_, l)| l)
     }
 }
 
 /// Refuses a listening address that cannot be advertised: the address a component listens on
 /// is the one it registers, and others reach it there; `0.0.0.0` (or `::`) names no host.
 pub fn advertisable(role: Role, listen: &str) -> anyhow::Result<()> {
-    if listen.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_unspecified()) {
+    if listen
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_unspecified())
+    {
         anyhow::bail!("{} cannot listen on {listen}: that address is also the one it advertises, and it names no host; listen on one of this host's addresses others reach", role.name());
     }
     Ok(())
@@ -160,16 +203,34 @@ pub struct Node {
 impl Node {
     /// Claims the component's address on the configured transport and serves its metrics;
     /// the returned endpoint serves once the component is built around the node.
-    pub fn bind(role: Role, gm: &str, listen: &str, process: &ProcessArgs) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
-        let t = process.transport.build(Some(credentials(process.credentials()?, role)?)).map_err(|e| anyhow::anyhow!(e))?;
+    pub fn bind(
+        role: Role,
+        gm: &str,
+        listen: &str,
+        process: &ProcessArgs,
+    ) -> anyhow::Result<(Arc<Node>, Box<dyn Endpoint>)> {
+        let t = process
+            .transport
+            .build(Some(credentials(process.credentials()?, role)?))
+            .map_err(|e| anyhow::anyhow!(e))?;
         advertisable(role, listen)?;
-        let ep = t.listen(listen).map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
+        let ep = t
+            .listen(listen)
+            .map_err(|e| anyhow::anyhow!("{} cannot listen on {listen}: {e}", role.name()))?;
         crate::telemetry::init(role, &ep.addr());
         let rpc = Rpc::new(t, RPC_TIMEOUT);
         // The global managers keep the tokens: a scrape beyond loopback asks them.
         let managers = Arc::new(Managers::new(gm));
         let (asker, m) = (rpc.clone(), managers.clone());
-        let metrics = serve_metrics(process, move |token| m.call(&asker, X2G_API_TOKEN { token: token.to_string() }).is_ok_and(|p| p.admin))?;
+        let metrics = serve_metrics(process, move |token| {
+            m.call(
+                &asker,
+                X2G_API_TOKEN {
+                    token: token.to_string(),
+                },
+            )
+            .is_ok_and(|p| p.admin)
+        })?;
         Ok((
             Arc::new(Node {
                 role,
@@ -199,7 +260,15 @@ impl Node {
     }
 
     fn links(&self) -> Vec<LinkSample> {
-        self.links.lock().unwrap().iter().map(|(l, at)| LinkSample { age_ms: at.elapsed().as_millis() as u64, ..l.clone() }).collect()
+        self.links
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(l, at)| LinkSample {
+                age_ms: at.elapsed().as_millis() as u64,
+                ..l.clone()
+            })
+            .collect()
     }
 
     pub fn id(&self) -> u32 {
@@ -252,23 +321,42 @@ impl Node {
 
     /// Whether the global managers said in their last answer that mComponent `id` is lost.
     pub fn mcomp_declared_lost(&self, id: u32) -> bool {
-        self.heard.lock().unwrap().as_ref().is_some_and(|(_, lost)| lost.contains(&id))
+        self.heard
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|(_, lost)| lost.contains(&id))
     }
 
     /// Heartbeats forever, handing each answer to `on_beat`; re-registers if the global
     /// managers forgot us (they restarted).
-    pub fn heartbeat_forever(self: Arc<Self>, shim_sock: Option<String>, load: impl Fn() -> Load + Send + 'static, on_beat: impl Fn(splitos_rpc::G2X_BEAT) + Send + 'static) {
+    pub fn heartbeat_forever(
+        self: Arc<Self>,
+        shim_sock: Option<String>,
+        load: impl Fn() -> Load + Send + 'static,
+        on_beat: impl Fn(splitos_rpc::G2X_BEAT) + Send + 'static,
+    ) {
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
                 let leaving = self.leaving.lock().unwrap().clone();
-                match self.call_gm(X2G_HEARTBEAT { id: self.id(), addr: self.addr.clone(), load: load(), links: self.links(), leaving, ebbs: splitos_rpc::messenger::served() }) {
+                match self.call_gm(X2G_HEARTBEAT {
+                    id: self.id(),
+                    addr: self.addr.clone(),
+                    load: load(),
+                    links: self.links(),
+                    leaving,
+                    ebbs: splitos_rpc::messenger::served(),
+                }) {
                     Ok(beat) => {
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
                         on_beat(beat)
                     }
-                    Err(RpcError::Remote { code: ErrCode::NotFound, .. }) => {
+                    Err(RpcError::Remote {
+                        code: ErrCode::NotFound,
+                        ..
+                    }) => {
                         metrics::counter!("node_registrations_again_total").increment(1);
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
                             if r.fenced {
@@ -311,7 +399,12 @@ pub fn block_stop_signals() -> StopSignals {
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
     };
     // Not blocked, a stop signal would end the component at once, skipping its orderly stop.
-    assert_eq!(r, 0, "cannot block the stop signals: {}", std::io::Error::from_raw_os_error(r));
+    assert_eq!(
+        r,
+        0,
+        "cannot block the stop signals: {}",
+        std::io::Error::from_raw_os_error(r)
+    );
     StopSignals(set)
 }
 

@@ -8,7 +8,9 @@ use std::io::Write;
 
 /// Writes `args` to stdout, or ends the process if it cannot be written.
 pub fn print(args: std::fmt::Arguments) {
-    let Err(e) = std::io::stdout().lock().write_fmt(args) else { return };
+    let Err(e) = std::io::stdout().lock().write_fmt(args) else {
+        return;
+    };
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         std::process::exit(0);
     }

@@ -73,7 +73,11 @@ pub struct BestFit;
 
 impl Placement for BestFit {
     fn key(&self, unit: &Unit) -> f64 {
-        unit.free.iter().zip(unit.weights).map(|(free, w)| w * *free as f64).sum()
+        unit.free
+            .iter()
+            .zip(unit.weights)
+            .map(|(free, w)| w * *free as f64)
+            .sum()
     }
     fn packs(&self) -> bool {
         true
@@ -143,13 +147,27 @@ impl Placements {
     /// The placements of the global managers of this process: the policy the admin last put
     /// in place, kept in `store`, or else `configured`.
     pub fn new(configured: PlacementPolicy, store: Store) -> anyhow::Result<Placements> {
-        let kept = store.load::<String>(PLACEMENT)?.into_iter().next().map(|name| name.parse::<PlacementPolicy>()).transpose().map_err(|e| anyhow::anyhow!("the managers' state: {e}"))?;
+        let kept = store
+            .load::<String>(PLACEMENT)?
+            .into_iter()
+            .next()
+            .map(|name| name.parse::<PlacementPolicy>())
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("the managers' state: {e}"))?;
         let initial = kept.unwrap_or(configured);
         let rule = Ebb::new("placement-rule", move |_| initial);
         let (r, s) = (rule.clone(), store.clone());
-        let control = Ebb::with_id(EbbId(EBB_PLACEMENT), "placement", move |_| PlacementMessages { rule: r.clone(), store: s.clone() }).expect("one global managers per process");
+        let control = Ebb::with_id(EbbId(EBB_PLACEMENT), "placement", move |_| PlacementMessages {
+            rule: r.clone(),
+            store: s.clone(),
+        })
+        .expect("one global managers per process");
         let messages = splitos_ebb::messenger::serve(&control).expect("a static id served once");
-        Ok(Placements { rule, store, _messages: messages })
+        Ok(Placements {
+            rule,
+            store,
+            _messages: messages,
+        })
     }
 
     /// The policy in place.
@@ -179,13 +197,18 @@ impl Placements {
 fn replace(rule: &Ebb<PlacementPolicy>, store: &Store, name: Option<String>) -> Result<PlacementState, String> {
     if let Some(name) = name {
         let k: PlacementPolicy = name.parse()?;
-        store.put(PLACEMENT, "policy", Some(&k.to_string())).map_err(|e| format!("cannot keep the placement policy: {e}"))?;
+        store
+            .put(PLACEMENT, "policy", Some(&k.to_string()))
+            .map_err(|e| format!("cannot keep the placement policy: {e}"))?;
         let before = *rule.rep();
         rule.replace(move |_| k);
         metrics::counter!("gm_placement_swaps_total").increment(1);
         tracing::info!(from = %before, to = %k, "placement policy replaced");
     }
-    Ok(PlacementState { placement: rule.rep().to_string(), swaps: rule.generation() })
+    Ok(PlacementState {
+        placement: rule.rep().to_string(),
+        swaps: rule.generation(),
+    })
 }
 
 /// The representative of the `placement` Ebb on the global managers.
@@ -197,9 +220,13 @@ struct PlacementMessages {
 impl Messagable for PlacementMessages {
     fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
         if from.role.as_deref().is_some_and(|r| r != Role::Admin.name()) {
-            return Err(Refused::Denied(format!("a {} may not replace the placement policy", from.role.as_deref().unwrap_or("?"))));
+            return Err(Refused::Denied(format!(
+                "a {} may not replace the placement policy",
+                from.role.as_deref().unwrap_or("?")
+            )));
         }
-        let r: SetPlacement = postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPlacement message: {e}")))?;
+        let r: SetPlacement =
+            postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPlacement message: {e}")))?;
         let now = replace(&self.rule, &self.store, r.placement).map_err(Refused::Invalid)?;
         Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
     }
@@ -209,7 +236,10 @@ impl Messagable for PlacementMessages {
 /// the policy after it.
 pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPlacement) -> Result<PlacementState, RpcError> {
     let answer = send(postcard::to_allocvec(r).expect("a SetPlacement encodes").into())?;
-    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote { code: ErrCode::Internal, msg: format!("the answer is not a PlacementState: {e}") })
+    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
+        code: ErrCode::Internal,
+        msg: format!("the answer is not a PlacementState: {e}"),
+    })
 }
 
 #[cfg(test)]
@@ -218,14 +248,32 @@ mod tests {
 
     /// Units as (free, load), numbered in order; one resource.
     fn choice(policy: PlacementPolicy, units: &[(u64, f64)]) -> usize {
-        let keys: Vec<f64> = units.iter().enumerate().map(|(index, (free, load))| policy.rule().key(&Unit { index, free: &[*free], weights: &[1.0], load: *load })).collect();
+        let keys: Vec<f64> = units
+            .iter()
+            .enumerate()
+            .map(|(index, (free, load))| {
+                policy.rule().key(&Unit {
+                    index,
+                    free: &[*free],
+                    weights: &[1.0],
+                    load: *load,
+                })
+            })
+            .collect();
         (0..units.len()).min_by(|a, b| keys[*a].total_cmp(&keys[*b])).unwrap()
     }
 
     #[test]
     fn least_loaded_takes_the_unit_with_the_lowest_load() {
-        assert_eq!(choice(PlacementPolicy::LeastLoaded, &[(10, 3.0), (5, 1.0), (20, 2.0)]), 1);
-        assert_eq!(choice(PlacementPolicy::LeastLoaded, &[(10, 1.0), (5, 1.0)]), 0, "ties go to the first");
+        assert_eq!(
+            choice(PlacementPolicy::LeastLoaded, &[(10, 3.0), (5, 1.0), (20, 2.0)]),
+            1
+        );
+        assert_eq!(
+            choice(PlacementPolicy::LeastLoaded, &[(10, 1.0), (5, 1.0)]),
+            0,
+            "ties go to the first"
+        );
         assert!(!PlacementPolicy::LeastLoaded.rule().packs());
     }
 
@@ -234,7 +282,14 @@ mod tests {
         assert_eq!(choice(PlacementPolicy::BestFit, &[(10, 0.0), (5, 9.0), (20, 1.0)]), 1);
         assert!(PlacementPolicy::BestFit.rule().packs());
         // Resources weighted to one scale: 4 of 8 CPUs free weighs as much as 512 of 1024 MiB.
-        let key = |free: [u64; 2]| BestFit.key(&Unit { index: 0, free: &free, weights: &[1.0 / 8.0, 1.0 / 1024.0], load: 0.0 });
+        let key = |free: [u64; 2]| {
+            BestFit.key(&Unit {
+                index: 0,
+                free: &free,
+                weights: &[1.0 / 8.0, 1.0 / 1024.0],
+                load: 0.0,
+            })
+        };
         assert_eq!(key([4, 512]), 1.0);
         assert!(key([1, 100]) < key([4, 0]));
     }
@@ -268,22 +323,58 @@ mod tests {
             ask_tx.send(()).unwrap();
             now_rx.recv().unwrap()
         };
-        assert_eq!((p.now(), elsewhere(), p.swaps()), (PlacementPolicy::LeastLoaded, PlacementPolicy::LeastLoaded, 0));
-        let from = |role: &str| Origin { role: Some(role.into()) };
-        let body = |name: Option<&str>| Bytes::from(postcard::to_allocvec(&SetPlacement { placement: name.map(Into::into) }).unwrap());
+        assert_eq!(
+            (p.now(), elsewhere(), p.swaps()),
+            (PlacementPolicy::LeastLoaded, PlacementPolicy::LeastLoaded, 0)
+        );
+        let from = |role: &str| Origin {
+            role: Some(role.into()),
+        };
+        let body = |name: Option<&str>| {
+            Bytes::from(
+                postcard::to_allocvec(&SetPlacement {
+                    placement: name.map(Into::into),
+                })
+                .unwrap(),
+            )
+        };
         let answer = deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("first-fit"))).unwrap();
         let now: PlacementState = postcard::from_bytes(&answer).unwrap();
         assert_eq!((now.placement.as_str(), now.swaps), ("first-fit", 1));
         assert_eq!(p.now(), PlacementPolicy::FirstFit);
         assert!(p.rule().packs());
-        assert_eq!(elsewhere(), PlacementPolicy::FirstFit, "the placing thread's representative is rebuilt");
-        for (who, b) in [("pcomponent", body(Some("best-fit"))), ("global-managers", body(Some("best-fit")))] {
-            assert!(matches!(deliver(EbbId(EBB_PLACEMENT), &from(who), b), Err(Undelivered::Refused(Refused::Denied(_)))), "{who}");
+        assert_eq!(
+            elsewhere(),
+            PlacementPolicy::FirstFit,
+            "the placing thread's representative is rebuilt"
+        );
+        for (who, b) in [
+            ("pcomponent", body(Some("best-fit"))),
+            ("global-managers", body(Some("best-fit"))),
+        ] {
+            assert!(
+                matches!(
+                    deliver(EbbId(EBB_PLACEMENT), &from(who), b),
+                    Err(Undelivered::Refused(Refused::Denied(_)))
+                ),
+                "{who}"
+            );
         }
-        assert!(matches!(deliver(EbbId(EBB_PLACEMENT), &from("admin"), Bytes::from_static(&[0xff; 7])), Err(Undelivered::Refused(Refused::Invalid(_)))));
-        let Err(Undelivered::Refused(Refused::Invalid(why))) = deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("worst-fit"))) else { panic!("an unknown name") };
+        assert!(matches!(
+            deliver(EbbId(EBB_PLACEMENT), &from("admin"), Bytes::from_static(&[0xff; 7])),
+            Err(Undelivered::Refused(Refused::Invalid(_)))
+        ));
+        let Err(Undelivered::Refused(Refused::Invalid(why))) =
+            deliver(EbbId(EBB_PLACEMENT), &from("admin"), body(Some("worst-fit")))
+        else {
+            panic!("an unknown name")
+        };
         assert!(why.contains("least-loaded, best-fit"), "{why}");
-        assert_eq!((p.now(), p.swaps()), (PlacementPolicy::FirstFit, 1), "nothing refused changed it");
+        assert_eq!(
+            (p.now(), p.swaps()),
+            (PlacementPolicy::FirstFit, 1),
+            "nothing refused changed it"
+        );
         drop(ask_tx);
         placer.join().unwrap();
     }
@@ -295,6 +386,9 @@ mod tests {
         }
         assert_eq!(PlacementPolicy::default(), PlacementPolicy::LeastLoaded);
         let err = "worst-fit".parse::<PlacementPolicy>().unwrap_err();
-        assert!(err.contains("placement") && err.contains("least-loaded, best-fit, first-fit, nearest"), "{err}");
+        assert!(
+            err.contains("placement") && err.contains("least-loaded, best-fit, first-fit, nearest"),
+            "{err}"
+        );
     }
 }

@@ -91,7 +91,12 @@ impl Segment {
                 return Err(io::Error::last_os_error());
             }
             // A holder that could shrink it would make the owner's accesses fault (SIGBUS).
-            if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) != 0 {
+            if libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
         }
@@ -119,12 +124,17 @@ impl Segment {
             return Err(bad("the segment is not sealed against shrinking".into()));
         }
         if size != size_of(pages) {
-            return Err(bad(format!("a segment of {pages} pages is {} bytes, this one {size}", size_of(pages))));
+            return Err(bad(format!(
+                "a segment of {pages} pages is {} bytes, this one {size}",
+                size_of(pages)
+            )));
         }
         let s = Segment::map(fd, pages)?;
         let h = s.header();
         if h.magic.load(Acquire) != MAGIC || h.version.load(Relaxed) != VERSION || h.pages.load(Relaxed) != pages {
-            return Err(bad("the segment's header is not a splitos segment of this version and size".into()));
+            return Err(bad(
+                "the segment's header is not a splitos segment of this version and size".into(),
+            ));
         }
         Ok(s)
     }
@@ -133,11 +143,25 @@ impl Segment {
         let len = size_of(pages);
         // SAFETY: a fresh shared mapping of the whole file, whose size was set or checked and
         // cannot shrink (sealed); nothing else refers to that range.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Segment { fd, ptr: p as *mut u8, len, pages })
+        Ok(Segment {
+            fd,
+            ptr: p as *mut u8,
+            len,
+            pages,
+        })
     }
 
     pub fn fd(&self) -> &OwnedFd {
@@ -209,7 +233,14 @@ impl Segment {
             let off = PAGE + meta_bytes(self.pages) + from as usize * PAGE;
             let len = (to.min(self.pages) - from) as usize * PAGE;
             // SAFETY: fallocate takes no pointers; it punches our own file.
-            unsafe { libc::fallocate(self.fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) };
+            unsafe {
+                libc::fallocate(
+                    self.fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off as i64,
+                    len as i64,
+                )
+            };
         }
     }
 
@@ -217,7 +248,14 @@ impl Segment {
     /// touching the meta area page by page: its memory goes back to the host too.
     pub fn clear_all(&self) {
         // SAFETY: fallocate takes no pointers; it punches our own file past its header.
-        unsafe { libc::fallocate(self.fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, PAGE as i64, (self.len - PAGE) as i64) };
+        unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                PAGE as i64,
+                (self.len - PAGE) as i64,
+            )
+        };
     }
 
     /// Takes the segment back from its lease holder: accesses of the older generation are
@@ -313,7 +351,11 @@ mod tests {
         let g = holder.generation();
         let mut buf = vec![0u8; PAGE];
         assert_eq!(holder.read(g, 3, &mut buf).0, Access::Absent);
-        assert_eq!(holder.write(g, 3, &[1u8; PAGE], 5), Access::Absent, "a holder never adds a page");
+        assert_eq!(
+            holder.write(g, 3, &[1u8; PAGE], 5),
+            Access::Absent,
+            "a holder never adds a page"
+        );
         assert!(owner.get(3).is_none());
         owner.put(3, &sealed(7));
         let (a, sum) = holder.read(g, 3, &mut buf);
@@ -322,14 +364,22 @@ mod tests {
         assert_eq!(sum, crc32c(&buf));
         let new = [9u8; PAGE];
         assert_eq!(holder.write(g, 3, &new, crc32c(&new)), Access::Done);
-        assert_eq!(owner.get(3).unwrap(), sealed(9), "the owner sees the write and its checksum");
+        assert_eq!(
+            owner.get(3).unwrap(),
+            sealed(9),
+            "the owner sees the write and its checksum"
+        );
         assert_eq!(holder.read(g, 99, &mut buf).0, Access::Revoked, "beyond the segment");
         owner.clear(0, 16);
         assert_eq!(holder.read(g, 3, &mut buf).0, Access::Absent);
         owner.put(5, &sealed(2));
         owner.clear_all();
         assert!(owner.get(5).is_none(), "every page dropped");
-        assert_eq!(holder.read(g, 5, &mut buf).0, Access::Absent, "and the holder sees none either");
+        assert_eq!(
+            holder.read(g, 5, &mut buf).0,
+            Access::Absent,
+            "and the holder sees none either"
+        );
     }
 
     #[test]
@@ -342,7 +392,11 @@ mod tests {
         let mut buf = vec![0u8; PAGE];
         assert_eq!(holder.read(g, 0, &mut buf).0, Access::Revoked);
         assert_eq!(holder.write(g, 0, &buf, 0), Access::Revoked);
-        assert_eq!(holder.read(holder.generation(), 0, &mut buf).0, Access::Done, "a new lease reads again");
+        assert_eq!(
+            holder.read(holder.generation(), 0, &mut buf).0,
+            Access::Done,
+            "a new lease reads again"
+        );
     }
 
     #[test]
@@ -355,7 +409,10 @@ mod tests {
         let plain = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: ftruncate on our own descriptor.
         unsafe { libc::ftruncate(plain.as_raw_fd(), size_of(4) as i64) };
-        assert!(Segment::open(plain, 4).is_err(), "an unsealed file could shrink under the holder");
+        assert!(
+            Segment::open(plain, 4).is_err(),
+            "an unsealed file could shrink under the holder"
+        );
     }
 
     fn crc32c(b: &[u8]) -> u32 {

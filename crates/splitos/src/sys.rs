@@ -17,11 +17,15 @@ fn id_of(what: &str, name: &str, lookup: impl Fn(&str) -> nix::Result<Option<u32
 }
 
 pub fn uid_of(name: &str) -> Result<u32, String> {
-    id_of("user", name, |n| nix::unistd::User::from_name(n).map(|u| u.map(|u| u.uid.as_raw())))
+    id_of("user", name, |n| {
+        nix::unistd::User::from_name(n).map(|u| u.map(|u| u.uid.as_raw()))
+    })
 }
 
 pub fn gid_of(name: &str) -> Result<u32, String> {
-    id_of("group", name, |n| nix::unistd::Group::from_name(n).map(|g| g.map(|g| g.gid.as_raw())))
+    id_of("group", name, |n| {
+        nix::unistd::Group::from_name(n).map(|g| g.map(|g| g.gid.as_raw()))
+    })
 }
 
 /// Detaches whatever is mounted at `dir` (a mount left by a pComponent that was killed).
@@ -36,8 +40,15 @@ pub fn unmount(dir: &Path) {
 
 /// Every mount point under `dir`, deepest first (from /proc/self/mountinfo).
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut v: Vec<PathBuf> = info.lines().filter_map(|l| l.split(' ').nth(4)).map(|p| PathBuf::from(p.replace("\\040", " "))).filter(|p| p.starts_with(dir) && p != dir).collect();
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
     v.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     v
 }
@@ -61,19 +72,40 @@ pub fn tcp_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> 
     };
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST;
-    let socket_id = SocketId { source_port: peer.port(), destination_port: local.port(), source_address: peer_ip, destination_address: local_ip, interface_id: 0, cookie: [0xff; 8] };
-    let request = InetRequest { family, protocol: IPPROTO_TCP, extensions: ExtensionFlags::empty(), states: StateFlags::all(), socket_id };
+    let socket_id = SocketId {
+        source_port: peer.port(),
+        destination_port: local.port(),
+        source_address: peer_ip,
+        destination_address: local_ip,
+        interface_id: 0,
+        cookie: [0xff; 8],
+    };
+    let request = InetRequest {
+        family,
+        protocol: IPPROTO_TCP,
+        extensions: ExtensionFlags::empty(),
+        states: StateFlags::all(),
+        socket_id,
+    };
     let mut msg = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
     msg.finalize();
     let mut out = vec![0u8; msg.buffer_len()];
     msg.serialize(&mut out);
-    let s = socket2::Socket::new(socket2::Domain::from(libc::AF_NETLINK), socket2::Type::DGRAM, Some(socket2::Protocol::from(libc::NETLINK_SOCK_DIAG))).ok()?;
+    let s = socket2::Socket::new(
+        socket2::Domain::from(libc::AF_NETLINK),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::from(libc::NETLINK_SOCK_DIAG)),
+    )
+    .ok()?;
     // The kernel answers while the request is sent: nothing to wait for after.
     s.set_nonblocking(true).ok()?;
     s.send(&out).ok()?;
     let mut answer = [0u8; 1024];
     let n = std::io::Read::read(&mut &s, &mut answer).ok()?;
-    match NetlinkMessage::<SockDiagMessage>::deserialize(&answer[..n]).ok()?.payload {
+    match NetlinkMessage::<SockDiagMessage>::deserialize(&answer[..n])
+        .ok()?
+        .payload
+    {
         NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => Some(r.header.uid),
         _ => None,
     }

@@ -50,12 +50,19 @@ static REGISTRY: OnceLock<Registry> = OnceLock::new();
 pub fn init(role: Role, component: &str) {
     REGISTRY.get_or_init(|| {
         let role = role.name();
-        let recorder = PrometheusBuilder::new().add_global_label("component", component).add_global_label("role", role).build_recorder();
+        let recorder = PrometheusBuilder::new()
+            .add_global_label("component", component)
+            .add_global_label("role", role)
+            .build_recorder();
         let handle = recorder.handle();
         if let Err(e) = metrics::set_global_recorder(PrefixLayer::new(PREFIX).layer(recorder)) {
             tracing::warn!("metrics recorder not installed: {e}");
         }
-        Registry { handle, labels: format!("component=\"{}\",role=\"{role}\"", escape(component)), sources: Mutex::default() }
+        Registry {
+            handle,
+            labels: format!("component=\"{}\",role=\"{role}\"", escape(component)),
+            sources: Mutex::default(),
+        }
     });
 }
 
@@ -69,12 +76,21 @@ pub fn on_render(f: impl Fn(&mut Exposition) + Send + Sync + 'static) {
 /// The component's series now, in the Prometheus text format.
 pub fn render() -> String {
     let Some(r) = REGISTRY.get() else { return String::new() };
-    let mut e = Exposition { labels: r.labels.clone(), text: String::new() };
+    let mut e = Exposition {
+        labels: r.labels.clone(),
+        text: String::new(),
+    };
     e.family(
         "build_info",
         Kind::Gauge,
         "The splitos version and wire version this component runs (always 1).",
-        [(vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("wire", splitos_rpc::WIRE_VERSION.to_string())], 1.0)],
+        [(
+            vec![
+                ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ("wire", splitos_rpc::WIRE_VERSION.to_string()),
+            ],
+            1.0,
+        )],
     );
     for source in r.sources.lock().unwrap().iter() {
         source(&mut e);
@@ -99,12 +115,22 @@ pub struct Exposition {
 impl Exposition {
     /// The family `splitos_NAME`, with one sample per entry of `samples`: its own labels (the
     /// component's are added) and its value.
-    pub fn family<L: IntoIterator<Item = (&'static str, String)>>(&mut self, name: &str, kind: Kind, help: &str, samples: impl IntoIterator<Item = (L, f64)>) {
+    pub fn family<L: IntoIterator<Item = (&'static str, String)>>(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        help: &str,
+        samples: impl IntoIterator<Item = (L, f64)>,
+    ) {
         let kind = match kind {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
         };
-        let _ = writeln!(self.text, "# HELP {PREFIX}_{name} {}", help.replace('\\', "\\\\").replace('\n', " "));
+        let _ = writeln!(
+            self.text,
+            "# HELP {PREFIX}_{name} {}",
+            help.replace('\\', "\\\\").replace('\n', " ")
+        );
         let _ = writeln!(self.text, "# TYPE {PREFIX}_{name} {kind}");
         for (labels, value) in samples {
             let mut l = self.labels.clone();
@@ -120,7 +146,10 @@ impl Exposition {
     /// An exposition of series without the component's labels, for tests.
     #[cfg(test)]
     pub fn unlabelled() -> Exposition {
-        Exposition { labels: String::new(), text: String::new() }
+        Exposition {
+            labels: String::new(),
+            text: String::new(),
+        }
     }
 
     #[cfg(test)]
@@ -164,7 +193,11 @@ pub fn merge(texts: impl IntoIterator<Item = String>) -> String {
                 // A sample outside its family's lines (a recorder's series without help)
                 // belongs to the family its name starts.
                 let name = line.split(['{', ' ']).next().unwrap_or_default();
-                let family = if name.starts_with(&current) && !current.is_empty() { current.clone() } else { name.to_string() };
+                let family = if name.starts_with(&current) && !current.is_empty() {
+                    current.clone()
+                } else {
+                    name.to_string()
+                };
                 families.entry(family).or_default().samples.push(line.to_string());
             }
         }
@@ -183,7 +216,13 @@ pub fn merge(texts: impl IntoIterator<Item = String>) -> String {
 /// one of another scheme (which RFC 7235 names case-insensitively).
 pub fn bearer(headers: &axum::http::HeaderMap) -> Option<Option<&str>> {
     let v = headers.get(axum::http::header::AUTHORIZATION)?;
-    Some(v.to_str().ok().and_then(|v| v.trim().split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t.trim()))
+    Some(
+        v.to_str()
+            .ok()
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim()),
+    )
 }
 
 /// Serves `GET /metrics` at `addr` on a thread of its own; returns the address it listens at.
@@ -196,7 +235,8 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
     use axum::http::{header, StatusCode};
     use axum::response::IntoResponse;
 
-    let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the metrics address {addr} cannot be served: {e}"))?;
+    let l = std::net::TcpListener::bind(addr)
+        .map_err(|e| anyhow::anyhow!("the metrics address {addr} cannot be served: {e}"))?;
     let local = l.local_addr()?;
     let gate = (!local.ip().is_loopback()).then(|| Arc::new(token_check));
     let metrics = move |req: Request| {
@@ -212,11 +252,20 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
                 };
                 if !allowed {
                     metrics::counter!("metrics_scrapes_refused_total").increment(1);
-                    return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "an admin token of the REST API is needed beyond loopback\n".to_string()).into_response();
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "an admin token of the REST API is needed beyond loopback\n".to_string(),
+                    )
+                        .into_response();
                 }
             }
             let text = tokio::task::spawn_blocking(render).await.unwrap_or_default();
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                text,
+            )
+                .into_response()
         }
     };
     let router = axum::Router::new().route("/metrics", axum::routing::get(metrics));
@@ -284,7 +333,8 @@ impl Drop for PeerSlot {
 }
 
 /// HTTP connections closed as soon as they were accepted, logged a few at a time.
-static CONNECTIONS_REFUSED: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("HTTP connections refused");
+static CONNECTIONS_REFUSED: splitos_rpc::refusals::Refusals =
+    splitos_rpc::refusals::Refusals::new("HTTP connections refused");
 
 /// Closes a connection beyond `cap` ("peer": its peer's, or "all"), counted and logged.
 fn refuse_connection(server: &str, peer: &Peer, cap: &'static str) {
@@ -308,62 +358,78 @@ fn refuse_connection(server: &str, peer: &Peer, cap: &'static str) {
 /// either bound is closed at once. Root's connections from this host count to their own
 /// per-peer bound but not to the server's: others' floods never shut the host's operators out.
 /// With `tls` it serves HTTPS, the handshake held to the same time as the headers.
-pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, tls: Option<tokio_rustls::TlsAcceptor>, per_peer: usize) -> anyhow::Result<()> {
+pub fn serve_router(
+    l: std::net::TcpListener,
+    router: axum::Router,
+    name: &str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    per_peer: usize,
+) -> anyhow::Result<()> {
     l.set_nonblocking(true)?;
     let local = l.local_addr()?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(BLOCKING_THREADS).build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .build()?;
     let what = name.to_string();
-    std::thread::Builder::new().name(format!("http-{name}")).spawn(move || {
-        rt.block_on(async move {
-            let l = match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => l,
-                Err(e) => return tracing::error!("the {what} server cannot serve: {e}"),
-            };
-            let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-            let held = Held::default();
-            loop {
-                let (stream, peer) = match l.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of descriptors, most likely: others' connections end and free some.
-                        tracing::warn!("the {what} server cannot accept a connection: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    std::thread::Builder::new()
+        .name(format!("http-{name}"))
+        .spawn(move || {
+            rt.block_on(async move {
+                let l = match tokio::net::TcpListener::from_std(l) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!("the {what} server cannot serve: {e}"),
+                };
+                let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+                let held = Held::default();
+                loop {
+                    let (stream, peer) = match l.accept().await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            // Out of descriptors, most likely: others' connections end and free some.
+                            tracing::warn!("the {what} server cannot accept a connection: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let who = Peer::of(peer, stream.local_addr().unwrap_or(local));
+                    let Some(mine) = PeerSlot::take(&held, &who, per_peer) else {
+                        refuse_connection(&what, &who, "peer");
                         continue;
-                    }
-                };
-                let who = Peer::of(peer, stream.local_addr().unwrap_or(local));
-                let Some(mine) = PeerSlot::take(&held, &who, per_peer) else {
-                    refuse_connection(&what, &who, "peer");
-                    continue;
-                };
-                let slot = match slots.clone().try_acquire_owned() {
-                    Ok(slot) => Some(slot),
-                    // The host's operators: bounded by their own cap, not shut out by others.
-                    Err(_) if who == Peer::Local(0) => None,
-                    Err(_) => {
-                        refuse_connection(&what, &who, "all");
-                        continue;
-                    }
-                };
-                let service = hyper_util::service::TowerToHyperService::new(router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer))));
-                let (tls, what) = (tls.clone(), what.clone());
-                tokio::spawn(async move {
-                    match tls {
-                        Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
-                            Ok(Ok(s)) => serve_connection(s, service).await,
-                            Ok(Err(e)) => {
-                                metrics::counter!("http_tls_handshakes_failed_total", "server" => what).increment(1);
-                                tracing::debug!(%peer, "TLS handshake failed: {e}");
-                            }
-                            Err(_) => metrics::counter!("http_tls_handshakes_failed_total", "server" => what).increment(1),
-                        },
-                        None => serve_connection(stream, service).await,
-                    }
-                    drop((slot, mine));
-                });
-            }
-        })
-    })?;
+                    };
+                    let slot = match slots.clone().try_acquire_owned() {
+                        Ok(slot) => Some(slot),
+                        // The host's operators: bounded by their own cap, not shut out by others.
+                        Err(_) if who == Peer::Local(0) => None,
+                        Err(_) => {
+                            refuse_connection(&what, &who, "all");
+                            continue;
+                        }
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(
+                        router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer))),
+                    );
+                    let (tls, what) = (tls.clone(), what.clone());
+                    tokio::spawn(async move {
+                        match tls {
+                            Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
+                                Ok(Ok(s)) => serve_connection(s, service).await,
+                                Ok(Err(e)) => {
+                                    metrics::counter!("http_tls_handshakes_failed_total", "server" => what)
+                                        .increment(1);
+                                    tracing::debug!(%peer, "TLS handshake failed: {e}");
+                                }
+                                Err(_) => {
+                                    metrics::counter!("http_tls_handshakes_failed_total", "server" => what).increment(1)
+                                }
+                            },
+                            None => serve_connection(stream, service).await,
+                        }
+                        drop((slot, mine));
+                    });
+                }
+            })
+        })?;
     Ok(())
 }
 
@@ -371,12 +437,15 @@ pub fn serve_router(l: std::net::TcpListener, router: axum::Router, name: &str, 
 async fn serve_connection<S, Io>(io: Io, service: S)
 where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = axum::response::Response> + Send + 'static,
+    S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = axum::response::Response>
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
     let _ = http.serve_connection(hyper_util::rt::TokioIo::new(io), service).await;
 }
 
@@ -394,8 +463,16 @@ mod tests {
 
     #[test]
     fn a_family_carries_the_components_labels_and_its_own() {
-        let mut e = Exposition { labels: "component=\"c\",role=\"pcomponent\"".into(), text: String::new() };
-        e.family("jobs_misses_total", Kind::Counter, "Misses\nof a job.", [(vec![("job", "7".to_string()), ("vnode", "a\"b".to_string())], 5.0)]);
+        let mut e = Exposition {
+            labels: "component=\"c\",role=\"pcomponent\"".into(),
+            text: String::new(),
+        };
+        e.family(
+            "jobs_misses_total",
+            Kind::Counter,
+            "Misses\nof a job.",
+            [(vec![("job", "7".to_string()), ("vnode", "a\"b".to_string())], 5.0)],
+        );
         assert_eq!(e.text, "# HELP splitos_jobs_misses_total Misses of a job.\n# TYPE splitos_jobs_misses_total counter\nsplitos_jobs_misses_total{component=\"c\",role=\"pcomponent\",job=\"7\",vnode=\"a\\\"b\"} 5\n");
     }
 }

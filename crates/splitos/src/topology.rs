@@ -97,7 +97,12 @@ impl Graph {
         }
         let i = self.nodes.len();
         self.index.insert(id.clone(), i);
-        self.nodes.push(Node { id, kind, label, component });
+        self.nodes.push(Node {
+            id,
+            kind,
+            label,
+            component,
+        });
         self.adjacent.push(Vec::new());
         i
     }
@@ -107,7 +112,14 @@ impl Graph {
         debug_assert!(kind != LinkKind::Uses);
         self.adjacent[a].push(b);
         self.adjacent[b].push(a);
-        self.links.push(Link { from: self.nodes[a].id.clone(), to: self.nodes[b].id.clone(), kind, latency_us: None, bandwidth_mbps: None, age_ms: None });
+        self.links.push(Link {
+            from: self.nodes[a].id.clone(),
+            to: self.nodes[b].id.clone(),
+            kind,
+            latency_us: None,
+            bandwidth_mbps: None,
+            age_ms: None,
+        });
     }
 
     pub fn find(&self, id: &str) -> Option<usize> {
@@ -172,11 +184,18 @@ impl Graph {
         let gm_host = host(&mut g, gm_addr);
         g.join(gm, gm_host, LinkKind::Attached);
         for c in components {
-            let n = g.node(component_id(c.id), NodeKind::of(c.role), format!("{} {} {}", c.role.name(), c.id, c.addr), Some(c.id));
+            let n = g.node(
+                component_id(c.id),
+                NodeKind::of(c.role),
+                format!("{} {} {}", c.role.name(), c.id, c.addr),
+                Some(c.id),
+            );
             let h = host(&mut g, &c.addr);
             g.join(n, h, LinkKind::Attached);
         }
-        let hosts: Vec<usize> = (0..g.nodes.len()).filter(|&i| g.nodes[i].kind == NodeKind::Host).collect();
+        let hosts: Vec<usize> = (0..g.nodes.len())
+            .filter(|&i| g.nodes[i].kind == NodeKind::Host)
+            .collect();
         if hosts.len() > 1 {
             let switch = g.node("switch:network".into(), NodeKind::Switch, "network".into(), None);
             for h in hosts {
@@ -215,7 +234,9 @@ impl Graph {
         for j in 0..memory {
             g.node(format!("memory:{j}"), NodeKind::Mcomponent, String::new(), None);
         }
-        let switches: Vec<usize> = (0..racks).map(|r| g.node(format!("switch:rack{r}"), NodeKind::Switch, format!("rack {r}"), None)).collect();
+        let switches: Vec<usize> = (0..racks)
+            .map(|r| g.node(format!("switch:rack{r}"), NodeKind::Switch, format!("rack {r}"), None))
+            .collect();
         for c in 0..compute {
             g.join(c, switches[rack_of(c, compute, racks)], LinkKind::Network);
         }
@@ -232,13 +253,44 @@ mod tests {
     use splitos_rpc::Load;
 
     fn comp(id: u32, role: Role, addr: &str) -> ComponentInfo {
-        ComponentInfo { id, role, addr: addr.into(), shim_sock: None, nics: Vec::new(), load: Load::default(), alive: true, since_heartbeat_ms: 0, lost: false, metrics: None, cordoned: false, leaving: None }
+        ComponentInfo {
+            id,
+            role,
+            addr: addr.into(),
+            shim_sock: None,
+            nics: Vec::new(),
+            load: Load::default(),
+            alive: true,
+            since_heartbeat_ms: 0,
+            lost: false,
+            metrics: None,
+            cordoned: false,
+            leaving: None,
+        }
     }
 
     #[test]
     fn components_of_one_host_are_two_hops_apart_and_of_two_hosts_four() {
-        let comps = [comp(1, Role::Proc, "10.0.0.1:7000"), comp(2, Role::Mem, "10.0.0.1:7001"), comp(3, Role::Mem, "10.0.0.2:7000")];
-        let samples = HashMap::from([(1, vec![LinkSample { peer: 2, rtt_ns: 20_000, bytes_per_s: 1_000_000_000, age_ms: 5 }, LinkSample { peer: 99, ..Default::default() }])]);
+        let comps = [
+            comp(1, Role::Proc, "10.0.0.1:7000"),
+            comp(2, Role::Mem, "10.0.0.1:7001"),
+            comp(3, Role::Mem, "10.0.0.2:7000"),
+        ];
+        let samples = HashMap::from([(
+            1,
+            vec![
+                LinkSample {
+                    peer: 2,
+                    rtt_ns: 20_000,
+                    bytes_per_s: 1_000_000_000,
+                    age_ms: 5,
+                },
+                LinkSample {
+                    peer: 99,
+                    ..Default::default()
+                },
+            ],
+        )]);
         let g = Graph::cluster("10.0.0.1:5000", &comps, &samples);
         let hops = g.hops_from(g.find("component:1").unwrap());
         assert_eq!(hops[g.find("component:2").unwrap()], Some(2));
@@ -260,7 +312,11 @@ mod tests {
         assert_eq!(&parts[..4], &[0, 0, 1, 1]);
         assert_eq!(&parts[4..10], &[0, 0, 0, 1, 1, 1]);
         let hops = g.hops_from(0);
-        assert_eq!(hops[4], Some(2), "compute to memory of its rack: through the rack's switch");
+        assert_eq!(
+            hops[4],
+            Some(2),
+            "compute to memory of its rack: through the rack's switch"
+        );
         assert_eq!(hops[9], None, "no path to another rack");
     }
 }

@@ -45,7 +45,11 @@ pub fn check_path(p: &Path) -> anyhow::Result<()> {
                 anyhow::bail!("{} belongs to uid {}: another user could replace what splitos keeps below it; use a directory of root's or of this user (uid {})", at.display(), m.uid(), me());
             }
             if m.is_dir() && open_to_others(m.mode()) {
-                anyhow::bail!("{} is open to other users (mode {:o}): they could replace what splitos keeps below it", at.display(), m.mode() & 0o7777);
+                anyhow::bail!(
+                    "{} is open to other users (mode {:o}): they could replace what splitos keeps below it",
+                    at.display(),
+                    m.mode() & 0o7777
+                );
             }
         }
     }
@@ -109,10 +113,18 @@ pub fn own_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
     }
     let m = std::fs::symlink_metadata(&dir)?;
     if !m.is_dir() {
-        anyhow::bail!("{} is not a directory (a symbolic link or a file is in its place): remove it and start again", dir.display());
+        anyhow::bail!(
+            "{} is not a directory (a symbolic link or a file is in its place): remove it and start again",
+            dir.display()
+        );
     }
     if m.uid() != me() {
-        anyhow::bail!("{} belongs to uid {}, not to this user (uid {})", dir.display(), m.uid(), me());
+        anyhow::bail!(
+            "{} belongs to uid {}, not to this user (uid {})",
+            dir.display(),
+            m.uid(),
+            me()
+        );
     }
     // Closed first, then checked: whatever others planted before the close is found, and
     // nothing can be planted after it (checked first, an entry planted between the check and
@@ -127,9 +139,15 @@ pub fn own_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
 /// (`0700`, as the XDG base directories are made: `~/.local/state` of a user's own cluster),
 /// but root's `0755`, for other users pass through them to a host cluster's program sockets.
 pub fn make_parents(dir: &Path) -> anyhow::Result<()> {
-    let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) else { return Ok(()) };
+    let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) else {
+        return Ok(());
+    };
     let mode = if me() == 0 { 0o755 } else { 0o700 };
-    std::fs::DirBuilder::new().recursive(true).mode(mode).create(parent).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(parent)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))
 }
 
 /// Opens `path` (in a directory [`own_dir`] checked) as a new file of mode `mode`, never
@@ -141,7 +159,12 @@ pub fn new_file(path: &Path, mode: u32) -> std::io::Result<std::fs::File> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW).open(path)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// The user a connected Unix socket's peer ran as when it connected (`SO_PEERCRED`).
@@ -151,7 +174,15 @@ pub fn peer_uid(fd: &impl std::os::fd::AsFd) -> std::io::Result<u32> {
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`, which lives across the call.
-    let r = unsafe { libc::getsockopt(fd.as_fd().as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -199,7 +230,11 @@ mod tests {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
         symlink("/etc/hostname", d.join("gm.log")).unwrap();
         assert!(own_dir(&d, 0o711).is_err());
-        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o711, "closed before the check refused it");
+        assert_eq!(
+            std::fs::metadata(&d).unwrap().mode() & 0o7777,
+            0o711,
+            "closed before the check refused it"
+        );
     }
 
     #[test]

@@ -88,7 +88,11 @@ impl VmaMap {
     }
 
     pub fn find(&self, addr: u64) -> Option<(u64, Vma)> {
-        self.map.range(..=addr).next_back().filter(|(_, v)| v.end > addr).map(|(s, v)| (*s, *v))
+        self.map
+            .range(..=addr)
+            .next_back()
+            .filter(|(_, v)| v.end > addr)
+            .map(|(s, v)| (*s, *v))
     }
 
     /// First gap of `len` bytes in [base, limit), trying `hint` first.
@@ -112,7 +116,11 @@ mod tests {
     use super::*;
 
     fn v(end: u64) -> Vma {
-        Vma { end, prot: 3, accounted: true }
+        Vma {
+            end,
+            prot: 3,
+            accounted: true,
+        }
     }
 
     #[test]

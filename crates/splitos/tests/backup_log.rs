@@ -24,7 +24,13 @@ fn scomp(c: &TestCluster) -> String {
 
 /// The vRegions each logger says it could not protect, by process.
 fn unprotected(c: &TestCluster) -> Vec<u64> {
-    mcomp_stats(c).iter().filter_map(|m| m["stats"]["owned_processes"].as_array().cloned()).flatten().flat_map(|p| p["unprotected_vregions"].as_array().cloned().unwrap_or_default()).map(|v| v.as_u64().unwrap()).collect()
+    mcomp_stats(c)
+        .iter()
+        .filter_map(|m| m["stats"]["owned_processes"].as_array().cloned())
+        .flatten()
+        .flat_map(|p| p["unprotected_vregions"].as_array().cloned().unwrap_or_default())
+        .map(|v| v.as_u64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -34,10 +40,17 @@ fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between
     let cmd = [table.to_str().unwrap(), "100000"];
     let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
         let (home, sets) = home_of(c, pid);
-        assert!(sets.iter().all(|s| s.len() == 2 && s[0] != s[1]), "a primary and a logger: {sets:?}");
+        assert!(
+            sets.iter().all(|s| s.len() == 2 && s[0] != s[1]),
+            "a primary and a logger: {sets:?}"
+        );
         let victim = match phase {
             1 => busiest_primary(c, pid),
-            _ => sets.iter().map(|s| addr_of(c, s[1])).find(|a| *a != home).expect("a logger other than the home"),
+            _ => sets
+                .iter()
+                .map(|s| addr_of(c, s[1]))
+                .find(|a| *a != home)
+                .expect("a logger other than the home"),
         };
         c.kill_component(c.pid_of_addr(&victim));
         wait_rebuilt(c, pid, 2);
@@ -48,13 +61,31 @@ fn a_c_hash_table_survives_losing_a_primary_then_a_logger_with_a_rebuild_between
     // replayed one into pages when its primary was lost, and new loggers got full copies.
     let s = scomp(&c);
     assert!(c.metric(&s, "splitos_scomp_backup_appended_bytes_total") > 0.0);
-    assert!(mcomp_metric(&c, "splitos_mcomp_loggers_promoted_total") >= 1.0, "a logger was made primary");
-    assert!(mcomp_metric(&c, "splitos_mcomp_log_promoted_pages_total") > 0.0, "from the pages of its backup");
-    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_pages_total") > 0.0, "new loggers got copies");
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_loggers_promoted_total") >= 1.0,
+        "a logger was made primary"
+    );
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_log_promoted_pages_total") > 0.0,
+        "from the pages of its backup"
+    );
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_rebuilt_pages_total") > 0.0,
+        "new loggers got copies"
+    );
     // Everything is released when the program ends: memory, and the backup files.
-    let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
+    let used: u64 = mcomp_stats(&c)
+        .iter()
+        .map(|m| m["stats"]["used"].as_u64().unwrap())
+        .sum();
     assert_eq!(used, 0);
-    assert!(c.eventually(Duration::from_secs(10), |c| c.components("scomponent")[0]["stats"]["backup_files"]["bytes"] == 0), "{:?}", c.components("scomponent"));
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| c.components("scomponent")[0]["stats"]
+            ["backup_files"]["bytes"]
+            == 0),
+        "{:?}",
+        c.components("scomponent")
+    );
 }
 
 #[test]
@@ -81,7 +112,9 @@ fn cpython_and_sqlite_survive_a_lost_primary_and_restarts_of_the_global_managers
 fn a_full_log_stops_protecting_says_so_and_protects_again_once_it_drains() {
     // A log of 256 KiB: a few dozen pages while the sComponent is stalled.
     let c = cluster(3, "backup_log = \"256K\"\n");
-    assert!(mcomp_stats(&c).iter().all(|m| m["stats"]["backup_log"]["capacity"] == 256 << 10));
+    assert!(mcomp_stats(&c)
+        .iter()
+        .all(|m| m["stats"]["backup_log"]["capacity"] == 256 << 10));
     let scomp_pid = c.pid_of_addr(&scomp(&c));
     let table = program("hashtable");
     let cmd = [table.to_str().unwrap(), "100000"];
@@ -95,11 +128,18 @@ fn a_full_log_stops_protecting_says_so_and_protects_again_once_it_drains() {
         assert!(!unprotected(c).is_empty(), "{:?}", mcomp_stats(c));
         assert!(mcomp_metric(c, "splitos_mcomp_log_skipped_records_total") > 0.0);
         let status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
-        assert!(status.contains("unprotected:") && status.contains("backup log was full"), "{status}");
+        assert!(
+            status.contains("unprotected:") && status.contains("backup log was full"),
+            "{status}"
+        );
         // The sComponent catches up: the log drains, each skipped vRegion is copied to its
         // logger again, and a primary lost now is replayed from a whole backup.
         stall = None;
-        assert!(c.eventually(Duration::from_secs(30), |c| unprotected(c).is_empty()), "{:?}", mcomp_stats(c));
+        assert!(
+            c.eventually(Duration::from_secs(30), |c| unprotected(c).is_empty()),
+            "{:?}",
+            mcomp_stats(c)
+        );
         assert!(mcomp_metric(c, "splitos_mcomp_log_resyncs_total") >= 1.0);
         c.kill_component(c.pid_of_addr(&busiest_primary(c, pid)));
     });
@@ -125,16 +165,37 @@ fn losing_a_primary_whose_log_was_full_ends_the_program_with_an_error_naming_it(
         let idx = unprotected(c);
         assert!(!idx.is_empty());
         // The primary of an unprotected vRegion (the home's sets are in index order).
-        let home = c.components("mcomponent").into_iter().find_map(|m| m["stats"]["home_processes"].as_array()?.iter().find(|p| p["pid"] == pid).cloned()).unwrap();
-        let set = home["vregions"].as_array().unwrap().iter().find(|v| idx.contains(&v["index"].as_u64().unwrap())).unwrap();
+        let home = c
+            .components("mcomponent")
+            .into_iter()
+            .find_map(|m| {
+                m["stats"]["home_processes"]
+                    .as_array()?
+                    .iter()
+                    .find(|p| p["pid"] == pid)
+                    .cloned()
+            })
+            .unwrap();
+        let set = home["vregions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| idx.contains(&v["index"].as_u64().unwrap()))
+            .unwrap();
         victim = addr_of(c, set["owners"][0].as_u64().unwrap());
         c.kill_component(c.pid_of_addr(&victim));
     });
     drop(stall);
     assert!(!ok, "the program cannot go on without pages nobody has");
     assert!(native_phased(&cmd).starts_with(&out), "no output from lost data: {out}");
-    assert!(err.contains(&victim), "the error names the lost mComponent {victim}: {err}");
-    assert!(mcomp_metric(&c, "splitos_mcomp_log_promotions_refused_total") >= 1.0, "the logger refused to replay a backup that misses pages: {err}");
+    assert!(
+        err.contains(&victim),
+        "the error names the lost mComponent {victim}: {err}"
+    );
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_log_promotions_refused_total") >= 1.0,
+        "the logger refused to replay a backup that misses pages: {err}"
+    );
 }
 
 #[test]
@@ -153,28 +214,104 @@ fn log_is_a_knob_that_costs_no_second_copy_in_memory_and_refuses_bad_appends() {
     assert!(mcomp_stats(&c).iter().all(|m| m["stats"]["replication"] == "log"));
     assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 2 && s[0] != s[1]));
     // One copy in memory (the loggers hold none); the backup is on the sComponent's disk.
-    let used: u64 = mcomp_stats(&c).iter().map(|m| m["stats"]["used"].as_u64().unwrap()).sum();
+    let used: u64 = mcomp_stats(&c)
+        .iter()
+        .map(|m| m["stats"]["used"].as_u64().unwrap())
+        .sum();
     // 24 MiB written through a 4 MiB ExCache: about 20 MiB written back, held once.
-    assert!((16 << 20..=25 << 20).contains(&used), "{used} bytes in memory for 24 MiB, of which 4 MiB may be in the ExCache");
+    assert!(
+        (16 << 20..=25 << 20).contains(&used),
+        "{used} bytes in memory for 24 MiB, of which 4 MiB may be in the ExCache"
+    );
     let s = scomp(&c);
-    assert!(c.eventually(Duration::from_secs(10), |c| c.components("scomponent")[0]["stats"]["backup_files"]["bytes"].as_u64().unwrap() >= used), "{:?}", c.components("scomponent"));
-    assert!(c.eventually(Duration::from_secs(10), |c| mcomp_stats(c).iter().all(|m| m["stats"]["backup_log"]["queued_bytes"] == 0)));
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| c.components("scomponent")[0]["stats"]
+            ["backup_files"]["bytes"]
+            .as_u64()
+            .unwrap()
+            >= used),
+        "{:?}",
+        c.components("scomponent")
+    );
+    assert!(c.eventually(Duration::from_secs(10), |c| mcomp_stats(c)
+        .iter()
+        .all(|m| m["stats"]["backup_log"]["queued_bytes"] == 0)));
     // Appends that are not records, or from a logger the file has moved past, are refused;
     // the sComponent goes on serving.
     let rpc = c.admin_rpc();
-    let file = splitos_rpc::LogFile { vnode: "default".into(), pid, index: 1 << 40 };
-    let bad = splitos_rpc::M2S_LOG_APPEND { file: file.clone(), epoch: 5, reset: true, records: vec![splitos_rpc::LogRecord::Page { vpn: 1, data: serde_bytes::ByteBuf::from(vec![1; 100]) }] };
+    let file = splitos_rpc::LogFile {
+        vnode: "default".into(),
+        pid,
+        index: 1 << 40,
+    };
+    let bad = splitos_rpc::M2S_LOG_APPEND {
+        file: file.clone(),
+        epoch: 5,
+        reset: true,
+        records: vec![splitos_rpc::LogRecord::Page {
+            vpn: 1,
+            data: serde_bytes::ByteBuf::from(vec![1; 100]),
+        }],
+    };
     let e = rpc.call(&s, bad).unwrap_err().to_string();
     assert!(e.contains("Invalid argument"), "{e}");
-    rpc.call(&s, splitos_rpc::M2S_LOG_APPEND { file: file.clone(), epoch: 5, reset: true, records: vec![] }).unwrap();
-    let e = rpc.call(&s, splitos_rpc::M2S_LOG_APPEND { file: file.clone(), epoch: 4, reset: false, records: vec![] }).unwrap_err().to_string();
+    rpc.call(
+        &s,
+        splitos_rpc::M2S_LOG_APPEND {
+            file: file.clone(),
+            epoch: 5,
+            reset: true,
+            records: vec![],
+        },
+    )
+    .unwrap();
+    let e = rpc
+        .call(
+            &s,
+            splitos_rpc::M2S_LOG_APPEND {
+                file: file.clone(),
+                epoch: 4,
+                reset: false,
+                records: vec![],
+            },
+        )
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Stale"), "{e}");
     assert_hold_ends_native(child);
     // The embedded cluster of `run` takes the option: every write-back reaches both members.
-    let (_, st) = stats_of(&["--embedded", "--mcomponents", "2", "--replication", "log", "--excache", "4M"], &[hold, "16"]);
-    assert!(st["mcomponents"].as_array().unwrap().iter().all(|m| m["replication"] == "log"), "{st}");
-    assert!(n(&st, "flushes") > 0 && mcomp_sum(&st, "flushes") >= 2 * n(&st, "flushes"), "{st}");
-    assert!(st["mcomponents"].as_array().unwrap().iter().any(|m| m["backup_log"]["streamed_bytes"].as_u64().unwrap() > 0), "{st}");
+    let (_, st) = stats_of(
+        &[
+            "--embedded",
+            "--mcomponents",
+            "2",
+            "--replication",
+            "log",
+            "--excache",
+            "4M",
+        ],
+        &[hold, "16"],
+    );
+    assert!(
+        st["mcomponents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["replication"] == "log"),
+        "{st}"
+    );
+    assert!(
+        n(&st, "flushes") > 0 && mcomp_sum(&st, "flushes") >= 2 * n(&st, "flushes"),
+        "{st}"
+    );
+    assert!(
+        st["mcomponents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["backup_log"]["streamed_bytes"].as_u64().unwrap() > 0),
+        "{st}"
+    );
 }
 
 /// A tmpfs of `size` at a directory of its own, unmounted when dropped: a small disk.
@@ -182,8 +319,15 @@ struct SmallDisk(tempfile::TempDir);
 
 impl SmallDisk {
     fn new(size: &str) -> SmallDisk {
-        let d = tempfile::Builder::new().prefix("splitos-small-disk-").tempdir().unwrap();
-        let out = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"]).arg(d.path()).output().unwrap();
+        let d = tempfile::Builder::new()
+            .prefix("splitos-small-disk-")
+            .tempdir()
+            .unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(d.path())
+            .output()
+            .unwrap();
         assert!(out.status.success(), "mount: {}", text(&out.stderr));
         SmallDisk(d)
     }
@@ -207,12 +351,29 @@ fn a_full_scomponent_disk_is_named_as_the_cause() {
     // Far more write-backs than the disk holds.
     let (child, _) = spawn_hold(&c, 24);
     let s = scomp(&c);
-    assert!(c.eventually(Duration::from_secs(30), |c| !unprotected(c).is_empty() && c.metric(&s, "splitos_scomp_backup_disk_full_total") > 0.0), "{:?}", mcomp_stats(&c));
+    assert!(
+        c.eventually(Duration::from_secs(30), |c| !unprotected(c).is_empty()
+            && c.metric(&s, "splitos_scomp_backup_disk_full_total") > 0.0),
+        "{:?}",
+        mcomp_stats(&c)
+    );
     let status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
-    assert!(status.contains("the sComponent refused their backup records") && status.contains("disk is full"), "{status}");
+    assert!(
+        status.contains("the sComponent refused their backup records") && status.contains("disk is full"),
+        "{status}"
+    );
     // What was refused is not counted as stored: no more than the disk holds.
-    let sum = |k: &str| mcomp_stats(&c).iter().map(|m| m["stats"]["backup_log"][k].as_u64().unwrap()).sum::<u64>();
-    assert!(sum("streamed_bytes") <= 4 << 20 && sum("refused_bytes") > 0, "{:?}", mcomp_stats(&c));
+    let sum = |k: &str| {
+        mcomp_stats(&c)
+            .iter()
+            .map(|m| m["stats"]["backup_log"][k].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert!(
+        sum("streamed_bytes") <= 4 << 20 && sum("refused_bytes") > 0,
+        "{:?}",
+        mcomp_stats(&c)
+    );
     assert!(c.log("storage0").contains("disk is full"), "{}", c.log("storage0"));
     // The program loses nothing: its pages are on their primaries.
     assert_hold_ends_native(child);

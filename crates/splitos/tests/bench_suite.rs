@@ -17,26 +17,53 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     let thp = || std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     let thp_before = thp();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/suite.py");
-    let run = Command::new("python3").arg(&script).args(["--quick", "--out"]).arg(&out).env("SPLITOS_BIN", common::splitos()).env("SPLITOS_DATA_DIR", out.join("data")).output().expect("python3 runs");
+    let run = Command::new("python3")
+        .arg(&script)
+        .args(["--quick", "--out"])
+        .arg(&out)
+        .env("SPLITOS_BIN", common::splitos())
+        .env("SPLITOS_DATA_DIR", out.join("data"))
+        .output()
+        .expect("python3 runs");
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "suite failed: {}", &stderr[stderr.len().saturating_sub(3000)..]);
+    assert!(
+        run.status.success(),
+        "suite failed: {}",
+        &stderr[stderr.len().saturating_sub(3000)..]
+    );
 
-    let res: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("suite.json")).unwrap()).unwrap();
+    let res: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("suite.json")).unwrap()).unwrap();
     let workloads = res["workloads"].as_object().unwrap();
     assert!(workloads.len() >= 5, "{workloads:?}");
     for (name, w) in workloads {
-        assert_eq!(w["mismatches"].as_array().unwrap().len(), 0, "{name}: outputs differ from native");
+        assert_eq!(
+            w["mismatches"].as_array().unwrap().len(),
+            0,
+            "{name}: outputs differ from native"
+        );
         // A run stopped at the suite's time bound is recorded at that bound, not as a result.
         assert!(w["timeout_s"].as_f64().unwrap() > 0.0, "{name}: {w}");
-        let stopped = w.get("timed_out").and_then(|t| t.as_array()).map(|t| t.len()).unwrap_or(0);
-        assert_eq!(stopped, 0, "{name}: runs stopped at the {} s bound: {}", w["timeout_s"], w["timed_out"]);
+        let stopped = w
+            .get("timed_out")
+            .and_then(|t| t.as_array())
+            .map(|t| t.len())
+            .unwrap_or(0);
+        assert_eq!(
+            stopped, 0,
+            "{name}: runs stopped at the {} s bound: {}",
+            w["timeout_s"], w["timed_out"]
+        );
         assert!(w["native_s"][0].as_f64().unwrap() > 0.0, "{name}");
         for frac in ["0.25", "1.0"] {
             let r = &w["splitos"][frac][0];
             assert!(r["s"].as_f64().unwrap() > 0.0, "{name} at {frac}: {r}");
         }
         // At a quarter of its working set a program must miss in the ExCache.
-        assert!(w["splitos"]["0.25"][0]["misses"].as_u64().unwrap() > 0, "{name}: no misses at 25%");
+        assert!(
+            w["splitos"]["0.25"][0]["misses"].as_u64().unwrap() > 0,
+            "{name}: no misses at 25%"
+        );
         // The memory sweep: every system at every share quick mode measures.
         for (kind, frac) in [("splitos-tcp", "1.0"), ("swap-file", "1.0"), ("zram", "1.0")] {
             assert!(w[kind][frac][0]["s"].as_f64().unwrap() > 0.0, "{name} {kind} at {frac}");
@@ -51,12 +78,21 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         // misses as the default transport does.
         let fits = &w["splitos-fits"]["4.0"][0];
         assert_eq!(fits["evictions"].as_u64().unwrap(), 0, "{name} fits: {fits}");
-        assert!(w["splitos-tcp"]["0.25"][0]["misses"].as_u64().unwrap() > 0, "{name}: no misses at 25% over TCP");
-        assert!(w["native_cpu_s"][0].as_f64().unwrap() > 0.0 && fits["cpu_s"].as_f64().unwrap() > 0.0, "{name}: CPU time measured");
+        assert!(
+            w["splitos-tcp"]["0.25"][0]["misses"].as_u64().unwrap() > 0,
+            "{name}: no misses at 25% over TCP"
+        );
+        assert!(
+            w["native_cpu_s"][0].as_f64().unwrap() > 0.0 && fits["cpu_s"].as_f64().unwrap() > 0.0,
+            "{name}: CPU time measured"
+        );
     }
     let names: Vec<&String> = workloads.keys().collect();
     for lang in ["perl", "node"] {
-        assert!(names.iter().any(|n| n.starts_with(lang)), "a {lang} workload: {names:?}");
+        assert!(
+            names.iter().any(|n| n.starts_with(lang)),
+            "a {lang} workload: {names:?}"
+        );
     }
     assert!(res["fig13"]["configs"].as_array().unwrap().len() >= 3);
     assert!(res["fig14"]["configs"].as_array().unwrap().len() >= 2);
@@ -74,7 +110,14 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     for c in f15 {
         assert_eq!(c["runs"][0]["slowdown"].as_object().unwrap().len(), 2, "{c}");
     }
-    for png in ["suite-slowdown.png", "suite-sweep.png", "suite-sweep-misses.png", "suite-fig13.png", "suite-fig14.png", "suite-fig15.png"] {
+    for png in [
+        "suite-slowdown.png",
+        "suite-sweep.png",
+        "suite-sweep-misses.png",
+        "suite-fig13.png",
+        "suite-fig14.png",
+        "suite-fig15.png",
+    ] {
         let bytes = std::fs::read(out.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
         assert_eq!(&bytes[1..4], b"PNG", "{png}");
     }
@@ -100,7 +143,13 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     // Swap devices, memory cgroups and the huge-page setting are the suite's to undo.
     assert_eq!(swaps(), swaps_before, "swap devices left behind");
     assert_eq!(thp(), thp_before, "the transparent huge page setting is restored");
-    let left: Vec<_> =
-        std::fs::read_dir("/sys/fs/cgroup/memory").map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("splitos-bench-")).collect()).unwrap_or_default();
+    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/memory")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("splitos-bench-"))
+                .collect()
+        })
+        .unwrap_or_default();
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }

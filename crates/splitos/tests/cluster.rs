@@ -10,26 +10,40 @@ use splitos_rpc::transport::{TcpConfig, TcpTransport};
 use splitos_rpc::{FrameHeader, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 fn mem_stats(c: &TestCluster) -> Vec<serde_json::Value> {
-    c.components("mcomponent").into_iter().map(|m| m["stats"].clone()).collect()
+    c.components("mcomponent")
+        .into_iter()
+        .map(|m| m["stats"].clone())
+        .collect()
 }
 
 #[test]
 fn exit_frees_all_memory_and_status_shows_it() {
     // Strict overcommit: mappings are charged whole, which `committed` shows.
-    let c = TestCluster::up(Some("[cluster]\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n"));
+    let c = TestCluster::up(Some(
+        "[cluster]\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n",
+    ));
     let p = program("hold");
     let mut child = c.spawn(&[], &[p.to_str().unwrap(), "24"]);
     assert_eq!(read_line(&mut child), "ready\n");
     let used: u64 = mem_stats(&c).iter().map(|s| s["used"].as_u64().unwrap()).sum();
     let committed: u64 = mem_stats(&c).iter().map(|s| s["committed"].as_u64().unwrap()).sum();
-    assert!(used >= 16 << 20, "flushed pages live on mComponents while the program runs: {used}");
+    assert!(
+        used >= 16 << 20,
+        "flushed pages live on mComponents while the program runs: {used}"
+    );
     assert!(committed >= 24 << 20, "{committed}");
     let pcomp = &c.components("pcomponent")[0]["stats"];
     assert_eq!(pcomp["processes"].as_array().unwrap().len(), 1, "{pcomp}");
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success() && text(&out.stdout).starts_with("sum "), "{}", text(&out.stderr));
-    let freed = c.eventually(Duration::from_secs(5), |c| mem_stats(c).iter().all(|s| s["used"] == 0 && s["committed"] == 0));
+    assert!(
+        out.status.success() && text(&out.stdout).starts_with("sum "),
+        "{}",
+        text(&out.stderr)
+    );
+    let freed = c.eventually(Duration::from_secs(5), |c| {
+        mem_stats(c).iter().all(|s| s["used"] == 0 && s["committed"] == 0)
+    });
     assert!(freed, "all memory is released after exit: {:?}", mem_stats(&c));
     let human = c.cmd(&["cluster", "status"]).output().unwrap();
     assert!(text(&human.stdout).contains("mcomponent") && text(&human.stdout).contains("pcomponent"));
@@ -43,14 +57,27 @@ fn small_vregions_spread_one_process_over_both_mcomponents() {
     let cmd = [p.to_str().unwrap(), "48"];
     let mut child = c.spawn(&[], &cmd);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"].as_u64().unwrap();
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
+        .as_u64()
+        .unwrap();
     let during = mem_stats(&c);
     assert_eq!(during.len(), 2);
     for s in &during {
         // 48 MiB written through a 4 MiB ExCache: most pages were flushed to their owners.
-        let pages = s["owned_processes"].as_array().unwrap().iter().find(|o| o["pid"] == pid).map(|o| o["pages"].as_u64().unwrap());
-        assert!(pages.is_some_and(|n| n > 100), "each mComponent owns pages of process {pid} in its vRegions: {s}");
-        assert!(s["flushes"].as_u64().unwrap() > 100, "each mComponent stored flushed pages: {s}");
+        let pages = s["owned_processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["pid"] == pid)
+            .map(|o| o["pages"].as_u64().unwrap());
+        assert!(
+            pages.is_some_and(|n| n > 100),
+            "each mComponent owns pages of process {pid} in its vRegions: {s}"
+        );
+        assert!(
+            s["flushes"].as_u64().unwrap() > 100,
+            "each mComponent stored flushed pages: {s}"
+        );
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
@@ -58,7 +85,10 @@ fn small_vregions_spread_one_process_over_both_mcomponents() {
     assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&cmd).stdout));
     // Reading the buffer back fetched the flushed pages from both owners.
     for (before, after) in during.iter().zip(mem_stats(&c)) {
-        assert!(after["fetches"].as_u64().unwrap() > before["fetches"].as_u64().unwrap() + 100, "each mComponent served fetches: {before} then {after}");
+        assert!(
+            after["fetches"].as_u64().unwrap() > before["fetches"].as_u64().unwrap() + 100,
+            "each mComponent served fetches: {before} then {after}"
+        );
     }
 }
 
@@ -73,9 +103,23 @@ fn an_mcomponent_refuses_pages_of_another_vnode() {
     assert_eq!(pcomp["processes"][0]["vnode"], "alpha");
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let addr = "0x200000000000";
-    let ok = c.cmd(&["debug", "fetch", "--mcomp", &m, "--vnode", "alpha", "--pid", &pid, "--vaddr", addr]).output().unwrap();
-    assert!(ok.status.success(), "the process's own vNode may read: {}", text(&ok.stderr));
-    let bad = c.cmd(&["debug", "fetch", "--mcomp", &m, "--vnode", "beta", "--pid", &pid, "--vaddr", addr]).output().unwrap();
+    let ok = c
+        .cmd(&[
+            "debug", "fetch", "--mcomp", &m, "--vnode", "alpha", "--pid", &pid, "--vaddr", addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "the process's own vNode may read: {}",
+        text(&ok.stderr)
+    );
+    let bad = c
+        .cmd(&[
+            "debug", "fetch", "--mcomp", &m, "--vnode", "beta", "--pid", &pid, "--vaddr", addr,
+        ])
+        .output()
+        .unwrap();
     assert!(!bad.status.success());
     assert!(text(&bad.stderr).contains("Denied"), "{}", text(&bad.stderr));
     drop(child.stdin.take());
@@ -87,15 +131,24 @@ fn an_mcomponent_refuses_pages_of_another_vnode() {
 fn out_of_memory_fails_malloc_not_the_cluster() {
     // Strict overcommit refuses the mapping, so malloc returns NULL (heuristic would stop
     // the program when its pages no longer fit anywhere, as Linux's OOM killer does).
-    let c = TestCluster::up(Some("[cluster]\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n"));
+    let c = TestCluster::up(Some(
+        "[cluster]\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n",
+    ));
     let p = program("oom");
     let out = c.run(&[], &[p.to_str().unwrap()]);
     let s = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(s.contains("malloc returned NULL with ENOMEM") && s.contains("malloc works: 1"), "{s}");
+    assert!(
+        s.contains("malloc returned NULL with ENOMEM") && s.contains("malloc works: 1"),
+        "{s}"
+    );
     let m = program("memtouch");
     let again = c.run(&[], &[m.to_str().unwrap(), "8"]);
-    assert_eq!(text(&again.stdout), text(&native(&[m.to_str().unwrap(), "8"]).stdout), "the cluster keeps serving");
+    assert_eq!(
+        text(&again.stdout),
+        text(&native(&[m.to_str().unwrap(), "8"]).stdout),
+        "the cluster keeps serving"
+    );
 }
 
 /// A frame header as the wire defines it (docs/wire.md): little-endian fields in order.
@@ -114,13 +167,24 @@ fn frame_header(h: FrameHeader) -> Vec<u8> {
 
 /// A well-formed request frame header for a body of `len` bytes.
 fn request_header(req_id: u64, len: u32) -> FrameHeader {
-    FrameHeader { magic: MAGIC, version: WIRE_VERSION, kind: 0, flags: 0, req_id, len, reserved: 0 }
+    FrameHeader {
+        magic: MAGIC,
+        version: WIRE_VERSION,
+        kind: 0,
+        flags: 0,
+        req_id,
+        len,
+        reserved: 0,
+    }
 }
 
 /// A complete, well-formed frame carrying `msg`.
 fn frame(h: FrameHeader, msg: &Msg) -> Vec<u8> {
     let body = postcard::to_allocvec(msg).unwrap();
-    let mut f = frame_header(FrameHeader { len: body.len() as u32, ..h });
+    let mut f = frame_header(FrameHeader {
+        len: body.len() as u32,
+        ..h
+    });
     f.extend_from_slice(&body);
     f
 }
@@ -129,14 +193,22 @@ fn frame(h: FrameHeader, msg: &Msg) -> Vec<u8> {
 /// what follows are plain frames (loopback).
 fn authenticated(c: &TestCluster, addr: &str) -> TcpConn {
     let creds = splitos_rpc::auth::Credentials::load(&c.dir.path().join("admin.cred")).unwrap();
-    let t = TcpTransport::new(TcpConfig::default(), splitos_rpc::poll::Polling::Fixed, Some(std::sync::Arc::new(creds)));
+    let t = TcpTransport::new(
+        TcpConfig::default(),
+        splitos_rpc::poll::Polling::Fixed,
+        Some(std::sync::Arc::new(creds)),
+    );
     let mut s = t.connect_stream(addr, Duration::from_secs(5)).unwrap();
     s.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     // The receiver's first frame grants the connection its credits.
     let mut h = [0u8; FrameHeader::SIZE];
     s.read_exact(&mut h).expect("a credit frame");
     assert_eq!(h[6], 2, "a credit frame");
-    assert_eq!(u64::from_le_bytes(h[8..16].try_into().unwrap()), TcpConfig::default().max_in_flight as u64, "the grant is max_in_flight");
+    assert_eq!(
+        u64::from_le_bytes(h[8..16].try_into().unwrap()),
+        TcpConfig::default().max_in_flight as u64,
+        "the grant is max_in_flight"
+    );
     let mut body = vec![0u8; u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize];
     s.read_exact(&mut body).unwrap();
     s
@@ -144,7 +216,8 @@ fn authenticated(c: &TestCluster, addr: &str) -> TcpConn {
 
 /// Sends a ping on `s` and returns the decoded reply.
 fn ping(s: &mut TcpConn, req_id: u64) -> Msg {
-    s.write_all(&frame(request_header(req_id, 0), &Msg::C2X_PING(splitos_rpc::C2X_PING))).unwrap();
+    s.write_all(&frame(request_header(req_id, 0), &Msg::C2X_PING(splitos_rpc::C2X_PING)))
+        .unwrap();
     let mut h = [0u8; FrameHeader::SIZE];
     s.read_exact(&mut h).expect("a reply header");
     assert_eq!(u32::from_le_bytes(h[0..4].try_into().unwrap()), MAGIC);
@@ -162,19 +235,29 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     // The documented wire format without a handshake gets nothing.
     let mut raw = std::net::TcpStream::connect(&m).unwrap();
-    raw.write_all(&frame(request_header(1, 0), &Msg::C2X_PING(splitos_rpc::C2X_PING))).unwrap();
+    raw.write_all(&frame(request_header(1, 0), &Msg::C2X_PING(splitos_rpc::C2X_PING)))
+        .unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    assert!(matches!(raw.read(&mut [0u8; 8]), Ok(0) | Err(_)), "a frame without a handshake was answered");
+    assert!(
+        matches!(raw.read(&mut [0u8; 8]), Ok(0) | Err(_)),
+        "a frame without a handshake was answered"
+    );
     // Past the handshake, frames are checked. A connection opened before the bad frames keeps
     // being served after them.
     let mut good = authenticated(&c, &m);
-    assert!(matches!(ping(&mut good, 1), Msg::X2C_PONG { .. }), "the well-formed frame these tests alter is answered");
+    assert!(
+        matches!(ping(&mut good, 1), Msg::X2C_PONG { .. }),
+        "the well-formed frame these tests alter is answered"
+    );
     let rejected_before = c.metric(&m, "splitos_rpc_frames_rejected_total");
 
     let valid = request_header(7, 0);
     let ping_body = postcard::to_allocvec(&Msg::C2X_PING(splitos_rpc::C2X_PING)).unwrap();
     let with_ping = |h: FrameHeader| {
-        let mut f = frame_header(FrameHeader { len: ping_body.len() as u32, ..h });
+        let mut f = frame_header(FrameHeader {
+            len: ping_body.len() as u32,
+            ..h
+        });
         f.extend_from_slice(&ping_body);
         f
     };
@@ -182,10 +265,31 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     // the component has read, so it must close the connection without waiting for more; the
     // truncated one ends (our write side closes) in the middle of its body.
     let bad: Vec<(&str, Vec<u8>, bool)> = vec![
-        ("bad magic", with_ping(FrameHeader { magic: u32::from_le_bytes(*b"GET "), ..valid }), false),
-        ("bad version", with_ping(FrameHeader { version: WIRE_VERSION + 1, ..valid }), false),
+        (
+            "bad magic",
+            with_ping(FrameHeader {
+                magic: u32::from_le_bytes(*b"GET "),
+                ..valid
+            }),
+            false,
+        ),
+        (
+            "bad version",
+            with_ping(FrameHeader {
+                version: WIRE_VERSION + 1,
+                ..valid
+            }),
+            false,
+        ),
         ("bad kind", with_ping(FrameHeader { kind: 0xee, ..valid }), false),
-        ("oversized length", frame_header(FrameHeader { len: MAX_BODY + 1, ..valid }), false),
+        (
+            "oversized length",
+            frame_header(FrameHeader {
+                len: MAX_BODY + 1,
+                ..valid
+            }),
+            false,
+        ),
         (
             "undecodable body",
             {
@@ -223,10 +327,21 @@ fn malformed_frames_are_rejected_and_others_still_served() {
         }
     }
     let rejected = c.metric(&m, "splitos_rpc_frames_rejected_total") - rejected_before;
-    assert_eq!(rejected, bad.len() as f64, "the mComponent counted each bad frame as rejected");
-    assert!(matches!(ping(&mut good, 2), Msg::X2C_PONG { .. }), "the other connection is still served");
+    assert_eq!(
+        rejected,
+        bad.len() as f64,
+        "the mComponent counted each bad frame as rejected"
+    );
+    assert!(
+        matches!(ping(&mut good, 2), Msg::X2C_PONG { .. }),
+        "the other connection is still served"
+    );
     // The cluster has two mComponents, which register in either order: read the attacked one's log.
-    let log = ["mem0", "mem1"].iter().map(|n| c.log(n)).find(|l| l.contains(&m)).expect("the attacked mComponent's log names its address");
+    let log = ["mem0", "mem1"]
+        .iter()
+        .map(|n| c.log(n))
+        .find(|l| l.contains(&m))
+        .expect("the attacked mComponent's log names its address");
     assert!(log.contains("rejected malformed frame"), "{log}");
 
     // The pComponent's program socket gets garbage too.
@@ -237,17 +352,36 @@ fn malformed_frames_are_rejected_and_others_still_served() {
     let p = program("memtouch");
     let (_, s) = {
         let f = tempfile::NamedTempFile::new().unwrap();
-        let out = c.run(&["--stats-json", f.path().to_str().unwrap()], &[p.to_str().unwrap(), "8"]);
-        assert_eq!(text(&out.stdout), text(&native(&[p.to_str().unwrap(), "8"]).stdout), "{}", text(&out.stderr));
-        (out, serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f.path()).unwrap()).unwrap())
+        let out = c.run(
+            &["--stats-json", f.path().to_str().unwrap()],
+            &[p.to_str().unwrap(), "8"],
+        );
+        assert_eq!(
+            text(&out.stdout),
+            text(&native(&[p.to_str().unwrap(), "8"]).stdout),
+            "{}",
+            text(&out.stderr)
+        );
+        (
+            out,
+            serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f.path()).unwrap()).unwrap(),
+        )
     };
-    assert!(n(&s, "processes") == 1 && n(&s, "misses") > 0, "the cluster keeps serving programs: {s}");
+    assert!(
+        n(&s, "processes") == 1 && n(&s, "misses") > 0,
+        "the cluster keeps serving programs: {s}"
+    );
     assert!(c.eventually(Duration::from_secs(5), |c| c.log("proc0").contains("malformed hello")));
 }
 
 fn threads_of(pid: i32) -> usize {
     let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    st.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+    st.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -269,13 +403,21 @@ fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
     let during = threads_of(pid);
     // The per-peer cap, and at most one thread per kind of refusal that will log the
     // flood's summary (connections over the cap, handshakes that fail).
-    assert!(during <= before + 40 + 2, "threads of the mComponent: {before} before, {during} during the flood");
+    assert!(
+        during <= before + 40 + 2,
+        "threads of the mComponent: {before} before, {during} during the flood"
+    );
     // A program runs meanwhile (its components reach each other over shared memory), with
     // its output as natively.
     let p = program("memtouch");
     let p = p.to_str().unwrap();
     let out = c.run(&[], &[p, "16"]);
-    assert_eq!(text(&out.stdout), text(&native(&[p, "16"]).stdout), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        text(&native(&[p, "16"]).stdout),
+        "{}",
+        text(&out.stderr)
+    );
     // Every stalled connection is closed by the component once its frame is overdue.
     for s in flood.iter_mut() {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -289,11 +431,18 @@ fn a_flood_of_stalled_connections_leaves_the_component_bounded_and_serving() {
     // The program's shared-memory channel to the mComponent ends with the flood's threads only
     // once it has been idle for the transport's idle time (5 s, checked every 2.5 s).
     let channel_idle = Duration::from_millis(splitos_rpc::transport::shm::DEFAULT_IDLE_MS * 3 / 2);
-    assert!(c.eventually(channel_idle + Duration::from_secs(5), |_| threads_of(pid) <= before + 2), "threads back to {before}: {}", threads_of(pid));
+    assert!(
+        c.eventually(channel_idle + Duration::from_secs(5), |_| threads_of(pid) <= before + 2),
+        "threads back to {before}: {}",
+        threads_of(pid)
+    );
     assert!(c.metric(&m, "splitos_rpc_connections_refused_total") >= 360.0);
     assert!(c.metric(&m, "splitos_rpc_handshakes_refused_total") >= 40.0);
     // And the port serves an authenticated peer again.
-    assert!(matches!(c.admin_rpc().call(&m, splitos_rpc::C2X_PING), Ok(splitos_rpc::X2C_PONG { .. })));
+    assert!(matches!(
+        c.admin_rpc().call(&m, splitos_rpc::C2X_PING),
+        Ok(splitos_rpc::X2C_PONG { .. })
+    ));
 }
 
 #[test]
@@ -304,7 +453,13 @@ fn a_dead_mcomponent_is_named_in_the_error() {
     // wrote, never written over it.
     let errfile = c.dir.path().join("program.err");
     let mut child = c
-        .cmd(&["run", "--", "bash", "-c", &format!("echo 'the program wrote this first' >&2; exec {} 16", p.display())])
+        .cmd(&[
+            "run",
+            "--",
+            "bash",
+            "-c",
+            &format!("echo 'the program wrote this first' >&2; exec {} 16", p.display()),
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&errfile).unwrap())
@@ -317,12 +472,18 @@ fn a_dead_mcomponent_is_named_in_the_error() {
     assert!(!child.wait().unwrap().success());
     let err = std::fs::read_to_string(&errfile).unwrap();
     assert!(err.starts_with("the program wrote this first\n"), "{err}");
-    assert!(err.contains("mComponent") && err.contains(&m), "the error names the component: {err}");
+    assert!(
+        err.contains("mComponent") && err.contains(&m),
+        "the error names the component: {err}"
+    );
 }
 
 #[test]
 fn unreachable_cluster_and_bad_config_are_named() {
-    let out = std::process::Command::new(splitos()).args(["run", "--gm", "127.0.0.1:9", "--", "true"]).output().unwrap();
+    let out = std::process::Command::new(splitos())
+        .args(["run", "--gm", "127.0.0.1:9", "--", "true"])
+        .output()
+        .unwrap();
     assert_ne!(out.status.code(), Some(0));
     assert!(text(&out.stderr).contains("127.0.0.1:9"), "{}", text(&out.stderr));
     let dir = tempfile::tempdir().unwrap();
@@ -331,15 +492,33 @@ fn unreachable_cluster_and_bad_config_are_named() {
         ("[[pcomponent]]\nexcache = \"4Q\"\n[[mcomponent]]\n", "excache"),
         ("[[pcomponent]]\nways = -1\n[[mcomponent]]\n", "ways"),
         ("[[pcomponent]]\n", "mcomponent"),
-        ("[cluster]\nreclaim_dead_ms = 40000\n[[pcomponent]]\n[[mcomponent]]\n", "reclaim_dead_ms"),
-        ("[[pcomponent]]\nnetns = \"../root\"\n[[mcomponent]]\n", "pcomponent[0].netns"),
-        ("[[pcomponent]]\n[[mcomponent]]\nnetns = \"no-such-namespace-here\"\n", "no-such-namespace-here"),
+        (
+            "[cluster]\nreclaim_dead_ms = 40000\n[[pcomponent]]\n[[mcomponent]]\n",
+            "reclaim_dead_ms",
+        ),
+        (
+            "[[pcomponent]]\nnetns = \"../root\"\n[[mcomponent]]\n",
+            "pcomponent[0].netns",
+        ),
+        (
+            "[[pcomponent]]\n[[mcomponent]]\nnetns = \"no-such-namespace-here\"\n",
+            "no-such-namespace-here",
+        ),
     ] {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, cfg).unwrap();
-        let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
+        let out = std::process::Command::new(splitos())
+            .args(["cluster", "up", "--config"])
+            .arg(&f)
+            .env("SPLITOS_STATE_DIR", dir.path())
+            .output()
+            .unwrap();
         assert_ne!(out.status.code(), Some(0));
-        assert!(text(&out.stderr).contains(field), "error for {cfg:?} names {field}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(field),
+            "error for {cfg:?} names {field}: {}",
+            text(&out.stderr)
+        );
     }
 }
 
@@ -353,14 +532,35 @@ fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
     let open = c.dir.path().join("open");
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let up = std::process::Command::new(splitos()).args(["cluster", "up"]).env("SPLITOS_STATE_DIR", &open).env("SPLITOS_DATA_DIR", c.dir.path().join("open-data")).output().unwrap();
-    let down = std::process::Command::new(splitos()).args(["cluster", "down"]).env("SPLITOS_STATE_DIR", &open).output().unwrap();
-    assert!(up.status.success() && down.status.success(), "{} {}", text(&up.stderr), text(&down.stderr));
+    let up = std::process::Command::new(splitos())
+        .args(["cluster", "up"])
+        .env("SPLITOS_STATE_DIR", &open)
+        .env("SPLITOS_DATA_DIR", c.dir.path().join("open-data"))
+        .output()
+        .unwrap();
+    let down = std::process::Command::new(splitos())
+        .args(["cluster", "down"])
+        .env("SPLITOS_STATE_DIR", &open)
+        .output()
+        .unwrap();
+    assert!(
+        up.status.success() && down.status.success(),
+        "{} {}",
+        text(&up.stderr),
+        text(&down.stderr)
+    );
     assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o711);
     for f in ["gm.log", "gm.ready", "admin.cred", "authority.key"] {
-        assert_eq!(std::fs::metadata(open.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
+        assert_eq!(
+            std::fs::metadata(open.join(f)).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "{f}"
+        );
     }
-    assert_eq!(std::fs::metadata(open.join("programs")).unwrap().permissions().mode() & 0o777, 0o755);
+    assert_eq!(
+        std::fs::metadata(open.join("programs")).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
     for pid in c.state_pids() {
         c.kill_component(pid);
     }
@@ -368,11 +568,18 @@ fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
     let out = c.run(&[], &["true"]);
     let err = text(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("cluster up") && err.contains(&c.dir.path().join("cluster.json").display().to_string()), "the error names the cluster: {err}");
+    assert!(
+        err.contains("cluster up") && err.contains(&c.dir.path().join("cluster.json").display().to_string()),
+        "the error names the cluster: {err}"
+    );
     let out = c.run(&["--embedded"], &["echo", "embedded"]);
     assert_eq!(text(&out.stdout), "embedded\n", "{}", text(&out.stderr));
     // A cluster named by the environment.
-    let out = c.cmd(&["run", "--", "true"]).env("SPLITOS_GM", "127.0.0.1:9").output().unwrap();
+    let out = c
+        .cmd(&["run", "--", "true"])
+        .env("SPLITOS_GM", "127.0.0.1:9")
+        .output()
+        .unwrap();
     let err = text(&out.stderr);
     assert_ne!(out.status.code(), Some(0));
     assert!(err.contains("SPLITOS_GM") && err.contains("127.0.0.1:9"), "{err}");
@@ -380,8 +587,19 @@ fn run_never_moves_to_another_cluster_when_the_configured_one_is_down() {
 
 /// Each component the global managers list: (address, role, id, alive), by address.
 fn members(c: &TestCluster) -> Vec<(String, String, u64, bool)> {
-    let mut m: Vec<_> =
-        c.status()["components"].as_array().unwrap().iter().map(|x| (x["addr"].as_str().unwrap().to_string(), x["role"].as_str().unwrap().to_string(), x["id"].as_u64().unwrap(), x["alive"].as_bool().unwrap())).collect();
+    let mut m: Vec<_> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["addr"].as_str().unwrap().to_string(),
+                x["role"].as_str().unwrap().to_string(),
+                x["id"].as_u64().unwrap(),
+                x["alive"].as_bool().unwrap(),
+            )
+        })
+        .collect();
     m.sort();
     m
 }
@@ -404,51 +622,106 @@ fn membership_survives_restarts_of_the_global_managers() {
     let hold = hold.to_str().unwrap();
     let mut across = c.spawn(&[], &[hold, "16"]);
     assert_eq!(read_line(&mut across), "ready\n");
-    assert!(c.cmd(&["cluster", "set-placement", "first-fit"]).status().unwrap().success());
+    assert!(c
+        .cmd(&["cluster", "set-placement", "first-fit"])
+        .status()
+        .unwrap()
+        .success());
     for round in 0..3 {
         let gm = c.pid_of_addr(&gm_addr);
         let cmdline = std::fs::read(format!("/proc/{gm}/cmdline")).unwrap();
         // Each argument ends with a NUL; some are empty (`--shm-dir ""`).
-        let argv: Vec<String> = cmdline.strip_suffix(&[0]).unwrap().split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let argv: Vec<String> = cmdline
+            .strip_suffix(&[0])
+            .unwrap()
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
         c.kill_component(gm);
         let log = std::fs::File::create(c.dir.path().join(format!("gm-again{round}.log"))).unwrap();
         let restarted = {
             use std::os::unix::process::CommandExt;
-            std::process::Command::new(&argv[0]).args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).process_group(0).spawn().unwrap()
+            std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .process_group(0)
+                .spawn()
+                .unwrap()
         };
         remember_pid(c.dir.path(), restarted.id() as i32);
         // The managers resume the membership from their state: the components that outlived
         // them keep their ids, and none registers again.
         assert!(
-            c.eventually(Duration::from_secs(15), |c| c.cmd(&["cluster", "status", "--json"]).output().is_ok_and(|o| o.status.success()) && members(c) == before),
+            c.eventually(Duration::from_secs(15), |c| c
+                .cmd(&["cluster", "status", "--json"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+                && members(c) == before),
             "round {round}: {before:?}; the managers' log: {}",
             c.log(&format!("gm-again{round}"))
         );
-        assert_eq!(c.metric(&gm_addr, "splitos_gm_components_resumed"), before.len() as f64, "round {round}");
-        assert_eq!(c.metric(&gm_addr, "splitos_gm_registrations_total"), 0.0, "round {round}: {}", c.log(&format!("gm-again{round}")));
+        assert_eq!(
+            c.metric(&gm_addr, "splitos_gm_components_resumed"),
+            before.len() as f64,
+            "round {round}"
+        );
+        assert_eq!(
+            c.metric(&gm_addr, "splitos_gm_registrations_total"),
+            0.0,
+            "round {round}: {}",
+            c.log(&format!("gm-again{round}"))
+        );
         assert!(c.log(&format!("gm-again{round}")).contains("membership resumed"));
         // The policy the admin put in place outlives the managers too.
         let placement = c.cmd(&["cluster", "set-placement"]).output().unwrap();
-        assert!(text(&placement.stdout).contains("placement first-fit"), "round {round}: {}{}", text(&placement.stdout), text(&placement.stderr));
+        assert!(
+            text(&placement.stdout).contains("placement first-fit"),
+            "round {round}: {}{}",
+            text(&placement.stdout),
+            text(&placement.stderr)
+        );
         let out = c.run(&[], &[memtouch, "16"]);
         assert_eq!(text(&out.stdout), native_out, "round {round}: {}", text(&out.stderr));
     }
     drop(across.stdin.take());
     let out = across.wait_with_output().unwrap();
-    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "16"]).stdout), "{}", text(&out.stderr));
-    let again: f64 = before.iter().filter(|m| m.1 != "global-managers").map(|m| c.metric(&m.0, "splitos_node_registrations_again_total")).sum();
+    assert_eq!(
+        format!("ready\n{}", text(&out.stdout)),
+        text(&native(&[hold, "16"]).stdout),
+        "{}",
+        text(&out.stderr)
+    );
+    let again: f64 = before
+        .iter()
+        .filter(|m| m.1 != "global-managers")
+        .map(|m| c.metric(&m.0, "splitos_node_registrations_again_total"))
+        .sum();
     assert_eq!(again, 0.0, "no component had to register again");
     // A component that stops is shown dead, then forgotten.
     let (addr, _, _, _) = before.iter().find(|m| m.1 == "mcomponent").unwrap().clone();
     c.kill_component(c.pid_of_addr(&addr));
-    assert!(c.eventually(Duration::from_secs(3), |c| members(c).iter().any(|m| m.0 == addr && !m.3)), "{:?}", members(&c));
-    assert!(c.eventually(Duration::from_secs(10), |c| members(c).iter().all(|m| m.0 != addr)), "{:?}", members(&c));
+    assert!(
+        c.eventually(Duration::from_secs(3), |c| members(c)
+            .iter()
+            .any(|m| m.0 == addr && !m.3)),
+        "{:?}",
+        members(&c)
+    );
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| members(c).iter().all(|m| m.0 != addr)),
+        "{:?}",
+        members(&c)
+    );
     assert!(c.log("gm-again2").contains("component forgotten"));
 }
 
 #[test]
 fn knobs_of_a_configured_cluster_take_effect() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\nways = 1\nfault_workers = 3\n[[mcomponent]]\nworkers = 2\n"));
+    let c = TestCluster::up(Some(
+        "[[pcomponent]]\nexcache = \"4M\"\nways = 1\nfault_workers = 3\n[[mcomponent]]\nworkers = 2\n",
+    ));
     let pcomp_pid = c.pid_of_addr(c.components("pcomponent")[0]["addr"].as_str().unwrap());
     let mcomp_pid = c.pid_of_addr(c.components("mcomponent")[0]["addr"].as_str().unwrap());
     // Thread names: the mComponent's request workers `mcomp-w<i>` (none when requests are
@@ -461,16 +734,25 @@ fn knobs_of_a_configured_cluster_take_effect() {
     assert_eq!(read_line(&mut child), "ready\n");
     let pcomp = c.components("pcomponent")[0]["stats"].clone();
     let os_pid = pcomp["processes"][0]["os_pid"].as_i64().unwrap();
-    assert_eq!(threads_named(pcomp_pid, &format!("fault{os_pid}.")), 3, "three fault workers serve the process");
+    assert_eq!(
+        threads_named(pcomp_pid, &format!("fault{os_pid}.")),
+        3,
+        "three fault workers serve the process"
+    );
     // 8 MiB written through a 4 MiB ExCache: the process holds at most 1024 lines.
     let resident = pcomp["processes"][0]["resident_lines"].as_u64().unwrap();
     assert!(resident <= 1024, "{pcomp}");
-    assert!(pcomp["totals"]["evictions"].as_u64().unwrap() >= 1024, "a program twice the ExCache evicts: {pcomp}");
+    assert!(
+        pcomp["totals"]["evictions"].as_u64().unwrap() >= 1024,
+        "a program twice the ExCache evicts: {pcomp}"
+    );
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&cmd).stdout));
-    let ended = c.eventually(Duration::from_secs(5), |_| threads_named(pcomp_pid, &format!("fault{os_pid}.")) == 0);
+    let ended = c.eventually(Duration::from_secs(5), |_| {
+        threads_named(pcomp_pid, &format!("fault{os_pid}.")) == 0
+    });
     assert!(ended, "fault workers end with their process");
 
     // Direct-mapped: eight pages 4 MiB apart share the one line of their set and evict each
@@ -484,12 +766,18 @@ fn knobs_of_a_configured_cluster_take_effect() {
     assert!(n(&st, "evictions") >= 700, "ways = 1: {st}");
 
     let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
-    assert!(text(&out.stdout).contains("splitos_pcomp_misses_total"), "Prometheus counters: {}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("splitos_pcomp_misses_total"),
+        "Prometheus counters: {}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
 fn gpm_places_two_programs_on_two_pcomponents() {
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let c = TestCluster::up(Some(
+        "[[pcomponent]]\nexcache = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n",
+    ));
     assert_eq!(c.components("pcomponent").len(), 2);
     let p = program("hold");
     let cmd = [p.to_str().unwrap(), "16"];
@@ -499,9 +787,16 @@ fn gpm_places_two_programs_on_two_pcomponents() {
     // program started, so that the choice below does not depend on a heartbeat in flight.
     let ready = Instant::now();
     let fresh = c.eventually(Duration::from_secs(5), |c| {
-        c.components("pcomponent").iter().any(|pc| pc["load"]["threads"].as_u64().unwrap_or(0) >= 1 && (pc["since_heartbeat_ms"].as_u64().unwrap() as u128) + 20 < ready.elapsed().as_millis())
+        c.components("pcomponent").iter().any(|pc| {
+            pc["load"]["threads"].as_u64().unwrap_or(0) >= 1
+                && (pc["since_heartbeat_ms"].as_u64().unwrap() as u128) + 20 < ready.elapsed().as_millis()
+        })
     });
-    assert!(fresh, "a heartbeat reports the first program's threads: {:?}", c.components("pcomponent"));
+    assert!(
+        fresh,
+        "a heartbeat reports the first program's threads: {:?}",
+        c.components("pcomponent")
+    );
     let mut second = c.spawn(&[], &cmd);
     assert_eq!(read_line(&mut second), "ready\n");
     let pcs = c.components("pcomponent");
@@ -519,7 +814,10 @@ fn gpm_places_two_programs_on_two_pcomponents() {
     // Each pComponent did the work of its program: misses and write-backs through its ExCache.
     for pc in c.components("pcomponent") {
         let t = &pc["stats"]["totals"];
-        assert!(t["misses"].as_u64().unwrap() > 0 && t["flushes"].as_u64().unwrap() > 0, "{pc}");
+        assert!(
+            t["misses"].as_u64().unwrap() > 0 && t["flushes"].as_u64().unwrap() > 0,
+            "{pc}"
+        );
         assert_eq!(t["processes"], 1, "{pc}");
     }
 }
@@ -530,14 +828,19 @@ fn a_dead_pcomponent_stops_its_programs_with_a_message() {
     let p = program("hold");
     let mut child = c.spawn(&[], &[p.to_str().unwrap(), "8"]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let os_pid = c.components("pcomponent")[0]["stats"]["processes"][0]["os_pid"].as_i64().unwrap() as i32;
+    let os_pid = c.components("pcomponent")[0]["stats"]["processes"][0]["os_pid"]
+        .as_i64()
+        .unwrap() as i32;
     let pcomp_addr = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     c.kill_component(c.pid_of_addr(&pcomp_addr));
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("pComponent") && err.contains(&pcomp_addr), "{err}");
-    assert!(!std::path::Path::new(&format!("/proc/{os_pid}")).exists(), "the program does not outlive its pComponent");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{os_pid}")).exists(),
+        "the program does not outlive its pComponent"
+    );
 }
 
 #[test]
@@ -547,9 +850,18 @@ fn a_dead_pcomponents_memory_is_released_on_every_mcomponent() {
     let (mut doomed, survivor, doomed_pid, _) = hold_on_both_pcomponents(&c);
     let holding = mcomponents_holding;
     assert_eq!(holding(&c, doomed_pid), 2, "the program's heap is on both mComponents");
-    let homes = |c: &TestCluster| c.components("mcomponent").iter().map(|m| m["stats"]["home_of"].as_u64().unwrap()).sum::<u64>();
+    let homes = |c: &TestCluster| {
+        c.components("mcomponent")
+            .iter()
+            .map(|m| m["stats"]["home_of"].as_u64().unwrap())
+            .sum::<u64>()
+    };
     assert_eq!(homes(&c), 2);
-    let pcomp = c.components("pcomponent").into_iter().find(|p| p["stats"]["processes"][0]["pid"] == doomed_pid).unwrap();
+    let pcomp = c
+        .components("pcomponent")
+        .into_iter()
+        .find(|p| p["stats"]["processes"][0]["pid"] == doomed_pid)
+        .unwrap();
     let killed = std::time::Instant::now();
     c.kill_component(c.pid_of_addr(pcomp["addr"].as_str().unwrap()));
     assert!(!doomed.wait().unwrap().success());
@@ -561,8 +873,22 @@ fn a_dead_pcomponents_memory_is_released_on_every_mcomponent() {
     if killed.elapsed() < Duration::from_secs(3) {
         assert_eq!(held_meanwhile, 2, "released before reclaim_dead_ms");
     }
-    assert!(c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0 && homes(c) == 1), "memory of the lost pComponent's process: {:?}", c.components("mcomponent"));
-    let released: f64 = c.components("mcomponent").iter().map(|m| c.metric(m["addr"].as_str().unwrap(), "splitos_mcomp_lost_processes_released_total")).sum();
+    assert!(
+        c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0
+            && homes(c) == 1),
+        "memory of the lost pComponent's process: {:?}",
+        c.components("mcomponent")
+    );
+    let released: f64 = c
+        .components("mcomponent")
+        .iter()
+        .map(|m| {
+            c.metric(
+                m["addr"].as_str().unwrap(),
+                "splitos_mcomp_lost_processes_released_total",
+            )
+        })
+        .sum();
     assert_eq!(released, 1.0);
     assert_hold_ends_native(survivor);
 }
@@ -580,7 +906,23 @@ fn a_page_changed_on_its_mcomponent_is_never_taken_for_the_programs_data() {
     let mut from = 0x2000_0000_0000u64;
     let mut flipped = 0;
     while flipped < 12 {
-        let out = c.cmd(&["debug", "flip", "--mcomp", &addr, "--vnode", "default", "--pid", &pid, "--vaddr", &format!("{from:#x}"), "--bit", "12345"]).output().unwrap();
+        let out = c
+            .cmd(&[
+                "debug",
+                "flip",
+                "--mcomp",
+                &addr,
+                "--vnode",
+                "default",
+                "--pid",
+                &pid,
+                "--vaddr",
+                &format!("{from:#x}"),
+                "--bit",
+                "12345",
+            ])
+            .output()
+            .unwrap();
         if !out.status.success() {
             break;
         }
@@ -609,23 +951,39 @@ fn an_mcomponent_gives_the_memory_of_exited_programs_back_to_the_kernel() {
     // Resident memory of the real mComponent process, in KiB.
     let rss = || -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        s.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap()
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .unwrap()
+            .trim()
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .unwrap()
     };
     let idle = rss();
     let (mut child, _) = spawn_hold(&c, 128);
     let held = rss();
-    assert!(held > idle + (100 << 10), "the mComponent holds the heap: {idle} KiB idle, {held} KiB held");
+    assert!(
+        held > idle + (100 << 10),
+        "the mComponent holds the heap: {idle} KiB idle, {held} KiB held"
+    );
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
     let used = |c: &TestCluster| c.components("mcomponent")[0]["stats"]["used"].as_u64().unwrap();
     assert!(c.eventually(Duration::from_secs(10), |c| used(c) == 0), "released");
     let back = c.eventually(Duration::from_secs(10), |_| rss() < idle + (held - idle) / 4);
-    assert!(back, "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the exit", rss());
+    assert!(
+        back,
+        "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the exit",
+        rss()
+    );
 }
 
 #[test]
 fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
-    let c = TestCluster::up(Some("[transport.shm]\nidle_ms = 1000\n[[pcomponent]]\nexcache = \"4M\"\nfault_workers = 2\n[[mcomponent]]\n"));
+    let c = TestCluster::up(Some(
+        "[transport.shm]\nidle_ms = 1000\n[[pcomponent]]\nexcache = \"4M\"\nfault_workers = 2\n[[mcomponent]]\n",
+    ));
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     let mcomp = c.pid_of_addr(&m);
@@ -634,7 +992,8 @@ fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
     // Six programs at once, each missing on far more than the ExCache holds: the
     // pComponent's fault workers call the mComponent at the same time, on channels of their own.
     let py = python3();
-    let script = "x = bytearray(16 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = i % 251\nprint(sum(x[::4096]))\n";
+    let script =
+        "x = bytearray(16 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = i % 251\nprint(sum(x[::4096]))\n";
     let native = text(&native(&[&py, "-c", script]).stdout);
     let burst: Vec<std::process::Child> = (0..6).map(|_| c.spawn(&[], &[&py, "-c", script])).collect();
     let mut peak = servers();
@@ -649,9 +1008,16 @@ fn channels_a_burst_opened_close_when_idle_and_their_threads_end() {
     for out in outs {
         assert_eq!(text(&out.stdout), native, "{}", text(&out.stderr));
     }
-    assert!(peak > before, "the burst opened channels: {before} server threads, then {peak}");
+    assert!(
+        peak > before,
+        "the burst opened channels: {before} server threads, then {peak}"
+    );
     // Once unused for idle_ms, the pComponent closes them, and the mComponent's threads end.
-    assert!(c.eventually(Duration::from_secs(20), |_| servers() <= before), "{} server threads left of {peak}, {before} before the burst", servers());
+    assert!(
+        c.eventually(Duration::from_secs(20), |_| servers() <= before),
+        "{} server threads left of {peak}, {before} before the burst",
+        servers()
+    );
     assert!(c.metric(&p, "splitos_rpc_shm_idle_closed_total") >= (peak - before) as f64);
 }
 
@@ -663,21 +1029,44 @@ fn program_pid(run: &std::process::Child, exe: &std::path::Path) -> i32 {
     let children: Vec<i32> = std::fs::read_dir(format!("/proc/{}/task", run.id()))
         .unwrap()
         .flatten()
-        .flat_map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .flat_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
         .collect();
-    children.into_iter().find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == exe)).unwrap_or_else(|| panic!("no child of run {} runs {}", run.id(), exe.display()))
+    children
+        .into_iter()
+        .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == exe))
+        .unwrap_or_else(|| panic!("no child of run {} runs {}", run.id(), exe.display()))
 }
 
 #[test]
 fn an_mcomponent_gives_the_memory_of_a_killed_program_back_to_the_kernel() {
-    let c = TestCluster::up(Some("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"1G\"\n"));
+    let c = TestCluster::up(Some(
+        "[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"1G\"\n",
+    ));
     let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let mcomp = c.pid_of_addr(&m);
     // What the mComponent process has resident, its anonymous memory and the memfds of its
     // pages (shared memory), in KiB.
     let resident = || -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{mcomp}/status")).unwrap();
-        ["RssAnon:", "RssShmem:"].iter().map(|k| s.lines().find_map(|l| l.strip_prefix(k)).unwrap().trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap()).sum()
+        ["RssAnon:", "RssShmem:"]
+            .iter()
+            .map(|k| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .unwrap()
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
     };
     let idle = resident();
     // 8 MiB at a time: each new mapping takes the pages' segments back from the pComponent,
@@ -686,14 +1075,32 @@ fn an_mcomponent_gives_the_memory_of_a_killed_program_back_to_the_kernel() {
     let mut child = c.spawn(&[], &[fill.to_str().unwrap(), "320", "wait"]);
     assert_eq!(read_line(&mut child), "filled 320 MiB\n");
     let used = |c: &TestCluster| c.components("mcomponent")[0]["stats"]["used"].as_u64().unwrap();
-    assert!(c.eventually(Duration::from_secs(10), |c| used(c) >= 300 << 20), "the program's pages are on the mComponent: {} bytes", used(&c));
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| used(c) >= 300 << 20),
+        "the program's pages are on the mComponent: {} bytes",
+        used(&c)
+    );
     let held = resident();
-    assert!(held > idle + (300 << 10), "the mComponent holds the heap: {idle} KiB idle, {held} KiB held");
+    assert!(
+        held > idle + (300 << 10),
+        "the mComponent holds the heap: {idle} KiB idle, {held} KiB held"
+    );
     let prog = program_pid(&child, &fill);
     // SAFETY: kill(2) takes no pointers; `prog` is this test's program, a child of its run.
     unsafe { libc::kill(prog, libc::SIGKILL) };
     assert!(!child.wait().unwrap().success());
-    assert!(c.eventually(Duration::from_secs(10), |c| used(c) == 0 && mem_stats(c)[0]["owned_processes"].as_array().is_some_and(|o| o.is_empty())), "released: {:?}", mem_stats(&c));
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| used(c) == 0
+            && mem_stats(c)[0]["owned_processes"]
+                .as_array()
+                .is_some_and(|o| o.is_empty())),
+        "released: {:?}",
+        mem_stats(&c)
+    );
     let back = c.eventually(Duration::from_secs(10), |_| resident() < idle + (held - idle) / 8);
-    assert!(back, "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the kill", resident());
+    assert!(
+        back,
+        "freed pages go back to the kernel: {idle} KiB idle, {held} KiB held, {} KiB after the kill",
+        resident()
+    );
 }

@@ -20,14 +20,28 @@ fn the_tier_serves_evicted_lines_locally_and_programs_see_their_own_data() {
     assert_eq!(n(&off, "tier_hits") + n(&off, "tier_stores"), 0, "{off}");
     assert!(n(&on, "tier_hits") > 4000, "misses served from the tier: {on}");
     assert!(n(&on, "tier_bytes_packed") * 4 < n(&on, "tier_bytes_raw"), "{on}");
-    assert!(remote(&on) * 4 < remote(&off), "remote misses: {} with the tier, {} without", remote(&on), remote(&off));
+    assert!(
+        remote(&on) * 4 < remote(&off),
+        "remote misses: {} with the tier, {} without",
+        remote(&on),
+        remote(&off)
+    );
     // The mComponents' own counters agree: they served fewer fetches and stored fewer pages.
     let fetched = |s: &serde_json::Value| mcomp_sum(s, "fetches");
-    assert!(fetched(&on) * 4 < fetched(&off), "mComponent fetches: {} with the tier, {} without", fetched(&on), fetched(&off));
+    assert!(
+        fetched(&on) * 4 < fetched(&off),
+        "mComponent fetches: {} with the tier, {} without",
+        fetched(&on),
+        fetched(&off)
+    );
     assert!(mcomp_sum(&on, "flushes") * 4 < mcomp_sum(&off, "flushes"), "{on}");
     assert_eq!(on["errors"].as_array().map(|e| e.len()), Some(0), "{on}");
     let bad = under_splitos(&["--compressed-tier", "100"], &["true"]);
-    assert!(!bad.status.success() && text(&bad.stderr).contains("compressed_tier"), "{}", text(&bad.stderr));
+    assert!(
+        !bad.status.success() && text(&bad.stderr).contains("compressed_tier"),
+        "{}",
+        text(&bad.stderr)
+    );
 }
 
 #[test]

@@ -16,7 +16,10 @@ fn scan_tracking_drops_unwritten_lines_without_a_write_back_or_a_write_fault() {
     let (_, scan) = through_components(&["--excache", "4M", "--dirty-tracking", "scan"], &cmd, 1);
     assert!(n(&fault, "wp_faults") > 0 && n(&fault, "dirty_scans") == 0, "{fault}");
     assert_eq!(n(&scan, "wp_faults"), 0, "no write traps: {scan}");
-    assert!(n(&scan, "dirty_scans") > 0 && n(&scan, "dirty_scanned_pages") >= n(&scan, "dirty_scans"), "{scan}");
+    assert!(
+        n(&scan, "dirty_scans") > 0 && n(&scan, "dirty_scanned_pages") >= n(&scan, "dirty_scans"),
+        "{scan}"
+    );
     // About a quarter of the evicted lines were read and not written.
     assert!(n(&scan, "scan_clean_evictions") * 8 > n(&scan, "evictions"), "{scan}");
     assert!(n(&scan, "writebacks_avoided") * 10 > n(&scan, "evictions"), "{scan}");
@@ -35,7 +38,10 @@ fn no_write_is_lost_while_threads_write_pages_under_eviction() {
     let cmd = [p.to_str().unwrap(), "8", "20000"];
     let (out, s) = through_components(&["--excache", "256K", "--dirty-tracking", "scan"], &cmd, 1);
     assert!(text(&out.stdout).contains("lost 0,"), "{}", text(&out.stdout));
-    assert!(n(&s, "scan_clean_evictions") > 1000 && n(&s, "evictions") > 50_000, "{s}");
+    assert!(
+        n(&s, "scan_clean_evictions") > 1000 && n(&s, "evictions") > 50_000,
+        "{s}"
+    );
     assert_eq!(n(&s, "wp_faults"), 0, "{s}");
 }
 
@@ -50,22 +56,46 @@ fn a_forked_child_gets_the_pages_its_parent_wrote_with_scan_tracking_from_the_co
 #[test]
 fn a_bad_dirty_tracking_is_refused_with_its_name() {
     let out = under_splitos(&["--dirty-tracking", "sometimes"], &["true"]);
-    assert!(!out.status.success() && text(&out.stderr).contains("dirty-tracking"), "{}", text(&out.stderr));
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("dirty-tracking"),
+        "{}",
+        text(&out.stderr)
+    );
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, "[[pcomponent]]\ndirty_tracking = \"sometimes\"\n[[mcomponent]]\n").unwrap();
-    let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&cfg).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
-    assert!(!out.status.success() && text(&out.stderr).contains("dirty_tracking"), "{}", text(&out.stderr));
+    let out = std::process::Command::new(splitos())
+        .args(["cluster", "up", "--config"])
+        .arg(&cfg)
+        .env("SPLITOS_STATE_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("dirty_tracking"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
 fn clock_keeps_a_written_hot_set_with_scan_tracking_without_write_faults() {
     let p = program("hotcold");
     let cmd = [p.to_str().unwrap(), "256", "4096"];
-    let (_, fifo) = stats_of(&["--excache", "2M", "--policy", "fifo", "--dirty-tracking", "scan"], &cmd);
-    let (_, clock) = stats_of(&["--excache", "2M", "--policy", "clock", "--dirty-tracking", "scan"], &cmd);
+    let (_, fifo) = stats_of(
+        &["--excache", "2M", "--policy", "fifo", "--dirty-tracking", "scan"],
+        &cmd,
+    );
+    let (_, clock) = stats_of(
+        &["--excache", "2M", "--policy", "clock", "--dirty-tracking", "scan"],
+        &cmd,
+    );
     // CLOCK learns of a write by asking the kernel, not by a write-protect fault.
-    assert!(n(&clock, "misses") * 10 < n(&fifo, "misses") * 9, "clock {} vs fifo {} misses", n(&clock, "misses"), n(&fifo, "misses"));
+    assert!(
+        n(&clock, "misses") * 10 < n(&fifo, "misses") * 9,
+        "clock {} vs fifo {} misses",
+        n(&clock, "misses"),
+        n(&fifo, "misses")
+    );
     assert_eq!(n(&clock, "wp_faults"), 0, "{clock}");
     assert!(n(&clock, "dirty_scans") > n(&fifo, "dirty_scans"), "{clock}");
 }

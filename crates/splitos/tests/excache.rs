@@ -28,7 +28,12 @@ fn clock_keeps_a_written_hot_set_that_fifo_evicts() {
     let cmd = [p.to_str().unwrap(), "256", "4096"];
     let (_, fifo) = stats_of(&["--excache", "2M", "--policy", "fifo"], &cmd);
     let (_, clock) = stats_of(&["--excache", "2M", "--policy", "clock"], &cmd);
-    assert!(n(&clock, "misses") * 10 < n(&fifo, "misses") * 9, "clock {} vs fifo {} misses", n(&clock, "misses"), n(&fifo, "misses"));
+    assert!(
+        n(&clock, "misses") * 10 < n(&fifo, "misses") * 9,
+        "clock {} vs fifo {} misses",
+        n(&clock, "misses"),
+        n(&fifo, "misses")
+    );
 }
 
 #[test]
@@ -38,14 +43,37 @@ fn piggyback_merges_flush_and_fetch_only_when_enabled() {
     // message: one-sided access copies what the owner holds instead.
     let p = program("memtouch");
     let cmd = [p.to_str().unwrap(), "12"];
-    let (_, on) = through_components(&["--excache", "4M", "--mcomponents", "1", "--one-sided", "off"], &cmd, 1);
-    let (_, off) = through_components(&["--excache", "4M", "--mcomponents", "1", "--no-piggyback", "--one-sided", "off"], &cmd, 1);
+    let (_, on) = through_components(
+        &["--excache", "4M", "--mcomponents", "1", "--one-sided", "off"],
+        &cmd,
+        1,
+    );
+    let (_, off) = through_components(
+        &[
+            "--excache",
+            "4M",
+            "--mcomponents",
+            "1",
+            "--no-piggyback",
+            "--one-sided",
+            "off",
+        ],
+        &cmd,
+        1,
+    );
     assert!(n(&on, "piggybacked") > 1000, "{on}");
     // The mComponent received them as combined flush+fetch requests: its own count agrees.
     assert_eq!(mcomp_sum(&on, "piggybacked"), n(&on, "piggybacked"), "{on}");
     assert_eq!(n(&off, "piggybacked"), 0, "{off}");
-    assert_eq!(mcomp_sum(&off, "piggybacked"), 0, "no combined requests reach the mComponent: {off}");
-    assert!(n(&off, "flushes") > 1000 && mcomp_sum(&off, "flushes") > 1000, "write-backs go as separate flushes: {off}");
+    assert_eq!(
+        mcomp_sum(&off, "piggybacked"),
+        0,
+        "no combined requests reach the mComponent: {off}"
+    );
+    assert!(
+        n(&off, "flushes") > 1000 && mcomp_sum(&off, "flushes") > 1000,
+        "write-backs go as separate flushes: {off}"
+    );
 }
 
 #[test]
@@ -53,7 +81,11 @@ fn unknown_policy_is_refused() {
     let out = under_splitos(&["--policy", "lfu"], &["true"]);
     assert_ne!(out.status.code(), Some(0));
     // Refused as the command line is read, by the option's name, with the policies there are.
-    assert!(text(&out.stderr).contains("--policy") && text(&out.stderr).contains("fifo, clock"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--policy") && text(&out.stderr).contains("fifo, clock"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -63,7 +95,9 @@ fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
     let p = program("stride");
     let cmd = [p.to_str().unwrap(), "4", "8", "30"];
     let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
-    let slow = TestCluster::up(Some(&format!("{base}[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 3000\n")));
+    let slow = TestCluster::up(Some(&format!(
+        "{base}[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 3000\n"
+    )));
     let fast = TestCluster::up(Some(base));
     let s = slow.run_stats(&cmd);
     assert!(n(&s, "evictions") >= 200, "{s}");
@@ -84,16 +118,28 @@ fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
 /// `hold 1` (1 MiB) waits on the cluster while `randpages` thrashes the shared 4 MiB ExCache;
 /// then it reads its buffer back. Returns hold's counters and the thrasher's.
 fn beside_a_thrasher(share_floor: u32) -> (serde_json::Value, serde_json::Value) {
-    let c = TestCluster::up(Some(&format!("[[pcomponent]]\nexcache = \"4M\"\nshare_floor = {share_floor}\n[[mcomponent]]\n")));
+    let c = TestCluster::up(Some(&format!(
+        "[[pcomponent]]\nexcache = \"4M\"\nshare_floor = {share_floor}\n[[mcomponent]]\n"
+    )));
     let (hold, rnd) = (program("hold"), program("randpages"));
     let f = c.dir.path().join("hold.json");
-    let mut small = c.spawn(&["-q", "--stats-json", f.to_str().unwrap()], &[hold.to_str().unwrap(), "1"]);
+    let mut small = c.spawn(
+        &["-q", "--stats-json", f.to_str().unwrap()],
+        &[hold.to_str().unwrap(), "1"],
+    );
     assert_eq!(read_line(&mut small), "ready\n");
     let big = c.run_stats(&[rnd.to_str().unwrap(), "16", "3"]);
     drop(small.stdin.take());
     let out = small.wait_with_output().unwrap();
-    assert!(out.status.success() && text(&out.stdout).starts_with("sum "), "{}", text(&out.stderr));
-    (serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap(), big)
+    assert!(
+        out.status.success() && text(&out.stdout).starts_with("sum "),
+        "{}",
+        text(&out.stderr)
+    );
+    (
+        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap(),
+        big,
+    )
 }
 
 #[test]
@@ -102,11 +148,18 @@ fn a_process_keeps_its_floor_of_lines_beside_a_thrashing_one() {
     let (kept, big) = beside_a_thrasher(100);
     assert!(n(&big, "evictions") > 4000, "the thrasher evicted: {big}");
     assert_eq!(n(&kept, "evicted_by_others"), 0, "{kept}");
-    assert_eq!(n(&kept, "bytes_fetched"), 0, "no line came back from an mComponent: {kept}");
+    assert_eq!(
+        n(&kept, "bytes_fetched"),
+        0,
+        "no line came back from an mComponent: {kept}"
+    );
     // Without a floor, the thrasher's misses take hold's lines (FIFO: the oldest go first).
     let (lost, _) = beside_a_thrasher(0);
     assert!(n(&lost, "evicted_by_others") >= 200, "{lost}");
-    assert!(n(&lost, "bytes_fetched") >= 200 * 4096, "its lines came back from an mComponent: {lost}");
+    assert!(
+        n(&lost, "bytes_fetched") >= 200 * 4096,
+        "its lines came back from an mComponent: {lost}"
+    );
 }
 
 #[test]
@@ -116,19 +169,30 @@ fn programs_thrashing_a_shared_excache_are_told_the_others_are_why() {
     let cmd = [p.to_str().unwrap(), "8", "6"];
     // Three at once: each has the others' misses take most of its lines.
     let files: Vec<_> = (0..3).map(|i| c.dir.path().join(format!("s{i}.json"))).collect();
-    let runs: Vec<_> = files.iter().map(|f| c.spawn(&["--stats-json", f.to_str().unwrap()], &cmd)).collect();
+    let runs: Vec<_> = files
+        .iter()
+        .map(|f| c.spawn(&["--stats-json", f.to_str().unwrap()], &cmd))
+        .collect();
     for (run, f) in runs.into_iter().zip(&files) {
         let out = run.wait_with_output().unwrap();
         assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
         let err = text(&out.stderr);
-        assert!(err.contains("the ExCache is too small for the programs sharing it") && err.contains("other programs' misses evicted"), "{err}\n{s}");
+        assert!(
+            err.contains("the ExCache is too small for the programs sharing it")
+                && err.contains("other programs' misses evicted"),
+            "{err}\n{s}"
+        );
         assert!(n(&s, "evicted_by_others") * 4 >= n(&s, "evictions"), "{s}");
     }
     // Alone, the same program is told about its own size only, and nobody took its lines.
     let f = c.dir.path().join("alone.json");
     let out = c.run(&["--stats-json", f.to_str().unwrap()], &cmd);
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    assert!(text(&out.stderr).contains("the ExCache is too small for this program"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("the ExCache is too small for this program"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(n(&s, "evicted_by_others"), 0, "{s}");
 }

@@ -21,19 +21,44 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
     );
     let c = TestCluster::up(Some(&cfg));
     // Each component is on its host.
-    let addrs: Vec<String> = c.status()["components"].as_array().unwrap().iter().map(|x| x["addr"].as_str().unwrap().to_string()).collect();
+    let addrs: Vec<String> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["addr"].as_str().unwrap().to_string())
+        .collect();
     for host in ["p1", "p2", "m1", "m2"] {
-        assert_eq!(addrs.iter().filter(|a| a.starts_with(&format!("{}:", h.addr(host)))).count(), 1, "{host}: {addrs:?}");
+        assert_eq!(
+            addrs
+                .iter()
+                .filter(|a| a.starts_with(&format!("{}:", h.addr(host))))
+                .count(),
+            1,
+            "{host}: {addrs:?}"
+        );
     }
     let (doomed, survivor, doomed_pid, survivor_pid) = hold_on_both_pcomponents(&c);
     let holding = mcomponents_holding;
-    assert_eq!((holding(&c, doomed_pid), holding(&c, survivor_pid)), (2, 2), "both heaps are spread over both mComponent hosts");
+    assert_eq!(
+        (holding(&c, doomed_pid), holding(&c, survivor_pid)),
+        (2, 2),
+        "both heaps are spread over both mComponent hosts"
+    );
 
     // m2's host is cut off for longer than the global managers wait for a heartbeat, then
     // comes back: they see it dead, then alive, and nothing it holds is lost.
-    let m2_alive = |c: &TestCluster| c.components("mcomponent").into_iter().find(|m| m["addr"].as_str().unwrap().starts_with(&h.addr("m2"))).unwrap()["alive"] == true;
+    let m2_alive = |c: &TestCluster| {
+        c.components("mcomponent")
+            .into_iter()
+            .find(|m| m["addr"].as_str().unwrap().starts_with(&h.addr("m2")))
+            .unwrap()["alive"]
+            == true
+    };
     h.link("m2", false);
-    assert!(c.eventually(Duration::from_secs(10), |c| !m2_alive(c)), "the global managers see m2 gone");
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| !m2_alive(c)),
+        "the global managers see m2 gone"
+    );
     h.link("m2", true);
     assert!(c.eventually(Duration::from_secs(10), m2_alive), "and back");
 
@@ -45,8 +70,15 @@ fn a_cluster_of_hosts_survives_a_partition_and_releases_a_lost_hosts_memory() {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     let out = doomed.wait_with_output().unwrap();
-    assert!(!out.status.success() && text(&out.stderr).contains("went away"), "{}", text(&out.stderr));
-    assert!(c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0), "the lost host's process is released");
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("went away"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        c.eventually(Duration::from_secs(15), |c| holding(c, doomed_pid) == 0),
+        "the lost host's process is released"
+    );
     assert_eq!(holding(&c, survivor_pid), 2);
     // The other program reads its whole heap back from both mComponent hosts.
     assert_hold_ends_native(survivor);
@@ -81,7 +113,11 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
     names.extend((1..=mhosts).map(|i| format!("m{i}")));
     let h = Hosts::new(&names.iter().map(String::as_str).collect::<Vec<_>>());
     let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
-    let mut cfg = format!("[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n", h.addr("gm"), h.netns("gm"));
+    let mut cfg = format!(
+        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nreclaim_dead_ms = 1500\nvregion_size = \"4M\"\n",
+        h.addr("gm"),
+        h.netns("gm")
+    );
     if let Some(scheme) = scheme {
         cfg += &format!("replication = \"{scheme}\"\n");
     }
@@ -93,7 +129,13 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
         cfg += &format!("[[mcomponent]]\n{}", at(m));
     }
     let c = TestCluster::up(Some(&cfg));
-    let host_of = |addr: &str| names[2..].iter().find(|m| addr.starts_with(&format!("{}:", h.addr(m)))).unwrap().clone();
+    let host_of = |addr: &str| {
+        names[2..]
+            .iter()
+            .find(|m| addr.starts_with(&format!("{}:", h.addr(m))))
+            .unwrap()
+            .clone()
+    };
     let table = program("hashtable");
     let entries = entries.to_string();
     let cmd = [table.to_str().unwrap(), entries.as_str()];
@@ -103,13 +145,35 @@ fn partition_then_lost_host(mhosts: usize, scheme: Option<&str>, members: usize,
             // A member's host is cut off for longer than the global managers wait: the home
             // rebuilds its places elsewhere; when the link is back, the host is fenced and
             // drops what it holds (it may be older than what was rebuilt).
-            let cut = sets.iter().flatten().map(|id| addr_of(c, *id)).find(|a| *a != home).unwrap();
-            let cut_id = c.components("mcomponent").into_iter().find(|m| m["addr"] == cut.as_str()).unwrap()["id"].as_u64().unwrap();
+            let cut = sets
+                .iter()
+                .flatten()
+                .map(|id| addr_of(c, *id))
+                .find(|a| *a != home)
+                .unwrap();
+            let cut_id = c
+                .components("mcomponent")
+                .into_iter()
+                .find(|m| m["addr"] == cut.as_str())
+                .unwrap()["id"]
+                .as_u64()
+                .unwrap();
             h.link(&host_of(&cut), false);
-            let moved = c.eventually(Duration::from_secs(30), |c| try_home_of(c, pid).is_some_and(|(_, sets)| sets.iter().all(|s| s.len() == members && !s.contains(&cut_id))));
-            assert!(moved, "the places on the cut host are rebuilt elsewhere: {:?}", try_home_of(c, pid));
+            let moved = c.eventually(Duration::from_secs(30), |c| {
+                try_home_of(c, pid)
+                    .is_some_and(|(_, sets)| sets.iter().all(|s| s.len() == members && !s.contains(&cut_id)))
+            });
+            assert!(
+                moved,
+                "the places on the cut host are rebuilt elsewhere: {:?}",
+                try_home_of(c, pid)
+            );
             h.link(&host_of(&cut), true);
-            let fenced = c.eventually(Duration::from_secs(30), |c| c.components("mcomponent").into_iter().any(|m| m["addr"] == cut.as_str() && m["alive"] == true && m["stats"]["used"] == 0));
+            let fenced = c.eventually(Duration::from_secs(30), |c| {
+                c.components("mcomponent")
+                    .into_iter()
+                    .any(|m| m["addr"] == cut.as_str() && m["alive"] == true && m["stats"]["used"] == 0)
+            });
             assert!(fenced, "the host that came back holds nothing: {:?}", mcomp_stats(c));
             assert_eq!(c.metric(&cut, "splitos_mcomp_fenced_total"), 1.0);
         } else {
@@ -138,9 +202,18 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
         "[cluster]\ngm = \"{here}:0\"\napi = \"{here}:0\"\nvregion_size = \"4M\"\n[[pcomponent]]\nlisten = \"{here}:0\"\nexcache = \"4M\"\n[[mcomponent]]\nlisten = \"{here}:0\"\n[[mcomponent]]\nlisten = \"{there}\"\n"
     );
     let c = TestCluster::up(Some(&cfg));
-    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
-    assert_eq!(state["elsewhere"], serde_json::json!([format!("mem1 at {there}")]), "{state}");
-    assert_eq!(c.components("mcomponent").len(), 1, "only this machine's mComponent started");
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(
+        state["elsewhere"],
+        serde_json::json!([format!("mem1 at {there}")]),
+        "{state}"
+    );
+    assert_eq!(
+        c.components("mcomponent").len(),
+        1,
+        "only this machine's mComponent started"
+    );
     let api = state["api"].as_str().unwrap().to_string();
     let join_token = |c: &TestCluster| {
         let out = c.cmd(&["cluster", "join-token", "--role", "mem"]).output().unwrap();
@@ -151,37 +224,92 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
     let bin = splitos();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("etc");
-    let join = |token: &str| h.exec("m2", &[bin.to_str().unwrap(), "join", "--token", token, "--out", out.to_str().unwrap(), &api]).output().unwrap();
+    let join = |token: &str| {
+        h.exec(
+            "m2",
+            &[
+                bin.to_str().unwrap(),
+                "join",
+                "--token",
+                token,
+                "--out",
+                out.to_str().unwrap(),
+                &api,
+            ],
+        )
+        .output()
+        .unwrap()
+    };
     // A token whose pin is another authority's is not sent.
     let token = join_token(&c);
     let forged = format!("{}{}", &token[..token.len() - 64], "0".repeat(64));
     let refused = join(&forged);
-    assert!(!refused.status.success() && text(&refused.stderr).contains("is not the one the join token names"), "{}", text(&refused.stderr));
+    assert!(
+        !refused.status.success() && text(&refused.stderr).contains("is not the one the join token names"),
+        "{}",
+        text(&refused.stderr)
+    );
     let joined = join(&token);
     assert!(joined.status.success(), "{}", text(&joined.stderr));
     let again = join(&token);
-    assert!(!again.status.success() && text(&again.stderr).contains("not a valid join token"), "a join token works once: {}", text(&again.stderr));
+    assert!(
+        !again.status.success() && text(&again.stderr).contains("not a valid join token"),
+        "a join token works once: {}",
+        text(&again.stderr)
+    );
     let env = std::fs::read_to_string(out.join("mem.env")).unwrap();
     let gm = env.trim().strip_prefix("SPLITOS_GM=").unwrap().to_string();
     let log = std::fs::File::create(c.dir.path().join("m2.log")).unwrap();
     let child = {
         use std::os::unix::process::CommandExt;
-        h.exec("m2", &[bin.to_str().unwrap(), "mem", "--gm", &gm, "--listen", &there, "--credentials", out.join("mem.cred").to_str().unwrap()])
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .unwrap()
+        h.exec(
+            "m2",
+            &[
+                bin.to_str().unwrap(),
+                "mem",
+                "--gm",
+                &gm,
+                "--listen",
+                &there,
+                "--credentials",
+                out.join("mem.cred").to_str().unwrap(),
+            ],
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .unwrap()
     };
     remember_pid(c.dir.path(), child.id() as i32);
-    assert!(c.eventually(Duration::from_secs(15), |c| mcomp_stats(c).iter().any(|m| m["addr"] == there.as_str())), "{}", c.log("m2"));
+    assert!(
+        c.eventually(Duration::from_secs(15), |c| mcomp_stats(c)
+            .iter()
+            .any(|m| m["addr"] == there.as_str())),
+        "{}",
+        c.log("m2")
+    );
     let gm_addr = c.status()["gm"].as_str().unwrap().to_string();
     assert_eq!(c.metric(&gm_addr, "splitos_gm_joins_total"), 1.0);
-    assert_eq!(c.metric(&gm_addr, "splitos_gm_joins_refused_total"), 1.0, "the used token's second try");
+    assert_eq!(
+        c.metric(&gm_addr, "splitos_gm_joins_refused_total"),
+        1.0,
+        "the used token's second try"
+    );
     // A heap larger than one mComponent's share spreads to the one that joined.
     let (child, _) = spawn_hold(&c, 24);
-    let remote_used = |c: &TestCluster| mcomp_stats(c).iter().find(|m| m["addr"] == there.as_str()).and_then(|m| m["stats"]["used"].as_u64()).unwrap_or(0);
-    assert!(c.eventually(Duration::from_secs(10), |c| remote_used(c) > 0), "the joined mComponent holds part of the heap: {:?}", mcomp_stats(&c));
+    let remote_used = |c: &TestCluster| {
+        mcomp_stats(c)
+            .iter()
+            .find(|m| m["addr"] == there.as_str())
+            .and_then(|m| m["stats"]["used"].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| remote_used(c) > 0),
+        "the joined mComponent holds part of the heap: {:?}",
+        mcomp_stats(&c)
+    );
     assert_hold_ends_native(child);
 }

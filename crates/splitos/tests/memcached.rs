@@ -28,10 +28,21 @@ impl Server {
 
 /// `splitos memcached` on a free port, with `args`.
 fn ours(args: &[&str]) -> Server {
-    let mut child = Command::new(splitos()).args(["memcached", "--listen", "127.0.0.1:0"]).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = Command::new(splitos())
+        .args(["memcached", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let port = line.split_whitespace().find_map(|w| w.strip_prefix("127.0.0.1:")).and_then(|p| p.parse().ok());
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("127.0.0.1:"))
+        .and_then(|p| p.parse().ok());
     let port = port.unwrap_or_else(|| panic!("splitos memcached names its port at start: {line:?}"));
     Server { child, port }
 }
@@ -39,8 +50,24 @@ fn ours(args: &[&str]) -> Server {
 /// Debian's memcached, one worker thread, no UDP.
 fn stock() -> Server {
     let port = restartable_port();
-    let child =
-        Command::new("memcached").args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-t", "1", "-m", "64", "-p", &port.to_string()]).stderr(Stdio::null()).spawn().expect("memcached is installed by scripts/setup.sh");
+    let child = Command::new("memcached")
+        .args([
+            "-u",
+            "root",
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "1",
+            "-m",
+            "64",
+            "-p",
+            &port.to_string(),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("memcached is installed by scripts/setup.sh");
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(t0.elapsed() < Duration::from_secs(10), "stock memcached did not listen");
@@ -67,7 +94,12 @@ fn talk(port: u16, req: &[u8], end: &[u8]) -> String {
 }
 
 fn stats(port: u16) -> std::collections::HashMap<String, u64> {
-    talk(port, b"stats\r\n", b"END\r\n").lines().filter_map(|l| l.strip_prefix("STAT ")).filter_map(|l| l.split_once(' ')).filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?))).collect()
+    talk(port, b"stats\r\n", b"END\r\n")
+        .lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
 }
 
 /// Debian's Python, which has Debian's pymemcache (a version manager's python3 may not).
@@ -77,14 +109,31 @@ const DEBIAN_PYTHON: &str = "/usr/bin/python3";
 fn text_and_binary_answers_match_stock_memcached() {
     let (theirs, mine) = (stock(), ours(&["--cores", "2"]));
     let transcript = |port: u16| {
-        let out = Command::new(python3()).arg(script("memcached_conformance.py")).arg(format!("127.0.0.1:{port}")).output().unwrap();
+        let out = Command::new(python3())
+            .arg(script("memcached_conformance.py"))
+            .arg(format!("127.0.0.1:{port}"))
+            .output()
+            .unwrap();
         assert!(out.status.success(), "conformance script: {}", text(&out.stderr));
         text(&out.stdout)
     };
     let (want, got) = (transcript(theirs.port), transcript(mine.port));
     // A check that cannot pass vacuously: the sequence exercised both protocols.
-    for seen in ["STORED", "VALUE a 5 3 c", "EXISTS", "CLIENT_ERROR bad data chunk", "SERVER_ERROR object too large", "status=0", "status=3", "Invalid arguments", "<closed>"] {
-        assert!(want.contains(seen), "stock memcached's transcript has {seen:?}:\n{want}");
+    for seen in [
+        "STORED",
+        "VALUE a 5 3 c",
+        "EXISTS",
+        "CLIENT_ERROR bad data chunk",
+        "SERVER_ERROR object too large",
+        "status=0",
+        "status=3",
+        "Invalid arguments",
+        "<closed>",
+    ] {
+        assert!(
+            want.contains(seen),
+            "stock memcached's transcript has {seen:?}:\n{want}"
+        );
     }
     assert!(want.lines().count() > 100);
     for (w, g) in want.lines().zip(got.lines()) {
@@ -93,7 +142,14 @@ fn text_and_binary_answers_match_stock_memcached() {
     assert_eq!(got.lines().count(), want.lines().count());
     // The commands reached splitos's table, as its own counters say.
     let s = stats(mine.port);
-    assert!(s["cmd_get"] > 50 && s["cmd_set"] > 50 && s["get_hits"] > 20 && s["cas_badval"] >= 1 && s["total_connections"] >= 4, "{s:?}");
+    assert!(
+        s["cmd_get"] > 50
+            && s["cmd_set"] > 50
+            && s["get_hits"] > 20
+            && s["cas_badval"] >= 1
+            && s["total_connections"] >= 4,
+        "{s:?}"
+    );
 }
 
 #[test]
@@ -101,24 +157,51 @@ fn real_memcached_clients_work_against_it() {
     let server = ours(&["--cores", "2"]);
     let addr = format!("127.0.0.1:{}", server.port);
     // libmemcached's protocol tester, both protocols.
-    let cap = Command::new("memccapable").args(["-h", "127.0.0.1", "-p", &server.port.to_string()]).output().expect("memccapable (libmemcached-tools) is installed by scripts/setup.sh");
-    assert!(cap.status.success() && text(&cap.stdout).contains("All tests passed"), "memccapable: {}{}", text(&cap.stdout), text(&cap.stderr));
+    let cap = Command::new("memccapable")
+        .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .output()
+        .expect("memccapable (libmemcached-tools) is installed by scripts/setup.sh");
+    assert!(
+        cap.status.success() && text(&cap.stdout).contains("All tests passed"),
+        "memccapable: {}{}",
+        text(&cap.stdout),
+        text(&cap.stderr)
+    );
     // A file through memccp, read back with memccat over each protocol.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("payload.bin");
     let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&file, &payload).unwrap();
-    let cp = Command::new("memccp").args(["-s", &addr, file.to_str().unwrap()]).output().unwrap();
+    let cp = Command::new("memccp")
+        .args(["-s", &addr, file.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(cp.status.success(), "memccp: {}", text(&cp.stderr));
     for proto in [&[][..], &["-b"][..]] {
-        let cat = Command::new("memccat").args(proto).args(["-s", &addr, "payload.bin"]).output().unwrap();
+        let cat = Command::new("memccat")
+            .args(proto)
+            .args(["-s", &addr, "payload.bin"])
+            .output()
+            .unwrap();
         assert!(cat.status.success(), "memccat {proto:?}: {}", text(&cat.stderr));
-        assert!(cat.stdout.starts_with(&payload), "memccat {proto:?} read back what memccp stored");
+        assert!(
+            cat.stdout.starts_with(&payload),
+            "memccat {proto:?} read back what memccp stored"
+        );
     }
     // memcslap, text and binary, several threads at once.
     for proto in [&[][..], &["-b"][..]] {
-        let slap = Command::new("memcslap").args(proto).args(["-s", &addr, "-c", "4", "-e", "500", "-t", "get"]).output().unwrap();
-        assert!(slap.status.success() && text(&slap.stdout).contains("Time total"), "memcslap {proto:?}: {}{}", text(&slap.stdout), text(&slap.stderr));
+        let slap = Command::new("memcslap")
+            .args(proto)
+            .args(["-s", &addr, "-c", "4", "-e", "500", "-t", "get"])
+            .output()
+            .unwrap();
+        assert!(
+            slap.status.success() && text(&slap.stdout).contains("Time total"),
+            "memcslap {proto:?}: {}{}",
+            text(&slap.stdout),
+            text(&slap.stderr)
+        );
     }
     // pymemcache: every value it reads is the one it stored.
     let py = r#"
@@ -139,10 +222,21 @@ assert c.touch("n", 100) is True and c.delete("n") is True and c.get("n") is Non
 assert int(c.stats()[b"curr_items"]) >= 2000
 print("ok")
 "#;
-    let out = Command::new(DEBIAN_PYTHON).args(["-c", py, &server.port.to_string()]).output().unwrap();
-    assert_eq!(text(&out.stdout).trim(), "ok", "pymemcache (python3-pymemcache, installed by scripts/setup.sh): {}", text(&out.stderr));
+    let out = Command::new(DEBIAN_PYTHON)
+        .args(["-c", py, &server.port.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "ok",
+        "pymemcache (python3-pymemcache, installed by scripts/setup.sh): {}",
+        text(&out.stderr)
+    );
     let s = stats(server.port);
-    assert!(s["get_hits"] >= 2000 && s["cas_hits"] >= 1 && s["cas_badval"] >= 1 && s["touch_hits"] >= 1, "{s:?}");
+    assert!(
+        s["get_hits"] >= 2000 && s["cas_hits"] >= 1 && s["cas_badval"] >= 1 && s["touch_hits"] >= 1,
+        "{s:?}"
+    );
 }
 
 #[test]
@@ -157,17 +251,32 @@ fn a_full_memory_evicts_the_least_recently_used_items_and_stays_within_its_limit
     }
     req.extend_from_slice(b"get key2999 key2998\r\n");
     let got = talk(server.port, &req, b"END\r\n");
-    assert!(got.contains("VALUE key2999 0 1000\r\n") && got.contains("VALUE key2998 0 1000\r\n"), "the newest items are there: {}", &got[..got.len().min(200)]);
+    assert!(
+        got.contains("VALUE key2999 0 1000\r\n") && got.contains("VALUE key2998 0 1000\r\n"),
+        "the newest items are there: {}",
+        &got[..got.len().min(200)]
+    );
     let s = stats(server.port);
     assert!(s["evictions"] > 1000, "{s:?}");
     assert_eq!(s["limit_maxbytes"], 1 << 20);
-    assert!(s["bytes"] <= s["limit_maxbytes"] && s["bytes"] > (1 << 20) * 3 / 4, "it uses its memory, not more: {s:?}");
-    assert_eq!(talk(server.port, b"get key0 key1 key2\r\n", b"END\r\n"), "END\r\n", "the oldest items were evicted");
+    assert!(
+        s["bytes"] <= s["limit_maxbytes"] && s["bytes"] > (1 << 20) * 3 / 4,
+        "it uses its memory, not more: {s:?}"
+    );
+    assert_eq!(
+        talk(server.port, b"get key0 key1 key2\r\n", b"END\r\n"),
+        "END\r\n",
+        "the oldest items were evicted"
+    );
     // An item larger than a shard's share is refused with memcached's error, and the server
     // goes on.
     let big = format!("set big 0 0 100000\r\n{}\r\nget key2999\r\n", "x".repeat(100_000));
     let answer = talk(server.port, big.as_bytes(), b"END\r\n");
-    assert!(answer.starts_with("SERVER_ERROR object too large for cache\r\nVALUE key2999"), "{}", &answer[..answer.len().min(200)]);
+    assert!(
+        answer.starts_with("SERVER_ERROR object too large for cache\r\nVALUE key2999"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
 }
 
 /// A client that pipelines far more answers than the server queues per connection (4 MiB),
@@ -176,7 +285,14 @@ fn a_full_memory_evicts_the_least_recently_used_items_and_stays_within_its_limit
 fn a_client_pipelining_past_the_high_water_mark_gets_every_answer() {
     let server = ours(&["--cores", "1"]);
     let value = "v".repeat(900_000);
-    assert_eq!(talk(server.port, format!("set big 0 0 {}\r\n{value}\r\nset small 0 0 2\r\nok\r\n", value.len()).as_bytes(), b"STORED\r\nSTORED\r\n"), "STORED\r\nSTORED\r\n");
+    assert_eq!(
+        talk(
+            server.port,
+            format!("set big 0 0 {}\r\n{value}\r\nset small 0 0 2\r\nok\r\n", value.len()).as_bytes(),
+            b"STORED\r\nSTORED\r\n"
+        ),
+        "STORED\r\nSTORED\r\n"
+    );
     for half_close in [false, true] {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -189,7 +305,9 @@ fn a_client_pipelining_past_the_high_water_mark_gets_every_answer() {
         let mut all = Vec::new();
         let mut buf = vec![0u8; 1 << 20];
         while !all.ends_with(b"VALUE small 0 2\r\nok\r\nEND\r\n") {
-            let n = s.read(&mut buf).unwrap_or_else(|e| panic!("half close {half_close}: stalled after {} bytes: {e}", all.len()));
+            let n = s
+                .read(&mut buf)
+                .unwrap_or_else(|e| panic!("half close {half_close}: stalled after {} bytes: {e}", all.len()));
             assert!(n > 0, "half close {half_close}: closed after {} bytes", all.len());
             all.extend_from_slice(&buf[..n]);
         }
@@ -216,10 +334,16 @@ fn its_event_loops_poll_under_load_and_sleep_at_rest() {
     let addr = format!("127.0.0.1:{}", server.port);
     let before = stats(server.port);
     assert_eq!(before["ebb_loop_switches_to_poll"], 0, "no load yet: {before:?}");
-    let slap = Command::new("memcslap").args(["-s", &addr, "-c", "4", "-e", "20000", "-t", "get"]).output().unwrap();
+    let slap = Command::new("memcslap")
+        .args(["-s", &addr, "-c", "4", "-e", "20000", "-t", "get"])
+        .output()
+        .unwrap();
     assert!(slap.status.success(), "memcslap: {}", text(&slap.stderr));
     let loaded = stats(server.port);
-    assert!(loaded["ebb_loop_switches_to_poll"] >= 1, "the loops polled under load: {loaded:?}");
+    assert!(
+        loaded["ebb_loop_switches_to_poll"] >= 1,
+        "the loops polled under load: {loaded:?}"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let rested = stats(server.port);
     assert!(rested["ebb_loop_switches_to_sleep"] >= 1, "{rested:?}");
@@ -254,7 +378,10 @@ fn garbage_closes_only_its_own_connection_and_bad_options_are_refused() {
     };
     assert_eq!(ask(&mut good, b"set k 0 0 2\r\nok\r\n"), "STORED\r\n");
     // A line that never ends.
-    assert_eq!(talk(server.port, &[b'x'; 5000], b"\n"), "CLIENT_ERROR line too long\r\n");
+    assert_eq!(
+        talk(server.port, &[b'x'; 5000], b"\n"),
+        "CLIENT_ERROR line too long\r\n"
+    );
     // A binary header announcing a body of 4 GiB: refused on its header, as memcached does,
     // without waiting for (or holding) the body. And one whose key overruns its body.
     let mut huge = vec![0x80u8, 0x01, 0, 1, 8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff];
@@ -265,9 +392,15 @@ fn garbage_closes_only_its_own_connection_and_bad_options_are_refused() {
     overrun.resize(34, b'k');
     assert_eq!(talk(server.port, &overrun, b"\xff"), "");
     // Random bytes.
-    let noise: Vec<u8> = (0..20_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let noise: Vec<u8> = (0..20_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let _ = talk(server.port, &noise, b"\xff\xff\xff");
-    assert_eq!(ask(&mut good, b"get k\r\n"), "VALUE k 0 2\r\nok\r\nEND\r\n", "the other connection is served all along");
+    assert_eq!(
+        ask(&mut good, b"get k\r\n"),
+        "VALUE k 0 2\r\nok\r\nEND\r\n",
+        "the other connection is served all along"
+    );
     for (args, says) in [
         (&["--cores", "0"][..], "--cores"),
         (&["--memory", "1K"][..], "--memory"),
@@ -276,6 +409,10 @@ fn garbage_closes_only_its_own_connection_and_bad_options_are_refused() {
         (&["--waiting", "sometimes"][..], "sometimes"),
     ] {
         let out = Command::new(splitos()).arg("memcached").args(args).output().unwrap();
-        assert!(!out.status.success() && text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            !out.status.success() && text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
     }
 }

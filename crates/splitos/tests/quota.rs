@@ -9,8 +9,17 @@ const TWO_VNODES: &str = "[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexc
 
 /// The vNode's entry in the stats of the mComponent that is home of its processes.
 fn vnode_memory(c: &TestCluster, vnode: &str) -> serde_json::Value {
-    let homes: Vec<serde_json::Value> = c.components("mcomponent").iter().map(|m| m["stats"]["vnode_memory"][vnode].clone()).filter(|v| !v.is_null()).collect();
-    assert_eq!(homes.len(), 1, "one home serves all processes of a vNode with a quota: {homes:?}");
+    let homes: Vec<serde_json::Value> = c
+        .components("mcomponent")
+        .iter()
+        .map(|m| m["stats"]["vnode_memory"][vnode].clone())
+        .filter(|v| !v.is_null())
+        .collect();
+    assert_eq!(
+        homes.len(),
+        1,
+        "one home serves all processes of a vNode with a quota: {homes:?}"
+    );
     homes[0].clone()
 }
 
@@ -22,7 +31,10 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
     let hold = program("hold");
     let hold = hold.to_str().unwrap();
     let native_oom = text(&native(&[oom, "400"]).stdout);
-    assert_eq!(native_oom, "allocated some; malloc never failed\nafter freeing: malloc works: 1\n");
+    assert_eq!(
+        native_oom,
+        "allocated some; malloc never failed\nafter freeing: malloc works: 1\n"
+    );
 
     // A program of vNode "small" holds some of its quota meanwhile.
     let mut holder = c.spawn(&["--vnode", "small"], &[hold, "64"]);
@@ -35,12 +47,26 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
     // and the program goes on once it freed what it had.
     let out = c.run(&["--vnode", "small"], &[oom, "400"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "allocated some; malloc returned NULL with ENOMEM\nafter freeing: malloc works: 1\n", "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "allocated some; malloc returned NULL with ENOMEM\nafter freeing: malloc works: 1\n",
+        "{}",
+        text(&out.stderr)
+    );
     let small = vnode_memory(&c, "small");
     assert!(small["refused"].as_u64().unwrap() >= 1, "{small}");
     assert!(small["used"].as_u64().unwrap() <= 200 << 20, "{small}");
-    let home = c.components("mcomponent").into_iter().find(|m| !m["stats"]["vnode_memory"]["small"].is_null()).unwrap();
-    assert!(c.metric(home["addr"].as_str().unwrap(), "splitos_mcomp_vnode_memory_refused_total") >= 1.0);
+    let home = c
+        .components("mcomponent")
+        .into_iter()
+        .find(|m| !m["stats"]["vnode_memory"]["small"].is_null())
+        .unwrap();
+    assert!(
+        c.metric(
+            home["addr"].as_str().unwrap(),
+            "splitos_mcomp_vnode_memory_refused_total"
+        ) >= 1.0
+    );
 
     // A program of vNode "big", which has no quota, gets all it asks for while "small" is at
     // its quota: the same 400 MiB, as natively.
@@ -51,20 +77,41 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
     // The program that held memory of "small" all along was not touched.
     drop(holder.stdin.take());
     let out = holder.wait_with_output().unwrap();
-    assert_eq!(format!("ready\n{}", text(&out.stdout)), text(&native(&[hold, "64"]).stdout), "{}", text(&out.stderr));
+    assert_eq!(
+        format!("ready\n{}", text(&out.stdout)),
+        text(&native(&[hold, "64"]).stdout),
+        "{}",
+        text(&out.stderr)
+    );
     // Its memory is given back to the quota when it exits.
-    assert!(c.eventually(std::time::Duration::from_secs(10), |c| vnode_memory(c, "small")["used"].as_u64() == Some(0)), "{}", vnode_memory(&c, "small"));
+    assert!(
+        c.eventually(std::time::Duration::from_secs(10), |c| vnode_memory(c, "small")["used"]
+            .as_u64()
+            == Some(0)),
+        "{}",
+        vnode_memory(&c, "small")
+    );
 
     // A fork charges the child what its parent maps: past the quota, fork fails with ENOMEM
     // and the children forked before it run to the end.
     let forks = program("forkmany");
     let forks = forks.to_str().unwrap();
-    assert_eq!(text(&native(&[forks, "20", "8"]).stdout), "forked 20 of 20, 20 children ok\n");
+    assert_eq!(
+        text(&native(&[forks, "20", "8"]).stdout),
+        "forked 20 of 20, 20 children ok\n"
+    );
     let refused = vnode_memory(&c, "small")["refused"].as_u64().unwrap();
     let out = c.run(&["--vnode", "small"], &[forks, "20", "8"]);
-    assert!(text(&out.stderr).contains("fork: Cannot allocate memory"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("fork: Cannot allocate memory"),
+        "{}",
+        text(&out.stderr)
+    );
     let said = text(&out.stdout);
-    let forked = said.strip_prefix("forked ").and_then(|s| s.split_once(" of 20, ")).unwrap_or_else(|| panic!("{said}"));
+    let forked = said
+        .strip_prefix("forked ")
+        .and_then(|s| s.split_once(" of 20, "))
+        .unwrap_or_else(|| panic!("{said}"));
     assert_eq!(forked.1, format!("{} children ok\n", forked.0), "{said}");
     assert!(forked.0.parse::<u32>().unwrap() < 20, "{said}");
     assert!(vnode_memory(&c, "small")["refused"].as_u64().unwrap() > refused);
@@ -73,11 +120,27 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
 #[test]
 fn a_bad_memory_quota_is_refused_with_a_message_naming_it() {
     let dir = tempfile::Builder::new().prefix("splitos-quota-").tempdir().unwrap();
-    for (value, says) in [("\"lots\"", "\"lots\": unknown size suffix"), ("\"1K\"", "vnode[0].memory: a memory quota of 1024 bytes is less than one 4 KiB page")] {
+    for (value, says) in [
+        ("\"lots\"", "\"lots\": unknown size suffix"),
+        (
+            "\"1K\"",
+            "vnode[0].memory: a memory quota of 1024 bytes is less than one 4 KiB page",
+        ),
+    ] {
         let p = dir.path().join("cluster.toml");
         let mut f = std::fs::File::create(&p).unwrap();
-        write!(f, "[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {value}\n").unwrap();
-        let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&p).env("SPLITOS_STATE_DIR", dir.path()).env("SPLITOS_DATA_DIR", dir.path().join("data")).output().unwrap();
+        write!(
+            f,
+            "[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {value}\n"
+        )
+        .unwrap();
+        let out = std::process::Command::new(splitos())
+            .args(["cluster", "up", "--config"])
+            .arg(&p)
+            .env("SPLITOS_STATE_DIR", dir.path())
+            .env("SPLITOS_DATA_DIR", dir.path().join("data"))
+            .output()
+            .unwrap();
         assert!(!out.status.success());
         assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
     }
@@ -92,8 +155,17 @@ fn a_vnode_within_its_quota_runs_as_natively_while_another_vnode_fills_the_memor
         "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n[[mcomponent]]\ncapacity = \"96M\"\n[[vnode]]\nname = \"va\"\nusers = [\"root\"]\n[[vnode]]\nname = \"vq\"\nusers = [\"root\"]\nmemory = \"48M\"\n",
     ));
     // The home of vq keeps its quota before any program of vq runs.
-    let kept = |c: &TestCluster| c.components("mcomponent").iter().filter_map(|m| m["stats"]["kept_for_vnodes"]["vq"]["kept"].as_u64()).collect::<Vec<_>>();
-    assert!(c.eventually(std::time::Duration::from_secs(5), |c| kept(c) == vec![48 << 20]), "one mComponent keeps vq's quota: {:?}", kept(&c));
+    let kept = |c: &TestCluster| {
+        c.components("mcomponent")
+            .iter()
+            .filter_map(|m| m["stats"]["kept_for_vnodes"]["vq"]["kept"].as_u64())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        c.eventually(std::time::Duration::from_secs(5), |c| kept(c) == vec![48 << 20]),
+        "one mComponent keeps vq's quota: {:?}",
+        kept(&c)
+    );
     let fill = program("fill");
     let fill = fill.to_str().unwrap();
     let touch = program("memtouch");
@@ -103,15 +175,35 @@ fn a_vnode_within_its_quota_runs_as_natively_while_another_vnode_fills_the_memor
         // vNode va takes all the memory it can get, 8 MiB at a time, and holds it.
         let mut filler = c.spawn(&["--vnode", "va"], &[fill, "1024", "wait"]);
         let said = read_line(&mut filler);
-        let got: u64 = said.strip_prefix("filled ").and_then(|s| s.strip_suffix(" MiB, then malloc returned NULL\n")).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("trial {trial}: {said:?}"));
-        assert!(got <= 192 - 48, "trial {trial}: va took {got} MiB, some of what is kept for vq");
+        let got: u64 = said
+            .strip_prefix("filled ")
+            .and_then(|s| s.strip_suffix(" MiB, then malloc returned NULL\n"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("trial {trial}: {said:?}"));
+        assert!(
+            got <= 192 - 48,
+            "trial {trial}: va took {got} MiB, some of what is kept for vq"
+        );
         // vNode vq, within its quota, runs as natively all the same.
         let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
-        assert_eq!(text(&out.stdout), text(&native_touch.stdout), "trial {trial}: {}", text(&out.stderr));
-        assert_eq!((text(&out.stderr), out.status.code()), (text(&native_touch.stderr), native_touch.status.code()), "trial {trial}");
+        assert_eq!(
+            text(&out.stdout),
+            text(&native_touch.stdout),
+            "trial {trial}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            (text(&out.stderr), out.status.code()),
+            (text(&native_touch.stderr), native_touch.status.code()),
+            "trial {trial}"
+        );
         drop(filler.stdin.take());
         let rest = filler.wait_with_output().unwrap();
         assert!(rest.status.success(), "trial {trial}: {}", text(&rest.stderr));
-        assert_eq!((text(&rest.stdout), text(&rest.stderr)), ("freed\n".to_string(), String::new()), "trial {trial}: va's messages are its own");
+        assert_eq!(
+            (text(&rest.stdout), text(&rest.stderr)),
+            ("freed\n".to_string(), String::new()),
+            "trial {trial}: va's messages are its own"
+        );
     }
 }

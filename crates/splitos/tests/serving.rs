@@ -26,7 +26,10 @@ fn cpu_over(pid: i32, over: Duration) -> f64 {
 /// How many threads of `pid` have one of `names`.
 fn threads_called(pid: i32, names: &[&str]) -> usize {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    tasks.flatten().filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| names.contains(&c.trim_end()))).count()
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| names.contains(&c.trim_end())))
+        .count()
 }
 
 /// A cluster whose mComponent serves on loops with `serving` (more of its `[mcomponent.serving]`
@@ -47,10 +50,25 @@ fn programs(c: &TestCluster, both: bool) {
     if both {
         cmds.push(vec![threads.to_str().unwrap(), "2"]);
     }
-    let running: Vec<_> = cmds.iter().map(|cmd| c.cmd(&["run", "--"]).args(cmd).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()).collect();
+    let running: Vec<_> = cmds
+        .iter()
+        .map(|cmd| {
+            c.cmd(&["run", "--"])
+                .args(cmd)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
     for (cmd, child) in cmds.iter().zip(running) {
         let out = child.wait_with_output().unwrap();
-        assert_eq!(text(&out.stdout), text(&native(cmd).stdout), "{cmd:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            text(&native(cmd).stdout),
+            "{cmd:?}: {}",
+            text(&out.stderr)
+        );
     }
 }
 
@@ -62,8 +80,14 @@ fn an_mcomponent_serves_programs_on_its_event_loop_over_shared_memory_and_tcp_an
         let events = c.metric(&m, "splitos_ebb_loop_events_total");
         let served = c.metric(&m, "splitos_mcomp_requests_total");
         eprintln!("{transport}: loop events {events}, requests {served}");
-        assert!(served > 1000.0, "{transport}: the programs' misses reached the mComponent: {served}");
-        assert!(events >= served, "{transport}: every request was an event of the loop: {events} events, {served} requests");
+        assert!(
+            served > 1000.0,
+            "{transport}: the programs' misses reached the mComponent: {served}"
+        );
+        assert!(
+            events >= served,
+            "{transport}: every request was an event of the loop: {events} events, {served} requests"
+        );
         // The loop's thread serves; no thread per connection or channel stayed behind (the
         // pComponent's connections are still open).
         assert_eq!(threads_named(pid, "mcomp-loop-"), 1, "{transport}: one loop");
@@ -71,11 +95,21 @@ fn an_mcomponent_serves_programs_on_its_event_loop_over_shared_memory_and_tcp_an
             "shm" => c.metric(&m, "splitos_rpc_loop_channels"),
             _ => c.metric(&m, "splitos_rpc_loop_connections"),
         };
-        assert!(open >= 1.0, "{transport}: the pComponent's channels and connections are on the loop: {open}");
-        assert_eq!(threads_called(pid, &["mcomp-rx", "mcomp-shm"]), 0, "{transport}: no receiving thread");
+        assert!(
+            open >= 1.0,
+            "{transport}: the pComponent's channels and connections are on the loop: {open}"
+        );
+        assert_eq!(
+            threads_called(pid, &["mcomp-rx", "mcomp-shm"]),
+            0,
+            "{transport}: no receiving thread"
+        );
         // At rest the loop sleeps in epoll: the mComponent uses next to no CPU.
         let idle = cpu_over(pid, Duration::from_secs(2));
-        assert!(idle < 0.1, "{transport}: the idle mComponent used {idle:.3} s of CPU in 2 s");
+        assert!(
+            idle < 0.1,
+            "{transport}: the idle mComponent used {idle:.3} s of CPU in 2 s"
+        );
     }
 }
 
@@ -85,15 +119,26 @@ fn the_loops_waiting_knobs_do_what_they_say() {
     let (c, m, pid) = cluster("shm", "waiting = \"poll\"\n");
     let busy = cpu_over(pid, Duration::from_secs(1));
     assert!(busy > 0.5, "a polling loop holds a CPU at rest: {busy:.3} s in 1 s");
-    assert_eq!(c.metric(&m, "splitos_ebb_loop_sleeps_total"), 0.0, "a polling loop never sleeps");
+    assert_eq!(
+        c.metric(&m, "splitos_ebb_loop_sleeps_total"),
+        0.0,
+        "a polling loop never sleeps"
+    );
     drop(c);
     // Always sleeping, and adaptive with a threshold no load reaches: the loop never polls,
     // under the programs' misses too.
     for serving in ["waiting = \"sleep\"\n", "poll_above = 1000000000\nsleep_below = 1000\n"] {
         let (c, m, _) = cluster("shm", serving);
         programs(&c, false);
-        assert!(c.metric(&m, "splitos_ebb_loop_sleeps_total") > 1000.0, "{serving}: the loop slept between requests");
-        assert_eq!(c.metric(&m, "splitos_ebb_loop_switches_total"), 0.0, "{serving}: the loop never switched to polling");
+        assert!(
+            c.metric(&m, "splitos_ebb_loop_sleeps_total") > 1000.0,
+            "{serving}: the loop slept between requests"
+        );
+        assert_eq!(
+            c.metric(&m, "splitos_ebb_loop_switches_total"),
+            0.0,
+            "{serving}: the loop never switched to polling"
+        );
     }
     // Adaptive with a threshold the misses pass: it polls under them and sleeps again after.
     let (c, m, pid) = cluster("shm", "poll_above = 2000\nsleep_below = 500\n");
@@ -105,9 +150,23 @@ fn the_loops_waiting_knobs_do_what_they_say() {
     // Knobs out of range are refused at start, naming them.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("bad.toml");
-    for (bad, knob) in [("cores = 0", "serving.cores"), ("poll_above = 10\nsleep_below = 20", "sleep_below"), ("kind = \"fibers\"", "serving"), ("linger_us = 20000", "serving.linger_us")] {
-        std::fs::write(&f, format!("[[pcomponent]]\n[[mcomponent]]\n[mcomponent.serving]\n{bad}\n")).unwrap();
-        let out = std::process::Command::new(splitos()).args(["cluster", "up", "--config"]).arg(&f).env("SPLITOS_STATE_DIR", dir.path()).output().unwrap();
+    for (bad, knob) in [
+        ("cores = 0", "serving.cores"),
+        ("poll_above = 10\nsleep_below = 20", "sleep_below"),
+        ("kind = \"fibers\"", "serving"),
+        ("linger_us = 20000", "serving.linger_us"),
+    ] {
+        std::fs::write(
+            &f,
+            format!("[[pcomponent]]\n[[mcomponent]]\n[mcomponent.serving]\n{bad}\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(splitos())
+            .args(["cluster", "up", "--config"])
+            .arg(&f)
+            .env("SPLITOS_STATE_DIR", dir.path())
+            .output()
+            .unwrap();
         assert_ne!(out.status.code(), Some(0), "{bad}");
         assert!(text(&out.stderr).contains(knob), "{bad}: {}", text(&out.stderr));
     }

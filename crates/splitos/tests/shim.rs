@@ -24,14 +24,34 @@ fn every_way_to_start_a_program_keeps_it_under_splitos() {
     let p = prog("execs");
     let (out, s) = stats_of(&["--excache", "8M"], &[&p]);
     let stdout = text(&out.stdout);
-    assert!(!stdout.contains("NOT UNDER SPLITOS"), "an image lost the shim:\n{stdout}");
+    assert!(
+        !stdout.contains("NOT UNDER SPLITOS"),
+        "an image lost the shim:\n{stdout}"
+    );
     assert_eq!(text(&out.stderr), "", "stdout:\n{stdout}");
-    for method in ["execve-empty", "execle-many", "execl-many", "env-i", "system", "popen", "posix_spawnp", "big-env", "vfork-execve"] {
-        assert!(stdout.contains(&format!("child {method}:")), "{method} did not run:\n{stdout}");
+    for method in [
+        "execve-empty",
+        "execle-many",
+        "execl-many",
+        "env-i",
+        "system",
+        "popen",
+        "posix_spawnp",
+        "big-env",
+        "vfork-execve",
+    ] {
+        assert!(
+            stdout.contains(&format!("child {method}:")),
+            "{method} did not run:\n{stdout}"
+        );
     }
     // Every image and every forked copy said hello to the pComponent in this run, which it
     // can only do with the run's SPLITOS_RUN_ID carried over.
-    let expected: u64 = stdout.lines().find_map(|l| l.strip_prefix("images and copies: ")).and_then(|n| n.parse().ok()).expect("count line");
+    let expected: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("images and copies: "))
+        .and_then(|n| n.parse().ok())
+        .expect("count line");
     assert_eq!(n(&s, "processes"), expected, "{s}");
     assert!(n(&s, "misses") > 0, "{s}");
 }
@@ -43,7 +63,9 @@ fn the_shim_without_a_pcomponent_refuses_unless_native_is_allowed() {
     let native = native(&[&p]);
     let run = |allow: Option<&str>| {
         let mut c = Command::new(&p);
-        c.env("LD_PRELOAD", shim_library()).env_remove("SPLITOS_PCOMP_SOCK").env_remove("SPLITOS_ALLOW_NATIVE");
+        c.env("LD_PRELOAD", shim_library())
+            .env_remove("SPLITOS_PCOMP_SOCK")
+            .env_remove("SPLITOS_ALLOW_NATIVE");
         if let Some(v) = allow {
             c.env("SPLITOS_ALLOW_NATIVE", v);
         }
@@ -52,9 +74,21 @@ fn the_shim_without_a_pcomponent_refuses_unless_native_is_allowed() {
     for allow in [None, Some("0"), Some("yes")] {
         let out = run(allow);
         assert_eq!(out.status.code(), Some(127), "{allow:?}");
-        assert_eq!(text(&out.stdout), "", "the program ran with SPLITOS_ALLOW_NATIVE={allow:?}");
-        assert!(text(&out.stderr).contains("no pComponent is named (SPLITOS_PCOMP_SOCK is not set)"), "{}", text(&out.stderr));
-        assert!(text(&out.stderr).contains("SPLITOS_ALLOW_NATIVE=1"), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "",
+            "the program ran with SPLITOS_ALLOW_NATIVE={allow:?}"
+        );
+        assert!(
+            text(&out.stderr).contains("no pComponent is named (SPLITOS_PCOMP_SOCK is not set)"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("SPLITOS_ALLOW_NATIVE=1"),
+            "{}",
+            text(&out.stderr)
+        );
     }
     let out = run(Some("1"));
     assert_eq!(out.status.code(), Some(0));
@@ -78,11 +112,17 @@ fn mprotect_and_madvise_on_heap_pages_behave_as_natively() {
             "MADV_DONTNEED: advised pages zero, others kept",
             "MADV_FREE: pages as they were or zero, later writes stay",
         ] {
-            assert!(stdout.contains(&format!("{what}: {line}\n")), "missing {what}: {line}\n{stdout}");
+            assert!(
+                stdout.contains(&format!("{what}: {line}\n")),
+                "missing {what}: {line}\n{stdout}"
+            );
         }
     }
     assert_eq!(text(&out.stderr), "");
-    assert!(n(&s, "bytes_fetched") > 0 && n(&s, "flushes") > 0 && n(&s, "evictions") > 0, "{s}");
+    assert!(
+        n(&s, "bytes_fetched") > 0 && n(&s, "flushes") > 0 && n(&s, "evictions") > 0,
+        "{s}"
+    );
     // the program and the two children that tried to write a read-only page
     assert_eq!(n(&s, "processes"), 3, "{s}");
 }
@@ -92,12 +132,24 @@ fn the_aligned_allocation_family_and_usable_size_answer_as_glibc() {
     let p = prog("aligned");
     let (out, s) = stats_of(&[], &[&p]);
     let stdout = text(&out.stdout);
-    for wrong in ["aligned NO", "TOO SMALL", "NOT ALWAYS", "CHANGED", "free keeps errno: NO"] {
+    for wrong in [
+        "aligned NO",
+        "TOO SMALL",
+        "NOT ALWAYS",
+        "CHANGED",
+        "free keeps errno: NO",
+    ] {
         assert!(!stdout.contains(wrong), "{wrong}:\n{stdout}");
     }
     // invalid alignments are refused as glibc refuses them, failures set ENOMEM
-    assert!(stdout.contains("posix_memalign(24, 100): EINVAL, pointer untouched\n"), "{stdout}");
-    assert!(stdout.contains("memalign(9223372036854775809, 100): NULL, errno EINVAL\n"), "{stdout}");
+    assert!(
+        stdout.contains("posix_memalign(24, 100): EINVAL, pointer untouched\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("memalign(9223372036854775809, 100): NULL, errno EINVAL\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("malloc(SIZE_MAX): NULL, errno ENOMEM\n"), "{stdout}");
     assert!(stdout.contains("pvalloc(SIZE_MAX): NULL, errno ENOMEM\n"), "{stdout}");
     assert!(stdout.contains("realloc(p, 0): NULL, errno 0\n"), "{stdout}");
@@ -114,7 +166,12 @@ fn signalled(under_splitos: Option<&std::path::Path>, cmd: &[&str], sig: i32) ->
         Some(stats) => {
             let mut c = Command::new(splitos());
             c.args(["run", "--stats-json", stats.to_str().unwrap(), "--"]).args(cmd);
-            c.env_remove("SPLITOS_GM").env("SPLITOS_STATE_DIR", std::env::temp_dir().join("splitos-test-no-cluster")).env("SPLITOS_DATA_DIR", data.path());
+            c.env_remove("SPLITOS_GM")
+                .env(
+                    "SPLITOS_STATE_DIR",
+                    std::env::temp_dir().join("splitos-test-no-cluster"),
+                )
+                .env("SPLITOS_DATA_DIR", data.path());
             c
         }
         None => {
@@ -136,7 +193,11 @@ fn signalled(under_splitos: Option<&std::path::Path>, cmd: &[&str], sig: i32) ->
 #[test]
 fn signals_sent_to_run_reach_the_program_and_its_status_is_run_s() {
     let p = prog("sigterm");
-    for (mode, sig) in [("handle", libc::SIGTERM), ("handle", libc::SIGHUP), ("default", libc::SIGTERM)] {
+    for (mode, sig) in [
+        ("handle", libc::SIGTERM),
+        ("handle", libc::SIGHUP),
+        ("default", libc::SIGTERM),
+    ] {
         let (native_out, native_code) = signalled(None, &[&p, mode], sig);
         let stats = tempfile::NamedTempFile::new().unwrap();
         let (out, code) = signalled(Some(stats.path()), &[&p, mode], sig);
@@ -160,7 +221,10 @@ fn a_raw_clone_child_is_stopped_never_wrong() {
     let p = prog("rawclone");
     // Natively the child has a copy of the heap.
     let nat = text(&native(&[&p, "heap"]).stdout);
-    assert!(nat.contains("child read: the parent's heap string\nchild exited 0\n"), "{nat}");
+    assert!(
+        nat.contains("child read: the parent's heap string\nchild exited 0\n"),
+        "{nat}"
+    );
     let nat = text(&native(&[&p, "mmap"]).stdout);
     assert!(nat.contains("child mmap: works\nchild exited 0\n"), "{nat}");
 
@@ -168,14 +232,28 @@ fn a_raw_clone_child_is_stopped_never_wrong() {
     // letting it read zeros or stale data, and the parent's heap is untouched.
     let out = under_splitos(&[], &[&p, "heap"]);
     let stdout = text(&out.stdout);
-    assert_eq!(stdout, "child killed by signal 11\nparent still reads: the parent's heap string\n", "{}", text(&out.stderr));
+    assert_eq!(
+        stdout,
+        "child killed by signal 11\nparent still reads: the parent's heap string\n",
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(out.status.code(), Some(0));
 
     // A heap request from it would act on its parent's memory: it is stopped with a message.
     let out = under_splitos(&[], &[&p, "mmap"]);
     let stdout = text(&out.stdout);
-    assert_eq!(stdout, "child exited 127\nparent still reads: the parent's heap string\n", "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("made by a clone system call without CLONE_VM"), "{}", text(&out.stderr));
+    assert_eq!(
+        stdout,
+        "child exited 127\nparent still reads: the parent's heap string\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("made by a clone system call without CLONE_VM"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -185,7 +263,10 @@ fn heap_mappings_handed_out_again_without_the_home_behave_as_natively() {
     let p = prog("remap");
     for excache in ["256M", "4M"] {
         for reuse in ["0", "64M"] {
-            let (out, s) = stats_of(&["--excache", excache, "--prealloc", "64", "--heap-reuse", reuse], &[&p]);
+            let (out, s) = stats_of(
+                &["--excache", excache, "--prealloc", "64", "--heap-reuse", reuse],
+                &[&p],
+            );
             let stdout = text(&out.stdout);
             for bad in ["REFUSED", "ALLOWED", "NO FAULT", ": 0"] {
                 assert!(!stdout.contains(bad), "{excache} {reuse}: {stdout}");
@@ -193,7 +274,10 @@ fn heap_mappings_handed_out_again_without_the_home_behave_as_natively() {
             assert_eq!(s["errors"].as_array().map(|e| e.len()), Some(0), "{s}");
             if excache == "256M" {
                 let local = n(&s, "heap_calls_local");
-                assert!(if reuse == "0" { local == 0 } else { local > 300 }, "heap calls answered locally with --heap-reuse {reuse}: {s}");
+                assert!(
+                    if reuse == "0" { local == 0 } else { local > 300 },
+                    "heap calls answered locally with --heap-reuse {reuse}: {s}"
+                );
             }
         }
     }

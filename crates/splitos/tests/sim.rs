@@ -11,20 +11,42 @@ fn traces() -> PathBuf {
 }
 
 fn sim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_splitos")).arg("sim").args(args).output().expect("run splitos sim")
+    Command::new(env!("CARGO_BIN_EXE_splitos"))
+        .arg("sim")
+        .args(args)
+        .output()
+        .expect("run splitos sim")
 }
 
 /// Runs the simulator on the shipped openb trace with `extra` arguments; its JSON report.
 fn report(extra: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("sim.json");
-    let (nodes, tasks) = (traces().join("alibaba-openb-nodes.csv"), traces().join("alibaba-openb-pods.csv"));
-    let mut args = vec!["--nodes", nodes.to_str().unwrap(), "--tasks", tasks.to_str().unwrap(), "--json", json.to_str().unwrap(), "--quiet"];
+    let (nodes, tasks) = (
+        traces().join("alibaba-openb-nodes.csv"),
+        traces().join("alibaba-openb-pods.csv"),
+    );
+    let mut args = vec![
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ];
     args.extend_from_slice(extra);
     let out = sim(&args);
-    assert!(out.status.success(), "splitos sim {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "splitos sim {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("fragmentation CPU") && stdout.contains("events"), "{stdout}");
+    assert!(
+        stdout.contains("fragmentation CPU") && stdout.contains("events"),
+        "{stdout}"
+    );
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
@@ -44,11 +66,35 @@ fn check_invariants(r: &Value, models: &[&str]) {
     for m in models {
         let x = &r[*m];
         let a = &x["audit"];
-        assert_eq!((n(&a["over_capacity"]), n(&a["missing_allocations"]), n(&a["unmatched_releases"]), n(&a["units_left_holding"])), (0, 0, 0, 0), "{m}: {a}");
+        assert_eq!(
+            (
+                n(&a["over_capacity"]),
+                n(&a["missing_allocations"]),
+                n(&a["unmatched_releases"]),
+                n(&a["units_left_holding"])
+            ),
+            (0, 0, 0, 0),
+            "{m}: {a}"
+        );
         assert_eq!(n(&a["placements"]), n(&x["placed"]), "{m}");
-        assert_eq!(n(&a["releases"]), n(&x["placed"]), "{m}: every placed task was released once");
-        assert_eq!(n(&x["placed"]) + n(&x["unplaced"]) + n(&x["instant"]), tasks, "{m}: every task placed, unplaced or instant");
-        for k in ["fragmentation_cpu", "fragmentation_mem", "switched_off_compute", "switched_off_memory", "utilization_cpu", "utilization_mem"] {
+        assert_eq!(
+            n(&a["releases"]),
+            n(&x["placed"]),
+            "{m}: every placed task was released once"
+        );
+        assert_eq!(
+            n(&x["placed"]) + n(&x["unplaced"]) + n(&x["instant"]),
+            tasks,
+            "{m}: every task placed, unplaced or instant"
+        );
+        for k in [
+            "fragmentation_cpu",
+            "fragmentation_mem",
+            "switched_off_compute",
+            "switched_off_memory",
+            "utilization_cpu",
+            "utilization_mem",
+        ] {
             let v = f(&x[k]);
             assert!((0.0..=1.0).contains(&v), "{m}.{k} = {v}");
             for p in x["series"][k].as_array().unwrap() {
@@ -58,13 +104,25 @@ fn check_invariants(r: &Value, models: &[&str]) {
         // What is free on powered units is at most what is free at all.
         let s = &x["series"];
         for i in 0..s["time"].as_array().unwrap().len() {
-            assert!(f(&s["fragmentation_cpu"][i]) <= 1.0 - f(&s["utilization_cpu"][i]) + 1e-9, "{m} at sample {i}");
-            assert!(f(&s["fragmentation_mem"][i]) <= 1.0 - f(&s["utilization_mem"][i]) + 1e-9, "{m} at sample {i}");
+            assert!(
+                f(&s["fragmentation_cpu"][i]) <= 1.0 - f(&s["utilization_cpu"][i]) + 1e-9,
+                "{m} at sample {i}"
+            );
+            assert!(
+                f(&s["fragmentation_mem"][i]) <= 1.0 - f(&s["utilization_mem"][i]) + 1e-9,
+                "{m} at sample {i}"
+            );
         }
-        assert!(n(&x["peak_compute_on"]) <= n(&x["compute_units"]) && n(&x["peak_memory_on"]) <= n(&x["memory_units"]), "{m}");
+        assert!(
+            n(&x["peak_compute_on"]) <= n(&x["compute_units"]) && n(&x["peak_memory_on"]) <= n(&x["memory_units"]),
+            "{m}"
+        );
         assert!(f(&x["events_per_second"]) > 0.0);
         let rel = &x["reliability"];
-        assert!(f(&rel["failures_per_year"]) > 0.0 && f(&rel["cluster_mttf_days"]) > 0.0, "{m}: {rel}");
+        assert!(
+            f(&rel["failures_per_year"]) > 0.0 && f(&rel["cluster_mttf_days"]) > 0.0,
+            "{m}: {rel}"
+        );
     }
 }
 
@@ -78,8 +136,14 @@ fn the_alibaba_trace_replays_with_its_invariants() {
     let rows: Vec<Vec<&str>> = text.lines().skip(1).map(|l| l.split(',').collect()).collect();
     let t = &r["trace"];
     assert_eq!((n(&t["tasks"]), n(&t["nodes"])), (rows.len() as u64, 1523));
-    assert_eq!(n(&t["stats"]["gpu_tasks"]), rows.iter().filter(|r| r[3].parse::<u64>().unwrap() > 0).count() as u64);
-    assert_eq!(n(&t["stats"]["phases"]["Pending"]), rows.iter().filter(|r| r[7] == "Pending").count() as u64);
+    assert_eq!(
+        n(&t["stats"]["gpu_tasks"]),
+        rows.iter().filter(|r| r[3].parse::<u64>().unwrap() > 0).count() as u64
+    );
+    assert_eq!(
+        n(&t["stats"]["phases"]["Pending"]),
+        rows.iter().filter(|r| r[7] == "Pending").count() as u64
+    );
     // Same totals in every model.
     for m in models {
         assert_eq!(r[m]["cpu_milli"], r["fixed"]["cpu_milli"], "{m}");
@@ -87,7 +151,14 @@ fn the_alibaba_trace_replays_with_its_invariants() {
     }
     // The failure model: pComponents, mComponents and the fixed cluster's disks.
     let s = &r["splitos"]["reliability"];
-    assert_eq!((n(&s["pcomponents"]), n(&s["mcomponents"]), n(&s["scomponents"])), (n(&r["splitos"]["peak_compute_on"]), n(&r["splitos"]["peak_memory_on"]), n(&r["fixed"]["peak_compute_on"])));
+    assert_eq!(
+        (n(&s["pcomponents"]), n(&s["mcomponents"]), n(&s["scomponents"])),
+        (
+            n(&r["splitos"]["peak_compute_on"]),
+            n(&r["splitos"]["peak_memory_on"]),
+            n(&r["fixed"]["peak_compute_on"])
+        )
+    );
     let red = r["splitos"]["redundancy"].as_array().unwrap();
     let schemes: Vec<&str> = red.iter().map(|x| x["scheme"].as_str().unwrap()).collect();
     assert_eq!(schemes, ["none", "replica", "log", "ec:2", "ec:4", "ec:8"]);
@@ -105,15 +176,34 @@ fn under_load_disaggregation_frees_memory_modules() {
     check_invariants(&packed, &["fixed", "disaggregated", "splitos"]);
     assert_eq!(n(&packed["trace"]["replayed_tasks"]), 20 * 8152);
     for m in ["disaggregated", "splitos"] {
-        assert!(f(&packed[m]["switched_off_memory"]) > f(&packed["fixed"]["switched_off_memory"]), "{m}");
-        assert!(f(&packed[m]["fragmentation_mem"]) < f(&packed["fixed"]["fragmentation_mem"]), "{m}");
+        assert!(
+            f(&packed[m]["switched_off_memory"]) > f(&packed["fixed"]["switched_off_memory"]),
+            "{m}"
+        );
+        assert!(
+            f(&packed[m]["fragmentation_mem"]) < f(&packed["fixed"]["fragmentation_mem"]),
+            "{m}"
+        );
     }
-    let spread = report(&["--load", "20", "--shift", "600", "--policy", "gpm-gmm", "--models", "splitos"]);
+    let spread = report(&[
+        "--load", "20", "--shift", "600", "--policy", "gpm-gmm", "--models", "splitos",
+    ]);
     check_invariants(&spread, &["splitos"]);
     assert!(spread.get("fixed").is_none(), "only the models asked for");
     assert_eq!(spread["splitos"]["policy"], "gpm-gmm");
     assert!(f(&spread["splitos"]["fragmentation_mem"]) > f(&packed["splitos"]["fragmentation_mem"]));
-    let first = report(&["--load", "20", "--shift", "600", "--policy", "first-fit", "--models", "fixed", "--samples", "7"]);
+    let first = report(&[
+        "--load",
+        "20",
+        "--shift",
+        "600",
+        "--policy",
+        "first-fit",
+        "--models",
+        "fixed",
+        "--samples",
+        "7",
+    ]);
     check_invariants(&first, &["fixed"]);
     assert_eq!(first["fixed"]["series"]["time"].as_array().unwrap().len(), 7);
 }
@@ -126,9 +216,21 @@ fn scale_and_model_knobs() {
     let alone = report(&["--models", "splitos"]);
     let all = report(&[]);
     assert_eq!(alone["splitos"]["reliability"], all["splitos"]["reliability"]);
-    let r = report(&["--scale", "3", "--models", "splitos", "--excache-share", "0.5", "--topology", "racks:4"]);
+    let r = report(&[
+        "--scale",
+        "3",
+        "--models",
+        "splitos",
+        "--excache-share",
+        "0.5",
+        "--topology",
+        "racks:4",
+    ]);
     check_invariants(&r, &["splitos"]);
-    assert_eq!((n(&r["trace"]["replayed_nodes"]), n(&r["trace"]["replayed_tasks"])), (3 * 1523, 3 * 8152));
+    assert_eq!(
+        (n(&r["trace"]["replayed_nodes"]), n(&r["trace"]["replayed_tasks"])),
+        (3 * 1523, 3 * 8152)
+    );
     assert_eq!(r["splitos"]["topology"], "racks:4");
     let quarter = report(&["--models", "splitos"]);
     // A task keeps its ExCache share on its pComponent besides all its memory on
@@ -146,53 +248,165 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 fn fails_with(args: &[&str], needle: &str) {
     let out = sim(args);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert!(
+        !out.status.success() && err.contains(needle),
+        "{args:?}: expected `{needle}` in: {err}"
+    );
 }
 
 #[test]
 fn bad_input_is_refused_by_row_and_field() {
     let d = tempfile::tempdir().unwrap();
-    let nodes = write(d.path(), "nodes.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\nn1,4000,8192\n");
+    let nodes = write(
+        d.path(),
+        "nodes.csv",
+        "sn,cpu_milli,memory_mib\nn0,4000,8192\nn1,4000,8192\n",
+    );
     let head = "name,cpu_milli,memory_mib,creation_time,deletion_time\n";
-    let bad = write(d.path(), "bad.csv", &format!("{head}a,1000,1024,0,10\nb,1000,lots,0,10\n"));
-    fails_with(&["--nodes", &nodes, "--tasks", &bad], "row 2, field `memory_mib` (mem): `lots` is not a number");
+    let bad = write(
+        d.path(),
+        "bad.csv",
+        &format!("{head}a,1000,1024,0,10\nb,1000,lots,0,10\n"),
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &bad],
+        "row 2, field `memory_mib` (mem): `lots` is not a number",
+    );
     let short = write(d.path(), "short.csv", &format!("{head}a,1000,1024,0\n"));
     fails_with(&["--nodes", &nodes, "--tasks", &short], "row 1");
-    fails_with(&["--nodes", &nodes, "--tasks", &bad, "--task-columns", "mem=memory_gib"], "no column `memory_gib` for field `mem`");
-    fails_with(&["--nodes", &nodes, "--tasks", &bad, "--task-columns", "disk=x"], "unknown field `disk`");
-    let big = write(d.path(), "big.csv", &format!("{head}a,1000,1024,0,10\nhuge,8000,1024,0,10\n"));
-    fails_with(&["--nodes", &nodes, "--tasks", &big], "row 2 (huge), field `cpu_milli`: a task larger than any module of model `fixed`");
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &bad, "--task-columns", "mem=memory_gib"],
+        "no column `memory_gib` for field `mem`",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &bad, "--task-columns", "disk=x"],
+        "unknown field `disk`",
+    );
+    let big = write(
+        d.path(),
+        "big.csv",
+        &format!("{head}a,1000,1024,0,10\nhuge,8000,1024,0,10\n"),
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &big],
+        "row 2 (huge), field `cpu_milli`: a task larger than any module of model `fixed`",
+    );
     // 12 GiB fit no server, but fit two memory modules of the disaggregated model.
     let wide = write(d.path(), "wide.csv", &format!("{head}a,1000,12288,0,10\n"));
-    fails_with(&["--nodes", &nodes, "--tasks", &wide], "row 1 (a), field `memory_mib`: a task larger than any module of model `fixed`");
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &wide],
+        "row 1 (a), field `memory_mib`: a task larger than any module of model `fixed`",
+    );
     let json = d.path().join("wide.json");
-    let out = sim(&["--nodes", &nodes, "--tasks", &wide, "--models", "disaggregated", "--json", json.to_str().unwrap(), "--quiet"]);
-    assert!(out.status.success(), "the fixed baseline, not asked for, does not stop the run: {}", String::from_utf8_lossy(&out.stderr));
+    let out = sim(&[
+        "--nodes",
+        &nodes,
+        "--tasks",
+        &wide,
+        "--models",
+        "disaggregated",
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(
+        out.status.success(),
+        "the fixed baseline, not asked for, does not stop the run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!((n(&r["disaggregated"]["placed"]), n(&r["disaggregated"]["peak_memory_on"])), (1, 2));
-    assert_eq!((n(&r["fixed_baseline"]["oversized"]), n(&r["fixed_baseline"]["servers"])), (1, 0), "what the unshown baseline skipped is reported");
-    fails_with(&["--nodes", &nodes, "--tasks", &big, "--policy", "worst-fit"], "unknown placement policy `worst-fit`");
-    fails_with(&["--nodes", &nodes, "--tasks", &big, "--topology", "links:0"], "not a positive number");
-    fails_with(&["--nodes", &nodes, "--tasks", &big, "--models", "fixed,cloud"], "unknown model `cloud`");
+    assert_eq!(
+        (
+            n(&r["disaggregated"]["placed"]),
+            n(&r["disaggregated"]["peak_memory_on"])
+        ),
+        (1, 2)
+    );
+    assert_eq!(
+        (n(&r["fixed_baseline"]["oversized"]), n(&r["fixed_baseline"]["servers"])),
+        (1, 0),
+        "what the unshown baseline skipped is reported"
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &big, "--policy", "worst-fit"],
+        "unknown placement policy `worst-fit`",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &big, "--topology", "links:0"],
+        "not a positive number",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &big, "--models", "fixed,cloud"],
+        "unknown model `cloud`",
+    );
     let devices = write(d.path(), "devices.toml", "[mttf_years]\ncpu = 1\n");
-    fails_with(&["--nodes", &nodes, "--tasks", &big, "--devices", &devices], "missing field");
-    fails_with(&["--nodes", &nodes, "--tasks", &write(d.path(), "nothing.csv", head)], "no tasks");
-    fails_with(&["--nodes", &write(d.path(), "n.csv", "sn,cpu_milli,memory_mib\nn0,4000,\n"), "--tasks", &big], "row 1, field `memory_mib` (mem) is empty");
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &big, "--devices", &devices],
+        "missing field",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &write(d.path(), "nothing.csv", head)],
+        "no tasks",
+    );
+    fails_with(
+        &[
+            "--nodes",
+            &write(d.path(), "n.csv", "sn,cpu_milli,memory_mib\nn0,4000,\n"),
+            "--tasks",
+            &big,
+        ],
+        "row 1, field `memory_mib` (mem) is empty",
+    );
 
     // Counted, not silently skipped, when asked.
     let json = d.path().join("out.json");
-    let out = sim(&["--nodes", &nodes, "--tasks", &big, "--skip-oversized", "--json", json.to_str().unwrap(), "--quiet"]);
+    let out = sim(&[
+        "--nodes",
+        &nodes,
+        "--tasks",
+        &big,
+        "--skip-oversized",
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     for m in ["fixed", "disaggregated", "splitos"] {
-        assert_eq!((n(&r[m]["oversized"]), n(&r[m]["unplaced"]), n(&r[m]["placed"])), (1, 1, 1), "{m}");
+        assert_eq!(
+            (n(&r[m]["oversized"]), n(&r[m]["unplaced"]), n(&r[m]["placed"])),
+            (1, 1, 1),
+            "{m}"
+        );
     }
-    let incomplete = write(d.path(), "incomplete.csv", &format!("{head}a,1000,1024,0,10\nb,1000,1024,,10\n"));
-    fails_with(&["--nodes", &nodes, "--tasks", &incomplete], "row 2 (b), field `creation_time` (start) is empty");
-    let out = sim(&["--nodes", &nodes, "--tasks", &incomplete, "--skip-incomplete", "--json", json.to_str().unwrap(), "--quiet"]);
+    let incomplete = write(
+        d.path(),
+        "incomplete.csv",
+        &format!("{head}a,1000,1024,0,10\nb,1000,1024,,10\n"),
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &incomplete],
+        "row 2 (b), field `creation_time` (start) is empty",
+    );
+    let out = sim(&[
+        "--nodes",
+        &nodes,
+        "--tasks",
+        &incomplete,
+        "--skip-incomplete",
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ]);
     assert!(out.status.success());
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!((n(&r["trace"]["stats"]["skipped_incomplete"]), n(&r["trace"]["replayed_tasks"])), (1, 1));
+    assert_eq!(
+        (
+            n(&r["trace"]["stats"]["skipped_incomplete"]),
+            n(&r["trace"]["replayed_tasks"])
+        ),
+        (1, 1)
+    );
 }
 
 /// Another trace through a column mapping: the DLRM serving trace asks for cores and GiB,
@@ -204,7 +418,19 @@ fn another_trace_through_a_column_mapping() {
     let d = tempfile::tempdir().unwrap();
     let json = d.path().join("dlrm.json");
     let map = "name=instance_sn,cpu=cpu_request*1000,mem=memory_request*1024,start=creation_time,end=deletion_time,phase=role,gpu=gpu_request";
-    let out = sim(&["--nodes", nodes.to_str().unwrap(), "--tasks", tasks.to_str().unwrap(), "--task-columns", map, "--skip-incomplete", "--skip-oversized", "--json", json.to_str().unwrap(), "--quiet"]);
+    let out = sim(&[
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--task-columns",
+        map,
+        "--skip-incomplete",
+        "--skip-oversized",
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     check_invariants(&r, &["fixed", "disaggregated", "splitos"]);
@@ -220,17 +446,42 @@ fn replay_knobs_do_what_they_say() {
     let d = tempfile::tempdir().unwrap();
     let nodes = write(d.path(), "nodes.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\n");
     // b arrives while a holds the only server, and gets it when a ends.
-    let tasks = write(d.path(), "tasks.csv", "name,cpu_milli,memory_mib,creation_time,deletion_time\na,4000,1024,0,100\nb,4000,2048,50,200\n");
+    let tasks = write(
+        d.path(),
+        "tasks.csv",
+        "name,cpu_milli,memory_mib,creation_time,deletion_time\na,4000,1024,0,100\nb,4000,2048,50,200\n",
+    );
     let run = |extra: &[&str]| -> Value {
         let json = d.path().join("k.json");
-        let mut args = vec!["--nodes", &nodes, "--tasks", &tasks, "--json", json.to_str().unwrap(), "--quiet", "--models", "fixed,disaggregated"];
+        let mut args = vec![
+            "--nodes",
+            &nodes,
+            "--tasks",
+            &tasks,
+            "--json",
+            json.to_str().unwrap(),
+            "--quiet",
+            "--models",
+            "fixed,disaggregated",
+        ];
         args.extend_from_slice(extra);
         let out = sim(&args);
-        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
     };
     let r = run(&[]);
-    assert_eq!((n(&r["fixed"]["placed"]), n(&r["fixed"]["waits"]["waited"]), f(&r["fixed"]["waits"]["max_seconds"])), (2, 1, 50.0));
+    assert_eq!(
+        (
+            n(&r["fixed"]["placed"]),
+            n(&r["fixed"]["waits"]["waited"]),
+            f(&r["fixed"]["waits"]["max_seconds"])
+        ),
+        (2, 1, 50.0)
+    );
     // The server is busy all the time: 0-100 with a, 100-200 with b.
     assert!((f(&r["fixed"]["utilization_cpu"]) - 1.0).abs() < 1e-9);
     // No retries: b never gets the server.
@@ -244,17 +495,36 @@ fn replay_knobs_do_what_they_say() {
     assert_eq!(r["run"]["window"], serde_json::json!([100.0, 200.0]));
     let r = run(&["--window", ":100"]);
     assert!((f(&r["fixed"]["utilization_mem"]) - 1.0 / 8.0).abs() < 1e-9);
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "1000:"], "the replay runs from 0 s to 200 s");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "nan:"], "not a number of seconds");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--models", "fixed,fixed"], "named twice");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--shift", "1e300", "--load", "3"], "the last copy of the task list would end");
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--window", "1000:"],
+        "the replay runs from 0 s to 200 s",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--window", "nan:"],
+        "not a number of seconds",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--models", "fixed,fixed"],
+        "named twice",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--shift", "1e300", "--load", "3"],
+        "the last copy of the task list would end",
+    );
     // Copies shifted by --shift: the second copy's b ends 1,000 s later.
     let r = run(&["--load", "2", "--shift", "1000"]);
     assert_eq!((f(&r["trace"]["end"]), n(&r["trace"]["replayed_tasks"])), (1200.0, 4));
     assert_eq!(n(&r["fixed"]["placed"]), 4);
     // Memory modules of the disaggregated model, and the cluster copies of --scale.
     let r = run(&["--memory-modules", "4", "--scale", "2"]);
-    assert_eq!((n(&r["disaggregated"]["memory_units"]), n(&r["disaggregated"]["memory_unit_mib"]), n(&r["disaggregated"]["compute_units"])), (8, 2048, 2));
+    assert_eq!(
+        (
+            n(&r["disaggregated"]["memory_units"]),
+            n(&r["disaggregated"]["memory_unit_mib"]),
+            n(&r["disaggregated"]["compute_units"])
+        ),
+        (8, 2048, 2)
+    );
     // Device inputs: every device twice as reliable, every server twice as reliable.
     let devices = write(
         d.path(),
@@ -269,22 +539,87 @@ fn replay_knobs_do_what_they_say() {
             .replace("board = 8.64", "board = 17.28"),
     );
     let r = run(&["--devices", &devices]);
-    assert!((f(&r["paper"]["server_mttf_years"]) - 11.6).abs() < 0.02, "{}", r["paper"]);
+    assert!(
+        (f(&r["paper"]["server_mttf_years"]) - 11.6).abs() < 0.02,
+        "{}",
+        r["paper"]
+    );
     // vRegions larger than an mComponent cannot be placed.
-    let two = write(d.path(), "two.csv", "sn,cpu_milli,memory_mib\nn0,4000,8192\nn1,4000,8192\n");
-    let big = write(d.path(), "big.csv", "name,cpu_milli,memory_mib,creation_time,deletion_time\na,1000,8192,0,100\n");
+    let two = write(
+        d.path(),
+        "two.csv",
+        "sn,cpu_milli,memory_mib\nn0,4000,8192\nn1,4000,8192\n",
+    );
+    let big = write(
+        d.path(),
+        "big.csv",
+        "name,cpu_milli,memory_mib,creation_time,deletion_time\na,1000,8192,0,100\n",
+    );
     let json = d.path().join("v.json");
-    let out = sim(&["--nodes", &two, "--tasks", &big, "--models", "splitos", "--json", json.to_str().unwrap(), "--quiet"]);
+    let out = sim(&[
+        "--nodes",
+        &two,
+        "--tasks",
+        &big,
+        "--models",
+        "splitos",
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!((n(&r["splitos"]["placed"]), n(&r["splitos"]["peak_memory_on"])), (1, 2), "8 GiB in 1 GiB vRegions over two mComponents of 6 GiB");
-    fails_with(&["--nodes", &two, "--tasks", &big, "--models", "splitos", "--vregion", "8G"], "vRegions of 8192 MiB, larger than an mComponent (6144 MiB)");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--window", "5:1"], "not before its end");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--excache-share", "1"], "--excache-share must be between 0 and 1");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--topology", "racks:2"], "topology racks:2: more racks than compute units (1)");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--vregion", "1536K"], "--vregion must be a whole number of MiB");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--scale", "4", "--load", "9223372036854775807"], "--scale x --load is too large");
-    fails_with(&["--nodes", &nodes, "--tasks", &tasks, "--scale", "20000000"], "make more than 16777215 units");
+    assert_eq!(
+        (n(&r["splitos"]["placed"]), n(&r["splitos"]["peak_memory_on"])),
+        (1, 2),
+        "8 GiB in 1 GiB vRegions over two mComponents of 6 GiB"
+    );
+    fails_with(
+        &[
+            "--nodes",
+            &two,
+            "--tasks",
+            &big,
+            "--models",
+            "splitos",
+            "--vregion",
+            "8G",
+        ],
+        "vRegions of 8192 MiB, larger than an mComponent (6144 MiB)",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--window", "5:1"],
+        "not before its end",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--excache-share", "1"],
+        "--excache-share must be between 0 and 1",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--topology", "racks:2"],
+        "topology racks:2: more racks than compute units (1)",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--vregion", "1536K"],
+        "--vregion must be a whole number of MiB",
+    );
+    fails_with(
+        &[
+            "--nodes",
+            &nodes,
+            "--tasks",
+            &tasks,
+            "--scale",
+            "4",
+            "--load",
+            "9223372036854775807",
+        ],
+        "--scale x --load is too large",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &tasks, "--scale", "20000000"],
+        "make more than 16777215 units",
+    );
 }
 
 /// The shipped pod list as the ATC '23 study's static pod lists come: without its time
@@ -293,8 +628,20 @@ fn static_pods(dir: &Path) -> String {
     let text = std::fs::read_to_string(traces().join("alibaba-openb-pods.csv")).unwrap();
     let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
     let keep: Vec<usize> = (0..header.len()).filter(|&i| !header[i].ends_with("_time")).collect();
-    assert_eq!(keep.len(), header.len() - 3, "creation, deletion and scheduled times dropped");
-    let rows: Vec<String> = text.lines().map(|l| keep.iter().map(|&i| l.split(',').nth(i).unwrap()).collect::<Vec<_>>().join(",")).collect();
+    assert_eq!(
+        keep.len(),
+        header.len() - 3,
+        "creation, deletion and scheduled times dropped"
+    );
+    let rows: Vec<String> = text
+        .lines()
+        .map(|l| {
+            keep.iter()
+                .map(|&i| l.split(',').nth(i).unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
     write(dir, "openb-static.csv", &(rows.join("\n") + "\n"))
 }
 
@@ -303,11 +650,26 @@ fn run_on(tasks: &str, extra: &[&str]) -> (Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("sim.json");
     let nodes = traces().join("alibaba-openb-nodes.csv");
-    let mut args = vec!["--nodes", nodes.to_str().unwrap(), "--tasks", tasks, "--json", json.to_str().unwrap(), "--quiet"];
+    let mut args = vec![
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--tasks",
+        tasks,
+        "--json",
+        json.to_str().unwrap(),
+        "--quiet",
+    ];
     args.extend_from_slice(extra);
     let out = sim(&args);
-    assert!(out.status.success(), "splitos sim {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    (serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap(), String::from_utf8_lossy(&out.stdout).into_owned())
+    assert!(
+        out.status.success(),
+        "splitos sim {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 fn column(v: &Value) -> Vec<f64> {
@@ -326,22 +688,49 @@ fn check_fill(r: &Value, models: &[&str]) {
         for (k, v) in c.as_object().unwrap() {
             assert_eq!(v.as_array().unwrap().len(), len, "{m}: curve.{k}");
         }
-        for k in ["arrived", "arrived_cpu", "arrived_mem", "tasks", "placed", "utilization_cpu", "utilization_mem"] {
+        for k in [
+            "arrived",
+            "arrived_cpu",
+            "arrived_mem",
+            "tasks",
+            "placed",
+            "utilization_cpu",
+            "utilization_mem",
+        ] {
             let v = column(&c[k]);
             assert!(v.windows(2).all(|p| p[0] <= p[1] + 1e-12), "{m}: curve.{k} goes down");
         }
         let arrived = column(&c["arrived"]);
         assert_eq!(arrived[0], 0.0, "{m}: the curve starts empty");
-        assert!(arrived.windows(2).all(|p| p[1] - p[0] < 0.02), "{m}: a point per percent");
-        for k in ["fragmentation_rate_cpu", "fragmentation_rate_mem", "utilization_cpu", "utilization_mem"] {
+        assert!(
+            arrived.windows(2).all(|p| p[1] - p[0] < 0.02),
+            "{m}: a point per percent"
+        );
+        for k in [
+            "fragmentation_rate_cpu",
+            "fragmentation_rate_mem",
+            "utilization_cpu",
+            "utilization_mem",
+        ] {
             assert!(column(&c[k]).iter().all(|v| (0.0..=1.0).contains(v)), "{m}: curve.{k}");
         }
         let last = |k: &str| n(c[k].as_array().unwrap().last().unwrap());
-        assert_eq!((last("placed"), last("tasks")), (n(&x["placed"]), n(&fill["tried"])), "{m}");
+        assert_eq!(
+            (last("placed"), last("tasks")),
+            (n(&x["placed"]), n(&fill["tried"])),
+            "{m}"
+        );
         assert_eq!(n(&x["audit"]["placements"]), n(&x["placed"]), "{m}");
-        assert_eq!(n(&fill["failed"]) + n(&x["placed"]) + n(&x["oversized"]), n(&fill["tried"]), "{m}: every task that came was placed or failed");
+        assert_eq!(
+            n(&fill["failed"]) + n(&x["placed"]) + n(&x["oversized"]),
+            n(&fill["tried"]),
+            "{m}: every task that came was placed or failed"
+        );
         assert_eq!(n(&x["unplaced"]), tasks - n(&x["placed"]), "{m}");
-        assert!(n(&fill["tried"]) == tasks || fill["full"] == true, "{m}: the fill stops at the end of the list or full");
+        assert!(
+            n(&fill["tried"]) == tasks || fill["full"] == true,
+            "{m}: the fill stops at the end of the list or full"
+        );
     }
 }
 
@@ -355,10 +744,22 @@ fn a_static_pod_list_fills_the_cluster() {
     let models = ["fixed", "disaggregated", "splitos"];
     let (r, text) = run_on(&pods, &["--load", "2"]);
     let t = &r["trace"];
-    assert_eq!((t["timed"].as_bool(), n(&t["replayed_tasks"]), n(&t["stats"]["skipped_incomplete"])), (Some(false), 2 * 8152, 0));
+    assert_eq!(
+        (
+            t["timed"].as_bool(),
+            n(&t["replayed_tasks"]),
+            n(&t["stats"]["skipped_incomplete"])
+        ),
+        (Some(false), 2 * 8152, 0)
+    );
     check_invariants(&r, &models);
     check_fill(&r, &models);
-    let names: Vec<String> = std::fs::read_to_string(&pods).unwrap().lines().skip(1).map(|l| l.split(',').next().unwrap().to_string()).collect();
+    let names: Vec<String> = std::fs::read_to_string(&pods)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap().to_string())
+        .collect();
     for m in models {
         let fill = &r[m]["fill"];
         // The list offers 136% of the cluster's CPU: it stops fitting in the second copy,
@@ -366,15 +767,32 @@ fn a_static_pod_list_fills_the_cluster() {
         let first = &fill["first_failed"];
         let task = n(&first["task"]) as usize;
         assert!((8152..2 * 8152).contains(&task), "{m}: {first}");
-        assert_eq!((n(&first["row"]) as usize, first["name"].as_str().unwrap()), (task % 8152 + 1, names[task % 8152].as_str()), "{m}");
+        assert_eq!(
+            (n(&first["row"]) as usize, first["name"].as_str().unwrap()),
+            (task % 8152 + 1, names[task % 8152].as_str()),
+            "{m}"
+        );
         assert!((0.9..1.0).contains(&f(&first["arrived"])), "{m}: {first}");
         assert!(f(&r[m]["utilization_cpu"]) > 0.95, "{m}");
         // The text says what the JSON says.
         let placed = format!("{m}: {} tasks came (", n(&fill["tried"]));
-        let line = text.lines().find(|l| l.starts_with(&placed)).unwrap_or_else(|| panic!("no `{placed}` in:\n{text}"));
-        assert!(line.contains(&format!(" {} placed, {} failed", n(&r[m]["placed"]), n(&fill["failed"]))), "{line}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&placed))
+            .unwrap_or_else(|| panic!("no `{placed}` in:\n{text}"));
+        assert!(
+            line.contains(&format!(
+                " {} placed, {} failed",
+                n(&r[m]["placed"]),
+                n(&fill["failed"])
+            )),
+            "{line}"
+        );
     }
-    assert!(text.contains("As the cluster fills") && text.contains("fixed fragmented"), "{text}");
+    assert!(
+        text.contains("As the cluster fills") && text.contains("fixed fragmented"),
+        "{text}"
+    );
     assert!(n(&r["disaggregated"]["placed"]) >= n(&r["fixed"]["placed"]));
     // Until the cluster is nearly full (then every model's few free resources are useless
     // to most tasks), at every point: memory modules leave less of the free memory
@@ -385,16 +803,38 @@ fn a_static_pod_list_fills_the_cluster() {
     for m in ["disaggregated", "splitos"] {
         assert_eq!(curve(m, "arrived"), arrived, "the same tasks come to every model");
     }
-    let (fixed, disaggregated, splitos) = (curve("fixed", "fragmentation_rate_mem"), curve("disaggregated", "fragmentation_rate_mem"), curve("splitos", "fragmentation_rate_mem"));
-    let (fixed_cpu, disaggregated_cpu) = (curve("fixed", "fragmentation_rate_cpu"), curve("disaggregated", "fragmentation_rate_cpu"));
-    let filling: Vec<usize> = (0..arrived.len()).filter(|&i| (0.1..=0.9).contains(&arrived[i])).collect();
+    let (fixed, disaggregated, splitos) = (
+        curve("fixed", "fragmentation_rate_mem"),
+        curve("disaggregated", "fragmentation_rate_mem"),
+        curve("splitos", "fragmentation_rate_mem"),
+    );
+    let (fixed_cpu, disaggregated_cpu) = (
+        curve("fixed", "fragmentation_rate_cpu"),
+        curve("disaggregated", "fragmentation_rate_cpu"),
+    );
+    let filling: Vec<usize> = (0..arrived.len())
+        .filter(|&i| (0.1..=0.9).contains(&arrived[i]))
+        .collect();
     assert!(filling.len() >= 75, "{}", filling.len());
     for &i in &filling {
-        assert!(disaggregated[i] < splitos[i] && splitos[i] < fixed[i], "memory at {}: {} {} {}", arrived[i], fixed[i], disaggregated[i], splitos[i]);
+        assert!(
+            disaggregated[i] < splitos[i] && splitos[i] < fixed[i],
+            "memory at {}: {} {} {}",
+            arrived[i],
+            fixed[i],
+            disaggregated[i],
+            splitos[i]
+        );
         assert!(disaggregated_cpu[i] <= fixed_cpu[i] + 1e-9, "CPU at {}", arrived[i]);
     }
-    assert!(fixed[*filling.last().unwrap()] > 5.0 * fixed[filling[0]], "servers strand more memory as they fill");
-    assert!(disaggregated[*filling.last().unwrap()] < 0.01, "memory modules strand almost none");
+    assert!(
+        fixed[*filling.last().unwrap()] > 5.0 * fixed[filling[0]],
+        "servers strand more memory as they fill"
+    );
+    assert!(
+        disaggregated[*filling.last().unwrap()] < 0.01,
+        "memory modules strand almost none"
+    );
 
     // Dropping the times by the column mapping makes the same static list of the file.
     let timed = traces().join("alibaba-openb-pods.csv");
@@ -409,10 +849,36 @@ fn a_static_pod_list_fills_the_cluster() {
     assert!(timed_report["fixed"].get("fill").is_none() && timed_report["trace"]["timed"] == true);
 
     // Policies, topology and scale-up work on a static list as on a trace.
-    let (r, _) = run_on(&pods, &["--load", "2", "--policy", "gpm-gmm", "--topology", "links:4,racks:4", "--models", "splitos"]);
+    let (r, _) = run_on(
+        &pods,
+        &[
+            "--load",
+            "2",
+            "--policy",
+            "gpm-gmm",
+            "--topology",
+            "links:4,racks:4",
+            "--models",
+            "splitos",
+        ],
+    );
     check_invariants(&r, &["splitos"]);
     check_fill(&r, &["splitos"]);
-    let (r, _) = run_on(&pods, &["--scale", "2", "--load", "2", "--policy", "first-fit", "--models", "fixed,disaggregated", "--memory-modules", "500"]);
+    let (r, _) = run_on(
+        &pods,
+        &[
+            "--scale",
+            "2",
+            "--load",
+            "2",
+            "--policy",
+            "first-fit",
+            "--models",
+            "fixed,disaggregated",
+            "--memory-modules",
+            "500",
+        ],
+    );
     check_invariants(&r, &["fixed", "disaggregated"]);
     check_fill(&r, &["fixed", "disaggregated"]);
     assert_eq!(n(&r["disaggregated"]["memory_units"]), 1000);
@@ -442,12 +908,29 @@ fn a_task_list_mixing_timed_and_untimed_rows_is_refused() {
     let mixed = write(d.path(), "mixed.csv", &(lines.join("\n") + "\n"));
     fails_with(&["--nodes", nodes, "--tasks", &mixed], "mixed.csv: the list mixes timed and untimed rows: row 100 (openb-pod-0099) has no time (`creation_time` and `deletion_time` empty) but row 1 (openb-pod-0000) has");
     let (r, _) = run_on(&mixed, &["--skip-incomplete", "--models", "fixed"]);
-    assert_eq!((r["trace"]["timed"].as_bool(), n(&r["trace"]["stats"]["skipped_incomplete"]), n(&r["trace"]["replayed_tasks"])), (Some(true), 1, 8151));
+    assert_eq!(
+        (
+            r["trace"]["timed"].as_bool(),
+            n(&r["trace"]["stats"]["skipped_incomplete"]),
+            n(&r["trace"]["replayed_tasks"])
+        ),
+        (Some(true), 1, 8151)
+    );
     check_invariants(&r, &["fixed"]);
 
     // Static lists have no times to average over, and a list has both times or neither.
     let pods = static_pods(d.path());
-    fails_with(&["--nodes", nodes, "--tasks", &pods, "--window", "0:100"], "is a static task list (no row has a start or end time)");
-    let half = write(d.path(), "half.csv", "name,cpu_milli,memory_mib,creation_time\na,1000,1024,0\n");
-    fails_with(&["--nodes", nodes, "--tasks", &half], "no column `deletion_time` for field `end`");
+    fails_with(
+        &["--nodes", nodes, "--tasks", &pods, "--window", "0:100"],
+        "is a static task list (no row has a start or end time)",
+    );
+    let half = write(
+        d.path(),
+        "half.csv",
+        "name,cpu_milli,memory_mib,creation_time\na,1000,1024,0\n",
+    );
+    fails_with(
+        &["--nodes", nodes, "--tasks", &half],
+        "no column `deletion_time` for field `end`",
+    );
 }

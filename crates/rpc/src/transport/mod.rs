@@ -38,7 +38,10 @@ pub trait Transport: Send + Sync + 'static {
     /// the stripes of a bonded fetch to one component, each on a link of its own) does; the
     /// default makes them one after another.
     fn call_all_direct(&self, calls: &[(&str, &Msg)], timeout: Duration) -> Vec<Result<Msg, RpcError>> {
-        calls.iter().map(|(addr, msg)| self.call_direct(addr, msg, timeout)).collect()
+        calls
+            .iter()
+            .map(|(addr, msg)| self.call_direct(addr, msg, timeout))
+            .collect()
     }
     /// Claims an address to serve at (`host:0` picks a free port).
     fn listen(&self, addr: &str) -> io::Result<Box<dyn Endpoint>>;
@@ -92,7 +95,11 @@ pub const KINDS: &[&str] = &["shm", "tcp"];
 impl TransportConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !KINDS.contains(&self.kind.as_str()) {
-            return Err(format!("transport.kind: unknown transport {:?} (known: {})", self.kind, KINDS.join(", ")));
+            return Err(format!(
+                "transport.kind: unknown transport {:?} (known: {})",
+                self.kind,
+                KINDS.join(", ")
+            ));
         }
         self.tcp.validate()?;
         self.shm.validate()

@@ -77,7 +77,12 @@ pub struct ShmConfig {
     /// Credits: channels one caller may have open to this component at once, each one call
     /// in flight (and a serving thread and two message areas here); a caller beyond them
     /// waits for one of its calls to end.
-    #[arg(id = "shm.max_channels_per_peer", value_name = "N", long = "shm-max-channels-per-peer", default_value_t = 64)]
+    #[arg(
+        id = "shm.max_channels_per_peer",
+        value_name = "N",
+        long = "shm-max-channels-per-peer",
+        default_value_t = 64
+    )]
     pub max_channels_per_peer: usize,
 }
 
@@ -156,7 +161,16 @@ impl Mapping {
     fn new(fd: &OwnedFd) -> io::Result<Mapping> {
         // SAFETY: a fresh shared mapping of `CHANNEL` bytes of `fd`, whose size both sides
         // checked; nothing else in this process refers to that address range.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), CHANNEL, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHANNEL,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
@@ -210,7 +224,14 @@ enum Gone {
 /// Waits until `seq` moves past `last`: polls first ([`Poller`]), then sleeps on `sock` after
 /// setting `sleeps`, so that the other side rings. The fences pair with [`ring`]'s: either the
 /// other side sees `sleeps` set, or this side sees its new `seq`.
-fn wait(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, sock: &UnixStream, poller: &Poller, deadline: Option<Instant>) -> Result<u64, Gone> {
+fn wait(
+    seq: &AtomicU64,
+    last: u64,
+    sleeps: &AtomicU32,
+    sock: &UnixStream,
+    poller: &Poller,
+    deadline: Option<Instant>,
+) -> Result<u64, Gone> {
     match poller.poll(|| moved(seq, last)) {
         Ok(v) => Ok(v),
         Err(pending) => {
@@ -226,7 +247,13 @@ fn moved(seq: &AtomicU64, last: u64) -> Option<u64> {
     (v != last).then_some(v)
 }
 
-fn sleep_until_moved(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, mut sock: &UnixStream, deadline: Option<Instant>) -> Result<u64, Gone> {
+fn sleep_until_moved(
+    seq: &AtomicU64,
+    last: u64,
+    sleeps: &AtomicU32,
+    mut sock: &UnixStream,
+    deadline: Option<Instant>,
+) -> Result<u64, Gone> {
     loop {
         sleeps.store(1, SeqCst);
         fence(SeqCst);
@@ -245,7 +272,11 @@ fn sleep_until_moved(seq: &AtomicU64, last: u64, sleeps: &AtomicU32, mut sock: &
                 left.as_millis().clamp(1, i32::MAX as u128) as i32
             }
         };
-        let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd for the duration of the call.
         unsafe { libc::poll(&mut pfd, 1, ms) };
         if pfd.revents != 0 {
@@ -268,12 +299,25 @@ fn ring(seq: &AtomicU64, n: u64, sleeps: &AtomicU32, sock: &UnixStream) {
     if sleeps.load(SeqCst) != 0 {
         // SAFETY: a one-byte send from a valid buffer on a socket we own. A full socket means
         // the peer has doorbells waiting anyway.
-        unsafe { libc::send(sock.as_raw_fd(), b"!".as_ptr() as *const libc::c_void, 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                b"!".as_ptr() as *const libc::c_void,
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
     }
 }
 
 fn netns() -> String {
-    std::fs::read_link("/proc/self/ns/net").ok().and_then(|l| l.to_str().map(|s| s.trim_start_matches("net:[").trim_end_matches(']').to_string())).unwrap_or_else(|| "0".into())
+    std::fs::read_link("/proc/self/ns/net")
+        .ok()
+        .and_then(|l| {
+            l.to_str()
+                .map(|s| s.trim_start_matches("net:[").trim_end_matches(']').to_string())
+        })
+        .unwrap_or_else(|| "0".into())
 }
 
 /// The rendezvous directory, made if missing; refused unless others can neither list it nor
@@ -345,7 +389,14 @@ const FIRST_CREDITS: usize = usize::MAX;
 
 impl Credits {
     fn new() -> Arc<Credits> {
-        Arc::new(Credits { state: Mutex::new(CreditState { open: 0, granted: FIRST_CREDITS, gen: 0 }), back: std::sync::Condvar::new() })
+        Arc::new(Credits {
+            state: Mutex::new(CreditState {
+                open: 0,
+                granted: FIRST_CREDITS,
+                gen: 0,
+            }),
+            back: std::sync::Condvar::new(),
+        })
     }
 
     fn gen(&self) -> u64 {
@@ -420,13 +471,27 @@ impl Drop for Credit {
 const RECHECK: Duration = Duration::from_secs(1);
 
 impl ShmTransport {
-    pub fn new(cfg: &ShmConfig, tcp: TcpConfig, polling: Polling, creds: Option<Arc<Credentials>>) -> io::Result<ShmTransport> {
+    pub fn new(
+        cfg: &ShmConfig,
+        tcp: TcpConfig,
+        polling: Polling,
+        creds: Option<Arc<Credentials>>,
+    ) -> io::Result<ShmTransport> {
         let dir = cfg.dir();
         private_dir(&dir)?;
         let spin = Duration::from_micros(cfg.spin_us);
         let peers = Arc::new(Mutex::new(HashMap::new()));
         close_idle_channels(Arc::downgrade(&peers), Duration::from_millis(cfg.idle_ms));
-        Ok(ShmTransport { tcp: TcpTransport::new(tcp, polling, creds.clone()), creds, spin, polling, dir, netns: netns(), peers, max_channels: cfg.max_channels_per_peer })
+        Ok(ShmTransport {
+            tcp: TcpTransport::new(tcp, polling, creds.clone()),
+            creds,
+            spin,
+            polling,
+            dir,
+            netns: netns(),
+            peers,
+            max_channels: cfg.max_channels_per_peer,
+        })
     }
 
     /// The rendezvous socket of the component at `addr` in this namespace.
@@ -435,17 +500,23 @@ impl ShmTransport {
     }
 
     fn pages_path(&self, addr: &str) -> PathBuf {
-        self.dir.join(format!("{}-{}.pages.sock", self.netns, addr.replace('/', "_")))
+        self.dir
+            .join(format!("{}-{}.pages.sock", self.netns, addr.replace('/', "_")))
     }
 
     /// Removes the sockets of this namespace's components that are gone (killed components
     /// leave theirs behind), so that the directory does not grow with every cluster.
     pub fn sweep(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
         let mine = format!("{}-", self.netns);
         for e in entries.flatten() {
             let p = e.path();
-            let ours = e.file_name().to_str().is_some_and(|n| n.starts_with(&mine) && n.ends_with(".sock"));
+            let ours = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&mine) && n.ends_with(".sock"));
             if ours && UnixStream::connect(&p).is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
                 let _ = std::fs::remove_file(&p);
             }
@@ -486,7 +557,13 @@ impl ShmTransport {
                             return Ok(None);
                         }
                         let credits = Credits::new();
-                        peers.insert(addr.to_string(), Peer::Local(Pool { free: Vec::new(), credits: credits.clone() }));
+                        peers.insert(
+                            addr.to_string(),
+                            Peer::Local(Pool {
+                                free: Vec::new(),
+                                credits: credits.clone(),
+                            }),
+                        );
                         (credits, 0)
                     }
                 }
@@ -501,7 +578,11 @@ impl ShmTransport {
                         metrics::counter!("rpc_shm_channels_refused_total").increment(1);
                         std::thread::sleep(Duration::from_millis(1));
                         if Instant::now() >= deadline {
-                            return Err(RpcError::Timeout { addr: addr.to_string(), msg: "a shared-memory credit", after: credit_wait });
+                            return Err(RpcError::Timeout {
+                                addr: addr.to_string(),
+                                msg: "a shared-memory credit",
+                                after: credit_wait,
+                            });
                         }
                         continue;
                     }
@@ -521,7 +602,11 @@ impl ShmTransport {
                 metrics::counter!("rpc_credit_waits_total").increment(1);
             }
             if !credits.wait(gen, deadline) {
-                return Err(RpcError::Timeout { addr: addr.to_string(), msg: "a shared-memory credit", after: credit_wait });
+                return Err(RpcError::Timeout {
+                    addr: addr.to_string(),
+                    msg: "a shared-memory credit",
+                    after: credit_wait,
+                });
             }
         }
     }
@@ -564,7 +649,11 @@ impl ShmTransport {
 
     fn call_via(&self, addr: &str, msg: &Msg, timeout: Duration, direct: bool) -> Result<Msg, RpcError> {
         let Some(c) = self.channel(addr, timeout, timeout)? else {
-            return if direct { self.tcp.call_direct(addr, msg, timeout) } else { self.tcp.call(addr, msg, timeout) };
+            return if direct {
+                self.tcp.call_direct(addr, msg, timeout)
+            } else {
+                self.tcp.call(addr, msg, timeout)
+            };
         };
         if let Some(p) = c.peer.filter(|p| !may_receive(p.role, msg)) {
             self.give_back(addr, c);
@@ -619,7 +708,11 @@ impl Transport for ShmTransport {
                 }
             }
         }
-        let sent: Vec<Result<Channel, RpcError>> = chans.into_iter().zip(calls).map(|(mut c, (_, msg))| c.send(msg, None).map(|()| c)).collect();
+        let sent: Vec<Result<Channel, RpcError>> = chans
+            .into_iter()
+            .zip(calls)
+            .map(|(mut c, (_, msg))| c.send(msg, None).map(|()| c))
+            .collect();
         sent.into_iter()
             .zip(calls)
             .map(|(c, (addr, msg))| {
@@ -639,12 +732,24 @@ impl Transport for ShmTransport {
         // neighbour's sweep never sees this socket between bind and listen (when a connect
         // would be refused). The TCP port is ours, so a socket left at the final name belongs
         // to a component that is gone, and the rename replaces it.
-        let tmp = self.dir.join(format!(".{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("sock"), std::process::id()));
+        let tmp = self.dir.join(format!(
+            ".{}.{}.tmp",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("sock"),
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&tmp);
         let unix = UnixListener::bind(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&tmp, &path)?;
-        Ok(Box::new(ShmListen { tcp, unix, path, spin: self.spin, polling: self.polling, creds: self.creds.clone(), max_channels: self.max_channels }))
+        Ok(Box::new(ShmListen {
+            tcp,
+            unix,
+            path,
+            spin: self.spin,
+            polling: self.polling,
+            creds: self.creds.clone(),
+            max_channels: self.max_channels,
+        }))
     }
 }
 
@@ -657,7 +762,9 @@ fn close_idle_channels(peers: std::sync::Weak<Mutex<HashMap<String, Peer>>>, idl
         let mut idle_ones = Vec::new();
         for p in peers.lock().unwrap().values_mut() {
             if let Peer::Local(pool) = p {
-                let (old, kept): (Vec<Channel>, Vec<Channel>) = std::mem::take(&mut pool.free).into_iter().partition(|c| c.idle_since.elapsed() >= idle);
+                let (old, kept): (Vec<Channel>, Vec<Channel>) = std::mem::take(&mut pool.free)
+                    .into_iter()
+                    .partition(|c| c.idle_since.elapsed() >= idle);
                 pool.free = kept;
                 idle_ones.extend(old);
             }
@@ -679,7 +786,10 @@ fn close_idle_channels(peers: std::sync::Weak<Mutex<HashMap<String, Peer>>>, idl
 /// caller never pulls a server away from another CPU's callers.
 fn pick(free: &[Channel], want: Option<u32>) -> Option<usize> {
     let last = free.len().checked_sub(1).filter(|_| want.is_none());
-    free.iter().rposition(|c| c.server_at == want).or_else(|| free.iter().rposition(|c| c.server_at.is_none())).or(last)
+    free.iter()
+        .rposition(|c| c.server_at == want)
+        .or_else(|| free.iter().rposition(|c| c.server_at.is_none()))
+        .or(last)
 }
 
 /// The calling side of one channel.
@@ -700,7 +810,13 @@ struct Channel {
 }
 
 impl Channel {
-    fn open(path: &Path, addr: &str, timeout: Duration, poller: Poller, creds: Option<&Credentials>) -> io::Result<Channel> {
+    fn open(
+        path: &Path,
+        addr: &str,
+        timeout: Duration,
+        poller: Poller,
+        creds: Option<&Credentials>,
+    ) -> io::Result<Channel> {
         let mut sock = UnixStream::connect(path)?;
         // A server that is paused or overloaded takes the connection (the kernel queues it)
         // and answers its handshake late: it is waited for as long as a call on an open
@@ -711,7 +827,9 @@ impl Channel {
                 auth::initiate(&mut sock, creds, false)
                     .map_err(|e| match e {
                         AuthError::Io(e) => e,
-                        AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
+                        AuthError::Refused(why) => {
+                            io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}"))
+                        }
                     })?
                     .peer,
             ),
@@ -720,26 +838,54 @@ impl Channel {
         let mut hello = [0u8; 1];
         let fds = recv_fds(&sock, &mut hello)?;
         if &hello == NO_CREDIT {
-            return Err(io::Error::new(io::ErrorKind::ResourceBusy, format!("{addr}: no credit left for another channel")));
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("{addr}: no credit left for another channel"),
+            ));
         }
-        let fd = fds.into_iter().next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
+        let fd = fds
+            .into_iter()
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no channel passed"))?;
         sock.set_read_timeout(None)?;
         sock.set_nonblocking(true)?;
         // SAFETY: F_GET_SEALS on a descriptor we own takes no pointers.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "channel memory is not sealed against shrinking"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "channel memory is not sealed against shrinking",
+            ));
         }
         let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
         if size != CHANNEL as u64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("channel of {size} bytes, expected {CHANNEL}")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("channel of {size} bytes, expected {CHANNEL}"),
+            ));
         }
         let map = Mapping::new(&fd)?;
         let h = map.header();
         if h.magic.load(Acquire) != MAGIC || h.version.load(Acquire) != WIRE_VERSION as u32 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("peer speaks wire version {}, this build {WIRE_VERSION}", h.version.load(Acquire))));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "peer speaks wire version {}, this build {WIRE_VERSION}",
+                    h.version.load(Acquire)
+                ),
+            ));
         }
-        Ok(Channel { addr: addr.to_string(), peer, sock, map, seq: 0, poller, server_at: None, idle_since: Instant::now(), credit: None })
+        Ok(Channel {
+            addr: addr.to_string(),
+            peer,
+            sock,
+            map,
+            seq: 0,
+            poller,
+            server_at: None,
+            idle_since: Instant::now(),
+            credit: None,
+        })
     }
 
     /// Whether the server's end of the socket is still open (stale doorbells are drained).
@@ -766,7 +912,10 @@ impl Channel {
     fn send(&mut self, msg: &Msg, follow: Option<u32>) -> Result<(), RpcError> {
         let body = postcard::to_allocvec(msg).expect("encoding into a Vec cannot fail");
         if body.len() > AREA {
-            return Err(RpcError::Unreachable { addr: self.addr.clone(), why: format!("message body of {} bytes exceeds the frame bound", body.len()) });
+            return Err(RpcError::Unreachable {
+                addr: self.addr.clone(),
+                why: format!("message body of {} bytes exceeds the frame bound", body.len()),
+            });
         }
         let h = self.map.header();
         self.map.put(REQ, &body);
@@ -783,15 +932,35 @@ impl Channel {
         let h = self.map.header();
         let deadline = Some(Instant::now() + timeout);
         // A followed caller leaves its CPU to the server at once.
-        let got = if follow.is_some() { sleep_until_moved(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, deadline) } else { wait(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, &self.poller, deadline) };
+        let got = if follow.is_some() {
+            sleep_until_moved(&h.rep_seq, self.seq - 1, &h.client_sleeps, &self.sock, deadline)
+        } else {
+            wait(
+                &h.rep_seq,
+                self.seq - 1,
+                &h.client_sleeps,
+                &self.sock,
+                &self.poller,
+                deadline,
+            )
+        };
         let addr = &self.addr;
         match got {
             Ok(n) if n == self.seq => {}
             Ok(_) => return Err(RpcError::Closed { addr: addr.clone() }),
             Err(Gone::Closed) => return Err(RpcError::Closed { addr: addr.clone() }),
-            Err(Gone::Timeout) => return Err(RpcError::Timeout { addr: addr.clone(), msg: name, after: timeout }),
+            Err(Gone::Timeout) => {
+                return Err(RpcError::Timeout {
+                    addr: addr.clone(),
+                    msg: name,
+                    after: timeout,
+                })
+            }
         }
-        let bytes = self.map.take(REP, h.rep_len.load(Relaxed)).ok_or_else(|| RpcError::Closed { addr: addr.clone() })?;
+        let bytes = self
+            .map
+            .take(REP, h.rep_len.load(Relaxed))
+            .ok_or_else(|| RpcError::Closed { addr: addr.clone() })?;
         let reply = postcard::from_bytes::<Msg>(&bytes).map_err(|_| RpcError::Closed { addr: addr.clone() })?;
         Ok((self, reply))
     }
@@ -836,7 +1005,10 @@ impl Held {
         let peak = self.peak.fetch_max(*n, Relaxed).max(*n);
         metrics::gauge!("rpc_shm_channels").increment(1.0);
         metrics::gauge!("rpc_shm_peer_channels_peak").set(peak as f64);
-        Some(Hold { held: self.clone(), pid })
+        Some(Hold {
+            held: self.clone(),
+            pid,
+        })
     }
 }
 
@@ -860,7 +1032,15 @@ impl Endpoint for ShmListen {
 
     fn serve(self: Box<Self>, handler: Arc<dyn Handler>, cfg: ServerConfig) {
         let dispatcher = Arc::new(Dispatcher::new(handler, &cfg));
-        let ShmListen { tcp, unix, path, spin, polling, creds, max_channels } = *self;
+        let ShmListen {
+            tcp,
+            unix,
+            path,
+            spin,
+            polling,
+            creds,
+            max_channels,
+        } = *self;
         let held = Arc::new(Held::default());
         let loops = Loops::for_config(&cfg.name, &cfg.serving);
         tcp.serve_with(dispatcher.clone(), &cfg.name, loops.clone());
@@ -909,19 +1089,33 @@ impl Endpoint for ShmListen {
 /// Checks the caller's user and (with credentials) its identity and that it has a credit left,
 /// then makes a sealed channel and passes it over; returns it with the caller's role and the
 /// credit it holds.
-fn offer(s: &mut UnixStream, creds: Option<&Credentials>, held: &Arc<Held>, max_channels: usize) -> io::Result<(Mapping, Option<server::Peer>, Hold)> {
+fn offer(
+    s: &mut UnixStream,
+    creds: Option<&Credentials>,
+    held: &Arc<Held>,
+    max_channels: usize,
+) -> io::Result<(Mapping, Option<server::Peer>, Hold)> {
     let cred = crate::fdpass::peer_cred(s)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if cred.uid != me {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("caller pid {} runs as uid {}, this component as uid {me}", cred.pid, cred.uid)));
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "caller pid {} runs as uid {}, this component as uid {me}",
+                cred.pid, cred.uid
+            ),
+        ));
     }
     let peer = match creds {
         Some(creds) => {
             s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
             let hs = auth::respond(s, creds, true).map_err(|e| match e {
                 AuthError::Io(e) => e,
-                AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("caller pid {}: {why}", cred.pid)),
+                AuthError::Refused(why) => io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("caller pid {}: {why}", cred.pid),
+                ),
             })?;
             s.set_read_timeout(None)?;
             Some(hs.peer)
@@ -930,7 +1124,10 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>, held: &Arc<Held>, max_
     };
     let Some(hold) = held.hold(cred.pid, max_channels) else {
         s.write_all(NO_CREDIT)?;
-        return Err(io::Error::new(io::ErrorKind::ResourceBusy, format!("caller pid {} has {max_channels} channels open", cred.pid)));
+        return Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!("caller pid {} has {max_channels} channels open", cred.pid),
+        ));
     };
     // SAFETY: a NUL-terminated name and valid flags.
     let raw = unsafe { libc::memfd_create(c"splitos-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -941,7 +1138,14 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>, held: &Arc<Held>, max_
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: plain calls on the descriptor we own; sealing stops the caller from shrinking
     // the memory under this process's mapping (which would kill it with SIGBUS).
-    let sealed = unsafe { libc::ftruncate(raw, CHANNEL as libc::off_t) == 0 && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) == 0 };
+    let sealed = unsafe {
+        libc::ftruncate(raw, CHANNEL as libc::off_t) == 0
+            && libc::fcntl(
+                raw,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ) == 0
+    };
     if !sealed {
         return Err(io::Error::last_os_error());
     }
@@ -958,7 +1162,14 @@ fn offer(s: &mut UnixStream, creds: Option<&Credentials>, held: &Arc<Held>, max_
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves one caller's channel on a thread of its own until it goes away.
-fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, peer: Option<server::Peer>, poller: Poller, _hold: Hold) {
+fn serve_channel(
+    sock: UnixStream,
+    map: Mapping,
+    dispatcher: Arc<Dispatcher>,
+    peer: Option<server::Peer>,
+    poller: Poller,
+    _hold: Hold,
+) {
     if sock.set_nonblocking(true).is_err() {
         return;
     }
@@ -972,11 +1183,18 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, pe
     // the caller, who sleeps until it sends its next request.
     let mut beside_caller = false;
     loop {
-        let got = if beside_caller { sleep_until_moved(&h.req_seq, last, &h.server_sleeps, &sock, None) } else { wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None) };
+        let got = if beside_caller {
+            sleep_until_moved(&h.req_seq, last, &h.server_sleeps, &sock, None)
+        } else {
+            wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None)
+        };
         let Ok(n) = got else { return };
         last = n;
         let follow = h.follow_cpu.load(Relaxed).checked_sub(1);
-        let Some(msg) = map.take(REQ, h.req_len.load(Relaxed)).and_then(|b| postcard::from_bytes::<Msg>(&b).ok()) else {
+        let Some(msg) = map
+            .take(REQ, h.req_len.load(Relaxed))
+            .and_then(|b| postcard::from_bytes::<Msg>(&b).ok())
+        else {
             metrics::counter!("rpc_frames_rejected_total").increment(1);
             tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
             return;
@@ -992,7 +1210,10 @@ fn serve_channel(sock: UnixStream, map: Mapping, dispatcher: Arc<Dispatcher>, pe
         let Ok(reply) = rx.recv() else { return };
         let body = postcard::to_allocvec(&reply).expect("encoding into a Vec cannot fail");
         if body.len() > AREA {
-            tracing::warn!(bytes = body.len(), "reply exceeds the frame bound; closing that channel");
+            tracing::warn!(
+                bytes = body.len(),
+                "reply exceeds the frame bound; closing that channel"
+            );
             return;
         }
         map.put(REP, &body);
@@ -1036,7 +1257,10 @@ impl Answering {
         let h = self.map.header();
         let body = postcard::to_allocvec(&reply).expect("encoding into a Vec cannot fail");
         if body.len() > AREA {
-            tracing::warn!(bytes = body.len(), "reply exceeds the frame bound; closing that channel");
+            tracing::warn!(
+                bytes = body.len(),
+                "reply exceeds the frame bound; closing that channel"
+            );
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
             return;
         }
@@ -1087,8 +1311,17 @@ impl LoopChannel {
             return;
         }
         let fd = sock.as_raw_fd();
-        let closing = Rc::new(Closing { device: Cell::new(None), bell: Cell::new(None) });
-        let ans = Arc::new(Answering { map, sock, busy: AtomicBool::new(false), _hold: hold, remote: splitos_ebb::event::remote() });
+        let closing = Rc::new(Closing {
+            device: Cell::new(None),
+            bell: Cell::new(None),
+        });
+        let ans = Arc::new(Answering {
+            map,
+            sock,
+            busy: AtomicBool::new(false),
+            _hold: hold,
+            remote: splitos_ebb::event::remote(),
+        });
         let bell_ans = ans.clone();
         let bell_closing = closing.clone();
         let bell = register(&mut SourceFd(&fd), mio::Interest::READABLE, move |_| {
@@ -1108,7 +1341,14 @@ impl LoopChannel {
         closing.bell.set(Some(bell));
         metrics::gauge!("rpc_loop_channels").increment(1.0);
         let requests = metrics::counter!("rpc_shm_requests_total");
-        let device = add_device(LoopChannel { ans, dispatcher, peer, last: 0, requests, closing: closing.clone() });
+        let device = add_device(LoopChannel {
+            ans,
+            dispatcher,
+            peer,
+            last: 0,
+            requests,
+            closing: closing.clone(),
+        });
         closing.device.set(Some(device));
     }
 }
@@ -1125,9 +1365,16 @@ impl Device for LoopChannel {
             return 0;
         }
         let h = self.ans.map.header();
-        let Some(n) = moved(&h.req_seq, self.last) else { return 0 };
+        let Some(n) = moved(&h.req_seq, self.last) else {
+            return 0;
+        };
         self.last = n;
-        let Some(msg) = self.ans.map.take(REQ, h.req_len.load(Relaxed)).and_then(|b| postcard::from_bytes::<Msg>(&b).ok()) else {
+        let Some(msg) = self
+            .ans
+            .map
+            .take(REQ, h.req_len.load(Relaxed))
+            .and_then(|b| postcard::from_bytes::<Msg>(&b).ok())
+        else {
             metrics::counter!("rpc_frames_rejected_total").increment(1);
             tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
             let _ = self.ans.sock.shutdown(std::net::Shutdown::Both);
@@ -1137,7 +1384,8 @@ impl Device for LoopChannel {
         self.requests.increment(1);
         self.ans.busy.store(true, SeqCst);
         let ans = self.ans.clone();
-        self.dispatcher.submit(msg, self.peer, move |reply| ans.answer(n, reply));
+        self.dispatcher
+            .submit(msg, self.peer, move |reply| ans.answer(n, reply));
         1
     }
 

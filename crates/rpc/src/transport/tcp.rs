@@ -50,21 +50,41 @@ pub struct TcpConfig {
     #[arg(id = "tcp.delay_us", value_name = "US", long = "tcp-delay-us", default_value_t = 0)]
     pub delay_us: u64,
     /// Connections a component serves at once, from all peers.
-    #[arg(id = "tcp.max_connections", value_name = "N", long = "tcp-max-connections", default_value_t = 4096)]
+    #[arg(
+        id = "tcp.max_connections",
+        value_name = "N",
+        long = "tcp-max-connections",
+        default_value_t = 4096
+    )]
     pub max_connections: usize,
     /// Connections a component serves at once from one peer address. Loopback peers share one
     /// address: every component of a host, and a pComponent makes a connection per fault
     /// worker (one per program) to each mComponent.
-    #[arg(id = "tcp.max_connections_per_peer", value_name = "N", long = "tcp-max-connections-per-peer", default_value_t = 2048)]
+    #[arg(
+        id = "tcp.max_connections_per_peer",
+        value_name = "N",
+        long = "tcp-max-connections-per-peer",
+        default_value_t = 2048
+    )]
     pub max_connections_per_peer: usize,
     /// How long a frame may take to arrive once its first byte did, and a new connection's
     /// first frame from the accept (ms).
-    #[arg(id = "tcp.frame_timeout_ms", value_name = "MS", long = "tcp-frame-timeout-ms", default_value_t = 10_000)]
+    #[arg(
+        id = "tcp.frame_timeout_ms",
+        value_name = "MS",
+        long = "tcp-frame-timeout-ms",
+        default_value_t = 10_000
+    )]
     pub frame_timeout_ms: u64,
     /// Credits: requests of one connection served at once, granted to the peer when the
     /// connection begins; a peer's caller beyond them waits for a reply, and a frame sent
     /// beyond them is not read until one is answered.
-    #[arg(id = "tcp.max_in_flight", value_name = "N", long = "tcp-max-in-flight", default_value_t = 64)]
+    #[arg(
+        id = "tcp.max_in_flight",
+        value_name = "N",
+        long = "tcp-max-in-flight",
+        default_value_t = 64
+    )]
     pub max_in_flight: usize,
 }
 
@@ -78,7 +98,11 @@ impl Default for TcpConfig {
 
 impl TcpConfig {
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_connections == 0 || self.max_connections_per_peer == 0 || self.max_in_flight == 0 || self.frame_timeout_ms == 0 {
+        if self.max_connections == 0
+            || self.max_connections_per_peer == 0
+            || self.max_in_flight == 0
+            || self.frame_timeout_ms == 0
+        {
             return Err("[transport.tcp] max_connections, max_connections_per_peer, max_in_flight and frame_timeout_ms must be at least 1".into());
         }
         Ok(())
@@ -98,7 +122,12 @@ pub struct TcpTransport {
 
 impl TcpTransport {
     pub fn new(cfg: TcpConfig, polling: Polling, creds: Option<Arc<Credentials>>) -> TcpTransport {
-        TcpTransport { cfg, polling, creds, clients: Mutex::new(HashMap::new()) }
+        TcpTransport {
+            cfg,
+            polling,
+            creds,
+            clients: Mutex::new(HashMap::new()),
+        }
     }
 
     /// A connection with this transport's knobs, authenticated if the transport has
@@ -111,10 +140,15 @@ impl TcpTransport {
                     let mut c = TcpConn::new(s, &self.cfg, self.polling)?;
                     if let Some(creds) = &self.creds {
                         let _ = c.s.set_read_timeout(Some(timeout));
-                        let hs = auth::initiate(&mut c, creds, !sa.ip().to_canonical().is_loopback()).map_err(|e| match e {
-                            AuthError::Io(e) => e,
-                            AuthError::Refused(why) => io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}")),
-                        })?;
+                        let hs =
+                            auth::initiate(&mut c, creds, !sa.ip().to_canonical().is_loopback()).map_err(
+                                |e| match e {
+                                    AuthError::Io(e) => e,
+                                    AuthError::Refused(why) => {
+                                        io::Error::new(io::ErrorKind::PermissionDenied, format!("{addr}: {why}"))
+                                    }
+                                },
+                            )?;
                         c.s.set_read_timeout(None)?;
                         c.peer = Some(hs.peer);
                         c.session = hs.session.map(Arc::new);
@@ -129,7 +163,12 @@ impl TcpTransport {
 
     /// A listening socket whose connections get this transport's knobs and credentials.
     pub fn listen_stream(&self, addr: &str) -> io::Result<TcpListen> {
-        Ok(TcpListen { l: TcpListener::bind(addr)?, cfg: self.cfg.clone(), polling: self.polling, creds: self.creds.clone() })
+        Ok(TcpListen {
+            l: TcpListener::bind(addr)?,
+            cfg: self.cfg.clone(),
+            polling: self.polling,
+            creds: self.creds.clone(),
+        })
     }
 
     fn client(&self, addr: &str, timeout: Duration) -> Result<Client, RpcError> {
@@ -138,7 +177,12 @@ impl TcpTransport {
                 return Ok(c.clone());
             }
         }
-        let conn = self.connect_stream(addr, timeout.min(Duration::from_secs(3))).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+        let conn = self
+            .connect_stream(addr, timeout.min(Duration::from_secs(3)))
+            .map_err(|e| RpcError::Unreachable {
+                addr: addr.to_string(),
+                why: e.to_string(),
+            })?;
         let c = Client::start(conn, addr)?;
         self.clients.lock().unwrap().insert(addr.to_string(), c.clone());
         Ok(c)
@@ -252,7 +296,10 @@ impl TcpConn {
         }
         let len = u32::from_le_bytes(len) as usize;
         if len > auth::RECORD + 16 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a record of {len} bytes")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a record of {len} bytes"),
+            ));
         }
         let mut sealed = vec![0u8; len];
         let mut at = 0;
@@ -287,7 +334,12 @@ impl TcpConn {
 
     /// The blocking read of `s`, bounded by the frame's `deadline` if one runs (`timed`: the
     /// socket has a read timeout set).
-    fn read_blocking(mut s: &TcpStream, deadline: Option<Instant>, timed: &mut bool, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_blocking(
+        mut s: &TcpStream,
+        deadline: Option<Instant>,
+        timed: &mut bool,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
         let Some(deadline) = deadline else { return s.read(buf) };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -296,7 +348,9 @@ impl TcpConn {
         s.set_read_timeout(Some(left))?;
         *timed = true;
         match s.read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::Error::new(io::ErrorKind::TimedOut, "frame not received in time")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "frame not received in time"))
+            }
             r => r,
         }
     }
@@ -322,7 +376,9 @@ impl TcpConn {
 
 impl Read for TcpConn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let Some(session) = self.session.clone() else { return self.read_raw(buf) };
+        let Some(session) = self.session.clone() else {
+            return self.read_raw(buf);
+        };
         while self.plain_at == self.plain.len() {
             if buf.is_empty() || !self.next_record(&session)? {
                 return Ok(0);
@@ -373,7 +429,9 @@ impl Write for TcpConn {
             metrics::counter!("rpc_injected_delays_total").increment(1);
             std::thread::sleep(self.delay);
         }
-        let Some(session) = &self.session else { return self.s.write(buf) };
+        let Some(session) = &self.session else {
+            return self.s.write(buf);
+        };
         // Sealed whole, in records: a reader never sees part of one.
         let mut out = Vec::with_capacity(buf.len() + buf.len().div_ceil(auth::RECORD) * 20);
         let mut sealed = Vec::new();
@@ -442,7 +500,10 @@ fn admit(admission: &Arc<Mutex<Admission>>, peer: IpAddr, cfg: &TcpConfig) -> Re
     }
     *n += 1;
     a.total += 1;
-    Ok(Admitted { admission: admission.clone(), peer })
+    Ok(Admitted {
+        admission: admission.clone(),
+        peer,
+    })
 }
 
 impl Endpoint for TcpListen {
@@ -462,7 +523,10 @@ impl TcpListen {
     /// With `loops`, each connection is served on one of them once it authenticated.
     pub(super) fn serve_with(self, dispatcher: Arc<Dispatcher>, name: &str, loops: Option<Arc<Loops>>) {
         let name = name.to_string();
-        let admission = Arc::new(Mutex::new(Admission { total: 0, per_peer: HashMap::new() }));
+        let admission = Arc::new(Mutex::new(Admission {
+            total: 0,
+            per_peer: HashMap::new(),
+        }));
         let refused = metrics::counter!("rpc_connections_refused_total");
         std::thread::Builder::new()
             .name(format!("{name}-accept"))
@@ -573,8 +637,17 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
             return;
         }
     };
-    let in_flight = Arc::new(InFlight { n: Mutex::new(0), done: Condvar::new(), max: max_in_flight });
-    if let Err(e) = write_frame(&mut *writer.lock().unwrap(), FrameKind::Credit, max_in_flight as u64, &Msg::OK(crate::wire::OK)) {
+    let in_flight = Arc::new(InFlight {
+        n: Mutex::new(0),
+        done: Condvar::new(),
+        max: max_in_flight,
+    });
+    if let Err(e) = write_frame(
+        &mut *writer.lock().unwrap(),
+        FrameKind::Credit,
+        max_in_flight as u64,
+        &Msg::OK(crate::wire::OK),
+    ) {
         tracing::debug!(%peer, error = %e, "cannot grant credits; closing the connection");
         writer.lock().unwrap().close();
         return;
@@ -664,7 +737,10 @@ struct Client {
 
 impl Client {
     fn start(conn: TcpConn, addr: &str) -> Result<Client, RpcError> {
-        let reader = conn.try_clone().map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+        let reader = conn.try_clone().map_err(|e| RpcError::Unreachable {
+            addr: addr.to_string(),
+            why: e.to_string(),
+        })?;
         let inner = Arc::new(Inner {
             addr: addr.to_string(),
             peer: conn.peer,
@@ -672,11 +748,17 @@ impl Client {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             dead: AtomicBool::new(false),
-            credits: Mutex::new(Credits { granted: FIRST_CREDITS, used: 0 }),
+            credits: Mutex::new(Credits {
+                granted: FIRST_CREDITS,
+                used: 0,
+            }),
             credit_back: Condvar::new(),
         });
         let weak = Arc::downgrade(&inner);
-        std::thread::Builder::new().name(format!("rpc-rx {addr}")).spawn(move || reader_loop(reader, weak)).expect("spawn rpc reader");
+        std::thread::Builder::new()
+            .name(format!("rpc-rx {addr}"))
+            .spawn(move || reader_loop(reader, weak))
+            .expect("spawn rpc reader");
         Ok(Client { inner })
     }
 
@@ -687,7 +769,9 @@ impl Client {
     fn call(&self, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
         let inner = &self.inner;
         if inner.dead.load(Ordering::Acquire) {
-            return Err(RpcError::Closed { addr: inner.addr.clone() });
+            return Err(RpcError::Closed {
+                addr: inner.addr.clone(),
+            });
         }
         if let Some(p) = inner.peer.filter(|p| !may_receive(p.role, msg)) {
             return Err(wrong_receiver(&inner.addr, p.role, msg));
@@ -703,13 +787,20 @@ impl Client {
             inner.pending.lock().unwrap().remove(&id);
             inner.dead.store(true, Ordering::Release);
             wake_credit_waiters(inner);
-            return Err(RpcError::Unreachable { addr: inner.addr.clone(), why: e.to_string() });
+            return Err(RpcError::Unreachable {
+                addr: inner.addr.clone(),
+                why: e.to_string(),
+            });
         }
         match rx.recv_timeout(timeout) {
             Ok(r) => r,
             Err(_) => {
                 inner.pending.lock().unwrap().remove(&id);
-                Err(RpcError::Timeout { addr: inner.addr.clone(), msg: msg.name(), after: timeout })
+                Err(RpcError::Timeout {
+                    addr: inner.addr.clone(),
+                    msg: msg.name(),
+                    after: timeout,
+                })
             }
         }
     }
@@ -726,11 +817,17 @@ impl Client {
         }
         while c.used >= c.granted {
             if inner.dead.load(Ordering::Acquire) {
-                return Err(RpcError::Closed { addr: inner.addr.clone() });
+                return Err(RpcError::Closed {
+                    addr: inner.addr.clone(),
+                });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(RpcError::Timeout { addr: inner.addr.clone(), msg: msg.name(), after: timeout });
+                return Err(RpcError::Timeout {
+                    addr: inner.addr.clone(),
+                    msg: msg.name(),
+                    after: timeout,
+                });
             }
             c = inner.credit_back.wait_timeout(c, left).unwrap().0;
         }
@@ -795,7 +892,9 @@ fn fail_all(inner: &Inner) {
     inner.dead.store(true, Ordering::Release);
     wake_credit_waiters(inner);
     for (_, w) in inner.pending.lock().unwrap().drain() {
-        let _ = w.send(Err(RpcError::Closed { addr: inner.addr.clone() }));
+        let _ = w.send(Err(RpcError::Closed {
+            addr: inner.addr.clone(),
+        }));
     }
 }
 
@@ -816,10 +915,21 @@ thread_local! {
 
 /// Sends `msg` on the calling thread's connection `link` to `addr`, made on first use; the
 /// request id to wait for.
-fn send_direct(t: &TcpTransport, d: &mut DirectConns, key: &(String, usize), msg: &Msg, timeout: Duration) -> Result<u64, RpcError> {
+fn send_direct(
+    t: &TcpTransport,
+    d: &mut DirectConns,
+    key: &(String, usize),
+    msg: &Msg,
+    timeout: Duration,
+) -> Result<u64, RpcError> {
     let addr = &key.0;
     if !d.contains_key(key) {
-        let c = t.connect_stream(addr, timeout.min(Duration::from_secs(3))).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+        let c = t
+            .connect_stream(addr, timeout.min(Duration::from_secs(3)))
+            .map_err(|e| RpcError::Unreachable {
+                addr: addr.to_string(),
+                why: e.to_string(),
+            })?;
         let _ = c.s.set_read_timeout(Some(timeout));
         d.insert(key.clone(), (c, 1));
     }
@@ -829,14 +939,25 @@ fn send_direct(t: &TcpTransport, d: &mut DirectConns, key: &(String, usize), msg
     }
     *next += 1;
     let id = *next;
-    write_frame(conn, FrameKind::Request, id, msg).map_err(|e| RpcError::Unreachable { addr: addr.to_string(), why: e.to_string() })?;
+    write_frame(conn, FrameKind::Request, id, msg).map_err(|e| RpcError::Unreachable {
+        addr: addr.to_string(),
+        why: e.to_string(),
+    })?;
     Ok(id)
 }
 
 /// Reads the reply to request `id` off the calling thread's connection `key`.
-fn receive_direct(d: &mut DirectConns, key: &(String, usize), id: u64, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
+fn receive_direct(
+    d: &mut DirectConns,
+    key: &(String, usize),
+    id: u64,
+    msg: &Msg,
+    timeout: Duration,
+) -> Result<Msg, RpcError> {
     let addr = &key.0;
-    let (conn, _) = d.get_mut(key).ok_or_else(|| RpcError::Closed { addr: addr.to_string() })?;
+    let (conn, _) = d
+        .get_mut(key)
+        .ok_or_else(|| RpcError::Closed { addr: addr.to_string() })?;
     loop {
         match read_frame(conn) {
             Ok(Some(f)) if f.kind == FrameKind::Reply && f.req_id == id => return Ok(f.msg),
@@ -844,7 +965,13 @@ fn receive_direct(d: &mut DirectConns, key: &(String, usize), id: u64, msg: &Msg
             // one request in flight at a time, within any grant.
             Ok(Some(f)) if (f.kind == FrameKind::Reply && f.req_id < id) || f.kind == FrameKind::Credit => continue,
             Ok(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
-            Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Err(RpcError::Timeout { addr: addr.to_string(), msg: msg.name(), after: timeout }),
+            Err(FrameError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(RpcError::Timeout {
+                    addr: addr.to_string(),
+                    msg: msg.name(),
+                    after: timeout,
+                })
+            }
             Err(_) => return Err(RpcError::Closed { addr: addr.to_string() }),
         }
     }
@@ -854,7 +981,9 @@ fn receive_direct(d: &mut DirectConns, key: &(String, usize), id: u64, msg: &Msg
 /// threads. The connection is made on the thread's first call to `addr` and dropped after any
 /// error.
 fn call_direct(t: &TcpTransport, addr: &str, msg: &Msg, timeout: Duration) -> Result<Msg, RpcError> {
-    call_all_direct(t, &[(addr, msg)], timeout).pop().expect("one reply per call")
+    call_all_direct(t, &[(addr, msg)], timeout)
+        .pop()
+        .expect("one reply per call")
 }
 
 /// Every request sent before any reply is read: each on a connection of its own, so calls to
@@ -864,8 +993,16 @@ fn call_all_direct(t: &TcpTransport, calls: &[(&str, &Msg)], timeout: Duration) 
         let mut d = d.borrow_mut();
         // The n-th call to a peer goes on the thread's n-th link to it (a handful of calls:
         // counting the earlier ones costs less than a map on the data path).
-        let keys: Vec<(String, usize)> = calls.iter().enumerate().map(|(i, (addr, _))| (addr.to_string(), calls[..i].iter().filter(|(a, _)| a == addr).count())).collect();
-        let sent: Vec<Result<u64, RpcError>> = calls.iter().zip(&keys).map(|((_, msg), key)| send_direct(t, &mut d, key, msg, timeout)).collect();
+        let keys: Vec<(String, usize)> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (addr, _))| (addr.to_string(), calls[..i].iter().filter(|(a, _)| a == addr).count()))
+            .collect();
+        let sent: Vec<Result<u64, RpcError>> = calls
+            .iter()
+            .zip(&keys)
+            .map(|((_, msg), key)| send_direct(t, &mut d, key, msg, timeout))
+            .collect();
         calls
             .iter()
             .zip(&keys)

@@ -89,7 +89,12 @@ pub struct Leaving {
 impl Leaving {
     /// Whether nothing is left on it.
     pub fn empty(&self) -> bool {
-        self.bytes_left == 0 && self.homes == 0 && self.backups == 0 && self.processes == 0 && self.socket_buffers == 0 && self.files_released
+        self.bytes_left == 0
+            && self.homes == 0
+            && self.backups == 0
+            && self.processes == 0
+            && self.socket_buffers == 0
+            && self.files_released
     }
 }
 

@@ -67,7 +67,11 @@ pub struct Who {
 
 impl Who {
     pub fn new(vnode: impl Into<String>, pid: u64) -> Who {
-        Who { vnode: vnode.into(), pid, epoch: 0 }
+        Who {
+            vnode: vnode.into(),
+            pid,
+            epoch: 0,
+        }
     }
 }
 
@@ -90,7 +94,10 @@ impl Overcommit {
         match name {
             "heuristic" => Ok(Overcommit::Heuristic),
             "strict" => Ok(Overcommit::Strict),
-            other => Err(format!("unknown overcommit mode \"{other}\" (one of {})", Overcommit::NAMES)),
+            other => Err(format!(
+                "unknown overcommit mode \"{other}\" (one of {})",
+                Overcommit::NAMES
+            )),
         }
     }
 
@@ -124,7 +131,8 @@ pub enum Replication {
 }
 
 impl Replication {
-    pub const NAMES: &'static str = "none, replica, log, ec, ec:K (K data mComponents per parity: 2, 4 or 8; ec is ec:4)";
+    pub const NAMES: &'static str =
+        "none, replica, log, ec, ec:K (K data mComponents per parity: 2, 4 or 8; ec is ec:4)";
 
     pub fn from_name(name: &str) -> Result<Replication, String> {
         match name {

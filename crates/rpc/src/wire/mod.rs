@@ -149,7 +149,9 @@ impl Role {
 /// anything (`splitos debug fetch` reads a page as a pComponent would). Replies are never
 /// requests: a peer that sends one is refused.
 pub fn may_send(role: Role, msg: &Msg) -> bool {
-    let Some((from, _)) = msg.name().split_once('2') else { return false };
+    let Some((from, _)) = msg.name().split_once('2') else {
+        return false;
+    };
     if msg.is_reply() {
         return false;
     }
@@ -167,9 +169,15 @@ pub fn may_send(role: Role, msg: &Msg) -> bool {
 /// file it may carry) goes only to a component of the role meant to receive it, whoever
 /// holds the address.
 pub fn may_receive(role: Role, msg: &Msg) -> bool {
-    let Some((_, rest)) = msg.name().split_once('2') else { return false };
+    let Some((_, rest)) = msg.name().split_once('2') else {
+        return false;
+    };
     match (rest.chars().next(), role) {
-        (Some('P'), Role::Proc) | (Some('M'), Role::Mem) | (Some('S'), Role::Storage) | (Some('N'), Role::Net) | (Some('G'), Role::Gm) => true,
+        (Some('P'), Role::Proc)
+        | (Some('M'), Role::Mem)
+        | (Some('S'), Role::Storage)
+        | (Some('N'), Role::Net)
+        | (Some('G'), Role::Gm) => true,
         (Some('X'), r) => r != Role::Admin,
         _ => false,
     }
@@ -177,7 +185,10 @@ pub fn may_receive(role: Role, msg: &Msg) -> bool {
 
 /// The refusal of a call to a peer that does not handle it ([`may_receive`]).
 pub fn wrong_receiver(addr: &str, role: Role, msg: &Msg) -> crate::RpcError {
-    crate::RpcError::Unreachable { addr: addr.to_string(), why: format!("it is a {}, which does not handle {}", role.name(), msg.name()) }
+    crate::RpcError::Unreachable {
+        addr: addr.to_string(),
+        why: format!("it is a {}, which does not handle {}", role.name(), msg.name()),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,7 +231,12 @@ impl ErrCode {
             ErrCode::Invalid => libc::EINVAL,
             ErrCode::Denied => libc::EACCES,
             ErrCode::NotFound | ErrCode::NotHome => libc::ENOENT,
-            ErrCode::Unreachable | ErrCode::Internal | ErrCode::Stale | ErrCode::ParityLost | ErrCode::Moved | ErrCode::NotLeader => libc::EIO,
+            ErrCode::Unreachable
+            | ErrCode::Internal
+            | ErrCode::Stale
+            | ErrCode::ParityLost
+            | ErrCode::Moved
+            | ErrCode::NotLeader => libc::EIO,
             ErrCode::Errno(n) => n,
         }
     }
@@ -510,42 +526,141 @@ mod role_tests {
         let cases: Vec<(Msg, &[Role])> = vec![
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Proc, Role::Admin]),
             (M2M_EXIT { who: who() }.into(), &[Role::Mem, Role::Admin]),
-            (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Mem, Role::Admin]),
+            (
+                M2S_SETSIZE {
+                    vnode: "v".into(),
+                    ino: 1,
+                    size: 0,
+                }
+                .into(),
+                &[Role::Mem, Role::Admin],
+            ),
             (P2S_STATFS { vnode: "v".into() }.into(), &[Role::Proc, Role::Admin]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None, ebbs: Vec::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin]),
+            (
+                X2G_HEARTBEAT {
+                    id: 1,
+                    addr: "a".into(),
+                    load: Load::default(),
+                    links: Vec::new(),
+                    leaving: None,
+                    ebbs: Vec::new(),
+                }
+                .into(),
+                &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin],
+            ),
             (P2N_CLOSE { sock: 1 }.into(), &[Role::Proc, Role::Admin]),
             (C2X_SHUTDOWN.into(), &[Role::Admin]),
             (C2G_STATUS.into(), &[Role::Admin]),
-            (C2G_TOKEN_CREATE { name: "t".into(), admin: true, vnodes: Vec::new() }.into(), &[Role::Admin]),
+            (
+                C2G_TOKEN_CREATE {
+                    name: "t".into(),
+                    admin: true,
+                    vnodes: Vec::new(),
+                }
+                .into(),
+                &[Role::Admin],
+            ),
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
-            (G2P_SET_EXCACHE { size: Some(1 << 20), shares: None }.into(), &[Role::Gm, Role::Admin]),
-            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, to: None, body: ByteBuf::new() }.into(), &Role::ALL),
+            (
+                G2P_SET_EXCACHE {
+                    size: Some(1 << 20),
+                    shares: None,
+                }
+                .into(),
+                &[Role::Gm, Role::Admin],
+            ),
+            (
+                X2X_EBB_MESSAGE {
+                    ebb: EBB_EXCACHE_POLICIES,
+                    to: None,
+                    body: ByteBuf::new(),
+                }
+                .into(),
+                &Role::ALL,
+            ),
             (X2G_EBB_FIND { ebb: None }.into(), &Role::ALL),
             (X2G_WHO_LEADS.into(), &Role::ALL),
-            (M2G_PICK_OWNER { bytes: 1, exclude: Vec::new(), near: 0 }.into(), &[Role::Mem, Role::Admin]),
+            (
+                M2G_PICK_OWNER {
+                    bytes: 1,
+                    exclude: Vec::new(),
+                    near: 0,
+                }
+                .into(),
+                &[Role::Mem, Role::Admin],
+            ),
             (OK.into(), &[]),
             (X2C_PONG { role: Role::Mem, id: 1 }.into(), &[]),
         ];
         for (msg, allowed) in cases {
             for role in Role::ALL {
-                assert_eq!(may_send(role, &msg), allowed.contains(&role), "{} from {}", msg.name(), role.name());
+                assert_eq!(
+                    may_send(role, &msg),
+                    allowed.contains(&role),
+                    "{} from {}",
+                    msg.name(),
+                    role.name()
+                );
             }
         }
         let receivers: Vec<(Msg, &[Role])> = vec![
             (P2M_FETCH { who: who(), vpn: 1 }.into(), &[Role::Mem]),
-            (M2S_SETSIZE { vnode: "v".into(), ino: 1, size: 0 }.into(), &[Role::Storage]),
-            (X2G_HEARTBEAT { id: 1, addr: "a".into(), load: Load::default(), links: Vec::new(), leaving: None, ebbs: Vec::new() }.into(), &[Role::Gm]),
-            (P2N_SEND { sock: 1, data: ByteBuf::new() }.into(), &[Role::Net]),
+            (
+                M2S_SETSIZE {
+                    vnode: "v".into(),
+                    ino: 1,
+                    size: 0,
+                }
+                .into(),
+                &[Role::Storage],
+            ),
+            (
+                X2G_HEARTBEAT {
+                    id: 1,
+                    addr: "a".into(),
+                    load: Load::default(),
+                    links: Vec::new(),
+                    leaving: None,
+                    ebbs: Vec::new(),
+                }
+                .into(),
+                &[Role::Gm],
+            ),
+            (
+                P2N_SEND {
+                    sock: 1,
+                    data: ByteBuf::new(),
+                }
+                .into(),
+                &[Role::Net],
+            ),
             (C2G_STATUS.into(), &[Role::Gm]),
             (G2P_JOBS.into(), &[Role::Proc]),
-            (C2X_SHUTDOWN.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
-            (X2X_EBB_MESSAGE { ebb: EBB_EXCACHE_POLICIES, to: None, body: ByteBuf::new() }.into(), &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net]),
+            (
+                C2X_SHUTDOWN.into(),
+                &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net],
+            ),
+            (
+                X2X_EBB_MESSAGE {
+                    ebb: EBB_EXCACHE_POLICIES,
+                    to: None,
+                    body: ByteBuf::new(),
+                }
+                .into(),
+                &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net],
+            ),
             (X2G_EBB_FIND { ebb: None }.into(), &[Role::Gm]),
         ];
         for (msg, allowed) in receivers {
             for role in Role::ALL {
-                assert_eq!(may_receive(role, &msg), allowed.contains(&role), "{} to {}", msg.name(), role.name());
+                assert_eq!(
+                    may_receive(role, &msg),
+                    allowed.contains(&role),
+                    "{} to {}",
+                    msg.name(),
+                    role.name()
+                );
             }
         }
     }

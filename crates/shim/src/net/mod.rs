@@ -48,10 +48,23 @@ fn pcomp_pid() -> c_int {
         return p;
     }
     let sock = SOCK.load(Relaxed);
-    let mut cred = libc::ucred { pid: -1, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: -1,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = core::mem::size_of::<libc::ucred>() as socklen_t;
     // SAFETY: SO_PEERCRED writes at most `len` bytes into the live ucred.
-    let ok = sock >= 0 && unsafe { raw_getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) } == 0;
+    let ok = sock >= 0
+        && unsafe {
+            raw_getsockopt(
+                sock,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        } == 0;
     let p = if ok && cred.pid > 0 { cred.pid } else { -1 };
     PCOMP_PID.store(p, Relaxed);
     p
@@ -98,7 +111,14 @@ fn classify(fd: c_int) -> Kind {
     let mut sa: libc::sockaddr_un = unsafe { core::mem::zeroed() };
     let mut len = core::mem::size_of::<libc::sockaddr_un>() as socklen_t;
     // SAFETY: getsockname writes at most `len` bytes into the live sockaddr_un.
-    let r = unsafe { sys!(libc::SYS_getsockname, fd, &mut sa as *mut libc::sockaddr_un, &mut len as *mut socklen_t) };
+    let r = unsafe {
+        sys!(
+            libc::SYS_getsockname,
+            fd,
+            &mut sa as *mut libc::sockaddr_un,
+            &mut len as *mut socklen_t
+        )
+    };
     set_errno(saved);
     if r != 0 || sa.sun_family != libc::AF_UNIX as libc::sa_family_t {
         return Kind::Other;
@@ -109,7 +129,9 @@ fn classify(fd: c_int) -> Kind {
     }
     name.len = until_nul(&name.path).len();
     let sock = until_nul(&env().sock);
-    let ours = LOCAL_STACK.load(Relaxed) & UDP == 0 && name.bytes().starts_with(sock) && name.bytes()[sock.len()..].starts_with(NET_UDP_SUFFIX);
+    let ours = LOCAL_STACK.load(Relaxed) & UDP == 0
+        && name.bytes().starts_with(sock)
+        && name.bytes()[sock.len()..].starts_with(NET_UDP_SUFFIX);
     if ours {
         Kind::Udp(name)
     } else {
@@ -128,10 +150,24 @@ fn udp_self(fd: c_int) -> Option<UdpName> {
 /// Whether Unix socket `fd`'s other end is the pComponent's (a TCP socket's pair).
 fn paired(fd: c_int) -> bool {
     let pid = pcomp_pid();
-    let mut cred = libc::ucred { pid: -1, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: -1,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = core::mem::size_of::<libc::ucred>() as socklen_t;
     // SAFETY: writes at most `len` bytes into the live ucred.
-    pid > 0 && unsafe { raw_getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) == 0 && cred.pid == pid }
+    pid > 0
+        && unsafe {
+            raw_getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            ) == 0
+                && cred.pid == pid
+        }
 }
 
 /// Whether `fd` may be a socket the pComponent runs: one of its UDP sockets, or a Unix socket
@@ -204,7 +240,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         _ => 0,
     };
     if kind != 0 && LOCAL_STACK.load(Relaxed) & kind == 0 && ready() {
-        let (r, fd) = call(&request(NetOp::Socket, domain as i64, base as i64, protocol as i64, &[]), -1);
+        let (r, fd) = call(
+            &request(NetOp::Socket, domain as i64, base as i64, protocol as i64, &[]),
+            -1,
+        );
         if r.ret < 0 {
             return fail(r.ret);
         }
@@ -288,7 +327,17 @@ pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut sockl
     let mut listening: c_int = 0;
     let mut olen = 4 as socklen_t;
     // SAFETY: writes at most 4 bytes into a live c_int.
-    if unsafe { raw_getsockopt(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, (&mut listening as *mut c_int).cast(), &mut olen) } != 0 || listening == 0 {
+    if unsafe {
+        raw_getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&mut listening as *mut c_int).cast(),
+            &mut olen,
+        )
+    } != 0
+        || listening == 0
+    {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -348,11 +397,21 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 
 /// Options about the program's own blocking calls, which its end of the pair serves.
 fn local_option(level: c_int, opt: c_int) -> bool {
-    level == libc::SOL_SOCKET && matches!(opt, libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_RCVTIMEO_NEW | libc::SO_SNDTIMEO_NEW)
+    level == libc::SOL_SOCKET
+        && matches!(
+            opt,
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_RCVTIMEO_NEW | libc::SO_SNDTIMEO_NEW
+        )
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, opt: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    opt: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
     if !local_option(level, opt) && !val.is_null() && !len.is_null() {
         // SAFETY: the caller's contract: `len` is readable.
         let room = unsafe { *len } as i64;

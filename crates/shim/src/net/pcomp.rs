@@ -2,7 +2,9 @@
 //! descriptor attached each way.
 use core::ffi::{c_char, c_int, c_void};
 use libc::socklen_t;
-use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, SHIM_ABI_VERSION};
+use splitos_shim_abi::{
+    FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_DATA, NET_LOCAL, NET_SOCK_SUFFIX, SHIM_ABI_VERSION,
+};
 
 use crate::start::env;
 use crate::sys::{errno, served_by_trusted_user, set_errno, until_nul};
@@ -36,16 +38,34 @@ pub(super) fn call(req: &NetReq, fd: c_int) -> (NetResp, c_int) {
         sa.sun_path[i] = *b as c_char;
     }
     // SAFETY: socket(2) creates a descriptor, closed below.
-    let s = unsafe { sys!(libc::SYS_socket, libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) } as c_int;
+    let s = unsafe {
+        sys!(
+            libc::SYS_socket,
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0
+        )
+    } as c_int;
     if s < 0 {
         resp.ret = -(errno() as i64);
         return (resp, -1);
     }
     let saved = errno();
     // SAFETY: the address is a live sockaddr_un of the length passed.
-    let connected = unsafe { sys!(libc::SYS_connect, s, &sa as *const libc::sockaddr_un, core::mem::size_of::<libc::sockaddr_un>() as socklen_t) } == 0;
+    let connected = unsafe {
+        sys!(
+            libc::SYS_connect,
+            s,
+            &sa as *const libc::sockaddr_un,
+            core::mem::size_of::<libc::sockaddr_un>() as socklen_t
+        )
+    } == 0;
     let got = if !connected {
-        resp.ret = if matches!(errno(), libc::ENOENT | libc::ECONNREFUSED) { NET_LOCAL } else { -(libc::ENETDOWN as i64) };
+        resp.ret = if matches!(errno(), libc::ENOENT | libc::ECONNREFUSED) {
+            NET_LOCAL
+        } else {
+            -(libc::ENETDOWN as i64)
+        };
         -1
     } else if !served_by_trusted_user(s) {
         // Another user's socket in the stub's place gets neither the call nor the descriptor.
@@ -77,7 +97,10 @@ pub(super) fn call(req: &NetReq, fd: c_int) -> (NetResp, c_int) {
 
 fn send_with_fd(s: c_int, bytes: &[u8], fd: c_int) -> bool {
     let mut cbuf = [0u64; 4];
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut c_void, iov_len: bytes.len() };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut c_void,
+        iov_len: bytes.len(),
+    };
     // SAFETY: msghdr is plain data, valid when zeroed.
     let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -110,7 +133,10 @@ fn send_with_fd(s: c_int, bytes: &[u8], fd: c_int) -> bool {
 /// Receives exactly `buf.len()` bytes; the descriptor attached (-1: none), None on failure.
 fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     let mut cbuf = [0u64; 4];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut c_void,
+        iov_len: buf.len(),
+    };
     // SAFETY: msghdr is plain data, valid when zeroed.
     let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -122,7 +148,14 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     let n = loop {
         // SAFETY: the message points at the live buffer and cbuf, sized as declared; a
         // descriptor the kernel installs is ours alone.
-        let n = unsafe { sys!(libc::SYS_recvmsg, s, &mut msg as *mut libc::msghdr, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+        let n = unsafe {
+            sys!(
+                libc::SYS_recvmsg,
+                s,
+                &mut msg as *mut libc::msghdr,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL
+            )
+        };
         if !(n < 0 && errno() == libc::EINTR) {
             break n;
         }
@@ -140,7 +173,17 @@ fn recv_with_fd(s: c_int, buf: &mut [u8]) -> Option<c_int> {
     let mut got = n.max(0) as usize;
     while n > 0 && got < buf.len() {
         // SAFETY: reads into the unfilled tail of the live buffer.
-        let m = unsafe { sys!(libc::SYS_recvfrom, s, buf[got..].as_mut_ptr(), buf.len() - got, libc::MSG_WAITALL, 0usize, 0usize) };
+        let m = unsafe {
+            sys!(
+                libc::SYS_recvfrom,
+                s,
+                buf[got..].as_mut_ptr(),
+                buf.len() - got,
+                libc::MSG_WAITALL,
+                0usize,
+                0usize
+            )
+        };
         if m > 0 {
             got += m as usize;
         } else if !(m < 0 && errno() == libc::EINTR) {

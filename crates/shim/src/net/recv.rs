@@ -16,7 +16,13 @@ use crate::trap::sys;
 ///
 /// # Safety
 /// `addr` has room for `*alen` bytes; `alen` is writable.
-unsafe fn put_source(own: impl FnOnce() -> Option<UdpName>, raw: &[u8], rlen: usize, addr: *mut sockaddr, alen: *mut socklen_t) {
+unsafe fn put_source(
+    own: impl FnOnce() -> Option<UdpName>,
+    raw: &[u8],
+    rlen: usize,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) {
     let rlen = rlen.min(raw.len());
     let mut out = [0u8; 28];
     let mut src: &[u8] = &raw[..rlen];
@@ -72,19 +78,43 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t {
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
     if addr.is_null() || alen.is_null() || !crate::start::is_ready() {
         // SAFETY: recvfrom(2) with the caller's arguments.
-        return reset_or(fd, n, unsafe { sys!(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t });
+        return reset_or(fd, n, unsafe {
+            sys!(libc::SYS_recvfrom, fd, buf, n, flags, addr, alen) as ssize_t
+        });
     }
     // SAFETY: sockaddr_storage is plain data, valid when zeroed.
     let mut raw: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
     let mut rlen = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
     // SAFETY: recvfrom(2) with the caller's buffer and a live address of the size given.
-    let r = unsafe { sys!(libc::SYS_recvfrom, fd, buf, n, flags, &mut raw as *mut libc::sockaddr_storage, &mut rlen as *mut socklen_t) as ssize_t };
+    let r = unsafe {
+        sys!(
+            libc::SYS_recvfrom,
+            fd,
+            buf,
+            n,
+            flags,
+            &mut raw as *mut libc::sockaddr_storage,
+            &mut rlen as *mut socklen_t
+        ) as ssize_t
+    };
     if r >= 0 {
         // SAFETY: the kernel wrote `rlen` bytes (at most the size) of the live value.
-        let bytes = unsafe { core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>()) };
+        let bytes = unsafe {
+            core::slice::from_raw_parts(
+                (&raw as *const libc::sockaddr_storage).cast::<u8>(),
+                core::mem::size_of::<libc::sockaddr_storage>(),
+            )
+        };
         let saved = errno();
         // SAFETY: the caller's contract.
         unsafe { put_source(|| udp_self(fd), bytes, rlen as usize, addr, alen) };
@@ -116,9 +146,18 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
         unsafe {
             (*msg).msg_controllen = m.msg_controllen;
             (*msg).msg_flags = m.msg_flags;
-            let bytes = core::slice::from_raw_parts((&raw as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>());
+            let bytes = core::slice::from_raw_parts(
+                (&raw as *const libc::sockaddr_storage).cast::<u8>(),
+                core::mem::size_of::<libc::sockaddr_storage>(),
+            );
             let saved = errno();
-            put_source(|| udp_self(fd), bytes, m.msg_namelen as usize, (*msg).msg_name.cast(), &mut (*msg).msg_namelen);
+            put_source(
+                || udp_self(fd),
+                bytes,
+                m.msg_namelen as usize,
+                (*msg).msg_name.cast(),
+                &mut (*msg).msg_namelen,
+            );
             set_errno(saved);
         }
     }
@@ -130,7 +169,13 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
 const MMSG: usize = 64;
 
 #[no_mangle]
-pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc::c_uint, flags: c_int, timeout: *mut libc::timespec) -> c_int {
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    vec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
     let own = match udp_self(fd) {
         Some(own) if !vec.is_null() => own,
         // SAFETY: recvmmsg(2) with the caller's arguments.
@@ -156,7 +201,10 @@ pub unsafe extern "C" fn recvmmsg(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc
             let got = h.msg_namelen as usize;
             (h.msg_name, h.msg_namelen) = names[i];
             if (i as c_int) < r && !h.msg_name.is_null() {
-                let bytes = core::slice::from_raw_parts((&raw[i] as *const libc::sockaddr_storage).cast::<u8>(), core::mem::size_of::<libc::sockaddr_storage>());
+                let bytes = core::slice::from_raw_parts(
+                    (&raw[i] as *const libc::sockaddr_storage).cast::<u8>(),
+                    core::mem::size_of::<libc::sockaddr_storage>(),
+                );
                 put_source(|| Some(own.clone()), bytes, got, h.msg_name.cast(), &mut h.msg_namelen);
             }
         }

@@ -10,9 +10,24 @@ use crate::trap::sys;
 /// Sends a UDP socket's datagram of `n` bytes to the sender of `dest` (a sockaddr's bytes):
 /// `send` does it with the sender's sockaddr_un. A sender the pComponent has not made (or
 /// dropped) is asked for once.
-fn udp_send(fd: c_int, own: &UdpName, dest: &[u8], n: usize, send: impl Fn(*const libc::sockaddr_un, socklen_t) -> ssize_t) -> ssize_t {
+fn udp_send(
+    fd: c_int,
+    own: &UdpName,
+    dest: &[u8],
+    n: usize,
+    send: impl Fn(*const libc::sockaddr_un, socklen_t) -> ssize_t,
+) -> ssize_t {
     let Some((part, plen)) = udp_name(dest) else {
-        set_errno(if dest.len() >= 2 && u16::from_ne_bytes([dest[0], dest[1]]) as c_int != libc::AF_INET && u16::from_ne_bytes([dest[0], dest[1]]) as c_int != libc::AF_INET6 { libc::EAFNOSUPPORT } else { libc::EINVAL });
+        set_errno(
+            if dest.len() >= 2
+                && u16::from_ne_bytes([dest[0], dest[1]]) as c_int != libc::AF_INET
+                && u16::from_ne_bytes([dest[0], dest[1]]) as c_int != libc::AF_INET6
+            {
+                libc::EAFNOSUPPORT
+            } else {
+                libc::EINVAL
+            },
+        );
         return -1;
     };
     let max = if part[0] == b'4' { NET_UDP_MAX - 20 } else { NET_UDP_MAX };
@@ -44,7 +59,14 @@ fn udp_send(fd: c_int, own: &UdpName, dest: &[u8], n: usize, send: impl Fn(*cons
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
     // An address of length 0 is none, as for the kernel.
     let (addr, len) = if !addr.is_null() && len != 0 {
         match classify(fd) {
@@ -52,7 +74,9 @@ pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags:
                 // SAFETY: the caller's contract (sendto(2)).
                 let dest = unsafe { addr_bytes(addr, len) };
                 // SAFETY: sendto(2) with the caller's buffer and a live sockaddr_un.
-                return udp_send(fd, &own, dest, n, |sa, salen| unsafe { sys!(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t });
+                return udp_send(fd, &own, dest, n, |sa, salen| unsafe {
+                    sys!(libc::SYS_sendto, fd, buf, n, flags, sa, salen) as ssize_t
+                });
             }
             // A connected TCP socket ignores a destination; its Unix end would refuse one.
             Kind::Unix if paired(fd) => (core::ptr::null(), 0),

@@ -48,8 +48,15 @@ static POLICY: LazyLock<String> = LazyLock::new(|| {
     let hash = |tag: &str| {
         use base64::Engine;
         use sha2::Digest;
-        let body = PAGE.split_once(&format!("<{tag}>")).and_then(|(_, rest)| rest.split_once(&format!("</{tag}>"))).map(|(body, _)| body).expect("the page has its script and style elements, without attributes");
-        format!("'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes())))
+        let body = PAGE
+            .split_once(&format!("<{tag}>"))
+            .and_then(|(_, rest)| rest.split_once(&format!("</{tag}>")))
+            .map(|(body, _)| body)
+            .expect("the page has its script and style elements, without attributes");
+        format!(
+            "'sha256-{}'",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes()))
+        )
     };
     format!("default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'", hash("script"), hash("style"))
 });
@@ -71,7 +78,11 @@ pub(super) async fn page() -> Response {
 
 /// The route of `GET /api/v1/events`, with what its streams share.
 pub(super) fn events_route() -> MethodRouter<Arc<Api>> {
-    get(events).layer(Extension(Arc::new(Shared { latest: Default::default(), slots: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)), per_token: Default::default() })))
+    get(events).layer(Extension(Arc::new(Shared {
+        latest: Default::default(),
+        slots: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+        per_token: Default::default(),
+    })))
 }
 
 /// One snapshot of the cluster as the token may see it.
@@ -146,7 +157,9 @@ impl Raw {
         });
         Raw {
             taken: Instant::now(),
-            time_unix_ms: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            time_unix_ms: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
             comps: gm.snapshot(),
             vnodes: gm.vnodes.list().1,
             jobs,
@@ -161,9 +174,15 @@ impl Raw {
 fn mapped_by_vnode(exposition: &str) -> BTreeMap<String, u64> {
     let mut by = BTreeMap::new();
     for line in exposition.lines() {
-        let Some(rest) = line.strip_prefix("splitos_mcomp_vnode_memory_bytes{") else { continue };
-        let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
-        let (Some(vnode), Ok(v)) = (label(labels, "vnode"), value.trim().parse::<f64>()) else { continue };
+        let Some(rest) = line.strip_prefix("splitos_mcomp_vnode_memory_bytes{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let (Some(vnode), Ok(v)) = (label(labels, "vnode"), value.trim().parse::<f64>()) else {
+            continue;
+        };
         *by.entry(vnode).or_insert(0) += v as u64;
     }
     by
@@ -206,11 +225,18 @@ impl Shared {
     /// else a new one. Streams that want one at once wait for the one being taken.
     async fn after(&self, gm: &Arc<Gm>, after: Option<Instant>) -> Result<Arc<Raw>, ApiError> {
         let mut latest = self.latest.lock().await;
-        if let Some(r) = latest.as_ref().filter(|r| after.is_none_or(|a| r.taken > a) && r.taken.elapsed() < PERIOD / 2) {
+        if let Some(r) = latest
+            .as_ref()
+            .filter(|r| after.is_none_or(|a| r.taken > a) && r.taken.elapsed() < PERIOD / 2)
+        {
             return Ok(r.clone());
         }
         let gm = gm.clone();
-        let r = Arc::new(tokio::task::spawn_blocking(move || Raw::take(&gm)).await.map_err(internal)?);
+        let r = Arc::new(
+            tokio::task::spawn_blocking(move || Raw::take(&gm))
+                .await
+                .map_err(internal)?,
+        );
         *latest = Some(r.clone());
         Ok(r)
     }
@@ -234,7 +260,11 @@ impl Slot {
         }
         *open += 1;
         metrics::gauge!("gm_api_event_streams").increment(1.0);
-        Some(Slot { _permit: permit, per_token: shared.per_token.clone(), token: token.to_string() })
+        Some(Slot {
+            _permit: permit,
+            per_token: shared.per_token.clone(),
+            token: token.to_string(),
+        })
     }
 }
 
@@ -280,8 +310,14 @@ impl Stream {
             Err(ApiError(status, why)) => return error_event(status, &why),
         };
         let snap = self.view(&raw, p);
-        self.last = Some((raw.taken, raw.jobs.running.iter().map(|(_, j)| (j.pid, counters(j))).collect()));
-        Event::default().event("snapshot").json_data(&snap).unwrap_or_else(|e| error_event(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
+        self.last = Some((
+            raw.taken,
+            raw.jobs.running.iter().map(|(_, j)| (j.pid, counters(j))).collect(),
+        ));
+        Event::default()
+            .event("snapshot")
+            .json_data(&snap)
+            .unwrap_or_else(|e| error_event(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
     }
 
     /// `raw` as `p` may see it, with the rates since the last snapshot sent.
@@ -299,11 +335,21 @@ impl Stream {
             .filter(|(_, j)| p.may_see_vnode(&j.vnode))
             .map(|(c, j)| {
                 let r = rates(j);
-                LiveJob { job: JobView::of(c.clone(), j.clone()), misses_per_s: r.map(|r| r[0]), evictions_per_s: r.map(|r| r[1]), writebacks_per_s: r.map(|r| r[2]) }
+                LiveJob {
+                    job: JobView::of(c.clone(), j.clone()),
+                    misses_per_s: r.map(|r| r[0]),
+                    evictions_per_s: r.map(|r| r[1]),
+                    writebacks_per_s: r.map(|r| r[2]),
+                }
             })
             .collect();
         let mut vnodes: BTreeMap<&str, VnodeUse> = BTreeMap::new();
-        let names = raw.vnodes.iter().map(|v| v.name.as_str()).chain(raw.mapped.keys().map(String::as_str)).chain(jobs.iter().map(|j| j.job.vnode.as_str()));
+        let names = raw
+            .vnodes
+            .iter()
+            .map(|v| v.name.as_str())
+            .chain(raw.mapped.keys().map(String::as_str))
+            .chain(jobs.iter().map(|j| j.job.vnode.as_str()));
         for name in names.filter(|n| p.may_see_vnode(n)) {
             vnodes.entry(name).or_insert_with(|| VnodeUse {
                 name: name.to_string(),
@@ -317,7 +363,9 @@ impl Stream {
             });
         }
         for j in &jobs {
-            let v = vnodes.get_mut(j.job.vnode.as_str()).expect("every job's vNode is listed");
+            let v = vnodes
+                .get_mut(j.job.vnode.as_str())
+                .expect("every job's vNode is listed");
             v.jobs += 1;
             v.misses += j.job.misses;
             v.evictions += j.job.evictions;
@@ -326,8 +374,16 @@ impl Stream {
         }
         let admin = matches!(p, Principal::Admin { .. });
         let whoami = match p {
-            Principal::Admin { token } => WhoAmI { token, role: "admin".into(), vnodes: Vec::new() },
-            Principal::Tenant { token, vnodes } => WhoAmI { token, role: "tenant".into(), vnodes },
+            Principal::Admin { token } => WhoAmI {
+                token,
+                role: "admin".into(),
+                vnodes: Vec::new(),
+            },
+            Principal::Tenant { token, vnodes } => WhoAmI {
+                token,
+                role: "tenant".into(),
+                vnodes,
+            },
         };
         Snapshot {
             time_unix_ms: raw.time_unix_ms,
@@ -336,7 +392,18 @@ impl Stream {
             components: admin.then(|| raw.comps.iter().cloned().map(ComponentView::from).collect()),
             vnodes: vnodes.into_values().collect(),
             jobs,
-            unanswered: if admin { raw.jobs.unanswered.iter().map(|(c, error)| Unanswered { pcomponent: c.id, error: error.clone() }).collect() } else { Vec::new() },
+            unanswered: if admin {
+                raw.jobs
+                    .unanswered
+                    .iter()
+                    .map(|(c, error)| Unanswered {
+                        pcomponent: c.id,
+                        error: error.clone(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             topology: admin.then(|| raw.topology.clone()),
         }
     }
@@ -344,7 +411,9 @@ impl Stream {
 
 /// An `error` event: `{"status", "error"}`; the page signs out on 401.
 fn error_event(status: StatusCode, why: &str) -> Event {
-    Event::default().event("error").data(serde_json::json!({"status": status.as_u16(), "error": why}).to_string())
+    Event::default()
+        .event("error")
+        .data(serde_json::json!({"status": status.as_u16(), "error": why}).to_string())
 }
 
 /// The cluster live, as the token may see it: every second an `event: snapshot` whose data
@@ -363,16 +432,41 @@ pub(super) async fn events(
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
     let Ok(permit) = shared.slots.clone().try_acquire_owned() else {
-        return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, peer, "GET", "/api/v1/events", Some(p.name()), format!("{MAX_STREAMS} event streams are open already: close a dashboard or try again later")));
+        return Err(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            peer,
+            "GET",
+            "/api/v1/events",
+            Some(p.name()),
+            format!("{MAX_STREAMS} event streams are open already: close a dashboard or try again later"),
+        ));
     };
     let Some(slot) = Slot::new(permit, &shared, p.name()) else {
-        return Err(refuse(StatusCode::TOO_MANY_REQUESTS, peer, "GET", "/api/v1/events", Some(p.name()), format!("this token holds {MAX_STREAMS_PER_TOKEN} event streams open already: close a dashboard")));
+        return Err(refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            peer,
+            "GET",
+            "/api/v1/events",
+            Some(p.name()),
+            format!("this token holds {MAX_STREAMS_PER_TOKEN} event streams open already: close a dashboard"),
+        ));
     };
     // The authentication in front of this handler read the same header.
-    let token = crate::telemetry::bearer(&headers).flatten().unwrap_or_default().to_string();
+    let token = crate::telemetry::bearer(&headers)
+        .flatten()
+        .unwrap_or_default()
+        .to_string();
     let mut ticks = tokio::time::interval(PERIOD);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let stream = Stream { api, shared, token, ticks, last: None, ended: false, _slot: slot };
+    let stream = Stream {
+        api,
+        shared,
+        token,
+        ticks,
+        last: None,
+        ended: false,
+        _slot: slot,
+    };
     let events = futures_util::stream::unfold(stream, |mut s| async move {
         if s.ended {
             return None;
@@ -394,12 +488,21 @@ mod tests {
             splitos_mcomp_vnode_memory_bytes{component=\"127.0.0.1:2\",role=\"mcomponent\",vnode=\"lab\"} 8192\n\
             splitos_mcomp_vnode_memory_bytes{component=\"a\\\"b\",role=\"mcomponent\",vnode=\"default\"} 1e3\n\
             splitos_mcomp_vnode_memory_quota_bytes{component=\"127.0.0.1:1\",role=\"mcomponent\",vnode=\"lab\"} 65536\n";
-        assert_eq!(mapped_by_vnode(text), BTreeMap::from([("default".to_string(), 1000), ("lab".to_string(), 12288)]));
+        assert_eq!(
+            mapped_by_vnode(text),
+            BTreeMap::from([("default".to_string(), 1000), ("lab".to_string(), 12288)])
+        );
     }
 
     #[test]
     fn the_policy_names_the_pages_own_script_and_style() {
         assert!(PAGE.contains("<script>") && PAGE.contains("<style>"));
-        assert!(POLICY.contains("script-src 'sha256-") && POLICY.contains("style-src 'sha256-") && !POLICY.contains("unsafe"), "{}", *POLICY);
+        assert!(
+            POLICY.contains("script-src 'sha256-")
+                && POLICY.contains("style-src 'sha256-")
+                && !POLICY.contains("unsafe"),
+            "{}",
+            *POLICY
+        );
     }
 }

@@ -33,8 +33,25 @@ pub struct ShareView {
 
 impl From<P2G_EXCACHE> for ExcacheView {
     fn from(r: P2G_EXCACHE) -> ExcacheView {
-        let shares = r.shares.into_iter().map(|s| (s.vnode, ShareView { share_bytes: s.bytes, used_bytes: s.used })).collect();
-        ExcacheView { size_bytes: r.size, max_bytes: r.max, used_bytes: r.used, shares }
+        let shares = r
+            .shares
+            .into_iter()
+            .map(|s| {
+                (
+                    s.vnode,
+                    ShareView {
+                        share_bytes: s.bytes,
+                        used_bytes: s.used,
+                    },
+                )
+            })
+            .collect();
+        ExcacheView {
+            size_bytes: r.size,
+            max_bytes: r.max,
+            used_bytes: r.used,
+            shares,
+        }
     }
 }
 
@@ -57,7 +74,12 @@ pub struct ExcacheChange {
 #[utoipa::path(get, path = "/api/v1/pcomponents/{id}/excache", security(("bearer" = [])), params(("id" = u32, Path, description = "The pComponent's id")),
     responses((status = 200, description = "The ExCache", body = ExcacheView), (status = 400, description = "Not a pComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody), (status = 503, description = "It does not answer", body = ErrorBody)))]
-pub async fn get(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<ExcacheView>, ApiError> {
+pub async fn get(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<ExcacheView>, ApiError> {
     admin_only(&p, peer, &format!("/api/v1/pcomponents/{id}/excache"))?;
     change(api, parse_id(&id)?, None, None).await
 }
@@ -69,18 +91,46 @@ pub async fn get(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Soc
     responses((status = 200, description = "Changed", body = ExcacheView), (status = 400, description = "Not a pComponent; a size out of bounds; shares over the size", body = ErrorBody),
               (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody),
               (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "Unknown fields or a bad size", body = ErrorBody), (status = 503, description = "It does not answer", body = ErrorBody)))]
-pub async fn put(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>, Body(c): Body<ExcacheChange>) -> Result<Json<ExcacheView>, ApiError> {
+pub async fn put(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+    Body(c): Body<ExcacheChange>,
+) -> Result<Json<ExcacheView>, ApiError> {
     admin_only(&p, peer, &format!("/api/v1/pcomponents/{id}/excache"))?;
     let id = parse_id(&id)?;
-    let shares = c.shares.map(|s| s.into_iter().map(|(vnode, b)| ExcacheShare { vnode, bytes: b.0, used: 0 }).collect());
+    let shares = c.shares.map(|s| {
+        s.into_iter()
+            .map(|(vnode, b)| ExcacheShare {
+                vnode,
+                bytes: b.0,
+                used: 0,
+            })
+            .collect()
+    });
     let view = change(api, id, c.size.map(|s| s.0), shares).await?;
-    tracing::info!(id, size = view.size_bytes, shares = view.shares.len(), token = p.name(), "ExCache changed through the API");
+    tracing::info!(
+        id,
+        size = view.size_bytes,
+        shares = view.shares.len(),
+        token = p.name(),
+        "ExCache changed through the API"
+    );
     Ok(view)
 }
 
-async fn change(api: Arc<Api>, id: u32, size: Option<u64>, shares: Option<Vec<ExcacheShare>>) -> Result<Json<ExcacheView>, ApiError> {
+async fn change(
+    api: Arc<Api>,
+    id: u32,
+    size: Option<u64>,
+    shares: Option<Vec<ExcacheShare>>,
+) -> Result<Json<ExcacheView>, ApiError> {
     let gm = api.gm.clone();
-    let r = tokio::task::spawn_blocking(move || gm.set_excache(id, size, shares)).await.map_err(internal)?.map_err(refused)?;
+    let r = tokio::task::spawn_blocking(move || gm.set_excache(id, size, shares))
+        .await
+        .map_err(internal)?
+        .map_err(refused)?;
     Ok(Json(r.into()))
 }
 
@@ -97,7 +147,12 @@ pub struct PolicyView {
 
 impl From<PolicyState> for PolicyView {
     fn from(r: PolicyState) -> PolicyView {
-        PolicyView { eviction: r.eviction, prefetch: r.prefetch, eviction_swaps: r.eviction_swaps, prefetch_swaps: r.prefetch_swaps }
+        PolicyView {
+            eviction: r.eviction,
+            prefetch: r.prefetch,
+            eviction_swaps: r.eviction_swaps,
+            prefetch_swaps: r.prefetch_swaps,
+        }
     }
 }
 
@@ -115,7 +170,12 @@ pub struct PolicyChange {
 #[utoipa::path(get, path = "/api/v1/pcomponents/{id}/policy", security(("bearer" = [])), params(("id" = u32, Path, description = "The pComponent's id")),
     responses((status = 200, description = "The policies", body = PolicyView), (status = 400, description = "Not a pComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody), (status = 503, description = "It does not answer", body = ErrorBody)))]
-pub async fn get_policy(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<PolicyView>, ApiError> {
+pub async fn get_policy(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<PolicyView>, ApiError> {
     admin_only(&p, peer, &format!("/api/v1/pcomponents/{id}/policy"))?;
     change_policy(api, parse_id(&id)?, None, None).await
 }
@@ -140,8 +200,16 @@ pub async fn put_policy(
     Ok(view)
 }
 
-async fn change_policy(api: Arc<Api>, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<Json<PolicyView>, ApiError> {
+async fn change_policy(
+    api: Arc<Api>,
+    id: u32,
+    eviction: Option<String>,
+    prefetch: Option<String>,
+) -> Result<Json<PolicyView>, ApiError> {
     let gm = api.gm.clone();
-    let r = tokio::task::spawn_blocking(move || gm.set_policy(id, eviction, prefetch)).await.map_err(internal)?.map_err(refused)?;
+    let r = tokio::task::spawn_blocking(move || gm.set_policy(id, eviction, prefetch))
+        .await
+        .map_err(internal)?
+        .map_err(refused)?;
     Ok(Json(r.into()))
 }

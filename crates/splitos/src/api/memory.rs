@@ -98,9 +98,20 @@ pub struct DetachQuery {
 /// The cluster's mComponents as memory (admin only).
 #[utoipa::path(get, path = "/api/v1/memory", security(("bearer" = [])),
     responses((status = 200, description = "The mComponents", body = [MemoryView]), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-pub async fn list(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<Vec<MemoryView>>, ApiError> {
+pub async fn list(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Vec<MemoryView>>, ApiError> {
     admin_only(&p, peer, "/api/v1/memory")?;
-    Ok(Json(api.gm.snapshot().into_iter().filter(|c| c.role == Role::Mem).map(MemoryView::from).collect()))
+    Ok(Json(
+        api.gm
+            .snapshot()
+            .into_iter()
+            .filter(|c| c.role == Role::Mem)
+            .map(MemoryView::from)
+            .collect(),
+    ))
 }
 
 /// Detaches an mComponent while programs run (admin only): it leaves placement at once, every
@@ -121,8 +132,16 @@ pub async fn detach(
     admin_only(&p, peer, &path)?;
     let id = parse_id(&id)?;
     let gm = api.gm.clone();
-    let c = tokio::task::spawn_blocking(move || gm.detach(id, !q.stay)).await.map_err(internal)?.map_err(refused)?;
-    tracing::info!(id, token = p.name(), stay = q.stay, "mComponent detach started through the API");
+    let c = tokio::task::spawn_blocking(move || gm.detach(id, !q.stay))
+        .await
+        .map_err(internal)?
+        .map_err(refused)?;
+    tracing::info!(
+        id,
+        token = p.name(),
+        stay = q.stay,
+        "mComponent detach started through the API"
+    );
     Ok((StatusCode::ACCEPTED, Json(c.into())))
 }
 
@@ -132,17 +151,26 @@ pub async fn detach(
 #[utoipa::path(post, path = "/api/v1/memory/{id}/attach", security(("bearer" = [])), params(("id" = u32, Path, description = "The mComponent's id")),
     responses((status = 200, description = "Attached", body = MemoryView), (status = 400, description = "Not an mComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody)))]
-pub async fn attach(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<MemoryView>, ApiError> {
+pub async fn attach(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<MemoryView>, ApiError> {
     admin_only(&p, peer, &format!("/api/v1/memory/{id}/attach"))?;
     let id = parse_id(&id)?;
     let gm = api.gm.clone();
-    let c = tokio::task::spawn_blocking(move || gm.attach(id)).await.map_err(internal)?.map_err(refused)?;
+    let c = tokio::task::spawn_blocking(move || gm.attach(id))
+        .await
+        .map_err(internal)?
+        .map_err(refused)?;
     tracing::info!(id, token = p.name(), "mComponent attached through the API");
     Ok(Json(c.into()))
 }
 
 pub(super) fn parse_id(id: &str) -> Result<u32, ApiError> {
-    id.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))
+    id.parse()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))
 }
 
 pub(super) fn refused(e: Refusal) -> ApiError {

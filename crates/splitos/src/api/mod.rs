@@ -48,7 +48,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.0, Json(ErrorBody { error: self.1 })).into_response();
         if self.0 == StatusCode::UNAUTHORIZED {
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
         r
     }
@@ -72,7 +73,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
         match tokio::time::timeout(BODY_TIMEOUT, Json::<T>::from_request(req, state)).await {
             Ok(Ok(Json(v))) => Ok(Body(v)),
             Ok(Err(r)) => Err(ApiError(r.status(), r.body_text())),
-            Err(_) => Err(ApiError(StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {} s", BODY_TIMEOUT.as_secs()))),
+            Err(_) => Err(ApiError(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {} s", BODY_TIMEOUT.as_secs()),
+            )),
         }
     }
 }
@@ -214,7 +218,12 @@ pub struct VnodeView {
 
 impl From<VnodeInfo> for VnodeView {
     fn from(v: VnodeInfo) -> VnodeView {
-        VnodeView { name: v.name, users: v.users, groups: v.groups, memory_bytes: v.memory }
+        VnodeView {
+            name: v.name,
+            users: v.users,
+            groups: v.groups,
+            memory_bytes: v.memory,
+        }
     }
 }
 
@@ -242,15 +251,26 @@ fn refuse(status: StatusCode, peer: SocketAddr, method: &str, path: &str, who: O
 
 /// The path the client asked for (a nested router sees only the rest of it).
 fn path_of(req: &Request) -> String {
-    req.extensions().get::<axum::extract::OriginalUri>().map_or_else(|| req.uri().path().to_string(), |u| u.path().to_string())
+    req.extensions()
+        .get::<axum::extract::OriginalUri>()
+        .map_or_else(|| req.uri().path().to_string(), |u| u.path().to_string())
 }
 
 /// Every request under `/api/` proves a token; the handlers get whom it speaks for.
-async fn authenticate(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, mut req: Request, next: Next) -> Response {
+async fn authenticate(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let principal = match crate::telemetry::bearer(req.headers()) {
         None => Err("no bearer token (Authorization: Bearer TOKEN; tokens: splitos cluster token create)"),
         Some(None) => Err("the Authorization header is not a bearer token"),
-        Some(Some(t)) => api.gm.tokens.check(t).ok_or("not a valid token (revoked, or never issued)"),
+        Some(Some(t)) => api
+            .gm
+            .tokens
+            .check(t)
+            .ok_or("not a valid token (revoked, or never issued)"),
     };
     match principal {
         Ok(p) => {
@@ -258,7 +278,15 @@ async fn authenticate(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInf
             req.extensions_mut().insert(p);
             next.run(req).await
         }
-        Err(why) => refuse(StatusCode::UNAUTHORIZED, peer, req.method().as_str(), &path_of(&req), None, why.into()).into_response(),
+        Err(why) => refuse(
+            StatusCode::UNAUTHORIZED,
+            peer,
+            req.method().as_str(),
+            &path_of(&req),
+            None,
+            why.into(),
+        )
+        .into_response(),
     }
 }
 
@@ -266,7 +294,14 @@ async fn authenticate(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInf
 fn admin_only(p: &Principal, peer: SocketAddr, path: &str) -> Result<(), ApiError> {
     match p {
         Principal::Admin { .. } => Ok(()),
-        Principal::Tenant { token, .. } => Err(refuse(StatusCode::FORBIDDEN, peer, "GET", path, Some(token), "only an admin token may see this".into())),
+        Principal::Tenant { token, .. } => Err(refuse(
+            StatusCode::FORBIDDEN,
+            peer,
+            "GET",
+            path,
+            Some(token),
+            "only an admin token may see this".into(),
+        )),
     }
 }
 
@@ -280,7 +315,11 @@ async fn livez() -> &'static str {
 #[utoipa::path(get, path = "/readyz", responses((status = 200, description = "A program could start", body = String), (status = 503, description = "What is missing", body = String)))]
 async fn readyz(State(api): State<Arc<Api>>) -> (StatusCode, String) {
     let comps = api.gm.snapshot();
-    let missing: Vec<&str> = [(Role::Proc, "no alive pComponent"), (Role::Mem, "no alive mComponent")].into_iter().filter(|(role, _)| !comps.iter().any(|c| c.role == *role && c.alive)).map(|(_, why)| why).collect();
+    let missing: Vec<&str> = [(Role::Proc, "no alive pComponent"), (Role::Mem, "no alive mComponent")]
+        .into_iter()
+        .filter(|(role, _)| !comps.iter().any(|c| c.role == *role && c.alive))
+        .map(|(_, why)| why)
+        .collect();
     if missing.is_empty() {
         (StatusCode::OK, "ok\n".into())
     } else {
@@ -291,15 +330,27 @@ async fn readyz(State(api): State<Arc<Api>>) -> (StatusCode, String) {
 #[utoipa::path(get, path = "/api/v1/whoami", security(("bearer" = [])), responses((status = 200, description = "Whom the token speaks for", body = WhoAmI), (status = 401, description = "No valid token", body = ErrorBody)))]
 async fn whoami(Extension(p): Extension<Principal>) -> Json<WhoAmI> {
     Json(match p {
-        Principal::Admin { token } => WhoAmI { token, role: "admin".into(), vnodes: Vec::new() },
-        Principal::Tenant { token, vnodes } => WhoAmI { token, role: "tenant".into(), vnodes },
+        Principal::Admin { token } => WhoAmI {
+            token,
+            role: "admin".into(),
+            vnodes: Vec::new(),
+        },
+        Principal::Tenant { token, vnodes } => WhoAmI {
+            token,
+            role: "tenant".into(),
+            vnodes,
+        },
     })
 }
 
 /// Every component the global managers know, alive or not (admin only).
 #[utoipa::path(get, path = "/api/v1/components", security(("bearer" = [])),
     responses((status = 200, description = "The components", body = [ComponentView]), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-async fn components(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<Vec<ComponentView>>, ApiError> {
+async fn components(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Vec<ComponentView>>, ApiError> {
     admin_only(&p, peer, "/api/v1/components")?;
     Ok(Json(api.gm.snapshot().into_iter().map(ComponentView::from).collect()))
 }
@@ -309,7 +360,11 @@ async fn components(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<
 /// bandwidth. The `nearest` placement counts hops on it.
 #[utoipa::path(get, path = "/api/v1/topology", security(("bearer" = [])),
     responses((status = 200, description = "The topology graph", body = crate::topology::Graph), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-async fn topology(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<crate::topology::Graph>, ApiError> {
+async fn topology(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<crate::topology::Graph>, ApiError> {
     admin_only(&p, peer, "/api/v1/topology")?;
     Ok(Json(api.gm.topology()))
 }
@@ -320,7 +375,12 @@ async fn topology(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<So
 #[utoipa::path(post, path = "/api/v1/components/{id}/cordon", security(("bearer" = [])), params(("id" = u32, Path, description = "The component's id")),
     responses((status = 200, description = "Cordoned", body = ComponentView), (status = 400, description = "Not a pComponent or mComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody)))]
-async fn cordon(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<ComponentView>, ApiError> {
+async fn cordon(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<ComponentView>, ApiError> {
     set_cordon(api, peer, p, id, true).await
 }
 
@@ -328,23 +388,39 @@ async fn cordon(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Sock
 #[utoipa::path(post, path = "/api/v1/components/{id}/uncordon", security(("bearer" = [])), params(("id" = u32, Path, description = "The component's id")),
     responses((status = 200, description = "Uncordoned", body = ComponentView), (status = 400, description = "Not a pComponent or mComponent", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 404, description = "No such component", body = ErrorBody)))]
-async fn uncordon(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(id): Path<String>) -> Result<Json<ComponentView>, ApiError> {
+async fn uncordon(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<ComponentView>, ApiError> {
     set_cordon(api, peer, p, id, false).await
 }
 
-async fn set_cordon(api: Arc<Api>, peer: SocketAddr, p: Principal, id: String, on: bool) -> Result<Json<ComponentView>, ApiError> {
+async fn set_cordon(
+    api: Arc<Api>,
+    peer: SocketAddr,
+    p: Principal,
+    id: String,
+    on: bool,
+) -> Result<Json<ComponentView>, ApiError> {
     let verb = if on { "cordon" } else { "uncordon" };
     admin_only(&p, peer, &format!("/api/v1/components/{id}/{verb}"))?;
-    let id: u32 = id.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))?;
+    let id: u32 = id
+        .parse()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))?;
     let gm = api.gm.clone();
-    let c = tokio::task::spawn_blocking(move || gm.cordon(id, on)).await.map_err(internal)?.map_err(|e| {
-        let status = match e.code {
-            splitos_rpc::ErrCode::NotFound => StatusCode::NOT_FOUND,
-            splitos_rpc::ErrCode::Invalid => StatusCode::BAD_REQUEST,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, e.msg)
-    })?;
+    let c = tokio::task::spawn_blocking(move || gm.cordon(id, on))
+        .await
+        .map_err(internal)?
+        .map_err(|e| {
+            let status = match e.code {
+                splitos_rpc::ErrCode::NotFound => StatusCode::NOT_FOUND,
+                splitos_rpc::ErrCode::Invalid => StatusCode::BAD_REQUEST,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            ApiError(status, e.msg)
+        })?;
     tracing::info!(id, token = p.name(), "component {verb}ed through the API");
     Ok(Json(c.into()))
 }
@@ -370,10 +446,16 @@ pub struct StatusView {
 /// Every component with its own statistics: what `splitos cluster status` prints (admin only).
 #[utoipa::path(get, path = "/api/v1/status", security(("bearer" = [])),
     responses((status = 200, description = "The cluster", body = StatusView), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-async fn status(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<StatusView>, ApiError> {
+async fn status(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<StatusView>, ApiError> {
     admin_only(&p, peer, "/api/v1/status")?;
     let gm = api.gm.clone();
-    let (summary, all) = tokio::task::spawn_blocking(move || (gm.status_summary(), gm.status())).await.map_err(internal)?;
+    let (summary, all) = tokio::task::spawn_blocking(move || (gm.status_summary(), gm.status()))
+        .await
+        .map_err(internal)?;
     let components = all
         .into_iter()
         .map(|(c, stats)| {
@@ -382,14 +464,26 @@ async fn status(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Sock
             v
         })
         .collect();
-    Ok(Json(StatusView { gm: api.gm.addr.clone(), leader: summary.leader, managers: summary.managers, api: summary.api, gm_metrics: summary.metrics, vregion_size: summary.vregion_size, components }))
+    Ok(Json(StatusView {
+        gm: api.gm.addr.clone(),
+        leader: summary.leader,
+        managers: summary.managers,
+        api: summary.api,
+        gm_metrics: summary.metrics,
+        vregion_size: summary.vregion_size,
+        components,
+    }))
 }
 
 /// The cluster's configuration as the global managers run it: the `[cluster]` table
 /// (docs/configuration.md), admin only.
 #[utoipa::path(get, path = "/api/v1/config", security(("bearer" = [])),
     responses((status = 200, description = "The [cluster] table", body = Object), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-async fn config(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn config(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     admin_only(&p, peer, "/api/v1/config")?;
     Ok(Json(api.config.clone()))
 }
@@ -406,10 +500,25 @@ async fn jobs(State(api): State<Arc<Api>>, Extension(p): Extension<Principal>) -
     let jobs = tokio::task::spawn_blocking(move || gm.jobs()).await.map_err(internal)?;
     // Which pComponents are silent is the admin's business.
     let unanswered = match p {
-        Principal::Admin { .. } => jobs.unanswered.into_iter().map(|(c, error)| Unanswered { pcomponent: c.id, error }).collect(),
+        Principal::Admin { .. } => jobs
+            .unanswered
+            .into_iter()
+            .map(|(c, error)| Unanswered {
+                pcomponent: c.id,
+                error,
+            })
+            .collect(),
         Principal::Tenant { .. } => Vec::new(),
     };
-    Ok(Json(JobList { jobs: jobs.running.into_iter().filter(|(_, j)| p.may_see_vnode(&j.vnode)).map(|(c, j)| JobView::of(c, j)).collect(), unanswered }))
+    Ok(Json(JobList {
+        jobs: jobs
+            .running
+            .into_iter()
+            .filter(|(_, j)| p.may_see_vnode(&j.vnode))
+            .map(|(c, j)| JobView::of(c, j))
+            .collect(),
+        unanswered,
+    }))
 }
 
 /// Signals a job (SIGTERM unless `signal` says otherwise): an admin any, a tenant those of its
@@ -425,7 +534,9 @@ async fn kill_job(
     Path(pid): Path<String>,
     Query(q): Query<SignalQuery>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    let pid: u64 = pid.parse().map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{pid:?} is not a pid")))?;
+    let pid: u64 = pid
+        .parse()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{pid:?} is not a pid")))?;
     let signal = match q.signal.as_deref().unwrap_or("TERM").trim_start_matches("SIG") {
         "TERM" => libc::SIGTERM,
         "INT" => libc::SIGINT,
@@ -433,7 +544,12 @@ async fn kill_job(
         "HUP" => libc::SIGHUP,
         "USR1" => libc::SIGUSR1,
         "USR2" => libc::SIGUSR2,
-        other => return Err(ApiError(StatusCode::BAD_REQUEST, format!("{other:?} is not a signal this API sends (TERM, INT, KILL, HUP, USR1, USR2)"))),
+        other => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("{other:?} is not a signal this API sends (TERM, INT, KILL, HUP, USR1, USR2)"),
+            ))
+        }
     };
     let gm = api.gm.clone();
     tokio::task::spawn_blocking(move || {
@@ -441,9 +557,17 @@ async fn kill_job(
             return Err(ApiError(StatusCode::NOT_FOUND, format!("no job {pid} runs")));
         };
         if !p.may_see_vnode(&j.vnode) {
-            return Err(refuse(StatusCode::FORBIDDEN, peer, "DELETE", &format!("/api/v1/jobs/{pid}"), Some(p.name()), format!("job {pid} is not of this token's vNodes")));
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                peer,
+                "DELETE",
+                &format!("/api/v1/jobs/{pid}"),
+                Some(p.name()),
+                format!("job {pid} is not of this token's vNodes"),
+            ));
         }
-        gm.signal(&c, pid, signal).map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("job {pid}: {e}")))?;
+        gm.signal(&c, pid, signal)
+            .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("job {pid}: {e}")))?;
         tracing::info!(pid, signal, token = p.name(), "job signalled through the API");
         Ok((StatusCode::ACCEPTED, Json(JobView::of(c, j))))
     })
@@ -455,11 +579,21 @@ async fn kill_job(
 /// one exposition, each labelled with its component and role (admin only).
 #[utoipa::path(get, path = "/metrics", security(("bearer" = [])),
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-async fn cluster_metrics(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Response, ApiError> {
+async fn cluster_metrics(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Response, ApiError> {
     admin_only(&p, peer, "/metrics")?;
     let gm = api.gm.clone();
-    let text = tokio::task::spawn_blocking(move || gm.cluster_metrics()).await.map_err(internal)?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+    let text = tokio::task::spawn_blocking(move || gm.cluster_metrics())
+        .await
+        .map_err(internal)?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response())
 }
 
 /// A group of scrape targets as Prometheus's HTTP service discovery reads them.
@@ -476,14 +610,30 @@ pub struct TargetGroup {
 /// Prometheus's `http_sd_configs` (admin only).
 #[utoipa::path(get, path = "/api/v1/targets", security(("bearer" = [])),
     responses((status = 200, description = "Scrape targets", body = [TargetGroup]), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-async fn targets(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<Vec<TargetGroup>>, ApiError> {
+async fn targets(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Vec<TargetGroup>>, ApiError> {
     admin_only(&p, peer, "/api/v1/targets")?;
     let group = |metrics: String, component: String, role: &str| TargetGroup {
         targets: vec![metrics],
-        labels: [("__meta_splitos_component".to_string(), component), ("__meta_splitos_role".to_string(), role.to_string())].into(),
+        labels: [
+            ("__meta_splitos_component".to_string(), component),
+            ("__meta_splitos_role".to_string(), role.to_string()),
+        ]
+        .into(),
     };
-    let own = api.gm.metrics_addr().map(|m| group(m, api.gm.addr.clone(), Role::Gm.name()));
-    let comps = api.gm.snapshot().into_iter().filter(|c| c.alive).filter_map(|c| Some(group(c.metrics?, c.addr, c.role.name())));
+    let own = api
+        .gm
+        .metrics_addr()
+        .map(|m| group(m, api.gm.addr.clone(), Role::Gm.name()));
+    let comps = api
+        .gm
+        .snapshot()
+        .into_iter()
+        .filter(|c| c.alive)
+        .filter_map(|c| Some(group(c.metrics?, c.addr, c.role.name())));
     Ok(Json(own.into_iter().chain(comps).collect()))
 }
 
@@ -491,7 +641,16 @@ async fn targets(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Soc
 #[utoipa::path(get, path = "/api/v1/vnodes", security(("bearer" = [])),
     responses((status = 200, description = "The vNodes", body = [VnodeView]), (status = 401, description = "No valid token", body = ErrorBody)))]
 async fn vnodes(State(api): State<Arc<Api>>, Extension(p): Extension<Principal>) -> Json<Vec<VnodeView>> {
-    Json(api.gm.vnodes.list().1.into_iter().filter(|v| p.may_see_vnode(&v.name)).map(VnodeView::from).collect())
+    Json(
+        api.gm
+            .vnodes
+            .list()
+            .1
+            .into_iter()
+            .filter(|v| p.may_see_vnode(&v.name))
+            .map(VnodeView::from)
+            .collect(),
+    )
 }
 
 /// Makes a vNode, granted to the users and groups named, with its memory quota (admin only).
@@ -507,10 +666,18 @@ async fn create_vnode(
     Body(v): Body<crate::config::VnodeConfig>,
 ) -> Result<(StatusCode, Json<VnodeView>), ApiError> {
     admin_only(&p, peer, "/api/v1/vnodes")?;
-    let v = VnodeInfo { name: v.name, users: v.users, groups: v.groups, memory: v.memory.map(|m| m.0) };
+    let v = VnodeInfo {
+        name: v.name,
+        users: v.users,
+        groups: v.groups,
+        memory: v.memory.map(|m| m.0),
+    };
     let gm = api.gm.clone();
     let made = v.clone();
-    tokio::task::spawn_blocking(move || gm.vnodes.create(made)).await.map_err(internal)?.map_err(vnode_error)?;
+    tokio::task::spawn_blocking(move || gm.vnodes.create(made))
+        .await
+        .map_err(internal)?
+        .map_err(vnode_error)?;
     tracing::info!(vnode = %v.name, users = ?v.users, groups = ?v.groups, memory = ?v.memory, token = p.name(), "vNode made through the API");
     Ok((StatusCode::CREATED, Json(v.into())))
 }
@@ -530,7 +697,14 @@ fn vnode_error(e: crate::gm::vnodes::VnodeError) -> ApiError {
 fn tenant_of(p: &Principal, peer: SocketAddr, method: &str, name: &str) -> Result<(), ApiError> {
     match p.may_see_vnode(name) {
         true => Ok(()),
-        false => Err(refuse(StatusCode::FORBIDDEN, peer, method, &format!("/api/v1/vnodes/{name}"), Some(p.name()), "not a vNode of this token".into())),
+        false => Err(refuse(
+            StatusCode::FORBIDDEN,
+            peer,
+            method,
+            &format!("/api/v1/vnodes/{name}"),
+            Some(p.name()),
+            "not a vNode of this token".into(),
+        )),
     }
 }
 
@@ -538,9 +712,18 @@ fn tenant_of(p: &Principal, peer: SocketAddr, method: &str, name: &str) -> Resul
 #[utoipa::path(get, path = "/api/v1/vnodes/{name}", security(("bearer" = [])), params(("name" = String, Path, description = "The vNode's name")),
     responses((status = 200, description = "The vNode", body = VnodeView), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Another tenant's vNode", body = ErrorBody),
               (status = 404, description = "No such vNode", body = ErrorBody)))]
-async fn vnode(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(name): Path<String>) -> Result<Json<VnodeView>, ApiError> {
+async fn vnode(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<Json<VnodeView>, ApiError> {
     tenant_of(&p, peer, "GET", &name)?;
-    api.gm.vnodes.get(&name).map(|v| Json(v.into())).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no vNode is named {name:?}")))
+    api.gm
+        .vnodes
+        .get(&name)
+        .map(|v| Json(v.into()))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no vNode is named {name:?}")))
 }
 
 /// Deletes a vNode on which no job runs (admin only): its users are refused from then on,
@@ -548,19 +731,35 @@ async fn vnode(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Socke
 #[utoipa::path(delete, path = "/api/v1/vnodes/{name}", security(("bearer" = [])), params(("name" = String, Path, description = "The vNode's name")),
     responses((status = 204, description = "Deleted"), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody),
               (status = 404, description = "No such vNode", body = ErrorBody), (status = 409, description = "Jobs run on it, or a pComponent did not say whether any does", body = ErrorBody)))]
-async fn delete_vnode(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+async fn delete_vnode(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     admin_only(&p, peer, &format!("/api/v1/vnodes/{name}"))?;
     let gm = api.gm.clone();
     let n = name.clone();
     tokio::task::spawn_blocking(move || {
-        gm.vnodes.get(&n).ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no vNode is named {n:?}")))?;
+        gm.vnodes
+            .get(&n)
+            .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no vNode is named {n:?}")))?;
         let jobs = gm.jobs();
         let running = jobs.running.iter().filter(|(_, j)| j.vnode == n).count();
         if running > 0 {
-            return Err(ApiError(StatusCode::CONFLICT, format!("{running} job(s) run on vNode {n:?}: end them first (DELETE /api/v1/jobs/PID)")));
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("{running} job(s) run on vNode {n:?}: end them first (DELETE /api/v1/jobs/PID)"),
+            ));
         }
         if let Some((c, e)) = jobs.unanswered.first() {
-            return Err(ApiError(StatusCode::CONFLICT, format!("pComponent {} did not say whether jobs run on vNode {n:?} ({e}): try again", c.id)));
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!(
+                    "pComponent {} did not say whether jobs run on vNode {n:?} ({e}): try again",
+                    c.id
+                ),
+            ));
         }
         let gone = gm.vnodes.delete(&n).map_err(vnode_error)?;
         gm.forget_quota_home(&n);
@@ -589,13 +788,19 @@ struct BearerAuth;
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        doc.components.get_or_insert_with(Default::default).add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        doc.components.get_or_insert_with(Default::default).add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
 /// The API's OpenAPI document (docs/openapi.json is this, checked in).
 pub fn openapi_json() -> String {
-    ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serializes") + "\n"
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes")
+        + "\n"
 }
 
 async fn openapi() -> impl IntoResponse {
@@ -614,7 +819,10 @@ fn router(api: Arc<Api>) -> Router {
         .route("/memory/{id}/detach", axum::routing::post(memory::detach))
         .route("/memory/{id}/attach", axum::routing::post(memory::attach))
         .route("/pcomponents/{id}/excache", get(excache::get).put(excache::put))
-        .route("/pcomponents/{id}/policy", get(excache::get_policy).put(excache::put_policy))
+        .route(
+            "/pcomponents/{id}/policy",
+            get(excache::get_policy).put(excache::put_policy),
+        )
         .route("/placement", get(placement::get).put(placement::put))
         .route("/join-tokens", axum::routing::post(join::create))
         .route("/config", get(config))
@@ -626,7 +834,9 @@ fn router(api: Arc<Api>) -> Router {
         .route("/events", dashboard::events_route())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(api.clone(), authenticate));
-    let metrics = Router::new().route("/metrics", get(cluster_metrics)).layer(middleware::from_fn_with_state(api.clone(), authenticate));
+    let metrics = Router::new()
+        .route("/metrics", get(cluster_metrics))
+        .layer(middleware::from_fn_with_state(api.clone(), authenticate));
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
@@ -646,8 +856,14 @@ fn router(api: Arc<Api>) -> Router {
 /// Serves the API at `addr` on a thread of its own, each peer holding at most `per_peer`
 /// connections at once; returns the address it listens at. Beyond loopback only with `tls`:
 /// its tokens must not cross a network in the clear.
-pub fn serve(addr: &str, api: Arc<Api>, tls: Option<tokio_rustls::TlsAcceptor>, per_peer: usize) -> anyhow::Result<String> {
-    let l = std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
+pub fn serve(
+    addr: &str,
+    api: Arc<Api>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    per_peer: usize,
+) -> anyhow::Result<String> {
+    let l =
+        std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
     let local = l.local_addr()?;
     if !local.ip().is_loopback() && tls.is_none() {
         anyhow::bail!("the REST API listens beyond loopback ({local}) only with TLS: give --api-cert and --api-key (docs/control-plane.md)");

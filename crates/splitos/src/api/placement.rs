@@ -23,7 +23,10 @@ pub struct PlacementView {
 
 impl From<PlacementState> for PlacementView {
     fn from(s: PlacementState) -> PlacementView {
-        PlacementView { placement: s.placement, swaps: s.swaps }
+        PlacementView {
+            placement: s.placement,
+            swaps: s.swaps,
+        }
     }
 }
 
@@ -37,9 +40,18 @@ pub struct PlacementChange {
 /// The global managers' placement policy (admin only).
 #[utoipa::path(get, path = "/api/v1/placement", security(("bearer" = [])),
     responses((status = 200, description = "The policy", body = PlacementView), (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody)))]
-pub async fn get(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>) -> Result<Json<PlacementView>, ApiError> {
+pub async fn get(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<PlacementView>, ApiError> {
     admin_only(&p, peer, "/api/v1/placement")?;
-    Ok(Json(api.gm.placement(None).map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?.into()))
+    Ok(Json(
+        api.gm
+            .placement(None)
+            .map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?
+            .into(),
+    ))
 }
 
 /// Replaces the placement policy while the cluster runs (admin only): placements from then on
@@ -48,11 +60,19 @@ pub async fn get(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<Soc
 #[utoipa::path(put, path = "/api/v1/placement", security(("bearer" = [])), request_body = PlacementChange,
     responses((status = 200, description = "Replaced", body = PlacementView), (status = 400, description = "An unknown policy", body = ErrorBody), (status = 401, description = "No valid token", body = ErrorBody),
               (status = 403, description = "Not an admin token", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "Unknown fields", body = ErrorBody)))]
-pub async fn put(State(api): State<Arc<Api>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, Extension(p): Extension<Principal>, Body(c): Body<PlacementChange>) -> Result<Json<PlacementView>, ApiError> {
+pub async fn put(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(p): Extension<Principal>,
+    Body(c): Body<PlacementChange>,
+) -> Result<Json<PlacementView>, ApiError> {
     admin_only(&p, peer, "/api/v1/placement")?;
     // Kept in the managers' state first (etcd may take a while): not on the API's thread.
     let gm = api.gm.clone();
-    let now = tokio::task::spawn_blocking(move || gm.placement(Some(c.placement))).await.map_err(internal)?.map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?;
+    let now = tokio::task::spawn_blocking(move || gm.placement(Some(c.placement)))
+        .await
+        .map_err(internal)?
+        .map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?;
     tracing::info!(placement = %now.placement, token = p.name(), "placement policy replaced through the API");
     Ok(Json(now.into()))
 }

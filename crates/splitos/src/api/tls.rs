@@ -9,7 +9,9 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -33,7 +35,8 @@ pub struct Issued {
 /// The cluster's X.509 authority key kept at `path`, made there (mode 0600) if missing.
 pub fn authority_key(path: &Path) -> anyhow::Result<KeyPair> {
     if path.exists() {
-        let pem = splitos_rpc::auth::read_private(path).map_err(|e| anyhow::anyhow!("cannot read the cluster's X.509 authority {}: {e}", path.display()))?;
+        let pem = splitos_rpc::auth::read_private(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the cluster's X.509 authority {}: {e}", path.display()))?;
         return Ok(KeyPair::from_pem(std::str::from_utf8(&pem)?)?);
     }
     let key = KeyPair::generate()?;
@@ -52,7 +55,8 @@ fn valid_for(p: &mut CertificateParams, days: i64) {
 /// have: same key, same name).
 fn authority_cert(ca_key: &KeyPair) -> anyhow::Result<rcgen::Certificate> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, "splitos cluster authority");
+    ca.distinguished_name
+        .push(DnType::CommonName, "splitos cluster authority");
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
     valid_for(&mut ca, CA_DAYS);
@@ -61,7 +65,12 @@ fn authority_cert(ca_key: &KeyPair) -> anyhow::Result<rcgen::Certificate> {
 
 /// A certificate named `name` for the addresses `ips`, for `purposes`, with a key made for
 /// it, signed by the authority.
-fn leaf(ca_key: &KeyPair, name: &str, ips: &[IpAddr], purposes: Vec<ExtendedKeyUsagePurpose>) -> anyhow::Result<Issued> {
+fn leaf(
+    ca_key: &KeyPair,
+    name: &str,
+    ips: &[IpAddr],
+    purposes: Vec<ExtendedKeyUsagePurpose>,
+) -> anyhow::Result<Issued> {
     let ca = authority_cert(ca_key)?;
     let key = KeyPair::generate()?;
     let mut leaf = CertificateParams::new(Vec::<String>::new())?;
@@ -70,24 +79,43 @@ fn leaf(ca_key: &KeyPair, name: &str, ips: &[IpAddr], purposes: Vec<ExtendedKeyU
     leaf.extended_key_usages = purposes;
     valid_for(&mut leaf, LEAF_DAYS);
     let leaf = leaf.signed_by(&key, &ca, ca_key)?;
-    Ok(Issued { ca_pem: ca.pem(), cert_pem: leaf.pem(), key_pem: key.serialize_pem() })
+    Ok(Issued {
+        ca_pem: ca.pem(),
+        cert_pem: leaf.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 /// The authority's certificate, and a certificate for the API at `ip` signed by it (with a
 /// key made for it).
 pub fn issue(ca_key: &KeyPair, ip: IpAddr) -> anyhow::Result<Issued> {
-    leaf(ca_key, "splitos REST API", &[ip], vec![ExtendedKeyUsagePurpose::ServerAuth])
+    leaf(
+        ca_key,
+        "splitos REST API",
+        &[ip],
+        vec![ExtendedKeyUsagePurpose::ServerAuth],
+    )
 }
 
 /// A certificate for an etcd member that keeps the managers' state, at `ips`: it serves the
 /// managers' requests and speaks to its peers with it (server and client).
 pub fn issue_etcd_member(ca_key: &KeyPair, ips: &[IpAddr]) -> anyhow::Result<Issued> {
-    leaf(ca_key, "splitos etcd member", ips, vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth])
+    leaf(
+        ca_key,
+        "splitos etcd member",
+        ips,
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+    )
 }
 
 /// The global managers' client certificate for etcd.
 pub fn issue_etcd_client(ca_key: &KeyPair) -> anyhow::Result<Issued> {
-    leaf(ca_key, "splitos global managers", &[], vec![ExtendedKeyUsagePurpose::ClientAuth])
+    leaf(
+        ca_key,
+        "splitos global managers",
+        &[],
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    )
 }
 
 /// Writes an issued certificate to `cert`, its key to `key` (0600) and the authority's
@@ -102,10 +130,17 @@ pub fn write_issued(issued: &Issued, ca: &Path, cert: &Path, key: &Path) -> anyh
 /// The server side, from the files `issue`'s output was written to; the key file must be the
 /// caller's alone, as every key of the cluster.
 pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
-    let certs = CertificateDer::pem_file_iter(cert).and_then(|i| i.collect::<Result<Vec<_>, _>>()).map_err(|e| anyhow::anyhow!("the API's certificate {}: {e}", cert.display()))?;
-    let pem = splitos_rpc::auth::read_private(key).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
-    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions()?.with_no_client_auth().with_single_cert(certs, key)?;
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("the API's certificate {}: {e}", cert.display()))?;
+    let pem =
+        splitos_rpc::auth::read_private(key).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&pem).map_err(|e| anyhow::anyhow!("the API's key {}: {e}", key.display()))?;
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
 }
 
@@ -116,10 +151,25 @@ mod tests {
 
     fn verifies(ca_pem: &str, leaf_pem: &str, ip: &str) -> bool {
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::new(rustls::crypto::ring::default_provider())).build().unwrap();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
         let leaf = CertificateDer::from_pem_slice(leaf_pem.as_bytes()).unwrap();
-        verifier.verify_server_cert(&leaf, &[], &rustls::pki_types::ServerName::try_from(ip.to_string()).unwrap(), &[], rustls::pki_types::UnixTime::now()).is_ok()
+        verifier
+            .verify_server_cert(
+                &leaf,
+                &[],
+                &rustls::pki_types::ServerName::try_from(ip.to_string()).unwrap(),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .is_ok()
     }
 
     #[test]
@@ -132,7 +182,10 @@ mod tests {
         splitos_rpc::auth::write_private(&key, issued.key_pem.as_bytes()).unwrap();
         acceptor(&cert, &key).unwrap();
         assert!(verifies(&issued.ca_pem, &issued.cert_pem, "10.0.0.7"));
-        assert!(!verifies(&issued.ca_pem, &issued.cert_pem, "10.0.0.8"), "another address");
+        assert!(
+            !verifies(&issued.ca_pem, &issued.cert_pem, "10.0.0.8"),
+            "another address"
+        );
         // The next start's certificate chains to the authority's certificate clients kept.
         let again = authority_key(&dir.path().join("x509-authority.key")).unwrap();
         let next = issue(&again, "10.0.0.7".parse().unwrap()).unwrap();

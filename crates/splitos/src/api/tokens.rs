@@ -65,7 +65,9 @@ fn hex(bytes: &[u8]) -> String {
 /// A name an operator can type and a log line can carry as it is.
 fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-        return Err(format!("a token's name is 1 to 64 letters, digits, '-', '_' or '.', not {name:?}"));
+        return Err(format!(
+            "a token's name is 1 to 64 letters, digits, '-', '_' or '.', not {name:?}"
+        ));
     }
     Ok(())
 }
@@ -73,8 +75,15 @@ fn check_name(name: &str) -> Result<(), String> {
 impl Tokens {
     /// The tokens of the managers' state.
     pub fn open(store: Store) -> anyhow::Result<Tokens> {
-        let by_name = store.load::<Stored>(TOKENS)?.into_iter().map(|s| (s.info.name.clone(), s)).collect();
-        Ok(Tokens { store, by_name: Mutex::new(by_name) })
+        let by_name = store
+            .load::<Stored>(TOKENS)?
+            .into_iter()
+            .map(|s| (s.info.name.clone(), s))
+            .collect();
+        Ok(Tokens {
+            store,
+            by_name: Mutex::new(by_name),
+        })
     }
 
     fn save(&self, name: &str, entry: Option<&Stored>) -> anyhow::Result<()> {
@@ -99,9 +108,22 @@ impl Tokens {
         let rng = |e: std::io::Error| format!("the kernel's random generator: {e}");
         let id = hex(&splitos_rpc::auth::random::<8>().map_err(rng)?);
         let secret = hex(&splitos_rpc::auth::random::<32>().map_err(rng)?);
-        let created_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let stored = Stored { id: id.clone(), hash: hash(&secret), info: TokenInfo { name: name.to_string(), admin, vnodes, created_unix_s } };
-        self.save(name, Some(&stored)).map_err(|e| format!("cannot keep the token: {e}"))?;
+        let created_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let stored = Stored {
+            id: id.clone(),
+            hash: hash(&secret),
+            info: TokenInfo {
+                name: name.to_string(),
+                admin,
+                vnodes,
+                created_unix_s,
+            },
+        };
+        self.save(name, Some(&stored))
+            .map_err(|e| format!("cannot keep the token: {e}"))?;
         by_name.insert(name.to_string(), stored);
         Ok(format!("{PREFIX}{id}_{secret}"))
     }
@@ -118,7 +140,8 @@ impl Tokens {
         if !by_name.contains_key(name) {
             return Ok(false);
         }
-        self.save(name, None).map_err(|e| format!("cannot forget the token: {e}"))?;
+        self.save(name, None)
+            .map_err(|e| format!("cannot forget the token: {e}"))?;
         by_name.remove(name);
         Ok(true)
     }
@@ -134,7 +157,14 @@ impl Tokens {
             return None;
         }
         let token = s.info.name.clone();
-        Some(if s.info.admin { Principal::Admin { token } } else { Principal::Tenant { token, vnodes: s.info.vnodes.clone() } })
+        Some(if s.info.admin {
+            Principal::Admin { token }
+        } else {
+            Principal::Tenant {
+                token,
+                vnodes: s.info.vnodes.clone(),
+            }
+        })
     }
 }
 
@@ -154,12 +184,25 @@ mod tests {
         let admin = t.create("ops", true, Vec::new()).unwrap();
         let lab = t.create("lab-ci", false, vec!["lab".into()]).unwrap();
         assert_eq!(t.check(&admin), Some(Principal::Admin { token: "ops".into() }));
-        assert_eq!(t.check(&lab), Some(Principal::Tenant { token: "lab-ci".into(), vnodes: vec!["lab".into()] }));
+        assert_eq!(
+            t.check(&lab),
+            Some(Principal::Tenant {
+                token: "lab-ci".into(),
+                vnodes: vec!["lab".into()]
+            })
+        );
         // One changed character of the secret, a token without its prefix, garbage: nobody.
         let mut wrong = lab.clone();
         let last = wrong.pop().unwrap();
         wrong.push(if last == '0' { '1' } else { '0' });
-        for bad in [wrong.as_str(), &lab[PREFIX.len()..], "", "splitos_", "splitos__", "Bearer x"] {
+        for bad in [
+            wrong.as_str(),
+            &lab[PREFIX.len()..],
+            "",
+            "splitos_",
+            "splitos__",
+            "Bearer x",
+        ] {
             assert_eq!(t.check(bad), None, "{bad:?}");
         }
         assert!(t.create("ops", true, Vec::new()).unwrap_err().contains("exists"));
@@ -172,7 +215,10 @@ mod tests {
         let secret = admin.rsplit('_').next().unwrap();
         assert!(!raw.windows(secret.len()).any(|w| w == secret.as_bytes()));
         let t = Tokens::open(db(&file)).unwrap();
-        assert_eq!(t.list().iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["lab-ci", "ops"]);
+        assert_eq!(
+            t.list().iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+            ["lab-ci", "ops"]
+        );
         assert!(t.check(&admin).is_some());
         assert!(t.revoke("ops").unwrap());
         assert!(!t.revoke("ops").unwrap());

@@ -113,7 +113,9 @@ impl<T: Args + OnRun + FromArgMatches> FromArgMatches for Override<T> {
             if m.value_source(&id) != Some(ValueSource::CommandLine) {
                 continue;
             }
-            let (Some(inner), Some(outer)) = (a.get_long(), long) else { continue };
+            let (Some(inner), Some(outer)) = (a.get_long(), long) else {
+                continue;
+            };
             given.push((a.get_id().to_string(), format!("--{outer}")));
             if !a.get_action().takes_values() {
                 argv.push(format!("--{inner}").into());
@@ -145,7 +147,10 @@ impl<T: Serialize + DeserializeOwned> Override<T> {
     where
         T: OnRun,
     {
-        self.given.iter().filter(|(id, _)| !T::PER_JOB.contains(&id.as_str())).map(|(_, flag)| flag.as_str())
+        self.given
+            .iter()
+            .filter(|(id, _)| !T::PER_JOB.contains(&id.as_str()))
+            .map(|(_, flag)| flag.as_str())
     }
 
     /// The configuration the options were read into: a field whose option was not given
@@ -160,8 +165,12 @@ impl<T: Serialize + DeserializeOwned> Override<T> {
         let mut into = serde_json::to_value(&*to).map_err(|e| e.to_string())?;
         for (id, _) in &self.given {
             let pointer = format!("/{}", id.replace('.', "/"));
-            let v = from.pointer(&pointer).ok_or_else(|| format!("option {id} is no field of its configuration"))?;
-            *into.pointer_mut(&pointer).ok_or_else(|| format!("option {id} is no field of its configuration"))? = v.clone();
+            let v = from
+                .pointer(&pointer)
+                .ok_or_else(|| format!("option {id} is no field of its configuration"))?;
+            *into
+                .pointer_mut(&pointer)
+                .ok_or_else(|| format!("option {id} is no field of its configuration"))? = v.clone();
         }
         *to = serde_json::from_value(into).map_err(|e| e.to_string())?;
         Ok(())
@@ -206,7 +215,10 @@ impl Embedded {
         }
         if self.ncomponent {
             // One machine: its loopback services are the user's, as for a native run.
-            cfg.ncomponent = vec![NcompConfig { loopback: Loopback::Host, ..NcompConfig::default() }];
+            cfg.ncomponent = vec![NcompConfig {
+                loopback: Loopback::Host,
+                ..NcompConfig::default()
+            }];
         }
         cfg.validate()?;
         Ok(cfg)
@@ -225,9 +237,21 @@ impl Embedded {
         fn of<T: OnRun + Serialize + DeserializeOwned>(o: &Override<T>) -> impl Iterator<Item = (Running, &str)> {
             o.flags().map(|f| (T::ON_A_RUNNING_CLUSTER, f))
         }
-        let layout = [(Running::Refused, self.mcomponents.is_some(), "--mcomponents"), (Running::Noted, self.ncomponent, "--ncomponent")];
-        let given: Vec<(Running, &str)> = of(&self.pcomp).chain(of(&self.mcomp)).chain(of(&self.gm)).chain(of(&self.transport)).chain(layout.into_iter().filter(|(_, on, _)| *on).map(|(r, _, f)| (r, f))).collect();
-        let refused: Vec<&str> = given.iter().filter(|(r, _)| *r == Running::Refused).map(|(_, f)| *f).collect();
+        let layout = [
+            (Running::Refused, self.mcomponents.is_some(), "--mcomponents"),
+            (Running::Noted, self.ncomponent, "--ncomponent"),
+        ];
+        let given: Vec<(Running, &str)> = of(&self.pcomp)
+            .chain(of(&self.mcomp))
+            .chain(of(&self.gm))
+            .chain(of(&self.transport))
+            .chain(layout.into_iter().filter(|(_, on, _)| *on).map(|(r, _, f)| (r, f)))
+            .collect();
+        let refused: Vec<&str> = given
+            .iter()
+            .filter(|(r, _)| *r == Running::Refused)
+            .map(|(_, f)| *f)
+            .collect();
         match refused.is_empty() {
             true => Ok(given.into_iter().map(|(_, f)| f).collect()),
             false => Err(refused),
@@ -249,35 +273,99 @@ mod tests {
     }
 
     fn run(args: &[&str]) -> Embedded {
-        Run::try_parse_from(std::iter::once("run").chain(args.iter().copied())).unwrap_or_else(|e| panic!("{args:?}: {e}")).embedded
+        Run::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .embedded
     }
 
     #[test]
     fn only_the_options_given_override_the_embedded_cluster() {
-        let e = run(&["--excache", "1G", "--no-piggyback", "--mem-capacity", "2G", "--mcomponents", "3", "--tcp-delay-us", "7", "--polling", "adaptive", "--replication", "ec:2"]);
+        let e = run(&[
+            "--excache",
+            "1G",
+            "--no-piggyback",
+            "--mem-capacity",
+            "2G",
+            "--mcomponents",
+            "3",
+            "--tcp-delay-us",
+            "7",
+            "--polling",
+            "adaptive",
+            "--replication",
+            "ec:2",
+        ]);
         let c = e.config().unwrap();
-        assert_eq!(c.pcomponent[0], PcompConfig { excache: Size(1 << 30), piggyback: false, fault_polling: splitos_rpc::poll::Polling::Adaptive, ..PcompConfig::default() });
-        assert_eq!(c.mcomponent, vec![McompConfig { capacity: Size(2 << 30), ..McompConfig::default() }; 3]);
-        assert_eq!((c.transport.tcp.delay_us, c.transport.polling), (7, splitos_rpc::poll::Polling::Adaptive));
+        assert_eq!(
+            c.pcomponent[0],
+            PcompConfig {
+                excache: Size(1 << 30),
+                piggyback: false,
+                fault_polling: splitos_rpc::poll::Polling::Adaptive,
+                ..PcompConfig::default()
+            }
+        );
+        assert_eq!(
+            c.mcomponent,
+            vec![
+                McompConfig {
+                    capacity: Size(2 << 30),
+                    ..McompConfig::default()
+                };
+                3
+            ]
+        );
+        assert_eq!(
+            (c.transport.tcp.delay_us, c.transport.polling),
+            (7, splitos_rpc::poll::Polling::Adaptive)
+        );
         assert_eq!(c.cluster.replication, Some(splitos_rpc::Replication::Ec { data: 2 }));
         assert_eq!(run(&[]).config().unwrap(), ClusterConfig::embedded());
         // What a file says stays unless an option says otherwise.
-        let mut p = PcompConfig { ways: 4, ..PcompConfig::default() };
+        let mut p = PcompConfig {
+            ways: 4,
+            ..PcompConfig::default()
+        };
         run(&["--excache", "1G"]).pcomp.apply(&mut p).unwrap();
         assert_eq!((p.ways, p.excache.0), (4, 1 << 30));
     }
 
     #[test]
     fn a_running_cluster_refuses_the_options_of_its_memory_and_notes_the_rest() {
-        assert_eq!(run(&["--excache", "4M", "--transport", "tcp", "--ncomponent"]).for_a_running_cluster(), Ok(vec!["--excache", "--transport", "--ncomponent"]));
-        assert_eq!(run(&["--excache", "4M", "--mem-workers", "2", "--vregion-size", "4M", "--mcomponents", "1"]).for_a_running_cluster(), Err(vec!["--mem-workers", "--vregion-size", "--mcomponents"]));
+        assert_eq!(
+            run(&["--excache", "4M", "--transport", "tcp", "--ncomponent"]).for_a_running_cluster(),
+            Ok(vec!["--excache", "--transport", "--ncomponent"])
+        );
+        assert_eq!(
+            run(&[
+                "--excache",
+                "4M",
+                "--mem-workers",
+                "2",
+                "--vregion-size",
+                "4M",
+                "--mcomponents",
+                "1"
+            ])
+            .for_a_running_cluster(),
+            Err(vec!["--mem-workers", "--vregion-size", "--mcomponents"])
+        );
         assert_eq!(run(&[]).for_a_running_cluster(), Ok(vec![]));
     }
 
     #[test]
     fn a_bad_value_is_refused_by_its_option() {
-        let e = Run::try_parse_from(["run", "--huge-pages", "2m"]).err().unwrap().to_string();
-        assert!(e.contains("--huge-pages") && e.contains("huge_pages") && e.contains("off, on"), "{e}");
-        assert!(run(&["--ways", "4", "--evict-reserve", "4"]).config().unwrap_err().starts_with("pcomponent[0].evict_reserve"));
+        let e = Run::try_parse_from(["run", "--huge-pages", "2m"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--huge-pages") && e.contains("huge_pages") && e.contains("off, on"),
+            "{e}"
+        );
+        assert!(run(&["--ways", "4", "--evict-reserve", "4"])
+            .config()
+            .unwrap_err()
+            .starts_with("pcomponent[0].evict_reserve"));
     }
 }

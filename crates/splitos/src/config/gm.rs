@@ -122,43 +122,82 @@ impl Default for GmConfig {
 impl GmConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
-        if self.api != "off" && self.api.parse::<std::net::SocketAddr>().map(|a| a.ip().is_unspecified()).unwrap_or(true) {
-            return Err(format!("api: {:?} is not an address (loopback, or one of the managers' host, served with TLS) or \"off\"", self.api));
+        if self.api != "off"
+            && self
+                .api
+                .parse::<std::net::SocketAddr>()
+                .map(|a| a.ip().is_unspecified())
+                .unwrap_or(true)
+        {
+            return Err(format!(
+                "api: {:?} is not an address (loopback, or one of the managers' host, served with TLS) or \"off\"",
+                self.api
+            ));
         }
         if !(1..=crate::telemetry::MAX_CONNECTIONS).contains(&self.api_connections_per_peer) {
-            return Err(format!("api_connections_per_peer: {} is not between 1 and {}, the connections the API serves at once", self.api_connections_per_peer, crate::telemetry::MAX_CONNECTIONS));
+            return Err(format!(
+                "api_connections_per_peer: {} is not between 1 and {}, the connections the API serves at once",
+                self.api_connections_per_peer,
+                crate::telemetry::MAX_CONNECTIONS
+            ));
         }
         let vrs = self.vregion_size.0;
-        self.replication.unwrap_or_default().check_vregion_size(vrs).map_err(|e| format!("vregion_size: {e}"))?;
+        self.replication
+            .unwrap_or_default()
+            .check_vregion_size(vrs)
+            .map_err(|e| format!("vregion_size: {e}"))?;
         if vrs < PAGE || !vrs.is_power_of_two() {
             return Err(format!("vregion_size: {vrs} must be a power of two of at least 4096"));
         }
         check_netns(&self.netns)?;
         if self.rebalance_percent > 100 {
-            return Err(format!("rebalance_percent: {} is more than 100 percentage points (0 turns rebalancing off)", self.rebalance_percent));
+            return Err(format!(
+                "rebalance_percent: {} is more than 100 percentage points (0 turns rebalancing off)",
+                self.rebalance_percent
+            ));
         }
         if !(2..=60).contains(&self.leader_lease_s) {
-            return Err(format!("leader_lease_s: {} is not between 2 and 60 seconds", self.leader_lease_s));
+            return Err(format!(
+                "leader_lease_s: {} is not between 2 and 60 seconds",
+                self.leader_lease_s
+            ));
         }
-        if let Some(bad) = self.etcd.iter().find(|e| !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 256) {
+        if let Some(bad) = self
+            .etcd
+            .iter()
+            .find(|e| !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 256)
+        {
             return Err(format!("etcd: {bad:?} is not an etcd client URL (https://HOST:PORT)"));
         }
         if self.etcd.iter().any(|e| e.starts_with("http://")) && self.etcd.iter().any(|e| e.starts_with("https://")) {
             return Err("etcd: mixes https and http endpoints (one etcd cluster speaks one of them)".into());
         }
-        if let Some(plain) = self.etcd.iter().find(|e| e.starts_with("http://") && !self.etcd_insecure) {
+        if let Some(plain) = self
+            .etcd
+            .iter()
+            .find(|e| e.starts_with("http://") && !self.etcd_insecure)
+        {
             return Err(format!(
                 "etcd: {plain:?} is plain http, which lets every user who reaches it read and change the cluster's state: use https with client certificates (docs/deployment.md), or etcd_insecure = true on a machine no one else uses"
             ));
         }
         // A prefix that holds another cluster's parts (`/a/state/...` beside `/a`) would read
         // that cluster's keys as its own.
-        let reserved = ["/state/", "/leader", "/managers/"].iter().any(|part| format!("{}/", self.etcd_prefix).contains(part));
-        if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.len() > 128 || self.etcd_prefix.contains("//") || reserved {
+        let reserved = ["/state/", "/leader", "/managers/"]
+            .iter()
+            .any(|part| format!("{}/", self.etcd_prefix).contains(part));
+        if !self.etcd_prefix.starts_with('/')
+            || self.etcd_prefix.len() > 128
+            || self.etcd_prefix.contains("//")
+            || reserved
+        {
             return Err(format!("etcd_prefix: {:?} is not a key prefix (\"/splitos\", \"/clusters/a\"; not holding /state/, /leader or /managers/)", self.etcd_prefix));
         }
         if self.reclaim_dead_ms >= self.forget_dead_ms {
-            return Err(format!("reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed", self.reclaim_dead_ms, self.forget_dead_ms));
+            return Err(format!(
+                "reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed",
+                self.reclaim_dead_ms, self.forget_dead_ms
+            ));
         }
         Ok(())
     }
@@ -174,7 +213,10 @@ mod replication_by_name {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Replication>, D::Error> {
-        Option::<String>::deserialize(d)?.map(|n| Replication::from_name(&n)).transpose().map_err(D::Error::custom)
+        Option::<String>::deserialize(d)?
+            .map(|n| Replication::from_name(&n))
+            .transpose()
+            .map_err(D::Error::custom)
     }
 }
 

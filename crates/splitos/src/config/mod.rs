@@ -41,8 +41,13 @@ pub use embedded::{Embedded, OnRun, Override, Running};
 pub use gm::{GmConfig, ManagerConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
-pub use pcomp::{check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy};
-pub use process::{write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs, METRICS_ADDR};
+pub use pcomp::{
+    check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath,
+    OneSided, PcompConfig, PrefetchPolicy,
+};
+pub use process::{
+    write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs, METRICS_ADDR,
+};
 pub use scomp::ScompConfig;
 pub use size::{parse_size, Size};
 pub use vnode::{check_vnode_name, VnodeConfig};
@@ -60,8 +65,13 @@ pub const HAND_STARTED_GM: &str = "127.0.0.1:7100";
 
 /// `netns`, which every component's table has.
 fn check_netns(netns: &Option<String>) -> Result<(), String> {
-    match netns.as_deref().filter(|ns| ns.is_empty() || ns.contains('/') || ns.starts_with('.')) {
-        Some(ns) => Err(format!("netns: {ns:?} is not a network namespace name (as `ip netns` names them)")),
+    match netns
+        .as_deref()
+        .filter(|ns| ns.is_empty() || ns.contains('/') || ns.starts_with('.'))
+    {
+        Some(ns) => Err(format!(
+            "netns: {ns:?} is not a network namespace name (as `ip netns` names them)"
+        )),
         None => Ok(()),
     }
 }
@@ -129,13 +139,20 @@ impl ClusterConfig {
 
     /// What the global managers are started with: `[cluster]`, its replication scheme decided.
     pub fn gm(&self) -> GmConfig {
-        GmConfig { replication: Some(self.replication()), ..self.cluster.clone() }
+        GmConfig {
+            replication: Some(self.replication()),
+            ..self.cluster.clone()
+        }
     }
 
     /// The global managers: the `[[gm]]` tables, or one at `[cluster] gm`.
     pub fn managers(&self) -> Vec<ManagerConfig> {
         match self.gm.is_empty() {
-            true => vec![ManagerConfig { listen: self.cluster.gm.clone(), api: None, netns: self.cluster.netns.clone() }],
+            true => vec![ManagerConfig {
+                listen: self.cluster.gm.clone(),
+                api: None,
+                netns: self.cluster.netns.clone(),
+            }],
             false => self.gm.clone(),
         }
     }
@@ -146,26 +163,47 @@ impl ClusterConfig {
         self.transport.validate()?;
         self.gm().validate().map_err(|e| format!("cluster.{e}"))?;
         if self.gm.len() > 1 && self.cluster.etcd.is_empty() {
-            return Err(format!("gm: {} managers need [cluster] etcd, where they elect their leader and keep the state", self.gm.len()));
+            return Err(format!(
+                "gm: {} managers need [cluster] etcd, where they elect their leader and keep the state",
+                self.gm.len()
+            ));
         }
         if !self.gm.is_empty() && self.cluster.gm != ANY_PORT {
             return Err("cluster.gm: the managers are the [[gm]] tables; leave cluster.gm out".into());
         }
         let mut seen = std::collections::HashSet::new();
         for (i, m) in self.gm.iter().enumerate() {
-            let at = m.listen.parse::<std::net::SocketAddr>().map_err(|_| format!("gm[{i}].listen: {:?} is not an address", m.listen))?;
+            let at = m
+                .listen
+                .parse::<std::net::SocketAddr>()
+                .map_err(|_| format!("gm[{i}].listen: {:?} is not an address", m.listen))?;
             if at.port() == 0 || at.ip().is_unspecified() {
-                return Err(format!("gm[{i}].listen: {:?} needs a fixed port and an address others reach (not 0.0.0.0)", m.listen));
+                return Err(format!(
+                    "gm[{i}].listen: {:?} needs a fixed port and an address others reach (not 0.0.0.0)",
+                    m.listen
+                ));
             }
             if !seen.insert(at) {
                 return Err(format!("gm[{i}].listen: {} is another manager's too", m.listen));
             }
             if let Some(api) = &m.api {
-                GmConfig { api: api.clone(), ..self.cluster.clone() }.validate().map_err(|e| format!("gm[{i}].{e}"))?;
+                GmConfig {
+                    api: api.clone(),
+                    ..self.cluster.clone()
+                }
+                .validate()
+                .map_err(|e| format!("gm[{i}].{e}"))?;
             }
             check_netns(&m.netns).map_err(|e| format!("gm[{i}].{e}"))?;
         }
-        if self.gm.is_empty() && !self.cluster.etcd.is_empty() && self.cluster.gm.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() == 0) {
+        if self.gm.is_empty()
+            && !self.cluster.etcd.is_empty()
+            && self
+                .cluster
+                .gm
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.port() == 0)
+        {
             return Err("cluster.gm: with etcd, the global managers need a fixed port (a manager that stops leading starts again at its address)".into());
         }
         if self.replication() == splitos_rpc::Replication::Log && self.scomponent.is_empty() {
@@ -185,7 +223,9 @@ impl ClusterConfig {
         let mut dirs = std::collections::HashSet::new();
         for (i, s) in self.scomponent.iter().enumerate() {
             if !dirs.insert(s.dir.clone()) {
-                return Err(format!("scomponent[{i}].dir: two sComponents cannot share a storage directory"));
+                return Err(format!(
+                    "scomponent[{i}].dir: two sComponents cannot share a storage directory"
+                ));
             }
         }
         Ok(())
@@ -194,7 +234,10 @@ impl ClusterConfig {
 
 /// `check` of every table of an array of tables, its error naming the table (`pcomponent[1].`).
 fn each<T>(table: &str, tables: &[T], check: impl Fn(&T) -> Result<(), String>) -> Result<(), String> {
-    tables.iter().enumerate().try_for_each(|(i, t)| check(t).map_err(|e| format!("{table}[{i}].{e}")))
+    tables
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, t)| check(t).map_err(|e| format!("{table}[{i}].{e}")))
 }
 
 #[cfg(test)]
@@ -203,29 +246,59 @@ mod tests {
 
     #[test]
     fn bad_fields_are_named() {
-        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\nexcahce = \"1M\"\n").unwrap_err().to_string();
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\nexcahce = \"1M\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("excahce"), "{e}");
-        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\npolicy = \"lfu\"\n[[mcomponent]]\n").unwrap_err().to_string();
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\npolicy = \"lfu\"\n[[mcomponent]]\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("policy") && e.contains("fifo, clock"), "{e}");
-        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\ndirty_tracking = \"dirty\"\n[[mcomponent]]\n").unwrap_err().to_string();
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\ndirty_tracking = \"dirty\"\n[[mcomponent]]\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dirty_tracking") && e.contains("scan"), "{e}");
-        let e = toml::from_str::<ClusterConfig>("[[mcomponent]]\ncapacity = \"9X\"\n").unwrap_err().to_string();
+        let e = toml::from_str::<ClusterConfig>("[[mcomponent]]\ncapacity = \"9X\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("capacity") || e.contains("9X"), "{e}");
-        let e = toml::from_str::<ClusterConfig>("[cluster]\nreplication = \"ec:3\"\n").unwrap_err().to_string();
+        let e = toml::from_str::<ClusterConfig>("[cluster]\nreplication = \"ec:3\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("replication") && e.contains("2, 4 or 8"), "{e}");
         let check = |text: &str| toml::from_str::<ClusterConfig>(text).unwrap().validate().unwrap_err();
-        assert!(check("[[pcomponent]]\nfault_workers = 0\n[[mcomponent]]\n").starts_with("pcomponent[0].fault_workers:"));
-        assert!(check("[[pcomponent]]\n[[mcomponent]]\n[[mcomponent]]\nnetns = \"a/b\"\n").starts_with("mcomponent[1].netns:"));
-        assert!(check("[cluster]\nvregion_size = 3000\n[[pcomponent]]\n[[mcomponent]]\n").starts_with("cluster.vregion_size:"));
-        assert!(check("[cluster]\nreplication = \"log\"\n[[pcomponent]]\n[[mcomponent]]\n").starts_with("cluster.replication:"));
+        assert!(
+            check("[[pcomponent]]\nfault_workers = 0\n[[mcomponent]]\n").starts_with("pcomponent[0].fault_workers:")
+        );
+        assert!(
+            check("[[pcomponent]]\n[[mcomponent]]\n[[mcomponent]]\nnetns = \"a/b\"\n")
+                .starts_with("mcomponent[1].netns:")
+        );
+        assert!(
+            check("[cluster]\nvregion_size = 3000\n[[pcomponent]]\n[[mcomponent]]\n")
+                .starts_with("cluster.vregion_size:")
+        );
+        assert!(
+            check("[cluster]\nreplication = \"log\"\n[[pcomponent]]\n[[mcomponent]]\n")
+                .starts_with("cluster.replication:")
+        );
     }
 
     #[test]
     fn sizes_read_as_people_write_them_and_unworkable_excaches_are_refused() {
-        let check = |pcomp: &str| toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n")).unwrap().validate();
+        let check = |pcomp: &str| {
+            toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n"))
+                .unwrap()
+                .validate()
+        };
         let tiny = check("excache = \"4K\"").unwrap_err();
-        assert!(tiny.contains("pcomponent[0].excache") && tiny.contains("256K"), "{tiny}");
-        assert!(check("excache = \"1T\"").unwrap_err().contains("more than this host's memory"));
+        assert!(
+            tiny.contains("pcomponent[0].excache") && tiny.contains("256K"),
+            "{tiny}"
+        );
+        assert!(check("excache = \"1T\"")
+            .unwrap_err()
+            .contains("more than this host's memory"));
         assert!(check("excache = \"256K\"").is_ok());
         assert!(check("excache = \"64MB\"").is_ok());
     }
@@ -234,28 +307,66 @@ mod tests {
     /// whole.
     #[test]
     fn several_managers_need_etcd_fixed_ports_and_reachable_addresses() {
-        let check = |text: &str| toml::from_str::<ClusterConfig>(&format!("{text}\n[[pcomponent]]\n[[mcomponent]]\n")).unwrap().validate();
+        let check = |text: &str| {
+            toml::from_str::<ClusterConfig>(&format!("{text}\n[[pcomponent]]\n[[mcomponent]]\n"))
+                .unwrap()
+                .validate()
+        };
         let etcd = "[cluster]\netcd = [\"https://10.0.0.1:2379\"]\n";
         let two = "[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.2:7100\"\n";
         assert!(check(two).unwrap_err().contains("need [cluster] etcd"));
         assert!(check(&format!("{etcd}{two}")).is_ok());
-        assert_eq!(toml::from_str::<ClusterConfig>(&format!("{etcd}{two}")).unwrap().managers().len(), 2);
-        for (listen, why) in [("10.0.0.1:0", "fixed port"), ("0.0.0.0:7100", "not 0.0.0.0"), ("gm-host", "not an address")] {
+        assert_eq!(
+            toml::from_str::<ClusterConfig>(&format!("{etcd}{two}"))
+                .unwrap()
+                .managers()
+                .len(),
+            2
+        );
+        for (listen, why) in [
+            ("10.0.0.1:0", "fixed port"),
+            ("0.0.0.0:7100", "not 0.0.0.0"),
+            ("gm-host", "not an address"),
+        ] {
             let e = check(&format!("{etcd}[[gm]]\nlisten = \"{listen}\"\n")).unwrap_err();
             assert!(e.starts_with("gm[0].listen") && e.contains(why), "{listen}: {e}");
         }
-        assert!(check(&format!("{etcd}[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.1:7100\"\n")).unwrap_err().contains("another manager's"));
-        assert!(check("[cluster]\netcd = [\"10.0.0.1:2379\"]\ngm = \"10.0.0.1:7100\"\n").unwrap_err().contains("not an etcd client URL"));
-        assert!(check("[cluster]\netcd = [\"https://10.0.0.1:2379\"]\n").unwrap_err().contains("fixed port"), "one manager with etcd re-executes at its address");
+        assert!(check(&format!(
+            "{etcd}[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.1:7100\"\n"
+        ))
+        .unwrap_err()
+        .contains("another manager's"));
+        assert!(check("[cluster]\netcd = [\"10.0.0.1:2379\"]\ngm = \"10.0.0.1:7100\"\n")
+            .unwrap_err()
+            .contains("not an etcd client URL"));
+        assert!(
+            check("[cluster]\netcd = [\"https://10.0.0.1:2379\"]\n")
+                .unwrap_err()
+                .contains("fixed port"),
+            "one manager with etcd re-executes at its address"
+        );
         // Plain http lets whoever reaches etcd write the cluster's authority: only when asked
         // for by name, and never mixed with https.
         let plain = check(&format!("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\n{two}")).unwrap_err();
-        assert!(plain.starts_with("cluster.etcd:") && plain.contains("plain http") && plain.contains("etcd_insecure"), "{plain}");
-        assert!(check(&format!("[cluster]\netcd = [\"http://10.0.0.1:2379\"]\netcd_insecure = true\n{two}")).is_ok());
-        let mixed = check(&format!("[cluster]\netcd = [\"https://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\netcd_insecure = true\n{two}")).unwrap_err();
+        assert!(
+            plain.starts_with("cluster.etcd:") && plain.contains("plain http") && plain.contains("etcd_insecure"),
+            "{plain}"
+        );
+        assert!(check(&format!(
+            "[cluster]\netcd = [\"http://10.0.0.1:2379\"]\netcd_insecure = true\n{two}"
+        ))
+        .is_ok());
+        let mixed = check(&format!(
+            "[cluster]\netcd = [\"https://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\netcd_insecure = true\n{two}"
+        ))
+        .unwrap_err();
         assert!(mixed.contains("mixes"), "{mixed}");
-        assert!(check("[cluster]\nleader_lease_s = 1\n").unwrap_err().contains("leader_lease_s"));
-        assert!(check("[cluster]\netcd_prefix = \"splitos\"\n").unwrap_err().contains("etcd_prefix"));
+        assert!(check("[cluster]\nleader_lease_s = 1\n")
+            .unwrap_err()
+            .contains("leader_lease_s"));
+        assert!(check("[cluster]\netcd_prefix = \"splitos\"\n")
+            .unwrap_err()
+            .contains("etcd_prefix"));
         // One manager alone, at cluster.gm, as before.
         assert_eq!(ClusterConfig::embedded().managers()[0].listen, ANY_PORT);
     }
@@ -266,7 +377,10 @@ mod tests {
         let c: ClusterConfig = toml::from_str(text).unwrap();
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<ClusterConfig>(&json).unwrap(), c, "{json}");
-        assert_eq!(toml::from_str::<ClusterConfig>(&toml::to_string(&c).unwrap()).unwrap(), c);
+        assert_eq!(
+            toml::from_str::<ClusterConfig>(&toml::to_string(&c).unwrap()).unwrap(),
+            c
+        );
         assert_eq!(c.pcomponent[0].excache, Size(1 << 30));
         assert!(!c.pcomponent[0].piggyback);
     }
@@ -290,9 +404,18 @@ mod tests {
         assert_eq!(c.ncomponent[0], no_options::<NcompConfig>());
         assert_eq!(c.cluster, no_options::<GmConfig>());
         assert_eq!(c.transport, no_options::<TransportConfig>());
-        assert_eq!(ScompConfig { dir: None, ..Cli::<ScompConfig>::parse_from(["splitos", "--dir", "d"]).knobs }, toml::from_str::<ScompConfig>("").unwrap());
+        assert_eq!(
+            ScompConfig {
+                dir: None,
+                ..Cli::<ScompConfig>::parse_from(["splitos", "--dir", "d"]).knobs
+            },
+            toml::from_str::<ScompConfig>("").unwrap()
+        );
         assert!(ClusterConfig::embedded().validate().is_ok());
-        assert_eq!((c.cluster.gm.as_str(), c.pcomponent[0].listen.as_str()), (ANY_PORT, ANY_PORT));
+        assert_eq!(
+            (c.cluster.gm.as_str(), c.pcomponent[0].listen.as_str()),
+            (ANY_PORT, ANY_PORT)
+        );
         assert_eq!(c.pcomponent[0].excache, Size(64 << 20));
     }
 
@@ -302,9 +425,20 @@ mod tests {
         let page = include_str!("../../../../docs/configuration.md");
         let mut c = ClusterConfig::embedded();
         c.ncomponent.push(NcompConfig::default());
-        c.vnode.push(VnodeConfig { name: "lab".into(), users: Vec::new(), groups: Vec::new(), memory: Some(Size(1 << 30)) });
-        c.gm.push(ManagerConfig { listen: "10.0.0.1:7100".into(), api: None, netns: None });
-        let serde_json::Value::Object(tables) = serde_json::to_value(&c).unwrap() else { unreachable!() };
+        c.vnode.push(VnodeConfig {
+            name: "lab".into(),
+            users: Vec::new(),
+            groups: Vec::new(),
+            memory: Some(Size(1 << 30)),
+        });
+        c.gm.push(ManagerConfig {
+            listen: "10.0.0.1:7100".into(),
+            api: None,
+            netns: None,
+        });
+        let serde_json::Value::Object(tables) = serde_json::to_value(&c).unwrap() else {
+            unreachable!()
+        };
         for (table, v) in tables {
             let fields = match v {
                 serde_json::Value::Array(mut a) => a.remove(0),
@@ -316,7 +450,10 @@ mod tests {
                     None => vec![format!("{field} = ")],
                 };
                 for k in keys {
-                    assert!(page.lines().any(|l| l.trim_start_matches(['#', ' ']).starts_with(&k)), "docs/configuration.md does not show {table}.{field} ({k:?})");
+                    assert!(
+                        page.lines().any(|l| l.trim_start_matches(['#', ' ']).starts_with(&k)),
+                        "docs/configuration.md does not show {table}.{field} ({k:?})"
+                    );
                 }
             }
         }

@@ -271,9 +271,13 @@ impl std::str::FromStr for InterleaveRatio {
         if t.is_empty() || t == "off" {
             return Ok(InterleaveRatio(None));
         }
-        let bad = || format!("{s:?}: interleave is off or N:M (N of every M pages local, 1 <= N < M <= 1024), as in 1:2");
+        let bad =
+            || format!("{s:?}: interleave is off or N:M (N of every M pages local, 1 <= N < M <= 1024), as in 1:2");
         let (n, m) = t.split_once(':').ok_or_else(bad)?;
-        let (n, m): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+        let (n, m): (u32, u32) = (
+            n.trim().parse().map_err(|_| bad())?,
+            m.trim().parse().map_err(|_| bad())?,
+        );
         InterleaveRatio::of(n, m).map_err(|_| bad())
     }
 }
@@ -344,7 +348,9 @@ impl PcompConfig {
     /// The most the ExCache may grow to, in bytes.
     pub fn excache_max(&self) -> u64 {
         match self.excache_max.0 {
-            0 => (self.excache.0 * 4).min(host_memory().unwrap_or(u64::MAX)).max(self.excache.0),
+            0 => (self.excache.0 * 4)
+                .min(host_memory().unwrap_or(u64::MAX))
+                .max(self.excache.0),
             max => max,
         }
     }
@@ -352,12 +358,16 @@ impl PcompConfig {
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
         check_excache(self.excache.0)?;
-        self.interleave.check(self.interleave_unit, self.set_ways(), self.evict_reserve)?;
+        self.interleave
+            .check(self.interleave_unit, self.set_ways(), self.evict_reserve)?;
         if !(1..=MAX_LINKS).contains(&self.links) {
             return Err(format!("links: {} is not between 1 and {MAX_LINKS}", self.links));
         }
         if self.excache_max.0 != 0 && self.excache_max.0 < self.excache.0 {
-            return Err(format!("excache_max: {} is less than excache ({}): the ExCache starts no larger than it may grow", self.excache_max, self.excache));
+            return Err(format!(
+                "excache_max: {} is less than excache ({}): the ExCache starts no larger than it may grow",
+                self.excache_max, self.excache
+            ));
         }
         check_excache(self.excache_max.0.max(self.excache.0)).map_err(|e| e.replacen("excache:", "excache_max:", 1))?;
         if self.dirty_tracking == DirtyTracking::Scan && self.huge_pages == HugePages::On {
@@ -383,7 +393,10 @@ impl PcompConfig {
             }
         }
         if self.compressed_tier.0 != 0 && self.compressed_tier.0 < PAGE {
-            return Err(format!("compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)", self.compressed_tier.0));
+            return Err(format!(
+                "compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)",
+                self.compressed_tier.0
+            ));
         }
         if self.fault_workers == 0 {
             return Err("fault_workers: must be at least 1".into());
@@ -393,10 +406,16 @@ impl PcompConfig {
         }
         let ways = self.set_ways();
         if self.evict_reserve as u64 >= ways {
-            return Err(format!("evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)", self.evict_reserve));
+            return Err(format!(
+                "evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)",
+                self.evict_reserve
+            ));
         }
         if self.share_floor > 100 {
-            return Err(format!("share_floor: {}% is more than an equal share (at most 100; 0 turns it off)", self.share_floor));
+            return Err(format!(
+                "share_floor: {}% is more than an equal share (at most 100; 0 turns it off)",
+                self.share_floor
+            ));
         }
         check_netns(&self.netns)
     }
@@ -409,13 +428,29 @@ pub fn check_excache(bytes: u64) -> Result<(), String> {
         return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
     }
     if let Some(host) = host_memory().filter(|&h| bytes > h) {
-        return Err(format!("excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory", Size(bytes), Size(host)));
+        return Err(format!(
+            "excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory",
+            Size(bytes),
+            Size(host)
+        ));
     }
     Ok(())
 }
 
 fn host_memory() -> Option<u64> {
-    std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())).map(|kb| kb << 10)
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        })
+        .map(|kb| kb << 10)
 }
 
 #[cfg(test)]
@@ -428,7 +463,11 @@ mod tests {
             assert_eq!(n.parse::<HugePages>().unwrap().to_string(), *n);
         }
         assert!("2m".parse::<HugePages>().unwrap_err().contains("off, on"));
-        assert_eq!("lru".parse::<EvictPolicy>(), Ok(EvictPolicy::Clock), "the old name of clock");
+        assert_eq!(
+            "lru".parse::<EvictPolicy>(),
+            Ok(EvictPolicy::Clock),
+            "the old name of clock"
+        );
         assert!("lfu".parse::<EvictPolicy>().unwrap_err().contains("fifo, clock"));
         assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
         assert_eq!(FaultCpu::Any.to_string(), "any");
@@ -437,7 +476,13 @@ mod tests {
 
     #[test]
     fn a_share_floor_is_at_most_an_equal_share() {
-        let with = |share_floor| PcompConfig { share_floor, ..PcompConfig::default() }.validate();
+        let with = |share_floor| {
+            PcompConfig {
+                share_floor,
+                ..PcompConfig::default()
+            }
+            .validate()
+        };
         assert!(with(0).is_ok());
         assert!(with(100).is_ok());
         assert!(with(101).unwrap_err().starts_with("share_floor:"));
@@ -445,7 +490,15 @@ mod tests {
 
     #[test]
     fn the_evictors_reserve_leaves_a_way_to_fill_in_every_set() {
-        let with = |ways, excache, evict_reserve| PcompConfig { ways, excache: Size(excache), evict_reserve, ..PcompConfig::default() }.validate();
+        let with = |ways, excache, evict_reserve| {
+            PcompConfig {
+                ways,
+                excache: Size(excache),
+                evict_reserve,
+                ..PcompConfig::default()
+            }
+            .validate()
+        };
         assert!(with(8, 64 << 20, 7).is_ok());
         assert!(with(8, 64 << 20, 8).unwrap_err().starts_with("evict_reserve:"));
         // Fully associative: one set of every line.

@@ -7,7 +7,9 @@ use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{GmConfig, McompConfig, NcompConfig, PcompConfig, ScompConfig, TransportConfig, VnodeConfig, HAND_STARTED_GM};
+use super::{
+    GmConfig, McompConfig, NcompConfig, PcompConfig, ScompConfig, TransportConfig, VnodeConfig, HAND_STARTED_GM,
+};
 
 /// What every component process has besides its knobs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
@@ -170,7 +172,8 @@ impl<T: DeserializeOwned> Startup<T> {
         match self {
             Startup::Options(t) => Ok(t),
             Startup::File(f) => {
-                let text = std::fs::read_to_string(&f).map_err(|e| anyhow::anyhow!("cannot read the configuration {}: {e}", f.display()))?;
+                let text = std::fs::read_to_string(&f)
+                    .map_err(|e| anyhow::anyhow!("cannot read the configuration {}: {e}", f.display()))?;
                 serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("the configuration {}: {e}", f.display()))
             }
         }
@@ -181,7 +184,8 @@ impl<T: DeserializeOwned> Startup<T> {
 /// names its credentials).
 pub fn write_start_file<T: Serialize>(path: &Path, args: &T) -> anyhow::Result<()> {
     use std::io::Write;
-    let mut f = crate::trusted::new_file(path, 0o600).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    let mut f =
+        crate::trusted::new_file(path, 0o600).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
     f.write_all(serde_json::to_string_pretty(args)?.as_bytes())?;
     Ok(())
 }

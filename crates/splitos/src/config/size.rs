@@ -10,7 +10,14 @@ pub struct Size(pub u64);
 pub fn parse_size(s: &str) -> Result<u64, String> {
     // "64MB" and "64MiB" mean 64M, as people write them.
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).or_else(|| t.strip_suffix(['B', 'b']).filter(|n| n.ends_with(|c: char| c.is_ascii_alphabetic()))).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .or_else(|| {
+            t.strip_suffix(['B', 'b'])
+                .filter(|n| n.ends_with(|c: char| c.is_ascii_alphabetic()))
+        })
+        .unwrap_or(t);
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m = match c.to_ascii_uppercase() {
@@ -25,7 +32,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         _ => (t, 1),
     };
-    let n: u64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size (examples: 4096, 64M, 1G)"))?;
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (examples: 4096, 64M, 1G)"))?;
     n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
@@ -40,7 +50,9 @@ impl std::str::FromStr for Size {
 /// default shows in `--help`.
 impl std::fmt::Display for Size {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let unit = [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')].into_iter().find(|(shift, _)| self.0 != 0 && self.0.is_multiple_of(1u64 << shift));
+        let unit = [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')]
+            .into_iter()
+            .find(|(shift, _)| self.0 != 0 && self.0.is_multiple_of(1u64 << shift));
         match unit {
             Some((shift, c)) => write!(f, "{}{c}", self.0 >> shift),
             None => write!(f, "{}", self.0),
@@ -74,14 +86,31 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("lots").is_err());
-        for (s, n) in [("64MB", 64u64 << 20), ("64MiB", 64 << 20), ("1GB", 1 << 30), ("4096B", 4096), ("4096", 4096)] {
+        for (s, n) in [
+            ("64MB", 64u64 << 20),
+            ("64MiB", 64 << 20),
+            ("1GB", 1 << 30),
+            ("4096B", 4096),
+            ("4096", 4096),
+        ] {
             assert_eq!(parse_size(s), Ok(n), "{s}");
         }
     }
 
     #[test]
     fn sizes_show_in_a_form_they_are_read_back_from() {
-        for n in [0, 1, 4096, 4097, 128 << 10, 64 << 20, 1536 << 20, 1 << 30, 16 << 30, 3 << 40] {
+        for n in [
+            0,
+            1,
+            4096,
+            4097,
+            128 << 10,
+            64 << 20,
+            1536 << 20,
+            1 << 30,
+            16 << 30,
+            3 << 40,
+        ] {
             let shown = Size(n).to_string();
             assert_eq!(shown.parse::<Size>(), Ok(Size(n)), "{shown}");
         }

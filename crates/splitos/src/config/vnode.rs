@@ -47,7 +47,9 @@ impl VnodeConfig {
 /// A vNode's name is a directory name under a pComponent's mount root.
 pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
     if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
-        return Err(format!("{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"));
+        return Err(format!(
+            "{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"
+        ));
     }
     Ok(())
 }
@@ -64,11 +66,16 @@ mod tests {
     #[test]
     fn a_vnodes_memory_quota_is_a_size_of_at_least_a_page() {
         let check = |memory: &str| {
-            toml::from_str::<crate::config::ClusterConfig>(&format!("[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"))
-                .map_err(|e| e.to_string())
-                .and_then(|c| c.validate().map(|()| c))
+            toml::from_str::<crate::config::ClusterConfig>(&format!(
+                "[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"
+            ))
+            .map_err(|e| e.to_string())
+            .and_then(|c| c.validate().map(|()| c))
         };
-        assert_eq!(check("\"256M\"").unwrap().vnode[0].memory, Some(crate::config::Size(256 << 20)));
+        assert_eq!(
+            check("\"256M\"").unwrap().vnode[0].memory,
+            Some(crate::config::Size(256 << 20))
+        );
         assert!(check("\"1K\"").unwrap_err().contains("vnode[0].memory"));
         assert!(check("\"lots\"").unwrap_err().contains("\"lots\""));
     }

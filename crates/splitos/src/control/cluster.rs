@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use splitos_rpc::auth::Authority;
 use splitos_rpc::{ComponentInfo, Request, Role, Rpc, TransportConfig, C2G_STATUS, C2X_STATS, X2G_WHO_LEADS};
 
-use crate::config::{self, ClusterConfig, GmArgs, GmConfig, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, ScompConfig, StorageArgs};
+use crate::config::{
+    self, ClusterConfig, GmArgs, GmConfig, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, ScompConfig, StorageArgs,
+};
 
 /// What `cluster up` leaves behind so that `run`, `status` and `down` find the cluster.
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -46,7 +48,16 @@ pub fn state_dir() -> PathBuf {
 
 /// This user's home: $HOME, else the one the user database names.
 fn home() -> PathBuf {
-    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from).or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.dir)).unwrap_or_else(|| PathBuf::from("/nonexistent"))
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.dir)
+        })
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"))
 }
 
 /// Where sComponents keep files unless configured otherwise: $SPLITOS_DATA_DIR, else
@@ -66,7 +77,9 @@ pub fn data_dir() -> PathBuf {
 /// The state directory of the host's cluster, the one users run programs on:
 /// $SPLITOS_STATE_DIR, else root's (/run/splitos), whoever asks.
 pub fn host_state_dir() -> PathBuf {
-    std::env::var_os("SPLITOS_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/run/splitos"))
+    std::env::var_os("SPLITOS_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/splitos"))
 }
 
 /// Where the pComponents of the cluster whose state is in `state` put their program sockets:
@@ -97,7 +110,12 @@ pub fn use_admin_credentials(path: &Path) {
 }
 
 pub fn admin_credentials() -> PathBuf {
-    ADMIN.lock().unwrap().clone().or_else(|| std::env::var_os("SPLITOS_CREDENTIALS").map(PathBuf::from)).unwrap_or_else(|| state_dir().join(ADMIN_CREDENTIALS))
+    ADMIN
+        .lock()
+        .unwrap()
+        .clone()
+        .or_else(|| std::env::var_os("SPLITOS_CREDENTIALS").map(PathBuf::from))
+        .unwrap_or_else(|| state_dir().join(ADMIN_CREDENTIALS))
 }
 
 /// The control plane's RPC client, one per credentials file.
@@ -108,7 +126,9 @@ pub fn rpc() -> anyhow::Result<&'static Rpc> {
     if let Some((_, r)) = cache.iter().find(|(p, _)| *p == path) {
         return Ok(r);
     }
-    let creds = crate::node::credentials(&path, Role::Admin).map_err(|e| anyhow::anyhow!("{e} (the admin's tools need the cluster's admin credentials, readable by root)"))?;
+    let creds = crate::node::credentials(&path, Role::Admin).map_err(|e| {
+        anyhow::anyhow!("{e} (the admin's tools need the cluster's admin credentials, readable by root)")
+    })?;
     // The transport of the cluster `cluster up` started; TCP's defaults for any other.
     let t = read_state().map(|s| s.transport).unwrap_or_default();
     let r: &'static Rpc = Box::leak(Box::new(crate::node::client_rpc(&t, creds, Duration::from_secs(5))?));
@@ -161,7 +181,9 @@ pub fn authority(dir: &Path) -> anyhow::Result<Authority> {
 
 /// One request to the component at `addr`; an error names the component.
 pub fn ask<R: Request>(addr: &str, req: R) -> anyhow::Result<R::Reply> {
-    rpc()?.call(addr, req).map_err(|e| anyhow::anyhow!("component at {addr}: {e}"))
+    rpc()?
+        .call(addr, req)
+        .map_err(|e| anyhow::anyhow!("component at {addr}: {e}"))
 }
 
 /// A running set of component processes started by us.
@@ -177,14 +199,27 @@ fn self_exe() -> anyhow::Result<PathBuf> {
 /// Starts a component process running `splitos COMMAND` with its whole configuration `args`
 /// (written next to its log for its `--config-file`), in network namespace `netns` (a file of
 /// /run/netns) if given.
-fn spawn<T: Serialize>(dir: &Path, name: &str, command: &str, args: &T, detach: bool, netns: Option<&str>) -> anyhow::Result<(Child, PathBuf)> {
+fn spawn<T: Serialize>(
+    dir: &Path,
+    name: &str,
+    command: &str,
+    args: &T,
+    detach: bool,
+    netns: Option<&str>,
+) -> anyhow::Result<(Child, PathBuf)> {
     let _ = std::fs::remove_file(ready_file(dir, name));
     let config = dir.join(format!("{name}.json"));
     config::write_start_file(&config, args)?;
     // Logs name programs, vNodes and addresses: for root (the admin) only.
-    let log = crate::trusted::new_file(&dir.join(format!("{name}.log")), 0o600).map_err(|e| anyhow::anyhow!("cannot create {name}'s log in {}: {e}", dir.display()))?;
+    let log = crate::trusted::new_file(&dir.join(format!("{name}.log")), 0o600)
+        .map_err(|e| anyhow::anyhow!("cannot create {name}'s log in {}: {e}", dir.display()))?;
     let mut cmd = Command::new(self_exe()?);
-    cmd.arg(command).arg("--config-file").arg(&config).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.arg(command)
+        .arg("--config-file")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
     cmd.env_remove("LD_PRELOAD");
     use std::os::unix::process::CommandExt;
     // A process group of its own: signals for the job that started it (the terminal's ^C,
@@ -194,16 +229,25 @@ fn spawn<T: Serialize>(dir: &Path, name: &str, command: &str, args: &T, detach: 
         // An embedded cluster ends with the run that started it, even if that run is killed.
         // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
         // is async-signal-safe, touches no memory of ours and allocates nothing.
-        unsafe { cmd.pre_exec(|| (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)) };
+        unsafe {
+            cmd.pre_exec(|| {
+                (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0)
+                    .then_some(())
+                    .ok_or_else(std::io::Error::last_os_error)
+            })
+        };
     }
     if let Some(ns) = netns {
-        let f = std::fs::File::open(Path::new("/run/netns").join(ns)).map_err(|e| anyhow::anyhow!("{name}: network namespace {ns:?}: {e} (make it with `ip netns add {ns}`)"))?;
+        let f = std::fs::File::open(Path::new("/run/netns").join(ns))
+            .map_err(|e| anyhow::anyhow!("{name}: network namespace {ns:?}: {e} (make it with `ip netns add {ns}`)"))?;
         // SAFETY: setns is async-signal-safe and takes the descriptor opened above, which
         // the closure owns and which lives until exec (close-on-exec).
         unsafe {
             cmd.pre_exec(move || {
                 use std::os::fd::AsRawFd;
-                (libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) == 0).then_some(()).ok_or_else(std::io::Error::last_os_error)
+                (libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) == 0)
+                    .then_some(())
+                    .ok_or_else(std::io::Error::last_os_error)
             })
         };
     }
@@ -254,11 +298,17 @@ fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow
         if let Some(st) = child.try_wait()? {
             let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            anyhow::bail!("{name} exited during start-up ({st}):\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            anyhow::bail!(
+                "{name} exited during start-up ({st}):\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    anyhow::bail!("{name} did not become ready within 20 s (log: {})", dir.join(format!("{name}.log")).display())
+    anyhow::bail!(
+        "{name} did not become ready within 20 s (log: {})",
+        dir.join(format!("{name}.log")).display()
+    )
 }
 
 /// Creates the state directory so that its user alone lists it (`0711`), or makes an existing
@@ -276,7 +326,12 @@ pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
     // Earlier versions kept the managers' state here, readable by anyone who knew the path.
     let legacy = dir.join("gm-state.redb");
     if legacy.exists() {
-        std::fs::remove_file(&legacy).map_err(|e| state(anyhow::anyhow!("cannot remove the unsigned state of an earlier version {}: {e}", legacy.display())))?;
+        std::fs::remove_file(&legacy).map_err(|e| {
+            state(anyhow::anyhow!(
+                "cannot remove the unsigned state of an earlier version {}: {e}",
+                legacy.display()
+            ))
+        })?;
         tracing::warn!(file = %legacy.display(), "removed the managers' state of an earlier version: its records are not signed; tokens made through the API must be made again");
     }
     Ok(())
@@ -286,14 +341,29 @@ pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
 /// at every start, beside the authority's certificate that etcd's is checked against.
 fn issue_etcd_client(dir: &Path) -> anyhow::Result<()> {
     let issued = crate::api::tls::issue_etcd_client(&crate::api::tls::authority_key(&dir.join(X509_AUTHORITY))?)?;
-    crate::api::tls::write_issued(&issued, &dir.join(ETCD_CA), &dir.join(ETCD_CLIENT_CERT), &dir.join(ETCD_CLIENT_KEY))
+    crate::api::tls::write_issued(
+        &issued,
+        &dir.join(ETCD_CA),
+        &dir.join(ETCD_CLIENT_CERT),
+        &dir.join(ETCD_CLIENT_KEY),
+    )
 }
 
 impl Cluster {
     /// Starts every component of `cfg`, each its own process, and waits until all registered.
     pub fn start(cfg: &ClusterConfig, dir: &Path, detach: bool) -> anyhow::Result<Cluster> {
         private_dir(dir)?;
-        let mut c = Cluster { state: ClusterState { gm: String::new(), dir: dir.to_path_buf(), pids: Vec::new(), transport: cfg.transport.clone(), api: None, elsewhere: Vec::new() }, children: Vec::new() };
+        let mut c = Cluster {
+            state: ClusterState {
+                gm: String::new(),
+                dir: dir.to_path_buf(),
+                pids: Vec::new(),
+                transport: cfg.transport.clone(),
+                api: None,
+                elsewhere: Vec::new(),
+            },
+            children: Vec::new(),
+        };
         let r = c.start_all(cfg, dir, detach);
         if let Err(e) = r {
             c.stop();
@@ -312,11 +382,22 @@ impl Cluster {
         let process = |name: &str, role: Role| -> anyhow::Result<ProcessArgs> {
             let credentials = dir.join(format!("{name}.cred"));
             ca.issue(role)?.save(&credentials)?;
-            Ok(ProcessArgs { transport: cfg.transport.clone(), credentials: Some(credentials), ready_file: Some(ready_file(dir, name)), metrics_addr: crate::config::METRICS_ADDR.to_string() })
+            Ok(ProcessArgs {
+                transport: cfg.transport.clone(),
+                credentials: Some(credentials),
+                ready_file: Some(ready_file(dir, name)),
+                metrics_addr: crate::config::METRICS_ADDR.to_string(),
+            })
         };
         // Beyond loopback the API serves HTTPS, with a certificate the authority issues at
         // every start; clients trust the authority's certificate beside it.
-        let api_ip = cfg.cluster.api.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()).filter(|ip| !ip.is_loopback());
+        let api_ip = cfg
+            .cluster
+            .api
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_loopback());
         let (api_cert, api_key) = match api_ip {
             Some(ip) => {
                 let issued = crate::api::tls::issue(&crate::api::tls::authority_key(&dir.join(X509_AUTHORITY))?, ip)?;
@@ -341,14 +422,21 @@ impl Cluster {
         // gm`, `splitos mem`, ... or their service units), not here.
         let mut elsewhere = Vec::new();
         for (i, m) in managers.iter().enumerate() {
-            let name = if cfg.gm.is_empty() { "gm".to_string() } else { format!("gm{i}") };
+            let name = if cfg.gm.is_empty() {
+                "gm".to_string()
+            } else {
+                format!("gm{i}")
+            };
             if away(&mut elsewhere, &name, &m.listen, m.netns.as_deref()) {
                 addrs.push(m.listen.clone());
                 continue;
             }
             let state = cfg.cluster.etcd.is_empty().then(|| dir.join(GM_STATE));
             let etcd_tls = cfg.cluster.etcd.iter().any(|e| e.starts_with("https://"));
-            let cluster = GmConfig { api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()), ..cfg.gm() };
+            let cluster = GmConfig {
+                api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()),
+                ..cfg.gm()
+            };
             let api_ca = api_cert.as_ref().map(|_| dir.join(CA_CERT));
             let gm = GmArgs {
                 listen: m.listen.clone(),
@@ -376,11 +464,20 @@ impl Cluster {
         if elsewhere.len() == managers.len() {
             anyhow::bail!("none of the global managers is on this machine: run `cluster up` where one is (it holds the cluster's authority)");
         }
-        if addrs.iter().any(|a| a.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() == 0)) && !elsewhere.is_empty() {
+        if addrs
+            .iter()
+            .any(|a| a.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() == 0))
+            && !elsewhere.is_empty()
+        {
             anyhow::bail!("a global manager on another machine needs a fixed port, which the components here are told");
         }
         self.state.gm = addrs.join(",");
-        let node = |name: &str, role: Role| -> anyhow::Result<NodeArgs> { Ok(NodeArgs { gm: self.state.gm.clone(), process: process(name, role)? }) };
+        let node = |name: &str, role: Role| -> anyhow::Result<NodeArgs> {
+            Ok(NodeArgs {
+                gm: self.state.gm.clone(),
+                process: process(name, role)?,
+            })
+        };
         // Started in dependency order and stopped in reverse: pComponents unmount first,
         // mComponents write their buffer caches back, and sComponents commit last.
         let mut pending = Vec::new();
@@ -389,33 +486,68 @@ impl Cluster {
             if away(&mut elsewhere, &name, &sc.listen, sc.netns.as_deref()) {
                 continue;
             }
-            let store = sc.dir.clone().unwrap_or_else(|| data_dir().join(if i == 0 { "storage".to_string() } else { format!("storage{i}") }));
-            let args = StorageArgs { scomp: ScompConfig { dir: Some(store), ..sc.clone() }, node: node(&name, Role::Storage)? };
-            pending.push((name.clone(), spawn(dir, &name, "storage", &args, detach, sc.netns.as_deref())?));
+            let store = sc.dir.clone().unwrap_or_else(|| {
+                data_dir().join(if i == 0 {
+                    "storage".to_string()
+                } else {
+                    format!("storage{i}")
+                })
+            });
+            let args = StorageArgs {
+                scomp: ScompConfig {
+                    dir: Some(store),
+                    ..sc.clone()
+                },
+                node: node(&name, Role::Storage)?,
+            };
+            pending.push((
+                name.clone(),
+                spawn(dir, &name, "storage", &args, detach, sc.netns.as_deref())?,
+            ));
         }
         for (i, m) in cfg.mcomponent.iter().enumerate() {
             let name = format!("mem{i}");
             if away(&mut elsewhere, &name, &m.listen, m.netns.as_deref()) {
                 continue;
             }
-            let args = MemArgs { mcomp: m.clone(), node: node(&name, Role::Mem)? };
-            pending.push((name.clone(), spawn(dir, &name, "mem", &args, detach, m.netns.as_deref())?));
+            let args = MemArgs {
+                mcomp: m.clone(),
+                node: node(&name, Role::Mem)?,
+            };
+            pending.push((
+                name.clone(),
+                spawn(dir, &name, "mem", &args, detach, m.netns.as_deref())?,
+            ));
         }
         for (i, p) in cfg.pcomponent.iter().enumerate() {
             let name = format!("proc{i}");
             if away(&mut elsewhere, &name, &p.listen, p.netns.as_deref()) {
                 continue;
             }
-            let args = ProcArgs { pcomp: p.clone(), shim_sock: programs_dir(dir).join(format!("{name}.sock")), vnode_root: vnodes_dir(dir), node: node(&name, Role::Proc)? };
-            pending.push((name.clone(), spawn(dir, &name, "proc", &args, detach, p.netns.as_deref())?));
+            let args = ProcArgs {
+                pcomp: p.clone(),
+                shim_sock: programs_dir(dir).join(format!("{name}.sock")),
+                vnode_root: vnodes_dir(dir),
+                node: node(&name, Role::Proc)?,
+            };
+            pending.push((
+                name.clone(),
+                spawn(dir, &name, "proc", &args, detach, p.netns.as_deref())?,
+            ));
         }
         for (i, n) in cfg.ncomponent.iter().enumerate() {
             let name = format!("net{i}");
             if away(&mut elsewhere, &name, &n.listen, n.netns.as_deref()) {
                 continue;
             }
-            let args = NetArgs { ncomp: n.clone(), node: node(&name, Role::Net)? };
-            pending.push((name.clone(), spawn(dir, &name, "net", &args, detach, n.netns.as_deref())?));
+            let args = NetArgs {
+                ncomp: n.clone(),
+                node: node(&name, Role::Net)?,
+            };
+            pending.push((
+                name.clone(),
+                spawn(dir, &name, "net", &args, detach, n.netns.as_deref())?,
+            ));
         }
         let want = pending.len();
         if !elsewhere.is_empty() {
@@ -427,11 +559,19 @@ impl Cluster {
             self.state.pids.push(ch.id());
             self.children.push(ch);
             // Without its sComponent no program of the cluster could have its vNode's files.
-            r.map_err(|e| if name.starts_with("storage") { e.context("the cluster cannot keep its vNodes' files") } else { e })?;
+            r.map_err(|e| {
+                if name.starts_with("storage") {
+                    e.context("the cluster cannot keep its vNodes' files")
+                } else {
+                    e
+                }
+            })?;
         }
         let t0 = Instant::now();
         loop {
-            let alive = status(&self.state.gm).map(|s| s.iter().filter(|c| c.alive && c.role != Role::Gm).count()).unwrap_or(0);
+            let alive = status(&self.state.gm)
+                .map(|s| s.iter().filter(|c| c.alive && c.role != Role::Gm).count())
+                .unwrap_or(0);
             if alive >= want {
                 return Ok(());
             }
@@ -519,7 +659,9 @@ pub fn status(gm: &str) -> anyhow::Result<Vec<ComponentInfo>> {
 /// What the global managers say of the cluster: its components and where its API is.
 pub fn gm_status(gm: &str) -> anyhow::Result<splitos_rpc::G2C_STATUS> {
     let rpc = rpc().map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
-    crate::node::Managers::new(gm).call(rpc, C2G_STATUS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
+    crate::node::Managers::new(gm)
+        .call(rpc, C2G_STATUS)
+        .map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))
 }
 
 /// How long a tool waits for the managers to name a leader: about a handover.
@@ -534,7 +676,10 @@ pub fn leader(gm: &str) -> anyhow::Result<String> {
     loop {
         // The one named must say so itself: during a handover the followers still name a
         // leader that is gone.
-        if let Some(l) = managers.find_leader(rpc).filter(|l| rpc.call_timeout(l, X2G_WHO_LEADS, Duration::from_secs(1)).is_ok_and(|w| w.leader.as_ref() == Some(l))) {
+        if let Some(l) = managers.find_leader(rpc).filter(|l| {
+            rpc.call_timeout(l, X2G_WHO_LEADS, Duration::from_secs(1))
+                .is_ok_and(|w| w.leader.as_ref() == Some(l))
+        }) {
             return Ok(l);
         }
         if t0.elapsed() > FIND_LEADER {

@@ -8,7 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use crate::config::{InterleaveRatio, Size};
-use splitos_shim_abi::{FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, Welcome, HELLO_LAUNCHER, SHIM_ABI_VERSION, WELCOME_MARK};
+use splitos_shim_abi::{
+    FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, Welcome, HELLO_LAUNCHER, SHIM_ABI_VERSION, WELCOME_MARK,
+};
 
 pub struct Launcher {
     sock: UnixStream,
@@ -26,25 +28,45 @@ impl Launcher {
     /// counters when this connection ends.
     /// `interleave`: the run's own interleaving (a ratio and its unit), instead of the
     /// pComponent's.
-    pub fn connect(path: &Path, vnode: &str, run_id: u64, interleave: Option<(InterleaveRatio, Size)>) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
-        let sock = UnixStream::connect(path).map_err(|e| anyhow::anyhow!("cannot reach the pComponent's program socket {}: {e}", path.display()))?;
+    pub fn connect(
+        path: &Path,
+        vnode: &str,
+        run_id: u64,
+        interleave: Option<(InterleaveRatio, Size)>,
+    ) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
+        let sock = UnixStream::connect(path)
+            .map_err(|e| anyhow::anyhow!("cannot reach the pComponent's program socket {}: {e}", path.display()))?;
         // Before anything is said: a pComponent is root's (the host's cluster) or this user's.
-        let peer = crate::trusted::peer_uid(&sock).map_err(|e| anyhow::anyhow!("cannot tell who serves the program socket {}: {e}", path.display()))?;
+        let peer = crate::trusted::peer_uid(&sock)
+            .map_err(|e| anyhow::anyhow!("cannot tell who serves the program socket {}: {e}", path.display()))?;
         if !crate::trusted::trusted_server(peer) {
             anyhow::bail!("the program socket {} is served by uid {peer}, neither root nor this user: it is not a pComponent of this host's cluster, refusing to run there", path.display());
         }
-        let mut l = Launcher { sock, path: path.to_path_buf() };
+        let mut l = Launcher {
+            sock,
+            path: path.to_path_buf(),
+        };
         let mut w = Welcome::new_zeroed();
         // The descriptors a welcome brings are for programs: dropped (closed) here.
         splitos_rpc::fdpass::recv_fds(&l.sock, w.as_mut_bytes()).map_err(|e| l.lost(&format!("no welcome ({e})")))?;
         if w.mark != WELCOME_MARK || w.abi != SHIM_ABI_VERSION {
-            anyhow::bail!("the pComponent at {} speaks another shim ABI version (a different splitos build)", path.display());
+            anyhow::bail!(
+                "the pComponent at {} speaks another shim ABI version (a different splitos build)",
+                path.display()
+            );
         }
         if w.refused == libc::EAGAIN as u32 {
-            anyhow::bail!("the pComponent at {} is busy: too many of this user's processes are starting at once", path.display());
+            anyhow::bail!(
+                "the pComponent at {} is busy: too many of this user's processes are starting at once",
+                path.display()
+            );
         }
         if w.refused != 0 {
-            anyhow::bail!("the pComponent at {} grants no vNode to this user (uid {}): ask the cluster's admin for one", path.display(), uid());
+            anyhow::bail!(
+                "the pComponent at {} grants no vNode to this user (uid {}): ask the cluster's admin for one",
+                path.display(),
+                uid()
+            );
         }
         let mut hello = Hello::new_zeroed();
         hello.abi = SHIM_ABI_VERSION;
@@ -99,7 +121,11 @@ impl Launcher {
 
     /// The counters of run `run_id` (JSON), if the pComponent has them.
     pub fn run_stats(&mut self, run_id: u64) -> Option<serde_json::Value> {
-        let req = ShimReq { op: Op::RunStats as u32, a: run_id, ..Default::default() };
+        let req = ShimReq {
+            op: Op::RunStats as u32,
+            a: run_id,
+            ..Default::default()
+        };
         self.sock.write_all(req.as_bytes()).ok()?;
         serde_json::from_slice(&self.answer().ok()?).ok()
     }
@@ -107,7 +133,18 @@ impl Launcher {
     /// Waits until the pComponent goes away (its end of the connection closes: it never
     /// speaks unasked) or `stop` has something to read. True if the pComponent went away.
     pub fn wait_lost(&self, stop: &UnixStream) -> bool {
-        let mut fds = [libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = [
+            libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         loop {
             // SAFETY: poll reads and writes the two pollfds of the array, which outlives the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };

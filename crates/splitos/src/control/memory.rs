@@ -19,11 +19,28 @@ pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
         crate::outln!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
-    crate::outln!("{:>10}  {:<22} {:<10} {:>10} {:>10}  progress", "ID", "ADDRESS", "STATE", "CAPACITY", "USED");
+    crate::outln!(
+        "{:>10}  {:<22} {:<10} {:>10} {:>10}  progress",
+        "ID",
+        "ADDRESS",
+        "STATE",
+        "CAPACITY",
+        "USED"
+    );
     for m in all.as_array().into_iter().flatten() {
         let u = |k: &str| m[k].as_u64().unwrap_or(0);
-        let progress = m["leaving"].as_object().map(|_| progress(&m["leaving"])).unwrap_or_default();
-        crate::outln!("{:>10}  {:<22} {:<10} {:>10} {:>10}  {progress}", m["id"], m["addr"].as_str().unwrap_or("?"), m["state"].as_str().unwrap_or("?"), human(u("capacity_bytes")), human(u("used_bytes")));
+        let progress = m["leaving"]
+            .as_object()
+            .map(|_| progress(&m["leaving"]))
+            .unwrap_or_default();
+        crate::outln!(
+            "{:>10}  {:<22} {:<10} {:>10} {:>10}  {progress}",
+            m["id"],
+            m["addr"].as_str().unwrap_or("?"),
+            m["state"].as_str().unwrap_or("?"),
+            human(u("capacity_bytes")),
+            human(u("used_bytes"))
+        );
     }
     Ok(())
 }
@@ -31,8 +48,17 @@ pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
 /// What a leaving mComponent still holds, in words.
 fn progress(l: &serde_json::Value) -> String {
     let u = |k: &str| l[k].as_u64().unwrap_or(0);
-    let mut parts = vec![format!("{} moved, {} left", human(u("bytes_moved")), human(u("bytes_left")))];
-    for (k, what) in [("homes", "home(s)"), ("backups", "backup home(s)"), ("processes", "process(es) with memory"), ("socket_buffers", "socket buffer(s)")] {
+    let mut parts = vec![format!(
+        "{} moved, {} left",
+        human(u("bytes_moved")),
+        human(u("bytes_left"))
+    )];
+    for (k, what) in [
+        ("homes", "home(s)"),
+        ("backups", "backup home(s)"),
+        ("processes", "process(es) with memory"),
+        ("socket_buffers", "socket buffer(s)"),
+    ] {
         if u(k) > 0 {
             parts.push(format!("{} {what}", u(k)));
         }
@@ -51,7 +77,11 @@ fn progress(l: &serde_json::Value) -> String {
 pub fn attach(a: ApiArgs, id: u32) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let m = api_post(&api, &token, &format!("/api/v1/memory/{id}/attach"))?;
-    crate::outln!("mComponent {id} ({}) attached: {} for new homes and vRegions", m["addr"].as_str().unwrap_or("?"), human(m["capacity_bytes"].as_u64().unwrap_or(0)));
+    crate::outln!(
+        "mComponent {id} ({}) attached: {} for new homes and vRegions",
+        m["addr"].as_str().unwrap_or("?"),
+        human(m["capacity_bytes"].as_u64().unwrap_or(0))
+    );
     Ok(())
 }
 
@@ -63,7 +93,11 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
     let path = format!("/api/v1/memory/{id}/detach{}", if stay { "?stay=true" } else { "" });
     let m = api_post(&api, &token, &path)?;
     let verb = if stay { "draining" } else { "detaching" };
-    crate::outln!("mComponent {id} ({}) {verb}: {} to move to the other mComponents", m["addr"].as_str().unwrap_or("?"), human(m["used_bytes"].as_u64().unwrap_or(0)));
+    crate::outln!(
+        "mComponent {id} ({}) {verb}: {} to move to the other mComponents",
+        m["addr"].as_str().unwrap_or("?"),
+        human(m["used_bytes"].as_u64().unwrap_or(0))
+    );
     if !wait {
         return Ok(());
     }
@@ -72,7 +106,10 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
     loop {
         let all = api_get(&api, &token, "/api/v1/memory")?;
         let Some(m) = all.as_array().into_iter().flatten().find(|m| m["id"] == id) else {
-            crate::outln!("mComponent {id} detached in {:.1} s: it held nothing any more and exited", t0.elapsed().as_secs_f64());
+            crate::outln!(
+                "mComponent {id} detached in {:.1} s: it held nothing any more and exited",
+                t0.elapsed().as_secs_f64()
+            );
             return Ok(());
         };
         match m["state"].as_str() {
@@ -90,7 +127,10 @@ pub fn detach(a: ApiArgs, id: u32, stay: bool, wait: bool, timeout: Duration) ->
             last = now.clone();
         }
         if t0.elapsed() >= timeout {
-            anyhow::bail!("mComponent {id} is still {verb} after {} s ({now}); it goes on (memory list shows it)", timeout.as_secs());
+            anyhow::bail!(
+                "mComponent {id} is still {verb} after {} s ({now}); it goes on (memory list shows it)",
+                timeout.as_secs()
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -107,7 +147,9 @@ pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<S
     if let Some(list) = shares {
         let mut m = serde_json::Map::new();
         for s in list {
-            let (vnode, bytes) = s.split_once('=').ok_or_else(|| anyhow::anyhow!("--share {s:?}: expected VNODE=SIZE (e.g. lab=16M)"))?;
+            let (vnode, bytes) = s
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--share {s:?}: expected VNODE=SIZE (e.g. lab=16M)"))?;
             let bytes: Size = bytes.parse().map_err(|e| anyhow::anyhow!("--share {s:?}: {e}"))?;
             m.insert(vnode.to_string(), bytes.to_string().into());
         }
@@ -116,9 +158,18 @@ pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<S
     let path = format!("/api/v1/pcomponents/{id}/excache");
     let c = api_put(&api, &token, &path, &body.into(), EXCACHE_TIMEOUT)?;
     let u = |v: &serde_json::Value, k: &str| human(v[k].as_u64().unwrap_or(0));
-    crate::outln!("pComponent {id}: ExCache {} (at most {}), {} in use", u(&c, "size_bytes"), u(&c, "max_bytes"), u(&c, "used_bytes"));
+    crate::outln!(
+        "pComponent {id}: ExCache {} (at most {}), {} in use",
+        u(&c, "size_bytes"),
+        u(&c, "max_bytes"),
+        u(&c, "used_bytes")
+    );
     for (vnode, s) in c["shares"].as_object().into_iter().flatten() {
-        crate::outln!("  vNode {vnode}: share {}, holds {}", u(s, "share_bytes"), u(s, "used_bytes"));
+        crate::outln!(
+            "  vNode {vnode}: share {}, holds {}",
+            u(s, "share_bytes"),
+            u(s, "used_bytes")
+        );
     }
     Ok(())
 }
@@ -134,17 +185,33 @@ pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Optio
         Some(gm) => {
             let messenger = Messenger::via_gm(super::cluster::rpc()?.clone(), gm);
             ask(|body| messenger.send_to(EbbId(EBB_EXCACHE_POLICIES), id, body), &change).map_err(|e| match e {
-                RpcError::Remote { code: ErrCode::NotFound, .. } => anyhow::anyhow!("component {id} does not serve the excache-policies Ebb: only pComponents have an ExCache ({e})"),
+                RpcError::Remote {
+                    code: ErrCode::NotFound,
+                    ..
+                } => anyhow::anyhow!(
+                    "component {id} does not serve the excache-policies Ebb: only pComponents have an ExCache ({e})"
+                ),
                 e => anyhow::anyhow!("pComponent {id}: {e}"),
             })?
         }
         None => {
             let (api, token) = api_access(a)?;
             let body = serde_json::to_value(&change)?;
-            serde_json::from_value(api_put(&api, &token, &format!("/api/v1/pcomponents/{id}/policy"), &body, Duration::from_secs(30))?)?
+            serde_json::from_value(api_put(
+                &api,
+                &token,
+                &format!("/api/v1/pcomponents/{id}/policy"),
+                &body,
+                Duration::from_secs(30),
+            )?)?
         }
     };
-    let PolicyState { eviction, prefetch, eviction_swaps, prefetch_swaps } = now;
+    let PolicyState {
+        eviction,
+        prefetch,
+        eviction_swaps,
+        prefetch_swaps,
+    } = now;
     crate::outln!("pComponent {id}: eviction {eviction} (replaced {eviction_swaps} times), read-ahead {prefetch} (replaced {prefetch_swaps} times)");
     Ok(())
 }

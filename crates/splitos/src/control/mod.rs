@@ -6,7 +6,10 @@ pub mod run;
 pub mod top;
 
 use comfy_table::Table;
-use splitos_rpc::{unseal_page, Role, Who, C2G_TOKEN_CREATE, C2G_TOKEN_LIST, C2G_TOKEN_REVOKE, C2M_DEBUG_FLIP, C2X_METRICS, G2C_STATUS, P2M_FETCH, PAGE_SIZE};
+use splitos_rpc::{
+    unseal_page, Role, Who, C2G_TOKEN_CREATE, C2G_TOKEN_LIST, C2G_TOKEN_REVOKE, C2M_DEBUG_FLIP, C2X_METRICS,
+    G2C_STATUS, P2M_FETCH, PAGE_SIZE,
+};
 
 use crate::config::ClusterConfig;
 use cluster::{Cluster, ClusterState};
@@ -14,8 +17,12 @@ use cluster::{Cluster, ClusterState};
 /// The leading global manager of the cluster named by `--gm`, `$SPLITOS_GM` or the state of
 /// `cluster up` (each a list of managers, `ADDR[,ADDR...]`).
 fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
-    let gm =
-        gm.or_else(|| std::env::var("SPLITOS_GM").ok()).or_else(|| cluster::read_state().map(|s| s.gm)).ok_or_else(|| anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)"))?;
+    let gm = gm
+        .or_else(|| std::env::var("SPLITOS_GM").ok())
+        .or_else(|| cluster::read_state().map(|s| s.gm))
+        .ok_or_else(|| {
+            anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)")
+        })?;
     cluster::leader(&gm)
 }
 
@@ -24,11 +31,20 @@ fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
 fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "splitos".into());
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "splitos".into());
     let path = dir.with_file_name(format!("{name}.lock"));
     crate::trusted::make_parents(dir)?;
-    let f =
-        std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("cannot open the lock file {}: {e}", path.display()))?;
     // Beside a state directory in a shared directory, another user could have made the lock
     // first and hold it for ever.
     let owner = std::os::unix::fs::MetadataExt::uid(&f.metadata()?);
@@ -38,7 +54,10 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     }
     // SAFETY: flock takes the descriptor of `f`, open for the call.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        crate::errln!("splitos: another `splitos cluster up` is starting a cluster in {}; waiting for it", dir.display());
+        crate::errln!(
+            "splitos: another `splitos cluster up` is starting a cluster in {}; waiting for it",
+            dir.display()
+        );
         // SAFETY: as above.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
             anyhow::bail!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error());
@@ -51,7 +70,10 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let _only_one = lock_state_dir(&cluster::state_dir())?;
     if let Some(s) = cluster::read_state() {
         if cluster::status(&s.gm).is_ok() {
-            anyhow::bail!("a cluster is already running (global managers at {}); `splitos cluster down` first", s.gm);
+            anyhow::bail!(
+                "a cluster is already running (global managers at {}); `splitos cluster down` first",
+                s.gm
+            );
         }
     }
     let cfg = match &config {
@@ -69,12 +91,33 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
         // Root's own tools reach the API with a token of their own, made anew each time so
         // that one left by an earlier cluster in this directory is not kept alive.
         let leader = cluster::leader(&state.gm)?;
-        let _ = cluster::ask(&leader, C2G_TOKEN_REVOKE { name: cluster::ADMIN_TOKEN_NAME.into() });
-        let t = cluster::ask(&leader, C2G_TOKEN_CREATE { name: cluster::ADMIN_TOKEN_NAME.into(), admin: true, vnodes: Vec::new() })?;
+        let _ = cluster::ask(
+            &leader,
+            C2G_TOKEN_REVOKE {
+                name: cluster::ADMIN_TOKEN_NAME.into(),
+            },
+        );
+        let t = cluster::ask(
+            &leader,
+            C2G_TOKEN_CREATE {
+                name: cluster::ADMIN_TOKEN_NAME.into(),
+                admin: true,
+                vnodes: Vec::new(),
+            },
+        )?;
         splitos_rpc::auth::write_private(&dir.join(cluster::ADMIN_TOKEN), t.token.as_bytes())?;
     }
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
-    let here = |prefix: &str, of: usize| of - state.elsewhere.iter().filter(|e| e.strip_prefix(prefix).is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))).count();
+    let here = |prefix: &str, of: usize| {
+        of - state
+            .elsewhere
+            .iter()
+            .filter(|e| {
+                e.strip_prefix(prefix)
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            })
+            .count()
+    };
     crate::outln!(
         "cluster up: global managers at {}, {} pComponent(s), {} mComponent(s), {} sComponent(s) started here; logs in {}",
         state.gm,
@@ -93,7 +136,13 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
 }
 
 /// The subcommand that runs each role but the admin's.
-const SUBCOMMANDS: [(&str, Role); 5] = [("gm", Role::Gm), ("proc", Role::Proc), ("mem", Role::Mem), ("storage", Role::Storage), ("net", Role::Net)];
+const SUBCOMMANDS: [(&str, Role); 5] = [
+    ("gm", Role::Gm),
+    ("proc", Role::Proc),
+    ("mem", Role::Mem),
+    ("storage", Role::Storage),
+    ("net", Role::Net),
+];
 
 /// The role `name` names: its own name, or the subcommand that runs it (`gm`, `proc`, ...).
 pub(crate) fn role_named(name: &str) -> anyhow::Result<Role> {
@@ -102,12 +151,20 @@ pub(crate) fn role_named(name: &str) -> anyhow::Result<Role> {
         .find(|(c, _)| *c == name)
         .map(|(_, r)| *r)
         .or_else(|| Role::from_name(name))
-        .ok_or_else(|| anyhow::anyhow!("unknown role {name:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)", Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown role {name:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)",
+                Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")
+            )
+        })
 }
 
 /// The subcommand that runs `role` (the admin's tools: `cluster`).
 pub(crate) fn subcommand(role: Role) -> &'static str {
-    SUBCOMMANDS.iter().find(|(_, r)| *r == role).map_or("cluster", |(c, _)| c)
+    SUBCOMMANDS
+        .iter()
+        .find(|(_, r)| *r == role)
+        .map_or("cluster", |(c, _)| c)
 }
 
 /// Issues credentials of `role` from the authority of the cluster in the state directory.
@@ -115,7 +172,10 @@ pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
     let role = role_named(role)?;
     let dir = cluster::state_dir();
     if !dir.join(cluster::AUTHORITY).exists() {
-        anyhow::bail!("no cluster authority in {} (`splitos cluster up` makes one)", dir.display());
+        anyhow::bail!(
+            "no cluster authority in {} (`splitos cluster up` makes one)",
+            dir.display()
+        );
     }
     cluster::authority(&dir)?.issue(role)?.save(out)?;
     crate::outln!("credentials of a {} in {}", role.name(), out.display());
@@ -125,10 +185,22 @@ pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
 pub fn etcd_cert(ips: &[std::net::IpAddr], out: &std::path::Path) -> anyhow::Result<()> {
     let dir = cluster::state_dir();
     cluster::private_dir(&dir)?;
-    let issued = crate::api::tls::issue_etcd_member(&crate::api::tls::authority_key(&dir.join(cluster::X509_AUTHORITY))?, ips)?;
+    let issued = crate::api::tls::issue_etcd_member(
+        &crate::api::tls::authority_key(&dir.join(cluster::X509_AUTHORITY))?,
+        ips,
+    )?;
     std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("cannot make {}: {e}", out.display()))?;
-    crate::api::tls::write_issued(&issued, &out.join("ca.pem"), &out.join("etcd.pem"), &out.join("etcd.key"))?;
-    crate::outln!("an etcd member's certificate for {} in {} (etcd.pem, etcd.key, ca.pem)", ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "), out.display());
+    crate::api::tls::write_issued(
+        &issued,
+        &out.join("ca.pem"),
+        &out.join("etcd.pem"),
+        &out.join("etcd.key"),
+    )?;
+    crate::outln!(
+        "an etcd member's certificate for {} in {} (etcd.pem, etcd.key, ca.pem)",
+        ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "),
+        out.display()
+    );
     Ok(())
 }
 
@@ -139,10 +211,19 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     };
     // Programs on it would be stopped mid-way: only when asked to.
     // Each pComponent's count of runs is exact; its heartbeat's count of processes may lag.
-    let runs = |c: &splitos_rpc::ComponentInfo| cluster::component_stats(&c.addr).ok().and_then(|s| s["runs"].as_u64()).unwrap_or(c.load.processes.into());
+    let runs = |c: &splitos_rpc::ComponentInfo| {
+        cluster::component_stats(&c.addr)
+            .ok()
+            .and_then(|s| s["runs"].as_u64())
+            .unwrap_or(c.load.processes.into())
+    };
     let comps = cluster::status(&s.gm).unwrap_or_default();
     let running: u64 = comps.iter().filter(|c| c.alive && c.role == Role::Proc).map(runs).sum();
-    let addrs: Vec<String> = comps.iter().map(|c| c.addr.clone()).chain(s.gm.split(',').map(String::from)).collect();
+    let addrs: Vec<String> = comps
+        .iter()
+        .map(|c| c.addr.clone())
+        .chain(s.gm.split(',').map(String::from))
+        .collect();
     if running > 0 {
         if !force {
             anyhow::bail!("{running} program(s) run on the cluster and would be stopped with it; `splitos cluster down --force` stops them too");
@@ -153,11 +234,20 @@ pub fn down(force: bool) -> anyhow::Result<()> {
     cluster::unmount_vnodes(&s.dir);
     // The stopped components' rendezvous sockets would stay until the next cluster starts.
     if s.transport.kind == "shm" {
-        if let Ok(t) = splitos_rpc::transport::ShmTransport::new(&s.transport.shm, s.transport.tcp.clone(), s.transport.polling, None) {
+        if let Ok(t) = splitos_rpc::transport::ShmTransport::new(
+            &s.transport.shm,
+            s.transport.tcp.clone(),
+            s.transport.polling,
+            None,
+        ) {
             // A component whose main thread has exited can hold its sockets until its last
             // thread is gone: give the stopped ones a moment to let go of theirs.
             let t0 = std::time::Instant::now();
-            while addrs.iter().any(|a| std::os::unix::net::UnixStream::connect(t.socket_path(a)).is_ok()) && t0.elapsed() < std::time::Duration::from_secs(3) {
+            while addrs
+                .iter()
+                .any(|a| std::os::unix::net::UnixStream::connect(t.socket_path(a)).is_ok())
+                && t0.elapsed() < std::time::Duration::from_secs(3)
+            {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             t.sweep();
@@ -203,8 +293,21 @@ fn status_by_api(gm: &Option<String>) -> Option<Status> {
             return None;
         }
     };
-    let comps = v["components"].as_array()?.iter().filter_map(|c| Some((serde_json::from_value(c.clone()).ok()?, Some(c["stats"].clone()).filter(|s| !s.is_null())))).collect();
-    let strings = |v: &serde_json::Value| v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+    let comps = v["components"]
+        .as_array()?
+        .iter()
+        .filter_map(|c| {
+            Some((
+                serde_json::from_value(c.clone()).ok()?,
+                Some(c["stats"].clone()).filter(|s| !s.is_null()),
+            ))
+        })
+        .collect();
+    let strings = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
     Some(Status {
         gm: v["gm"].as_str()?.to_string(),
         leader: v["leader"].as_str().map(String::from),
@@ -218,9 +321,27 @@ fn status_by_api(gm: &Option<String>) -> Option<Status> {
 /// The same from the managers and each component directly (a cluster without a REST API).
 fn status_by_rpc(gm: Option<String>) -> anyhow::Result<Status> {
     let gm = gm_addr(gm)?;
-    let G2C_STATUS { components, api, metrics, leader, managers, .. } = cluster::gm_status(&gm)?;
-    let comps = components.into_iter().map(|c| (c.alive.then(|| cluster::component_stats(&c.addr).ok()).flatten(), c)).map(|(s, c)| (c, s)).collect();
-    Ok(Status { gm, leader, managers, api, metrics, comps })
+    let G2C_STATUS {
+        components,
+        api,
+        metrics,
+        leader,
+        managers,
+        ..
+    } = cluster::gm_status(&gm)?;
+    let comps = components
+        .into_iter()
+        .map(|c| (c.alive.then(|| cluster::component_stats(&c.addr).ok()).flatten(), c))
+        .map(|(s, c)| (c, s))
+        .collect();
+    Ok(Status {
+        gm,
+        leader,
+        managers,
+        api,
+        metrics,
+        comps,
+    })
 }
 
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
@@ -228,11 +349,21 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         Some(s) => Ok(s),
         None => status_by_rpc(gm),
     };
-    let Status { gm, leader, managers, api, metrics, comps } = match found {
+    let Status {
+        gm,
+        leader,
+        managers,
+        api,
+        metrics,
+        comps,
+    } = match found {
         Ok(f) => f,
         // A script reading --json gets JSON it can test, and the exit status says it too.
         Err(e) if json => {
-            crate::outln!("{}", serde_json::json!({"gm": null, "components": [], "error": format!("{e:#}")}));
+            crate::outln!(
+                "{}",
+                serde_json::json!({"gm": null, "components": [], "error": format!("{e:#}")})
+            );
             return Err(e);
         }
         Err(e) => return Err(e),
@@ -245,15 +376,33 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         }));
     }
     if json {
-        crate::outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "gm_metrics": metrics, "components": rows}))?);
+        crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "gm_metrics": metrics, "components": rows})
+            )?
+        );
         return Ok(());
     }
     let mut t = Table::new();
-    t.set_header(["id", "role", "address", "alive", "processes", "threads", "memory used", "committed", "capacity"]);
+    t.set_header([
+        "id",
+        "role",
+        "address",
+        "alive",
+        "processes",
+        "threads",
+        "memory used",
+        "committed",
+        "capacity",
+    ]);
     for ((c, _), r) in comps.iter().zip(&rows) {
         let s = &r["stats"];
         let (used, committed) = match c.role {
-            Role::Mem | Role::Storage => (human(s["used"].as_u64().unwrap_or(c.load.used)), human(s["committed"].as_u64().unwrap_or(c.load.committed))),
+            Role::Mem | Role::Storage => (
+                human(s["used"].as_u64().unwrap_or(c.load.used)),
+                human(s["committed"].as_u64().unwrap_or(c.load.committed)),
+            ),
             _ => ("-".into(), "-".into()),
         };
         t.add_row([
@@ -263,7 +412,12 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             match (c.alive, c.lost) {
                 (true, _) if c.leaving.is_some() => {
                     let l = c.leaving.as_ref().expect("matched");
-                    format!("yes, {}: {} moved, {} left", if l.exit { "detaching" } else { "draining" }, human(l.bytes_at_start.saturating_sub(l.bytes_left)), human(l.bytes_left))
+                    format!(
+                        "yes, {}: {} moved, {} left",
+                        if l.exit { "detaching" } else { "draining" },
+                        human(l.bytes_at_start.saturating_sub(l.bytes_left)),
+                        human(l.bytes_left)
+                    )
                 }
                 (true, _) if c.cordoned => "yes, cordoned".into(),
                 (true, _) => "yes".into(),
@@ -276,23 +430,56 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             used,
             committed,
             // An nComponent's capacity is its interfaces.
-            if c.role == Role::Net { c.nics.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join(" ") } else { human(c.load.capacity) },
+            if c.role == Role::Net {
+                c.nics.iter().map(|ip| ip.to_string()).collect::<Vec<_>>().join(" ")
+            } else {
+                human(c.load.capacity)
+            },
         ]);
     }
     let others: Vec<&String> = managers.iter().filter(|m| Some(*m) != leader.as_ref()).collect();
-    let following = if others.is_empty() { String::new() } else { format!(" (leader; following: {})", others.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")) };
-    crate::outln!("global managers at {gm}{following}{}\n{t}", api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default());
-    let mstats: Vec<&serde_json::Value> = rows.iter().filter(|r| r["role"] == "mcomponent").map(|r| &r["stats"]).filter(|s| !s.is_null()).collect();
+    let following = if others.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (leader; following: {})",
+            others.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    };
+    crate::outln!(
+        "global managers at {gm}{following}{}\n{t}",
+        api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default()
+    );
+    let mstats: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["role"] == "mcomponent")
+        .map(|r| &r["stats"])
+        .filter(|s| !s.is_null())
+        .collect();
     if let Some(scheme) = mstats.first().and_then(|s| s["replication"].as_str()) {
-        let short: u64 = mstats.iter().filter_map(|s| s["rebuild"]["short_vregions"].as_u64()).sum();
-        let copied: u64 = mstats.iter().filter_map(|s| s["rebuild"]["copied_pages"].as_u64()).sum();
+        let short: u64 = mstats
+            .iter()
+            .filter_map(|s| s["rebuild"]["short_vregions"].as_u64())
+            .sum();
+        let copied: u64 = mstats
+            .iter()
+            .filter_map(|s| s["rebuild"]["copied_pages"].as_u64())
+            .sum();
         crate::outln!("replication: {scheme}");
         if short > 0 {
-            crate::outln!("rebuilding: {short} vRegion(s) short of copies; {copied} pages copied to new replicas so far");
+            crate::outln!(
+                "rebuilding: {short} vRegion(s) short of copies; {copied} pages copied to new replicas so far"
+            );
         }
         if scheme == "log" {
             let sum = |k: &str| mstats.iter().filter_map(|s| s["backup_log"][k].as_u64()).sum::<u64>();
-            let unprotected: usize = mstats.iter().filter_map(|s| s["owned_processes"].as_array()).flatten().filter_map(|p| p["unprotected_vregions"].as_array()).map(|v| v.len()).sum();
+            let unprotected: usize = mstats
+                .iter()
+                .filter_map(|s| s["owned_processes"].as_array())
+                .flatten()
+                .filter_map(|p| p["unprotected_vregions"].as_array())
+                .map(|v| v.len())
+                .sum();
             crate::outln!(
                 "backup logs: {} queued, {} stored on sComponents, {} refused by them, {} write-backs and frees skipped",
                 human(sum("queued_bytes")),
@@ -302,7 +489,11 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
             );
             if unprotected > 0 {
                 // The causes seen: a log that skipped records, a sComponent that refused them.
-                let mut why: Vec<String> = mstats.iter().filter_map(|s| s["backup_log"]["refusal"].as_str()).map(|r| format!("the sComponent refused their backup records: {r}")).collect();
+                let mut why: Vec<String> = mstats
+                    .iter()
+                    .filter_map(|s| s["backup_log"]["refusal"].as_str())
+                    .map(|r| format!("the sComponent refused their backup records: {r}"))
+                    .collect();
                 why.sort();
                 why.dedup();
                 if sum("skipped_records") > 0 {
@@ -311,7 +502,10 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
                 if why.is_empty() {
                     why.push("their backup is being copied to their logger".into());
                 }
-                crate::outln!("unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger", why.join("; "));
+                crate::outln!(
+                    "unprotected: {unprotected} vRegion(s): {}; protected again once copied to their logger",
+                    why.join("; ")
+                );
             }
         }
     }
@@ -337,14 +531,18 @@ pub struct ApiArgs {
 /// speak the cluster's own protocol to them as a hosted caller: no API or token named (on the
 /// command line or in the environment), so the admin's credentials are this cluster's.
 pub(crate) fn hosted_gm(a: &ApiArgs) -> Option<String> {
-    let named = a.api.is_some() || a.token.is_some() || std::env::var_os("SPLITOS_API").is_some() || std::env::var_os("SPLITOS_TOKEN").is_some();
+    let named = a.api.is_some()
+        || a.token.is_some()
+        || std::env::var_os("SPLITOS_API").is_some()
+        || std::env::var_os("SPLITOS_TOKEN").is_some();
     (!named).then(cluster::read_state).flatten().map(|s| s.gm)
 }
 
 /// `cluster ebbs`: the global id map, as the global managers keep it.
 pub fn ebbs(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
-    let map = splitos_rpc::messenger::find(cluster::rpc()?, &gm, None).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    let map = splitos_rpc::messenger::find(cluster::rpc()?, &gm, None)
+        .map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
     if json {
         crate::outln!("{}", serde_json::to_string_pretty(&map)?);
         return Ok(());
@@ -352,7 +550,11 @@ pub fn ebbs(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     let mut t = Table::new();
     t.set_header(["ebb", "name", "served by"]);
     for e in &map {
-        let homes: Vec<String> = e.homes.iter().map(|h| format!("{} {} ({})", h.role.name(), h.id, h.addr)).collect();
+        let homes: Vec<String> = e
+            .homes
+            .iter()
+            .map(|h| format!("{} {} ({})", h.role.name(), h.id, h.addr))
+            .collect();
         t.add_row([e.id.to_string(), e.name.clone(), homes.join("\n")]);
     }
     crate::outln!("{t}");
@@ -376,13 +578,25 @@ pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
     let state = cluster::read_state();
     let api = match api.or_else(|| std::env::var("SPLITOS_API").ok()) {
         Some(a) => a,
-        None => state.as_ref().and_then(|s| s.api.clone()).ok_or_else(|| anyhow::anyhow!("no REST API known: give --api ADDR (or $SPLITOS_API), or start a cluster with `splitos cluster up`"))?,
+        None => state.as_ref().and_then(|s| s.api.clone()).ok_or_else(|| {
+            anyhow::anyhow!(
+                "no REST API known: give --api ADDR (or $SPLITOS_API), or start a cluster with `splitos cluster up`"
+            )
+        })?,
     };
     let token = match token.or_else(|| std::env::var("SPLITOS_TOKEN").ok()) {
         Some(t) => t,
         None => {
             let f = cluster::state_dir().join(cluster::ADMIN_TOKEN);
-            std::fs::read_to_string(&f).map_err(|e| anyhow::anyhow!("no API token: give --token (or $SPLITOS_TOKEN); {} cannot be read: {e}", f.display()))?.trim().to_string()
+            std::fs::read_to_string(&f)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "no API token: give --token (or $SPLITOS_TOKEN); {} cannot be read: {e}",
+                        f.display()
+                    )
+                })?
+                .trim()
+                .to_string()
         }
     };
     Ok((api, token))
@@ -391,43 +605,83 @@ pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
 /// The REST API's client: HTTPS, trusting only the cluster's authority (`$SPLITOS_CA`, or
 /// `ca.pem` of the state directory), for an API beyond loopback; HTTP on loopback.
 fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
-    let config = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(10)));
+    let config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(10)));
     let loopback = api.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
     if loopback {
         return Ok((format!("http://{api}"), config.build().new_agent()));
     }
-    let ca = std::env::var_os("SPLITOS_CA").map(std::path::PathBuf::from).unwrap_or_else(|| cluster::state_dir().join(cluster::CA_CERT));
+    let ca = std::env::var_os("SPLITOS_CA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cluster::state_dir().join(cluster::CA_CERT));
     let pem = std::fs::read(&ca).map_err(|e| anyhow::anyhow!("the REST API at {api} is beyond loopback and served with TLS: its authority's certificate {} cannot be read ($SPLITOS_CA): {e}", ca.display()))?;
     let cert = ureq::tls::Certificate::from_pem(&pem).map_err(|e| anyhow::anyhow!("{}: {e}", ca.display()))?;
-    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::new_with_certs(&[cert])).build();
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&[cert]))
+        .build();
     Ok((format!("https://{api}"), config.tls_config(tls).build().new_agent()))
 }
 
 /// One GET of the REST API; an error carries the API's own message.
 pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
     let (base, agent) = api_client(api)?;
-    api_answer(api, agent.get(format!("{base}{path}")).header("Authorization", format!("Bearer {token}")).call())
+    api_answer(
+        api,
+        agent
+            .get(format!("{base}{path}"))
+            .header("Authorization", format!("Bearer {token}"))
+            .call(),
+    )
 }
 
 /// One POST without a body.
 fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
     let (base, agent) = api_client(api)?;
-    api_answer(api, agent.post(format!("{base}{path}")).header("Authorization", format!("Bearer {token}")).send_empty())
+    api_answer(
+        api,
+        agent
+            .post(format!("{base}{path}"))
+            .header("Authorization", format!("Bearer {token}"))
+            .send_empty(),
+    )
 }
 
 /// One PUT of a JSON body, waiting up to `timeout` (an ExCache shrink writes back first).
-fn api_put(api: &str, token: &str, path: &str, body: &serde_json::Value, timeout: std::time::Duration) -> anyhow::Result<serde_json::Value> {
+fn api_put(
+    api: &str,
+    token: &str,
+    path: &str,
+    body: &serde_json::Value,
+    timeout: std::time::Duration,
+) -> anyhow::Result<serde_json::Value> {
     let (base, agent) = api_client(api)?;
-    let req = agent.put(format!("{base}{path}")).config().timeout_global(Some(timeout)).build();
-    api_answer(api, req.header("Authorization", format!("Bearer {token}")).send_json(body))
+    let req = agent
+        .put(format!("{base}{path}"))
+        .config()
+        .timeout_global(Some(timeout))
+        .build();
+    api_answer(
+        api,
+        req.header("Authorization", format!("Bearer {token}")).send_json(body),
+    )
 }
 
-fn api_answer(api: &str, r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> anyhow::Result<serde_json::Value> {
+fn api_answer(
+    api: &str,
+    r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> anyhow::Result<serde_json::Value> {
     let mut r = r.map_err(|e| anyhow::anyhow!("the REST API at {api}: {e}"))?;
     let status = r.status();
-    let body: serde_json::Value = r.body_mut().read_json().map_err(|e| anyhow::anyhow!("the REST API at {api} answered {status} without JSON: {e}"))?;
+    let body: serde_json::Value = r
+        .body_mut()
+        .read_json()
+        .map_err(|e| anyhow::anyhow!("the REST API at {api} answered {status} without JSON: {e}"))?;
     if !status.is_success() {
-        anyhow::bail!("the REST API at {api} answered {status}: {}", body["error"].as_str().unwrap_or("?"));
+        anyhow::bail!(
+            "the REST API at {api} answered {status}: {}",
+            body["error"].as_str().unwrap_or("?")
+        );
     }
     Ok(body)
 }
@@ -443,24 +697,47 @@ pub fn topology(a: ApiArgs, json: bool) -> anyhow::Result<()> {
     }
     let nodes = g["nodes"].as_array().cloned().unwrap_or_default();
     let links = g["links"].as_array().cloned().unwrap_or_default();
-    let label = |id: &str| nodes.iter().find(|n| n["id"] == id).and_then(|n| n["label"].as_str()).unwrap_or(id).to_string();
+    let label = |id: &str| {
+        nodes
+            .iter()
+            .find(|n| n["id"] == id)
+            .and_then(|n| n["label"].as_str())
+            .unwrap_or(id)
+            .to_string()
+    };
     for host in nodes.iter().filter(|n| n["kind"] == "host") {
         crate::outln!("host {}", host["label"].as_str().unwrap_or("?"));
-        for l in links.iter().filter(|l| l["kind"] == "attached" && l["to"] == host["id"]) {
+        for l in links
+            .iter()
+            .filter(|l| l["kind"] == "attached" && l["to"] == host["id"])
+        {
             crate::outln!("  {}", label(l["from"].as_str().unwrap_or("?")));
         }
     }
     if let Some(sw) = nodes.iter().find(|n| n["kind"] == "switch") {
-        crate::outln!("the hosts reach each other through switch {}", sw["label"].as_str().unwrap_or("?"));
+        crate::outln!(
+            "the hosts reach each other through switch {}",
+            sw["label"].as_str().unwrap_or("?")
+        );
     }
     let mut t = Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
     t.set_header(["FROM", "TO", "LATENCY", "BANDWIDTH", "AGE"]);
     for l in links.iter().filter(|l| l["kind"] == "uses") {
         let latency = l["latency_us"].as_f64().map_or("-".into(), |us| format!("{us:.1} µs"));
-        let bandwidth = l["bandwidth_mbps"].as_f64().map_or("-".into(), |m| format!("{:.2} Gbit/s", m / 1e3));
-        let age = l["age_ms"].as_u64().map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1e3));
-        t.add_row([label(l["from"].as_str().unwrap_or("?")), label(l["to"].as_str().unwrap_or("?")), latency, bandwidth, age]);
+        let bandwidth = l["bandwidth_mbps"]
+            .as_f64()
+            .map_or("-".into(), |m| format!("{:.2} Gbit/s", m / 1e3));
+        let age = l["age_ms"]
+            .as_u64()
+            .map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1e3));
+        t.add_row([
+            label(l["from"].as_str().unwrap_or("?")),
+            label(l["to"].as_str().unwrap_or("?")),
+            latency,
+            bandwidth,
+            age,
+        ]);
     }
     match t.row_count() {
         0 => crate::outln!("no measured links (links are measured while programs use them)"),
@@ -477,28 +754,57 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
         crate::outln!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let mut t = Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
-    t.set_header(["PID", "USER", "VNODE", "PCOMP", "AGE", "MISSES", "EVICTIONS", "WRITEBACKS", "COMMAND"]);
+    t.set_header([
+        "PID",
+        "USER",
+        "VNODE",
+        "PCOMP",
+        "AGE",
+        "MISSES",
+        "EVICTIONS",
+        "WRITEBACKS",
+        "COMMAND",
+    ]);
     for j in list["jobs"].as_array().into_iter().flatten() {
         let age = now.saturating_sub(j["started_unix_s"].as_u64().unwrap_or(now));
         let cmd = j["command"].as_str().unwrap_or("");
         t.add_row([
             j["pid"].as_str().unwrap_or("?").to_string(),
-            j["user"].as_str().filter(|u| !u.is_empty()).map(str::to_string).unwrap_or_else(|| j["uid"].to_string()),
+            j["user"]
+                .as_str()
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+                .unwrap_or_else(|| j["uid"].to_string()),
             j["vnode"].as_str().unwrap_or("").to_string(),
             j["pcomponent"].to_string(),
-            if age >= 3600 { format!("{}h{:02}m", age / 3600, age / 60 % 60) } else { format!("{}m{:02}s", age / 60, age % 60) },
+            if age >= 3600 {
+                format!("{}h{:02}m", age / 3600, age / 60 % 60)
+            } else {
+                format!("{}m{:02}s", age / 60, age % 60)
+            },
             j["misses"].to_string(),
             j["evictions"].to_string(),
             j["writebacks"].to_string(),
-            if cmd.chars().count() > 60 { format!("{}...", cmd.chars().take(57).collect::<String>()) } else { cmd.to_string() },
+            if cmd.chars().count() > 60 {
+                format!("{}...", cmd.chars().take(57).collect::<String>())
+            } else {
+                cmd.to_string()
+            },
         ]);
     }
     crate::outln!("{t}");
     for u in list["unanswered"].as_array().into_iter().flatten() {
-        crate::errln!("splitos: pComponent {} did not answer: {}", u["pcomponent"], u["error"].as_str().unwrap_or("?"));
+        crate::errln!(
+            "splitos: pComponent {} did not answer: {}",
+            u["pcomponent"],
+            u["error"].as_str().unwrap_or("?")
+        );
     }
     Ok(())
 }
@@ -508,22 +814,44 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
 pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let (base, agent) = api_client(&api)?;
-    let t = api_answer(&api, agent.post(format!("{base}/api/v1/join-tokens")).header("Authorization", format!("Bearer {token}")).send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s })))?;
-    crate::errln!("a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}", t["role"].as_str().unwrap_or("?"), t["expires_unix_s"]);
+    let t = api_answer(
+        &api,
+        agent
+            .post(format!("{base}/api/v1/join-tokens"))
+            .header("Authorization", format!("Bearer {token}"))
+            .send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s })),
+    )?;
+    crate::errln!(
+        "a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}",
+        t["role"].as_str().unwrap_or("?"),
+        t["expires_unix_s"]
+    );
     crate::outln!("{}", t["token"].as_str().unwrap_or_default());
     Ok(())
 }
 
 pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
-    let c = api_post(&api, &token, &format!("/api/v1/components/{id}/{}", if on { "cordon" } else { "uncordon" }))?;
+    let c = api_post(
+        &api,
+        &token,
+        &format!("/api/v1/components/{id}/{}", if on { "cordon" } else { "uncordon" }),
+    )?;
     let what = match c["role"].as_str() {
         Some("pcomponent") => "new programs",
         _ => "new homes and vRegions",
     };
     match on {
-        true => crate::outln!("{} {id} ({}) cordoned: it takes no {what}; what runs there goes on", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
-        false => crate::outln!("{} {id} ({}) uncordoned: it takes {what} again", c["role"].as_str().unwrap_or("?"), c["addr"].as_str().unwrap_or("?")),
+        true => crate::outln!(
+            "{} {id} ({}) cordoned: it takes no {what}; what runs there goes on",
+            c["role"].as_str().unwrap_or("?"),
+            c["addr"].as_str().unwrap_or("?")
+        ),
+        false => crate::outln!(
+            "{} {id} ({}) uncordoned: it takes {what} again",
+            c["role"].as_str().unwrap_or("?"),
+            c["addr"].as_str().unwrap_or("?")
+        ),
     }
     Ok(())
 }
@@ -532,7 +860,12 @@ pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
 pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Result<()> {
     let (api, token) = api_access(a.clone())?;
     let comps = api_get(&api, &token, "/api/v1/components")?;
-    if comps.as_array().into_iter().flatten().any(|c| c["id"] == id && c["role"] == "mcomponent") {
+    if comps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["id"] == id && c["role"] == "mcomponent")
+    {
         // Its programs' memory moves to the other mComponents while they run.
         return memory::detach(a, id, true, true, timeout);
     }
@@ -543,10 +876,18 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
     let mut last = String::new();
     loop {
         let jobs = api_get(&api, &token, "/api/v1/jobs")?;
-        let n = jobs["jobs"].as_array().into_iter().flatten().filter(|j| j["pcomponent"] == id).count();
+        let n = jobs["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|j| j["pcomponent"] == id)
+            .count();
         let left = (n > 0).then(|| format!("{n} job(s) run on it"));
         let Some(left) = left else {
-            crate::outln!("{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)", t0.elapsed().as_secs_f64());
+            crate::outln!(
+                "{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)",
+                t0.elapsed().as_secs_f64()
+            );
             return Ok(());
         };
         if left != last {
@@ -554,7 +895,10 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
             last = left.clone();
         }
         if t0.elapsed() >= timeout {
-            anyhow::bail!("{role} {id} is not drained after {} s: {left} (it stays cordoned)", timeout.as_secs());
+            anyhow::bail!(
+                "{role} {id} is not drained after {} s: {left} (it stays cordoned)",
+                timeout.as_secs()
+            );
         }
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
@@ -564,8 +908,19 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
 /// line (for scripts: `| tail -1`).
 pub fn token_create(gm: Option<String>, name: String, admin: bool, vnodes: Vec<String>) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
-    let t = cluster::ask(&gm, C2G_TOKEN_CREATE { name: name.clone(), admin, vnodes: vnodes.clone() })?;
-    let what = if admin { "admin: every vNode, job and component".to_string() } else { format!("tenant of vNode(s) {}", vnodes.join(", ")) };
+    let t = cluster::ask(
+        &gm,
+        C2G_TOKEN_CREATE {
+            name: name.clone(),
+            admin,
+            vnodes: vnodes.clone(),
+        },
+    )?;
+    let what = if admin {
+        "admin: every vNode, job and component".to_string()
+    } else {
+        format!("tenant of vNode(s) {}", vnodes.join(", "))
+    };
     crate::outln!("API token {name:?} ({what}); it is shown only now:\n{}", t.token);
     Ok(())
 }
@@ -581,7 +936,12 @@ pub fn token_list(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     let mut t = Table::new();
     t.set_header(["name", "role", "vNodes", "created (Unix time)"]);
     for k in tokens {
-        t.add_row([k.name, if k.admin { "admin".into() } else { "tenant".into() }, if k.admin { "all".into() } else { k.vnodes.join(", ") }, k.created_unix_s.to_string()]);
+        t.add_row([
+            k.name,
+            if k.admin { "admin".into() } else { "tenant".into() },
+            if k.admin { "all".into() } else { k.vnodes.join(", ") },
+            k.created_unix_s.to_string(),
+        ]);
     }
     crate::outln!("{t}");
     Ok(())
@@ -599,20 +959,39 @@ pub fn metrics(gm: Option<String>) -> anyhow::Result<()> {
     let gm = gm_addr(gm)?;
     let status = cluster::gm_status(&gm)?;
     // Every manager alive (followers too), then every component alive.
-    let mut addrs = if status.managers.is_empty() { vec![gm.clone()] } else { status.managers };
+    let mut addrs = if status.managers.is_empty() {
+        vec![gm.clone()]
+    } else {
+        status.managers
+    };
     addrs.extend(status.components.into_iter().filter(|c| c.alive).map(|c| c.addr));
     // A silent component's series are missing, as from a scrape.
-    let texts: Vec<String> = addrs.iter().filter_map(|a| cluster::ask(a, C2X_METRICS).ok().map(|m| m.text)).collect();
+    let texts: Vec<String> = addrs
+        .iter()
+        .filter_map(|a| cluster::ask(a, C2X_METRICS).ok().map(|m| m.text))
+        .collect();
     crate::out!("{}", crate::telemetry::merge(texts));
     Ok(())
 }
 
 /// `splitos debug fetch`: one P2M_FETCH as a pComponent would send it.
 pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::Result<()> {
-    let page = cluster::rpc()?.call(mcomp, P2M_FETCH { who: Who::new(vnode, pid), vpn: vaddr / PAGE_SIZE as u64 }).map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    let page = cluster::rpc()?
+        .call(
+            mcomp,
+            P2M_FETCH {
+                who: Who::new(vnode, pid),
+                vpn: vaddr / PAGE_SIZE as u64,
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     let at = vaddr & !(PAGE_SIZE as u64 - 1);
     match unseal_page(page.data) {
-        Ok(data) => crate::outln!("page {at:#x}: {} bytes, checksum good, first bytes {:02x?}", data.len(), &data[..16]),
+        Ok(data) => crate::outln!(
+            "page {at:#x}: {} bytes, checksum good, first bytes {:02x?}",
+            data.len(),
+            &data[..16]
+        ),
         Err(e) => crate::outln!("page {at:#x}: not what was written back ({e:?})"),
     }
     Ok(())
@@ -620,7 +999,16 @@ pub fn debug_fetch(mcomp: &str, vnode: String, pid: u64, vaddr: u64) -> anyhow::
 
 /// `splitos debug flip`: flips a bit of a page an mComponent stores, as a memory error would.
 pub fn debug_flip(mcomp: &str, vnode: String, pid: u64, vaddr: u64, bit: u32) -> anyhow::Result<()> {
-    let r = cluster::rpc()?.call(mcomp, C2M_DEBUG_FLIP { who: Who::new(vnode, pid), from_vpn: vaddr / PAGE_SIZE as u64, bit }).map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    let r = cluster::rpc()?
+        .call(
+            mcomp,
+            C2M_DEBUG_FLIP {
+                who: Who::new(vnode, pid),
+                from_vpn: vaddr / PAGE_SIZE as u64,
+                bit,
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     crate::outln!("flipped bit {bit} of page {:#x}", r.vpn * PAGE_SIZE as u64);
     Ok(())
 }

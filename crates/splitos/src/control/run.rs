@@ -61,7 +61,11 @@ fn resolve(prog: &str) -> Option<PathBuf> {
     if prog.contains('/') {
         return Some(PathBuf::from(prog));
     }
-    std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(prog)).find(|p| p.is_file()))
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(prog))
+            .find(|p| p.is_file())
+    })
 }
 
 /// `Some(false)` for a static ELF executable (no interpreter: LD_PRELOAD cannot reach it).
@@ -94,7 +98,10 @@ pub fn shim_path() -> anyhow::Result<PathBuf> {
     if p.is_file() {
         Ok(p)
     } else {
-        anyhow::bail!("cannot find the shim at {} (build the whole workspace: cargo build --release --workspace)", p.display())
+        anyhow::bail!(
+            "cannot find the shim at {} (build the whole workspace: cargo build --release --workspace)",
+            p.display()
+        )
     }
 }
 
@@ -114,7 +121,8 @@ enum Target {
 }
 
 fn reachable(gm: String, named_by: &str, instead: &str) -> anyhow::Result<Target> {
-    let gm = cluster::leader(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
+    let gm =
+        cluster::leader(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
     cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
     Ok(Target::Cluster(gm))
 }
@@ -132,16 +140,27 @@ fn target(a: &RunArgs) -> anyhow::Result<Target> {
         return Ok(Target::Socket(p.clone()));
     }
     if let Some(gm) = a.gm.clone() {
-        return reachable(gm, "named by --gm", "pass --embedded to run on a cluster of this command's own");
+        return reachable(
+            gm,
+            "named by --gm",
+            "pass --embedded to run on a cluster of this command's own",
+        );
     }
     if let Ok(gm) = std::env::var("SPLITOS_GM") {
-        return reachable(gm, "named by SPLITOS_GM", "unset it, or pass --embedded, to run on a cluster of this command's own");
+        return reachable(
+            gm,
+            "named by SPLITOS_GM",
+            "unset it, or pass --embedded, to run on a cluster of this command's own",
+        );
     }
     if let Some(p) = std::env::var_os("SPLITOS_PCOMPONENT") {
         return Ok(Target::Socket(PathBuf::from(p)));
     }
     if let Some(s) = cluster::read_state() {
-        let instead = format!("restart it with `splitos cluster down` and `splitos cluster up`, or pass --embedded; state: {}", cluster::state_file().display());
+        let instead = format!(
+            "restart it with `splitos cluster down` and `splitos cluster up`, or pass --embedded; state: {}",
+            cluster::state_file().display()
+        );
         return reachable(s.gm, "that `splitos cluster up` started", &instead);
     }
     // SAFETY: geteuid takes nothing and cannot fail.
@@ -150,9 +169,16 @@ fn target(a: &RunArgs) -> anyhow::Result<Target> {
         // Only the cluster's user may have made what is found there: a socket another user
         // put in its place would be handed this program's memory.
         if dir.exists() {
-            crate::trusted::check_path(&dir).map_err(|e| anyhow::anyhow!("will not look for the host's pComponent there: {e}"))?;
+            crate::trusted::check_path(&dir)
+                .map_err(|e| anyhow::anyhow!("will not look for the host's pComponent there: {e}"))?;
         }
-        let mut socks: Vec<PathBuf> = std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
+        let mut socks: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+            .collect();
         socks.sort();
         return socks.into_iter().next().map(Target::Socket).ok_or_else(|| {
             anyhow::anyhow!(
@@ -175,7 +201,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 path.display()
             );
         }
-        crate::errln!("splitos: warning: {} is statically linked; running it NATIVELY, its memory is not disaggregated", path.display());
+        crate::errln!(
+            "splitos: warning: {} is statically linked; running it NATIVELY, its memory is not disaggregated",
+            path.display()
+        );
         let st = Command::new(&path).args(&a.program[1..]).status()?;
         return Ok(exit_code(st));
     }
@@ -256,7 +285,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             "inline_evictions",
             "bg_evictions",
         ];
-        let parts: Vec<String> = keys.iter().map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())).collect();
+        let parts: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default()))
+            .collect();
         crate::errln!("splitos: {}", parts.join(" "));
     }
     if let Some((native, out)) = native_secs {
@@ -266,7 +298,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             native,
             secs,
             secs / native.max(1e-9),
-            if same { "identical".to_string() } else { format!("DIFFERS (native {})", exit_code(out.status)) }
+            if same {
+                "identical".to_string()
+            } else {
+                format!("DIFFERS (native {})", exit_code(out.status))
+            }
         );
     }
     Ok(code)
@@ -274,11 +310,22 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 
 /// `files`: the cluster has an sComponent for the program's vNode, so a program that would
 /// get no files is not started (it would write to the host's directory instead).
-fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
+fn run_on(
+    target: &Target,
+    path: &Path,
+    a: &RunArgs,
+    files: bool,
+) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
     let (sock, gm) = match target {
         Target::Cluster(gm) => {
-            let pcomp = cluster::rpc()?.call(gm, C2G_PLACE_PROCESS).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?.pcomp;
-            let sock = pcomp.shim_sock.clone().ok_or_else(|| anyhow::anyhow!("pComponent {} has no program socket", pcomp.id))?;
+            let pcomp = cluster::rpc()?
+                .call(gm, C2G_PLACE_PROCESS)
+                .map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?
+                .pcomp;
+            let sock = pcomp
+                .shim_sock
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("pComponent {} has no program socket", pcomp.id))?;
             (PathBuf::from(sock), Some((gm.as_str(), pcomp)))
         }
         Target::Socket(p) => (p.clone(), None),
@@ -298,7 +345,11 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
     };
     let t0 = Instant::now();
     let mut cmd = Command::new(path);
-    cmd.args(&a.program[1..]).env("LD_PRELOAD", preload).env(ENV_SOCK, &sock).env(ENV_RUN_ID, run_id.to_string()).env(ENV_VNODE, &a.vnode);
+    cmd.args(&a.program[1..])
+        .env("LD_PRELOAD", preload)
+        .env(ENV_SOCK, &sock)
+        .env(ENV_RUN_ID, run_id.to_string())
+        .env(ENV_VNODE, &a.vnode);
     match &vnode_dir {
         Some(d) => {
             cmd.env(ENV_VNODE_DIR, d);
@@ -330,7 +381,9 @@ fn run_on(target: &Target, path: &Path, a: &RunArgs, files: bool) -> anyhow::Res
             Ok(())
         })
     };
-    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
+    let child = cmd
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
     let pid = child.id() as i32;
     if let Some(fd) = tty {
         // Also here: whichever of the two runs first, the program has the terminal before exec.
@@ -409,7 +462,11 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
         return;
     }
     let Some(root) = mine.parent() else { return };
-    let others: Vec<std::ffi::CString> = crate::sys::mounts_under(root).into_iter().filter(|m| m != mine).filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok()).collect();
+    let others: Vec<std::ffi::CString> = crate::sys::mounts_under(root)
+        .into_iter()
+        .filter(|m| m != mine)
+        .filter_map(|m| std::ffi::CString::new(m.into_os_string().into_encoded_bytes()).ok())
+        .collect();
     // SAFETY: only async-signal-safe system calls on memory prepared before fork (the C strings
     // in `others`), and errno read into an io::Error, which does not allocate.
     unsafe {
@@ -418,13 +475,25 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
                 return Err(std::io::Error::last_os_error());
             }
             // Keep unmounts below from reaching the pComponent's namespace.
-            if libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             for m in &others {
                 // A mount left in place would show the program another vNode's files. EINVAL or
                 // ENOENT: it was unmounted since the list was taken, so nothing is visible there.
-                if libc::umount2(m.as_ptr(), libc::MNT_DETACH) != 0 && !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+                if libc::umount2(m.as_ptr(), libc::MNT_DETACH) != 0
+                    && !matches!(
+                        std::io::Error::last_os_error().raw_os_error(),
+                        Some(libc::EINVAL | libc::ENOENT)
+                    )
+                {
                     return Err(std::io::Error::last_os_error());
                 }
             }
@@ -568,7 +637,10 @@ fn processes_of_run(run_id: u64) -> Vec<i32> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes())))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+        })
         .collect()
 }
 
@@ -596,5 +668,7 @@ fn watch_pcomponent(l: &Launcher, pcomp: &str, stop: &std::os::unix::net::UnixSt
         return None;
     }
     stop_processes_of_run(run_id);
-    Some(format!("{pcomp} went away; its programs' memory cannot be served, so they were stopped"))
+    Some(format!(
+        "{pcomp} went away; its programs' memory cannot be served, so they were stopped"
+    ))
 }

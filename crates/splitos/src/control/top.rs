@@ -19,7 +19,11 @@ struct Counts {
 
 fn counts(j: &serde_json::Value) -> Counts {
     let n = |k: &str| j[k].as_u64().unwrap_or(0);
-    Counts { misses: n("misses"), evictions: n("evictions"), writebacks: n("writebacks") }
+    Counts {
+        misses: n("misses"),
+        evictions: n("evictions"),
+        writebacks: n("writebacks"),
+    }
 }
 
 /// Shows the cluster every `interval`, `frames` times (forever: none). On a terminal each
@@ -42,7 +46,17 @@ pub fn top(a: ApiArgs, interval: Duration, frames: Option<u64>) -> anyhow::Resul
         if let Ok(comps) = comps {
             let mut t = Table::new();
             t.load_preset(comfy_table::presets::NOTHING);
-            t.set_header(["ID", "ROLE", "ADDRESS", "STATE", "PROCS", "THREADS", "USED", "COMMITTED", "CAPACITY"]);
+            t.set_header([
+                "ID",
+                "ROLE",
+                "ADDRESS",
+                "STATE",
+                "PROCS",
+                "THREADS",
+                "USED",
+                "COMMITTED",
+                "CAPACITY",
+            ]);
             for c in comps.as_array().into_iter().flatten() {
                 let state = match (c["alive"].as_bool(), c["lost"].as_bool(), c["cordoned"].as_bool()) {
                     (Some(true), _, Some(true)) => "cordoned",
@@ -67,14 +81,27 @@ pub fn top(a: ApiArgs, interval: Duration, frames: Option<u64>) -> anyhow::Resul
         }
         let mut t = Table::new();
         t.load_preset(comfy_table::presets::NOTHING);
-        t.set_header(["PID", "USER", "VNODE", "PCOMP", "MISSES/S", "EVICTIONS/S", "WRITEBACKS/S", "MISSES", "COMMAND"]);
+        t.set_header([
+            "PID",
+            "USER",
+            "VNODE",
+            "PCOMP",
+            "MISSES/S",
+            "EVICTIONS/S",
+            "WRITEBACKS/S",
+            "MISSES",
+            "COMMAND",
+        ]);
         let mut now = HashMap::new();
         for j in jobs["jobs"].as_array().into_iter().flatten() {
             let pid = j["pid"].as_str().unwrap_or("?").to_string();
             let c = counts(j);
             // A rate needs two looks at the job: the first shows none.
             let rate = |f: fn(&Counts) -> u64| match before.get(&pid) {
-                Some((t0, c0)) => format!("{:.0}", f(&c).saturating_sub(f(c0)) as f64 / at.duration_since(*t0).as_secs_f64().max(1e-3)),
+                Some((t0, c0)) => format!(
+                    "{:.0}",
+                    f(&c).saturating_sub(f(c0)) as f64 / at.duration_since(*t0).as_secs_f64().max(1e-3)
+                ),
                 None => "-".to_string(),
             };
             let cmd = j["command"].as_str().unwrap_or("");
@@ -87,7 +114,11 @@ pub fn top(a: ApiArgs, interval: Duration, frames: Option<u64>) -> anyhow::Resul
                 rate(|c| c.evictions),
                 rate(|c| c.writebacks),
                 c.misses.to_string(),
-                if cmd.chars().count() > 50 { format!("{}...", cmd.chars().take(47).collect::<String>()) } else { cmd.to_string() },
+                if cmd.chars().count() > 50 {
+                    format!("{}...", cmd.chars().take(47).collect::<String>())
+                } else {
+                    cmd.to_string()
+                },
             ]);
             now.insert(pid, (at, c));
         }

@@ -18,7 +18,10 @@ pub struct Cordons {
 impl Cordons {
     pub fn open(store: Store) -> anyhow::Result<Cordons> {
         let ids = store.load::<u32>(CORDONED)?.into_iter().collect();
-        Ok(Cordons { store, ids: Mutex::new(ids) })
+        Ok(Cordons {
+            store,
+            ids: Mutex::new(ids),
+        })
     }
 
     /// Cordons component `id` (`on`) or lets it take work again; durable when it returns.

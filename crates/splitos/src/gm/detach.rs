@@ -16,7 +16,11 @@ impl Gm {
     /// The mComponents being detached or drained. One declared lost meanwhile is not: its
     /// copies are rebuilt from the others, as for any loss.
     pub(super) fn leaving_ids(&self, comps: &[Entry]) -> Vec<u32> {
-        comps.iter().filter(|e| e.info.leaving.is_some() && !self.lost(e)).map(|e| e.info.id).collect()
+        comps
+            .iter()
+            .filter(|e| e.info.leaving.is_some() && !self.lost(e))
+            .map(|e| e.info.id)
+            .collect()
     }
 
     /// Starts moving everything off mComponent `id` while programs run; `exit`: it exits once
@@ -25,13 +29,32 @@ impl Gm {
     /// and when the others lack room for what it holds.
     pub fn detach(&self, id: u32, exit: bool) -> Result<ComponentInfo, Refusal> {
         let mut comps = self.comps();
-        let others_free: u64 = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).map(|e| e.info.load.capacity.saturating_sub(Gm::taken(e))).sum();
+        let others_free: u64 = comps
+            .iter()
+            .filter(|e| e.info.id != id && self.takes_memory(e))
+            .map(|e| e.info.load.capacity.saturating_sub(Gm::taken(e)))
+            .sum();
         let others = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).count();
         // A finished drain (empty, staying) is no detach under way.
-        let busy: Vec<u32> = comps.iter().filter(|e| e.info.id != id && e.info.leaving.as_ref().is_some_and(|l| l.exit || !l.empty()) && !self.lost(e)).map(|e| e.info.id).collect();
-        let e = comps.iter_mut().find(|e| e.info.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        let busy: Vec<u32> = comps
+            .iter()
+            .filter(|e| {
+                e.info.id != id && e.info.leaving.as_ref().is_some_and(|l| l.exit || !l.empty()) && !self.lost(e)
+            })
+            .map(|e| e.info.id)
+            .collect();
+        let e = comps
+            .iter_mut()
+            .find(|e| e.info.id == id)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
         if e.info.role != Role::Mem {
-            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only mComponents are detached", e.info.role.name())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "component {id} is a {}: only mComponents are detached",
+                    e.info.role.name()
+                ),
+            ));
         }
         if !Gm::alive(e) {
             return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {id} does not answer: a lost mComponent's copies are rebuilt from the others, not moved")));
@@ -41,16 +64,31 @@ impl Gm {
             Some(l) if exit && !l.exit => {
                 l.exit = true;
                 tracing::info!(id, "a drained mComponent is detached: it exits once empty");
-                return Ok(ComponentInfo { alive: true, cordoned: self.cordons.has(id), ..e.info.clone() });
+                return Ok(ComponentInfo {
+                    alive: true,
+                    cordoned: self.cordons.has(id),
+                    ..e.info.clone()
+                });
             }
-            Some(_) => return Err(ERR::new(ErrCode::Invalid, format!("mComponent {id} is already being detached"))),
+            Some(_) => {
+                return Err(ERR::new(
+                    ErrCode::Invalid,
+                    format!("mComponent {id} is already being detached"),
+                ))
+            }
             None => {}
         }
         if let Some(other) = busy.first() {
-            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {other} is being detached: one detach at a time")));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("mComponent {other} is being detached: one detach at a time"),
+            ));
         }
         if others == 0 {
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} is the last mComponent that takes memory: its memory has nowhere to go")));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!("mComponent {id} is the last mComponent that takes memory: its memory has nowhere to go"),
+            ));
         }
         let needs = self.replication.members();
         if others < needs {
@@ -60,19 +98,37 @@ impl Gm {
         if holds > others_free {
             return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} holds {holds} bytes and the other mComponents have {others_free} free: no room to move it (attach memory first)")));
         }
-        e.info.leaving = Some(Leaving { bytes_at_start: e.info.load.used, bytes_left: e.info.load.used, homes: e.info.load.processes, exit, ..Leaving::default() });
+        e.info.leaving = Some(Leaving {
+            bytes_at_start: e.info.load.used,
+            bytes_left: e.info.load.used,
+            homes: e.info.load.processes,
+            exit,
+            ..Leaving::default()
+        });
         self.keep_change(e);
         metrics::counter!("gm_mcomponent_detaches_total").increment(1);
         tracing::info!(id, addr = %e.info.addr, bytes = e.info.load.used, exit, "mComponent leaving: its memory moves to the others");
-        Ok(ComponentInfo { alive: true, cordoned: self.cordons.has(id), ..e.info.clone() })
+        Ok(ComponentInfo {
+            alive: true,
+            cordoned: self.cordons.has(id),
+            ..e.info.clone()
+        })
     }
 
     /// Gives mComponent `id` to placement again: calls off its detach (what moved stays
     /// where it went) and lifts a cordon.
     pub fn attach(&self, id: u32) -> Result<ComponentInfo, Refusal> {
-        let role = self.comps().iter().find(|e| e.info.id == id).map(|e| e.info.role).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        let role = self
+            .comps()
+            .iter()
+            .find(|e| e.info.id == id)
+            .map(|e| e.info.role)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
         if role != Role::Mem {
-            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only mComponents are attached", role.name())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("component {id} is a {}: only mComponents are attached", role.name()),
+            ));
         }
         let c = self.cordon(id, false)?;
         metrics::counter!("gm_mcomponent_attaches_total").increment(1);
@@ -94,8 +150,14 @@ impl Gm {
     /// and empty).
     pub(super) fn leaving_report(e: &mut Entry, report: Option<Leaving>) -> bool {
         e.files_gone |= report.as_ref().is_some_and(|r| r.files_released);
-        let (Some(l), Some(r)) = (e.info.leaving.as_mut(), report) else { return false };
-        *l = Leaving { bytes_at_start: l.bytes_at_start.max(r.bytes_at_start), exit: l.exit, ..r };
+        let (Some(l), Some(r)) = (e.info.leaving.as_mut(), report) else {
+            return false;
+        };
+        *l = Leaving {
+            bytes_at_start: l.bytes_at_start.max(r.bytes_at_start),
+            exit: l.exit,
+            ..r
+        };
         l.exit && l.empty()
     }
 
@@ -107,9 +169,16 @@ impl Gm {
         if self.rebalance_percent == 0 {
             return None;
         }
-        let fill: Vec<(u32, f64)> = comps.iter().filter(|e| self.takes_memory(e) && e.info.load.capacity > 0).map(|e| (e.info.id, e.info.load.used as f64 * 100.0 / e.info.load.capacity as f64)).collect();
+        let fill: Vec<(u32, f64)> = comps
+            .iter()
+            .filter(|e| self.takes_memory(e) && e.info.load.capacity > 0)
+            .map(|e| (e.info.id, e.info.load.used as f64 * 100.0 / e.info.load.capacity as f64))
+            .collect();
         let mut on = self.rebalancing.lock().unwrap();
-        let (Some(full), Some(empty)) = (fill.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)), fill.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))) else {
+        let (Some(full), Some(empty)) = (
+            fill.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)),
+            fill.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)),
+        ) else {
             *on = None;
             return None;
         };
@@ -117,11 +186,20 @@ impl Gm {
         if gap > limit || (on.is_some() && gap > limit / 2.0) {
             if *on != Some(full.0) {
                 metrics::counter!("gm_rebalances_total").increment(1);
-                tracing::info!(full = full.0, full_percent = full.1, empty = empty.0, empty_percent = empty.1, "rebalancing: the homes move vRegions off the fullest mComponent");
+                tracing::info!(
+                    full = full.0,
+                    full_percent = full.1,
+                    empty = empty.0,
+                    empty_percent = empty.1,
+                    "rebalancing: the homes move vRegions off the fullest mComponent"
+                );
             }
             *on = Some(full.0);
         } else if on.take().is_some() {
-            tracing::info!(gap, "rebalanced: the mComponents are within half the rebalancing gap of each other");
+            tracing::info!(
+                gap,
+                "rebalanced: the mComponents are within half the rebalancing gap of each other"
+            );
         }
         *on
     }

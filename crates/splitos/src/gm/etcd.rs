@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp};
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp,
+};
 
 use super::state::{Backend, StateKey};
 
@@ -54,9 +56,12 @@ pub struct Tls<'a> {
 
 impl Tls<'_> {
     fn options(&self) -> anyhow::Result<TlsOptions> {
-        let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| anyhow::anyhow!("etcd's TLS: {}: {e}", p.display()));
+        let read =
+            |p: &std::path::Path| std::fs::read(p).map_err(|e| anyhow::anyhow!("etcd's TLS: {}: {e}", p.display()));
         let key = splitos_rpc::auth::read_private(self.key).map_err(|e| anyhow::anyhow!("etcd's TLS: {e}"))?;
-        Ok(TlsOptions::new().ca_certificate(Certificate::from_pem(read(self.ca)?)).identity(Identity::from_pem(read(self.cert)?, key)))
+        Ok(TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(read(self.ca)?))
+            .identity(Identity::from_pem(read(self.cert)?, key)))
     }
 }
 
@@ -71,17 +76,31 @@ impl Etcd {
     pub fn connect(endpoints: &[String], prefix: &str, tls: Option<Tls>, key: StateKey) -> anyhow::Result<Arc<Etcd>> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let handle = rt.handle().clone();
-        std::thread::Builder::new().name("etcd".into()).spawn(move || rt.block_on(std::future::pending::<()>()))?;
+        std::thread::Builder::new()
+            .name("etcd".into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))?;
         let eps: Vec<String> = endpoints.to_vec();
         // A request to a member cut off from the majority fails instead of answering from its
         // stale copy.
-        let mut options = ConnectOptions::new().with_require_leader(true).with_connect_timeout(OP_TIMEOUT).with_timeout(OP_TIMEOUT).with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
+        let mut options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(OP_TIMEOUT)
+            .with_timeout(OP_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(1), OP_TIMEOUT);
         if endpoints.iter().any(|e| e.starts_with("https://")) {
             let tls = tls.ok_or_else(|| anyhow::anyhow!("etcd over https needs the managers' client certificate (--etcd-ca, --etcd-cert, --etcd-key; `cluster up` issues them)"))?;
             options = options.with_tls(tls.options()?);
         }
-        let client = wait(&handle, async move { Client::connect(eps, Some(options)).await.map_err(key_error) })?;
-        Ok(Arc::new(Etcd { rt: handle, client, prefix: prefix.trim_end_matches('/').to_string(), term: AtomicI64::new(0), key }))
+        let client = wait(&handle, async move {
+            Client::connect(eps, Some(options)).await.map_err(key_error)
+        })?;
+        Ok(Arc::new(Etcd {
+            rt: handle,
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            term: AtomicI64::new(0),
+            key,
+        }))
     }
 
     fn key(&self, rest: &str) -> String {
@@ -90,7 +109,10 @@ impl Etcd {
 
     /// Runs a request on the client's runtime and waits for it, from any thread but the
     /// client's own (an async one included); one that takes longer than [`OP_TIMEOUT`] fails.
-    fn run<T: Send + 'static>(&self, f: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, etcd_client::Error>> + Send>>) -> anyhow::Result<T> {
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, etcd_client::Error>> + Send>>,
+    ) -> anyhow::Result<T> {
         let fut = f(self.client.clone());
         wait(&self.rt, async move { fut.await.map_err(key_error) })
     }
@@ -100,7 +122,10 @@ impl Etcd {
     }
 }
 
-fn wait<T: Send + 'static>(rt: &tokio::runtime::Handle, f: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> anyhow::Result<T> {
+fn wait<T: Send + 'static>(
+    rt: &tokio::runtime::Handle,
+    f: impl Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> anyhow::Result<T> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     rt.spawn(async move {
         let r = match tokio::time::timeout(OP_TIMEOUT, f).await {
@@ -120,7 +145,8 @@ impl Backend for Etcd {
         let mut tries = 0;
         let r = loop {
             let p = prefix.clone();
-            match self.run(move |mut c| Box::pin(async move { c.get(p, Some(GetOptions::new().with_prefix())).await })) {
+            match self.run(move |mut c| Box::pin(async move { c.get(p, Some(GetOptions::new().with_prefix())).await }))
+            {
                 Ok(r) => break r,
                 Err(e) if tries < 3 => {
                     tries += 1;
@@ -129,7 +155,15 @@ impl Backend for Etcd {
                 Err(e) => return Err(e),
             }
         };
-        Ok(r.kvs().iter().map(|kv| (String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(), kv.value().to_vec())).collect())
+        Ok(r.kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
+                    kv.value().to_vec(),
+                )
+            })
+            .collect())
     }
 
     fn put(&self, table: &str, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
@@ -142,7 +176,9 @@ impl Backend for Etcd {
             Some(v) => TxnOp::put(k, v.to_vec(), None),
             None => TxnOp::delete(k, None),
         };
-        let txn = Txn::new().when([Compare::create_revision(self.key("leader"), CompareOp::Equal, term)]).and_then([op]);
+        let txn = Txn::new()
+            .when([Compare::create_revision(self.key("leader"), CompareOp::Equal, term)])
+            .and_then([op]);
         let r = self.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
         if !r.succeeded() {
             anyhow::bail!("this manager no longer leads (term {term} ended): it may not change the cluster's state");
@@ -179,7 +215,15 @@ pub struct Election {
 
 impl Election {
     pub fn new(etcd: Arc<Etcd>, addr: &str, ttl: Duration) -> Arc<Election> {
-        Arc::new(Election { etcd, addr: addr.to_string(), ttl, base: Instant::now(), valid_until: AtomicU64::new(0), lease: AtomicI64::new(0), seen: Mutex::new(Seen::default()) })
+        Arc::new(Election {
+            etcd,
+            addr: addr.to_string(),
+            ttl,
+            base: Instant::now(),
+            valid_until: AtomicU64::new(0),
+            lease: AtomicI64::new(0),
+            seen: Mutex::new(Seen::default()),
+        })
     }
 
     /// Whether this manager leads now: it won, and its lease cannot have run out yet.
@@ -200,8 +244,15 @@ impl Election {
     pub fn managers(&self) -> Vec<String> {
         let p = self.etcd.key("managers/");
         let p2 = p.clone();
-        match self.etcd.run(move |mut c| Box::pin(async move { c.get(p2, Some(GetOptions::new().with_prefix())).await })) {
-            Ok(r) => r.kvs().iter().map(|kv| String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned()).collect(),
+        match self
+            .etcd
+            .run(move |mut c| Box::pin(async move { c.get(p2, Some(GetOptions::new().with_prefix())).await }))
+        {
+            Ok(r) => r
+                .kvs()
+                .iter()
+                .map(|kv| String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned())
+                .collect(),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot list the managers");
                 Vec::new()
@@ -214,8 +265,18 @@ impl Election {
     pub fn publish_status(&self, status: &[u8]) -> anyhow::Result<()> {
         let term = self.etcd.term.load(Ordering::Relaxed);
         let lease = self.lease.load(Ordering::Relaxed);
-        let put = TxnOp::put(self.etcd.key("state/published/status"), self.etcd.key.seal("published", "status", status), Some(PutOptions::new().with_lease(lease)));
-        let txn = Txn::new().when([Compare::create_revision(self.etcd.key("leader"), CompareOp::Equal, term)]).and_then([put]);
+        let put = TxnOp::put(
+            self.etcd.key("state/published/status"),
+            self.etcd.key.seal("published", "status", status),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.etcd.key("leader"),
+                CompareOp::Equal,
+                term,
+            )])
+            .and_then([put]);
         let r = self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
         anyhow::ensure!(r.succeeded(), "this manager no longer leads");
         Ok(())
@@ -224,12 +285,17 @@ impl Election {
     /// The leader's last published status, if a manager of this cluster signed it.
     pub fn published_status(&self) -> Option<Vec<u8>> {
         let k = self.etcd.key("state/published/status");
-        let r = self.etcd.run(move |mut c| Box::pin(async move { c.get(k, None).await })).ok()?;
+        let r = self
+            .etcd
+            .run(move |mut c| Box::pin(async move { c.get(k, None).await }))
+            .ok()?;
         let record = r.kvs().first()?.value();
         let status = self.etcd.key.open("published", "status", record);
         if status.is_none() {
             metrics::counter!("gm_state_unsigned_total").increment(1);
-            tracing::warn!("the published status in etcd is not signed by a manager of this cluster; it is not answered");
+            tracing::warn!(
+                "the published status in etcd is not signed by a manager of this cluster; it is not answered"
+            );
         }
         status.map(<[u8]>::to_vec)
     }
@@ -297,17 +363,27 @@ impl Election {
         let ttl = self.ttl.as_secs() as i64;
         // etcd counts the lease from when it grants it, which is after this.
         let asked = self.base.elapsed();
-        let granted = self.etcd.run(move |mut c| Box::pin(async move { c.lease_grant(ttl, None).await }))?;
+        let granted = self
+            .etcd
+            .run(move |mut c| Box::pin(async move { c.lease_grant(ttl, None).await }))?;
         let id = granted.id();
         self.lease.store(id, Ordering::Relaxed);
         let (key, addr) = (self.etcd.key(&format!("managers/{}", self.addr)), self.addr.clone());
-        self.etcd.run(move |mut c| Box::pin(async move { c.put(key, addr, Some(PutOptions::new().with_lease(id))).await }))?;
+        self.etcd.run(move |mut c| {
+            Box::pin(async move { c.put(key, addr, Some(PutOptions::new().with_lease(id))).await })
+        })?;
         let me = self.clone();
         let mut client = self.etcd.client.clone();
-        self.valid_until.store((asked + self.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed);
+        self.valid_until.store(
+            (asked + self.ttl).saturating_sub(MARGIN).as_nanos() as u64,
+            Ordering::Relaxed,
+        );
         self.etcd.rt.spawn(async move {
             loop {
-                match tokio::time::timeout(OP_TIMEOUT, client.lease_keep_alive(id)).await.unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("no answer".into()))) {
+                match tokio::time::timeout(OP_TIMEOUT, client.lease_keep_alive(id))
+                    .await
+                    .unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("no answer".into())))
+                {
                     Ok((mut keeper, mut stream)) => loop {
                         let sent = me.base.elapsed();
                         let alive = async {
@@ -315,7 +391,10 @@ impl Election {
                             stream.message().await
                         };
                         match tokio::time::timeout(OP_TIMEOUT, alive).await {
-                            Ok(Ok(Some(r))) if r.ttl() > 0 => me.valid_until.store((sent + me.ttl).saturating_sub(MARGIN).as_nanos() as u64, Ordering::Relaxed),
+                            Ok(Ok(Some(r))) if r.ttl() > 0 => me.valid_until.store(
+                                (sent + me.ttl).saturating_sub(MARGIN).as_nanos() as u64,
+                                Ordering::Relaxed,
+                            ),
                             Ok(Ok(Some(_))) => {
                                 // The lease expired at etcd: whatever this manager led, it no
                                 // longer does, and its listing is gone.
@@ -340,9 +419,14 @@ impl Election {
         let id = self.lease.load(Ordering::Relaxed);
         if id != 0 {
             self.valid_until.store(0, Ordering::Relaxed);
-            match self.etcd.run(move |mut c| Box::pin(async move { c.lease_revoke(id).await })) {
+            match self
+                .etcd
+                .run(move |mut c| Box::pin(async move { c.lease_revoke(id).await }))
+            {
                 Ok(_) => tracing::info!("lease given up: another manager can lead at once"),
-                Err(e) => tracing::warn!(error = %e, "cannot give up the lease; another manager leads once it runs out"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot give up the lease; another manager leads once it runs out")
+                }
             }
         }
     }
@@ -352,25 +436,41 @@ impl Election {
         let key = self.etcd.key("leader");
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), self.addr.clone(), Some(PutOptions::new().with_lease(lease)))])
+            .and_then([TxnOp::put(
+                key.clone(),
+                self.addr.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
             .or_else([TxnOp::get(key, None)]);
         let r = self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
         if r.succeeded() {
             LED.store(true, Ordering::Relaxed);
             let term = r.header().map_or(0, |h| h.revision());
             self.etcd.term.store(term, Ordering::Relaxed);
-            *self.seen.lock().unwrap() = Seen { leader: Some(self.addr.clone()), term: term as u64 };
+            *self.seen.lock().unwrap() = Seen {
+                leader: Some(self.addr.clone()),
+                term: term as u64,
+            };
             return Ok(true);
         }
         let held = r.op_responses().into_iter().find_map(|o| match o {
-            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.create_revision(), kv.lease())),
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                    kv.create_revision(),
+                    kv.lease(),
+                )
+            }),
             _ => None,
         });
         // This manager's own key: it won, but the answer was lost (it timed out).
         if let Some((_, term, _)) = held.as_ref().filter(|h| h.0 == self.addr && h.2 == lease) {
             LED.store(true, Ordering::Relaxed);
             self.etcd.term.store(*term, Ordering::Relaxed);
-            *self.seen.lock().unwrap() = Seen { leader: Some(self.addr.clone()), term: *term as u64 };
+            *self.seen.lock().unwrap() = Seen {
+                leader: Some(self.addr.clone()),
+                term: *term as u64,
+            };
             return Ok(true);
         }
         // This manager's address under another lease: an earlier run of this manager led, and
@@ -378,13 +478,18 @@ impl Election {
         // lease runs out, and only that term's key.
         if let Some((_, term, _)) = held.as_ref().filter(|h| h.0 == self.addr && h.2 != lease) {
             let (key, term) = (self.etcd.key("leader"), *term);
-            let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, term)]).and_then([TxnOp::delete(key, None)]);
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, term)])
+                .and_then([TxnOp::delete(key, None)]);
             self.etcd.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
             tracing::info!(term, "the lead of an earlier run of this manager is given up");
             return Ok(false);
         }
         let mut seen = self.seen.lock().unwrap();
-        let now = Seen { leader: held.as_ref().map(|h| h.0.clone()), term: held.map_or(0, |h| h.1 as u64) };
+        let now = Seen {
+            leader: held.as_ref().map(|h| h.0.clone()),
+            term: held.map_or(0, |h| h.1 as u64),
+        };
         if now.leader != seen.leader {
             tracing::info!(leader = ?now.leader, term = now.term, "following");
         }
@@ -395,9 +500,13 @@ impl Election {
     /// Whether the leader key is still this manager's, in its term.
     fn check(&self) -> anyhow::Result<bool> {
         let key = self.etcd.key("leader");
-        let r = self.etcd.run(move |mut c| Box::pin(async move { c.get(key, None).await }))?;
+        let r = self
+            .etcd
+            .run(move |mut c| Box::pin(async move { c.get(key, None).await }))?;
         let term = self.etcd.term.load(Ordering::Relaxed);
-        Ok(r.kvs().first().is_some_and(|kv| kv.create_revision() == term && kv.value() == self.addr.as_bytes()))
+        Ok(r.kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == term && kv.value() == self.addr.as_bytes()))
     }
 }
 
@@ -420,7 +529,10 @@ pub fn step_down(why: &str) -> ! {
     // running image if that path is gone (the binary was replaced meanwhile).
     let mut args = std::env::args_os();
     let argv0 = args.next().unwrap_or_default();
-    let exe = std::env::current_exe().ok().filter(|p| p.exists()).unwrap_or_else(|| "/proc/self/exe".into());
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "/proc/self/exe".into());
     let err = std::process::Command::new(exe).arg0(argv0).args(args).exec();
     tracing::error!(error = %err, "cannot start again; exiting");
     std::process::exit(1)

@@ -28,7 +28,9 @@ pub struct Member {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -60,7 +62,12 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
                 (d.item, now.0.checked_sub(ago).unwrap_or(now.0), key)
             })
             .collect();
-        let r = Recent { store, table, keep, items: Mutex::new(items) };
+        let r = Recent {
+            store,
+            table,
+            keep,
+            items: Mutex::new(items),
+        };
         r.current();
         Ok(r)
     }
@@ -68,7 +75,14 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
     pub fn push(&self, item: T) {
         let at_unix_ms = unix_ms();
         let key = format!("{at_unix_ms}-{:08x}", splitos_rpc::auth::random_u64() as u32);
-        if let Err(e) = self.store.put(self.table, &key, Some(&Dated { item: item.clone(), at_unix_ms })) {
+        if let Err(e) = self.store.put(
+            self.table,
+            &key,
+            Some(&Dated {
+                item: item.clone(),
+                at_unix_ms,
+            }),
+        ) {
             tracing::warn!(table = self.table.0, error = %e, "cannot keep a departure in the managers' state; a successor will not tell it");
         }
         self.items.lock().unwrap().push((item, Instant::now(), key));
@@ -109,6 +123,9 @@ mod tests {
         assert!(r.current().is_empty());
         drop(r);
         let store = Store::for_test(&file);
-        assert!(store.load::<Dated<u32>>(table).unwrap().is_empty(), "an expired departure leaves the state");
+        assert!(
+            store.load::<Dated<u32>>(table).unwrap().is_empty(),
+            "an expired departure leaves the state"
+        );
     }
 }

@@ -94,7 +94,12 @@ const MAX_ADDR: usize = 256;
 /// name one id twice.
 fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, Refusal> {
     let ids: std::collections::BTreeSet<u32> = ebbs.iter().map(|e| e.id).collect();
-    if ebbs.len() > MAX_EBBS || ids.len() != ebbs.len() || ebbs.iter().any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC) {
+    if ebbs.len() > MAX_EBBS
+        || ids.len() != ebbs.len()
+        || ebbs
+            .iter()
+            .any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC)
+    {
         return Err(ERR::new(ErrCode::Invalid, format!("ebbs: at most {MAX_EBBS}, each once, with static ids (below {}) and names of at most {MAX_EBB_NAME} bytes", splitos_ebb::ebb::FIRST_DYNAMIC)));
     }
     Ok(ebbs)
@@ -196,7 +201,19 @@ impl Gm {
 
     /// Keeps `e`'s registration in the managers' state.
     fn keep(&self, e: &Entry) -> anyhow::Result<()> {
-        self.store.put(kept::MEMBERS, &e.info.id.to_string(), Some(&kept::Member { info: ComponentInfo { load: Load::default(), ..e.info.clone() }, key: e.key, ebbs: e.ebbs.clone(), files_gone: e.files_gone }))
+        self.store.put(
+            kept::MEMBERS,
+            &e.info.id.to_string(),
+            Some(&kept::Member {
+                info: ComponentInfo {
+                    load: Load::default(),
+                    ..e.info.clone()
+                },
+                key: e.key,
+                ebbs: e.ebbs.clone(),
+                files_gone: e.files_gone,
+            }),
+        )
     }
 
     /// Keeps `e`'s registration after a change a successor must know; one that cannot be kept
@@ -242,33 +259,84 @@ impl Gm {
     /// alive is learnt again from its heartbeats.
     fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {
         let now = Instant::now();
-        Ok(store.load::<kept::Member>(kept::MEMBERS)?.into_iter().map(|m| Entry { info: m.info, key: m.key, last: now, pending: 0, links: Vec::new(), files_gone: m.files_gone, ebbs: m.ebbs }).collect())
+        Ok(store
+            .load::<kept::Member>(kept::MEMBERS)?
+            .into_iter()
+            .map(|m| Entry {
+                info: m.info,
+                key: m.key,
+                last: now,
+                pending: 0,
+                links: Vec::new(),
+                files_gone: m.files_gone,
+                ebbs: m.ebbs,
+            })
+            .collect())
     }
 
     pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
-        self.comps().iter().map(|e| ComponentInfo { alive: Gm::alive(e), since_heartbeat_ms: e.last.elapsed().as_millis() as u64, lost: self.lost(e), cordoned: self.cordons.has(e.info.id), ..e.info.clone() }).collect()
+        self.comps()
+            .iter()
+            .map(|e| ComponentInfo {
+                alive: Gm::alive(e),
+                since_heartbeat_ms: e.last.elapsed().as_millis() as u64,
+                lost: self.lost(e),
+                cordoned: self.cordons.has(e.info.id),
+                ..e.info.clone()
+            })
+            .collect()
     }
 
     /// Cordons component `id` (`on`) or lets it take work again; returns it as it is now.
     /// Only pComponents and mComponents are placed on, and so cordoned.
     pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, Refusal> {
-        let c = self.snapshot().into_iter().find(|c| c.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        let c = self
+            .snapshot()
+            .into_iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
         if !matches!(c.role, Role::Proc | Role::Mem) {
-            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only pComponents and mComponents take new work, and are cordoned", c.role.name())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "component {id} is a {}: only pComponents and mComponents take new work, and are cordoned",
+                    c.role.name()
+                ),
+            ));
         }
-        self.cordons.set(id, on).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+        self.cordons
+            .set(id, on)
+            .map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
         if !on {
             self.stay(id);
         }
         tracing::info!(id, role = c.role.name(), addr = %c.addr, cordoned = on, "{}", if on { "component cordoned" } else { "component uncordoned" });
-        Ok(ComponentInfo { cordoned: on, leaving: if on { c.leaving } else { None }, ..c })
+        Ok(ComponentInfo {
+            cordoned: on,
+            leaving: if on { c.leaving } else { None },
+            ..c
+        })
     }
 
     /// The cluster's topology graph, with the links components measured.
     pub fn topology(&self) -> crate::topology::Graph {
         let comps = self.comps();
         let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
-        let samples = comps.iter().map(|e| (e.info.id, e.links.iter().map(|l| LinkSample { age_ms: l.age_ms.saturating_add(e.last.elapsed().as_millis() as u64), ..l.clone() }).collect())).collect();
+        let samples = comps
+            .iter()
+            .map(|e| {
+                (
+                    e.info.id,
+                    e.links
+                        .iter()
+                        .map(|l| LinkSample {
+                            age_ms: l.age_ms.saturating_add(e.last.elapsed().as_millis() as u64),
+                            ..l.clone()
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
         drop(comps);
         crate::topology::Graph::cluster(&self.addr, &infos, &samples)
     }
@@ -278,10 +346,18 @@ impl Gm {
     /// `from`. The graph is built from a snapshot, outside the membership's lock, which
     /// heartbeats and placements wait for.
     fn hops(&self, from: Option<u32>, rule: &dyn crate::placement::Placement) -> std::collections::HashMap<u32, u32> {
-        let Some(from) = from.filter(|_| rule.near_first()) else { return Default::default() };
+        let Some(from) = from.filter(|_| rule.near_first()) else {
+            return Default::default();
+        };
         let g = crate::topology::Graph::cluster(&self.addr, &self.snapshot(), &Default::default());
-        let Some(start) = g.find(&crate::topology::component_id(from)) else { return Default::default() };
-        g.hops_from(start).into_iter().zip(&g.nodes).filter_map(|(h, n)| Some((n.component?, h?))).collect()
+        let Some(start) = g.find(&crate::topology::component_id(from)) else {
+            return Default::default();
+        };
+        g.hops_from(start)
+            .into_iter()
+            .zip(&g.nodes)
+            .filter_map(|(h, n)| Some((n.component?, h?)))
+            .collect()
     }
 
     /// GMM: the alive mComponent the placement policy prefers among those with at least
@@ -293,7 +369,11 @@ impl Gm {
         let rule = self.placement.rule();
         let hops = self.hops(near, rule);
         let mut comps = self.comps();
-        let taken_hosts: Vec<String> = comps.iter().filter(|e| exclude.contains(&e.info.id)).map(|e| host_of(&e.info.addr).to_string()).collect();
+        let taken_hosts: Vec<String> = comps
+            .iter()
+            .filter(|e| exclude.contains(&e.info.id))
+            .map(|e| host_of(&e.info.addr).to_string())
+            .collect();
         let best = comps
             .iter_mut()
             .enumerate()
@@ -302,20 +382,39 @@ impl Gm {
             .filter(|(_, free, _)| *free >= need)
             .map(|(index, free, e)| {
                 let load = (Gm::taken(e) * 1000 / e.info.load.capacity.max(1)) as f64;
-                let key = rule.key(&Unit { index, free: &[free], weights: &[1.0], load });
+                let key = rule.key(&Unit {
+                    index,
+                    free: &[free],
+                    weights: &[1.0],
+                    load,
+                });
                 // Without a path (or one counted before it registered) it comes last.
-                let far = if hops.is_empty() { 0 } else { hops.get(&e.info.id).copied().unwrap_or(u32::MAX) };
+                let far = if hops.is_empty() {
+                    0
+                } else {
+                    hops.get(&e.info.id).copied().unwrap_or(u32::MAX)
+                };
                 ((taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), far), key, e)
             })
             .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
             .map(|(_, _, e)| e);
         let Some(e) = best else {
-            let free: Vec<String> = comps.iter().filter(|e| e.info.role == Role::Mem && Gm::alive(e)).map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity)).collect();
+            let free: Vec<String> = comps
+                .iter()
+                .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
+                .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
+                .collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
-            return Err(ERR::new(ErrCode::NoMemory, format!("no alive mComponent has {need} bytes free")));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!("no alive mComponent has {need} bytes free"),
+            ));
         };
         e.pending += need;
-        Ok(ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
+        Ok(ComponentRef {
+            id: e.info.id,
+            addr: e.info.addr.clone(),
+        })
     }
 }
 
@@ -327,38 +426,78 @@ pub(crate) fn host_of(addr: &str) -> &str {
 
 /// Rendezvous (highest random weight) choice among the live components of a role.
 fn rendezvous<'a>(comps: impl IntoIterator<Item = &'a Entry>, role: Role, key: &str) -> Option<ComponentRef> {
-    comps.into_iter().filter(|e| e.info.role == role && Gm::alive(e)).max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes())).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() })
+    comps
+        .into_iter()
+        .filter(|e| e.info.role == role && Gm::alive(e))
+        .max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes()))
+        .map(|e| ComponentRef {
+            id: e.info.id,
+            addr: e.info.addr.clone(),
+        })
 }
 
 /// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Gm {
     fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
         let ebbs = checked_ebbs(r.ebbs)?;
         if r.addr.len() > MAX_ADDR {
-            return Err(ERR::new(ErrCode::Invalid, format!("addr: longer than {MAX_ADDR} bytes")));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("addr: longer than {MAX_ADDR} bytes"),
+            ));
         }
         let peer = current_peer();
         // A component registers as what its credentials say it is.
         if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
-            return Err(ERR::new(ErrCode::Denied, format!("a {} may not register as a {}", p.role.name(), r.role.name())));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("a {} may not register as a {}", p.role.name(), r.role.name()),
+            ));
         }
         let key = peer.map(|p| p.key);
         let mut comps = self.comps();
         // A component restarting at the same address replaces its old entry (with new
         // credentials, after the old entry was forgotten).
-        if comps.iter().any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e)) {
-            return Err(ERR::new(ErrCode::Denied, format!("a live {} with other credentials is registered at {}", r.role.name(), r.addr)));
+        if comps
+            .iter()
+            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e))
+        {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!(
+                    "a live {} with other credentials is registered at {}",
+                    r.role.name(),
+                    r.addr
+                ),
+            ));
         }
         let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
-        let before: Vec<LostPcomp> = comps.iter().filter(|e| replaces(e) && r.role == Role::Proc).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
+        let before: Vec<LostPcomp> = comps
+            .iter()
+            .filter(|e| replaces(e) && r.role == Role::Proc)
+            .filter_map(|e| {
+                Some(LostPcomp {
+                    key: e.key?,
+                    id: e.info.id,
+                })
+            })
+            .collect();
         let earlier: Vec<u32> = comps.iter().filter(|e| replaces(e)).map(|e| e.info.id).collect();
         let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id && !replaces(e));
         let again = !taken(r.id);
-        let id = if again { r.id } else { std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32).find(|id| !taken(*id)).expect("an endless supply") };
+        let id = if again {
+            r.id
+        } else {
+            std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32)
+                .find(|id| !taken(*id))
+                .expect("an endless supply")
+        };
         let info = ComponentInfo {
             id,
             role: r.role,
@@ -373,10 +512,19 @@ impl Gm {
             cordoned: false,
             leaving: None,
         };
-        let e = Entry { info, key, last: Instant::now(), pending: 0, links: Vec::new(), files_gone: false, ebbs };
+        let e = Entry {
+            info,
+            key,
+            last: Instant::now(),
+            pending: 0,
+            links: Vec::new(),
+            files_gone: false,
+            ebbs,
+        };
         // Kept before anything changes: a manager that cannot keep it (it stopped leading)
         // registers nobody, and changes nothing.
-        self.keep(&e).map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
+        self.keep(&e)
+            .map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
         comps.retain(|e| !replaces(e));
         for old in earlier.iter().filter(|old| **old != id) {
             self.unkeep(*old);
@@ -408,7 +556,14 @@ impl Gm {
         metrics::counter!("gm_registrations_total").increment(1);
         comps.push(e);
         metrics::gauge!("gm_components").set(comps.len() as f64);
-        Ok(G2X_REGISTERED { id, vregion_size: self.vregion_size, replication: self.replication, overcommit: self.overcommit, fenced, vnodes: self.vnodes.version() })
+        Ok(G2X_REGISTERED {
+            id,
+            vregion_size: self.vregion_size,
+            replication: self.replication,
+            overcommit: self.overcommit,
+            fenced,
+            vnodes: self.vnodes.version(),
+        })
     }
 
     fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
@@ -439,13 +594,29 @@ impl Gm {
         }
         // A component reports links only to components the managers know, a bounded number.
         let known: std::collections::HashSet<u32> = comps.iter().map(|e| e.info.id).collect();
-        let Some(e) = comps.iter_mut().find(|e| e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)) else {
+        let Some(e) = comps.iter_mut().find(|e| {
+            e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)
+        }) else {
             // A detached mComponent whose `exit` answer was lost is told again, rather than
             // registering as a new one.
             if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.current().contains(&r.id) {
-                return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: true, leaving: vec![r.id], exit: true, rebalance: None, keep: Vec::new() });
+                return Ok(G2X_BEAT {
+                    lost: Vec::new(),
+                    lost_mcomps: Vec::new(),
+                    fenced: false,
+                    memory: 0,
+                    vnodes: 0,
+                    cordoned: true,
+                    leaving: vec![r.id],
+                    exit: true,
+                    rebalance: None,
+                    keep: Vec::new(),
+                });
             }
-            return Err(ERR::new(ErrCode::NotFound, format!("no component {} is registered at {}", r.id, r.addr)));
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("no component {} is registered at {}", r.id, r.addr),
+            ));
         };
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
@@ -478,30 +649,80 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
+            return Ok(G2X_BEAT {
+                lost: Vec::new(),
+                lost_mcomps: Vec::new(),
+                fenced: false,
+                memory: 0,
+                vnodes: 0,
+                cordoned: false,
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
-        let mut lost: Vec<LostPcomp> = comps.iter().filter(|e| e.info.role == Role::Proc && self.lost(e)).filter_map(|e| Some(LostPcomp { key: e.key?, id: e.info.id })).collect();
+        let mut lost: Vec<LostPcomp> = comps
+            .iter()
+            .filter(|e| e.info.role == Role::Proc && self.lost(e))
+            .filter_map(|e| {
+                Some(LostPcomp {
+                    key: e.key?,
+                    id: e.info.id,
+                })
+            })
+            .collect();
         lost.extend(self.replaced.current());
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
-            return Ok(G2X_BEAT { lost, lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
+            return Ok(G2X_BEAT {
+                lost,
+                lost_mcomps: Vec::new(),
+                fenced: false,
+                memory: 0,
+                vnodes: 0,
+                cordoned: false,
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
         }
-        let mut lost_mcomps: Vec<u32> = comps.iter().filter(|e| e.info.role == Role::Mem && self.lost(e)).map(|e| e.info.id).collect();
+        let mut lost_mcomps: Vec<u32> = comps
+            .iter()
+            .filter(|e| e.info.role == Role::Mem && self.lost(e))
+            .map(|e| e.info.id)
+            .collect();
         lost_mcomps.extend(self.replaced_mcomps.current());
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
             lost_mcomps.extend(self.detached.current());
-            return Ok(G2X_BEAT { lost, lost_mcomps, fenced: false, memory: 0, vnodes: self.vnodes.version(), cordoned: self.cordons.has(r.id), leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
+            return Ok(G2X_BEAT {
+                lost,
+                lost_mcomps,
+                fenced: false,
+                memory: 0,
+                vnodes: self.vnodes.version(),
+                cordoned: self.cordons.has(r.id),
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
         }
         if self.replication != Replication::None && !fenced {
             self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
         // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
         // there to be promised (heuristic overcommit refuses a mapping larger than this).
-        let memory = comps.iter().filter(|e| self.takes_memory(e)).map(|e| e.info.load.capacity).sum();
+        let memory = comps
+            .iter()
+            .filter(|e| self.takes_memory(e))
+            .map(|e| e.info.load.capacity)
+            .sum();
         let leaving = self.leaving_ids(&comps);
         let rebalance = self.rebalance_from(&comps);
         if exit {
@@ -513,7 +734,18 @@ impl Gm {
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
         let keep = self.quotas_kept_by(&comps, r.id);
-        Ok(G2X_BEAT { lost, lost_mcomps, fenced, memory, vnodes: 0, cordoned: false, leaving, exit, rebalance, keep })
+        Ok(G2X_BEAT {
+            lost,
+            lost_mcomps,
+            fenced,
+            memory,
+            vnodes: 0,
+            cordoned: false,
+            leaving,
+            exit,
+            rebalance,
+            keep,
+        })
     }
 
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
@@ -526,10 +758,25 @@ impl Gm {
             .iter_mut()
             .enumerate()
             .filter(|(_, e)| e.info.role == Role::Proc && Gm::alive(e) && !self.cordons.has(e.info.id))
-            .map(|(index, e)| (rule.key(&Unit { index, free: &[], weights: &[], load: e.info.load.threads as f64 }), e))
+            .map(|(index, e)| {
+                (
+                    rule.key(&Unit {
+                        index,
+                        free: &[],
+                        weights: &[],
+                        load: e.info.load.threads as f64,
+                    }),
+                    e,
+                )
+            })
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, e)| e)
-            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no alive pComponent takes new programs (none is alive, or every one is cordoned)"))?;
+            .ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Unreachable,
+                    "no alive pComponent takes new programs (none is alive, or every one is cordoned)",
+                )
+            })?;
         metrics::counter!("gpm_placements_total").increment(1);
         // Count the new process's thread until the next heartbeat reports it, so that
         // processes started together spread.
@@ -553,16 +800,30 @@ impl Gm {
     /// that one is alive and not leaving, else a new one (rendezvous on the vNode's name).
     fn quota_home(&self, comps: &[Entry], vnode: &str) -> Result<ComponentRef, Refusal> {
         let mut homes = self.quota_homes.lock().unwrap();
-        let kept = homes.get(vnode).filter(|h| comps.iter().any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())).cloned();
+        let kept = homes
+            .get(vnode)
+            .filter(|h| {
+                comps
+                    .iter()
+                    .any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())
+            })
+            .cloned();
         let home = match kept {
             Some(h) => h,
             // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
-            None => rendezvous(comps.iter().filter(|e| self.takes_memory(e)), Role::Mem, &format!("home\0{vnode}")).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
+            None => rendezvous(
+                comps.iter().filter(|e| self.takes_memory(e)),
+                Role::Mem,
+                &format!("home\0{vnode}"),
+            )
+            .ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
         };
         // Kept before it is answered: a successor gives the vNode's next processes the same
         // home, which alone sees all of the vNode's memory.
         if homes.get(vnode) != Some(&home) {
-            self.store.put(kept::QUOTA_HOMES, vnode, Some(&home)).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
+            self.store
+                .put(kept::QUOTA_HOMES, vnode, Some(&home))
+                .map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
         }
         homes.insert(vnode.to_string(), home.clone());
         Ok(home)
@@ -573,7 +834,12 @@ impl Gm {
     /// each now if it has none yet).
     fn quotas_kept_by(&self, comps: &[Entry], id: u32) -> Vec<(String, u64)> {
         let (_, vnodes) = self.vnodes.list();
-        vnodes.into_iter().filter_map(|v| Some((v.memory?, v.name))).filter(|(_, name)| self.quota_home(comps, name).is_ok_and(|h| h.id == id)).map(|(q, name)| (name, q)).collect()
+        vnodes
+            .into_iter()
+            .filter_map(|v| Some((v.memory?, v.name)))
+            .filter(|(_, name)| self.quota_home(comps, name).is_ok_and(|h| h.id == id))
+            .map(|(q, name)| (name, q))
+            .collect()
     }
 
     /// Forgets the home of a deleted vNode: one made later under its name is placed anew.
@@ -586,13 +852,19 @@ impl Gm {
     }
 
     fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
-        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode)
+            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
         Ok(G2P_STORAGE { scomp })
     }
 
     /// Backup files go where the vNode's files are: one sComponent per vNode to reach.
     fn backup_store(&self, r: M2G_BACKUP_STORE) -> Result<G2M_BACKUP_STORE, Refusal> {
-        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Unreachable, "replication \"log\" keeps backup files on an sComponent, and none is alive"))?;
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| {
+            ERR::new(
+                ErrCode::Unreachable,
+                "replication \"log\" keeps backup files on an sComponent, and none is alive",
+            )
+        })?;
         Ok(G2M_BACKUP_STORE { scomp })
     }
 
@@ -602,19 +874,32 @@ impl Gm {
     fn pick_net(&self, r: P2G_PICK_NET) -> Result<G2P_NET, Refusal> {
         metrics::counter!("gnm_placements_total").increment(1);
         let comps = self.comps();
-        let specific = r.ip.map(|ip| ip.to_canonical()).filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        let specific =
+            r.ip.map(|ip| ip.to_canonical())
+                .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
         if let Some(ip) = specific {
-            let holder = comps.iter().find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
+            let holder = comps
+                .iter()
+                .find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
             return match holder {
-                Some(e) => Ok(G2P_NET { ncomp: ComponentRef { id: e.info.id, addr: e.info.addr.clone() } }),
-                None => Err(ERR::new(ErrCode::Errno(libc::EADDRNOTAVAIL), format!("no live nComponent has address {ip}"))),
+                Some(e) => Ok(G2P_NET {
+                    ncomp: ComponentRef {
+                        id: e.info.id,
+                        addr: e.info.addr.clone(),
+                    },
+                }),
+                None => Err(ERR::new(
+                    ErrCode::Errno(libc::EADDRNOTAVAIL),
+                    format!("no live nComponent has address {ip}"),
+                )),
             };
         }
         if !comps.iter().any(|e| e.info.role == Role::Net) {
             // Programs keep the stack of their pComponent's host.
             return Err(ERR::new(ErrCode::NotFound, "the cluster has no nComponent"));
         }
-        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode).ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
+        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode)
+            .ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
         Ok(G2P_NET { ncomp })
     }
 
@@ -623,15 +908,30 @@ impl Gm {
         // A leaving mComponent keeps its files until it wrote them back: two caches of one
         // file at once would each miss the other's writes.
         let comps = self.comps();
-        let mcomp = rendezvous(comps.iter().filter(|e| !e.files_gone), Role::Mem, &format!("{}\0{}", r.vnode, r.ino)).ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        let mcomp = rendezvous(
+            comps.iter().filter(|e| !e.files_gone),
+            Role::Mem,
+            &format!("{}\0{}", r.vnode, r.ino),
+        )
+        .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 
     /// The components and where the managers serve (the API's `/api/v1/status` adds each
     /// component's statistics).
     pub fn status_summary(&self) -> G2C_STATUS {
-        let managers = self.election.as_ref().map_or_else(|| vec![self.addr.clone()], |e| e.managers());
-        G2C_STATUS { components: self.snapshot(), vregion_size: self.vregion_size, api: self.api.get().cloned(), metrics: self.metrics.get().cloned(), leader: Some(self.addr.clone()), managers }
+        let managers = self
+            .election
+            .as_ref()
+            .map_or_else(|| vec![self.addr.clone()], |e| e.managers());
+        G2C_STATUS {
+            components: self.snapshot(),
+            vregion_size: self.vregion_size,
+            api: self.api.get().cloned(),
+            metrics: self.metrics.get().cloned(),
+            leader: Some(self.addr.clone()),
+            managers,
+        }
     }
 
     /// Where the managers serve their own metrics, if they do.
@@ -640,14 +940,24 @@ impl Gm {
     }
 
     /// Asks every alive component that `which` picks at once, each answer beside its asker.
-    fn ask_all<R: Request + Clone + Sync>(&self, which: impl Fn(&ComponentInfo) -> bool, req: R, timeout: Duration) -> Vec<(ComponentInfo, Result<R::Reply, RpcError>)>
+    fn ask_all<R: Request + Clone + Sync>(
+        &self,
+        which: impl Fn(&ComponentInfo) -> bool,
+        req: R,
+        timeout: Duration,
+    ) -> Vec<(ComponentInfo, Result<R::Reply, RpcError>)>
     where
         R::Reply: Send,
     {
         let comps: Vec<ComponentInfo> = self.snapshot().into_iter().filter(|c| c.alive && which(c)).collect();
         let answers: Vec<Result<R::Reply, RpcError>> = std::thread::scope(|s| {
-            let asks: Vec<_> = comps.iter().map(|c| s.spawn(|| self.rpc.call_timeout(&c.addr, req.clone(), timeout))).collect();
-            asks.into_iter().map(|h| h.join().expect("a request to a component panicked")).collect()
+            let asks: Vec<_> = comps
+                .iter()
+                .map(|c| s.spawn(|| self.rpc.call_timeout(&c.addr, req.clone(), timeout)))
+                .collect();
+            asks.into_iter()
+                .map(|h| h.join().expect("a request to a component panicked"))
+                .collect()
         });
         comps.into_iter().zip(answers).collect()
     }
@@ -658,16 +968,26 @@ impl Gm {
     pub fn status(&self) -> Vec<(ComponentInfo, Option<serde_json::Value>)> {
         let mut answered: std::collections::HashMap<u32, serde_json::Value> = std::collections::HashMap::new();
         for (c, r) in self.ask_all(|_| true, G2X_STATS, STATS_TIMEOUT) {
-            match r.map_err(|e| e.to_string()).and_then(|s| serde_json::from_str(&s.json).map_err(|e| e.to_string())) {
+            match r
+                .map_err(|e| e.to_string())
+                .and_then(|s| serde_json::from_str(&s.json).map_err(|e| e.to_string()))
+            {
                 Ok(v) => _ = answered.insert(c.id, v),
                 Err(e) => tracing::debug!(id = c.id, error = %e, "a component did not give its statistics"),
             }
         }
-        self.snapshot().into_iter().map(|c| (answered.remove(&c.id), c)).map(|(s, c)| (c, s)).collect()
+        self.snapshot()
+            .into_iter()
+            .map(|c| (answered.remove(&c.id), c))
+            .map(|(s, c)| (c, s))
+            .collect()
     }
 
     pub fn jobs(&self) -> Jobs {
-        let mut jobs = Jobs { running: Vec::new(), unanswered: Vec::new() };
+        let mut jobs = Jobs {
+            running: Vec::new(),
+            unanswered: Vec::new(),
+        };
         for (c, a) in self.ask_all(|c| c.role == Role::Proc, G2P_JOBS, CONTROL_TIMEOUT) {
             match a {
                 Ok(r) => jobs.running.extend(r.jobs.into_iter().map(|j| (c.clone(), j))),
@@ -681,24 +1001,40 @@ impl Gm {
     /// into one exposition (a silent component's series are missing).
     pub fn cluster_metrics(&self) -> String {
         let answers = self.ask_all(|_| true, G2X_METRICS, CONTROL_TIMEOUT);
-        crate::telemetry::merge(std::iter::once(crate::telemetry::render()).chain(answers.into_iter().filter_map(|(_, a)| a.ok().map(|m| m.text))))
+        crate::telemetry::merge(
+            std::iter::once(crate::telemetry::render())
+                .chain(answers.into_iter().filter_map(|(_, a)| a.ok().map(|m| m.text))),
+        )
     }
 
     /// Resizes the ExCache of pComponent `id` and sets the vNodes' shares of it (each left as
     /// it is when `None`). A shrink waits for the lines past the new size to be written back.
-    pub fn set_excache(&self, id: u32, size: Option<u64>, shares: Option<Vec<ExcacheShare>>) -> Result<P2G_EXCACHE, Refusal> {
+    pub fn set_excache(
+        &self,
+        id: u32,
+        size: Option<u64>,
+        shares: Option<Vec<ExcacheShare>>,
+    ) -> Result<P2G_EXCACHE, Refusal> {
         let pcomp = self.running_pcomponent(id)?;
-        let r = self.rpc.call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
+        let r = self
+            .rpc
+            .call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
         metrics::counter!("gm_excache_changes_total").increment(1);
         Ok(r)
     }
 
     /// Replaces the eviction or read-ahead policy of pComponent `id` while it runs (each left
     /// as it is when `None`), through the messenger to its `excache-policies` Ebb.
-    pub fn set_policy(&self, id: u32, eviction: Option<String>, prefetch: Option<String>) -> Result<PolicyState, Refusal> {
+    pub fn set_policy(
+        &self,
+        id: u32,
+        eviction: Option<String>,
+        prefetch: Option<String>,
+    ) -> Result<PolicyState, Refusal> {
         let pcomp = self.running_pcomponent(id)?;
         let change = eviction.is_some() || prefetch.is_some();
-        let send = |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
+        let send =
+            |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
         let r = crate::pmon::excache::policies::ask(send, &SetPolicy { eviction, prefetch })?;
         if change {
             metrics::counter!("gm_policy_changes_total").increment(1);
@@ -716,35 +1052,80 @@ impl Gm {
     fn ebb_map(&self, ebb: Option<u32>) -> Result<G2X_EBB_MAP, Refusal> {
         let mut map: std::collections::BTreeMap<u32, EbbHomes> = Default::default();
         // The managers' own Ebbs, at id 0 (no component has it).
-        let own = EbbHome { id: 0, role: Role::Gm, addr: self.addr.clone() };
+        let own = EbbHome {
+            id: 0,
+            role: Role::Gm,
+            addr: self.addr.clone(),
+        };
         // Taken under the membership's lock, which heartbeats and placements wait for; built
         // after it.
         let served: Vec<(EbbHome, Vec<EbbServed>)> = self
             .comps()
             .iter()
             .filter(|e| Gm::alive(e) && !e.ebbs.is_empty())
-            .map(|e| (EbbHome { id: e.info.id, role: e.info.role, addr: e.info.addr.clone() }, e.ebbs.iter().filter(|s| ebb.is_none_or(|id| id == s.id)).cloned().collect()))
+            .map(|e| {
+                (
+                    EbbHome {
+                        id: e.info.id,
+                        role: e.info.role,
+                        addr: e.info.addr.clone(),
+                    },
+                    e.ebbs
+                        .iter()
+                        .filter(|s| ebb.is_none_or(|id| id == s.id))
+                        .cloned()
+                        .collect(),
+                )
+            })
             .collect();
-        let own_ebbs = splitos_rpc::messenger::served().into_iter().filter(|s| ebb.is_none_or(|id| id == s.id)).collect();
+        let own_ebbs = splitos_rpc::messenger::served()
+            .into_iter()
+            .filter(|s| ebb.is_none_or(|id| id == s.id))
+            .collect();
         for (home, ebbs) in std::iter::once((own, own_ebbs)).chain(served) {
             for s in ebbs {
-                map.entry(s.id).or_insert_with(|| EbbHomes { id: s.id, name: s.name, homes: Vec::new() }).homes.push(home.clone());
+                map.entry(s.id)
+                    .or_insert_with(|| EbbHomes {
+                        id: s.id,
+                        name: s.name,
+                        homes: Vec::new(),
+                    })
+                    .homes
+                    .push(home.clone());
             }
         }
         if let Some(id) = ebb.filter(|_| map.is_empty()) {
-            return Err(ERR::new(ErrCode::NotFound, format!("no live component serves Ebb {id}")));
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("no live component serves Ebb {id}"),
+            ));
         }
-        Ok(G2X_EBB_MAP { ebbs: map.into_values().collect() })
+        Ok(G2X_EBB_MAP {
+            ebbs: map.into_values().collect(),
+        })
     }
 
     /// The pComponent `id`, answering.
     fn running_pcomponent(&self, id: u32) -> Result<ComponentInfo, Refusal> {
-        let pcomp = self.snapshot().into_iter().find(|c| c.id == id).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        let pcomp = self
+            .snapshot()
+            .into_iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
         if pcomp.role != Role::Proc {
-            return Err(ERR::new(ErrCode::Invalid, format!("component {id} is a {}: only pComponents have an ExCache", pcomp.role.name())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "component {id} is a {}: only pComponents have an ExCache",
+                    pcomp.role.name()
+                ),
+            ));
         }
         if !pcomp.alive {
-            return Err(ERR::new(ErrCode::Unreachable, format!("pComponent {id} does not answer")));
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!("pComponent {id} does not answer"),
+            ));
         }
         Ok(pcomp)
     }
@@ -772,26 +1153,42 @@ impl Handler for Gm {
                 Ok(G2P_VNODES { version, vnodes })
             }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| principal(self.tokens.check(&r.token))),
-            Msg::X2G_WHO_LEADS(r) => on(r, |_| Ok(G2X_LEADER { leader: Some(self.addr.clone()), term: self.election.as_ref().map_or(0, |e| e.etcd.term()) })),
+            Msg::X2G_WHO_LEADS(r) => on(r, |_| {
+                Ok(G2X_LEADER {
+                    leader: Some(self.addr.clone()),
+                    term: self.election.as_ref().map_or(0, |e| e.etcd.term()),
+                })
+            }),
             Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
-                let token = self.tokens.create(&r.name, r.admin, r.vnodes.clone()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+                let token = self
+                    .tokens
+                    .create(&r.name, r.admin, r.vnodes.clone())
+                    .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
                 tracing::info!(name = %r.name, admin = r.admin, vnodes = ?r.vnodes, "API token created");
                 Ok(G2C_TOKEN { token })
             }),
-            Msg::C2G_TOKEN_LIST(r) => on(r, |_| Ok(G2C_TOKENS { tokens: self.tokens.list() })),
+            Msg::C2G_TOKEN_LIST(r) => on(r, |_| {
+                Ok(G2C_TOKENS {
+                    tokens: self.tokens.list(),
+                })
+            }),
             Msg::C2G_TOKEN_REVOKE(r) => on(r, |r| match self.tokens.revoke(&r.name) {
                 Ok(true) => {
                     tracing::info!(name = %r.name, "API token revoked");
                     Ok(OK)
                 }
-                Ok(false) => Err(ERR::new(ErrCode::NotFound, format!("no API token is named {:?}", r.name))),
+                Ok(false) => Err(ERR::new(
+                    ErrCode::NotFound,
+                    format!("no API token is named {:?}", r.name),
+                )),
                 Err(e) => Err(ERR::new(ErrCode::Internal, e)),
             }),
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
             Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
             Msg::M2G_PICK_OWNER(r) => on(r, |r| {
                 metrics::counter!("gmm_vregion_placements_total").increment(1);
-                self.pick_memory(r.bytes, &r.exclude, (r.near != 0).then_some(r.near)).map(|mcomp| G2M_OWNER { mcomp })
+                self.pick_memory(r.bytes, &r.exclude, (r.near != 0).then_some(r.near))
+                    .map(|mcomp| G2M_OWNER { mcomp })
             }),
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
@@ -799,19 +1196,38 @@ impl Handler for Gm {
             Msg::M2G_FIND(r) => on(r, |r| {
                 // Only pComponents not lost (a late one is still told): an mComponent has no
                 // other use for it.
-                let c = self.comps().iter().find(|e| e.info.id == r.id && e.info.role == Role::Proc && !self.lost(e)).map(|e| ComponentRef { id: e.info.id, addr: e.info.addr.clone() });
-                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no pComponent that is not lost has id {}", r.id)))
+                let c = self
+                    .comps()
+                    .iter()
+                    .find(|e| e.info.id == r.id && e.info.role == Role::Proc && !self.lost(e))
+                    .map(|e| ComponentRef {
+                        id: e.info.id,
+                        addr: e.info.addr.clone(),
+                    });
+                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| {
+                    ERR::new(
+                        ErrCode::NotFound,
+                        format!("no pComponent that is not lost has id {}", r.id),
+                    )
+                })
             }),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::X2G_EBB_FIND(r) => on(r, |r| self.ebb_map(r.ebb)),
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
-            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
             Msg::C2X_STATS(r) => on(r, |_| self.stats()),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| {
                 crate::node::exit_soon();
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("the global managers do not handle {}", other.name()))),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("the global managers do not handle {}", other.name()),
+            )),
         }
     }
 }
@@ -854,24 +1270,35 @@ impl Handler for Manager {
 impl Manager {
     fn who_leads(&self) -> G2X_LEADER {
         let seen = self.election.seen();
-        G2X_LEADER { leader: seen.leader, term: seen.term }
+        G2X_LEADER {
+            leader: seen.leader,
+            term: seen.term,
+        }
     }
 
     fn follow(&self, msg: Msg) -> Msg {
         metrics::counter!("gm_follower_requests_total").increment(1);
         match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
-            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
-            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: serde_json::json!({"role": "global-managers", "leading": false, "leader": self.election.seen().leader}).to_string() })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| {
+                Ok(X2C_STATS { json: serde_json::json!({"role": "global-managers", "leading": false, "leader": self.election.seen().leader}).to_string() })
+            }),
             Msg::C2G_STATUS(r) => on(r, |_| {
                 let published = self.election.published_status().ok_or_else(|| self.not_leader())?;
-                let mut s: G2C_STATUS = postcard::from_bytes(&published).map_err(|e| ERR::new(ErrCode::Internal, format!("the leader's published status: {e}")))?;
+                let mut s: G2C_STATUS = postcard::from_bytes(&published)
+                    .map_err(|e| ERR::new(ErrCode::Internal, format!("the leader's published status: {e}")))?;
                 s.leader = self.election.seen().leader;
                 s.managers = self.election.managers();
                 Ok(s)
             }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| {
-                let tokens = crate::api::Tokens::open(self.store.clone()).map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
+                let tokens = crate::api::Tokens::open(self.store.clone())
+                    .map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
                 principal(tokens.check(&r.token))
             }),
             _ => Msg::ERR(self.not_leader()),
@@ -880,8 +1307,14 @@ impl Manager {
 
     fn not_leader(&self) -> ERR {
         match self.election.seen().leader {
-            Some(l) => ERR::new(ErrCode::NotLeader, format!("this global manager follows; the leader is at {l}")),
-            None => ERR::new(ErrCode::NotLeader, "this global manager follows, and no leader is elected yet"),
+            Some(l) => ERR::new(
+                ErrCode::NotLeader,
+                format!("this global manager follows; the leader is at {l}"),
+            ),
+            None => ERR::new(
+                ErrCode::NotLeader,
+                "this global manager follows, and no leader is elected yet",
+            ),
         }
     }
 }
@@ -889,14 +1322,27 @@ impl Manager {
 /// What the managers answer `X2G_API_TOKEN` with.
 fn principal(p: Option<crate::api::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
     match p {
-        Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL { name: token, admin: true, vnodes: Vec::new() }),
-        Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL { name: token, admin: false, vnodes }),
+        Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
+            name: token,
+            admin: true,
+            vnodes: Vec::new(),
+        }),
+        Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
+            name: token,
+            admin: false,
+            vnodes,
+        }),
         None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
     }
 }
 
 fn server_config() -> ServerConfig {
-    ServerConfig { name: "gm".into(), workers: 2, fanout_workers: 1, serving: Default::default() }
+    ServerConfig {
+        name: "gm".into(),
+        workers: 2,
+        fanout_workers: 1,
+        serving: Default::default(),
+    }
 }
 
 /// How often a leader looks at its status, to publish it for the followers when it changed
@@ -911,21 +1357,35 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let stop = node::block_stop_signals();
     let cfg = &args.cluster;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let t = args.process.transport.build(Some(node::credentials(args.process.credentials()?, Role::Gm)?)).map_err(|e| anyhow::anyhow!(e))?;
+    let t = args
+        .process
+        .transport
+        .build(Some(node::credentials(args.process.credentials()?, Role::Gm)?))
+        .map_err(|e| anyhow::anyhow!(e))?;
     node::advertisable(Role::Gm, &args.listen)?;
-    let ep = t.listen(&args.listen).map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
+    let ep = t
+        .listen(&args.listen)
+        .map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
     let addr = ep.addr();
     crate::telemetry::init(Role::Gm, &addr);
     splitos_rpc::messenger::set_component_id(0);
     if cfg.etcd.is_empty() {
         let store = match &args.state {
-            Some(file) => state::Store::open(file, state::StateKey::at(&args.state_key.clone().unwrap_or_else(|| file.with_extension("key")), true)?)?,
+            Some(file) => state::Store::open(
+                file,
+                state::StateKey::at(
+                    &args.state_key.clone().unwrap_or_else(|| file.with_extension("key")),
+                    true,
+                )?,
+            )?,
             None => state::Store::default(),
         };
         let gm = Gm::open(&args, &addr, &t, store, None)?;
         ep.serve(gm.clone(), server_config());
         let g = gm.clone();
-        if let Some(at) = node::serve_metrics(&args.process, move |token| matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. })))? {
+        if let Some(at) = node::serve_metrics(&args.process, move |token| {
+            matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. }))
+        })? {
             let _ = gm.metrics.set(at);
         }
         gm.serve_api(&args)?;
@@ -936,7 +1396,12 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     }
     // Every manager of the cluster signs with the same key: one made here would refuse the
     // others' records.
-    let key = state::StateKey::at(args.state_key.as_deref().ok_or_else(|| anyhow::anyhow!("managers in etcd need the cluster's state key (--state-key; `cluster up` makes one)"))?, false)?;
+    let key = state::StateKey::at(
+        args.state_key.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("managers in etcd need the cluster's state key (--state-key; `cluster up` makes one)")
+        })?,
+        false,
+    )?;
     let tls = match (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) {
         (Some(ca), Some(cert), Some(key)) => Some(etcd::Tls { ca, cert, key }),
         _ => None,
@@ -944,12 +1409,19 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix, tls, key.clone())?;
     let store = state::Store::on(etcd.clone(), key);
     let election = etcd::Election::new(etcd, &addr, Duration::from_secs(cfg.leader_lease_s));
-    let manager = Arc::new(Manager { election: election.clone(), gm: std::sync::OnceLock::new(), store: store.clone() });
+    let manager = Arc::new(Manager {
+        election: election.clone(),
+        gm: std::sync::OnceLock::new(),
+        store: store.clone(),
+    });
     let leaving = election.clone();
     stop.on_stop(move || leaving.resign());
     ep.serve(manager.clone(), server_config());
     let tokens = store.clone();
-    let metrics = node::serve_metrics(&args.process, move |token| crate::api::Tokens::open(tokens.clone()).is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. }))))?;
+    let metrics = node::serve_metrics(&args.process, move |token| {
+        crate::api::Tokens::open(tokens.clone())
+            .is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. })))
+    })?;
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
     node::announce_ready(args.process.ready_file.as_deref(), &addr);
     let e = election.clone();
@@ -960,21 +1432,37 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         }
         let _ = manager.gm.set(gm.clone());
         gm.serve_api(&args)?;
-        std::thread::Builder::new().name("publish-status".into()).spawn(move || {
-            let mut last: Option<(Vec<u8>, Instant)> = None;
-            loop {
-                let status = gm.status_summary();
-                let shape = G2C_STATUS { components: status.components.iter().map(|c| ComponentInfo { since_heartbeat_ms: 0, load: Load::default(), ..c.clone() }).collect(), ..status.clone() };
-                let shape = postcard::to_allocvec(&shape).expect("a status encodes");
-                if last.as_ref().is_none_or(|(s, at)| *s != shape || at.elapsed() > PUBLISH_ANYWAY) {
-                    match e.publish_status(&postcard::to_allocvec(&status).expect("a status encodes")) {
-                        Ok(()) => last = Some((shape, Instant::now())),
-                        Err(err) => tracing::debug!(error = %err, "cannot publish the status for the followers"),
+        std::thread::Builder::new()
+            .name("publish-status".into())
+            .spawn(move || {
+                let mut last: Option<(Vec<u8>, Instant)> = None;
+                loop {
+                    let status = gm.status_summary();
+                    let shape = G2C_STATUS {
+                        components: status
+                            .components
+                            .iter()
+                            .map(|c| ComponentInfo {
+                                since_heartbeat_ms: 0,
+                                load: Load::default(),
+                                ..c.clone()
+                            })
+                            .collect(),
+                        ..status.clone()
+                    };
+                    let shape = postcard::to_allocvec(&shape).expect("a status encodes");
+                    if last
+                        .as_ref()
+                        .is_none_or(|(s, at)| *s != shape || at.elapsed() > PUBLISH_ANYWAY)
+                    {
+                        match e.publish_status(&postcard::to_allocvec(&status).expect("a status encodes")) {
+                            Ok(()) => last = Some((shape, Instant::now())),
+                            Err(err) => tracing::debug!(error = %err, "cannot publish the status for the followers"),
+                        }
                     }
+                    std::thread::sleep(PUBLISH);
                 }
-                std::thread::sleep(PUBLISH);
-            }
-        })?;
+            })?;
         Ok(())
     })
 }
@@ -982,11 +1470,31 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
 impl Gm {
     /// The managers, resuming from what `state` keeps; `election`: theirs, when they are
     /// several.
-    fn open(args: &GmArgs, addr: &str, t: &Arc<dyn splitos_rpc::Transport>, state: state::Store, election: Option<Arc<etcd::Election>>) -> anyhow::Result<Arc<Gm>> {
+    fn open(
+        args: &GmArgs,
+        addr: &str,
+        t: &Arc<dyn splitos_rpc::Transport>,
+        state: state::Store,
+        election: Option<Arc<etcd::Election>>,
+    ) -> anyhow::Result<Arc<Gm>> {
         let cfg = &args.cluster;
         let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
-        let authority = args.authority.as_deref().map(|p| splitos_rpc::auth::Authority::load(p).map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()))).transpose()?;
-        let api_ca = args.api_ca.as_deref().map(|p| std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("cannot read the API's certificate authority {}: {e}", p.display()))).transpose()?;
+        let authority = args
+            .authority
+            .as_deref()
+            .map(|p| {
+                splitos_rpc::auth::Authority::load(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()))
+            })
+            .transpose()?;
+        let api_ca = args
+            .api_ca
+            .as_deref()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read the API's certificate authority {}: {e}", p.display()))
+            })
+            .transpose()?;
         let gm = Arc::new(Gm {
             addr: addr.to_string(),
             vregion_size: cfg.vregion_size.0,
@@ -1007,7 +1515,12 @@ impl Gm {
             started: Instant::now(),
             vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
             cordons: cordon::Cordons::open(state.clone())?,
-            quota_homes: Mutex::new(state.load_keyed::<ComponentRef>(kept::QUOTA_HOMES)?.into_iter().collect()),
+            quota_homes: Mutex::new(
+                state
+                    .load_keyed::<ComponentRef>(kept::QUOTA_HOMES)?
+                    .into_iter()
+                    .collect(),
+            ),
             tokens: crate::api::Tokens::open(state.clone())?,
             joins: crate::api::join::JoinTokens::open(state, authority, api_ca)?,
             api: std::sync::OnceLock::new(),
@@ -1029,7 +1542,10 @@ impl Gm {
         if cfg.api == "off" {
             return Ok(());
         }
-        let api = crate::api::Api { gm: self.clone(), config: serde_json::to_value(cfg)? };
+        let api = crate::api::Api {
+            gm: self.clone(),
+            config: serde_json::to_value(cfg)?,
+        };
         let tls = match (&args.api_cert, &args.api_key) {
             (Some(cert), Some(key)) => Some(crate::api::tls::acceptor(cert, key)?),
             _ => None,

@@ -57,7 +57,10 @@ impl StateKey {
         }
         let text = splitos_rpc::auth::read_private(path).map_err(|e| named(&e))?;
         let text = std::str::from_utf8(&text).map_err(|e| named(&e))?.trim();
-        let secret: Vec<u8> = (0..text.len()).step_by(2).filter_map(|i| text.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+        let secret: Vec<u8> = (0..text.len())
+            .step_by(2)
+            .filter_map(|i| text.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+            .collect();
         if text.len() != 64 || secret.len() != 32 {
             return Err(named(&"not 32 bytes in hex (64 digits)"));
         }
@@ -105,20 +108,34 @@ pub struct Store {
 impl Store {
     /// The state kept in `file` (created if missing, mode 0600), signed with `key`.
     pub fn open(file: &Path, key: StateKey) -> anyhow::Result<Store> {
-        let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot open the managers' state {}: {e}", file.display());
+        let named =
+            |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot open the managers' state {}: {e}", file.display());
         // redb creates its file with the process's umask; the state names every member and
         // token hash, and is the cluster user's alone.
         {
             use std::os::unix::fs::OpenOptionsExt;
             use std::os::unix::fs::PermissionsExt;
-            let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(file).map_err(|e| named(&e))?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| named(&e))?;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(file)
+                .map_err(|e| named(&e))?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| named(&e))?;
         }
-        Ok(Store::on(Arc::new(Redb(Database::create(file).map_err(|e| named(&e))?)), key))
+        Ok(Store::on(
+            Arc::new(Redb(Database::create(file).map_err(|e| named(&e))?)),
+            key,
+        ))
     }
 
     pub fn on(backend: Arc<dyn Backend>, key: StateKey) -> Store {
-        Store { backend: Some((backend, key)) }
+        Store {
+            backend: Some((backend, key)),
+        }
     }
 
     /// A store in `file` with a key beside it, for unit tests.
@@ -137,7 +154,9 @@ impl Store {
     /// out, each logged (once per load, with how many): the managers start without it rather
     /// than not at all.
     pub fn load_keyed<T: DeserializeOwned>(&self, table: Table) -> anyhow::Result<Vec<(String, T)>> {
-        let Some((b, sk)) = &self.backend else { return Ok(Vec::new()) };
+        let Some((b, sk)) = &self.backend else {
+            return Ok(Vec::new());
+        };
         let (mut forged, mut unreadable) = (Vec::new(), 0u64);
         let all = b
             .load(table.0)?
@@ -169,7 +188,10 @@ impl Store {
     /// returns.
     pub fn put<T: Serialize>(&self, table: Table, key: &str, value: Option<&T>) -> anyhow::Result<()> {
         let Some((b, sk)) = &self.backend else { return Ok(()) };
-        let bytes = value.map(postcard::to_allocvec).transpose()?.map(|v| sk.seal(table.0, key, &v));
+        let bytes = value
+            .map(postcard::to_allocvec)
+            .transpose()?
+            .map(|v| sk.seal(table.0, key, &v));
         b.put(table.0, key, bytes.as_deref())
     }
 
@@ -185,7 +207,9 @@ struct Redb(Database);
 impl Backend for Redb {
     fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         let tx = self.0.begin_read()?;
-        let Ok(t) = tx.open_table(TableDefinition::<&str, &[u8]>::new(table)) else { return Ok(Vec::new()) };
+        let Ok(t) = tx.open_table(TableDefinition::<&str, &[u8]>::new(table)) else {
+            return Ok(Vec::new());
+        };
         let mut all = Vec::new();
         for row in t.iter()? {
             let (k, v) = row?;
@@ -222,17 +246,38 @@ mod tests {
         let (backend, key) = store.backend.clone().unwrap();
         // Written by someone with the backend but not the key: raw, under another key, with
         // another cluster's tag, or moved from where it was signed.
-        backend.put("tokens", "raw", Some(&postcard::to_allocvec(&9u32).unwrap())).unwrap();
+        backend
+            .put("tokens", "raw", Some(&postcard::to_allocvec(&9u32).unwrap()))
+            .unwrap();
         let other = StateKey::at(&dir.path().join("other.key"), true).unwrap();
-        backend.put("tokens", "theirs", Some(&other.seal("tokens", "theirs", &postcard::to_allocvec(&9u32).unwrap()))).unwrap();
-        backend.put("tokens", "moved", Some(&key.seal("tokens", "mine", &postcard::to_allocvec(&9u32).unwrap()))).unwrap();
+        backend
+            .put(
+                "tokens",
+                "theirs",
+                Some(&other.seal("tokens", "theirs", &postcard::to_allocvec(&9u32).unwrap())),
+            )
+            .unwrap();
+        backend
+            .put(
+                "tokens",
+                "moved",
+                Some(&key.seal("tokens", "mine", &postcard::to_allocvec(&9u32).unwrap())),
+            )
+            .unwrap();
         backend.put("tokens", "cut", Some(&[SIGNED_V1, 1, 2, 3])).unwrap();
         assert_eq!(store.load_keyed::<u32>(t).unwrap(), [("mine".to_string(), 7)]);
         // What a restart reads: the same.
         drop((store, backend));
-        assert_eq!(Store::for_test(&file).load_keyed::<u32>(t).unwrap(), [("mine".to_string(), 7)]);
+        assert_eq!(
+            Store::for_test(&file).load_keyed::<u32>(t).unwrap(),
+            [("mine".to_string(), 7)]
+        );
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600, "the state is its user's alone");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "the state is its user's alone"
+        );
     }
 
     #[test]
@@ -250,6 +295,9 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(StateKey::at(&p, true).unwrap_err().to_string().contains("not 32 bytes"));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(StateKey::at(&p, true).unwrap_err().to_string().contains("open to other users"));
+        assert!(StateKey::at(&p, true)
+            .unwrap_err()
+            .to_string()
+            .contains("open to other users"));
     }
 }

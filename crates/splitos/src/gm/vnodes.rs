@@ -62,7 +62,12 @@ fn new_version(old: u64) -> u64 {
 /// Checks a vNode as the managers' host sees its users and groups: a name it does not know is
 /// an error, not a grant to nobody.
 fn check(v: &VnodeInfo) -> Result<(), VnodeError> {
-    let cfg = VnodeConfig { name: v.name.clone(), users: v.users.clone(), groups: v.groups.clone(), memory: v.memory.map(crate::config::Size) };
+    let cfg = VnodeConfig {
+        name: v.name.clone(),
+        users: v.users.clone(),
+        groups: v.groups.clone(),
+        memory: v.memory.map(crate::config::Size),
+    };
     cfg.validate().map_err(VnodeError::Invalid)
 }
 
@@ -70,10 +75,25 @@ impl Vnodes {
     /// The table of the managers' state, with the configuration's vNodes made again over
     /// what it kept.
     pub fn open(store: Store, configured: &[VnodeConfig]) -> anyhow::Result<Vnodes> {
-        let by_name = store.load::<VnodeInfo>(VNODES)?.into_iter().map(|v| (v.name.clone(), v)).collect();
-        let vnodes = Vnodes { store, table: Mutex::new(Table { version: new_version(0), by_name }) };
+        let by_name = store
+            .load::<VnodeInfo>(VNODES)?
+            .into_iter()
+            .map(|v| (v.name.clone(), v))
+            .collect();
+        let vnodes = Vnodes {
+            store,
+            table: Mutex::new(Table {
+                version: new_version(0),
+                by_name,
+            }),
+        };
         for c in configured {
-            let v = VnodeInfo { name: c.name.clone(), users: c.users.clone(), groups: c.groups.clone(), memory: c.memory.map(|m| m.0) };
+            let v = VnodeInfo {
+                name: c.name.clone(),
+                users: c.users.clone(),
+                groups: c.groups.clone(),
+                memory: c.memory.map(|m| m.0),
+            };
             check(&v).map_err(|e| anyhow::anyhow!("vNode {:?}: {e}", v.name))?;
             vnodes.save(&v.name, Some(&v)).map_err(|e| anyhow::anyhow!("{e}"))?;
             vnodes.table.lock().unwrap().by_name.insert(v.name.clone(), v);
@@ -82,7 +102,9 @@ impl Vnodes {
     }
 
     fn save(&self, name: &str, v: Option<&VnodeInfo>) -> Result<(), VnodeError> {
-        self.store.put(VNODES, name, v).map_err(|e| VnodeError::Store(format!("cannot keep the vNodes: {e}")))
+        self.store
+            .put(VNODES, name, v)
+            .map_err(|e| VnodeError::Store(format!("cannot keep the vNodes: {e}")))
     }
 
     pub fn create(&self, v: VnodeInfo) -> Result<(), VnodeError> {
@@ -131,7 +153,12 @@ mod tests {
     use super::*;
 
     fn lab(users: &[&str]) -> VnodeInfo {
-        VnodeInfo { name: "lab".into(), users: users.iter().map(|u| u.to_string()).collect(), groups: Vec::new(), memory: Some(1 << 20) }
+        VnodeInfo {
+            name: "lab".into(),
+            users: users.iter().map(|u| u.to_string()).collect(),
+            groups: Vec::new(),
+            memory: Some(1 << 20),
+        }
     }
 
     #[test]
@@ -143,8 +170,20 @@ mod tests {
         v.create(lab(&["0"])).unwrap();
         assert_ne!(v.version(), v0);
         assert_eq!(v.create(lab(&["0"])), Err(VnodeError::Exists("lab".into())));
-        assert!(matches!(v.create(VnodeInfo { name: "../x".into(), ..lab(&[]) }), Err(VnodeError::Invalid(_))));
-        assert!(matches!(v.create(VnodeInfo { name: "ghosts".into(), ..lab(&["no-such-user-here"]) }), Err(VnodeError::Invalid(_))));
+        assert!(matches!(
+            v.create(VnodeInfo {
+                name: "../x".into(),
+                ..lab(&[])
+            }),
+            Err(VnodeError::Invalid(_))
+        ));
+        assert!(matches!(
+            v.create(VnodeInfo {
+                name: "ghosts".into(),
+                ..lab(&["no-such-user-here"])
+            }),
+            Err(VnodeError::Invalid(_))
+        ));
         assert_eq!(v.quota("lab"), Some(1 << 20));
         let before = v.version();
         drop(v);

@@ -118,10 +118,20 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
         if keylen + extlen > body {
             return Next::Close;
         }
-        let (opcode, opaque) = (input[1], u32::from_be_bytes([input[12], input[13], input[14], input[15]]));
+        let (opcode, opaque) = (
+            input[1],
+            u32::from_be_bytes([input[12], input[13], input[14], input[15]]),
+        );
         // Judged on the header alone, before the body is waited for: a client cannot make the
         // server hold more than a command may carry.
-        let header_only = Req { opcode, opaque, cas: 0, extras: Bytes::new(), key: Bytes::new(), value: Bytes::new() };
+        let header_only = Req {
+            opcode,
+            opaque,
+            cas: 0,
+            extras: Bytes::new(),
+            key: Bytes::new(),
+            value: Bytes::new(),
+        };
         if keylen > KEY_MAX {
             error(out, &header_only, status::INVALID);
             return Next::Close;
@@ -150,7 +160,14 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
         let extras = input.split_to(extlen).freeze();
         let key = input.split_to(keylen).freeze();
         let value = take_value(input, body - extlen - keylen);
-        let req = Req { opcode, opaque, cas, extras, key, value };
+        let req = Req {
+            opcode,
+            opaque,
+            cas,
+            extras,
+            key,
+            value,
+        };
         if key_or_extras_wrong(&req) {
             // memcached closes the connection after this answer: what follows is suspect.
             error(out, &req, status::INVALID);
@@ -199,7 +216,11 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
             if r.opcode != op::TOUCH {
                 Cache::bump(&s.cmd_get);
             }
-            let (hits, misses) = if touch.is_some() { (&s.touch_hits, &s.touch_misses) } else { (&s.get_hits, &s.get_misses) };
+            let (hits, misses) = if touch.is_some() {
+                (&s.touch_hits, &s.touch_misses)
+            } else {
+                (&s.get_hits, &s.get_misses)
+            };
             match table.get(&r.key, touch) {
                 Some(it) => {
                     Cache::bump(hits);
@@ -219,11 +240,29 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
                 }
             }
         }
-        op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ | op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => {
-            let quiet = matches!(r.opcode, op::SETQ | op::ADDQ | op::REPLACEQ | op::APPENDQ | op::PREPENDQ);
-            let (flags, exptime) = if r.extras.len() == 8 { (be32(&r.extras), i64::from(be32(&r.extras[4..]))) } else { (0, 0) };
+        op::SET
+        | op::SETQ
+        | op::ADD
+        | op::ADDQ
+        | op::REPLACE
+        | op::REPLACEQ
+        | op::APPEND
+        | op::APPENDQ
+        | op::PREPEND
+        | op::PREPENDQ => {
+            let quiet = matches!(
+                r.opcode,
+                op::SETQ | op::ADDQ | op::REPLACEQ | op::APPENDQ | op::PREPENDQ
+            );
+            let (flags, exptime) = if r.extras.len() == 8 {
+                (be32(&r.extras), i64::from(be32(&r.extras[4..])))
+            } else {
+                (0, 0)
+            };
             let mode = match r.opcode {
-                _ if r.cas != 0 && matches!(r.opcode, op::SET | op::SETQ | op::REPLACE | op::REPLACEQ) => Mode::Cas(r.cas),
+                _ if r.cas != 0 && matches!(r.opcode, op::SET | op::SETQ | op::REPLACE | op::REPLACEQ) => {
+                    Mode::Cas(r.cas)
+                }
                 op::SET | op::SETQ => Mode::Set,
                 op::ADD | op::ADDQ => Mode::Add,
                 op::REPLACE | op::REPLACEQ => Mode::Replace,
@@ -232,7 +271,10 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
             };
             Cache::bump(&s.cmd_set);
             // An append or prepend with a cas stores only over that version.
-            if r.cas != 0 && matches!(mode, Mode::Append | Mode::Prepend) && table.get(&r.key, None).is_some_and(|it| it.cas != r.cas) {
+            if r.cas != 0
+                && matches!(mode, Mode::Append | Mode::Prepend)
+                && table.get(&r.key, None).is_some_and(|it| it.cas != r.cas)
+            {
                 error(out, r, status::EXISTS);
                 return true;
             }
@@ -261,7 +303,15 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
             }
             Err(e) => {
                 Cache::bump(&s.delete_misses);
-                error(out, r, if e == DeltaError::Exists { status::EXISTS } else { status::NOT_FOUND });
+                error(
+                    out,
+                    r,
+                    if e == DeltaError::Exists {
+                        status::EXISTS
+                    } else {
+                        status::NOT_FOUND
+                    },
+                );
             }
         },
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
@@ -270,12 +320,24 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
             let (delta, initial, exptime) = (be64(&r.extras), be64(&r.extras[8..]), be32(&r.extras[16..]));
             // An expiry of all ones means: do not create a missing item.
             let init = (exptime != u32::MAX).then_some((initial, i64::from(exptime)));
-            let (hits, misses) = if incr { (&s.incr_hits, &s.incr_misses) } else { (&s.decr_hits, &s.decr_misses) };
+            let (hits, misses) = if incr {
+                (&s.incr_hits, &s.incr_misses)
+            } else {
+                (&s.decr_hits, &s.decr_misses)
+            };
             match table.delta(&r.key, incr, delta, init, Some(r.cas)) {
                 Ok((n, cas)) => {
                     Cache::bump(hits);
                     if !quiet {
-                        respond(out, r, status::OK, cas, &[], &[], &Bytes::copy_from_slice(&n.to_be_bytes()));
+                        respond(
+                            out,
+                            r,
+                            status::OK,
+                            cas,
+                            &[],
+                            &[],
+                            &Bytes::copy_from_slice(&n.to_be_bytes()),
+                        );
                     }
                 }
                 Err(e) => {
@@ -291,7 +353,11 @@ fn request(cache: &Cache, r: &Req, out: &mut Out) -> bool {
         }
         op::FLUSH | op::FLUSHQ => {
             Cache::bump(&s.cmd_flush);
-            table.flush(if r.extras.len() == 4 { i64::from(be32(&r.extras)) } else { 0 });
+            table.flush(if r.extras.len() == 4 {
+                i64::from(be32(&r.extras))
+            } else {
+                0
+            });
             if r.opcode == op::FLUSH {
                 respond(out, r, status::OK, 0, &[], &[], &none);
             }

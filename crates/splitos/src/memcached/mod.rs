@@ -122,7 +122,11 @@ impl Cache {
         let r = &self.root;
         let sum = |f: fn(&CoreStats) -> &AtomicU64| r.cores.iter().map(|c| f(c).load(Relaxed)).sum::<u64>().to_string();
         let (items, bytes) = r.table.usage();
-        let loops: Vec<_> = r.loops.get().map(|l| l.iter().map(|r| r.stats().counts()).collect()).unwrap_or_default();
+        let loops: Vec<_> = r
+            .loops
+            .get()
+            .map(|l| l.iter().map(|r| r.stats().counts()).collect())
+            .unwrap_or_default();
         let lsum = |f: fn(&event::LoopCounts) -> u64| loops.iter().map(f).sum::<u64>().to_string();
         vec![
             ("pid", std::process::id().to_string()),
@@ -154,13 +158,19 @@ impl Cache {
             ("bytes", bytes.to_string()),
             ("curr_items", items.to_string()),
             ("total_items", r.table.counts.total_items.load(Relaxed).to_string()),
-            ("expired_unfetched", r.table.counts.expired_unfetched.load(Relaxed).to_string()),
+            (
+                "expired_unfetched",
+                r.table.counts.expired_unfetched.load(Relaxed).to_string(),
+            ),
             ("evictions", r.table.counts.evictions.load(Relaxed).to_string()),
             ("ebb_loop_events", lsum(|c| c.events)),
             ("ebb_loop_sleeps", lsum(|c| c.sleeps)),
             ("ebb_loop_switches_to_poll", lsum(|c| c.to_poll)),
             ("ebb_loop_switches_to_sleep", lsum(|c| c.to_sleep)),
-            ("ebb_loops_polling", loops.iter().filter(|c| c.polling).count().to_string()),
+            (
+                "ebb_loops_polling",
+                loops.iter().filter(|c| c.polling).count().to_string(),
+            ),
         ]
     }
 }
@@ -326,7 +336,11 @@ impl Conn {
         let want_write = !self.out.is_empty();
         if want_write != self.writing {
             self.writing = want_write;
-            let interest = if want_write { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            let interest = if want_write {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
             if event::reregister(&mut self.stream, self.token, interest).is_err() {
                 return Step::Close;
             }
@@ -367,7 +381,11 @@ impl Conn {
             if self.input.is_empty() {
                 return Next::Read;
             }
-            let proto = *self.proto.get_or_insert(if self.input[0] == binary::REQ_MAGIC { Proto::Binary } else { Proto::Text });
+            let proto = *self.proto.get_or_insert(if self.input[0] == binary::REQ_MAGIC {
+                Proto::Binary
+            } else {
+                Proto::Text
+            });
             let next = match proto {
                 Proto::Text => text::serve(&self.cache, &mut self.input, &mut self.out, &mut self.swallow),
                 Proto::Binary => binary::serve(&self.cache, &mut self.input, &mut self.out, &mut self.swallow),
@@ -443,7 +461,18 @@ fn serve_conn(mut stream: TcpStream, cache: Rc<Cache>) {
     let c2 = conn.clone();
     match event::register(&mut stream, Interest::READABLE, move |_| drive(&c2)) {
         Ok(token) => {
-            *conn.borrow_mut() = Some(Conn { stream, token, input: BytesMut::new(), out: Out::default(), proto: None, swallow: 0, eof: false, closing: false, writing: false, cache });
+            *conn.borrow_mut() = Some(Conn {
+                stream,
+                token,
+                input: BytesMut::new(),
+                out: Out::default(),
+                proto: None,
+                swallow: 0,
+                eof: false,
+                closing: false,
+                writing: false,
+                cache,
+            });
         }
         Err(e) => {
             tracing::warn!(error = %e, "memcached: cannot watch a connection; closed");
@@ -464,22 +493,44 @@ pub struct Server {
 impl Server {
     pub fn start(args: &MemcachedArgs) -> anyhow::Result<Server> {
         anyhow::ensure!(args.cores >= 1, "--cores must be at least 1");
-        let cfg = LoopConfig { waiting: args.waiting, poll_above: args.poll_above, sleep_below: args.sleep_below, ..LoopConfig::default() };
-        cfg.validate().map_err(|e| anyhow::anyhow!("--sleep-below/--poll-above: {e}"))?;
+        let cfg = LoopConfig {
+            waiting: args.waiting,
+            poll_above: args.poll_above,
+            sleep_below: args.sleep_below,
+            ..LoopConfig::default()
+        };
+        cfg.validate()
+            .map_err(|e| anyhow::anyhow!("--sleep-below/--poll-above: {e}"))?;
         let shards = SHARDS_PER_CORE * args.cores;
-        anyhow::ensure!(args.memory.0 as usize >= shards * 4096, "--memory {} is too small: at least {} (4K for each of the table's {shards} shards)", args.memory.0, shards * 4096);
+        anyhow::ensure!(
+            args.memory.0 as usize >= shards * 4096,
+            "--memory {} is too small: at least {} (4K for each of the table's {shards} shards)",
+            args.memory.0,
+            shards * 4096
+        );
         let table = Table::new(args.memory.0 as usize, shards, args.max_item_size.0 as usize);
         // One counter set per core, and one for callers outside the loops.
-        let root = Arc::new(Root { table, cores: (0..=args.cores).map(|_| Arc::default()).collect(), started: Instant::now(), loops: Default::default() });
+        let root = Arc::new(Root {
+            table,
+            cores: (0..=args.cores).map(|_| Arc::default()).collect(),
+            started: Instant::now(),
+            loops: Default::default(),
+        });
         let r = root.clone();
         let cache = Ebb::new("memcached-cache", move |core| {
             let i = match core {
                 Core::Loop(i) => i,
                 Core::Hosted => r.cores.len() - 1,
             };
-            Cache { root: r.clone(), stats: r.cores[i].clone() }
+            Cache {
+                root: r.clone(),
+                stats: r.cores[i].clone(),
+            }
         });
-        let addr: SocketAddr = args.listen.parse().map_err(|e| anyhow::anyhow!("--listen {:?}: {e} (want HOST:PORT)", args.listen))?;
+        let addr: SocketAddr = args
+            .listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--listen {:?}: {e} (want HOST:PORT)", args.listen))?;
         // Every core listens on the one port; the first bind settles a port 0.
         let first = reuseport_listener(addr)?;
         let addr = first.local_addr()?;
@@ -492,7 +543,10 @@ impl Server {
         let runtime = Runtime::start("memcached", args.cores, cfg, move |core| {
             let std_listener = listeners.lock().unwrap()[core].take().expect("one listener per core");
             let mut l = TcpListener::from_std(std_listener);
-            let listening = Rc::new(Listening { listener: RefCell::new(None), retrying: Default::default() });
+            let listening = Rc::new(Listening {
+                listener: RefCell::new(None),
+                retrying: Default::default(),
+            });
             let l2 = listening.clone();
             let c = c.clone();
             match event::register(&mut l, Interest::READABLE, move |_| accept_all(&l2, &c)) {
@@ -501,7 +555,11 @@ impl Server {
             }
         })?;
         let _ = root.loops.set((0..args.cores).map(|i| runtime.remote(i)).collect());
-        Ok(Server { addr, cache, _runtime: runtime })
+        Ok(Server {
+            addr,
+            cache,
+            _runtime: runtime,
+        })
     }
 }
 
@@ -519,7 +577,12 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     let server = Server::start(&args)?;
     tracing::info!(addr = %server.addr, cores = args.cores, memory = args.memory.0, "memcached on the Ebb runtime listening");
-    crate::outln!("splitos memcached listening on {} ({} cores, {} bytes for items)", server.addr, args.cores, args.memory.0);
+    crate::outln!(
+        "splitos memcached listening on {} ({} cores, {} bytes for items)",
+        server.addr,
+        args.cores,
+        args.memory.0
+    );
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

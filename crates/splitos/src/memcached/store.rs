@@ -95,7 +95,9 @@ pub struct Table {
 
 /// Unix seconds now.
 pub fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// An expiry as a client writes it (0 never, negative already, up to 30 days relative, else an
@@ -110,7 +112,9 @@ pub fn expiry(exptime: i64, now: u64) -> u64 {
 }
 
 fn fnv(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3))
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn cost(key: &[u8], value: &[u8]) -> usize {
@@ -269,7 +273,11 @@ impl Table {
             (Mode::Cas(c), Some(i)) if s.nodes[i].item.cas != c => return Stored::Exists,
             (Mode::Append | Mode::Prepend, Some(i)) => {
                 let it = &s.nodes[i].item;
-                let (a, b) = if mode == Mode::Append { (&it.value, &value) } else { (&value, &it.value) };
+                let (a, b) = if mode == Mode::Append {
+                    (&it.value, &value)
+                } else {
+                    (&value, &it.value)
+                };
                 let mut joined = Vec::with_capacity(a.len() + b.len());
                 joined.extend_from_slice(a);
                 joined.extend_from_slice(b);
@@ -282,7 +290,17 @@ impl Table {
             _ => (value, flags, expiry(exptime, now)),
         };
         let cas = self.next_cas();
-        self.put(&mut s, key, Item { value, flags, cas, exptime, stored: now });
+        self.put(
+            &mut s,
+            key,
+            Item {
+                value,
+                flags,
+                cas,
+                exptime,
+                stored: now,
+            },
+        );
         Stored::Stored(cas)
     }
 
@@ -299,7 +317,12 @@ impl Table {
             self.counts.evictions.fetch_add(1, Ordering::Relaxed);
         }
         let key = Bytes::copy_from_slice(key);
-        let i = s.nodes.insert(Node { key: key.clone(), item, prev: None, next: None });
+        let i = s.nodes.insert(Node {
+            key: key.clone(),
+            item,
+            prev: None,
+            next: None,
+        });
         s.map.insert(key, i);
         s.push_front(i);
         s.bytes += need;
@@ -309,21 +332,42 @@ impl Table {
     /// Adds `delta` to (or takes it from) the number stored under `key`. A missing item is
     /// created as `init` says (the binary protocol's initial value and expiry), else refused.
     /// Returns the new number and cas.
-    pub fn delta(&self, key: &[u8], incr: bool, delta: u64, init: Option<(u64, i64)>, cas: Option<u64>) -> Result<(u64, u64), DeltaError> {
+    pub fn delta(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        init: Option<(u64, i64)>,
+        cas: Option<u64>,
+    ) -> Result<(u64, u64), DeltaError> {
         let now = now();
         let mut s = self.shard(key);
         let Some(i) = self.find(&mut s, key, now) else {
             let (initial, exptime) = init.ok_or(DeltaError::NotFound)?;
             let cas = self.next_cas();
             let value = Bytes::from(initial.to_string());
-            self.put(&mut s, key, Item { value, flags: 0, cas, exptime: expiry(exptime, now), stored: now });
+            self.put(
+                &mut s,
+                key,
+                Item {
+                    value,
+                    flags: 0,
+                    cas,
+                    exptime: expiry(exptime, now),
+                    stored: now,
+                },
+            );
             return Ok((initial, cas));
         };
         if cas.is_some_and(|c| c != 0 && c != s.nodes[i].item.cas) {
             return Err(DeltaError::Exists);
         }
         let old = numeric(&s.nodes[i].item.value).ok_or(DeltaError::NonNumeric)?;
-        let new = if incr { old.wrapping_add(delta) } else { old.saturating_sub(delta) };
+        let new = if incr {
+            old.wrapping_add(delta)
+        } else {
+            old.saturating_sub(delta)
+        };
         let mut text = new.to_string().into_bytes();
         let it = &s.nodes[i].item;
         // As memcached: a shorter number is written over the old one, padded with spaces.
@@ -331,7 +375,13 @@ impl Table {
             text.resize(it.value.len(), b' ');
         }
         let cas = self.next_cas();
-        let item = Item { value: Bytes::from(text), flags: it.flags, cas, exptime: it.exptime, stored: now };
+        let item = Item {
+            value: Bytes::from(text),
+            flags: it.flags,
+            cas,
+            exptime: it.exptime,
+            stored: now,
+        };
         self.put(&mut s, key, item);
         Ok((new, cas))
     }
@@ -345,7 +395,8 @@ impl Table {
             // As memcached, whose one flush time this overwrites: a delayed flush still to
             // come is called off.
             self.flush_at.store(0, Ordering::Relaxed);
-            self.flushed_below_cas.store(self.cas.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            self.flushed_below_cas
+                .store(self.cas.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         }
     }
 
@@ -371,14 +422,23 @@ mod tests {
     fn store_modes_and_cas_behave_as_memcached() {
         let t = Table::new(1 << 20, 4, 1 << 20);
         assert_eq!(t.store(Mode::Replace, b"k", 0, 0, v("x")), Stored::NotStored);
-        let Stored::Stored(c1) = t.store(Mode::Add, b"k", 5, 0, v("a")) else { panic!() };
+        let Stored::Stored(c1) = t.store(Mode::Add, b"k", 5, 0, v("a")) else {
+            panic!()
+        };
         assert_eq!(t.store(Mode::Add, b"k", 0, 0, v("b")), Stored::NotStored);
         assert_eq!(t.store(Mode::Append, b"k", 9, 0, v("z")), Stored::Stored(c1 + 1));
         assert_eq!(t.store(Mode::Prepend, b"k", 9, 0, v("<")), Stored::Stored(c1 + 2));
         let it = t.get(b"k", None).unwrap();
-        assert_eq!((&it.value[..], it.flags), (&b"<az"[..], 5), "append and prepend keep the flags");
+        assert_eq!(
+            (&it.value[..], it.flags),
+            (&b"<az"[..], 5),
+            "append and prepend keep the flags"
+        );
         assert_eq!(t.store(Mode::Cas(c1), b"k", 0, 0, v("c")), Stored::Exists);
-        assert!(matches!(t.store(Mode::Cas(it.cas), b"k", 0, 0, v("c")), Stored::Stored(_)));
+        assert!(matches!(
+            t.store(Mode::Cas(it.cas), b"k", 0, 0, v("c")),
+            Stored::Stored(_)
+        ));
         assert_eq!(t.store(Mode::Cas(1), b"nope", 0, 0, v("c")), Stored::NotFound);
         assert_eq!(t.store(Mode::Set, b"gone", 0, -1, v("c")), Stored::Stored(c1 + 4));
         assert!(t.get(b"gone", None).is_none(), "a negative expiry has expired already");
@@ -416,7 +476,10 @@ mod tests {
         assert!(t.get(b"k0", None).is_some());
         assert_eq!(t.counts.evictions.load(Ordering::Relaxed), 1);
         assert!(t.usage().1 <= t.limit() as u64);
-        assert_eq!(t.store(Mode::Set, b"k0", 0, 0, Bytes::from(vec![0u8; 2000])), Stored::TooLarge);
+        assert_eq!(
+            t.store(Mode::Set, b"k0", 0, 0, Bytes::from(vec![0u8; 2000])),
+            Stored::TooLarge
+        );
         assert!(t.get(b"k0", None).is_none(), "a set too large drops the old value");
     }
 }

@@ -16,7 +16,14 @@ pub fn serve(cache: &Cache, input: &mut BytesMut, out: &mut Out, swallow: &mut u
             return Next::Full;
         }
         let Some(nl) = input.iter().position(|b| *b == b'\n') else {
-            let most = if [&b"get "[..], b"gets ", b"gat ", b"gats "].iter().any(|p| input.starts_with(p)) { LINE_MAX_GET } else { LINE_MAX };
+            let most = if [&b"get "[..], b"gets ", b"gat ", b"gats "]
+                .iter()
+                .any(|p| input.starts_with(p))
+            {
+                LINE_MAX_GET
+            } else {
+                LINE_MAX
+            };
             if input.len() > most {
                 out.put(b"CLIENT_ERROR line too long\r\n");
                 return Next::Close;
@@ -217,13 +224,19 @@ fn command(cache: &Cache, cmd: &[u8], tokens: &[&[u8]], args: &[&[u8]], noreply:
                 out.put(b"CLIENT_ERROR invalid numeric delta argument\r\n");
                 return false;
             };
-            let (hits, misses) = if incr { (&s.incr_hits, &s.incr_misses) } else { (&s.decr_hits, &s.decr_misses) };
+            let (hits, misses) = if incr {
+                (&s.incr_hits, &s.incr_misses)
+            } else {
+                (&s.decr_hits, &s.decr_misses)
+            };
             match table.delta(args[0], incr, delta, None, None) {
                 Ok((n, _)) => {
                     Cache::bump(hits);
                     reply(out, format!("{n}\r\n").as_bytes())
                 }
-                Err(DeltaError::NonNumeric) => out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"),
+                Err(DeltaError::NonNumeric) => {
+                    out.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
+                }
                 Err(_) => {
                     Cache::bump(misses);
                     reply(out, b"NOT_FOUND\r\n")

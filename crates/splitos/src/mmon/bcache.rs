@@ -127,19 +127,33 @@ fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
 fn fits(off: u64, len: u64) -> Result<(), Refusal> {
     match off.checked_add(len) {
         Some(e) if e <= MAX_FILE_SIZE => Ok(()),
-        _ => Err(ERR::new(ErrCode::Errno(libc::EFBIG), "offset or size beyond the largest file")),
+        _ => Err(ERR::new(
+            ErrCode::Errno(libc::EFBIG),
+            "offset or size beyond the largest file",
+        )),
     }
 }
 
 fn now_ns() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 impl<P: Peers> BufferCache<P> {
     /// A cache of `capacity_bytes`, reading ahead up to `readahead_bytes` for sequential reads.
     pub fn new(peers: P, capacity_bytes: u64, readahead_bytes: u64) -> Arc<BufferCache<P>> {
-        let read_ahead = Box::new(SequentialReadAhead { max_blocks: readahead_bytes / BLOCK });
-        let bc = Arc::new(BufferCache { peers, capacity: (capacity_bytes / BLOCK).max(1) as usize, read_ahead, inner: Mutex::new(Inner::default()), c: Counters::default() });
+        let read_ahead = Box::new(SequentialReadAhead {
+            max_blocks: readahead_bytes / BLOCK,
+        });
+        let bc = Arc::new(BufferCache {
+            peers,
+            capacity: (capacity_bytes / BLOCK).max(1) as usize,
+            read_ahead,
+            inner: Mutex::new(Inner::default()),
+            c: Counters::default(),
+        });
         let weak = Arc::downgrade(&bc);
         std::thread::Builder::new()
             .name("bcache-writeback".into())
@@ -159,8 +173,28 @@ impl<P: Peers> BufferCache<P> {
     /// The file's state, loaded from the sComponent on first use.
     fn file<'a>(&self, g: &'a mut Inner, scomp: &str, key: &Key) -> Result<&'a mut FileState, Refusal> {
         if !g.files.contains_key(key) {
-            let a = self.call(scomp, X2S_GETATTR { vnode: key.0.clone(), ino: key.1 })?.attr;
-            g.files.insert(key.clone(), FileState { scomp: scomp.to_string(), size: a.size, reserved: a.alloc.max(a.size), active: false, next_read: 0, window: 0, mtime_ns: a.mtime_ns, blocks: BTreeMap::new() });
+            let a = self
+                .call(
+                    scomp,
+                    X2S_GETATTR {
+                        vnode: key.0.clone(),
+                        ino: key.1,
+                    },
+                )?
+                .attr;
+            g.files.insert(
+                key.clone(),
+                FileState {
+                    scomp: scomp.to_string(),
+                    size: a.size,
+                    reserved: a.alloc.max(a.size),
+                    active: false,
+                    next_read: 0,
+                    window: 0,
+                    mtime_ns: a.mtime_ns,
+                    blocks: BTreeMap::new(),
+                },
+            );
         }
         let f = g.files.get_mut(key).expect("just inserted");
         // The pComponent knows where the file is stored now (an sComponent may have moved).
@@ -183,7 +217,12 @@ impl<P: Peers> BufferCache<P> {
     /// Writes dirty blocks [from, to) of a file back, in runs.
     fn write_back(&self, g: &mut Inner, key: &Key, range: std::ops::Range<u64>) -> Result<(), Refusal> {
         let Some(f) = g.files.get_mut(key) else { return Ok(()) };
-        let dirty: Vec<u64> = f.blocks.range(range).filter(|(_, b)| b.dirty).map(|(k, _)| *k).collect();
+        let dirty: Vec<u64> = f
+            .blocks
+            .range(range)
+            .filter(|(_, b)| b.dirty)
+            .map(|(k, _)| *k)
+            .collect();
         for (start, end) in runs(&dirty) {
             let off = start * BLOCK;
             let upto = (end * BLOCK).min(f.size);
@@ -198,7 +237,14 @@ impl<P: Peers> BufferCache<P> {
                 data.extend_from_slice(&f.blocks[&b].data[..]);
             }
             data.truncate((upto - off) as usize);
-            let msg = M2S_WRITE { vnode: key.0.clone(), ino: key.1, offset: off, data: ByteBuf::from(data), size: f.size, mtime_ns: f.mtime_ns };
+            let msg = M2S_WRITE {
+                vnode: key.0.clone(),
+                ino: key.1,
+                offset: off,
+                data: ByteBuf::from(data),
+                size: f.size,
+                mtime_ns: f.mtime_ns,
+            };
             self.call(&f.scomp, msg)?;
             self.c.writebacks.fetch_add(end - start, Relaxed);
             metrics::counter!("mcomp_bcache_writeback_blocks_total").increment(end - start);
@@ -212,9 +258,15 @@ impl<P: Peers> BufferCache<P> {
     /// Makes room for `n` more blocks, writing back dirty victims.
     fn make_room(&self, g: &mut Inner, n: usize) -> Result<(), Refusal> {
         while g.blocks + n > self.capacity {
-            let Some((&t, (key, blk))) = g.lru.iter().next() else { return Ok(()) };
+            let Some((&t, (key, blk))) = g.lru.iter().next() else {
+                return Ok(());
+            };
             let (key, blk) = (key.clone(), *blk);
-            if g.files.get(&key).and_then(|f| f.blocks.get(&blk)).is_some_and(|b| b.dirty) {
+            if g.files
+                .get(&key)
+                .and_then(|f| f.blocks.get(&blk))
+                .is_some_and(|b| b.dirty)
+            {
                 self.write_back(g, &key, blk..blk + 1)?;
             }
             g.lru.remove(&t);
@@ -232,12 +284,21 @@ impl<P: Peers> BufferCache<P> {
         let t = g.tick;
         g.lru.insert(t, (key.clone(), blk));
         g.blocks += 1;
-        g.files.get_mut(key).expect("cached file").blocks.insert(blk, Block { data, dirty, tick: t });
+        g.files
+            .get_mut(key)
+            .expect("cached file")
+            .blocks
+            .insert(blk, Block { data, dirty, tick: t });
     }
 
     /// Reads blocks [start, end) of a file from the sComponent (zeros past its end).
     fn fetch(&self, scomp: &str, key: &Key, start: u64, end: u64) -> Result<Vec<Box<[u8; PAGE_SIZE]>>, Refusal> {
-        let msg = M2S_READ { vnode: key.0.clone(), ino: key.1, offset: start * BLOCK, len: ((end - start) * BLOCK) as u32 };
+        let msg = M2S_READ {
+            vnode: key.0.clone(),
+            ino: key.1,
+            offset: start * BLOCK,
+            len: ((end - start) * BLOCK) as u32,
+        };
         let data = self.call(scomp, msg)?.data.into_vec();
         self.c.fetches.fetch_add(1, Relaxed);
         self.c.misses.fetch_add(end - start, Relaxed);
@@ -266,7 +327,10 @@ impl<P: Peers> BufferCache<P> {
         let mut missing: Vec<u64> = (first..=last).filter(|b| !f.blocks.contains_key(b)).collect();
         let demanded = missing.len() as u64;
         // A window beyond half the cache would evict its own blocks before they are read.
-        f.window = self.read_ahead.window(first == f.next_read, f.window).min(self.capacity as u64 / 2);
+        f.window = self
+            .read_ahead
+            .window(first == f.next_read, f.window)
+            .min(self.capacity as u64 / 2);
         f.next_read = last + 1;
         if missing.last() == Some(&last) && f.window > 0 {
             let file_blocks = f.size.div_ceil(BLOCK);
@@ -288,7 +352,8 @@ impl<P: Peers> BufferCache<P> {
             let bstart = b * BLOCK;
             let from = offset.max(bstart);
             let to = end.min(bstart + BLOCK);
-            out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&data[(from - bstart) as usize..(to - bstart) as usize]);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - bstart) as usize..(to - bstart) as usize]);
         }
         let hits = (last - first + 1) - demanded;
         self.c.hits.fetch_add(hits, Relaxed);
@@ -305,7 +370,9 @@ impl<P: Peers> BufferCache<P> {
         for (b, data) in fetched.into_iter().take(keep) {
             self.insert(&mut g, &key, b, data, false);
         }
-        Ok(M2P_FILE_DATA { data: ByteBuf::from(out) })
+        Ok(M2P_FILE_DATA {
+            data: ByteBuf::from(out),
+        })
     }
 
     fn write(&self, scomp: &str, key: Key, offset: u64, data: &[u8]) -> Result<M2P_FILE_SIZE, Refusal> {
@@ -314,12 +381,22 @@ impl<P: Peers> BufferCache<P> {
         let end = offset + data.len() as u64;
         if end > f.reserved {
             let want = end.div_ceil(RESERVE_STEP) * RESERVE_STEP;
-            self.call(scomp, M2S_RESERVE { vnode: key.0.clone(), ino: key.1, bytes: want })?;
+            self.call(
+                scomp,
+                M2S_RESERVE {
+                    vnode: key.0.clone(),
+                    ino: key.1,
+                    bytes: want,
+                },
+            )?;
             f.reserved = want;
         }
         f.active = true;
         if data.is_empty() {
-            return Ok(M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns });
+            return Ok(M2P_FILE_SIZE {
+                size: Some(f.size),
+                mtime_ns: f.mtime_ns,
+            });
         }
         let old_size = f.size;
         // The new size first: a block of this write evicted before the loop ends is written
@@ -334,27 +411,43 @@ impl<P: Peers> BufferCache<P> {
             if !cached {
                 let whole = from == bstart && to == bstart + BLOCK;
                 // A partly written block keeps the rest of its bytes: read it first if it has any.
-                let mut blk = if !whole && bstart < old_size { self.fetch(scomp, &key, b, b + 1)?.pop().expect("one block") } else { Box::new([0u8; PAGE_SIZE]) };
-                blk[(from - bstart) as usize..(to - bstart) as usize].copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                let mut blk = if !whole && bstart < old_size {
+                    self.fetch(scomp, &key, b, b + 1)?.pop().expect("one block")
+                } else {
+                    Box::new([0u8; PAGE_SIZE])
+                };
+                blk[(from - bstart) as usize..(to - bstart) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
                 self.make_room(&mut g, 1)?;
                 self.insert(&mut g, &key, b, blk, true);
             } else {
                 let f = g.files.get_mut(&key).expect("cached file");
                 let blk = f.blocks.get_mut(&b).expect("cached block");
-                blk.data[(from - bstart) as usize..(to - bstart) as usize].copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                blk.data[(from - bstart) as usize..(to - bstart) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
                 blk.dirty = true;
                 Self::touch(&mut g, &key, b);
             }
         }
         let f = g.files.get_mut(&key).expect("cached file");
         f.mtime_ns = now_ns();
-        Ok(M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns })
+        Ok(M2P_FILE_SIZE {
+            size: Some(f.size),
+            mtime_ns: f.mtime_ns,
+        })
     }
 
     fn set_size(&self, scomp: &str, key: Key, size: u64) -> Result<M2P_FILE_SIZE, Refusal> {
         let mut g = self.inner.lock().unwrap();
         self.file(&mut g, scomp, &key)?;
-        self.call(scomp, M2S_SETSIZE { vnode: key.0.clone(), ino: key.1, size })?;
+        self.call(
+            scomp,
+            M2S_SETSIZE {
+                vnode: key.0.clone(),
+                ino: key.1,
+                size,
+            },
+        )?;
         let keep_blocks = size.div_ceil(BLOCK);
         let f = g.files.get_mut(&key).expect("cached file");
         let gone: Vec<(u64, u64)> = f.blocks.range(keep_blocks..).map(|(b, blk)| (*b, blk.tick)).collect();
@@ -369,7 +462,10 @@ impl<P: Peers> BufferCache<P> {
         f.size = size;
         f.reserved = size;
         f.mtime_ns = now_ns();
-        let reply = M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns };
+        let reply = M2P_FILE_SIZE {
+            size: Some(f.size),
+            mtime_ns: f.mtime_ns,
+        };
         for (_, t) in gone {
             g.lru.remove(&t);
             g.blocks -= 1;
@@ -387,7 +483,13 @@ impl<P: Peers> BufferCache<P> {
             })?;
         }
         drop(g);
-        self.call(scomp, X2S_SYNC { vnode: key.0, ino: Some(key.1) })
+        self.call(
+            scomp,
+            X2S_SYNC {
+                vnode: key.0,
+                ino: Some(key.1),
+            },
+        )
     }
 
     fn forget(&self, key: Key) {
@@ -403,11 +505,20 @@ impl<P: Peers> BufferCache<P> {
     /// Makes every cached file durable on its sComponent and forgets it, for an mComponent
     /// that leaves (its files' caches go elsewhere). True when nothing is left.
     pub fn release(&self) -> bool {
-        let files: Vec<(Key, String)> = self.inner.lock().unwrap().files.iter().map(|(k, f)| (k.clone(), f.scomp.clone())).collect();
+        let files: Vec<(Key, String)> = self
+            .inner
+            .lock()
+            .unwrap()
+            .files
+            .iter()
+            .map(|(k, f)| (k.clone(), f.scomp.clone()))
+            .collect();
         for (key, scomp) in files {
             match self.sync(&scomp, key.clone()) {
                 Ok(_) => self.forget(key),
-                Err(e) => tracing::warn!(vnode = %key.0, ino = key.1, error = %e.msg, "cannot write a leaving buffer cache's file back yet"),
+                Err(e) => {
+                    tracing::warn!(vnode = %key.0, ino = key.1, error = %e.msg, "cannot write a leaving buffer cache's file back yet")
+                }
             }
         }
         self.inner.lock().unwrap().files.is_empty()
@@ -436,7 +547,11 @@ impl<P: Peers> BufferCache<P> {
             let Some(f) = g.files.get_mut(&k) else { continue };
             let need = f.size.div_ceil(BLOCK) * BLOCK;
             if !f.active && f.reserved > need {
-                let msg = M2S_RESERVE { vnode: k.0.clone(), ino: k.1, bytes: need };
+                let msg = M2S_RESERVE {
+                    vnode: k.0.clone(),
+                    ino: k.1,
+                    bytes: need,
+                };
                 if self.peers.call(&f.scomp, msg).is_ok() {
                     f.reserved = need;
                 }
@@ -467,8 +582,14 @@ impl<P: Peers> BufferCache<P> {
     pub fn file_stat(&self, r: P2M_FILE_STAT) -> Result<M2P_FILE_SIZE, Refusal> {
         let g = self.inner.lock().unwrap();
         Ok(match g.files.get(&(r.vnode, r.ino)) {
-            Some(f) => M2P_FILE_SIZE { size: Some(f.size), mtime_ns: f.mtime_ns },
-            None => M2P_FILE_SIZE { size: None, mtime_ns: 0 },
+            Some(f) => M2P_FILE_SIZE {
+                size: Some(f.size),
+                mtime_ns: f.mtime_ns,
+            },
+            None => M2P_FILE_SIZE {
+                size: None,
+                mtime_ns: 0,
+            },
         })
     }
 
@@ -479,7 +600,11 @@ impl<P: Peers> BufferCache<P> {
 
     pub fn stats(&self) -> serde_json::Value {
         let g = self.inner.lock().unwrap();
-        let dirty: usize = g.files.values().map(|f| f.blocks.values().filter(|b| b.dirty).count()).sum();
+        let dirty: usize = g
+            .files
+            .values()
+            .map(|f| f.blocks.values().filter(|b| b.dirty).count())
+            .sum();
         serde_json::json!({
             "capacity_blocks": self.capacity, "blocks": g.blocks, "dirty_blocks": dirty, "files": g.files.len(),
             "hits": self.c.hits.load(Relaxed), "misses": self.c.misses.load(Relaxed),
@@ -504,9 +629,15 @@ mod tests {
     #[test]
     fn sequential_window_doubles_to_its_maximum_and_random_reads_close_it() {
         let p = SequentialReadAhead { max_blocks: 32 };
-        let grown: Vec<u64> = std::iter::successors(Some(0), |w| Some(p.window(true, *w))).take(6).collect();
+        let grown: Vec<u64> = std::iter::successors(Some(0), |w| Some(p.window(true, *w)))
+            .take(6)
+            .collect();
         assert_eq!(grown, vec![0, 4, 8, 16, 32, 32]);
         assert_eq!(p.window(false, 32), 0);
-        assert_eq!(SequentialReadAhead { max_blocks: 0 }.window(true, 0), 0, "readahead = 0 is off");
+        assert_eq!(
+            SequentialReadAhead { max_blocks: 0 }.window(true, 0),
+            0,
+            "readahead = 0 is off"
+        );
     }
 }

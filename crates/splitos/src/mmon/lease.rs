@@ -98,7 +98,9 @@ impl Handouts {
         }
         let mut t = [0u8; TOKEN];
         c.read_exact(&mut t)?;
-        let seg = self.redeem(&t).ok_or_else(|| std::io::Error::other("an unknown or expired token"))?;
+        let seg = self
+            .redeem(&t)
+            .ok_or_else(|| std::io::Error::other("an unknown or expired token"))?;
         self.handed_out.fetch_add(1, Relaxed);
         metrics::counter!("mcomp_lease_handouts_total").increment(1);
         send_fds(c, b"k", &[seg.fd().as_raw_fd()])
@@ -110,24 +112,44 @@ impl<P: Peers> Mem<P> {
     /// the process has memory, with one member (no parity to keep, no log to append).
     pub(super) fn lease(&self, r: P2M_LEASE) -> Result<M2P_LEASE, Refusal> {
         if current_peer().is_some_and(|p| p.role != Role::Proc) {
-            return Err(ERR::new(ErrCode::Denied, "only a process's pComponent takes a lease on its pages"));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                "only a process's pComponent takes a lease on its pages",
+            ));
         }
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
         g.current(&r.who)?;
         let vrs = self.vrs();
-        let (start, end) = (r.index.saturating_mul(vrs), r.index.saturating_add(1).saturating_mul(vrs));
+        let (start, end) = (
+            r.index.saturating_mul(vrs),
+            r.index.saturating_add(1).saturating_mul(vrs),
+        );
         if !g.has_memory_in(start, end) {
-            return Err(ERR::new(ErrCode::Invalid, format!("process {} has no memory in vRegion {} here", r.who.pid, r.index)));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("process {} has no memory in vRegion {} here", r.who.pid, r.index),
+            ));
         }
         if g.sets.contains_key(&r.index) || g.logs.contains_key(&r.index) {
-            return Err(ERR::new(ErrCode::Invalid, format!("vRegion {} is striped or logged: its write-backs go through its owner", r.index)));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "vRegion {} is striped or logged: its write-backs go through its owner",
+                    r.index
+                ),
+            ));
         }
         let (segment, seg) = g.pages.segment(r.index)?;
         let generation = seg.generation();
         let token = self.handouts.promise(&seg);
         self.c.leases.fetch_add(1, Relaxed);
         metrics::counter!("mcomp_leases_total").increment(1);
-        Ok(M2P_LEASE { segment, pages: vrs / PAGE, generation, token: ByteBuf::from(token.to_vec()) })
+        Ok(M2P_LEASE {
+            segment,
+            pages: vrs / PAGE,
+            generation,
+            token: ByteBuf::from(token.to_vec()),
+        })
     }
 }

@@ -138,7 +138,13 @@ impl BackupLog {
         q.next_seq += 1;
         let seq = q.next_seq;
         q.bytes += need;
-        q.entries.push_back(Entry { seq, scomp: scomp.clone(), file, epoch, op });
+        q.entries.push_back(Entry {
+            seq,
+            scomp: scomp.clone(),
+            file,
+            epoch,
+            op,
+        });
         self.cv.notify_all();
         true
     }
@@ -151,7 +157,11 @@ impl BackupLog {
         while q.entries.iter().any(|e| e.file == *file) {
             let now = Instant::now();
             if now >= until {
-                return Err(format!("the backup log did not reach the sComponent within {} s ({})", timeout.as_secs(), q.stalled.as_deref().unwrap_or("still sending")));
+                return Err(format!(
+                    "the backup log did not reach the sComponent within {} s ({})",
+                    timeout.as_secs(),
+                    q.stalled.as_deref().unwrap_or("still sending")
+                ));
             }
             q = self.cv.wait_timeout(q, until - now).unwrap().0;
         }
@@ -187,18 +197,40 @@ impl BackupLog {
         let q = self.q.lock().unwrap();
         let first = q.entries.front()?;
         let msg: Msg = match &first.op {
-            Op::CopyFrom(from) => M2S_LOG_COPY { from: from.clone(), to: first.file.clone(), epoch: first.epoch }.into(),
-            Op::DropProcess => M2S_LOG_DROP { vnode: first.file.vnode.clone(), pid: first.file.pid }.into(),
+            Op::CopyFrom(from) => M2S_LOG_COPY {
+                from: from.clone(),
+                to: first.file.clone(),
+                epoch: first.epoch,
+            }
+            .into(),
+            Op::DropProcess => M2S_LOG_DROP {
+                vnode: first.file.vnode.clone(),
+                pid: first.file.pid,
+            }
+            .into(),
             Op::Reset | Op::Record(_) => {
                 let reset = matches!(first.op, Op::Reset);
-                let run: Vec<&Entry> =
-                    q.entries.iter().enumerate().take_while(|(i, e)| e.file == first.file && e.epoch == first.epoch && (*i == 0 || matches!(e.op, Op::Record(_)))).map(|(_, e)| e).take(APPEND_BATCH).collect();
+                let run: Vec<&Entry> = q
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .take_while(|(i, e)| {
+                        e.file == first.file && e.epoch == first.epoch && (*i == 0 || matches!(e.op, Op::Record(_)))
+                    })
+                    .map(|(_, e)| e)
+                    .take(APPEND_BATCH)
+                    .collect();
                 let records = run.iter().filter_map(|e| match &e.op {
                     Op::Record(r) => Some(r.clone()),
                     _ => None,
                 });
                 let last = run.last().map(|e| e.seq).unwrap_or(first.seq);
-                let m = M2S_LOG_APPEND { file: first.file.clone(), epoch: first.epoch, reset, records: records.collect() };
+                let m = M2S_LOG_APPEND {
+                    file: first.file.clone(),
+                    epoch: first.epoch,
+                    reset,
+                    records: records.collect(),
+                };
                 return Some((first.scomp.clone(), m.into(), first.file.clone(), first.epoch, last));
             }
         };
@@ -248,7 +280,9 @@ impl<P: Peers> Mem<P> {
     /// Sends the batch at the front of the log to its sComponent, if there is one (`false`:
     /// the log is empty). A batch not taken stays at the front, after a `backoff`.
     pub(super) fn stream_one(&self, backoff: &mut Duration) -> bool {
-        let Some((scomp, msg, file, epoch, last)) = self.backup_log.next_request() else { return false };
+        let Some((scomp, msg, file, epoch, last)) = self.backup_log.next_request() else {
+            return false;
+        };
         let name = msg.name();
         match self.peers.call_msg(&scomp.addr, &msg) {
             Ok(_) => {
@@ -308,14 +342,23 @@ impl<P: Peers> Mem<P> {
             if !roomy {
                 continue;
             }
-            let who = Who { epoch: g.epoch, ..Who::new(vnode, pid) };
+            let who = Who {
+                epoch: g.epoch,
+                ..Who::new(vnode, pid)
+            };
             for (idx, l) in g.logs.iter_mut().filter(|(_, l)| l.wants_copy()) {
                 l.asked = Some(Instant::now());
                 self.queue(Job::Resync(who.clone(), *idx, l.home.clone()));
             }
         }
         // Those of processes busy now wait for the next round; those of processes gone go.
-        let alive = self.owned.lock().unwrap().keys().copied().collect::<std::collections::HashSet<u64>>();
+        let alive = self
+            .owned
+            .lock()
+            .unwrap()
+            .keys()
+            .copied()
+            .collect::<std::collections::HashSet<u64>>();
         refused.retain(|(f, _)| alive.contains(&f.pid));
         self.backup_log.refused.lock().unwrap().extend(refused);
     }
@@ -326,24 +369,56 @@ impl<P: Peers> Mem<P> {
         if p.is_none_or(|p| p.lock().unwrap().logs.get(&index).is_none_or(|l| l.protects())) {
             return;
         }
-        match self.to_owner(&home, M2M_LOG_RESYNC { who: who.clone(), index }) {
-            Ok(_) => tracing::info!(pid = who.pid, vregion = index, "the home copied a vRegion whose backup was not whole to its logger"),
-            Err(e) => tracing::warn!(pid = who.pid, vregion = index, home = home.id, error = %e, "cannot have the home copy a vRegion whose backup log skipped write-backs; will ask again"),
+        match self.to_owner(
+            &home,
+            M2M_LOG_RESYNC {
+                who: who.clone(),
+                index,
+            },
+        ) {
+            Ok(_) => tracing::info!(
+                pid = who.pid,
+                vregion = index,
+                "the home copied a vRegion whose backup was not whole to its logger"
+            ),
+            Err(e) => {
+                tracing::warn!(pid = who.pid, vregion = index, home = home.id, error = %e, "cannot have the home copy a vRegion whose backup log skipped write-backs; will ask again")
+            }
         }
     }
 
     /// Every page the backup of vRegion `file` holds, once all queued records reached it.
     pub(super) fn read_backup(&self, scomp: &ComponentRef, file: &LogFile) -> Result<BTreeMap<u64, ByteBuf>, Refusal> {
-        self.backup_log.wait_streamed(file, DRAIN_WAIT).map_err(|e| ERR::new(ErrCode::Unreachable, e))?;
+        self.backup_log
+            .wait_streamed(file, DRAIN_WAIT)
+            .map_err(|e| ERR::new(ErrCode::Unreachable, e))?;
         let mut pages = BTreeMap::new();
         let mut offset = 0;
         loop {
-            let r = self.peers.call(&scomp.addr, M2S_LOG_READ { file: file.clone(), offset, max: u32::MAX });
+            let r = self.peers.call(
+                &scomp.addr,
+                M2S_LOG_READ {
+                    file: file.clone(),
+                    offset,
+                    max: u32::MAX,
+                },
+            );
             let S2M_LOG { records, next, more } = match r {
                 Ok(r) => r,
                 // Nothing was ever logged: an empty vRegion.
-                Err(RpcError::Remote { code: ErrCode::Errno(libc::ENOENT), .. }) if offset == 0 => return Ok(pages),
-                Err(e) => return Err(ERR::new(ErrCode::Unreachable, format!("cannot read the backup file of vRegion {} from sComponent {} at {}: {e}", file.index, scomp.id, scomp.addr))),
+                Err(RpcError::Remote {
+                    code: ErrCode::Errno(libc::ENOENT),
+                    ..
+                }) if offset == 0 => return Ok(pages),
+                Err(e) => {
+                    return Err(ERR::new(
+                        ErrCode::Unreachable,
+                        format!(
+                            "cannot read the backup file of vRegion {} from sComponent {} at {}: {e}",
+                            file.index, scomp.id, scomp.addr
+                        ),
+                    ))
+                }
             };
             replay_log(records, &mut pages);
             offset = next;

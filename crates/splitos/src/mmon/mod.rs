@@ -168,7 +168,10 @@ impl<P: Peers> Mem<P> {
     }
 
     fn me(&self) -> ComponentRef {
-        ComponentRef { id: self.peers.id(), addr: self.peers.addr().to_string() }
+        ComponentRef {
+            id: self.peers.id(),
+            addr: self.peers.addr().to_string(),
+        }
     }
 
     fn vrs(&self) -> u64 {
@@ -221,7 +224,12 @@ impl<P: Peers> Mem<P> {
             self.let_go(&p.lock().unwrap());
         }
         metrics::counter!("mcomp_fenced_total").increment(1);
-        tracing::error!(processes = owned.len(), homes = homes.len(), backups = backups.len(), "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held");
+        tracing::error!(
+            processes = owned.len(),
+            homes = homes.len(),
+            backups = backups.len(),
+            "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held"
+        );
     }
 
     /// Hands the memory of parity rows freed since the last heartbeat back to the kernel. Rows
@@ -258,7 +266,13 @@ impl<P: Peers> Mem<P> {
         }
         *last = std::time::Instant::now();
         drop(last);
-        let homes: Vec<(u64, Arc<Mutex<home::HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(p, h)| (*p, h.clone())).collect();
+        let homes: Vec<(u64, Arc<Mutex<home::HomeProc>>)> = self
+            .homes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(p, h)| (*p, h.clone()))
+            .collect();
         for (pid, h) in homes {
             if h.lock().unwrap().short_of(self.replication().members()) > 0 {
                 self.rebuild(pid);
@@ -278,8 +292,15 @@ impl<P: Peers> Mem<P> {
         }
         if me && self.leaving.lock().unwrap().is_none() {
             let at_start = self.room.used();
-            *self.leaving.lock().unwrap() = Some(Leaving { bytes_at_start: at_start, ..Leaving::default() });
-            tracing::info!(bytes = at_start, homes = self.homes.lock().unwrap().len(), "leaving: moving homes, vRegions and the buffer cache to other mComponents");
+            *self.leaving.lock().unwrap() = Some(Leaving {
+                bytes_at_start: at_start,
+                ..Leaving::default()
+            });
+            tracing::info!(
+                bytes = at_start,
+                homes = self.homes.lock().unwrap().len(),
+                "leaving: moving homes, vRegions and the buffer cache to other mComponents"
+            );
         }
         if leaving.is_empty() {
             return;
@@ -314,14 +335,23 @@ impl<P: Peers> Mem<P> {
     fn file_request<R>(&self, f: impl FnOnce() -> Result<R, Refusal>) -> Result<R, Refusal> {
         let closed = self.files_closed.read().unwrap();
         if *closed {
-            return Err(ERR::new(ErrCode::Moved, format!("mComponent {} is leaving: its buffer cache moved to another mComponent", self.peers.id())));
+            return Err(ERR::new(
+                ErrCode::Moved,
+                format!(
+                    "mComponent {} is leaving: its buffer cache moved to another mComponent",
+                    self.peers.id()
+                ),
+            ));
         }
         f()
     }
 
     fn home_stats(&self) -> Vec<serde_json::Value> {
         let homes: Vec<Arc<Mutex<home::HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
-        homes.iter().filter_map(|h| h.try_lock().ok().map(|g| g.stats())).collect()
+        homes
+            .iter()
+            .filter_map(|h| h.try_lock().ok().map(|g| g.stats()))
+            .collect()
     }
 
     /// vRegions of the processes this mComponent is home of that have fewer copies than the
@@ -330,11 +360,20 @@ impl<P: Peers> Mem<P> {
         let copies = self.replication().members();
         let homes: Vec<Arc<Mutex<home::HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
         // A process being rebuilt now counts as one short vRegion: its lock is the rebuild's.
-        homes.iter().map(|h| h.try_lock().map_or(1, |g| g.short_of(copies))).sum()
+        homes
+            .iter()
+            .map(|h| h.try_lock().map_or(1, |g| g.short_of(copies)))
+            .sum()
     }
 
     fn load(&self) -> Load {
-        Load { threads: 0, processes: self.homes.lock().unwrap().len() as u32, capacity: self.capacity, committed: self.room.taken(), used: self.room.used() }
+        Load {
+            threads: 0,
+            processes: self.homes.lock().unwrap().len() as u32,
+            capacity: self.capacity,
+            committed: self.room.taken(),
+            used: self.room.used(),
+        }
     }
 
     /// Refuses a request about process `pid` from a pComponent other than the one that created
@@ -346,11 +385,16 @@ impl<P: Peers> Mem<P> {
             Some(p) if p.role == Role::Proc && creator.is_some_and(|c| c != p.key) => {
                 self.c.denied.fetch_add(1, Relaxed);
                 metrics::counter!("mcomp_denied_total").increment(1);
-                static NOT_YOURS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a request about a process another pComponent created");
+                static NOT_YOURS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new(
+                    "refused a request about a process another pComponent created",
+                );
                 if NOT_YOURS.log_this(p) {
                     tracing::warn!(pid, peer = %p, "refused a request about a process another pComponent created");
                 }
-                Err(ERR::new(ErrCode::Denied, format!("process {pid} runs on another pComponent")))
+                Err(ERR::new(
+                    ErrCode::Denied,
+                    format!("process {pid} runs on another pComponent"),
+                ))
             }
             _ => Ok(()),
         }
@@ -366,13 +410,20 @@ impl<P: Peers> Mem<P> {
         let name = msg.name();
         match self.handle(msg) {
             Msg::ERR(e) => Err(e),
-            m => R::Reply::try_from(m).map_err(|m| ERR::new(ErrCode::Internal, format!("{name} answered with {}", m.name()))),
+            m => R::Reply::try_from(m)
+                .map_err(|m| ERR::new(ErrCode::Internal, format!("{name} answered with {}", m.name()))),
         }
     }
 
     fn stats_json(&self) -> String {
         // Not holding the map while locking each process: a fork locks a process, then the map.
-        let owned: Vec<(u64, Arc<Mutex<owner::OwnerProc>>)> = self.owned.lock().unwrap().iter().map(|(pid, p)| (*pid, p.clone())).collect();
+        let owned: Vec<(u64, Arc<Mutex<owner::OwnerProc>>)> = self
+            .owned
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(pid, p)| (*pid, p.clone()))
+            .collect();
         let per_proc: Vec<_> = owned
             .iter()
             .map(|(pid, p)| {
@@ -439,8 +490,13 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::P2M_HOME_TAKEOVER(r) => on(r, |r| self.home_takeover(r)),
             Msg::P2M_FETCH(r) => on(r, |r| self.fetch(r)),
             Msg::P2M_PROBE_LINK(r) => on(r, |r| match r.bytes {
-                b if b > MAX_PROBE => Err(ERR::new(ErrCode::Invalid, format!("a link probe of {b} bytes: at most {MAX_PROBE}"))),
-                b => Ok(M2P_PROBED { payload: serde_bytes::ByteBuf::from(vec![0; b as usize]) }),
+                b if b > MAX_PROBE => Err(ERR::new(
+                    ErrCode::Invalid,
+                    format!("a link probe of {b} bytes: at most {MAX_PROBE}"),
+                )),
+                b => Ok(M2P_PROBED {
+                    payload: serde_bytes::ByteBuf::from(vec![0; b as usize]),
+                }),
             }),
             Msg::C2M_DEBUG_FLIP(r) => on(r, |r| self.debug_flip(r)),
             Msg::P2M_FLUSH(r) => on(r, |r| self.flush(r)),
@@ -476,15 +532,47 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::P2M_NETBUF_FREE(r) => on(r, |r| self.netbuf_free(r)),
             Msg::P2M_NETBUF_WRITE(r) => on(r, |r| self.netbuf_write(r.buf, None, r.offset, &r.data)),
             Msg::N2M_NETBUF_WRITE(r) => on(r, |r| self.netbuf_write(r.buf, Some(r.owner), r.offset, &r.data)),
-            Msg::P2M_NETBUF_READ(r) => on(r, |r| Ok(M2P_NETBUF_DATA { data: self.netbuf_read(r.buf, None, r.offset, r.len)? })),
-            Msg::N2M_NETBUF_READ(r) => on(r, |r| Ok(M2N_NETBUF_DATA { data: self.netbuf_read(r.buf, Some(r.owner), r.offset, r.len)? })),
-            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Mem, id: self.peers.id() })),
-            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::G2X_STATS(r) => on(r, |_| Ok(X2G_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
-            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
+            Msg::P2M_NETBUF_READ(r) => on(r, |r| {
+                Ok(M2P_NETBUF_DATA {
+                    data: self.netbuf_read(r.buf, None, r.offset, r.len)?,
+                })
+            }),
+            Msg::N2M_NETBUF_READ(r) => on(r, |r| {
+                Ok(M2N_NETBUF_DATA {
+                    data: self.netbuf_read(r.buf, Some(r.owner), r.offset, r.len)?,
+                })
+            }),
+            Msg::C2X_PING(r) => on(r, |_| {
+                Ok(X2C_PONG {
+                    role: Role::Mem,
+                    id: self.peers.id(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| {
+                Ok(X2C_STATS {
+                    json: self.stats_json(),
+                })
+            }),
+            Msg::G2X_STATS(r) => on(r, |_| {
+                Ok(X2G_STATS {
+                    json: self.stats_json(),
+                })
+            }),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
+            Msg::G2X_METRICS(r) => on(r, |_| {
+                Ok(X2G_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an mComponent does not handle {}", other.name()))),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("an mComponent does not handle {}", other.name()),
+            )),
         };
         if let Msg::ERR(e) = &reply {
             tracing::debug!(request = name, code = ?e.code, msg = %e.msg, "request refused");
@@ -513,7 +601,12 @@ impl<P: Peers> Handler for Mem<P> {
             return true;
         }
         // A file request that misses the buffer cache waits on the sComponent's disk.
-        if self.on_loops && matches!(msg, Msg::P2M_FILE_READ(_) | Msg::P2M_FILE_WRITE(_) | Msg::P2M_FILE_STAT(_) | Msg::P2M_FILE_FORGET(_)) {
+        if self.on_loops
+            && matches!(
+                msg,
+                Msg::P2M_FILE_READ(_) | Msg::P2M_FILE_WRITE(_) | Msg::P2M_FILE_STAT(_) | Msg::P2M_FILE_FORGET(_)
+            )
+        {
             return true;
         }
         matches!(
@@ -561,9 +654,19 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "cannot serve one-sided access: the pages of this host's processes go by message");
         }
     }
-    endpoint.serve(mem.clone(), ServerConfig { name: "mcomp".into(), workers: cfg.workers, fanout_workers: 2, serving: cfg.serving.clone() });
+    endpoint.serve(
+        mem.clone(),
+        ServerConfig {
+            name: "mcomp".into(),
+            workers: cfg.workers,
+            fanout_workers: 2,
+            serving: cfg.serving.clone(),
+        },
+    );
     node.standby.store(cfg.standby, Relaxed);
-    let reg = node.register(None, mem.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
+    let reg = node
+        .register(None, mem.load())
+        .map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     mem.vregion_size.store(reg.vregion_size, Relaxed);
     *mem.replication.lock().unwrap() = reg.replication;
     *mem.overcommit.lock().unwrap() = reg.overcommit;
@@ -600,7 +703,10 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
         })
         .expect("spawn the rebuilder");
     let m5 = mem.clone();
-    std::thread::Builder::new().name("log-stream".into()).spawn(move || m5.stream_logs()).expect("spawn the log streamer");
+    std::thread::Builder::new()
+        .name("log-stream".into())
+        .spawn(move || m5.stream_logs())
+        .expect("spawn the log streamer");
     tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "mcomponent", metrics = ?node.metrics, replication = %reg.replication, overcommit = reg.overcommit.name(), capacity = cfg.capacity.0, buffer_cache = cfg.bcache.0, readahead = cfg.readahead.0, backup_log = cfg.backup_log.0, workers = cfg.workers, serving = %cfg.serving.kind, "splitos memory monitor started");
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     crate::node::park_forever()

@@ -71,7 +71,13 @@ impl<P: Peers> Mem<P> {
         self.commit(NO_VNODE, r.bytes as u64)?;
         let buf = splitos_rpc::auth::random_u64();
         let owner = current_peer().map(|p| p.key);
-        self.netbufs.bufs.lock().unwrap().insert(buf, NetBuf { owner, data: vec![0; r.bytes as usize] });
+        self.netbufs.bufs.lock().unwrap().insert(
+            buf,
+            NetBuf {
+                owner,
+                data: vec![0; r.bytes as usize],
+            },
+        );
         self.room.add_pages(NO_VNODE, r.bytes as u64);
         metrics::gauge!("mcomp_netbufs").increment(1.0);
         Ok(M2P_NETBUF { buf })
@@ -79,7 +85,12 @@ impl<P: Peers> Mem<P> {
 
     /// Runs `f` on buffer `buf` if the sender may use it: the pComponent that allocated it,
     /// or an nComponent acting for that pComponent's socket (`for_pcomp`).
-    fn with_netbuf<T>(&self, buf: u64, for_pcomp: Option<[u8; 32]>, f: impl FnOnce(&mut Vec<u8>) -> Result<T, Refusal>) -> Result<T, Refusal> {
+    fn with_netbuf<T>(
+        &self,
+        buf: u64,
+        for_pcomp: Option<[u8; 32]>,
+        f: impl FnOnce(&mut Vec<u8>) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
         let mut bufs = self.netbufs.bufs.lock().unwrap();
         let b = bufs.get_mut(&buf).ok_or_else(|| unknown(buf))?;
         let asker = match current_peer() {
@@ -97,7 +108,11 @@ impl<P: Peers> Mem<P> {
     /// Frees the buffers of pComponents known to be gone.
     pub(super) fn netbufs_of_lost(&self, lost: &[LostPcomp]) {
         let mut bufs = self.netbufs.bufs.lock().unwrap();
-        let gone: Vec<u64> = bufs.iter().filter(|(_, b)| lost.iter().any(|l| Some(l.key) == b.owner)).map(|(id, _)| *id).collect();
+        let gone: Vec<u64> = bufs
+            .iter()
+            .filter(|(_, b)| lost.iter().any(|l| Some(l.key) == b.owner))
+            .map(|(id, _)| *id)
+            .collect();
         for id in gone {
             if let Some(b) = bufs.remove(&id) {
                 self.release_netbuf(b.data.len() as u64);
@@ -108,7 +123,9 @@ impl<P: Peers> Mem<P> {
     pub(super) fn netbuf_free(&self, r: P2M_NETBUF_FREE) -> Result<OK, Refusal> {
         self.with_netbuf(r.buf, None, |_| Ok(()))?;
         // Looked up and removed in one step: a second free of the same buffer finds nothing.
-        let Some(b) = self.netbufs.bufs.lock().unwrap().remove(&r.buf) else { return Err(unknown(r.buf)) };
+        let Some(b) = self.netbufs.bufs.lock().unwrap().remove(&r.buf) else {
+            return Err(unknown(r.buf));
+        };
         self.release_netbuf(b.data.len() as u64);
         Ok(OK)
     }
@@ -119,21 +136,43 @@ impl<P: Peers> Mem<P> {
         metrics::gauge!("mcomp_netbufs").decrement(1.0);
     }
 
-    pub(super) fn netbuf_write(&self, buf: u64, for_pcomp: Option<[u8; 32]>, offset: u32, data: &[u8]) -> Result<OK, Refusal> {
+    pub(super) fn netbuf_write(
+        &self,
+        buf: u64,
+        for_pcomp: Option<[u8; 32]>,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<OK, Refusal> {
         self.with_netbuf(buf, for_pcomp, |d| {
             let at = span(d.len(), offset, data.len())?;
             d[at].copy_from_slice(data);
             Ok(OK)
         })?;
         let by_ncomp = current_peer().is_some_and(|p| p.role == Role::Net);
-        if by_ncomp { &self.netbufs.written_by_ncomps } else { &self.netbufs.written_by_pcomps }.fetch_add(data.len() as u64, Relaxed);
+        if by_ncomp {
+            &self.netbufs.written_by_ncomps
+        } else {
+            &self.netbufs.written_by_pcomps
+        }
+        .fetch_add(data.len() as u64, Relaxed);
         Ok(OK)
     }
 
-    pub(super) fn netbuf_read(&self, buf: u64, for_pcomp: Option<[u8; 32]>, offset: u32, len: u32) -> Result<ByteBuf, Refusal> {
+    pub(super) fn netbuf_read(
+        &self,
+        buf: u64,
+        for_pcomp: Option<[u8; 32]>,
+        offset: u32,
+        len: u32,
+    ) -> Result<ByteBuf, Refusal> {
         let data = self.with_netbuf(buf, for_pcomp, |d| Ok(d[span(d.len(), offset, len as usize)?].to_vec()))?;
         let by_ncomp = current_peer().is_some_and(|p| p.role == Role::Net);
-        if by_ncomp { &self.netbufs.read_by_ncomps } else { &self.netbufs.read_by_pcomps }.fetch_add(data.len() as u64, Relaxed);
+        if by_ncomp {
+            &self.netbufs.read_by_ncomps
+        } else {
+            &self.netbufs.read_by_pcomps
+        }
+        .fetch_add(data.len() as u64, Relaxed);
         Ok(ByteBuf::from(data))
     }
 }

@@ -39,7 +39,10 @@ const PROT_WRITE: u32 = 2;
 /// A page to store must be sealed ([`SEALED_PAGE`] bytes); its seal is the fetcher's to check.
 fn sealed_size(data: &[u8]) -> Result<(), Refusal> {
     if data.len() != SEALED_PAGE {
-        return Err(ERR::new(ErrCode::Invalid, format!("a sealed page is {SEALED_PAGE} bytes, got {}", data.len())));
+        return Err(ERR::new(
+            ErrCode::Invalid,
+            format!("a sealed page is {SEALED_PAGE} bytes, got {}", data.len()),
+        ));
     }
     Ok(())
 }
@@ -124,7 +127,11 @@ impl OwnerProc {
 
     /// The backup file of vRegion `index` of the process.
     pub fn file(&self, index: u64) -> LogFile {
-        LogFile { vnode: self.vnode.clone(), pid: self.pid, index }
+        LogFile {
+            vnode: self.vnode.clone(),
+            pid: self.pid,
+            index,
+        }
     }
 
     /// Pages and parity rows held: what the process takes of this mComponent's memory.
@@ -155,7 +162,12 @@ impl OwnerProc {
             xor_into(&mut d, new);
         }
         let undo = new.map(|_| old.is_none());
-        d.iter().any(|b| *b != 0).then(|| Delta { to, vpn, d: ByteBuf::from(d), undo })
+        d.iter().any(|b| *b != 0).then(|| Delta {
+            to,
+            vpn,
+            d: ByteBuf::from(d),
+            undo,
+        })
     }
 
     /// Undoes the stores of a write-back whose changes the parity refused.
@@ -178,13 +190,22 @@ impl OwnerProc {
     pub(super) fn current(&self, who: &Who) -> Result<(), Refusal> {
         if who.epoch < self.epoch {
             metrics::counter!("mcomp_stale_writes_refused_total").increment(1);
-            return Err(ERR::new(ErrCode::Stale, format!("process {} is at epoch {}, the write-back was sent for epoch {}", who.pid, self.epoch, who.epoch)));
+            return Err(ERR::new(
+                ErrCode::Stale,
+                format!(
+                    "process {} is at epoch {}, the write-back was sent for epoch {}",
+                    who.pid, self.epoch, who.epoch
+                ),
+            ));
         }
         Ok(())
     }
 
     fn page_in_vma(&self, vpn: u64) -> Result<(), Refusal> {
-        self.vmas.find(vpn * PAGE).map(|_| ()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is not mapped", vpn * PAGE)))
+        self.vmas
+            .find(vpn * PAGE)
+            .map(|_| ())
+            .ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is not mapped", vpn * PAGE)))
     }
 
     fn load_page(&self, vpn: u64, vrs: u64) -> Result<ByteBuf, Refusal> {
@@ -193,7 +214,13 @@ impl OwnerProc {
         // them and tries again (a page mapped nowhere still fails, after a few tries).
         self.page_in_vma(vpn).map_err(|e| ERR::new(ErrCode::Stale, e.msg))?;
         if let Some(idx) = self.logged(vpn, vrs) {
-            return Err(ERR::new(ErrCode::Stale, format!("this mComponent keeps the backup log of vRegion {idx} of process {}, not its pages", self.pid)));
+            return Err(ERR::new(
+                ErrCode::Stale,
+                format!(
+                    "this mComponent keeps the backup log of vRegion {idx} of process {}, not its pages",
+                    self.pid
+                ),
+            ));
         }
         Ok(match self.pages.get(vpn) {
             Some(pg) => ByteBuf::from(pg),
@@ -205,7 +232,12 @@ impl OwnerProc {
 impl<P: Peers> Mem<P> {
     pub(super) fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
         let p = self.owned.lock().unwrap().get(&who.pid).cloned();
-        let p = p.ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no memory on mComponent {}", who.pid, self.peers.id())))?;
+        let p = p.ok_or_else(|| {
+            ERR::new(
+                ErrCode::NotFound,
+                format!("process {} has no memory on mComponent {}", who.pid, self.peers.id()),
+            )
+        })?;
         let (vnode, creator) = {
             let g = p.lock().unwrap();
             (g.vnode.clone(), g.creator)
@@ -213,11 +245,15 @@ impl<P: Peers> Mem<P> {
         if vnode != who.vnode {
             self.c.denied.fetch_add(1, Relaxed);
             metrics::counter!("mcomp_denied_total").increment(1);
-            static THEIRS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a request for another vNode's pages");
+            static THEIRS: splitos_rpc::refusals::Refusals =
+                splitos_rpc::refusals::Refusals::new("refused a request for another vNode's pages");
             if THEIRS.log_this(format_args!("vNode {}", who.vnode)) {
                 tracing::warn!(pid = who.pid, owner_vnode = %vnode, asked_by = %who.vnode, "refused a request for another vNode's pages");
             }
-            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", who.pid)));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} belongs to another vNode", who.pid),
+            ));
         }
         self.may_act(who.pid, creator)?;
         Ok(p)
@@ -226,8 +262,27 @@ impl<P: Peers> Mem<P> {
     /// The owner state of a process its home names (made if new here), moved to the home's
     /// epoch, with its vNode's `quota` kept for it; refused when the id is another vNode's or
     /// pComponent's process.
-    fn owner_from_home(&self, who: &Who, creator: Option<[u8; 32]>, quota: Option<u64>) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
-        let p = self.owned.lock().unwrap().entry(who.pid).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(who.pid, &who.vnode, creator, who.epoch, self.vrs())))).clone();
+    fn owner_from_home(
+        &self,
+        who: &Who,
+        creator: Option<[u8; 32]>,
+        quota: Option<u64>,
+    ) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+        let p = self
+            .owned
+            .lock()
+            .unwrap()
+            .entry(who.pid)
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(OwnerProc::new(
+                    who.pid,
+                    &who.vnode,
+                    creator,
+                    who.epoch,
+                    self.vrs(),
+                )))
+            })
+            .clone();
         let mut g = p.lock().unwrap();
         if g.vnode != who.vnode || g.creator != creator {
             self.c.denied.fetch_add(1, Relaxed);
@@ -257,7 +312,15 @@ impl<P: Peers> Mem<P> {
         if !self.room.commit(vnode, bytes) {
             self.c.oom.fetch_add(1, Relaxed);
             metrics::counter!("mcomp_out_of_memory_total").increment(1);
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is out of memory ({} of {} bytes taken, {bytes} more asked)", self.peers.id(), self.room.taken(), self.capacity)));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!(
+                    "mComponent {} is out of memory ({} of {} bytes taken, {bytes} more asked)",
+                    self.peers.id(),
+                    self.room.taken(),
+                    self.capacity
+                ),
+            ));
         }
         Ok(())
     }
@@ -270,11 +333,22 @@ impl<P: Peers> Mem<P> {
             let logged: Vec<u64> = p.logs.range(start / vrs..=(end - 1) / vrs).map(|(i, _)| *i).collect();
             for idx in logged {
                 let (s, e) = (start.max(idx * vrs), end.min((idx + 1) * vrs));
-                self.log_op(p, idx, LogRecord::Discard { start: s / PAGE, end: e / PAGE });
+                self.log_op(
+                    p,
+                    idx,
+                    LogRecord::Discard {
+                        start: s / PAGE,
+                        end: e / PAGE,
+                    },
+                );
             }
         }
         let vrs = self.vrs();
-        let deltas: Deltas = p.pages.keys(start / PAGE..end / PAGE).filter_map(|v| p.delta(v, None, vrs)).collect();
+        let deltas: Deltas = p
+            .pages
+            .keys(start / PAGE..end / PAGE)
+            .filter_map(|v| p.delta(v, None, vrs))
+            .collect();
         let n = p.pages.remove_range(start / PAGE..end / PAGE);
         self.room.free_pages(&p.vnode, n * PAGE);
         deltas
@@ -286,14 +360,20 @@ impl<P: Peers> Mem<P> {
         // One message per member and batch: a large munmap frees more pages than a frame holds.
         let mut by_member: Vec<(ComponentRef, Deltas)> = Vec::new();
         for x in deltas {
-            match by_member.iter_mut().find(|(m, v)| m.id == x.to.id && v.len() < PARITY_BATCH) {
+            match by_member
+                .iter_mut()
+                .find(|(m, v)| m.id == x.to.id && v.len() < PARITY_BATCH)
+            {
                 Some((_, v)) => v.push(x),
                 None => by_member.push((x.to.clone(), vec![x])),
             }
         }
         let mut out = Ok(());
         for (o, batch) in by_member {
-            let msg = M2M_PARITY { who: who.clone(), deltas: batch.iter().map(|x| (x.vpn, x.d.clone())).collect() };
+            let msg = M2M_PARITY {
+                who: who.clone(),
+                deltas: batch.iter().map(|x| (x.vpn, x.d.clone())).collect(),
+            };
             // On this thread's own channel: the parity member serves it on a receiving thread
             // no other request waits on, so two owners forwarding to each other never block.
             let sent = match o.id == self.peers.id() {
@@ -308,8 +388,18 @@ impl<P: Peers> Mem<P> {
                 }
                 Err(e) => {
                     tracing::warn!(pid = who.pid, parity = o.id, error = %e, "cannot forward page changes to the parity member");
-                    let code = if matches!(e.code, ErrCode::Unreachable | ErrCode::NotFound) { ErrCode::ParityLost } else { e.code };
-                    out = Err(ERR::new(code, format!("mComponent {} at {}, the parity member, did not take the pages' changes: {}", o.id, o.addr, e.msg)));
+                    let code = if matches!(e.code, ErrCode::Unreachable | ErrCode::NotFound) {
+                        ErrCode::ParityLost
+                    } else {
+                        e.code
+                    };
+                    out = Err(ERR::new(
+                        code,
+                        format!(
+                            "mComponent {} at {}, the parity member, did not take the pages' changes: {}",
+                            o.id, o.addr, e.msg
+                        ),
+                    ));
                 }
             }
         }
@@ -319,7 +409,13 @@ impl<P: Peers> Mem<P> {
 
     /// Releases `g` and forwards `deltas`; a request that stored or freed pages of striped
     /// sets is answered only after this.
-    fn release_and_forward(&self, p: &Mutex<OwnerProc>, mut g: std::sync::MutexGuard<'_, OwnerProc>, who: &Who, deltas: Deltas) -> Result<(), Refusal> {
+    fn release_and_forward(
+        &self,
+        p: &Mutex<OwnerProc>,
+        mut g: std::sync::MutexGuard<'_, OwnerProc>,
+        who: &Who,
+        deltas: Deltas,
+    ) -> Result<(), Refusal> {
         if deltas.is_empty() {
             return Ok(());
         }
@@ -357,11 +453,21 @@ impl<P: Peers> Mem<P> {
         self.store_or_wait(p, vpn, data, deltas, None)
     }
 
-    fn store_or_wait(&self, p: &mut OwnerProc, vpn: u64, data: &[u8], deltas: &mut Deltas, wait: Option<std::time::Duration>) -> Result<(), Refusal> {
+    fn store_or_wait(
+        &self,
+        p: &mut OwnerProc,
+        vpn: u64,
+        data: &[u8],
+        deltas: &mut Deltas,
+        wait: Option<std::time::Duration>,
+    ) -> Result<(), Refusal> {
         sealed_size(data)?;
         p.page_in_vma(vpn)?;
         if let Some(idx) = p.logged(vpn, self.vrs()) {
-            let record = LogRecord::Page { vpn, data: ByteBuf::from(data.to_vec()) };
+            let record = LogRecord::Page {
+                vpn,
+                data: ByteBuf::from(data.to_vec()),
+            };
             let Some(wait) = wait else {
                 self.log_op(p, idx, record);
                 return Ok(());
@@ -370,8 +476,17 @@ impl<P: Peers> Mem<P> {
             // whole only once a copy got through.
             let file = p.file(idx);
             let l = &p.logs[&idx];
-            if !self.backup_log.push(&l.scomp, file, l.epoch, Op::Record(record), Some(wait)) {
-                return Err(ERR::new(ErrCode::Unreachable, format!("the backup log of vRegion {idx} has had no room for {} s: its sComponent does not take it", wait.as_secs())));
+            if !self
+                .backup_log
+                .push(&l.scomp, file, l.epoch, Op::Record(record), Some(wait))
+            {
+                return Err(ERR::new(
+                    ErrCode::Unreachable,
+                    format!(
+                        "the backup log of vRegion {idx} has had no room for {} s: its sComponent does not take it",
+                        wait.as_secs()
+                    ),
+                ));
             }
             return Ok(());
         }
@@ -383,7 +498,15 @@ impl<P: Peers> Mem<P> {
             if !self.room.take_pages(&p.vnode, PAGE) {
                 self.c.oom.fetch_add(1, Relaxed);
                 metrics::counter!("mcomp_full_writes_total").increment(1);
-                return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} is full ({} of {} bytes hold pages or are kept for vNodes' quotas)", self.peers.id(), self.room.taken(), self.capacity)));
+                return Err(ERR::new(
+                    ErrCode::NoMemory,
+                    format!(
+                        "mComponent {} is full ({} of {} bytes hold pages or are kept for vNodes' quotas)",
+                        self.peers.id(),
+                        self.room.taken(),
+                        self.capacity
+                    ),
+                ));
             }
         } else if new {
             self.room.add_pages(&p.vnode, PAGE);
@@ -402,10 +525,24 @@ impl<P: Peers> Mem<P> {
     pub(super) fn debug_flip(&self, r: C2M_DEBUG_FLIP) -> Result<M2C_FLIPPED, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
-        let vpn = g.pages.keys(r.from_vpn..u64::MAX).next().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {} has no page at or after {:#x} here", r.who.pid, r.from_vpn * PAGE)))?;
+        let vpn = g.pages.keys(r.from_vpn..u64::MAX).next().ok_or_else(|| {
+            ERR::new(
+                ErrCode::NotFound,
+                format!(
+                    "process {} has no page at or after {:#x} here",
+                    r.who.pid,
+                    r.from_vpn * PAGE
+                ),
+            )
+        })?;
         let bit = r.bit as usize % (PAGE_SIZE * 8);
         g.pages.modify(vpn, |page| page[bit / 8] ^= 1 << (bit % 8));
-        tracing::warn!(pid = r.who.pid, vpn, bit, "flipped a bit of a stored page (fault injection)");
+        tracing::warn!(
+            pid = r.who.pid,
+            vpn,
+            bit,
+            "flipped a bit of a stored page (fault injection)"
+        );
         Ok(M2C_FLIPPED { vpn })
     }
 
@@ -458,14 +595,21 @@ impl<P: Peers> Mem<P> {
         for (who, vpn, data) in &r.flushes {
             self.store_piggybacked(who, *vpn, data)?;
         }
-        self.fetch_many(P2M_FETCH_MANY { who: r.who, vpns: r.vpns })
+        self.fetch_many(P2M_FETCH_MANY {
+            who: r.who,
+            vpns: r.vpns,
+        })
     }
 
     pub(super) fn fetch_many(&self, r: P2M_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let g = p.lock().unwrap();
         let vrs = self.vrs();
-        let pages = r.vpns.iter().map(|v| g.load_page(*v, vrs)).collect::<Result<Vec<_>, _>>()?;
+        let pages = r
+            .vpns
+            .iter()
+            .map(|v| g.load_page(*v, vrs))
+            .collect::<Result<Vec<_>, _>>()?;
         self.c.fetches.fetch_add(pages.len() as u64, Relaxed);
         Ok(M2P_PAGES { pages })
     }
@@ -480,7 +624,10 @@ impl<P: Peers> Mem<P> {
             g.page_in_vma(*vpn)?;
         }
         let mut deltas = Deltas::new();
-        let stored = r.pages.iter().try_for_each(|(vpn, data)| self.store(&mut g, *vpn, data, &mut deltas));
+        let stored = r
+            .pages
+            .iter()
+            .try_for_each(|(vpn, data)| self.store(&mut g, *vpn, data, &mut deltas));
         self.c.flushes.fetch_add(r.pages.len() as u64, Relaxed);
         // What was stored before a refusal has changed: its parity must follow.
         self.release_and_forward(&p, g, &r.who, deltas)?;
@@ -488,7 +635,14 @@ impl<P: Peers> Mem<P> {
     }
 
     pub(super) fn vma_add(&self, r: M2M_VMA_ADD) -> Result<OK, Refusal> {
-        let M2M_VMA_ADD { who, start, end, prot, creator, quota } = r;
+        let M2M_VMA_ADD {
+            who,
+            start,
+            end,
+            prot,
+            creator,
+            quota,
+        } = r;
         let accounted = prot & PROT_WRITE != 0 && self.charges_mappings();
         if accounted {
             self.commit(&who.vnode, end - start)?;
@@ -537,7 +691,14 @@ impl<P: Peers> Mem<P> {
             g.committed += need;
         }
         for (s, v) in parts {
-            g.vmas.set(s, Vma { prot: r.prot, accounted: v.accounted || writable, ..v });
+            g.vmas.set(
+                s,
+                Vma {
+                    prot: r.prot,
+                    accounted: v.accounted || writable,
+                    ..v
+                },
+            );
         }
         Ok(OK)
     }
@@ -586,19 +747,40 @@ impl<P: Peers> Mem<P> {
                 let pages = self.read_backup(&l.scomp, &file)?;
                 let mut it = pages.range(r.from / PAGE..r.end / PAGE);
                 let out = it.by_ref().take(max).map(|(v, d)| (*v, d.clone())).collect();
-                return Ok(M2M_PAGES { pages: out, more: it.next().is_some() });
+                return Ok(M2M_PAGES {
+                    pages: out,
+                    more: it.next().is_some(),
+                });
             }
             if g.logs.range(r.from / vrs..=(r.end - 1) / vrs).next().is_some() {
-                return Err(ERR::new(ErrCode::Invalid, format!("{:#x}..{:#x} spans vRegions this mComponent keeps backup logs of", r.from, r.end)));
+                return Err(ERR::new(
+                    ErrCode::Invalid,
+                    format!(
+                        "{:#x}..{:#x} spans vRegions this mComponent keeps backup logs of",
+                        r.from, r.end
+                    ),
+                ));
             }
         }
         let range = r.from / PAGE..r.end / PAGE;
         let (pages, more) = if r.parity {
             let mut it = g.parity.range(range);
-            (it.by_ref().take(max).map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec()))).collect(), it.next().is_some())
+            (
+                it.by_ref()
+                    .take(max)
+                    .map(|(v, pg)| (*v, ByteBuf::from(pg.to_vec())))
+                    .collect(),
+                it.next().is_some(),
+            )
         } else {
             let mut it = g.pages.keys(range);
-            (it.by_ref().take(max).filter_map(|v| Some((v, ByteBuf::from(g.pages.get(v)?)))).collect(), it.next().is_some())
+            (
+                it.by_ref()
+                    .take(max)
+                    .filter_map(|v| Some((v, ByteBuf::from(g.pages.get(v)?))))
+                    .collect(),
+                it.next().is_some(),
+            )
         };
         Ok(M2M_PAGES { pages, more })
     }
@@ -629,18 +811,39 @@ impl<P: Peers> Mem<P> {
     /// `M2M_SET`: a striped or logged set of the process, from its home (made, or changed by
     /// a rebuild).
     pub(super) fn member_set(&self, r: M2M_SET) -> Result<OK, Refusal> {
-        let M2M_SET { who, set, creator, home, log } = r;
+        let M2M_SET {
+            who,
+            set,
+            creator,
+            home,
+            log,
+        } = r;
         if set.data > 0 && set.owners.len() != set.data as usize + 1 {
-            return Err(ERR::new(ErrCode::Invalid, format!("a striped set of {} data members has {} members", set.data, set.owners.len())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "a striped set of {} data members has {} members",
+                    set.data,
+                    set.owners.len()
+                ),
+            ));
         }
         if set.log.is_some() && (set.data > 0 || set.owners.is_empty() || set.owners.len() > 2) {
-            return Err(ERR::new(ErrCode::Invalid, format!("a logged set has a primary and a logger, not {} members", set.owners.len())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "a logged set has a primary and a logger, not {} members",
+                    set.owners.len()
+                ),
+            ));
         }
         if set.log.is_some() {
             return self.set_logged(who, set, creator, home, log);
         }
         if set.data > 0 {
-            Replication::Ec { data: set.data }.check_vregion_size(self.vrs()).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+            Replication::Ec { data: set.data }
+                .check_vregion_size(self.vrs())
+                .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         }
         let p = self.owner_from_home(&who, creator, None)?;
         let mut g = p.lock().unwrap();
@@ -652,7 +855,11 @@ impl<P: Peers> Mem<P> {
             // the parity must see, and its parity rows there are another member's now.
             let vrs = self.vrs();
             g.sets.remove(&set.index);
-            let rows: Vec<u64> = g.parity.range(set.index * vrs / PAGE..(set.index + 1) * vrs / PAGE).map(|(r, _)| *r).collect();
+            let rows: Vec<u64> = g
+                .parity
+                .range(set.index * vrs / PAGE..(set.index + 1) * vrs / PAGE)
+                .map(|(r, _)| *r)
+                .collect();
             for r in &rows {
                 g.parity.remove(r);
             }
@@ -664,7 +871,14 @@ impl<P: Peers> Mem<P> {
     /// A logged set: this mComponent becomes its logger, stays it (its backup restarted or
     /// made whole as `step` says), is made its primary (replaying its backup into pages
     /// first when `step` is `Replay`; otherwise a copy follows), or leaves it.
-    fn set_logged(&self, who: Who, set: VregionReplicas, creator: Option<[u8; 32]>, home: ComponentRef, step: LogStep) -> Result<OK, Refusal> {
+    fn set_logged(
+        &self,
+        who: Who,
+        set: VregionReplicas,
+        creator: Option<[u8; 32]>,
+        home: ComponentRef,
+        step: LogStep,
+    ) -> Result<OK, Refusal> {
         let p = self.owner_from_home(&who, creator, None)?;
         let mut g = p.lock().unwrap();
         g.pages.revoke();
@@ -675,7 +889,14 @@ impl<P: Peers> Mem<P> {
             let file = g.file(idx);
             // Named logger without a restart: it has no backup of what came before, and asks
             // for a copy.
-            let l = g.logs.entry(idx).or_insert_with(|| Logged { scomp: scomp.clone(), home: home.clone(), epoch: set.epoch, skipped: 0, whole: false, asked: None });
+            let l = g.logs.entry(idx).or_insert_with(|| Logged {
+                scomp: scomp.clone(),
+                home: home.clone(),
+                epoch: set.epoch,
+                skipped: 0,
+                whole: false,
+                asked: None,
+            });
             l.scomp = scomp;
             l.home = home;
             // An older set (a home that took over from an older state) does not take its
@@ -694,7 +915,12 @@ impl<P: Peers> Mem<P> {
             }
         } else if set.owners[0].id == me && step == LogStep::Replay && g.logs.contains_key(&idx) {
             let n = self.promote(&mut g, idx)?;
-            tracing::warn!(pid = who.pid, vregion = idx, pages = n, "primary of a vRegion lost: replayed its backup file and log, and serve it now");
+            tracing::warn!(
+                pid = who.pid,
+                vregion = idx,
+                pages = n,
+                "primary of a vRegion lost: replayed its backup file and log, and serve it now"
+            );
         } else {
             g.logs.remove(&idx);
         }
@@ -722,14 +948,24 @@ impl<P: Peers> Mem<P> {
             ));
         }
         let vrs = self.vrs();
-        let pages: Vec<(u64, ByteBuf)> = self.read_backup(&l.scomp, &g.file(idx))?.into_iter().filter(|(v, _)| *v * PAGE / vrs == idx).collect();
+        let pages: Vec<(u64, ByteBuf)> = self
+            .read_backup(&l.scomp, &g.file(idx))?
+            .into_iter()
+            .filter(|(v, _)| *v * PAGE / vrs == idx)
+            .collect();
         pages.iter().try_for_each(|(_, d)| sealed_size(d))?;
         let n = pages.len() as u64;
         // Heuristic overcommit charges the pages at once (a logger holds none of the vRegion).
         let charged = !self.charges_mappings();
         if charged && !self.room.take_pages(&g.vnode, n * PAGE) {
             self.c.oom.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of", self.peers.id())));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!(
+                    "mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of",
+                    self.peers.id()
+                ),
+            ));
         }
         g.logs.remove(&idx);
         let mut held = 0;
@@ -758,7 +994,12 @@ impl<P: Peers> Mem<P> {
         let vrs = self.vrs();
         for (vpn, d) in &r.deltas {
             sealed_size(d)?;
-            let row = g.striped(*vpn, vrs).map(|s| s.row(*vpn)).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is in no striped set here", vpn * PAGE)))?;
+            let row = g.striped(*vpn, vrs).map(|s| s.row(*vpn)).ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Invalid,
+                    format!("page {:#x} is in no striped set here", vpn * PAGE),
+                )
+            })?;
             let zero = {
                 let parity = g.parity.entry(row).or_insert_with(|| {
                     self.room.add_pages(&r.who.vnode, PAGE);
@@ -778,7 +1019,12 @@ impl<P: Peers> Mem<P> {
     }
 
     pub(super) fn owner_fork(&self, r: M2M_FORK) -> Result<OK, Refusal> {
-        let M2M_FORK { parent, child, start, end } = r;
+        let M2M_FORK {
+            parent,
+            child,
+            start,
+            end,
+        } = r;
         let p = self.owner_proc(&parent)?;
         let g = p.lock().unwrap();
         g.pages.revoke();
@@ -788,12 +1034,39 @@ impl<P: Peers> Mem<P> {
             need += if v.accounted { v.end - s } else { 0 };
             vmas.insert(s, v);
         }
-        let pages: Vec<(u64, Vec<u8>)> = g.pages.keys(start / PAGE..end / PAGE).filter_map(|v| Some((v, g.pages.get(v)?))).collect();
-        let parity: BTreeMap<u64, Page> = g.parity.range(start / PAGE..end / PAGE).map(|(k, v)| (*k, v.clone())).collect();
-        let sets: Vec<VregionReplicas> = g.sets.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(_, s)| s.clone()).collect();
-        let logs: Vec<(u64, Logged)> = g.logs.range(start / self.vrs()..end.div_ceil(self.vrs())).map(|(i, l)| (*i, l.clone())).collect();
+        let pages: Vec<(u64, Vec<u8>)> = g
+            .pages
+            .keys(start / PAGE..end / PAGE)
+            .filter_map(|v| Some((v, g.pages.get(v)?)))
+            .collect();
+        let parity: BTreeMap<u64, Page> = g
+            .parity
+            .range(start / PAGE..end / PAGE)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        let sets: Vec<VregionReplicas> = g
+            .sets
+            .range(start / self.vrs()..end.div_ceil(self.vrs()))
+            .map(|(_, s)| s.clone())
+            .collect();
+        let logs: Vec<(u64, Logged)> = g
+            .logs
+            .range(start / self.vrs()..end.div_ceil(self.vrs()))
+            .map(|(i, l)| (*i, l.clone()))
+            .collect();
         let mut owned = self.owned.lock().unwrap();
-        let cp = owned.entry(child).or_insert_with(|| Arc::new(Mutex::new(OwnerProc::new(child, &parent.vnode, g.creator, g.epoch, self.vrs())))).clone();
+        let cp = owned
+            .entry(child)
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(OwnerProc::new(
+                    child,
+                    &parent.vnode,
+                    g.creator,
+                    g.epoch,
+                    self.vrs(),
+                )))
+            })
+            .clone();
         let mut c = cp.lock().unwrap();
         // The child's vRegions arrive one message each; a child id that names another
         // process (of another vNode or pComponent) is not merged into.
@@ -807,7 +1080,8 @@ impl<P: Peers> Mem<P> {
             }
             return Err(e);
         }
-        self.room.add_pages(&parent.vnode, (pages.len() + parity.len()) as u64 * PAGE);
+        self.room
+            .add_pages(&parent.vnode, (pages.len() + parity.len()) as u64 * PAGE);
         if let (None, Some(q)) = (c.quota, g.quota) {
             c.quota = Some(q);
             self.room.hold(&c.vnode, q);
@@ -822,7 +1096,8 @@ impl<P: Peers> Mem<P> {
         c.sets.extend(sets.into_iter().map(|s| (s.index, s)));
         for (idx, l) in logs {
             // In the log's order: the child's backup is the parent's as of the fork.
-            self.backup_log.push(&l.scomp, c.file(idx), l.epoch, Op::CopyFrom(g.file(idx)), None);
+            self.backup_log
+                .push(&l.scomp, c.file(idx), l.epoch, Op::CopyFrom(g.file(idx)), None);
             c.logs.insert(idx, Logged { asked: None, ..l });
         }
         c.committed += need;
@@ -839,7 +1114,8 @@ impl<P: Peers> Mem<P> {
             for l in g.logs.values() {
                 if !scomps.contains(&l.scomp.id) {
                     scomps.push(l.scomp.id);
-                    self.backup_log.push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
+                    self.backup_log
+                        .push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
                 }
             }
             self.let_go(&g);

@@ -19,7 +19,11 @@ pub(super) struct Pages {
 
 impl Pages {
     pub fn new(vregion_size: u64) -> Pages {
-        Pages { per_vregion: (vregion_size / splitos_rpc::PAGE_SIZE as u64).max(1), segments: BTreeMap::new(), index: BTreeSet::new() }
+        Pages {
+            per_vregion: (vregion_size / splitos_rpc::PAGE_SIZE as u64).max(1),
+            segments: BTreeMap::new(),
+            index: BTreeSet::new(),
+        }
     }
 
     fn at(&self, vpn: u64) -> (u64, u64) {
@@ -48,7 +52,10 @@ impl Pages {
         if let Some((id, s)) = self.segments.get(&idx) {
             return Ok((*id, s.clone()));
         }
-        let s = Arc::new(Segment::create(self.per_vregion).map_err(|e| ERR::new(ErrCode::NoMemory, format!("cannot make the memory of a vRegion: {e}")))?);
+        let s = Arc::new(
+            Segment::create(self.per_vregion)
+                .map_err(|e| ERR::new(ErrCode::NoMemory, format!("cannot make the memory of a vRegion: {e}")))?,
+        );
         let id = splitos_rpc::auth::random_u64();
         self.segments.insert(idx, (id, s.clone()));
         Ok((id, s))
@@ -86,10 +93,17 @@ impl Pages {
         for v in &held {
             self.index.remove(v);
         }
-        let idxs: Vec<u64> = self.segments.range(vpns.start / self.per_vregion..vpns.end.div_ceil(self.per_vregion)).map(|(i, _)| *i).collect();
+        let idxs: Vec<u64> = self
+            .segments
+            .range(vpns.start / self.per_vregion..vpns.end.div_ceil(self.per_vregion))
+            .map(|(i, _)| *i)
+            .collect();
         for idx in idxs {
             let base = idx * self.per_vregion;
-            let (from, to) = (vpns.start.max(base) - base, vpns.end.min(base + self.per_vregion) - base);
+            let (from, to) = (
+                vpns.start.max(base) - base,
+                vpns.end.min(base + self.per_vregion) - base,
+            );
             if from == 0 && to == self.per_vregion {
                 if let Some((_, s)) = self.segments.remove(&idx) {
                     release(&s);

@@ -38,11 +38,24 @@ impl Ledger {
         if let Some(q) = quota.filter(|q| v.used.saturating_add(more) > *q) {
             v.refused += 1;
             metrics::counter!("mcomp_vnode_memory_refused_total", "vnode" => vnode.to_string()).increment(1);
-            static OVER: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("refused a mapping past its vNode's memory quota");
+            static OVER: splitos_rpc::refusals::Refusals =
+                splitos_rpc::refusals::Refusals::new("refused a mapping past its vNode's memory quota");
             if OVER.log_this(format_args!("vNode {vnode}")) {
-                tracing::info!(vnode, used = v.used, quota = q, more, "refused a mapping past its vNode's memory quota");
+                tracing::info!(
+                    vnode,
+                    used = v.used,
+                    quota = q,
+                    more,
+                    "refused a mapping past its vNode's memory quota"
+                );
             }
-            return Err(ERR::new(ErrCode::NoMemory, format!("vNode {vnode} is at its memory quota: {} of {q} bytes mapped writable, {more} more asked", v.used)));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!(
+                    "vNode {vnode} is at its memory quota: {} of {q} bytes mapped writable, {more} more asked",
+                    v.used
+                ),
+            ));
         }
         v.used += more;
         Ok(())
@@ -60,7 +73,15 @@ impl Ledger {
     /// Per vNode: `used`, `quota` and `refused`, as `cluster status --json` shows them.
     pub(super) fn stats(&self) -> serde_json::Value {
         let all = self.vnodes.lock().unwrap();
-        all.iter().map(|(name, v)| (name.clone(), serde_json::json!({"used": v.used, "quota": v.quota, "refused": v.refused}))).collect::<serde_json::Map<_, _>>().into()
+        all.iter()
+            .map(|(name, v)| {
+                (
+                    name.clone(),
+                    serde_json::json!({"used": v.used, "quota": v.quota, "refused": v.refused}),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 
     /// Sets the quota gauges the metrics export.
@@ -91,6 +112,13 @@ mod tests {
         l.settle("a", 0, 60, 0);
         l.reserve("a", Some(100), 100).unwrap();
         let s = l.stats();
-        assert_eq!((s["a"]["used"].as_u64(), s["a"]["quota"].as_u64(), s["a"]["refused"].as_u64()), (Some(100), Some(100), Some(1)));
+        assert_eq!(
+            (
+                s["a"]["used"].as_u64(),
+                s["a"]["quota"].as_u64(),
+                s["a"]["refused"].as_u64()
+            ),
+            (Some(100), Some(100), Some(1))
+        );
     }
 }

@@ -59,7 +59,10 @@ enum Grow {
 
 impl Room {
     pub fn new(capacity: u64) -> Room {
-        Room { capacity, inner: Mutex::new(Inner::default()) }
+        Room {
+            capacity,
+            inner: Mutex::new(Inner::default()),
+        }
     }
 
     /// Applies `f` to `vnode`'s share and keeps the sums.
@@ -111,7 +114,9 @@ impl Room {
     }
 
     pub fn free_pages(&self, vnode: &str, bytes: u64) {
-        Room::change(&mut self.inner.lock().unwrap(), vnode, |s| s.pages = s.pages.saturating_sub(bytes));
+        Room::change(&mut self.inner.lock().unwrap(), vnode, |s| {
+            s.pages = s.pages.saturating_sub(bytes)
+        });
     }
 
     /// A promise of `bytes` to a writable mapping of `vnode` (strict overcommit), if it fits.
@@ -120,7 +125,9 @@ impl Room {
     }
 
     pub fn uncommit(&self, vnode: &str, bytes: u64) {
-        Room::change(&mut self.inner.lock().unwrap(), vnode, |s| s.committed = s.committed.saturating_sub(bytes));
+        Room::change(&mut self.inner.lock().unwrap(), vnode, |s| {
+            s.committed = s.committed.saturating_sub(bytes)
+        });
     }
 
     /// This mComponent holds one more process of `vnode`, whose quota is `quota`: that much is
@@ -146,7 +153,12 @@ impl Room {
     /// kept from now on, and no other's any more.
     pub fn keep_homes(&self, keep: &[(String, u64)]) {
         let mut inner = self.inner.lock().unwrap();
-        let gone: Vec<String> = inner.vnodes.iter().filter(|(v, s)| s.home > 0 && !keep.iter().any(|(k, _)| k == *v)).map(|(v, _)| v.clone()).collect();
+        let gone: Vec<String> = inner
+            .vnodes
+            .iter()
+            .filter(|(v, s)| s.home > 0 && !keep.iter().any(|(k, _)| k == *v))
+            .map(|(v, _)| v.clone())
+            .collect();
         for v in gone {
             Room::change(&mut inner, &v, |s| s.home = 0);
         }
@@ -173,7 +185,18 @@ impl Room {
     /// Per vNode with room kept for it: how much, and how much of it its pages use.
     pub fn stats(&self) -> serde_json::Value {
         let inner = self.inner.lock().unwrap();
-        inner.vnodes.iter().filter(|(_, s)| s.kept() > 0).map(|(v, s)| (v.clone(), serde_json::json!({"kept": s.kept(), "pages": s.pages, "committed": s.committed}))).collect::<serde_json::Map<_, _>>().into()
+        inner
+            .vnodes
+            .iter()
+            .filter(|(_, s)| s.kept() > 0)
+            .map(|(v, s)| {
+                (
+                    v.clone(),
+                    serde_json::json!({"kept": s.kept(), "pages": s.pages, "committed": s.committed}),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 }
 

@@ -104,7 +104,11 @@ impl BackupFiles {
                 let f = files.get(&r.file).ok_or_else(|| Refusal::errno(libc::ENOENT))?;
                 let from = (r.offset as usize).min(f.1.len());
                 let next = (from + r.max.min(64) as usize).min(f.1.len());
-                Ok(S2M_LOG { records: f.1[from..next].to_vec(), next: next as u64, more: next < f.1.len() })
+                Ok(S2M_LOG {
+                    records: f.1[from..next].to_vec(),
+                    next: next as u64,
+                    more: next < f.1.len(),
+                })
             }),
             Msg::M2S_LOG_COPY(r) => on(r, |r| {
                 let from = files.get(&r.from).map(|f| f.1.clone()).unwrap_or_default();
@@ -119,13 +123,24 @@ impl BackupFiles {
                 files.retain(|f, _| f.vnode != r.vnode || f.pid != r.pid);
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("the test sComponent does not handle {}", other.name()))),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("the test sComponent does not handle {}", other.name()),
+            )),
         }
     }
 
     fn pages(&self, file: &LogFile) -> BTreeMap<u64, ByteBuf> {
         let mut pages = BTreeMap::new();
-        replay_log(self.0.lock().unwrap().get(file).map(|f| f.1.clone()).unwrap_or_default(), &mut pages);
+        replay_log(
+            self.0
+                .lock()
+                .unwrap()
+                .get(file)
+                .map(|f| f.1.clone())
+                .unwrap_or_default(),
+            &mut pages,
+        );
         pages
     }
 }
@@ -153,21 +168,35 @@ impl Net {
     fn deliver(&self, from: u32, to_addr: &str, msg: Msg, how: How) -> Result<Msg, RpcError> {
         let to = id_of(to_addr);
         let name = msg.name();
-        self.calls.lock().unwrap().push(Call { from, to, msg: msg.clone(), how });
+        self.calls.lock().unwrap().push(Call {
+            from,
+            to,
+            msg: msg.clone(),
+            how,
+        });
         let hook = {
             let mut hooks = self.hooks.lock().unwrap();
-            hooks.iter().position(|h| h.to == to && h.msg == name).map(|i| hooks.remove(i))
+            hooks
+                .iter()
+                .position(|h| h.to == to && h.msg == name)
+                .map(|i| hooks.remove(i))
         };
         if let Some(h) = hook {
             (h.run)();
         }
         let cut = |a: u32, b: u32| self.cut.lock().unwrap().contains(&(a.min(b), a.max(b)));
         if self.down.lock().unwrap().contains(&to) || cut(from, to) {
-            return Err(RpcError::Unreachable { addr: to_addr.into(), why: "cut off in the test".into() });
+            return Err(RpcError::Unreachable {
+                addr: to_addr.into(),
+                why: "cut off in the test".into(),
+            });
         }
         {
             let mut faults = self.faults.lock().unwrap();
-            if let Some(i) = faults.iter().position(|f| f.msg == name && f.to.is_none_or(|t| t == to)) {
+            if let Some(i) = faults
+                .iter()
+                .position(|f| f.msg == name && f.to.is_none_or(|t| t == to))
+            {
                 let error = faults[i].error.clone();
                 faults[i].times -= 1;
                 if faults[i].times == 0 {
@@ -180,12 +209,21 @@ impl Net {
             GM => self.managers(msg),
             SCOMP => self.scomp.handle(msg),
             id => {
-                let m = self.mems.lock().unwrap().get(&id).and_then(Weak::upgrade).expect("a member of the test cluster");
+                let m = self
+                    .mems
+                    .lock()
+                    .unwrap()
+                    .get(&id)
+                    .and_then(Weak::upgrade)
+                    .expect("a member of the test cluster");
                 m.handle(msg)
             }
         };
         match reply {
-            Msg::ERR(e) => Err(RpcError::Remote { code: e.code, msg: e.msg }),
+            Msg::ERR(e) => Err(RpcError::Remote {
+                code: e.code,
+                msg: e.msg,
+            }),
             m => Ok(m),
         }
     }
@@ -198,19 +236,41 @@ impl Net {
                 let (lost, full) = (self.lost.lock().unwrap(), self.full.lock().unwrap());
                 let mut picks = self.picks.lock().unwrap();
                 let ids = self.mems.lock().unwrap().keys().copied().collect::<Vec<u32>>();
-                let fits = |id: &u32| !r.exclude.contains(id) && !lost.contains(id) && (r.bytes == 0 || !full.contains(id));
-                let id = ids.into_iter().filter(fits).min_by_key(|id| (picks.get(id).copied().unwrap_or(0), *id));
+                let fits =
+                    |id: &u32| !r.exclude.contains(id) && !lost.contains(id) && (r.bytes == 0 || !full.contains(id));
+                let id = ids
+                    .into_iter()
+                    .filter(fits)
+                    .min_by_key(|id| (picks.get(id).copied().unwrap_or(0), *id));
                 let id = id.ok_or_else(|| ERR::new(ErrCode::NoMemory, "no mComponent has room"))?;
                 *picks.entry(id).or_default() += 1;
-                Ok(G2M_OWNER { mcomp: ComponentRef { id, addr: addr(id) } })
+                Ok(G2M_OWNER {
+                    mcomp: ComponentRef { id, addr: addr(id) },
+                })
             }),
-            Msg::M2G_BACKUP_STORE(r) => on(r, |_| Ok(G2M_BACKUP_STORE { scomp: ComponentRef { id: SCOMP, addr: addr(SCOMP) } })),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("the test's managers do not handle {}", other.name()))),
+            Msg::M2G_BACKUP_STORE(r) => on(r, |_| {
+                Ok(G2M_BACKUP_STORE {
+                    scomp: ComponentRef {
+                        id: SCOMP,
+                        addr: addr(SCOMP),
+                    },
+                })
+            }),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("the test's managers do not handle {}", other.name()),
+            )),
         }
     }
 
     fn calls(&self, msg: &str) -> Vec<Call> {
-        self.calls.lock().unwrap().iter().filter(|c| c.msg.name() == msg).cloned().collect()
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.msg.name() == msg)
+            .cloned()
+            .collect()
     }
 
     /// Calls to `to` fail with `error`, `times` times (`None`: to any component).
@@ -219,7 +279,11 @@ impl Net {
     }
 
     fn before(&self, msg: &'static str, to: u32, run: impl FnOnce() + Send + 'static) {
-        self.hooks.lock().unwrap().push(Hook { to, msg, run: Box::new(run) });
+        self.hooks.lock().unwrap().push(Hook {
+            to,
+            msg,
+            run: Box::new(run),
+        });
     }
 
     fn cut(&self, a: u32, b: u32) {
@@ -240,7 +304,11 @@ impl Net {
     fn send<R: Request>(&self, from: u32, addr: &str, req: R, how: How) -> Result<R::Reply, RpcError> {
         let msg: Msg = req.into();
         let request = msg.name();
-        R::Reply::try_from(self.deliver(from, addr, msg, how)?).map_err(|m| RpcError::Protocol { addr: addr.into(), request, reply: m.name() })
+        R::Reply::try_from(self.deliver(from, addr, msg, how)?).map_err(|m| RpcError::Protocol {
+            addr: addr.into(),
+            request,
+            reply: m.name(),
+        })
     }
 }
 
@@ -301,9 +369,24 @@ impl Rig {
         let net = Arc::new(Net::default());
         let (mut mems, mut jobs) = (BTreeMap::new(), BTreeMap::new());
         for id in 1..=n {
-            let cfg = McompConfig { capacity: Size(capacity(id)), bcache: Size(1 << 20), readahead: Size(0), backup_log: Size(backup_log), workers: 0, ..McompConfig::default() };
+            let cfg = McompConfig {
+                capacity: Size(capacity(id)),
+                bcache: Size(1 << 20),
+                readahead: Size(0),
+                backup_log: Size(backup_log),
+                workers: 0,
+                ..McompConfig::default()
+            };
             let (tx, rx) = std::sync::mpsc::channel();
-            let m = Arc::new(Mem::new(Peer { id, addr: addr(id), net: net.clone() }, &cfg, tx));
+            let m = Arc::new(Mem::new(
+                Peer {
+                    id,
+                    addr: addr(id),
+                    net: net.clone(),
+                },
+                &cfg,
+                tx,
+            ));
             m.vregion_size.store(VRS, Relaxed);
             *m.replication.lock().unwrap() = scheme;
             net.mems.lock().unwrap().insert(id, Arc::downgrade(&m));
@@ -328,14 +411,36 @@ impl Rig {
     /// Process `pid`, created on [`HOME`] with nothing mapped.
     fn create(&self, pid: u64) -> Who {
         let who = Who::new("v", pid);
-        self.call(HOME, P2M_PROC_CREATE { who: who.clone(), region_base: BASE, region_size: REGION, pcomp: 7, memory_quota: None }).expect("create a process");
+        self.call(
+            HOME,
+            P2M_PROC_CREATE {
+                who: who.clone(),
+                region_base: BASE,
+                region_size: REGION,
+                pcomp: 7,
+                memory_quota: None,
+            },
+        )
+        .expect("create a process");
         who
     }
 
     /// A process with `vregions` vRegions mapped writable, each with `pages` pages written.
     fn process(&self, pid: u64, vregions: u64, pages: u64) -> Who {
         let who = self.create(pid);
-        let m = self.call(HOME, P2M_MMAP { who: who.clone(), hint: 0, len: vregions * VRS, prot: 3, fixed: false, noreserve: false }).expect("mmap");
+        let m = self
+            .call(
+                HOME,
+                P2M_MMAP {
+                    who: who.clone(),
+                    hint: 0,
+                    len: vregions * VRS,
+                    prot: 3,
+                    fixed: false,
+                    noreserve: false,
+                },
+            )
+            .expect("mmap");
         assert_eq!(m.addr, BASE, "the first mapping starts the heap region");
         for v in 0..vregions {
             for p in 0..pages {
@@ -348,21 +453,40 @@ impl Rig {
 
     /// The process's sets as its home answers them.
     fn sets(&self, home: u32, who: &Who) -> M2P_VREGIONS {
-        self.call(home, P2M_VREGIONS { who: who.clone() }).expect("the home answers")
+        self.call(home, P2M_VREGIONS { who: who.clone() })
+            .expect("the home answers")
     }
 
     fn set(&self, home: u32, who: &Who, idx: u64) -> VregionReplicas {
-        self.sets(home, who).owners.into_iter().find(|s| s.index == idx).expect("an active vRegion")
+        self.sets(home, who)
+            .owners
+            .into_iter()
+            .find(|s| s.index == idx)
+            .expect("an active vRegion")
     }
 
     /// Writes back page `vpn` as a pComponent does, to every member the set names for it, at
     /// the epoch its home says.
     fn write(&self, home: u32, who: &Who, vpn: u64, round: u8) -> Result<(), Refusal> {
         let v = self.sets(home, who);
-        let set = v.owners.iter().find(|s| s.index == vpn * PAGE / VRS).expect("an active vRegion");
-        let who = Who { epoch: v.epoch, ..who.clone() };
+        let set = v
+            .owners
+            .iter()
+            .find(|s| s.index == vpn * PAGE / VRS)
+            .expect("an active vRegion");
+        let who = Who {
+            epoch: v.epoch,
+            ..who.clone()
+        };
         for o in set.writers(vpn) {
-            self.call(o.id, P2M_FLUSH { who: who.clone(), vpn, data: seal_page(&content(vpn, round)) })?;
+            self.call(
+                o.id,
+                P2M_FLUSH {
+                    who: who.clone(),
+                    vpn,
+                    data: seal_page(&content(vpn, round)),
+                },
+            )?;
         }
         Ok(())
     }
@@ -370,7 +494,12 @@ impl Rig {
     /// Page `vpn` as member `from` serves it.
     fn read_from(&self, from: u32, who: &Who, vpn: u64) -> Result<Vec<u8>, Refusal> {
         let sealed = self.call(from, P2M_FETCH { who: who.clone(), vpn })?.data;
-        unseal_page(sealed).map_err(|e| ERR::new(ErrCode::Internal, format!("page {vpn:#x} from mComponent {from}: {e:?}")))
+        unseal_page(sealed).map_err(|e| {
+            ERR::new(
+                ErrCode::Internal,
+                format!("page {vpn:#x} from mComponent {from}: {e:?}"),
+            )
+        })
     }
 
     /// Page `vpn` from the member that serves it.
@@ -419,7 +548,18 @@ impl Rig {
         self.net.lost.lock().unwrap().extend(ids);
         for (id, m) in &self.mems {
             if !ids.contains(id) {
-                m.on_beat(G2X_BEAT { lost: Vec::new(), lost_mcomps: ids.to_vec(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
+                m.on_beat(G2X_BEAT {
+                    lost: Vec::new(),
+                    lost_mcomps: ids.to_vec(),
+                    fenced: false,
+                    memory: 0,
+                    vnodes: 0,
+                    cordoned: false,
+                    leaving: Vec::new(),
+                    exit: false,
+                    rebalance: None,
+                    keep: Vec::new(),
+                });
             }
         }
     }
@@ -449,7 +589,12 @@ fn check_pages(rig: &Rig, home: u32, who: &Who, vregions: u64, pages: u64) {
     for v in 0..vregions {
         for p in 0..pages {
             let vpn = vpn(v, p * 5);
-            assert_eq!(rig.read(home, who, vpn).unwrap_or_else(|e| panic!("page {vpn:#x}: {e}")), content(vpn, 0), "page {vpn:#x}");
+            assert_eq!(
+                rig.read(home, who, vpn)
+                    .unwrap_or_else(|e| panic!("page {vpn:#x}: {e}")),
+                content(vpn, 0),
+                "page {vpn:#x}"
+            );
         }
     }
 }

@@ -23,7 +23,15 @@ enum Work {
     /// Fetch the bytes of a send from their buffer, then give them to the proxy.
     Fetch(P2N_SEND_DMA, [u8; 32], Reply),
     /// Store received bytes in a buffer, then answer their count.
-    Store { owner: [u8; 32], mcomp: String, buf: u64, offset: u32, data: serde_bytes::ByteBuf, eof: bool, reply: Reply },
+    Store {
+        owner: [u8; 32],
+        mcomp: String,
+        buf: u64,
+        offset: u32,
+        data: serde_bytes::ByteBuf,
+        eof: bool,
+        reply: Reply,
+    },
 }
 
 impl Work {
@@ -55,7 +63,10 @@ impl Ddma {
     /// A send on the DMA path, for a socket of the sender (checked before any fetch).
     pub fn fetch_and_send(&self, r: P2N_SEND_DMA, key: Option<[u8; 32]>, reply: Reply) {
         if !self.proxy.owns(r.sock, key) {
-            return reply(Msg::ERR(ERR::new(ErrCode::Denied, format!("socket {} is not yours", r.sock))));
+            return reply(Msg::ERR(ERR::new(
+                ErrCode::Denied,
+                format!("socket {} is not yours", r.sock),
+            )));
         }
         put(&self.tx, Work::Fetch(r, key.unwrap_or([0; 32]), reply));
     }
@@ -66,7 +77,18 @@ impl Ddma {
         let tx = self.tx.clone();
         let owner = key.unwrap_or([0; 32]);
         Box::new(move |m| match m {
-            Msg::N2P_DATA(d) if !d.data.is_empty() => put(&tx, Work::Store { owner, mcomp, buf, offset, data: d.data, eof: d.eof, reply }),
+            Msg::N2P_DATA(d) if !d.data.is_empty() => put(
+                &tx,
+                Work::Store {
+                    owner,
+                    mcomp,
+                    buf,
+                    offset,
+                    data: d.data,
+                    eof: d.eof,
+                    reply,
+                },
+            ),
             Msg::N2P_DATA(d) => reply(N2P_RECEIVED { len: 0, eof: d.eof }.into()),
             other => reply(other),
         })
@@ -77,13 +99,23 @@ fn put(tx: &Sender<Work>, w: Work) {
     match tx.try_send(w) {
         Ok(()) => {}
         Err(TrySendError::Full(w)) => w.refuse(Refusal::errno(libc::EAGAIN)),
-        Err(TrySendError::Disconnected(w)) => w.refuse(ERR::new(ErrCode::Internal, "the nComponent's DMA engine is gone")),
+        Err(TrySendError::Disconnected(w)) => {
+            w.refuse(ERR::new(ErrCode::Internal, "the nComponent's DMA engine is gone"))
+        }
     }
 }
 
 fn work(node: &Node, proxy: &ProxyHandle, c: &Arc<Counters>, w: Work) {
     match w {
-        Work::Fetch(r, owner, reply) => match node.rpc.call(&r.mcomp, N2M_NETBUF_READ { owner, buf: r.buf, offset: r.offset, len: r.len }) {
+        Work::Fetch(r, owner, reply) => match node.rpc.call(
+            &r.mcomp,
+            N2M_NETBUF_READ {
+                owner,
+                buf: r.buf,
+                offset: r.offset,
+                len: r.len,
+            },
+        ) {
             Ok(d) => {
                 let n = d.data.len() as u64;
                 let c = c.clone();
@@ -94,19 +126,44 @@ fn work(node: &Node, proxy: &ProxyHandle, c: &Arc<Counters>, w: Work) {
                     }
                     reply(m)
                 });
-                proxy.submit(Job(P2N_SEND { sock: r.sock, data: d.data }.into(), Some(owner), counted));
+                proxy.submit(Job(
+                    P2N_SEND {
+                        sock: r.sock,
+                        data: d.data,
+                    }
+                    .into(),
+                    Some(owner),
+                    counted,
+                ));
             }
             Err(e) => {
                 tracing::warn!(mcomp = %r.mcomp, error = %e, "could not fetch a send's bytes from its socket buffer");
                 reply(Msg::ERR(Refusal::errno(libc::EIO)));
             }
         },
-        Work::Store { owner, mcomp, buf, offset, data, eof, reply } => {
+        Work::Store {
+            owner,
+            mcomp,
+            buf,
+            offset,
+            data,
+            eof,
+            reply,
+        } => {
             let len = data.len() as u32;
-            match node.rpc.call(&mcomp, N2M_NETBUF_WRITE { owner, buf, offset, data }) {
+            match node.rpc.call(
+                &mcomp,
+                N2M_NETBUF_WRITE {
+                    owner,
+                    buf,
+                    offset,
+                    data,
+                },
+            ) {
                 Ok(_) => {
                     c.dma_received.fetch_add(len as u64, Relaxed);
-                    metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "dma").increment(len as u64);
+                    metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "dma")
+                        .increment(len as u64);
                     reply(N2P_RECEIVED { len, eof }.into());
                 }
                 Err(e) => {

@@ -30,7 +30,13 @@ pub struct Net {
 
 impl Net {
     fn load(&self) -> Load {
-        Load { threads: 0, processes: self.c.open.load(Relaxed) as u32, capacity: 0, committed: 0, used: 0 }
+        Load {
+            threads: 0,
+            processes: self.c.open.load(Relaxed) as u32,
+            capacity: 0,
+            committed: 0,
+            used: 0,
+        }
     }
 
     fn stats_json(&self) -> String {
@@ -61,7 +67,11 @@ impl Handler for Net {
         match msg {
             Msg::P2N_SEND_DMA(r) => self.ddma.fetch_and_send(r, key, reply),
             Msg::P2N_RECV_DMA(r) => {
-                let recv = P2N_RECV { sock: r.sock, max: r.max, wait_ms: r.wait_ms };
+                let recv = P2N_RECV {
+                    sock: r.sock,
+                    max: r.max,
+                    wait_ms: r.wait_ms,
+                };
                 let store = self.ddma.store_received(key, r.mcomp, r.buf, r.offset, reply);
                 self.proxy.submit(Job(recv.into(), key, store));
             }
@@ -101,7 +111,8 @@ impl Handler for Net {
                 let counted: Reply = Box::new(move |m| {
                     if let Msg::N2P_DATA(d) = &m {
                         c.ddio_received.fetch_add(d.data.len() as u64, Relaxed);
-                        metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "ddio").increment(d.data.len() as u64);
+                        metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "ddio")
+                            .increment(d.data.len() as u64);
                     }
                     reply(m)
                 });
@@ -114,16 +125,40 @@ impl Handler for Net {
     fn handle(&self, msg: Msg) -> Msg {
         metrics::counter!("ncomp_requests_total", "msg" => msg.name()).increment(1);
         match msg {
-            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Net, id: self.node.id() })),
-            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::G2X_STATS(r) => on(r, |_| Ok(X2G_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
-            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
+            Msg::C2X_PING(r) => on(r, |_| {
+                Ok(X2C_PONG {
+                    role: Role::Net,
+                    id: self.node.id(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| {
+                Ok(X2C_STATS {
+                    json: self.stats_json(),
+                })
+            }),
+            Msg::G2X_STATS(r) => on(r, |_| {
+                Ok(X2G_STATS {
+                    json: self.stats_json(),
+                })
+            }),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
+            Msg::G2X_METRICS(r) => on(r, |_| {
+                Ok(X2G_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| {
                 node::exit_soon();
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("an nComponent does not handle {}", other.name()))),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("an nComponent does not handle {}", other.name()),
+            )),
         }
     }
 }
@@ -145,8 +180,15 @@ pub fn host_addresses() -> std::io::Result<Vec<IpAddr>> {
             // SAFETY: ifa_addr points at a sockaddr whose family says which one it is.
             let ip = unsafe {
                 match (*ifa.ifa_addr).sa_family as i32 {
-                    libc::AF_INET => Some(IpAddr::from((*(ifa.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr.to_ne_bytes())),
-                    libc::AF_INET6 => Some(IpAddr::from((*(ifa.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr)),
+                    libc::AF_INET => Some(IpAddr::from(
+                        (*(ifa.ifa_addr as *const libc::sockaddr_in))
+                            .sin_addr
+                            .s_addr
+                            .to_ne_bytes(),
+                    )),
+                    libc::AF_INET6 => Some(IpAddr::from(
+                        (*(ifa.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr,
+                    )),
                     _ => None,
                 }
             };
@@ -167,17 +209,43 @@ pub fn host_addresses() -> std::io::Result<Vec<IpAddr>> {
 pub fn run(args: NetArgs) -> anyhow::Result<()> {
     let cfg = &args.ncomp;
     cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
-    let nics = if cfg.nics.is_empty() { host_addresses()? } else { cfg.nics.clone() };
+    let nics = if cfg.nics.is_empty() {
+        host_addresses()?
+    } else {
+        cfg.nics.clone()
+    };
     let (node, endpoint) = Node::bind(Role::Net, &args.node.gm, &cfg.listen, &args.node.process)?;
     let _ = node.nics.set(nics.clone());
     let c = Arc::new(Counters::default());
     let proxy = Arc::new(proxy::start(c.clone(), cfg.loopback, nics.clone())?);
     let ddma = ddma::Ddma::start(node.clone(), proxy.clone(), c.clone())?;
-    let net = Arc::new(Net { node: node.clone(), proxy, ddma, c, started: Instant::now() });
+    let net = Arc::new(Net {
+        node: node.clone(),
+        proxy,
+        ddma,
+        c,
+        started: Instant::now(),
+    });
     let n = net.clone();
-    crate::telemetry::on_render(move |e| e.one("ncomp_open_sockets", crate::telemetry::Kind::Gauge, "Sockets open for programs.", n.c.open.load(Relaxed) as f64));
-    endpoint.serve(net.clone(), ServerConfig { name: "ncomp".into(), workers: 0, fanout_workers: 1, serving: cfg.serving.clone() });
-    node.register(None, net.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
+    crate::telemetry::on_render(move |e| {
+        e.one(
+            "ncomp_open_sockets",
+            crate::telemetry::Kind::Gauge,
+            "Sockets open for programs.",
+            n.c.open.load(Relaxed) as f64,
+        )
+    });
+    endpoint.serve(
+        net.clone(),
+        ServerConfig {
+            name: "ncomp".into(),
+            workers: 0,
+            fanout_workers: 1,
+            serving: cfg.serving.clone(),
+        },
+    );
+    node.register(None, net.load())
+        .map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     let (n2, n3) = (net.clone(), net.clone());
     node.clone().heartbeat_forever(
         None,

@@ -93,7 +93,10 @@ fn loopback_up() -> io::Result<()> {
 impl Namespaces {
     /// The host's namespace, and proof that this process may make vNodes' (it must be root).
     pub fn new() -> io::Result<Namespaces> {
-        let ns = Namespaces { host: open_own()?, vnodes: Mutex::new(HashMap::new()) };
+        let ns = Namespaces {
+            host: open_own()?,
+            vnodes: Mutex::new(HashMap::new()),
+        };
         ns.make()?;
         Ok(ns)
     }
@@ -127,7 +130,14 @@ impl Namespaces {
     }
 
     /// A non-blocking socket in `realm` of `vnode`.
-    pub fn socket(&self, realm: Realm, vnode: &str, domain: Domain, ty: Type, protocol: Option<Protocol>) -> io::Result<Socket> {
+    pub fn socket(
+        &self,
+        realm: Realm,
+        vnode: &str,
+        domain: Domain,
+        ty: Type,
+        protocol: Option<Protocol>,
+    ) -> io::Result<Socket> {
         let s = match realm {
             Realm::Host => Socket::new(domain, ty, protocol)?,
             Realm::Vnode => {

@@ -80,7 +80,9 @@ impl Outbox {
 impl ProxyHandle {
     pub fn submit(&self, Job(msg, key, reply): Job) {
         self.locked(|p| {
-            let Some(id) = p.request(msg, key, self.outbox.hold(reply)) else { return };
+            let Some(id) = p.request(msg, key, self.outbox.hold(reply)) else {
+                return;
+            };
             let now = Instant::now();
             p.progress(id, now);
             // A wait that ends before the proxy thread's next look: it must look sooner.
@@ -95,7 +97,12 @@ impl ProxyHandle {
     /// Closes every socket of the pComponents the global managers say are lost.
     pub fn forget_owners(&self, keys: &[[u8; 32]]) {
         self.locked(|p| {
-            let gone: Vec<u64> = p.socks.iter().filter(|(_, s)| keys.contains(&s.owner.key)).map(|(id, _)| *id).collect();
+            let gone: Vec<u64> = p
+                .socks
+                .iter()
+                .filter(|(_, s)| keys.contains(&s.owner.key))
+                .map(|(id, _)| *id)
+                .collect();
             if !gone.is_empty() {
                 tracing::info!(sockets = gone.len(), "closing the sockets of lost pComponents");
             }
@@ -112,7 +119,12 @@ impl ProxyHandle {
 
     /// Whether socket `sock` is the sender's (before work is done for it elsewhere).
     pub fn owns(&self, sock: u64, key: Option<[u8; 32]>) -> bool {
-        self.state.lock().unwrap().socks.get(&sock).is_some_and(|s| key.is_none_or(|k| k == s.owner.key))
+        self.state
+            .lock()
+            .unwrap()
+            .socks
+            .get(&sock)
+            .is_some_and(|s| key.is_none_or(|k| k == s.owner.key))
     }
 
     fn locked(&self, f: impl FnOnce(&mut Proxy)) {
@@ -141,7 +153,11 @@ struct Proxy {
 }
 
 /// Starts the proxy thread.
-pub fn start(c: Arc<Counters>, loopback: crate::config::Loopback, nics: Vec<std::net::IpAddr>) -> anyhow::Result<ProxyHandle> {
+pub fn start(
+    c: Arc<Counters>,
+    loopback: crate::config::Loopback,
+    nics: Vec<std::net::IpAddr>,
+) -> anyhow::Result<ProxyHandle> {
     let mut poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
     let ns = match loopback {
@@ -150,11 +166,23 @@ pub fn start(c: Arc<Counters>, loopback: crate::config::Loopback, nics: Vec<std:
             .inspect_err(|e| tracing::warn!(error = %e, "cannot make network namespaces (the nComponent must run as root): vNodes' loopback servers are on this host's loopback, where any of its processes reaches them"))
             .ok(),
     };
-    let p = Proxy { watch: poll.registry().try_clone()?, socks: HashMap::new(), registry: HashMap::new(), next: 1, next_deadline: None, loopback, ns, nics, c };
+    let p = Proxy {
+        watch: poll.registry().try_clone()?,
+        socks: HashMap::new(),
+        registry: HashMap::new(),
+        next: 1,
+        next_deadline: None,
+        loopback,
+        ns,
+        nics,
+        c,
+    };
     let state = Arc::new(Mutex::new(p));
     let outbox = Outbox::default();
     let (s2, o2) = (state.clone(), outbox.clone());
-    std::thread::Builder::new().name("proxy".into()).spawn(move || watch(&mut poll, &s2, &o2))?;
+    std::thread::Builder::new()
+        .name("proxy".into())
+        .spawn(move || watch(&mut poll, &s2, &o2))?;
     Ok(ProxyHandle { state, waker, outbox })
 }
 
@@ -163,7 +191,11 @@ pub fn start(c: Arc<Counters>, loopback: crate::config::Loopback, nics: Vec<std:
 fn watch(poll: &mut Poll, state: &Mutex<Proxy>, outbox: &Outbox) {
     let mut events = Events::with_capacity(256);
     loop {
-        let timeout = state.lock().unwrap().next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let timeout = state
+            .lock()
+            .unwrap()
+            .next_deadline
+            .map(|d| d.saturating_duration_since(Instant::now()));
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(error = %e, "the proxy's poll failed");
@@ -206,11 +238,15 @@ impl Proxy {
 
     fn try_accept(&mut self, id: u64, now: Instant) {
         let s = self.socks.get_mut(&id).expect("a listening skeleton");
-        let Some((deadline, reply)) = s.take_accept_waiter() else { return };
+        let Some((deadline, reply)) = s.take_accept_waiter() else {
+            return;
+        };
         match s.accept() {
             Ok((conn, peer, realm)) => {
                 let (owner, spec) = (s.owner.clone(), s.spec());
-                let Some(peer) = peer.as_socket() else { return errno_reply(reply, libc::EAFNOSUPPORT) };
+                let Some(peer) = peer.as_socket() else {
+                    return errno_reply(reply, libc::EAFNOSUPPORT);
+                };
                 if let Err(e) = conn.set_nonblocking(true) {
                     return reply(Msg::ERR(refusal(&e)));
                 }
@@ -240,10 +276,16 @@ impl Proxy {
     fn watch_all(&self, id: u64) {
         let Some(s) = self.socks.get(&id) else { return };
         // A datagram socket's sends never wait for room here: only its receives are watched.
-        let interest = if s.is_dgram() { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
+        let interest = if s.is_dgram() {
+            Interest::READABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
         for fd in s.sockets().map(|s| s.as_raw_fd()) {
             match self.watch.register(&mut SourceFd(&fd), Token(id as usize), interest) {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => tracing::warn!(error = %e, "cannot watch a socket"),
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    tracing::warn!(error = %e, "cannot watch a socket")
+                }
                 _ => {}
             }
         }
@@ -287,10 +329,17 @@ impl Proxy {
     fn find_listener(&self, vnode: &str, a: std::net::SocketAddr) -> Option<String> {
         let ip = a.ip().to_canonical();
         let here = ip.is_loopback() || ip.is_unspecified() || self.nics.iter().any(|n| n.to_canonical() == ip);
-        let mut candidates = self.socks.values().filter(|s| s.direct.is_some() && s.port.is_some_and(|p| p == (libc::SOCK_STREAM, a.port())) && s.owner.vnode == vnode && matches!(s.state, State::Listening));
+        let mut candidates = self.socks.values().filter(|s| {
+            s.direct.is_some()
+                && s.port.is_some_and(|p| p == (libc::SOCK_STREAM, a.port()))
+                && s.owner.vnode == vnode
+                && matches!(s.state, State::Listening)
+        });
         candidates.find_map(|s| {
             let bound = s.socket.local_addr().ok().and_then(|l| l.as_socket())?;
-            (bound.ip().to_canonical() == ip || (bound.ip().is_unspecified() && here)).then(|| s.direct.clone()).flatten()
+            (bound.ip().to_canonical() == ip || (bound.ip().is_unspecified() && here))
+                .then(|| s.direct.clone())
+                .flatten()
         })
     }
 
@@ -299,7 +348,12 @@ impl Proxy {
         let name = msg.name();
         metrics::counter!("ncomp_requests_total", "msg" => name).increment(1);
         if let Msg::P2N_FIND_LISTENER(r) = &msg {
-            reply(N2P_LISTENER { pcomp: self.find_listener(&r.vnode, r.addr) }.into());
+            reply(
+                N2P_LISTENER {
+                    pcomp: self.find_listener(&r.vnode, r.addr),
+                }
+                .into(),
+            );
             return None;
         }
         let sock = match &msg {
@@ -319,12 +373,19 @@ impl Proxy {
             Msg::P2N_RECVFROM(r) => r.sock,
             Msg::P2N_DISCONNECT(r) => r.sock,
             other => {
-                reply(Msg::ERR(ERR::new(ErrCode::Invalid, format!("the proxy does not handle {}", other.name()))));
+                reply(Msg::ERR(ERR::new(
+                    ErrCode::Invalid,
+                    format!("the proxy does not handle {}", other.name()),
+                )));
                 return None;
             }
         };
         if let Msg::P2N_SOCKET(r) = msg {
-            let owner = Owner { key: key.unwrap_or([0; 32]), vnode: r.vnode, uid: r.uid };
+            let owner = Owner {
+                key: key.unwrap_or([0; 32]),
+                vnode: r.vnode,
+                uid: r.uid,
+            };
             match Skeleton::new(owner, r.family, r.kind, r.protocol) {
                 Ok(s) => {
                     let id = self.add(s);
@@ -343,7 +404,10 @@ impl Proxy {
             }
         };
         let for_dgram = matches!(msg, Msg::P2N_SENDTO(_) | Msg::P2N_RECVFROM(_) | Msg::P2N_DISCONNECT(_));
-        let for_stream = matches!(msg, Msg::P2N_LISTEN(_) | Msg::P2N_ACCEPT(_) | Msg::P2N_SEND(_) | Msg::P2N_RECV(_));
+        let for_stream = matches!(
+            msg,
+            Msg::P2N_LISTEN(_) | Msg::P2N_ACCEPT(_) | Msg::P2N_SEND(_) | Msg::P2N_RECV(_)
+        );
         if (for_dgram && !s.is_dgram()) || (for_stream && s.is_dgram()) {
             errno_reply(reply, libc::EOPNOTSUPP);
             return None;
@@ -386,7 +450,8 @@ impl Proxy {
                 }
                 if !loopback_allowed(self.loopback, &self.registry, &s.owner.vnode, s.kind, r.addr) {
                     self.c.refused.fetch_add(1, Relaxed);
-                    static NOT_HELD: Refusals = Refusals::new("refused a connect to a loopback port the vNode does not hold");
+                    static NOT_HELD: Refusals =
+                        Refusals::new("refused a connect to a loopback port the vNode does not hold");
                     if NOT_HELD.log_this(format_args!("vNode {}", s.owner.vnode)) {
                         tracing::info!(vnode = %s.owner.vnode, port = r.addr.port(), "refused a connect to a loopback port the vNode does not hold");
                     }
@@ -408,7 +473,11 @@ impl Proxy {
                 return Some(sock);
             }
             Msg::P2N_NAME(r) => {
-                let a = if r.peer { s.socket.peer_addr() } else { s.socket.local_addr() };
+                let a = if r.peer {
+                    s.socket.peer_addr()
+                } else {
+                    s.socket.local_addr()
+                };
                 reply(match a.map(|a| a.as_socket()) {
                     Ok(Some(addr)) => N2P_ADDR { addr }.into(),
                     Ok(None) => Msg::ERR(Refusal::errno(libc::EAFNOSUPPORT)),
@@ -420,7 +489,11 @@ impl Proxy {
                 return Some(sock);
             }
             Msg::P2N_RECV(r) => {
-                s.recv(r.max as usize, now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT), reply);
+                s.recv(
+                    r.max as usize,
+                    now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT),
+                    reply,
+                );
                 return Some(sock);
             }
             Msg::P2N_SHUTDOWN(r) => {
@@ -436,8 +509,18 @@ impl Proxy {
                 // The kernel's first send binds a socket to all addresses, as bind does here.
                 let unbound = s.port.is_none() && matches!(s.state, State::Fresh);
                 if let Some(ns) = self.ns.as_ref().filter(|_| unbound) {
-                    let any: std::net::IpAddr = if s.spec().0 == libc::AF_INET6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
-                    if let Err(e) = bind(s, &mut self.registry, Some(ns), &self.nics, std::net::SocketAddr::new(any, 0)) {
+                    let any: std::net::IpAddr = if s.spec().0 == libc::AF_INET6 {
+                        std::net::Ipv6Addr::UNSPECIFIED.into()
+                    } else {
+                        std::net::Ipv4Addr::UNSPECIFIED.into()
+                    };
+                    if let Err(e) = bind(
+                        s,
+                        &mut self.registry,
+                        Some(ns),
+                        &self.nics,
+                        std::net::SocketAddr::new(any, 0),
+                    ) {
                         reply(Msg::ERR(e));
                         return None;
                     }
@@ -445,11 +528,15 @@ impl Proxy {
                 }
                 let s = self.socks.get_mut(&sock)?;
                 let (registry, loopback) = (&self.registry, self.loopback);
-                grams.retain(|g| g.addr.is_none_or(|a| loopback_allowed(loopback, registry, &s.owner.vnode, s.kind, a)));
+                grams.retain(|g| {
+                    g.addr
+                        .is_none_or(|a| loopback_allowed(loopback, registry, &s.owner.vnode, s.kind, a))
+                });
                 let refused = (before - grams.len()) as u64;
                 if refused > 0 {
                     self.c.refused.fetch_add(refused, Relaxed);
-                    static NOT_HELD: Refusals = Refusals::new("dropped datagrams to loopback ports the vNode does not hold");
+                    static NOT_HELD: Refusals =
+                        Refusals::new("dropped datagrams to loopback ports the vNode does not hold");
                     if NOT_HELD.log_this(format_args!("vNode {}", s.owner.vnode)) {
                         tracing::info!(vnode = %s.owner.vnode, datagrams = refused, "dropped datagrams to loopback ports the vNode does not hold");
                     }
@@ -463,15 +550,28 @@ impl Proxy {
                 // A socket that sent before it was bound has a port now: the registry holds it
                 // for the vNode, so that no other vNode can bind it and take its answers.
                 if s.port.is_none() {
-                    if let Some(a) = s.socket.local_addr().ok().and_then(|a| a.as_socket()).filter(|a| a.port() != 0) {
-                        self.registry.entry((s.kind, a.port())).or_insert_with(|| (s.owner.vnode.clone(), 0)).1 += 1;
+                    if let Some(a) = s
+                        .socket
+                        .local_addr()
+                        .ok()
+                        .and_then(|a| a.as_socket())
+                        .filter(|a| a.port() != 0)
+                    {
+                        self.registry
+                            .entry((s.kind, a.port()))
+                            .or_insert_with(|| (s.owner.vnode.clone(), 0))
+                            .1 += 1;
                         s.port = Some((s.kind, a.port()));
                     }
                 }
                 reply(OK.into());
             }
             Msg::P2N_RECVFROM(r) => {
-                s.recv(r.max as usize, now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT), reply);
+                s.recv(
+                    r.max as usize,
+                    now + Duration::from_millis(r.wait_ms as u64).min(MAX_WAIT),
+                    reply,
+                );
                 return Some(sock);
             }
             Msg::P2N_DISCONNECT(_) => reply(match s.disconnect() {
@@ -498,7 +598,12 @@ impl Proxy {
 }
 
 /// The skeleton `id` if it belongs to the sender.
-fn owned<'a>(socks: &'a mut HashMap<u64, Skeleton>, c: &Counters, id: u64, key: Option<[u8; 32]>) -> Result<&'a mut Skeleton, Refusal> {
+fn owned<'a>(
+    socks: &'a mut HashMap<u64, Skeleton>,
+    c: &Counters,
+    id: u64,
+    key: Option<[u8; 32]>,
+) -> Result<&'a mut Skeleton, Refusal> {
     match socks.get_mut(&id) {
         Some(s) if key.is_none_or(|k| k == s.owner.key) => Ok(s),
         Some(_) => {
@@ -506,7 +611,11 @@ fn owned<'a>(socks: &'a mut HashMap<u64, Skeleton>, c: &Counters, id: u64, key: 
             static NOT_YOURS: Refusals = Refusals::new("refused a request about a socket another pComponent made");
             let peer = splitos_rpc::current_peer().map_or_else(|| "?".to_string(), |p| p.to_string());
             if NOT_YOURS.log_this(&peer) {
-                tracing::warn!(sock = id, peer, "refused a request about a socket another pComponent made");
+                tracing::warn!(
+                    sock = id,
+                    peer,
+                    "refused a request about a socket another pComponent made"
+                );
             }
             Err(ERR::new(ErrCode::Denied, format!("socket {id} is not yours")))
         }
@@ -518,10 +627,18 @@ type Registry = HashMap<(i32, u16), (String, usize)>;
 
 /// Loopback is the vNode's own: the host's private services and other vNodes' loopback
 /// servers are not there for it.
-fn loopback_allowed(loopback: crate::config::Loopback, registry: &Registry, vnode: &str, kind: i32, a: std::net::SocketAddr) -> bool {
+fn loopback_allowed(
+    loopback: crate::config::Loopback,
+    registry: &Registry,
+    vnode: &str,
+    kind: i32,
+    a: std::net::SocketAddr,
+) -> bool {
     // The unspecified address reaches this host's loopback too, as Linux routes it.
     let ip = a.ip().to_canonical();
-    loopback != crate::config::Loopback::Vnode || !(ip.is_loopback() || ip.is_unspecified()) || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
+    loopback != crate::config::Loopback::Vnode
+        || !(ip.is_loopback() || ip.is_unspecified())
+        || registry.get(&(kind, a.port())).is_some_and(|(v, _)| v == vnode)
 }
 
 fn release(registry: &mut Registry, port: (i32, u16)) {
@@ -537,7 +654,13 @@ fn release(registry: &mut Registry, port: (i32, u16)) {
 /// the socket's options say, and ports below 1024 are root's. With the vNodes' loopbacks
 /// (`ns`), a loopback address or all of them is bound in the vNode's (all of them: also on
 /// each of `nics`), any other in the host's namespace.
-fn bind(s: &mut Skeleton, registry: &mut Registry, ns: Option<&Namespaces>, nics: &[std::net::IpAddr], addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Refusal> {
+fn bind(
+    s: &mut Skeleton,
+    registry: &mut Registry,
+    ns: Option<&Namespaces>,
+    nics: &[std::net::IpAddr],
+    addr: std::net::SocketAddr,
+) -> Result<std::net::SocketAddr, Refusal> {
     let port = addr.port();
     if port != 0 && port < 1024 && s.owner.uid != 0 {
         return Err(Refusal::errno(libc::EACCES));
@@ -554,7 +677,10 @@ fn bind(s: &mut Skeleton, registry: &mut Registry, ns: Option<&Namespaces>, nics
         }
     }
     let local = s.bind_all(ns, nics, addr, s.reuseport && holder.is_some())?;
-    registry.entry((s.kind, local.port())).or_insert_with(|| (s.owner.vnode.clone(), 0)).1 += 1;
+    registry
+        .entry((s.kind, local.port()))
+        .or_insert_with(|| (s.owner.vnode.clone(), 0))
+        .1 += 1;
     s.port = Some((s.kind, local.port()));
     Ok(local)
 }
@@ -601,8 +727,19 @@ fn allowed(level: i32, name: i32) -> bool {
                 | libc::TCP_FASTOPEN
                 | libc::TCP_NOTSENT_LOWAT
         ),
-        libc::IPPROTO_IP => matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU),
-        libc::IPPROTO_IPV6 => matches!(name, libc::IPV6_V6ONLY | libc::IPV6_TCLASS | libc::IPV6_UNICAST_HOPS | libc::IPV6_RECVERR | libc::IPV6_MTU_DISCOVER | libc::IPV6_MTU),
+        libc::IPPROTO_IP => matches!(
+            name,
+            libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU
+        ),
+        libc::IPPROTO_IPV6 => matches!(
+            name,
+            libc::IPV6_V6ONLY
+                | libc::IPV6_TCLASS
+                | libc::IPV6_UNICAST_HOPS
+                | libc::IPV6_RECVERR
+                | libc::IPV6_MTU_DISCOVER
+                | libc::IPV6_MTU
+        ),
         _ => false,
     }
 }
@@ -640,5 +777,7 @@ fn get_option(s: &mut Skeleton, level: i32, name: i32, len: u32) -> Result<N2P_O
         return Err(refusal(&std::io::Error::last_os_error()));
     }
     buf.truncate(n as usize);
-    Ok(N2P_OPT { value: ByteBuf::from(buf) })
+    Ok(N2P_OPT {
+        value: ByteBuf::from(buf),
+    })
 }

@@ -118,7 +118,15 @@ fn kind_of(family: i32, kind: i32, protocol: i32) -> Result<(Domain, Type, Optio
 fn set_raw_option(s: &Socket, level: i32, name: i32, value: &[u8]) -> std::io::Result<()> {
     // SAFETY: setsockopt reads `value.len()` bytes from a live slice; the kernel checks the
     // option and its size.
-    let r = unsafe { libc::setsockopt(s.as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) };
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            value.as_ptr().cast(),
+            value.len() as libc::socklen_t,
+        )
+    };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -143,11 +151,23 @@ impl Skeleton {
         let (domain, ty, proto) = kind_of(family, kind, protocol)?;
         let socket = Socket::new(domain, ty, proto).map_err(|e| refusal(&e))?;
         socket.set_nonblocking(true).map_err(|e| refusal(&e))?;
-        Ok(Skeleton::wrap(owner, socket, Realm::Host, (family, kind, protocol), State::Fresh))
+        Ok(Skeleton::wrap(
+            owner,
+            socket,
+            Realm::Host,
+            (family, kind, protocol),
+            State::Fresh,
+        ))
     }
 
     /// A skeleton of `socket` in `realm`, of `(family, kind, protocol)`.
-    pub fn wrap(owner: Owner, socket: Socket, realm: Realm, (family, kind, protocol): (i32, i32, i32), state: State) -> Skeleton {
+    pub fn wrap(
+        owner: Owner,
+        socket: Socket,
+        realm: Realm,
+        (family, kind, protocol): (i32, i32, i32),
+        state: State,
+    ) -> Skeleton {
         Skeleton {
             owner,
             socket,
@@ -201,7 +221,9 @@ impl Skeleton {
     /// A socket like this one's in `realm`, with the options set so far.
     fn make(&self, ns: &Namespaces, realm: Realm) -> Result<Socket, Refusal> {
         let (domain, ty, proto) = kind_of(self.family, self.kind, self.protocol)?;
-        let s = ns.socket(realm, &self.owner.vnode, domain, ty, proto).map_err(|e| refusal(&e))?;
+        let s = ns
+            .socket(realm, &self.owner.vnode, domain, ty, proto)
+            .map_err(|e| refusal(&e))?;
         for (level, name, value) in &self.opts {
             // Each was accepted once, by the same kind of socket.
             if let Err(e) = set_raw_option(&s, *level, *name, value) {
@@ -223,12 +245,25 @@ impl Skeleton {
     /// Binds its socket to `addr`, and when that is all of the host's addresses in its
     /// vNode's loopback, a part on each of `nics` (of its family) on the same port. Fails as
     /// the kernel's bind would, with nothing bound.
-    pub fn bind_all(&mut self, ns: Option<&Namespaces>, nics: &[std::net::IpAddr], addr: SocketAddr, share: bool) -> Result<SocketAddr, Refusal> {
+    pub fn bind_all(
+        &mut self,
+        ns: Option<&Namespaces>,
+        nics: &[std::net::IpAddr],
+        addr: SocketAddr,
+        share: bool,
+    ) -> Result<SocketAddr, Refusal> {
         // An ephemeral port free in the vNode's loopback may be taken on an interface address.
         for _ in 0..8 {
             bind_one(&self.socket, addr, self.reuseport, share).map_err(|e| refusal(&e))?;
-            let local = self.socket.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| Refusal::errno(libc::EINVAL))?;
-            let Some(ns) = ns.filter(|_| self.realm == Realm::Vnode && addr.ip().is_unspecified()) else { return Ok(local) };
+            let local = self
+                .socket
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .ok_or_else(|| Refusal::errno(libc::EINVAL))?;
+            let Some(ns) = ns.filter(|_| self.realm == Realm::Vnode && addr.ip().is_unspecified()) else {
+                return Ok(local);
+            };
             match self.spread(ns, nics, local.port(), share) {
                 Ok(()) => return Ok(local),
                 Err(e) => {
@@ -253,7 +288,9 @@ impl Skeleton {
                 (libc::AF_INET6, std::net::IpAddr::V4(v4)) if !v6only => std::net::IpAddr::V6(v4.to_ipv6_mapped()),
                 _ => continue,
             };
-            let s = self.make(ns, Realm::Host).map_err(|e| std::io::Error::from_raw_os_error(e.code.errno()))?;
+            let s = self
+                .make(ns, Realm::Host)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.code.errno()))?;
             bind_one(&s, SocketAddr::new(at, port), self.reuseport, share)?;
             parts.push(s);
         }
@@ -267,7 +304,12 @@ impl Skeleton {
     /// them) for any other. A connected socket is one socket.
     pub fn place_for(&mut self, ns: &Namespaces, peer: SocketAddr) -> Result<(), Refusal> {
         let want = Realm::of(peer.ip());
-        let port = self.socket.local_addr().ok().and_then(|a| a.as_socket()).map_or(0, |a| a.port());
+        let port = self
+            .socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map_or(0, |a| a.port());
         match (self.realm, want) {
             (Realm::Vnode, Realm::Host) => {
                 if let Some(i) = self.part_for(peer) {
@@ -280,8 +322,13 @@ impl Skeleton {
             (Realm::Host, Realm::Vnode) => {
                 self.remake(ns, Realm::Vnode)?;
                 if port != 0 {
-                    let any: std::net::IpAddr = if self.family == libc::AF_INET6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
-                    bind_one(&self.socket, SocketAddr::new(any, port), self.reuseport, true).map_err(|e| refusal(&e))?;
+                    let any: std::net::IpAddr = if self.family == libc::AF_INET6 {
+                        std::net::Ipv6Addr::UNSPECIFIED.into()
+                    } else {
+                        std::net::Ipv4Addr::UNSPECIFIED.into()
+                    };
+                    bind_one(&self.socket, SocketAddr::new(any, port), self.reuseport, true)
+                        .map_err(|e| refusal(&e))?;
                 }
             }
             _ => {}
@@ -295,15 +342,34 @@ impl Skeleton {
     /// the peer's family), if it has parts.
     fn part_for(&self, peer: SocketAddr) -> Option<usize> {
         let ip = peer.ip().to_canonical();
-        let local = |s: &Socket| s.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.ip().to_canonical());
+        let local = |s: &Socket| {
+            s.local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .map(|a| a.ip().to_canonical())
+        };
         if self.nic_parts.is_empty() {
             return None;
         }
         // A datagram socket connected to the peer asks the routes, and sends nothing.
         let domain = if ip.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-        let source = Socket::new(domain, Type::DGRAM, None).and_then(|s| s.connect(&SockAddr::from(SocketAddr::new(ip, peer.port().max(1)))).map(|()| s)).ok().as_ref().and_then(local);
-        let routed = self.nic_parts.iter().position(|s| source.is_some() && local(s) == source);
-        routed.or_else(|| self.nic_parts.iter().position(|s| local(s).is_some_and(|l| l.is_ipv4() == ip.is_ipv4())))
+        let source = Socket::new(domain, Type::DGRAM, None)
+            .and_then(|s| {
+                s.connect(&SockAddr::from(SocketAddr::new(ip, peer.port().max(1))))
+                    .map(|()| s)
+            })
+            .ok()
+            .as_ref()
+            .and_then(local);
+        let routed = self
+            .nic_parts
+            .iter()
+            .position(|s| source.is_some() && local(s) == source);
+        routed.or_else(|| {
+            self.nic_parts
+                .iter()
+                .position(|s| local(s).is_some_and(|l| l.is_ipv4() == ip.is_ipv4()))
+        })
     }
 
     /// The socket a datagram to `to` leaves from: for a peer beyond loopback, its part on the
@@ -372,7 +438,9 @@ impl Skeleton {
                 self.state = State::Connected;
                 reply(self.local());
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => self.state = State::Connecting(Some((now + MAX_WAIT, reply))),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                self.state = State::Connecting(Some((now + MAX_WAIT, reply)))
+            }
             Err(e) => reply(Msg::ERR(refusal(&e))),
         }
     }
@@ -436,7 +504,10 @@ impl Skeleton {
 
     pub fn recv(&mut self, max: usize, deadline: Instant, reply: Reply) {
         if let Some((_, _, old)) = self.recv_waiter.take() {
-            old(Msg::ERR(ERR::new(splitos_rpc::ErrCode::Invalid, "a newer receive on this socket replaced this one")));
+            old(Msg::ERR(ERR::new(
+                splitos_rpc::ErrCode::Invalid,
+                "a newer receive on this socket replaced this one",
+            )));
         }
         self.recv_waiter = Some((max.clamp(1, RECV_MAX), deadline, reply));
     }
@@ -481,7 +552,9 @@ impl Skeleton {
                 },
             };
             if let Some(r) = done {
-                let State::Connecting(waiter) = std::mem::replace(&mut self.state, State::Fresh) else { unreachable!() };
+                let State::Connecting(waiter) = std::mem::replace(&mut self.state, State::Fresh) else {
+                    unreachable!()
+                };
                 match r {
                     Ok(()) => {
                         self.state = State::Connected;
@@ -511,7 +584,9 @@ impl Skeleton {
         let mut sent = 0u64;
         loop {
             while self.sendq.len() < SEND_QUEUE {
-                let Some((data, _, reply)) = self.send_waiters.pop_front() else { break };
+                let Some((data, _, reply)) = self.send_waiters.pop_front() else {
+                    break;
+                };
                 match self.err {
                     Some(e) => reply(Msg::ERR(Refusal::errno(e))),
                     None => {
@@ -541,9 +616,17 @@ impl Skeleton {
     }
 
     fn deliver(&mut self, now: Instant) -> u64 {
-        let Some((max, deadline, reply)) = self.recv_waiter.take() else { return 0 };
+        let Some((max, deadline, reply)) = self.recv_waiter.take() else {
+            return 0;
+        };
         if self.eof {
-            reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+            reply(
+                N2P_DATA {
+                    data: ByteBuf::new(),
+                    eof: true,
+                }
+                .into(),
+            );
             return 0;
         }
         let mut buf = vec![0u8; max];
@@ -551,12 +634,24 @@ impl Skeleton {
             match (&self.socket).read(&mut buf) {
                 Ok(0) => {
                     self.eof = true;
-                    reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+                    reply(
+                        N2P_DATA {
+                            data: ByteBuf::new(),
+                            eof: true,
+                        }
+                        .into(),
+                    );
                     return 0;
                 }
                 Ok(n) => {
                     buf.truncate(n);
-                    reply(N2P_DATA { data: ByteBuf::from(buf), eof: false }.into());
+                    reply(
+                        N2P_DATA {
+                            data: ByteBuf::from(buf),
+                            eof: false,
+                        }
+                        .into(),
+                    );
                     return n as u64;
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -564,7 +659,13 @@ impl Skeleton {
                     if let Some(e) = self.err {
                         reply(Msg::ERR(Refusal::errno(e)));
                     } else if now >= deadline {
-                        reply(N2P_DATA { data: ByteBuf::new(), eof: false }.into());
+                        reply(
+                            N2P_DATA {
+                                data: ByteBuf::new(),
+                                eof: false,
+                            }
+                            .into(),
+                        );
                     } else {
                         self.recv_waiter = Some((max, deadline, reply));
                     }
@@ -582,7 +683,9 @@ impl Skeleton {
     /// Hands a waiting receive of a datagram socket what came, whole datagrams with their
     /// sources.
     fn deliver_grams(&mut self, now: Instant) -> u64 {
-        let Some((max, deadline, reply)) = self.recv_waiter.take() else { return 0 };
+        let Some((max, deadline, reply)) = self.recv_waiter.take() else {
+            return 0;
+        };
         let mut grams = Vec::new();
         let mut total = 0usize;
         let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); GRAM_MAX];
@@ -597,7 +700,10 @@ impl Skeleton {
                     // SAFETY: recv_from initialized the first `n` bytes.
                     let data = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
                     total += n;
-                    grams.push(Datagram { addr: from.as_socket(), data: ByteBuf::from(data.to_vec()) });
+                    grams.push(Datagram {
+                        addr: from.as_socket(),
+                        data: ByteBuf::from(data.to_vec()),
+                    });
                     continue;
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -641,7 +747,13 @@ impl Skeleton {
             match self.err {
                 Some(e) => reply(Msg::ERR(Refusal::errno(e))),
                 None if self.is_dgram() => reply(N2P_GRAMS { grams: Vec::new() }.into()),
-                None => reply(N2P_DATA { data: ByteBuf::new(), eof: self.eof }.into()),
+                None => reply(
+                    N2P_DATA {
+                        data: ByteBuf::new(),
+                        eof: self.eof,
+                    }
+                    .into(),
+                ),
             }
         }
         if let State::Connecting(w) = &mut self.state {
@@ -659,7 +771,15 @@ impl Skeleton {
             State::Connecting(Some((d, _))) => Some(*d),
             _ => None,
         };
-        [self.accept_waiter.as_ref().map(|w| w.0), self.recv_waiter.as_ref().map(|w| w.1), connecting, self.send_waiters.front().map(|w| w.1)].into_iter().flatten().min()
+        [
+            self.accept_waiter.as_ref().map(|w| w.0),
+            self.recv_waiter.as_ref().map(|w| w.1),
+            connecting,
+            self.send_waiters.front().map(|w| w.1),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether a closing skeleton has nothing left to send.
@@ -677,7 +797,13 @@ impl Skeleton {
             if self.is_dgram() {
                 reply(Msg::ERR(Refusal::errno(libc::EBADF)));
             } else {
-                reply(N2P_DATA { data: ByteBuf::new(), eof: true }.into());
+                reply(
+                    N2P_DATA {
+                        data: ByteBuf::new(),
+                        eof: true,
+                    }
+                    .into(),
+                );
             }
         }
         if let Some((_, reply)) = self.accept_waiter.take() {

@@ -28,20 +28,39 @@ fn probe(node: &Node, m: &ComponentRef) -> Option<LinkSample> {
         let r = node.rpc.call(&m.addr, P2M_PROBE_LINK { bytes }).ok()?;
         (r.payload.len() == bytes as usize).then(|| t.elapsed())
     };
-    let rtt = (0..SMALL_PROBES).map(|_| timed(0)).collect::<Option<Vec<Duration>>>()?.into_iter().min()?;
-    let large = (0..LARGE_PROBES).map(|_| timed(PROBE_BYTES)).collect::<Option<Vec<Duration>>>()?.into_iter().min()?;
+    let rtt = (0..SMALL_PROBES)
+        .map(|_| timed(0))
+        .collect::<Option<Vec<Duration>>>()?
+        .into_iter()
+        .min()?;
+    let large = (0..LARGE_PROBES)
+        .map(|_| timed(PROBE_BYTES))
+        .collect::<Option<Vec<Duration>>>()?
+        .into_iter()
+        .min()?;
     let transfer = large.saturating_sub(rtt).max(Duration::from_micros(1));
     metrics::counter!("pcomp_link_probes_total").increment((SMALL_PROBES + LARGE_PROBES) as u64);
-    Some(LinkSample { peer: m.id, rtt_ns: rtt.as_nanos() as u64, bytes_per_s: (PROBE_BYTES as f64 / transfer.as_secs_f64()) as u64, age_ms: 0 })
+    Some(LinkSample {
+        peer: m.id,
+        rtt_ns: rtt.as_nanos() as u64,
+        bytes_per_s: (PROBE_BYTES as f64 / transfer.as_secs_f64()) as u64,
+        age_ms: 0,
+    })
 }
 
 /// Probes the mComponents `store`'s programs use every `period`, forever. A link no program
 /// uses any more is dropped at the next round.
 pub fn probe_forever(node: Arc<Node>, store: Arc<RemoteStore>, period: Duration) -> std::io::Result<()> {
-    std::thread::Builder::new().name("link-probes".into()).spawn(move || loop {
-        std::thread::sleep(period);
-        let links = store.mcomponents().iter().filter_map(|m| Some((probe(&node, m)?, Instant::now()))).collect();
-        node.set_links(links);
-    })?;
+    std::thread::Builder::new()
+        .name("link-probes".into())
+        .spawn(move || loop {
+            std::thread::sleep(period);
+            let links = store
+                .mcomponents()
+                .iter()
+                .filter_map(|m| Some((probe(&node, m)?, Instant::now())))
+                .collect();
+            node.set_links(links);
+        })?;
     Ok(())
 }

@@ -140,7 +140,17 @@ impl Pcomp {
     /// Makes run `run_id` `uid`'s, for its launcher, with the interleaving it chose; false if
     /// it is another user's.
     fn claim_run(&self, run_id: u64, uid: u32, interleave: Option<Option<Interleave>>) -> bool {
-        self.runs.lock().unwrap().entry(run_id).or_insert_with(|| Run { uid, stats: Arc::default(), interleave }).uid == uid
+        self.runs
+            .lock()
+            .unwrap()
+            .entry(run_id)
+            .or_insert_with(|| Run {
+                uid,
+                stats: Arc::default(),
+                interleave,
+            })
+            .uid
+            == uid
     }
 
     /// The counters a process of `uid` adds to, and the interleaving its job chose: its run's,
@@ -149,19 +159,30 @@ impl Pcomp {
     /// with it, and the pComponent's interleaving.
     fn run_of(&self, run_id: u64, uid: u32) -> (Arc<RunStats>, Option<Option<Interleave>>) {
         let runs = self.runs.lock().unwrap();
-        runs.get(&run_id).filter(|r| r.uid == uid || r.uid == 0).map(|r| (r.stats.clone(), r.interleave)).unwrap_or_default()
+        runs.get(&run_id)
+            .filter(|r| r.uid == uid || r.uid == 0)
+            .map(|r| (r.stats.clone(), r.interleave))
+            .unwrap_or_default()
     }
 
     fn load(&self) -> Load {
         let procs: Vec<i32> = self.procs.lock().unwrap().values().map(|p| p.os_pid).collect();
         let threads = procs.iter().map(|pid| thread_count(*pid)).sum();
-        Load { threads, processes: procs.len() as u32, capacity: self.miss.with_cache(|c| c.lines()) as u64 * PAGE_SIZE as u64, committed: 0, used: 0 }
+        Load {
+            threads,
+            processes: procs.len() as u32,
+            capacity: self.miss.with_cache(|c| c.lines()) as u64 * PAGE_SIZE as u64,
+            committed: 0,
+            used: 0,
+        }
     }
 
     /// Ends a process whose memory cannot be served (the miss path's fail hook): says why on
     /// its stderr, then kills it.
     fn kill(&self, pid: u64, why: &str) {
-        let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else { return };
+        let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else {
+            return;
+        };
         // The pidfd pins the process, not its credentials: one that became another user's
         // (an exec of a set-user-ID program by a helper holding its connection) is not this
         // program's to end.
@@ -193,7 +214,15 @@ impl Pcomp {
             let _ = std::io::Write::write_all(&mut f, line.as_bytes());
         }
         // SAFETY: pidfd_send_signal takes the process's pidfd and no other pointers but a null siginfo.
-        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                p.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
     }
 
     /// The programs it runs, for the control plane.
@@ -205,8 +234,17 @@ impl Pcomp {
             .map(|p| {
                 // Arguments end with NULs; a process that has just ended shows none.
                 let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.os_pid)).unwrap_or_default();
-                let command = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a)).collect::<Vec<_>>().join(" ");
-                let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(p.uid)).ok().flatten().map(|u| u.name).unwrap_or_default();
+                let command = cmdline
+                    .split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(p.uid))
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+                    .unwrap_or_default();
                 let s = &p.heap.stats;
                 JobInfo {
                     pid: p.pid,
@@ -215,7 +253,11 @@ impl Pcomp {
                     user,
                     vnode: p.memory.who.vnode.clone(),
                     command,
-                    started_unix_s: p.started.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+                    started_unix_s: p
+                        .started
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
                     misses: s.misses.load(Relaxed),
                     evictions: s.evictions.load(Relaxed),
                     writebacks: s.flushes.load(Relaxed),
@@ -233,9 +275,14 @@ impl Pcomp {
         if let Some(size) = r.size {
             crate::config::check_excache(size).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         }
-        let shares = r.shares.map(|s| s.into_iter().map(|s| (s.vnode, lines(s.bytes))).collect());
+        let shares = r
+            .shares
+            .map(|s| s.into_iter().map(|s| (s.vnode, lines(s.bytes))).collect());
         let before = self.miss.with_cache(|c| c.lines());
-        let now = self.miss.reconfigure(r.size.map(lines), shares).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+        let now = self
+            .miss
+            .reconfigure(r.size.map(lines), shares)
+            .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         if now != before {
             tracing::info!(from_lines = before, to_lines = now, "ExCache resized");
         }
@@ -250,8 +297,16 @@ impl Pcomp {
             return Ok(self.policy_now());
         }
         let invalid = |e: String| ERR::new(ErrCode::Invalid, e);
-        let eviction = r.eviction.map(|n| n.parse::<crate::config::EvictPolicy>()).transpose().map_err(|e| invalid(format!("eviction: {e}")))?;
-        let prefetch = r.prefetch.map(|n| n.parse::<crate::config::PrefetchPolicy>()).transpose().map_err(|e| invalid(format!("prefetch: {e}")))?;
+        let eviction = r
+            .eviction
+            .map(|n| n.parse::<crate::config::EvictPolicy>())
+            .transpose()
+            .map_err(|e| invalid(format!("eviction: {e}")))?;
+        let prefetch = r
+            .prefetch
+            .map(|n| n.parse::<crate::config::PrefetchPolicy>())
+            .transpose()
+            .map_err(|e| invalid(format!("prefetch: {e}")))?;
         if prefetch.is_some() && self.cfg.prefetch == 0 {
             return Err(invalid("prefetch: this pComponent reads no line ahead (prefetch = 0): a read-ahead policy would have nothing to do".into()));
         }
@@ -260,21 +315,48 @@ impl Pcomp {
         }
         let lines = self.miss.with_cache(|c| c.lines());
         let (before, _) = self.miss.policy_names();
-        let (e, p) = self.policies.replace(&self.miss, eviction, prefetch, lines, self.cfg.prefetch);
+        let (e, p) = self
+            .policies
+            .replace(&self.miss, eviction, prefetch, lines, self.cfg.prefetch);
         tracing::info!(from = before, eviction = e, prefetch = p, "ExCache policies replaced");
         Ok(self.policy_now())
     }
 
     fn policy_now(&self) -> PolicyState {
         let (eviction, prefetch) = self.miss.policy_names();
-        PolicyState { eviction: eviction.into(), prefetch: prefetch.into(), eviction_swaps: self.policies.eviction.generation(), prefetch_swaps: self.policies.prefetch.generation() }
+        PolicyState {
+            eviction: eviction.into(),
+            prefetch: prefetch.into(),
+            eviction_swaps: self.policies.eviction.generation(),
+            prefetch_swaps: self.policies.prefetch.generation(),
+        }
     }
 
     fn excache_now(&self) -> P2G_EXCACHE {
         let page = PAGE_SIZE as u64;
-        let (size, max, used) = self.miss.with_cache(|c| (c.lines() as u64 * page, c.max_lines() as u64 * page, c.used() as u64 * page));
-        let shares = self.miss.shares().into_iter().map(|(vnode, share, held)| ExcacheShare { vnode, bytes: share as u64 * page, used: held as u64 * page }).collect();
-        P2G_EXCACHE { size, max, used, shares }
+        let (size, max, used) = self.miss.with_cache(|c| {
+            (
+                c.lines() as u64 * page,
+                c.max_lines() as u64 * page,
+                c.used() as u64 * page,
+            )
+        });
+        let shares = self
+            .miss
+            .shares()
+            .into_iter()
+            .map(|(vnode, share, held)| ExcacheShare {
+                vnode,
+                bytes: share as u64 * page,
+                used: held as u64 * page,
+            })
+            .collect();
+        P2G_EXCACHE {
+            size,
+            max,
+            used,
+            shares,
+        }
     }
 
     fn signal(&self, pid: u64, signal: i32) -> Result<OK, ERR> {
@@ -282,13 +364,33 @@ impl Pcomp {
             return Err(ERR::new(ErrCode::Invalid, format!("{signal} is not a signal")));
         }
         let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else {
-            return Err(ERR::new(ErrCode::NotFound, format!("no process {pid} runs on this pComponent")));
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("no process {pid} runs on this pComponent"),
+            ));
         };
         // SAFETY: pidfd_send_signal takes the process's pidfd and no other pointers but a null siginfo.
-        if unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0) } != 0 {
-            return Err(ERR::new(ErrCode::NotFound, format!("process {pid}: {}", std::io::Error::last_os_error())));
+        if unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                p.pidfd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        } != 0
+        {
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("process {pid}: {}", std::io::Error::last_os_error()),
+            ));
         }
-        tracing::info!(pid, os_pid = p.os_pid, signal, "signalled a program for the control plane");
+        tracing::info!(
+            pid,
+            os_pid = p.os_pid,
+            signal,
+            "signalled a program for the control plane"
+        );
         Ok(OK)
     }
 
@@ -345,16 +447,54 @@ impl Pcomp {
         self.miss.total().render(e);
         crate::counters::render(e, "pcomp_one_sided", self.store.one_sided.stats.counters());
         crate::counters::render(e, "pcomp_idle_poll", self.idle.stats.counters());
-        e.one("pcomp_excache_used_lines", Kind::Gauge, "ExCache lines holding a page.", self.miss.with_cache(|c| c.used()) as f64);
-        e.one("pcomp_excache_lines", Kind::Gauge, "ExCache lines, as last resized.", self.miss.with_cache(|c| c.lines()) as f64);
-        e.one("pcomp_excache_pinned_lines", Kind::Gauge, "ExCache lines interleaving keeps local for good.", self.miss.with_cache(|c| c.pinned_lines()) as f64);
+        e.one(
+            "pcomp_excache_used_lines",
+            Kind::Gauge,
+            "ExCache lines holding a page.",
+            self.miss.with_cache(|c| c.used()) as f64,
+        );
+        e.one(
+            "pcomp_excache_lines",
+            Kind::Gauge,
+            "ExCache lines, as last resized.",
+            self.miss.with_cache(|c| c.lines()) as f64,
+        );
+        e.one(
+            "pcomp_excache_pinned_lines",
+            Kind::Gauge,
+            "ExCache lines interleaving keeps local for good.",
+            self.miss.with_cache(|c| c.pinned_lines()) as f64,
+        );
         let shares = self.miss.shares();
         let vnode = |v: &String| vec![("vnode", v.clone())];
-        e.family("pcomp_excache_share_lines", Kind::Gauge, "ExCache lines a vNode keeps against other vNodes' misses.", shares.iter().map(|(v, share, _)| (vnode(v), *share as f64)));
-        e.family("pcomp_excache_vnode_lines", Kind::Gauge, "ExCache lines the processes of a vNode with a share hold.", shares.iter().map(|(v, _, held)| (vnode(v), *held as f64)));
-        let (used, entries) = self.miss.tier_usage().map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
-        e.one("pcomp_tier_used_bytes", Kind::Gauge, "Bytes the compressed tier holds.", used as f64);
-        e.one("pcomp_tier_entries", Kind::Gauge, "Pages the compressed tier holds.", entries as f64);
+        e.family(
+            "pcomp_excache_share_lines",
+            Kind::Gauge,
+            "ExCache lines a vNode keeps against other vNodes' misses.",
+            shares.iter().map(|(v, share, _)| (vnode(v), *share as f64)),
+        );
+        e.family(
+            "pcomp_excache_vnode_lines",
+            Kind::Gauge,
+            "ExCache lines the processes of a vNode with a share hold.",
+            shares.iter().map(|(v, _, held)| (vnode(v), *held as f64)),
+        );
+        let (used, entries) = self
+            .miss
+            .tier_usage()
+            .map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
+        e.one(
+            "pcomp_tier_used_bytes",
+            Kind::Gauge,
+            "Bytes the compressed tier holds.",
+            used as f64,
+        );
+        e.one(
+            "pcomp_tier_entries",
+            Kind::Gauge,
+            "Pages the compressed tier holds.",
+            entries as f64,
+        );
         // A job is a run: the processes one `splitos run` started share its counters, and it
         // is named by its first process's pid (as `splitos ps` shows it; `job` is the label
         // Prometheus gives its own scrape jobs).
@@ -365,11 +505,30 @@ impl Pcomp {
                 None => runs.push((p.pid, p.heap.stats.clone(), p.memory.who.vnode.clone())),
             }
         }
-        let job = |(pid, _, vnode): &(u64, Arc<RunStats>, String)| vec![("pid", pid.to_string()), ("vnode", vnode.clone())];
-        let per_job = |c: fn(&RunStats) -> &std::sync::atomic::AtomicU64| runs.iter().map(move |r| (job(r), c(&r.1).load(std::sync::atomic::Ordering::Relaxed) as f64));
-        e.family("pcomp_job_misses_total", Kind::Counter, "ExCache misses of a running job (its run's processes).", per_job(|s| &s.misses));
-        e.family("pcomp_job_evictions_total", Kind::Counter, "ExCache lines a running job evicted.", per_job(|s| &s.evictions));
-        e.family("pcomp_job_writebacks_total", Kind::Counter, "Lines a running job wrote back to mComponents.", per_job(|s| &s.flushes));
+        let job =
+            |(pid, _, vnode): &(u64, Arc<RunStats>, String)| vec![("pid", pid.to_string()), ("vnode", vnode.clone())];
+        let per_job = |c: fn(&RunStats) -> &std::sync::atomic::AtomicU64| {
+            runs.iter()
+                .map(move |r| (job(r), c(&r.1).load(std::sync::atomic::Ordering::Relaxed) as f64))
+        };
+        e.family(
+            "pcomp_job_misses_total",
+            Kind::Counter,
+            "ExCache misses of a running job (its run's processes).",
+            per_job(|s| &s.misses),
+        );
+        e.family(
+            "pcomp_job_evictions_total",
+            Kind::Counter,
+            "ExCache lines a running job evicted.",
+            per_job(|s| &s.evictions),
+        );
+        e.family(
+            "pcomp_job_writebacks_total",
+            Kind::Counter,
+            "Lines a running job wrote back to mComponents.",
+            per_job(|s| &s.flushes),
+        );
     }
 
     fn shutdown(&self) -> Result<OK, Refusal> {
@@ -386,12 +545,24 @@ fn same_user(p: &Proc) -> bool {
         return false;
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", p.os_pid)).unwrap_or_default();
-    let uids: Vec<u32> = status.lines().find_map(|l| l.strip_prefix("Uid:")).map(|u| u.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default();
+    let uids: Vec<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|u| u.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default();
     fs::grants::alive(&p.pidfd) && uids.len() >= 2 && uids[..2].iter().all(|u| *u == p.uid)
 }
 
 fn thread_count(os_pid: i32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{os_pid}/stat")).ok().and_then(|s| s.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(17)).and_then(|t| t.parse().ok())).unwrap_or(1)
+    std::fs::read_to_string(format!("/proc/{os_pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(17))
+                .and_then(|t| t.parse().ok())
+        })
+        .unwrap_or(1)
 }
 
 /// The pComponent's dispatch table (its programs' requests arrive on their own sockets, see
@@ -405,18 +576,42 @@ impl Handler for Pcomp {
 
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
-            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Proc, id: self.node.id() })),
-            Msg::C2X_STATS(r) => on(r, |_| Ok(X2C_STATS { json: self.stats_json() })),
-            Msg::G2X_STATS(r) => on(r, |_| Ok(X2G_STATS { json: self.stats_json() })),
-            Msg::C2X_METRICS(r) => on(r, |_| Ok(X2C_METRICS { text: crate::telemetry::render() })),
-            Msg::G2X_METRICS(r) => on(r, |_| Ok(X2G_METRICS { text: crate::telemetry::render() })),
+            Msg::C2X_PING(r) => on(r, |_| {
+                Ok(X2C_PONG {
+                    role: Role::Proc,
+                    id: self.node.id(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| {
+                Ok(X2C_STATS {
+                    json: self.stats_json(),
+                })
+            }),
+            Msg::G2X_STATS(r) => on(r, |_| {
+                Ok(X2G_STATS {
+                    json: self.stats_json(),
+                })
+            }),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
+            Msg::G2X_METRICS(r) => on(r, |_| {
+                Ok(X2G_METRICS {
+                    text: crate::telemetry::render(),
+                })
+            }),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
             Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("a pComponent does not handle {}", other.name()))),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("a pComponent does not handle {}", other.name()),
+            )),
         }
     }
 }
@@ -424,7 +619,10 @@ impl Handler for Pcomp {
 /// Programs' sockets are descriptors here too (a pair's end, a UDP socket's senders): the
 /// soft limit on descriptors goes up to the hard one.
 fn raise_descriptor_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit and setrlimit read and write the live rlimit.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
@@ -451,8 +649,10 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
     let policies = excache::Policies::new(cfg.policy, lines, cfg.prefetch_policy, cfg.prefetch);
-    let cache =
-        ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build()).with_floor(cfg.share_floor).with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit)).with_evict_reserve(cfg.evict_reserve);
+    let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
+        .with_floor(cfg.share_floor)
+        .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
+        .with_evict_reserve(cfg.evict_reserve);
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {
@@ -464,10 +664,18 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let grants = Arc::new(fs::grants::Grants::default());
     // Programs of every user hand their memory to whoever answers at the program socket, and
     // vNodes are mounted by name under the vNode root: no other user may have a hand in either.
-    let sock_dir = args.shim_sock.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let sock_dir = args
+        .shim_sock
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     crate::trusted::check_path(sock_dir).map_err(|e| anyhow::anyhow!("the program socket's directory: {e}"))?;
     crate::trusted::own_dir(&args.vnode_root, 0o755).map_err(|e| anyhow::anyhow!("the vNode root: {e}"))?;
-    let uffd_dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").map(OwnedFd::from);
+    let uffd_dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .map(OwnedFd::from);
     if let Err(e) = &uffd_dev {
         tracing::warn!(error = %e, "cannot open /dev/userfaultfd: programs of users who may not create a userfaultfd will not start");
     }
@@ -481,7 +689,15 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
                 p.kill(t.pid, why);
             }
         });
-        let parts = MissPathParts { cache, store: store.clone(), prefetcher: policies.prefetch.build(), piggyback: cfg.piggyback, fault_around: cfg.fault_around, prealloc: cfg.prealloc, on_fail: hook };
+        let parts = MissPathParts {
+            cache,
+            store: store.clone(),
+            prefetcher: policies.prefetch.build(),
+            piggyback: cfg.piggyback,
+            fault_around: cfg.fault_around,
+            prealloc: cfg.prealloc,
+            on_fail: hook,
+        };
         let mut miss = MissPath::new(parts);
         if cfg.compressed_tier.0 > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(cfg.compressed_tier.0)), Box::new(Lz4));
@@ -521,17 +737,31 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
     if cfg.evict_reserve > 0 {
         let p2 = p.clone();
-        std::thread::Builder::new().name("evictor".into()).spawn(move || p2.miss.run_evictor())?;
+        std::thread::Builder::new()
+            .name("evictor".into())
+            .spawn(move || p2.miss.run_evictor())?;
     }
     let p2 = p.clone();
-    std::thread::Builder::new().name("fork-reaper".into()).spawn(move || loop {
-        std::thread::sleep(std::time::Duration::from_millis(p2.cfg.fork_timeout_ms) / 3);
-        p2.reap_unclaimed_children();
-    })?;
+    std::thread::Builder::new()
+        .name("fork-reaper".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(p2.cfg.fork_timeout_ms) / 3);
+            p2.reap_unclaimed_children();
+        })?;
     host::shim::listen(p.clone(), &args.shim_sock)?;
     net::listen(p.clone(), &args.shim_sock)?;
-    endpoint.serve(p.clone(), ServerConfig { name: "pcomp".into(), workers: 1, fanout_workers: 1, serving: Default::default() });
-    let reg = node.register(Some(shim_sock.clone()), p.load()).map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
+    endpoint.serve(
+        p.clone(),
+        ServerConfig {
+            name: "pcomp".into(),
+            workers: 1,
+            fanout_workers: 1,
+            serving: Default::default(),
+        },
+    );
+    let reg = node
+        .register(Some(shim_sock.clone()), p.load())
+        .map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     store.set_vregion_size(reg.vregion_size);
     p.follow_vnodes(reg.vnodes);
     let p2 = p.clone();
@@ -543,12 +773,24 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             p3.net.forget_peers(&beat.lost);
             p3.follow_vnodes(beat.vnodes);
             if p3.cordoned.swap(beat.cordoned, std::sync::atomic::Ordering::Relaxed) != beat.cordoned {
-                tracing::info!(cordoned = beat.cordoned, "{}", if beat.cordoned { "cordoned: no new programs start here" } else { "uncordoned: new programs start here again" });
+                tracing::info!(
+                    cordoned = beat.cordoned,
+                    "{}",
+                    if beat.cordoned {
+                        "cordoned: no new programs start here"
+                    } else {
+                        "uncordoned: new programs start here again"
+                    }
+                );
             }
         },
     );
     if cfg.link_probe_ms > 0 {
-        links::probe_forever(node.clone(), p.store.clone(), std::time::Duration::from_millis(cfg.link_probe_ms))?;
+        links::probe_forever(
+            node.clone(),
+            p.store.clone(),
+            std::time::Duration::from_millis(cfg.link_probe_ms),
+        )?;
     }
     p.miss.with_cache(|c| {
         tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", metrics = ?node.metrics, shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");

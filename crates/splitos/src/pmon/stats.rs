@@ -180,7 +180,19 @@ mod tests {
 
     /// Keys that scripts/bench and the end-to-end tests read from `--stats-json` and the
     /// pComponent's statistics, and Prometheus metrics the tests read.
-    const READ_KEYS: &[&str] = &["misses", "evictions", "flushes", "processes", "prefetch_sample_used", "prefetch_sample_wasted", "evicted_by_others", "miss_ns_p50", "miss_ns_p99", "miss_breakdown_ns_p50", "errors"];
+    const READ_KEYS: &[&str] = &[
+        "misses",
+        "evictions",
+        "flushes",
+        "processes",
+        "prefetch_sample_used",
+        "prefetch_sample_wasted",
+        "evicted_by_others",
+        "miss_ns_p50",
+        "miss_ns_p99",
+        "miss_breakdown_ns_p50",
+        "errors",
+    ];
     const READ_METRICS: &[&str] = &[
         "splitos_pcomp_misses_total",
         "splitos_pcomp_tier_hits_total",
@@ -211,8 +223,15 @@ mod tests {
             assert_eq!(json[c.name], c.value(), "{}", c.name);
             let (metric, value) = c.metric("pcomp");
             let metric = format!("splitos_{metric}");
-            assert!(text.lines().any(|l| l == format!("{metric} {value}")), "{metric} in\n{text}");
-            assert!(text.lines().any(|l| l.starts_with(&format!("# HELP {metric} ")) && l.len() > metric.len() + 10), "{metric}'s help in\n{text}");
+            assert!(
+                text.lines().any(|l| l == format!("{metric} {value}")),
+                "{metric} in\n{text}"
+            );
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("# HELP {metric} ")) && l.len() > metric.len() + 10),
+                "{metric}'s help in\n{text}"
+            );
         }
         for k in READ_KEYS {
             assert!(json.get(k).is_some(), "{k} in {json}");

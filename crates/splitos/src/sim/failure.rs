@@ -53,7 +53,10 @@ pub struct Rates {
 impl Devices {
     pub fn load(path: Option<&Path>) -> anyhow::Result<Devices> {
         let (text, name) = match path {
-            Some(p) => (std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?, p.display().to_string()),
+            Some(p) => (
+                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+                p.display().to_string(),
+            ),
             None => (DEFAULT_DEVICES.to_string(), "the built-in device file".to_string()),
         };
         let d: Devices = toml::from_str(&text).map_err(|e| anyhow!("{name}: {e}"))?;
@@ -62,16 +65,26 @@ impl Devices {
                 bail!("{name}: mttf_years.{dev} = {y}: must be a positive number of years");
             }
         }
-        for (unit, devs) in [("server", &d.units.server), ("pcomponent", &d.units.pcomponent), ("mcomponent", &d.units.mcomponent), ("scomponent", &d.units.scomponent)] {
+        for (unit, devs) in [
+            ("server", &d.units.server),
+            ("pcomponent", &d.units.pcomponent),
+            ("mcomponent", &d.units.mcomponent),
+            ("scomponent", &d.units.scomponent),
+        ] {
             if devs.is_empty() {
                 bail!("{name}: units.{unit} has no devices");
             }
             if let Some(bad) = devs.iter().find(|x| !d.mttf_years.contains_key(*x)) {
-                bail!("{name}: units.{unit}: unknown device `{bad}` (mttf_years has: {})", d.mttf_years.keys().cloned().collect::<Vec<_>>().join(", "));
+                bail!(
+                    "{name}: units.{unit}: unknown device `{bad}` (mttf_years has: {})",
+                    d.mttf_years.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
             }
         }
         let r = &d.repair;
-        let finite = [r.detect_seconds, r.rebuild_mib_per_second, r.backup_log_mib].iter().all(|v| v.is_finite());
+        let finite = [r.detect_seconds, r.rebuild_mib_per_second, r.backup_log_mib]
+            .iter()
+            .all(|v| v.is_finite());
         if !(finite && r.detect_seconds >= 0.0 && r.rebuild_mib_per_second > 0.0 && r.backup_log_mib >= 0.0) {
             bail!("{name}: repair: detect_seconds and backup_log_mib must be at least 0, rebuild_mib_per_second more than 0");
         }
@@ -83,7 +96,12 @@ impl Devices {
     }
 
     pub fn rates(&self) -> Rates {
-        Rates { server: self.rate(&self.units.server), pcomponent: self.rate(&self.units.pcomponent), mcomponent: self.rate(&self.units.mcomponent), scomponent: self.rate(&self.units.scomponent) }
+        Rates {
+            server: self.rate(&self.units.server),
+            pcomponent: self.rate(&self.units.pcomponent),
+            mcomponent: self.rate(&self.units.mcomponent),
+            scomponent: self.rate(&self.units.scomponent),
+        }
     }
 }
 
@@ -108,7 +126,11 @@ pub struct Reliability {
 pub fn reliability(rates: &Rates, servers: usize, compute: Option<(usize, usize)>) -> Reliability {
     let fixed = servers as f64 * rates.server;
     let (p, m, s) = compute.map_or((0, 0, 0), |(p, m)| (p, m, servers));
-    let rate = if compute.is_some() { p as f64 * rates.pcomponent + m as f64 * rates.mcomponent + s as f64 * rates.scomponent } else { fixed };
+    let rate = if compute.is_some() {
+        p as f64 * rates.pcomponent + m as f64 * rates.mcomponent + s as f64 * rates.scomponent
+    } else {
+        fixed
+    };
     Reliability {
         servers: if compute.is_some() { 0 } else { servers },
         pcomponents: p,
@@ -160,11 +182,20 @@ pub struct Redundancy {
 /// `data_mib`: the data on mComponents on average; `peak_mib`: at its peak; `module_mib`:
 /// one mComponent's memory; `others`: failures per year of the rest of the cluster
 /// (pComponents and sComponents).
-pub fn redundancy(d: &Devices, rates: &Rates, data_mib: f64, peak_mib: f64, module_mib: f64, others: f64) -> Vec<Redundancy> {
+pub fn redundancy(
+    d: &Devices,
+    rates: &Rates,
+    data_mib: f64,
+    peak_mib: f64,
+    module_mib: f64,
+    others: f64,
+) -> Vec<Redundancy> {
     SCHEMES
         .iter()
         .filter_map(|&scheme| {
-            let stripe: f64 = scheme.strip_prefix("ec:").map_or(0.0, |k| k.parse().expect("an ec:K scheme"));
+            let stripe: f64 = scheme
+                .strip_prefix("ec:")
+                .map_or(0.0, |k| k.parse().expect("an ec:K scheme"));
             let (factor, log) = match scheme {
                 "none" => (1.0, 0.0),
                 "replica" => (2.0, 0.0),
@@ -211,12 +242,20 @@ mod tests {
         let r = d.rates();
         let p = paper_cases(&r);
         assert!((p.server_mttf_years - 5.8).abs() < 0.01, "{p:?}");
-        assert!(p.worst_mttf_years > p.server_mttf_years && p.best_mttf_years > p.worst_mttf_years, "{p:?}");
+        assert!(
+            p.worst_mttf_years > p.server_mttf_years && p.best_mttf_years > p.worst_mttf_years,
+            "{p:?}"
+        );
     }
 
     #[test]
     fn rates_add_up_over_units() {
-        let r = Rates { server: 0.2, pcomponent: 0.05, mcomponent: 0.04, scomponent: 0.03 };
+        let r = Rates {
+            server: 0.2,
+            pcomponent: 0.05,
+            mcomponent: 0.04,
+            scomponent: 0.03,
+        };
         let f = reliability(&r, 10, None);
         assert!((f.failures_per_year - 2.0).abs() < 1e-12 && (f.mttf_vs_fixed.unwrap() - 1.0).abs() < 1e-12);
         let s = reliability(&r, 10, Some((4, 5)));
@@ -233,13 +272,26 @@ mod tests {
         let r = d.rates();
         let v = redundancy(&d, &r, 1000.0 * 1024.0, 2000.0 * 1024.0, 100.0 * 1024.0, 0.0);
         let by = |s: &str| v.iter().find(|x| x.scheme == s).unwrap();
-        assert_eq!((by("none").mcomponents, by("replica").mcomponents, by("ec:4").mcomponents), (20, 40, 25));
+        assert_eq!(
+            (
+                by("none").mcomponents,
+                by("replica").mcomponents,
+                by("ec:4").mcomponents
+            ),
+            (20, 40, 25)
+        );
         assert!((by("none").expected_loss_gib_per_year - r.mcomponent * 1000.0).abs() < 1e-9);
         for s in ["replica", "log", "ec:2", "ec:4", "ec:8"] {
-            assert!(by(s).expected_loss_gib_per_year < by("none").expected_loss_gib_per_year / 1000.0, "{s}");
+            assert!(
+                by(s).expected_loss_gib_per_year < by("none").expected_loss_gib_per_year / 1000.0,
+                "{s}"
+            );
         }
         assert!(by("ec:8").expected_loss_gib_per_year > by("ec:2").expected_loss_gib_per_year);
-        assert!(by("log").memory_needed_gib > by("none").memory_needed_gib && by("log").memory_needed_gib < by("ec:8").memory_needed_gib);
+        assert!(
+            by("log").memory_needed_gib > by("none").memory_needed_gib
+                && by("log").memory_needed_gib < by("ec:8").memory_needed_gib
+        );
     }
 
     #[test]
@@ -248,9 +300,15 @@ mod tests {
         let p = dir.path().join("d.toml");
         let bad = DEFAULT_DEVICES.replace("pcomponent = [\"cpu\"", "pcomponent = [\"gpu\"");
         std::fs::write(&p, bad).unwrap();
-        assert!(Devices::load(Some(&p)).unwrap_err().to_string().contains("units.pcomponent: unknown device `gpu`"));
+        assert!(Devices::load(Some(&p))
+            .unwrap_err()
+            .to_string()
+            .contains("units.pcomponent: unknown device `gpu`"));
         std::fs::write(&p, DEFAULT_DEVICES.replace("cpu = 204.3", "cpu = -1")).unwrap();
-        assert!(Devices::load(Some(&p)).unwrap_err().to_string().contains("mttf_years.cpu"));
+        assert!(Devices::load(Some(&p))
+            .unwrap_err()
+            .to_string()
+            .contains("mttf_years.cpu"));
         std::fs::write(&p, DEFAULT_DEVICES.replace("[repair]", "[repair]\nextra = 1")).unwrap();
         assert!(Devices::load(Some(&p)).unwrap_err().to_string().contains("extra"));
     }

@@ -97,8 +97,20 @@ pub struct SimArgs {
 const MAX_UNITS: usize = (1 << 24) - 1;
 
 fn parse_window(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s.split_once(':').ok_or("expected START:END (seconds; either may be left out)")?;
-    let num = |x: &str, default: f64| if x.trim().is_empty() { Ok(default) } else { x.trim().parse::<f64>().ok().filter(|v| !v.is_nan()).ok_or_else(|| format!("`{x}` is not a number of seconds")) };
+    let (a, b) = s
+        .split_once(':')
+        .ok_or("expected START:END (seconds; either may be left out)")?;
+    let num = |x: &str, default: f64| {
+        if x.trim().is_empty() {
+            Ok(default)
+        } else {
+            x.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| !v.is_nan())
+                .ok_or_else(|| format!("`{x}` is not a number of seconds"))
+        }
+    };
     let (a, b) = (num(a, f64::NEG_INFINITY)?, num(b, f64::INFINITY)?);
     if a >= b {
         return Err(format!("the window's start {a} is not before its end {b}"));
@@ -143,7 +155,11 @@ struct RunReport {
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let shown: Vec<Kind> = args.models.split(',').map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
+    let shown: Vec<Kind> = args
+        .models
+        .split(',')
+        .map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
     if let Some(k) = shown.iter().find(|k| shown.iter().filter(|x| x == k).count() > 1) {
         bail!("--models: `{}` is named twice", k.name());
     }
@@ -154,7 +170,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     policy::by_name(&args.policy).map_err(anyhow::Error::msg)?;
     if !(args.excache_share > 0.0 && args.excache_share < 1.0) {
-        bail!("--excache-share must be between 0 and 1 (exclusive), not {}", args.excache_share);
+        bail!(
+            "--excache-share must be between 0 and 1 (exclusive), not {}",
+            args.excache_share
+        );
     }
     let vregion_mib = args.vregion.0 >> 20;
     if vregion_mib == 0 || !args.vregion.0.is_multiple_of(1 << 20) {
@@ -163,15 +182,26 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.scale == 0 || args.load == 0 || !(args.shift.is_finite() && args.shift >= 0.0) {
         bail!("--scale and --load must be at least 1, --shift a number of seconds of at least 0");
     }
-    let copies = args.scale.checked_mul(args.load).context("--scale x --load is too large")?;
-    let memory_modules = args.memory_modules.checked_mul(args.scale).filter(|m| *m <= MAX_UNITS).context("--memory-modules x --scale is too large")?;
+    let copies = args
+        .scale
+        .checked_mul(args.load)
+        .context("--scale x --load is too large")?;
+    let memory_modules = args
+        .memory_modules
+        .checked_mul(args.scale)
+        .filter(|m| *m <= MAX_UNITS)
+        .context("--memory-modules x --scale is too large")?;
     let devices = failure::Devices::load(args.devices.as_deref())?;
     let node_cols = Columns::parse(&trace::NODE_FIELDS, &args.node_columns).context("--node-columns")?;
     let task_cols = Columns::parse(&trace::TASK_FIELDS, &args.task_columns).context("--task-columns")?;
     let base_nodes = trace::read_nodes(&args.nodes, &node_cols)?;
     let TaskList { tasks, stats, timed } = trace::read_tasks(&args.tasks, &task_cols, args.skip_incomplete)?;
     if base_nodes.len().checked_mul(args.scale).is_none_or(|n| n > MAX_UNITS) {
-        bail!("--scale {}: {} nodes per copy make more than {MAX_UNITS} units", args.scale, base_nodes.len());
+        bail!(
+            "--scale {}: {} nodes per copy make more than {MAX_UNITS} units",
+            args.scale,
+            base_nodes.len()
+        );
     }
     let base_tasks = tasks.len();
     let window = args.window;
@@ -186,12 +216,31 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let nodes: Vec<Node> = (0..args.scale).flat_map(|_| base_nodes.iter().copied()).collect();
     let (start, end) = w.span();
     if timed && (window.1 <= start || window.0 >= end) {
-        bail!("--window {}:{}: the replay runs from {start} s to {end} s", window.0, window.1);
+        bail!(
+            "--window {}:{}: the replay runs from {start} s to {end} s",
+            window.0,
+            window.1
+        );
     }
 
-    let specs: Vec<Spec> =
-        kinds.iter().map(|&kind| Spec { kind, topology: if kind == Kind::Fixed { Topology::default() } else { args.topology }, excache_share: args.excache_share, vregion_mib, memory_modules }).collect();
-    let models: Vec<Model> = specs.into_iter().map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg)).collect::<anyhow::Result<_>>()?;
+    let specs: Vec<Spec> = kinds
+        .iter()
+        .map(|&kind| Spec {
+            kind,
+            topology: if kind == Kind::Fixed {
+                Topology::default()
+            } else {
+                args.topology
+            },
+            excache_share: args.excache_share,
+            vregion_mib,
+            memory_modules,
+        })
+        .collect();
+    let models: Vec<Model> = specs
+        .into_iter()
+        .map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
     // asked to count such tasks. The baseline replayed without being asked for counts them.
     let mut needs: Vec<Vec<Option<Need>>> = Vec::new();
@@ -218,9 +267,18 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
 
     let total_events = (if timed { w.events.len() } else { w.len() } * models.len()) as u64;
-    let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_events) };
+    let progress = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(total_events)
+    };
     let what = if timed { "events" } else { "tasks" };
-    progress.set_style(indicatif::ProgressStyle::with_template(&format!("{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{human_pos}}/{{human_len}} {what} ({{eta}} left)")).expect("a valid template"));
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{human_pos}}/{{human_len}} {what} ({{eta}} left)"
+        ))
+        .expect("a valid template"),
+    );
     let replay_started = Instant::now();
     let mut reports: Vec<(Kind, ModelReport)> = std::thread::scope(|s| {
         let handles: Vec<_> = models
@@ -229,16 +287,33 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             .map(|(m, needs)| {
                 let (w, progress) = (&w, progress.clone());
                 let kind = m.spec.kind;
-                s.spawn(move || (kind, if timed { replay(m, w, needs, args.retry_window, args.samples, window, &progress) } else { fill(m, w, needs, &progress) }))
+                s.spawn(move || {
+                    (
+                        kind,
+                        if timed {
+                            replay(m, w, needs, args.retry_window, args.samples, window, &progress)
+                        } else {
+                            fill(m, w, needs, &progress)
+                        },
+                    )
+                })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("a replay thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a replay thread panicked"))
+            .collect()
     });
     progress.finish_and_clear();
     let replay_seconds = replay_started.elapsed().as_secs_f64();
 
     let rates = devices.rates();
-    let servers = reports.iter().find(|(k, _)| *k == Kind::Fixed).expect("the fixed model is always replayed").1.peak_compute_on;
+    let servers = reports
+        .iter()
+        .find(|(k, _)| *k == Kind::Fixed)
+        .expect("the fixed model is always replayed")
+        .1
+        .peak_compute_on;
     for (kind, r) in &mut reports {
         r.policy = args.policy.clone();
         r.reliability = Some(match kind {
@@ -247,11 +322,20 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         });
         if *kind == Kind::Splitos {
             let others = r.peak_compute_on as f64 * rates.pcomponent + servers as f64 * rates.scomponent;
-            r.redundancy = Some(failure::redundancy(&devices, &rates, r.average_remote_mib, r.peak_remote_mib, r.memory_unit_mib as f64, others));
+            r.redundancy = Some(failure::redundancy(
+                &devices,
+                &rates,
+                r.average_remote_mib,
+                r.peak_remote_mib,
+                r.memory_unit_mib as f64,
+                others,
+            ));
         }
     }
     let events: usize = reports.iter().map(|(_, r)| r.events).sum();
-    let threads = reports.len().min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = reports
+        .len()
+        .min(std::thread::available_parallelism().map_or(1, |n| n.get()));
     // The baseline nobody asked for is summarized, so that what it counted is not lost.
     let baseline = (!shown.contains(&Kind::Fixed)).then(|| serde_json::json!({"servers": servers, "oversized": reports[0].1.oversized, "unplaced": reports[0].1.unplaced}));
     reports.retain(|(k, _)| shown.contains(k));
@@ -293,7 +377,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     print_report(&reports, &out, started.elapsed().as_secs_f64());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
         crate::outln!("report: {}", path.display());
     }
     Ok(())
@@ -301,7 +386,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
 
 /// A redundancy scheme's figure for the splitos model, "-" for the others.
 fn scheme(r: &ModelReport, name: &str, f: impl Fn(&failure::Redundancy) -> String) -> String {
-    r.redundancy.iter().flatten().find(|x| x.scheme == name).map_or("-".into(), f)
+    r.redundancy
+        .iter()
+        .flatten()
+        .find(|x| x.scheme == name)
+        .map_or("-".into(), f)
 }
 
 /// The report as a table: one column per model.
@@ -314,7 +403,9 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
     let pct = |v: f64| format!("{:.2}%", v * 100.0);
     type Row = (&'static str, fn(&ModelReport, &dyn Fn(f64) -> String) -> String);
     let rows: [Row; 16] = [
-        ("units (compute / memory)", |r, _| format!("{} / {}", r.compute_units, r.memory_units)),
+        ("units (compute / memory)", |r, _| {
+            format!("{} / {}", r.compute_units, r.memory_units)
+        }),
         ("fragmentation CPU", |r, p| p(r.average.fragmentation_cpu)),
         ("fragmentation memory", |r, p| p(r.average.fragmentation_mem)),
         ("switched off compute", |r, p| p(r.average.switched_off_compute)),
@@ -322,13 +413,44 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
         ("utilization CPU", |r, p| p(r.average.utilization_cpu)),
         ("utilization memory", |r, p| p(r.average.utilization_mem)),
         ("placed", |r, _| r.placed.to_string()),
-        ("unplaced (oversized)", |r, _| format!("{} ({})", r.unplaced, r.oversized)),
-        ("waited, p50 / max wait", |r, _| format!("{}, {:.0} s / {:.0} s", r.waits.waited, r.waits.p50_seconds, r.waits.max_seconds)),
-        ("peak units on (compute / memory)", |r, _| format!("{} / {}", r.peak_compute_on, r.peak_memory_on)),
-        ("cluster MTTF (days)", |r, _| r.reliability.as_ref().and_then(|f| f.cluster_mttf_days).map_or("-".into(), |d| format!("{d:.1}"))),
-        ("MTTF vs fixed", |r, _| r.reliability.as_ref().and_then(|f| f.mttf_vs_fixed).map_or("-".into(), |x| format!("{x:.2}x"))),
-        ("memory with replica / ec:4", |r, _| format!("{} / {} GiB", scheme(r, "replica", |x| format!("{:.0}", x.memory_needed_gib)), scheme(r, "ec:4", |x| format!("{:.0}", x.memory_needed_gib)))),
-        ("loss/yr none / replica", |r, _| format!("{} / {} GiB", scheme(r, "none", |x| format!("{:.3}", x.expected_loss_gib_per_year)), scheme(r, "replica", |x| format!("{:.2e}", x.expected_loss_gib_per_year)))),
+        ("unplaced (oversized)", |r, _| {
+            format!("{} ({})", r.unplaced, r.oversized)
+        }),
+        ("waited, p50 / max wait", |r, _| {
+            format!(
+                "{}, {:.0} s / {:.0} s",
+                r.waits.waited, r.waits.p50_seconds, r.waits.max_seconds
+            )
+        }),
+        ("peak units on (compute / memory)", |r, _| {
+            format!("{} / {}", r.peak_compute_on, r.peak_memory_on)
+        }),
+        ("cluster MTTF (days)", |r, _| {
+            r.reliability
+                .as_ref()
+                .and_then(|f| f.cluster_mttf_days)
+                .map_or("-".into(), |d| format!("{d:.1}"))
+        }),
+        ("MTTF vs fixed", |r, _| {
+            r.reliability
+                .as_ref()
+                .and_then(|f| f.mttf_vs_fixed)
+                .map_or("-".into(), |x| format!("{x:.2}x"))
+        }),
+        ("memory with replica / ec:4", |r, _| {
+            format!(
+                "{} / {} GiB",
+                scheme(r, "replica", |x| format!("{:.0}", x.memory_needed_gib)),
+                scheme(r, "ec:4", |x| format!("{:.0}", x.memory_needed_gib))
+            )
+        }),
+        ("loss/yr none / replica", |r, _| {
+            format!(
+                "{} / {} GiB",
+                scheme(r, "none", |x| format!("{:.3}", x.expected_loss_gib_per_year)),
+                scheme(r, "replica", |x| format!("{:.2e}", x.expected_loss_gib_per_year))
+            )
+        }),
         ("events per second", |r, _| format!("{:.0}", r.events_per_second)),
     ];
     for (name, f) in rows {
@@ -375,7 +497,10 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
 /// A static list's fill: the curve every tenth of the cluster's capacity requested (the JSON
 /// has every hundredth), then where each model stopped and why.
 fn print_fill(reports: &[(Kind, ModelReport)]) {
-    let fills: Vec<(&str, &Fill)> = reports.iter().filter_map(|(k, r)| r.fill.as_ref().map(|f| (k.name(), f))).collect();
+    let fills: Vec<(&str, &Fill)> = reports
+        .iter()
+        .filter_map(|(k, r)| r.fill.as_ref().map(|f| (k.name(), f)))
+        .collect();
     if fills.is_empty() {
         return;
     }
@@ -392,12 +517,19 @@ fn print_fill(reports: &[(Kind, ModelReport)]) {
     let cells = |f: &Fill, i: Option<usize>| match i {
         Some(i) => {
             let c = &f.curve;
-            [pair(c.utilization_cpu[i], c.utilization_mem[i]), pair(c.fragmentation_rate_cpu[i], c.fragmentation_rate_mem[i])]
+            [
+                pair(c.utilization_cpu[i], c.utilization_mem[i]),
+                pair(c.fragmentation_rate_cpu[i], c.fragmentation_rate_mem[i]),
+            ]
         }
         None => ["-".to_string(), "-".to_string()],
     };
     let percent = |f: &Fill, i: usize| (f.curve.arrived[i] * 100.0).floor() as u64;
-    let top = fills.iter().map(|(_, f)| percent(f, f.curve.arrived.len() - 1)).max().unwrap_or(0);
+    let top = fills
+        .iter()
+        .map(|(_, f)| percent(f, f.curve.arrived.len() - 1))
+        .max()
+        .unwrap_or(0);
     for step in (10..=top).step_by(10) {
         let mut row = vec![format!("{step}%")];
         for (_, f) in &fills {
@@ -413,14 +545,25 @@ fn print_fill(reports: &[(Kind, ModelReport)]) {
     crate::outln!("{table}");
     for (name, f) in &fills {
         let c = &f.curve;
-        let first = f.first_failed.as_ref().map_or("none failed".to_string(), |x| format!("the first to fail was row {} ({}), at {:.1}% requested", x.row, x.name, x.arrived * 100.0));
+        let first = f.first_failed.as_ref().map_or("none failed".to_string(), |x| {
+            format!(
+                "the first to fail was row {} ({}), at {:.1}% requested",
+                x.row,
+                x.name,
+                x.arrived * 100.0
+            )
+        });
         crate::outln!(
             "{name}: {} tasks came ({:.1}% requested), {} placed, {} failed; {first}; {}",
             f.tried,
             c.arrived.last().copied().unwrap_or(0.0) * 100.0,
             c.placed.last().copied().unwrap_or(0),
             f.failed,
-            if f.full { "stopped full: not even the smallest tasks fit" } else { "stopped at the end of the list" }
+            if f.full {
+                "stopped full: not even the smallest tasks fit"
+            } else {
+                "stopped at the end of the list"
+            }
         );
     }
 }
@@ -433,30 +576,106 @@ mod tests {
 
     /// Replays hand-made tasks `(cpu, mem, start, end)` on nodes `(cpu, mem)`, with an
     /// ExCache share of a quarter and vRegions of 4 MiB.
-    fn replay_of(kind: Kind, nodes: &[(u64, u64)], tasks: &[(u64, u64, f64, f64)], policy: &str, topology: &str) -> ModelReport {
+    fn replay_of(
+        kind: Kind,
+        nodes: &[(u64, u64)],
+        tasks: &[(u64, u64, f64, f64)],
+        policy: &str,
+        topology: &str,
+    ) -> ModelReport {
         let nodes: Vec<Node> = nodes.iter().map(|&(cpu, mem)| Node { cpu, mem }).collect();
-        let tasks = tasks.iter().enumerate().map(|(i, &(cpu, mem, start, end))| Task { name: format!("t{i}"), row: i + 1, cpu, mem, start, end }).collect();
+        let tasks = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &(cpu, mem, start, end))| Task {
+                name: format!("t{i}"),
+                row: i + 1,
+                cpu,
+                mem,
+                start,
+                end,
+            })
+            .collect();
         let w = Workload::new(tasks, 1, 0.0).unwrap();
-        let spec = Spec { kind, topology: topology.parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 };
+        let spec = Spec {
+            kind,
+            topology: topology.parse().unwrap(),
+            excache_share: 0.25,
+            vregion_mib: 4,
+            memory_modules: 0,
+        };
         let m = Model::new(spec, &nodes, w.len(), policy).unwrap();
-        let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
-        let r = replay(m, &w, &needs, 100, 3, (f64::NEG_INFINITY, f64::INFINITY), &indicatif::ProgressBar::hidden());
+        let needs: Vec<Option<Need>> = w
+            .tasks
+            .iter()
+            .map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none()))
+            .collect();
+        let r = replay(
+            m,
+            &w,
+            &needs,
+            100,
+            3,
+            (f64::NEG_INFINITY, f64::INFINITY),
+            &indicatif::ProgressBar::hidden(),
+        );
         let a = &r.audit;
-        assert_eq!((a.over_capacity, a.missing_allocations, a.unmatched_releases, a.units_left_holding, a.placements, a.releases), (0, 0, 0, 0, r.placed, r.placed));
+        assert_eq!(
+            (
+                a.over_capacity,
+                a.missing_allocations,
+                a.unmatched_releases,
+                a.units_left_holding,
+                a.placements,
+                a.releases
+            ),
+            (0, 0, 0, 0, r.placed, r.placed)
+        );
         r
     }
 
     /// Fills hand-made static tasks `(cpu, mem)` into nodes `(cpu, mem)`, as `replay_of`.
     fn fill_of(kind: Kind, nodes: &[(u64, u64)], tasks: &[(u64, u64)], topology: &str) -> ModelReport {
         let nodes: Vec<Node> = nodes.iter().map(|&(cpu, mem)| Node { cpu, mem }).collect();
-        let tasks = tasks.iter().enumerate().map(|(i, &(cpu, mem))| Task { name: format!("t{i}"), row: i + 1, cpu, mem, start: 0.0, end: f64::INFINITY }).collect();
+        let tasks = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &(cpu, mem))| Task {
+                name: format!("t{i}"),
+                row: i + 1,
+                cpu,
+                mem,
+                start: 0.0,
+                end: f64::INFINITY,
+            })
+            .collect();
         let w = Workload::in_order(tasks, 1).unwrap();
-        let spec = Spec { kind, topology: topology.parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 };
+        let spec = Spec {
+            kind,
+            topology: topology.parse().unwrap(),
+            excache_share: 0.25,
+            vregion_mib: 4,
+            memory_modules: 0,
+        };
         let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
-        let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
+        let needs: Vec<Option<Need>> = w
+            .tasks
+            .iter()
+            .map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none()))
+            .collect();
         let r = fill(m, &w, &needs, &indicatif::ProgressBar::hidden());
         let a = &r.audit;
-        assert_eq!((a.over_capacity, a.missing_allocations, a.unmatched_releases, a.units_left_holding, a.placements, a.releases), (0, 0, 0, 0, r.placed, r.placed));
+        assert_eq!(
+            (
+                a.over_capacity,
+                a.missing_allocations,
+                a.unmatched_releases,
+                a.units_left_holding,
+                a.placements,
+                a.releases
+            ),
+            (0, 0, 0, 0, r.placed, r.placed)
+        );
         r
     }
 
@@ -469,12 +688,25 @@ mod tests {
         let tasks = [(2000, 4, 0.0, 10.0), (2000, 4, 0.0, 10.0)];
         for policy in ["best-fit", "first-fit"] {
             let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, policy, "none");
-            assert!(close(r.average.switched_off_compute, 0.5) && close(r.average.switched_off_memory, 0.5), "{policy}");
-            assert!(close(r.average.fragmentation_cpu, 0.0) && close(r.average.fragmentation_mem, 0.0), "{policy}");
-            assert!(close(r.average.utilization_cpu, 0.5) && close(r.average.utilization_mem, 0.5), "{policy}");
+            assert!(
+                close(r.average.switched_off_compute, 0.5) && close(r.average.switched_off_memory, 0.5),
+                "{policy}"
+            );
+            assert!(
+                close(r.average.fragmentation_cpu, 0.0) && close(r.average.fragmentation_mem, 0.0),
+                "{policy}"
+            );
+            assert!(
+                close(r.average.utilization_cpu, 0.5) && close(r.average.utilization_mem, 0.5),
+                "{policy}"
+            );
         }
         let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, "gpm-gmm", "none");
-        assert!(close(r.average.switched_off_compute, 0.0) && close(r.average.fragmentation_cpu, 0.5) && close(r.average.fragmentation_mem, 0.5));
+        assert!(
+            close(r.average.switched_off_compute, 0.0)
+                && close(r.average.fragmentation_cpu, 0.5)
+                && close(r.average.fragmentation_mem, 0.5)
+        );
     }
 
     /// Two tasks leave 1 core and 6 MiB on each server: a third (1 core, 7 MiB) fits no
@@ -489,13 +721,29 @@ mod tests {
         let d = replay_of(Kind::Disaggregated, &nodes, &tasks, "best-fit", "none");
         assert_eq!((d.placed, d.unplaced), (3, 0));
         // Compute: one module full, one with 1 core free. Memory: 4 and 1 MiB free.
-        assert!(close(d.average.fragmentation_cpu, 0.125) && close(d.average.fragmentation_mem, 5.0 / 16.0), "{} {}", d.average.fragmentation_cpu, d.average.fragmentation_mem);
+        assert!(
+            close(d.average.fragmentation_cpu, 0.125) && close(d.average.fragmentation_mem, 5.0 / 16.0),
+            "{} {}",
+            d.average.fragmentation_cpu,
+            d.average.fragmentation_mem
+        );
         assert!(close(d.average.switched_off_compute, 0.0) && close(d.average.switched_off_memory, 0.0));
     }
 
     #[test]
     fn a_task_waits_for_room_and_gives_up_at_its_end() {
-        let r = replay_of(Kind::Fixed, &[(4000, 8)], &[(4000, 8, 0.0, 10.0), (4000, 8, 5.0, 20.0), (1000, 1, 6.0, 9.0), (1, 1, 12.0, 12.0)], "best-fit", "none");
+        let r = replay_of(
+            Kind::Fixed,
+            &[(4000, 8)],
+            &[
+                (4000, 8, 0.0, 10.0),
+                (4000, 8, 5.0, 20.0),
+                (1000, 1, 6.0, 9.0),
+                (1, 1, 12.0, 12.0),
+            ],
+            "best-fit",
+            "none",
+        );
         assert_eq!((r.placed, r.unplaced, r.instant, r.waits.waited), (2, 1, 1, 1));
         assert!(close(r.waits.p50_seconds, 5.0) && close(r.waits.max_seconds, 5.0));
         assert!(close(r.average.utilization_cpu, 1.0) && close(r.average.switched_off_compute, 0.0));
@@ -508,19 +756,47 @@ mod tests {
         // 16 MiB do not fit one mComponent: 12 go to one, 4 to the other, over two links.
         let task = [(1000, 16, 0.0, 10.0)];
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:2");
-        assert_eq!((r.placed, r.peak_memory_on, r.memory_units, r.memory_unit_mib), (1, 2, 2, 12));
+        assert_eq!(
+            (r.placed, r.peak_memory_on, r.memory_units, r.memory_unit_mib),
+            (1, 2, 2, 12)
+        );
         assert!(close(r.average.utilization_mem, (4.0 + 16.0) / 32.0));
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:1");
         assert_eq!((r.placed, r.unplaced), (0, 1));
         // Racks: each pComponent reaches only its rack's mComponent, 12 MiB.
-        let m = Model::new(Spec { kind: Kind::Splitos, topology: "racks:2".parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 0 }, &[Node { cpu: 4000, mem: 16 }; 2], 1, "best-fit").unwrap();
+        let m = Model::new(
+            Spec {
+                kind: Kind::Splitos,
+                topology: "racks:2".parse().unwrap(),
+                excache_share: 0.25,
+                vregion_mib: 4,
+                memory_modules: 0,
+            },
+            &[Node { cpu: 4000, mem: 16 }; 2],
+            1,
+            "best-fit",
+        )
+        .unwrap();
         let (field, why) = m.oversized(&m.need(1000, 16)).unwrap();
-        assert!(field == "mem" && why.contains("more than a compute unit can reach (12 MiB)"), "{why}");
+        assert!(
+            field == "mem" && why.contains("more than a compute unit can reach (12 MiB)"),
+            "{why}"
+        );
         assert!(m.oversized(&m.need(1000, 12)).is_none());
         let (field, _) = m.oversized(&m.need(5000, 1)).unwrap();
         assert_eq!(field, "cpu");
-        let r = replay_of(Kind::Splitos, &nodes, &[(1000, 8, 0.0, 10.0), (1000, 8, 0.0, 10.0)], "first-fit", "racks:2");
-        assert_eq!((r.placed, r.peak_compute_on, r.peak_memory_on), (2, 2, 2), "the second task's pComponent cannot reach the first mComponent's room");
+        let r = replay_of(
+            Kind::Splitos,
+            &nodes,
+            &[(1000, 8, 0.0, 10.0), (1000, 8, 0.0, 10.0)],
+            "first-fit",
+            "racks:2",
+        );
+        assert_eq!(
+            (r.placed, r.peak_compute_on, r.peak_memory_on),
+            (2, 2, 2),
+            "the second task's pComponent cannot reach the first mComponent's room"
+        );
     }
 
     /// Memory fills rack after rack: a task goes to a rack whose memory has room, whatever
@@ -541,13 +817,48 @@ mod tests {
     #[test]
     fn links_run_out_at_placement() {
         let nodes: Vec<Node> = vec![Node { cpu: 4000, mem: 16 }];
-        let spec = Spec { kind: Kind::Splitos, topology: "links:1".parse().unwrap(), excache_share: 0.25, vregion_mib: 4, memory_modules: 2 };
-        let tasks = vec![Task { name: "a".into(), row: 1, cpu: 1000, mem: 4, start: 0.0, end: 10.0 }, Task { name: "b".into(), row: 2, cpu: 1000, mem: 4, start: 1.0, end: 5.0 }];
+        let spec = Spec {
+            kind: Kind::Splitos,
+            topology: "links:1".parse().unwrap(),
+            excache_share: 0.25,
+            vregion_mib: 4,
+            memory_modules: 2,
+        };
+        let tasks = vec![
+            Task {
+                name: "a".into(),
+                row: 1,
+                cpu: 1000,
+                mem: 4,
+                start: 0.0,
+                end: 10.0,
+            },
+            Task {
+                name: "b".into(),
+                row: 2,
+                cpu: 1000,
+                mem: 4,
+                start: 1.0,
+                end: 5.0,
+            },
+        ];
         let w = Workload::new(tasks, 1, 0.0).unwrap();
         let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
-        let needs: Vec<Option<Need>> = w.tasks.iter().map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none())).collect();
+        let needs: Vec<Option<Need>> = w
+            .tasks
+            .iter()
+            .map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none()))
+            .collect();
         assert!(needs.iter().all(Option::is_some), "neither task is too large");
-        let r = replay(m, &w, &needs, 100, 3, (f64::NEG_INFINITY, f64::INFINITY), &indicatif::ProgressBar::hidden());
+        let r = replay(
+            m,
+            &w,
+            &needs,
+            100,
+            3,
+            (f64::NEG_INFINITY, f64::INFINITY),
+            &indicatif::ProgressBar::hidden(),
+        );
         assert_eq!((r.placed, r.unplaced, r.oversized, r.peak_memory_on), (1, 1, 0, 1));
         assert_eq!(r.audit.units_left_holding, 0);
     }
@@ -577,7 +888,11 @@ mod tests {
         assert!(close(r.average.switched_off_memory, 0.0));
         let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:16");
         assert_eq!(r.peak_memory_on, 1);
-        assert!(close(r.average.switched_off_memory, 0.5) && close(r.average.fragmentation_mem, (2.0 + 4.0) / 32.0), "{}", r.average.fragmentation_mem);
+        assert!(
+            close(r.average.switched_off_memory, 0.5) && close(r.average.fragmentation_mem, (2.0 + 4.0) / 32.0),
+            "{}",
+            r.average.fragmentation_mem
+        );
     }
 
     /// Two tasks leave 1 core and 6 MiB on each server: no task of the list fits what is
@@ -595,8 +910,15 @@ mod tests {
         assert_eq!((first.task, first.row, first.name.as_str()), (2, 3, "t2"));
         assert!(close(first.arrived, 0.75));
         let c = &x.curve;
-        assert_eq!((c.tasks.as_slice(), c.placed.as_slice()), (&[0, 1, 2, 3][..], &[0, 1, 2, 2][..]));
-        assert!(close(c.arrived[1], 3000.0 / 8000.0) && close(c.arrived_mem[1], 2.0 / 16.0) && close(c.arrived[3], 7000.0 / 8000.0));
+        assert_eq!(
+            (c.tasks.as_slice(), c.placed.as_slice()),
+            (&[0, 1, 2, 3][..], &[0, 1, 2, 2][..])
+        );
+        assert!(
+            close(c.arrived[1], 3000.0 / 8000.0)
+                && close(c.arrived_mem[1], 2.0 / 16.0)
+                && close(c.arrived[3], 7000.0 / 8000.0)
+        );
         // An empty cluster: every task fits a unit, nothing is fragmented.
         assert!(close(c.fragmentation_rate_cpu[0], 0.0) && close(c.fragmentation_rate_mem[0], 0.0));
         assert!(close(c.fragmentation_rate_cpu[2], 1.0) && close(c.fragmentation_rate_mem[2], 1.0));
@@ -609,7 +931,12 @@ mod tests {
         // After two tasks: 1 core free on each compute module and 4 and 8 MiB on the memory
         // modules, usable by the tasks of 1 core and 7 MiB, half of the list.
         let c = &x.curve;
-        assert!(close(c.fragmentation_rate_cpu[2], 0.5) && close(c.fragmentation_rate_mem[2], 0.5), "{} {}", c.fragmentation_rate_cpu[2], c.fragmentation_rate_mem[2]);
+        assert!(
+            close(c.fragmentation_rate_cpu[2], 0.5) && close(c.fragmentation_rate_mem[2], 0.5),
+            "{} {}",
+            c.fragmentation_rate_cpu[2],
+            c.fragmentation_rate_mem[2]
+        );
     }
 
     /// What fits what: a server too small for a task of the list leaves all its free
@@ -621,7 +948,10 @@ mod tests {
         let f = fill_of(Kind::Fixed, &[(1000, 4), (4000, 16)], &[(1000, 2), (4000, 16)], "none");
         let c = &f.fill.as_ref().unwrap().curve;
         // Empty: the small server (1 core, 4 MiB) serves half of the list.
-        assert!(close(c.fragmentation_rate_cpu[0], 0.5 * 1000.0 / 5000.0) && close(c.fragmentation_rate_mem[0], 0.5 * 4.0 / 20.0));
+        assert!(
+            close(c.fragmentation_rate_cpu[0], 0.5 * 1000.0 / 5000.0)
+                && close(c.fragmentation_rate_mem[0], 0.5 * 4.0 / 20.0)
+        );
         assert_eq!(f.placed, 2);
         // splitos, two racks: the first task takes all the CPU of rack 0's pComponent, so
         // the rest of its ExCache and its mComponent's memory are of no use to anyone.
@@ -629,7 +959,11 @@ mod tests {
         let c = &s.fill.as_ref().unwrap().curve;
         // Free: rack 0's ExCache 4 - 1 MiB and mComponent 12 - 4 MiB (useless), rack 1's
         // ExCache 4 and mComponent 12 MiB (usable).
-        assert!(close(c.fragmentation_rate_mem[1], 11.0 / 27.0), "{}", c.fragmentation_rate_mem[1]);
+        assert!(
+            close(c.fragmentation_rate_mem[1], 11.0 / 27.0),
+            "{}",
+            c.fragmentation_rate_mem[1]
+        );
         assert!(close(c.fragmentation_rate_cpu[1], 0.0));
     }
 }

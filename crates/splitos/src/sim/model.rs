@@ -64,12 +64,22 @@ impl std::str::FromStr for Topology {
     fn from_str(s: &str) -> Result<Topology, String> {
         let mut t = Topology::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty() && *p != "none") {
-            let (k, v) = part.split_once(':').ok_or_else(|| format!("topology `{part}`: expected links:N or racks:N"))?;
-            let n: u64 = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| format!("topology `{part}`: `{v}` is not a positive number"))?;
+            let (k, v) = part
+                .split_once(':')
+                .ok_or_else(|| format!("topology `{part}`: expected links:N or racks:N"))?;
+            let n: u64 = v
+                .parse()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("topology `{part}`: `{v}` is not a positive number"))?;
             match k {
                 "links" => t.links = Some(u32::try_from(n).map_err(|_| format!("topology `{part}`: too many links"))?),
                 "racks" => t.racks = Some(n as usize),
-                other => return Err(format!("topology `{part}`: unknown constraint `{other}` (links or racks)")),
+                other => {
+                    return Err(format!(
+                        "topology `{part}`: unknown constraint `{other}` (links or racks)"
+                    ))
+                }
             }
         }
         Ok(t)
@@ -161,27 +171,53 @@ impl Model {
             Kind::Disaggregated => 0,
             Kind::Splitos => excache(mem, spec.excache_share),
         };
-        let caps: Vec<Amount> = nodes.iter().map(|n| [n.cpu, share(n.mem), if spec.kind == Kind::Fixed { 0 } else { links }]).collect();
+        let caps: Vec<Amount> = nodes
+            .iter()
+            .map(|n| [n.cpu, share(n.mem), if spec.kind == Kind::Fixed { 0 } else { links }])
+            .collect();
         let local_total: u64 = caps.iter().map(|c| c[MEM]).sum();
         let racks = spec.topology.racks.unwrap_or(1);
-        let m = if spec.memory_modules == 0 { nodes.len() } else { spec.memory_modules };
+        let m = if spec.memory_modules == 0 {
+            nodes.len()
+        } else {
+            spec.memory_modules
+        };
         if spec.kind != Kind::Fixed && racks > nodes.len().min(m).min(MAX_RACKS) {
-            return Err(format!("topology racks:{racks}: more racks than compute units ({}), memory modules ({m}) or {MAX_RACKS}", nodes.len()));
+            return Err(format!(
+                "topology racks:{racks}: more racks than compute units ({}), memory modules ({m}) or {MAX_RACKS}",
+                nodes.len()
+            ));
         }
         let n = nodes.len();
         let part = crate::topology::Graph::racks(n, m, racks, rack_of).parts();
         let memory = (spec.kind != Kind::Fixed).then(|| {
             let rest = total_mem - local_total;
-            let caps = (0..m as u64).map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links]).collect();
+            let caps = (0..m as u64)
+                .map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links])
+                .collect();
             policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| part[n + j], p))
         });
         let memory = memory.transpose()?;
-        let shapes = caps.iter().map(|c| [c[CPU], c[MEM]]).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let shapes = caps
+            .iter()
+            .map(|c| [c[CPU], c[MEM]])
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let compute = Pool::new(caps, racks, |c| part[c], policy::by_name(policy)?);
         let mut per_rack = vec![0usize; racks];
         (0..m).for_each(|j| per_rack[part[n + j]] += 1);
         let rack_modules = per_rack.into_iter().max().unwrap_or(0);
-        Ok(Model { links: vec![Vec::new(); compute.units()], spec, compute, memory, allocs: (0..tasks).map(|_| None).collect(), shapes, rack_modules, compute_rack: part[..n].to_vec() })
+        Ok(Model {
+            links: vec![Vec::new(); compute.units()],
+            spec,
+            compute,
+            memory,
+            allocs: (0..tasks).map(|_| None).collect(),
+            shapes,
+            rack_modules,
+            compute_rack: part[..n].to_vec(),
+        })
     }
 
     pub fn name(&self) -> &'static str {
@@ -190,9 +226,21 @@ impl Model {
 
     pub fn need(&self, cpu: u64, mem: u64) -> Need {
         match self.spec.kind {
-            Kind::Fixed => Need { cpu, local: mem, remote: 0 },
-            Kind::Disaggregated => Need { cpu, local: 0, remote: mem },
-            Kind::Splitos => Need { cpu, local: excache(mem, self.spec.excache_share), remote: mem },
+            Kind::Fixed => Need {
+                cpu,
+                local: mem,
+                remote: 0,
+            },
+            Kind::Disaggregated => Need {
+                cpu,
+                local: 0,
+                remote: mem,
+            },
+            Kind::Splitos => Need {
+                cpu,
+                local: excache(mem, self.spec.excache_share),
+                remote: mem,
+            },
         }
     }
 
@@ -205,18 +253,40 @@ impl Model {
                 Kind::Disaggregated => "compute module",
                 Kind::Splitos => "pComponent (CPU and ExCache share)",
             };
-            let field = if self.shapes.iter().any(|s| s[0] >= need.cpu) { "mem" } else { "cpu" };
-            return Some((field, format!("needs {} milli-cores and {} MiB on one {what}, more than any has", need.cpu, need.local)));
+            let field = if self.shapes.iter().any(|s| s[0] >= need.cpu) {
+                "mem"
+            } else {
+                "cpu"
+            };
+            return Some((
+                field,
+                format!(
+                    "needs {} milli-cores and {} MiB on one {what}, more than any has",
+                    need.cpu, need.local
+                ),
+            ));
         }
         let mem = self.memory.as_ref()?;
         let module = (0..mem.units()).map(|u| mem.cap(u)[MEM]).max().unwrap_or(0);
-        let reach = self.rack_modules.min(self.spec.topology.links.map_or(usize::MAX, |l| l as usize)) as u64 * module;
+        let reach = self
+            .rack_modules
+            .min(self.spec.topology.links.map_or(usize::MAX, |l| l as usize)) as u64
+            * module;
         if need.remote > reach {
-            return Some(("mem", format!("needs {} MiB of memory modules, more than a compute unit can reach ({reach} MiB)", need.remote)));
+            return Some((
+                "mem",
+                format!(
+                    "needs {} MiB of memory modules, more than a compute unit can reach ({reach} MiB)",
+                    need.remote
+                ),
+            ));
         }
         let vregion = need.remote.min(self.spec.vregion_mib);
         if self.spec.kind == Kind::Splitos && vregion > module {
-            return Some(("mem", format!("needs vRegions of {vregion} MiB, larger than an mComponent ({module} MiB)")));
+            return Some((
+                "mem",
+                format!("needs vRegions of {vregion} MiB, larger than an mComponent ({module} MiB)"),
+            ));
         }
         None
     }
@@ -239,21 +309,47 @@ impl Model {
         let take: Amount = [need.cpu, need.local, 0];
         let (links_needed, racks) = match &self.memory {
             Some(mem) if need.remote > 0 => {
-                let links = self.spec.topology.links.map_or(0, |l| need.remote.div_ceil(mem.cap(0)[MEM].max(1)).clamp(1, u64::from(l)));
-                let first = need.remote.min(if self.spec.kind == Kind::Splitos { self.spec.vregion_mib } else { 1 });
-                (links, (0..self.racks()).filter(|&k| mem.search(&[0, first, 0], [k], &[]).is_some()).collect())
+                let links = self.spec.topology.links.map_or(0, |l| {
+                    need.remote.div_ceil(mem.cap(0)[MEM].max(1)).clamp(1, u64::from(l))
+                });
+                let first = need.remote.min(if self.spec.kind == Kind::Splitos {
+                    self.spec.vregion_mib
+                } else {
+                    1
+                });
+                (
+                    links,
+                    (0..self.racks())
+                        .filter(|&k| mem.search(&[0, first, 0], [k], &[]).is_some())
+                        .collect(),
+                )
             }
             _ => (0, (0..self.racks()).collect::<Vec<_>>()),
         };
         let mut tried = Vec::new();
         for attempt in 0..TRIES * racks.len() {
-            let want = if attempt == 0 { take } else { [need.cpu, need.local, links_needed] };
-            let Some(c) = self.compute.search(&want, racks.iter().copied(), &tried) else { return false };
-            let pieces = if need.remote == 0 { Some(Vec::new()) } else { self.place_memory(c, need.remote) };
+            let want = if attempt == 0 {
+                take
+            } else {
+                [need.cpu, need.local, links_needed]
+            };
+            let Some(c) = self.compute.search(&want, racks.iter().copied(), &tried) else {
+                return false;
+            };
+            let pieces = if need.remote == 0 {
+                Some(Vec::new())
+            } else {
+                self.place_memory(c, need.remote)
+            };
             match pieces {
                 Some(pieces) => {
                     self.compute.take(c, &take, true);
-                    self.allocs[id] = Some(Alloc { compute: c as u32, cpu: need.cpu, local: need.local, pieces });
+                    self.allocs[id] = Some(Alloc {
+                        compute: c as u32,
+                        cpu: need.cpu,
+                        local: need.local,
+                        pieces,
+                    });
                     return true;
                 }
                 None => tried.push(c),
@@ -268,7 +364,11 @@ impl Model {
     /// rest, it goes in parts of at least the rest over the links `c` has left, in whole
     /// vRegions (MiB in the disaggregated model), each on the module the policy prefers.
     fn place_memory(&mut self, c: usize, amount: u64) -> Option<Vec<(u32, u64)>> {
-        let unit = if self.spec.kind == Kind::Splitos { self.spec.vregion_mib } else { 1 };
+        let unit = if self.spec.kind == Kind::Splitos {
+            self.spec.vregion_mib
+        } else {
+            1
+        };
         let packs = self.compute.policy().packs();
         let per_vregion = self.spec.kind == Kind::Splitos && !packs;
         let mut pieces: Vec<(u32, u64)> = Vec::new();
@@ -301,7 +401,11 @@ impl Model {
     /// takes a module it has a link to whenever one has room, so that links last.
     fn pick_memory(&self, c: usize, want: u64) -> Option<usize> {
         let mem = self.memory.as_ref()?;
-        let linked = self.links[c].iter().map(|(m, _)| *m as usize).filter(|&m| mem.fits(m, &[0, want, 0])).min_by_key(|&m| mem.rank(m));
+        let linked = self.links[c]
+            .iter()
+            .map(|(m, _)| *m as usize)
+            .filter(|&m| mem.fits(m, &[0, want, 0]))
+            .min_by_key(|&m| mem.rank(m));
         if linked.is_some() && mem.policy().packs() {
             return linked;
         }
@@ -341,14 +445,20 @@ impl Model {
     fn free_memory(&mut self, c: usize, pieces: &[(u32, u64)]) {
         let limited = self.spec.topology.links.is_some();
         for &(m, amount) in pieces {
-            let i = self.links[c].iter().position(|(u, _)| *u == m).expect("a piece has its link");
+            let i = self.links[c]
+                .iter()
+                .position(|(u, _)| *u == m)
+                .expect("a piece has its link");
             self.links[c][i].1 -= 1;
             let last = self.links[c][i].1 == 0;
             if last {
                 self.links[c].swap_remove(i);
             }
             let l = u64::from(last && limited);
-            self.memory.as_mut().expect("a model with memory modules").give(m as usize, &[0, amount, l], true);
+            self.memory
+                .as_mut()
+                .expect("a model with memory modules")
+                .give(m as usize, &[0, amount, l], true);
             if l > 0 {
                 self.compute.give(c, &[0, 0, 1], false);
             }
@@ -412,11 +522,25 @@ pub struct Fractions {
 
 impl Fractions {
     pub fn to_array(self) -> [f64; 6] {
-        [self.fragmentation_cpu, self.fragmentation_mem, self.switched_off_compute, self.switched_off_memory, self.utilization_cpu, self.utilization_mem]
+        [
+            self.fragmentation_cpu,
+            self.fragmentation_mem,
+            self.switched_off_compute,
+            self.switched_off_memory,
+            self.utilization_cpu,
+            self.utilization_mem,
+        ]
     }
 
     pub fn from_array(a: [f64; 6]) -> Fractions {
-        Fractions { fragmentation_cpu: a[0], fragmentation_mem: a[1], switched_off_compute: a[2], switched_off_memory: a[3], utilization_cpu: a[4], utilization_mem: a[5] }
+        Fractions {
+            fragmentation_cpu: a[0],
+            fragmentation_mem: a[1],
+            switched_off_compute: a[2],
+            switched_off_memory: a[3],
+            utilization_cpu: a[4],
+            utilization_mem: a[5],
+        }
     }
 }
 

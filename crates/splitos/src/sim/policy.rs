@@ -11,6 +11,9 @@ pub fn by_name(name: &str) -> Result<Box<dyn Placement>, String> {
         "best-fit" => Ok(Box::new(BestFit)),
         "first-fit" => Ok(Box::new(FirstFit)),
         "gpm-gmm" => Ok(Box::new(LeastLoaded)),
-        other => Err(format!("unknown placement policy `{other}` (one of: {})", POLICIES.join(", "))),
+        other => Err(format!(
+            "unknown placement policy `{other}` (one of: {})",
+            POLICIES.join(", ")
+        )),
     }
 }

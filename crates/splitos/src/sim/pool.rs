@@ -76,7 +76,13 @@ impl Pool {
                 total[r] += c[r] as u128;
             }
         }
-        let weights = std::array::from_fn(|r| if total[r] == 0 || r == LINKS { 0.0 } else { n as f64 / total[r] as f64 });
+        let weights = std::array::from_fn(|r| {
+            if total[r] == 0 || r == LINKS {
+                0.0
+            } else {
+                n as f64 / total[r] as f64
+            }
+        });
         let max = |r: usize| caps.iter().map(|c| c[r]).max().unwrap_or(0);
         let grain = [(max(CPU) >> 16).max(1), (max(MEM) >> 16).max(1)];
         let mut pool = Pool {
@@ -85,7 +91,13 @@ impl Pool {
             key: vec![0; n],
             class: vec![0; n],
             part: (0..n).map(|u| part_of(u) as u32).collect(),
-            parts: (0..parts.max(1)).map(|_| Part { sets: vec![BTreeSet::new(); CLASSES * CLASSES], rows: [0; CLASSES], cols: 0 }).collect(),
+            parts: (0..parts.max(1))
+                .map(|_| Part {
+                    sets: vec![BTreeSet::new(); CLASSES * CLASSES],
+                    rows: [0; CLASSES],
+                    cols: 0,
+                })
+                .collect(),
             cap: caps,
             grain,
             policy,
@@ -155,7 +167,12 @@ impl Pool {
 
     fn index(&mut self, u: usize) {
         let (ci, cm) = self.classes(&self.free[u]);
-        let unit = Unit { index: u, free: &self.free[u], weights: &self.weights, load: self.load(u) };
+        let unit = Unit {
+            index: u,
+            free: &self.free[u],
+            weights: &self.weights,
+            load: self.load(u),
+        };
         let key = ordered(self.policy.key(&unit));
         let part = &mut self.parts[self.part[u] as usize];
         part.sets[ci * CLASSES + cm].insert((key, u as u32));
@@ -190,7 +207,11 @@ impl Pool {
     /// Takes `amount` from unit `u` as one more allocation it holds (`hold`) or as more of
     /// one it already holds.
     pub fn take(&mut self, u: usize, amount: &Amount, hold: bool) {
-        assert!(self.fits(u, amount), "unit {u} cannot take {amount:?}: {:?} free", self.free[u]);
+        assert!(
+            self.fits(u, amount),
+            "unit {u} cannot take {amount:?}: {:?} free",
+            self.free[u]
+        );
         self.change(
             u,
             |free| {
@@ -204,7 +225,10 @@ impl Pool {
 
     /// Gives `amount` back to unit `u`, ending one allocation it held when `release`.
     pub fn give(&mut self, u: usize, amount: &Amount, release: bool) {
-        assert!(!release || self.holders[u] > 0, "unit {u} holds no allocation to release");
+        assert!(
+            !release || self.holders[u] > 0,
+            "unit {u} holds no allocation to release"
+        );
         self.change(
             u,
             |free| {
@@ -214,7 +238,10 @@ impl Pool {
             },
             if release { -1 } else { 0 },
         );
-        assert!((0..RES).all(|r| self.free[u][r] <= self.cap[u][r]), "unit {u} was given more than it has");
+        assert!(
+            (0..RES).all(|r| self.free[u][r] <= self.cap[u][r]),
+            "unit {u} was given more than it has"
+        );
     }
 
     fn change(&mut self, u: usize, f: impl FnOnce(&mut Amount), holders: i32) {
@@ -283,7 +310,14 @@ mod tests {
     use crate::sim::policy::{by_name, POLICIES};
 
     fn pool(policy: &str) -> Pool {
-        let caps = vec![[8000, 64, 0], [4000, 32, 2], [16000, 16, 1], [4000, 8, 0], [32000, 128 << 10, 3], [2, 1, 0]];
+        let caps = vec![
+            [8000, 64, 0],
+            [4000, 32, 2],
+            [16000, 16, 1],
+            [4000, 8, 0],
+            [32000, 128 << 10, 3],
+            [2, 1, 0],
+        ];
         Pool::new(caps, 2, |u| usize::from(u >= 3), by_name(policy).unwrap())
     }
 
@@ -293,14 +327,31 @@ mod tests {
     fn search_agrees_with_a_scan() {
         for name in POLICIES {
             let mut p = pool(name);
-            let wants = [[1000, 1, 0], [4000, 8, 0], [4000, 40, 0], [10000, 10, 0], [0, 0, 0], [33000, 1, 0], [2000, 100, 0], [1, 1, 1], [0, 5000, 0]];
+            let wants = [
+                [1000, 1, 0],
+                [4000, 8, 0],
+                [4000, 40, 0],
+                [10000, 10, 0],
+                [0, 0, 0],
+                [33000, 1, 0],
+                [2000, 100, 0],
+                [1, 1, 1],
+                [0, 5000, 0],
+            ];
             let mut taken = Vec::new();
             for step in 0..60usize {
                 for want in &wants {
                     for (parts, units) in [(0..2, 0..6), (0..1, 0..3), (1..2, 3..6)] {
                         for skip in [&[][..], &[0, 3][..]] {
-                            let scan = units.clone().filter(|u| p.fits(*u, want) && !skip.contains(u)).min_by_key(|u| p.rank(*u));
-                            assert_eq!(p.search(want, parts.clone(), skip), scan, "{name} {want:?} {units:?} at step {step}");
+                            let scan = units
+                                .clone()
+                                .filter(|u| p.fits(*u, want) && !skip.contains(u))
+                                .min_by_key(|u| p.rank(*u));
+                            assert_eq!(
+                                p.search(want, parts.clone(), skip),
+                                scan,
+                                "{name} {want:?} {units:?} at step {step}"
+                            );
                         }
                     }
                 }
@@ -317,7 +368,12 @@ mod tests {
 
     #[test]
     fn accounting_of_units_on_and_their_free_resources() {
-        let mut p = Pool::new(vec![[8, 64, 0], [4, 32, 0], [16, 16, 0], [4, 8, 0], [32, 128, 0]], 1, |_| 0, by_name("best-fit").unwrap());
+        let mut p = Pool::new(
+            vec![[8, 64, 0], [4, 32, 0], [16, 16, 0], [4, 8, 0], [32, 128, 0]],
+            1,
+            |_| 0,
+            by_name("best-fit").unwrap(),
+        );
         assert_eq!((p.on(), p.free_on(CPU)), (0, 0));
         p.take(1, &[1, 2, 0], true);
         p.take(1, &[1, 2, 0], true);

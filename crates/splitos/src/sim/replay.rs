@@ -28,21 +28,42 @@ pub(super) struct Workload {
 
 impl Workload {
     pub(super) fn new(tasks: Vec<Task>, copies: usize, shift: f64) -> anyhow::Result<Workload> {
-        let total = tasks.len().checked_mul(copies).filter(|t| *t <= u32::MAX as usize).context("too many tasks: the scale-up needs fewer than 2^32")?;
+        let total = tasks
+            .len()
+            .checked_mul(copies)
+            .filter(|t| *t <= u32::MAX as usize)
+            .context("too many tasks: the scale-up needs fewer than 2^32")?;
         let last = tasks.iter().map(|t| t.end).fold(0.0, f64::max) + (copies - 1) as f64 * shift;
         if last > MAX_TIME {
             bail!("--shift {shift}: the last copy of the task list would end at {last} s, past {MAX_TIME} s");
         }
-        let mut w = Workload { tasks, copies, shift, events: Vec::new() };
-        w.events = (0..total).flat_map(|id| [(w.start(id), 1, id as u32), (w.end(id), 0, id as u32)]).collect();
-        w.events.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut w = Workload {
+            tasks,
+            copies,
+            shift,
+            events: Vec::new(),
+        };
+        w.events = (0..total)
+            .flat_map(|id| [(w.start(id), 1, id as u32), (w.end(id), 0, id as u32)])
+            .collect();
+        w.events
+            .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         Ok(w)
     }
 
     /// A static list: `copies` of it one after another, each in file order.
     pub(super) fn in_order(tasks: Vec<Task>, copies: usize) -> anyhow::Result<Workload> {
-        tasks.len().checked_mul(copies).filter(|t| *t <= u32::MAX as usize).context("too many tasks: the scale-up needs fewer than 2^32")?;
-        Ok(Workload { tasks, copies, shift: 0.0, events: Vec::new() })
+        tasks
+            .len()
+            .checked_mul(copies)
+            .filter(|t| *t <= u32::MAX as usize)
+            .context("too many tasks: the scale-up needs fewer than 2^32")?;
+        Ok(Workload {
+            tasks,
+            copies,
+            shift: 0.0,
+            events: Vec::new(),
+        })
     }
 
     pub(super) fn len(&self) -> usize {
@@ -62,7 +83,10 @@ impl Workload {
     }
 
     pub(super) fn span(&self) -> (f64, f64) {
-        (self.events.first().map_or(0.0, |e| e.0), self.events.last().map_or(0.0, |e| e.0))
+        (
+            self.events.first().map_or(0.0, |e| e.0),
+            self.events.last().map_or(0.0, |e| e.0),
+        )
     }
 }
 
@@ -90,7 +114,14 @@ pub struct Series {
 impl Series {
     fn push(&mut self, t: f64, g: &Gauges, waiting: usize) {
         self.time.push(t);
-        let columns = [&mut self.fragmentation_cpu, &mut self.fragmentation_mem, &mut self.switched_off_compute, &mut self.switched_off_memory, &mut self.utilization_cpu, &mut self.utilization_mem];
+        let columns = [
+            &mut self.fragmentation_cpu,
+            &mut self.fragmentation_mem,
+            &mut self.switched_off_compute,
+            &mut self.switched_off_memory,
+            &mut self.utilization_cpu,
+            &mut self.utilization_mem,
+        ];
         for (c, v) in columns.into_iter().zip(g.fractions.to_array()) {
             c.push(v);
         }
@@ -181,13 +212,25 @@ impl ModelReport {
 
 /// Replays `w` against `m`.
 /// The averages are over `window` (seconds of the replay), clipped to the replay.
-pub(super) fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_window: usize, samples: usize, window: (f64, f64), progress: &indicatif::ProgressBar) -> ModelReport {
+pub(super) fn replay(
+    mut m: Model,
+    w: &Workload,
+    needs: &[Option<Need>],
+    retry_window: usize,
+    samples: usize,
+    window: (f64, f64),
+    progress: &indicatif::ProgressBar,
+) -> ModelReport {
     let started = Instant::now();
     let mut state = vec![State::New; w.len()];
     let mut queue: VecDeque<u32> = VecDeque::new();
     let mut dead = 0usize;
     let (t0, t1) = w.span();
-    let step = if samples > 1 { (t1 - t0) / (samples - 1) as f64 } else { f64::INFINITY };
+    let step = if samples > 1 {
+        (t1 - t0) / (samples - 1) as f64
+    } else {
+        f64::INFINITY
+    };
     let mut next_sample = t0;
     let mut series = Series::default();
     let mut sums = [0f64; 6];
@@ -294,7 +337,13 @@ pub(super) fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_w
     let now = g.fractions.to_array();
     let avg = |k: usize| if span > 0.0 { sums[k] / span } else { now[k] };
     waits.sort_by(f64::total_cmp);
-    let pct = |p: f64| if waits.is_empty() { 0.0 } else { waits[((waits.len() - 1) as f64 * p).round() as usize] };
+    let pct = |p: f64| {
+        if waits.is_empty() {
+            0.0
+        } else {
+            waits[((waits.len() - 1) as f64 * p).round() as usize]
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     ModelReport {
         average: Fractions::from_array(std::array::from_fn(avg)),
@@ -302,7 +351,12 @@ pub(super) fn replay(mut m: Model, w: &Workload, needs: &[Option<Need>], retry_w
         oversized,
         placed,
         instant,
-        waits: Waits { waited: waits.len(), p50_seconds: pct(0.5), p99_seconds: pct(0.99), max_seconds: waits.last().copied().unwrap_or(0.0) },
+        waits: Waits {
+            waited: waits.len(),
+            p50_seconds: pct(0.5),
+            p99_seconds: pct(0.99),
+            max_seconds: waits.last().copied().unwrap_or(0.0),
+        },
         peak_compute_on: peak_c,
         peak_memory_on: peak_m,
         average_remote_mib: if span > 0.0 { remote_sum / span } else { g.remote_mem },
@@ -382,10 +436,18 @@ impl Curve {
 /// finds none later, nor does a need at least as large in every resource. Such tasks fail
 /// without a search, because once the cluster is nearly full a search that fails looks at
 /// most units, and every later task would pay for it.
-pub(super) fn fill(mut m: Model, w: &Workload, needs: &[Option<Need>], progress: &indicatif::ProgressBar) -> ModelReport {
+pub(super) fn fill(
+    mut m: Model,
+    w: &Workload,
+    needs: &[Option<Need>],
+    progress: &indicatif::ProgressBar,
+) -> ModelReport {
     let started = Instant::now();
     let shapes = Shapes::of(needs);
-    let total = [m.compute.total(pool::CPU) as f64, (m.compute.total(pool::MEM) + m.memory.as_ref().map_or(0, |p| p.total(pool::MEM))) as f64];
+    let total = [
+        m.compute.total(pool::CPU) as f64,
+        (m.compute.total(pool::MEM) + m.memory.as_ref().map_or(0, |p| p.total(pool::MEM))) as f64,
+    ];
     let mut audit = Audit::new(&m);
     let mut curve = Curve::default();
     let mut came = [0u128; 2];
@@ -412,7 +474,12 @@ pub(super) fn fill(mut m: Model, w: &Workload, needs: &[Option<Need>], progress:
             }
             Some(need) => {
                 failed += 1;
-                first_failed.get_or_insert_with(|| FirstFailed { task: id, row: t.row, name: t.name.clone(), arrived: before[0].max(before[1]) });
+                first_failed.get_or_insert_with(|| FirstFailed {
+                    task: id,
+                    row: t.row,
+                    name: t.name.clone(),
+                    arrived: before[0].max(before[1]),
+                });
                 if !hopeless(&no_room, &need) {
                     no_room.retain(|f| !at_most(&need, f));
                     no_room.push(need);
@@ -471,7 +538,13 @@ pub(super) fn fill(mut m: Model, w: &Workload, needs: &[Option<Need>], progress:
         events: tried,
         seconds,
         events_per_second: tried as f64 / seconds.max(1e-9),
-        fill: Some(Fill { tried, failed, full, first_failed, curve }),
+        fill: Some(Fill {
+            tried,
+            failed,
+            full,
+            first_failed,
+            curve,
+        }),
         ..ModelReport::of(&m, audit)
     }
 }
@@ -498,8 +571,15 @@ impl Shapes {
             *count.entry((n.cpu, n.local, n.remote)).or_default() += 1;
         }
         let tasks: usize = count.values().sum();
-        let all: Vec<(Need, f64)> = count.into_iter().map(|((cpu, local, remote), c)| (Need { cpu, local, remote }, c as f64 / tasks as f64)).collect();
-        let minimal = all.iter().map(|s| s.0).filter(|n| !all.iter().any(|(o, _)| o != n && at_most(o, n))).collect();
+        let all: Vec<(Need, f64)> = count
+            .into_iter()
+            .map(|((cpu, local, remote), c)| (Need { cpu, local, remote }, c as f64 / tasks as f64))
+            .collect();
+        let minimal = all
+            .iter()
+            .map(|s| s.0)
+            .filter(|n| !all.iter().any(|(o, _)| o != n && at_most(o, n)))
+            .collect();
         Shapes { all, minimal }
     }
 
@@ -517,7 +597,11 @@ impl Shapes {
     fn unusable(&self, m: &Model) -> (f64, f64) {
         let (c, mem) = (&m.compute, m.memory.as_ref());
         let racks = c.parts();
-        let unit = if m.spec.kind == Kind::Splitos { m.spec.vregion_mib } else { 1 };
+        let unit = if m.spec.kind == Kind::Splitos {
+            m.spec.vregion_mib
+        } else {
+            1
+        };
         let (mut whole, mut largest) = (vec![0u128; racks], vec![0u64; racks]);
         if let Some(p) = mem {
             for j in 0..p.units() {
@@ -546,7 +630,10 @@ impl Shapes {
         let usable: Vec<Vec<bool>> = (0..racks)
             .map(|k| {
                 let room = |r: u64| r == 0 || whole[k] >= u128::from(r) || largest[k] >= r;
-                self.all.iter().map(|(n, _)| room(n.remote) && best[k].iter().any(|b| b[0] >= n.cpu && b[1] >= n.local)).collect()
+                self.all
+                    .iter()
+                    .map(|(n, _)| room(n.remote) && best[k].iter().any(|b| b[0] >= n.cpu && b[1] >= n.local))
+                    .collect()
             })
             .collect();
         let (mut lost_cpu, mut lost_mem) = (0f64, 0f64);
@@ -556,9 +643,14 @@ impl Shapes {
             if free[pool::CPU] == 0 && free[pool::MEM] == 0 {
                 continue;
             }
-            let fits = *weights
-                .entry((free[pool::CPU], free[pool::MEM], k))
-                .or_insert_with(|| self.all.iter().zip(&usable[k]).filter(|((n, _), ok)| **ok && n.cpu <= free[pool::CPU] && n.local <= free[pool::MEM]).map(|((_, p), _)| p).sum());
+            let fits = *weights.entry((free[pool::CPU], free[pool::MEM], k)).or_insert_with(|| {
+                self.all
+                    .iter()
+                    .zip(&usable[k])
+                    .filter(|((n, _), ok)| **ok && n.cpu <= free[pool::CPU] && n.local <= free[pool::MEM])
+                    .map(|((_, p), _)| p)
+                    .sum()
+            });
             let lost = (1.0 - fits).max(0.0);
             lost_cpu += lost * free[pool::CPU] as f64;
             lost_mem += lost * free[pool::MEM] as f64;
@@ -574,7 +666,13 @@ impl Shapes {
             let by_piece: Vec<(Vec<u64>, Vec<f64>)> = usable
                 .iter()
                 .map(|ok| {
-                    let mut v: Vec<(u64, f64)> = self.all.iter().zip(ok).filter(|((n, _), ok)| **ok && n.remote > 0).map(|((n, p), _)| (piece(n.remote), *p)).collect();
+                    let mut v: Vec<(u64, f64)> = self
+                        .all
+                        .iter()
+                        .zip(ok)
+                        .filter(|((n, _), ok)| **ok && n.remote > 0)
+                        .map(|((n, p), _)| (piece(n.remote), *p))
+                        .collect();
                     v.sort_by_key(|x| x.0);
                     let mut sum = 0.0;
                     v.into_iter()
@@ -588,12 +686,21 @@ impl Shapes {
             for j in 0..p.units() {
                 let free = p.free(j)[pool::MEM];
                 let (sizes, sums) = &by_piece[p.part(j)];
-                let fits = sizes.partition_point(|&s| s <= free).checked_sub(1).map_or(0.0, |i| sums[i]);
+                let fits = sizes
+                    .partition_point(|&s| s <= free)
+                    .checked_sub(1)
+                    .map_or(0.0, |i| sums[i]);
                 lost_mem += (1.0 - fits).max(0.0) * free as f64;
             }
         }
         let rate = |lost: f64, free: u128| if free == 0 { 0.0 } else { (lost / free as f64).min(1.0) };
-        (rate(lost_cpu, c.free_total(pool::CPU)), rate(lost_mem, c.free_total(pool::MEM) + mem.map_or(0, |p| p.free_total(pool::MEM))))
+        (
+            rate(lost_cpu, c.free_total(pool::CPU)),
+            rate(
+                lost_mem,
+                c.free_total(pool::MEM) + mem.map_or(0, |p| p.free_total(pool::MEM)),
+            ),
+        )
     }
 }
 
@@ -644,7 +751,10 @@ impl Audit {
         let mut over = self.compute[c][0] > cap[pool::CPU] || self.compute[c][1] > cap[pool::MEM];
         for &(u, mib) in &a.pieces {
             self.memory[u as usize] += mib;
-            over |= m.memory.as_ref().is_none_or(|p| self.memory[u as usize] > p.cap(u as usize)[pool::MEM]);
+            over |= m
+                .memory
+                .as_ref()
+                .is_none_or(|p| self.memory[u as usize] > p.cap(u as usize)[pool::MEM]);
         }
         self.over_capacity += usize::from(over);
     }
@@ -665,6 +775,8 @@ impl Audit {
     /// Once every task has ended, units still holding anything by the ledger or by the
     /// model's own pools (free below capacity, allocations, links).
     fn finish(&mut self, m: &Model) {
-        self.units_left_holding = self.compute.iter().filter(|c| c[0] > 0 || c[1] > 0).count() + self.memory.iter().filter(|m| **m > 0).count() + m.busy_units();
+        self.units_left_holding = self.compute.iter().filter(|c| c[0] > 0 || c[1] > 0).count()
+            + self.memory.iter().filter(|m| **m > 0).count()
+            + m.busy_units();
     }
 }

@@ -85,13 +85,22 @@ fn decode(r: &mut impl Read) -> std::io::Result<Option<(LogRecord, u64)>> {
         PAGE_RECORD if b == SEALED_PAGE as u64 => {
             let mut data = vec![0u8; SEALED_PAGE];
             match r.read_exact(&mut data) {
-                Ok(()) => Ok(Some((LogRecord::Page { vpn: a, data: ByteBuf::from(data) }, (HEADER + SEALED_PAGE) as u64))),
+                Ok(()) => Ok(Some((
+                    LogRecord::Page {
+                        vpn: a,
+                        data: ByteBuf::from(data),
+                    },
+                    (HEADER + SEALED_PAGE) as u64,
+                ))),
                 Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(None),
                 Err(e) => Err(e),
             }
         }
         DISCARD_RECORD if a <= b => Ok(Some((LogRecord::Discard { start: a, end: b }, HEADER as u64))),
-        k => Err(std::io::Error::new(ErrorKind::InvalidData, format!("backup file record of kind {k} and length {b}: the file is corrupted"))),
+        k => Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            format!("backup file record of kind {k} and length {b}: the file is corrupted"),
+        )),
     }
 }
 
@@ -108,7 +117,10 @@ impl BackupFiles {
     pub fn open(dir: &Path) -> std::io::Result<BackupFiles> {
         let dir = dir.join("backup-logs");
         std::fs::create_dir_all(&dir)?;
-        Ok(BackupFiles { dir, files: Mutex::new(HashMap::new()) })
+        Ok(BackupFiles {
+            dir,
+            files: Mutex::new(HashMap::new()),
+        })
     }
 
     fn prefix(vnode: &str, pid: u64) -> FsResult<String> {
@@ -116,7 +128,9 @@ impl BackupFiles {
     }
 
     fn path(&self, f: &LogFile) -> FsResult<PathBuf> {
-        Ok(self.dir.join(format!("{}{}.log", BackupFiles::prefix(&f.vnode, f.pid)?, f.index)))
+        Ok(self
+            .dir
+            .join(format!("{}{}.log", BackupFiles::prefix(&f.vnode, f.pid)?, f.index)))
     }
 
     /// The state of file `path`, read from disk the first time it is touched: a record cut
@@ -124,7 +138,10 @@ impl BackupFiles {
     /// next append starts at a record's boundary.
     fn state<'a>(&self, files: &'a mut HashMap<PathBuf, FileState>, path: &Path) -> std::io::Result<&'a mut FileState> {
         if !files.contains_key(path) {
-            let epoch = std::fs::read(path.with_extension("epoch")).ok().and_then(|b| Some(u64::from_le_bytes(b.try_into().ok()?))).unwrap_or(0);
+            let epoch = std::fs::read(path.with_extension("epoch"))
+                .ok()
+                .and_then(|b| Some(u64::from_le_bytes(b.try_into().ok()?)))
+                .unwrap_or(0);
             let whole = match File::open(path) {
                 Ok(f) => {
                     let mut r = BufReader::new(f);
@@ -143,7 +160,13 @@ impl BackupFiles {
                     OpenOptions::new().write(true).open(path)?.set_len(at)?;
                 }
             }
-            files.insert(path.to_path_buf(), FileState { compacted: whole.unwrap_or(0), epoch });
+            files.insert(
+                path.to_path_buf(),
+                FileState {
+                    compacted: whole.unwrap_or(0),
+                    epoch,
+                },
+            );
         }
         Ok(files.get_mut(path).expect("just made"))
     }
@@ -167,7 +190,13 @@ impl BackupFiles {
             BackupFiles::set_epoch(&path, st, epoch).map_err(|e| Refused::Errno(io(e)))?;
             st.compacted = 0;
         }
-        let file = OpenOptions::new().create(true).append(!reset).write(true).truncate(reset).open(&path).map_err(|e| Refused::Errno(io(e)))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(!reset)
+            .write(true)
+            .truncate(reset)
+            .open(&path)
+            .map_err(|e| Refused::Errno(io(e)))?;
         let mut w = BufWriter::new(file);
         for r in records {
             encode(r, &mut w).map_err(|e| Refused::Errno(io(e)))?;
@@ -237,7 +266,10 @@ impl BackupFiles {
 
     /// `to` becomes a copy of `from` at `epoch`, as a reset of `to` would.
     pub fn copy(&self, from: &LogFile, to: &LogFile, epoch: u64) -> Result<(), Refused> {
-        let (src, dst) = (self.path(from).map_err(Refused::Errno)?, self.path(to).map_err(Refused::Errno)?);
+        let (src, dst) = (
+            self.path(from).map_err(Refused::Errno)?,
+            self.path(to).map_err(Refused::Errno)?,
+        );
         if src == dst {
             return Err(Refused::Errno(libc::EINVAL));
         }
@@ -251,7 +283,9 @@ impl BackupFiles {
         let len = match std::fs::copy(&src, &dst) {
             Ok(len) => len,
             // Nothing logged yet: the copy is empty too.
-            Err(e) if e.kind() == ErrorKind::NotFound => File::create(&dst).map(|_| 0).map_err(|e| Refused::Errno(io(e)))?,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                File::create(&dst).map(|_| 0).map_err(|e| Refused::Errno(io(e)))?
+            }
             Err(e) => return Err(Refused::Errno(io(e))),
         };
         // Compacted as far as its source may be: compacted again after as much growth.
@@ -276,7 +310,9 @@ impl BackupFiles {
 
     /// Bytes of all backup files.
     pub fn bytes(&self) -> u64 {
-        std::fs::read_dir(&self.dir).map(|d| d.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
+        std::fs::read_dir(&self.dir)
+            .map(|d| d.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
     }
 }
 
@@ -304,25 +340,68 @@ mod tests {
     fn records_read_back_in_order_a_reset_empties_and_a_torn_tail_ends_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let b = BackupFiles::open(dir.path()).unwrap();
-        let f = LogFile { vnode: "v/../x".into(), pid: 7, index: 2 };
-        let recs: Vec<LogRecord> = (0..20).map(|i| if i % 5 == 4 { LogRecord::Discard { start: i, end: i + 3 } } else { LogRecord::Page { vpn: i, data: page(i as u8) } }).collect();
+        let f = LogFile {
+            vnode: "v/../x".into(),
+            pid: 7,
+            index: 2,
+        };
+        let recs: Vec<LogRecord> = (0..20)
+            .map(|i| {
+                if i % 5 == 4 {
+                    LogRecord::Discard { start: i, end: i + 3 }
+                } else {
+                    LogRecord::Page {
+                        vpn: i,
+                        data: page(i as u8),
+                    }
+                }
+            })
+            .collect();
         b.append(&f, 1, false, &recs[..10]).unwrap();
         b.append(&f, 1, false, &recs[10..]).unwrap();
         assert_eq!(all(&b, &f), recs);
         let path = b.path(&f).unwrap();
         let len = std::fs::metadata(&path).unwrap().len();
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 10).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 10)
+            .unwrap();
         assert_eq!(all(&b, &f), recs[..recs.len() - 1]);
         b.append(&f, 3, true, &recs[3..4]).unwrap();
         assert_eq!(all(&b, &f), recs[3..4]);
-        assert_eq!(b.append(&f, 2, false, &recs[5..6]), Err(Refused::Stale(3)), "a replaced logger cannot write over the new one's backup");
+        assert_eq!(
+            b.append(&f, 2, false, &recs[5..6]),
+            Err(Refused::Stale(3)),
+            "a replaced logger cannot write over the new one's backup"
+        );
         assert_eq!(all(&b, &f), recs[3..4]);
-        assert_eq!(b.append(&f, 3, false, &[LogRecord::Page { vpn: 1, data: ByteBuf::from(vec![0; 10]) }]), Err(Refused::Errno(libc::EINVAL)));
-        assert_eq!(b.read(&LogFile { index: 3, ..f.clone() }, 0, 10).unwrap_err(), libc::ENOENT);
+        assert_eq!(
+            b.append(
+                &f,
+                3,
+                false,
+                &[LogRecord::Page {
+                    vpn: 1,
+                    data: ByteBuf::from(vec![0; 10])
+                }]
+            ),
+            Err(Refused::Errno(libc::EINVAL))
+        );
+        assert_eq!(
+            b.read(&LogFile { index: 3, ..f.clone() }, 0, 10).unwrap_err(),
+            libc::ENOENT
+        );
         // After a restart: the epoch holds, and a record cut short is cut off before the
         // next append, which then starts at a record's boundary.
         let len = std::fs::metadata(&path).unwrap().len();
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 5).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
         let again = BackupFiles::open(dir.path()).unwrap();
         assert_eq!(again.append(&f, 2, false, &recs[6..7]), Err(Refused::Stale(3)));
         again.append(&f, 3, false, &recs[6..7]).unwrap();
@@ -333,15 +412,25 @@ mod tests {
     fn compaction_keeps_the_last_content_of_each_page_and_bounds_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let b = BackupFiles::open(dir.path()).unwrap();
-        let f = LogFile { vnode: "v".into(), pid: 1, index: 0 };
+        let f = LogFile {
+            vnode: "v".into(),
+            pid: 1,
+            index: 0,
+        };
         // 10 pages written again and again, then half of them discarded: far more than
         // COMPACT_SLACK appended in all.
         let rounds = (3 * COMPACT_SLACK / (10 * (HEADER + SEALED_PAGE) as u64)) as u8;
         for round in 0..rounds {
-            let recs: Vec<LogRecord> = (0..10).map(|v| LogRecord::Page { vpn: v, data: page(round.wrapping_add(v as u8)) }).collect();
+            let recs: Vec<LogRecord> = (0..10)
+                .map(|v| LogRecord::Page {
+                    vpn: v,
+                    data: page(round.wrapping_add(v as u8)),
+                })
+                .collect();
             b.append(&f, 1, false, &recs).unwrap();
         }
-        b.append(&f, 1, false, &[LogRecord::Discard { start: 5, end: 10 }]).unwrap();
+        b.append(&f, 1, false, &[LogRecord::Discard { start: 5, end: 10 }])
+            .unwrap();
         assert!(std::fs::metadata(b.path(&f).unwrap()).unwrap().len() < COMPACT_SLACK + 1024 * 1024);
         let mut pages = BTreeMap::new();
         replay(all(&b, &f), &mut pages);
@@ -349,7 +438,11 @@ mod tests {
         assert_eq!(pages, want);
         let child = LogFile { pid: 2, ..f.clone() };
         b.copy(&f, &child, 1).unwrap();
-        assert_eq!(b.copy(&f, &f, 1), Err(Refused::Errno(libc::EINVAL)), "a file is not copied onto itself");
+        assert_eq!(
+            b.copy(&f, &f, 1),
+            Err(Refused::Errno(libc::EINVAL)),
+            "a file is not copied onto itself"
+        );
         assert_eq!(all(&b, &child), all(&b, &f));
         assert!(b.drop_process("v", 1).unwrap() >= 1);
         assert_eq!(b.read(&f, 0, 1).unwrap_err(), libc::ENOENT);

@@ -35,7 +35,10 @@ struct Inode {
 }
 
 fn now_ns() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// Checks a full path from a request and splits it into (parent, name). Only absolute paths
@@ -104,7 +107,11 @@ struct Tables {
 
 impl Tables {
     fn of(vkey: &str) -> Tables {
-        Tables { ns: format!("ns/{vkey}"), ino: format!("ino/{vkey}"), detached: format!("detached/{vkey}") }
+        Tables {
+            ns: format!("ns/{vkey}"),
+            ino: format!("ino/{vkey}"),
+            detached: format!("detached/{vkey}"),
+        }
     }
     fn ns(&self) -> NsTable<'_> {
         TableDefinition::new(&self.ns)
@@ -128,7 +135,12 @@ fn dec(b: &[u8]) -> FsResult<Inode> {
 impl Store {
     /// Runs `f` in a write transaction on the vNode's tables (created with their root on first
     /// use) and commits it, durably if asked.
-    fn write<T>(&self, vnode: &str, durable: bool, f: impl FnOnce(&redb::WriteTransaction, &Tables, &str) -> FsResult<T>) -> FsResult<T> {
+    fn write<T>(
+        &self,
+        vnode: &str,
+        durable: bool,
+        f: impl FnOnce(&redb::WriteTransaction, &Tables, &str) -> FsResult<T>,
+    ) -> FsResult<T> {
         let vkey = vnode_key(vnode)?;
         let t = Tables::of(&vkey);
         if durable {
@@ -136,13 +148,38 @@ impl Store {
             self.unsynced.store(false, Ordering::Relaxed);
         }
         let mut tx = self.db.begin_write().map_err(internal)?;
-        tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(internal)?;
+        tx.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(internal)?;
         {
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;
             if ino.get(ROOT_INO).map_err(internal)?.is_none() {
                 let now = now_ns();
-                let root = FileAttr { ino: ROOT_INO, kind: FileKind::Dir, perm: 0o755, uid: 0, gid: 0, size: 0, nlink: 2, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
-                ino.insert(ROOT_INO, enc(&Inode { attr: root, target: None }).as_slice()).map_err(internal)?;
+                let root = FileAttr {
+                    ino: ROOT_INO,
+                    kind: FileKind::Dir,
+                    perm: 0o755,
+                    uid: 0,
+                    gid: 0,
+                    size: 0,
+                    nlink: 2,
+                    alloc: 0,
+                    atime_ns: now,
+                    mtime_ns: now,
+                    ctime_ns: now,
+                };
+                ino.insert(
+                    ROOT_INO,
+                    enc(&Inode {
+                        attr: root,
+                        target: None,
+                    })
+                    .as_slice(),
+                )
+                .map_err(internal)?;
             }
         }
         let r = f(&tx, &t, &vkey)?;
@@ -172,7 +209,11 @@ impl Store {
     }
 
     /// The inode number of a full path, checking that every parent on the way is a directory.
-    fn resolve<N: ReadableTable<(&'static str, &'static str), u64>, I: ReadableTable<u64, &'static [u8]>>(ns: &N, ino: &I, path: &str) -> FsResult<u64> {
+    fn resolve<N: ReadableTable<(&'static str, &'static str), u64>, I: ReadableTable<u64, &'static [u8]>>(
+        ns: &N,
+        ino: &I,
+        path: &str,
+    ) -> FsResult<u64> {
         let (parent, name) = split(path)?;
         if parent.is_empty() {
             return Ok(ROOT_INO);
@@ -188,7 +229,11 @@ impl Store {
     }
 
     /// The parent of `path` must exist and be a directory.
-    fn parent_dir<N: ReadableTable<(&'static str, &'static str), u64>, I: ReadableTable<u64, &'static [u8]>>(ns: &N, ino: &I, path: &str) -> FsResult<u64> {
+    fn parent_dir<N: ReadableTable<(&'static str, &'static str), u64>, I: ReadableTable<u64, &'static [u8]>>(
+        ns: &N,
+        ino: &I,
+        path: &str,
+    ) -> FsResult<u64> {
         let (parent, _) = split(path)?;
         if parent.is_empty() {
             return Err(libc::EEXIST);
@@ -223,15 +268,29 @@ impl Store {
     }
 
     pub fn getattr(&self, vnode: &str, ino: u64) -> FsResult<FileAttr> {
-        match self.read(vnode, |tx, t| Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(|_| libc::ENOENT)?, ino)?.attr)) {
+        match self.read(vnode, |tx, t| {
+            Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(|_| libc::ENOENT)?, ino)?.attr)
+        }) {
             // A vNode's root exists from its first request on.
-            Err(libc::ENOENT) if ino == ROOT_INO => self.write(vnode, false, |tx, t, _| Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(internal)?, ROOT_INO)?.attr)),
+            Err(libc::ENOENT) if ino == ROOT_INO => self.write(vnode, false, |tx, t, _| {
+                Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(internal)?, ROOT_INO)?.attr)
+            }),
             r => r,
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn create(&self, vnode: &str, path: &str, kind: FileKind, perm: u32, uid: u32, gid: u32, excl: bool, target: Option<String>) -> FsResult<FileAttr> {
+    pub fn create(
+        &self,
+        vnode: &str,
+        path: &str,
+        kind: FileKind,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        excl: bool,
+        target: Option<String>,
+    ) -> FsResult<FileAttr> {
         if kind == FileKind::Symlink && target.as_ref().is_none_or(|t| t.is_empty() || t.len() > PATH_MAX) {
             return Err(libc::EINVAL);
         }
@@ -253,8 +312,26 @@ impl Store {
             let now = now_ns();
             let size = target.as_ref().map(|t| t.len() as u64).unwrap_or(0);
             let nlink = if kind == FileKind::Dir { 2 } else { 1 };
-            let attr = FileAttr { ino: n, kind, perm: perm & 0o7777, uid, gid, size, nlink, alloc: 0, atime_ns: now, mtime_ns: now, ctime_ns: now };
-            Store::put_inode(&mut ino, &Inode { attr: attr.clone(), target })?;
+            let attr = FileAttr {
+                ino: n,
+                kind,
+                perm: perm & 0o7777,
+                uid,
+                gid,
+                size,
+                nlink,
+                alloc: 0,
+                atime_ns: now,
+                mtime_ns: now,
+                ctime_ns: now,
+            };
+            Store::put_inode(
+                &mut ino,
+                &Inode {
+                    attr: attr.clone(),
+                    target,
+                },
+            )?;
             ns.insert((parent, name), n).map_err(internal)?;
             Store::touch_dir(&mut ino, dir)?;
             Ok(attr)
@@ -295,7 +372,14 @@ impl Store {
     }
 
     fn has_children<N: ReadableTable<(&'static str, &'static str), u64>>(ns: &N, dir: &str) -> FsResult<bool> {
-        Ok(ns.range((dir, "")..).map_err(internal)?.next().map(|r| r.map(|(k, _)| k.value().0 == dir)).transpose().map_err(internal)?.unwrap_or(false))
+        Ok(ns
+            .range((dir, "")..)
+            .map_err(internal)?
+            .next()
+            .map(|r| r.map(|(k, _)| k.value().0 == dir))
+            .transpose()
+            .map_err(internal)?
+            .unwrap_or(false))
     }
 
     /// Removes `path`'s name. A file's inode is detached (kept until `drop_inode`) and returned.
@@ -308,7 +392,11 @@ impl Store {
                 return Err(libc::EBUSY);
             }
             let dir = Store::parent_dir(&ns, &ino, path)?;
-            let victim = ns.get((parent, name)).map_err(internal)?.map(|v| v.value()).ok_or(libc::ENOENT)?;
+            let victim = ns
+                .get((parent, name))
+                .map_err(internal)?
+                .map(|v| v.value())
+                .ok_or(libc::ENOENT)?;
             let v = Store::get_inode(&ino, victim)?;
             match (want_dir, v.attr.kind == FileKind::Dir) {
                 (true, false) => return Err(libc::ENOTDIR),
@@ -324,7 +412,12 @@ impl Store {
 
     /// One name of `v` is gone: a directory or symlink goes with it; a file loses a link and
     /// is detached (returned) when that was its last.
-    fn unname(tx: &redb::WriteTransaction, t: &Tables, ino: &mut redb::Table<u64, &'static [u8]>, mut v: Inode) -> FsResult<Option<u64>> {
+    fn unname(
+        tx: &redb::WriteTransaction,
+        t: &Tables,
+        ino: &mut redb::Table<u64, &'static [u8]>,
+        mut v: Inode,
+    ) -> FsResult<Option<u64>> {
         let i = v.attr.ino;
         if v.attr.kind != FileKind::File {
             ino.remove(i).map_err(internal)?;
@@ -336,7 +429,10 @@ impl Store {
         if v.attr.nlink > 0 {
             return Ok(None);
         }
-        tx.open_table(t.detached()).map_err(internal)?.insert(i, ()).map_err(internal)?;
+        tx.open_table(t.detached())
+            .map_err(internal)?
+            .insert(i, ())
+            .map_err(internal)?;
         Ok(Some(i))
     }
 
@@ -350,7 +446,13 @@ impl Store {
             if i.attr.kind != FileKind::File {
                 return Err(libc::EPERM);
             }
-            if tx.open_table(t.detached()).map_err(internal)?.get(ino_no).map_err(internal)?.is_some() {
+            if tx
+                .open_table(t.detached())
+                .map_err(internal)?
+                .get(ino_no)
+                .map_err(internal)?
+                .is_some()
+            {
                 return Err(libc::ENOENT);
             }
             let dir = Store::parent_dir(&ns, &ino, to)?;
@@ -379,7 +481,11 @@ impl Store {
             }
             let fdir = Store::parent_dir(&ns, &ino, from)?;
             let tdir = Store::parent_dir(&ns, &ino, to)?;
-            let src = ns.get((fp, fname)).map_err(internal)?.map(|v| v.value()).ok_or(libc::ENOENT)?;
+            let src = ns
+                .get((fp, fname))
+                .map_err(internal)?
+                .map(|v| v.value())
+                .ok_or(libc::ENOENT)?;
             if from == to {
                 return Ok(None);
             }
@@ -413,7 +519,10 @@ impl Store {
                 let below = format!("{from}/");
                 let upper = format!("{from}0");
                 let mut moved = Vec::new();
-                let children = ns.range((from, "")..).map_err(internal)?.take_while(|r| r.as_ref().map_or(true, |(k, _)| k.value().0 == from));
+                let children = ns
+                    .range((from, "")..)
+                    .map_err(internal)?
+                    .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.value().0 == from));
                 let deeper = ns.range((below.as_str(), "")..(upper.as_str(), "")).map_err(internal)?;
                 for r in children.chain(deeper) {
                     let (k, v) = r.map_err(internal)?;
@@ -461,7 +570,11 @@ impl Store {
                     return Ok((out, true));
                 }
                 let i = Store::get_inode(&ino, v.value())?;
-                out.push(DirEntry { name: name.to_string(), ino: i.attr.ino, kind: i.attr.kind });
+                out.push(DirEntry {
+                    name: name.to_string(),
+                    ino: i.attr.ino,
+                    kind: i.attr.kind,
+                });
             }
             Ok((out, false))
         })
@@ -489,7 +602,9 @@ impl Store {
     }
 
     pub fn files(&self, vnode: &str) -> FsResult<u64> {
-        self.read(vnode, |tx, t| Ok(tx.open_table(t.ino()).map(|i| i.len().unwrap_or(0)).unwrap_or(0)))
+        self.read(vnode, |tx, t| {
+            Ok(tx.open_table(t.ino()).map(|i| i.len().unwrap_or(0)).unwrap_or(0))
+        })
     }
 }
 
@@ -516,9 +631,18 @@ mod tests {
         let v = "vn";
         s.create(v, "/d", FileKind::Dir, 0o755, 0, 0, true, None).unwrap();
         let f = s.create(v, "/d/f", FileKind::File, 0o644, 0, 0, true, None).unwrap();
-        assert_eq!(s.create(v, "/d/f", FileKind::File, 0o644, 0, 0, true, None), Err(libc::EEXIST));
-        assert_eq!(s.create(v, "/d/f/x", FileKind::File, 0o644, 0, 0, true, None), Err(libc::ENOTDIR));
-        assert_eq!(s.create(v, "/nope/x", FileKind::File, 0o644, 0, 0, true, None), Err(libc::ENOENT));
+        assert_eq!(
+            s.create(v, "/d/f", FileKind::File, 0o644, 0, 0, true, None),
+            Err(libc::EEXIST)
+        );
+        assert_eq!(
+            s.create(v, "/d/f/x", FileKind::File, 0o644, 0, 0, true, None),
+            Err(libc::ENOTDIR)
+        );
+        assert_eq!(
+            s.create(v, "/nope/x", FileKind::File, 0o644, 0, 0, true, None),
+            Err(libc::ENOENT)
+        );
         assert_eq!(s.unlink(v, "/d", true), Err(libc::ENOTEMPTY));
         assert_eq!(s.unlink(v, "/d", false), Err(libc::EISDIR));
         s.write_data(v, f.ino, 0, b"hello", 5, 0).unwrap();
@@ -530,12 +654,23 @@ mod tests {
         let (names, more) = s.readdir(v, "/", None).unwrap();
         assert_eq!((names.len(), more), (1, false));
         assert_eq!(s.lookup("other", "/e"), Err(libc::ENOENT), "vNodes do not share names");
-        assert_eq!(s.write_data(v, f.ino, 0, &vec![1u8; 2 << 20], 2 << 20, 0), Err(libc::ENOSPC));
+        assert_eq!(
+            s.write_data(v, f.ino, 0, &vec![1u8; 2 << 20], 2 << 20, 0),
+            Err(libc::ENOSPC)
+        );
         let gone = s.unlink(v, "/e/f", false).unwrap().unwrap();
-        assert_eq!(s.read_data(v, gone, 0, 5).unwrap(), b"hello", "a detached inode keeps its data");
+        assert_eq!(
+            s.read_data(v, gone, 0, 5).unwrap(),
+            b"hello",
+            "a detached inode keeps its data"
+        );
         s.drop_inode(v, gone).unwrap();
         assert_eq!(s.getattr(v, gone), Err(libc::ENOENT));
         assert_eq!(s.used(), 0);
-        assert_eq!(s.sync(v, Some(gone)), Err(libc::ENOENT), "fsync of a dropped inode cannot succeed");
+        assert_eq!(
+            s.sync(v, Some(gone)),
+            Err(libc::ENOENT),
+            "fsync of a dropped inode cannot succeed"
+        );
     }
 }

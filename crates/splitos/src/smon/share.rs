@@ -97,7 +97,11 @@ impl Share {
                 Err(e) => return Err(e),
             }
             if t0.elapsed() > ATTACH_WAIT {
-                anyhow::bail!("storage directory {} is in use by another process, and no sComponent that shares it answers at {}", self.dir.display(), self.socket().display());
+                anyhow::bail!(
+                    "storage directory {} is in use by another process, and no sComponent that shares it answers at {}",
+                    self.dir.display(),
+                    self.socket().display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -108,7 +112,13 @@ impl Share {
         let path = self.socket();
         // Holding the directory, any socket there is a stopped owner's.
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| anyhow::anyhow!("cannot listen for the other sComponents of storage directory {} at {}: {e}", self.dir.display(), path.display()))?;
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen for the other sComponents of storage directory {} at {}: {e}",
+                self.dir.display(),
+                path.display()
+            )
+        })?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         if self.owner.set(Arc::new(core)).is_err() {
             unreachable!("only one attach at a time opens the directory");
@@ -119,7 +129,10 @@ impl Share {
         }
         self.idle.lock().unwrap().clear();
         let me = self.clone();
-        std::thread::Builder::new().name("share-accept".into()).spawn(move || me.accept(listener)).expect("spawn share-accept thread");
+        std::thread::Builder::new()
+            .name("share-accept".into())
+            .spawn(move || me.accept(listener))
+            .expect("spawn share-accept thread");
         Ok(())
     }
 
@@ -131,12 +144,18 @@ impl Share {
             match splitos_rpc::fdpass::peer_cred(&c) {
                 Ok(cred) if cred.uid == me => {
                     let s = self.clone();
-                    let spawned = std::thread::Builder::new().name("share-serve".into()).spawn(move || s.serve(c));
+                    let spawned = std::thread::Builder::new()
+                        .name("share-serve".into())
+                        .spawn(move || s.serve(c));
                     if let Err(e) = spawned {
                         tracing::warn!(error = %e, "cannot serve another sComponent of the storage directory");
                     }
                 }
-                Ok(cred) => tracing::warn!(uid = cred.uid, pid = cred.pid, "refused a connection to the storage directory's socket from another user"),
+                Ok(cred) => tracing::warn!(
+                    uid = cred.uid,
+                    pid = cred.pid,
+                    "refused a connection to the storage directory's socket from another user"
+                ),
                 Err(e) => {
                     tracing::warn!(error = %e, "refused a connection to the storage directory's socket without peer credentials")
                 }
@@ -157,7 +176,10 @@ impl Share {
                 }
             };
             let reply = match f.msg {
-                Msg::C2X_STATS(_) => X2C_STATS { json: core.stats().to_string() }.into(),
+                Msg::C2X_STATS(_) => X2C_STATS {
+                    json: core.stats().to_string(),
+                }
+                .into(),
                 m => {
                     self.served.fetch_add(1, Relaxed);
                     core.handle(m)
@@ -172,7 +194,11 @@ impl Share {
     /// One request on files, served here or by the owner.
     pub fn handle(self: &Arc<Self>, msg: Msg) -> Msg {
         match self.pass_on(&msg) {
-            None => self.owner.get().expect("no owner to pass on to: this process owns the directory").handle(msg),
+            None => self
+                .owner
+                .get()
+                .expect("no owner to pass on to: this process owns the directory")
+                .handle(msg),
             Some(Ok(reply)) => {
                 self.forwarded.fetch_add(1, Relaxed);
                 reply
@@ -210,7 +236,11 @@ impl Share {
                 }
                 // Whether the owner made the change before it went is unknown: the caller
                 // sees the error an unreachable sComponent gives.
-                _ => Err(format!("the sComponent that had storage directory {} open went away during {}", self.dir.display(), msg.name())),
+                _ => Err(format!(
+                    "the sComponent that had storage directory {} open went away during {}",
+                    self.dir.display(),
+                    msg.name()
+                )),
             });
         }
     }
@@ -237,7 +267,13 @@ impl Share {
     pub fn load(self: &Arc<Self>) -> Load {
         let s = self.owner_stats();
         let n = |k: &str| s[k].as_u64().unwrap_or(0);
-        Load { threads: 0, processes: 0, capacity: n("quota"), committed: n("used"), used: n("used") }
+        Load {
+            threads: 0,
+            processes: 0,
+            capacity: n("quota"),
+            committed: n("used"),
+            used: n("used"),
+        }
     }
 
     /// The directory's figures and how this process shares it.

@@ -81,16 +81,48 @@ struct State {
 
 impl LoopConn {
     /// Runs on the loop: serves `conn` there from now on, starting with its grant of credits.
-    pub(super) fn start(conn: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight: usize, frame_timeout: Duration, admitted: Admitted) {
+    pub(super) fn start(
+        conn: TcpConn,
+        dispatcher: Arc<Dispatcher>,
+        max_in_flight: usize,
+        frame_timeout: Duration,
+        admitted: Admitted,
+    ) {
         let addr = conn.peer();
-        let TcpConn { s, peer, session, sent, received, delay, .. } = conn;
+        let TcpConn {
+            s,
+            peer,
+            session,
+            sent,
+            received,
+            delay,
+            ..
+        } = conn;
         // The connection's own timeouts were for blocking reads and writes.
         if s.set_nonblocking(true).is_err() || s.set_read_timeout(None).is_err() || s.set_write_timeout(None).is_err() {
             return;
         }
         let awaiting_first = peer.is_none();
-        let st = State { sent, received, awaiting_first, partial_since: awaiting_first.then(Instant::now), admitted: Some(admitted), ..State::default() };
-        let c = Arc::new(LoopConn { s, addr, peer, session, delay, dispatcher, remote: event::remote(), max_in_flight, frame_timeout, st: Mutex::new(st) });
+        let st = State {
+            sent,
+            received,
+            awaiting_first,
+            partial_since: awaiting_first.then(Instant::now),
+            admitted: Some(admitted),
+            ..State::default()
+        };
+        let c = Arc::new(LoopConn {
+            s,
+            addr,
+            peer,
+            session,
+            delay,
+            dispatcher,
+            remote: event::remote(),
+            max_in_flight,
+            frame_timeout,
+            st: Mutex::new(st),
+        });
         let fd = c.s.as_raw_fd();
         let handler = c.clone();
         let token = match event::register(&mut SourceFd(&fd), Interest::READABLE, move |_| handler.turn()) {
@@ -122,7 +154,9 @@ impl LoopConn {
             }
             let done = match st.broken.take() {
                 Some(why) => Err(why),
-                None => self.write_out(&mut st).and_then(|()| self.read_in(&mut st, &mut requests)),
+                None => self
+                    .write_out(&mut st)
+                    .and_then(|()| self.read_in(&mut st, &mut requests)),
             };
             if let Err(why) = done {
                 self.close(&mut st, &why);
@@ -133,7 +167,8 @@ impl LoopConn {
         }
         for (req_id, msg) in requests {
             let c = self.clone();
-            self.dispatcher.submit(msg, self.peer, move |reply| c.answered(req_id, reply));
+            self.dispatcher
+                .submit(msg, self.peer, move |reply| c.answered(req_id, reply));
         }
     }
 
@@ -191,7 +226,9 @@ impl LoopConn {
             st.broken = Some(format!("an answer of {} bytes exceeds the frame bound", buf.len()));
             return;
         }
-        let Some(session) = &self.session else { return st.out.extend_from_slice(&buf) };
+        let Some(session) = &self.session else {
+            return st.out.extend_from_slice(&buf);
+        };
         let mut sealed = Vec::new();
         for chunk in buf.chunks(auth::RECORD) {
             if let Err(e) = session.seal(st.sent, chunk, &mut sealed) {
@@ -230,7 +267,11 @@ impl LoopConn {
             st.stalled_since = Some(Instant::now());
         }
         if pending != st.writable {
-            let interest = if pending { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            let interest = if pending {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
             if let Some(t) = st.token {
                 event::reregister(&mut SourceFd(&self.s.as_raw_fd()), t, interest).map_err(|e| e.to_string())?;
             }
@@ -268,7 +309,8 @@ impl LoopConn {
                 st.plain.drain(..at);
                 st.at = 0;
             }
-            let full = st.in_flight + requests.len() >= self.max_in_flight || st.out.len() - st.out_at >= OUT_HIGH_WATER;
+            let full =
+                st.in_flight + requests.len() >= self.max_in_flight || st.out.len() - st.out_at >= OUT_HIGH_WATER;
             if full {
                 if full && st.at < st.plain.len() {
                     metrics::counter!("rpc_requests_over_credit_total").increment(1);
@@ -277,7 +319,9 @@ impl LoopConn {
             }
             match self.read_some(st) {
                 // The peer's end, as on a thread: what it still had in flight is not answered.
-                Ok(0) if st.at < st.plain.len() || !st.raw.is_empty() => return Err("the peer closed in the middle of a frame".into()),
+                Ok(0) if st.at < st.plain.len() || !st.raw.is_empty() => {
+                    return Err("the peer closed in the middle of a frame".into())
+                }
                 Ok(0) => return Err(String::new()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -290,13 +334,21 @@ impl LoopConn {
 
     /// Reads up to a step of bytes into `plain`, through the session's records if there is one.
     fn read_some(&self, st: &mut State) -> io::Result<usize> {
-        let Some(session) = &self.session else { return read_into(&self.s, &mut st.plain) };
+        let Some(session) = &self.session else {
+            return read_into(&self.s, &mut st.plain);
+        };
         let n = read_into(&self.s, &mut st.raw)?;
         let mut used = 0;
         let mut opened = Vec::new();
-        while let Some(len) = st.raw[used..].first_chunk::<4>().map(|l| u32::from_le_bytes(*l) as usize) {
+        while let Some(len) = st.raw[used..]
+            .first_chunk::<4>()
+            .map(|l| u32::from_le_bytes(*l) as usize)
+        {
             if len > auth::RECORD + 16 {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a record of {len} bytes")));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a record of {len} bytes"),
+                ));
             }
             if st.raw.len() - used < 4 + len {
                 break;
@@ -326,21 +378,27 @@ impl LoopConn {
         st.timer = true;
         // Weak: a closed connection's socket must not wait for the timer to be closed.
         let c = Arc::downgrade(self);
-        event::after((since + self.frame_timeout).saturating_duration_since(Instant::now()), move || {
-            let Some(c) = c.upgrade() else { return };
-            let mut st = c.lock();
-            st.timer = false;
-            if st.closed {
-                return;
-            }
-            let late = [st.partial_since, st.stalled_since].into_iter().flatten().any(|t| t.elapsed() >= c.frame_timeout);
-            if late {
-                metrics::counter!("rpc_frames_timed_out_total").increment(1);
-                c.close(&mut st, "a frame did not arrive, or answers were not taken, in time");
-            } else {
-                c.watch_time(&mut st);
-            }
-        });
+        event::after(
+            (since + self.frame_timeout).saturating_duration_since(Instant::now()),
+            move || {
+                let Some(c) = c.upgrade() else { return };
+                let mut st = c.lock();
+                st.timer = false;
+                if st.closed {
+                    return;
+                }
+                let late = [st.partial_since, st.stalled_since]
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t.elapsed() >= c.frame_timeout);
+                if late {
+                    metrics::counter!("rpc_frames_timed_out_total").increment(1);
+                    c.close(&mut st, "a frame did not arrive, or answers were not taken, in time");
+                } else {
+                    c.watch_time(&mut st);
+                }
+            },
+        );
     }
 
     fn close(&self, st: &mut State, why: &str) {

@@ -22,12 +22,20 @@ impl<P: Peers> Mem<P> {
                 None => match self.pick_other(0, &failed, 0) {
                     Ok(Some(b)) => b,
                     _ => {
-                        tracing::warn!(pid = h.who.pid, "no mComponent can be backup home: the process's layout has one copy");
+                        tracing::warn!(
+                            pid = h.who.pid,
+                            "no mComponent can be backup home: the process's layout has one copy"
+                        );
                         return;
                     }
                 },
             };
-            match self.peers.call(&backup.addr, M2M_HOME_SYNC { state: h.state(self.me()) }) {
+            match self.peers.call(
+                &backup.addr,
+                M2M_HOME_SYNC {
+                    state: h.state(self.me()),
+                },
+            ) {
                 Ok(_) => {
                     h.backup = Some(backup);
                     return;
@@ -51,12 +59,23 @@ impl<P: Peers> Mem<P> {
         let homes: Vec<Arc<Mutex<HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
         for hp in homes {
             let mut h = hp.lock().unwrap();
-            let touched = h.vregions.values().any(|s| s.owners.iter().any(|o| lost.contains(&o.id))) || h.backup.as_ref().is_some_and(|b| lost.contains(&b.id));
+            let touched = h
+                .vregions
+                .values()
+                .any(|s| s.owners.iter().any(|o| lost.contains(&o.id)))
+                || h.backup.as_ref().is_some_and(|b| lost.contains(&b.id));
             if touched {
                 self.drop_replicas(&mut h, lost, None);
             }
         }
-        let orphans: Vec<(Who, u32)> = self.backups.lock().unwrap().values().filter(|s| lost.contains(&s.home.id)).map(|s| (s.who.clone(), s.home.id)).collect();
+        let orphans: Vec<(Who, u32)> = self
+            .backups
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| lost.contains(&s.home.id))
+            .map(|s| (s.who.clone(), s.home.id))
+            .collect();
         for (who, home) in orphans {
             let pid = who.pid;
             if let Err(e) = self.take_over(who, home) {
@@ -69,7 +88,10 @@ impl<P: Peers> Mem<P> {
     pub(in crate::mmon) fn home_sync(&self, r: M2M_HOME_SYNC) -> Result<OK, Refusal> {
         let pid = r.state.who.pid;
         if self.homes.lock().unwrap().contains_key(&pid) {
-            return Err(ERR::new(ErrCode::Denied, format!("mComponent {} is now the home of process {pid}", self.peers.id())));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("mComponent {} is now the home of process {pid}", self.peers.id()),
+            ));
         }
         self.backups.lock().unwrap().insert(pid, r.state);
         Ok(OK)
@@ -85,35 +107,84 @@ impl<P: Peers> Mem<P> {
     /// only slow stays the home: two homes of one process would each change its sets.
     pub(in crate::mmon) fn home_takeover(&self, r: P2M_HOME_TAKEOVER) -> Result<M2P_HOME, Refusal> {
         if let Ok(hp) = self.home_proc(&r.who) {
-            return Ok(M2P_HOME { backup: hp.lock().unwrap().backup.clone() });
+            return Ok(M2P_HOME {
+                backup: hp.lock().unwrap().backup.clone(),
+            });
         }
-        let kept = self.backups.lock().unwrap().get(&r.who.pid).map(|s| (s.who.vnode.clone(), s.creator, s.home.clone()));
+        let kept = self
+            .backups
+            .lock()
+            .unwrap()
+            .get(&r.who.pid)
+            .map(|s| (s.who.vnode.clone(), s.creator, s.home.clone()));
         let Some((vnode, creator, home)) = kept else {
-            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.peers.id(), r.who.pid)));
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!(
+                    "mComponent {} keeps no copy of process {}'s home",
+                    self.peers.id(),
+                    r.who.pid
+                ),
+            ));
         };
         if vnode != r.who.vnode {
-            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} belongs to another vNode", r.who.pid),
+            ));
         }
         self.may_act(r.who.pid, creator)?;
-        if self.peers.call_timeout(&home.addr, M2M_HOME_OF { who: Who::new(vnode, r.who.pid) }, VERIFY_TIMEOUT).is_ok() {
-            return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {} at {} is still the home of process {}: it is slow, not lost", home.id, home.addr, r.who.pid)));
+        if self
+            .peers
+            .call_timeout(
+                &home.addr,
+                M2M_HOME_OF {
+                    who: Who::new(vnode, r.who.pid),
+                },
+                VERIFY_TIMEOUT,
+            )
+            .is_ok()
+        {
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!(
+                    "mComponent {} at {} is still the home of process {}: it is slow, not lost",
+                    home.id, home.addr, r.who.pid
+                ),
+            ));
         }
         self.take_over(r.who, home.id)
     }
 
     /// `M2M_HOME_OF`: whether this mComponent is still the process's home.
     pub(in crate::mmon) fn home_of(&self, r: M2M_HOME_OF) -> Result<OK, Refusal> {
-        self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.peers.id(), r.who.pid)))
+        self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| {
+            ERR::new(
+                ErrCode::NotHome,
+                format!("mComponent {} is not home of process {}", self.peers.id(), r.who.pid),
+            )
+        })
     }
 
     /// Becomes the home of `who` from the copy of its state kept here. The epoch moves past
     /// any the process's pComponent (`who.epoch`) or an owner may have seen.
     fn take_over(&self, who: Who, lost_home: u32) -> Result<M2P_HOME, Refusal> {
         let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
-            return Err(ERR::new(ErrCode::NotFound, format!("mComponent {} keeps no copy of process {}'s home", self.peers.id(), who.pid)));
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!(
+                    "mComponent {} keeps no copy of process {}'s home",
+                    self.peers.id(),
+                    who.pid
+                ),
+            ));
         };
         metrics::counter!("mcomp_home_takeovers_total").increment(1);
-        tracing::warn!(pid = who.pid, lost = lost_home, "home of a process is lost: this mComponent, its backup, takes over");
+        tracing::warn!(
+            pid = who.pid,
+            lost = lost_home,
+            "home of a process is lost: this mComponent, its backup, takes over"
+        );
         let backup = self.become_home(state, who.epoch, Some(lost_home));
         Ok(M2P_HOME { backup })
     }
@@ -128,12 +199,20 @@ impl<P: Peers> Mem<P> {
         if let Some(hp) = mine {
             let h = hp.lock().unwrap();
             if h.adopted_from == Some(from) && h.who.vnode == r.state.who.vnode {
-                return Ok(M2M_HOME_ADOPTED { backup: h.backup.clone() });
+                return Ok(M2M_HOME_ADOPTED {
+                    backup: h.backup.clone(),
+                });
             }
-            return Err(ERR::new(ErrCode::Invalid, format!("mComponent {} is already the home of process {pid}", self.peers.id())));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("mComponent {} is already the home of process {pid}", self.peers.id()),
+            ));
         }
         if !self.leavers.lock().unwrap().contains(&from) {
-            return Err(ERR::new(ErrCode::Denied, format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes")));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes"),
+            ));
         }
         self.backups.lock().unwrap().remove(&pid);
         let backup = self.become_home(r.state, 0, None);
@@ -167,7 +246,12 @@ impl<P: Peers> Mem<P> {
             self.drop_replicas(&mut h, &[lost], None);
         }
         // Loggers ask their home for copies: this one now.
-        let logged: Vec<(u64, Replicas)> = h.vregions.iter().filter(|(_, s)| s.log.is_some()).map(|(i, s)| (*i, s.clone())).collect();
+        let logged: Vec<(u64, Replicas)> = h
+            .vregions
+            .iter()
+            .filter(|(_, s)| s.log.is_some())
+            .map(|(i, s)| (*i, s.clone()))
+            .collect();
         for (idx, set) in logged {
             if let Err(e) = self.tell_set(&h, idx, &set, LogStep::Keep) {
                 tracing::warn!(pid, vregion = idx, error = %e, "cannot tell a logged set its new home");

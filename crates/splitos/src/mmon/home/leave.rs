@@ -45,14 +45,24 @@ impl<P: Peers> Mem<P> {
             if h.gone() {
                 continue;
             }
-            let found = h.vregions.iter().find_map(|(i, s)| s.owners.iter().find(|o| o.id == full).map(|o| (*i, o.clone())));
+            let found = h
+                .vregions
+                .iter()
+                .find_map(|(i, s)| s.owners.iter().find(|o| o.id == full).map(|o| (*i, o.clone())));
             let Some((idx, member)) = found else { continue };
             match self.relocate(&mut h, idx, &member) {
                 Ok(()) => {
                     metrics::counter!("mcomp_rebalance_moves_total").increment(1);
-                    tracing::info!(pid = h.who.pid, vregion = idx, from = full, "rebalancing: moved a vRegion off the fullest mComponent");
+                    tracing::info!(
+                        pid = h.who.pid,
+                        vregion = idx,
+                        from = full,
+                        "rebalancing: moved a vRegion off the fullest mComponent"
+                    );
                 }
-                Err(e) => tracing::debug!(pid = h.who.pid, vregion = idx, error = %e.msg, "rebalancing: cannot move a vRegion now"),
+                Err(e) => {
+                    tracing::debug!(pid = h.who.pid, vregion = idx, error = %e.msg, "rebalancing: cannot move a vRegion now")
+                }
             }
             return;
         }
@@ -67,7 +77,16 @@ impl<P: Peers> Mem<P> {
             if h.gone() {
                 return Ok(());
             }
-            let found = h.vregions.iter().filter(|(i, _)| !tried.contains(*i)).find_map(|(i, s)| s.owners.iter().find(|o| leaving.contains(&o.id)).map(|o| (*i, o.clone())));
+            let found = h
+                .vregions
+                .iter()
+                .filter(|(i, _)| !tried.contains(*i))
+                .find_map(|(i, s)| {
+                    s.owners
+                        .iter()
+                        .find(|o| leaving.contains(&o.id))
+                        .map(|o| (*i, o.clone()))
+                });
             let Some((idx, member)) = found else { break };
             tried.insert(idx);
             self.relocate(&mut h, idx, &member)?;
@@ -97,21 +116,41 @@ impl<P: Peers> Mem<P> {
         let pid = h.who.pid;
         let new = match h.moved_to.clone() {
             Some(to) => to,
-            None => self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no other mComponent can be the home of process {pid}")))?,
+            None => self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| {
+                ERR::new(
+                    ErrCode::NoMemory,
+                    format!("no other mComponent can be the home of process {pid}"),
+                )
+            })?,
         };
         h.moved_to = Some(new.clone());
-        let adopted = match self.peers.call(&new.addr, M2M_HOME_ADOPT { state: h.state(self.me()) }) {
+        let adopted = match self.peers.call(
+            &new.addr,
+            M2M_HOME_ADOPT {
+                state: h.state(self.me()),
+            },
+        ) {
             Ok(a) => a,
             Err(e) => {
                 if matches!(e, RpcError::Remote { .. } | RpcError::Unreachable { .. }) {
                     h.moved_to = None;
                 }
-                return Err(ERR::new(e.code(), format!("cannot give process {pid} to mComponent {} as its home yet: {e}", new.id)));
+                return Err(ERR::new(
+                    e.code(),
+                    format!(
+                        "cannot give process {pid} to mComponent {} as its home yet: {e}",
+                        new.id
+                    ),
+                ));
             }
         };
         h.handed = true;
         // The old backup's copy names this home: only the new home's backup may take over.
-        if let Some(b) = h.backup.take().filter(|b| b.id != new.id && Some(b.id) != adopted.backup.as_ref().map(|a| a.id)) {
+        if let Some(b) = h
+            .backup
+            .take()
+            .filter(|b| b.id != new.id && Some(b.id) != adopted.backup.as_ref().map(|a| a.id))
+        {
             if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
                 tracing::warn!(pid, backup = b.id, error = %e, "the old backup home did not drop its copy");
             }
@@ -119,7 +158,15 @@ impl<P: Peers> Mem<P> {
         // Listed as to be told before it stops counting among the homes, so that this
         // mComponent never reports itself empty while a pComponent still knows only it; told
         // at once, while calls still wait on the lock, so that they find the new home.
-        self.unannounced.lock().unwrap().push((h.pcomp, M2P_HOME_MOVED { who: h.who(), from: self.peers.id(), home: new.clone(), backup: adopted.backup }));
+        self.unannounced.lock().unwrap().push((
+            h.pcomp,
+            M2P_HOME_MOVED {
+                who: h.who(),
+                from: self.peers.id(),
+                home: new.clone(),
+                backup: adopted.backup,
+            },
+        ));
         self.announce_moves();
         self.homes.lock().unwrap().remove(&pid);
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
@@ -136,7 +183,11 @@ impl<P: Peers> Mem<P> {
     pub(in crate::mmon) fn announce_moves(&self) {
         let pending = self.unannounced.lock().unwrap().clone();
         for (pcomp, moved) in pending {
-            let told = self.peers.call_gm(M2G_FIND { id: pcomp }).map_err(Refusal::from).and_then(|f| Ok(self.peers.call(&f.comp.addr, moved.clone())?));
+            let told = self
+                .peers
+                .call_gm(M2G_FIND { id: pcomp })
+                .map_err(Refusal::from)
+                .and_then(|f| Ok(self.peers.call(&f.comp.addr, moved.clone())?));
             match told {
                 Ok(_) => {}
                 // A pComponent the managers do not know alive ran its processes' last: nothing to tell.
@@ -146,7 +197,10 @@ impl<P: Peers> Mem<P> {
                     continue;
                 }
             }
-            self.unannounced.lock().unwrap().retain(|(_, m)| m.who.pid != moved.who.pid);
+            self.unannounced
+                .lock()
+                .unwrap()
+                .retain(|(_, m)| m.who.pid != moved.who.pid);
         }
     }
 }

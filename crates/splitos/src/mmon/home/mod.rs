@@ -60,7 +60,13 @@ pub(super) struct Replicas {
 
 impl Replicas {
     fn wire(&self, index: u64) -> VregionReplicas {
-        VregionReplicas { index, epoch: self.epoch, owners: self.owners.clone(), data: self.data, log: self.log.clone() }
+        VregionReplicas {
+            index,
+            epoch: self.epoch,
+            owners: self.owners.clone(),
+            data: self.data,
+            log: self.log.clone(),
+        }
     }
 
     /// Whether its members are told the set ([`M2M_SET`]): they act on it.
@@ -114,24 +120,42 @@ impl HomeProc {
 
     /// The end of [addr, addr + len), which must be page-aligned and inside the heap region.
     fn check_range(&self, addr: u64, len: u64) -> Result<u64, Refusal> {
-        let end = addr.checked_add(len).ok_or_else(|| ERR::new(ErrCode::Invalid, "range overflows"))?;
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| ERR::new(ErrCode::Invalid, "range overflows"))?;
         if !addr.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || len == 0 || addr < self.base || end > self.limit {
-            return Err(ERR::new(ErrCode::Invalid, format!("range {addr:#x}+{len:#x} is not page-aligned inside the heap region")));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("range {addr:#x}+{len:#x} is not page-aligned inside the heap region"),
+            ));
         }
         Ok(end)
     }
 
     /// Bytes of [start, end) its layout has writable.
     fn writable_in(&self, start: u64, end: u64) -> u64 {
-        self.layout.iter().filter(|(_, v)| v.prot & PROT_WRITE != 0).map(|(s, v)| v.end.min(end).saturating_sub(s.max(start))).sum()
+        self.layout
+            .iter()
+            .filter(|(_, v)| v.prot & PROT_WRITE != 0)
+            .map(|(s, v)| v.end.min(end).saturating_sub(s.max(start)))
+            .sum()
     }
 
     fn mapped(&self, addr: u64, prot: u32) -> M2P_MAPPED {
-        M2P_MAPPED { addr, prot, owners: self.owners(), epoch: self.epoch, backup: self.backup.clone() }
+        M2P_MAPPED {
+            addr,
+            prot,
+            owners: self.owners(),
+            epoch: self.epoch,
+            backup: self.backup.clone(),
+        }
     }
 
     fn who(&self) -> Who {
-        Who { epoch: self.epoch, ..self.who.clone() }
+        Who {
+            epoch: self.epoch,
+            ..self.who.clone()
+        }
     }
 
     fn state(&self, home: ComponentRef) -> HomeState {
@@ -142,7 +166,16 @@ impl HomeProc {
             pcomp: self.pcomp,
             base: self.base,
             limit: self.limit,
-            vmas: self.layout.iter().map(|(start, v)| HomeVma { start, end: v.end, prot: v.prot, accounted: v.accounted }).collect(),
+            vmas: self
+                .layout
+                .iter()
+                .map(|(start, v)| HomeVma {
+                    start,
+                    end: v.end,
+                    prot: v.prot,
+                    accounted: v.accounted,
+                })
+                .collect(),
             vregions: self.owners(),
             retired: self.retired.clone(),
             memory_quota: self.memory_quota,
@@ -152,9 +185,30 @@ impl HomeProc {
     fn from_state(s: HomeState) -> HomeProc {
         let mut layout = VmaMap::default();
         for v in s.vmas {
-            layout.insert(v.start, Vma { end: v.end, prot: v.prot, accounted: v.accounted });
+            layout.insert(
+                v.start,
+                Vma {
+                    end: v.end,
+                    prot: v.prot,
+                    accounted: v.accounted,
+                },
+            );
         }
-        let vregions = s.vregions.into_iter().map(|r| (r.index, Replicas { epoch: r.epoch, owners: r.owners, data: r.data, log: r.log })).collect();
+        let vregions = s
+            .vregions
+            .into_iter()
+            .map(|r| {
+                (
+                    r.index,
+                    Replicas {
+                        epoch: r.epoch,
+                        owners: r.owners,
+                        data: r.data,
+                        log: r.log,
+                    },
+                )
+            })
+            .collect();
         HomeProc {
             epoch: s.who.epoch,
             who: Who { epoch: 0, ..s.who },
@@ -197,7 +251,10 @@ impl HomeProc {
 
     /// Every member of vRegion `idx`'s set, once each.
     fn members(&self, idx: u64) -> Vec<ComponentRef> {
-        self.vregions.get(&idx).map(|r| r.wire(idx).distinct().into_iter().cloned().collect()).unwrap_or_default()
+        self.vregions
+            .get(&idx)
+            .map(|r| r.wire(idx).distinct().into_iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Every mComponent holding some vRegion of the process, once each.
@@ -217,7 +274,13 @@ impl HomeProc {
 fn lock_home(hp: &Arc<Mutex<HomeProc>>) -> Result<std::sync::MutexGuard<'_, HomeProc>, Refusal> {
     let h = hp.lock().unwrap();
     match &h.moved_to {
-        Some(to) => Err(ERR::new(ErrCode::NotHome, format!("process {} moved to home mComponent {} at {}", h.who.pid, to.id, to.addr))),
+        Some(to) => Err(ERR::new(
+            ErrCode::NotHome,
+            format!(
+                "process {} moved to home mComponent {} at {}",
+                h.who.pid, to.id, to.addr
+            ),
+        )),
         None => Ok(h),
     }
 }
@@ -238,14 +301,22 @@ fn unreachable(e: &Refusal) -> bool {
 impl<P: Peers> Mem<P> {
     fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, Refusal> {
         let h = self.homes.lock().unwrap().get(&who.pid).cloned();
-        let h = h.ok_or_else(|| ERR::new(ErrCode::NotHome, format!("mComponent {} is not home of process {}", self.peers.id(), who.pid)))?;
+        let h = h.ok_or_else(|| {
+            ERR::new(
+                ErrCode::NotHome,
+                format!("mComponent {} is not home of process {}", self.peers.id(), who.pid),
+            )
+        })?;
         let (vnode, creator) = {
             let g = h.lock().unwrap();
             (g.who.vnode.clone(), g.creator)
         };
         if vnode != who.vnode {
             self.c.denied.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", who.pid)));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} belongs to another vNode", who.pid),
+            ));
         }
         self.may_act(who.pid, creator)?;
         Ok(h)
@@ -273,7 +344,10 @@ impl<P: Peers> Mem<P> {
         exclude.extend(self.recently_lost());
         match self.peers.call_gm(M2G_PICK_OWNER { bytes, exclude, near }) {
             Ok(r) => Ok(Some(r.mcomp)),
-            Err(RpcError::Remote { code: ErrCode::NoMemory, .. }) => Ok(None),
+            Err(RpcError::Remote {
+                code: ErrCode::NoMemory,
+                ..
+            }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -306,7 +380,13 @@ impl<P: Peers> Mem<P> {
         // A logged set's backup file goes where the vNode's files are (a set that starts
         // with its primary alone gets its logger when one has room, as a rebuild).
         let log = match scheme == Replication::Log {
-            true => Some(self.peers.call_gm(M2G_BACKUP_STORE { vnode: h.who.vnode.clone() })?.scomp),
+            true => Some(
+                self.peers
+                    .call_gm(M2G_BACKUP_STORE {
+                        vnode: h.who.vnode.clone(),
+                    })?
+                    .scomp,
+            ),
             false => None,
         };
         if log.is_some() {
@@ -314,7 +394,12 @@ impl<P: Peers> Mem<P> {
             // the backup of the one named next.
             h.epoch += 1;
         }
-        let set = Replicas { epoch: h.epoch, owners: owners.clone(), data, log };
+        let set = Replicas {
+            epoch: h.epoch,
+            owners: owners.clone(),
+            data,
+            log,
+        };
         // A member taken out of the process's sets before and chosen again is a member now,
         // not a lost one.
         h.retired.retain(|r| !owners.iter().any(|o| o.id == r.id));
@@ -343,21 +428,43 @@ impl<P: Peers> Mem<P> {
         Ok(())
     }
 
-    fn tell_member(&self, h: &HomeProc, o: &ComponentRef, idx: u64, set: &Replicas, log: LogStep) -> Result<OK, Refusal> {
-        self.to_owner(o, M2M_SET { who: h.who(), set: set.wire(idx), creator: h.creator, home: self.me(), log })
+    fn tell_member(
+        &self,
+        h: &HomeProc,
+        o: &ComponentRef,
+        idx: u64,
+        set: &Replicas,
+        log: LogStep,
+    ) -> Result<OK, Refusal> {
+        self.to_owner(
+            o,
+            M2M_SET {
+                who: h.who(),
+                set: set.wire(idx),
+                creator: h.creator,
+                home: self.me(),
+                log,
+            },
+        )
     }
 
     /// Sends `msg()` to `o`, which holds the only copy of what it is about. One that does not
     /// answer while the global managers have not declared it lost is only late (paused,
     /// overloaded): it is waited for a heartbeat at a time and asked again, as the pComponent
     /// waits for it, so that a late mComponent costs its programs time, not a failed call.
-    pub(in crate::mmon) fn to_only_copy<R: Request>(&self, o: &ComponentRef, msg: impl Fn() -> R) -> Result<R::Reply, Refusal> {
+    pub(in crate::mmon) fn to_only_copy<R: Request>(
+        &self,
+        o: &ComponentRef,
+        msg: impl Fn() -> R,
+    ) -> Result<R::Reply, Refusal> {
         if o.id == self.peers.id() {
             return self.to_owner(o, msg());
         }
         loop {
             match self.peers.call(&o.addr, msg()) {
-                Err(e) if !matches!(e, RpcError::Remote { .. } | RpcError::Protocol { .. }) && self.peers.late(o.id) => {
+                Err(e)
+                    if !matches!(e, RpcError::Remote { .. } | RpcError::Protocol { .. }) && self.peers.late(o.id) =>
+                {
                     metrics::counter!("mcomp_late_mcomponent_waits_total").increment(1);
                     tracing::warn!(mcomp = o.id, addr = %o.addr, error = %e, "an mComponent holding the only copy does not answer, and the global managers have not declared it lost: waiting for it");
                     std::thread::sleep(crate::node::HEARTBEAT);
@@ -403,7 +510,10 @@ impl<P: Peers> Mem<P> {
             return Err(e);
         }
         if !answered && !owners.is_empty() {
-            return Err(ERR::new(ErrCode::Unreachable, format!("no replica of vRegion {idx} of process {} can be reached", h.who.pid)));
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!("no replica of vRegion {idx} of process {} can be reached", h.who.pid),
+            ));
         }
         if !lost.is_empty() {
             self.drop_replicas(h, &lost, Some(idx));
@@ -422,13 +532,37 @@ impl<P: Peers> Mem<P> {
     /// Whether member `o` answers this home about the process, within [`VERIFY_TIMEOUT`].
     fn reaches(&self, o: &ComponentRef, who: &Who) -> bool {
         let who = Who::new(who.vnode.clone(), who.pid);
-        o.id == self.peers.id() || self.peers.call_timeout(&o.addr, M2M_READ_PAGES { who, from: 0, end: 0, max: 0, parity: false }, VERIFY_TIMEOUT).is_ok()
+        o.id == self.peers.id()
+            || self
+                .peers
+                .call_timeout(
+                    &o.addr,
+                    M2M_READ_PAGES {
+                        who,
+                        from: 0,
+                        end: 0,
+                        max: 0,
+                        parity: false,
+                    },
+                    VERIFY_TIMEOUT,
+                )
+                .is_ok()
     }
 
     /// Sends `msg(who)` to members of vRegion `idx`'s set that joined it since it had
     /// `before` (a striped set's place rebuilt while a call was under way).
-    fn to_joined<R: Request>(&self, h: &HomeProc, idx: u64, before: &[ComponentRef], msg: impl Fn(Who) -> R) -> Result<(), Refusal> {
-        for o in h.members(idx).into_iter().filter(|m| !before.iter().any(|b| b.id == m.id)) {
+    fn to_joined<R: Request>(
+        &self,
+        h: &HomeProc,
+        idx: u64,
+        before: &[ComponentRef],
+        msg: impl Fn(Who) -> R,
+    ) -> Result<(), Refusal> {
+        for o in h
+            .members(idx)
+            .into_iter()
+            .filter(|m| !before.iter().any(|b| b.id == m.id))
+        {
             self.to_owner(&o, msg(h.who()))?;
         }
         Ok(())
@@ -436,11 +570,27 @@ impl<P: Peers> Mem<P> {
 
     fn add_range(&self, h: &mut HomeProc, start: u64, end: u64, prot: u32) -> Result<(), Refusal> {
         // In the layout first: a member whose place is rebuilt meanwhile gets its vmas from it.
-        h.layout.insert(start, Vma { end, prot, accounted: false });
+        h.layout.insert(
+            start,
+            Vma {
+                end,
+                prot,
+                accounted: false,
+            },
+        );
         let mut done: Vec<(u64, u64, u64)> = Vec::new();
         for (idx, s, e) in self.slices(start, end) {
             let (creator, quota) = (h.creator, h.memory_quota);
-            let add = |m: &Self, h: &mut HomeProc| m.to_replicas(h, idx, |who| M2M_VMA_ADD { who, start: s, end: e, prot, creator, quota });
+            let add = |m: &Self, h: &mut HomeProc| {
+                m.to_replicas(h, idx, |who| M2M_VMA_ADD {
+                    who,
+                    start: s,
+                    end: e,
+                    prot,
+                    creator,
+                    quota,
+                })
+            };
             let mut r = self.ensure_owners(h, idx).and_then(|_| add(self, h));
             // Under strict overcommit a member out of memory to promise refuses: the vRegion
             // moves to an mComponent with room (memory attached since, say) and the range is
@@ -476,14 +626,20 @@ impl<P: Peers> Mem<P> {
         for (idx, s, e) in self.slices(start, end) {
             let owners = h.members(idx);
             for o in &owners {
-                let remove = || M2M_VMA_REMOVE { who: h.who(), start: s, end: e };
+                let remove = || M2M_VMA_REMOVE {
+                    who: h.who(),
+                    start: s,
+                    end: e,
+                };
                 let removed = match owners.len() {
                     1 => self.to_only_copy(o, remove),
                     _ => self.to_owner(o, remove()),
                 };
                 match removed {
                     // Another member answers for the range; this one leaves the set.
-                    Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => self.drop_replicas(h, &[o.id], Some(idx)),
+                    Err(e) if unreachable(&e) && owners.iter().any(|x| x.id != o.id) => {
+                        self.drop_replicas(h, &[o.id], Some(idx))
+                    }
                     Err(e) if e.code == ErrCode::ParityLost => match self.parity_lost(h, idx) {
                         Some(p) => self.drop_replicas(h, &[p], Some(idx)),
                         None => return Err(e),

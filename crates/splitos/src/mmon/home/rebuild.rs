@@ -22,10 +22,21 @@ impl<P: Peers> Mem<P> {
     /// pComponent's word alone takes no copy out of service.
     pub(in crate::mmon) fn replica_lost(&self, r: P2M_REPLICA_LOST) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
-        let member = hp.lock().unwrap().vregions.values().flat_map(|s| s.owners.iter()).find(|o| o.id == r.lost).cloned();
+        let member = hp
+            .lock()
+            .unwrap()
+            .vregions
+            .values()
+            .flat_map(|s| s.owners.iter())
+            .find(|o| o.id == r.lost)
+            .cloned();
         if let Some(o) = member {
             if self.reaches(&o, &r.who) {
-                tracing::warn!(pid = r.who.pid, member = r.lost, "a pComponent cannot reach a replica this home reaches: it stays");
+                tracing::warn!(
+                    pid = r.who.pid,
+                    member = r.lost,
+                    "a pComponent cannot reach a replica this home reaches: it stays"
+                );
             } else {
                 tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
                 // The vRegion the pComponent waits for first; the others in the background.
@@ -43,7 +54,11 @@ impl<P: Peers> Mem<P> {
         {
             let mut h = lock_home(&hp)?;
             let idx = r.vpn * PAGE / self.vrs();
-            let holds = h.vregions.get(&idx).and_then(|s| s.owners.iter().find(|o| o.id == r.full)).cloned();
+            let holds = h
+                .vregions
+                .get(&idx)
+                .and_then(|s| s.owners.iter().find(|o| o.id == r.full))
+                .cloned();
             if let Some(full) = holds {
                 self.relocate(&mut h, idx, &full)?;
             }
@@ -66,7 +81,13 @@ impl<P: Peers> Mem<P> {
         };
         let Some((new, moved)) = copied else {
             metrics::counter!("mcomp_no_room_total").increment(1);
-            return Err(ERR::new(ErrCode::NoMemory, format!("no other mComponent has room for vRegion {idx} of process {} held on mComponent {}", h.who.pid, full.id)));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!(
+                    "no other mComponent has room for vRegion {idx} of process {} held on mComponent {}",
+                    h.who.pid, full.id
+                ),
+            ));
         };
         let s = h.vregions.get_mut(&idx).expect("checked by the caller");
         for o in s.owners.iter_mut().filter(|o| o.id == full.id) {
@@ -83,13 +104,27 @@ impl<P: Peers> Mem<P> {
             }
         }
         let vrs = self.vrs();
-        if let Err(e) = self.to_owner(full, M2M_VMA_REMOVE { who: h.who(), start: idx * vrs, end: (idx + 1) * vrs }) {
+        if let Err(e) = self.to_owner(
+            full,
+            M2M_VMA_REMOVE {
+                who: h.who(),
+                start: idx * vrs,
+                end: (idx + 1) * vrs,
+            },
+        ) {
             tracing::warn!(owner = full.id, error = %e, "cannot release a moved vRegion on the full mComponent");
         }
         self.sync_backup(h);
         metrics::counter!("mcomp_vregions_moved_total").increment(1);
         self.moved_pages.fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
-        tracing::info!(pid = h.who.pid, vregion = idx, from = full.id, to = new.id, pages = moved, "vRegion moved to another mComponent");
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            from = full.id,
+            to = new.id,
+            pages = moved,
+            "vRegion moved to another mComponent"
+        );
         Ok(())
     }
 
@@ -107,7 +142,11 @@ impl<P: Peers> Mem<P> {
         let mut striped = Vec::new();
         let mut promote = Vec::new();
         for (idx, set) in h.vregions.iter_mut() {
-            if set.log.is_some() && set.owners.len() == 2 && lost.contains(&set.owners[0].id) && !lost.contains(&set.owners[1].id) {
+            if set.log.is_some()
+                && set.owners.len() == 2
+                && lost.contains(&set.owners[0].id)
+                && !lost.contains(&set.owners[1].id)
+            {
                 // The logger replays the backup and becomes primary below.
                 retired.push(set.owners[0].clone());
                 promote.push(*idx);
@@ -120,7 +159,8 @@ impl<P: Peers> Mem<P> {
                     changed = true;
                 }
             } else if set.owners.iter().any(|o| !lost.contains(&o.id)) {
-                let (gone, kept): (Vec<ComponentRef>, Vec<ComponentRef>) = set.owners.drain(..).partition(|o| lost.contains(&o.id));
+                let (gone, kept): (Vec<ComponentRef>, Vec<ComponentRef>) =
+                    set.owners.drain(..).partition(|o| lost.contains(&o.id));
                 set.owners = kept;
                 changed |= !gone.is_empty();
                 retired.extend(gone);
@@ -141,7 +181,11 @@ impl<P: Peers> Mem<P> {
         if changed {
             h.epoch += 1;
             let epoch = h.epoch;
-            for set in h.vregions.values_mut().filter(|s| s.data == 0 && s.owners.len() < self.replication().members()) {
+            for set in h
+                .vregions
+                .values_mut()
+                .filter(|s| s.data == 0 && s.owners.len() < self.replication().members())
+            {
                 set.epoch = epoch;
             }
             for idx in striped.into_iter().filter(|i| Some(*i) == urgent) {
@@ -167,7 +211,9 @@ impl<P: Peers> Mem<P> {
     /// process's calls and write-backs to that vRegion wait meanwhile (its owners refuse
     /// older epochs).
     pub(in crate::mmon) fn rebuild(&self, pid: u64) {
-        let Some(hp) = self.homes.lock().unwrap().get(&pid).cloned() else { return };
+        let Some(hp) = self.homes.lock().unwrap().get(&pid).cloned() else {
+            return;
+        };
         let members = self.replication().members();
         let mut tried = std::collections::BTreeSet::new();
         loop {
@@ -175,10 +221,21 @@ impl<P: Peers> Mem<P> {
             if h.gone() {
                 return;
             }
-            let Some(idx) = h.vregions.iter().find(|(i, s)| h.short(s, members) && !tried.contains(*i)).map(|(i, _)| *i) else { return };
+            let Some(idx) = h
+                .vregions
+                .iter()
+                .find(|(i, s)| h.short(s, members) && !tried.contains(*i))
+                .map(|(i, _)| *i)
+            else {
+                return;
+            };
             tried.insert(idx);
             let striped = h.vregions[&idx].data > 0;
-            let done = if striped { self.rebuild_place(&mut h, idx) } else { self.rebuild_vregion(&mut h, idx) };
+            let done = if striped {
+                self.rebuild_place(&mut h, idx)
+            } else {
+                self.rebuild_vregion(&mut h, idx)
+            };
             if let Err(e) = done {
                 tracing::warn!(pid, vregion = idx, error = %e, "cannot rebuild a replica; will try again");
             }
@@ -190,14 +247,24 @@ impl<P: Peers> Mem<P> {
         let started = std::time::Instant::now();
         let source = h.vregions.get(&idx).expect("listed by the caller").owners[0].clone();
         let Some((new, pages_copied)) = self.copy_to_new_member(h, idx, &source, &[], true)? else {
-            return Err(ERR::new(ErrCode::NoMemory, "no other mComponent has room for a replica"));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                "no other mComponent has room for a replica",
+            ));
         };
         let s = h.vregions.get_mut(&idx).expect("listed by the caller");
         s.owners.push(new.clone());
         s.epoch = h.epoch;
         h.retired.retain(|r| r.id != new.id);
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
-        tracing::info!(pid = h.who.pid, vregion = idx, to = new.id, pages = pages_copied, ms = started.elapsed().as_millis() as u64, "replica rebuilt");
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            to = new.id,
+            pages = pages_copied,
+            ms = started.elapsed().as_millis() as u64,
+            "replica rebuilt"
+        );
         Ok(())
     }
 
@@ -212,16 +279,36 @@ impl<P: Peers> Mem<P> {
         let (gone, logger) = (set.owners[0].clone(), set.owners[1].clone());
         let who = h.who();
         self.fence_set(&set.wire(idx), &who, Some(gone.id))?;
-        let promoted = Replicas { epoch: h.epoch, owners: vec![logger.clone()], ..set };
+        let promoted = Replicas {
+            epoch: h.epoch,
+            owners: vec![logger.clone()],
+            ..set
+        };
         // Replaying reads the whole backup from the sComponent: longer than a call may take.
-        let replay = M2M_SET { who, set: promoted.wire(idx), creator: h.creator, home: self.me(), log: LogStep::Replay };
+        let replay = M2M_SET {
+            who,
+            set: promoted.wire(idx),
+            creator: h.creator,
+            home: self.me(),
+            log: LogStep::Replay,
+        };
         match logger.id == self.peers.id() {
             true => self.to_owner(&logger, replay).map(|_| ())?,
-            false => self.peers.call_timeout(&logger.addr, replay, REPLAY_TIMEOUT).map(|_| ())?,
+            false => self
+                .peers
+                .call_timeout(&logger.addr, replay, REPLAY_TIMEOUT)
+                .map(|_| ())?,
         }
         h.vregions.insert(idx, promoted);
         metrics::counter!("mcomp_loggers_promoted_total").increment(1);
-        tracing::info!(pid = h.who.pid, vregion = idx, lost = gone.id, logger = logger.id, ms = started.elapsed().as_millis() as u64, "logger made primary from its backup");
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            lost = gone.id,
+            logger = logger.id,
+            ms = started.elapsed().as_millis() as u64,
+            "logger made primary from its backup"
+        );
         Ok(())
     }
 
@@ -232,7 +319,17 @@ impl<P: Peers> Mem<P> {
         let hp = self.home_proc(&r.who)?;
         let mut h = lock_home(&hp)?;
         let idx = r.index;
-        let set = h.vregions.get(&idx).cloned().filter(|s| s.log.is_some() && s.owners.len() == 2).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("vRegion {idx} of process {} has no logger", r.who.pid)))?;
+        let set = h
+            .vregions
+            .get(&idx)
+            .cloned()
+            .filter(|s| s.log.is_some() && s.owners.len() == 2)
+            .ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Invalid,
+                    format!("vRegion {idx} of process {} has no logger", r.who.pid),
+                )
+            })?;
         let (primary, logger) = (set.owners[0].clone(), set.owners[1].clone());
         h.epoch += 1;
         let who = h.who();
@@ -254,7 +351,13 @@ impl<P: Peers> Mem<P> {
         h.vregions.insert(idx, s);
         self.sync_backup(&mut h);
         metrics::counter!("mcomp_log_resyncs_total").increment(1);
-        tracing::info!(pid = r.who.pid, vregion = idx, logger = logger.id, pages = n, "copied a vRegion to its logger again: protected again");
+        tracing::info!(
+            pid = r.who.pid,
+            vregion = idx,
+            logger = logger.id,
+            pages = n,
+            "copied a vRegion to its logger again: protected again"
+        );
         Ok(OK)
     }
 
@@ -282,12 +385,24 @@ impl<P: Peers> Mem<P> {
         let hp = self.home_proc(&r.who)?;
         let mut h = lock_home(&hp)?;
         let idx = r.vpn * PAGE / self.vrs();
-        let set =
-            h.vregions.get(&idx).map(|s| s.wire(idx)).filter(|s| s.data > 0 || s.logger().is_some()).ok_or_else(|| ERR::new(ErrCode::Invalid, format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE)))?;
+        let set = h
+            .vregions
+            .get(&idx)
+            .map(|s| s.wire(idx))
+            .filter(|s| s.data > 0 || s.logger().is_some())
+            .ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Invalid,
+                    format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE),
+                )
+            })?;
         h.epoch += 1;
         let who = h.who();
         let out = self.fence_set(&set, &who, None).and_then(|()| match set.logger() {
-            Some(logger) => Ok(self.read_all(logger, &who, r.vpn, r.vpn + 1, false)?.pop().map_or_else(sealed_zero_page, |(_, d)| d)),
+            Some(logger) => Ok(self
+                .read_all(logger, &who, r.vpn, r.vpn + 1, false)?
+                .pop()
+                .map_or_else(sealed_zero_page, |(_, d)| d)),
             None => self.rebuild_page(&set, &who, r.vpn),
         });
         self.sync_backup(&mut h);
@@ -296,10 +411,22 @@ impl<P: Peers> Mem<P> {
             return Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt: the result fails its checksum too (the parity, another page of its row, or the backup is corrupted)", r.vpn * PAGE)));
         }
         let holder = set.holder(r.vpn);
-        self.to_owner(holder, M2M_PUT_PAGES { who: who.clone(), pages: vec![(r.vpn, page.clone())], put: Put::Copy })?;
+        self.to_owner(
+            holder,
+            M2M_PUT_PAGES {
+                who: who.clone(),
+                pages: vec![(r.vpn, page.clone())],
+                put: Put::Copy,
+            },
+        )?;
         self.c.reconstructed.fetch_add(1, Relaxed);
         metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
-        tracing::warn!(pid = r.who.pid, vpn = r.vpn, holder = holder.id, "rebuilt a corrupted page from redundancy and wrote it over its holder's copy");
+        tracing::warn!(
+            pid = r.who.pid,
+            vpn = r.vpn,
+            holder = holder.id,
+            "rebuilt a corrupted page from redundancy and wrote it over its holder's copy"
+        );
         Ok(M2P_PAGE { data: page })
     }
 
@@ -317,7 +444,11 @@ impl<P: Peers> Mem<P> {
         for (_, d) in pages {
             out.iter_mut().zip(&d[..]).for_each(|(x, y)| *x ^= y);
         }
-        Ok(if out.iter().all(|b| *b == 0) { sealed_zero_page() } else { ByteBuf::from(out) })
+        Ok(if out.iter().all(|b| *b == 0) {
+            sealed_zero_page()
+        } else {
+            ByteBuf::from(out)
+        })
     }
 
     /// Rebuilds the place of a lost member (one of the process's retired members) of striped
@@ -338,19 +469,40 @@ impl<P: Peers> Mem<P> {
             [place] => place,
             _ => {
                 metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
-                return Err(ERR::new(ErrCode::Unreachable, format!("vRegion {idx} of process {} lost {} of its {} places at once: one parity cannot rebuild them", h.who.pid, lost.len(), k + 1)));
+                return Err(ERR::new(
+                    ErrCode::Unreachable,
+                    format!(
+                        "vRegion {idx} of process {} lost {} of its {} places at once: one parity cannot rebuild them",
+                        h.who.pid,
+                        lost.len(),
+                        k + 1
+                    ),
+                ));
             }
         };
         let gone = set.owners[place].clone();
         let wire = set.wire(idx);
-        let survivors: Vec<ComponentRef> = wire.distinct().into_iter().filter(|o| o.id != gone.id).cloned().collect();
+        let survivors: Vec<ComponentRef> = wire
+            .distinct()
+            .into_iter()
+            .filter(|o| o.id != gone.id)
+            .cloned()
+            .collect();
         let share = self.vrs() / k as u64;
         let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
         out.extend(&retired);
         // Another mComponent if one has room; else a survivor takes a second place.
         let new = match self.pick_other(share, &out, h.pcomp)? {
             Some(n) => n,
-            None => self.pick_other(share, &retired, h.pcomp)?.ok_or_else(|| ERR::new(ErrCode::NoMemory, format!("no mComponent has room to rebuild vRegion {idx} of process {}", h.who.pid)))?,
+            None => self.pick_other(share, &retired, h.pcomp)?.ok_or_else(|| {
+                ERR::new(
+                    ErrCode::NoMemory,
+                    format!(
+                        "no mComponent has room to rebuild vRegion {idx} of process {}",
+                        h.who.pid
+                    ),
+                )
+            })?,
         };
         h.epoch += 1;
         let who = h.who();
@@ -360,14 +512,26 @@ impl<P: Peers> Mem<P> {
         let rebuilt = self.rebuild_rows(h, &wire, place, &survivors, &new, &who);
         if rebuilt.is_err() && fresh {
             // Whatever reached the new member is released there.
-            let _ = self.to_owner(&new, M2M_VMA_REMOVE { who: who.clone(), start: idx * vrs, end: (idx + 1) * vrs });
+            let _ = self.to_owner(
+                &new,
+                M2M_VMA_REMOVE {
+                    who: who.clone(),
+                    start: idx * vrs,
+                    end: (idx + 1) * vrs,
+                },
+            );
         }
         let (pages_rebuilt, bad) = rebuilt?;
         if bad > 0 {
             // A survivor's copy was corrupted: those pages fail their checksum when fetched,
             // and the program stops there rather than read them.
             metrics::counter!("mcomp_rebuilt_pages_corrupt_total").increment(bad);
-            tracing::error!(pid = h.who.pid, vregion = idx, pages = bad, "rebuilt pages fail their checksum: another page of their row was corrupted");
+            tracing::error!(
+                pid = h.who.pid,
+                vregion = idx,
+                pages = bad,
+                "rebuilt pages fail their checksum: another page of their row was corrupted"
+            );
         }
         let s = h.vregions.get_mut(&idx).expect("listed by the caller");
         s.owners[place] = new.clone();
@@ -376,21 +540,42 @@ impl<P: Peers> Mem<P> {
         self.tell_set(h, idx, &set, LogStep::Keep)?;
         metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
         metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
-        tracing::info!(pid = h.who.pid, vregion = idx, place, lost = gone.id, to = new.id, pages = pages_rebuilt, ms = started.elapsed().as_millis() as u64, "striped set rebuilt from parity");
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            place,
+            lost = gone.id,
+            to = new.id,
+            pages = pages_rebuilt,
+            ms = started.elapsed().as_millis() as u64,
+            "striped set rebuilt from parity"
+        );
         Ok(())
     }
 
     /// Writes on `new` (which gets the vmas first unless it is a survivor) every page of
     /// `place` of the fenced striped set `set`, from the survivors' pages and parity; returns
     /// the pages written and how many of them fail their checksum.
-    fn rebuild_rows(&self, h: &HomeProc, set: &VregionReplicas, place: usize, survivors: &[ComponentRef], new: &ComponentRef, who: &Who) -> Result<(u64, u64), Refusal> {
+    fn rebuild_rows(
+        &self,
+        h: &HomeProc,
+        set: &VregionReplicas,
+        place: usize,
+        survivors: &[ComponentRef],
+        new: &ComponentRef,
+        who: &Who,
+    ) -> Result<(u64, u64), Refusal> {
         let k = set.data as usize;
         let vrs = self.vrs();
         let (lo, hi) = (set.index * vrs / PAGE, (set.index + 1) * vrs / PAGE);
         if !survivors.iter().any(|o| o.id == new.id) {
             self.give_vmas(h, new, who, lo * PAGE, hi * PAGE)?;
         }
-        let data: Vec<ComponentRef> = survivors.iter().filter(|o| set.owners[..k].iter().any(|d| d.id == o.id)).cloned().collect();
+        let data: Vec<ComponentRef> = survivors
+            .iter()
+            .filter(|o| set.owners[..k].iter().any(|d| d.id == o.id))
+            .cloned()
+            .collect();
         // Whole rows at a time: a window is a multiple of k stripe units.
         let window = 8 * k as u64 * STRIPE_PAGES;
         let (mut pages_rebuilt, mut bad) = (0u64, 0u64);
@@ -418,13 +603,27 @@ impl<P: Peers> Mem<P> {
                 if place < k && unseal_page(d.clone()).is_err() {
                     bad += 1;
                 }
-                pages.push((if place < k { row + place as u64 * STRIPE_PAGES } else { row }, d));
+                pages.push((
+                    if place < k {
+                        row + place as u64 * STRIPE_PAGES
+                    } else {
+                        row
+                    },
+                    d,
+                ));
             }
             pages_rebuilt += pages.len() as u64;
             // Progress as it goes, for `cluster status`.
             self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
             if !pages.is_empty() {
-                self.to_owner(new, M2M_PUT_PAGES { who: who.clone(), pages, put: if place < k { Put::Copy } else { Put::Parity } })?;
+                self.to_owner(
+                    new,
+                    M2M_PUT_PAGES {
+                        who: who.clone(),
+                        pages,
+                        put: if place < k { Put::Copy } else { Put::Parity },
+                    },
+                )?;
             }
             at = end;
         }
@@ -432,11 +631,27 @@ impl<P: Peers> Mem<P> {
     }
 
     /// Every page (or parity row) `o` holds of the process in pages [from, end).
-    fn read_all(&self, o: &ComponentRef, who: &Who, from: u64, end: u64, parity: bool) -> Result<Vec<(u64, ByteBuf)>, Refusal> {
+    fn read_all(
+        &self,
+        o: &ComponentRef,
+        who: &Who,
+        from: u64,
+        end: u64,
+        parity: bool,
+    ) -> Result<Vec<(u64, ByteBuf)>, Refusal> {
         let mut out = Vec::new();
         let mut at = from * PAGE;
         loop {
-            let M2M_PAGES { pages, more } = self.to_owner(o, M2M_READ_PAGES { who: who.clone(), from: at, end: end * PAGE, max: MOVE_BATCH, parity })?;
+            let M2M_PAGES { pages, more } = self.to_owner(
+                o,
+                M2M_READ_PAGES {
+                    who: who.clone(),
+                    from: at,
+                    end: end * PAGE,
+                    max: MOVE_BATCH,
+                    parity,
+                },
+            )?;
             if let Some((last, _)) = pages.last() {
                 at = (last + 1) * PAGE;
             }
@@ -453,11 +668,20 @@ impl<P: Peers> Mem<P> {
     /// new member), and copies `source`'s vmas and pages of the vRegion to it. `None`: no
     /// mComponent has room. The caller puts the new member into the set. In a logged set a
     /// new member joining `as_logger` is told so first: the copy starts its backup.
-    fn copy_to_new_member(&self, h: &mut HomeProc, idx: u64, source: &ComponentRef, exclude: &[u32], as_logger: bool) -> Result<Option<(ComponentRef, u64)>, Refusal> {
+    fn copy_to_new_member(
+        &self,
+        h: &mut HomeProc,
+        idx: u64,
+        source: &ComponentRef,
+        exclude: &[u32],
+        as_logger: bool,
+    ) -> Result<Option<(ComponentRef, u64)>, Refusal> {
         let set = h.vregions.get(&idx).cloned().expect("checked by the caller");
         let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
         out.extend_from_slice(exclude);
-        let Some(new) = self.pick_other(self.vrs(), &out, h.pcomp)? else { return Ok(None) };
+        let Some(new) = self.pick_other(self.vrs(), &out, h.pcomp)? else {
+            return Ok(None);
+        };
         h.epoch += 1;
         let who = h.who();
         self.fence_set(&set.wire(idx), &who, None)?;
@@ -467,12 +691,30 @@ impl<P: Peers> Mem<P> {
         // backup restarts with it, and a new primary that logged this vRegion before (a try
         // that failed on the way) stops logging it.
         let with = match as_logger {
-            true => Replicas { epoch: h.epoch, owners: vec![source.clone(), new.clone()], ..set.clone() },
-            false => Replicas { epoch: h.epoch, owners: set.owners.iter().map(|o| if o.id == source.id { new.clone() } else { o.clone() }).collect(), ..set.clone() },
+            true => Replicas {
+                epoch: h.epoch,
+                owners: vec![source.clone(), new.clone()],
+                ..set.clone()
+            },
+            false => Replicas {
+                epoch: h.epoch,
+                owners: set
+                    .owners
+                    .iter()
+                    .map(|o| if o.id == source.id { new.clone() } else { o.clone() })
+                    .collect(),
+                ..set.clone()
+            },
         };
         let copied = |h: &HomeProc| -> Result<u64, Refusal> {
             if with.log.is_some() {
-                self.tell_member(h, &new, idx, &with, if as_logger { LogStep::Restart } else { LogStep::Keep })?;
+                self.tell_member(
+                    h,
+                    &new,
+                    idx,
+                    &with,
+                    if as_logger { LogStep::Restart } else { LogStep::Keep },
+                )?;
             }
             let n = self.copy_vregion(h, source, &new, &who, lo, hi)?;
             if with.log.is_some() && as_logger {
@@ -484,7 +726,14 @@ impl<P: Peers> Mem<P> {
             Ok(n) => Ok(Some((new, n))),
             Err(e) => {
                 // Whatever reached the new member is released there.
-                let _ = self.to_owner(&new, M2M_VMA_REMOVE { who, start: lo, end: hi });
+                let _ = self.to_owner(
+                    &new,
+                    M2M_VMA_REMOVE {
+                        who,
+                        start: lo,
+                        end: hi,
+                    },
+                );
                 Err(e)
             }
         }
@@ -494,25 +743,59 @@ impl<P: Peers> Mem<P> {
     fn give_vmas(&self, h: &HomeProc, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<(), Refusal> {
         let vmas: Vec<(u64, Vma)> = h.layout.iter().filter(|(s, v)| *s < hi && v.end > lo).collect();
         for (s, v) in vmas {
-            self.to_owner(new, M2M_VMA_ADD { who: who.clone(), start: s.max(lo), end: v.end.min(hi), prot: v.prot, creator: h.creator, quota: h.memory_quota })?;
+            self.to_owner(
+                new,
+                M2M_VMA_ADD {
+                    who: who.clone(),
+                    start: s.max(lo),
+                    end: v.end.min(hi),
+                    prot: v.prot,
+                    creator: h.creator,
+                    quota: h.memory_quota,
+                },
+            )?;
         }
         Ok(())
     }
 
     /// Gives `new` the vmas of [lo, hi) and a copy of every page and parity row `source`
     /// holds there; returns the number of pages and rows copied.
-    fn copy_vregion(&self, h: &HomeProc, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
+    fn copy_vregion(
+        &self,
+        h: &HomeProc,
+        source: &ComponentRef,
+        new: &ComponentRef,
+        who: &Who,
+        lo: u64,
+        hi: u64,
+    ) -> Result<u64, Refusal> {
         self.give_vmas(h, new, who, lo, hi)?;
         self.copy_pages(source, new, who, lo, hi)
     }
 
     /// Copies every page and parity row `source` holds in [lo, hi) to `new`.
-    fn copy_pages(&self, source: &ComponentRef, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<u64, Refusal> {
+    fn copy_pages(
+        &self,
+        source: &ComponentRef,
+        new: &ComponentRef,
+        who: &Who,
+        lo: u64,
+        hi: u64,
+    ) -> Result<u64, Refusal> {
         let mut pages_copied = 0u64;
         for parity in [false, true] {
             let mut from = lo;
             loop {
-                let M2M_PAGES { pages, more } = self.to_owner(source, M2M_READ_PAGES { who: who.clone(), from, end: hi, max: MOVE_BATCH, parity })?;
+                let M2M_PAGES { pages, more } = self.to_owner(
+                    source,
+                    M2M_READ_PAGES {
+                        who: who.clone(),
+                        from,
+                        end: hi,
+                        max: MOVE_BATCH,
+                        parity,
+                    },
+                )?;
                 if let Some((last, _)) = pages.last() {
                     from = (last + 1) * PAGE;
                 }
@@ -520,7 +803,14 @@ impl<P: Peers> Mem<P> {
                 self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
                 metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
                 if !pages.is_empty() {
-                    self.to_owner(new, M2M_PUT_PAGES { who: who.clone(), pages, put: if parity { Put::Parity } else { Put::Copy } })?;
+                    self.to_owner(
+                        new,
+                        M2M_PUT_PAGES {
+                            who: who.clone(),
+                            pages,
+                            put: if parity { Put::Parity } else { Put::Copy },
+                        },
+                    )?;
                 }
                 if !more {
                     break;

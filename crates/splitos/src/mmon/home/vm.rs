@@ -27,7 +27,10 @@ impl<P: Peers> Mem<P> {
     pub(in crate::mmon) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<M2P_HOME, Refusal> {
         self.fresh_pid(r.who.pid)?;
         let mut h = HomeProc {
-            who: Who { epoch: 0, ..r.who.clone() },
+            who: Who {
+                epoch: 0,
+                ..r.who.clone()
+            },
             creator: splitos_rpc::current_peer().map(|p| p.key),
             pcomp: r.pcomp,
             base: r.region_base,
@@ -62,15 +65,25 @@ impl<P: Peers> Mem<P> {
         }
         let mut h = lock_home(&hp)?;
         // A fixed mapping replaces what it lands on.
-        let replaced = if r.fixed { h.writable_in(r.hint, r.hint.saturating_add(r.len)) } else { 0 };
-        let more = if r.prot & PROT_WRITE != 0 { r.len.saturating_sub(replaced) } else { 0 };
+        let replaced = if r.fixed {
+            h.writable_in(r.hint, r.hint.saturating_add(r.len))
+        } else {
+            0
+        };
+        let more = if r.prot & PROT_WRITE != 0 {
+            r.len.saturating_sub(replaced)
+        } else {
+            0
+        };
         let start = self.within_quota(&mut h, more, |m, h| {
             let start = if r.fixed {
                 let end = h.check_range(r.hint, r.len)?;
                 m.remove_range(h, r.hint, end)?;
                 r.hint
             } else {
-                h.layout.find_gap(h.base, h.limit, r.len, r.hint).ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
+                h.layout
+                    .find_gap(h.base, h.limit, r.len, r.hint)
+                    .ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
             };
             let added = m.add_range(h, start, start + r.len, r.prot);
             m.sync_backup(h);
@@ -82,7 +95,12 @@ impl<P: Peers> Mem<P> {
     /// Runs `change` on process `h` within its vNode's memory quota: `more`, the most it can
     /// add to what the process maps writable, is reserved first, and the process is charged
     /// what it maps after the change, done or failed.
-    fn within_quota<T>(&self, h: &mut HomeProc, more: u64, change: impl FnOnce(&Self, &mut HomeProc) -> Result<T, Refusal>) -> Result<T, Refusal> {
+    fn within_quota<T>(
+        &self,
+        h: &mut HomeProc,
+        more: u64,
+        change: impl FnOnce(&Self, &mut HomeProc) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
         self.quotas.reserve(&h.who.vnode, h.memory_quota, more)?;
         let out = change(self, h);
         let after = h.writable_in(h.base, h.limit);
@@ -96,10 +114,15 @@ impl<P: Peers> Mem<P> {
     fn obvious_overcommit(&self, len: u64, prot: u32) -> Result<(), Refusal> {
         // Until the first heartbeat's answer says how much the cluster has, this mComponent's
         // own capacity stands in for it.
-        let memory = Some(self.cluster_memory.load(Relaxed)).filter(|m| *m > 0).unwrap_or(self.capacity);
+        let memory = Some(self.cluster_memory.load(Relaxed))
+            .filter(|m| *m > 0)
+            .unwrap_or(self.capacity);
         if !self.charges_mappings() && prot & 2 != 0 && len > memory {
             self.c.oom.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::NoMemory, format!("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)")));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)"),
+            ));
         }
         Ok(())
     }
@@ -121,11 +144,20 @@ impl<P: Peers> Mem<P> {
             return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
         }
         self.obvious_overcommit(r.len, r.prot)?;
-        let more = if r.prot & PROT_WRITE != 0 { r.len - h.writable_in(r.addr, end) } else { 0 };
+        let more = if r.prot & PROT_WRITE != 0 {
+            r.len - h.writable_in(r.addr, end)
+        } else {
+            0
+        };
         self.within_quota(&mut h, more, |m, h| {
             for (idx, s, e) in m.slices(r.addr, end) {
                 m.ensure_owners(h, idx)?;
-                m.to_replicas(h, idx, |who| M2M_VMA_PROTECT { who, start: s, end: e, prot: r.prot })?;
+                m.to_replicas(h, idx, |who| M2M_VMA_PROTECT {
+                    who,
+                    start: s,
+                    end: e,
+                    prot: r.prot,
+                })?;
             }
             for (s, v) in h.layout.carve(r.addr, end) {
                 h.layout.set(s, Vma { prot: r.prot, ..v });
@@ -142,7 +174,8 @@ impl<P: Peers> Mem<P> {
         let end = h.check_range(r.addr, r.len)?;
         for (idx, s, e) in self.slices(r.addr, end) {
             if h.vregions.contains_key(&idx) {
-                self.to_replicas(&mut h, idx, |who| M2M_DISCARD { who, start: s, end: e }).or_else(|e| ignore_unknown(Err(e)))?;
+                self.to_replicas(&mut h, idx, |who| M2M_DISCARD { who, start: s, end: e })
+                    .or_else(|e| ignore_unknown(Err(e)))?;
             }
         }
         Ok(OK)
@@ -152,14 +185,25 @@ impl<P: Peers> Mem<P> {
         let hp = self.home_proc(&r.who)?;
         let mut h = lock_home(&hp)?;
         let writable = h.writable_in(r.old, r.old.saturating_add(r.old_len)) > 0;
-        let more = if writable { r.new_len.saturating_sub(r.old_len) } else { 0 };
+        let more = if writable {
+            r.new_len.saturating_sub(r.old_len)
+        } else {
+            0
+        };
         let out = self.within_quota(&mut h, more, |m, h| m.mremap_locked(h, r));
         self.sync_backup(&mut h);
         out
     }
 
     fn mremap_locked(&self, h: &mut HomeProc, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
-        let P2M_MREMAP { who: _, old, old_len, new_len, may_move, fixed_to } = r;
+        let P2M_MREMAP {
+            who: _,
+            old,
+            old_len,
+            new_len,
+            may_move,
+            fixed_to,
+        } = r;
         let old_end = h.check_range(old, old_len)?;
         let Some((_, vma)) = h.layout.find(old).filter(|_| h.layout.covers(old, old_end)) else {
             return Err(ERR::new(ErrCode::Invalid, "mremap of an unmapped range"));
@@ -171,14 +215,27 @@ impl<P: Peers> Mem<P> {
             }
             return Ok(h.mapped(old, prot));
         }
-        if fixed_to.is_none() && old.checked_add(new_len).is_some_and(|e| e <= h.limit) && h.layout.is_free(old_end, old + new_len) {
+        if fixed_to.is_none()
+            && old.checked_add(new_len).is_some_and(|e| e <= h.limit)
+            && h.layout.is_free(old_end, old + new_len)
+        {
             self.add_range(h, old_end, old + new_len, prot)?;
             h.layout.remove_range(old, old + new_len);
-            h.layout.insert(old, Vma { end: old + new_len, prot, accounted: false });
+            h.layout.insert(
+                old,
+                Vma {
+                    end: old + new_len,
+                    prot,
+                    accounted: false,
+                },
+            );
             return Ok(h.mapped(old, prot));
         }
         if !may_move && fixed_to.is_none() {
-            return Err(ERR::new(ErrCode::NoMemory, "cannot grow in place and moving is not allowed"));
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                "cannot grow in place and moving is not allowed",
+            ));
         }
         let new = match fixed_to {
             Some(at) => {
@@ -186,7 +243,10 @@ impl<P: Peers> Mem<P> {
                 self.remove_range(h, at, end)?;
                 at
             }
-            None => h.layout.find_gap(h.base, h.limit, new_len, 0).ok_or_else(|| ERR::new(ErrCode::NoMemory, "no free range for mremap"))?,
+            None => h
+                .layout
+                .find_gap(h.base, h.limit, new_len, 0)
+                .ok_or_else(|| ERR::new(ErrCode::NoMemory, "no free range for mremap"))?,
         };
         self.add_range(h, new, new + new_len, prot)?;
         self.move_pages(h, old, old + old_len.min(new_len), new)?;
@@ -199,31 +259,62 @@ impl<P: Peers> Mem<P> {
         let shift = |vpn: u64| vpn - start / PAGE + to / PAGE;
         let who = h.who();
         for (idx, s, e) in self.slices(start, end) {
-            let Some(set) = h.vregions.get(&idx).map(|r| r.wire(idx)) else { continue };
+            let Some(set) = h.vregions.get(&idx).map(|r| r.wire(idx)) else {
+                continue;
+            };
             // Every page once: from the primary of a replica set, from each data member of a
             // striped one.
             let sources: Vec<ComponentRef> = match set.data {
                 0 => vec![set.owners[0].clone()],
-                k => set.distinct().into_iter().filter(|o| set.owners[..k as usize].iter().any(|d| d.id == o.id)).cloned().collect(),
+                k => set
+                    .distinct()
+                    .into_iter()
+                    .filter(|o| set.owners[..k as usize].iter().any(|d| d.id == o.id))
+                    .cloned()
+                    .collect(),
             };
             for src in sources {
                 // Copied, not taken: the old range is removed only after every copy landed.
                 let mut from = s;
                 loop {
-                    let M2M_PAGES { pages, more } = self.to_owner(&src, M2M_READ_PAGES { who: who.clone(), from, end: e, max: MOVE_BATCH, parity: false })?;
+                    let M2M_PAGES { pages, more } = self.to_owner(
+                        &src,
+                        M2M_READ_PAGES {
+                            who: who.clone(),
+                            from,
+                            end: e,
+                            max: MOVE_BATCH,
+                            parity: false,
+                        },
+                    )?;
                     if let Some((last, _)) = pages.last() {
                         from = (last + 1) * PAGE;
                     }
                     let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
                     for (vpn, data) in pages {
                         let nv = shift(vpn);
-                        let to = h.vregions.get(&(nv * PAGE / self.vrs())).map(|r| r.wire(nv * PAGE / self.vrs())).ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
+                        let to = h
+                            .vregions
+                            .get(&(nv * PAGE / self.vrs()))
+                            .map(|r| r.wire(nv * PAGE / self.vrs()))
+                            .ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
                         for o in to.writers(nv) {
-                            by_owner.entry(o.id).or_insert_with(|| (o.clone(), Vec::new())).1.push((nv, data.clone()));
+                            by_owner
+                                .entry(o.id)
+                                .or_insert_with(|| (o.clone(), Vec::new()))
+                                .1
+                                .push((nv, data.clone()));
                         }
                     }
                     for (_, (o, pages)) in by_owner {
-                        self.to_owner(&o, M2M_PUT_PAGES { who: who.clone(), pages, put: Put::Write })?;
+                        self.to_owner(
+                            &o,
+                            M2M_PUT_PAGES {
+                                who: who.clone(),
+                                pages,
+                                put: Put::Write,
+                            },
+                        )?;
                     }
                     if !more {
                         break;
@@ -244,17 +335,30 @@ impl<P: Peers> Mem<P> {
         let vrs = self.vrs();
         let idxs: Vec<u64> = h.vregions.keys().copied().collect();
         for idx in idxs {
-            let forked = self.to_replicas(&mut h, idx, |who| M2M_FORK { parent: who, child, start: idx * vrs, end: (idx + 1) * vrs });
+            let forked = self.to_replicas(&mut h, idx, |who| M2M_FORK {
+                parent: who,
+                child,
+                start: idx * vrs,
+                end: (idx + 1) * vrs,
+            });
             if let Err(e) = forked {
                 self.quotas.settle(&h.who.vnode, h.charged, 0, 0);
                 for o in h.all_owners() {
-                    let _ = self.to_owner(&o, M2M_EXIT { who: Who { pid: child, ..h.who() } });
+                    let _ = self.to_owner(
+                        &o,
+                        M2M_EXIT {
+                            who: Who { pid: child, ..h.who() },
+                        },
+                    );
                 }
                 return Err(e);
             }
         }
         let mut copy = HomeProc {
-            who: Who { pid: child, ..h.who.clone() },
+            who: Who {
+                pid: child,
+                ..h.who.clone()
+            },
             creator: h.creator,
             pcomp: h.pcomp,
             base: h.base,
@@ -272,8 +376,21 @@ impl<P: Peers> Mem<P> {
             charged: h.charged,
         };
         self.sync_backup(&mut copy);
-        let vmas = h.layout.iter().map(|(s, v)| VmaInfo { start: s, end: v.end, prot: v.prot }).collect();
-        let forked = M2P_FORKED { vmas, owners: copy.owners(), epoch: copy.epoch, backup: copy.backup.clone() };
+        let vmas = h
+            .layout
+            .iter()
+            .map(|(s, v)| VmaInfo {
+                start: s,
+                end: v.end,
+                prot: v.prot,
+            })
+            .collect();
+        let forked = M2P_FORKED {
+            vmas,
+            owners: copy.owners(),
+            epoch: copy.epoch,
+            backup: copy.backup.clone(),
+        };
         self.homes.lock().unwrap().insert(child, Arc::new(Mutex::new(copy)));
         Ok(forked)
     }
@@ -286,7 +403,13 @@ impl<P: Peers> Mem<P> {
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
         let mut all = h.all_owners();
-        all.extend(h.retired.iter().filter(|r| !all.iter().any(|o| o.id == r.id)).cloned().collect::<Vec<_>>());
+        all.extend(
+            h.retired
+                .iter()
+                .filter(|r| !all.iter().any(|o| o.id == r.id))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         let mut orphaned: Vec<ComponentRef> = Vec::new();
         for o in all {
             // A late owner is waited for: what it holds of the process would stay charged.
@@ -294,14 +417,24 @@ impl<P: Peers> Mem<P> {
                 tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
                 // A logger drops the process's backup files after what it still streams
                 // there; those of a logger that cannot are dropped here.
-                let logged = h.vregions.iter().filter(|(i, s)| s.wire(**i).logger().is_some_and(|l| l.id == o.id)).filter_map(|(_, s)| s.log.clone());
+                let logged = h
+                    .vregions
+                    .iter()
+                    .filter(|(i, s)| s.wire(**i).logger().is_some_and(|l| l.id == o.id))
+                    .filter_map(|(_, s)| s.log.clone());
                 orphaned.extend(logged.collect::<Vec<_>>());
             }
         }
         orphaned.sort_by_key(|s| s.id);
         orphaned.dedup_by_key(|s| s.id);
         for scomp in orphaned {
-            if let Err(e) = self.peers.call(&scomp.addr, M2S_LOG_DROP { vnode: h.who.vnode.clone(), pid: h.who.pid }) {
+            if let Err(e) = self.peers.call(
+                &scomp.addr,
+                M2S_LOG_DROP {
+                    vnode: h.who.vnode.clone(),
+                    pid: h.who.pid,
+                },
+            ) {
                 tracing::warn!(pid = r.who.pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
             }
         }
@@ -319,11 +452,20 @@ impl<P: Peers> Mem<P> {
         if lost.is_empty() {
             return;
         }
-        let homes: Vec<(u64, Arc<Mutex<HomeProc>>)> = self.homes.lock().unwrap().iter().map(|(pid, h)| (*pid, h.clone())).collect();
+        let homes: Vec<(u64, Arc<Mutex<HomeProc>>)> = self
+            .homes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(pid, h)| (*pid, h.clone()))
+            .collect();
         for (pid, h) in homes {
             let (who, orphan) = {
                 let g = h.lock().unwrap();
-                (g.who.clone(), lost.iter().any(|l| g.creator == Some(l.key) && g.pcomp == l.id))
+                (
+                    g.who.clone(),
+                    lost.iter().any(|l| g.creator == Some(l.key) && g.pcomp == l.id),
+                )
             };
             if !orphan {
                 continue;
@@ -339,6 +481,10 @@ impl<P: Peers> Mem<P> {
     pub(in crate::mmon) fn vregions(&self, r: P2M_VREGIONS) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
         let h = lock_home(&hp)?;
-        Ok(M2P_VREGIONS { owners: h.owners(), epoch: h.epoch, backup: h.backup.clone() })
+        Ok(M2P_VREGIONS {
+            owners: h.owners(),
+            epoch: h.epoch,
+            backup: h.backup.clone(),
+        })
     }
 }

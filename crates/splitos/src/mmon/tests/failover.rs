@@ -11,7 +11,14 @@ fn every_change_reaches_the_backup_home_first() {
     let who = rig.process(1, 2, 1);
     let sets = rig.sets(HOME, &who);
     assert_eq!(sets.backup.as_ref().map(|b| b.id), Some(BACKUP));
-    let kept = rig.mem(BACKUP).backups.lock().unwrap().get(&who.pid).cloned().expect("the backup keeps the process's state");
+    let kept = rig
+        .mem(BACKUP)
+        .backups
+        .lock()
+        .unwrap()
+        .get(&who.pid)
+        .cloned()
+        .expect("the backup keeps the process's state");
     assert_eq!(kept.who.epoch, sets.epoch);
     assert_eq!(kept.vregions, sets.owners, "with the sets the pComponent was told");
     assert_eq!(kept.vmas.len(), 1);
@@ -24,9 +31,27 @@ fn the_backup_takes_over_a_home_it_cannot_reach_either() {
     let seen = rig.sets(HOME, &who).epoch;
     rig.down(HOME);
 
-    let home = rig.call(BACKUP, P2M_HOME_TAKEOVER { who: Who { epoch: seen, ..who.clone() }, lost: HOME }).expect("the backup takes over");
-    let asked = rig.net.calls("M2M_HOME_OF").pop().expect("the backup asks the home first");
-    assert_eq!((asked.from, asked.to, asked.how), (BACKUP, HOME, How::Within(Duration::from_secs(2))));
+    let home = rig
+        .call(
+            BACKUP,
+            P2M_HOME_TAKEOVER {
+                who: Who {
+                    epoch: seen,
+                    ..who.clone()
+                },
+                lost: HOME,
+            },
+        )
+        .expect("the backup takes over");
+    let asked = rig
+        .net
+        .calls("M2M_HOME_OF")
+        .pop()
+        .expect("the backup asks the home first");
+    assert_eq!(
+        (asked.from, asked.to, asked.how),
+        (BACKUP, HOME, How::Within(Duration::from_secs(2)))
+    );
     let new_backup = home.backup.expect("a new backup home").id;
     assert!(new_backup != HOME && new_backup != BACKUP);
     assert!(rig.mem(new_backup).backups.lock().unwrap().contains_key(&who.pid));
@@ -34,11 +59,32 @@ fn the_backup_takes_over_a_home_it_cannot_reach_either() {
     let sets = rig.sets(BACKUP, &who);
     assert!(sets.epoch > seen, "the epoch moves past any the pComponent has seen");
     for o in sets.owners.iter().flat_map(|s| &s.owners) {
-        let e = rig.call(o.id, P2M_FLUSH { who: Who { epoch: seen, ..who.clone() }, vpn: vpn(0, 0), data: seal_page(&content(vpn(0, 0), 1)) });
+        let e = rig.call(
+            o.id,
+            P2M_FLUSH {
+                who: Who {
+                    epoch: seen,
+                    ..who.clone()
+                },
+                vpn: vpn(0, 0),
+                data: seal_page(&content(vpn(0, 0), 1)),
+            },
+        );
         assert_eq!(e.expect_err("every owner was told the new epoch").code, ErrCode::Stale);
     }
     check_pages(&rig, BACKUP, &who, 2, 4);
-    rig.call(BACKUP, P2M_MMAP { who: who.clone(), hint: 0, len: VRS, prot: 3, fixed: false, noreserve: false }).expect("the new home serves the process's calls");
+    rig.call(
+        BACKUP,
+        P2M_MMAP {
+            who: who.clone(),
+            hint: 0,
+            len: VRS,
+            prot: 3,
+            fixed: false,
+            noreserve: false,
+        },
+    )
+    .expect("the new home serves the process's calls");
 }
 
 #[test]
@@ -47,11 +93,27 @@ fn a_slow_home_stays_the_home() {
     let who = rig.process(1, 1, 1);
     rig.net.cut(PCOMP, HOME);
 
-    let e = rig.call(BACKUP, P2M_HOME_TAKEOVER { who: who.clone(), lost: HOME }).expect_err("the home still answers its backup");
+    let e = rig
+        .call(
+            BACKUP,
+            P2M_HOME_TAKEOVER {
+                who: who.clone(),
+                lost: HOME,
+            },
+        )
+        .expect_err("the home still answers its backup");
     assert_eq!(e.code, ErrCode::Unreachable);
     assert!(e.msg.contains("slow, not lost"), "{}", e.msg);
-    assert_eq!(rig.call(BACKUP, P2M_VREGIONS { who: who.clone() }).expect_err("not the home").code, ErrCode::NotHome);
-    assert!(rig.mem(BACKUP).backups.lock().unwrap().contains_key(&who.pid), "and still the backup");
+    assert_eq!(
+        rig.call(BACKUP, P2M_VREGIONS { who: who.clone() })
+            .expect_err("not the home")
+            .code,
+        ErrCode::NotHome
+    );
+    assert!(
+        rig.mem(BACKUP).backups.lock().unwrap().contains_key(&who.pid),
+        "and still the backup"
+    );
 }
 
 #[test]
@@ -64,12 +126,21 @@ fn a_backup_takes_over_on_the_managers_word_and_homes_rebuild_what_they_lost() {
     // at the first, and as the home it takes the lost member out of its sets at the next.
     rig.declare_lost(&lost);
     rig.run_jobs();
-    assert!(rig.mem(BACKUP).homes.lock().unwrap().contains_key(&first.pid), "the backup is the home");
+    assert!(
+        rig.mem(BACKUP).homes.lock().unwrap().contains_key(&first.pid),
+        "the backup is the home"
+    );
     rig.declare_lost(&lost);
     rig.run_jobs();
 
     let sets = rig.sets(BACKUP, &first);
-    assert!(sets.owners.iter().all(|s| s.owners.len() == 2 && !ids(s).iter().any(|o| lost.contains(o))), "{:?}", sets.owners);
+    assert!(
+        sets.owners
+            .iter()
+            .all(|s| s.owners.len() == 2 && !ids(s).iter().any(|o| lost.contains(o))),
+        "{:?}",
+        sets.owners
+    );
     assert!(sets.backup.is_some_and(|b| !lost.contains(&b.id)));
     assert_eq!(rig.mem(BACKUP).short_vregions(), 0);
     check_pages(&rig, BACKUP, &first, 1, 4);
@@ -80,7 +151,19 @@ fn a_backup_that_cannot_be_reached_is_replaced() {
     let rig = Rig::new(4, Replication::Replica);
     let who = rig.create(1);
     rig.down(BACKUP);
-    let m = rig.call(HOME, P2M_MMAP { who: who.clone(), hint: 0, len: VRS, prot: 3, fixed: false, noreserve: false }).expect("mmap");
+    let m = rig
+        .call(
+            HOME,
+            P2M_MMAP {
+                who: who.clone(),
+                hint: 0,
+                len: VRS,
+                prot: 3,
+                fixed: false,
+                noreserve: false,
+            },
+        )
+        .expect("mmap");
     let backup = m.backup.expect("another backup home").id;
     assert_ne!(backup, BACKUP);
     assert!(rig.mem(backup).backups.lock().unwrap().contains_key(&who.pid));
@@ -90,7 +173,16 @@ fn a_backup_that_cannot_be_reached_is_replaced() {
     for id in 1..=4 {
         rig.net.lost.lock().unwrap().insert(id);
     }
-    let m = rig.call(HOME, P2M_MUNMAP { who: who.clone(), addr: BASE, len: PAGE }).map(|_| rig.sets(HOME, &who));
+    let m = rig
+        .call(
+            HOME,
+            P2M_MUNMAP {
+                who: who.clone(),
+                addr: BASE,
+                len: PAGE,
+            },
+        )
+        .map(|_| rig.sets(HOME, &who));
     assert!(m.expect("the home answers without a backup").backup.is_none());
 }
 
@@ -103,16 +195,32 @@ fn a_fenced_mcomponent_drops_every_copy_it_held() {
 
     rig.mem(member).fence();
     assert_eq!(rig.stats(member)["used"], 0);
-    assert_eq!(rig.read_from(member, &who, vpn(0, 0)).expect_err("it holds nothing").code, ErrCode::NotFound);
+    assert_eq!(
+        rig.read_from(member, &who, vpn(0, 0))
+            .expect_err("it holds nothing")
+            .code,
+        ErrCode::NotFound
+    );
     // The pComponent reports it; the home finds it holds nothing of the process, takes it
     // out of the sets and rebuilds its copies from the other members.
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: member, vpn: vpn(0, 0) }).unwrap();
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: member,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
     assert!(!ids(&rig.set(HOME, &who, idx(0))).contains(&member));
     rig.run_jobs();
     check_pages(&rig, HOME, &who, 2, 4);
 
     rig.mem(BACKUP).fence();
-    assert!(rig.mem(BACKUP).backups.lock().unwrap().is_empty(), "a backup home's copies go too");
+    assert!(
+        rig.mem(BACKUP).backups.lock().unwrap().is_empty(),
+        "a backup home's copies go too"
+    );
 }
 
 #[test]
@@ -125,5 +233,8 @@ fn a_home_exit_frees_the_process_on_every_member_and_the_backup() {
         assert_eq!(rig.stats(m)["used"], 0, "mComponent {m} freed the pages");
     }
     assert!(rig.mem(BACKUP).backups.lock().unwrap().is_empty());
-    assert_eq!(rig.call(HOME, P2M_VREGIONS { who }).expect_err("gone").code, ErrCode::NotHome);
+    assert_eq!(
+        rig.call(HOME, P2M_VREGIONS { who }).expect_err("gone").code,
+        ErrCode::NotHome
+    );
 }

@@ -19,7 +19,11 @@ fn logged(backup_log: u64) -> (Rig, Who) {
 }
 
 fn file(who: &Who) -> LogFile {
-    LogFile { vnode: who.vnode.clone(), pid: who.pid, index: idx(0) }
+    LogFile {
+        vnode: who.vnode.clone(),
+        pid: who.pid,
+        index: idx(0),
+    }
 }
 
 /// The logger's record of vRegion 0 of `who`.
@@ -59,7 +63,10 @@ impl Drop for Streamer {
 fn the_logger_keeps_a_log_not_pages_and_it_reaches_the_backup_file() {
     let (rig, who) = logged(1 << 20);
     assert!(rig.read_from(4, &who, vpn(0, 0)).is_err(), "a logger serves no fetch");
-    assert!(log_of(&rig, 4, &who).protects(), "an empty vRegion's backup is whole from the start");
+    assert!(
+        log_of(&rig, 4, &who).protects(),
+        "an empty vRegion's backup is whole from the start"
+    );
     rig.stream_logs();
     let backup = rig.net.scomp.pages(&file(&who));
     assert_eq!(backup.len(), 8);
@@ -73,11 +80,28 @@ fn a_lost_primary_is_replaced_by_its_logger_replaying_the_backup() {
     let (rig, who) = logged(1 << 20);
     rig.stream_logs();
     rig.down(3);
-    let after = rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: 3, vpn: vpn(0, 0) }).expect("answered once the logger replayed");
-    assert_eq!(ids(after.owners.iter().find(|s| s.index == idx(0)).unwrap()), vec![4], "the logger is the primary");
+    let after = rig
+        .call(
+            HOME,
+            P2M_REPLICA_LOST {
+                who: who.clone(),
+                lost: 3,
+                vpn: vpn(0, 0),
+            },
+        )
+        .expect("answered once the logger replayed");
+    assert_eq!(
+        ids(after.owners.iter().find(|s| s.index == idx(0)).unwrap()),
+        vec![4],
+        "the logger is the primary"
+    );
     let replay = rig.net.calls("M2M_SET").into_iter().rfind(|c| c.to == 4).unwrap();
     assert!(matches!(&replay.msg, Msg::M2M_SET(s) if s.log == LogStep::Replay));
-    assert_eq!(replay.how, How::Within(Duration::from_secs(120)), "a replay may take longer than a call");
+    assert_eq!(
+        replay.how,
+        How::Within(Duration::from_secs(120)),
+        "a replay may take longer than a call"
+    );
     check_pages(&rig, HOME, &who, 1, 8);
 
     // A new logger gets a full copy in the background; then the next loss is survived too.
@@ -87,7 +111,15 @@ fn a_lost_primary_is_replaced_by_its_logger_replaying_the_backup() {
     assert!(log_of(&rig, 5, &who).protects());
     rig.stream_logs();
     rig.down(4);
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: 4, vpn: vpn(0, 0) }).unwrap();
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: 4,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
     assert_eq!(ids(&rig.set(HOME, &who, idx(0))), vec![5]);
     check_pages(&rig, HOME, &who, 1, 8);
 }
@@ -95,12 +127,30 @@ fn a_lost_primary_is_replaced_by_its_logger_replaying_the_backup() {
 #[test]
 fn a_primary_lost_while_its_log_skipped_write_backs_is_not_replayed() {
     let (rig, who) = logged(3 * RECORD);
-    assert!(log_of(&rig, 4, &who).skipped > 0, "the log had room for three of eight write-backs");
-    assert_eq!(rig.stats(4)["owned_processes"][0]["unprotected_vregions"], serde_json::json!([idx(0)]));
+    assert!(
+        log_of(&rig, 4, &who).skipped > 0,
+        "the log had room for three of eight write-backs"
+    );
+    assert_eq!(
+        rig.stats(4)["owned_processes"][0]["unprotected_vregions"],
+        serde_json::json!([idx(0)])
+    );
     rig.stream_logs();
     rig.down(3);
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: 3, vpn: vpn(0, 0) }).expect("the program is told which member it waits for");
-    assert_eq!(ids(&rig.set(HOME, &who, idx(0))), vec![3, 4], "a backup that misses write-backs is never served");
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: 3,
+            vpn: vpn(0, 0),
+        },
+    )
+    .expect("the program is told which member it waits for");
+    assert_eq!(
+        ids(&rig.set(HOME, &who, idx(0))),
+        vec![3, 4],
+        "a backup that misses write-backs is never served"
+    );
     assert!(rig.read_from(4, &who, vpn(0, 0)).is_err());
 }
 
@@ -116,11 +166,22 @@ fn a_logger_that_skipped_is_copied_again_and_protects_again() {
     let streamer = Streamer::start(&rig, 4);
     rig.run_jobs();
     drop(streamer);
-    assert!(log_of(&rig, 4, &who).protects(), "the home copied the vRegion to its logger again");
+    assert!(
+        log_of(&rig, 4, &who).protects(),
+        "the home copied the vRegion to its logger again"
+    );
     rig.stream_logs();
 
     rig.down(3);
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: 3, vpn: vpn(0, 0) }).unwrap();
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: 3,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
     assert_eq!(ids(&rig.set(HOME, &who, idx(0))), vec![4]);
     check_pages(&rig, HOME, &who, 1, 8);
 }
@@ -128,23 +189,47 @@ fn a_logger_that_skipped_is_copied_again_and_protects_again() {
 #[test]
 fn records_the_scomponent_refuses_leave_the_vregion_unprotected() {
     let (rig, who) = logged(1 << 20);
-    let full = RpcError::Remote { code: ErrCode::Errno(libc::ENOSPC), msg: "the sComponent's disk is full".into() };
+    let full = RpcError::Remote {
+        code: ErrCode::Errno(libc::ENOSPC),
+        msg: "the sComponent's disk is full".into(),
+    };
     rig.net.fail("M2S_LOG_APPEND", Some(SCOMP), 1, full);
     rig.stream_logs();
     rig.mem(4).ask_resyncs();
     assert!(!log_of(&rig, 4, &who).protects());
     let log = &rig.stats(4)["backup_log"];
     assert!(log["refused_bytes"].as_u64() > Some(0));
-    assert_eq!(log["refusal"], "the sComponent's disk is full", "cluster status names the cause");
+    assert_eq!(
+        log["refusal"], "the sComponent's disk is full",
+        "cluster status names the cause"
+    );
 }
 
 #[test]
 fn a_corrupted_page_of_a_logged_set_is_rebuilt_from_the_backup() {
     let (rig, who) = logged(1 << 20);
     rig.stream_logs();
-    let flipped = rig.call(3, C2M_DEBUG_FLIP { who: who.clone(), from_vpn: vpn(0, 0), bit: 100 }).unwrap().vpn;
+    let flipped = rig
+        .call(
+            3,
+            C2M_DEBUG_FLIP {
+                who: who.clone(),
+                from_vpn: vpn(0, 0),
+                bit: 100,
+            },
+        )
+        .unwrap()
+        .vpn;
     assert!(rig.read(HOME, &who, flipped).is_err());
-    let page = rig.call(HOME, P2M_RECONSTRUCT { who: who.clone(), vpn: flipped }).expect("rebuilt from the backup");
+    let page = rig
+        .call(
+            HOME,
+            P2M_RECONSTRUCT {
+                who: who.clone(),
+                vpn: flipped,
+            },
+        )
+        .expect("rebuilt from the backup");
     assert_eq!(unseal_page(page.data).unwrap(), content(flipped, 0));
     assert_eq!(rig.read(HOME, &who, flipped).unwrap(), content(flipped, 0));
 }

@@ -10,30 +10,68 @@ fn a_lost_replica_is_rebuilt_elsewhere_with_every_page() {
     let victim = ids(&rig.set(HOME, &who, idx(0)))[0];
     rig.down(victim);
 
-    let after = rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: victim, vpn: vpn(0, 0) }).expect("the home answers the report");
-    assert!(after.epoch > before.epoch, "a set changed: the process moves to a new epoch");
-    assert!(after.owners.iter().all(|s| !ids(s).contains(&victim)), "the lost member left every set");
-    let verified = rig.net.calls("M2M_READ_PAGES").into_iter().find(|c| c.from == HOME && c.to == victim).expect("the home checks the report itself");
-    assert_eq!(verified.how, How::Within(Duration::from_secs(2)), "and waits for the member no longer than VERIFY_TIMEOUT");
+    let after = rig
+        .call(
+            HOME,
+            P2M_REPLICA_LOST {
+                who: who.clone(),
+                lost: victim,
+                vpn: vpn(0, 0),
+            },
+        )
+        .expect("the home answers the report");
+    assert!(
+        after.epoch > before.epoch,
+        "a set changed: the process moves to a new epoch"
+    );
+    assert!(
+        after.owners.iter().all(|s| !ids(s).contains(&victim)),
+        "the lost member left every set"
+    );
+    let verified = rig
+        .net
+        .calls("M2M_READ_PAGES")
+        .into_iter()
+        .find(|c| c.from == HOME && c.to == victim)
+        .expect("the home checks the report itself");
+    assert_eq!(
+        verified.how,
+        How::Within(Duration::from_secs(2)),
+        "and waits for the member no longer than VERIFY_TIMEOUT"
+    );
     assert!(rig.mem(HOME).short_vregions() > 0, "the sets are short until rebuilt");
 
     rig.run_jobs();
     let rebuilt = rig.sets(HOME, &who);
     assert_eq!(rig.mem(HOME).short_vregions(), 0);
-    assert!(rebuilt.epoch > after.epoch, "a rebuild moves the process to a new epoch before it copies");
+    assert!(
+        rebuilt.epoch > after.epoch,
+        "a rebuild moves the process to a new epoch before it copies"
+    );
     for s in &rebuilt.owners {
         assert_eq!(s.owners.len(), 2, "vRegion {} has two members again", s.index);
-        assert!(!ids(s).contains(&victim), "a member lost lately is not chosen again (the managers still count it alive)");
+        assert!(
+            !ids(s).contains(&victim),
+            "a member lost lately is not chosen again (the managers still count it alive)"
+        );
         for o in &s.owners {
             for p in 0..8 {
                 let v = (s.index * VRS) / PAGE + p * 5;
-                assert_eq!(rig.read_from(o.id, &who, v).expect("every member holds every page"), content(v, 0));
+                assert_eq!(
+                    rig.read_from(o.id, &who, v).expect("every member holds every page"),
+                    content(v, 0)
+                );
             }
         }
     }
     let picks = rig.net.calls("M2G_PICK_OWNER");
-    let Msg::M2G_PICK_OWNER(last) = &picks.last().expect("the rebuild picked a member").msg else { unreachable!() };
-    assert!(last.exclude.contains(&victim), "the lost member is excluded from the managers' choice");
+    let Msg::M2G_PICK_OWNER(last) = &picks.last().expect("the rebuild picked a member").msg else {
+        unreachable!()
+    };
+    assert!(
+        last.exclude.contains(&victim),
+        "the lost member is excluded from the managers' choice"
+    );
 }
 
 #[test]
@@ -44,14 +82,39 @@ fn the_survivors_refuse_write_backs_of_an_older_epoch() {
     let set = rig.set(HOME, &who, idx(0));
     let (survivor, victim) = (set.owners[0].id, set.owners[1].id);
     rig.down(victim);
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: victim, vpn: vpn(0, 0) }).unwrap();
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: victim,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
     rig.run_jobs();
 
-    let stale = Who { epoch: old.epoch, ..who.clone() };
-    let e = rig.call(survivor, P2M_FLUSH { who: stale, vpn: vpn(0, 0), data: seal_page(&content(vpn(0, 0), 7)) }).expect_err("a write-back sent for the old sets");
+    let stale = Who {
+        epoch: old.epoch,
+        ..who.clone()
+    };
+    let e = rig
+        .call(
+            survivor,
+            P2M_FLUSH {
+                who: stale,
+                vpn: vpn(0, 0),
+                data: seal_page(&content(vpn(0, 0), 7)),
+            },
+        )
+        .expect_err("a write-back sent for the old sets");
     assert_eq!(e.code, ErrCode::Stale);
-    assert_eq!(rig.read_from(survivor, &who, vpn(0, 0)).unwrap(), content(vpn(0, 0), 0), "a refused write-back changes nothing");
-    rig.write(HOME, &who, vpn(0, 0), 7).expect("the pComponent writes again on the new sets");
+    assert_eq!(
+        rig.read_from(survivor, &who, vpn(0, 0)).unwrap(),
+        content(vpn(0, 0), 0),
+        "a refused write-back changes nothing"
+    );
+    rig.write(HOME, &who, vpn(0, 0), 7)
+        .expect("the pComponent writes again on the new sets");
     for o in rig.set(HOME, &who, idx(0)).owners {
         assert_eq!(rig.read_from(o.id, &who, vpn(0, 0)).unwrap(), content(vpn(0, 0), 7));
     }
@@ -65,8 +128,20 @@ fn a_member_the_home_still_reaches_stays_in_its_sets() {
     let member = ids(&rig.set(HOME, &who, idx(0)))[0];
     rig.net.cut(PCOMP, member);
 
-    let after = rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: member, vpn: vpn(0, 0) }).unwrap();
-    assert_eq!(after.epoch, before.epoch, "a pComponent's word alone takes no copy out of service");
+    let after = rig
+        .call(
+            HOME,
+            P2M_REPLICA_LOST {
+                who: who.clone(),
+                lost: member,
+                vpn: vpn(0, 0),
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        after.epoch, before.epoch,
+        "a pComponent's word alone takes no copy out of service"
+    );
     assert!(ids(&rig.set(HOME, &who, idx(0))).contains(&member));
     rig.run_jobs();
     assert!(rig.net.calls("M2M_PUT_PAGES").is_empty(), "nothing to rebuild");
@@ -80,26 +155,64 @@ fn a_write_back_racing_a_rebuild_cannot_land_on_the_old_set_only() {
     let set = rig.set(HOME, &who, idx(0));
     let (survivor, victim) = (set.owners[0].id, set.owners[1].id);
     rig.down(victim);
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: victim, vpn: vpn(0, 0) }).unwrap();
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: victim,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
 
     // While the rebuild reads the survivor's pages, the pComponent writes a page back on the
     // sets it knew: the survivor, already at the rebuild's epoch, refuses it.
     let raced = Arc::new(Mutex::new(None));
-    let (net, w, out) = (rig.net.clone(), Who { epoch: old, ..who.clone() }, raced.clone());
+    let (net, w, out) = (
+        rig.net.clone(),
+        Who {
+            epoch: old,
+            ..who.clone()
+        },
+        raced.clone(),
+    );
     rig.net.before("M2M_READ_PAGES", survivor, move || {
-        let flush = P2M_FLUSH { who: w, vpn: vpn(0, 5), data: seal_page(&content(vpn(0, 5), 9)) };
+        let flush = P2M_FLUSH {
+            who: w,
+            vpn: vpn(0, 5),
+            data: seal_page(&content(vpn(0, 5), 9)),
+        };
         *out.lock().unwrap() = Some(net.send(PCOMP, &addr(survivor), flush, How::Rpc));
     });
     rig.run_jobs();
-    let raced = raced.lock().unwrap().take().expect("the write-back ran during the copy");
+    let raced = raced
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the write-back ran during the copy");
     // The survivor was fenced before the copy started.
-    assert!(matches!(raced, Err(RpcError::Remote { code: ErrCode::Stale, .. })), "refused: {raced:?}");
+    assert!(
+        matches!(
+            raced,
+            Err(RpcError::Remote {
+                code: ErrCode::Stale,
+                ..
+            })
+        ),
+        "refused: {raced:?}"
+    );
 
-    rig.write(HOME, &who, vpn(0, 5), 9).expect("written again on the new sets");
+    rig.write(HOME, &who, vpn(0, 5), 9)
+        .expect("written again on the new sets");
     let members = rig.set(HOME, &who, idx(0)).owners;
     assert_eq!(members.len(), 2);
     for o in members {
-        assert_eq!(rig.read_from(o.id, &who, vpn(0, 5)).unwrap(), content(vpn(0, 5), 9), "mComponent {} has the page", o.id);
+        assert_eq!(
+            rig.read_from(o.id, &who, vpn(0, 5)).unwrap(),
+            content(vpn(0, 5), 9),
+            "mComponent {} has the page",
+            o.id
+        );
     }
 }
 
@@ -109,15 +222,34 @@ fn a_rebuild_that_fails_midway_releases_the_new_member_and_is_tried_again() {
     let who = rig.process(1, 1, 4);
     let victim = ids(&rig.set(HOME, &who, idx(0)))[1];
     rig.down(victim);
-    rig.net.fail("M2M_PUT_PAGES", None, 1, RpcError::Closed { addr: "any".into() });
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: victim, vpn: vpn(0, 0) }).unwrap();
+    rig.net
+        .fail("M2M_PUT_PAGES", None, 1, RpcError::Closed { addr: "any".into() });
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: victim,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
 
     rig.run_jobs();
-    assert_eq!(rig.mem(HOME).short_vregions(), 1, "the copy failed: the set is still short");
+    assert_eq!(
+        rig.mem(HOME).short_vregions(),
+        1,
+        "the copy failed: the set is still short"
+    );
     let put = rig.net.calls("M2M_PUT_PAGES").pop().expect("the copy was tried");
     let removed = rig.net.calls("M2M_VMA_REMOVE");
-    assert!(removed.iter().any(|c| c.to == put.to), "what reached the new member is released there");
-    assert!(rig.read_from(put.to, &who, vpn(0, 0)).is_err(), "and it holds nothing of the process");
+    assert!(
+        removed.iter().any(|c| c.to == put.to),
+        "what reached the new member is released there"
+    );
+    assert!(
+        rig.read_from(put.to, &who, vpn(0, 0)).is_err(),
+        "and it holds nothing of the process"
+    );
 
     rig.mem(HOME).rebuild(who.pid);
     assert_eq!(rig.mem(HOME).short_vregions(), 0, "tried again, it completes");
@@ -130,15 +262,42 @@ fn a_set_with_no_room_elsewhere_stays_short_until_a_heartbeat_finds_room() {
     let who = rig.process(1, 1, 2);
     let set = ids(&rig.set(HOME, &who, idx(0)));
     rig.down(set[1]);
-    rig.call(HOME, P2M_REPLICA_LOST { who: who.clone(), lost: set[1], vpn: vpn(0, 0) }).unwrap();
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: who.clone(),
+            lost: set[1],
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
     rig.run_jobs();
-    assert_eq!(rig.mem(HOME).short_vregions(), 1, "the only other mComponent with room was the one lost");
-    assert_eq!(rig.stats(HOME)["rebuild"]["short_vregions"], 1, "and cluster status says so");
+    assert_eq!(
+        rig.mem(HOME).short_vregions(),
+        1,
+        "the only other mComponent with room was the one lost"
+    );
+    assert_eq!(
+        rig.stats(HOME)["rebuild"]["short_vregions"],
+        1,
+        "and cluster status says so"
+    );
 
     // Room appears (the home takes pages now), and a heartbeat some time later retries.
     rig.net.full.lock().unwrap().clear();
     *rig.mem(HOME).last_retry.lock().unwrap() -= REBUILD_RETRY;
-    rig.mem(HOME).on_beat(G2X_BEAT { lost: Vec::new(), lost_mcomps: Vec::new(), fenced: false, memory: 0, vnodes: 0, cordoned: false, leaving: Vec::new(), exit: false, rebalance: None, keep: Vec::new() });
+    rig.mem(HOME).on_beat(G2X_BEAT {
+        lost: Vec::new(),
+        lost_mcomps: Vec::new(),
+        fenced: false,
+        memory: 0,
+        vnodes: 0,
+        cordoned: false,
+        leaving: Vec::new(),
+        exit: false,
+        rebalance: None,
+        keep: Vec::new(),
+    });
     assert_eq!(rig.mem(HOME).short_vregions(), 0);
     assert_eq!(ids(&rig.set(HOME, &who, idx(0))), vec![set[0], HOME]);
     check_pages(&rig, HOME, &who, 1, 2);
@@ -147,14 +306,44 @@ fn a_set_with_no_room_elsewhere_stays_short_until_a_heartbeat_finds_room() {
 #[test]
 fn a_full_member_hands_its_vregion_to_one_with_room() {
     // The managers place the vRegion on mComponents 3 and 4 (2 is the backup home).
-    let rig = Rig::with(4, Replication::Replica, |id| if id == 3 { 4 * PAGE } else { 64 << 20 }, 1 << 20);
+    let rig = Rig::with(
+        4,
+        Replication::Replica,
+        |id| if id == 3 { 4 * PAGE } else { 64 << 20 },
+        1 << 20,
+    );
     let who = rig.create(1);
-    rig.call(HOME, P2M_MMAP { who: who.clone(), hint: 0, len: VRS, prot: 3, fixed: false, noreserve: false }).unwrap();
-    assert!(ids(&rig.set(HOME, &who, idx(0))).contains(&3), "the small mComponent holds the vRegion");
-    let full = (0..8).map(|p| rig.write(HOME, &who, vpn(0, p), 0)).find_map(Result::err).expect("it fills up");
+    rig.call(
+        HOME,
+        P2M_MMAP {
+            who: who.clone(),
+            hint: 0,
+            len: VRS,
+            prot: 3,
+            fixed: false,
+            noreserve: false,
+        },
+    )
+    .unwrap();
+    assert!(
+        ids(&rig.set(HOME, &who, idx(0))).contains(&3),
+        "the small mComponent holds the vRegion"
+    );
+    let full = (0..8)
+        .map(|p| rig.write(HOME, &who, vpn(0, p), 0))
+        .find_map(Result::err)
+        .expect("it fills up");
     assert_eq!(full.code, ErrCode::NoMemory);
 
-    rig.call(HOME, P2M_OWNER_FULL { who: who.clone(), vpn: vpn(0, 4), full: 3 }).expect("moved");
+    rig.call(
+        HOME,
+        P2M_OWNER_FULL {
+            who: who.clone(),
+            vpn: vpn(0, 4),
+            full: 3,
+        },
+    )
+    .expect("moved");
     let set = rig.set(HOME, &who, idx(0));
     assert!(!ids(&set).contains(&3), "the full mComponent left the set");
     assert_eq!(rig.stats(3)["used"], 0, "and freed its copy");
@@ -173,11 +362,35 @@ fn an_mmap_whose_set_cannot_be_made_leaves_nothing_behind() {
     let rig = Rig::new(3, Replication::Replica);
     let who = rig.create(1);
     rig.down(GM);
-    let e = rig.call(HOME, P2M_MMAP { who: who.clone(), hint: 0, len: VRS, prot: 3, fixed: false, noreserve: false }).expect_err("no managers to pick members");
+    let e = rig
+        .call(
+            HOME,
+            P2M_MMAP {
+                who: who.clone(),
+                hint: 0,
+                len: VRS,
+                prot: 3,
+                fixed: false,
+                noreserve: false,
+            },
+        )
+        .expect_err("no managers to pick members");
     assert_eq!(e.code, ErrCode::Unreachable);
     assert!(rig.sets(HOME, &who).owners.is_empty(), "no vRegion was activated");
 
     rig.net.down.lock().unwrap().clear();
-    let m = rig.call(HOME, P2M_MMAP { who: who.clone(), hint: 0, len: VRS, prot: 3, fixed: false, noreserve: false }).expect("the managers are back");
+    let m = rig
+        .call(
+            HOME,
+            P2M_MMAP {
+                who: who.clone(),
+                hint: 0,
+                len: VRS,
+                prot: 3,
+                fixed: false,
+                noreserve: false,
+            },
+        )
+        .expect("the managers are back");
     assert_eq!(m.addr, BASE, "the range the failed mmap took is free again");
 }

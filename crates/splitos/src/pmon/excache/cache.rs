@@ -87,7 +87,11 @@ pub struct Interleave {
 impl Interleave {
     /// A configuration's: `ratio` of every range of `unit` bytes.
     pub fn of(ratio: crate::config::InterleaveRatio, unit: crate::config::Size) -> Option<Interleave> {
-        ratio.0.map(|(local, of)| Interleave { local: local.into(), of: of.into(), unit: unit.0 / splitos_rpc::PAGE_SIZE as u64 })
+        ratio.0.map(|(local, of)| Interleave {
+            local: local.into(),
+            of: of.into(),
+            unit: unit.0 / splitos_rpc::PAGE_SIZE as u64,
+        })
     }
 
     /// Whether `vpn` is local in a cache of `sets` sets. The round robin runs over the pages
@@ -137,7 +141,11 @@ impl EvictionPolicy for Fifo {
         "fifo"
     }
     fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
-        set.iter().enumerate().filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq))).min_by_key(|(_, seq)| *seq).map(|(i, _)| i)
+        set.iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq)))
+            .min_by_key(|(_, seq)| *seq)
+            .map(|(i, _)| i)
     }
 }
 
@@ -192,7 +200,12 @@ pub struct GhostClock {
 
 impl GhostClock {
     pub fn new(cap: usize) -> GhostClock {
-        GhostClock { ghosts: HashMap::new(), order: VecDeque::new(), cap: cap.max(1), seq: 0 }
+        GhostClock {
+            ghosts: HashMap::new(),
+            order: VecDeque::new(),
+            cap: cap.max(1),
+            seq: 0,
+        }
     }
 }
 
@@ -329,7 +342,13 @@ impl ExCache {
     pub fn ways_for(&self, lines: usize) -> Result<usize, String> {
         let ways = lines / self.nsets;
         if ways == 0 || ways > self.stride {
-            return Err(format!("{lines} lines: the ExCache has {} sets and grows to {} ways each, so it holds {} to {} lines", self.nsets, self.stride, self.nsets, self.nsets * self.stride));
+            return Err(format!(
+                "{lines} lines: the ExCache has {} sets and grows to {} ways each, so it holds {} to {} lines",
+                self.nsets,
+                self.stride,
+                self.nsets,
+                self.nsets * self.stride
+            ));
         }
         Ok(ways)
     }
@@ -338,18 +357,28 @@ impl ExCache {
     /// the lines in ways past the new end are still resident and are no miss's to take:
     /// [`ExCache::beyond`] names them for the miss path to evict.
     pub fn resize(&mut self, ways: usize) {
-        assert!(ways > 0 && ways <= self.stride, "{ways} ways in sets of at most {}", self.stride);
+        assert!(
+            ways > 0 && ways <= self.stride,
+            "{ways} ways in sets of at most {}",
+            self.stride
+        );
         self.ways = ways;
         for set in 0..self.nsets {
             let base = set * self.stride;
             let (within, past) = self.slots[base..base + self.stride].split_at(ways);
             self.held[set] = within.iter().flatten().count();
-            self.evicting[set] = within.iter().flatten().filter(|l| l.state == LineState::Evicting).count();
+            self.evicting[set] = within
+                .iter()
+                .flatten()
+                .filter(|l| l.state == LineState::Evicting)
+                .count();
             self.past_end[set] = past.iter().flatten().count();
             self.free_from[set] = within.iter().position(|l| l.is_none()).unwrap_or(ways);
             // Fewer ways may leave more pinned lines than a set keeps: the newest go back to
             // coming and going.
-            let mut pinned: Vec<(u64, usize)> = (0..ways).filter_map(|w| self.slots[base + w].filter(|l| l.pinned).map(|l| (l.seq, base + w))).collect();
+            let mut pinned: Vec<(u64, usize)> = (0..ways)
+                .filter_map(|w| self.slots[base + w].filter(|l| l.pinned).map(|l| (l.seq, base + w)))
+                .collect();
             pinned.sort_unstable();
             for (_, slot) in pinned.drain(pinned.len().min(self.pin_cap())..) {
                 self.line_mut(slot).pinned = false;
@@ -400,7 +429,8 @@ impl ExCache {
         if self.shares.is_empty() {
             return true;
         }
-        self.group_of(pid).is_some_and(|g| self.shares.get(&g).is_some_and(|share| self.group_lines(g) < *share))
+        self.group_of(pid)
+            .is_some_and(|g| self.shares.get(&g).is_some_and(|share| self.group_lines(g) < *share))
     }
 
     /// Lines pinned by interleaving.
@@ -484,8 +514,14 @@ impl ExCache {
     /// Whether a miss of `pid` must pass over `victim`: its group holds no more than its
     /// share, and is not `pid`'s.
     fn shared_away(&self, pid: u64, victim: &Line) -> bool {
-        let Some(g) = self.group_of(victim.pid) else { return false };
-        self.group_of(pid) != Some(g) && self.shares.get(&g).is_some_and(|share| self.group_lines.get(&g).copied().unwrap_or(0) <= *share)
+        let Some(g) = self.group_of(victim.pid) else {
+            return false;
+        };
+        self.group_of(pid) != Some(g)
+            && self
+                .shares
+                .get(&g)
+                .is_some_and(|share| self.group_lines.get(&g).copied().unwrap_or(0) <= *share)
     }
 
     /// Each process keeps `percent` of an equal share of the lines (the lines over the
@@ -568,16 +604,30 @@ impl ExCache {
     /// since its reference bit was cleared: a used line gets its bit back and the policy picks
     /// again, at most once per way. Then `evictable` may still refuse the victim (as
     /// [`ExCache::claim_clean`] refuses a dirty one). Both may mark the line dirty.
-    pub fn claim_observing(&mut self, pid: u64, vpn: u64, evictable: impl FnMut(&mut Line) -> bool, used: impl FnMut(&mut Line) -> bool) -> Option<Claim> {
+    pub fn claim_observing(
+        &mut self,
+        pid: u64,
+        vpn: u64,
+        evictable: impl FnMut(&mut Line) -> bool,
+        used: impl FnMut(&mut Line) -> bool,
+    ) -> Option<Claim> {
         self.claim_where(pid, vpn, evictable, used)
     }
 
-    fn claim_where(&mut self, pid: u64, vpn: u64, mut evictable: impl FnMut(&mut Line) -> bool, mut used: impl FnMut(&mut Line) -> bool) -> Option<Claim> {
+    fn claim_where(
+        &mut self,
+        pid: u64,
+        vpn: u64,
+        mut evictable: impl FnMut(&mut Line) -> bool,
+        mut used: impl FnMut(&mut Line) -> bool,
+    ) -> Option<Claim> {
         let set = self.set_of(vpn);
         let base = set * self.stride;
         let range = base..base + self.ways;
         let slot = if self.held[set] < self.ways {
-            let i = (self.free_from[set]..self.ways).find(|i| self.slots[base + i].is_none()).expect("a set not full has a free way");
+            let i = (self.free_from[set]..self.ways)
+                .find(|i| self.slots[base + i].is_none())
+                .expect("a set not full has a free way");
             self.free_from[set] = i + 1;
             self.held[set] += 1;
             self.used += 1;
@@ -593,7 +643,10 @@ impl ExCache {
             let mut by_share = 0;
             if !self.shares.is_empty() {
                 for way in range.clone() {
-                    if self.slots[way].as_ref().is_some_and(|l| l.state == LineState::Ready && self.shared_away(pid, l)) {
+                    if self.slots[way]
+                        .as_ref()
+                        .is_some_and(|l| l.state == LineState::Ready && self.shared_away(pid, l))
+                    {
                         self.line_mut(way).state = LineState::Filling;
                         shielded.push(way);
                     }
@@ -615,7 +668,8 @@ impl ExCache {
                 let l = self.slots[base + i].as_ref().expect("victim is a line");
                 // A share shields without bound (the set's ways bound it); a floor gives way
                 // after a few lines.
-                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED + by_share && self.resident_of(l.pid) <= floor {
+                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED + by_share && self.resident_of(l.pid) <= floor
+                {
                     shielded.push(base + i);
                     self.line_mut(base + i).state = LineState::Filling;
                     continue;
@@ -639,14 +693,35 @@ impl ExCache {
         };
         self.seq += 1;
         let referenced = self.policy.admit(pid, vpn);
-        let pinned = self.interleave_of(pid).is_some_and(|i| i.is_local(vpn, self.nsets as u64)) && self.pinned[set] < self.pin_cap() && self.may_pin(pid);
+        let pinned = self
+            .interleave_of(pid)
+            .is_some_and(|i| i.is_local(vpn, self.nsets as u64))
+            && self.pinned[set] < self.pin_cap()
+            && self.may_pin(pid);
         self.pinned[set] += pinned as usize;
-        self.slots[slot.0] = Some(Line { pid, vpn, state: LineState::Filling, dirty: false, wp: false, referenced, rearm: false, unmapped: false, seq: self.seq, fresh: false, writes: 0, read_fill: false, pinned });
+        self.slots[slot.0] = Some(Line {
+            pid,
+            vpn,
+            state: LineState::Filling,
+            dirty: false,
+            wp: false,
+            referenced,
+            rearm: false,
+            unmapped: false,
+            seq: self.seq,
+            fresh: false,
+            writes: 0,
+            read_fill: false,
+            pinned,
+        });
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         if let Some(g) = self.group_of(pid) {
             self.count_group(g, 1, true);
         }
-        Some(Claim { slot: slot.0, victim: slot.1 })
+        Some(Claim {
+            slot: slot.0,
+            victim: slot.1,
+        })
     }
 
     fn unshield(&mut self, shielded: &mut Vec<usize>) {
@@ -708,7 +783,9 @@ impl ExCache {
     pub fn pick(&mut self, set: usize) -> Option<usize> {
         let base = set * self.stride;
         self.may_rearm[set] |= self.policy.rearms();
-        let i = self.policy.victim(&mut self.slots[base..base + self.ways], &mut self.hands[set])?;
+        let i = self
+            .policy
+            .victim(&mut self.slots[base..base + self.ways], &mut self.hands[set])?;
         self.line_mut(base + i).state = LineState::Evicting;
         self.evicting[set] += 1;
         Some(base + i)
@@ -749,7 +826,10 @@ impl ExCache {
 
     /// Resident (pid, vpn) lines in [first, end) of virtual pages.
     pub fn resident_in(&self, pid: u64, first: u64, end: u64) -> Vec<(u64, usize)> {
-        self.index.get(&pid).map(|m| m.range(first..end).map(|(v, s)| (*v, *s)).collect()).unwrap_or_default()
+        self.index
+            .get(&pid)
+            .map(|m| m.range(first..end).map(|(v, s)| (*v, *s)).collect())
+            .unwrap_or_default()
     }
 
     pub fn resident_of(&self, pid: u64) -> usize {
@@ -817,7 +897,11 @@ mod tests {
         // All referenced after fill: the first sweep clears, the second evicts the hand's first.
         assert_eq!(fill(&mut c, 1, 13, true).unwrap().vpn, 10);
         let rearm = c.take_rearm(13);
-        assert_eq!(rearm.len(), 2, "the lines whose bit was cleared are to be observed again");
+        assert_eq!(
+            rearm.len(),
+            2,
+            "the lines whose bit was cleared are to be observed again"
+        );
         // 11 is written again (its bit set); 12 is not: CLOCK evicts 12, FIFO would evict 11.
         let s = c.lookup(1, 11).unwrap();
         c.line_mut(s).referenced = true;
@@ -846,17 +930,31 @@ mod tests {
             .unwrap();
         assert_eq!(cl.victim.unwrap().vpn, 11);
         assert_eq!(asked, vec![10, 11]);
-        assert!(c.line(c.lookup(1, 10).unwrap()).dirty, "what the question learned stays");
+        assert!(
+            c.line(c.lookup(1, 10).unwrap()).dirty,
+            "what the question learned stays"
+        );
         let mut f = ExCache::new(2, 2, Box::new(Fifo));
         fill(&mut f, 1, 0, false);
         fill(&mut f, 1, 2, false);
-        assert_eq!(f.claim_observing(1, 4, |_| true, |_| panic!("FIFO does not ask")).unwrap().victim.unwrap().vpn, 0);
+        assert_eq!(
+            f.claim_observing(1, 4, |_| true, |_| panic!("FIFO does not ask"))
+                .unwrap()
+                .victim
+                .unwrap()
+                .vpn,
+            0
+        );
     }
 
     #[test]
     fn interleaving_pins_its_pages_for_good_and_leaves_two_ways_for_the_others() {
         // Fully associative, 4 lines; every other page is local.
-        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave { local: 1, of: 2, unit: 1 }));
+        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave {
+            local: 1,
+            of: 2,
+            unit: 1,
+        }));
         for v in 0..4 {
             fill(&mut c, 1, v, false);
         }
@@ -867,14 +965,24 @@ mod tests {
         assert_eq!(c.pinned_lines(), 2);
         assert_eq!(fill(&mut c, 1, 6, false).unwrap().vpn, 3);
         for v in 7..40 {
-            assert!(!matches!(fill(&mut c, 1, v, false), Some(l) if l.pinned), "a pinned line is never a victim");
+            assert!(
+                !matches!(fill(&mut c, 1, v, false), Some(l) if l.pinned),
+                "a pinned line is never a victim"
+            );
         }
-        assert!([0, 2].iter().all(|v| c.lookup(1, *v).is_some()), "the pinned pages stay");
+        assert!(
+            [0, 2].iter().all(|v| c.lookup(1, *v).is_some()),
+            "the pinned pages stay"
+        );
         // A line leaving with its range gives its pin back.
         c.remove(1, 0);
         assert_eq!(c.pinned_lines(), 1);
         // Shrinking keeps two ways of every set for the others: the newest pins give way.
-        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave { local: 3, of: 4, unit: 1 }));
+        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave {
+            local: 3,
+            of: 4,
+            unit: 1,
+        }));
         for v in 0..4 {
             fill(&mut c, 1, v, false);
         }
@@ -886,10 +994,18 @@ mod tests {
         c.resize(2);
         assert_eq!(c.pinned_lines(), 0);
         // By range: pages 0-3 local, 4-7 remote, 8-11 local.
-        let r = Interleave { local: 1, of: 2, unit: 4 };
+        let r = Interleave {
+            local: 1,
+            of: 2,
+            unit: 4,
+        };
         assert!(r.is_local(3, 1) && !r.is_local(4, 1) && !r.is_local(7, 1) && r.is_local(8, 1));
         // With 4 sets, by page: each set's pages alternate, so every set keeps half local.
-        let p = Interleave { local: 1, of: 2, unit: 1 };
+        let p = Interleave {
+            local: 1,
+            of: 2,
+            unit: 1,
+        };
         for set in 0..4 {
             let local: Vec<bool> = (0..4).map(|round| p.is_local(round * 4 + set, 4)).collect();
             assert_eq!(local, [true, false, true, false], "set {set}");
@@ -900,7 +1016,11 @@ mod tests {
 
     #[test]
     fn a_job_interleaves_its_own_processes_and_pins_within_its_share_and_past_the_reserve() {
-        let half = Some(Interleave { local: 1, of: 2, unit: 1 });
+        let half = Some(Interleave {
+            local: 1,
+            of: 2,
+            unit: 1,
+        });
         // The pComponent interleaves nothing; process 1's job chose 1:2, process 2's nothing.
         let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo));
         c.set_interleave(1, half);
@@ -917,7 +1037,11 @@ mod tests {
             fill(&mut c, 1, v, false);
             fill(&mut c, 2, v, false);
         }
-        assert_eq!(c.pinned_lines(), 2, "process 1's by the pComponent's, none of process 2's");
+        assert_eq!(
+            c.pinned_lines(),
+            2,
+            "process 1's by the pComponent's, none of process 2's"
+        );
         c.forget_group(2);
         assert_eq!(c.job_interleave(2), None);
         // With shares, a vNode pins only while it holds less than its share.
@@ -928,14 +1052,24 @@ mod tests {
         for v in 0..8 {
             fill(&mut c, 1, v, false);
         }
-        assert_eq!(c.pinned_lines(), 1, "page 0 pinned with 0 lines held, page 2 with 2 (its share) not");
+        assert_eq!(
+            c.pinned_lines(),
+            1,
+            "page 0 pinned with 0 lines held, page 2 with 2 (its share) not"
+        );
         c.remove(1, 0);
         for v in 0..4 {
             fill(&mut c, 2, v, false);
         }
         assert_eq!(c.pinned_lines(), 0, "vNode 9 has no share to pin within");
         // The background evictor's reserve is never pinned: 6 ways, 2 kept, 2 reserved.
-        let mut c = ExCache::growable(6, 6, 0, Box::new(Fifo)).with_interleave(Some(Interleave { local: 5, of: 6, unit: 1 })).with_evict_reserve(2);
+        let mut c = ExCache::growable(6, 6, 0, Box::new(Fifo))
+            .with_interleave(Some(Interleave {
+                local: 5,
+                of: 6,
+                unit: 1,
+            }))
+            .with_evict_reserve(2);
         for v in 0..6 {
             fill(&mut c, 1, v, false);
         }
@@ -963,7 +1097,11 @@ mod tests {
         let slot = c.pick(0).expect("a victim");
         assert_eq!(c.line(slot).vpn, 0, "the policy's victim");
         assert_eq!((c.line(slot).state, c.spare(0), c.used()), (LineState::Evicting, 1, 2));
-        assert_eq!(fill(&mut c, 1, 4, true).map(|v| v.vpn), Some(2), "a miss takes the other line, not the picked one");
+        assert_eq!(
+            fill(&mut c, 1, 4, true).map(|v| v.vpn),
+            Some(2),
+            "a miss takes the other line, not the picked one"
+        );
         let again = c.pick(0).expect("the line just filled");
         assert_eq!((c.line(again).vpn, c.spare(0)), (4, 2));
         c.keep(again);
@@ -985,7 +1123,10 @@ mod tests {
             let v = fill(&mut c, 2, 22, true).expect("a full cache evicts");
             assert_eq!(v.pid == 2, kept, "floor {floor}: {v:?}");
             assert_eq!(c.resident_of(1) == 2, kept);
-            assert!(c.line(c.lookup(1, 10).or(c.lookup(1, 11)).unwrap()).state == LineState::Ready, "lines passed over are ready again");
+            assert!(
+                c.line(c.lookup(1, 10).or(c.lookup(1, 11)).unwrap()).state == LineState::Ready,
+                "lines passed over are ready again"
+            );
         }
         // Above its floor a process loses lines to another's misses as before: with 3 of the 4
         // lines, process 1 holds more than its 2.
@@ -1035,8 +1176,15 @@ mod tests {
         let (s0, s4) = (c.lookup(1, 0).unwrap(), c.lookup(1, 4).unwrap());
         c.resize(c.ways_for(16).unwrap());
         assert_eq!(c.lines(), 16);
-        assert_eq!((c.lookup(1, 0), c.lookup(1, 4)), (Some(s0), Some(s4)), "lines stay where they were");
-        assert!(fill(&mut c, 1, 8, false).is_none() && fill(&mut c, 1, 12, false).is_none(), "the new ways take misses without evicting");
+        assert_eq!(
+            (c.lookup(1, 0), c.lookup(1, 4)),
+            (Some(s0), Some(s4)),
+            "lines stay where they were"
+        );
+        assert!(
+            fill(&mut c, 1, 8, false).is_none() && fill(&mut c, 1, 12, false).is_none(),
+            "the new ways take misses without evicting"
+        );
         assert!(fill(&mut c, 1, 16, false).is_some(), "four ways, then a victim");
         // Back to one way per set: three lines of set 0 are past the end, and a miss there
         // takes the one way left (its line is the policy's victim) and never a way past it.
@@ -1051,7 +1199,10 @@ mod tests {
         assert_eq!(c.used(), 1);
         let v = fill(&mut c, 1, 20, false).expect("the one way's line is the victim");
         assert!(!beyond.contains(&v.vpn));
-        assert!(c.ways_for(2).is_err() && c.ways_for(32).is_err(), "under one way a set, or past the most it grows to");
+        assert!(
+            c.ways_for(2).is_err() && c.ways_for(32).is_err(),
+            "under one way a set, or past the most it grows to"
+        );
     }
 
     #[test]

@@ -111,8 +111,17 @@ fn scan(pagemap: &File, first: u64, end: u64, flags: u64, anyof: u64) -> io::Res
     let mut runs = [PageRun::default(); RUNS];
     let (mut at, stop) = (first * PAGE, end * PAGE);
     while at < stop {
-        let mut a =
-            ScanArg { size: std::mem::size_of::<ScanArg>() as u64, flags, start: at, end: stop, vec: runs.as_mut_ptr() as u64, vec_len: RUNS as u64, category_anyof_mask: anyof, return_mask: anyof, ..ScanArg::default() };
+        let mut a = ScanArg {
+            size: std::mem::size_of::<ScanArg>() as u64,
+            flags,
+            start: at,
+            end: stop,
+            vec: runs.as_mut_ptr() as u64,
+            vec_len: RUNS as u64,
+            category_anyof_mask: anyof,
+            return_mask: anyof,
+            ..ScanArg::default()
+        };
         // SAFETY: `a` is a pm_scan_arg (size asserted) whose output vector `runs` is writable
         // for `vec_len` entries for the whole call; the ioctl reads the program's page tables.
         let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut a) };
@@ -135,7 +144,13 @@ fn scan(pagemap: &File, first: u64, end: u64, flags: u64, anyof: u64) -> io::Res
 /// again in the same walk). The kernel counts a page that is not mapped as written, and
 /// protecting one maps page tables for it: callers scan lines they hold, not holes.
 fn written(pagemap: &File, first: u64, end: u64, protect: bool) -> io::Result<Vec<u64>> {
-    scan(pagemap, first, end, if protect { PM_SCAN_WP_MATCHING } else { 0 }, PAGE_IS_WRITTEN)
+    scan(
+        pagemap,
+        first,
+        end,
+        if protect { PM_SCAN_WP_MATCHING } else { 0 },
+        PAGE_IS_WRITTEN,
+    )
 }
 
 /// Which pages [`Tracker::take`] hands back the contents of.
@@ -195,7 +210,11 @@ fn new_pipe() -> io::Result<Pipe> {
     if bytes < PAGE as i32 {
         return Err(io::Error::last_os_error());
     }
-    Ok(Pipe { r, w, pages: bytes as u64 / PAGE })
+    Ok(Pipe {
+        r,
+        w,
+        pages: bytes as u64 / PAGE,
+    })
 }
 
 fn splice_in(memfd: &OwnedFd, off: u64, len: u64, w: &OwnedFd) -> io::Result<()> {
@@ -203,9 +222,22 @@ fn splice_in(memfd: &OwnedFd, off: u64, len: u64, w: &OwnedFd) -> io::Result<()>
     while left > 0 {
         // SAFETY: splice reads the memfd at `off` (updated by the kernel) into the pipe; the
         // only pointer is to `off`, live for the call.
-        let n = unsafe { libc::splice(memfd.as_raw_fd(), &mut off, w.as_raw_fd(), std::ptr::null_mut(), left, libc::SPLICE_F_NONBLOCK) };
+        let n = unsafe {
+            libc::splice(
+                memfd.as_raw_fd(),
+                &mut off,
+                w.as_raw_fd(),
+                std::ptr::null_mut(),
+                left,
+                libc::SPLICE_F_NONBLOCK,
+            )
+        };
         if n <= 0 {
-            return Err(if n == 0 { io::Error::other("the heap memfd ended early") } else { io::Error::last_os_error() });
+            return Err(if n == 0 {
+                io::Error::other("the heap memfd ended early")
+            } else {
+                io::Error::last_os_error()
+            });
         }
         left -= n as usize;
     }
@@ -216,8 +248,21 @@ fn splice_in(memfd: &OwnedFd, off: u64, len: u64, w: &OwnedFd) -> io::Result<()>
 fn page_out(r: &OwnedFd, keep: bool) -> io::Result<Option<Page>> {
     if !keep {
         // SAFETY: splice moves a page from the pipe to /dev/null; no pointers.
-        let n = unsafe { libc::splice(r.as_raw_fd(), std::ptr::null_mut(), dev_null()?.as_raw_fd(), std::ptr::null_mut(), PAGE as usize, 0) };
-        return if n == PAGE as isize { Ok(None) } else { Err(io::Error::last_os_error()) };
+        let n = unsafe {
+            libc::splice(
+                r.as_raw_fd(),
+                std::ptr::null_mut(),
+                dev_null()?.as_raw_fd(),
+                std::ptr::null_mut(),
+                PAGE as usize,
+                0,
+            )
+        };
+        return if n == PAGE as isize {
+            Ok(None)
+        } else {
+            Err(io::Error::last_os_error())
+        };
     }
     let mut page = vec![0u8; PAGE as usize];
     let mut got = 0;
@@ -237,7 +282,9 @@ impl Tracker {
     /// is under asynchronous write protection.
     pub fn open(os_pid: i32, region_base: u64) -> io::Result<Tracker> {
         if let Some(why) = shmem_large_folios() {
-            return Err(io::Error::other(format!("shared memory may use large pages now ({why})")));
+            return Err(io::Error::other(format!(
+                "shared memory may use large pages now ({why})"
+            )));
         }
         let pagemap = File::open(format!("/proc/{os_pid}/pagemap"))?;
         let first = region_base / PAGE;
@@ -245,7 +292,10 @@ impl Tracker {
         if scan(&pagemap, first, first + 1, 0, PAGE_IS_WPALLOWED)? != [first] {
             return Err(io::Error::other("its heap is not under asynchronous write protection"));
         }
-        Ok(Tracker { pagemap, pipe: Mutex::new(None) })
+        Ok(Tracker {
+            pagemap,
+            pipe: Mutex::new(None),
+        })
     }
 
     /// The pages of [first, end) written since they were last protected, protected again in
@@ -268,7 +318,15 @@ impl Tracker {
         r
     }
 
-    fn take_with(&self, slot: &mut Option<Pipe>, memfd: &OwnedFd, off: u64, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
+    fn take_with(
+        &self,
+        slot: &mut Option<Pipe>,
+        memfd: &OwnedFd,
+        off: u64,
+        vpn: u64,
+        pages: u64,
+        keep: Keep,
+    ) -> io::Result<Vec<Taken>> {
         if slot.is_none() {
             *slot = Some(new_pipe()?);
         }
@@ -281,11 +339,19 @@ impl Tracker {
             splice_in(memfd, at, n * PAGE, &pipe.w)?;
             punch(memfd, at, n * PAGE)?;
             // Unknown is written: a write-back too many, never one too few.
-            let asked = if keep == Keep::Dirty { Err(()) } else { written(&self.pagemap, first, first + n, false).map_err(drop) };
+            let asked = if keep == Keep::Dirty {
+                Err(())
+            } else {
+                written(&self.pagemap, first, first + n, false).map_err(drop)
+            };
             let written = asked.unwrap_or_else(|()| (first..first + n).collect());
             for v in first..first + n {
                 let w = written.binary_search(&v).is_ok();
-                out.push(Taken { vpn: v, written: w, data: page_out(&pipe.r, w || keep != Keep::Written)? });
+                out.push(Taken {
+                    vpn: v,
+                    written: w,
+                    data: page_out(&pipe.r, w || keep != Keep::Written)?,
+                });
             }
             done += n;
         }
@@ -302,14 +368,21 @@ pub fn check_kernel() -> Result<(), String> {
     }
     // SAFETY: a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let mut api = uffd::Api { api: uffd::UFFD_API, features: 0, ioctls: 0 };
+    let mut api = uffd::Api {
+        api: uffd::UFFD_API,
+        features: 0,
+        ioctls: 0,
+    };
     // SAFETY: UFFDIO_API reads and writes a uffdio_api; asked for no feature, it reports all.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } != 0 || api.features & uffd::FEATURE_WP_ASYNC == 0 {
+    if unsafe { libc::ioctl(fd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } != 0
+        || api.features & uffd::FEATURE_WP_ASYNC == 0
+    {
         return Err("this kernel's userfaultfd has no asynchronous write protection (UFFD_FEATURE_WP_ASYNC, Linux 6.7 or later)".into());
     }
     let pagemap = File::open("/proc/self/pagemap").map_err(|e| format!("cannot open /proc/self/pagemap: {e}"))?;
     let here = &api as *const _ as u64 / PAGE;
-    written(&pagemap, here, here + 1, false).map_err(|e| format!("this kernel has no PAGEMAP_SCAN on /proc/PID/pagemap (Linux 6.7 or later): {e}"))?;
+    written(&pagemap, here, here + 1, false)
+        .map_err(|e| format!("this kernel has no PAGEMAP_SCAN on /proc/PID/pagemap (Linux 6.7 or later): {e}"))?;
     if let Some(why) = shmem_large_folios() {
         return Err(format!("shared memory may use large pages here ({why}), and punching one page out of a large page would lose the writes scan mode captures; set them to never or advise"));
     }
@@ -321,7 +394,11 @@ pub fn check_kernel() -> Result<(), String> {
 fn shmem_large_folios() -> Option<String> {
     let chosen = |path: &std::path::Path| {
         let s = std::fs::read_to_string(path).ok()?;
-        s.split_whitespace().find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')).map(str::to_string))
+        s.split_whitespace().find_map(|w| {
+            w.strip_prefix('[')
+                .and_then(|w| w.strip_suffix(']'))
+                .map(str::to_string)
+        })
     };
     let dir = std::path::Path::new("/sys/kernel/mm/transparent_hugepage");
     let top = dir.join("shmem_enabled");
@@ -329,10 +406,15 @@ fn shmem_large_folios() -> Option<String> {
         return Some(format!("{} is {v}", top.display()));
     }
     let sizes = std::fs::read_dir(dir).ok()?;
-    sizes.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("hugepages-")).find_map(|e| {
-        let p = e.path().join("shmem_enabled");
-        chosen(&p).filter(|v| matches!(v.as_str(), "always" | "within_size")).map(|v| format!("{} is {v}", p.display()))
-    })
+    sizes
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("hugepages-"))
+        .find_map(|e| {
+            let p = e.path().join("shmem_enabled");
+            chosen(&p)
+                .filter(|v| matches!(v.as_str(), "always" | "within_size"))
+                .map(|v| format!("{} is {v}", p.display()))
+        })
 }
 
 #[cfg(test)]
@@ -357,16 +439,36 @@ mod tests {
                 let m = libc::memfd_create(c"dirty-test".as_ptr(), libc::MFD_CLOEXEC);
                 assert!(m >= 0 && libc::ftruncate(m, len as i64) == 0);
                 let memfd = OwnedFd::from_raw_fd(m);
-                let p = libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, m, 0);
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    m,
+                    0,
+                );
                 assert_ne!(p, libc::MAP_FAILED);
                 let u = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as i32;
                 assert!(u >= 0, "userfaultfd: {}", io::Error::last_os_error());
                 let uffd = OwnedFd::from_raw_fd(u);
-                let mut api = uffd::Api { api: uffd::UFFD_API, features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_WP_ASYNC, ioctls: 0 };
+                let mut api = uffd::Api {
+                    api: uffd::UFFD_API,
+                    features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_WP_ASYNC,
+                    ioctls: 0,
+                };
                 assert_eq!(libc::ioctl(u, uffd::UFFDIO_API as _, &mut api), 0);
-                let mut reg = uffd::Register { range: uffd::Range { start: p as u64, len }, mode: uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP, ioctls: 0 };
+                let mut reg = uffd::Register {
+                    range: uffd::Range { start: p as u64, len },
+                    mode: uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+                    ioctls: 0,
+                };
                 assert_eq!(libc::ioctl(u, uffd::UFFDIO_REGISTER as _, &mut reg), 0);
-                Heap { uffd, memfd, base: p as u64, pages }
+                Heap {
+                    uffd,
+                    memfd,
+                    base: p as u64,
+                    pages,
+                }
             }
         }
         fn vpn(&self, i: u64) -> u64 {
@@ -408,7 +510,10 @@ mod tests {
         h.write(2, 0, 0xaa);
         h.write(5, 100, 0xbb);
         assert_eq!(t.written(h.vpn(0), h.vpn(8)).unwrap(), vec![h.vpn(2), h.vpn(5)]);
-        assert!(t.written(h.vpn(0), h.vpn(8)).unwrap().is_empty(), "the scan protected them again");
+        assert!(
+            t.written(h.vpn(0), h.vpn(8)).unwrap().is_empty(),
+            "the scan protected them again"
+        );
         h.write(5, 200, 0xcc);
         let taken = t.take(&h.memfd, 4 * PAGE, h.vpn(4), 2, Keep::Written).unwrap();
         let fate: Vec<(bool, bool)> = taken.iter().map(|k| (k.written, k.data.is_some())).collect();
@@ -434,9 +539,17 @@ mod tests {
         splice_in(&h.memfd, 0, 2 * PAGE, &p.w).unwrap();
         h.write(0, 7, 0x77);
         punch(&h.memfd, 0, 2 * PAGE).unwrap();
-        assert_eq!(written(&t.pagemap, h.vpn(0), h.vpn(2), false).unwrap(), vec![h.vpn(0)], "written: page 0 only");
+        assert_eq!(
+            written(&t.pagemap, h.vpn(0), h.vpn(2), false).unwrap(),
+            vec![h.vpn(0)],
+            "written: page 0 only"
+        );
         let zero = page_out(&p.r, true).unwrap().unwrap();
-        assert_eq!((zero[0], zero[7]), (1, 0x77), "the write after the splice is in the pipe's page");
+        assert_eq!(
+            (zero[0], zero[7]),
+            (1, 0x77),
+            "the write after the splice is in the pipe's page"
+        );
         assert_eq!(page_out(&p.r, true).unwrap().unwrap()[0], 2);
     }
 
@@ -445,6 +558,9 @@ mod tests {
         check_kernel().unwrap();
         let plain = vec![0u8; 3 * PAGE as usize];
         let page = (plain.as_ptr() as u64).div_ceil(PAGE) * PAGE;
-        assert!(Tracker::open(std::process::id() as i32, page).is_err(), "memory not registered with userfaultfd");
+        assert!(
+            Tracker::open(std::process::id() as i32, page).is_err(),
+            "memory not registered with userfaultfd"
+        );
     }
 }

@@ -79,7 +79,11 @@ pub struct OneSided {
 
 impl OneSided {
     pub fn new(node: Arc<Node>, on: bool) -> OneSided {
-        OneSided { node, on, stats: OneSidedStats::default() }
+        OneSided {
+            node,
+            on,
+            stats: OneSidedStats::default(),
+        }
     }
 
     /// Whether it is on: off, the page store asks nothing of it (not even whose a page is).
@@ -96,8 +100,24 @@ impl OneSided {
         }
         let mut held = leases.held.lock().unwrap();
         let old = match held.get(&(o.id, idx)) {
-            Some(Held::Leased { seg, generation, stale: false, .. }) => return Some(Reach { seg: seg.clone(), generation: *generation, i: vpn % seg.pages() }),
-            Some(Held::Leased { segment, seg, stale: true, .. }) => Some((*segment, seg.clone())),
+            Some(Held::Leased {
+                seg,
+                generation,
+                stale: false,
+                ..
+            }) => {
+                return Some(Reach {
+                    seg: seg.clone(),
+                    generation: *generation,
+                    i: vpn % seg.pages(),
+                })
+            }
+            Some(Held::Leased {
+                segment,
+                seg,
+                stale: true,
+                ..
+            }) => Some((*segment, seg.clone())),
             Some(Held::Refused(at)) if at.elapsed() < RETRY => return None,
             _ => None,
         };
@@ -107,12 +127,29 @@ impl OneSided {
         match got {
             Ok((segment, seg, generation)) => {
                 self.stats.leases.fetch_add(1, Relaxed);
-                held.insert((o.id, idx), Held::Leased { segment, seg: seg.clone(), generation, stale: false });
-                Some(Reach { i: vpn % seg.pages(), seg, generation })
+                held.insert(
+                    (o.id, idx),
+                    Held::Leased {
+                        segment,
+                        seg: seg.clone(),
+                        generation,
+                        stale: false,
+                    },
+                );
+                Some(Reach {
+                    i: vpn % seg.pages(),
+                    seg,
+                    generation,
+                })
             }
             Err(why) => {
                 self.stats.refused.fetch_add(1, Relaxed);
-                tracing::debug!(owner = o.id, vregion = idx, why, "no lease: this vRegion goes by message");
+                tracing::debug!(
+                    owner = o.id,
+                    vregion = idx,
+                    why,
+                    "no lease: this vRegion goes by message"
+                );
                 held.insert((o.id, idx), Held::Refused(Instant::now()));
                 None
             }
@@ -121,20 +158,46 @@ impl OneSided {
 
     /// A lease on vRegion `idx` from owner `o`; the segment `old` is kept if the owner still
     /// uses it, else the new one is fetched from its pages socket.
-    fn lease(&self, who: &Who, o: &ComponentRef, idx: u64, old: Option<(u64, Arc<Segment>)>) -> Result<(u64, Arc<Segment>, u64), String> {
-        let path = self.node.rpc.transport().pages_socket(&o.addr).ok_or("the transport has no one-sided access")?;
+    fn lease(
+        &self,
+        who: &Who,
+        o: &ComponentRef,
+        idx: u64,
+        old: Option<(u64, Arc<Segment>)>,
+    ) -> Result<(u64, Arc<Segment>, u64), String> {
+        let path = self
+            .node
+            .rpc
+            .transport()
+            .pages_socket(&o.addr)
+            .ok_or("the transport has no one-sided access")?;
         if !path.exists() {
             return Err("the owner is on another host".into());
         }
-        let r = self.node.rpc.call_direct(&o.addr, P2M_LEASE { who: who.clone(), index: idx }).map_err(|e| e.to_string())?;
+        let r = self
+            .node
+            .rpc
+            .call_direct(
+                &o.addr,
+                P2M_LEASE {
+                    who: who.clone(),
+                    index: idx,
+                },
+            )
+            .map_err(|e| e.to_string())?;
         if let Some((segment, seg)) = old.filter(|(s, _)| *s == r.segment) {
             return Ok((segment, seg, r.generation));
         }
         let mut c = UnixStream::connect(&path).map_err(|e| format!("the owner's pages socket: {e}"))?;
-        c.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
         c.write_all(&r.token).map_err(|e| e.to_string())?;
         let mut answer = [0u8; 1];
-        let fd = recv_fds(&c, &mut answer).map_err(|e| e.to_string())?.into_iter().next().ok_or("the owner refused the token")?;
+        let fd = recv_fds(&c, &mut answer)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .next()
+            .ok_or("the owner refused the token")?;
         let seg = Segment::open(fd, r.pages).map_err(|e| e.to_string())?;
         Ok((r.segment, Arc::new(seg), r.generation))
     }
@@ -174,7 +237,9 @@ impl OneSided {
     /// Writes page `vpn` back by a copy; false: by message.
     pub fn write(&self, who: &Who, leases: &Leases, o: &ComponentRef, idx: u64, vpn: u64, data: &[u8]) -> bool {
         for _ in 0..2 {
-            let Some(r) = self.reach(who, leases, o, idx, vpn) else { return false };
+            let Some(r) = self.reach(who, leases, o, idx, vpn) else {
+                return false;
+            };
             match r.seg.write(r.generation, r.i, data, page_checksum(data)) {
                 Access::Done => {
                     self.stats.writes.fetch_add(1, Relaxed);

@@ -68,12 +68,23 @@ impl Policies {
     /// The policies a pComponent starts with: `eviction` for a cache of `lines`, `prefetch`
     /// reading ahead at most `window` lines.
     pub fn new(eviction: EvictPolicy, lines: usize, prefetch: PrefetchPolicy, window: usize) -> Policies {
-        Policies { eviction: Ebb::new("excache-eviction", move |_| eviction.build(lines)), prefetch: Ebb::new("excache-prefetch", move |_| prefetcher(prefetch, window)), replacing: Mutex::new(()) }
+        Policies {
+            eviction: Ebb::new("excache-eviction", move |_| eviction.build(lines)),
+            prefetch: Ebb::new("excache-prefetch", move |_| prefetcher(prefetch, window)),
+            replacing: Mutex::new(()),
+        }
     }
 
     /// Replaces the policies given (a cache now of `lines`) and puts them in `miss`'s place;
     /// returns the names in place.
-    pub fn replace(&self, miss: &MissPath, eviction: Option<EvictPolicy>, prefetch: Option<PrefetchPolicy>, lines: usize, window: usize) -> (&'static str, &'static str) {
+    pub fn replace(
+        &self,
+        miss: &MissPath,
+        eviction: Option<EvictPolicy>,
+        prefetch: Option<PrefetchPolicy>,
+        lines: usize,
+        window: usize,
+    ) -> (&'static str, &'static str) {
         let _one = self.replacing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = eviction {
             self.eviction.replace(move |_| k.build(lines));
@@ -83,7 +94,10 @@ impl Policies {
             self.prefetch.replace(move |_| prefetcher(k, window));
             metrics::counter!("pcomp_policy_swaps_total", "policy" => "prefetch").increment(1);
         }
-        miss.replace_policies(eviction.map(|_| self.eviction.build()), prefetch.map(|_| self.prefetch.build()))
+        miss.replace_policies(
+            eviction.map(|_| self.eviction.build()),
+            prefetch.map(|_| self.prefetch.build()),
+        )
     }
 }
 
@@ -95,11 +109,22 @@ struct PolicyMessages {
 impl Messagable for PolicyMessages {
     fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
         // The transport without credentials is built by benchmarks and tests alone.
-        if from.role.as_deref().is_some_and(|r| r != Role::Gm.name() && r != Role::Admin.name()) {
-            return Err(Refused::Denied(format!("a {} may not replace a pComponent's policies", from.role.as_deref().unwrap_or("?"))));
+        if from
+            .role
+            .as_deref()
+            .is_some_and(|r| r != Role::Gm.name() && r != Role::Admin.name())
+        {
+            return Err(Refused::Denied(format!(
+                "a {} may not replace a pComponent's policies",
+                from.role.as_deref().unwrap_or("?")
+            )));
         }
-        let r: SetPolicy = postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPolicy message: {e}")))?;
-        let pcomp = self.pcomp.upgrade().ok_or_else(|| Refused::Invalid("the pComponent is stopping".into()))?;
+        let r: SetPolicy =
+            postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPolicy message: {e}")))?;
+        let pcomp = self
+            .pcomp
+            .upgrade()
+            .ok_or_else(|| Refused::Invalid("the pComponent is stopping".into()))?;
         let now = pcomp.set_policy(r).map_err(|e| match e.code {
             ErrCode::Denied => Refused::Denied(e.msg),
             _ => Refused::Invalid(e.msg),
@@ -110,7 +135,10 @@ impl Messagable for PolicyMessages {
 
 /// Serves the `excache-policies` Ebb of `pcomp` until the guard is dropped.
 pub fn serve(pcomp: Weak<Pcomp>) -> Serving {
-    let ebb = Ebb::with_id(EbbId(EBB_EXCACHE_POLICIES), "excache-policies", move |_| PolicyMessages { pcomp: pcomp.clone() }).expect("one pComponent per process");
+    let ebb = Ebb::with_id(EbbId(EBB_EXCACHE_POLICIES), "excache-policies", move |_| {
+        PolicyMessages { pcomp: pcomp.clone() }
+    })
+    .expect("one pComponent per process");
     splitos_ebb::messenger::serve(&ebb).expect("a static id served once")
 }
 
@@ -118,7 +146,10 @@ pub fn serve(pcomp: Weak<Pcomp>) -> Serving {
 /// its policies after it.
 pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPolicy) -> Result<PolicyState, RpcError> {
     let answer = send(postcard::to_allocvec(r).expect("a SetPolicy encodes").into())?;
-    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote { code: ErrCode::Internal, msg: format!("the pComponent's answer is not a PolicyState: {e}") })
+    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
+        code: ErrCode::Internal,
+        msg: format!("the pComponent's answer is not a PolicyState: {e}"),
+    })
 }
 
 #[cfg(test)]

@@ -68,7 +68,11 @@ pub struct Sequential {
 
 impl Sequential {
     pub fn new(max: usize, base: usize) -> Sequential {
-        Sequential { max, base: base.min(max), streams: HashMap::new() }
+        Sequential {
+            max,
+            base: base.min(max),
+            streams: HashMap::new(),
+        }
     }
 }
 
@@ -83,7 +87,11 @@ impl Prefetcher for Sequential {
 
     fn window(&mut self, pid: u64, vpn: u64) -> Ahead {
         let (next, window) = self.streams.get(&pid).copied().unwrap_or((u64::MAX, 0));
-        let w = if vpn == next { (window * 2).clamp(1, self.max) } else { self.base };
+        let w = if vpn == next {
+            (window * 2).clamp(1, self.max)
+        } else {
+            self.base
+        };
         self.streams.insert(pid, (vpn + 1 + w as u64, w));
         Ahead::next(w)
     }
@@ -118,7 +126,10 @@ struct Trend {
 
 impl Leap {
     pub fn new(max: usize) -> Leap {
-        Leap { max, procs: HashMap::new() }
+        Leap {
+            max,
+            procs: HashMap::new(),
+        }
     }
 }
 
@@ -160,7 +171,11 @@ impl Prefetcher for Leap {
             }
             _ => (delta, 1),
         };
-        for d in d.filter(|d| *d != 0).into_iter().flat_map(|d| std::iter::repeat_n(d, times.min(HISTORY))) {
+        for d in d
+            .filter(|d| *d != 0)
+            .into_iter()
+            .flat_map(|d| std::iter::repeat_n(d, times.min(HISTORY)))
+        {
             if tr.deltas.len() == HISTORY {
                 tr.deltas.pop_front();
             }
@@ -180,7 +195,10 @@ impl Prefetcher for Leap {
         }
         let floor = tr.prev.map_or(0, |p| p.lines / 2);
         let lines = (pages - 1).max(floor).min(self.max);
-        let ahead = Ahead { stride: trend.unwrap_or(1), lines };
+        let ahead = Ahead {
+            stride: trend.unwrap_or(1),
+            lines,
+        };
         tr.prev = Some(ahead);
         ahead
     }
@@ -234,7 +252,11 @@ mod tests {
         assert_eq!(w(102), 2);
         assert_eq!(w(105), 4);
         assert_eq!(w(7), 1, "a jump falls back to one line");
-        assert_eq!(prefetcher(PrefetchPolicy::Nextline, 0).window(1, 5), Ahead::NONE, "0 is off");
+        assert_eq!(
+            prefetcher(PrefetchPolicy::Nextline, 0).window(1, 5),
+            Ahead::NONE,
+            "0 is off"
+        );
     }
 
     #[test]
@@ -246,7 +268,11 @@ mod tests {
         for _ in 0..12 {
             let last = p.window(1, vpn + 3 * (*seen.last().unwrap() as u64 + 1));
             vpn += 3 * (*seen.last().unwrap() as u64 + 1);
-            assert_eq!(last.stride, if seen.len() >= 8 { 3 } else { 1 }, "the stride is the majority of at least 8 deltas");
+            assert_eq!(
+                last.stride,
+                if seen.len() >= 8 { 3 } else { 1 },
+                "the stride is the majority of at least 8 deltas"
+            );
             seen.push(last.lines);
         }
         // Nothing until 8 deltas show the trend; then one line, and every miss right after the
@@ -272,7 +298,9 @@ mod tests {
         assert_eq!(p.window(1, vpn + 1).lines, 8);
         // Random misses: no hits, so the window halves each time; the stream's stride stays a
         // majority of the history (one line along it) until random deltas outvote it.
-        let got: Vec<usize> = (0..20u64).map(|i| p.window(1, (i * i * 7_919 + 13) % 100_003).lines).collect();
+        let got: Vec<usize> = (0..20u64)
+            .map(|i| p.window(1, (i * i * 7_919 + 13) % 100_003).lines)
+            .collect();
         assert_eq!(got[..3], [4, 2, 1]);
         assert_eq!(got[19], 0, "no trend left: {got:?}");
         // A sampled hit stands for SAMPLE lines.

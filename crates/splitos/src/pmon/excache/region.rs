@@ -99,7 +99,9 @@ impl UffdRegion {
     }
 
     fn tracker(&self) -> io::Result<&Tracker> {
-        self.tracker.as_ref().ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
+        self.tracker
+            .as_ref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
     }
 }
 
@@ -123,7 +125,10 @@ impl Region for UffdRegion {
 
     fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
         if !self.huge.exact_fallocate() {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "fallocate on this heap may allocate huge pages beyond the range"));
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "fallocate on this heap may allocate huge pages beyond the range",
+            ));
         }
         uffd::allocate(&self.memfd, self.offset(vpn), pages * PAGE)?;
         // A page the memfd holds but the program does not map is a minor fault when sampling:
@@ -137,7 +142,10 @@ impl Region for UffdRegion {
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         // The kernel would zero the part of a huge page and keep it if it could not split it.
         if !self.huge.release(vpn, pages) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the range cuts a huge page that was not split"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the range cuts a huge page that was not split",
+            ));
         }
         uffd::punch(&self.memfd, self.offset(vpn), pages * PAGE)
     }
@@ -151,7 +159,10 @@ impl Region for UffdRegion {
     }
 
     fn unmap(&self, vpns: &[u64]) -> io::Result<()> {
-        let pidfd = self.pidfd.as_deref().ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
+        let pidfd = self
+            .pidfd
+            .as_deref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for &v in vpns {
             match runs.last_mut() {

@@ -99,7 +99,10 @@ const KEPT_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 /// A call that did not reach a component at all, or broke while under way: the component may
 /// be lost (rather than having declined).
 fn transport_failure(e: &RpcError) -> bool {
-    matches!(e, RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. })
+    matches!(
+        e,
+        RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. }
+    )
 }
 
 /// After a call to mComponent `o` failed with `e`: whether it is only late (it did not answer,
@@ -118,7 +121,13 @@ fn waited_for(node: &Node, o: &ComponentRef, e: &RpcError) -> bool {
 
 impl ProcMemory {
     pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> ProcMemory {
-        ProcMemory { who, homes: Mutex::new(Homes { home, backup }), view: Mutex::new(View::default()), kept: Mutex::new(HashMap::new()), leases: Leases::default() }
+        ProcMemory {
+            who,
+            homes: Mutex::new(Homes { home, backup }),
+            view: Mutex::new(View::default()),
+            kept: Mutex::new(HashMap::new()),
+            leases: Leases::default(),
+        }
     }
 
     pub fn home(&self) -> ComponentRef {
@@ -131,7 +140,10 @@ impl ProcMemory {
 
     /// The process as it names itself in write-backs: with the epoch of its replica sets.
     fn who_now(&self) -> Who {
-        Who { epoch: self.view.lock().unwrap().epoch, ..self.who.clone() }
+        Who {
+            epoch: self.view.lock().unwrap().epoch,
+            ..self.who.clone()
+        }
     }
 
     /// Replica sets the home announced (in `M2P_MAPPED`, `M2P_FORKED`, `M2P_VREGIONS`): all
@@ -157,7 +169,12 @@ impl ProcMemory {
         let mut r = node.rpc.call(&home.addr, req.clone());
         // A home that left names the new one (`M2P_HOME_MOVED`), before or as it refuses.
         for attempt in 0..TRIES {
-            let Err(RpcError::Remote { code: ErrCode::NotHome, .. }) = &r else { break };
+            let Err(RpcError::Remote {
+                code: ErrCode::NotHome, ..
+            }) = &r
+            else {
+                break;
+            };
             if self.home().id == home.id {
                 // Not told yet: a fenced home says the same, and then its backup takes over.
                 if attempt >= 2 && self.backup().is_some() {
@@ -175,9 +192,24 @@ impl ProcMemory {
             r = node.rpc.call(&home.addr, req.clone());
         }
         match r {
-            Err(e) if transport_failure(&e) || matches!(e, RpcError::Remote { code: ErrCode::NotHome, .. }) => {
+            Err(e)
+                if transport_failure(&e)
+                    || matches!(
+                        e,
+                        RpcError::Remote {
+                            code: ErrCode::NotHome,
+                            ..
+                        }
+                    ) =>
+            {
                 let Some(backup) = self.backup() else { return Err(e) };
-                let taken = node.rpc.call(&backup.addr, P2M_HOME_TAKEOVER { who: self.who_now(), lost: home.id });
+                let taken = node.rpc.call(
+                    &backup.addr,
+                    P2M_HOME_TAKEOVER {
+                        who: self.who_now(),
+                        lost: home.id,
+                    },
+                );
                 let r = match taken {
                     Ok(r) => r,
                     Err(te) => {
@@ -187,7 +219,10 @@ impl ProcMemory {
                 };
                 tracing::warn!(pid = self.who.pid, lost = home.id, home = backup.id, error = %e, "home mComponent lost: its backup took over");
                 metrics::counter!("pcomp_home_takeovers_total").increment(1);
-                *self.homes.lock().unwrap() = Homes { home: backup.clone(), backup: r.backup };
+                *self.homes.lock().unwrap() = Homes {
+                    home: backup.clone(),
+                    backup: r.backup,
+                };
                 node.rpc.call(&backup.addr, req)
             }
             r => r,
@@ -211,11 +246,27 @@ fn page(vpn: u64) -> u64 {
 
 /// A failed call, naming the component, the page and what was attempted.
 fn failed(o: &ComponentRef, what: &str, vpn: u64, e: RpcError) -> Refusal {
-    ERR::new(e.code(), format!("mComponent {} at {}: cannot {what} heap page {:#x}: {e}", o.id, o.addr, page(vpn)))
+    ERR::new(
+        e.code(),
+        format!(
+            "mComponent {} at {}: cannot {what} heap page {:#x}: {e}",
+            o.id,
+            o.addr,
+            page(vpn)
+        ),
+    )
 }
 
 fn corrupt(o: &ComponentRef, vpn: u64) -> Refusal {
-    ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)", o.id, o.addr, page(vpn)))
+    ERR::new(
+        ErrCode::Internal,
+        format!(
+            "mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)",
+            o.id,
+            o.addr,
+            page(vpn)
+        ),
+    )
 }
 
 /// What to do after a failed call to a replica.
@@ -233,7 +284,15 @@ enum Next {
 fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Refusal> {
     match unseal_page(data) {
         Ok(p) => Ok(Some(p)),
-        Err(Unsealed::Size(n)) => Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {n} bytes for heap page {:#x}", o.id, o.addr, page(vpn)))),
+        Err(Unsealed::Size(n)) => Err(ERR::new(
+            ErrCode::Internal,
+            format!(
+                "mComponent {} at {} sent {n} bytes for heap page {:#x}",
+                o.id,
+                o.addr,
+                page(vpn)
+            ),
+        )),
         Err(Unsealed::Checksum) => {
             metrics::counter!("pcomp_checksum_failures_total").increment(1);
             tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
@@ -245,7 +304,13 @@ fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Ref
 impl RemoteStore {
     /// `one_sided`: whether pages of owners on this host are reached by a copy.
     pub fn new(node: Arc<Node>, one_sided: bool, links: usize) -> RemoteStore {
-        RemoteStore { one_sided: OneSided::new(node.clone(), one_sided), node, vregion_size: AtomicU64::new(1 << 30), procs: Mutex::new(HashMap::new()), links: links.max(1) }
+        RemoteStore {
+            one_sided: OneSided::new(node.clone(), one_sided),
+            node,
+            vregion_size: AtomicU64::new(1 << 30),
+            procs: Mutex::new(HashMap::new()),
+            links: links.max(1),
+        }
     }
 
     /// The mComponents this pComponent's programs use: their homes, backup homes and the
@@ -286,23 +351,44 @@ impl RemoteStore {
     pub fn home_moved(&self, r: M2P_HOME_MOVED) -> Result<OK, Refusal> {
         let m = self.memory_of(r.who.pid)?;
         if m.who.vnode != r.who.vnode {
-            return Err(ERR::new(ErrCode::Denied, format!("process {} belongs to another vNode", r.who.pid)));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} belongs to another vNode", r.who.pid),
+            ));
         }
         let mut homes = m.homes.lock().unwrap();
         // Only the current home gives the process away; a repeated word changes nothing.
         if homes.home.id != r.from {
-            tracing::debug!(pid = r.who.pid, home = homes.home.id, from = r.from, "ignored a home move from an mComponent that is not the process's home");
+            tracing::debug!(
+                pid = r.who.pid,
+                home = homes.home.id,
+                from = r.from,
+                "ignored a home move from an mComponent that is not the process's home"
+            );
             return Ok(OK);
         }
-        tracing::info!(pid = r.who.pid, from = r.from, to = r.home.id, "a process's home moved (its old home is leaving)");
+        tracing::info!(
+            pid = r.who.pid,
+            from = r.from,
+            to = r.home.id,
+            "a process's home moved (its old home is leaving)"
+        );
         metrics::counter!("pcomp_home_moves_total").increment(1);
         // The new home's backup, or none: the old one's copy names the old home.
-        *homes = Homes { home: r.home, backup: r.backup };
+        *homes = Homes {
+            home: r.home,
+            backup: r.backup,
+        };
         Ok(OK)
     }
 
     fn memory_of(&self, pid: u64) -> Result<Arc<ProcMemory>, Refusal> {
-        self.procs.lock().unwrap().get(&pid).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
+        self.procs
+            .lock()
+            .unwrap()
+            .get(&pid)
+            .cloned()
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
     }
 
     /// The one owner of page `vpn`'s vRegion, and its index, when a copy may reach the page
@@ -326,13 +412,17 @@ impl RemoteStore {
         if !self.one_sided.on() {
             return false;
         }
-        let Some((o, idx)) = self.sole_owner(s, vpn) else { return false };
+        let Some((o, idx)) = self.sole_owner(s, vpn) else {
+            return false;
+        };
         self.one_sided.write(&s.who_now(), &s.leases, &o, idx, vpn, data)
     }
 
     /// Asks the home for the process's replica sets (for a failure at page `vpn`).
     fn refresh(&self, s: &ProcMemory, vpn: u64) -> Result<(), Refusal> {
-        let r = s.call_home(&self.node, P2M_VREGIONS { who: s.who.clone() }).map_err(|e| failed(&s.home(), "find the replicas of", vpn, e))?;
+        let r = s
+            .call_home(&self.node, P2M_VREGIONS { who: s.who.clone() })
+            .map_err(|e| failed(&s.home(), "find the replicas of", vpn, e))?;
         s.learn(&r.owners, r.epoch, r.backup);
         Ok(())
     }
@@ -346,11 +436,22 @@ impl RemoteStore {
             None => {
                 self.refresh(s, vpn)?;
                 let v = s.view.lock().unwrap();
-                v.vregions.get(&idx).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("heap page {:#x} is in no active vRegion", page(vpn))))?
+                v.vregions.get(&idx).cloned().ok_or_else(|| {
+                    ERR::new(
+                        ErrCode::NotFound,
+                        format!("heap page {:#x} is in no active vRegion", page(vpn)),
+                    )
+                })?
             }
         };
         if set.owners.is_empty() {
-            return Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: every mComponent that held a copy of it is lost", page(vpn))));
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!(
+                    "heap page {:#x}: every mComponent that held a copy of it is lost",
+                    page(vpn)
+                ),
+            ));
         }
         Ok(set)
     }
@@ -368,7 +469,17 @@ impl RemoteStore {
                 Err(r) => return Next::Fail(r),
             };
             return match parity {
-                Some(p) if p.id != o.id => self.after(s, &p, copies, what, vpn, RpcError::Unreachable { addr: p.addr.clone(), why: format!("the holder of heap page {:#x} says: {e}", page(vpn)) }),
+                Some(p) if p.id != o.id => self.after(
+                    s,
+                    &p,
+                    copies,
+                    what,
+                    vpn,
+                    RpcError::Unreachable {
+                        addr: p.addr.clone(),
+                        why: format!("the holder of heap page {:#x} says: {e}", page(vpn)),
+                    },
+                ),
                 _ => Next::Fail(failed(o, what, vpn, e)),
             };
         }
@@ -385,16 +496,35 @@ impl RemoteStore {
             // A write-back found its owner full (heuristic overcommit): the home moves the
             // page's vRegion to an mComponent with room.
             metrics::counter!("pcomp_owner_full_total").increment(1);
-            return match s.call_home(&self.node, P2M_OWNER_FULL { who: s.who.clone(), vpn, full: o.id }) {
+            return match s.call_home(
+                &self.node,
+                P2M_OWNER_FULL {
+                    who: s.who.clone(),
+                    vpn,
+                    full: o.id,
+                },
+            ) {
                 Ok(r) => {
                     s.learn(&r.owners, r.epoch, r.backup);
                     Next::Again
                 }
-                Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Remote { code: ErrCode::NoMemory, msg: format!("{e}; and the home found no room elsewhere: {he}") })),
+                Err(he) => Next::Fail(failed(
+                    o,
+                    what,
+                    vpn,
+                    RpcError::Remote {
+                        code: ErrCode::NoMemory,
+                        msg: format!("{e}; and the home found no room elsewhere: {he}"),
+                    },
+                )),
             };
         }
         let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
-        if gone && copies < 2 && self.refresh(s, vpn).is_ok() && self.set_of(s, vpn).is_ok_and(|set| set.holder(vpn).id != o.id) {
+        if gone
+            && copies < 2
+            && self.refresh(s, vpn).is_ok()
+            && self.set_of(s, vpn).is_ok_and(|set| set.holder(vpn).id != o.id)
+        {
             // The only copy's holder was detached, and the vRegion moved on before this
             // thread's view learned it: its home says where it is now.
             return Next::Again;
@@ -407,10 +537,19 @@ impl RemoteStore {
         }
         tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot serve the process: reporting it to the home");
         metrics::counter!("pcomp_replicas_lost_total").increment(1);
-        match s.call_home(&self.node, P2M_REPLICA_LOST { who: s.who.clone(), lost: o.id, vpn }) {
+        match s.call_home(
+            &self.node,
+            P2M_REPLICA_LOST {
+                who: s.who.clone(),
+                lost: o.id,
+                vpn,
+            },
+        ) {
             Ok(r) => {
                 s.learn(&r.owners, r.epoch, r.backup);
-                let still = self.set_of(s, vpn).is_ok_and(|set| set.owners.iter().any(|m| m.id == o.id));
+                let still = self
+                    .set_of(s, vpn)
+                    .is_ok_and(|set| set.owners.iter().any(|m| m.id == o.id));
                 let mut kept = s.kept.lock().unwrap();
                 if !still {
                     kept.remove(&o.id);
@@ -431,7 +570,15 @@ impl RemoteStore {
                 kept.remove(&o.id);
                 Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and its home keeps it in the page's set (it reaches it, or cannot rebuild the set without it)") }))
             }
-            Err(he) => Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and the home cannot be told: {he}") })),
+            Err(he) => Next::Fail(failed(
+                o,
+                what,
+                vpn,
+                RpcError::Unreachable {
+                    addr: o.addr.clone(),
+                    why: format!("{e}; and the home cannot be told: {he}"),
+                },
+            )),
         }
     }
 
@@ -445,7 +592,11 @@ impl RemoteStore {
         match opened(&s.home(), vpn, r.data)? {
             Some(good) => {
                 metrics::counter!("pcomp_pages_repaired_total").increment(1);
-                tracing::warn!(holder = holder.id, vpn, "repaired a corrupted page from the parity or backup");
+                tracing::warn!(
+                    holder = holder.id,
+                    vpn,
+                    "repaired a corrupted page from the parity or backup"
+                );
                 Ok(good)
             }
             None => Err(corrupt(holder, vpn)),
@@ -455,7 +606,14 @@ impl RemoteStore {
     /// Writes a good copy over replicas that sent a page failing its checksum.
     fn repair(&self, who: &Who, vpn: u64, good: &[u8], bad: &[ComponentRef]) {
         for o in bad {
-            match self.node.rpc.call_direct(&o.addr, P2M_FLUSH { who: who.clone(), vpn, data: seal_page(good) }) {
+            match self.node.rpc.call_direct(
+                &o.addr,
+                P2M_FLUSH {
+                    who: who.clone(),
+                    vpn,
+                    data: seal_page(good),
+                },
+            ) {
                 Ok(_) => {
                     metrics::counter!("pcomp_pages_repaired_total").increment(1);
                     tracing::warn!(replica = o.id, vpn, "repaired a corrupted page from another replica");
@@ -467,9 +625,15 @@ impl RemoteStore {
 
     /// Sends `pages` of one process to every replica that holds them.
     fn write_all(&self, s: &ProcMemory, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
-        let rest: Vec<(u64, &[u8])> = pages.iter().filter(|(v, d)| !self.write_direct(s, *v, d)).copied().collect();
+        let rest: Vec<(u64, &[u8])> = pages
+            .iter()
+            .filter(|(v, d)| !self.write_direct(s, *v, d))
+            .copied()
+            .collect();
         let pages = &rest[..];
-        let Some(&(first, _)) = pages.first() else { return Ok(()) };
+        let Some(&(first, _)) = pages.first() else {
+            return Ok(());
+        };
         let mut tries = 0;
         'again: while tries < TRIES {
             tries += 1;
@@ -480,8 +644,13 @@ impl RemoteStore {
                 Write::add(&mut to, &set, &who, *vpn, seal_page(data), None);
             }
             // To every member at once: the write-back is done when all of them stored it.
-            let (members, msgs): (Vec<(ComponentRef, usize)>, Vec<Msg>) = to.into_iter().map(|w| ((w.to.clone(), w.copies), w.msg())).unzip();
-            let calls: Vec<(&str, &Msg)> = members.iter().zip(&msgs).map(|((o, _), m)| (o.addr.as_str(), m)).collect();
+            let (members, msgs): (Vec<(ComponentRef, usize)>, Vec<Msg>) =
+                to.into_iter().map(|w| ((w.to.clone(), w.copies), w.msg())).unzip();
+            let calls: Vec<(&str, &Msg)> = members
+                .iter()
+                .zip(&msgs)
+                .map(|((o, _), m)| (o.addr.as_str(), m))
+                .collect();
             let replies = self.node.rpc.call_all_direct(&calls);
             for ((o, copies), r) in members.iter().zip(replies) {
                 if let Err(e) = stored(o, r) {
@@ -497,7 +666,10 @@ impl RemoteStore {
             }
             return Ok(());
         }
-        Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
+        Err(ERR::new(
+            ErrCode::Unreachable,
+            format!("heap page {:#x}: its replica sets kept changing", page(first)),
+        ))
     }
 
     /// One page from the first replica that has a good copy (from its holder in a striped
@@ -543,14 +715,26 @@ impl RemoteStore {
             }
             return Err(corrupt(&bad[0], vpn));
         }
-        Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(vpn))))
+        Err(ERR::new(
+            ErrCode::Unreachable,
+            format!("heap page {:#x}: its replica sets kept changing", page(vpn)),
+        ))
     }
 
     /// The pages of a batched fetch from `o`, one per page asked for; a page failing its
     /// checksum is fetched again from the other replicas.
     fn pages_of(&self, s: &ProcMemory, o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
         if r.pages.len() != vpns.len() {
-            return Err(ERR::new(ErrCode::Internal, format!("mComponent {} at {} sent {} pages for {}", o.id, o.addr, r.pages.len(), vpns.len())));
+            return Err(ERR::new(
+                ErrCode::Internal,
+                format!(
+                    "mComponent {} at {} sent {} pages for {}",
+                    o.id,
+                    o.addr,
+                    r.pages.len(),
+                    vpns.len()
+                ),
+            ));
         }
         vpns.iter()
             .zip(r.pages)
@@ -565,7 +749,11 @@ impl RemoteStore {
     /// it is), with their process's identity, and the write-backs to every other member of
     /// their sets, one message per member and process. Victims of processes that exited
     /// since they were evicted are garbage and stay behind.
-    fn victim_writes(&self, primary: &ComponentRef, flushes: &[(u64, u64, &[u8])]) -> Result<(Vec<Riding>, Vec<VictimWrite>), Refusal> {
+    fn victim_writes(
+        &self,
+        primary: &ComponentRef,
+        flushes: &[(u64, u64, &[u8])],
+    ) -> Result<(Vec<Riding>, Vec<VictimWrite>), Refusal> {
         let mut along = Vec::new();
         let mut others: Vec<Write> = Vec::new();
         let mut memories: Vec<Arc<ProcMemory>> = Vec::new();
@@ -583,7 +771,19 @@ impl RemoteStore {
                 memories.push(fs);
             }
         }
-        let others = others.into_iter().map(|w| (memories.iter().find(|x| x.who.pid == w.who.pid).expect("added above").clone(), w)).collect();
+        let others = others
+            .into_iter()
+            .map(|w| {
+                (
+                    memories
+                        .iter()
+                        .find(|x| x.who.pid == w.who.pid)
+                        .expect("added above")
+                        .clone(),
+                    w,
+                )
+            })
+            .collect();
         Ok((along, others))
     }
 }
@@ -603,7 +803,12 @@ impl Write {
         for o in set.writers(vpn).into_iter().filter(|o| Some(o.id) != skip) {
             match writes.iter_mut().find(|w| w.to.id == o.id && w.who.pid == who.pid) {
                 Some(w) => w.pages.push((vpn, sealed.clone())),
-                None => writes.push(Write { to: o.clone(), copies: set.distinct().len(), who: who.clone(), pages: vec![(vpn, sealed.clone())] }),
+                None => writes.push(Write {
+                    to: o.clone(),
+                    copies: set.distinct().len(),
+                    who: who.clone(),
+                    pages: vec![(vpn, sealed.clone())],
+                }),
             }
         }
     }
@@ -612,9 +817,18 @@ impl Write {
         match self.pages.len() {
             1 => {
                 let (vpn, data) = self.pages.pop().expect("one page");
-                P2M_FLUSH { who: self.who, vpn, data }.into()
+                P2M_FLUSH {
+                    who: self.who,
+                    vpn,
+                    data,
+                }
+                .into()
             }
-            _ => P2M_FLUSH_MANY { who: self.who, pages: self.pages }.into(),
+            _ => P2M_FLUSH_MANY {
+                who: self.who,
+                pages: self.pages,
+            }
+            .into(),
         }
     }
 }
@@ -623,7 +837,11 @@ impl Write {
 fn stored(o: &ComponentRef, r: Result<Msg, RpcError>) -> Result<(), RpcError> {
     match r? {
         Msg::OK(_) => Ok(()),
-        other => Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FLUSH", reply: other.name() }),
+        other => Err(RpcError::Protocol {
+            addr: o.addr.clone(),
+            request: "P2M_FLUSH",
+            reply: other.name(),
+        }),
     }
 }
 
@@ -653,7 +871,11 @@ impl PageStore for RemoteStore {
         let s = self.memory_of(pid)?;
         // Victims and pages a copy reaches go no further; the rest by message, together (the
         // pages copied first, in the order asked, so only while no victim needs a message).
-        let flushes: Vec<(u64, u64, &[u8])> = flushes.iter().filter(|(fpid, fvpn, d)| !self.memory_of(*fpid).is_ok_and(|fs| self.write_direct(&fs, *fvpn, d))).copied().collect();
+        let flushes: Vec<(u64, u64, &[u8])> = flushes
+            .iter()
+            .filter(|(fpid, fvpn, d)| !self.memory_of(*fpid).is_ok_and(|fs| self.write_direct(&fs, *fvpn, d)))
+            .copied()
+            .collect();
         let flushes = &flushes[..];
         let mut copied = Vec::new();
         let mut vpns = vpns;
@@ -675,22 +897,66 @@ impl PageStore for RemoteStore {
             // with the first.
             let mut stripes = vpns.chunks(vpns.len().div_ceil(self.links.min(vpns.len())));
             let head = stripes.next().expect("a batch has a page");
-            let striped: Vec<Msg> = stripes.map(|v| P2M_FETCH_MANY { who: who.clone(), vpns: v.to_vec() }.into()).collect();
+            let striped: Vec<Msg> = stripes
+                .map(|v| {
+                    P2M_FETCH_MANY {
+                        who: who.clone(),
+                        vpns: v.to_vec(),
+                    }
+                    .into()
+                })
+                .collect();
             let n_striped = striped.len();
             if n_striped > 0 {
                 metrics::counter!("pcomp_fetch_stripes_total").increment(n_striped as u64 + 1);
             }
             let (msg, what): (Msg, _) = match (&along[..], head) {
                 ([], [vpn]) => (P2M_FETCH { who, vpn: *vpn }.into(), "fetch"),
-                ([], _) => (P2M_FETCH_MANY { who, vpns: head.to_vec() }.into(), "fetch"),
-                ([(fwho, fvpn, data)], [vpn]) => (P2M_FLUSH_FETCH { who, fetch_vpn: *vpn, flush_who: fwho.clone(), flush_vpn: *fvpn, data: data.clone() }.into(), "write back and fetch"),
-                _ => (P2M_FLUSH_FETCH_MANY { who, vpns: head.to_vec(), flushes: along.clone() }.into(), "write back and fetch"),
+                ([], _) => (
+                    P2M_FETCH_MANY {
+                        who,
+                        vpns: head.to_vec(),
+                    }
+                    .into(),
+                    "fetch",
+                ),
+                ([(fwho, fvpn, data)], [vpn]) => (
+                    P2M_FLUSH_FETCH {
+                        who,
+                        fetch_vpn: *vpn,
+                        flush_who: fwho.clone(),
+                        flush_vpn: *fvpn,
+                        data: data.clone(),
+                    }
+                    .into(),
+                    "write back and fetch",
+                ),
+                _ => (
+                    P2M_FLUSH_FETCH_MANY {
+                        who,
+                        vpns: head.to_vec(),
+                        flushes: along.clone(),
+                    }
+                    .into(),
+                    "write back and fetch",
+                ),
             };
             // The fetch (with the victims riding along) and the victims' other copies, all
             // under way at once.
-            let (targets, msgs): (Vec<Target>, Vec<Msg>) =
-                std::iter::once(msg).chain(striped).map(|m| ((o.clone(), members, None), m)).chain(others.into_iter().map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg()))).unzip();
-            let calls: Vec<(&str, &Msg)> = targets.iter().zip(&msgs).map(|((t, _, _), m)| (t.addr.as_str(), m)).collect();
+            let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(msg)
+                .chain(striped)
+                .map(|m| ((o.clone(), members, None), m))
+                .chain(
+                    others
+                        .into_iter()
+                        .map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg())),
+                )
+                .unzip();
+            let calls: Vec<(&str, &Msg)> = targets
+                .iter()
+                .zip(&msgs)
+                .map(|((t, _, _), m)| (t.addr.as_str(), m))
+                .collect();
             let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
             let fetched: Vec<Result<Msg, RpcError>> = (&mut replies).take(1 + n_striped).collect();
             for ((t, copies, w), r) in targets.iter().skip(1 + n_striped).zip(replies) {
@@ -707,14 +973,25 @@ impl PageStore for RemoteStore {
                 }
             }
             // The stripes' pages in the order asked; the first failure stands for the batch.
-            let r = match fetched.into_iter().try_fold(M2P_PAGES { pages: Vec::with_capacity(vpns.len()) }, |mut all, m| {
-                match m? {
-                    Msg::M2P_PAGES(p) => all.pages.extend(p.pages),
-                    Msg::M2P_PAGE(p) => all.pages.push(p.data),
-                    other => return Err(RpcError::Protocol { addr: o.addr.clone(), request: "P2M_FETCH", reply: other.name() }),
-                }
-                Ok(all)
-            }) {
+            let r = match fetched.into_iter().try_fold(
+                M2P_PAGES {
+                    pages: Vec::with_capacity(vpns.len()),
+                },
+                |mut all, m| {
+                    match m? {
+                        Msg::M2P_PAGES(p) => all.pages.extend(p.pages),
+                        Msg::M2P_PAGE(p) => all.pages.push(p.data),
+                        other => {
+                            return Err(RpcError::Protocol {
+                                addr: o.addr.clone(),
+                                request: "P2M_FETCH",
+                                reply: other.name(),
+                            })
+                        }
+                    }
+                    Ok(all)
+                },
+            ) {
                 Ok(r) => r,
                 Err(e) if matches!(e.code(), ErrCode::NoMemory | ErrCode::ParityLost) && !along.is_empty() => {
                     // A victim riding along found the owner full (its vRegion moves), or its
@@ -751,7 +1028,10 @@ impl PageStore for RemoteStore {
             copied.extend(self.pages_of(&s, o, vpns, r)?);
             return Ok(copied);
         }
-        Err(ERR::new(ErrCode::Unreachable, format!("heap page {:#x}: its replica sets kept changing", page(first))))
+        Err(ERR::new(
+            ErrCode::Unreachable,
+            format!("heap page {:#x}: its replica sets kept changing", page(first)),
+        ))
     }
 
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {

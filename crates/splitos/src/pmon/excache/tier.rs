@@ -109,7 +109,13 @@ pub struct OldestFirst {
 
 impl OldestFirst {
     pub fn new(budget: u64) -> OldestFirst {
-        OldestFirst { budget, used: 0, slots: BTreeMap::new(), age: BTreeMap::new(), seq: 0 }
+        OldestFirst {
+            budget,
+            used: 0,
+            slots: BTreeMap::new(),
+            age: BTreeMap::new(),
+            seq: 0,
+        }
     }
 
     fn cost(e: &Entry) -> u64 {
@@ -147,14 +153,23 @@ impl VictimTier for OldestFirst {
         // Pinned entries are being written back: they stay, and may hold the tier over its
         // budget until that write-back ends.
         while self.used + need > self.budget {
-            let Some(k) = self.age.values().find(|k| !self.slots[*k].pinned).copied() else { break };
+            let Some(k) = self.age.values().find(|k| !self.slots[*k].pinned).copied() else {
+                break;
+            };
             let old = self.remove(k).expect("an aged entry is in the tier");
             out.push((k.0, k.1, old));
         }
         self.seq += 1;
         self.used += need;
         self.age.insert(self.seq, (pid, vpn));
-        self.slots.insert((pid, vpn), Slot { e, seq: self.seq, pinned: false });
+        self.slots.insert(
+            (pid, vpn),
+            Slot {
+                e,
+                seq: self.seq,
+                pinned: false,
+            },
+        );
         out
     }
 
@@ -207,7 +222,10 @@ mod tests {
     use super::*;
 
     fn entry(n: usize, dirty: bool) -> Entry {
-        Entry { packed: vec![7u8; n].into(), dirty }
+        Entry {
+            packed: vec![7u8; n].into(),
+            dirty,
+        }
     }
 
     #[test]
@@ -231,7 +249,10 @@ mod tests {
             })
             .collect();
         assert!(Lz4.pack(&noise).is_none(), "random bytes skip the tier");
-        assert!(Lz4.unpack(&packed[..packed.len() / 2], &mut back).is_err(), "a truncated entry is an error, not a page");
+        assert!(
+            Lz4.unpack(&packed[..packed.len() / 2], &mut back).is_err(),
+            "a truncated entry is an error, not a page"
+        );
     }
 
     #[test]
@@ -244,10 +265,17 @@ mod tests {
         assert_eq!(t.used(), 3 * per);
         assert_eq!(t.pin_dirty(1, 0, 1).len(), 1, "page 0 is being written back");
         let out = t.insert(2, 9, entry(100, true));
-        assert_eq!(out.iter().map(|p| (p.0, p.1, p.2.dirty)).collect::<Vec<_>>(), vec![(1, 1, false)], "the oldest unpinned entry goes");
+        assert_eq!(
+            out.iter().map(|p| (p.0, p.1, p.2.dirty)).collect::<Vec<_>>(),
+            vec![(1, 1, false)],
+            "the oldest unpinned entry goes"
+        );
         assert!(t.take(1, 0).is_none(), "a pinned entry is not taken");
         t.unpin(1, 0, true);
-        assert!(!t.has_dirty(1, 0, 1), "an acknowledged write-back leaves the entry clean");
+        assert!(
+            !t.has_dirty(1, 0, 1),
+            "an acknowledged write-back leaves the entry clean"
+        );
         assert!(t.take(1, 0).is_some_and(|e| !e.dirty));
         t.drop_range(1, 0, 100);
         assert_eq!((t.entries(), t.used()), (1, per));

@@ -31,7 +31,13 @@ pub struct PeerCred {
 impl PeerCred {
     pub fn of(s: &UnixStream) -> std::io::Result<PeerCred> {
         let c = splitos_rpc::fdpass::peer_cred(s)?;
-        Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid, groups: splitos_rpc::fdpass::peer_groups(s)?, pidfd: Arc::new(splitos_rpc::fdpass::peer_pidfd(s, c.pid)?) })
+        Ok(PeerCred {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+            groups: splitos_rpc::fdpass::peer_groups(s)?,
+            pidfd: Arc::new(splitos_rpc::fdpass::peer_pidfd(s, c.pid)?),
+        })
     }
 
     /// Whether the process that connected still exists (then nothing else has its pid).
@@ -43,7 +49,15 @@ impl PeerCred {
 /// Whether the process of a pidfd still exists (a zombie does: its pid is not free yet).
 pub fn alive(pidfd: &OwnedFd) -> bool {
     // SAFETY: signal 0 checks the process and sends nothing; the pidfd outlives the call.
-    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
 }
 
 /// The users and groups one vNode is granted to.
@@ -132,7 +146,11 @@ impl Grants {
     /// changed (made, deleted, or granted to others).
     pub fn replace(&self, version: u64, table: HashMap<String, Grant>) -> Vec<String> {
         let mut held = self.by_vnode.write().unwrap();
-        let mut changed: Vec<String> = held.iter().filter(|(v, g)| table.get(*v) != Some(g)).map(|(v, _)| v.clone()).collect();
+        let mut changed: Vec<String> = held
+            .iter()
+            .filter(|(v, g)| table.get(*v) != Some(g))
+            .map(|(v, _)| v.clone())
+            .collect();
         changed.extend(table.keys().filter(|v| !held.contains_key(*v)).cloned());
         *held = table;
         self.version.store(version, Ordering::Relaxed);
@@ -164,11 +182,22 @@ mod tests {
 
     fn who(uid: u32, gid: u32, groups: &[u32]) -> PeerCred {
         let pidfd = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
-        PeerCred { pid: 1, uid, gid, groups: groups.to_vec(), pidfd }
+        PeerCred {
+            pid: 1,
+            uid,
+            gid,
+            groups: groups.to_vec(),
+            pidfd,
+        }
     }
 
     fn vnode(name: &str, users: &[&str], groups: &[&str]) -> VnodeInfo {
-        VnodeInfo { name: name.into(), users: users.iter().map(|u| u.to_string()).collect(), groups: groups.iter().map(|g| g.to_string()).collect(), memory: None }
+        VnodeInfo {
+            name: name.into(),
+            users: users.iter().map(|u| u.to_string()).collect(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            memory: None,
+        }
     }
 
     fn grants(vnodes: &[VnodeInfo]) -> Grants {
@@ -179,12 +208,18 @@ mod tests {
 
     #[test]
     fn grants_admit_their_users_and_groups_and_root_only() {
-        let g = grants(&[vnode("lab", &["1001", "1002"], &["3000"]), vnode("solo", &["1003"], &[])]);
+        let g = grants(&[
+            vnode("lab", &["1001", "1002"], &["3000"]),
+            vnode("solo", &["1003"], &[]),
+        ]);
         assert!(g.may_use("lab", &who(1001, 1001, &[])));
         assert!(g.may_use("lab", &who(1500, 3000, &[])), "primary group");
         assert!(g.may_use("lab", &who(1500, 1500, &[7, 3000])), "supplementary group");
         assert!(!g.may_use("lab", &who(1003, 1003, &[])));
-        assert!(!g.may_use("other", &who(1001, 1001, &[])), "a vNode without grants is root's alone");
+        assert!(
+            !g.may_use("other", &who(1001, 1001, &[])),
+            "a vNode without grants is root's alone"
+        );
         assert!(g.may_use("other", &who(0, 0, &[])));
         assert!(g.may_use_any(&who(1003, 1003, &[])));
         assert!(!g.may_use_any(&who(1500, 1500, &[1, 2])));
@@ -192,12 +227,24 @@ mod tests {
 
     #[test]
     fn names_this_host_does_not_know_grant_nothing_and_changes_are_told() {
-        let g = grants(&[vnode("lab", &["root", "no-such-user-here"], &["root", "no-such-group-here"]), vnode("a/b", &["1"], &[])]);
+        let g = grants(&[
+            vnode("lab", &["root", "no-such-user-here"], &["root", "no-such-group-here"]),
+            vnode("a/b", &["1"], &[]),
+        ]);
         let lab = g.of("lab").unwrap();
-        assert_eq!((lab.uids.iter().copied().collect::<Vec<_>>(), lab.gids.iter().copied().collect::<Vec<_>>()), (vec![0], vec![0]));
+        assert_eq!(
+            (
+                lab.uids.iter().copied().collect::<Vec<_>>(),
+                lab.gids.iter().copied().collect::<Vec<_>>()
+            ),
+            (vec![0], vec![0])
+        );
         assert!(g.of("a/b").is_none(), "not a vNode name");
         assert_eq!(g.version(), 1);
-        let mut changed = g.replace(2, Grants::resolve(&[vnode("lab", &["root"], &["root"]), vnode("new", &["7"], &[])]));
+        let mut changed = g.replace(
+            2,
+            Grants::resolve(&[vnode("lab", &["root"], &["root"]), vnode("new", &["7"], &[])]),
+        );
         changed.sort();
         assert_eq!(changed, ["new"], "lab's grant is the same");
         let mut changed = g.replace(3, Grants::resolve(&[vnode("lab", &["8"], &[])]));
@@ -211,7 +258,27 @@ mod tests {
         let g = grants(&[vnode("lab", &["20", "10"], &["5"])]);
         let acl = g.of("lab").unwrap().acl();
         assert_eq!(u32::from_le_bytes(acl[..4].try_into().unwrap()), 2);
-        let entries: Vec<(u16, u16, u32)> = acl[4..].chunks(8).map(|e| (u16::from_le_bytes([e[0], e[1]]), u16::from_le_bytes([e[2], e[3]]), u32::from_le_bytes(e[4..8].try_into().unwrap()))).collect();
-        assert_eq!(entries, vec![(ACL_USER_OBJ, 7, u32::MAX), (ACL_USER, 7, 10), (ACL_USER, 7, 20), (ACL_GROUP_OBJ, 0, u32::MAX), (ACL_GROUP, 7, 5), (ACL_MASK, 7, u32::MAX), (ACL_OTHER, 0, u32::MAX)]);
+        let entries: Vec<(u16, u16, u32)> = acl[4..]
+            .chunks(8)
+            .map(|e| {
+                (
+                    u16::from_le_bytes([e[0], e[1]]),
+                    u16::from_le_bytes([e[2], e[3]]),
+                    u32::from_le_bytes(e[4..8].try_into().unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            entries,
+            vec![
+                (ACL_USER_OBJ, 7, u32::MAX),
+                (ACL_USER, 7, 10),
+                (ACL_USER, 7, 20),
+                (ACL_GROUP_OBJ, 0, u32::MAX),
+                (ACL_GROUP, 7, 5),
+                (ACL_MASK, 7, u32::MAX),
+                (ACL_OTHER, 0, u32::MAX)
+            ]
+        );
     }
 }

@@ -24,14 +24,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use serde_bytes::ByteBuf;
 use splitos_rpc::Request as RpcRequest;
 use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, NAME_MAX, PAGE_SIZE};
-use splitos_rpc::{P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC, P2M_FILE_WRITE};
-use splitos_rpc::{P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS, P2S_UNLINK, X2S_GETATTR, X2S_SYNC};
+use splitos_rpc::{
+    P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC,
+    P2M_FILE_WRITE,
+};
+use splitos_rpc::{
+    P2S_CREATE, P2S_DROP, P2S_LINK, P2S_LOOKUP, P2S_READDIR, P2S_READLINK, P2S_RENAME, P2S_SETATTR, P2S_STATFS,
+    P2S_UNLINK, X2S_GETATTR, X2S_SYNC,
+};
 
 use crate::config::check_vnode_name;
 use crate::node::Node;
@@ -145,14 +152,32 @@ fn xattr_reply(reply: ReplyXattr, bytes: &[u8], size: u32) {
 
 fn join(parent: &str, name: &OsStr) -> R<String> {
     let name = name.to_str().ok_or(Errno::EINVAL)?;
-    Ok(if parent == "/" { format!("/{name}") } else { format!("{parent}/{name}") })
+    Ok(if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    })
 }
 
 impl VnodeFs {
     pub fn new(vnode: String, node: Arc<Node>, grant: Option<Grant>) -> VnodeFs {
         let mut paths = HashMap::new();
         paths.insert(ROOT, "/".to_string());
-        VnodeFs { vnode, node, grant, st: Mutex::new(State { scomp: None, paths, lookups: HashMap::new(), caches: HashMap::new(), open: HashMap::new(), detached: HashSet::new(), listings: HashMap::new(), next_fh: 1 }) }
+        VnodeFs {
+            vnode,
+            node,
+            grant,
+            st: Mutex::new(State {
+                scomp: None,
+                paths,
+                lookups: HashMap::new(),
+                caches: HashMap::new(),
+                open: HashMap::new(),
+                detached: HashSet::new(),
+                listings: HashMap::new(),
+                next_fh: 1,
+            }),
+        }
     }
 
     /// The vNode's sComponent, as GSM placed it.
@@ -160,7 +185,9 @@ impl VnodeFs {
         if let Some(s) = self.st.lock().unwrap().scomp.clone() {
             return Ok(s);
         }
-        match self.node.call_gm(P2G_VNODE_STORAGE { vnode: self.vnode.clone() }) {
+        match self.node.call_gm(P2G_VNODE_STORAGE {
+            vnode: self.vnode.clone(),
+        }) {
             Ok(r) => {
                 self.st.lock().unwrap().scomp = Some(r.scomp.addr.clone());
                 Ok(r.scomp.addr)
@@ -197,7 +224,10 @@ impl VnodeFs {
         if let Some(m) = self.st.lock().unwrap().caches.get(&ino).cloned() {
             return Ok(m);
         }
-        match self.node.call_gm(P2G_FILE_CACHE { vnode: self.vnode.clone(), ino }) {
+        match self.node.call_gm(P2G_FILE_CACHE {
+            vnode: self.vnode.clone(),
+            ino,
+        }) {
             Ok(r) => {
                 self.st.lock().unwrap().caches.insert(ino, r.mcomp.addr.clone());
                 Ok(r.mcomp.addr)
@@ -216,7 +246,9 @@ impl VnodeFs {
             let (m, s) = (self.cache_of(ino)?, self.storage()?);
             match self.node.rpc.call(&m, req(s)) {
                 Ok(r) => return Ok(r),
-                Err(RpcError::Remote { code: ErrCode::Moved, .. }) => {
+                Err(RpcError::Remote {
+                    code: ErrCode::Moved, ..
+                }) => {
                     self.st.lock().unwrap().caches.remove(&ino);
                     std::thread::sleep(crate::node::HEARTBEAT);
                 }
@@ -241,7 +273,15 @@ impl VnodeFs {
     fn attr(&self, a: &FileAttr) -> fuser::FileAttr {
         let mut f = fuse_attr(a);
         if a.ino == ROOT {
-            (f.uid, f.gid, f.perm) = (0, 0, (if self.grant.is_some() { TOP_MODE } else { TOP_MODE & !0o070 }) as u16);
+            (f.uid, f.gid, f.perm) = (
+                0,
+                0,
+                (if self.grant.is_some() {
+                    TOP_MODE
+                } else {
+                    TOP_MODE & !0o070
+                }) as u16,
+            );
         }
         f
     }
@@ -249,7 +289,10 @@ impl VnodeFs {
     /// Attributes with the size and mtime the buffer cache knows, for files it holds.
     fn complete(&self, mut a: FileAttr) -> R<FileAttr> {
         if a.kind == FileKind::File {
-            let cached = self.m_call(a.ino, |_| P2M_FILE_STAT { vnode: self.vnode.clone(), ino: a.ino })?;
+            let cached = self.m_call(a.ino, |_| P2M_FILE_STAT {
+                vnode: self.vnode.clone(),
+                ino: a.ino,
+            })?;
             if let Some(size) = cached.size {
                 a.size = size;
                 a.mtime_ns = a.mtime_ns.max(cached.mtime_ns);
@@ -268,15 +311,39 @@ impl VnodeFs {
     }
 
     fn lookup_path(&self, path: String) -> R<FileAttr> {
-        let a = self.complete(self.s_call(P2S_LOOKUP { vnode: self.vnode.clone(), path: path.clone() })?.attr)?;
+        let a = self.complete(
+            self.s_call(P2S_LOOKUP {
+                vnode: self.vnode.clone(),
+                path: path.clone(),
+            })?
+            .attr,
+        )?;
         self.learn(path, &a);
         Ok(a)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn create_node(&self, req: &Request, parent: INodeNo, name: &OsStr, kind: FileKind, perm: u32, excl: bool, target: Option<String>) -> R<FileAttr> {
+    fn create_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: FileKind,
+        perm: u32,
+        excl: bool,
+        target: Option<String>,
+    ) -> R<FileAttr> {
         let path = join(&self.path(parent.0)?, name)?;
-        let m = self.s_call(P2S_CREATE { vnode: self.vnode.clone(), path: path.clone(), kind, perm, uid: req.uid(), gid: req.gid(), excl, target })?;
+        let m = self.s_call(P2S_CREATE {
+            vnode: self.vnode.clone(),
+            path: path.clone(),
+            kind,
+            perm,
+            uid: req.uid(),
+            gid: req.gid(),
+            excl,
+            target,
+        })?;
         let a = self.complete(m.attr)?;
         self.learn(path, &a);
         Ok(a)
@@ -328,8 +395,14 @@ impl VnodeFs {
     }
 
     fn free(&self, ino: u64) {
-        let _ = self.m_call(ino, |_| P2M_FILE_FORGET { vnode: self.vnode.clone(), ino });
-        if let Err(e) = self.s_call(P2S_DROP { vnode: self.vnode.clone(), ino }) {
+        let _ = self.m_call(ino, |_| P2M_FILE_FORGET {
+            vnode: self.vnode.clone(),
+            ino,
+        });
+        if let Err(e) = self.s_call(P2S_DROP {
+            vnode: self.vnode.clone(),
+            ino,
+        }) {
             tracing::warn!(vnode = %self.vnode, ino, error = ?e, "could not free a deleted file; the sComponent frees it when it restarts");
         }
         self.st.lock().unwrap().caches.remove(&ino);
@@ -344,9 +417,21 @@ impl VnodeFs {
 
     fn do_setattr(&self, ino: u64, size: Option<u64>, set: SetAttr) -> R<FileAttr> {
         if let Some(size) = size {
-            self.m_call(ino, |scomp| P2M_FILE_SETSIZE { scomp, vnode: self.vnode.clone(), ino, size })?;
+            self.m_call(ino, |scomp| P2M_FILE_SETSIZE {
+                scomp,
+                vnode: self.vnode.clone(),
+                ino,
+                size,
+            })?;
         }
-        let mut a = self.complete(self.s_call(P2S_SETATTR { vnode: self.vnode.clone(), ino, set: set.clone() })?.attr)?;
+        let mut a = self.complete(
+            self.s_call(P2S_SETATTR {
+                vnode: self.vnode.clone(),
+                ino,
+                set: set.clone(),
+            })?
+            .attr,
+        )?;
         if let Some(mt) = set.mtime_ns {
             // An explicit mtime (tar, touch -d) wins over the time of a buffered write.
             a.mtime_ns = mt;
@@ -357,10 +442,17 @@ impl VnodeFs {
     fn list(&self, ino: u64) -> R<Vec<(u64, FileType, String)>> {
         let path = self.path(ino)?;
         // The kernel answers ".." itself; its inode number here is only informative.
-        let mut out = vec![(ino, FileType::Directory, ".".to_string()), (ROOT, FileType::Directory, "..".to_string())];
+        let mut out = vec![
+            (ino, FileType::Directory, ".".to_string()),
+            (ROOT, FileType::Directory, "..".to_string()),
+        ];
         let mut after = None;
         loop {
-            let splitos_rpc::S2P_ENTRIES { entries, more } = self.s_call(P2S_READDIR { vnode: self.vnode.clone(), path: path.clone(), after: after.clone() })?;
+            let splitos_rpc::S2P_ENTRIES { entries, more } = self.s_call(P2S_READDIR {
+                vnode: self.vnode.clone(),
+                path: path.clone(),
+                after: after.clone(),
+            })?;
             after = entries.last().map(|e| e.name.clone());
             out.extend(entries.into_iter().map(|e| (e.ino, kind_of(e.kind), e.name)));
             if !more {
@@ -377,12 +469,18 @@ impl Filesystem for VnodeFs {
         let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         // The top directory's ACL is the vNode's door: a kernel that would not enforce it gets
         // no mount rather than one anyone may enter.
-        config.add_capabilities(InitFlags::FUSE_POSIX_ACL).map_err(|_| std::io::Error::other("this kernel's FUSE has no POSIX ACLs, which guard a vNode's files"))?;
+        config
+            .add_capabilities(InitFlags::FUSE_POSIX_ACL)
+            .map_err(|_| std::io::Error::other("this kernel's FUSE has no POSIX ACLs, which guard a vNode's files"))?;
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.path(parent.0).and_then(|p| join(&p, name)).and_then(|p| self.lookup_path(p)) {
+        match self
+            .path(parent.0)
+            .and_then(|p| join(&p, name))
+            .and_then(|p| self.lookup_path(p))
+        {
             Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -400,7 +498,13 @@ impl Filesystem for VnodeFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.s_call(X2S_GETATTR { vnode: self.vnode.clone(), ino: ino.0 }).and_then(|m| self.complete(m.attr)) {
+        match self
+            .s_call(X2S_GETATTR {
+                vnode: self.vnode.clone(),
+                ino: ino.0,
+            })
+            .and_then(|m| self.complete(m.attr))
+        {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(e),
         }
@@ -434,7 +538,13 @@ impl Filesystem for VnodeFs {
             // The top directory's owner and mode are the vNode's grants, not a program's to change.
             return reply.error(Errno::EPERM);
         }
-        let set = SetAttr { perm: mode.map(|m| m & 0o7777), uid, gid, atime_ns: t(atime), mtime_ns: t(mtime) };
+        let set = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            atime_ns: t(atime),
+            mtime_ns: t(mtime),
+        };
         match self.do_setattr(ino.0, size, set) {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(e),
@@ -442,13 +552,25 @@ impl Filesystem for VnodeFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.s_call(P2S_READLINK { vnode: self.vnode.clone(), ino: ino.0 }) {
+        match self.s_call(P2S_READLINK {
+            vnode: self.vnode.clone(),
+            ino: ino.0,
+        }) {
             Ok(r) => reply.data(r.target.as_bytes()),
             Err(e) => reply.error(e),
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
@@ -466,15 +588,31 @@ impl Filesystem for VnodeFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let Some(t) = target.to_str() else { return reply.error(Errno::EINVAL) };
-        match self.create_node(req, parent, link_name, FileKind::Symlink, 0o777, true, Some(t.to_string())) {
+        let Some(t) = target.to_str() else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.create_node(
+            req,
+            parent,
+            link_name,
+            FileKind::Symlink,
+            0o777,
+            true,
+            Some(t.to_string()),
+        ) {
             Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|path| self.s_call(P2S_UNLINK { vnode: self.vnode.clone(), path, dir: false }));
+        let r = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|path| {
+            self.s_call(P2S_UNLINK {
+                vnode: self.vnode.clone(),
+                path,
+                dir: false,
+            })
+        });
         match r {
             Ok(r) => {
                 self.detached(r.ino);
@@ -489,7 +627,11 @@ impl Filesystem for VnodeFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        match self.s_call(P2S_UNLINK { vnode: self.vnode.clone(), path: path.clone(), dir: true }) {
+        match self.s_call(P2S_UNLINK {
+            vnode: self.vnode.clone(),
+            path: path.clone(),
+            dir: true,
+        }) {
             Ok(_) => {
                 self.st.lock().unwrap().paths.retain(|_, p| *p != path);
                 reply.ok()
@@ -498,17 +640,34 @@ impl Filesystem for VnodeFs {
         }
     }
 
-    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         if flags.intersects(RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
-        let paths = self.path(parent.0).and_then(|p| join(&p, name)).and_then(|from| Ok((from, join(&self.path(newparent.0)?, newname)?)));
+        let paths = self
+            .path(parent.0)
+            .and_then(|p| join(&p, name))
+            .and_then(|from| Ok((from, join(&self.path(newparent.0)?, newname)?)));
         let (from, to) = match paths {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-        match self.s_call(P2S_RENAME { vnode: self.vnode.clone(), from: from.clone(), to: to.clone(), noreplace }) {
+        match self.s_call(P2S_RENAME {
+            vnode: self.vnode.clone(),
+            from: from.clone(),
+            to: to.clone(),
+            noreplace,
+        }) {
             Ok(splitos_rpc::S2P_DETACHED { ino }) => {
                 {
                     let mut st = self.st.lock().unwrap();
@@ -532,7 +691,14 @@ impl Filesystem for VnodeFs {
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let r = self.path(newparent.0).and_then(|p| join(&p, newname)).and_then(|to| {
-            let a = self.complete(self.s_call(P2S_LINK { vnode: self.vnode.clone(), ino: ino.0, to: to.clone() })?.attr)?;
+            let a = self.complete(
+                self.s_call(P2S_LINK {
+                    vnode: self.vnode.clone(),
+                    ino: ino.0,
+                    to: to.clone(),
+                })?
+                .attr,
+            )?;
             self.learn(to, &a);
             Ok(a)
         });
@@ -546,17 +712,50 @@ impl Filesystem for VnodeFs {
         reply.opened(FileHandle(self.open_fh(ino.0)), FopenFlags::FOPEN_DIRECT_IO);
     }
 
-    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| P2M_FILE_READ { scomp, vnode: self.vnode.clone(), ino, offset, len: size }) {
+        match self.m_call(ino, |scomp| P2M_FILE_READ {
+            scomp,
+            vnode: self.vnode.clone(),
+            ino,
+            offset,
+            len: size,
+        }) {
             Ok(r) => reply.data(&r.data),
             Err(e) => reply.error(e),
         }
     }
 
-    fn write(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, data: &[u8], _write_flags: fuser::WriteFlags, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, reply: ReplyWrite) {
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| P2M_FILE_WRITE { scomp, vnode: self.vnode.clone(), ino, offset, data: ByteBuf::from(data.to_vec()) }) {
+        match self.m_call(ino, |scomp| P2M_FILE_WRITE {
+            scomp,
+            vnode: self.vnode.clone(),
+            ino,
+            offset,
+            data: ByteBuf::from(data.to_vec()),
+        }) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
         }
@@ -566,7 +765,16 @@ impl Filesystem for VnodeFs {
         reply.ok();
     }
 
-    fn release(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, _lock: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         let free = {
             let mut st = self.st.lock().unwrap();
             let n = st.open.entry(ino.0).or_insert(1);
@@ -586,7 +794,11 @@ impl Filesystem for VnodeFs {
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| P2M_FILE_SYNC { scomp, vnode: self.vnode.clone(), ino }) {
+        match self.m_call(ino, |scomp| P2M_FILE_SYNC {
+            scomp,
+            vnode: self.vnode.clone(),
+            ino,
+        }) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -607,7 +819,9 @@ impl Filesystem for VnodeFs {
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let st = self.st.lock().unwrap();
-        let Some(entries) = st.listings.get(&fh.0) else { return reply.error(Errno::EBADF) };
+        let Some(entries) = st.listings.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
                 break;
@@ -622,18 +836,32 @@ impl Filesystem for VnodeFs {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        match self.s_call(X2S_SYNC { vnode: self.vnode.clone(), ino: None }) {
+        match self.s_call(X2S_SYNC {
+            vnode: self.vnode.clone(),
+            ino: None,
+        }) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.s_call(P2S_STATFS { vnode: self.vnode.clone() }) {
+        match self.s_call(P2S_STATFS {
+            vnode: self.vnode.clone(),
+        }) {
             Ok(r) => {
                 let block = PAGE_SIZE as u64;
                 let free = r.quota.saturating_sub(r.used) / block;
-                reply.statfs(r.quota / block, free, free, r.files, u32::MAX as u64, block as u32, NAME_MAX as u32, block as u32)
+                reply.statfs(
+                    r.quota / block,
+                    free,
+                    free,
+                    r.files,
+                    u32::MAX as u64,
+                    block as u32,
+                    NAME_MAX as u32,
+                    block as u32,
+                )
             }
             Err(e) => reply.error(e),
         }
@@ -652,13 +880,26 @@ impl Filesystem for VnodeFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let names = if ino.0 == ROOT && self.grant.is_some() { format!("{ACL_ACCESS}\0").into_bytes() } else { Vec::new() };
+        let names = if ino.0 == ROOT && self.grant.is_some() {
+            format!("{ACL_ACCESS}\0").into_bytes()
+        } else {
+            Vec::new()
+        };
         xattr_reply(reply, &names, size)
     }
 
     /// The sComponent keeps no extended attributes (as before POSIX ACLs were on: the kernel
     /// answers programs EOPNOTSUPP either way).
-    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
@@ -666,7 +907,16 @@ impl Filesystem for VnodeFs {
         reply.error(Errno::EOPNOTSUPP);
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         // Always exclusive at the sComponent: the kernel checks no permission on a file a
         // create opens, so a file that exists (made meanwhile through another pComponent) is
         // opened only after the checks an open would have made.
@@ -675,7 +925,9 @@ impl Filesystem for VnodeFs {
         // created again: O_CREAT never fails with ENOENT.
         for _ in 0..3 {
             made = match self.create_node(req, parent, name, FileKind::File, mode & !umask, true, None) {
-                Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => self.open_existing(req, parent, name, flags),
+                Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => {
+                    self.open_existing(req, parent, name, flags)
+                }
                 r => r,
             };
             if !matches!(made, Err(e) if e == Errno::ENOENT) {
@@ -685,7 +937,13 @@ impl Filesystem for VnodeFs {
         match made {
             Ok(a) => {
                 let fh = self.open_fh(a.ino);
-                reply.created(&TTL, &self.attr(&a), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+                reply.created(
+                    &TTL,
+                    &self.attr(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_DIRECT_IO,
+                )
             }
             Err(e) => reply.error(e),
         }
@@ -714,14 +972,22 @@ fn mount_point(dir: &Path) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if !m.is_dir() || m.uid() != me {
-        return Err(format!("mount point {} is not a directory of this pComponent's user (uid {me}): refusing to mount there", dir.display()));
+        return Err(format!(
+            "mount point {} is not a directory of this pComponent's user (uid {me}): refusing to mount there",
+            dir.display()
+        ));
     }
     Ok(())
 }
 
 impl Mounts {
     pub fn new(root: PathBuf, node: Arc<Node>, grants: Arc<Grants>) -> Mounts {
-        Mounts { root, node, grants, live: Mutex::new(HashMap::new()) }
+        Mounts {
+            root,
+            node,
+            grants,
+            live: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Mounts the vNode's file system (once) and returns its mount point.
@@ -732,17 +998,33 @@ impl Mounts {
         }
         check_vnode_name(vnode).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
         let fs = VnodeFs::new(vnode.to_string(), self.node.clone(), self.grants.of(vnode));
-        fs.storage().map_err(|_| ERR::new(ErrCode::Unreachable, format!("no sComponent is alive to store vNode {vnode:?}")))?;
+        fs.storage().map_err(|_| {
+            ERR::new(
+                ErrCode::Unreachable,
+                format!("no sComponent is alive to store vNode {vnode:?}"),
+            )
+        })?;
         let dir = self.root.join(vnode);
         unmount(&dir);
         mount_point(&dir).map_err(|e| ERR::new(ErrCode::Internal, e))?;
         let mut cfg = fuser::Config::default();
         // Users share the mount: a set-user-ID file or a device node there must grant nothing.
-        cfg.mount_options = vec![MountOption::FSName(format!("splitos:{vnode}")), MountOption::Subtype("splitos".into()), MountOption::DefaultPermissions, MountOption::NoSuid, MountOption::NoDev];
+        cfg.mount_options = vec![
+            MountOption::FSName(format!("splitos:{vnode}")),
+            MountOption::Subtype("splitos".into()),
+            MountOption::DefaultPermissions,
+            MountOption::NoSuid,
+            MountOption::NoDev,
+        ];
         // Every user reaches the mount; its top directory lets in only the vNode's (see above).
         cfg.acl = fuser::SessionACL::All;
         cfg.n_threads = Some(2);
-        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display())))?;
+        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|e| {
+            ERR::new(
+                ErrCode::Internal,
+                format!("cannot mount vNode {vnode:?} at {}: {e}", dir.display()),
+            )
+        })?;
         tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
         metrics::counter!("pcomp_vnode_mounts_total").increment(1);
         live.insert(vnode.to_string(), (dir.clone(), session));

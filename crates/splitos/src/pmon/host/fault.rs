@@ -33,7 +33,11 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
     let mut faults = Vec::with_capacity(16);
     while proc_.heap.alive() {
         faults.clear();
-        let poller = if follower.as_ref().is_some_and(Follower::beside) { &sleeping } else { &polling };
+        let poller = if follower.as_ref().is_some_and(Follower::beside) {
+            &sleeping
+        } else {
+            &polling
+        };
         if wait.next(&proc_.uffd, poller, 1000, &mut faults).is_none() {
             break;
         }
@@ -43,7 +47,13 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
             // faults are none of the heap's, and must not reach the shared ExCache.
             if !proc_.heap_range.contains(&f.addr) {
                 metrics::counter!("pcomp_fault_events_refused_total").increment(1);
-                p.miss.fail(&proc_.heap, &format!("a page fault at {:#x}, outside its heap region {:#x}..{:#x}, was refused", f.addr, proc_.heap_range.start, proc_.heap_range.end));
+                p.miss.fail(
+                    &proc_.heap,
+                    &format!(
+                        "a page fault at {:#x}, outside its heap region {:#x}..{:#x}, was refused",
+                        f.addr, proc_.heap_range.start, proc_.heap_range.end
+                    ),
+                );
                 break;
             }
             if let Some(fo) = &mut follower {

@@ -76,7 +76,15 @@ pub struct Follower {
 impl Follower {
     /// For the calling worker thread, serving the process `os_pid`.
     pub fn new(os_pid: i32) -> Follower {
-        Follower { os_pid, threads: HashMap::new(), place: Placement::new(), streak: (0, 0, 0), lead: None, apart_until: None, apart_for: APART_MIN }
+        Follower {
+            os_pid,
+            threads: HashMap::new(),
+            place: Placement::new(),
+            streak: (0, 0, 0),
+            lead: None,
+            apart_until: None,
+            apart_for: APART_MIN,
+        }
     }
 
     /// Whether the worker serves beside a faulting thread now: it then sleeps between faults,
@@ -92,7 +100,11 @@ impl Follower {
         let Some(at) = self.cpu_of(tid) else { return };
         let here = cpu::current() == Some(at);
         for s in stats {
-            let c = if here { &s.faults_on_faulting_cpu } else { &s.faults_off_faulting_cpu };
+            let c = if here {
+                &s.faults_on_faulting_cpu
+            } else {
+                &s.faults_off_faulting_cpu
+            };
             c.fetch_add(1, Relaxed);
         }
         if self.apart_until.is_some() {
@@ -116,7 +128,11 @@ impl Follower {
     /// The thread the worker sat beside was put on another CPU: serve from elsewhere for a
     /// while, longer if it did not stay long.
     fn part(&mut self, since: Instant, stats: [&RunStats; 2]) {
-        self.apart_for = if since.elapsed() < SETTLED { (self.apart_for * 2).min(APART_MAX) } else { APART_MIN };
+        self.apart_for = if since.elapsed() < SETTLED {
+            (self.apart_for * 2).min(APART_MAX)
+        } else {
+            APART_MIN
+        };
         self.apart_until = Some(Instant::now() + self.apart_for);
         self.lead = None;
         self.streak = (0, 0, 0);
@@ -168,7 +184,13 @@ impl Follower {
             None => {
                 let stat = File::open(format!("/proc/{}/task/{tid}/stat", self.os_pid)).ok()?;
                 let cpu = read_cpu(&stat);
-                self.threads.entry(tid).or_insert(Thread { stat, cpu, faults: 0, read: Instant::now(), check: 0 })
+                self.threads.entry(tid).or_insert(Thread {
+                    stat,
+                    cpu,
+                    faults: 0,
+                    read: Instant::now(),
+                    check: 0,
+                })
             }
         };
         t.faults += 1;
@@ -238,7 +260,11 @@ mod tests {
         if cpus.len() < 2 {
             use std::io::Write;
             // Past the harness's capture, which hides a passing test's output: the skip shows.
-            let _ = writeln!(std::io::stderr(), "SKIPPED: {}: needs two usable CPUs, has {cpus:?}", std::thread::current().name().unwrap_or("a test"));
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: {}: needs two usable CPUs, has {cpus:?}",
+                std::thread::current().name().unwrap_or("a test")
+            );
             return;
         }
         // A "faulting" thread that sits on the first CPU, then moves to the second when told.
@@ -269,7 +295,10 @@ mod tests {
         tid_rx.recv().unwrap();
         f.fault(tid, [&stats, &stats]);
         assert_eq!(stats.fault_worker_partings.load(Relaxed), 2, "counted in both totals");
-        assert!(!f.beside() && cpu::followed_at().is_none(), "serves from elsewhere, not followed");
+        assert!(
+            !f.beside() && cpu::followed_at().is_none(),
+            "serves from elsewhere, not followed"
+        );
         f.fault(tid, [&stats, &stats]);
         assert!(!f.settle(), "and does not move back at once");
         drop((done_tx, go_tx));

@@ -68,9 +68,23 @@ impl HeapFs {
         let fs = cvt(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) })?;
         // SAFETY: a fresh descriptor that nothing else owns.
         let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
-        for (k, v) in [(c"huge", c"advise"), (c"size", c"0"), (c"nr_inodes", c"0"), (c"mode", c"0700")] {
+        for (k, v) in [
+            (c"huge", c"advise"),
+            (c"size", c"0"),
+            (c"nr_inodes", c"0"),
+            (c"mode", c"0700"),
+        ] {
             // SAFETY: fsconfig(2) reads the two NUL-terminated strings during the call.
-            cvt(unsafe { libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), v.as_ptr(), 0) })?;
+            cvt(unsafe {
+                libc::syscall(
+                    libc::SYS_fsconfig,
+                    fs.as_raw_fd(),
+                    FSCONFIG_SET_STRING,
+                    k.as_ptr(),
+                    v.as_ptr(),
+                    0,
+                )
+            })?;
         }
         // SAFETY: fsconfig(2) without pointers: creates the superblock.
         cvt(unsafe { libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_CMD_CREATE, 0, 0, 0) })?;
@@ -85,7 +99,14 @@ impl HeapFs {
     /// A new, unnamed file for one program's heap.
     pub fn create(&self) -> io::Result<OwnedFd> {
         // SAFETY: openat(2) with a NUL-terminated path relative to our mount's root.
-        let fd = unsafe { libc::openat(self.root.as_raw_fd(), c".".as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
+        let fd = unsafe {
+            libc::openat(
+                self.root.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -104,7 +125,10 @@ impl HeapFs {
 /// from `fallocate`, covering pages around the range that may have left this pComponent (a
 /// touch would then read zeros instead of trapping); `force` does that on every mount.
 pub fn exact_fallocate(shmem_enabled: &str, on_heap_fs: bool) -> bool {
-    let chosen = shmem_enabled.split_whitespace().find_map(|w| w.strip_prefix('[')?.strip_suffix(']')).unwrap_or("never");
+    let chosen = shmem_enabled
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+        .unwrap_or("never");
     match chosen {
         "force" => false,
         "always" | "within_size" => on_heap_fs,
@@ -147,7 +171,11 @@ impl HugeHeap {
         if !exact_fallocate {
             tracing::warn!(shmem_enabled = setting.trim(), "fallocate on this heap may allocate huge pages beyond the pages asked for: fresh lines are installed instead of pre-allocated");
         }
-        HugeHeap { enabled: enabled && exact_fallocate, exact_fallocate, extents: Mutex::new(BTreeSet::new()) }
+        HugeHeap {
+            enabled: enabled && exact_fallocate,
+            exact_fallocate,
+            extents: Mutex::new(BTreeSet::new()),
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -186,7 +214,11 @@ impl HugeHeap {
     pub fn split(&self, uffd_fd: &OwnedFd, file: &OwnedFd, base: u64, vpn: u64, pages: u64) -> Result<u64, SplitError> {
         let end = vpn + pages;
         let mut extents = self.extents.lock().unwrap();
-        let partial: Vec<u64> = extents.range(vpn.saturating_sub(EXTENT - 1)..end).copied().filter(|e| *e < vpn || e + EXTENT > end).collect();
+        let partial: Vec<u64> = extents
+            .range(vpn.saturating_sub(EXTENT - 1)..end)
+            .copied()
+            .filter(|e| *e < vpn || e + EXTENT > end)
+            .collect();
         for &first in &partial {
             split_one(uffd_fd, file, base, first, vpn.max(first)..end.min(first + EXTENT))?;
             extents.remove(&first);
@@ -214,25 +246,55 @@ fn populate(file: &OwnedFd, off: u64) -> io::Result<()> {
     // Reserve twice the size so that a 2 MiB-aligned window fits inside, map the file there.
     let span = (2 * HUGE) as usize;
     // SAFETY: a fresh reservation at an address the kernel picks replaces nothing.
-    let r = unsafe { libc::mmap(std::ptr::null_mut(), span, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
+    let r = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
     if r == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
     let at = (r as u64).next_multiple_of(HUGE);
     let flags = libc::MAP_SHARED | libc::MAP_FIXED;
     // SAFETY: replaces part of the reservation just made, which nothing else uses.
-    let p = unsafe { libc::mmap(at as *mut libc::c_void, HUGE as usize, libc::PROT_READ | libc::PROT_WRITE, flags, file.as_raw_fd(), off as i64) };
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            HUGE as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            file.as_raw_fd(),
+            off as i64,
+        )
+    };
     let advise = |advice| {
         // SAFETY: advice on our own mapping of the file, which only we use.
-        (unsafe { libc::madvise(p, HUGE as usize, advice) } == 0).then_some(()).ok_or_else(io::Error::last_os_error)
+        (unsafe { libc::madvise(p, HUGE as usize, advice) } == 0)
+            .then_some(())
+            .ok_or_else(io::Error::last_os_error)
     };
-    let result = if p == libc::MAP_FAILED { Err(io::Error::last_os_error()) } else { advise(libc::MADV_HUGEPAGE).and_then(|()| advise(MADV_POPULATE_WRITE)) };
+    let result = if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        advise(libc::MADV_HUGEPAGE).and_then(|()| advise(MADV_POPULATE_WRITE))
+    };
     // SAFETY: unmaps the reservation and our window into the file; the pages stay in the file.
     unsafe { libc::munmap(r, span) };
     result
 }
 
-fn split_one(uffd_fd: &OwnedFd, file: &OwnedFd, base: u64, first: u64, drop: std::ops::Range<u64>) -> Result<(), SplitError> {
+fn split_one(
+    uffd_fd: &OwnedFd,
+    file: &OwnedFd,
+    base: u64,
+    first: u64,
+    drop: std::ops::Range<u64>,
+) -> Result<(), SplitError> {
     let (addr, off) = (first * PAGE, first * PAGE - base);
     // Writes trap from here on (the miss path lifts the protection of lines it holds writable),
     // so the copy below stays the current contents.
@@ -241,7 +303,14 @@ fn split_one(uffd_fd: &OwnedFd, file: &OwnedFd, base: u64, first: u64, drop: std
     let mut got = 0;
     while got < data.len() {
         // SAFETY: reads into the unfilled tail of our buffer.
-        let n = unsafe { libc::pread(file.as_raw_fd(), data[got..].as_mut_ptr() as *mut libc::c_void, data.len() - got, (off + got as u64) as i64) };
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                data[got..].as_mut_ptr() as *mut libc::c_void,
+                data.len() - got,
+                (off + got as u64) as i64,
+            )
+        };
         match n {
             n if n > 0 => got += n as usize,
             0 => return Err(SplitError::Kept(io::ErrorKind::UnexpectedEof.into())),

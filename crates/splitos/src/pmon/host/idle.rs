@@ -40,7 +40,11 @@ pub struct LatencyHold(Arc<CpuLatency>);
 
 impl CpuLatency {
     pub fn new(on: bool) -> Arc<CpuLatency> {
-        Arc::new(CpuLatency { on, held: Mutex::new((0, None)), stats: IdlePollStats::default() })
+        Arc::new(CpuLatency {
+            on,
+            held: Mutex::new((0, None)),
+            stats: IdlePollStats::default(),
+        })
     }
 
     /// Whether the request is in force now.

@@ -22,7 +22,11 @@ const CHUNKS: u64 = 8;
 
 impl HeapReuse {
     pub fn new(cap: u64) -> HeapReuse {
-        HeapReuse { kept: BTreeMap::new(), bytes: 0, cap }
+        HeapReuse {
+            kept: BTreeMap::new(),
+            bytes: 0,
+            cap,
+        }
     }
 
     /// How much to ask the home for when nothing kept fits an mmap of `len` bytes: a whole
@@ -61,7 +65,11 @@ impl HeapReuse {
 
     /// Takes `len` bytes with `prot` from the front of the lowest kept range that has them.
     pub fn take(&mut self, len: u64, prot: u32) -> Option<u64> {
-        let (start, klen) = self.kept.iter().find(|(_, (l, p))| *l >= len && *p == prot).map(|(s, (l, _))| (*s, *l))?;
+        let (start, klen) = self
+            .kept
+            .iter()
+            .find(|(_, (l, p))| *l >= len && *p == prot)
+            .map(|(s, (l, _))| (*s, *l))?;
         self.kept.remove(&start);
         if klen > len {
             self.kept.insert(start + len, (klen - len, prot));
@@ -71,12 +79,20 @@ impl HeapReuse {
     }
 
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
-        self.kept.range(..end).next_back().is_some_and(|(s, (len, _))| s + len > start)
+        self.kept
+            .range(..end)
+            .next_back()
+            .is_some_and(|(s, (len, _))| s + len > start)
     }
 
     /// Takes out one kept range that overlaps [start, end), to be unmapped at the home.
     pub fn take_overlapping(&mut self, start: u64, end: u64) -> Option<(u64, u64, u32)> {
-        let (s, (len, prot)) = self.kept.range(..end).rev().find(|(s, (len, _))| *s + len > start).map(|(s, k)| (*s, *k))?;
+        let (s, (len, prot)) = self
+            .kept
+            .range(..end)
+            .rev()
+            .find(|(s, (len, _))| *s + len > start)
+            .map(|(s, k)| (*s, *k))?;
         self.kept.remove(&s);
         self.bytes -= len;
         Some((s, len, prot))
@@ -99,7 +115,10 @@ mod tests {
         assert!(r.keep(10 << 20, 1 << 20, 3));
         assert!(r.keep(12 << 20, 1 << 20, 1));
         assert!(r.keep(14 << 20, 2 << 20, 3));
-        assert!(!r.keep(30 << 20, 4 << 20, 3), "larger than a chunk (an eighth of the cap)");
+        assert!(
+            !r.keep(30 << 20, 4 << 20, 3),
+            "larger than a chunk (an eighth of the cap)"
+        );
         assert!(!r.keep(10 << 20, 4096, 3), "already kept");
         assert_eq!(r.take(4 << 20, 3), None, "no range that large");
         assert_eq!(r.take(1 << 20, 1), Some(12 << 20));
@@ -128,7 +147,11 @@ mod tests {
         assert_eq!(r.take(0x1000, 1), Some(0x1bf000));
         assert!(!r.overlaps(0, u64::MAX), "every byte was handed out once");
         assert!(r.keep(0x100000, 0x1000, 3) && r.keep(0x102000, 0x1000, 3) && r.keep(0x101000, 0x1000, 3));
-        assert_eq!(r.take_overlapping(0x100000, 0x100001), Some((0x100000, 0x3000, 3)), "a hole filled joins both sides");
+        assert_eq!(
+            r.take_overlapping(0x100000, 0x100001),
+            Some((0x100000, 0x3000, 3)),
+            "a hole filled joins both sides"
+        );
     }
 
     #[test]

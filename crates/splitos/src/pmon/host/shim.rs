@@ -12,9 +12,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use splitos_rpc::refusals::Refusals;
-use splitos_rpc::{ErrCode, Refusal, Request, VmaInfo, Who, ERR, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE};
+use splitos_rpc::{
+    ErrCode, Refusal, Request, VmaInfo, Who, ERR, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP,
+    P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
+};
 use splitos_shim_abi::{
-    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
+    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM,
+    MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
     WELCOME_UFFD_DEV,
 };
 
@@ -43,7 +47,8 @@ fn vm_errno(e: &Refusal) -> i64 {
 pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
-    let l = UnixListener::bind(path).map_err(|e| anyhow::anyhow!("cannot listen for programs on {}: {e}", path.display()))?;
+    let l = UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("cannot listen for programs on {}: {e}", path.display()))?;
     // Every user may connect: the grants decide what a connection gets.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     std::thread::Builder::new().name("shim-accept".into()).spawn(move || {
@@ -51,7 +56,9 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
             match s {
                 Ok(s) => {
                     let p = p.clone();
-                    let _ = std::thread::Builder::new().name("shim".into()).spawn(move || p.serve_program(s));
+                    let _ = std::thread::Builder::new()
+                        .name("shim".into())
+                        .spawn(move || p.serve_program(s));
                 }
                 Err(e) => tracing::warn!(error = %e, "accepting a program failed"),
             }
@@ -89,7 +96,12 @@ pub(in crate::pmon) type SharedSlots<K = u32> = Arc<Mutex<Slots<K>>>;
 
 impl<K: Hash + Eq> Slots<K> {
     pub(in crate::pmon) fn new(max_total: usize, max_per_share: usize) -> SharedSlots<K> {
-        Arc::new(Mutex::new(Slots { total: 0, per_share: HashMap::new(), max_total, max_per_share }))
+        Arc::new(Mutex::new(Slots {
+            total: 0,
+            per_share: HashMap::new(),
+            max_total,
+            max_per_share,
+        }))
     }
 
     /// Slots held, by all users but root.
@@ -99,7 +111,8 @@ impl<K: Hash + Eq> Slots<K> {
 
     /// Whether `uid` would be refused a slot of `share` now.
     pub(in crate::pmon) fn full_for(&self, uid: u32, share: &K) -> bool {
-        uid != 0 && (self.total >= self.max_total || self.per_share.get(share).copied().unwrap_or(0) >= self.max_per_share)
+        uid != 0
+            && (self.total >= self.max_total || self.per_share.get(share).copied().unwrap_or(0) >= self.max_per_share)
     }
 }
 
@@ -154,7 +167,14 @@ enum Start {
 
 /// The welcome of a connection that gets nothing, with why (an errno).
 fn refused_welcome(s: &mut UnixStream, errno: i32) {
-    let w = Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: 0, refused: errno as u32, _pad: 0 };
+    let w = Welcome {
+        mark: WELCOME_MARK,
+        abi: SHIM_ABI_VERSION,
+        flags: 0,
+        uffd_features: 0,
+        refused: errno as u32,
+        _pad: 0,
+    };
     let _ = s.write_all(w.as_bytes());
 }
 
@@ -186,9 +206,22 @@ impl Pcomp {
     /// kernel's own accesses get theirs from it), and a file to back the heap with when heaps
     /// live on the private tmpfs (huge pages), else none and the shim creates a memfd.
     fn welcome(&self, s: &mut UnixStream) -> std::io::Result<()> {
-        let file = self.heap_fs.as_ref().and_then(|fs| fs.create().inspect_err(|e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages")).ok());
-        let mut w =
-            Welcome { mark: WELCOME_MARK, abi: SHIM_ABI_VERSION, flags: 0, uffd_features: self.cfg.dirty_tracking.uffd_features() | if self.sampling { uffd::FEATURE_MINOR_SHMEM } else { 0 }, refused: 0, _pad: 0 };
+        let file = self.heap_fs.as_ref().and_then(|fs| {
+            fs.create()
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages"),
+                )
+                .ok()
+        });
+        let mut w = Welcome {
+            mark: WELCOME_MARK,
+            abi: SHIM_ABI_VERSION,
+            flags: 0,
+            uffd_features: self.cfg.dirty_tracking.uffd_features()
+                | if self.sampling { uffd::FEATURE_MINOR_SHMEM } else { 0 },
+            refused: 0,
+            _pad: 0,
+        };
         let mut fds = Vec::new();
         if let Some(d) = &self.uffd_dev {
             w.flags |= WELCOME_UFFD_DEV;
@@ -205,7 +238,11 @@ impl Pcomp {
     fn refuse(&self, peer: &PeerCred, why: &str) {
         static REFUSED: Refusals = Refusals::new("refused a program-socket connection");
         if REFUSED.log_this(format_args!("uid {}", peer.uid)) {
-            tracing::warn!(uid = peer.uid, os_pid = peer.pid, "refused a program-socket connection: {why}");
+            tracing::warn!(
+                uid = peer.uid,
+                os_pid = peer.pid,
+                "refused a program-socket connection: {why}"
+            );
         }
         metrics::counter!("pcomp_program_connections_refused_total").increment(1);
     }
@@ -238,7 +275,13 @@ impl Pcomp {
             Err(e) => return self.refuse(&peer, &format!("a malformed hello: {e}")),
         };
         if hello.abi != SHIM_ABI_VERSION {
-            self.refuse(&peer, &format!("its shim speaks ABI version {}, this pComponent {SHIM_ABI_VERSION}", hello.abi));
+            self.refuse(
+                &peer,
+                &format!(
+                    "its shim speaks ABI version {}, this pComponent {SHIM_ABI_VERSION}",
+                    hello.abi
+                ),
+            );
             let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
             return;
         }
@@ -303,9 +346,24 @@ impl Pcomp {
             },
             token => Start::Forked(token),
         };
-        let (proc_, _program) = match s.try_clone().map_err(|e| ERR::new(ErrCode::Internal, e.to_string())).and_then(|conn| self.admit(&hello, &peer, uffd_fd, memfd, conn, start)) {
+        let (proc_, _program) = match s
+            .try_clone()
+            .map_err(|e| ERR::new(ErrCode::Internal, e.to_string()))
+            .and_then(|conn| self.admit(&hello, &peer, uffd_fd, memfd, conn, start))
+        {
             Ok((p, vmas, slot)) => {
-                let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok() && vmas.iter().all(|v| s.write_all(VmaRec { start: v.start, end: v.end, prot: v.prot as u64 }.as_bytes()).is_ok());
+                let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
+                    && vmas.iter().all(|v| {
+                        s.write_all(
+                            VmaRec {
+                                start: v.start,
+                                end: v.end,
+                                prot: v.prot as u64,
+                            }
+                            .as_bytes(),
+                        )
+                        .is_ok()
+                    });
                 if !ok {
                     self.exit_process(&p);
                     return;
@@ -320,7 +378,9 @@ impl Pcomp {
         };
         for i in 0..self.cfg.fault_workers.max(1) {
             let (p2, pr) = (self.clone(), proc_.clone());
-            let _ = std::thread::Builder::new().name(format!("fault{}.{i}", proc_.os_pid)).spawn(move || fault::worker(p2, pr));
+            let _ = std::thread::Builder::new()
+                .name(format!("fault{}.{i}", proc_.os_pid))
+                .spawn(move || fault::worker(p2, pr));
         }
         loop {
             let mut req = ShimReq::default();
@@ -332,7 +392,10 @@ impl Pcomp {
                 Ok((v, v2)) => (0, v, v2),
                 Err(e) => (-e, 0, 0),
             };
-            if matches!(Op::from_u32(req.op), Some(Op::Mmap | Op::Munmap | Op::Mprotect | Op::Dontneed | Op::Mremap)) {
+            if matches!(
+                Op::from_u32(req.op),
+                Some(Op::Mmap | Op::Munmap | Op::Mprotect | Op::Dontneed | Op::Mremap)
+            ) {
                 let ns = t0.elapsed().as_nanos() as u64;
                 for s in [&proc_.heap.stats, self.miss.total()] {
                     s.heap_calls.fetch_add(1, Relaxed);
@@ -384,14 +447,20 @@ impl Pcomp {
             }
             let sent = match Op::from_u32(req.op) {
                 Some(Op::RunStats) => match self.runs.lock().unwrap().get(&req.a).map(|r| (r.uid, r.stats.clone())) {
-                    Some((uid, run)) if uid == peer.uid || peer.uid == 0 => reply_bytes(&mut s, run.json().to_string().as_bytes()),
+                    Some((uid, run)) if uid == peer.uid || peer.uid == 0 => {
+                        reply_bytes(&mut s, run.json().to_string().as_bytes())
+                    }
                     // Another user's run is as unknown as one that never was.
                     _ => reply(&mut s, -(libc::ENOENT as i64), 0, 0),
                 },
                 _ => {
                     static ASKS: Refusals = Refusals::new("refused a launcher's request launchers do not make");
                     if ASKS.log_this(format_args!("uid {}", peer.uid)) {
-                        tracing::warn!(op = req.op, os_pid = peer.pid, "refused a launcher's request launchers do not make");
+                        tracing::warn!(
+                            op = req.op,
+                            os_pid = peer.pid,
+                            "refused a launcher's request launchers do not make"
+                        );
                     }
                     reply(&mut s, -(libc::ENOSYS as i64), 0, 0)
                 }
@@ -404,21 +473,43 @@ impl Pcomp {
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
     /// The process is the peer's, whatever the hello says. Returns its program slot with it.
-    fn admit(&self, h: &Hello, peer: &PeerCred, uffd_fd: OwnedFd, memfd: OwnedFd, conn: UnixStream, start: Start) -> Result<(Arc<Proc>, Vec<VmaInfo>, Slot), Refusal> {
+    fn admit(
+        &self,
+        h: &Hello,
+        peer: &PeerCred,
+        uffd_fd: OwnedFd,
+        memfd: OwnedFd,
+        conn: UnixStream,
+        start: Start,
+    ) -> Result<(Arc<Proc>, Vec<VmaInfo>, Slot), Refusal> {
         // Before anything exists for it: a program whose writes cannot be tracked is refused.
         let tracker = match self.cfg.dirty_tracking {
             DirtyTracking::Fault => None,
-            DirtyTracking::Scan => Some(Tracker::open(peer.pid, h.region_base).map_err(|e| ERR::new(ErrCode::Internal, format!("cannot track the writes of program {}: {e}", peer.pid)))?),
+            DirtyTracking::Scan => Some(Tracker::open(peer.pid, h.region_base).map_err(|e| {
+                ERR::new(
+                    ErrCode::Internal,
+                    format!("cannot track the writes of program {}: {e}", peer.pid),
+                )
+            })?),
         };
         // The pid is the process's only while it lives: one that connected and ended (its
         // pid perhaps another's now) is no program to serve. Checked after the page tables
         // above were opened by that pid.
         if !peer.alive() {
-            return Err(ERR::new(ErrCode::Denied, format!("process {} that connected has ended", peer.pid)));
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} that connected has ended", peer.pid),
+            ));
         }
         if !super::uffd::is_userfaultfd(&uffd_fd) {
             metrics::counter!("pcomp_fault_sources_refused_total").increment(1);
-            return Err(ERR::new(ErrCode::Invalid, format!("program {} handed over a descriptor that is not a userfaultfd as its heap's", peer.pid)));
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "program {} handed over a descriptor that is not a userfaultfd as its heap's",
+                    peer.pid
+                ),
+            ));
         }
         let (pid, child) = match start {
             Start::Forked(token) => {
@@ -435,9 +526,24 @@ impl Pcomp {
             Start::New { vnode, program } => {
                 let (run, interleave) = self.run_of(h.run_id, peer.uid);
                 let pid = crate::pmon::new_pid();
-                let G2P_HOME { mcomp: home, memory_quota } = self.node.call_gm(P2G_PICK_HOME { vnode: vnode.clone(), pcomp: self.node.id() })?;
+                let G2P_HOME {
+                    mcomp: home,
+                    memory_quota,
+                } = self.node.call_gm(P2G_PICK_HOME {
+                    vnode: vnode.clone(),
+                    pcomp: self.node.id(),
+                })?;
                 let who = Who::new(vnode, pid);
-                let created = self.node.rpc.call(&home.addr, P2M_PROC_CREATE { who: who.clone(), region_base: h.region_base, region_size: h.region_size, pcomp: self.node.id(), memory_quota })?;
+                let created = self.node.rpc.call(
+                    &home.addr,
+                    P2M_PROC_CREATE {
+                        who: who.clone(),
+                        region_base: h.region_base,
+                        region_size: h.region_size,
+                        pcomp: self.node.id(),
+                        memory_quota,
+                    },
+                )?;
                 (
                     pid,
                     PendingChild {
@@ -457,13 +563,23 @@ impl Pcomp {
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if stop < 0 {
-            return Err(ERR::new(ErrCode::Internal, format!("cannot create an eventfd: {}", std::io::Error::last_os_error())));
+            return Err(ERR::new(
+                ErrCode::Internal,
+                format!("cannot create an eventfd: {}", std::io::Error::last_os_error()),
+            ));
         }
         // SAFETY: `stop` is a fresh descriptor that nothing else owns.
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };
         let uffd = Arc::new(uffd_fd);
         let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
-        let region = UffdRegion { uffd: uffd.clone(), memfd, base: h.region_base, huge, tracker, pidfd: self.sampling.then(|| peer.pidfd.clone()) };
+        let region = UffdRegion {
+            uffd: uffd.clone(),
+            memfd,
+            base: h.region_base,
+            huge,
+            tracker,
+            pidfd: self.sampling.then(|| peer.pidfd.clone()),
+        };
         let heap = ProcHeap::new(pid, Box::new(region), child.run);
         let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse.0));
         let heap_range = h.region_base..h.region_base.saturating_add(h.region_size);
@@ -489,7 +605,9 @@ impl Pcomp {
             let mut procs = self.procs.lock().unwrap();
             procs.insert(pid, p.clone());
             // Two processes alive now with one pid are one process.
-            let same = |o: &Proc| o.pid != pid && o.os_pid == peer.pid && crate::pmon::fs::grants::alive(&o.pidfd) && peer.alive();
+            let same = |o: &Proc| {
+                o.pid != pid && o.os_pid == peer.pid && crate::pmon::fs::grants::alive(&o.pidfd) && peer.alive()
+            };
             procs.values().filter(|o| same(o)).cloned().collect()
         };
         // One program per process: a process says hello again after an exec, whose end of
@@ -519,12 +637,29 @@ impl Pcomp {
         let live: BTreeSet<u64> = self.procs.lock().unwrap().keys().copied().collect();
         let stale: Vec<(u64, PendingChild)> = {
             let mut pending = self.pending.lock().unwrap();
-            let old: Vec<u64> = pending.iter().filter(|(_, c)| c.since.elapsed().as_millis() > self.cfg.fork_timeout_ms.into() && !live.contains(&c.parent)).map(|(k, _)| *k).collect();
-            old.into_iter().filter_map(|k| pending.remove(&k).map(|c| (k, c))).collect()
+            let old: Vec<u64> = pending
+                .iter()
+                .filter(|(_, c)| {
+                    c.since.elapsed().as_millis() > self.cfg.fork_timeout_ms.into() && !live.contains(&c.parent)
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            old.into_iter()
+                .filter_map(|k| pending.remove(&k).map(|c| (k, c)))
+                .collect()
         };
         for (pid, c) in stale {
-            tracing::warn!(pid, parent = c.parent, "a forked child never said hello; its copy is dropped");
-            let _ = c.memory.call_home(&self.node, P2M_EXIT { who: c.memory.who.clone() });
+            tracing::warn!(
+                pid,
+                parent = c.parent,
+                "a forked child never said hello; its copy is dropped"
+            );
+            let _ = c.memory.call_home(
+                &self.node,
+                P2M_EXIT {
+                    who: c.memory.who.clone(),
+                },
+            );
         }
     }
 
@@ -535,7 +670,12 @@ impl Pcomp {
         self.procs.lock().unwrap().remove(&p.pid);
         self.miss.remove(&p.heap);
         self.store.detach(p.pid);
-        if let Err(e) = p.memory.call_home(&self.node, P2M_EXIT { who: p.memory.who.clone() }) {
+        if let Err(e) = p.memory.call_home(
+            &self.node,
+            P2M_EXIT {
+                who: p.memory.who.clone(),
+            },
+        ) {
             tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
         }
         tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
@@ -565,7 +705,14 @@ impl Pcomp {
     fn release_kept(&self, p: &Proc, start: u64, end: u64) -> Result<(), i64> {
         let mut kept = p.reuse.lock().unwrap();
         while let Some((s, len, prot)) = kept.take_overlapping(start, end) {
-            if let Err(e) = self.home_call(p, P2M_MUNMAP { who: p.memory.who.clone(), addr: s, len }) {
+            if let Err(e) = self.home_call(
+                p,
+                P2M_MUNMAP {
+                    who: p.memory.who.clone(),
+                    addr: s,
+                    len,
+                },
+            ) {
                 kept.put_back(s, len, prot);
                 return Err(e);
             }
@@ -576,7 +723,8 @@ impl Pcomp {
     fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
         // The shim sends only ranges in the heap region; anything else (an end past the end of
         // the address space included) is refused before it reaches the miss path.
-        let within = |a: u64, len: u64| a >= p.heap_range.start && a.checked_add(len).is_some_and(|e| e <= p.heap_range.end);
+        let within =
+            |a: u64, len: u64| a >= p.heap_range.start && a.checked_add(len).is_some_and(|e| e <= p.heap_range.end);
         let valid = match Op::from_u32(r.op) {
             Some(Op::Munmap) => r.b > 0 && within(r.a, r.b),
             Some(Op::Mprotect | Op::Dontneed) => within(r.a, r.b),
@@ -587,7 +735,13 @@ impl Pcomp {
         if !valid {
             static OUTSIDE: Refusals = Refusals::new("refused a memory call outside the heap region");
             if OUTSIDE.log_this(format_args!("uid {}", p.uid)) {
-                tracing::warn!(pid = p.pid, op = r.op, addr = r.a, len = r.b, "refused a memory call outside the heap region");
+                tracing::warn!(
+                    pid = p.pid,
+                    op = r.op,
+                    addr = r.a,
+                    len = r.b,
+                    "refused a memory call outside the heap region"
+                );
             }
             return Err(libc::EINVAL as i64);
         }
@@ -611,11 +765,28 @@ impl Pcomp {
                     let chunk = p.reuse.lock().unwrap().chunk_for(r.b);
                     if let Some(chunk) = chunk {
                         // A full home falls through to asking for the exact size.
-                        if let Ok(m) = self.home_call(p, P2M_MMAP { who: who.clone(), hint: 0, len: chunk, prot, fixed: false, noreserve }) {
+                        if let Ok(m) = self.home_call(
+                            p,
+                            P2M_MMAP {
+                                who: who.clone(),
+                                hint: 0,
+                                len: chunk,
+                                prot,
+                                fixed: false,
+                                noreserve,
+                            },
+                        ) {
                             p.memory.learn(&m.owners, m.epoch, m.backup.clone());
                             let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
                             if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
-                                self.home_call(p, P2M_MUNMAP { who: who.clone(), addr: rest, len: rest_len })?;
+                                self.home_call(
+                                    p,
+                                    P2M_MUNMAP {
+                                        who: who.clone(),
+                                        addr: rest,
+                                        len: rest_len,
+                                    },
+                                )?;
                             }
                             self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
                             return Ok((m.addr, m.prot as u64));
@@ -629,7 +800,19 @@ impl Pcomp {
                     let (f, e) = pages(r.a, r.b);
                     self.miss.discard_range(t, f, e);
                 }
-                let call = || self.home_call(p, P2M_MMAP { who: who.clone(), hint: r.a, len: r.b, prot, fixed, noreserve });
+                let call = || {
+                    self.home_call(
+                        p,
+                        P2M_MMAP {
+                            who: who.clone(),
+                            hint: r.a,
+                            len: r.b,
+                            prot,
+                            fixed,
+                            noreserve,
+                        },
+                    )
+                };
                 let m = match call() {
                     // What the home keeps mapped for reuse is accounted at the owners: give it back.
                     Err(e) if e == libc::ENOMEM as i64 && p.reuse.lock().unwrap().overlaps(0, u64::MAX) => {
@@ -657,7 +840,14 @@ impl Pcomp {
                     }
                 }
                 self.release_kept(p, r.a, end)?;
-                self.home_call(p, P2M_MUNMAP { who, addr: r.a, len: r.b })?;
+                self.home_call(
+                    p,
+                    P2M_MUNMAP {
+                        who,
+                        addr: r.a,
+                        len: r.b,
+                    },
+                )?;
                 self.miss.set_prot(p.pid, r.a, end, None);
                 Ok((0, 0))
             }
@@ -666,7 +856,15 @@ impl Pcomp {
                     // Part of the range is unmapped, as far as the program knows.
                     return Err(libc::ENOMEM as i64);
                 }
-                self.home_call(p, P2M_MPROTECT { who, addr: r.a, len: r.b, prot: r.c as u32 })?;
+                self.home_call(
+                    p,
+                    P2M_MPROTECT {
+                        who,
+                        addr: r.a,
+                        len: r.b,
+                        prot: r.c as u32,
+                    },
+                )?;
                 self.miss.set_prot(p.pid, r.a, r.a + r.b, Some(r.c as u32));
                 Ok((0, 0))
             }
@@ -675,7 +873,14 @@ impl Pcomp {
                 // Owners hold only pages that were written back: a range of lines that never
                 // left this pComponent (an allocator purging fresh memory) is answered here.
                 if self.miss.discard_range(t, f, e) {
-                    self.home_call(p, P2M_DONTNEED { who, addr: r.a, len: r.b })?;
+                    self.home_call(
+                        p,
+                        P2M_DONTNEED {
+                            who,
+                            addr: r.a,
+                            len: r.b,
+                        },
+                    )?;
                 } else {
                     self.count_local(p);
                 }
@@ -692,7 +897,17 @@ impl Pcomp {
                     let (tf, te) = pages(to, r.c);
                     self.miss.discard_range(t, tf, te);
                 }
-                let m = self.home_call(p, P2M_MREMAP { who, old: r.a, old_len: r.b, new_len: r.c, may_move: r.d & MREMAP_MAYMOVE != 0, fixed_to })?;
+                let m = self.home_call(
+                    p,
+                    P2M_MREMAP {
+                        who,
+                        old: r.a,
+                        old_len: r.b,
+                        new_len: r.c,
+                        may_move: r.d & MREMAP_MAYMOVE != 0,
+                        fixed_to,
+                    },
+                )?;
                 p.memory.learn(&m.owners, m.epoch, m.backup.clone());
                 self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
                 self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
@@ -709,7 +924,12 @@ impl Pcomp {
                     }
                 };
                 if let Some(c) = mine {
-                    let _ = c.memory.call_home(&self.node, P2M_EXIT { who: c.memory.who.clone() });
+                    let _ = c.memory.call_home(
+                        &self.node,
+                        P2M_EXIT {
+                            who: c.memory.who.clone(),
+                        },
+                    );
                 }
                 Ok((0, 0))
             }
@@ -733,7 +953,15 @@ impl Pcomp {
             // As fork(2) says when a user may not have more.
             return Err(libc::EAGAIN as i64);
         };
-        if self.pending.lock().unwrap().values().filter(|c| c.parent == p.pid).count() >= PENDING_PER_PARENT {
+        if self
+            .pending
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|c| c.parent == p.pid)
+            .count()
+            >= PENDING_PER_PARENT
+        {
             return Err(libc::EAGAIN as i64);
         }
         // The child's layout is the home's: it must not map what the parent unmapped.
@@ -743,13 +971,33 @@ impl Pcomp {
             libc::ENOMEM as i64
         })?;
         let child = crate::pmon::new_pid();
-        let forked = self.home_call(p, P2M_FORK { parent: p.memory.who.clone(), child })?;
-        let memory = Arc::new(ProcMemory::new(Who::new(p.memory.who.vnode.clone(), child), p.memory.home(), forked.backup.clone()));
+        let forked = self.home_call(
+            p,
+            P2M_FORK {
+                parent: p.memory.who.clone(),
+                child,
+            },
+        )?;
+        let memory = Arc::new(ProcMemory::new(
+            Who::new(p.memory.who.vnode.clone(), child),
+            p.memory.home(),
+            forked.backup.clone(),
+        ));
         memory.learn(&forked.owners, forked.epoch, forked.backup.clone());
         let materialized = self.miss.materialized_of(p.pid);
         self.pending.lock().unwrap().insert(
             child,
-            PendingChild { memory, run: p.heap.stats.clone(), interleave: self.miss.job_interleave(p.pid), vmas: forked.vmas, materialized, uid: p.uid, parent: p.pid, since: std::time::Instant::now(), program },
+            PendingChild {
+                memory,
+                run: p.heap.stats.clone(),
+                interleave: self.miss.job_interleave(p.pid),
+                vmas: forked.vmas,
+                materialized,
+                uid: p.uid,
+                parent: p.pid,
+                since: std::time::Instant::now(),
+                program,
+            },
         );
         Ok(child)
     }

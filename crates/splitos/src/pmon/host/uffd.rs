@@ -21,7 +21,8 @@ fn ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> io::Result<()> {
 /// other descriptor (a pipe, a file) would let a program write page-fault messages of its own,
 /// at addresses of its choosing, for the miss path to serve.
 pub fn is_userfaultfd(fd: &OwnedFd) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
 }
 
 pub enum Install {
@@ -36,7 +37,14 @@ pub enum Install {
 /// first write traps and marks the line dirty.
 pub fn copy(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Result<Install> {
     match copy_range(uffd_fd, addr, &data[..PAGE as usize], wp) {
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT)) => Ok(Install::Gone),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT)
+            ) =>
+        {
+            Ok(Install::Gone)
+        }
         r => r,
     }
 }
@@ -49,7 +57,13 @@ pub fn copy_range(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Re
     let mut one_by_one = false;
     while done < len {
         let chunk = if one_by_one { PAGE } else { len - done };
-        let mut c = uffd::Copy { dst: addr + done, src: data[done as usize..].as_ptr() as u64, len: chunk, mode: if wp { uffd::COPY_MODE_WP } else { 0 }, copy: 0 };
+        let mut c = uffd::Copy {
+            dst: addr + done,
+            src: data[done as usize..].as_ptr() as u64,
+            len: chunk,
+            mode: if wp { uffd::COPY_MODE_WP } else { 0 },
+            copy: 0,
+        };
         match ioctl(uffd_fd, uffd::UFFDIO_COPY, &mut c) {
             Ok(()) => done += chunk,
             // Part of the range went in before the error: go on from there.
@@ -76,7 +90,14 @@ pub fn map(uffd_fd: &OwnedFd, addr: u64, len: u64, wp: bool, wake: bool) -> io::
     let mode = if wp { uffd::CONTINUE_MODE_WP } else { 0 } | if wake { 0 } else { uffd::CONTINUE_MODE_DONTWAKE };
     let (mut done, mut result) = (0, Install::Done);
     while done < len {
-        let mut c = uffd::Continue { range: uffd::Range { start: addr + done, len: len - done }, mode, mapped: 0 };
+        let mut c = uffd::Continue {
+            range: uffd::Range {
+                start: addr + done,
+                len: len - done,
+            },
+            mode,
+            mapped: 0,
+        };
         match ioctl(uffd_fd, uffd::UFFDIO_CONTINUE, &mut c) {
             Ok(()) => done = len,
             Err(_) if c.mapped > 0 => done += c.mapped as u64,
@@ -104,10 +125,25 @@ pub fn map(uffd_fd: &OwnedFd, addr: u64, len: u64, wp: bool, wake: bool) -> io::
 pub fn unmap(pidfd: &OwnedFd, runs: &[(u64, u64)]) -> io::Result<()> {
     // The kernel takes at most IOV_MAX (1024) ranges per call.
     for chunk in runs.chunks(1024) {
-        let iov: Vec<libc::iovec> = chunk.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut _, iov_len: l as usize }).collect();
+        let iov: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|&(a, l)| libc::iovec {
+                iov_base: a as *mut _,
+                iov_len: l as usize,
+            })
+            .collect();
         // SAFETY: process_madvise(2) reads `iov` (valid for the call) and acts on the
         // program's address space, never on ours.
-        let r = unsafe { libc::syscall(libc::SYS_process_madvise, pidfd.as_raw_fd(), iov.as_ptr(), iov.len(), libc::MADV_PAGEOUT, 0) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_PAGEOUT,
+                0,
+            )
+        };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -123,7 +159,12 @@ pub fn cannot_unmap() -> Option<String> {
     if unsafe { libc::sysinfo(&mut si) } == 0 && si.totalswap > 0 {
         return Some("this host has swap, to which unmapping would write the ExCache's lines".into());
     }
-    let caps = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").and_then(|h| u64::from_str_radix(h.trim(), 16).ok())));
+    let caps = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        s.lines().find_map(|l| {
+            l.strip_prefix("CapEff:")
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+    });
     const CAP_SYS_NICE: u64 = 23;
     if caps.is_some_and(|c| c & (1 << CAP_SYS_NICE) == 0) {
         return Some("the pComponent lacks CAP_SYS_NICE, which unmapping another process's pages needs".into());
@@ -138,7 +179,10 @@ pub fn wake(uffd_fd: &OwnedFd, addr: u64, len: u64) {
 
 /// Sets or clears write protection of resident pages; clearing wakes writers waiting on it.
 pub fn write_protect(uffd_fd: &OwnedFd, addr: u64, len: u64, protect: bool) -> io::Result<()> {
-    let mut w = uffd::WriteProtect { range: uffd::Range { start: addr, len }, mode: if protect { uffd::WP_MODE_WP } else { 0 } };
+    let mut w = uffd::WriteProtect {
+        range: uffd::Range { start: addr, len },
+        mode: if protect { uffd::WP_MODE_WP } else { 0 },
+    };
     match ioctl(uffd_fd, uffd::UFFDIO_WRITEPROTECT, &mut w) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
         r => r,
@@ -148,7 +192,10 @@ pub fn write_protect(uffd_fd: &OwnedFd, addr: u64, len: u64, protect: bool) -> i
 /// Reads a resident page's current contents through the memfd.
 pub fn read_page(memfd: &OwnedFd, off: u64, buf: &mut [u8]) -> io::Result<()> {
     if buf.len() < PAGE as usize {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a page buffer is shorter than a page"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a page buffer is shorter than a page",
+        ));
     }
     // SAFETY: `buf` is writable for at least PAGE bytes (checked above) for the whole call.
     let n = unsafe { libc::pread(memfd.as_raw_fd(), buf.as_mut_ptr() as *mut _, PAGE as usize, off as i64) };
@@ -209,8 +256,14 @@ impl FaultWait {
         }
         // SAFETY: `ep` is a fresh descriptor that nothing else owns.
         let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-        for (fd, flags, tag) in [(uffd_fd, libc::EPOLLIN | libc::EPOLLEXCLUSIVE, 0u64), (stop, libc::EPOLLIN, 1)] {
-            let mut ev = libc::epoll_event { events: flags as u32, u64: tag };
+        for (fd, flags, tag) in [
+            (uffd_fd, libc::EPOLLIN | libc::EPOLLEXCLUSIVE, 0u64),
+            (stop, libc::EPOLLIN, 1),
+        ] {
+            let mut ev = libc::epoll_event {
+                events: flags as u32,
+                u64: tag,
+            };
             // SAFETY: `ev` is a valid epoll_event for the duration of the call.
             if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) } != 0 {
                 return Err(io::Error::last_os_error());
@@ -223,7 +276,13 @@ impl FaultWait {
     /// `None` when the process was told to stop.
     /// Polls the uffd first (a busy program faults again within microseconds, and a sleeping
     /// worker's vCPU is slow to wake).
-    pub fn next(&self, uffd_fd: &OwnedFd, poller: &splitos_rpc::poll::Poller, timeout_ms: i32, out: &mut Vec<Fault>) -> Option<()> {
+    pub fn next(
+        &self,
+        uffd_fd: &OwnedFd,
+        poller: &splitos_rpc::poll::Poller,
+        timeout_ms: i32,
+        out: &mut Vec<Fault>,
+    ) -> Option<()> {
         match poller.poll(|| (read_msgs(uffd_fd, out) > 0).then_some(())) {
             Ok(()) => Some(()),
             Err(pending) => {
@@ -241,7 +300,10 @@ impl FaultWait {
         if n <= 0 {
             return Some(());
         }
-        if evs[..n as usize].iter().any(|e| e.u64 == 1 || e.events & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0) {
+        if evs[..n as usize]
+            .iter()
+            .any(|e| e.u64 == 1 || e.events & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0)
+        {
             return None;
         }
         read_msgs(uffd_fd, out);
@@ -255,11 +317,21 @@ fn read_msgs(uffd_fd: &OwnedFd, out: &mut Vec<Fault>) -> usize {
     let mut msgs = [uffd::Msg::default(); 16];
     // SAFETY: `msgs` is writable for its whole size, and any bytes are a valid uffd::Msg
     // (plain integers).
-    let n = unsafe { libc::read(uffd_fd.as_raw_fd(), msgs.as_mut_ptr() as *mut _, std::mem::size_of_val(&msgs)) };
+    let n = unsafe {
+        libc::read(
+            uffd_fd.as_raw_fd(),
+            msgs.as_mut_ptr() as *mut _,
+            std::mem::size_of_val(&msgs),
+        )
+    };
     if n > 0 {
         for m in &msgs[..n as usize / std::mem::size_of::<uffd::Msg>()] {
             if m.event == uffd::EVENT_PAGEFAULT {
-                out.push(Fault { flags: m.flags, addr: m.address, tid: m.tid() });
+                out.push(Fault {
+                    flags: m.flags,
+                    addr: m.address,
+                    tid: m.tid(),
+                });
             }
         }
     }

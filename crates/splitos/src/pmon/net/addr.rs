@@ -12,12 +12,20 @@ pub fn parse(b: &[u8]) -> Result<SocketAddr, i32> {
     let family = u16::from_ne_bytes([b[0], b[1]]) as i32;
     let port = |b: &[u8]| u16::from_be_bytes([b[2], b[3]]);
     match family {
-        libc::AF_INET if b.len() >= 16 => Ok(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(b[4], b[5], b[6], b[7]), port(b)))),
+        libc::AF_INET if b.len() >= 16 => Ok(SocketAddr::V4(SocketAddrV4::new(
+            Ipv4Addr::new(b[4], b[5], b[6], b[7]),
+            port(b),
+        ))),
         libc::AF_INET6 if b.len() >= 28 => {
             let ip: [u8; 16] = b[8..24].try_into().expect("16 bytes");
             let flow = u32::from_ne_bytes(b[4..8].try_into().expect("4 bytes"));
             let scope = u32::from_ne_bytes(b[24..28].try_into().expect("4 bytes"));
-            Ok(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port(b), flow, scope)))
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port(b),
+                flow,
+                scope,
+            )))
         }
         libc::AF_INET | libc::AF_INET6 => Err(libc::EINVAL),
         _ => Err(libc::EAFNOSUPPORT),

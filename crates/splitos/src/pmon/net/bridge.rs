@@ -76,7 +76,13 @@ fn end_alive(ino: u64) -> bool {
     /// SOCK_DIAG_BY_FAMILY (linux/sock_diag.h).
     const BY_FAMILY: u16 = 20;
     let req = Req {
-        h: libc::nlmsghdr { nlmsg_len: std::mem::size_of::<Req>() as u32, nlmsg_type: BY_FAMILY, nlmsg_flags: libc::NLM_F_REQUEST as u16, nlmsg_seq: 1, nlmsg_pid: 0 },
+        h: libc::nlmsghdr {
+            nlmsg_len: std::mem::size_of::<Req>() as u32,
+            nlmsg_type: BY_FAMILY,
+            nlmsg_flags: libc::NLM_F_REQUEST as u16,
+            nlmsg_seq: 1,
+            nlmsg_pid: 0,
+        },
         family: libc::AF_UNIX as u8,
         protocol: 0,
         pad: 0,
@@ -88,13 +94,22 @@ fn end_alive(ino: u64) -> bool {
     };
     // SAFETY: a netlink socket, closed below; send and recv on live buffers of the sizes given.
     unsafe {
-        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG);
+        let fd = libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        );
         if fd < 0 {
             return false;
         }
         let mut buf = [0u8; 512];
-        let sent = libc::send(fd, (&req as *const Req).cast(), std::mem::size_of::<Req>(), 0) == std::mem::size_of::<Req>() as isize;
-        let n = if sent { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) } else { -1 };
+        let sent = libc::send(fd, (&req as *const Req).cast(), std::mem::size_of::<Req>(), 0)
+            == std::mem::size_of::<Req>() as isize;
+        let n = if sent {
+            libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0)
+        } else {
+            -1
+        };
         libc::close(fd);
         // The answer is the socket's description, or an error (ENOENT) once it is gone.
         n >= 16 && u16::from_ne_bytes([buf[4], buf[5]]) == BY_FAMILY
@@ -128,7 +143,13 @@ impl Hold {
         let mut len = 4 as libc::socklen_t;
         // SAFETY: get/setsockopt on a descriptor we hold, with live i32s of the size given.
         unsafe {
-            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&mut sndbuf as *mut i32).cast(), &mut len);
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&mut sndbuf as *mut i32).cast(),
+                &mut len,
+            );
             let least = 1i32;
             libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&least as *const i32).cast(), 4);
         }
@@ -150,7 +171,15 @@ impl Hold {
         // The kernel doubles what it is given; this gives back what was read.
         let half = self.sndbuf / 2;
         // SAFETY: setsockopt with a live i32 on a descriptor we hold.
-        unsafe { libc::setsockopt(self.theirs.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, (&half as *const i32).cast(), 4) };
+        unsafe {
+            libc::setsockopt(
+                self.theirs.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&half as *const i32).cast(),
+                4,
+            )
+        };
         let mut left = self.filler;
         let mut buf = [0u8; 256];
         while left > 0 {
@@ -175,7 +204,18 @@ impl NetStub {
                 (st.phase, st.shut_wr)
             };
             let reading = phase == Phase::Connected && !shut_wr;
-            let mut fds = [libc::pollfd { fd: s.mine.as_raw_fd(), events: if reading { libc::POLLIN } else { 0 }, revents: 0 }, libc::pollfd { fd: s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            let mut fds = [
+                libc::pollfd {
+                    fd: s.mine.as_raw_fd(),
+                    events: if reading { libc::POLLIN } else { 0 },
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: s.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
             // SAFETY: polls two live pollfds.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
             if n < 0 {
@@ -193,7 +233,14 @@ impl NetStub {
                 let mut end = false;
                 while got < buf.len() {
                     // SAFETY: reads into the unfilled tail of the live buffer.
-                    let n = unsafe { libc::recv(s.mine.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got, libc::MSG_DONTWAIT) };
+                    let n = unsafe {
+                        libc::recv(
+                            s.mine.as_raw_fd(),
+                            buf[got..].as_mut_ptr().cast(),
+                            buf.len() - got,
+                            libc::MSG_DONTWAIT,
+                        )
+                    };
                     if n <= 0 {
                         end = n == 0;
                         break;
@@ -217,7 +264,13 @@ impl NetStub {
                     } else if let Some(r) = remote {
                         self.end_remote(&r, false);
                     } else if let Some((at, id)) = s.skel() {
-                        let _ = self.call(&at, P2N_SHUTDOWN { sock: id, how: libc::SHUT_WR });
+                        let _ = self.call(
+                            &at,
+                            P2N_SHUTDOWN {
+                                sock: id,
+                                how: libc::SHUT_WR,
+                            },
+                        );
                     }
                 }
                 continue;
@@ -226,7 +279,11 @@ impl NetStub {
                 // Both directions shut down looks as closed to poll; the program may still hold
                 // the socket (and ask its names): look again in a second.
                 if end_alive(ino.1) {
-                    let mut w = libc::pollfd { fd: s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                    let mut w = libc::pollfd {
+                        fd: s.wake.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
                     // SAFETY: polls one live pollfd.
                     unsafe { libc::poll(&mut w, 1, 1000) };
                     continue;
@@ -252,18 +309,45 @@ impl NetStub {
         }
         let Some((at, id)) = s.skel() else { return false };
         let sent = match self.path {
-            NetPath::Ddio => self.until_taken(s, || self.call(&at, P2N_SEND { sock: id, data: ByteBuf::from(data.to_vec()) })),
+            NetPath::Ddio => self.until_taken(s, || {
+                self.call(
+                    &at,
+                    P2N_SEND {
+                        sock: id,
+                        data: ByteBuf::from(data.to_vec()),
+                    },
+                )
+            }),
             // The bytes go to memory first (the ExCache's flush, step 2 of the paper's
             // figure 5), and the nComponent takes them from there.
             NetPath::Dma => self.dma_bufs(s).and_then(|b| {
-                self.call(&b.mcomp, P2M_NETBUF_WRITE { buf: b.tx, offset: 0, data: ByteBuf::from(data.to_vec()) })?;
-                self.until_taken(s, || self.call(&at, P2N_SEND_DMA { sock: id, mcomp: b.mcomp.clone(), buf: b.tx, offset: 0, len: data.len() as u32 }))
+                self.call(
+                    &b.mcomp,
+                    P2M_NETBUF_WRITE {
+                        buf: b.tx,
+                        offset: 0,
+                        data: ByteBuf::from(data.to_vec()),
+                    },
+                )?;
+                self.until_taken(s, || {
+                    self.call(
+                        &at,
+                        P2N_SEND_DMA {
+                            sock: id,
+                            mcomp: b.mcomp.clone(),
+                            buf: b.tx,
+                            offset: 0,
+                            len: data.len() as u32,
+                        },
+                    )
+                })
             }),
         };
         match sent {
             Ok(()) => {
                 self.c.bytes_sent.fetch_add(data.len() as u64, Relaxed);
-                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => self.path.to_string()).increment(data.len() as u64);
+                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => self.path.to_string())
+                    .increment(data.len() as u64);
                 true
             }
             Err(e) => {
@@ -289,7 +373,8 @@ impl NetStub {
                 Ok(r) if r.data.is_empty() => {}
                 Ok(r) => {
                     self.c.bytes_received.fetch_add(r.data.len() as u64, Relaxed);
-                    metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => self.path.to_string()).increment(r.data.len() as u64);
+                    metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => self.path.to_string())
+                        .increment(r.data.len() as u64);
                     if write_all(&s.mine, &r.data).is_err() {
                         return;
                     }
@@ -321,11 +406,40 @@ impl NetStub {
     /// buffer the nComponent wrote them to.
     fn receive(&self, s: &Sock, at: &str, id: u64) -> Result<N2P_DATA, i32> {
         match self.path {
-            NetPath::Ddio => self.wait_call(at, P2N_RECV { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS }),
+            NetPath::Ddio => self.wait_call(
+                at,
+                P2N_RECV {
+                    sock: id,
+                    max: CHUNK as u32,
+                    wait_ms: WAIT_MS,
+                },
+            ),
             NetPath::Dma => {
                 let b = self.dma_bufs(s)?;
-                let r = self.wait_call(at, P2N_RECV_DMA { sock: id, max: CHUNK as u32, wait_ms: WAIT_MS, mcomp: b.mcomp.clone(), buf: b.rx, offset: 0 })?;
-                let data = if r.len > 0 { self.call(&b.mcomp, P2M_NETBUF_READ { buf: b.rx, offset: 0, len: r.len })?.data } else { ByteBuf::new() };
+                let r = self.wait_call(
+                    at,
+                    P2N_RECV_DMA {
+                        sock: id,
+                        max: CHUNK as u32,
+                        wait_ms: WAIT_MS,
+                        mcomp: b.mcomp.clone(),
+                        buf: b.rx,
+                        offset: 0,
+                    },
+                )?;
+                let data = if r.len > 0 {
+                    self.call(
+                        &b.mcomp,
+                        P2M_NETBUF_READ {
+                            buf: b.rx,
+                            offset: 0,
+                            len: r.len,
+                        },
+                    )?
+                    .data
+                } else {
+                    ByteBuf::new()
+                };
                 Ok(N2P_DATA { data, eof: r.eof })
             }
         }
@@ -344,7 +458,13 @@ impl NetStub {
             if s.closed.load(Relaxed) {
                 return;
             }
-            match self.wait_call(&at, P2N_ACCEPT { sock: id, wait_ms: WAIT_MS }) {
+            match self.wait_call(
+                &at,
+                P2N_ACCEPT {
+                    sock: id,
+                    wait_ms: WAIT_MS,
+                },
+            ) {
                 Ok(r) => {
                     self.c.accepts.fetch_add(1, Relaxed);
                     let made = self.new_sock(s.spec.clone(), Phase::Connected, Some((at.clone(), r.sock)));

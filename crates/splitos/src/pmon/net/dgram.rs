@@ -86,7 +86,8 @@ pub fn make_dir(shim_sock: &Path) -> Option<PathBuf> {
         return None;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let made = std::fs::create_dir_all(&dir).and_then(|_| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)));
+    let made = std::fs::create_dir_all(&dir)
+        .and_then(|_| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)));
     match made {
         Ok(()) => Some(dir),
         Err(e) => {
@@ -133,7 +134,13 @@ impl Dgram {
         }
         if st.senders.len() >= SENDERS {
             let peer = st.peer;
-            if let Some(old) = st.senders.iter().filter(|(k, _)| Some(**k) != peer).min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) {
+            if let Some(old) = st
+                .senders
+                .iter()
+                .filter(|(k, _)| Some(**k) != peer)
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| *k)
+            {
                 st.senders.remove(&old);
                 open.fetch_sub(1, Relaxed);
                 let _ = std::fs::remove_file(name_for(&self.path, old));
@@ -175,7 +182,9 @@ impl Dgram {
     /// Whether the program still holds its end: connecting to its name finds it (EPERM: it is
     /// connected to its peer's sender, and there).
     fn alive(&self) -> bool {
-        let Ok(probe) = UnixDatagram::unbound() else { return true };
+        let Ok(probe) = UnixDatagram::unbound() else {
+            return true;
+        };
         match probe.connect(&self.path) {
             Ok(()) => true,
             Err(e) => e.raw_os_error() == Some(libc::EPERM),
@@ -201,11 +210,22 @@ impl NetStub {
         let theirs = UnixDatagram::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let id = addr::inode(theirs.as_fd().as_raw_fd())?;
-        let d = Arc::new(Dgram { spec, slot: Mutex::default(), path, st: Mutex::default(), wake: bridge::waker()?, closed: AtomicBool::new(false), error: AtomicI32::new(0), binding: Mutex::new(()) });
+        let d = Arc::new(Dgram {
+            spec,
+            slot: Mutex::default(),
+            path,
+            st: Mutex::default(),
+            wake: bridge::waker()?,
+            closed: AtomicBool::new(false),
+            error: AtomicI32::new(0),
+            binding: Mutex::new(()),
+        });
         self.dgrams.lock().unwrap().insert(id, d.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let stub = self.clone();
-        let spawned = std::thread::Builder::new().name("net-udp-up".into()).spawn(move || stub.dgram_up(id, &d));
+        let spawned = std::thread::Builder::new()
+            .name("net-udp-up".into())
+            .spawn(move || stub.dgram_up(id, &d));
         if let Err(e) = spawned {
             self.dgrams.lock().unwrap().remove(&id);
             return Err(e);
@@ -219,7 +239,11 @@ impl NetStub {
         let start = !std::mem::replace(&mut d.st.lock().unwrap().receiving, true);
         if start {
             let (stub, d2) = (self.clone(), d.clone());
-            if std::thread::Builder::new().name("net-udp-down".into()).spawn(move || stub.dgram_down(&d2)).is_err() {
+            if std::thread::Builder::new()
+                .name("net-udp-down".into())
+                .spawn(move || stub.dgram_down(&d2))
+                .is_err()
+            {
                 d.st.lock().unwrap().receiving = false;
                 return Err(libc::EAGAIN);
             }
@@ -242,7 +266,14 @@ impl NetStub {
     }
 
     /// One socket call on a datagram socket; `fd` is the program's end.
-    pub(super) fn on_dgram(self: &Arc<Self>, op: splitos_shim_abi::NetOp, d: &Arc<Dgram>, req: &splitos_shim_abi::NetReq, fd: OwnedFd, resp: &mut splitos_shim_abi::NetResp) -> Result<super::Answer, i32> {
+    pub(super) fn on_dgram(
+        self: &Arc<Self>,
+        op: splitos_shim_abi::NetOp,
+        d: &Arc<Dgram>,
+        req: &splitos_shim_abi::NetReq,
+        fd: OwnedFd,
+        resp: &mut splitos_shim_abi::NetResp,
+    ) -> Result<super::Answer, i32> {
         use splitos_shim_abi::NetOp;
         let data = &req.data[..(req.len as usize).min(req.data.len())];
         match op {
@@ -266,7 +297,8 @@ impl NetStub {
                 let (at, id) = self.dgram_skel(d)?;
                 let local = self.call(&at, P2N_CONNECT { sock: id, addr: a })?.addr;
                 let a = key(a);
-                d.sender(a, &self.senders_open).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+                d.sender(a, &self.senders_open)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 connect_fd(&fd, Some(&name_for(&d.path, a)))?;
                 let mut st = d.st.lock().unwrap();
                 st.peer = Some(a);
@@ -278,9 +310,16 @@ impl NetStub {
                 let a = addr::parse(data)?;
                 // A socket's first send gives it a port, as the kernel's sendto does, before
                 // the program can ask for its name.
-                let any: SocketAddr = if d.spec.family == libc::AF_INET6 { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("an address");
+                let any: SocketAddr = if d.spec.family == libc::AF_INET6 {
+                    "[::]:0"
+                } else {
+                    "0.0.0.0:0"
+                }
+                .parse()
+                .expect("an address");
                 self.dgram_bind(d, any)?;
-                d.sender(a, &self.senders_open).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+                d.sender(a, &self.senders_open)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 Ok(super::Answer::Ret(0))
             }
             NetOp::SockName | NetOp::PeerName => {
@@ -319,9 +358,26 @@ impl NetStub {
         let mut buf = vec![0u8; splitos_shim_abi::NET_UDP_MAX + 1];
         let mut last_probe = Instant::now();
         loop {
-            let senders: Vec<(SocketAddr, Arc<UnixDatagram>)> = d.st.lock().unwrap().senders.iter().map(|(a, (s, _))| (*a, s.clone())).collect();
-            let mut fds: Vec<libc::pollfd> = senders.iter().map(|(_, s)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
-            fds.push(libc::pollfd { fd: d.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            let senders: Vec<(SocketAddr, Arc<UnixDatagram>)> =
+                d.st.lock()
+                    .unwrap()
+                    .senders
+                    .iter()
+                    .map(|(a, (s, _))| (*a, s.clone()))
+                    .collect();
+            let mut fds: Vec<libc::pollfd> = senders
+                .iter()
+                .map(|(_, s)| libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            fds.push(libc::pollfd {
+                fd: d.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
             // SAFETY: polls live pollfds, as many as given.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, PROBE.as_millis() as i32) };
             if fds.last().is_some_and(|w| w.revents & libc::POLLIN != 0) {
@@ -340,10 +396,14 @@ impl NetStub {
                     *used = Instant::now();
                 }
                 while bytes < BATCH {
-                    let Ok((n, from)) = recv_from_nb(s, &mut buf) else { break };
+                    let Ok((n, from)) = recv_from_nb(s, &mut buf) else {
+                        break;
+                    };
                     if from.as_deref() != Some(d.path.as_path()) {
                         self.c.refused.fetch_add(1, Relaxed);
-                        static STRANGERS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("dropped a datagram sent to a program's UDP socket by someone else");
+                        static STRANGERS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new(
+                            "dropped a datagram sent to a program's UDP socket by someone else",
+                        );
                         if STRANGERS.log_this(format_args!("vNode {}", d.spec.vnode)) {
                             tracing::warn!(vnode = %d.spec.vnode, "dropped a datagram sent to a program's UDP socket by someone else");
                         }
@@ -356,7 +416,10 @@ impl NetStub {
                     bytes += n;
                     // The connected peer's: as the kernel's send(2) on the connected socket.
                     let to = (Some(*a) != peer).then_some(*a);
-                    grams.push(Datagram { addr: to, data: ByteBuf::from(buf[..n].to_vec()) });
+                    grams.push(Datagram {
+                        addr: to,
+                        data: ByteBuf::from(buf[..n].to_vec()),
+                    });
                 }
             }
             if !grams.is_empty() {
@@ -378,7 +441,9 @@ impl NetStub {
 
     fn send_grams(self: &Arc<Self>, d: &Arc<Dgram>, grams: Vec<Datagram>, bytes: usize) {
         let n = grams.len() as u64;
-        let sent = self.dgram_skel(d).and_then(|(at, sock)| self.call(&at, P2N_SENDTO { sock, grams }));
+        let sent = self
+            .dgram_skel(d)
+            .and_then(|(at, sock)| self.call(&at, P2N_SENDTO { sock, grams }));
         match sent {
             Ok(_) => {
                 self.c.grams_sent.fetch_add(n, Relaxed);
@@ -398,8 +463,17 @@ impl NetStub {
     fn dgram_down(self: &Arc<Self>, d: &Arc<Dgram>) {
         let mut fails = 0u32;
         while !d.closed.load(Relaxed) {
-            let Some((at, sock)) = d.slot.lock().unwrap().at.clone() else { return };
-            let grams = match self.wait_call(&at, P2N_RECVFROM { sock, max: BATCH as u32, wait_ms: WAIT_MS }) {
+            let Some((at, sock)) = d.slot.lock().unwrap().at.clone() else {
+                return;
+            };
+            let grams = match self.wait_call(
+                &at,
+                P2N_RECVFROM {
+                    sock,
+                    max: BATCH as u32,
+                    wait_ms: WAIT_MS,
+                },
+            ) {
                 Ok(r) => {
                     fails = 0;
                     r.grams
@@ -409,7 +483,10 @@ impl NetStub {
                         return;
                     }
                     // An ICMP error for an earlier send: the program's SO_ERROR says it.
-                    if matches!(e, libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::EMSGSIZE) {
+                    if matches!(
+                        e,
+                        libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::EMSGSIZE
+                    ) {
                         d.error.store(e, Relaxed);
                         continue;
                     }
@@ -423,8 +500,11 @@ impl NetStub {
             for g in grams {
                 let Some(from) = g.addr else { continue };
                 self.c.bytes_received.fetch_add(g.data.len() as u64, Relaxed);
-                metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => "ddio").increment(g.data.len() as u64);
-                let delivered = d.sender(from, &self.senders_open).and_then(|s| s.send_to(&g.data, &d.path));
+                metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => "ddio")
+                    .increment(g.data.len() as u64);
+                let delivered = d
+                    .sender(from, &self.senders_open)
+                    .and_then(|s| s.send_to(&g.data, &d.path));
                 match delivered {
                     Ok(_) => {
                         self.c.grams_received.fetch_add(1, Relaxed);
@@ -463,7 +543,13 @@ fn connect_fd(fd: &OwnedFd, to: Option<&Path>) -> Result<(), i32> {
         }
     };
     // SAFETY: connect(2) reads `len` bytes of the live sockaddr_un.
-    let r = unsafe { libc::connect(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len as libc::socklen_t) };
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
     if r != 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
     }
@@ -477,7 +563,16 @@ fn recv_from_nb(s: &UnixDatagram, buf: &mut [u8]) -> std::io::Result<(usize, Opt
     let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
     // SAFETY: recvfrom writes at most buf.len() bytes and `len` bytes of address into live
     // values; MSG_TRUNC makes it say a datagram's whole length.
-    let n = unsafe { libc::recvfrom(s.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC, (&mut sa as *mut libc::sockaddr_un).cast(), &mut len) };
+    let n = unsafe {
+        libc::recvfrom(
+            s.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            (&mut sa as *mut libc::sockaddr_un).cast(),
+            &mut len,
+        )
+    };
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -216,15 +216,26 @@ impl NetStub {
     /// The nComponent for a socket of `vnode` bound to `ip` (none: the vNode's own).
     fn ncomp_for(&self, vnode: &str, ip: Option<std::net::IpAddr>) -> Result<String, i32> {
         // An IPv4 address as an IPv6 socket names it (::ffff:a.b.c.d) is that IPv4 address.
-        let specific = ip.map(|ip| ip.to_canonical()).filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        let specific = ip
+            .map(|ip| ip.to_canonical())
+            .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
         if specific.is_none() {
             if let Some(a) = self.homes.lock().unwrap().get(vnode) {
                 return Ok(a.clone());
             }
         }
-        let r = self.node.call_gm(P2G_PICK_NET { vnode: vnode.to_string(), ip: specific }).map_err(|e| errno_of(&e))?;
+        let r = self
+            .node
+            .call_gm(P2G_PICK_NET {
+                vnode: vnode.to_string(),
+                ip: specific,
+            })
+            .map_err(|e| errno_of(&e))?;
         if specific.is_none() {
-            self.homes.lock().unwrap().insert(vnode.to_string(), r.ncomp.addr.clone());
+            self.homes
+                .lock()
+                .unwrap()
+                .insert(vnode.to_string(), r.ncomp.addr.clone());
         }
         Ok(r.ncomp.addr)
     }
@@ -271,11 +282,33 @@ impl NetStub {
             let _ = self.call(&at, P2N_CLOSE { sock: id });
         }
         let sp = spec;
-        let r = self.call(&want, P2N_SOCKET { vnode: sp.vnode.clone(), uid: sp.uid, family: sp.family, kind: sp.kind, protocol: sp.protocol })?;
+        let r = self.call(
+            &want,
+            P2N_SOCKET {
+                vnode: sp.vnode.clone(),
+                uid: sp.uid,
+                family: sp.family,
+                kind: sp.kind,
+                protocol: sp.protocol,
+            },
+        )?;
         for (level, name, value) in opts {
             // Each was accepted once, by the same kind of stack.
-            if let Err(e) = self.call(&want, P2N_SETSOCKOPT { sock: r.sock, level, name, value: ByteBuf::from(value) }) {
-                tracing::debug!(level, name, errno = e, "an option did not carry over to the socket's new nComponent");
+            if let Err(e) = self.call(
+                &want,
+                P2N_SETSOCKOPT {
+                    sock: r.sock,
+                    level,
+                    name,
+                    value: ByteBuf::from(value),
+                },
+            ) {
+                tracing::debug!(
+                    level,
+                    name,
+                    errno = e,
+                    "an option did not carry over to the socket's new nComponent"
+                );
             }
         }
         let mut sl = slot.lock().unwrap();
@@ -305,7 +338,15 @@ impl NetStub {
     /// getsockopt(2) on the skeleton.
     fn get_opt(&self, spec: &Spec, slot: &Mutex<Slot>, req: &NetReq, resp: &mut NetResp) -> Result<Answer, i32> {
         let (at, id) = self.ensure_skel(spec, slot, None)?;
-        let r = self.call(&at, P2N_GETSOCKOPT { sock: id, level: req.a as i32, name: req.b as i32, len: (req.c.clamp(0, resp.data.len() as i64)) as u32 })?;
+        let r = self.call(
+            &at,
+            P2N_GETSOCKOPT {
+                sock: id,
+                level: req.a as i32,
+                name: req.b as i32,
+                len: (req.c.clamp(0, resp.data.len() as i64)) as u32,
+            },
+        )?;
         let n = r.value.len().min(resp.data.len());
         resp.data[..n].copy_from_slice(&r.value[..n]);
         resp.len = n as u32;
@@ -318,7 +359,15 @@ impl NetStub {
         let (level, name) = (req.a as i32, req.b as i32);
         let value = req.data[..(req.len as usize).min(req.data.len())].to_vec();
         let (at, id) = self.ensure_skel(spec, slot, None)?;
-        self.call(&at, P2N_SETSOCKOPT { sock: id, level, name, value: ByteBuf::from(value.clone()) })?;
+        self.call(
+            &at,
+            P2N_SETSOCKOPT {
+                sock: id,
+                level,
+                name,
+                value: ByteBuf::from(value.clone()),
+            },
+        )?;
         let mut sl = slot.lock().unwrap();
         sl.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
         sl.opts.push((level, name, value));
@@ -327,16 +376,45 @@ impl NetStub {
 
     /// Makes a socket: the pair, its watcher; the skeleton comes with the first call that
     /// needs one (a bind names the nComponent).
-    fn new_sock(self: &Arc<Self>, spec: Spec, phase: Phase, skel: Option<(String, u64)>) -> std::io::Result<(Arc<Sock>, OwnedFd)> {
+    fn new_sock(
+        self: &Arc<Self>,
+        spec: Spec,
+        phase: Phase,
+        skel: Option<(String, u64)>,
+    ) -> std::io::Result<(Arc<Sock>, OwnedFd)> {
         let (mine, theirs) = UnixStream::pair()?;
         let ino = addr::inode(theirs.as_raw_fd())?;
         let wake = bridge::waker()?;
-        let st = State { phase, error: 0, queue: VecDeque::new(), backlog: 0, shut_wr: false, bound: None, local_peer: None, remote: None, names: None, dma: None };
-        let s = Arc::new(Sock { spec, mine: OwnedFd::from(mine), wake, slot: Mutex::new(Slot { at: skel, opts: Vec::new() }), st: Mutex::new(st), changed: Condvar::new(), closed: AtomicBool::new(false) });
+        let st = State {
+            phase,
+            error: 0,
+            queue: VecDeque::new(),
+            backlog: 0,
+            shut_wr: false,
+            bound: None,
+            local_peer: None,
+            remote: None,
+            names: None,
+            dma: None,
+        };
+        let s = Arc::new(Sock {
+            spec,
+            mine: OwnedFd::from(mine),
+            wake,
+            slot: Mutex::new(Slot {
+                at: skel,
+                opts: Vec::new(),
+            }),
+            st: Mutex::new(st),
+            changed: Condvar::new(),
+            closed: AtomicBool::new(false),
+        });
         self.socks.lock().unwrap().insert(ino, s.clone());
         self.c.sockets.fetch_add(1, Relaxed);
         let (stub, s2) = (self.clone(), s.clone());
-        std::thread::Builder::new().name("net-up".into()).spawn(move || stub.up(ino, &s2))?;
+        std::thread::Builder::new()
+            .name("net-up".into())
+            .spawn(move || stub.up(ino, &s2))?;
         if phase == Phase::Connected && s.skel().is_some() {
             self.start_down(&s)?;
         }
@@ -345,7 +423,9 @@ impl NetStub {
 
     fn start_down(self: &Arc<Self>, s: &Arc<Sock>) -> std::io::Result<()> {
         let (stub, s2) = (self.clone(), s.clone());
-        std::thread::Builder::new().name("net-down".into()).spawn(move || stub.down(&s2))?;
+        std::thread::Builder::new()
+            .name("net-down".into())
+            .spawn(move || stub.down(&s2))?;
         Ok(())
     }
 
@@ -358,7 +438,12 @@ impl NetStub {
         let skel = s.slot.lock().unwrap().at.take();
         let (queued, peer, dma, remote) = {
             let mut st = s.st.lock().unwrap();
-            (std::mem::take(&mut st.queue), st.local_peer.take(), st.dma.take(), st.remote.take())
+            (
+                std::mem::take(&mut st.queue),
+                st.local_peer.take(),
+                st.dma.take(),
+                st.remote.take(),
+            )
         };
         if let Some(r) = remote {
             self.end_remote(&r, true);
@@ -381,8 +466,25 @@ impl NetStub {
         if let Some(b) = s.st.lock().unwrap().dma.clone() {
             return Ok(b);
         }
-        let mcomp = self.node.call_gm(P2G_PICK_HOME { vnode: s.spec.vnode.clone(), pcomp: self.node.id() }).map_err(|e| errno_of(&e))?.mcomp.addr;
-        let alloc = || self.call(&mcomp, P2M_NETBUF_ALLOC { vnode: s.spec.vnode.clone(), bytes: bridge::CHUNK as u32 }).map(|r| r.buf);
+        let mcomp = self
+            .node
+            .call_gm(P2G_PICK_HOME {
+                vnode: s.spec.vnode.clone(),
+                pcomp: self.node.id(),
+            })
+            .map_err(|e| errno_of(&e))?
+            .mcomp
+            .addr;
+        let alloc = || {
+            self.call(
+                &mcomp,
+                P2M_NETBUF_ALLOC {
+                    vnode: s.spec.vnode.clone(),
+                    bytes: bridge::CHUNK as u32,
+                },
+            )
+            .map(|r| r.buf)
+        };
         let (tx, rx) = (alloc()?, alloc()?);
         let mut st = s.st.lock().unwrap();
         match &st.dma {
@@ -415,7 +517,9 @@ impl NetStub {
 
     /// The socket the program's descriptor `fd` is, if it is one of ours and the caller's.
     fn sock_of(&self, fd: &OwnedFd, vnode: &str) -> Result<Option<Found>, i32> {
-        let Ok(ino) = addr::inode(fd.as_raw_fd()) else { return Ok(None) };
+        let Ok(ino) = addr::inode(fd.as_raw_fd()) else {
+            return Ok(None);
+        };
         let s = self.socks.lock().unwrap().get(&ino).cloned().map(Found::Stream);
         let s = s.or_else(|| self.dgrams.lock().unwrap().get(&ino).cloned().map(Found::Dgram));
         let owner = |f: &Found| match f {
@@ -437,7 +541,13 @@ impl NetStub {
     }
 
     /// Serves one socket call of a program of `vnode` run by `uid`.
-    fn call_from(self: &Arc<Self>, vnode: &str, uid: u32, req: &NetReq, fd: Option<OwnedFd>) -> (NetResp, Option<OwnedFd>) {
+    fn call_from(
+        self: &Arc<Self>,
+        vnode: &str,
+        uid: u32,
+        req: &NetReq,
+        fd: Option<OwnedFd>,
+    ) -> (NetResp, Option<OwnedFd>) {
         let mut resp = NetResp::new_zeroed();
         let op = NetOp::from_u32(req.op);
         let r = match (op, fd) {
@@ -491,7 +601,13 @@ impl NetStub {
             Err(e) => return Err(e),
             Ok(_) => {}
         }
-        let spec = Spec { vnode: vnode.to_string(), uid, family, kind, protocol };
+        let spec = Spec {
+            vnode: vnode.to_string(),
+            uid,
+            family,
+            kind,
+            protocol,
+        };
         let made = match udp_dir {
             Some(dir) if dgram => self.new_dgram(spec, dir),
             _ => self.new_sock(spec, Phase::Fresh, None).map(|(_, theirs)| theirs),
@@ -522,23 +638,28 @@ fn put_addr(resp: &mut NetResp, a: SocketAddr) {
 pub fn listen(p: Arc<Pcomp>, shim_sock: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mut path = shim_sock.as_os_str().to_owned();
-    path.push(std::ffi::OsStr::new(std::str::from_utf8(splitos_shim_abi::NET_SOCK_SUFFIX).expect("ASCII")));
+    path.push(std::ffi::OsStr::new(
+        std::str::from_utf8(splitos_shim_abi::NET_SOCK_SUFFIX).expect("ASCII"),
+    ));
     let path = std::path::PathBuf::from(path);
     if let Some(dir) = dgram::make_dir(shim_sock) {
         let _ = p.net.udp_dir.set(dir);
     }
     let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).map_err(|e| anyhow::anyhow!("cannot listen for socket calls on {}: {e}", path.display()))?;
+    let l = UnixListener::bind(&path)
+        .map_err(|e| anyhow::anyhow!("cannot listen for socket calls on {}: {e}", path.display()))?;
     // Every user may connect: the caller must be a process of this pComponent.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-    std::thread::Builder::new().name("net-accept-calls".into()).spawn(move || {
-        for s in l.incoming() {
-            match s {
-                Ok(s) => admit(&p, s),
-                Err(e) => tracing::warn!(error = %e, "accepting a socket call failed"),
+    std::thread::Builder::new()
+        .name("net-accept-calls".into())
+        .spawn(move || {
+            for s in l.incoming() {
+                match s {
+                    Ok(s) => admit(&p, s),
+                    Err(e) => tracing::warn!(error = %e, "accepting a socket call failed"),
+                }
             }
-        }
-    })?;
+        })?;
     Ok(())
 }
 
@@ -556,16 +677,32 @@ const CALLS_PER_VNODE: usize = 64;
 /// there is room; otherwise answers it at once, without reading it.
 fn admit(p: &Arc<Pcomp>, s: UnixStream) {
     let cred = splitos_rpc::fdpass::peer_cred(&s).ok();
-    let caller = cred.as_ref().and_then(|c| p.procs.lock().unwrap().values().find(|pr| pr.os_pid == c.pid).map(|pr| (pr.memory.who.vnode.clone(), pr.uid)));
+    let caller = cred.as_ref().and_then(|c| {
+        p.procs
+            .lock()
+            .unwrap()
+            .values()
+            .find(|pr| pr.os_pid == c.pid)
+            .map(|pr| (pr.memory.who.vnode.clone(), pr.uid))
+    });
     let refuse = |errno: i32| {
         let _ = s.set_nonblocking(true);
-        let _ = (&s).write_all(NetResp { ret: -(errno as i64), ..NetResp::new_zeroed() }.as_bytes());
+        let _ = (&s).write_all(
+            NetResp {
+                ret: -(errno as i64),
+                ..NetResp::new_zeroed()
+            }
+            .as_bytes(),
+        );
     };
     let Some((vnode, uid)) = caller else {
         p.net.c.refused.fetch_add(1, Relaxed);
         static STRANGER: Refusals = Refusals::new("refused a socket call of a process this pComponent does not run");
         if STRANGER.log_this(cred.map_or_else(|| "an unknown user".to_string(), |c| format!("uid {}", c.uid))) {
-            tracing::warn!(uid = cred.map(|c| c.uid), "refused a socket call of a process this pComponent does not run");
+            tracing::warn!(
+                uid = cred.map(|c| c.uid),
+                "refused a socket call of a process this pComponent does not run"
+            );
         }
         return refuse(libc::EACCES);
     };
@@ -599,9 +736,19 @@ fn serve_call(p: &Arc<Pcomp>, mut s: UnixStream, vnode: &str, uid: u32) {
         p.net.c.refused.fetch_add(1, Relaxed);
         static ABI: Refusals = Refusals::new("refused a socket call of another shim ABI version");
         if ABI.log_this(format_args!("uid {uid}")) {
-            tracing::warn!(vnode, abi = req.abi, "refused a socket call of another shim ABI version");
+            tracing::warn!(
+                vnode,
+                abi = req.abi,
+                "refused a socket call of another shim ABI version"
+            );
         }
-        (NetResp { ret: -(libc::EPROTO as i64), ..NetResp::new_zeroed() }, None)
+        (
+            NetResp {
+                ret: -(libc::EPROTO as i64),
+                ..NetResp::new_zeroed()
+            },
+            None,
+        )
     } else {
         p.net.call_from(vnode, uid, &req, fds.into_iter().next())
     };

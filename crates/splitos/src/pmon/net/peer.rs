@@ -35,7 +35,16 @@ impl NetStub {
     /// and takes direct connections.
     pub(super) fn remote_listener(&self, spec: &Spec, a: SocketAddr) -> Option<String> {
         let ncomp = self.ncomp_for(&spec.vnode, Some(a.ip())).ok()?;
-        let found = self.call(&ncomp, P2N_FIND_LISTENER { vnode: spec.vnode.clone(), addr: a }).ok()?.pcomp;
+        let found = self
+            .call(
+                &ncomp,
+                P2N_FIND_LISTENER {
+                    vnode: spec.vnode.clone(),
+                    addr: a,
+                },
+            )
+            .ok()?
+            .pcomp;
         found.filter(|p| *p != self.node.addr)
     }
 
@@ -54,7 +63,14 @@ impl NetStub {
     pub(super) fn connect_remote(self: &Arc<Self>, s: &Arc<Sock>, pcomp: &str, a: SocketAddr) -> Result<(), i32> {
         let mine = self.register(s);
         let name = self.shortcut_name(a);
-        let asked = P2P_CONNECT { vnode: s.spec.vnode.clone(), addr: a, peer: name, conn: mine, from: self.node.addr.clone(), from_id: self.node.id() };
+        let asked = P2P_CONNECT {
+            vnode: s.spec.vnode.clone(),
+            addr: a,
+            peer: name,
+            conn: mine,
+            from: self.node.addr.clone(),
+            from_id: self.node.id(),
+        };
         let r = match self.call(pcomp, asked) {
             Ok(r) => r,
             Err(e) => {
@@ -62,7 +78,12 @@ impl NetStub {
                 return Err(e);
             }
         };
-        let remote = Remote { pcomp: pcomp.to_string(), pcomp_id: r.id, theirs: r.conn, mine };
+        let remote = Remote {
+            pcomp: pcomp.to_string(),
+            pcomp_id: r.id,
+            theirs: r.conn,
+            mine,
+        };
         {
             let mut st = s.st.lock().unwrap();
             st.remote = Some(remote.clone());
@@ -87,7 +108,13 @@ impl NetStub {
             if s.closed.load(Relaxed) {
                 return false;
             }
-            match self.call(&r.pcomp, P2P_SEND { conn: r.theirs, data: ByteBuf::from(data.to_vec()) }) {
+            match self.call(
+                &r.pcomp,
+                P2P_SEND {
+                    conn: r.theirs,
+                    data: ByteBuf::from(data.to_vec()),
+                },
+            ) {
                 Ok(t) if t.n > 0 => {
                     let n = (t.n as usize).min(data.len());
                     self.c.remote_shortcut_bytes.fetch_add(n as u64, Relaxed);
@@ -135,16 +162,30 @@ impl NetStub {
                 }
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(ErrCode::Invalid, format!("the socket stub does not handle {}", other.name()))),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("the socket stub does not handle {}", other.name()),
+            )),
         }
     }
 
     /// Ends the direct connections with pComponents the global managers say are lost, as
     /// reset ones: their programs' reads fail with `ECONNRESET`.
     pub fn forget_peers(&self, lost: &[LostPcomp]) {
-        let ends: Vec<(u64, Arc<Sock>)> = self.conns.lock().unwrap().iter().filter_map(|(id, w)| w.upgrade().map(|s| (*id, s))).collect();
+        let ends: Vec<(u64, Arc<Sock>)> = self
+            .conns
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(id, w)| w.upgrade().map(|s| (*id, s)))
+            .collect();
         for (id, s) in ends {
-            let gone = s.st.lock().unwrap().remote.as_ref().is_some_and(|r| lost.iter().any(|l| l.id == r.pcomp_id));
+            let gone =
+                s.st.lock()
+                    .unwrap()
+                    .remote
+                    .as_ref()
+                    .is_some_and(|r| lost.iter().any(|l| l.id == r.pcomp_id));
             if gone {
                 tracing::info!(conn = id, "a direct connection's other pComponent is lost");
                 self.conns.lock().unwrap().remove(&id);
@@ -156,7 +197,8 @@ impl NetStub {
 
     fn conn(&self, id: u64) -> Result<Arc<Sock>, Refusal> {
         let s = self.conns.lock().unwrap().get(&id).and_then(|w| w.upgrade());
-        s.filter(|s| !s.closed.load(Relaxed)).ok_or_else(|| Refusal::errno(libc::EPIPE))
+        s.filter(|s| !s.closed.load(Relaxed))
+            .ok_or_else(|| Refusal::errno(libc::EPIPE))
     }
 
     /// A connection from another pComponent: queued on the listener `r.addr` reaches, as the
@@ -168,12 +210,20 @@ impl NetStub {
         };
         // The end's id before it is queued: the program may write as soon as it accepts.
         let mine = auth::random_u64();
-        let remote = Remote { pcomp: r.from, pcomp_id: r.from_id, theirs: r.conn, mine };
+        let remote = Remote {
+            pcomp: r.from,
+            pcomp_id: r.from_id,
+            theirs: r.conn,
+            mine,
+        };
         let server = self.shortcut_end(&listener, r.addr, r.peer, |st| st.remote = Some(remote))?;
         self.conns.lock().unwrap().insert(mine, Arc::downgrade(&server));
         self.c.remote_shortcuts.fetch_add(1, Relaxed);
         metrics::counter!("pcomp_net_shortcuts_total", "path" => "remote").increment(1);
-        Ok(P2P_CONNECTED { conn: mine, id: self.node.id() })
+        Ok(P2P_CONNECTED {
+            conn: mine,
+            id: self.node.id(),
+        })
     }
 }
 
@@ -183,7 +233,14 @@ fn take(s: &Sock, data: &[u8]) -> Result<usize, Refusal> {
     while n < data.len() {
         // SAFETY: sends from a live slice without waiting; MSG_NOSIGNAL: a program gone is
         // EPIPE, not a signal.
-        let r = unsafe { libc::send(s.mine.as_raw_fd(), data[n..].as_ptr().cast(), data.len() - n, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        let r = unsafe {
+            libc::send(
+                s.mine.as_raw_fd(),
+                data[n..].as_ptr().cast(),
+                data.len() - n,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
         if r < 0 {
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {

@@ -16,7 +16,14 @@ use super::{addr, bridge, put_addr, Answer, NetStub, Phase, Sock, State};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(130);
 
 impl NetStub {
-    pub(super) fn on_sock(self: &Arc<Self>, op: NetOp, s: &Arc<Sock>, req: &NetReq, fd: OwnedFd, resp: &mut NetResp) -> Result<Answer, i32> {
+    pub(super) fn on_sock(
+        self: &Arc<Self>,
+        op: NetOp,
+        s: &Arc<Sock>,
+        req: &NetReq,
+        fd: OwnedFd,
+        resp: &mut NetResp,
+    ) -> Result<Answer, i32> {
         let data = &req.data[..(req.len as usize).min(req.data.len())];
         match op {
             NetOp::Socket => unreachable!("handled by the caller"),
@@ -35,7 +42,14 @@ impl NetStub {
             NetOp::Listen => {
                 let (at, id) = self.ensure_skel(&s.spec, &s.slot, None)?;
                 let direct = self.shortcut.then(|| self.node.addr.clone());
-                self.call(&at, P2N_LISTEN { sock: id, backlog: req.a as i32, direct })?;
+                self.call(
+                    &at,
+                    P2N_LISTEN {
+                        sock: id,
+                        backlog: req.a as i32,
+                        direct,
+                    },
+                )?;
                 let first = {
                     let mut st = s.st.lock().unwrap();
                     st.backlog = req.a.clamp(1, 4096) as usize;
@@ -46,10 +60,21 @@ impl NetStub {
                     // (SO_PASSCRED changes nothing else on it: no credentials are sent on it).
                     let one: libc::c_int = 1;
                     // SAFETY: setsockopt with a live c_int on the descriptor the call brought.
-                    unsafe { libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, (&one as *const libc::c_int).cast(), 4) };
+                    unsafe {
+                        libc::setsockopt(
+                            fd.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_PASSCRED,
+                            (&one as *const libc::c_int).cast(),
+                            4,
+                        )
+                    };
                     s.set_phase(Phase::Listening);
                     let (stub, s2) = (self.clone(), s.clone());
-                    std::thread::Builder::new().name("net-accept".into()).spawn(move || stub.accept_loop(&s2)).map_err(|_| libc::EAGAIN)?;
+                    std::thread::Builder::new()
+                        .name("net-accept".into())
+                        .spawn(move || stub.accept_loop(&s2))
+                        .map_err(|_| libc::EAGAIN)?;
                 }
                 Ok(Answer::Ret(0))
             }
@@ -59,7 +84,9 @@ impl NetStub {
                     if st.phase != Phase::Listening {
                         return Err(libc::EINVAL);
                     }
-                    st.queue.pop_front().ok_or(if st.error != 0 { st.error } else { libc::EAGAIN })
+                    st.queue
+                        .pop_front()
+                        .ok_or(if st.error != 0 { st.error } else { libc::EAGAIN })
                 };
                 s.changed.notify_all();
                 let (conn, peer) = next?;
@@ -114,7 +141,13 @@ impl NetStub {
     /// connect(2). A blocking one is answered when it is done. A non-blocking one is answered
     /// EINPROGRESS at once, and the program's end is held unwritable until it is done
     /// ([`bridge::Hold`]), so that poll and epoll say when, as for a kernel socket.
-    fn connect(self: &Arc<Self>, s: &Arc<Sock>, a: SocketAddr, nonblocking: bool, theirs: OwnedFd) -> Result<Answer, i32> {
+    fn connect(
+        self: &Arc<Self>,
+        s: &Arc<Sock>,
+        a: SocketAddr,
+        nonblocking: bool,
+        theirs: OwnedFd,
+    ) -> Result<Answer, i32> {
         {
             let st = s.st.lock().unwrap();
             match st.phase {
@@ -161,10 +194,20 @@ impl NetStub {
     /// its port, on the nComponent that holds `a` (the vNode's own for a loopback address),
     /// to `a`'s address or to all.
     pub(super) fn local_listener(&self, vnode: &str, a: SocketAddr) -> Option<Arc<Sock>> {
-        let socks: Vec<Arc<Sock>> = self.socks.lock().unwrap().values().filter(|l| l.spec.vnode == vnode && l.spec.kind == libc::SOCK_STREAM).cloned().collect();
+        let socks: Vec<Arc<Sock>> = self
+            .socks
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|l| l.spec.vnode == vnode && l.spec.kind == libc::SOCK_STREAM)
+            .cloned()
+            .collect();
         let listening = |l: &Sock| {
             let st = l.st.lock().unwrap();
-            st.phase == Phase::Listening && st.bound.is_some_and(|b| b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical()))
+            st.phase == Phase::Listening
+                && st.bound.is_some_and(|b| {
+                    b.port() == a.port() && (b.ip().is_unspecified() || b.ip().to_canonical() == a.ip().to_canonical())
+                })
         };
         let candidates: Vec<Arc<Sock>> = socks.into_iter().filter(|l| listening(l)).collect();
         if candidates.is_empty() {
@@ -172,7 +215,9 @@ impl NetStub {
         }
         // Only now ask where the address is: most connects have no candidate.
         let ncomp = self.ncomp_for(vnode, Some(a.ip())).ok()?;
-        candidates.into_iter().find(|l| l.skel().is_some_and(|(at, _)| at == ncomp))
+        candidates
+            .into_iter()
+            .find(|l| l.skel().is_some_and(|(at, _)| at == ncomp))
     }
 
     /// Connects `s` to `listener`, both of this pComponent: a new connection queued on the
@@ -194,14 +239,22 @@ impl NetStub {
     /// A shortcut connection's accepted end, queued on `listener` for the program's accept:
     /// its addresses (`local`, the listener's; `peer`, the connecting end's) and where its
     /// bytes go (`link`). ECONNREFUSED when the backlog is full, as the kernel's.
-    pub(super) fn shortcut_end(self: &Arc<Self>, listener: &Arc<Sock>, local: SocketAddr, peer: SocketAddr, link: impl FnOnce(&mut State)) -> Result<Arc<Sock>, i32> {
+    pub(super) fn shortcut_end(
+        self: &Arc<Self>,
+        listener: &Arc<Sock>,
+        local: SocketAddr,
+        peer: SocketAddr,
+        link: impl FnOnce(&mut State),
+    ) -> Result<Arc<Sock>, i32> {
         {
             let st = listener.st.lock().unwrap();
             if st.queue.len() >= st.backlog.max(1) {
                 return Err(libc::ECONNREFUSED);
             }
         }
-        let (server, theirs) = self.new_sock(listener.spec.clone(), Phase::Connected, None).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let (server, theirs) = self
+            .new_sock(listener.spec.clone(), Phase::Connected, None)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         {
             let mut st = server.st.lock().unwrap();
             link(&mut st);
@@ -220,7 +273,14 @@ impl NetStub {
 
     /// Waits for the connect; then lets go of a held program end (before the watcher may
     /// read from the pair, so that it never sees the filler).
-    fn finish_connect(self: &Arc<Self>, s: &Arc<Sock>, at: &str, id: u64, a: SocketAddr, hold: Option<bridge::Hold>) -> Result<(), i32> {
+    fn finish_connect(
+        self: &Arc<Self>,
+        s: &Arc<Sock>,
+        at: &str,
+        id: u64,
+        a: SocketAddr,
+        hold: Option<bridge::Hold>,
+    ) -> Result<(), i32> {
         // The nComponent answers "in progress" every few seconds; the connect takes as long as
         // the kernel's own attempts there, up to CONNECT_TIMEOUT.
         let t0 = std::time::Instant::now();
@@ -249,7 +309,15 @@ impl NetStub {
             }
             Err(e) => {
                 // A failed blocking connect may be tried again, as on Linux.
-                let phase = if !nonblocking && matches!(e, libc::ECONNREFUSED | libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH) { Phase::Fresh } else { Phase::Failed };
+                let phase = if !nonblocking
+                    && matches!(
+                        e,
+                        libc::ECONNREFUSED | libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH
+                    ) {
+                    Phase::Fresh
+                } else {
+                    Phase::Failed
+                };
                 s.set_phase(phase);
                 Err(e)
             }

@@ -42,7 +42,12 @@ impl Store {
     }
 
     /// Runs `f` on the data file of an inode, opened (and created) on demand.
-    pub(super) fn with_file<T>(&self, vkey: &str, ino: u64, f: impl FnOnce(&File) -> std::io::Result<T>) -> FsResult<T> {
+    pub(super) fn with_file<T>(
+        &self,
+        vkey: &str,
+        ino: u64,
+        f: impl FnOnce(&File) -> std::io::Result<T>,
+    ) -> FsResult<T> {
         let mut files = self.files.lock().unwrap();
         let key = (vkey.to_string(), ino);
         if !files.contains_key(&key) {
@@ -51,7 +56,14 @@ impl Store {
             }
             let p = self.data_path(vkey, ino);
             std::fs::create_dir_all(p.parent().expect("data dir")).map_err(io_errno)?;
-            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&p).map_err(io_errno)?;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&p)
+                .map_err(io_errno)?;
             files.insert(key.clone(), file);
         }
         f(&files[&key]).map_err(io_errno)
@@ -128,7 +140,14 @@ impl Store {
                 let (from, len) = (keep as libc::off_t, (i.attr.alloc - keep) as libc::off_t);
                 self.with_file(vkey, ino_no, |f| {
                     // SAFETY: as in `reserve_in`: no memory is passed, and `f` keeps the descriptor open.
-                    let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, from, len) };
+                    let r = unsafe {
+                        libc::fallocate(
+                            f.as_raw_fd(),
+                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                            from,
+                            len,
+                        )
+                    };
                     if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
                         Ok(())
                     } else {
@@ -150,7 +169,13 @@ impl Store {
     fn cut_stale(&self, vkey: &str, i: &Inode, new_end: u64) -> FsResult<()> {
         if new_end > i.attr.size {
             let size = i.attr.size;
-            self.with_file(vkey, i.attr.ino, |f| if f.metadata()?.len() > size { f.set_len(size) } else { Ok(()) })?;
+            self.with_file(vkey, i.attr.ino, |f| {
+                if f.metadata()?.len() > size {
+                    f.set_len(size)
+                } else {
+                    Ok(())
+                }
+            })?;
         }
         Ok(())
     }
@@ -158,12 +183,27 @@ impl Store {
     /// `written_ns` is when the program wrote the data (a buffer cache writes it back later;
     /// 0: now): the file's times say when it changed, not when its blocks reached the disk, so
     /// a reader does not see a file change under it because a cache wrote it back.
-    pub fn write_data(&self, vnode: &str, ino_no: u64, offset: u64, data: &[u8], size: u64, written_ns: i64) -> FsResult<()> {
-        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_SIZE && size <= MAX_FILE_SIZE).ok_or(libc::EFBIG)?;
+    pub fn write_data(
+        &self,
+        vnode: &str,
+        ino_no: u64,
+        offset: u64,
+        data: &[u8],
+        size: u64,
+        written_ns: i64,
+    ) -> FsResult<()> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE_SIZE && size <= MAX_FILE_SIZE)
+            .ok_or(libc::EFBIG)?;
         // An overwrite inside the file and its reservation changes no metadata but the mtime,
         // which is kept to the second: no namespace commit, so fsync is one fdatasync.
         let a = self.getattr(vnode, ino_no)?;
-        if a.kind == FileKind::File && a.size == size && end <= a.size.max(a.alloc) && now_ns() - a.mtime_ns < 1_000_000_000 {
+        if a.kind == FileKind::File
+            && a.size == size
+            && end <= a.size.max(a.alloc)
+            && now_ns() - a.mtime_ns < 1_000_000_000
+        {
             let vkey = vnode_key(vnode)?;
             return self.with_file(&vkey, ino_no, |f| f.write_all_at(data, offset));
         }
@@ -179,7 +219,11 @@ impl Store {
             }
             self.with_file(vkey, ino_no, |f| f.write_all_at(data, offset))?;
             i.attr.size = size;
-            let when = if written_ns > 0 { written_ns.min(now_ns()) } else { now_ns() };
+            let when = if written_ns > 0 {
+                written_ns.min(now_ns())
+            } else {
+                now_ns()
+            };
             // A change of the file's attributes after the write (an explicit mtime) stands.
             if when >= i.attr.ctime_ns {
                 i.attr.mtime_ns = when;
@@ -242,9 +286,14 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         s.write_data("v", f.ino, 0, &[7u8; 8192], 8192, written).unwrap();
         let a = s.getattr("v", f.ino).unwrap();
-        assert_eq!((a.mtime_ns, a.ctime_ns), (written, written), "the write's time, not the write-back's");
+        assert_eq!(
+            (a.mtime_ns, a.ctime_ns),
+            (written, written),
+            "the write's time, not the write-back's"
+        );
         // A write-back of data written before the file's last change leaves its times alone.
-        s.write_data("v", f.ino, 8192, &[8u8; 4096], 12288, written - 1_000_000).unwrap();
+        s.write_data("v", f.ino, 8192, &[8u8; 4096], 12288, written - 1_000_000)
+            .unwrap();
         let b = s.getattr("v", f.ino).unwrap();
         assert_eq!((b.mtime_ns, b.ctime_ns, b.size), (written, written, 12288));
     }

@@ -47,7 +47,15 @@ impl Store {
             redb::DatabaseError::DatabaseAlreadyOpen => anyhow::Error::new(InUse(dir.to_path_buf())),
             e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
         })?;
-        let s = Store { db, inos: Mutex::new((0, 0)), unsynced: AtomicBool::new(false), dir: dir.to_path_buf(), quota, used: Mutex::new(0), files: Mutex::new(HashMap::new()) };
+        let s = Store {
+            db,
+            inos: Mutex::new((0, 0)),
+            unsynced: AtomicBool::new(false),
+            dir: dir.to_path_buf(),
+            quota,
+            used: Mutex::new(0),
+            files: Mutex::new(HashMap::new()),
+        };
         s.recover()?;
         Ok(s)
     }
@@ -77,16 +85,31 @@ impl Store {
             let ino = tx.open_table(t.ino())?;
             for r in ino.iter()? {
                 let (_, v) = r?;
-                used += dec(v.value()).map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?.attr.alloc;
+                used += dec(v.value())
+                    .map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?
+                    .attr
+                    .alloc;
             }
         }
-        let limit = tx.open_table(META)?.get("ino_limit")?.map(|v| v.value()).unwrap_or(ROOT_INO + 1);
+        let limit = tx
+            .open_table(META)?
+            .get("ino_limit")?
+            .map(|v| v.value())
+            .unwrap_or(ROOT_INO + 1);
         // Data files without an inode: their creation or deletion did not become durable.
         let mut orphans = 0u64;
         for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
             let ino = tx.open_table(Tables::of(name).ino())?;
-            for e in std::fs::read_dir(self.dir.join("data").join(name)).into_iter().flatten().flatten() {
-                let known = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()).map(|i| ino.get(i).map(|v| v.is_some()).unwrap_or(true));
+            for e in std::fs::read_dir(self.dir.join("data").join(name))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let known = e
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .map(|i| ino.get(i).map(|v| v.is_some()).unwrap_or(true));
                 if known == Some(false) {
                     let _ = std::fs::remove_file(e.path());
                     orphans += 1;
@@ -112,7 +135,10 @@ impl Store {
             let limit = g.0 + INO_BATCH;
             let mut tx = self.db.begin_write().map_err(internal)?;
             tx.set_durability(Durability::Immediate).map_err(internal)?;
-            tx.open_table(META).map_err(internal)?.insert("ino_limit", limit).map_err(internal)?;
+            tx.open_table(META)
+                .map_err(internal)?
+                .insert("ino_limit", limit)
+                .map_err(internal)?;
             tx.commit().map_err(internal)?;
             g.1 = limit;
         }
@@ -155,7 +181,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let first = {
             let s = Store::open(d.path(), 8 << 20).unwrap();
-            s.create("v", "/f", FileKind::File, 0o644, 0, 0, true, None).unwrap().ino
+            s.create("v", "/f", FileKind::File, 0o644, 0, 0, true, None)
+                .unwrap()
+                .ino
         };
         // Whether or not the unsynced create survived, a new file never gets its number.
         let s = Store::open(d.path(), 8 << 20).unwrap();

@@ -15,17 +15,28 @@ impl MissPath {
     /// Claims ways for the lines the prefetcher asks for along its stride from `vpn`: lines
     /// that exist on the store and are neither resident nor in flight, up to the first that is
     /// not. Their victims are evicted as a miss's are, and written back with the miss.
-    pub(super) fn claim_ahead(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>) -> Vec<(u64, usize)> {
+    pub(super) fn claim_ahead(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        t: &ProcHeap,
+        vpn: u64,
+        victims: &mut Vec<Writeback>,
+        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+    ) -> Vec<(u64, usize)> {
         let want = g.prefetcher.window(t.pid, vpn);
         let mut ahead = Vec::new();
-        let lines = (1..=want.lines as i64).map_while(|i| want.stride.checked_mul(i).and_then(|d| vpn.checked_add_signed(d)));
+        let lines =
+            (1..=want.lines as i64).map_while(|i| want.stride.checked_mul(i).and_then(|d| vpn.checked_add_signed(d)));
         for v in lines {
             let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
             // A page in the tier is newer than the store's copy.
-            if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v) {
+            if !stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v)
+            {
                 break;
             }
-            let Some(c) = self.claim_way(g, t.pid, v, Evictable::Any) else { break };
+            let Some(c) = self.claim_way(g, t.pid, v, Evictable::Any) else {
+                break;
+            };
             self.claimed(g, v);
             if let Some(victim) = c.victim {
                 self.evict(g, victim, victims, lost, CleanVictim::ToTier);
@@ -53,7 +64,15 @@ impl MissPath {
 
     /// The first touch of a staged sample: installs it as a miss would (writable and dirty
     /// for a write), under the lock because it is rare and needs no round trip.
-    pub(super) fn unstage_used(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64, slot: usize, page: &[u8], access: Access) {
+    pub(super) fn unstage_used(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        t: &ProcHeap,
+        vpn: u64,
+        slot: usize,
+        page: &[u8],
+        access: Access,
+    ) {
         let writable = access != Access::Read;
         let installed = t.region.copy(vpn, page, !writable).unwrap_or_else(|e| {
             tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot install a sampled read-ahead line");
@@ -63,7 +82,13 @@ impl MissPath {
             g.cache.remove(t.pid, vpn);
             return;
         }
-        g.cache.complete(slot, Filled { dirty: writable, wp: !writable });
+        g.cache.complete(
+            slot,
+            Filled {
+                dirty: writable,
+                wp: !writable,
+            },
+        );
         g.cache.touch(slot);
         g.prefetcher.outcome(t.pid, true);
         self.bump(t, |s| {

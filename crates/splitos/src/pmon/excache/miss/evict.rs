@@ -21,7 +21,14 @@ impl MissPath {
     /// to `lost` to be failed once the lock is released. With the compressed tier on and
     /// `clean` [`CleanVictim::ToTier`], a clean line the store holds is captured too, for the tier, and is in
     /// flight until the tier took it (so that no miss fetches it meanwhile and two copies exist).
-    pub(super) fn evict(&self, g: &mut MutexGuard<'_, State>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, clean: CleanVictim) {
+    pub(super) fn evict(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        v: Line,
+        victims: &mut Vec<Writeback>,
+        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+        clean: CleanVictim,
+    ) {
         let Some(vt) = g.heaps.get(&v.pid).cloned() else { return };
         // A staged sample was never in the program: the store holds it, nothing is unmapped.
         if g.staged.remove(&(v.pid, v.vpn)).is_some() {
@@ -36,18 +43,29 @@ impl MissPath {
             return self.evict_taken(g, &vt, v, victims, lost, clean);
         }
         // A clean line the store does not hold is zeros never written: a miss zero-fills it again.
-        let for_tier = !v.dirty && clean == CleanVictim::ToTier && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
+        let for_tier = !v.dirty
+            && clean == CleanVictim::ToTier
+            && self.codec.is_some()
+            && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         if (v.dirty || for_tier) && vt.alive() {
             match capture(&vt, v.vpn, v.wp) {
                 Ok(data) if self.needs_no_write_back(g, &vt, &v, &data) => {}
                 Ok(data) => {
                     g.inflight.insert((v.pid, v.vpn));
                     let held = if v.dirty { Held::Evicted } else { Held::Clean };
-                    victims.push(Writeback { heap: vt.clone(), vpn: v.vpn, data, held });
+                    victims.push(Writeback {
+                        heap: vt.clone(),
+                        vpn: v.vpn,
+                        data,
+                        held,
+                    });
                 }
                 Err(e) if v.dirty => {
                     vt.alive.store(false, Relaxed);
-                    lost.push((vt.clone(), format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE)));
+                    lost.push((
+                        vt.clone(),
+                        format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE),
+                    ));
                 }
                 // The store holds it: nothing is lost.
                 Err(_) => {}
@@ -67,7 +85,13 @@ impl MissPath {
     /// all zeros, which is what a miss on it fills in anyway (an untouched pre-allocated or
     /// faulted-around line). Its contents were captured write-protected, so a later write
     /// traps and makes it dirty again.
-    pub(super) fn needs_no_write_back(&self, g: &MutexGuard<'_, State>, t: &ProcHeap, line: &Line, data: &[u8]) -> bool {
+    pub(super) fn needs_no_write_back(
+        &self,
+        g: &MutexGuard<'_, State>,
+        t: &ProcHeap,
+        line: &Line,
+        data: &[u8],
+    ) -> bool {
         let stored = g.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
         if stored || !is_zero(data) {
             return false;
@@ -90,7 +114,12 @@ impl MissPath {
             Ok(n) => self.bump(t, |s| {
                 s.huge_splits.fetch_add(n, Relaxed);
             }),
-            Err(SplitError::Lost(e)) => return Err(format!("cannot split the huge page holding heap page {:#x}: {e}; its other pages were lost", vpn * PAGE)),
+            Err(SplitError::Lost(e)) => {
+                return Err(format!(
+                    "cannot split the huge page holding heap page {:#x}: {e}; its other pages were lost",
+                    vpn * PAGE
+                ))
+            }
             Err(e) => tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot split a huge page"),
         }
         if let Err(e) = t.region.punch(vpn, pages) {
@@ -103,7 +132,9 @@ impl MissPath {
     /// what must still go to the store: dirty victims that did not compress well enough, and
     /// the dirty entries the tier pushed out to make room, now in flight in their place.
     pub(super) fn stash(&self, victims: Vec<Writeback>) -> Vec<Writeback> {
-        let Some(codec) = self.codec.as_deref() else { return victims };
+        let Some(codec) = self.codec.as_deref() else {
+            return victims;
+        };
         if victims.is_empty() {
             return victims;
         }
@@ -131,7 +162,14 @@ impl MissPath {
                 continue;
             };
             stored.push((wb.heap.clone(), p.len() as u64));
-            for (pid, vpn, e) in tier.insert(key.0, key.1, Entry { packed: p, dirty: wb.held != Held::Clean }) {
+            for (pid, vpn, e) in tier.insert(
+                key.0,
+                key.1,
+                Entry {
+                    packed: p,
+                    dirty: wb.held != Held::Clean,
+                },
+            ) {
                 if let Some(owner) = st.heaps.get(&pid).filter(|_| e.dirty) {
                     st.inflight.insert((pid, vpn));
                     pushed.push((owner.clone(), vpn, e.packed));
@@ -158,9 +196,19 @@ impl MissPath {
         }
         for (vt, vpn, packed) in pushed {
             match self.unpack(&vt, vpn, &packed) {
-                Ok(data) => rest.push(Writeback { heap: vt, vpn, data, held: Held::PushedOut }),
+                Ok(data) => rest.push(Writeback {
+                    heap: vt,
+                    vpn,
+                    data,
+                    held: Held::PushedOut,
+                }),
                 Err(e) => {
-                    let wb = Writeback { heap: vt, vpn, data: Vec::new(), held: Held::PushedOut };
+                    let wb = Writeback {
+                        heap: vt,
+                        vpn,
+                        data: Vec::new(),
+                        held: Held::PushedOut,
+                    };
                     self.settle(vec![wb], Err(e), Sent::Alone);
                 }
             }
@@ -178,10 +226,16 @@ impl MissPath {
         self.bump(t, |s| {
             s.tier_unpack_ns.fetch_add(ns, Relaxed);
         });
-        r.map(|()| page).map_err(|e| Refusal::new(splitos_rpc::ErrCode::Internal, format!("compressed tier: cannot decompress heap page {:#x}: {e}", vpn * PAGE)))
+        r.map(|()| page).map_err(|e| {
+            Refusal::new(
+                splitos_rpc::ErrCode::Internal,
+                format!("compressed tier: cannot decompress heap page {:#x}: {e}", vpn * PAGE),
+            )
+        })
     }
 }
 
 fn is_zero(data: &[u8]) -> bool {
-    data.chunks_exact(16).all(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes")) == 0)
+    data.chunks_exact(16)
+        .all(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes")) == 0)
 }

@@ -50,11 +50,21 @@ impl MissPath {
     /// [`MissPath::run_evictor`] runs. `ways` must be less than the cache's ways per set.
     pub fn with_evictor(mut self, ways: usize) -> MissPath {
         let st = self.state.get_mut().unwrap();
-        assert!(ways > 0 && ways < st.cache.ways(), "a reserve of {ways} ways in sets of {}", st.cache.ways());
+        assert!(
+            ways > 0 && ways < st.cache.ways(),
+            "a reserve of {ways} ways in sets of {}",
+            st.cache.ways()
+        );
         let sets = st.cache.sets();
         // A sixteenth of the sets: a set that a batch is waiting to refill is rarely missed
         // in again before the refill.
-        st.reserve = Some(Reserve { ways, wake_at: (sets / 16).clamp(1, ROUND), short: VecDeque::new(), queued: vec![false; sets], stop: false });
+        st.reserve = Some(Reserve {
+            ways,
+            wake_at: (sets / 16).clamp(1, ROUND),
+            short: VecDeque::new(),
+            queued: vec![false; sets],
+            stop: false,
+        });
         self
     }
 
@@ -113,7 +123,10 @@ impl MissPath {
         let mut wbs = Vec::new();
         let mut rest = &mut victims[..];
         while !rest.is_empty() {
-            let n = 1 + rest.windows(2).take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1).count();
+            let n = 1 + rest
+                .windows(2)
+                .take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1)
+                .count();
             let (run, tail) = rest.split_at_mut(n);
             self.take_out(run);
             self.finish(run, &mut wbs);
@@ -177,9 +190,20 @@ impl MissPath {
             return None;
         }
         // As evict(): a clean line the store holds is worth keeping compressed.
-        let for_tier = !line.dirty && self.codec.is_some() && st.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
+        let for_tier = !line.dirty
+            && self.codec.is_some()
+            && st.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
         let capture = (line.dirty || for_tier) && t.alive();
-        Some(Victim { heap: t, vpn: line.vpn, slot, dirty: line.dirty, capture, data: None, protected: line.wp, dropped: false })
+        Some(Victim {
+            heap: t,
+            vpn: line.vpn,
+            slot,
+            dirty: line.dirty,
+            capture,
+            data: None,
+            protected: line.wp,
+            dropped: false,
+        })
     }
 
     /// Without the lock: write-protects a run of neighbouring pages of one process, copies
@@ -201,7 +225,9 @@ impl MissPath {
             let mut data = vec![0u8; PAGE_SIZE];
             match t.region.read_out(v.vpn, &mut data) {
                 Ok(()) => v.data = Some(data),
-                Err(e) => tracing::debug!(pid = t.pid, addr = v.vpn * PAGE, error = %e, "cannot copy out a victim; keeping it"),
+                Err(e) => {
+                    tracing::debug!(pid = t.pid, addr = v.vpn * PAGE, error = %e, "cannot copy out a victim; keeping it")
+                }
             }
         }
         for v in run.iter_mut() {
@@ -241,7 +267,12 @@ impl MissPath {
             if !self.needs_no_write_back(&g, &v.heap, &line, &data) {
                 g.inflight.insert((pid, vpn));
                 let held = if v.dirty { Held::Evicted } else { Held::Clean };
-                wbs.push(Writeback { heap: v.heap.clone(), vpn, data, held });
+                wbs.push(Writeback {
+                    heap: v.heap.clone(),
+                    vpn,
+                    data,
+                    held,
+                });
             }
         }
         drop(g);

@@ -11,7 +11,9 @@ use std::time::Instant;
 use splitos_rpc::Refusal;
 
 use super::sample::unmap_batch;
-use super::{Access, Claim, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, Sent, Source, State, Writeback, PAGE};
+use super::{
+    Access, Claim, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, Sent, Source, State, Writeback, PAGE,
+};
 use crate::pmon::excache::cache::{self, Filled, Line, LineState};
 use crate::pmon::excache::prefetch::SAMPLE;
 use crate::pmon::excache::region::Install;
@@ -20,7 +22,9 @@ use crate::pmon::excache::store::Page;
 impl MissPath {
     /// Serves one fault of `t` on page `vpn`.
     pub fn fault(&self, t: &Arc<ProcHeap>, vpn: u64, access: Access, t0: Instant) {
-        let Some(claim) = self.claim(t, vpn, access) else { return };
+        let Some(claim) = self.claim(t, vpn, access) else {
+            return;
+        };
         let t_evicted = Instant::now();
         let (remote, tier_dirty) = match &claim.source {
             Source::Store => (true, None),
@@ -46,9 +50,19 @@ impl MissPath {
                     (false, Some(true)) => InstallAs::ProtectedDirty,
                     (false, _) => InstallAs::Clean,
                 };
-                let installed = if claim.extent.is_empty() { self.install(t, vpn, claim.slot, data.as_deref(), how) } else { self.allocate_extent(t, vpn, claim.slot, &claim.extent, how) };
+                let installed = if claim.extent.is_empty() {
+                    self.install(t, vpn, claim.slot, data.as_deref(), how)
+                } else {
+                    self.allocate_extent(t, vpn, claim.slot, &claim.extent, how)
+                };
                 if !installed && tier_dirty == Some(true) && t.alive() {
-                    self.fail(t, &format!("cannot install heap page {:#x} from the compressed tier, which held its only copy", vpn * PAGE));
+                    self.fail(
+                        t,
+                        &format!(
+                            "cannot install heap page {:#x} from the compressed tier, which held its only copy",
+                            vpn * PAGE
+                        ),
+                    );
                     return;
                 }
                 // Lines read ahead go in clean and write-protected, whatever the process's
@@ -58,7 +72,9 @@ impl MissPath {
                 let mut pages = pages.into_iter();
                 for (v, slot) in &claim.ahead {
                     match pages.next() {
-                        Some(p) if self.prefetch_count.fetch_add(1, Relaxed) % SAMPLE == SAMPLE - 1 => self.stage(t, *v, *slot, p),
+                        Some(p) if self.prefetch_count.fetch_add(1, Relaxed) % SAMPLE == SAMPLE - 1 => {
+                            self.stage(t, *v, *slot, p)
+                        }
                         Some(p) => {
                             self.install(t, *v, *slot, Some(&p), InstallAs::Clean);
                         }
@@ -83,7 +99,13 @@ impl MissPath {
             }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
-                for (v, slot) in claim.ahead.iter().chain(&claim.around).chain(&claim.fresh).chain(&claim.extent) {
+                for (v, slot) in claim
+                    .ahead
+                    .iter()
+                    .chain(&claim.around)
+                    .chain(&claim.fresh)
+                    .chain(&claim.extent)
+                {
                     self.abandon(t, *v, *slot);
                 }
                 self.fail(t, &e.msg);
@@ -104,7 +126,11 @@ impl MissPath {
             }
             let _ = s.install_ns.lock().unwrap().record(parts[2]);
             s.misses.fetch_add(1, Relaxed);
-            let _ = s.miss_ns.lock().unwrap().record(((t_done - t0).as_nanos() as u64).max(1));
+            let _ = s
+                .miss_ns
+                .lock()
+                .unwrap()
+                .record(((t_done - t0).as_nanos() as u64).max(1));
         });
         self.flush_unmaps();
     }
@@ -174,26 +200,62 @@ impl MissPath {
                 None if g.materialized.get(&t.pid).is_some_and(|s| s.contains(&vpn)) => Source::Store,
                 None => Source::Local,
             };
-            let ahead = if matches!(source, Source::Store) { self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
-            let extent = if matches!(source, Source::Local) { self.claim_extent(&mut g, t, vpn) } else { Vec::new() };
-            let mut around = if matches!(source, Source::Local) && extent.is_empty() { self.claim_around(&mut g, t, vpn, &mut victims, &mut lost) } else { Vec::new() };
+            let ahead = if matches!(source, Source::Store) {
+                self.claim_ahead(&mut g, t, vpn, &mut victims, &mut lost)
+            } else {
+                Vec::new()
+            };
+            let extent = if matches!(source, Source::Local) {
+                self.claim_extent(&mut g, t, vpn)
+            } else {
+                Vec::new()
+            };
+            let mut around = if matches!(source, Source::Local) && extent.is_empty() {
+                self.claim_around(&mut g, t, vpn, &mut victims, &mut lost)
+            } else {
+                Vec::new()
+            };
             let fresh = around.split_off(around.len().min(self.fault_around as usize));
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
                 self.fail(&vt, &why);
             }
-            return Some(Claim { slot: c.slot, victims, source, ahead, around, fresh, extent });
+            return Some(Claim {
+                slot: c.slot,
+                victims,
+                source,
+                ahead,
+                around,
+                fresh,
+                extent,
+            });
         }
     }
 
     /// Claims a way for (pid, vpn) as [`cache::ExCache::claim`] or [`cache::ExCache::claim_clean`]
     /// does; a line whose writes the kernel tracks is asked about first.
-    pub(super) fn claim_way(&self, g: &mut MutexGuard<'_, State>, pid: u64, vpn: u64, evictable: Evictable) -> Option<cache::Claim> {
+    pub(super) fn claim_way(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        pid: u64,
+        vpn: u64,
+        evictable: Evictable,
+    ) -> Option<cache::Claim> {
         let st = &mut **g;
         let heaps = &st.heaps;
-        let used = |l: &mut Line| heaps.get(&l.pid).filter(|t| t.region.tracks_writes()).is_some_and(|t| self.observe(t, l));
-        let c = st.cache.claim_observing(pid, vpn, |l| evictable == Evictable::Any || (!l.dirty && !used(l)), used)?;
+        let used = |l: &mut Line| {
+            heaps
+                .get(&l.pid)
+                .filter(|t| t.region.tracks_writes())
+                .is_some_and(|t| self.observe(t, l))
+        };
+        let c = st.cache.claim_observing(
+            pid,
+            vpn,
+            |l| evictable == Evictable::Any || (!l.dirty && !used(l)),
+            used,
+        )?;
         let owner = c.victim.and_then(|v| heaps.get(&v.pid));
         if let (Some(owner), Some(claimer)) = (owner, heaps.get(&pid)) {
             if !Arc::ptr_eq(&owner.stats, &claimer.stats) {
@@ -232,7 +294,9 @@ impl MissPath {
     pub(super) fn rearm(&self, g: &mut MutexGuard<'_, State>, vpn: u64) {
         for slot in g.cache.take_rearm(vpn) {
             let l = *g.cache.line(slot);
-            let Some(q) = g.heaps.get(&l.pid).cloned() else { continue };
+            let Some(q) = g.heaps.get(&l.pid).cloned() else {
+                continue;
+            };
             if q.region.samples() {
                 if !l.unmapped {
                     g.cache.line_mut(slot).unmapped = true;
@@ -257,7 +321,14 @@ impl MissPath {
     /// ahead that live at the same place (a prefix of `ahead`). Victims go to the compressed
     /// tier first; those that must still be written back are piggybacked on the fetch when
     /// they go to its place, the others are written back first.
-    fn fill(&self, t: &ProcHeap, vpn: u64, source: Source, victims: Vec<Writeback>, ahead: &[u64]) -> Result<(Option<Page>, Vec<Page>), Refusal> {
+    fn fill(
+        &self,
+        t: &ProcHeap,
+        vpn: u64,
+        source: Source,
+        victims: Vec<Writeback>,
+        ahead: &[u64],
+    ) -> Result<(Option<Page>, Vec<Page>), Refusal> {
         let victims = self.stash(victims);
         let place = match source {
             Source::Store => self.store.place(t.pid, vpn).ok(),
@@ -265,12 +336,18 @@ impl MissPath {
         };
         // One batch goes to one place: read ahead only as far as the lines live with `vpn`.
         let mut vpns = vec![vpn];
-        vpns.extend(ahead.iter().take_while(|v| place.is_some() && self.store.place(t.pid, **v).ok() == place));
+        vpns.extend(
+            ahead
+                .iter()
+                .take_while(|v| place.is_some() && self.store.place(t.pid, **v).ok() == place),
+        );
         let split = |mut pages: Vec<Page>| {
             let rest = pages.split_off(1);
             (pages.pop(), rest)
         };
-        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) = victims.into_iter().partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.heap.pid, wb.vpn).ok() == place);
+        let (joint, apart): (Vec<Writeback>, Vec<Writeback>) = victims
+            .into_iter()
+            .partition(|wb| self.piggyback && place.is_some() && self.store.place(wb.heap.pid, wb.vpn).ok() == place);
         self.flush_apart(apart);
         match source {
             Source::Local => return Ok((None, Vec::new())),
@@ -283,9 +360,13 @@ impl MissPath {
         };
         let r = match &joint[..] {
             [] => return alone().map(split),
-            [wb] if vpns.len() == 1 => self.store.flush_fetch((wb.heap.pid, wb.vpn, &wb.data), (t.pid, vpn)).map(|p| vec![p]),
+            [wb] if vpns.len() == 1 => self
+                .store
+                .flush_fetch((wb.heap.pid, wb.vpn, &wb.data), (t.pid, vpn))
+                .map(|p| vec![p]),
             wbs => {
-                let flushes: Vec<(u64, u64, &[u8])> = wbs.iter().map(|wb| (wb.heap.pid, wb.vpn, &wb.data[..])).collect();
+                let flushes: Vec<(u64, u64, &[u8])> =
+                    wbs.iter().map(|wb| (wb.heap.pid, wb.vpn, &wb.data[..])).collect();
                 self.store.flush_fetch_many(&flushes, t.pid, &vpns)
             }
         };
@@ -320,7 +401,13 @@ impl MissPath {
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             match installed {
                 // No write traps when the kernel tracks writes.
-                Install::Done | Install::Exists => g.cache.complete(slot, Filled { dirty: how.dirty(), wp: wp && !t.region.tracks_writes() }),
+                Install::Done | Install::Exists => g.cache.complete(
+                    slot,
+                    Filled {
+                        dirty: how.dirty(),
+                        wp: wp && !t.region.tracks_writes(),
+                    },
+                ),
                 Install::Gone => {
                     g.cache.remove(t.pid, vpn);
                 }

@@ -20,12 +20,21 @@ impl MissPath {
     /// the touched line; the `prealloc` beyond them are pre-allocated ([`MissPath::preallocate`]).
     /// Either way they hold ExCache ways like any line and are evicted by the policy. (A victim
     /// the kernel saw written after it was last asked goes to `victims` all the same.)
-    pub(super) fn claim_around(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>) -> Vec<(u64, usize)> {
+    pub(super) fn claim_around(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        t: &ProcHeap,
+        vpn: u64,
+        victims: &mut Vec<Writeback>,
+        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+    ) -> Vec<(u64, usize)> {
         let window = self.fault_around + self.prealloc;
         if window == 0 {
             return Vec::new();
         }
-        let Some(layout) = g.layouts.get(&t.pid) else { return Vec::new() };
+        let Some(layout) = g.layouts.get(&t.pid) else {
+            return Vec::new();
+        };
         let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
         // With huge pages, the window ends with the extent: the next one's first touch may
         // take that extent whole.
@@ -40,16 +49,23 @@ impl MissPath {
         // program too traps once per window instead of once per page.
         let up = writable(vpn + 1) && !(huge && (vpn + 1).is_multiple_of(EXTENT)) && fresh(g, vpn + 1);
         let candidates: Vec<u64> = if up {
-            (vpn + 1..=vpn.saturating_add(window)).take_while(|v| writable(*v) && !(huge && v % EXTENT == 0)).collect()
+            (vpn + 1..=vpn.saturating_add(window))
+                .take_while(|v| writable(*v) && !(huge && v % EXTENT == 0))
+                .collect()
         } else {
-            (vpn.saturating_sub(window)..vpn).rev().take_while(|v| writable(*v) && !(huge && (v + 1) % EXTENT == 0)).collect()
+            (vpn.saturating_sub(window)..vpn)
+                .rev()
+                .take_while(|v| writable(*v) && !(huge && (v + 1) % EXTENT == 0))
+                .collect()
         };
         let mut around = Vec::new();
         for v in candidates {
             if !fresh(g, v) {
                 break;
             }
-            let Some(c) = self.claim_way(g, t.pid, v, Evictable::CleanOnly) else { break };
+            let Some(c) = self.claim_way(g, t.pid, v, Evictable::CleanOnly) else {
+                break;
+            };
             self.claimed(g, v);
             if let Some(victim) = c.victim {
                 // A clean victim is dropped here, not offered to the tier: a first touch does
@@ -69,13 +85,23 @@ impl MissPath {
     /// ([`MissPath::allocate_extent`]).
     pub(super) fn claim_extent(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64) -> Vec<(u64, usize)> {
         let (first, end) = (vpn - vpn % EXTENT, vpn - vpn % EXTENT + EXTENT);
-        let writable = g.layouts.get(&t.pid).and_then(|m| m.prot_of(first * PAGE, end * PAGE)).is_some_and(|p| p & PROT_WRITE != 0);
+        let writable = g
+            .layouts
+            .get(&t.pid)
+            .and_then(|m| m.prot_of(first * PAGE, end * PAGE))
+            .is_some_and(|p| p & PROT_WRITE != 0);
         if !t.region.huge_pages() || !writable {
             return Vec::new();
         }
         let others = || (first..end).filter(|v| *v != vpn);
-        let stored = g.materialized.get(&t.pid).is_some_and(|s| s.range(first..end).next().is_some());
-        if stored || others().any(|v| g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v)) {
+        let stored = g
+            .materialized
+            .get(&t.pid)
+            .is_some_and(|s| s.range(first..end).next().is_some());
+        if stored
+            || others()
+                .any(|v| g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v))
+        {
             return Vec::new();
         }
         let mut extent = Vec::with_capacity(EXTENT as usize - 1);
@@ -103,7 +129,9 @@ impl MissPath {
     /// cannot take them, each is installed as fault-around installs its lines.
     pub(super) fn preallocate(&self, t: &ProcHeap, fresh: &[(u64, usize)]) {
         // The window is contiguous, upwards or downwards from the touched line.
-        let Some(first) = fresh.iter().map(|f| f.0).min() else { return };
+        let Some(first) = fresh.iter().map(|f| f.0).min() else {
+            return;
+        };
         if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
             tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
             for (v, slot) in fresh {
@@ -130,7 +158,14 @@ impl MissPath {
     /// if the region could give only 4 KiB pages), and the touching thread is woken to map it.
     /// If the region cannot, the touched line is installed alone as `how` says and the others
     /// are given back. Returns whether the touched line is in the program.
-    pub(super) fn allocate_extent(&self, t: &ProcHeap, vpn: u64, slot: usize, extent: &[(u64, usize)], how: InstallAs) -> bool {
+    pub(super) fn allocate_extent(
+        &self,
+        t: &ProcHeap,
+        vpn: u64,
+        slot: usize,
+        extent: &[(u64, usize)],
+        how: InstallAs,
+    ) -> bool {
         let huge = match t.region.allocate_huge(vpn - vpn % EXTENT) {
             Ok(huge) => huge,
             Err(e) => {
@@ -139,7 +174,13 @@ impl MissPath {
                 }
                 if let SplitError::Lost(e) = e {
                     self.abandon(t, vpn, slot);
-                    self.fail(t, &format!("cannot put back the 2 MiB of heap at {:#x} after a failed huge page: {e}", (vpn - vpn % EXTENT) * PAGE));
+                    self.fail(
+                        t,
+                        &format!(
+                            "cannot put back the 2 MiB of heap at {:#x} after a failed huge page: {e}",
+                            (vpn - vpn % EXTENT) * PAGE
+                        ),
+                    );
                     return false;
                 }
                 tracing::debug!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot pre-allocate a huge page; installing the line alone");

@@ -76,7 +76,15 @@ pub struct ProcHeap {
 
 impl ProcHeap {
     pub fn new(pid: u64, region: Box<dyn Region>, stats: Arc<RunStats>) -> Arc<ProcHeap> {
-        Arc::new(ProcHeap { pid, region, stats, alive: AtomicBool::new(true), done: AtomicBool::new(false), read_fills: AtomicU64::new(0), written_after_read: AtomicU64::new(0) })
+        Arc::new(ProcHeap {
+            pid,
+            region,
+            stats,
+            alive: AtomicBool::new(true),
+            done: AtomicBool::new(false),
+            read_fills: AtomicU64::new(0),
+            written_after_read: AtomicU64::new(0),
+        })
     }
 
     pub fn alive(&self) -> bool {
@@ -285,7 +293,15 @@ pub struct MissPathParts {
 
 impl MissPath {
     pub fn new(parts: MissPathParts) -> MissPath {
-        let MissPathParts { cache, store, prefetcher, piggyback, fault_around, prealloc, on_fail } = parts;
+        let MissPathParts {
+            cache,
+            store,
+            prefetcher,
+            piggyback,
+            fault_around,
+            prealloc,
+            on_fail,
+        } = parts;
         let state = State {
             cache,
             inflight: HashSet::new(),
@@ -325,7 +341,12 @@ impl MissPath {
     /// The compressed tier's policy, codec, budget, bytes charged and entries (for statistics).
     pub fn tier_usage(&self) -> Option<(&'static str, &'static str, u64, u64, usize)> {
         let codec = self.codec.as_ref()?.name();
-        self.state.lock().unwrap().tier.as_ref().map(|t| (t.name(), codec, t.budget(), t.used(), t.entries()))
+        self.state
+            .lock()
+            .unwrap()
+            .tier
+            .as_ref()
+            .map(|t| (t.name(), codec, t.budget(), t.used(), t.entries()))
     }
 
     /// Records what [start, end) (bytes) of process `pid` now is: mapped with `prot`, or
@@ -335,14 +356,26 @@ impl MissPath {
         let m = g.layouts.entry(pid).or_default();
         m.remove_range(start, end);
         if let Some(prot) = prot {
-            m.insert(start, Vma { end, prot, accounted: false });
+            m.insert(
+                start,
+                Vma {
+                    end,
+                    prot,
+                    accounted: false,
+                },
+            );
         }
     }
 
     /// The protection of [start, end) (bytes) of process `pid` if it is mapped with no hole and
     /// one protection.
     pub fn prot_of(&self, pid: u64, start: u64, end: u64) -> Option<u32> {
-        self.state.lock().unwrap().layouts.get(&pid).and_then(|m| m.prot_of(start, end))
+        self.state
+            .lock()
+            .unwrap()
+            .layouts
+            .get(&pid)
+            .and_then(|m| m.prot_of(start, end))
     }
 
     /// The pComponent's counters over all runs.
@@ -357,7 +390,11 @@ impl MissPath {
     /// Puts new policies in place of the running ones (each only when given), between two
     /// misses: a miss under way finishes with the old. A new prefetcher starts without the old
     /// one's streams. Returns the names now in place.
-    pub fn replace_policies(&self, eviction: Option<Box<dyn EvictionPolicy>>, prefetch: Option<Box<dyn Prefetcher>>) -> (&'static str, &'static str) {
+    pub fn replace_policies(
+        &self,
+        eviction: Option<Box<dyn EvictionPolicy>>,
+        prefetch: Option<Box<dyn Prefetcher>>,
+    ) -> (&'static str, &'static str) {
         let mut g = self.state.lock().unwrap();
         if let Some(p) = eviction {
             g.cache.set_policy(p);
@@ -408,7 +445,13 @@ impl MissPath {
     }
 
     pub fn materialized_of(&self, pid: u64) -> BTreeSet<u64> {
-        self.state.lock().unwrap().materialized.get(&pid).cloned().unwrap_or_default()
+        self.state
+            .lock()
+            .unwrap()
+            .materialized
+            .get(&pid)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// After mremap moved [old, old + old_len) to `new`: the pages that existed on the store in

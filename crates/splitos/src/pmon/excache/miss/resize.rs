@@ -43,7 +43,10 @@ impl MissPath {
             None => g.cache.ways(),
         };
         if let Some(r) = g.reserve.as_ref().filter(|r| r.ways >= ways) {
-            return Err(format!("{ways} ways per set leave none to fill beside the evictor's reserve of {} (evict_reserve)", r.ways));
+            return Err(format!(
+                "{ways} ways per set leave none to fill beside the evictor's reserve of {} (evict_reserve)",
+                r.ways
+            ));
         }
         let new_lines = ways * g.cache.sets();
         let shared = match &shares {
@@ -51,7 +54,9 @@ impl MissPath {
             None => g.cache.shares().values().sum(),
         };
         if shared > new_lines {
-            return Err(format!("the vNodes' shares add up to {shared} lines, more than the ExCache's {new_lines}"));
+            return Err(format!(
+                "the vNodes' shares add up to {shared} lines, more than the ExCache's {new_lines}"
+            ));
         }
         if let Some(shares) = shares {
             let by_id = shares.iter().map(|(vnode, n)| (vnode_id(&mut g, vnode), *n)).collect();
@@ -96,7 +101,16 @@ impl MissPath {
     /// Each vNode's share (lines), and the lines its processes hold now.
     pub fn shares(&self) -> Vec<(String, usize, usize)> {
         let g = self.state.lock().unwrap();
-        let mut out: Vec<(String, usize, usize)> = g.vnode_ids.iter().filter_map(|(v, id)| g.cache.shares().get(id).map(|n| (v.clone(), *n, g.cache.group_lines(*id)))).collect();
+        let mut out: Vec<(String, usize, usize)> = g
+            .vnode_ids
+            .iter()
+            .filter_map(|(v, id)| {
+                g.cache
+                    .shares()
+                    .get(id)
+                    .map(|n| (v.clone(), *n, g.cache.group_lines(*id)))
+            })
+            .collect();
         out.sort();
         out
     }

@@ -73,8 +73,18 @@ impl MissPath {
     /// then writes it back if it was dirty or written since its last protection; a clean one is
     /// dropped (or, as `clean` says, offered to the compressed tier as in fault mode). If it
     /// cannot be taken its writes may be lost, so its process is stopped here, under the lock.
-    pub(super) fn evict_taken(&self, g: &mut MutexGuard<'_, State>, vt: &Arc<ProcHeap>, v: Line, victims: &mut Vec<Writeback>, lost: &mut Vec<(Arc<ProcHeap>, String)>, clean: CleanVictim) {
-        let for_tier = clean == CleanVictim::ToTier && self.codec.is_some() && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
+    pub(super) fn evict_taken(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        vt: &Arc<ProcHeap>,
+        v: Line,
+        victims: &mut Vec<Writeback>,
+        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+        clean: CleanVictim,
+    ) {
+        let for_tier = clean == CleanVictim::ToTier
+            && self.codec.is_some()
+            && g.materialized.get(&v.pid).is_some_and(|s| s.contains(&v.vpn));
         let keep = match (v.dirty, for_tier) {
             (true, _) => Keep::Dirty,
             (false, true) => Keep::All,
@@ -99,7 +109,12 @@ impl MissPath {
                     Some(data) if (dirty || for_tier) && !self.needs_no_write_back(g, vt, &v, &data) => {
                         g.inflight.insert((v.pid, v.vpn));
                         let held = if dirty { Held::Evicted } else { Held::Clean };
-                        victims.push(Writeback { heap: vt.clone(), vpn: v.vpn, data, held });
+                        victims.push(Writeback {
+                            heap: vt.clone(),
+                            vpn: v.vpn,
+                            data,
+                            held,
+                        });
                     }
                     _ => {}
                 }
@@ -107,7 +122,10 @@ impl MissPath {
             Ok(None) => {}
             Err(e) => {
                 vt.alive.store(false, Relaxed);
-                lost.push((vt.clone(), format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE)));
+                lost.push((
+                    vt.clone(),
+                    format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE),
+                ));
             }
         }
         self.bump(vt, |s| {
@@ -120,8 +138,19 @@ impl MissPath {
     /// written them since their write-back. They are taken from the program, those written are
     /// written back (in flight until acknowledged, as evicted victims are), and the range is
     /// dropped. A line that cannot be taken, or whose write-back fails, fails the process.
-    pub(super) fn drop_taken(&self, mut g: MutexGuard<'_, State>, t: &Arc<ProcHeap>, first: u64, end: u64) -> Result<(), Refusal> {
-        let resident: Vec<u64> = g.cache.resident_in(t.pid, first, end).into_iter().map(|(v, _)| v).collect();
+    pub(super) fn drop_taken(
+        &self,
+        mut g: MutexGuard<'_, State>,
+        t: &Arc<ProcHeap>,
+        first: u64,
+        end: u64,
+    ) -> Result<(), Refusal> {
+        let resident: Vec<u64> = g
+            .cache
+            .resident_in(t.pid, first, end)
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect();
         let (mut victims, mut failure) = (Vec::new(), None);
         for (run, stop) in runs(resident.iter().copied()) {
             self.count_scan(t, stop - run);
@@ -130,7 +159,12 @@ impl MissPath {
                     for tk in taken {
                         if let Some(data) = tk.data {
                             g.inflight.insert((t.pid, tk.vpn));
-                            victims.push(Writeback { heap: t.clone(), vpn: tk.vpn, data, held: Held::Evicted });
+                            victims.push(Writeback {
+                                heap: t.clone(),
+                                vpn: tk.vpn,
+                                data,
+                                held: Held::Evicted,
+                            });
                         }
                     }
                 }
@@ -146,7 +180,10 @@ impl MissPath {
             self.fail(t, &why);
         }
         if !t.alive() {
-            return Err(Refusal::new(splitos_rpc::ErrCode::Internal, format!("process {} lost heap pages while they moved", t.pid)));
+            return Err(Refusal::new(
+                splitos_rpc::ErrCode::Internal,
+                format!("process {} lost heap pages while they moved", t.pid),
+            ));
         }
         Ok(())
     }
@@ -168,7 +205,10 @@ fn runs(vpns: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
 mod tests {
     #[test]
     fn runs_split_at_holes() {
-        assert_eq!(super::runs([3, 4, 5, 9, 11, 12].into_iter()), vec![(3, 6), (9, 10), (11, 13)]);
+        assert_eq!(
+            super::runs([3, 4, 5, 9, 11, 12].into_iter()),
+            vec![(3, 6), (9, 10), (11, 13)]
+        );
         assert!(super::runs(std::iter::empty()).is_empty());
     }
 }

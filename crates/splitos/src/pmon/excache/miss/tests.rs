@@ -64,7 +64,11 @@ impl Region for MemRegion {
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         let mut p = self.0.pages.lock().unwrap();
         p.retain(|v, _| *v < vpn || *v >= vpn + pages);
-        self.0.unmapped.lock().unwrap().retain(|v| *v < vpn || *v >= vpn + pages);
+        self.0
+            .unmapped
+            .lock()
+            .unwrap()
+            .retain(|v| *v < vpn || *v >= vpn + pages);
         Ok(())
     }
     fn samples(&self) -> bool {
@@ -72,19 +76,27 @@ impl Region for MemRegion {
     }
     fn unmap(&self, vpns: &[u64]) -> io::Result<()> {
         let p = self.0.pages.lock().unwrap();
-        self.0.unmapped.lock().unwrap().extend(vpns.iter().filter(|v| p.contains_key(v)));
+        self.0
+            .unmapped
+            .lock()
+            .unwrap()
+            .extend(vpns.iter().filter(|v| p.contains_key(v)));
         Ok(())
     }
     fn map(&self, vpn: u64, wp: bool) -> io::Result<Install> {
         let mut p = self.0.pages.lock().unwrap();
-        let Some(e) = p.get_mut(&vpn) else { return Ok(Install::Gone) };
+        let Some(e) = p.get_mut(&vpn) else {
+            return Ok(Install::Gone);
+        };
         e.1 = wp;
         self.0.unmapped.lock().unwrap().remove(&vpn);
         Ok(Install::Done)
     }
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
         let p = self.0.pages.lock().unwrap();
-        let (d, _) = p.get(&vpn).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not resident"))?;
+        let (d, _) = p
+            .get(&vpn)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not resident"))?;
         buf.copy_from_slice(d);
         Ok(())
     }
@@ -109,7 +121,11 @@ impl Region for MemRegion {
             .map(|v| {
                 let (data, wp) = p.remove(&v).unwrap_or_else(|| (vec![0; PAGE_SIZE], false));
                 let written = !wp || keep == crate::pmon::Keep::Dirty;
-                crate::pmon::Taken { vpn: v, written, data: (written || keep == crate::pmon::Keep::All).then_some(data) }
+                crate::pmon::Taken {
+                    vpn: v,
+                    written,
+                    data: (written || keep == crate::pmon::Keep::All).then_some(data),
+                }
             })
             .collect())
     }
@@ -127,7 +143,13 @@ struct MemStore {
 
 impl MemStore {
     fn new(places: u64) -> Arc<MemStore> {
-        Arc::new(MemStore { places, pages: Mutex::default(), failing: Mutex::default(), calls: Mutex::default(), gate: (Mutex::new(true), Condvar::new()) })
+        Arc::new(MemStore {
+            places,
+            pages: Mutex::default(),
+            failing: Mutex::default(),
+            calls: Mutex::default(),
+            gate: (Mutex::new(true), Condvar::new()),
+        })
     }
     fn calls(&self, name: &str) -> usize {
         self.calls.lock().unwrap().iter().filter(|c| **c == name).count()
@@ -139,14 +161,25 @@ impl MemStore {
             open = self.gate.1.wait(open).unwrap();
         }
         if self.failing.lock().unwrap().contains(&place) {
-            return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {place} at test: cannot write back heap page {:#x}", vpn * 4096)));
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!(
+                    "mComponent {place} at test: cannot write back heap page {:#x}",
+                    vpn * 4096
+                ),
+            ));
         }
         self.pages.lock().unwrap().insert((pid, vpn), data.to_vec());
         Ok(())
     }
     fn load(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
         // A fetch of a page that was never written back is a bug of the miss path.
-        self.pages.lock().unwrap().get(&(pid, vpn)).cloned().ok_or_else(|| ERR::new(ErrCode::NotFound, format!("page {vpn} of {pid} was never stored")))
+        self.pages
+            .lock()
+            .unwrap()
+            .get(&(pid, vpn))
+            .cloned()
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("page {vpn} of {pid} was never stored")))
     }
     fn set_gate(&self, open: bool) {
         *self.gate.0.lock().unwrap() = open;
@@ -201,25 +234,53 @@ fn rig(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, 
     rig_with(lines, ways, policy, places, piggyback, 0)
 }
 
-fn rig_with(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, prefetch: usize) -> Rig {
+fn rig_with(
+    lines: usize,
+    ways: usize,
+    policy: Box<dyn EvictionPolicy>,
+    places: u64,
+    piggyback: bool,
+    prefetch: usize,
+) -> Rig {
     rig_full(lines, ways, policy, places, piggyback, (prefetch, 0, 0))
 }
 
 /// `levers`: lines read ahead, installed around a first touch, and pre-allocated past those.
-fn rig_full(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>, places: u64, piggyback: bool, levers: (usize, usize, usize)) -> Rig {
+fn rig_full(
+    lines: usize,
+    ways: usize,
+    policy: Box<dyn EvictionPolicy>,
+    places: u64,
+    piggyback: bool,
+    levers: (usize, usize, usize),
+) -> Rig {
     let (prefetch, fault_around, prealloc) = levers;
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
     let prefetcher = crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, prefetch);
-    let mp = Arc::new(MissPath::new(MissPathParts { prefetcher, piggyback, fault_around, prealloc, ..parts(ExCache::new(lines, ways, policy), store.clone(), hook) }));
+    let mp = Arc::new(MissPath::new(MissPathParts {
+        prefetcher,
+        piggyback,
+        fault_around,
+        prealloc,
+        ..parts(ExCache::new(lines, ways, policy), store.clone(), hook)
+    }));
     Rig { mp, store, failed }
 }
 
 /// A miss path's parts with piggyback on, no read-ahead and no fresh lines.
 fn parts(cache: ExCache, store: Arc<MemStore>, on_fail: FailHook) -> MissPathParts {
-    MissPathParts { cache, store, prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, 0), piggyback: true, fault_around: 0, prealloc: 0, on_fail }
+    MissPathParts {
+        cache,
+        store,
+        prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Sequential, 0),
+        piggyback: true,
+        fault_around: 0,
+        prealloc: 0,
+        on_fail,
+    }
 }
 
 /// A process as the test drives it.
@@ -303,11 +364,19 @@ fn p_local_lines_need_no_message_and_come_back_after_eviction() {
     let p = r.prog(1);
     assert!(p.write(&r.mp, 10, 7));
     assert!(p.write(&r.mp, 11, 8));
-    assert_eq!(r.store.calls.lock().unwrap().len(), 0, "first touches are p-local: no message");
+    assert_eq!(
+        r.store.calls.lock().unwrap().len(),
+        0,
+        "first touches are p-local: no message"
+    );
     assert_eq!(p.stat(|s| &s.plocal_fills), 2);
     assert!(p.write(&r.mp, 12, 9), "a third line evicts the oldest");
     assert_eq!(r.store.calls("flush"), 1, "the dirty victim was written back");
-    assert_eq!(p.read(&r.mp, 10), Some(7), "the evicted line comes back with its contents");
+    assert_eq!(
+        p.read(&r.mp, 10),
+        Some(7),
+        "the evicted line comes back with its contents"
+    );
     assert_eq!(r.store.calls("flush_fetch") + r.store.calls("fetch"), 1);
     assert!(r.failed().is_empty());
 }
@@ -326,14 +395,21 @@ fn clean_victims_are_dropped_without_a_message() {
     assert_eq!(p.read(&r.mp, 2), Some(2));
     let flushes_before = r.store.calls("flush") + r.store.calls("flush_fetch");
     assert_eq!(p.read(&r.mp, 3), Some(3), "evicts clean page 1");
-    assert_eq!(r.store.calls("flush") + r.store.calls("flush_fetch"), flushes_before, "a clean victim needs no write-back");
+    assert_eq!(
+        r.store.calls("flush") + r.store.calls("flush_fetch"),
+        flushes_before,
+        "a clean victim needs no write-back"
+    );
     assert!(r.store.calls.lock().unwrap().len() > messages);
     assert!(p.stat(|s| &s.evictions) >= 4);
 }
 
 #[test]
 fn eviction_follows_the_policy() {
-    for (policy, keeps_rewritten) in [(Box::new(Fifo) as Box<dyn EvictionPolicy>, false), (Box::new(Clock), true)] {
+    for (policy, keeps_rewritten) in [
+        (Box::new(Fifo) as Box<dyn EvictionPolicy>, false),
+        (Box::new(Clock), true),
+    ] {
         let name = policy.name();
         let r = rig(3, 0, policy, 1, true);
         let p = r.prog(1);
@@ -344,10 +420,15 @@ fn eviction_follows_the_policy() {
         // write-protects them again so that their next write is seen.
         assert!(p.write(&r.mp, 3, 4));
         assert!(p.write(&r.mp, 1, 20));
-        assert_eq!(p.stat(|s| &s.wp_faults), keeps_rewritten as u64, "{name}: only CLOCK watches the rewrite");
+        assert_eq!(
+            p.stat(|s| &s.wp_faults),
+            keeps_rewritten as u64,
+            "{name}: only CLOCK watches the rewrite"
+        );
         // FIFO evicts the oldest fill, page 1; CLOCK spares the re-referenced page 1 and evicts 2.
         assert!(p.write(&r.mp, 4, 5));
-        let resident: Vec<u64> = r.mp.with_cache(|c| c.resident_in(1, 0, 10).into_iter().map(|(v, _)| v).collect());
+        let resident: Vec<u64> =
+            r.mp.with_cache(|c| c.resident_in(1, 0, 10).into_iter().map(|(v, _)| v).collect());
         assert_eq!(resident.contains(&1), keeps_rewritten, "{name}: {resident:?}");
         assert_eq!(resident.contains(&2), !keeps_rewritten, "{name}: {resident:?}");
         for (v, want) in [(0u64, 1u8), (1, 20), (2, 3), (3, 4), (4, 5)] {
@@ -366,7 +447,11 @@ fn piggyback_merges_the_victims_flush_with_the_fetch_only_when_enabled() {
         }
         // Pages 0 and 1 are on the store; 2 and 3 are dirty and resident.
         assert_eq!(p.read(&r.mp, 0), Some(1));
-        assert_eq!(r.store.calls("flush_fetch"), piggyback as usize, "piggyback={piggyback}");
+        assert_eq!(
+            r.store.calls("flush_fetch"),
+            piggyback as usize,
+            "piggyback={piggyback}"
+        );
         assert_eq!(r.store.calls("fetch"), !piggyback as usize);
         assert_eq!(p.stat(|s| &s.piggybacked), piggyback as u64);
     }
@@ -386,7 +471,11 @@ fn a_victims_failed_write_back_fails_its_own_process_not_silently() {
     let failed = r.failed();
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].0, 1, "the victim's process is failed, not the faulting one");
-    assert!(failed[0].1.contains("mComponent 0"), "the error names the component: {}", failed[0].1);
+    assert!(
+        failed[0].1.contains("mComponent 0"),
+        "the error names the component: {}",
+        failed[0].1
+    );
     assert!(!victim.t.alive());
     assert!(other.t.alive(), "the faulting process goes on");
     // The victim can never see its page as zeros: it is no longer served at all.
@@ -405,15 +494,33 @@ fn a_failed_piggybacked_write_back_fails_its_own_process_and_the_fetch_goes_alon
     assert!(victim.write(&r.mp, 3, 13));
     assert!(victim.write(&r.mp, 4, 14));
     r.store.failing.lock().unwrap().insert(0);
-    let calls = |r: &Rig| (r.store.calls("flush_fetch"), r.store.calls("flush"), r.store.calls("fetch"));
+    let calls = |r: &Rig| {
+        (
+            r.store.calls("flush_fetch"),
+            r.store.calls("flush"),
+            r.store.calls("fetch"),
+        )
+    };
     let before = calls(&r);
     // Process 2 misses on page 1 (on the store): victim line 3 of process 1 rides along, and
     // its write-back fails. Process 2, perhaps of another vNode, gets its page all the same.
     assert_eq!(other.read(&r.mp, 1), Some(11));
     let failed = r.failed();
-    assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1], "only the victim's process is failed: {failed:?}");
-    assert!(failed[0].1.contains("heap page 0x3000"), "with the error of its own page: {}", failed[0].1);
-    assert_eq!(calls(&r), (before.0 + 1, before.1 + 1, before.2 + 1), "the victim written back apart, the page fetched alone");
+    assert_eq!(
+        failed.iter().map(|f| f.0).collect::<Vec<_>>(),
+        vec![1],
+        "only the victim's process is failed: {failed:?}"
+    );
+    assert!(
+        failed[0].1.contains("heap page 0x3000"),
+        "with the error of its own page: {}",
+        failed[0].1
+    );
+    assert_eq!(
+        calls(&r),
+        (before.0 + 1, before.1 + 1, before.2 + 1),
+        "the victim written back apart, the page fetched alone"
+    );
     assert_eq!(victim.read(&r.mp, 3), None, "never zeros for the lost page");
     assert!(other.t.alive());
 }
@@ -438,7 +545,10 @@ fn a_miss_waits_for_the_write_back_of_the_same_line() {
         v
     });
     std::thread::sleep(Duration::from_millis(50));
-    assert!(!done.load(Ordering::SeqCst), "the miss on page 0 must wait for its write-back");
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "the miss on page 0 must wait for its write-back"
+    );
     r.store.set_gate(true);
     assert!(evictor.join().unwrap());
     // Had it not waited, it would have fetched a page the store never had and been failed.
@@ -455,13 +565,19 @@ fn a_range_write_back_keeps_lines_dirty_until_acknowledged() {
     }
     r.store.failing.lock().unwrap().insert(0);
     assert!(r.mp.write_back_range(&p.t, 0, 8).is_err());
-    let dirty = r.mp.with_cache(|c| c.resident_in(1, 0, 8).iter().filter(|(_, s)| c.line(*s).dirty).count());
+    let dirty =
+        r.mp.with_cache(|c| c.resident_in(1, 0, 8).iter().filter(|(_, s)| c.line(*s).dirty).count());
     assert_eq!(dirty, 4, "a failed write-back leaves every line dirty and resident");
     assert!(r.failed().is_empty(), "nothing was lost, so nobody is failed");
     r.store.failing.lock().unwrap().clear();
     assert!(r.mp.write_back_range(&p.t, 0, 8).is_ok());
-    assert_eq!(r.store.calls("flush_many"), 2, "one batched message per place each time");
-    let dirty = r.mp.with_cache(|c| c.resident_in(1, 0, 8).iter().filter(|(_, s)| c.line(*s).dirty).count());
+    assert_eq!(
+        r.store.calls("flush_many"),
+        2,
+        "one batched message per place each time"
+    );
+    let dirty =
+        r.mp.with_cache(|c| c.resident_in(1, 0, 8).iter().filter(|(_, s)| c.line(*s).dirty).count());
     assert_eq!(dirty, 0);
     assert_eq!(r.store.pages.lock().unwrap().get(&(1, 3)).map(|d| d[0]), Some(4));
     // A write after the write-back traps (the line is write-protected again) and makes it dirty.
@@ -477,10 +593,18 @@ fn reads_then_writes_are_predicted_and_installed_writable() {
         assert_eq!(p.read(&r.mp, v), Some(0));
         assert!(p.write(&r.mp, v, 1));
     }
-    assert_eq!(p.stat(|s| &s.wp_faults), 64, "each read-then-write takes one write-protect fault");
+    assert_eq!(
+        p.stat(|s| &s.wp_faults),
+        64,
+        "each read-then-write takes one write-protect fault"
+    );
     assert_eq!(p.read(&r.mp, 100), Some(0));
     assert!(p.write(&r.mp, 100, 1));
-    assert_eq!(p.stat(|s| &s.wp_faults), 64, "once predicted, a read miss is installed writable and dirty");
+    assert_eq!(
+        p.stat(|s| &s.wp_faults),
+        64,
+        "once predicted, a read miss is installed writable and dirty"
+    );
     let slot = r.mp.with_cache(|c| c.lookup(1, 100)).unwrap();
     assert!(r.mp.with_cache(|c| c.line(slot).dirty));
 }
@@ -502,7 +626,11 @@ fn mremap_keeps_a_write_made_during_its_write_back() {
     assert!(p.write(&r.mp, 2, 99));
     r.store.set_gate(true);
     assert!(mover.join().unwrap().is_ok());
-    assert_eq!(r.store.calls("flush_many"), 2, "the raced write is written back in a second round");
+    assert_eq!(
+        r.store.calls("flush_many"),
+        2,
+        "the raced write is written back in a second round"
+    );
     assert_eq!(p.read(&r.mp, 2), Some(99), "the write made during the move survives it");
 }
 
@@ -542,7 +670,14 @@ impl Region for FlakyRegion {
 fn flaky(mp: &MissPath, pid: u64) -> (Prog, Arc<AtomicBool>) {
     let mem = MemRegion::default();
     let fail_read = Arc::new(AtomicBool::new(false));
-    let t = ProcHeap::new(pid, Box::new(FlakyRegion { inner: mem.clone(), fail_read: fail_read.clone() }), Arc::new(RunStats::default()));
+    let t = ProcHeap::new(
+        pid,
+        Box::new(FlakyRegion {
+            inner: mem.clone(),
+            fail_read: fail_read.clone(),
+        }),
+        Arc::new(RunStats::default()),
+    );
     mp.add(t.clone(), Default::default());
     (Prog { t, mem }, fail_read)
 }
@@ -554,7 +689,10 @@ fn a_line_that_could_not_be_copied_out_stays_dirty_and_writable_again() {
     assert!(p.write(&r.mp, 1, 7));
     fail_read.store(true, Ordering::SeqCst);
     assert!(r.mp.write_back_range(&p.t, 0, 8).is_err());
-    assert!(p.write(&r.mp, 1, 8), "the protection the failed copy left is lifted by the next write");
+    assert!(
+        p.write(&r.mp, 1, 8),
+        "the protection the failed copy left is lifted by the next write"
+    );
     assert!(r.mp.write_back_range(&p.t, 0, 8).is_ok());
     assert_eq!(r.store.pages.lock().unwrap().get(&(1, 1)).map(|d| d[0]), Some(8));
 }
@@ -603,12 +741,23 @@ fn sequential_misses_read_ahead_in_one_batch_and_random_ones_do_not() {
         assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
     }
     let prefetched = p.stat(|s| &s.prefetched);
-    assert!(prefetched >= 30, "most of a sequential scan arrives ahead of its misses: {prefetched}");
+    assert!(
+        prefetched >= 30,
+        "most of a sequential scan arrives ahead of its misses: {prefetched}"
+    );
     assert!(batches(&r) >= 4, "read-ahead travels in batches");
     // The window opens after two misses and doubles up to 8 lines: 48 lines in a handful of
     // round trips, the dirty lines they push out riding along.
-    assert!(fetches(&r) + batches(&r) <= 10, "48 lines in few round trips: {} + {}", fetches(&r), batches(&r));
-    assert!(r.store.calls("flush_fetch_many") > 0 && r.store.calls("flush") == flushes_before, "dirty victims ride with the batch");
+    assert!(
+        fetches(&r) + batches(&r) <= 10,
+        "48 lines in few round trips: {} + {}",
+        fetches(&r),
+        batches(&r)
+    );
+    assert!(
+        r.store.calls("flush_fetch_many") > 0 && r.store.calls("flush") == flushes_before,
+        "dirty victims ride with the batch"
+    );
 
     // Random misses open no window.
     let before = (batches(&r), p.stat(|s| &s.prefetched));
@@ -631,9 +780,20 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
     for v in 0..64 {
         assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
     }
-    let (prefetched, sampled, used) = (p.stat(|s| &s.prefetched), p.stat(|s| &s.prefetch_sampled), p.stat(|s| &s.prefetch_sample_used));
-    assert_eq!(sampled, prefetched / crate::pmon::excache::prefetch::SAMPLE, "one in SAMPLE of {prefetched}");
-    assert!(sampled >= 2 && used == sampled, "a scan uses every sample: {used} of {sampled}");
+    let (prefetched, sampled, used) = (
+        p.stat(|s| &s.prefetched),
+        p.stat(|s| &s.prefetch_sampled),
+        p.stat(|s| &s.prefetch_sample_used),
+    );
+    assert_eq!(
+        sampled,
+        prefetched / crate::pmon::excache::prefetch::SAMPLE,
+        "one in SAMPLE of {prefetched}"
+    );
+    assert!(
+        sampled >= 2 && used == sampled,
+        "a scan uses every sample: {used} of {sampled}"
+    );
     // A staged line is installed on its first touch, written back when written, and a staged
     // line of a range that was unmapped is gone with it.
     r.mp.evict_range(&p.t, 0, 64).unwrap();
@@ -644,7 +804,9 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
             continue;
         }
         assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1));
-        staged.extend((v + 1..64).filter(|w| r.mp.with_cache(|c| c.lookup(1, *w).is_some()) && !p.mem.0.pages.lock().unwrap().contains_key(w)));
+        staged.extend((v + 1..64).filter(|w| {
+            r.mp.with_cache(|c| c.lookup(1, *w).is_some()) && !p.mem.0.pages.lock().unwrap().contains_key(w)
+        }));
         if !staged.is_empty() {
             break;
         }
@@ -660,20 +822,34 @@ fn one_read_ahead_line_in_sample_is_staged_and_its_use_or_waste_is_counted() {
     }
     r.mp.discard_range(&p.t, 0, 64);
     for v in 0..64 {
-        assert_eq!(p.read(&r.mp, v), Some(0), "unmapped and touched again: zeros, never a stale sample");
+        assert_eq!(
+            p.read(&r.mp, v),
+            Some(0),
+            "unmapped and touched again: zeros, never a stale sample"
+        );
     }
     for v in 200..300 {
         assert!(p.write(&r.mp, v, 1));
     }
-    assert!(p.stat(|s| &s.prefetch_sample_wasted) >= wasted, "evicted untouched samples are waste");
+    assert!(
+        p.stat(|s| &s.prefetch_sample_wasted) >= wasted,
+        "evicted untouched samples are waste"
+    );
     assert!(r.failed().is_empty());
 }
 
 #[test]
 fn staged_samples_evicted_untouched_are_waste() {
     let store = MemStore::new(1);
-    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8), ..parts(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {})) });
-    let r = Rig { mp: Arc::new(mp), store, failed: Arc::default() };
+    let mp = MissPath::new(MissPathParts {
+        prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8),
+        ..parts(ExCache::new(32, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {}))
+    });
+    let r = Rig {
+        mp: Arc::new(mp),
+        store,
+        failed: Arc::default(),
+    };
     let p = r.prog(1);
     for v in 0..256 {
         assert!(p.write(&r.mp, v, 1));
@@ -687,7 +863,11 @@ fn staged_samples_evicted_untouched_are_waste() {
     for v in 1000..1064 {
         assert!(p.write(&r.mp, v, 2));
     }
-    let (sampled, used, wasted) = (p.stat(|s| &s.prefetch_sampled), p.stat(|s| &s.prefetch_sample_used), p.stat(|s| &s.prefetch_sample_wasted));
+    let (sampled, used, wasted) = (
+        p.stat(|s| &s.prefetch_sampled),
+        p.stat(|s| &s.prefetch_sample_used),
+        p.stat(|s| &s.prefetch_sample_wasted),
+    );
     assert!(sampled > 0 && wasted > 0, "{sampled} sampled, {wasted} wasted");
     assert!(used + wasted <= sampled);
 }
@@ -700,7 +880,11 @@ fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_ma
     r.mp.set_prot(1, 0, 12 * 4096, Some(3));
     r.mp.set_prot(1, 12 * 4096, 16 * 4096, Some(1));
     assert!(p.write(&r.mp, 0, 1));
-    assert_eq!(p.stat(|s| &s.faulted_around), 8, "the next 8 lines came with the first touch");
+    assert_eq!(
+        p.stat(|s| &s.faulted_around),
+        8,
+        "the next 8 lines came with the first touch"
+    );
     for v in 1..9 {
         // Installed writable: the write needs no fault at all.
         let misses = p.stat(|s| &s.misses);
@@ -708,7 +892,11 @@ fn a_first_touch_brings_fresh_writable_lines_around_it_only_where_the_program_ma
         assert_eq!(p.stat(|s| &s.misses), misses, "page {v} was already there");
     }
     assert!(p.write(&r.mp, 9, 9));
-    assert_eq!(p.stat(|s| &s.faulted_around), 8 + 2, "stops where the writable mapping ends (page 12)");
+    assert_eq!(
+        p.stat(|s| &s.faulted_around),
+        8 + 2,
+        "stops where the writable mapping ends (page 12)"
+    );
     assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh lines need no message");
     // Lines installed writable are dirty: evicting them writes them back, so nothing is lost.
     let slot = r.mp.with_cache(|c| c.lookup(1, 5)).unwrap();
@@ -726,7 +914,11 @@ fn fault_around_never_pushes_out_a_dirty_line() {
     assert!(p.write(&r.mp, 0, 1));
     assert_eq!(p.stat(|s| &s.faulted_around), 3, "the free ways only");
     assert!(p.write(&r.mp, 20, 2));
-    assert_eq!(p.stat(|s| &s.faulted_around), 3, "every way holds a dirty line now: nothing comes along");
+    assert_eq!(
+        p.stat(|s| &s.faulted_around),
+        3,
+        "every way holds a dirty line now: nothing comes along"
+    );
     assert_eq!(p.read(&r.mp, 0), Some(1));
 }
 
@@ -749,11 +941,17 @@ fn lines_read_ahead_stay_clean_even_when_the_process_predicts_writes() {
     assert_eq!(p.read(&r.mp, 100), Some(100));
     assert_eq!(p.read(&r.mp, 101), Some(101));
     let main = r.mp.with_cache(|c| *c.line(c.lookup(1, 101).unwrap()));
-    assert!(main.dirty && !main.wp, "the missed line itself is installed as predicted: {main:?}");
+    assert!(
+        main.dirty && !main.wp,
+        "the missed line itself is installed as predicted: {main:?}"
+    );
     assert!(p.stat(|s| &s.prefetched) > 0);
     let slot = r.mp.with_cache(|c| c.lookup(1, 102)).expect("read ahead with 101");
     let line = r.mp.with_cache(|c| *c.line(slot));
-    assert!(!line.dirty && line.wp, "a line nobody asked for is installed clean: {line:?}");
+    assert!(
+        !line.dirty && line.wp,
+        "a line nobody asked for is installed clean: {line:?}"
+    );
 }
 
 fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
@@ -808,14 +1006,24 @@ fn a_tier_hit_returns_the_latest_contents_without_a_round_trip() {
     assert!(p.write(&r.mp, 1, 11), "a write to the line taken from the tier");
     assert!(p.write(&r.mp, 5, 5));
     assert!(p.write(&r.mp, 6, 6));
-    assert_eq!(p.read(&r.mp, 1), Some(11), "the newest version comes back, not the first one stored");
+    assert_eq!(
+        p.read(&r.mp, 1),
+        Some(11),
+        "the newest version comes back, not the first one stored"
+    );
     for v in 2..=6 {
         assert_eq!(p.read(&r.mp, v), Some(if v == 1 { 11 } else { v as u8 }), "page {v}");
     }
     assert_eq!(r.store.calls.lock().unwrap().len(), 0, "every miss was served locally");
     assert!(p.stat(|s| &s.tier_hits) >= 6 && p.stat(|s| &s.tier_stores) >= 8);
-    assert_eq!(p.stat(|s| &s.tier_bytes_raw), p.stat(|s| &s.tier_stores) * PAGE_SIZE as u64);
-    assert!(p.stat(|s| &s.tier_bytes_packed) * 20 < p.stat(|s| &s.tier_bytes_raw), "nearly empty pages compress well");
+    assert_eq!(
+        p.stat(|s| &s.tier_bytes_raw),
+        p.stat(|s| &s.tier_stores) * PAGE_SIZE as u64
+    );
+    assert!(
+        p.stat(|s| &s.tier_bytes_packed) * 20 < p.stat(|s| &s.tier_bytes_raw),
+        "nearly empty pages compress well"
+    );
     assert!(r.failed().is_empty());
 }
 
@@ -844,13 +1052,25 @@ fn lines_taken_from_the_tier_and_evicted_unwritten_lose_nothing() {
         }
     }
     assert!(p.stat(|s| &s.tier_hits) > 0);
-    assert!(r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") > flushes, "the dirty pages of the first round were written back");
-    let flushes = r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") + r.store.calls("flush_fetch_many");
+    assert!(
+        r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") > flushes,
+        "the dirty pages of the first round were written back"
+    );
+    let flushes = r.store.calls("flush")
+        + r.store.calls("flush_many")
+        + r.store.calls("flush_fetch")
+        + r.store.calls("flush_fetch_many");
     for v in 0..12 {
         assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
     }
-    let now = r.store.calls("flush") + r.store.calls("flush_many") + r.store.calls("flush_fetch") + r.store.calls("flush_fetch_many");
-    assert_eq!(now, flushes, "pages never written since they were stored are never written back again");
+    let now = r.store.calls("flush")
+        + r.store.calls("flush_many")
+        + r.store.calls("flush_fetch")
+        + r.store.calls("flush_fetch_many");
+    assert_eq!(
+        now, flushes,
+        "pages never written since they were stored are never written back again"
+    );
     assert!(r.failed().is_empty());
 }
 
@@ -864,16 +1084,35 @@ fn a_write_back_range_pushes_the_tiers_dirty_pages_to_the_store_for_a_fork() {
     assert_eq!(r.tier_entries(), 4);
     assert!(r.mp.write_back_range(&parent.t, 0, 64).is_ok());
     for v in 0..6 {
-        assert_eq!(r.stored(1, v), Some(v as u8 + 1), "page {v} is on the store for the child");
+        assert_eq!(
+            r.stored(1, v),
+            Some(v as u8 + 1),
+            "page {v} is on the store for the child"
+        );
     }
-    assert_eq!(r.store.calls("flush_many"), 2, "one batch per place, tier pages and lines together");
+    assert_eq!(
+        r.store.calls("flush_many"),
+        2,
+        "one batch per place, tier pages and lines together"
+    );
     assert_eq!(parent.stat(|s| &s.tier_writebacks), 4);
     assert_eq!(r.tier_entries(), 4, "the tier keeps its pages, now clean");
     // The mComponent copies the parent's pages for the child, which starts knowing them.
-    let copied: Vec<((u64, u64), Vec<u8>)> = r.store.pages.lock().unwrap().iter().filter(|(k, _)| k.0 == 1).map(|(k, d)| ((2, k.1), d.clone())).collect();
+    let copied: Vec<((u64, u64), Vec<u8>)> = r
+        .store
+        .pages
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.0 == 1)
+        .map(|(k, d)| ((2, k.1), d.clone()))
+        .collect();
     r.store.pages.lock().unwrap().extend(copied);
     let mem = MemRegion::default();
-    let child = Prog { t: ProcHeap::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())), mem };
+    let child = Prog {
+        t: ProcHeap::new(2, Box::new(mem.clone()), Arc::new(RunStats::default())),
+        mem,
+    };
     r.mp.add(child.t.clone(), r.mp.materialized_of(1));
     for v in 0..6 {
         assert_eq!(child.read(&r.mp, v), Some(v as u8 + 1), "the child sees page {v}");
@@ -915,7 +1154,11 @@ fn mremap_writes_tier_pages_back_and_drops_them() {
     for v in 0..4 {
         assert_eq!(r.stored(1, v), Some(v as u8 + 1), "page {v} moved to the store");
     }
-    assert_eq!(r.tier_entries(), 0, "nothing of the moved range is left behind: pages 4 and 5 are resident");
+    assert_eq!(
+        r.tier_entries(),
+        0,
+        "nothing of the moved range is left behind: pages 4 and 5 are resident"
+    );
 }
 
 #[test]
@@ -928,7 +1171,11 @@ fn discarded_pages_leave_the_tier_and_a_reused_address_reads_zeros() {
     assert_eq!(r.tier_entries(), 2);
     r.mp.discard_range(&p.t, 0, 2);
     assert_eq!(r.tier_entries(), 0);
-    assert_eq!(p.read(&r.mp, 0), Some(0), "munmap then mmap at the same address: fresh zeros, never the old page");
+    assert_eq!(
+        p.read(&r.mp, 0),
+        Some(0),
+        "munmap then mmap at the same address: fresh zeros, never the old page"
+    );
     assert_eq!(p.read(&r.mp, 1), Some(0));
     assert_eq!(r.store.calls.lock().unwrap().len(), 0);
     // A process that exits frees its entries.
@@ -956,7 +1203,11 @@ fn a_full_tier_writes_back_its_oldest_pages_in_one_message() {
     let written = p.stat(|s| &s.tier_writebacks);
     assert!(written > 2, "{written}");
     for v in 0..written {
-        assert_eq!(r.stored(1, v), Some(v as u8 + 1), "the oldest pages went first: page {v}");
+        assert_eq!(
+            r.stored(1, v),
+            Some(v as u8 + 1),
+            "the oldest pages went first: page {v}"
+        );
     }
     assert_eq!(r.stored(1, written), None);
     for v in 0..25 {
@@ -1003,8 +1254,16 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
         assert!(other.write(&r.mp, v, 5));
     }
     let failed = r.failed();
-    assert_eq!(failed.iter().map(|f| f.0).collect::<HashSet<_>>(), HashSet::from([1]), "{failed:?}");
-    assert!(failed[0].1.contains("mComponent 0") && failed[0].1.contains("only copy"), "{}", failed[0].1);
+    assert_eq!(
+        failed.iter().map(|f| f.0).collect::<HashSet<_>>(),
+        HashSet::from([1]),
+        "{failed:?}"
+    );
+    assert!(
+        failed[0].1.contains("mComponent 0") && failed[0].1.contains("only copy"),
+        "{}",
+        failed[0].1
+    );
     assert!(other.t.alive(), "the process that pushed them out goes on");
     assert_eq!(victim.read(&r.mp, 10), None, "never zeros, never an old page");
     for v in [21, 23, 25, 27, 29, 31] {
@@ -1016,8 +1275,16 @@ fn a_failed_write_back_of_a_pushed_out_page_fails_its_own_process() {
 fn read_ahead_and_fault_around_never_go_past_a_page_in_the_tier() {
     let store = MemStore::new(1);
     let hook: FailHook = Box::new(|_, _| {});
-    let mp = MissPath::new(MissPathParts { prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8), fault_around: 8, ..parts(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), hook) });
-    let r = Rig { mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))), store, failed: Arc::default() };
+    let mp = MissPath::new(MissPathParts {
+        prefetcher: crate::pmon::prefetcher(crate::config::PrefetchPolicy::Nextline, 8),
+        fault_around: 8,
+        ..parts(ExCache::new(4, 0, Box::new(Fifo)), store.clone(), hook)
+    });
+    let r = Rig {
+        mp: Arc::new(mp.with_tier(Box::new(OldestFirst::new(1 << 20)), Box::new(Lz4))),
+        store,
+        failed: Arc::default(),
+    };
     let p = r.prog(1);
     r.mp.set_prot(1, 0, 64 * 4096, Some(3));
     // Page 3 written and evicted into the tier without ever reaching the store.
@@ -1058,16 +1325,34 @@ fn line(r: &Rig, vpn: u64) -> Option<Line> {
 fn pre_allocated_lines_are_resident_without_a_trap_and_held_by_the_excache() {
     let (r, p) = prealloc_rig(64, 2, 8);
     assert!(p.write(&r.mp, 0, 1));
-    assert_eq!((p.stat(|s| &s.plocal_fills), p.stat(|s| &s.faulted_around), p.stat(|s| &s.preallocated)), (1, 2, 8));
-    assert_eq!(r.mp.with_cache(|c| c.used()), 11, "the touched line, 2 installed around it, 8 pre-allocated after those");
+    assert_eq!(
+        (
+            p.stat(|s| &s.plocal_fills),
+            p.stat(|s| &s.faulted_around),
+            p.stat(|s| &s.preallocated)
+        ),
+        (1, 2, 8)
+    );
+    assert_eq!(
+        r.mp.with_cache(|c| c.used()),
+        11,
+        "the touched line, 2 installed around it, 8 pre-allocated after those"
+    );
     for v in 3..11 {
         let l = line(&r, v).expect("pre-allocated lines are ExCache lines");
-        assert!(l.fresh && l.dirty && !l.wp && l.state == LineState::Ready, "page {v}: {l:?}");
+        assert!(
+            l.fresh && l.dirty && !l.wp && l.state == LineState::Ready,
+            "page {v}: {l:?}"
+        );
         assert!(p.write(&r.mp, v, v as u8), "page {v}");
     }
     assert_eq!(p.stat(|s| &s.misses), 1, "touching pre-allocated pages never trapped");
     assert!(p.write(&r.mp, 11, 1));
-    assert_eq!(p.stat(|s| &s.misses), 2, "past the window the next first touch traps and brings the next window");
+    assert_eq!(
+        p.stat(|s| &s.misses),
+        2,
+        "past the window the next first touch traps and brings the next window"
+    );
     assert_eq!(p.stat(|s| &s.preallocated), 16);
     assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh lines need no message");
 }
@@ -1076,20 +1361,42 @@ fn pre_allocated_lines_are_resident_without_a_trap_and_held_by_the_excache() {
 fn memory_filled_downwards_gets_its_window_below_the_touched_line() {
     let (r, p) = prealloc_rig(64, 2, 8);
     assert!(p.write(&r.mp, 100, 1));
-    assert_eq!(p.stat(|s| &s.preallocated), 8, "the line above is fresh: the window runs upwards");
+    assert_eq!(
+        p.stat(|s| &s.preallocated),
+        8,
+        "the line above is fresh: the window runs upwards"
+    );
     assert!(line(&r, 101).is_some() && line(&r, 99).is_none());
     // The line above is taken now: the next first touch's window runs downwards.
     assert!(p.write(&r.mp, 99, 2));
-    assert_eq!((p.stat(|s| &s.plocal_fills), p.stat(|s| &s.faulted_around), p.stat(|s| &s.preallocated)), (2, 4, 16));
+    assert_eq!(
+        (
+            p.stat(|s| &s.plocal_fills),
+            p.stat(|s| &s.faulted_around),
+            p.stat(|s| &s.preallocated)
+        ),
+        (2, 4, 16)
+    );
     for v in (89..99).rev() {
         let l = line(&r, v).expect("the window below the touched line is in the ExCache");
         assert!(l.dirty && !l.wp, "page {v}: {l:?}");
         assert!(p.write(&r.mp, v, v as u8), "page {v}");
     }
-    assert_eq!(p.stat(|s| &s.misses), 2, "filling downwards through the window never trapped");
+    assert_eq!(
+        p.stat(|s| &s.misses),
+        2,
+        "filling downwards through the window never trapped"
+    );
     assert!(p.write(&r.mp, 88, 3));
-    assert_eq!((p.stat(|s| &s.misses), p.stat(|s| &s.preallocated)), (3, 24), "past the window the next one starts, downwards again");
-    assert_eq!((p.read(&r.mp, 100), p.read(&r.mp, 95), p.read(&r.mp, 87)), (Some(1), Some(95), Some(0)));
+    assert_eq!(
+        (p.stat(|s| &s.misses), p.stat(|s| &s.preallocated)),
+        (3, 24),
+        "past the window the next one starts, downwards again"
+    );
+    assert_eq!(
+        (p.read(&r.mp, 100), p.read(&r.mp, 95), p.read(&r.mp, 87)),
+        (Some(1), Some(95), Some(0))
+    );
     assert_eq!(r.store.calls.lock().unwrap().len(), 0, "fresh lines need no message");
 }
 
@@ -1101,10 +1408,17 @@ fn a_window_downwards_stops_at_a_line_that_left_the_pcomponent() {
     assert!(p.write(&r.mp, 95, 7));
     r.mp.evict_range(&p.t, 95, 104).unwrap();
     assert!(p.write(&r.mp, 99, 1));
-    assert!(line(&r, 100).is_some() && line(&r, 98).is_none(), "the line above was fresh: the window ran upwards");
+    assert!(
+        line(&r, 100).is_some() && line(&r, 98).is_none(),
+        "the line above was fresh: the window ran upwards"
+    );
     assert!(p.write(&r.mp, 98, 2));
     let below: Vec<u64> = (90..98).filter(|v| line(&r, *v).is_some()).collect();
-    assert_eq!(below, vec![96, 97], "the window runs down to the stored page, not past it");
+    assert_eq!(
+        below,
+        vec![96, 97],
+        "the window runs down to the stored page, not past it"
+    );
     assert_eq!(p.read(&r.mp, 95), Some(7));
 }
 
@@ -1114,7 +1428,11 @@ fn pre_allocation_never_overfills_the_excache_nor_pushes_out_dirty_lines() {
     assert!(p.write(&r.mp, 0, 1));
     assert_eq!(p.stat(|s| &s.preallocated), 7, "the free ways only");
     assert!(p.write(&r.mp, 100, 2));
-    assert_eq!(p.stat(|s| &s.preallocated), 7, "every way holds a dirty line: nothing is pre-allocated");
+    assert_eq!(
+        p.stat(|s| &s.preallocated),
+        7,
+        "every way holds a dirty line: nothing is pre-allocated"
+    );
     assert!(r.mp.with_cache(|c| c.used()) <= 8);
     assert_eq!(p.read(&r.mp, 0), Some(1));
     assert_eq!(p.read(&r.mp, 100), Some(2));
@@ -1133,15 +1451,29 @@ fn evicting_an_untouched_pre_allocated_line_writes_nothing_back() {
         assert!(p.write(&r.mp, v, 9));
         assert!(r.mp.with_cache(|c| c.used()) <= 4);
     }
-    assert_eq!(r.store.calls("flush") + r.store.calls("flush_fetch"), 2, "only the written lines were written back");
-    assert_eq!((p.stat(|s| &s.prealloc_unused), p.stat(|s| &s.zero_writebacks_skipped)), (2, 2));
+    assert_eq!(
+        r.store.calls("flush") + r.store.calls("flush_fetch"),
+        2,
+        "only the written lines were written back"
+    );
+    assert_eq!(
+        (p.stat(|s| &s.prealloc_unused), p.stat(|s| &s.zero_writebacks_skipped)),
+        (2, 2)
+    );
     let stored: Vec<u64> = r.store.pages.lock().unwrap().keys().map(|(_, v)| *v).collect();
-    assert!(stored.contains(&0) && stored.contains(&2) && !stored.contains(&1) && !stored.contains(&3), "{stored:?}");
+    assert!(
+        stored.contains(&0) && stored.contains(&2) && !stored.contains(&1) && !stored.contains(&3),
+        "{stored:?}"
+    );
     // Untouched lines come back as zeros without a fetch; written ones with their contents.
     let fetches = r.store.calls("fetch") + r.store.calls("flush_fetch");
     assert_eq!(p.read(&r.mp, 1), Some(0));
     assert_eq!(p.read(&r.mp, 3), Some(0));
-    assert_eq!(r.store.calls("fetch") + r.store.calls("flush_fetch"), fetches, "zeros are filled locally");
+    assert_eq!(
+        r.store.calls("fetch") + r.store.calls("flush_fetch"),
+        fetches,
+        "zeros are filled locally"
+    );
     assert_eq!(p.read(&r.mp, 2), Some(5));
     assert_eq!(p.read(&r.mp, 0), Some(1));
     assert!(r.failed().is_empty());
@@ -1186,14 +1518,23 @@ fn munmap_and_dontneed_drop_pre_allocated_lines_without_asking_anyone() {
     let (r, p) = prealloc_rig(64, 0, 8);
     assert!(p.write(&r.mp, 0, 1));
     assert!(p.write(&r.mp, 3, 3));
-    assert!(!r.mp.discard_range(&p.t, 0, 9), "nothing of the range ever left: no owner holds any of it");
+    assert!(
+        !r.mp.discard_range(&p.t, 0, 9),
+        "nothing of the range ever left: no owner holds any of it"
+    );
     assert_eq!(r.mp.with_cache(|c| c.used()), 0);
-    assert!(p.mem.0.pages.lock().unwrap().is_empty(), "the pre-allocated pages are gone from the program");
+    assert!(
+        p.mem.0.pages.lock().unwrap().is_empty(),
+        "the pre-allocated pages are gone from the program"
+    );
     assert_eq!(p.read(&r.mp, 3), Some(0), "a discarded page reads as zeros again");
     assert_eq!(p.stat(|s| &s.misses), 2, "and it trapped: it was not resident any more");
     assert!(p.write(&r.mp, 20, 2));
     r.mp.evict_range(&p.t, 20, 21).unwrap();
-    assert!(r.mp.discard_range(&p.t, 16, 32), "a page of the range is on the store: its owner must drop it");
+    assert!(
+        r.mp.discard_range(&p.t, 16, 32),
+        "a page of the range is on the store: its owner must drop it"
+    );
 }
 
 /// A region whose memfd cannot take pre-allocated pages.
@@ -1267,7 +1608,12 @@ impl Region for HugeRegion {
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         let mut huge = self.huge.lock().unwrap();
         let cut = |e: &u64| *e < vpn + pages && e + EXTENT > vpn;
-        assert!(huge.iter().filter(|e| cut(e)).all(|e| *e >= vpn && e + EXTENT <= vpn + pages), "a punch of {vpn}+{pages} cuts a huge page");
+        assert!(
+            huge.iter()
+                .filter(|e| cut(e))
+                .all(|e| *e >= vpn && e + EXTENT <= vpn + pages),
+            "a punch of {vpn}+{pages} cuts a huge page"
+        );
         huge.retain(|e| !cut(e));
         self.mem.punch(vpn, pages)
     }
@@ -1285,7 +1631,11 @@ impl Region for HugeRegion {
     }
     fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
         let mut huge = self.huge.lock().unwrap();
-        let cut: Vec<u64> = huge.iter().copied().filter(|e| *e < vpn + pages && e + EXTENT > vpn && (*e < vpn || e + EXTENT > vpn + pages)).collect();
+        let cut: Vec<u64> = huge
+            .iter()
+            .copied()
+            .filter(|e| *e < vpn + pages && e + EXTENT > vpn && (*e < vpn || e + EXTENT > vpn + pages))
+            .collect();
         for e in &cut {
             huge.remove(e);
             self.splits.lock().unwrap().push(*e);
@@ -1311,20 +1661,37 @@ fn huge_rig(lines: usize, mapped: u64) -> (Rig, Prog, HugeRegion) {
     let t = ProcHeap::new(1, Box::new(region.clone()), Arc::new(RunStats::default()));
     r.mp.add(t.clone(), Default::default());
     r.mp.set_prot(1, 0, mapped * 4096, Some(3));
-    let p = Prog { t, mem: region.mem.clone() };
+    let p = Prog {
+        t,
+        mem: region.mem.clone(),
+    };
     (r, p, region)
 }
 
 #[test]
 fn a_fresh_extent_becomes_one_huge_page_held_as_512_lines() {
     let (r, p, region) = huge_rig(2048, 2048);
-    assert!(p.write(&r.mp, 700, 7), "a first touch in the middle of the second extent");
-    assert_eq!((p.stat(|s| &s.huge_pages), p.stat(|s| &s.preallocated), p.stat(|s| &s.plocal_fills), p.stat(|s| &s.faulted_around)), (1, 511, 1, 0));
+    assert!(
+        p.write(&r.mp, 700, 7),
+        "a first touch in the middle of the second extent"
+    );
+    assert_eq!(
+        (
+            p.stat(|s| &s.huge_pages),
+            p.stat(|s| &s.preallocated),
+            p.stat(|s| &s.plocal_fills),
+            p.stat(|s| &s.faulted_around)
+        ),
+        (1, 511, 1, 0)
+    );
     assert_eq!(*region.huge.lock().unwrap(), HashSet::from([512]));
     assert_eq!(r.mp.with_cache(|c| c.used()), 512);
     for v in 512..1024 {
         let l = line(&r, v).expect("every line of the extent is an ExCache line");
-        assert!(l.dirty && !l.wp && l.state == LineState::Ready && l.fresh == (v != 700), "page {v}: {l:?}");
+        assert!(
+            l.dirty && !l.wp && l.state == LineState::Ready && l.fresh == (v != 700),
+            "page {v}: {l:?}"
+        );
         assert!(p.write(&r.mp, v, v as u8 | 1));
     }
     assert_eq!(p.stat(|s| &s.misses), 1, "no page of the extent trapped again");
@@ -1337,7 +1704,11 @@ fn an_extent_that_is_not_all_fresh_or_not_all_writable_stays_small_and_fault_aro
     r.mp.set_prot(1, 100 * 4096, 101 * 4096, Some(1));
     assert!(p.write(&r.mp, 500, 1), "the first extent holds a read-only page");
     assert_eq!(p.stat(|s| &s.huge_pages), 0);
-    assert_eq!(p.stat(|s| &s.faulted_around) + p.stat(|s| &s.preallocated), 11, "fresh lines up to the extent's end, none past it");
+    assert_eq!(
+        p.stat(|s| &s.faulted_around) + p.stat(|s| &s.preallocated),
+        11,
+        "fresh lines up to the extent's end, none past it"
+    );
     assert!(line(&r, 512).is_none());
     assert!(p.write(&r.mp, 512, 2), "the next extent's first touch takes it whole");
     assert_eq!(p.stat(|s| &s.huge_pages), 1);
@@ -1345,10 +1716,18 @@ fn an_extent_that_is_not_all_fresh_or_not_all_writable_stays_small_and_fault_aro
     assert!(p.write(&r.mp, 1100, 3));
     assert_eq!(p.stat(|s| &s.huge_pages), 2);
     r.mp.evict_range(&p.t, 1100, 1101).unwrap();
-    assert_eq!(region.splits.lock().unwrap().clone(), vec![1024], "taking one line out splits its huge page first");
+    assert_eq!(
+        region.splits.lock().unwrap().clone(),
+        vec![1024],
+        "taking one line out splits its huge page first"
+    );
     r.mp.discard_range(&p.t, 1024, 1100);
     assert!(p.write(&r.mp, 1030, 4));
-    assert_eq!(p.stat(|s| &s.huge_pages), 2, "page 1100 is on the store: the extent is not fresh");
+    assert_eq!(
+        p.stat(|s| &s.huge_pages),
+        2,
+        "page 1100 is on the store: the extent is not fresh"
+    );
     assert_eq!(p.read(&r.mp, 1100), Some(3));
 }
 
@@ -1367,7 +1746,11 @@ fn evicting_a_line_of_a_huge_page_splits_it_once_and_keeps_every_byte() {
     }
     assert_eq!(p.stat(|s| &s.huge_pages), 1);
     assert!(p.stat(|s| &s.evictions) > 600);
-    assert_eq!(region.splits.lock().unwrap().clone(), vec![0], "split once, by its first evicted line");
+    assert_eq!(
+        region.splits.lock().unwrap().clone(),
+        vec![0],
+        "split once, by its first evicted line"
+    );
     assert_eq!(p.stat(|s| &s.huge_splits), 1);
     for v in 0..1400 {
         assert_eq!(p.read(&r.mp, v), Some((v % 251) as u8 + 1), "page {v}");
@@ -1415,20 +1798,38 @@ fn scan_mode_writes_back_only_written_lines_without_a_trap() {
             let want = if v % 4 == 3 { 1 } else { 20u8.wrapping_add(v as u8) };
             assert_eq!(p.read(&r.mp, v), Some(want), "tracked={tracked}: page {v}");
         }
-        let flushed = r.store.calls("flush") + r.store.calls("flush_fetch") + r.store.calls("flush_fetch_many") + r.store.calls("flush_many");
+        let flushed = r.store.calls("flush")
+            + r.store.calls("flush_fetch")
+            + r.store.calls("flush_fetch_many")
+            + r.store.calls("flush_many");
         flushes.push(flushed);
         if tracked {
             assert_eq!(p.stat(|s| &s.wp_faults), 0, "no write traps");
-            assert!(p.stat(|s| &s.scan_clean_evictions) >= 100, "the unwritten quarter is dropped: {}", p.stat(|s| &s.scan_clean_evictions));
-            assert!(p.stat(|s| &s.writebacks_avoided) >= 50, "fault tracking would have written those back");
-            assert!(p.stat(|s| &s.dirty_scans) >= p.stat(|s| &s.scan_clean_evictions), "clean victims were asked about");
+            assert!(
+                p.stat(|s| &s.scan_clean_evictions) >= 100,
+                "the unwritten quarter is dropped: {}",
+                p.stat(|s| &s.scan_clean_evictions)
+            );
+            assert!(
+                p.stat(|s| &s.writebacks_avoided) >= 50,
+                "fault tracking would have written those back"
+            );
+            assert!(
+                p.stat(|s| &s.dirty_scans) >= p.stat(|s| &s.scan_clean_evictions),
+                "clean victims were asked about"
+            );
         } else {
             assert!(p.stat(|s| &s.wp_faults) > 0);
             assert_eq!(p.stat(|s| &s.dirty_scans) + p.stat(|s| &s.writebacks_avoided), 0);
         }
         assert!(r.failed().is_empty());
     }
-    assert!(flushes[1] + 80 < flushes[0], "write-backs: fault tracking {}, scan {}", flushes[0], flushes[1]);
+    assert!(
+        flushes[1] + 80 < flushes[0],
+        "write-backs: fault tracking {}, scan {}",
+        flushes[0],
+        flushes[1]
+    );
 }
 
 #[test]
@@ -1462,8 +1863,12 @@ fn scan_mode_clock_keeps_a_line_written_since_its_bit_was_cleared() {
     assert!(p.write(&r.mp, 3, 4));
     assert!(p.write(&r.mp, 1, 20));
     assert!(p.write(&r.mp, 4, 5));
-    let resident: Vec<u64> = r.mp.with_cache(|c| c.resident_in(1, 0, 10).into_iter().map(|(v, _)| v).collect());
-    assert!(resident.contains(&1) && !resident.contains(&2), "the rewritten page 1 stays: {resident:?}");
+    let resident: Vec<u64> =
+        r.mp.with_cache(|c| c.resident_in(1, 0, 10).into_iter().map(|(v, _)| v).collect());
+    assert!(
+        resident.contains(&1) && !resident.contains(&2),
+        "the rewritten page 1 stays: {resident:?}"
+    );
     assert_eq!(p.stat(|s| &s.wp_faults), 0);
     for (v, want) in [(0u64, 1u8), (1, 20), (2, 3), (3, 4), (4, 5)] {
         assert_eq!(p.read(&r.mp, v), Some(want), "page {v} keeps its contents");
@@ -1488,7 +1893,11 @@ fn scan_mode_mremap_keeps_a_write_made_after_its_write_back() {
     assert!(p.write(&r.mp, 2, 99));
     r.store.set_gate(true);
     assert!(mover.join().unwrap().is_ok());
-    assert_eq!(r.store.calls("flush"), 1, "taking the range found the write and wrote it back");
+    assert_eq!(
+        r.store.calls("flush"),
+        1,
+        "taking the range found the write and wrote it back"
+    );
     assert_eq!(p.read(&r.mp, 2), Some(99), "the write made during the move survives it");
     assert!(r.failed().is_empty());
 }
@@ -1583,9 +1992,18 @@ fn sampled_reads_keep_a_hot_set_that_scans_would_evict() {
     let (clock_blind, _, _) = hot_and_scan(Box::new(GhostClock::new(64)), false);
     let (sampled, p, _r) = hot_and_scan(Box::new(GhostClock::new(64)), true);
     // Without sampling the hot set is only read: no policy can tell it from the scan.
-    assert!(fifo > 300 && clock_blind > 300, "the scans push the hot set out: fifo {fifo}, ghost-clock without sampling {clock_blind} fetches");
-    assert!(sampled * 2 < fifo, "with reads seen the hot set stays: {sampled} fetches against {fifo} with fifo");
-    assert!(p.stat(|s| &s.sample_unmaps) > 0 && p.stat(|s| &s.sample_touches) > 0, "the lines were unmapped and their touches seen");
+    assert!(
+        fifo > 300 && clock_blind > 300,
+        "the scans push the hot set out: fifo {fifo}, ghost-clock without sampling {clock_blind} fetches"
+    );
+    assert!(
+        sampled * 2 < fifo,
+        "with reads seen the hot set stays: {sampled} fetches against {fifo} with fifo"
+    );
+    assert!(
+        p.stat(|s| &s.sample_unmaps) > 0 && p.stat(|s| &s.sample_touches) > 0,
+        "the lines were unmapped and their touches seen"
+    );
 }
 
 #[test]
@@ -1604,16 +2022,26 @@ fn a_touch_maps_the_line_back_as_it_was_and_a_write_makes_it_dirty() {
     p.mem.unmap(&[5, 6]).unwrap();
     // A read of the clean line maps it write-protected, so that its first write still traps.
     assert_eq!(p.read(&r.mp, 6), Some(0));
-    assert!(p.mem.0.pages.lock().unwrap()[&6].1, "a clean line is mapped write-protected again");
+    assert!(
+        p.mem.0.pages.lock().unwrap()[&6].1,
+        "a clean line is mapped write-protected again"
+    );
     // A write to the dirty line maps it writable with its contents.
     assert!(p.write(&r.mp, 5, 10));
     assert_eq!(p.read(&r.mp, 5), Some(10));
     assert!(p.write(&r.mp, 6, 1));
     let g = r.mp.state.lock().unwrap();
     let l = *g.cache.line(g.cache.lookup(1, 6).unwrap());
-    assert!(l.dirty && !l.wp && !l.unmapped && l.referenced, "a touch that writes makes the line dirty and referenced: {l:?}");
+    assert!(
+        l.dirty && !l.wp && !l.unmapped && l.referenced,
+        "a touch that writes makes the line dirty and referenced: {l:?}"
+    );
     drop(g);
-    assert_eq!(p.stat(|s| &s.sample_touches), 2, "two touches of unmapped lines; the later write to the protected line is a write trap");
+    assert_eq!(
+        p.stat(|s| &s.sample_touches),
+        2,
+        "two touches of unmapped lines; the later write to the protected line is a write trap"
+    );
 }
 
 #[test]
@@ -1622,5 +2050,9 @@ fn a_touch_of_a_page_no_line_stands_for_drops_it_and_the_thread_misses() {
     let p = r.mp_prog(1, true);
     p.mem.0.pages.lock().unwrap().insert(9, (vec![0xee; PAGE_SIZE], false));
     p.mem.0.unmapped.lock().unwrap().insert(9);
-    assert_eq!(p.read(&r.mp, 9), Some(0), "a stale page is never shown: the miss fills the line afresh");
+    assert_eq!(
+        p.read(&r.mp, 9),
+        Some(0),
+        "a stale page is never shown: the miss fills the line afresh"
+    );
 }

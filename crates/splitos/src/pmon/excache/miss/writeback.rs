@@ -30,7 +30,9 @@ impl MissPath {
                 let batch: Vec<Writeback> = group.drain(..group.len().min(FLUSH_BATCH)).collect();
                 let r = match &batch[..] {
                     [wb] => self.store.flush(pid, wb.vpn, &wb.data),
-                    _ => self.store.flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
+                    _ => self
+                        .store
+                        .flush_many(pid, &batch.iter().map(|w| (w.vpn, &w.data[..])).collect::<Vec<_>>()),
                 };
                 messages.push(batch[0].heap.clone());
                 self.settle(batch, r, Sent::Alone);
@@ -125,7 +127,9 @@ impl MissPath {
                     continue;
                 }
                 let captured = capture(t, vpn, line.wp || protected);
-                let zero = captured.as_ref().is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
+                let zero = captured
+                    .as_ref()
+                    .is_ok_and(|data| self.needs_no_write_back(&g, t, &line, data));
                 // Protected by the capture (also when reading it failed): its next write traps,
                 // or the kernel records it.
                 let l = g.cache.line_mut(slot);
@@ -137,9 +141,19 @@ impl MissPath {
                     }
                     Ok(data) => {
                         l.state = LineState::WritingBack;
-                        wbs.push(Writeback { heap: t.clone(), vpn, data, held: Held::Line(l.writes) });
+                        wbs.push(Writeback {
+                            heap: t.clone(),
+                            vpn,
+                            data,
+                            held: Held::Line(l.writes),
+                        });
                     }
-                    Err(e) => result = Err(Refusal::new(splitos_rpc::ErrCode::Internal, format!("cannot read heap page {:#x}: {e}", vpn * PAGE))),
+                    Err(e) => {
+                        result = Err(Refusal::new(
+                            splitos_rpc::ErrCode::Internal,
+                            format!("cannot read heap page {:#x}: {e}", vpn * PAGE),
+                        ))
+                    }
                 }
             }
             // Pinned and in flight until acknowledged: no miss takes an entry whose older
@@ -152,9 +166,23 @@ impl MissPath {
         }
         for (vpn, packed) in pinned {
             match self.unpack(t, vpn, &packed) {
-                Ok(data) => wbs.push(Writeback { heap: t.clone(), vpn, data, held: Held::Tier }),
+                Ok(data) => wbs.push(Writeback {
+                    heap: t.clone(),
+                    vpn,
+                    data,
+                    held: Held::Tier,
+                }),
                 Err(e) => {
-                    self.settle(vec![Writeback { heap: t.clone(), vpn, data: Vec::new(), held: Held::Tier }], Err(e.clone()), Sent::Alone);
+                    self.settle(
+                        vec![Writeback {
+                            heap: t.clone(),
+                            vpn,
+                            data: Vec::new(),
+                            held: Held::Tier,
+                        }],
+                        Err(e.clone()),
+                        Sent::Alone,
+                    );
                     result = result.and(Err(e));
                 }
             }
@@ -192,7 +220,11 @@ impl MissPath {
         loop {
             self.write_back_range(t, first, end)?;
             let g = self.wait_range_settled(t.pid, first, end);
-            let dirty_lines = g.cache.resident_in(t.pid, first, end).iter().any(|(_, s)| g.cache.line(*s).dirty);
+            let dirty_lines = g
+                .cache
+                .resident_in(t.pid, first, end)
+                .iter()
+                .any(|(_, s)| g.cache.line(*s).dirty);
             if dirty_lines || tiered_dirty(&g, t.pid, first, end) {
                 continue;
             }
@@ -214,7 +246,14 @@ impl MissPath {
 
     /// Drops [first, end) from the cache, the tier and the program under the lock `g` holds.
     /// With [`Stored::Forget`], returns whether some of the pages existed on the store.
-    pub(super) fn drop_locked(&self, mut g: MutexGuard<'_, State>, t: &ProcHeap, first: u64, end: u64, on_store: Stored) -> bool {
+    pub(super) fn drop_locked(
+        &self,
+        mut g: MutexGuard<'_, State>,
+        t: &ProcHeap,
+        first: u64,
+        end: u64,
+        on_store: Stored,
+    ) -> bool {
         for (vpn, _) in g.cache.resident_in(t.pid, first, end) {
             g.cache.remove(t.pid, vpn);
         }
@@ -224,7 +263,10 @@ impl MissPath {
         }
         unstage(&mut g, t.pid, first, end);
         // Stopped under the lock: no thread of it may be woken onto a lost page.
-        let lost = self.punch(t, first, end - first).inspect_err(|_| t.alive.store(false, Relaxed)).err();
+        let lost = self
+            .punch(t, first, end - first)
+            .inspect_err(|_| t.alive.store(false, Relaxed))
+            .err();
         let mut stored = false;
         if on_store == Stored::Forget {
             if let Some(m) = g.materialized.get_mut(&t.pid) {
@@ -246,7 +288,11 @@ impl MissPath {
     fn wait_range_settled(&self, pid: u64, first: u64, end: u64) -> MutexGuard<'_, State> {
         let mut g = self.state.lock().unwrap();
         loop {
-            let busy = g.cache.resident_in(pid, first, end).iter().any(|(_, s)| g.cache.line(*s).state != LineState::Ready);
+            let busy = g
+                .cache
+                .resident_in(pid, first, end)
+                .iter()
+                .any(|(_, s)| g.cache.line(*s).state != LineState::Ready);
             let flying = g.inflight.iter().any(|(q, v)| *q == pid && *v >= first && *v < end);
             if !busy && !flying {
                 return g;

@@ -9,7 +9,11 @@ fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
     let mp = MissPath::new(parts(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), hook));
-    Rig { mp: Arc::new(mp.with_evictor(reserve)), store, failed }
+    Rig {
+        mp: Arc::new(mp.with_evictor(reserve)),
+        store,
+        failed,
+    }
 }
 
 /// A call to a region: its name, first page and pages.
@@ -26,7 +30,13 @@ struct Watched {
 
 impl Watched {
     fn calls(&self, name: &str) -> Vec<(u64, u64)> {
-        self.calls.lock().unwrap().iter().filter(|c| c.0 == name).map(|c| (c.1, c.2)).collect()
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.0 == name)
+            .map(|c| (c.1, c.2))
+            .collect()
     }
     fn set_closed(&self, closed: bool) {
         *self.closed.0.lock().unwrap() = closed;
@@ -70,7 +80,13 @@ fn watched(mp: &MissPath, pid: u64) -> (Prog, Watched) {
     let w = Watched::default();
     let t = ProcHeap::new(pid, Box::new(w.clone()), Arc::new(RunStats::default()));
     mp.add(t.clone(), Default::default());
-    (Prog { t, mem: w.inner.clone() }, w)
+    (
+        Prog {
+            t,
+            mem: w.inner.clone(),
+        },
+        w,
+    )
 }
 
 /// Sixteen lines in four sets of four, every way holding a dirty line of process 1: page `v`
@@ -90,7 +106,14 @@ fn the_evictor_frees_ways_ahead_of_misses_in_batches() {
     r.mp.refill();
     // Each set's oldest line (pages 0-3, neighbours) is protected and punched in one call
     // each, and the four are written back in one message.
-    assert_eq!((p.stat(|s| &s.bg_evictions), p.stat(|s| &s.bg_writebacks), p.stat(|s| &s.bg_writeback_batches)), (4, 4, 1));
+    assert_eq!(
+        (
+            p.stat(|s| &s.bg_evictions),
+            p.stat(|s| &s.bg_writebacks),
+            p.stat(|s| &s.bg_writeback_batches)
+        ),
+        (4, 4, 1)
+    );
     assert_eq!(w.calls("punch"), vec![(0, 4)]);
     assert_eq!(w.calls("write_protect"), vec![(0, 4)]);
     assert_eq!(r.store.calls("flush_many"), 1);
@@ -100,10 +123,18 @@ fn the_evictor_frees_ways_ahead_of_misses_in_batches() {
         assert!(p.write(&r.mp, v, 1));
     }
     assert_eq!(p.stat(|s| &s.inline_evictions), 0);
-    assert_eq!(r.store.calls.lock().unwrap().len(), 1, "no write-back on the misses' way");
+    assert_eq!(
+        r.store.calls.lock().unwrap().len(),
+        1,
+        "no write-back on the misses' way"
+    );
     // With the reserve used up and the evictor not run, misses evict inline again.
     for v in 0..4 {
-        assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v} comes back from the store");
+        assert_eq!(
+            p.read(&r.mp, v),
+            Some(v as u8 + 1),
+            "page {v} comes back from the store"
+        );
     }
     assert_eq!(p.stat(|s| &s.inline_evictions), 4);
     assert_eq!(p.stat(|s| &s.evictions), 8);
@@ -122,7 +153,11 @@ fn a_failed_background_write_back_fails_the_victims_process_and_nothing_else() {
     let failed = r.failed();
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].0, 1);
-    assert!(failed[0].1.contains("mComponent 0") && failed[0].1.contains("only copy"), "{}", failed[0].1);
+    assert!(
+        failed[0].1.contains("mComponent 0") && failed[0].1.contains("only copy"),
+        "{}",
+        failed[0].1
+    );
     assert!(!p.t.alive());
     // Never zeros for a lost page: the process is not served any more.
     assert_eq!(p.read(&r.mp, 0), None);
@@ -151,7 +186,10 @@ fn a_miss_on_a_victim_waits_for_its_background_write_back() {
         v
     });
     std::thread::sleep(Duration::from_millis(50));
-    assert!(!done.load(Ordering::SeqCst), "the miss must wait for the write-back of its page");
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "the miss must wait for the write-back of its page"
+    );
     r.store.set_gate(true);
     evictor.join().unwrap();
     assert_eq!(reader.join().unwrap(), Some(3));
@@ -179,7 +217,10 @@ fn a_write_to_a_line_being_evicted_waits_and_is_kept() {
         ok
     });
     std::thread::sleep(Duration::from_millis(50));
-    assert!(!done.load(Ordering::SeqCst), "a write to a line being evicted waits for the eviction");
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "a write to a line being evicted waits for the eviction"
+    );
     w.set_closed(false);
     evictor.join().unwrap();
     assert!(writer.join().unwrap());
@@ -199,7 +240,9 @@ fn a_victim_that_cannot_be_copied_out_stays_resident_and_dirty() {
     r.mp.refill();
     assert!(r.failed().is_empty(), "nothing was lost: nobody is failed");
     assert_eq!(p.stat(|s| &s.bg_evictions), 3);
-    let l = r.mp.with_cache(|c| c.lookup(1, 0).map(|s| *c.line(s))).expect("page 0 stays");
+    let l =
+        r.mp.with_cache(|c| c.lookup(1, 0).map(|s| *c.line(s)))
+            .expect("page 0 stays");
     assert!(l.dirty && l.wp && l.state == LineState::Ready, "{l:?}");
     assert_eq!(r.stored(1, 0), None);
     // Protected by the attempt: its next write traps and is seen.
@@ -226,7 +269,10 @@ fn the_evictor_thread_sleeps_until_sets_run_short_and_stops_when_told() {
     r.mp.stop_evictor();
     evictor.join().unwrap();
     assert!(p.stat(|s| &s.bg_evictions) > 0);
-    assert_eq!(p.stat(|s| &s.evictions), p.stat(|s| &s.bg_evictions) + p.stat(|s| &s.inline_evictions));
+    assert_eq!(
+        p.stat(|s| &s.evictions),
+        p.stat(|s| &s.bg_evictions) + p.stat(|s| &s.inline_evictions)
+    );
     for v in 0..1024 {
         assert_eq!(p.read(&r.mp, v), Some(v as u8), "page {v}");
     }
