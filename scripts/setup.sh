@@ -42,4 +42,6 @@ if [ "$(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0)" != 1 ]
 fi
 # The test command checks formatting (rustfmt.toml); rustup's minimal profile leaves rustfmt out.
 rustfmt --version >/dev/null 2>&1 || rustup component add rustfmt
+# It lints every target too (clippy), which that profile may leave out as well.
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo build --release --workspace --quiet

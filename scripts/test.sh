@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The formatting check, then every test: unit tests, then end-to-end tests that start real
-# component processes and run real programs (C, C++, Python, Node.js, Java, bash) against
-# native runs.
+# The formatting and lint checks, then every test: unit tests, then end-to-end tests that
+# start real component processes and run real programs (C, C++, Python, Node.js, Java, bash)
+# against native runs, side by side (scripts/run-tests.py, docs/testing.md).
+# Arguments pick tests by name: ./scripts/test.sh quota network
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cargo fmt --all --check
-cargo test --release --workspace --no-fail-fast "$@"
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+exec ./scripts/run-tests.py "$@"

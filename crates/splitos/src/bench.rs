@@ -78,15 +78,15 @@ enum InstallBy {
 /// installs a local page `by` one of the two ways: the trap-and-install cost with no network
 /// at all.
 fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
-    // SAFETY: the name is a NUL-terminated static string; the call creates a new descriptor.
     let memfd = checked(
+        // SAFETY: the name is a NUL-terminated static string; the call creates a new descriptor.
         unsafe { libc::memfd_create(c"floor".as_ptr(), libc::MFD_CLOEXEC) } as i64,
         "memfd_create",
     )? as i32;
     // SAFETY: `memfd` is a descriptor this function just made and still owns.
     let memfd = unsafe { OwnedFd::from_raw_fd(memfd) };
-    // SAFETY: integers only.
     checked(
+        // SAFETY: integers only.
         unsafe { libc::ftruncate(memfd.as_raw_fd(), (n * PAGE) as i64) } as i64,
         "ftruncate",
     )?;
@@ -96,8 +96,8 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
         libc::MAP_SHARED,
         memfd.as_raw_fd(),
     )? as u64;
-    // SAFETY: integers only; the result is checked before it is owned.
     let ufd = checked(
+        // SAFETY: integers only; the result is checked before it is owned.
         unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) },
         "userfaultfd",
     )? as i32;
@@ -115,8 +115,8 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
         features,
         ioctls: 0,
     };
-    // SAFETY: `api` is the repr(C) struct UFFDIO_API reads and writes, live for the call.
     checked(
+        // SAFETY: `api` is the repr(C) struct UFFDIO_API reads and writes, live for the call.
         unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } as i64,
         "UFFDIO_API",
     )?;
@@ -128,8 +128,8 @@ fn uffd_floor(n: usize, by: InstallBy) -> anyhow::Result<Histogram<u64>> {
         mode: uffd::REGISTER_MODE_MISSING | minor,
         ioctls: 0,
     };
-    // SAFETY: `reg` is the repr(C) struct UFFDIO_REGISTER reads and writes; the range is our mapping.
     checked(
+        // SAFETY: `reg` is the repr(C) struct UFFDIO_REGISTER reads and writes; the range is our mapping.
         unsafe { libc::ioctl(ufd.as_raw_fd(), uffd::UFFDIO_REGISTER as _, &mut reg) } as i64,
         "UFFDIO_REGISTER",
     )?;

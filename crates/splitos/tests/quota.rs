@@ -207,3 +207,47 @@ fn a_vnode_within_its_quota_runs_as_natively_while_another_vnode_fills_the_memor
         );
     }
 }
+
+#[test]
+fn with_heuristic_overcommit_the_vnode_filling_the_memory_is_stopped_and_the_one_within_its_quota_runs_on() {
+    // Linux's default: mappings are promised, pages found when touched. The vNode that fills
+    // the memory can only be stopped (as the OOM killer would stop it), never the one within
+    // its quota, whose vRegions' home keeps its room.
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n\
+         [[mcomponent]]\ncapacity = \"96M\"\n[[mcomponent]]\ncapacity = \"96M\"\n\
+         [[vnode]]\nname = \"va\"\nusers = [\"root\"]\n[[vnode]]\nname = \"vq\"\nusers = [\"root\"]\nmemory = \"48M\"\n",
+    ));
+    let fill = program("fill");
+    let touch = program("memtouch");
+    let cmd = [touch.to_str().unwrap(), "24"];
+    let native_touch = native(&cmd);
+    for trial in 1..=2 {
+        // va fills the memory 8 MiB at a time while vq's program runs again and again.
+        let filler = c.spawn(&["--vnode", "va"], &[fill.to_str().unwrap(), "1024"]);
+        for round in 1..=3 {
+            let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
+            assert_eq!(
+                (text(&out.stdout), text(&out.stderr), out.status.code()),
+                (
+                    text(&native_touch.stdout),
+                    text(&native_touch.stderr),
+                    native_touch.status.code()
+                ),
+                "trial {trial}, round {round}: vq's program, within its quota"
+            );
+        }
+        let rest = filler.wait_with_output().unwrap();
+        let said = text(&rest.stderr);
+        assert!(
+            !rest.status.success(),
+            "trial {trial}: va got 1 GiB out of 192 MiB: {}",
+            text(&rest.stdout)
+        );
+        assert!(!said.contains("vq"), "trial {trial}: va is told of vq: {said}");
+        assert!(
+            !said.is_empty(),
+            "trial {trial}: va's program is not told why it was stopped"
+        );
+    }
+}

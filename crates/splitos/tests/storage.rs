@@ -1001,8 +1001,8 @@ fn a_run_that_cannot_have_its_vnode_files_fails_and_runs_nothing() {
     let data = tmp.path().join("data");
     std::fs::create_dir_all(data.join("storage")).unwrap();
     let held = std::fs::File::create(data.join("storage/namespace.redb")).unwrap();
-    // SAFETY: flock takes the descriptor of `held`, which outlives the call.
     assert_eq!(
+        // SAFETY: flock takes the descriptor of `held`, which outlives the call.
         unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) },
         0
     );

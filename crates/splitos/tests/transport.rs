@@ -176,8 +176,8 @@ impl Drop for TwoHosts {
 
 #[test]
 fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared_memory() {
-    // SAFETY: geteuid has no preconditions.
     assert_eq!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
         0,
         "this test needs root (it makes network namespaces): run the tests as root, as CI does"

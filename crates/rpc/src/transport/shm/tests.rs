@@ -277,8 +277,8 @@ print("channel" if anc else "refused")
 
 #[test]
 fn another_user_gets_no_channel() {
-    // SAFETY: geteuid has no preconditions.
     assert_eq!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
         0,
         "this test needs root (it acts as another user): run the tests as root, as CI does"
