@@ -207,12 +207,19 @@ mod tests {
     }
 
     /// One wait whose event comes `after` into it; a sleeping waiter sees it `late` after that.
+    /// The wait starts at the poller's first look: a test thread descheduled before the poll
+    /// began would otherwise hand it an event that seems to come early.
     fn wait(p: &Poller, after: Duration, late: Duration) -> bool {
-        let t0 = Instant::now();
-        match p.poll(|| (t0.elapsed() >= after).then_some(())) {
+        let first = std::cell::Cell::new(None::<Instant>);
+        let since_first = || {
+            let t0 = first.get().unwrap_or_else(Instant::now);
+            first.set(Some(t0));
+            t0.elapsed()
+        };
+        match p.poll(|| (since_first() >= after).then_some(())) {
             Ok(()) => true,
             Err(pending) => {
-                std::thread::sleep((after + late).saturating_sub(t0.elapsed()));
+                std::thread::sleep((after + late).saturating_sub(since_first()));
                 pending.slept();
                 false
             }
