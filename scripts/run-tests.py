@@ -41,8 +41,7 @@ def build(cargo_args):
             continue
         target = msg["target"]
         kind = "e2e" if "test" in target["kind"] else "unit"
-        crate = msg["package_id"].split("#")[-1].split("@")[0].rsplit("/", 1)[-1]
-        name = target["name"] if kind == "e2e" else f"{crate}:{target['kind'][0]}"
+        name = target["name"] if kind == "e2e" else f"{target['name']}:{target['kind'][0]}"
         bins.append((name, kind, msg["executable"], str(Path(msg["manifest_path"]).parent)))
     return bins
 
@@ -131,7 +130,7 @@ def run(jobs, slots, timeout, log_dir, results):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("filters", nargs="*", help="run only tests whose `binary::name` contains one of these")
+    ap.add_argument("filters", nargs="*", help="run only tests whose name (`e2e::quota::...`, `splitos_rpc:lib`) contains one of these")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("SPLITOS_TEST_JOBS", 2 * (os.cpu_count() or 1) + 2)), help="tests run at once (default: twice the cores, plus two; env SPLITOS_TEST_JOBS)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds after which a test is ended and counted as failed")
     args = ap.parse_args()

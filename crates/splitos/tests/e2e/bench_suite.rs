@@ -1,0 +1,155 @@
+//! The benchmark suite's quick mode, end to end, so that it cannot rot: real workloads under
+//! native Linux, splitos and Linux swapping in a memory cgroup, with every figure produced.
+use crate::common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn swaps() -> String {
+    std::fs::read_to_string("/proc/swaps").unwrap()
+}
+
+#[test]
+fn quick_suite_runs_every_configuration_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_path_buf();
+    let swaps_before = swaps();
+    let thp = || std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let thp_before = thp();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/suite.py");
+    let run = Command::new("python3")
+        .arg(&script)
+        .args(["--quick", "--out"])
+        .arg(&out)
+        .env("SPLITOS_BIN", common::splitos())
+        .env("SPLITOS_DATA_DIR", out.join("data"))
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "suite failed: {}",
+        &stderr[stderr.len().saturating_sub(3000)..]
+    );
+
+    let res: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("suite.json")).unwrap()).unwrap();
+    let workloads = res["workloads"].as_object().unwrap();
+    assert!(workloads.len() >= 5, "{workloads:?}");
+    for (name, w) in workloads {
+        assert_eq!(
+            w["mismatches"].as_array().unwrap().len(),
+            0,
+            "{name}: outputs differ from native"
+        );
+        // A run stopped at the suite's time bound is recorded at that bound, not as a result.
+        assert!(w["timeout_s"].as_f64().unwrap() > 0.0, "{name}: {w}");
+        let stopped = w
+            .get("timed_out")
+            .and_then(|t| t.as_array())
+            .map(|t| t.len())
+            .unwrap_or(0);
+        assert_eq!(
+            stopped, 0,
+            "{name}: runs stopped at the {} s bound: {}",
+            w["timeout_s"], w["timed_out"]
+        );
+        assert!(w["native_s"][0].as_f64().unwrap() > 0.0, "{name}");
+        for frac in ["0.25", "1.0"] {
+            let r = &w["splitos"][frac][0];
+            assert!(r["s"].as_f64().unwrap() > 0.0, "{name} at {frac}: {r}");
+        }
+        // At a quarter of its working set a program must miss in the ExCache.
+        assert!(
+            w["splitos"]["0.25"][0]["misses"].as_u64().unwrap() > 0,
+            "{name}: no misses at 25%"
+        );
+        // The memory sweep: every system at every share quick mode measures.
+        for (kind, frac) in [("splitos-tcp", "1.0"), ("swap-file", "1.0"), ("zram", "1.0")] {
+            assert!(w[kind][frac][0]["s"].as_f64().unwrap() > 0.0, "{name} {kind} at {frac}");
+        }
+        for kind in ["swap-file", "zram"] {
+            let r = &w[kind]["0.25"][0];
+            assert!(r["s"].as_f64().unwrap() > 0.0, "{name} {kind}");
+            // What swapping cost Linux, to set beside splitos's remote misses.
+            assert!(r["pswpin"].is_u64() && r["majflt"].is_u64(), "{name} {kind}: {r}");
+        }
+        // An ExCache four times the working set, fully associative, evicts nothing; 25% over TCP
+        // misses as the default transport does.
+        let fits = &w["splitos-fits"]["4.0"][0];
+        assert_eq!(fits["evictions"].as_u64().unwrap(), 0, "{name} fits: {fits}");
+        assert!(
+            w["splitos-tcp"]["0.25"][0]["misses"].as_u64().unwrap() > 0,
+            "{name}: no misses at 25% over TCP"
+        );
+        assert!(
+            w["native_cpu_s"][0].as_f64().unwrap() > 0.0 && fits["cpu_s"].as_f64().unwrap() > 0.0,
+            "{name}: CPU time measured"
+        );
+    }
+    let names: Vec<&String> = workloads.keys().collect();
+    for lang in ["perl", "node"] {
+        assert!(
+            names.iter().any(|n| n.starts_with(lang)),
+            "a {lang} workload: {names:?}"
+        );
+    }
+    assert!(res["fig13"]["configs"].as_array().unwrap().len() >= 3);
+    assert!(res["fig14"]["configs"].as_array().unwrap().len() >= 2);
+    // Figures 13 and 14 record whether each run's output equalled the native run's (a run
+    // stopped at the time bound does not).
+    for fig in ["fig13", "fig14"] {
+        for c in res[fig]["configs"].as_array().unwrap() {
+            for r in c["runs"].as_array().unwrap() {
+                assert_eq!(r["ok"], true, "{fig}: {c}");
+            }
+        }
+    }
+    let f15 = res["fig15"]["configs"].as_array().unwrap();
+    assert_eq!(f15.len(), 3);
+    for c in f15 {
+        assert_eq!(c["runs"][0]["slowdown"].as_object().unwrap().len(), 2, "{c}");
+    }
+    for png in [
+        "suite-slowdown.png",
+        "suite-sweep.png",
+        "suite-sweep-misses.png",
+        "suite-fig13.png",
+        "suite-fig14.png",
+        "suite-fig15.png",
+    ] {
+        let bytes = std::fs::read(out.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
+        assert_eq!(&bytes[1..4], b"PNG", "{png}");
+    }
+    let report = std::fs::read_to_string(out.join("benchmarks.md")).unwrap();
+    for want in [
+        "<!-- suite:begin",
+        "Machine:",
+        "splitos fits",
+        "The memory sweep",
+        "| splitos TCP |",
+        "swap file reads",
+        "Geometric means",
+        "Time over native per remote miss",
+        "CPU time",
+        "Figure 13",
+        "Figure 14",
+        "Figure 15",
+        "<!-- suite:end -->",
+    ] {
+        assert!(report.contains(want), "report lacks {want}");
+    }
+
+    // Swap devices, memory cgroups and the huge-page setting are the suite's to undo.
+    assert_eq!(swaps(), swaps_before, "swap devices left behind");
+    assert_eq!(thp(), thp_before, "the transparent huge page setting is restored");
+    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/memory")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("splitos-bench-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+}

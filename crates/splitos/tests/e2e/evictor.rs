@@ -1,0 +1,60 @@
+//! The background evictor with real components and real programs: with `evict_reserve` on,
+//! the pComponent's evictor thread takes most evictions off the miss path, and programs see
+//! exactly what they see natively, across fork too.
+use crate::common;
+use common::*;
+
+#[test]
+fn the_evictor_takes_evictions_off_the_miss_path_and_programs_see_their_own_data() {
+    let p = program("randpages");
+    // 24 MiB touched in random order twice, through a 4 MiB ExCache: nearly every miss finds
+    // its set full.
+    let cmd = [p.to_str().unwrap(), "24", "2"];
+    let (_, off) = same_as_native_with_stats(&["--excache", "4M", "--evict-reserve", "0"], &cmd);
+    let (_, on) = same_as_native_with_stats(&["--excache", "4M", "--evict-reserve", "1"], &cmd);
+    assert_eq!(
+        n(&off, "bg_evictions") + n(&off, "bg_writebacks") + n(&off, "evictor_ns"),
+        0,
+        "{off}"
+    );
+    assert_eq!(n(&off, "inline_evictions"), n(&off, "evictions"), "{off}");
+    assert!(n(&on, "bg_evictions") > 2000, "{on}");
+    assert!(
+        n(&on, "inline_evictions") * 4 < n(&off, "inline_evictions"),
+        "inline evictions: {} with the evictor, {} without",
+        n(&on, "inline_evictions"),
+        n(&off, "inline_evictions")
+    );
+    assert_eq!(
+        n(&on, "evictions"),
+        n(&on, "bg_evictions") + n(&on, "inline_evictions"),
+        "{on}"
+    );
+    // Its dirty victims went to the mComponents in batches, and they stored them.
+    assert!(
+        n(&on, "bg_writebacks") > 2 * n(&on, "bg_writeback_batches") && n(&on, "bg_writeback_batches") > 0,
+        "{on}"
+    );
+    assert!(pages_stored(&on) >= n(&on, "flushes"), "{on}");
+    assert!(
+        n(&on, "evictor_ns") >= n(&on, "evictor_cpu_ns") && n(&on, "evictor_cpu_ns") > 0,
+        "{on}"
+    );
+    assert_eq!(on["errors"].as_array().map(|e| e.len()), Some(0), "{on}");
+    let bad = under_splitos(&["--ways", "4", "--evict-reserve", "4"], &["true"]);
+    assert!(
+        !bad.status.success() && text(&bad.stderr).contains("evict_reserve"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[test]
+fn a_forked_child_gets_its_parents_pages_with_the_evictor_on_and_the_pcomponent_counts_it() {
+    let (c, pcomp) = forktest_on("evict_reserve = 2");
+    let bg = c.metric(&pcomp, "splitos_pcomp_bg_evictions_total");
+    assert!(bg > 0.0, "background evictions: {bg}");
+    assert!(c.metric(&pcomp, "splitos_pcomp_inline_evictions_total") < bg);
+    assert!(c.metric(&pcomp, "splitos_pcomp_bg_writeback_batches_total") > 0.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_evictor_seconds_total") > 0.0);
+}

@@ -1,0 +1,198 @@
+//! The ExCache's run-time options each change behaviour that the counters show.
+use crate::common;
+use common::*;
+
+#[test]
+fn capacity_bounds_what_stays_resident() {
+    let p = program("memtouch");
+    let (_, big) = stats_of(&["--excache", "64M"], &[p.to_str().unwrap(), "16"]);
+    let (_, small) = stats_of(&["--excache", "4M"], &[p.to_str().unwrap(), "16"]);
+    assert_eq!(n(&big, "evictions"), 0, "16 MiB fits a 64 MiB ExCache: {big}");
+    assert!(n(&small, "evictions") > 2000, "{small}");
+}
+
+#[test]
+fn associativity_decides_conflicts() {
+    // Eight pages 16 MiB apart share one set of a 16 MiB direct-mapped cache.
+    let p = program("stride");
+    let cmd = [p.to_str().unwrap(), "16", "8", "100"];
+    let (_, direct) = stats_of(&["--excache", "16M", "--ways", "1"], &cmd);
+    let (_, full) = stats_of(&["--excache", "16M", "--ways", "0"], &cmd);
+    assert!(n(&direct, "evictions") >= 700, "direct-mapped: {direct}");
+    assert_eq!(n(&full, "evictions"), 0, "fully associative: {full}");
+}
+
+#[test]
+fn clock_keeps_a_written_hot_set_that_fifo_evicts() {
+    let p = program("hotcold");
+    let cmd = [p.to_str().unwrap(), "256", "4096"];
+    let (_, fifo) = stats_of(&["--excache", "2M", "--policy", "fifo"], &cmd);
+    let (_, clock) = stats_of(&["--excache", "2M", "--policy", "clock"], &cmd);
+    assert!(
+        n(&clock, "misses") * 10 < n(&fifo, "misses") * 9,
+        "clock {} vs fifo {} misses",
+        n(&clock, "misses"),
+        n(&fifo, "misses")
+    );
+}
+
+#[test]
+fn piggyback_merges_flush_and_fetch_only_when_enabled() {
+    // One mComponent: every victim and every missed line have the same owner, so with
+    // piggyback on each dirty eviction that precedes a fetch travels with it. Every access by
+    // message: one-sided access copies what the owner holds instead.
+    let p = program("memtouch");
+    let cmd = [p.to_str().unwrap(), "12"];
+    let (_, on) = through_components(
+        &["--excache", "4M", "--mcomponents", "1", "--one-sided", "off"],
+        &cmd,
+        1,
+    );
+    let (_, off) = through_components(
+        &[
+            "--excache",
+            "4M",
+            "--mcomponents",
+            "1",
+            "--no-piggyback",
+            "--one-sided",
+            "off",
+        ],
+        &cmd,
+        1,
+    );
+    assert!(n(&on, "piggybacked") > 1000, "{on}");
+    // The mComponent received them as combined flush+fetch requests: its own count agrees.
+    assert_eq!(mcomp_sum(&on, "piggybacked"), n(&on, "piggybacked"), "{on}");
+    assert_eq!(n(&off, "piggybacked"), 0, "{off}");
+    assert_eq!(
+        mcomp_sum(&off, "piggybacked"),
+        0,
+        "no combined requests reach the mComponent: {off}"
+    );
+    assert!(
+        n(&off, "flushes") > 1000 && mcomp_sum(&off, "flushes") > 1000,
+        "write-backs go as separate flushes: {off}"
+    );
+}
+
+#[test]
+fn unknown_policy_is_refused() {
+    let out = under_splitos(&["--policy", "lfu"], &["true"]);
+    assert_ne!(out.status.code(), Some(0));
+    // Refused as the command line is read, by the option's name, with the policies there are.
+    assert!(
+        text(&out.stderr).contains("--policy") && text(&out.stderr).contains("fifo, clock"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_configured_network_delay_reaches_every_component_and_every_remote_miss() {
+    // `[transport.tcp] delay_us`: every component waits before each message it sends over TCP
+    // (shared memory between components of one host has no network to slow down).
+    let p = program("stride");
+    let cmd = [p.to_str().unwrap(), "4", "8", "30"];
+    let base = "[[pcomponent]]\nexcache = \"4M\"\nways = 1\n[[mcomponent]]\n";
+    let slow = TestCluster::up(Some(&format!(
+        "{base}[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 3000\n"
+    )));
+    let fast = TestCluster::up(Some(base));
+    let s = slow.run_stats(&cmd);
+    assert!(n(&s, "evictions") >= 200, "{s}");
+    // A remote miss is a request and a reply, each sent after the delay: at least 6 ms.
+    let rpc = s["miss_breakdown_ns_p50"]["rpc"].as_u64().unwrap();
+    assert!(rpc >= 6_000_000, "a remote miss waits for the delay both ways: {s}");
+    let f = fast.run_stats(&cmd);
+    assert!(n(&f, "evictions") >= 200, "{f}");
+    for (c, delayed) in [(&slow, true), (&fast, false)] {
+        for role in ["pcomponent", "mcomponent"] {
+            let addr = c.components(role)[0]["addr"].as_str().unwrap().to_string();
+            let d = c.metric(&addr, "splitos_rpc_injected_delays_total");
+            assert_eq!(d > 0.0, delayed, "{role} counts the delays it injected: {d}");
+        }
+    }
+}
+
+/// `hold 1` (1 MiB) waits on the cluster while `randpages` thrashes the shared 4 MiB ExCache;
+/// then it reads its buffer back. Returns hold's counters and the thrasher's.
+fn beside_a_thrasher(share_floor: u32) -> (serde_json::Value, serde_json::Value) {
+    let c = TestCluster::up(Some(&format!(
+        "[[pcomponent]]\nexcache = \"4M\"\nshare_floor = {share_floor}\n[[mcomponent]]\n"
+    )));
+    let (hold, rnd) = (program("hold"), program("randpages"));
+    let f = c.dir.path().join("hold.json");
+    let mut small = c.spawn(
+        &["-q", "--stats-json", f.to_str().unwrap()],
+        &[hold.to_str().unwrap(), "1"],
+    );
+    assert_eq!(read_line(&mut small), "ready\n");
+    let big = c.run_stats(&[rnd.to_str().unwrap(), "16", "3"]);
+    drop(small.stdin.take());
+    let out = small.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && text(&out.stdout).starts_with("sum "),
+        "{}",
+        text(&out.stderr)
+    );
+    (
+        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap(),
+        big,
+    )
+}
+
+#[test]
+fn a_process_keeps_its_floor_of_lines_beside_a_thrashing_one() {
+    // Two processes: an equal share is 512 lines, and the floor all of it; hold needs about 300.
+    let (kept, big) = beside_a_thrasher(100);
+    assert!(n(&big, "evictions") > 4000, "the thrasher evicted: {big}");
+    assert_eq!(n(&kept, "evicted_by_others"), 0, "{kept}");
+    assert_eq!(
+        n(&kept, "bytes_fetched"),
+        0,
+        "no line came back from an mComponent: {kept}"
+    );
+    // Without a floor, the thrasher's misses take hold's lines (FIFO: the oldest go first).
+    let (lost, _) = beside_a_thrasher(0);
+    assert!(n(&lost, "evicted_by_others") >= 200, "{lost}");
+    assert!(
+        n(&lost, "bytes_fetched") >= 200 * 4096,
+        "its lines came back from an mComponent: {lost}"
+    );
+}
+
+#[test]
+fn programs_thrashing_a_shared_excache_are_told_the_others_are_why() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"1M\"\n[[mcomponent]]\n"));
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "8", "6"];
+    // Three at once: each has the others' misses take most of its lines.
+    let files: Vec<_> = (0..3).map(|i| c.dir.path().join(format!("s{i}.json"))).collect();
+    let runs: Vec<_> = files
+        .iter()
+        .map(|f| c.spawn(&["--stats-json", f.to_str().unwrap()], &cmd))
+        .collect();
+    for (run, f) in runs.into_iter().zip(&files) {
+        let out = run.wait_with_output().unwrap();
+        assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("the ExCache is too small for the programs sharing it")
+                && err.contains("other programs' misses evicted"),
+            "{err}\n{s}"
+        );
+        assert!(n(&s, "evicted_by_others") * 4 >= n(&s, "evictions"), "{s}");
+    }
+    // Alone, the same program is told about its own size only, and nobody took its lines.
+    let f = c.dir.path().join("alone.json");
+    let out = c.run(&["--stats-json", f.to_str().unwrap()], &cmd);
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert!(
+        text(&out.stderr).contains("the ExCache is too small for this program"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(n(&s, "evicted_by_others"), 0, "{s}");
+}

@@ -1,0 +1,300 @@
+//! Several global managers with their state in etcd (docs/deployment.md): three hosts, each
+//! with an etcd member and a manager, and a fourth with the components. Programs run through a
+//! dead leader, partitions of an etcd member and of the leader, and a restart of every
+//! manager at once, with output equal to native.
+use crate::common;
+use std::time::Duration;
+
+use common::*;
+
+/// Who leads and which managers are alive, as `cluster status --json` says.
+fn leadership(c: &TestCluster) -> Option<(String, Vec<String>)> {
+    let out = c.cmd(&["cluster", "status", "--json"]).output().ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let mut managers: Vec<String> = v["managers"]
+        .as_array()?
+        .iter()
+        .filter_map(|m| m.as_str().map(String::from))
+        .collect();
+    managers.sort();
+    Some((v["leader"].as_str()?.to_string(), managers))
+}
+
+/// Who leads, and the last lines of every manager's logs: what a failed check shows.
+fn story(c: &TestCluster) -> String {
+    let mut out = format!("{:?}\n", leadership(c));
+    let mut logs: Vec<_> = std::fs::read_dir(c.dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("gm") && n.to_string_lossy().ends_with(".log"))
+        })
+        .collect();
+    logs.sort();
+    for l in logs {
+        let text = std::fs::read_to_string(&l).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(12).collect();
+        out += &format!(
+            "--- {}\n{}\n",
+            l.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    out
+}
+
+/// The argument vector of process `pid`.
+fn argv(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .strip_suffix(&[0])
+        .unwrap()
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// Starts a manager again on host `host` as it was started (`argv`), logging to `log`.
+fn start_manager(c: &TestCluster, h: &Hosts, host: &str, argv: &[String], log: &str) {
+    let log = std::fs::File::create(c.dir.path().join(format!("{log}.log"))).unwrap();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let child = {
+        use std::os::unix::process::CommandExt;
+        h.exec(host, &argv)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
+    remember_pid(c.dir.path(), child.id() as i32);
+}
+
+/// The time stamp of the last line of `log` that contains `what` (log lines start with one,
+/// in UTC and of one width, so that they compare as text).
+fn last_stamp(log: &str, what: &str) -> Option<String> {
+    log.lines()
+        .rfind(|l| l.contains(what))
+        .and_then(|l| l.split_whitespace().next())
+        .map(String::from)
+}
+
+#[test]
+fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
+    let h = Hosts::new(&["a", "b", "c", "w"]);
+    let data = tempfile::tempdir().unwrap();
+    let state = TestCluster::state_dir();
+    let etcd = EtcdCluster::start(&h, &["a", "b", "c"], data.path(), state.path());
+    let gm_at = |host: &str| format!("{}:7100", h.addr(host));
+    let host_of = |addr: &str| {
+        ["a", "b", "c"]
+            .into_iter()
+            .find(|n| gm_at(n) == addr)
+            .unwrap_or_else(|| panic!("no manager host has {addr}"))
+    };
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    let mut cfg = format!(
+        "[cluster]\n{}etcd_prefix = \"/managers-test\"\napi = \"off\"\nvregion_size = \"4M\"\n",
+        etcd.config()
+    );
+    for n in ["a", "b", "c"] {
+        cfg += &format!("[[gm]]\nlisten = \"{}\"\nnetns = \"{}\"\n", gm_at(n), h.netns(n));
+    }
+    cfg += &format!(
+        "[[pcomponent]]\n{}excache = \"4M\"\n[[mcomponent]]\n{}[[mcomponent]]\n{}",
+        at("w"),
+        at("w"),
+        at("w")
+    );
+    let c = TestCluster::up_in(state, Some(&cfg));
+    let all: Vec<String> = ["a", "b", "c"].into_iter().map(gm_at).collect();
+    let settled = |c: &TestCluster| leadership(c).filter(|(_, m)| *m == all).map(|(l, _)| l);
+    assert!(
+        c.eventually(Duration::from_secs(20), |c| settled(c).is_some()),
+        "{}",
+        story(&c)
+    );
+    let first = settled(&c).unwrap();
+    let comps = c.status()["components"].as_array().unwrap().len();
+    assert_eq!(comps, 3, "{}", c.status());
+    // The text view names the leader and the followers.
+    let text_status = text(&c.cmd(&["cluster", "status"]).output().unwrap().stdout);
+    assert!(
+        text_status.contains(&format!("global managers at {first} (leader; following: ")),
+        "{text_status}"
+    );
+
+    let mut leaders = vec![first.clone()];
+    python_phases_as_native(&c, |c, phase, round, _pid| {
+        // Who leads now, as the managers say (it may have changed since the last phase: a
+        // follower cut off may have come back as the leader).
+        assert!(
+            c.eventually(Duration::from_secs(30), |c| settled(c).is_some()),
+            "{}",
+            story(c)
+        );
+        let leader = settled(c).unwrap();
+        if leaders.last() != Some(&leader) {
+            leaders.push(leader.clone());
+        }
+        let lhost = host_of(&leader);
+        match (round, phase) {
+            // The leader dies mid-run: another takes over, and the dead one, started again,
+            // follows.
+            (0, 1) => {
+                let pid = c.pid_of_addr(&leader);
+                let again = argv(pid);
+                c.kill_component(pid);
+                assert!(
+                    c.eventually(Duration::from_secs(20), |c| leadership(c)
+                        .is_some_and(|(l, _)| l != leader)),
+                    "{}",
+                    story(c)
+                );
+                leaders.push(leadership(c).unwrap().0);
+                start_manager(c, &h, lhost, &again, &format!("gm-{lhost}-again"));
+                assert!(
+                    c.eventually(Duration::from_secs(20), |c| settled(c).is_some()),
+                    "{}",
+                    story(c)
+                );
+                assert_eq!(settled(c).as_ref(), leaders.last(), "a manager started again follows");
+            }
+            // One etcd member and the manager beside it are cut off: the majority goes on (the
+            // leader with it, unless the member cut off led etcd and its new election took
+            // longer than the managers' lease), and the cut-off manager follows once back.
+            (0, 2) => {
+                let cut = ["a", "b", "c"].into_iter().find(|n| *n != lhost).unwrap();
+                h.link(cut, false);
+                assert!(
+                    c.eventually(Duration::from_secs(20), |c| leadership(c)
+                        .is_some_and(|(_, m)| !m.contains(&gm_at(cut)))),
+                    "{}",
+                    story(c)
+                );
+                h.link(cut, true);
+                assert!(
+                    c.eventually(Duration::from_secs(30), |c| settled(c).is_some()),
+                    "{}",
+                    story(c)
+                );
+                leaders.push(settled(c).unwrap());
+            }
+            // The leader is cut off from the etcd majority: it steps down before another is
+            // elected (never two leaders placing at once), and follows once it is back.
+            (1, 1) => {
+                let old_log = || {
+                    format!(
+                        "{}{}",
+                        c.log(&format!(
+                            "gm{}",
+                            ["a", "b", "c"].iter().position(|n| *n == lhost).unwrap()
+                        )),
+                        std::fs::read_to_string(c.dir.path().join(format!("gm-{lhost}-again.log"))).unwrap_or_default()
+                    )
+                };
+                // Only what it logs from the cut on.
+                let before_cut = old_log().len();
+                let since_cut = || old_log().get(before_cut..).unwrap_or_default().to_string();
+                h.link(lhost, false);
+                assert!(
+                    c.eventually(Duration::from_secs(20), |c| leadership(c)
+                        .is_some_and(|(l, _)| l != leader)),
+                    "{}",
+                    story(c)
+                );
+                let next = leadership(c).unwrap().0;
+                leaders.push(next.clone());
+                assert!(
+                    c.eventually(Duration::from_secs(10), |_| since_cut().contains("stops leading")),
+                    "{}",
+                    since_cut()
+                );
+                h.link(lhost, true);
+                assert!(
+                    c.eventually(Duration::from_secs(30), |c| settled(c).is_some()),
+                    "{}",
+                    story(c)
+                );
+                assert_eq!(settled(c).unwrap(), next, "the old leader follows");
+                let new_log = format!(
+                    "{}{}",
+                    c.log(&format!(
+                        "gm{}",
+                        ["a", "b", "c"].iter().position(|n| *n == host_of(&next)).unwrap()
+                    )),
+                    std::fs::read_to_string(c.dir.path().join(format!("gm-{}-again.log", host_of(&next))))
+                        .unwrap_or_default()
+                );
+                let (stepped_down, elected) = (
+                    last_stamp(&since_cut(), "stops leading").unwrap(),
+                    last_stamp(&new_log, "this manager leads now").unwrap(),
+                );
+                assert!(
+                    stepped_down < elected,
+                    "the old leader stopped at {stepped_down}, the new one began at {elected}"
+                );
+            }
+            // Every manager restarts at once: they resume from etcd, and no component
+            // registers again.
+            (1, 2) => {
+                let running: Vec<(i32, Vec<String>, &str)> = all
+                    .iter()
+                    .map(|a| c.pid_of_addr(a))
+                    .map(|pid| (pid, argv(pid), ""))
+                    .collect();
+                for (pid, _, _) in &running {
+                    c.kill_component(*pid);
+                }
+                for ((_, again, _), n) in running.iter().zip(["a", "b", "c"]) {
+                    start_manager(c, &h, n, again, &format!("gm-{n}-all"));
+                }
+                assert!(
+                    c.eventually(Duration::from_secs(20), |c| settled(c).is_some()),
+                    "{}",
+                    story(c)
+                );
+                leaders.push(settled(c).unwrap());
+            }
+            _ => {}
+        }
+    });
+    // Each component followed the leader by itself, and none registered again.
+    assert!(
+        c.eventually(Duration::from_secs(20), |c| c.status()["components"]
+            .as_array()
+            .is_some_and(|a| a.len() == 3 && a.iter().all(|x| x["alive"] == true))),
+        "{}\n{}",
+        c.status(),
+        story(&c)
+    );
+    let comps: Vec<String> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["addr"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(comps.len(), 3);
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(
+        c.metric(&pcomp, "splitos_node_gm_leader_changes_total") >= 2.0,
+        "the pComponent followed the handovers"
+    );
+    let again: f64 = comps
+        .iter()
+        .map(|a| c.metric(a, "splitos_node_registrations_again_total"))
+        .sum();
+    assert_eq!(again, 0.0, "no component registered again; leaders: {leaders:?}");
+    let leader = leadership(&c).unwrap().0;
+    let all_metrics = text(&c.cmd(&["cluster", "metrics"]).output().unwrap().stdout);
+    assert_eq!(
+        metric_of(&all_metrics, &leader, "splitos_gm_components_resumed"),
+        3.0,
+        "the last leader ({leader}) resumed the membership from etcd: {all_metrics}\n{}",
+        story(&c)
+    );
+    assert_eq!(c.metric(&leader, "splitos_gm_registrations_total"), 0.0);
+}

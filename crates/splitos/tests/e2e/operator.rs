@@ -1,0 +1,169 @@
+//! The operator's commands (docs/control-plane.md). `splitos top` shows the jobs' misses per
+//! second while they run, to an admin with the components and to a tenant without. Cordoning
+//! and draining: a cordoned
+//! pComponent starts no new program, whether placed by the global managers or reached by its
+//! program socket, and a cordoned mComponent takes no new home or vRegion, as their own
+//! counters show, while programs keep giving the output of a native run; `cluster drain` waits
+//! for what runs there to end, and says so when it gives up.
+use crate::common;
+use std::time::Duration;
+
+use common::*;
+
+fn splitos_ok(c: &TestCluster, args: &[&str]) -> String {
+    let out = c.cmd(args).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn cordoned_components_take_no_new_work_and_drain_waits_for_the_rest() {
+    let c = TestCluster::up(Some(
+        "[[pcomponent]]\nexcache = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n",
+    ));
+    let pcomps = c.components("pcomponent");
+    let a = pcomps
+        .iter()
+        .find(|p| p["shim_sock"].as_str().unwrap().ends_with("proc0.sock"))
+        .unwrap()
+        .clone();
+    let (a_id, a_sock) = (
+        a["id"].as_u64().unwrap().to_string(),
+        a["shim_sock"].as_str().unwrap().to_string(),
+    );
+    let m1 = c.components("mcomponent")[0]["id"].as_u64().unwrap().to_string();
+
+    assert!(splitos_ok(&c, &["cluster", "cordon", &a_id]).contains("cordoned: it takes no new programs"));
+    assert!(splitos_ok(&c, &["cluster", "cordon", &m1]).contains("cordoned: it takes no new homes and vRegions"));
+    let cordoned: Vec<String> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["cordoned"] == true)
+        .map(|x| x["id"].to_string())
+        .collect();
+    assert_eq!(cordoned.len(), 2, "{}", c.status());
+    assert!(splitos_ok(&c, &["cluster", "status"]).contains("yes, cordoned"));
+
+    // Programs placed by the managers run on the other pComponent, their memory on the other
+    // mComponent, with the output of a native run.
+    let py = python3();
+    let prog = [
+        py.as_str(),
+        "-c",
+        "x = {i: str(i) * 3 for i in range(100000)}; print(len(x), sum(map(len, x.values())))",
+    ];
+    for _ in 0..3 {
+        let out = c.run(&[], &prog);
+        assert_eq!(text(&out.stdout), text(&native(&prog).stdout), "{}", text(&out.stderr));
+    }
+    let of = |role: &str, id: &str| {
+        c.components(role)
+            .into_iter()
+            .find(|x| x["id"].as_u64() == id.parse().ok())
+            .unwrap()
+    };
+    assert_eq!(
+        of("pcomponent", &a_id)["stats"]["totals"]["processes"],
+        0,
+        "the cordoned pComponent ran nothing"
+    );
+    let m = of("mcomponent", &m1);
+    assert_eq!(
+        (m["stats"]["fetches"].as_u64(), m["stats"]["flushes"].as_u64()),
+        (Some(0), Some(0)),
+        "the cordoned mComponent served no page: {m}"
+    );
+
+    // Its program socket refuses a new run too, and says why.
+    let out = c.run(&["--pcomponent", &a_sock], &["true"]);
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("is cordoned: it takes no new programs"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Uncordoned, it takes programs again; drained while one runs, drain waits, and gives up
+    // when told, leaving it cordoned.
+    splitos_ok(&c, &["cluster", "uncordon", &a_id]);
+    assert!(
+        c.eventually(Duration::from_secs(5), |c| c
+            .run(&["--pcomponent", &a_sock], &["true"])
+            .status
+            .success()),
+        "within a heartbeat"
+    );
+    let hold = program("hold");
+    let mut job = c.spawn(&["--pcomponent", &a_sock], &[hold.to_str().unwrap(), "4"]);
+    assert_eq!(read_line(&mut job), "ready\n");
+    let out = c.cmd(&["cluster", "drain", &a_id, "--timeout", "2"]).output().unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("is not drained after 2 s: 1 job(s) run on it"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(of("pcomponent", &a_id)["cordoned"], true);
+    // The job ends (its stdin closes) while drain waits: drain then returns.
+    let drain = c
+        .cmd(&["cluster", "drain", &a_id, "--timeout", "30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    drop(job.stdin.take());
+    let _ = job.wait();
+    let out = drain.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && text(&out.stdout).contains("drained in"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Bad input: an id no component has.
+    let out = c.cmd(&["cluster", "cordon", "12345"]).output().unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("no component has id 12345"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn top_shows_the_misses_per_second_of_a_running_job() {
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let randpages = program("randpages");
+    let mut job = c.spawn(&[], &[randpages.to_str().unwrap(), "32", "100000"]);
+    let pcomp = c.components("pcomponent")[0]["id"].to_string();
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| c.components("pcomponent")[0]["stats"]
+            ["processes"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()))
+    );
+    let tenant = api_token(&c, &["default-ci", "--vnode", "default"]);
+    for (token, components) in [(None, true), (Some(tenant.as_str()), false)] {
+        let mut args = vec!["top", "-n", "2", "-d", "1"];
+        args.extend(token.map(|t| ["--token", t]).into_iter().flatten());
+        let out = splitos_ok(&c, &args);
+        let frames: Vec<&str> = out.split("splitos top: ").filter(|f| !f.is_empty()).collect();
+        assert_eq!(frames.len(), 2, "{out}");
+        assert_eq!(
+            frames[1].contains(&format!(" {pcomp} ")) && frames[1].contains("ROLE"),
+            components,
+            "{out}"
+        );
+        // The second look has a rate: the job's line, its misses per second above zero.
+        let line = frames[1]
+            .lines()
+            .find(|l| l.contains("randpages"))
+            .unwrap_or_else(|| panic!("{out}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let per_s: f64 = cols[4].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(per_s > 0.0 && cols[2] == "default", "{line}");
+    }
+    let out = c.cmd(&["top", "-d", "0"]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("--interval must be at least 0.1 seconds"));
+    let _ = job.kill();
+    let _ = job.wait();
+}

@@ -1,0 +1,377 @@
+//! Memory that survives an mComponent (`replication = "replica"`, docs/failures.md): real
+//! programs (a C hash table, CPython, sqlite3 in memory) with an ExCache far smaller than their
+//! heaps run while components are killed under them, and print what they print natively;
+//! the components that did the work (rebuilds, take-overs, repairs) show it in their counters.
+use crate::common;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+
+/// Four mComponents (replication is `replica` by default from three on), vRegions of 4 MiB so
+/// that a program's heap spreads over all of them, an ExCache of 4 MiB.
+fn cluster(mcomps: usize, extra: &str) -> TestCluster {
+    TestCluster::up(Some(&format!(
+        "[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 2000\n{extra}[[pcomponent]]\nexcache = \"4M\"\n{}",
+        "[[mcomponent]]\n".repeat(mcomps)
+    )))
+}
+
+#[test]
+fn a_c_hash_table_survives_losing_a_primary_then_its_home_with_a_rebuild_between() {
+    let c = cluster(4, "");
+    assert!(
+        mcomp_stats(&c).iter().all(|m| m["stats"]["replication"] == "replica"),
+        "replica is the default with 4 mComponents"
+    );
+    let table = program("hashtable");
+    let cmd = [table.to_str().unwrap(), "100000"];
+    let (out, err, ok) = run_phased(&c, &cmd, |c, phase, pid| {
+        let victim = if phase == 1 {
+            busiest_primary(c, pid)
+        } else {
+            home_of(c, pid).0
+        };
+        c.kill_component(c.pid_of_addr(&victim));
+        wait_rebuilt(c, pid, 2);
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, native_phased(&cmd), "{err}");
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_rebuilt_pages_total") > 0.0,
+        "pages were copied to new replicas"
+    );
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_home_takeovers_total") >= 1.0,
+        "the backup home took over"
+    );
+    // Everything is released when the program ends, rebuilt copies too.
+    let used: u64 = mcomp_stats(&c)
+        .iter()
+        .map(|m| m["stats"]["used"].as_u64().unwrap())
+        .sum();
+    assert_eq!(used, 0, "and released when the program ended");
+}
+
+#[test]
+fn cpython_and_sqlite_survive_a_lost_replica_and_restarts_of_the_global_managers() {
+    let port = restartable_port();
+    let gm_addr = format!("127.0.0.1:{port}");
+    let c = cluster(4, &format!("gm = \"{gm_addr}\"\nforget_dead_ms = 6000\n"));
+    python_phases_as_native(&c, |c, phase, round, pid| {
+        if phase == 1 {
+            // The global managers are never on the data path: the program goes on while
+            // they are down, and the restarted managers learn the cluster again.
+            restart_gm_and_wait(c, &gm_addr, round, 4 - round);
+        } else {
+            // A replica that is not the home: a secondary of some vRegions.
+            let (home, sets) = home_of(c, pid);
+            let secondary = sets
+                .iter()
+                .map(|s| addr_of(c, s[1]))
+                .find(|a| *a != home)
+                .expect("a secondary other than the home");
+            c.kill_component(c.pid_of_addr(&secondary));
+            wait_rebuilt(c, pid, 2);
+        }
+    });
+    assert!(mcomp_metric(&c, "splitos_mcomp_rebuilt_vregions_total") >= 2.0);
+}
+
+#[test]
+fn a_corrupted_page_is_repaired_from_its_other_replica() {
+    let c = cluster(3, "");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
+        .as_u64()
+        .unwrap();
+    // Bits flip in pages of every vRegion, on its primary (where fetches go): each bad page
+    // has a good copy on the other replica.
+    let (_, sets) = home_of(&c, pid);
+    let vrs = 4u64 << 20;
+    let mut flipped = 0;
+    for (i, set) in sets.iter().enumerate() {
+        let addr = addr_of(&c, set[0]);
+        let index = c
+            .components("mcomponent")
+            .iter()
+            .find_map(|m| {
+                m["stats"]["home_processes"]
+                    .as_array()?
+                    .iter()
+                    .find(|p| p["pid"] == pid)
+                    .map(|p| p["vregions"][i]["index"].as_u64().unwrap())
+            })
+            .unwrap();
+        for k in 0..4u64 {
+            let at = index * vrs + k * (1 << 20);
+            let flip = |at: u64| {
+                let out = c
+                    .cmd(&[
+                        "debug",
+                        "flip",
+                        "--mcomp",
+                        &addr,
+                        "--vnode",
+                        "default",
+                        "--pid",
+                        &pid.to_string(),
+                        "--vaddr",
+                        &format!("{at:#x}"),
+                        "--bit",
+                        "777",
+                    ])
+                    .output()
+                    .unwrap();
+                out.status
+                    .success()
+                    .then(|| u64::from_str_radix(text(&out.stdout).trim().rsplit("0x").next().unwrap(), 16).unwrap())
+            };
+            match flip(at) {
+                Some(page) if page == at => flipped += 1,
+                // The page is not there (the heap ends before it): the flip landed on a later
+                // page, perhaps a secondary's copy; flipping that bit again restores it.
+                Some(page) => assert_eq!(flip(page), Some(page)),
+                None => {}
+            }
+        }
+    }
+    assert!(flipped >= 12, "pages of the program are on the mComponents: {flipped}");
+    assert_hold_ends_native(child);
+    let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(c.metric(&p, "splitos_pcomp_checksum_failures_total") >= 1.0);
+    assert!(
+        c.metric(&p, "splitos_pcomp_pages_repaired_total") >= 1.0,
+        "bad copies were written over with good ones"
+    );
+}
+
+#[test]
+fn losing_both_copies_at_once_ends_the_program_with_an_error_naming_what_was_lost() {
+    let c = cluster(3, "");
+    let (child, pid) = spawn_hold(&c, 24);
+    let (_, sets) = home_of(&c, pid);
+    let both: Vec<String> = sets[sets.len() / 2].iter().map(|id| addr_of(&c, *id)).collect();
+    let err = hold_fails_after_losing(&c, child, &both);
+    assert!(
+        err.contains("mComponent") && both.iter().any(|a| err.contains(a.as_str()))
+            || err.contains("every mComponent that held a copy of it is lost"),
+        "{err}"
+    );
+}
+
+#[test]
+fn replication_is_a_knob_of_the_cluster_and_of_run() {
+    // Off by choice with four mComponents: one copy, as much memory as the data.
+    let c = cluster(4, "replication = \"none\"\n");
+    let hold = program("hold");
+    let hold = hold.to_str().unwrap();
+    let mut child = c.spawn(&[], &[hold, "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
+        .as_u64()
+        .unwrap();
+    assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 1));
+    let one: u64 = mcomp_stats(&c)
+        .iter()
+        .map(|m| m["stats"]["used"].as_u64().unwrap())
+        .sum();
+    assert_hold_ends_native(child);
+    drop(c);
+    let c = cluster(4, "replication = \"replica\"\n");
+    let mut child = c.spawn(&[], &[hold, "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
+        .as_u64()
+        .unwrap();
+    assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 2 && s[0] != s[1]));
+    let two: u64 = mcomp_stats(&c)
+        .iter()
+        .map(|m| m["stats"]["used"].as_u64().unwrap())
+        .sum();
+    assert_eq!(two, 2 * one, "each page twice");
+    assert_hold_ends_native(child);
+    // Schemes this build does not have are refused by name, by `cluster up` and by `run`.
+    for bad in ["raid5", "mirror"] {
+        let f = c.dir.path().join("bad.toml");
+        std::fs::write(
+            &f,
+            format!("[cluster]\nreplication = \"{bad}\"\n[[pcomponent]]\n[[mcomponent]]\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(splitos())
+            .args(["cluster", "up", "--config"])
+            .arg(&f)
+            .env("SPLITOS_STATE_DIR", c.dir.path().join("bad"))
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success() && text(&out.stderr).contains("replication") && text(&out.stderr).contains(bad),
+            "{}",
+            text(&out.stderr)
+        );
+        let out = std::process::Command::new(splitos())
+            .args(["run", "--embedded", "--replication", bad, "--", "true"])
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success() && text(&out.stderr).contains(bad),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    // The embedded cluster of `run` takes the option: every write-back reaches two
+    // mComponents (their own counters).
+    let (_, s) = stats_of(
+        &[
+            "--embedded",
+            "--mcomponents",
+            "2",
+            "--replication",
+            "replica",
+            "--excache",
+            "4M",
+        ],
+        &[hold, "16"],
+    );
+    assert!(
+        s["mcomponents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["replication"] == "replica"),
+        "{s}"
+    );
+    assert!(
+        n(&s, "flushes") > 0 && mcomp_sum(&s, "flushes") >= 2 * n(&s, "flushes"),
+        "{s}"
+    );
+}
+
+#[test]
+fn global_managers_that_stall_take_no_mcomponent_for_lost() {
+    let c = cluster(3, "");
+    let hold = program("hold");
+    let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
+    assert_eq!(read_line(&mut child), "ready\n");
+    let used = |c: &TestCluster| {
+        mcomp_stats(c)
+            .iter()
+            .map(|m| m["stats"]["used"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let before = used(&c);
+    // Paused for twice `reclaim_dead_ms`: when they go on, every component looks silent to
+    // them, and none is fenced or has its copies rebuilt for it.
+    let gm = c.pid_of_addr(c.status()["gm"].as_str().unwrap());
+    // SAFETY: kill(2) takes no pointers; `gm` is this test's own cluster's process.
+    unsafe { libc::kill(gm, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: as above.
+    unsafe { libc::kill(gm, libc::SIGCONT) };
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(used(&c), before, "every copy is still held");
+    assert_eq!(mcomp_metric(&c, "splitos_mcomp_fenced_total"), 0.0);
+    assert_eq!(mcomp_metric(&c, "splitos_mcomp_rebuilt_vregions_total"), 0.0);
+    assert!(
+        c.log("gm").contains("heard no heartbeat for a while"),
+        "{}",
+        c.log("gm")
+    );
+    assert_hold_ends_native(child);
+}
+
+#[test]
+fn a_paused_mcomponent_is_waited_for_until_the_managers_declare_it_lost() {
+    // One copy of every page, on one mComponent; declared lost only after a minute silent.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\nreclaim_dead_ms = 60000\nforget_dead_ms = 120000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let (mut child, _) = spawn_hold(&c, 24);
+    let mcomp = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let paused = Stalled::new(c.pid_of_addr(&mcomp));
+    // The program reads its heap back, which is all on the paused mComponent.
+    drop(child.stdin.take());
+    // Longer than a call's timeout: the pComponent's calls to it got no reply.
+    assert!(
+        c.eventually(Duration::from_secs(60), |c| c
+            .log("proc0")
+            .contains("have not declared it lost: waiting for it")),
+        "{}",
+        c.log("proc0")
+    );
+    let m = &c.components("mcomponent")[0];
+    assert_eq!(
+        (m["alive"].as_bool(), m["lost"].as_bool()),
+        (Some(false), Some(false)),
+        "late, not lost: {m}"
+    );
+    let table = c.cmd(&["cluster", "status"]).output().unwrap();
+    assert!(
+        text(&table.stdout).contains("unresponsive ("),
+        "{}",
+        text(&table.stdout)
+    );
+    drop(paused);
+    assert_hold_ends_native(child);
+    assert!(c.metric(&pcomp, "splitos_pcomp_late_mcomponent_waits_total") > 0.0);
+}
+
+// ---- A paused mComponent still kills programs
+
+#[test]
+fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_again() {
+    // One copy of every page, on one mComponent, declared lost only after 20 s of silence.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\nreclaim_dead_ms = 20000\nforget_dead_ms = 60000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
+    let mcomp = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    for trial in 1..=3 {
+        let (mut child, pid) = spawn_hold(&c, 24);
+        let served = c.metric(&mcomp, "splitos_mcomp_requests_total");
+        // Longer than a new channel's handshake was waited for (3 s), shorter than
+        // reclaim_dead_ms and than the admin tool's call timeout (5 s).
+        let paused = Stalled::new(c.pid_of_addr(&mcomp));
+        // The program reads its heap back, all of it on the paused mComponent, and the admin's
+        // tools (a new process: a new channel, whose handshake the paused mComponent cannot
+        // answer either) read one of its pages.
+        drop(child.stdin.take());
+        let pid = pid.to_string();
+        let fetch = c
+            .cmd(&[
+                "debug",
+                "fetch",
+                "--mcomp",
+                &mcomp,
+                "--vnode",
+                "default",
+                "--pid",
+                &pid,
+                "--vaddr",
+                "0x200000000000",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+        let late = c.components("mcomponent").remove(0);
+        drop(paused);
+        assert_eq!(
+            (late["alive"].as_bool(), late["lost"].as_bool()),
+            (Some(false), Some(false)),
+            "trial {trial}: late, not lost: {late}"
+        );
+        let fetched = fetch.wait_with_output().unwrap();
+        assert!(
+            fetched.status.success() && text(&fetched.stdout).contains("checksum good"),
+            "trial {trial}: {}{}",
+            text(&fetched.stdout),
+            text(&fetched.stderr)
+        );
+        assert_hold_ends_native(child);
+        assert!(
+            c.metric(&mcomp, "splitos_mcomp_requests_total") > served,
+            "trial {trial}: the paused mComponent is used again once it goes on"
+        );
+    }
+}
