@@ -112,12 +112,18 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
     let c = TestCluster::up_in(state, Some(&cfg));
     let all: Vec<String> = ["a", "b", "c"].into_iter().map(gm_at).collect();
     let settled = |c: &TestCluster| leadership(c).filter(|(_, m)| *m == all).map(|(l, _)| l);
-    assert!(
-        c.eventually(Duration::from_secs(20), |c| settled(c).is_some()),
-        "{}",
-        story(&c)
-    );
-    let first = settled(&c).unwrap();
+    // The leader all managers agree on, waited for and read once: under load they may move on
+    // between two reads.
+    let settle = |c: &TestCluster, secs: u64| {
+        let mut got = None;
+        let held = c.eventually(Duration::from_secs(secs), |c| {
+            got = settled(c);
+            got.is_some()
+        });
+        assert!(held, "{}", story(c));
+        got.unwrap()
+    };
+    let first = settle(&c, 20);
     let comps = c.status()["components"].as_array().unwrap().len();
     assert_eq!(comps, 3, "{}", c.status());
     // The text view names the leader and the followers.
@@ -131,12 +137,7 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
     python_phases_as_native(&c, |c, phase, round, _pid| {
         // Who leads now, as the managers say (it may have changed since the last phase: a
         // follower cut off may have come back as the leader).
-        assert!(
-            c.eventually(Duration::from_secs(30), |c| settled(c).is_some()),
-            "{}",
-            story(c)
-        );
-        let leader = settled(c).unwrap();
+        let leader = settle(c, 30);
         if leaders.last() != Some(&leader) {
             leaders.push(leader.clone());
         }
@@ -156,12 +157,7 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
                 );
                 leaders.push(leadership(c).unwrap().0);
                 start_manager(c, &h, lhost, &again, &format!("gm-{lhost}-again"));
-                assert!(
-                    c.eventually(Duration::from_secs(20), |c| settled(c).is_some()),
-                    "{}",
-                    story(c)
-                );
-                assert_eq!(settled(c).as_ref(), leaders.last(), "a manager started again follows");
+                assert_eq!(Some(&settle(c, 20)), leaders.last(), "a manager started again follows");
             }
             // One etcd member and the manager beside it are cut off: the majority goes on (the
             // leader with it, unless the member cut off led etcd and its new election took
@@ -176,12 +172,7 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
                     story(c)
                 );
                 h.link(cut, true);
-                assert!(
-                    c.eventually(Duration::from_secs(30), |c| settled(c).is_some()),
-                    "{}",
-                    story(c)
-                );
-                leaders.push(settled(c).unwrap());
+                leaders.push(settle(c, 30));
             }
             // The leader is cut off from the etcd majority: it steps down before another is
             // elected (never two leaders placing at once), and follows once it is back.
@@ -214,12 +205,7 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
                     since_cut()
                 );
                 h.link(lhost, true);
-                assert!(
-                    c.eventually(Duration::from_secs(30), |c| settled(c).is_some()),
-                    "{}",
-                    story(c)
-                );
-                assert_eq!(settled(c).unwrap(), next, "the old leader follows");
+                assert_eq!(settle(c, 30), next, "the old leader follows");
                 let new_log = format!(
                     "{}{}",
                     c.log(&format!(
@@ -252,12 +238,7 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
                 for ((_, again, _), n) in running.iter().zip(["a", "b", "c"]) {
                     start_manager(c, &h, n, again, &format!("gm-{n}-all"));
                 }
-                assert!(
-                    c.eventually(Duration::from_secs(20), |c| settled(c).is_some()),
-                    "{}",
-                    story(c)
-                );
-                leaders.push(settled(c).unwrap());
+                leaders.push(settle(c, 20));
             }
             _ => {}
         }
