@@ -4,9 +4,9 @@
 The end-to-end tests spend most of their time waiting on the components and programs they
 start, so one at a time (what `cargo test` does across test binaries) leaves a 2-core
 machine mostly idle. This runner builds once, lists every test, and runs them from a pool of
-`--jobs` slots, longest first (by the times of the last run, kept in target/), each in a
-process group of its own that is ended if it outlives `--timeout`. Unit-test binaries run
-whole, as `cargo test` would run them.
+`--jobs` slots, longest first (by the times of the last run, kept in target/, or else by
+tests/test-times.json), each in a process group of its own that is ended if it outlives
+`--timeout`. Unit-test binaries run whole, as `cargo test` would run them.
 
 Tests whose result depends on having the machine to themselves (they measure timing or
 change machine-wide settings such as swap) are listed in tests/alone.txt: they run after the
@@ -25,6 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ROOT / "target" / "test-times.json"
+# The times a fresh clone schedules by, until it has run the tests once (refreshed by copying
+# target/test-times.json here when tests were added or their times changed much).
+KNOWN_TIMES = ROOT / "tests" / "test-times.json"
 ALONE = ROOT / "tests" / "alone.txt"
 
 
@@ -139,7 +142,8 @@ def main():
     bins = build([])
     built = time.monotonic() - t0
     jobs = jobs_of(bins, args.filters)
-    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    known = TIMES if TIMES.exists() else KNOWN_TIMES
+    times = json.loads(known.read_text()) if known.exists() else {}
     alone = alone_patterns()
     solo = [j for j in jobs if any(p in j["id"] for p in alone)]
     pool = [j for j in jobs if j not in solo]
