@@ -124,7 +124,7 @@ impl From<splitos_rpc::ComponentInfo> for ComponentView {
         ComponentView {
             id: c.id,
             role: c.role.name().to_string(),
-            host: crate::gm::host_of(&c.addr).to_string(),
+            host: crate::topology::host_of(&c.addr).to_string(),
             addr: c.addr,
             alive: c.alive,
             lost: c.lost,

@@ -37,8 +37,9 @@ use std::time::{Duration, Instant};
 use splitos_rpc::*;
 
 use crate::config::GmArgs;
-use crate::node::{self, HEARTBEAT};
+use crate::node::{self, HEARTBEAT, MISSED_BEATS};
 use crate::placement::Unit;
+use crate::topology::host_of;
 
 /// The programs of the cluster, as its pComponents report them.
 pub struct Jobs {
@@ -60,9 +61,6 @@ const EXCACHE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The most measured links the managers keep of one component.
 const MAX_LINKS: usize = 256;
-
-/// How many missed heartbeats make a component dead.
-pub const MISSED_BEATS: u32 = 4;
 
 struct Entry {
     info: ComponentInfo,
@@ -416,12 +414,6 @@ impl Gm {
             addr: e.info.addr.clone(),
         })
     }
-}
-
-/// The host part of a component's address (`10.0.0.2:7000` → `10.0.0.2`): replicas go to
-/// different hosts where the cluster has them.
-pub(crate) fn host_of(addr: &str) -> &str {
-    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
 /// Rendezvous (highest random weight) choice among the live components of a role.
