@@ -16,7 +16,7 @@
 //! placements must come out the same on every pComponent and after a restart of the global
 //! managers, which rendezvous hashing gives (`gm/mod.rs`).
 
-use crate::gm::state::{Store, Table};
+use crate::state::{Store, Table};
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};

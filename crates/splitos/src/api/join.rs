@@ -22,7 +22,7 @@ use splitos_rpc::auth::Authority;
 use splitos_rpc::Role;
 
 use super::{admin_only, internal, Api, ApiError, Body, ErrorBody, Principal};
-use crate::gm::state::{Store, Table};
+use crate::state::{Store, Table};
 
 const JOIN_TOKENS: Table = Table("join-tokens");
 const PREFIX: &str = "splitos-join_";

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use splitos_rpc::TokenInfo;
 
-use crate::gm::state::{Store, Table};
+use crate::state::{Store, Table};
 
 const TOKENS: Table = Table("tokens");
 const PREFIX: &str = "splitos_";

@@ -29,7 +29,6 @@ pub mod cordon;
 mod detach;
 mod etcd;
 mod kept;
-pub mod state;
 pub mod vnodes;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +38,7 @@ use splitos_rpc::*;
 use crate::config::GmArgs;
 use crate::node::{self, HEARTBEAT, MISSED_BEATS};
 use crate::placement::Unit;
+use crate::state;
 use crate::topology::host_of;
 
 /// The programs of the cluster, as its pComponents report them.

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use splitos_rpc::VnodeInfo;
 
-use super::state::{Store, Table as StateTable};
+use crate::state::{Store, Table as StateTable};
 use crate::config::VnodeConfig;
 
 const VNODES: StateTable = StateTable("vnodes");
