@@ -43,7 +43,7 @@ pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
 pub use pcomp::{
     check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath,
-    OneSided, PcompConfig, PrefetchPolicy,
+    OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
 };
 pub use process::{
     write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs, METRICS_ADDR,
