@@ -16,11 +16,12 @@
 //! placements must come out the same on every pComponent and after a restart of the global
 //! managers, which rendezvous hashing gives (`gm/mod.rs`).
 
-use crate::state::{Store, Table};
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{ErrCode, PlacementState, Role, RpcError, SetPlacement, EBB_PLACEMENT};
+use splitos_rpc::{PlacementState, Role, SetPlacement, EBB_PLACEMENT};
+
+use crate::state::{Store, Table};
 
 /// What a policy sees of a unit.
 pub struct Unit<'a> {
@@ -230,16 +231,6 @@ impl Messagable for PlacementMessages {
         let now = replace(&self.rule, &self.store, r.placement).map_err(Refused::Invalid)?;
         Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
     }
-}
-
-/// Sends `r` to the global managers' `placement` representative through `send` and returns
-/// the policy after it.
-pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPlacement) -> Result<PlacementState, RpcError> {
-    let answer = send(postcard::to_allocvec(r).expect("a SetPlacement encodes").into())?;
-    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
-        code: ErrCode::Internal,
-        msg: format!("the answer is not a PlacementState: {e}"),
-    })
 }
 
 #[cfg(test)]

@@ -1027,7 +1027,7 @@ impl Gm {
         let change = eviction.is_some() || prefetch.is_some();
         let send =
             |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
-        let r = crate::pmon::excache::policies::ask(send, &SetPolicy { eviction, prefetch })?;
+        let r = SetPolicy { eviction, prefetch }.ask(send)?;
         if change {
             metrics::counter!("gm_policy_changes_total").increment(1);
         }

@@ -15,13 +15,13 @@
 //!
 //! Replacements arrive through the messenger: every pComponent serves the `excache-policies`
 //! Ebb ([`EBB_EXCACHE_POLICIES`]), whose representative here applies a [`SetPolicy`] message
-//! from the global managers or the admin's tools ([`ask`] sends one).
+//! from the global managers or the admin's tools ([`SetPolicy::ask`] sends one).
 use std::sync::{Mutex, Weak};
 
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{ErrCode, PolicyState, Role, RpcError, SetPolicy, EBB_EXCACHE_POLICIES};
+use splitos_rpc::{ErrCode, Role, SetPolicy, EBB_EXCACHE_POLICIES};
 
 use super::cache::{Clock, EvictionPolicy, Fifo, GhostClock};
 use super::miss::MissPath;
@@ -145,16 +145,6 @@ pub fn serve(pcomp: Weak<Pcomp>) -> Serving {
     })
     .expect("one pComponent per process");
     splitos_ebb::messenger::serve(&ebb).expect("a static id served once")
-}
-
-/// Sends `r` to a pComponent's `excache-policies` representative through `send` and returns
-/// its policies after it.
-pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPolicy) -> Result<PolicyState, RpcError> {
-    let answer = send(postcard::to_allocvec(r).expect("a SetPolicy encodes").into())?;
-    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
-        code: ErrCode::Internal,
-        msg: format!("the pComponent's answer is not a PolicyState: {e}"),
-    })
 }
 
 #[cfg(test)]
