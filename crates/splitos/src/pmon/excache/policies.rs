@@ -14,20 +14,17 @@
 //! the managers take them without importing the pComponent.
 //!
 //! Replacements arrive through the messenger: every pComponent serves the `excache-policies`
-//! Ebb ([`EBB_EXCACHE_POLICIES`]), whose representative here applies a [`SetPolicy`] message
-//! from the global managers or the admin's tools ([`SetPolicy::ask`] sends one).
-use std::sync::{Mutex, Weak};
+//! Ebb ([`splitos_rpc::EBB_EXCACHE_POLICIES`]), whose representative (pmon/policy_ebb.rs)
+//! applies a [`splitos_rpc::SetPolicy`] message from the global managers or the admin's tools
+//! ([`splitos_rpc::SetPolicy::ask`] sends one) through [`Policies::replace`].
+use std::sync::Mutex;
 
-use bytes::Bytes;
-use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
-use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{ErrCode, Role, SetPolicy, EBB_EXCACHE_POLICIES};
+use splitos_ebb::Ebb;
 
 use super::cache::{Clock, EvictionPolicy, Fifo, GhostClock};
 use super::miss::MissPath;
 use super::prefetch::{prefetcher, Leap, Prefetcher, Sequential};
 use crate::config::{EvictPolicy, PrefetchPolicy};
-use crate::pmon::Pcomp;
 
 /// What each eviction policy's name ([`EvictPolicy`], in the configuration) builds: the miss
 /// handler of the `excache-eviction` Ebb.
@@ -104,47 +101,6 @@ impl Policies {
             prefetch.map(|_| self.prefetch.build()),
         )
     }
-}
-
-/// The representative of the `excache-policies` Ebb on a pComponent.
-struct PolicyMessages {
-    pcomp: Weak<Pcomp>,
-}
-
-impl Messagable for PolicyMessages {
-    fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
-        // The transport without credentials is built by benchmarks and tests alone.
-        if from
-            .role
-            .as_deref()
-            .is_some_and(|r| r != Role::Gm.name() && r != Role::Admin.name())
-        {
-            return Err(Refused::Denied(format!(
-                "a {} may not replace a pComponent's policies",
-                from.role.as_deref().unwrap_or("?")
-            )));
-        }
-        let r: SetPolicy =
-            postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPolicy message: {e}")))?;
-        let pcomp = self
-            .pcomp
-            .upgrade()
-            .ok_or_else(|| Refused::Invalid("the pComponent is stopping".into()))?;
-        let now = pcomp.set_policy(r).map_err(|e| match e.code {
-            ErrCode::Denied => Refused::Denied(e.msg),
-            _ => Refused::Invalid(e.msg),
-        })?;
-        Ok(postcard::to_allocvec(&now).expect("a PolicyState encodes").into())
-    }
-}
-
-/// Serves the `excache-policies` Ebb of `pcomp` until the guard is dropped.
-pub fn serve(pcomp: Weak<Pcomp>) -> Serving {
-    let ebb = Ebb::with_id(EbbId(EBB_EXCACHE_POLICIES), "excache-policies", move |_| {
-        PolicyMessages { pcomp: pcomp.clone() }
-    })
-    .expect("one pComponent per process");
-    splitos_ebb::messenger::serve(&ebb).expect("a static id served once")
 }
 
 #[cfg(test)]
