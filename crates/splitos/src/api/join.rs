@@ -193,7 +193,7 @@ pub async fn create(
 ) -> Result<Json<JoinTokenView>, ApiError> {
     admin_only(&p, peer, "/api/v1/join-tokens")?;
     let role =
-        crate::control::role_named(&r.role).map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("role: {e}")))?;
+        crate::config::role_named(&r.role).map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("role: {e}")))?;
     let gm = api.gm.clone();
     let (token, expires_unix_s) = tokio::task::spawn_blocking(move || gm.joins.create(role, r.ttl_s.unwrap_or(3600)))
         .await
@@ -325,7 +325,7 @@ pub fn join_cli(token: &str, api: &str, out: &std::path::Path) -> anyhow::Result
         unhex(&j.credentials).ok_or_else(|| anyhow::anyhow!("the managers sent credentials that are not hex"))?;
     let role = Role::from_name(&j.role)
         .ok_or_else(|| anyhow::anyhow!("the managers issued credentials of an unknown role {:?}", j.role))?;
-    let sub = crate::control::subcommand(role);
+    let sub = crate::config::subcommand(role);
     crate::trusted::own_dir(out, 0o700)?;
     let (cred, ca, env) = (
         out.join(format!("{}.cred", sub)),
