@@ -1,6 +1,6 @@
 //! The REST API of the global managers (docs/control-plane.md): what the cluster is and what
 //! runs on it, for operators' tools, dashboards and scripts, under `/api/v1/`, each request
-//! with a bearer token ([`tokens`]). `/livez` and `/readyz` answer without one, as Kubernetes'
+//! with a bearer token (the managers' [`crate::gm::tokens`]). `/livez` and `/readyz` answer without one, as Kubernetes'
 //! API server does, and `/openapi.json` describes the rest; it is generated from the handlers
 //! below and checked into docs/openapi.json.
 //!
@@ -13,7 +13,6 @@ pub mod join;
 mod memory;
 mod placement;
 pub mod tls;
-pub mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,8 +29,8 @@ use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{Role, VnodeInfo};
 use utoipa::OpenApi;
 
+use crate::gm::tokens::Principal;
 use crate::gm::Gm;
-pub use tokens::{Principal, Tokens};
 
 /// What the API's handlers share.
 pub struct Api {

@@ -21,14 +21,16 @@
 //! as long), and rebuild the copies those held; an mComponent that was declared lost and
 //! speaks again is fenced: its copies may be out of date, so it drops them.
 //!
-//! What they are told at run time (membership, fencing, the REST API's tokens, the vNodes,
-//! cordons, the placement policy) they keep in their state (state.rs, kept.rs): a local file,
-//! or etcd when several managers run, one elected leader (etcd.rs). A restarted manager, or a
-//! new leader, resumes with it.
+//! What they are told at run time (membership, fencing, the REST API's tokens and join tokens
+//! (tokens.rs, joins.rs), the vNodes, cordons, the placement policy) they keep in their state
+//! (the top-level `state` module, kept.rs): a local file, or etcd when several managers run, one
+//! elected leader (etcd.rs). A restarted manager, or a new leader, resumes with it.
 pub mod cordon;
 mod detach;
 mod etcd;
+pub mod joins;
 mod kept;
+pub mod tokens;
 pub mod vnodes;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -148,10 +150,10 @@ pub struct Gm {
     /// first home would then not see.
     quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
     /// The REST API's tokens (`C2G_TOKEN_*`).
-    pub tokens: crate::api::Tokens,
+    pub tokens: tokens::Tokens,
     /// The join tokens, and the authority the managers issue credentials with to a machine
     /// that joins.
-    pub joins: crate::api::join::JoinTokens,
+    pub joins: joins::JoinTokens,
     /// Where the REST API listens, once it does.
     api: std::sync::OnceLock<String>,
     /// Where the managers serve their own metrics, once they do.
@@ -1289,7 +1291,7 @@ impl Manager {
                 Ok(s)
             }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| {
-                let tokens = crate::api::Tokens::open(self.store.clone())
+                let tokens = tokens::Tokens::open(self.store.clone())
                     .map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
                 principal(tokens.check(&r.token))
             }),
@@ -1312,14 +1314,14 @@ impl Manager {
 }
 
 /// What the managers answer `X2G_API_TOKEN` with.
-fn principal(p: Option<crate::api::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
+fn principal(p: Option<tokens::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
     match p {
-        Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
+        Some(tokens::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
             name: token,
             admin: true,
             vnodes: Vec::new(),
         }),
-        Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
+        Some(tokens::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
             name: token,
             admin: false,
             vnodes,
@@ -1376,7 +1378,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         ep.serve(gm.clone(), server_config());
         let g = gm.clone();
         if let Some(at) = node::serve_metrics(&args.process, move |token| {
-            matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. }))
+            matches!(g.tokens.check(token), Some(tokens::Principal::Admin { .. }))
         })? {
             let _ = gm.metrics.set(at);
         }
@@ -1409,10 +1411,10 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let leaving = election.clone();
     stop.on_stop(move || leaving.resign());
     ep.serve(manager.clone(), server_config());
-    let tokens = store.clone();
+    let token_store = store.clone();
     let metrics = node::serve_metrics(&args.process, move |token| {
-        crate::api::Tokens::open(tokens.clone())
-            .is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. })))
+        tokens::Tokens::open(token_store.clone())
+            .is_ok_and(|t| matches!(t.check(token), Some(tokens::Principal::Admin { .. })))
     })?;
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
     node::announce_ready(args.process.ready_file.as_deref(), &addr);
@@ -1513,8 +1515,8 @@ impl Gm {
                     .into_iter()
                     .collect(),
             ),
-            tokens: crate::api::Tokens::open(state.clone())?,
-            joins: crate::api::join::JoinTokens::open(state, authority, api_ca)?,
+            tokens: tokens::Tokens::open(state.clone())?,
+            joins: joins::JoinTokens::open(state, authority, api_ca)?,
             api: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
             rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
