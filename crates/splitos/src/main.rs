@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use splitos::config::{GmArgs, MemArgs, NetArgs, ProcArgs, Startup, StorageArgs};
-use splitos::{bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
+use splitos::{api, bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
 
 #[derive(Parser)]
 #[command(
@@ -453,7 +453,7 @@ fn main() {
                 "--interval must be at least 0.1 seconds, not {interval}"
             )),
         },
-        Cmd::Gm(start) => component(*start, gm::run),
+        Cmd::Gm(start) => component(*start, |a| gm::run(a, api::start)),
         Cmd::Mem(start) => component(*start, mmon::run),
         Cmd::Proc(start) => component(*start, pmon::run),
         Cmd::Storage(start) => component(*start, smon::run),

@@ -29,6 +29,7 @@ use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{Role, VnodeInfo};
 use utoipa::OpenApi;
 
+use crate::config::GmArgs;
 use crate::gm::tokens::Principal;
 use crate::gm::Gm;
 
@@ -850,6 +851,28 @@ fn router(api: Arc<Api>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
+}
+
+/// Serves the REST API of `gm` unless the configuration turns it off: what `gm::run` is given to
+/// start it with, once the managers serve (main.rs).
+pub fn start(gm: &Arc<Gm>, args: &GmArgs) -> anyhow::Result<()> {
+    let cfg = &args.cluster;
+    if cfg.api == "off" {
+        return Ok(());
+    }
+    let api = Api {
+        gm: gm.clone(),
+        config: serde_json::to_value(cfg)?,
+    };
+    let tls = match (&args.api_cert, &args.api_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let at = serve(&cfg.api, Arc::new(api), tls, cfg.api_connections_per_peer)?;
+    tracing::info!(api = %at, scheme, "serving the REST API");
+    let _ = gm.api.set(at);
+    Ok(())
 }
 
 /// Serves the API at `addr` on a thread of its own, each peer holding at most `per_peer`

@@ -155,7 +155,7 @@ pub struct Gm {
     /// that joins.
     pub joins: joins::JoinTokens,
     /// Where the REST API listens, once it does.
-    api: std::sync::OnceLock<String>,
+    pub(crate) api: std::sync::OnceLock<String>,
     /// Where the managers serve their own metrics, once they do.
     metrics: std::sync::OnceLock<String>,
     /// The managers' own requests to components, for the control plane: a short timeout, so
@@ -1346,7 +1346,10 @@ fn server_config() -> ServerConfig {
 const PUBLISH: Duration = Duration::from_secs(1);
 const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
 
-pub fn run(args: GmArgs) -> anyhow::Result<()> {
+/// Runs the global managers until they are stopped. `start_api` serves the REST API
+/// (`api::start`) once they serve, as the leader where several run: it is given, not called by
+/// name, because the API imports the managers and the managers must not import it.
+pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
     // Before any thread starts, which would inherit the mask.
     let stop = node::block_stop_signals();
     let cfg = &args.cluster;
@@ -1382,7 +1385,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         })? {
             let _ = gm.metrics.set(at);
         }
-        gm.serve_api(&args)?;
+        start_api(&gm, &args)?;
         stop.on_stop(|| {});
         tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %gm.replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, state = ?args.state, "splitos global managers started");
         node::announce_ready(args.process.ready_file.as_deref(), &addr);
@@ -1425,7 +1428,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
             let _ = gm.metrics.set(at);
         }
         let _ = manager.gm.set(gm.clone());
-        gm.serve_api(&args)?;
+        start_api(&gm, &args)?;
         std::thread::Builder::new()
             .name("publish-status".into())
             .spawn(move || {
@@ -1528,26 +1531,5 @@ impl Gm {
             tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
         }
         Ok(gm)
-    }
-
-    /// Serves the REST API unless it is off.
-    fn serve_api(self: &Arc<Self>, args: &GmArgs) -> anyhow::Result<()> {
-        let cfg = &args.cluster;
-        if cfg.api == "off" {
-            return Ok(());
-        }
-        let api = crate::api::Api {
-            gm: self.clone(),
-            config: serde_json::to_value(cfg)?,
-        };
-        let tls = match (&args.api_cert, &args.api_key) {
-            (Some(cert), Some(key)) => Some(crate::api::tls::acceptor(cert, key)?),
-            _ => None,
-        };
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let at = crate::api::serve(&cfg.api, Arc::new(api), tls, cfg.api_connections_per_peer)?;
-        tracing::info!(api = %at, scheme, "serving the REST API");
-        let _ = self.api.set(at);
-        Ok(())
     }
 }
