@@ -459,7 +459,7 @@ fn main() {
         Cmd::Storage(start) => component(*start, smon::run),
         Cmd::Net(start) => component(*start, nmon::run),
         Cmd::Sim(args) => sim::run(*args),
-        Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
+        Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp, &control::cluster::admin_credentials()),
         Cmd::Loadgen(args) => loadgen::run(*args),
         Cmd::Memcached(args) => memcached::run(*args),
         Cmd::Debug {
