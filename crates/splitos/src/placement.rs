@@ -21,6 +21,7 @@ use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
 use splitos_rpc::{PlacementState, Role, SetPlacement, EBB_PLACEMENT};
 
+use crate::config::PlacementPolicy;
 use crate::state::{Store, Table};
 
 /// What a policy sees of a unit.
@@ -114,21 +115,17 @@ impl Placement for FirstFit {
     }
 }
 
-splitos_rpc::knob_registry! {
-    /// The placement policy of the global managers. A new policy implements [`Placement`]
-    /// and is registered here: the configuration, the command line and `cluster
-    /// set-placement` then know it.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PlacementPolicy, "placement", PLACEMENT_POLICIES, fn rule() -> &'static dyn Placement {
-        /// The least loaded component: what the global managers did before policies existed.
-        #[default]
-        LeastLoaded = "least-loaded" => &LeastLoaded,
-        /// The component with the least free.
-        BestFit = "best-fit" => &BestFit,
-        /// The first registered component with room.
-        FirstFit = "first-fit" => &FirstFit,
-        /// The component fewest hops away on the topology graph, then the least loaded.
-        Nearest = "nearest" => &Nearest,
+/// What each placement policy's name ([`PlacementPolicy`], in the configuration) places with.
+/// A new policy implements [`Placement`], is named in config/gm.rs, and is given here: the
+/// configuration, the command line and `cluster set-placement` then know it.
+impl PlacementPolicy {
+    pub fn rule(self) -> &'static dyn Placement {
+        match self {
+            PlacementPolicy::LeastLoaded => &LeastLoaded,
+            PlacementPolicy::BestFit => &BestFit,
+            PlacementPolicy::FirstFit => &FirstFit,
+            PlacementPolicy::Nearest => &Nearest,
+        }
     }
 }
 
