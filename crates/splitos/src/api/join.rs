@@ -4,8 +4,9 @@
 //! issued by the cluster's authority, over the API's HTTPS.
 //!
 //! A token is single use and expires; the managers keep only its secret's SHA-256, in their
-//! state (gm/joins.rs, which makes and redeems tokens). It names the SHA-256 of the API's certificate authority (`..._PIN`): the joining
-//! machine, which trusts nothing yet, fetches the authority's certificate
+//! state (gm/joins.rs, which makes and redeems tokens; here are the API's handlers and
+//! `splitos join`). It names the SHA-256 of the API's certificate authority (`..._PIN`): the
+//! joining machine, which trusts nothing yet, fetches the authority's certificate
 //! (`GET /api/v1/join/ca`, public) and checks it against the pin before it sends the token
 //! over a connection verified by it.
 use std::net::SocketAddr;

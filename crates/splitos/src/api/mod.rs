@@ -1,8 +1,11 @@
 //! The REST API of the global managers (docs/control-plane.md): what the cluster is and what
 //! runs on it, for operators' tools, dashboards and scripts, under `/api/v1/`, each request
-//! with a bearer token (the managers' [`crate::gm::tokens`]). `/livez` and `/readyz` answer without one, as Kubernetes'
-//! API server does, and `/openapi.json` describes the rest; it is generated from the handlers
-//! below and checked into docs/openapi.json.
+//! with a bearer token (kept by the managers: [`crate::gm::tokens`]). `/livez` and `/readyz`
+//! answer without one, as Kubernetes' API server does, and `/openapi.json` describes the rest;
+//! it is generated from the handlers below and checked into docs/openapi.json.
+//!
+//! The managers do not import it: main.rs gives [`start`] to `gm::run`, which calls it once
+//! the managers serve.
 //!
 //! It runs on a thread of its own with a single-threaded tokio runtime
 //! ([`crate::telemetry::serve_router`]): the managers' RPC serving never waits for it, and a
