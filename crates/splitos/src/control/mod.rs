@@ -536,7 +536,9 @@ pub fn set_placement(gm: Option<String>, placement: Option<String>) -> anyhow::R
     let rpc = cluster::rpc()?;
     let change = splitos_rpc::SetPlacement { placement };
     let send = |body| splitos_rpc::messenger::send(rpc, &gm, splitos_ebb::EbbId(splitos_rpc::EBB_PLACEMENT), body);
-    let now = change.ask(send).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    let now = change
+        .ask(send)
+        .map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
     crate::outln!("placement {} (replaced {} times)", now.placement, now.swaps);
     Ok(())
 }
