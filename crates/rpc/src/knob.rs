@@ -74,38 +74,6 @@ macro_rules! knob_enum {
     };
 }
 
-/// A registry of policies: a [`knob_enum!`](crate::knob_enum) whose every name also says what
-/// it builds, through one method of the knob. A policy is one entry: its name (and aliases),
-/// a doc comment saying what it does, and the expression that builds it; the
-/// configuration, the command line and whatever builds from the knob (a run-time swap) then
-/// all know it.
-///
-/// ```ignore
-/// knob_registry! {
-///     /// Which line a miss evicts.
-///     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-///     pub enum EvictPolicy, "policy", EVICT_POLICIES, fn build(lines: usize) -> Box<dyn EvictionPolicy> {
-///         /// The line installed first.
-///         #[default]
-///         Fifo = "fifo" => Box::new(Fifo),
-///     }
-/// }
-/// ```
-#[macro_export]
-macro_rules! knob_registry {
-    ($(#[$meta:meta])* $vis:vis enum $name:ident, $knob:literal, $names:ident, fn $build:ident($($arg:ident: $argty:ty),*) -> $out:ty { $($(#[$vmeta:meta])* $var:ident = $text:literal $(| $alias:literal)* => $make:expr),+ $(,)? }) => {
-        $crate::knob_enum! { $(#[$meta])* $vis enum $name, $knob, $names { $($(#[$vmeta])* $var = $text $(| $alias)*),+ } }
-
-        impl $name {
-            /// Builds what this name registers.
-            #[allow(unused_variables)]
-            $vis fn $build(self, $($arg: $argty),*) -> $out {
-                match self { $($name::$var => $make),+ }
-            }
-        }
-    };
-}
-
 /// Clap's parser of a [`knob_enum!`](crate::knob_enum): its own parsing, and its names for `--help`.
 pub struct KnobParser<T> {
     names: &'static [&'static str],

@@ -5,6 +5,7 @@
 //! sleep, as the system's own do.
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
@@ -264,12 +265,12 @@ fn tcp_floor(n: usize, spin_us: u64) -> Histogram<u64> {
 /// P2M_FLUSH of a page to a process that does not exist and times the refusal, which exercises
 /// the same framing, hand-off to a worker and reply path as a fetch. `kind` is the transport
 /// (shared memory only reaches an mComponent of this host that serves it).
-fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>> {
+fn rpc_floor(addr: &str, n: usize, kind: &str, admin: &Path) -> anyhow::Result<Histogram<u64>> {
     let t = splitos_rpc::TransportConfig {
         kind: kind.into(),
         ..Default::default()
     };
-    let creds = crate::node::credentials(&crate::control::cluster::admin_credentials(), splitos_rpc::Role::Admin)?;
+    let creds = crate::node::credentials(admin, splitos_rpc::Role::Admin)?;
     let rpc = crate::node::client_rpc(&t, creds, std::time::Duration::from_secs(5))?;
     let mut h = hist();
     let msg = splitos_rpc::P2M_FLUSH {
@@ -285,7 +286,10 @@ fn rpc_floor(addr: &str, n: usize, kind: &str) -> anyhow::Result<Histogram<u64>>
     Ok(h)
 }
 
-pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
+/// Prints the floors, `n` samples each; with `mcomp`, the RPC floors to that mComponent too,
+/// proving the admin's credentials in `admin` (the command line's, given by main.rs, as this
+/// module is below the control plane).
+pub fn floor(n: usize, mcomp: Option<String>, admin: &Path) -> anyhow::Result<()> {
     let mut out = vec![
         summary("native_first_touch", &native_first_touch(n)?),
         summary("uffd_fault_local_page", &uffd_floor(n, InstallBy::Copy)?),
@@ -310,8 +314,8 @@ pub fn floor(n: usize, mcomp: Option<String>) -> anyhow::Result<()> {
         summary("tcp_rtt_4k_polling", &tcp_floor(n, DEFAULT_SPIN_US)),
     ]);
     if let Some(a) = mcomp {
-        out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n, "tcp")?));
-        out.push(summary("splitos_rpc_4k_shm", &rpc_floor(&a, n, "shm")?));
+        out.push(summary("splitos_rpc_4k", &rpc_floor(&a, n, "tcp", admin)?));
+        out.push(summary("splitos_rpc_4k_shm", &rpc_floor(&a, n, "shm", admin)?));
     }
     crate::outln!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -69,6 +69,10 @@ pub fn render<'a>(e: &mut crate::telemetry::Exposition, prefix: &str, counters: 
 ///     }
 /// }
 /// ```
+///
+/// Exported (at the crate's root, with `use crate::counters;` bringing the module and the macro
+/// together), so that the monitors keep declaring their counters with it once the crate is split.
+#[macro_export]
 macro_rules! counters {
     (
         $(#[$meta:meta])*
@@ -109,7 +113,6 @@ macro_rules! counters {
         }
     };
 }
-pub(crate) use counters;
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@
 //! * [`mmon`] the memory monitor (mComponent): homes, vRegion owners, the storage buffer cache
 //! * [`smon`] the storage monitor (sComponent)
 //! * [`gm`] the global managers (GPM, GMM, GSM)
+//! * [`state`] the managers' state: tables of HMAC-tagged records in redb, etcd or memory
 //! * [`placement`] the placement policies of the global managers and the simulator
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
 //! * [`counters`] counters declared once, for a component's statistics and Prometheus metrics
@@ -34,6 +35,7 @@ pub mod pmon;
 pub mod segment;
 pub mod sim;
 pub mod smon;
+pub mod state;
 pub mod sys;
 pub mod telemetry;
 pub mod topology;

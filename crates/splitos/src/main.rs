@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use splitos::config::{GmArgs, MemArgs, NetArgs, ProcArgs, Startup, StorageArgs};
-use splitos::{bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
+use splitos::{api, bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
 
 #[derive(Parser)]
 #[command(
@@ -453,13 +453,13 @@ fn main() {
                 "--interval must be at least 0.1 seconds, not {interval}"
             )),
         },
-        Cmd::Gm(start) => component(*start, gm::run),
+        Cmd::Gm(start) => component(*start, |a| gm::run(a, api::start)),
         Cmd::Mem(start) => component(*start, mmon::run),
         Cmd::Proc(start) => component(*start, pmon::run),
         Cmd::Storage(start) => component(*start, smon::run),
         Cmd::Net(start) => component(*start, nmon::run),
         Cmd::Sim(args) => sim::run(*args),
-        Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp),
+        Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp, &control::cluster::admin_credentials()),
         Cmd::Loadgen(args) => loadgen::run(*args),
         Cmd::Memcached(args) => memcached::run(*args),
         Cmd::Debug {

@@ -13,6 +13,8 @@ use splitos_rpc::{
 use crate::config::ProcessArgs;
 
 pub const HEARTBEAT: Duration = Duration::from_millis(300);
+/// How many missed heartbeats make a component dead.
+pub const MISSED_BEATS: u32 = 4;
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn init_logging() {
@@ -314,7 +316,7 @@ impl Node {
     /// it holds.
     pub fn mcomp_not_lost(&self, id: u32) -> bool {
         match &*self.heard.lock().unwrap() {
-            Some((at, lost)) => at.elapsed() < HEARTBEAT * crate::gm::MISSED_BEATS && !lost.contains(&id),
+            Some((at, lost)) => at.elapsed() < HEARTBEAT * MISSED_BEATS && !lost.contains(&id),
             None => false,
         }
     }

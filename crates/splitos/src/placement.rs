@@ -16,11 +16,13 @@
 //! placements must come out the same on every pComponent and after a restart of the global
 //! managers, which rendezvous hashing gives (`gm/mod.rs`).
 
-use crate::gm::state::{Store, Table};
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{ErrCode, PlacementState, Role, RpcError, SetPlacement, EBB_PLACEMENT};
+use splitos_rpc::{PlacementState, Role, SetPlacement, EBB_PLACEMENT};
+
+use crate::config::PlacementPolicy;
+use crate::state::{Store, Table};
 
 /// What a policy sees of a unit.
 pub struct Unit<'a> {
@@ -113,21 +115,17 @@ impl Placement for FirstFit {
     }
 }
 
-splitos_rpc::knob_registry! {
-    /// The placement policy of the global managers. A new policy implements [`Placement`]
-    /// and is registered here: the configuration, the command line and `cluster
-    /// set-placement` then know it.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PlacementPolicy, "placement", PLACEMENT_POLICIES, fn rule() -> &'static dyn Placement {
-        /// The least loaded component: what the global managers did before policies existed.
-        #[default]
-        LeastLoaded = "least-loaded" => &LeastLoaded,
-        /// The component with the least free.
-        BestFit = "best-fit" => &BestFit,
-        /// The first registered component with room.
-        FirstFit = "first-fit" => &FirstFit,
-        /// The component fewest hops away on the topology graph, then the least loaded.
-        Nearest = "nearest" => &Nearest,
+/// What each placement policy's name ([`PlacementPolicy`], in the configuration) places with.
+/// A new policy implements [`Placement`], is named in config/gm.rs, and is given here: the
+/// configuration, the command line and `cluster set-placement` then know it.
+impl PlacementPolicy {
+    pub fn rule(self) -> &'static dyn Placement {
+        match self {
+            PlacementPolicy::LeastLoaded => &LeastLoaded,
+            PlacementPolicy::BestFit => &BestFit,
+            PlacementPolicy::FirstFit => &FirstFit,
+            PlacementPolicy::Nearest => &Nearest,
+        }
     }
 }
 
@@ -230,16 +228,6 @@ impl Messagable for PlacementMessages {
         let now = replace(&self.rule, &self.store, r.placement).map_err(Refused::Invalid)?;
         Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
     }
-}
-
-/// Sends `r` to the global managers' `placement` representative through `send` and returns
-/// the policy after it.
-pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPlacement) -> Result<PlacementState, RpcError> {
-    let answer = send(postcard::to_allocvec(r).expect("a SetPlacement encodes").into())?;
-    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
-        code: ErrCode::Internal,
-        msg: format!("the answer is not a PlacementState: {e}"),
-    })
 }
 
 #[cfg(test)]

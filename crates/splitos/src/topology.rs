@@ -89,6 +89,12 @@ pub fn component_id(id: u32) -> String {
     format!("component:{id}")
 }
 
+/// The host part of a component's address (`10.0.0.2:7000` → `10.0.0.2`): replicas go to
+/// different hosts where the cluster has them, and the graph puts a component on its host.
+pub fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
+}
+
 impl Graph {
     /// Adds a node, or returns the one with that id.
     pub fn node(&mut self, id: String, kind: NodeKind, label: String, component: Option<u32>) -> usize {
@@ -177,7 +183,7 @@ impl Graph {
     pub fn cluster(gm_addr: &str, components: &[ComponentInfo], samples: &HashMap<u32, Vec<LinkSample>>) -> Graph {
         let mut g = Graph::default();
         let host = |g: &mut Graph, addr: &str| {
-            let h = crate::gm::host_of(addr);
+            let h = host_of(addr);
             g.node(format!("host:{h}"), NodeKind::Host, h.to_string(), None)
         };
         let gm = g.node("gm".into(), NodeKind::Gm, format!("global managers {gm_addr}"), None);

@@ -1,10 +1,12 @@
 //! Messages between every component and the global managers (registration, heartbeats,
 //! placement) and from the control client to every component, with the data they carry.
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::net::IpAddr;
 
-use super::{Overcommit, Replication, Role};
+use super::{ErrCode, Overcommit, Replication, Role};
+use crate::RpcError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentRef {
@@ -225,6 +227,32 @@ pub struct SetPlacement {
 pub struct PlacementState {
     pub placement: String,
     pub swaps: u64,
+}
+
+// The senders of these two messages are the managers and the control plane; the asking lives
+// beside the messages, so that neither imports the pComponent or the placement policies.
+impl SetPolicy {
+    /// Sends this message to a pComponent's `excache-policies` representative through `send`
+    /// and returns its policies after it.
+    pub fn ask(&self, send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>) -> Result<PolicyState, RpcError> {
+        let answer = send(postcard::to_allocvec(self).expect("a SetPolicy encodes").into())?;
+        postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
+            code: ErrCode::Internal,
+            msg: format!("the pComponent's answer is not a PolicyState: {e}"),
+        })
+    }
+}
+
+impl SetPlacement {
+    /// Sends this message to the global managers' `placement` representative through `send`
+    /// and returns the policy after it.
+    pub fn ask(&self, send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>) -> Result<PlacementState, RpcError> {
+        let answer = send(postcard::to_allocvec(self).expect("a SetPlacement encodes").into())?;
+        postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
+            code: ErrCode::Internal,
+            msg: format!("the answer is not a PlacementState: {e}"),
+        })
+    }
 }
 
 message_types! {

@@ -75,7 +75,7 @@ impl From<ComponentInfo> for MemoryView {
         };
         MemoryView {
             id: c.id,
-            host: crate::gm::host_of(&c.addr).to_string(),
+            host: crate::topology::host_of(&c.addr).to_string(),
             addr: c.addr,
             alive: c.alive,
             state: state.into(),

@@ -1,8 +1,11 @@
 //! The REST API of the global managers (docs/control-plane.md): what the cluster is and what
 //! runs on it, for operators' tools, dashboards and scripts, under `/api/v1/`, each request
-//! with a bearer token ([`tokens`]). `/livez` and `/readyz` answer without one, as Kubernetes'
-//! API server does, and `/openapi.json` describes the rest; it is generated from the handlers
-//! below and checked into docs/openapi.json.
+//! with a bearer token (kept by the managers: [`crate::gm::tokens`]). `/livez` and `/readyz`
+//! answer without one, as Kubernetes' API server does, and `/openapi.json` describes the rest;
+//! it is generated from the handlers below and checked into docs/openapi.json.
+//!
+//! The managers do not import it: main.rs gives [`start`] to `gm::run`, which calls it once
+//! the managers serve.
 //!
 //! It runs on a thread of its own with a single-threaded tokio runtime
 //! ([`crate::telemetry::serve_router`]): the managers' RPC serving never waits for it, and a
@@ -13,7 +16,6 @@ pub mod join;
 mod memory;
 mod placement;
 pub mod tls;
-pub mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,8 +32,9 @@ use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{Role, VnodeInfo};
 use utoipa::OpenApi;
 
+use crate::config::GmArgs;
+use crate::gm::tokens::Principal;
 use crate::gm::Gm;
-pub use tokens::{Principal, Tokens};
 
 /// What the API's handlers share.
 pub struct Api {
@@ -124,7 +127,7 @@ impl From<splitos_rpc::ComponentInfo> for ComponentView {
         ComponentView {
             id: c.id,
             role: c.role.name().to_string(),
-            host: crate::gm::host_of(&c.addr).to_string(),
+            host: crate::topology::host_of(&c.addr).to_string(),
             addr: c.addr,
             alive: c.alive,
             lost: c.lost,
@@ -851,6 +854,28 @@ fn router(api: Arc<Api>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
+}
+
+/// Serves the REST API of `gm` unless the configuration turns it off: what `gm::run` is given to
+/// start it with, once the managers serve (main.rs).
+pub fn start(gm: &Arc<Gm>, args: &GmArgs) -> anyhow::Result<()> {
+    let cfg = &args.cluster;
+    if cfg.api == "off" {
+        return Ok(());
+    }
+    let api = Api {
+        gm: gm.clone(),
+        config: serde_json::to_value(cfg)?,
+    };
+    let tls = match (&args.api_cert, &args.api_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let at = serve(&cfg.api, Arc::new(api), tls, cfg.api_connections_per_peer)?;
+    tracing::info!(api = %at, scheme, "serving the REST API");
+    let _ = gm.api.set(at);
+    Ok(())
 }
 
 /// Serves the API at `addr` on a thread of its own, each peer holding at most `per_peer`

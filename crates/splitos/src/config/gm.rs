@@ -1,6 +1,6 @@
 //! The global managers' configuration: the `[cluster]` table.
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{Overcommit, Replication};
+use splitos_rpc::{knob_enum, Overcommit, Replication};
 
 use super::{check_netns, Size, ANY_PORT, PAGE};
 
@@ -95,7 +95,22 @@ pub struct GmConfig {
     pub leader_lease_s: u64,
 }
 
-pub use crate::placement::{PlacementPolicy, PLACEMENT_POLICIES};
+knob_enum! {
+    /// The placement policy of the global managers. Only the names are the configuration's:
+    /// what each places with is `PlacementPolicy::rule` (placement.rs).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum PlacementPolicy, "placement", PLACEMENT_POLICIES {
+        /// The least loaded component: what the global managers did before policies existed.
+        #[default]
+        LeastLoaded = "least-loaded",
+        /// The component with the least free.
+        BestFit = "best-fit",
+        /// The first registered component with room.
+        FirstFit = "first-fit",
+        /// The component fewest hops away on the topology graph, then the least loaded.
+        Nearest = "nearest",
+    }
+}
 
 /// One global manager of several (a `[[gm]]` table; docs/deployment.md): with `[cluster]
 /// etcd`, one leads and the others take over when it goes.

@@ -43,10 +43,11 @@ pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
 pub use pcomp::{
     check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath,
-    OneSided, PcompConfig, PrefetchPolicy,
+    OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
 };
 pub use process::{
-    write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup, StorageArgs, METRICS_ADDR,
+    role_named, subcommand, write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup,
+    StorageArgs, METRICS_ADDR,
 };
 pub use scomp::ScompConfig;
 pub use size::{parse_size, Size};

@@ -6,7 +6,44 @@ use splitos_rpc::poll::Polling;
 
 use super::{check_netns, Size, ANY_PORT, PAGE};
 
-pub use crate::pmon::excache::policies::{EvictPolicy, PrefetchPolicy};
+// The ExCache's policies by name. How a name builds its policy is the ExCache's part
+// (pmon/excache/policies.rs, `BuildEviction` and `BuildPrefetch`): the configuration, the
+// command line and the managers take the names without importing the pComponent.
+knob_enum! {
+    /// Which line of a full ExCache set a miss evicts.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum EvictPolicy, "policy", EVICT_POLICIES {
+        /// The line installed first.
+        #[default]
+        Fifo = "fifo",
+        /// The first line not referenced since the hand last passed it (second chance).
+        Clock = "clock" | "lru",
+        /// CLOCK whose new lines start unreferenced unless they were evicted recently (ghost
+        /// entries): lines used once leave first. Wants access_sampling = "unmap".
+        GhostClock = "ghost-clock",
+    }
+}
+
+knob_enum! {
+    /// Which lines a remote miss reads ahead (docs/excache.md).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum PrefetchPolicy, "prefetch_policy", PREFETCH_POLICIES {
+        /// The next lines, only while a process's misses are sequential.
+        Sequential = "sequential",
+        /// As `sequential`, and the next line of any remote miss.
+        Nextline = "nextline",
+        /// Leap (ATC'20): the majority stride of the recent misses, with a window that grows
+        /// while what it read ahead is used.
+        #[default]
+        Leap = "leap",
+    }
+}
+
+/// Ways of a set that interleaving never pins. With one, memcached under 1:2 interleaving with
+/// more local pages than the ExCache holds stopped for good: its two threads, each faulting on
+/// a remote page of the same set, took the one way from each other at every fault. The
+/// configuration checks `interleave` against it, so it is declared here, for the ExCache too.
+pub const MIN_UNPINNED: usize = 2;
 
 knob_enum! {
     /// How the pComponent learns which lines a program wrote.
@@ -297,11 +334,11 @@ impl InterleaveRatio {
         if unit.0 < PAGE || !unit.0.is_multiple_of(PAGE) {
             return Err(format!("interleave_unit: {unit} is not a whole number of 4 KiB pages"));
         }
-        let unpinned = crate::pmon::excache::MIN_UNPINNED as u64 + reserve as u64;
+        let unpinned = MIN_UNPINNED as u64 + reserve as u64;
         if self.0.is_some() && ways <= unpinned {
             return Err(format!(
                 "interleave: an ExCache of {ways} ways per set pins nothing, as every set keeps {} ways for the pages that come and go and {reserve} free for the background evictor",
-                crate::pmon::excache::MIN_UNPINNED
+                MIN_UNPINNED
             ));
         }
         Ok(())

@@ -1,11 +1,15 @@
 //! What each component process is started with: its component's configuration and what it
 //! needs to join the cluster, from its command line or, when `cluster up` or `run` starts it,
 //! whole from a JSON file ([`Startup`]).
+//!
+//! The subcommand that runs each role ([`role_named`], [`subcommand`]) is here too: the command
+//! line, the REST API's join tokens and `splitos join` name roles by it.
 use std::path::{Path, PathBuf};
 
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use splitos_rpc::Role;
 
 use super::{
     GmConfig, McompConfig, NcompConfig, PcompConfig, ScompConfig, TransportConfig, VnodeConfig, HAND_STARTED_GM,
@@ -156,6 +160,38 @@ pub struct NetArgs {
     pub ncomp: NcompConfig,
     #[command(flatten)]
     pub node: NodeArgs,
+}
+
+/// The subcommand that runs each role but the admin's.
+const SUBCOMMANDS: [(&str, Role); 5] = [
+    ("gm", Role::Gm),
+    ("proc", Role::Proc),
+    ("mem", Role::Mem),
+    ("storage", Role::Storage),
+    ("net", Role::Net),
+];
+
+/// The role `name` names: its own name, or the subcommand that runs it (`gm`, `proc`, ...).
+pub fn role_named(name: &str) -> anyhow::Result<Role> {
+    SUBCOMMANDS
+        .iter()
+        .find(|(c, _)| *c == name)
+        .map(|(_, r)| *r)
+        .or_else(|| Role::from_name(name))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown role {name:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)",
+                Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")
+            )
+        })
+}
+
+/// The subcommand that runs `role` (the admin's tools: `cluster`).
+pub fn subcommand(role: Role) -> &'static str {
+    SUBCOMMANDS
+        .iter()
+        .find(|(_, r)| *r == role)
+        .map_or("cluster", |(c, _)| c)
 }
 
 /// A component's start: its options, or its whole configuration in a JSON file that `cluster

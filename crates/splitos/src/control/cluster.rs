@@ -413,7 +413,7 @@ impl Cluster {
         // it in etcd, and each is named `gm<i>`. Either way its records are signed with a key
         // made with the cluster and kept as long.
         let managers = cfg.managers();
-        crate::gm::state::StateKey::at(&dir.join(GM_STATE_KEY), true)?;
+        crate::state::StateKey::at(&dir.join(GM_STATE_KEY), true)?;
         if cfg.cluster.etcd.iter().any(|e| e.starts_with("https://")) {
             issue_etcd_client(dir)?;
         }

@@ -9,7 +9,6 @@ use splitos_rpc::{ErrCode, PolicyState, RpcError, SetPolicy, EBB_EXCACHE_POLICIE
 
 use super::{api_access, api_get, api_post, api_put, human, ApiArgs};
 use crate::config::Size;
-use crate::pmon::excache::policies::ask;
 
 /// `memory list`: every mComponent, its state and, while it leaves, its progress.
 pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
@@ -184,15 +183,17 @@ pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Optio
     let now = match super::hosted_gm(&a) {
         Some(gm) => {
             let messenger = Messenger::via_gm(super::cluster::rpc()?.clone(), gm);
-            ask(|body| messenger.send_to(EbbId(EBB_EXCACHE_POLICIES), id, body), &change).map_err(|e| match e {
-                RpcError::Remote {
-                    code: ErrCode::NotFound,
-                    ..
-                } => anyhow::anyhow!(
+            change
+                .ask(|body| messenger.send_to(EbbId(EBB_EXCACHE_POLICIES), id, body))
+                .map_err(|e| match e {
+                    RpcError::Remote {
+                        code: ErrCode::NotFound,
+                        ..
+                    } => anyhow::anyhow!(
                     "component {id} does not serve the excache-policies Ebb: only pComponents have an ExCache ({e})"
                 ),
-                e => anyhow::anyhow!("pComponent {id}: {e}"),
-            })?
+                    e => anyhow::anyhow!("pComponent {id}: {e}"),
+                })?
         }
         None => {
             let (api, token) = api_access(a)?;

@@ -135,41 +135,9 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The subcommand that runs each role but the admin's.
-const SUBCOMMANDS: [(&str, Role); 5] = [
-    ("gm", Role::Gm),
-    ("proc", Role::Proc),
-    ("mem", Role::Mem),
-    ("storage", Role::Storage),
-    ("net", Role::Net),
-];
-
-/// The role `name` names: its own name, or the subcommand that runs it (`gm`, `proc`, ...).
-pub(crate) fn role_named(name: &str) -> anyhow::Result<Role> {
-    SUBCOMMANDS
-        .iter()
-        .find(|(c, _)| *c == name)
-        .map(|(_, r)| *r)
-        .or_else(|| Role::from_name(name))
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "unknown role {name:?} (known: {}; or the subcommand that runs it: gm, proc, mem, storage, net)",
-                Role::ALL.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ")
-            )
-        })
-}
-
-/// The subcommand that runs `role` (the admin's tools: `cluster`).
-pub(crate) fn subcommand(role: Role) -> &'static str {
-    SUBCOMMANDS
-        .iter()
-        .find(|(_, r)| *r == role)
-        .map_or("cluster", |(c, _)| c)
-}
-
 /// Issues credentials of `role` from the authority of the cluster in the state directory.
 pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
-    let role = role_named(role)?;
+    let role = crate::config::role_named(role)?;
     let dir = cluster::state_dir();
     if !dir.join(cluster::AUTHORITY).exists() {
         anyhow::bail!(
@@ -568,7 +536,9 @@ pub fn set_placement(gm: Option<String>, placement: Option<String>) -> anyhow::R
     let rpc = cluster::rpc()?;
     let change = splitos_rpc::SetPlacement { placement };
     let send = |body| splitos_rpc::messenger::send(rpc, &gm, splitos_ebb::EbbId(splitos_rpc::EBB_PLACEMENT), body);
-    let now = crate::placement::ask(send, &change).map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
+    let now = change
+        .ask(send)
+        .map_err(|e| anyhow::anyhow!("global managers at {gm}: {e}"))?;
     crate::outln!("placement {} (replaced {} times)", now.placement, now.swaps);
     Ok(())
 }

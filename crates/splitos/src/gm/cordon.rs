@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use super::state::{Store, Table};
+use crate::state::{Store, Table};
 
 const CORDONED: Table = Table("cordoned");
 

@@ -5,7 +5,7 @@
 //! - `leader`: the leading manager's address, under its lease. The key's create revision is
 //!   the leader's term; a manager wins by creating the key when it is absent.
 //! - `managers/ADDR`: every manager alive, under its lease.
-//! - `state/TABLE/KEY`: the managers' state (`super::state`).
+//! - `state/TABLE/KEY`: the managers' state (`crate::state`).
 //! - `state/published/status`: the leader's last status, under its lease, which followers
 //!   answer `C2G_STATUS` with.
 //!
@@ -24,7 +24,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp,
 };
 
-use super::state::{Backend, StateKey};
+use crate::state::{Backend, StateKey};
 
 /// How long one request to etcd may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(2);

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use splitos_rpc::{ComponentInfo, EbbServed};
 
-use super::state::{Store, Table};
+use crate::state::{Store, Table};
 
 pub const MEMBERS: Table = Table("members");
 /// The home of each vNode with a memory quota (`Gm::quota_homes`), by vNode.

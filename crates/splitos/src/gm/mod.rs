@@ -21,15 +21,16 @@
 //! as long), and rebuild the copies those held; an mComponent that was declared lost and
 //! speaks again is fenced: its copies may be out of date, so it drops them.
 //!
-//! What they are told at run time (membership, fencing, the REST API's tokens, the vNodes,
-//! cordons, the placement policy) they keep in their state (state.rs, kept.rs): a local file,
-//! or etcd when several managers run, one elected leader (etcd.rs). A restarted manager, or a
-//! new leader, resumes with it.
+//! What they are told at run time (membership, fencing, the REST API's tokens and join tokens
+//! (tokens.rs, joins.rs), the vNodes, cordons, the placement policy) they keep in their state
+//! (the top-level `state` module, kept.rs): a local file, or etcd when several managers run, one
+//! elected leader (etcd.rs). A restarted manager, or a new leader, resumes with it.
 pub mod cordon;
 mod detach;
 mod etcd;
+pub mod joins;
 mod kept;
-pub mod state;
+pub mod tokens;
 pub mod vnodes;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,8 +38,10 @@ use std::time::{Duration, Instant};
 use splitos_rpc::*;
 
 use crate::config::GmArgs;
-use crate::node::{self, HEARTBEAT};
+use crate::node::{self, HEARTBEAT, MISSED_BEATS};
 use crate::placement::Unit;
+use crate::state;
+use crate::topology::host_of;
 
 /// The programs of the cluster, as its pComponents report them.
 pub struct Jobs {
@@ -60,9 +63,6 @@ const EXCACHE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The most measured links the managers keep of one component.
 const MAX_LINKS: usize = 256;
-
-/// How many missed heartbeats make a component dead.
-pub const MISSED_BEATS: u32 = 4;
 
 struct Entry {
     info: ComponentInfo,
@@ -150,12 +150,12 @@ pub struct Gm {
     /// first home would then not see.
     quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
     /// The REST API's tokens (`C2G_TOKEN_*`).
-    pub tokens: crate::api::Tokens,
+    pub tokens: tokens::Tokens,
     /// The join tokens, and the authority the managers issue credentials with to a machine
     /// that joins.
-    pub joins: crate::api::join::JoinTokens,
+    pub joins: joins::JoinTokens,
     /// Where the REST API listens, once it does.
-    api: std::sync::OnceLock<String>,
+    pub(crate) api: std::sync::OnceLock<String>,
     /// Where the managers serve their own metrics, once they do.
     metrics: std::sync::OnceLock<String>,
     /// The managers' own requests to components, for the control plane: a short timeout, so
@@ -416,12 +416,6 @@ impl Gm {
             addr: e.info.addr.clone(),
         })
     }
-}
-
-/// The host part of a component's address (`10.0.0.2:7000` → `10.0.0.2`): replicas go to
-/// different hosts where the cluster has them.
-pub(crate) fn host_of(addr: &str) -> &str {
-    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
 /// Rendezvous (highest random weight) choice among the live components of a role.
@@ -1035,7 +1029,7 @@ impl Gm {
         let change = eviction.is_some() || prefetch.is_some();
         let send =
             |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
-        let r = crate::pmon::excache::policies::ask(send, &SetPolicy { eviction, prefetch })?;
+        let r = SetPolicy { eviction, prefetch }.ask(send)?;
         if change {
             metrics::counter!("gm_policy_changes_total").increment(1);
         }
@@ -1297,7 +1291,7 @@ impl Manager {
                 Ok(s)
             }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| {
-                let tokens = crate::api::Tokens::open(self.store.clone())
+                let tokens = tokens::Tokens::open(self.store.clone())
                     .map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
                 principal(tokens.check(&r.token))
             }),
@@ -1320,14 +1314,14 @@ impl Manager {
 }
 
 /// What the managers answer `X2G_API_TOKEN` with.
-fn principal(p: Option<crate::api::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
+fn principal(p: Option<tokens::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
     match p {
-        Some(crate::api::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
+        Some(tokens::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
             name: token,
             admin: true,
             vnodes: Vec::new(),
         }),
-        Some(crate::api::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
+        Some(tokens::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
             name: token,
             admin: false,
             vnodes,
@@ -1352,7 +1346,10 @@ fn server_config() -> ServerConfig {
 const PUBLISH: Duration = Duration::from_secs(1);
 const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
 
-pub fn run(args: GmArgs) -> anyhow::Result<()> {
+/// Runs the global managers until they are stopped. `start_api` serves the REST API
+/// (`api::start`) once they serve, as the leader where several run: it is given, not called by
+/// name, because the API imports the managers and the managers must not import it.
+pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
     // Before any thread starts, which would inherit the mask.
     let stop = node::block_stop_signals();
     let cfg = &args.cluster;
@@ -1384,11 +1381,11 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
         ep.serve(gm.clone(), server_config());
         let g = gm.clone();
         if let Some(at) = node::serve_metrics(&args.process, move |token| {
-            matches!(g.tokens.check(token), Some(crate::api::Principal::Admin { .. }))
+            matches!(g.tokens.check(token), Some(tokens::Principal::Admin { .. }))
         })? {
             let _ = gm.metrics.set(at);
         }
-        gm.serve_api(&args)?;
+        start_api(&gm, &args)?;
         stop.on_stop(|| {});
         tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %gm.replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, state = ?args.state, "splitos global managers started");
         node::announce_ready(args.process.ready_file.as_deref(), &addr);
@@ -1417,10 +1414,10 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
     let leaving = election.clone();
     stop.on_stop(move || leaving.resign());
     ep.serve(manager.clone(), server_config());
-    let tokens = store.clone();
+    let token_store = store.clone();
     let metrics = node::serve_metrics(&args.process, move |token| {
-        crate::api::Tokens::open(tokens.clone())
-            .is_ok_and(|t| matches!(t.check(token), Some(crate::api::Principal::Admin { .. })))
+        tokens::Tokens::open(token_store.clone())
+            .is_ok_and(|t| matches!(t.check(token), Some(tokens::Principal::Admin { .. })))
     })?;
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
     node::announce_ready(args.process.ready_file.as_deref(), &addr);
@@ -1431,7 +1428,7 @@ pub fn run(args: GmArgs) -> anyhow::Result<()> {
             let _ = gm.metrics.set(at);
         }
         let _ = manager.gm.set(gm.clone());
-        gm.serve_api(&args)?;
+        start_api(&gm, &args)?;
         std::thread::Builder::new()
             .name("publish-status".into())
             .spawn(move || {
@@ -1521,8 +1518,8 @@ impl Gm {
                     .into_iter()
                     .collect(),
             ),
-            tokens: crate::api::Tokens::open(state.clone())?,
-            joins: crate::api::join::JoinTokens::open(state, authority, api_ca)?,
+            tokens: tokens::Tokens::open(state.clone())?,
+            joins: joins::JoinTokens::open(state, authority, api_ca)?,
             api: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
             rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
@@ -1534,26 +1531,5 @@ impl Gm {
             tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
         }
         Ok(gm)
-    }
-
-    /// Serves the REST API unless it is off.
-    fn serve_api(self: &Arc<Self>, args: &GmArgs) -> anyhow::Result<()> {
-        let cfg = &args.cluster;
-        if cfg.api == "off" {
-            return Ok(());
-        }
-        let api = crate::api::Api {
-            gm: self.clone(),
-            config: serde_json::to_value(cfg)?,
-        };
-        let tls = match (&args.api_cert, &args.api_key) {
-            (Some(cert), Some(key)) => Some(crate::api::tls::acceptor(cert, key)?),
-            _ => None,
-        };
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let at = crate::api::serve(&cfg.api, Arc::new(api), tls, cfg.api_connections_per_peer)?;
-        tracing::info!(api = %at, scheme, "serving the REST API");
-        let _ = self.api.set(at);
-        Ok(())
     }
 }

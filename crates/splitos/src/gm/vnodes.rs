@@ -11,8 +11,8 @@ use std::sync::Mutex;
 
 use splitos_rpc::VnodeInfo;
 
-use super::state::{Store, Table as StateTable};
 use crate::config::VnodeConfig;
+use crate::state::{Store, Table as StateTable};
 
 const VNODES: StateTable = StateTable("vnodes");
 

@@ -8,12 +8,16 @@
 //! * [`fs`] the vNode file systems (FUSE) and who may use which vNode
 //! * [`net`] the socket stub
 //!
+//! Beside them, [`policy_ebb`] serves the `excache-policies` Ebb that replaces the ExCache's
+//! policies while programs run.
+//!
 //! This file is its dispatch table and start-up.
 pub(crate) mod excache;
 mod fs;
 pub(crate) mod host;
 mod links;
 mod net;
+mod policy_ebb;
 mod stats;
 
 use std::collections::{BTreeSet, HashMap};
@@ -682,7 +686,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let (node, endpoint) = Node::bind(Role::Proc, &args.node.gm, &cfg.listen, &args.node.process)?;
     let store = Arc::new(RemoteStore::new(node.clone(), cfg.one_sided == OneSided::On, cfg.links));
     let p = Arc::new_cyclic(|me: &std::sync::Weak<Pcomp>| {
-        let policy_messages = excache::policies::serve(me.clone());
+        let policy_messages = policy_ebb::serve(me.clone());
         let me = me.clone();
         let hook: FailHook = Box::new(move |t, why| {
             if let Some(p) = me.upgrade() {

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use hdrhistogram::Histogram;
 
-use crate::counters::{self, counters};
+use crate::counters;
 
 counters! {
     /// Counters of one `splitos run` (all processes it started) or of the whole pComponent.

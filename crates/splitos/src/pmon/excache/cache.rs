@@ -18,10 +18,7 @@
 //! cannot evict every line of one whose misses come slowly.
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-/// Ways of a set that interleaving never pins. With one, memcached under 1:2 interleaving with
-/// more local pages than the ExCache holds stopped for good: its two threads, each faulting on
-/// a remote page of the same set, took the one way from each other at every fault.
-pub const MIN_UNPINNED: usize = 2;
+use crate::config::MIN_UNPINNED;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LineState {

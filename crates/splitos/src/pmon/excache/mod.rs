@@ -12,7 +12,7 @@ pub(super) mod region;
 pub(super) mod store;
 pub(super) mod tier;
 
-pub use cache::{Clock, EvictionPolicy, ExCache, Fifo, Interleave, MIN_UNPINNED};
+pub use cache::{Clock, EvictionPolicy, ExCache, Fifo, Interleave};
 pub use dirty::{Keep, Taken};
 pub use miss::{Access, FailHook, MissPath, MissPathParts, ProcHeap};
 pub use policies::Policies;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use splitos_rpc::fdpass::recv_fds;
 use splitos_rpc::*;
 
-use crate::counters::counters;
+use crate::counters;
 use crate::node::Node;
 use crate::segment::{Access, Segment};
 

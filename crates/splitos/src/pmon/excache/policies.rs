@@ -5,54 +5,56 @@
 //! per thread. Replacing a policy while programs run replaces the Ebb's miss handler and puts
 //! a representative built by the new one in the ExCache between two misses.
 //!
-//! **Adding a policy is one entry in this file**: implement [`EvictionPolicy`] (cache.rs) or
-//! [`Prefetcher`] (prefetch.rs), here or in a file of its own, and register it below in
-//! [`EvictPolicy`] or [`PrefetchPolicy`] with its name, a doc comment saying what it does and
-//! how its miss handler builds it. The configuration, the command line and the swap while
-//! running then all know it.
+//! **Adding a policy is two entries**: implement [`EvictionPolicy`] (cache.rs) or
+//! [`Prefetcher`] (prefetch.rs), here or in a file of its own; name it in [`EvictPolicy`] or
+//! [`PrefetchPolicy`] (config/pcomp.rs) with a doc comment saying what it does; and say how its
+//! miss handler builds it in the `match` of [`BuildEviction`] or [`BuildPrefetch`] below, which
+//! the compiler asks for, as the `match` is exhaustive. The configuration, the command line and
+//! the swap while running then all know it. The names are the configuration's, so that it and
+//! the managers take them without importing the pComponent.
 //!
 //! Replacements arrive through the messenger: every pComponent serves the `excache-policies`
-//! Ebb ([`EBB_EXCACHE_POLICIES`]), whose representative here applies a [`SetPolicy`] message
-//! from the global managers or the admin's tools ([`ask`] sends one).
-use std::sync::{Mutex, Weak};
+//! Ebb ([`splitos_rpc::EBB_EXCACHE_POLICIES`]), whose representative (pmon/policy_ebb.rs)
+//! applies a [`splitos_rpc::SetPolicy`] message from the global managers or the admin's tools
+//! ([`splitos_rpc::SetPolicy::ask`] sends one) through [`Policies::replace`].
+use std::sync::Mutex;
 
-use bytes::Bytes;
-use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
-use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{ErrCode, PolicyState, Role, RpcError, SetPolicy, EBB_EXCACHE_POLICIES};
+use splitos_ebb::Ebb;
 
 use super::cache::{Clock, EvictionPolicy, Fifo, GhostClock};
 use super::miss::MissPath;
 use super::prefetch::{prefetcher, Leap, Prefetcher, Sequential};
-use crate::pmon::Pcomp;
+use crate::config::{EvictPolicy, PrefetchPolicy};
 
-splitos_rpc::knob_registry! {
-    /// Which line of a full ExCache set a miss evicts.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum EvictPolicy, "policy", EVICT_POLICIES, fn build(lines: usize) -> Box<dyn EvictionPolicy> {
-        /// The line installed first.
-        #[default]
-        Fifo = "fifo" => Box::new(Fifo),
-        /// The first line not referenced since the hand last passed it (second chance).
-        Clock = "clock" | "lru" => Box::new(Clock),
-        /// CLOCK whose new lines start unreferenced unless they were evicted recently (ghost
-        /// entries): lines used once leave first. Wants access_sampling = "unmap".
-        GhostClock = "ghost-clock" => Box::new(GhostClock::new(lines)),
+/// What each eviction policy's name ([`EvictPolicy`], in the configuration) builds: the miss
+/// handler of the `excache-eviction` Ebb.
+pub trait BuildEviction {
+    fn build(self, lines: usize) -> Box<dyn EvictionPolicy>;
+}
+
+impl BuildEviction for EvictPolicy {
+    fn build(self, lines: usize) -> Box<dyn EvictionPolicy> {
+        match self {
+            EvictPolicy::Fifo => Box::new(Fifo),
+            EvictPolicy::Clock => Box::new(Clock),
+            EvictPolicy::GhostClock => Box::new(GhostClock::new(lines)),
+        }
     }
 }
 
-splitos_rpc::knob_registry! {
-    /// Which lines a remote miss reads ahead (docs/excache.md).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PrefetchPolicy, "prefetch_policy", PREFETCH_POLICIES, fn build(window: usize) -> Box<dyn Prefetcher> {
-        /// The next lines, only while a process's misses are sequential.
-        Sequential = "sequential" => Box::new(Sequential::new(window, 0)),
-        /// As `sequential`, and the next line of any remote miss.
-        Nextline = "nextline" => Box::new(Sequential::new(window, 1)),
-        /// Leap (ATC'20): the majority stride of the recent misses, with a window that grows
-        /// while what it read ahead is used.
-        #[default]
-        Leap = "leap" => Box::new(Leap::new(window)),
+/// What each read-ahead policy's name ([`PrefetchPolicy`], in the configuration) builds, reading
+/// ahead at most `window` lines: the miss handler of the `excache-prefetch` Ebb.
+pub trait BuildPrefetch {
+    fn build(self, window: usize) -> Box<dyn Prefetcher>;
+}
+
+impl BuildPrefetch for PrefetchPolicy {
+    fn build(self, window: usize) -> Box<dyn Prefetcher> {
+        match self {
+            PrefetchPolicy::Sequential => Box::new(Sequential::new(window, 0)),
+            PrefetchPolicy::Nextline => Box::new(Sequential::new(window, 1)),
+            PrefetchPolicy::Leap => Box::new(Leap::new(window)),
+        }
     }
 }
 
@@ -101,62 +103,12 @@ impl Policies {
     }
 }
 
-/// The representative of the `excache-policies` Ebb on a pComponent.
-struct PolicyMessages {
-    pcomp: Weak<Pcomp>,
-}
-
-impl Messagable for PolicyMessages {
-    fn receive(&self, from: &Origin, body: Bytes) -> Result<Bytes, Refused> {
-        // The transport without credentials is built by benchmarks and tests alone.
-        if from
-            .role
-            .as_deref()
-            .is_some_and(|r| r != Role::Gm.name() && r != Role::Admin.name())
-        {
-            return Err(Refused::Denied(format!(
-                "a {} may not replace a pComponent's policies",
-                from.role.as_deref().unwrap_or("?")
-            )));
-        }
-        let r: SetPolicy =
-            postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPolicy message: {e}")))?;
-        let pcomp = self
-            .pcomp
-            .upgrade()
-            .ok_or_else(|| Refused::Invalid("the pComponent is stopping".into()))?;
-        let now = pcomp.set_policy(r).map_err(|e| match e.code {
-            ErrCode::Denied => Refused::Denied(e.msg),
-            _ => Refused::Invalid(e.msg),
-        })?;
-        Ok(postcard::to_allocvec(&now).expect("a PolicyState encodes").into())
-    }
-}
-
-/// Serves the `excache-policies` Ebb of `pcomp` until the guard is dropped.
-pub fn serve(pcomp: Weak<Pcomp>) -> Serving {
-    let ebb = Ebb::with_id(EbbId(EBB_EXCACHE_POLICIES), "excache-policies", move |_| {
-        PolicyMessages { pcomp: pcomp.clone() }
-    })
-    .expect("one pComponent per process");
-    splitos_ebb::messenger::serve(&ebb).expect("a static id served once")
-}
-
-/// Sends `r` to a pComponent's `excache-policies` representative through `send` and returns
-/// its policies after it.
-pub fn ask(send: impl FnOnce(Bytes) -> Result<Bytes, RpcError>, r: &SetPolicy) -> Result<PolicyState, RpcError> {
-    let answer = send(postcard::to_allocvec(r).expect("a SetPolicy encodes").into())?;
-    postcard::from_bytes(&answer).map_err(|e| RpcError::Remote {
-        code: ErrCode::Internal,
-        msg: format!("the pComponent's answer is not a PolicyState: {e}"),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{EVICT_POLICIES, PREFETCH_POLICIES};
 
-    /// A registry entry builds the policy it names: the name the configuration takes is the
+    /// Every name builds the policy it names: the name the configuration takes is the
     /// name the pComponent's statistics and `set-policy` report.
     #[test]
     fn every_registered_policy_builds_under_its_own_name() {

@@ -11,6 +11,7 @@
 //! trap served locally) or its eviction untouched is reported to [`Prefetcher::outcome`].
 use std::collections::HashMap;
 
+use super::policies::BuildPrefetch;
 use crate::config::PrefetchPolicy;
 
 /// One prefetched line in this many is a sample whose use is observed.

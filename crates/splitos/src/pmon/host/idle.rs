@@ -10,7 +10,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use crate::counters::counters;
+use crate::counters;
 
 counters! {
     /// Counters of idle polling, for the whole pComponent (`idle_poll` in its statistics;

@@ -1,5 +1,9 @@
 //! The REST API's bearer tokens: who may call it, and as whom.
 //!
+//! They are the managers' state (table `tokens`), not the API's: the managers keep them, hand
+//! a component the principal of a token it was shown (`X2G_API_TOKEN`), and serve their metrics
+//! to an admin token; the REST API (api/) checks each request against them.
+//!
 //! A token reads `splitos_ID_SECRET`: ID names its entry, SECRET is 32 random bytes in hex.
 //! Only the SHA-256 of the secret is kept (in memory, and in the managers' state file when
 //! they have one), so the file does not let anyone in, and a token is checked by hashing
@@ -11,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use splitos_rpc::TokenInfo;
 
-use crate::gm::state::{Store, Table};
+use crate::state::{Store, Table};
 
 const TOKENS: Table = Table("tokens");
 const PREFIX: &str = "splitos_";

@@ -3,8 +3,12 @@
 //! each value postcard-encoded, so that a restart or another manager resumes with it.
 //!
 //! Where it lives is a [`Backend`]: a local redb file (one manager, the embedded default), or
-//! etcd (several managers, one leader; `super::etcd`), or nowhere (it lasts as long as the
+//! etcd (several managers, one leader; `gm/etcd.rs`), or nowhere (it lasts as long as the
 //! process).
+//!
+//! It is a top-level module, not the managers' own, because what keeps its records here is not
+//! all of the managers: the placement policies (`placement`, shared with the simulator) and the
+//! control plane (which makes the key) use it too, and neither may import the managers.
 //!
 //! Every record carries an HMAC-SHA256 under the managers' [`StateKey`], over its table, its
 //! key and its value, so that whoever can write to the backend but does not hold the key (a
