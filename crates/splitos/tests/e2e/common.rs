@@ -1185,8 +1185,16 @@ pub fn try_home_of(c: &TestCluster, pid: u64) -> Option<(String, Vec<Vec<u64>>)>
     })
 }
 
+/// The home of process `pid` and its sets, waited for: the status is the managers' view as of
+/// the components' last heartbeats, which a restart of the managers or a take-over leaves
+/// without the process for a moment.
 pub fn home_of(c: &TestCluster, pid: u64) -> (String, Vec<Vec<u64>>) {
-    try_home_of(c, pid).unwrap_or_else(|| panic!("no mComponent is home of process {pid}: {:?}", mcomp_stats(c)))
+    let mut home = None;
+    c.eventually(Duration::from_secs(20), |c| {
+        home = try_home_of(c, pid);
+        home.is_some()
+    });
+    home.unwrap_or_else(|| panic!("no mComponent is home of process {pid}: {:?}", mcomp_stats(c)))
 }
 
 pub fn addr_of(c: &TestCluster, id: u64) -> String {
