@@ -147,8 +147,10 @@ fn a_slow_mcomponent_keeps_its_shared_memory_callers_within_their_credits() {
     eprintln!(
         "credit waits {waits}, most channels of one caller {most}, shm requests {requests}, mcomp peak {peak} KiB"
     );
+    // How many misses there are depends on how much the six programs overlap (a quiet machine
+    // runs them more one after another): what counts is that they crossed shared memory at all.
     assert!(
-        requests > 1000.0,
+        requests > 100.0,
         "the programs' misses crossed shared memory: {requests}"
     );
     assert!(waits > 0.0, "callers waited for credits");

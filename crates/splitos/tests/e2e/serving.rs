@@ -130,10 +130,10 @@ fn the_loops_waiting_knobs_do_what_they_say() {
     for serving in ["waiting = \"sleep\"\n", "poll_above = 1000000000\nsleep_below = 1000\n"] {
         let (c, m, _) = cluster("shm", serving);
         programs(&c, false);
-        assert!(
-            c.metric(&m, "splitos_ebb_loop_sleeps_total") > 1000.0,
-            "{serving}: the loop slept between requests"
-        );
+        // A polling loop never sleeps; how often this one does depends on how many of the
+        // misses queued behind one another (read ahead in batches, they often do).
+        let sleeps = c.metric(&m, "splitos_ebb_loop_sleeps_total");
+        assert!(sleeps > 100.0, "{serving}: the loop slept between requests: {sleeps}");
         assert_eq!(
             c.metric(&m, "splitos_ebb_loop_switches_total"),
             0.0,
