@@ -331,7 +331,9 @@ impl TestCluster {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
-    pub fn components(&self, role: &str) -> Vec<serde_json::Value> {
+    /// The components of `role` as the status shows them at once, a live one without `stats`
+    /// if it did not answer within the status's 2 s (one paused on purpose, say).
+    pub fn components_now(&self, role: &str) -> Vec<serde_json::Value> {
         self.status()["components"]
             .as_array()
             .unwrap()
@@ -339,6 +341,32 @@ impl TestCluster {
             .filter(|c| c["role"] == role)
             .cloned()
             .collect()
+    }
+
+    /// The components of `role` once every live one answered with its statistics: a busy
+    /// component may let the status's 2 s pass without them, so this asks again for up to 30 s.
+    pub fn components(&self, role: &str) -> Vec<serde_json::Value> {
+        let t0 = Instant::now();
+        loop {
+            let all = self.components_now(role);
+            if all.iter().all(|c| c["alive"] != true || !c["stats"].is_null()) || t0.elapsed() > Duration::from_secs(30)
+            {
+                return all;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The first process of the first pComponent as its statistics show it (`pid`, `os_pid`).
+    pub fn first_process(&self) -> serde_json::Value {
+        let t0 = Instant::now();
+        loop {
+            let p = self.components("pcomponent")[0]["stats"]["processes"][0].clone();
+            if !p.is_null() || t0.elapsed() > Duration::from_secs(30) {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     pub fn log(&self, name: &str) -> String {
@@ -376,10 +404,19 @@ impl TestCluster {
 
     /// One counter of the component at `addr` from `splitos cluster metrics` (Prometheus text;
     /// summed over label sets; 0 when the component never counted it).
+    /// A metric of the component at `addr`, summed over its labels. A component too busy to
+    /// answer the scrape in time is asked again, for up to 30 s.
     pub fn metric(&self, addr: &str, name: &str) -> f64 {
-        let out = self.cmd(&["cluster", "metrics"]).output().unwrap();
-        assert!(out.status.success(), "cluster metrics: {}", text(&out.stderr));
-        metric_of(&text(&out.stdout), addr, name)
+        let t0 = Instant::now();
+        loop {
+            let out = self.cmd(&["cluster", "metrics"]).output().unwrap();
+            assert!(out.status.success(), "cluster metrics: {}", text(&out.stderr));
+            let all = text(&out.stdout);
+            if has_metrics_of(&all, addr) || t0.elapsed() > Duration::from_secs(30) {
+                return metric_of(&all, addr, name);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Waits until `f` holds or the timeout passes; returns whether it held.
@@ -1037,9 +1074,7 @@ pub fn run_phased(
         if !line.starts_with(&format!("phase {phase}")) {
             break;
         }
-        let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
-            .as_u64()
-            .unwrap();
+        let pid = c.first_process()["pid"].as_u64().unwrap();
         between(c, phase, pid);
         std::io::Write::write_all(&mut stdin, b"\n").unwrap();
     }
@@ -1145,9 +1180,7 @@ pub fn spawn_hold(c: &TestCluster, mib: u32) -> (std::process::Child, u64) {
     let hold = program("hold");
     let mut child = c.spawn(&[], &[hold.to_str().unwrap(), &mib.to_string()]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = c.first_process()["pid"].as_u64().unwrap();
     (child, pid)
 }
 
@@ -1206,13 +1239,20 @@ pub fn addr_of(c: &TestCluster, id: u64) -> String {
 
 /// The sum of the series `name` of the component at `addr` in a Prometheus exposition (0
 /// when it was never counted); fails unless the component's `splitos_build_info` is there.
+fn is_of(line: &str, addr: &str) -> bool {
+    line.split_once('{')
+        .is_some_and(|(_, labels)| labels.contains(&format!("component=\"{addr}\"")))
+}
+
+/// Whether a scrape of the cluster holds the metrics of the component at `addr`.
+pub fn has_metrics_of(all: &str, addr: &str) -> bool {
+    all.lines()
+        .any(|l| l.starts_with("splitos_build_info{") && is_of(l, addr))
+}
+
 pub fn metric_of(all: &str, addr: &str, name: &str) -> f64 {
-    let ours = format!("component=\"{addr}\"");
-    let of_it = |l: &&str| l.split_once('{').is_some_and(|(_, labels)| labels.contains(&ours));
-    assert!(
-        all.lines().filter(of_it).any(|l| l.starts_with("splitos_build_info{")),
-        "no metrics of {addr}:\n{all}"
-    );
+    let of_it = |l: &&str| is_of(l, addr);
+    assert!(has_metrics_of(all, addr), "no metrics of {addr}:\n{all}");
     all.lines()
         .filter(of_it)
         .filter(|l| l.split('{').next() == Some(name))

@@ -6,8 +6,12 @@ use common::*;
 #[test]
 fn a_failed_piggybacked_write_back_never_lets_the_victims_process_read_zeros() {
     // Direct-mapped: the same heap page of two processes (same layout) falls into one set, so
-    // a miss of A evicts B's line at that address.
-    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"16M\"\nways = 1\n[[mcomponent]]\n"));
+    // a miss of A evicts B's line at that address. Every fetch is a message, the one
+    // piggybacking rides on: by one-sided access, A would copy its pages out of the killed
+    // owner's segment until the managers declare it lost (docs/excache.md).
+    let c = TestCluster::up(Some(
+        "[[pcomponent]]\nexcache = \"16M\"\nways = 1\npiggyback = true\none_sided = \"off\"\n[[mcomponent]]\n",
+    ));
     let hold = program("hold");
     let hold = hold.to_str().unwrap();
     let native = native(&[hold, "2"]);
@@ -22,6 +26,8 @@ fn a_failed_piggybacked_write_back_never_lets_the_victims_process_read_zeros() {
         m["flushes"].as_u64().unwrap() > 400,
         "A's lines were written back when B evicted them: {m}"
     );
+    let p = c.components("pcomponent")[0]["stats"]["one_sided"].clone();
+    assert_eq!(p["reads"].as_u64(), Some(0), "{p}");
 
     c.kill_component(c.pid_of_addr(c.components("mcomponent")[0]["addr"].as_str().unwrap()));
 
@@ -29,7 +35,11 @@ fn a_failed_piggybacked_write_back_never_lets_the_victims_process_read_zeros() {
     // dirty line piggybacked, and fails.
     drop(a.stdin.take());
     let a = a.wait_with_output().unwrap();
-    assert!(!a.status.success(), "A cannot continue without its memory");
+    assert!(
+        !a.status.success(),
+        "A cannot continue without its memory; it printed:\n{}",
+        text(&a.stdout)
+    );
     assert!(
         text(&a.stderr).contains("mComponent"),
         "A's error names the component: {}",

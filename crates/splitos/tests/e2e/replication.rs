@@ -84,9 +84,7 @@ fn a_corrupted_page_is_repaired_from_its_other_replica() {
     let hold = program("hold");
     let mut child = c.spawn(&[], &[hold.to_str().unwrap(), "24"]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = c.first_process()["pid"].as_u64().unwrap();
     // Bits flip in pages of every vRegion, on its primary (where fetches go): each bad page
     // has a good copy on the other replica.
     let (_, sets) = home_of(&c, pid);
@@ -170,9 +168,7 @@ fn replication_is_a_knob_of_the_cluster_and_of_run() {
     let hold = hold.to_str().unwrap();
     let mut child = c.spawn(&[], &[hold, "24"]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = c.first_process()["pid"].as_u64().unwrap();
     assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 1));
     let one: u64 = mcomp_stats(&c)
         .iter()
@@ -183,9 +179,7 @@ fn replication_is_a_knob_of_the_cluster_and_of_run() {
     let c = cluster(4, "replication = \"replica\"\n");
     let mut child = c.spawn(&[], &[hold, "24"]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.components("pcomponent")[0]["stats"]["processes"][0]["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = c.first_process()["pid"].as_u64().unwrap();
     assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 2 && s[0] != s[1]));
     let two: u64 = mcomp_stats(&c)
         .iter()
@@ -301,7 +295,7 @@ fn a_paused_mcomponent_is_waited_for_until_the_managers_declare_it_lost() {
         "{}",
         c.log("proc0")
     );
-    let m = &c.components("mcomponent")[0];
+    let m = &c.components_now("mcomponent")[0];
     assert_eq!(
         (m["alive"].as_bool(), m["lost"].as_bool()),
         (Some(false), Some(false)),
@@ -354,7 +348,7 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_secs(4));
-        let late = c.components("mcomponent").remove(0);
+        let late = c.components_now("mcomponent").remove(0);
         drop(paused);
         assert_eq!(
             (late["alive"].as_bool(), late["lost"].as_bool()),
