@@ -32,8 +32,10 @@ ALONE = ROOT / "tests" / "alone.txt"
 
 
 def build(cargo_args):
-    """Builds every test binary; returns (name, kind, executable, cwd) for each."""
-    cmd = ["cargo", "test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
+    """Builds every target (the programs the tests start, the shim, every test binary) in one
+    go, so that the dependencies are built once, with the features the tests' own
+    dependencies add; returns (name, kind, executable, cwd) for each test binary."""
+    cmd = ["cargo", "build", "--release", "--workspace", "--all-targets", "--message-format=json-render-diagnostics", *cargo_args]
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"run-tests: the build failed ({' '.join(cmd)})")

@@ -44,4 +44,7 @@ fi
 rustfmt --version >/dev/null 2>&1 || rustup component add rustfmt
 # It lints every target too (clippy), which that profile may leave out as well.
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
-cargo build --release --workspace --quiet
+# The test command builds every target at once itself (scripts/run-tests.py): one resolution of
+# the dependencies' features, where this build (without the test-only dependencies) would
+# resolve some differently and so build most dependencies twice.
+[ "${1:-}" = "--no-build" ] || cargo build --release --workspace --quiet

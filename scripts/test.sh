@@ -5,7 +5,7 @@
 # Arguments pick tests by name: ./scripts/test.sh quota network
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --no-build
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 exec ./scripts/run-tests.py "$@"

@@ -183,19 +183,19 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
             // The leader is cut off from the etcd majority: it steps down before another is
             // elected (never two leaders placing at once), and follows once it is back.
             (1, 1) => {
-                let old_log = || {
+                let log_of = |host: &str| {
                     format!(
                         "{}{}",
                         c.log(&format!(
                             "gm{}",
-                            ["a", "b", "c"].iter().position(|n| *n == lhost).unwrap()
+                            ["a", "b", "c"].iter().position(|n| *n == host).unwrap()
                         )),
-                        std::fs::read_to_string(c.dir.path().join(format!("gm-{lhost}-again.log"))).unwrap_or_default()
+                        std::fs::read_to_string(c.dir.path().join(format!("gm-{host}-again.log"))).unwrap_or_default()
                     )
                 };
                 // Only what it logs from the cut on.
-                let before_cut = old_log().len();
-                let since_cut = || old_log().get(before_cut..).unwrap_or_default().to_string();
+                let before_cut = log_of(lhost).len();
+                let since_cut = || log_of(lhost).get(before_cut..).unwrap_or_default().to_string();
                 h.link(lhost, false);
                 let next = leader_after(c, &leader, 20);
                 leaders.push(next.clone());
@@ -204,25 +204,33 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
                     "{}",
                     since_cut()
                 );
-                h.link(lhost, true);
-                assert_eq!(settle(c, 30), next, "the old leader follows");
-                let new_log = format!(
-                    "{}{}",
-                    c.log(&format!(
-                        "gm{}",
-                        ["a", "b", "c"].iter().position(|n| *n == host_of(&next)).unwrap()
-                    )),
-                    std::fs::read_to_string(c.dir.path().join(format!("gm-{}-again.log", host_of(&next))))
-                        .unwrap_or_default()
-                );
                 let (stepped_down, elected) = (
                     last_stamp(&since_cut(), "stops leading").unwrap(),
-                    last_stamp(&new_log, "this manager leads now").unwrap(),
+                    last_stamp(&log_of(host_of(&next)), "this manager leads now").unwrap(),
                 );
                 assert!(
                     stepped_down < elected,
                     "the old leader stopped at {stepped_down}, the new one began at {elected}"
                 );
+                let before_heal: Vec<usize> = ["a", "b", "c"].iter().map(|n| log_of(n).len()).collect();
+                h.link(lhost, true);
+                let after = settle(c, 30);
+                // The old leader follows. Leadership may still move once more: on a loaded
+                // machine etcd's own election, when its member comes back, can outlast the
+                // managers' lease. Then it moved by a new election (the old leader may win
+                // it), never by the old leader leading on from before the cut.
+                if after != next {
+                    let n = ["a", "b", "c"].iter().position(|n| *n == host_of(&after)).unwrap();
+                    assert!(
+                        log_of(host_of(&after))
+                            .get(before_heal[n]..)
+                            .unwrap_or_default()
+                            .contains("this manager leads now"),
+                        "{after} leads after the heal without an election\n{}",
+                        story(c)
+                    );
+                    leaders.push(after);
+                }
             }
             // Every manager restarts at once: they resume from etcd, and no component
             // registers again.
