@@ -32,10 +32,12 @@ ALONE = ROOT / "tests" / "alone.txt"
 
 
 def build(cargo_args):
-    """Builds every target (the programs the tests start, the shim, every test binary) in one
-    go, so that the dependencies are built once, with the features the tests' own
+    """Builds every library, program and test (the programs the tests start, the shim, every
+    test binary) in one go, so that the dependencies are built once, with the features the tests' own
     dependencies add; returns (name, kind, executable, cwd) for each test binary."""
-    cmd = ["cargo", "build", "--release", "--workspace", "--all-targets", "--message-format=json-render-diagnostics", *cargo_args]
+    # Not --all-targets: that also builds each library as a benchmark harness, the shim's
+    # among them, which is tested only loaded into programs (test = false).
+    cmd = ["cargo", "build", "--release", "--workspace", "--lib", "--bins", "--tests", "--message-format=json-render-diagnostics", *cargo_args]
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"run-tests: the build failed ({' '.join(cmd)})")

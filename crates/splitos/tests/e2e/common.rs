@@ -344,12 +344,13 @@ impl TestCluster {
     }
 
     /// The components of `role` once every live one answered with its statistics: a busy
-    /// component may let the status's 2 s pass without them, so this asks again for up to 30 s.
+    /// component may let the status's 2 s pass without them, so this asks again for up to 10 s
+    /// (one just killed counts as live until the managers miss its heartbeats).
     pub fn components(&self, role: &str) -> Vec<serde_json::Value> {
         let t0 = Instant::now();
         loop {
             let all = self.components_now(role);
-            if all.iter().all(|c| c["alive"] != true || !c["stats"].is_null()) || t0.elapsed() > Duration::from_secs(30)
+            if all.iter().all(|c| c["alive"] != true || !c["stats"].is_null()) || t0.elapsed() > Duration::from_secs(10)
             {
                 return all;
             }
@@ -1195,7 +1196,13 @@ pub fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
 /// the home's statistics show them; `None` while no live mComponent is its home (a backup
 /// has yet to take over).
 pub fn try_home_of(c: &TestCluster, pid: u64) -> Option<(String, Vec<Vec<u64>>)> {
-    mcomp_stats(c).into_iter().find_map(|m| {
+    // Asked again by its callers: a home that missed the status's 2 s is not waited for here.
+    let live: Vec<_> = c
+        .components_now("mcomponent")
+        .into_iter()
+        .filter(|m| m["alive"] == true)
+        .collect();
+    live.into_iter().find_map(|m| {
         let p = m["stats"]["home_processes"]
             .as_array()?
             .iter()
@@ -1276,8 +1283,13 @@ pub fn mcomp_metric(c: &TestCluster, name: &str) -> f64 {
 
 /// Waits until every vRegion set of `pid` has `members` members, all live mComponents.
 pub fn wait_rebuilt(c: &TestCluster, pid: u64, members: usize) {
-    let ok = c.eventually(Duration::from_secs(30), |c| {
-        let live: Vec<u64> = mcomp_stats(c).iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    let ok = c.eventually(Duration::from_secs(60), |c| {
+        let live: Vec<u64> = c
+            .components_now("mcomponent")
+            .iter()
+            .filter(|m| m["alive"] == true)
+            .map(|m| m["id"].as_u64().unwrap())
+            .collect();
         try_home_of(c, pid).is_some_and(|(_, sets)| {
             !sets.is_empty()
                 && sets
