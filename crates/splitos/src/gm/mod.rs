@@ -130,6 +130,11 @@ pub struct Gm {
     /// Ids of mComponents replaced by a new start at their address, kept for `forget_dead`
     /// so that every home rebuilds the copies they held.
     replaced_mcomps: kept::Recent<u32>,
+    /// Ids of mComponents forgotten after `forget_dead` of silence, kept for `forget_dead`
+    /// more and still told as lost (unless one registers again): a call to one that began
+    /// after it was forgotten is then given up, where a peer that heard nothing of it would
+    /// wait for it as late.
+    forgotten_mcomps: kept::Recent<u32>,
     /// Ids of mComponents detached (they exited empty), kept for `forget_dead` and told to
     /// pComponents as lost: one whose view of a process still names it asks the home again
     /// instead of waiting for it.
@@ -192,6 +197,9 @@ impl Gm {
                 tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
                 metrics::counter!("gm_components_forgotten_total").increment(1);
                 self.unkeep(e.info.id);
+                if e.info.role == Role::Mem {
+                    self.forgotten_mcomps.push(e.info.id);
+                }
             }
             keep
         });
@@ -690,6 +698,12 @@ impl Gm {
             .map(|e| e.info.id)
             .collect();
         lost_mcomps.extend(self.replaced_mcomps.current());
+        lost_mcomps.extend(
+            self.forgotten_mcomps
+                .current()
+                .into_iter()
+                .filter(|id| !comps.iter().any(|e| e.info.id == *id)),
+        );
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
@@ -1505,6 +1519,7 @@ impl Gm {
             comps: Mutex::new(Gm::resume(&state)?),
             replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
             replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
+            forgotten_mcomps: kept::Recent::open(state.clone(), state::Table("forgotten-mcomponents"), forget_dead)?,
             detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead)?,
             announced: Mutex::new(state.load::<u32>(kept::ANNOUNCED)?.into_iter().collect()),
             store: state.clone(),

@@ -402,18 +402,26 @@ impl<P: Peers> Mem<P> {
         h.exited = true;
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
-        let mut all = h.all_owners();
-        all.extend(
-            h.retired
-                .iter()
-                .filter(|r| !all.iter().any(|o| o.id == r.id))
-                .cloned()
-                .collect::<Vec<_>>(),
-        );
+        let owners = h.all_owners();
+        let retired: Vec<ComponentRef> = h
+            .retired
+            .iter()
+            .filter(|r| !owners.iter().any(|o| o.id == r.id))
+            .cloned()
+            .collect();
         let mut orphaned: Vec<ComponentRef> = Vec::new();
-        for o in all {
-            // A late owner is waited for: what it holds of the process would stay charged.
-            if let Err(e) = self.to_only_copy(&o, || M2M_EXIT { who: h.who() }) {
+        let current = owners.into_iter().map(|o| (o, false));
+        for (o, was_retired) in current.chain(retired.into_iter().map(|o| (o, true))) {
+            // A late owner is waited for: what it holds of the process would stay charged. A
+            // retired one left the process's sets because it was lost or replaced: it is told
+            // once, never waited for (the managers may have forgotten it, and a wait for it
+            // would hold the process's home).
+            let sent = if was_retired {
+                self.to_owner(&o, M2M_EXIT { who: h.who() })
+            } else {
+                self.to_only_copy(&o, || M2M_EXIT { who: h.who() })
+            };
+            if let Err(e) = sent {
                 tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
                 // A logger drops the process's backup files after what it still streams
                 // there; those of a logger that cannot are dropped here.
