@@ -7,5 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --no-build
 cargo fmt --all --check
+# The crate table of docs/architecture.md is cargo metadata's.
+./scripts/crate-graph.py --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 exec ./scripts/run-tests.py "$@"

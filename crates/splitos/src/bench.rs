@@ -296,7 +296,7 @@ pub fn floor(n: usize, mcomp: Option<String>, admin: &Path) -> anyhow::Result<()
         summary("uffd_fault_local_page_continue", &uffd_floor(n, InstallBy::Continue)?),
     ];
     // The same with idle CPUs polling, as a pComponent with `idle_poll = "on"` has them.
-    match crate::pmon::host::idle::request() {
+    match splitos_pmon::host::idle::request() {
         Ok(_held) => {
             out.push(summary(
                 "uffd_fault_local_page_idle_poll",

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use splitos::config::{GmArgs, MemArgs, NetArgs, ProcArgs, Startup, StorageArgs};
-use splitos::{api, bench, control, gm, loadgen, memcached, mmon, nmon, node, pmon, sim, smon};
+use splitos::{bench, control, node};
+use splitos_gm::api;
+use splitos_tools::{loadgen, memcached, sim};
 
 #[derive(Parser)]
 #[command(
@@ -383,7 +385,7 @@ fn main() {
     node::init_logging();
     let r = match cli.cmd {
         Cmd::Run(args) => control::run::run(*args).map(|code| std::process::exit(code)),
-        Cmd::Join { token, out, api } => splitos::api::join::join_cli(&token, &api, &out),
+        Cmd::Join { token, out, api } => api::join::join_cli(&token, &api, &out),
         Cmd::Cluster { cmd } => match cmd {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
@@ -419,7 +421,7 @@ fn main() {
                 control::memory::set_excache(api, id, size, shares)
             }
             ClusterCmd::Openapi => {
-                splitos::out!("{}", splitos::api::openapi_json());
+                splitos::out!("{}", api::openapi_json());
                 Ok(())
             }
             ClusterCmd::Token {
@@ -453,11 +455,11 @@ fn main() {
                 "--interval must be at least 0.1 seconds, not {interval}"
             )),
         },
-        Cmd::Gm(start) => component(*start, |a| gm::run(a, api::start)),
-        Cmd::Mem(start) => component(*start, mmon::run),
-        Cmd::Proc(start) => component(*start, pmon::run),
-        Cmd::Storage(start) => component(*start, smon::run),
-        Cmd::Net(start) => component(*start, nmon::run),
+        Cmd::Gm(start) => component(*start, |a| splitos_gm::run(a, api::start)),
+        Cmd::Mem(start) => component(*start, splitos_mmon::run),
+        Cmd::Proc(start) => component(*start, splitos_pmon::run),
+        Cmd::Storage(start) => component(*start, splitos_smon::run),
+        Cmd::Net(start) => component(*start, splitos_nmon::run),
         Cmd::Sim(args) => sim::run(*args),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp, &control::cluster::admin_credentials()),
         Cmd::Loadgen(args) => loadgen::run(*args),

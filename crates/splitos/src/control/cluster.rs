@@ -340,8 +340,9 @@ pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
 /// The global managers' client certificate for etcd, issued by the cluster's X.509 authority
 /// at every start, beside the authority's certificate that etcd's is checked against.
 fn issue_etcd_client(dir: &Path) -> anyhow::Result<()> {
-    let issued = crate::api::tls::issue_etcd_client(&crate::api::tls::authority_key(&dir.join(X509_AUTHORITY))?)?;
-    crate::api::tls::write_issued(
+    let issued =
+        splitos_gm::api::tls::issue_etcd_client(&splitos_gm::api::tls::authority_key(&dir.join(X509_AUTHORITY))?)?;
+    splitos_gm::api::tls::write_issued(
         &issued,
         &dir.join(ETCD_CA),
         &dir.join(ETCD_CLIENT_CERT),
@@ -400,7 +401,8 @@ impl Cluster {
             .filter(|ip| !ip.is_loopback());
         let (api_cert, api_key) = match api_ip {
             Some(ip) => {
-                let issued = crate::api::tls::issue(&crate::api::tls::authority_key(&dir.join(X509_AUTHORITY))?, ip)?;
+                let issued =
+                    splitos_gm::api::tls::issue(&splitos_gm::api::tls::authority_key(&dir.join(X509_AUTHORITY))?, ip)?;
                 let (cert, key) = (dir.join(API_CERT), dir.join(API_KEY));
                 std::fs::write(dir.join(CA_CERT), &issued.ca_pem)?;
                 std::fs::write(&cert, &issued.cert_pem)?;

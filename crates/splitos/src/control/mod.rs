@@ -153,12 +153,12 @@ pub fn credentials(role: &str, out: &std::path::Path) -> anyhow::Result<()> {
 pub fn etcd_cert(ips: &[std::net::IpAddr], out: &std::path::Path) -> anyhow::Result<()> {
     let dir = cluster::state_dir();
     cluster::private_dir(&dir)?;
-    let issued = crate::api::tls::issue_etcd_member(
-        &crate::api::tls::authority_key(&dir.join(cluster::X509_AUTHORITY))?,
+    let issued = splitos_gm::api::tls::issue_etcd_member(
+        &splitos_gm::api::tls::authority_key(&dir.join(cluster::X509_AUTHORITY))?,
         ips,
     )?;
     std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("cannot make {}: {e}", out.display()))?;
-    crate::api::tls::write_issued(
+    splitos_gm::api::tls::write_issued(
         &issued,
         &out.join("ca.pem"),
         &out.join("etcd.pem"),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::*;
 use splitos::node::Node;
-use splitos::pmon::{PageStore, ProcMemory, RemoteStore};
+use splitos_pmon::{PageStore, ProcMemory, RemoteStore};
 use splitos_rpc::*;
 
 const BASE: u64 = 0x2000_0000_0000;

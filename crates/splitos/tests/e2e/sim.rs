@@ -529,7 +529,7 @@ fn replay_knobs_do_what_they_say() {
     let devices = write(
         d.path(),
         "d.toml",
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sim/devices.toml"))
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/src/sim/devices.toml"))
             .unwrap()
             .replace("cpu = 204.3", "cpu = 408.6")
             .replace("memory = 289.9", "memory = 579.8")

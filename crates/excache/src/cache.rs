@@ -1,0 +1,1241 @@
+//! The ExCache: a set-associative, virtually indexed cache of 4 KB lines of remote memory,
+//! owned by the pComponent and shared by all of its processes. This is its bookkeeping; the
+//! miss path moves the data (miss/). A line is tagged by (process, virtual page).
+//!
+//! Eviction policy is a swappable component ([`EvictionPolicy`]): FIFO evicts in fill order;
+//! CLOCK approximates LRU with a reference bit and a hand per set; ghost CLOCK admits a new
+//! line unreferenced unless it was evicted recently, so that lines used once (a scan) leave
+//! before lines in use. A policy sees the access events the pComponent sees: a line claimed,
+//! used (a write trap, or with access sampling a touch) and evicted.
+//!
+//! Interleaving ([`ExCache::with_interleave`], ThymesisFlow's best configuration) keeps a share
+//! of the heap's pages local for good: a line of such a page is pinned when filled, and no
+//! policy ever chooses it; the others come and go as remote memory. A job may choose its own
+//! share ([`ExCache::set_interleave`]) instead of the pComponent's.
+//!
+//! Processes sharing the cache may each keep a floor of lines against the others' misses
+//! ([`ExCache::with_floor`], off unless configured): then a program whose misses come fast
+//! cannot evict every line of one whose misses come slowly.
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use splitos_core::config::MIN_UNPINNED;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineState {
+    /// Claimed by a miss that is still fetching; never a victim.
+    Filling,
+    Ready,
+    /// Resident and being written back (fork, mremap); never a victim until acknowledged.
+    WritingBack,
+    /// Chosen by the background evictor, which is capturing and dropping it; a miss on it
+    /// waits, as on a line being filled.
+    Evicting,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Line {
+    pub pid: u64,
+    pub vpn: u64,
+    pub state: LineState,
+    /// Written since it was last written back: must be flushed when evicted.
+    pub dirty: bool,
+    /// Mapped write-protected in the program, so the next write traps to us.
+    pub wp: bool,
+    /// CLOCK's reference bit: set on fill, on every write we observe and, with access
+    /// sampling, on every touch of the line while it was unmapped.
+    pub referenced: bool,
+    /// Set by a policy that cleared `referenced` and wants the next use observed again (the
+    /// next write, or with access sampling the next touch).
+    pub rearm: bool,
+    /// Resident but unmapped by access sampling: the next touch is a minor fault.
+    pub unmapped: bool,
+    /// Fill order, for FIFO.
+    pub seq: u64,
+    /// Pre-allocated ahead of the program: it may have been written without any trap, and
+    /// may still be all zeros.
+    pub fresh: bool,
+    /// Writes observed since the fill: a write-back acknowledged for an older count leaves
+    /// the line dirty.
+    pub writes: u32,
+    /// Filled by a read miss of a process whose writes the kernel tracks: fault tracking
+    /// installs such a line writable and dirty whenever the process predicts writes.
+    pub read_fill: bool,
+    /// Kept local for good (interleaving): never a victim.
+    pub pinned: bool,
+}
+
+impl Line {
+    /// Whether a policy may choose the line as a victim: ready, and not pinned. Every policy
+    /// chooses among these only.
+    pub fn candidate(&self) -> bool {
+        self.state == LineState::Ready && !self.pinned
+    }
+}
+
+/// Which heap pages interleaving keeps local: `local` of every `of` pages, or of every `of`
+/// ranges of `unit` pages, round robin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interleave {
+    pub local: u64,
+    pub of: u64,
+    pub unit: u64,
+}
+
+impl Interleave {
+    /// A configuration's: `ratio` of every range of `unit` bytes.
+    pub fn of(ratio: splitos_core::config::InterleaveRatio, unit: splitos_core::config::Size) -> Option<Interleave> {
+        ratio.0.map(|(local, of)| Interleave {
+            local: local.into(),
+            of: of.into(),
+            unit: unit.0 / splitos_rpc::PAGE_SIZE as u64,
+        })
+    }
+
+    /// Whether `vpn` is local in a cache of `sets` sets. The round robin runs over the pages
+    /// that share a set (in address order), so that every set keeps its share: dealing out
+    /// consecutive pages would put every local page of a 1:2 round robin in the even sets.
+    /// Seen from the program, a page is then a range of as many pages as there are sets, and
+    /// a range shorter than that acts as a page.
+    pub fn is_local(&self, vpn: u64, sets: u64) -> bool {
+        (vpn / sets / (self.unit / sets).max(1)) % self.of < self.local
+    }
+}
+
+/// What a line is once its fill completes ([`ExCache::complete`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Filled {
+    pub dirty: bool,
+    /// Mapped write-protected.
+    pub wp: bool,
+}
+
+pub trait EvictionPolicy: Send {
+    fn name(&self) -> &'static str;
+    /// Picks the way to evict from a full set, among `Ready` lines. `hand` is the set's own
+    /// policy state (CLOCK's hand). `None` if every way is still filling.
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
+    /// True if `victim` may mark lines to be observed again (`Line::rearm`).
+    fn rearms(&self) -> bool {
+        false
+    }
+    /// Whether a line just claimed for (pid, vpn) starts referenced.
+    fn admit(&mut self, _pid: u64, _vpn: u64) -> bool {
+        true
+    }
+    /// The program was seen using a resident line: a write trap, or with access sampling a
+    /// touch of a line it had unmapped.
+    fn touched(&mut self, line: &mut Line) {
+        line.referenced = true;
+    }
+    /// A line left the cache as a victim.
+    fn evicted(&mut self, _line: &Line) {}
+}
+
+pub struct Fifo;
+
+impl EvictionPolicy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
+        set.iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq)))
+            .min_by_key(|(_, seq)| *seq)
+            .map(|(i, _)| i)
+    }
+}
+
+pub struct Clock;
+
+impl EvictionPolicy for Clock {
+    fn name(&self) -> &'static str {
+        "clock"
+    }
+    fn rearms(&self) -> bool {
+        true
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+        clock_victim(set, hand)
+    }
+}
+
+/// CLOCK's sweep: the first `Ready` line from the hand on whose reference bit is clear,
+/// clearing the bits it passes (and asking that those lines be observed again).
+fn clock_victim(set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+    let n = set.len();
+    // Two sweeps: the first clears reference bits, the second must find an unreferenced line.
+    for _ in 0..2 * n + 1 {
+        let i = *hand % n;
+        *hand = (i + 1) % n;
+        if let Some(l) = set[i].as_mut() {
+            if !l.candidate() {
+                continue;
+            }
+            if l.referenced {
+                l.referenced = false;
+                l.rearm = true;
+                continue;
+            }
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// CLOCK with a memory of the lines it evicted recently (as many as the cache holds): a new
+/// line starts unreferenced, so that the hand evicts it at its first pass unless the program
+/// was seen using it since, except a line evicted recently, whose miss shows it was evicted
+/// too early. Lines read once (a scan, a sort's input) then go before lines in use, which
+/// plain CLOCK gives a whole turn each. It needs access sampling to see reads.
+pub struct GhostClock {
+    ghosts: HashMap<(u64, u64), u64>,
+    order: VecDeque<((u64, u64), u64)>,
+    cap: usize,
+    seq: u64,
+}
+
+impl GhostClock {
+    pub fn new(cap: usize) -> GhostClock {
+        GhostClock {
+            ghosts: HashMap::new(),
+            order: VecDeque::new(),
+            cap: cap.max(1),
+            seq: 0,
+        }
+    }
+}
+
+impl EvictionPolicy for GhostClock {
+    fn name(&self) -> &'static str {
+        "ghost-clock"
+    }
+    fn rearms(&self) -> bool {
+        true
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+        clock_victim(set, hand)
+    }
+    fn admit(&mut self, pid: u64, vpn: u64) -> bool {
+        self.ghosts.remove(&(pid, vpn)).is_some()
+    }
+    fn evicted(&mut self, line: &Line) {
+        self.seq += 1;
+        self.ghosts.insert((line.pid, line.vpn), self.seq);
+        self.order.push_back(((line.pid, line.vpn), self.seq));
+        while self.order.len() > self.cap {
+            let (key, seq) = self.order.pop_front().expect("over capacity means not empty");
+            // An entry re-made since is newer than this one: it stays.
+            if self.ghosts.get(&key) == Some(&seq) {
+                self.ghosts.remove(&key);
+            }
+        }
+    }
+}
+
+/// Candidates of one claim the policy may pass over because their process is at its floor:
+/// a bound, so that a fully associative cache (one set of every line) does not ask its policy
+/// again and again on the way of a miss.
+const SHIELDED: usize = 8;
+
+/// What a miss got: the slot it fills and the line it displaced, if any.
+pub struct Claim {
+    pub slot: usize,
+    pub victim: Option<Line>,
+}
+
+/// Nothing here scans a whole set on the way of a miss when it need not: a fully associative
+/// cache is one set of every line.
+pub struct ExCache {
+    nsets: usize,
+    /// Ways in use per set: the cache's size is `nsets * ways` lines, and it changes while
+    /// programs run ([`ExCache::resize`]) up to `stride` ways. A set's ways sit at
+    /// `set * stride`, so a line's slot never moves when the size changes.
+    ways: usize,
+    stride: usize,
+    slots: Vec<Option<Line>>,
+    hands: Vec<usize>,
+    /// Per set: lines held in its ways, and the lowest way that may be free.
+    held: Vec<usize>,
+    /// Per set: lines still held in ways past its end after a shrink (being evicted).
+    past_end: Vec<usize>,
+    free_from: Vec<usize>,
+    /// Per set: the policy ran since the set was last checked for lines to rearm.
+    may_rearm: Vec<bool>,
+    /// Per set: lines the background evictor is taking out (`LineState::Evicting`).
+    evicting: Vec<usize>,
+    /// Per set: pinned lines in its ways, at most [`ExCache::pin_cap`].
+    pinned: Vec<usize>,
+    /// The pComponent's interleaving, for processes whose job chose none of its own.
+    interleave: Option<Interleave>,
+    /// Processes whose job chose its own interleaving (or none).
+    own_interleave: HashMap<u64, Option<Interleave>>,
+    /// Ways of a set interleaving never pins: [`MIN_UNPINNED`] and those the background
+    /// evictor keeps free.
+    unpinned: usize,
+    used: usize,
+    index: HashMap<u64, BTreeMap<u64, usize>>,
+    policy: Box<dyn EvictionPolicy>,
+    /// Victims each policy replaced so far chose, by name, and those the current one chose:
+    /// which policy ran, across replacements (a plain count on the eviction path).
+    victims: BTreeMap<&'static str, u64>,
+    chosen: u64,
+    seq: u64,
+    /// Percent of an equal share (lines over processes holding lines) that each process keeps
+    /// against other processes' misses (0: none).
+    floor: usize,
+    /// Each process's group (its vNode), for shares.
+    groups: HashMap<u64, u32>,
+    /// Lines each group holds, and the lines a group with a share keeps against other
+    /// groups' misses ([`ExCache::set_shares`]).
+    group_lines: HashMap<u32, usize>,
+    shares: HashMap<u32, usize>,
+}
+
+impl ExCache {
+    /// `lines` total lines in sets of `ways` (0 = fully associative).
+    pub fn new(lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>) -> ExCache {
+        ExCache::growable(lines, lines, ways, policy)
+    }
+
+    /// As [`ExCache::new`], able to grow to `max_lines` while running (rounded down to whole
+    /// ways of every set). Only bookkeeping is reserved for them: a line's page is the
+    /// program's own.
+    pub fn growable(lines: usize, max_lines: usize, ways: usize, policy: Box<dyn EvictionPolicy>) -> ExCache {
+        let lines = lines.max(1);
+        let ways = if ways == 0 || ways > lines { lines } else { ways };
+        let nsets = lines / ways;
+        let stride = (max_lines / nsets).max(ways);
+        ExCache {
+            nsets,
+            ways,
+            stride,
+            slots: vec![None; nsets * stride],
+            hands: vec![0; nsets],
+            held: vec![0; nsets],
+            past_end: vec![0; nsets],
+            free_from: vec![0; nsets],
+            may_rearm: vec![false; nsets],
+            evicting: vec![0; nsets],
+            pinned: vec![0; nsets],
+            interleave: None,
+            own_interleave: HashMap::new(),
+            unpinned: MIN_UNPINNED,
+            used: 0,
+            index: HashMap::new(),
+            policy,
+            victims: BTreeMap::new(),
+            chosen: 0,
+            seq: 0,
+            floor: 0,
+            groups: HashMap::new(),
+            group_lines: HashMap::new(),
+            shares: HashMap::new(),
+        }
+    }
+
+    /// Ways per set for a cache of `lines` lines: its size rounds down to whole ways of every
+    /// set, between one way and the most it may grow to.
+    pub fn ways_for(&self, lines: usize) -> Result<usize, String> {
+        let ways = lines / self.nsets;
+        if ways == 0 || ways > self.stride {
+            return Err(format!(
+                "{lines} lines: the ExCache has {} sets and grows to {} ways each, so it holds {} to {} lines",
+                self.nsets,
+                self.stride,
+                self.nsets,
+                self.nsets * self.stride
+            ));
+        }
+        Ok(ways)
+    }
+
+    /// Uses `ways` ways per set from now on. Growing takes effect at once; after shrinking,
+    /// the lines in ways past the new end are still resident and are no miss's to take:
+    /// [`ExCache::beyond`] names them for the miss path to evict.
+    pub fn resize(&mut self, ways: usize) {
+        assert!(
+            ways > 0 && ways <= self.stride,
+            "{ways} ways in sets of at most {}",
+            self.stride
+        );
+        self.ways = ways;
+        for set in 0..self.nsets {
+            let base = set * self.stride;
+            let (within, past) = self.slots[base..base + self.stride].split_at(ways);
+            self.held[set] = within.iter().flatten().count();
+            self.evicting[set] = within
+                .iter()
+                .flatten()
+                .filter(|l| l.state == LineState::Evicting)
+                .count();
+            self.past_end[set] = past.iter().flatten().count();
+            self.free_from[set] = within.iter().position(|l| l.is_none()).unwrap_or(ways);
+            // Fewer ways may leave more pinned lines than a set keeps: the newest go back to
+            // coming and going.
+            let mut pinned: Vec<(u64, usize)> = (0..ways)
+                .filter_map(|w| self.slots[base + w].filter(|l| l.pinned).map(|l| (l.seq, base + w)))
+                .collect();
+            pinned.sort_unstable();
+            for (_, slot) in pinned.drain(pinned.len().min(self.pin_cap())..) {
+                self.line_mut(slot).pinned = false;
+            }
+            self.pinned[set] = pinned.len();
+        }
+    }
+
+    /// The most lines of a set that interleaving pins: all its ways but those it never pins,
+    /// so that as much of the local share as the ExCache can hold stays local, as asked.
+    fn pin_cap(&self) -> usize {
+        self.ways.saturating_sub(self.unpinned)
+    }
+
+    /// Keeps the lines of the heap pages `interleave` names local for good, from now on, for
+    /// every process whose job chose no interleaving of its own.
+    pub fn with_interleave(mut self, interleave: Option<Interleave>) -> ExCache {
+        self.interleave = interleave;
+        self
+    }
+
+    /// Interleaving never pins the `reserve` ways per set the background evictor keeps free
+    /// either: a pinned line in one of them would leave the set's remote pages fewer than
+    /// [`MIN_UNPINNED`] ways to come and go in.
+    pub fn with_evict_reserve(mut self, reserve: usize) -> ExCache {
+        self.unpinned = MIN_UNPINNED + reserve;
+        self
+    }
+
+    /// Process `pid`'s job chose its own interleaving (`None`: none), instead of the
+    /// pComponent's, from its next fill on.
+    pub fn set_interleave(&mut self, pid: u64, interleave: Option<Interleave>) {
+        self.own_interleave.insert(pid, interleave);
+    }
+
+    /// The interleaving `pid`'s job chose, if it chose one.
+    pub fn job_interleave(&self, pid: u64) -> Option<Option<Interleave>> {
+        self.own_interleave.get(&pid).copied()
+    }
+
+    fn interleave_of(&self, pid: u64) -> Option<Interleave> {
+        self.own_interleave.get(&pid).copied().unwrap_or(self.interleave)
+    }
+
+    /// Whether a line of `pid` may be pinned: with shares, only within its vNode's share, so
+    /// that no job pins away lines another vNode's share keeps.
+    fn may_pin(&self, pid: u64) -> bool {
+        if self.shares.is_empty() {
+            return true;
+        }
+        self.group_of(pid)
+            .is_some_and(|g| self.shares.get(&g).is_some_and(|share| self.group_lines(g) < *share))
+    }
+
+    /// Lines pinned by interleaving.
+    pub fn pinned_lines(&self) -> usize {
+        self.pinned.iter().sum()
+    }
+
+    /// The most lines it may grow to.
+    pub fn max_lines(&self) -> usize {
+        self.nsets * self.stride
+    }
+
+    /// Resident lines in ways past the cache's size (left by a shrink), as (slot, line).
+    pub fn beyond(&self) -> Vec<(usize, Line)> {
+        let mut out = Vec::new();
+        for set in (0..self.nsets).filter(|s| self.past_end[*s] > 0) {
+            let base = set * self.stride;
+            for way in self.ways..self.stride {
+                if let Some(l) = self.slots[base + way] {
+                    out.push((base + way, l));
+                }
+            }
+        }
+        out
+    }
+
+    /// Marks a resident `Ready` line `Evicting`, as [`ExCache::pick`] does with the policy's.
+    pub fn mark_evicting(&mut self, slot: usize) {
+        let l = self.line_mut(slot);
+        assert_eq!(l.state, LineState::Ready, "only a ready line is evicted");
+        l.state = LineState::Evicting;
+        if slot % self.stride < self.ways {
+            self.evicting[slot / self.stride] += 1;
+        }
+    }
+
+    /// Puts process `pid` in group `group` (its vNode), for shares.
+    pub fn set_group(&mut self, pid: u64, group: u32) {
+        let held = self.resident_of(pid);
+        if let Some(old) = self.groups.insert(pid, group) {
+            self.count_group(old, held, false);
+        }
+        self.count_group(group, held, true);
+    }
+
+    /// Lines each group keeps against other groups' misses while it holds no more: a miss of
+    /// another group passes over them, as over a line being filled, unless its set has no
+    /// other line to give. Replaces every share. With shares, a miss in a full set looks at
+    /// each of the set's lines once.
+    pub fn set_shares(&mut self, shares: HashMap<u32, usize>) {
+        self.shares = shares;
+    }
+
+    pub fn shares(&self) -> &HashMap<u32, usize> {
+        &self.shares
+    }
+
+    /// Process `pid` left (its lines already did): pids are reused.
+    pub fn forget_group(&mut self, pid: u64) {
+        self.own_interleave.remove(&pid);
+        let held = self.resident_of(pid);
+        if let Some(g) = self.groups.remove(&pid) {
+            self.count_group(g, held, false);
+        }
+    }
+
+    fn count_group(&mut self, group: u32, n: usize, add: bool) {
+        let c = self.group_lines.entry(group).or_default();
+        *c = if add { *c + n } else { c.saturating_sub(n) };
+    }
+
+    /// Lines the processes of group `group` hold.
+    pub fn group_lines(&self, group: u32) -> usize {
+        self.group_lines.get(&group).copied().unwrap_or(0)
+    }
+
+    fn group_of(&self, pid: u64) -> Option<u32> {
+        self.groups.get(&pid).copied()
+    }
+
+    /// Whether a miss of `pid` must pass over `victim`: its group holds no more than its
+    /// share, and is not `pid`'s.
+    fn shared_away(&self, pid: u64, victim: &Line) -> bool {
+        let Some(g) = self.group_of(victim.pid) else {
+            return false;
+        };
+        self.group_of(pid) != Some(g)
+            && self
+                .shares
+                .get(&g)
+                .is_some_and(|share| self.group_lines.get(&g).copied().unwrap_or(0) <= *share)
+    }
+
+    /// Each process keeps `percent` of an equal share of the lines (the lines over the
+    /// processes holding any) against other processes' misses: while it holds no more, the
+    /// policy passes over its lines for a miss of another process, unless its set has no
+    /// other line to give.
+    pub fn with_floor(mut self, percent: usize) -> ExCache {
+        self.floor = percent;
+        self
+    }
+
+    /// The lines a process keeps against others' misses.
+    fn floor_lines(&self) -> usize {
+        self.lines() * self.floor / 100 / self.index.len().max(1)
+    }
+
+    pub fn lines(&self) -> usize {
+        self.nsets * self.ways
+    }
+    pub fn ways(&self) -> usize {
+        self.ways
+    }
+    pub fn sets(&self) -> usize {
+        self.nsets
+    }
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Replaces the eviction policy while lines are resident: the new one starts from the
+    /// lines as they are (their reference bits, their fill order), without the old one's
+    /// history (ghost entries).
+    pub fn set_policy(&mut self, policy: Box<dyn EvictionPolicy>) {
+        *self.victims.entry(self.policy.name()).or_default() += std::mem::take(&mut self.chosen);
+        self.policy = policy;
+    }
+
+    /// Victims each policy chose so far, by name.
+    pub fn victims_by_policy(&self) -> BTreeMap<&'static str, u64> {
+        let mut v = self.victims.clone();
+        *v.entry(self.policy.name()).or_default() += self.chosen;
+        v
+    }
+
+    fn evicted(&mut self, line: &Line) {
+        self.policy.evicted(line);
+        self.chosen += 1;
+    }
+
+    pub fn set_of(&self, vpn: u64) -> usize {
+        (vpn % self.nsets as u64) as usize
+    }
+
+    pub fn lookup(&self, pid: u64, vpn: u64) -> Option<usize> {
+        self.index.get(&pid).and_then(|m| m.get(&vpn)).copied()
+    }
+
+    pub fn line(&self, slot: usize) -> &Line {
+        self.slots[slot].as_ref().expect("slot holds a line")
+    }
+
+    pub fn line_mut(&mut self, slot: usize) -> &mut Line {
+        self.slots[slot].as_mut().expect("slot holds a line")
+    }
+
+    /// Claims a way for (pid, vpn) in its set: a free one (lowest index first, as a free list
+    /// would hand out), else the policy's victim, which leaves the cache here.
+    pub fn claim(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
+        self.claim_where(pid, vpn, |_| true, |_| false)
+    }
+
+    /// As [`ExCache::claim`], but only if the way needs no write-back: a free way, or a clean
+    /// victim (fault-around never makes a first touch wait for a write-back).
+    pub fn claim_clean(&mut self, pid: u64, vpn: u64) -> Option<Claim> {
+        self.claim_where(pid, vpn, |v| !v.dirty, |_| false)
+    }
+
+    /// As [`ExCache::claim`], for lines whose writes nobody sees as they happen. Before the
+    /// policy's victim goes, a policy that watches writes asks `used` whether it was written
+    /// since its reference bit was cleared: a used line gets its bit back and the policy picks
+    /// again, at most once per way. Then `evictable` may still refuse the victim (as
+    /// [`ExCache::claim_clean`] refuses a dirty one). Both may mark the line dirty.
+    pub fn claim_observing(
+        &mut self,
+        pid: u64,
+        vpn: u64,
+        evictable: impl FnMut(&mut Line) -> bool,
+        used: impl FnMut(&mut Line) -> bool,
+    ) -> Option<Claim> {
+        self.claim_where(pid, vpn, evictable, used)
+    }
+
+    fn claim_where(
+        &mut self,
+        pid: u64,
+        vpn: u64,
+        mut evictable: impl FnMut(&mut Line) -> bool,
+        mut used: impl FnMut(&mut Line) -> bool,
+    ) -> Option<Claim> {
+        let set = self.set_of(vpn);
+        let base = set * self.stride;
+        let range = base..base + self.ways;
+        let slot = if self.held[set] < self.ways {
+            let i = (self.free_from[set]..self.ways)
+                .find(|i| self.slots[base + i].is_none())
+                .expect("a set not full has a free way");
+            self.free_from[set] = i + 1;
+            self.held[set] += 1;
+            self.used += 1;
+            (base + i, None)
+        } else {
+            self.may_rearm[set] |= self.policy.rearms();
+            let mut floor = self.floor_lines();
+            let mut spared = 0;
+            // Lines passed over for their process's floor, kept out of the policy's sight as
+            // if being filled until the victim is chosen.
+            let mut shielded = Vec::new();
+            // Those of vNodes within their shares are all kept out at once, in one pass.
+            let mut by_share = 0;
+            if !self.shares.is_empty() {
+                for way in range.clone() {
+                    if self.slots[way]
+                        .as_ref()
+                        .is_some_and(|l| l.state == LineState::Ready && self.shared_away(pid, l))
+                    {
+                        self.line_mut(way).state = LineState::Filling;
+                        shielded.push(way);
+                    }
+                }
+                by_share = shielded.len();
+            }
+            let i = loop {
+                let Some(i) = self.policy.victim(&mut self.slots[range.clone()], &mut self.hands[set]) else {
+                    if shielded.is_empty() {
+                        return None;
+                    }
+                    // Every line left is at its process's floor or within its vNode's share:
+                    // they give way.
+                    self.unshield(&mut shielded);
+                    floor = 0;
+                    by_share = 0;
+                    continue;
+                };
+                let l = self.slots[base + i].as_ref().expect("victim is a line");
+                // A share shields without bound (the set's ways bound it); a floor gives way
+                // after a few lines.
+                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED + by_share && self.resident_of(l.pid) <= floor
+                {
+                    shielded.push(base + i);
+                    self.line_mut(base + i).state = LineState::Filling;
+                    continue;
+                }
+                let l = self.slots[base + i].as_mut().expect("victim is a line");
+                // Only a policy that watches writes (one that rearms) asks.
+                if !self.policy.rearms() || spared == self.ways || !used(l) {
+                    break i;
+                }
+                l.referenced = true;
+                spared += 1;
+            };
+            self.unshield(&mut shielded);
+            if !evictable(self.slots[base + i].as_mut().expect("victim is a line")) {
+                return None;
+            }
+            let v = self.slots[base + i].take().expect("victim is a line");
+            self.unindex(v.pid, v.vpn);
+            self.evicted(&v);
+            (base + i, Some(v))
+        };
+        self.seq += 1;
+        let referenced = self.policy.admit(pid, vpn);
+        let pinned = self
+            .interleave_of(pid)
+            .is_some_and(|i| i.is_local(vpn, self.nsets as u64))
+            && self.pinned[set] < self.pin_cap()
+            && self.may_pin(pid);
+        self.pinned[set] += pinned as usize;
+        self.slots[slot.0] = Some(Line {
+            pid,
+            vpn,
+            state: LineState::Filling,
+            dirty: false,
+            wp: false,
+            referenced,
+            rearm: false,
+            unmapped: false,
+            seq: self.seq,
+            fresh: false,
+            writes: 0,
+            read_fill: false,
+            pinned,
+        });
+        self.index.entry(pid).or_default().insert(vpn, slot.0);
+        if let Some(g) = self.group_of(pid) {
+            self.count_group(g, 1, true);
+        }
+        Some(Claim {
+            slot: slot.0,
+            victim: slot.1,
+        })
+    }
+
+    fn unshield(&mut self, shielded: &mut Vec<usize>) {
+        for slot in shielded.drain(..) {
+            self.line_mut(slot).state = LineState::Ready;
+        }
+    }
+
+    /// The slots of `vpn`'s set whose lines a policy wants observed again (CLOCK cleared
+    /// their reference bit); their marks are cleared.
+    pub fn take_rearm(&mut self, vpn: u64) -> Vec<usize> {
+        let set = self.set_of(vpn);
+        if !std::mem::take(&mut self.may_rearm[set]) {
+            return Vec::new();
+        }
+        let base = set * self.stride;
+        let mut out = Vec::new();
+        for (i, l) in self.slots[base..base + self.ways].iter_mut().enumerate() {
+            if let Some(l) = l.as_mut().filter(|l| l.rearm) {
+                l.rearm = false;
+                out.push(base + i);
+            }
+        }
+        out
+    }
+
+    pub fn complete(&mut self, slot: usize, Filled { dirty, wp }: Filled) {
+        let l = self.line_mut(slot);
+        l.state = LineState::Ready;
+        l.dirty = dirty;
+        l.wp = wp;
+    }
+
+    /// The program was seen using the line in `slot` (the policy decides what that means).
+    pub fn touch(&mut self, slot: usize) {
+        let l = self.slots[slot].as_mut().expect("slot holds a line");
+        self.policy.touched(l);
+    }
+
+    fn unindex(&mut self, pid: u64, vpn: u64) {
+        let Some(m) = self.index.get_mut(&pid) else { return };
+        let held = m.remove(&vpn).is_some();
+        if m.is_empty() {
+            self.index.remove(&pid);
+        }
+        if let Some(g) = self.group_of(pid).filter(|_| held) {
+            self.count_group(g, 1, false);
+        }
+    }
+
+    /// Ways of `set` that are free or being freed by the background evictor.
+    pub fn spare(&self, set: usize) -> usize {
+        self.ways - self.held[set] + self.evicting[set]
+    }
+
+    /// Has the policy choose a victim in `set`, full or not, and marks it `Evicting`: it stays
+    /// resident, and no miss or policy takes it, until [`ExCache::remove`] or
+    /// [`ExCache::keep`]. `None` if no line of the set is `Ready`.
+    pub fn pick(&mut self, set: usize) -> Option<usize> {
+        let base = set * self.stride;
+        self.may_rearm[set] |= self.policy.rearms();
+        let i = self
+            .policy
+            .victim(&mut self.slots[base..base + self.ways], &mut self.hands[set])?;
+        self.line_mut(base + i).state = LineState::Evicting;
+        self.evicting[set] += 1;
+        Some(base + i)
+    }
+
+    /// A line [`ExCache::pick`] chose stays after all.
+    pub fn keep(&mut self, slot: usize) {
+        self.line_mut(slot).state = LineState::Ready;
+        if slot % self.stride < self.ways {
+            self.evicting[slot / self.stride] -= 1;
+        }
+    }
+
+    pub fn remove(&mut self, pid: u64, vpn: u64) -> Option<Line> {
+        let slot = self.lookup(pid, vpn)?;
+        self.unindex(pid, vpn);
+        let (set, way) = (slot / self.stride, slot % self.stride);
+        if way >= self.ways {
+            self.past_end[set] -= 1;
+        } else {
+            if self.line(slot).state == LineState::Evicting {
+                self.evicting[set] -= 1;
+            }
+            if self.line(slot).pinned {
+                self.pinned[set] -= 1;
+            }
+            self.held[set] -= 1;
+            self.free_from[set] = self.free_from[set].min(way);
+        }
+        self.used -= 1;
+        let line = self.slots[slot].take();
+        // A line the background evictor picked is a victim; others leave with their range.
+        if let Some(l) = line.as_ref().filter(|l| l.state == LineState::Evicting) {
+            self.evicted(l);
+        }
+        line
+    }
+
+    /// Resident (pid, vpn) lines in [first, end) of virtual pages.
+    pub fn resident_in(&self, pid: u64, first: u64, end: u64) -> Vec<(u64, usize)> {
+        self.index
+            .get(&pid)
+            .map(|m| m.range(first..end).map(|(v, s)| (*v, *s)).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn resident_of(&self, pid: u64) -> usize {
+        self.index.get(&pid).map_or(0, |m| m.len())
+    }
+
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(c: &mut ExCache, pid: u64, vpn: u64, dirty: bool) -> Option<Line> {
+        let cl = c.claim(pid, vpn).expect("a way");
+        c.complete(cl.slot, Filled { dirty, wp: !dirty });
+        cl.victim
+    }
+
+    #[test]
+    fn sets_are_virtually_indexed_and_bounded_by_ways() {
+        let mut c = ExCache::new(8, 2, Box::new(Fifo));
+        assert_eq!((c.sets(), c.ways()), (4, 2));
+        assert!(fill(&mut c, 1, 0, false).is_none());
+        assert!(fill(&mut c, 1, 4, false).is_none());
+        // vpn 8 maps to set 0 as well: the set is full although other sets are empty.
+        let v = fill(&mut c, 1, 8, false).expect("eviction in a full set");
+        assert_eq!(v.vpn, 0);
+        assert_eq!(c.used(), 2);
+        assert!(c.lookup(1, 0).is_none());
+        assert!(c.lookup(1, 8).is_some());
+    }
+
+    #[test]
+    fn free_ways_are_used_before_any_eviction() {
+        let mut c = ExCache::new(4, 4, Box::new(Fifo));
+        for v in 0..4 {
+            assert!(fill(&mut c, 7, v, true).is_none());
+        }
+        assert_eq!(c.used(), 4);
+        c.remove(7, 2);
+        assert!(fill(&mut c, 7, 9, true).is_none(), "the freed way is reused");
+    }
+
+    #[test]
+    fn fifo_evicts_in_fill_order_regardless_of_use() {
+        let mut c = ExCache::new(3, 3, Box::new(Fifo));
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, false);
+        }
+        let s = c.lookup(1, 10).unwrap();
+        c.line_mut(s).referenced = true;
+        assert_eq!(fill(&mut c, 1, 13, false).unwrap().vpn, 10);
+        assert_eq!(fill(&mut c, 1, 14, false).unwrap().vpn, 11);
+    }
+
+    #[test]
+    fn clock_spares_referenced_lines_and_asks_to_rearm_them() {
+        let mut c = ExCache::new(3, 3, Box::new(Clock));
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, true);
+        }
+        // All referenced after fill: the first sweep clears, the second evicts the hand's first.
+        assert_eq!(fill(&mut c, 1, 13, true).unwrap().vpn, 10);
+        let rearm = c.take_rearm(13);
+        assert_eq!(
+            rearm.len(),
+            2,
+            "the lines whose bit was cleared are to be observed again"
+        );
+        // 11 is written again (its bit set); 12 is not: CLOCK evicts 12, FIFO would evict 11.
+        let s = c.lookup(1, 11).unwrap();
+        c.line_mut(s).referenced = true;
+        assert_eq!(fill(&mut c, 1, 14, true).unwrap().vpn, 12);
+    }
+
+    #[test]
+    fn clock_asks_about_unseen_writes_before_evicting_and_fifo_does_not() {
+        let mut c = ExCache::new(3, 3, Box::new(Clock));
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, false);
+        }
+        // After the first sweep, 10 is the victim; it was written unseen, so 11 goes instead.
+        let mut asked = Vec::new();
+        let cl = c
+            .claim_observing(
+                1,
+                13,
+                |_| true,
+                |l| {
+                    asked.push(l.vpn);
+                    l.dirty |= l.vpn == 10;
+                    l.vpn == 10
+                },
+            )
+            .unwrap();
+        assert_eq!(cl.victim.unwrap().vpn, 11);
+        assert_eq!(asked, vec![10, 11]);
+        assert!(
+            c.line(c.lookup(1, 10).unwrap()).dirty,
+            "what the question learned stays"
+        );
+        let mut f = ExCache::new(2, 2, Box::new(Fifo));
+        fill(&mut f, 1, 0, false);
+        fill(&mut f, 1, 2, false);
+        assert_eq!(
+            f.claim_observing(1, 4, |_| true, |_| panic!("FIFO does not ask"))
+                .unwrap()
+                .victim
+                .unwrap()
+                .vpn,
+            0
+        );
+    }
+
+    #[test]
+    fn interleaving_pins_its_pages_for_good_and_leaves_two_ways_for_the_others() {
+        // Fully associative, 4 lines; every other page is local.
+        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave {
+            local: 1,
+            of: 2,
+            unit: 1,
+        }));
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2);
+        // FIFO passes over the pinned 0 and 2: the remote pages go.
+        assert_eq!(fill(&mut c, 1, 4, false).unwrap().vpn, 1);
+        // A third pinned line would leave one way for the others: 4 comes and goes.
+        assert_eq!(c.pinned_lines(), 2);
+        assert_eq!(fill(&mut c, 1, 6, false).unwrap().vpn, 3);
+        for v in 7..40 {
+            assert!(
+                !matches!(fill(&mut c, 1, v, false), Some(l) if l.pinned),
+                "a pinned line is never a victim"
+            );
+        }
+        assert!(
+            [0, 2].iter().all(|v| c.lookup(1, *v).is_some()),
+            "the pinned pages stay"
+        );
+        // A line leaving with its range gives its pin back.
+        c.remove(1, 0);
+        assert_eq!(c.pinned_lines(), 1);
+        // Shrinking keeps two ways of every set for the others: the newest pins give way.
+        let mut c = ExCache::growable(4, 8, 0, Box::new(Fifo)).with_interleave(Some(Interleave {
+            local: 3,
+            of: 4,
+            unit: 1,
+        }));
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2);
+        c.resize(3);
+        assert_eq!(c.pinned_lines(), 1);
+        assert!(c.line(c.lookup(1, 0).unwrap()).pinned && !c.line(c.lookup(1, 1).unwrap()).pinned);
+        // Two ways leave nothing to pin.
+        c.resize(2);
+        assert_eq!(c.pinned_lines(), 0);
+        // By range: pages 0-3 local, 4-7 remote, 8-11 local.
+        let r = Interleave {
+            local: 1,
+            of: 2,
+            unit: 4,
+        };
+        assert!(r.is_local(3, 1) && !r.is_local(4, 1) && !r.is_local(7, 1) && r.is_local(8, 1));
+        // With 4 sets, by page: each set's pages alternate, so every set keeps half local.
+        let p = Interleave {
+            local: 1,
+            of: 2,
+            unit: 1,
+        };
+        for set in 0..4 {
+            let local: Vec<bool> = (0..4).map(|round| p.is_local(round * 4 + set, 4)).collect();
+            assert_eq!(local, [true, false, true, false], "set {set}");
+        }
+        // Ranges of 8 pages over 4 sets: pages 0-7 local, 8-15 remote.
+        assert!(Interleave { unit: 8, ..p }.is_local(7, 4) && !Interleave { unit: 8, ..p }.is_local(8, 4));
+    }
+
+    #[test]
+    fn a_job_interleaves_its_own_processes_and_pins_within_its_share_and_past_the_reserve() {
+        let half = Some(Interleave {
+            local: 1,
+            of: 2,
+            unit: 1,
+        });
+        // The pComponent interleaves nothing; process 1's job chose 1:2, process 2's nothing.
+        let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo));
+        c.set_interleave(1, half);
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+            fill(&mut c, 2, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2, "pages 0 and 2 of process 1 alone");
+        assert_eq!(c.job_interleave(1), Some(half));
+        // A job's choice of none overrides the pComponent's; a pid reused is a new process.
+        let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo)).with_interleave(half);
+        c.set_interleave(2, None);
+        for v in 0..4 {
+            fill(&mut c, 1, v, false);
+            fill(&mut c, 2, v, false);
+        }
+        assert_eq!(
+            c.pinned_lines(),
+            2,
+            "process 1's by the pComponent's, none of process 2's"
+        );
+        c.forget_group(2);
+        assert_eq!(c.job_interleave(2), None);
+        // With shares, a vNode pins only while it holds less than its share.
+        let mut c = ExCache::growable(8, 8, 0, Box::new(Fifo)).with_interleave(half);
+        c.set_group(1, 7);
+        c.set_group(2, 9);
+        c.set_shares(HashMap::from([(7, 2)]));
+        for v in 0..8 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(
+            c.pinned_lines(),
+            1,
+            "page 0 pinned with 0 lines held, page 2 with 2 (its share) not"
+        );
+        c.remove(1, 0);
+        for v in 0..4 {
+            fill(&mut c, 2, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 0, "vNode 9 has no share to pin within");
+        // The background evictor's reserve is never pinned: 6 ways, 2 kept, 2 reserved.
+        let mut c = ExCache::growable(6, 6, 0, Box::new(Fifo))
+            .with_interleave(Some(Interleave {
+                local: 5,
+                of: 6,
+                unit: 1,
+            }))
+            .with_evict_reserve(2);
+        for v in 0..6 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.pinned_lines(), 2);
+    }
+
+    #[test]
+    fn filling_lines_are_never_victims() {
+        let mut c = ExCache::new(2, 2, Box::new(Fifo));
+        c.claim(1, 0).unwrap();
+        c.claim(1, 2).unwrap();
+        assert!(c.claim(1, 4).is_none());
+        let mut k = ExCache::new(2, 2, Box::new(Clock));
+        k.claim(1, 0).unwrap();
+        k.claim(1, 2).unwrap();
+        assert!(k.claim(1, 4).is_none());
+    }
+
+    #[test]
+    fn a_line_picked_for_the_evictor_stays_until_removed_and_is_nobody_elses_victim() {
+        let mut c = ExCache::new(2, 2, Box::new(Fifo));
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        assert_eq!(c.spare(0), 0);
+        let slot = c.pick(0).expect("a victim");
+        assert_eq!(c.line(slot).vpn, 0, "the policy's victim");
+        assert_eq!((c.line(slot).state, c.spare(0), c.used()), (LineState::Evicting, 1, 2));
+        assert_eq!(
+            fill(&mut c, 1, 4, true).map(|v| v.vpn),
+            Some(2),
+            "a miss takes the other line, not the picked one"
+        );
+        let again = c.pick(0).expect("the line just filled");
+        assert_eq!((c.line(again).vpn, c.spare(0)), (4, 2));
+        c.keep(again);
+        assert_eq!(c.spare(0), 1);
+        c.remove(1, 0);
+        assert_eq!((c.spare(0), c.used()), (1, 1));
+        assert!(c.claim(1, 6).expect("the freed way").victim.is_none());
+    }
+
+    #[test]
+    fn a_process_at_its_floor_keeps_its_lines_against_anothers_misses() {
+        // Two processes in 4 lines: an equal share is 2 lines, the floor all of it.
+        for (floor, kept) in [(100, true), (0, false)] {
+            let mut c = ExCache::new(4, 0, Box::new(Fifo)).with_floor(floor);
+            fill(&mut c, 1, 10, true);
+            fill(&mut c, 1, 11, true);
+            fill(&mut c, 2, 20, true);
+            fill(&mut c, 2, 21, true);
+            let v = fill(&mut c, 2, 22, true).expect("a full cache evicts");
+            assert_eq!(v.pid == 2, kept, "floor {floor}: {v:?}");
+            assert_eq!(c.resident_of(1) == 2, kept);
+            assert!(
+                c.line(c.lookup(1, 10).or(c.lookup(1, 11)).unwrap()).state == LineState::Ready,
+                "lines passed over are ready again"
+            );
+        }
+        // Above its floor a process loses lines to another's misses as before: with 3 of the 4
+        // lines, process 1 holds more than its 2.
+        let mut c = ExCache::new(4, 0, Box::new(Fifo)).with_floor(100);
+        for v in [10, 11, 12] {
+            fill(&mut c, 1, v, true);
+        }
+        fill(&mut c, 2, 20, true);
+        assert_eq!(fill(&mut c, 2, 21, true).map(|v| (v.pid, v.vpn)), Some((1, 10)));
+    }
+
+    #[test]
+    fn a_set_whose_lines_are_all_at_their_floor_still_gives_one() {
+        // One set of 2 ways, both process 1's, the only process holding lines: its floor is the
+        // whole cache. A miss of process 2 must not wait forever.
+        let mut c = ExCache::new(2, 2, Box::new(Clock)).with_floor(100);
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        let v = fill(&mut c, 2, 4, true).expect("the floor gives way");
+        assert_eq!(v.pid, 1);
+        // A process is never shielded from its own misses.
+        let mut c = ExCache::new(2, 2, Box::new(Fifo)).with_floor(100);
+        fill(&mut c, 1, 0, true);
+        fill(&mut c, 1, 2, true);
+        assert_eq!(fill(&mut c, 1, 4, true).map(|v| v.vpn), Some(0));
+    }
+
+    #[test]
+    fn lines_are_tagged_by_process() {
+        let mut c = ExCache::new(4, 4, Box::new(Fifo));
+        fill(&mut c, 1, 5, false);
+        fill(&mut c, 2, 5, true);
+        assert_ne!(c.lookup(1, 5), c.lookup(2, 5));
+        assert_eq!(c.resident_in(2, 0, 10).len(), 1);
+        assert!(c.remove(1, 5).is_some());
+        assert!(c.lookup(2, 5).is_some());
+    }
+
+    #[test]
+    fn a_growable_cache_grows_in_place_and_a_shrink_leaves_the_lines_past_its_end_to_evict() {
+        // 4 sets of 2 ways, able to grow to 4 ways.
+        let mut c = ExCache::growable(8, 16, 2, Box::new(Fifo));
+        assert_eq!((c.sets(), c.ways(), c.lines(), c.max_lines()), (4, 2, 8, 16));
+        for v in [0, 4] {
+            fill(&mut c, 1, v, false);
+        }
+        let (s0, s4) = (c.lookup(1, 0).unwrap(), c.lookup(1, 4).unwrap());
+        c.resize(c.ways_for(16).unwrap());
+        assert_eq!(c.lines(), 16);
+        assert_eq!(
+            (c.lookup(1, 0), c.lookup(1, 4)),
+            (Some(s0), Some(s4)),
+            "lines stay where they were"
+        );
+        assert!(
+            fill(&mut c, 1, 8, false).is_none() && fill(&mut c, 1, 12, false).is_none(),
+            "the new ways take misses without evicting"
+        );
+        assert!(fill(&mut c, 1, 16, false).is_some(), "four ways, then a victim");
+        // Back to one way per set: three lines of set 0 are past the end, and a miss there
+        // takes the one way left (its line is the policy's victim) and never a way past it.
+        c.resize(c.ways_for(4).unwrap());
+        let beyond: Vec<u64> = c.beyond().iter().map(|(_, l)| l.vpn).collect();
+        assert_eq!(beyond.len(), 3, "{beyond:?}");
+        for (slot, l) in c.beyond() {
+            c.mark_evicting(slot);
+            c.remove(l.pid, l.vpn);
+        }
+        assert!(c.beyond().is_empty());
+        assert_eq!(c.used(), 1);
+        let v = fill(&mut c, 1, 20, false).expect("the one way's line is the victim");
+        assert!(!beyond.contains(&v.vpn));
+        assert!(
+            c.ways_for(2).is_err() && c.ways_for(32).is_err(),
+            "under one way a set, or past the most it grows to"
+        );
+    }
+
+    #[test]
+    fn a_vnode_within_its_share_keeps_its_lines_against_another_vnodes_misses() {
+        for (share, kept) in [(Some(2), true), (None, false)] {
+            let mut c = ExCache::new(4, 0, Box::new(Fifo));
+            c.set_group(1, 10);
+            c.set_group(2, 20);
+            if let Some(n) = share {
+                c.set_shares(HashMap::from([(10, n)]));
+            }
+            for v in 0..2 {
+                fill(&mut c, 1, v, false);
+            }
+            for v in 10..12 {
+                fill(&mut c, 2, v, false);
+            }
+            // Process 2's misses evict only its own lines while vNode 10 holds its share.
+            for v in 12..20 {
+                let victim = fill(&mut c, 2, v, false).expect("a victim");
+                if kept {
+                    assert_eq!(victim.pid, 2, "share {share:?}: {victim:?}");
+                }
+            }
+            assert_eq!(c.resident_of(1) == 2, kept, "share {share:?}");
+            assert_eq!(c.group_lines(10), c.resident_of(1));
+        }
+        // A vNode's own misses may evict its own lines, and the share counts lines, not pids.
+        let mut c = ExCache::new(2, 0, Box::new(Fifo));
+        c.set_group(1, 10);
+        c.set_shares(HashMap::from([(10, 2)]));
+        for v in 0..3 {
+            fill(&mut c, 1, v, false);
+        }
+        assert_eq!(c.group_lines(10), 2);
+        c.forget_group(1);
+        assert_eq!(c.group_lines(10), 0);
+    }
+}

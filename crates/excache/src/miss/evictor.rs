@@ -1,0 +1,296 @@
+//! The background evictor: one thread per pComponent that keeps free ways in the ExCache's
+//! sets ahead of the misses, as kswapd keeps free pages ahead of allocations, so that a miss
+//! rarely has to capture and drop a victim on its way.
+//!
+//! The reserve is per set, because a miss can only take a way of its own line's set: every
+//! claim that leaves its set with fewer than `reserve` spare ways (free, or being freed here)
+//! queues that set ([`MissPath::claimed`], on the miss path). The evictor sleeps until enough sets are queued to work in batches (the
+//! low watermark), then brings each queued set back to `reserve` spare ways (the high
+//! watermark) with the policy's victims, and sleeps again.
+//!
+//! Working in batches is what makes it cheaper than evicting inline, not only off the miss's
+//! path: the victims of neighbouring sets are often neighbouring pages, and write-protecting
+//! and punching a run of pages costs the kernel one TLB flush instead of one per page. Victims
+//! are captured and dropped without the miss path's lock: a picked line is `Evicting`, still
+//! resident, and a miss on it waits as on a line being filled. Dirty victims are then written
+//! back together, per process and place, under the miss path's one failure rule
+//! ([`MissPath::settle`]); clean ones are dropped, or offered to the compressed tier first.
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use splitos_rpc::PAGE_SIZE;
+
+use super::{Held, LineState, MissPath, ProcHeap, Reserve, State, Writeback, PAGE};
+use crate::store::Page;
+
+/// Most lines one round of the evictor takes out: enough for the kernel's range operations
+/// and one write-back message per place to pay, few enough that a miss on one of them does
+/// not wait long.
+const ROUND: usize = 64;
+
+/// A line the evictor picked, between the lock hold that picked it and the one that drops it.
+pub(super) struct Victim {
+    heap: Arc<ProcHeap>,
+    vpn: u64,
+    slot: usize,
+    dirty: bool,
+    /// Copied out before it is dropped: dirty, or clean and wanted by the compressed tier.
+    capture: bool,
+    data: Option<Page>,
+    /// Write-protected: a write after the copy would trap, never go unseen.
+    protected: bool,
+    /// Punched out of its process.
+    dropped: bool,
+}
+
+impl MissPath {
+    /// Keeps `ways` spare ways in every set a claim used, with a background evictor that
+    /// [`MissPath::run_evictor`] runs. `ways` must be less than the cache's ways per set.
+    pub fn with_evictor(mut self, ways: usize) -> MissPath {
+        let st = self.state.get_mut().unwrap();
+        assert!(
+            ways > 0 && ways < st.cache.ways(),
+            "a reserve of {ways} ways in sets of {}",
+            st.cache.ways()
+        );
+        let sets = st.cache.sets();
+        // A sixteenth of the sets: a set that a batch is waiting to refill is rarely missed
+        // in again before the refill.
+        st.reserve = Some(Reserve {
+            ways,
+            wake_at: (sets / 16).clamp(1, ROUND),
+            short: VecDeque::new(),
+            queued: vec![false; sets],
+            stop: false,
+        });
+        self
+    }
+
+    /// The evictor's thread: sleeps until enough sets are short of their reserve, refills
+    /// them, and again, until [`MissPath::stop_evictor`].
+    pub fn run_evictor(&self) {
+        loop {
+            let mut g = self.state.lock().unwrap();
+            loop {
+                let r = g.reserve.as_ref().expect("the evictor runs only with a reserve");
+                if r.stop {
+                    return;
+                }
+                if r.short.len() >= r.wake_at {
+                    break;
+                }
+                g = self.evictor_cv.wait(g).unwrap();
+            }
+            drop(g);
+            let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
+            let served = self.refill();
+            // Each process's run is charged its share of the round.
+            let (ns, cpu) = (t0.elapsed().as_nanos() as u64, thread_cpu_ns().saturating_sub(cpu0));
+            let lines: u64 = served.values().map(|(_, n)| n).sum();
+            for (t, n) in served.values() {
+                self.bump(t, |s| {
+                    s.evictor_ns.fetch_add(ns * n / lines.max(1), Relaxed);
+                    s.evictor_cpu_ns.fetch_add(cpu * n / lines.max(1), Relaxed);
+                });
+            }
+        }
+    }
+
+    pub fn stop_evictor(&self) {
+        if let Some(r) = self.state.lock().unwrap().reserve.as_mut() {
+            r.stop = true;
+        }
+        self.evictor_cv.notify_all();
+    }
+
+    /// One round: takes queued sets back to their reserve, at most [`ROUND`] victims.
+    /// Returns the processes whose lines it took, with how many.
+    pub(super) fn refill(&self) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
+        self.evict_picked(self.pick())
+    }
+
+    /// Without the lock: takes lines marked `Evicting` out of their programs, in runs of
+    /// neighbouring pages, and writes the dirty ones back. Returns the processes whose lines
+    /// it took, with how many.
+    pub(super) fn evict_picked(&self, mut victims: Vec<Victim>) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
+        let mut served: HashMap<u64, (Arc<ProcHeap>, u64)> = HashMap::new();
+        for v in &victims {
+            served.entry(v.heap.pid).or_insert_with(|| (v.heap.clone(), 0)).1 += 1;
+        }
+        victims.sort_by_key(|v| (v.heap.pid, v.vpn));
+        let mut wbs = Vec::new();
+        let mut rest = &mut victims[..];
+        while !rest.is_empty() {
+            let n = 1 + rest
+                .windows(2)
+                .take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1)
+                .count();
+            let (run, tail) = rest.split_at_mut(n);
+            self.take_out(run);
+            self.finish(run, &mut wbs);
+            rest = tail;
+        }
+        let wbs = self.stash(wbs);
+        for wb in &wbs {
+            self.bump(&wb.heap, |s| {
+                s.bg_writebacks.fetch_add(1, Relaxed);
+            });
+        }
+        for t in self.flush_apart(wbs) {
+            self.bump(&t, |s| {
+                s.bg_writeback_batches.fetch_add(1, Relaxed);
+            });
+        }
+        served
+    }
+
+    /// Picks the victims of one round under the lock, marking them `Evicting`.
+    fn pick(&self) -> Vec<Victim> {
+        let mut g = self.state.lock().unwrap();
+        let mut victims = Vec::new();
+        let want = g.reserve.as_ref().expect("a reserve").ways;
+        while victims.len() < ROUND {
+            let st = &mut *g;
+            let r = st.reserve.as_mut().expect("a reserve");
+            let Some(set) = r.short.pop_front() else { break };
+            r.queued[set] = false;
+            let before = victims.len();
+            while st.cache.spare(set) < want {
+                let Some(slot) = st.cache.pick(set) else { break };
+                victims.extend(self.victim_at(st, slot));
+            }
+            // The policy may have cleared reference bits in the set (CLOCK).
+            if let Some(v) = victims.get(before).map(|v| v.vpn) {
+                self.rearm(&mut g, v);
+            }
+        }
+        victims
+    }
+
+    /// Under the lock: the victim to take out for the line in `slot`, just marked
+    /// `Evicting`; none if it could leave at once (its process is gone, or it is a staged
+    /// sample, never in the program).
+    pub(super) fn victim_at(&self, st: &mut State, slot: usize) -> Option<Victim> {
+        let line = *st.cache.line(slot);
+        let Some(t) = st.heaps.get(&line.pid).cloned() else {
+            st.cache.remove(line.pid, line.vpn);
+            return None;
+        };
+        // As evict(): a staged sample was never in the program, nothing to take out.
+        if st.staged.remove(&(line.pid, line.vpn)).is_some() {
+            st.cache.remove(line.pid, line.vpn);
+            st.prefetcher.outcome(line.pid, false);
+            self.bump(&t, |s| {
+                s.evictions.fetch_add(1, Relaxed);
+                s.bg_evictions.fetch_add(1, Relaxed);
+                s.prefetch_sample_wasted.fetch_add(1, Relaxed);
+            });
+            return None;
+        }
+        // As evict(): a clean line the store holds is worth keeping compressed.
+        let for_tier = !line.dirty
+            && self.codec.is_some()
+            && st.materialized.get(&line.pid).is_some_and(|s| s.contains(&line.vpn));
+        let capture = (line.dirty || for_tier) && t.alive();
+        Some(Victim {
+            heap: t,
+            vpn: line.vpn,
+            slot,
+            dirty: line.dirty,
+            capture,
+            data: None,
+            protected: line.wp,
+            dropped: false,
+        })
+    }
+
+    /// Without the lock: write-protects a run of neighbouring pages of one process, copies
+    /// out those to capture and punches the others out, each in as few calls as the run
+    /// allows. A line that could not be protected or copied is not dropped.
+    fn take_out(&self, run: &mut [Victim]) {
+        let (t, first) = (run[0].heap.clone(), run[0].vpn);
+        let len = run.len() as u64;
+        if run.iter().any(|v| v.capture && !v.protected) {
+            if let Err(e) = t.region.write_protect(first, len, true) {
+                tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot write-protect victims; keeping them");
+                return;
+            }
+            for v in run.iter_mut() {
+                v.protected = true;
+            }
+        }
+        for v in run.iter_mut().filter(|v| v.capture) {
+            let mut data = vec![0u8; PAGE_SIZE];
+            match t.region.read_out(v.vpn, &mut data) {
+                Ok(()) => v.data = Some(data),
+                Err(e) => {
+                    tracing::debug!(pid = t.pid, addr = v.vpn * PAGE, error = %e, "cannot copy out a victim; keeping it")
+                }
+            }
+        }
+        for v in run.iter_mut() {
+            v.dropped = !v.capture || v.data.is_some();
+        }
+        let mut i = 0;
+        while i < run.len() {
+            let n = run[i..].iter().take_while(|v| v.dropped == run[i].dropped).count();
+            if run[i].dropped {
+                // Splits a huge page the run cuts first (the pages it puts back keep their data).
+                if let Err(why) = self.punch(&t, run[i].vpn, n as u64) {
+                    self.fail(&t, &why);
+                }
+            }
+            i += n;
+        }
+    }
+
+    /// Under the lock: the dropped lines leave the cache, their copies in flight in `wbs`;
+    /// the others stay, `Ready` again. A line its process gave up meanwhile is forgotten.
+    fn finish(&self, run: &mut [Victim], wbs: &mut Vec<Writeback>) {
+        let mut g = self.state.lock().unwrap();
+        let mut evicted = 0;
+        for v in run.iter_mut() {
+            let (pid, vpn) = (v.heap.pid, v.vpn);
+            if g.cache.lookup(pid, vpn) != Some(v.slot) || g.cache.line(v.slot).state != LineState::Evicting {
+                continue;
+            }
+            if !v.dropped {
+                g.cache.keep(v.slot);
+                g.cache.line_mut(v.slot).wp |= v.protected;
+                continue;
+            }
+            let line = g.cache.remove(pid, vpn).expect("a picked line is resident");
+            evicted += 1;
+            let Some(data) = v.data.take() else { continue };
+            if !self.needs_no_write_back(&g, &v.heap, &line, &data) {
+                g.inflight.insert((pid, vpn));
+                let held = if v.dirty { Held::Evicted } else { Held::Clean };
+                wbs.push(Writeback {
+                    heap: v.heap.clone(),
+                    vpn,
+                    data,
+                    held,
+                });
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        if evicted > 0 {
+            self.bump(&run[0].heap, |s| {
+                s.evictions.fetch_add(evicted, Relaxed);
+                s.bg_evictions.fetch_add(evicted, Relaxed);
+            });
+        }
+    }
+}
+
+/// CPU time of the calling thread: what the evictor costs the machine, unlike its wall time,
+/// which also counts waiting for the store and for a vCPU.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for clock_gettime to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,206 @@
+//! Fresh lines (never left this pComponent): a first touch brings its neighbours with it, so
+//! that a program filling new memory traps once per window instead of once per page. The
+//! nearest are installed with it (fault-around, [`MissPath::claim_around`]), those beyond are
+//! pre-allocated in the program's memfd ([`MissPath::preallocate`]); with huge pages, a fresh
+//! 2 MiB extent is pre-allocated whole as one huge page ([`MissPath::claim_extent`],
+//! [`MissPath::allocate_extent`]).
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, MutexGuard};
+
+use super::{tiered, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, State, Writeback, PAGE, PROT_WRITE};
+use crate::cache::Filled;
+use crate::huge::{SplitError, EXTENT};
+
+impl MissPath {
+    /// Claims ways for the fresh lines next to a first touch at `vpn` (after it, or before it
+    /// if the line after was touched already): lines that never left this
+    /// pComponent, are not resident, lie in a writable mapping and take a way without a
+    /// write-back, so that a program filling new memory traps once per window instead of once
+    /// per page. The `fault_around` nearest are installed zero-filled, writable and dirty with
+    /// the touched line; the `prealloc` beyond them are pre-allocated ([`MissPath::preallocate`]).
+    /// Either way they hold ExCache ways like any line and are evicted by the policy. (A victim
+    /// the kernel saw written after it was last asked goes to `victims` all the same.)
+    pub(super) fn claim_around(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        t: &ProcHeap,
+        vpn: u64,
+        victims: &mut Vec<Writeback>,
+        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+    ) -> Vec<(u64, usize)> {
+        let window = self.fault_around + self.prealloc;
+        if window == 0 {
+            return Vec::new();
+        }
+        let Some(layout) = g.layouts.get(&t.pid) else {
+            return Vec::new();
+        };
+        let writable = |v: u64| layout.find(v * PAGE).is_some_and(|(_, vma)| vma.prot & PROT_WRITE != 0);
+        // With huge pages, the window ends with the extent: the next one's first touch may
+        // take that extent whole.
+        let huge = t.region.huge_pages();
+        let fresh = |g: &MutexGuard<'_, State>, v: u64| {
+            let stored = g.materialized.get(&t.pid).is_some_and(|s| s.contains(&v));
+            // A page in the tier was written: it is not fresh, whether or not the store has it.
+            !(stored || g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v))
+        };
+        // Memory filled downwards (GNU sort's line table grows from the end of its buffer) finds
+        // the line above already touched: the window then runs downwards, so that such a
+        // program too traps once per window instead of once per page.
+        let up = writable(vpn + 1) && !(huge && (vpn + 1).is_multiple_of(EXTENT)) && fresh(g, vpn + 1);
+        let candidates: Vec<u64> = if up {
+            (vpn + 1..=vpn.saturating_add(window))
+                .take_while(|v| writable(*v) && !(huge && v % EXTENT == 0))
+                .collect()
+        } else {
+            (vpn.saturating_sub(window)..vpn)
+                .rev()
+                .take_while(|v| writable(*v) && !(huge && (v + 1) % EXTENT == 0))
+                .collect()
+        };
+        let mut around = Vec::new();
+        for v in candidates {
+            if !fresh(g, v) {
+                break;
+            }
+            let Some(c) = self.claim_way(g, t.pid, v, Evictable::CleanOnly) else {
+                break;
+            };
+            self.claimed(g, v);
+            if let Some(victim) = c.victim {
+                // A clean victim is dropped here, not offered to the tier: a first touch does
+                // not wait for compression.
+                self.evict(g, victim, victims, lost, CleanVictim::Drop);
+            }
+            self.rearm(g, v);
+            around.push((v, c.slot));
+        }
+        around
+    }
+
+    /// With huge pages, claims ways for the other lines of the 2 MiB extent of a first touch at
+    /// `vpn`, if the whole extent is fresh (no line of it ever left this pComponent, is resident
+    /// or in flight), lies in one writable mapping, and every line takes a way without a
+    /// write-back; else claims nothing. The extent is then pre-allocated as one huge page
+    /// ([`MissPath::allocate_extent`]).
+    pub(super) fn claim_extent(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, vpn: u64) -> Vec<(u64, usize)> {
+        let (first, end) = (vpn - vpn % EXTENT, vpn - vpn % EXTENT + EXTENT);
+        let writable = g
+            .layouts
+            .get(&t.pid)
+            .and_then(|m| m.prot_of(first * PAGE, end * PAGE))
+            .is_some_and(|p| p & PROT_WRITE != 0);
+        if !t.region.huge_pages() || !writable {
+            return Vec::new();
+        }
+        let others = || (first..end).filter(|v| *v != vpn);
+        let stored = g
+            .materialized
+            .get(&t.pid)
+            .is_some_and(|s| s.range(first..end).next().is_some());
+        if stored
+            || others()
+                .any(|v| g.cache.lookup(t.pid, v).is_some() || g.inflight.contains(&(t.pid, v)) || tiered(g, t.pid, v))
+        {
+            return Vec::new();
+        }
+        let mut extent = Vec::with_capacity(EXTENT as usize - 1);
+        for v in others() {
+            let Some(c) = g.cache.claim_clean(t.pid, v) else {
+                for (v, _) in extent {
+                    g.cache.remove(t.pid, v);
+                }
+                return Vec::new();
+            };
+            if let Some(victim) = c.victim {
+                self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), CleanVictim::Drop);
+            }
+            self.claimed(g, v);
+            self.rearm(g, v);
+            extent.push((v, c.slot));
+        }
+        extent
+    }
+
+    /// Pre-allocates the claimed lines `fresh` (contiguous) in the program's memfd: they
+    /// become resident, writable and dirty without being mapped, and the program's first touch
+    /// of each is an ordinary page fault instead of a trap into the pComponent. A touch that
+    /// trapped before the pages existed finds the line ready and is woken. If the memfd
+    /// cannot take them, each is installed as fault-around installs its lines.
+    pub(super) fn preallocate(&self, t: &ProcHeap, fresh: &[(u64, usize)]) {
+        // The window is contiguous, upwards or downwards from the touched line.
+        let Some(first) = fresh.iter().map(|f| f.0).min() else {
+            return;
+        };
+        if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
+            tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
+            for (v, slot) in fresh {
+                self.install(t, *v, *slot, None, InstallAs::Writable);
+            }
+            return;
+        }
+        let mut g = self.state.lock().unwrap();
+        for &(v, slot) in fresh {
+            if g.cache.lookup(t.pid, v) == Some(slot) {
+                g.cache.complete(slot, Filled { dirty: true, wp: false });
+                g.cache.line_mut(slot).fresh = true;
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        self.bump(t, |s| {
+            s.preallocated.fetch_add(fresh.len() as u64, Relaxed);
+        });
+    }
+
+    /// Pre-allocates the 2 MiB extent of a first touch at `vpn` as one huge page: the touched
+    /// line and `extent` (the others) become resident and dirty (writable, or write-protected
+    /// if the region could give only 4 KiB pages), and the touching thread is woken to map it.
+    /// If the region cannot, the touched line is installed alone as `how` says and the others
+    /// are given back. Returns whether the touched line is in the program.
+    pub(super) fn allocate_extent(
+        &self,
+        t: &ProcHeap,
+        vpn: u64,
+        slot: usize,
+        extent: &[(u64, usize)],
+        how: InstallAs,
+    ) -> bool {
+        let huge = match t.region.allocate_huge(vpn - vpn % EXTENT) {
+            Ok(huge) => huge,
+            Err(e) => {
+                for (v, s) in extent {
+                    self.abandon(t, *v, *s);
+                }
+                if let SplitError::Lost(e) = e {
+                    self.abandon(t, vpn, slot);
+                    self.fail(
+                        t,
+                        &format!(
+                            "cannot put back the 2 MiB of heap at {:#x} after a failed huge page: {e}",
+                            (vpn - vpn % EXTENT) * PAGE
+                        ),
+                    );
+                    return false;
+                }
+                tracing::debug!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot pre-allocate a huge page; installing the line alone");
+                return self.install(t, vpn, slot, None, how);
+            }
+        };
+        let mut g = self.state.lock().unwrap();
+        for &(v, s) in extent.iter().chain([&(vpn, slot)]) {
+            if g.cache.lookup(t.pid, v) == Some(s) {
+                g.cache.complete(s, Filled { dirty: true, wp: !huge });
+                g.cache.line_mut(s).fresh = v != vpn;
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        t.region.wake(vpn);
+        self.bump(t, |s| {
+            s.preallocated.fetch_add(extent.len() as u64, Relaxed);
+            s.huge_pages.fetch_add(huge as u64, Relaxed);
+        });
+        true
+    }
+}

@@ -1,0 +1,204 @@
+//! What the miss path does to a program's heap: the [`Region`] interface, and
+//! [`UffdRegion`], its implementation with the userfaultfd and memfd the program's shim handed
+//! over. Pages are numbered by virtual page (address / 4096).
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::dirty::{Keep, Taken, Tracker};
+use crate::huge::{HugeHeap, SplitError, EXTENT};
+use crate::uffd::{self, PAGE};
+
+pub use crate::uffd::Install;
+
+pub trait Region: Send + Sync {
+    /// Installs a page and wakes the threads waiting for it; `wp` maps it write-protected so
+    /// that the first write traps.
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install>;
+    /// Installs a page of zeros (a line that never left this pComponent).
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install>;
+    /// Wakes threads waiting on a page that is already there.
+    fn wake(&self, vpn: u64);
+    /// Sets or lifts write protection of resident pages; lifting wakes waiting writers.
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()>;
+    /// Makes pages of zeros resident, writable: the program's first touch of one does not trap
+    /// (pre-allocation of fresh lines).
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()>;
+    /// Drops pages from the program and frees the memory behind them; the next access faults.
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
+    /// The current contents of a resident page.
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// True if resident pages can be unmapped and kept ([`Region::unmap`]): their next touch
+    /// is a minor fault, which [`Region::map`] answers.
+    fn samples(&self) -> bool {
+        false
+    }
+    /// Unmaps resident pages, keeping them: the next touch of each faults as a minor fault.
+    /// `vpns` is sorted.
+    fn unmap(&self, _vpns: &[u64]) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Maps a resident page that was unmapped and wakes the threads waiting for it; `wp` maps
+    /// it write-protected. `Gone` if the page is not resident.
+    fn map(&self, _vpn: u64, _wp: bool) -> io::Result<Install> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Whether fresh 2 MiB extents can be made resident as huge pages ([`Region::allocate_huge`]).
+    fn huge_pages(&self) -> bool {
+        false
+    }
+    /// Makes the fresh 2 MiB extent starting at `vpn` resident as zeros without mapping it, as
+    /// one huge page if it can (returns true; the program's first touch maps all of it), else
+    /// as 4 KiB pages, write-protected, holding what the program wrote meanwhile.
+    fn allocate_huge(&self, _vpn: u64) -> Result<bool, SplitError> {
+        Err(SplitError::Kept(io::ErrorKind::Unsupported.into()))
+    }
+    /// Splits the huge pages that [vpn, vpn + pages) covers only in part into 4 KiB pages with
+    /// the same contents, write-protected, leaving out the range's own pages; a punch of the
+    /// range then frees only those. Returns how many it split.
+    fn split_huge(&self, _vpn: u64, _pages: u64) -> Result<u64, SplitError> {
+        Ok(0)
+    }
+    /// True if the kernel tracks the region's writes (dirty tracking by scan, dirty.rs): a
+    /// write to a protected page lifts the protection without a fault message, so only
+    /// [`Region::written`] and [`Region::take`] tell which pages were written.
+    fn tracks_writes(&self) -> bool {
+        false
+    }
+    /// The resident pages of [first, end) written since they were last protected, protected
+    /// again in the same step. The range holds only resident pages.
+    fn written(&self, _first: u64, _end: u64) -> io::Result<Vec<u64>> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// Drops resident pages from the program as [`Region::punch`] does, telling of each
+    /// whether it was written since it was last protected, with the contents as it left that
+    /// `keep` asks for. On an error the pages may be gone without their contents.
+    fn take(&self, _vpn: u64, _pages: u64, _keep: Keep) -> io::Result<Vec<Taken>> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+}
+
+/// A program's heap region: its userfaultfd, and the memfd behind the region at `base` (or a
+/// file on the pComponent's private tmpfs, see `huge`).
+pub struct UffdRegion {
+    pub uffd: Arc<OwnedFd>,
+    pub memfd: OwnedFd,
+    pub base: u64,
+    pub huge: HugeHeap,
+    /// With dirty tracking by scan: the program's page tables.
+    pub tracker: Option<Tracker>,
+    /// With access sampling: the program, whose pages are unmapped through it.
+    pub pidfd: Option<Arc<OwnedFd>>,
+}
+
+static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+
+impl UffdRegion {
+    fn offset(&self, vpn: u64) -> u64 {
+        vpn * PAGE - self.base
+    }
+
+    fn tracker(&self) -> io::Result<&Tracker> {
+        self.tracker
+            .as_ref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
+    }
+}
+
+impl Region for UffdRegion {
+    fn copy(&self, vpn: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+        uffd::copy(&self.uffd, vpn * PAGE, data, wp)
+    }
+
+    fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        // UFFDIO_ZEROPAGE does not exist for shared memory: copy a page of zeros.
+        uffd::copy(&self.uffd, vpn * PAGE, &ZEROS, wp)
+    }
+
+    fn wake(&self, vpn: u64) {
+        uffd::wake(&self.uffd, vpn * PAGE, PAGE);
+    }
+
+    fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
+        uffd::write_protect(&self.uffd, vpn * PAGE, pages * PAGE, on)
+    }
+
+    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        if !self.huge.exact_fallocate() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "fallocate on this heap may allocate huge pages beyond the range",
+            ));
+        }
+        uffd::allocate(&self.memfd, self.offset(vpn), pages * PAGE)?;
+        // A page the memfd holds but the program does not map is a minor fault when sampling:
+        // map them now, or the first touch of each would trap.
+        if self.pidfd.is_some() {
+            uffd::map(&self.uffd, vpn * PAGE, pages * PAGE, false, false)?;
+        }
+        Ok(())
+    }
+
+    fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
+        // The kernel would zero the part of a huge page and keep it if it could not split it.
+        if !self.huge.release(vpn, pages) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the range cuts a huge page that was not split",
+            ));
+        }
+        uffd::punch(&self.memfd, self.offset(vpn), pages * PAGE)
+    }
+
+    fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()> {
+        uffd::read_page(&self.memfd, self.offset(vpn), buf)
+    }
+
+    fn samples(&self) -> bool {
+        self.pidfd.is_some()
+    }
+
+    fn unmap(&self, vpns: &[u64]) -> io::Result<()> {
+        let pidfd = self
+            .pidfd
+            .as_deref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &v in vpns {
+            match runs.last_mut() {
+                Some((a, l)) if *a + *l == v * PAGE => *l += PAGE,
+                _ => runs.push((v * PAGE, PAGE)),
+            }
+        }
+        uffd::unmap(pidfd, &runs)
+    }
+
+    fn map(&self, vpn: u64, wp: bool) -> io::Result<Install> {
+        uffd::map(&self.uffd, vpn * PAGE, PAGE, wp, true)
+    }
+
+    fn huge_pages(&self) -> bool {
+        self.huge.enabled()
+    }
+
+    fn allocate_huge(&self, vpn: u64) -> Result<bool, SplitError> {
+        debug_assert_eq!(vpn % EXTENT, 0);
+        self.huge.allocate(&self.uffd, &self.memfd, self.base, vpn)
+    }
+
+    fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
+        self.huge.split(&self.uffd, &self.memfd, self.base, vpn, pages)
+    }
+
+    fn tracks_writes(&self) -> bool {
+        self.tracker.is_some()
+    }
+
+    fn written(&self, first: u64, end: u64) -> io::Result<Vec<u64>> {
+        self.tracker()?.written(first, end)
+    }
+
+    fn take(&self, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
+        self.tracker()?.take(&self.memfd, self.offset(vpn), vpn, pages, keep)
+    }
+}

@@ -1,0 +1,1040 @@
+//! Where the miss path gets lines from and writes them back to: the [`PageStore`] interface,
+//! and [`RemoteStore`], its implementation over RPC to the vRegion replicas (mComponents).
+//!
+//! A researcher swaps the page store to change where remote memory lives (a compressed one,
+//! a shared-memory one) without touching the miss path.
+//!
+//! Replication lives behind this interface: each vRegion has a replica set, primary first.
+//! A page is fetched from the primary (the next replica when the primary cannot be reached
+//! or sends a page that fails its checksum, which is then repaired from the good copy) and
+//! written back to every replica; a write-back completes when all of them stored it. A
+//! replica that cannot be reached is reported to the home (`P2M_REPLICA_LOST`), which takes
+//! it out of the sets and rebuilds its copies; a home that cannot be reached is replaced by
+//! its backup (`P2M_HOME_TAKEOVER`).
+//!
+//! A striped (erasure-coded) set has one copy of each page: it is fetched from and written
+//! back to its one holder, which forwards the change to the parity. A page failing its
+//! checksum is rebuilt by the home from the parity (`P2M_RECONSTRUCT`); a holder that cannot be
+//! reached is reported like a replica, and the home rebuilds its place before it answers.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+
+use super::onesided::{Leases, OneSided};
+use splitos_core::node::Node;
+
+/// The contents of one page (`PAGE_SIZE` bytes).
+pub type Page = Vec<u8>;
+
+/// Where a page lives. Two pages at the same place can travel in one round trip.
+pub type Place = u32;
+
+/// A victim riding with a fetch: its process, page and sealed contents.
+type Riding = (Who, u64, ByteBuf);
+
+/// A victim's write-back to a further member of its set, with the victim's process.
+type VictimWrite = (Arc<ProcMemory>, Write);
+
+/// Where one of several calls under way at once goes: the member, the size of its set, and
+/// the process and first page of the pages it writes (none for the fetch itself).
+type Target = (ComponentRef, usize, Option<(Arc<ProcMemory>, u64)>);
+
+/// Attempts of one page operation while replica sets change under it (waits for a late
+/// member not counted).
+const TRIES: usize = 8;
+
+pub trait PageStore: Send + Sync {
+    fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal>;
+    fn fetch(&self, pid: u64, vpn: u64) -> Result<Page, Refusal>;
+    fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal>;
+    /// Writes one page back and fetches another from the same place in one round trip (the
+    /// LegoOS piggyback). The two may belong to different processes.
+    fn flush_fetch(&self, flush: (u64, u64, &[u8]), fetch: (u64, u64)) -> Result<Page, Refusal>;
+    /// Several pages of one process from one place, in the order asked.
+    fn fetch_many(&self, pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
+    /// [`PageStore::flush_fetch`] with several victims (any processes) written back and several
+    /// pages of one process fetched (read-ahead), all at one place.
+    fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal>;
+    /// Several pages of one process to one place; all stored or none.
+    fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal>;
+}
+
+struct Homes {
+    home: ComponentRef,
+    backup: Option<ComponentRef>,
+}
+
+/// The replica sets of a process's vRegions as this pComponent last heard them.
+#[derive(Default)]
+struct View {
+    epoch: u64,
+    vregions: HashMap<u64, VregionReplicas>,
+}
+
+/// A process's memory as the page store needs it: who the process is, its home (and backup
+/// home), and the replica sets of its vRegions learnt so far. One of a process's three
+/// facets: `Proc` (pmon/mod.rs) is its hosting, `ProcHeap` (excache/miss/) its heap as the miss
+/// path serves it.
+pub struct ProcMemory {
+    pub who: Who,
+    homes: Mutex<Homes>,
+    view: Mutex<View>,
+    /// Members reported lost that the home kept in the sets: how many times in a row, and
+    /// when last.
+    kept: Mutex<HashMap<u32, (u32, std::time::Instant)>>,
+    /// Owners' segments this process's pages are reached in by a copy.
+    leases: Leases,
+}
+
+/// Reports of one member that its home keeps before an operation gives up on it: the home
+/// reaches it (the pComponent's trouble may pass) or cannot do without it (a striped set that
+/// lost two places).
+const KEPT_REPORTS: u32 = 3;
+/// Reports further apart than this do not count as in a row.
+const KEPT_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A call that did not reach a component at all, or broke while under way: the component may
+/// be lost (rather than having declined).
+fn transport_failure(e: &RpcError) -> bool {
+    matches!(
+        e,
+        RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. }
+    )
+}
+
+/// After a call to mComponent `o` failed with `e`: whether it is only late (it did not answer,
+/// and the global managers have not declared it lost), in which case this waits a heartbeat
+/// for the call to be made again. A paused or overloaded mComponent that comes back loses
+/// no program; one the managers declare lost fails them as before.
+fn waited_for(node: &Node, o: &ComponentRef, e: &RpcError) -> bool {
+    if !transport_failure(e) || !node.mcomp_not_lost(o.id) {
+        return false;
+    }
+    metrics::counter!("pcomp_late_mcomponent_waits_total").increment(1);
+    tracing::warn!(mcomp = o.id, addr = %o.addr, error = %e, "an mComponent does not answer, and the global managers have not declared it lost: waiting for it");
+    std::thread::sleep(splitos_core::node::HEARTBEAT);
+    true
+}
+
+impl ProcMemory {
+    pub fn new(who: Who, home: ComponentRef, backup: Option<ComponentRef>) -> ProcMemory {
+        ProcMemory {
+            who,
+            homes: Mutex::new(Homes { home, backup }),
+            view: Mutex::new(View::default()),
+            kept: Mutex::new(HashMap::new()),
+            leases: Leases::default(),
+        }
+    }
+
+    pub fn home(&self) -> ComponentRef {
+        self.homes.lock().unwrap().home.clone()
+    }
+
+    pub fn backup(&self) -> Option<ComponentRef> {
+        self.homes.lock().unwrap().backup.clone()
+    }
+
+    /// The process as it names itself in write-backs: with the epoch of its replica sets.
+    fn who_now(&self) -> Who {
+        Who {
+            epoch: self.view.lock().unwrap().epoch,
+            ..self.who.clone()
+        }
+    }
+
+    /// Replica sets the home announced (in `M2P_MAPPED`, `M2P_FORKED`, `M2P_VREGIONS`): all
+    /// of the process's, so they replace older ones whole.
+    pub fn learn(&self, owners: &[VregionReplicas], epoch: u64, backup: Option<ComponentRef>) {
+        let mut v = self.view.lock().unwrap();
+        if epoch < v.epoch {
+            return;
+        }
+        v.epoch = epoch;
+        v.vregions = owners.iter().map(|o| (o.index, o.clone())).collect();
+        drop(v);
+        if backup.is_some() {
+            self.homes.lock().unwrap().backup = backup;
+        }
+    }
+
+    /// A call to the process's home; a home that cannot be reached, or is no longer the
+    /// process's home (it was fenced), is replaced by the backup home, which takes over once
+    /// it finds the same.
+    pub fn call_home<R: Request + Clone>(&self, node: &Node, req: R) -> Result<R::Reply, RpcError> {
+        let mut home = self.home();
+        let mut r = node.rpc.call(&home.addr, req.clone());
+        // A home that left names the new one (`M2P_HOME_MOVED`), before or as it refuses.
+        for attempt in 0..TRIES {
+            let Err(RpcError::Remote {
+                code: ErrCode::NotHome, ..
+            }) = &r
+            else {
+                break;
+            };
+            if self.home().id == home.id {
+                // Not told yet: a fenced home says the same, and then its backup takes over.
+                if attempt >= 2 && self.backup().is_some() {
+                    break;
+                }
+                std::thread::sleep(splitos_core::node::HEARTBEAT);
+            }
+            home = self.home();
+            r = node.rpc.call(&home.addr, req.clone());
+        }
+        while let Err(e) = &r {
+            if self.backup().is_some() || !waited_for(node, &home, e) {
+                break;
+            }
+            r = node.rpc.call(&home.addr, req.clone());
+        }
+        match r {
+            Err(e)
+                if transport_failure(&e)
+                    || matches!(
+                        e,
+                        RpcError::Remote {
+                            code: ErrCode::NotHome,
+                            ..
+                        }
+                    ) =>
+            {
+                let Some(backup) = self.backup() else { return Err(e) };
+                let taken = node.rpc.call(
+                    &backup.addr,
+                    P2M_HOME_TAKEOVER {
+                        who: self.who_now(),
+                        lost: home.id,
+                    },
+                );
+                let r = match taken {
+                    Ok(r) => r,
+                    Err(te) => {
+                        tracing::warn!(pid = self.who.pid, home = home.id, backup = backup.id, error = %te, "the backup home did not take over");
+                        return Err(e);
+                    }
+                };
+                tracing::warn!(pid = self.who.pid, lost = home.id, home = backup.id, error = %e, "home mComponent lost: its backup took over");
+                metrics::counter!("pcomp_home_takeovers_total").increment(1);
+                *self.homes.lock().unwrap() = Homes {
+                    home: backup.clone(),
+                    backup: r.backup,
+                };
+                node.rpc.call(&backup.addr, req)
+            }
+            r => r,
+        }
+    }
+}
+
+/// The page store of the vRegion replicas, reached over the cluster's transport.
+pub struct RemoteStore {
+    node: Arc<Node>,
+    vregion_size: AtomicU64,
+    procs: Mutex<HashMap<u64, Arc<ProcMemory>>>,
+    pub one_sided: OneSided,
+    /// Requests a batch of fetched pages is striped across (`links`).
+    links: usize,
+}
+
+fn page(vpn: u64) -> u64 {
+    vpn * PAGE_SIZE as u64
+}
+
+/// A failed call, naming the component, the page and what was attempted.
+fn failed(o: &ComponentRef, what: &str, vpn: u64, e: RpcError) -> Refusal {
+    ERR::new(
+        e.code(),
+        format!(
+            "mComponent {} at {}: cannot {what} heap page {:#x}: {e}",
+            o.id,
+            o.addr,
+            page(vpn)
+        ),
+    )
+}
+
+fn corrupt(o: &ComponentRef, vpn: u64) -> Refusal {
+    ERR::new(
+        ErrCode::Internal,
+        format!(
+            "mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)",
+            o.id,
+            o.addr,
+            page(vpn)
+        ),
+    )
+}
+
+/// What to do after a failed call to a replica.
+enum Next {
+    /// The replica sets changed (a replica was reported lost, or the owner said the epoch is
+    /// stale): do the whole operation again on the new sets.
+    Again,
+    /// The member is late, and was waited for: the operation is done again without counting
+    /// as one of its `TRIES`.
+    Waited,
+    Fail(Refusal),
+}
+
+/// A fetched page, if it is what was written back. `Ok(None)`: it fails its checksum.
+fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Refusal> {
+    match unseal_page(data) {
+        Ok(p) => Ok(Some(p)),
+        Err(Unsealed::Size(n)) => Err(ERR::new(
+            ErrCode::Internal,
+            format!(
+                "mComponent {} at {} sent {n} bytes for heap page {:#x}",
+                o.id,
+                o.addr,
+                page(vpn)
+            ),
+        )),
+        Err(Unsealed::Checksum) => {
+            metrics::counter!("pcomp_checksum_failures_total").increment(1);
+            tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
+            Ok(None)
+        }
+    }
+}
+
+impl RemoteStore {
+    /// `one_sided`: whether pages of owners on this host are reached by a copy.
+    pub fn new(node: Arc<Node>, one_sided: bool, links: usize) -> RemoteStore {
+        RemoteStore {
+            one_sided: OneSided::new(node.clone(), one_sided),
+            node,
+            vregion_size: AtomicU64::new(1 << 30),
+            procs: Mutex::new(HashMap::new()),
+            links: links.max(1),
+        }
+    }
+
+    /// The mComponents this pComponent's programs use: their homes, backup homes and the
+    /// members of their vRegions' sets as last heard, each once.
+    pub fn mcomponents(&self) -> Vec<ComponentRef> {
+        let procs: Vec<Arc<ProcMemory>> = self.procs.lock().unwrap().values().cloned().collect();
+        let mut all: Vec<ComponentRef> = Vec::new();
+        for p in procs {
+            let homes = p.homes.lock().unwrap();
+            all.push(homes.home.clone());
+            all.extend(homes.backup.clone());
+            drop(homes);
+            for set in p.view.lock().unwrap().vregions.values() {
+                all.extend(set.owners.iter().cloned());
+                all.extend(set.log.clone());
+            }
+        }
+        all.sort_by_key(|c| c.id);
+        all.dedup_by_key(|c| c.id);
+        all
+    }
+
+    pub fn set_vregion_size(&self, v: u64) {
+        self.vregion_size.store(v, Relaxed);
+    }
+
+    pub fn attach(&self, pid: u64, memory: Arc<ProcMemory>) {
+        self.procs.lock().unwrap().insert(pid, memory);
+    }
+
+    pub fn detach(&self, pid: u64) {
+        self.procs.lock().unwrap().remove(&pid);
+    }
+
+    /// `M2P_HOME_MOVED`: the home of one of this pComponent's processes left and gave it to
+    /// another mComponent. Only an mComponent may say so (the transport's roles), and only of
+    /// a process of the vNode it names.
+    pub fn home_moved(&self, r: M2P_HOME_MOVED) -> Result<OK, Refusal> {
+        let m = self.memory_of(r.who.pid)?;
+        if m.who.vnode != r.who.vnode {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} belongs to another vNode", r.who.pid),
+            ));
+        }
+        let mut homes = m.homes.lock().unwrap();
+        // Only the current home gives the process away; a repeated word changes nothing.
+        if homes.home.id != r.from {
+            tracing::debug!(
+                pid = r.who.pid,
+                home = homes.home.id,
+                from = r.from,
+                "ignored a home move from an mComponent that is not the process's home"
+            );
+            return Ok(OK);
+        }
+        tracing::info!(
+            pid = r.who.pid,
+            from = r.from,
+            to = r.home.id,
+            "a process's home moved (its old home is leaving)"
+        );
+        metrics::counter!("pcomp_home_moves_total").increment(1);
+        // The new home's backup, or none: the old one's copy names the old home.
+        *homes = Homes {
+            home: r.home,
+            backup: r.backup,
+        };
+        Ok(OK)
+    }
+
+    fn memory_of(&self, pid: u64) -> Result<Arc<ProcMemory>, Refusal> {
+        self.procs
+            .lock()
+            .unwrap()
+            .get(&pid)
+            .cloned()
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
+    }
+
+    /// The one owner of page `vpn`'s vRegion, and its index, when a copy may reach the page
+    /// there: a vRegion with one member, no parity and no log (those keep every copy and
+    /// every change through their owners).
+    fn sole_owner(&self, s: &ProcMemory, vpn: u64) -> Option<(ComponentRef, u64)> {
+        let set = self.set_of(s, vpn).ok()?;
+        let sole = set.distinct().len() == 1 && set.parity().is_none() && set.logger().is_none();
+        sole.then(|| (set.holder(vpn).clone(), page(vpn) / self.vregion_size.load(Relaxed)))
+    }
+
+    fn read_direct(&self, s: &ProcMemory, vpn: u64) -> Option<Page> {
+        if !self.one_sided.on() {
+            return None;
+        }
+        let (o, idx) = self.sole_owner(s, vpn)?;
+        self.one_sided.read(&s.who_now(), &s.leases, &o, idx, vpn)
+    }
+
+    fn write_direct(&self, s: &ProcMemory, vpn: u64, data: &[u8]) -> bool {
+        if !self.one_sided.on() {
+            return false;
+        }
+        let Some((o, idx)) = self.sole_owner(s, vpn) else {
+            return false;
+        };
+        self.one_sided.write(&s.who_now(), &s.leases, &o, idx, vpn, data)
+    }
+
+    /// Asks the home for the process's replica sets (for a failure at page `vpn`).
+    fn refresh(&self, s: &ProcMemory, vpn: u64) -> Result<(), Refusal> {
+        let r = s
+            .call_home(&self.node, P2M_VREGIONS { who: s.who.clone() })
+            .map_err(|e| failed(&s.home(), "find the replicas of", vpn, e))?;
+        s.learn(&r.owners, r.epoch, r.backup);
+        Ok(())
+    }
+
+    /// The replica set of the vRegion holding `vpn`, from the cached view or the home.
+    fn set_of(&self, s: &ProcMemory, vpn: u64) -> Result<VregionReplicas, Refusal> {
+        let idx = page(vpn) / self.vregion_size.load(Relaxed);
+        let cached = s.view.lock().unwrap().vregions.get(&idx).cloned();
+        let set = match cached {
+            Some(set) => set,
+            None => {
+                self.refresh(s, vpn)?;
+                let v = s.view.lock().unwrap();
+                v.vregions.get(&idx).cloned().ok_or_else(|| {
+                    ERR::new(
+                        ErrCode::NotFound,
+                        format!("heap page {:#x} is in no active vRegion", page(vpn)),
+                    )
+                })?
+            }
+        };
+        if set.owners.is_empty() {
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!(
+                    "heap page {:#x}: every mComponent that held a copy of it is lost",
+                    page(vpn)
+                ),
+            ));
+        }
+        Ok(set)
+    }
+
+    /// After a call to replica `o` of a set of `copies` failed: a stale epoch refreshes the
+    /// sets (the owner has seen a newer one: the home has it); a replica that cannot be
+    /// reached, or no longer holds the process (it was fenced), while others hold the page is
+    /// reported to the home, which takes it out of the sets once it finds the same.
+    fn after(&self, s: &ProcMemory, o: &ComponentRef, copies: usize, what: &str, vpn: u64, e: RpcError) -> Next {
+        if e.code() == ErrCode::ParityLost {
+            // The holder stored the page but could not reach its set's parity member: that
+            // member is the one to report.
+            let parity = match self.set_of(s, vpn) {
+                Ok(set) => set.parity().cloned(),
+                Err(r) => return Next::Fail(r),
+            };
+            return match parity {
+                Some(p) if p.id != o.id => self.after(
+                    s,
+                    &p,
+                    copies,
+                    what,
+                    vpn,
+                    RpcError::Unreachable {
+                        addr: p.addr.clone(),
+                        why: format!("the holder of heap page {:#x} says: {e}", page(vpn)),
+                    },
+                ),
+                _ => Next::Fail(failed(o, what, vpn, e)),
+            };
+        }
+        if e.code() == ErrCode::Stale {
+            // The sets may have changed before or after this thread's view did (another
+            // thread's mmap may have moved it on already): the view is refreshed and the call
+            // tried again, at most `TRIES` times in all.
+            if let Err(r) = self.refresh(s, vpn) {
+                return Next::Fail(r);
+            }
+            return Next::Again;
+        }
+        if e.code() == ErrCode::NoMemory {
+            // A write-back found its owner full (heuristic overcommit): the home moves the
+            // page's vRegion to an mComponent with room.
+            metrics::counter!("pcomp_owner_full_total").increment(1);
+            return match s.call_home(
+                &self.node,
+                P2M_OWNER_FULL {
+                    who: s.who.clone(),
+                    vpn,
+                    full: o.id,
+                },
+            ) {
+                Ok(r) => {
+                    s.learn(&r.owners, r.epoch, r.backup);
+                    Next::Again
+                }
+                Err(he) => Next::Fail(failed(
+                    o,
+                    what,
+                    vpn,
+                    RpcError::Remote {
+                        code: ErrCode::NoMemory,
+                        msg: format!("{e}; and the home found no room elsewhere: {he}"),
+                    },
+                )),
+            };
+        }
+        let gone = transport_failure(&e) || e.code() == ErrCode::NotFound;
+        if gone
+            && copies < 2
+            && self.refresh(s, vpn).is_ok()
+            && self.set_of(s, vpn).is_ok_and(|set| set.holder(vpn).id != o.id)
+        {
+            // The only copy's holder was detached, and the vRegion moved on before this
+            // thread's view learned it: its home says where it is now.
+            return Next::Again;
+        }
+        if copies < 2 && waited_for(&self.node, o, &e) {
+            return Next::Waited;
+        }
+        if !gone || copies < 2 {
+            return Next::Fail(failed(o, what, vpn, e));
+        }
+        tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot serve the process: reporting it to the home");
+        metrics::counter!("pcomp_replicas_lost_total").increment(1);
+        match s.call_home(
+            &self.node,
+            P2M_REPLICA_LOST {
+                who: s.who.clone(),
+                lost: o.id,
+                vpn,
+            },
+        ) {
+            Ok(r) => {
+                s.learn(&r.owners, r.epoch, r.backup);
+                let still = self
+                    .set_of(s, vpn)
+                    .is_ok_and(|set| set.owners.iter().any(|m| m.id == o.id));
+                let mut kept = s.kept.lock().unwrap();
+                if !still {
+                    kept.remove(&o.id);
+                    return Next::Again;
+                }
+                let now = std::time::Instant::now();
+                let (n, at) = kept.entry(o.id).or_insert((0, now));
+                if at.elapsed() > KEPT_WINDOW {
+                    *n = 0;
+                }
+                *n += 1;
+                *at = now;
+                if *n < KEPT_REPORTS {
+                    drop(kept);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    return Next::Again;
+                }
+                kept.remove(&o.id);
+                Next::Fail(failed(o, what, vpn, RpcError::Unreachable { addr: o.addr.clone(), why: format!("{e}; and its home keeps it in the page's set (it reaches it, or cannot rebuild the set without it)") }))
+            }
+            Err(he) => Next::Fail(failed(
+                o,
+                what,
+                vpn,
+                RpcError::Unreachable {
+                    addr: o.addr.clone(),
+                    why: format!("{e}; and the home cannot be told: {he}"),
+                },
+            )),
+        }
+    }
+
+    /// Page `vpn` of a striped or logged set whose holder sent a copy failing its checksum,
+    /// rebuilt by the home from the parity or the backup (which also writes it over the bad
+    /// copy).
+    fn reconstruct(&self, s: &ProcMemory, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
+        let r = s
+            .call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn })
+            .map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
+        match opened(&s.home(), vpn, r.data)? {
+            Some(good) => {
+                metrics::counter!("pcomp_pages_repaired_total").increment(1);
+                tracing::warn!(
+                    holder = holder.id,
+                    vpn,
+                    "repaired a corrupted page from the parity or backup"
+                );
+                Ok(good)
+            }
+            None => Err(corrupt(holder, vpn)),
+        }
+    }
+
+    /// Writes a good copy over replicas that sent a page failing its checksum.
+    fn repair(&self, who: &Who, vpn: u64, good: &[u8], bad: &[ComponentRef]) {
+        for o in bad {
+            match self.node.rpc.call_direct(
+                &o.addr,
+                P2M_FLUSH {
+                    who: who.clone(),
+                    vpn,
+                    data: seal_page(good),
+                },
+            ) {
+                Ok(_) => {
+                    metrics::counter!("pcomp_pages_repaired_total").increment(1);
+                    tracing::warn!(replica = o.id, vpn, "repaired a corrupted page from another replica");
+                }
+                Err(e) => tracing::warn!(replica = o.id, vpn, error = %e, "cannot repair a corrupted page"),
+            }
+        }
+    }
+
+    /// Sends `pages` of one process to every replica that holds them.
+    fn write_all(&self, s: &ProcMemory, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
+        let rest: Vec<(u64, &[u8])> = pages
+            .iter()
+            .filter(|(v, d)| !self.write_direct(s, *v, d))
+            .copied()
+            .collect();
+        let pages = &rest[..];
+        let Some(&(first, _)) = pages.first() else {
+            return Ok(());
+        };
+        let mut tries = 0;
+        'again: while tries < TRIES {
+            tries += 1;
+            let who = s.who_now();
+            let mut to: Vec<Write> = Vec::new();
+            for (vpn, data) in pages {
+                let set = self.set_of(s, *vpn)?;
+                Write::add(&mut to, &set, &who, *vpn, seal_page(data), None);
+            }
+            // To every member at once: the write-back is done when all of them stored it.
+            let (members, msgs): (Vec<(ComponentRef, usize)>, Vec<Msg>) =
+                to.into_iter().map(|w| ((w.to.clone(), w.copies), w.msg())).unzip();
+            let calls: Vec<(&str, &Msg)> = members
+                .iter()
+                .zip(&msgs)
+                .map(|((o, _), m)| (o.addr.as_str(), m))
+                .collect();
+            let replies = self.node.rpc.call_all_direct(&calls);
+            for ((o, copies), r) in members.iter().zip(replies) {
+                if let Err(e) = stored(o, r) {
+                    match self.after(s, o, *copies, "write back", first, e) {
+                        Next::Again => continue 'again,
+                        Next::Waited => {
+                            tries -= 1;
+                            continue 'again;
+                        }
+                        Next::Fail(r) => return Err(r),
+                    }
+                }
+            }
+            return Ok(());
+        }
+        Err(ERR::new(
+            ErrCode::Unreachable,
+            format!("heap page {:#x}: its replica sets kept changing", page(first)),
+        ))
+    }
+
+    /// One page from the first replica that has a good copy (from its holder in a striped
+    /// set, or rebuilt by the home from the parity when the holder's copy is bad).
+    fn fetch_one(&self, s: &ProcMemory, vpn: u64) -> Result<Page, Refusal> {
+        if let Some(p) = self.read_direct(s, vpn) {
+            return Ok(p);
+        }
+        let mut tries = 0;
+        'again: while tries < TRIES {
+            tries += 1;
+            let set = self.set_of(s, vpn)?;
+            let who = s.who_now();
+            let mut bad = Vec::new();
+            let members = set.distinct().len();
+            // A logger holds no pages, a striped set one copy: the home rebuilds a bad one.
+            let rebuilt = set.parity().is_some() || set.logger().is_some();
+            let holders: Vec<&ComponentRef> = match rebuilt {
+                false => set.owners.iter().collect(),
+                true => vec![set.holder(vpn)],
+            };
+            for o in holders {
+                match self.node.rpc.call_direct(&o.addr, P2M_FETCH { who: who.clone(), vpn }) {
+                    Ok(r) => match opened(o, vpn, r.data)? {
+                        Some(p) => {
+                            self.repair(&who, vpn, &p, &bad);
+                            return Ok(p);
+                        }
+                        None => bad.push(o.clone()),
+                    },
+                    Err(e) => match self.after(s, o, members, "fetch", vpn, e) {
+                        Next::Again => continue 'again,
+                        Next::Waited => {
+                            tries -= 1;
+                            continue 'again;
+                        }
+                        Next::Fail(r) => return Err(r),
+                    },
+                }
+            }
+            if rebuilt {
+                return self.reconstruct(s, vpn, &bad[0]);
+            }
+            return Err(corrupt(&bad[0], vpn));
+        }
+        Err(ERR::new(
+            ErrCode::Unreachable,
+            format!("heap page {:#x}: its replica sets kept changing", page(vpn)),
+        ))
+    }
+
+    /// The pages of a batched fetch from `o`, one per page asked for; a page failing its
+    /// checksum is fetched again from the other replicas.
+    fn pages_of(&self, s: &ProcMemory, o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
+        if r.pages.len() != vpns.len() {
+            return Err(ERR::new(
+                ErrCode::Internal,
+                format!(
+                    "mComponent {} at {} sent {} pages for {}",
+                    o.id,
+                    o.addr,
+                    r.pages.len(),
+                    vpns.len()
+                ),
+            ));
+        }
+        vpns.iter()
+            .zip(r.pages)
+            .map(|(v, d)| match opened(o, *v, d)? {
+                Some(p) => Ok(p),
+                None => self.fetch_one(s, *v),
+            })
+            .collect()
+    }
+
+    /// The victims of a fetch from `primary`, split: those that ride with it (whose primary
+    /// it is), with their process's identity, and the write-backs to every other member of
+    /// their sets, one message per member and process. Victims of processes that exited
+    /// since they were evicted are garbage and stay behind.
+    fn victim_writes(
+        &self,
+        primary: &ComponentRef,
+        flushes: &[(u64, u64, &[u8])],
+    ) -> Result<(Vec<Riding>, Vec<VictimWrite>), Refusal> {
+        let mut along = Vec::new();
+        let mut others: Vec<Write> = Vec::new();
+        let mut memories: Vec<Arc<ProcMemory>> = Vec::new();
+        for (fpid, fvpn, data) in flushes {
+            let Ok(fs) = self.memory_of(*fpid) else { continue };
+            let set = self.set_of(&fs, *fvpn)?;
+            let who = fs.who_now();
+            let sealed = seal_page(data);
+            let rides = set.holder(*fvpn).id == primary.id;
+            if rides {
+                along.push((who.clone(), *fvpn, sealed.clone()));
+            }
+            Write::add(&mut others, &set, &who, *fvpn, sealed, rides.then_some(primary.id));
+            if !memories.iter().any(|x| x.who.pid == *fpid) {
+                memories.push(fs);
+            }
+        }
+        let others = others
+            .into_iter()
+            .map(|w| {
+                (
+                    memories
+                        .iter()
+                        .find(|x| x.who.pid == w.who.pid)
+                        .expect("added above")
+                        .clone(),
+                    w,
+                )
+            })
+            .collect();
+        Ok((along, others))
+    }
+}
+
+/// Pages of one process on their way to one member of their sets.
+struct Write {
+    to: ComponentRef,
+    copies: usize,
+    who: Who,
+    pages: Vec<(u64, ByteBuf)>,
+}
+
+impl Write {
+    /// Adds page `vpn` of process `who` to the writes bound for every member of its set but
+    /// `skip` (which a piggyback reached already).
+    fn add(writes: &mut Vec<Write>, set: &VregionReplicas, who: &Who, vpn: u64, sealed: ByteBuf, skip: Option<u32>) {
+        for o in set.writers(vpn).into_iter().filter(|o| Some(o.id) != skip) {
+            match writes.iter_mut().find(|w| w.to.id == o.id && w.who.pid == who.pid) {
+                Some(w) => w.pages.push((vpn, sealed.clone())),
+                None => writes.push(Write {
+                    to: o.clone(),
+                    copies: set.distinct().len(),
+                    who: who.clone(),
+                    pages: vec![(vpn, sealed.clone())],
+                }),
+            }
+        }
+    }
+
+    fn msg(mut self) -> Msg {
+        match self.pages.len() {
+            1 => {
+                let (vpn, data) = self.pages.pop().expect("one page");
+                P2M_FLUSH {
+                    who: self.who,
+                    vpn,
+                    data,
+                }
+                .into()
+            }
+            _ => P2M_FLUSH_MANY {
+                who: self.who,
+                pages: self.pages,
+            }
+            .into(),
+        }
+    }
+}
+
+/// The reply of a write-back: `OK`, or why not.
+fn stored(o: &ComponentRef, r: Result<Msg, RpcError>) -> Result<(), RpcError> {
+    match r? {
+        Msg::OK(_) => Ok(()),
+        other => Err(RpcError::Protocol {
+            addr: o.addr.clone(),
+            request: "P2M_FLUSH",
+            reply: other.name(),
+        }),
+    }
+}
+
+impl PageStore for RemoteStore {
+    fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal> {
+        Ok(self.set_of(&*self.memory_of(pid)?, vpn)?.holder(vpn).id)
+    }
+
+    fn fetch(&self, pid: u64, vpn: u64) -> Result<Page, Refusal> {
+        self.fetch_one(&*self.memory_of(pid)?, vpn)
+    }
+
+    fn flush(&self, pid: u64, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
+        self.write_all(&*self.memory_of(pid)?, &[(vpn, data)])
+    }
+
+    fn flush_fetch(&self, (fpid, fvpn, data): (u64, u64, &[u8]), (pid, vpn): (u64, u64)) -> Result<Page, Refusal> {
+        let got = self.flush_fetch_many(&[(fpid, fvpn, data)], pid, &[vpn])?;
+        Ok(got.into_iter().next().expect("one page asked"))
+    }
+
+    fn fetch_many(&self, pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
+        self.flush_fetch_many(&[], pid, vpns)
+    }
+
+    fn flush_fetch_many(&self, flushes: &[(u64, u64, &[u8])], pid: u64, vpns: &[u64]) -> Result<Vec<Page>, Refusal> {
+        let s = self.memory_of(pid)?;
+        // Victims and pages a copy reaches go no further; the rest by message, together (the
+        // pages copied first, in the order asked, so only while no victim needs a message).
+        let flushes: Vec<(u64, u64, &[u8])> = flushes
+            .iter()
+            .filter(|(fpid, fvpn, d)| !self.memory_of(*fpid).is_ok_and(|fs| self.write_direct(&fs, *fvpn, d)))
+            .copied()
+            .collect();
+        let flushes = &flushes[..];
+        let mut copied = Vec::new();
+        let mut vpns = vpns;
+        while let (true, Some((v, rest))) = (flushes.is_empty(), vpns.split_first()) {
+            let Some(p) = self.read_direct(&s, *v) else { break };
+            copied.push(p);
+            vpns = rest;
+        }
+        let Some(&first) = vpns.first() else { return Ok(copied) };
+        let mut tries = 0;
+        'again: while tries < TRIES {
+            tries += 1;
+            let set = self.set_of(&s, first)?;
+            let o = set.holder(first);
+            let members = set.distinct().len();
+            let (along, others) = self.victim_writes(o, flushes)?;
+            let who = s.who_now();
+            // Bonding: the batch cut into stripes, each on a link of its own; the victims ride
+            // with the first.
+            let mut stripes = vpns.chunks(vpns.len().div_ceil(self.links.min(vpns.len())));
+            let head = stripes.next().expect("a batch has a page");
+            let striped: Vec<Msg> = stripes
+                .map(|v| {
+                    P2M_FETCH_MANY {
+                        who: who.clone(),
+                        vpns: v.to_vec(),
+                    }
+                    .into()
+                })
+                .collect();
+            let n_striped = striped.len();
+            if n_striped > 0 {
+                metrics::counter!("pcomp_fetch_stripes_total").increment(n_striped as u64 + 1);
+            }
+            let (msg, what): (Msg, _) = match (&along[..], head) {
+                ([], [vpn]) => (P2M_FETCH { who, vpn: *vpn }.into(), "fetch"),
+                ([], _) => (
+                    P2M_FETCH_MANY {
+                        who,
+                        vpns: head.to_vec(),
+                    }
+                    .into(),
+                    "fetch",
+                ),
+                ([(fwho, fvpn, data)], [vpn]) => (
+                    P2M_FLUSH_FETCH {
+                        who,
+                        fetch_vpn: *vpn,
+                        flush_who: fwho.clone(),
+                        flush_vpn: *fvpn,
+                        data: data.clone(),
+                    }
+                    .into(),
+                    "write back and fetch",
+                ),
+                _ => (
+                    P2M_FLUSH_FETCH_MANY {
+                        who,
+                        vpns: head.to_vec(),
+                        flushes: along.clone(),
+                    }
+                    .into(),
+                    "write back and fetch",
+                ),
+            };
+            // The fetch (with the victims riding along) and the victims' other copies, all
+            // under way at once.
+            let (targets, msgs): (Vec<Target>, Vec<Msg>) = std::iter::once(msg)
+                .chain(striped)
+                .map(|m| ((o.clone(), members, None), m))
+                .chain(
+                    others
+                        .into_iter()
+                        .map(|(fs, w)| ((w.to.clone(), w.copies, Some((fs, w.pages[0].0))), w.msg())),
+                )
+                .unzip();
+            let calls: Vec<(&str, &Msg)> = targets
+                .iter()
+                .zip(&msgs)
+                .map(|((t, _, _), m)| (t.addr.as_str(), m))
+                .collect();
+            let mut replies = self.node.rpc.call_all_direct(&calls).into_iter();
+            let fetched: Vec<Result<Msg, RpcError>> = (&mut replies).take(1 + n_striped).collect();
+            for ((t, copies, w), r) in targets.iter().skip(1 + n_striped).zip(replies) {
+                let (fs, fvpn) = w.as_ref().expect("every write but the fetch names its process");
+                if let Err(e) = stored(t, r) {
+                    match self.after(fs, t, *copies, "write back", *fvpn, e) {
+                        Next::Again => continue 'again,
+                        Next::Waited => {
+                            tries -= 1;
+                            continue 'again;
+                        }
+                        Next::Fail(r) => return Err(r),
+                    }
+                }
+            }
+            // The stripes' pages in the order asked; the first failure stands for the batch.
+            let r = match fetched.into_iter().try_fold(
+                M2P_PAGES {
+                    pages: Vec::with_capacity(vpns.len()),
+                },
+                |mut all, m| {
+                    match m? {
+                        Msg::M2P_PAGES(p) => all.pages.extend(p.pages),
+                        Msg::M2P_PAGE(p) => all.pages.push(p.data),
+                        other => {
+                            return Err(RpcError::Protocol {
+                                addr: o.addr.clone(),
+                                request: "P2M_FETCH",
+                                reply: other.name(),
+                            })
+                        }
+                    }
+                    Ok(all)
+                },
+            ) {
+                Ok(r) => r,
+                Err(e) if matches!(e.code(), ErrCode::NoMemory | ErrCode::ParityLost) && !along.is_empty() => {
+                    // A victim riding along found the owner full (its vRegion moves), or its
+                    // change could not reach its set's parity member (which is reported).
+                    for (fwho, fvpn, _) in &along {
+                        let Ok(fs) = self.memory_of(fwho.pid) else { continue };
+                        if let Next::Fail(r) = self.after(&fs, o, members, "write back", *fvpn, e.clone()) {
+                            return Err(r);
+                        }
+                    }
+                    continue 'again;
+                }
+                Err(e) if e.code() == ErrCode::Stale && !along.is_empty() => {
+                    // A victim of another process may be the stale one: every process in the
+                    // request learns its sets again.
+                    tracing::debug!(error = %e, "a write-back riding with a fetch was refused as stale");
+                    for (fpid, fvpn, _) in flushes {
+                        if let Ok(fs) = self.memory_of(*fpid) {
+                            self.refresh(&fs, *fvpn)?;
+                        }
+                    }
+                    self.refresh(&s, first)?;
+                    continue 'again;
+                }
+                Err(e) => match self.after(&s, o, members, what, first, e) {
+                    Next::Again => continue 'again,
+                    Next::Waited => {
+                        tries -= 1;
+                        continue 'again;
+                    }
+                    Next::Fail(r) => return Err(r),
+                },
+            };
+            copied.extend(self.pages_of(&s, o, vpns, r)?);
+            return Ok(copied);
+        }
+        Err(ERR::new(
+            ErrCode::Unreachable,
+            format!("heap page {:#x}: its replica sets kept changing", page(first)),
+        ))
+    }
+
+    fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {
+        self.write_all(&*self.memory_of(pid)?, pages)
+    }
+}

@@ -1,0 +1,131 @@
+//! Membership as the managers keep it in their state, so that a restarted manager, or another
+//! that takes over the lead, resumes with it: each component's registration (what a heartbeat
+//! is checked against), and the recent departures every component must still hear of. How
+//! recently each component was heard is not kept: the one that resumes gives every component
+//! a fresh start, as after a stall of its own.
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use splitos_rpc::{ComponentInfo, EbbServed};
+
+use splitos_core::state::{Store, Table};
+
+pub const MEMBERS: Table = Table("members");
+/// The home of each vNode with a memory quota (`Gm::quota_homes`), by vNode.
+pub const QUOTA_HOMES: Table = Table("quota-homes");
+/// mComponents announced lost to another (`Gm::announced`).
+pub const ANNOUNCED: Table = Table("announced");
+
+/// A component's registration, as kept.
+#[derive(Serialize, Deserialize)]
+pub struct Member {
+    pub info: ComponentInfo,
+    pub key: Option<[u8; 32]>,
+    pub ebbs: Vec<EbbServed>,
+    pub files_gone: bool,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Serialize, Deserialize)]
+struct Dated<T> {
+    item: T,
+    at_unix_ms: u64,
+}
+
+/// Departures told to components for `keep` after they happened (replaced starts, detached
+/// mComponents), kept with their wall-clock time so that a successor tells them for the rest
+/// of that time.
+pub struct Recent<T> {
+    store: Store,
+    table: Table,
+    keep: Duration,
+    items: Mutex<Vec<(T, Instant, String)>>,
+}
+
+impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
+    pub fn open(store: Store, table: Table, keep: Duration) -> anyhow::Result<Recent<T>> {
+        let now = (Instant::now(), unix_ms());
+        let items = store
+            .load_keyed::<Dated<T>>(table)?
+            .into_iter()
+            .map(|(key, d)| {
+                // One older than `keep` is dropped at the first look; one this host's monotonic
+                // clock cannot place that far back counts from now: told longer, never shorter.
+                let ago = Duration::from_millis(now.1.saturating_sub(d.at_unix_ms)).min(keep);
+                (d.item, now.0.checked_sub(ago).unwrap_or(now.0), key)
+            })
+            .collect();
+        let r = Recent {
+            store,
+            table,
+            keep,
+            items: Mutex::new(items),
+        };
+        r.current();
+        Ok(r)
+    }
+
+    pub fn push(&self, item: T) {
+        let at_unix_ms = unix_ms();
+        let key = format!("{at_unix_ms}-{:08x}", splitos_rpc::auth::random_u64() as u32);
+        if let Err(e) = self.store.put(
+            self.table,
+            &key,
+            Some(&Dated {
+                item: item.clone(),
+                at_unix_ms,
+            }),
+        ) {
+            tracing::warn!(table = self.table.0, error = %e, "cannot keep a departure in the managers' state; a successor will not tell it");
+        }
+        self.items.lock().unwrap().push((item, Instant::now(), key));
+    }
+
+    /// The departures of the last `keep`; older ones are dropped.
+    pub fn current(&self) -> Vec<T> {
+        let mut items = self.items.lock().unwrap();
+        items.retain(|(_, at, key)| {
+            let keep = at.elapsed() < self.keep;
+            if !keep {
+                let _ = self.store.put::<Dated<T>>(self.table, key, None);
+            }
+            keep
+        });
+        items.iter().map(|(t, _, _)| t.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn departures_outlive_a_restart_for_the_rest_of_their_time_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state.redb");
+        let table = Table("departures");
+        let r = Recent::<u32>::open(Store::for_test(&file), table, Duration::from_millis(400)).unwrap();
+        r.push(7);
+        r.push(9);
+        drop(r);
+        let r = Recent::<u32>::open(Store::for_test(&file), table, Duration::from_millis(400)).unwrap();
+        let mut kept = r.current();
+        kept.sort();
+        assert_eq!(kept, [7, 9]);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(r.current().is_empty());
+        drop(r);
+        let store = Store::for_test(&file);
+        assert!(
+            store.load::<Dated<u32>>(table).unwrap().is_empty(),
+            "an expired departure leaves the state"
+        );
+    }
+}

@@ -1,0 +1,1559 @@
+//! The global managers: GPM places processes on pComponents, GMM picks home mComponents,
+//! vRegion owners and the mComponent of each file's buffer cache, GSM picks the sComponent of
+//! each vNode. They decide from approximate load that components report in heartbeats, and
+//! are never on the data path.
+//!
+//! Storage placements must come out the same after a restart of the global managers (which
+//! keep no placement of their own) and on every pComponent, so GSM and the buffer-cache placement use
+//! rendezvous hashing over the live components: deterministic, and moving only the share of
+//! a component that died.
+//!
+//! Membership survives restarts of the global managers: ids are random, so that an id of an
+//! earlier incarnation never names another component; a component that re-registers asks
+//! for the id it had, which keeps its process ids and the vRegion owners others recorded
+//! valid; a heartbeat counts only from the address its id was registered at. A component
+//! silent for `forget_dead` is forgotten.
+//!
+//! The mComponents learn from their heartbeats' answers which pComponents are lost (silent
+//! for `reclaim_dead`, or replaced by a new start at their address) and release the memory of
+//! the processes those created: a pComponent that dies takes its programs with it, never
+//! their memory. In a replicated cluster they also learn which mComponents are lost (silent
+//! as long), and rebuild the copies those held; an mComponent that was declared lost and
+//! speaks again is fenced: its copies may be out of date, so it drops them.
+//!
+//! What they are told at run time (membership, fencing, the REST API's tokens and join tokens
+//! (tokens.rs, joins.rs), the vNodes, cordons, the placement policy) they keep in their state
+//! (splitos-core's `state`, kept.rs): a local file, or etcd when several managers run, one
+//! elected leader (etcd.rs). A restarted manager, or a new leader, resumes with it.
+//!
+//! The control plane's REST API ([`api`]) is served by the managers and lives in this crate
+//! with them; they start it through the function `run` is given, so the managers' own code
+//! imports nothing of it.
+pub mod api;
+pub mod cordon;
+mod detach;
+mod etcd;
+pub mod joins;
+mod kept;
+pub mod tokens;
+pub mod vnodes;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use splitos_rpc::*;
+
+use splitos_core::config::GmArgs;
+use splitos_core::node::{self, HEARTBEAT, MISSED_BEATS};
+use splitos_core::placement::Unit;
+use splitos_core::state;
+use splitos_core::topology::host_of;
+
+/// The programs of the cluster, as its pComponents report them.
+pub struct Jobs {
+    /// Each program with the pComponent it runs on.
+    pub running: Vec<(ComponentInfo, JobInfo)>,
+    /// The alive pComponents that did not answer, with why.
+    pub unanswered: Vec<(ComponentInfo, String)>,
+}
+
+/// How long the managers wait for a component's answer to a control-plane request.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long `/api/v1/status` waits for a component's statistics: longer than a control
+/// request (a busy mComponent answers late), shorter than the CLI waits for the API.
+const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an ExCache resize may take: a shrink writes back every dirty line past the new
+/// size first (a GiB of them at the miss path's write-back rate is seconds).
+const EXCACHE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The most measured links the managers keep of one component.
+const MAX_LINKS: usize = 256;
+
+struct Entry {
+    info: ComponentInfo,
+    /// The static key the component registered with: only it may heartbeat for the entry
+    /// or register again at its address.
+    key: Option<[u8; 32]>,
+    last: Instant,
+    /// Bytes GMM promised to vRegions since the last heartbeat, so that a burst of placements
+    /// between two heartbeats spreads instead of piling onto one stale minimum.
+    pending: u64,
+    /// The links it measured to the components it uses, as its last heartbeat said.
+    links: Vec<LinkSample>,
+    /// Its buffer cache was handed over in a detach: pComponents may still use the interim
+    /// caches, so it takes no file again until it starts anew (two caches of one file).
+    files_gone: bool,
+    /// The Ebbs whose messages it serves, as its registration or last heartbeat said: its
+    /// part of the global id map.
+    ebbs: Vec<EbbServed>,
+}
+
+/// At most this many Ebbs per component in the id map, each named in at most
+/// [`MAX_EBB_NAME`] bytes, and addresses of at most [`MAX_ADDR`] bytes: a component cannot
+/// grow the managers' memory (or the map's answer) without bound.
+const MAX_EBBS: usize = 64;
+const MAX_EBB_NAME: usize = 64;
+const MAX_ADDR: usize = 256;
+
+/// The Ebbs a registration or heartbeat names, refused whole if they exceed the bounds or
+/// name one id twice.
+fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, Refusal> {
+    let ids: std::collections::BTreeSet<u32> = ebbs.iter().map(|e| e.id).collect();
+    if ebbs.len() > MAX_EBBS
+        || ids.len() != ebbs.len()
+        || ebbs
+            .iter()
+            .any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC)
+    {
+        return Err(ERR::new(ErrCode::Invalid, format!("ebbs: at most {MAX_EBBS}, each once, with static ids (below {}) and names of at most {MAX_EBB_NAME} bytes", splitos_ebb::ebb::FIRST_DYNAMIC)));
+    }
+    Ok(ebbs)
+}
+
+pub struct Gm {
+    /// Where the managers serve requests.
+    pub addr: String,
+    vregion_size: u64,
+    replication: Replication,
+    overcommit: Overcommit,
+    /// How GPM and GMM choose among the components with room (`[cluster] placement`, then
+    /// what the admin put in its place).
+    placement: splitos_core::placement::Placements,
+    /// `[cluster] rebalance_percent` (0: off), and the mComponent being emptied towards the
+    /// others now (detach.rs).
+    rebalance_percent: u32,
+    rebalancing: Mutex<Option<u32>>,
+    forget_dead: Duration,
+    /// How long a pComponent may be silent before the mComponents release its processes.
+    reclaim_dead: Duration,
+    comps: Mutex<Vec<Entry>>,
+    /// Where membership and the rest of the managers' state are kept (kept.rs).
+    store: state::Store,
+    /// Starts of pComponents replaced by a new start at their address, kept for
+    /// `forget_dead` so that every mComponent hears of them.
+    replaced: kept::Recent<LostPcomp>,
+    /// Ids of mComponents replaced by a new start at their address, kept for `forget_dead`
+    /// so that every home rebuilds the copies they held.
+    replaced_mcomps: kept::Recent<u32>,
+    /// Ids of mComponents forgotten after `forget_dead` of silence, kept for `forget_dead`
+    /// more and still told as lost (unless one registers again): a call to one that began
+    /// after it was forgotten is then given up, where a peer that heard nothing of it would
+    /// wait for it as late.
+    forgotten_mcomps: kept::Recent<u32>,
+    /// Ids of mComponents detached (they exited empty), kept for `forget_dead` and told to
+    /// pComponents as lost: one whose view of a process still names it asks the home again
+    /// instead of waiting for it.
+    detached: kept::Recent<u32>,
+    /// mComponents announced lost to some other live mComponent: only those are fenced when
+    /// they speak again, since only their copies can have been rebuilt elsewhere.
+    announced: Mutex<std::collections::HashSet<u32>>,
+    /// When the managers last heard any heartbeat: after a stall of their own (paused, cut
+    /// off) every component looks silent, and none of them may be taken for lost.
+    last_any: Mutex<Instant>,
+    started: Instant,
+    /// The vNodes the admin made, their grants and memory quotas.
+    pub vnodes: vnodes::Vnodes,
+    /// The components the admin took out of placement.
+    cordons: cordon::Cordons,
+    /// The home of each vNode with a quota, kept while it is alive: an mComponent that joins
+    /// later does not win the rendezvous for the vNode's next processes, whose charges the
+    /// first home would then not see.
+    quota_homes: Mutex<std::collections::HashMap<String, ComponentRef>>,
+    /// The REST API's tokens (`C2G_TOKEN_*`).
+    pub tokens: tokens::Tokens,
+    /// The join tokens, and the authority the managers issue credentials with to a machine
+    /// that joins.
+    pub joins: joins::JoinTokens,
+    /// Where the REST API listens, once it does.
+    pub(crate) api: std::sync::OnceLock<String>,
+    /// Where the managers serve their own metrics, once they do.
+    metrics: std::sync::OnceLock<String>,
+    /// The managers' own requests to components, for the control plane: a short timeout, so
+    /// that a hung pComponent delays a job list by that much at most.
+    rpc: Rpc,
+    /// Their election, when several managers keep the state in etcd.
+    election: Option<Arc<etcd::Election>>,
+}
+
+impl Gm {
+    /// Memory of an mComponent that others cannot have: what is charged to mappings
+    /// (strict overcommit) or holds pages (heuristic), and what GMM promised since its last
+    /// heartbeat.
+    fn taken(e: &Entry) -> u64 {
+        e.info.load.committed.max(e.info.load.used) + e.pending
+    }
+
+    fn alive(e: &Entry) -> bool {
+        e.last.elapsed() < HEARTBEAT * MISSED_BEATS
+    }
+
+    /// Whether a pComponent or mComponent is declared lost: its programs or its copies are
+    /// given up, where until then it was only late and waited for.
+    fn lost(&self, e: &Entry) -> bool {
+        matches!(e.info.role, Role::Proc | Role::Mem) && e.last.elapsed() > self.reclaim_dead
+    }
+
+    /// The entries, less those silent for longer than `forget_dead`.
+    fn comps(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        let mut comps = self.comps.lock().unwrap();
+        comps.retain(|e| {
+            let keep = e.last.elapsed() < self.forget_dead;
+            if !keep {
+                tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
+                metrics::counter!("gm_components_forgotten_total").increment(1);
+                self.unkeep(e.info.id);
+                if e.info.role == Role::Mem {
+                    self.forgotten_mcomps.push(e.info.id);
+                }
+            }
+            keep
+        });
+        metrics::gauge!("gm_components").set(comps.len() as f64);
+        comps
+    }
+
+    /// Keeps `e`'s registration in the managers' state.
+    fn keep(&self, e: &Entry) -> anyhow::Result<()> {
+        self.store.put(
+            kept::MEMBERS,
+            &e.info.id.to_string(),
+            Some(&kept::Member {
+                info: ComponentInfo {
+                    load: Load::default(),
+                    ..e.info.clone()
+                },
+                key: e.key,
+                ebbs: e.ebbs.clone(),
+                files_gone: e.files_gone,
+            }),
+        )
+    }
+
+    /// Keeps `e`'s registration after a change a successor must know; one that cannot be kept
+    /// is logged, and the successor has the registration as it was.
+    fn keep_change(&self, e: &Entry) {
+        if let Err(err) = self.keep(e) {
+            tracing::warn!(id = e.info.id, error = %err, "cannot keep a change of a component's registration in the managers' state");
+        }
+    }
+
+    /// Drops component `id`'s registration from the managers' state.
+    fn unkeep(&self, id: u32) {
+        if let Err(e) = self.store.put::<kept::Member>(kept::MEMBERS, &id.to_string(), None) {
+            tracing::warn!(id, error = %e, "cannot drop a component from the managers' state");
+        }
+    }
+
+    /// Adds mComponents to those announced lost, kept in the managers' state: a successor
+    /// fences them too when they speak again.
+    fn announce(&self, ids: impl Iterator<Item = u32>) {
+        let mut announced = self.announced.lock().unwrap();
+        for id in ids {
+            if announced.insert(id) {
+                if let Err(e) = self.store.put(kept::ANNOUNCED, &id.to_string(), Some(&id)) {
+                    tracing::warn!(id, error = %e, "cannot keep an mComponent announced lost in the managers' state");
+                }
+            }
+        }
+    }
+
+    /// Whether mComponent `id` was announced lost, which it no longer is from now.
+    fn unannounce(&self, id: u32) -> bool {
+        let was = self.announced.lock().unwrap().remove(&id);
+        if was {
+            if let Err(e) = self.store.put::<u32>(kept::ANNOUNCED, &id.to_string(), None) {
+                tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
+            }
+        }
+        was
+    }
+
+    /// The registrations kept in `store`, each with a fresh start: whether a component is
+    /// alive is learnt again from its heartbeats.
+    fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {
+        let now = Instant::now();
+        Ok(store
+            .load::<kept::Member>(kept::MEMBERS)?
+            .into_iter()
+            .map(|m| Entry {
+                info: m.info,
+                key: m.key,
+                last: now,
+                pending: 0,
+                links: Vec::new(),
+                files_gone: m.files_gone,
+                ebbs: m.ebbs,
+            })
+            .collect())
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
+        self.comps()
+            .iter()
+            .map(|e| ComponentInfo {
+                alive: Gm::alive(e),
+                since_heartbeat_ms: e.last.elapsed().as_millis() as u64,
+                lost: self.lost(e),
+                cordoned: self.cordons.has(e.info.id),
+                ..e.info.clone()
+            })
+            .collect()
+    }
+
+    /// Cordons component `id` (`on`) or lets it take work again; returns it as it is now.
+    /// Only pComponents and mComponents are placed on, and so cordoned.
+    pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, Refusal> {
+        let c = self
+            .snapshot()
+            .into_iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        if !matches!(c.role, Role::Proc | Role::Mem) {
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "component {id} is a {}: only pComponents and mComponents take new work, and are cordoned",
+                    c.role.name()
+                ),
+            ));
+        }
+        self.cordons
+            .set(id, on)
+            .map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+        if !on {
+            self.stay(id);
+        }
+        tracing::info!(id, role = c.role.name(), addr = %c.addr, cordoned = on, "{}", if on { "component cordoned" } else { "component uncordoned" });
+        Ok(ComponentInfo {
+            cordoned: on,
+            leaving: if on { c.leaving } else { None },
+            ..c
+        })
+    }
+
+    /// The cluster's topology graph, with the links components measured.
+    pub fn topology(&self) -> splitos_core::topology::Graph {
+        let comps = self.comps();
+        let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
+        let samples = comps
+            .iter()
+            .map(|e| {
+                (
+                    e.info.id,
+                    e.links
+                        .iter()
+                        .map(|l| LinkSample {
+                            age_ms: l.age_ms.saturating_add(e.last.elapsed().as_millis() as u64),
+                            ..l.clone()
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        drop(comps);
+        splitos_core::topology::Graph::cluster(&self.addr, &infos, &samples)
+    }
+
+    /// Hops on the topology graph from component `from` to each component it has a path to
+    /// (by id), for a policy that places near first; empty for another policy, or an unknown
+    /// `from`. The graph is built from a snapshot, outside the membership's lock, which
+    /// heartbeats and placements wait for.
+    fn hops(
+        &self,
+        from: Option<u32>,
+        rule: &dyn splitos_core::placement::Placement,
+    ) -> std::collections::HashMap<u32, u32> {
+        let Some(from) = from.filter(|_| rule.near_first()) else {
+            return Default::default();
+        };
+        let g = splitos_core::topology::Graph::cluster(&self.addr, &self.snapshot(), &Default::default());
+        let Some(start) = g.find(&splitos_core::topology::component_id(from)) else {
+            return Default::default();
+        };
+        g.hops_from(start)
+            .into_iter()
+            .zip(&g.nodes)
+            .filter_map(|(h, n)| Some((n.component?, h?)))
+            .collect()
+    }
+
+    /// GMM: the alive mComponent the placement policy prefers among those with at least
+    /// `need` bytes free, other than those in `exclude`, and on a host none of them is on when
+    /// there is one. Its load is the share of its memory taken. `near`: the pComponent the
+    /// memory is for, from which a policy that places near first counts hops.
+    fn pick_memory(&self, need: u64, exclude: &[u32], near: Option<u32>) -> Result<ComponentRef, Refusal> {
+        // One policy for the whole choice, though it may be replaced meanwhile.
+        let rule = self.placement.rule();
+        let hops = self.hops(near, rule);
+        let mut comps = self.comps();
+        let taken_hosts: Vec<String> = comps
+            .iter()
+            .filter(|e| exclude.contains(&e.info.id))
+            .map(|e| host_of(&e.info.addr).to_string())
+            .collect();
+        let best = comps
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, e)| self.takes_memory(e) && !exclude.contains(&e.info.id))
+            .map(|(index, e)| (index, e.info.load.capacity.saturating_sub(Gm::taken(e)), e))
+            .filter(|(_, free, _)| *free >= need)
+            .map(|(index, free, e)| {
+                let load = (Gm::taken(e) * 1000 / e.info.load.capacity.max(1)) as f64;
+                let key = rule.key(&Unit {
+                    index,
+                    free: &[free],
+                    weights: &[1.0],
+                    load,
+                });
+                // Without a path (or one counted before it registered) it comes last.
+                let far = if hops.is_empty() {
+                    0
+                } else {
+                    hops.get(&e.info.id).copied().unwrap_or(u32::MAX)
+                };
+                ((taken_hosts.iter().any(|h| h == host_of(&e.info.addr)), far), key, e)
+            })
+            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
+            .map(|(_, _, e)| e);
+        let Some(e) = best else {
+            let free: Vec<String> = comps
+                .iter()
+                .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
+                .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
+                .collect();
+            tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!("no alive mComponent has {need} bytes free"),
+            ));
+        };
+        e.pending += need;
+        Ok(ComponentRef {
+            id: e.info.id,
+            addr: e.info.addr.clone(),
+        })
+    }
+}
+
+/// Rendezvous (highest random weight) choice among the live components of a role.
+fn rendezvous<'a>(comps: impl IntoIterator<Item = &'a Entry>, role: Role, key: &str) -> Option<ComponentRef> {
+    comps
+        .into_iter()
+        .filter(|e| e.info.role == role && Gm::alive(e))
+        .max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes()))
+        .map(|e| ComponentRef {
+            id: e.info.id,
+            addr: e.info.addr.clone(),
+        })
+}
+
+/// FNV-1a: stable across builds and processes, unlike the standard library's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Gm {
+    fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
+        let ebbs = checked_ebbs(r.ebbs)?;
+        if r.addr.len() > MAX_ADDR {
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("addr: longer than {MAX_ADDR} bytes"),
+            ));
+        }
+        let peer = current_peer();
+        // A component registers as what its credentials say it is.
+        if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("a {} may not register as a {}", p.role.name(), r.role.name()),
+            ));
+        }
+        let key = peer.map(|p| p.key);
+        let mut comps = self.comps();
+        // A component restarting at the same address replaces its old entry (with new
+        // credentials, after the old entry was forgotten).
+        if comps
+            .iter()
+            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e))
+        {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!(
+                    "a live {} with other credentials is registered at {}",
+                    r.role.name(),
+                    r.addr
+                ),
+            ));
+        }
+        let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
+        let before: Vec<LostPcomp> = comps
+            .iter()
+            .filter(|e| replaces(e) && r.role == Role::Proc)
+            .filter_map(|e| {
+                Some(LostPcomp {
+                    key: e.key?,
+                    id: e.info.id,
+                })
+            })
+            .collect();
+        let earlier: Vec<u32> = comps.iter().filter(|e| replaces(e)).map(|e| e.info.id).collect();
+        let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id && !replaces(e));
+        let again = !taken(r.id);
+        let id = if again {
+            r.id
+        } else {
+            std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32)
+                .find(|id| !taken(*id))
+                .expect("an endless supply")
+        };
+        let info = ComponentInfo {
+            id,
+            role: r.role,
+            addr: r.addr.clone(),
+            shim_sock: r.shim_sock,
+            nics: r.nics,
+            load: r.load,
+            alive: true,
+            since_heartbeat_ms: 0,
+            lost: false,
+            metrics: r.metrics,
+            cordoned: false,
+            leaving: None,
+        };
+        let e = Entry {
+            info,
+            key,
+            last: Instant::now(),
+            pending: 0,
+            links: Vec::new(),
+            files_gone: false,
+            ebbs,
+        };
+        // Kept before anything changes: a manager that cannot keep it (it stopped leading)
+        // registers nobody, and changes nothing.
+        self.keep(&e)
+            .map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
+        comps.retain(|e| !replaces(e));
+        for old in earlier.iter().filter(|old| **old != id) {
+            self.unkeep(*old);
+        }
+        // A new start of a pComponent in place of an earlier one: the earlier one's programs
+        // are gone (the same start registering again keeps its key and id).
+        for l in before.into_iter().filter(|l| Some(l.key) != key || l.id != id) {
+            tracing::warn!(id = l.id, addr = %r.addr, "a pComponent was replaced by a new start; its processes' memory is released");
+            self.replaced.push(l);
+        }
+        // A new start of an mComponent in place of an earlier one: the earlier one's copies
+        // are gone.
+        for old in earlier.into_iter().filter(|old| *old != id && r.role == Role::Mem) {
+            tracing::warn!(id = old, addr = %r.addr, "an mComponent was replaced by a new start; the homes rebuild the copies it held");
+            self.replaced_mcomps.push(old);
+        }
+        // One declared lost that registers again (it was forgotten meanwhile) is fenced too.
+        let fenced = r.role == Role::Mem && self.unannounce(id);
+        if fenced {
+            tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
+            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+        }
+        if r.standby && r.role == Role::Mem && !again {
+            if let Err(err) = self.cordons.set(id, true) {
+                tracing::warn!(id, error = %err, "cannot keep the cordon of a standby mComponent; it takes memory");
+            }
+        }
+        tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
+        metrics::counter!("gm_registrations_total").increment(1);
+        comps.push(e);
+        metrics::gauge!("gm_components").set(comps.len() as f64);
+        Ok(G2X_REGISTERED {
+            id,
+            vregion_size: self.vregion_size,
+            replication: self.replication,
+            overcommit: self.overcommit,
+            fenced,
+            vnodes: self.vnodes.version(),
+        })
+    }
+
+    fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
+        // A list out of bounds keeps the one registered: a heartbeat refused would make the
+        // component look dead.
+        let ebbs = checked_ebbs(r.ebbs)
+            .inspect_err(|e| {
+                static BAD_EBBS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("heartbeats naming Ebbs out of bounds");
+                if BAD_EBBS.log_this(format_args!("component {}", r.id)) {
+                    tracing::warn!(id = r.id, error = %e, "a heartbeat named Ebbs out of bounds; its registered ones are kept");
+                }
+            })
+            .ok();
+        let mut comps = self.comps();
+        {
+            let mut last_any = self.last_any.lock().unwrap();
+            if last_any.elapsed() > HEARTBEAT * MISSED_BEATS {
+                tracing::warn!(
+                    silent_ms = last_any.elapsed().as_millis() as u64,
+                    "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost"
+                );
+                let now = Instant::now();
+                for e in comps.iter_mut() {
+                    e.last = now;
+                }
+            }
+            *last_any = Instant::now();
+        }
+        // A component reports links only to components the managers know, a bounded number.
+        let known: std::collections::HashSet<u32> = comps.iter().map(|e| e.info.id).collect();
+        let Some(e) = comps.iter_mut().find(|e| {
+            e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)
+        }) else {
+            // A detached mComponent whose `exit` answer was lost is told again, rather than
+            // registering as a new one.
+            if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.current().contains(&r.id) {
+                return Ok(G2X_BEAT {
+                    lost: Vec::new(),
+                    lost_mcomps: Vec::new(),
+                    fenced: false,
+                    memory: 0,
+                    vnodes: 0,
+                    cordoned: true,
+                    leaving: vec![r.id],
+                    exit: true,
+                    rebalance: None,
+                    keep: Vec::new(),
+                });
+            }
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("no component {} is registered at {}", r.id, r.addr),
+            ));
+        };
+        if !Gm::alive(e) {
+            tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
+        }
+        // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
+        // what it holds may be older.
+        // (Only one silent for longer than `reclaim_dead` is announced, and it leaves the set
+        // at its first heartbeat: being in it is enough, also after a restart of the managers,
+        // which gives every component a fresh start.)
+        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && self.unannounce(r.id);
+        if fenced {
+            tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
+            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+        }
+        e.info.load = r.load;
+        let files_gone = e.files_gone;
+        let exit = Gm::leaving_report(e, r.leaving);
+        e.links = r.links;
+        e.links.retain(|l| known.contains(&l.peer));
+        e.links.truncate(MAX_LINKS);
+        let mut changed = e.files_gone != files_gone;
+        if let Some(ebbs) = ebbs.filter(|ebbs| *ebbs != e.ebbs) {
+            e.ebbs = ebbs;
+            changed = true;
+        }
+        if changed {
+            self.keep_change(e);
+        }
+        e.last = Instant::now();
+        e.pending = 0;
+        let role = e.info.role;
+        if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
+            return Ok(G2X_BEAT {
+                lost: Vec::new(),
+                lost_mcomps: Vec::new(),
+                fenced: false,
+                memory: 0,
+                vnodes: 0,
+                cordoned: false,
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
+        }
+        // Only what is known to be gone: after a restart of the global managers a pComponent
+        // that has not registered again yet is not lost, merely not heard of.
+        let mut lost: Vec<LostPcomp> = comps
+            .iter()
+            .filter(|e| e.info.role == Role::Proc && self.lost(e))
+            .filter_map(|e| {
+                Some(LostPcomp {
+                    key: e.key?,
+                    id: e.info.id,
+                })
+            })
+            .collect();
+        lost.extend(self.replaced.current());
+        // An nComponent closes the sockets of lost pComponents.
+        if role == Role::Net {
+            return Ok(G2X_BEAT {
+                lost,
+                lost_mcomps: Vec::new(),
+                fenced: false,
+                memory: 0,
+                vnodes: 0,
+                cordoned: false,
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
+        }
+        let mut lost_mcomps: Vec<u32> = comps
+            .iter()
+            .filter(|e| e.info.role == Role::Mem && self.lost(e))
+            .map(|e| e.info.id)
+            .collect();
+        lost_mcomps.extend(self.replaced_mcomps.current());
+        lost_mcomps.extend(
+            self.forgotten_mcomps
+                .current()
+                .into_iter()
+                .filter(|id| !comps.iter().any(|e| e.info.id == *id)),
+        );
+        // A pComponent closes its direct connections with lost pComponents, and waits for an
+        // mComponent that does not answer until it is among the lost ones.
+        if role == Role::Proc {
+            lost_mcomps.extend(self.detached.current());
+            return Ok(G2X_BEAT {
+                lost,
+                lost_mcomps,
+                fenced: false,
+                memory: 0,
+                vnodes: self.vnodes.version(),
+                cordoned: self.cordons.has(r.id),
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
+        }
+        if self.replication != Replication::None && !fenced {
+            self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
+        }
+        // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
+        // there to be promised (heuristic overcommit refuses a mapping larger than this).
+        let memory = comps
+            .iter()
+            .filter(|e| self.takes_memory(e))
+            .map(|e| e.info.load.capacity)
+            .sum();
+        let leaving = self.leaving_ids(&comps);
+        let rebalance = self.rebalance_from(&comps);
+        if exit {
+            // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
+            comps.retain(|e| e.info.id != r.id);
+            self.unkeep(r.id);
+            self.detached.push(r.id);
+            metrics::counter!("gm_mcomponents_detached_total").increment(1);
+            tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
+        }
+        let keep = self.quotas_kept_by(&comps, r.id);
+        Ok(G2X_BEAT {
+            lost,
+            lost_mcomps,
+            fenced,
+            memory,
+            vnodes: 0,
+            cordoned: false,
+            leaving,
+            exit,
+            rebalance,
+            keep,
+        })
+    }
+
+    /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
+    /// reports no capacity for processes, so every pComponent has room and a packing policy
+    /// puts every process on the first.
+    fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
+        let mut comps = self.comps();
+        let rule = self.placement.rule();
+        let e = comps
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, e)| e.info.role == Role::Proc && Gm::alive(e) && !self.cordons.has(e.info.id))
+            .map(|(index, e)| {
+                (
+                    rule.key(&Unit {
+                        index,
+                        free: &[],
+                        weights: &[],
+                        load: e.info.load.threads as f64,
+                    }),
+                    e,
+                )
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, e)| e)
+            .ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Unreachable,
+                    "no alive pComponent takes new programs (none is alive, or every one is cordoned)",
+                )
+            })?;
+        metrics::counter!("gpm_placements_total").increment(1);
+        // Count the new process's thread until the next heartbeat reports it, so that
+        // processes started together spread.
+        e.info.load.threads += 1;
+        Ok(G2C_PLACED { pcomp: e.info.clone() })
+    }
+
+    /// GMM: the home of a new process. A vNode with a memory quota has every process's home
+    /// on one mComponent (rendezvous on its name), which so sees all the memory the vNode
+    /// maps and enforces the quota alone; other processes go where the placement policy says.
+    fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
+        let memory_quota = self.vnodes.quota(&r.vnode);
+        let mcomp = match memory_quota {
+            Some(_) => self.quota_home(&self.comps(), &r.vnode)?,
+            None => self.pick_memory(0, &[], Some(r.pcomp))?,
+        };
+        Ok(G2P_HOME { mcomp, memory_quota })
+    }
+
+    /// The home of every process of `vnode`, which has a memory quota: the one it had while
+    /// that one is alive and not leaving, else a new one (rendezvous on the vNode's name).
+    fn quota_home(&self, comps: &[Entry], vnode: &str) -> Result<ComponentRef, Refusal> {
+        let mut homes = self.quota_homes.lock().unwrap();
+        let kept = homes
+            .get(vnode)
+            .filter(|h| {
+                comps
+                    .iter()
+                    .any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())
+            })
+            .cloned();
+        let home = match kept {
+            Some(h) => h,
+            // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
+            None => rendezvous(
+                comps.iter().filter(|e| self.takes_memory(e)),
+                Role::Mem,
+                &format!("home\0{vnode}"),
+            )
+            .ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
+        };
+        // Kept before it is answered: a successor gives the vNode's next processes the same
+        // home, which alone sees all of the vNode's memory.
+        if homes.get(vnode) != Some(&home) {
+            self.store
+                .put(kept::QUOTA_HOMES, vnode, Some(&home))
+                .map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
+        }
+        homes.insert(vnode.to_string(), home.clone());
+        Ok(home)
+    }
+
+    /// The vNodes with a quota whose home mComponent `id` is, and their quotas: it keeps room
+    /// for them from the moment they exist, before their first process (a home is named for
+    /// each now if it has none yet).
+    fn quotas_kept_by(&self, comps: &[Entry], id: u32) -> Vec<(String, u64)> {
+        let (_, vnodes) = self.vnodes.list();
+        vnodes
+            .into_iter()
+            .filter_map(|v| Some((v.memory?, v.name)))
+            .filter(|(_, name)| self.quota_home(comps, name).is_ok_and(|h| h.id == id))
+            .map(|(q, name)| (name, q))
+            .collect()
+    }
+
+    /// Forgets the home of a deleted vNode: one made later under its name is placed anew.
+    pub fn forget_quota_home(&self, vnode: &str) {
+        if self.quota_homes.lock().unwrap().remove(vnode).is_some() {
+            if let Err(e) = self.store.put::<ComponentRef>(kept::QUOTA_HOMES, vnode, None) {
+                tracing::warn!(vnode, error = %e, "cannot drop a deleted vNode's home from the managers' state");
+            }
+        }
+    }
+
+    fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode)
+            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
+        Ok(G2P_STORAGE { scomp })
+    }
+
+    /// Backup files go where the vNode's files are: one sComponent per vNode to reach.
+    fn backup_store(&self, r: M2G_BACKUP_STORE) -> Result<G2M_BACKUP_STORE, Refusal> {
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| {
+            ERR::new(
+                ErrCode::Unreachable,
+                "replication \"log\" keeps backup files on an sComponent, and none is alive",
+            )
+        })?;
+        Ok(G2M_BACKUP_STORE { scomp })
+    }
+
+    /// GNM: the nComponent whose interfaces hold a socket's address, or the vNode's own
+    /// (rendezvous on the vNode's name, so that all its programs share one stack and their
+    /// loopback reaches each other).
+    fn pick_net(&self, r: P2G_PICK_NET) -> Result<G2P_NET, Refusal> {
+        metrics::counter!("gnm_placements_total").increment(1);
+        let comps = self.comps();
+        let specific =
+            r.ip.map(|ip| ip.to_canonical())
+                .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        if let Some(ip) = specific {
+            let holder = comps
+                .iter()
+                .find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
+            return match holder {
+                Some(e) => Ok(G2P_NET {
+                    ncomp: ComponentRef {
+                        id: e.info.id,
+                        addr: e.info.addr.clone(),
+                    },
+                }),
+                None => Err(ERR::new(
+                    ErrCode::Errno(libc::EADDRNOTAVAIL),
+                    format!("no live nComponent has address {ip}"),
+                )),
+            };
+        }
+        if !comps.iter().any(|e| e.info.role == Role::Net) {
+            // Programs keep the stack of their pComponent's host.
+            return Err(ERR::new(ErrCode::NotFound, "the cluster has no nComponent"));
+        }
+        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode)
+            .ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
+        Ok(G2P_NET { ncomp })
+    }
+
+    fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
+        metrics::counter!("gmm_file_cache_placements_total").increment(1);
+        // A leaving mComponent keeps its files until it wrote them back: two caches of one
+        // file at once would each miss the other's writes.
+        let comps = self.comps();
+        let mcomp = rendezvous(
+            comps.iter().filter(|e| !e.files_gone),
+            Role::Mem,
+            &format!("{}\0{}", r.vnode, r.ino),
+        )
+        .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        Ok(G2P_FILE_CACHE { mcomp })
+    }
+
+    /// The components and where the managers serve (the API's `/api/v1/status` adds each
+    /// component's statistics).
+    pub fn status_summary(&self) -> G2C_STATUS {
+        let managers = self
+            .election
+            .as_ref()
+            .map_or_else(|| vec![self.addr.clone()], |e| e.managers());
+        G2C_STATUS {
+            components: self.snapshot(),
+            vregion_size: self.vregion_size,
+            api: self.api.get().cloned(),
+            metrics: self.metrics.get().cloned(),
+            leader: Some(self.addr.clone()),
+            managers,
+        }
+    }
+
+    /// Where the managers serve their own metrics, if they do.
+    pub fn metrics_addr(&self) -> Option<String> {
+        self.metrics.get().cloned()
+    }
+
+    /// Asks every alive component that `which` picks at once, each answer beside its asker.
+    fn ask_all<R: Request + Clone + Sync>(
+        &self,
+        which: impl Fn(&ComponentInfo) -> bool,
+        req: R,
+        timeout: Duration,
+    ) -> Vec<(ComponentInfo, Result<R::Reply, RpcError>)>
+    where
+        R::Reply: Send,
+    {
+        let comps: Vec<ComponentInfo> = self.snapshot().into_iter().filter(|c| c.alive && which(c)).collect();
+        let answers: Vec<Result<R::Reply, RpcError>> = std::thread::scope(|s| {
+            let asks: Vec<_> = comps
+                .iter()
+                .map(|c| s.spawn(|| self.rpc.call_timeout(&c.addr, req.clone(), timeout)))
+                .collect();
+            asks.into_iter()
+                .map(|h| h.join().expect("a request to a component panicked"))
+                .collect()
+        });
+        comps.into_iter().zip(answers).collect()
+    }
+
+    /// Every program the alive pComponents run; they are asked at once.
+    /// Every component with its own statistics (alive ones that answer), as `cluster status`
+    /// shows them.
+    pub fn status(&self) -> Vec<(ComponentInfo, Option<serde_json::Value>)> {
+        let mut answered: std::collections::HashMap<u32, serde_json::Value> = std::collections::HashMap::new();
+        for (c, r) in self.ask_all(|_| true, G2X_STATS, STATS_TIMEOUT) {
+            match r
+                .map_err(|e| e.to_string())
+                .and_then(|s| serde_json::from_str(&s.json).map_err(|e| e.to_string()))
+            {
+                Ok(v) => _ = answered.insert(c.id, v),
+                Err(e) => tracing::debug!(id = c.id, error = %e, "a component did not give its statistics"),
+            }
+        }
+        self.snapshot()
+            .into_iter()
+            .map(|c| (answered.remove(&c.id), c))
+            .map(|(s, c)| (c, s))
+            .collect()
+    }
+
+    pub fn jobs(&self) -> Jobs {
+        let mut jobs = Jobs {
+            running: Vec::new(),
+            unanswered: Vec::new(),
+        };
+        for (c, a) in self.ask_all(|c| c.role == Role::Proc, G2P_JOBS, CONTROL_TIMEOUT) {
+            match a {
+                Ok(r) => jobs.running.extend(r.jobs.into_iter().map(|j| (c.clone(), j))),
+                Err(e) => jobs.unanswered.push((c, e.to_string())),
+            }
+        }
+        jobs
+    }
+
+    /// The whole cluster's metrics: the managers' own and every alive component's, merged
+    /// into one exposition (a silent component's series are missing).
+    pub fn cluster_metrics(&self) -> String {
+        let answers = self.ask_all(|_| true, G2X_METRICS, CONTROL_TIMEOUT);
+        splitos_core::telemetry::merge(
+            std::iter::once(splitos_core::telemetry::render())
+                .chain(answers.into_iter().filter_map(|(_, a)| a.ok().map(|m| m.text))),
+        )
+    }
+
+    /// Resizes the ExCache of pComponent `id` and sets the vNodes' shares of it (each left as
+    /// it is when `None`). A shrink waits for the lines past the new size to be written back.
+    pub fn set_excache(
+        &self,
+        id: u32,
+        size: Option<u64>,
+        shares: Option<Vec<ExcacheShare>>,
+    ) -> Result<P2G_EXCACHE, Refusal> {
+        let pcomp = self.running_pcomponent(id)?;
+        let r = self
+            .rpc
+            .call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
+        metrics::counter!("gm_excache_changes_total").increment(1);
+        Ok(r)
+    }
+
+    /// Replaces the eviction or read-ahead policy of pComponent `id` while it runs (each left
+    /// as it is when `None`), through the messenger to its `excache-policies` Ebb.
+    pub fn set_policy(
+        &self,
+        id: u32,
+        eviction: Option<String>,
+        prefetch: Option<String>,
+    ) -> Result<PolicyState, Refusal> {
+        let pcomp = self.running_pcomponent(id)?;
+        let change = eviction.is_some() || prefetch.is_some();
+        let send =
+            |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
+        let r = SetPolicy { eviction, prefetch }.ask(send)?;
+        if change {
+            metrics::counter!("gm_policy_changes_total").increment(1);
+        }
+        Ok(r)
+    }
+
+    /// Replaces the placement policy with the one `name` names (none: only reads it).
+    pub fn placement(&self, name: Option<String>) -> Result<PlacementState, String> {
+        self.placement.set(name)
+    }
+
+    /// The global id map: every Ebb served by a live component (only `ebb`, if given), with
+    /// the live components that serve it.
+    fn ebb_map(&self, ebb: Option<u32>) -> Result<G2X_EBB_MAP, Refusal> {
+        let mut map: std::collections::BTreeMap<u32, EbbHomes> = Default::default();
+        // The managers' own Ebbs, at id 0 (no component has it).
+        let own = EbbHome {
+            id: 0,
+            role: Role::Gm,
+            addr: self.addr.clone(),
+        };
+        // Taken under the membership's lock, which heartbeats and placements wait for; built
+        // after it.
+        let served: Vec<(EbbHome, Vec<EbbServed>)> = self
+            .comps()
+            .iter()
+            .filter(|e| Gm::alive(e) && !e.ebbs.is_empty())
+            .map(|e| {
+                (
+                    EbbHome {
+                        id: e.info.id,
+                        role: e.info.role,
+                        addr: e.info.addr.clone(),
+                    },
+                    e.ebbs
+                        .iter()
+                        .filter(|s| ebb.is_none_or(|id| id == s.id))
+                        .cloned()
+                        .collect(),
+                )
+            })
+            .collect();
+        let own_ebbs = splitos_rpc::messenger::served()
+            .into_iter()
+            .filter(|s| ebb.is_none_or(|id| id == s.id))
+            .collect();
+        for (home, ebbs) in std::iter::once((own, own_ebbs)).chain(served) {
+            for s in ebbs {
+                map.entry(s.id)
+                    .or_insert_with(|| EbbHomes {
+                        id: s.id,
+                        name: s.name,
+                        homes: Vec::new(),
+                    })
+                    .homes
+                    .push(home.clone());
+            }
+        }
+        if let Some(id) = ebb.filter(|_| map.is_empty()) {
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("no live component serves Ebb {id}"),
+            ));
+        }
+        Ok(G2X_EBB_MAP {
+            ebbs: map.into_values().collect(),
+        })
+    }
+
+    /// The pComponent `id`, answering.
+    fn running_pcomponent(&self, id: u32) -> Result<ComponentInfo, Refusal> {
+        let pcomp = self
+            .snapshot()
+            .into_iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+        if pcomp.role != Role::Proc {
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "component {id} is a {}: only pComponents have an ExCache",
+                    pcomp.role.name()
+                ),
+            ));
+        }
+        if !pcomp.alive {
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!("pComponent {id} does not answer"),
+            ));
+        }
+        Ok(pcomp)
+    }
+
+    /// Signals program `pid` on `pcomp`, which the caller found it on.
+    pub fn signal(&self, pcomp: &ComponentInfo, pid: u64, signal: i32) -> Result<(), RpcError> {
+        self.rpc.call(&pcomp.addr, G2P_SIGNAL { pid, signal }).map(|_| ())
+    }
+
+    fn stats(&self) -> Result<X2C_STATS, Refusal> {
+        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.now().to_string(), "placement_swaps": self.placement.swaps()}).to_string();
+        Ok(X2C_STATS { json })
+    }
+}
+
+/// The global managers' dispatch table.
+impl Handler for Gm {
+    fn handle(&self, msg: Msg) -> Msg {
+        match msg {
+            Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
+            Msg::X2G_HEARTBEAT(r) => on(r, |r| self.heartbeat(r)),
+            Msg::C2G_STATUS(r) => on(r, |_| Ok(self.status_summary())),
+            Msg::P2G_VNODES(r) => on(r, |_| {
+                let (version, vnodes) = self.vnodes.list();
+                Ok(G2P_VNODES { version, vnodes })
+            }),
+            Msg::X2G_API_TOKEN(r) => on(r, |r| principal(self.tokens.check(&r.token))),
+            Msg::X2G_WHO_LEADS(r) => on(r, |_| {
+                Ok(G2X_LEADER {
+                    leader: Some(self.addr.clone()),
+                    term: self.election.as_ref().map_or(0, |e| e.etcd.term()),
+                })
+            }),
+            Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
+                let token = self
+                    .tokens
+                    .create(&r.name, r.admin, r.vnodes.clone())
+                    .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+                tracing::info!(name = %r.name, admin = r.admin, vnodes = ?r.vnodes, "API token created");
+                Ok(G2C_TOKEN { token })
+            }),
+            Msg::C2G_TOKEN_LIST(r) => on(r, |_| {
+                Ok(G2C_TOKENS {
+                    tokens: self.tokens.list(),
+                })
+            }),
+            Msg::C2G_TOKEN_REVOKE(r) => on(r, |r| match self.tokens.revoke(&r.name) {
+                Ok(true) => {
+                    tracing::info!(name = %r.name, "API token revoked");
+                    Ok(OK)
+                }
+                Ok(false) => Err(ERR::new(
+                    ErrCode::NotFound,
+                    format!("no API token is named {:?}", r.name),
+                )),
+                Err(e) => Err(ERR::new(ErrCode::Internal, e)),
+            }),
+            Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
+            Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
+            Msg::M2G_PICK_OWNER(r) => on(r, |r| {
+                metrics::counter!("gmm_vregion_placements_total").increment(1);
+                self.pick_memory(r.bytes, &r.exclude, (r.near != 0).then_some(r.near))
+                    .map(|mcomp| G2M_OWNER { mcomp })
+            }),
+            Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
+            Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
+            Msg::P2G_FILE_CACHE(r) => on(r, |r| self.file_cache(r)),
+            Msg::M2G_FIND(r) => on(r, |r| {
+                // Only pComponents not lost (a late one is still told): an mComponent has no
+                // other use for it.
+                let c = self
+                    .comps()
+                    .iter()
+                    .find(|e| e.info.id == r.id && e.info.role == Role::Proc && !self.lost(e))
+                    .map(|e| ComponentRef {
+                        id: e.info.id,
+                        addr: e.info.addr.clone(),
+                    });
+                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| {
+                    ERR::new(
+                        ErrCode::NotFound,
+                        format!("no pComponent that is not lost has id {}", r.id),
+                    )
+                })
+            }),
+            Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
+            Msg::X2G_EBB_FIND(r) => on(r, |r| self.ebb_map(r.ebb)),
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: splitos_core::telemetry::render(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| self.stats()),
+            Msg::C2X_SHUTDOWN(r) => on(r, |_| {
+                splitos_core::node::exit_soon();
+                Ok(OK)
+            }),
+            other => Msg::ERR(ERR::new(
+                ErrCode::Invalid,
+                format!("the global managers do not handle {}", other.name()),
+            )),
+        }
+    }
+}
+
+/// What answers the managers' address when they keep their state in etcd: the managers
+/// themselves while this one leads; before that, and after it stopped, a follower that answers
+/// who leads and reads (the leader's last status, the API tokens), and refuses the rest
+/// `NotLeader`.
+struct Manager {
+    election: Arc<etcd::Election>,
+    gm: std::sync::OnceLock<Arc<Gm>>,
+    store: state::Store,
+}
+
+impl Handler for Manager {
+    fn handle(&self, msg: Msg) -> Msg {
+        match msg {
+            Msg::X2G_WHO_LEADS(r) => return on(r, |_| Ok(self.who_leads())),
+            // A leader that stops gives its lease up: another leads at once.
+            Msg::C2X_SHUTDOWN(r) => {
+                return on(r, |_| {
+                    self.election.resign();
+                    splitos_core::node::exit_soon();
+                    Ok(OK)
+                })
+            }
+            _ => {}
+        }
+        match self.gm.get().filter(|_| self.election.leading()) {
+            // An answer made while the lease lapsed is not sent: another may lead by now.
+            Some(gm) => match gm.handle(msg) {
+                _ if !self.election.leading() => Msg::ERR(self.not_leader()),
+                answer => answer,
+            },
+            None => self.follow(msg),
+        }
+    }
+}
+
+impl Manager {
+    fn who_leads(&self) -> G2X_LEADER {
+        let seen = self.election.seen();
+        G2X_LEADER {
+            leader: seen.leader,
+            term: seen.term,
+        }
+    }
+
+    fn follow(&self, msg: Msg) -> Msg {
+        metrics::counter!("gm_follower_requests_total").increment(1);
+        match msg {
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: splitos_core::telemetry::render(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| {
+                Ok(X2C_STATS { json: serde_json::json!({"role": "global-managers", "leading": false, "leader": self.election.seen().leader}).to_string() })
+            }),
+            Msg::C2G_STATUS(r) => on(r, |_| {
+                let published = self.election.published_status().ok_or_else(|| self.not_leader())?;
+                let mut s: G2C_STATUS = postcard::from_bytes(&published)
+                    .map_err(|e| ERR::new(ErrCode::Internal, format!("the leader's published status: {e}")))?;
+                s.leader = self.election.seen().leader;
+                s.managers = self.election.managers();
+                Ok(s)
+            }),
+            Msg::X2G_API_TOKEN(r) => on(r, |r| {
+                let tokens = tokens::Tokens::open(self.store.clone())
+                    .map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
+                principal(tokens.check(&r.token))
+            }),
+            _ => Msg::ERR(self.not_leader()),
+        }
+    }
+
+    fn not_leader(&self) -> ERR {
+        match self.election.seen().leader {
+            Some(l) => ERR::new(
+                ErrCode::NotLeader,
+                format!("this global manager follows; the leader is at {l}"),
+            ),
+            None => ERR::new(
+                ErrCode::NotLeader,
+                "this global manager follows, and no leader is elected yet",
+            ),
+        }
+    }
+}
+
+/// What the managers answer `X2G_API_TOKEN` with.
+fn principal(p: Option<tokens::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
+    match p {
+        Some(tokens::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
+            name: token,
+            admin: true,
+            vnodes: Vec::new(),
+        }),
+        Some(tokens::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
+            name: token,
+            admin: false,
+            vnodes,
+        }),
+        None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
+    }
+}
+
+fn server_config() -> ServerConfig {
+    ServerConfig {
+        name: "gm".into(),
+        workers: 2,
+        fanout_workers: 1,
+        serving: Default::default(),
+    }
+}
+
+/// How often a leader looks at its status, to publish it for the followers when it changed
+/// (which components there are, and whether each is alive), and at least every
+/// [`PUBLISH_ANYWAY`] (their loads): each publication is a revision etcd keeps until it
+/// compacts its history.
+const PUBLISH: Duration = Duration::from_secs(1);
+const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
+
+/// Runs the global managers until they are stopped. `start_api` serves the REST API
+/// (`api::start`) once they serve, as the leader where several run: it is given, not called by
+/// name, because the API imports the managers and the managers must not import it.
+pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    // Before any thread starts, which would inherit the mask.
+    let stop = node::block_stop_signals();
+    let cfg = &args.cluster;
+    cfg.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let t = args
+        .process
+        .transport
+        .build(Some(node::credentials(args.process.credentials()?, Role::Gm)?))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    node::advertisable(Role::Gm, &args.listen)?;
+    let ep = t
+        .listen(&args.listen)
+        .map_err(|e| anyhow::anyhow!("global managers cannot listen on {}: {e}", args.listen))?;
+    let addr = ep.addr();
+    splitos_core::telemetry::init(Role::Gm, &addr);
+    splitos_rpc::messenger::set_component_id(0);
+    if cfg.etcd.is_empty() {
+        let store = match &args.state {
+            Some(file) => state::Store::open(
+                file,
+                state::StateKey::at(
+                    &args.state_key.clone().unwrap_or_else(|| file.with_extension("key")),
+                    true,
+                )?,
+            )?,
+            None => state::Store::default(),
+        };
+        let gm = Gm::open(&args, &addr, &t, store, None)?;
+        ep.serve(gm.clone(), server_config());
+        let g = gm.clone();
+        if let Some(at) = node::serve_metrics(&args.process, move |token| {
+            matches!(g.tokens.check(token), Some(tokens::Principal::Admin { .. }))
+        })? {
+            let _ = gm.metrics.set(at);
+        }
+        start_api(&gm, &args)?;
+        stop.on_stop(|| {});
+        tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %gm.replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, state = ?args.state, "splitos global managers started");
+        node::announce_ready(args.process.ready_file.as_deref(), &addr);
+        splitos_core::node::park_forever()
+    }
+    // Every manager of the cluster signs with the same key: one made here would refuse the
+    // others' records.
+    let key = state::StateKey::at(
+        args.state_key.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("managers in etcd need the cluster's state key (--state-key; `cluster up` makes one)")
+        })?,
+        false,
+    )?;
+    let tls = match (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) {
+        (Some(ca), Some(cert), Some(key)) => Some(etcd::Tls { ca, cert, key }),
+        _ => None,
+    };
+    let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix, tls, key.clone())?;
+    let store = state::Store::on(etcd.clone(), key);
+    let election = etcd::Election::new(etcd, &addr, Duration::from_secs(cfg.leader_lease_s));
+    let manager = Arc::new(Manager {
+        election: election.clone(),
+        gm: std::sync::OnceLock::new(),
+        store: store.clone(),
+    });
+    let leaving = election.clone();
+    stop.on_stop(move || leaving.resign());
+    ep.serve(manager.clone(), server_config());
+    let token_store = store.clone();
+    let metrics = node::serve_metrics(&args.process, move |token| {
+        tokens::Tokens::open(token_store.clone())
+            .is_ok_and(|t| matches!(t.check(token), Some(tokens::Principal::Admin { .. })))
+    })?;
+    tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
+    node::announce_ready(args.process.ready_file.as_deref(), &addr);
+    let e = election.clone();
+    election.run(move || {
+        let gm = Gm::open(&args, &addr, &t, store, Some(e.clone()))?;
+        if let Some(at) = metrics {
+            let _ = gm.metrics.set(at);
+        }
+        let _ = manager.gm.set(gm.clone());
+        start_api(&gm, &args)?;
+        std::thread::Builder::new()
+            .name("publish-status".into())
+            .spawn(move || {
+                let mut last: Option<(Vec<u8>, Instant)> = None;
+                loop {
+                    let status = gm.status_summary();
+                    let shape = G2C_STATUS {
+                        components: status
+                            .components
+                            .iter()
+                            .map(|c| ComponentInfo {
+                                since_heartbeat_ms: 0,
+                                load: Load::default(),
+                                ..c.clone()
+                            })
+                            .collect(),
+                        ..status.clone()
+                    };
+                    let shape = postcard::to_allocvec(&shape).expect("a status encodes");
+                    if last
+                        .as_ref()
+                        .is_none_or(|(s, at)| *s != shape || at.elapsed() > PUBLISH_ANYWAY)
+                    {
+                        match e.publish_status(&postcard::to_allocvec(&status).expect("a status encodes")) {
+                            Ok(()) => last = Some((shape, Instant::now())),
+                            Err(err) => tracing::debug!(error = %err, "cannot publish the status for the followers"),
+                        }
+                    }
+                    std::thread::sleep(PUBLISH);
+                }
+            })?;
+        Ok(())
+    })
+}
+
+impl Gm {
+    /// The managers, resuming from what `state` keeps; `election`: theirs, when they are
+    /// several.
+    fn open(
+        args: &GmArgs,
+        addr: &str,
+        t: &Arc<dyn splitos_rpc::Transport>,
+        state: state::Store,
+        election: Option<Arc<etcd::Election>>,
+    ) -> anyhow::Result<Arc<Gm>> {
+        let cfg = &args.cluster;
+        let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
+        let authority = args
+            .authority
+            .as_deref()
+            .map(|p| {
+                splitos_rpc::auth::Authority::load(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read the cluster's authority {}: {e}", p.display()))
+            })
+            .transpose()?;
+        let api_ca = args
+            .api_ca
+            .as_deref()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read the API's certificate authority {}: {e}", p.display()))
+            })
+            .transpose()?;
+        let gm = Arc::new(Gm {
+            addr: addr.to_string(),
+            vregion_size: cfg.vregion_size.0,
+            replication: cfg.replication.unwrap_or_default(),
+            overcommit: cfg.overcommit,
+            placement: splitos_core::placement::Placements::new(cfg.placement, state.clone())?,
+            rebalance_percent: cfg.rebalance_percent,
+            rebalancing: Mutex::new(None),
+            forget_dead,
+            reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
+            comps: Mutex::new(Gm::resume(&state)?),
+            replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
+            replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
+            forgotten_mcomps: kept::Recent::open(state.clone(), state::Table("forgotten-mcomponents"), forget_dead)?,
+            detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead)?,
+            announced: Mutex::new(state.load::<u32>(kept::ANNOUNCED)?.into_iter().collect()),
+            store: state.clone(),
+            last_any: Mutex::new(Instant::now()),
+            started: Instant::now(),
+            vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
+            cordons: cordon::Cordons::open(state.clone())?,
+            quota_homes: Mutex::new(
+                state
+                    .load_keyed::<ComponentRef>(kept::QUOTA_HOMES)?
+                    .into_iter()
+                    .collect(),
+            ),
+            tokens: tokens::Tokens::open(state.clone())?,
+            joins: joins::JoinTokens::open(state, authority, api_ca)?,
+            api: std::sync::OnceLock::new(),
+            metrics: std::sync::OnceLock::new(),
+            rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
+            election,
+        });
+        let resumed = gm.comps.lock().unwrap().len();
+        metrics::gauge!("gm_components_resumed").set(resumed as f64);
+        if resumed > 0 {
+            tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
+        }
+        Ok(gm)
+    }
+}

@@ -1,0 +1,263 @@
+//! Failover of homes: a home copies its state of each process to a backup home after every
+//! change (`M2M_HOME_SYNC`), and the backup takes over when the home is lost
+//! (`P2M_HOME_TAKEOVER`, or the global managers' word), once it cannot reach it either.
+use std::sync::{Arc, Mutex};
+
+use splitos_rpc::*;
+
+use super::{HomeProc, Replicas, VERIFY_TIMEOUT};
+use crate::{Mem, Peers};
+
+impl<P: Peers> Mem<P> {
+    /// Copies the home's state of the process to its backup home, choosing another backup
+    /// when that one cannot be reached.
+    pub(super) fn sync_backup(&self, h: &mut HomeProc) {
+        if !self.replication().redundant() || h.gone() {
+            return;
+        }
+        let mut failed = vec![self.peers.id()];
+        for _ in 0..3 {
+            let backup = match h.backup.clone() {
+                Some(b) => b,
+                None => match self.pick_other(0, &failed, 0) {
+                    Ok(Some(b)) => b,
+                    _ => {
+                        tracing::warn!(
+                            pid = h.who.pid,
+                            "no mComponent can be backup home: the process's layout has one copy"
+                        );
+                        return;
+                    }
+                },
+            };
+            match self.peers.call(
+                &backup.addr,
+                M2M_HOME_SYNC {
+                    state: h.state(self.me()),
+                },
+            ) {
+                Ok(_) => {
+                    h.backup = Some(backup);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(pid = h.who.pid, backup = backup.id, error = %e, "backup home cannot be reached; choosing another");
+                    failed.push(backup.id);
+                    h.backup = None;
+                }
+            }
+        }
+    }
+
+    /// The global managers say these mComponents are lost: every process this mComponent is
+    /// home of loses its replicas there, and every process whose home was one of them gets
+    /// this mComponent as its home if it was the backup.
+    pub(crate) fn mcomps_lost(&self, lost: &[u32]) {
+        if lost.is_empty() || !self.replication().redundant() {
+            return;
+        }
+        let homes: Vec<Arc<Mutex<HomeProc>>> = self.homes.lock().unwrap().values().cloned().collect();
+        for hp in homes {
+            let mut h = hp.lock().unwrap();
+            let touched = h
+                .vregions
+                .values()
+                .any(|s| s.owners.iter().any(|o| lost.contains(&o.id)))
+                || h.backup.as_ref().is_some_and(|b| lost.contains(&b.id));
+            if touched {
+                self.drop_replicas(&mut h, lost, None);
+            }
+        }
+        let orphans: Vec<(Who, u32)> = self
+            .backups
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| lost.contains(&s.home.id))
+            .map(|s| (s.who.clone(), s.home.id))
+            .collect();
+        for (who, home) in orphans {
+            let pid = who.pid;
+            if let Err(e) = self.take_over(who, home) {
+                tracing::warn!(pid, error = %e, "cannot take over a process whose home is lost");
+            }
+        }
+    }
+
+    /// A home's copy of its state of one process, kept for taking over.
+    pub(crate) fn home_sync(&self, r: M2M_HOME_SYNC) -> Result<OK, Refusal> {
+        let pid = r.state.who.pid;
+        if self.homes.lock().unwrap().contains_key(&pid) {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("mComponent {} is now the home of process {pid}", self.peers.id()),
+            ));
+        }
+        self.backups.lock().unwrap().insert(pid, r.state);
+        Ok(OK)
+    }
+
+    pub(crate) fn home_drop(&self, r: M2M_HOME_DROP) -> Result<OK, Refusal> {
+        self.backups.lock().unwrap().remove(&r.who.pid);
+        Ok(OK)
+    }
+
+    /// The pComponent of a process cannot reach its home: the backup becomes the home, once
+    /// it finds the home unreachable too (or no longer the process's home). A home that is
+    /// only slow stays the home: two homes of one process would each change its sets.
+    pub(crate) fn home_takeover(&self, r: P2M_HOME_TAKEOVER) -> Result<M2P_HOME, Refusal> {
+        if let Ok(hp) = self.home_proc(&r.who) {
+            return Ok(M2P_HOME {
+                backup: hp.lock().unwrap().backup.clone(),
+            });
+        }
+        let kept = self
+            .backups
+            .lock()
+            .unwrap()
+            .get(&r.who.pid)
+            .map(|s| (s.who.vnode.clone(), s.creator, s.home.clone()));
+        let Some((vnode, creator, home)) = kept else {
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!(
+                    "mComponent {} keeps no copy of process {}'s home",
+                    self.peers.id(),
+                    r.who.pid
+                ),
+            ));
+        };
+        if vnode != r.who.vnode {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} belongs to another vNode", r.who.pid),
+            ));
+        }
+        self.may_act(r.who.pid, creator)?;
+        if self
+            .peers
+            .call_timeout(
+                &home.addr,
+                M2M_HOME_OF {
+                    who: Who::new(vnode, r.who.pid),
+                },
+                VERIFY_TIMEOUT,
+            )
+            .is_ok()
+        {
+            return Err(ERR::new(
+                ErrCode::Unreachable,
+                format!(
+                    "mComponent {} at {} is still the home of process {}: it is slow, not lost",
+                    home.id, home.addr, r.who.pid
+                ),
+            ));
+        }
+        self.take_over(r.who, home.id)
+    }
+
+    /// `M2M_HOME_OF`: whether this mComponent is still the process's home.
+    pub(crate) fn home_of(&self, r: M2M_HOME_OF) -> Result<OK, Refusal> {
+        self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| {
+            ERR::new(
+                ErrCode::NotHome,
+                format!("mComponent {} is not home of process {}", self.peers.id(), r.who.pid),
+            )
+        })
+    }
+
+    /// Becomes the home of `who` from the copy of its state kept here. The epoch moves past
+    /// any the process's pComponent (`who.epoch`) or an owner may have seen.
+    fn take_over(&self, who: Who, lost_home: u32) -> Result<M2P_HOME, Refusal> {
+        let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!(
+                    "mComponent {} keeps no copy of process {}'s home",
+                    self.peers.id(),
+                    who.pid
+                ),
+            ));
+        };
+        metrics::counter!("mcomp_home_takeovers_total").increment(1);
+        tracing::warn!(
+            pid = who.pid,
+            lost = lost_home,
+            "home of a process is lost: this mComponent, its backup, takes over"
+        );
+        let backup = self.become_home(state, who.epoch, Some(lost_home));
+        Ok(M2P_HOME { backup })
+    }
+
+    /// `M2M_HOME_ADOPT`: a leaving home gives this mComponent one of its processes. A repeat
+    /// from the same home (its answer was lost) is answered again: that home stopped acting
+    /// for the process when it first asked, so the state is the one taken.
+    pub(crate) fn home_adopt(&self, r: M2M_HOME_ADOPT) -> Result<M2M_HOME_ADOPTED, Refusal> {
+        let pid = r.state.who.pid;
+        let from = r.state.home.id;
+        let mine = self.homes.lock().unwrap().get(&pid).cloned();
+        if let Some(hp) = mine {
+            let h = hp.lock().unwrap();
+            if h.adopted_from == Some(from) && h.who.vnode == r.state.who.vnode {
+                return Ok(M2M_HOME_ADOPTED {
+                    backup: h.backup.clone(),
+                });
+            }
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("mComponent {} is already the home of process {pid}", self.peers.id()),
+            ));
+        }
+        if !self.leavers.lock().unwrap().contains(&from) {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes"),
+            ));
+        }
+        self.backups.lock().unwrap().remove(&pid);
+        let backup = self.become_home(r.state, 0, None);
+        if let Some(hp) = self.homes.lock().unwrap().get(&pid) {
+            hp.lock().unwrap().adopted_from = Some(from);
+        }
+        metrics::counter!("mcomp_homes_adopted_total").increment(1);
+        tracing::info!(pid, from, "became the home of a process its leaving home gave up");
+        Ok(M2M_HOME_ADOPTED { backup })
+    }
+
+    /// Becomes the home of the process in `state`, past epoch `seen` and the state's own: the
+    /// owners refuse write-backs of older epochs from now on. `lost`: the home it replaces is
+    /// lost, and leaves the process's sets. Returns the new backup home.
+    fn become_home(&self, state: HomeState, seen: u64, lost: Option<u32>) -> Option<ComponentRef> {
+        let pid = state.who.pid;
+        let hp = Arc::new(Mutex::new(HomeProc::from_state(state)));
+        let mut h = hp.lock().unwrap();
+        self.homes.lock().unwrap().insert(pid, hp.clone());
+        h.epoch = h.epoch.max(seen) + 1;
+        // Charged here now: what it had mapped is not refused, only what it maps next.
+        h.charged = h.writable_in(h.base, h.limit);
+        self.quotas.settle(&h.who.vnode, 0, 0, h.charged);
+        let epoch_who = h.who();
+        for o in h.all_owners() {
+            if let Err(e) = self.to_owner(&o, M2M_EPOCH { who: epoch_who.clone() }) {
+                tracing::debug!(owner = o.id, error = %e, "cannot tell an owner the new epoch");
+            }
+        }
+        if let Some(lost) = lost {
+            self.drop_replicas(&mut h, &[lost], None);
+        }
+        // Loggers ask their home for copies: this one now.
+        let logged: Vec<(u64, Replicas)> = h
+            .vregions
+            .iter()
+            .filter(|(_, s)| s.log.is_some())
+            .map(|(i, s)| (*i, s.clone()))
+            .collect();
+        for (idx, set) in logged {
+            if let Err(e) = self.tell_set(&h, idx, &set, LogStep::Keep) {
+                tracing::warn!(pid, vregion = idx, error = %e, "cannot tell a logged set its new home");
+            }
+        }
+        self.sync_backup(&mut h);
+        h.backup.clone()
+    }
+}

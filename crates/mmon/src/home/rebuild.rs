@@ -1,0 +1,822 @@
+//! Rebuilds: a member lost or full leaves its sets ([`Mem::drop_replicas`]) and its copies
+//! are made again elsewhere, from a survivor (a replica set), from the parity and the rest of
+//! each row (a striped set), or from the backup file (a logged set's primary, replayed by its
+//! logger). A corrupted page is rebuilt the same ways ([`Mem::reconstruct`]).
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+
+use super::{lock_home, HomeProc, Replicas, MOVE_BATCH};
+use crate::{Mem, Peers, PAGE};
+use splitos_core::vma::Vma;
+
+/// How long a logger made primary may take to replay its backup.
+const REPLAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl<P: Peers> Mem<P> {
+    /// A pComponent could not reach a replica of the process: once the home finds it
+    /// unreachable too (or not holding the process), it leaves the process's sets and is
+    /// rebuilt elsewhere in the background. A member the home still reaches stays: a
+    /// pComponent's word alone takes no copy out of service.
+    pub(crate) fn replica_lost(&self, r: P2M_REPLICA_LOST) -> Result<M2P_VREGIONS, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let member = hp
+            .lock()
+            .unwrap()
+            .vregions
+            .values()
+            .flat_map(|s| s.owners.iter())
+            .find(|o| o.id == r.lost)
+            .cloned();
+        if let Some(o) = member {
+            if self.reaches(&o, &r.who) {
+                tracing::warn!(
+                    pid = r.who.pid,
+                    member = r.lost,
+                    "a pComponent cannot reach a replica this home reaches: it stays"
+                );
+            } else {
+                tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
+                // The vRegion the pComponent waits for first; the others in the background.
+                self.drop_replicas(&mut *lock_home(&hp)?, &[r.lost], Some(r.vpn * PAGE / self.vrs()));
+            }
+        }
+        self.vregions(P2M_VREGIONS { who: r.who })
+    }
+
+    /// A write-back of page `vpn` found member `full` out of memory (heuristic overcommit):
+    /// the page's vRegion moves from it to an mComponent with room, its copy there is
+    /// released, and the new sets are answered.
+    pub(crate) fn owner_full(&self, r: P2M_OWNER_FULL) -> Result<M2P_VREGIONS, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        {
+            let mut h = lock_home(&hp)?;
+            let idx = r.vpn * PAGE / self.vrs();
+            let holds = h
+                .vregions
+                .get(&idx)
+                .and_then(|s| s.owners.iter().find(|o| o.id == r.full))
+                .cloned();
+            if let Some(full) = holds {
+                self.relocate(&mut h, idx, &full)?;
+            }
+        }
+        self.vregions(P2M_VREGIONS { who: r.who })
+    }
+
+    /// Moves member `full` (out of memory, or leaving) of vRegion `idx`'s set to an
+    /// mComponent with room, and releases its copy there.
+    pub(super) fn relocate(&self, h: &mut HomeProc, idx: u64, full: &ComponentRef) -> Result<(), Refusal> {
+        let set = &h.vregions[&idx];
+        // A logger's copy comes from its primary, and starts the backup afresh, as a new
+        // logger's does after a loss.
+        let copied = match set.log.is_some() && set.owners.len() == 2 && set.owners[1].id == full.id {
+            true => {
+                let primary = set.owners[0].clone();
+                self.copy_to_new_member(h, idx, &primary, &[full.id], true)?
+            }
+            false => self.copy_to_new_member(h, idx, full, &[full.id], false)?,
+        };
+        let Some((new, moved)) = copied else {
+            metrics::counter!("mcomp_no_room_total").increment(1);
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!(
+                    "no other mComponent has room for vRegion {idx} of process {} held on mComponent {}",
+                    h.who.pid, full.id
+                ),
+            ));
+        };
+        let s = h.vregions.get_mut(&idx).expect("checked by the caller");
+        for o in s.owners.iter_mut().filter(|o| o.id == full.id) {
+            *o = new.clone();
+        }
+        s.epoch = h.epoch;
+        let set = s.clone();
+        if set.announced() {
+            // The full member learns it left the set before it frees its copy: what it frees
+            // is on the new member now, and no change of it may reach the parity.
+            self.tell_set(h, idx, &set, LogStep::Keep)?;
+            if let Err(e) = self.tell_member(h, full, idx, &set, LogStep::Keep) {
+                tracing::warn!(owner = full.id, error = %e, "cannot tell a full mComponent it left a striped set");
+            }
+        }
+        let vrs = self.vrs();
+        if let Err(e) = self.to_owner(
+            full,
+            M2M_VMA_REMOVE {
+                who: h.who(),
+                start: idx * vrs,
+                end: (idx + 1) * vrs,
+            },
+        ) {
+            tracing::warn!(owner = full.id, error = %e, "cannot release a moved vRegion on the full mComponent");
+        }
+        self.sync_backup(h);
+        metrics::counter!("mcomp_vregions_moved_total").increment(1);
+        self.moved_pages.fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            from = full.id,
+            to = new.id,
+            pages = moved,
+            "vRegion moved to another mComponent"
+        );
+        Ok(())
+    }
+
+    /// Takes `lost` out of every replica set of the process where another member remains (a
+    /// set whose only member is lost keeps it: its pages are there if it comes back, and
+    /// until then the program is told which mComponent it waits for), queues the sets that
+    /// lost a member for rebuilding, and tells the backup home. A lost primary's logger is
+    /// made primary at once; a striped set's lost place is rebuilt at once only in vRegion
+    /// `urgent` (the one a caller waits for: its pages cannot be read or written until
+    /// then), the others in the background.
+    pub(super) fn drop_replicas(&self, h: &mut HomeProc, lost: &[u32], urgent: Option<u64>) {
+        self.note_lost(lost);
+        let mut changed = false;
+        let mut retired = Vec::new();
+        let mut striped = Vec::new();
+        let mut promote = Vec::new();
+        for (idx, set) in h.vregions.iter_mut() {
+            if set.log.is_some()
+                && set.owners.len() == 2
+                && lost.contains(&set.owners[0].id)
+                && !lost.contains(&set.owners[1].id)
+            {
+                // The logger replays the backup and becomes primary below.
+                retired.push(set.owners[0].clone());
+                promote.push(*idx);
+                changed = true;
+            } else if set.data > 0 {
+                // A striped set keeps its places: the lost member's is rebuilt below.
+                if let Some(o) = set.owners.iter().find(|o| lost.contains(&o.id)) {
+                    retired.push(o.clone());
+                    striped.push(*idx);
+                    changed = true;
+                }
+            } else if set.owners.iter().any(|o| !lost.contains(&o.id)) {
+                let (gone, kept): (Vec<ComponentRef>, Vec<ComponentRef>) =
+                    set.owners.drain(..).partition(|o| lost.contains(&o.id));
+                set.owners = kept;
+                changed |= !gone.is_empty();
+                retired.extend(gone);
+            } else if !set.owners.is_empty() {
+                metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                tracing::error!(pid = h.who.pid, lost = ?lost, "every copy of a vRegion is on lost mComponents");
+            }
+        }
+        for o in retired {
+            if !h.retired.iter().any(|r| r.id == o.id) {
+                h.retired.push(o);
+            }
+        }
+        if h.backup.as_ref().is_some_and(|b| lost.contains(&b.id)) {
+            h.backup = None;
+            changed = true;
+        }
+        if changed {
+            h.epoch += 1;
+            let epoch = h.epoch;
+            for set in h
+                .vregions
+                .values_mut()
+                .filter(|s| s.data == 0 && s.owners.len() < self.replication().members())
+            {
+                set.epoch = epoch;
+            }
+            for idx in striped.into_iter().filter(|i| Some(*i) == urgent) {
+                if let Err(e) = self.rebuild_place(h, idx) {
+                    tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "cannot rebuild a lost member of a striped set; will try again");
+                }
+            }
+            for idx in promote {
+                if let Err(e) = self.promote_logger(h, idx) {
+                    metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                    tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "the primary of a logged vRegion is lost and its logger cannot take its place: the program waits for the lost primary");
+                }
+            }
+            self.sync_backup(h);
+            if h.short_of(self.replication().members()) > 0 {
+                self.queue(crate::Job::Rebuild(h.who.pid));
+            }
+        }
+    }
+
+    /// Brings every replica set of process `pid` back to the cluster's number of copies, one
+    /// vRegion at a time, holding the process's home lock for each (not between them): the
+    /// process's calls and write-backs to that vRegion wait meanwhile (its owners refuse
+    /// older epochs).
+    pub(crate) fn rebuild(&self, pid: u64) {
+        let Some(hp) = self.homes.lock().unwrap().get(&pid).cloned() else {
+            return;
+        };
+        let members = self.replication().members();
+        let mut tried = std::collections::BTreeSet::new();
+        loop {
+            let mut h = hp.lock().unwrap();
+            if h.gone() {
+                return;
+            }
+            let Some(idx) = h
+                .vregions
+                .iter()
+                .find(|(i, s)| h.short(s, members) && !tried.contains(*i))
+                .map(|(i, _)| *i)
+            else {
+                return;
+            };
+            tried.insert(idx);
+            let striped = h.vregions[&idx].data > 0;
+            let done = if striped {
+                self.rebuild_place(&mut h, idx)
+            } else {
+                self.rebuild_vregion(&mut h, idx)
+            };
+            if let Err(e) = done {
+                tracing::warn!(pid, vregion = idx, error = %e, "cannot rebuild a replica; will try again");
+            }
+            self.sync_backup(&mut h);
+        }
+    }
+
+    fn rebuild_vregion(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
+        let started = std::time::Instant::now();
+        let source = h.vregions.get(&idx).expect("listed by the caller").owners[0].clone();
+        let Some((new, pages_copied)) = self.copy_to_new_member(h, idx, &source, &[], true)? else {
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                "no other mComponent has room for a replica",
+            ));
+        };
+        let s = h.vregions.get_mut(&idx).expect("listed by the caller");
+        s.owners.push(new.clone());
+        s.epoch = h.epoch;
+        h.retired.retain(|r| r.id != new.id);
+        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            to = new.id,
+            pages = pages_copied,
+            ms = started.elapsed().as_millis() as u64,
+            "replica rebuilt"
+        );
+        Ok(())
+    }
+
+    /// Makes the logger of logged set `idx`, whose primary (a retired member now) is lost, its
+    /// primary, holding the home lock: the logger is fenced first, then told the set it is
+    /// the only member of, and replays the backup file and its log into pages before it
+    /// answers. A refusal (the log skipped write-backs, the sComponent cannot be read) leaves
+    /// the set as it was: the program waits for the lost primary and is told which it is.
+    fn promote_logger(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
+        let started = std::time::Instant::now();
+        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
+        let (gone, logger) = (set.owners[0].clone(), set.owners[1].clone());
+        let who = h.who();
+        self.fence_set(&set.wire(idx), &who, Some(gone.id))?;
+        let promoted = Replicas {
+            epoch: h.epoch,
+            owners: vec![logger.clone()],
+            ..set
+        };
+        // Replaying reads the whole backup from the sComponent: longer than a call may take.
+        let replay = M2M_SET {
+            who,
+            set: promoted.wire(idx),
+            creator: h.creator,
+            home: self.me(),
+            log: LogStep::Replay,
+        };
+        match logger.id == self.peers.id() {
+            true => self.to_owner(&logger, replay).map(|_| ())?,
+            false => self
+                .peers
+                .call_timeout(&logger.addr, replay, REPLAY_TIMEOUT)
+                .map(|_| ())?,
+        }
+        h.vregions.insert(idx, promoted);
+        metrics::counter!("mcomp_loggers_promoted_total").increment(1);
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            lost = gone.id,
+            logger = logger.id,
+            ms = started.elapsed().as_millis() as u64,
+            "logger made primary from its backup"
+        );
+        Ok(())
+    }
+
+    /// `M2M_LOG_RESYNC`: the logger of vRegion `index` skipped write-backs while its log was
+    /// full. With the set fenced (no write-back lands meanwhile), its backup starts anew and
+    /// the primary's pages are copied to it.
+    pub(crate) fn log_resync(&self, r: M2M_LOG_RESYNC) -> Result<OK, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = lock_home(&hp)?;
+        let idx = r.index;
+        let set = h
+            .vregions
+            .get(&idx)
+            .cloned()
+            .filter(|s| s.log.is_some() && s.owners.len() == 2)
+            .ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Invalid,
+                    format!("vRegion {idx} of process {} has no logger", r.who.pid),
+                )
+            })?;
+        let (primary, logger) = (set.owners[0].clone(), set.owners[1].clone());
+        h.epoch += 1;
+        let who = h.who();
+        let vrs = self.vrs();
+        let out = self.fence_set(&set.wire(idx), &who, None).and_then(|()| {
+            let s = Replicas { epoch: h.epoch, ..set };
+            self.tell_set(&h, idx, &s, LogStep::Restart)?;
+            let n = self.copy_pages(&primary, &logger, &who, idx * vrs, (idx + 1) * vrs)?;
+            self.tell_member(&h, &logger, idx, &s, LogStep::Whole)?;
+            Ok((s, n))
+        });
+        let (s, n) = match out {
+            Ok(x) => x,
+            Err(e) => {
+                self.sync_backup(&mut h);
+                return Err(e);
+            }
+        };
+        h.vregions.insert(idx, s);
+        self.sync_backup(&mut h);
+        metrics::counter!("mcomp_log_resyncs_total").increment(1);
+        tracing::info!(
+            pid = r.who.pid,
+            vregion = idx,
+            logger = logger.id,
+            pages = n,
+            "copied a vRegion to its logger again: protected again"
+        );
+        Ok(OK)
+    }
+
+    /// Moves the members of set `set` but `skip` to the process's epoch in `who`; in a striped
+    /// set the data members first and the parity member last: each answers once no change of its own
+    /// is on its way to the parity, and a write-back that a data member took before it was
+    /// told reaches a parity member that still takes it. From then on the set's pages and
+    /// parity agree until the home lets go of the process.
+    fn fence_set(&self, set: &VregionReplicas, who: &Who, skip: Option<u32>) -> Result<(), Refusal> {
+        let parity = set.parity().map(|p| p.id);
+        let mut members: Vec<&ComponentRef> = set.distinct().into_iter().filter(|o| Some(o.id) != skip).collect();
+        members.sort_by_key(|o| Some(o.id) == parity);
+        for o in members {
+            self.to_owner(o, M2M_EPOCH { who: who.clone() })?;
+        }
+        Ok(())
+    }
+
+    /// `P2M_RECONSTRUCT`: page `vpn` of a striped set, whose holder sent a copy failing its
+    /// checksum, as the parity and the rest of its row say it is, written over the bad copy.
+    /// The set is fenced first: a checksum cannot tell a page rebuilt from a row that was
+    /// changing (XOR of valid pages passes it), so the row must not change meanwhile. In a
+    /// logged set the page is what the logger's backup says.
+    pub(crate) fn reconstruct(&self, r: P2M_RECONSTRUCT) -> Result<M2P_PAGE, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = lock_home(&hp)?;
+        let idx = r.vpn * PAGE / self.vrs();
+        let set = h
+            .vregions
+            .get(&idx)
+            .map(|s| s.wire(idx))
+            .filter(|s| s.data > 0 || s.logger().is_some())
+            .ok_or_else(|| {
+                ERR::new(
+                    ErrCode::Invalid,
+                    format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE),
+                )
+            })?;
+        h.epoch += 1;
+        let who = h.who();
+        let out = self.fence_set(&set, &who, None).and_then(|()| match set.logger() {
+            Some(logger) => Ok(self
+                .read_all(logger, &who, r.vpn, r.vpn + 1, false)?
+                .pop()
+                .map_or_else(sealed_zero_page, |(_, d)| d)),
+            None => self.rebuild_page(&set, &who, r.vpn),
+        });
+        self.sync_backup(&mut h);
+        let page = out?;
+        if unseal_page(page.clone()).is_err() {
+            return Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt: the result fails its checksum too (the parity, another page of its row, or the backup is corrupted)", r.vpn * PAGE)));
+        }
+        let holder = set.holder(r.vpn);
+        self.to_owner(
+            holder,
+            M2M_PUT_PAGES {
+                who: who.clone(),
+                pages: vec![(r.vpn, page.clone())],
+                put: Put::Copy,
+            },
+        )?;
+        self.c.reconstructed.fetch_add(1, Relaxed);
+        metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
+        tracing::warn!(
+            pid = r.who.pid,
+            vpn = r.vpn,
+            holder = holder.id,
+            "rebuilt a corrupted page from redundancy and wrote it over its holder's copy"
+        );
+        Ok(M2P_PAGE { data: page })
+    }
+
+    /// Page `vpn` of a fenced striped set as the parity and the other pages of its row say.
+    fn rebuild_page(&self, set: &VregionReplicas, who: &Who, vpn: u64) -> Result<ByteBuf, Refusal> {
+        let row = set.row(vpn);
+        let mut out = vec![0u8; SEALED_PAGE];
+        let parity = set.parity().expect("a striped set");
+        let from_parity = self.read_all(parity, who, row, row + 1, true)?;
+        let others: Vec<u64> = set.row_pages(row).filter(|v| *v != vpn).collect();
+        let mut pages = from_parity;
+        for v in others {
+            pages.extend(self.read_all(set.holder(v), who, v, v + 1, false)?);
+        }
+        for (_, d) in pages {
+            out.iter_mut().zip(&d[..]).for_each(|(x, y)| *x ^= y);
+        }
+        Ok(if out.iter().all(|b| *b == 0) {
+            sealed_zero_page()
+        } else {
+            ByteBuf::from(out)
+        })
+    }
+
+    /// Rebuilds the place of a lost member (one of the process's retired members) of striped
+    /// set `idx` on another mComponent, holding the home lock: the survivors move to a new
+    /// epoch first and answer once no change of theirs is still on its way to the parity, so
+    /// that the pages and the parity read agree. A lost data place gets each of its pages as
+    /// the XOR of its row's parity and other pages, a lost parity place the XOR of each row.
+    /// Two places lost at once cannot be rebuilt: the set keeps them, and the program is told
+    /// which mComponent it waits for when it touches them.
+    fn rebuild_place(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
+        let started = std::time::Instant::now();
+        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
+        let k = set.data as usize;
+        let retired: Vec<u32> = h.retired.iter().map(|r| r.id).collect();
+        let lost: Vec<usize> = (0..=k).filter(|p| retired.contains(&set.owners[*p].id)).collect();
+        let place = match lost[..] {
+            [] => return Ok(()),
+            [place] => place,
+            _ => {
+                metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                return Err(ERR::new(
+                    ErrCode::Unreachable,
+                    format!(
+                        "vRegion {idx} of process {} lost {} of its {} places at once: one parity cannot rebuild them",
+                        h.who.pid,
+                        lost.len(),
+                        k + 1
+                    ),
+                ));
+            }
+        };
+        let gone = set.owners[place].clone();
+        let wire = set.wire(idx);
+        let survivors: Vec<ComponentRef> = wire
+            .distinct()
+            .into_iter()
+            .filter(|o| o.id != gone.id)
+            .cloned()
+            .collect();
+        let share = self.vrs() / k as u64;
+        let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
+        out.extend(&retired);
+        // Another mComponent if one has room; else a survivor takes a second place.
+        let new = match self.pick_other(share, &out, h.pcomp)? {
+            Some(n) => n,
+            None => self.pick_other(share, &retired, h.pcomp)?.ok_or_else(|| {
+                ERR::new(
+                    ErrCode::NoMemory,
+                    format!(
+                        "no mComponent has room to rebuild vRegion {idx} of process {}",
+                        h.who.pid
+                    ),
+                )
+            })?,
+        };
+        h.epoch += 1;
+        let who = h.who();
+        self.fence_set(&wire, &who, Some(gone.id))?;
+        let vrs = self.vrs();
+        let fresh = !survivors.iter().any(|o| o.id == new.id);
+        let rebuilt = self.rebuild_rows(h, &wire, place, &survivors, &new, &who);
+        if rebuilt.is_err() && fresh {
+            // Whatever reached the new member is released there.
+            let _ = self.to_owner(
+                &new,
+                M2M_VMA_REMOVE {
+                    who: who.clone(),
+                    start: idx * vrs,
+                    end: (idx + 1) * vrs,
+                },
+            );
+        }
+        let (pages_rebuilt, bad) = rebuilt?;
+        if bad > 0 {
+            // A survivor's copy was corrupted: those pages fail their checksum when fetched,
+            // and the program stops there rather than read them.
+            metrics::counter!("mcomp_rebuilt_pages_corrupt_total").increment(bad);
+            tracing::error!(
+                pid = h.who.pid,
+                vregion = idx,
+                pages = bad,
+                "rebuilt pages fail their checksum: another page of their row was corrupted"
+            );
+        }
+        let s = h.vregions.get_mut(&idx).expect("listed by the caller");
+        s.owners[place] = new.clone();
+        s.epoch = h.epoch;
+        let set = s.clone();
+        self.tell_set(h, idx, &set, LogStep::Keep)?;
+        metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
+        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        tracing::info!(
+            pid = h.who.pid,
+            vregion = idx,
+            place,
+            lost = gone.id,
+            to = new.id,
+            pages = pages_rebuilt,
+            ms = started.elapsed().as_millis() as u64,
+            "striped set rebuilt from parity"
+        );
+        Ok(())
+    }
+
+    /// Writes on `new` (which gets the vmas first unless it is a survivor) every page of
+    /// `place` of the fenced striped set `set`, from the survivors' pages and parity; returns
+    /// the pages written and how many of them fail their checksum.
+    fn rebuild_rows(
+        &self,
+        h: &HomeProc,
+        set: &VregionReplicas,
+        place: usize,
+        survivors: &[ComponentRef],
+        new: &ComponentRef,
+        who: &Who,
+    ) -> Result<(u64, u64), Refusal> {
+        let k = set.data as usize;
+        let vrs = self.vrs();
+        let (lo, hi) = (set.index * vrs / PAGE, (set.index + 1) * vrs / PAGE);
+        if !survivors.iter().any(|o| o.id == new.id) {
+            self.give_vmas(h, new, who, lo * PAGE, hi * PAGE)?;
+        }
+        let data: Vec<ComponentRef> = survivors
+            .iter()
+            .filter(|o| set.owners[..k].iter().any(|d| d.id == o.id))
+            .cloned()
+            .collect();
+        // Whole rows at a time: a window is a multiple of k stripe units.
+        let window = 8 * k as u64 * STRIPE_PAGES;
+        let (mut pages_rebuilt, mut bad) = (0u64, 0u64);
+        let mut at = lo;
+        while at < hi {
+            let end = (at + window).min(hi);
+            let mut rows: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            let mut add = |row: u64, d: &[u8]| {
+                let row = rows.entry(row).or_insert_with(|| vec![0u8; SEALED_PAGE]);
+                row.iter_mut().zip(d).for_each(|(x, y)| *x ^= y);
+            };
+            for o in &data {
+                for (vpn, d) in self.read_all(o, who, at, end, false)? {
+                    add(set.row(vpn), &d);
+                }
+            }
+            if place < k {
+                for (row, d) in self.read_all(&set.owners[k], who, at, end, true)? {
+                    add(row, &d);
+                }
+            }
+            let mut pages = Vec::new();
+            for (row, d) in rows.into_iter().filter(|(_, d)| d.iter().any(|b| *b != 0)) {
+                let d = ByteBuf::from(d);
+                if place < k && unseal_page(d.clone()).is_err() {
+                    bad += 1;
+                }
+                pages.push((
+                    if place < k {
+                        row + place as u64 * STRIPE_PAGES
+                    } else {
+                        row
+                    },
+                    d,
+                ));
+            }
+            pages_rebuilt += pages.len() as u64;
+            // Progress as it goes, for `cluster status`.
+            self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
+            if !pages.is_empty() {
+                self.to_owner(
+                    new,
+                    M2M_PUT_PAGES {
+                        who: who.clone(),
+                        pages,
+                        put: if place < k { Put::Copy } else { Put::Parity },
+                    },
+                )?;
+            }
+            at = end;
+        }
+        Ok((pages_rebuilt, bad))
+    }
+
+    /// Every page (or parity row) `o` holds of the process in pages [from, end).
+    fn read_all(
+        &self,
+        o: &ComponentRef,
+        who: &Who,
+        from: u64,
+        end: u64,
+        parity: bool,
+    ) -> Result<Vec<(u64, ByteBuf)>, Refusal> {
+        let mut out = Vec::new();
+        let mut at = from * PAGE;
+        loop {
+            let M2M_PAGES { pages, more } = self.to_owner(
+                o,
+                M2M_READ_PAGES {
+                    who: who.clone(),
+                    from: at,
+                    end: end * PAGE,
+                    max: MOVE_BATCH,
+                    parity,
+                },
+            )?;
+            if let Some((last, _)) = pages.last() {
+                at = (last + 1) * PAGE;
+            }
+            out.extend(pages);
+            if !more {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Picks an mComponent with room outside vRegion `idx`'s set (and `exclude`), moves the
+    /// process to a new epoch that the set's members enforce from now on (no write-back of
+    /// the old sets can land on them while their pages are copied, and so be missed by the
+    /// new member), and copies `source`'s vmas and pages of the vRegion to it. `None`: no
+    /// mComponent has room. The caller puts the new member into the set. In a logged set a
+    /// new member joining `as_logger` is told so first: the copy starts its backup.
+    fn copy_to_new_member(
+        &self,
+        h: &mut HomeProc,
+        idx: u64,
+        source: &ComponentRef,
+        exclude: &[u32],
+        as_logger: bool,
+    ) -> Result<Option<(ComponentRef, u64)>, Refusal> {
+        let set = h.vregions.get(&idx).cloned().expect("checked by the caller");
+        let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
+        out.extend_from_slice(exclude);
+        let Some(new) = self.pick_other(self.vrs(), &out, h.pcomp)? else {
+            return Ok(None);
+        };
+        h.epoch += 1;
+        let who = h.who();
+        self.fence_set(&set.wire(idx), &who, None)?;
+        let vrs = self.vrs();
+        let (lo, hi) = (idx * vrs, (idx + 1) * vrs);
+        // In a logged set the new member learns its place before the copy: a new logger's
+        // backup restarts with it, and a new primary that logged this vRegion before (a try
+        // that failed on the way) stops logging it.
+        let with = match as_logger {
+            true => Replicas {
+                epoch: h.epoch,
+                owners: vec![source.clone(), new.clone()],
+                ..set.clone()
+            },
+            false => Replicas {
+                epoch: h.epoch,
+                owners: set
+                    .owners
+                    .iter()
+                    .map(|o| if o.id == source.id { new.clone() } else { o.clone() })
+                    .collect(),
+                ..set.clone()
+            },
+        };
+        let copied = |h: &HomeProc| -> Result<u64, Refusal> {
+            if with.log.is_some() {
+                self.tell_member(
+                    h,
+                    &new,
+                    idx,
+                    &with,
+                    if as_logger { LogStep::Restart } else { LogStep::Keep },
+                )?;
+            }
+            let n = self.copy_vregion(h, source, &new, &who, lo, hi)?;
+            if with.log.is_some() && as_logger {
+                self.tell_member(h, &new, idx, &with, LogStep::Whole)?;
+            }
+            Ok(n)
+        };
+        match copied(h) {
+            Ok(n) => Ok(Some((new, n))),
+            Err(e) => {
+                // Whatever reached the new member is released there.
+                let _ = self.to_owner(
+                    &new,
+                    M2M_VMA_REMOVE {
+                        who,
+                        start: lo,
+                        end: hi,
+                    },
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives `new` the process's vmas of [lo, hi).
+    fn give_vmas(&self, h: &HomeProc, new: &ComponentRef, who: &Who, lo: u64, hi: u64) -> Result<(), Refusal> {
+        let vmas: Vec<(u64, Vma)> = h.layout.iter().filter(|(s, v)| *s < hi && v.end > lo).collect();
+        for (s, v) in vmas {
+            self.to_owner(
+                new,
+                M2M_VMA_ADD {
+                    who: who.clone(),
+                    start: s.max(lo),
+                    end: v.end.min(hi),
+                    prot: v.prot,
+                    creator: h.creator,
+                    quota: h.memory_quota,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Gives `new` the vmas of [lo, hi) and a copy of every page and parity row `source`
+    /// holds there; returns the number of pages and rows copied.
+    fn copy_vregion(
+        &self,
+        h: &HomeProc,
+        source: &ComponentRef,
+        new: &ComponentRef,
+        who: &Who,
+        lo: u64,
+        hi: u64,
+    ) -> Result<u64, Refusal> {
+        self.give_vmas(h, new, who, lo, hi)?;
+        self.copy_pages(source, new, who, lo, hi)
+    }
+
+    /// Copies every page and parity row `source` holds in [lo, hi) to `new`.
+    fn copy_pages(
+        &self,
+        source: &ComponentRef,
+        new: &ComponentRef,
+        who: &Who,
+        lo: u64,
+        hi: u64,
+    ) -> Result<u64, Refusal> {
+        let mut pages_copied = 0u64;
+        for parity in [false, true] {
+            let mut from = lo;
+            loop {
+                let M2M_PAGES { pages, more } = self.to_owner(
+                    source,
+                    M2M_READ_PAGES {
+                        who: who.clone(),
+                        from,
+                        end: hi,
+                        max: MOVE_BATCH,
+                        parity,
+                    },
+                )?;
+                if let Some((last, _)) = pages.last() {
+                    from = (last + 1) * PAGE;
+                }
+                pages_copied += pages.len() as u64;
+                self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
+                metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
+                if !pages.is_empty() {
+                    self.to_owner(
+                        new,
+                        M2M_PUT_PAGES {
+                            who: who.clone(),
+                            pages,
+                            put: if parity { Put::Parity } else { Put::Copy },
+                        },
+                    )?;
+                }
+                if !more {
+                    break;
+                }
+            }
+        }
+        Ok(pages_copied)
+    }
+}

@@ -1,0 +1,498 @@
+//! The virtual-memory calls of the processes this mComponent is home of (`P2M_PROC_CREATE`,
+//! `P2M_MMAP`, `P2M_MUNMAP`, `P2M_MPROTECT`, `P2M_MREMAP`, `P2M_DONTNEED`, `P2M_FORK`,
+//! `P2M_EXIT`): each changes the home's layout within the vNode's quota and goes to the
+//! replicas of the vRegions it touches.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::*;
+
+use super::{ignore_unknown, lock_home, HomeProc, MOVE_BATCH, PROT_WRITE};
+use crate::{Mem, Peers, PAGE};
+use splitos_core::vma::{Vma, VmaMap};
+
+impl<P: Peers> Mem<P> {
+    /// Refuses a process id already in use here: a pComponent may not take over another's
+    /// process by creating (or forking into) its id.
+    fn fresh_pid(&self, pid: u64) -> Result<(), Refusal> {
+        if self.homes.lock().unwrap().contains_key(&pid) {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(ERR::new(ErrCode::Denied, format!("process id {pid} is in use")));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<M2P_HOME, Refusal> {
+        self.fresh_pid(r.who.pid)?;
+        let mut h = HomeProc {
+            who: Who {
+                epoch: 0,
+                ..r.who.clone()
+            },
+            creator: splitos_rpc::current_peer().map(|p| p.key),
+            pcomp: r.pcomp,
+            base: r.region_base,
+            limit: r.region_base.saturating_add(r.region_size),
+            layout: VmaMap::default(),
+            vregions: BTreeMap::new(),
+            epoch: 1,
+            backup: None,
+            retired: Vec::new(),
+            exited: false,
+            moved_to: None,
+            handed: false,
+            adopted_from: None,
+            memory_quota: r.memory_quota,
+            charged: 0,
+        };
+        // Shows the vNode and its quota before it maps anything.
+        self.quotas.reserve(&r.who.vnode, r.memory_quota, 0)?;
+        self.sync_backup(&mut h);
+        let backup = h.backup.clone();
+        self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
+        tracing::debug!(pid = r.who.pid, vnode = %r.who.vnode, "home of a new process");
+        Ok(M2P_HOME { backup })
+    }
+
+    pub(crate) fn mmap(&self, r: P2M_MMAP) -> Result<M2P_MAPPED, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        // Heuristic overcommit refuses only the obvious: one writable mapping larger than all
+        // the cluster's memory, unless the program said it reserves no memory.
+        if !r.noreserve {
+            self.obvious_overcommit(r.len, r.prot)?;
+        }
+        let mut h = lock_home(&hp)?;
+        // A fixed mapping replaces what it lands on.
+        let replaced = if r.fixed {
+            h.writable_in(r.hint, r.hint.saturating_add(r.len))
+        } else {
+            0
+        };
+        let more = if r.prot & PROT_WRITE != 0 {
+            r.len.saturating_sub(replaced)
+        } else {
+            0
+        };
+        let start = self.within_quota(&mut h, more, |m, h| {
+            let start = if r.fixed {
+                let end = h.check_range(r.hint, r.len)?;
+                m.remove_range(h, r.hint, end)?;
+                r.hint
+            } else {
+                h.layout
+                    .find_gap(h.base, h.limit, r.len, r.hint)
+                    .ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
+            };
+            let added = m.add_range(h, start, start + r.len, r.prot);
+            m.sync_backup(h);
+            added.map(|()| start)
+        })?;
+        Ok(h.mapped(start, r.prot))
+    }
+
+    /// Runs `change` on process `h` within its vNode's memory quota: `more`, the most it can
+    /// add to what the process maps writable, is reserved first, and the process is charged
+    /// what it maps after the change, done or failed.
+    fn within_quota<T>(
+        &self,
+        h: &mut HomeProc,
+        more: u64,
+        change: impl FnOnce(&Self, &mut HomeProc) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        self.quotas.reserve(&h.who.vnode, h.memory_quota, more)?;
+        let out = change(self, h);
+        let after = h.writable_in(h.base, h.limit);
+        self.quotas.settle(&h.who.vnode, more, h.charged, after);
+        h.charged = after;
+        out
+    }
+
+    /// Heuristic overcommit refuses only the obvious, as Linux's does: making writable at
+    /// once more than all the cluster's memory (unless the program said it reserves none).
+    fn obvious_overcommit(&self, len: u64, prot: u32) -> Result<(), Refusal> {
+        // Until the first heartbeat's answer says how much the cluster has, this mComponent's
+        // own capacity stands in for it.
+        let memory = Some(self.cluster_memory.load(Relaxed))
+            .filter(|m| *m > 0)
+            .unwrap_or(self.capacity);
+        if !self.charges_mappings() && prot & 2 != 0 && len > memory {
+            self.c.oom.fetch_add(1, Relaxed);
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                format!("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn munmap(&self, r: P2M_MUNMAP) -> Result<OK, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = lock_home(&hp)?;
+        let end = h.check_range(r.addr, r.len)?;
+        let removed = self.within_quota(&mut h, 0, |m, h| m.remove_range(h, r.addr, end));
+        self.sync_backup(&mut h);
+        removed.map(|()| OK)
+    }
+
+    pub(crate) fn mprotect(&self, r: P2M_MPROTECT) -> Result<OK, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = lock_home(&hp)?;
+        let end = h.check_range(r.addr, r.len)?;
+        if !h.layout.covers(r.addr, end) {
+            return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
+        }
+        self.obvious_overcommit(r.len, r.prot)?;
+        let more = if r.prot & PROT_WRITE != 0 {
+            r.len - h.writable_in(r.addr, end)
+        } else {
+            0
+        };
+        self.within_quota(&mut h, more, |m, h| {
+            for (idx, s, e) in m.slices(r.addr, end) {
+                m.ensure_owners(h, idx)?;
+                m.to_replicas(h, idx, |who| M2M_VMA_PROTECT {
+                    who,
+                    start: s,
+                    end: e,
+                    prot: r.prot,
+                })?;
+            }
+            for (s, v) in h.layout.carve(r.addr, end) {
+                h.layout.set(s, Vma { prot: r.prot, ..v });
+            }
+            Ok(())
+        })?;
+        self.sync_backup(&mut h);
+        Ok(OK)
+    }
+
+    pub(crate) fn dontneed(&self, r: P2M_DONTNEED) -> Result<OK, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = lock_home(&hp)?;
+        let end = h.check_range(r.addr, r.len)?;
+        for (idx, s, e) in self.slices(r.addr, end) {
+            if h.vregions.contains_key(&idx) {
+                self.to_replicas(&mut h, idx, |who| M2M_DISCARD { who, start: s, end: e })
+                    .or_else(|e| ignore_unknown(Err(e)))?;
+            }
+        }
+        Ok(OK)
+    }
+
+    pub(crate) fn mremap(&self, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let mut h = lock_home(&hp)?;
+        let writable = h.writable_in(r.old, r.old.saturating_add(r.old_len)) > 0;
+        let more = if writable {
+            r.new_len.saturating_sub(r.old_len)
+        } else {
+            0
+        };
+        let out = self.within_quota(&mut h, more, |m, h| m.mremap_locked(h, r));
+        self.sync_backup(&mut h);
+        out
+    }
+
+    fn mremap_locked(&self, h: &mut HomeProc, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
+        let P2M_MREMAP {
+            who: _,
+            old,
+            old_len,
+            new_len,
+            may_move,
+            fixed_to,
+        } = r;
+        let old_end = h.check_range(old, old_len)?;
+        let Some((_, vma)) = h.layout.find(old).filter(|_| h.layout.covers(old, old_end)) else {
+            return Err(ERR::new(ErrCode::Invalid, "mremap of an unmapped range"));
+        };
+        let prot = vma.prot;
+        if fixed_to.is_none() && new_len <= old_len {
+            if new_len < old_len {
+                self.remove_range(h, old + new_len, old_end)?;
+            }
+            return Ok(h.mapped(old, prot));
+        }
+        if fixed_to.is_none()
+            && old.checked_add(new_len).is_some_and(|e| e <= h.limit)
+            && h.layout.is_free(old_end, old + new_len)
+        {
+            self.add_range(h, old_end, old + new_len, prot)?;
+            h.layout.remove_range(old, old + new_len);
+            h.layout.insert(
+                old,
+                Vma {
+                    end: old + new_len,
+                    prot,
+                    accounted: false,
+                },
+            );
+            return Ok(h.mapped(old, prot));
+        }
+        if !may_move && fixed_to.is_none() {
+            return Err(ERR::new(
+                ErrCode::NoMemory,
+                "cannot grow in place and moving is not allowed",
+            ));
+        }
+        let new = match fixed_to {
+            Some(at) => {
+                let end = h.check_range(at, new_len)?;
+                self.remove_range(h, at, end)?;
+                at
+            }
+            None => h
+                .layout
+                .find_gap(h.base, h.limit, new_len, 0)
+                .ok_or_else(|| ERR::new(ErrCode::NoMemory, "no free range for mremap"))?,
+        };
+        self.add_range(h, new, new + new_len, prot)?;
+        self.move_pages(h, old, old + old_len.min(new_len), new)?;
+        self.remove_range(h, old, old_end)?;
+        Ok(h.mapped(new, prot))
+    }
+
+    /// Moves the materialized pages of [start, end) to the same offsets from `to`.
+    fn move_pages(&self, h: &HomeProc, start: u64, end: u64, to: u64) -> Result<(), Refusal> {
+        let shift = |vpn: u64| vpn - start / PAGE + to / PAGE;
+        let who = h.who();
+        for (idx, s, e) in self.slices(start, end) {
+            let Some(set) = h.vregions.get(&idx).map(|r| r.wire(idx)) else {
+                continue;
+            };
+            // Every page once: from the primary of a replica set, from each data member of a
+            // striped one.
+            let sources: Vec<ComponentRef> = match set.data {
+                0 => vec![set.owners[0].clone()],
+                k => set
+                    .distinct()
+                    .into_iter()
+                    .filter(|o| set.owners[..k as usize].iter().any(|d| d.id == o.id))
+                    .cloned()
+                    .collect(),
+            };
+            for src in sources {
+                // Copied, not taken: the old range is removed only after every copy landed.
+                let mut from = s;
+                loop {
+                    let M2M_PAGES { pages, more } = self.to_owner(
+                        &src,
+                        M2M_READ_PAGES {
+                            who: who.clone(),
+                            from,
+                            end: e,
+                            max: MOVE_BATCH,
+                            parity: false,
+                        },
+                    )?;
+                    if let Some((last, _)) = pages.last() {
+                        from = (last + 1) * PAGE;
+                    }
+                    let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
+                    for (vpn, data) in pages {
+                        let nv = shift(vpn);
+                        let to = h
+                            .vregions
+                            .get(&(nv * PAGE / self.vrs()))
+                            .map(|r| r.wire(nv * PAGE / self.vrs()))
+                            .ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
+                        for o in to.writers(nv) {
+                            by_owner
+                                .entry(o.id)
+                                .or_insert_with(|| (o.clone(), Vec::new()))
+                                .1
+                                .push((nv, data.clone()));
+                        }
+                    }
+                    for (_, (o, pages)) in by_owner {
+                        self.to_owner(
+                            &o,
+                            M2M_PUT_PAGES {
+                                who: who.clone(),
+                                pages,
+                                put: Put::Write,
+                            },
+                        )?;
+                    }
+                    if !more {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn home_fork(&self, r: P2M_FORK) -> Result<M2P_FORKED, Refusal> {
+        let P2M_FORK { parent, child } = r;
+        self.fresh_pid(child)?;
+        let hp = self.home_proc(&parent)?;
+        let mut h = lock_home(&hp)?;
+        // The child maps what its parent does: charged as much, or refused.
+        self.quotas.reserve(&h.who.vnode, h.memory_quota, h.charged)?;
+        let vrs = self.vrs();
+        let idxs: Vec<u64> = h.vregions.keys().copied().collect();
+        for idx in idxs {
+            let forked = self.to_replicas(&mut h, idx, |who| M2M_FORK {
+                parent: who,
+                child,
+                start: idx * vrs,
+                end: (idx + 1) * vrs,
+            });
+            if let Err(e) = forked {
+                self.quotas.settle(&h.who.vnode, h.charged, 0, 0);
+                for o in h.all_owners() {
+                    let _ = self.to_owner(
+                        &o,
+                        M2M_EXIT {
+                            who: Who { pid: child, ..h.who() },
+                        },
+                    );
+                }
+                return Err(e);
+            }
+        }
+        let mut copy = HomeProc {
+            who: Who {
+                pid: child,
+                ..h.who.clone()
+            },
+            creator: h.creator,
+            pcomp: h.pcomp,
+            base: h.base,
+            limit: h.limit,
+            layout: h.layout.clone(),
+            vregions: h.vregions.clone(),
+            epoch: h.epoch,
+            backup: h.backup.clone(),
+            retired: Vec::new(),
+            exited: false,
+            moved_to: None,
+            handed: false,
+            adopted_from: None,
+            memory_quota: h.memory_quota,
+            charged: h.charged,
+        };
+        self.sync_backup(&mut copy);
+        let vmas = h
+            .layout
+            .iter()
+            .map(|(s, v)| VmaInfo {
+                start: s,
+                end: v.end,
+                prot: v.prot,
+            })
+            .collect();
+        let forked = M2P_FORKED {
+            vmas,
+            owners: copy.owners(),
+            epoch: copy.epoch,
+            backup: copy.backup.clone(),
+        };
+        self.homes.lock().unwrap().insert(child, Arc::new(Mutex::new(copy)));
+        Ok(forked)
+    }
+
+    pub(crate) fn home_exit(&self, r: P2M_EXIT) -> Result<OK, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        self.homes.lock().unwrap().remove(&r.who.pid);
+        let mut h = lock_home(&hp)?;
+        h.exited = true;
+        self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
+        h.charged = 0;
+        let owners = h.all_owners();
+        let retired: Vec<ComponentRef> = h
+            .retired
+            .iter()
+            .filter(|r| !owners.iter().any(|o| o.id == r.id))
+            .cloned()
+            .collect();
+        let mut orphaned: Vec<ComponentRef> = Vec::new();
+        let current = owners.into_iter().map(|o| (o, false));
+        for (o, was_retired) in current.chain(retired.into_iter().map(|o| (o, true))) {
+            // A late owner is waited for: what it holds of the process would stay charged. A
+            // retired one left the process's sets because it was lost or replaced: it is told
+            // once, never waited for (the managers may have forgotten it, and a wait for it
+            // would hold the process's home).
+            let sent = if was_retired {
+                self.to_owner(&o, M2M_EXIT { who: h.who() })
+            } else {
+                self.to_only_copy(&o, || M2M_EXIT { who: h.who() })
+            };
+            if let Err(e) = sent {
+                tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
+                // A logger drops the process's backup files after what it still streams
+                // there; those of a logger that cannot are dropped here.
+                let logged = h
+                    .vregions
+                    .iter()
+                    .filter(|(i, s)| s.wire(**i).logger().is_some_and(|l| l.id == o.id))
+                    .filter_map(|(_, s)| s.log.clone());
+                orphaned.extend(logged.collect::<Vec<_>>());
+            }
+        }
+        orphaned.sort_by_key(|s| s.id);
+        orphaned.dedup_by_key(|s| s.id);
+        for scomp in orphaned {
+            if let Err(e) = self.peers.call(
+                &scomp.addr,
+                M2S_LOG_DROP {
+                    vnode: h.who.vnode.clone(),
+                    pid: h.who.pid,
+                },
+            ) {
+                tracing::warn!(pid = r.who.pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
+            }
+        }
+        if let Some(b) = &h.backup {
+            if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
+                tracing::warn!(pid = r.who.pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
+            }
+        }
+        Ok(OK)
+    }
+
+    /// Releases, as their exit would, the processes created by pComponents the global
+    /// managers say are lost: nobody will ever exit them.
+    pub(crate) fn reclaim_lost(&self, lost: &[LostPcomp]) {
+        if lost.is_empty() {
+            return;
+        }
+        let homes: Vec<(u64, Arc<Mutex<HomeProc>>)> = self
+            .homes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(pid, h)| (*pid, h.clone()))
+            .collect();
+        for (pid, h) in homes {
+            let (who, orphan) = {
+                let g = h.lock().unwrap();
+                (
+                    g.who.clone(),
+                    lost.iter().any(|l| g.creator == Some(l.key) && g.pcomp == l.id),
+                )
+            };
+            if !orphan {
+                continue;
+            }
+            tracing::warn!(pid, "releasing the memory of a process whose pComponent is lost");
+            metrics::counter!("mcomp_lost_processes_released_total").increment(1);
+            if let Err(e) = self.home_exit(P2M_EXIT { who }) {
+                tracing::warn!(pid, error = %e, "cannot release a lost pComponent's process");
+            }
+        }
+    }
+
+    pub(crate) fn vregions(&self, r: P2M_VREGIONS) -> Result<M2P_VREGIONS, Refusal> {
+        let hp = self.home_proc(&r.who)?;
+        let h = lock_home(&hp)?;
+        Ok(M2P_VREGIONS {
+            owners: h.owners(),
+            epoch: h.epoch,
+            backup: h.backup.clone(),
+        })
+    }
+}

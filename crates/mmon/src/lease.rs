@@ -1,0 +1,155 @@
+//! One-sided access: an owner hands the pComponent of a process its segment of a vRegion
+//! ([`splitos_core::segment`]) when both run on one host. `P2M_LEASE` is an ordinary request,
+//! authenticated and checked as a fetch is (the process's vNode and creating pComponent, its
+//! epoch); its answer carries a one-time token, which the pComponent presents on the owner's
+//! pages socket (a Unix socket in the transport's private directory, only this user may
+//! reach) to receive the memfd. A token is good once, for a few seconds, and names one
+//! segment: whoever can reach the socket without a token gets nothing.
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use serde_bytes::ByteBuf;
+use splitos_rpc::fdpass::{peer_cred, send_fds};
+use splitos_rpc::*;
+
+use super::{Mem, Peers, PAGE};
+use splitos_core::segment::Segment;
+
+const TOKEN: usize = 16;
+/// How long a token waits for its holder to fetch the segment.
+const TOKEN_LIFE: Duration = Duration::from_secs(10);
+
+/// A segment promised, and when. The promise does not keep the segment: a holder that never
+/// comes for it (a lease renewed on a segment it maps already, a process killed meanwhile)
+/// leaves nothing behind once the owner lets go of the process's pages.
+type Promise = (Weak<Segment>, Instant);
+
+/// Segments promised to lease holders, by token.
+#[derive(Default)]
+pub(super) struct Handouts {
+    pending: Mutex<HashMap<[u8; TOKEN], Promise>>,
+    handed_out: AtomicU64,
+}
+
+impl Handouts {
+    pub(super) fn handed_out(&self) -> u64 {
+        self.handed_out.load(Relaxed)
+    }
+
+    fn promise(&self, seg: &Arc<Segment>) -> [u8; TOKEN] {
+        let mut t = [0u8; TOKEN];
+        t[..8].copy_from_slice(&auth::random_u64().to_ne_bytes());
+        t[8..].copy_from_slice(&auth::random_u64().to_ne_bytes());
+        let mut p = self.pending.lock().unwrap();
+        p.retain(|_, (_, at)| at.elapsed() < TOKEN_LIFE);
+        p.insert(t, (Arc::downgrade(seg), Instant::now()));
+        t
+    }
+
+    fn redeem(&self, t: &[u8; TOKEN]) -> Option<Arc<Segment>> {
+        let (seg, at) = self.pending.lock().unwrap().remove(t)?;
+        seg.upgrade().filter(|_| at.elapsed() < TOKEN_LIFE)
+    }
+
+    /// Serves the pages socket at `path`: each connection presents a token and gets the
+    /// segment's memfd, or a refusal.
+    pub(super) fn serve(self: Arc<Self>, path: PathBuf) -> std::io::Result<()> {
+        if UnixStream::connect(&path).is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        let l = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        tracing::info!(socket = %path.display(), "serving one-sided access to the pages of this host's processes");
+        std::thread::Builder::new()
+            .name("mcomp-pages".into())
+            .spawn(move || {
+                for c in l.incoming().flatten() {
+                    // A thread each: a peer that connects and says nothing holds up no one.
+                    let me = self.clone();
+                    let spawned = std::thread::Builder::new().name("mcomp-handout".into()).spawn(move || {
+                        let mut c = c;
+                        if let Err(e) = me.hand_out(&c) {
+                            // Counted before the peer hears it: whoever saw the refusal sees the count.
+                            metrics::counter!("mcomp_lease_handouts_refused_total").increment(1);
+                            tracing::warn!(error = %e, "refused a request for a segment on the pages socket");
+                            let _ = c.write_all(b"n");
+                        }
+                    });
+                    if let Err(e) = spawned {
+                        tracing::warn!(error = %e, "cannot serve a request on the pages socket");
+                    }
+                }
+            })
+            .map(|_| ())
+    }
+
+    fn hand_out(&self, mut c: &UnixStream) -> std::io::Result<()> {
+        c.set_read_timeout(Some(Duration::from_secs(1)))?;
+        // The directory is this user's alone; a peer of another user got in some other way.
+        // SAFETY: geteuid has no preconditions.
+        if peer_cred(c)?.uid != unsafe { libc::geteuid() } {
+            return Err(std::io::Error::other("a peer of another user"));
+        }
+        let mut t = [0u8; TOKEN];
+        c.read_exact(&mut t)?;
+        let seg = self
+            .redeem(&t)
+            .ok_or_else(|| std::io::Error::other("an unknown or expired token"))?;
+        self.handed_out.fetch_add(1, Relaxed);
+        metrics::counter!("mcomp_lease_handouts_total").increment(1);
+        send_fds(c, b"k", &[seg.fd().as_raw_fd()])
+    }
+}
+
+impl<P: Peers> Mem<P> {
+    /// `P2M_LEASE`: from the pComponent that created the process only, for a vRegion where
+    /// the process has memory, with one member (no parity to keep, no log to append).
+    pub(super) fn lease(&self, r: P2M_LEASE) -> Result<M2P_LEASE, Refusal> {
+        if current_peer().is_some_and(|p| p.role != Role::Proc) {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                "only a process's pComponent takes a lease on its pages",
+            ));
+        }
+        let p = self.owner_proc(&r.who)?;
+        let mut g = p.lock().unwrap();
+        g.current(&r.who)?;
+        let vrs = self.vrs();
+        let (start, end) = (
+            r.index.saturating_mul(vrs),
+            r.index.saturating_add(1).saturating_mul(vrs),
+        );
+        if !g.has_memory_in(start, end) {
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("process {} has no memory in vRegion {} here", r.who.pid, r.index),
+            ));
+        }
+        if g.sets.contains_key(&r.index) || g.logs.contains_key(&r.index) {
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "vRegion {} is striped or logged: its write-backs go through its owner",
+                    r.index
+                ),
+            ));
+        }
+        let (segment, seg) = g.pages.segment(r.index)?;
+        let generation = seg.generation();
+        let token = self.handouts.promise(&seg);
+        self.c.leases.fetch_add(1, Relaxed);
+        metrics::counter!("mcomp_leases_total").increment(1);
+        Ok(M2P_LEASE {
+            segment,
+            pages: vrs / PAGE,
+            generation,
+            token: ByteBuf::from(token.to_vec()),
+        })
+    }
+}

@@ -1,0 +1,1003 @@
+//! The pComponent's side of the shim protocol (splitos_shim_abi): welcome, hello, then one
+//! request at a time per program. A closed connection is the process's exit (or exec). The
+//! socket is open to every user of the host; what a connection may do follows from its
+//! peer's credentials and the admin's grants ([`crate::fs::grants`]).
+use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use splitos_rpc::refusals::Refusals;
+use splitos_rpc::{
+    ErrCode, Refusal, Request, VmaInfo, Who, ERR, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP,
+    P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
+};
+use splitos_shim_abi::{
+    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM,
+    MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
+    WELCOME_UFFD_DEV,
+};
+
+use super::fault;
+use super::huge::HugeHeap;
+use super::reuse::HeapReuse;
+use super::uffd::PAGE;
+use crate::fs::grants::PeerCred;
+use crate::{Pcomp, PendingChild, Proc};
+use splitos_core::config::{DirtyTracking, InterleaveRatio, Size};
+use splitos_excache::dirty::Tracker;
+use splitos_excache::miss::ProcHeap;
+use splitos_excache::region::UffdRegion;
+use splitos_excache::store::ProcMemory;
+use splitos_excache::Interleave;
+
+/// The errno a program's memory call fails with: the one mapping of refusals to errnos
+/// (`ErrCode::errno`), narrowed to what mmap(2) and its kin may return.
+fn vm_errno(e: &Refusal) -> i64 {
+    match e.code.errno() {
+        n @ (libc::EINVAL | libc::EACCES | libc::ENOMEM) => n as i64,
+        _ => libc::ENOMEM as i64,
+    }
+}
+
+pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("cannot listen for programs on {}: {e}", path.display()))?;
+    // Every user may connect: the grants decide what a connection gets.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    std::thread::Builder::new().name("shim-accept".into()).spawn(move || {
+        for s in l.incoming() {
+            match s {
+                Ok(s) => {
+                    let p = p.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("shim".into())
+                        .spawn(move || p.serve_program(s));
+                }
+                Err(e) => tracing::warn!(error = %e, "accepting a program failed"),
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// How long a connection may take to say hello after its welcome.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Connections of one user that may wait for their hello at once, and of all users: each
+/// holds a thread. A shim says hello within microseconds of its welcome, so only a burst of
+/// forks comes near.
+const WAITING_PER_USER: usize = 256;
+const WAITING_TOTAL: usize = 1024;
+/// Runs of one user that may be under way at once, and of all users: each launcher holds a
+/// thread and the run's counters.
+const RUNS_PER_USER: usize = 64;
+const RUNS_TOTAL: usize = 1024;
+/// Forked children of one process that may wait for their hello at once (each holds a copy
+/// of the address space at the home).
+const PENDING_PER_PARENT: usize = 256;
+
+/// What users other than root hold of something the pComponent has a bounded number of: in
+/// all, and per share (a user's, or a vNode's for what a vNode's users hold together).
+pub(crate) struct Slots<K: Hash + Eq = u32> {
+    total: usize,
+    per_share: HashMap<K, usize>,
+    max_total: usize,
+    max_per_share: usize,
+}
+
+/// Slots shared with the threads that hold them.
+pub(crate) type SharedSlots<K = u32> = Arc<Mutex<Slots<K>>>;
+
+impl<K: Hash + Eq> Slots<K> {
+    pub(crate) fn new(max_total: usize, max_per_share: usize) -> SharedSlots<K> {
+        Arc::new(Mutex::new(Slots {
+            total: 0,
+            per_share: HashMap::new(),
+            max_total,
+            max_per_share,
+        }))
+    }
+
+    /// Slots held, by all users but root.
+    pub(crate) fn held(&self) -> usize {
+        self.total
+    }
+
+    /// Whether `uid` would be refused a slot of `share` now.
+    pub(crate) fn full_for(&self, uid: u32, share: &K) -> bool {
+        uid != 0
+            && (self.total >= self.max_total || self.per_share.get(share).copied().unwrap_or(0) >= self.max_per_share)
+    }
+}
+
+impl Slots {
+    pub(crate) fn waiting() -> SharedSlots {
+        Slots::new(WAITING_TOTAL, WAITING_PER_USER)
+    }
+
+    pub(crate) fn runs() -> SharedSlots {
+        Slots::new(RUNS_TOTAL, RUNS_PER_USER)
+    }
+}
+
+/// One slot, given back when dropped. Root's take none: root is never refused.
+pub(crate) struct Slot<K: Hash + Eq = u32>(Option<(SharedSlots<K>, K)>);
+
+impl<K: Hash + Eq> Drop for Slot<K> {
+    fn drop(&mut self) {
+        let Some((slots, share)) = self.0.take() else { return };
+        let mut w = slots.lock().unwrap();
+        w.total -= 1;
+        if let Some(n) = w.per_share.get_mut(&share) {
+            *n -= 1;
+            if *n == 0 {
+                w.per_share.remove(&share);
+            }
+        }
+    }
+}
+
+/// A slot of `share` for `uid`, if there is room.
+pub(crate) fn take_slot<K: Hash + Eq + Clone>(slots: &SharedSlots<K>, uid: u32, share: K) -> Option<Slot<K>> {
+    if uid == 0 {
+        return Some(Slot(None));
+    }
+    let mut w = slots.lock().unwrap();
+    if w.full_for(uid, &share) {
+        return None;
+    }
+    w.total += 1;
+    *w.per_share.entry(share.clone()).or_insert(0) += 1;
+    Some(Slot(Some((slots.clone(), share))))
+}
+
+/// How a program's process comes to be: a new one of the hello's vNode, with the program
+/// slot its hello took, or a forked child (the token its parent's fork gave it) of its
+/// parent's vNode, whose slot the fork took.
+enum Start {
+    New { vnode: String, program: Slot },
+    Forked(u64),
+}
+
+/// The welcome of a connection that gets nothing, with why (an errno).
+fn refused_welcome(s: &mut UnixStream, errno: i32) {
+    let w = Welcome {
+        mark: WELCOME_MARK,
+        abi: SHIM_ABI_VERSION,
+        flags: 0,
+        uffd_features: 0,
+        refused: errno as u32,
+        _pad: 0,
+    };
+    let _ = s.write_all(w.as_bytes());
+}
+
+/// Receives a hello and the descriptors that come with it.
+fn recv_hello(s: &UnixStream) -> std::io::Result<(Hello, Vec<OwnedFd>)> {
+    let mut hello = Hello::new_zeroed();
+    let fds = splitos_rpc::fdpass::recv_fds(s, hello.as_mut_bytes())?;
+    Ok((hello, fds))
+}
+
+fn reply(s: &mut UnixStream, ret: i64, val: u64, val2: u64) -> std::io::Result<()> {
+    s.write_all(ShimResp { ret, val, val2 }.as_bytes())
+}
+
+/// A reply whose `val` is the length of the bytes that follow it.
+fn reply_bytes(s: &mut UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    reply(s, 0, bytes.len() as u64, 0)?;
+    s.write_all(bytes)
+}
+
+fn vnode_of(h: &Hello) -> String {
+    let len = h.vnode.iter().position(|b| *b == 0).unwrap_or(h.vnode.len());
+    String::from_utf8_lossy(&h.vnode[..len]).to_string()
+}
+
+impl Pcomp {
+    /// The first message on a connection: the userfaultfd features the miss path needs, the
+    /// userfaultfd device (programs of users who may not create a userfaultfd serving the
+    /// kernel's own accesses get theirs from it), and a file to back the heap with when heaps
+    /// live on the private tmpfs (huge pages), else none and the shim creates a memfd.
+    fn welcome(&self, s: &mut UnixStream) -> std::io::Result<()> {
+        let file = self.heap_fs.as_ref().and_then(|fs| {
+            fs.create()
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "cannot create a heap file; this program's heap gets no huge pages"),
+                )
+                .ok()
+        });
+        let mut w = Welcome {
+            mark: WELCOME_MARK,
+            abi: SHIM_ABI_VERSION,
+            flags: 0,
+            uffd_features: splitos_excache::dirty::uffd_features(self.cfg.dirty_tracking)
+                | if self.sampling { uffd::FEATURE_MINOR_SHMEM } else { 0 },
+            refused: 0,
+            _pad: 0,
+        };
+        let mut fds = Vec::new();
+        if let Some(d) = &self.uffd_dev {
+            w.flags |= WELCOME_UFFD_DEV;
+            fds.push(d.as_raw_fd());
+        }
+        if let Some(f) = &file {
+            w.flags |= WELCOME_HEAP_FILE;
+            fds.push(f.as_raw_fd());
+        }
+        splitos_rpc::fdpass::send_fds(s, w.as_bytes(), &fds)
+    }
+
+    /// Logs (a flood's first lines, then a summary) and counts a connection refused for who it is.
+    fn refuse(&self, peer: &PeerCred, why: &str) {
+        static REFUSED: Refusals = Refusals::new("refused a program-socket connection");
+        if REFUSED.log_this(format_args!("uid {}", peer.uid)) {
+            tracing::warn!(
+                uid = peer.uid,
+                os_pid = peer.pid,
+                "refused a program-socket connection: {why}"
+            );
+        }
+        metrics::counter!("pcomp_program_connections_refused_total").increment(1);
+    }
+
+    fn serve_program(self: Arc<Self>, mut s: UnixStream) {
+        let peer = match PeerCred::of(&s) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell who connected to the program socket");
+                return;
+            }
+        };
+        if !self.grants.may_use_any(&peer) {
+            self.refuse(&peer, "the user is granted no vNode");
+            return refused_welcome(&mut s, libc::EACCES);
+        }
+        let Some(wait) = take_slot(&self.waiting, peer.uid, peer.uid) else {
+            self.refuse(&peer, "too many of the user's connections are waiting for their hello");
+            return refused_welcome(&mut s, libc::EAGAIN);
+        };
+        // A peer that is no shim may be gone already: its hello, or its lack of one, tells.
+        let _ = self.welcome(&mut s);
+        // A shim says hello at once; a connection that never does must not hold a thread.
+        let _ = s.set_read_timeout(Some(HELLO_TIMEOUT));
+        let hello = recv_hello(&s);
+        let _ = s.set_read_timeout(None);
+        drop(wait);
+        let (hello, fds) = match hello {
+            Ok(h) => h,
+            Err(e) => return self.refuse(&peer, &format!("a malformed hello: {e}")),
+        };
+        if hello.abi != SHIM_ABI_VERSION {
+            self.refuse(
+                &peer,
+                &format!(
+                    "its shim speaks ABI version {}, this pComponent {SHIM_ABI_VERSION}",
+                    hello.abi
+                ),
+            );
+            let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
+            return;
+        }
+        let vnode = vnode_of(&hello);
+        if !self.grants.may_use(&vnode, &peer) {
+            self.refuse(&peer, &format!("vNode {vnode:?} is not granted to the user"));
+            let _ = reply(&mut s, -(libc::EACCES as i64), 0, 0);
+            return;
+        }
+        let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
+            (HELLO_PROGRAM, Ok([u, m])) => (u, m),
+            (HELLO_LAUNCHER, _) => {
+                if self.cordoned.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.refuse(&peer, "the pComponent is cordoned");
+                    let _ = reply(&mut s, -(libc::EBUSY as i64), 0, 0);
+                    return;
+                }
+                let Some(_run) = take_slot(&self.launchers, peer.uid, peer.uid) else {
+                    self.refuse(&peer, "too many of the user's runs are under way");
+                    let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
+                    return;
+                };
+                let interleave = match self.job_interleave(&hello) {
+                    Ok(i) => i,
+                    Err(why) => {
+                        self.refuse(&peer, &format!("the run's {why}"));
+                        let _ = reply(&mut s, -(libc::EINVAL as i64), 0, 0);
+                        return;
+                    }
+                };
+                if !self.claim_run(hello.run_id, peer.uid, interleave) {
+                    self.refuse(&peer, &format!("run {} is another user's", hello.run_id));
+                    let _ = reply(&mut s, -(libc::EEXIST as i64), 0, 0);
+                    return;
+                }
+                self.serve_launcher(s, &peer, &vnode);
+                // The run's processes that are still there keep their counters; the
+                // pComponent keeps nothing of a run whose launcher is gone.
+                let mut runs = self.runs.lock().unwrap();
+                if runs.get(&hello.run_id).is_some_and(|r| r.uid == peer.uid) {
+                    runs.remove(&hello.run_id);
+                }
+                return;
+            }
+            (kind, _) => {
+                self.refuse(&peer, &format!("a hello of kind {kind} is neither a launcher's nor a program's with exactly a userfaultfd and a memfd"));
+                let _ = reply(&mut s, -(libc::EPROTO as i64), 0, 0);
+                return;
+            }
+        };
+        // A program slot is held until the program exits: what one user's programs hold here
+        // (threads, the ExCache's bookkeeping, channels to homes) stays bounded. A forked
+        // child's was taken at its parent's fork, so that a fork over the cap fails there.
+        let start = match hello.fork_token {
+            0 => match take_slot(&self.programs, peer.uid, peer.uid) {
+                Some(program) => Start::New { vnode, program },
+                None => {
+                    self.refuse(&peer, "too many of the user's programs run here");
+                    let _ = reply(&mut s, -(libc::EAGAIN as i64), 0, 0);
+                    return;
+                }
+            },
+            token => Start::Forked(token),
+        };
+        let (proc_, _program) = match s
+            .try_clone()
+            .map_err(|e| ERR::new(ErrCode::Internal, e.to_string()))
+            .and_then(|conn| self.admit(&hello, &peer, uffd_fd, memfd, conn, start))
+        {
+            Ok((p, vmas, slot)) => {
+                let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
+                    && vmas.iter().all(|v| {
+                        s.write_all(
+                            VmaRec {
+                                start: v.start,
+                                end: v.end,
+                                prot: v.prot as u64,
+                            }
+                            .as_bytes(),
+                        )
+                        .is_ok()
+                    });
+                if !ok {
+                    self.exit_process(&p);
+                    return;
+                }
+                (p, slot)
+            }
+            Err(e) => {
+                self.refuse(&peer, &format!("cannot admit the program: {e}"));
+                let _ = reply(&mut s, -vm_errno(&e), 0, 0);
+                return;
+            }
+        };
+        for i in 0..self.cfg.fault_workers.max(1) {
+            let (p2, pr) = (self.clone(), proc_.clone());
+            let _ = std::thread::Builder::new()
+                .name(format!("fault{}.{i}", proc_.os_pid))
+                .spawn(move || fault::worker(p2, pr));
+        }
+        loop {
+            let mut req = ShimReq::default();
+            if s.read_exact(req.as_mut_bytes()).is_err() {
+                break;
+            }
+            let t0 = std::time::Instant::now();
+            let (ret, val, val2) = match self.request(&proc_, &req) {
+                Ok((v, v2)) => (0, v, v2),
+                Err(e) => (-e, 0, 0),
+            };
+            if matches!(
+                Op::from_u32(req.op),
+                Some(Op::Mmap | Op::Munmap | Op::Mprotect | Op::Dontneed | Op::Mremap)
+            ) {
+                let ns = t0.elapsed().as_nanos() as u64;
+                for s in [&proc_.heap.stats, self.miss.total()] {
+                    s.heap_calls.fetch_add(1, Relaxed);
+                    s.heap_call_ns.fetch_add(ns, Relaxed);
+                }
+            }
+            if reply(&mut s, ret, val, val2).is_err() {
+                break;
+            }
+        }
+        self.exit_process(&proc_);
+    }
+
+    /// The interleaving a launcher's hello chose for its run (`None`: the pComponent's),
+    /// checked as the pComponent's own against the ExCache as it is now.
+    fn job_interleave(&self, h: &Hello) -> Result<Option<Option<Interleave>>, String> {
+        if h.interleave_of == 0 {
+            return Ok(None);
+        }
+        if h.interleave_local == 0 {
+            return Ok(Some(None));
+        }
+        let ratio = InterleaveRatio::of(h.interleave_local, h.interleave_of)?;
+        let unit = Size(h.interleave_unit);
+        ratio.check(unit, self.miss.with_cache(|c| c.ways()) as u64, self.cfg.evict_reserve)?;
+        Ok(Some(Interleave::of(ratio, unit)))
+    }
+
+    /// `splitos run`'s connection: mounts the vNode's file system and says where, then
+    /// answers for the counters of the user's runs until it closes.
+    fn serve_launcher(&self, mut s: UnixStream, peer: &PeerCred, vnode: &str) {
+        let dir = match self.mounts.mount(vnode) {
+            Ok(d) => d.into_os_string().into_encoded_bytes(),
+            // A cluster without sComponents has no files to show.
+            Err(e) if e.code == ErrCode::Unreachable => Vec::new(),
+            Err(e) => {
+                tracing::warn!(vnode, error = %e, "cannot mount a vNode for a launcher");
+                let _ = reply(&mut s, -(e.code.errno() as i64), 0, 0);
+                return;
+            }
+        };
+        if reply_bytes(&mut s, &dir).is_err() {
+            return;
+        }
+        loop {
+            let mut req = ShimReq::default();
+            if s.read_exact(req.as_mut_bytes()).is_err() {
+                return;
+            }
+            let sent = match Op::from_u32(req.op) {
+                Some(Op::RunStats) => match self.runs.lock().unwrap().get(&req.a).map(|r| (r.uid, r.stats.clone())) {
+                    Some((uid, run)) if uid == peer.uid || peer.uid == 0 => {
+                        reply_bytes(&mut s, run.json().to_string().as_bytes())
+                    }
+                    // Another user's run is as unknown as one that never was.
+                    _ => reply(&mut s, -(libc::ENOENT as i64), 0, 0),
+                },
+                _ => {
+                    static ASKS: Refusals = Refusals::new("refused a launcher's request launchers do not make");
+                    if ASKS.log_this(format_args!("uid {}", peer.uid)) {
+                        tracing::warn!(
+                            op = req.op,
+                            os_pid = peer.pid,
+                            "refused a launcher's request launchers do not make"
+                        );
+                    }
+                    reply(&mut s, -(libc::ENOSYS as i64), 0, 0)
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
+    /// The process is the peer's, whatever the hello says. Returns its program slot with it.
+    fn admit(
+        &self,
+        h: &Hello,
+        peer: &PeerCred,
+        uffd_fd: OwnedFd,
+        memfd: OwnedFd,
+        conn: UnixStream,
+        start: Start,
+    ) -> Result<(Arc<Proc>, Vec<VmaInfo>, Slot), Refusal> {
+        // Before anything exists for it: a program whose writes cannot be tracked is refused.
+        let tracker = match self.cfg.dirty_tracking {
+            DirtyTracking::Fault => None,
+            DirtyTracking::Scan => Some(Tracker::open(peer.pid, h.region_base).map_err(|e| {
+                ERR::new(
+                    ErrCode::Internal,
+                    format!("cannot track the writes of program {}: {e}", peer.pid),
+                )
+            })?),
+        };
+        // The pid is the process's only while it lives: one that connected and ended (its
+        // pid perhaps another's now) is no program to serve. Checked after the page tables
+        // above were opened by that pid.
+        if !peer.alive() {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("process {} that connected has ended", peer.pid),
+            ));
+        }
+        if !super::uffd::is_userfaultfd(&uffd_fd) {
+            metrics::counter!("pcomp_fault_sources_refused_total").increment(1);
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!(
+                    "program {} handed over a descriptor that is not a userfaultfd as its heap's",
+                    peer.pid
+                ),
+            ));
+        }
+        let (pid, child) = match start {
+            Start::Forked(token) => {
+                let mut pending = self.pending.lock().unwrap();
+                match pending.remove(&token) {
+                    Some(c) if c.uid == peer.uid => (token, c),
+                    Some(c) => {
+                        pending.insert(token, c);
+                        return Err(ERR::new(ErrCode::Denied, "a forked child is its parent's user's"));
+                    }
+                    None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {token}"))),
+                }
+            }
+            Start::New { vnode, program } => {
+                let (run, interleave) = self.run_of(h.run_id, peer.uid);
+                let pid = crate::new_pid();
+                let G2P_HOME {
+                    mcomp: home,
+                    memory_quota,
+                } = self.node.call_gm(P2G_PICK_HOME {
+                    vnode: vnode.clone(),
+                    pcomp: self.node.id(),
+                })?;
+                let who = Who::new(vnode, pid);
+                let created = self.node.rpc.call(
+                    &home.addr,
+                    P2M_PROC_CREATE {
+                        who: who.clone(),
+                        region_base: h.region_base,
+                        region_size: h.region_size,
+                        pcomp: self.node.id(),
+                        memory_quota,
+                    },
+                )?;
+                (
+                    pid,
+                    PendingChild {
+                        memory: Arc::new(ProcMemory::new(who, home, created.backup)),
+                        run,
+                        interleave,
+                        vmas: Vec::new(),
+                        materialized: BTreeSet::new(),
+                        uid: peer.uid,
+                        parent: 0,
+                        since: std::time::Instant::now(),
+                        program,
+                    },
+                )
+            }
+        };
+        // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
+        let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if stop < 0 {
+            return Err(ERR::new(
+                ErrCode::Internal,
+                format!("cannot create an eventfd: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        // SAFETY: `stop` is a fresh descriptor that nothing else owns.
+        let stop = unsafe { OwnedFd::from_raw_fd(stop) };
+        let uffd = Arc::new(uffd_fd);
+        let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
+        let region = UffdRegion {
+            uffd: uffd.clone(),
+            memfd,
+            base: h.region_base,
+            huge,
+            tracker,
+            pidfd: self.sampling.then(|| peer.pidfd.clone()),
+        };
+        let heap = ProcHeap::new(pid, Box::new(region), child.run);
+        let reuse = std::sync::Mutex::new(HeapReuse::new(self.cfg.heap_reuse.0));
+        let heap_range = h.region_base..h.region_base.saturating_add(h.region_size);
+        let p = Arc::new(Proc {
+            pid,
+            os_pid: peer.pid,
+            uid: peer.uid,
+            pidfd: peer.pidfd.clone(),
+            conn,
+            memory: child.memory,
+            heap,
+            uffd,
+            stop,
+            reuse,
+            heap_range,
+            _idle: self.idle.hold(),
+            started: std::time::SystemTime::now(),
+        });
+        p.heap.stats.processes.fetch_add(1, Relaxed);
+        self.miss.total().processes.fetch_add(1, Relaxed);
+        self.store.attach(pid, p.memory.clone());
+        let earlier: Vec<Arc<Proc>> = {
+            let mut procs = self.procs.lock().unwrap();
+            procs.insert(pid, p.clone());
+            // Two processes alive now with one pid are one process.
+            let same =
+                |o: &Proc| o.pid != pid && o.os_pid == peer.pid && crate::fs::grants::alive(&o.pidfd) && peer.alive();
+            procs.values().filter(|o| same(o)).cloned().collect()
+        };
+        // One program per process: a process says hello again after an exec, whose end of
+        // its earlier connection the kernel closed; ending that connection here too keeps a
+        // process from holding many.
+        for o in earlier {
+            let _ = o.conn.shutdown(std::net::Shutdown::Both);
+        }
+        self.miss.add(p.heap.clone(), child.materialized);
+        self.miss.set_vnode(pid, &p.memory.who.vnode);
+        if let Some(i) = child.interleave {
+            self.miss.set_interleave(pid, i);
+        }
+        for v in &child.vmas {
+            self.miss.set_prot(pid, v.start, v.end, Some(v.prot));
+        }
+        tracing::info!(pid, os_pid = peer.pid, uid = peer.uid, vnode = %p.memory.who.vnode, home = p.memory.home().id, forked = h.fork_token != 0, "process started");
+        Ok((p, child.vmas, child.program))
+    }
+
+    /// Gives up forked children whose parent has ended and that did not say hello within
+    /// `fork_timeout_ms` (their fork failed, or a process asked for children it never
+    /// made): their homes drop the copies of the address space. A live parent's are bounded
+    /// by [`PENDING_PER_PARENT`] and kept: a child may be stopped (^Z, a debugger) between
+    /// its fork and its hello for any time.
+    pub(crate) fn reap_unclaimed_children(&self) {
+        let live: BTreeSet<u64> = self.procs.lock().unwrap().keys().copied().collect();
+        let stale: Vec<(u64, PendingChild)> = {
+            let mut pending = self.pending.lock().unwrap();
+            let old: Vec<u64> = pending
+                .iter()
+                .filter(|(_, c)| {
+                    c.since.elapsed().as_millis() > self.cfg.fork_timeout_ms.into() && !live.contains(&c.parent)
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            old.into_iter()
+                .filter_map(|k| pending.remove(&k).map(|c| (k, c)))
+                .collect()
+        };
+        for (pid, c) in stale {
+            tracing::warn!(
+                pid,
+                parent = c.parent,
+                "a forked child never said hello; its copy is dropped"
+            );
+            let _ = c.memory.call_home(
+                &self.node,
+                P2M_EXIT {
+                    who: c.memory.who.clone(),
+                },
+            );
+        }
+    }
+
+    fn exit_process(&self, p: &Arc<Proc>) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one` to the process's own eventfd.
+        unsafe { libc::write(p.stop.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        self.procs.lock().unwrap().remove(&p.pid);
+        self.miss.remove(&p.heap);
+        self.store.detach(p.pid);
+        if let Err(e) = p.memory.call_home(
+            &self.node,
+            P2M_EXIT {
+                who: p.memory.who.clone(),
+            },
+        ) {
+            tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
+        }
+        tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
+    }
+
+    /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
+    /// program sees.
+    fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
+        p.memory.call_home(&self.node, req).map_err(|e| {
+            let e = Refusal::from(e);
+            static REFUSED: Refusals = Refusals::new("the home mComponent refused a memory call");
+            if e.code != ErrCode::NoMemory && REFUSED.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(pid = p.pid, error = %e, "the home mComponent refused a memory call");
+            }
+            vm_errno(&e)
+        })
+    }
+
+    fn count_local(&self, p: &Proc) {
+        for s in [&p.heap.stats, self.miss.total()] {
+            s.heap_calls_local.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Unmaps at the home the kept ranges (see [`HeapReuse`]) that overlap [start, end): the
+    /// home must see the layout the program sees before anything depends on it there.
+    fn release_kept(&self, p: &Proc, start: u64, end: u64) -> Result<(), i64> {
+        let mut kept = p.reuse.lock().unwrap();
+        while let Some((s, len, prot)) = kept.take_overlapping(start, end) {
+            if let Err(e) = self.home_call(
+                p,
+                P2M_MUNMAP {
+                    who: p.memory.who.clone(),
+                    addr: s,
+                    len,
+                },
+            ) {
+                kept.put_back(s, len, prot);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
+        // The shim sends only ranges in the heap region; anything else (an end past the end of
+        // the address space included) is refused before it reaches the miss path.
+        let within =
+            |a: u64, len: u64| a >= p.heap_range.start && a.checked_add(len).is_some_and(|e| e <= p.heap_range.end);
+        let valid = match Op::from_u32(r.op) {
+            Some(Op::Munmap) => r.b > 0 && within(r.a, r.b),
+            Some(Op::Mprotect | Op::Dontneed) => within(r.a, r.b),
+            Some(Op::Mmap) => r.b > 0 && (r.d & MMAP_FIXED == 0 || within(r.a, r.b)),
+            Some(Op::Mremap) => r.b > 0 && r.c > 0 && within(r.a, r.b) && (r.d & MREMAP_FIXED == 0 || within(r.e, r.c)),
+            _ => true,
+        };
+        if !valid {
+            static OUTSIDE: Refusals = Refusals::new("refused a memory call outside the heap region");
+            if OUTSIDE.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(
+                    pid = p.pid,
+                    op = r.op,
+                    addr = r.a,
+                    len = r.b,
+                    "refused a memory call outside the heap region"
+                );
+            }
+            return Err(libc::EINVAL as i64);
+        }
+        let who = p.memory.who.clone();
+        let t = &p.heap;
+        let pages = |a: u64, len: u64| (a / PAGE, (a + len).div_ceil(PAGE));
+        match Op::from_u32(r.op) {
+            Some(Op::Mmap) => {
+                let fixed = r.d & MMAP_FIXED != 0;
+                let noreserve = r.d & MMAP_NORESERVE != 0;
+                let prot = r.c as u32;
+                // A hint outside the heap region cannot be honoured (the home ignores it): V8
+                // gives a random one with each of its 508 KiB mappings.
+                if (r.a == 0 || !p.heap_range.contains(&r.a)) && !fixed {
+                    let reused = p.reuse.lock().unwrap().take(r.b, prot);
+                    if let Some(addr) = reused {
+                        self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
+                        self.count_local(p);
+                        return Ok((addr, prot as u64));
+                    }
+                    let chunk = p.reuse.lock().unwrap().chunk_for(r.b);
+                    if let Some(chunk) = chunk {
+                        // A full home falls through to asking for the exact size.
+                        if let Ok(m) = self.home_call(
+                            p,
+                            P2M_MMAP {
+                                who: who.clone(),
+                                hint: 0,
+                                len: chunk,
+                                prot,
+                                fixed: false,
+                                noreserve,
+                            },
+                        ) {
+                            p.memory.learn(&m.owners, m.epoch, m.backup.clone());
+                            let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
+                            if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
+                                self.home_call(
+                                    p,
+                                    P2M_MUNMAP {
+                                        who: who.clone(),
+                                        addr: rest,
+                                        len: rest_len,
+                                    },
+                                )?;
+                            }
+                            self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
+                            return Ok((m.addr, m.prot as u64));
+                        }
+                    }
+                } else {
+                    // A hint or a fixed address the program sees free must be free at the home.
+                    self.release_kept(p, r.a, r.a.saturating_add(r.b))?;
+                }
+                if fixed {
+                    let (f, e) = pages(r.a, r.b);
+                    self.miss.discard_range(t, f, e);
+                }
+                let call = || {
+                    self.home_call(
+                        p,
+                        P2M_MMAP {
+                            who: who.clone(),
+                            hint: r.a,
+                            len: r.b,
+                            prot,
+                            fixed,
+                            noreserve,
+                        },
+                    )
+                };
+                let m = match call() {
+                    // What the home keeps mapped for reuse is accounted at the owners: give it back.
+                    Err(e) if e == libc::ENOMEM as i64 && p.reuse.lock().unwrap().overlaps(0, u64::MAX) => {
+                        self.release_kept(p, 0, u64::MAX)?;
+                        call()?
+                    }
+                    m => m?,
+                };
+                p.memory.learn(&m.owners, m.epoch, m.backup.clone());
+                self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
+                Ok((m.addr, m.prot as u64))
+            }
+            Some(Op::Munmap) => {
+                let (f, e) = pages(r.a, r.b);
+                let end = r.a.saturating_add(r.b);
+                let prot = self.miss.prot_of(p.pid, r.a, end);
+                // A mapping none of whose pages ever left this pComponent stays mapped at the home,
+                // to be handed out again by a later mmap of its size.
+                let stored = self.miss.discard_range(t, f, e);
+                if let Some(prot) = prot.filter(|_| !stored) {
+                    if p.reuse.lock().unwrap().keep(r.a, r.b, prot) {
+                        self.miss.set_prot(p.pid, r.a, end, None);
+                        self.count_local(p);
+                        return Ok((0, 0));
+                    }
+                }
+                self.release_kept(p, r.a, end)?;
+                self.home_call(
+                    p,
+                    P2M_MUNMAP {
+                        who,
+                        addr: r.a,
+                        len: r.b,
+                    },
+                )?;
+                self.miss.set_prot(p.pid, r.a, end, None);
+                Ok((0, 0))
+            }
+            Some(Op::Mprotect) => {
+                if p.reuse.lock().unwrap().overlaps(r.a, r.a.saturating_add(r.b)) {
+                    // Part of the range is unmapped, as far as the program knows.
+                    return Err(libc::ENOMEM as i64);
+                }
+                self.home_call(
+                    p,
+                    P2M_MPROTECT {
+                        who,
+                        addr: r.a,
+                        len: r.b,
+                        prot: r.c as u32,
+                    },
+                )?;
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, Some(r.c as u32));
+                Ok((0, 0))
+            }
+            Some(Op::Dontneed) => {
+                let (f, e) = pages(r.a, r.b);
+                // Owners hold only pages that were written back: a range of lines that never
+                // left this pComponent (an allocator purging fresh memory) is answered here.
+                if self.miss.discard_range(t, f, e) {
+                    self.home_call(
+                        p,
+                        P2M_DONTNEED {
+                            who,
+                            addr: r.a,
+                            len: r.b,
+                        },
+                    )?;
+                } else {
+                    self.count_local(p);
+                }
+                Ok((0, 0))
+            }
+            Some(Op::Mremap) => {
+                // Growing in place needs the home to see the program's free space as free.
+                self.release_kept(p, 0, u64::MAX)?;
+                let (f, e) = pages(r.a, r.b);
+                self.miss.evict_range(t, f, e).map_err(|e| vm_errno(&e))?;
+                let fixed_to = (r.d & MREMAP_FIXED != 0).then_some(r.e);
+                if let Some(to) = fixed_to {
+                    // Whatever was mapped at the destination is replaced, as by munmap.
+                    let (tf, te) = pages(to, r.c);
+                    self.miss.discard_range(t, tf, te);
+                }
+                let m = self.home_call(
+                    p,
+                    P2M_MREMAP {
+                        who,
+                        old: r.a,
+                        old_len: r.b,
+                        new_len: r.c,
+                        may_move: r.d & MREMAP_MAYMOVE != 0,
+                        fixed_to,
+                    },
+                )?;
+                p.memory.learn(&m.owners, m.epoch, m.backup.clone());
+                self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
+                self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
+                Ok((m.addr, m.prot as u64))
+            }
+            Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),
+            Some(Op::ForkAbort) => {
+                let mine = {
+                    let mut pending = self.pending.lock().unwrap();
+                    match pending.get(&r.a) {
+                        Some(c) if c.parent == p.pid => pending.remove(&r.a),
+                        _ => None,
+                    }
+                };
+                if let Some(c) = mine {
+                    let _ = c.memory.call_home(
+                        &self.node,
+                        P2M_EXIT {
+                            who: c.memory.who.clone(),
+                        },
+                    );
+                }
+                Ok((0, 0))
+            }
+            Some(Op::RunStats) | None => {
+                static UNKNOWN: Refusals = Refusals::new("refused a request programs do not make");
+                if UNKNOWN.log_this(format_args!("uid {}", p.uid)) {
+                    tracing::warn!(pid = p.pid, op = r.op, "refused a request programs do not make");
+                }
+                Err(libc::ENOSYS as i64)
+            }
+        }
+    }
+
+    /// Writes back the parent's dirty lines, has the home copy the address space for the
+    /// child, and parks the child's state until its hello.
+    fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
+        // The child's program slot is taken here, not at its hello: forks in a row (or of
+        // many processes at once) would otherwise all pass before their children said hello,
+        // and the children over the cap would be refused after fork(2) had succeeded.
+        let Some(program) = take_slot(&self.programs, p.uid, p.uid) else {
+            // As fork(2) says when a user may not have more.
+            return Err(libc::EAGAIN as i64);
+        };
+        if self
+            .pending
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|c| c.parent == p.pid)
+            .count()
+            >= PENDING_PER_PARENT
+        {
+            return Err(libc::EAGAIN as i64);
+        }
+        // The child's layout is the home's: it must not map what the parent unmapped.
+        self.release_kept(p, 0, u64::MAX)?;
+        self.miss.write_back_range(&p.heap, 0, u64::MAX / PAGE).map_err(|e| {
+            tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
+            libc::ENOMEM as i64
+        })?;
+        let child = crate::new_pid();
+        let forked = self.home_call(
+            p,
+            P2M_FORK {
+                parent: p.memory.who.clone(),
+                child,
+            },
+        )?;
+        let memory = Arc::new(ProcMemory::new(
+            Who::new(p.memory.who.vnode.clone(), child),
+            p.memory.home(),
+            forked.backup.clone(),
+        ));
+        memory.learn(&forked.owners, forked.epoch, forked.backup.clone());
+        let materialized = self.miss.materialized_of(p.pid);
+        self.pending.lock().unwrap().insert(
+            child,
+            PendingChild {
+                memory,
+                run: p.heap.stats.clone(),
+                interleave: self.miss.job_interleave(p.pid),
+                vmas: forked.vmas,
+                materialized,
+                uid: p.uid,
+                parent: p.pid,
+                since: std::time::Instant::now(),
+                program,
+            },
+        );
+        Ok(child)
+    }
+}

@@ -1,0 +1,969 @@
+//! `splitos sim`: replays a cluster trace against a fixed datacenter of servers, a
+//! disaggregated one of compute and memory modules, and splitos's own (pComponents with an
+//! ExCache share plus mComponents), with the same total resources and one placement policy,
+//! and reports fragmentation, modules that could be switched off, tasks that could not be
+//! placed, utilization and the failure model of LegoOS section 6.3 (docs/simulation.md).
+//! A task list without times is static: it fills the cluster in file order, and the report
+//! follows fragmentation as the cluster fills.
+//!
+//! Each model replays on its own thread; a replay (`replay.rs`) is a sorted stream of
+//! allocation and release events, a fill the tasks in order, and a placement a search of an
+//! index of units (`pool.rs`).
+
+pub mod failure;
+pub mod model;
+pub mod policy;
+pub mod pool;
+pub mod replay;
+pub mod trace;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use model::{Kind, Model, Need, Spec, Topology};
+use replay::{fill, replay, Fill, ModelReport, Workload};
+use splitos_core::config::Size;
+use trace::{Columns, Node, TaskList, TaskStats};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Node list (CSV): one row per server.
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Task list (CSV): one row per task, with its requests and its start and end times. A list without times is static: its tasks come in file order and stay until the cluster is full, and the report follows fragmentation as the cluster fills.
+    #[arg(long)]
+    pub tasks: PathBuf,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Columns of the node list, FIELD=COLUMN[*FACTOR],... (fields: cpu in milli-cores, mem in MiB) [default: cpu=cpu_milli,mem=memory_mib].
+    #[arg(long, default_value = "", hide_default_value = true)]
+    pub node_columns: String,
+    /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds (both or neither: without them the list is static), phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
+    #[arg(long, default_value = "", hide_default_value = true)]
+    pub task_columns: String,
+    #[arg(long, default_value = "best-fit", help = format!("Placement policy of every model: {}", policy::POLICIES.join(", ")))]
+    pub policy: String,
+    #[arg(long, default_value = "fixed,disaggregated,splitos", help = format!("Models to replay, side by side: {}", model::MODELS.join(", ")))]
+    pub models: String,
+    /// What memory a compute unit can use: links:N (memory modules per unit and units per module at once, ThymesisFlow's 16 transceivers), racks:N (units spread over N racks; memory stays in its rack), both, or none.
+    #[arg(long, default_value = "links:16")]
+    pub topology: Topology,
+    /// splitos: the part of each server's memory its pComponent keeps as ExCache, and of each task's memory it caches there.
+    #[arg(long, default_value_t = 0.25)]
+    pub excache_share: f64,
+    /// splitos: the unit the global memory manager places memory in.
+    #[arg(long, default_value = "1G")]
+    pub vregion: Size,
+    /// Memory modules of the disaggregated models, per copy of the cluster (0: as many as nodes).
+    #[arg(long, default_value_t = 0)]
+    pub memory_modules: usize,
+    /// Scale-up: this many copies of the cluster, with this many copies of the task list, each shifted by --shift.
+    #[arg(long, default_value_t = 1)]
+    pub scale: usize,
+    /// More load: this many copies of the task list per copy of the cluster, each shifted by --shift (a static list's copies come one after another).
+    #[arg(long, default_value_t = 1)]
+    pub load: usize,
+    /// Seconds between the start times of consecutive copies of a timed task list.
+    #[arg(long, default_value_t = 3600.0)]
+    pub shift: f64,
+    /// Average over this part of the replay only: START:END in the trace's seconds (after any shift), either may be left out; a static list has no times [default: the whole replay].
+    #[arg(long, default_value = ":", hide_default_value = true, value_parser = parse_window)]
+    pub window: (f64, f64),
+    /// Waiting tasks a release tries to place, oldest first (a static list's tasks do not wait: a task without room fails).
+    #[arg(long, default_value_t = 1000)]
+    pub retry_window: usize,
+    /// Skip and count the rows of a timed task list that lack a start or end time, instead of stopping (a list in which no row has a time is static, not incomplete).
+    #[arg(long)]
+    pub skip_incomplete: bool,
+    /// Count tasks larger than any module of a model as unplaced instead of stopping.
+    #[arg(long)]
+    pub skip_oversized: bool,
+    /// Device failure inputs (TOML); the default is LegoOS table 1's (docs/simulation.md).
+    #[arg(long)]
+    pub devices: Option<PathBuf>,
+    /// Points of the time series in the JSON (a static list's fill has a point per percent of the cluster's capacity requested instead).
+    #[arg(long, default_value_t = 400)]
+    pub samples: usize,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The most units a scaled-up cluster may have.
+const MAX_UNITS: usize = (1 << 24) - 1;
+
+fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or("expected START:END (seconds; either may be left out)")?;
+    let num = |x: &str, default: f64| {
+        if x.trim().is_empty() {
+            Ok(default)
+        } else {
+            x.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| !v.is_nan())
+                .ok_or_else(|| format!("`{x}` is not a number of seconds"))
+        }
+    };
+    let (a, b) = (num(a, f64::NEG_INFINITY)?, num(b, f64::INFINITY)?);
+    if a >= b {
+        return Err(format!("the window's start {a} is not before its end {b}"));
+    }
+    Ok((a, b))
+}
+
+#[derive(Serialize)]
+struct TraceReport {
+    nodes_file: String,
+    tasks_file: String,
+    /// Nodes and tasks of the files, before any scale-up.
+    nodes: usize,
+    tasks: usize,
+    stats: TaskStats,
+    /// False for a static list: its tasks come in file order and never end, and `start` and
+    /// `end` are 0.
+    timed: bool,
+    scale: usize,
+    load: usize,
+    shift_seconds: f64,
+    /// Nodes and tasks replayed.
+    replayed_nodes: usize,
+    replayed_tasks: usize,
+    start: f64,
+    end: f64,
+}
+
+#[derive(Serialize)]
+struct RunReport {
+    policy: String,
+    topology: String,
+    excache_share: f64,
+    vregion_mib: u64,
+    events: usize,
+    seconds: f64,
+    events_per_second: f64,
+    threads: usize,
+    /// The part of the replay the averages are over (seconds).
+    window: (f64, f64),
+}
+
+pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let shown: Vec<Kind> = args
+        .models
+        .split(',')
+        .map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    if let Some(k) = shown.iter().find(|k| shown.iter().filter(|x| x == k).count() > 1) {
+        bail!("--models: `{}` is named twice", k.name());
+    }
+    // The fixed cluster is every failure comparison's baseline: it is replayed even when not shown.
+    let mut kinds = shown.clone();
+    if !kinds.contains(&Kind::Fixed) {
+        kinds.insert(0, Kind::Fixed);
+    }
+    policy::by_name(&args.policy).map_err(anyhow::Error::msg)?;
+    if !(args.excache_share > 0.0 && args.excache_share < 1.0) {
+        bail!(
+            "--excache-share must be between 0 and 1 (exclusive), not {}",
+            args.excache_share
+        );
+    }
+    let vregion_mib = args.vregion.0 >> 20;
+    if vregion_mib == 0 || !args.vregion.0.is_multiple_of(1 << 20) {
+        bail!("--vregion must be a whole number of MiB, not {} bytes", args.vregion.0);
+    }
+    if args.scale == 0 || args.load == 0 || !(args.shift.is_finite() && args.shift >= 0.0) {
+        bail!("--scale and --load must be at least 1, --shift a number of seconds of at least 0");
+    }
+    let copies = args
+        .scale
+        .checked_mul(args.load)
+        .context("--scale x --load is too large")?;
+    let memory_modules = args
+        .memory_modules
+        .checked_mul(args.scale)
+        .filter(|m| *m <= MAX_UNITS)
+        .context("--memory-modules x --scale is too large")?;
+    let devices = failure::Devices::load(args.devices.as_deref())?;
+    let node_cols = Columns::parse(&trace::NODE_FIELDS, &args.node_columns).context("--node-columns")?;
+    let task_cols = Columns::parse(&trace::TASK_FIELDS, &args.task_columns).context("--task-columns")?;
+    let base_nodes = trace::read_nodes(&args.nodes, &node_cols)?;
+    let TaskList { tasks, stats, timed } = trace::read_tasks(&args.tasks, &task_cols, args.skip_incomplete)?;
+    if base_nodes.len().checked_mul(args.scale).is_none_or(|n| n > MAX_UNITS) {
+        bail!(
+            "--scale {}: {} nodes per copy make more than {MAX_UNITS} units",
+            args.scale,
+            base_nodes.len()
+        );
+    }
+    let base_tasks = tasks.len();
+    let window = args.window;
+    let w = if timed {
+        Workload::new(tasks, copies, args.shift)?
+    } else {
+        if window != (f64::NEG_INFINITY, f64::INFINITY) {
+            bail!("--window: {} is a static task list (no row has a start or end time), which has no times to average over", args.tasks.display());
+        }
+        Workload::in_order(tasks, copies)?
+    };
+    let nodes: Vec<Node> = (0..args.scale).flat_map(|_| base_nodes.iter().copied()).collect();
+    let (start, end) = w.span();
+    if timed && (window.1 <= start || window.0 >= end) {
+        bail!(
+            "--window {}:{}: the replay runs from {start} s to {end} s",
+            window.0,
+            window.1
+        );
+    }
+
+    let specs: Vec<Spec> = kinds
+        .iter()
+        .map(|&kind| Spec {
+            kind,
+            topology: if kind == Kind::Fixed {
+                Topology::default()
+            } else {
+                args.topology
+            },
+            excache_share: args.excache_share,
+            vregion_mib,
+            memory_modules,
+        })
+        .collect();
+    let models: Vec<Model> = specs
+        .into_iter()
+        .map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    // A task no module of a model can ever hold stops the run, naming it, unless the user
+    // asked to count such tasks. The baseline replayed without being asked for counts them.
+    let mut needs: Vec<Vec<Option<Need>>> = Vec::new();
+    for m in &models {
+        let mut v = Vec::with_capacity(base_tasks);
+        for t in &w.tasks {
+            let need = m.need(t.cpu, t.mem);
+            match m.oversized(&need) {
+                None => v.push(Some(need)),
+                Some((field, why)) if !args.skip_oversized && shown.contains(&m.spec.kind) => {
+                    bail!(
+                        "{}: row {} ({}), field `{}`: a task larger than any module of model `{}`: it {why}; --skip-oversized counts such tasks as unplaced",
+                        args.tasks.display(),
+                        t.row,
+                        t.name,
+                        task_cols.column(field).unwrap_or(field),
+                        m.name()
+                    )
+                }
+                Some(_) => v.push(None),
+            }
+        }
+        needs.push(v);
+    }
+
+    let total_events = (if timed { w.events.len() } else { w.len() } * models.len()) as u64;
+    let progress = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(total_events)
+    };
+    let what = if timed { "events" } else { "tasks" };
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{human_pos}}/{{human_len}} {what} ({{eta}} left)"
+        ))
+        .expect("a valid template"),
+    );
+    let replay_started = Instant::now();
+    let mut reports: Vec<(Kind, ModelReport)> = std::thread::scope(|s| {
+        let handles: Vec<_> = models
+            .into_iter()
+            .zip(&needs)
+            .map(|(m, needs)| {
+                let (w, progress) = (&w, progress.clone());
+                let kind = m.spec.kind;
+                s.spawn(move || {
+                    (
+                        kind,
+                        if timed {
+                            replay(m, w, needs, args.retry_window, args.samples, window, &progress)
+                        } else {
+                            fill(m, w, needs, &progress)
+                        },
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a replay thread panicked"))
+            .collect()
+    });
+    progress.finish_and_clear();
+    let replay_seconds = replay_started.elapsed().as_secs_f64();
+
+    let rates = devices.rates();
+    let servers = reports
+        .iter()
+        .find(|(k, _)| *k == Kind::Fixed)
+        .expect("the fixed model is always replayed")
+        .1
+        .peak_compute_on;
+    for (kind, r) in &mut reports {
+        r.policy = args.policy.clone();
+        r.reliability = Some(match kind {
+            Kind::Fixed => failure::reliability(&rates, r.peak_compute_on, None),
+            _ => failure::reliability(&rates, servers, Some((r.peak_compute_on, r.peak_memory_on))),
+        });
+        if *kind == Kind::Splitos {
+            let others = r.peak_compute_on as f64 * rates.pcomponent + servers as f64 * rates.scomponent;
+            r.redundancy = Some(failure::redundancy(
+                &devices,
+                &rates,
+                r.average_remote_mib,
+                r.peak_remote_mib,
+                r.memory_unit_mib as f64,
+                others,
+            ));
+        }
+    }
+    let events: usize = reports.iter().map(|(_, r)| r.events).sum();
+    let threads = reports
+        .len()
+        .min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // The baseline nobody asked for is summarized, so that what it counted is not lost.
+    let baseline = (!shown.contains(&Kind::Fixed)).then(|| serde_json::json!({"servers": servers, "oversized": reports[0].1.oversized, "unplaced": reports[0].1.unplaced}));
+    reports.retain(|(k, _)| shown.contains(k));
+    let mut out = serde_json::json!({
+        "trace": TraceReport {
+            nodes_file: args.nodes.display().to_string(),
+            tasks_file: args.tasks.display().to_string(),
+            nodes: base_nodes.len(),
+            tasks: base_tasks,
+            stats,
+            timed,
+            scale: args.scale,
+            load: args.load,
+            shift_seconds: args.shift,
+            replayed_nodes: nodes.len(),
+            replayed_tasks: w.len(),
+            start,
+            end,
+        },
+        "run": RunReport {
+            policy: args.policy.clone(),
+            topology: args.topology.to_string(),
+            excache_share: args.excache_share,
+            vregion_mib,
+            events,
+            seconds: replay_seconds,
+            events_per_second: events as f64 / replay_seconds.max(1e-9),
+            threads,
+            window: (window.0.max(start), window.1.min(end)),
+        },
+        "paper": failure::paper_cases(&rates),
+    });
+    for (kind, r) in &reports {
+        out[kind.name()] = serde_json::to_value(r)?;
+    }
+    if let Some(b) = baseline {
+        splitos_core::outln!("the fixed baseline of the failure model needed {} servers and left {} tasks unplaced ({} too large for any server)", b["servers"], b["unplaced"], b["oversized"]);
+        out["fixed_baseline"] = b;
+    }
+    print_report(&reports, &out, started.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        splitos_core::outln!("report: {}", path.display());
+    }
+    Ok(())
+}
+
+/// A redundancy scheme's figure for the splitos model, "-" for the others.
+fn scheme(r: &ModelReport, name: &str, f: impl Fn(&failure::Redundancy) -> String) -> String {
+    r.redundancy
+        .iter()
+        .flatten()
+        .find(|x| x.scheme == name)
+        .map_or("-".into(), f)
+}
+
+/// The report as a table: one column per model.
+fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, seconds: f64) {
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    let mut header = vec!["".to_string()];
+    header.extend(reports.iter().map(|(k, _)| k.name().to_string()));
+    table.set_header(header);
+    let pct = |v: f64| format!("{:.2}%", v * 100.0);
+    type Row = (&'static str, fn(&ModelReport, &dyn Fn(f64) -> String) -> String);
+    let rows: [Row; 16] = [
+        ("units (compute / memory)", |r, _| {
+            format!("{} / {}", r.compute_units, r.memory_units)
+        }),
+        ("fragmentation CPU", |r, p| p(r.average.fragmentation_cpu)),
+        ("fragmentation memory", |r, p| p(r.average.fragmentation_mem)),
+        ("switched off compute", |r, p| p(r.average.switched_off_compute)),
+        ("switched off memory", |r, p| p(r.average.switched_off_memory)),
+        ("utilization CPU", |r, p| p(r.average.utilization_cpu)),
+        ("utilization memory", |r, p| p(r.average.utilization_mem)),
+        ("placed", |r, _| r.placed.to_string()),
+        ("unplaced (oversized)", |r, _| {
+            format!("{} ({})", r.unplaced, r.oversized)
+        }),
+        ("waited, p50 / max wait", |r, _| {
+            format!(
+                "{}, {:.0} s / {:.0} s",
+                r.waits.waited, r.waits.p50_seconds, r.waits.max_seconds
+            )
+        }),
+        ("peak units on (compute / memory)", |r, _| {
+            format!("{} / {}", r.peak_compute_on, r.peak_memory_on)
+        }),
+        ("cluster MTTF (days)", |r, _| {
+            r.reliability
+                .as_ref()
+                .and_then(|f| f.cluster_mttf_days)
+                .map_or("-".into(), |d| format!("{d:.1}"))
+        }),
+        ("MTTF vs fixed", |r, _| {
+            r.reliability
+                .as_ref()
+                .and_then(|f| f.mttf_vs_fixed)
+                .map_or("-".into(), |x| format!("{x:.2}x"))
+        }),
+        ("memory with replica / ec:4", |r, _| {
+            format!(
+                "{} / {} GiB",
+                scheme(r, "replica", |x| format!("{:.0}", x.memory_needed_gib)),
+                scheme(r, "ec:4", |x| format!("{:.0}", x.memory_needed_gib))
+            )
+        }),
+        ("loss/yr none / replica", |r, _| {
+            format!(
+                "{} / {} GiB",
+                scheme(r, "none", |x| format!("{:.3}", x.expected_loss_gib_per_year)),
+                scheme(r, "replica", |x| format!("{:.2e}", x.expected_loss_gib_per_year))
+            )
+        }),
+        ("events per second", |r, _| format!("{:.0}", r.events_per_second)),
+    ];
+    for (name, f) in rows {
+        let mut row = vec![name.to_string()];
+        row.extend(reports.iter().map(|(_, r)| f(r, &pct)));
+        table.add_row(row);
+    }
+    let t = &out["trace"];
+    let copies = t["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1);
+    if t["timed"].as_bool().unwrap_or(true) {
+        splitos_core::outln!(
+            "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
+            t["nodes"],
+            t["scale"],
+            t["replayed_nodes"],
+            t["tasks"],
+            copies,
+            t["replayed_tasks"],
+            t["stats"]["rows"],
+            t["stats"]["skipped_incomplete"],
+            out["run"]["policy"].as_str().unwrap_or(""),
+            out["run"]["events"],
+            seconds,
+            out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
+        );
+    } else {
+        splitos_core::outln!(
+            "{} nodes x {} = {}, a static list of {} tasks x {} = {} ({} rows) in file order, policy {}, in {:.2} s; the table is the cluster where the fill stopped",
+            t["nodes"],
+            t["scale"],
+            t["replayed_nodes"],
+            t["tasks"],
+            copies,
+            t["replayed_tasks"],
+            t["stats"]["rows"],
+            out["run"]["policy"].as_str().unwrap_or(""),
+            seconds,
+        );
+    }
+    splitos_core::outln!("{table}");
+    print_fill(reports);
+}
+
+/// A static list's fill: the curve every tenth of the cluster's capacity requested (the JSON
+/// has every hundredth), then where each model stopped and why.
+fn print_fill(reports: &[(Kind, ModelReport)]) {
+    let fills: Vec<(&str, &Fill)> = reports
+        .iter()
+        .filter_map(|(k, r)| r.fill.as_ref().map(|f| (k.name(), f)))
+        .collect();
+    if fills.is_empty() {
+        return;
+    }
+    splitos_core::outln!("As the cluster fills: allocated, and fragmented (the share of the free CPU / memory that the list's tasks cannot use), by requests come as a share of the cluster:");
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    let mut header = vec!["requested".to_string()];
+    for (name, _) in &fills {
+        header.push(format!("{name} allocated"));
+        header.push(format!("{name} fragmented"));
+    }
+    table.set_header(header);
+    let pair = |a: f64, b: f64| format!("{:.1}% / {:.1}%", a * 100.0, b * 100.0);
+    let cells = |f: &Fill, i: Option<usize>| match i {
+        Some(i) => {
+            let c = &f.curve;
+            [
+                pair(c.utilization_cpu[i], c.utilization_mem[i]),
+                pair(c.fragmentation_rate_cpu[i], c.fragmentation_rate_mem[i]),
+            ]
+        }
+        None => ["-".to_string(), "-".to_string()],
+    };
+    let percent = |f: &Fill, i: usize| (f.curve.arrived[i] * 100.0).floor() as u64;
+    let top = fills
+        .iter()
+        .map(|(_, f)| percent(f, f.curve.arrived.len() - 1))
+        .max()
+        .unwrap_or(0);
+    for step in (10..=top).step_by(10) {
+        let mut row = vec![format!("{step}%")];
+        for (_, f) in &fills {
+            row.extend(cells(f, (0..f.curve.arrived.len()).find(|&i| percent(f, i) >= step)));
+        }
+        table.add_row(row);
+    }
+    let mut row = vec!["stopped".to_string()];
+    for (_, f) in &fills {
+        row.extend(cells(f, Some(f.curve.arrived.len() - 1)));
+    }
+    table.add_row(row);
+    splitos_core::outln!("{table}");
+    for (name, f) in &fills {
+        let c = &f.curve;
+        let first = f.first_failed.as_ref().map_or("none failed".to_string(), |x| {
+            format!(
+                "the first to fail was row {} ({}), at {:.1}% requested",
+                x.row,
+                x.name,
+                x.arrived * 100.0
+            )
+        });
+        splitos_core::outln!(
+            "{name}: {} tasks came ({:.1}% requested), {} placed, {} failed; {first}; {}",
+            f.tried,
+            c.arrived.last().copied().unwrap_or(0.0) * 100.0,
+            c.placed.last().copied().unwrap_or(0),
+            f.failed,
+            if f.full {
+                "stopped full: not even the smallest tasks fit"
+            } else {
+                "stopped at the end of the list"
+            }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy::POLICIES;
+    use trace::Task;
+
+    /// Replays hand-made tasks `(cpu, mem, start, end)` on nodes `(cpu, mem)`, with an
+    /// ExCache share of a quarter and vRegions of 4 MiB.
+    fn replay_of(
+        kind: Kind,
+        nodes: &[(u64, u64)],
+        tasks: &[(u64, u64, f64, f64)],
+        policy: &str,
+        topology: &str,
+    ) -> ModelReport {
+        let nodes: Vec<Node> = nodes.iter().map(|&(cpu, mem)| Node { cpu, mem }).collect();
+        let tasks = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &(cpu, mem, start, end))| Task {
+                name: format!("t{i}"),
+                row: i + 1,
+                cpu,
+                mem,
+                start,
+                end,
+            })
+            .collect();
+        let w = Workload::new(tasks, 1, 0.0).unwrap();
+        let spec = Spec {
+            kind,
+            topology: topology.parse().unwrap(),
+            excache_share: 0.25,
+            vregion_mib: 4,
+            memory_modules: 0,
+        };
+        let m = Model::new(spec, &nodes, w.len(), policy).unwrap();
+        let needs: Vec<Option<Need>> = w
+            .tasks
+            .iter()
+            .map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none()))
+            .collect();
+        let r = replay(
+            m,
+            &w,
+            &needs,
+            100,
+            3,
+            (f64::NEG_INFINITY, f64::INFINITY),
+            &indicatif::ProgressBar::hidden(),
+        );
+        let a = &r.audit;
+        assert_eq!(
+            (
+                a.over_capacity,
+                a.missing_allocations,
+                a.unmatched_releases,
+                a.units_left_holding,
+                a.placements,
+                a.releases
+            ),
+            (0, 0, 0, 0, r.placed, r.placed)
+        );
+        r
+    }
+
+    /// Fills hand-made static tasks `(cpu, mem)` into nodes `(cpu, mem)`, as `replay_of`.
+    fn fill_of(kind: Kind, nodes: &[(u64, u64)], tasks: &[(u64, u64)], topology: &str) -> ModelReport {
+        let nodes: Vec<Node> = nodes.iter().map(|&(cpu, mem)| Node { cpu, mem }).collect();
+        let tasks = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &(cpu, mem))| Task {
+                name: format!("t{i}"),
+                row: i + 1,
+                cpu,
+                mem,
+                start: 0.0,
+                end: f64::INFINITY,
+            })
+            .collect();
+        let w = Workload::in_order(tasks, 1).unwrap();
+        let spec = Spec {
+            kind,
+            topology: topology.parse().unwrap(),
+            excache_share: 0.25,
+            vregion_mib: 4,
+            memory_modules: 0,
+        };
+        let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
+        let needs: Vec<Option<Need>> = w
+            .tasks
+            .iter()
+            .map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none()))
+            .collect();
+        let r = fill(m, &w, &needs, &indicatif::ProgressBar::hidden());
+        let a = &r.audit;
+        assert_eq!(
+            (
+                a.over_capacity,
+                a.missing_allocations,
+                a.unmatched_releases,
+                a.units_left_holding,
+                a.placements,
+                a.releases
+            ),
+            (0, 0, 0, 0, r.placed, r.placed)
+        );
+        r
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn packing_switches_servers_off_and_spreading_fragments() {
+        let tasks = [(2000, 4, 0.0, 10.0), (2000, 4, 0.0, 10.0)];
+        for policy in ["best-fit", "first-fit"] {
+            let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, policy, "none");
+            assert!(
+                close(r.average.switched_off_compute, 0.5) && close(r.average.switched_off_memory, 0.5),
+                "{policy}"
+            );
+            assert!(
+                close(r.average.fragmentation_cpu, 0.0) && close(r.average.fragmentation_mem, 0.0),
+                "{policy}"
+            );
+            assert!(
+                close(r.average.utilization_cpu, 0.5) && close(r.average.utilization_mem, 0.5),
+                "{policy}"
+            );
+        }
+        let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, "gpm-gmm", "none");
+        assert!(
+            close(r.average.switched_off_compute, 0.0)
+                && close(r.average.fragmentation_cpu, 0.5)
+                && close(r.average.fragmentation_mem, 0.5)
+        );
+    }
+
+    /// Two tasks leave 1 core and 6 MiB on each server: a third (1 core, 7 MiB) fits no
+    /// server, but fits the same resources pooled.
+    #[test]
+    fn disaggregation_places_what_servers_cannot() {
+        let nodes = [(4000, 8), (4000, 8)];
+        let tasks = [(3000, 2, 0.0, 10.0), (3000, 2, 0.0, 10.0), (1000, 7, 0.0, 10.0)];
+        let f = replay_of(Kind::Fixed, &nodes, &tasks, "best-fit", "none");
+        assert_eq!((f.placed, f.unplaced, f.waits.waited), (2, 1, 0));
+        assert!(close(f.average.fragmentation_cpu, 0.25) && close(f.average.fragmentation_mem, 0.75));
+        let d = replay_of(Kind::Disaggregated, &nodes, &tasks, "best-fit", "none");
+        assert_eq!((d.placed, d.unplaced), (3, 0));
+        // Compute: one module full, one with 1 core free. Memory: 4 and 1 MiB free.
+        assert!(
+            close(d.average.fragmentation_cpu, 0.125) && close(d.average.fragmentation_mem, 5.0 / 16.0),
+            "{} {}",
+            d.average.fragmentation_cpu,
+            d.average.fragmentation_mem
+        );
+        assert!(close(d.average.switched_off_compute, 0.0) && close(d.average.switched_off_memory, 0.0));
+    }
+
+    #[test]
+    fn a_task_waits_for_room_and_gives_up_at_its_end() {
+        let r = replay_of(
+            Kind::Fixed,
+            &[(4000, 8)],
+            &[
+                (4000, 8, 0.0, 10.0),
+                (4000, 8, 5.0, 20.0),
+                (1000, 1, 6.0, 9.0),
+                (1, 1, 12.0, 12.0),
+            ],
+            "best-fit",
+            "none",
+        );
+        assert_eq!((r.placed, r.unplaced, r.instant, r.waits.waited), (2, 1, 1, 1));
+        assert!(close(r.waits.p50_seconds, 5.0) && close(r.waits.max_seconds, 5.0));
+        assert!(close(r.average.utilization_cpu, 1.0) && close(r.average.switched_off_compute, 0.0));
+    }
+
+    /// splitos: pComponents of 4 cores and 4 MiB of ExCache, two mComponents of 12 MiB.
+    #[test]
+    fn splitos_memory_follows_the_topology() {
+        let nodes = [(4000, 16), (4000, 16)];
+        // 16 MiB do not fit one mComponent: 12 go to one, 4 to the other, over two links.
+        let task = [(1000, 16, 0.0, 10.0)];
+        let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:2");
+        assert_eq!(
+            (r.placed, r.peak_memory_on, r.memory_units, r.memory_unit_mib),
+            (1, 2, 2, 12)
+        );
+        assert!(close(r.average.utilization_mem, (4.0 + 16.0) / 32.0));
+        let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:1");
+        assert_eq!((r.placed, r.unplaced), (0, 1));
+        // Racks: each pComponent reaches only its rack's mComponent, 12 MiB.
+        let m = Model::new(
+            Spec {
+                kind: Kind::Splitos,
+                topology: "racks:2".parse().unwrap(),
+                excache_share: 0.25,
+                vregion_mib: 4,
+                memory_modules: 0,
+            },
+            &[Node { cpu: 4000, mem: 16 }; 2],
+            1,
+            "best-fit",
+        )
+        .unwrap();
+        let (field, why) = m.oversized(&m.need(1000, 16)).unwrap();
+        assert!(
+            field == "mem" && why.contains("more than a compute unit can reach (12 MiB)"),
+            "{why}"
+        );
+        assert!(m.oversized(&m.need(1000, 12)).is_none());
+        let (field, _) = m.oversized(&m.need(5000, 1)).unwrap();
+        assert_eq!(field, "cpu");
+        let r = replay_of(
+            Kind::Splitos,
+            &nodes,
+            &[(1000, 8, 0.0, 10.0), (1000, 8, 0.0, 10.0)],
+            "first-fit",
+            "racks:2",
+        );
+        assert_eq!(
+            (r.placed, r.peak_compute_on, r.peak_memory_on),
+            (2, 2, 2),
+            "the second task's pComponent cannot reach the first mComponent's room"
+        );
+    }
+
+    /// Memory fills rack after rack: a task goes to a rack whose memory has room, whatever
+    /// the policy's favourite compute unit in another.
+    #[test]
+    fn racks_fill_one_after_another() {
+        let nodes = [(4000, 8); 16];
+        let tasks: Vec<(u64, u64, f64, f64)> = (0..16).map(|i| (1000, 8, i as f64, 100.0)).collect();
+        for policy in POLICIES {
+            let r = replay_of(Kind::Disaggregated, &nodes, &tasks, policy, "racks:2");
+            assert_eq!((r.placed, r.unplaced, r.oversized), (16, 0, 0), "{policy}");
+            assert_eq!(r.peak_memory_on, 16, "{policy}: all memory is used");
+        }
+    }
+
+    /// A pComponent with its one link taken cannot reach a second mComponent: the task
+    /// waits and ends unplaced, though it is not too large.
+    #[test]
+    fn links_run_out_at_placement() {
+        let nodes: Vec<Node> = vec![Node { cpu: 4000, mem: 16 }];
+        let spec = Spec {
+            kind: Kind::Splitos,
+            topology: "links:1".parse().unwrap(),
+            excache_share: 0.25,
+            vregion_mib: 4,
+            memory_modules: 2,
+        };
+        let tasks = vec![
+            Task {
+                name: "a".into(),
+                row: 1,
+                cpu: 1000,
+                mem: 4,
+                start: 0.0,
+                end: 10.0,
+            },
+            Task {
+                name: "b".into(),
+                row: 2,
+                cpu: 1000,
+                mem: 4,
+                start: 1.0,
+                end: 5.0,
+            },
+        ];
+        let w = Workload::new(tasks, 1, 0.0).unwrap();
+        let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
+        let needs: Vec<Option<Need>> = w
+            .tasks
+            .iter()
+            .map(|t| Some(m.need(t.cpu, t.mem)).filter(|n| m.oversized(n).is_none()))
+            .collect();
+        assert!(needs.iter().all(Option::is_some), "neither task is too large");
+        let r = replay(
+            m,
+            &w,
+            &needs,
+            100,
+            3,
+            (f64::NEG_INFINITY, f64::INFINITY),
+            &indicatif::ProgressBar::hidden(),
+        );
+        assert_eq!((r.placed, r.unplaced, r.oversized, r.peak_memory_on), (1, 1, 0, 1));
+        assert_eq!(r.audit.units_left_holding, 0);
+    }
+
+    /// Many tasks give up while one holds the only server: the queue is compacted and the
+    /// last one still gets the server.
+    #[test]
+    fn a_long_queue_of_waiting_tasks() {
+        // The first to wait waits longest: the others give up behind it, out of the queue's
+        // order.
+        let mut tasks = vec![(4000, 8, 0.0, 1000.0), (4000, 8, 0.5, 950.0)];
+        tasks.extend((0..200).map(|i| (4000, 8, 1.0 + i as f64, 500.0 + i as f64)));
+        tasks.push((4000, 8, 900.0, 2000.0));
+        let r = replay_of(Kind::Fixed, &[(4000, 8)], &tasks, "best-fit", "none");
+        assert_eq!((r.placed, r.unplaced, r.waits.waited), (2, 201, 1));
+        assert!(close(r.waits.max_seconds, 100.0));
+    }
+
+    /// GMM places each vRegion on the least loaded mComponent; best fit keeps a task's
+    /// memory together.
+    #[test]
+    fn gmm_spreads_vregions() {
+        let nodes = [(4000, 16), (4000, 16)];
+        let task = [(1000, 8, 0.0, 10.0)];
+        let r = replay_of(Kind::Splitos, &nodes, &task, "gpm-gmm", "links:16");
+        assert_eq!(r.peak_memory_on, 2);
+        assert!(close(r.average.switched_off_memory, 0.0));
+        let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:16");
+        assert_eq!(r.peak_memory_on, 1);
+        assert!(
+            close(r.average.switched_off_memory, 0.5) && close(r.average.fragmentation_mem, (2.0 + 4.0) / 32.0),
+            "{}",
+            r.average.fragmentation_mem
+        );
+    }
+
+    /// Two tasks leave 1 core and 6 MiB on each server: no task of the list fits what is
+    /// left on either, so all of it is fragmented, and the third task finds the cluster
+    /// full. Pooled memory leaves the compute modules and memory usable by half of the list,
+    /// and takes the third task.
+    #[test]
+    fn a_static_list_fills_until_the_cluster_is_full() {
+        let nodes = [(4000, 8), (4000, 8)];
+        let tasks = [(3000, 2), (3000, 2), (1000, 7), (1000, 7)];
+        let f = fill_of(Kind::Fixed, &nodes, &tasks, "none");
+        let x = f.fill.as_ref().unwrap();
+        assert_eq!((x.tried, x.failed, x.full, f.placed, f.unplaced), (3, 1, true, 2, 2));
+        let first = x.first_failed.as_ref().unwrap();
+        assert_eq!((first.task, first.row, first.name.as_str()), (2, 3, "t2"));
+        assert!(close(first.arrived, 0.75));
+        let c = &x.curve;
+        assert_eq!(
+            (c.tasks.as_slice(), c.placed.as_slice()),
+            (&[0, 1, 2, 3][..], &[0, 1, 2, 2][..])
+        );
+        assert!(
+            close(c.arrived[1], 3000.0 / 8000.0)
+                && close(c.arrived_mem[1], 2.0 / 16.0)
+                && close(c.arrived[3], 7000.0 / 8000.0)
+        );
+        // An empty cluster: every task fits a unit, nothing is fragmented.
+        assert!(close(c.fragmentation_rate_cpu[0], 0.0) && close(c.fragmentation_rate_mem[0], 0.0));
+        assert!(close(c.fragmentation_rate_cpu[2], 1.0) && close(c.fragmentation_rate_mem[2], 1.0));
+        assert!(close(c.utilization_cpu[2], 0.75) && close(f.average.utilization_cpu, 0.75) && f.peak_compute_on == 2);
+
+        let d = fill_of(Kind::Disaggregated, &nodes, &tasks, "none");
+        let x = d.fill.as_ref().unwrap();
+        assert_eq!((x.tried, x.failed, x.full, d.placed, d.unplaced), (4, 1, true, 3, 1));
+        assert_eq!(x.first_failed.as_ref().unwrap().row, 4);
+        // After two tasks: 1 core free on each compute module and 4 and 8 MiB on the memory
+        // modules, usable by the tasks of 1 core and 7 MiB, half of the list.
+        let c = &x.curve;
+        assert!(
+            close(c.fragmentation_rate_cpu[2], 0.5) && close(c.fragmentation_rate_mem[2], 0.5),
+            "{} {}",
+            c.fragmentation_rate_cpu[2],
+            c.fragmentation_rate_mem[2]
+        );
+    }
+
+    /// What fits what: a server too small for a task of the list leaves all its free
+    /// resources fragmented for that task; a memory module without room for a vRegion, or
+    /// in a rack whose compute units are full, is fragmented for every task.
+    #[test]
+    fn fragmentation_counts_what_the_list_cannot_use() {
+        // A small and a large server; half the list needs the large one.
+        let f = fill_of(Kind::Fixed, &[(1000, 4), (4000, 16)], &[(1000, 2), (4000, 16)], "none");
+        let c = &f.fill.as_ref().unwrap().curve;
+        // Empty: the small server (1 core, 4 MiB) serves half of the list.
+        assert!(
+            close(c.fragmentation_rate_cpu[0], 0.5 * 1000.0 / 5000.0)
+                && close(c.fragmentation_rate_mem[0], 0.5 * 4.0 / 20.0)
+        );
+        assert_eq!(f.placed, 2);
+        // splitos, two racks: the first task takes all the CPU of rack 0's pComponent, so
+        // the rest of its ExCache and its mComponent's memory are of no use to anyone.
+        let s = fill_of(Kind::Splitos, &[(1000, 16), (1000, 16)], &[(1000, 4)], "racks:2");
+        let c = &s.fill.as_ref().unwrap().curve;
+        // Free: rack 0's ExCache 4 - 1 MiB and mComponent 12 - 4 MiB (useless), rack 1's
+        // ExCache 4 and mComponent 12 MiB (usable).
+        assert!(
+            close(c.fragmentation_rate_mem[1], 11.0 / 27.0),
+            "{}",
+            c.fragmentation_rate_mem[1]
+        );
+        assert!(close(c.fragmentation_rate_cpu[1], 0.0));
+    }
+}
