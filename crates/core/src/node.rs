@@ -70,8 +70,10 @@ pub fn credentials(path: &std::path::Path, role: Role) -> anyhow::Result<Arc<Cre
 /// sooner than a component is, so that the others are asked who leads.
 const GM_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a caller looks for the leader among the managers before it gives up: longer
-/// than a handover (a lease, and an election).
-const FIND_LEADER: Duration = Duration::from_secs(20);
+/// than a handover (a lease, and an election) many times over, since on a loaded host a new
+/// leader may lose its lease while it starts, and the lead move again. A program whose
+/// placement waits this long is slow; one that fails for it is lost.
+const FIND_LEADER: Duration = Duration::from_secs(60);
 /// How long a manager asked who leads has to answer.
 const WHO_LEADS_TIMEOUT: Duration = Duration::from_secs(1);
 

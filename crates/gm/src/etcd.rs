@@ -345,6 +345,8 @@ impl Election {
                         if let Some(f) = elected.take() {
                             if let Err(e) = f() {
                                 tracing::error!(error = %e, "cannot start leading");
+                                // Another manager may lead at once, not after the lease.
+                                self.revoke();
                                 step_down("it could not start leading");
                             }
                         }
@@ -416,17 +418,21 @@ impl Election {
     /// over at once instead of after the lease's time to live.
     pub fn resign(&self) {
         STOPPING.store(true, Ordering::Relaxed);
-        let id = self.lease.load(Ordering::Relaxed);
-        if id != 0 {
+        if self.lease.load(Ordering::Relaxed) != 0 {
             self.valid_until.store(0, Ordering::Relaxed);
-            match self
-                .etcd
-                .run(move |mut c| Box::pin(async move { c.lease_revoke(id).await }))
-            {
-                Ok(_) => tracing::info!("lease given up: another manager can lead at once"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot give up the lease; another manager leads once it runs out")
-                }
+            self.revoke();
+        }
+    }
+
+    fn revoke(&self) {
+        let id = self.lease.load(Ordering::Relaxed);
+        match self
+            .etcd
+            .run(move |mut c| Box::pin(async move { c.lease_revoke(id).await }))
+        {
+            Ok(_) => tracing::info!("lease given up: another manager can lead at once"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot give up the lease; another manager leads once it runs out")
             }
         }
     }

@@ -272,16 +272,15 @@ mod tests {
         }
         assert_eq!(p.budget(), Duration::ZERO);
         // Events now come 300 µs into each wait, but a sleeper only sees them 3 ms later (a slow
-        // wake-up): sleeping shows nothing, the periodic probe finds them.
-        let hits = (0..40)
-            .filter(|_| wait(&p, Duration::from_micros(300), Duration::from_millis(3)))
-            .count();
-        assert!(hits > 0, "a probe caught an event");
-        assert!(
-            p.budget() >= Duration::from_micros(600),
-            "polling resumed: {:?}",
-            p.budget()
-        );
+        // wake-up): sleeping shows nothing, the periodic probe finds them, and polling resumes
+        // at twice their delay. A wait descheduled past the ceiling (beside other tests) shrinks
+        // the budget again, and a probe descheduled past the event catches nothing: so what is
+        // asserted is that polling resumed, within many probes, not that it stayed resumed.
+        let resumed = (0..20 * PROBE_EVERY).any(|_| {
+            wait(&p, Duration::from_micros(300), Duration::from_millis(3));
+            p.budget() >= Duration::from_micros(600)
+        });
+        assert!(resumed, "polling resumed: {:?}", p.budget());
     }
 
     #[test]

@@ -182,6 +182,12 @@ fn a_timed_out_call_never_answers_the_next_one() {
             Arc::new(ShmTransport::new(&cfg(d.path()), TcpConfig::default(), Polling::Adaptive, None).unwrap()),
             Duration::from_millis(100),
         );
+        // The channel is opened first, given time enough for a loaded machine: only the slow
+        // reply is to outlast the call's 100 ms, not the channel's handshake.
+        let first: Msg = fetch(10_001).into();
+        rpc.transport()
+            .call_direct(&addr, &first, Duration::from_secs(10))
+            .unwrap();
         match rpc.call_direct(&addr, fetch(400)) {
             Err(RpcError::Timeout { .. }) => {}
             r => panic!("a slow reply times out: {r:?}"),
