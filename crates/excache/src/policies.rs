@@ -5,7 +5,7 @@
 //! per thread. Replacing a policy while programs run replaces the Ebb's miss handler and puts
 //! a representative built by the new one in the ExCache between two misses.
 //!
-//! **Adding a policy is two entries**: implement [`EvictionPolicy`] (cache.rs) or
+//! **Adding a policy is two entries**: implement [`EvictionPolicy`] (cache/eviction.rs) or
 //! [`Prefetcher`] (prefetch.rs), here or in a file of its own; name it in [`EvictPolicy`] or
 //! [`PrefetchPolicy`] (config/pcomp.rs) with a doc comment saying what it does; and say how its
 //! miss handler builds it in the `match` of [`BuildEviction`] or [`BuildPrefetch`] below, which

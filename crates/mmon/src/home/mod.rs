@@ -35,6 +35,7 @@ use splitos_core::vma::{Vma, VmaMap};
 
 mod failover;
 mod leave;
+mod logged;
 mod rebuild;
 mod vm;
 

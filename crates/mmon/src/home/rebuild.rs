@@ -12,9 +12,6 @@ use super::{lock_home, HomeProc, Replicas, MOVE_BATCH};
 use crate::{Mem, Peers, PAGE};
 use splitos_core::vma::Vma;
 
-/// How long a logger made primary may take to replay its backup.
-const REPLAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
-
 impl<P: Peers> Mem<P> {
     /// A pComponent could not reach a replica of the process: once the home finds it
     /// unreachable too (or not holding the process), it leaves the process's sets and is
@@ -268,105 +265,12 @@ impl<P: Peers> Mem<P> {
         Ok(())
     }
 
-    /// Makes the logger of logged set `idx`, whose primary (a retired member now) is lost, its
-    /// primary, holding the home lock: the logger is fenced first, then told the set it is
-    /// the only member of, and replays the backup file and its log into pages before it
-    /// answers. A refusal (the log skipped write-backs, the sComponent cannot be read) leaves
-    /// the set as it was: the program waits for the lost primary and is told which it is.
-    fn promote_logger(&self, h: &mut HomeProc, idx: u64) -> Result<(), Refusal> {
-        let started = std::time::Instant::now();
-        let set = h.vregions.get(&idx).cloned().expect("listed by the caller");
-        let (gone, logger) = (set.owners[0].clone(), set.owners[1].clone());
-        let who = h.who();
-        self.fence_set(&set.wire(idx), &who, Some(gone.id))?;
-        let promoted = Replicas {
-            epoch: h.epoch,
-            owners: vec![logger.clone()],
-            ..set
-        };
-        // Replaying reads the whole backup from the sComponent: longer than a call may take.
-        let replay = M2M_SET {
-            who,
-            set: promoted.wire(idx),
-            creator: h.creator,
-            home: self.me(),
-            log: LogStep::Replay,
-        };
-        match logger.id == self.peers.id() {
-            true => self.to_owner(&logger, replay).map(|_| ())?,
-            false => self
-                .peers
-                .call_timeout(&logger.addr, replay, REPLAY_TIMEOUT)
-                .map(|_| ())?,
-        }
-        h.vregions.insert(idx, promoted);
-        metrics::counter!("mcomp_loggers_promoted_total").increment(1);
-        tracing::info!(
-            pid = h.who.pid,
-            vregion = idx,
-            lost = gone.id,
-            logger = logger.id,
-            ms = started.elapsed().as_millis() as u64,
-            "logger made primary from its backup"
-        );
-        Ok(())
-    }
-
-    /// `M2M_LOG_RESYNC`: the logger of vRegion `index` skipped write-backs while its log was
-    /// full. With the set fenced (no write-back lands meanwhile), its backup starts anew and
-    /// the primary's pages are copied to it.
-    pub(crate) fn log_resync(&self, r: M2M_LOG_RESYNC) -> Result<OK, Refusal> {
-        let hp = self.home_proc(&r.who)?;
-        let mut h = lock_home(&hp)?;
-        let idx = r.index;
-        let set = h
-            .vregions
-            .get(&idx)
-            .cloned()
-            .filter(|s| s.log.is_some() && s.owners.len() == 2)
-            .ok_or_else(|| {
-                ERR::new(
-                    ErrCode::Invalid,
-                    format!("vRegion {idx} of process {} has no logger", r.who.pid),
-                )
-            })?;
-        let (primary, logger) = (set.owners[0].clone(), set.owners[1].clone());
-        h.epoch += 1;
-        let who = h.who();
-        let vrs = self.vrs();
-        let out = self.fence_set(&set.wire(idx), &who, None).and_then(|()| {
-            let s = Replicas { epoch: h.epoch, ..set };
-            self.tell_set(&h, idx, &s, LogStep::Restart)?;
-            let n = self.copy_pages(&primary, &logger, &who, idx * vrs, (idx + 1) * vrs)?;
-            self.tell_member(&h, &logger, idx, &s, LogStep::Whole)?;
-            Ok((s, n))
-        });
-        let (s, n) = match out {
-            Ok(x) => x,
-            Err(e) => {
-                self.sync_backup(&mut h);
-                return Err(e);
-            }
-        };
-        h.vregions.insert(idx, s);
-        self.sync_backup(&mut h);
-        metrics::counter!("mcomp_log_resyncs_total").increment(1);
-        tracing::info!(
-            pid = r.who.pid,
-            vregion = idx,
-            logger = logger.id,
-            pages = n,
-            "copied a vRegion to its logger again: protected again"
-        );
-        Ok(OK)
-    }
-
     /// Moves the members of set `set` but `skip` to the process's epoch in `who`; in a striped
     /// set the data members first and the parity member last: each answers once no change of its own
     /// is on its way to the parity, and a write-back that a data member took before it was
     /// told reaches a parity member that still takes it. From then on the set's pages and
     /// parity agree until the home lets go of the process.
-    fn fence_set(&self, set: &VregionReplicas, who: &Who, skip: Option<u32>) -> Result<(), Refusal> {
+    pub(super) fn fence_set(&self, set: &VregionReplicas, who: &Who, skip: Option<u32>) -> Result<(), Refusal> {
         let parity = set.parity().map(|p| p.id);
         let mut members: Vec<&ComponentRef> = set.distinct().into_iter().filter(|o| Some(o.id) != skip).collect();
         members.sort_by_key(|o| Some(o.id) == parity);
@@ -774,7 +678,7 @@ impl<P: Peers> Mem<P> {
     }
 
     /// Copies every page and parity row `source` holds in [lo, hi) to `new`.
-    fn copy_pages(
+    pub(super) fn copy_pages(
         &self,
         source: &ComponentRef,
         new: &ComponentRef,

@@ -1,0 +1,130 @@
+//! The ExCache's eviction policies: which `Ready` line of a full set leaves for a miss. The
+//! policies are the swappable part (docs/ebb.md#policies-as-ebbs); the cache's bookkeeping,
+//! which asks them, is in cache.rs.
+use std::collections::{HashMap, VecDeque};
+
+use super::Line;
+
+pub trait EvictionPolicy: Send {
+    fn name(&self) -> &'static str;
+    /// Picks the way to evict from a full set, among `Ready` lines. `hand` is the set's own
+    /// policy state (CLOCK's hand). `None` if every way is still filling.
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
+    /// True if `victim` may mark lines to be observed again (`Line::rearm`).
+    fn rearms(&self) -> bool {
+        false
+    }
+    /// Whether a line just claimed for (pid, vpn) starts referenced.
+    fn admit(&mut self, _pid: u64, _vpn: u64) -> bool {
+        true
+    }
+    /// The program was seen using a resident line: a write trap, or with access sampling a
+    /// touch of a line it had unmapped.
+    fn touched(&mut self, line: &mut Line) {
+        line.referenced = true;
+    }
+    /// A line left the cache as a victim.
+    fn evicted(&mut self, _line: &Line) {}
+}
+
+pub struct Fifo;
+
+impl EvictionPolicy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
+        set.iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq)))
+            .min_by_key(|(_, seq)| *seq)
+            .map(|(i, _)| i)
+    }
+}
+
+pub struct Clock;
+
+impl EvictionPolicy for Clock {
+    fn name(&self) -> &'static str {
+        "clock"
+    }
+    fn rearms(&self) -> bool {
+        true
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+        clock_victim(set, hand)
+    }
+}
+
+/// CLOCK's sweep: the first `Ready` line from the hand on whose reference bit is clear,
+/// clearing the bits it passes (and asking that those lines be observed again).
+fn clock_victim(set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+    let n = set.len();
+    // Two sweeps: the first clears reference bits, the second must find an unreferenced line.
+    for _ in 0..2 * n + 1 {
+        let i = *hand % n;
+        *hand = (i + 1) % n;
+        if let Some(l) = set[i].as_mut() {
+            if !l.candidate() {
+                continue;
+            }
+            if l.referenced {
+                l.referenced = false;
+                l.rearm = true;
+                continue;
+            }
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// CLOCK with a memory of the lines it evicted recently (as many as the cache holds): a new
+/// line starts unreferenced, so that the hand evicts it at its first pass unless the program
+/// was seen using it since, except a line evicted recently, whose miss shows it was evicted
+/// too early. Lines read once (a scan, a sort's input) then go before lines in use, which
+/// plain CLOCK gives a whole turn each. It needs access sampling to see reads.
+pub struct GhostClock {
+    ghosts: HashMap<(u64, u64), u64>,
+    order: VecDeque<((u64, u64), u64)>,
+    cap: usize,
+    seq: u64,
+}
+
+impl GhostClock {
+    pub fn new(cap: usize) -> GhostClock {
+        GhostClock {
+            ghosts: HashMap::new(),
+            order: VecDeque::new(),
+            cap: cap.max(1),
+            seq: 0,
+        }
+    }
+}
+
+impl EvictionPolicy for GhostClock {
+    fn name(&self) -> &'static str {
+        "ghost-clock"
+    }
+    fn rearms(&self) -> bool {
+        true
+    }
+    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+        clock_victim(set, hand)
+    }
+    fn admit(&mut self, pid: u64, vpn: u64) -> bool {
+        self.ghosts.remove(&(pid, vpn)).is_some()
+    }
+    fn evicted(&mut self, line: &Line) {
+        self.seq += 1;
+        self.ghosts.insert((line.pid, line.vpn), self.seq);
+        self.order.push_back(((line.pid, line.vpn), self.seq));
+        while self.order.len() > self.cap {
+            let (key, seq) = self.order.pop_front().expect("over capacity means not empty");
+            // An entry re-made since is newer than this one: it stays.
+            if self.ghosts.get(&key) == Some(&seq) {
+                self.ghosts.remove(&key);
+            }
+        }
+    }
+}
