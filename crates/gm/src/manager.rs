@@ -1,0 +1,107 @@
+//! Leading and following, where several managers keep their state in etcd (the election is
+//! etcd.rs's).
+use super::*;
+
+/// What answers the managers' address when they keep their state in etcd: the managers
+/// themselves while this one leads; before that, and after it stopped, a follower that answers
+/// who leads and reads (the leader's last status, the API tokens), and refuses the rest
+/// `NotLeader`.
+pub(crate) struct Manager {
+    pub(crate) election: Arc<etcd::Election>,
+    pub(crate) gm: std::sync::OnceLock<Arc<Gm>>,
+    pub(crate) store: state::Store,
+}
+
+impl Handler for Manager {
+    fn handle(&self, msg: Msg) -> Msg {
+        match msg {
+            Msg::X2G_WHO_LEADS(r) => return on(r, |_| Ok(self.who_leads())),
+            // A leader that stops gives its lease up: another leads at once.
+            Msg::C2X_SHUTDOWN(r) => {
+                return on(r, |_| {
+                    self.election.resign();
+                    splitos_core::node::exit_soon();
+                    Ok(OK)
+                })
+            }
+            _ => {}
+        }
+        match self.gm.get().filter(|_| self.election.leading()) {
+            // An answer made while the lease lapsed is not sent: another may lead by now.
+            Some(gm) => match gm.handle(msg) {
+                _ if !self.election.leading() => Msg::ERR(self.not_leader()),
+                answer => answer,
+            },
+            None => self.follow(msg),
+        }
+    }
+}
+
+impl Manager {
+    fn who_leads(&self) -> G2X_LEADER {
+        let seen = self.election.seen();
+        G2X_LEADER {
+            leader: seen.leader,
+            term: seen.term,
+        }
+    }
+
+    fn follow(&self, msg: Msg) -> Msg {
+        metrics::counter!("gm_follower_requests_total").increment(1);
+        match msg {
+            Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
+            Msg::C2X_METRICS(r) => on(r, |_| {
+                Ok(X2C_METRICS {
+                    text: splitos_core::telemetry::render(),
+                })
+            }),
+            Msg::C2X_STATS(r) => on(r, |_| {
+                Ok(X2C_STATS { json: serde_json::json!({"role": "global-managers", "leading": false, "leader": self.election.seen().leader}).to_string() })
+            }),
+            Msg::C2G_STATUS(r) => on(r, |_| {
+                let published = self.election.published_status().ok_or_else(|| self.not_leader())?;
+                let mut s: G2C_STATUS = postcard::from_bytes(&published)
+                    .map_err(|e| ERR::new(ErrCode::Internal, format!("the leader's published status: {e}")))?;
+                s.leader = self.election.seen().leader;
+                s.managers = self.election.managers();
+                Ok(s)
+            }),
+            Msg::X2G_API_TOKEN(r) => on(r, |r| {
+                let tokens = tokens::Tokens::open(self.store.clone())
+                    .map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
+                principal(tokens.check(&r.token))
+            }),
+            _ => Msg::ERR(self.not_leader()),
+        }
+    }
+
+    fn not_leader(&self) -> ERR {
+        match self.election.seen().leader {
+            Some(l) => ERR::new(
+                ErrCode::NotLeader,
+                format!("this global manager follows; the leader is at {l}"),
+            ),
+            None => ERR::new(
+                ErrCode::NotLeader,
+                "this global manager follows, and no leader is elected yet",
+            ),
+        }
+    }
+}
+
+/// What the managers answer `X2G_API_TOKEN` with.
+pub(crate) fn principal(p: Option<tokens::Principal>) -> Result<G2X_API_PRINCIPAL, Refusal> {
+    match p {
+        Some(tokens::Principal::Admin { token }) => Ok(G2X_API_PRINCIPAL {
+            name: token,
+            admin: true,
+            vnodes: Vec::new(),
+        }),
+        Some(tokens::Principal::Tenant { token, vnodes }) => Ok(G2X_API_PRINCIPAL {
+            name: token,
+            admin: false,
+            vnodes,
+        }),
+        None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
+    }
+}

@@ -1,0 +1,441 @@
+//! Membership: components register (keeping the id they had, across restarts of the managers),
+//! heartbeat with their load and what they measured of their links, and are declared late,
+//! lost and forgotten by how long they were silent. What is kept of it survives a restart of the
+//! managers (`resume`).
+use super::*;
+
+impl Gm {
+    /// Memory of an mComponent that others cannot have: what is charged to mappings
+    /// (strict overcommit) or holds pages (heuristic), and what GMM promised since its last
+    /// heartbeat.
+    pub(super) fn taken(e: &Entry) -> u64 {
+        e.info.load.committed.max(e.info.load.used) + e.pending
+    }
+
+    pub(super) fn alive(e: &Entry) -> bool {
+        e.last.elapsed() < HEARTBEAT * MISSED_BEATS
+    }
+
+    /// Whether a pComponent or mComponent is declared lost: its programs or its copies are
+    /// given up, where until then it was only late and waited for.
+    pub(super) fn lost(&self, e: &Entry) -> bool {
+        matches!(e.info.role, Role::Proc | Role::Mem) && e.last.elapsed() > self.reclaim_dead
+    }
+
+    /// The entries, less those silent for longer than `forget_dead`.
+    pub(super) fn comps(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        let mut comps = self.comps.lock().unwrap();
+        comps.retain(|e| {
+            let keep = e.last.elapsed() < self.forget_dead;
+            if !keep {
+                tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
+                metrics::counter!("gm_components_forgotten_total").increment(1);
+                self.unkeep(e.info.id);
+                if e.info.role == Role::Mem {
+                    self.forgotten_mcomps.push(e.info.id);
+                }
+            }
+            keep
+        });
+        metrics::gauge!("gm_components").set(comps.len() as f64);
+        comps
+    }
+
+    /// Keeps `e`'s registration in the managers' state.
+    pub(super) fn keep(&self, e: &Entry) -> anyhow::Result<()> {
+        self.store.put(
+            kept::MEMBERS,
+            &e.info.id.to_string(),
+            Some(&kept::Member {
+                info: ComponentInfo {
+                    load: Load::default(),
+                    ..e.info.clone()
+                },
+                key: e.key,
+                ebbs: e.ebbs.clone(),
+                files_gone: e.files_gone,
+            }),
+        )
+    }
+
+    /// Keeps `e`'s registration after a change a successor must know; one that cannot be kept
+    /// is logged, and the successor has the registration as it was.
+    pub(super) fn keep_change(&self, e: &Entry) {
+        if let Err(err) = self.keep(e) {
+            tracing::warn!(id = e.info.id, error = %err, "cannot keep a change of a component's registration in the managers' state");
+        }
+    }
+
+    /// Drops component `id`'s registration from the managers' state.
+    pub(super) fn unkeep(&self, id: u32) {
+        if let Err(e) = self.store.put::<kept::Member>(kept::MEMBERS, &id.to_string(), None) {
+            tracing::warn!(id, error = %e, "cannot drop a component from the managers' state");
+        }
+    }
+
+    /// Adds mComponents to those announced lost, kept in the managers' state: a successor
+    /// fences them too when they speak again.
+    pub(super) fn announce(&self, ids: impl Iterator<Item = u32>) {
+        let mut announced = self.announced.lock().unwrap();
+        for id in ids {
+            if announced.insert(id) {
+                if let Err(e) = self.store.put(kept::ANNOUNCED, &id.to_string(), Some(&id)) {
+                    tracing::warn!(id, error = %e, "cannot keep an mComponent announced lost in the managers' state");
+                }
+            }
+        }
+    }
+
+    /// Whether mComponent `id` was announced lost, which it no longer is from now.
+    pub(super) fn unannounce(&self, id: u32) -> bool {
+        let was = self.announced.lock().unwrap().remove(&id);
+        if was {
+            if let Err(e) = self.store.put::<u32>(kept::ANNOUNCED, &id.to_string(), None) {
+                tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
+            }
+        }
+        was
+    }
+
+    /// The registrations kept in `store`, each with a fresh start: whether a component is
+    /// alive is learnt again from its heartbeats.
+    pub(super) fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {
+        let now = Instant::now();
+        Ok(store
+            .load::<kept::Member>(kept::MEMBERS)?
+            .into_iter()
+            .map(|m| Entry {
+                info: m.info,
+                key: m.key,
+                last: now,
+                pending: 0,
+                links: Vec::new(),
+                files_gone: m.files_gone,
+                ebbs: m.ebbs,
+            })
+            .collect())
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
+        self.comps()
+            .iter()
+            .map(|e| ComponentInfo {
+                alive: Gm::alive(e),
+                since_heartbeat_ms: e.last.elapsed().as_millis() as u64,
+                lost: self.lost(e),
+                cordoned: self.cordons.has(e.info.id),
+                ..e.info.clone()
+            })
+            .collect()
+    }
+
+    pub(super) fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
+        let ebbs = checked_ebbs(r.ebbs)?;
+        if r.addr.len() > MAX_ADDR {
+            return Err(ERR::new(
+                ErrCode::Invalid,
+                format!("addr: longer than {MAX_ADDR} bytes"),
+            ));
+        }
+        let peer = current_peer();
+        // A component registers as what its credentials say it is.
+        if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!("a {} may not register as a {}", p.role.name(), r.role.name()),
+            ));
+        }
+        let key = peer.map(|p| p.key);
+        let mut comps = self.comps();
+        // A component restarting at the same address replaces its old entry (with new
+        // credentials, after the old entry was forgotten).
+        if comps
+            .iter()
+            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e))
+        {
+            return Err(ERR::new(
+                ErrCode::Denied,
+                format!(
+                    "a live {} with other credentials is registered at {}",
+                    r.role.name(),
+                    r.addr
+                ),
+            ));
+        }
+        let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
+        let before: Vec<LostPcomp> = comps
+            .iter()
+            .filter(|e| replaces(e) && r.role == Role::Proc)
+            .filter_map(|e| {
+                Some(LostPcomp {
+                    key: e.key?,
+                    id: e.info.id,
+                })
+            })
+            .collect();
+        let earlier: Vec<u32> = comps.iter().filter(|e| replaces(e)).map(|e| e.info.id).collect();
+        let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id && !replaces(e));
+        let again = !taken(r.id);
+        let id = if again {
+            r.id
+        } else {
+            std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32)
+                .find(|id| !taken(*id))
+                .expect("an endless supply")
+        };
+        let info = ComponentInfo {
+            id,
+            role: r.role,
+            addr: r.addr.clone(),
+            shim_sock: r.shim_sock,
+            nics: r.nics,
+            load: r.load,
+            alive: true,
+            since_heartbeat_ms: 0,
+            lost: false,
+            metrics: r.metrics,
+            cordoned: false,
+            leaving: None,
+        };
+        let e = Entry {
+            info,
+            key,
+            last: Instant::now(),
+            pending: 0,
+            links: Vec::new(),
+            files_gone: false,
+            ebbs,
+        };
+        // Kept before anything changes: a manager that cannot keep it (it stopped leading)
+        // registers nobody, and changes nothing.
+        self.keep(&e)
+            .map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
+        comps.retain(|e| !replaces(e));
+        for old in earlier.iter().filter(|old| **old != id) {
+            self.unkeep(*old);
+        }
+        // A new start of a pComponent in place of an earlier one: the earlier one's programs
+        // are gone (the same start registering again keeps its key and id).
+        for l in before.into_iter().filter(|l| Some(l.key) != key || l.id != id) {
+            tracing::warn!(id = l.id, addr = %r.addr, "a pComponent was replaced by a new start; its processes' memory is released");
+            self.replaced.push(l);
+        }
+        // A new start of an mComponent in place of an earlier one: the earlier one's copies
+        // are gone.
+        for old in earlier.into_iter().filter(|old| *old != id && r.role == Role::Mem) {
+            tracing::warn!(id = old, addr = %r.addr, "an mComponent was replaced by a new start; the homes rebuild the copies it held");
+            self.replaced_mcomps.push(old);
+        }
+        // One declared lost that registers again (it was forgotten meanwhile) is fenced too.
+        let fenced = r.role == Role::Mem && self.unannounce(id);
+        if fenced {
+            tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
+            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+        }
+        if r.standby && r.role == Role::Mem && !again {
+            if let Err(err) = self.cordons.set(id, true) {
+                tracing::warn!(id, error = %err, "cannot keep the cordon of a standby mComponent; it takes memory");
+            }
+        }
+        tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
+        metrics::counter!("gm_registrations_total").increment(1);
+        comps.push(e);
+        metrics::gauge!("gm_components").set(comps.len() as f64);
+        Ok(G2X_REGISTERED {
+            id,
+            vregion_size: self.vregion_size,
+            replication: self.replication,
+            overcommit: self.overcommit,
+            fenced,
+            vnodes: self.vnodes.version(),
+        })
+    }
+
+    pub(super) fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
+        // A list out of bounds keeps the one registered: a heartbeat refused would make the
+        // component look dead.
+        let ebbs = checked_ebbs(r.ebbs)
+            .inspect_err(|e| {
+                static BAD_EBBS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("heartbeats naming Ebbs out of bounds");
+                if BAD_EBBS.log_this(format_args!("component {}", r.id)) {
+                    tracing::warn!(id = r.id, error = %e, "a heartbeat named Ebbs out of bounds; its registered ones are kept");
+                }
+            })
+            .ok();
+        let mut comps = self.comps();
+        {
+            let mut last_any = self.last_any.lock().unwrap();
+            if last_any.elapsed() > HEARTBEAT * MISSED_BEATS {
+                tracing::warn!(
+                    silent_ms = last_any.elapsed().as_millis() as u64,
+                    "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost"
+                );
+                let now = Instant::now();
+                for e in comps.iter_mut() {
+                    e.last = now;
+                }
+            }
+            *last_any = Instant::now();
+        }
+        // A component reports links only to components the managers know, a bounded number.
+        let known: std::collections::HashSet<u32> = comps.iter().map(|e| e.info.id).collect();
+        let Some(e) = comps.iter_mut().find(|e| {
+            e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)
+        }) else {
+            // A detached mComponent whose `exit` answer was lost is told again, rather than
+            // registering as a new one.
+            if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.current().contains(&r.id) {
+                return Ok(G2X_BEAT {
+                    lost: Vec::new(),
+                    lost_mcomps: Vec::new(),
+                    fenced: false,
+                    memory: 0,
+                    vnodes: 0,
+                    cordoned: true,
+                    leaving: vec![r.id],
+                    exit: true,
+                    rebalance: None,
+                    keep: Vec::new(),
+                });
+            }
+            return Err(ERR::new(
+                ErrCode::NotFound,
+                format!("no component {} is registered at {}", r.id, r.addr),
+            ));
+        };
+        if !Gm::alive(e) {
+            tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
+        }
+        // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
+        // what it holds may be older.
+        // (Only one silent for longer than `reclaim_dead` is announced, and it leaves the set
+        // at its first heartbeat: being in it is enough, also after a restart of the managers,
+        // which gives every component a fresh start.)
+        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && self.unannounce(r.id);
+        if fenced {
+            tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
+            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+        }
+        e.info.load = r.load;
+        let files_gone = e.files_gone;
+        let exit = Gm::leaving_report(e, r.leaving);
+        e.links = r.links;
+        e.links.retain(|l| known.contains(&l.peer));
+        e.links.truncate(MAX_LINKS);
+        let mut changed = e.files_gone != files_gone;
+        if let Some(ebbs) = ebbs.filter(|ebbs| *ebbs != e.ebbs) {
+            e.ebbs = ebbs;
+            changed = true;
+        }
+        if changed {
+            self.keep_change(e);
+        }
+        e.last = Instant::now();
+        e.pending = 0;
+        let role = e.info.role;
+        if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
+            return Ok(G2X_BEAT {
+                lost: Vec::new(),
+                lost_mcomps: Vec::new(),
+                fenced: false,
+                memory: 0,
+                vnodes: 0,
+                cordoned: false,
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
+        }
+        // Only what is known to be gone: after a restart of the global managers a pComponent
+        // that has not registered again yet is not lost, merely not heard of.
+        let mut lost: Vec<LostPcomp> = comps
+            .iter()
+            .filter(|e| e.info.role == Role::Proc && self.lost(e))
+            .filter_map(|e| {
+                Some(LostPcomp {
+                    key: e.key?,
+                    id: e.info.id,
+                })
+            })
+            .collect();
+        lost.extend(self.replaced.current());
+        // An nComponent closes the sockets of lost pComponents.
+        if role == Role::Net {
+            return Ok(G2X_BEAT {
+                lost,
+                lost_mcomps: Vec::new(),
+                fenced: false,
+                memory: 0,
+                vnodes: 0,
+                cordoned: false,
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
+        }
+        let mut lost_mcomps: Vec<u32> = comps
+            .iter()
+            .filter(|e| e.info.role == Role::Mem && self.lost(e))
+            .map(|e| e.info.id)
+            .collect();
+        lost_mcomps.extend(self.replaced_mcomps.current());
+        lost_mcomps.extend(
+            self.forgotten_mcomps
+                .current()
+                .into_iter()
+                .filter(|id| !comps.iter().any(|e| e.info.id == *id)),
+        );
+        // A pComponent closes its direct connections with lost pComponents, and waits for an
+        // mComponent that does not answer until it is among the lost ones.
+        if role == Role::Proc {
+            lost_mcomps.extend(self.detached.current());
+            return Ok(G2X_BEAT {
+                lost,
+                lost_mcomps,
+                fenced: false,
+                memory: 0,
+                vnodes: self.vnodes.version(),
+                cordoned: self.cordons.has(r.id),
+                leaving: Vec::new(),
+                exit: false,
+                rebalance: None,
+                keep: Vec::new(),
+            });
+        }
+        if self.replication != Replication::None && !fenced {
+            self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
+        }
+        // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
+        // there to be promised (heuristic overcommit refuses a mapping larger than this).
+        let memory = comps
+            .iter()
+            .filter(|e| self.takes_memory(e))
+            .map(|e| e.info.load.capacity)
+            .sum();
+        let leaving = self.leaving_ids(&comps);
+        let rebalance = self.rebalance_from(&comps);
+        if exit {
+            // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
+            comps.retain(|e| e.info.id != r.id);
+            self.unkeep(r.id);
+            self.detached.push(r.id);
+            metrics::counter!("gm_mcomponents_detached_total").increment(1);
+            tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
+        }
+        let keep = self.quotas_kept_by(&comps, r.id);
+        Ok(G2X_BEAT {
+            lost,
+            lost_mcomps,
+            fenced,
+            memory,
+            vnodes: 0,
+            cordoned: false,
+            leaving,
+            exit,
+            rebalance,
+            keep,
+        })
+    }
+}
