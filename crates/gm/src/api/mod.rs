@@ -12,6 +12,7 @@
 //! flood of API clients holds one thread and a few for the calls it makes to components.
 mod dashboard;
 mod excache;
+mod jobs;
 pub mod join;
 mod memory;
 mod placement;
@@ -20,17 +21,19 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{Role, VnodeInfo};
 use utoipa::OpenApi;
+
+pub use jobs::{JobList, JobView, SignalQuery, Unanswered};
 
 use crate::tokens::Principal;
 use crate::Gm;
@@ -142,71 +145,6 @@ impl From<splitos_rpc::ComponentInfo> for ComponentView {
             leaving: c.leaving.map(memory::LeavingView::from),
         }
     }
-}
-
-/// A program running on the cluster.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct JobView {
-    /// Its process id in the cluster, a decimal string (64 bits do not fit a JSON number that
-    /// JavaScript reads exactly).
-    pub pid: String,
-    /// Its process id on its pComponent's host.
-    pub os_pid: i32,
-    pub user: String,
-    pub uid: u32,
-    pub vnode: String,
-    pub command: String,
-    pub started_unix_s: u64,
-    /// The id of the pComponent it runs on, and its address.
-    pub pcomponent: u32,
-    pub pcomponent_addr: String,
-    /// Counters of its run (all processes one `splitos run` started): ExCache misses served,
-    /// lines evicted, lines written back to mComponents.
-    pub misses: u64,
-    pub evictions: u64,
-    pub writebacks: u64,
-}
-
-impl JobView {
-    fn of(c: splitos_rpc::ComponentInfo, j: splitos_rpc::JobInfo) -> JobView {
-        JobView {
-            pid: j.pid.to_string(),
-            os_pid: j.os_pid,
-            user: j.user,
-            uid: j.uid,
-            vnode: j.vnode,
-            command: j.command,
-            started_unix_s: j.started_unix_s,
-            pcomponent: c.id,
-            pcomponent_addr: c.addr,
-            misses: j.misses,
-            evictions: j.evictions,
-            writebacks: j.writebacks,
-        }
-    }
-}
-
-/// A pComponent that did not answer for its jobs.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Unanswered {
-    pub pcomponent: u32,
-    pub error: String,
-}
-
-/// The jobs the caller may see.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct JobList {
-    pub jobs: Vec<JobView>,
-    /// pComponents whose jobs are missing from `jobs` because they did not answer (shown to
-    /// an admin only).
-    pub unanswered: Vec<Unanswered>,
-}
-
-#[derive(Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct SignalQuery {
-    /// TERM (the default), INT, KILL, HUP, USR1 or USR2.
-    pub signal: Option<String>,
 }
 
 /// A vNode the admin made.
@@ -495,89 +433,6 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-/// The running programs: every one for an admin, those of its vNodes for a tenant.
-#[utoipa::path(get, path = "/api/v1/jobs", security(("bearer" = [])),
-    responses((status = 200, description = "The jobs", body = JobList), (status = 401, description = "No valid token", body = ErrorBody)))]
-async fn jobs(State(api): State<Arc<Api>>, Extension(p): Extension<Principal>) -> Result<Json<JobList>, ApiError> {
-    let gm = api.gm.clone();
-    let jobs = tokio::task::spawn_blocking(move || gm.jobs()).await.map_err(internal)?;
-    // Which pComponents are silent is the admin's business.
-    let unanswered = match p {
-        Principal::Admin { .. } => jobs
-            .unanswered
-            .into_iter()
-            .map(|(c, error)| Unanswered {
-                pcomponent: c.id,
-                error,
-            })
-            .collect(),
-        Principal::Tenant { .. } => Vec::new(),
-    };
-    Ok(Json(JobList {
-        jobs: jobs
-            .running
-            .into_iter()
-            .filter(|(_, j)| p.may_see_vnode(&j.vnode))
-            .map(|(c, j)| JobView::of(c, j))
-            .collect(),
-        unanswered,
-    }))
-}
-
-/// Signals a job (SIGTERM unless `signal` says otherwise): an admin any, a tenant those of its
-/// vNodes; another tenant's job is 403.
-#[utoipa::path(delete, path = "/api/v1/jobs/{pid}", security(("bearer" = [])), params(("pid" = String, Path, description = "The job's pid"), SignalQuery),
-    responses((status = 202, description = "Signalled", body = JobView), (status = 400, description = "Not a pid or a signal", body = ErrorBody),
-              (status = 401, description = "No valid token", body = ErrorBody), (status = 403, description = "Another tenant's job", body = ErrorBody),
-              (status = 404, description = "No such job", body = ErrorBody)))]
-async fn kill_job(
-    State(api): State<Arc<Api>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Extension(p): Extension<Principal>,
-    Path(pid): Path<String>,
-    Query(q): Query<SignalQuery>,
-) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    let pid: u64 = pid
-        .parse()
-        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{pid:?} is not a pid")))?;
-    let signal = match q.signal.as_deref().unwrap_or("TERM").trim_start_matches("SIG") {
-        "TERM" => libc::SIGTERM,
-        "INT" => libc::SIGINT,
-        "KILL" => libc::SIGKILL,
-        "HUP" => libc::SIGHUP,
-        "USR1" => libc::SIGUSR1,
-        "USR2" => libc::SIGUSR2,
-        other => {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("{other:?} is not a signal this API sends (TERM, INT, KILL, HUP, USR1, USR2)"),
-            ))
-        }
-    };
-    let gm = api.gm.clone();
-    tokio::task::spawn_blocking(move || {
-        let Some((c, j)) = gm.jobs().running.into_iter().find(|(_, j)| j.pid == pid) else {
-            return Err(ApiError(StatusCode::NOT_FOUND, format!("no job {pid} runs")));
-        };
-        if !p.may_see_vnode(&j.vnode) {
-            return Err(refuse(
-                StatusCode::FORBIDDEN,
-                peer,
-                "DELETE",
-                &format!("/api/v1/jobs/{pid}"),
-                Some(p.name()),
-                format!("job {pid} is not of this token's vNodes"),
-            ));
-        }
-        gm.signal(&c, pid, signal)
-            .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("job {pid}: {e}")))?;
-        tracing::info!(pid, signal, token = p.name(), "job signalled through the API");
-        Ok((StatusCode::ACCEPTED, Json(JobView::of(c, j))))
-    })
-    .await
-    .map_err(internal)?
-}
-
 /// The whole cluster's Prometheus metrics: the managers' and every alive component's series in
 /// one exposition, each labelled with its component and role (admin only).
 #[utoipa::path(get, path = "/metrics", security(("bearer" = [])),
@@ -781,7 +636,7 @@ async fn not_found(req: Request) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "splitos control plane", description = "The REST API of the global managers (docs/control-plane.md)."),
-    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, placement::get, placement::put, join::create, join::ca, join::join, config, jobs, kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
+    paths(livez, readyz, whoami, status, components, topology, cordon, uncordon, memory::list, memory::detach, memory::attach, excache::get, excache::put, excache::get_policy, excache::put_policy, placement::get, placement::put, join::create, join::ca, join::join, config, jobs::jobs, jobs::kill_job, vnodes, create_vnode, vnode, delete_vnode, targets, cluster_metrics, dashboard::events),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -829,8 +684,8 @@ fn router(api: Arc<Api>) -> Router {
         .route("/placement", get(placement::get).put(placement::put))
         .route("/join-tokens", axum::routing::post(join::create))
         .route("/config", get(config))
-        .route("/jobs", get(jobs))
-        .route("/jobs/{pid}", delete(kill_job))
+        .route("/jobs", get(jobs::jobs))
+        .route("/jobs/{pid}", delete(jobs::kill_job))
         .route("/vnodes", get(vnodes).post(create_vnode))
         .route("/vnodes/{name}", get(vnode).delete(delete_vnode))
         .route("/targets", get(targets))

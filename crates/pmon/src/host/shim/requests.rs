@@ -1,0 +1,326 @@
+//! A program's requests on its socket once it runs: its virtual-memory calls, most forwarded to
+//! its home mComponent, and a fork's preparation.
+use super::*;
+
+impl Pcomp {
+    /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
+    /// program sees.
+    pub(super) fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
+        p.memory.call_home(&self.node, req).map_err(|e| {
+            let e = Refusal::from(e);
+            static REFUSED: Refusals = Refusals::new("the home mComponent refused a memory call");
+            if e.code != ErrCode::NoMemory && REFUSED.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(pid = p.pid, error = %e, "the home mComponent refused a memory call");
+            }
+            vm_errno(&e)
+        })
+    }
+
+    pub(super) fn count_local(&self, p: &Proc) {
+        for s in [&p.heap.stats, self.miss.total()] {
+            s.heap_calls_local.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Unmaps at the home the kept ranges (see [`HeapReuse`]) that overlap [start, end): the
+    /// home must see the layout the program sees before anything depends on it there.
+    pub(super) fn release_kept(&self, p: &Proc, start: u64, end: u64) -> Result<(), i64> {
+        let mut kept = p.reuse.lock().unwrap();
+        while let Some((s, len, prot)) = kept.take_overlapping(start, end) {
+            if let Err(e) = self.home_call(
+                p,
+                P2M_MUNMAP {
+                    who: p.memory.who.clone(),
+                    addr: s,
+                    len,
+                },
+            ) {
+                kept.put_back(s, len, prot);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
+        // The shim sends only ranges in the heap region; anything else (an end past the end of
+        // the address space included) is refused before it reaches the miss path.
+        let within =
+            |a: u64, len: u64| a >= p.heap_range.start && a.checked_add(len).is_some_and(|e| e <= p.heap_range.end);
+        let valid = match Op::from_u32(r.op) {
+            Some(Op::Munmap) => r.b > 0 && within(r.a, r.b),
+            Some(Op::Mprotect | Op::Dontneed) => within(r.a, r.b),
+            Some(Op::Mmap) => r.b > 0 && (r.d & MMAP_FIXED == 0 || within(r.a, r.b)),
+            Some(Op::Mremap) => r.b > 0 && r.c > 0 && within(r.a, r.b) && (r.d & MREMAP_FIXED == 0 || within(r.e, r.c)),
+            _ => true,
+        };
+        if !valid {
+            static OUTSIDE: Refusals = Refusals::new("refused a memory call outside the heap region");
+            if OUTSIDE.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(
+                    pid = p.pid,
+                    op = r.op,
+                    addr = r.a,
+                    len = r.b,
+                    "refused a memory call outside the heap region"
+                );
+            }
+            return Err(libc::EINVAL as i64);
+        }
+        let who = p.memory.who.clone();
+        let t = &p.heap;
+        let pages = |a: u64, len: u64| (a / PAGE, (a + len).div_ceil(PAGE));
+        match Op::from_u32(r.op) {
+            Some(Op::Mmap) => {
+                let fixed = r.d & MMAP_FIXED != 0;
+                let noreserve = r.d & MMAP_NORESERVE != 0;
+                let prot = r.c as u32;
+                // A hint outside the heap region cannot be honoured (the home ignores it): V8
+                // gives a random one with each of its 508 KiB mappings.
+                if (r.a == 0 || !p.heap_range.contains(&r.a)) && !fixed {
+                    let reused = p.reuse.lock().unwrap().take(r.b, prot);
+                    if let Some(addr) = reused {
+                        self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
+                        self.count_local(p);
+                        return Ok((addr, prot as u64));
+                    }
+                    let chunk = p.reuse.lock().unwrap().chunk_for(r.b);
+                    if let Some(chunk) = chunk {
+                        // A full home falls through to asking for the exact size.
+                        if let Ok(m) = self.home_call(
+                            p,
+                            P2M_MMAP {
+                                who: who.clone(),
+                                hint: 0,
+                                len: chunk,
+                                prot,
+                                fixed: false,
+                                noreserve,
+                            },
+                        ) {
+                            p.memory.learn(&m.owners, m.epoch, m.backup.clone());
+                            let (rest, rest_len) = (m.addr + r.b, chunk - r.b);
+                            if !p.reuse.lock().unwrap().keep(rest, rest_len, m.prot) {
+                                self.home_call(
+                                    p,
+                                    P2M_MUNMAP {
+                                        who: who.clone(),
+                                        addr: rest,
+                                        len: rest_len,
+                                    },
+                                )?;
+                            }
+                            self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
+                            return Ok((m.addr, m.prot as u64));
+                        }
+                    }
+                } else {
+                    // A hint or a fixed address the program sees free must be free at the home.
+                    self.release_kept(p, r.a, r.a.saturating_add(r.b))?;
+                }
+                if fixed {
+                    let (f, e) = pages(r.a, r.b);
+                    self.miss.discard_range(t, f, e);
+                }
+                let call = || {
+                    self.home_call(
+                        p,
+                        P2M_MMAP {
+                            who: who.clone(),
+                            hint: r.a,
+                            len: r.b,
+                            prot,
+                            fixed,
+                            noreserve,
+                        },
+                    )
+                };
+                let m = match call() {
+                    // What the home keeps mapped for reuse is accounted at the owners: give it back.
+                    Err(e) if e == libc::ENOMEM as i64 && p.reuse.lock().unwrap().overlaps(0, u64::MAX) => {
+                        self.release_kept(p, 0, u64::MAX)?;
+                        call()?
+                    }
+                    m => m?,
+                };
+                p.memory.learn(&m.owners, m.epoch, m.backup.clone());
+                self.miss.set_prot(p.pid, m.addr, m.addr + r.b, Some(m.prot));
+                Ok((m.addr, m.prot as u64))
+            }
+            Some(Op::Munmap) => {
+                let (f, e) = pages(r.a, r.b);
+                let end = r.a.saturating_add(r.b);
+                let prot = self.miss.prot_of(p.pid, r.a, end);
+                // A mapping none of whose pages ever left this pComponent stays mapped at the home,
+                // to be handed out again by a later mmap of its size.
+                let stored = self.miss.discard_range(t, f, e);
+                if let Some(prot) = prot.filter(|_| !stored) {
+                    if p.reuse.lock().unwrap().keep(r.a, r.b, prot) {
+                        self.miss.set_prot(p.pid, r.a, end, None);
+                        self.count_local(p);
+                        return Ok((0, 0));
+                    }
+                }
+                self.release_kept(p, r.a, end)?;
+                self.home_call(
+                    p,
+                    P2M_MUNMAP {
+                        who,
+                        addr: r.a,
+                        len: r.b,
+                    },
+                )?;
+                self.miss.set_prot(p.pid, r.a, end, None);
+                Ok((0, 0))
+            }
+            Some(Op::Mprotect) => {
+                if p.reuse.lock().unwrap().overlaps(r.a, r.a.saturating_add(r.b)) {
+                    // Part of the range is unmapped, as far as the program knows.
+                    return Err(libc::ENOMEM as i64);
+                }
+                self.home_call(
+                    p,
+                    P2M_MPROTECT {
+                        who,
+                        addr: r.a,
+                        len: r.b,
+                        prot: r.c as u32,
+                    },
+                )?;
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, Some(r.c as u32));
+                Ok((0, 0))
+            }
+            Some(Op::Dontneed) => {
+                let (f, e) = pages(r.a, r.b);
+                // Owners hold only pages that were written back: a range of lines that never
+                // left this pComponent (an allocator purging fresh memory) is answered here.
+                if self.miss.discard_range(t, f, e) {
+                    self.home_call(
+                        p,
+                        P2M_DONTNEED {
+                            who,
+                            addr: r.a,
+                            len: r.b,
+                        },
+                    )?;
+                } else {
+                    self.count_local(p);
+                }
+                Ok((0, 0))
+            }
+            Some(Op::Mremap) => {
+                // Growing in place needs the home to see the program's free space as free.
+                self.release_kept(p, 0, u64::MAX)?;
+                let (f, e) = pages(r.a, r.b);
+                self.miss.evict_range(t, f, e).map_err(|e| vm_errno(&e))?;
+                let fixed_to = (r.d & MREMAP_FIXED != 0).then_some(r.e);
+                if let Some(to) = fixed_to {
+                    // Whatever was mapped at the destination is replaced, as by munmap.
+                    let (tf, te) = pages(to, r.c);
+                    self.miss.discard_range(t, tf, te);
+                }
+                let m = self.home_call(
+                    p,
+                    P2M_MREMAP {
+                        who,
+                        old: r.a,
+                        old_len: r.b,
+                        new_len: r.c,
+                        may_move: r.d & MREMAP_MAYMOVE != 0,
+                        fixed_to,
+                    },
+                )?;
+                p.memory.learn(&m.owners, m.epoch, m.backup.clone());
+                self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
+                self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
+                self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
+                Ok((m.addr, m.prot as u64))
+            }
+            Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),
+            Some(Op::ForkAbort) => {
+                let mine = {
+                    let mut pending = self.pending.lock().unwrap();
+                    match pending.get(&r.a) {
+                        Some(c) if c.parent == p.pid => pending.remove(&r.a),
+                        _ => None,
+                    }
+                };
+                if let Some(c) = mine {
+                    let _ = c.memory.call_home(
+                        &self.node,
+                        P2M_EXIT {
+                            who: c.memory.who.clone(),
+                        },
+                    );
+                }
+                Ok((0, 0))
+            }
+            Some(Op::RunStats) | None => {
+                static UNKNOWN: Refusals = Refusals::new("refused a request programs do not make");
+                if UNKNOWN.log_this(format_args!("uid {}", p.uid)) {
+                    tracing::warn!(pid = p.pid, op = r.op, "refused a request programs do not make");
+                }
+                Err(libc::ENOSYS as i64)
+            }
+        }
+    }
+
+    /// Writes back the parent's dirty lines, has the home copy the address space for the
+    /// child, and parks the child's state until its hello.
+    pub(super) fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
+        // The child's program slot is taken here, not at its hello: forks in a row (or of
+        // many processes at once) would otherwise all pass before their children said hello,
+        // and the children over the cap would be refused after fork(2) had succeeded.
+        let Some(program) = take_slot(&self.programs, p.uid, p.uid) else {
+            // As fork(2) says when a user may not have more.
+            return Err(libc::EAGAIN as i64);
+        };
+        if self
+            .pending
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|c| c.parent == p.pid)
+            .count()
+            >= PENDING_PER_PARENT
+        {
+            return Err(libc::EAGAIN as i64);
+        }
+        // The child's layout is the home's: it must not map what the parent unmapped.
+        self.release_kept(p, 0, u64::MAX)?;
+        self.miss.write_back_range(&p.heap, 0, u64::MAX / PAGE).map_err(|e| {
+            tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
+            libc::ENOMEM as i64
+        })?;
+        let child = crate::new_pid();
+        let forked = self.home_call(
+            p,
+            P2M_FORK {
+                parent: p.memory.who.clone(),
+                child,
+            },
+        )?;
+        let memory = Arc::new(ProcMemory::new(
+            Who::new(p.memory.who.vnode.clone(), child),
+            p.memory.home(),
+            forked.backup.clone(),
+        ));
+        memory.learn(&forked.owners, forked.epoch, forked.backup.clone());
+        let materialized = self.miss.materialized_of(p.pid);
+        self.pending.lock().unwrap().insert(
+            child,
+            PendingChild {
+                memory,
+                run: p.heap.stats.clone(),
+                interleave: self.miss.job_interleave(p.pid),
+                vmas: forked.vmas,
+                materialized,
+                uid: p.uid,
+                parent: p.pid,
+                since: std::time::Instant::now(),
+                program,
+            },
+        );
+        Ok(child)
+    }
+}

@@ -1,0 +1,362 @@
+//! The admin's commands that go through the REST API (`--api`, `--token`), and the API's
+//! client they share with `cluster memory` and `cluster excache`.
+use comfy_table::Table;
+
+use super::cluster;
+
+/// How a command reaches the REST API.
+#[derive(clap::Args, Clone)]
+pub struct ApiArgs {
+    /// The REST API's address ($SPLITOS_API); default: that of the cluster `cluster up` started.
+    #[arg(long)]
+    pub api: Option<String>,
+    /// An API token ($SPLITOS_TOKEN; a tenant's sees only its vNodes); default: root's own
+    /// token of the cluster `cluster up` started.
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+/// The global managers of the cluster `cluster up` started, when a command given `a` may
+/// speak the cluster's own protocol to them as a hosted caller: no API or token named (on the
+/// command line or in the environment), so the admin's credentials are this cluster's.
+pub(crate) fn hosted_gm(a: &ApiArgs) -> Option<String> {
+    let named = a.api.is_some()
+        || a.token.is_some()
+        || std::env::var_os("SPLITOS_API").is_some()
+        || std::env::var_os("SPLITOS_TOKEN").is_some();
+    (!named).then(cluster::read_state).flatten().map(|s| s.gm)
+}
+
+/// Where the REST API is and the token to use: the ones given (or $SPLITOS_API and
+/// $SPLITOS_TOKEN), else those of the cluster `cluster up` started (its state directory is
+/// root's, and so is its token).
+pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
+    let ApiArgs { api, token } = a;
+    let state = cluster::read_state();
+    let api = match api.or_else(|| std::env::var("SPLITOS_API").ok()) {
+        Some(a) => a,
+        None => state.as_ref().and_then(|s| s.api.clone()).ok_or_else(|| {
+            anyhow::anyhow!(
+                "no REST API known: give --api ADDR (or $SPLITOS_API), or start a cluster with `splitos cluster up`"
+            )
+        })?,
+    };
+    let token = match token.or_else(|| std::env::var("SPLITOS_TOKEN").ok()) {
+        Some(t) => t,
+        None => {
+            let f = cluster::state_dir().join(cluster::ADMIN_TOKEN);
+            std::fs::read_to_string(&f)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "no API token: give --token (or $SPLITOS_TOKEN); {} cannot be read: {e}",
+                        f.display()
+                    )
+                })?
+                .trim()
+                .to_string()
+        }
+    };
+    Ok((api, token))
+}
+
+/// The REST API's client: HTTPS, trusting only the cluster's authority (`$SPLITOS_CA`, or
+/// `ca.pem` of the state directory), for an API beyond loopback; HTTP on loopback.
+pub(crate) fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
+    let config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(10)));
+    let loopback = api.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
+    if loopback {
+        return Ok((format!("http://{api}"), config.build().new_agent()));
+    }
+    let ca = std::env::var_os("SPLITOS_CA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cluster::state_dir().join(cluster::CA_CERT));
+    let pem = std::fs::read(&ca).map_err(|e| anyhow::anyhow!("the REST API at {api} is beyond loopback and served with TLS: its authority's certificate {} cannot be read ($SPLITOS_CA): {e}", ca.display()))?;
+    let cert = ureq::tls::Certificate::from_pem(&pem).map_err(|e| anyhow::anyhow!("{}: {e}", ca.display()))?;
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&[cert]))
+        .build();
+    Ok((format!("https://{api}"), config.tls_config(tls).build().new_agent()))
+}
+
+/// One GET of the REST API; an error carries the API's own message.
+pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let (base, agent) = api_client(api)?;
+    api_answer(
+        api,
+        agent
+            .get(format!("{base}{path}"))
+            .header("Authorization", format!("Bearer {token}"))
+            .call(),
+    )
+}
+
+/// One POST without a body.
+pub(crate) fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let (base, agent) = api_client(api)?;
+    api_answer(
+        api,
+        agent
+            .post(format!("{base}{path}"))
+            .header("Authorization", format!("Bearer {token}"))
+            .send_empty(),
+    )
+}
+
+/// One PUT of a JSON body, waiting up to `timeout` (an ExCache shrink writes back first).
+pub(crate) fn api_put(
+    api: &str,
+    token: &str,
+    path: &str,
+    body: &serde_json::Value,
+    timeout: std::time::Duration,
+) -> anyhow::Result<serde_json::Value> {
+    let (base, agent) = api_client(api)?;
+    let req = agent
+        .put(format!("{base}{path}"))
+        .config()
+        .timeout_global(Some(timeout))
+        .build();
+    api_answer(
+        api,
+        req.header("Authorization", format!("Bearer {token}")).send_json(body),
+    )
+}
+
+pub(crate) fn api_answer(
+    api: &str,
+    r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> anyhow::Result<serde_json::Value> {
+    let mut r = r.map_err(|e| anyhow::anyhow!("the REST API at {api}: {e}"))?;
+    let status = r.status();
+    let body: serde_json::Value = r
+        .body_mut()
+        .read_json()
+        .map_err(|e| anyhow::anyhow!("the REST API at {api} answered {status} without JSON: {e}"))?;
+    if !status.is_success() {
+        anyhow::bail!(
+            "the REST API at {api} answered {status}: {}",
+            body["error"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(body)
+}
+
+/// `splitos cluster topology`: the graph the REST API serves, as text: each host with its
+/// components, then the measured links.
+pub fn topology(a: ApiArgs, json: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let g = api_get(&api, &token, "/api/v1/topology")?;
+    if json {
+        crate::outln!("{}", serde_json::to_string_pretty(&g)?);
+        return Ok(());
+    }
+    let nodes = g["nodes"].as_array().cloned().unwrap_or_default();
+    let links = g["links"].as_array().cloned().unwrap_or_default();
+    let label = |id: &str| {
+        nodes
+            .iter()
+            .find(|n| n["id"] == id)
+            .and_then(|n| n["label"].as_str())
+            .unwrap_or(id)
+            .to_string()
+    };
+    for host in nodes.iter().filter(|n| n["kind"] == "host") {
+        crate::outln!("host {}", host["label"].as_str().unwrap_or("?"));
+        for l in links
+            .iter()
+            .filter(|l| l["kind"] == "attached" && l["to"] == host["id"])
+        {
+            crate::outln!("  {}", label(l["from"].as_str().unwrap_or("?")));
+        }
+    }
+    if let Some(sw) = nodes.iter().find(|n| n["kind"] == "switch") {
+        crate::outln!(
+            "the hosts reach each other through switch {}",
+            sw["label"].as_str().unwrap_or("?")
+        );
+    }
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(["FROM", "TO", "LATENCY", "BANDWIDTH", "AGE"]);
+    for l in links.iter().filter(|l| l["kind"] == "uses") {
+        let latency = l["latency_us"].as_f64().map_or("-".into(), |us| format!("{us:.1} µs"));
+        let bandwidth = l["bandwidth_mbps"]
+            .as_f64()
+            .map_or("-".into(), |m| format!("{:.2} Gbit/s", m / 1e3));
+        let age = l["age_ms"]
+            .as_u64()
+            .map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1e3));
+        t.add_row([
+            label(l["from"].as_str().unwrap_or("?")),
+            label(l["to"].as_str().unwrap_or("?")),
+            latency,
+            bandwidth,
+            age,
+        ]);
+    }
+    match t.row_count() {
+        0 => crate::outln!("no measured links (links are measured while programs use them)"),
+        _ => crate::outln!("{t}"),
+    }
+    Ok(())
+}
+
+/// `splitos ps`: the running programs, as the REST API lists them for the token.
+pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let list = api_get(&api, &token, "/api/v1/jobs")?;
+    if json {
+        crate::outln!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header([
+        "PID",
+        "USER",
+        "VNODE",
+        "PCOMP",
+        "AGE",
+        "MISSES",
+        "EVICTIONS",
+        "WRITEBACKS",
+        "COMMAND",
+    ]);
+    for j in list["jobs"].as_array().into_iter().flatten() {
+        let age = now.saturating_sub(j["started_unix_s"].as_u64().unwrap_or(now));
+        let cmd = j["command"].as_str().unwrap_or("");
+        t.add_row([
+            j["pid"].as_str().unwrap_or("?").to_string(),
+            j["user"]
+                .as_str()
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+                .unwrap_or_else(|| j["uid"].to_string()),
+            j["vnode"].as_str().unwrap_or("").to_string(),
+            j["pcomponent"].to_string(),
+            if age >= 3600 {
+                format!("{}h{:02}m", age / 3600, age / 60 % 60)
+            } else {
+                format!("{}m{:02}s", age / 60, age % 60)
+            },
+            j["misses"].to_string(),
+            j["evictions"].to_string(),
+            j["writebacks"].to_string(),
+            if cmd.chars().count() > 60 {
+                format!("{}...", cmd.chars().take(57).collect::<String>())
+            } else {
+                cmd.to_string()
+            },
+        ]);
+    }
+    crate::outln!("{t}");
+    for u in list["unanswered"].as_array().into_iter().flatten() {
+        crate::errln!(
+            "splitos: pComponent {} did not answer: {}",
+            u["pcomponent"],
+            u["error"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
+/// `cluster cordon` and `cluster uncordon`.
+/// `splitos cluster join-token`: prints a join token for `role`, lasting `ttl_s`.
+pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let (base, agent) = api_client(&api)?;
+    let t = api_answer(
+        &api,
+        agent
+            .post(format!("{base}/api/v1/join-tokens"))
+            .header("Authorization", format!("Bearer {token}"))
+            .send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s })),
+    )?;
+    crate::errln!(
+        "a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}",
+        t["role"].as_str().unwrap_or("?"),
+        t["expires_unix_s"]
+    );
+    crate::outln!("{}", t["token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
+    let (api, token) = api_access(a)?;
+    let c = api_post(
+        &api,
+        &token,
+        &format!("/api/v1/components/{id}/{}", if on { "cordon" } else { "uncordon" }),
+    )?;
+    let what = match c["role"].as_str() {
+        Some("pcomponent") => "new programs",
+        _ => "new homes and vRegions",
+    };
+    match on {
+        true => crate::outln!(
+            "{} {id} ({}) cordoned: it takes no {what}; what runs there goes on",
+            c["role"].as_str().unwrap_or("?"),
+            c["addr"].as_str().unwrap_or("?")
+        ),
+        false => crate::outln!(
+            "{} {id} ({}) uncordoned: it takes {what} again",
+            c["role"].as_str().unwrap_or("?"),
+            c["addr"].as_str().unwrap_or("?")
+        ),
+    }
+    Ok(())
+}
+
+/// `cluster drain`: cordons the component, then waits until nothing runs on it.
+pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Result<()> {
+    let (api, token) = api_access(a.clone())?;
+    let comps = api_get(&api, &token, "/api/v1/components")?;
+    if comps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["id"] == id && c["role"] == "mcomponent")
+    {
+        // Its programs' memory moves to the other mComponents while they run.
+        return super::memory::detach(a, id, true, true, timeout);
+    }
+    let c = api_post(&api, &token, &format!("/api/v1/components/{id}/cordon"))?;
+    let role = c["role"].as_str().unwrap_or("?").to_string();
+    crate::outln!("{role} {id} cordoned; waiting until nothing runs on it");
+    let t0 = std::time::Instant::now();
+    let mut last = String::new();
+    loop {
+        let jobs = api_get(&api, &token, "/api/v1/jobs")?;
+        let n = jobs["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|j| j["pcomponent"] == id)
+            .count();
+        let left = (n > 0).then(|| format!("{n} job(s) run on it"));
+        let Some(left) = left else {
+            crate::outln!(
+                "{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)",
+                t0.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        };
+        if left != last {
+            crate::outln!("  {left}");
+            last = left.clone();
+        }
+        if t0.elapsed() >= timeout {
+            anyhow::bail!(
+                "{role} {id} is not drained after {} s: {left} (it stays cordoned)",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
