@@ -42,6 +42,8 @@ mod kept;
 mod manager;
 mod membership;
 mod place;
+#[cfg(test)]
+mod tests;
 pub mod tokens;
 pub mod vnodes;
 

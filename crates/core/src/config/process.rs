@@ -120,6 +120,19 @@ pub struct GmArgs {
     pub process: ProcessArgs,
 }
 
+impl GmArgs {
+    /// What `splitos gm` with no option starts with: for the managers' in-process tests.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn for_test() -> GmArgs {
+        #[derive(clap::Parser)]
+        struct Gm {
+            #[command(flatten)]
+            args: GmArgs,
+        }
+        <Gm as clap::Parser>::parse_from(["gm"]).args
+    }
+}
+
 /// `splitos proc`: a pComponent.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
 pub struct ProcArgs {
