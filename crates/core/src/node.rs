@@ -461,3 +461,6 @@ pub fn park_forever() -> ! {
         std::thread::park();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -259,3 +259,105 @@ fn a_vnodes_scomponent_is_the_same_after_a_restart_and_moves_only_when_its_own_i
         }
     }
 }
+
+#[test]
+fn a_detached_mcomponent_leaves_placement_one_at_a_time_and_is_told_to_exit_once_empty() {
+    let r = Rig::new(|_| {});
+    let addrs = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];
+    let [m1, m2, m3] = addrs.map(|a| r.join(Role::Mem, a, GIB));
+    let p = r.join(Role::Proc, "10.0.0.9:7000", 0);
+    let code = |x: Result<ComponentInfo, Refusal>| x.map(|_| ()).map_err(|e| e.code);
+    assert_eq!(
+        code(r.gm.detach(p, true)),
+        Err(ErrCode::Invalid),
+        "only mComponents are detached"
+    );
+    let fill = |used: [u64; 3]| {
+        for ((id, addr), used) in [m1, m2, m3].into_iter().zip(addrs).zip(used) {
+            r.used(id, addr, used);
+        }
+    };
+    fill([900 * MIB, 600 * MIB, 600 * MIB]);
+    assert_eq!(
+        code(r.gm.detach(m1, true)),
+        Err(ErrCode::NoMemory),
+        "the others lack room for what it holds"
+    );
+    fill([50 * MIB, 100 * MIB, 100 * MIB]);
+
+    assert!(r.gm.detach(m1, true).unwrap().leaving.is_some());
+    assert_ne!(r.pick(4 * MIB, &[]), Ok(m1), "the emptiest, but leaving");
+    let answer = |id: u32, addr: &str, leaving: Option<Leaving>| {
+        *r.gm.last_any.lock().unwrap() = Instant::now();
+        r.gm.heartbeat(X2G_HEARTBEAT {
+            id,
+            addr: addr.into(),
+            load: Load {
+                capacity: GIB,
+                ..Load::default()
+            },
+            links: Vec::new(),
+            leaving,
+            ebbs: Vec::new(),
+        })
+        .unwrap()
+    };
+    assert_eq!(
+        answer(m2, addrs[1], None).leaving,
+        vec![m1],
+        "every home is told to move off it"
+    );
+    assert_eq!(
+        code(r.gm.detach(m2, true)),
+        Err(ErrCode::Invalid),
+        "one detach at a time"
+    );
+
+    let left = Leaving {
+        bytes_at_start: 50 * MIB,
+        bytes_left: 10 * MIB,
+        ..Leaving::default()
+    };
+    assert!(!answer(m1, addrs[0], Some(left.clone())).exit, "not empty yet");
+    assert_eq!(
+        r.info(m1).unwrap().leaving.unwrap().bytes_left,
+        10 * MIB,
+        "its progress is shown"
+    );
+    let empty = Leaving {
+        bytes_left: 0,
+        ..left.clone()
+    };
+    assert!(
+        !answer(m1, addrs[0], Some(empty.clone())).exit,
+        "its buffer cache is not handed over yet"
+    );
+    let empty = Leaving {
+        files_released: true,
+        ..empty
+    };
+    assert!(answer(m1, addrs[0], Some(empty.clone())).exit, "empty: it exits");
+    assert!(r.info(m1).is_none(), "forgotten, not lost");
+    assert!(
+        answer(m1, addrs[0], Some(empty)).exit,
+        "told again if the answer was lost"
+    );
+
+    // A drain leaves it empty and out of placement until it is attached again; the last
+    // mComponent that takes memory is never detached.
+    assert!(r.gm.detach(m2, false).is_ok());
+    let drained = Leaving {
+        bytes_at_start: 100 * MIB,
+        files_released: true,
+        ..Leaving::default()
+    };
+    assert!(!answer(m2, addrs[1], Some(drained)).exit, "a drained mComponent stays");
+    assert_eq!(
+        code(r.gm.detach(m3, true)),
+        Err(ErrCode::NoMemory),
+        "the last that takes memory"
+    );
+    assert!(r.gm.attach(m2).unwrap().leaving.is_none());
+    r.used(m3, addrs[2], 500 * MIB);
+    assert_eq!(r.pick(4 * MIB, &[]), Ok(m2), "attached, it takes memory again");
+}
