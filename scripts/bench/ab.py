@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--label-a", default="A", help="what build A is, for the report")
     ap.add_argument("--label-b", default="B", help="what build B is, for the report")
     ap.add_argument("--a-args", default="", help="extra `run` options for build A (e.g. knobs only it has)")
-    ap.add_argument("--b-args", default="--prefetch 0 --fault-around 0 --prealloc 0", help="extra `run` options for build B (default: read-ahead, fault-around and pre-allocation off, so that every load is one miss)")
+    ap.add_argument("--b-args", default="--prefetch-lines 0 --fault-around 0 --prealloc 0", help="extra `run` options for build B (default: read-ahead, fault-around and pre-allocation off, so that every load is one miss)")
     args = ap.parse_args()
     ensure_env()
     binary = os.path.join(tempfile.gettempdir(), "splitos-seqload")

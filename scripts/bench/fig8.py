@@ -44,7 +44,7 @@ def floors(n):
 def run_one(binary, mb, threads, mcomps, workers, excache):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         # Read-ahead and fault-around off: every load is one miss, as in the paper's figure.
-        r = sh([SPLITOS, "run", "--embedded", "--excache", excache, "--mcomponents", str(mcomps), "--mem-workers", str(workers), "--prefetch", "0", "--fault-around", "0", "--prealloc", "0",
+        r = sh([SPLITOS, "run", "--embedded", "--excache", excache, "--mcomponents", str(mcomps), "--mem-workers", str(workers), "--prefetch-lines", "0", "--fault-around", "0", "--prealloc", "0",
                 "--fault-workers", str(threads), "--stats-json", f.name, "--", binary, str(mb), str(threads)])
         prog = json.loads(r.stdout)
         stats = json.load(open(f.name))

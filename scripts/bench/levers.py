@@ -32,7 +32,7 @@ from benchlib import ROOT, SPLITOS, ensure_env, machine, miss_workloads, replace
 # Each lever as the `splitos run` flags that turn it off (defaults: on) or on (optional).
 DEFAULT_LEVERS = [
     ("shared-memory transport", ["--transport", "tcp"]),
-    ("read-ahead", ["--prefetch", "0"]),
+    ("read-ahead", ["--prefetch-lines", "0"]),
     ("fault-around", ["--fault-around", "0"]),
     ("pre-allocation", ["--prealloc", "0"]),
     ("heap reuse", ["--heap-reuse", "0"]),
@@ -40,14 +40,14 @@ DEFAULT_LEVERS = [
     ("idle polling", ["--idle-poll", "off"]),
 ]
 OPTIONAL_LEVERS = [
-    ("read-ahead sequential", ["--prefetch-policy", "sequential"]),
-    ("read-ahead nextline", ["--prefetch-policy", "nextline"]),
+    ("read-ahead sequential", ["--prefetch", "sequential"]),
+    ("read-ahead nextline", ["--prefetch", "nextline"]),
     ("background evictor", ["--evict-reserve", "1"]),
     ("dirty tracking by scan", ["--dirty-tracking", "scan"]),
     ("miss served on the faulting CPU", ["--fault-cpu", "faulting"]),
     ("huge pages", ["--huge-pages", "on"]),
     ("adaptive polling", ["--polling", "adaptive"]),
-    ("access sampling with ghost-clock", ["--policy", "ghost-clock", "--access-sampling", "unmap"]),
+    ("access sampling with ghost-clock", ["--eviction", "ghost-clock", "--access-sampling", "unmap"]),
 ]
 
 

@@ -24,10 +24,10 @@ POLICIES = ["fifo", "clock", "ghost-clock"]
 
 
 def configs():
-    out = [(p, ["--policy", p]) for p in POLICIES]
-    out += [(f"{p} + sampling", ["--policy", p, "--access-sampling", "unmap"]) for p in POLICIES if p != "fifo"]
+    out = [(p, ["--eviction", p]) for p in POLICIES]
+    out += [(f"{p} + sampling", ["--eviction", p, "--access-sampling", "unmap"]) for p in POLICIES if p != "fifo"]
     # Fully associative: no conflicts within a set, one hand over every line.
-    out += [("clock, ways 0", ["--policy", "clock", "--ways", "0"]), ("ghost-clock + sampling, ways 0", ["--policy", "ghost-clock", "--access-sampling", "unmap", "--ways", "0"])]
+    out += [("clock, ways 0", ["--eviction", "clock", "--ways", "0"]), ("ghost-clock + sampling, ways 0", ["--eviction", "ghost-clock", "--access-sampling", "unmap", "--ways", "0"])]
     return out
 
 

@@ -42,7 +42,7 @@ NET_SIZES = (128, 8192, 65536)
 
 def miss_run(binary, mb, threads, flags):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        r = subprocess.run([SPLITOS, "run", "--embedded", "--quiet", "--excache", "4M", "--prefetch", "0", "--fault-around", "0", "--prealloc", "0", "--one-sided", "off",
+        r = subprocess.run([SPLITOS, "run", "--embedded", "--quiet", "--excache", "4M", "--prefetch-lines", "0", "--fault-around", "0", "--prealloc", "0", "--one-sided", "off",
                             "--fault-workers", str(threads), *flags, "--stats-json", f.name, "--", binary, str(mb), str(threads)], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"seqload under {flags} failed: {r.stderr[-2000:]}")

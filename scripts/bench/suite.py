@@ -434,7 +434,7 @@ def main():
         rs = []
         for _ in range(reps):
             bar.set_description(f"fig13 {policy} piggyback={piggy} workers={workers}")
-            extra = ["--policy", policy, "--mem-workers", str(workers), "--mcomponents", "1"] + ([] if piggy else ["--no-piggyback"])
+            extra = ["--eviction", policy, "--mem-workers", str(workers), "--mcomponents", "1"] + ([] if piggy else ["--no-piggyback"])
             with tempfile.NamedTemporaryFile(suffix=".json") as st:
                 secs, digest, code, _, _ = run(spec["cmd"], spec.get("env"), splitos_prefix(ws[fig13_wl] // 4, st.name, extra))
                 stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}

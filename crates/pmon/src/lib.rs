@@ -314,8 +314,8 @@ impl Pcomp {
             .map(|n| n.parse::<splitos_core::config::PrefetchPolicy>())
             .transpose()
             .map_err(|e| invalid(format!("prefetch: {e}")))?;
-        if prefetch.is_some() && self.cfg.prefetch == 0 {
-            return Err(invalid("prefetch: this pComponent reads no line ahead (prefetch = 0): a read-ahead policy would have nothing to do".into()));
+        if prefetch.is_some() && self.cfg.prefetch_lines == 0 {
+            return Err(invalid("prefetch: this pComponent reads no line ahead (prefetch_lines = 0): a read-ahead policy would have nothing to do".into()));
         }
         if self.sampling && eviction == Some(splitos_core::config::EvictPolicy::Fifo) {
             return Err(invalid("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)".into()));
@@ -324,7 +324,7 @@ impl Pcomp {
         let (before, _) = self.miss.policy_names();
         let (e, p) = self
             .policies
-            .replace(&self.miss, eviction, prefetch, lines, self.cfg.prefetch);
+            .replace(&self.miss, eviction, prefetch, lines, self.cfg.prefetch_lines);
         tracing::info!(from = before, eviction = e, prefetch = p, "ExCache policies replaced");
         Ok(self.policy_now())
     }
@@ -537,7 +537,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
-    let policies = excache::Policies::new(cfg.policy, lines, cfg.prefetch_policy, cfg.prefetch);
+    let policies = excache::Policies::new(cfg.eviction, lines, cfg.prefetch, cfg.prefetch_lines);
     let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
         .with_floor(cfg.share_floor)
         .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))

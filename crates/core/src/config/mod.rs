@@ -251,10 +251,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("excahce"), "{e}");
-        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\npolicy = \"lfu\"\n[[mcomponent]]\n")
+        let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\neviction = \"lfu\"\n[[mcomponent]]\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("policy") && e.contains("fifo, clock"), "{e}");
+        assert!(e.contains("eviction") && e.contains("fifo, clock"), "{e}");
         let e = toml::from_str::<ClusterConfig>("[[pcomponent]]\ndirty_tracking = \"dirty\"\n[[mcomponent]]\n")
             .unwrap_err()
             .to_string();
@@ -374,7 +374,7 @@ mod tests {
 
     #[test]
     fn the_configuration_travels_through_json_unchanged() {
-        let text = "[cluster]\nreplication = \"ec:2\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"1G\"\npolicy = \"clock\"\npiggyback = false\nnetns = \"p\"\n[[mcomponent]]\n[[scomponent]]\ndir = \"/d\"\n[[ncomponent]]\nnics = [\"10.0.0.1\"]\n[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 5\n[[vnode]]\nname = \"lab\"\nmemory = \"1G\"\n";
+        let text = "[cluster]\nreplication = \"ec:2\"\novercommit = \"strict\"\n[[pcomponent]]\nexcache = \"1G\"\neviction = \"clock\"\npiggyback = false\nnetns = \"p\"\n[[mcomponent]]\n[[scomponent]]\ndir = \"/d\"\n[[ncomponent]]\nnics = [\"10.0.0.1\"]\n[transport]\nkind = \"tcp\"\n[transport.tcp]\ndelay_us = 5\n[[vnode]]\nname = \"lab\"\nmemory = \"1G\"\n";
         let c: ClusterConfig = toml::from_str(text).unwrap();
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<ClusterConfig>(&json).unwrap(), c, "{json}");

@@ -7,12 +7,12 @@ use splitos_rpc::poll::Polling;
 use super::{check_netns, Size, ANY_PORT, PAGE};
 
 // The ExCache's policies by name. How a name builds its policy is the ExCache's part
-// (pmon/excache/policies.rs, `BuildEviction` and `BuildPrefetch`): the configuration, the
+// (splitos-excache's policies.rs, `BuildEviction` and `BuildPrefetch`): the configuration, the
 // command line and the managers take the names without importing the pComponent.
 knob_enum! {
     /// Which line of a full ExCache set a miss evicts.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum EvictPolicy, "policy", EVICT_POLICIES {
+    pub enum EvictPolicy, "eviction", EVICT_POLICIES {
         /// The line installed first.
         #[default]
         Fifo = "fifo",
@@ -27,7 +27,7 @@ knob_enum! {
 knob_enum! {
     /// Which lines a remote miss reads ahead (docs/excache.md).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub enum PrefetchPolicy, "prefetch_policy", PREFETCH_POLICIES {
+    pub enum PrefetchPolicy, "prefetch", PREFETCH_POLICIES {
         /// The next lines, only while a process's misses are sequential.
         Sequential = "sequential",
         /// As `sequential`, and the next line of any remote miss.
@@ -156,7 +156,7 @@ pub struct PcompConfig {
     /// Eviction policy: fifo, clock (second chance), or ghost-clock (new lines start
     /// unreferenced unless evicted recently; with access_sampling = "unmap").
     #[arg(long, default_value_t)]
-    pub policy: EvictPolicy,
+    pub eviction: EvictPolicy,
     /// Piggybacking: a dirty victim's flush goes in the same RPC as the fill when both go to
     /// one mComponent (`--no-piggyback`: separate RPCs).
     #[arg(long = "no-piggyback", action = ArgAction::SetFalse)]
@@ -175,7 +175,7 @@ pub struct PcompConfig {
     pub fault_polling: Polling,
     /// Most lines read ahead with a remote miss (0: off; docs/excache.md).
     #[arg(long, default_value_t = 8)]
-    pub prefetch: usize,
+    pub prefetch_lines: usize,
     /// Links to each mComponent a batch of fetched pages is striped across, all under way at
     /// once (ThymesisFlow's bonding): a miss that reads ahead N pages sends up to `links`
     /// requests of about N/links pages each, on as many connections (or shared-memory
@@ -185,7 +185,7 @@ pub struct PcompConfig {
     /// Read-ahead policy: leap (the majority stride of recent misses), sequential (only while
     /// misses are sequential), nextline (also the next line of any remote miss).
     #[arg(long, default_value_t)]
-    pub prefetch_policy: PrefetchPolicy,
+    pub prefetch: PrefetchPolicy,
     /// Fresh lines installed zero-filled and writable with a first touch (0: off).
     #[arg(long, default_value_t = 16)]
     pub fault_around: usize,
@@ -216,7 +216,7 @@ pub struct PcompConfig {
     #[arg(long, default_value_t)]
     pub dirty_tracking: DirtyTracking,
     /// Reads made visible: off, or unmap (lines the clock hand passes are unmapped in batches
-    /// and their next touch is a minor fault that sets their reference bit; needs policy =
+    /// and their next touch is a minor fault that sets their reference bit; needs eviction =
     /// clock or ghost-clock and dirty_tracking = fault, not huge pages; the pComponent needs CAP_SYS_NICE and a
     /// host without swap, else it runs with off and says why).
     #[arg(long, default_value_t)]
@@ -416,8 +416,8 @@ impl PcompConfig {
             );
         }
         if self.access_sampling == AccessSampling::Unmap {
-            let why = if self.policy == EvictPolicy::Fifo {
-                Some("needs policy = \"clock\" or \"ghost-clock\": only a policy with reference bits uses what sampling sees")
+            let why = if self.eviction == EvictPolicy::Fifo {
+                Some("needs eviction = \"clock\" or \"ghost-clock\": only a policy with reference bits uses what sampling sees")
             } else if self.dirty_tracking != DirtyTracking::Fault {
                 Some("needs dirty_tracking = \"fault\": unmapping a page drops the written bit the kernel keeps for a scan")
             } else if self.huge_pages != HugePages::Off {

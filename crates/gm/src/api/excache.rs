@@ -160,9 +160,9 @@ impl From<PolicyState> for PolicyView {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyChange {
-    /// An eviction policy: fifo, clock or ghost-clock (the `policy` knob's names).
+    /// An eviction policy: fifo, clock or ghost-clock (the `eviction` knob's names).
     pub eviction: Option<String>,
-    /// A read-ahead policy: leap, sequential or nextline (the `prefetch_policy` knob's names).
+    /// A read-ahead policy: leap, sequential or nextline (the `prefetch` knob's names).
     pub prefetch: Option<String>,
 }
 

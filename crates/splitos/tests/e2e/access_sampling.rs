@@ -27,11 +27,11 @@ fn sampled_reads_keep_a_read_hot_set_that_streams_push_out_otherwise() {
     // through an 8 MiB ExCache without read-ahead (every miss is one page).
     let (hot, rounds) = (1024, 12);
     let cmd = [p.to_str().unwrap(), "1024", "8192", "12"];
-    let base = ["--excache", "8M", "--prefetch", "0"];
-    let (_, fifo) = through_components(&[&base[..], &["--policy", "fifo"]].concat(), &cmd, 1);
-    let (_, blind) = through_components(&[&base[..], &["--policy", "ghost-clock"]].concat(), &cmd, 1);
+    let base = ["--excache", "8M", "--prefetch-lines", "0"];
+    let (_, fifo) = through_components(&[&base[..], &["--eviction", "fifo"]].concat(), &cmd, 1);
+    let (_, blind) = through_components(&[&base[..], &["--eviction", "ghost-clock"]].concat(), &cmd, 1);
     let (_, sampled) = through_components(
-        &[&base[..], &["--policy", "ghost-clock", "--access-sampling", "unmap"]].concat(),
+        &[&base[..], &["--eviction", "ghost-clock", "--access-sampling", "unmap"]].concat(),
         &cmd,
         1,
     );
@@ -70,7 +70,7 @@ fn programs_keep_their_output_with_sampling_and_their_writes_survive_unmapping()
     if !sampling_possible() {
         return;
     }
-    let opts = ["--excache", "2M", "--policy", "clock", "--access-sampling", "unmap"];
+    let opts = ["--excache", "2M", "--eviction", "clock", "--access-sampling", "unmap"];
     // Python: dicts and lists written and read while their pages are unmapped under them.
     let (_, s) = through_components(
         &opts,
@@ -88,7 +88,7 @@ fn programs_keep_their_output_with_sampling_and_their_writes_survive_unmapping()
         &[
             "--excache",
             "256K",
-            "--policy",
+            "--eviction",
             "ghost-clock",
             "--access-sampling",
             "unmap",
@@ -108,7 +108,7 @@ fn access_sampling_that_cannot_work_is_refused_with_why() {
             &[
                 "--access-sampling",
                 "unmap",
-                "--policy",
+                "--eviction",
                 "clock",
                 "--dirty-tracking",
                 "scan",
@@ -116,7 +116,7 @@ fn access_sampling_that_cannot_work_is_refused_with_why() {
             "dirty_tracking",
         ),
         (
-            &["--access-sampling", "unmap", "--policy", "clock", "--huge-pages", "on"][..],
+            &["--access-sampling", "unmap", "--eviction", "clock", "--huge-pages", "on"][..],
             "huge_pages",
         ),
         (&["--access-sampling", "sometimes"][..], "access-sampling"),

@@ -82,11 +82,11 @@ fn clock_keeps_a_written_hot_set_with_scan_tracking_without_write_faults() {
     let p = program("hotcold");
     let cmd = [p.to_str().unwrap(), "256", "4096"];
     let (_, fifo) = stats_of(
-        &["--excache", "2M", "--policy", "fifo", "--dirty-tracking", "scan"],
+        &["--excache", "2M", "--eviction", "fifo", "--dirty-tracking", "scan"],
         &cmd,
     );
     let (_, clock) = stats_of(
-        &["--excache", "2M", "--policy", "clock", "--dirty-tracking", "scan"],
+        &["--excache", "2M", "--eviction", "clock", "--dirty-tracking", "scan"],
         &cmd,
     );
     // CLOCK learns of a write by asking the kernel, not by a write-protect fault.

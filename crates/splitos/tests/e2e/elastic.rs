@@ -795,7 +795,7 @@ fn memcached_interleaved_on_a_small_excache_serves_every_value_it_stored() {
 /// counters show each policy choosing victims in its turn.
 #[test]
 fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
-    let c = TestCluster::up(Some("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"2M\"\npolicy = \"fifo\"\nprefetch_policy = \"sequential\"\n[[mcomponent]]\n"));
+    let c = TestCluster::up(Some("[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"2M\"\neviction = \"fifo\"\nprefetch = \"sequential\"\n[[mcomponent]]\n"));
     let id = pcomp(&c)["id"].to_string();
     let policies = |c: &TestCluster| pcomp(c)["stats"]["excache"].clone();
     let table = program("hashtable");
@@ -818,9 +818,9 @@ fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
         let now = policies(c);
         // From here on the replaced policy chooses nothing.
         seen.push(now["victims_by_policy"].clone());
-        assert_eq!(now["policy"], eviction, "{now}");
+        assert_eq!(now["eviction"], eviction, "{now}");
         assert_eq!(
-            now["prefetch_policy"], "nextline",
+            now["prefetch"], "nextline",
             "the read-ahead policy replaced in phase 1 stays: {now}"
         );
     });
@@ -866,7 +866,7 @@ fn a_running_pcomponents_policies_are_replaced_mid_run_by_id() {
     assert!(splitos_fails(&c, &["cluster", "set-policy", &id, "--prefetch", "psychic"]).contains("leap"));
     let mcomp = c.components("mcomponent")[0]["id"].to_string();
     assert!(splitos_fails(&c, &["cluster", "set-policy", &mcomp, "--eviction", "clock"]).contains("only pComponents"));
-    assert_eq!(policies(&c)["policy"], "ghost-clock");
+    assert_eq!(policies(&c)["eviction"], "ghost-clock");
     through_the_messenger(&c, &id, &addr);
 }
 
@@ -943,7 +943,7 @@ fn through_the_messenger(c: &TestCluster, id: &str, addr: &str) {
         Err(splitos_rpc::ErrCode::NotFound)
     );
     assert_eq!(
-        pcomp(c)["stats"]["excache"]["policy"],
+        pcomp(c)["stats"]["excache"]["eviction"],
         "clock",
         "nothing refused changed the policy"
     );

@@ -26,8 +26,8 @@ fn associativity_decides_conflicts() {
 fn clock_keeps_a_written_hot_set_that_fifo_evicts() {
     let p = program("hotcold");
     let cmd = [p.to_str().unwrap(), "256", "4096"];
-    let (_, fifo) = stats_of(&["--excache", "2M", "--policy", "fifo"], &cmd);
-    let (_, clock) = stats_of(&["--excache", "2M", "--policy", "clock"], &cmd);
+    let (_, fifo) = stats_of(&["--excache", "2M", "--eviction", "fifo"], &cmd);
+    let (_, clock) = stats_of(&["--excache", "2M", "--eviction", "clock"], &cmd);
     assert!(
         n(&clock, "misses") * 10 < n(&fifo, "misses") * 9,
         "clock {} vs fifo {} misses",
@@ -78,11 +78,11 @@ fn piggyback_merges_flush_and_fetch_only_when_enabled() {
 
 #[test]
 fn unknown_policy_is_refused() {
-    let out = under_splitos(&["--policy", "lfu"], &["true"]);
+    let out = under_splitos(&["--eviction", "lfu"], &["true"]);
     assert_ne!(out.status.code(), Some(0));
     // Refused as the command line is read, by the option's name, with the policies there are.
     assert!(
-        text(&out.stderr).contains("--policy") && text(&out.stderr).contains("fifo, clock"),
+        text(&out.stderr).contains("--eviction") && text(&out.stderr).contains("fifo, clock"),
         "{}",
         text(&out.stderr)
     );

@@ -67,8 +67,8 @@ fn read_ahead_cuts_the_remote_misses_of_a_sequential_scan() {
     let hold = program("hold");
     let cmd = [hold.to_str().unwrap(), "24"];
     // `stats_of` compares the output with a native run.
-    let (_, off) = stats_of(&["--excache", "4M", "--prefetch", "0"], &cmd);
-    let (_, on) = stats_of(&["--excache", "4M", "--prefetch", "8"], &cmd);
+    let (_, off) = stats_of(&["--excache", "4M", "--prefetch-lines", "0"], &cmd);
+    let (_, on) = stats_of(&["--excache", "4M", "--prefetch-lines", "8"], &cmd);
     let remote = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills");
     assert_eq!(n(&off, "prefetched"), 0);
     assert!(n(&on, "prefetched") > 2000, "{on}");
@@ -92,11 +92,11 @@ fn the_prefetch_policy_decides_what_random_misses_bring() {
     let p = program("randpages");
     let cmd = [p.to_str().unwrap(), "24", "2"];
     let (_, seq) = stats_of(
-        &["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "sequential"],
+        &["--excache", "4M", "--prefetch-lines", "8", "--prefetch", "sequential"],
         &cmd,
     );
     let (_, next) = stats_of(
-        &["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "nextline"],
+        &["--excache", "4M", "--prefetch-lines", "8", "--prefetch", "nextline"],
         &cmd,
     );
     let remote = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills");
@@ -109,9 +109,9 @@ fn the_prefetch_policy_decides_what_random_misses_bring() {
         n(&next, "prefetched") * 2 > remote(&next),
         "nextline brings a line with every remote miss: {next}"
     );
-    let bad = under_splitos(&["--prefetch-policy", "lru"], &["true"]);
+    let bad = under_splitos(&["--prefetch", "lru"], &["true"]);
     assert!(
-        !bad.status.success() && text(&bad.stderr).contains("prefetch_policy"),
+        !bad.status.success() && text(&bad.stderr).contains("unknown prefetch \"lru\""),
         "{}",
         text(&bad.stderr)
     );
@@ -122,11 +122,11 @@ fn leap_follows_a_strided_scan_and_sampled_lines_show_the_read_ahead_was_used() 
     let p = program("columns");
     let cmd = [p.to_str().unwrap(), "24", "3"];
     let (_, seq) = stats_of(
-        &["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "sequential"],
+        &["--excache", "4M", "--prefetch-lines", "8", "--prefetch", "sequential"],
         &cmd,
     );
     let (_, leap) = stats_of(
-        &["--excache", "4M", "--prefetch", "8", "--prefetch-policy", "leap"],
+        &["--excache", "4M", "--prefetch-lines", "8", "--prefetch", "leap"],
         &cmd,
     );
     let remote = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills");
