@@ -682,7 +682,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         )?;
     }
     p.miss.with_cache(|c| {
-        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", metrics = ?node.metrics, shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), policy = c.policy_name(), piggyback = cfg.piggyback, prefetch = cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
+        tracing::info!(addr = %node.addr, transport = node.rpc.transport().name(), id = node.id(), role = "pcomponent", metrics = ?node.metrics, shim_sock = %shim_sock, excache_lines = c.lines(), ways = c.ways(), eviction = c.policy_name(), piggyback = cfg.piggyback, prefetch_lines = cfg.prefetch_lines, prefetch = %cfg.prefetch, compressed_tier = cfg.compressed_tier.0, huge_pages = %cfg.huge_pages, dirty_tracking = %cfg.dirty_tracking, access_sampling = p.sampling, one_sided = %cfg.one_sided, idle_poll = %cfg.idle_poll, "splitos process monitor started");
     });
     node::announce_ready(args.node.process.ready_file.as_deref(), &node.addr);
     node::park_forever()
