@@ -116,7 +116,14 @@ fn access_sampling_that_cannot_work_is_refused_with_why() {
             "dirty_tracking",
         ),
         (
-            &["--access-sampling", "unmap", "--eviction", "clock", "--huge-pages", "on"][..],
+            &[
+                "--access-sampling",
+                "unmap",
+                "--eviction",
+                "clock",
+                "--huge-pages",
+                "on",
+            ][..],
             "huge_pages",
         ),
         (&["--access-sampling", "sometimes"][..], "access-sampling"),
