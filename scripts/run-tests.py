@@ -3,10 +3,11 @@
 
 The end-to-end tests spend most of their time waiting on the components and programs they
 start, so one at a time (what `cargo test` does across test binaries) leaves a 2-core
-machine mostly idle. This runner builds once, lists every test, and runs them from a pool of
-`--jobs` slots, longest first (by the times of the last run, kept in target/, or else by
-tests/test-times.json), each in a process group of its own that is ended if it outlives
-`--timeout`. Unit-test binaries run whole, as `cargo test` would run them.
+machine mostly idle. This runner builds once (linted: the workspace's crates are compiled by clippy's
+driver), lists every test, and runs them from a pool of `--jobs` slots, longest first (by the
+times of the last run, kept in target/, or else by tests/test-times.json), each in a session
+and a control group of its own that is ended if it outlives `--timeout`, and whose CPU time is
+reported. Unit-test binaries run whole, as `cargo test` would run them.
 
 Tests whose result depends on having the machine to themselves (they measure timing or
 change machine-wide settings such as swap) are listed in tests/alone.txt: they run after the
@@ -28,25 +29,44 @@ TIMES = ROOT / "target" / "test-times.json"
 # The times a fresh clone schedules by, until it has run the tests once (refreshed by copying
 # target/test-times.json here when tests were added or their times changed much).
 KNOWN_TIMES = ROOT / "tests" / "test-times.json"
+# The CPU time each test and all it started used, where the machine lets the runner measure it.
+CPU = ROOT / "target" / "test-cpu.json"
 ALONE = ROOT / "tests" / "alone.txt"
 
 
+def lint_env():
+    """The environment under which cargo compiles the workspace's own crates with clippy's driver
+    instead of rustc, warnings denied, as `cargo clippy -- -D warnings` does: the build that the
+    tests run is also the lint, and the dependencies are not compiled a second time only to be
+    type-checked (that took a fifth of the test command's time). The driver leaves MIR
+    optimisations out (its lints read the MIR); LLVM's are all there."""
+    sysroot = subprocess.run(["rustc", "--print", "sysroot"], cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+    driver = Path(sysroot) / "bin" / "clippy-driver"
+    if not driver.exists():
+        sys.exit(f"run-tests: no {driver}: `rustup component add clippy` (scripts/setup.sh does)")
+    return {**os.environ, "RUSTC_WORKSPACE_WRAPPER": str(driver), "CLIPPY_ARGS": "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"}
+
+
 def build(cargo_args):
-    """Builds every library, program and test (the programs the tests start, the shim, every
-    test binary) in one go, so that the dependencies are built once, with the features the tests' own
-    dependencies add; returns (name, kind, executable, cwd) for each test binary."""
+    """Builds every library, program, benchmark and test (the programs the tests start, the shim,
+    every test binary) in one go, linted (`lint_env`), so that the dependencies are built once,
+    with the features the tests' own dependencies add; returns (name, kind, executable, cwd) for
+    each test binary."""
     # Not --all-targets: that also builds each library as a benchmark harness, the shim's
-    # among them, which is tested only loaded into programs (test = false).
-    cmd = ["cargo", "build", "--release", "--workspace", "--lib", "--bins", "--tests", "--message-format=json-render-diagnostics", *cargo_args]
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    # among them, which is tested only loaded into programs (test = false). The libraries' test
+    # harnesses are linted as theirs would be; `--bench '*'` takes the benchmark programs.
+    cmd = ["cargo", "build", "--release", "--workspace", "--lib", "--bins", "--tests", "--bench", "*", "--message-format=json-render-diagnostics", *cargo_args]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=lint_env())
     if proc.returncode != 0:
-        sys.exit(f"run-tests: the build failed ({' '.join(cmd)})")
+        sys.exit(f"run-tests: the build or its lints failed ({' '.join(cmd)})")
     bins = []
     for line in proc.stdout.splitlines():
         msg = json.loads(line)
         if msg.get("reason") != "compiler-artifact" or not msg.get("profile", {}).get("test") or not msg.get("executable"):
             continue
         target = msg["target"]
+        if "bench" in target["kind"]:
+            continue  # built to be linted; a benchmark is run by hand (cargo bench)
         kind = "e2e" if "test" in target["kind"] else "unit"
         name = target["name"] if kind == "e2e" else f"{target['name']}:{target['kind'][0]}"
         bins.append((name, kind, msg["executable"], str(Path(msg["manifest_path"]).parent)))
@@ -81,13 +101,76 @@ def alone_patterns():
     return [line for line in lines if line]
 
 
+class Group:
+    """A control group of the test's own, where the machine lets us make one: what the test and
+    everything it started used of the CPUs (the pool is bound by CPU on small machines, so that
+    is what a test costs the others), and whatever it left running, even processes that left its
+    session (daemons), to be ended. cgroup v2, or v1's cpuacct hierarchy."""
+
+    V2 = Path("/sys/fs/cgroup")
+    V1 = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self, name):
+        self.path = None
+        root = self.V2 if (self.V2 / "cgroup.controllers").exists() else self.V1
+        if not (root / "cgroup.procs").exists():
+            return
+        path = root / "splitos-tests" / name
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self.path = path
+        except OSError:
+            pass
+
+    def join(self):
+        """Run in the test's process before it starts the test."""
+        if self.path:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def cpu_s(self):
+        try:
+            if (self.path / "cpu.stat").exists():
+                usec = next(int(l.split()[1]) for l in (self.path / "cpu.stat").read_text().splitlines() if l.startswith("usage_usec "))
+                return usec / 1e6
+            return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, TypeError, StopIteration, ValueError):
+            return None
+
+    def pids(self):
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, TypeError):
+            return []
+
+    def close(self):
+        """Ends what is left in the group, then removes it."""
+        if not self.path:
+            return
+        for _ in range(100):
+            left = self.pids()
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        try:
+            self.path.rmdir()
+        except OSError as e:
+            print(f"run-tests: could not remove {self.path}: {e}", flush=True)
+
+
 class Running:
     def __init__(self, job, log_dir):
         self.job = job
-        self.log = open(log_dir / (job["id"].replace("/", "_").replace(":", "_") + ".log"), "w+b")
+        name = job["id"].replace("/", "_").replace(":", "_")
+        self.log = open(log_dir / (name + ".log"), "w+b")
+        self.group = Group(name)
         self.start = time.monotonic()
         # A session of its own: on a timeout the test and everything it started are ended.
-        self.proc = subprocess.Popen(job["argv"], cwd=job["cwd"], stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(job["argv"], cwd=job["cwd"], stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self.group.join)
 
     def elapsed(self):
         return time.monotonic() - self.start
@@ -100,11 +183,18 @@ class Running:
             return False
 
     def end(self):
+        """Ends what the test left running; returns the CPU time the test used, if known."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
+        escaped = self.group.pids()
+        if escaped:
+            print(f"run-tests: {self.job['id']} left {len(escaped)} processes outside its session; ending them", flush=True)
+        cpu = self.group.cpu_s()
+        self.group.close()
+        return cpu
 
     def output(self):
         self.log.seek(0)
@@ -126,13 +216,14 @@ def run(jobs, slots, timeout, log_dir, results):
                 continue
             if not timed_out and r.left_behind():
                 print(f"run-tests: {r.job['id']} left processes running; ending them", flush=True)
-            r.end()
+            cpu = r.end()
             running.remove(r)
             ok = code == 0 and not timed_out
             secs = r.elapsed()
-            results[r.job["id"]] = {"ok": ok, "secs": secs, "timed_out": timed_out, "output": "" if ok else r.output()}
+            results[r.job["id"]] = {"ok": ok, "secs": secs, "cpu": cpu, "timed_out": timed_out, "output": "" if ok else r.output()}
             status = "PASS" if ok else ("TIMEOUT" if timed_out else "FAIL")
-            print(f"{status:7} {secs:7.1f}s  {r.job['id']}", flush=True)
+            used = f"{cpu:6.1f}s CPU" if cpu is not None else ""
+            print(f"{status:7} {secs:7.1f}s {used} {r.job['id']}", flush=True)
 
 
 def main():
@@ -168,6 +259,11 @@ def main():
         print(f"\n==== {k} ====\n{results[k]['output'][-20000:]}")
     slowest = sorted(results.items(), key=lambda kv: -kv[1]["secs"])[:10]
     print("\nslowest: " + ", ".join(f"{k} {v['secs']:.0f}s" for k, v in slowest))
+    used = {k: v["cpu"] for k, v in results.items() if v["cpu"] is not None}
+    if used:
+        CPU.write_text(json.dumps({k: round(v, 1) for k, v in used.items()}, indent=1, sort_keys=True))
+        hungriest = sorted(used.items(), key=lambda kv: -kv[1])[:10]
+        print(f"CPU: {sum(used.values()):.0f} s in all; most: " + ", ".join(f"{k} {v:.0f}s" for k, v in hungriest))
     total = time.monotonic() - t0
     print(f"run-tests: {len(results) - len(failed)} passed, {len(failed)} failed, in {total:.0f} s (build {built:.0f} s)")
     if failed:

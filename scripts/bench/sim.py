@@ -7,7 +7,7 @@ figure 1 (fragmentation index, modules that could be switched off), LegoOS's fig
   of its task list on the same nodes (`--load`), with best fit as in ThymesisFlow.
 - The busy month: 150 copies, averaged from day 120 on (`--window`), when the cluster is
   as busy as the clusters both papers studied (half its CPU allocated): each placement
-  policy (best fit, first fit, the global managers' GPM/GMM), and the splitos model under
+  policy (best fit, first fit, and least loaded, the global managers' default), and the splitos model under
   each topology (links per module, racks, none).
 - Speed: 100 copies of the cluster and of the task list (`--scale 100`), three runs,
   median events per second.
@@ -75,7 +75,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    res = {"machine": machine(), "loads": {}, "policies": {}, "topologies": {}, "series": {}}
+    res = {"machine": machine(), "loads": {}, "placements": {}, "topologies": {}, "series": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for load in (1, 20, 100, 200):
             r = sim(tmp, "--load", str(load), "--samples", "150")
@@ -87,8 +87,8 @@ def main():
                 res["trace"] = r["trace"]
                 res["paper_mttf"] = r["paper"]
             print(f"load {load}: " + ", ".join(f"{m} frag {r[m]['fragmentation_cpu']:.3f}/{r[m]['fragmentation_mem']:.3f}" for m in MODELS), flush=True)
-        for policy in ("best-fit", "first-fit", "gpm-gmm"):
-            res["policies"][policy] = summary(sim(tmp, *BUSY, "--policy", policy, "--samples", "2"))
+        for placement in ("best-fit", "first-fit", "least-loaded"):
+            res["placements"][placement] = summary(sim(tmp, *BUSY, "--placement", placement, "--samples", "2"))
         for topo in ("links:16", "links:4", "racks:8", "none"):
             res["topologies"][topo] = summary(sim(tmp, *BUSY, "--models", "splitos", "--topology", topo, "--samples", "2"), ["splitos"])["splitos"]
         runs = []
@@ -104,7 +104,7 @@ def main():
     docs = os.path.join(ROOT, "docs")
     # ThymesisFlow figure 1: fragmentation index and modules switched off in the busy month,
     # next to the paper's on the Google trace.
-    at = res["policies"]["best-fit"]
+    at = res["placements"]["best-fit"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (title, keys, labels) in zip(axes, [("Fragmentation index (lower is better)", ["fragmentation_cpu", "fragmentation_mem"], ["CPU", "memory"]),
                                                ("Switched off (higher is better)", ["switched_off_compute", "switched_off_memory"], ["compute", "memory"])]):
@@ -147,9 +147,9 @@ def main():
             x = runs[name]
             lines.append(f"| x{load} | {name} | {pct(x['fragmentation_cpu'])} | {pct(x['fragmentation_mem'])} | {pct(x['switched_off_compute'])} | {pct(x['switched_off_memory'])} | {pct(x['utilization_cpu'])} / {pct(x['utilization_mem'])} | {x['unplaced']} | {x['mttf_vs_fixed']:.2f}x |")
     lines += ["", "ThymesisFlow's figure 1 (Google trace): fixed 16% / 29.5% fragmentation, 1% of servers off; disaggregated 3.86% / 9.2%, 8% of compute and 27% of memory modules off.", "",
-              "The busy month (x150, averaged from day 120 on, half the CPU allocated): each policy (fragmentation CPU / memory, switched off compute / memory, unplaced, MTTF vs fixed):", "", "| policy | fixed | disaggregated | splitos |", "|---|---|---|---|"]
-    for policy, runs in res["policies"].items():
-        lines.append(f"| {policy} | " + " | ".join(f"{pct(runs[n]['fragmentation_cpu'])} / {pct(runs[n]['fragmentation_mem'])}, {pct(runs[n]['switched_off_compute'])} / {pct(runs[n]['switched_off_memory'])}, {runs[n]['unplaced']}, {runs[n]['mttf_vs_fixed']:.2f}x" for n in MODELS) + " |")
+              "The busy month (x150, averaged from day 120 on, half the CPU allocated): each placement policy (fragmentation CPU / memory, switched off compute / memory, unplaced, MTTF vs fixed):", "", "| placement | fixed | disaggregated | splitos |", "|---|---|---|---|"]
+    for placement, runs in res["placements"].items():
+        lines.append(f"| {placement} | " + " | ".join(f"{pct(runs[n]['fragmentation_cpu'])} / {pct(runs[n]['fragmentation_mem'])}, {pct(runs[n]['switched_off_compute'])} / {pct(runs[n]['switched_off_memory'])}, {runs[n]['unplaced']}, {runs[n]['mttf_vs_fixed']:.2f}x" for n in MODELS) + " |")
     lines += ["", "The splitos model's topology in the busy month (best fit):", "", "| topology | fragmentation memory | switched off memory | peak mComponents on | unplaced | waited |", "|---|---|---|---|---|---|"]
     for topo, x in res["topologies"].items():
         lines.append(f"| {topo} | {pct(x['fragmentation_mem'])} | {pct(x['switched_off_memory'])} | {x['peak_memory_on']} | {x['unplaced']} | {x['waited']} |")

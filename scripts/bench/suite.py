@@ -18,6 +18,7 @@ and tqdm.
 import argparse
 import concurrent.futures
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -120,7 +121,7 @@ def swap_ins():
     return next(int(l.split()[1]) for l in open("/proc/vmstat") if l.startswith("pswpin "))
 
 
-def run(cmd, env=None, prefix=()):
+def run(cmd, env=None, prefix=(), preexec=None):
     """Runs a command; returns (wall seconds, stdout digest, exit code, stdout, stderr). A run
     longer than TIMEOUT is stopped and reported as taking the timeout (exit code -1). Its CPU
     time (user + system of it and everything it waited for: under splitos the program and the
@@ -129,7 +130,7 @@ def run(cmd, env=None, prefix=()):
     t0 = time.monotonic()
     # Its own process group: a pipeline's stages outlive a signal to its shell and would hold
     # the output open until they finished on their own.
-    p = subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})), start_new_session=True)
+    p = subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})), start_new_session=True, preexec_fn=preexec)
     try:
         out, err = p.communicate(timeout=TIMEOUT["s"])
         code = p.returncode
@@ -227,22 +228,20 @@ def swap_device(kind, mib):
             subprocess.run(["swapon", dev], capture_output=True)
 
 
-THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+# prctl(2)'s option; not in Python's standard library.
+PR_SET_THP_DISABLE = 41
 
 
-@contextlib.contextmanager
-def no_transparent_huge_pages():
+def four_kib_pages():
     """4 KiB pages for the Linux baselines, as splitos's heap has: under a tight memory cgroup,
     huge pages that programs ask for with madvise (numpy does) are hard to swap out, and the
-    OOM killer ends the program instead."""
-    old = open(THP).read().split("[")[1].split("]")[0] if os.path.exists(THP) else None
-    try:
-        if old:
-            open(THP, "w").write("never")
-        yield
-    finally:
-        if old:
-            open(THP, "w").write(old)
+    OOM killer ends the program instead. Run in the baseline's process before it starts: the
+    setting is the process's own, kept across exec and inherited by its children, so nothing
+    else running on the machine changes (the machine-wide setting did, for tests run beside
+    the suite)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE)")
 
 
 def oom_kills(cg):
@@ -413,9 +412,9 @@ def main():
                     continue
                 bar.set_description(f"{name[:24]}: {label}")
                 limit = int(ws[name] * f) * 1024 + local
-                with no_transparent_huge_pages(), swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
+                with swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
                     before, swapped = kills(), swap_ins()
-                    secs, digest, code, _, err = run(spec["cmd"], env, pre)
+                    secs, digest, code, _, err = run(spec["cmd"], env, pre, four_kib_pages)
                     killed, swapped = kills() > before, swap_ins() - swapped
                 if code == -1:
                     timed_out(label)

@@ -1,7 +1,7 @@
 //! Placement policies: which of several units takes an allocation. The global managers place
 //! processes on pComponents (GPM) and homes and vRegions on mComponents (GMM) with the one
 //! `[cluster] placement` names; the datacenter simulator (`sim/`) places tasks on servers and
-//! modules with the one its `--policy` names.
+//! modules with the one its `--placement` names.
 //!
 //! A policy is an order of units, given by a key computed from a unit's own state (not from
 //! the request): the placer takes the unit with the lowest key among those with room, ties to

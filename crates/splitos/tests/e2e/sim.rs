@@ -186,18 +186,25 @@ fn under_load_disaggregation_frees_memory_modules() {
         );
     }
     let spread = report(&[
-        "--load", "20", "--shift", "600", "--policy", "gpm-gmm", "--models", "splitos",
+        "--load",
+        "20",
+        "--shift",
+        "600",
+        "--placement",
+        "least-loaded",
+        "--models",
+        "splitos",
     ]);
     check_invariants(&spread, &["splitos"]);
     assert!(spread.get("fixed").is_none(), "only the models asked for");
-    assert_eq!(spread["splitos"]["policy"], "gpm-gmm");
+    assert_eq!(spread["splitos"]["placement"], "least-loaded");
     assert!(f(&spread["splitos"]["fragmentation_mem"]) > f(&packed["splitos"]["fragmentation_mem"]));
     let first = report(&[
         "--load",
         "20",
         "--shift",
         "600",
-        "--policy",
+        "--placement",
         "first-fit",
         "--models",
         "fixed",
@@ -328,8 +335,12 @@ fn bad_input_is_refused_by_row_and_field() {
         "what the unshown baseline skipped is reported"
     );
     fails_with(
-        &["--nodes", &nodes, "--tasks", &big, "--policy", "worst-fit"],
-        "unknown placement policy `worst-fit`",
+        &["--nodes", &nodes, "--tasks", &big, "--placement", "worst-fit"],
+        "unknown placement \"worst-fit\"",
+    );
+    fails_with(
+        &["--nodes", &nodes, "--tasks", &big, "--placement", "nearest"],
+        "orders units by hops on the global managers' topology graph",
     );
     fails_with(
         &["--nodes", &nodes, "--tasks", &big, "--topology", "links:0"],
@@ -854,8 +865,8 @@ fn a_static_pod_list_fills_the_cluster() {
         &[
             "--load",
             "2",
-            "--policy",
-            "gpm-gmm",
+            "--placement",
+            "least-loaded",
             "--topology",
             "links:4,racks:4",
             "--models",
@@ -871,7 +882,7 @@ fn a_static_pod_list_fills_the_cluster() {
             "2",
             "--load",
             "2",
-            "--policy",
+            "--placement",
             "first-fit",
             "--models",
             "fixed,disaggregated",

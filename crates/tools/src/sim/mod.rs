@@ -12,7 +12,7 @@
 
 pub mod failure;
 pub mod model;
-pub mod policy;
+pub mod placement;
 pub mod pool;
 pub mod replay;
 pub mod trace;
@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use model::{Kind, Model, Need, Spec, Topology};
 use replay::{fill, replay, Fill, ModelReport, Workload};
-use splitos_core::config::Size;
+use splitos_core::config::{PlacementPolicy, Size};
 use trace::{Columns, Node, TaskList, TaskStats};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -45,8 +45,9 @@ pub struct SimArgs {
     /// Columns of the task list, FIELD=COLUMN[*FACTOR],... (fields: name, cpu in milli-cores, mem in MiB, start and end in seconds (both or neither: without them the list is static), phase, gpu; an empty COLUMN drops an optional field) [default: name=name,cpu=cpu_milli,mem=memory_mib,start=creation_time,end=deletion_time,phase=pod_phase,gpu=num_gpu].
     #[arg(long, default_value = "", hide_default_value = true)]
     pub task_columns: String,
-    #[arg(long, default_value = "best-fit", help = format!("Placement policy of every model: {}", policy::POLICIES.join(", ")))]
-    pub policy: String,
+    /// Placement policy of every model, named as `[cluster] placement` names the global managers' (least-loaded, best-fit, first-fit).
+    #[arg(long, default_value = "best-fit")]
+    pub placement: PlacementPolicy,
     #[arg(long, default_value = "fixed,disaggregated,splitos", help = format!("Models to replay, side by side: {}", model::MODELS.join(", ")))]
     pub models: String,
     /// What memory a compute unit can use: links:N (memory modules per unit and units per module at once, ThymesisFlow's 16 transceivers), racks:N (units spread over N racks; memory stays in its rack), both, or none.
@@ -141,7 +142,7 @@ struct TraceReport {
 
 #[derive(Serialize)]
 struct RunReport {
-    policy: String,
+    placement: String,
     topology: String,
     excache_share: f64,
     vregion_mib: u64,
@@ -168,7 +169,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if !kinds.contains(&Kind::Fixed) {
         kinds.insert(0, Kind::Fixed);
     }
-    policy::by_name(&args.policy).map_err(anyhow::Error::msg)?;
+    placement::rule(args.placement).map_err(anyhow::Error::msg)?;
     if !(args.excache_share > 0.0 && args.excache_share < 1.0) {
         bail!(
             "--excache-share must be between 0 and 1 (exclusive), not {}",
@@ -239,7 +240,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         .collect();
     let models: Vec<Model> = specs
         .into_iter()
-        .map(|s| Model::new(s, &nodes, w.len(), &args.policy).map_err(anyhow::Error::msg))
+        .map(|s| Model::new(s, &nodes, w.len(), args.placement).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
     // asked to count such tasks. The baseline replayed without being asked for counts them.
@@ -315,7 +316,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         .1
         .peak_compute_on;
     for (kind, r) in &mut reports {
-        r.policy = args.policy.clone();
+        r.placement = args.placement.to_string();
         r.reliability = Some(match kind {
             Kind::Fixed => failure::reliability(&rates, r.peak_compute_on, None),
             _ => failure::reliability(&rates, servers, Some((r.peak_compute_on, r.peak_memory_on))),
@@ -356,7 +357,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             end,
         },
         "run": RunReport {
-            policy: args.policy.clone(),
+            placement: args.placement.to_string(),
             topology: args.topology.to_string(),
             excache_share: args.excache_share,
             vregion_mib,
@@ -462,7 +463,7 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
     let copies = t["replayed_tasks"].as_u64().unwrap_or(0) / t["tasks"].as_u64().unwrap_or(1).max(1);
     if t["timed"].as_bool().unwrap_or(true) {
         splitos_core::outln!(
-            "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), policy {}, {} events in {:.2} s ({:.0} events/s)",
+            "{} nodes x {} = {}, {} tasks x {} = {} ({} rows; {} skipped as incomplete), placement {}, {} events in {:.2} s ({:.0} events/s)",
             t["nodes"],
             t["scale"],
             t["replayed_nodes"],
@@ -471,14 +472,14 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
             t["replayed_tasks"],
             t["stats"]["rows"],
             t["stats"]["skipped_incomplete"],
-            out["run"]["policy"].as_str().unwrap_or(""),
+            out["run"]["placement"].as_str().unwrap_or(""),
             out["run"]["events"],
             seconds,
             out["run"]["events_per_second"].as_f64().unwrap_or(0.0)
         );
     } else {
         splitos_core::outln!(
-            "{} nodes x {} = {}, a static list of {} tasks x {} = {} ({} rows) in file order, policy {}, in {:.2} s; the table is the cluster where the fill stopped",
+            "{} nodes x {} = {}, a static list of {} tasks x {} = {} ({} rows) in file order, placement {}, in {:.2} s; the table is the cluster where the fill stopped",
             t["nodes"],
             t["scale"],
             t["replayed_nodes"],
@@ -486,7 +487,7 @@ fn print_report(reports: &[(Kind, ModelReport)], out: &serde_json::Value, second
             copies,
             t["replayed_tasks"],
             t["stats"]["rows"],
-            out["run"]["policy"].as_str().unwrap_or(""),
+            out["run"]["placement"].as_str().unwrap_or(""),
             seconds,
         );
     }

@@ -17,9 +17,10 @@
 //! reaches is what a path search finds from it (every module of its rack, two hops away, so
 //! that `nearest` would order them as least-loaded does).
 
-use super::policy;
+use super::placement;
 use super::pool::{Amount, Pool, CPU, LINKS, MEM};
 use super::trace::Node;
+use splitos_core::config::PlacementPolicy;
 
 pub const MODELS: [&str; 3] = ["fixed", "disaggregated", "splitos"];
 
@@ -163,7 +164,7 @@ fn excache(mem: u64, share: f64) -> u64 {
 }
 
 impl Model {
-    pub fn new(spec: Spec, nodes: &[Node], tasks: usize, policy: &str) -> Result<Model, String> {
+    pub fn new(spec: Spec, nodes: &[Node], tasks: usize, placement: PlacementPolicy) -> Result<Model, String> {
         let links = spec.topology.links.map_or(0, u64::from);
         let total_mem: u64 = nodes.iter().map(|n| n.mem).sum();
         let share = |mem: u64| match spec.kind {
@@ -195,7 +196,7 @@ impl Model {
             let caps = (0..m as u64)
                 .map(|i| [0, rest / m as u64 + u64::from(i < rest % m as u64), links])
                 .collect();
-            policy::by_name(policy).map(|p| Pool::new(caps, racks, |j| part[n + j], p))
+            placement::rule(placement).map(|p| Pool::new(caps, racks, |j| part[n + j], p))
         });
         let memory = memory.transpose()?;
         let shapes = caps
@@ -204,7 +205,7 @@ impl Model {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        let compute = Pool::new(caps, racks, |c| part[c], policy::by_name(policy)?);
+        let compute = Pool::new(caps, racks, |c| part[c], placement::rule(placement)?);
         let mut per_rack = vec![0usize; racks];
         (0..m).for_each(|j| per_rack[part[n + j]] += 1);
         let rack_modules = per_rack.into_iter().max().unwrap_or(0);

@@ -41,7 +41,7 @@ pub struct Pool {
     part: Vec<u32>,
     parts: Vec<Part>,
     grain: [u64; 2],
-    policy: Box<dyn Placement>,
+    policy: &'static dyn Placement,
     /// Units holding an allocation, and the sum of their free resources: what must stay
     /// powered although unused (the fragmentation index's numerator).
     on: usize,
@@ -68,7 +68,12 @@ fn ordered(k: f64) -> u64 {
 
 impl Pool {
     /// A pool of units with capacities `caps`, unit `u` in part `part_of(u)` of `parts`.
-    pub fn new(caps: Vec<Amount>, parts: usize, part_of: impl Fn(usize) -> usize, policy: Box<dyn Placement>) -> Pool {
+    pub fn new(
+        caps: Vec<Amount>,
+        parts: usize,
+        part_of: impl Fn(usize) -> usize,
+        policy: &'static dyn Placement,
+    ) -> Pool {
         let n = caps.len();
         let mut total = [0u128; RES];
         for c in &caps {
@@ -151,7 +156,7 @@ impl Pool {
     }
 
     pub fn policy(&self) -> &dyn Placement {
-        &*self.policy
+        self.policy
     }
 
     fn classes(&self, a: &Amount) -> (usize, usize) {
@@ -307,9 +312,10 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::policy::{by_name, POLICIES};
+    use crate::sim::placement::{rule, PLACEMENTS};
+    use splitos_core::config::PlacementPolicy;
 
-    fn pool(policy: &str) -> Pool {
+    fn pool(placement: PlacementPolicy) -> Pool {
         let caps = vec![
             [8000, 64, 0],
             [4000, 32, 2],
@@ -318,14 +324,14 @@ mod tests {
             [32000, 128 << 10, 3],
             [2, 1, 0],
         ];
-        Pool::new(caps, 2, |u| usize::from(u >= 3), by_name(policy).unwrap())
+        Pool::new(caps, 2, |u| usize::from(u >= 3), rule(placement).unwrap())
     }
 
     /// The index finds the unit an exhaustive scan in the policy's order finds, whatever
     /// the state.
     #[test]
     fn search_agrees_with_a_scan() {
-        for name in POLICIES {
+        for name in PLACEMENTS {
             let mut p = pool(name);
             let wants = [
                 [1000, 1, 0],
@@ -372,7 +378,7 @@ mod tests {
             vec![[8, 64, 0], [4, 32, 0], [16, 16, 0], [4, 8, 0], [32, 128, 0]],
             1,
             |_| 0,
-            by_name("best-fit").unwrap(),
+            rule(PlacementPolicy::BestFit).unwrap(),
         );
         assert_eq!((p.on(), p.free_on(CPU)), (0, 0));
         p.take(1, &[1, 2, 0], true);
@@ -390,7 +396,7 @@ mod tests {
 
     #[test]
     fn best_fit_takes_the_fullest_unit_that_fits() {
-        let mut p = pool("best-fit");
+        let mut p = pool(PlacementPolicy::BestFit);
         assert_eq!(p.search(&[4000, 8, 0], 0..2, &[]), Some(3));
         assert_eq!(p.search(&[4000, 8, 0], 0..2, &[3]), Some(1));
         p.take(0, &[4000, 40, 0], true);

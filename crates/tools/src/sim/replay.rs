@@ -141,7 +141,7 @@ pub struct Waits {
 /// One model's replay. The averages are weighted by time over the replay.
 #[derive(Serialize, Clone)]
 pub struct ModelReport {
-    pub policy: String,
+    pub placement: String,
     pub topology: String,
     pub compute_units: usize,
     pub memory_units: usize,
@@ -181,7 +181,7 @@ impl ModelReport {
         let (compute, memory) = (&m.compute, m.memory.as_ref());
         let units = memory.unwrap_or(compute);
         ModelReport {
-            policy: String::new(),
+            placement: String::new(),
             topology: m.spec.topology.to_string(),
             compute_units: compute.units(),
             memory_units: units.units(),

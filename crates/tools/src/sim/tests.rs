@@ -1,5 +1,5 @@
 use super::*;
-use policy::POLICIES;
+use placement::PLACEMENTS;
 use trace::Task;
 
 /// Replays hand-made tasks `(cpu, mem, start, end)` on nodes `(cpu, mem)`, with an
@@ -32,7 +32,7 @@ fn replay_of(
         vregion_mib: 4,
         memory_modules: 0,
     };
-    let m = Model::new(spec, &nodes, w.len(), policy).unwrap();
+    let m = Model::new(spec, &nodes, w.len(), policy.parse().unwrap()).unwrap();
     let needs: Vec<Option<Need>> = w
         .tasks
         .iter()
@@ -85,7 +85,7 @@ fn fill_of(kind: Kind, nodes: &[(u64, u64)], tasks: &[(u64, u64)], topology: &st
         vregion_mib: 4,
         memory_modules: 0,
     };
-    let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
+    let m = Model::new(spec, &nodes, w.len(), PlacementPolicy::BestFit).unwrap();
     let needs: Vec<Option<Need>> = w
         .tasks
         .iter()
@@ -129,7 +129,7 @@ fn packing_switches_servers_off_and_spreading_fragments() {
             "{policy}"
         );
     }
-    let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, "gpm-gmm", "none");
+    let r = replay_of(Kind::Fixed, &[(4000, 8), (4000, 8)], &tasks, "least-loaded", "none");
     assert!(
         close(r.average.switched_off_compute, 0.0)
             && close(r.average.fragmentation_cpu, 0.5)
@@ -202,7 +202,7 @@ fn splitos_memory_follows_the_topology() {
         },
         &[Node { cpu: 4000, mem: 16 }; 2],
         1,
-        "best-fit",
+        PlacementPolicy::BestFit,
     )
     .unwrap();
     let (field, why) = m.oversized(&m.need(1000, 16)).unwrap();
@@ -233,8 +233,8 @@ fn splitos_memory_follows_the_topology() {
 fn racks_fill_one_after_another() {
     let nodes = [(4000, 8); 16];
     let tasks: Vec<(u64, u64, f64, f64)> = (0..16).map(|i| (1000, 8, i as f64, 100.0)).collect();
-    for policy in POLICIES {
-        let r = replay_of(Kind::Disaggregated, &nodes, &tasks, policy, "racks:2");
+    for policy in PLACEMENTS.map(|p| p.to_string()) {
+        let r = replay_of(Kind::Disaggregated, &nodes, &tasks, &policy, "racks:2");
         assert_eq!((r.placed, r.unplaced, r.oversized), (16, 0, 0), "{policy}");
         assert_eq!(r.peak_memory_on, 16, "{policy}: all memory is used");
     }
@@ -271,7 +271,7 @@ fn links_run_out_at_placement() {
         },
     ];
     let w = Workload::new(tasks, 1, 0.0).unwrap();
-    let m = Model::new(spec, &nodes, w.len(), "best-fit").unwrap();
+    let m = Model::new(spec, &nodes, w.len(), PlacementPolicy::BestFit).unwrap();
     let needs: Vec<Option<Need>> = w
         .tasks
         .iter()
@@ -311,7 +311,7 @@ fn a_long_queue_of_waiting_tasks() {
 fn gmm_spreads_vregions() {
     let nodes = [(4000, 16), (4000, 16)];
     let task = [(1000, 8, 0.0, 10.0)];
-    let r = replay_of(Kind::Splitos, &nodes, &task, "gpm-gmm", "links:16");
+    let r = replay_of(Kind::Splitos, &nodes, &task, "least-loaded", "links:16");
     assert_eq!(r.peak_memory_on, 2);
     assert!(close(r.average.switched_off_memory, 0.0));
     let r = replay_of(Kind::Splitos, &nodes, &task, "best-fit", "links:16");
