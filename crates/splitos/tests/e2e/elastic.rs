@@ -305,7 +305,8 @@ fn lines_taken_from_a_waiting_vnode(c: &TestCluster, share: bool) -> f64 {
     let held = c.metric(&addr, "splitos_pcomp_excache_vnode_lines");
     assert_eq!(held >= 512.0, share, "vNode a holds {held} lines");
     let touch = program("memtouch");
-    let stream = [touch.to_str().unwrap(), "16"];
+    // Scans only: a stream through the ExCache.
+    let stream = [touch.to_str().unwrap(), "16", "0"];
     let out = c.run(&["--vnode", "b"], &stream);
     assert_eq!(
         text(&out.stdout),

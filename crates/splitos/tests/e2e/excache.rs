@@ -42,7 +42,9 @@ fn piggyback_merges_flush_and_fetch_only_when_enabled() {
     // piggyback on each dirty eviction that precedes a fetch travels with it. Every access by
     // message: one-sided access copies what the owner holds instead.
     let p = program("memtouch");
-    let cmd = [p.to_str().unwrap(), "12"];
+    // The read pass's misses evict the lines the write pass dirtied: thousands of each; the
+    // random read-modify-writes only add more of the same.
+    let cmd = [p.to_str().unwrap(), "12", "20000"];
     let (_, on) = through_components(
         &["--excache", "4M", "--mcomponents", "1", "--one-sided", "off"],
         &cmd,

@@ -20,7 +20,8 @@ fn scan_with(links: usize) -> (f64, f64) {
     let memtouch = program("memtouch");
     let stream = program("stream");
     for cmd in [
-        vec![memtouch.to_str().unwrap(), "24"],
+        // Scans only: sequential misses are what read-ahead batches.
+        vec![memtouch.to_str().unwrap(), "24", "0"],
         vec![stream.to_str().unwrap(), "6", "2", "2"],
     ] {
         let out = c.run(&[], &cmd);
