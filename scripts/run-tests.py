@@ -16,6 +16,7 @@ every binary runs, and a test that fails is reported with its whole output.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -121,6 +122,13 @@ class Group:
             self.path = path
         except OSError:
             pass
+
+    @classmethod
+    def remove_parent(cls):
+        """Removes the groups' parent once empty (another runner's tests may still be in it)."""
+        for root in (cls.V2, cls.V1):
+            with contextlib.suppress(OSError):
+                (root / "splitos-tests").rmdir()
 
     def join(self):
         """Run in the test's process before it starts the test."""
@@ -251,6 +259,7 @@ def main():
     results = {}
     run(pool, args.jobs, args.timeout, log_dir, results)
     run(solo, 1, args.timeout, log_dir, results)
+    Group.remove_parent()
 
     times.update({k: round(v["secs"], 1) for k, v in results.items()})
     TIMES.write_text(json.dumps(times, indent=1, sort_keys=True))
