@@ -102,6 +102,15 @@ def alone_patterns():
     return [line for line in lines if line]
 
 
+def comm_of(pid):
+    """A process's name and the first words of its command line."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return " ".join(a.decode(errors="replace") for a in argv[:2] if a) or str(pid)
+    except OSError:
+        return str(pid)
+
+
 class Group:
     """A control group of the test's own, where the machine lets us make one: what the test and
     everything it started used of the CPUs (the pool is bound by CPU on small machines, so that
@@ -197,9 +206,18 @@ class Running:
         except ProcessLookupError:
             pass
         self.proc.wait()
-        escaped = self.group.pids()
-        if escaped:
-            print(f"run-tests: {self.job['id']} left {len(escaped)} processes outside its session; ending them", flush=True)
+        # Components the test started in process groups of their own end when it does (an
+        # embedded cluster's on their parent's death, a test cluster's when it is dropped), but
+        # not at once: a moment to exit on their own, and only those still there are named.
+        left = self.group.pids()
+        for _ in range(40):
+            if not left:
+                break
+            time.sleep(0.05)
+            left = self.group.pids()
+        if left:
+            names = sorted(comm_of(pid) for pid in left)
+            print(f"run-tests: {self.job['id']} left {len(left)} processes running 2 s after it ended ({', '.join(names)}); ending them", flush=True)
         cpu = self.group.cpu_s()
         self.group.close()
         return cpu
