@@ -166,7 +166,7 @@ def wait_settled(c):
 
 def work_done(c, skip=None):
     """Pages copied to new members and pages replayed from backups, over the mComponents."""
-    return sum(m["stats"]["rebuild"]["copied_pages"] + m["stats"]["promoted_pages"] for m in c.mcomps() if m["id"] != skip)
+    return sum(m["stats"]["rebuild"]["copied_pages"] + m["stats"]["log_promoted_pages"] for m in c.mcomps() if m["id"] != skip)
 
 
 def rebuild(hold, mib, scheme):
@@ -182,7 +182,7 @@ def rebuild(hold, mib, scheme):
         wait_settled(c)
         v = victim(c, pid)
         copied0 = work_done(c)
-        promoted0 = sum(m["stats"]["promoted_pages"] for m in c.mcomps())
+        promoted0 = sum(m["stats"]["log_promoted_pages"] for m in c.mcomps())
         os.kill(c.pid_of(v["addr"]), signal.SIGKILL)
         t0 = time.monotonic()
         started = None
@@ -197,7 +197,7 @@ def rebuild(hold, mib, scheme):
         else:
             sys.exit("the rebuild did not finish within two minutes")
         copied = sum(m["stats"]["rebuild"]["copied_pages"] for m in c.mcomps()) - (copied0 - promoted0)
-        promoted = sum(m["stats"]["promoted_pages"] for m in c.mcomps()) - promoted0
+        promoted = sum(m["stats"]["log_promoted_pages"] for m in c.mcomps()) - promoted0
         p.stdin.close()
         out = p.stdout.read()
         p.wait()

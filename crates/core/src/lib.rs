@@ -12,18 +12,18 @@
 //! * [`topology`] the cluster as a graph of hosts, switches, components and their links
 //! * [`state`] the managers' state: tables of HMAC-tagged records in redb, etcd or memory
 //! * [`placement`] the placement policies of the global managers and the simulator
-//! * [`counters`] counters declared once, for a component's statistics and Prometheus metrics
+//! * [`series`] the series this crate records (`splitos-metrics` declares every series once)
 //! * [`out`] what the command-line tools print: a reader gone (`| head`) ends a command quietly
 //! * [`segment`] a vRegion's pages in a memfd, shared by an owner and a pComponent of one host (one-sided access)
 //! * [`vma`] the vma tree of a process's address space, shared by the pComponent and mComponents
 //! * [`sys`] this host's users, groups and mounts, as components and the control plane see them
 //! * [`trusted`] directories no other user can change (state, storage, sockets, mount points)
 pub mod config;
-pub mod counters;
 pub mod node;
 pub mod out;
 pub mod placement;
 pub mod segment;
+pub mod series;
 pub mod state;
 pub mod sys;
 pub mod telemetry;

@@ -135,7 +135,7 @@ impl Managers {
         let l = self.find_leader(rpc)?;
         if l != self.leader() {
             tracing::info!(leader = %l, "the global managers have another leader");
-            metrics::counter!("node_gm_leader_changes_total").increment(1);
+            crate::series::NODE_GM_LEADER_CHANGES.increment(1);
             *self.leader.lock().unwrap() = l.clone();
         }
         Some(l)
@@ -361,7 +361,7 @@ impl Node {
                         code: ErrCode::NotFound,
                         ..
                     }) => {
-                        metrics::counter!("node_registrations_again_total").increment(1);
+                        crate::series::NODE_REGISTRATIONS_AGAIN.increment(1);
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
                             if r.fenced {
                                 on_beat(splitos_rpc::G2X_BEAT {

@@ -200,7 +200,7 @@ fn replace(rule: &Ebb<PlacementPolicy>, store: &Store, name: Option<String>) -> 
             .map_err(|e| format!("cannot keep the placement policy: {e}"))?;
         let before = *rule.rep();
         rule.replace(move |_| k);
-        metrics::counter!("gm_placement_swaps_total").increment(1);
+        crate::series::GM_PLACEMENT_SWAPS.increment(1);
         tracing::info!(from = %before, to = %k, "placement policy replaced");
     }
     Ok(PlacementState {

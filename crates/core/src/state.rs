@@ -180,9 +180,9 @@ impl Store {
                 }
             })
             .collect();
-        metrics::counter!("gm_state_unreadable_total").increment(unreadable);
+        crate::series::GM_STATE_UNREADABLE.increment(unreadable);
         if let Some(first) = forged.first() {
-            metrics::counter!("gm_state_unsigned_total").increment(forged.len() as u64);
+            crate::series::GM_STATE_UNSIGNED.increment(forged.len() as u64);
             tracing::error!(table = table.0, first = %first, records = forged.len(), "the managers' state holds records these managers did not sign (written by someone without the state key, or by an earlier version); they are refused");
         }
         Ok(all)

@@ -10,11 +10,11 @@
 //! Each component serves them at its metrics address ([`serve`]): on loopback to anyone on
 //! the host who can reach it, as the rest of its state; beyond loopback only to a request
 //! with an admin token of the REST API.
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::layers::{Layer, PrefixLayer};
+use splitos_metrics::{escape, Exposition, PREFIX};
 use splitos_rpc::Role;
 
 /// How long an HTTP client may take to send a request's headers, or keep a connection idle.
@@ -28,9 +28,6 @@ pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
 /// Threads an HTTP server's handlers may block in at once (calls to components, rendering);
 /// more wait for one.
 pub const BLOCKING_THREADS: usize = 4;
-
-/// Every series' name starts with this.
-pub const PREFIX: &str = "splitos";
 
 /// A component's series rendered at each scrape.
 type Source = Box<dyn Fn(&mut Exposition) + Send + Sync>;
@@ -55,8 +52,9 @@ pub fn init(role: Role, component: &str) {
             .add_global_label("role", role)
             .build_recorder();
         let handle = recorder.handle();
-        if let Err(e) = metrics::set_global_recorder(PrefixLayer::new(PREFIX).layer(recorder)) {
-            tracing::warn!("metrics recorder not installed: {e}");
+        match metrics::set_global_recorder(PrefixLayer::new(PREFIX).layer(recorder)) {
+            Ok(()) => splitos_metrics::describe(),
+            Err(e) => tracing::warn!("metrics recorder not installed: {e}"),
         }
         Registry {
             handle,
@@ -76,18 +74,13 @@ pub fn on_render(f: impl Fn(&mut Exposition) + Send + Sync + 'static) {
 /// The component's series now, in the Prometheus text format.
 pub fn render() -> String {
     let Some(r) = REGISTRY.get() else { return String::new() };
-    let mut e = Exposition {
-        labels: r.labels.clone(),
-        text: String::new(),
-    };
+    let mut e = Exposition::new(r.labels.clone());
     e.family(
-        "build_info",
-        Kind::Gauge,
-        "The splitos version and wire version this component runs (always 1).",
+        &crate::series::BUILD_INFO,
         [(
-            vec![
-                ("version", env!("CARGO_PKG_VERSION").to_string()),
-                ("wire", splitos_rpc::WIRE_VERSION.to_string()),
+            [
+                env!("CARGO_PKG_VERSION").to_string(),
+                splitos_rpc::WIRE_VERSION.to_string(),
             ],
             1.0,
         )],
@@ -96,76 +89,7 @@ pub fn render() -> String {
         source(&mut e);
     }
     // The sources may have set the recorder's gauges: it renders last.
-    r.handle.render() + &e.text
-}
-
-#[derive(Clone, Copy)]
-pub enum Kind {
-    Counter,
-    Gauge,
-}
-
-/// Series being rendered: one family (its help, type and samples) at a time, as the text
-/// format wants them.
-pub struct Exposition {
-    labels: String,
-    text: String,
-}
-
-impl Exposition {
-    /// The family `splitos_NAME`, with one sample per entry of `samples`: its own labels (the
-    /// component's are added) and its value.
-    pub fn family<L: IntoIterator<Item = (&'static str, String)>>(
-        &mut self,
-        name: &str,
-        kind: Kind,
-        help: &str,
-        samples: impl IntoIterator<Item = (L, f64)>,
-    ) {
-        let kind = match kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-        };
-        let _ = writeln!(
-            self.text,
-            "# HELP {PREFIX}_{name} {}",
-            help.replace('\\', "\\\\").replace('\n', " ")
-        );
-        let _ = writeln!(self.text, "# TYPE {PREFIX}_{name} {kind}");
-        for (labels, value) in samples {
-            let mut l = self.labels.clone();
-            for (k, v) in labels {
-                let comma = if l.is_empty() { "" } else { "," };
-                let _ = write!(l, "{comma}{k}=\"{}\"", escape(&v));
-            }
-            let braced = if l.is_empty() { l } else { format!("{{{l}}}") };
-            let _ = writeln!(self.text, "{PREFIX}_{name}{braced} {value}");
-        }
-    }
-
-    /// An exposition of series without the component's labels, for tests.
-    #[cfg(any(test, feature = "test-support"))]
-    pub fn unlabelled() -> Exposition {
-        Exposition {
-            labels: String::new(),
-            text: String::new(),
-        }
-    }
-
-    #[cfg(any(test, feature = "test-support"))]
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
-    /// One sample without labels of its own.
-    pub fn one(&mut self, name: &str, kind: Kind, help: &str, value: f64) {
-        self.family(name, kind, help, [(std::iter::empty(), value)]);
-    }
-}
-
-/// A label value as the text format quotes it.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    r.handle.render() + e.text()
 }
 
 /// One family as it arrives from a component: its help and type lines and its samples.
@@ -251,7 +175,7 @@ pub fn serve(addr: &str, token_check: impl Fn(&str) -> bool + Send + Sync + 'sta
                     _ => false,
                 };
                 if !allowed {
-                    metrics::counter!("metrics_scrapes_refused_total").increment(1);
+                    crate::series::SCRAPES_REFUSED.increment(1);
                     return (
                         StatusCode::UNAUTHORIZED,
                         [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -338,7 +262,9 @@ static CONNECTIONS_REFUSED: splitos_rpc::refusals::Refusals =
 
 /// Closes a connection beyond `cap` ("peer": its peer's, or "all"), counted and logged.
 fn refuse_connection(server: &str, peer: &Peer, cap: &'static str) {
-    metrics::counter!("http_connections_refused_total", "server" => server.to_string(), "cap" => cap).increment(1);
+    crate::series::HTTP_CONNECTIONS_REFUSED
+        .with([server.to_string(), cap.to_string()])
+        .increment(1);
     if CONNECTIONS_REFUSED.log_this(peer) {
         let why = match cap {
             "peer" => "the peer holds as many connections as one peer may",
@@ -415,13 +341,10 @@ pub fn serve_router(
                             Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
                                 Ok(Ok(s)) => serve_connection(s, service).await,
                                 Ok(Err(e)) => {
-                                    metrics::counter!("http_tls_handshakes_failed_total", "server" => what)
-                                        .increment(1);
+                                    crate::series::TLS_HANDSHAKES_FAILED.with([what]).increment(1);
                                     tracing::debug!(%peer, "TLS handshake failed: {e}");
                                 }
-                                Err(_) => {
-                                    metrics::counter!("http_tls_handshakes_failed_total", "server" => what).increment(1)
-                                }
+                                Err(_) => crate::series::TLS_HANDSHAKES_FAILED.with([what]).increment(1),
                             },
                             None => serve_connection(stream, service).await,
                         }
@@ -459,20 +382,5 @@ mod tests {
         let b = "# HELP splitos_x_total X.\n# TYPE splitos_x_total counter\nsplitos_x_total{component=\"b\"} 3\n";
         let m = merge([a.to_string(), b.to_string()]);
         assert_eq!(m, "# HELP splitos_x_total X.\n# TYPE splitos_x_total counter\nsplitos_x_total{component=\"a\"} 1\nsplitos_x_total{component=\"b\"} 3\nsplitos_y{component=\"a\"} 2\n");
-    }
-
-    #[test]
-    fn a_family_carries_the_components_labels_and_its_own() {
-        let mut e = Exposition {
-            labels: "component=\"c\",role=\"pcomponent\"".into(),
-            text: String::new(),
-        };
-        e.family(
-            "jobs_misses_total",
-            Kind::Counter,
-            "Misses\nof a job.",
-            [(vec![("job", "7".to_string()), ("vnode", "a\"b".to_string())], 5.0)],
-        );
-        assert_eq!(e.text, "# HELP splitos_jobs_misses_total Misses of a job.\n# TYPE splitos_jobs_misses_total counter\nsplitos_jobs_misses_total{component=\"c\",role=\"pcomponent\",job=\"7\",vnode=\"a\\\"b\"} 5\n");
     }
 }

@@ -230,7 +230,7 @@ impl<R: 'static> Ebb<R> {
         let factory = self.entry.factory.read().unwrap().clone();
         let rep = Rc::new(factory(Core::current()));
         self.entry.built.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("ebb_rep_misses_total").increment(1);
+        crate::series::REP_MISSES.increment(1);
         let slot = self.entry.slot;
         REPS.with(|t| {
             let mut t = t.borrow_mut();
@@ -258,7 +258,7 @@ impl<R: 'static> Ebb<R> {
     pub fn replace(&self, factory: impl Fn(Core) -> R + Send + Sync + 'static) {
         *self.entry.factory.write().unwrap() = Arc::new(factory);
         self.entry.generation.fetch_add(1, Ordering::Release);
-        metrics::counter!("ebb_replacements_total").increment(1);
+        crate::series::REPLACEMENTS.increment(1);
         tracing::info!(ebb = %self.entry.id, name = %self.entry.name, generation = self.generation(), "Ebb replaced");
     }
 }

@@ -634,10 +634,10 @@ impl Counters {
     fn new(core: usize) -> Counters {
         let core = core.to_string();
         Counters {
-            events: metrics::counter!("ebb_loop_events_total", "core" => core.clone()),
-            sleeps: metrics::counter!("ebb_loop_sleeps_total", "core" => core.clone()),
-            to_poll: metrics::counter!("ebb_loop_switches_total", "core" => core.clone(), "to" => "poll"),
-            to_sleep: metrics::counter!("ebb_loop_switches_total", "core" => core, "to" => "sleep"),
+            events: crate::series::LOOP_EVENTS.with([core.clone()]),
+            sleeps: crate::series::LOOP_SLEEPS.with([core.clone()]),
+            to_poll: crate::series::LOOP_SWITCHES.with([core.clone(), "poll".to_string()]),
+            to_sleep: crate::series::LOOP_SWITCHES.with([core, "sleep".to_string()]),
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod event;
 pub mod exec;
 pub mod messenger;
 pub mod runtime;
+pub mod series;
 
 pub use ebb::{Ebb, EbbId};
 pub use event::{EventLoop, LoopConfig, LoopStats};

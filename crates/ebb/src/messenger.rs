@@ -112,9 +112,9 @@ pub fn deliver(id: EbbId, from: &Origin, body: Bytes) -> Result<Bytes, Undeliver
         .get(&id)
         .map(|s| s.deliver.clone())
         .ok_or(Undelivered::NotServed(id))?;
-    metrics::counter!("ebb_messages_received_total", "ebb" => id.0.to_string()).increment(1);
+    crate::series::MESSAGES_RECEIVED.with([id.0.to_string()]).increment(1);
     d(from, body).map_err(|why| {
-        metrics::counter!("ebb_messages_refused_total", "ebb" => id.0.to_string()).increment(1);
+        crate::series::MESSAGES_REFUSED.with([id.0.to_string()]).increment(1);
         Undelivered::Refused(why)
     })
 }

@@ -16,6 +16,7 @@ pub mod onesided;
 pub mod policies;
 pub mod prefetch;
 pub mod region;
+pub mod series;
 pub mod stats;
 pub mod store;
 pub mod tier;

@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 use splitos_rpc::fdpass::recv_fds;
 use splitos_rpc::*;
 
-use splitos_core::counters;
 use splitos_core::node::Node;
 use splitos_core::segment::{Access, Segment};
+use splitos_metrics::counters;
 
 counters! {
     /// Counters of one-sided access, for the whole pComponent (`one_sided` in its
     /// statistics; Prometheus `pcomp_one_sided_<counter>_total`).
-    pub struct OneSidedStats {
+    pub struct OneSidedStats: "pcomp_one_sided" {
         /// Pages fetched by a copy from an owner's segment.
         reads,
         /// Pages written back by a copy into an owner's segment.

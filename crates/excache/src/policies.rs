@@ -90,11 +90,11 @@ impl Policies {
         let _one = self.replacing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = eviction {
             self.eviction.replace(move |_| k.build(lines));
-            metrics::counter!("pcomp_policy_swaps_total", "policy" => "eviction").increment(1);
+            crate::series::POLICY_SWAPS.with(["eviction"]).increment(1);
         }
         if let Some(k) = prefetch {
             self.prefetch.replace(move |_| prefetcher(k, window));
-            metrics::counter!("pcomp_policy_swaps_total", "policy" => "prefetch").increment(1);
+            crate::series::POLICY_SWAPS.with(["prefetch"]).increment(1);
         }
         miss.replace_policies(
             eviction.map(|_| self.eviction.build()),

@@ -4,13 +4,13 @@ use std::sync::Mutex;
 
 use hdrhistogram::Histogram;
 
-use splitos_core::counters;
+use splitos_metrics::counters;
 
 counters! {
     /// Counters of one `splitos run` (all processes it started) or of the whole pComponent.
     /// Each is a key of the run's and the pComponent's statistics and, for the whole
     /// pComponent, the Prometheus metric `pcomp_<counter>_total`.
-    pub struct RunStats {
+    pub struct RunStats: "pcomp" {
         /// Misses served: the line fetched, decompressed from the compressed tier or filled
         /// in the pComponent.
         misses,
@@ -166,11 +166,6 @@ impl RunStats {
         j.insert("errors".into(), self.errors.lock().unwrap().clone().into());
         j.into()
     }
-
-    /// Renders these totals as the pComponent's Prometheus counters.
-    pub fn render(&self, e: &mut splitos_core::telemetry::Exposition) {
-        counters::render(e, "pcomp", self.counters());
-    }
 }
 
 #[cfg(test)]
@@ -216,7 +211,7 @@ mod tests {
             c.atomic.store(1000 + i as u64, Relaxed);
         }
         let json = s.json();
-        let mut e = splitos_core::telemetry::Exposition::unlabelled();
+        let mut e = splitos_metrics::Exposition::new(String::new());
         s.render(&mut e);
         let text = e.text();
         for c in s.counters() {

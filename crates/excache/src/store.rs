@@ -96,7 +96,7 @@ fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Ref
             ),
         )),
         Err(Unsealed::Checksum) => {
-            metrics::counter!("pcomp_checksum_failures_total").increment(1);
+            crate::series::CHECKSUM_FAILURES.increment(1);
             tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
             Ok(None)
         }
@@ -175,7 +175,7 @@ impl RemoteStore {
             to = r.home.id,
             "a process's home moved (its old home is leaving)"
         );
-        metrics::counter!("pcomp_home_moves_total").increment(1);
+        crate::series::HOME_MOVES.increment(1);
         // The new home's backup, or none: the old one's copy names the old home.
         *homes = Homes {
             home: r.home,
@@ -543,7 +543,7 @@ impl PageStore for RemoteStore {
                 .collect();
             let n_striped = striped.len();
             if n_striped > 0 {
-                metrics::counter!("pcomp_fetch_stripes_total").increment(n_striped as u64 + 1);
+                crate::series::FETCH_STRIPES.increment(n_striped as u64 + 1);
             }
             let (msg, what): (Msg, _) = match (&along[..], head) {
                 ([], [vpn]) => (P2M_FETCH { who, vpn: *vpn }.into(), "fetch"),

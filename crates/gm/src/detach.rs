@@ -106,7 +106,7 @@ impl Gm {
             ..Leaving::default()
         });
         self.keep_change(e);
-        metrics::counter!("gm_mcomponent_detaches_total").increment(1);
+        crate::series::MCOMPONENT_DETACHES.increment(1);
         tracing::info!(id, addr = %e.info.addr, bytes = e.info.load.used, exit, "mComponent leaving: its memory moves to the others");
         Ok(ComponentInfo {
             alive: true,
@@ -131,7 +131,7 @@ impl Gm {
             ));
         }
         let c = self.cordon(id, false)?;
-        metrics::counter!("gm_mcomponent_attaches_total").increment(1);
+        crate::series::MCOMPONENT_ATTACHES.increment(1);
         tracing::info!(id, addr = %c.addr, capacity = c.load.capacity, "mComponent attached: it takes new homes and vRegions");
         Ok(c)
     }
@@ -185,7 +185,7 @@ impl Gm {
         let (gap, limit) = (full.1 - empty.1, self.rebalance_percent as f64);
         if gap > limit || (on.is_some() && gap > limit / 2.0) {
             if *on != Some(full.0) {
-                metrics::counter!("gm_rebalances_total").increment(1);
+                crate::series::REBALANCES.increment(1);
                 tracing::info!(
                     full = full.0,
                     full_percent = full.1,

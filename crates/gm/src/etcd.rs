@@ -292,7 +292,7 @@ impl Election {
         let record = r.kvs().first()?.value();
         let status = self.etcd.key.open("published", "status", record);
         if status.is_none() {
-            metrics::counter!("gm_state_unsigned_total").increment(1);
+            splitos_core::series::GM_STATE_UNSIGNED.increment(1);
             tracing::warn!(
                 "the published status in etcd is not signed by a manager of this cluster; it is not answered"
             );
@@ -340,8 +340,8 @@ impl Election {
                     Ok(true) => {
                         let term = self.etcd.term();
                         tracing::info!(addr = %self.addr, term, "this manager leads now");
-                        metrics::counter!("gm_elections_won_total").increment(1);
-                        metrics::gauge!("gm_leading").set(1.0);
+                        crate::series::ELECTIONS_WON.increment(1);
+                        crate::series::LEADING.set(1.0);
                         if let Some(f) = elected.take() {
                             if let Err(e) = f() {
                                 tracing::error!(error = %e, "cannot start leading");
@@ -520,7 +520,7 @@ impl Election {
 /// starts again, the same process with the same arguments, as a follower (or exits, when it
 /// is stopping).
 pub fn step_down(why: &str) -> ! {
-    metrics::gauge!("gm_leading").set(0.0);
+    crate::series::LEADING.set(0.0);
     if STOPPING.load(Ordering::Relaxed) {
         tracing::info!(why, "stopped");
         std::process::exit(0);

@@ -42,6 +42,7 @@ mod kept;
 mod manager;
 mod membership;
 mod place;
+pub mod series;
 #[cfg(test)]
 mod tests;
 pub mod tokens;
@@ -322,7 +323,7 @@ impl Gm {
         let r = self
             .rpc
             .call_timeout(&pcomp.addr, G2P_SET_EXCACHE { size, shares }, EXCACHE_TIMEOUT)?;
-        metrics::counter!("gm_excache_changes_total").increment(1);
+        crate::series::EXCACHE_CHANGES.increment(1);
         Ok(r)
     }
 
@@ -340,7 +341,7 @@ impl Gm {
             |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
         let r = SetPolicy { eviction, prefetch }.ask(send)?;
         if change {
-            metrics::counter!("gm_policy_changes_total").increment(1);
+            crate::series::POLICY_CHANGES.increment(1);
         }
         Ok(r)
     }
@@ -489,7 +490,7 @@ impl Handler for Gm {
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
             Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
             Msg::M2G_PICK_OWNER(r) => on(r, |r| {
-                metrics::counter!("gmm_vregion_placements_total").increment(1);
+                crate::series::GMM_VREGION_PLACEMENTS.increment(1);
                 self.pick_memory(r.bytes, &r.exclude, (r.near != 0).then_some(r.near))
                     .map(|mcomp| G2M_OWNER { mcomp })
             }),
@@ -732,7 +733,7 @@ impl Gm {
             election,
         });
         let resumed = gm.comps.lock().unwrap().len();
-        metrics::gauge!("gm_components_resumed").set(resumed as f64);
+        crate::series::COMPONENTS_RESUMED.set(resumed as f64);
         if resumed > 0 {
             tracing::info!(components = resumed, "membership resumed from the managers' state: each component keeps its id, and gets a fresh start to heartbeat");
         }

@@ -47,7 +47,7 @@ impl Manager {
     }
 
     fn follow(&self, msg: Msg) -> Msg {
-        metrics::counter!("gm_follower_requests_total").increment(1);
+        crate::series::FOLLOWER_REQUESTS.increment(1);
         match msg {
             Msg::C2X_PING(r) => on(r, |_| Ok(X2C_PONG { role: Role::Gm, id: 0 })),
             Msg::C2X_METRICS(r) => on(r, |_| {

@@ -29,7 +29,7 @@ impl Gm {
             let keep = e.last.elapsed() < self.forget_dead;
             if !keep {
                 tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
-                metrics::counter!("gm_components_forgotten_total").increment(1);
+                crate::series::COMPONENTS_FORGOTTEN.increment(1);
                 self.unkeep(e.info.id);
                 if e.info.role == Role::Mem {
                     self.forgotten_mcomps.push(e.info.id);
@@ -37,7 +37,7 @@ impl Gm {
             }
             keep
         });
-        metrics::gauge!("gm_components").set(comps.len() as f64);
+        crate::series::COMPONENTS.set(comps.len() as f64);
         comps
     }
 
@@ -230,7 +230,7 @@ impl Gm {
         let fenced = r.role == Role::Mem && self.unannounce(id);
         if fenced {
             tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
-            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+            crate::series::MCOMPONENTS_FENCED.increment(1);
         }
         if r.standby && r.role == Role::Mem && !again {
             if let Err(err) = self.cordons.set(id, true) {
@@ -238,9 +238,9 @@ impl Gm {
             }
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
-        metrics::counter!("gm_registrations_total").increment(1);
+        crate::series::REGISTRATIONS.increment(1);
         comps.push(e);
-        metrics::gauge!("gm_components").set(comps.len() as f64);
+        crate::series::COMPONENTS.set(comps.len() as f64);
         Ok(G2X_REGISTERED {
             id,
             vregion_size: self.vregion_size,
@@ -314,7 +314,7 @@ impl Gm {
         let fenced = e.info.role == Role::Mem && self.replication != Replication::None && self.unannounce(r.id);
         if fenced {
             tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
-            metrics::counter!("gm_mcomponents_fenced_total").increment(1);
+            crate::series::MCOMPONENTS_FENCED.increment(1);
         }
         e.info.load = r.load;
         let files_gone = e.files_gone;
@@ -421,7 +421,7 @@ impl Gm {
             comps.retain(|e| e.info.id != r.id);
             self.unkeep(r.id);
             self.detached.push(r.id);
-            metrics::counter!("gm_mcomponents_detached_total").increment(1);
+            crate::series::MCOMPONENTS_DETACHED.increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
         let keep = self.quotas_kept_by(&comps, r.id);

@@ -137,7 +137,7 @@ impl Gm {
                     "no alive pComponent takes new programs (none is alive, or every one is cordoned)",
                 )
             })?;
-        metrics::counter!("gpm_placements_total").increment(1);
+        crate::series::GPM_PLACEMENTS.increment(1);
         // Count the new process's thread until the next heartbeat reports it, so that
         // processes started together spread.
         e.info.load.threads += 1;
@@ -232,7 +232,7 @@ impl Gm {
     /// (rendezvous on the vNode's name, so that all its programs share one stack and their
     /// loopback reaches each other).
     pub(super) fn pick_net(&self, r: P2G_PICK_NET) -> Result<G2P_NET, Refusal> {
-        metrics::counter!("gnm_placements_total").increment(1);
+        crate::series::GNM_PLACEMENTS.increment(1);
         let comps = self.comps();
         let specific =
             r.ip.map(|ip| ip.to_canonical())
@@ -264,7 +264,7 @@ impl Gm {
     }
 
     pub(super) fn file_cache(&self, r: P2G_FILE_CACHE) -> Result<G2P_FILE_CACHE, Refusal> {
-        metrics::counter!("gmm_file_cache_placements_total").increment(1);
+        crate::series::GMM_FILE_CACHE_PLACEMENTS.increment(1);
         // A leaving mComponent keeps its files until it wrote them back: two caches of one
         // file at once would each miss the other's writes.
         let comps = self.comps();

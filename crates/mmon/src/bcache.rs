@@ -13,11 +13,12 @@
 //! of the same block. That bounds it to one outstanding sComponent request per mComponent,
 //! which the single-threaded programs of the storage benchmark do not notice.
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_bytes::ByteBuf;
+use splitos_metrics::counters;
 use splitos_rpc::*;
 
 use super::Peers;
@@ -58,15 +59,23 @@ struct Inner {
     blocks: usize,
 }
 
-#[derive(Default)]
-pub struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    writebacks: AtomicU64,
-    evictions: AtomicU64,
-    /// sComponent read requests, and blocks they brought ahead of a read.
-    fetches: AtomicU64,
-    prefetched: AtomicU64,
+counters! {
+    /// The buffer cache's counters: keys of its statistics (`buffer_cache`) and the series
+    /// `splitos_mcomp_bcache_<counter>_total`.
+    pub struct Counters: "mcomp_bcache" {
+        /// Blocks read from the cache.
+        hits,
+        /// Blocks read from sComponents.
+        misses,
+        /// Blocks written back to sComponents.
+        writebacks,
+        /// Blocks evicted.
+        evictions,
+        /// Read requests sent to sComponents.
+        fetches,
+        /// Blocks those requests brought ahead of a read.
+        prefetched,
+    }
 }
 
 /// Decides how far past a read that missed the buffer cache to fetch with it. Swappable: a
@@ -99,7 +108,7 @@ pub struct BufferCache<P> {
     capacity: usize,
     read_ahead: Box<dyn ReadAhead>,
     inner: Mutex<Inner>,
-    c: Counters,
+    pub(super) c: Counters,
 }
 
 fn fs_err(e: RpcError) -> Refusal {
@@ -247,7 +256,6 @@ impl<P: Peers> BufferCache<P> {
             };
             self.call(&f.scomp, msg)?;
             self.c.writebacks.fetch_add(end - start, Relaxed);
-            metrics::counter!("mcomp_bcache_writeback_blocks_total").increment(end - start);
             for b in start..end {
                 f.blocks.get_mut(&b).expect("dirty block").dirty = false;
             }
@@ -274,7 +282,6 @@ impl<P: Peers> BufferCache<P> {
             f.blocks.remove(&blk);
             g.blocks -= 1;
             self.c.evictions.fetch_add(1, Relaxed);
-            metrics::counter!("mcomp_bcache_evictions_total").increment(1);
         }
         Ok(())
     }
@@ -302,7 +309,6 @@ impl<P: Peers> BufferCache<P> {
         let data = self.call(scomp, msg)?.data.into_vec();
         self.c.fetches.fetch_add(1, Relaxed);
         self.c.misses.fetch_add(end - start, Relaxed);
-        metrics::counter!("mcomp_bcache_misses_total").increment(end - start);
         Ok((start..end)
             .map(|b| {
                 let mut blk = Box::new([0u8; PAGE_SIZE]);
@@ -357,7 +363,6 @@ impl<P: Peers> BufferCache<P> {
         }
         let hits = (last - first + 1) - demanded;
         self.c.hits.fetch_add(hits, Relaxed);
-        metrics::counter!("mcomp_bcache_hits_total").increment(hits);
         for b in first..=last {
             Self::touch(&mut g, &key, b);
         }
@@ -605,12 +610,12 @@ impl<P: Peers> BufferCache<P> {
             .values()
             .map(|f| f.blocks.values().filter(|b| b.dirty).count())
             .sum();
-        serde_json::json!({
-            "capacity_blocks": self.capacity, "blocks": g.blocks, "dirty_blocks": dirty, "files": g.files.len(),
-            "hits": self.c.hits.load(Relaxed), "misses": self.c.misses.load(Relaxed),
-            "writebacks": self.c.writebacks.load(Relaxed), "evictions": self.c.evictions.load(Relaxed),
-            "fetches": self.c.fetches.load(Relaxed), "prefetched": self.c.prefetched.load(Relaxed),
-        })
+        counters::json_with(
+            self.c.counters(),
+            serde_json::json!({
+                "capacity_blocks": self.capacity, "blocks": g.blocks, "dirty_blocks": dirty, "files": g.files.len(),
+            }),
+        )
     }
 }
 

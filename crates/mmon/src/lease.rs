@@ -10,11 +10,12 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_bytes::ByteBuf;
+use splitos_metrics::counters;
 use splitos_rpc::fdpass::{peer_cred, send_fds};
 use splitos_rpc::*;
 
@@ -30,18 +31,26 @@ const TOKEN_LIFE: Duration = Duration::from_secs(10);
 /// leaves nothing behind once the owner lets go of the process's pages.
 type Promise = (Weak<Segment>, Instant);
 
+counters! {
+    /// The pages socket's counters: keys of the mComponent's statistics and the series
+    /// `splitos_mcomp_<counter>_total`.
+    pub struct HandoutStats: "mcomp" {
+        /// Leased segments handed out on the pages socket.
+        lease_handouts,
+        /// Requests on the pages socket refused (an unknown or expired token, a peer of another
+        /// user).
+        lease_handouts_refused,
+    }
+}
+
 /// Segments promised to lease holders, by token.
 #[derive(Default)]
 pub(super) struct Handouts {
     pending: Mutex<HashMap<[u8; TOKEN], Promise>>,
-    handed_out: AtomicU64,
+    pub(super) stats: HandoutStats,
 }
 
 impl Handouts {
-    pub(super) fn handed_out(&self) -> u64 {
-        self.handed_out.load(Relaxed)
-    }
-
     fn promise(&self, seg: &Arc<Segment>) -> [u8; TOKEN] {
         let mut t = [0u8; TOKEN];
         t[..8].copy_from_slice(&auth::random_u64().to_ne_bytes());
@@ -76,7 +85,7 @@ impl Handouts {
                         let mut c = c;
                         if let Err(e) = me.hand_out(&c) {
                             // Counted before the peer hears it: whoever saw the refusal sees the count.
-                            metrics::counter!("mcomp_lease_handouts_refused_total").increment(1);
+                            me.stats.lease_handouts_refused.fetch_add(1, Relaxed);
                             tracing::warn!(error = %e, "refused a request for a segment on the pages socket");
                             let _ = c.write_all(b"n");
                         }
@@ -101,8 +110,7 @@ impl Handouts {
         let seg = self
             .redeem(&t)
             .ok_or_else(|| std::io::Error::other("an unknown or expired token"))?;
-        self.handed_out.fetch_add(1, Relaxed);
-        metrics::counter!("mcomp_lease_handouts_total").increment(1);
+        self.stats.lease_handouts.fetch_add(1, Relaxed);
         send_fds(c, b"k", &[seg.fd().as_raw_fd()])
     }
 }
@@ -144,7 +152,6 @@ impl<P: Peers> Mem<P> {
         let generation = seg.generation();
         let token = self.handouts.promise(&seg);
         self.c.leases.fetch_add(1, Relaxed);
-        metrics::counter!("mcomp_leases_total").increment(1);
         Ok(M2P_LEASE {
             segment,
             pages: vrs / PAGE,

@@ -23,6 +23,7 @@ mod pages;
 mod peers;
 mod quota;
 mod room;
+pub mod series;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,7 @@ use splitos_rpc::*;
 
 pub use peers::{Peers, RpcPeers};
 use splitos_core::config::{McompConfig, MemArgs};
+use splitos_metrics::counters;
 
 use splitos_core::node::{self, Node};
 
@@ -48,17 +50,31 @@ const REBUILD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long an mComponent found unreachable is kept out of new replica sets.
 const LOST_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
 
-#[derive(Default)]
-struct Counters {
-    fetches: AtomicU64,
-    flushes: AtomicU64,
-    piggybacked: AtomicU64,
-    denied: AtomicU64,
-    oom: AtomicU64,
-    parity_deltas: AtomicU64,
-    reconstructed: AtomicU64,
-    promoted: AtomicU64,
-    leases: AtomicU64,
+counters! {
+    /// The mComponent's counters: keys of its statistics and the series
+    /// `splitos_mcomp_<counter>_total`.
+    pub struct Counters: "mcomp" {
+        /// Pages fetched from this owner.
+        fetches,
+        /// Pages written back to this owner.
+        flushes,
+        /// Write-backs that came with a fetch, piggybacked on it.
+        piggybacked,
+        /// Requests refused for a process of another vNode or another pComponent, or a process
+        /// id in use.
+        denied,
+        /// Requests refused for want of memory (the program sees ENOMEM).
+        out_of_memory,
+        /// Parity deltas applied as a striped set's parity member.
+        parity_deltas_applied,
+        /// Pages reconstructed from a striped set's parity for a fetch.
+        reconstructed_pages,
+        /// Pages replayed from the backup log when this mComponent was made a logged vRegion's
+        /// primary.
+        log_promoted_pages,
+        /// Leases of a vRegion's pages granted for one-sided access.
+        leases,
+    }
 }
 
 /// What the rebuilder thread does: everything that may wait on a home lock a rebuild holds,
@@ -223,7 +239,7 @@ impl<P: Peers> Mem<P> {
         for p in owned.values() {
             self.let_go(&p.lock().unwrap());
         }
-        metrics::counter!("mcomp_fenced_total").increment(1);
+        crate::series::FENCED.increment(1);
         tracing::error!(
             processes = owned.len(),
             homes = homes.len(),
@@ -244,7 +260,7 @@ impl<P: Peers> Mem<P> {
         self.freed.store(0, Relaxed);
         // SAFETY: malloc_trim takes no pointers; it only returns the allocator's free memory.
         if unsafe { libc::malloc_trim(0) } != 0 {
-            metrics::counter!("mcomp_memory_trims_total").increment(1);
+            crate::series::MEMORY_TRIMS.increment(1);
         }
     }
 
@@ -384,7 +400,6 @@ impl<P: Peers> Mem<P> {
         match splitos_rpc::current_peer() {
             Some(p) if p.role == Role::Proc && creator.is_some_and(|c| c != p.key) => {
                 self.c.denied.fetch_add(1, Relaxed);
-                metrics::counter!("mcomp_denied_total").increment(1);
                 static NOT_YOURS: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new(
                     "refused a request about a process another pComponent created",
                 );
@@ -432,29 +447,27 @@ impl<P: Peers> Mem<P> {
                 serde_json::json!({"pid": pid, "vnode": g.vnode, "pages": g.pages.len(), "parity_rows": g.parity.len(), "logged_vregions": g.logs.len(), "unprotected_vregions": unprotected, "committed": g.committed})
             })
             .collect();
-        serde_json::json!({
+        let state = serde_json::json!({
             "role": "mcomponent", "id": self.peers.id(), "addr": self.peers.addr(),
             "capacity": self.capacity, "committed": self.room.committed(), "used": self.room.used(), "taken": self.room.taken(), "kept_for_vnodes": self.room.stats(),
             "home_of": self.homes.lock().unwrap().len(), "owned_processes": per_proc, "home_processes": self.home_stats(),
             "replication": self.replication().to_string(), "overcommit": self.overcommit.lock().unwrap().name(), "backup_of": self.backups.lock().unwrap().len(),
             "rebuild": {"short_vregions": self.short_vregions(), "copied_pages": self.rebuilt_pages.load(Relaxed)},
             "moved_pages": self.moved_pages.load(Relaxed), "leaving": self.leave_report(),
-            "fetches": self.c.fetches.load(Relaxed), "flushes": self.c.flushes.load(Relaxed),
-            "piggybacked": self.c.piggybacked.load(Relaxed), "denied": self.c.denied.load(Relaxed),
-            "parity_deltas": self.c.parity_deltas.load(Relaxed), "reconstructed_pages": self.c.reconstructed.load(Relaxed),
-            "backup_log": self.backup_log.stats(), "promoted_pages": self.c.promoted.load(Relaxed),
-            "leases": {"granted": self.c.leases.load(Relaxed), "handed_out": self.handouts.handed_out()},
-            "out_of_memory": self.c.oom.load(Relaxed), "buffer_cache": self.bcache.stats(), "socket_buffers": self.netbufs.stats(),
+            "backup_log": self.backup_log.stats(), "buffer_cache": self.bcache.stats(), "socket_buffers": self.netbufs.stats(),
             "vnode_memory": self.quotas.stats(),
-        })
-        .to_string()
+        });
+        counters::json_with(self.c.counters().chain(self.handouts.stats.counters()), state).to_string()
     }
 
-    /// Its gauges, as they are at a scrape.
-    fn render_metrics(&self) {
-        metrics::gauge!("mcomp_committed_bytes").set(self.room.committed() as f64);
-        metrics::gauge!("mcomp_used_bytes").set(self.room.used() as f64);
-        metrics::gauge!("mcomp_taken_bytes").set(self.room.taken() as f64);
+    /// Its counters and gauges, as they are at a scrape.
+    fn render_metrics(&self, e: &mut splitos_metrics::Exposition) {
+        self.c.render(e);
+        self.handouts.stats.render(e);
+        self.bcache.c.render(e);
+        crate::series::COMMITTED_BYTES.set(self.room.committed() as f64);
+        crate::series::USED_BYTES.set(self.room.used() as f64);
+        crate::series::TAKEN_BYTES.set(self.room.taken() as f64);
         self.quotas.export();
     }
 
@@ -470,7 +483,7 @@ impl<P: Peers> Mem<P> {
 impl<P: Peers> Handler for Mem<P> {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
-        metrics::counter!("mcomp_requests_total", "msg" => name).increment(1);
+        crate::series::REQUESTS.with([name]).increment(1);
         if !self.serve_delay.is_zero() {
             std::thread::sleep(self.serve_delay);
         }
@@ -644,7 +657,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let mem = Arc::new(Mem::new(RpcPeers(node.clone()), cfg, jobs_tx));
     let m = mem.clone();
-    splitos_core::telemetry::on_render(move |_| m.render_metrics());
+    splitos_core::telemetry::on_render(move |e| m.render_metrics(e));
     let m3 = mem.clone();
     // Buffered file writes reach the sComponent before an orderly stop.
     stop.on_stop(move || m3.bcache.write_back_all());

@@ -179,7 +179,7 @@ impl BackupLog {
     /// A record (a write-back or a freed range) the log had no room for.
     pub fn skipped_one(&self) {
         self.skipped.fetch_add(1, Relaxed);
-        metrics::counter!("mcomp_log_skipped_records_total").increment(1);
+        crate::series::LOG_SKIPPED_RECORDS.increment(1);
     }
 
     fn roomy(&self) -> bool {
@@ -288,7 +288,7 @@ impl<P: Peers> Mem<P> {
             Ok(_) => {
                 *backoff = Duration::from_millis(50);
                 let bytes = self.backup_log.done(last, true);
-                metrics::counter!("mcomp_log_streamed_bytes_total").increment(bytes);
+                crate::series::LOG_STREAMED_BYTES.increment(bytes);
                 if self.backup_log.roomy() {
                     self.ask_resyncs();
                 }
@@ -296,7 +296,7 @@ impl<P: Peers> Mem<P> {
             // Refused for good (a newer logger reset the file, a record it cannot take):
             // the batch is dropped, and the vRegion, if still logged here, is unprotected.
             Err(RpcError::Remote { code, msg }) => {
-                metrics::counter!("mcomp_log_refused_total").increment(1);
+                crate::series::LOG_REFUSED.increment(1);
                 tracing::warn!(scomp = scomp.id, pid = file.pid, vregion = file.index, ?code, error = %msg, "the sComponent refused backup records");
                 self.backup_log.done(last, false);
                 // A newer logger's reset is no fault of the sComponent's.
@@ -316,7 +316,7 @@ impl<P: Peers> Mem<P> {
         if first {
             tracing::warn!(error = %msg, "the backup log cannot reach its sComponent; retrying");
         }
-        metrics::counter!("mcomp_log_stream_retries_total").increment(1);
+        crate::series::LOG_STREAM_RETRIES.increment(1);
         std::thread::sleep(*backoff);
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
     }

@@ -79,7 +79,7 @@ impl<P: Peers> Mem<P> {
             },
         );
         self.room.add_pages(NO_VNODE, r.bytes as u64);
-        metrics::gauge!("mcomp_netbufs").increment(1.0);
+        crate::series::NETBUFS.increment(1.0);
         Ok(M2P_NETBUF { buf })
     }
 
@@ -133,7 +133,7 @@ impl<P: Peers> Mem<P> {
     fn release_netbuf(&self, size: u64) {
         self.room.uncommit(NO_VNODE, size);
         self.room.free_pages(NO_VNODE, size);
-        metrics::gauge!("mcomp_netbufs").decrement(1.0);
+        crate::series::NETBUFS.decrement(1.0);
     }
 
     pub(super) fn netbuf_write(

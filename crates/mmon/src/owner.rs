@@ -192,7 +192,7 @@ impl OwnerProc {
     /// Refuses a write-back sent for replica sets that have changed since.
     pub(super) fn current(&self, who: &Who) -> Result<(), Refusal> {
         if who.epoch < self.epoch {
-            metrics::counter!("mcomp_stale_writes_refused_total").increment(1);
+            crate::series::STALE_WRITES_REFUSED.increment(1);
             return Err(ERR::new(
                 ErrCode::Stale,
                 format!(
@@ -247,7 +247,6 @@ impl<P: Peers> Mem<P> {
         };
         if vnode != who.vnode {
             self.c.denied.fetch_add(1, Relaxed);
-            metrics::counter!("mcomp_denied_total").increment(1);
             static THEIRS: splitos_rpc::refusals::Refusals =
                 splitos_rpc::refusals::Refusals::new("refused a request for another vNode's pages");
             if THEIRS.log_this(format_args!("vNode {}", who.vnode)) {
@@ -313,8 +312,7 @@ impl<P: Peers> Mem<P> {
     /// Promises `bytes` to writable mappings of `vnode` (strict overcommit).
     pub(super) fn commit(&self, vnode: &str, bytes: u64) -> Result<(), Refusal> {
         if !self.room.commit(vnode, bytes) {
-            self.c.oom.fetch_add(1, Relaxed);
-            metrics::counter!("mcomp_out_of_memory_total").increment(1);
+            self.c.out_of_memory.fetch_add(1, Relaxed);
             return Err(ERR::new(
                 ErrCode::NoMemory,
                 format!(
@@ -384,7 +382,7 @@ impl<P: Peers> Mem<P> {
                 false => self.peers.call_direct(&o.addr, msg).map(|_| ()).map_err(Refusal::from),
             };
             match sent {
-                Ok(()) => metrics::counter!("mcomp_parity_deltas_sent_total").increment(batch.len() as u64),
+                Ok(()) => crate::series::PARITY_DELTAS_SENT.increment(batch.len() as u64),
                 Err(e) if e.code == ErrCode::Stale => {
                     p.lock().unwrap().undo(&batch, &self.room);
                     out = Err(e);
@@ -442,7 +440,7 @@ impl<P: Peers> Mem<P> {
             return;
         }
         if l.skipped == 0 {
-            metrics::counter!("mcomp_log_unprotected_vregions_total").increment(1);
+            crate::series::LOG_UNPROTECTED_VREGIONS.increment(1);
             tracing::warn!(pid = p.pid, vregion = idx, "backup log full (the sComponent is slower than the write-backs): vRegion unprotected until its primary copies it here again");
         }
         // Once one write-back is missing, logging more cannot make the backup whole.
@@ -499,8 +497,8 @@ impl<P: Peers> Mem<P> {
         let new = !p.pages.contains(vpn);
         if new && !self.charges_mappings() {
             if !self.room.take_pages(&p.vnode, PAGE) {
-                self.c.oom.fetch_add(1, Relaxed);
-                metrics::counter!("mcomp_full_writes_total").increment(1);
+                self.c.out_of_memory.fetch_add(1, Relaxed);
+                crate::series::FULL_WRITES.increment(1);
                 return Err(ERR::new(
                     ErrCode::NoMemory,
                     format!(

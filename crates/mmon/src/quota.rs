@@ -37,7 +37,9 @@ impl Ledger {
         v.quota = quota;
         if let Some(q) = quota.filter(|q| v.used.saturating_add(more) > *q) {
             v.refused += 1;
-            metrics::counter!("mcomp_vnode_memory_refused_total", "vnode" => vnode.to_string()).increment(1);
+            crate::series::VNODE_MEMORY_REFUSED
+                .with([vnode.to_string()])
+                .increment(1);
             static OVER: splitos_rpc::refusals::Refusals =
                 splitos_rpc::refusals::Refusals::new("refused a mapping past its vNode's memory quota");
             if OVER.log_this(format_args!("vNode {vnode}")) {
@@ -67,7 +69,9 @@ impl Ledger {
         let mut all = self.vnodes.lock().unwrap();
         let v = all.entry(vnode.to_string()).or_default();
         v.used = (v.used + after).saturating_sub(reserved + before);
-        metrics::gauge!("mcomp_vnode_memory_bytes", "vnode" => vnode.to_string()).set(v.used as f64);
+        crate::series::VNODE_MEMORY_BYTES
+            .with([vnode.to_string()])
+            .set(v.used as f64);
     }
 
     /// Per vNode: `used`, `quota` and `refused`, as `cluster status --json` shows them.
@@ -87,9 +91,13 @@ impl Ledger {
     /// Sets the quota gauges the metrics export.
     pub(super) fn export(&self) {
         for (name, v) in self.vnodes.lock().unwrap().iter() {
-            metrics::gauge!("mcomp_vnode_memory_bytes", "vnode" => name.clone()).set(v.used as f64);
+            crate::series::VNODE_MEMORY_BYTES
+                .with([name.clone()])
+                .set(v.used as f64);
             if let Some(q) = v.quota {
-                metrics::gauge!("mcomp_vnode_memory_quota_bytes", "vnode" => name.clone()).set(q as f64);
+                crate::series::VNODE_MEMORY_QUOTA_BYTES
+                    .with([name.clone()])
+                    .set(q as f64);
             }
         }
     }

@@ -122,7 +122,7 @@ fn work(node: &Node, proxy: &ProxyHandle, c: &Arc<Counters>, w: Work) {
                 let counted: Reply = Box::new(move |m| {
                     if matches!(m, Msg::OK(_)) {
                         c.dma_sent.fetch_add(n, Relaxed);
-                        metrics::counter!("ncomp_path_bytes_total", "dir" => "sent", "path" => "dma").increment(n);
+                        crate::series::PATH_BYTES.with(["sent", "dma"]).increment(n);
                     }
                     reply(m)
                 });
@@ -162,7 +162,8 @@ fn work(node: &Node, proxy: &ProxyHandle, c: &Arc<Counters>, w: Work) {
             ) {
                 Ok(_) => {
                     c.dma_received.fetch_add(len as u64, Relaxed);
-                    metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "dma")
+                    crate::series::PATH_BYTES
+                        .with(["received", "dma"])
                         .increment(len as u64);
                     reply(N2P_RECEIVED { len, eof }.into());
                 }

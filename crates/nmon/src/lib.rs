@@ -7,6 +7,7 @@
 mod ddma;
 mod netns;
 mod proxy;
+pub mod series;
 mod skeleton;
 
 use std::net::IpAddr;
@@ -81,7 +82,7 @@ impl Handler for Net {
                 let counted: Reply = Box::new(move |m| {
                     if matches!(m, Msg::OK(_)) {
                         c.ddio_sent.fetch_add(n, Relaxed);
-                        metrics::counter!("ncomp_path_bytes_total", "dir" => "sent", "path" => "ddio").increment(n);
+                        crate::series::PATH_BYTES.with(["sent", "ddio"]).increment(n);
                     }
                     reply(m)
                 });
@@ -90,7 +91,7 @@ impl Handler for Net {
             Msg::P2N_SENDTO(r) => {
                 let n: u64 = r.grams.iter().map(|g| g.data.len() as u64).sum();
                 self.c.ddio_sent.fetch_add(n, Relaxed);
-                metrics::counter!("ncomp_path_bytes_total", "dir" => "sent", "path" => "ddio").increment(n);
+                crate::series::PATH_BYTES.with(["sent", "ddio"]).increment(n);
                 self.proxy.submit(Job(r.into(), key, reply));
             }
             Msg::P2N_RECVFROM(r) => {
@@ -100,7 +101,7 @@ impl Handler for Net {
                         let n: u64 = g.grams.iter().map(|g| g.data.len() as u64).sum();
                         c.ddio_received.fetch_add(n, Relaxed);
                         c.grams_received.fetch_add(g.grams.len() as u64, Relaxed);
-                        metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "ddio").increment(n);
+                        crate::series::PATH_BYTES.with(["received", "ddio"]).increment(n);
                     }
                     reply(m)
                 });
@@ -111,7 +112,8 @@ impl Handler for Net {
                 let counted: Reply = Box::new(move |m| {
                     if let Msg::N2P_DATA(d) = &m {
                         c.ddio_received.fetch_add(d.data.len() as u64, Relaxed);
-                        metrics::counter!("ncomp_path_bytes_total", "dir" => "received", "path" => "ddio")
+                        crate::series::PATH_BYTES
+                            .with(["received", "ddio"])
                             .increment(d.data.len() as u64);
                     }
                     reply(m)
@@ -123,7 +125,7 @@ impl Handler for Net {
     }
 
     fn handle(&self, msg: Msg) -> Msg {
-        metrics::counter!("ncomp_requests_total", "msg" => msg.name()).increment(1);
+        crate::series::REQUESTS.with([msg.name()]).increment(1);
         match msg {
             Msg::C2X_PING(r) => on(r, |_| {
                 Ok(X2C_PONG {
@@ -227,14 +229,7 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
         started: Instant::now(),
     });
     let n = net.clone();
-    splitos_core::telemetry::on_render(move |e| {
-        e.one(
-            "ncomp_open_sockets",
-            splitos_core::telemetry::Kind::Gauge,
-            "Sockets open for programs.",
-            n.c.open.load(Relaxed) as f64,
-        )
-    });
+    splitos_core::telemetry::on_render(move |e| e.one(&crate::series::OPEN_SOCKETS, n.c.open.load(Relaxed) as f64));
     endpoint.serve(
         net.clone(),
         ServerConfig {

@@ -229,8 +229,8 @@ impl Proxy {
         let (sent, received) = s.progress(now);
         self.c.wire_sent.fetch_add(sent, Relaxed);
         self.c.wire_received.fetch_add(received, Relaxed);
-        metrics::counter!("ncomp_wire_bytes_total", "dir" => "sent").increment(sent);
-        metrics::counter!("ncomp_wire_bytes_total", "dir" => "received").increment(received);
+        crate::series::WIRE_BYTES.with(["sent"]).increment(sent);
+        crate::series::WIRE_BYTES.with(["received"]).increment(received);
         if s.closing.is_some() && s.drained() {
             self.forget(id);
         }
@@ -252,7 +252,7 @@ impl Proxy {
                 }
                 let new = self.add(Skeleton::wrap(owner, conn, realm, spec, State::Connected));
                 self.c.accepts.fetch_add(1, Relaxed);
-                metrics::counter!("ncomp_accepts_total").increment(1);
+                crate::series::ACCEPTS.increment(1);
                 reply(N2P_ACCEPTED { sock: new, peer }.into());
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && now < deadline => s.accept_later(deadline, reply),
@@ -346,7 +346,7 @@ impl Proxy {
     /// Handles one request; returns the skeleton to move along afterwards.
     fn request(&mut self, msg: Msg, key: Option<[u8; 32]>, reply: Reply) -> Option<u64> {
         let name = msg.name();
-        metrics::counter!("ncomp_requests_total", "msg" => name).increment(1);
+        crate::series::REQUESTS.with([name]).increment(1);
         if let Msg::P2N_FIND_LISTENER(r) = &msg {
             reply(
                 N2P_LISTENER {
@@ -446,7 +446,7 @@ impl Proxy {
                 // The stub asks again while a connect is under way: count the first ask.
                 if matches!(s.state, State::Fresh) {
                     self.c.connects.fetch_add(1, Relaxed);
-                    metrics::counter!("ncomp_connects_total").increment(1);
+                    crate::series::CONNECTS.increment(1);
                 }
                 if !loopback_allowed(self.loopback, &self.registry, &s.owner.vnode, s.kind, r.addr) {
                     self.c.refused.fetch_add(1, Relaxed);
@@ -546,7 +546,7 @@ impl Proxy {
                 self.c.wire_sent.fetch_add(sent, Relaxed);
                 self.c.grams_sent.fetch_add(n - dropped, Relaxed);
                 self.c.grams_dropped.fetch_add(dropped + refused, Relaxed);
-                metrics::counter!("ncomp_wire_bytes_total", "dir" => "sent").increment(sent);
+                crate::series::WIRE_BYTES.with(["sent"]).increment(sent);
                 // A socket that sent before it was bound has a port now: the registry holds it
                 // for the vNode, so that no other vNode can bind it and take its answers.
                 if s.port.is_none() {

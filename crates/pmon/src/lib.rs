@@ -19,6 +19,7 @@ mod links;
 mod net;
 mod policy_ebb;
 mod report;
+pub mod series;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -44,7 +45,7 @@ pub use stats::RunStats;
 
 use splitos_core::config::{AccessSampling, DirtyTracking, HugePages, IdlePoll, OneSided, PcompConfig, ProcArgs};
 use splitos_core::node::{self, Node};
-use splitos_core::telemetry::{Exposition, Kind};
+use splitos_metrics::Exposition;
 
 /// A process running on this pComponent.
 pub struct Proc {

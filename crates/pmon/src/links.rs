@@ -39,7 +39,7 @@ fn probe(node: &Node, m: &ComponentRef) -> Option<LinkSample> {
         .into_iter()
         .min()?;
     let transfer = large.saturating_sub(rtt).max(Duration::from_micros(1));
-    metrics::counter!("pcomp_link_probes_total").increment((SMALL_PROBES + LARGE_PROBES) as u64);
+    crate::series::LINK_PROBES.increment((SMALL_PROBES + LARGE_PROBES) as u64);
     Some(LinkSample {
         peer: m.id,
         rtt_ns: rtt.as_nanos() as u64,

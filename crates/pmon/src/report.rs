@@ -25,8 +25,8 @@ impl Pcomp {
                 "users_programs": self.programs.lock().unwrap().held(),
                 "processes": procs.iter().map(|p| serde_json::json!({"pid": p.pid, "os_pid": p.os_pid, "vnode": p.memory.who.vnode, "resident_lines": c.resident_of(p.pid)})).collect::<Vec<_>>(),
                 "totals": self.miss.total().json(),
-                "one_sided": splitos_core::counters::json(self.store.one_sided.stats.counters()),
-                "idle_poll": {"in_force": self.idle.in_force(), "counters": splitos_core::counters::json(self.idle.stats.counters())},
+                "one_sided": splitos_metrics::counters::json(self.store.one_sided.stats.counters()),
+                "idle_poll": {"in_force": self.idle.in_force(), "counters": splitos_metrics::counters::json(self.idle.stats.counters())},
             })
         })
         .to_string()
@@ -34,57 +34,28 @@ impl Pcomp {
 
     /// Its counters and gauges, and each job's, as they are at a scrape.
     pub(super) fn render_metrics(&self, e: &mut Exposition) {
+        use crate::series::*;
         self.miss.total().render(e);
-        splitos_core::counters::render(e, "pcomp_one_sided", self.store.one_sided.stats.counters());
-        splitos_core::counters::render(e, "pcomp_idle_poll", self.idle.stats.counters());
-        e.one(
-            "pcomp_excache_used_lines",
-            Kind::Gauge,
-            "ExCache lines holding a page.",
-            self.miss.with_cache(|c| c.used()) as f64,
-        );
-        e.one(
-            "pcomp_excache_lines",
-            Kind::Gauge,
-            "ExCache lines, as last resized.",
-            self.miss.with_cache(|c| c.lines()) as f64,
-        );
-        e.one(
-            "pcomp_excache_pinned_lines",
-            Kind::Gauge,
-            "ExCache lines interleaving keeps local for good.",
-            self.miss.with_cache(|c| c.pinned_lines()) as f64,
-        );
+        self.store.one_sided.stats.render(e);
+        self.idle.stats.render(e);
+        e.one(&EXCACHE_USED_LINES, self.miss.with_cache(|c| c.used()) as f64);
+        e.one(&EXCACHE_LINES, self.miss.with_cache(|c| c.lines()) as f64);
+        e.one(&EXCACHE_PINNED_LINES, self.miss.with_cache(|c| c.pinned_lines()) as f64);
         let shares = self.miss.shares();
-        let vnode = |v: &String| vec![("vnode", v.clone())];
         e.family(
-            "pcomp_excache_share_lines",
-            Kind::Gauge,
-            "ExCache lines a vNode keeps against other vNodes' misses.",
-            shares.iter().map(|(v, share, _)| (vnode(v), *share as f64)),
+            &EXCACHE_SHARE_LINES,
+            shares.iter().map(|(v, share, _)| ([v.clone()], *share as f64)),
         );
         e.family(
-            "pcomp_excache_vnode_lines",
-            Kind::Gauge,
-            "ExCache lines the processes of a vNode with a share hold.",
-            shares.iter().map(|(v, _, held)| (vnode(v), *held as f64)),
+            &EXCACHE_VNODE_LINES,
+            shares.iter().map(|(v, _, held)| ([v.clone()], *held as f64)),
         );
         let (used, entries) = self
             .miss
             .tier_usage()
             .map_or((0, 0), |(_, _, _, used, entries)| (used, entries));
-        e.one(
-            "pcomp_tier_used_bytes",
-            Kind::Gauge,
-            "Bytes the compressed tier holds.",
-            used as f64,
-        );
-        e.one(
-            "pcomp_tier_entries",
-            Kind::Gauge,
-            "Pages the compressed tier holds.",
-            entries as f64,
-        );
+        e.one(&TIER_USED_BYTES, used as f64);
+        e.one(&TIER_ENTRIES, entries as f64);
         // A job is a run: the processes one `splitos run` started share its counters, and it
         // is named by its first process's pid (as `splitos ps` shows it; `job` is the label
         // Prometheus gives its own scrape jobs).
@@ -95,29 +66,16 @@ impl Pcomp {
                 None => runs.push((p.pid, p.heap.stats.clone(), p.memory.who.vnode.clone())),
             }
         }
-        let job =
-            |(pid, _, vnode): &(u64, Arc<RunStats>, String)| vec![("pid", pid.to_string()), ("vnode", vnode.clone())];
         let per_job = |c: fn(&RunStats) -> &std::sync::atomic::AtomicU64| {
-            runs.iter()
-                .map(move |r| (job(r), c(&r.1).load(std::sync::atomic::Ordering::Relaxed) as f64))
+            runs.iter().map(move |(pid, stats, vnode)| {
+                (
+                    [pid.to_string(), vnode.clone()],
+                    c(stats).load(std::sync::atomic::Ordering::Relaxed) as f64,
+                )
+            })
         };
-        e.family(
-            "pcomp_job_misses_total",
-            Kind::Counter,
-            "ExCache misses of a running job (its run's processes).",
-            per_job(|s| &s.misses),
-        );
-        e.family(
-            "pcomp_job_evictions_total",
-            Kind::Counter,
-            "ExCache lines a running job evicted.",
-            per_job(|s| &s.evictions),
-        );
-        e.family(
-            "pcomp_job_writebacks_total",
-            Kind::Counter,
-            "Lines a running job wrote back to mComponents.",
-            per_job(|s| &s.flushes),
-        );
+        e.family(&JOB_MISSES, per_job(|s| &s.misses));
+        e.family(&JOB_EVICTIONS, per_job(|s| &s.evictions));
+        e.family(&JOB_WRITEBACKS, per_job(|s| &s.flushes));
     }
 }

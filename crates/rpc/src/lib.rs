@@ -16,6 +16,7 @@
 //! * [`fdpass`] — descriptors over Unix sockets (shared-memory channels, a program's heap).
 //! * [`frame`] — bounded frames on a byte stream (what the TCP transport sends).
 //! * [`refusals`] — log lines for refusals that a flood cannot multiply.
+//! * [`series`] — the metric series it records.
 //! * [`knob`] — declaring a configuration knob once, for the command line and the files.
 
 pub mod auth;
@@ -28,6 +29,7 @@ pub mod knob;
 pub mod messenger;
 pub mod poll;
 pub mod refusals;
+pub mod series;
 pub mod server;
 pub mod serving;
 pub mod transport;

@@ -140,7 +140,7 @@ pub fn send(rpc: &Rpc, addr: &str, ebb: EbbId, body: Bytes) -> Result<Bytes, Rpc
 }
 
 fn deliver_to(rpc: &Rpc, addr: &str, ebb: EbbId, to: Option<u32>, body: Bytes) -> Result<Bytes, RpcError> {
-    metrics::counter!("ebb_messages_sent_total", "ebb" => ebb.0.to_string()).increment(1);
+    crate::series::EBB_MESSAGES_SENT.with([ebb.0.to_string()]).increment(1);
     let a = rpc.call(
         addr,
         X2X_EBB_MESSAGE {

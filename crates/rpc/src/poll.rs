@@ -107,10 +107,10 @@ impl Poller {
             limited: true,
             budget_ns: AtomicU64::new(ceiling_ns),
             skipped: AtomicU64::new(0),
-            spins: metrics::counter!("poll_spins_total"),
-            sleeps: metrics::counter!("poll_sleeps_total"),
-            skips: metrics::counter!("poll_skipped_total"),
-            crowded: metrics::counter!("poll_crowded_total"),
+            spins: crate::series::POLL_SPINS.handle(),
+            sleeps: crate::series::POLL_SLEEPS.handle(),
+            skips: crate::series::POLL_SKIPPED.handle(),
+            crowded: crate::series::POLL_CROWDED.handle(),
         }
     }
 

@@ -130,7 +130,7 @@ impl Dispatcher {
     /// the one place every transport's requests pass ([`may_send`]).
     pub fn submit(&self, msg: Msg, peer: Option<Peer>, reply: impl FnOnce(Msg) + Send + 'static) {
         if let Some(p) = peer.filter(|p| !may_send(p.role, &msg)) {
-            metrics::counter!("rpc_requests_refused_total").increment(1);
+            crate::series::REQUESTS_REFUSED.increment(1);
             static WRONG_ROLE: crate::refusals::Refusals =
                 crate::refusals::Refusals::new("refused a request its sender's role may not send");
             if WRONG_ROLE.log_this(p) {

@@ -205,7 +205,7 @@ impl BackupFiles {
         let len = file.metadata().map_err(|e| Refused::Errno(io(e)))?.len();
         if len > 2 * st.compacted + COMPACT_SLACK {
             st.compacted = self.compact(&path).map_err(|e| Refused::Errno(io(e)))?;
-            metrics::counter!("scomp_backup_compactions_total").increment(1);
+            crate::series::BACKUP_COMPACTIONS.increment(1);
         }
         Ok(records
             .iter()

@@ -11,6 +11,7 @@
 //! that one ([`share`]) and take the directory over when it stops.
 mod backup;
 mod ns;
+pub mod series;
 mod share;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -69,7 +70,7 @@ impl Core {
 
     fn sync(&self, r: X2S_SYNC) -> Result<OK, Refusal> {
         self.syncs.fetch_add(1, Relaxed);
-        metrics::counter!("scomp_syncs_total").increment(1);
+        crate::series::SYNCS.increment(1);
         fs(self.store.sync(&r.vnode, r.ino))?;
         Ok(OK)
     }
@@ -77,7 +78,7 @@ impl Core {
     fn read(&self, r: M2S_READ) -> Result<S2M_DATA, Refusal> {
         let data = fs(self.store.read_data(&r.vnode, r.ino, r.offset, r.len.min(MAX_BODY / 2)))?;
         self.bytes_read.fetch_add(data.len() as u64, Relaxed);
-        metrics::counter!("scomp_read_bytes_total").increment(data.len() as u64);
+        crate::series::READ_BYTES.increment(data.len() as u64);
         Ok(S2M_DATA {
             data: ByteBuf::from(data),
         })
@@ -88,7 +89,7 @@ impl Core {
             .store
             .write_data(&r.vnode, r.ino, r.offset, &r.data, r.size, r.mtime_ns))?;
         self.bytes_written.fetch_add(r.data.len() as u64, Relaxed);
-        metrics::counter!("scomp_written_bytes_total").increment(r.data.len() as u64);
+        crate::series::WRITTEN_BYTES.increment(r.data.len() as u64);
         Ok(OK)
     }
 
@@ -98,7 +99,7 @@ impl Core {
             .append(&r.file, r.epoch, r.reset, &r.records)
             .map_err(|e| refused(e, &r.file, r.epoch))?;
         self.backup_appended.fetch_add(n, Relaxed);
-        metrics::counter!("scomp_backup_appended_bytes_total").increment(n);
+        crate::series::BACKUP_APPENDED_BYTES.increment(n);
         Ok(OK)
     }
 
@@ -210,7 +211,7 @@ impl Storage {
 fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
     match e {
         backup::Refused::Errno(e @ (libc::ENOSPC | libc::EDQUOT)) => {
-            metrics::counter!("scomp_backup_disk_full_total").increment(1);
+            crate::series::BACKUP_DISK_FULL.increment(1);
             tracing::error!(
                 pid = file.pid,
                 vregion = file.index,
@@ -247,7 +248,7 @@ fn fs<T>(r: ns::FsResult<T>) -> Result<T, Refusal> {
 impl Handler for Storage {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
-        metrics::counter!("scomp_requests_total", "msg" => name).increment(1);
+        crate::series::REQUESTS.with([name]).increment(1);
         let reply = match msg {
             Msg::C2X_PING(r) => on(r, |_| {
                 Ok(X2C_PONG {
@@ -301,14 +302,7 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
         started: Instant::now(),
     });
     let s = st.clone();
-    splitos_core::telemetry::on_render(move |e| {
-        e.one(
-            "scomp_used_bytes",
-            splitos_core::telemetry::Kind::Gauge,
-            "Bytes the vNodes' files take.",
-            s.share.load().used as f64,
-        )
-    });
+    splitos_core::telemetry::on_render(move |e| e.one(&crate::series::USED_BYTES, s.share.load().used as f64));
     let s3 = share.clone();
     stop.on_stop(move || s3.checkpoint());
     std::thread::Builder::new()

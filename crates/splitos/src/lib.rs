@@ -7,12 +7,14 @@
 //! generator, memcached).
 //!
 //! * [`control`] the control plane's command-line side (`run`, `cluster ...`)
+//! * [`catalogue`] every metric series a component may export
 //!
 //! The types every component shares live in splitos-core. They are re-exported here under their
 //! old paths, so `crate::config::…`, `crate::outln!` and `splitos::node::Node` read as before.
 pub use splitos_core::{
-    config, counters, errln, node, out, outln, placement, segment, state, sys, telemetry, topology, trusted, vma,
+    config, errln, node, out, outln, placement, segment, state, sys, telemetry, topology, trusted, vma,
 };
 
 pub mod bench;
+pub mod catalogue;
 pub mod control;

@@ -146,6 +146,10 @@ enum ClusterCmd {
     Metrics {
         #[arg(long)]
         gm: Option<String>,
+        /// Print instead every series a component may export, declared once in the code: its
+        /// help, type and labels (no cluster needed).
+        #[arg(long, conflicts_with = "gm")]
+        declared: bool,
     },
     /// Print the REST API's OpenAPI document (the one the API serves at /openapi.json).
     Openapi,
@@ -383,6 +387,7 @@ fn clap_num_u64(s: &str) -> Result<u64, String> {
 fn main() {
     let cli = Cli::parse();
     node::init_logging();
+    splitos_metrics::set_catalogue(splitos::catalogue::all());
     let r = match cli.cmd {
         Cmd::Run(args) => control::run::run(*args).map(|code| std::process::exit(code)),
         Cmd::Join { token, out, api } => api::join::join_cli(&token, &api, &out),
@@ -390,7 +395,11 @@ fn main() {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
             ClusterCmd::Down { force } => control::down(force),
-            ClusterCmd::Metrics { gm } => control::metrics(gm),
+            ClusterCmd::Metrics { declared: true, .. } => {
+                splitos::out!("{}", splitos::catalogue::render());
+                Ok(())
+            }
+            ClusterCmd::Metrics { gm, .. } => control::metrics(gm),
             ClusterCmd::Credentials { role, out } => control::credentials(&role, &out),
             ClusterCmd::EtcdCert { ip, out } => control::etcd_cert(&ip, &out),
             ClusterCmd::JoinToken { role, ttl_s, api } => control::join_token(api, &role, ttl_s),

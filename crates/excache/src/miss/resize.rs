@@ -66,7 +66,7 @@ impl MissPath {
             return Ok(new_lines);
         }
         g.cache.resize(ways);
-        metrics::counter!("pcomp_excache_resizes_total").increment(1);
+        crate::series::EXCACHE_RESIZES.increment(1);
         // Misses waiting for a way may take the new ones.
         self.cv.notify_all();
         let mut left = usize::MAX;

@@ -56,7 +56,7 @@ pub(super) fn waited_for(node: &Node, o: &ComponentRef, e: &RpcError) -> bool {
     if !transport_failure(e) || !node.mcomp_not_lost(o.id) {
         return false;
     }
-    metrics::counter!("pcomp_late_mcomponent_waits_total").increment(1);
+    crate::series::LATE_MCOMPONENT_WAITS.increment(1);
     tracing::warn!(mcomp = o.id, addr = %o.addr, error = %e, "an mComponent does not answer, and the global managers have not declared it lost: waiting for it");
     std::thread::sleep(splitos_core::node::HEARTBEAT);
     true
@@ -110,7 +110,7 @@ impl RemoteStore {
         if e.code() == ErrCode::NoMemory {
             // A write-back found its owner full (heuristic overcommit): the home moves the
             // page's vRegion to an mComponent with room.
-            metrics::counter!("pcomp_owner_full_total").increment(1);
+            crate::series::OWNER_FULL.increment(1);
             return match s.call_home(
                 &self.node,
                 P2M_OWNER_FULL {
@@ -151,7 +151,7 @@ impl RemoteStore {
             return Next::Fail(failed(o, what, vpn, e));
         }
         tracing::warn!(pid = s.who.pid, replica = o.id, error = %e, "a replica cannot serve the process: reporting it to the home");
-        metrics::counter!("pcomp_replicas_lost_total").increment(1);
+        crate::series::REPLICAS_LOST.increment(1);
         match s.call_home(
             &self.node,
             P2M_REPLICA_LOST {
@@ -206,7 +206,7 @@ impl RemoteStore {
             .map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
         match opened(&s.home(), vpn, r.data)? {
             Some(good) => {
-                metrics::counter!("pcomp_pages_repaired_total").increment(1);
+                crate::series::PAGES_REPAIRED.increment(1);
                 tracing::warn!(
                     holder = holder.id,
                     vpn,
@@ -230,7 +230,7 @@ impl RemoteStore {
                 },
             ) {
                 Ok(_) => {
-                    metrics::counter!("pcomp_pages_repaired_total").increment(1);
+                    crate::series::PAGES_REPAIRED.increment(1);
                     tracing::warn!(replica = o.id, vpn, "repaired a corrupted page from another replica");
                 }
                 Err(e) => tracing::warn!(replica = o.id, vpn, error = %e, "cannot repair a corrupted page"),

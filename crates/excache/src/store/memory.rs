@@ -136,7 +136,7 @@ impl ProcMemory {
                     }
                 };
                 tracing::warn!(pid = self.who.pid, lost = home.id, home = backup.id, error = %e, "home mComponent lost: its backup took over");
-                metrics::counter!("pcomp_home_takeovers_total").increment(1);
+                crate::series::HOME_TAKEOVERS.increment(1);
                 *self.homes.lock().unwrap() = Homes {
                     home: backup.clone(),
                     backup: r.backup,

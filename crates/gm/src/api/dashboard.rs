@@ -259,7 +259,7 @@ impl Slot {
             return None;
         }
         *open += 1;
-        metrics::gauge!("gm_api_event_streams").increment(1.0);
+        crate::series::API_EVENT_STREAMS.increment(1.0);
         Some(Slot {
             _permit: permit,
             per_token: shared.per_token.clone(),
@@ -277,7 +277,7 @@ impl Drop for Slot {
                 per_token.remove(&self.token);
             }
         }
-        metrics::gauge!("gm_api_event_streams").decrement(1.0);
+        crate::series::API_EVENT_STREAMS.decrement(1.0);
     }
 }
 

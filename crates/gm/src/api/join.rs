@@ -110,14 +110,14 @@ pub async fn join(
             .await
             .map_err(internal)?;
     let (role, creds) = answer.map_err(|why| {
-        metrics::counter!("gm_joins_refused_total").increment(1);
+        crate::series::JOINS_REFUSED.increment(1);
         static REFUSED: splitos_rpc::refusals::Refusals = splitos_rpc::refusals::Refusals::new("join refused");
         if REFUSED.log_this(peer.ip()) {
             tracing::warn!(%peer, "join refused: {why}");
         }
         ApiError(StatusCode::FORBIDDEN, why)
     })?;
-    metrics::counter!("gm_joins_total").increment(1);
+    crate::series::JOINS.increment(1);
     tracing::info!(%peer, role = role.name(), "a machine joined: credentials issued");
     Ok(Json(Joined {
         role: role.name().into(),

@@ -183,7 +183,9 @@ pub struct WhoAmI {
 static REFUSED: Refusals = Refusals::new("API requests refused");
 
 fn refuse(status: StatusCode, peer: SocketAddr, method: &str, path: &str, who: Option<&str>, why: String) -> ApiError {
-    metrics::counter!("gm_api_requests_refused_total", "status" => status.as_u16().to_string()).increment(1);
+    crate::series::API_REQUESTS_REFUSED
+        .with([status.as_u16().to_string()])
+        .increment(1);
     if REFUSED.log_this(peer.ip()) {
         tracing::warn!(%peer, method, path, token = who.unwrap_or("-"), status = status.as_u16(), "API request refused: {why}");
     }
@@ -215,7 +217,7 @@ async fn authenticate(
     };
     match principal {
         Ok(p) => {
-            metrics::counter!("gm_api_requests_total").increment(1);
+            crate::series::API_REQUESTS.increment(1);
             req.extensions_mut().insert(p);
             next.run(req).await
         }

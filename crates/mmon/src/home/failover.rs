@@ -179,7 +179,7 @@ impl<P: Peers> Mem<P> {
                 ),
             ));
         };
-        metrics::counter!("mcomp_home_takeovers_total").increment(1);
+        crate::series::HOME_TAKEOVERS.increment(1);
         tracing::warn!(
             pid = who.pid,
             lost = lost_home,
@@ -219,7 +219,7 @@ impl<P: Peers> Mem<P> {
         if let Some(hp) = self.homes.lock().unwrap().get(&pid) {
             hp.lock().unwrap().adopted_from = Some(from);
         }
-        metrics::counter!("mcomp_homes_adopted_total").increment(1);
+        crate::series::HOMES_ADOPTED.increment(1);
         tracing::info!(pid, from, "became the home of a process its leaving home gave up");
         Ok(M2M_HOME_ADOPTED { backup })
     }

@@ -52,7 +52,7 @@ impl<P: Peers> Mem<P> {
             let Some((idx, member)) = found else { continue };
             match self.relocate(&mut h, idx, &member) {
                 Ok(()) => {
-                    metrics::counter!("mcomp_rebalance_moves_total").increment(1);
+                    crate::series::REBALANCE_MOVES.increment(1);
                     tracing::info!(
                         pid = h.who.pid,
                         vregion = idx,
@@ -172,7 +172,7 @@ impl<P: Peers> Mem<P> {
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
         drop(h);
-        metrics::counter!("mcomp_homes_handed_off_total").increment(1);
+        crate::series::HOMES_HANDED_OFF.increment(1);
         tracing::info!(pid, to = new.id, "gave a process to another home before leaving");
         Ok(())
     }

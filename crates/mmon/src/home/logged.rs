@@ -42,7 +42,7 @@ impl<P: Peers> Mem<P> {
                 .map(|_| ())?,
         }
         h.vregions.insert(idx, promoted);
-        metrics::counter!("mcomp_loggers_promoted_total").increment(1);
+        crate::series::LOGGERS_PROMOTED.increment(1);
         tracing::info!(
             pid = h.who.pid,
             vregion = idx,
@@ -92,7 +92,7 @@ impl<P: Peers> Mem<P> {
         };
         h.vregions.insert(idx, s);
         self.sync_backup(&mut h);
-        metrics::counter!("mcomp_log_resyncs_total").increment(1);
+        crate::series::LOG_RESYNCS.increment(1);
         tracing::info!(
             pid = r.who.pid,
             vregion = idx,

@@ -412,7 +412,7 @@ impl<P: Peers> Mem<P> {
             }
         }
         if set.wire(idx).distinct().len() < scheme.members() {
-            metrics::counter!("mcomp_unprotected_vregions_total").increment(1);
+            crate::series::UNPROTECTED_VREGIONS.increment(1);
             tracing::warn!(pid = h.who.pid, vregion = idx, copies = owners.len(), "no other mComponent can hold a replica: the vRegion has fewer copies than the cluster's replication asks");
         }
         tracing::debug!(vregion = idx, owners = ?owners.iter().map(|o| o.id).collect::<Vec<_>>(), "vRegion activated");
@@ -462,7 +462,7 @@ impl<P: Peers> Mem<P> {
                 Err(e)
                     if !matches!(e, RpcError::Remote { .. } | RpcError::Protocol { .. }) && self.peers.late(o.id) =>
                 {
-                    metrics::counter!("mcomp_late_mcomponent_waits_total").increment(1);
+                    crate::series::LATE_MCOMPONENT_WAITS.increment(1);
                     tracing::warn!(mcomp = o.id, addr = %o.addr, error = %e, "an mComponent holding the only copy does not answer, and the global managers have not declared it lost: waiting for it");
                     std::thread::sleep(splitos_core::node::HEARTBEAT);
                 }

@@ -77,7 +77,7 @@ impl<P: Peers> Mem<P> {
             false => self.copy_to_new_member(h, idx, full, &[full.id], false)?,
         };
         let Some((new, moved)) = copied else {
-            metrics::counter!("mcomp_no_room_total").increment(1);
+            crate::series::NO_ROOM.increment(1);
             return Err(ERR::new(
                 ErrCode::NoMemory,
                 format!(
@@ -112,7 +112,7 @@ impl<P: Peers> Mem<P> {
             tracing::warn!(owner = full.id, error = %e, "cannot release a moved vRegion on the full mComponent");
         }
         self.sync_backup(h);
-        metrics::counter!("mcomp_vregions_moved_total").increment(1);
+        crate::series::VREGIONS_MOVED.increment(1);
         self.moved_pages.fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(
             pid = h.who.pid,
@@ -162,7 +162,7 @@ impl<P: Peers> Mem<P> {
                 changed |= !gone.is_empty();
                 retired.extend(gone);
             } else if !set.owners.is_empty() {
-                metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                crate::series::VREGIONS_UNREACHABLE.increment(1);
                 tracing::error!(pid = h.who.pid, lost = ?lost, "every copy of a vRegion is on lost mComponents");
             }
         }
@@ -192,7 +192,7 @@ impl<P: Peers> Mem<P> {
             }
             for idx in promote {
                 if let Err(e) = self.promote_logger(h, idx) {
-                    metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                    crate::series::VREGIONS_UNREACHABLE.increment(1);
                     tracing::error!(pid = h.who.pid, vregion = idx, error = %e, "the primary of a logged vRegion is lost and its logger cannot take its place: the program waits for the lost primary");
                 }
             }
@@ -253,7 +253,7 @@ impl<P: Peers> Mem<P> {
         s.owners.push(new.clone());
         s.epoch = h.epoch;
         h.retired.retain(|r| r.id != new.id);
-        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        crate::series::REBUILT_VREGIONS.increment(1);
         tracing::info!(
             pid = h.who.pid,
             vregion = idx,
@@ -323,8 +323,7 @@ impl<P: Peers> Mem<P> {
                 put: Put::Copy,
             },
         )?;
-        self.c.reconstructed.fetch_add(1, Relaxed);
-        metrics::counter!("mcomp_pages_reconstructed_total").increment(1);
+        self.c.reconstructed_pages.fetch_add(1, Relaxed);
         tracing::warn!(
             pid = r.who.pid,
             vpn = r.vpn,
@@ -372,7 +371,7 @@ impl<P: Peers> Mem<P> {
             [] => return Ok(()),
             [place] => place,
             _ => {
-                metrics::counter!("mcomp_vregions_unreachable_total").increment(1);
+                crate::series::VREGIONS_UNREACHABLE.increment(1);
                 return Err(ERR::new(
                     ErrCode::Unreachable,
                     format!(
@@ -429,7 +428,7 @@ impl<P: Peers> Mem<P> {
         if bad > 0 {
             // A survivor's copy was corrupted: those pages fail their checksum when fetched,
             // and the program stops there rather than read them.
-            metrics::counter!("mcomp_rebuilt_pages_corrupt_total").increment(bad);
+            crate::series::REBUILT_PAGES_CORRUPT.increment(bad);
             tracing::error!(
                 pid = h.who.pid,
                 vregion = idx,
@@ -442,8 +441,8 @@ impl<P: Peers> Mem<P> {
         s.epoch = h.epoch;
         let set = s.clone();
         self.tell_set(h, idx, &set, LogStep::Keep)?;
-        metrics::counter!("mcomp_rebuilt_pages_total").increment(pages_rebuilt);
-        metrics::counter!("mcomp_rebuilt_vregions_total").increment(1);
+        crate::series::REBUILT_PAGES.increment(pages_rebuilt);
+        crate::series::REBUILT_VREGIONS.increment(1);
         tracing::info!(
             pid = h.who.pid,
             vregion = idx,
@@ -705,7 +704,7 @@ impl<P: Peers> Mem<P> {
                 }
                 pages_copied += pages.len() as u64;
                 self.rebuilt_pages.fetch_add(pages.len() as u64, Relaxed);
-                metrics::counter!("mcomp_rebuilt_pages_total").increment(pages.len() as u64);
+                crate::series::REBUILT_PAGES.increment(pages.len() as u64);
                 if !pages.is_empty() {
                     self.to_owner(
                         new,

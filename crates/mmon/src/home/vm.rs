@@ -118,7 +118,7 @@ impl<P: Peers> Mem<P> {
             .filter(|m| *m > 0)
             .unwrap_or(self.capacity);
         if !self.charges_mappings() && prot & 2 != 0 && len > memory {
-            self.c.oom.fetch_add(1, Relaxed);
+            self.c.out_of_memory.fetch_add(1, Relaxed);
             return Err(ERR::new(
                 ErrCode::NoMemory,
                 format!("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)"),
@@ -479,7 +479,7 @@ impl<P: Peers> Mem<P> {
                 continue;
             }
             tracing::warn!(pid, "releasing the memory of a process whose pComponent is lost");
-            metrics::counter!("mcomp_lost_processes_released_total").increment(1);
+            crate::series::LOST_PROCESSES_RELEASED.increment(1);
             if let Err(e) = self.home_exit(P2M_EXIT { who }) {
                 tracing::warn!(pid, error = %e, "cannot release a lost pComponent's process");
             }

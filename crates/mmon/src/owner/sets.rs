@@ -230,7 +230,7 @@ impl<P: Peers> Mem<P> {
     pub(super) fn promote(&self, g: &mut OwnerProc, idx: u64) -> Result<u64, Refusal> {
         let l = g.logs.get(&idx).cloned().expect("checked by the caller");
         if !l.protects() {
-            metrics::counter!("mcomp_log_promotions_refused_total").increment(1);
+            crate::series::LOG_PROMOTIONS_REFUSED.increment(1);
             return Err(ERR::new(
                 ErrCode::Unreachable,
                 format!(
@@ -250,7 +250,7 @@ impl<P: Peers> Mem<P> {
         // Heuristic overcommit charges the pages at once (a logger holds none of the vRegion).
         let charged = !self.charges_mappings();
         if charged && !self.room.take_pages(&g.vnode, n * PAGE) {
-            self.c.oom.fetch_add(1, Relaxed);
+            self.c.out_of_memory.fetch_add(1, Relaxed);
             return Err(ERR::new(
                 ErrCode::NoMemory,
                 format!(
@@ -270,8 +270,7 @@ impl<P: Peers> Mem<P> {
             true => self.room.free_pages(&g.vnode, n * PAGE - held),
             false => self.room.add_pages(&g.vnode, held),
         }
-        self.c.promoted.fetch_add(n, Relaxed);
-        metrics::counter!("mcomp_log_promoted_pages_total").increment(n);
+        self.c.log_promoted_pages.fetch_add(n, Relaxed);
         Ok(n)
     }
 
@@ -305,8 +304,7 @@ impl<P: Peers> Mem<P> {
                 self.room.free_pages(&r.who.vnode, PAGE);
             }
         }
-        self.c.parity_deltas.fetch_add(r.deltas.len() as u64, Relaxed);
-        metrics::counter!("mcomp_parity_deltas_applied_total").increment(r.deltas.len() as u64);
+        self.c.parity_deltas_applied.fetch_add(r.deltas.len() as u64, Relaxed);
         Ok(OK)
     }
 }

@@ -78,7 +78,7 @@ impl Mounts {
             )
         })?;
         tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
-        metrics::counter!("pcomp_vnode_mounts_total").increment(1);
+        crate::series::VNODE_MOUNTS.increment(1);
         live.insert(vnode.to_string(), (dir.clone(), session));
         Ok(dir)
     }

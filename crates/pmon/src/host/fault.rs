@@ -46,7 +46,7 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
             // A program may register other ranges of its own with its userfaultfd: their
             // faults are none of the heap's, and must not reach the shared ExCache.
             if !proc_.heap_range.contains(&f.addr) {
-                metrics::counter!("pcomp_fault_events_refused_total").increment(1);
+                crate::series::FAULT_EVENTS_REFUSED.increment(1);
                 p.miss.fail(
                     &proc_.heap,
                     &format!(

@@ -10,12 +10,12 @@ use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use splitos_core::counters;
+use splitos_metrics::counters;
 
 counters! {
     /// Counters of idle polling, for the whole pComponent (`idle_poll` in its statistics;
     /// Prometheus `pcomp_idle_poll_<counter>_total`).
-    pub struct IdlePollStats {
+    pub struct IdlePollStats: "pcomp_idle_poll" {
         /// Times the request was made (the first program started after none ran).
         requests,
         /// Times it was dropped (the last running program exited).

@@ -246,7 +246,7 @@ impl Pcomp {
                 "refused a program-socket connection: {why}"
             );
         }
-        metrics::counter!("pcomp_program_connections_refused_total").increment(1);
+        crate::series::PROGRAM_CONNECTIONS_REFUSED.increment(1);
     }
 
     fn serve_program(self: Arc<Self>, mut s: UnixStream) {
@@ -504,7 +504,7 @@ impl Pcomp {
             ));
         }
         if !super::uffd::is_userfaultfd(&uffd_fd) {
-            metrics::counter!("pcomp_fault_sources_refused_total").increment(1);
+            crate::series::FAULT_SOURCES_REFUSED.increment(1);
             return Err(ERR::new(
                 ErrCode::Invalid,
                 format!(

@@ -300,7 +300,9 @@ impl NetStub {
     fn send_up(&self, s: &Sock, data: &[u8]) -> bool {
         if let Some(peer) = s.local_peer() {
             self.c.shortcut_bytes.fetch_add(data.len() as u64, Relaxed);
-            metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => "local").increment(data.len() as u64);
+            crate::series::NET_BYTES
+                .with(["sent", "local"])
+                .increment(data.len() as u64);
             return write_all(&peer.mine, data).is_ok();
         }
         let remote = s.st.lock().unwrap().remote.clone();
@@ -346,7 +348,8 @@ impl NetStub {
         match sent {
             Ok(()) => {
                 self.c.bytes_sent.fetch_add(data.len() as u64, Relaxed);
-                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => self.path.to_string())
+                crate::series::NET_BYTES
+                    .with(["sent".to_string(), self.path.to_string()])
                     .increment(data.len() as u64);
                 true
             }
@@ -373,7 +376,8 @@ impl NetStub {
                 Ok(r) if r.data.is_empty() => {}
                 Ok(r) => {
                     self.c.bytes_received.fetch_add(r.data.len() as u64, Relaxed);
-                    metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => self.path.to_string())
+                    crate::series::NET_BYTES
+                        .with(["received".to_string(), self.path.to_string()])
                         .increment(r.data.len() as u64);
                     if write_all(&s.mine, &r.data).is_err() {
                         return;

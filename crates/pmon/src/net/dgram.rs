@@ -448,7 +448,7 @@ impl NetStub {
             Ok(_) => {
                 self.c.grams_sent.fetch_add(n, Relaxed);
                 self.c.bytes_sent.fetch_add(bytes as u64, Relaxed);
-                metrics::counter!("pcomp_net_bytes_total", "dir" => "sent", "path" => "ddio").increment(bytes as u64);
+                crate::series::NET_BYTES.with(["sent", "ddio"]).increment(bytes as u64);
             }
             Err(e) => {
                 // Lost, as a datagram the network drops.
@@ -500,7 +500,8 @@ impl NetStub {
             for g in grams {
                 let Some(from) = g.addr else { continue };
                 self.c.bytes_received.fetch_add(g.data.len() as u64, Relaxed);
-                metrics::counter!("pcomp_net_bytes_total", "dir" => "received", "path" => "ddio")
+                crate::series::NET_BYTES
+                    .with(["received", "ddio"])
                     .increment(g.data.len() as u64);
                 let delivered = d
                     .sender(from, &self.senders_open)

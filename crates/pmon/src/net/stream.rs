@@ -232,7 +232,7 @@ impl NetStub {
         }
         s.set_phase(Phase::Connected);
         self.c.shortcuts.fetch_add(1, Relaxed);
-        metrics::counter!("pcomp_net_shortcuts_total", "path" => "local").increment(1);
+        crate::series::NET_SHORTCUTS.with(["local"]).increment(1);
         Ok(())
     }
 

@@ -586,7 +586,7 @@ impl ShmTransport {
                     // The server counts as many of this component's channels as it grants:
                     // wait for one of them (or for one just closed to be seen closed there).
                     Opened::Refused => {
-                        metrics::counter!("rpc_shm_channels_refused_total").increment(1);
+                        crate::series::SHM_CHANNELS_REFUSED.increment(1);
                         std::thread::sleep(Duration::from_millis(1));
                         if Instant::now() >= deadline {
                             return Err(RpcError::Timeout {
@@ -610,7 +610,7 @@ impl ShmTransport {
             // A caller that would not wait (a batch going one by one instead) did not.
             if !waited && !credit_wait.is_zero() {
                 waited = true;
-                metrics::counter!("rpc_credit_waits_total").increment(1);
+                crate::series::CREDIT_WAITS.increment(1);
             }
             if !credits.wait(gen, deadline) {
                 return Err(RpcError::Timeout {
@@ -781,7 +781,7 @@ fn close_idle_channels(peers: std::sync::Weak<Mutex<HashMap<String, Peer>>>, idl
             }
         }
         if !idle_ones.is_empty() {
-            metrics::counter!("rpc_shm_idle_closed_total").increment(idle_ones.len() as u64);
+            crate::series::SHM_IDLE_CLOSED.increment(idle_ones.len() as u64);
         }
         // Closed outside the lock: unmapping takes a while.
         drop(idle_ones);

@@ -431,7 +431,7 @@ impl TcpConn {
 impl Write for TcpConn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if !self.delay.is_zero() {
-            metrics::counter!("rpc_injected_delays_total").increment(1);
+            crate::series::INJECTED_DELAYS.increment(1);
             std::thread::sleep(self.delay);
         }
         let Some(session) = &self.session else {
@@ -532,7 +532,7 @@ impl TcpListen {
             total: 0,
             per_peer: HashMap::new(),
         }));
-        let refused = metrics::counter!("rpc_connections_refused_total");
+        let refused = crate::series::CONNECTIONS_REFUSED.handle();
         std::thread::Builder::new()
             .name(format!("{name}-accept"))
             .spawn(move || loop {
@@ -567,11 +567,11 @@ impl TcpListen {
                                     Ok(hs) if conn.frame_done().is_ok() => {
                                         conn.peer = Some(hs.peer);
                                         conn.session = hs.session.map(Arc::new);
-                                        metrics::counter!("rpc_tcp_connections_accepted_total").increment(1);
+                                        crate::series::TCP_CONNECTIONS_ACCEPTED.increment(1);
                                     }
                                     Ok(_) => return,
                                     Err(e) => {
-                                        metrics::counter!("rpc_handshakes_refused_total").increment(1);
+                                        crate::series::HANDSHAKES_REFUSED.increment(1);
                                         static UNAUTHENTICATED: Refusals = Refusals::new("refused a connection that did not authenticate");
                                         if UNAUTHENTICATED.log_this(peer.ip()) {
                                             tracing::warn!(%peer, error = %e, "refused a connection that did not authenticate; still serving the others");
@@ -612,7 +612,7 @@ impl InFlight {
         let mut n = self.n.lock().unwrap();
         if *n >= self.max {
             // The peer sent beyond its credits: its frames wait in the socket, not here.
-            metrics::counter!("rpc_requests_over_credit_total").increment(1);
+            crate::series::REQUESTS_OVER_CREDIT.increment(1);
         }
         while *n >= self.max {
             n = self.done.wait(n).unwrap();
@@ -672,14 +672,14 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
                     flight.leave();
                     let mut w = w.lock().unwrap();
                     if let Err(e) = write_frame(&mut *w, FrameKind::Reply, req_id, &reply) {
-                        metrics::counter!("rpc_replies_undelivered_total").increment(1);
+                        crate::series::REPLIES_UNDELIVERED.increment(1);
                         tracing::debug!(error = %e, "reply not delivered; closing the connection");
                         w.close();
                     }
                 });
             }
             Ok(Some(f)) => {
-                metrics::counter!("rpc_frames_rejected_total").increment(1);
+                crate::series::FRAMES_REJECTED.increment(1);
                 if CLOSED.log_this(&host) {
                     tracing::warn!(%peer, req_id = f.req_id, "unsolicited reply frame; closing connection");
                 }
@@ -688,14 +688,14 @@ fn receive_loop(mut reader: TcpConn, dispatcher: Arc<Dispatcher>, max_in_flight:
             Ok(None) => break,
             Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => break,
             Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
-                metrics::counter!("rpc_frames_timed_out_total").increment(1);
+                crate::series::FRAMES_TIMED_OUT.increment(1);
                 if CLOSED.log_this(&host) {
                     tracing::warn!(%peer, "a frame did not arrive in time; closing that connection, still serving others");
                 }
                 break;
             }
             Err(e) => {
-                metrics::counter!("rpc_frames_rejected_total").increment(1);
+                crate::series::FRAMES_REJECTED.increment(1);
                 if CLOSED.log_this(&host) {
                     tracing::warn!(%peer, error = %e, "rejected malformed frame; closing that connection, still serving others");
                 }

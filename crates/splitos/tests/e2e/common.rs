@@ -222,7 +222,7 @@ pub fn assert_through_components(s: &serde_json::Value, images: u64) {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| m["leases"]["granted"].as_u64().unwrap() + m["leases"]["handed_out"].as_u64().unwrap())
+            .map(|m| m["leases"].as_u64().unwrap() + m["lease_handouts"].as_u64().unwrap())
             .sum();
         assert!(
             leases >= 2,
@@ -1377,7 +1377,7 @@ pub fn flip_each_vregion_and_expect_rebuilt(
     assert!(c.metric(&p, "splitos_pcomp_checksum_failures_total") >= 1.0);
     assert!(c.metric(&p, "splitos_pcomp_pages_repaired_total") >= 1.0);
     assert!(
-        mcomp_metric(c, "splitos_mcomp_pages_reconstructed_total") >= 1.0,
+        mcomp_metric(c, "splitos_mcomp_reconstructed_pages_total") >= 1.0,
         "the home rebuilt the pages {how}"
     );
 }

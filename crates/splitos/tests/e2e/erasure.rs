@@ -220,7 +220,7 @@ fn ec_is_a_knob_of_the_cluster_and_of_run_and_costs_a_fraction_of_a_copy() {
         n(&s, "flushes") > 0 && mcomp_sum(&s, "flushes") < 2 * n(&s, "flushes"),
         "one copy of each page: {s}"
     );
-    assert!(mcomp_sum(&s, "parity_deltas") > 0, "{s}");
+    assert!(mcomp_sum(&s, "parity_deltas_applied") > 0, "{s}");
 }
 
 #[test]
@@ -247,5 +247,5 @@ fn a_large_munmap_sends_what_it_frees_to_the_parity() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), text(&native(&cmd).stdout));
     // The parity members took the changes of the pages written back and of those freed.
-    assert!(mcomp_sum(&s, "parity_deltas") > 15_000, "{s}");
+    assert!(mcomp_sum(&s, "parity_deltas_applied") > 15_000, "{s}");
 }

@@ -109,7 +109,7 @@ impl Drop for Prometheus {
 #[test]
 fn a_real_prometheus_scrapes_the_cluster_and_answers_the_rate_of_misses() {
     let c = TestCluster::up(Some(
-        "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n[[scomponent]]\n",
+        "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n[[scomponent]]\n[[ncomponent]]\n",
     ));
     let status = c.status();
     let api = status["api"].as_str().unwrap().to_string();
@@ -158,6 +158,64 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_the_rate_of_misses() {
         seen.len() == 1 && seen[0].1 > 0.0 && seen[0].1 <= counted,
         "Prometheus {seen:?}, pComponent {counted}; rate {rate:?}"
     );
+
+    // Every series any component exported, from either scrape job, is declared once in the
+    // code with the type, help and labels it carries (`splitos cluster metrics --declared`).
+    let declared = declared_series(&c);
+    let (code, _, body) = http(&prom.addr, "GET", "/api/v1/metadata", None, b"");
+    assert_eq!(code, 200, "{body}");
+    let meta: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let exported = prom.query("{__name__=~\"splitos_.+\"}");
+    let mut families = std::collections::BTreeSet::new();
+    for (labels, _) in &exported {
+        let name = labels["__name__"].as_str().unwrap();
+        let Some((kind, help, own)) = declared.get(name) else {
+            panic!("{name} is exported but not declared: {labels}")
+        };
+        for l in labels.as_object().unwrap().keys() {
+            assert!(
+                ["__name__", "job", "instance", "component", "role"].contains(&l.as_str()) || own.contains(l),
+                "{name} carries the undeclared label {l}: {labels}"
+            );
+        }
+        let m = &meta["data"][name][0];
+        assert_eq!(
+            (m["type"].as_str(), m["help"].as_str()),
+            (Some(kind.as_str()), Some(help.as_str())),
+            "{name}"
+        );
+        families.insert(name.to_string());
+    }
+    // Each kind of component's own families were among them.
+    for family in [
+        "splitos_pcomp_misses_total",
+        "splitos_mcomp_requests_total",
+        "splitos_scomp_used_bytes",
+        "splitos_ncomp_open_sockets",
+        "splitos_gm_components",
+        "splitos_rpc_shm_requests_total",
+    ] {
+        assert!(families.contains(family), "{family} not in {families:?}");
+    }
+}
+
+/// The series the code declares: name, then type, help and labels.
+fn declared_series(c: &TestCluster) -> std::collections::HashMap<String, (String, String, Vec<String>)> {
+    let out = c.cmd(&["cluster", "metrics", "--declared"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut all: std::collections::HashMap<String, (String, String, Vec<String>)> = Default::default();
+    for line in text(&out.stdout).lines() {
+        let (what, rest) = line.strip_prefix("# ").unwrap().split_once(' ').unwrap();
+        let (name, value) = rest.split_once(' ').unwrap();
+        let e = all.entry(name.to_string()).or_default();
+        match what {
+            "HELP" => e.1 = value.to_string(),
+            "TYPE" => e.0 = value.to_string(),
+            "LABELS" => e.2 = value.split(',').map(String::from).collect(),
+            other => panic!("{other} in {line}"),
+        }
+    }
+    all
 }
 
 #[test]

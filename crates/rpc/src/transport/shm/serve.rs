@@ -40,8 +40,8 @@ impl Held {
         }
         *n += 1;
         let peak = self.peak.fetch_max(*n, Relaxed).max(*n);
-        metrics::gauge!("rpc_shm_channels").increment(1.0);
-        metrics::gauge!("rpc_shm_peer_channels_peak").set(peak as f64);
+        crate::series::SHM_CHANNELS.increment(1.0);
+        crate::series::SHM_PEER_CHANNELS_PEAK.set(peak as f64);
         Some(Hold {
             held: self.clone(),
             pid,
@@ -58,7 +58,7 @@ impl Drop for Hold {
                 m.remove(&self.pid);
             }
         }
-        metrics::gauge!("rpc_shm_channels").decrement(1.0);
+        crate::series::SHM_CHANNELS.decrement(1.0);
     }
 }
 
@@ -106,11 +106,11 @@ impl Endpoint for ShmListen {
                                 None => serve_channel(s, map, d, peer, Poller::new(spin, polling), hold),
                             },
                             Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
-                                metrics::counter!("rpc_shm_over_credit_total").increment(1);
+                                crate::series::SHM_OVER_CREDIT.increment(1);
                                 tracing::debug!(error = %e, "shared-memory channel refused: no credit left");
                             }
                             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                                metrics::counter!("rpc_shm_refused_total").increment(1);
+                                crate::series::SHM_REFUSED.increment(1);
                                 tracing::warn!(error = %e, "shared-memory channel refused");
                             }
                             // A caller that left before its channel came (a sweep checking liveness).
@@ -211,9 +211,9 @@ pub(super) fn serve_channel(
         return;
     }
     let h = map.header();
-    let requests = metrics::counter!("rpc_shm_requests_total");
-    let followed = metrics::counter!("rpc_shm_followed_total");
-    let moves = metrics::counter!("rpc_shm_server_moves_total");
+    let requests = crate::series::SHM_REQUESTS.handle();
+    let followed = crate::series::SHM_FOLLOWED.handle();
+    let moves = crate::series::SHM_SERVER_MOVES.handle();
     let mut place = Placement::new();
     let mut last = 0;
     // Whether this thread runs on its caller's CPU: polling there would only hold the CPU from
@@ -232,7 +232,7 @@ pub(super) fn serve_channel(
             .take(REQ, h.req_len.load(Relaxed))
             .and_then(|b| postcard::from_bytes::<Msg>(&b).ok())
         else {
-            metrics::counter!("rpc_frames_rejected_total").increment(1);
+            crate::series::FRAMES_REJECTED.increment(1);
             tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
             return;
         };
@@ -382,8 +382,8 @@ impl LoopChannel {
         });
         let Ok(bell) = bell else { return };
         closing.bell.set(Some(bell));
-        metrics::gauge!("rpc_loop_channels").increment(1.0);
-        let requests = metrics::counter!("rpc_shm_requests_total");
+        crate::series::LOOP_CHANNELS.increment(1.0);
+        let requests = crate::series::SHM_REQUESTS.handle();
         let device = add_device(LoopChannel {
             ans,
             dispatcher,
@@ -398,7 +398,7 @@ impl LoopChannel {
 
 impl Drop for LoopChannel {
     fn drop(&mut self) {
-        metrics::gauge!("rpc_loop_channels").decrement(1.0);
+        crate::series::LOOP_CHANNELS.decrement(1.0);
     }
 }
 
@@ -418,7 +418,7 @@ impl Device for LoopChannel {
             .take(REQ, h.req_len.load(Relaxed))
             .and_then(|b| postcard::from_bytes::<Msg>(&b).ok())
         else {
-            metrics::counter!("rpc_frames_rejected_total").increment(1);
+            crate::series::FRAMES_REJECTED.increment(1);
             tracing::warn!("rejected a malformed shared-memory request; closing that channel, still serving others");
             let _ = self.ans.sock.shutdown(std::net::Shutdown::Both);
             self.closing.close(self.ans.sock.as_raw_fd());

@@ -115,7 +115,7 @@ impl Client {
         let deadline = Instant::now() + timeout;
         let mut c = inner.credits.lock().unwrap();
         if c.used >= c.granted {
-            metrics::counter!("rpc_credit_waits_total").increment(1);
+            crate::series::CREDIT_WAITS.increment(1);
         }
         while c.used >= c.granted {
             if inner.dead.load(Ordering::Acquire) {

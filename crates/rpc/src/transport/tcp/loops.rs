@@ -132,7 +132,7 @@ impl LoopConn {
                 return;
             }
         };
-        metrics::gauge!("rpc_loop_connections").increment(1.0);
+        crate::series::LOOP_CONNECTIONS.increment(1.0);
         c.lock().token = Some(token);
         c.send(FrameKind::Credit, max_in_flight as u64, Msg::OK(crate::wire::OK));
         c.turn();
@@ -183,7 +183,7 @@ impl LoopConn {
         if self.delay.is_zero() {
             return self.queue(kind, req_id, msg);
         }
-        metrics::counter!("rpc_injected_delays_total").increment(1);
+        crate::series::INJECTED_DELAYS.increment(1);
         let c = self.clone();
         self.on_loop(move || {
             let delay = c.delay;
@@ -222,7 +222,7 @@ impl LoopConn {
     fn queue_frame(&self, st: &mut State, kind: FrameKind, req_id: u64, msg: &Msg) {
         let buf = encode(kind, req_id, msg);
         if buf.len() - crate::wire::FrameHeader::SIZE > MAX_BODY as usize {
-            metrics::counter!("rpc_replies_undelivered_total").increment(1);
+            crate::series::REPLIES_UNDELIVERED.increment(1);
             st.broken = Some(format!("an answer of {} bytes exceeds the frame bound", buf.len()));
             return;
         }
@@ -252,7 +252,7 @@ impl LoopConn {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    metrics::counter!("rpc_replies_undelivered_total").increment(1);
+                    crate::series::REPLIES_UNDELIVERED.increment(1);
                     return Err(format!("reply not delivered: {e}"));
                 }
             }
@@ -291,14 +291,14 @@ impl LoopConn {
                         st.partial_since = None;
                         st.awaiting_first = false;
                         if f.kind != FrameKind::Request {
-                            metrics::counter!("rpc_frames_rejected_total").increment(1);
+                            crate::series::FRAMES_REJECTED.increment(1);
                             return Err(format!("unsolicited reply frame {}", f.req_id));
                         }
                         requests.push((f.req_id, f.msg));
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        metrics::counter!("rpc_frames_rejected_total").increment(1);
+                        crate::series::FRAMES_REJECTED.increment(1);
                         return Err(format!("rejected malformed frame: {e}"));
                     }
                 }
@@ -313,7 +313,7 @@ impl LoopConn {
                 st.in_flight + requests.len() >= self.max_in_flight || st.out.len() - st.out_at >= OUT_HIGH_WATER;
             if full {
                 if full && st.at < st.plain.len() {
-                    metrics::counter!("rpc_requests_over_credit_total").increment(1);
+                    crate::series::REQUESTS_OVER_CREDIT.increment(1);
                 }
                 return Ok(());
             }
@@ -392,7 +392,7 @@ impl LoopConn {
                     .flatten()
                     .any(|t| t.elapsed() >= c.frame_timeout);
                 if late {
-                    metrics::counter!("rpc_frames_timed_out_total").increment(1);
+                    crate::series::FRAMES_TIMED_OUT.increment(1);
                     c.close(&mut st, "a frame did not arrive, or answers were not taken, in time");
                 } else {
                     c.watch_time(&mut st);
@@ -418,7 +418,7 @@ impl LoopConn {
         let _ = self.s.shutdown(Shutdown::Both);
         (st.raw, st.plain, st.out) = Default::default();
         st.admitted = None;
-        metrics::gauge!("rpc_loop_connections").decrement(1.0);
+        crate::series::LOOP_CONNECTIONS.decrement(1.0);
     }
 }
 
