@@ -21,18 +21,30 @@ VENV = os.path.join(WORK, "venv")
 VPY = os.path.join(VENV, "bin", "python")
 
 
+def prepare_env():
+    """Debian packages, the release build and the Python environment in .bench/, made once
+    (a lock keeps two callers from installing at once: scripts/test.sh prepares the environment
+    while the tests build)."""
+    import fcntl
+
+    os.makedirs(WORK, exist_ok=True)
+    with open(os.path.join(WORK, "env.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        need = [pkg for cmd, pkg in (("xz", "xz-utils"), ("sqlite3", "sqlite3"), ("mkswap", "util-linux"), ("gcc", "gcc")) if not shutil.which(cmd)]
+        if need:
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        if not os.path.exists(VPY):
+            subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        probe = subprocess.run([VPY, "-c", "import sklearn, matplotlib, tqdm"], capture_output=True)
+        if probe.returncode != 0:
+            subprocess.run([VPY, "-m", "pip", "install", "-q", "scikit-learn", "matplotlib", "tqdm"], check=True)
+
+
 def ensure_env():
-    """Debian packages, the release build and the Python environment in .bench/; then re-runs
-    the calling script inside that environment."""
-    need = [pkg for cmd, pkg in (("xz", "xz-utils"), ("sqlite3", "sqlite3"), ("mkswap", "util-linux"), ("gcc", "gcc")) if not shutil.which(cmd)]
-    if need:
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    if not os.path.exists(VPY):
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    probe = subprocess.run([VPY, "-c", "import sklearn, matplotlib, tqdm"], capture_output=True)
-    if probe.returncode != 0:
-        subprocess.run([VPY, "-m", "pip", "install", "-q", "scikit-learn", "matplotlib", "tqdm"], check=True)
+    """The environment (`prepare_env`) and the release build; then re-runs the calling script
+    inside that environment."""
+    prepare_env()
     if not os.path.exists(SPLITOS):
         subprocess.run(["cargo", "build", "--release", "--workspace", "--quiet"], cwd=ROOT, check=True)
     if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
@@ -217,3 +229,7 @@ def memcached_stats(port):
                 break
             data += chunk
     return dict(l.split()[1:3] for l in data.decode().splitlines() if l.startswith("STAT ") and len(l.split()) >= 3)
+
+
+if __name__ == "__main__":
+    prepare_env()

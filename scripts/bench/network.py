@@ -281,7 +281,7 @@ def summary(r, cpu=True):
 
 def report(args, raw, local, status, answer):
     ncomp = next(c for c in status["components"] if c["role"] == "ncomponent")["stats"]
-    res = {"machine": machine(), "reps": args.reps, "sizes": SIZES, "wordcount_answer": answer, "ncomponent": {k: ncomp[k] for k in ("sockets", "connects", "bytes_sent", "bytes_received")}, "configs": {}, "intra_rack": {}}
+    res = {"machine": machine(), "reps": args.reps, "sizes": SIZES, "wordcount_answer": answer, "ncomponent": {k: ncomp[k] for k in ("sockets", "connects", "wire_sent_bytes", "wire_received_bytes", "ddio_sent_bytes", "ddio_received_bytes", "dma_sent_bytes", "dma_received_bytes")}, "configs": {}, "intra_rack": {}}
     for config, r in raw.items():
         res["configs"][config] = summary(r) | {
             "connect_p50_us": med([x["p50_us"] for x in r["connect"]]),

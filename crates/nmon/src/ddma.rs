@@ -121,8 +121,7 @@ fn work(node: &Node, proxy: &ProxyHandle, c: &Arc<Counters>, w: Work) {
                 let c = c.clone();
                 let counted: Reply = Box::new(move |m| {
                     if matches!(m, Msg::OK(_)) {
-                        c.dma_sent.fetch_add(n, Relaxed);
-                        crate::series::PATH_BYTES.with(["sent", "dma"]).increment(n);
+                        c.dma_sent_bytes.fetch_add(n, Relaxed);
                     }
                     reply(m)
                 });
@@ -161,10 +160,7 @@ fn work(node: &Node, proxy: &ProxyHandle, c: &Arc<Counters>, w: Work) {
                 },
             ) {
                 Ok(_) => {
-                    c.dma_received.fetch_add(len as u64, Relaxed);
-                    crate::series::PATH_BYTES
-                        .with(["received", "dma"])
-                        .increment(len as u64);
+                    c.dma_received_bytes.fetch_add(len as u64, Relaxed);
                     reply(N2P_RECEIVED { len, eof }.into());
                 }
                 Err(e) => {

@@ -42,17 +42,12 @@ impl Net {
 
     fn stats_json(&self) -> String {
         let c = &self.c;
-        serde_json::json!({
+        let state = serde_json::json!({
             "role": "ncomponent", "id": self.node.id(), "addr": self.node.addr, "uptime_ms": self.started.elapsed().as_millis() as u64,
             "nics": self.node.nics.get().cloned().unwrap_or_default(),
-            "sockets": c.sockets.load(Relaxed), "open_sockets": c.open.load(Relaxed),
-            "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
-            "bytes_sent": {"wire": c.wire_sent.load(Relaxed), "ddio": c.ddio_sent.load(Relaxed), "dma": c.dma_sent.load(Relaxed)},
-            "bytes_received": {"wire": c.wire_received.load(Relaxed), "ddio": c.ddio_received.load(Relaxed), "dma": c.dma_received.load(Relaxed)},
-            "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed)},
-            "refused": c.refused.load(Relaxed), "vnode_loopbacks": self.proxy.loopbacks(),
-        })
-        .to_string()
+            "open_sockets": c.open.load(Relaxed), "vnode_loopbacks": self.proxy.loopbacks(),
+        });
+        splitos_metrics::counters::json_with(c.counters(), state).to_string()
     }
 }
 
@@ -81,8 +76,7 @@ impl Handler for Net {
                 let c = self.c.clone();
                 let counted: Reply = Box::new(move |m| {
                     if matches!(m, Msg::OK(_)) {
-                        c.ddio_sent.fetch_add(n, Relaxed);
-                        crate::series::PATH_BYTES.with(["sent", "ddio"]).increment(n);
+                        c.ddio_sent_bytes.fetch_add(n, Relaxed);
                     }
                     reply(m)
                 });
@@ -90,8 +84,7 @@ impl Handler for Net {
             }
             Msg::P2N_SENDTO(r) => {
                 let n: u64 = r.grams.iter().map(|g| g.data.len() as u64).sum();
-                self.c.ddio_sent.fetch_add(n, Relaxed);
-                crate::series::PATH_BYTES.with(["sent", "ddio"]).increment(n);
+                self.c.ddio_sent_bytes.fetch_add(n, Relaxed);
                 self.proxy.submit(Job(r.into(), key, reply));
             }
             Msg::P2N_RECVFROM(r) => {
@@ -99,9 +92,8 @@ impl Handler for Net {
                 let counted: Reply = Box::new(move |m| {
                     if let Msg::N2P_GRAMS(g) = &m {
                         let n: u64 = g.grams.iter().map(|g| g.data.len() as u64).sum();
-                        c.ddio_received.fetch_add(n, Relaxed);
-                        c.grams_received.fetch_add(g.grams.len() as u64, Relaxed);
-                        crate::series::PATH_BYTES.with(["received", "ddio"]).increment(n);
+                        c.ddio_received_bytes.fetch_add(n, Relaxed);
+                        c.datagrams_received.fetch_add(g.grams.len() as u64, Relaxed);
                     }
                     reply(m)
                 });
@@ -111,10 +103,7 @@ impl Handler for Net {
                 let c = self.c.clone();
                 let counted: Reply = Box::new(move |m| {
                     if let Msg::N2P_DATA(d) = &m {
-                        c.ddio_received.fetch_add(d.data.len() as u64, Relaxed);
-                        crate::series::PATH_BYTES
-                            .with(["received", "ddio"])
-                            .increment(d.data.len() as u64);
+                        c.ddio_received_bytes.fetch_add(d.data.len() as u64, Relaxed);
                     }
                     reply(m)
                 });
@@ -229,7 +218,10 @@ pub fn run(args: NetArgs) -> anyhow::Result<()> {
         started: Instant::now(),
     });
     let n = net.clone();
-    splitos_core::telemetry::on_render(move |e| e.one(&crate::series::OPEN_SOCKETS, n.c.open.load(Relaxed) as f64));
+    splitos_core::telemetry::on_render(move |e| {
+        n.c.render(e);
+        e.one(&crate::series::OPEN_SOCKETS, n.c.open.load(Relaxed) as f64)
+    });
     endpoint.serve(
         net.clone(),
         ServerConfig {

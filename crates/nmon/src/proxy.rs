@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_bytes::ByteBuf;
+use splitos_metrics::counters;
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
 
@@ -21,28 +22,43 @@ const WAKER: Token = Token(usize::MAX);
 /// Longest a closed socket may take to send what its program wrote before it closed.
 const LINGER: Duration = Duration::from_secs(30);
 
-/// Counters the proxy keeps, read by the monitor's stats and metrics.
-#[derive(Default)]
-pub struct Counters {
-    pub sockets: AtomicU64,
-    pub open: AtomicU64,
-    pub connects: AtomicU64,
-    pub accepts: AtomicU64,
-    /// Bytes the skeletons' sockets sent and received on this host's stack.
-    pub wire_sent: AtomicU64,
-    pub wire_received: AtomicU64,
-    /// Bytes that came from the stubs, and went to them, by path: in the requests and their
-    /// answers (DDIO), or through socket buffers on mComponents (DMA).
-    pub ddio_sent: AtomicU64,
-    pub ddio_received: AtomicU64,
-    pub dma_sent: AtomicU64,
-    pub dma_received: AtomicU64,
-    /// Datagrams of datagram sockets sent and received on this host's stack, and those
-    /// dropped (the kernel refused them, or a loopback port of another vNode).
-    pub grams_sent: AtomicU64,
-    pub grams_received: AtomicU64,
-    pub grams_dropped: AtomicU64,
-    pub refused: AtomicU64,
+counters! {
+    /// The proxy's counters: keys of the nComponent's statistics and the series
+    /// `splitos_ncomp_<counter>_total`.
+    pub struct Counters: "ncomp" {
+        /// Sockets opened for programs.
+        sockets,
+        /// Connections programs opened.
+        connects,
+        /// Connections programs' listening sockets accepted.
+        accepts,
+        /// Bytes programs' sockets sent on this host's stack.
+        wire_sent_bytes,
+        /// Bytes programs' sockets received on this host's stack.
+        wire_received_bytes,
+        /// Bytes that came from the stubs in their requests (the DDIO path).
+        ddio_sent_bytes,
+        /// Bytes that went to the stubs in the answers to their requests (the DDIO path).
+        ddio_received_bytes,
+        /// Bytes that came from the stubs through socket buffers on mComponents (the DMA path).
+        dma_sent_bytes,
+        /// Bytes that went to the stubs through socket buffers on mComponents (the DMA path).
+        dma_received_bytes,
+        /// Datagrams programs' datagram sockets sent on this host's stack.
+        datagrams_sent,
+        /// Datagrams programs' datagram sockets received on this host's stack.
+        datagrams_received,
+        /// Datagrams dropped: the kernel refused them, or they were for a loopback port of
+        /// another vNode.
+        datagrams_dropped,
+        /// Requests refused: a socket of another pComponent, a loopback port the vNode does not
+        /// hold.
+        refused,
+    }
+    also {
+        /// Sockets open for programs now.
+        pub open: AtomicU64 = AtomicU64::new(0),
+    }
 }
 
 /// A request: the message, its sender's key, where the answer goes.
@@ -227,10 +243,8 @@ impl Proxy {
             return;
         }
         let (sent, received) = s.progress(now);
-        self.c.wire_sent.fetch_add(sent, Relaxed);
-        self.c.wire_received.fetch_add(received, Relaxed);
-        crate::series::WIRE_BYTES.with(["sent"]).increment(sent);
-        crate::series::WIRE_BYTES.with(["received"]).increment(received);
+        self.c.wire_sent_bytes.fetch_add(sent, Relaxed);
+        self.c.wire_received_bytes.fetch_add(received, Relaxed);
         if s.closing.is_some() && s.drained() {
             self.forget(id);
         }
@@ -252,7 +266,6 @@ impl Proxy {
                 }
                 let new = self.add(Skeleton::wrap(owner, conn, realm, spec, State::Connected));
                 self.c.accepts.fetch_add(1, Relaxed);
-                crate::series::ACCEPTS.increment(1);
                 reply(N2P_ACCEPTED { sock: new, peer }.into());
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && now < deadline => s.accept_later(deadline, reply),
@@ -446,7 +459,6 @@ impl Proxy {
                 // The stub asks again while a connect is under way: count the first ask.
                 if matches!(s.state, State::Fresh) {
                     self.c.connects.fetch_add(1, Relaxed);
-                    crate::series::CONNECTS.increment(1);
                 }
                 if !loopback_allowed(self.loopback, &self.registry, &s.owner.vnode, s.kind, r.addr) {
                     self.c.refused.fetch_add(1, Relaxed);
@@ -543,10 +555,9 @@ impl Proxy {
                 }
                 let n = grams.len() as u64;
                 let (sent, dropped) = s.send_grams(grams);
-                self.c.wire_sent.fetch_add(sent, Relaxed);
-                self.c.grams_sent.fetch_add(n - dropped, Relaxed);
-                self.c.grams_dropped.fetch_add(dropped + refused, Relaxed);
-                crate::series::WIRE_BYTES.with(["sent"]).increment(sent);
+                self.c.wire_sent_bytes.fetch_add(sent, Relaxed);
+                self.c.datagrams_sent.fetch_add(n - dropped, Relaxed);
+                self.c.datagrams_dropped.fetch_add(dropped + refused, Relaxed);
                 // A socket that sent before it was bound has a port now: the registry holds it
                 // for the vNode, so that no other vNode can bind it and take its answers.
                 if s.port.is_none() {

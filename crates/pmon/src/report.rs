@@ -38,6 +38,7 @@ impl Pcomp {
         self.miss.total().render(e);
         self.store.one_sided.stats.render(e);
         self.idle.stats.render(e);
+        self.net.c.render(e);
         e.one(&EXCACHE_USED_LINES, self.miss.with_cache(|c| c.used()) as f64);
         e.one(&EXCACHE_LINES, self.miss.with_cache(|c| c.lines()) as f64);
         e.one(&EXCACHE_PINNED_LINES, self.miss.with_cache(|c| c.pinned_lines()) as f64);

@@ -11,13 +11,6 @@ splitos_metrics::series! {
     pub PROGRAM_CONNECTIONS_REFUSED: Counter = "pcomp_program_connections_refused_total";
     /// Messages sent to mComponents to measure the links to them.
     pub LINK_PROBES: Counter = "pcomp_link_probes_total";
-    /// Bytes programs' sockets moved, by direction and by path (`local`: between two
-    /// programs here; `remote`: to a program on another pComponent; `ddio` or `dma`: through
-    /// an nComponent, by its `net_path`).
-    pub NET_BYTES: Counter["dir", "path"] = "pcomp_net_bytes_total";
-    /// Connections between two programs of a vNode that took a shortcut, by path (`local`,
-    /// `remote`).
-    pub NET_SHORTCUTS: Counter["path"] = "pcomp_net_shortcuts_total";
     /// ExCache lines holding a page.
     pub EXCACHE_USED_LINES: Gauge = "pcomp_excache_used_lines";
     /// ExCache lines, as last resized.
@@ -40,8 +33,13 @@ splitos_metrics::series! {
     pub JOB_WRITEBACKS: Counter["pid", "vnode"] = "pcomp_job_writebacks_total";
 }
 
-/// Every series of the pComponent: those above and its counter set's (the ExCache's are its
+/// Every series of the pComponent: those above and its counter sets' (the ExCache's are its
 /// crate's).
 pub fn all() -> Vec<splitos_metrics::Entry> {
-    [declared(), crate::host::idle::IdlePollStats::declared()].concat()
+    [
+        declared(),
+        crate::host::idle::IdlePollStats::declared(),
+        crate::net::NetCounters::declared(),
+    ]
+    .concat()
 }

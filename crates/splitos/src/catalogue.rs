@@ -13,7 +13,7 @@ pub fn all() -> Vec<Entry> {
         splitos_pmon::series::all(),
         splitos_mmon::series::all(),
         splitos_smon::series::declared(),
-        splitos_nmon::series::declared(),
+        splitos_nmon::series::all(),
         splitos_gm::series::declared(),
     ]
     .concat()

@@ -300,9 +300,6 @@ impl NetStub {
     fn send_up(&self, s: &Sock, data: &[u8]) -> bool {
         if let Some(peer) = s.local_peer() {
             self.c.shortcut_bytes.fetch_add(data.len() as u64, Relaxed);
-            crate::series::NET_BYTES
-                .with(["sent", "local"])
-                .increment(data.len() as u64);
             return write_all(&peer.mine, data).is_ok();
         }
         let remote = s.st.lock().unwrap().remote.clone();
@@ -347,10 +344,7 @@ impl NetStub {
         };
         match sent {
             Ok(()) => {
-                self.c.bytes_sent.fetch_add(data.len() as u64, Relaxed);
-                crate::series::NET_BYTES
-                    .with(["sent".to_string(), self.path.to_string()])
-                    .increment(data.len() as u64);
+                self.c.sent_bytes.fetch_add(data.len() as u64, Relaxed);
                 true
             }
             Err(e) => {
@@ -375,10 +369,7 @@ impl NetStub {
                 }
                 Ok(r) if r.data.is_empty() => {}
                 Ok(r) => {
-                    self.c.bytes_received.fetch_add(r.data.len() as u64, Relaxed);
-                    crate::series::NET_BYTES
-                        .with(["received".to_string(), self.path.to_string()])
-                        .increment(r.data.len() as u64);
+                    self.c.received_bytes.fetch_add(r.data.len() as u64, Relaxed);
                     if write_all(&s.mine, &r.data).is_err() {
                         return;
                     }

@@ -410,7 +410,7 @@ impl NetStub {
                         continue;
                     }
                     if n > splitos_shim_abi::NET_UDP_MAX {
-                        self.c.grams_dropped.fetch_add(1, Relaxed);
+                        self.c.datagrams_dropped.fetch_add(1, Relaxed);
                         continue;
                     }
                     bytes += n;
@@ -446,13 +446,12 @@ impl NetStub {
             .and_then(|(at, sock)| self.call(&at, P2N_SENDTO { sock, grams }));
         match sent {
             Ok(_) => {
-                self.c.grams_sent.fetch_add(n, Relaxed);
-                self.c.bytes_sent.fetch_add(bytes as u64, Relaxed);
-                crate::series::NET_BYTES.with(["sent", "ddio"]).increment(bytes as u64);
+                self.c.datagrams_sent.fetch_add(n, Relaxed);
+                self.c.sent_bytes.fetch_add(bytes as u64, Relaxed);
             }
             Err(e) => {
                 // Lost, as a datagram the network drops.
-                self.c.grams_dropped.fetch_add(n, Relaxed);
+                self.c.datagrams_dropped.fetch_add(n, Relaxed);
                 tracing::debug!(errno = e, datagrams = n, "datagrams could not reach their nComponent");
             }
         }
@@ -499,20 +498,17 @@ impl NetStub {
             };
             for g in grams {
                 let Some(from) = g.addr else { continue };
-                self.c.bytes_received.fetch_add(g.data.len() as u64, Relaxed);
-                crate::series::NET_BYTES
-                    .with(["received", "ddio"])
-                    .increment(g.data.len() as u64);
+                self.c.received_bytes.fetch_add(g.data.len() as u64, Relaxed);
                 let delivered = d
                     .sender(from, &self.senders_open)
                     .and_then(|s| s.send_to(&g.data, &d.path));
                 match delivered {
                     Ok(_) => {
-                        self.c.grams_received.fetch_add(1, Relaxed);
+                        self.c.datagrams_received.fetch_add(1, Relaxed);
                     }
                     Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) => return,
                     Err(e) => {
-                        self.c.grams_dropped.fetch_add(1, Relaxed);
+                        self.c.datagrams_dropped.fetch_add(1, Relaxed);
                         tracing::debug!(error = %e, "a received datagram found no room in the program's socket");
                     }
                 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use serde_bytes::ByteBuf;
+use splitos_metrics::counters;
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
 use splitos_shim_abi::{FromZeros, IntoBytes, NetOp, NetReq, NetResp, NET_LOCAL, SHIM_ABI_VERSION};
@@ -41,30 +42,41 @@ struct DmaBufs {
     rx: u64,
 }
 
-/// Counters of the socket stub, in the pComponent's stats.
-#[derive(Default)]
-pub struct NetCounters {
-    pub sockets: AtomicU64,
-    pub connects: AtomicU64,
-    pub accepts: AtomicU64,
-    /// Bytes programs sent, and received, through nComponents.
-    pub bytes_sent: AtomicU64,
-    pub bytes_received: AtomicU64,
-    pub refused: AtomicU64,
-    /// Socket calls answered EAGAIN because their vNode's share of call threads was taken.
-    pub busy: AtomicU64,
-    /// Connections between two programs of a vNode on this pComponent, and the bytes they
-    /// moved, that never reached an nComponent (the shortcut).
-    pub shortcuts: AtomicU64,
-    pub shortcut_bytes: AtomicU64,
-    /// The same between this pComponent and another (a direct connection).
-    pub remote_shortcuts: AtomicU64,
-    pub remote_shortcut_bytes: AtomicU64,
-    /// Datagrams of UDP sockets sent and received through nComponents, and those lost on
-    /// the way (no room in the program's socket, an nComponent that did not answer).
-    pub grams_sent: AtomicU64,
-    pub grams_received: AtomicU64,
-    pub grams_dropped: AtomicU64,
+counters! {
+    /// The socket stub's counters: keys of the pComponent's `net` statistics and the series
+    /// `splitos_pcomp_net_<counter>_total`.
+    pub struct NetCounters: "pcomp_net" {
+        /// Sockets programs opened.
+        sockets,
+        /// Connections programs opened.
+        connects,
+        /// Connections programs' listening sockets accepted.
+        accepts,
+        /// Bytes programs sent through nComponents.
+        sent_bytes,
+        /// Bytes programs received through nComponents.
+        received_bytes,
+        /// Socket calls refused (a socket of another program, a port the vNode may not use).
+        refused,
+        /// Socket calls answered EAGAIN because their vNode's share of call threads was taken.
+        busy,
+        /// Connections between two programs of a vNode on this pComponent that never reached
+        /// an nComponent (the shortcut).
+        shortcuts,
+        /// Bytes those connections moved.
+        shortcut_bytes,
+        /// Connections between a program here and one on another pComponent, made directly.
+        remote_shortcuts,
+        /// Bytes those connections moved.
+        remote_shortcut_bytes,
+        /// Datagrams programs' UDP sockets sent through nComponents.
+        datagrams_sent,
+        /// Datagrams programs' UDP sockets received through nComponents.
+        datagrams_received,
+        /// Datagrams lost on the way: no room in the program's socket, an nComponent that did
+        /// not answer.
+        datagrams_dropped,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,13 +216,11 @@ impl NetStub {
 
     pub fn stats(&self) -> serde_json::Value {
         let c = &self.c;
-        serde_json::json!({
+        let state = serde_json::json!({
             "open_sockets": self.socks.lock().unwrap().len() + self.dgrams.lock().unwrap().len(),
-            "datagrams": {"sent": c.grams_sent.load(Relaxed), "received": c.grams_received.load(Relaxed), "dropped": c.grams_dropped.load(Relaxed), "on": self.udp_dir.get().is_some()},
-            "sockets": c.sockets.load(Relaxed), "connects": c.connects.load(Relaxed), "accepts": c.accepts.load(Relaxed),
-            "bytes_sent": c.bytes_sent.load(Relaxed), "bytes_received": c.bytes_received.load(Relaxed), "refused": c.refused.load(Relaxed), "busy": c.busy.load(Relaxed),
-            "path": self.path.to_string(), "shortcut": {"on": self.shortcut, "connections": c.shortcuts.load(Relaxed), "bytes": c.shortcut_bytes.load(Relaxed), "remote_connections": c.remote_shortcuts.load(Relaxed), "remote_bytes": c.remote_shortcut_bytes.load(Relaxed)},
-        })
+            "datagrams_on": self.udp_dir.get().is_some(), "path": self.path.to_string(), "shortcut_on": self.shortcut,
+        });
+        counters::json_with(c.counters(), state)
     }
 
     /// The nComponent for a socket of `vnode` bound to `ip` (none: the vNode's own).

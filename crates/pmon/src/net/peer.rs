@@ -96,7 +96,6 @@ impl NetStub {
         }
         s.set_phase(Phase::Connected);
         self.c.remote_shortcuts.fetch_add(1, Relaxed);
-        crate::series::NET_SHORTCUTS.with(["remote"]).increment(1);
         Ok(())
     }
 
@@ -118,7 +117,6 @@ impl NetStub {
                 Ok(t) if t.n > 0 => {
                     let n = (t.n as usize).min(data.len());
                     self.c.remote_shortcut_bytes.fetch_add(n as u64, Relaxed);
-                    crate::series::NET_BYTES.with(["sent", "remote"]).increment(n as u64);
                     data = &data[n..];
                     wait = Duration::from_micros(200);
                 }
@@ -151,9 +149,6 @@ impl NetStub {
                 let s = self.conn(r.conn)?;
                 let n = take(&s, &r.data)?;
                 self.c.remote_shortcut_bytes.fetch_add(n as u64, Relaxed);
-                crate::series::NET_BYTES
-                    .with(["received", "remote"])
-                    .increment(n as u64);
                 Ok(P2P_TAKEN { n: n as u32 })
             }),
             Msg::P2P_SHUTDOWN(r) => on(r, |r| {
@@ -221,7 +216,6 @@ impl NetStub {
         let server = self.shortcut_end(&listener, r.addr, r.peer, |st| st.remote = Some(remote))?;
         self.conns.lock().unwrap().insert(mine, Arc::downgrade(&server));
         self.c.remote_shortcuts.fetch_add(1, Relaxed);
-        crate::series::NET_SHORTCUTS.with(["remote"]).increment(1);
         Ok(P2P_CONNECTED {
             conn: mine,
             id: self.node.id(),

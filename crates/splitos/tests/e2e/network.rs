@@ -127,11 +127,8 @@ fn a_program_on_a_host_without_a_route_reaches_the_outside_and_is_reached_from_i
         s["connects"].as_u64().unwrap() >= 1 && s["accepts"].as_u64().unwrap() >= 2,
         "{s}"
     );
-    assert!(
-        s["bytes_received"]["ddio"].as_u64().unwrap() >= body.len() as u64,
-        "{s}"
-    );
-    assert!(s["bytes_sent"]["ddio"].as_u64().unwrap() >= body.len() as u64, "{s}");
+    assert!(s["ddio_received_bytes"].as_u64().unwrap() >= body.len() as u64, "{s}");
+    assert!(s["ddio_sent_bytes"].as_u64().unwrap() >= body.len() as u64, "{s}");
     assert!(
         n["nics"].as_array().unwrap().iter().any(|ip| ip == &n1_out),
         "the nComponent registered its outside address: {n}"
@@ -144,12 +141,12 @@ fn the_socket_calls_of_a_c_program_behave_as_natively_through_the_ncomponent() {
     let (_, p, n) = sockets_program(&h, &c);
     let net = &p["stats"]["net"];
     assert!(
-        net["bytes_sent"].as_u64().unwrap() >= 8 << 20 && net["connects"].as_u64().unwrap() >= 4,
+        net["sent_bytes"].as_u64().unwrap() >= 8 << 20 && net["connects"].as_u64().unwrap() >= 4,
         "{net}"
     );
-    assert_eq!(net["shortcut"]["connections"], 0, "{net}");
+    assert_eq!(net["shortcuts"], 0, "{net}");
     assert!(
-        n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() >= 8 << 20,
+        n["stats"]["ddio_received_bytes"].as_u64().unwrap() >= 8 << 20,
         "the nComponent carried the bulk transfer: {}",
         n["stats"]
     );
@@ -189,7 +186,7 @@ fn an_ncomponent_and_an_mcomponent_serving_on_event_loops_carry_a_programs_socke
     );
     let (_, p, n) = sockets_program(&h, &c);
     assert!(
-        n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() >= 8 << 20,
+        n["stats"]["ddio_received_bytes"].as_u64().unwrap() >= 8 << 20,
         "the nComponent carried the bulk transfer: {}",
         n["stats"]
     );
@@ -234,11 +231,11 @@ fn two_programs_of_a_vnode_on_one_pcomponent_connect_through_it_not_the_ncompone
     let net = &p["stats"]["net"];
     // The connections to a listener of the program (its forked child's, its own) took the
     // shortcut; those to a closed port went to the nComponent, which refused them.
-    assert_eq!(net["shortcut"]["connections"], 2, "{net}");
-    assert!(net["shortcut"]["bytes"].as_u64().unwrap() >= 8 << 20, "{net}");
+    assert_eq!(net["shortcuts"], 2, "{net}");
+    assert!(net["shortcut_bytes"].as_u64().unwrap() >= 8 << 20, "{net}");
     assert_eq!(n["stats"]["accepts"], 0, "{}", n["stats"]);
     assert!(
-        n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20,
+        n["stats"]["ddio_received_bytes"].as_u64().unwrap() < 1 << 20,
         "the bulk transfer did not reach the nComponent: {}",
         n["stats"]
     );
@@ -261,7 +258,7 @@ fn two_programs_of_a_vnode_on_one_pcomponent_connect_through_it_not_the_ncompone
         text(&out.stderr)
     );
     let p = c.components("pcomponent").remove(0);
-    assert_eq!(p["stats"]["net"]["shortcut"]["connections"], 3, "{}", p["stats"]["net"]);
+    assert_eq!(p["stats"]["net"]["shortcuts"], 3, "{}", p["stats"]["net"]);
 }
 
 /// Runs the socket calls' program natively on the nComponent's host and under splitos on the
@@ -535,11 +532,11 @@ fn on_the_dma_path_bytes_go_through_socket_buffers_on_an_mcomponent() {
     assert_eq!(p["stats"]["net"]["path"], "dma");
     let s = &n["stats"];
     assert!(
-        s["bytes_sent"]["dma"].as_u64().unwrap() >= 8 << 20 && s["bytes_received"]["dma"].as_u64().unwrap() >= 8 << 20,
+        s["dma_sent_bytes"].as_u64().unwrap() >= 8 << 20 && s["dma_received_bytes"].as_u64().unwrap() >= 8 << 20,
         "{s}"
     );
     assert_eq!(
-        (s["bytes_sent"]["ddio"].as_u64(), s["bytes_received"]["ddio"].as_u64()),
+        (s["ddio_sent_bytes"].as_u64(), s["ddio_received_bytes"].as_u64()),
         (Some(0), Some(0)),
         "{s}"
     );
@@ -766,16 +763,16 @@ s.bind(9465, '127.0.0.1', () => { const c = d.createSocket('udp4');\n\
 
     // The nComponent sent and received them on its stack; the stub carried them.
     let n = c.components("ncomponent").remove(0);
-    let g = &n["stats"]["datagrams"];
+    let g = &n["stats"];
     assert!(
-        g["sent"].as_u64().unwrap() >= 215 && g["received"].as_u64().unwrap() >= 215,
+        g["datagrams_sent"].as_u64().unwrap() >= 215 && g["datagrams_received"].as_u64().unwrap() >= 215,
         "{}",
         n["stats"]
     );
     let p = c.components("pcomponent").remove(0);
     let net = &p["stats"]["net"];
     assert!(
-        net["datagrams"]["sent"].as_u64().unwrap() >= 215 && net["datagrams"]["received"].as_u64().unwrap() >= 215,
+        net["datagrams_sent"].as_u64().unwrap() >= 215 && net["datagrams_received"].as_u64().unwrap() >= 215,
         "{net}"
     );
 
@@ -956,14 +953,17 @@ fn programs_of_a_vnode_on_two_pcomponents_connect_directly_not_through_the_ncomp
             .clone()
     };
     for i in [0, 1] {
-        let s = &stats(i)["shortcut"];
-        assert_eq!(s["remote_connections"], 2, "pComponent {i}: {s}");
-        assert!(s["remote_bytes"].as_u64().unwrap() >= 8_000_000, "pComponent {i}: {s}");
+        let s = &stats(i);
+        assert_eq!(s["remote_shortcuts"], 2, "pComponent {i}: {s}");
+        assert!(
+            s["remote_shortcut_bytes"].as_u64().unwrap() >= 8_000_000,
+            "pComponent {i}: {s}"
+        );
     }
     let n = c.components("ncomponent").remove(0);
     assert_eq!(n["stats"]["accepts"], 0, "{}", n["stats"]);
     assert!(
-        n["stats"]["bytes_received"]["ddio"].as_u64().unwrap() < 1 << 20,
+        n["stats"]["ddio_received_bytes"].as_u64().unwrap() < 1 << 20,
         "{}",
         n["stats"]
     );
@@ -1145,7 +1145,7 @@ fn raw_socket_system_calls_go_through_the_stub_and_cannot_reach_another_vnodes_p
         net["sockets"].as_u64().unwrap() >= 4 && net["connects"].as_u64().unwrap() >= 3,
         "{net}"
     );
-    assert!(net["shortcut"]["connections"].as_u64().unwrap() >= 1, "{net}");
+    assert!(net["shortcuts"].as_u64().unwrap() >= 1, "{net}");
 }
 
 // ---- A program that gets around the socket stub
