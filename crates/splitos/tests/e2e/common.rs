@@ -1428,14 +1428,38 @@ pub fn http_as(
     let _ = s.write_all(body);
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
-    let out = String::from_utf8_lossy(&out).to_string();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n");
+    let (head, body) = match at {
+        Some(at) => (String::from_utf8_lossy(&out[..at]).to_string(), &out[at + 4..]),
+        None => (String::from_utf8_lossy(&out).to_string(), &[][..]),
+    };
     let status = head
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {out:?}"));
-    (status, head.to_lowercase(), body.to_string())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {head:?}"));
+    let head = head.to_lowercase();
+    let body = match head.contains("transfer-encoding: chunked") {
+        true => unchunked(body),
+        false => body.to_vec(),
+    };
+    (status, head, String::from_utf8_lossy(&body).to_string())
+}
+
+/// A body sent in chunks (each a hexadecimal size, CRLF, that many bytes, CRLF), whole.
+fn unchunked(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&rest[..eol]);
+        let n = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        let chunk = &rest[eol + 2..];
+        if n == 0 || chunk.len() < n {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+        rest = chunk[n..].strip_prefix(b"\r\n").unwrap_or(&chunk[n..]);
+    }
+    body
 }
 
 /// A REST API token made with `splitos cluster token create ARGS` (its last line).
