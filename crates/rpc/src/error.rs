@@ -1,6 +1,10 @@
 //! The two error types of the RPC layer: [`RpcError`], what a caller gets when a call did not
 //! produce its reply, and [`Refusal`], what a handler answers when it declines a request (it
 //! travels as the `ERR` message). Frame-level errors are [`crate::frame::FrameError`].
+//!
+//! A handler's own errors are typed, an enum per operation whose variants a caller can match;
+//! [`Refuse`] maps each such enum onto the wire's codes once, and the `From` below turns any of
+//! them into the `ERR` that travels, its text the error's own.
 use std::time::Duration;
 
 use crate::wire::{ErrCode, ERR};
@@ -12,6 +16,17 @@ impl Refusal {
     /// A refusal the program sees as the Linux errno `e`.
     pub fn errno(e: i32) -> Refusal {
         ERR::new(ErrCode::Errno(e), std::io::Error::from_raw_os_error(e).to_string())
+    }
+}
+
+/// An operation's typed error that a handler can answer with: the code the wire gives it.
+pub trait Refuse: std::error::Error {
+    fn code(&self) -> ErrCode;
+}
+
+impl<E: Refuse> From<E> for Refusal {
+    fn from(e: E) -> Refusal {
+        ERR::new(e.code(), e.to_string())
     }
 }
 
