@@ -51,7 +51,7 @@ pub use process::{
 };
 pub use scomp::ScompConfig;
 pub use size::{parse_size, Size};
-pub use vnode::{check_vnode_name, VnodeConfig};
+pub use vnode::{check_vnode_name, BadVnodeName, VnodeConfig};
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 

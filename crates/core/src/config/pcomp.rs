@@ -499,16 +499,24 @@ mod tests {
         for n in HUGE_PAGES {
             assert_eq!(n.parse::<HugePages>().unwrap().to_string(), *n);
         }
-        assert!("2m".parse::<HugePages>().unwrap_err().contains("off, on"));
+        assert!("2m".parse::<HugePages>().unwrap_err().to_string().contains("off, on"));
         assert_eq!(
             "lru".parse::<EvictPolicy>(),
             Ok(EvictPolicy::Clock),
             "the old name of clock"
         );
-        assert!("lfu".parse::<EvictPolicy>().unwrap_err().contains("fifo, clock"));
+        assert!("lfu"
+            .parse::<EvictPolicy>()
+            .unwrap_err()
+            .to_string()
+            .contains("fifo, clock"));
         assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
         assert_eq!(FaultCpu::Any.to_string(), "any");
-        assert!("sometimes".parse::<FaultCpu>().unwrap_err().contains("any, faulting"));
+        assert!("sometimes"
+            .parse::<FaultCpu>()
+            .unwrap_err()
+            .to_string()
+            .contains("any, faulting"));
     }
 
     #[test]

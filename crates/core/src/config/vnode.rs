@@ -45,13 +45,22 @@ impl VnodeConfig {
 }
 
 /// A vNode's name is a directory name under a pComponent's mount root.
-pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
+pub fn check_vnode_name(vnode: &str) -> Result<(), BadVnodeName> {
     if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
-        return Err(format!(
-            "{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"
-        ));
+        return Err(BadVnodeName(vnode.to_string()));
     }
     Ok(())
+}
+
+/// A name no vNode can have (a file-system path component, and a label of metrics).
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a vNode name (1-128 characters, no '/', not starting with '.')")]
+pub struct BadVnodeName(pub String);
+
+impl splitos_rpc::Refuse for BadVnodeName {
+    fn code(&self) -> splitos_rpc::ErrCode {
+        splitos_rpc::ErrCode::Invalid
+    }
 }
 
 fn check_memory_quota(bytes: u64) -> Result<(), String> {

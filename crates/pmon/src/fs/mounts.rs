@@ -48,7 +48,7 @@ impl Mounts {
         if let Some((dir, _)) = live.get(vnode) {
             return Ok(dir.clone());
         }
-        check_vnode_name(vnode).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+        check_vnode_name(vnode)?;
         let fs = VnodeFs::new(vnode.to_string(), self.node.clone(), self.grants.of(vnode));
         fs.storage().map_err(|_| {
             ERR::new(
