@@ -42,8 +42,8 @@ pub use gm::{GmConfig, ManagerConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
 pub use pcomp::{
-    check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath,
-    OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
+    check_excache, AccessSampling, DirtyTracking, EvictPolicy, ExcacheSize, FaultCpu, HugePages, IdlePoll,
+    InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
 };
 pub use process::{
     role_named, subcommand, write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup,

@@ -394,7 +394,7 @@ impl PcompConfig {
 
     /// An error names the field it is about.
     pub fn validate(&self) -> Result<(), String> {
-        check_excache(self.excache.0)?;
+        check_excache(self.excache.0).map_err(|e| format!("excache: {e}"))?;
         self.interleave
             .check(self.interleave_unit, self.set_ways(), self.evict_reserve)?;
         if !(1..=MAX_LINKS).contains(&self.links) {
@@ -406,7 +406,7 @@ impl PcompConfig {
                 self.excache_max, self.excache
             ));
         }
-        check_excache(self.excache_max.0.max(self.excache.0)).map_err(|e| e.replacen("excache:", "excache_max:", 1))?;
+        check_excache(self.excache_max.0.max(self.excache.0)).map_err(|e| format!("excache_max: {e}"))?;
         if self.dirty_tracking == DirtyTracking::Scan && self.huge_pages == HugePages::On {
             return Err("dirty_tracking: \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB".into());
         }
@@ -460,18 +460,26 @@ impl PcompConfig {
 
 /// Refuses an ExCache size that cannot work: below [`MIN_EXCACHE`], or more than this host's
 /// memory (its lines' bookkeeping alone would take seconds to set up and then not fit).
-pub fn check_excache(bytes: u64) -> Result<(), String> {
+pub fn check_excache(bytes: u64) -> Result<(), ExcacheSize> {
     if bytes < MIN_EXCACHE {
-        return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
+        return Err(ExcacheSize::TooSmall(Size(bytes)));
     }
     if let Some(host) = host_memory().filter(|&h| bytes > h) {
-        return Err(format!(
-            "excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory",
-            Size(bytes),
-            Size(host)
-        ));
+        return Err(ExcacheSize::MoreThanHost {
+            size: Size(bytes),
+            host: Size(host),
+        });
     }
     Ok(())
+}
+
+/// An ExCache size that cannot work ([`check_excache`]); the field it is about names it.
+#[derive(Debug, thiserror::Error)]
+pub enum ExcacheSize {
+    #[error("{0} is less than the least workable ExCache, {min}: with fewer lines a program evicts the pages it is using and makes no progress", min = Size(MIN_EXCACHE))]
+    TooSmall(Size),
+    #[error("{size} is more than this host's memory ({host}); the ExCache lives in the pComponent's memory")]
+    MoreThanHost { size: Size, host: Size },
 }
 
 fn host_memory() -> Option<u64> {

@@ -517,6 +517,7 @@ mod evictor;
 mod fault;
 mod fresh;
 mod resize;
+pub use resize::ResizeError;
 mod sample;
 mod scan;
 #[cfg(test)]
