@@ -563,10 +563,13 @@ impl Handler for Gm {
                 splitos_core::node::exit_soon();
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("the global managers do not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "the global managers do",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 }

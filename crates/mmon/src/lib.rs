@@ -596,10 +596,13 @@ impl<P: Peers> Handler for Mem<P> {
                 })
             }),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("an mComponent does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "an mComponent does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         };
         if let Msg::ERR(e) = &reply {
             tracing::debug!(request = name, code = ?e.code, msg = %e.msg, "request refused");

@@ -373,10 +373,13 @@ impl Proxy {
             Msg::P2N_RECVFROM(r) => r.sock,
             Msg::P2N_DISCONNECT(r) => r.sock,
             other => {
-                reply(Msg::ERR(ERR::new(
-                    ErrCode::Invalid,
-                    format!("the proxy does not handle {}", other.name()),
-                )));
+                reply(Msg::ERR(
+                    Unhandled {
+                        by: "the proxy does",
+                        msg: other.name(),
+                    }
+                    .into(),
+                ));
                 return None;
             }
         };
@@ -617,9 +620,20 @@ fn owned<'a>(
                     "refused a request about a socket another pComponent made"
                 );
             }
-            Err(ERR::new(ErrCode::Denied, format!("socket {id} is not yours")))
+            Err(NotYours(id).into())
         }
         None => Err(Refusal::errno(libc::EBADF)),
+    }
+}
+
+/// A request about a socket another pComponent made.
+#[derive(Debug, thiserror::Error)]
+#[error("socket {0} is not yours")]
+pub struct NotYours(pub u64);
+
+impl Refuse for NotYours {
+    fn code(&self) -> ErrCode {
+        ErrCode::Denied
     }
 }
 

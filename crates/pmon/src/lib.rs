@@ -527,10 +527,13 @@ impl Handler for Pcomp {
             Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("a pComponent does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "a pComponent does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 }

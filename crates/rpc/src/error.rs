@@ -30,6 +30,21 @@ impl<E: Refuse> From<E> for Refusal {
     }
 }
 
+/// A request that a component (or a part of one) has no handler for. `by` is the subject with
+/// its verb ("an mComponent does", "the global managers do").
+#[derive(Debug, thiserror::Error)]
+#[error("{by} not handle {msg}")]
+pub struct Unhandled {
+    pub by: &'static str,
+    pub msg: &'static str,
+}
+
+impl Refuse for Unhandled {
+    fn code(&self) -> ErrCode {
+        ErrCode::Invalid
+    }
+}
+
 impl std::fmt::Display for ERR {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}: {}", self.code, self.msg)

@@ -162,10 +162,13 @@ impl NetStub {
                 }
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("the socket stub does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "the socket stub does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 
