@@ -519,10 +519,7 @@ impl Handler for Gm {
                     tracing::info!(name = %r.name, "API token revoked");
                     Ok(OK)
                 }
-                Ok(false) => Err(ERR::new(
-                    ErrCode::NotFound,
-                    format!("no API token is named {:?}", r.name),
-                )),
+                Ok(false) => Err(tokens::TokenError::NoSuch(r.name.clone()).into()),
                 Err(e) => Err(e.into()),
             }),
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),

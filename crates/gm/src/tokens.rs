@@ -86,6 +86,8 @@ pub enum TokenError {
     Keep(#[source] anyhow::Error),
     #[error("cannot forget the token: {0}")]
     Forget(#[source] anyhow::Error),
+    #[error("no API token is named {0:?}")]
+    NoSuch(String),
 }
 
 /// A token that could not be made is the asker's to fix; one the state could not forget is not.
@@ -93,6 +95,7 @@ impl Refuse for TokenError {
     fn code(&self) -> ErrCode {
         match self {
             TokenError::Forget(_) => ErrCode::Internal,
+            TokenError::NoSuch(_) => ErrCode::NotFound,
             _ => ErrCode::Invalid,
         }
     }

@@ -50,7 +50,7 @@ pub use process::{
     StorageArgs, METRICS_ADDR,
 };
 pub use scomp::ScompConfig;
-pub use size::{parse_size, Size};
+pub use size::{parse_size, Size, SizeError};
 pub use vnode::{check_vnode_name, BadVnodeName, VnodeConfig};
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
