@@ -197,7 +197,7 @@ pub enum PlacementError {
     #[error(transparent)]
     Unknown(#[from] UnknownName),
     #[error("cannot keep the placement policy: {0}")]
-    Keep(#[source] anyhow::Error),
+    Keep(anyhow::Error),
 }
 
 /// Either is the asker's to fix (a name, or asking the leader), as it always was refused.

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 pub enum IdError {
     #[error("no {what} {name:?} on this host")]
     Unknown { what: &'static str, name: String },
-    #[error("cannot look up {what} {name:?}: {source}")]
+    #[error("cannot look up {what} {name:?}: {error}")]
     Lookup {
         what: &'static str,
         name: String,
-        source: nix::Error,
+        error: nix::Error,
     },
 }
 
@@ -28,10 +28,10 @@ fn id_of(what: &'static str, name: &str, lookup: impl Fn(&str) -> nix::Result<Op
             what,
             name: name.to_string(),
         }),
-        Err(source) => Err(IdError::Lookup {
+        Err(error) => Err(IdError::Lookup {
             what,
             name: name.to_string(),
-            source,
+            error,
         }),
     }
 }

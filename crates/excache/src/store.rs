@@ -118,7 +118,6 @@ pub enum PageError {
         addr: String,
         what: &'static str,
         page: u64,
-        #[source]
         cause: RpcError,
     },
     #[error("mComponent {mcomp} at {addr} sent heap page {page:#x} changed since it was written back (it fails its checksum)")]
@@ -128,7 +127,6 @@ pub enum PageError {
         mcomp: u32,
         addr: String,
         page: u64,
-        #[source]
         cause: RpcError,
     },
 }

@@ -37,17 +37,17 @@ pub enum JoinError {
     #[error("{MAX_TOKENS} join tokens are outstanding: let some be used or expire")]
     TooMany,
     #[error("the kernel's random generator: {0}")]
-    Random(#[source] std::io::Error),
+    Random(std::io::Error),
     #[error("cannot keep the join token: {0}")]
-    Keep(#[source] anyhow::Error),
+    Keep(anyhow::Error),
     #[error("not a valid join token (used, expired, revoked, or never made)")]
     NotValid,
     #[error("cannot use the join token up: {0}")]
-    UseUp(#[source] anyhow::Error),
+    UseUp(anyhow::Error),
     #[error("cannot issue credentials: {0}")]
-    Issue(#[from] splitos_rpc::auth::AuthError),
+    Issue(splitos_rpc::auth::AuthError),
     #[error("cannot encode the credentials: {0}")]
-    Encode(#[from] postcard::Error),
+    Encode(postcard::Error),
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -164,8 +164,8 @@ impl JoinTokens {
             .map_err(JoinError::UseUp)?;
         by_id.remove(at);
         let authority = self.authority.as_ref().ok_or(JoinError::NoAuthority)?;
-        let creds = authority.issue(s.role)?;
-        Ok((s.role, postcard::to_allocvec(&creds)?))
+        let creds = authority.issue(s.role).map_err(JoinError::Issue)?;
+        Ok((s.role, postcard::to_allocvec(&creds).map_err(JoinError::Encode)?))
     }
 }
 

@@ -130,7 +130,7 @@ pub enum ComponentError {
     #[error("component {id} is a {role}: only pComponents and mComponents take new work, and are cordoned")]
     NotCordonable { id: u32, role: &'static str },
     #[error("cannot keep the cordon: {0}")]
-    KeepCordon(#[source] anyhow::Error),
+    KeepCordon(anyhow::Error),
     #[error("component {id} is a {role}: only pComponents have an ExCache")]
     NotPComponent { id: u32, role: &'static str },
     #[error("pComponent {id} does not answer")]

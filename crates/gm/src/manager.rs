@@ -10,9 +10,9 @@ pub(crate) enum ManagerError {
     #[error("this global manager follows, and no leader is elected yet")]
     NoLeader,
     #[error("the leader's published status: {0}")]
-    Published(#[source] postcard::Error),
+    Published(postcard::Error),
     #[error("the managers' state: {0}")]
-    State(#[source] anyhow::Error),
+    State(anyhow::Error),
     #[error("not a valid API token")]
     NotAToken,
 }

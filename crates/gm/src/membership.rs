@@ -17,7 +17,7 @@ pub(crate) enum MembershipError {
     #[error("a live {role} with other credentials is registered at {addr}")]
     OtherCredentials { role: &'static str, addr: String },
     #[error("cannot keep the registration: {0}")]
-    Keep(#[source] anyhow::Error),
+    Keep(anyhow::Error),
     #[error("no component {id} is registered at {addr}")]
     NotRegistered { id: u32, addr: String },
     #[error("no live component serves Ebb {id}")]

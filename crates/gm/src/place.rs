@@ -14,7 +14,7 @@ pub enum PlaceError {
     #[error("no alive mComponent takes new homes")]
     NoMComponentTakesHomes,
     #[error("cannot keep the vNode's home: {0}")]
-    KeepHome(#[source] anyhow::Error),
+    KeepHome(anyhow::Error),
     #[error("no sComponent is alive")]
     NoSComponentAlive,
     #[error("replication \"log\" keeps backup files on an sComponent, and none is alive")]

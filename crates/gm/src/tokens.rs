@@ -81,11 +81,11 @@ pub enum TokenError {
     #[error("a token named {0:?} exists: revoke it first")]
     Exists(String),
     #[error("the kernel's random generator: {0}")]
-    Random(#[source] std::io::Error),
+    Random(std::io::Error),
     #[error("cannot keep the token: {0}")]
-    Keep(#[source] anyhow::Error),
+    Keep(anyhow::Error),
     #[error("cannot forget the token: {0}")]
-    Forget(#[source] anyhow::Error),
+    Forget(anyhow::Error),
     #[error("no API token is named {0:?}")]
     NoSuch(String),
 }

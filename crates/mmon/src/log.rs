@@ -32,7 +32,6 @@ pub(crate) enum BackupLogError {
         idx: u64,
         scomp: u32,
         addr: String,
-        #[source]
         cause: RpcError,
     },
 }

@@ -13,7 +13,7 @@ use splitos_core::segment::Segment;
 /// The memory for a vRegion's pages could not be made (the memfd, or its mapping).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot make the memory of a vRegion: {0}")]
-pub(super) struct NoSegment(#[source] std::io::Error);
+pub(super) struct NoSegment(std::io::Error);
 
 impl Refuse for NoSegment {
     fn code(&self) -> ErrCode {

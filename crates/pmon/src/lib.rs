@@ -51,13 +51,13 @@ use splitos_core::telemetry::{Exposition, Kind};
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error("excache: {0}")]
-    ExcacheSize(#[from] splitos_core::config::ExcacheSize),
+    ExcacheSize(splitos_core::config::ExcacheSize),
     #[error(transparent)]
     Resize(#[from] excache::miss::ResizeError),
     #[error("eviction: {0}")]
-    Eviction(#[source] splitos_rpc::knob::UnknownName),
+    Eviction(splitos_rpc::knob::UnknownName),
     #[error("prefetch: {0}")]
-    Prefetch(#[source] splitos_rpc::knob::UnknownName),
+    Prefetch(splitos_rpc::knob::UnknownName),
     #[error("prefetch: this pComponent reads no line ahead (prefetch_lines = 0): a read-ahead policy would have nothing to do")]
     NoReadAhead,
     #[error("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)")]
@@ -66,8 +66,8 @@ pub enum ControlError {
     NotASignal(i32),
     #[error("no process {0} runs on this pComponent")]
     NoProcess(u64),
-    #[error("process {pid}: {source}")]
-    Signal { pid: u64, source: std::io::Error },
+    #[error("process {pid}: {error}")]
+    Signal { pid: u64, error: std::io::Error },
 }
 
 impl Refuse for ControlError {
@@ -313,7 +313,7 @@ impl Pcomp {
     fn set_excache(&self, r: G2P_SET_EXCACHE) -> Result<P2G_EXCACHE, ERR> {
         let lines = |bytes: u64| (bytes / PAGE_SIZE as u64) as usize;
         if let Some(size) = r.size {
-            splitos_core::config::check_excache(size).map_err(ControlError::from)?;
+            splitos_core::config::check_excache(size).map_err(ControlError::ExcacheSize)?;
         }
         let shares = r
             .shares
@@ -418,7 +418,7 @@ impl Pcomp {
         {
             return Err(ControlError::Signal {
                 pid,
-                source: std::io::Error::last_os_error(),
+                error: std::io::Error::last_os_error(),
             }
             .into());
         }

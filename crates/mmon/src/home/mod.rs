@@ -305,12 +305,7 @@ pub(crate) enum HomeError {
     #[error("no other mComponent can be the home of process {pid}")]
     NoOtherHome { pid: u64 },
     #[error("cannot give process {pid} to mComponent {to} as its home yet: {cause}")]
-    HandOver {
-        pid: u64,
-        to: u32,
-        #[source]
-        cause: RpcError,
-    },
+    HandOver { pid: u64, to: u32, cause: RpcError },
     #[error("vRegion {idx} of process {pid} has no logger")]
     NoLogger { idx: u64, pid: u64 },
     #[error("mComponent {mcomp} is now the home of process {pid}")]

@@ -18,17 +18,17 @@ pub enum MountError {
     /// A cluster without sComponents has no files to show.
     #[error("no sComponent is alive to store vNode {0:?}")]
     NoStorage(String),
-    #[error("cannot create mount point {}: {source}", dir.display())]
-    CreateDir { dir: PathBuf, source: std::io::Error },
-    #[error("mount point {}: {source}", dir.display())]
-    Stat { dir: PathBuf, source: std::io::Error },
+    #[error("cannot create mount point {}: {error}", dir.display())]
+    CreateDir { dir: PathBuf, error: std::io::Error },
+    #[error("mount point {}: {error}", dir.display())]
+    Stat { dir: PathBuf, error: std::io::Error },
     #[error("mount point {} is not a directory of this pComponent's user (uid {uid}): refusing to mount there", dir.display())]
     NotOurs { dir: PathBuf, uid: u32 },
-    #[error("cannot mount vNode {vnode:?} at {}: {source}", dir.display())]
+    #[error("cannot mount vNode {vnode:?} at {}: {error}", dir.display())]
     Mount {
         vnode: String,
         dir: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -50,16 +50,16 @@ fn mount_point(dir: &Path) -> Result<(), MountError> {
     match std::fs::DirBuilder::new().mode(0o755).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(source) => {
+        Err(error) => {
             return Err(MountError::CreateDir {
                 dir: dir.to_path_buf(),
-                source,
+                error,
             })
         }
     }
-    let m = std::fs::symlink_metadata(dir).map_err(|source| MountError::Stat {
+    let m = std::fs::symlink_metadata(dir).map_err(|error| MountError::Stat {
         dir: dir.to_path_buf(),
-        source,
+        error,
     })?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -106,10 +106,10 @@ impl Mounts {
         // Every user reaches the mount; its top directory lets in only the vNode's (see above).
         cfg.acl = fuser::SessionACL::All;
         cfg.n_threads = Some(2);
-        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|source| MountError::Mount {
+        let session = fuser::spawn_mount(fs, &dir, &cfg).map_err(|error| MountError::Mount {
             vnode: vnode.to_string(),
             dir: dir.clone(),
-            source,
+            error,
         })?;
         tracing::info!(vnode, dir = %dir.display(), "mounted the vNode's file system");
         metrics::counter!("pcomp_vnode_mounts_total").increment(1);

@@ -35,9 +35,9 @@ use crate::fs::MountError;
 #[derive(Debug, thiserror::Error)]
 enum AdmitError {
     #[error("cannot keep the program's connection: {0}")]
-    Connection(#[source] std::io::Error),
-    #[error("cannot track the writes of program {pid}: {source}")]
-    Track { pid: i32, source: std::io::Error },
+    Connection(std::io::Error),
+    #[error("cannot track the writes of program {pid}: {error}")]
+    Track { pid: i32, error: std::io::Error },
     /// Its pid is another process's now, perhaps: no program to serve.
     #[error("process {pid} that connected has ended")]
     Ended { pid: i32 },
@@ -48,7 +48,7 @@ enum AdmitError {
     #[error("no forked child {token}")]
     NoForkedChild { token: u64 },
     #[error("cannot create an eventfd: {0}")]
-    Eventfd(#[source] std::io::Error),
+    Eventfd(std::io::Error),
 }
 
 impl Refuse for AdmitError {
@@ -445,7 +445,7 @@ impl Pcomp {
 
     /// The interleaving a launcher's hello chose for its run (`None`: the pComponent's),
     /// checked as the pComponent's own against the ExCache as it is now.
-    fn job_interleave(&self, h: &Hello) -> Result<Option<Option<Interleave>>, String> {
+    fn job_interleave(&self, h: &Hello) -> Result<Option<Option<Interleave>>, splitos_core::config::ConfigError> {
         if h.interleave_of == 0 {
             return Ok(None);
         }
@@ -520,7 +520,7 @@ impl Pcomp {
         let tracker = match self.cfg.dirty_tracking {
             DirtyTracking::Fault => None,
             DirtyTracking::Scan => Some(
-                Tracker::open(peer.pid, h.region_base).map_err(|source| AdmitError::Track { pid: peer.pid, source })?,
+                Tracker::open(peer.pid, h.region_base).map_err(|error| AdmitError::Track { pid: peer.pid, error })?,
             ),
         };
         // The pid is the process's only while it lives: one that connected and ended (its
