@@ -20,8 +20,8 @@ pub enum ConfigError {
     #[error("{table}.{error}")]
     In { table: String, error: Box<ConfigError> },
     /// The transport's and the event loops' own checks, whose text names their fields.
-    #[error("{0}")]
-    Transport(String),
+    #[error(transparent)]
+    Transport(#[from] splitos_rpc::transport::TransportError),
     #[error("option {0} is no field of its configuration")]
     NoSuchOption(String),
     #[error(transparent)]
