@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
-use super::{capture, CleanVictim, Held, MissPath, ProcHeap, Sent, State, Writeback, PAGE};
+use super::{capture, CleanVictim, Held, MissError, MissPath, ProcHeap, Sent, State, Writeback, PAGE};
 use crate::cache::Line;
 use crate::huge::SplitError;
 use crate::store::Page;
@@ -226,11 +226,12 @@ impl MissPath {
         self.bump(t, |s| {
             s.tier_unpack_ns.fetch_add(ns, Relaxed);
         });
-        r.map(|()| page).map_err(|e| {
-            Refusal::new(
-                splitos_rpc::ErrCode::Internal,
-                format!("compressed tier: cannot decompress heap page {:#x}: {e}", vpn * PAGE),
-            )
+        r.map(|()| page).map_err(|error| {
+            MissError::Unpack {
+                addr: vpn * PAGE,
+                error,
+            }
+            .into()
         })
     }
 }

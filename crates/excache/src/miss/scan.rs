@@ -180,10 +180,7 @@ impl MissPath {
             self.fail(t, &why);
         }
         if !t.alive() {
-            return Err(Refusal::new(
-                splitos_rpc::ErrCode::Internal,
-                format!("process {} lost heap pages while they moved", t.pid),
-            ));
+            return Err(MissError::PagesLost { pid: t.pid }.into());
         }
         Ok(())
     }
