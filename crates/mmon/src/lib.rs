@@ -157,6 +157,20 @@ impl Refuse for CacheMoved {
     }
 }
 
+/// This mComponent's own handler answered an owner request with another message than its reply.
+#[derive(Debug, thiserror::Error)]
+#[error("{request} answered with {reply}")]
+struct WrongReply {
+    request: &'static str,
+    reply: &'static str,
+}
+
+impl Refuse for WrongReply {
+    fn code(&self) -> ErrCode {
+        ErrCode::Internal
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("a link probe of {bytes} bytes: at most {MAX_PROBE}")]
 struct ProbeTooLarge {
@@ -440,8 +454,13 @@ impl<P: Peers> Mem<P> {
         let name = msg.name();
         match self.handle(msg) {
             Msg::ERR(e) => Err(e),
-            m => R::Reply::try_from(m)
-                .map_err(|m| ERR::new(ErrCode::Internal, format!("{name} answered with {}", m.name()))),
+            m => R::Reply::try_from(m).map_err(|m| {
+                WrongReply {
+                    request: name,
+                    reply: m.name(),
+                }
+                .into()
+            }),
         }
     }
 

@@ -620,20 +620,31 @@ fn owned<'a>(
                     "refused a request about a socket another pComponent made"
                 );
             }
-            Err(NotYours(id).into())
+            Err(SocketError::NotYours(id).into())
         }
         None => Err(Refusal::errno(libc::EBADF)),
     }
 }
 
-/// A request about a socket another pComponent made.
+/// Why the nComponent refuses a socket's request.
 #[derive(Debug, thiserror::Error)]
-#[error("socket {0} is not yours")]
-pub struct NotYours(pub u64);
+pub enum SocketError {
+    /// A request about a socket another pComponent made.
+    #[error("socket {0} is not yours")]
+    NotYours(u64),
+    #[error("the nComponent's DMA engine is gone")]
+    DmaGone,
+    #[error("a newer receive on this socket replaced this one")]
+    Replaced,
+}
 
-impl Refuse for NotYours {
+impl Refuse for SocketError {
     fn code(&self) -> ErrCode {
-        ErrCode::Denied
+        match self {
+            SocketError::NotYours(_) => ErrCode::Denied,
+            SocketError::DmaGone => ErrCode::Internal,
+            SocketError::Replaced => ErrCode::Invalid,
+        }
     }
 }
 

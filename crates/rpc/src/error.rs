@@ -45,6 +45,20 @@ impl Refuse for Unhandled {
     }
 }
 
+/// A request the sender's role may not send ([`crate::wire::may_send`]).
+#[derive(Debug, thiserror::Error)]
+#[error("a {role} may not send {msg}")]
+pub struct NotPermitted {
+    pub role: &'static str,
+    pub msg: &'static str,
+}
+
+impl Refuse for NotPermitted {
+    fn code(&self) -> ErrCode {
+        ErrCode::Denied
+    }
+}
+
 impl std::fmt::Display for ERR {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}: {}", self.code, self.msg)
