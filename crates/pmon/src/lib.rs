@@ -332,7 +332,7 @@ impl Pcomp {
     /// A [`SetPolicy`] message to the `excache-policies` Ebb: replaces the eviction or
     /// read-ahead policy while programs run (docs/ebb.md#policies-as-ebbs), refusing what the
     /// configuration would refuse.
-    fn set_policy(&self, r: SetPolicy) -> Result<PolicyState, ERR> {
+    fn set_policy(&self, r: SetPolicy) -> Result<PolicyState, ControlError> {
         if r.eviction.is_none() && r.prefetch.is_none() {
             return Ok(self.policy_now());
         }
@@ -347,10 +347,10 @@ impl Pcomp {
             .transpose()
             .map_err(ControlError::Prefetch)?;
         if prefetch.is_some() && self.cfg.prefetch_lines == 0 {
-            return Err(ControlError::NoReadAhead.into());
+            return Err(ControlError::NoReadAhead);
         }
         if self.sampling && eviction == Some(splitos_core::config::EvictPolicy::Fifo) {
-            return Err(ControlError::FifoWhileSampling.into());
+            return Err(ControlError::FifoWhileSampling);
         }
         let lines = self.miss.with_cache(|c| c.lines());
         let (before, _) = self.miss.policy_names();
