@@ -511,6 +511,11 @@ pub enum MissError {
     Read { addr: u64, error: std::io::Error },
     #[error("process {pid} lost heap pages while they moved")]
     PagesLost { pid: u64 },
+    /// A dirty page that could not be captured: it existed nowhere else.
+    #[error("cannot read heap page {addr:#x} to write it back: {error}")]
+    WriteBackRead { addr: u64, error: std::io::Error },
+    #[error("cannot split the huge page holding heap page {addr:#x}: {error}; its other pages were lost")]
+    HugePageLost { addr: u64, error: std::io::Error },
 }
 
 impl splitos_rpc::Refuse for MissError {

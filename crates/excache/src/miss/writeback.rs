@@ -280,7 +280,7 @@ impl MissPath {
         }
         drop(g);
         if let Some(why) = lost {
-            self.fail(t, &why);
+            self.fail(t, &why.to_string());
         }
         stored
     }
