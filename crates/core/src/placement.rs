@@ -19,7 +19,8 @@
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{PlacementState, Role, SetPlacement, EBB_PLACEMENT};
+use splitos_rpc::knob::UnknownName;
+use splitos_rpc::{ErrCode, PlacementState, Refuse, Role, SetPlacement, EBB_PLACEMENT};
 
 use crate::config::PlacementPolicy;
 use crate::state::{Store, Table};
@@ -185,19 +186,35 @@ impl Placements {
 
     /// Replaces the policy with the one `name` names (none: only reads it), as the
     /// `placement` Ebb's message does; the policy then.
-    pub fn set(&self, name: Option<String>) -> Result<PlacementState, String> {
+    pub fn set(&self, name: Option<String>) -> Result<PlacementState, PlacementError> {
         replace(&self.rule, &self.store, name)
+    }
+}
+
+/// Why the placement policy was not replaced.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error(transparent)]
+    Unknown(#[from] UnknownName),
+    #[error("cannot keep the placement policy: {0}")]
+    Keep(anyhow::Error),
+}
+
+/// Either is the asker's to fix (a name, or asking the leader), as it always was refused.
+impl Refuse for PlacementError {
+    fn code(&self) -> ErrCode {
+        ErrCode::Invalid
     }
 }
 
 /// Puts the policy `name` names in place of `rule`'s (none: only reads it), kept in `store`
 /// first: a manager that may no longer write its state changes nothing.
-fn replace(rule: &Ebb<PlacementPolicy>, store: &Store, name: Option<String>) -> Result<PlacementState, String> {
+fn replace(rule: &Ebb<PlacementPolicy>, store: &Store, name: Option<String>) -> Result<PlacementState, PlacementError> {
     if let Some(name) = name {
         let k: PlacementPolicy = name.parse()?;
         store
             .put(PLACEMENT, "policy", Some(&k.to_string()))
-            .map_err(|e| format!("cannot keep the placement policy: {e}"))?;
+            .map_err(PlacementError::Keep)?;
         let before = *rule.rep();
         rule.replace(move |_| k);
         crate::series::GM_PLACEMENT_SWAPS.increment(1);
@@ -225,7 +242,7 @@ impl Messagable for PlacementMessages {
         }
         let r: SetPlacement =
             postcard::from_bytes(&body).map_err(|e| Refused::Invalid(format!("not a SetPlacement message: {e}")))?;
-        let now = replace(&self.rule, &self.store, r.placement).map_err(Refused::Invalid)?;
+        let now = replace(&self.rule, &self.store, r.placement).map_err(|e| Refused::Invalid(e.to_string()))?;
         Ok(postcard::to_allocvec(&now).expect("a PlacementState encodes").into())
     }
 }
@@ -373,7 +390,7 @@ mod tests {
             assert_eq!(name.parse::<PlacementPolicy>().unwrap().to_string(), *name);
         }
         assert_eq!(PlacementPolicy::default(), PlacementPolicy::LeastLoaded);
-        let err = "worst-fit".parse::<PlacementPolicy>().unwrap_err();
+        let err = "worst-fit".parse::<PlacementPolicy>().unwrap_err().to_string();
         assert!(
             err.contains("placement") && err.contains("least-loaded, best-fit, first-fit, nearest"),
             "{err}"

@@ -3,26 +3,46 @@
 //! `cluster down` and `run` also look at).
 use std::path::{Path, PathBuf};
 
+/// Why a user's or group's name gives no id here.
+#[derive(Debug, thiserror::Error)]
+pub enum IdError {
+    #[error("no {what} {name:?} on this host")]
+    Unknown { what: &'static str, name: String },
+    #[error("cannot look up {what} {name:?}: {error}")]
+    Lookup {
+        what: &'static str,
+        name: String,
+        error: nix::Error,
+    },
+}
+
 /// A user's or group's id, from its number or its name on this host; a name this host does not
 /// know is an error, not a grant to nobody.
-fn id_of(what: &str, name: &str, lookup: impl Fn(&str) -> nix::Result<Option<u32>>) -> Result<u32, String> {
+fn id_of(what: &'static str, name: &str, lookup: impl Fn(&str) -> nix::Result<Option<u32>>) -> Result<u32, IdError> {
     if let Ok(n) = name.parse() {
         return Ok(n);
     }
     match lookup(name) {
         Ok(Some(id)) => Ok(id),
-        Ok(None) => Err(format!("no {what} {name:?} on this host")),
-        Err(e) => Err(format!("cannot look up {what} {name:?}: {e}")),
+        Ok(None) => Err(IdError::Unknown {
+            what,
+            name: name.to_string(),
+        }),
+        Err(error) => Err(IdError::Lookup {
+            what,
+            name: name.to_string(),
+            error,
+        }),
     }
 }
 
-pub fn uid_of(name: &str) -> Result<u32, String> {
+pub fn uid_of(name: &str) -> Result<u32, IdError> {
     id_of("user", name, |n| {
         nix::unistd::User::from_name(n).map(|u| u.map(|u| u.uid.as_raw()))
     })
 }
 
-pub fn gid_of(name: &str) -> Result<u32, String> {
+pub fn gid_of(name: &str) -> Result<u32, IdError> {
     id_of("group", name, |n| {
         nix::unistd::Group::from_name(n).map(|g| g.map(|g| g.gid.as_raw()))
     })

@@ -102,33 +102,21 @@ fn registry() -> &'static Mutex<HashMap<EbbId, Registered>> {
 }
 
 /// Why an Ebb could not be created or found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EbbError {
     /// The id names an Ebb already.
+    #[error("{0} exists already")]
     Taken(EbbId),
     /// No Ebb has the id in this process.
+    #[error("no Ebb {0}")]
     Unknown(EbbId),
     /// The id names an Ebb of another representative type.
+    #[error("{0} has representatives of another type")]
     WrongType(EbbId),
     /// The id is dynamic, so it names the Ebb in this process only.
+    #[error("{0} is not a static id (below {FIRST_DYNAMIC}): other components cannot name it")]
     NotStatic(EbbId),
 }
-
-impl std::fmt::Display for EbbError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EbbError::Taken(id) => write!(f, "{id} exists already"),
-            EbbError::Unknown(id) => write!(f, "no Ebb {id}"),
-            EbbError::WrongType(id) => write!(f, "{id} has representatives of another type"),
-            EbbError::NotStatic(id) => write!(
-                f,
-                "{id} is not a static id (below {FIRST_DYNAMIC}): other components cannot name it"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for EbbError {}
 
 impl<R: 'static> Ebb<R> {
     /// A new Ebb with a fresh id, whose representatives `factory` builds (once per core).

@@ -40,15 +40,28 @@ pub enum Waiting {
 }
 
 impl std::str::FromStr for Waiting {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = LoopError;
+    fn from_str(s: &str) -> Result<Self, LoopError> {
         match s {
             "adaptive" => Ok(Waiting::Adaptive),
             "poll" => Ok(Waiting::Poll),
             "sleep" => Ok(Waiting::Sleep),
-            _ => Err(format!("unknown waiting {s:?} (adaptive, poll or sleep)")),
+            _ => Err(LoopError::UnknownWaiting(s.to_string())),
         }
     }
+}
+
+/// Why an event loop's configuration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error("unknown waiting {0:?} (adaptive, poll or sleep)")]
+    UnknownWaiting(String),
+    #[error(
+        "sleep_below ({sleep_below}) must not exceed poll_above ({poll_above}): the loop would switch on every window"
+    )]
+    SleepAbovePoll { sleep_below: u64, poll_above: u64 },
+    #[error("the rate window must be longer than zero")]
+    NoWindow,
 }
 
 impl serde::Serialize for Waiting {
@@ -105,15 +118,15 @@ impl Default for LoopConfig {
 }
 
 impl LoopConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LoopError> {
         if self.sleep_below > self.poll_above {
-            return Err(format!(
-                "sleep_below ({}) must not exceed poll_above ({}): the loop would switch on every window",
-                self.sleep_below, self.poll_above
-            ));
+            return Err(LoopError::SleepAbovePoll {
+                sleep_below: self.sleep_below,
+                poll_above: self.poll_above,
+            });
         }
         if self.window.is_zero() {
-            return Err("the rate window must be longer than zero".into());
+            return Err(LoopError::NoWindow);
         }
         Ok(())
     }

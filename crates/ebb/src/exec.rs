@@ -79,16 +79,9 @@ struct Slot<T> {
 }
 
 /// The promise of a [`Receiver`] was dropped without a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the promise was dropped before it was kept")]
 pub struct Broken;
-
-impl std::fmt::Display for Broken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the promise was dropped before it was kept")
-    }
-}
-
-impl std::error::Error for Broken {}
 
 pub fn oneshot<T>() -> (Promise<T>, Receiver<T>) {
     let slot = Arc::new(Mutex::new(Slot {

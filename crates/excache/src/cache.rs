@@ -215,16 +215,14 @@ impl ExCache {
 
     /// Ways per set for a cache of `lines` lines: its size rounds down to whole ways of every
     /// set, between one way and the most it may grow to.
-    pub fn ways_for(&self, lines: usize) -> Result<usize, String> {
+    pub fn ways_for(&self, lines: usize) -> Result<usize, crate::miss::ResizeError> {
         let ways = lines / self.nsets;
         if ways == 0 || ways > self.stride {
-            return Err(format!(
-                "{lines} lines: the ExCache has {} sets and grows to {} ways each, so it holds {} to {} lines",
-                self.nsets,
-                self.stride,
-                self.nsets,
-                self.nsets * self.stride
-            ));
+            return Err(crate::miss::ResizeError::Lines {
+                lines,
+                sets: self.nsets,
+                ways: self.stride,
+            });
         }
         Ok(ways)
     }

@@ -357,12 +357,29 @@ impl Tracker {
     }
 }
 
+/// Why this machine cannot track dirty lines by scan.
+#[derive(Debug, thiserror::Error)]
+pub enum NoScan {
+    #[error("userfaultfd is not available: {0}")]
+    NoUserfaultfd(io::Error),
+    #[error(
+        "this kernel's userfaultfd has no asynchronous write protection (UFFD_FEATURE_WP_ASYNC, Linux 6.7 or later)"
+    )]
+    NoAsyncWriteProtect,
+    #[error("cannot open /proc/self/pagemap: {0}")]
+    Pagemap(io::Error),
+    #[error("this kernel has no PAGEMAP_SCAN on /proc/PID/pagemap (Linux 6.7 or later): {0}")]
+    NoPagemapScan(io::Error),
+    #[error("shared memory may use large pages here ({0}), and punching one page out of a large page would lose the writes scan mode captures; set them to never or advise")]
+    LargeFolios(String),
+}
+
 /// Why this machine cannot track dirty lines by scan, if it cannot.
-pub fn check_kernel() -> Result<(), String> {
+pub fn check_kernel() -> Result<(), NoScan> {
     // SAFETY: userfaultfd(2) only creates a descriptor, owned below.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if fd < 0 {
-        return Err(format!("userfaultfd is not available: {}", io::Error::last_os_error()));
+        return Err(NoScan::NoUserfaultfd(io::Error::last_os_error()));
     }
     // SAFETY: a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
@@ -375,14 +392,13 @@ pub fn check_kernel() -> Result<(), String> {
     if unsafe { libc::ioctl(fd.as_raw_fd(), uffd::UFFDIO_API as _, &mut api) } != 0
         || api.features & uffd::FEATURE_WP_ASYNC == 0
     {
-        return Err("this kernel's userfaultfd has no asynchronous write protection (UFFD_FEATURE_WP_ASYNC, Linux 6.7 or later)".into());
+        return Err(NoScan::NoAsyncWriteProtect);
     }
-    let pagemap = File::open("/proc/self/pagemap").map_err(|e| format!("cannot open /proc/self/pagemap: {e}"))?;
+    let pagemap = File::open("/proc/self/pagemap").map_err(NoScan::Pagemap)?;
     let here = &api as *const _ as u64 / PAGE;
-    written(&pagemap, here, here + 1, false)
-        .map_err(|e| format!("this kernel has no PAGEMAP_SCAN on /proc/PID/pagemap (Linux 6.7 or later): {e}"))?;
+    written(&pagemap, here, here + 1, false).map_err(NoScan::NoPagemapScan)?;
     if let Some(why) = shmem_large_folios() {
-        return Err(format!("shared memory may use large pages here ({why}), and punching one page out of a large page would lose the writes scan mode captures; set them to never or advise"));
+        return Err(NoScan::LargeFolios(why));
     }
     Ok(())
 }

@@ -137,21 +137,15 @@ pub fn exact_fallocate(shmem_enabled: &str, on_heap_fs: bool) -> bool {
 }
 
 /// Why a huge page could not be split.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum SplitError {
     /// Before any page left the program: it is as it was.
+    #[error("{0}")]
     Kept(io::Error),
     /// After the huge page left the program, while its pages were put back: those not back yet
     /// exist nowhere else.
+    #[error("{0}")]
     Lost(io::Error),
-}
-
-impl std::fmt::Display for SplitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SplitError::Kept(e) | SplitError::Lost(e) => e.fmt(f),
-        }
-    }
 }
 
 /// The huge-page state of one heap region.

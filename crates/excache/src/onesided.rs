@@ -19,6 +19,23 @@ use splitos_core::node::Node;
 use splitos_core::segment::{Access, Segment};
 use splitos_metrics::counters;
 
+/// Why a vRegion's pages are not leased for one-sided access (it then goes by message).
+#[derive(Debug, thiserror::Error)]
+pub enum NoLease {
+    #[error("the transport has no one-sided access")]
+    NoOneSided,
+    #[error("the owner is on another host")]
+    OtherHost,
+    #[error("{0}")]
+    Refused(RpcError),
+    #[error("the owner's pages socket: {0}")]
+    Socket(std::io::Error),
+    #[error("the owner refused the token")]
+    TokenRefused,
+    #[error("cannot map the leased pages: {0}")]
+    Map(std::io::Error),
+}
+
 counters! {
     /// Counters of one-sided access, for the whole pComponent (`one_sided` in its
     /// statistics; Prometheus `pcomp_one_sided_<counter>_total`).
@@ -147,7 +164,7 @@ impl OneSided {
                 tracing::debug!(
                     owner = o.id,
                     vregion = idx,
-                    why,
+                    why = %why,
                     "no lease: this vRegion goes by message"
                 );
                 held.insert((o.id, idx), Held::Refused(Instant::now()));
@@ -164,15 +181,15 @@ impl OneSided {
         o: &ComponentRef,
         idx: u64,
         old: Option<(u64, Arc<Segment>)>,
-    ) -> Result<(u64, Arc<Segment>, u64), String> {
+    ) -> Result<(u64, Arc<Segment>, u64), NoLease> {
         let path = self
             .node
             .rpc
             .transport()
             .pages_socket(&o.addr)
-            .ok_or("the transport has no one-sided access")?;
+            .ok_or(NoLease::NoOneSided)?;
         if !path.exists() {
-            return Err("the owner is on another host".into());
+            return Err(NoLease::OtherHost);
         }
         let r = self
             .node
@@ -184,21 +201,21 @@ impl OneSided {
                     index: idx,
                 },
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(NoLease::Refused)?;
         if let Some((segment, seg)) = old.filter(|(s, _)| *s == r.segment) {
             return Ok((segment, seg, r.generation));
         }
-        let mut c = UnixStream::connect(&path).map_err(|e| format!("the owner's pages socket: {e}"))?;
+        let mut c = UnixStream::connect(&path).map_err(NoLease::Socket)?;
         c.set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.to_string())?;
-        c.write_all(&r.token).map_err(|e| e.to_string())?;
+            .map_err(NoLease::Socket)?;
+        c.write_all(&r.token).map_err(NoLease::Socket)?;
         let mut answer = [0u8; 1];
         let fd = recv_fds(&c, &mut answer)
-            .map_err(|e| e.to_string())?
+            .map_err(NoLease::Socket)?
             .into_iter()
             .next()
-            .ok_or("the owner refused the token")?;
-        let seg = Segment::open(fd, r.pages).map_err(|e| e.to_string())?;
+            .ok_or(NoLease::TokenRefused)?;
+        let seg = Segment::open(fd, r.pages).map_err(NoLease::Map)?;
         Ok((r.segment, Arc::new(seg), r.generation))
     }
 

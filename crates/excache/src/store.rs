@@ -83,18 +83,75 @@ fn page(vpn: u64) -> u64 {
 }
 
 /// A fetched page, if it is what was written back. `Ok(None)`: it fails its checksum.
-fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, Refusal> {
+/// Why a fetch or a write-back of a process's heap pages failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    #[error("mComponent {mcomp} at {addr} sent {bytes} bytes for heap page {page:#x}")]
+    Size {
+        mcomp: u32,
+        addr: String,
+        bytes: usize,
+        page: u64,
+    },
+    #[error("mComponent {mcomp} at {addr} sent {sent} pages for {asked}")]
+    Count {
+        mcomp: u32,
+        addr: String,
+        sent: usize,
+        asked: usize,
+    },
+    #[error("process {pid} belongs to another vNode")]
+    OtherVnode { pid: u64 },
+    #[error("process {pid} is not on this pComponent")]
+    NotHere { pid: u64 },
+    #[error("heap page {page:#x} is in no active vRegion")]
+    Inactive { page: u64 },
+    #[error("heap page {page:#x}: every mComponent that held a copy of it is lost")]
+    AllCopiesLost { page: u64 },
+    #[error("heap page {page:#x}: its replica sets kept changing")]
+    SetsKeptChanging { page: u64 },
+    /// A member's failure passed on with the code it failed with, so that a program sees
+    /// the errno of the real cause.
+    #[error("mComponent {mcomp} at {addr}: cannot {what} heap page {page:#x}: {cause}")]
+    Call {
+        mcomp: u32,
+        addr: String,
+        what: &'static str,
+        page: u64,
+        cause: RpcError,
+    },
+    #[error("mComponent {mcomp} at {addr} sent heap page {page:#x} changed since it was written back (it fails its checksum)")]
+    Corrupt { mcomp: u32, addr: String, page: u64 },
+    #[error("mComponent {mcomp} at {addr} sent heap page {page:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {cause}")]
+    Unrebuildable {
+        mcomp: u32,
+        addr: String,
+        page: u64,
+        cause: RpcError,
+    },
+}
+
+impl Refuse for PageError {
+    fn code(&self) -> ErrCode {
+        match self {
+            PageError::Size { .. } | PageError::Count { .. } | PageError::Corrupt { .. } => ErrCode::Internal,
+            PageError::OtherVnode { .. } => ErrCode::Denied,
+            PageError::NotHere { .. } | PageError::Inactive { .. } => ErrCode::NotFound,
+            PageError::AllCopiesLost { .. } | PageError::SetsKeptChanging { .. } => ErrCode::Unreachable,
+            PageError::Call { cause, .. } | PageError::Unrebuildable { cause, .. } => cause.code(),
+        }
+    }
+}
+
+fn opened(o: &ComponentRef, vpn: u64, data: ByteBuf) -> Result<Option<Page>, PageError> {
     match unseal_page(data) {
         Ok(p) => Ok(Some(p)),
-        Err(Unsealed::Size(n)) => Err(ERR::new(
-            ErrCode::Internal,
-            format!(
-                "mComponent {} at {} sent {n} bytes for heap page {:#x}",
-                o.id,
-                o.addr,
-                page(vpn)
-            ),
-        )),
+        Err(Unsealed::Size(n)) => Err(PageError::Size {
+            mcomp: o.id,
+            addr: o.addr.clone(),
+            bytes: n,
+            page: page(vpn),
+        }),
         Err(Unsealed::Checksum) => {
             crate::series::CHECKSUM_FAILURES.increment(1);
             tracing::error!(owner = o.id, vpn, "a fetched page failed its checksum");
@@ -153,10 +210,7 @@ impl RemoteStore {
     pub fn home_moved(&self, r: M2P_HOME_MOVED) -> Result<OK, Refusal> {
         let m = self.memory_of(r.who.pid)?;
         if m.who.vnode != r.who.vnode {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("process {} belongs to another vNode", r.who.pid),
-            ));
+            return Err(PageError::OtherVnode { pid: r.who.pid }.into());
         }
         let mut homes = m.homes.lock().unwrap();
         // Only the current home gives the process away; a repeated word changes nothing.
@@ -190,7 +244,7 @@ impl RemoteStore {
             .unwrap()
             .get(&pid)
             .cloned()
-            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("process {pid} is not on this pComponent")))
+            .ok_or_else(|| PageError::NotHere { pid }.into())
     }
 
     /// The one owner of page `vpn`'s vRegion, and its index, when a copy may reach the page
@@ -238,22 +292,14 @@ impl RemoteStore {
             None => {
                 self.refresh(s, vpn)?;
                 let v = s.view.lock().unwrap();
-                v.vregions.get(&idx).cloned().ok_or_else(|| {
-                    ERR::new(
-                        ErrCode::NotFound,
-                        format!("heap page {:#x} is in no active vRegion", page(vpn)),
-                    )
-                })?
+                v.vregions
+                    .get(&idx)
+                    .cloned()
+                    .ok_or(PageError::Inactive { page: page(vpn) })?
             }
         };
         if set.owners.is_empty() {
-            return Err(ERR::new(
-                ErrCode::Unreachable,
-                format!(
-                    "heap page {:#x}: every mComponent that held a copy of it is lost",
-                    page(vpn)
-                ),
-            ));
+            return Err(PageError::AllCopiesLost { page: page(vpn) }.into());
         }
         Ok(set)
     }
@@ -301,10 +347,7 @@ impl RemoteStore {
             }
             return Ok(());
         }
-        Err(ERR::new(
-            ErrCode::Unreachable,
-            format!("heap page {:#x}: its replica sets kept changing", page(first)),
-        ))
+        Err(PageError::SetsKeptChanging { page: page(first) }.into())
     }
 
     /// One page from the first replica that has a good copy (from its holder in a striped
@@ -350,26 +393,20 @@ impl RemoteStore {
             }
             return Err(corrupt(&bad[0], vpn));
         }
-        Err(ERR::new(
-            ErrCode::Unreachable,
-            format!("heap page {:#x}: its replica sets kept changing", page(vpn)),
-        ))
+        Err(PageError::SetsKeptChanging { page: page(vpn) }.into())
     }
 
     /// The pages of a batched fetch from `o`, one per page asked for; a page failing its
     /// checksum is fetched again from the other replicas.
     fn pages_of(&self, s: &ProcMemory, o: &ComponentRef, vpns: &[u64], r: M2P_PAGES) -> Result<Vec<Page>, Refusal> {
         if r.pages.len() != vpns.len() {
-            return Err(ERR::new(
-                ErrCode::Internal,
-                format!(
-                    "mComponent {} at {} sent {} pages for {}",
-                    o.id,
-                    o.addr,
-                    r.pages.len(),
-                    vpns.len()
-                ),
-            ));
+            return Err(PageError::Count {
+                mcomp: o.id,
+                addr: o.addr.clone(),
+                sent: r.pages.len(),
+                asked: vpns.len(),
+            }
+            .into());
         }
         vpns.iter()
             .zip(r.pages)
@@ -663,10 +700,7 @@ impl PageStore for RemoteStore {
             copied.extend(self.pages_of(&s, o, vpns, r)?);
             return Ok(copied);
         }
-        Err(ERR::new(
-            ErrCode::Unreachable,
-            format!("heap page {:#x}: its replica sets kept changing", page(first)),
-        ))
+        Err(PageError::SetsKeptChanging { page: page(first) }.into())
     }
 
     fn flush_many(&self, pid: u64, pages: &[(u64, &[u8])]) -> Result<(), Refusal> {

@@ -30,7 +30,16 @@ pub trait Codec: Send + Sync {
     /// The compressed page, or `None` if it takes more than [`MAX_PACKED`] bytes.
     fn pack(&self, page: &[u8]) -> Option<Box<[u8]>>;
     /// Restores a page from what [`Codec::pack`] returned.
-    fn unpack(&self, packed: &[u8], page: &mut [u8]) -> Result<(), String>;
+    fn unpack(&self, packed: &[u8], page: &mut [u8]) -> Result<(), UnpackError>;
+}
+
+/// Why a compressed page could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error("{got} bytes decompressed instead of {want}")]
+    Length { got: usize, want: usize },
+    #[error("{0}")]
+    Lz4(lz4_flex::block::DecompressError),
 }
 
 /// LZ4 block compression (`lz4_flex`, pure Rust): a few µs per page, the choice of zram and
@@ -48,11 +57,14 @@ impl Codec for Lz4 {
         (n <= MAX_PACKED).then(|| out[..n].into())
     }
 
-    fn unpack(&self, packed: &[u8], page: &mut [u8]) -> Result<(), String> {
+    fn unpack(&self, packed: &[u8], page: &mut [u8]) -> Result<(), UnpackError> {
         match lz4_flex::block::decompress_into(packed, page) {
             Ok(n) if n == page.len() => Ok(()),
-            Ok(n) => Err(format!("{n} bytes decompressed instead of {}", page.len())),
-            Err(e) => Err(e.to_string()),
+            Ok(n) => Err(UnpackError::Length {
+                got: n,
+                want: page.len(),
+            }),
+            Err(e) => Err(UnpackError::Lz4(e)),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! managers forget it and tell it to exit (or, drained, it stays, empty and cordoned).
 use splitos_rpc::*;
 
-use super::{Entry, Gm};
+use super::{ComponentError, Entry, Gm};
 
 impl Gm {
     /// Whether new homes, vRegions and buffer caches may go to this entry.
@@ -27,7 +27,7 @@ impl Gm {
     /// empty (a detach), else it stays, empty and out of placement (a drain). Refused for an
     /// unknown or lost component, one already leaving, the last mComponent that takes memory,
     /// and when the others lack room for what it holds.
-    pub fn detach(&self, id: u32, exit: bool) -> Result<ComponentInfo, Refusal> {
+    pub fn detach(&self, id: u32, exit: bool) -> Result<ComponentInfo, ComponentError> {
         let mut comps = self.comps();
         let others_free: u64 = comps
             .iter()
@@ -46,18 +46,15 @@ impl Gm {
         let e = comps
             .iter_mut()
             .find(|e| e.info.id == id)
-            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+            .ok_or(ComponentError::NoSuch { id })?;
         if e.info.role != Role::Mem {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "component {id} is a {}: only mComponents are detached",
-                    e.info.role.name()
-                ),
-            ));
+            return Err(ComponentError::NotDetachable {
+                id,
+                role: e.info.role.name(),
+            });
         }
         if !Gm::alive(e) {
-            return Err(ERR::new(ErrCode::Unreachable, format!("mComponent {id} does not answer: a lost mComponent's copies are rebuilt from the others, not moved")));
+            return Err(ComponentError::LostMComponent { id });
         }
         match e.info.leaving.as_mut() {
             // A drained (or draining) mComponent is detached by letting it exit once empty.
@@ -70,33 +67,30 @@ impl Gm {
                     ..e.info.clone()
                 });
             }
-            Some(_) => {
-                return Err(ERR::new(
-                    ErrCode::Invalid,
-                    format!("mComponent {id} is already being detached"),
-                ))
-            }
+            Some(_) => return Err(ComponentError::AlreadyDetaching { id }),
             None => {}
         }
         if let Some(other) = busy.first() {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!("mComponent {other} is being detached: one detach at a time"),
-            ));
+            return Err(ComponentError::OneDetachAtATime { other: *other });
         }
         if others == 0 {
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!("mComponent {id} is the last mComponent that takes memory: its memory has nowhere to go"),
-            ));
+            return Err(ComponentError::LastMComponent { id });
         }
         let needs = self.replication.members();
         if others < needs {
-            return Err(ERR::new(ErrCode::NoMemory, format!("replication {} keeps each vRegion on {needs} mComponents and only {others} others take memory: attach memory first", self.replication)));
+            return Err(ComponentError::TooFewOthers {
+                replication: self.replication,
+                needs,
+                others,
+            });
         }
         let holds = e.info.load.used.max(e.info.load.committed);
         if holds > others_free {
-            return Err(ERR::new(ErrCode::NoMemory, format!("mComponent {id} holds {holds} bytes and the other mComponents have {others_free} free: no room to move it (attach memory first)")));
+            return Err(ComponentError::NoRoomToMove {
+                id,
+                holds,
+                free: others_free,
+            });
         }
         e.info.leaving = Some(Leaving {
             bytes_at_start: e.info.load.used,
@@ -117,18 +111,15 @@ impl Gm {
 
     /// Gives mComponent `id` to placement again: calls off its detach (what moved stays
     /// where it went) and lifts a cordon.
-    pub fn attach(&self, id: u32) -> Result<ComponentInfo, Refusal> {
+    pub fn attach(&self, id: u32) -> Result<ComponentInfo, ComponentError> {
         let role = self
             .comps()
             .iter()
             .find(|e| e.info.id == id)
             .map(|e| e.info.role)
-            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+            .ok_or(ComponentError::NoSuch { id })?;
         if role != Role::Mem {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!("component {id} is a {}: only mComponents are attached", role.name()),
-            ));
+            return Err(ComponentError::NotAttachable { id, role: role.name() });
         }
         let c = self.cordon(id, false)?;
         crate::series::MCOMPONENT_ATTACHES.increment(1);

@@ -23,6 +23,33 @@ pub const MAX_TTL_S: u64 = 7 * 24 * 3600;
 /// The most join tokens outstanding: each is kept until it is used or expires.
 const MAX_TOKENS: usize = 1024;
 
+/// Why a join token was not made, or a machine presenting one was not let in.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("the REST API serves no HTTPS here: a machine joins only over HTTPS (serve the API beyond loopback)")]
+    NoHttps,
+    #[error("these global managers hold no authority to issue credentials with (splitos gm --authority)")]
+    NoAuthority,
+    #[error("a join token is for a component; the admin's credentials are not handed out")]
+    Admin,
+    #[error("ttl_s: {0} is not between 1 and {MAX_TTL_S} seconds")]
+    Ttl(u64),
+    #[error("{MAX_TOKENS} join tokens are outstanding: let some be used or expire")]
+    TooMany,
+    #[error("the kernel's random generator: {0}")]
+    Random(std::io::Error),
+    #[error("cannot keep the join token: {0}")]
+    Keep(anyhow::Error),
+    #[error("not a valid join token (used, expired, revoked, or never made)")]
+    NotValid,
+    #[error("cannot use the join token up: {0}")]
+    UseUp(anyhow::Error),
+    #[error("cannot issue credentials: {0}")]
+    Issue(splitos_rpc::auth::AuthError),
+    #[error("cannot encode the credentials: {0}")]
+    Encode(postcard::Error),
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -91,28 +118,22 @@ impl JoinTokens {
     }
 
     /// A new token for `role`, lasting `ttl_s`.
-    pub fn create(&self, role: Role, ttl_s: u64) -> Result<(String, u64), String> {
-        let ca = self.ca_pem.as_deref().ok_or(
-            "the REST API serves no HTTPS here: a machine joins only over HTTPS (serve the API beyond loopback)",
-        )?;
-        self.authority
-            .as_ref()
-            .ok_or("these global managers hold no authority to issue credentials with (splitos gm --authority)")?;
+    pub fn create(&self, role: Role, ttl_s: u64) -> Result<(String, u64), JoinError> {
+        let ca = self.ca_pem.as_deref().ok_or(JoinError::NoHttps)?;
+        self.authority.as_ref().ok_or(JoinError::NoAuthority)?;
         if role == Role::Admin {
-            return Err("a join token is for a component; the admin's credentials are not handed out".into());
+            return Err(JoinError::Admin);
         }
         if ttl_s == 0 || ttl_s > MAX_TTL_S {
-            return Err(format!("ttl_s: {ttl_s} is not between 1 and {MAX_TTL_S} seconds"));
+            return Err(JoinError::Ttl(ttl_s));
         }
         let mut by_id = self.by_id.lock().unwrap();
         by_id.retain(|s| s.expires_unix_s > now_s());
         if by_id.len() >= MAX_TOKENS {
-            return Err(format!(
-                "{MAX_TOKENS} join tokens are outstanding: let some be used or expire"
-            ));
+            return Err(JoinError::TooMany);
         }
-        let id = hex(&splitos_rpc::auth::random::<8>().map_err(|e| e.to_string())?);
-        let secret = hex(&splitos_rpc::auth::random::<32>().map_err(|e| e.to_string())?);
+        let id = hex(&splitos_rpc::auth::random::<8>().map_err(JoinError::Random)?);
+        let secret = hex(&splitos_rpc::auth::random::<32>().map_err(JoinError::Random)?);
         let stored = Stored {
             id: id.clone(),
             hash: Sha256::digest(secret.as_bytes()).into(),
@@ -121,36 +142,30 @@ impl JoinTokens {
         };
         self.store
             .put(JOIN_TOKENS, &id, Some(&stored))
-            .map_err(|e| format!("cannot keep the join token: {e}"))?;
+            .map_err(JoinError::Keep)?;
         by_id.push(stored.clone());
         Ok((format!("{PREFIX}{id}_{secret}_{}", pin(ca)), stored.expires_unix_s))
     }
 
     /// Uses up `token` (once, before it expires) and issues credentials of its role.
-    pub fn redeem(&self, token: &str) -> Result<(Role, Vec<u8>), String> {
-        const REFUSED: &str = "not a valid join token (used, expired, revoked, or never made)";
-        let p = parse(token).ok_or(REFUSED)?;
+    pub fn redeem(&self, token: &str) -> Result<(Role, Vec<u8>), JoinError> {
+        let p = parse(token).ok_or(JoinError::NotValid)?;
         let mut by_id = self.by_id.lock().unwrap();
-        let at = by_id.iter().position(|s| s.id == p.id).ok_or(REFUSED)?;
+        let at = by_id.iter().position(|s| s.id == p.id).ok_or(JoinError::NotValid)?;
         let s = by_id[at].clone();
         let h: [u8; 32] = Sha256::digest(p.secret.as_bytes()).into();
         // Constant time: how much of a guess matched must not show in the answer's timing.
         if h.iter().zip(s.hash.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 || s.expires_unix_s <= now_s() {
-            return Err(REFUSED.into());
+            return Err(JoinError::NotValid);
         }
         // Used up before anything is issued: a token that cannot be struck off issues nothing.
         self.store
             .put::<Stored>(JOIN_TOKENS, &s.id, None)
-            .map_err(|e| format!("cannot use the join token up: {e}"))?;
+            .map_err(JoinError::UseUp)?;
         by_id.remove(at);
-        let authority = self
-            .authority
-            .as_ref()
-            .ok_or("these global managers hold no authority to issue credentials with")?;
-        let creds = authority
-            .issue(s.role)
-            .map_err(|e| format!("cannot issue credentials: {e}"))?;
-        Ok((s.role, postcard::to_allocvec(&creds).map_err(|e| e.to_string())?))
+        let authority = self.authority.as_ref().ok_or(JoinError::NoAuthority)?;
+        let creds = authority.issue(s.role).map_err(JoinError::Issue)?;
+        Ok((s.role, postcard::to_allocvec(&creds).map_err(JoinError::Encode)?))
     }
 }
 
@@ -187,7 +202,7 @@ mod tests {
         assert_eq!(role, Role::Mem);
         let c: splitos_rpc::auth::Credentials = postcard::from_bytes(&creds).unwrap();
         assert_eq!(c.role, Role::Mem);
-        assert!(j.redeem(&token).unwrap_err().contains("not a valid join token"), "once");
+        assert!(matches!(j.redeem(&token), Err(JoinError::NotValid)), "once");
         drop(j);
         assert!(tokens(&file).redeem(&token).is_err(), "used up in the state too");
         let j = tokens(&file);
@@ -205,8 +220,11 @@ mod tests {
     #[test]
     fn without_https_or_an_authority_no_token_is_made() {
         let no_tls = JoinTokens::open(Store::default(), Some(Authority::generate().unwrap()), None).unwrap();
-        assert!(no_tls.create(Role::Mem, 60).unwrap_err().contains("HTTPS"));
+        assert!(matches!(no_tls.create(Role::Mem, 60), Err(JoinError::NoHttps)));
         let no_authority = JoinTokens::open(Store::default(), None, Some("pem".into())).unwrap();
-        assert!(no_authority.create(Role::Mem, 60).unwrap_err().contains("authority"));
+        assert!(matches!(
+            no_authority.create(Role::Mem, 60),
+            Err(JoinError::NoAuthority)
+        ));
     }
 }

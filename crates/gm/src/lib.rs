@@ -109,7 +109,7 @@ const MAX_ADDR: usize = 256;
 
 /// The Ebbs a registration or heartbeat names, refused whole if they exceed the bounds or
 /// name one id twice.
-fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, Refusal> {
+fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, membership::MembershipError> {
     let ids: std::collections::BTreeSet<u32> = ebbs.iter().map(|e| e.id).collect();
     if ebbs.len() > MAX_EBBS
         || ids.len() != ebbs.len()
@@ -117,9 +117,65 @@ fn checked_ebbs(ebbs: Vec<EbbServed>) -> Result<Vec<EbbServed>, Refusal> {
             .iter()
             .any(|e| e.name.len() > MAX_EBB_NAME || e.id >= splitos_ebb::ebb::FIRST_DYNAMIC)
     {
-        return Err(ERR::new(ErrCode::Invalid, format!("ebbs: at most {MAX_EBBS}, each once, with static ids (below {}) and names of at most {MAX_EBB_NAME} bytes", splitos_ebb::ebb::FIRST_DYNAMIC)));
+        return Err(membership::MembershipError::Ebbs);
     }
     Ok(ebbs)
+}
+
+/// Why the managers refuse a request about one component (the admin's cordon, detach and
+/// attach, an ExCache's statistics, an mComponent's search for a pComponent).
+#[derive(Debug, thiserror::Error)]
+pub enum ComponentError {
+    #[error("no component has id {id}")]
+    NoSuch { id: u32 },
+    #[error("component {id} is a {role}: only pComponents and mComponents take new work, and are cordoned")]
+    NotCordonable { id: u32, role: &'static str },
+    #[error("cannot keep the cordon: {0}")]
+    KeepCordon(anyhow::Error),
+    #[error("component {id} is a {role}: only pComponents have an ExCache")]
+    NotPComponent { id: u32, role: &'static str },
+    #[error("pComponent {id} does not answer")]
+    Silent { id: u32 },
+    #[error("no pComponent that is not lost has id {id}")]
+    NoLivePComponent { id: u32 },
+    #[error("component {id} is a {role}: only mComponents are detached")]
+    NotDetachable { id: u32, role: &'static str },
+    #[error("component {id} is a {role}: only mComponents are attached")]
+    NotAttachable { id: u32, role: &'static str },
+    #[error("mComponent {id} does not answer: a lost mComponent's copies are rebuilt from the others, not moved")]
+    LostMComponent { id: u32 },
+    #[error("mComponent {id} is already being detached")]
+    AlreadyDetaching { id: u32 },
+    #[error("mComponent {other} is being detached: one detach at a time")]
+    OneDetachAtATime { other: u32 },
+    #[error("mComponent {id} is the last mComponent that takes memory: its memory has nowhere to go")]
+    LastMComponent { id: u32 },
+    #[error("replication {replication} keeps each vRegion on {needs} mComponents and only {others} others take memory: attach memory first")]
+    TooFewOthers {
+        replication: Replication,
+        needs: usize,
+        others: usize,
+    },
+    #[error("mComponent {id} holds {holds} bytes and the other mComponents have {free} free: no room to move it (attach memory first)")]
+    NoRoomToMove { id: u32, holds: u64, free: u64 },
+}
+
+impl Refuse for ComponentError {
+    fn code(&self) -> ErrCode {
+        use ComponentError::*;
+        match self {
+            NoSuch { .. } | NoLivePComponent { .. } => ErrCode::NotFound,
+            NotCordonable { .. }
+            | NotPComponent { .. }
+            | NotDetachable { .. }
+            | NotAttachable { .. }
+            | AlreadyDetaching { .. }
+            | OneDetachAtATime { .. } => ErrCode::Invalid,
+            KeepCordon(_) => ErrCode::Internal,
+            Silent { .. } | LostMComponent { .. } => ErrCode::Unreachable,
+            LastMComponent { .. } | TooFewOthers { .. } | NoRoomToMove { .. } => ErrCode::NoMemory,
+        }
+    }
 }
 
 pub struct Gm {
@@ -190,24 +246,19 @@ pub struct Gm {
 impl Gm {
     /// Cordons component `id` (`on`) or lets it take work again; returns it as it is now.
     /// Only pComponents and mComponents are placed on, and so cordoned.
-    pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, Refusal> {
+    pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, ComponentError> {
         let c = self
             .snapshot()
             .into_iter()
             .find(|c| c.id == id)
-            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+            .ok_or(ComponentError::NoSuch { id })?;
         if !matches!(c.role, Role::Proc | Role::Mem) {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "component {id} is a {}: only pComponents and mComponents take new work, and are cordoned",
-                    c.role.name()
-                ),
-            ));
+            return Err(ComponentError::NotCordonable {
+                id,
+                role: c.role.name(),
+            });
         }
-        self.cordons
-            .set(id, on)
-            .map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the cordon: {e}")))?;
+        self.cordons.set(id, on).map_err(ComponentError::KeepCordon)?;
         if !on {
             self.stay(id);
         }
@@ -347,7 +398,7 @@ impl Gm {
     }
 
     /// Replaces the placement policy with the one `name` names (none: only reads it).
-    pub fn placement(&self, name: Option<String>) -> Result<PlacementState, String> {
+    pub fn placement(&self, name: Option<String>) -> Result<PlacementState, splitos_core::placement::PlacementError> {
         self.placement.set(name)
     }
 
@@ -399,10 +450,7 @@ impl Gm {
             }
         }
         if let Some(id) = ebb.filter(|_| map.is_empty()) {
-            return Err(ERR::new(
-                ErrCode::NotFound,
-                format!("no live component serves Ebb {id}"),
-            ));
+            return Err(membership::MembershipError::EbbNotServed { id }.into());
         }
         Ok(G2X_EBB_MAP {
             ebbs: map.into_values().collect(),
@@ -410,26 +458,20 @@ impl Gm {
     }
 
     /// The pComponent `id`, answering.
-    fn running_pcomponent(&self, id: u32) -> Result<ComponentInfo, Refusal> {
+    fn running_pcomponent(&self, id: u32) -> Result<ComponentInfo, ComponentError> {
         let pcomp = self
             .snapshot()
             .into_iter()
             .find(|c| c.id == id)
-            .ok_or_else(|| ERR::new(ErrCode::NotFound, format!("no component has id {id}")))?;
+            .ok_or(ComponentError::NoSuch { id })?;
         if pcomp.role != Role::Proc {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "component {id} is a {}: only pComponents have an ExCache",
-                    pcomp.role.name()
-                ),
-            ));
+            return Err(ComponentError::NotPComponent {
+                id,
+                role: pcomp.role.name(),
+            });
         }
         if !pcomp.alive {
-            return Err(ERR::new(
-                ErrCode::Unreachable,
-                format!("pComponent {id} does not answer"),
-            ));
+            return Err(ComponentError::Silent { id });
         }
         Ok(pcomp)
     }
@@ -464,10 +506,7 @@ impl Handler for Gm {
                 })
             }),
             Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
-                let token = self
-                    .tokens
-                    .create(&r.name, r.admin, r.vnodes.clone())
-                    .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+                let token = self.tokens.create(&r.name, r.admin, r.vnodes.clone())?;
                 tracing::info!(name = %r.name, admin = r.admin, vnodes = ?r.vnodes, "API token created");
                 Ok(G2C_TOKEN { token })
             }),
@@ -481,11 +520,8 @@ impl Handler for Gm {
                     tracing::info!(name = %r.name, "API token revoked");
                     Ok(OK)
                 }
-                Ok(false) => Err(ERR::new(
-                    ErrCode::NotFound,
-                    format!("no API token is named {:?}", r.name),
-                )),
-                Err(e) => Err(ERR::new(ErrCode::Internal, e)),
+                Ok(false) => Err(tokens::TokenError::NoSuch(r.name.clone()).into()),
+                Err(e) => Err(e.into()),
             }),
             Msg::C2G_PLACE_PROCESS(r) => on(r, |_| self.place_process()),
             Msg::P2G_PICK_HOME(r) => on(r, |r| self.pick_home(r)),
@@ -493,6 +529,7 @@ impl Handler for Gm {
                 crate::series::GMM_VREGION_PLACEMENTS.increment(1);
                 self.pick_memory(r.bytes, &r.exclude, (r.near != 0).then_some(r.near))
                     .map(|mcomp| G2M_OWNER { mcomp })
+                    .map_err(Into::into)
             }),
             Msg::P2G_VNODE_STORAGE(r) => on(r, |r| self.vnode_storage(r)),
             Msg::M2G_BACKUP_STORE(r) => on(r, |r| self.backup_store(r)),
@@ -508,12 +545,8 @@ impl Handler for Gm {
                         id: e.info.id,
                         addr: e.info.addr.clone(),
                     });
-                c.map(|comp| G2M_FOUND { comp }).ok_or_else(|| {
-                    ERR::new(
-                        ErrCode::NotFound,
-                        format!("no pComponent that is not lost has id {}", r.id),
-                    )
-                })
+                c.map(|comp| G2M_FOUND { comp })
+                    .ok_or_else(|| ComponentError::NoLivePComponent { id: r.id }.into())
             }),
             Msg::P2G_PICK_NET(r) => on(r, |r| self.pick_net(r)),
             Msg::X2G_EBB_FIND(r) => on(r, |r| self.ebb_map(r.ebb)),
@@ -528,10 +561,13 @@ impl Handler for Gm {
                 splitos_core::node::exit_soon();
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("the global managers do not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "the global managers do",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 }

@@ -2,6 +2,32 @@
 //! etcd.rs's).
 use super::*;
 
+/// Why a manager that does not lead refuses, or cannot answer what followers answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ManagerError {
+    #[error("this global manager follows; the leader is at {leader}")]
+    Follower { leader: String },
+    #[error("this global manager follows, and no leader is elected yet")]
+    NoLeader,
+    #[error("the leader's published status: {0}")]
+    Published(postcard::Error),
+    #[error("the managers' state: {0}")]
+    State(anyhow::Error),
+    #[error("not a valid API token")]
+    NotAToken,
+}
+
+impl Refuse for ManagerError {
+    fn code(&self) -> ErrCode {
+        match self {
+            ManagerError::Follower { .. } | ManagerError::NoLeader => ErrCode::NotLeader,
+            ManagerError::Published(_) => ErrCode::Internal,
+            ManagerError::State(_) => ErrCode::Unreachable,
+            ManagerError::NotAToken => ErrCode::NotFound,
+        }
+    }
+}
+
 /// What answers the managers' address when they keep their state in etcd: the managers
 /// themselves while this one leads; before that, and after it stopped, a follower that answers
 /// who leads and reads (the leader's last status, the API tokens), and refuses the rest
@@ -60,15 +86,13 @@ impl Manager {
             }),
             Msg::C2G_STATUS(r) => on(r, |_| {
                 let published = self.election.published_status().ok_or_else(|| self.not_leader())?;
-                let mut s: G2C_STATUS = postcard::from_bytes(&published)
-                    .map_err(|e| ERR::new(ErrCode::Internal, format!("the leader's published status: {e}")))?;
+                let mut s: G2C_STATUS = postcard::from_bytes(&published).map_err(ManagerError::Published)?;
                 s.leader = self.election.seen().leader;
                 s.managers = self.election.managers();
                 Ok(s)
             }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| {
-                let tokens = tokens::Tokens::open(self.store.clone())
-                    .map_err(|e| ERR::new(ErrCode::Unreachable, format!("the managers' state: {e}")))?;
+                let tokens = tokens::Tokens::open(self.store.clone()).map_err(ManagerError::State)?;
                 principal(tokens.check(&r.token))
             }),
             _ => Msg::ERR(self.not_leader()),
@@ -77,15 +101,10 @@ impl Manager {
 
     fn not_leader(&self) -> ERR {
         match self.election.seen().leader {
-            Some(l) => ERR::new(
-                ErrCode::NotLeader,
-                format!("this global manager follows; the leader is at {l}"),
-            ),
-            None => ERR::new(
-                ErrCode::NotLeader,
-                "this global manager follows, and no leader is elected yet",
-            ),
+            Some(leader) => ManagerError::Follower { leader },
+            None => ManagerError::NoLeader,
         }
+        .into()
     }
 }
 
@@ -102,6 +121,6 @@ pub(crate) fn principal(p: Option<tokens::Principal>) -> Result<G2X_API_PRINCIPA
             admin: false,
             vnodes,
         }),
-        None => Err(ERR::new(ErrCode::NotFound, "not a valid API token")),
+        None => Err(ManagerError::NotAToken.into()),
     }
 }

@@ -4,6 +4,37 @@
 //! managers (`resume`).
 use super::*;
 
+/// Why the managers refuse a registration, a heartbeat or a search of the Ebbs' map.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MembershipError {
+    #[error("ebbs: at most {MAX_EBBS}, each once, with static ids (below {first_dynamic}) and names of at most {MAX_EBB_NAME} bytes", first_dynamic = splitos_ebb::ebb::FIRST_DYNAMIC)]
+    Ebbs,
+    #[error("addr: longer than {MAX_ADDR} bytes")]
+    AddrTooLong,
+    /// A component registers as what its credentials say it is.
+    #[error("a {peer} may not register as a {role}")]
+    NotItsRole { peer: &'static str, role: &'static str },
+    #[error("a live {role} with other credentials is registered at {addr}")]
+    OtherCredentials { role: &'static str, addr: String },
+    #[error("cannot keep the registration: {0}")]
+    Keep(anyhow::Error),
+    #[error("no component {id} is registered at {addr}")]
+    NotRegistered { id: u32, addr: String },
+    #[error("no live component serves Ebb {id}")]
+    EbbNotServed { id: u32 },
+}
+
+impl Refuse for MembershipError {
+    fn code(&self) -> ErrCode {
+        match self {
+            MembershipError::Ebbs | MembershipError::AddrTooLong => ErrCode::Invalid,
+            MembershipError::NotItsRole { .. } | MembershipError::OtherCredentials { .. } => ErrCode::Denied,
+            MembershipError::Keep(_) => ErrCode::Internal,
+            MembershipError::NotRegistered { .. } | MembershipError::EbbNotServed { .. } => ErrCode::NotFound,
+        }
+    }
+}
+
 impl Gm {
     /// Memory of an mComponent that others cannot have: what is charged to mappings
     /// (strict overcommit) or holds pages (heuristic), and what GMM promised since its last
@@ -132,18 +163,15 @@ impl Gm {
     pub(super) fn register(&self, r: X2G_REGISTER) -> Result<G2X_REGISTERED, Refusal> {
         let ebbs = checked_ebbs(r.ebbs)?;
         if r.addr.len() > MAX_ADDR {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!("addr: longer than {MAX_ADDR} bytes"),
-            ));
+            return Err(MembershipError::AddrTooLong.into());
         }
         let peer = current_peer();
-        // A component registers as what its credentials say it is.
         if let Some(p) = peer.filter(|p| p.role != r.role && p.role != Role::Admin) {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("a {} may not register as a {}", p.role.name(), r.role.name()),
-            ));
+            return Err(MembershipError::NotItsRole {
+                peer: p.role.name(),
+                role: r.role.name(),
+            }
+            .into());
         }
         let key = peer.map(|p| p.key);
         let mut comps = self.comps();
@@ -153,14 +181,11 @@ impl Gm {
             .iter()
             .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e))
         {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!(
-                    "a live {} with other credentials is registered at {}",
-                    r.role.name(),
-                    r.addr
-                ),
-            ));
+            return Err(MembershipError::OtherCredentials {
+                role: r.role.name(),
+                addr: r.addr,
+            }
+            .into());
         }
         let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
         let before: Vec<LostPcomp> = comps
@@ -208,8 +233,7 @@ impl Gm {
         };
         // Kept before anything changes: a manager that cannot keep it (it stopped leading)
         // registers nobody, and changes nothing.
-        self.keep(&e)
-            .map_err(|err| ERR::new(ErrCode::Internal, format!("cannot keep the registration: {err}")))?;
+        self.keep(&e).map_err(MembershipError::Keep)?;
         comps.retain(|e| !replaces(e));
         for old in earlier.iter().filter(|old| **old != id) {
             self.unkeep(*old);
@@ -298,10 +322,7 @@ impl Gm {
                     keep: Vec::new(),
                 });
             }
-            return Err(ERR::new(
-                ErrCode::NotFound,
-                format!("no component {} is registered at {}", r.id, r.addr),
-            ));
+            return Err(MembershipError::NotRegistered { id: r.id, addr: r.addr }.into());
         };
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");

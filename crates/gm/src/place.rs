@@ -4,6 +4,49 @@
 //! report and the placement policy.
 use super::*;
 
+/// Why a picker found no component for what it places.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error("no alive mComponent has {need} bytes free")]
+    NoRoom { need: u64 },
+    #[error("no alive pComponent takes new programs (none is alive, or every one is cordoned)")]
+    NoPComponent,
+    #[error("no alive mComponent takes new homes")]
+    NoMComponentTakesHomes,
+    #[error("cannot keep the vNode's home: {0}")]
+    KeepHome(anyhow::Error),
+    #[error("no sComponent is alive")]
+    NoSComponentAlive,
+    #[error("replication \"log\" keeps backup files on an sComponent, and none is alive")]
+    NoSComponentForBackups,
+    #[error("no live nComponent has address {ip}")]
+    NoNComponentAt { ip: std::net::IpAddr },
+    /// Programs keep the stack of their pComponent's host.
+    #[error("the cluster has no nComponent")]
+    NoNComponent,
+    #[error("no nComponent is alive")]
+    NoNComponentAlive,
+    #[error("no mComponent is alive")]
+    NoMComponentAlive,
+}
+
+impl Refuse for PlaceError {
+    fn code(&self) -> ErrCode {
+        match self {
+            PlaceError::NoRoom { .. } | PlaceError::NoMComponentTakesHomes => ErrCode::NoMemory,
+            PlaceError::NoPComponent
+            | PlaceError::NoSComponentAlive
+            | PlaceError::NoSComponentForBackups
+            | PlaceError::NoMComponentAlive => ErrCode::Unreachable,
+            PlaceError::KeepHome(_) => ErrCode::Internal,
+            // What the program's socket call sees.
+            PlaceError::NoNComponentAt { .. } => ErrCode::Errno(libc::EADDRNOTAVAIL),
+            PlaceError::NoNComponent => ErrCode::NotFound,
+            PlaceError::NoNComponentAlive => ErrCode::Errno(libc::ENETDOWN),
+        }
+    }
+}
+
 impl Gm {
     /// The cluster's topology graph, with the links components measured.
     pub fn topology(&self) -> splitos_core::topology::Graph {
@@ -55,7 +98,12 @@ impl Gm {
     /// `need` bytes free, other than those in `exclude`, and on a host none of them is on when
     /// there is one. Its load is the share of its memory taken. `near`: the pComponent the
     /// memory is for, from which a policy that places near first counts hops.
-    pub(super) fn pick_memory(&self, need: u64, exclude: &[u32], near: Option<u32>) -> Result<ComponentRef, Refusal> {
+    pub(super) fn pick_memory(
+        &self,
+        need: u64,
+        exclude: &[u32],
+        near: Option<u32>,
+    ) -> Result<ComponentRef, PlaceError> {
         // One policy for the whole choice, though it may be replaced meanwhile.
         let rule = self.placement.rule();
         let hops = self.hops(near, rule);
@@ -96,10 +144,7 @@ impl Gm {
                 .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
                 .collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!("no alive mComponent has {need} bytes free"),
-            ));
+            return Err(PlaceError::NoRoom { need });
         };
         e.pending += need;
         Ok(ComponentRef {
@@ -131,12 +176,7 @@ impl Gm {
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, e)| e)
-            .ok_or_else(|| {
-                ERR::new(
-                    ErrCode::Unreachable,
-                    "no alive pComponent takes new programs (none is alive, or every one is cordoned)",
-                )
-            })?;
+            .ok_or(PlaceError::NoPComponent)?;
         crate::series::GPM_PLACEMENTS.increment(1);
         // Count the new process's thread until the next heartbeat reports it, so that
         // processes started together spread.
@@ -158,7 +198,7 @@ impl Gm {
 
     /// The home of every process of `vnode`, which has a memory quota: the one it had while
     /// that one is alive and not leaving, else a new one (rendezvous on the vNode's name).
-    pub(super) fn quota_home(&self, comps: &[Entry], vnode: &str) -> Result<ComponentRef, Refusal> {
+    pub(super) fn quota_home(&self, comps: &[Entry], vnode: &str) -> Result<ComponentRef, PlaceError> {
         let mut homes = self.quota_homes.lock().unwrap();
         let kept = homes
             .get(vnode)
@@ -176,14 +216,14 @@ impl Gm {
                 Role::Mem,
                 &format!("home\0{vnode}"),
             )
-            .ok_or_else(|| ERR::new(ErrCode::NoMemory, "no alive mComponent takes new homes"))?,
+            .ok_or(PlaceError::NoMComponentTakesHomes)?,
         };
         // Kept before it is answered: a successor gives the vNode's next processes the same
         // home, which alone sees all of the vNode's memory.
         if homes.get(vnode) != Some(&home) {
             self.store
                 .put(kept::QUOTA_HOMES, vnode, Some(&home))
-                .map_err(|e| ERR::new(ErrCode::Internal, format!("cannot keep the vNode's home: {e}")))?;
+                .map_err(PlaceError::KeepHome)?;
         }
         homes.insert(vnode.to_string(), home.clone());
         Ok(home)
@@ -212,19 +252,14 @@ impl Gm {
     }
 
     pub(super) fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
-        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode)
-            .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no sComponent is alive"))?;
+        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or(PlaceError::NoSComponentAlive)?;
         Ok(G2P_STORAGE { scomp })
     }
 
     /// Backup files go where the vNode's files are: one sComponent per vNode to reach.
     pub(super) fn backup_store(&self, r: M2G_BACKUP_STORE) -> Result<G2M_BACKUP_STORE, Refusal> {
-        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or_else(|| {
-            ERR::new(
-                ErrCode::Unreachable,
-                "replication \"log\" keeps backup files on an sComponent, and none is alive",
-            )
-        })?;
+        let scomp =
+            rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or(PlaceError::NoSComponentForBackups)?;
         Ok(G2M_BACKUP_STORE { scomp })
     }
 
@@ -248,18 +283,13 @@ impl Gm {
                         addr: e.info.addr.clone(),
                     },
                 }),
-                None => Err(ERR::new(
-                    ErrCode::Errno(libc::EADDRNOTAVAIL),
-                    format!("no live nComponent has address {ip}"),
-                )),
+                None => Err(PlaceError::NoNComponentAt { ip }.into()),
             };
         }
         if !comps.iter().any(|e| e.info.role == Role::Net) {
-            // Programs keep the stack of their pComponent's host.
-            return Err(ERR::new(ErrCode::NotFound, "the cluster has no nComponent"));
+            return Err(PlaceError::NoNComponent.into());
         }
-        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode)
-            .ok_or_else(|| ERR::new(ErrCode::Errno(libc::ENETDOWN), "no nComponent is alive"))?;
+        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode).ok_or(PlaceError::NoNComponentAlive)?;
         Ok(G2P_NET { ncomp })
     }
 
@@ -273,7 +303,7 @@ impl Gm {
             Role::Mem,
             &format!("{}\0{}", r.vnode, r.ino),
         )
-        .ok_or_else(|| ERR::new(ErrCode::Unreachable, "no mComponent is alive"))?;
+        .ok_or(PlaceError::NoMComponentAlive)?;
         Ok(G2P_FILE_CACHE { mcomp })
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use splitos_rpc::TokenInfo;
+use splitos_rpc::{ErrCode, Refuse, TokenInfo};
 
 use splitos_core::state::{Store, Table};
 
@@ -66,12 +66,44 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A name an operator can type and a log line can carry as it is.
-fn check_name(name: &str) -> Result<(), String> {
+/// Why an API token was not made or revoked.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// A name an operator can type and a log line can carry as it is.
+    #[error("a token's name is 1 to 64 letters, digits, '-', '_' or '.', not {0:?}")]
+    Name(String),
+    #[error("an admin token sees every vNode: name none")]
+    AdminWithVnodes,
+    #[error("a tenant token needs at least one vNode")]
+    TenantWithoutVnodes,
+    #[error(transparent)]
+    Vnode(#[from] splitos_core::config::BadVnodeName),
+    #[error("a token named {0:?} exists: revoke it first")]
+    Exists(String),
+    #[error("the kernel's random generator: {0}")]
+    Random(std::io::Error),
+    #[error("cannot keep the token: {0}")]
+    Keep(anyhow::Error),
+    #[error("cannot forget the token: {0}")]
+    Forget(anyhow::Error),
+    #[error("no API token is named {0:?}")]
+    NoSuch(String),
+}
+
+/// A token that could not be made is the asker's to fix; one the state could not forget is not.
+impl Refuse for TokenError {
+    fn code(&self) -> ErrCode {
+        match self {
+            TokenError::Forget(_) => ErrCode::Internal,
+            TokenError::NoSuch(_) => ErrCode::NotFound,
+            _ => ErrCode::Invalid,
+        }
+    }
+}
+
+fn check_name(name: &str) -> Result<(), TokenError> {
     if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-        return Err(format!(
-            "a token's name is 1 to 64 letters, digits, '-', '_' or '.', not {name:?}"
-        ));
+        return Err(TokenError::Name(name.to_string()));
     }
     Ok(())
 }
@@ -95,23 +127,22 @@ impl Tokens {
     }
 
     /// Makes a token and returns its secret form, which is not kept.
-    pub fn create(&self, name: &str, admin: bool, vnodes: Vec<String>) -> Result<String, String> {
+    pub fn create(&self, name: &str, admin: bool, vnodes: Vec<String>) -> Result<String, TokenError> {
         check_name(name)?;
         match (admin, vnodes.is_empty()) {
-            (true, false) => return Err("an admin token sees every vNode: name none".into()),
-            (false, true) => return Err("a tenant token needs at least one vNode".into()),
+            (true, false) => return Err(TokenError::AdminWithVnodes),
+            (false, true) => return Err(TokenError::TenantWithoutVnodes),
             _ => {}
         }
         for v in &vnodes {
-            splitos_core::config::check_vnode_name(v).map_err(|e| e.to_string())?;
+            splitos_core::config::check_vnode_name(v)?;
         }
         let mut by_name = self.by_name.lock().unwrap();
         if by_name.contains_key(name) {
-            return Err(format!("a token named {name:?} exists: revoke it first"));
+            return Err(TokenError::Exists(name.to_string()));
         }
-        let rng = |e: std::io::Error| format!("the kernel's random generator: {e}");
-        let id = hex(&splitos_rpc::auth::random::<8>().map_err(rng)?);
-        let secret = hex(&splitos_rpc::auth::random::<32>().map_err(rng)?);
+        let id = hex(&splitos_rpc::auth::random::<8>().map_err(TokenError::Random)?);
+        let secret = hex(&splitos_rpc::auth::random::<32>().map_err(TokenError::Random)?);
         let created_unix_s = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -126,8 +157,7 @@ impl Tokens {
                 created_unix_s,
             },
         };
-        self.save(name, Some(&stored))
-            .map_err(|e| format!("cannot keep the token: {e}"))?;
+        self.save(name, Some(&stored)).map_err(TokenError::Keep)?;
         by_name.insert(name.to_string(), stored);
         Ok(format!("{PREFIX}{id}_{secret}"))
     }
@@ -139,13 +169,12 @@ impl Tokens {
     }
 
     /// False if no token has that name.
-    pub fn revoke(&self, name: &str) -> Result<bool, String> {
+    pub fn revoke(&self, name: &str) -> Result<bool, TokenError> {
         let mut by_name = self.by_name.lock().unwrap();
         if !by_name.contains_key(name) {
             return Ok(false);
         }
-        self.save(name, None)
-            .map_err(|e| format!("cannot forget the token: {e}"))?;
+        self.save(name, None).map_err(TokenError::Forget)?;
         by_name.remove(name);
         Ok(true)
     }
@@ -209,7 +238,7 @@ mod tests {
         ] {
             assert_eq!(t.check(bad), None, "{bad:?}");
         }
-        assert!(t.create("ops", true, Vec::new()).unwrap_err().contains("exists"));
+        assert!(matches!(t.create("ops", true, Vec::new()), Err(TokenError::Exists(n)) if n == "ops"));
         assert!(t.create("x", true, vec!["lab".into()]).is_err());
         assert!(t.create("y", false, Vec::new()).is_err());
         assert!(t.create("no spaces", true, Vec::new()).is_err());

@@ -11,30 +11,24 @@ use std::sync::Mutex;
 
 use splitos_rpc::VnodeInfo;
 
-use splitos_core::config::VnodeConfig;
+use splitos_core::config::{ConfigError, VnodeConfig};
 use splitos_core::state::{Store, Table as StateTable};
 
 const VNODES: StateTable = StateTable("vnodes");
 
 /// Why a change to the table was refused.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum VnodeError {
     /// A name, user, group or quota that is not valid.
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    #[error("a vNode named {0:?} exists")]
     Exists(String),
+    #[error("no vNode is named {0:?}")]
     NotFound(String),
     /// The state file could not be written: nothing changed.
-    Store(String),
-}
-
-impl std::fmt::Display for VnodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            VnodeError::Invalid(e) | VnodeError::Store(e) => write!(f, "{e}"),
-            VnodeError::Exists(n) => write!(f, "a vNode named {n:?} exists"),
-            VnodeError::NotFound(n) => write!(f, "no vNode is named {n:?}"),
-        }
-    }
+    #[error("cannot keep the vNodes: {0}")]
+    Store(anyhow::Error),
 }
 
 struct Table {
@@ -68,7 +62,7 @@ fn check(v: &VnodeInfo) -> Result<(), VnodeError> {
         groups: v.groups.clone(),
         memory: v.memory.map(splitos_core::config::Size),
     };
-    cfg.validate().map_err(VnodeError::Invalid)
+    Ok(cfg.validate()?)
 }
 
 impl Vnodes {
@@ -102,9 +96,7 @@ impl Vnodes {
     }
 
     fn save(&self, name: &str, v: Option<&VnodeInfo>) -> Result<(), VnodeError> {
-        self.store
-            .put(VNODES, name, v)
-            .map_err(|e| VnodeError::Store(format!("cannot keep the vNodes: {e}")))
+        self.store.put(VNODES, name, v).map_err(VnodeError::Store)
     }
 
     pub fn create(&self, v: VnodeInfo) -> Result<(), VnodeError> {
@@ -169,7 +161,7 @@ mod tests {
         let v0 = v.version();
         v.create(lab(&["0"])).unwrap();
         assert_ne!(v.version(), v0);
-        assert_eq!(v.create(lab(&["0"])), Err(VnodeError::Exists("lab".into())));
+        assert!(matches!(v.create(lab(&["0"])), Err(VnodeError::Exists(n)) if n == "lab"));
         assert!(matches!(
             v.create(VnodeInfo {
                 name: "../x".into(),
@@ -191,7 +183,7 @@ mod tests {
         assert_eq!(again.get("lab"), Some(lab(&["0"])));
         assert_ne!(again.version(), before, "a restart gives a version no pComponent holds");
         assert_eq!(again.delete("lab").unwrap().name, "lab");
-        assert_eq!(again.delete("lab"), Err(VnodeError::NotFound("lab".into())));
+        assert!(matches!(again.delete("lab"), Err(VnodeError::NotFound(n)) if n == "lab"));
         assert!(again.list().1.is_empty());
     }
 }

@@ -111,11 +111,26 @@ pub struct BufferCache<P> {
     pub(super) c: Counters,
 }
 
-fn fs_err(e: RpcError) -> Refusal {
-    match e.code() {
-        ErrCode::Errno(n) => ERR::new(ErrCode::Errno(n), e.to_string()),
-        // The sComponent cannot be reached: the program sees EIO, and the next request retries.
-        _ => ERR::new(ErrCode::Errno(libc::EIO), e.to_string()),
+/// Why the buffer cache fails a file request; the program sees each as an errno.
+#[derive(Debug, thiserror::Error)]
+enum FileError {
+    #[error("{0}")]
+    Storage(RpcError),
+    #[error("offset or size beyond the largest file")]
+    TooLarge,
+}
+
+impl Refuse for FileError {
+    fn code(&self) -> ErrCode {
+        match self {
+            FileError::Storage(e) => match e.code() {
+                ErrCode::Errno(n) => ErrCode::Errno(n),
+                // The sComponent cannot be reached: the program sees EIO, and the next
+                // request retries.
+                _ => ErrCode::Errno(libc::EIO),
+            },
+            FileError::TooLarge => ErrCode::Errno(libc::EFBIG),
+        }
     }
 }
 
@@ -133,13 +148,10 @@ fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
 }
 
 /// Offsets and sizes the file system can hold (the sComponent's bound).
-fn fits(off: u64, len: u64) -> Result<(), Refusal> {
+fn fits(off: u64, len: u64) -> Result<(), FileError> {
     match off.checked_add(len) {
         Some(e) if e <= MAX_FILE_SIZE => Ok(()),
-        _ => Err(ERR::new(
-            ErrCode::Errno(libc::EFBIG),
-            "offset or size beyond the largest file",
-        )),
+        _ => Err(FileError::TooLarge),
     }
 }
 
@@ -176,7 +188,7 @@ impl<P: Peers> BufferCache<P> {
     }
 
     fn call<R: Request>(&self, scomp: &str, req: R) -> Result<R::Reply, Refusal> {
-        self.peers.call(scomp, req).map_err(fs_err)
+        Ok(self.peers.call(scomp, req).map_err(FileError::Storage)?)
     }
 
     /// The file's state, loaded from the sComponent on first use.

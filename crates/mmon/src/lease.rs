@@ -22,6 +22,26 @@ use splitos_rpc::*;
 use super::{Mem, Peers, PAGE};
 use splitos_core::segment::Segment;
 
+/// Why an owner refuses a pComponent a lease on a vRegion's pages.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LeaseError {
+    #[error("only a process's pComponent takes a lease on its pages")]
+    NotProc,
+    #[error("process {pid} has no memory in vRegion {idx} here")]
+    NoMemoryIn { pid: u64, idx: u64 },
+    #[error("vRegion {idx} is striped or logged: its write-backs go through its owner")]
+    Redundant { idx: u64 },
+}
+
+impl Refuse for LeaseError {
+    fn code(&self) -> ErrCode {
+        match self {
+            LeaseError::NotProc => ErrCode::Denied,
+            LeaseError::NoMemoryIn { .. } | LeaseError::Redundant { .. } => ErrCode::Invalid,
+        }
+    }
+}
+
 const TOKEN: usize = 16;
 /// How long a token waits for its holder to fetch the segment.
 const TOKEN_LIFE: Duration = Duration::from_secs(10);
@@ -120,10 +140,7 @@ impl<P: Peers> Mem<P> {
     /// the process has memory, with one member (no parity to keep, no log to append).
     pub(super) fn lease(&self, r: P2M_LEASE) -> Result<M2P_LEASE, Refusal> {
         if current_peer().is_some_and(|p| p.role != Role::Proc) {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                "only a process's pComponent takes a lease on its pages",
-            ));
+            return Err(LeaseError::NotProc.into());
         }
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
@@ -134,19 +151,14 @@ impl<P: Peers> Mem<P> {
             r.index.saturating_add(1).saturating_mul(vrs),
         );
         if !g.has_memory_in(start, end) {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!("process {} has no memory in vRegion {} here", r.who.pid, r.index),
-            ));
+            return Err(LeaseError::NoMemoryIn {
+                pid: r.who.pid,
+                idx: r.index,
+            }
+            .into());
         }
         if g.sets.contains_key(&r.index) || g.logs.contains_key(&r.index) {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "vRegion {} is striped or logged: its write-backs go through its owner",
-                    r.index
-                ),
-            ));
+            return Err(LeaseError::Redundant { idx: r.index }.into());
         }
         let (segment, seg) = g.pages.segment(r.index)?;
         let generation = seg.generation();

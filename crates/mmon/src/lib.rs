@@ -146,6 +146,59 @@ pub struct Mem<P = RpcPeers> {
     c: Counters,
 }
 
+/// A pComponent asked about a process another pComponent created ([`Mem::may_act`]).
+#[derive(Debug, thiserror::Error)]
+#[error("process {pid} runs on another pComponent")]
+pub(crate) struct OtherPcomponent {
+    pid: u64,
+}
+
+impl Refuse for OtherPcomponent {
+    fn code(&self) -> ErrCode {
+        ErrCode::Denied
+    }
+}
+
+/// A file request to an mComponent that is leaving: the sender asks the global managers
+/// where its files' cache went.
+#[derive(Debug, thiserror::Error)]
+#[error("mComponent {mcomp} is leaving: its buffer cache moved to another mComponent")]
+struct CacheMoved {
+    mcomp: u32,
+}
+
+impl Refuse for CacheMoved {
+    fn code(&self) -> ErrCode {
+        ErrCode::Moved
+    }
+}
+
+/// This mComponent's own handler answered an owner request with another message than its reply.
+#[derive(Debug, thiserror::Error)]
+#[error("{request} answered with {reply}")]
+struct WrongReply {
+    request: &'static str,
+    reply: &'static str,
+}
+
+impl Refuse for WrongReply {
+    fn code(&self) -> ErrCode {
+        ErrCode::Internal
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("a link probe of {bytes} bytes: at most {MAX_PROBE}")]
+struct ProbeTooLarge {
+    bytes: u32,
+}
+
+impl Refuse for ProbeTooLarge {
+    fn code(&self) -> ErrCode {
+        ErrCode::Invalid
+    }
+}
+
 impl<P: Peers> Mem<P> {
     /// An mComponent as `args` say, reaching the cluster through `peers`; its rebuilder's work
     /// goes to `jobs`.
@@ -351,13 +404,7 @@ impl<P: Peers> Mem<P> {
     fn file_request<R>(&self, f: impl FnOnce() -> Result<R, Refusal>) -> Result<R, Refusal> {
         let closed = self.files_closed.read().unwrap();
         if *closed {
-            return Err(ERR::new(
-                ErrCode::Moved,
-                format!(
-                    "mComponent {} is leaving: its buffer cache moved to another mComponent",
-                    self.peers.id()
-                ),
-            ));
+            return Err(CacheMoved { mcomp: self.peers.id() }.into());
         }
         f()
     }
@@ -396,7 +443,7 @@ impl<P: Peers> Mem<P> {
     /// it (`creator`): a pComponent's credentials do not let it read or change the memory of
     /// programs it does not run. Other mComponents (forwarding their home's work) and the
     /// admin's tools may act on any process.
-    fn may_act(&self, pid: u64, creator: Option<[u8; 32]>) -> Result<(), Refusal> {
+    fn may_act(&self, pid: u64, creator: Option<[u8; 32]>) -> Result<(), OtherPcomponent> {
         match splitos_rpc::current_peer() {
             Some(p) if p.role == Role::Proc && creator.is_some_and(|c| c != p.key) => {
                 self.c.denied.fetch_add(1, Relaxed);
@@ -406,10 +453,7 @@ impl<P: Peers> Mem<P> {
                 if NOT_YOURS.log_this(p) {
                     tracing::warn!(pid, peer = %p, "refused a request about a process another pComponent created");
                 }
-                Err(ERR::new(
-                    ErrCode::Denied,
-                    format!("process {pid} runs on another pComponent"),
-                ))
+                Err(OtherPcomponent { pid })
             }
             _ => Ok(()),
         }
@@ -425,8 +469,13 @@ impl<P: Peers> Mem<P> {
         let name = msg.name();
         match self.handle(msg) {
             Msg::ERR(e) => Err(e),
-            m => R::Reply::try_from(m)
-                .map_err(|m| ERR::new(ErrCode::Internal, format!("{name} answered with {}", m.name()))),
+            m => R::Reply::try_from(m).map_err(|m| {
+                WrongReply {
+                    request: name,
+                    reply: m.name(),
+                }
+                .into()
+            }),
         }
     }
 
@@ -503,10 +552,7 @@ impl<P: Peers> Handler for Mem<P> {
             Msg::P2M_HOME_TAKEOVER(r) => on(r, |r| self.home_takeover(r)),
             Msg::P2M_FETCH(r) => on(r, |r| self.fetch(r)),
             Msg::P2M_PROBE_LINK(r) => on(r, |r| match r.bytes {
-                b if b > MAX_PROBE => Err(ERR::new(
-                    ErrCode::Invalid,
-                    format!("a link probe of {b} bytes: at most {MAX_PROBE}"),
-                )),
+                b if b > MAX_PROBE => Err(ProbeTooLarge { bytes: b }.into()),
                 b => Ok(M2P_PROBED {
                     payload: serde_bytes::ByteBuf::from(vec![0; b as usize]),
                 }),
@@ -582,10 +628,13 @@ impl<P: Peers> Handler for Mem<P> {
                 })
             }),
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("an mComponent does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "an mComponent does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         };
         if let Msg::ERR(e) = &reply {
             tracing::debug!(request = name, code = ?e.code, msg = %e.msg, "request refused");

@@ -22,6 +22,26 @@ use splitos_rpc::*;
 
 use super::{Job, Mem, Peers};
 
+/// Why a logger cannot read what the backup of a vRegion holds.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BackupLogError {
+    #[error("the backup log did not reach the sComponent within {secs} s ({why})")]
+    NotStreamed { secs: u64, why: String },
+    #[error("cannot read the backup file of vRegion {idx} from sComponent {scomp} at {addr}: {cause}")]
+    Read {
+        idx: u64,
+        scomp: u32,
+        addr: String,
+        cause: RpcError,
+    },
+}
+
+impl Refuse for BackupLogError {
+    fn code(&self) -> ErrCode {
+        ErrCode::Unreachable
+    }
+}
+
 /// Records per `M2S_LOG_APPEND`, well inside a frame.
 const APPEND_BATCH: usize = 64;
 /// How long a logger waits for room for a page of a copy (a resync, a rebuild), which may
@@ -151,17 +171,16 @@ impl BackupLog {
 
     /// Waits until nothing of `file` is left in the log (the queue is in order: what it
     /// copies from was sent before it).
-    pub fn wait_streamed(&self, file: &LogFile, timeout: Duration) -> Result<(), String> {
+    pub fn wait_streamed(&self, file: &LogFile, timeout: Duration) -> Result<(), BackupLogError> {
         let mut q = self.q.lock().unwrap();
         let until = Instant::now() + timeout;
         while q.entries.iter().any(|e| e.file == *file) {
             let now = Instant::now();
             if now >= until {
-                return Err(format!(
-                    "the backup log did not reach the sComponent within {} s ({})",
-                    timeout.as_secs(),
-                    q.stalled.as_deref().unwrap_or("still sending")
-                ));
+                return Err(BackupLogError::NotStreamed {
+                    secs: timeout.as_secs(),
+                    why: q.stalled.as_deref().unwrap_or("still sending").to_string(),
+                });
             }
             q = self.cv.wait_timeout(q, until - now).unwrap().0;
         }
@@ -389,9 +408,7 @@ impl<P: Peers> Mem<P> {
 
     /// Every page the backup of vRegion `file` holds, once all queued records reached it.
     pub(super) fn read_backup(&self, scomp: &ComponentRef, file: &LogFile) -> Result<BTreeMap<u64, ByteBuf>, Refusal> {
-        self.backup_log
-            .wait_streamed(file, DRAIN_WAIT)
-            .map_err(|e| ERR::new(ErrCode::Unreachable, e))?;
+        self.backup_log.wait_streamed(file, DRAIN_WAIT)?;
         let mut pages = BTreeMap::new();
         let mut offset = 0;
         loop {
@@ -411,13 +428,13 @@ impl<P: Peers> Mem<P> {
                     ..
                 }) if offset == 0 => return Ok(pages),
                 Err(e) => {
-                    return Err(ERR::new(
-                        ErrCode::Unreachable,
-                        format!(
-                            "cannot read the backup file of vRegion {} from sComponent {} at {}: {e}",
-                            file.index, scomp.id, scomp.addr
-                        ),
-                    ))
+                    return Err(BackupLogError::Read {
+                        idx: file.index,
+                        scomp: scomp.id,
+                        addr: scomp.addr.clone(),
+                        cause: e,
+                    }
+                    .into())
                 }
             };
             replay_log(records, &mut pages);

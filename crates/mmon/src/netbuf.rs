@@ -46,8 +46,15 @@ impl NetBufs {
     }
 }
 
-fn unknown(buf: u64) -> Refusal {
-    ERR::new(ErrCode::NotFound, format!("no socket buffer {buf:x}"))
+/// A socket buffer this mComponent does not keep (freed, or never allocated here).
+#[derive(Debug, thiserror::Error)]
+#[error("no socket buffer {0:x}")]
+struct UnknownBuffer(u64);
+
+impl Refuse for UnknownBuffer {
+    fn code(&self) -> ErrCode {
+        ErrCode::NotFound
+    }
 }
 
 /// Bytes [offset, offset + len) of a buffer of `size`, or EINVAL.
@@ -92,7 +99,7 @@ impl<P: Peers> Mem<P> {
         f: impl FnOnce(&mut Vec<u8>) -> Result<T, Refusal>,
     ) -> Result<T, Refusal> {
         let mut bufs = self.netbufs.bufs.lock().unwrap();
-        let b = bufs.get_mut(&buf).ok_or_else(|| unknown(buf))?;
+        let b = bufs.get_mut(&buf).ok_or(UnknownBuffer(buf))?;
         let asker = match current_peer() {
             Some(p) if p.role == Role::Proc => Some(p.key),
             Some(p) if p.role == Role::Net => for_pcomp,
@@ -100,7 +107,7 @@ impl<P: Peers> Mem<P> {
         };
         if asker != b.owner {
             self.c.denied.fetch_add(1, Relaxed);
-            return Err(unknown(buf));
+            return Err(UnknownBuffer(buf).into());
         }
         f(&mut b.data)
     }
@@ -124,7 +131,7 @@ impl<P: Peers> Mem<P> {
         self.with_netbuf(r.buf, None, |_| Ok(()))?;
         // Looked up and removed in one step: a second free of the same buffer finds nothing.
         let Some(b) = self.netbufs.bufs.lock().unwrap().remove(&r.buf) else {
-            return Err(unknown(r.buf));
+            return Err(UnknownBuffer(r.buf).into());
         };
         self.release_netbuf(b.data.len() as u64);
         Ok(OK)

@@ -39,13 +39,74 @@ type Page = Box<[u8; SEALED_PAGE]>;
 
 const PROT_WRITE: u32 = 2;
 
+/// Why an owner refuses a fetch, a write-back or a request of the home about a process's
+/// pages: each case one a caller can match, its code on the wire given once, in [`Refuse`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OwnerError {
+    #[error("a sealed page is {SEALED_PAGE} bytes, got {len}")]
+    SealedSize { len: usize },
+    #[error("process {pid} is at epoch {epoch}, the write-back was sent for epoch {sent}")]
+    Stale { pid: u64, epoch: u64, sent: u64 },
+    /// A page stored outside the process's vmas.
+    #[error("page {addr:#x} is not mapped")]
+    NotMapped { addr: u64 },
+    /// A page fetched outside the vmas kept here: its vRegion may have moved since the
+    /// fetcher's view of the sets, so the fetcher asks the home and tries again.
+    #[error("page {addr:#x} is not mapped")]
+    NotMappedHere { addr: u64 },
+    #[error("this mComponent keeps the backup log of vRegion {idx} of process {pid}, not its pages")]
+    LoggedHere { idx: u64, pid: u64 },
+    #[error("process {pid} has no memory on mComponent {mcomp}")]
+    NoMemoryHere { pid: u64, mcomp: u32 },
+    #[error("process {pid} belongs to another vNode")]
+    OtherVnode { pid: u64 },
+    /// A fork's child id names a process of another vNode or pComponent here.
+    #[error("process id {pid} is in use")]
+    PidInUse { pid: u64 },
+    #[error(transparent)]
+    OtherPcomponent(#[from] super::OtherPcomponent),
+    #[error("mComponent {mcomp} is out of memory ({taken} of {capacity} bytes taken, {asked} more asked)")]
+    OutOfMemory {
+        mcomp: u32,
+        taken: u64,
+        capacity: u64,
+        asked: u64,
+    },
+    #[error("mComponent {mcomp} is full ({taken} of {capacity} bytes hold pages or are kept for vNodes' quotas)")]
+    Full { mcomp: u32, taken: u64, capacity: u64 },
+    #[error("mComponent {member} at {addr}, the parity member, did not take the pages' changes: {}", cause.msg)]
+    ParityMember { member: u32, addr: String, cause: Refusal },
+    #[error("the backup log of vRegion {idx} has had no room for {secs} s: its sComponent does not take it")]
+    LogFull { idx: u64, secs: u64 },
+    #[error("process {pid} has no page at or after {addr:#x} here")]
+    NoPageFrom { pid: u64, addr: u64 },
+}
+
+impl Refuse for OwnerError {
+    fn code(&self) -> ErrCode {
+        match self {
+            OwnerError::SealedSize { .. } | OwnerError::NotMapped { .. } => ErrCode::Invalid,
+            OwnerError::Stale { .. } | OwnerError::NotMappedHere { .. } | OwnerError::LoggedHere { .. } => {
+                ErrCode::Stale
+            }
+            OwnerError::NoMemoryHere { .. } | OwnerError::NoPageFrom { .. } => ErrCode::NotFound,
+            OwnerError::OtherVnode { .. } | OwnerError::PidInUse { .. } => ErrCode::Denied,
+            OwnerError::OtherPcomponent(e) => e.code(),
+            OwnerError::OutOfMemory { .. } | OwnerError::Full { .. } => ErrCode::NoMemory,
+            // A member that cannot be reached is lost to the set: the sender reports it.
+            OwnerError::ParityMember { cause, .. } => match cause.code {
+                ErrCode::Unreachable | ErrCode::NotFound => ErrCode::ParityLost,
+                other => other,
+            },
+            OwnerError::LogFull { .. } => ErrCode::Unreachable,
+        }
+    }
+}
+
 /// A page to store must be sealed ([`SEALED_PAGE`] bytes); its seal is the fetcher's to check.
-fn sealed_size(data: &[u8]) -> Result<(), Refusal> {
+fn sealed_size(data: &[u8]) -> Result<(), OwnerError> {
     if data.len() != SEALED_PAGE {
-        return Err(ERR::new(
-            ErrCode::Invalid,
-            format!("a sealed page is {SEALED_PAGE} bytes, got {}", data.len()),
-        ));
+        return Err(OwnerError::SealedSize { len: data.len() });
     }
     Ok(())
 }
@@ -190,40 +251,33 @@ impl OwnerProc {
     }
 
     /// Refuses a write-back sent for replica sets that have changed since.
-    pub(super) fn current(&self, who: &Who) -> Result<(), Refusal> {
+    pub(super) fn current(&self, who: &Who) -> Result<(), OwnerError> {
         if who.epoch < self.epoch {
             crate::series::STALE_WRITES_REFUSED.increment(1);
-            return Err(ERR::new(
-                ErrCode::Stale,
-                format!(
-                    "process {} is at epoch {}, the write-back was sent for epoch {}",
-                    who.pid, self.epoch, who.epoch
-                ),
-            ));
+            return Err(OwnerError::Stale {
+                pid: who.pid,
+                epoch: self.epoch,
+                sent: who.epoch,
+            });
         }
         Ok(())
     }
 
-    fn page_in_vma(&self, vpn: u64) -> Result<(), Refusal> {
+    fn page_in_vma(&self, vpn: u64) -> Result<(), OwnerError> {
         self.vmas
             .find(vpn * PAGE)
             .map(|_| ())
-            .ok_or_else(|| ERR::new(ErrCode::Invalid, format!("page {:#x} is not mapped", vpn * PAGE)))
+            .ok_or(OwnerError::NotMapped { addr: vpn * PAGE })
     }
 
-    fn load_page(&self, vpn: u64, vrs: u64) -> Result<ByteBuf, Refusal> {
+    fn load_page(&self, vpn: u64, vrs: u64) -> Result<ByteBuf, OwnerError> {
         // Not mapped here: its vRegion may have moved to another member (a detach, or
         // rebalancing) since the fetcher's view of the sets, so the fetcher asks the home for
         // them and tries again (a page mapped nowhere still fails, after a few tries).
-        self.page_in_vma(vpn).map_err(|e| ERR::new(ErrCode::Stale, e.msg))?;
+        self.page_in_vma(vpn)
+            .map_err(|_| OwnerError::NotMappedHere { addr: vpn * PAGE })?;
         if let Some(idx) = self.logged(vpn, vrs) {
-            return Err(ERR::new(
-                ErrCode::Stale,
-                format!(
-                    "this mComponent keeps the backup log of vRegion {idx} of process {}, not its pages",
-                    self.pid
-                ),
-            ));
+            return Err(OwnerError::LoggedHere { idx, pid: self.pid });
         }
         Ok(match self.pages.get(vpn) {
             Some(pg) => ByteBuf::from(pg),
@@ -233,13 +287,11 @@ impl OwnerProc {
 }
 
 impl<P: Peers> Mem<P> {
-    pub(super) fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+    pub(super) fn owner_proc(&self, who: &Who) -> Result<Arc<Mutex<OwnerProc>>, OwnerError> {
         let p = self.owned.lock().unwrap().get(&who.pid).cloned();
-        let p = p.ok_or_else(|| {
-            ERR::new(
-                ErrCode::NotFound,
-                format!("process {} has no memory on mComponent {}", who.pid, self.peers.id()),
-            )
+        let p = p.ok_or_else(|| OwnerError::NoMemoryHere {
+            pid: who.pid,
+            mcomp: self.peers.id(),
         })?;
         let (vnode, creator) = {
             let g = p.lock().unwrap();
@@ -252,10 +304,7 @@ impl<P: Peers> Mem<P> {
             if THEIRS.log_this(format_args!("vNode {}", who.vnode)) {
                 tracing::warn!(pid = who.pid, owner_vnode = %vnode, asked_by = %who.vnode, "refused a request for another vNode's pages");
             }
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("process {} belongs to another vNode", who.pid),
-            ));
+            return Err(OwnerError::OtherVnode { pid: who.pid });
         }
         self.may_act(who.pid, creator)?;
         Ok(p)
@@ -269,7 +318,7 @@ impl<P: Peers> Mem<P> {
         who: &Who,
         creator: Option<[u8; 32]>,
         quota: Option<u64>,
-    ) -> Result<Arc<Mutex<OwnerProc>>, Refusal> {
+    ) -> Result<Arc<Mutex<OwnerProc>>, OwnerError> {
         let p = self
             .owned
             .lock()
@@ -288,7 +337,7 @@ impl<P: Peers> Mem<P> {
         let mut g = p.lock().unwrap();
         if g.vnode != who.vnode || g.creator != creator {
             self.c.denied.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::Denied, "process belongs to another vNode"));
+            return Err(OwnerError::OtherVnode { pid: who.pid });
         }
         g.epoch = g.epoch.max(who.epoch);
         if let (None, Some(q)) = (g.quota, quota) {
@@ -310,18 +359,15 @@ impl<P: Peers> Mem<P> {
     }
 
     /// Promises `bytes` to writable mappings of `vnode` (strict overcommit).
-    pub(super) fn commit(&self, vnode: &str, bytes: u64) -> Result<(), Refusal> {
+    pub(super) fn commit(&self, vnode: &str, bytes: u64) -> Result<(), OwnerError> {
         if !self.room.commit(vnode, bytes) {
             self.c.out_of_memory.fetch_add(1, Relaxed);
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!(
-                    "mComponent {} is out of memory ({} of {} bytes taken, {bytes} more asked)",
-                    self.peers.id(),
-                    self.room.taken(),
-                    self.capacity
-                ),
-            ));
+            return Err(OwnerError::OutOfMemory {
+                mcomp: self.peers.id(),
+                taken: self.room.taken(),
+                capacity: self.capacity,
+                asked: bytes,
+            });
         }
         Ok(())
     }
@@ -389,18 +435,12 @@ impl<P: Peers> Mem<P> {
                 }
                 Err(e) => {
                     tracing::warn!(pid = who.pid, parity = o.id, error = %e, "cannot forward page changes to the parity member");
-                    let code = if matches!(e.code, ErrCode::Unreachable | ErrCode::NotFound) {
-                        ErrCode::ParityLost
-                    } else {
-                        e.code
-                    };
-                    out = Err(ERR::new(
-                        code,
-                        format!(
-                            "mComponent {} at {}, the parity member, did not take the pages' changes: {}",
-                            o.id, o.addr, e.msg
-                        ),
-                    ));
+                    out = Err(OwnerError::ParityMember {
+                        member: o.id,
+                        addr: o.addr,
+                        cause: e,
+                    }
+                    .into());
                 }
             }
         }
@@ -481,13 +521,11 @@ impl<P: Peers> Mem<P> {
                 .backup_log
                 .push(&l.scomp, file, l.epoch, Op::Record(record), Some(wait))
             {
-                return Err(ERR::new(
-                    ErrCode::Unreachable,
-                    format!(
-                        "the backup log of vRegion {idx} has had no room for {} s: its sComponent does not take it",
-                        wait.as_secs()
-                    ),
-                ));
+                return Err(OwnerError::LogFull {
+                    idx,
+                    secs: wait.as_secs(),
+                }
+                .into());
             }
             return Ok(());
         }
@@ -499,15 +537,12 @@ impl<P: Peers> Mem<P> {
             if !self.room.take_pages(&p.vnode, PAGE) {
                 self.c.out_of_memory.fetch_add(1, Relaxed);
                 crate::series::FULL_WRITES.increment(1);
-                return Err(ERR::new(
-                    ErrCode::NoMemory,
-                    format!(
-                        "mComponent {} is full ({} of {} bytes hold pages or are kept for vNodes' quotas)",
-                        self.peers.id(),
-                        self.room.taken(),
-                        self.capacity
-                    ),
-                ));
+                return Err(OwnerError::Full {
+                    mcomp: self.peers.id(),
+                    taken: self.room.taken(),
+                    capacity: self.capacity,
+                }
+                .into());
             }
         } else if new {
             self.room.add_pages(&p.vnode, PAGE);
@@ -517,7 +552,7 @@ impl<P: Peers> Mem<P> {
             if new {
                 self.room.free_pages(&p.vnode, PAGE);
             }
-            return Err(e);
+            return Err(e.into());
         }
         Ok(())
     }
@@ -526,16 +561,14 @@ impl<P: Peers> Mem<P> {
     pub(super) fn debug_flip(&self, r: C2M_DEBUG_FLIP) -> Result<M2C_FLIPPED, Refusal> {
         let p = self.owner_proc(&r.who)?;
         let mut g = p.lock().unwrap();
-        let vpn = g.pages.keys(r.from_vpn..u64::MAX).next().ok_or_else(|| {
-            ERR::new(
-                ErrCode::NotFound,
-                format!(
-                    "process {} has no page at or after {:#x} here",
-                    r.who.pid,
-                    r.from_vpn * PAGE
-                ),
-            )
-        })?;
+        let vpn = g
+            .pages
+            .keys(r.from_vpn..u64::MAX)
+            .next()
+            .ok_or(OwnerError::NoPageFrom {
+                pid: r.who.pid,
+                addr: r.from_vpn * PAGE,
+            })?;
         let bit = r.bit as usize % (PAGE_SIZE * 8);
         g.pages.modify(vpn, |page| page[bit / 8] ^= 1 << (bit % 8));
         tracing::warn!(
@@ -578,8 +611,8 @@ impl<P: Peers> Mem<P> {
                 self.store(&mut g, vpn, data, &mut deltas)?;
                 self.release_and_forward(&victim, g, who, deltas)
             }
-            Err(e) if e.code == ErrCode::NotFound => Ok(()),
-            Err(e) => Err(e),
+            Err(OwnerError::NoMemoryHere { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -6,9 +6,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use splitos_rpc::{ErrCode, Refusal, ERR, SEALED_PAGE};
+use splitos_rpc::{ErrCode, Refuse, SEALED_PAGE};
 
 use splitos_core::segment::Segment;
+
+/// The memory for a vRegion's pages could not be made (the memfd, or its mapping).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot make the memory of a vRegion: {0}")]
+pub(super) struct NoSegment(std::io::Error);
+
+impl Refuse for NoSegment {
+    fn code(&self) -> ErrCode {
+        ErrCode::NoMemory
+    }
+}
 
 pub(super) struct Pages {
     /// Pages per vRegion: the size of each segment.
@@ -48,21 +59,18 @@ impl Pages {
     }
 
     /// The segment of vRegion `idx`, made if new, with its id.
-    pub fn segment(&mut self, idx: u64) -> Result<(u64, Arc<Segment>), Refusal> {
+    pub fn segment(&mut self, idx: u64) -> Result<(u64, Arc<Segment>), NoSegment> {
         if let Some((id, s)) = self.segments.get(&idx) {
             return Ok((*id, s.clone()));
         }
-        let s = Arc::new(
-            Segment::create(self.per_vregion)
-                .map_err(|e| ERR::new(ErrCode::NoMemory, format!("cannot make the memory of a vRegion: {e}")))?,
-        );
+        let s = Arc::new(Segment::create(self.per_vregion).map_err(NoSegment)?);
         let id = splitos_rpc::auth::random_u64();
         self.segments.insert(idx, (id, s.clone()));
         Ok((id, s))
     }
 
     /// Stores page `vpn` (sealed); whether it is new.
-    pub fn insert(&mut self, vpn: u64, sealed: &[u8]) -> Result<bool, Refusal> {
+    pub fn insert(&mut self, vpn: u64, sealed: &[u8]) -> Result<bool, NoSegment> {
         debug_assert_eq!(sealed.len(), SEALED_PAGE);
         let (idx, i) = self.at(vpn);
         self.segment(idx)?.1.put(i, sealed);

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use splitos_rpc::{ErrCode, Refusal, ERR};
+use splitos_rpc::{ErrCode, Refuse};
 
 #[derive(Default)]
 struct VnodeMemory {
@@ -23,6 +23,22 @@ struct VnodeMemory {
     refused: u64,
 }
 
+/// A change refused because it would take its vNode past its memory quota.
+#[derive(Debug, thiserror::Error)]
+#[error("vNode {vnode} is at its memory quota: {used} of {quota} bytes mapped writable, {more} more asked")]
+pub(super) struct OverQuota {
+    vnode: String,
+    used: u64,
+    quota: u64,
+    more: u64,
+}
+
+impl Refuse for OverQuota {
+    fn code(&self) -> ErrCode {
+        ErrCode::NoMemory
+    }
+}
+
 #[derive(Default)]
 pub(super) struct Ledger {
     vnodes: Mutex<BTreeMap<String, VnodeMemory>>,
@@ -31,7 +47,7 @@ pub(super) struct Ledger {
 impl Ledger {
     /// Reserves `more` bytes of `vnode`'s quota for a change about to be made; refused when
     /// that would take the vNode past `quota`.
-    pub(super) fn reserve(&self, vnode: &str, quota: Option<u64>, more: u64) -> Result<(), Refusal> {
+    pub(super) fn reserve(&self, vnode: &str, quota: Option<u64>, more: u64) -> Result<(), OverQuota> {
         let mut all = self.vnodes.lock().unwrap();
         let v = all.entry(vnode.to_string()).or_default();
         v.quota = quota;
@@ -51,13 +67,12 @@ impl Ledger {
                     "refused a mapping past its vNode's memory quota"
                 );
             }
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!(
-                    "vNode {vnode} is at its memory quota: {} of {q} bytes mapped writable, {more} more asked",
-                    v.used
-                ),
-            ));
+            return Err(OverQuota {
+                vnode: vnode.to_string(),
+                used: v.used,
+                quota: q,
+                more,
+            });
         }
         v.used += more;
         Ok(())
@@ -112,7 +127,7 @@ mod tests {
         let l = Ledger::default();
         l.reserve("a", Some(100), 60).unwrap();
         l.settle("a", 60, 0, 60);
-        assert_eq!(l.reserve("a", Some(100), 41).unwrap_err().code, ErrCode::NoMemory);
+        assert_eq!(l.reserve("a", Some(100), 41).unwrap_err().used, 60);
         l.reserve("b", None, 1000).unwrap();
         l.reserve("a", Some(100), 40).unwrap();
         // The change failed: the reservation is returned.

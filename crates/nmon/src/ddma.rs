@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Sender, TrySendError};
 use splitos_rpc::*;
 
-use super::proxy::{Counters, Job, ProxyHandle};
+use super::proxy::{Counters, Job, ProxyHandle, SocketError};
 use splitos_core::node::Node;
 
 /// Threads of the engine: a call to an mComponent takes tens of microseconds, and each
@@ -63,10 +63,7 @@ impl Ddma {
     /// A send on the DMA path, for a socket of the sender (checked before any fetch).
     pub fn fetch_and_send(&self, r: P2N_SEND_DMA, key: Option<[u8; 32]>, reply: Reply) {
         if !self.proxy.owns(r.sock, key) {
-            return reply(Msg::ERR(ERR::new(
-                ErrCode::Denied,
-                format!("socket {} is not yours", r.sock),
-            )));
+            return reply(Msg::ERR(SocketError::NotYours(r.sock).into()));
         }
         put(&self.tx, Work::Fetch(r, key.unwrap_or([0; 32]), reply));
     }
@@ -99,9 +96,7 @@ fn put(tx: &Sender<Work>, w: Work) {
     match tx.try_send(w) {
         Ok(()) => {}
         Err(TrySendError::Full(w)) => w.refuse(Refusal::errno(libc::EAGAIN)),
-        Err(TrySendError::Disconnected(w)) => {
-            w.refuse(ERR::new(ErrCode::Internal, "the nComponent's DMA engine is gone"))
-        }
+        Err(TrySendError::Disconnected(w)) => w.refuse(SocketError::DmaGone.into()),
     }
 }
 

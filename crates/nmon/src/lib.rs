@@ -146,10 +146,13 @@ impl Handler for Net {
                 node::exit_soon();
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("an nComponent does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "an nComponent does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 }

@@ -386,10 +386,13 @@ impl Proxy {
             Msg::P2N_RECVFROM(r) => r.sock,
             Msg::P2N_DISCONNECT(r) => r.sock,
             other => {
-                reply(Msg::ERR(ERR::new(
-                    ErrCode::Invalid,
-                    format!("the proxy does not handle {}", other.name()),
-                )));
+                reply(Msg::ERR(
+                    Unhandled {
+                        by: "the proxy does",
+                        msg: other.name(),
+                    }
+                    .into(),
+                ));
                 return None;
             }
         };
@@ -628,9 +631,31 @@ fn owned<'a>(
                     "refused a request about a socket another pComponent made"
                 );
             }
-            Err(ERR::new(ErrCode::Denied, format!("socket {id} is not yours")))
+            Err(SocketError::NotYours(id).into())
         }
         None => Err(Refusal::errno(libc::EBADF)),
+    }
+}
+
+/// Why the nComponent refuses a socket's request.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// A request about a socket another pComponent made.
+    #[error("socket {0} is not yours")]
+    NotYours(u64),
+    #[error("the nComponent's DMA engine is gone")]
+    DmaGone,
+    #[error("a newer receive on this socket replaced this one")]
+    Replaced,
+}
+
+impl Refuse for SocketError {
+    fn code(&self) -> ErrCode {
+        match self {
+            SocketError::NotYours(_) => ErrCode::Denied,
+            SocketError::DmaGone => ErrCode::Internal,
+            SocketError::Replaced => ErrCode::Invalid,
+        }
     }
 }
 

@@ -12,9 +12,10 @@ use std::time::Instant;
 
 use serde_bytes::ByteBuf;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use splitos_rpc::{Datagram, Msg, Refusal, Reply, ERR, N2P_ADDR, N2P_DATA, N2P_GRAMS, OK};
+use splitos_rpc::{Datagram, Msg, Refusal, Reply, N2P_ADDR, N2P_DATA, N2P_GRAMS, OK};
 
 use super::netns::{Namespaces, Realm};
+use super::proxy::SocketError;
 
 /// Bytes a skeleton holds for sending before it makes its stub wait: enough to keep a
 /// connection busy between two of the stub's sends.
@@ -356,10 +357,7 @@ impl Skeleton {
 
     pub fn recv(&mut self, max: usize, deadline: Instant, reply: Reply) {
         if let Some((_, _, old)) = self.recv_waiter.take() {
-            old(Msg::ERR(ERR::new(
-                splitos_rpc::ErrCode::Invalid,
-                "a newer receive on this socket replaced this one",
-            )));
+            old(Msg::ERR(SocketError::Replaced.into()));
         }
         self.recv_waiter = Some((max.clamp(1, RECV_MAX), deadline, reply));
     }

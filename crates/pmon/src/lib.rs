@@ -47,6 +47,39 @@ use splitos_core::config::{AccessSampling, DirtyTracking, HugePages, IdlePoll, O
 use splitos_core::node::{self, Node};
 use splitos_metrics::Exposition;
 
+/// Why a pComponent refuses a control request: its ExCache resized or its policies
+/// replaced, a signal to one of its processes.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("excache: {0}")]
+    ExcacheSize(splitos_core::config::ExcacheSize),
+    #[error(transparent)]
+    Resize(#[from] excache::miss::ResizeError),
+    #[error("eviction: {0}")]
+    Eviction(splitos_rpc::knob::UnknownName),
+    #[error("prefetch: {0}")]
+    Prefetch(splitos_rpc::knob::UnknownName),
+    #[error("prefetch: this pComponent reads no line ahead (prefetch_lines = 0): a read-ahead policy would have nothing to do")]
+    NoReadAhead,
+    #[error("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)")]
+    FifoWhileSampling,
+    #[error("{0} is not a signal")]
+    NotASignal(i32),
+    #[error("no process {0} runs on this pComponent")]
+    NoProcess(u64),
+    #[error("process {pid}: {error}")]
+    Signal { pid: u64, error: std::io::Error },
+}
+
+impl Refuse for ControlError {
+    fn code(&self) -> ErrCode {
+        match self {
+            ControlError::NoProcess(_) | ControlError::Signal { .. } => ErrCode::NotFound,
+            _ => ErrCode::Invalid,
+        }
+    }
+}
+
 /// A process running on this pComponent.
 pub struct Proc {
     pub pid: u64,
@@ -281,7 +314,7 @@ impl Pcomp {
     fn set_excache(&self, r: G2P_SET_EXCACHE) -> Result<P2G_EXCACHE, ERR> {
         let lines = |bytes: u64| (bytes / PAGE_SIZE as u64) as usize;
         if let Some(size) = r.size {
-            splitos_core::config::check_excache(size).map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+            splitos_core::config::check_excache(size).map_err(ControlError::ExcacheSize)?;
         }
         let shares = r
             .shares
@@ -290,7 +323,7 @@ impl Pcomp {
         let now = self
             .miss
             .reconfigure(r.size.map(lines), shares)
-            .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+            .map_err(ControlError::from)?;
         if now != before {
             tracing::info!(from_lines = before, to_lines = now, "ExCache resized");
         }
@@ -300,26 +333,25 @@ impl Pcomp {
     /// A [`SetPolicy`] message to the `excache-policies` Ebb: replaces the eviction or
     /// read-ahead policy while programs run (docs/ebb.md#policies-as-ebbs), refusing what the
     /// configuration would refuse.
-    fn set_policy(&self, r: SetPolicy) -> Result<PolicyState, ERR> {
+    fn set_policy(&self, r: SetPolicy) -> Result<PolicyState, ControlError> {
         if r.eviction.is_none() && r.prefetch.is_none() {
             return Ok(self.policy_now());
         }
-        let invalid = |e: String| ERR::new(ErrCode::Invalid, e);
         let eviction = r
             .eviction
             .map(|n| n.parse::<splitos_core::config::EvictPolicy>())
             .transpose()
-            .map_err(|e| invalid(format!("eviction: {e}")))?;
+            .map_err(ControlError::Eviction)?;
         let prefetch = r
             .prefetch
             .map(|n| n.parse::<splitos_core::config::PrefetchPolicy>())
             .transpose()
-            .map_err(|e| invalid(format!("prefetch: {e}")))?;
+            .map_err(ControlError::Prefetch)?;
         if prefetch.is_some() && self.cfg.prefetch_lines == 0 {
-            return Err(invalid("prefetch: this pComponent reads no line ahead (prefetch_lines = 0): a read-ahead policy would have nothing to do".into()));
+            return Err(ControlError::NoReadAhead);
         }
         if self.sampling && eviction == Some(splitos_core::config::EvictPolicy::Fifo) {
-            return Err(invalid("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)".into()));
+            return Err(ControlError::FifoWhileSampling);
         }
         let lines = self.miss.with_cache(|c| c.lines());
         let (before, _) = self.miss.policy_names();
@@ -369,13 +401,10 @@ impl Pcomp {
 
     fn signal(&self, pid: u64, signal: i32) -> Result<OK, ERR> {
         if !(1..=64).contains(&signal) {
-            return Err(ERR::new(ErrCode::Invalid, format!("{signal} is not a signal")));
+            return Err(ControlError::NotASignal(signal).into());
         }
         let Some(p) = self.procs.lock().unwrap().get(&pid).cloned() else {
-            return Err(ERR::new(
-                ErrCode::NotFound,
-                format!("no process {pid} runs on this pComponent"),
-            ));
+            return Err(ControlError::NoProcess(pid).into());
         };
         // SAFETY: pidfd_send_signal takes the process's pidfd and no other pointers but a null siginfo.
         if unsafe {
@@ -388,10 +417,11 @@ impl Pcomp {
             )
         } != 0
         {
-            return Err(ERR::new(
-                ErrCode::NotFound,
-                format!("process {pid}: {}", std::io::Error::last_os_error()),
-            ));
+            return Err(ControlError::Signal {
+                pid,
+                error: std::io::Error::last_os_error(),
+            }
+            .into());
         }
         tracing::info!(
             pid,
@@ -498,10 +528,13 @@ impl Handler for Pcomp {
             Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("a pComponent does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "a pComponent does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Weak;
 use bytes::Bytes;
 use splitos_ebb::messenger::{Messagable, Origin, Refused, Serving};
 use splitos_ebb::{Ebb, EbbId};
-use splitos_rpc::{ErrCode, Role, SetPolicy, EBB_EXCACHE_POLICIES};
+use splitos_rpc::{Role, SetPolicy, EBB_EXCACHE_POLICIES};
 
 use super::Pcomp;
 
@@ -38,10 +38,7 @@ impl Messagable for PolicyMessages {
             .pcomp
             .upgrade()
             .ok_or_else(|| Refused::Invalid("the pComponent is stopping".into()))?;
-        let now = pcomp.set_policy(r).map_err(|e| match e.code {
-            ErrCode::Denied => Refused::Denied(e.msg),
-            _ => Refused::Invalid(e.msg),
-        })?;
+        let now = pcomp.set_policy(r).map_err(|e| Refused::Invalid(e.to_string()))?;
         Ok(postcard::to_allocvec(&now).expect("a PolicyState encodes").into())
     }
 }

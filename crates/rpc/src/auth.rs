@@ -28,23 +28,14 @@ const FIRST_MESSAGE: usize = 32;
 /// Bytes of plaintext in one record (the rest of a message is the tag).
 pub const RECORD: usize = MAX_MESSAGE - 16;
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum AuthError {
+    #[error("handshake: {0}")]
     Io(io::Error),
     /// The peer is not of this cluster, or broke the protocol.
+    #[error("handshake refused: {0}")]
     Refused(String),
 }
-
-impl std::fmt::Display for AuthError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AuthError::Io(e) => write!(f, "handshake: {e}"),
-            AuthError::Refused(why) => write!(f, "handshake refused: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for AuthError {}
 
 impl From<io::Error> for AuthError {
     fn from(e: io::Error) -> Self {

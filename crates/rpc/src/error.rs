@@ -1,6 +1,11 @@
-//! The two error types of the RPC layer: [`RpcError`], what a caller gets when a call did not
+//! The error types of the RPC layer: [`RpcError`], what a caller gets when a call did not
 //! produce its reply, and [`Refusal`], what a handler answers when it declines a request (it
 //! travels as the `ERR` message). Frame-level errors are [`crate::frame::FrameError`].
+//!
+//! A handler's own errors are typed, an enum per operation whose variants a caller can match;
+//! [`Refuse`] maps each such enum onto the wire's codes once, and the `From` below turns any of
+//! them into the `ERR` that travels, its text the error's own. The refusals every component
+//! shares are here: [`Unhandled`] and [`NotPermitted`].
 use std::time::Duration;
 
 use crate::wire::{ErrCode, ERR};
@@ -15,6 +20,46 @@ impl Refusal {
     }
 }
 
+/// An operation's typed error that a handler can answer with: the code the wire gives it.
+pub trait Refuse: std::error::Error {
+    fn code(&self) -> ErrCode;
+}
+
+impl<E: Refuse> From<E> for Refusal {
+    fn from(e: E) -> Refusal {
+        ERR::new(e.code(), e.to_string())
+    }
+}
+
+/// A request that a component (or a part of one) has no handler for. `by` is the subject with
+/// its verb ("an mComponent does", "the global managers do").
+#[derive(Debug, thiserror::Error)]
+#[error("{by} not handle {msg}")]
+pub struct Unhandled {
+    pub by: &'static str,
+    pub msg: &'static str,
+}
+
+impl Refuse for Unhandled {
+    fn code(&self) -> ErrCode {
+        ErrCode::Invalid
+    }
+}
+
+/// A request the sender's role may not send ([`crate::wire::may_send`]).
+#[derive(Debug, thiserror::Error)]
+#[error("a {role} may not send {msg}")]
+pub struct NotPermitted {
+    pub role: &'static str,
+    pub msg: &'static str,
+}
+
+impl Refuse for NotPermitted {
+    fn code(&self) -> ErrCode {
+        ErrCode::Denied
+    }
+}
+
 impl std::fmt::Display for ERR {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}: {}", self.code, self.msg)
@@ -23,45 +68,32 @@ impl std::fmt::Display for ERR {
 
 impl std::error::Error for ERR {}
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RpcError {
     /// The component could not be reached at all: the request was not delivered, so sending
     /// it again is safe.
+    #[error("component at {addr} cannot be reached: {why}")]
     Unreachable { addr: String, why: String },
     /// The connection broke while the call was outstanding.
+    #[error("connection to component at {addr} closed during the call")]
     Closed { addr: String },
+    #[error("{msg} to component at {addr} got no reply within {after:?}")]
     Timeout {
         addr: String,
         msg: &'static str,
         after: Duration,
     },
     /// The component answered with an error.
+    #[error("{code:?}: {msg}")]
     Remote { code: ErrCode, msg: String },
     /// The component answered with a message that is not the reply to the request.
+    #[error("component at {addr} answered {request} with {reply}")]
     Protocol {
         addr: String,
         request: &'static str,
         reply: &'static str,
     },
 }
-
-impl std::fmt::Display for RpcError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RpcError::Unreachable { addr, why } => write!(f, "component at {addr} cannot be reached: {why}"),
-            RpcError::Closed { addr } => write!(f, "connection to component at {addr} closed during the call"),
-            RpcError::Timeout { addr, msg, after } => {
-                write!(f, "{msg} to component at {addr} got no reply within {after:?}")
-            }
-            RpcError::Remote { code, msg } => write!(f, "{code:?}: {msg}"),
-            RpcError::Protocol { addr, request, reply } => {
-                write!(f, "component at {addr} answered {request} with {reply}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for RpcError {}
 
 impl RpcError {
     pub fn code(&self) -> ErrCode {

@@ -6,30 +6,21 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::wire::{FrameHeader, FrameKind, Msg, MAGIC, MAX_BODY, WIRE_VERSION};
 
 /// Why a frame was refused. The connection that sent it is closed; the component keeps serving others.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum FrameError {
+    #[error("i/o: {0}")]
     Io(io::Error),
+    #[error("bad magic {0:#010x} (not a splitos peer)")]
     BadMagic(u32),
+    #[error("wire version {0}, this build speaks {WIRE_VERSION}")]
     BadVersion(u16),
+    #[error("unknown frame kind {0}")]
     BadKind(u8),
+    #[error("frame body of {0} bytes exceeds the {MAX_BODY}-byte bound")]
     TooLarge(u32),
+    #[error("body does not decode: {0}")]
     Undecodable(String),
 }
-
-impl std::fmt::Display for FrameError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FrameError::Io(e) => write!(f, "i/o: {e}"),
-            FrameError::BadMagic(m) => write!(f, "bad magic {m:#010x} (not a splitos peer)"),
-            FrameError::BadVersion(v) => write!(f, "wire version {v}, this build speaks {WIRE_VERSION}"),
-            FrameError::BadKind(k) => write!(f, "unknown frame kind {k}"),
-            FrameError::TooLarge(n) => write!(f, "frame body of {n} bytes exceeds the {MAX_BODY}-byte bound"),
-            FrameError::Undecodable(e) => write!(f, "body does not decode: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for FrameError {}
 
 impl From<io::Error> for FrameError {
     fn from(e: io::Error) -> Self {

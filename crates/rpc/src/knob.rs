@@ -37,11 +37,15 @@ macro_rules! knob_enum {
         $vis const $names: &[&str] = &[$($text),+];
 
         impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<$name, String> {
+            type Err = $crate::knob::UnknownName;
+            fn from_str(s: &str) -> Result<$name, $crate::knob::UnknownName> {
                 match s {
                     $($text $(| $alias)* => Ok($name::$var),)+
-                    _ => Err(format!("unknown {} {s:?} (known: {})", $knob, $names.join(", "))),
+                    _ => Err($crate::knob::UnknownName {
+                        knob: $knob,
+                        name: s.to_string(),
+                        known: $names,
+                    }),
                 }
             }
         }
@@ -74,6 +78,15 @@ macro_rules! knob_enum {
     };
 }
 
+/// A name that a [`knob_enum!`](crate::knob_enum) knob does not take.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {knob} {name:?} (known: {})", known.join(", "))]
+pub struct UnknownName {
+    pub knob: &'static str,
+    pub name: String,
+    pub known: &'static [&'static str],
+}
+
 /// Clap's parser of a [`knob_enum!`](crate::knob_enum): its own parsing, and its names for `--help`.
 pub struct KnobParser<T> {
     names: &'static [&'static str],
@@ -95,7 +108,7 @@ impl<T> Clone for KnobParser<T> {
     }
 }
 
-impl<T: FromStr<Err = String> + Clone + Send + Sync + 'static> TypedValueParser for KnobParser<T> {
+impl<T: FromStr<Err = UnknownName> + Clone + Send + Sync + 'static> TypedValueParser for KnobParser<T> {
     type Value = T;
 
     fn parse_ref(

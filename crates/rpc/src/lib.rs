@@ -36,7 +36,7 @@ pub mod transport;
 pub mod wire;
 
 pub use client::Rpc;
-pub use error::{Refusal, RpcError};
+pub use error::{Refusal, Refuse, RpcError, Unhandled};
 pub use server::{current_peer, on, Dispatcher, Handler, Peer, Reply, ServerConfig};
 pub use transport::{Endpoint, Transport, TransportConfig};
 pub use wire::*;

@@ -34,11 +34,22 @@ pub fn set_component_id(id: u32) {
     COMPONENT.store(id as u64, Ordering::Relaxed);
 }
 
+/// A message for an Ebb at another component than the one it reached.
+#[derive(Debug, thiserror::Error)]
+#[error("this is not component {0}")]
+struct NotThisComponent(u32);
+
+impl crate::Refuse for NotThisComponent {
+    fn code(&self) -> ErrCode {
+        ErrCode::NotFound
+    }
+}
+
 /// Answers an `X2X_EBB_MESSAGE` with the representative of its Ebb on the serving thread.
 pub(crate) fn receive(m: X2X_EBB_MESSAGE, peer: Option<Peer>) -> Msg {
     let me = COMPONENT.load(Ordering::Relaxed);
     if let Some(to) = m.to.filter(|to| *to as u64 != me) {
-        return Msg::ERR(ERR::new(ErrCode::NotFound, format!("this is not component {to}")));
+        return Msg::ERR(NotThisComponent(to).into());
     }
     let from = Origin {
         role: peer.map(|p| p.role.name().to_string()),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::error::Refusal;
-use crate::wire::{may_send, ErrCode, Msg, Request, Role, ERR};
+use crate::wire::{may_send, Msg, Request, Role};
 
 /// Sends a request's answer back to its caller; called once, from any thread.
 pub type Reply = Box<dyn FnOnce(Msg) + Send>;
@@ -136,10 +136,13 @@ impl Dispatcher {
             if WRONG_ROLE.log_this(p) {
                 tracing::warn!(peer = %p, msg = msg.name(), "refused a request its sender's role may not send");
             }
-            return reply(Msg::ERR(ERR::new(
-                ErrCode::Denied,
-                format!("a {} may not send {}", p.role.name(), msg.name()),
-            )));
+            return reply(Msg::ERR(
+                crate::error::NotPermitted {
+                    role: p.role.name(),
+                    msg: msg.name(),
+                }
+                .into(),
+            ));
         }
         // An Ebb's representative may send messages of its own.
         let fans_out = matches!(msg, Msg::X2X_EBB_MESSAGE(_)) || self.handler.fans_out(&msg);

@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use splitos_ebb::event::{LoopConfig, Remote, Waiting};
 use splitos_ebb::Runtime;
 
+use crate::transport::TransportError;
+
 crate::knob_enum! {
     /// How a component serves requests: `threads` or `loops`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -86,7 +88,7 @@ impl Default for ServingConfig {
 }
 
 /// The longest `linger_us`.
-const MAX_LINGER_US: u64 = 10_000;
+pub(crate) const MAX_LINGER_US: u64 = 10_000;
 
 /// The window a loop's event rate is measured over.
 const WINDOW: Duration = Duration::from_millis(10);
@@ -103,14 +105,14 @@ impl ServingConfig {
     }
 
     /// An error names the knob it is about.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TransportError> {
         if self.cores == 0 {
-            return Err("serving.cores: at least one loop".into());
+            return Err(TransportError::NoCores);
         }
         if self.linger_us > MAX_LINGER_US {
-            return Err(format!("serving.linger_us: {} is above {MAX_LINGER_US} (a loop that lingers that long polls: waiting = \"poll\")", self.linger_us));
+            return Err(TransportError::Linger(self.linger_us));
         }
-        self.loop_config().validate().map_err(|e| format!("serving: {e}"))
+        self.loop_config().validate().map_err(TransportError::Loop)
     }
 }
 

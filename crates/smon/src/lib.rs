@@ -176,10 +176,13 @@ impl Core {
                     .map_err(|e| refused(e, &r.to, r.epoch))
             }),
             Msg::M2S_LOG_DROP(r) => on(r, |r| fs(self.backups.drop_process(&r.vnode, r.pid)).map(|_| OK)),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("an sComponent does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "an sComponent does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 }
@@ -207,6 +210,24 @@ impl Storage {
     }
 }
 
+/// A change of a backup file refused, as its logger sees it.
+#[derive(Debug, thiserror::Error)]
+enum BackupError {
+    #[error("the sComponent's disk is full ({}): the backup file of vRegion {idx} of process {pid} cannot grow", std::io::Error::from_raw_os_error(*errno))]
+    DiskFull { errno: i32, idx: u64, pid: u64 },
+    #[error("the backup file of vRegion {idx} of process {pid} was reset at epoch {at}, after this change's {epoch}")]
+    Reset { idx: u64, pid: u64, at: u64, epoch: u64 },
+}
+
+impl Refuse for BackupError {
+    fn code(&self) -> ErrCode {
+        match self {
+            BackupError::DiskFull { errno, .. } => ErrCode::Errno(*errno),
+            BackupError::Reset { .. } => ErrCode::Stale,
+        }
+    }
+}
+
 /// A refused change of a backup file, as its logger sees it.
 fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
     match e {
@@ -217,24 +238,21 @@ fn refused(e: backup::Refused, file: &LogFile, epoch: u64) -> Refusal {
                 vregion = file.index,
                 "the storage directory's disk is full: a backup file cannot grow"
             );
-            ERR::new(
-                ErrCode::Errno(e),
-                format!(
-                    "the sComponent's disk is full ({}): the backup file of vRegion {} of process {} cannot grow",
-                    std::io::Error::from_raw_os_error(e),
-                    file.index,
-                    file.pid
-                ),
-            )
+            BackupError::DiskFull {
+                errno: e,
+                idx: file.index,
+                pid: file.pid,
+            }
+            .into()
         }
         backup::Refused::Errno(e) => Refusal::errno(e),
-        backup::Refused::Stale(at) => ERR::new(
-            ErrCode::Stale,
-            format!(
-                "the backup file of vRegion {} of process {} was reset at epoch {at}, after this change's {epoch}",
-                file.index, file.pid
-            ),
-        ),
+        backup::Refused::Stale(at) => BackupError::Reset {
+            idx: file.index,
+            pid: file.pid,
+            at,
+            epoch,
+        }
+        .into(),
     }
 }
 

@@ -18,9 +18,26 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use splitos_rpc::frame::{encode, read_frame};
-use splitos_rpc::{ErrCode, FrameKind, Load, Msg, C2X_STATS, ERR, X2C_STATS};
+use splitos_rpc::{ErrCode, FrameKind, Load, Msg, Refuse, C2X_STATS, X2C_STATS};
 
 use super::{ns::InUse, Core};
+
+/// Why a request could not be passed on to the process that has the storage directory open.
+/// Whether a lost owner made the change before it went is unknown: the caller sees what an
+/// unreachable sComponent gives.
+#[derive(Debug, thiserror::Error)]
+enum PassOnError {
+    #[error("{0:#}")]
+    Attach(anyhow::Error),
+    #[error("the sComponent that had storage directory {} open went away during {msg}", dir.display())]
+    OwnerGone { dir: PathBuf, msg: &'static str },
+}
+
+impl Refuse for PassOnError {
+    fn code(&self) -> ErrCode {
+        ErrCode::Unreachable
+    }
+}
 
 const SOCKET: &str = "share.sock";
 /// How long a front waits for the directory's owner to answer or to let go of it: an owner
@@ -203,13 +220,13 @@ impl Share {
                 self.forwarded.fetch_add(1, Relaxed);
                 reply
             }
-            Some(Err(why)) => Msg::ERR(ERR::new(ErrCode::Unreachable, why)),
+            Some(Err(why)) => Msg::ERR(why.into()),
         }
     }
 
     /// The owner's reply to `msg`, or why there is none; `None` if this process owns the
     /// directory (from now on, if its owner stopped).
-    fn pass_on(self: &Arc<Self>, msg: &Msg) -> Option<Result<Msg, String>> {
+    fn pass_on(self: &Arc<Self>, msg: &Msg) -> Option<Result<Msg, PassOnError>> {
         if self.is_owner() {
             return None;
         }
@@ -223,7 +240,7 @@ impl Share {
                 None => match self.attach() {
                     Ok(Some(c)) => c,
                     Ok(None) => return None,
-                    Err(e) => return Some(Err(format!("{e:#}"))),
+                    Err(e) => return Some(Err(PassOnError::Attach(e))),
                 },
             };
             if c.write_all(&frame).is_err() {
@@ -234,13 +251,10 @@ impl Share {
                     self.idle.lock().unwrap().push(c);
                     Ok(f.msg)
                 }
-                // Whether the owner made the change before it went is unknown: the caller
-                // sees the error an unreachable sComponent gives.
-                _ => Err(format!(
-                    "the sComponent that had storage directory {} open went away during {}",
-                    self.dir.display(),
-                    msg.name()
-                )),
+                _ => Err(PassOnError::OwnerGone {
+                    dir: self.dir.clone(),
+                    msg: msg.name(),
+                }),
             });
         }
     }

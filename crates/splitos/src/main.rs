@@ -377,10 +377,10 @@ enum DebugCmd {
     },
 }
 
-fn clap_num_u64(s: &str) -> Result<u64, String> {
+fn clap_num_u64(s: &str) -> Result<u64, std::num::ParseIntError> {
     match s.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).map_err(|e| e.to_string()),
-        None => s.parse().map_err(|e: std::num::ParseIntError| e.to_string()),
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
     }
 }
 

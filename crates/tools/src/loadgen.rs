@@ -94,17 +94,28 @@ pub struct Mix {
     sets: u32,
 }
 
+/// Why a command line's mix or size is not one the generator takes.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgError {
+    #[error("{0:?} is not a GET:SET ratio such as 30:1")]
+    NotAMix(String),
+    #[error("{0:?}: a ratio needs GETs or SETs")]
+    EmptyMix(String),
+    #[error("{0:?} is neither \"etc\" nor a positive number of bytes")]
+    NotASize(String),
+}
+
 impl FromStr for Mix {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not a GET:SET ratio such as 30:1");
+    type Err = ArgError;
+    fn from_str(s: &str) -> Result<Self, ArgError> {
+        let bad = || ArgError::NotAMix(s.to_string());
         let (g, st) = s.split_once(':').ok_or_else(bad)?;
         let (gets, sets) = (
             g.trim().parse().map_err(|_| bad())?,
             st.trim().parse().map_err(|_| bad())?,
         );
         match (gets, sets) {
-            (0, 0) => Err(format!("{s:?}: a ratio needs GETs or SETs")),
+            (0, 0) => Err(ArgError::EmptyMix(s.to_string())),
             _ => Ok(Mix { gets, sets }),
         }
     }
@@ -119,13 +130,13 @@ pub enum Sizes {
 }
 
 impl FromStr for Sizes {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ArgError;
+    fn from_str(s: &str) -> Result<Self, ArgError> {
         match s {
             "etc" => Ok(Sizes::Etc),
             _ => match s.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(Sizes::Fixed(n)),
-                _ => Err(format!("{s:?} is neither \"etc\" nor a positive number of bytes")),
+                _ => Err(ArgError::NotASize(s.to_string())),
             },
         }
     }

@@ -6,7 +6,7 @@ use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{ClusterConfig, GmConfig, Loopback, McompConfig, NcompConfig, PcompConfig, TransportConfig};
+use super::{ClusterConfig, ConfigError, GmConfig, Loopback, McompConfig, NcompConfig, PcompConfig, TransportConfig};
 
 /// What becomes of a component's options on `run` when the program goes to a running cluster,
 /// which keeps its own configuration.
@@ -160,19 +160,16 @@ impl<T: Serialize + DeserializeOwned> Override<T> {
     }
 
     /// `to` with the options given in place of its values.
-    pub fn apply(&self, to: &mut T) -> Result<(), String> {
-        let from = serde_json::to_value(&self.value).map_err(|e| e.to_string())?;
-        let mut into = serde_json::to_value(&*to).map_err(|e| e.to_string())?;
+    pub fn apply(&self, to: &mut T) -> Result<(), ConfigError> {
+        let from = serde_json::to_value(&self.value)?;
+        let mut into = serde_json::to_value(&*to)?;
         for (id, _) in &self.given {
             let pointer = format!("/{}", id.replace('.', "/"));
-            let v = from
-                .pointer(&pointer)
-                .ok_or_else(|| format!("option {id} is no field of its configuration"))?;
-            *into
-                .pointer_mut(&pointer)
-                .ok_or_else(|| format!("option {id} is no field of its configuration"))? = v.clone();
+            let no_such = || ConfigError::NoSuchOption(id.clone());
+            let v = from.pointer(&pointer).ok_or_else(no_such)?;
+            *into.pointer_mut(&pointer).ok_or_else(no_such)? = v.clone();
         }
-        *to = serde_json::from_value(into).map_err(|e| e.to_string())?;
+        *to = serde_json::from_value(into)?;
         Ok(())
     }
 }
@@ -198,7 +195,7 @@ pub struct Embedded {
 
 impl Embedded {
     /// The embedded cluster's configuration with the options given, checked.
-    pub fn config(&self) -> Result<ClusterConfig, String> {
+    pub fn config(&self) -> Result<ClusterConfig, ConfigError> {
         let mut cfg = ClusterConfig::embedded();
         if let Some(n) = self.mcomponents {
             cfg.mcomponent = vec![McompConfig::default(); n.max(1)];
@@ -366,6 +363,7 @@ mod tests {
         assert!(run(&["--ways", "4", "--evict-reserve", "4"])
             .config()
             .unwrap_err()
+            .to_string()
             .starts_with("pcomponent[0].evict_reserve"));
     }
 }

@@ -2,7 +2,7 @@
 use serde::{Deserialize, Serialize};
 use splitos_rpc::{knob_enum, Overcommit, Replication};
 
-use super::{check_netns, Size, ANY_PORT, PAGE};
+use super::{check_netns, ConfigError, Size, ANY_PORT, PAGE};
 
 /// The global managers' knobs: the `[cluster]` table of the cluster configuration, the options
 /// of `splitos gm`, and those `splitos run` gives the embedded cluster's global managers.
@@ -136,7 +136,7 @@ impl Default for GmConfig {
 
 impl GmConfig {
     /// An error names the field it is about.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.api != "off"
             && self
                 .api
@@ -144,57 +144,42 @@ impl GmConfig {
                 .map(|a| a.ip().is_unspecified())
                 .unwrap_or(true)
         {
-            return Err(format!(
-                "api: {:?} is not an address (loopback, or one of the managers' host, served with TLS) or \"off\"",
-                self.api
-            ));
+            return Err(ConfigError::Api(self.api.clone()));
         }
         if !(1..=crate::telemetry::MAX_CONNECTIONS).contains(&self.api_connections_per_peer) {
-            return Err(format!(
-                "api_connections_per_peer: {} is not between 1 and {}, the connections the API serves at once",
-                self.api_connections_per_peer,
-                crate::telemetry::MAX_CONNECTIONS
-            ));
+            return Err(ConfigError::ApiConnections(self.api_connections_per_peer));
         }
         let vrs = self.vregion_size.0;
         self.replication
             .unwrap_or_default()
             .check_vregion_size(vrs)
-            .map_err(|e| format!("vregion_size: {e}"))?;
+            .map_err(ConfigError::VregionStripes)?;
         if vrs < PAGE || !vrs.is_power_of_two() {
-            return Err(format!("vregion_size: {vrs} must be a power of two of at least 4096"));
+            return Err(ConfigError::VregionSize(vrs));
         }
         check_netns(&self.netns)?;
         if self.rebalance_percent > 100 {
-            return Err(format!(
-                "rebalance_percent: {} is more than 100 percentage points (0 turns rebalancing off)",
-                self.rebalance_percent
-            ));
+            return Err(ConfigError::RebalancePercent(self.rebalance_percent));
         }
         if !(2..=60).contains(&self.leader_lease_s) {
-            return Err(format!(
-                "leader_lease_s: {} is not between 2 and 60 seconds",
-                self.leader_lease_s
-            ));
+            return Err(ConfigError::LeaderLease(self.leader_lease_s));
         }
         if let Some(bad) = self
             .etcd
             .iter()
             .find(|e| !(e.starts_with("http://") || e.starts_with("https://")) || e.len() > 256)
         {
-            return Err(format!("etcd: {bad:?} is not an etcd client URL (https://HOST:PORT)"));
+            return Err(ConfigError::EtcdUrl(bad.clone()));
         }
         if self.etcd.iter().any(|e| e.starts_with("http://")) && self.etcd.iter().any(|e| e.starts_with("https://")) {
-            return Err("etcd: mixes https and http endpoints (one etcd cluster speaks one of them)".into());
+            return Err(ConfigError::EtcdMixed);
         }
         if let Some(plain) = self
             .etcd
             .iter()
             .find(|e| e.starts_with("http://") && !self.etcd_insecure)
         {
-            return Err(format!(
-                "etcd: {plain:?} is plain http, which lets every user who reaches it read and change the cluster's state: use https with client certificates (docs/deployment.md), or etcd_insecure = true on a machine no one else uses"
-            ));
+            return Err(ConfigError::EtcdPlain(plain.clone()));
         }
         // A prefix that holds another cluster's parts (`/a/state/...` beside `/a`) would read
         // that cluster's keys as its own.
@@ -206,13 +191,13 @@ impl GmConfig {
             || self.etcd_prefix.contains("//")
             || reserved
         {
-            return Err(format!("etcd_prefix: {:?} is not a key prefix (\"/splitos\", \"/clusters/a\"; not holding /state/, /leader or /managers/)", self.etcd_prefix));
+            return Err(ConfigError::EtcdPrefix(self.etcd_prefix.clone()));
         }
         if self.reclaim_dead_ms >= self.forget_dead_ms {
-            return Err(format!(
-                "reclaim_dead_ms: {} must be less than forget_dead_ms ({}): a forgotten pComponent is never reclaimed",
-                self.reclaim_dead_ms, self.forget_dead_ms
-            ));
+            return Err(ConfigError::ReclaimAfterForget {
+                reclaim: self.reclaim_dead_ms,
+                forget: self.forget_dead_ms,
+            });
         }
         Ok(())
     }

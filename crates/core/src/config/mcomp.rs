@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 
 use splitos_rpc::serving::ServingConfig;
 
-use super::{check_netns, Size, ANY_PORT, PAGE};
+use super::{check_netns, ConfigError, Size, ANY_PORT, PAGE};
 
 /// An mComponent's knobs: a `[[mcomponent]]` table of the cluster configuration, the options
 /// of `splitos mem`, and (as `--mem-...`) those `splitos run` gives each mComponent of the
@@ -58,14 +58,14 @@ impl Default for McompConfig {
 
 impl McompConfig {
     /// An error names the field it is about.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.capacity.0 < PAGE {
-            return Err(format!("capacity: {} bytes is less than one page", self.capacity.0));
+            return Err(ConfigError::Capacity(self.capacity.0));
         }
         if self.bcache.0 < PAGE {
-            return Err(format!("bcache: {} bytes is less than one 4 KiB block", self.bcache.0));
+            return Err(ConfigError::Bcache(self.bcache.0));
         }
-        self.serving.validate()?;
+        self.serving.validate().map_err(ConfigError::Transport)?;
         check_netns(&self.netns)
     }
 }

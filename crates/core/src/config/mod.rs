@@ -23,6 +23,7 @@
 //! not given cannot disagree. This module imports no monitor: the monitors import their
 //! configuration from here.
 mod embedded;
+mod error;
 mod gm;
 mod mcomp;
 mod ncomp;
@@ -34,6 +35,9 @@ mod vnode;
 
 use std::path::Path;
 
+pub use crate::sys::IdError;
+pub use error::ConfigError;
+
 use serde::{Deserialize, Serialize};
 pub use splitos_rpc::TransportConfig;
 
@@ -42,16 +46,16 @@ pub use gm::{GmConfig, ManagerConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
 pub use pcomp::{
-    check_excache, AccessSampling, DirtyTracking, EvictPolicy, FaultCpu, HugePages, IdlePoll, InterleaveRatio, NetPath,
-    OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
+    check_excache, AccessSampling, DirtyTracking, EvictPolicy, ExcacheSize, FaultCpu, HugePages, IdlePoll,
+    InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
 };
 pub use process::{
     role_named, subcommand, write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup,
     StorageArgs, METRICS_ADDR,
 };
 pub use scomp::ScompConfig;
-pub use size::{parse_size, Size};
-pub use vnode::{check_vnode_name, VnodeConfig};
+pub use size::{parse_size, Size, SizeError};
+pub use vnode::{check_vnode_name, BadVnodeName, VnodeConfig};
 
 const PAGE: u64 = splitos_rpc::PAGE_SIZE as u64;
 
@@ -65,14 +69,12 @@ const ANY_PORT: &str = "127.0.0.1:0";
 pub const HAND_STARTED_GM: &str = "127.0.0.1:7100";
 
 /// `netns`, which every component's table has.
-fn check_netns(netns: &Option<String>) -> Result<(), String> {
+fn check_netns(netns: &Option<String>) -> Result<(), ConfigError> {
     match netns
         .as_deref()
         .filter(|ns| ns.is_empty() || ns.contains('/') || ns.starts_with('.'))
     {
-        Some(ns) => Err(format!(
-            "netns: {ns:?} is not a network namespace name (as `ip netns` names them)"
-        )),
+        Some(ns) => Err(ConfigError::Netns(ns.to_string())),
         None => Ok(()),
     }
 }
@@ -121,10 +123,20 @@ impl ClusterConfig {
         }
     }
 
-    pub fn load(path: &Path) -> Result<ClusterConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-        let c: ClusterConfig = toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
-        c.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<ClusterConfig, ConfigError> {
+        let path_buf = || path.to_path_buf();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path_buf(),
+            error,
+        })?;
+        let c: ClusterConfig = toml::from_str(&text).map_err(|error| ConfigError::Parse {
+            path: path_buf(),
+            error,
+        })?;
+        c.validate().map_err(|e| ConfigError::Invalid {
+            path: path_buf(),
+            error: Box::new(e),
+        })?;
         Ok(c)
     }
 
@@ -160,32 +172,27 @@ impl ClusterConfig {
 
     /// Each component's own checks, and those across components; an error names the field
     /// (`pcomponent[0].excache: ...`).
-    pub fn validate(&self) -> Result<(), String> {
-        self.transport.validate()?;
-        self.gm().validate().map_err(|e| format!("cluster.{e}"))?;
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.transport.validate().map_err(ConfigError::Transport)?;
+        self.gm().validate().map_err(|e| e.in_table("cluster"))?;
         if self.gm.len() > 1 && self.cluster.etcd.is_empty() {
-            return Err(format!(
-                "gm: {} managers need [cluster] etcd, where they elect their leader and keep the state",
-                self.gm.len()
-            ));
+            return Err(ConfigError::ManagersNeedEtcd(self.gm.len()));
         }
         if !self.gm.is_empty() && self.cluster.gm != ANY_PORT {
-            return Err("cluster.gm: the managers are the [[gm]] tables; leave cluster.gm out".into());
+            return Err(ConfigError::GmBesideTables);
         }
         let mut seen = std::collections::HashSet::new();
         for (i, m) in self.gm.iter().enumerate() {
+            let listen = || m.listen.clone();
             let at = m
                 .listen
                 .parse::<std::net::SocketAddr>()
-                .map_err(|_| format!("gm[{i}].listen: {:?} is not an address", m.listen))?;
+                .map_err(|_| ConfigError::ListenNotAddress { i, listen: listen() })?;
             if at.port() == 0 || at.ip().is_unspecified() {
-                return Err(format!(
-                    "gm[{i}].listen: {:?} needs a fixed port and an address others reach (not 0.0.0.0)",
-                    m.listen
-                ));
+                return Err(ConfigError::ListenNotFixed { i, listen: listen() });
             }
             if !seen.insert(at) {
-                return Err(format!("gm[{i}].listen: {} is another manager's too", m.listen));
+                return Err(ConfigError::ListenTaken { i, listen: listen() });
             }
             if let Some(api) = &m.api {
                 GmConfig {
@@ -193,9 +200,9 @@ impl ClusterConfig {
                     ..self.cluster.clone()
                 }
                 .validate()
-                .map_err(|e| format!("gm[{i}].{e}"))?;
+                .map_err(|e| e.in_table(format!("gm[{i}]")))?;
             }
-            check_netns(&m.netns).map_err(|e| format!("gm[{i}].{e}"))?;
+            check_netns(&m.netns).map_err(|e| e.in_table(format!("gm[{i}]")))?;
         }
         if self.gm.is_empty()
             && !self.cluster.etcd.is_empty()
@@ -205,16 +212,16 @@ impl ClusterConfig {
                 .parse::<std::net::SocketAddr>()
                 .is_ok_and(|a| a.port() == 0)
         {
-            return Err("cluster.gm: with etcd, the global managers need a fixed port (a manager that stops leading starts again at its address)".into());
+            return Err(ConfigError::EtcdNeedsFixedPort);
         }
         if self.replication() == splitos_rpc::Replication::Log && self.scomponent.is_empty() {
-            return Err("cluster.replication: \"log\" keeps each vRegion's backup file on an sComponent, and the cluster has no [[scomponent]]".into());
+            return Err(ConfigError::LogWithoutSComponent);
         }
         if self.pcomponent.is_empty() {
-            return Err("pcomponent: at least one [[pcomponent]] is needed".into());
+            return Err(ConfigError::NoPComponent);
         }
         if self.mcomponent.is_empty() {
-            return Err("mcomponent: at least one [[mcomponent]] is needed".into());
+            return Err(ConfigError::NoMComponent);
         }
         each("pcomponent", &self.pcomponent, PcompConfig::validate)?;
         each("mcomponent", &self.mcomponent, McompConfig::validate)?;
@@ -224,9 +231,7 @@ impl ClusterConfig {
         let mut dirs = std::collections::HashSet::new();
         for (i, s) in self.scomponent.iter().enumerate() {
             if !dirs.insert(s.dir.clone()) {
-                return Err(format!(
-                    "scomponent[{i}].dir: two sComponents cannot share a storage directory"
-                ));
+                return Err(ConfigError::SharedDir(i));
             }
         }
         Ok(())
@@ -234,11 +239,11 @@ impl ClusterConfig {
 }
 
 /// `check` of every table of an array of tables, its error naming the table (`pcomponent[1].`).
-fn each<T>(table: &str, tables: &[T], check: impl Fn(&T) -> Result<(), String>) -> Result<(), String> {
+fn each<T>(table: &str, tables: &[T], check: impl Fn(&T) -> Result<(), ConfigError>) -> Result<(), ConfigError> {
     tables
         .iter()
         .enumerate()
-        .try_for_each(|(i, t)| check(t).map_err(|e| format!("{table}[{i}].{e}")))
+        .try_for_each(|(i, t)| check(t).map_err(|e| e.in_table(format!("{table}[{i}]"))))
 }
 
 #[cfg(test)]
@@ -267,7 +272,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("replication") && e.contains("2, 4 or 8"), "{e}");
-        let check = |text: &str| toml::from_str::<ClusterConfig>(text).unwrap().validate().unwrap_err();
+        let check = |text: &str| {
+            toml::from_str::<ClusterConfig>(text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string()
+        };
         assert!(
             check("[[pcomponent]]\nfault_workers = 0\n[[mcomponent]]\n").starts_with("pcomponent[0].fault_workers:")
         );
@@ -291,6 +302,7 @@ mod tests {
             toml::from_str::<ClusterConfig>(&format!("[[pcomponent]]\n{pcomp}\n[[mcomponent]]\n"))
                 .unwrap()
                 .validate()
+                .map_err(|e| e.to_string())
         };
         let tiny = check("excache = \"4K\"").unwrap_err();
         assert!(
@@ -312,6 +324,7 @@ mod tests {
             toml::from_str::<ClusterConfig>(&format!("{text}\n[[pcomponent]]\n[[mcomponent]]\n"))
                 .unwrap()
                 .validate()
+                .map_err(|e| e.to_string())
         };
         let etcd = "[cluster]\netcd = [\"https://10.0.0.1:2379\"]\n";
         let two = "[[gm]]\nlisten = \"10.0.0.1:7100\"\n[[gm]]\nlisten = \"10.0.0.2:7100\"\n";

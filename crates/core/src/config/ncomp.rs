@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use splitos_rpc::knob_enum;
 use splitos_rpc::serving::ServingConfig;
 
-use super::{check_netns, ANY_PORT};
+use super::{check_netns, ConfigError, ANY_PORT};
 
 knob_enum! {
     /// What a program's connect to a loopback address reaches.
@@ -54,8 +54,8 @@ impl Default for NcompConfig {
 
 impl NcompConfig {
     /// An error names the field it is about.
-    pub fn validate(&self) -> Result<(), String> {
-        self.serving.validate()?;
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.serving.validate().map_err(ConfigError::Transport)?;
         check_netns(&self.netns)
     }
 }

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use splitos_rpc::knob_enum;
 use splitos_rpc::poll::Polling;
 
-use super::{check_netns, Size, ANY_PORT, PAGE};
+use super::{check_netns, ConfigError, Size, ANY_PORT, PAGE};
 
 // The ExCache's policies by name. How a name builds its policy is the ExCache's part
 // (splitos-excache's policies.rs, `BuildEviction` and `BuildPrefetch`): the configuration, the
@@ -302,14 +302,13 @@ const MIN_EXCACHE: u64 = 256 << 10;
 pub struct InterleaveRatio(pub Option<(u32, u32)>);
 
 impl std::str::FromStr for InterleaveRatio {
-    type Err = String;
-    fn from_str(s: &str) -> Result<InterleaveRatio, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<InterleaveRatio, ConfigError> {
         let t = s.trim();
         if t.is_empty() || t == "off" {
             return Ok(InterleaveRatio(None));
         }
-        let bad =
-            || format!("{s:?}: interleave is off or N:M (N of every M pages local, 1 <= N < M <= 1024), as in 1:2");
+        let bad = || ConfigError::NotARatio(s.to_string());
         let (n, m) = t.split_once(':').ok_or_else(bad)?;
         let (n, m): (u32, u32) = (
             n.trim().parse().map_err(|_| bad())?,
@@ -321,25 +320,22 @@ impl std::str::FromStr for InterleaveRatio {
 
 impl InterleaveRatio {
     /// N of every M pages local, checked.
-    pub fn of(n: u32, m: u32) -> Result<InterleaveRatio, String> {
+    pub fn of(n: u32, m: u32) -> Result<InterleaveRatio, ConfigError> {
         if n == 0 || n >= m || m > 1024 {
-            return Err(format!("{n}:{m}: interleave is off or N:M with 1 <= N < M <= 1024"));
+            return Err(ConfigError::Ratio { n, m });
         }
         Ok(InterleaveRatio(Some((n, m))))
     }
 
     /// Checks the ratio and its unit against an ExCache of `ways` ways per set whose
     /// background evictor keeps `reserve` of them free; an error names the field.
-    pub fn check(&self, unit: Size, ways: u64, reserve: usize) -> Result<(), String> {
+    pub fn check(&self, unit: Size, ways: u64, reserve: usize) -> Result<(), ConfigError> {
         if unit.0 < PAGE || !unit.0.is_multiple_of(PAGE) {
-            return Err(format!("interleave_unit: {unit} is not a whole number of 4 KiB pages"));
+            return Err(ConfigError::InterleaveUnit(unit));
         }
         let unpinned = MIN_UNPINNED as u64 + reserve as u64;
         if self.0.is_some() && ways <= unpinned {
-            return Err(format!(
-                "interleave: an ExCache of {ways} ways per set pins nothing, as every set keeps {} ways for the pages that come and go and {reserve} free for the background evictor",
-                MIN_UNPINNED
-            ));
+            return Err(ConfigError::InterleavePinsNothing { ways, reserve });
         }
         Ok(())
     }
@@ -393,66 +389,53 @@ impl PcompConfig {
     }
 
     /// An error names the field it is about.
-    pub fn validate(&self) -> Result<(), String> {
-        check_excache(self.excache.0)?;
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_excache(self.excache.0).map_err(ConfigError::Excache)?;
         self.interleave
             .check(self.interleave_unit, self.set_ways(), self.evict_reserve)?;
         if !(1..=MAX_LINKS).contains(&self.links) {
-            return Err(format!("links: {} is not between 1 and {MAX_LINKS}", self.links));
+            return Err(ConfigError::Links(self.links));
         }
         if self.excache_max.0 != 0 && self.excache_max.0 < self.excache.0 {
-            return Err(format!(
-                "excache_max: {} is less than excache ({}): the ExCache starts no larger than it may grow",
-                self.excache_max, self.excache
-            ));
+            return Err(ConfigError::ExcacheMaxBelow {
+                max: self.excache_max,
+                excache: self.excache,
+            });
         }
-        check_excache(self.excache_max.0.max(self.excache.0)).map_err(|e| e.replacen("excache:", "excache_max:", 1))?;
+        check_excache(self.excache_max.0.max(self.excache.0)).map_err(ConfigError::ExcacheMax)?;
         if self.dirty_tracking == DirtyTracking::Scan && self.huge_pages == HugePages::On {
-            return Err("dirty_tracking: \"scan\" cannot be used with huge_pages = \"on\": eviction by scan needs heap pages of 4 KiB".into());
+            return Err(ConfigError::ScanWithHugePages);
         }
         if self.dirty_tracking == DirtyTracking::Scan && self.evict_reserve > 0 {
-            return Err(
-                "dirty_tracking: \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier".into()
-            );
+            return Err(ConfigError::ScanWithEvictor);
         }
         if self.access_sampling == AccessSampling::Unmap {
-            let why = if self.eviction == EvictPolicy::Fifo {
-                Some("needs eviction = \"clock\" or \"ghost-clock\": only a policy with reference bits uses what sampling sees")
+            if self.eviction == EvictPolicy::Fifo {
+                return Err(ConfigError::SamplingWithFifo);
             } else if self.dirty_tracking != DirtyTracking::Fault {
-                Some("needs dirty_tracking = \"fault\": unmapping a page drops the written bit the kernel keeps for a scan")
+                return Err(ConfigError::SamplingWithScan);
             } else if self.huge_pages != HugePages::Off {
-                Some("cannot be used with huge_pages = \"on\": a huge page is unmapped and faulted whole")
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(format!("access_sampling: \"unmap\" {why}"));
+                return Err(ConfigError::SamplingWithHugePages);
             }
         }
         if self.compressed_tier.0 != 0 && self.compressed_tier.0 < PAGE {
-            return Err(format!(
-                "compressed_tier: {} bytes is less than one 4 KiB page (0 turns the tier off)",
-                self.compressed_tier.0
-            ));
+            return Err(ConfigError::CompressedTier(self.compressed_tier.0));
         }
         if self.fault_workers == 0 {
-            return Err("fault_workers: must be at least 1".into());
+            return Err(ConfigError::NoFaultWorkers);
         }
         if self.fork_timeout_ms == 0 {
-            return Err("fork_timeout_ms: must be at least 1".into());
+            return Err(ConfigError::NoForkTimeout);
         }
         let ways = self.set_ways();
         if self.evict_reserve as u64 >= ways {
-            return Err(format!(
-                "evict_reserve: {} spare ways leave no way to fill in sets of {ways} (0 turns the evictor off)",
-                self.evict_reserve
-            ));
+            return Err(ConfigError::EvictReserve {
+                reserve: self.evict_reserve,
+                ways,
+            });
         }
         if self.share_floor > 100 {
-            return Err(format!(
-                "share_floor: {}% is more than an equal share (at most 100; 0 turns it off)",
-                self.share_floor
-            ));
+            return Err(ConfigError::ShareFloor(self.share_floor));
         }
         check_netns(&self.netns)
     }
@@ -460,18 +443,26 @@ impl PcompConfig {
 
 /// Refuses an ExCache size that cannot work: below [`MIN_EXCACHE`], or more than this host's
 /// memory (its lines' bookkeeping alone would take seconds to set up and then not fit).
-pub fn check_excache(bytes: u64) -> Result<(), String> {
+pub fn check_excache(bytes: u64) -> Result<(), ExcacheSize> {
     if bytes < MIN_EXCACHE {
-        return Err(format!("excache: {} is less than the least workable ExCache, {}: with fewer lines a program evicts the pages it is using and makes no progress", Size(bytes), Size(MIN_EXCACHE)));
+        return Err(ExcacheSize::TooSmall(Size(bytes)));
     }
     if let Some(host) = host_memory().filter(|&h| bytes > h) {
-        return Err(format!(
-            "excache: {} is more than this host's memory ({}); the ExCache lives in the pComponent's memory",
-            Size(bytes),
-            Size(host)
-        ));
+        return Err(ExcacheSize::MoreThanHost {
+            size: Size(bytes),
+            host: Size(host),
+        });
     }
     Ok(())
+}
+
+/// An ExCache size that cannot work ([`check_excache`]); the field it is about names it.
+#[derive(Debug, thiserror::Error)]
+pub enum ExcacheSize {
+    #[error("{0} is less than the least workable ExCache, {min}: with fewer lines a program evicts the pages it is using and makes no progress", min = Size(MIN_EXCACHE))]
+    TooSmall(Size),
+    #[error("{size} is more than this host's memory ({host}); the ExCache lives in the pComponent's memory")]
+    MoreThanHost { size: Size, host: Size },
 }
 
 fn host_memory() -> Option<u64> {
@@ -499,16 +490,24 @@ mod tests {
         for n in HUGE_PAGES {
             assert_eq!(n.parse::<HugePages>().unwrap().to_string(), *n);
         }
-        assert!("2m".parse::<HugePages>().unwrap_err().contains("off, on"));
+        assert!("2m".parse::<HugePages>().unwrap_err().to_string().contains("off, on"));
         assert_eq!(
             "lru".parse::<EvictPolicy>(),
             Ok(EvictPolicy::Clock),
             "the old name of clock"
         );
-        assert!("lfu".parse::<EvictPolicy>().unwrap_err().contains("fifo, clock"));
+        assert!("lfu"
+            .parse::<EvictPolicy>()
+            .unwrap_err()
+            .to_string()
+            .contains("fifo, clock"));
         assert_eq!("faulting".parse::<FaultCpu>(), Ok(FaultCpu::Faulting));
         assert_eq!(FaultCpu::Any.to_string(), "any");
-        assert!("sometimes".parse::<FaultCpu>().unwrap_err().contains("any, faulting"));
+        assert!("sometimes"
+            .parse::<FaultCpu>()
+            .unwrap_err()
+            .to_string()
+            .contains("any, faulting"));
     }
 
     #[test]
@@ -519,6 +518,7 @@ mod tests {
                 ..PcompConfig::default()
             }
             .validate()
+            .map_err(|e| e.to_string())
         };
         assert!(with(0).is_ok());
         assert!(with(100).is_ok());
@@ -535,6 +535,7 @@ mod tests {
                 ..PcompConfig::default()
             }
             .validate()
+            .map_err(|e| e.to_string())
         };
         assert!(with(8, 64 << 20, 7).is_ok());
         assert!(with(8, 64 << 20, 8).unwrap_err().starts_with("evict_reserve:"));

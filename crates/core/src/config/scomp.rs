@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_netns, Size, ANY_PORT};
+use super::{check_netns, ConfigError, Size, ANY_PORT};
 
 /// An sComponent's knobs: a `[[scomponent]]` table of the cluster configuration and the
 /// options of `splitos storage`.
@@ -37,9 +37,9 @@ impl Default for ScompConfig {
 
 impl ScompConfig {
     /// An error names the field it is about.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.quota.0 == 0 {
-            return Err("quota: must be more than 0".into());
+            return Err(ConfigError::NoQuota);
         }
         check_netns(&self.netns)
     }

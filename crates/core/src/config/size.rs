@@ -7,7 +7,18 @@ use serde::{Deserialize, Serialize};
 #[serde(transparent)]
 pub struct Size(pub u64);
 
-pub fn parse_size(s: &str) -> Result<u64, String> {
+/// Why a text is not a byte size.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("{text:?}: unknown size suffix {suffix:?} (use K, M, G or T)")]
+    Suffix { text: String, suffix: char },
+    #[error("{0:?} is not a size (examples: 4096, 64M, 1G)")]
+    NotASize(String),
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     // "64MB" and "64MiB" mean 64M, as people write them.
     let t = s.trim();
     let t = t
@@ -26,22 +37,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'G' => 1 << 30,
                 'T' => 1 << 40,
                 'B' => 1,
-                _ => return Err(format!("{s:?}: unknown size suffix {c:?} (use K, M, G or T)")),
+                _ => {
+                    return Err(SizeError::Suffix {
+                        text: s.to_string(),
+                        suffix: c,
+                    })
+                }
             };
             (&t[..i], m)
         }
         _ => (t, 1),
     };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (examples: 4096, 64M, 1G)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    let n: u64 = num.trim().parse().map_err(|_| SizeError::NotASize(s.to_string()))?;
+    n.checked_mul(mult).ok_or_else(|| SizeError::TooLarge(s.to_string()))
 }
 
 impl std::str::FromStr for Size {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Size, String> {
+    type Err = SizeError;
+    fn from_str(s: &str) -> Result<Size, SizeError> {
         parse_size(s).map(Size)
     }
 }

@@ -1,7 +1,7 @@
 //! vNodes: their names, who may use them, and their memory quotas (`[[vnode]]`).
 use serde::{Deserialize, Serialize};
 
-use super::{Size, PAGE};
+use super::{ConfigError, Size, PAGE};
 
 /// A vNode granted to users of the pComponents' hosts: a `[[vnode]]` table (a vNode not listed
 /// is root's alone). `cluster up` gives it to the global managers, which tell the pComponents
@@ -29,35 +29,37 @@ pub struct VnodeConfig {
 impl VnodeConfig {
     /// Names are resolved now: a user or group this host does not know is an error, not a
     /// grant to nobody. An error names the field it is about.
-    pub fn validate(&self) -> Result<(), String> {
-        check_vnode_name(&self.name).map_err(|e| format!("name: {e}"))?;
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_vnode_name(&self.name).map_err(ConfigError::VnodeName)?;
         for u in &self.users {
-            crate::sys::uid_of(u).map_err(|e| format!("users: {e}"))?;
+            crate::sys::uid_of(u).map_err(ConfigError::User)?;
         }
         for g in &self.groups {
-            crate::sys::gid_of(g).map_err(|e| format!("groups: {e}"))?;
+            crate::sys::gid_of(g).map_err(ConfigError::Group)?;
         }
         match self.memory {
-            Some(m) => check_memory_quota(m.0).map_err(|e| format!("memory: {e}")),
-            None => Ok(()),
+            Some(m) if m.0 < PAGE => Err(ConfigError::MemoryQuota(m.0)),
+            _ => Ok(()),
         }
     }
 }
 
 /// A vNode's name is a directory name under a pComponent's mount root.
-pub fn check_vnode_name(vnode: &str) -> Result<(), String> {
+pub fn check_vnode_name(vnode: &str) -> Result<(), BadVnodeName> {
     if vnode.is_empty() || vnode.len() > 128 || vnode.contains('/') || vnode.starts_with('.') {
-        return Err(format!(
-            "{vnode:?} is not a vNode name (1-128 characters, no '/', not starting with '.')"
-        ));
+        return Err(BadVnodeName(vnode.to_string()));
     }
     Ok(())
 }
 
-fn check_memory_quota(bytes: u64) -> Result<(), String> {
-    match bytes < PAGE {
-        true => Err(format!("a memory quota of {bytes} bytes is less than one 4 KiB page")),
-        false => Ok(()),
+/// A name no vNode can have (a file-system path component, and a label of metrics).
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a vNode name (1-128 characters, no '/', not starting with '.')")]
+pub struct BadVnodeName(pub String);
+
+impl splitos_rpc::Refuse for BadVnodeName {
+    fn code(&self) -> splitos_rpc::ErrCode {
+        splitos_rpc::ErrCode::Invalid
     }
 }
 
@@ -70,7 +72,7 @@ mod tests {
                 "[[pcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"lab\"\nusers = [\"root\"]\nmemory = {memory}\n"
             ))
             .map_err(|e| e.to_string())
-            .and_then(|c| c.validate().map(|()| c))
+            .and_then(|c| c.validate().map(|()| c).map_err(|e| e.to_string()))
         };
         assert_eq!(
             check("\"256M\"").unwrap().vnode[0].memory,

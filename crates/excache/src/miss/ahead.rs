@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, MutexGuard};
 
-use super::{tiered, Access, CleanVictim, Evictable, MissPath, ProcHeap, State, Writeback, PAGE};
+use super::{tiered, Access, CleanVictim, Evictable, MissError, MissPath, ProcHeap, State, Writeback, PAGE};
 use crate::cache::Filled;
 use crate::region::Install;
 use crate::store::Page;
@@ -21,7 +21,7 @@ impl MissPath {
         t: &ProcHeap,
         vpn: u64,
         victims: &mut Vec<Writeback>,
-        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+        lost: &mut Vec<(Arc<ProcHeap>, MissError)>,
     ) -> Vec<(u64, usize)> {
         let want = g.prefetcher.window(t.pid, vpn);
         let mut ahead = Vec::new();

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
 
-use super::{capture, CleanVictim, Held, MissPath, ProcHeap, Sent, State, Writeback, PAGE};
+use super::{capture, CleanVictim, Held, MissError, MissPath, ProcHeap, Sent, State, Writeback, PAGE};
 use crate::cache::Line;
 use crate::huge::SplitError;
 use crate::store::Page;
@@ -26,7 +26,7 @@ impl MissPath {
         g: &mut MutexGuard<'_, State>,
         v: Line,
         victims: &mut Vec<Writeback>,
-        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+        lost: &mut Vec<(Arc<ProcHeap>, MissError)>,
         clean: CleanVictim,
     ) {
         let Some(vt) = g.heaps.get(&v.pid).cloned() else { return };
@@ -64,7 +64,10 @@ impl MissPath {
                     vt.alive.store(false, Relaxed);
                     lost.push((
                         vt.clone(),
-                        format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE),
+                        MissError::WriteBackRead {
+                            addr: v.vpn * PAGE,
+                            error: e,
+                        },
                     ));
                 }
                 // The store holds it: nothing is lost.
@@ -108,17 +111,17 @@ impl MissPath {
     /// Drops [vpn, vpn + pages) from `t`'s program, splitting first the huge pages the range
     /// cuts. `Err` says what was lost when a split failed after the huge page had left the
     /// program: the process must be failed (the caller stops it under the lock).
-    pub(super) fn punch(&self, t: &ProcHeap, vpn: u64, pages: u64) -> Result<(), String> {
+    pub(super) fn punch(&self, t: &ProcHeap, vpn: u64, pages: u64) -> Result<(), MissError> {
         match t.region.split_huge(vpn, pages) {
             Ok(0) => {}
             Ok(n) => self.bump(t, |s| {
                 s.huge_splits.fetch_add(n, Relaxed);
             }),
-            Err(SplitError::Lost(e)) => {
-                return Err(format!(
-                    "cannot split the huge page holding heap page {:#x}: {e}; its other pages were lost",
-                    vpn * PAGE
-                ))
+            Err(SplitError::Lost(error)) => {
+                return Err(MissError::HugePageLost {
+                    addr: vpn * PAGE,
+                    error,
+                })
             }
             Err(e) => tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot split a huge page"),
         }
@@ -226,11 +229,12 @@ impl MissPath {
         self.bump(t, |s| {
             s.tier_unpack_ns.fetch_add(ns, Relaxed);
         });
-        r.map(|()| page).map_err(|e| {
-            Refusal::new(
-                splitos_rpc::ErrCode::Internal,
-                format!("compressed tier: cannot decompress heap page {:#x}: {e}", vpn * PAGE),
-            )
+        r.map(|()| page).map_err(|error| {
+            MissError::Unpack {
+                addr: vpn * PAGE,
+                error,
+            }
+            .into()
         })
     }
 }

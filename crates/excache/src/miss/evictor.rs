@@ -239,7 +239,7 @@ impl MissPath {
             if run[i].dropped {
                 // Splits a huge page the run cuts first (the pages it puts back keep their data).
                 if let Err(why) = self.punch(&t, run[i].vpn, n as u64) {
-                    self.fail(&t, &why);
+                    self.fail(&t, &why.to_string());
                 }
             }
             i += n;

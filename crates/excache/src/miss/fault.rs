@@ -219,7 +219,7 @@ impl MissPath {
             drop(g);
             // The fail hook talks to the process (its stderr, a signal): never under the lock.
             for (vt, why) in lost {
-                self.fail(&vt, &why);
+                self.fail(&vt, &why.to_string());
             }
             return Some(Claim {
                 slot: c.slot,

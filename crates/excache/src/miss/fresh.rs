@@ -7,7 +7,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, MutexGuard};
 
-use super::{tiered, CleanVictim, Evictable, InstallAs, MissPath, ProcHeap, State, Writeback, PAGE, PROT_WRITE};
+use super::{
+    tiered, CleanVictim, Evictable, InstallAs, MissError, MissPath, ProcHeap, State, Writeback, PAGE, PROT_WRITE,
+};
 use crate::cache::Filled;
 use crate::huge::{SplitError, EXTENT};
 
@@ -26,7 +28,7 @@ impl MissPath {
         t: &ProcHeap,
         vpn: u64,
         victims: &mut Vec<Writeback>,
-        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+        lost: &mut Vec<(Arc<ProcHeap>, MissError)>,
     ) -> Vec<(u64, usize)> {
         let window = self.fault_around + self.prealloc;
         if window == 0 {

@@ -47,7 +47,7 @@ use super::cache::{EvictionPolicy, ExCache, Line, LineState};
 use super::prefetch::Prefetcher;
 use super::region::Region;
 use super::store::{Page, PageStore};
-use super::tier::{Codec, Entry, VictimTier};
+use super::tier::{Codec, Entry, UnpackError, VictimTier};
 use crate::stats::RunStats;
 use splitos_core::vma::{Vma, VmaMap};
 
@@ -502,6 +502,28 @@ fn unstage(g: &mut State, pid: u64, first: u64, end: u64) {
 
 /// Write-protects a dirty line (so later writes trap) and copies it out. A line that could
 /// not be protected is not captured: a write after the copy would go unseen.
+/// Why the miss path failed a page of a program.
+#[derive(Debug, thiserror::Error)]
+pub enum MissError {
+    #[error("compressed tier: cannot decompress heap page {addr:#x}: {error}")]
+    Unpack { addr: u64, error: UnpackError },
+    #[error("cannot read heap page {addr:#x}: {error}")]
+    Read { addr: u64, error: std::io::Error },
+    #[error("process {pid} lost heap pages while they moved")]
+    PagesLost { pid: u64 },
+    /// A dirty page that could not be captured: it existed nowhere else.
+    #[error("cannot read heap page {addr:#x} to write it back: {error}")]
+    WriteBackRead { addr: u64, error: std::io::Error },
+    #[error("cannot split the huge page holding heap page {addr:#x}: {error}; its other pages were lost")]
+    HugePageLost { addr: u64, error: std::io::Error },
+}
+
+impl splitos_rpc::Refuse for MissError {
+    fn code(&self) -> splitos_rpc::ErrCode {
+        splitos_rpc::ErrCode::Internal
+    }
+}
+
 fn capture(t: &ProcHeap, vpn: u64, wp: bool) -> std::io::Result<Page> {
     if !wp {
         t.region.write_protect(vpn, 1, true)?;
@@ -517,6 +539,7 @@ mod evictor;
 mod fault;
 mod fresh;
 mod resize;
+pub use resize::ResizeError;
 mod sample;
 mod scan;
 #[cfg(test)]

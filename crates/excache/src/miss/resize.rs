@@ -12,6 +12,23 @@ use crate::Interleave;
 /// How long a shrink waits for lines past the new end that are being filled or written back.
 const SETTLE: Duration = Duration::from_millis(1);
 
+/// Why a running ExCache was not resized or given new shares.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error("{lines} lines: the ExCache has {sets} sets and grows to {ways} ways each, so it holds {sets} to {} lines", sets * ways)]
+    Lines { lines: usize, sets: usize, ways: usize },
+    #[error("{ways} ways per set leave none to fill beside the evictor's reserve of {reserve} (evict_reserve)")]
+    Reserve { ways: usize, reserve: usize },
+    #[error("the vNodes' shares add up to {shared} lines, more than the ExCache's {lines}")]
+    Shares { shared: usize, lines: usize },
+}
+
+impl splitos_rpc::Refuse for ResizeError {
+    fn code(&self) -> splitos_rpc::ErrCode {
+        splitos_rpc::ErrCode::Invalid
+    }
+}
+
 impl MissPath {
     /// Process `pid`'s job chose its own interleaving (`None`: none) over the pComponent's.
     pub fn set_interleave(&self, pid: u64, interleave: Option<Interleave>) {
@@ -36,17 +53,18 @@ impl MissPath {
     /// applied. A shrink returns once the lines past the new size left, written back where
     /// dirty. Returns the number of lines. Refused beyond what the cache was started able to
     /// grow to, below the evictor's reserve plus one way, and for shares over the size.
-    pub fn reconfigure(&self, lines: Option<usize>, shares: Option<HashMap<String, usize>>) -> Result<usize, String> {
+    pub fn reconfigure(
+        &self,
+        lines: Option<usize>,
+        shares: Option<HashMap<String, usize>>,
+    ) -> Result<usize, ResizeError> {
         let mut g = self.state.lock().unwrap();
         let ways = match lines {
             Some(n) => g.cache.ways_for(n)?,
             None => g.cache.ways(),
         };
         if let Some(r) = g.reserve.as_ref().filter(|r| r.ways >= ways) {
-            return Err(format!(
-                "{ways} ways per set leave none to fill beside the evictor's reserve of {} (evict_reserve)",
-                r.ways
-            ));
+            return Err(ResizeError::Reserve { ways, reserve: r.ways });
         }
         let new_lines = ways * g.cache.sets();
         let shared = match &shares {
@@ -54,9 +72,10 @@ impl MissPath {
             None => g.cache.shares().values().sum(),
         };
         if shared > new_lines {
-            return Err(format!(
-                "the vNodes' shares add up to {shared} lines, more than the ExCache's {new_lines}"
-            ));
+            return Err(ResizeError::Shares {
+                shared,
+                lines: new_lines,
+            });
         }
         if let Some(shares) = shares {
             let by_id = shares.iter().map(|(vnode, n)| (vnode_id(&mut g, vnode), *n)).collect();

@@ -79,7 +79,7 @@ impl MissPath {
         vt: &Arc<ProcHeap>,
         v: Line,
         victims: &mut Vec<Writeback>,
-        lost: &mut Vec<(Arc<ProcHeap>, String)>,
+        lost: &mut Vec<(Arc<ProcHeap>, MissError)>,
         clean: CleanVictim,
     ) {
         let for_tier = clean == CleanVictim::ToTier
@@ -124,7 +124,10 @@ impl MissPath {
                 vt.alive.store(false, Relaxed);
                 lost.push((
                     vt.clone(),
-                    format!("cannot read heap page {:#x} to write it back: {e}", v.vpn * PAGE),
+                    MissError::WriteBackRead {
+                        addr: v.vpn * PAGE,
+                        error: e,
+                    },
                 ));
             }
         }
@@ -168,7 +171,12 @@ impl MissPath {
                         }
                     }
                 }
-                Err(e) => failure = Some(format!("cannot read heap page {:#x} to write it back: {e}", run * PAGE)),
+                Err(error) => {
+                    failure = Some(MissError::WriteBackRead {
+                        addr: run * PAGE,
+                        error,
+                    })
+                }
             }
         }
         if failure.is_some() {
@@ -177,13 +185,10 @@ impl MissPath {
         self.drop_locked(g, t, first, end, Stored::Keep);
         self.flush_apart(victims);
         if let Some(why) = failure {
-            self.fail(t, &why);
+            self.fail(t, &why.to_string());
         }
         if !t.alive() {
-            return Err(Refusal::new(
-                splitos_rpc::ErrCode::Internal,
-                format!("process {} lost heap pages while they moved", t.pid),
-            ));
+            return Err(MissError::PagesLost { pid: t.pid }.into());
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, MutexGuard};
 
 use splitos_rpc::Refusal;
 
-use super::{capture, unstage, Held, MissPath, ProcHeap, Sent, State, Stored, Writeback, FLUSH_BATCH, PAGE};
+use super::{capture, unstage, Held, MissError, MissPath, ProcHeap, Sent, State, Stored, Writeback, FLUSH_BATCH, PAGE};
 use crate::cache::LineState;
 use crate::store::Place;
 
@@ -148,11 +148,12 @@ impl MissPath {
                             held: Held::Line(l.writes),
                         });
                     }
-                    Err(e) => {
-                        result = Err(Refusal::new(
-                            splitos_rpc::ErrCode::Internal,
-                            format!("cannot read heap page {:#x}: {e}", vpn * PAGE),
-                        ))
+                    Err(error) => {
+                        result = Err(MissError::Read {
+                            addr: vpn * PAGE,
+                            error,
+                        }
+                        .into())
                     }
                 }
             }
@@ -279,7 +280,7 @@ impl MissPath {
         }
         drop(g);
         if let Some(why) = lost {
-            self.fail(t, &why);
+            self.fail(t, &why.to_string());
         }
         stored
     }

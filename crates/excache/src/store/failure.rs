@@ -4,28 +4,24 @@
 use super::*;
 
 /// A failed call, naming the component, the page and what was attempted.
-pub(super) fn failed(o: &ComponentRef, what: &str, vpn: u64, e: RpcError) -> Refusal {
-    ERR::new(
-        e.code(),
-        format!(
-            "mComponent {} at {}: cannot {what} heap page {:#x}: {e}",
-            o.id,
-            o.addr,
-            page(vpn)
-        ),
-    )
+pub(super) fn failed(o: &ComponentRef, what: &'static str, vpn: u64, e: RpcError) -> Refusal {
+    PageError::Call {
+        mcomp: o.id,
+        addr: o.addr.clone(),
+        what,
+        page: page(vpn),
+        cause: e,
+    }
+    .into()
 }
 
 pub(super) fn corrupt(o: &ComponentRef, vpn: u64) -> Refusal {
-    ERR::new(
-        ErrCode::Internal,
-        format!(
-            "mComponent {} at {} sent heap page {:#x} changed since it was written back (it fails its checksum)",
-            o.id,
-            o.addr,
-            page(vpn)
-        ),
-    )
+    PageError::Corrupt {
+        mcomp: o.id,
+        addr: o.addr.clone(),
+        page: page(vpn),
+    }
+    .into()
 }
 
 /// What to do after a failed call to a replica.
@@ -72,7 +68,7 @@ impl RemoteStore {
         s: &ProcMemory,
         o: &ComponentRef,
         copies: usize,
-        what: &str,
+        what: &'static str,
         vpn: u64,
         e: RpcError,
     ) -> Next {
@@ -203,7 +199,12 @@ impl RemoteStore {
     pub(super) fn reconstruct(&self, s: &ProcMemory, vpn: u64, holder: &ComponentRef) -> Result<Page, Refusal> {
         let r = s
             .call_home(&self.node, P2M_RECONSTRUCT { who: s.who_now(), vpn })
-            .map_err(|e| ERR::new(e.code(), format!("mComponent {} at {} sent heap page {:#x} failing its checksum, and it cannot be rebuilt from the parity or backup: {e}", holder.id, holder.addr, page(vpn))))?;
+            .map_err(|e| PageError::Unrebuildable {
+                mcomp: holder.id,
+                addr: holder.addr.clone(),
+                page: page(vpn),
+                cause: e,
+            })?;
         match opened(&s.home(), vpn, r.data)? {
             Some(good) => {
                 crate::series::PAGES_REPAIRED.increment(1);

@@ -10,8 +10,8 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use splitos_rpc::{ExcacheShare, PolicyState, P2G_EXCACHE};
 
-use super::memory::{parse_id, refused};
-use super::{admin_only, internal, Api, ApiError, Body, ErrorBody, Principal};
+use super::memory::parse_id;
+use super::{admin_only, internal, refused, Api, ApiError, Body, ErrorBody, Principal};
 use splitos_core::config::Size;
 
 /// A pComponent's ExCache as it is now.

@@ -58,7 +58,7 @@ pub async fn create(
     let (token, expires_unix_s) = tokio::task::spawn_blocking(move || gm.joins.create(role, r.ttl_s.unwrap_or(3600)))
         .await
         .map_err(internal)?
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     tracing::info!(role = role.name(), expires_unix_s, token = p.name(), "join token made");
     Ok(Json(JoinTokenView {
         token,
@@ -115,7 +115,7 @@ pub async fn join(
         if REFUSED.log_this(peer.ip()) {
             tracing::warn!(%peer, "join refused: {why}");
         }
-        ApiError(StatusCode::FORBIDDEN, why)
+        ApiError(StatusCode::FORBIDDEN, why.to_string())
     })?;
     crate::series::JOINS.increment(1);
     tracing::info!(%peer, role = role.name(), "a machine joined: credentials issued");

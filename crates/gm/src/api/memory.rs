@@ -7,9 +7,9 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{ComponentInfo, ErrCode, Refusal, Role};
+use splitos_rpc::{ComponentInfo, Role};
 
-use super::{admin_only, internal, Api, ApiError, ErrorBody, Principal};
+use super::{admin_only, internal, refused, Api, ApiError, ErrorBody, Principal};
 
 /// How far a detach (or a drain) has come, as the leaving mComponent reports it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -171,15 +171,4 @@ pub async fn attach(
 pub(super) fn parse_id(id: &str) -> Result<u32, ApiError> {
     id.parse()
         .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))
-}
-
-pub(super) fn refused(e: Refusal) -> ApiError {
-    let status = match e.code {
-        ErrCode::NotFound => StatusCode::NOT_FOUND,
-        ErrCode::Invalid => StatusCode::BAD_REQUEST,
-        ErrCode::NoMemory => StatusCode::CONFLICT,
-        ErrCode::Unreachable => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    ApiError(status, e.msg)
 }

@@ -30,7 +30,7 @@ use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use splitos_rpc::refusals::Refusals;
-use splitos_rpc::{Role, VnodeInfo};
+use splitos_rpc::{ErrCode, Refusal, Role, VnodeInfo};
 use utoipa::OpenApi;
 
 pub use jobs::{JobList, JobView, SignalQuery, Unanswered};
@@ -356,14 +356,7 @@ async fn set_cordon(
     let c = tokio::task::spawn_blocking(move || gm.cordon(id, on))
         .await
         .map_err(internal)?
-        .map_err(|e| {
-            let status = match e.code {
-                splitos_rpc::ErrCode::NotFound => StatusCode::NOT_FOUND,
-                splitos_rpc::ErrCode::Invalid => StatusCode::BAD_REQUEST,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            ApiError(status, e.msg)
-        })?;
+        .map_err(refused)?;
     tracing::info!(id, token = p.name(), "component {verb}ed through the API");
     Ok(Json(c.into()))
 }
@@ -433,6 +426,23 @@ async fn config(
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// The one mapping of the wire's refusal codes onto the API's statuses.
+fn status_of(code: ErrCode) -> StatusCode {
+    match code {
+        ErrCode::NotFound => StatusCode::NOT_FOUND,
+        ErrCode::Invalid => StatusCode::BAD_REQUEST,
+        ErrCode::NoMemory => StatusCode::CONFLICT,
+        ErrCode::Unreachable => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A refusal of the managers (or of a component they asked) as the API answers it.
+fn refused(e: impl Into<Refusal>) -> ApiError {
+    let e = e.into();
+    ApiError(status_of(e.code), e.msg)
 }
 
 /// The whole cluster's Prometheus metrics: the managers' and every alive component's series in

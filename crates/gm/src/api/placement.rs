@@ -7,10 +7,9 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, State};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use splitos_rpc::{ErrCode, PlacementState, ERR};
+use splitos_rpc::PlacementState;
 
-use super::memory::refused;
-use super::{admin_only, internal, Api, ApiError, Body, ErrorBody, Principal};
+use super::{admin_only, internal, refused, Api, ApiError, Body, ErrorBody, Principal};
 
 /// The placement policy in place.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -46,12 +45,7 @@ pub async fn get(
     Extension(p): Extension<Principal>,
 ) -> Result<Json<PlacementView>, ApiError> {
     admin_only(&p, peer, "/api/v1/placement")?;
-    Ok(Json(
-        api.gm
-            .placement(None)
-            .map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?
-            .into(),
-    ))
+    Ok(Json(api.gm.placement(None).map_err(refused)?.into()))
 }
 
 /// Replaces the placement policy while the cluster runs (admin only): placements from then on
@@ -72,7 +66,7 @@ pub async fn put(
     let now = tokio::task::spawn_blocking(move || gm.placement(Some(c.placement)))
         .await
         .map_err(internal)?
-        .map_err(|e| refused(ERR::new(ErrCode::Invalid, e)))?;
+        .map_err(refused)?;
     tracing::info!(placement = %now.placement, token = p.name(), "placement policy replaced through the API");
     Ok(Json(now.into()))
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use splitos_rpc::*;
 
-use super::{HomeProc, Replicas, VERIFY_TIMEOUT};
+use super::{HomeError, HomeProc, Replicas, VERIFY_TIMEOUT};
 use crate::{Mem, Peers};
 
 impl<P: Peers> Mem<P> {
@@ -88,10 +88,11 @@ impl<P: Peers> Mem<P> {
     pub(crate) fn home_sync(&self, r: M2M_HOME_SYNC) -> Result<OK, Refusal> {
         let pid = r.state.who.pid;
         if self.homes.lock().unwrap().contains_key(&pid) {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("mComponent {} is now the home of process {pid}", self.peers.id()),
-            ));
+            return Err(HomeError::NowHome {
+                mcomp: self.peers.id(),
+                pid,
+            }
+            .into());
         }
         self.backups.lock().unwrap().insert(pid, r.state);
         Ok(OK)
@@ -118,20 +119,14 @@ impl<P: Peers> Mem<P> {
             .get(&r.who.pid)
             .map(|s| (s.who.vnode.clone(), s.creator, s.home.clone()));
         let Some((vnode, creator, home)) = kept else {
-            return Err(ERR::new(
-                ErrCode::NotFound,
-                format!(
-                    "mComponent {} keeps no copy of process {}'s home",
-                    self.peers.id(),
-                    r.who.pid
-                ),
-            ));
+            return Err(HomeError::NoCopy {
+                mcomp: self.peers.id(),
+                pid: r.who.pid,
+            }
+            .into());
         };
         if vnode != r.who.vnode {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("process {} belongs to another vNode", r.who.pid),
-            ));
+            return Err(HomeError::OtherVnode { pid: r.who.pid }.into());
         }
         self.may_act(r.who.pid, creator)?;
         if self
@@ -145,13 +140,12 @@ impl<P: Peers> Mem<P> {
             )
             .is_ok()
         {
-            return Err(ERR::new(
-                ErrCode::Unreachable,
-                format!(
-                    "mComponent {} at {} is still the home of process {}: it is slow, not lost",
-                    home.id, home.addr, r.who.pid
-                ),
-            ));
+            return Err(HomeError::StillHome {
+                mcomp: home.id,
+                addr: home.addr,
+                pid: r.who.pid,
+            }
+            .into());
         }
         self.take_over(r.who, home.id)
     }
@@ -159,10 +153,11 @@ impl<P: Peers> Mem<P> {
     /// `M2M_HOME_OF`: whether this mComponent is still the process's home.
     pub(crate) fn home_of(&self, r: M2M_HOME_OF) -> Result<OK, Refusal> {
         self.homes.lock().unwrap().get(&r.who.pid).map(|_| OK).ok_or_else(|| {
-            ERR::new(
-                ErrCode::NotHome,
-                format!("mComponent {} is not home of process {}", self.peers.id(), r.who.pid),
-            )
+            HomeError::NotHome {
+                mcomp: self.peers.id(),
+                pid: r.who.pid,
+            }
+            .into()
         })
     }
 
@@ -170,14 +165,11 @@ impl<P: Peers> Mem<P> {
     /// any the process's pComponent (`who.epoch`) or an owner may have seen.
     fn take_over(&self, who: Who, lost_home: u32) -> Result<M2P_HOME, Refusal> {
         let Some(state) = self.backups.lock().unwrap().remove(&who.pid) else {
-            return Err(ERR::new(
-                ErrCode::NotFound,
-                format!(
-                    "mComponent {} keeps no copy of process {}'s home",
-                    self.peers.id(),
-                    who.pid
-                ),
-            ));
+            return Err(HomeError::NoCopy {
+                mcomp: self.peers.id(),
+                pid: who.pid,
+            }
+            .into());
         };
         crate::series::HOME_TAKEOVERS.increment(1);
         tracing::warn!(
@@ -203,16 +195,14 @@ impl<P: Peers> Mem<P> {
                     backup: h.backup.clone(),
                 });
             }
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!("mComponent {} is already the home of process {pid}", self.peers.id()),
-            ));
+            return Err(HomeError::AlreadyHome {
+                mcomp: self.peers.id(),
+                pid,
+            }
+            .into());
         }
         if !self.leavers.lock().unwrap().contains(&from) {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("mComponent {from} is not leaving (as the global managers last said): it keeps its homes"),
-            ));
+            return Err(HomeError::NotLeaving { mcomp: from }.into());
         }
         self.backups.lock().unwrap().remove(&pid);
         let backup = self.become_home(r.state, 0, None);

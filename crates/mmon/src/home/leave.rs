@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use splitos_rpc::*;
 
-use super::HomeProc;
+use super::{HomeError, HomeProc};
 use crate::{Mem, Peers};
 
 impl<P: Peers> Mem<P> {
@@ -116,12 +116,9 @@ impl<P: Peers> Mem<P> {
         let pid = h.who.pid;
         let new = match h.moved_to.clone() {
             Some(to) => to,
-            None => self.pick_other(0, &[self.peers.id()], h.pcomp)?.ok_or_else(|| {
-                ERR::new(
-                    ErrCode::NoMemory,
-                    format!("no other mComponent can be the home of process {pid}"),
-                )
-            })?,
+            None => self
+                .pick_other(0, &[self.peers.id()], h.pcomp)?
+                .ok_or(HomeError::NoOtherHome { pid })?,
         };
         h.moved_to = Some(new.clone());
         let adopted = match self.peers.call(
@@ -135,13 +132,12 @@ impl<P: Peers> Mem<P> {
                 if matches!(e, RpcError::Remote { .. } | RpcError::Unreachable { .. }) {
                     h.moved_to = None;
                 }
-                return Err(ERR::new(
-                    e.code(),
-                    format!(
-                        "cannot give process {pid} to mComponent {} as its home yet: {e}",
-                        new.id
-                    ),
-                ));
+                return Err(HomeError::HandOver {
+                    pid,
+                    to: new.id,
+                    cause: e,
+                }
+                .into());
             }
         };
         h.handed = true;

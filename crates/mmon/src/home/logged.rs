@@ -3,7 +3,7 @@
 //! while full is copied to again once the log drains.
 use splitos_rpc::*;
 
-use super::{lock_home, HomeProc, Replicas};
+use super::{lock_home, HomeError, HomeProc, Replicas};
 use crate::{Mem, Peers};
 
 /// How long a logger made primary may take to replay its backup.
@@ -66,12 +66,7 @@ impl<P: Peers> Mem<P> {
             .get(&idx)
             .cloned()
             .filter(|s| s.log.is_some() && s.owners.len() == 2)
-            .ok_or_else(|| {
-                ERR::new(
-                    ErrCode::Invalid,
-                    format!("vRegion {idx} of process {} has no logger", r.who.pid),
-                )
-            })?;
+            .ok_or(HomeError::NoLogger { idx, pid: r.who.pid })?;
         let (primary, logger) = (set.owners[0].clone(), set.owners[1].clone());
         h.epoch += 1;
         let who = h.who();

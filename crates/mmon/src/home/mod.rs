@@ -120,15 +120,10 @@ impl HomeProc {
     }
 
     /// The end of [addr, addr + len), which must be page-aligned and inside the heap region.
-    fn check_range(&self, addr: u64, len: u64) -> Result<u64, Refusal> {
-        let end = addr
-            .checked_add(len)
-            .ok_or_else(|| ERR::new(ErrCode::Invalid, "range overflows"))?;
+    fn check_range(&self, addr: u64, len: u64) -> Result<u64, HomeError> {
+        let end = addr.checked_add(len).ok_or(HomeError::RangeOverflows)?;
         if !addr.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || len == 0 || addr < self.base || end > self.limit {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!("range {addr:#x}+{len:#x} is not page-aligned inside the heap region"),
-            ));
+            return Err(HomeError::NotInHeap { addr, len });
         }
         Ok(end)
     }
@@ -272,16 +267,91 @@ impl HomeProc {
 
 /// The home state of a process, once a call may act on it: a process whose home moved away
 /// while the call waited is refused with `NotHome`, naming the new home.
-fn lock_home(hp: &Arc<Mutex<HomeProc>>) -> Result<std::sync::MutexGuard<'_, HomeProc>, Refusal> {
+/// Why a home refuses a call about a process: its virtual-memory calls, the copy of its state
+/// a backup keeps and takes over, a home handing it to another. A rebuild's own refusals are
+/// [`rebuild::RebuildError`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HomeError {
+    #[error("range overflows")]
+    RangeOverflows,
+    #[error("range {addr:#x}+{len:#x} is not page-aligned inside the heap region")]
+    NotInHeap { addr: u64, len: u64 },
+    #[error("process {pid} moved to home mComponent {to} at {addr}")]
+    Moved { pid: u64, to: u32, addr: String },
+    #[error("mComponent {mcomp} is not home of process {pid}")]
+    NotHome { mcomp: u32, pid: u64 },
+    #[error("process {pid} belongs to another vNode")]
+    OtherVnode { pid: u64 },
+    #[error(transparent)]
+    OtherPcomponent(#[from] super::OtherPcomponent),
+    #[error("no replica of vRegion {idx} of process {pid} can be reached")]
+    NoReplicaReachable { idx: u64, pid: u64 },
+    #[error("process id {pid} is in use")]
+    PidInUse { pid: u64 },
+    #[error("the heap region has no free range that large")]
+    NoFreeRange,
+    #[error("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)")]
+    MoreThanCluster { len: u64, memory: u64 },
+    #[error("mprotect of an unmapped range")]
+    MprotectUnmapped,
+    #[error("mremap of an unmapped range")]
+    MremapUnmapped,
+    #[error("cannot grow in place and moving is not allowed")]
+    CannotGrowInPlace,
+    #[error("no free range for mremap")]
+    NoRangeForMremap,
+    #[error("moved page lands in an inactive vRegion")]
+    MovedToInactive,
+    #[error("no other mComponent can be the home of process {pid}")]
+    NoOtherHome { pid: u64 },
+    #[error("cannot give process {pid} to mComponent {to} as its home yet: {cause}")]
+    HandOver { pid: u64, to: u32, cause: RpcError },
+    #[error("vRegion {idx} of process {pid} has no logger")]
+    NoLogger { idx: u64, pid: u64 },
+    #[error("mComponent {mcomp} is now the home of process {pid}")]
+    NowHome { mcomp: u32, pid: u64 },
+    #[error("mComponent {mcomp} keeps no copy of process {pid}'s home")]
+    NoCopy { mcomp: u32, pid: u64 },
+    #[error("mComponent {mcomp} at {addr} is still the home of process {pid}: it is slow, not lost")]
+    StillHome { mcomp: u32, addr: String, pid: u64 },
+    #[error("mComponent {mcomp} is already the home of process {pid}")]
+    AlreadyHome { mcomp: u32, pid: u64 },
+    #[error("mComponent {mcomp} is not leaving (as the global managers last said): it keeps its homes")]
+    NotLeaving { mcomp: u32 },
+}
+
+impl Refuse for HomeError {
+    fn code(&self) -> ErrCode {
+        use HomeError::*;
+        match self {
+            RangeOverflows | NotInHeap { .. } | MremapUnmapped | NoLogger { .. } | AlreadyHome { .. } => {
+                ErrCode::Invalid
+            }
+            Moved { .. } | NotHome { .. } => ErrCode::NotHome,
+            OtherVnode { .. } | PidInUse { .. } | NowHome { .. } | NotLeaving { .. } => ErrCode::Denied,
+            OtherPcomponent(e) => e.code(),
+            NoReplicaReachable { .. } | StillHome { .. } => ErrCode::Unreachable,
+            NoFreeRange
+            | MoreThanCluster { .. }
+            | MprotectUnmapped
+            | CannotGrowInPlace
+            | NoRangeForMremap
+            | NoOtherHome { .. } => ErrCode::NoMemory,
+            MovedToInactive => ErrCode::Internal,
+            HandOver { cause, .. } => cause.code(),
+            NoCopy { .. } => ErrCode::NotFound,
+        }
+    }
+}
+
+fn lock_home(hp: &Arc<Mutex<HomeProc>>) -> Result<std::sync::MutexGuard<'_, HomeProc>, HomeError> {
     let h = hp.lock().unwrap();
     match &h.moved_to {
-        Some(to) => Err(ERR::new(
-            ErrCode::NotHome,
-            format!(
-                "process {} moved to home mComponent {} at {}",
-                h.who.pid, to.id, to.addr
-            ),
-        )),
+        Some(to) => Err(HomeError::Moved {
+            pid: h.who.pid,
+            to: to.id,
+            addr: to.addr.clone(),
+        }),
         None => Ok(h),
     }
 }
@@ -300,13 +370,11 @@ fn unreachable(e: &Refusal) -> bool {
     e.code == ErrCode::Unreachable
 }
 impl<P: Peers> Mem<P> {
-    fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, Refusal> {
+    fn home_proc(&self, who: &Who) -> Result<Arc<Mutex<HomeProc>>, HomeError> {
         let h = self.homes.lock().unwrap().get(&who.pid).cloned();
-        let h = h.ok_or_else(|| {
-            ERR::new(
-                ErrCode::NotHome,
-                format!("mComponent {} is not home of process {}", self.peers.id(), who.pid),
-            )
+        let h = h.ok_or_else(|| HomeError::NotHome {
+            mcomp: self.peers.id(),
+            pid: who.pid,
         })?;
         let (vnode, creator) = {
             let g = h.lock().unwrap();
@@ -314,10 +382,7 @@ impl<P: Peers> Mem<P> {
         };
         if vnode != who.vnode {
             self.c.denied.fetch_add(1, Relaxed);
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("process {} belongs to another vNode", who.pid),
-            ));
+            return Err(HomeError::OtherVnode { pid: who.pid });
         }
         self.may_act(who.pid, creator)?;
         Ok(h)
@@ -507,10 +572,7 @@ impl<P: Peers> Mem<P> {
             return Err(e);
         }
         if !answered && !owners.is_empty() {
-            return Err(ERR::new(
-                ErrCode::Unreachable,
-                format!("no replica of vRegion {idx} of process {} can be reached", h.who.pid),
-            ));
+            return Err(HomeError::NoReplicaReachable { idx, pid: h.who.pid }.into());
         }
         if !lost.is_empty() {
             self.drop_replicas(h, &lost, Some(idx));

@@ -12,6 +12,44 @@ use super::{lock_home, HomeProc, Replicas, MOVE_BATCH};
 use crate::{Mem, Peers, PAGE};
 use splitos_core::vma::Vma;
 
+/// Why a rebuild, a move of a full member's vRegion or a corrupted page's reconstruction
+/// failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RebuildError {
+    #[error("no other mComponent has room for vRegion {idx} of process {pid} held on mComponent {full}")]
+    NoRoomToMove { idx: u64, pid: u64, full: u32 },
+    #[error("no other mComponent has room for a replica")]
+    NoRoomForReplica,
+    #[error("heap page {addr:#x} is in no striped or logged set")]
+    NotRedundant { addr: u64 },
+    #[error("heap page {addr:#x} cannot be rebuilt: the result fails its checksum too (the parity, another page of its row, or the backup is corrupted)")]
+    Corrupted { addr: u64 },
+    #[error(
+        "vRegion {idx} of process {pid} lost {lost} of its {places} places at once: one parity cannot rebuild them"
+    )]
+    TooManyLost {
+        idx: u64,
+        pid: u64,
+        lost: usize,
+        places: usize,
+    },
+    #[error("no mComponent has room to rebuild vRegion {idx} of process {pid}")]
+    NoRoomToRebuild { idx: u64, pid: u64 },
+}
+
+impl Refuse for RebuildError {
+    fn code(&self) -> ErrCode {
+        match self {
+            RebuildError::NoRoomToMove { .. }
+            | RebuildError::NoRoomForReplica
+            | RebuildError::NoRoomToRebuild { .. } => ErrCode::NoMemory,
+            RebuildError::NotRedundant { .. } => ErrCode::Invalid,
+            RebuildError::Corrupted { .. } => ErrCode::Internal,
+            RebuildError::TooManyLost { .. } => ErrCode::Unreachable,
+        }
+    }
+}
+
 impl<P: Peers> Mem<P> {
     /// A pComponent could not reach a replica of the process: once the home finds it
     /// unreachable too (or not holding the process), it leaves the process's sets and is
@@ -78,13 +116,12 @@ impl<P: Peers> Mem<P> {
         };
         let Some((new, moved)) = copied else {
             crate::series::NO_ROOM.increment(1);
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!(
-                    "no other mComponent has room for vRegion {idx} of process {} held on mComponent {}",
-                    h.who.pid, full.id
-                ),
-            ));
+            return Err(RebuildError::NoRoomToMove {
+                idx,
+                pid: h.who.pid,
+                full: full.id,
+            }
+            .into());
         };
         let s = h.vregions.get_mut(&idx).expect("checked by the caller");
         for o in s.owners.iter_mut().filter(|o| o.id == full.id) {
@@ -244,10 +281,7 @@ impl<P: Peers> Mem<P> {
         let started = std::time::Instant::now();
         let source = h.vregions.get(&idx).expect("listed by the caller").owners[0].clone();
         let Some((new, pages_copied)) = self.copy_to_new_member(h, idx, &source, &[], true)? else {
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                "no other mComponent has room for a replica",
-            ));
+            return Err(RebuildError::NoRoomForReplica.into());
         };
         let s = h.vregions.get_mut(&idx).expect("listed by the caller");
         s.owners.push(new.clone());
@@ -294,12 +328,7 @@ impl<P: Peers> Mem<P> {
             .get(&idx)
             .map(|s| s.wire(idx))
             .filter(|s| s.data > 0 || s.logger().is_some())
-            .ok_or_else(|| {
-                ERR::new(
-                    ErrCode::Invalid,
-                    format!("heap page {:#x} is in no striped or logged set", r.vpn * PAGE),
-                )
-            })?;
+            .ok_or(RebuildError::NotRedundant { addr: r.vpn * PAGE })?;
         h.epoch += 1;
         let who = h.who();
         let out = self.fence_set(&set, &who, None).and_then(|()| match set.logger() {
@@ -312,7 +341,7 @@ impl<P: Peers> Mem<P> {
         self.sync_backup(&mut h);
         let page = out?;
         if unseal_page(page.clone()).is_err() {
-            return Err(ERR::new(ErrCode::Internal, format!("heap page {:#x} cannot be rebuilt: the result fails its checksum too (the parity, another page of its row, or the backup is corrupted)", r.vpn * PAGE)));
+            return Err(RebuildError::Corrupted { addr: r.vpn * PAGE }.into());
         }
         let holder = set.holder(r.vpn);
         self.to_owner(
@@ -372,15 +401,13 @@ impl<P: Peers> Mem<P> {
             [place] => place,
             _ => {
                 crate::series::VREGIONS_UNREACHABLE.increment(1);
-                return Err(ERR::new(
-                    ErrCode::Unreachable,
-                    format!(
-                        "vRegion {idx} of process {} lost {} of its {} places at once: one parity cannot rebuild them",
-                        h.who.pid,
-                        lost.len(),
-                        k + 1
-                    ),
-                ));
+                return Err(RebuildError::TooManyLost {
+                    idx,
+                    pid: h.who.pid,
+                    lost: lost.len(),
+                    places: k + 1,
+                }
+                .into());
             }
         };
         let gone = set.owners[place].clone();
@@ -397,15 +424,9 @@ impl<P: Peers> Mem<P> {
         // Another mComponent if one has room; else a survivor takes a second place.
         let new = match self.pick_other(share, &out, h.pcomp)? {
             Some(n) => n,
-            None => self.pick_other(share, &retired, h.pcomp)?.ok_or_else(|| {
-                ERR::new(
-                    ErrCode::NoMemory,
-                    format!(
-                        "no mComponent has room to rebuild vRegion {idx} of process {}",
-                        h.who.pid
-                    ),
-                )
-            })?,
+            None => self
+                .pick_other(share, &retired, h.pcomp)?
+                .ok_or(RebuildError::NoRoomToRebuild { idx, pid: h.who.pid })?,
         };
         h.epoch += 1;
         let who = h.who();

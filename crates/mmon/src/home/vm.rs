@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
 
-use super::{ignore_unknown, lock_home, HomeProc, MOVE_BATCH, PROT_WRITE};
+use super::{ignore_unknown, lock_home, HomeError, HomeProc, MOVE_BATCH, PROT_WRITE};
 use crate::{Mem, Peers, PAGE};
 use splitos_core::vma::{Vma, VmaMap};
 
@@ -19,7 +19,7 @@ impl<P: Peers> Mem<P> {
     fn fresh_pid(&self, pid: u64) -> Result<(), Refusal> {
         if self.homes.lock().unwrap().contains_key(&pid) {
             self.c.denied.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::Denied, format!("process id {pid} is in use")));
+            return Err(HomeError::PidInUse { pid }.into());
         }
         Ok(())
     }
@@ -83,7 +83,7 @@ impl<P: Peers> Mem<P> {
             } else {
                 h.layout
                     .find_gap(h.base, h.limit, r.len, r.hint)
-                    .ok_or_else(|| ERR::new(ErrCode::NoMemory, "the heap region has no free range that large"))?
+                    .ok_or(HomeError::NoFreeRange)?
             };
             let added = m.add_range(h, start, start + r.len, r.prot);
             m.sync_backup(h);
@@ -119,10 +119,7 @@ impl<P: Peers> Mem<P> {
             .unwrap_or(self.capacity);
         if !self.charges_mappings() && prot & 2 != 0 && len > memory {
             self.c.out_of_memory.fetch_add(1, Relaxed);
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)"),
-            ));
+            return Err(HomeError::MoreThanCluster { len, memory }.into());
         }
         Ok(())
     }
@@ -141,7 +138,7 @@ impl<P: Peers> Mem<P> {
         let mut h = lock_home(&hp)?;
         let end = h.check_range(r.addr, r.len)?;
         if !h.layout.covers(r.addr, end) {
-            return Err(ERR::new(ErrCode::NoMemory, "mprotect of an unmapped range"));
+            return Err(HomeError::MprotectUnmapped.into());
         }
         self.obvious_overcommit(r.len, r.prot)?;
         let more = if r.prot & PROT_WRITE != 0 {
@@ -206,7 +203,7 @@ impl<P: Peers> Mem<P> {
         } = r;
         let old_end = h.check_range(old, old_len)?;
         let Some((_, vma)) = h.layout.find(old).filter(|_| h.layout.covers(old, old_end)) else {
-            return Err(ERR::new(ErrCode::Invalid, "mremap of an unmapped range"));
+            return Err(HomeError::MremapUnmapped.into());
         };
         let prot = vma.prot;
         if fixed_to.is_none() && new_len <= old_len {
@@ -232,10 +229,7 @@ impl<P: Peers> Mem<P> {
             return Ok(h.mapped(old, prot));
         }
         if !may_move && fixed_to.is_none() {
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                "cannot grow in place and moving is not allowed",
-            ));
+            return Err(HomeError::CannotGrowInPlace.into());
         }
         let new = match fixed_to {
             Some(at) => {
@@ -246,7 +240,7 @@ impl<P: Peers> Mem<P> {
             None => h
                 .layout
                 .find_gap(h.base, h.limit, new_len, 0)
-                .ok_or_else(|| ERR::new(ErrCode::NoMemory, "no free range for mremap"))?,
+                .ok_or(HomeError::NoRangeForMremap)?,
         };
         self.add_range(h, new, new + new_len, prot)?;
         self.move_pages(h, old, old + old_len.min(new_len), new)?;
@@ -297,7 +291,7 @@ impl<P: Peers> Mem<P> {
                             .vregions
                             .get(&(nv * PAGE / self.vrs()))
                             .map(|r| r.wire(nv * PAGE / self.vrs()))
-                            .ok_or_else(|| ERR::new(ErrCode::Internal, "moved page lands in an inactive vRegion"))?;
+                            .ok_or(HomeError::MovedToInactive)?;
                         for o in to.writers(nv) {
                             by_owner
                                 .entry(o.id)

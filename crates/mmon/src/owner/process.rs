@@ -22,7 +22,7 @@ impl<P: Peers> Mem<P> {
                 if accounted {
                     self.room.uncommit(&who.vnode, end - start);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         let mut g = p.lock().unwrap();
@@ -135,13 +135,13 @@ impl<P: Peers> Mem<P> {
         // process (of another vNode or pComponent) is not merged into.
         if c.vnode != parent.vnode || c.creator != g.creator {
             self.c.denied.fetch_add(1, Relaxed);
-            return Err(ERR::new(ErrCode::Denied, format!("process id {child} is in use")));
+            return Err(OwnerError::PidInUse { pid: child }.into());
         }
         if let Err(e) = self.commit(&parent.vnode, need) {
             if !c.holds() {
                 owned.remove(&child);
             }
-            return Err(e);
+            return Err(e.into());
         }
         self.room
             .add_pages(&parent.vnode, (pages.len() + parity.len()) as u64 * PAGE);

@@ -3,6 +3,43 @@
 //! striped set's parity.
 use super::*;
 
+/// Why an owner refuses what the home asks of it for a set: the set itself, pages read for a
+/// rebuild, a logger made primary, a parity change.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetError {
+    #[error("the backup of vRegion {idx} is not whole (its log skipped {skipped} records, or the copy that starts it is not complete)")]
+    BackupNotWhole { idx: u64, skipped: u64 },
+    #[error("{from:#x}..{end:#x} spans vRegions this mComponent keeps backup logs of")]
+    SpansLogs { from: u64, end: u64 },
+    #[error("a striped set of {data} data members has {members} members")]
+    StripedMembers { data: u32, members: usize },
+    #[error("a logged set has a primary and a logger, not {members} members")]
+    LoggedMembers { members: usize },
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// A logger made primary whose backup missed records: the vRegion is lost.
+    #[error("the backup of vRegion {idx} of process {pid} is not whole (its log skipped {skipped} records while full, or its first copy did not complete): the vRegion's pages were on its lost primary alone")]
+    LostWithPrimary { idx: u64, pid: u64, skipped: u64 },
+    #[error("mComponent {mcomp} has no room for the {pages} pages of vRegion {idx} it kept the backup of")]
+    NoRoomForBackup { mcomp: u32, pages: u64, idx: u64 },
+    #[error("page {addr:#x} is in no striped set here")]
+    NotStriped { addr: u64 },
+}
+
+impl Refuse for SetError {
+    fn code(&self) -> ErrCode {
+        match self {
+            SetError::BackupNotWhole { .. } | SetError::LostWithPrimary { .. } => ErrCode::Unreachable,
+            SetError::SpansLogs { .. }
+            | SetError::StripedMembers { .. }
+            | SetError::LoggedMembers { .. }
+            | SetError::NotStriped { .. } => ErrCode::Invalid,
+            SetError::Policy(e) => e.code(),
+            SetError::NoRoomForBackup { .. } => ErrCode::NoMemory,
+        }
+    }
+}
+
 impl<P: Peers> Mem<P> {
     /// Refuses older write-backs from now on, and answers once none of them is still
     /// forwarding its changes to a parity member.
@@ -32,7 +69,11 @@ impl<P: Peers> Mem<P> {
                 // A logger answers from its backup (a page rebuilt after a bad copy).
                 let l = g.logs[&idx].clone();
                 if !l.protects() {
-                    return Err(ERR::new(ErrCode::Unreachable, format!("the backup of vRegion {idx} is not whole (its log skipped {} records, or the copy that starts it is not complete)", l.skipped)));
+                    return Err(SetError::BackupNotWhole {
+                        idx,
+                        skipped: l.skipped,
+                    }
+                    .into());
                 }
                 let file = g.file(idx);
                 drop(g);
@@ -45,13 +86,11 @@ impl<P: Peers> Mem<P> {
                 });
             }
             if g.logs.range(r.from / vrs..=(r.end - 1) / vrs).next().is_some() {
-                return Err(ERR::new(
-                    ErrCode::Invalid,
-                    format!(
-                        "{:#x}..{:#x} spans vRegions this mComponent keeps backup logs of",
-                        r.from, r.end
-                    ),
-                ));
+                return Err(SetError::SpansLogs {
+                    from: r.from,
+                    end: r.end,
+                }
+                .into());
             }
         }
         let range = r.from / PAGE..r.end / PAGE;
@@ -111,23 +150,17 @@ impl<P: Peers> Mem<P> {
             log,
         } = r;
         if set.data > 0 && set.owners.len() != set.data as usize + 1 {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "a striped set of {} data members has {} members",
-                    set.data,
-                    set.owners.len()
-                ),
-            ));
+            return Err(SetError::StripedMembers {
+                data: set.data,
+                members: set.owners.len(),
+            }
+            .into());
         }
         if set.log.is_some() && (set.data > 0 || set.owners.is_empty() || set.owners.len() > 2) {
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "a logged set has a primary and a logger, not {} members",
-                    set.owners.len()
-                ),
-            ));
+            return Err(SetError::LoggedMembers {
+                members: set.owners.len(),
+            }
+            .into());
         }
         if set.log.is_some() {
             return self.set_logged(who, set, creator, home, log);
@@ -135,7 +168,7 @@ impl<P: Peers> Mem<P> {
         if set.data > 0 {
             Replication::Ec { data: set.data }
                 .check_vregion_size(self.vrs())
-                .map_err(|e| ERR::new(ErrCode::Invalid, e))?;
+                .map_err(SetError::from)?;
         }
         let p = self.owner_from_home(&who, creator, None)?;
         let mut g = p.lock().unwrap();
@@ -231,13 +264,12 @@ impl<P: Peers> Mem<P> {
         let l = g.logs.get(&idx).cloned().expect("checked by the caller");
         if !l.protects() {
             crate::series::LOG_PROMOTIONS_REFUSED.increment(1);
-            return Err(ERR::new(
-                ErrCode::Unreachable,
-                format!(
-                    "the backup of vRegion {idx} of process {} is not whole (its log skipped {} records while full, or its first copy did not complete): the vRegion's pages were on its lost primary alone",
-                    g.pid, l.skipped
-                ),
-            ));
+            return Err(SetError::LostWithPrimary {
+                idx,
+                pid: g.pid,
+                skipped: l.skipped,
+            }
+            .into());
         }
         let vrs = self.vrs();
         let pages: Vec<(u64, ByteBuf)> = self
@@ -251,13 +283,12 @@ impl<P: Peers> Mem<P> {
         let charged = !self.charges_mappings();
         if charged && !self.room.take_pages(&g.vnode, n * PAGE) {
             self.c.out_of_memory.fetch_add(1, Relaxed);
-            return Err(ERR::new(
-                ErrCode::NoMemory,
-                format!(
-                    "mComponent {} has no room for the {n} pages of vRegion {idx} it kept the backup of",
-                    self.peers.id()
-                ),
-            ));
+            return Err(SetError::NoRoomForBackup {
+                mcomp: self.peers.id(),
+                pages: n,
+                idx,
+            }
+            .into());
         }
         g.logs.remove(&idx);
         let mut held = 0;
@@ -285,12 +316,10 @@ impl<P: Peers> Mem<P> {
         let vrs = self.vrs();
         for (vpn, d) in &r.deltas {
             sealed_size(d)?;
-            let row = g.striped(*vpn, vrs).map(|s| s.row(*vpn)).ok_or_else(|| {
-                ERR::new(
-                    ErrCode::Invalid,
-                    format!("page {:#x} is in no striped set here", vpn * PAGE),
-                )
-            })?;
+            let row = g
+                .striped(*vpn, vrs)
+                .map(|s| s.row(*vpn))
+                .ok_or(SetError::NotStriped { addr: vpn * PAGE })?;
             let zero = {
                 let parity = g.parity.entry(row).or_insert_with(|| {
                     self.room.add_pages(&r.who.vnode, PAGE);

@@ -21,7 +21,7 @@ pub(super) mod grants;
 mod mounts;
 mod ops;
 
-pub use mounts::Mounts;
+pub use mounts::{MountError, Mounts};
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -36,7 +36,7 @@ use fuser::{
 };
 use serde_bytes::ByteBuf;
 use splitos_rpc::Request as RpcRequest;
-use splitos_rpc::{ErrCode, FileAttr, FileKind, Refusal, RpcError, SetAttr, ERR, NAME_MAX, PAGE_SIZE};
+use splitos_rpc::{ErrCode, FileAttr, FileKind, Refuse, RpcError, SetAttr, NAME_MAX, PAGE_SIZE};
 use splitos_rpc::{
     P2G_FILE_CACHE, P2G_VNODE_STORAGE, P2M_FILE_FORGET, P2M_FILE_READ, P2M_FILE_SETSIZE, P2M_FILE_STAT, P2M_FILE_SYNC,
     P2M_FILE_WRITE,

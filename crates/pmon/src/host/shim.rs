@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{
-    ErrCode, Refusal, Request, VmaInfo, Who, ERR, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK, P2M_MMAP,
-    P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
+    ErrCode, Refusal, Refuse, Request, VmaInfo, Who, G2P_HOME, P2G_PICK_HOME, P2M_DONTNEED, P2M_EXIT, P2M_FORK,
+    P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
 };
 use splitos_shim_abi::{
     uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM,
@@ -29,6 +29,38 @@ use super::huge::HugeHeap;
 use super::reuse::HeapReuse;
 use super::uffd::PAGE;
 use crate::fs::grants::PeerCred;
+use crate::fs::MountError;
+
+/// Why a program that connected is not admitted.
+#[derive(Debug, thiserror::Error)]
+enum AdmitError {
+    #[error("cannot keep the program's connection: {0}")]
+    Connection(std::io::Error),
+    #[error("cannot track the writes of program {pid}: {error}")]
+    Track { pid: i32, error: std::io::Error },
+    /// Its pid is another process's now, perhaps: no program to serve.
+    #[error("process {pid} that connected has ended")]
+    Ended { pid: i32 },
+    #[error("program {pid} handed over a descriptor that is not a userfaultfd as its heap's")]
+    NotUserfaultfd { pid: i32 },
+    #[error("a forked child is its parent's user's")]
+    OtherUsersChild,
+    #[error("no forked child {token}")]
+    NoForkedChild { token: u64 },
+    #[error("cannot create an eventfd: {0}")]
+    Eventfd(std::io::Error),
+}
+
+impl Refuse for AdmitError {
+    fn code(&self) -> ErrCode {
+        match self {
+            AdmitError::Connection(_) | AdmitError::Track { .. } | AdmitError::Eventfd(_) => ErrCode::Internal,
+            AdmitError::Ended { .. } | AdmitError::OtherUsersChild => ErrCode::Denied,
+            AdmitError::NotUserfaultfd { .. } => ErrCode::Invalid,
+            AdmitError::NoForkedChild { .. } => ErrCode::NotFound,
+        }
+    }
+}
 use crate::{Pcomp, PendingChild, Proc};
 use splitos_core::config::{DirtyTracking, InterleaveRatio, Size};
 use splitos_excache::dirty::Tracker;
@@ -350,7 +382,7 @@ impl Pcomp {
         };
         let (proc_, _program) = match s
             .try_clone()
-            .map_err(|e| ERR::new(ErrCode::Internal, e.to_string()))
+            .map_err(|e| AdmitError::Connection(e).into())
             .and_then(|conn| self.admit(&hello, &peer, uffd_fd, memfd, conn, start))
         {
             Ok((p, vmas, slot)) => {
@@ -413,7 +445,7 @@ impl Pcomp {
 
     /// The interleaving a launcher's hello chose for its run (`None`: the pComponent's),
     /// checked as the pComponent's own against the ExCache as it is now.
-    fn job_interleave(&self, h: &Hello) -> Result<Option<Option<Interleave>>, String> {
+    fn job_interleave(&self, h: &Hello) -> Result<Option<Option<Interleave>>, splitos_core::config::ConfigError> {
         if h.interleave_of == 0 {
             return Ok(None);
         }
@@ -432,10 +464,10 @@ impl Pcomp {
         let dir = match self.mounts.mount(vnode) {
             Ok(d) => d.into_os_string().into_encoded_bytes(),
             // A cluster without sComponents has no files to show.
-            Err(e) if e.code == ErrCode::Unreachable => Vec::new(),
+            Err(MountError::NoStorage(_)) => Vec::new(),
             Err(e) => {
                 tracing::warn!(vnode, error = %e, "cannot mount a vNode for a launcher");
-                let _ = reply(&mut s, -(e.code.errno() as i64), 0, 0);
+                let _ = reply(&mut s, -(e.code().errno() as i64), 0, 0);
                 return;
             }
         };
@@ -487,31 +519,19 @@ impl Pcomp {
         // Before anything exists for it: a program whose writes cannot be tracked is refused.
         let tracker = match self.cfg.dirty_tracking {
             DirtyTracking::Fault => None,
-            DirtyTracking::Scan => Some(Tracker::open(peer.pid, h.region_base).map_err(|e| {
-                ERR::new(
-                    ErrCode::Internal,
-                    format!("cannot track the writes of program {}: {e}", peer.pid),
-                )
-            })?),
+            DirtyTracking::Scan => Some(
+                Tracker::open(peer.pid, h.region_base).map_err(|error| AdmitError::Track { pid: peer.pid, error })?,
+            ),
         };
         // The pid is the process's only while it lives: one that connected and ended (its
         // pid perhaps another's now) is no program to serve. Checked after the page tables
         // above were opened by that pid.
         if !peer.alive() {
-            return Err(ERR::new(
-                ErrCode::Denied,
-                format!("process {} that connected has ended", peer.pid),
-            ));
+            return Err(AdmitError::Ended { pid: peer.pid }.into());
         }
         if !super::uffd::is_userfaultfd(&uffd_fd) {
             crate::series::FAULT_SOURCES_REFUSED.increment(1);
-            return Err(ERR::new(
-                ErrCode::Invalid,
-                format!(
-                    "program {} handed over a descriptor that is not a userfaultfd as its heap's",
-                    peer.pid
-                ),
-            ));
+            return Err(AdmitError::NotUserfaultfd { pid: peer.pid }.into());
         }
         let (pid, child) = match start {
             Start::Forked(token) => {
@@ -520,9 +540,9 @@ impl Pcomp {
                     Some(c) if c.uid == peer.uid => (token, c),
                     Some(c) => {
                         pending.insert(token, c);
-                        return Err(ERR::new(ErrCode::Denied, "a forked child is its parent's user's"));
+                        return Err(AdmitError::OtherUsersChild.into());
                     }
-                    None => return Err(ERR::new(ErrCode::NotFound, format!("no forked child {token}"))),
+                    None => return Err(AdmitError::NoForkedChild { token }.into()),
                 }
             }
             Start::New { vnode, program } => {
@@ -565,10 +585,7 @@ impl Pcomp {
         // SAFETY: eventfd(2) takes no pointers; its result is checked before it is owned.
         let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if stop < 0 {
-            return Err(ERR::new(
-                ErrCode::Internal,
-                format!("cannot create an eventfd: {}", std::io::Error::last_os_error()),
-            ));
+            return Err(AdmitError::Eventfd(std::io::Error::last_os_error()).into());
         }
         // SAFETY: `stop` is a fresh descriptor that nothing else owns.
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };

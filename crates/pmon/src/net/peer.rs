@@ -159,10 +159,13 @@ impl NetStub {
                 }
                 Ok(OK)
             }),
-            other => Msg::ERR(ERR::new(
-                ErrCode::Invalid,
-                format!("the socket stub does not handle {}", other.name()),
-            )),
+            other => Msg::ERR(
+                Unhandled {
+                    by: "the socket stub does",
+                    msg: other.name(),
+                }
+                .into(),
+            ),
         }
     }
 

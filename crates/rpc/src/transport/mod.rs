@@ -92,21 +92,34 @@ impl Default for TransportConfig {
 /// `shm`: shared memory to components on this host, TCP to the others; `tcp`: TCP to all.
 pub const KINDS: &[&str] = &["shm", "tcp"];
 
+/// Why a transport's or a component's serving configuration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("transport.kind: unknown transport {0:?} (known: {known})", known = KINDS.join(", "))]
+    UnknownKind(String),
+    #[error("[transport.tcp] max_connections, max_connections_per_peer, max_in_flight and frame_timeout_ms must be at least 1")]
+    TcpLimits,
+    #[error("[transport.shm] max_channels_per_peer must be at least 1")]
+    ShmChannels,
+    #[error("serving.cores: at least one loop")]
+    NoCores,
+    #[error("serving.linger_us: {0} is above {max} (a loop that lingers that long polls: waiting = \"poll\")", max = crate::serving::MAX_LINGER_US)]
+    Linger(u64),
+    #[error("serving: {0}")]
+    Loop(splitos_ebb::event::LoopError),
+}
+
 impl TransportConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TransportError> {
         if !KINDS.contains(&self.kind.as_str()) {
-            return Err(format!(
-                "transport.kind: unknown transport {:?} (known: {})",
-                self.kind,
-                KINDS.join(", ")
-            ));
+            return Err(TransportError::UnknownKind(self.kind.clone()));
         }
         self.tcp.validate()?;
         self.shm.validate()
     }
 
     /// The transport this configuration names, proving `creds` on every connection.
-    pub fn build(&self, creds: Option<Arc<Credentials>>) -> Result<Arc<dyn Transport>, String> {
+    pub fn build(&self, creds: Option<Arc<Credentials>>) -> Result<Arc<dyn Transport>, TransportError> {
         self.validate()?;
         match self.kind.as_str() {
             "tcp" => Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling, creds))),
@@ -119,7 +132,7 @@ impl TransportConfig {
                     Ok(Arc::new(TcpTransport::new(self.tcp.clone(), self.polling, creds)))
                 }
             },
-            other => Err(format!("transport.kind: unknown transport {other:?}")),
+            other => Err(TransportError::UnknownKind(other.to_string())),
         }
     }
 }

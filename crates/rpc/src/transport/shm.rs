@@ -107,9 +107,9 @@ impl Default for ShmConfig {
 }
 
 impl ShmConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), super::TransportError> {
         if self.max_channels_per_peer == 0 {
-            return Err("[transport.shm] max_channels_per_peer must be at least 1".into());
+            return Err(super::TransportError::ShmChannels);
         }
         Ok(())
     }

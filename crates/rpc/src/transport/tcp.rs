@@ -97,13 +97,13 @@ impl Default for TcpConfig {
 }
 
 impl TcpConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), super::TransportError> {
         if self.max_connections == 0
             || self.max_connections_per_peer == 0
             || self.max_in_flight == 0
             || self.frame_timeout_ms == 0
         {
-            return Err("[transport.tcp] max_connections, max_connections_per_peer, max_in_flight and frame_timeout_ms must be at least 1".into());
+            return Err(super::TransportError::TcpLimits);
         }
         Ok(())
     }

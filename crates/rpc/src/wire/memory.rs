@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use super::{ComponentRef, PAGE_SIZE};
+use super::{ComponentRef, ErrCode, PAGE_SIZE};
 
 /// A heap page as it travels and as its owner keeps it: its `PAGE_SIZE` bytes, then the
 /// CRC-32C of those bytes (little-endian), made by the pComponent that writes the page back
@@ -90,14 +90,11 @@ pub enum Overcommit {
 impl Overcommit {
     pub const NAMES: &'static str = "heuristic, strict";
 
-    pub fn from_name(name: &str) -> Result<Overcommit, String> {
+    pub fn from_name(name: &str) -> Result<Overcommit, PolicyError> {
         match name {
             "heuristic" => Ok(Overcommit::Heuristic),
             "strict" => Ok(Overcommit::Strict),
-            other => Err(format!(
-                "unknown overcommit mode \"{other}\" (one of {})",
-                Overcommit::NAMES
-            )),
+            other => Err(PolicyError::UnknownOvercommit(other.to_string())),
         }
     }
 
@@ -106,6 +103,30 @@ impl Overcommit {
             Overcommit::Heuristic => "heuristic",
             Overcommit::Strict => "strict",
         }
+    }
+}
+
+/// Why a memory policy, as a configuration or a command line names it, is not one the cluster
+/// has; a vRegion size that a replication cannot stripe is refused with it too.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("unknown overcommit mode \"{0}\" (one of {names})", names = Overcommit::NAMES)]
+    UnknownOvercommit(String),
+    #[error("replication \"{0}\": the number of data mComponents per parity must be 2, 4 or 8 (a vRegion's pages divide evenly)")]
+    EcData(String),
+    #[error("unknown replication scheme \"{0}\" (one of {names})", names = Replication::NAMES)]
+    UnknownReplication(String),
+    #[error("replication {replication} stripes a vRegion in rows of {row} bytes: a vRegion of {bytes} bytes is not a multiple of that")]
+    VregionSize {
+        replication: Replication,
+        row: u64,
+        bytes: u64,
+    },
+}
+
+impl crate::Refuse for PolicyError {
+    fn code(&self) -> ErrCode {
+        ErrCode::Invalid
     }
 }
 
@@ -134,7 +155,7 @@ impl Replication {
     pub const NAMES: &'static str =
         "none, replica, log, ec, ec:K (K data mComponents per parity: 2, 4 or 8; ec is ec:4)";
 
-    pub fn from_name(name: &str) -> Result<Replication, String> {
+    pub fn from_name(name: &str) -> Result<Replication, PolicyError> {
         match name {
             "none" => Ok(Replication::None),
             "replica" => Ok(Replication::Replica),
@@ -142,8 +163,8 @@ impl Replication {
             "log" => Ok(Replication::Log),
             other => match other.strip_prefix("ec:").map(str::parse::<u32>) {
                 Some(Ok(data @ (2 | 4 | 8))) => Ok(Replication::Ec { data }),
-                Some(_) => Err(format!("replication \"{other}\": the number of data mComponents per parity must be 2, 4 or 8 (a vRegion's pages divide evenly)")),
-                None => Err(format!("unknown replication scheme \"{other}\" (one of {})", Replication::NAMES)),
+                Some(_) => Err(PolicyError::EcData(other.to_string())),
+                None => Err(PolicyError::UnknownReplication(other.to_string())),
             },
         }
     }
@@ -163,10 +184,14 @@ impl Replication {
     }
 
     /// A vRegion of `bytes` must hold whole rows of a striped set.
-    pub fn check_vregion_size(self, bytes: u64) -> Result<(), String> {
+    pub fn check_vregion_size(self, bytes: u64) -> Result<(), PolicyError> {
         let row = self.data() as u64 * STRIPE_PAGES * PAGE_SIZE as u64;
         if row > 0 && !bytes.is_multiple_of(row) {
-            return Err(format!("replication {self} stripes a vRegion in rows of {row} bytes: a vRegion of {bytes} bytes is not a multiple of that"));
+            return Err(PolicyError::VregionSize {
+                replication: self,
+                row,
+                bytes,
+            });
         }
         Ok(())
     }

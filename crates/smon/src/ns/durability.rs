@@ -23,16 +23,9 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The storage directory is open in another process (its database is locked): that process
 /// may share it ([`crate`]), this one cannot open it too.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("storage directory {} is in use by another process", .0.display())]
 pub struct InUse(pub std::path::PathBuf);
-
-impl std::fmt::Display for InUse {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "storage directory {} is in use by another process", self.0.display())
-    }
-}
-
-impl std::error::Error for InUse {}
 
 impl Store {
     /// Opens (or creates) the store under `dir`. Inodes detached by an earlier run and never

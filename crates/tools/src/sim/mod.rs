@@ -23,7 +23,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use model::{Kind, Model, Need, Spec, Topology};
+use model::{Kind, Model, Need, Spec, SpecError, Topology};
 use replay::{fill, replay, Fill, ModelReport, Workload};
 use splitos_core::config::{PlacementPolicy, Size};
 use trace::{Columns, Node, TaskList, TaskStats};
@@ -97,10 +97,8 @@ pub struct SimArgs {
 /// The most units a scaled-up cluster may have.
 const MAX_UNITS: usize = (1 << 24) - 1;
 
-fn parse_window(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s
-        .split_once(':')
-        .ok_or("expected START:END (seconds; either may be left out)")?;
+fn parse_window(s: &str) -> Result<(f64, f64), SpecError> {
+    let (a, b) = s.split_once(':').ok_or(SpecError::NotAWindow)?;
     let num = |x: &str, default: f64| {
         if x.trim().is_empty() {
             Ok(default)
@@ -109,12 +107,12 @@ fn parse_window(s: &str) -> Result<(f64, f64), String> {
                 .parse::<f64>()
                 .ok()
                 .filter(|v| !v.is_nan())
-                .ok_or_else(|| format!("`{x}` is not a number of seconds"))
+                .ok_or_else(|| SpecError::NotSeconds(x.to_string()))
         }
     };
     let (a, b) = (num(a, f64::NEG_INFINITY)?, num(b, f64::INFINITY)?);
     if a >= b {
-        return Err(format!("the window's start {a} is not before its end {b}"));
+        return Err(SpecError::EmptyWindow { start: a, end: b });
     }
     Ok((a, b))
 }
@@ -159,7 +157,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let shown: Vec<Kind> = args
         .models
         .split(',')
-        .map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::msg))
+        .map(|s| Kind::parse(s.trim()).map_err(anyhow::Error::new))
         .collect::<anyhow::Result<_>>()?;
     if let Some(k) = shown.iter().find(|k| shown.iter().filter(|x| x == k).count() > 1) {
         bail!("--models: `{}` is named twice", k.name());
@@ -169,7 +167,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if !kinds.contains(&Kind::Fixed) {
         kinds.insert(0, Kind::Fixed);
     }
-    placement::rule(args.placement).map_err(anyhow::Error::msg)?;
+    placement::rule(args.placement).map_err(anyhow::Error::new)?;
     if !(args.excache_share > 0.0 && args.excache_share < 1.0) {
         bail!(
             "--excache-share must be between 0 and 1 (exclusive), not {}",
@@ -240,7 +238,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         .collect();
     let models: Vec<Model> = specs
         .into_iter()
-        .map(|s| Model::new(s, &nodes, w.len(), args.placement).map_err(anyhow::Error::msg))
+        .map(|s| Model::new(s, &nodes, w.len(), args.placement).map_err(anyhow::Error::new))
         .collect::<anyhow::Result<_>>()?;
     // A task no module of a model can ever hold stops the run, naming it, unless the user
     // asked to count such tasks. The baseline replayed without being asked for counts them.

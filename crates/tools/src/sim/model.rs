@@ -22,6 +22,34 @@ use super::pool::{Amount, Pool, CPU, LINKS, MEM};
 use super::trace::Node;
 use splitos_core::config::PlacementPolicy;
 
+/// Why the simulator's models, topology, placement or window, as its command line gives
+/// them, are not ones it can run.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("unknown model `{0}` (one of: {models})", models = MODELS.join(", "))]
+    UnknownModel(String),
+    #[error("topology `{0}`: expected links:N or racks:N")]
+    NotAConstraint(String),
+    #[error("topology `{part}`: `{value}` is not a positive number")]
+    NotPositive { part: String, value: String },
+    #[error("topology `{0}`: too many links")]
+    TooManyLinks(String),
+    #[error("topology `{part}`: unknown constraint `{key}` (links or racks)")]
+    UnknownConstraint { part: String, key: String },
+    #[error(
+        "topology racks:{racks}: more racks than compute units ({units}), memory modules ({modules}) or {MAX_RACKS}"
+    )]
+    TooManyRacks { racks: usize, units: usize, modules: usize },
+    #[error("placement `{0}` orders units by hops on the global managers' topology graph, which the simulator has not (one of: {known}; --topology racks:N keeps memory in its rack)", known = super::placement::PLACEMENTS.map(|p| p.to_string()).join(", "))]
+    Placement(PlacementPolicy),
+    #[error("expected START:END (seconds; either may be left out)")]
+    NotAWindow,
+    #[error("`{0}` is not a number of seconds")]
+    NotSeconds(String),
+    #[error("the window's start {start} is not before its end {end}")]
+    EmptyWindow { start: f64, end: f64 },
+}
+
 pub const MODELS: [&str; 3] = ["fixed", "disaggregated", "splitos"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,12 +68,12 @@ impl Kind {
         }
     }
 
-    pub fn parse(s: &str) -> Result<Kind, String> {
+    pub fn parse(s: &str) -> Result<Kind, SpecError> {
         match s {
             "fixed" => Ok(Kind::Fixed),
             "disaggregated" => Ok(Kind::Disaggregated),
             "splitos" => Ok(Kind::Splitos),
-            other => Err(format!("unknown model `{other}` (one of: {})", MODELS.join(", "))),
+            other => Err(SpecError::UnknownModel(other.to_string())),
         }
     }
 }
@@ -60,26 +88,30 @@ pub struct Topology {
 }
 
 impl std::str::FromStr for Topology {
-    type Err = String;
+    type Err = SpecError;
     /// `links:N`, `racks:N`, both (`links:16,racks:8`), or `none`.
-    fn from_str(s: &str) -> Result<Topology, String> {
+    fn from_str(s: &str) -> Result<Topology, SpecError> {
         let mut t = Topology::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty() && *p != "none") {
             let (k, v) = part
                 .split_once(':')
-                .ok_or_else(|| format!("topology `{part}`: expected links:N or racks:N"))?;
+                .ok_or_else(|| SpecError::NotAConstraint(part.to_string()))?;
             let n: u64 = v
                 .parse()
                 .ok()
                 .filter(|n| *n > 0)
-                .ok_or_else(|| format!("topology `{part}`: `{v}` is not a positive number"))?;
+                .ok_or_else(|| SpecError::NotPositive {
+                    part: part.to_string(),
+                    value: v.to_string(),
+                })?;
             match k {
-                "links" => t.links = Some(u32::try_from(n).map_err(|_| format!("topology `{part}`: too many links"))?),
+                "links" => t.links = Some(u32::try_from(n).map_err(|_| SpecError::TooManyLinks(part.to_string()))?),
                 "racks" => t.racks = Some(n as usize),
                 other => {
-                    return Err(format!(
-                        "topology `{part}`: unknown constraint `{other}` (links or racks)"
-                    ))
+                    return Err(SpecError::UnknownConstraint {
+                        part: part.to_string(),
+                        key: other.to_string(),
+                    })
                 }
             }
         }
@@ -164,7 +196,7 @@ fn excache(mem: u64, share: f64) -> u64 {
 }
 
 impl Model {
-    pub fn new(spec: Spec, nodes: &[Node], tasks: usize, placement: PlacementPolicy) -> Result<Model, String> {
+    pub fn new(spec: Spec, nodes: &[Node], tasks: usize, placement: PlacementPolicy) -> Result<Model, SpecError> {
         let links = spec.topology.links.map_or(0, u64::from);
         let total_mem: u64 = nodes.iter().map(|n| n.mem).sum();
         let share = |mem: u64| match spec.kind {
@@ -184,10 +216,11 @@ impl Model {
             spec.memory_modules
         };
         if spec.kind != Kind::Fixed && racks > nodes.len().min(m).min(MAX_RACKS) {
-            return Err(format!(
-                "topology racks:{racks}: more racks than compute units ({}), memory modules ({m}) or {MAX_RACKS}",
-                nodes.len()
-            ));
+            return Err(SpecError::TooManyRacks {
+                racks,
+                units: nodes.len(),
+                modules: m,
+            });
         }
         let n = nodes.len();
         let part = splitos_core::topology::Graph::racks(n, m, racks, rack_of).parts();

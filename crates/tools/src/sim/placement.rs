@@ -12,13 +12,10 @@ pub const PLACEMENTS: [PlacementPolicy; 3] = [
     PlacementPolicy::FirstFit,
 ];
 
-pub fn rule(placement: PlacementPolicy) -> Result<&'static dyn Placement, String> {
+pub fn rule(placement: PlacementPolicy) -> Result<&'static dyn Placement, super::model::SpecError> {
     if PLACEMENTS.contains(&placement) {
         Ok(placement.rule())
     } else {
-        Err(format!(
-            "placement `{placement}` orders units by hops on the global managers' topology graph, which the simulator has not (one of: {}; --topology racks:N keeps memory in its rack)",
-            PLACEMENTS.map(|p| p.to_string()).join(", ")
-        ))
+        Err(super::model::SpecError::Placement(placement))
     }
 }

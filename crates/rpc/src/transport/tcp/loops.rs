@@ -21,6 +21,29 @@ use crate::refusals::Refusals;
 use crate::server::{Dispatcher, Peer};
 use crate::wire::{FrameKind, Msg, MAX_BODY};
 
+/// Why the loop closes a connection. The peer's own end is no fault of it, and not logged.
+#[derive(Debug, thiserror::Error)]
+enum Closing {
+    #[error("the peer closed the connection")]
+    PeerLeft,
+    #[error("the peer closed in the middle of a frame")]
+    MidFrame,
+    #[error("the peer takes no more bytes")]
+    TakesNoMore,
+    #[error("reply not delivered: {0}")]
+    Undelivered(io::Error),
+    #[error("{0}")]
+    Io(io::Error),
+    #[error("unsolicited reply frame {0}")]
+    Unsolicited(u64),
+    #[error("rejected malformed frame: {0}")]
+    Malformed(crate::frame::FrameError),
+    #[error("an answer of {0} bytes exceeds the frame bound")]
+    TooLarge(usize),
+    #[error("a frame did not arrive, or answers were not taken, in time")]
+    Late,
+}
+
 /// Bytes read from the socket at a time.
 const READ_STEP: usize = 64 << 10;
 
@@ -59,7 +82,7 @@ struct State {
     /// Requests handed to the dispatcher and not yet answered: the credits in use.
     in_flight: usize,
     /// Why the connection must close at its next turn (an answer that cannot be sent).
-    broken: Option<String>,
+    broken: Option<Closing>,
     closed: bool,
     token: Option<Token>,
     /// Whether the loop waits for the socket to take more of `out`.
@@ -223,7 +246,7 @@ impl LoopConn {
         let buf = encode(kind, req_id, msg);
         if buf.len() - crate::wire::FrameHeader::SIZE > MAX_BODY as usize {
             crate::series::REPLIES_UNDELIVERED.increment(1);
-            st.broken = Some(format!("an answer of {} bytes exceeds the frame bound", buf.len()));
+            st.broken = Some(Closing::TooLarge(buf.len()));
             return;
         }
         let Some(session) = &self.session else {
@@ -232,7 +255,7 @@ impl LoopConn {
         let mut sealed = Vec::new();
         for chunk in buf.chunks(auth::RECORD) {
             if let Err(e) = session.seal(st.sent, chunk, &mut sealed) {
-                st.broken = Some(e.to_string());
+                st.broken = Some(Closing::Io(e));
                 return;
             }
             st.sent += 1;
@@ -241,10 +264,10 @@ impl LoopConn {
         }
     }
 
-    fn write_out(&self, st: &mut State) -> Result<(), String> {
+    fn write_out(&self, st: &mut State) -> Result<(), Closing> {
         while st.out_at < st.out.len() {
             match (&self.s).write(&st.out[st.out_at..]) {
-                Ok(0) => return Err("the peer takes no more bytes".into()),
+                Ok(0) => return Err(Closing::TakesNoMore),
                 Ok(n) => {
                     st.out_at += n;
                     st.stalled_since = None;
@@ -253,7 +276,7 @@ impl LoopConn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     crate::series::REPLIES_UNDELIVERED.increment(1);
-                    return Err(format!("reply not delivered: {e}"));
+                    return Err(Closing::Undelivered(e));
                 }
             }
         }
@@ -273,7 +296,7 @@ impl LoopConn {
                 Interest::READABLE
             };
             if let Some(t) = st.token {
-                event::reregister(&mut SourceFd(&self.s.as_raw_fd()), t, interest).map_err(|e| e.to_string())?;
+                event::reregister(&mut SourceFd(&self.s.as_raw_fd()), t, interest).map_err(Closing::Io)?;
             }
             st.writable = pending;
         }
@@ -282,7 +305,7 @@ impl LoopConn {
 
     /// Takes whole frames while credits last and answers are not piling up, reading the
     /// socket (to its end, as the loop's readiness is edge-triggered) when it needs more.
-    fn read_in(&self, st: &mut State, requests: &mut Vec<(u64, Msg)>) -> Result<(), String> {
+    fn read_in(&self, st: &mut State, requests: &mut Vec<(u64, Msg)>) -> Result<(), Closing> {
         loop {
             while st.in_flight + requests.len() < self.max_in_flight && st.out.len() - st.out_at < OUT_HIGH_WATER {
                 match parse_frame(&st.plain[st.at..]) {
@@ -292,14 +315,14 @@ impl LoopConn {
                         st.awaiting_first = false;
                         if f.kind != FrameKind::Request {
                             crate::series::FRAMES_REJECTED.increment(1);
-                            return Err(format!("unsolicited reply frame {}", f.req_id));
+                            return Err(Closing::Unsolicited(f.req_id));
                         }
                         requests.push((f.req_id, f.msg));
                     }
                     Ok(None) => break,
                     Err(e) => {
                         crate::series::FRAMES_REJECTED.increment(1);
-                        return Err(format!("rejected malformed frame: {e}"));
+                        return Err(Closing::Malformed(e));
                     }
                 }
             }
@@ -319,15 +342,13 @@ impl LoopConn {
             }
             match self.read_some(st) {
                 // The peer's end, as on a thread: what it still had in flight is not answered.
-                Ok(0) if st.at < st.plain.len() || !st.raw.is_empty() => {
-                    return Err("the peer closed in the middle of a frame".into())
-                }
-                Ok(0) => return Err(String::new()),
+                Ok(0) if st.at < st.plain.len() || !st.raw.is_empty() => return Err(Closing::MidFrame),
+                Ok(0) => return Err(Closing::PeerLeft),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(String::new()),
-                Err(e) => return Err(e.to_string()),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(Closing::PeerLeft),
+                Err(e) => return Err(Closing::Io(e)),
             }
         }
     }
@@ -393,7 +414,7 @@ impl LoopConn {
                     .any(|t| t.elapsed() >= c.frame_timeout);
                 if late {
                     crate::series::FRAMES_TIMED_OUT.increment(1);
-                    c.close(&mut st, "a frame did not arrive, or answers were not taken, in time");
+                    c.close(&mut st, &Closing::Late);
                 } else {
                     c.watch_time(&mut st);
                 }
@@ -401,15 +422,15 @@ impl LoopConn {
         );
     }
 
-    fn close(&self, st: &mut State, why: &str) {
+    fn close(&self, st: &mut State, why: &Closing) {
         if st.closed {
             return;
         }
         st.closed = true;
-        if !why.is_empty() {
+        if !matches!(why, Closing::PeerLeft) {
             static CLOSED: Refusals = Refusals::new("closed a connection on an event loop");
             if CLOSED.log_this(super::host(&self.s)) {
-                tracing::warn!(peer = %self.addr, why, "closing that connection, still serving others");
+                tracing::warn!(peer = %self.addr, why = %why, "closing that connection, still serving others");
             }
         }
         if let Some(t) = st.token.take() {
