@@ -11,7 +11,8 @@ reported. Unit-test binaries run whole, as `cargo test` would run them.
 
 Tests whose result depends on having the machine to themselves (they measure timing or
 change machine-wide settings such as swap) are listed in tests/alone.txt: they run after the
-pool drains, one at a time, with nothing else beside them. Nothing is skipped: every test of
+pool drains, one at a time, with nothing else beside them; those on one line of
+tests/apart.txt run in the pool but never beside one another. Nothing is skipped: every test of
 every binary runs, and a test that fails is reported with its whole output.
 """
 
@@ -33,6 +34,7 @@ KNOWN_TIMES = ROOT / "tests" / "test-times.json"
 # The CPU time each test and all it started used, where the machine lets the runner measure it.
 CPU = ROOT / "target" / "test-cpu.json"
 ALONE = ROOT / "tests" / "alone.txt"
+APART = ROOT / "tests" / "apart.txt"
 
 
 def lint_env():
@@ -95,11 +97,22 @@ def jobs_of(bins, filters):
     return jobs
 
 
-def alone_patterns():
-    if not ALONE.exists():
+def patterns(path):
+    """The lines of `path` without comments and blank lines."""
+    if not path.exists():
         return []
-    lines = (line.split("#", 1)[0].strip() for line in ALONE.read_text().splitlines())
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
     return [line for line in lines if line]
+
+
+def clashes(job, running, apart):
+    """Whether `job` may not start beside the `running` jobs: it matches one part of a line of
+    tests/apart.txt and a running one matches another part of it."""
+    for parts in apart:
+        mine = {p for p in parts if p in job["id"]}
+        if mine and any(p in r.job["id"] and p not in mine for r in running for p in parts):
+            return True
+    return False
 
 
 def comm_of(pid):
@@ -227,13 +240,18 @@ class Running:
         return self.log.read().decode(errors="replace")
 
 
-def run(jobs, slots, timeout, log_dir, results):
-    """Runs `jobs` (in the order given) `slots` at a time; fills `results`."""
+def run(jobs, slots, timeout, log_dir, results, apart=()):
+    """Runs `jobs` (in the order given, but none beside a job it must stay `apart` from)
+    `slots` at a time; fills `results`."""
     pending = list(jobs)
     running = []
     while pending or running:
-        while pending and len(running) < slots:
-            running.append(Running(pending.pop(0), log_dir))
+        while len(running) < slots:
+            job = next((j for j in pending if not clashes(j, running, apart)), None)
+            if job is None:
+                break
+            pending.remove(job)
+            running.append(Running(job, log_dir))
         time.sleep(0.05)
         for r in list(running):
             code = r.proc.poll()
@@ -265,7 +283,8 @@ def main():
     jobs = jobs_of(bins, args.filters)
     known = TIMES if TIMES.exists() else KNOWN_TIMES
     times = json.loads(known.read_text()) if known.exists() else {}
-    alone = alone_patterns()
+    alone = patterns(ALONE)
+    apart = [line.split() for line in patterns(APART)]
     solo = [j for j in jobs if any(p in j["id"] for p in alone)]
     pool = [j for j in jobs if j not in solo]
     # Longest first; a test never timed yet counts as long, so it does not start last.
@@ -275,7 +294,7 @@ def main():
     print(f"run-tests: built in {built:.0f} s; {len(pool)} jobs {args.jobs} at a time, then {len(solo)} alone", flush=True)
 
     results = {}
-    run(pool, args.jobs, args.timeout, log_dir, results)
+    run(pool, args.jobs, args.timeout, log_dir, results, apart)
     run(solo, 1, args.timeout, log_dir, results)
     Group.remove_parent()
 
