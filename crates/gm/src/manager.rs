@@ -28,12 +28,50 @@ impl Refuse for ManagerError {
     }
 }
 
+/// What a manager needs of the election to lead or follow (etcd.rs's `Election` in a running
+/// cluster): a seam, so that the answers of a follower, and of a leader whose lease lapses, are
+/// tested in process.
+pub(crate) trait Lead: Send + Sync {
+    /// Whether this manager leads now, its lease not lapsed.
+    fn leading(&self) -> bool;
+    /// Who leads, as this manager last saw it.
+    fn seen(&self) -> etcd::Seen;
+    /// Every manager's address.
+    fn managers(&self) -> Vec<String>;
+    /// The leader's last published status, if a manager of this cluster signed it.
+    fn published_status(&self) -> Option<Vec<u8>>;
+    /// Gives this manager's lease up, so that another may lead at once.
+    fn resign(&self);
+}
+
+impl Lead for etcd::Election {
+    fn leading(&self) -> bool {
+        etcd::Election::leading(self)
+    }
+
+    fn seen(&self) -> etcd::Seen {
+        etcd::Election::seen(self)
+    }
+
+    fn managers(&self) -> Vec<String> {
+        etcd::Election::managers(self)
+    }
+
+    fn published_status(&self) -> Option<Vec<u8>> {
+        etcd::Election::published_status(self)
+    }
+
+    fn resign(&self) {
+        etcd::Election::resign(self)
+    }
+}
+
 /// What answers the managers' address when they keep their state in etcd: the managers
 /// themselves while this one leads; before that, and after it stopped, a follower that answers
 /// who leads and reads (the leader's last status, the API tokens), and refuses the rest
 /// `NotLeader`.
 pub(crate) struct Manager {
-    pub(crate) election: Arc<etcd::Election>,
+    pub(crate) election: Arc<dyn Lead>,
     pub(crate) gm: std::sync::OnceLock<Arc<Gm>>,
     pub(crate) store: state::Store,
 }

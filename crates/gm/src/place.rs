@@ -252,15 +252,28 @@ impl Gm {
     }
 
     pub(super) fn vnode_storage(&self, r: P2G_VNODE_STORAGE) -> Result<G2P_STORAGE, Refusal> {
-        let scomp = rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or(PlaceError::NoSComponentAlive)?;
+        let scomp = self.storage_of(&r.vnode).ok_or(PlaceError::NoSComponentAlive)?;
         Ok(G2P_STORAGE { scomp })
     }
 
     /// Backup files go where the vNode's files are: one sComponent per vNode to reach.
     pub(super) fn backup_store(&self, r: M2G_BACKUP_STORE) -> Result<G2M_BACKUP_STORE, Refusal> {
-        let scomp =
-            rendezvous(self.comps().iter(), Role::Storage, &r.vnode).ok_or(PlaceError::NoSComponentForBackups)?;
+        let scomp = self.storage_of(&r.vnode).ok_or(PlaceError::NoSComponentForBackups)?;
         Ok(G2M_BACKUP_STORE { scomp })
+    }
+
+    /// GSM: the vNode's sComponent, by rendezvous among the alive ones; when none is, among
+    /// those only late (silent for less than `reclaim_dead`), as a late mComponent is waited
+    /// for: on a loaded host a heartbeat comes late, and the sComponent is still there.
+    fn storage_of(&self, vnode: &str) -> Option<ComponentRef> {
+        let comps = self.comps();
+        rendezvous(comps.iter().filter(|e| Gm::alive(e)), Role::Storage, vnode).or_else(|| {
+            rendezvous(
+                comps.iter().filter(|e| e.last.elapsed() < self.reclaim_dead),
+                Role::Storage,
+                vnode,
+            )
+        })
     }
 
     /// GNM: the nComponent whose interfaces hold a socket's address, or the vNode's own
@@ -289,7 +302,8 @@ impl Gm {
         if !comps.iter().any(|e| e.info.role == Role::Net) {
             return Err(PlaceError::NoNComponent.into());
         }
-        let ncomp = rendezvous(comps.iter(), Role::Net, &r.vnode).ok_or(PlaceError::NoNComponentAlive)?;
+        let ncomp = rendezvous(comps.iter().filter(|e| Gm::alive(e)), Role::Net, &r.vnode)
+            .ok_or(PlaceError::NoNComponentAlive)?;
         Ok(G2P_NET { ncomp })
     }
 
@@ -299,7 +313,7 @@ impl Gm {
         // file at once would each miss the other's writes.
         let comps = self.comps();
         let mcomp = rendezvous(
-            comps.iter().filter(|e| !e.files_gone),
+            comps.iter().filter(|e| Gm::alive(e) && !e.files_gone),
             Role::Mem,
             &format!("{}\0{}", r.vnode, r.ino),
         )
@@ -308,11 +322,12 @@ impl Gm {
     }
 }
 
-/// Rendezvous (highest random weight) choice among the live components of a role.
+/// Rendezvous (highest random weight) choice among the given components of a role (the callers
+/// say which count: the alive ones, mostly).
 fn rendezvous<'a>(comps: impl IntoIterator<Item = &'a Entry>, role: Role, key: &str) -> Option<ComponentRef> {
     comps
         .into_iter()
-        .filter(|e| e.info.role == role && Gm::alive(e))
+        .filter(|e| e.info.role == role)
         .max_by_key(|e| fnv1a(format!("{key}\0{}", e.info.addr).as_bytes()))
         .map(|e| ComponentRef {
             id: e.info.id,

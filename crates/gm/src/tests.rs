@@ -1,7 +1,10 @@
 //! The managers in process: membership, placement and what a restarted manager resumes, driven
 //! through the calls their dispatch table makes, on a state store in a temporary file. No
-//! component runs; a component's silence is made by ageing its last heartbeat.
+//! component runs; a component's silence is made by ageing its last heartbeat. The managers'
+//! own calls to components go through a transport of the test's ([`Components`]), and a
+//! follower's answers through an election of the test's ([`Election`]).
 use super::*;
+use manager::{Lead, Manager};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -10,29 +13,46 @@ struct Rig {
     gm: Arc<Gm>,
     args: GmArgs,
     dir: tempfile::TempDir,
+    t: Arc<dyn Transport>,
 }
 
 impl Rig {
     fn new(cluster: impl FnOnce(&mut splitos_core::config::GmConfig)) -> Rig {
         let mut args = GmArgs::for_test();
         cluster(&mut args.cluster);
-        let dir = tempfile::tempdir().unwrap();
-        let gm = Rig::open(&args, &dir);
-        Rig { gm, args, dir }
+        let t = args.process.transport.build(None).unwrap();
+        Rig::on(args, t)
     }
 
-    fn open(args: &GmArgs, dir: &tempfile::TempDir) -> Arc<Gm> {
-        let t = args.process.transport.build(None).unwrap();
-        let store = state::Store::for_test(&dir.path().join("managers.state"));
-        Gm::open(args, "127.0.0.1:7100", &t, store, None).unwrap()
+    /// Managers whose calls to components `answer` answers.
+    fn calling(answer: impl Fn(&str, &Msg) -> Result<Msg, RpcError> + Send + Sync + 'static) -> (Rig, Arc<Components>) {
+        let comps = Arc::new(Components {
+            calls: Mutex::default(),
+            answer: Box::new(answer),
+        });
+        (Rig::on(GmArgs::for_test(), comps.clone()), comps)
+    }
+
+    fn on(args: GmArgs, t: Arc<dyn Transport>) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let gm = Rig::open(&args, &dir, &t);
+        Rig { gm, args, dir, t }
+    }
+
+    fn open(args: &GmArgs, dir: &tempfile::TempDir, t: &Arc<dyn Transport>) -> Arc<Gm> {
+        Gm::open(args, "127.0.0.1:7100", t, Rig::store(dir), None).unwrap()
+    }
+
+    fn store(dir: &tempfile::TempDir) -> state::Store {
+        state::Store::for_test(&dir.path().join("managers.state"))
     }
 
     /// The managers stop and start again on the same state.
     fn restart(self) -> Rig {
-        let Rig { gm, args, dir } = self;
+        let Rig { gm, args, dir, t } = self;
         drop(gm);
-        let gm = Rig::open(&args, &dir);
-        Rig { gm, args, dir }
+        let gm = Rig::open(&args, &dir, &t);
+        Rig { gm, args, dir, t }
     }
 
     fn register(&self, role: Role, addr: &str, capacity: u64, id: u32) -> Result<u32, ErrCode> {
@@ -258,6 +278,20 @@ fn a_vnodes_scomponent_is_the_same_after_a_restart_and_moves_only_when_its_own_i
             false => assert_eq!(a, b, "only the silent one's vNodes move"),
         }
     }
+
+    // Every sComponent late (heartbeats delayed on a loaded host): each vNode keeps its own
+    // rather than being refused its files; once they are silent past `reclaim_dead`, none is.
+    for id in ids {
+        r.silent(id, HEARTBEAT * MISSED_BEATS + Duration::from_millis(100));
+    }
+    assert_eq!(storage(&r), before, "late sComponents keep their vNodes");
+    for id in ids {
+        r.silent(id, Duration::from_millis(r.args.cluster.reclaim_dead_ms + 100));
+    }
+    let refused = r.gm.vnode_storage(P2G_VNODE_STORAGE {
+        vnode: "vnode-0".into(),
+    });
+    assert_eq!(refused.map(|_| ()).map_err(|e| e.code), Err(ErrCode::Unreachable));
 }
 
 #[test]
@@ -355,4 +389,281 @@ fn a_detached_mcomponent_leaves_placement_one_at_a_time_and_is_told_to_exit_once
     assert!(r.gm.attach(m2).unwrap().leaving.is_none());
     r.used(m3, addrs[2], 500 * MIB);
     assert_eq!(r.pick(4 * MIB, &[]), Ok(m2), "attached, it takes memory again");
+}
+
+/// How the test's components answer a call: the address it went to, and the request.
+type Answer = Box<dyn Fn(&str, &Msg) -> Result<Msg, RpcError> + Send + Sync>;
+
+/// Components as the managers' calls meet them: every call is kept, in order, and answered by
+/// `answer`.
+struct Components {
+    calls: Mutex<Vec<(String, Msg)>>,
+    answer: Answer,
+}
+
+impl Components {
+    /// The calls made since the last look.
+    fn taken(&self) -> Vec<(String, Msg)> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+}
+
+impl Transport for Components {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
+    fn call(&self, addr: &str, msg: &Msg, _timeout: Duration) -> Result<Msg, RpcError> {
+        self.calls.lock().unwrap().push((addr.to_string(), msg.clone()));
+        (self.answer)(addr, msg)
+    }
+
+    fn listen(&self, addr: &str) -> std::io::Result<Box<dyn Endpoint>> {
+        Err(std::io::Error::other(format!(
+            "components in process listen nowhere ({addr})"
+        )))
+    }
+}
+
+fn job(pid: u64) -> JobInfo {
+    JobInfo {
+        pid,
+        os_pid: 4242,
+        uid: 1000,
+        user: "ann".into(),
+        vnode: "default".into(),
+        command: "sleep 60".into(),
+        started_unix_s: 0,
+        misses: 0,
+        evictions: 0,
+        writebacks: 0,
+    }
+}
+
+#[test]
+fn the_managers_calls_reach_the_component_named_and_bring_back_its_answer_or_refusal() {
+    let (r, comps) = Rig::calling(|addr, msg| match (addr, msg) {
+        ("10.0.0.1:7000", Msg::G2P_SET_EXCACHE(x)) if x.size == Some(1) => Ok(Msg::ERR(ERR::new(
+            ErrCode::Invalid,
+            "an ExCache of 1 byte holds no line",
+        ))),
+        ("10.0.0.1:7000", Msg::G2P_SET_EXCACHE(x)) => Ok(P2G_EXCACHE {
+            size: x.size.unwrap_or(0),
+            max: 1 << 30,
+            used: 0,
+            shares: Vec::new(),
+        }
+        .into()),
+        ("10.0.0.1:7000", Msg::G2P_SIGNAL(_)) => Ok(OK.into()),
+        ("10.0.0.1:7000", Msg::G2P_JOBS(_)) => Ok(P2G_JOBS { jobs: vec![job(7)] }.into()),
+        ("10.0.0.1:7000" | "10.0.0.3:7000", Msg::G2X_STATS(_)) => Ok(X2G_STATS {
+            json: format!("{{\"addr\": \"{addr}\"}}"),
+        }
+        .into()),
+        _ => Err(RpcError::Unreachable {
+            addr: addr.into(),
+            why: "it does not answer".into(),
+        }),
+    });
+    let (pa, qa, ma) = ("10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000");
+    let (p, q, m) = (
+        r.join(Role::Proc, pa, 0),
+        r.join(Role::Proc, qa, 0),
+        r.join(Role::Mem, ma, GIB),
+    );
+
+    // The ExCache of the pComponent named is resized; its refusal comes back as it was made.
+    assert_eq!(r.gm.set_excache(p, Some(64 * MIB), None).unwrap().size, 64 * MIB);
+    let calls = comps.taken();
+    assert!(
+        matches!(&calls[..], [(a, Msg::G2P_SET_EXCACHE(x))] if a == pa && x.size == Some(64 * MIB) && x.shares.is_none()),
+        "{calls:?}"
+    );
+    let refused = r.gm.set_excache(p, Some(1), None).unwrap_err();
+    assert_eq!(refused.code, ErrCode::Invalid);
+    assert!(refused.msg.contains("holds no line"), "{refused}");
+    // An mComponent has no ExCache, and nothing is sent to it.
+    comps.taken();
+    assert_eq!(r.gm.set_excache(m, Some(MIB), None).unwrap_err().code, ErrCode::Invalid);
+    assert!(comps.taken().is_empty());
+
+    // Programs are listed from every alive pComponent at once; one that does not answer is
+    // named with why.
+    let jobs = r.gm.jobs();
+    assert_eq!(jobs.running.len(), 1);
+    assert_eq!((jobs.running[0].0.id, jobs.running[0].1.pid), (p, 7));
+    assert_eq!(jobs.unanswered.len(), 1);
+    assert_eq!(jobs.unanswered[0].0.id, q);
+    assert!(
+        jobs.unanswered[0].1.contains("does not answer"),
+        "{:?}",
+        jobs.unanswered
+    );
+    let mut asked: Vec<String> = comps.taken().into_iter().map(|(a, _)| a).collect();
+    asked.sort();
+    assert_eq!(asked, [pa, qa]);
+
+    // A signal goes to the pComponent the program runs on.
+    r.gm.signal(&r.info(p).unwrap(), 7, libc::SIGTERM).unwrap();
+    let calls = comps.taken();
+    assert!(
+        matches!(&calls[..], [(a, Msg::G2P_SIGNAL(s))] if a == pa && s.pid == 7 && s.signal == libc::SIGTERM),
+        "{calls:?}"
+    );
+
+    // Statistics: every alive component is asked; a silent one is not, and shows none.
+    r.silent(q, HEARTBEAT * MISSED_BEATS + Duration::from_millis(100));
+    let status = r.gm.status();
+    let of = |id: u32| status.iter().find(|(c, _)| c.id == id).unwrap().1.clone();
+    assert_eq!(of(p).unwrap()["addr"], pa);
+    assert_eq!(of(m).unwrap()["addr"], ma);
+    assert_eq!(of(q), None);
+    let mut asked: Vec<String> = comps.taken().into_iter().map(|(a, _)| a).collect();
+    asked.sort();
+    assert_eq!(asked, [pa, ma]);
+    // Nor is a silent pComponent's ExCache resized.
+    assert_eq!(
+        r.gm.set_excache(q, Some(MIB), None).unwrap_err().code,
+        ErrCode::Unreachable
+    );
+    assert!(comps.taken().is_empty());
+}
+
+/// An election as the test has it: who leads, and whether this manager does, each time it is
+/// asked (the last answer kept once the others are taken).
+struct Election {
+    leader: Option<String>,
+    leads: Mutex<std::collections::VecDeque<bool>>,
+    published: Option<Vec<u8>>,
+}
+
+impl Lead for Election {
+    fn leading(&self) -> bool {
+        let mut leads = self.leads.lock().unwrap();
+        match leads.len() {
+            0 => false,
+            1 => leads[0],
+            _ => leads.pop_front().unwrap(),
+        }
+    }
+
+    fn seen(&self) -> etcd::Seen {
+        etcd::Seen {
+            leader: self.leader.clone(),
+            term: 3,
+        }
+    }
+
+    fn managers(&self) -> Vec<String> {
+        vec!["10.0.0.9:7100".into(), "10.0.0.10:7100".into()]
+    }
+
+    fn published_status(&self) -> Option<Vec<u8>> {
+        self.published.clone()
+    }
+
+    fn resign(&self) {}
+}
+
+fn manager(r: &Rig, leader: Option<&str>, leads: &[bool], published: Option<Vec<u8>>) -> Manager {
+    let m = Manager {
+        election: Arc::new(Election {
+            leader: leader.map(String::from),
+            leads: Mutex::new(leads.iter().copied().collect()),
+            published,
+        }),
+        gm: std::sync::OnceLock::new(),
+        store: r.gm.store.clone(),
+    };
+    let _ = m.gm.set(r.gm.clone());
+    m
+}
+
+fn refusal(answer: Msg) -> ERR {
+    match answer {
+        Msg::ERR(e) => e,
+        other => panic!("answered {} where a refusal was due", other.name()),
+    }
+}
+
+#[test]
+fn a_follower_answers_who_leads_and_reads_and_refuses_the_rest_naming_the_leader() {
+    let r = Rig::new(|_| {});
+    let leader = "10.0.0.9:7100";
+    let register = || {
+        Msg::from(X2G_REGISTER {
+            role: Role::Mem,
+            addr: "10.0.0.3:7000".into(),
+            shim_sock: None,
+            nics: Vec::new(),
+            load: Load::default(),
+            id: 0,
+            metrics: None,
+            standby: false,
+            ebbs: Vec::new(),
+        })
+    };
+    let token = r.gm.tokens.create("ops", true, Vec::new()).unwrap();
+    let status = G2C_STATUS {
+        components: Vec::new(),
+        vregion_size: GIB,
+        api: Some("10.0.0.9:7443".into()),
+        metrics: None,
+        leader: None,
+        managers: Vec::new(),
+    };
+    let f = manager(
+        &r,
+        Some(leader),
+        &[false],
+        Some(postcard::to_allocvec(&status).unwrap()),
+    );
+
+    // A change is refused, naming the leader to send it to; nothing reached the managers' state.
+    let e = refusal(f.handle(register()));
+    assert_eq!(e.code, ErrCode::NotLeader);
+    assert!(e.msg.contains(leader), "{e}");
+    assert!(r.gm.snapshot().is_empty());
+    match f.handle(X2G_WHO_LEADS.into()) {
+        Msg::G2X_LEADER(l) => assert_eq!((l.leader.as_deref(), l.term), (Some(leader), 3)),
+        other => panic!("{}", other.name()),
+    }
+    // Reads: the leader's published status, with who leads and every manager; API tokens.
+    match f.handle(C2G_STATUS.into()) {
+        Msg::G2C_STATUS(s) => {
+            assert_eq!(
+                (s.leader.as_deref(), s.api.as_deref()),
+                (Some(leader), Some("10.0.0.9:7443"))
+            );
+            assert_eq!(s.managers.len(), 2);
+        }
+        other => panic!("{}", other.name()),
+    }
+    match f.handle(X2G_API_TOKEN { token: token.clone() }.into()) {
+        Msg::G2X_API_PRINCIPAL(p) => assert!(p.admin && p.name == "ops", "{p:?}"),
+        other => panic!("{}", other.name()),
+    }
+    let unknown = refusal(f.handle(X2G_API_TOKEN { token: "forged".into() }.into()));
+    assert_eq!(unknown.code, ErrCode::NotFound);
+
+    // Before anyone is elected: refused as well, and no status to read.
+    let lost = manager(&r, None, &[false], None);
+    let e = refusal(lost.handle(register()));
+    assert_eq!(e.code, ErrCode::NotLeader);
+    assert!(e.msg.contains("no leader"), "{e}");
+    assert_eq!(refusal(lost.handle(C2G_STATUS.into())).code, ErrCode::NotLeader);
+}
+
+#[test]
+fn a_leader_whose_lease_lapses_while_it_answers_sends_a_refusal_instead() {
+    let r = Rig::new(|_| {});
+    let ping = || Msg::from(C2X_PING);
+    // Leading before and after: the managers answer.
+    let steady = manager(&r, Some("127.0.0.1:7100"), &[true], None);
+    assert!(matches!(steady.handle(ping()), Msg::X2C_PONG(_)));
+    // Leading when the request came, no longer once it was answered: another may lead by now.
+    let lapsed = manager(&r, Some("10.0.0.10:7100"), &[true, false], None);
+    let e = refusal(lapsed.handle(ping()));
+    assert_eq!(e.code, ErrCode::NotLeader);
+    assert!(e.msg.contains("10.0.0.10:7100"), "{e}");
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use crossbeam_channel::{Sender, TrySendError};
 use splitos_rpc::*;
 
-use super::proxy::{Counters, Job, ProxyHandle, SocketError};
+use super::proxy::{Job, ProxyHandle, SocketError};
+use super::series::Counters;
 use splitos_core::node::Node;
 
 /// Threads of the engine: a call to an mComponent takes tens of microseconds, and each

@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use splitos_rpc::*;
 
-use proxy::{Counters, Job, ProxyHandle};
+use proxy::{Job, ProxyHandle};
+use series::Counters;
 use splitos_core::config::NetArgs;
 use splitos_core::node::{self, Node};
 

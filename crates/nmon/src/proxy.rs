@@ -4,16 +4,17 @@
 //! readiness event (which the proxy thread watches) or its deadline.
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_bytes::ByteBuf;
-use splitos_metrics::counters;
 use splitos_rpc::refusals::Refusals;
 use splitos_rpc::*;
+
+use crate::series::Counters;
 
 use super::netns::{Namespaces, Realm};
 use super::skeleton::{refusal, Owner, Skeleton, State, MAX_WAIT};
@@ -21,45 +22,6 @@ use super::skeleton::{refusal, Owner, Skeleton, State, MAX_WAIT};
 const WAKER: Token = Token(usize::MAX);
 /// Longest a closed socket may take to send what its program wrote before it closed.
 const LINGER: Duration = Duration::from_secs(30);
-
-counters! {
-    /// The proxy's counters: keys of the nComponent's statistics and the series
-    /// `splitos_ncomp_<counter>_total`.
-    pub struct Counters: "ncomp" {
-        /// Sockets opened for programs.
-        sockets,
-        /// Connections programs opened.
-        connects,
-        /// Connections programs' listening sockets accepted.
-        accepts,
-        /// Bytes programs' sockets sent on this host's stack.
-        wire_sent_bytes,
-        /// Bytes programs' sockets received on this host's stack.
-        wire_received_bytes,
-        /// Bytes that came from the stubs in their requests (the DDIO path).
-        ddio_sent_bytes,
-        /// Bytes that went to the stubs in the answers to their requests (the DDIO path).
-        ddio_received_bytes,
-        /// Bytes that came from the stubs through socket buffers on mComponents (the DMA path).
-        dma_sent_bytes,
-        /// Bytes that went to the stubs through socket buffers on mComponents (the DMA path).
-        dma_received_bytes,
-        /// Datagrams programs' datagram sockets sent on this host's stack.
-        datagrams_sent,
-        /// Datagrams programs' datagram sockets received on this host's stack.
-        datagrams_received,
-        /// Datagrams dropped: the kernel refused them, or they were for a loopback port of
-        /// another vNode.
-        datagrams_dropped,
-        /// Requests refused: a socket of another pComponent, a loopback port the vNode does not
-        /// hold.
-        refused,
-    }
-    also {
-        /// Sockets open for programs now.
-        pub open: AtomicU64 = AtomicU64::new(0),
-    }
-}
 
 /// A request: the message, its sender's key, where the answer goes.
 pub struct Job(pub Msg, pub Option<[u8; 32]>, pub Reply);

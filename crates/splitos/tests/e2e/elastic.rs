@@ -759,10 +759,8 @@ fn memcached_interleaved_on_a_small_excache_serves_every_value_it_stored() {
     let r: serde_json::Value = serde_json::from_slice(&gen.stdout).unwrap();
     assert_eq!(r["corrupt"], 0, "{r}");
     assert_eq!(r["preload"]["stored"], 60000, "{r}");
-    assert!(
-        r["throughput_per_s"].as_f64().unwrap() >= 500.0,
-        "1,000 requests a second offered: {r}"
-    );
+    // Not a rate (this is a test, beside others, not a benchmark): a server that stops answering
+    // fails the load generator, and one that answers checks its values below.
     assert!(
         r["get"]["n"].as_u64().unwrap() > r["set"]["n"].as_u64().unwrap() * 10 && r["set"]["n"].as_u64().unwrap() > 0,
         "GET:SET 30:1: {r}"
