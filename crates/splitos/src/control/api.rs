@@ -16,17 +16,6 @@ pub struct ApiArgs {
     pub token: Option<String>,
 }
 
-/// The global managers of the cluster `cluster up` started, when a command given `a` may
-/// speak the cluster's own protocol to them as a hosted caller: no API or token named (on the
-/// command line or in the environment), so the admin's credentials are this cluster's.
-pub(crate) fn hosted_gm(a: &ApiArgs) -> Option<String> {
-    let named = a.api.is_some()
-        || a.token.is_some()
-        || std::env::var_os("SPLITOS_API").is_some()
-        || std::env::var_os("SPLITOS_TOKEN").is_some();
-    (!named).then(cluster::read_state).flatten().map(|s| s.gm)
-}
-
 /// Where the REST API is and the token to use: the ones given (or $SPLITOS_API and
 /// $SPLITOS_TOKEN), else those of the cluster `cluster up` started (its state directory is
 /// root's, and so is its token).

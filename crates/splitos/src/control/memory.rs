@@ -3,9 +3,7 @@
 //! `cluster set-policy`.
 use std::time::{Duration, Instant};
 
-use splitos_ebb::EbbId;
-use splitos_rpc::messenger::Messenger;
-use splitos_rpc::{ErrCode, PolicyState, RpcError, SetPolicy, EBB_EXCACHE_POLICIES};
+use splitos_rpc::{PolicyState, SetPolicy};
 
 use super::{api_access, api_get, api_post, api_put, human, ApiArgs};
 use crate::config::Size;
@@ -174,39 +172,19 @@ pub fn set_excache(a: ApiArgs, id: u32, size: Option<Size>, shares: Option<Vec<S
 }
 
 /// `cluster set-policy`: replaces a running pComponent's eviction or read-ahead policy (none
-/// given: prints them), then prints them. Holding this cluster's admin credentials (and naming
-/// no API), the command line is a hosted caller of the pComponent's `excache-policies` Ebb: it
-/// finds the pComponent in the global id map and sends it the message itself. Otherwise it
-/// asks the REST API, whose managers send the same message.
+/// given: prints them), then prints them. It asks the REST API, as every admin command does;
+/// the managers, hosted callers of the pComponent's `excache-policies` Ebb, send it the message.
 pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Option<String>) -> anyhow::Result<()> {
     let change = SetPolicy { eviction, prefetch };
-    let now = match super::hosted_gm(&a) {
-        Some(gm) => {
-            let messenger = Messenger::via_gm(super::cluster::rpc()?.clone(), gm);
-            change
-                .ask(|body| messenger.send_to(EbbId(EBB_EXCACHE_POLICIES), id, body))
-                .map_err(|e| match e {
-                    RpcError::Remote {
-                        code: ErrCode::NotFound,
-                        ..
-                    } => anyhow::anyhow!(
-                    "component {id} does not serve the excache-policies Ebb: only pComponents have an ExCache ({e})"
-                ),
-                    e => anyhow::anyhow!("pComponent {id}: {e}"),
-                })?
-        }
-        None => {
-            let (api, token) = api_access(a)?;
-            let body = serde_json::to_value(&change)?;
-            serde_json::from_value(api_put(
-                &api,
-                &token,
-                &format!("/api/v1/pcomponents/{id}/policy"),
-                &body,
-                Duration::from_secs(30),
-            )?)?
-        }
-    };
+    let (api, token) = api_access(a)?;
+    let body = serde_json::to_value(&change)?;
+    let now: PolicyState = serde_json::from_value(api_put(
+        &api,
+        &token,
+        &format!("/api/v1/pcomponents/{id}/policy"),
+        &body,
+        Duration::from_secs(30),
+    )?)?;
     let PolicyState {
         eviction,
         prefetch,

@@ -12,7 +12,7 @@ use splitos_rpc::{
     G2C_STATUS, P2M_FETCH, PAGE_SIZE,
 };
 
-pub(crate) use api::{api_access, api_get, api_post, api_put, hosted_gm};
+pub(crate) use api::{api_access, api_get, api_post, api_put};
 pub use api::{cordon, drain, join_token, ps, topology, ApiArgs};
 
 use crate::config::ClusterConfig;
