@@ -379,7 +379,9 @@ impl Gm {
     }
 
     /// Replaces the eviction or read-ahead policy of pComponent `id` while it runs (each left
-    /// as it is when `None`), through the messenger to its `excache-policies` Ebb.
+    /// as it is when `None`), through the messenger to its `excache-policies` Ebb: a hosted
+    /// caller, it finds the Ebb's home on that component in the id map these managers keep, and
+    /// names the component in the message, so that another at the same address refuses it.
     pub fn set_policy(
         &self,
         id: u32,
@@ -388,9 +390,13 @@ impl Gm {
     ) -> Result<PolicyState, Refusal> {
         let pcomp = self.running_pcomponent(id)?;
         let change = eviction.is_some() || prefetch.is_some();
-        let send =
-            |body| splitos_rpc::messenger::send(&self.rpc, &pcomp.addr, splitos_ebb::EbbId(EBB_EXCACHE_POLICIES), body);
-        let r = SetPolicy { eviction, prefetch }.ask(send)?;
+        let ebb = splitos_ebb::EbbId(EBB_EXCACHE_POLICIES);
+        let homes: Vec<EbbHome> = self
+            .ebb_map(Some(ebb.0))
+            .map(|m| m.ebbs.into_iter().flat_map(|e| e.homes).collect())
+            .unwrap_or_default();
+        let messenger = splitos_rpc::messenger::Messenger::new(self.rpc.clone(), Box::new(move |_| Ok(homes.clone())));
+        let r = SetPolicy { eviction, prefetch }.ask(|body| messenger.send_to(ebb, pcomp.id, body))?;
         if change {
             crate::series::POLICY_CHANGES.increment(1);
         }

@@ -9,8 +9,8 @@
 //! - **The id map.** A component names the Ebbs it serves ([`served`]) in its registration and
 //!   its heartbeats; the global managers answer `X2G_EBB_FIND` with each Ebb's live homes.
 //! - **Sending.** A [`Messenger`] sends a message to an Ebb's representative on one component,
-//!   found in the map. It is all a hosted program (one not run under splitos, as the admin's
-//!   command line) needs to call an Ebb that lives in the cluster.
+//!   found in the map. It is all a hosted program (one not run under splitos, as the global
+//!   managers) needs to call an Ebb that lives in the cluster.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -73,8 +73,8 @@ pub fn served() -> Vec<EbbServed> {
         .collect()
 }
 
-/// Where a [`Messenger`] reads the homes of an Ebb ([`Messenger::via_gm`]: the global
-/// managers' answer to `X2G_EBB_FIND`).
+/// Where a [`Messenger`] reads the homes of an Ebb (the global managers' id map: their answer
+/// to `X2G_EBB_FIND`, or, for the managers themselves, their own).
 pub type Resolve = Box<dyn Fn(EbbId) -> Result<Vec<EbbHome>, RpcError> + Send + Sync>;
 
 /// Sends messages to the representatives of Ebbs on other components.
@@ -93,15 +93,6 @@ impl Messenger {
             resolve,
             homes: Mutex::new(Vec::new()),
         }
-    }
-
-    /// A messenger that reads the id map from the global managers at `gm`.
-    pub fn via_gm(rpc: Rpc, gm: String) -> Messenger {
-        let r = rpc.clone();
-        Messenger::new(
-            rpc,
-            Box::new(move |id| Ok(find(&r, &gm, Some(id))?.into_iter().flat_map(|e| e.homes).collect())),
-        )
     }
 
     /// Sends `body` to the representative of Ebb `ebb` on component `component` and returns
