@@ -89,20 +89,45 @@ fn is_dynamic_elf(path: &Path) -> Option<bool> {
     Some(false)
 }
 
+/// The shim ($SPLITOS_SHIM, or the one beside this binary), checked to be one the dynamic
+/// loader can preload: given one it cannot, ld.so only warns and the program runs natively,
+/// which a run must never do on its own.
 pub fn shim_path() -> anyhow::Result<PathBuf> {
-    if let Ok(p) = std::env::var("SPLITOS_SHIM") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let p = exe.with_file_name("libsplitos_shim.so");
-    if p.is_file() {
-        Ok(p)
-    } else {
-        anyhow::bail!(
-            "cannot find the shim at {} (build the whole workspace: cargo build --release --workspace)",
+    let (p, named) = match std::env::var("SPLITOS_SHIM") {
+        Ok(p) => (PathBuf::from(p), "$SPLITOS_SHIM"),
+        Err(_) => (
+            std::env::current_exe()?.with_file_name("libsplitos_shim.so"),
+            "beside splitos",
+        ),
+    };
+    loadable(&p).map_err(|why| {
+        anyhow::anyhow!(
+            "the shim {} ({named}) {why}: a program it is not loaded into would run natively, so none is run \
+             (build the whole workspace: cargo build --release --workspace)",
             p.display()
         )
+    })?;
+    Ok(p)
+}
+
+/// Why the dynamic loader could not preload `path` into a program of this machine, if it
+/// could not: it must be a 64-bit little-endian ELF shared object built for the machine this
+/// binary is built for, and readable.
+fn loadable(path: &Path) -> Result<(), String> {
+    let head = |p: &Path| -> std::io::Result<[u8; 20]> {
+        let mut h = [0u8; 20];
+        std::io::Read::read_exact(&mut std::fs::File::open(p)?, &mut h)?;
+        Ok(h)
+    };
+    let h = head(path).map_err(|e| format!("cannot be read ({e})"))?;
+    let ours = head(&std::env::current_exe().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 || u16::from_le_bytes([h[16], h[17]]) != 3 {
+        return Err("is not a 64-bit ELF shared library".into());
     }
+    if h[18..20] != ours[18..20] {
+        return Err("is built for another machine".into());
+    }
+    Ok(())
 }
 
 fn exit_code(st: std::process::ExitStatus) -> i32 {
@@ -209,6 +234,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         return Ok(exit_code(st));
     }
 
+    shim_path()?;
     let native_secs = if a.compare_native {
         let t0 = Instant::now();
         let out = Command::new(&path).args(&a.program[1..]).output()?;

@@ -109,6 +109,30 @@ fn timeout_signals_the_program_not_the_cluster() {
     assert_eq!(code, 130, "{err}");
 }
 
+/// A shim the dynamic loader cannot preload (missing, not a shared library) would leave the
+/// program running natively, ld.so only warning: `run` refuses before it starts anything,
+/// naming the shim, and the program never runs.
+#[test]
+fn a_shim_that_cannot_be_loaded_is_refused_by_path_and_nothing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let text_file = dir.path().join("not-a-library.so");
+    std::fs::write(&text_file, "not an ELF shared object\n").unwrap();
+    let marker = dir.path().join("ran");
+    for (shim, why) in [
+        (dir.path().join("missing.so"), "cannot be read"),
+        (text_file, "is not a 64-bit ELF shared library"),
+    ] {
+        let out = run_cmd(&["--embedded"], &["touch", marker.to_str().unwrap()], dir.path())
+            .env("SPLITOS_SHIM", &shim)
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(shim.to_str().unwrap()) && err.contains(why), "{err}");
+        assert!(!marker.exists(), "the program ran without its shim");
+    }
+}
+
 #[test]
 fn excache_sizes_that_cannot_work_are_refused_by_name_and_megabytes_are_read() {
     for (size, why) in [
