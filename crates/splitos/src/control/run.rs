@@ -234,7 +234,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         return Ok(exit_code(st));
     }
 
-    shim_path()?;
+    let shim = shim_path()?;
     let native_secs = if a.compare_native {
         let t0 = Instant::now();
         let out = Command::new(&path).args(&a.program[1..]).output()?;
@@ -270,7 +270,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         embedded = Some((c, dir));
     }
 
-    let result = run_on(&target, &path, &a, embedded.is_some());
+    let result = run_on(&target, &path, &shim, &a, embedded.is_some());
     if let Some((mut c, dir)) = embedded {
         // Processes the program left behind (a pipeline's other end, a daemon) would hang on
         // their first miss once the cluster is gone: stop them, and say so.
@@ -334,11 +334,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-/// `files`: the cluster has an sComponent for the program's vNode, so a program that would
-/// get no files is not started (it would write to the host's directory instead).
+/// `shim`: the one `shim_path` checked. `files`: the cluster has an sComponent for the
+/// program's vNode, so a program that would get no files is not started (it would write to the
+/// host's directory instead).
 fn run_on(
     target: &Target,
     path: &Path,
+    shim: &Path,
     a: &RunArgs,
     files: bool,
 ) -> anyhow::Result<(i32, f64, serde_json::Value, u64)> {
@@ -357,7 +359,6 @@ fn run_on(
         Target::Socket(p) => (p.clone(), None),
         Target::Embedded => unreachable!("an embedded cluster was started"),
     };
-    let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", shim.display()),
         _ => shim.display().to_string(),
