@@ -384,6 +384,12 @@ fn clap_num_u64(s: &str) -> Result<u64, std::num::ParseIntError> {
     }
 }
 
+/// What signals `run`'s caller ignored or blocked must reach its program, and the Rust runtime
+/// sets SIGPIPE to ignored before `main`: they are read before it.
+#[used]
+#[link_section = ".init_array"]
+static RECORD_INHERITED_SIGNALS: extern "C" fn() = control::job::record_inherited;
+
 fn main() {
     let cli = Cli::parse();
     node::init_logging();
@@ -482,7 +488,11 @@ fn main() {
     };
     if let Err(e) = r {
         splitos::errln!("splitos: {e:#}");
-        std::process::exit(1);
+        // A program that could not be started ends `run` as it ends a shell.
+        let code = e
+            .downcast_ref::<control::run::StartError>()
+            .map_or(1, |e| e.exit_code());
+        std::process::exit(code);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The control plane's command-line side: running programs and managing a cluster.
 mod api;
 pub mod cluster;
+pub mod job;
 pub mod launcher;
 pub mod memory;
 pub mod run;

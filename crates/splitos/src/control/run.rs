@@ -3,7 +3,6 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Instant;
 
 use splitos_rpc::C2G_PLACE_PROCESS;
@@ -13,6 +12,7 @@ use splitos_shim_abi::{ENV_RUN_ID, ENV_SOCK, ENV_VNODE};
 pub const ENV_VNODE_DIR: &str = "SPLITOS_VNODE_DIR";
 
 use super::cluster::{self, Cluster};
+use super::job;
 use super::launcher::Launcher;
 use crate::config::{Embedded, Size};
 
@@ -56,16 +56,71 @@ pub struct RunArgs {
     pub program: Vec<String>,
 }
 
-/// Finds `prog` the way execvp would.
-fn resolve(prog: &str) -> Option<PathBuf> {
-    if prog.contains('/') {
-        return Some(PathBuf::from(prog));
+/// A program `run` could not start, with the exit status a shell gives for it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}: command not found")]
+    NotFound(String),
+    #[error("{}: {why}", path.display())]
+    NoSuchFile { path: PathBuf, why: std::io::Error },
+    #[error("{}: {why}", path.display())]
+    NotExecutable { path: PathBuf, why: std::io::Error },
+}
+
+impl StartError {
+    /// 127 for a program that is not there, 126 for one that is but cannot be run.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StartError::NotFound(_) | StartError::NoSuchFile { .. } => 127,
+            StartError::NotExecutable { .. } => 126,
+        }
     }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(prog))
-            .find(|p| p.is_file())
-    })
+
+    fn of_exec(path: &Path, why: std::io::Error) -> StartError {
+        let path = path.to_path_buf();
+        match why.kind() {
+            std::io::ErrorKind::NotFound => StartError::NoSuchFile { path, why },
+            _ => StartError::NotExecutable { path, why },
+        }
+    }
+}
+
+/// Finds `prog` the way execvp would: a name with a slash is a path, any other the first
+/// executable file of that name in $PATH; one found only without execute permission cannot be
+/// run (a shell's 126), none found is not there (127).
+fn resolve(prog: &str) -> Result<PathBuf, StartError> {
+    let runnable = |p: &Path| -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(p)?;
+        if meta.is_dir() {
+            return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+        // SAFETY: access reads the NUL-terminated path, which outlives the call.
+        if meta.permissions().mode() & 0o111 == 0 || unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EACCES));
+        }
+        Ok(())
+    };
+    if prog.contains('/') {
+        let path = PathBuf::from(prog);
+        return match runnable(&path) {
+            Ok(()) => Ok(path),
+            Err(why) => Err(StartError::of_exec(&path, why)),
+        };
+    }
+    let mut denied = None;
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let path = dir.join(prog);
+        match runnable(&path) {
+            Ok(()) => return Ok(path),
+            Err(why) if why.kind() == std::io::ErrorKind::PermissionDenied && denied.is_none() => {
+                denied = Some(StartError::NotExecutable { path, why })
+            }
+            Err(_) => {}
+        }
+    }
+    Err(denied.unwrap_or_else(|| StartError::NotFound(prog.to_string())))
 }
 
 /// `Some(false)` for a static ELF executable (no interpreter: LD_PRELOAD cannot reach it).
@@ -217,7 +272,7 @@ fn target(a: &RunArgs) -> anyhow::Result<Target> {
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let prog = a.program.first().ok_or_else(|| anyhow::anyhow!("no program given"))?;
-    let path = resolve(prog).ok_or_else(|| anyhow::anyhow!("{prog}: command not found"))?;
+    let path = resolve(prog)?;
     if is_dynamic_elf(&path) == Some(false) {
         if !a.allow_native {
             anyhow::bail!(
@@ -248,7 +303,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     if !matches!(target, Target::Embedded) {
         not_for_a_running_cluster(&a.cluster)?;
     }
-    forward_signals();
+    job::forward_signals()?;
     if let Target::Embedded = target {
         // SAFETY: geteuid takes nothing and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -391,10 +446,10 @@ fn run_on(
     // has it): the terminal's ^C and ^Z reach it alone, and what reaches this run's group
     // (`timeout`, kill -INT -PGID) is passed on, so that no signal meant for the program
     // reaches the cluster's components.
-    let tty = foreground_tty();
+    let tty = job::foreground_tty();
     cmd.process_group(0);
-    // SAFETY: prctl, tcsetpgrp, getpid and signal are async-signal-safe and touch no memory of
-    // ours. The program dies with us rather than outliving the run that owns its cluster.
+    // SAFETY: prctl, tcsetpgrp, getpid, signal and restore_inherited (made for such a hook) are
+    // async-signal-safe and touch no memory of ours. The program dies with us rather than outliving the run that owns its cluster.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -405,28 +460,21 @@ fn run_on(
                 libc::tcsetpgrp(fd, libc::getpid());
             }
             libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-            Ok(())
+            job::restore_inherited()
         })
     };
-    let child = cmd
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", path.display()))?;
+    let child = cmd.spawn().map_err(|e| StartError::of_exec(path, e))?;
     let pid = child.id() as i32;
     if let Some(fd) = tty {
         // Also here: whichever of the two runs first, the program has the terminal before exec.
         // SAFETY: tcsetpgrp takes no pointers.
         unsafe { libc::tcsetpgrp(fd, pid) };
     }
-    CHILD.store(pid, Ordering::SeqCst);
-    let early = PENDING.swap(0, Ordering::SeqCst);
-    if early != 0 {
-        // SAFETY: kill takes no pointers; the group is the program's, just started.
-        unsafe { libc::kill(-pid, early) };
-    }
+    job::started(pid);
     let (stop, stopper) = std::os::unix::net::UnixStream::pair()?;
     let (st, lost) = std::thread::scope(|scope| -> anyhow::Result<_> {
         let watcher = scope.spawn(|| watch_pcomponent(&launcher, &pcomp_name, &stop, run_id));
-        let st = wait_program(pid, tty);
+        let st = job::wait_program(pid, tty);
         // Wakes the watcher; if the write failed it would wait for ever, so it is checked.
         (&stopper).write_all(b"x")?;
         let lost = watcher.join().expect("the watcher does not panic");
@@ -527,88 +575,6 @@ fn isolate_vnode(cmd: &mut Command, mine: &Path) {
             Ok(())
         })
     };
-}
-
-/// The program's process (and group) id once it runs.
-static CHILD: AtomicI32 = AtomicI32::new(0);
-/// A signal that reached this run before the program ran: passed on when it starts.
-static PENDING: AtomicI32 = AtomicI32::new(0);
-
-/// What a terminal, a supervisor (`timeout`, systemd) or a user sends to end or interrupt a job.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(Ordering::SeqCst);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe and takes no pointers. The group is gone when the
-        // program left it (setsid, a shell's own job control): then the program alone. A
-        // failure of that means the program is gone, and a handler has nowhere to report.
-        unsafe {
-            if libc::kill(-pid, sig) != 0 {
-                libc::kill(pid, sig);
-            }
-        }
-    } else {
-        PENDING.store(sig, Ordering::SeqCst);
-    }
-}
-
-/// From now on the signals of [`FORWARDED`] go to the program's process group, like the
-/// terminal's, instead of ending this run (and with it the embedded cluster) while the program
-/// lives.
-fn forward_signals() {
-    // SAFETY: `forward` is an extern "C" handler that only uses atomics and kill, all
-    // async-signal-safe. With these valid signal numbers signal() cannot fail.
-    unsafe {
-        for sig in FORWARDED {
-            libc::signal(sig, forward as *const () as libc::sighandler_t);
-        }
-        // Taking the terminal back from the program's group, from the background, must not stop us.
-        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-    }
-}
-
-/// The descriptor of the terminal whose foreground job this run is, if any.
-fn foreground_tty() -> Option<i32> {
-    // SAFETY: isatty, tcgetpgrp and getpgrp take no pointers.
-    (0..3).find(|&fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() })
-}
-
-/// Waits for the program to end. When it stops (^Z, or reading the terminal in the background)
-/// this run stops too, so that the shell sees its job stopped; when the job is continued, so is
-/// the program, with the terminal if the job has it (`fg`) and without (`bg`).
-fn wait_program(pid: i32, tty: Option<i32>) -> std::io::Result<std::process::ExitStatus> {
-    use std::os::unix::process::ExitStatusExt;
-    let st = loop {
-        let mut st = 0;
-        // SAFETY: waitpid writes the status to `st`, which outlives the call.
-        if unsafe { libc::waitpid(pid, &mut st, libc::WUNTRACED) } < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if !libc::WIFSTOPPED(st) {
-            break st;
-        }
-        // SAFETY: tcsetpgrp, getpgrp, kill and getpid take no pointers.
-        unsafe {
-            if let Some(fd) = tty {
-                libc::tcsetpgrp(fd, libc::getpgrp());
-            }
-            libc::kill(libc::getpid(), libc::SIGSTOP);
-            if let Some(fd) = tty.filter(|&fd| libc::tcgetpgrp(fd) == libc::getpgrp()) {
-                libc::tcsetpgrp(fd, pid);
-            }
-            libc::kill(-pid, libc::SIGCONT);
-        }
-    };
-    if let Some(fd) = tty {
-        // SAFETY: as above.
-        unsafe { libc::tcsetpgrp(fd, libc::getpgrp()) };
-    }
-    Ok(std::process::ExitStatus::from_raw(st))
 }
 
 /// Options of an embedded cluster given for a running one, which keeps its configuration: those

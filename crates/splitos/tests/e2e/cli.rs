@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 const CATCHES_SIGINT: &str = "import time\ntry:\n    print('ready', flush=True)\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    print('caught KeyboardInterrupt', flush=True)\n    raise\n";
 
 /// `splitos run` on an embedded cluster, in a process group of its own as a shell puts a job.
-fn run_cmd(opts: &[&str], prog: &[&str], data: &std::path::Path) -> Command {
+pub(crate) fn run_cmd(opts: &[&str], prog: &[&str], data: &std::path::Path) -> Command {
     let mut c = Command::new(splitos());
     c.arg("run").args(opts).arg("--").args(prog);
     c.env_remove("SPLITOS_GM")
@@ -27,7 +27,7 @@ fn run_cmd(opts: &[&str], prog: &[&str], data: &std::path::Path) -> Command {
 }
 
 /// Ends the process group of a job the test started, whatever the test's outcome.
-struct Job(Child);
+pub(crate) struct Job(pub Child);
 
 impl Drop for Job {
     fn drop(&mut self) {
@@ -37,7 +37,7 @@ impl Drop for Job {
     }
 }
 
-fn first_line(job: &mut Job) -> String {
+pub(crate) fn first_line(job: &mut Job) -> String {
     let mut line = String::new();
     std::io::BufReader::new(job.0.stdout.as_mut().unwrap())
         .read_line(&mut line)
@@ -45,7 +45,7 @@ fn first_line(job: &mut Job) -> String {
     line
 }
 
-fn finish(mut job: Job) -> (String, String, i32) {
+pub(crate) fn finish(mut job: Job) -> (String, String, i32) {
     use std::io::Read;
     let (mut out, mut err) = (String::new(), String::new());
     job.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();

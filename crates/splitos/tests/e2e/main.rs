@@ -38,6 +38,7 @@ mod quota;
 mod replication;
 mod security;
 mod serving;
+mod shell;
 mod shim;
 mod sim;
 mod storage;
