@@ -6,6 +6,7 @@ use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::pcomp::{fitting_excache, FittingExcache};
 use super::{ClusterConfig, ConfigError, GmConfig, Loopback, McompConfig, NcompConfig, PcompConfig, TransportConfig};
 
 /// What becomes of a component's options on `run` when the program goes to a running cluster,
@@ -194,13 +195,27 @@ pub struct Embedded {
 }
 
 impl Embedded {
-    /// The embedded cluster's configuration with the options given, checked.
-    pub fn config(&self) -> Result<ClusterConfig, ConfigError> {
+    /// The embedded cluster's configuration with the options given, checked, and the ExCache
+    /// sized for this host when none was asked for.
+    pub fn config(&self) -> Result<(ClusterConfig, Option<FittingExcache>), ConfigError> {
         let mut cfg = ClusterConfig::embedded();
+        let fitting = (!self.pcomp.gave("excache")).then(fitting_excache);
+        if let Some(f) = &fitting {
+            let p = &mut cfg.pcomponent[0];
+            p.excache = f.size;
+            // Growing it is for a cluster an operator runs: the bookkeeping of four times a
+            // large ExCache would slow every run's start.
+            p.excache_max = f.size;
+        }
         if let Some(n) = self.mcomponents {
             cfg.mcomponent = vec![McompConfig::default(); n.max(1)];
         }
         self.pcomp.apply(&mut cfg.pcomponent[0])?;
+        let p = &mut cfg.pcomponent[0];
+        if fitting.is_some() && p.excache_max.0 != 0 {
+            // Asked for at most this: the ExCache sized for the host stays within it.
+            p.excache = p.excache.min(p.excache_max);
+        }
         for m in &mut cfg.mcomponent {
             self.mcomp.apply(m)?;
         }
@@ -218,7 +233,7 @@ impl Embedded {
             }];
         }
         cfg.validate()?;
-        Ok(cfg)
+        Ok((cfg, fitting))
     }
 
     /// The interleaving a run on a running cluster asks for its job, if `--interleave` or
@@ -261,6 +276,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::config::pcomp::{FITTING_EXCACHE_MAX, FITTING_EXCACHE_MIN};
     use crate::config::Size;
 
     #[derive(Parser)]
@@ -292,7 +308,8 @@ mod tests {
             "--replication",
             "ec:2",
         ]);
-        let c = e.config().unwrap();
+        let (c, fitting) = e.config().unwrap();
+        assert!(fitting.is_none(), "--excache was given");
         assert_eq!(
             c.pcomponent[0],
             PcompConfig {
@@ -317,7 +334,19 @@ mod tests {
             (7, splitos_rpc::poll::Polling::Adaptive)
         );
         assert_eq!(c.cluster.replication, Some(splitos_rpc::Replication::Ec { data: 2 }));
-        assert_eq!(run(&[]).config().unwrap(), ClusterConfig::embedded());
+        // None given: the ExCache is sized for the host, and only it differs.
+        let (mut c, fitting) = run(&[]).config().unwrap();
+        let f = fitting.unwrap();
+        assert!((FITTING_EXCACHE_MIN..=FITTING_EXCACHE_MAX).contains(&f.size.0) && f.size.0.is_power_of_two());
+        assert_eq!((c.pcomponent[0].excache, c.pcomponent[0].excache_max), (f.size, f.size));
+        c.pcomponent[0] = PcompConfig::default();
+        assert_eq!(c, ClusterConfig::embedded());
+        // A bound asked for holds.
+        let (c, _) = run(&["--excache-max", "1M"]).config().unwrap();
+        assert_eq!(
+            (c.pcomponent[0].excache.0, c.pcomponent[0].excache_max.0),
+            (1 << 20, 1 << 20)
+        );
         // What a file says stays unless an option says otherwise.
         let mut p = PcompConfig {
             ways: 4,

@@ -143,7 +143,9 @@ pub struct PcompConfig {
     /// Where it listens for the other components (port 0: any free port).
     #[arg(long, default_value = ANY_PORT)]
     pub listen: String,
-    /// ExCache capacity: at least 256K, at most the host's memory.
+    /// ExCache capacity: at least 256K, at most the host's memory. `splitos run`'s embedded
+    /// cluster, when it is not given, sizes it for the host: a quarter of the memory it has
+    /// available, from 64M to 4G (docs/excache.md).
     #[arg(long, default_value_t = Size(64 << 20))]
     pub excache: Size,
     /// The most `cluster set-excache` may grow the ExCache to while it runs (0: four times
@@ -466,19 +468,68 @@ pub enum ExcacheSize {
 }
 
 fn host_memory() -> Option<u64> {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines().find_map(|l| {
-                l.strip_prefix("MemTotal:")?
-                    .trim()
-                    .strip_suffix("kB")?
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
+    meminfo("MemTotal")
+}
+
+/// A `/proc/meminfo` entry in bytes.
+fn meminfo(key: &str) -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    m.lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(':')?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
         })
         .map(|kb| kb << 10)
+}
+
+/// The ExCache an embedded cluster gets when none is asked for: a program that fits in it
+/// runs at about native speed (it is only a bound: lines take memory as the program touches
+/// pages), so it is sized from this host, a quarter of the memory it has available, in a
+/// power of two between [`FITTING_EXCACHE_MIN`] and [`FITTING_EXCACHE_MAX`]. The most is
+/// what its bookkeeping allows to set up in about 0.1 s at start (about 10 MB a GiB).
+pub fn fitting_excache() -> FittingExcache {
+    let available = meminfo("MemAvailable");
+    let quarter = available.map_or(FITTING_EXCACHE_MIN, |a| a / 4);
+    let size = if quarter < FITTING_EXCACHE_MIN {
+        FITTING_EXCACHE_MIN
+    } else {
+        (1u64 << quarter.ilog2()).min(FITTING_EXCACHE_MAX)
+    };
+    FittingExcache {
+        size: Size(size),
+        available: available.map(Size),
+    }
+}
+
+pub const FITTING_EXCACHE_MIN: u64 = 64 << 20;
+pub const FITTING_EXCACHE_MAX: u64 = 4 << 30;
+
+/// The ExCache [`fitting_excache`] chose, and what from.
+#[derive(Clone, Copy, Debug)]
+pub struct FittingExcache {
+    pub size: Size,
+    /// The host's available memory; `None` where it cannot be read.
+    pub available: Option<Size>,
+}
+
+impl std::fmt::Display for FittingExcache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.available {
+            Some(a) => write!(
+                f,
+                "ExCache {}, sized for this host (a quarter of the {a} it has available, from {} to {})",
+                self.size,
+                Size(FITTING_EXCACHE_MIN),
+                Size(FITTING_EXCACHE_MAX)
+            ),
+            None => write!(f, "ExCache {} (this host's available memory cannot be read)", self.size),
+        }
+    }
 }
 
 #[cfg(test)]

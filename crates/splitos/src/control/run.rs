@@ -1,5 +1,5 @@
 //! `splitos run`: runs an unmodified program with its heap on the cluster's mComponents.
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -299,6 +299,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
 
     let mut embedded = None;
+    let mut excache = None;
     let mut target = target(&a)?;
     if !matches!(target, Target::Embedded) {
         not_for_a_running_cluster(&a.cluster)?;
@@ -309,7 +310,12 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         if unsafe { libc::geteuid() } != 0 {
             anyhow::bail!("an embedded cluster needs root (it mounts file systems and serves programs' memory faults); as a user, run on the host's cluster");
         }
-        let cfg = a.cluster.config().map_err(|e| anyhow::anyhow!(e))?;
+        let (cfg, fitting) = a.cluster.config().map_err(|e| anyhow::anyhow!(e))?;
+        // Its stderr is the program's: said where a person reads it, and in the statistics.
+        if let Some(f) = fitting.filter(|_| !a.quiet && std::io::stderr().is_terminal()) {
+            crate::errln!("splitos: {f}; --excache sets another");
+        }
+        excache = Some(cfg.pcomponent[0].excache);
         let dir = tempfile::Builder::new().prefix("splitos-run-").tempdir()?.keep();
         let c = match Cluster::start(&cfg, &dir, false) {
             Ok(c) => c,
@@ -366,9 +372,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             "inline_evictions",
             "bg_evictions",
         ];
-        let parts: Vec<String> = keys
-            .iter()
-            .map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default()))
+        let parts: Vec<String> = excache
+            .map(|e| format!("excache={e}"))
+            .into_iter()
+            .chain(
+                keys.iter()
+                    .map(|k| format!("{k}={}", stats.get(*k).cloned().unwrap_or_default())),
+            )
             .collect();
         crate::errln!("splitos: {}", parts.join(" "));
     }
