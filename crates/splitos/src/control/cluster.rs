@@ -19,9 +19,12 @@ pub struct ClusterState {
     pub pids: Vec<u32>,
     #[serde(default)]
     pub transport: TransportConfig,
-    /// Where the global managers serve the REST API.
+    /// Where the leading manager served the REST API when the cluster started.
     #[serde(default)]
     pub api: Option<String>,
+    /// Where every manager serves it (each for as long as it runs; only the leader answers).
+    #[serde(default)]
+    pub apis: Vec<String>,
     /// The components of the configuration that run on other machines, not started here.
     #[serde(default)]
     pub elsewhere: Vec<String>,
@@ -361,6 +364,7 @@ impl Cluster {
                 pids: Vec::new(),
                 transport: cfg.transport.clone(),
                 api: None,
+                apis: Vec::new(),
                 elsewhere: Vec::new(),
             },
             children: Vec::new(),
