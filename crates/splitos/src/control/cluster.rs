@@ -396,24 +396,35 @@ impl Cluster {
         };
         // Beyond loopback the API serves HTTPS, with a certificate the authority issues at
         // every start; clients trust the authority's certificate beside it.
-        let api_ip = cfg
-            .cluster
-            .api
-            .parse::<std::net::SocketAddr>()
-            .ok()
+        // Every manager serves it, each at its address: one certificate names them all.
+        let mut api_ips: Vec<std::net::IpAddr> = cfg
+            .managers()
+            .iter()
+            .filter_map(|m| {
+                m.api
+                    .as_deref()
+                    .unwrap_or(&cfg.cluster.api)
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+            })
             .map(|a| a.ip())
-            .filter(|ip| !ip.is_loopback());
-        let (api_cert, api_key) = match api_ip {
-            Some(ip) => {
-                let issued =
-                    splitos_gm::api::tls::issue(&splitos_gm::api::tls::authority_key(&dir.join(X509_AUTHORITY))?, ip)?;
+            .filter(|ip| !ip.is_loopback())
+            .collect();
+        api_ips.sort();
+        api_ips.dedup();
+        let (api_cert, api_key) = match api_ips.is_empty() {
+            false => {
+                let issued = splitos_gm::api::tls::issue(
+                    &splitos_gm::api::tls::authority_key(&dir.join(X509_AUTHORITY))?,
+                    &api_ips,
+                )?;
                 let (cert, key) = (dir.join(API_CERT), dir.join(API_KEY));
                 std::fs::write(dir.join(CA_CERT), &issued.ca_pem)?;
                 std::fs::write(&cert, &issued.cert_pem)?;
                 splitos_rpc::auth::write_private(&key, issued.key_pem.as_bytes())?;
                 (Some(cert), Some(key))
             }
-            None => (None, None),
+            true => (None, None),
         };
         // One manager keeps the state in a file of the cluster's state directory; several keep
         // it in etcd, and each is named `gm<i>`. Either way its records are signed with a key
