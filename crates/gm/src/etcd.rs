@@ -260,6 +260,47 @@ impl Election {
         }
     }
 
+    /// Where each manager alive serves the REST API, beside its address: those whose listing
+    /// a manager of this cluster signed, and that serve one.
+    pub fn apis(&self) -> Vec<(String, String)> {
+        self.signed("managers")
+    }
+
+    /// Where every manager of this cluster served the REST API, alive or not.
+    pub fn apis_known(&self) -> Vec<String> {
+        self.signed("apis").into_iter().map(|(_, api)| api).collect()
+    }
+
+    /// The records under `table/`, each beside its key, that a manager of this cluster signed
+    /// and that are not empty.
+    fn signed(&self, table: &str) -> Vec<(String, String)> {
+        let p = self.etcd.key(&format!("{table}/"));
+        let p2 = p.clone();
+        let r = match self
+            .etcd
+            .run(move |mut c| Box::pin(async move { c.get(p2, Some(GetOptions::new().with_prefix())).await }))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, table, "cannot list the managers");
+                return Vec::new();
+            }
+        };
+        r.kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned();
+                let Some(value) = self.etcd.key.open(table, &key, kv.value()) else {
+                    splitos_core::series::GM_STATE_UNSIGNED.increment(1);
+                    tracing::warn!(%key, table, "a manager's listing in etcd is not signed by a manager of this cluster; its API is not used");
+                    return None;
+                };
+                let value = String::from_utf8_lossy(value).into_owned();
+                (!value.is_empty()).then_some((key, value))
+            })
+            .collect()
+    }
+
     /// Publishes what followers answer `C2G_STATUS` with: only while leading, and under this
     /// manager's lease, so that it goes with the leader.
     pub fn publish_status(&self, status: &[u8]) -> anyhow::Result<()> {
@@ -370,10 +411,26 @@ impl Election {
             .run(move |mut c| Box::pin(async move { c.lease_grant(ttl, None).await }))?;
         let id = granted.id();
         self.lease.store(id, Ordering::Relaxed);
-        let (key, addr) = (self.etcd.key(&format!("managers/{}", self.addr)), self.addr.clone());
+        // Listed with where it serves the REST API, signed: a client is sent there with its
+        // token, so a listing planted by someone who can write etcd must not count.
+        let api = crate::manager::API_AT.get().cloned().unwrap_or_default();
+        let (key, listing) = (
+            self.etcd.key(&format!("managers/{}", self.addr)),
+            self.etcd.key.seal("managers", &self.addr, api.as_bytes()),
+        );
         self.etcd.run(move |mut c| {
-            Box::pin(async move { c.put(key, addr, Some(PutOptions::new().with_lease(id))).await })
+            Box::pin(async move { c.put(key, listing, Some(PutOptions::new().with_lease(id))).await })
         })?;
+        // Kept after this manager is gone: a dashboard it served reads the stream from another
+        // manager, which lets that page's origin in (api/follow.rs).
+        if !api.is_empty() {
+            let (key, kept) = (
+                self.etcd.key(&format!("apis/{api}")),
+                self.etcd.key.seal("apis", &api, api.as_bytes()),
+            );
+            self.etcd
+                .run(move |mut c| Box::pin(async move { c.put(key, kept, None).await }))?;
+        }
         let me = self.clone();
         let mut client = self.etcd.client.clone();
         self.valid_until.store(
@@ -539,7 +596,13 @@ pub fn step_down(why: &str) -> ! {
         .ok()
         .filter(|p| p.exists())
         .unwrap_or_else(|| "/proc/self/exe".into());
-    let err = std::process::Command::new(exe).arg0(argv0).args(args).exec();
+    let mut again = std::process::Command::new(exe);
+    // The new image serves the REST API where this one did (its port may have been any free
+    // one): clients and dashboards keep the address they have.
+    if let Some(at) = crate::manager::API_AT.get() {
+        again.env(crate::manager::API_AGAIN, at);
+    }
+    let err = again.arg0(argv0).args(args).exec();
     tracing::error!(error = %err, "cannot start again; exiting");
     std::process::exit(1)
 }

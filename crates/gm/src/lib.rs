@@ -48,7 +48,8 @@ mod tests;
 pub mod tokens;
 pub mod vnodes;
 
-use manager::{principal, Manager};
+use manager::principal;
+pub use manager::Manager;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -232,8 +233,6 @@ pub struct Gm {
     /// The join tokens, and the authority the managers issue credentials with to a machine
     /// that joins.
     pub joins: joins::JoinTokens,
-    /// Where the REST API listens, once it does.
-    pub(crate) api: std::sync::OnceLock<String>,
     /// Where the managers serve their own metrics, once they do.
     metrics: std::sync::OnceLock<String>,
     /// The managers' own requests to components, for the control plane: a short timeout, so
@@ -282,10 +281,11 @@ impl Gm {
         G2C_STATUS {
             components: self.snapshot(),
             vregion_size: self.vregion_size,
-            api: self.api.get().cloned(),
+            api: manager::API_AT.get().cloned(),
             metrics: self.metrics.get().cloned(),
             leader: Some(self.addr.clone()),
             managers,
+            apis: self.apis(),
         }
     }
 
@@ -595,9 +595,10 @@ const PUBLISH: Duration = Duration::from_secs(1);
 const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
 
 /// Runs the global managers until they are stopped. `start_api` serves the REST API
-/// (`api::start`) once they serve, as the leader where several run: it is given, not called by
-/// name, because the API imports the managers and the managers must not import it.
-pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
+/// (`api::start`): on every manager, from before it leads, so that its address outlives a
+/// handover (only the leader answers; a follower names it). It is given, not called by name,
+/// because the API imports the managers and the managers must not import it.
+pub fn run(args: GmArgs, start_api: fn(&Arc<Manager>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
     // Before any thread starts, which would inherit the mask.
     let stop = node::block_stop_signals();
     let cfg = &args.cluster;
@@ -625,15 +626,20 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>)
             )?,
             None => state::Store::default(),
         };
-        let gm = Gm::open(&args, &addr, &t, store, None)?;
+        let gm = Gm::open(&args, &addr, &t, store.clone(), None)?;
         ep.serve(gm.clone(), server_config());
+        let alone = Arc::new(Manager {
+            election: Arc::new(manager::Alone { addr: addr.clone() }),
+            gm: gm.clone().into(),
+            store,
+        });
         let g = gm.clone();
         if let Some(at) = node::serve_metrics(&args.process, move |token| {
             matches!(g.tokens.check(token), Some(tokens::Principal::Admin { .. }))
         })? {
             let _ = gm.metrics.set(at);
         }
-        start_api(&gm, &args)?;
+        start_api(&alone, &args)?;
         stop.on_stop(|| {});
         tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM)", metrics = ?gm.metrics.get(), vregion_size = cfg.vregion_size.0, replication = %gm.replication, overcommit = cfg.overcommit.name(), placement = %cfg.placement, state = ?args.state, "splitos global managers started");
         node::announce_ready(args.process.ready_file.as_deref(), &addr);
@@ -667,6 +673,8 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>)
         tokens::Tokens::open(token_store.clone())
             .is_ok_and(|t| matches!(t.check(token), Some(tokens::Principal::Admin { .. })))
     })?;
+    // Before the election lists this manager: its listing names where it serves the API.
+    start_api(&manager, &args)?;
     tracing::info!(%addr, transport = t.name(), role = "global-managers (GPM, GMM), following until elected", etcd = ?cfg.etcd, prefix = %cfg.etcd_prefix, lease_s = cfg.leader_lease_s, ?metrics, "splitos global managers started");
     node::announce_ready(args.process.ready_file.as_deref(), &addr);
     let e = election.clone();
@@ -676,7 +684,6 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>)
             let _ = gm.metrics.set(at);
         }
         let _ = manager.gm.set(gm.clone());
-        start_api(&gm, &args)?;
         std::thread::Builder::new()
             .name("publish-status".into())
             .spawn(move || {
@@ -769,7 +776,6 @@ impl Gm {
             ),
             tokens: tokens::Tokens::open(state.clone())?,
             joins: joins::JoinTokens::open(state, authority, api_ca)?,
-            api: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
             rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
             election,

@@ -42,6 +42,57 @@ pub(crate) trait Lead: Send + Sync {
     fn published_status(&self) -> Option<Vec<u8>>;
     /// Gives this manager's lease up, so that another may lead at once.
     fn resign(&self);
+    /// Where every manager alive serves the REST API, each beside its own address (those a
+    /// manager of this cluster listed and signed).
+    fn apis(&self) -> Vec<(String, String)>;
+    /// Where every manager of this cluster served the REST API, alive or not.
+    fn apis_known(&self) -> Vec<String>;
+}
+
+/// Where this process serves the REST API, once it does: kept across a step-down's new image
+/// ([`etcd::step_down`]), so that each manager's API address lasts as long as its process.
+pub(crate) static API_AT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// The environment variable that hands [`API_AT`] to the new image.
+pub const API_AGAIN: &str = "SPLITOS_GM_API_AGAIN";
+
+/// What the single manager (no etcd) is to the REST API: it leads for as long as it runs.
+pub(crate) struct Alone {
+    pub(crate) addr: String,
+}
+
+impl Lead for Alone {
+    fn leading(&self) -> bool {
+        true
+    }
+
+    fn seen(&self) -> etcd::Seen {
+        etcd::Seen {
+            leader: Some(self.addr.clone()),
+            term: 0,
+        }
+    }
+
+    fn managers(&self) -> Vec<String> {
+        vec![self.addr.clone()]
+    }
+
+    fn published_status(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn resign(&self) {}
+
+    fn apis(&self) -> Vec<(String, String)> {
+        API_AT
+            .get()
+            .map(|a| (self.addr.clone(), a.clone()))
+            .into_iter()
+            .collect()
+    }
+
+    fn apis_known(&self) -> Vec<String> {
+        API_AT.get().cloned().into_iter().collect()
+    }
 }
 
 impl Lead for etcd::Election {
@@ -64,13 +115,21 @@ impl Lead for etcd::Election {
     fn resign(&self) {
         etcd::Election::resign(self)
     }
+
+    fn apis(&self) -> Vec<(String, String)> {
+        etcd::Election::apis(self)
+    }
+
+    fn apis_known(&self) -> Vec<String> {
+        etcd::Election::apis_known(self)
+    }
 }
 
 /// What answers the managers' address when they keep their state in etcd: the managers
 /// themselves while this one leads; before that, and after it stopped, a follower that answers
 /// who leads and reads (the leader's last status, the API tokens), and refuses the rest
 /// `NotLeader`.
-pub(crate) struct Manager {
+pub struct Manager {
     pub(crate) election: Arc<dyn Lead>,
     pub(crate) gm: std::sync::OnceLock<Arc<Gm>>,
     pub(crate) store: state::Store,
@@ -102,6 +161,38 @@ impl Handler for Manager {
 }
 
 impl Manager {
+    /// The managers, while this one leads.
+    pub fn leading(&self) -> Option<&Arc<Gm>> {
+        self.gm.get().filter(|_| self.election.leading())
+    }
+
+    /// Where every manager alive serves the REST API.
+    pub fn apis(&self) -> Vec<String> {
+        self.election.apis().into_iter().map(|(_, api)| api).collect()
+    }
+
+    /// Where every manager of this cluster served the REST API, alive or not: the origins a
+    /// dashboard may have been served from.
+    pub fn apis_known(&self) -> Vec<String> {
+        self.election.apis_known()
+    }
+
+    /// Where the leader serves the REST API, as it listed itself; none while no leader is
+    /// elected (or it serves none).
+    pub fn leader_api(&self) -> Option<String> {
+        let leader = self.election.seen().leader?;
+        self.election
+            .apis()
+            .into_iter()
+            .find_map(|(gm, api)| (gm == leader).then_some(api))
+    }
+
+    /// Whom an API token speaks for, read from the managers' state as a follower reads it
+    /// (the leader's own check is `Gm::tokens`).
+    pub fn check_token(&self, token: &str) -> Result<Option<tokens::Principal>, anyhow::Error> {
+        Ok(tokens::Tokens::open(self.store.clone())?.check(token))
+    }
+
     fn who_leads(&self) -> G2X_LEADER {
         let seen = self.election.seen();
         G2X_LEADER {
@@ -127,6 +218,7 @@ impl Manager {
                 let mut s: G2C_STATUS = postcard::from_bytes(&published).map_err(ManagerError::Published)?;
                 s.leader = self.election.seen().leader;
                 s.managers = self.election.managers();
+                s.apis = self.apis();
                 Ok(s)
             }),
             Msg::X2G_API_TOKEN(r) => on(r, |r| {
@@ -143,6 +235,16 @@ impl Manager {
             None => ManagerError::NoLeader,
         }
         .into()
+    }
+}
+
+impl Gm {
+    /// Where every manager alive serves the REST API (these managers alone: their own).
+    pub fn apis(&self) -> Vec<String> {
+        match &self.election {
+            Some(e) => e.apis().into_iter().map(|(_, api)| api).collect(),
+            None => API_AT.get().cloned().into_iter().collect(),
+        }
     }
 }
 

@@ -563,6 +563,14 @@ impl Lead for Election {
     }
 
     fn resign(&self) {}
+
+    fn apis(&self) -> Vec<(String, String)> {
+        vec![("10.0.0.9:7100".into(), "10.0.0.9:7443".into())]
+    }
+
+    fn apis_known(&self) -> Vec<String> {
+        vec!["10.0.0.9:7443".into()]
+    }
 }
 
 fn manager(r: &Rig, leader: Option<&str>, leads: &[bool], published: Option<Vec<u8>>) -> Manager {
@@ -611,6 +619,7 @@ fn a_follower_answers_who_leads_and_reads_and_refuses_the_rest_naming_the_leader
         metrics: None,
         leader: None,
         managers: Vec::new(),
+        apis: Vec::new(),
     };
     let f = manager(
         &r,

@@ -120,7 +120,8 @@ pub struct ManagerConfig {
     /// Where this manager listens, a fixed port: components and tools are told every
     /// manager's address, and find the leader among them.
     pub listen: String,
-    /// Where this manager serves the REST API while it leads; unset: `[cluster] api`.
+    /// Where this manager serves the REST API (every manager serves it, and only the leader
+    /// answers: a follower names the leader); unset: `[cluster] api`.
     #[serde(default)]
     pub api: Option<String>,
     /// The network namespace `cluster up` starts this manager in; unset: `[cluster] netns`.

@@ -19,7 +19,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{ConnectInfo, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
@@ -43,33 +43,43 @@ pub const MAX_STREAMS_PER_TOKEN: usize = 4;
 const PAGE: &str = include_str!("dashboard.html");
 
 /// Lets the page run its own inline script and style (by their hashes) and nothing else, and
-/// connect only to the API that served it.
-static POLICY: LazyLock<String> = LazyLock::new(|| {
-    let hash = |tag: &str| {
-        use base64::Engine;
-        use sha2::Digest;
-        let body = PAGE
-            .split_once(&format!("<{tag}>"))
-            .and_then(|(_, rest)| rest.split_once(&format!("</{tag}>")))
-            .map(|(body, _)| body)
-            .expect("the page has its script and style elements, without attributes");
-        format!(
-            "'sha256-{}'",
-            base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes()))
-        )
-    };
-    format!("default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'", hash("script"), hash("style"))
-});
+/// connect only to the API that served it and the other managers' (`origins`), where the
+/// leader's may be.
+fn policy(origins: &[String]) -> String {
+    static HASHES: LazyLock<(String, String)> = LazyLock::new(|| {
+        let hash = |tag: &str| {
+            use base64::Engine;
+            use sha2::Digest;
+            let body = PAGE
+                .split_once(&format!("<{tag}>"))
+                .and_then(|(_, rest)| rest.split_once(&format!("</{tag}>")))
+                .map(|(body, _)| body)
+                .expect("the page has its script and style elements, without attributes");
+            format!(
+                "'sha256-{}'",
+                base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body.as_bytes()))
+            )
+        };
+        (hash("script"), hash("style"))
+    });
+    let connect: String = origins.iter().map(|o| format!(" {o}")).collect();
+    format!("default-src 'none'; script-src {}; style-src {}; connect-src 'self'{connect}; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'", HASHES.0, HASHES.1)
+}
 
-/// The dashboard's page: no data in it, so no token needed.
-pub(super) async fn page() -> Response {
+/// The dashboard's page: no data in it, so no token needed. `origins`: the managers' APIs.
+pub(super) async fn page(origins: &[String]) -> Response {
+    let policy =
+        HeaderValue::from_str(&policy(origins)).unwrap_or_else(|_| HeaderValue::from_static("default-src 'none'"));
     (
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CONTENT_SECURITY_POLICY, POLICY.as_str()),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-            (header::REFERRER_POLICY, "no-referrer"),
-            (header::CACHE_CONTROL, "no-cache"),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (header::CONTENT_SECURITY_POLICY, policy),
+            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         ],
         PAGE,
     )
@@ -104,6 +114,8 @@ pub struct Snapshot {
     pub unanswered: Vec<Unanswered>,
     /// The topology graph, as `GET /api/v1/topology` answers it (null for a tenant's token).
     pub topology: Option<splitos_core::topology::Graph>,
+    /// Every manager's API (URLs): where the page looks for the leader when the stream breaks.
+    pub apis: Vec<String>,
 }
 
 /// A vNode's memory and the counters of its jobs.
@@ -146,6 +158,7 @@ struct Raw {
     /// Per vNode, bytes mapped writable on the mComponents (from their metrics).
     mapped: BTreeMap<String, u64>,
     topology: splitos_core::topology::Graph,
+    apis: Vec<String>,
 }
 
 impl Raw {
@@ -165,6 +178,7 @@ impl Raw {
             jobs,
             mapped: mapped_by_vnode(&metrics),
             topology: gm.topology(),
+            apis: gm.apis().iter().map(|a| super::url_of(a)).collect(),
         }
     }
 }
@@ -405,6 +419,7 @@ impl Stream {
                 Vec::new()
             },
             topology: admin.then(|| raw.topology.clone()),
+            apis: raw.apis.clone(),
         }
     }
 }
@@ -497,12 +512,13 @@ mod tests {
     #[test]
     fn the_policy_names_the_pages_own_script_and_style() {
         assert!(PAGE.contains("<script>") && PAGE.contains("<style>"));
+        let policy = policy(&["http://127.0.0.1:2".into()]);
         assert!(
-            POLICY.contains("script-src 'sha256-")
-                && POLICY.contains("style-src 'sha256-")
-                && !POLICY.contains("unsafe"),
-            "{}",
-            *POLICY
+            policy.contains("script-src 'sha256-")
+                && policy.contains("style-src 'sha256-")
+                && policy.contains("connect-src 'self' http://127.0.0.1:2;")
+                && !policy.contains("unsafe"),
+            "{policy}"
         );
     }
 }

@@ -12,6 +12,7 @@
 //! flood of API clients holds one thread and a few for the calls it makes to components.
 mod dashboard;
 mod excache;
+mod follow;
 mod jobs;
 pub mod join;
 mod memory;
@@ -33,10 +34,11 @@ use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{ErrCode, Refusal, Role, VnodeInfo};
 use utoipa::OpenApi;
 
+pub use follow::{url_of, NotLeader};
 pub use jobs::{JobList, JobView, SignalQuery, Unanswered};
 
 use crate::tokens::Principal;
-use crate::Gm;
+use crate::{Gm, Manager};
 use splitos_core::config::GmArgs;
 
 /// What the API's handlers share.
@@ -370,6 +372,8 @@ pub struct StatusView {
     pub leader: Option<String>,
     pub managers: Vec<String>,
     pub api: Option<String>,
+    /// Where every manager alive serves the API (only the leader answers).
+    pub apis: Vec<String>,
     pub gm_metrics: Option<String>,
     pub vregion_size: u64,
     /// Each component as the managers know it (its role, address, liveness, load, cordon, a
@@ -405,6 +409,7 @@ async fn status(
         leader: summary.leader,
         managers: summary.managers,
         api: summary.api,
+        apis: summary.apis,
         gm_metrics: summary.metrics,
         vregion_size: summary.vregion_size,
         components,
@@ -714,8 +719,6 @@ fn router(api: Arc<Api>) -> Router {
         // The token in the body is the proof: a machine that joins has no bearer token yet.
         .route("/api/v1/join/ca", get(join::ca))
         .route("/api/v1/join", axum::routing::post(join::join))
-        .route("/", get(dashboard::page))
-        .route("/dashboard", get(dashboard::page))
         .nest("/api/v1", v1)
         .merge(metrics)
         .fallback(not_found)
@@ -723,34 +726,35 @@ fn router(api: Arc<Api>) -> Router {
         .with_state(api)
 }
 
-/// Serves the REST API of `gm` unless the configuration turns it off: what `gm::run` is given to
-/// start it with, once the managers serve (main.rs).
-pub fn start(gm: &Arc<Gm>, args: &GmArgs) -> anyhow::Result<()> {
+/// Serves the REST API of this manager unless the configuration turns it off: what `gm::run`
+/// is given to start it with, before the election (main.rs). Every manager serves it, and only
+/// the leader answers ([`follow`]).
+pub fn start(manager: &Arc<Manager>, args: &GmArgs) -> anyhow::Result<()> {
     let cfg = &args.cluster;
     if cfg.api == "off" {
         return Ok(());
     }
-    let api = Api {
-        gm: gm.clone(),
-        config: serde_json::to_value(cfg)?,
-    };
     let tls = match (&args.api_cert, &args.api_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let at = serve(&cfg.api, Arc::new(api), tls, cfg.api_connections_per_peer)?;
-    tracing::info!(api = %at, scheme, "serving the REST API");
-    let _ = gm.api.set(at);
+    // A manager that starts again after leading serves where it did (its port may have been
+    // any free one).
+    let addr = std::env::var(crate::manager::API_AGAIN).unwrap_or_else(|_| cfg.api.clone());
+    let routes = follow::router(manager.clone(), serde_json::to_value(cfg)?);
+    let at = serve(&addr, routes, tls, cfg.api_connections_per_peer)?;
+    tracing::info!(api = %at, scheme, "serving the REST API (answered while this manager leads)");
+    let _ = crate::manager::API_AT.set(at);
     Ok(())
 }
 
-/// Serves the API at `addr` on a thread of its own, each peer holding at most `per_peer`
+/// Serves `routes` at `addr` on a thread of its own, each peer holding at most `per_peer`
 /// connections at once; returns the address it listens at. Beyond loopback only with `tls`:
 /// its tokens must not cross a network in the clear.
 pub fn serve(
     addr: &str,
-    api: Arc<Api>,
+    routes: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
     per_peer: usize,
 ) -> anyhow::Result<String> {
@@ -760,6 +764,6 @@ pub fn serve(
     if !local.ip().is_loopback() && tls.is_none() {
         anyhow::bail!("the REST API listens beyond loopback ({local}) only with TLS: give --api-cert and --api-key (docs/control-plane.md)");
     }
-    splitos_core::telemetry::serve_router(l, router(api), "api", tls, per_peer)?;
+    splitos_core::telemetry::serve_router(l, routes, "api", tls, per_peer)?;
     Ok(local.to_string())
 }

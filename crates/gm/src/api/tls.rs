@@ -86,13 +86,13 @@ fn leaf(
     })
 }
 
-/// The authority's certificate, and a certificate for the API at `ip` signed by it (with a
-/// key made for it).
-pub fn issue(ca_key: &KeyPair, ip: IpAddr) -> anyhow::Result<Issued> {
+/// The authority's certificate, and a certificate for the API at `ips` (every manager's)
+/// signed by it (with a key made for it).
+pub fn issue(ca_key: &KeyPair, ips: &[IpAddr]) -> anyhow::Result<Issued> {
     leaf(
         ca_key,
         "splitos REST API",
-        &[ip],
+        ips,
         vec![ExtendedKeyUsagePurpose::ServerAuth],
     )
 }
@@ -176,7 +176,7 @@ mod tests {
     fn the_apis_certificate_chains_to_the_clusters_authority_and_names_its_address() {
         let dir = tempfile::tempdir().unwrap();
         let ca_key = authority_key(&dir.path().join("x509-authority.key")).unwrap();
-        let issued = issue(&ca_key, "10.0.0.7".parse().unwrap()).unwrap();
+        let issued = issue(&ca_key, &["10.0.0.7".parse().unwrap()]).unwrap();
         let (cert, key) = (dir.path().join("api.pem"), dir.path().join("api.key"));
         std::fs::write(&cert, &issued.cert_pem).unwrap();
         splitos_rpc::auth::write_private(&key, issued.key_pem.as_bytes()).unwrap();
@@ -188,10 +188,10 @@ mod tests {
         );
         // The next start's certificate chains to the authority's certificate clients kept.
         let again = authority_key(&dir.path().join("x509-authority.key")).unwrap();
-        let next = issue(&again, "10.0.0.7".parse().unwrap()).unwrap();
+        let next = issue(&again, &["10.0.0.7".parse().unwrap()]).unwrap();
         assert!(verifies(&issued.ca_pem, &next.cert_pem, "10.0.0.7"));
         // Another cluster's authority does not vouch for it.
-        let other = issue(&KeyPair::generate().unwrap(), "10.0.0.7".parse().unwrap()).unwrap();
+        let other = issue(&KeyPair::generate().unwrap(), &["10.0.0.7".parse().unwrap()]).unwrap();
         assert!(!verifies(&other.ca_pem, &issued.cert_pem, "10.0.0.7"));
         // A key file others may read is refused.
         use std::os::unix::fs::PermissionsExt;

@@ -296,8 +296,9 @@ message_types! {
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics. `leader`: the manager that leads (the one
     /// answering, unless a follower answers from the leader's last published status);
-    /// `managers`: every manager alive (one alone: itself).
-    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String>, pub metrics: Option<String>, pub leader: Option<String>, pub managers: Vec<String> };
+    /// `managers`: every manager alive (one alone: itself); `apis`: where each of them serves
+    /// the REST API (a follower names the leader's to whoever asks it).
+    G2C_STATUS { pub components: Vec<ComponentInfo>, pub vregion_size: u64, pub api: Option<String>, pub metrics: Option<String>, pub leader: Option<String>, pub managers: Vec<String>, pub apis: Vec<String> };
     /// GPM: which pComponent runs a new process (the one with the fewest threads).
     C2G_PLACE_PROCESS;
     G2C_PLACED { pub pcomp: ComponentInfo };

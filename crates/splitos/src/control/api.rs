@@ -18,17 +18,29 @@ pub struct ApiArgs {
 
 /// Where the REST API is and the token to use: the ones given (or $SPLITOS_API and
 /// $SPLITOS_TOKEN), else those of the cluster `cluster up` started (its state directory is
-/// root's, and so is its token).
+/// root's, and so is its token). The API is every manager's address, `ADDR[,ADDR...]`: each
+/// request goes to the one that leads ([`send`]).
 pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
     let ApiArgs { api, token } = a;
     let state = cluster::read_state();
     let api = match api.or_else(|| std::env::var("SPLITOS_API").ok()) {
         Some(a) => a,
-        None => state.as_ref().and_then(|s| s.api.clone()).ok_or_else(|| {
-            anyhow::anyhow!(
-                "no REST API known: give --api ADDR (or $SPLITOS_API), or start a cluster with `splitos cluster up`"
-            )
-        })?,
+        None => {
+            let s = state
+                .as_ref()
+                .filter(|s| s.api.is_some() || !s.apis.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                    "no REST API known: give --api ADDR (or $SPLITOS_API), or start a cluster with `splitos cluster up`"
+                )
+                })?;
+            // The leader when the cluster started first, then every manager.
+            let mut all: Vec<String> = s.api.iter().chain(&s.apis).cloned().collect();
+            all.dedup();
+            let mut seen = std::collections::HashSet::new();
+            all.retain(|a| seen.insert(a.clone()));
+            all.join(",")
+        }
     };
     let token = match token.or_else(|| std::env::var("SPLITOS_TOKEN").ok()) {
         Some(t) => t,
@@ -53,6 +65,8 @@ pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
 pub(crate) fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        // A manager's host that is gone answers nothing: the next manager is asked soon.
+        .timeout_connect(Some(CONNECT))
         .timeout_global(Some(std::time::Duration::from_secs(10)));
     let loopback = api.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
     if loopback {
@@ -69,28 +83,125 @@ pub(crate) fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
     Ok((format!("https://{api}"), config.tls_config(tls).build().new_agent()))
 }
 
+/// How long a manager's API may take to accept a connection.
+const CONNECT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a request looks for a leader: a handover (the lease, 5 s by default) and some.
+const FIND_LEADER: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Why a request reached no leader.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error("the REST API at {api}: {error}")]
+    Client { api: String, error: String },
+    #[error("the REST API at {api}: {error}")]
+    Failed { api: String, error: ureq::Error },
+    #[error("no global manager's REST API answered as the leader within {}s (at {apis}): {last}", FIND_LEADER.as_secs())]
+    NoLeader { apis: String, last: String },
+}
+
+/// The manager that answered last as the leader: asked first by the next request.
+static LEADER: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Whether `e` says the request never reached the server, so that sending it to another is
+/// safe whatever it does.
+fn unreached(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind::*;
+    match e {
+        ureq::Error::Io(e) => matches!(
+            e.kind(),
+            ConnectionRefused | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+        ),
+        ureq::Error::ConnectionFailed | ureq::Error::Timeout(ureq::Timeout::Connect) => true,
+        _ => false,
+    }
+}
+
+/// Whether `r` is a follower's refusal (api/follow.rs in the managers): `421` naming the
+/// leader, or `503` with `Retry-After` while none is elected.
+fn from_follower(r: &ureq::http::Response<ureq::Body>) -> bool {
+    r.status() == 421 || r.status() == 503 && r.headers().contains_key("retry-after")
+}
+
+/// Sends one request (`make` of a base URL and its client) to the API at `apis`
+/// (`ADDR[,ADDR...]`, every manager's): to the last leader first, then each in turn, until the
+/// leader answers. A follower names the leader (`421`), which is asked next; while none is
+/// elected (`503`, or no manager answers) the managers are asked again, for up to
+/// [`FIND_LEADER`]. Only a request that surely was not carried out is sent again: one refused
+/// by a follower, or that reached no server. Returns the address that answered, and its answer.
+pub(crate) fn send(
+    apis: &str,
+    make: impl Fn(&str, &ureq::Agent) -> Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> Result<(String, ureq::http::Response<ureq::Body>), SendError> {
+    let all: Vec<String> = apis
+        .split(',')
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    let t0 = std::time::Instant::now();
+    let mut last = String::from("no address");
+    loop {
+        let mut queue: std::collections::VecDeque<String> = all.iter().cloned().collect();
+        if let Some(l) = LEADER.lock().unwrap().clone().filter(|l| all.contains(l)) {
+            queue.retain(|a| *a != l);
+            queue.push_front(l);
+        }
+        let mut asked = std::collections::HashSet::new();
+        while let Some(api) = queue.pop_front() {
+            if !asked.insert(api.clone()) {
+                continue;
+            }
+            let (base, agent) = api_client(&api).map_err(|e| SendError::Client {
+                api: api.clone(),
+                error: format!("{e:#}"),
+            })?;
+            match make(&base, &agent) {
+                Err(e) if unreached(&e) => last = format!("{api}: {e}"),
+                Err(error) => return Err(SendError::Failed { api, error }),
+                Ok(mut r) if from_follower(&r) => {
+                    let body: serde_json::Value = r.body_mut().read_json().unwrap_or_default();
+                    last = format!("{api}: {}", body["error"].as_str().unwrap_or("a follower"));
+                    // The leader it names is asked next, even if the list does not hold it (a
+                    // manager started since at another address).
+                    if let Some(l) = body["leader_api"].as_str() {
+                        queue.push_front(l.to_string());
+                    }
+                }
+                Ok(r) => {
+                    *LEADER.lock().unwrap() = Some(api.clone());
+                    return Ok((api, r));
+                }
+            }
+        }
+        if t0.elapsed() > FIND_LEADER {
+            return Err(SendError::NoLeader {
+                apis: apis.to_string(),
+                last,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
 /// One GET of the REST API; an error carries the API's own message.
 pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let (base, agent) = api_client(api)?;
-    api_answer(
-        api,
+    let (at, r) = send(api, |base, agent| {
         agent
             .get(format!("{base}{path}"))
             .header("Authorization", format!("Bearer {token}"))
-            .call(),
-    )
+            .call()
+    })?;
+    api_answer(&at, Ok(r))
 }
 
 /// One POST without a body.
 pub(crate) fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let (base, agent) = api_client(api)?;
-    api_answer(
-        api,
+    let (at, r) = send(api, |base, agent| {
         agent
             .post(format!("{base}{path}"))
             .header("Authorization", format!("Bearer {token}"))
-            .send_empty(),
-    )
+            .send_empty()
+    })?;
+    api_answer(&at, Ok(r))
 }
 
 /// One PUT of a JSON body, waiting up to `timeout` (an ExCache shrink writes back first).
@@ -101,16 +212,16 @@ pub(crate) fn api_put(
     body: &serde_json::Value,
     timeout: std::time::Duration,
 ) -> anyhow::Result<serde_json::Value> {
-    let (base, agent) = api_client(api)?;
-    let req = agent
-        .put(format!("{base}{path}"))
-        .config()
-        .timeout_global(Some(timeout))
-        .build();
-    api_answer(
-        api,
-        req.header("Authorization", format!("Bearer {token}")).send_json(body),
-    )
+    let (at, r) = send(api, |base, agent| {
+        agent
+            .put(format!("{base}{path}"))
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .header("Authorization", format!("Bearer {token}"))
+            .send_json(body)
+    })?;
+    api_answer(&at, Ok(r))
 }
 
 pub(crate) fn api_answer(
@@ -258,15 +369,14 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
 /// `cluster cordon` and `cluster uncordon`.
 /// `splitos cluster join-token`: prints a join token for `role`, lasting `ttl_s`.
 pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
-    let (api, token) = api_access(a)?;
-    let (base, agent) = api_client(&api)?;
-    let t = api_answer(
-        &api,
+    let (apis, token) = api_access(a)?;
+    let (api, r) = send(&apis, |base, agent| {
         agent
             .post(format!("{base}/api/v1/join-tokens"))
             .header("Authorization", format!("Bearer {token}"))
-            .send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s })),
-    )?;
+            .send_json(serde_json::json!({ "role": role, "ttl_s": ttl_s }))
+    })?;
+    let t = api_answer(&api, Ok(r))?;
     crate::errln!(
         "a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}",
         t["role"].as_str().unwrap_or("?"),

@@ -19,9 +19,12 @@ pub struct ClusterState {
     pub pids: Vec<u32>,
     #[serde(default)]
     pub transport: TransportConfig,
-    /// Where the global managers serve the REST API.
+    /// Where the leading manager served the REST API when the cluster started.
     #[serde(default)]
     pub api: Option<String>,
+    /// Where every manager serves it (each for as long as it runs; only the leader answers).
+    #[serde(default)]
+    pub apis: Vec<String>,
     /// The components of the configuration that run on other machines, not started here.
     #[serde(default)]
     pub elsewhere: Vec<String>,
@@ -361,6 +364,7 @@ impl Cluster {
                 pids: Vec::new(),
                 transport: cfg.transport.clone(),
                 api: None,
+                apis: Vec::new(),
                 elsewhere: Vec::new(),
             },
             children: Vec::new(),
@@ -392,24 +396,35 @@ impl Cluster {
         };
         // Beyond loopback the API serves HTTPS, with a certificate the authority issues at
         // every start; clients trust the authority's certificate beside it.
-        let api_ip = cfg
-            .cluster
-            .api
-            .parse::<std::net::SocketAddr>()
-            .ok()
+        // Every manager serves it, each at its address: one certificate names them all.
+        let mut api_ips: Vec<std::net::IpAddr> = cfg
+            .managers()
+            .iter()
+            .filter_map(|m| {
+                m.api
+                    .as_deref()
+                    .unwrap_or(&cfg.cluster.api)
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+            })
             .map(|a| a.ip())
-            .filter(|ip| !ip.is_loopback());
-        let (api_cert, api_key) = match api_ip {
-            Some(ip) => {
-                let issued =
-                    splitos_gm::api::tls::issue(&splitos_gm::api::tls::authority_key(&dir.join(X509_AUTHORITY))?, ip)?;
+            .filter(|ip| !ip.is_loopback())
+            .collect();
+        api_ips.sort();
+        api_ips.dedup();
+        let (api_cert, api_key) = match api_ips.is_empty() {
+            false => {
+                let issued = splitos_gm::api::tls::issue(
+                    &splitos_gm::api::tls::authority_key(&dir.join(X509_AUTHORITY))?,
+                    &api_ips,
+                )?;
                 let (cert, key) = (dir.join(API_CERT), dir.join(API_KEY));
                 std::fs::write(dir.join(CA_CERT), &issued.ca_pem)?;
                 std::fs::write(&cert, &issued.cert_pem)?;
                 splitos_rpc::auth::write_private(&key, issued.key_pem.as_bytes())?;
                 (Some(cert), Some(key))
             }
-            None => (None, None),
+            true => (None, None),
         };
         // One manager keeps the state in a file of the cluster's state directory; several keep
         // it in etcd, and each is named `gm<i>`. Either way its records are signed with a key

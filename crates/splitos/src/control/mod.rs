@@ -22,13 +22,16 @@ use cluster::{Cluster, ClusterState};
 /// The leading global manager of the cluster named by `--gm`, `$SPLITOS_GM` or the state of
 /// `cluster up` (each a list of managers, `ADDR[,ADDR...]`).
 fn gm_addr(gm: Option<String>) -> anyhow::Result<String> {
-    let gm = gm
-        .or_else(|| std::env::var("SPLITOS_GM").ok())
-        .or_else(|| cluster::read_state().map(|s| s.gm))
-        .ok_or_else(|| {
-            anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)")
-        })?;
+    let gm = managers_named(gm).ok_or_else(|| {
+        anyhow::anyhow!("no cluster is running (start one with `splitos cluster up`, or pass --gm ADDR)")
+    })?;
     cluster::leader(&gm)
+}
+
+/// The managers named by `--gm`, `$SPLITOS_GM` or the state of `cluster up`.
+fn managers_named(gm: Option<String>) -> Option<String> {
+    gm.or_else(|| std::env::var("SPLITOS_GM").ok())
+        .or_else(|| cluster::read_state().map(|s| s.gm))
 }
 
 /// Holds an exclusive lock next to the state directory `dir` until dropped: two `cluster up`
@@ -91,7 +94,15 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     // Written once before the API is known: the admin's RPC client takes the cluster's
     // transport from it.
     splitos_rpc::auth::write_private(&cluster::state_file(), serde_json::to_string_pretty(&state)?.as_bytes())?;
-    state.api = cluster::gm_status(&state.gm)?.api;
+    // Every manager started here lists where it serves the API a moment after it is ready.
+    let here = cfg.managers().len() - state.elsewhere.iter().filter(|e| e.starts_with("gm")).count();
+    let t0 = std::time::Instant::now();
+    let mut managers = cluster::gm_status(&state.gm)?;
+    while managers.api.is_some() && managers.apis.len() < here && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        managers = cluster::gm_status(&state.gm)?;
+    }
+    (state.api, state.apis) = (managers.api, managers.apis);
     if state.api.is_some() {
         // Root's own tools reach the API with a token of their own, made anew each time so
         // that one left by an earlier cluster in this directory is not kept alive.
@@ -248,6 +259,7 @@ struct Status {
     leader: Option<String>,
     managers: Vec<String>,
     api: Option<String>,
+    apis: Vec<String>,
     metrics: Option<String>,
     comps: Vec<(splitos_rpc::ComponentInfo, Option<serde_json::Value>)>,
 }
@@ -286,6 +298,7 @@ fn status_by_api(gm: &Option<String>) -> Option<Status> {
         leader: v["leader"].as_str().map(String::from),
         managers: strings(&v["managers"]),
         api: v["api"].as_str().map(String::from),
+        apis: strings(&v["apis"]),
         metrics: v["gm_metrics"].as_str().map(String::from),
         comps,
     })
@@ -300,6 +313,7 @@ fn status_by_rpc(gm: Option<String>) -> anyhow::Result<Status> {
         metrics,
         leader,
         managers,
+        apis,
         ..
     } = cluster::gm_status(&gm)?;
     let comps = components
@@ -312,12 +326,15 @@ fn status_by_rpc(gm: Option<String>) -> anyhow::Result<Status> {
         leader,
         managers,
         api,
+        apis,
         metrics,
         comps,
     })
 }
 
 pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
+    // Managers that elect a leader: the one left of several still leads.
+    let elected = managers_named(gm.clone()).is_some_and(|g| g.contains(','));
     let found = match status_by_api(&gm) {
         Some(s) => Ok(s),
         None => status_by_rpc(gm),
@@ -327,6 +344,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         leader,
         managers,
         api,
+        apis,
         metrics,
         comps,
     } = match found {
@@ -352,7 +370,7 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
         crate::outln!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "gm_metrics": metrics, "components": rows})
+                &serde_json::json!({"gm": gm, "leader": leader, "managers": managers, "api": api, "apis": apis, "gm_metrics": metrics, "components": rows})
             )?
         );
         return Ok(());
@@ -412,7 +430,10 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     }
     let others: Vec<&String> = managers.iter().filter(|m| Some(*m) != leader.as_ref()).collect();
     let following = if others.is_empty() {
-        String::new()
+        match elected || managers.len() > 1 {
+            true if leader.is_some() => " (leader)".to_string(),
+            _ => String::new(),
+        }
     } else {
         format!(
             " (leader; following: {})",

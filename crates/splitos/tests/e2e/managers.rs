@@ -286,3 +286,173 @@ fn managers_in_etcd_survive_a_dead_leader_partitions_and_a_restart_of_all() {
     );
     assert_eq!(c.metric(&leader, "splitos_gm_registrations_total"), 0.0);
 }
+
+/// The address of every manager's REST API, as `cluster up` recorded them in its state file.
+fn recorded_apis(c: &TestCluster) -> Vec<String> {
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir.path().join("cluster.json")).unwrap()).unwrap();
+    state["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The manager that answered `cluster topology --json`: the graph's node of the managers.
+fn topology_leader(c: &TestCluster) -> String {
+    let out = c.cmd(&["cluster", "topology", "--json"]).output().unwrap();
+    assert!(out.status.success(), "cluster topology: {}", text(&out.stderr));
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gm = g["nodes"].as_array().unwrap().iter().find(|n| n["id"] == "gm").unwrap();
+    let label = gm["label"].as_str().unwrap();
+    label.rsplit(' ').next().unwrap().to_string()
+}
+
+/// `splitos ARGS` succeeds; its standard output.
+fn works(c: &TestCluster, args: &[&str]) -> String {
+    let out = c.cmd(args).output().unwrap();
+    assert!(out.status.success(), "splitos {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// What `curl ARGS` printed (headers and body with `-i`), for what `http` cannot send: a
+/// browser's `Origin`, a preflight, and a stream read for a moment.
+fn curl(args: &[&str]) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "3"])
+        .args(args)
+        .output()
+        .unwrap();
+    text(&out.stdout)
+}
+
+#[test]
+fn the_rest_api_and_the_dashboard_follow_the_leader_when_it_is_killed() {
+    let h = Hosts::new(&["e"]);
+    let data = tempfile::tempdir().unwrap();
+    let state = TestCluster::state_dir();
+    let etcd = EtcdCluster::start(&h, &["e"], data.path(), state.path());
+    let gms: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", restartable_port())).collect();
+    // Each manager's API on any free port of loopback, as the embedded cluster has it.
+    let mut cfg = format!(
+        "[cluster]\n{}etcd_prefix = \"/api-failover\"\nleader_lease_s = 2\n",
+        etcd.config()
+    );
+    for g in &gms {
+        cfg += &format!("[[gm]]\nlisten = \"{g}\"\n");
+    }
+    cfg += "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n";
+    let c = TestCluster::up_in(state, Some(&cfg));
+    let apis = recorded_apis(&c);
+    assert_eq!(apis.len(), 3, "every manager serves the API: {apis:?}");
+    let token = std::fs::read_to_string(c.dir.path().join("admin.token")).unwrap();
+    let first = topology_leader(&c);
+    assert!(gms.contains(&first), "{first}");
+    works(&c, &["ps"]);
+    works(&c, &["memory", "list"]);
+    let first_api = c.status()["api"].as_str().unwrap().to_string();
+
+    // The leader dies at once; nothing is changed for the tools, which are run right away.
+    c.kill_component(c.pid_of_addr(&first));
+    let ps = works(&c, &["ps"]);
+    assert!(ps.contains("PID"), "{ps}");
+    let memory = works(&c, &["memory", "list"]);
+    assert!(memory.contains("attached"), "{memory}");
+    let second = topology_leader(&c);
+    assert!(second != first && gms.contains(&second), "{first} -> {second}");
+    let pcomp = c.components("pcomponent")[0]["id"].as_u64().unwrap().to_string();
+    let drained = works(&c, &["cluster", "drain", &pcomp, "--timeout", "30"]);
+    assert!(drained.contains("drained"), "{drained}");
+    works(&c, &["cluster", "uncordon", &pcomp]);
+    let status = c.status();
+    assert_eq!(status["leader"].as_str(), Some(second.as_str()), "{status}");
+    let second_api = status["api"].as_str().unwrap().to_string();
+    assert!(second_api != first_api && apis.contains(&second_api), "{status}");
+
+    // The dashboard: the page the dead leader served reads the stream from the others, which
+    // let its origin in; a follower serves the page too, and names the leader.
+    let follower_api = apis.iter().find(|a| **a != first_api && **a != second_api).unwrap();
+    let (dead, leader, follower) = (
+        format!("http://{first_api}"),
+        format!("http://{second_api}"),
+        format!("http://{follower_api}"),
+    );
+    let page = curl(&[&format!("{follower}/")]);
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    let policy = page
+        .lines()
+        .find(|l| l.to_lowercase().starts_with("content-security-policy:"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        policy.contains(&dead) && policy.contains(&leader),
+        "the page may connect to every manager's API: {policy}"
+    );
+    let bearer = format!("Authorization: Bearer {token}");
+    let misdirected = curl(&["-H", &bearer, &format!("{follower}/api/v1/events")]);
+    assert!(
+        misdirected.starts_with("HTTP/1.1 421") && misdirected.contains(&format!("\"leader_url\":\"{leader}\"")),
+        "{misdirected}"
+    );
+    // As strict as the leader: no token, no way to the leader.
+    let (status, _, body) = http(follower_api, "GET", "/api/v1/jobs", None, b"");
+    assert_eq!(status, 401, "{body}");
+    let origin = format!("Origin: {dead}");
+    let preflight = curl(&[
+        "-X",
+        "OPTIONS",
+        "-H",
+        &origin,
+        "-H",
+        "Access-Control-Request-Method: GET",
+        "-H",
+        "Access-Control-Request-Headers: authorization",
+        &format!("{leader}/api/v1/events"),
+    ]);
+    assert!(
+        preflight.starts_with("HTTP/1.1 204")
+            && preflight
+                .to_lowercase()
+                .contains(&format!("access-control-allow-origin: {dead}")),
+        "{preflight}"
+    );
+    let stream = curl(&["-N", "-H", &bearer, "-H", &origin, &format!("{leader}/api/v1/events")]);
+    assert!(
+        stream.starts_with("HTTP/1.1 200") && stream.contains("event: snapshot"),
+        "{stream}"
+    );
+    assert!(
+        stream.contains(&format!("\"{follower}\"")),
+        "the snapshot names every manager's API: {stream}"
+    );
+    let stranger = curl(&[
+        "-X",
+        "OPTIONS",
+        "-H",
+        "Origin: http://example.com",
+        &format!("{leader}/api/v1/events"),
+    ]);
+    assert!(
+        !stranger.to_lowercase().contains("access-control-allow-origin"),
+        "{stranger}"
+    );
+
+    // One manager left still leads, and says so.
+    c.kill_component(c.pid_of_addr(&second));
+    let third = {
+        let mut got = None;
+        let held = c.eventually(Duration::from_secs(20), |c| {
+            got = leadership(c).map(|(l, _)| l).filter(|l| *l != second);
+            got.is_some()
+        });
+        assert!(held, "{}", story(&c));
+        got.unwrap()
+    };
+    works(&c, &["ps"]);
+    let text_status = works(&c, &["cluster", "status"]);
+    assert!(
+        text_status.contains(&format!("global managers at {third} (leader)")),
+        "{text_status}"
+    );
+}
