@@ -522,8 +522,9 @@ impl std::fmt::Display for FittingExcache {
         match self.available {
             Some(a) => write!(
                 f,
-                "ExCache {}, sized for this host (a quarter of the {a} it has available, from {} to {})",
+                "ExCache {}, sized for this host (a quarter of the {:.1}G it has available, from {} to {})",
                 self.size,
+                a.0 as f64 / (1u64 << 30) as f64,
                 Size(FITTING_EXCACHE_MIN),
                 Size(FITTING_EXCACHE_MAX)
             ),
