@@ -16,12 +16,15 @@
 //! Processes sharing the cache may each keep a floor of lines against the others' misses
 //! ([`ExCache::with_floor`], off unless configured): then a program whose misses come fast
 //! cannot evict every line of one whose misses come slowly.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 mod eviction;
 pub use eviction::{Clock, EvictionPolicy, Fifo, GhostClock};
 
 use splitos_core::config::MIN_UNPINNED;
+
+use crate::stats::RunStats;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LineState {
@@ -169,6 +172,10 @@ pub struct ExCache {
     /// groups' misses ([`ExCache::set_shares`]).
     group_lines: HashMap<u32, usize>,
     shares: HashMap<u32, usize>,
+    /// Each process's run, and the pages the process has had lines for: the run counts
+    /// them (`RunStats::pages`), as the ExCache a program needs.
+    runs: HashMap<u64, Arc<RunStats>>,
+    seen: HashMap<u64, HashSet<u64>>,
 }
 
 impl ExCache {
@@ -210,6 +217,8 @@ impl ExCache {
             groups: HashMap::new(),
             group_lines: HashMap::new(),
             shares: HashMap::new(),
+            runs: HashMap::new(),
+            seen: HashMap::new(),
         }
     }
 
@@ -362,8 +371,16 @@ impl ExCache {
         &self.shares
     }
 
+    /// Process `pid` counts the pages it has lines for in `run`'s.
+    pub fn set_run(&mut self, pid: u64, run: Arc<RunStats>) {
+        self.runs.insert(pid, run);
+    }
+
     /// Process `pid` left (its lines already did): pids are reused.
     pub fn forget_group(&mut self, pid: u64) {
+        if let (Some(run), Some(seen)) = (self.runs.remove(&pid), self.seen.remove(&pid)) {
+            run.pages.sub(seen.len() as u64);
+        }
         self.own_interleave.remove(&pid);
         let held = self.resident_of(pid);
         if let Some(g) = self.groups.remove(&pid) {
@@ -591,6 +608,11 @@ impl ExCache {
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         if let Some(g) = self.group_of(pid) {
             self.count_group(g, 1, true);
+        }
+        if let Some(run) = self.runs.get(&pid) {
+            if self.seen.entry(pid).or_default().insert(vpn) {
+                run.pages.add(1);
+            }
         }
         Some(Claim {
             slot: slot.0,

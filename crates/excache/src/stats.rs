@@ -1,5 +1,7 @@
 //! Counters of the miss path: per run (all processes one `splitos run` started) and for the
 //! whole pComponent.
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
 use hdrhistogram::Histogram;
@@ -145,6 +147,32 @@ counters! {
         pub rpc_ns: Mutex<Histogram<u64>> = histogram(),
         pub install_ns: Mutex<Histogram<u64>> = histogram(),
         pub errors: Mutex<Vec<String>> = Mutex::default(),
+        /// Pages its processes had lines for (each page of a process once, fetched,
+        /// filled or read ahead), summed over the processes alive, and the most at once:
+        /// the ExCache the run needs, processes that ran one after another not added up.
+        pub pages: Held = Held::default(),
+    }
+}
+
+/// A count that goes up and down, and the most it reached.
+#[derive(Default)]
+pub struct Held {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Held {
+    pub fn add(&self, n: u64) {
+        let now = self.now.fetch_add(n, Relaxed) + n;
+        self.peak.fetch_max(now, Relaxed);
+    }
+
+    pub fn sub(&self, n: u64) {
+        self.now.fetch_sub(n, Relaxed);
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Relaxed)
     }
 }
 
@@ -164,6 +192,7 @@ impl RunStats {
         j.insert("miss_ns_mean".into(), (h.mean() as u64).into());
         j.insert("miss_breakdown_ns_p50".into(), serde_json::json!({"evict": p50(&self.evict_ns), "rpc": p50(&self.rpc_ns), "install": p50(&self.install_ns)}));
         j.insert("errors".into(), self.errors.lock().unwrap().clone().into());
+        j.insert("pages_peak".into(), self.pages.peak().into());
         j.into()
     }
 }
@@ -187,6 +216,7 @@ mod tests {
         "miss_ns_p99",
         "miss_breakdown_ns_p50",
         "errors",
+        "pages_peak",
     ];
     const READ_METRICS: &[&str] = &[
         "splitos_pcomp_misses_total",

@@ -420,6 +420,7 @@ impl MissPath {
     pub fn add(&self, t: Arc<ProcHeap>, materialized: BTreeSet<u64>) {
         let mut g = self.state.lock().unwrap();
         g.materialized.insert(t.pid, materialized);
+        g.cache.set_run(t.pid, t.stats.clone());
         g.heaps.insert(t.pid, t);
     }
 

@@ -1,5 +1,6 @@
 //! The control plane's command-line side: running programs and managing a cluster.
 mod api;
+mod as_user;
 pub mod cluster;
 pub mod job;
 pub mod launcher;
@@ -84,10 +85,15 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
             );
         }
     }
-    let cfg = match &config {
+    let mut cfg = match &config {
         Some(p) => ClusterConfig::load(p).map_err(|e| anyhow::anyhow!(e))?,
         None => ClusterConfig::embedded(),
     };
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        as_user::fit(&mut cfg, uid).map_err(|e| anyhow::anyhow!("not starting a cluster for uid {uid}: {e}"))?;
+    }
     let dir = cluster::state_dir();
     let c = Cluster::start(&cfg, &dir, true)?;
     let mut state: ClusterState = c.detach();

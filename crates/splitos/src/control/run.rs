@@ -605,7 +605,9 @@ fn not_for_a_running_cluster(e: &Embedded) -> anyhow::Result<()> {
 
 /// One line when the run spent most of its time in ExCache misses that fetched back pages it
 /// had already had (capacity misses: the ExCache is smaller than what the program keeps using),
-/// from the run's own counters; `None` otherwise.
+/// from the run's own counters; `None` otherwise. The size it suggests holds the pages of the
+/// run's processes alive at once, as the pComponent counted them: processes that ran one after
+/// another do not add up.
 fn excache_hint(stats: &serde_json::Value, secs: f64) -> Option<String> {
     let n = |k: &str| stats.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     let misses = n("misses");
@@ -613,23 +615,31 @@ fn excache_hint(stats: &serde_json::Value, secs: f64) -> Option<String> {
     // Every page the program touched was filled fresh once: by a miss, around one, or ahead.
     let fresh = n("plocal_fills") + n("faulted_around") + n("preallocated").saturating_sub(n("prealloc_unused"));
     let in_misses = misses as f64 * n("miss_ns_mean") as f64 / 1e9;
-    if secs <= 0.0 || refetched < fresh.max(1) || in_misses < secs / 2.0 {
+    if secs <= 0.0 || n("evictions") == 0 || refetched < fresh.max(1) || in_misses < secs / 2.0 {
         return None;
     }
-    let fits = Size((fresh * splitos_rpc::PAGE_SIZE as u64).next_power_of_two().max(1 << 20));
+    let pages = n("pages_peak").max(1);
+    let fits = fitting(pages * splitos_rpc::PAGE_SIZE as u64);
     let (evicted, by_others) = (n("evictions"), n("evicted_by_others"));
     let (rate, share) = (misses as f64 / secs, (100.0 * in_misses / secs).min(100.0));
     // Alone in the ExCache a program evicts only its own lines: when others' misses took a
     // good part of them, its size is not the whole story.
     if by_others > 0 && by_others * 4 >= evicted {
         return Some(format!(
-            "the ExCache is too small for the programs sharing it: {misses} misses ({rate:.0}/s), {refetched} of them for pages it had already had, took about {share:.0}% of the run; other programs' misses evicted {by_others} of its lines ({:.0}% of its evictions); its heap touched {fresh} pages, which an ExCache of {fits} would hold for it alone (a larger ExCache, or fewer programs at once; --quiet drops this hint)",
+            "the ExCache is too small for the programs sharing it: {misses} misses ({rate:.0}/s), {refetched} of them for pages it had already had, took about {share:.0}% of the run; other programs' misses evicted {by_others} of its lines ({:.0}% of its evictions); its processes had {pages} pages at most at once, which an ExCache of {fits} would hold for it alone (a larger ExCache, or fewer programs at once; --quiet drops this hint)",
             100.0 * by_others as f64 / evicted as f64
         ));
     }
     Some(format!(
-        "the ExCache is too small for this program: {misses} misses ({rate:.0}/s), {refetched} of them for pages it had already had, took about {share:.0}% of the run; its heap touched {fresh} pages, which an ExCache of {fits} would hold (--excache; --quiet drops this hint)"
+        "the ExCache is too small for this program: {misses} misses ({rate:.0}/s), {refetched} of them for pages it had already had, took about {share:.0}% of the run; its processes had {pages} pages at most at once, which an ExCache of {fits} would hold (--excache; --quiet drops this hint)"
     ))
+}
+
+/// The ExCache to suggest for `bytes`: rounded up to a sixteenth of its power of two (at
+/// least 1M), so that it is a size a person types and never twice what is needed.
+fn fitting(bytes: u64) -> Size {
+    let step = (bytes.next_power_of_two() / 16).max(1 << 20);
+    Size(bytes.div_ceil(step) * step)
 }
 
 /// Every process of this run (the program and whatever it forked or executed).
@@ -674,4 +684,24 @@ fn watch_pcomponent(l: &Launcher, pcomp: &str, stop: &std::os::unix::net::UnixSt
     Some(format!(
         "{pcomp} went away; its programs' memory cannot be served, so they were stopped"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suggested_excache_holds_the_pages_and_is_never_twice_them() {
+        for (bytes, want) in [
+            (1, 1 << 20),
+            (81 << 20, 88 << 20),
+            (130 << 20, 144 << 20),
+            (256 << 20, 256 << 20),
+            ((256 << 20) + 1, 288 << 20),
+        ] {
+            let got = fitting(bytes).0;
+            assert_eq!(got, want, "{bytes}");
+            assert!(got >= bytes && (got < 2 * bytes || got == 1 << 20), "{bytes}");
+        }
+    }
 }

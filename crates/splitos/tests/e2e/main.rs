@@ -44,3 +44,4 @@ mod sim;
 mod storage;
 mod topology;
 mod transport;
+mod users;
