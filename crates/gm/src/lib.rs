@@ -482,6 +482,18 @@ impl Gm {
         Ok(pcomp)
     }
 
+    /// Tells pComponent `c` the cordon just set, which it refuses programs by: the API answers
+    /// after this, so that a run right after the command meets the new state. One that does
+    /// not answer takes it from its next heartbeat's answer.
+    pub fn tell_cordon(&self, c: &ComponentInfo) {
+        if c.role != Role::Proc || !c.alive {
+            return;
+        }
+        if let Err(e) = self.rpc.call(&c.addr, G2P_CORDON { cordoned: c.cordoned }) {
+            tracing::warn!(id = c.id, addr = %c.addr, error = %e, "the pComponent was not told of its cordon: it takes it from its next heartbeat");
+        }
+    }
+
     /// Signals program `pid` on `pcomp`, which the caller found it on.
     pub fn signal(&self, pcomp: &ComponentInfo, pid: u64, signal: i32) -> Result<(), RpcError> {
         self.rpc.call(&pcomp.addr, G2P_SIGNAL { pid, signal }).map(|_| ())

@@ -342,7 +342,7 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
-    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_CORDON, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
     X2G_EBB_FIND, G2X_EBB_MAP, X2G_WHO_LEADS, G2X_LEADER,
     // ---- the Ebb messenger: any component (or the admin's tools) -> any component, in cluster.rs
     X2X_EBB_MESSAGE, X2X_EBB_ANSWER,
@@ -398,6 +398,7 @@ replies! {
     P2G_VNODES => G2P_VNODES,
     G2X_METRICS => X2G_METRICS,
     G2P_SIGNAL => OK,
+    G2P_CORDON => OK,
     G2P_SET_EXCACHE => P2G_EXCACHE,
     X2G_EBB_FIND => G2X_EBB_MAP,
     X2G_WHO_LEADS => G2X_LEADER,
@@ -562,6 +563,7 @@ mod role_tests {
             ),
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
+            (G2P_CORDON { cordoned: true }.into(), &[Role::Gm, Role::Admin]),
             (
                 G2P_SET_EXCACHE {
                     size: Some(1 << 20),
