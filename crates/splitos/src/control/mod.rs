@@ -420,7 +420,8 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     };
     crate::outln!(
         "global managers at {gm}{following}{}\n{t}",
-        api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default()
+        api.map(|a| format!(", REST API at {}", api::api_url(&a)))
+            .unwrap_or_default()
     );
     let mstats: Vec<&serde_json::Value> = rows
         .iter()

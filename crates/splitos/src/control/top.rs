@@ -106,7 +106,7 @@ pub fn top(a: ApiArgs, interval: Duration, frames: Option<u64>) -> anyhow::Resul
             };
             let cmd = j["command"].as_str().unwrap_or("");
             t.add_row([
-                pid.clone(),
+                j["os_pid"].to_string(),
                 j["user"].as_str().unwrap_or("?").to_string(),
                 j["vnode"].as_str().unwrap_or("?").to_string(),
                 j["pcomponent"].to_string(),
