@@ -553,7 +553,10 @@ impl Cluster {
         }
         let want = pending.len();
         if !elsewhere.is_empty() {
-            tracing::info!(components = ?elsewhere, "not started here: their addresses are another machine's");
+            // `cluster up` says so in its summary; only an embedded run has nothing else to say it.
+            if !detach {
+                tracing::info!(components = ?elsewhere, "not started here: their addresses are another machine's");
+            }
             self.state.elsewhere = elsewhere;
         }
         for (name, (mut ch, ready)) in pending {

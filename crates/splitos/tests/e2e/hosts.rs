@@ -214,6 +214,9 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
         1,
         "only this machine's mComponent started"
     );
+    // Said once, in its summary, not also as a log line.
+    let said = std::fs::read_to_string(c.dir.path().join("up.stderr")).unwrap();
+    assert!(!said.contains("INFO"), "{said}");
     let api = state["api"].as_str().unwrap().to_string();
     let join_token = |c: &TestCluster| {
         let out = c.cmd(&["cluster", "join-token", "--role", "mem"]).output().unwrap();
