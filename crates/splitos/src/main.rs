@@ -29,8 +29,8 @@ enum Cmd {
     /// the cluster started by `splitos cluster up` (its state file); for a user other than
     /// root, the host's cluster (the program sockets in its state directory, /run/splitos or
     /// $SPLITOS_STATE_DIR), on a vNode the admin granted that user; for root, else an embedded
-    /// cluster (global managers, one pComponent, two mComponents, each its own process on
-    /// loopback) for the duration of the program. A cluster named or started that cannot be
+    /// cluster (global managers, one pComponent, two mComponents and one sComponent for the
+    /// vNode's files, each its own process on loopback) for the duration of the program. A cluster named or started that cannot be
     /// reached is an error, never a reason to run on another; --embedded always runs on an
     /// embedded one. The program runs as the user who runs this; its stdout, stderr and exit
     /// status are its own.
@@ -124,7 +124,8 @@ enum Cmd {
 enum ClusterCmd {
     /// Start a cluster that outlives this command (state in $SPLITOS_STATE_DIR or /run/splitos).
     Up {
-        /// Cluster configuration (TOML); default: 1 pComponent, 2 mComponents on loopback.
+        /// Cluster configuration (TOML); default: the global managers, 1 pComponent, 2
+        /// mComponents and 1 sComponent on loopback.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -184,12 +185,14 @@ enum ClusterCmd {
     /// Take a pComponent or mComponent out of placement, by its id (`cluster status`): no new
     /// programs start on it, no new homes or vRegions go to it; what runs there goes on.
     Cordon {
+        /// The component's id (`cluster status`).
         id: u32,
         #[command(flatten)]
         api: control::ApiArgs,
     },
     /// Put a cordoned component back into placement.
     Uncordon {
+        /// The component's id (`cluster status`).
         id: u32,
         #[command(flatten)]
         api: control::ApiArgs,
@@ -199,6 +202,7 @@ enum ClusterCmd {
     /// lines back first. Prints the ExCache as it is then (with neither SIZE nor shares, as
     /// it is now).
     SetExcache {
+        /// The pComponent's id (`cluster status`).
         id: u32,
         /// The new size (e.g. 32M): at least 256K, at most the pComponent's excache_max
         /// (default four times its excache); rounded down to whole ways of every set.
@@ -219,6 +223,7 @@ enum ClusterCmd {
     /// with the lines it holds (docs/ebb.md#policies-as-ebbs). Prints the policies then (with
     /// neither option, as they are).
     SetPolicy {
+        /// The pComponent's id (`cluster status`).
         id: u32,
         /// The eviction policy: fifo, clock or ghost-clock.
         #[arg(long)]
@@ -232,6 +237,7 @@ enum ClusterCmd {
     /// Cordon a component and wait until nothing runs on it: no job on a pComponent; an
     /// mComponent's memory moves to the others while programs run (it stays, empty).
     Drain {
+        /// The id of the pComponent or mComponent (`cluster status`).
         id: u32,
         /// Give up after this many seconds (the component stays cordoned).
         #[arg(long, default_value_t = 600)]
@@ -295,6 +301,7 @@ enum MemoryCmd {
     /// it at once. One started with `splitos mem --standby` waits for this; a detach under
     /// way is called off.
     Attach {
+        /// The mComponent's id (`memory list`).
         id: u32,
         #[command(flatten)]
         api: control::ApiArgs,
@@ -303,6 +310,7 @@ enum MemoryCmd {
     /// moves to the other mComponents, then it exits. Refused for the last mComponent and
     /// when the others lack room.
     Detach {
+        /// The mComponent's id (`memory list`).
         id: u32,
         /// Return once the detach has started, without waiting for it to end.
         #[arg(long)]
@@ -339,6 +347,7 @@ enum TokenCmd {
     },
     /// Revoke a token: requests with it are refused from now on.
     Revoke {
+        /// The token's name (`cluster token list`).
         name: String,
         #[arg(long)]
         gm: Option<String>,
