@@ -143,6 +143,15 @@ enum ClusterCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Start again a component of the cluster `cluster up` started that has exited (a
+    /// manager, an mComponent, ...), by its name in the state directory: gm (gm0, gm1, ...
+    /// with several managers), storage0, mem0, proc0, net0, as its log is named. It runs
+    /// with the configuration and credentials it had, a manager at the address it had;
+    /// `cluster down` stops it with the rest.
+    Restart {
+        /// The component's name (its log is NAME.log in the state directory).
+        name: String,
+    },
     /// Print every component's counters in Prometheus text format.
     Metrics {
         #[arg(long)]
@@ -404,6 +413,7 @@ fn main() {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
             ClusterCmd::Down { force } => control::down(force),
+            ClusterCmd::Restart { name } => control::procs::restart(&name),
             ClusterCmd::Metrics { declared: true, .. } => {
                 splitos::out!("{}", splitos::catalogue::render());
                 Ok(())

@@ -3,6 +3,7 @@ mod api;
 pub mod cluster;
 pub mod launcher;
 pub mod memory;
+pub mod procs;
 pub mod run;
 pub mod top;
 
@@ -202,7 +203,8 @@ pub fn down(force: bool) -> anyhow::Result<()> {
         }
         crate::errln!("splitos: warning: stopping {running} program(s) that run on the cluster");
     }
-    cluster::stop_pids(&s.pids);
+    let (stop, gone) = procs::to_stop(&s);
+    cluster::stop_pids(&stop);
     cluster::unmount_vnodes(&s.dir);
     // The stopped components' rendezvous sockets would stay until the next cluster starts.
     if s.transport.kind == "shm" {
@@ -226,7 +228,13 @@ pub fn down(force: bool) -> anyhow::Result<()> {
         }
     }
     let _ = std::fs::remove_file(cluster::state_file());
-    crate::outln!("cluster down: stopped {} component process(es)", s.pids.len());
+    match gone {
+        0 => crate::outln!("cluster down: stopped {} component process(es)", stop.len()),
+        _ => crate::outln!(
+            "cluster down: stopped {} component process(es); {gone} had exited before",
+            stop.len()
+        ),
+    }
     Ok(())
 }
 

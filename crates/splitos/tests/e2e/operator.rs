@@ -173,3 +173,66 @@ fn top_shows_the_misses_per_second_of_a_running_job() {
     let _ = job.kill();
     let _ = job.wait();
 }
+
+/// A manager that died is started again by name, at the address the components know, and
+/// they register with it again; `cluster down` stops it with the rest (it is not the PID
+/// recorded at start), and counts only the processes it stopped.
+#[test]
+fn a_dead_manager_is_restarted_by_name_and_down_stops_it_counting_only_what_it_stopped() {
+    let c = TestCluster::up(None);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let recorded = c.state_pids();
+    let gm_pid = c.pid_of_addr(&gm);
+    // Dead, but still in the record, as a crash leaves it.
+    // SAFETY: kill(2) takes no pointers; the PID is this test's own manager.
+    unsafe { libc::kill(gm_pid, libc::SIGKILL) };
+    assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(gm_pid)));
+
+    let out = c.cmd(&["cluster", "restart", "nosuch"]).output().unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("gm, mem0, mem1, proc0, storage0"),
+        "{}",
+        text(&out.stderr)
+    );
+    let said = splitos_ok(&c, &["cluster", "restart", "gm"]);
+    assert!(said.contains("gm started again (pid ") && said.contains(&gm), "{said}");
+    let again: i32 = said
+        .split("(pid ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let out = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains(&format!("gm runs (pid {again})")),
+        "{}",
+        text(&out.stderr)
+    );
+    // The components find it where it was, and programs run again.
+    assert!(
+        c.eventually(Duration::from_secs(15), |c| c.status()["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["alive"] == true && x["role"] != "global-managers")
+            .count()
+            == recorded.len() - 1),
+        "{}",
+        c.log("gm")
+    );
+    let out = c.run(&[], &["true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let said = splitos_ok(&c, &["cluster", "down"]);
+    assert!(
+        said.contains(&format!(
+            "stopped {} component process(es); 1 had exited before",
+            recorded.len()
+        )),
+        "{said}"
+    );
+    assert!(!pid_running(again), "the restarted manager was left running");
+}
