@@ -736,6 +736,9 @@ impl Gm {
     ) -> anyhow::Result<Arc<Gm>> {
         let cfg = &args.cluster;
         let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
+        if args.fresh {
+            Gm::forget_earlier_start(&state)?;
+        }
         let authority = args
             .authority
             .as_deref()

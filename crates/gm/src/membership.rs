@@ -128,6 +128,22 @@ impl Gm {
         was
     }
 
+    /// Drops the registrations an earlier start kept: its components are gone (`--fresh`),
+    /// and would show as lost until forgotten.
+    pub(super) fn forget_earlier_start(store: &state::Store) -> anyhow::Result<()> {
+        let members = store.load::<kept::Member>(kept::MEMBERS)?;
+        for m in &members {
+            store.put::<kept::Member>(kept::MEMBERS, &m.info.id.to_string(), None)?;
+        }
+        if !members.is_empty() {
+            tracing::info!(
+                components = members.len(),
+                "the components of an earlier start are forgotten: the cluster starts anew"
+            );
+        }
+        Ok(())
+    }
+
     /// The registrations kept in `store`, each with a fresh start: whether a component is
     /// alive is learnt again from its heartbeats.
     pub(super) fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {

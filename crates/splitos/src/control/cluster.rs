@@ -466,6 +466,9 @@ impl Cluster {
                 listen: m.listen.clone(),
                 cluster,
                 vnodes: cfg.vnode.clone(),
+                // Every component starts anew here; with etcd another machine's manager may
+                // lead the components of this cluster that still run, and keeps them.
+                fresh: state.is_some(),
                 state,
                 api_cert: api_cert.clone(),
                 api_key: api_key.clone(),

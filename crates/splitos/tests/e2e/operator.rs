@@ -236,3 +236,27 @@ fn a_dead_manager_is_restarted_by_name_and_down_stops_it_counting_only_what_it_s
     );
     assert!(!pid_running(again), "the restarted manager was left running");
 }
+
+/// A cluster started again after `cluster down` shows only its own components, each alive:
+/// none of the earlier start's lingers as lost.
+#[test]
+fn a_cluster_started_again_shows_no_component_of_the_last_start() {
+    let c = TestCluster::up(None);
+    let before: Vec<String> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].to_string())
+        .collect();
+    splitos_ok(&c, &["cluster", "down"]);
+    splitos_ok(&c, &["cluster", "up"]);
+    let status = c.status();
+    let comps = status["components"].as_array().unwrap();
+    assert_eq!(comps.len(), before.len(), "{status}");
+    assert!(
+        comps
+            .iter()
+            .all(|x| x["alive"] == true && !before.contains(&x["id"].to_string())),
+        "{status}"
+    );
+}
