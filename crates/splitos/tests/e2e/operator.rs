@@ -170,8 +170,73 @@ fn top_shows_the_misses_per_second_of_a_running_job() {
     }
     let out = c.cmd(&["top", "-d", "0"]).output().unwrap();
     assert!(!out.status.success() && text(&out.stderr).contains("--interval must be at least 0.1 seconds"));
+    top_on_a_terminal(&c);
     let _ = job.kill();
     let _ = job.wait();
+}
+
+/// `splitos top` on a terminal 80 columns wide, as its controlling terminal: no line is
+/// wider, it says that q quits, q quits at once, and the terminal is given back as it was.
+fn top_on_a_terminal(c: &TestCluster) {
+    use nix::sys::termios::{tcgetattr, LocalFlags};
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let size = nix::pty::Winsize {
+        ws_row: 40,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(&size, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = c.cmd(&["top", "-d", "30"]);
+    cmd.stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl are async-signal-safe and touch no memory of ours; the
+    // terminal becomes the child's controlling one, as a login's is.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            (libc::ioctl(0, libc::TIOCSCTTY, 0) == 0)
+                .then_some(())
+                .ok_or_else(std::io::Error::last_os_error)
+        })
+    };
+    let mut top = cmd.spawn().unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    // The first frame: up to its jobs' header.
+    let mut seen = Vec::new();
+    let t0 = std::time::Instant::now();
+    while !text(&seen).contains("COMMAND") && t0.elapsed() < Duration::from_secs(20) {
+        let mut buf = [0u8; 4096];
+        match master.read(&mut buf) {
+            Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let frame = text(&seen);
+    assert!(frame.contains("(q quits)"), "{frame}");
+    let wide: Vec<&str> = frame
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| l.rsplit('\x1b').next().unwrap().chars().count() > 80)
+        .collect();
+    assert!(wide.is_empty(), "wider than the terminal: {wide:?}");
+    let asked = std::time::Instant::now();
+    std::io::Write::write_all(&mut master, b"q").unwrap();
+    let mut ended = None;
+    while ended.is_none() && asked.elapsed() < Duration::from_secs(5) {
+        ended = top.try_wait().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = top.kill();
+    assert!(ended.is_some_and(|s| s.success()), "q did not quit top: {ended:?}");
+    let given_back = tcgetattr(&slave).unwrap().local_flags;
+    assert!(
+        given_back.contains(LocalFlags::ICANON | LocalFlags::ECHO | LocalFlags::ISIG),
+        "{given_back:?}"
+    );
 }
 
 /// A manager that died is started again by name, at the address the components know, and
