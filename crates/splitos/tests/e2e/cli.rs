@@ -709,6 +709,8 @@ fn every_command_whose_reader_goes_away_exits_without_a_panic() {
             }
             "cluster token create" => vec!["piped".into(), "--admin".into()],
             "cluster token revoke" => vec!["piped".into()],
+            // It runs: refused, in words.
+            "cluster restart" => vec!["gm".into()],
             "cluster join-token" => vec!["--role".into(), "mem".into()],
             "cluster credentials" => vec!["--role".into(), "admin".into(), "--out".into(), file("piped.cred")],
             "cluster etcd-cert" => vec!["--ip".into(), "127.0.0.1".into(), "--out".into(), file("piped-etcd")],
