@@ -68,6 +68,10 @@ enum Cmd {
         out: PathBuf,
         /// The managers' REST API (HOST:PORT, served over HTTPS).
         api: String,
+        /// Where this machine's component is to listen (ADDR:PORT, an address of this machine
+        /// the others reach): written to ROLE.env as SPLITOS_LISTEN, which its unit needs.
+        #[arg(long)]
+        listen: Option<String>,
     },
     /// Manage a long-lived cluster on this host.
     Cluster {
@@ -408,7 +412,12 @@ fn main() {
     splitos_metrics::set_catalogue(splitos::catalogue::all());
     let r = match cli.cmd {
         Cmd::Run(args) => control::run::run(*args).map(|code| std::process::exit(code)),
-        Cmd::Join { token, out, api } => api::join::join_cli(&token, &api, &out),
+        Cmd::Join {
+            token,
+            out,
+            api,
+            listen,
+        } => api::join::join_cli(&token, &api, &out, listen.as_deref()),
         Cmd::Cluster { cmd } => match cmd {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),

@@ -237,6 +237,8 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
                 token,
                 "--out",
                 out.to_str().unwrap(),
+                "--listen",
+                &there,
                 &api,
             ],
         )
@@ -260,8 +262,14 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
         "a join token works once: {}",
         text(&again.stderr)
     );
+    // The env file holds all its unit needs: the managers and where to listen.
     let env = std::fs::read_to_string(out.join("mem.env")).unwrap();
-    let gm = env.trim().strip_prefix("SPLITOS_GM=").unwrap().to_string();
+    let gm = env
+        .lines()
+        .find_map(|l| l.strip_prefix("SPLITOS_GM="))
+        .unwrap_or_else(|| panic!("{env}"))
+        .to_string();
+    assert!(env.lines().any(|l| l == format!("SPLITOS_LISTEN={there}")), "{env}");
     let log = std::fs::File::create(c.dir.path().join("m2.log")).unwrap();
     let child = {
         use std::os::unix::process::CommandExt;
