@@ -59,7 +59,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `X2G_WHO_LEADS`, and the `leader` and `managers` of `G2C_STATUS`.
 /// Version 26 added room kept for vNodes' memory quotas: `G2X_BEAT.keep` and
 /// `M2M_VMA_ADD.quota`.
-pub const WIRE_VERSION: u16 = 26;
+/// Version 27 added `G2P_CORDON`: the managers tell a pComponent its cordon at once.
+pub const WIRE_VERSION: u16 = 27;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
