@@ -609,6 +609,15 @@ const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
 /// Runs the global managers until they are stopped. `start_api` serves the REST API
 /// (`api::start`) once they serve, as the leader where several run: it is given, not called by
 /// name, because the API imports the managers and the managers must not import it.
+/// Forgets the components kept in the managers' state `file` (signed with the key in
+/// `key`), before the managers start: `cluster up` starts every component anew, and the last
+/// start's would show as lost until forgotten. What else the state keeps (tokens, vNodes,
+/// cordons) stays.
+pub fn forget_components(file: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+    let store = state::Store::open(file, state::StateKey::at(key, false)?)?;
+    Gm::forget_all(&store)
+}
+
 pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
     // Before any thread starts, which would inherit the mask.
     let stop = node::block_stop_signals();
@@ -736,9 +745,6 @@ impl Gm {
     ) -> anyhow::Result<Arc<Gm>> {
         let cfg = &args.cluster;
         let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
-        if args.fresh {
-            Gm::forget_earlier_start(&state)?;
-        }
         let authority = args
             .authority
             .as_deref()

@@ -128,18 +128,10 @@ impl Gm {
         was
     }
 
-    /// Drops the registrations an earlier start kept: its components are gone (`--fresh`),
-    /// and would show as lost until forgotten.
-    pub(super) fn forget_earlier_start(store: &state::Store) -> anyhow::Result<()> {
-        let members = store.load::<kept::Member>(kept::MEMBERS)?;
-        for m in &members {
+    /// Drops every registration `store` keeps.
+    pub(super) fn forget_all(store: &state::Store) -> anyhow::Result<()> {
+        for m in store.load::<kept::Member>(kept::MEMBERS)? {
             store.put::<kept::Member>(kept::MEMBERS, &m.info.id.to_string(), None)?;
-        }
-        if !members.is_empty() {
-            tracing::info!(
-                components = members.len(),
-                "the components of an earlier start are forgotten: the cluster starts anew"
-            );
         }
         Ok(())
     }

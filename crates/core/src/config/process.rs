@@ -84,13 +84,6 @@ pub struct GmArgs {
     /// cluster's state directory.
     #[arg(long)]
     pub state: Option<PathBuf>,
-    /// Forget the components an earlier start registered in `--state`: none of them runs any
-    /// more (`cluster up`, which starts every component anew; one still running elsewhere
-    /// registers again at its next heartbeat). Without it the managers resume their
-    /// membership, as a manager restarted beside running components must.
-    #[arg(long)]
-    #[serde(default)]
-    pub fresh: bool,
     /// The REST API's certificate (PEM) and its key: with both, the API serves HTTPS, which
     /// it must beyond loopback. `cluster up` issues them from the cluster's authority.
     #[arg(long, requires = "api_key")]

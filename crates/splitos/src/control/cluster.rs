@@ -456,6 +456,11 @@ impl Cluster {
                 continue;
             }
             let state = cfg.cluster.etcd.is_empty().then(|| dir.join(GM_STATE));
+            // Every component starts anew: the last start's would show as lost until forgotten.
+            // (With etcd a manager of another machine may lead components that still run.)
+            if let Some(file) = state.as_ref().filter(|f| f.exists()) {
+                splitos_gm::forget_components(file, &dir.join(GM_STATE_KEY))?;
+            }
             let etcd_tls = cfg.cluster.etcd.iter().any(|e| e.starts_with("https://"));
             let cluster = GmConfig {
                 api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()),
@@ -466,9 +471,6 @@ impl Cluster {
                 listen: m.listen.clone(),
                 cluster,
                 vnodes: cfg.vnode.clone(),
-                // Every component starts anew here; with etcd another machine's manager may
-                // lead the components of this cluster that still run, and keeps them.
-                fresh: state.is_some(),
                 state,
                 api_cert: api_cert.clone(),
                 api_key: api_key.clone(),

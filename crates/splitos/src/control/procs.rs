@@ -137,8 +137,6 @@ fn keep_addresses(config: &Path, name: &str, s: &ClusterState) -> anyhow::Result
     if let Some(at) = at {
         args["listen"] = at.into();
     }
-    // The components it had run on: it resumes their membership.
-    args["fresh"] = false.into();
     if let (1, Some(api)) = (managers.len(), &s.api) {
         args["cluster"]["api"] = api.as_str().into();
     }
