@@ -41,6 +41,7 @@ pub mod joins;
 mod kept;
 mod manager;
 mod membership;
+pub use membership::forget_components;
 mod place;
 pub mod series;
 #[cfg(test)]
@@ -241,34 +242,6 @@ pub struct Gm {
     rpc: Rpc,
     /// Their election, when several managers keep the state in etcd.
     election: Option<Arc<etcd::Election>>,
-}
-
-impl Gm {
-    /// Cordons component `id` (`on`) or lets it take work again; returns it as it is now.
-    /// Only pComponents and mComponents are placed on, and so cordoned.
-    pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, ComponentError> {
-        let c = self
-            .snapshot()
-            .into_iter()
-            .find(|c| c.id == id)
-            .ok_or(ComponentError::NoSuch { id })?;
-        if !matches!(c.role, Role::Proc | Role::Mem) {
-            return Err(ComponentError::NotCordonable {
-                id,
-                role: c.role.name(),
-            });
-        }
-        self.cordons.set(id, on).map_err(ComponentError::KeepCordon)?;
-        if !on {
-            self.stay(id);
-        }
-        tracing::info!(id, role = c.role.name(), addr = %c.addr, cordoned = on, "{}", if on { "component cordoned" } else { "component uncordoned" });
-        Ok(ComponentInfo {
-            cordoned: on,
-            leaving: if on { c.leaving } else { None },
-            ..c
-        })
-    }
 }
 
 impl Gm {
@@ -482,18 +455,6 @@ impl Gm {
         Ok(pcomp)
     }
 
-    /// Tells pComponent `c` the cordon just set, which it refuses programs by: the API answers
-    /// after this, so that a run right after the command meets the new state. One that does
-    /// not answer takes it from its next heartbeat's answer.
-    pub fn tell_cordon(&self, c: &ComponentInfo) {
-        if c.role != Role::Proc || !c.alive {
-            return;
-        }
-        if let Err(e) = self.rpc.call(&c.addr, G2P_CORDON { cordoned: c.cordoned }) {
-            tracing::warn!(id = c.id, addr = %c.addr, error = %e, "the pComponent was not told of its cordon: it takes it from its next heartbeat");
-        }
-    }
-
     /// Signals program `pid` on `pcomp`, which the caller found it on.
     pub fn signal(&self, pcomp: &ComponentInfo, pid: u64, signal: i32) -> Result<(), RpcError> {
         self.rpc.call(&pcomp.addr, G2P_SIGNAL { pid, signal }).map(|_| ())
@@ -609,15 +570,6 @@ const PUBLISH_ANYWAY: Duration = Duration::from_secs(10);
 /// Runs the global managers until they are stopped. `start_api` serves the REST API
 /// (`api::start`) once they serve, as the leader where several run: it is given, not called by
 /// name, because the API imports the managers and the managers must not import it.
-/// Forgets the components kept in the managers' state `file` (signed with the key in
-/// `key`), before the managers start: `cluster up` starts every component anew, and the last
-/// start's would show as lost until forgotten. What else the state keeps (tokens, vNodes,
-/// cordons) stays.
-pub fn forget_components(file: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
-    let store = state::Store::open(file, state::StateKey::at(key, false)?)?;
-    Gm::forget_all(&store)
-}
-
 pub fn run(args: GmArgs, start_api: fn(&Arc<Gm>, &GmArgs) -> anyhow::Result<()>) -> anyhow::Result<()> {
     // Before any thread starts, which would inherit the mask.
     let stop = node::block_stop_signals();

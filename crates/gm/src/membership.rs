@@ -468,3 +468,12 @@ impl Gm {
         })
     }
 }
+
+/// Forgets the components kept in the managers' state `file` (signed with the key in
+/// `key`), before the managers start: `cluster up` starts every component anew, and the last
+/// start's would show as lost until forgotten. What else the state keeps (tokens, vNodes,
+/// cordons) stays.
+pub fn forget_components(file: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+    let store = state::Store::open(file, state::StateKey::at(key, false)?)?;
+    Gm::forget_all(&store)
+}
