@@ -218,9 +218,23 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
     let said = std::fs::read_to_string(c.dir.path().join("up.stderr")).unwrap();
     assert!(!said.contains("INFO"), "{said}");
     let api = state["api"].as_str().unwrap().to_string();
+    // Beyond loopback the API is HTTPS, and what people read says so.
+    let status = c.cmd(&["cluster", "status"]).output().unwrap();
+    assert!(
+        text(&status.stdout).contains(&format!("REST API at https://{api}")),
+        "{}",
+        text(&status.stdout)
+    );
     let join_token = |c: &TestCluster| {
         let out = c.cmd(&["cluster", "join-token", "--role", "mem"]).output().unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        // Its expiry as a date and how long, not as Unix time.
+        assert!(
+            out.status.success()
+                && text(&out.stderr).contains(" UTC, in 1h00m)")
+                && !text(&out.stderr).contains("unix"),
+            "{}",
+            text(&out.stderr)
+        );
         text(&out.stdout).trim().to_string()
     };
     // On the other machine, which has nothing of the cluster's yet.

@@ -231,6 +231,7 @@ fn top_on_a_terminal(c: &TestCluster) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = top.kill();
+    let _ = top.wait();
     assert!(ended.is_some_and(|s| s.success()), "q did not quit top: {ended:?}");
     let given_back = tcgetattr(&slave).unwrap().local_flags;
     assert!(
