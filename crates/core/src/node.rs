@@ -342,7 +342,9 @@ impl Node {
     ) {
         std::thread::Builder::new()
             .name("heartbeat".into())
-            .spawn(move || loop {
+            .spawn(move || {
+                let mut silence = Silence::default();
+                loop {
                 std::thread::sleep(HEARTBEAT);
                 let leaving = self.leaving.lock().unwrap().clone();
                 match self.call_gm(X2G_HEARTBEAT {
@@ -354,6 +356,9 @@ impl Node {
                     ebbs: splitos_rpc::messenger::served(),
                 }) {
                     Ok(beat) => {
+                        if let Some(silent) = silence.answered() {
+                            tracing::info!(silent_s = silent.as_secs(), "the global managers answer heartbeats again");
+                        }
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
                         on_beat(beat)
                     }
@@ -379,10 +384,44 @@ impl Node {
                             }
                         }
                     }
-                    Err(e) => tracing::debug!(error = %e, "heartbeat to the global managers failed"),
+                    Err(e) => match silence.failed() {
+                        Some(silent) => tracing::warn!(error = %e, silent_s = silent.as_secs(), "the global managers do not answer heartbeats; this component goes on serving and keeps trying"),
+                        None => tracing::debug!(error = %e, "heartbeat to the global managers failed"),
+                    },
+                }
                 }
             })
             .expect("spawn heartbeat");
+    }
+}
+
+/// How long the managers have not answered heartbeats, and when that was last said: a
+/// component on its own says so at once and then every [`Silence::EVERY`], not at every beat
+/// (a debug line each) nor never.
+#[derive(Default)]
+struct Silence {
+    since: Option<Instant>,
+    said: Option<Instant>,
+}
+
+impl Silence {
+    const EVERY: Duration = Duration::from_secs(30);
+
+    /// A heartbeat failed: how long they have been silent, when that is to be said now.
+    fn failed(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        if self.said.is_some_and(|s| now.duration_since(s) < Silence::EVERY) {
+            return None;
+        }
+        self.said = Some(now);
+        Some(now.duration_since(since))
+    }
+
+    /// A heartbeat was answered: how long they had been silent, if they had.
+    fn answered(&mut self) -> Option<Duration> {
+        self.said = None;
+        self.since.take().map(|s| s.elapsed())
     }
 }
 

@@ -41,6 +41,7 @@ pub mod joins;
 mod kept;
 mod manager;
 mod membership;
+pub use membership::forget_components;
 mod place;
 pub mod series;
 #[cfg(test)]
@@ -240,34 +241,6 @@ pub struct Gm {
     rpc: Rpc,
     /// Their election, when several managers keep the state in etcd.
     election: Option<Arc<etcd::Election>>,
-}
-
-impl Gm {
-    /// Cordons component `id` (`on`) or lets it take work again; returns it as it is now.
-    /// Only pComponents and mComponents are placed on, and so cordoned.
-    pub fn cordon(&self, id: u32, on: bool) -> Result<ComponentInfo, ComponentError> {
-        let c = self
-            .snapshot()
-            .into_iter()
-            .find(|c| c.id == id)
-            .ok_or(ComponentError::NoSuch { id })?;
-        if !matches!(c.role, Role::Proc | Role::Mem) {
-            return Err(ComponentError::NotCordonable {
-                id,
-                role: c.role.name(),
-            });
-        }
-        self.cordons.set(id, on).map_err(ComponentError::KeepCordon)?;
-        if !on {
-            self.stay(id);
-        }
-        tracing::info!(id, role = c.role.name(), addr = %c.addr, cordoned = on, "{}", if on { "component cordoned" } else { "component uncordoned" });
-        Ok(ComponentInfo {
-            cordoned: on,
-            leaving: if on { c.leaving } else { None },
-            ..c
-        })
-    }
 }
 
 impl Gm {

@@ -128,6 +128,14 @@ impl Gm {
         was
     }
 
+    /// Drops every registration `store` keeps.
+    pub(super) fn forget_all(store: &state::Store) -> anyhow::Result<()> {
+        for m in store.load::<kept::Member>(kept::MEMBERS)? {
+            store.put::<kept::Member>(kept::MEMBERS, &m.info.id.to_string(), None)?;
+        }
+        Ok(())
+    }
+
     /// The registrations kept in `store`, each with a fresh start: whether a component is
     /// alive is learnt again from its heartbeats.
     pub(super) fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {
@@ -459,4 +467,13 @@ impl Gm {
             keep,
         })
     }
+}
+
+/// Forgets the components kept in the managers' state `file` (signed with the key in
+/// `key`), before the managers start: `cluster up` starts every component anew, and the last
+/// start's would show as lost until forgotten. What else the state keeps (tokens, vNodes,
+/// cordons) stays.
+pub fn forget_components(file: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+    let store = state::Store::open(file, state::StateKey::at(key, false)?)?;
+    Gm::forget_all(&store)
 }

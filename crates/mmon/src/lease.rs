@@ -63,6 +63,14 @@ counters! {
     }
 }
 
+/// What a connection to the pages socket was.
+enum Visit {
+    /// A token redeemed: the segment went.
+    Served,
+    /// Closed before it sent a byte: a liveness probe, no request.
+    Probed,
+}
+
 /// Segments promised to lease holders, by token.
 #[derive(Default)]
 pub(super) struct Handouts {
@@ -103,11 +111,17 @@ impl Handouts {
                     let me = self.clone();
                     let spawned = std::thread::Builder::new().name("mcomp-handout".into()).spawn(move || {
                         let mut c = c;
-                        if let Err(e) = me.hand_out(&c) {
-                            // Counted before the peer hears it: whoever saw the refusal sees the count.
-                            me.stats.lease_handouts_refused.fetch_add(1, Relaxed);
-                            tracing::warn!(error = %e, "refused a request for a segment on the pages socket");
-                            let _ = c.write_all(b"n");
+                        match me.hand_out(&c) {
+                            Ok(Visit::Served) => {}
+                            Ok(Visit::Probed) => {
+                                tracing::debug!("the pages socket was probed (connected to and closed)")
+                            }
+                            Err(e) => {
+                                // Counted before the peer hears it: whoever saw the refusal sees the count.
+                                me.stats.lease_handouts_refused.fetch_add(1, Relaxed);
+                                tracing::warn!(error = %e, "refused a request for a segment on the pages socket");
+                                let _ = c.write_all(b"n");
+                            }
                         }
                     });
                     if let Err(e) = spawned {
@@ -118,7 +132,7 @@ impl Handouts {
             .map(|_| ())
     }
 
-    fn hand_out(&self, mut c: &UnixStream) -> std::io::Result<()> {
+    fn hand_out(&self, mut c: &UnixStream) -> std::io::Result<Visit> {
         c.set_read_timeout(Some(Duration::from_secs(1)))?;
         // The directory is this user's alone; a peer of another user got in some other way.
         // SAFETY: geteuid has no preconditions.
@@ -126,12 +140,29 @@ impl Handouts {
             return Err(std::io::Error::other("a peer of another user"));
         }
         let mut t = [0u8; TOKEN];
-        c.read_exact(&mut t)?;
+        let mut got = 0;
+        while got < TOKEN {
+            match c.read(&mut t[got..]) {
+                // Closed before a byte: whoever sweeps the transport's directory of stale
+                // sockets checks this one is served, and asks for nothing.
+                Ok(0) if got == 0 => return Ok(Visit::Probed),
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("a token cut short after {got} of {TOKEN} bytes"),
+                    ))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
         let seg = self
             .redeem(&t)
             .ok_or_else(|| std::io::Error::other("an unknown or expired token"))?;
         self.stats.lease_handouts.fetch_add(1, Relaxed);
-        send_fds(c, b"k", &[seg.fd().as_raw_fd()])
+        send_fds(c, b"k", &[seg.fd().as_raw_fd()])?;
+        Ok(Visit::Served)
     }
 }
 
@@ -170,5 +201,34 @@ impl<P: Peers> Mem<P> {
             generation,
             token: ByteBuf::from(token.to_vec()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A probe (connected to and closed) is no refused request; a token cut short is.
+    #[test]
+    fn a_probe_of_the_pages_socket_is_no_refusal_but_a_cut_token_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pages.sock");
+        let h = Arc::new(Handouts::default());
+        h.clone().serve(path.clone()).unwrap();
+        let refused = || h.stats.lease_handouts_refused.load(Relaxed);
+        let answer = |c: &mut UnixStream| {
+            let mut b = Vec::new();
+            let _ = c.read_to_end(&mut b);
+            b
+        };
+        let mut probe = UnixStream::connect(&path).unwrap();
+        probe.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(answer(&mut probe), b"", "a probe is answered nothing");
+        assert_eq!(refused(), 0);
+        let mut cut = UnixStream::connect(&path).unwrap();
+        cut.write_all(&[7; TOKEN / 2]).unwrap();
+        cut.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(answer(&mut cut), b"n", "a cut token is refused");
+        assert_eq!(refused(), 1);
     }
 }

@@ -435,6 +435,21 @@ impl Pcomp {
     /// Takes the global managers' table of vNodes when its version is not the one held, and
     /// lets go of the mounts whose grant changed. A table it cannot get now is asked for
     /// again at the next heartbeat.
+    /// Takes the cordon the managers keep, told by them at once or by a heartbeat's answer.
+    fn set_cordon(&self, cordoned: bool) {
+        if self.cordoned.swap(cordoned, std::sync::atomic::Ordering::Relaxed) != cordoned {
+            tracing::info!(
+                cordoned,
+                "{}",
+                if cordoned {
+                    "cordoned: no new programs start here"
+                } else {
+                    "uncordoned: new programs start here again"
+                }
+            );
+        }
+    }
+
     fn follow_vnodes(&self, version: u64) {
         if version == self.grants.version() {
             return;
@@ -525,6 +540,10 @@ impl Handler for Pcomp {
             Msg::C2X_SHUTDOWN(r) => on(r, |_| self.shutdown()),
             Msg::G2P_JOBS(r) => on(r, |_| Ok(P2G_JOBS { jobs: self.jobs() })),
             Msg::G2P_SIGNAL(r) => on(r, |r| self.signal(r.pid, r.signal)),
+            Msg::G2P_CORDON(r) => on(r, |r| {
+                self.set_cordon(r.cordoned);
+                Ok::<_, ERR>(OK)
+            }),
             Msg::G2P_SET_EXCACHE(r) => on(r, |r| self.set_excache(r)),
             Msg::M2P_HOME_MOVED(r) => on(r, |r| self.store.home_moved(r)),
             m @ (Msg::P2P_CONNECT(_) | Msg::P2P_SEND(_) | Msg::P2P_SHUTDOWN(_)) => self.net.on_peer(m),
@@ -695,17 +714,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         move |beat| {
             p3.net.forget_peers(&beat.lost);
             p3.follow_vnodes(beat.vnodes);
-            if p3.cordoned.swap(beat.cordoned, std::sync::atomic::Ordering::Relaxed) != beat.cordoned {
-                tracing::info!(
-                    cordoned = beat.cordoned,
-                    "{}",
-                    if beat.cordoned {
-                        "cordoned: no new programs start here"
-                    } else {
-                        "uncordoned: new programs start here again"
-                    }
-                );
-            }
+            p3.set_cordon(beat.cordoned);
         },
     );
     if cfg.link_probe_ms > 0 {

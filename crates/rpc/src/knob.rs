@@ -25,12 +25,12 @@ pub fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
 }
 
 /// A configuration knob that takes one of a few lowercase names: the enum, the list of its names
-/// (for errors), parsing with an error naming the knob and what it accepts (`Clock = "clock" |
-/// "lru"` also accepts the second name), display and serde as the name, and clap's parser, which
-/// lists the names in `--help`.
+/// (for errors), parsing with an error naming the knob and what it accepts, display and serde as
+/// the name, and clap's parser, which lists the names in `--help`. A value has one name: a
+/// second one (as `lru` was for CLOCK) reads as a policy the knob does not run.
 #[macro_export]
 macro_rules! knob_enum {
-    ($(#[$meta:meta])* $vis:vis enum $name:ident, $knob:literal, $names:ident { $($(#[$vmeta:meta])* $var:ident = $text:literal $(| $alias:literal)*),+ $(,)? }) => {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident, $knob:literal, $names:ident { $($(#[$vmeta:meta])* $var:ident = $text:literal),+ $(,)? }) => {
         $(#[$meta])*
         $vis enum $name { $($(#[$vmeta])* $var),+ }
 
@@ -40,7 +40,7 @@ macro_rules! knob_enum {
             type Err = $crate::knob::UnknownName;
             fn from_str(s: &str) -> Result<$name, $crate::knob::UnknownName> {
                 match s {
-                    $($text $(| $alias)* => Ok($name::$var),)+
+                    $($text => Ok($name::$var),)+
                     _ => Err($crate::knob::UnknownName {
                         knob: $knob,
                         name: s.to_string(),

@@ -29,8 +29,8 @@ enum Cmd {
     /// the cluster started by `splitos cluster up` (its state file); for a user other than
     /// root, the host's cluster (the program sockets in its state directory, /run/splitos or
     /// $SPLITOS_STATE_DIR), on a vNode the admin granted that user; for root, else an embedded
-    /// cluster (global managers, one pComponent, two mComponents, each its own process on
-    /// loopback) for the duration of the program. A cluster named or started that cannot be
+    /// cluster (global managers, one pComponent, two mComponents and one sComponent for the
+    /// vNode's files, each its own process on loopback) for the duration of the program. A cluster named or started that cannot be
     /// reached is an error, never a reason to run on another; --embedded always runs on an
     /// embedded one. The program runs as the user who runs this; its stdout, stderr and exit
     /// status are its own.
@@ -68,6 +68,10 @@ enum Cmd {
         out: PathBuf,
         /// The managers' REST API (HOST:PORT, served over HTTPS).
         api: String,
+        /// Where this machine's component is to listen (ADDR:PORT, an address of this machine
+        /// the others reach): written to ROLE.env as SPLITOS_LISTEN, which its unit needs.
+        #[arg(long)]
+        listen: Option<String>,
     },
     /// Manage a long-lived cluster on this host.
     Cluster {
@@ -124,7 +128,8 @@ enum Cmd {
 enum ClusterCmd {
     /// Start a cluster that outlives this command (state in $SPLITOS_STATE_DIR or /run/splitos).
     Up {
-        /// Cluster configuration (TOML); default: 1 pComponent, 2 mComponents on loopback.
+        /// Cluster configuration (TOML); default: the global managers, 1 pComponent, 2
+        /// mComponents and 1 sComponent on loopback.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -141,6 +146,15 @@ enum ClusterCmd {
         /// Stop it even while programs run on it (they are stopped with it).
         #[arg(long)]
         force: bool,
+    },
+    /// Start again a component of the cluster `cluster up` started that has exited (a
+    /// manager, an mComponent, ...), by its name in the state directory: gm (gm0, gm1, ...
+    /// with several managers), storage0, mem0, proc0, net0, as its log is named. It runs
+    /// with the configuration and credentials it had, a manager at the address it had;
+    /// `cluster down` stops it with the rest.
+    Restart {
+        /// The component's name (its log is NAME.log in the state directory).
+        name: String,
     },
     /// Print every component's counters in Prometheus text format.
     Metrics {
@@ -184,12 +198,14 @@ enum ClusterCmd {
     /// Take a pComponent or mComponent out of placement, by its id (`cluster status`): no new
     /// programs start on it, no new homes or vRegions go to it; what runs there goes on.
     Cordon {
+        /// The component's id (`cluster status`).
         id: u32,
         #[command(flatten)]
         api: control::ApiArgs,
     },
     /// Put a cordoned component back into placement.
     Uncordon {
+        /// The component's id (`cluster status`).
         id: u32,
         #[command(flatten)]
         api: control::ApiArgs,
@@ -199,6 +215,7 @@ enum ClusterCmd {
     /// lines back first. Prints the ExCache as it is then (with neither SIZE nor shares, as
     /// it is now).
     SetExcache {
+        /// The pComponent's id (`cluster status`).
         id: u32,
         /// The new size (e.g. 32M): at least 256K, at most the pComponent's excache_max
         /// (default four times its excache); rounded down to whole ways of every set.
@@ -219,6 +236,7 @@ enum ClusterCmd {
     /// with the lines it holds (docs/ebb.md#policies-as-ebbs). Prints the policies then (with
     /// neither option, as they are).
     SetPolicy {
+        /// The pComponent's id (`cluster status`).
         id: u32,
         /// The eviction policy: fifo, clock or ghost-clock.
         #[arg(long)]
@@ -232,6 +250,7 @@ enum ClusterCmd {
     /// Cordon a component and wait until nothing runs on it: no job on a pComponent; an
     /// mComponent's memory moves to the others while programs run (it stays, empty).
     Drain {
+        /// The id of the pComponent or mComponent (`cluster status`).
         id: u32,
         /// Give up after this many seconds (the component stays cordoned).
         #[arg(long, default_value_t = 600)]
@@ -295,6 +314,7 @@ enum MemoryCmd {
     /// it at once. One started with `splitos mem --standby` waits for this; a detach under
     /// way is called off.
     Attach {
+        /// The mComponent's id (`memory list`).
         id: u32,
         #[command(flatten)]
         api: control::ApiArgs,
@@ -303,6 +323,7 @@ enum MemoryCmd {
     /// moves to the other mComponents, then it exits. Refused for the last mComponent and
     /// when the others lack room.
     Detach {
+        /// The mComponent's id (`memory list`).
         id: u32,
         /// Return once the detach has started, without waiting for it to end.
         #[arg(long)]
@@ -339,6 +360,7 @@ enum TokenCmd {
     },
     /// Revoke a token: requests with it are refused from now on.
     Revoke {
+        /// The token's name (`cluster token list`).
         name: String,
         #[arg(long)]
         gm: Option<String>,
@@ -396,11 +418,17 @@ fn main() {
     splitos_metrics::set_catalogue(splitos::catalogue::all());
     let r = match cli.cmd {
         Cmd::Run(args) => control::run::run(*args).map(|code| std::process::exit(code)),
-        Cmd::Join { token, out, api } => api::join::join_cli(&token, &api, &out),
+        Cmd::Join {
+            token,
+            out,
+            api,
+            listen,
+        } => api::join::join_cli(&token, &api, &out, listen.as_deref()),
         Cmd::Cluster { cmd } => match cmd {
             ClusterCmd::Up { config } => control::up(config),
             ClusterCmd::Status { gm, json } => control::status(gm, json),
             ClusterCmd::Down { force } => control::down(force),
+            ClusterCmd::Restart { name } => control::procs::restart(&name),
             ClusterCmd::Metrics { declared: true, .. } => {
                 splitos::out!("{}", splitos::catalogue::render());
                 Ok(())

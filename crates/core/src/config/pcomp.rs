@@ -16,8 +16,9 @@ knob_enum! {
         /// The line installed first.
         #[default]
         Fifo = "fifo",
-        /// The first line not referenced since the hand last passed it (second chance).
-        Clock = "clock" | "lru",
+        /// The first line not referenced since the hand last passed it (second chance), an
+        /// approximation of LRU; "lru" is refused rather than taken for it.
+        Clock = "clock",
         /// CLOCK whose new lines start unreferenced unless they were evicted recently (ghost
         /// entries): lines used once leave first. Wants access_sampling = "unmap".
         GhostClock = "ghost-clock",
@@ -543,11 +544,12 @@ mod tests {
             assert_eq!(n.parse::<HugePages>().unwrap().to_string(), *n);
         }
         assert!("2m".parse::<HugePages>().unwrap_err().to_string().contains("off, on"));
-        assert_eq!(
-            "lru".parse::<EvictPolicy>(),
-            Ok(EvictPolicy::Clock),
-            "the old name of clock"
-        );
+        // Not LRU, which no policy is: refused, not taken for clock.
+        assert!("lru"
+            .parse::<EvictPolicy>()
+            .unwrap_err()
+            .to_string()
+            .contains("unknown eviction \"lru\" (known: fifo, clock, ghost-clock)"));
         assert!("lfu"
             .parse::<EvictPolicy>()
             .unwrap_err()

@@ -116,3 +116,15 @@ fn a_call_the_leader_may_have_carried_out_is_not_sent_again() {
     assert_eq!(la.pings.load(Ordering::SeqCst), 1);
     assert_eq!(lb.pings.load(Ordering::SeqCst), 0, "sent nowhere else");
 }
+
+/// A component whose heartbeats go unanswered says so at its first failure, not at each
+/// beat, and says when the managers answer again.
+#[test]
+fn silent_managers_are_said_once_then_every_while_and_their_return_once() {
+    let mut s = Silence::default();
+    assert!(s.failed().is_some_and(|d| d < Silence::EVERY), "said at once");
+    assert_eq!(s.failed(), None, "not at every beat");
+    assert!(s.answered().is_some(), "their return is said");
+    assert_eq!(s.answered(), None, "once");
+    assert!(s.failed().is_some(), "a new silence is said at once again");
+}

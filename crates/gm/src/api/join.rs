@@ -128,7 +128,14 @@ pub async fn join(
 
 /// `splitos join`: fetches the authority, checks its pin, trades the token, and writes the
 /// credentials (and the managers' addresses) in `out`.
-pub fn join_cli(token: &str, api: &str, out: &std::path::Path) -> anyhow::Result<()> {
+pub fn join_cli(token: &str, api: &str, out: &std::path::Path, listen: Option<&str>) -> anyhow::Result<()> {
+    // A line of the env file: one word, with a port.
+    if let Some(l) = listen.filter(|l| {
+        l.chars().any(|c| c.is_whitespace() || c.is_control())
+            || l.rsplit_once(':').is_none_or(|(_, port)| port.parse::<u16>().is_err())
+    }) {
+        anyhow::bail!("--listen {l:?} is not an address with a port (ADDR:PORT)");
+    }
     let p = parse(token).ok_or_else(|| {
         anyhow::anyhow!("not a join token (splitos-join_...; `splitos cluster join-token` makes one)")
     })?;
@@ -194,7 +201,9 @@ pub fn join_cli(token: &str, api: &str, out: &std::path::Path) -> anyhow::Result
     );
     splitos_rpc::auth::write_private(&cred, &creds)?;
     std::fs::write(&ca, &pem)?;
-    splitos_rpc::auth::write_private(&env, format!("SPLITOS_GM={}\n", j.gm).as_bytes())?;
+    // The unit reads both: without where to listen it cannot start.
+    let listen_line = listen.map(|l| format!("SPLITOS_LISTEN={l}\n")).unwrap_or_default();
+    splitos_rpc::auth::write_private(&env, format!("SPLITOS_GM={}\n{listen_line}", j.gm).as_bytes())?;
     splitos_core::outln!(
         "joined as a {}: credentials in {}, the managers in {} (SPLITOS_GM={})",
         role.name(),
@@ -202,11 +211,19 @@ pub fn join_cli(token: &str, api: &str, out: &std::path::Path) -> anyhow::Result
         env.display(),
         j.gm
     );
-    splitos_core::outln!(
-        "start it: splitos {} --gm {} --listen ADDR:PORT --credentials {}   (or its unit, docs/deployment.md)",
-        sub,
-        j.gm,
-        cred.display()
-    );
+    match listen {
+        Some(l) => splitos_core::outln!(
+            "start it: systemctl enable --now splitos-{sub}@INSTANCE (its unit reads {}, which says where it listens: {l}), or splitos {sub} --gm {} --listen {l} --credentials {}",
+            env.display(),
+            j.gm,
+            cred.display()
+        ),
+        None => splitos_core::outln!(
+            "start it: splitos {sub} --gm {} --listen ADDR:PORT --credentials {}; for its unit, add SPLITOS_LISTEN=ADDR:PORT (an address of this machine the others reach) to {} first, or join with --listen ADDR:PORT (docs/deployment.md)",
+            j.gm,
+            cred.display(),
+            env.display()
+        ),
+    }
     Ok(())
 }

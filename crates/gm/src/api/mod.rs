@@ -355,10 +355,14 @@ async fn set_cordon(
         .parse()
         .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a component id")))?;
     let gm = api.gm.clone();
-    let c = tokio::task::spawn_blocking(move || gm.cordon(id, on))
-        .await
-        .map_err(internal)?
-        .map_err(refused)?;
+    let c = tokio::task::spawn_blocking(move || {
+        let c = gm.cordon(id, on)?;
+        gm.tell_cordon(&c);
+        Ok::<_, crate::ComponentError>(c)
+    })
+    .await
+    .map_err(internal)?
+    .map_err(refused)?;
     tracing::info!(id, token = p.name(), "component {verb}ed through the API");
     Ok(Json(c.into()))
 }

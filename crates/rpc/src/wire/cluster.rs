@@ -337,6 +337,10 @@ message_types! {
     P2G_JOBS { pub jobs: Vec<JobInfo> };
     /// Sends `signal` to one of its programs; `ERR NotFound` if it runs no process `pid`.
     G2P_SIGNAL { pub pid: u64, pub signal: i32 };
+    /// The admin cordoned (`cordoned`) or uncordoned the pComponent: told at once, so that a
+    /// run right after the command meets the new state (its heartbeats' answers carry it too,
+    /// for one that missed this).
+    G2P_CORDON { pub cordoned: bool };
     /// Resizes a running ExCache (`size`, bytes; rounded down to whole ways of every set) and
     /// replaces the vNodes' shares of it (`shares`), each left as it is when absent; neither
     /// only reads them. A shrink is answered once the lines past the new size left.

@@ -59,7 +59,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `X2G_WHO_LEADS`, and the `leader` and `managers` of `G2C_STATUS`.
 /// Version 26 added room kept for vNodes' memory quotas: `G2X_BEAT.keep` and
 /// `M2M_VMA_ADD.quota`.
-/// Version 27 added every manager's REST API address, `G2C_STATUS.apis`.
+/// Version 27 added every manager's REST API address, `G2C_STATUS.apis`, and `G2P_CORDON`:
+/// the managers tell a pComponent its cordon at once.
 pub const WIRE_VERSION: u16 = 27;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
@@ -343,7 +344,7 @@ messages! {
     C2G_PLACE_PROCESS, G2C_PLACED, P2G_PICK_HOME, G2P_HOME, M2G_PICK_OWNER, G2M_OWNER,
     M2G_BACKUP_STORE, G2M_BACKUP_STORE, P2G_VNODE_STORAGE, G2P_STORAGE, P2G_FILE_CACHE,
     G2P_FILE_CACHE, C2G_TOKEN_CREATE, G2C_TOKEN, C2G_TOKEN_LIST, G2C_TOKENS, C2G_TOKEN_REVOKE,
-    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
+    G2P_JOBS, P2G_JOBS, G2P_SIGNAL, G2P_CORDON, G2P_SET_EXCACHE, P2G_EXCACHE, X2G_API_TOKEN, G2X_API_PRINCIPAL, G2X_METRICS, X2G_METRICS, G2X_STATS, X2G_STATS, P2G_VNODES, G2P_VNODES, M2G_FIND, G2M_FOUND,
     X2G_EBB_FIND, G2X_EBB_MAP, X2G_WHO_LEADS, G2X_LEADER,
     // ---- the Ebb messenger: any component (or the admin's tools) -> any component, in cluster.rs
     X2X_EBB_MESSAGE, X2X_EBB_ANSWER,
@@ -399,6 +400,7 @@ replies! {
     P2G_VNODES => G2P_VNODES,
     G2X_METRICS => X2G_METRICS,
     G2P_SIGNAL => OK,
+    G2P_CORDON => OK,
     G2P_SET_EXCACHE => P2G_EXCACHE,
     X2G_EBB_FIND => G2X_EBB_MAP,
     X2G_WHO_LEADS => G2X_LEADER,
@@ -563,6 +565,7 @@ mod role_tests {
             ),
             (C2G_TOKEN_REVOKE { name: "t".into() }.into(), &[Role::Admin]),
             (G2P_SIGNAL { pid: 1, signal: 15 }.into(), &[Role::Gm, Role::Admin]),
+            (G2P_CORDON { cordoned: true }.into(), &[Role::Gm, Role::Admin]),
             (
                 G2P_SET_EXCACHE {
                     size: Some(1 << 20),

@@ -60,6 +60,14 @@ pub(crate) fn api_access(a: ApiArgs) -> anyhow::Result<(String, String)> {
     Ok((api, token))
 }
 
+/// The REST API's URL: HTTP on loopback, HTTPS beyond it (as the managers serve it).
+pub(crate) fn api_url(api: &str) -> String {
+    match api.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()) {
+        true => format!("http://{api}"),
+        false => format!("https://{api}"),
+    }
+}
+
 /// The REST API's client: HTTPS, trusting only the cluster's authority (`$SPLITOS_CA`, or
 /// `ca.pem` of the state directory), for an API beyond loopback; HTTP on loopback.
 pub(crate) fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
@@ -68,9 +76,9 @@ pub(crate) fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
         // A manager's host that is gone answers nothing: the next manager is asked soon.
         .timeout_connect(Some(CONNECT))
         .timeout_global(Some(std::time::Duration::from_secs(10)));
-    let loopback = api.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
-    if loopback {
-        return Ok((format!("http://{api}"), config.build().new_agent()));
+    let url = api_url(api);
+    if url.starts_with("http://") {
+        return Ok((url, config.build().new_agent()));
     }
     let ca = std::env::var_os("SPLITOS_CA")
         .map(std::path::PathBuf::from)
@@ -80,7 +88,7 @@ pub(crate) fn api_client(api: &str) -> anyhow::Result<(String, ureq::Agent)> {
     let tls = ureq::tls::TlsConfig::builder()
         .root_certs(ureq::tls::RootCerts::new_with_certs(&[cert]))
         .build();
-    Ok((format!("https://{api}"), config.tls_config(tls).build().new_agent()))
+    Ok((url, config.tls_config(tls).build().new_agent()))
 }
 
 /// How long a manager's API may take to accept a connection.
@@ -332,7 +340,9 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
         let age = now.saturating_sub(j["started_unix_s"].as_u64().unwrap_or(now));
         let cmd = j["command"].as_str().unwrap_or("");
         t.add_row([
-            j["pid"].as_str().unwrap_or("?").to_string(),
+            // The process id on its pComponent's host, as ps shows it; the cluster's own id
+            // (`pid`, for the API's signals) is in --json.
+            j["os_pid"].to_string(),
             j["user"]
                 .as_str()
                 .filter(|u| !u.is_empty())
@@ -340,11 +350,7 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
                 .unwrap_or_else(|| j["uid"].to_string()),
             j["vnode"].as_str().unwrap_or("").to_string(),
             j["pcomponent"].to_string(),
-            if age >= 3600 {
-                format!("{}h{:02}m", age / 3600, age / 60 % 60)
-            } else {
-                format!("{}m{:02}s", age / 60, age % 60)
-            },
+            span(age),
             j["misses"].to_string(),
             j["evictions"].to_string(),
             j["writebacks"].to_string(),
@@ -366,7 +372,6 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cluster cordon` and `cluster uncordon`.
 /// `splitos cluster join-token`: prints a join token for `role`, lasting `ttl_s`.
 pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
     let (apis, token) = api_access(a)?;
@@ -378,14 +383,46 @@ pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
     })?;
     let t = api_answer(&api, Ok(r))?;
     crate::errln!(
-        "a join token for a {} (once, until {} unix time); on the machine to join: splitos join --token TOKEN {api}",
+        "a join token for a {} (once, until {}, in {}); on the machine to join: splitos join --token TOKEN {api}",
         t["role"].as_str().unwrap_or("?"),
-        t["expires_unix_s"]
+        utc(t["expires_unix_s"].as_u64().unwrap_or(0)),
+        span(ttl_s)
     );
     crate::outln!("{}", t["token"].as_str().unwrap_or_default());
     Ok(())
 }
 
+/// A span of seconds as `1h05m` or `4m07s`.
+fn span(s: u64) -> String {
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, s / 60 % 60)
+    } else {
+        format!("{}m{:02}s", s / 60, s % 60)
+    }
+}
+
+/// A Unix time as UTC (`2026-12-02 22:05:00 UTC`), as people read a time.
+fn utc(unix_s: u64) -> String {
+    let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
+    // Howard Hinnant's civil_from_days: the proleptic Gregorian date of a day count.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// `cluster cordon` and `cluster uncordon`.
 pub fn cordon(a: ApiArgs, id: u32, on: bool) -> anyhow::Result<()> {
     let (api, token) = api_access(a)?;
     let c = api_post(
@@ -438,7 +475,8 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
             .flatten()
             .filter(|j| j["pcomponent"] == id)
             .count();
-        let left = (n > 0).then(|| format!("{n} job(s) run on it"));
+        // The API lists processes: one `splitos run` may have started several.
+        let left = (n > 0).then(|| format!("{n} process(es) run on it"));
         let Some(left) = left else {
             crate::outln!(
                 "{role} {id} drained in {:.1} s: nothing runs on it (it stays cordoned)",
@@ -457,5 +495,24 @@ pub fn drain(a: ApiArgs, id: u32, timeout: std::time::Duration) -> anyhow::Resul
             );
         }
         std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unix_time_reads_as_a_utc_date() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_796_249_100), "2026-12-02 22:05:00 UTC");
+    }
+
+    #[test]
+    fn the_api_beyond_loopback_is_https() {
+        assert_eq!(api_url("127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(api_url("[::1]:8080"), "http://[::1]:8080");
+        assert_eq!(api_url("10.0.0.1:8443"), "https://10.0.0.1:8443");
     }
 }

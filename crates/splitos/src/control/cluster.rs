@@ -210,12 +210,34 @@ fn spawn<T: Serialize>(
     detach: bool,
     netns: Option<&str>,
 ) -> anyhow::Result<(Child, PathBuf)> {
-    let _ = std::fs::remove_file(ready_file(dir, name));
     let config = dir.join(format!("{name}.json"));
     config::write_start_file(&config, args)?;
     // Logs name programs, vNodes and addresses: for root (the admin) only.
     let log = crate::trusted::new_file(&dir.join(format!("{name}.log")), 0o600)
         .map_err(|e| anyhow::anyhow!("cannot create {name}'s log in {}: {e}", dir.display()))?;
+    // `cluster restart` starts it again in the same namespace.
+    let netns_file = dir.join(format!("{name}.netns"));
+    match netns {
+        Some(ns) => std::fs::write(&netns_file, ns)?,
+        None => {
+            let _ = std::fs::remove_file(&netns_file);
+        }
+    }
+    launch(dir, name, command, log, detach, netns)
+}
+
+/// Starts `splitos COMMAND --config-file NAME.json` of state directory `dir`, its output to
+/// `log`.
+pub(crate) fn launch(
+    dir: &Path,
+    name: &str,
+    command: &str,
+    log: std::fs::File,
+    detach: bool,
+    netns: Option<&str>,
+) -> anyhow::Result<(Child, PathBuf)> {
+    let _ = std::fs::remove_file(ready_file(dir, name));
+    let config = dir.join(format!("{name}.json"));
     let mut cmd = Command::new(self_exe()?);
     cmd.arg(command)
         .arg("--config-file")
@@ -288,11 +310,11 @@ fn away(elsewhere: &mut Vec<String>, name: &str, listen: &str, netns: Option<&st
 }
 
 /// Where the component `name` writes its address once it serves.
-fn ready_file(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn ready_file(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.ready"))
 }
 
-fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow::Result<String> {
+pub(crate) fn wait_ready(child: &mut Child, ready: &Path, name: &str, dir: &Path) -> anyhow::Result<String> {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(20) {
         if let Ok(addr) = std::fs::read_to_string(ready) {
@@ -449,6 +471,11 @@ impl Cluster {
                 continue;
             }
             let state = cfg.cluster.etcd.is_empty().then(|| dir.join(GM_STATE));
+            // Every component starts anew: the last start's would show as lost until forgotten.
+            // (With etcd a manager of another machine may lead components that still run.)
+            if let Some(file) = state.as_ref().filter(|f| f.exists()) {
+                splitos_gm::forget_components(file, &dir.join(GM_STATE_KEY))?;
+            }
             let etcd_tls = cfg.cluster.etcd.iter().any(|e| e.starts_with("https://"));
             let cluster = GmConfig {
                 api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()),
@@ -568,7 +595,10 @@ impl Cluster {
         }
         let want = pending.len();
         if !elsewhere.is_empty() {
-            tracing::info!(components = ?elsewhere, "not started here: their addresses are another machine's");
+            // `cluster up` says so in its summary; only an embedded run has nothing else to say it.
+            if !detach {
+                tracing::info!(components = ?elsewhere, "not started here: their addresses are another machine's");
+            }
             self.state.elsewhere = elsewhere;
         }
         for (name, (mut ch, ready)) in pending {
@@ -661,7 +691,7 @@ pub fn stop_pids(pids: &[u32]) {
     }
 }
 
-fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     // A zombie child of ours still answers kill(0); look at its state instead.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),

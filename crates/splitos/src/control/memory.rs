@@ -16,30 +16,31 @@ pub fn list(a: ApiArgs, json: bool) -> anyhow::Result<()> {
         crate::outln!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
-    crate::outln!(
-        "{:>10}  {:<22} {:<10} {:>10} {:>10}  progress",
-        "ID",
-        "ADDRESS",
-        "STATE",
-        "CAPACITY",
-        "USED"
-    );
+    crate::outln!("{}", table(&all));
+    Ok(())
+}
+
+/// The mComponents as a table, its columns as wide as their widest cell.
+fn table(all: &serde_json::Value) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(["ID", "ADDRESS", "STATE", "CAPACITY", "USED", "PROGRESS"]);
     for m in all.as_array().into_iter().flatten() {
         let u = |k: &str| m[k].as_u64().unwrap_or(0);
         let progress = m["leaving"]
             .as_object()
             .map(|_| progress(&m["leaving"]))
             .unwrap_or_default();
-        crate::outln!(
-            "{:>10}  {:<22} {:<10} {:>10} {:>10}  {progress}",
-            m["id"],
-            m["addr"].as_str().unwrap_or("?"),
-            m["state"].as_str().unwrap_or("?"),
+        t.add_row([
+            m["id"].to_string(),
+            m["addr"].as_str().unwrap_or("?").to_string(),
+            m["state"].as_str().unwrap_or("?").to_string(),
             human(u("capacity_bytes")),
-            human(u("used_bytes"))
-        );
+            human(u("used_bytes")),
+            progress,
+        ]);
     }
-    Ok(())
+    t
 }
 
 /// What a leaving mComponent still holds, in words.
@@ -197,3 +198,31 @@ pub fn set_policy(a: ApiArgs, id: u32, eviction: Option<String>, prefetch: Optio
 
 /// How long `set-excache` waits for the pComponent: a shrink writes dirty lines back first.
 const EXCACHE_TIMEOUT: Duration = Duration::from_secs(130);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_list_keeps_its_columns_aligned_whatever_the_ids_width() {
+        let all = serde_json::json!([
+            {"id": 7, "addr": "127.0.0.1:4000", "state": "attached", "capacity_bytes": 1 << 30, "used_bytes": 0},
+            {"id": 12_345_678, "addr": "10.200.0.12:45000", "state": "draining", "capacity_bytes": 1 << 30, "used_bytes": 4096,
+             "leaving": {"bytes_moved": 0, "bytes_left": 4096, "files_released": true}},
+        ]);
+        let text = table(&all).to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        // Each column starts where its header does.
+        for head in ["ADDRESS", "STATE", "CAPACITY"] {
+            let at = lines[0].find(head).unwrap();
+            for l in &lines[1..] {
+                assert!(
+                    l[at..].starts_with(|c: char| c.is_ascii_alphanumeric()),
+                    "{head} in {text}"
+                );
+                assert_eq!(&l[at - 1..at], " ", "{head} in {text}");
+            }
+        }
+    }
+}

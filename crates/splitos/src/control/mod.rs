@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod job;
 pub mod launcher;
 pub mod memory;
+pub mod procs;
 pub mod run;
 pub mod top;
 
@@ -220,7 +221,8 @@ pub fn down(force: bool) -> anyhow::Result<()> {
         }
         crate::errln!("splitos: warning: stopping {running} program(s) that run on the cluster");
     }
-    cluster::stop_pids(&s.pids);
+    let (stop, gone) = procs::to_stop(&s);
+    cluster::stop_pids(&stop);
     cluster::unmount_vnodes(&s.dir);
     // The stopped components' rendezvous sockets would stay until the next cluster starts.
     if s.transport.kind == "shm" {
@@ -244,7 +246,13 @@ pub fn down(force: bool) -> anyhow::Result<()> {
         }
     }
     let _ = std::fs::remove_file(cluster::state_file());
-    crate::outln!("cluster down: stopped {} component process(es)", s.pids.len());
+    match gone {
+        0 => crate::outln!("cluster down: stopped {} component process(es)", stop.len()),
+        _ => crate::outln!(
+            "cluster down: stopped {} component process(es); {gone} had exited before",
+            stop.len()
+        ),
+    }
     Ok(())
 }
 
@@ -448,7 +456,8 @@ pub fn status(gm: Option<String>, json: bool) -> anyhow::Result<()> {
     };
     crate::outln!(
         "global managers at {gm}{following}{}\n{t}",
-        api.map(|a| format!(", REST API at http://{a}")).unwrap_or_default()
+        api.map(|a| format!(", REST API at {}", api::api_url(&a)))
+            .unwrap_or_default()
     );
     let mstats: Vec<&serde_json::Value> = rows
         .iter()

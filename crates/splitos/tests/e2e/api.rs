@@ -316,10 +316,15 @@ fn jobs_are_listed_to_whom_they_belong_and_signalled_through_the_api() {
     let out = c.cmd(&["ps"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let ps = text(&out.stdout);
-    assert!(
-        ps.contains(&pid) && ps.contains("hold") && ps.contains("default"),
+    assert!(ps.contains("hold") && ps.contains("default"), "{ps}");
+    // Its PID column is the process id on its host, as ps shows it; the cluster's id is in --json.
+    let row = ps.lines().find(|l| l.contains("hold")).unwrap();
+    assert_eq!(
+        row.split_whitespace().next(),
+        Some(j["os_pid"].to_string().as_str()),
         "{ps}"
     );
+    assert!(!ps.contains(&pid), "{ps}");
     let out = c.cmd(&["ps", "--json", "--token", &other]).output().unwrap();
     assert_eq!(json(&text(&out.stdout))["jobs"].as_array().unwrap().len(), 0);
     let out = c.cmd(&["ps", "--token", "splitos_00_00"]).output().unwrap();

@@ -559,7 +559,7 @@ fn gone_reader() -> Stdio {
 
 /// Every command below `path`, as clap lists them in the help, with its usage line (but
 /// clap's `help`, which prints what `--help` does).
-fn commands_below(path: &[String]) -> Vec<(Vec<String>, String)> {
+pub(crate) fn commands_below(path: &[String]) -> Vec<(Vec<String>, String)> {
     let help = text(
         &Command::new(splitos())
             .args(path)
@@ -657,6 +657,8 @@ fn every_command_whose_reader_goes_away_exits_without_a_panic() {
             }
             "cluster token create" => vec!["piped".into(), "--admin".into()],
             "cluster token revoke" => vec!["piped".into()],
+            // It runs: refused, in words.
+            "cluster restart" => vec!["gm".into()],
             "cluster join-token" => vec!["--role".into(), "mem".into()],
             "cluster credentials" => vec!["--role".into(), "admin".into(), "--out".into(), file("piped.cred")],
             "cluster etcd-cert" => vec!["--ip".into(), "127.0.0.1".into(), "--out".into(), file("piped-etcd")],

@@ -296,6 +296,8 @@ impl TestCluster {
             cmd.arg("--config").arg(p);
         }
         let out = cmd.output().unwrap();
+        // What `cluster up` said on stderr, for tests of what people read.
+        std::fs::write(dir.path().join("up.stderr"), &out.stderr).unwrap();
         let c = TestCluster { dir };
         assert!(out.status.success(), "cluster up: {}", text(&out.stderr));
         c

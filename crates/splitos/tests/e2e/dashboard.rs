@@ -382,6 +382,15 @@ fn a_browser_signs_in_and_sees_a_running_program_live_and_tenants_only_their_own
     });
     assert_eq!(vnode, "lab");
     assert_eq!(command, "./randpages 24 100000");
+    // Its PID column is the process id on its host, as ps shows it, not the cluster's id.
+    let os_pid = json(&http(&api, "GET", "/api/v1/jobs", Some(&admin), b"").2)["jobs"][0]["os_pid"].to_string();
+    assert_eq!(
+        eval(
+            &tab,
+            &format!("document.querySelector('#jobs tr[data-pid=\"{pid}\"] td').textContent")
+        ),
+        os_pid.as_str()
+    );
     assert_eq!(eval(&tab, "document.getElementById('conn').textContent"), "live");
     assert!(eval(&tab, "document.getElementById('updated').textContent")
         .as_str()

@@ -214,10 +214,27 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
         1,
         "only this machine's mComponent started"
     );
+    // Said once, in its summary, not also as a log line.
+    let said = std::fs::read_to_string(c.dir.path().join("up.stderr")).unwrap();
+    assert!(!said.contains("INFO"), "{said}");
     let api = state["api"].as_str().unwrap().to_string();
+    // Beyond loopback the API is HTTPS, and what people read says so.
+    let status = c.cmd(&["cluster", "status"]).output().unwrap();
+    assert!(
+        text(&status.stdout).contains(&format!("REST API at https://{api}")),
+        "{}",
+        text(&status.stdout)
+    );
     let join_token = |c: &TestCluster| {
         let out = c.cmd(&["cluster", "join-token", "--role", "mem"]).output().unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        // Its expiry as a date and how long, not as Unix time.
+        assert!(
+            out.status.success()
+                && text(&out.stderr).contains(" UTC, in 1h00m)")
+                && !text(&out.stderr).contains("unix"),
+            "{}",
+            text(&out.stderr)
+        );
         text(&out.stdout).trim().to_string()
     };
     // On the other machine, which has nothing of the cluster's yet.
@@ -234,6 +251,8 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
                 token,
                 "--out",
                 out.to_str().unwrap(),
+                "--listen",
+                &there,
                 &api,
             ],
         )
@@ -257,8 +276,14 @@ fn cluster_up_starts_only_this_machines_components_and_another_host_joins() {
         "a join token works once: {}",
         text(&again.stderr)
     );
+    // The env file holds all its unit needs: the managers and where to listen.
     let env = std::fs::read_to_string(out.join("mem.env")).unwrap();
-    let gm = env.trim().strip_prefix("SPLITOS_GM=").unwrap().to_string();
+    let gm = env
+        .lines()
+        .find_map(|l| l.strip_prefix("SPLITOS_GM="))
+        .unwrap_or_else(|| panic!("{env}"))
+        .to_string();
+    assert!(env.lines().any(|l| l == format!("SPLITOS_LISTEN={there}")), "{env}");
     let log = std::fs::File::create(c.dir.path().join("m2.log")).unwrap();
     let child = {
         use std::os::unix::process::CommandExt;

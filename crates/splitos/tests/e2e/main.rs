@@ -20,6 +20,7 @@ mod erasure;
 mod evictor;
 mod excache;
 mod fault_cpu;
+mod help;
 mod hosts;
 mod huge_pages;
 mod links;

@@ -83,22 +83,28 @@ fn cordoned_components_take_no_new_work_and_drain_waits_for_the_rest() {
         text(&out.stderr)
     );
 
-    // Uncordoned, it takes programs again; drained while one runs, drain waits, and gives up
-    // when told, leaving it cordoned.
+    // Uncordoned, it takes programs again as soon as the command returns, and cordoned, it
+    // refuses them as soon: the pComponent has its cordon before the command says so (twice,
+    // so that a heartbeat carrying it in time is not what passes).
+    for _ in 0..2 {
+        splitos_ok(&c, &["cluster", "uncordon", &a_id]);
+        let out = c.run(&["--pcomponent", &a_sock], &["true"]);
+        assert!(out.status.success(), "right after uncordon: {}", text(&out.stderr));
+        splitos_ok(&c, &["cluster", "cordon", &a_id]);
+        let out = c.run(&["--pcomponent", &a_sock], &["true"]);
+        assert!(
+            !out.status.success() && text(&out.stderr).contains("is cordoned"),
+            "right after cordon: {}",
+            text(&out.stderr)
+        );
+    }
     splitos_ok(&c, &["cluster", "uncordon", &a_id]);
-    assert!(
-        c.eventually(Duration::from_secs(5), |c| c
-            .run(&["--pcomponent", &a_sock], &["true"])
-            .status
-            .success()),
-        "within a heartbeat"
-    );
     let hold = program("hold");
     let mut job = c.spawn(&["--pcomponent", &a_sock], &[hold.to_str().unwrap(), "4"]);
     assert_eq!(read_line(&mut job), "ready\n");
     let out = c.cmd(&["cluster", "drain", &a_id, "--timeout", "2"]).output().unwrap();
     assert!(
-        !out.status.success() && text(&out.stderr).contains("is not drained after 2 s: 1 job(s) run on it"),
+        !out.status.success() && text(&out.stderr).contains("is not drained after 2 s: 1 process(es) run on it"),
         "{}{}",
         text(&out.stdout),
         text(&out.stderr)
@@ -164,6 +170,159 @@ fn top_shows_the_misses_per_second_of_a_running_job() {
     }
     let out = c.cmd(&["top", "-d", "0"]).output().unwrap();
     assert!(!out.status.success() && text(&out.stderr).contains("--interval must be at least 0.1 seconds"));
+    top_on_a_terminal(&c);
     let _ = job.kill();
     let _ = job.wait();
+}
+
+/// `splitos top` on a terminal 80 columns wide, as its controlling terminal: no line is
+/// wider, it says that q quits, q quits at once, and the terminal is given back as it was.
+fn top_on_a_terminal(c: &TestCluster) {
+    use nix::sys::termios::{tcgetattr, LocalFlags};
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let size = nix::pty::Winsize {
+        ws_row: 40,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(&size, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = c.cmd(&["top", "-d", "30"]);
+    cmd.stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl are async-signal-safe and touch no memory of ours; the
+    // terminal becomes the child's controlling one, as a login's is.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            (libc::ioctl(0, libc::TIOCSCTTY, 0) == 0)
+                .then_some(())
+                .ok_or_else(std::io::Error::last_os_error)
+        })
+    };
+    let mut top = cmd.spawn().unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    // The first frame: up to its jobs' header.
+    let mut seen = Vec::new();
+    let t0 = std::time::Instant::now();
+    while !text(&seen).contains("COMMAND") && t0.elapsed() < Duration::from_secs(20) {
+        let mut buf = [0u8; 4096];
+        match master.read(&mut buf) {
+            Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let frame = text(&seen);
+    assert!(frame.contains("(q quits)"), "{frame}");
+    let wide: Vec<&str> = frame
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| l.rsplit('\x1b').next().unwrap().chars().count() > 80)
+        .collect();
+    assert!(wide.is_empty(), "wider than the terminal: {wide:?}");
+    let asked = std::time::Instant::now();
+    std::io::Write::write_all(&mut master, b"q").unwrap();
+    let mut ended = None;
+    while ended.is_none() && asked.elapsed() < Duration::from_secs(5) {
+        ended = top.try_wait().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = top.kill();
+    let _ = top.wait();
+    assert!(ended.is_some_and(|s| s.success()), "q did not quit top: {ended:?}");
+    let given_back = tcgetattr(&slave).unwrap().local_flags;
+    assert!(
+        given_back.contains(LocalFlags::ICANON | LocalFlags::ECHO | LocalFlags::ISIG),
+        "{given_back:?}"
+    );
+}
+
+/// A manager that died is started again by name, at the address the components know, and
+/// they register with it again; `cluster down` stops it with the rest (it is not the PID
+/// recorded at start), and counts only the processes it stopped.
+#[test]
+fn a_dead_manager_is_restarted_by_name_and_down_stops_it_counting_only_what_it_stopped() {
+    let c = TestCluster::up(None);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let recorded = c.state_pids();
+    let gm_pid = c.pid_of_addr(&gm);
+    // Dead, but still in the record, as a crash leaves it.
+    // SAFETY: kill(2) takes no pointers; the PID is this test's own manager.
+    unsafe { libc::kill(gm_pid, libc::SIGKILL) };
+    assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(gm_pid)));
+
+    let out = c.cmd(&["cluster", "restart", "nosuch"]).output().unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("gm, mem0, mem1, proc0, storage0"),
+        "{}",
+        text(&out.stderr)
+    );
+    let said = splitos_ok(&c, &["cluster", "restart", "gm"]);
+    assert!(said.contains("gm started again (pid ") && said.contains(&gm), "{said}");
+    let again: i32 = said
+        .split("(pid ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let out = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+    assert!(
+        !out.status.success() && text(&out.stderr).contains(&format!("gm runs (pid {again})")),
+        "{}",
+        text(&out.stderr)
+    );
+    // The components find it where it was, and programs run again.
+    assert!(
+        c.eventually(Duration::from_secs(15), |c| c.status()["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["alive"] == true && x["role"] != "global-managers")
+            .count()
+            == recorded.len() - 1),
+        "{}",
+        c.log("gm")
+    );
+    let out = c.run(&[], &["true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let said = splitos_ok(&c, &["cluster", "down"]);
+    assert!(
+        said.contains(&format!(
+            "stopped {} component process(es); 1 had exited before",
+            recorded.len()
+        )),
+        "{said}"
+    );
+    assert!(!pid_running(again), "the restarted manager was left running");
+}
+
+/// A cluster started again after `cluster down` shows only its own components, each alive:
+/// none of the earlier start's lingers as lost.
+#[test]
+fn a_cluster_started_again_shows_no_component_of_the_last_start() {
+    let c = TestCluster::up(None);
+    let before: Vec<String> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].to_string())
+        .collect();
+    splitos_ok(&c, &["cluster", "down"]);
+    splitos_ok(&c, &["cluster", "up"]);
+    let status = c.status();
+    let comps = status["components"].as_array().unwrap();
+    assert_eq!(comps.len(), before.len(), "{status}");
+    assert!(
+        comps
+            .iter()
+            .all(|x| x["alive"] == true && !before.contains(&x["id"].to_string())),
+        "{status}"
+    );
 }
