@@ -15,9 +15,12 @@ mod excache;
 mod follow;
 mod jobs;
 pub mod join;
+mod listen;
 mod memory;
 mod placement;
 pub mod tls;
+
+pub use listen::start;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -728,46 +731,4 @@ fn router(api: Arc<Api>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
-}
-
-/// Serves the REST API of this manager unless the configuration turns it off: what `gm::run`
-/// is given to start it with, before the election (main.rs). Every manager serves it, and only
-/// the leader answers ([`follow`]).
-pub fn start(manager: &Arc<Manager>, args: &GmArgs) -> anyhow::Result<()> {
-    let cfg = &args.cluster;
-    if cfg.api == "off" {
-        return Ok(());
-    }
-    let tls = match (&args.api_cert, &args.api_key) {
-        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
-        _ => None,
-    };
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    // A manager that starts again after leading serves where it did (its port may have been
-    // any free one).
-    let addr = std::env::var(crate::manager::API_AGAIN).unwrap_or_else(|_| cfg.api.clone());
-    let routes = follow::router(manager.clone(), serde_json::to_value(cfg)?);
-    let at = serve(&addr, routes, tls, cfg.api_connections_per_peer)?;
-    tracing::info!(api = %at, scheme, "serving the REST API (answered while this manager leads)");
-    let _ = crate::manager::API_AT.set(at);
-    Ok(())
-}
-
-/// Serves `routes` at `addr` on a thread of its own, each peer holding at most `per_peer`
-/// connections at once; returns the address it listens at. Beyond loopback only with `tls`:
-/// its tokens must not cross a network in the clear.
-pub fn serve(
-    addr: &str,
-    routes: Router,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    per_peer: usize,
-) -> anyhow::Result<String> {
-    let l =
-        std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("the REST API cannot listen on {addr}: {e}"))?;
-    let local = l.local_addr()?;
-    if !local.ip().is_loopback() && tls.is_none() {
-        anyhow::bail!("the REST API listens beyond loopback ({local}) only with TLS: give --api-cert and --api-key (docs/control-plane.md)");
-    }
-    splitos_core::telemetry::serve_router(l, routes, "api", tls, per_peer)?;
-    Ok(local.to_string())
 }

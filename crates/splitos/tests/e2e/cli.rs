@@ -4,7 +4,6 @@
 use crate::common;
 use common::*;
 
-use std::io::BufRead;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
@@ -12,9 +11,25 @@ use std::process::{Child, Command, Stdio};
 /// end the interpreter (exit by SIGINT: status 130, as in a shell).
 const CATCHES_SIGINT: &str = "import time\ntry:\n    print('ready', flush=True)\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    print('caught KeyboardInterrupt', flush=True)\n    raise\n";
 
+/// The signals a job is sent reach it as they reach an interactive shell's foreground job,
+/// whatever this test inherited: under `nohup` or as a script's background job they come
+/// ignored, and `run` and its program keep what their caller ignored, as natively.
+pub(crate) fn as_foreground_job(c: &mut Command) -> &mut Command {
+    // SAFETY: signal is async-signal-safe and takes no pointers.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTERM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// `splitos run` on an embedded cluster, in a process group of its own as a shell puts a job.
 pub(crate) fn run_cmd(opts: &[&str], prog: &[&str], data: &std::path::Path) -> Command {
     let mut c = Command::new(splitos());
+    as_foreground_job(&mut c);
     c.arg("run").args(opts).arg("--").args(prog);
     c.env_remove("SPLITOS_GM")
         .env(
@@ -37,12 +52,20 @@ impl Drop for Job {
     }
 }
 
+/// The next line of the job's stdout, read a byte at a time so that nothing after it is
+/// taken from the pipe.
 pub(crate) fn first_line(job: &mut Job) -> String {
-    let mut line = String::new();
-    std::io::BufReader::new(job.0.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    line
+    use std::io::Read;
+    let out = job.0.stdout.as_mut().unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8];
+    while out.read(&mut b).unwrap() == 1 {
+        line.push(b[0]);
+        if b[0] == b'\n' {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&line).into_owned()
 }
 
 pub(crate) fn finish(mut job: Job) -> (String, String, i32) {
@@ -86,6 +109,7 @@ fn timeout_signals_the_program_not_the_cluster() {
         .chain(c.get_args().skip(1).map(|a| a.to_string_lossy().into_owned()))
         .collect();
     c = Command::new("timeout");
+    as_foreground_job(&mut c);
     c.args(["--preserve-status", "-s", "INT", "600"])
         .arg(&splitos)
         .args(&args);
@@ -496,6 +520,7 @@ fn ctrl_c_typed_on_a_terminal_reaches_the_program() {
         prog.display()
     );
     let mut c = Command::new("script");
+    as_foreground_job(&mut c);
     c.args(["-qfec", &line, "/dev/null"])
         .env_remove("SPLITOS_GM")
         .env(
@@ -508,6 +533,12 @@ fn ctrl_c_typed_on_a_terminal_reaches_the_program() {
         .stderr(Stdio::piped())
         .process_group(0);
     let mut job = Job(c.spawn().unwrap());
+    // On a terminal `run` says which ExCache it chose for this host, before the program runs.
+    let said = first_line(&mut job);
+    assert!(
+        said.starts_with("splitos: ExCache ") && said.contains("sized for this host"),
+        "{said}"
+    );
     assert_eq!(first_line(&mut job).trim_end(), "ready");
     use std::io::Write;
     job.0.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
