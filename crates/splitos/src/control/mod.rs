@@ -92,10 +92,12 @@ pub fn up(config: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     };
     // SAFETY: geteuid takes nothing and cannot fail.
     let uid = unsafe { libc::geteuid() };
+    let dir = cluster::state_dir();
     if uid != 0 {
+        // Made either way: the user's own, and where a later `cluster up` of theirs keeps its state.
+        cluster::private_dir(&dir)?;
         as_user::fit(&mut cfg, uid).map_err(|e| anyhow::anyhow!("not starting a cluster for uid {uid}: {e}"))?;
     }
-    let dir = cluster::state_dir();
     let c = Cluster::start(&cfg, &dir, true)?;
     let mut state: ClusterState = c.detach();
     // Written once before the API is known: the admin's RPC client takes the cluster's
