@@ -379,7 +379,7 @@ impl ExCache {
     /// Process `pid` left (its lines already did): pids are reused.
     pub fn forget_group(&mut self, pid: u64) {
         if let (Some(run), Some(seen)) = (self.runs.remove(&pid), self.seen.remove(&pid)) {
-            run.pages.sub(seen.len() as u64);
+            run.pages.left(seen.len() as u64);
         }
         self.own_interleave.remove(&pid);
         let held = self.resident_of(pid);
@@ -611,7 +611,9 @@ impl ExCache {
         }
         if let Some(run) = self.runs.get(&pid) {
             if self.seen.entry(pid).or_default().insert(vpn) {
-                run.pages.add(1);
+                run.pages.first();
+            } else {
+                run.pages.again();
             }
         }
         Some(Claim {

@@ -149,25 +149,34 @@ counters! {
         pub errors: Mutex<Vec<String>> = Mutex::default(),
         /// Pages its processes had lines for (each page of a process once, fetched,
         /// filled or read ahead), summed over the processes alive, and the most at once:
-        /// the ExCache the run needs, processes that ran one after another not added up.
-        pub pages: Held = Held::default(),
+        /// the ExCache the run needs, processes that ran one after another not added up;
+        /// and the lines claimed again for pages already had (capacity and conflict misses).
+        pub pages: Pages = Pages::default(),
     }
 }
 
-/// A count that goes up and down, and the most it reached.
+/// The pages a run's processes had lines for: summed over the processes alive, the most
+/// that sum reached, and the lines claimed again for a page its process had already had
+/// (each one a page the ExCache evicted and the process wanted back).
 #[derive(Default)]
-pub struct Held {
+pub struct Pages {
     now: AtomicU64,
     peak: AtomicU64,
+    again: AtomicU64,
 }
 
-impl Held {
-    pub fn add(&self, n: u64) {
-        let now = self.now.fetch_add(n, Relaxed) + n;
+impl Pages {
+    pub fn first(&self) {
+        let now = self.now.fetch_add(1, Relaxed) + 1;
         self.peak.fetch_max(now, Relaxed);
     }
 
-    pub fn sub(&self, n: u64) {
+    pub fn again(&self) {
+        self.again.fetch_add(1, Relaxed);
+    }
+
+    /// A process that had `n` pages left.
+    pub fn left(&self, n: u64) {
         self.now.fetch_sub(n, Relaxed);
     }
 
@@ -193,6 +202,7 @@ impl RunStats {
         j.insert("miss_breakdown_ns_p50".into(), serde_json::json!({"evict": p50(&self.evict_ns), "rpc": p50(&self.rpc_ns), "install": p50(&self.install_ns)}));
         j.insert("errors".into(), self.errors.lock().unwrap().clone().into());
         j.insert("pages_peak".into(), self.pages.peak().into());
+        j.insert("pages_again".into(), self.pages.again.load(Relaxed).into());
         j.into()
     }
 }
@@ -217,6 +227,7 @@ mod tests {
         "miss_breakdown_ns_p50",
         "errors",
         "pages_peak",
+        "pages_again",
     ];
     const READ_METRICS: &[&str] = &[
         "splitos_pcomp_misses_total",

@@ -1,6 +1,6 @@
 //! What a newcomer meets with `splitos run` and the cluster commands: signals from the
-//! terminal and from `timeout`, options that cannot apply, sizes that cannot work, the hint
-//! when the ExCache is too small, and the smaller edges of the CLI.
+//! terminal and from `timeout`, options that cannot apply, sizes that cannot work, and the
+//! smaller edges of the CLI.
 use crate::common;
 use common::*;
 
@@ -184,76 +184,6 @@ fn excache_sizes_that_cannot_work_are_refused_by_name_and_megabytes_are_read() {
     );
     let out = same_as_native(&["--embedded", "--excache", "64MB"], &["echo", "hi"]);
     assert_eq!(text(&out.stdout), "hi\n");
-}
-
-#[test]
-fn a_too_small_excache_gets_one_hint_a_fitting_one_none() {
-    let p = program("randpages");
-    let cmd = [p.to_str().unwrap(), "32", "3"];
-    let hint = "the ExCache is too small for this program";
-    let (small, s) = stats_of(&["--embedded", "--excache", "1M"], &cmd);
-    let err = text(&small.stderr);
-    assert_eq!(err.matches(hint).count(), 1, "{err}");
-    assert!(err.contains("--excache"), "{err}");
-    // The counters it came from: pages fetched back again and again.
-    assert!(n(&s, "misses") > n(&s, "plocal_fills") * 2, "{s}");
-    let (quiet, _) = stats_of(&["--embedded", "--excache", "1M", "--quiet"], &cmd);
-    assert!(!text(&quiet.stderr).contains(hint), "{}", text(&quiet.stderr));
-    let (fits, s) = stats_of(&["--embedded", "--excache", "256M"], &cmd);
-    assert!(!text(&fits.stderr).contains(hint), "{}", text(&fits.stderr));
-    assert_eq!(n(&s, "bytes_fetched"), 0, "nothing came back from the mComponents: {s}");
-}
-
-/// With no --excache the embedded cluster's ExCache is sized for the host (a quarter of its
-/// available memory, a power of two from 64M to 4G): a program of a few hundred MB that a 64M
-/// ExCache made fetch its pages back again and again fits, and the pComponent says so; an
-/// explicit --excache still gives partial memory.
-#[test]
-fn the_default_excache_fits_the_host_and_an_explicit_one_is_kept() {
-    let p = program("randpages");
-    let cmd = [p.to_str().unwrap(), "192", "2"];
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("MemAvailable:")?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .unwrap()
-        << 10;
-    let (out, s) = stats_of(&["--embedded", "--stats"], &cmd);
-    let err = text(&out.stderr);
-    let capacity = n(&s["pcomponent"], "capacity_bytes");
-    assert!(
-        capacity.is_power_of_two() && (64 << 20..=4 << 30).contains(&capacity),
-        "{s}"
-    );
-    // Within a power of two of the rule: the host's memory moves while the test runs.
-    assert!(
-        capacity <= available / 4 && (capacity == 4 << 30 || capacity * 4 > available / 4),
-        "{capacity} for {available} available"
-    );
-    let said = match capacity % (1 << 30) {
-        0 => format!("excache={}G ", capacity >> 30),
-        _ => format!("excache={}M ", capacity >> 20),
-    };
-    assert!(err.contains(&said), "{said} in {err}");
-    if capacity >= 512 << 20 {
-        assert_eq!((n(&s, "evictions"), n(&s, "bytes_fetched")), (0, 0), "{s}");
-        assert!(!err.contains("the ExCache is too small"), "{err}");
-    }
-    let (small, s) = stats_of(&["--embedded", "--excache", "64M"], &cmd);
-    assert_eq!(n(&s["pcomponent"], "capacity_bytes"), 64 << 20, "{s}");
-    assert!(n(&s, "evictions") > 0 && n(&s, "bytes_fetched") > 0, "{s}");
-    assert!(
-        text(&small.stderr).contains("the ExCache is too small"),
-        "{}",
-        text(&small.stderr)
-    );
 }
 
 /// The processes whose command line names `dir` (an embedded cluster's components).

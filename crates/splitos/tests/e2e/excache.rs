@@ -1,4 +1,5 @@
-//! The ExCache's run-time options each change behaviour that the counters show.
+//! The ExCache's run-time options each change behaviour that the counters show; the size `run`
+//! chooses for the host, and the hint when the ExCache is too small.
 use crate::common;
 use common::*;
 
@@ -197,4 +198,103 @@ fn programs_thrashing_a_shared_excache_are_told_the_others_are_why() {
         text(&out.stderr)
     );
     assert_eq!(n(&s, "evicted_by_others"), 0, "{s}");
+}
+
+#[test]
+fn a_too_small_excache_gets_one_hint_a_fitting_one_none() {
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "32", "3"];
+    let hint = "the ExCache is too small for this program";
+    let (small, s) = stats_of(&["--embedded", "--excache", "1M"], &cmd);
+    let err = text(&small.stderr);
+    assert_eq!(err.matches(hint).count(), 1, "{err}");
+    assert!(err.contains("--excache"), "{err}");
+    // The counters it came from: pages fetched back again and again.
+    assert!(n(&s, "misses") > n(&s, "plocal_fills") * 2, "{s}");
+    let (quiet, _) = stats_of(&["--embedded", "--excache", "1M", "--quiet"], &cmd);
+    assert!(!text(&quiet.stderr).contains(hint), "{}", text(&quiet.stderr));
+    let (fits, s) = stats_of(&["--embedded", "--excache", "256M"], &cmd);
+    assert!(!text(&fits.stderr).contains(hint), "{}", text(&fits.stderr));
+    assert_eq!(n(&s, "bytes_fetched"), 0, "nothing came back from the mComponents: {s}");
+}
+
+/// With no --excache the embedded cluster's ExCache is sized for the host (a quarter of its
+/// available memory, a power of two from 64M to 4G): a program of a few hundred MB that a 64M
+/// ExCache made fetch its pages back again and again fits, and the pComponent says so; an
+/// explicit --excache still gives partial memory.
+#[test]
+fn the_default_excache_fits_the_host_and_an_explicit_one_is_kept() {
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "192", "2"];
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("MemAvailable:")?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap()
+        << 10;
+    let (out, s) = stats_of(&["--embedded", "--stats"], &cmd);
+    let err = text(&out.stderr);
+    let capacity = n(&s["pcomponent"], "capacity_bytes");
+    assert!(
+        capacity.is_power_of_two() && (64 << 20..=4 << 30).contains(&capacity),
+        "{s}"
+    );
+    // Within a power of two of the rule: the host's memory moves while the test runs.
+    assert!(
+        capacity <= available / 4 && (capacity == 4 << 30 || capacity * 4 > available / 4),
+        "{capacity} for {available} available"
+    );
+    let said = match capacity % (1 << 30) {
+        0 => format!("excache={}G ", capacity >> 30),
+        _ => format!("excache={}M ", capacity >> 20),
+    };
+    assert!(err.contains(&said), "{said} in {err}");
+    if capacity >= 512 << 20 {
+        assert_eq!((n(&s, "evictions"), n(&s, "bytes_fetched")), (0, 0), "{s}");
+        assert!(!err.contains("the ExCache is too small"), "{err}");
+    }
+    let (small, s) = stats_of(&["--embedded", "--excache", "64M"], &cmd);
+    assert_eq!(n(&s["pcomponent"], "capacity_bytes"), 64 << 20, "{s}");
+    assert!(n(&s, "evictions") > 0 && n(&s, "bytes_fetched") > 0, "{s}");
+    assert!(
+        text(&small.stderr).contains("the ExCache is too small"),
+        "{}",
+        text(&small.stderr)
+    );
+}
+
+/// A script that starts hundreds of short processes in a small ExCache fills far more fresh
+/// pages than it fetches back, and still spends its run in misses: it gets the hint, and the
+/// size the hint names, from the pages of the processes alive at once (not of all that ran),
+/// runs it without one.
+#[test]
+fn a_fork_heavy_script_gets_a_hint_whose_size_runs_without_one() {
+    let script = "i=0; while [ $i -lt 40 ]; do echo \"line $i\" | sed s/line/row/ | tr a-z A-Z; i=$((i+1)); done";
+    let cmd = ["sh", "-c", script];
+    let hint = "the ExCache is too small for this program";
+    let (small, s) = stats_of(&["--embedded", "--excache", "2M"], &cmd);
+    let err = text(&small.stderr);
+    assert_eq!(err.matches(hint).count(), 1, "{err}");
+    assert!(n(&s, "processes") >= 120, "{s}");
+    let size = err
+        .split("an ExCache of ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap();
+    let mb: u64 = size.strip_suffix('M').unwrap().parse().unwrap();
+    // All the processes' pages added up would ask for far more.
+    let fresh = n(&s, "plocal_fills") + n(&s, "faulted_around") + n(&s, "preallocated");
+    assert!(
+        mb << 20 < fresh * 4096 / 4 && mb <= 32,
+        "{size} for {fresh} fresh pages: {err}"
+    );
+    let (fits, s) = stats_of(&["--embedded", "--excache", size], &cmd);
+    assert!(!text(&fits.stderr).contains(hint), "{}: {s}", text(&fits.stderr));
 }
