@@ -432,9 +432,6 @@ impl Pcomp {
         Ok(OK)
     }
 
-    /// Takes the global managers' table of vNodes when its version is not the one held, and
-    /// lets go of the mounts whose grant changed. A table it cannot get now is asked for
-    /// again at the next heartbeat.
     /// Takes the cordon the managers keep, told by them at once or by a heartbeat's answer.
     fn set_cordon(&self, cordoned: bool) {
         if self.cordoned.swap(cordoned, std::sync::atomic::Ordering::Relaxed) != cordoned {
@@ -450,10 +447,17 @@ impl Pcomp {
         }
     }
 
+    /// Takes the global managers' table of vNodes when its version is not the one held, and
+    /// lets go of the mounts whose grant changed. A table it cannot get now is asked for
+    /// again at the next heartbeat.
     fn follow_vnodes(&self, version: u64) {
-        if version == self.grants.version() {
-            return;
+        if version != self.grants.version() {
+            self.take_vnodes();
         }
+    }
+
+    /// Asks the global managers for their table of vNodes and takes it.
+    pub(crate) fn take_vnodes(&self) {
         match self.node.call_gm(P2G_VNODES) {
             Ok(t) => {
                 let changed = self.grants.replace(t.version, fs::grants::Grants::resolve(&t.vnodes));

@@ -18,7 +18,8 @@
 //!
 //! Who may do what is decided by the peer's credentials (SO_PEERCRED), never by the records:
 //! a user the pComponent grants no vNode is refused in the welcome, and a hello naming a vNode
-//! the user was not granted is refused with EACCES.
+//! the user was not granted is refused with EACCES; a launcher's naming a vNode the cluster
+//! does not have, with ENOENT unless it asks for it to be made ([`HELLO_CREATE_VNODE`]).
 #![no_std]
 
 use core::mem::{offset_of, size_of};
@@ -26,7 +27,7 @@ use core::mem::{offset_of, size_of};
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use zerocopy::{Immutable, KnownLayout};
 
-pub const SHIM_ABI_VERSION: u32 = 7;
+pub const SHIM_ABI_VERSION: u32 = 8;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -73,7 +74,18 @@ pub struct Hello {
     pub interleave_local: u32,
     pub interleave_of: u32,
     pub interleave_unit: u64,
+    /// A launcher's [`HELLO_CREATE_VNODE`]; 0 in a program's hello.
+    pub flags: u32,
+    pub _pad: u32,
 }
+
+/// In a launcher's hello: run on the vNode named even if the cluster has none of that name
+/// (root's `splitos run --create-vnode`); without it a name neither [`DEFAULT_VNODE`] nor in
+/// the managers' table of vNodes is refused with ENOENT, as a typo would be.
+pub const HELLO_CREATE_VNODE: u32 = 1;
+
+/// The vNode a run goes to when it names none: every cluster has it.
+pub const DEFAULT_VNODE: &str = "default";
 
 /// The first record on a connection, from the pComponent, before the shim creates its
 /// userfaultfd: features are fixed when the descriptor is set up (UFFDIO_API), so the
@@ -374,7 +386,7 @@ const _: () = assert!(
         && offset_of!(Welcome, refused) == 24
 );
 const _: () = assert!(
-    size_of::<Hello>() == 120
+    size_of::<Hello>() == 128
         && offset_of!(Hello, abi) == 0
         && offset_of!(Hello, kind) == 4
         && offset_of!(Hello, vnode) == 40

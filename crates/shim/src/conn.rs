@@ -197,6 +197,8 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
         interleave_local: 0,
         interleave_of: 0,
         interleave_unit: 0,
+        flags: 0,
+        _pad: 0,
     };
 
     let fds = [uffd, memfd];

@@ -19,9 +19,9 @@ use splitos_rpc::{
     P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
 };
 use splitos_shim_abi::{
-    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_LAUNCHER, HELLO_PROGRAM,
-    MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK,
-    WELCOME_UFFD_DEV,
+    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, DEFAULT_VNODE, HELLO_CREATE_VNODE,
+    HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION,
+    WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV,
 };
 
 use super::fault;
@@ -328,6 +328,18 @@ impl Pcomp {
         let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
             (HELLO_PROGRAM, Ok([u, m])) => (u, m),
             (HELLO_LAUNCHER, _) => {
+                // A run can come before the first heartbeat brought the managers' table; if
+                // they cannot be asked either, there is nothing to tell a typo by and root's run
+                // goes ahead, as every run did.
+                if self.grants.version() == 0 {
+                    self.take_vnodes();
+                }
+                let known = self.grants.version() == 0 || vnode == DEFAULT_VNODE || self.grants.of(&vnode).is_some();
+                if hello.flags & HELLO_CREATE_VNODE == 0 && !known {
+                    self.refuse(&peer, &format!("the cluster has no vNode {vnode:?}"));
+                    let _ = reply(&mut s, -(libc::ENOENT as i64), 0, 0);
+                    return;
+                }
                 if self.cordoned.load(std::sync::atomic::Ordering::Relaxed) {
                     self.refuse(&peer, "the pComponent is cordoned");
                     let _ = reply(&mut s, -(libc::EBUSY as i64), 0, 0);

@@ -31,6 +31,7 @@ impl Launcher {
     pub fn connect(
         path: &Path,
         vnode: &str,
+        create_vnode: bool,
         run_id: u64,
         interleave: Option<(InterleaveRatio, Size)>,
     ) -> anyhow::Result<(Launcher, Option<PathBuf>)> {
@@ -72,6 +73,9 @@ impl Launcher {
         hello.abi = SHIM_ABI_VERSION;
         hello.kind = HELLO_LAUNCHER;
         hello.run_id = run_id;
+        if create_vnode {
+            hello.flags |= splitos_shim_abi::HELLO_CREATE_VNODE;
+        }
         if vnode.len() >= hello.vnode.len() {
             anyhow::bail!("vNode name {vnode:?} is longer than {} bytes", hello.vnode.len() - 1);
         }
@@ -85,6 +89,7 @@ impl Launcher {
         let dir = match l.answer() {
             Ok(bytes) if bytes.is_empty() => None,
             Ok(bytes) => Some(PathBuf::from(String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the pComponent at {} named a mount point that is not UTF-8", path.display()))?)),
+            Err(Some(e)) if e == libc::ENOENT => anyhow::bail!("the cluster of the pComponent at {} has no vNode {vnode:?} (a typo?): its vNodes are `{}` and those of its configuration or made through its API; as root, --create-vnode runs on a new one", path.display(), splitos_shim_abi::DEFAULT_VNODE),
             Err(Some(e)) if e == libc::EACCES => anyhow::bail!("vNode {vnode:?} is not granted to this user (uid {}) on the pComponent at {}", uid(), path.display()),
             Err(Some(e)) if e == libc::EAGAIN => anyhow::bail!("too many of this user's runs are under way on the pComponent at {}", path.display()),
             Err(Some(e)) if e == libc::EINVAL => anyhow::bail!(

@@ -30,9 +30,14 @@ pub struct RunArgs {
     /// admin granted the vNode (see docs/security.md); also $SPLITOS_PCOMPONENT.
     #[arg(long, value_name = "SOCKET")]
     pub pcomponent: Option<PathBuf>,
-    /// The vNode to run the process in.
-    #[arg(long, default_value = "default")]
+    /// The vNode to run the process in: `default`, or one of the cluster's configuration or
+    /// made through its API (another name is refused, as a typo would be).
+    #[arg(long, default_value = splitos_shim_abi::DEFAULT_VNODE)]
     pub vnode: String,
+    /// Run on --vnode even if the cluster has no vNode of that name (root): its files and
+    /// memory are made as the program uses them.
+    #[arg(long)]
+    pub create_vnode: bool,
     /// Write the run's counters as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
@@ -430,7 +435,8 @@ fn run_on(
     };
     // Random: a run's id is its claim to its counters on the pComponent.
     let run_id = splitos_rpc::auth::random_u64();
-    let (mut launcher, vnode_dir) = Launcher::connect(&sock, &a.vnode, run_id, a.cluster.job_interleave())?;
+    let (mut launcher, vnode_dir) =
+        Launcher::connect(&sock, &a.vnode, a.create_vnode, run_id, a.cluster.job_interleave())?;
     let pcomp_name = match &gm {
         Some((_, pcomp)) => format!("pComponent {} at {}", pcomp.id, pcomp.addr),
         None => format!("the pComponent at {}", sock.display()),

@@ -737,3 +737,39 @@ fn every_command_whose_reader_goes_away_exits_without_a_panic() {
     );
     assert!(run >= 30, "{run} commands run, of {commands:?}");
 }
+
+/// `--vnode` with a name the cluster has no vNode of (neither `default` nor configured nor
+/// made through the API) is refused by the pComponent, as a typo would be, and nothing runs;
+/// `--create-vnode` runs there.
+#[test]
+fn a_vnode_the_cluster_does_not_have_is_refused_unless_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = ["touch", marker.to_str().unwrap()];
+    let out = run_cmd(&["--embedded", "--vnode", "defualt"], &touch, dir.path())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("has no vNode \"defualt\" (a typo?)") && err.contains("--create-vnode"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the program ran on a vNode no one made");
+    let out = run_cmd(
+        &["--embedded", "--vnode", "defualt", "--create-vnode"],
+        &touch,
+        dir.path(),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(marker.exists());
+    let out = run_cmd(&["--embedded"], &["true"], dir.path()).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the default vNode needs no flag: {}",
+        text(&out.stderr)
+    );
+}

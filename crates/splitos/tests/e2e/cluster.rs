@@ -94,7 +94,7 @@ fn small_vregions_spread_one_process_over_both_mcomponents() {
 fn an_mcomponent_refuses_pages_of_another_vnode() {
     let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
     let p = program("hold");
-    let mut child = c.spawn(&["--vnode", "alpha"], &[p.to_str().unwrap(), "16"]);
+    let mut child = c.spawn(&["--vnode", "alpha", "--create-vnode"], &[p.to_str().unwrap(), "16"]);
     assert_eq!(read_line(&mut child), "ready\n");
     let pcomp = &c.components("pcomponent")[0]["stats"];
     let pid = pcomp["processes"][0]["pid"].as_u64().unwrap().to_string();

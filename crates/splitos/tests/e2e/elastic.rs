@@ -298,7 +298,7 @@ fn lines_taken_from_a_waiting_vnode(c: &TestCluster, share: bool) -> f64 {
     let addr = pcomp(c)["addr"].as_str().unwrap().to_string();
     let before = c.metric(&addr, "splitos_pcomp_evicted_by_others_total");
     let hold = program("hold");
-    let mut a = c.spawn(&["--vnode", "a"], &[hold.to_str().unwrap(), "2"]);
+    let mut a = c.spawn(&["--vnode", "a", "--create-vnode"], &[hold.to_str().unwrap(), "2"]);
     assert_eq!(read_line(&mut a), "ready\n");
     // vNode a's lines are counted against its share by the pComponent itself (its heap
     // with the allocator's and read-ahead's lines: more than the 2 MiB, less than 4).
@@ -307,7 +307,7 @@ fn lines_taken_from_a_waiting_vnode(c: &TestCluster, share: bool) -> f64 {
     let touch = program("memtouch");
     // Scans only: a stream through the ExCache.
     let stream = [touch.to_str().unwrap(), "16", "0"];
-    let out = c.run(&["--vnode", "b"], &stream);
+    let out = c.run(&["--vnode", "b", "--create-vnode"], &stream);
     assert_eq!(
         text(&out.stdout),
         text(&native(&stream).stdout),

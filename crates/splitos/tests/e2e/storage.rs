@@ -501,7 +501,7 @@ fn fsynced_data_survives_kill_9_of_the_pcomponent() {
 fn one_vnode_never_sees_another_vnodes_files() {
     let c = TestCluster::up(None);
     let a = c.run(
-        &["--vnode", "alpha"],
+        &["--vnode", "alpha", "--create-vnode"],
         &[
             "bash",
             "-c",
@@ -511,7 +511,7 @@ fn one_vnode_never_sees_another_vnodes_files() {
     assert!(a.status.success(), "{}", text(&a.stderr));
     let alpha_dir = text(&a.stdout).trim().to_string();
     let b = c.run(
-        &["--vnode", "beta"],
+        &["--vnode", "beta", "--create-vnode"],
         &["bash", "-c", "echo $SPLITOS_VNODE_DIR; ls -A $SPLITOS_VNODE_DIR | wc -l; ls -A $SPLITOS_VNODE_DIR/../alpha | wc -l; cat $SPLITOS_VNODE_DIR/../alpha/only-alpha 2>/dev/null || echo unreadable"],
     );
     let lines: Vec<String> = text(&b.stdout).lines().map(String::from).collect();
@@ -523,7 +523,7 @@ fn one_vnode_never_sees_another_vnodes_files() {
         "beta sees none of alpha's files, not even through .."
     );
     let again = c.run(
-        &["--vnode", "alpha"],
+        &["--vnode", "alpha", "--create-vnode"],
         &["bash", "-c", "cat $SPLITOS_VNODE_DIR/only-alpha"],
     );
     assert_eq!(text(&again.stdout), "secret\n");
@@ -605,7 +605,10 @@ fn the_embedded_cluster_keeps_its_storage_between_runs() {
 fn storage_requests_cannot_escape_their_vnode_and_garbage_is_refused() {
     use splitos_rpc::*;
     let c = TestCluster::up(None);
-    let ok = c.run(&["--vnode", "v"], &["bash", "-c", "echo inside > $SPLITOS_VNODE_DIR/f"]);
+    let ok = c.run(
+        &["--vnode", "v", "--create-vnode"],
+        &["bash", "-c", "echo inside > $SPLITOS_VNODE_DIR/f"],
+    );
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     let s = c.components("scomponent")[0]["addr"].as_str().unwrap().to_string();
     let client = c.admin_rpc();
@@ -689,7 +692,10 @@ fn storage_requests_cannot_escape_their_vnode_and_garbage_is_refused() {
     let _ = t.read_to_end(&mut buf);
     assert!(buf.is_empty(), "garbage gets no reply");
 
-    let after = c.run(&["--vnode", "v"], &["bash", "-c", "cat $SPLITOS_VNODE_DIR/f"]);
+    let after = c.run(
+        &["--vnode", "v", "--create-vnode"],
+        &["bash", "-c", "cat $SPLITOS_VNODE_DIR/f"],
+    );
     assert_eq!(
         text(&after.stdout),
         "inside\n",
@@ -824,6 +830,7 @@ fn embedded_run(data: &Path, cwd: &Path, stats: &Path, script: &str) -> Command 
         "run",
         "--vnode",
         "shared",
+        "--create-vnode",
         "--stats-json",
         stats.to_str().unwrap(),
         "--",
