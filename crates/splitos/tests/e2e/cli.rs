@@ -11,25 +11,9 @@ use std::process::{Child, Command, Stdio};
 /// end the interpreter (exit by SIGINT: status 130, as in a shell).
 const CATCHES_SIGINT: &str = "import time\ntry:\n    print('ready', flush=True)\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    print('caught KeyboardInterrupt', flush=True)\n    raise\n";
 
-/// The signals a job is sent reach it as they reach an interactive shell's foreground job,
-/// whatever this test inherited: under `nohup` or as a script's background job they come
-/// ignored, and `run` and its program keep what their caller ignored, as natively.
-pub(crate) fn as_foreground_job(c: &mut Command) -> &mut Command {
-    // SAFETY: signal is async-signal-safe and takes no pointers.
-    unsafe {
-        c.pre_exec(|| {
-            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTERM] {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-            Ok(())
-        })
-    }
-}
-
 /// `splitos run` on an embedded cluster, in a process group of its own as a shell puts a job.
 pub(crate) fn run_cmd(opts: &[&str], prog: &[&str], data: &std::path::Path) -> Command {
     let mut c = Command::new(splitos());
-    as_foreground_job(&mut c);
     c.arg("run").args(opts).arg("--").args(prog);
     c.env_remove("SPLITOS_GM")
         .env(
@@ -109,7 +93,6 @@ fn timeout_signals_the_program_not_the_cluster() {
         .chain(c.get_args().skip(1).map(|a| a.to_string_lossy().into_owned()))
         .collect();
     c = Command::new("timeout");
-    as_foreground_job(&mut c);
     c.args(["--preserve-status", "-s", "INT", "600"])
         .arg(&splitos)
         .args(&args);
@@ -450,7 +433,6 @@ fn ctrl_c_typed_on_a_terminal_reaches_the_program() {
         prog.display()
     );
     let mut c = Command::new("script");
-    as_foreground_job(&mut c);
     c.args(["-qfec", &line, "/dev/null"])
         .env_remove("SPLITOS_GM")
         .env(

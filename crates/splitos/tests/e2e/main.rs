@@ -46,3 +46,18 @@ mod storage;
 mod topology;
 mod transport;
 mod users;
+
+/// The tests signal jobs as a terminal and a supervisor do, and expect what an interactive
+/// shell's foreground job gets. A suite started under `nohup` or as a script's background job
+/// inherits these signals ignored, and `run` hands that on to its program, as natively: so
+/// each test process starts with them at their defaults, before the harness runs.
+#[used]
+#[link_section = ".init_array"]
+static DEFAULT_SIGNALS: extern "C" fn() = default_signals;
+
+extern "C" fn default_signals() {
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+        // SAFETY: signal takes no pointers; these are valid signal numbers.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}

@@ -1,7 +1,7 @@
 //! `splitos run` as a shell's command: what the caller ignored or blocked reaches the program
 //! as it would natively (`nohup`, `trap '' INT`, a script's background jobs), and a program
 //! that cannot be started ends `run` with a shell's exit status.
-use crate::cli::{as_foreground_job, finish, first_line, run_cmd, Job};
+use crate::cli::{finish, first_line, run_cmd, Job};
 use crate::common::*;
 
 use std::os::unix::process::CommandExt;
@@ -13,7 +13,6 @@ const IGNORED: [libc::c_int; 4] = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, li
 const BLOCKED: libc::c_int = libc::SIGUSR1;
 
 fn as_ignoring_caller(c: &mut Command) -> &mut Command {
-    as_foreground_job(c);
     // SAFETY: signal, sigemptyset, sigaddset and sigprocmask are async-signal-safe; the set is
     // on this stack frame.
     unsafe {

@@ -101,7 +101,7 @@ fn mprotect_and_madvise_on_heap_pages_behave_as_natively() {
     // 16 MiB touched between the steps against a 4 MiB ExCache: the pages checked have been
     // written back to an mComponent and fetched again.
     let p = prog("memsem");
-    let (out, s) = stats_of(&["--excache", "4M"], &[&p, "16"]);
+    let (out, s) = stats_of(&["--excache", "4M", "--quiet"], &[&p, "16"]);
     let stdout = text(&out.stdout);
     for what in ["mmap", "malloc"] {
         for line in [
