@@ -621,7 +621,9 @@ fn excache_hint(stats: &serde_json::Value, secs: f64) -> Option<String> {
     // the line is claimed again) took a good part of the run: the ExCache is what the run
     // waited for. Not all misses: a forked child's first touches of its parent's pages are
     // misses at any size, and a script that starts hundreds of processes makes many.
-    let refetched = n("pages_again");
+    // Lines read ahead or faulted around with a miss are claimed again too: at most one a miss
+    // is the program's wait.
+    let refetched = n("pages_again").min(misses);
     let again = refetched as f64 * n("miss_ns_mean") as f64 / 1e9;
     if secs <= 0.0 || again < secs / 4.0 {
         return None;
