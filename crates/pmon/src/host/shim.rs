@@ -328,14 +328,16 @@ impl Pcomp {
         let (uffd_fd, memfd) = match (hello.kind, <[OwnedFd; 2]>::try_from(fds)) {
             (HELLO_PROGRAM, Ok([u, m])) => (u, m),
             (HELLO_LAUNCHER, _) => {
-                // A run can come before the first heartbeat brought the managers' table; if
-                // they cannot be asked either, there is nothing to tell a typo by and root's run
-                // goes ahead, as every run did.
-                if self.grants.version() == 0 {
+                // The table held may be older than the vNode (no heartbeat brought one yet,
+                // or the admin made it through the API a moment ago): a name not in it is
+                // looked up again before it counts as a typo. With no table to be had, there
+                // is nothing to tell a typo by, and root's run goes ahead as every run did.
+                let asked = hello.flags & HELLO_CREATE_VNODE != 0 || vnode == DEFAULT_VNODE;
+                let held = || self.grants.of(&vnode).is_some();
+                if !asked && !held() {
                     self.take_vnodes();
                 }
-                let known = self.grants.version() == 0 || vnode == DEFAULT_VNODE || self.grants.of(&vnode).is_some();
-                if hello.flags & HELLO_CREATE_VNODE == 0 && !known {
+                if !asked && !held() && self.grants.version() != 0 {
                     self.refuse(&peer, &format!("the cluster has no vNode {vnode:?}"));
                     let _ = reply(&mut s, -(libc::ENOENT as i64), 0, 0);
                     return;

@@ -641,7 +641,7 @@ def exact(s, n):
     return b
 
 def hello(s, fds, run_id):
-    h = struct.pack("<IIQQQQ64sIIQ", @ABI@, 0, BASE, SIZE, 0, run_id, b"lab", 0, 0, 0)
+    h = struct.pack("<IIQQQQ64sIIQII", @ABI@, 0, BASE, SIZE, 0, run_id, b"lab", 0, 0, 0, 0, 0)
     s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     return struct.unpack("<qQQ", exact(s, 24))
 
