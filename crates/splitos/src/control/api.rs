@@ -133,8 +133,8 @@ fn from_follower(r: &ureq::http::Response<ureq::Body>) -> bool {
 /// Sends one request (`make` of a base URL and its client) to the API at `apis`
 /// (`ADDR[,ADDR...]`, every manager's): to the last leader first, then each in turn, until the
 /// leader answers. A follower names the leader (`421`), which is asked next; while none is
-/// elected (`503`, or no manager answers) the managers are asked again, for up to
-/// [`FIND_LEADER`]. Only a request that surely was not carried out is sent again: one refused
+/// elected (`503`) the managers are asked again, for up to [`FIND_LEADER`]; when no manager
+/// answers at all it is an error at once. Only a request that surely was not carried out is sent again: one refused
 /// by a follower, or that reached no server. Returns the address that answered, and its answer.
 pub(crate) fn send(
     apis: &str,
@@ -154,6 +154,10 @@ pub(crate) fn send(
             queue.push_front(l);
         }
         let mut asked = std::collections::HashSet::new();
+        // Whether a manager answered at all: one that is there will have a leader soon; if
+        // none is reachable from here (all down, or their API on another network), waiting
+        // only delays what the caller does instead.
+        let mut heard = false;
         while let Some(api) = queue.pop_front() {
             if !asked.insert(api.clone()) {
                 continue;
@@ -166,6 +170,7 @@ pub(crate) fn send(
                 Err(e) if unreached(&e) => last = format!("{api}: {e}"),
                 Err(error) => return Err(SendError::Failed { api, error }),
                 Ok(mut r) if from_follower(&r) => {
+                    heard = true;
                     let body: serde_json::Value = r.body_mut().read_json().unwrap_or_default();
                     last = format!("{api}: {}", body["error"].as_str().unwrap_or("a follower"));
                     // The leader it names is asked next, even if the list does not hold it (a
@@ -180,7 +185,7 @@ pub(crate) fn send(
                 }
             }
         }
-        if t0.elapsed() > FIND_LEADER {
+        if !heard || t0.elapsed() > FIND_LEADER {
             return Err(SendError::NoLeader {
                 apis: apis.to_string(),
                 last,
