@@ -111,15 +111,31 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("state.redb");
         let table = Table("departures");
-        let r = Recent::<u32>::open(Store::for_test(&file), table, Duration::from_millis(400)).unwrap();
+        // Long enough that a reopen on a loaded machine happens well inside it.
+        let keep = Duration::from_secs(4);
+        let pushed = Instant::now();
+        let r = Recent::<u32>::open(Store::for_test(&file), table, keep).unwrap();
         r.push(7);
         r.push(9);
         drop(r);
-        let r = Recent::<u32>::open(Store::for_test(&file), table, Duration::from_millis(400)).unwrap();
+        // One that had already outlived its time when the state was written is not told.
+        Store::for_test(&file)
+            .put(
+                table,
+                "old",
+                Some(&Dated {
+                    item: 5u32,
+                    at_unix_ms: unix_ms() - 2 * keep.as_millis() as u64,
+                }),
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(1));
+        let r = Recent::<u32>::open(Store::for_test(&file), table, keep).unwrap();
         let mut kept = r.current();
         kept.sort();
         assert_eq!(kept, [7, 9]);
-        std::thread::sleep(Duration::from_millis(500));
+        // The rest of their time counts from when they were pushed, not from the reopen.
+        std::thread::sleep((pushed + keep + Duration::from_millis(100)).saturating_duration_since(Instant::now()));
         assert!(r.current().is_empty());
         drop(r);
         let store = Store::for_test(&file);
