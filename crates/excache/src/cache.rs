@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 mod eviction;
+mod workingset;
 pub use eviction::{Clock, EvictionPolicy, Fifo, GhostClock};
+pub use workingset::Workingset;
 
 use splitos_core::config::MIN_UNPINNED;
 
@@ -458,7 +460,7 @@ impl ExCache {
     }
 
     fn evicted(&mut self, line: &Line) {
-        self.policy.evicted(line);
+        self.policy.evicted(self.set_of(line.vpn), line);
         self.chosen += 1;
     }
 
@@ -545,7 +547,10 @@ impl ExCache {
                 by_share = shielded.len();
             }
             let i = loop {
-                let Some(i) = self.policy.victim(&mut self.slots[range.clone()], &mut self.hands[set]) else {
+                let Some(i) = self
+                    .policy
+                    .victim(set, &mut self.slots[range.clone()], &mut self.hands[set])
+                else {
                     if shielded.is_empty() {
                         return None;
                     }
@@ -559,8 +564,12 @@ impl ExCache {
                 let l = self.slots[base + i].as_ref().expect("victim is a line");
                 // A share shields without bound (the set's ways bound it); a floor gives way
                 // after a few lines.
-                if floor > 0 && l.pid != pid && shielded.len() < SHIELDED + by_share && self.resident_of(l.pid) <= floor
-                {
+                let bound = if self.policy.passes_over_cheaply() {
+                    self.ways
+                } else {
+                    SHIELDED
+                };
+                if floor > 0 && l.pid != pid && shielded.len() < bound + by_share && self.resident_of(l.pid) <= floor {
                     shielded.push(base + i);
                     self.line_mut(base + i).state = LineState::Filling;
                     continue;
@@ -605,6 +614,8 @@ impl ExCache {
             read_fill: false,
             pinned,
         });
+        let line = self.slots[slot.0].as_ref().expect("just filled");
+        self.policy.filled(set, slot.0 - base, line, &self.slots[range]);
         self.index.entry(pid).or_default().insert(vpn, slot.0);
         if let Some(g) = self.group_of(pid) {
             self.count_group(g, 1, true);
@@ -656,7 +667,7 @@ impl ExCache {
     /// The program was seen using the line in `slot` (the policy decides what that means).
     pub fn touch(&mut self, slot: usize) {
         let l = self.slots[slot].as_mut().expect("slot holds a line");
-        self.policy.touched(l);
+        self.policy.touched(slot / self.stride, slot % self.stride, l);
     }
 
     fn unindex(&mut self, pid: u64, vpn: u64) {
@@ -677,13 +688,18 @@ impl ExCache {
 
     /// Has the policy choose a victim in `set`, full or not, and marks it `Evicting`: it stays
     /// resident, and no miss or policy takes it, until [`ExCache::remove`] or
-    /// [`ExCache::keep`]. `None` if no line of the set is `Ready`.
+    /// [`ExCache::keep`]. `None` if no line of the set is `Ready`, and while processes keep
+    /// floors or vNodes shares: who keeps which lines depends on whose miss needs the way,
+    /// which only a miss knows, so misses evict inline then.
     pub fn pick(&mut self, set: usize) -> Option<usize> {
+        if self.floor > 0 || !self.shares.is_empty() {
+            return None;
+        }
         let base = set * self.stride;
         self.may_rearm[set] |= self.policy.rearms();
         let i = self
             .policy
-            .victim(&mut self.slots[base..base + self.ways], &mut self.hands[set])?;
+            .victim(set, &mut self.slots[base..base + self.ways], &mut self.hands[set])?;
         self.line_mut(base + i).state = LineState::Evicting;
         self.evicting[set] += 1;
         Some(base + i)

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use splitos_ebb::Ebb;
 
-use super::cache::{Clock, EvictionPolicy, Fifo, GhostClock};
+use super::cache::{Clock, EvictionPolicy, Fifo, GhostClock, Workingset};
 use super::miss::MissPath;
 use super::prefetch::{prefetcher, Leap, Prefetcher, Sequential};
 use splitos_core::config::{EvictPolicy, PrefetchPolicy};
@@ -38,6 +38,7 @@ impl BuildEviction for EvictPolicy {
             EvictPolicy::Fifo => Box::new(Fifo),
             EvictPolicy::Clock => Box::new(Clock),
             EvictPolicy::GhostClock => Box::new(GhostClock::new(lines)),
+            EvictPolicy::Workingset => Box::new(Workingset::new(lines)),
         }
     }
 }

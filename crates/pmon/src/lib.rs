@@ -598,7 +598,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
         .with_floor(cfg.share_floor)
         .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
-        .with_evict_reserve(cfg.evict_reserve);
+        .with_evict_reserve(cfg.reserve_ways());
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {
@@ -648,8 +648,8 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         if cfg.compressed_tier.0 > 0 {
             miss = miss.with_tier(Box::new(OldestFirst::new(cfg.compressed_tier.0)), Box::new(Lz4));
         }
-        if cfg.evict_reserve > 0 {
-            miss = miss.with_evictor(cfg.evict_reserve);
+        if cfg.reserve_ways() > 0 {
+            miss = miss.with_evictor(cfg.reserve_ways());
         }
         Pcomp {
             node: node.clone(),
@@ -681,7 +681,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     // Programs must not find dead mounts: unmount the vNode file systems before exiting.
     stop.on_stop(move || p2.mounts.unmount_all());
     let shim_sock = args.shim_sock.to_string_lossy().to_string();
-    if cfg.evict_reserve > 0 {
+    if cfg.reserve_ways() > 0 {
         let p2 = p.clone();
         std::thread::Builder::new()
             .name("evictor".into())

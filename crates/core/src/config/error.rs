@@ -102,6 +102,8 @@ pub enum ConfigError {
     ExcacheMaxBelow { max: Size, excache: Size },
     #[error("{0:?}: interleave is off or N:M (N of every M pages local, 1 <= N < M <= 1024), as in 1:2")]
     NotARatio(String),
+    #[error("{0:?}: evict_reserve is auto or a number of spare ways per set (0: off)")]
+    NotAReserve(String),
     #[error("{n}:{m}: interleave is off or N:M with 1 <= N < M <= 1024")]
     Ratio { n: u32, m: u32 },
     #[error("interleave_unit: {0} is not a whole number of 4 KiB pages")]
@@ -117,7 +119,7 @@ pub enum ConfigError {
     #[error("dirty_tracking: \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier")]
     ScanWithEvictor,
     #[error("access_sampling: \"unmap\" needs eviction = \"clock\" or \"ghost-clock\": only a policy with reference bits uses what sampling sees")]
-    SamplingWithFifo,
+    SamplingWithoutClock,
     #[error("access_sampling: \"unmap\" needs dirty_tracking = \"fault\": unmapping a page drops the written bit the kernel keeps for a scan")]
     SamplingWithScan,
     #[error(

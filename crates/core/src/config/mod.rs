@@ -46,8 +46,9 @@ pub use gm::{GmConfig, ManagerConfig, PlacementPolicy, PLACEMENT_POLICIES};
 pub use mcomp::McompConfig;
 pub use ncomp::{Loopback, NcompConfig};
 pub use pcomp::{
-    check_excache, AccessSampling, DirtyTracking, EvictPolicy, ExcacheSize, FaultCpu, HugePages, IdlePoll,
-    InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED, PREFETCH_POLICIES,
+    check_excache, AccessSampling, DirtyTracking, EvictPolicy, EvictReserve, ExcacheSize, FaultCpu, HugePages,
+    IdlePoll, InterleaveRatio, NetPath, OneSided, PcompConfig, PrefetchPolicy, EVICT_POLICIES, MIN_UNPINNED,
+    PREFETCH_POLICIES,
 };
 pub use process::{
     role_named, subcommand, write_start_file, GmArgs, MemArgs, NetArgs, NodeArgs, ProcArgs, ProcessArgs, Startup,

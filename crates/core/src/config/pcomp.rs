@@ -14,7 +14,6 @@ knob_enum! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub enum EvictPolicy, "eviction", EVICT_POLICIES {
         /// The line installed first.
-        #[default]
         Fifo = "fifo",
         /// The first line not referenced since the hand last passed it (second chance), an
         /// approximation of LRU; "lru" is refused rather than taken for it.
@@ -22,6 +21,11 @@ knob_enum! {
         /// CLOCK whose new lines start unreferenced unless they were evicted recently (ghost
         /// entries): lines used once leave first. Wants access_sampling = "unmap".
         GhostClock = "ghost-clock",
+        /// The kernel's inactive and active lists: a line missed again soon after it was
+        /// evicted (its refault distance within the set's ways), or written while inactive,
+        /// is active, and lines used once leave first. O(1) per miss at any ways.
+        #[default]
+        Workingset = "workingset",
     }
 }
 
@@ -153,11 +157,14 @@ pub struct PcompConfig {
     /// excache, at most the host's memory). Only the lines' bookkeeping is reserved for it, about 40 bytes a line.
     #[arg(long, default_value_t = Size(0))]
     pub excache_max: Size,
-    /// ExCache associativity: lines per set (0: fully associative).
-    #[arg(long, default_value_t = 8)]
+    /// ExCache associativity: lines per set (0: fully associative, any line may hold any
+    /// page; with the workingset policy a miss costs the same at any size).
+    #[arg(long, default_value_t = 0)]
     pub ways: usize,
-    /// Eviction policy: fifo, clock (second chance), or ghost-clock (new lines start
-    /// unreferenced unless evicted recently; with access_sampling = "unmap").
+    /// Eviction policy: fifo, clock (second chance), ghost-clock (new lines start
+    /// unreferenced unless evicted recently; with access_sampling = "unmap"), or workingset
+    /// (the kernel's inactive and active lists, a line missed again soon after it left is
+    /// active; O(1) per miss at any ways).
     #[arg(long, default_value_t)]
     pub eviction: EvictPolicy,
     /// Piggybacking: a dirty victim's flush goes in the same RPC as the fill when both go to
@@ -237,9 +244,11 @@ pub struct PcompConfig {
     #[arg(long, default_value_t)]
     pub idle_poll: IdlePoll,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
-    /// (0: off, misses evict inline).
-    #[arg(long, default_value_t = 0)]
-    pub evict_reserve: usize,
+    /// (0: off, misses evict inline), or auto: a fully associative ExCache of 64 lines or more
+    /// keeps a sixteenth of its lines spare, at most 32, and a set-associative one, or one
+    /// whose dirty_tracking is scan, none.
+    #[arg(long, default_value_t)]
+    pub evict_reserve: EvictReserve,
     /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
     /// (or ranges of interleave_unit) in the ExCache for good, local, and the others remote,
     /// round robin; off: none. A set keeps at most all its ways but two (and but
@@ -365,6 +374,57 @@ impl<'de> Deserialize<'de> for InterleaveRatio {
     }
 }
 
+/// The background evictor's reserve (`evict_reserve`): `auto` (None), or spare ways per set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvictReserve(pub Option<usize>);
+
+impl std::str::FromStr for EvictReserve {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<EvictReserve, ConfigError> {
+        match s.trim() {
+            "auto" => Ok(EvictReserve(None)),
+            t => t
+                .parse()
+                .map(|n| EvictReserve(Some(n)))
+                .map_err(|_| ConfigError::NotAReserve(s.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for EvictReserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            None => write!(f, "auto"),
+            Some(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl Serialize for EvictReserve {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            None => s.serialize_str("auto"),
+            Some(n) => s.serialize_u64(n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EvictReserve {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A file written before `auto` existed says a number.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Ways(usize),
+            Name(String),
+        }
+        match Given::deserialize(d)? {
+            Given::Ways(n) => Ok(EvictReserve(Some(n))),
+            Given::Name(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// The most links a pComponent stripes a batch across: each is a connection of every faulting
 /// thread to every mComponent it uses.
 pub const MAX_LINKS: usize = 16;
@@ -378,6 +438,25 @@ impl PcompConfig {
             lines
         } else {
             (self.ways as u64).min(lines)
+        }
+    }
+
+    /// The background evictor's reserve in spare ways per set, `auto` resolved (0: off). In a
+    /// fully associative ExCache a reserve costs a few lines of thousands, and a miss finds a
+    /// free line instead of evicting on its way; in sets of a few ways it costs a share of
+    /// every set.
+    pub fn reserve_ways(&self) -> usize {
+        match self.evict_reserve.0 {
+            Some(n) => n,
+            None if self.dirty_tracking == DirtyTracking::Scan => 0,
+            None => {
+                let ways = self.set_ways() as usize;
+                if ways < 64 {
+                    0
+                } else {
+                    (ways / 16).min(32)
+                }
+            }
         }
     }
 
@@ -395,7 +474,7 @@ impl PcompConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_excache(self.excache.0).map_err(ConfigError::Excache)?;
         self.interleave
-            .check(self.interleave_unit, self.set_ways(), self.evict_reserve)?;
+            .check(self.interleave_unit, self.set_ways(), self.reserve_ways())?;
         if !(1..=MAX_LINKS).contains(&self.links) {
             return Err(ConfigError::Links(self.links));
         }
@@ -409,12 +488,12 @@ impl PcompConfig {
         if self.dirty_tracking == DirtyTracking::Scan && self.huge_pages == HugePages::On {
             return Err(ConfigError::ScanWithHugePages);
         }
-        if self.dirty_tracking == DirtyTracking::Scan && self.evict_reserve > 0 {
+        if self.dirty_tracking == DirtyTracking::Scan && self.reserve_ways() > 0 {
             return Err(ConfigError::ScanWithEvictor);
         }
         if self.access_sampling == AccessSampling::Unmap {
-            if self.eviction == EvictPolicy::Fifo {
-                return Err(ConfigError::SamplingWithFifo);
+            if !matches!(self.eviction, EvictPolicy::Clock | EvictPolicy::GhostClock) {
+                return Err(ConfigError::SamplingWithoutClock);
             } else if self.dirty_tracking != DirtyTracking::Fault {
                 return Err(ConfigError::SamplingWithScan);
             } else if self.huge_pages != HugePages::Off {
@@ -431,9 +510,9 @@ impl PcompConfig {
             return Err(ConfigError::NoForkTimeout);
         }
         let ways = self.set_ways();
-        if self.evict_reserve as u64 >= ways {
+        if self.reserve_ways() as u64 >= ways {
             return Err(ConfigError::EvictReserve {
-                reserve: self.evict_reserve,
+                reserve: self.reserve_ways(),
                 ways,
             });
         }
@@ -549,7 +628,7 @@ mod tests {
             .parse::<EvictPolicy>()
             .unwrap_err()
             .to_string()
-            .contains("unknown eviction \"lru\" (known: fifo, clock, ghost-clock)"));
+            .contains("unknown eviction \"lru\" (known: fifo, clock, ghost-clock, workingset)"));
         assert!("lfu"
             .parse::<EvictPolicy>()
             .unwrap_err()
@@ -591,10 +670,42 @@ mod tests {
             .validate()
             .map_err(|e| e.to_string())
         };
-        assert!(with(8, 64 << 20, 7).is_ok());
-        assert!(with(8, 64 << 20, 8).unwrap_err().starts_with("evict_reserve:"));
+        let n = |n| EvictReserve(Some(n));
+        assert!(with(8, 64 << 20, n(7)).is_ok());
+        assert!(with(8, 64 << 20, n(8)).unwrap_err().starts_with("evict_reserve:"));
         // Fully associative: one set of every line.
-        assert!(with(0, 256 << 10, 63).is_ok());
-        assert!(with(0, 256 << 10, 64).is_err());
+        assert!(with(0, 256 << 10, n(63)).is_ok());
+        assert!(with(0, 256 << 10, n(64)).is_err());
+    }
+
+    #[test]
+    fn an_automatic_reserve_is_a_few_lines_of_a_fully_associative_excache_only() {
+        let reserve = |ways, excache, dirty_tracking| {
+            let c = PcompConfig {
+                ways,
+                excache: Size(excache),
+                dirty_tracking,
+                ..PcompConfig::default()
+            };
+            assert!(c.validate().is_ok());
+            c.reserve_ways()
+        };
+        assert_eq!(reserve(0, 64 << 20, DirtyTracking::Fault), 32);
+        assert_eq!(reserve(0, 256 << 10, DirtyTracking::Fault), 4);
+        assert_eq!(reserve(8, 64 << 20, DirtyTracking::Fault), 0);
+        assert_eq!(reserve(0, 64 << 20, DirtyTracking::Scan), 0);
+        // A file says auto or a number; a number is taken as before auto existed.
+        for (text, want) in [("\"auto\"", EvictReserve(None)), ("3", EvictReserve(Some(3)))] {
+            let parsed: EvictReserve = toml::from_str::<toml::Table>(&format!("r = {text}")).unwrap()["r"]
+                .clone()
+                .try_into()
+                .unwrap();
+            assert_eq!(parsed, want);
+        }
+        assert!("some"
+            .parse::<EvictReserve>()
+            .unwrap_err()
+            .to_string()
+            .contains("evict_reserve"));
     }
 }

@@ -7,9 +7,16 @@ use super::Line;
 
 pub trait EvictionPolicy: Send {
     fn name(&self) -> &'static str;
-    /// Picks the way to evict from a full set, among `Ready` lines. `hand` is the set's own
-    /// policy state (CLOCK's hand). `None` if every way is still filling.
-    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
+    /// Picks the way to evict from set `set_id`, whose ways are `set`, among its candidates
+    /// ([`Line::candidate`]). `hand` is the set's own policy state (CLOCK's hand). `None` if
+    /// no line is a candidate. The caller may still spare the line it names.
+    fn victim(&mut self, set_id: usize, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize>;
+    /// True if asking again after the caller passed over the line named costs O(1): the
+    /// policy moved past it. Then a process's floor may pass over as many lines as the set
+    /// has, not a few, and holds in a fully associative ExCache too.
+    fn passes_over_cheaply(&self) -> bool {
+        false
+    }
     /// True if `victim` may mark lines to be observed again (`Line::rearm`).
     fn rearms(&self) -> bool {
         false
@@ -18,13 +25,15 @@ pub trait EvictionPolicy: Send {
     fn admit(&mut self, _pid: u64, _vpn: u64) -> bool {
         true
     }
-    /// The program was seen using a resident line: a write trap, or with access sampling a
-    /// touch of a line it had unmapped.
-    fn touched(&mut self, line: &mut Line) {
+    /// `line` was claimed in way `way` of set `set_id` (whose ways are now `set`).
+    fn filled(&mut self, _set_id: usize, _way: usize, _line: &Line, _set: &[Option<Line>]) {}
+    /// The program was seen using the line in way `way` of set `set_id`: a write trap, or
+    /// with access sampling a touch of a line it had unmapped.
+    fn touched(&mut self, _set_id: usize, _way: usize, line: &mut Line) {
         line.referenced = true;
     }
-    /// A line left the cache as a victim.
-    fn evicted(&mut self, _line: &Line) {}
+    /// A line of set `set_id` left the cache as a victim.
+    fn evicted(&mut self, _set_id: usize, _line: &Line) {}
 }
 
 pub struct Fifo;
@@ -33,7 +42,7 @@ impl EvictionPolicy for Fifo {
     fn name(&self) -> &'static str {
         "fifo"
     }
-    fn victim(&mut self, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
+    fn victim(&mut self, _set_id: usize, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
         set.iter()
             .enumerate()
             .filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq)))
@@ -51,7 +60,7 @@ impl EvictionPolicy for Clock {
     fn rearms(&self) -> bool {
         true
     }
-    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+    fn victim(&mut self, _set_id: usize, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
         clock_victim(set, hand)
     }
 }
@@ -109,13 +118,13 @@ impl EvictionPolicy for GhostClock {
     fn rearms(&self) -> bool {
         true
     }
-    fn victim(&mut self, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
+    fn victim(&mut self, _set_id: usize, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
         clock_victim(set, hand)
     }
     fn admit(&mut self, pid: u64, vpn: u64) -> bool {
         self.ghosts.remove(&(pid, vpn)).is_some()
     }
-    fn evicted(&mut self, line: &Line) {
+    fn evicted(&mut self, _set_id: usize, line: &Line) {
         self.seq += 1;
         self.ghosts.insert((line.pid, line.vpn), self.seq);
         self.order.push_back(((line.pid, line.vpn), self.seq));

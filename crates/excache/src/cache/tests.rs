@@ -396,3 +396,75 @@ fn a_vnode_within_its_share_keeps_its_lines_against_another_vnodes_misses() {
     c.forget_group(1);
     assert_eq!(c.group_lines(10), 0);
 }
+
+/// A hot set of 4 pages read again and again beside a scan that never comes back, in a fully
+/// associative cache of 8 lines: FIFO lets the scan push the hot pages out at every turn;
+/// the two lists keep them once each came back soon after it left.
+#[test]
+fn workingset_keeps_lines_missed_again_soon_against_a_scan_and_fifo_does_not() {
+    fn misses(policy: Box<dyn EvictionPolicy>) -> usize {
+        let mut c = ExCache::new(8, 0, policy);
+        let mut misses = 0;
+        let mut scan = 1000;
+        for _ in 0..50 {
+            for v in (0..4).chain(scan..scan + 6) {
+                if c.lookup(1, v).is_none() {
+                    misses += 1;
+                    fill(&mut c, 1, v, false);
+                }
+            }
+            scan += 6;
+        }
+        misses
+    }
+    let (fifo, lists) = (misses(Box::new(Fifo)), misses(Box::new(Workingset::new(8))));
+    // 300 scan misses either way; FIFO misses the hot pages at every turn as well.
+    assert_eq!(fifo, 500);
+    assert!(lists <= 300 + 8, "{lists}");
+}
+
+#[test]
+fn workingset_activates_a_written_inactive_line_and_ages_the_active_list_to_half() {
+    let mut c = ExCache::new(4, 4, Box::new(Workingset::new(4)));
+    for v in [10, 11, 12, 13] {
+        fill(&mut c, 1, v, false);
+    }
+    // 10 and 11 written while inactive: a second reference, as in the kernel.
+    c.touch(c.lookup(1, 10).unwrap());
+    c.touch(c.lookup(1, 11).unwrap());
+    assert_eq!(fill(&mut c, 1, 14, false).unwrap().vpn, 12);
+    assert_eq!(fill(&mut c, 1, 15, false).unwrap().vpn, 13);
+    // A third active line makes the list more than half: its oldest goes back, unless it was
+    // used since it became active; 10 was, so 11 goes back, behind 16, and leaves after it.
+    c.touch(c.lookup(1, 14).unwrap());
+    c.touch(c.lookup(1, 10).unwrap());
+    assert_eq!(fill(&mut c, 1, 16, false).unwrap().vpn, 15);
+    assert_eq!(fill(&mut c, 1, 17, false).unwrap().vpn, 11);
+}
+
+#[test]
+fn workingset_takes_over_the_lines_another_policy_left_and_passes_over_those_not_candidates() {
+    let mut c = ExCache::new(4, 4, Box::new(Fifo));
+    for v in [10, 11, 12, 13] {
+        fill(&mut c, 1, v, false);
+    }
+    c.set_policy(Box::new(Workingset::new(4)));
+    let s = c.lookup(1, 10).unwrap();
+    c.line_mut(s).state = LineState::Filling;
+    assert_eq!(
+        fill(&mut c, 1, 14, false).unwrap().vpn,
+        11,
+        "in fill order, past the one filling"
+    );
+    c.line_mut(s).state = LineState::Ready;
+    assert_eq!(fill(&mut c, 1, 15, false).unwrap().vpn, 12);
+    assert_eq!(fill(&mut c, 1, 16, false).unwrap().vpn, 13);
+    assert_eq!(fill(&mut c, 1, 17, false).unwrap().vpn, 10);
+    // Lines that leave with their range leave stale entries behind, which never come back
+    // as victims however many there are.
+    for round in 0..100u64 {
+        c.remove(1, 14 + round);
+        fill(&mut c, 1, 18 + round, false);
+    }
+    assert_eq!(c.used(), 4);
+}

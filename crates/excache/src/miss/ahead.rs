@@ -37,7 +37,7 @@ impl MissPath {
             let Some(c) = self.claim_way(g, t.pid, v, Evictable::Any) else {
                 break;
             };
-            self.claimed(g, v);
+            self.claimed(g, t.pid, v);
             if let Some(victim) = c.victim {
                 self.evict(g, victim, victims, lost, CleanVictim::ToTier);
             }

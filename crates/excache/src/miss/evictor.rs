@@ -4,9 +4,10 @@
 //!
 //! The reserve is per set, because a miss can only take a way of its own line's set: every
 //! claim that leaves its set with fewer than `reserve` spare ways (free, or being freed here)
-//! queues that set ([`MissPath::claimed`], on the miss path). The evictor sleeps until enough sets are queued to work in batches (the
-//! low watermark), then brings each queued set back to `reserve` spare ways (the high
-//! watermark) with the policy's victims, and sleeps again.
+//! queues that set ([`MissPath::claimed`], on the miss path). The evictor sleeps until the
+//! sets are short by enough lines to work in batches (the low watermark), then brings each
+//! queued set back to `reserve` spare ways (the high watermark) with the policy's victims,
+//! and sleeps again.
 //!
 //! Working in batches is what makes it cheaper than evicting inline, not only off the miss's
 //! path: the victims of neighbouring sets are often neighbouring pages, and write-protecting
@@ -56,11 +57,15 @@ impl MissPath {
             st.cache.ways()
         );
         let sets = st.cache.sets();
-        // A sixteenth of the sets: a set that a batch is waiting to refill is rarely missed
-        // in again before the refill.
+        // Half the reserve, in lines, at most a round: many sets each a line short (a set
+        // that a batch is waiting to refill is rarely missed in again before the refill), or
+        // a few sets, a fully associative cache's one, half emptied of their spare ways. A
+        // wake-up per miss would cost more than the inline eviction it saves.
         st.reserve = Some(Reserve {
             ways,
-            wake_at: (sets / 16).clamp(1, ROUND),
+            wake_at: (ways * sets / 2).clamp(1, ROUND),
+            owed: 0,
+            owed_by: HashMap::new(),
             short: VecDeque::new(),
             queued: vec![false; sets],
             stop: false,
@@ -78,7 +83,7 @@ impl MissPath {
                 if r.stop {
                     return;
                 }
-                if r.short.len() >= r.wake_at {
+                if r.owed >= r.wake_at {
                     break;
                 }
                 g = self.evictor_cv.wait(g).unwrap();
@@ -150,7 +155,10 @@ impl MissPath {
     fn pick(&self) -> Vec<Victim> {
         let mut g = self.state.lock().unwrap();
         let mut victims = Vec::new();
-        let want = g.reserve.as_ref().expect("a reserve").ways;
+        let want = g.reserve.as_ref().map(|r| r.ways).expect("a reserve");
+        let r = g.reserve.as_mut().expect("a reserve");
+        r.owed = 0;
+        let owed_by = std::mem::take(&mut r.owed_by);
         while victims.len() < ROUND {
             let st = &mut *g;
             let r = st.reserve.as_mut().expect("a reserve");
@@ -159,7 +167,14 @@ impl MissPath {
             let before = victims.len();
             while st.cache.spare(set) < want {
                 let Some(slot) = st.cache.pick(set) else { break };
-                victims.extend(self.victim_at(st, slot));
+                let by_others = self.made_room_for_others(st, &owed_by, st.cache.line(slot).pid);
+                let victim = self.victim_at(st, slot);
+                if let Some(v) = victim.as_ref().filter(|_| by_others) {
+                    self.bump(&v.heap, |s| {
+                        s.evicted_by_others.fetch_add(1, Relaxed);
+                    });
+                }
+                victims.extend(victim);
             }
             // The policy may have cleared reference bits in the set (CLOCK).
             if let Some(v) = victims.get(before).map(|v| v.vpn) {
@@ -167,6 +182,21 @@ impl MissPath {
             }
         }
         victims
+    }
+
+    /// Whether a victim of process `pid` makes room mostly for other runs' lines: the claims
+    /// since the last round (`owed_by`) of processes outside its run outnumber its run's own,
+    /// as a miss that evicts another run's line inline counts it.
+    fn made_room_for_others(&self, st: &State, owed_by: &HashMap<u64, usize>, pid: u64) -> bool {
+        let Some(own) = st.heaps.get(&pid) else { return false };
+        let (mut mine, mut theirs) = (0, 0);
+        for (p, n) in owed_by {
+            match st.heaps.get(p) {
+                Some(h) if Arc::ptr_eq(&h.stats, &own.stats) => mine += n,
+                _ => theirs += n,
+            }
+        }
+        theirs > mine
     }
 
     /// Under the lock: the victim to take out for the line in `slot`, just marked

@@ -188,7 +188,7 @@ impl MissPath {
                 continue;
             };
             g.cache.line_mut(c.slot).read_fill = access == Access::Read && t.region.tracks_writes();
-            self.claimed(&mut g, vpn);
+            self.claimed(&mut g, t.pid, vpn);
             let (mut victims, mut lost) = (Vec::new(), Vec::new());
             if let Some(v) = c.victim {
                 self.evict(&mut g, v, &mut victims, &mut lost, CleanVictim::ToTier);
@@ -272,17 +272,21 @@ impl MissPath {
         Some(c)
     }
 
-    /// Called under the lock after a claim took a way in `vpn`'s set: queues the set if it is
-    /// short of its reserve, and wakes the evictor at the low watermark.
-    pub(super) fn claimed(&self, g: &mut State, vpn: u64) {
+    /// Called under the lock after process `pid`'s claim took a way in `vpn`'s set: queues the
+    /// set if it is short of its reserve, and wakes the evictor at the low watermark.
+    pub(super) fn claimed(&self, g: &mut State, pid: u64, vpn: u64) {
         let Some(r) = g.reserve.as_mut() else { return };
         let set = g.cache.set_of(vpn);
-        if r.queued[set] || g.cache.spare(set) >= r.ways {
+        if g.cache.spare(set) >= r.ways {
             return;
         }
-        r.queued[set] = true;
-        r.short.push_back(set);
-        if r.short.len() == r.wake_at {
+        if !r.queued[set] {
+            r.queued[set] = true;
+            r.short.push_back(set);
+        }
+        r.owed += 1;
+        *r.owed_by.entry(pid).or_default() += 1;
+        if r.owed == r.wake_at {
             self.evictor_cv.notify_one();
         }
     }

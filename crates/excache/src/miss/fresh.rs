@@ -68,7 +68,7 @@ impl MissPath {
             let Some(c) = self.claim_way(g, t.pid, v, Evictable::CleanOnly) else {
                 break;
             };
-            self.claimed(g, v);
+            self.claimed(g, t.pid, v);
             if let Some(victim) = c.victim {
                 // A clean victim is dropped here, not offered to the tier: a first touch does
                 // not wait for compression.
@@ -117,7 +117,7 @@ impl MissPath {
             if let Some(victim) = c.victim {
                 self.evict(g, victim, &mut Vec::new(), &mut Vec::new(), CleanVictim::Drop);
             }
-            self.claimed(g, v);
+            self.claimed(g, t.pid, v);
             self.rearm(g, v);
             extent.push((v, c.slot));
         }

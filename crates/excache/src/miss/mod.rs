@@ -246,8 +246,12 @@ struct State {
 struct Reserve {
     /// Spare ways the evictor keeps in every set a claim used.
     ways: usize,
-    /// Queued sets that wake the evictor.
+    /// Lines short of the reserve (claims that left their set short since the evictor last
+    /// looked) that wake the evictor: the low watermark.
     wake_at: usize,
+    owed: usize,
+    /// Those claims by process: whose misses the next round's victims make room for.
+    owed_by: HashMap<u64, usize>,
     /// Sets short of `ways` spare ways, each queued once, oldest first.
     short: VecDeque<usize>,
     queued: Vec<bool>,

@@ -468,7 +468,7 @@ impl Pcomp {
         }
         let ratio = InterleaveRatio::of(h.interleave_local, h.interleave_of)?;
         let unit = Size(h.interleave_unit);
-        ratio.check(unit, self.miss.with_cache(|c| c.ways()) as u64, self.cfg.evict_reserve)?;
+        ratio.check(unit, self.miss.with_cache(|c| c.ways()) as u64, self.cfg.reserve_ways())?;
         Ok(Some(Interleave::of(ratio, unit)))
     }
 

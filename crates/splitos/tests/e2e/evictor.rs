@@ -10,8 +10,8 @@ fn the_evictor_takes_evictions_off_the_miss_path_and_programs_see_their_own_data
     // 24 MiB touched in random order twice, through a 4 MiB ExCache: nearly every miss finds
     // its set full.
     let cmd = [p.to_str().unwrap(), "24", "2"];
-    let (_, off) = same_as_native_with_stats(&["--excache", "4M", "--evict-reserve", "0"], &cmd);
-    let (_, on) = same_as_native_with_stats(&["--excache", "4M", "--evict-reserve", "1"], &cmd);
+    let (_, off) = same_as_native_with_stats(&["--excache", "4M", "--ways", "8", "--evict-reserve", "0"], &cmd);
+    let (_, on) = same_as_native_with_stats(&["--excache", "4M", "--ways", "8", "--evict-reserve", "1"], &cmd);
     assert_eq!(
         n(&off, "bg_evictions") + n(&off, "bg_writebacks") + n(&off, "evictor_ns"),
         0,
@@ -51,7 +51,7 @@ fn the_evictor_takes_evictions_off_the_miss_path_and_programs_see_their_own_data
 
 #[test]
 fn a_forked_child_gets_its_parents_pages_with_the_evictor_on_and_the_pcomponent_counts_it() {
-    let (c, pcomp) = forktest_on("evict_reserve = 2");
+    let (c, pcomp) = forktest_on("ways = 8\nevict_reserve = 2");
     let bg = c.metric(&pcomp, "splitos_pcomp_bg_evictions_total");
     assert!(bg > 0.0, "background evictions: {bg}");
     assert!(c.metric(&pcomp, "splitos_pcomp_inline_evictions_total") < bg);

@@ -37,6 +37,41 @@ fn clock_keeps_a_written_hot_set_that_fifo_evicts() {
     );
 }
 
+/// The default policy keeps a hot set that is only read (no write trap ever says it is in
+/// use) against a stream passing through, from the misses alone: a hot page that comes back
+/// soon after it left is activated. FIFO lets every pass of the stream push the hot set out.
+#[test]
+fn the_default_workingset_keeps_a_read_hot_set_against_a_stream_that_fifo_lets_push_it_out() {
+    let p = program("readhot");
+    // 1,024 hot pages read at random between passes of 512 pages of a 32 MiB stream, 12
+    // rounds, through a fully associative 8 MiB ExCache (2,048 lines) without read-ahead.
+    let (hot, rounds) = (1024, 12);
+    let cmd = [p.to_str().unwrap(), "1024", "8192", "12"];
+    let base = ["--excache", "8M", "--prefetch-lines", "0"];
+    let (_, fifo) = through_components(&[&base[..], &["--eviction", "fifo"]].concat(), &cmd, 1);
+    let (_, ws) = through_components(&base, &cmd, 1);
+    // What the pComponent runs and did: it names the policy, and every victim was its.
+    assert_eq!(ws["pcomponent"]["eviction"], "workingset", "{ws}");
+    assert_eq!(ws["pcomponent"]["sets"], 1, "fully associative by default: {ws}");
+    // The automatic reserve: 32 spare lines, which the evictor kept, not the misses.
+    assert_eq!(ws["pcomponent"]["evict_reserve"], 32, "{ws}");
+    assert!(n(&ws, "bg_evictions") > n(&ws, "inline_evictions"), "{ws}");
+    assert_eq!(
+        ws["pcomponent"]["victims_by_policy"]["workingset"].as_u64(),
+        Some(n(&ws, "evictions")),
+        "{ws}"
+    );
+    // Both miss every page of the stream once; what differs is how often the hot set comes
+    // back.
+    let hot_misses = |s: &serde_json::Value| n(s, "misses") - n(s, "plocal_fills") - rounds * hot / 2;
+    assert!(
+        hot_misses(&ws) * 2 < hot_misses(&fifo),
+        "hot pages missed: workingset {} vs fifo {}",
+        hot_misses(&ws),
+        hot_misses(&fifo)
+    );
+}
+
 #[test]
 fn piggyback_merges_flush_and_fetch_only_when_enabled() {
     // One mComponent: every victim and every missed line have the same owner, so with
@@ -279,7 +314,10 @@ fn a_fork_heavy_script_gets_a_hint_whose_size_runs_without_one() {
     let script = "i=0; while [ $i -lt 40 ]; do echo \"line $i\" | sed s/line/row/ | tr a-z A-Z; i=$((i+1)); done";
     let cmd = ["sh", "-c", script];
     let hint = "the ExCache is too small for this program";
-    let (small, s) = stats_of(&["--embedded", "--excache", "2M"], &cmd);
+    // In 8-way sets under FIFO, where 2M is too small for it; the default fully associative
+    // workingset runs it at 2M without a hint (and down to 512K).
+    let old = ["--embedded", "--ways", "8", "--eviction", "fifo", "--excache"];
+    let (small, s) = stats_of(&[&old[..], &["2M"]].concat(), &cmd);
     let err = text(&small.stderr);
     assert_eq!(err.matches(hint).count(), 1, "{err}");
     assert!(n(&s, "processes") >= 120, "{s}");
@@ -295,6 +333,8 @@ fn a_fork_heavy_script_gets_a_hint_whose_size_runs_without_one() {
         mb << 20 < fresh * 4096 / 4 && mb <= 32,
         "{size} for {fresh} fresh pages: {err}"
     );
-    let (fits, s) = stats_of(&["--embedded", "--excache", size], &cmd);
+    let (fits, s) = stats_of(&[&old[..], &[size]].concat(), &cmd);
     assert!(!text(&fits.stderr).contains(hint), "{}: {s}", text(&fits.stderr));
+    let (default, s) = stats_of(&["--embedded", "--excache", "2M"], &cmd);
+    assert!(!text(&default.stderr).contains(hint), "{}: {s}", text(&default.stderr));
 }

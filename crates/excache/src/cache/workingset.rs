@@ -1,0 +1,209 @@
+//! The kernel's two lists with user space's information (mm/workingset.c): every set keeps an
+//! inactive and an active list of its lines, in O(1) per miss however many ways it has, so a
+//! fully associative ExCache costs no scan.
+//!
+//! User space sees no reference bits, so a line cannot earn the active list by being used
+//! while resident, as a page does in the kernel. What it sees is the miss that brings an
+//! evicted line back: the kernel's refault distance. When a line leaves, the set's eviction
+//! clock is kept for it (a shadow entry); when it is missed again within as many evictions
+//! as the set has ways, a set twice the size would have kept it, so it was evicted too early
+//! and enters the active list, which only the active list's own overflow ages. A line used
+//! once (a scan, a collector's copy) stays inactive and leaves first. A write trap (or, with
+//! access sampling, a touch) on an inactive line is a second reference and activates it too.
+//!
+//! The active list holds at most half the ways (the kernel's ratio at small sizes); its
+//! oldest line then goes back to the inactive list's tail, or round again if it was seen used
+//! since it was last looked at there.
+use std::collections::{HashMap, VecDeque};
+
+use super::{EvictionPolicy, Line};
+
+#[derive(Default)]
+struct SetLists {
+    inactive: VecDeque<(u32, u64)>,
+    active: VecDeque<(u32, u64)>,
+    /// Per way: the fill (`Line::seq`) the policy knows there, and whether it is active. A
+    /// queue entry whose way holds another fill, or whose list differs, is stale.
+    ways: Vec<(u64, bool)>,
+    /// Entries of the active queue that count as active lines (stale ones included until
+    /// they are popped).
+    n_active: usize,
+    /// Evictions from this set so far: the clock refault distances are measured on.
+    clock: u64,
+}
+
+impl SetLists {
+    fn is(&self, set: &[Option<Line>], (way, seq): (u32, u64), active: bool) -> bool {
+        let w = way as usize;
+        w < set.len() && set[w].is_some_and(|l| l.seq == seq) && self.ways.get(w).is_some_and(|m| *m == (seq, active))
+    }
+
+    fn mark(&mut self, way: usize, seq: u64, active: bool) {
+        if self.ways.len() <= way {
+            self.ways.resize(way + 1, (0, false));
+        }
+        self.ways[way] = (seq, active);
+        let q = if active {
+            self.n_active += 1;
+            &mut self.active
+        } else {
+            &mut self.inactive
+        };
+        q.push_back((way as u32, seq));
+    }
+
+    /// Drops stale entries once a queue is much longer than the set (lines that left with
+    /// their range, not as victims, leave entries behind): amortised O(1) per fill.
+    fn compact(&mut self, set: &[Option<Line>]) {
+        let bound = 2 * set.len() + 16;
+        if self.inactive.len() > bound {
+            let inactive = std::mem::take(&mut self.inactive);
+            self.inactive = inactive.into_iter().filter(|e| self.is(set, *e, false)).collect();
+        }
+        if self.active.len() > bound {
+            let active = std::mem::take(&mut self.active);
+            self.active = active.into_iter().filter(|e| self.is(set, *e, true)).collect();
+            self.n_active = self.active.len();
+        }
+    }
+
+    /// Ages the active list down to `target` lines.
+    fn age(&mut self, set: &mut [Option<Line>], target: usize) {
+        let mut budget = self.active.len();
+        while self.n_active > target && budget > 0 {
+            budget -= 1;
+            let Some(e) = self.active.pop_front() else { break };
+            self.n_active -= 1;
+            if !self.is(set, e, true) {
+                continue;
+            }
+            let line = set[e.0 as usize].as_mut().expect("checked by is");
+            let again = std::mem::take(&mut line.referenced);
+            self.mark(e.0 as usize, e.1, again);
+        }
+    }
+
+    /// The first candidate of a list, from its head; entries of lines not candidates now (being
+    /// filled, evicted, pinned) go round to the tail. The entry stays: the caller may still
+    /// spare the line, and an evicted line's entry is stale at the next look.
+    fn first(&mut self, set: &[Option<Line>], active: bool) -> Option<usize> {
+        let mut budget = if active { self.active.len() } else { self.inactive.len() };
+        while budget > 0 {
+            budget -= 1;
+            let q = if active { &mut self.active } else { &mut self.inactive };
+            let e = *q.front()?;
+            if !self.is(set, e, active) {
+                let q = if active { &mut self.active } else { &mut self.inactive };
+                q.pop_front();
+                if active {
+                    self.n_active -= 1;
+                }
+                continue;
+            }
+            if set[e.0 as usize].is_some_and(|l| l.candidate()) {
+                return Some(e.0 as usize);
+            }
+            let q = if active { &mut self.active } else { &mut self.inactive };
+            q.rotate_left(1);
+        }
+        None
+    }
+}
+
+pub struct Workingset {
+    sets: Vec<SetLists>,
+    /// Shadow entries: (pid, vpn) of a recent victim, its set's clock when it left, and the
+    /// order they were made in, bounded by the lines of the cache.
+    shadows: HashMap<(u64, u64), u64>,
+    order: VecDeque<((u64, u64), u64)>,
+    cap: usize,
+}
+
+impl Workingset {
+    pub fn new(lines: usize) -> Workingset {
+        Workingset {
+            sets: Vec::new(),
+            shadows: HashMap::new(),
+            order: VecDeque::new(),
+            cap: lines.max(1),
+        }
+    }
+
+    fn lists(&mut self, set: usize) -> &mut SetLists {
+        if self.sets.len() <= set {
+            self.sets.resize_with(set + 1, SetLists::default);
+        }
+        &mut self.sets[set]
+    }
+}
+
+impl EvictionPolicy for Workingset {
+    fn name(&self) -> &'static str {
+        "workingset"
+    }
+
+    fn victim(&mut self, set_id: usize, set: &mut [Option<Line>], _hand: &mut usize) -> Option<usize> {
+        let target = set.len() / 2;
+        let l = self.lists(set_id);
+        l.age(set, target);
+        if let Some(w) = l.first(set, false).or_else(|| l.first(set, true)) {
+            return Some(w);
+        }
+        // Lines the policy never saw (it replaced another while they were resident) join the
+        // inactive list in fill order.
+        let mut unseen: Vec<(u64, usize)> = set
+            .iter()
+            .enumerate()
+            .filter_map(|(w, line)| {
+                line.filter(|line| l.ways.get(w).is_none_or(|m| m.0 != line.seq))
+                    .map(|line| (line.seq, w))
+            })
+            .collect();
+        unseen.sort_unstable();
+        for (seq, w) in unseen {
+            l.mark(w, seq, false);
+        }
+        l.first(set, false)
+    }
+
+    fn admit(&mut self, _pid: u64, _vpn: u64) -> bool {
+        false
+    }
+
+    fn passes_over_cheaply(&self) -> bool {
+        true
+    }
+
+    fn filled(&mut self, set_id: usize, way: usize, line: &Line, set: &[Option<Line>]) {
+        let shadow = self.shadows.remove(&(line.pid, line.vpn));
+        let l = self.lists(set_id);
+        let active = shadow.is_some_and(|at| l.clock - at <= set.len() as u64);
+        l.mark(way, line.seq, active);
+        l.compact(set);
+    }
+
+    fn touched(&mut self, set_id: usize, way: usize, line: &mut Line) {
+        let l = self.lists(set_id);
+        // A use of an inactive line activates it and is spent on that, as the kernel clears
+        // the referenced flag of a page it activates; one of an active line keeps it a turn.
+        let inactive = l.ways.get(way).is_some_and(|m| *m == (line.seq, false));
+        line.referenced = !inactive;
+        if inactive {
+            l.mark(way, line.seq, true);
+        }
+    }
+
+    fn evicted(&mut self, set_id: usize, line: &Line) {
+        let l = self.lists(set_id);
+        l.clock += 1;
+        let at = l.clock;
+        self.shadows.insert((line.pid, line.vpn), at);
+        self.order.push_back(((line.pid, line.vpn), at));
+        while self.order.len() > self.cap {
+            let (key, at) = self.order.pop_front().expect("over capacity means not empty");
+            if self.shadows.get(&key) == Some(&at) {
+                self.shadows.remove(&key);
+            }
+        }
+    }
+}
