@@ -246,7 +246,7 @@ pub struct PcompConfig {
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
     /// (0: off, misses evict inline), or auto: a fully associative ExCache of 64 lines or more
     /// keeps a sixteenth of its lines spare, at most 32, and a set-associative one, or one
-    /// whose dirty_tracking is scan, none.
+    /// with dirty_tracking = scan or huge pages, none.
     #[arg(long, default_value_t)]
     pub evict_reserve: EvictReserve,
     /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
@@ -448,7 +448,9 @@ impl PcompConfig {
     pub fn reserve_ways(&self) -> usize {
         match self.evict_reserve.0 {
             Some(n) => n,
-            None if self.dirty_tracking == DirtyTracking::Scan => 0,
+            // Huge pages: every run the evictor cuts out of one splits it, and the pair is not
+            // yet measured against inline eviction.
+            None if self.dirty_tracking == DirtyTracking::Scan || self.huge_pages == HugePages::On => 0,
             None => {
                 let ways = self.set_ways() as usize;
                 if ways < 64 {
@@ -694,6 +696,11 @@ mod tests {
         assert_eq!(reserve(0, 256 << 10, DirtyTracking::Fault), 4);
         assert_eq!(reserve(8, 64 << 20, DirtyTracking::Fault), 0);
         assert_eq!(reserve(0, 64 << 20, DirtyTracking::Scan), 0);
+        let huge = PcompConfig {
+            huge_pages: HugePages::On,
+            ..PcompConfig::default()
+        };
+        assert_eq!(huge.reserve_ways(), 0);
         // A file says auto or a number; a number is taken as before auto existed.
         for (text, want) in [("\"auto\"", EvictReserve(None)), ("3", EvictReserve(Some(3)))] {
             let parsed: EvictReserve = toml::from_str::<toml::Table>(&format!("r = {text}")).unwrap()["r"]

@@ -57,13 +57,13 @@ impl MissPath {
             st.cache.ways()
         );
         let sets = st.cache.sets();
-        // Half the reserve, in lines, at most a round: many sets each a line short (a set
-        // that a batch is waiting to refill is rarely missed in again before the refill), or
-        // a few sets, a fully associative cache's one, half emptied of their spare ways. A
+        // Lines short of the reserve, at most a round: a sixteenth of many sets a way short
+        // each (a set that a batch is waiting to refill is rarely missed in again before the
+        // refill), or half the reserve of a few sets, a fully associative cache's one. A
         // wake-up per miss would cost more than the inline eviction it saves.
         st.reserve = Some(Reserve {
             ways,
-            wake_at: (ways * sets / 2).clamp(1, ROUND),
+            wake_at: (ways * sets / 2).min(sets.div_ceil(16) * ways).clamp(1, ROUND),
             owed: 0,
             owed_by: HashMap::new(),
             short: VecDeque::new(),

@@ -69,8 +69,9 @@ fn a_fault_worker_and_the_mcomponent_follow_a_program_to_its_cpu() {
             .spawn()
             .unwrap();
         assert_eq!(read_line(&mut child), "ready\n");
-        // 16 MiB written through a 4 MiB ExCache: the worker served thousands of faults, the
-        // program sits waiting for its stdin, and the worker sleeps where it served them.
+        // 16 MiB written through a 4 MiB ExCache: the worker served over a thousand faults
+        // (fault-around and pre-allocation took most first touches), the program sits waiting
+        // for its stdin, and the worker sleeps where it served them.
         let workers = allowed_cpus(ppid, "fault");
         assert_eq!(
             workers,
@@ -93,7 +94,7 @@ fn a_fault_worker_and_the_mcomponent_follow_a_program_to_its_cpu() {
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
         let (on, off) = (n(&s, "faults_on_faulting_cpu"), n(&s, "faults_off_faulting_cpu"));
         assert!(
-            on > 2000 && off * 50 < on,
+            on > 1000 && off * 50 < on,
             "faults served on the faulting CPU: {on}, elsewhere: {off}: {s}"
         );
         assert!(n(&s, "fault_worker_moves") >= 1, "{s}");

@@ -254,7 +254,7 @@ fn a_victim_that_cannot_be_copied_out_stays_resident_and_dirty() {
 
 #[test]
 fn the_evictor_thread_sleeps_until_sets_run_short_and_stops_when_told() {
-    // 64 sets with a reserve of one way: 32 lines short wake the evictor.
+    // 64 sets with a reserve of one way: four lines short wake the evictor.
     let r = rig_evictor(256, 4, 1, 1);
     let p = r.prog(1);
     let mp = r.mp.clone();
