@@ -117,7 +117,7 @@ def report(res):
             per = (statistics.median(x["s"] for x in runs) - native) / mm * 1e6 if mm and not bound else None
             wrong = "" if all(x["ok"] or x.get("timed_out") for x in runs) else " (output differs!)"
             out.append(f"| {key}{wrong} | {bound}{statistics.median(xs):.2f} ({xs[0]:.2f}-{xs[-1]:.2f}) | {f'{mm:,.0f}' if mm is not None else ''} | "
-                       f"{f'{swap:,.0f}' if swap is not None else ''} | {f'{per:.1f}' if per else ''} | {f'{statistics.median(wp):,.0f}' if wp else ''} |")
+                       f"{f'{statistics.median(remote):,.0f}' if remote else ''} | {f'{swap:,.0f}' if swap is not None else ''} | {f'{per:.1f}' if per else ''} | {f'{statistics.median(wp):,.0f}' if wp else ''} |")
     return out
 
 
