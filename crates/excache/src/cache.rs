@@ -686,13 +686,18 @@ impl ExCache {
         self.ways - self.held[set] + self.evicting[set]
     }
 
+    /// Whether the background evictor may not pick victims now: floors or shares are set.
+    pub fn evictor_stands_aside(&self) -> bool {
+        self.floor > 0 || !self.shares.is_empty()
+    }
+
     /// Has the policy choose a victim in `set`, full or not, and marks it `Evicting`: it stays
     /// resident, and no miss or policy takes it, until [`ExCache::remove`] or
     /// [`ExCache::keep`]. `None` if no line of the set is `Ready`, and while processes keep
     /// floors or vNodes shares: who keeps which lines depends on whose miss needs the way,
     /// which only a miss knows, so misses evict inline then.
     pub fn pick(&mut self, set: usize) -> Option<usize> {
-        if self.floor > 0 || !self.shares.is_empty() {
+        if self.evictor_stands_aside() {
             return None;
         }
         let base = set * self.stride;

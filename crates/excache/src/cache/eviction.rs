@@ -88,24 +88,59 @@ fn clock_victim(set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
     None
 }
 
+/// Lines evicted recently, at most as many as the cache holds, each with a stamp its policy
+/// gives it when it leaves (an eviction count): what a miss on a line evicted too early tells
+/// a policy. The stamps of one line only grow, so an older record of a line re-made since is
+/// told apart from the newest.
+pub(super) struct Shadows {
+    stamps: HashMap<(u64, u64), u64>,
+    order: VecDeque<((u64, u64), u64)>,
+    cap: usize,
+}
+
+impl Shadows {
+    pub(super) fn new(cap: usize) -> Shadows {
+        Shadows {
+            stamps: HashMap::new(),
+            order: VecDeque::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// `line` left with `stamp`; the oldest records go beyond the bound.
+    pub(super) fn remember(&mut self, line: &Line, stamp: u64) {
+        let key = (line.pid, line.vpn);
+        self.stamps.insert(key, stamp);
+        self.order.push_back((key, stamp));
+        while self.order.len() > self.cap {
+            let (key, stamp) = self.order.pop_front().expect("over capacity means not empty");
+            // A record re-made since is newer than this one: it stays.
+            if self.stamps.get(&key) == Some(&stamp) {
+                self.stamps.remove(&key);
+            }
+        }
+    }
+
+    /// The stamp (pid, vpn) left with, if it left recently; forgotten once asked.
+    pub(super) fn take(&mut self, pid: u64, vpn: u64) -> Option<u64> {
+        self.stamps.remove(&(pid, vpn))
+    }
+}
+
 /// CLOCK with a memory of the lines it evicted recently (as many as the cache holds): a new
 /// line starts unreferenced, so that the hand evicts it at its first pass unless the program
 /// was seen using it since, except a line evicted recently, whose miss shows it was evicted
 /// too early. Lines read once (a scan, a sort's input) then go before lines in use, which
 /// plain CLOCK gives a whole turn each. It needs access sampling to see reads.
 pub struct GhostClock {
-    ghosts: HashMap<(u64, u64), u64>,
-    order: VecDeque<((u64, u64), u64)>,
-    cap: usize,
+    ghosts: Shadows,
     seq: u64,
 }
 
 impl GhostClock {
     pub fn new(cap: usize) -> GhostClock {
         GhostClock {
-            ghosts: HashMap::new(),
-            order: VecDeque::new(),
-            cap: cap.max(1),
+            ghosts: Shadows::new(cap),
             seq: 0,
         }
     }
@@ -122,18 +157,10 @@ impl EvictionPolicy for GhostClock {
         clock_victim(set, hand)
     }
     fn admit(&mut self, pid: u64, vpn: u64) -> bool {
-        self.ghosts.remove(&(pid, vpn)).is_some()
+        self.ghosts.take(pid, vpn).is_some()
     }
     fn evicted(&mut self, _set_id: usize, line: &Line) {
         self.seq += 1;
-        self.ghosts.insert((line.pid, line.vpn), self.seq);
-        self.order.push_back(((line.pid, line.vpn), self.seq));
-        while self.order.len() > self.cap {
-            let (key, seq) = self.order.pop_front().expect("over capacity means not empty");
-            // An entry re-made since is newer than this one: it stays.
-            if self.ghosts.get(&key) == Some(&seq) {
-                self.ghosts.remove(&key);
-            }
-        }
+        self.ghosts.remember(line, self.seq);
     }
 }

@@ -14,8 +14,9 @@
 //! The active list holds at most half the ways (the kernel's ratio at small sizes); its
 //! oldest line then goes back to the inactive list's tail, or round again if it was seen used
 //! since it was last looked at there.
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
+use super::eviction::Shadows;
 use super::{EvictionPolicy, Line};
 
 #[derive(Default)]
@@ -112,20 +113,15 @@ impl SetLists {
 
 pub struct Workingset {
     sets: Vec<SetLists>,
-    /// Shadow entries: (pid, vpn) of a recent victim, its set's clock when it left, and the
-    /// order they were made in, bounded by the lines of the cache.
-    shadows: HashMap<(u64, u64), u64>,
-    order: VecDeque<((u64, u64), u64)>,
-    cap: usize,
+    /// Shadow entries: recent victims, each with its set's clock when it left.
+    shadows: Shadows,
 }
 
 impl Workingset {
     pub fn new(lines: usize) -> Workingset {
         Workingset {
             sets: Vec::new(),
-            shadows: HashMap::new(),
-            order: VecDeque::new(),
-            cap: lines.max(1),
+            shadows: Shadows::new(lines),
         }
     }
 
@@ -175,7 +171,7 @@ impl EvictionPolicy for Workingset {
     }
 
     fn filled(&mut self, set_id: usize, way: usize, line: &Line, set: &[Option<Line>]) {
-        let shadow = self.shadows.remove(&(line.pid, line.vpn));
+        let shadow = self.shadows.take(line.pid, line.vpn);
         let l = self.lists(set_id);
         let active = shadow.is_some_and(|at| l.clock - at <= set.len() as u64);
         l.mark(way, line.seq, active);
@@ -197,13 +193,6 @@ impl EvictionPolicy for Workingset {
         let l = self.lists(set_id);
         l.clock += 1;
         let at = l.clock;
-        self.shadows.insert((line.pid, line.vpn), at);
-        self.order.push_back(((line.pid, line.vpn), at));
-        while self.order.len() > self.cap {
-            let (key, at) = self.order.pop_front().expect("over capacity means not empty");
-            if self.shadows.get(&key) == Some(&at) {
-                self.shadows.remove(&key);
-            }
-        }
+        self.shadows.remember(line, at);
     }
 }

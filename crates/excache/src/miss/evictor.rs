@@ -155,8 +155,8 @@ impl MissPath {
     fn pick(&self) -> Vec<Victim> {
         let mut g = self.state.lock().unwrap();
         let mut victims = Vec::new();
-        let want = g.reserve.as_ref().map(|r| r.ways).expect("a reserve");
         let r = g.reserve.as_mut().expect("a reserve");
+        let want = r.ways;
         r.owed = 0;
         let owed_by = std::mem::take(&mut r.owed_by);
         while victims.len() < ROUND {
@@ -190,10 +190,12 @@ impl MissPath {
     fn made_room_for_others(&self, st: &State, owed_by: &HashMap<u64, usize>, pid: u64) -> bool {
         let Some(own) = st.heaps.get(&pid) else { return false };
         let (mut mine, mut theirs) = (0, 0);
-        for (p, n) in owed_by {
-            match st.heaps.get(p) {
-                Some(h) if Arc::ptr_eq(&h.stats, &own.stats) => mine += n,
-                _ => theirs += n,
+        // Processes gone since their claims count for nobody.
+        for (h, n) in owed_by.iter().filter_map(|(p, n)| Some((st.heaps.get(p)?, n))) {
+            if Arc::ptr_eq(&h.stats, &own.stats) {
+                mine += n;
+            } else {
+                theirs += n;
             }
         }
         theirs > mine

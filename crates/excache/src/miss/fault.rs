@@ -277,7 +277,8 @@ impl MissPath {
     pub(super) fn claimed(&self, g: &mut State, pid: u64, vpn: u64) {
         let Some(r) = g.reserve.as_mut() else { return };
         let set = g.cache.set_of(vpn);
-        if g.cache.spare(set) >= r.ways {
+        // Standing aside, it would wake to pick nothing.
+        if g.cache.spare(set) >= r.ways || g.cache.evictor_stands_aside() {
             return;
         }
         if !r.queued[set] {
