@@ -139,11 +139,14 @@ pub struct ExCache {
     stride: usize,
     slots: Vec<Option<Line>>,
     hands: Vec<usize>,
-    /// Per set: lines held in its ways, and the lowest way that may be free.
+    /// Per set: lines held in its ways.
     held: Vec<usize>,
     /// Per set: lines still held in ways past its end after a shrink (being evicted).
     past_end: Vec<usize>,
-    free_from: Vec<usize>,
+    /// Per set: its free ways (each way within `ways` that holds no line, once). A scan for
+    /// the lowest free way cost a miss thousands of steps in a large fully associative set
+    /// whose lines the evictor frees all over it.
+    free: Vec<Vec<u32>>,
     /// Per set: the policy ran since the set was last checked for lines to rearm.
     may_rearm: Vec<bool>,
     /// Per set: lines the background evictor is taking out (`LineState::Evicting`).
@@ -202,7 +205,7 @@ impl ExCache {
             hands: vec![0; nsets],
             held: vec![0; nsets],
             past_end: vec![0; nsets],
-            free_from: vec![0; nsets],
+            free: (0..nsets).map(|_| (0..ways as u32).rev().collect()).collect(),
             may_rearm: vec![false; nsets],
             evicting: vec![0; nsets],
             pinned: vec![0; nsets],
@@ -258,7 +261,10 @@ impl ExCache {
                 .filter(|l| l.state == LineState::Evicting)
                 .count();
             self.past_end[set] = past.iter().flatten().count();
-            self.free_from[set] = within.iter().position(|l| l.is_none()).unwrap_or(ways);
+            self.free[set] = (0..ways as u32)
+                .rev()
+                .filter(|w| within[*w as usize].is_none())
+                .collect();
             // Fewer ways may leave more pinned lines than a set keeps: the newest go back to
             // coming and going.
             let mut pinned: Vec<(u64, usize)> = (0..ways)
@@ -518,10 +524,8 @@ impl ExCache {
         let base = set * self.stride;
         let range = base..base + self.ways;
         let slot = if self.held[set] < self.ways {
-            let i = (self.free_from[set]..self.ways)
-                .find(|i| self.slots[base + i].is_none())
-                .expect("a set not full has a free way");
-            self.free_from[set] = i + 1;
+            let i = self.free[set].pop().expect("a set not full has a free way") as usize;
+            debug_assert!(i < self.ways && self.slots[base + i].is_none(), "way {i} is free");
             self.held[set] += 1;
             self.used += 1;
             (base + i, None)
@@ -732,7 +736,7 @@ impl ExCache {
                 self.pinned[set] -= 1;
             }
             self.held[set] -= 1;
-            self.free_from[set] = self.free_from[set].min(way);
+            self.free[set].push(way as u32);
         }
         self.used -= 1;
         let line = self.slots[slot].take();

@@ -175,8 +175,49 @@ pub struct Taken {
 /// A program's page tables as the pComponent reads them, and the pipe eviction holds pages in.
 pub struct Tracker {
     pagemap: File,
+    taker: Taker,
+}
+
+/// Takes pages out of a program's memfd with their contents in one step (steps 1, 2 and 4 of
+/// the module documentation): the pipe the pages wait in between the splice and the read.
+/// With write faults tracking dirtiness, this takes a dirty victim out with one TLB flush, the
+/// punch's, where write-protecting it for the copy cost a second.
+pub struct Taker {
     /// Created on first use and again after any error (which may leave pages in it).
     pipe: Mutex<Option<Pipe>>,
+}
+
+impl Taker {
+    /// A taker for a heap whose pages are all small; `None` where a page of the heap may be
+    /// part of a large folio, whose partial punch would zero the page the pipe holds.
+    pub fn for_heap(huge_pages: bool) -> Option<Taker> {
+        (!huge_pages && shmem_large_folios().is_none()).then(|| Taker { pipe: Mutex::new(None) })
+    }
+
+    /// As [`Tracker::take`]; without the program's page tables (`pagemap`) only
+    /// [`Keep::Dirty`] can be answered.
+    pub fn take(
+        &self,
+        memfd: &OwnedFd,
+        off: u64,
+        vpn: u64,
+        pages: u64,
+        pagemap: Option<&File>,
+        keep: Keep,
+    ) -> io::Result<Vec<Taken>> {
+        if pagemap.is_none() && keep != Keep::Dirty {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "which pages were written is known only from the page tables",
+            ));
+        }
+        let mut slot = self.pipe.lock().unwrap();
+        let r = take_with(&mut slot, memfd, off, vpn, pages, pagemap, keep);
+        if r.is_err() {
+            *slot = None;
+        }
+        r
+    }
 }
 
 fn dev_null() -> io::Result<&'static File> {
@@ -292,7 +333,7 @@ impl Tracker {
         }
         Ok(Tracker {
             pagemap,
-            pipe: Mutex::new(None),
+            taker: Taker { pipe: Mutex::new(None) },
         })
     }
 
@@ -308,53 +349,47 @@ impl Tracker {
     /// asks for (see the module documentation for why no write is lost). On an error some of
     /// the pages may be gone without their contents: the caller treats them as lost.
     pub fn take(&self, memfd: &OwnedFd, off: u64, vpn: u64, pages: u64, keep: Keep) -> io::Result<Vec<Taken>> {
-        let mut slot = self.pipe.lock().unwrap();
-        let r = self.take_with(&mut slot, memfd, off, vpn, pages, keep);
-        if r.is_err() {
-            *slot = None;
-        }
-        r
+        self.taker.take(memfd, off, vpn, pages, Some(&self.pagemap), keep)
     }
+}
 
-    fn take_with(
-        &self,
-        slot: &mut Option<Pipe>,
-        memfd: &OwnedFd,
-        off: u64,
-        vpn: u64,
-        pages: u64,
-        keep: Keep,
-    ) -> io::Result<Vec<Taken>> {
-        if slot.is_none() {
-            *slot = Some(new_pipe()?);
-        }
-        let pipe = slot.as_ref().expect("made above");
-        let mut out = Vec::with_capacity(pages as usize);
-        let mut done = 0;
-        while done < pages {
-            let (first, n) = (vpn + done, pipe.pages.min(pages - done));
-            let at = off + done * PAGE;
-            splice_in(memfd, at, n * PAGE, &pipe.w)?;
-            punch(memfd, at, n * PAGE)?;
-            // Unknown is written: a write-back too many, never one too few.
-            let asked = if keep == Keep::Dirty {
-                Err(())
-            } else {
-                written(&self.pagemap, first, first + n, false).map_err(drop)
-            };
-            let written = asked.unwrap_or_else(|()| (first..first + n).collect());
-            for v in first..first + n {
-                let w = written.binary_search(&v).is_ok();
-                out.push(Taken {
-                    vpn: v,
-                    written: w,
-                    data: page_out(&pipe.r, w || keep != Keep::Written)?,
-                });
-            }
-            done += n;
-        }
-        Ok(out)
+fn take_with(
+    slot: &mut Option<Pipe>,
+    memfd: &OwnedFd,
+    off: u64,
+    vpn: u64,
+    pages: u64,
+    pagemap: Option<&File>,
+    keep: Keep,
+) -> io::Result<Vec<Taken>> {
+    if slot.is_none() {
+        *slot = Some(new_pipe()?);
     }
+    let pipe = slot.as_ref().expect("made above");
+    let mut out = Vec::with_capacity(pages as usize);
+    let mut done = 0;
+    while done < pages {
+        let (first, n) = (vpn + done, pipe.pages.min(pages - done));
+        let at = off + done * PAGE;
+        splice_in(memfd, at, n * PAGE, &pipe.w)?;
+        punch(memfd, at, n * PAGE)?;
+        // Unknown is written: a write-back too many, never one too few.
+        let asked = match pagemap {
+            Some(pm) if keep != Keep::Dirty => written(pm, first, first + n, false).map_err(drop),
+            _ => Err(()),
+        };
+        let written = asked.unwrap_or_else(|()| (first..first + n).collect());
+        for v in first..first + n {
+            let w = written.binary_search(&v).is_ok();
+            out.push(Taken {
+                vpn: v,
+                written: w,
+                data: page_out(&pipe.r, w || keep != Keep::Written)?,
+            });
+        }
+        done += n;
+    }
+    Ok(out)
 }
 
 /// Why this machine cannot track dirty lines by scan.
@@ -538,6 +573,44 @@ mod tests {
         assert!(!six[0].written && six[0].data.as_ref().unwrap()[0] == 6);
         let seven = t.take(&h.memfd, 7 * PAGE, h.vpn(7), 1, Keep::Dirty).unwrap();
         assert!(seven[0].written && seven[0].data.as_ref().unwrap()[0] == 7);
+    }
+
+    /// Without page tables (write faults tracking dirtiness), a taker takes pages it is told
+    /// are dirty with every write made before the punch, and refuses to say which were written.
+    #[test]
+    fn a_taker_without_page_tables_takes_dirty_pages_with_their_last_writes() {
+        let h = Heap::new(2);
+        let Some(t) = Taker::for_heap(false) else {
+            eprintln!("skipped: shared memory may use large folios on this host");
+            return;
+        };
+        h.install(0, 3);
+        h.install(1, 4);
+        h.write(1, 9, 0x99);
+        assert_eq!(
+            t.take(&h.memfd, 0, h.vpn(0), 2, None, Keep::Written)
+                .err()
+                .map(|e| e.kind()),
+            Some(io::ErrorKind::Unsupported)
+        );
+        let taken = t.take(&h.memfd, 0, h.vpn(0), 2, None, Keep::Dirty).unwrap();
+        let pages: Vec<(u64, u8, u8)> = taken
+            .iter()
+            .map(|k| {
+                (
+                    k.vpn - h.vpn(0),
+                    k.data.as_ref().unwrap()[0],
+                    k.data.as_ref().unwrap()[9],
+                )
+            })
+            .collect();
+        assert_eq!(pages, vec![(0, 3, 3), (1, 4, 0x99)]);
+        // Both pages left the memfd: a read of them finds a hole.
+        let mut buf = vec![1u8; PAGE as usize];
+        // SAFETY: reads into a live buffer of the length given.
+        let n = unsafe { libc::pread(h.memfd.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), PAGE as i64) };
+        assert!(n == PAGE as isize && buf.iter().all(|b| *b == 0));
+        assert!(Taker::for_heap(true).is_none(), "huge pages are never taken by splice");
     }
 
     /// The facts eviction stands on (module documentation): a page spliced into a pipe is

@@ -36,7 +36,12 @@ pub enum Install {
 /// Installs a page and wakes the faulting threads. `wp` maps it write-protected, so that the
 /// first write traps and marks the line dirty.
 pub fn copy(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Result<Install> {
-    match copy_range(uffd_fd, addr, &data[..PAGE as usize], wp) {
+    copy_pages(uffd_fd, addr, &data[..PAGE as usize], wp)
+}
+
+/// Installs consecutive pages as [`copy`] installs one, in as few ioctls as it can.
+pub fn copy_pages(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Result<Install> {
+    match copy_range(uffd_fd, addr, data, wp) {
         Err(e)
             if matches!(
                 e.raw_os_error(),
@@ -212,19 +217,6 @@ pub fn punch(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
     // SAFETY: fallocate(2) takes no pointers; it acts on the program's memfd only.
     if unsafe { libc::fallocate(memfd.as_raw_fd(), mode, off as i64, len as i64) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Allocates zeroed pages in the memfd's page cache, leaving them unmapped: the program's
-/// first touch of one is an ordinary minor fault, for userfaultfd's missing mode on shared
-/// memory traps only when the page cache has no page. On failure the kernel frees the pages
-/// this call allocated that nobody touched meanwhile.
-pub fn allocate(memfd: &OwnedFd, off: u64, len: u64) -> io::Result<()> {
-    // SAFETY: fallocate(2) takes no pointers; it acts on the program's memfd only.
-    if unsafe { libc::fallocate(memfd.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) } == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())

@@ -39,7 +39,8 @@ impl MissPath {
             });
             return;
         }
-        if vt.region.tracks_writes() && vt.alive() {
+        // A dirty line goes without being write-protected first where the region can take it.
+        if vt.alive() && (vt.region.tracks_writes() || (v.dirty && vt.region.takes_dirty())) {
             return self.evict_taken(g, &vt, v, victims, lost, clean);
         }
         // A clean line the store does not hold is zeros never written: a miss zero-fills it again.

@@ -24,6 +24,9 @@ use std::time::Instant;
 use splitos_rpc::PAGE_SIZE;
 
 use super::{Held, LineState, MissPath, ProcHeap, Reserve, State, Writeback, PAGE};
+use crate::dirty::Keep;
+#[cfg(doc)]
+use crate::region::Region;
 use crate::store::Page;
 
 /// Most lines one round of the evictor takes out: enough for the kernel's range operations
@@ -244,6 +247,9 @@ impl MissPath {
     fn take_out(&self, run: &mut [Victim]) {
         let (t, first) = (run[0].heap.clone(), run[0].vpn);
         let len = run.len() as u64;
+        if t.region.takes_dirty() && run.iter().any(|v| v.capture && !v.protected) {
+            return self.take_whole(&t, run);
+        }
         if run.iter().any(|v| v.capture && !v.protected) {
             if let Err(e) = t.region.write_protect(first, len, true) {
                 tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot write-protect victims; keeping them");
@@ -275,6 +281,40 @@ impl MissPath {
                 }
             }
             i += n;
+        }
+    }
+
+    /// Without the lock: takes a run with a line to capture that is not write-protected out
+    /// of its process in one step, with the contents of every page ([`Region::take`]), instead
+    /// of protecting it for the copy. Pages taken without their contents (an error after the
+    /// punch) are lost: the process is failed.
+    fn take_whole(&self, t: &Arc<ProcHeap>, run: &mut [Victim]) {
+        let (first, len) = (run[0].vpn, run.len() as u64);
+        let taken = t.region.take(first, len, Keep::Dirty);
+        for v in run.iter_mut() {
+            v.dropped = true;
+        }
+        match taken {
+            Ok(taken) => {
+                let mut dirty = 0;
+                for (v, tk) in run.iter_mut().zip(taken) {
+                    if v.capture {
+                        dirty += v.dirty as u64;
+                        v.data = tk.data;
+                    }
+                }
+                self.bump(t, |s| {
+                    s.taken_dirty.fetch_add(dirty, Relaxed);
+                });
+            }
+            Err(e) => self.fail(
+                t,
+                &format!(
+                    "cannot take heap pages {:#x}..{:#x} out with their contents: {e}",
+                    first * PAGE,
+                    (first + len) * PAGE
+                ),
+            ),
         }
     }
 

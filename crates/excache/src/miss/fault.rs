@@ -50,10 +50,17 @@ impl MissPath {
                     (false, Some(true)) => InstallAs::ProtectedDirty,
                     (false, _) => InstallAs::Clean,
                 };
-                let installed = if claim.extent.is_empty() {
-                    self.install(t, vpn, claim.slot, data.as_deref(), how)
-                } else {
+                // A first touch written to goes in with its fault-around window in one step,
+                // and the program wakes to find the whole window mapped.
+                let with_around = data.is_none() && how.writable() && !claim.around.is_empty();
+                let installed = if !claim.extent.is_empty() {
                     self.allocate_extent(t, vpn, claim.slot, &claim.extent, how)
+                } else if with_around {
+                    let mut run = claim.around.clone();
+                    run.push((vpn, claim.slot));
+                    self.install_zeros(t, &mut run)
+                } else {
+                    self.install(t, vpn, claim.slot, data.as_deref(), how)
                 };
                 if !installed && tier_dirty == Some(true) && t.alive() {
                     self.fail(
@@ -87,8 +94,8 @@ impl MissPath {
                         s.bytes_fetched.fetch_add(fetched as u64 * PAGE, Relaxed);
                     });
                 }
-                for (v, slot) in &claim.around {
-                    self.install(t, *v, *slot, None, InstallAs::Writable);
+                if !with_around && !claim.around.is_empty() {
+                    self.install_zeros(t, &mut claim.around.clone());
                 }
                 if !claim.around.is_empty() {
                     self.bump(t, |s| {
@@ -415,6 +422,34 @@ impl MissPath {
                 ),
                 Install::Gone => {
                     g.cache.remove(t.pid, vpn);
+                }
+            }
+        }
+        drop(g);
+        self.cv.notify_all();
+        !matches!(installed, Install::Gone)
+    }
+
+    /// Installs claimed fresh lines `run` (consecutive pages, in any order) as zeros,
+    /// writable and dirty, in one step; the threads waiting on any of them wake. True if they
+    /// are in the program.
+    pub(super) fn install_zeros(&self, t: &ProcHeap, run: &mut [(u64, usize)]) -> bool {
+        run.sort_unstable();
+        let (first, pages) = (run[0].0, run.len() as u64);
+        debug_assert_eq!(run[run.len() - 1].0, first + pages - 1, "a run of consecutive pages");
+        let installed = t.region.zero_run(first, pages).unwrap_or_else(|e| {
+            tracing::warn!(pid = t.pid, addr = first * PAGE, pages, error = %e, "cannot install fresh lines");
+            Install::Gone
+        });
+        let mut g = self.state.lock().unwrap();
+        for &(v, slot) in run.iter() {
+            if g.cache.lookup(t.pid, v) != Some(slot) {
+                continue;
+            }
+            match installed {
+                Install::Done | Install::Exists => g.cache.complete(slot, Filled { dirty: true, wp: false }),
+                Install::Gone => {
+                    g.cache.remove(t.pid, v);
                 }
             }
         }

@@ -124,11 +124,10 @@ impl MissPath {
         extent
     }
 
-    /// Pre-allocates the claimed lines `fresh` (contiguous) in the program's memfd: they
-    /// become resident, writable and dirty without being mapped, and the program's first touch
-    /// of each is an ordinary page fault instead of a trap into the pComponent. A touch that
-    /// trapped before the pages existed finds the line ready and is woken. If the memfd
-    /// cannot take them, each is installed as fault-around installs its lines.
+    /// Pre-allocates the claimed lines `fresh` (contiguous) in the program: they become
+    /// resident, mapped, writable and dirty, and the program's first touch of each does not
+    /// fault at all. A touch that trapped before the pages were there finds the line ready and
+    /// is woken. If the region cannot take them at once, each is installed alone.
     pub(super) fn preallocate(&self, t: &ProcHeap, fresh: &[(u64, usize)]) {
         // The window is contiguous, upwards or downwards from the touched line.
         let Some(first) = fresh.iter().map(|f| f.0).min() else {

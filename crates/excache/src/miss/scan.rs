@@ -69,7 +69,8 @@ impl MissPath {
         (written, protected)
     }
 
-    /// [`MissPath::evict`] of a line whose writes the kernel tracks: takes it from the program,
+    /// [`MissPath::evict`] of a line whose writes the kernel tracks, or of a dirty line the
+    /// region takes out without protecting it first ([`crate::Region::takes_dirty`]): takes it from the program,
     /// then writes it back if it was dirty or written since its last protection; a clean one is
     /// dropped (or, as `clean` says, offered to the compressed tier as in fault mode). If it
     /// cannot be taken its writes may be lost, so its process is stopped here, under the lock.
@@ -93,6 +94,10 @@ impl MissPath {
         let taken = vt.region.take(v.vpn, 1, keep);
         if keep != Keep::Dirty {
             self.count_scan(vt, 1);
+        } else if taken.is_ok() {
+            self.bump(vt, |s| {
+                s.taken_dirty.fetch_add(1, Relaxed);
+            });
         }
         match taken.map(|mut t| t.pop()) {
             Ok(Some(tk)) => {
@@ -133,6 +138,7 @@ impl MissPath {
         }
         self.bump(vt, |s| {
             s.evictions.fetch_add(1, Relaxed);
+            s.inline_evictions.fetch_add(1, Relaxed);
         });
     }
 

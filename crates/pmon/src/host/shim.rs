@@ -63,7 +63,7 @@ impl Refuse for AdmitError {
 }
 use crate::{Pcomp, PendingChild, Proc};
 use splitos_core::config::{DirtyTracking, InterleaveRatio, Size};
-use splitos_excache::dirty::Tracker;
+use splitos_excache::dirty::{Taker, Tracker};
 use splitos_excache::miss::ProcHeap;
 use splitos_excache::region::UffdRegion;
 use splitos_excache::store::ProcMemory;
@@ -605,12 +605,18 @@ impl Pcomp {
         let stop = unsafe { OwnedFd::from_raw_fd(stop) };
         let uffd = Arc::new(uffd_fd);
         let huge = HugeHeap::of(&memfd, self.heap_fs.as_ref());
+        let taker = if tracker.is_none() {
+            Taker::for_heap(huge.enabled())
+        } else {
+            None
+        };
         let region = UffdRegion {
             uffd: uffd.clone(),
             memfd,
             base: h.region_base,
             huge,
             tracker,
+            taker,
             pidfd: self.sampling.then(|| peer.pidfd.clone()),
         };
         let heap = ProcHeap::new(pid, Box::new(region), child.run);

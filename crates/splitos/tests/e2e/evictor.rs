@@ -36,6 +36,14 @@ fn the_evictor_takes_evictions_off_the_miss_path_and_programs_see_their_own_data
         "{on}"
     );
     assert!(pages_stored(&on) >= n(&on, "flushes"), "{on}");
+    // Dirty victims left their program in one step (splice, punch, read), never protected
+    // for the copy, with or without the evictor: the program's output (above) is native.
+    for s in [&on, &off] {
+        assert!(
+            n(s, "taken_dirty") > 1000 && n(s, "taken_dirty") <= n(s, "evictions"),
+            "{s}"
+        );
+    }
     assert!(
         n(&on, "evictor_ns") >= n(&on, "evictor_cpu_ns") && n(&on, "evictor_cpu_ns") > 0,
         "{on}"
