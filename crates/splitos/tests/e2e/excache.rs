@@ -76,13 +76,24 @@ fn the_default_workingset_keeps_a_read_hot_set_against_a_stream_that_fifo_lets_p
 fn piggyback_merges_flush_and_fetch_only_when_enabled() {
     // One mComponent: every victim and every missed line have the same owner, so with
     // piggyback on each dirty eviction that precedes a fetch travels with it. Every access by
-    // message: one-sided access copies what the owner holds instead.
+    // message: one-sided access copies what the owner holds instead. A victim rides a fetch
+    // only when the miss evicts it: the background evictor (which takes most of them ahead of
+    // the misses) is off.
     let p = program("memtouch");
     // The read pass's misses evict the lines the write pass dirtied: thousands of each; the
     // random read-modify-writes only add more of the same.
     let cmd = [p.to_str().unwrap(), "12", "20000"];
     let (_, on) = through_components(
-        &["--excache", "4M", "--mcomponents", "1", "--one-sided", "off"],
+        &[
+            "--excache",
+            "4M",
+            "--mcomponents",
+            "1",
+            "--one-sided",
+            "off",
+            "--evict-reserve",
+            "0",
+        ],
         &cmd,
         1,
     );
@@ -95,6 +106,8 @@ fn piggyback_merges_flush_and_fetch_only_when_enabled() {
             "--no-piggyback",
             "--one-sided",
             "off",
+            "--evict-reserve",
+            "0",
         ],
         &cmd,
         1,
