@@ -200,10 +200,11 @@ fn replication_is_a_knob_of_the_cluster_and_of_run() {
     let pid = c.first_process()["pid"].as_u64().unwrap();
     assert!(home_of(&c, pid).1.iter().all(|s| s.len() == 2 && s[0] != s[1]));
     let two = settled_used(&c);
-    // Which pages were written back by then depends on when the evictor ran, by a few dozen
-    // pages of thousands; one copy or three would be half or one and a half times off.
+    // Which pages were written back by then depends on when the evictor ran, by up to a few
+    // hundred pages of thousands (2.6% seen); one copy or three would be half or one and a
+    // half times off.
     let ratio = two as f64 / one as f64;
-    assert!((ratio - 2.0).abs() < 0.02, "each page twice: {two} against {one}");
+    assert!((ratio - 2.0).abs() < 0.05, "each page twice: {two} against {one}");
     assert_hold_ends_native(child);
     // Schemes this build does not have are refused by name, by `cluster up` and by `run`.
     for bad in ["raid5", "mirror"] {
