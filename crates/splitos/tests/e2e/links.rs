@@ -152,7 +152,7 @@ fn a_slow_mcomponent_keeps_its_shared_memory_callers_within_their_credits() {
     // How many misses there are depends on how much the six programs overlap (a quiet machine
     // runs them more one after another): what counts is that they crossed shared memory at all.
     assert!(
-        requests > 100.0,
+        requests > 20.0,
         "the programs' misses crossed shared memory: {requests}"
     );
     assert!(waits > 0.0, "callers waited for credits");
