@@ -1171,6 +1171,16 @@ pub fn hold_fails_after_losing(c: &TestCluster, mut child: std::process::Child, 
     for p in pids {
         c.kill_component(p);
     }
+    // The program goes on once the managers hold them lost: before that, a program whose
+    // misses are cheap could read its whole heap back through copies the pComponent still
+    // maps (one-sided access) and end as if nothing were lost.
+    let lost = c.eventually(Duration::from_secs(30), |c| {
+        c.components_now("mcomponent")
+            .iter()
+            .filter(|m| addrs.iter().any(|a| m["addr"] == a.as_str()))
+            .all(|m| m["alive"] != true)
+    });
+    assert!(lost, "the managers never held {addrs:?} lost");
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
