@@ -366,7 +366,9 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_secs(4));
+        // 3.5 s leaves the admin's handshake 1.5 s to be answered once the mComponent goes
+        // on: with 4 s, a loaded machine (six tests at a time) once took longer than the 1 s left.
+        std::thread::sleep(Duration::from_millis(3500));
         let late = c.components_now("mcomponent").remove(0);
         drop(paused);
         assert_eq!(
