@@ -18,8 +18,8 @@ pub trait Region: Send + Sync {
     /// Installs a page of zeros (a line that never left this pComponent).
     fn zero(&self, vpn: u64, wp: bool) -> io::Result<Install>;
     /// Installs `pages` consecutive pages of zeros from `vpn`, writable, and wakes the threads
-    /// waiting on any of them: a first touch and its fault-around window. `Exists` if some
-    /// were there already (left as they were), `Gone` if the program is.
+    /// waiting on any of them: a first touch, its fault-around window, pre-allocated lines.
+    /// `Exists` if some were there already (left as they were), `Gone` if the program is.
     fn zero_run(&self, vpn: u64, pages: u64) -> io::Result<Install> {
         let mut result = Install::Done;
         for v in vpn..vpn + pages {
@@ -35,9 +35,6 @@ pub trait Region: Send + Sync {
     fn wake(&self, vpn: u64);
     /// Sets or lifts write protection of resident pages; lifting wakes waiting writers.
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()>;
-    /// Makes pages of zeros resident and mapped, writable: the program's first touch of one
-    /// does not fault (pre-allocation of fresh lines).
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// Drops pages from the program and frees the memory behind them; the next access faults.
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// The current contents of a resident page.
@@ -161,12 +158,6 @@ impl Region for UffdRegion {
 
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         uffd::write_protect(&self.uffd, vpn * PAGE, pages * PAGE, on)
-    }
-
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
-        // Installed and mapped, in an ioctl per 64 pages (about 1 µs a page), where allocating
-        // them in the memfd (0.3 µs a page) left the program a minor fault on each (1.3 µs).
-        self.zero_run(vpn, pages).map(drop)
     }
 
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {

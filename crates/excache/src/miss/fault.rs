@@ -22,7 +22,7 @@ use crate::store::Page;
 impl MissPath {
     /// Serves one fault of `t` on page `vpn`.
     pub fn fault(&self, t: &Arc<ProcHeap>, vpn: u64, access: Access, t0: Instant) {
-        let Some(claim) = self.claim(t, vpn, access) else {
+        let Some(mut claim) = self.claim(t, vpn, access) else {
             return;
         };
         let t_evicted = Instant::now();
@@ -58,7 +58,7 @@ impl MissPath {
                 } else if with_around {
                     let mut run = claim.around.clone();
                     run.push((vpn, claim.slot));
-                    self.install_zeros(t, &mut run)
+                    self.install_zeros(t, &mut run, false)
                 } else {
                     self.install(t, vpn, claim.slot, data.as_deref(), how)
                 };
@@ -95,14 +95,14 @@ impl MissPath {
                     });
                 }
                 if !with_around && !claim.around.is_empty() {
-                    self.install_zeros(t, &mut claim.around.clone());
+                    self.install_zeros(t, &mut claim.around, false);
                 }
                 if !claim.around.is_empty() {
                     self.bump(t, |s| {
                         s.faulted_around.fetch_add(claim.around.len() as u64, Relaxed);
                     });
                 }
-                self.preallocate(t, &claim.fresh);
+                self.preallocate(t, &mut claim.fresh);
             }
             Err(e) => {
                 self.abandon(t, vpn, claim.slot);
@@ -431,9 +431,10 @@ impl MissPath {
     }
 
     /// Installs claimed fresh lines `run` (consecutive pages, in any order) as zeros,
-    /// writable and dirty, in one step; the threads waiting on any of them wake. True if they
-    /// are in the program.
-    pub(super) fn install_zeros(&self, t: &ProcHeap, run: &mut [(u64, usize)]) -> bool {
+    /// writable and dirty (`fresh`: pre-allocated, not asked for), in one step; the threads
+    /// waiting on any of them wake. True if they are in the program; if not, their ways are
+    /// given back, and a touch of one traps as a first touch again.
+    pub(super) fn install_zeros(&self, t: &ProcHeap, run: &mut [(u64, usize)], fresh: bool) -> bool {
         run.sort_unstable();
         let (first, pages) = (run[0].0, run.len() as u64);
         debug_assert_eq!(run[run.len() - 1].0, first + pages - 1, "a run of consecutive pages");
@@ -447,7 +448,10 @@ impl MissPath {
                 continue;
             }
             match installed {
-                Install::Done | Install::Exists => g.cache.complete(slot, Filled { dirty: true, wp: false }),
+                Install::Done | Install::Exists => {
+                    g.cache.complete(slot, Filled { dirty: true, wp: false });
+                    g.cache.line_mut(slot).fresh = fresh;
+                }
                 Install::Gone => {
                     g.cache.remove(t.pid, v);
                 }

@@ -124,34 +124,18 @@ impl MissPath {
         extent
     }
 
-    /// Pre-allocates the claimed lines `fresh` (contiguous) in the program: they become
-    /// resident, mapped, writable and dirty, and the program's first touch of each does not
-    /// fault at all. A touch that trapped before the pages were there finds the line ready and
-    /// is woken. If the region cannot take them at once, each is installed alone.
-    pub(super) fn preallocate(&self, t: &ProcHeap, fresh: &[(u64, usize)]) {
-        // The window is contiguous, upwards or downwards from the touched line.
-        let Some(first) = fresh.iter().map(|f| f.0).min() else {
-            return;
-        };
-        if let Err(e) = t.region.allocate(first, fresh.len() as u64) {
-            tracing::debug!(pid = t.pid, addr = first * PAGE, error = %e, "cannot pre-allocate fresh lines; installing them");
-            for (v, slot) in fresh {
-                self.install(t, *v, *slot, None, InstallAs::Writable);
-            }
-            return;
+    /// Pre-allocates the claimed lines `fresh` (contiguous, upwards or downwards from the
+    /// touched line) in the program: they become resident, mapped, writable and dirty, and the
+    /// program's first touch of each does not fault at all. A touch that trapped before the
+    /// pages were there finds the line ready and is woken. Installed and mapped in an ioctl per
+    /// 64 pages (about 1 µs a page), where allocating them in the memfd (0.3 µs a page) left
+    /// the program a minor fault on each (1.3 µs).
+    pub(super) fn preallocate(&self, t: &ProcHeap, fresh: &mut [(u64, usize)]) {
+        if !fresh.is_empty() && self.install_zeros(t, fresh, true) {
+            self.bump(t, |s| {
+                s.preallocated.fetch_add(fresh.len() as u64, Relaxed);
+            });
         }
-        let mut g = self.state.lock().unwrap();
-        for &(v, slot) in fresh {
-            if g.cache.lookup(t.pid, v) == Some(slot) {
-                g.cache.complete(slot, Filled { dirty: true, wp: false });
-                g.cache.line_mut(slot).fresh = true;
-            }
-        }
-        drop(g);
-        self.cv.notify_all();
-        self.bump(t, |s| {
-            s.preallocated.fetch_add(fresh.len() as u64, Relaxed);
-        });
     }
 
     /// Pre-allocates the 2 MiB extent of a first touch at `vpn` as one huge page: the touched

@@ -54,13 +54,6 @@ impl Region for MemRegion {
         }
         Ok(())
     }
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
-        let mut p = self.0.pages.lock().unwrap();
-        for v in vpn..vpn + pages {
-            p.entry(v).or_insert_with(|| (vec![0; PAGE_SIZE], false));
-        }
-        Ok(())
-    }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         let mut p = self.0.pages.lock().unwrap();
         p.retain(|v, _| *v < vpn || *v >= vpn + pages);
@@ -652,9 +645,6 @@ impl Region for FlakyRegion {
     }
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         self.inner.write_protect(vpn, pages, on)
-    }
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
-        self.inner.allocate(vpn, pages)
     }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         self.inner.punch(vpn, pages)
@@ -1537,7 +1527,7 @@ fn munmap_and_dontneed_drop_pre_allocated_lines_without_asking_anyone() {
     );
 }
 
-/// A region whose memfd cannot take pre-allocated pages.
+/// A region that cannot take a run of pages at once (the pages one by one it can).
 struct FullRegion(MemRegion);
 
 impl Region for FullRegion {
@@ -1551,7 +1541,7 @@ impl Region for FullRegion {
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         self.0.write_protect(vpn, pages, on)
     }
-    fn allocate(&self, _vpn: u64, _pages: u64) -> io::Result<()> {
+    fn zero_run(&self, _vpn: u64, _pages: u64) -> io::Result<Install> {
         Err(io::Error::from_raw_os_error(libc::ENOSPC))
     }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
@@ -1563,7 +1553,7 @@ impl Region for FullRegion {
 }
 
 #[test]
-fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
+fn lines_that_cannot_be_pre_allocated_are_given_back_and_trap_as_first_touches() {
     let r = rig_full(64, 0, Box::new(Fifo), 1, true, (0, 0, 4));
     let mem = MemRegion::default();
     let t = ProcHeap::new(1, Box::new(FullRegion(mem.clone())), Arc::new(RunStats::default()));
@@ -1573,11 +1563,14 @@ fn lines_that_cannot_be_pre_allocated_are_installed_instead() {
     assert!(p.write(&r.mp, 0, 1));
     assert_eq!(p.stat(|s| &s.preallocated), 0);
     for v in 1..5 {
-        let l = line(&r, v).expect("still claimed and installed");
-        assert!(l.dirty && !l.wp && !l.fresh && l.state == LineState::Ready, "{l:?}");
-        assert!(p.write(&r.mp, v, 2));
+        assert!(line(&r, v).is_none(), "the way of page {v} was given back");
     }
-    assert_eq!(p.stat(|s| &s.misses), 1);
+    // Each touch is a first touch of its own now, which (its window refused too) goes in alone.
+    for v in 1..5 {
+        assert!(p.write(&r.mp, v, 2));
+        assert_eq!(p.read(&r.mp, v), Some(2));
+    }
+    assert_eq!(p.stat(|s| &s.misses), 5);
 }
 
 /// A region on which fresh extents can be huge pages: it refuses, as the real one does, a
@@ -1602,9 +1595,6 @@ impl Region for HugeRegion {
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         self.mem.write_protect(vpn, pages, on)
     }
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
-        self.mem.allocate(vpn, pages)
-    }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         let mut huge = self.huge.lock().unwrap();
         let cut = |e: &u64| *e < vpn + pages && e + EXTENT > vpn;
@@ -1626,7 +1616,7 @@ impl Region for HugeRegion {
     fn allocate_huge(&self, vpn: u64) -> Result<bool, SplitError> {
         assert_eq!(vpn % EXTENT, 0);
         self.huge.lock().unwrap().insert(vpn);
-        self.mem.allocate(vpn, EXTENT)?;
+        self.mem.zero_run(vpn, EXTENT)?;
         Ok(true)
     }
     fn split_huge(&self, vpn: u64, pages: u64) -> Result<u64, SplitError> {
@@ -1915,9 +1905,6 @@ impl Region for Untakeable {
     fn wake(&self, _vpn: u64) {}
     fn write_protect(&self, vpn: u64, pages: u64, on: bool) -> io::Result<()> {
         self.0.write_protect(vpn, pages, on)
-    }
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
-        self.0.allocate(vpn, pages)
     }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         self.0.punch(vpn, pages)

@@ -60,9 +60,6 @@ impl Region for Watched {
         }
         self.inner.write_protect(vpn, pages, on)
     }
-    fn allocate(&self, vpn: u64, pages: u64) -> io::Result<()> {
-        self.inner.allocate(vpn, pages)
-    }
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()> {
         self.calls.lock().unwrap().push(("punch", vpn, pages));
         let mut closed = self.closed.0.lock().unwrap();
