@@ -73,6 +73,19 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// The user who owns the TCP listener at `addr` on this host (in this network namespace), or
+/// None when nothing listens there: a client about to send a secret to a local port asks who
+/// listens on it, since any user may bind a port its server left. The kernel's exact lookup
+/// of a socket from `addr` to nowhere finds no connection and falls back to the listener that
+/// would accept one at `addr`.
+pub fn tcp_listener_uid(addr: std::net::SocketAddr) -> Option<u32> {
+    let nowhere = match addr.ip().to_canonical() {
+        std::net::IpAddr::V4(_) => std::net::SocketAddr::from(([0u8; 4], 0)),
+        std::net::IpAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
+    };
+    tcp_peer_uid(addr, nowhere)
+}
+
 /// The user whose socket is the other end of the TCP connection from `peer` to `local`, when
 /// that socket is on this host (in this network namespace): every user of the host shares its
 /// addresses, loopback's and its own, so only the socket's owner tells them apart. None for a
@@ -128,5 +141,26 @@ pub fn tcp_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> 
     {
         NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => Some(r.header.uid),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_listeners_owner_is_found_and_a_closed_port_has_none() {
+        // SAFETY: geteuid takes nothing and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        assert_eq!(super::tcp_listener_uid(at), Some(euid));
+        let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = any.local_addr().unwrap().port();
+        assert_eq!(
+            super::tcp_listener_uid(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+            Some(euid),
+            "a listener on every address listens on loopback too"
+        );
+        drop(l);
+        assert_eq!(super::tcp_listener_uid(at), None);
     }
 }

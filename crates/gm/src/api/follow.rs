@@ -27,6 +27,11 @@ use crate::Manager;
 /// The path of the event stream, the one resource a page of another manager's origin reads.
 const EVENTS: &str = "/api/v1/events";
 
+/// The header every answer of a manager's API carries: an address a client keeps may be held
+/// by another server once its manager has gone (its port taken by another's bind), and the
+/// client asks the next manager rather than read that server's answer as the cluster's.
+pub const MANAGER_HEADER: &str = "splitos-manager";
+
 /// What every manager's API server holds: the manager, and the leader's routes once it leads.
 pub(super) struct Switch {
     manager: Arc<Manager>,
@@ -67,7 +72,14 @@ pub(super) fn router(manager: Arc<Manager>, config: serde_json::Value) -> Router
         .route("/dashboard", get(page))
         .fallback(switched)
         .layer(middleware::from_fn_with_state(switch.clone(), cross_origin))
+        .layer(middleware::map_response(signed))
         .with_state(switch)
+}
+
+async fn signed(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(MANAGER_HEADER, HeaderValue::from_static(env!("CARGO_PKG_VERSION")));
+    r
 }
 
 /// The dashboard's page, allowed to connect to every manager's API.

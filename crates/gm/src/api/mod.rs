@@ -37,7 +37,7 @@ use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{ErrCode, Refusal, Role, VnodeInfo};
 use utoipa::OpenApi;
 
-pub use follow::{url_of, NotLeader};
+pub use follow::{url_of, NotLeader, MANAGER_HEADER};
 pub use jobs::{JobList, JobView, SignalQuery, Unanswered};
 
 use crate::tokens::Principal;

@@ -124,6 +124,22 @@ fn unreached(e: &ureq::Error) -> bool {
     }
 }
 
+/// Why the API address `api` on loopback must not be sent a token: its listener belongs to a
+/// user that is neither root (the managers' user) nor this tool's, who may have bound the port
+/// a dead manager left. Beyond loopback TLS proves the server instead; None when nothing
+/// listens (the request is then refused, as for any manager that is down).
+fn impostor(api: &str) -> Option<String> {
+    let addr: std::net::SocketAddr = api
+        .parse()
+        .ok()
+        .filter(|a: &std::net::SocketAddr| a.ip().is_loopback())?;
+    let uid = splitos_core::sys::tcp_listener_uid(addr)?;
+    let me = nix::unistd::geteuid().as_raw();
+    (uid != 0 && uid != me).then(|| {
+        format!("listened on by uid {uid}, which runs no global manager: it is not sent the request or its token")
+    })
+}
+
 /// Whether `r` is a follower's refusal (api/follow.rs in the managers): `421` naming the
 /// leader, or `503` with `Retry-After` while none is elected.
 fn from_follower(r: &ureq::http::Response<ureq::Body>) -> bool {
@@ -166,9 +182,19 @@ pub(crate) fn send(
                 api: api.clone(),
                 error: format!("{e:#}"),
             })?;
+            if let Some(why) = impostor(&api) {
+                last = format!("{api}: {why}");
+                continue;
+            }
             match make(&base, &agent) {
                 Err(e) if unreached(&e) => last = format!("{api}: {e}"),
                 Err(error) => return Err(SendError::Failed { api, error }),
+                Ok(r) if !r.headers().contains_key(splitos_gm::api::MANAGER_HEADER) => {
+                    last = format!(
+                        "{api}: answered {} as no global manager does (another server holds the address now)",
+                        r.status()
+                    );
+                }
                 Ok(mut r) if from_follower(&r) => {
                     heard = true;
                     let body: serde_json::Value = r.body_mut().read_json().unwrap_or_default();

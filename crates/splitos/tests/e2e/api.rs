@@ -791,3 +791,91 @@ fn slow_clients_and_floods_hold_bounded_resources_and_the_api_keeps_serving() {
         threads(gm)
     );
 }
+
+/// A server at `127.0.0.1:0` run as `nobody` that writes whatever reaches it to its stdout;
+/// prints its port first.
+const LISTEN_AS_NOBODY: &str = r#"
+import socket, sys
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen()
+print(l.getsockname()[1], flush=True)
+while True:
+    c, _ = l.accept()
+    c.settimeout(2)
+    try:
+        print(repr(c.recv(4096)), flush=True)
+    except OSError:
+        pass
+    c.close()
+"#;
+
+#[test]
+fn the_tools_send_a_token_only_to_a_manager_whatever_holds_an_address_they_keep() {
+    use std::io::{BufRead, Read, Write};
+    let c = TestCluster::up(None);
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    // Every answer of a manager says so, a refusal as much as the liveness probe.
+    for (path, code) in [("/livez", 200), ("/api/v1/jobs", 401), ("/nowhere", 404)] {
+        let (status, head, _) = http(&api, "GET", path, None, b"");
+        assert_eq!(status, code, "{path}");
+        assert!(head.to_lowercase().contains("splitos-manager: "), "{path}: {head}");
+    }
+
+    // Another user binds a port, as it could the one a dead manager served at: the tools ask
+    // it nothing, and go on to the manager after it.
+    let mut nobody = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+        ])
+        .arg(LISTEN_AS_NOBODY)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(nobody.stdout.take().unwrap());
+    let mut port = String::new();
+    out.read_line(&mut port).unwrap();
+    let theirs = format!("127.0.0.1:{}", port.trim());
+    // A server of root's that is no manager (one that took such a port, or any other): it
+    // gets the request, and its answer is not read as the cluster's.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let foreign = other.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in other.incoming().flatten() {
+            let mut s = s;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+
+    let both = format!("{theirs},{foreign},{api}");
+    let ps = c.cmd(&["ps", "--api", &both]).output().unwrap();
+    assert!(ps.status.success(), "{}", text(&ps.stderr));
+    assert!(text(&ps.stdout).contains("PID"), "{}", text(&ps.stdout));
+    let alone = c.cmd(&["ps", "--api", &theirs]).output().unwrap();
+    assert!(!alone.status.success());
+    assert!(
+        text(&alone.stderr).contains("uid 65534, which runs no global manager"),
+        "{}",
+        text(&alone.stderr)
+    );
+    let foreign_only = c.cmd(&["ps", "--api", &foreign]).output().unwrap();
+    assert!(!foreign_only.status.success());
+    assert!(
+        text(&foreign_only.stderr).contains("answered 404 Not Found as no global manager does"),
+        "{}",
+        text(&foreign_only.stderr)
+    );
+
+    // SAFETY: kill(2) takes no pointers; the child is this test's own.
+    unsafe { libc::kill(nobody.id() as i32, libc::SIGKILL) };
+    nobody.wait().unwrap();
+    let mut heard = String::new();
+    out.read_to_string(&mut heard).unwrap();
+    assert!(heard.is_empty(), "nobody's server was sent: {heard}");
+}
