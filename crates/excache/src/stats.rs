@@ -56,6 +56,10 @@ counters! {
         heap_call_ns,
         /// Of the heap calls, the ones answered without asking the home mComponent.
         heap_calls_local,
+        /// Of the heap calls, the ones the pComponent's thread serving the program found
+        /// without sleeping for them: caught while polling (`heap_call_spin_us`), or already
+        /// waiting when it looked.
+        heap_calls_polled,
         /// Bytes fetched from the mComponents (misses and their read-ahead).
         bytes_fetched,
         /// Bytes written back to the mComponents.

@@ -642,6 +642,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             piggyback: cfg.piggyback,
             fault_around: cfg.fault_around,
             prealloc: cfg.prealloc,
+            window_start: cfg.fault_around_start,
             on_fail: hook,
         };
         let mut miss = MissPath::new(parts);

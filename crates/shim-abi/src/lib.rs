@@ -105,7 +105,9 @@ pub struct Welcome {
     /// 0, or the errno (EACCES) of a pComponent that serves this user nothing: it grants the
     /// user no vNode. Nothing else follows; the connection closes.
     pub refused: u32,
-    pub _pad: u32,
+    /// How long the program polls for the answer to each of its requests before sleeping
+    /// (µs; 0: it sleeps at once). A pComponent of ABI version 2 before this field sent 0.
+    pub reply_spin_us: u32,
 }
 
 /// -EPROTO.

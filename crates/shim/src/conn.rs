@@ -170,6 +170,7 @@ pub(crate) fn connect() -> Welcomed {
         // and nothing else knows.
         unsafe { libc::close(fd) };
     }
+    REPLY_SPIN_NS.store(welcome.reply_spin_us as u64 * 1000, Relaxed);
     Welcomed {
         features: welcome.uffd_features & uffd::FEATURES_ON_REQUEST,
         uffd_dev,
@@ -315,6 +316,49 @@ fn write_all(fd: c_int, buf: &[u8]) -> bool {
     true
 }
 
+/// How long a request polls for its reply before sleeping, as the pComponent's welcome says
+/// (its `heap_call_spin_us`): it answers a heap call in a few microseconds, and a thread that
+/// sleeps for it pays a wake-up on top (several microseconds on a virtual machine); the
+/// thread waits for the reply either way.
+static REPLY_SPIN_NS: AtomicU64 = AtomicU64::new(0);
+
+fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to a live reference.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Reads the reply to a request into `buf`: polling for it for [`REPLY_SPIN_NS`], then
+/// sleeping until it comes.
+fn await_reply(fd: c_int, buf: &mut [u8]) -> bool {
+    let spin = REPLY_SPIN_NS.load(Relaxed);
+    if spin == 0 {
+        return read_all(fd, buf);
+    }
+    let t0 = now_ns();
+    loop {
+        // SAFETY: reads into a live, exclusively borrowed buffer of its length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), libc::MSG_DONTWAIT) };
+        if n > 0 {
+            return read_all(fd, &mut buf[n as usize..]);
+        }
+        if n == 0 || n < 0 && !matches!(errno(), libc::EAGAIN | libc::EINTR) {
+            return false;
+        }
+        let waited = now_ns() - t0;
+        if waited >= spin {
+            return read_all(fd, buf);
+        }
+        if waited < spin / 4 {
+            core::hint::spin_loop();
+        } else {
+            // SAFETY: sched_yield takes nothing.
+            unsafe { libc::sched_yield() };
+        }
+    }
+}
+
 /// Takes the request lock; fork holds it from its prepare request until both sides run again.
 pub(crate) fn lock() {
     spin_lock(&LOCK);
@@ -334,7 +378,7 @@ pub(crate) fn request_locked(req: &ShimReq) -> ShimResp {
     }
     let sock = SOCK.load(Relaxed);
     let mut resp = ShimResp::default();
-    if !write_all(sock, req.as_bytes()) || !read_all(sock, resp.as_mut_bytes()) {
+    if !write_all(sock, req.as_bytes()) || !await_reply(sock, resp.as_mut_bytes()) {
         die(&[b"lost the connection to the pComponent; the heap is unreachable"]);
     }
     resp

@@ -178,6 +178,12 @@ pub struct PcompConfig {
     /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake.
     #[arg(long, default_value_t = 100)]
     pub fault_spin_us: u64,
+    /// How long the thread serving a program's heap calls (mmap, munmap, mprotect, madvise,
+    /// mremap) polls for the next one after answering, and how long the program polls for
+    /// each answer, before sleeping (µs; 0: both sleep at once). Each wake-up of a sleeping
+    /// side costs the call several microseconds on a virtual machine (docs/excache.md).
+    #[arg(long, default_value_t = 50)]
+    pub heap_call_spin_us: u64,
     /// Whether fault workers' polling adapts to how often the process faults: adaptive shrinks
     /// it while the process idles and grows it back while it faults; fixed always polls
     /// fault_spin_us (docs/transport.md).
@@ -207,6 +213,13 @@ pub struct PcompConfig {
     /// does not trap (0: off).
     #[arg(long, default_value_t = 64)]
     pub prealloc: usize,
+    /// Fresh lines a first touch gets (installed, then pre-allocated) when it does not continue
+    /// a run of first touches; each touch that continues one gets four times the run's last,
+    /// up to fault_around + prealloc (at that or more: every first touch gets the whole
+    /// window). A program that fills new memory soon gets whole windows; one that touches
+    /// new memory here and there is not given lines it never uses (docs/excache.md).
+    #[arg(long, default_value_t = 4)]
+    pub fault_around_start: usize,
     /// Unmapped heap each process keeps mapped at its home, to map again without asking it
     /// (0: off).
     #[arg(long, default_value_t = Size(64 << 20))]

@@ -13,6 +13,75 @@ use super::{
 use crate::cache::Filled;
 use crate::huge::{SplitError, EXTENT};
 
+/// The runs of first touches of one process, a few at once (threads filling memory each
+/// their own, an allocator filling several arenas), as the kernel's read-ahead keeps a window
+/// per stream: a first touch where a run's last window ended continues it and gets four times
+/// that window; any other starts a run with the smallest. So a program filling memory traps
+/// once per whole window after its first few touches, and one that touches new memory here
+/// and there (a sparse table, a stack of pages apart) is not given lines it never uses: those
+/// cost it a page's allocation each, about 1 µs, and their way in the ExCache.
+#[derive(Default)]
+pub(super) struct Runs {
+    runs: [Run; RUNS],
+    clock: u64,
+}
+
+/// Runs of first touches followed at once per process.
+const RUNS: usize = 8;
+
+#[derive(Clone, Copy, Default)]
+struct Run {
+    /// The first line past the run's last window (upwards) or before it (downwards).
+    next: u64,
+    up: bool,
+    /// The lines its last touch got; 0: no run.
+    window: u64,
+    /// When it was last continued, to replace the oldest.
+    used: u64,
+}
+
+impl Runs {
+    /// A first touch at `vpn` whose window runs `up` (or down): the run it continues (or the
+    /// oldest's place, for a run it starts) and the lines it gets, from `start` to `most`.
+    /// A touch within one window past where the run's ended continues it too: a program may
+    /// skip a page or two (writes of every other page, an allocator's guard).
+    fn touch(&mut self, vpn: u64, up: bool, start: u64, most: u64) -> (usize, u64) {
+        self.clock += 1;
+        let continues = |r: &Run| {
+            r.window > 0
+                && r.up == up
+                && if up {
+                    vpn >= r.next && vpn - r.next <= r.window
+                } else {
+                    vpn <= r.next && r.next - vpn <= r.window
+                }
+        };
+        let (i, window) = match self.runs.iter().position(continues) {
+            Some(i) => (i, self.runs[i].window.saturating_mul(4).min(most)),
+            None => {
+                let oldest = (0..RUNS).min_by_key(|i| self.runs[*i].used).unwrap_or(0);
+                (oldest, start.max(1))
+            }
+        };
+        self.runs[i] = Run {
+            next: vpn,
+            up,
+            window,
+            used: self.clock,
+        };
+        (i, window)
+    }
+
+    /// The touch at `vpn` that [`Runs::touch`] gave run `i` got `claimed` lines beyond it.
+    fn claimed(&mut self, i: usize, vpn: u64, up: bool, claimed: u64) {
+        self.runs[i].next = if up {
+            vpn.saturating_add(claimed + 1)
+        } else {
+            vpn.saturating_sub(claimed + 1)
+        };
+    }
+}
+
 impl MissPath {
     /// Claims ways for the fresh lines next to a first touch at `vpn` (after it, or before it
     /// if the line after was touched already): lines that never left this
@@ -30,8 +99,8 @@ impl MissPath {
         victims: &mut Vec<Writeback>,
         lost: &mut Vec<(Arc<ProcHeap>, MissError)>,
     ) -> Vec<(u64, usize)> {
-        let window = self.fault_around + self.prealloc;
-        if window == 0 {
+        let most = self.fault_around + self.prealloc;
+        if most == 0 {
             return Vec::new();
         }
         let Some(layout) = g.layouts.get(&t.pid) else {
@@ -50,6 +119,8 @@ impl MissPath {
         // the line above already touched: the window then runs downwards, so that such a
         // program too traps once per window instead of once per page.
         let up = writable(vpn + 1) && !(huge && (vpn + 1).is_multiple_of(EXTENT)) && fresh(g, vpn + 1);
+        let mut runs = t.runs.lock().unwrap();
+        let (run, window) = runs.touch(vpn, up, self.window_start.min(most), most);
         let candidates: Vec<u64> = if up {
             (vpn + 1..=vpn.saturating_add(window))
                 .take_while(|v| writable(*v) && !(huge && v % EXTENT == 0))
@@ -77,6 +148,7 @@ impl MissPath {
             self.rearm(g, v);
             around.push((v, c.slot));
         }
+        runs.claimed(run, vpn, up, around.len() as u64);
         around
     }
 

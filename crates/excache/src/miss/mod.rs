@@ -72,6 +72,9 @@ pub struct ProcHeap {
     /// installed writable and dirty, saving the write-protect fault each would take.
     read_fills: AtomicU64,
     written_after_read: AtomicU64,
+    /// Where this process's first touches run, and how many fresh lines each run's next one
+    /// gets (fresh.rs).
+    runs: Mutex<fresh::Runs>,
 }
 
 impl ProcHeap {
@@ -84,6 +87,7 @@ impl ProcHeap {
             done: AtomicBool::new(false),
             read_fills: AtomicU64::new(0),
             written_after_read: AtomicU64::new(0),
+            runs: Mutex::new(fresh::Runs::default()),
         })
     }
 
@@ -265,6 +269,8 @@ pub struct MissPath {
     fault_around: u64,
     /// Fresh lines pre-allocated past those (0: none).
     prealloc: u64,
+    /// Fresh lines a first touch that continues no run gets.
+    window_start: u64,
     state: Mutex<State>,
     cv: Condvar,
     total: Arc<RunStats>,
@@ -292,6 +298,10 @@ pub struct MissPathParts {
     pub fault_around: usize,
     /// Fresh lines pre-allocated past those (0: none).
     pub prealloc: usize,
+    /// Fresh lines (installed, then pre-allocated) a first touch gets when it continues no
+    /// run of first touches; each that continues one gets four times the run's last, up to
+    /// `fault_around + prealloc`.
+    pub window_start: usize,
     pub on_fail: FailHook,
 }
 
@@ -304,6 +314,7 @@ impl MissPath {
             piggyback,
             fault_around,
             prealloc,
+            window_start,
             on_fail,
         } = parts;
         let state = State {
@@ -324,6 +335,7 @@ impl MissPath {
             piggyback,
             fault_around: fault_around as u64,
             prealloc: prealloc as u64,
+            window_start: window_start as u64,
             state: Mutex::new(state),
             cv: Condvar::new(),
             total: Arc::new(RunStats::default()),

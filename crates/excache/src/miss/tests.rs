@@ -272,6 +272,8 @@ fn parts(cache: ExCache, store: Arc<MemStore>, on_fail: FailHook) -> MissPathPar
         piggyback: true,
         fault_around: 0,
         prealloc: 0,
+        // Every first touch gets the whole window, as the tests of fresh lines count it.
+        window_start: usize::MAX,
         on_fail,
     }
 }
@@ -1309,6 +1311,47 @@ fn prealloc_rig(lines: usize, fault_around: usize, prealloc: usize) -> (Rig, Pro
 
 fn line(r: &Rig, vpn: u64) -> Option<Line> {
     r.mp.with_cache(|c| c.lookup(1, vpn).map(|s| *c.line(s)))
+}
+
+#[test]
+fn first_touches_here_and_there_get_few_lines_and_a_run_of_them_ever_more() {
+    let store = MemStore::new(1);
+    let mp = MissPath::new(MissPathParts {
+        fault_around: 2,
+        prealloc: 62,
+        window_start: 1,
+        ..parts(ExCache::new(512, 0, Box::new(Fifo)), store.clone(), Box::new(|_, _| {}))
+    });
+    let r = Rig {
+        mp: Arc::new(mp),
+        store,
+        failed: Arc::default(),
+    };
+    let p = r.prog(1);
+    r.mp.set_prot(1, 0, 4096 * 4096, Some(3));
+    for v in [0, 200, 400, 600] {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert_eq!(
+        (p.stat(|s| &s.faulted_around), p.stat(|s| &s.preallocated)),
+        (4, 0),
+        "touches far apart get one line beside them each"
+    );
+    for v in 700..=800 {
+        assert!(p.write(&r.mp, v, v as u8), "page {v}");
+    }
+    // 700 gets 1 line, 702 four, 707 sixteen, 724 the whole 64, and 789 the whole 64 again.
+    assert_eq!(p.stat(|s| &s.misses), 4 + 5);
+    assert_eq!(p.stat(|s| &s.faulted_around), 4 + 1 + 2 + 2 + 2 + 2);
+    assert_eq!(p.stat(|s| &s.preallocated), 2 + 14 + 62 + 62);
+    // Two runs filled in turn (two threads, two arenas) each keep their own window: four
+    // traps each, as alone.
+    for i in 0..40 {
+        assert!(p.write(&r.mp, 2000 + i, 1));
+        assert!(p.write(&r.mp, 3000 + i, 1));
+    }
+    assert_eq!(p.stat(|s| &s.misses), 4 + 5 + 8);
+    assert!(r.failed().is_empty());
 }
 
 #[test]

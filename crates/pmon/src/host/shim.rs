@@ -207,7 +207,7 @@ fn refused_welcome(s: &mut UnixStream, errno: i32) {
         flags: 0,
         uffd_features: 0,
         refused: errno as u32,
-        _pad: 0,
+        reply_spin_us: 0,
     };
     let _ = s.write_all(w.as_bytes());
 }
@@ -254,7 +254,7 @@ impl Pcomp {
             uffd_features: splitos_excache::dirty::uffd_features(self.cfg.dirty_tracking)
                 | if self.sampling { uffd::FEATURE_MINOR_SHMEM } else { 0 },
             refused: 0,
-            _pad: 0,
+            reply_spin_us: u32::try_from(self.cfg.heap_call_spin_us).unwrap_or(u32::MAX),
         };
         let mut fds = Vec::new();
         if let Some(d) = &self.uffd_dev {
@@ -430,11 +430,17 @@ impl Pcomp {
                 .name(format!("fault{}.{i}", proc_.os_pid))
                 .spawn(move || fault::worker(p2, pr));
         }
+        // A program's heap calls come in bursts (an allocator growing, a library loading):
+        // polling for the next one after a reply spares the program the wake-up of this thread.
+        let polling = splitos_rpc::poll::Poller::new(
+            std::time::Duration::from_micros(self.cfg.heap_call_spin_us),
+            self.cfg.fault_polling,
+        );
         loop {
             let mut req = ShimReq::default();
-            if s.read_exact(req.as_mut_bytes()).is_err() {
+            let Some(polled) = next_request(&mut s, &polling, req.as_mut_bytes()) else {
                 break;
-            }
+            };
             let t0 = std::time::Instant::now();
             let (ret, val, val2) = match self.request(&proc_, &req) {
                 Ok((v, v2)) => (0, v, v2),
@@ -448,6 +454,7 @@ impl Pcomp {
                 for s in [&proc_.heap.stats, self.miss.total()] {
                     s.heap_calls.fetch_add(1, Relaxed);
                     s.heap_call_ns.fetch_add(ns, Relaxed);
+                    s.heap_calls_polled.fetch_add(polled as u64, Relaxed);
                 }
             }
             if reply(&mut s, ret, val, val2).is_err() {
@@ -717,5 +724,36 @@ impl Pcomp {
             tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
         }
         tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
+    }
+}
+
+/// Reads the program's next request into `buf`, polling for it first as `polling` allows:
+/// whether polling caught it, or None once the program is gone.
+fn next_request(s: &mut UnixStream, polling: &splitos_rpc::poll::Poller, buf: &mut [u8]) -> Option<bool> {
+    let fd = s.as_raw_fd();
+    let got = polling.poll(|| {
+        // SAFETY: reads into a live, exclusively borrowed buffer of its length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        match n {
+            n if n > 0 => Some(n as usize),
+            n if n < 0
+                && matches!(
+                    std::io::Error::last_os_error().raw_os_error(),
+                    Some(libc::EAGAIN | libc::EINTR)
+                ) =>
+            {
+                None
+            }
+            _ => Some(0),
+        }
+    });
+    match got {
+        Ok(0) => None,
+        Ok(n) => s.read_exact(&mut buf[n..]).ok().map(|_| true),
+        Err(pending) => {
+            let read = s.read_exact(buf);
+            pending.slept();
+            read.ok().map(|_| false)
+        }
     }
 }

@@ -387,3 +387,59 @@ fn idle_poll_keeps_idle_cpus_polling_while_programs_run_and_off_asks_for_nothing
         "off asks the kernel for nothing: {s}"
     );
 }
+
+#[test]
+fn first_touches_here_and_there_get_few_fresh_lines_and_a_fill_gets_whole_windows() {
+    // 400 pages 1 MiB apart: each first touch continues no run.
+    let stride = program("stride");
+    let cmd = [stride.to_str().unwrap(), "1", "400", "1"];
+    let fresh = |s: &serde_json::Value| n(s, "faulted_around") + n(s, "preallocated");
+    let (_, ramp) = stats_of(&["--excache", "1G"], &cmd);
+    let (_, whole) = stats_of(&["--excache", "1G", "--fault-around-start", "80"], &cmd);
+    assert!(n(&ramp, "plocal_fills") >= 400 && n(&whole, "plocal_fills") >= 400);
+    assert!(
+        fresh(&ramp) < 8 * n(&ramp, "plocal_fills"),
+        "a touch that continues no run gets fault_around_start (4) lines: {ramp}"
+    );
+    assert!(
+        fresh(&whole) > 40 * n(&whole, "plocal_fills"),
+        "at fault_around + prealloc every first touch gets the whole window: {whole}"
+    );
+    // A program filling 48 MiB soon gets whole windows: a few traps more than with the whole
+    // window from the first touch, not a trap per page.
+    let hold = program("hold");
+    let cmd = [hold.to_str().unwrap(), "48"];
+    let (_, ramp) = stats_of(&["--excache", "256M"], &cmd);
+    let (_, whole) = stats_of(&["--excache", "256M", "--fault-around-start", "80"], &cmd);
+    assert!(
+        n(&ramp, "plocal_fills") < n(&whole, "plocal_fills") + 100,
+        "{} first touches trapped ramping up, {} with whole windows",
+        n(&ramp, "plocal_fills"),
+        n(&whole, "plocal_fills")
+    );
+}
+
+#[test]
+fn heap_calls_are_caught_by_polling_and_heap_call_spin_us_0_sleeps_instead() {
+    let heapcalls = program("heapcalls");
+    let cmd = [heapcalls.to_str().unwrap(), "3000"];
+    let (_, polled) = stats_of(&["--excache", "64M"], &cmd);
+    let (_, slept) = stats_of(&["--excache", "64M", "--heap-call-spin-us", "0"], &cmd);
+    for s in [&polled, &slept] {
+        assert!(n(s, "heap_calls") >= 6000, "every mmap and munmap is a heap call: {s}");
+    }
+    assert!(
+        n(&polled, "heap_calls_polled") * 2 > n(&polled, "heap_calls"),
+        "the pComponent's thread polls for the next heap call: {polled}"
+    );
+    // Without polling only the calls that came while the thread was still busy are found
+    // without a sleep.
+    assert!(
+        n(&slept, "heap_calls_polled") * 2 < n(&polled, "heap_calls_polled"),
+        "with heap_call_spin_us = 0 it sleeps: {} of {} found without a sleep, against {} of {} polling",
+        n(&slept, "heap_calls_polled"),
+        n(&slept, "heap_calls"),
+        n(&polled, "heap_calls_polled"),
+        n(&polled, "heap_calls")
+    );
+}
