@@ -182,7 +182,7 @@ pub struct PcompConfig {
     /// mremap) polls for the next one after answering, and how long the program polls for
     /// each answer, before sleeping (µs; 0: both sleep at once). Each wake-up of a sleeping
     /// side costs the call several microseconds on a virtual machine (docs/excache.md).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 20)]
     pub heap_call_spin_us: u64,
     /// Whether fault workers' polling adapts to how often the process faults: adaptive shrinks
     /// it while the process idles and grows it back while it faults; fixed always polls
@@ -218,7 +218,7 @@ pub struct PcompConfig {
     /// up to fault_around + prealloc (at that or more: every first touch gets the whole
     /// window). A program that fills new memory soon gets whole windows; one that touches
     /// new memory here and there is not given lines it never uses (docs/excache.md).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub fault_around_start: usize,
     /// Unmapped heap each process keeps mapped at its home, to map again without asking it
     /// (0: off).

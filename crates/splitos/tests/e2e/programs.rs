@@ -28,8 +28,11 @@ fn c_program_far_larger_than_the_excache() {
         "a 24 MiB working set in a 4 MiB ExCache must evict: {s}"
     );
     assert!(n(&s, "bytes_fetched") > 0 && n(&s, "bytes_flushed") > 0, "{s}");
+    // Every page of the 24 MiB is first touched fresh: filled in the pComponent, by a trap
+    // or with one's window.
     assert!(
-        n(&s, "plocal_fills") > 1000,
+        n(&s, "plocal_fills") > 100
+            && n(&s, "plocal_fills") + n(&s, "faulted_around") + n(&s, "preallocated") >= 24 * 256,
         "first touches of fresh memory are p-local lines: {s}"
     );
     assert!(n(&s, "miss_ns_p99") >= n(&s, "miss_ns_p50"));
