@@ -49,8 +49,54 @@ type VictimWrite = (Arc<ProcMemory>, Write);
 type Target = (ComponentRef, usize, Option<(Arc<ProcMemory>, u64)>);
 
 /// Attempts of one page operation while replica sets change under it (waits for a late
-/// member not counted).
+/// member not counted): at least this many, and more until [`SETTLE`] has passed.
 const TRIES: usize = 8;
+
+/// How long one page operation keeps trying while replica sets change under it: a backup
+/// home that took over rebuilds the sets of every vRegion, and a fault meanwhile finds them
+/// changing a few times in a few milliseconds; on a loaded machine the eight attempts used to
+/// be spent before the new home had settled.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The attempts of one page operation: the second at once, later ones after a wait that
+/// doubles from 1 ms up to 100 ms, until [`TRIES`] were made and [`SETTLE`] has passed.
+struct Attempts {
+    made: usize,
+    t0: std::time::Instant,
+    /// The last attempt waited for a late member already: the next one goes at once.
+    waited: bool,
+}
+
+impl Attempts {
+    fn new() -> Attempts {
+        Attempts {
+            made: 0,
+            t0: std::time::Instant::now(),
+            waited: false,
+        }
+    }
+
+    /// Whether to make another attempt, after waiting as the ones made so far say.
+    fn next(&mut self) -> bool {
+        if std::mem::take(&mut self.waited) {
+            return true;
+        }
+        if self.made >= TRIES && self.t0.elapsed() >= SETTLE {
+            return false;
+        }
+        if self.made >= 2 {
+            let ms = 1u64 << (self.made - 2).min(7);
+            std::thread::sleep(std::time::Duration::from_millis(ms.min(100)));
+        }
+        self.made += 1;
+        true
+    }
+
+    /// The last attempt failed on a late member and waited for it: it does not count.
+    fn waited(&mut self) {
+        self.waited = true;
+    }
+}
 
 pub trait PageStore: Send + Sync {
     fn place(&self, pid: u64, vpn: u64) -> Result<Place, Refusal>;
@@ -315,9 +361,8 @@ impl RemoteStore {
         let Some(&(first, _)) = pages.first() else {
             return Ok(());
         };
-        let mut tries = 0;
-        'again: while tries < TRIES {
-            tries += 1;
+        let mut attempts = Attempts::new();
+        'again: while attempts.next() {
             let who = s.who_now();
             let mut to: Vec<Write> = Vec::new();
             for (vpn, data) in pages {
@@ -338,7 +383,7 @@ impl RemoteStore {
                     match self.after(s, o, *copies, "write back", first, e) {
                         Next::Again => continue 'again,
                         Next::Waited => {
-                            tries -= 1;
+                            attempts.waited();
                             continue 'again;
                         }
                         Next::Fail(r) => return Err(r),
@@ -356,9 +401,8 @@ impl RemoteStore {
         if let Some(p) = self.read_direct(s, vpn) {
             return Ok(p);
         }
-        let mut tries = 0;
-        'again: while tries < TRIES {
-            tries += 1;
+        let mut attempts = Attempts::new();
+        'again: while attempts.next() {
             let set = self.set_of(s, vpn)?;
             let who = s.who_now();
             let mut bad = Vec::new();
@@ -381,7 +425,7 @@ impl RemoteStore {
                     Err(e) => match self.after(s, o, members, "fetch", vpn, e) {
                         Next::Again => continue 'again,
                         Next::Waited => {
-                            tries -= 1;
+                            attempts.waited();
                             continue 'again;
                         }
                         Next::Fail(r) => return Err(r),
@@ -557,9 +601,8 @@ impl PageStore for RemoteStore {
             vpns = rest;
         }
         let Some(&first) = vpns.first() else { return Ok(copied) };
-        let mut tries = 0;
-        'again: while tries < TRIES {
-            tries += 1;
+        let mut attempts = Attempts::new();
+        'again: while attempts.next() {
             let set = self.set_of(&s, first)?;
             let o = set.holder(first);
             let members = set.distinct().len();
@@ -637,7 +680,7 @@ impl PageStore for RemoteStore {
                     match self.after(fs, t, *copies, "write back", *fvpn, e) {
                         Next::Again => continue 'again,
                         Next::Waited => {
-                            tries -= 1;
+                            attempts.waited();
                             continue 'again;
                         }
                         Next::Fail(r) => return Err(r),
@@ -691,7 +734,7 @@ impl PageStore for RemoteStore {
                 Err(e) => match self.after(&s, o, members, what, first, e) {
                     Next::Again => continue 'again,
                     Next::Waited => {
-                        tries -= 1;
+                        attempts.waited();
                         continue 'again;
                     }
                     Next::Fail(r) => return Err(r),

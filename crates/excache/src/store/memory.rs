@@ -27,6 +27,11 @@ pub struct ProcMemory {
     pub(super) kept: Mutex<HashMap<u32, (u32, std::time::Instant)>>,
     /// Owners' segments this process's pages are reached in by a copy.
     pub(super) leases: Leases,
+    /// Held while this pComponent asks the backup home to take over: threads that find the
+    /// home lost at once (a fault worker and the evictor) ask once; the others then find the
+    /// new home, where a second request would be refused (the backup keeps no copy of a home
+    /// it has become).
+    taking_over: Mutex<()>,
 }
 
 /// Reports of one member that its home keeps before an operation gives up on it: the home
@@ -45,6 +50,7 @@ impl ProcMemory {
             view: Mutex::new(View::default()),
             kept: Mutex::new(HashMap::new()),
             leases: Leases::default(),
+            taking_over: Mutex::new(()),
         }
     }
 
@@ -120,6 +126,12 @@ impl ProcMemory {
                         }
                     ) =>
             {
+                let _one = self.taking_over.lock().unwrap();
+                let now = self.home();
+                if now.id != home.id {
+                    // Another thread's request made the backup the home meanwhile.
+                    return node.rpc.call(&now.addr, req);
+                }
                 let Some(backup) = self.backup() else { return Err(e) };
                 let taken = node.rpc.call(
                     &backup.addr,
