@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import random
+import re
 import resource
 import shutil
 import socket
@@ -178,13 +179,28 @@ def side_by_side_main(doc, name, workloads, configs, sample, report, precheck=No
     ensure_env()
     if precheck:
         precheck()
-    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps}
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps, "defaults": run_defaults()}
     with tempfile.TemporaryDirectory() as tmp:
         res["workloads"] = side_by_side(workloads(tmp), configs, args.reps, sample, args.only)
     res["load_after"] = os.getloadavg()[0]
     os.makedirs(args.out, exist_ok=True)
     json.dump(res, open(os.path.join(args.out, f"{name}.json"), "w"), indent=1)
     report(res, args.docs)
+
+
+def run_defaults():
+    """The default of each `splitos run` option, as its --help gives it (`{"heap-call-spin-us":
+    "20", ...}`): a report states the defaults it measured, not those of when it was written."""
+    out = subprocess.run([SPLITOS, "run", "--help"], stdout=subprocess.PIPE, text=True, check=True).stdout
+    defaults, opt = {}, None
+    for line in out.splitlines():
+        m = re.match(r"\s+--([a-z0-9-]+)", line)
+        if m:
+            opt = m.group(1)
+        d = re.search(r"\[default: ([^\]]+)\]", line)
+        if d and opt:
+            defaults[opt] = d.group(1)
+    return defaults
 
 
 def machine_line(res):

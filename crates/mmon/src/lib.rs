@@ -642,6 +642,23 @@ impl<P: Peers> Handler for Mem<P> {
         reply
     }
 
+    /// A program's heap calls and its process's start, fork and exit: the home may call the
+    /// owners of the range, but on a channel that serves its caller alone that blocks no one
+    /// else, and a heap call is on the program's path.
+    fn served_where_it_waits(&self, msg: &Msg) -> bool {
+        matches!(
+            msg,
+            Msg::P2M_MMAP(_)
+                | Msg::P2M_MUNMAP(_)
+                | Msg::P2M_MPROTECT(_)
+                | Msg::P2M_MREMAP(_)
+                | Msg::P2M_DONTNEED(_)
+                | Msg::P2M_PROC_CREATE(_)
+                | Msg::P2M_FORK(_)
+                | Msg::P2M_EXIT(_)
+        )
+    }
+
     fn fans_out(&self, msg: &Msg) -> bool {
         // A write-back to a striped set waits on the parity member, which may be waiting on
         // this one (and a change of epoch on write-backs): with a shared worker pool or event
@@ -671,17 +688,10 @@ impl<P: Peers> Handler for Mem<P> {
         {
             return true;
         }
-        matches!(
-            msg,
-            Msg::P2M_MMAP(_)
-                | Msg::P2M_MUNMAP(_)
-                | Msg::P2M_MPROTECT(_)
-                | Msg::P2M_MREMAP(_)
-                | Msg::P2M_DONTNEED(_)
-                | Msg::P2M_PROC_CREATE(_)
-                | Msg::P2M_FORK(_)
-                | Msg::P2M_EXIT(_)
-                | Msg::P2M_VREGIONS(_)
+        self.served_where_it_waits(msg)
+            || matches!(
+                msg,
+                Msg::P2M_VREGIONS(_)
                 | Msg::P2M_REPLICA_LOST(_)
                 | Msg::P2M_OWNER_FULL(_)
                 | Msg::P2M_HOME_TAKEOVER(_)
@@ -694,7 +704,7 @@ impl<P: Peers> Handler for Mem<P> {
                 // requests queue behind a read that misses.
                 | Msg::P2M_FILE_SETSIZE(_)
                 | Msg::P2M_FILE_SYNC(_)
-        )
+            )
     }
 }
 

@@ -11,6 +11,10 @@ splitos_metrics::series! {
     pub POLL_SKIPPED: Counter = "poll_skipped_total";
     /// Waits that did not poll because every CPU polling may use was taken by another.
     pub POLL_CROWDED: Counter = "poll_crowded_total";
+    /// Requests a receiving thread handed to a worker pool (`fan-out`: those that call other
+    /// components, from receivers several callers share; `workers`: the leaf pool), rather
+    /// than serving them itself.
+    pub REQUESTS_HANDED_OFF: Counter["pool"] = "rpc_requests_handed_off_total";
     /// Requests refused because the sender's role may not send them.
     pub REQUESTS_REFUSED: Counter = "rpc_requests_refused_total";
     /// Calls that waited for a credit (their peer held as many of this component's requests

@@ -287,3 +287,42 @@ fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared
         "components of host A reached each other through shared memory"
     );
 }
+
+#[test]
+fn heap_calls_are_served_on_a_shared_memory_channels_own_thread_and_handed_off_over_tcp() {
+    // Every mprotect is answered by the process's home, which may call the owners of the range:
+    // a request that fans out. Over shared memory the channel's thread serves it (it waits for
+    // the answer either way); a TCP connection is shared by the pComponent's callers, so its
+    // receiving thread hands it to the fan-out pool.
+    let p = program("protects");
+    let cmd = [p.to_str().unwrap(), "1500"];
+    let base = "[[pcomponent]]\nexcache = \"16M\"\n[[mcomponent]]\n";
+    for (kind, config) in [
+        ("shm", base.to_string()),
+        ("tcp", format!("{base}[transport]\nkind = \"tcp\"\n")),
+    ] {
+        let c = TestCluster::up(Some(&config));
+        let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+        let handed_off = || c.metric(&m, "splitos_rpc_requests_handed_off_total");
+        let before = handed_off();
+        let s = c.run_stats(&cmd);
+        let calls = n(&s, "heap_calls") - n(&s, "heap_calls_local");
+        assert!(calls >= 1500, "{kind}: every mprotect went to the home: {s}");
+        let by_pool = handed_off() - before;
+        if kind == "shm" {
+            assert!(
+                c.metric(&m, "splitos_rpc_shm_requests_total") >= calls as f64,
+                "{kind}: the home served them from its channels: {s}"
+            );
+            assert!(
+                by_pool * 10.0 < calls as f64,
+                "{kind}: {by_pool} of {calls} heap calls were handed to a pool"
+            );
+        } else {
+            assert!(
+                by_pool >= calls as f64,
+                "{kind}: the connection's thread handed every heap call to the pool ({by_pool} of {calls})"
+            );
+        }
+    }
+}

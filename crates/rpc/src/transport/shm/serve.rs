@@ -239,12 +239,10 @@ pub(super) fn serve_channel(
         requests.increment(1);
         // The reply comes back to this thread, so one channel never has two writers even if a
         // hostile caller sends again before its answer. A reply that never comes (its worker
-        // pool is gone) drops the sender and ends the channel.
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        dispatcher.submit(msg, peer, move |reply| {
-            let _ = tx.send(reply);
-        });
-        let Ok(reply) = rx.recv() else { return };
+        // pool is gone) ends the channel.
+        let Some(reply) = dispatcher.serve_waiting(msg, peer) else {
+            return;
+        };
         let body = postcard::to_allocvec(&reply).expect("encoding into a Vec cannot fail");
         if body.len() > AREA {
             tracing::warn!(
