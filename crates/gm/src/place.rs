@@ -9,7 +9,7 @@ use super::*;
 pub enum PlaceError {
     #[error("no alive mComponent has {need} bytes free")]
     NoRoom { need: u64 },
-    #[error("no alive pComponent takes new programs (none is alive, or every one is cordoned)")]
+    #[error("no pComponent takes new programs (none is alive or late, or every one is cordoned)")]
     NoPComponent,
     #[error("no alive mComponent takes new homes")]
     NoMComponentTakesHomes,
@@ -156,13 +156,18 @@ impl Gm {
     /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
     /// reports no capacity for processes, so every pComponent has room and a packing policy
     /// puts every process on the first.
+    /// GPM: the pComponent a new program runs on. An alive one if any; else one that is only
+    /// late (silent, not yet declared lost): a pComponent whose heartbeats a loaded host delays
+    /// still serves its programs, and the launcher says so clearly if it does not answer.
     pub(super) fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
         let mut comps = self.comps();
         let rule = self.placement.rule();
+        let takes = |e: &Entry| e.info.role == Role::Proc && !self.cordons.has(e.info.id) && !self.lost(e);
+        let any_alive = comps.iter().any(|e| takes(e) && Gm::alive(e));
         let e = comps
             .iter_mut()
             .enumerate()
-            .filter(|(_, e)| e.info.role == Role::Proc && Gm::alive(e) && !self.cordons.has(e.info.id))
+            .filter(|(_, e)| takes(e) && (Gm::alive(e) || !any_alive))
             .map(|(index, e)| {
                 (
                     rule.key(&Unit {

@@ -14,7 +14,12 @@ struct Rig {
     args: GmArgs,
     dir: tempfile::TempDir,
     t: Arc<dyn Transport>,
+    /// The managers serve their placement Ebb under its static id, which one process holds
+    /// once: tests running side by side take turns.
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+static TURNS: Mutex<()> = Mutex::new(());
 
 impl Rig {
     fn new(cluster: impl FnOnce(&mut splitos_core::config::GmConfig)) -> Rig {
@@ -34,9 +39,16 @@ impl Rig {
     }
 
     fn on(args: GmArgs, t: Arc<dyn Transport>) -> Rig {
+        let _turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let gm = Rig::open(&args, &dir, &t);
-        Rig { gm, args, dir, t }
+        Rig {
+            gm,
+            args,
+            dir,
+            t,
+            _turn,
+        }
     }
 
     fn open(args: &GmArgs, dir: &tempfile::TempDir, t: &Arc<dyn Transport>) -> Arc<Gm> {
@@ -49,10 +61,22 @@ impl Rig {
 
     /// The managers stop and start again on the same state.
     fn restart(self) -> Rig {
-        let Rig { gm, args, dir, t } = self;
+        let Rig {
+            gm,
+            args,
+            dir,
+            t,
+            _turn,
+        } = self;
         drop(gm);
         let gm = Rig::open(&args, &dir, &t);
-        Rig { gm, args, dir, t }
+        Rig {
+            gm,
+            args,
+            dir,
+            t,
+            _turn,
+        }
     }
 
     fn register(&self, role: Role, addr: &str, capacity: u64, id: u32) -> Result<u32, ErrCode> {
@@ -245,6 +269,38 @@ fn a_process_goes_to_the_pcomponent_with_the_fewest_threads_that_is_not_cordoned
     assert_eq!(
         r.gm.place_process().map(|_| ()).map_err(|e| e.code),
         Err(ErrCode::Unreachable)
+    );
+}
+
+#[test]
+fn a_process_goes_to_a_late_pcomponent_only_when_none_is_alive_and_never_to_a_lost_one() {
+    let r = Rig::new(|c| {
+        c.reclaim_dead_ms = 2_000;
+        c.forget_dead_ms = 6_000;
+    });
+    let (a, b) = ("10.0.0.1:7000", "10.0.0.2:7000");
+    let (p1, p2) = (r.join(Role::Proc, a, 0), r.join(Role::Proc, b, 0));
+    let threads = |n| Load {
+        threads: n,
+        ..Load::default()
+    };
+    r.beat(p1, a, threads(0)).unwrap();
+    r.beat(p2, b, threads(50)).unwrap();
+    r.silent(p1, HEARTBEAT * MISSED_BEATS + Duration::from_millis(100));
+    assert_eq!(
+        r.gm.place_process().unwrap().pcomp.id,
+        p2,
+        "an alive one first, however loaded"
+    );
+    r.silent(p2, HEARTBEAT * MISSED_BEATS + Duration::from_millis(200));
+    let late = r.gm.place_process().unwrap().pcomp.id;
+    assert!([p1, p2].contains(&late), "with none alive, a late one: {late}");
+    r.silent(p1, Duration::from_millis(2_100));
+    r.silent(p2, Duration::from_millis(2_100));
+    assert_eq!(
+        r.gm.place_process().map(|_| ()).map_err(|e| e.code),
+        Err(ErrCode::Unreachable),
+        "a lost pComponent takes no program"
     );
 }
 

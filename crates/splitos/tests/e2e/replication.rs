@@ -4,7 +4,7 @@
 //! the components that did the work (rebuilds, take-overs, repairs) show it in their counters.
 use crate::common;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -275,7 +275,19 @@ fn global_managers_that_stall_take_no_mcomponent_for_lost() {
             .map(|m| m["stats"]["used"].as_u64().unwrap())
             .sum::<u64>()
     };
-    let before = used(&c);
+    // The evictor refills the ExCache's reserve after the program's last miss, and its
+    // write-backs (two copies a line) may land a while later on a loaded machine: what the
+    // mComponents hold is read once it has settled.
+    let mut before = used(&c);
+    let t0 = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = used(&c);
+        if now == before || t0.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        before = now;
+    }
     // Paused for twice `reclaim_dead_ms`: when they go on, every component looks silent to
     // them, and none is fenced or has its copies rebuilt for it.
     let gm = c.pid_of_addr(c.status()["gm"].as_str().unwrap());
