@@ -55,10 +55,6 @@ def corpus(path, mib):
 
 # ----------------------------------------------------------------------------- workloads
 
-# What quick mode leaves out (the first word of a workload's name).
-QUICK_SKIPS = ("ml-train", "xz", "C")
-
-
 def workloads(quick):
     data = os.path.join(WORK, "data")
     os.makedirs(data, exist_ok=True)
@@ -79,14 +75,6 @@ SELECT v % 10, count(*), avg(v) FROM t GROUP BY v % 10 ORDER BY 1;
 SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
 """)
     sh = lambda s: ["bash", "-c", s]
-    # xz's match finder makes about one random access per input byte into tables of many MiB:
-    # with a quarter of its working set each byte costs about one ExCache miss. Quick mode, in
-    # which every run must finish within the time bound, compresses the corpus's first 64 KiB.
-    xz_in = text
-    if quick:
-        xz_in = os.path.join(data, "corpus-q-64k.txt")
-        with open(text, "rb") as src, open(xz_in, "wb") as dst:
-            dst.write(src.read(64 << 10))
     # Perl's hash is touched all over: at a quarter of its working set nearly every access
     # misses, so quick mode gives it a quarter of the quick corpus to stay within the bound.
     perl_in = text
@@ -94,25 +82,31 @@ SELECT k FROM t ORDER BY v DESC, k LIMIT 3;
         perl_in = os.path.join(data, "corpus-q-256k.txt")
         with open(text, "rb") as src, open(perl_in, "wb") as dst:
             dst.write(src.read(256 << 10))
-    # A C program's index: a chained hash table of malloc'd nodes, looked up at random.
-    chainhash = os.path.join(data, "chainhash")
-    subprocess.run(["gcc", "-O2", "-o", chainhash, os.path.join(ROOT, "scripts", "workloads", "chainhash.c")], check=True)
-    every = {
-        "ml-train (scikit-learn MLP, CIFAR-shaped)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "mltrain.py"), "300" if quick else "1000", "1" if quick else "2"],
-                                                       "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
+    shared = {
         "wordcount (tr, sort, uniq -c)": {"cmd": sh(f"tr -cs 'A-Za-z' '\\n' < {text} | sort -S 512M | uniq -c | sort -rn -S 64M | head -20")},
         "sort (GNU sort, in memory)": {"cmd": sh(f"sort -S 1G -k3 {big} | md5sum")},
-        "xz (compress, -6)": {"cmd": sh(f"xz -6 -T1 -c {xz_in} | md5sum")},
         "sqlite3 (in-memory database)": {"cmd": ["sqlite3", ":memory:", f".read {sql}"]},
         "perl (word-pair hash)": {"cmd": ["perl", os.path.join(ROOT, "scripts", "workloads", "bigram.pl"), perl_in]},
         "node (word-pair Map)": {"cmd": ["node", os.path.join(ROOT, "scripts", "workloads", "bigram.js"), text]},
         "CPython record table (build, sort, index)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "records.py"), "10000" if quick else "150000"]},
-        "C chained hash table (random lookups)": {"cmd": [chainhash, "30000" if quick else "1000000", "2" if quick else "4"]},
     }
-    # Quick mode checks that the suite runs every configuration, on the test suite's time:
-    # six workloads, of the kinds of program the others are too (a C program, Python, a
-    # pipeline). Importing scikit-learn alone takes a second in each of its ten runs.
-    return {k: v for k, v in every.items() if not quick or k.split(" ")[0] not in QUICK_SKIPS}
+    # Quick mode checks that the suite runs every configuration, on the test suite's time: the
+    # six above (C programs, a pipeline, Perl, Node.js, Python). Importing scikit-learn alone
+    # takes a second in each of its ten runs.
+    if quick:
+        return shared
+    # A C program's index: a chained hash table of malloc'd nodes, looked up at random.
+    chainhash = os.path.join(data, "chainhash")
+    subprocess.run(["gcc", "-O2", "-o", chainhash, os.path.join(ROOT, "scripts", "workloads", "chainhash.c")], check=True)
+    return {
+        "ml-train (scikit-learn MLP, CIFAR-shaped)": {"cmd": [VPY, os.path.join(ROOT, "scripts", "workloads", "mltrain.py"), "1000", "2"],
+                                                       "env": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
+        **shared,
+        # xz's match finder makes about one random access per input byte into tables of many
+        # MiB: with a quarter of its working set each byte costs about one ExCache miss.
+        "xz (compress, -6)": {"cmd": sh(f"xz -6 -T1 -c {text} | md5sum")},
+        "C chained hash table (random lookups)": {"cmd": [chainhash, "1000000", "4"]},
+    }
 
 
 # ----------------------------------------------------------------------------- running

@@ -153,12 +153,12 @@ impl Gm {
         })
     }
 
-    /// GPM: the alive pComponent the placement policy prefers. Its load is its threads; it
-    /// reports no capacity for processes, so every pComponent has room and a packing policy
-    /// puts every process on the first.
-    /// GPM: the pComponent a new program runs on. An alive one if any; else one that is only
-    /// late (silent, not yet declared lost): a pComponent whose heartbeats a loaded host delays
-    /// still serves its programs, and the launcher says so clearly if it does not answer.
+    /// GPM: the pComponent the placement policy prefers for a new program, among the alive
+    /// ones; if none is alive, among those only late (silent, not yet declared lost): a loaded
+    /// host delays the heartbeats of a pComponent that still serves its programs, and the
+    /// launcher says so clearly if it does not answer. Its load is its threads; it reports no
+    /// capacity for processes, so every pComponent has room and a packing policy puts every
+    /// process on the first.
     pub(super) fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
         let mut comps = self.comps();
         let rule = self.placement.rule();
