@@ -68,6 +68,9 @@ pub struct Line {
     /// Filled by a read miss of a process whose writes the kernel tracks: fault tracking
     /// installs such a line writable and dirty whenever the process predicts writes.
     pub read_fill: bool,
+    /// Read ahead and installed write-protected, not written since: its first write tells its
+    /// process how often the lines it reads ahead are written.
+    pub ahead: bool,
     /// Kept local for good (interleaving): never a victim.
     pub pinned: bool,
 }
@@ -616,6 +619,7 @@ impl ExCache {
             fresh: false,
             writes: 0,
             read_fill: false,
+            ahead: false,
             pinned,
         });
         let line = self.slots[slot.0].as_ref().expect("just filled");

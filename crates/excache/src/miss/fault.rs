@@ -72,9 +72,14 @@ impl MissPath {
                     );
                     return;
                 }
-                // Lines read ahead go in clean and write-protected, whatever the process's
-                // prediction (nobody asked for them yet), or are staged as samples; those not
-                // fetched are given back.
+                // Lines read ahead go in writable when most of those the process had read ahead
+                // were written (each write to a protected line is a trap), else clean and
+                // write-protected, or are staged as samples; those not fetched are given back.
+                let ahead_how = if !t.region.tracks_writes() && t.predicts_ahead_write() {
+                    InstallAs::Writable
+                } else {
+                    InstallAs::Ahead
+                };
                 let fetched = pages.len();
                 let mut pages = pages.into_iter();
                 for (v, slot) in &claim.ahead {
@@ -83,7 +88,10 @@ impl MissPath {
                             self.stage(t, *v, *slot, p)
                         }
                         Some(p) => {
-                            self.install(t, *v, *slot, Some(&p), InstallAs::Clean);
+                            if ahead_how == InstallAs::Ahead {
+                                t.ahead_fills.fetch_add(1, Relaxed);
+                            }
+                            self.install(t, *v, *slot, Some(&p), ahead_how);
                         }
                         None => self.abandon(t, *v, *slot),
                     }
@@ -413,13 +421,16 @@ impl MissPath {
         if g.cache.lookup(t.pid, vpn) == Some(slot) {
             match installed {
                 // No write traps when the kernel tracks writes.
-                Install::Done | Install::Exists => g.cache.complete(
-                    slot,
-                    Filled {
-                        dirty: how.dirty(),
-                        wp: wp && !t.region.tracks_writes(),
-                    },
-                ),
+                Install::Done | Install::Exists => {
+                    g.cache.complete(
+                        slot,
+                        Filled {
+                            dirty: how.dirty(),
+                            wp: wp && !t.region.tracks_writes(),
+                        },
+                    );
+                    g.cache.line_mut(slot).ahead = how == InstallAs::Ahead;
+                }
                 Install::Gone => {
                     g.cache.remove(t.pid, vpn);
                 }

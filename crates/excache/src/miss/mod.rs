@@ -72,6 +72,10 @@ pub struct ProcHeap {
     /// installed writable and dirty, saving the write-protect fault each would take.
     read_fills: AtomicU64,
     written_after_read: AtomicU64,
+    /// The same for the lines read ahead, apart: a program may write most pages it misses on
+    /// and few of those it reads ahead, or (an in-memory database's b-tree pages) both.
+    ahead_fills: AtomicU64,
+    written_after_ahead: AtomicU64,
     /// Where this process's first touches run, and how many fresh lines each run's next one
     /// gets (fresh.rs).
     runs: Mutex<fresh::Runs>,
@@ -87,6 +91,8 @@ impl ProcHeap {
             done: AtomicBool::new(false),
             read_fills: AtomicU64::new(0),
             written_after_read: AtomicU64::new(0),
+            ahead_fills: AtomicU64::new(0),
+            written_after_ahead: AtomicU64::new(0),
             runs: Mutex::new(fresh::Runs::default()),
         })
     }
@@ -96,9 +102,18 @@ impl ProcHeap {
     }
 
     fn predicts_write(&self) -> bool {
-        let reads = self.read_fills.load(Relaxed);
-        reads >= 64 && self.written_after_read.load(Relaxed) * 2 > reads
+        mostly(&self.read_fills, &self.written_after_read)
     }
+
+    fn predicts_ahead_write(&self) -> bool {
+        mostly(&self.ahead_fills, &self.written_after_ahead)
+    }
+}
+
+/// Whether most of at least 64 lines installed write-protected were written afterwards.
+fn mostly(fills: &AtomicU64, written: &AtomicU64) -> bool {
+    let fills = fills.load(Relaxed);
+    fills >= 64 && written.load(Relaxed) * 2 > fills
 }
 
 /// What a fault asks for.
@@ -174,6 +189,9 @@ enum InstallAs {
     Clean,
     /// Write-protected but dirty already (a dirty tier entry: the line is its only copy).
     ProtectedDirty,
+    /// Read ahead: write-protected and clean, and its first write counts for its process's
+    /// prediction of writes to lines read ahead.
+    Ahead,
 }
 
 impl InstallAs {
@@ -182,7 +200,7 @@ impl InstallAs {
     }
 
     fn dirty(self) -> bool {
-        self != InstallAs::Clean
+        matches!(self, InstallAs::Writable | InstallAs::ProtectedDirty)
     }
 }
 

@@ -62,8 +62,14 @@ impl MissPath {
         g.cache.touch(slot);
         let l = g.cache.line_mut(slot);
         if !l.dirty {
-            t.written_after_read.fetch_add(1, Relaxed);
+            let n = if l.ahead {
+                &t.written_after_ahead
+            } else {
+                &t.written_after_read
+            };
+            n.fetch_add(1, Relaxed);
         }
+        l.ahead = false;
         l.wp = false;
         l.dirty = true;
         l.writes = l.writes.wrapping_add(1);

@@ -915,35 +915,70 @@ fn fault_around_never_pushes_out_a_dirty_line() {
 }
 
 #[test]
-fn lines_read_ahead_stay_clean_even_when_the_process_predicts_writes() {
-    let r = rig_with(256, 0, Box::new(Fifo), 1, true, 8);
+fn lines_read_ahead_go_in_writable_once_most_of_those_read_ahead_were_written() {
+    let r = rig_with(1024, 0, Box::new(Fifo), 1, true, 8);
     let p = r.prog(1);
-    // Make the process one whose reads are followed by writes (write prediction on).
+    // Make the process one whose read misses are followed by writes (their prediction on).
     for v in 0..64 {
         assert_eq!(p.read(&r.mp, v), Some(0));
         assert!(p.write(&r.mp, v, 1));
     }
     r.mp.write_back_range(&p.t, 0, 64).unwrap();
     r.mp.discard_range(&p.t, 0, 64);
-    // Discarding forgot the pages: write them again so that they are on the store, then evict.
-    for v in 100..140 {
+    // Pages on the store, read in runs: each miss reads the next ones ahead.
+    for v in 100..400 {
         assert!(p.write(&r.mp, v, v as u8));
     }
-    r.mp.evict_range(&p.t, 100, 140).unwrap();
+    r.mp.evict_range(&p.t, 100, 400).unwrap();
+    let line = |v: u64| r.mp.with_cache(|c| *c.line(c.lookup(1, v).expect("resident")));
     assert_eq!(p.read(&r.mp, 100), Some(100));
     assert_eq!(p.read(&r.mp, 101), Some(101));
-    let main = r.mp.with_cache(|c| *c.line(c.lookup(1, 101).unwrap()));
+    let main = line(101);
     assert!(
         main.dirty && !main.wp,
         "the missed line itself is installed as predicted: {main:?}"
     );
-    assert!(p.stat(|s| &s.prefetched) > 0);
-    let slot = r.mp.with_cache(|c| c.lookup(1, 102)).expect("read ahead with 101");
-    let line = r.mp.with_cache(|c| *c.line(slot));
+    let ahead = line(102);
     assert!(
-        !line.dirty && line.wp,
-        "a line nobody asked for is installed clean: {line:?}"
+        !ahead.dirty && ahead.wp && ahead.ahead,
+        "lines read ahead have their own prediction, not on yet: {ahead:?}"
     );
+    // Read the rest and write most of what was read ahead, without ever writing the others.
+    let wp_before = p.stat(|s| &s.wp_faults);
+    for v in 102..300 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8));
+        if v % 4 != 0 {
+            assert!(p.write(&r.mp, v, 7));
+        }
+    }
+    assert!(
+        p.stat(|s| &s.prefetched) >= 64,
+        "read ahead: {}",
+        p.stat(|s| &s.prefetched)
+    );
+    assert!(
+        p.stat(|s| &s.wp_faults) > wp_before,
+        "lines read ahead trapped on their first write"
+    );
+    let wp_learned = p.stat(|s| &s.wp_faults);
+    for v in 300..400 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8));
+    }
+    let late = r.mp.with_cache(|c| {
+        (300..400u64)
+            .filter_map(|v| c.lookup(1, v).map(|s| *c.line(s)))
+            .filter(|l| !l.wp)
+            .count()
+    });
+    assert!(late >= 64, "most lines read ahead now go in writable: {late} of 100");
+    for v in 300..400 {
+        assert!(p.write(&r.mp, v, 9));
+    }
+    assert!(
+        p.stat(|s| &s.wp_faults) - wp_learned <= 100 - late as u64,
+        "writes to lines read ahead writable do not trap"
+    );
+    assert_eq!(p.read(&r.mp, 350), Some(9));
 }
 
 fn rig_tier(lines: usize, places: u64, tier_bytes: u64) -> Rig {
