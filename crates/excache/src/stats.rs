@@ -190,6 +190,10 @@ impl Pages {
     pub fn peak(&self) -> u64 {
         self.peak.load(Relaxed)
     }
+
+    pub fn had_again(&self) -> u64 {
+        self.again.load(Relaxed)
+    }
 }
 
 fn histogram() -> Mutex<Histogram<u64>> {
@@ -214,7 +218,7 @@ impl RunStats {
         j.insert("miss_breakdown_ns_p99".into(), serde_json::json!({"evict": p99(&self.evict_ns), "rpc": p99(&self.rpc_ns), "install": p99(&self.install_ns)}));
         j.insert("errors".into(), self.errors.lock().unwrap().clone().into());
         j.insert("pages_peak".into(), self.pages.peak().into());
-        j.insert("pages_again".into(), self.pages.again.load(Relaxed).into());
+        j.insert("pages_again".into(), self.pages.had_again().into());
         j.into()
     }
 }

@@ -2121,3 +2121,32 @@ fn a_touch_of_a_page_no_line_stands_for_drops_it_and_the_thread_misses() {
         "a stale page is never shown: the miss fills the line afresh"
     );
 }
+
+#[test]
+fn pages_a_process_gave_up_are_not_counted_as_its_own_nor_as_had_again() {
+    let r = rig(16, 0, Box::new(Fifo), 1, true);
+    let p = r.prog(1);
+    let pages = || &p.t.stats.pages;
+    for v in 0..8 {
+        assert!(p.write(&r.mp, v, 1));
+    }
+    assert_eq!(pages().peak(), 8);
+    // Freed (munmap, MADV_DONTNEED) and the same addresses used again, as allocators do.
+    r.mp.discard_range(&p.t, 0, 8);
+    for v in 0..8 {
+        assert_eq!(p.read(&r.mp, v), Some(0), "a fresh page after the discard");
+    }
+    // Freed and new addresses used, as a runtime that moves its heap around does.
+    r.mp.discard_range(&p.t, 0, 8);
+    for v in 100..108 {
+        assert!(p.write(&r.mp, v, 2));
+    }
+    assert_eq!(pages().peak(), 8, "the process never had more than 8 pages at once");
+    assert_eq!(pages().had_again(), 0, "no page came back after an eviction");
+    // Evicted and wanted back: had again.
+    for v in 200..216 {
+        assert!(p.write(&r.mp, v, 3));
+    }
+    assert_eq!(p.read(&r.mp, 100), Some(2));
+    assert!(pages().had_again() >= 1);
+}

@@ -270,6 +270,7 @@ impl MissPath {
             .err();
         let mut stored = false;
         if on_store == Stored::Forget {
+            g.cache.forget_pages(t.pid, first, end);
             if let Some(m) = g.materialized.get_mut(&t.pid) {
                 let gone: Vec<u64> = m.range(first..end).copied().collect();
                 stored = !gone.is_empty();
