@@ -110,7 +110,10 @@ def report(res):
            f"{m['cores']} vCPUs ({m['cpu']}), {m['memory_mib']} MiB, Linux {m['kernel']}; load average {res['load_before']:.2f} before; "
            f"medians of {res['reps']} interleaved runs (min-max). Configurations (`splitos run` options beside `--excache SHARE`): "
            + "; ".join(f"`{label}`: {' '.join(o) or 'the defaults'}" for label, o in res["configs"].items())
-           + ". zram: Linux under a memory cgroup of the same share, swapping to zram. A run past 15 times native is stopped (marked >)."]
+           + ". zram: Linux under a memory cgroup of the same share plus the program's local footprint (what the cgroup charges "
+           "that splitos keeps local and the program keeps using; input read once is not counted: the memory evaluation's "
+           "section says how it is taken), swapping to zram; Node.js with `" + suite.NODE_HEAP + "` in every run, since it "
+           "sizes its heap from a cgroup's limit. A run past 15 times native is stopped (marked >)."]
     for name, r in res["workloads"].items():
         native = statistics.median(r["native_s"])
         out += ["", f"**{name}**: native {native:.2f} s, working set {r['working_set_kib'] // 1024} MiB", "",
