@@ -88,6 +88,22 @@ fn read_ahead_cuts_the_remote_misses_of_a_sequential_scan() {
 }
 
 #[test]
+fn lines_read_ahead_go_in_writable_once_the_program_writes_most_of_them() {
+    // Each page is read, then written, page after page: every line read ahead would take a
+    // write-protect fault if it went in protected.
+    let p = program("bump");
+    let cmd = [p.to_str().unwrap(), "24", "3"];
+    // `stats_of` compares the output with a native run.
+    let (_, s) = stats_of(&["--excache", "4M", "--prefetch-lines", "8"], &cmd);
+    let (ahead, traps) = (n(&s, "prefetched"), n(&s, "wp_faults"));
+    assert!(ahead > 10_000, "{s}");
+    assert!(
+        traps * 5 < ahead,
+        "the pComponent counted {traps} write-protect faults for {ahead} lines read ahead: {s}"
+    );
+}
+
+#[test]
 fn the_prefetch_policy_decides_what_random_misses_bring() {
     let p = program("randpages");
     let cmd = [p.to_str().unwrap(), "24", "2"];
