@@ -251,15 +251,19 @@ fn memory_goes_to_the_least_loaded_mcomponent_with_room_never_a_cordoned_or_excl
     assert_eq!(r.pick(4 * MIB, &[m1, m2, m3]), Ok(beside), "unless no other has room");
 }
 
+/// A pComponent's heartbeat load with `n` threads.
+fn threads(n: u32) -> Load {
+    Load {
+        threads: n,
+        ..Load::default()
+    }
+}
+
 #[test]
 fn a_process_goes_to_the_pcomponent_with_the_fewest_threads_that_is_not_cordoned() {
     let r = Rig::new(|_| {});
     let (a, b) = ("10.0.0.1:7000", "10.0.0.2:7000");
     let (p1, p2) = (r.join(Role::Proc, a, 0), r.join(Role::Proc, b, 0));
-    let threads = |n| Load {
-        threads: n,
-        ..Load::default()
-    };
     r.beat(p1, a, threads(10)).unwrap();
     r.beat(p2, b, threads(2)).unwrap();
     assert_eq!(r.gm.place_process().unwrap().pcomp.id, p2);
@@ -280,10 +284,6 @@ fn a_process_goes_to_a_late_pcomponent_only_when_none_is_alive_and_never_to_a_lo
     });
     let (a, b) = ("10.0.0.1:7000", "10.0.0.2:7000");
     let (p1, p2) = (r.join(Role::Proc, a, 0), r.join(Role::Proc, b, 0));
-    let threads = |n| Load {
-        threads: n,
-        ..Load::default()
-    };
     r.beat(p1, a, threads(0)).unwrap();
     r.beat(p2, b, threads(50)).unwrap();
     r.silent(p1, HEARTBEAT * MISSED_BEATS + Duration::from_millis(100));

@@ -393,13 +393,10 @@ fn the_rest_api_and_the_dashboard_follow_the_leader_when_it_is_killed() {
     // The follower learns of the election from its own watch, a moment after the leader
     // knows: until then it answers 503 with retry-after, as a client is told to honour.
     let mut misdirected = String::new();
-    for _ in 0..20 {
+    c.eventually(Duration::from_secs(10), |_| {
         misdirected = curl(&["-H", &bearer, &format!("{follower}/api/v1/events")]);
-        if !misdirected.starts_with("HTTP/1.1 503") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+        !misdirected.starts_with("HTTP/1.1 503")
+    });
     assert!(
         misdirected.starts_with("HTTP/1.1 421") && misdirected.contains(&format!("\"leader_url\":\"{leader}\"")),
         "{misdirected}"

@@ -4,7 +4,7 @@
 //! the components that did the work (rebuilds, take-overs, repairs) show it in their counters.
 use crate::common;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -279,15 +279,11 @@ fn global_managers_that_stall_take_no_mcomponent_for_lost() {
     // write-backs (two copies a line) may land a while later on a loaded machine: what the
     // mComponents hold is read once it has settled.
     let mut before = used(&c);
-    let t0 = Instant::now();
-    loop {
+    c.eventually(Duration::from_secs(15), |c| {
         std::thread::sleep(Duration::from_millis(500));
-        let now = used(&c);
-        if now == before || t0.elapsed() > Duration::from_secs(15) {
-            break;
-        }
-        before = now;
-    }
+        let now = used(c);
+        std::mem::replace(&mut before, now) == now
+    });
     // Paused for twice `reclaim_dead_ms`: when they go on, every component looks silent to
     // them, and none is fenced or has its copies rebuilt for it.
     let gm = c.pid_of_addr(c.status()["gm"].as_str().unwrap());
