@@ -57,7 +57,7 @@ fn small_vregions_spread_one_process_over_both_mcomponents() {
     let cmd = [p.to_str().unwrap(), "48"];
     let mut child = c.spawn(&[], &cmd);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.first_process()["pid"].as_u64().unwrap();
+    let pid = c.process_of(&child)["pid"].as_u64().unwrap();
     let during = mem_stats(&c);
     assert_eq!(during.len(), 2);
     for s in &during {
@@ -828,7 +828,7 @@ fn a_dead_pcomponent_stops_its_programs_with_a_message() {
     let p = program("hold");
     let mut child = c.spawn(&[], &[p.to_str().unwrap(), "8"]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let os_pid = c.first_process()["os_pid"].as_i64().unwrap() as i32;
+    let os_pid = c.process_of(&child)["os_pid"].as_i64().unwrap() as i32;
     let pcomp_addr = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     c.kill_component(c.pid_of_addr(&pcomp_addr));
     let out = child.wait_with_output().unwrap();

@@ -334,7 +334,7 @@ impl TestCluster {
     }
 
     /// The components of `role` as the status shows them at once, a live one without `stats`
-    /// if it did not answer within the status's 2 s (one paused on purpose, say).
+    /// if it did not answer within the status's 5 s (one paused on purpose, say).
     pub fn components_now(&self, role: &str) -> Vec<serde_json::Value> {
         self.status()["components"]
             .as_array()
@@ -346,7 +346,7 @@ impl TestCluster {
     }
 
     /// The components of `role` once every live one answered with its statistics: a busy
-    /// component may let the status's 2 s pass without them, so this asks again for up to 10 s
+    /// component may let the status's 5 s pass without them, so this asks again for up to 10 s
     /// (one just killed counts as live until the managers miss its heartbeats).
     pub fn components(&self, role: &str) -> Vec<serde_json::Value> {
         let t0 = Instant::now();
@@ -361,14 +361,30 @@ impl TestCluster {
     }
 
     /// The first process of the first pComponent as its statistics show it (`pid`, `os_pid`).
-    pub fn first_process(&self) -> serde_json::Value {
+    /// The process that `child` (a `splitos run`) started, as its pComponent's statistics
+    /// show it: found by its parent, not by its place in the list, which may still hold a
+    /// process that ended a moment ago.
+    pub fn process_of(&self, child: &std::process::Child) -> serde_json::Value {
+        let run = child.id() as i64;
+        let parent = |os_pid: i64| {
+            std::fs::read_to_string(format!("/proc/{os_pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse::<i64>().ok())
+        };
         let t0 = Instant::now();
         loop {
-            let p = self.components("pcomponent")[0]["stats"]["processes"][0].clone();
-            if !p.is_null() || t0.elapsed() > Duration::from_secs(30) {
-                return p;
+            let found = self.components("pcomponent")[0]["stats"]["processes"]
+                .as_array()
+                .and_then(|ps| {
+                    ps.iter()
+                        .find(|p| p["os_pid"].as_i64().is_some_and(|o| o == run || parent(o) == Some(run)))
+                        .cloned()
+                });
+            match found {
+                Some(p) => return p,
+                None if t0.elapsed() > Duration::from_secs(30) => panic!("no process of `splitos run` {run} in 30 s"),
+                None => std::thread::sleep(Duration::from_millis(200)),
             }
-            std::thread::sleep(Duration::from_millis(200));
         }
     }
 
@@ -1077,7 +1093,7 @@ pub fn run_phased(
         if !line.starts_with(&format!("phase {phase}")) {
             break;
         }
-        let pid = c.first_process()["pid"].as_u64().unwrap();
+        let pid = c.process_of(&child)["pid"].as_u64().unwrap();
         between(c, phase, pid);
         std::io::Write::write_all(&mut stdin, b"\n").unwrap();
     }
@@ -1193,7 +1209,7 @@ pub fn spawn_hold(c: &TestCluster, mib: u32) -> (std::process::Child, u64) {
     let hold = program("hold");
     let mut child = c.spawn(&[], &[hold.to_str().unwrap(), &mib.to_string()]);
     assert_eq!(read_line(&mut child), "ready\n");
-    let pid = c.first_process()["pid"].as_u64().unwrap();
+    let pid = c.process_of(&child)["pid"].as_u64().unwrap();
     (child, pid)
 }
 
@@ -1208,7 +1224,7 @@ pub fn mcomp_stats(c: &TestCluster) -> Vec<serde_json::Value> {
 /// the home's statistics show them; `None` while no live mComponent is its home (a backup
 /// has yet to take over).
 pub fn try_home_of(c: &TestCluster, pid: u64) -> Option<(String, Vec<Vec<u64>>)> {
-    // Asked again by its callers: a home that missed the status's 2 s is not waited for here.
+    // Asked again by its callers: a home that missed the status's 5 s is not waited for here.
     let live: Vec<_> = c
         .components_now("mcomponent")
         .into_iter()

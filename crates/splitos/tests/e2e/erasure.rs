@@ -146,7 +146,7 @@ fn ec_is_a_knob_of_the_cluster_and_of_run_and_costs_a_fraction_of_a_copy() {
         let c = cluster(5, scheme);
         let mut child = c.spawn(&[], &[hold, "24"]);
         assert_eq!(read_line(&mut child), "ready\n");
-        let pid = c.first_process()["pid"].as_u64().unwrap();
+        let pid = c.process_of(&child)["pid"].as_u64().unwrap();
         let sets = home_of(&c, pid).1;
         let bytes = used(&c);
         assert!(mcomp_stats(&c).iter().all(|m| m["stats"]["replication"] == scheme));
