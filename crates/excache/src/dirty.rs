@@ -191,7 +191,7 @@ impl Taker {
     /// A taker for a heap whose pages are all small; `None` where a page of the heap may be
     /// part of a large folio, whose partial punch would zero the page the pipe holds.
     pub fn for_heap(huge_pages: bool) -> Option<Taker> {
-        (!huge_pages && shmem_large_folios().is_none()).then(|| Taker { pipe: Mutex::new(None) })
+        (!huge_pages && crate::huge::shmem_thp().large_folios.is_none()).then(|| Taker { pipe: Mutex::new(None) })
     }
 
     /// As [`Tracker::take`]; without the program's page tables (`pagemap`) only
@@ -320,7 +320,7 @@ impl Tracker {
     /// Opens the page tables of the program `os_pid` and checks that its heap at `region_base`
     /// is under asynchronous write protection.
     pub fn open(os_pid: i32, region_base: u64) -> io::Result<Tracker> {
-        if let Some(why) = shmem_large_folios() {
+        if let Some(why) = crate::huge::shmem_thp().large_folios.clone() {
             return Err(io::Error::other(format!(
                 "shared memory may use large pages now ({why})"
             )));
@@ -432,38 +432,10 @@ pub fn check_kernel() -> Result<(), NoScan> {
     let pagemap = File::open("/proc/self/pagemap").map_err(NoScan::Pagemap)?;
     let here = &api as *const _ as u64 / PAGE;
     written(&pagemap, here, here + 1, false).map_err(NoScan::NoPagemapScan)?;
-    if let Some(why) = shmem_large_folios() {
+    if let Some(why) = crate::huge::shmem_thp().large_folios.clone() {
         return Err(NoScan::LargeFolios(why));
     }
     Ok(())
-}
-
-/// Which transparent huge page setting lets a memfd get large folios, if one does. `advise`
-/// needs MADV_HUGEPAGE on the heap, which the shim does not pass on.
-fn shmem_large_folios() -> Option<String> {
-    let chosen = |path: &std::path::Path| {
-        let s = std::fs::read_to_string(path).ok()?;
-        s.split_whitespace().find_map(|w| {
-            w.strip_prefix('[')
-                .and_then(|w| w.strip_suffix(']'))
-                .map(str::to_string)
-        })
-    };
-    let dir = std::path::Path::new("/sys/kernel/mm/transparent_hugepage");
-    let top = dir.join("shmem_enabled");
-    if let Some(v) = chosen(&top).filter(|v| matches!(v.as_str(), "always" | "within_size" | "force")) {
-        return Some(format!("{} is {v}", top.display()));
-    }
-    let sizes = std::fs::read_dir(dir).ok()?;
-    sizes
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("hugepages-"))
-        .find_map(|e| {
-            let p = e.path().join("shmem_enabled");
-            chosen(&p)
-                .filter(|v| matches!(v.as_str(), "always" | "within_size"))
-                .map(|v| format!("{} is {v}", p.display()))
-        })
 }
 
 #[cfg(test)]

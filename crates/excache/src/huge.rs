@@ -20,7 +20,8 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::uffd::{self, PAGE};
 
@@ -33,7 +34,80 @@ const FSCONFIG_SET_STRING: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-const SHMEM_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+/// How long a reading of the shared-memory huge page settings is used for the programs that
+/// start: reading them took about 100 µs of each start (a dozen sysfs files), and a heap
+/// follows the settings of the moment its pages are allocated in any case, not those its
+/// program started with.
+const THP_FRESH: Duration = Duration::from_secs(1);
+
+/// The system's transparent huge page settings for shared memory, as one reading found them.
+#[derive(Debug, PartialEq)]
+pub(crate) struct ShmemThp {
+    /// `shmem_enabled` as the file reads.
+    pub top: String,
+    /// Which setting lets a memfd get large folios, if one does. `advise` needs
+    /// MADV_HUGEPAGE on the heap, which the shim does not pass on.
+    pub large_folios: Option<String>,
+}
+
+impl ShmemThp {
+    fn read() -> ShmemThp {
+        let dir = std::path::Path::new(THP);
+        let chosen = |path: &std::path::Path| {
+            let s = std::fs::read_to_string(path).ok()?;
+            s.split_whitespace().find_map(|w| {
+                w.strip_prefix('[')
+                    .and_then(|w| w.strip_suffix(']'))
+                    .map(str::to_string)
+            })
+        };
+        let top_path = dir.join("shmem_enabled");
+        let top = std::fs::read_to_string(&top_path).unwrap_or_default();
+        let large_folios = chosen(&top_path)
+            .filter(|v| matches!(v.as_str(), "always" | "within_size" | "force"))
+            .map(|v| format!("{} is {v}", top_path.display()))
+            .or_else(|| {
+                std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+                    if !e.file_name().to_string_lossy().starts_with("hugepages-") {
+                        return None;
+                    }
+                    let p = e.path().join("shmem_enabled");
+                    chosen(&p)
+                        .filter(|v| matches!(v.as_str(), "always" | "within_size"))
+                        .map(|v| format!("{} is {v}", p.display()))
+                })
+            });
+        ShmemThp { top, large_folios }
+    }
+}
+
+/// The last reading of the settings, used until it is [`THP_FRESH`] old.
+struct LastReading(Mutex<Option<(Instant, Arc<ShmemThp>)>>);
+
+impl LastReading {
+    const fn new() -> LastReading {
+        LastReading(Mutex::new(None))
+    }
+
+    fn at(&self, now: Instant) -> Arc<ShmemThp> {
+        let mut last = self.0.lock().unwrap();
+        match &*last {
+            Some((at, s)) if now.saturating_duration_since(*at) < THP_FRESH => s.clone(),
+            _ => {
+                let s = Arc::new(ShmemThp::read());
+                *last = Some((now, s.clone()));
+                s
+            }
+        }
+    }
+}
+
+/// The settings as read at most a second ago.
+pub(crate) fn shmem_thp() -> Arc<ShmemThp> {
+    static LAST: LastReading = LastReading::new();
+    LAST.at(Instant::now())
+}
 
 fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
     if r < 0 {
@@ -160,8 +234,9 @@ pub struct HugeHeap {
 impl HugeHeap {
     pub fn of(file: &OwnedFd, fs: Option<&HeapFs>) -> HugeHeap {
         let enabled = fs.is_some_and(|fs| fs.holds(file));
-        let setting = std::fs::read_to_string(SHMEM_ENABLED).unwrap_or_default();
-        let exact_fallocate = exact_fallocate(&setting, enabled);
+        let thp = shmem_thp();
+        let setting = &thp.top;
+        let exact_fallocate = exact_fallocate(setting, enabled);
         if !exact_fallocate {
             tracing::warn!(shmem_enabled = setting.trim(), "fallocate on this heap may allocate huge pages beyond the pages asked for: fresh lines are installed instead of pre-allocated");
         }
@@ -344,5 +419,20 @@ mod tests {
             assert_eq!(exact_fallocate(setting, false), memfd, "{setting} (memfd)");
             assert_eq!(exact_fallocate(setting, true), ours, "{setting} (private mount)");
         }
+    }
+
+    #[test]
+    fn the_shmem_settings_are_read_again_only_once_a_reading_is_a_second_old() {
+        let last = LastReading::new();
+        let t0 = Instant::now();
+        let first = last.at(t0);
+        assert_eq!(*first, ShmemThp::read(), "a reading is what the files say");
+        assert!(
+            Arc::ptr_eq(&first, &last.at(t0 + THP_FRESH / 2)),
+            "within a second, the same reading"
+        );
+        let later = last.at(t0 + THP_FRESH);
+        assert!(!Arc::ptr_eq(&first, &later), "a second on, the files are read again");
+        assert!(Arc::ptr_eq(&later, &last.at(t0 + THP_FRESH)));
     }
 }
