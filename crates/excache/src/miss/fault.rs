@@ -162,7 +162,7 @@ impl MissPath {
             if let Some(slot) = g.cache.lookup(t.pid, vpn) {
                 let line = *g.cache.line(slot);
                 if matches!(line.state, LineState::Filling | LineState::Evicting) {
-                    g = self.cv.wait(g).unwrap();
+                    g = self.cv.wait(g);
                     continue;
                 }
                 if let Some(page) = g.staged.remove(&(t.pid, vpn)) {
@@ -195,11 +195,11 @@ impl MissPath {
                 return None;
             }
             if g.inflight.contains(&(t.pid, vpn)) {
-                g = self.cv.wait(g).unwrap();
+                g = self.cv.wait(g);
                 continue;
             }
             let Some(c) = self.claim_way(&mut g, t.pid, vpn, Evictable::Any) else {
-                g = self.cv.wait(g).unwrap();
+                g = self.cv.wait(g);
                 continue;
             };
             g.cache.line_mut(c.slot).read_fill = access == Access::Read && t.region.tracks_writes();

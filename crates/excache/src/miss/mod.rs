@@ -38,7 +38,7 @@
 //! pre-allocation, huge pages) in fresh.rs; the background evictor in evictor.rs; dirty
 //! tracking by scan in scan.rs; access sampling in sample.rs.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use splitos_rpc::{Refusal, PAGE_SIZE};
@@ -290,7 +290,7 @@ pub struct MissPath {
     /// Fresh lines a first touch that continues no run gets.
     window_start: u64,
     state: Mutex<State>,
-    cv: Condvar,
+    cv: Waiters,
     total: Arc<RunStats>,
     on_fail: FailHook,
     /// The compressed tier's codec, when the tier is on (used without the lock).
@@ -355,7 +355,7 @@ impl MissPath {
             prealloc: prealloc as u64,
             window_start: window_start as u64,
             state: Mutex::new(state),
-            cv: Condvar::new(),
+            cv: Waiters::default(),
             total: Arc::new(RunStats::default()),
             on_fail,
             codec: None,
@@ -575,6 +575,34 @@ mod fault;
 mod fresh;
 mod resize;
 pub use resize::ResizeError;
+
+/// The miss path's condition variable (paired with its state's lock), which makes no system
+/// call when no thread waits: std's waking of the futex at every notification cost a system
+/// call at every install and every eviction, where a thread rarely waits for a line.
+#[derive(Default)]
+struct Waiters {
+    cv: Condvar,
+    waiting: AtomicUsize,
+}
+
+impl Waiters {
+    /// Waits for a notification; `g` is the state's guard. Counted before the lock is
+    /// released, so that a notifier that changed the state under the lock after it sees the
+    /// waiter.
+    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.waiting.fetch_add(1, SeqCst);
+        let g = self.cv.wait(g).unwrap();
+        self.waiting.fetch_sub(1, SeqCst);
+        g
+    }
+
+    /// Wakes every waiter, if any: called after the state changed under its lock.
+    fn notify_all(&self) {
+        if self.waiting.load(SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}
 mod sample;
 mod scan;
 #[cfg(test)]

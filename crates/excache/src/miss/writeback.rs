@@ -299,7 +299,7 @@ impl MissPath {
             if !busy && !flying {
                 return g;
             }
-            g = self.cv.wait(g).unwrap();
+            g = self.cv.wait(g);
         }
     }
 }
