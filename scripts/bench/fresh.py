@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Heap calls, first touches and process starts with an ExCache that fits: what a program
 pays under splitos for memory it maps, unmaps and touches for the first time, where no miss
-goes to an mComponent, and for each process it starts (a shell loop of short programs). Each workload natively, then under splitos with the defaults, with
-`--heap-call-spin-us 0` (the program and the pComponent sleep for each other's heap calls
-and answers) and with `--fault-around-start 80` (every first touch gets the whole window of
-fault-around and pre-allocated lines), in a fresh random order each repetition, on the
+goes to an mComponent, and for each process it starts (a shell loop of short programs). Each
+workload natively, then under splitos with the defaults, with `--heap-call-spin-us 0` (the
+program and the pComponent sleep for each other's heap calls and answers) and with
+`--fault-around-start 80` (every first touch gets the whole window of fault-around and
+pre-allocated lines), in a fresh random order each repetition, on the
 embedded cluster. Reports the median (min-max) of the program's own time (`wall_s` of its
 statistics: the cluster's start and end left out), the slowdown against native, heap calls
 and those the pComponent found without sleeping, first touches that trapped and the fresh
-lines installed with them. Writes results/fresh.json and the "Heap calls and first touches"
+lines installed with them. Writes results/fresh.json and the "Heap calls, first touches and process starts"
 section of docs/benchmarks.md; the machine's load average is recorded before and after.
 
     python3 scripts/bench/fresh.py [--reps 3] [--only TEXT]

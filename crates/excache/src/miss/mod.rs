@@ -575,6 +575,11 @@ mod fault;
 mod fresh;
 mod resize;
 pub use resize::ResizeError;
+mod sample;
+mod scan;
+#[cfg(test)]
+mod tests;
+mod writeback;
 
 /// The miss path's condition variable (paired with its state's lock), which makes no system
 /// call when no thread waits: std's waking of the futex at every notification cost a system
@@ -603,8 +608,3 @@ impl Waiters {
         }
     }
 }
-mod sample;
-mod scan;
-#[cfg(test)]
-mod tests;
-mod writeback;

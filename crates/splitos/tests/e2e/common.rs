@@ -360,7 +360,6 @@ impl TestCluster {
         }
     }
 
-    /// The first process of the first pComponent as its statistics show it (`pid`, `os_pid`).
     /// The process that `child` (a `splitos run`) started, as its pComponent's statistics
     /// show it: found by its parent, not by its place in the list, which may still hold a
     /// process that ended a moment ago.
