@@ -349,14 +349,25 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
     for trial in 1..=3 {
         let (mut child, pid) = spawn_hold(&c, 24);
         let served = c.metric(&mcomp, "splitos_mcomp_requests_total");
-        // Shorter than reclaim_dead_ms and than the admin tool's wait for a new channel's
-        // handshake (5 s): it ends as soon as the managers show the mComponent late.
+        // Shorter than reclaim_dead_ms; the admin's tool below has 5 s for its handshake.
         let paused = Stalled::new(c.pid_of_addr(&mcomp));
         let since = Instant::now();
-        // The program reads its heap back, all of it on the paused mComponent, and the admin's
-        // tools (a new process: a new channel, whose handshake the paused mComponent cannot
-        // answer either) read one of its pages.
+        // The program reads its heap back, all of it on the paused mComponent.
         drop(child.stdin.take());
+        // The status asks every component still alive for its statistics and waits 5 s for
+        // them: asked once the managers have missed four heartbeats (1.2 s), it skips this one.
+        std::thread::sleep(Duration::from_secs(2));
+        let late = loop {
+            let m = c.components_now("mcomponent").remove(0);
+            if m["alive"] == false || since.elapsed() > Duration::from_secs(3) {
+                break m;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // The admin's tools (a new process: a new channel, whose handshake the paused
+        // mComponent cannot answer either) read one of its pages. Started only now, and the
+        // pause ended 1 s later, so that however long the status took on a loaded machine,
+        // the mComponent has 4 s to answer once it goes on.
         let pid = pid.to_string();
         let fetch = c
             .cmd(&[
@@ -375,17 +386,7 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // The status asks every component still alive for its statistics and waits 5 s for
-        // them: asked only once the managers have missed four heartbeats (1.2 s), it does not
-        // ask this one, and the pause stays well short of the admin's 5 s.
-        std::thread::sleep(Duration::from_secs(2));
-        let late = loop {
-            let m = c.components_now("mcomponent").remove(0);
-            if m["alive"] == false || since.elapsed() > Duration::from_secs(3) {
-                break m;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        std::thread::sleep(Duration::from_secs(1));
         drop(paused);
         assert_eq!(
             (late["alive"].as_bool(), late["lost"].as_bool()),
