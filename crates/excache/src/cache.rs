@@ -141,6 +141,8 @@ pub struct ExCache {
     ways: usize,
     stride: usize,
     slots: Vec<Option<Line>>,
+    /// Per set: its policy's hand; CLOCK's counts the ways it has passed since the cache
+    /// began, and points at that modulo the set's ways.
     hands: Vec<usize>,
     /// Per set: lines held in its ways.
     held: Vec<usize>,
@@ -150,8 +152,11 @@ pub struct ExCache {
     /// the lowest free way cost a miss thousands of steps in a large fully associative set
     /// whose lines the evictor frees all over it.
     free: Vec<Vec<u32>>,
-    /// Per set: the policy ran since the set was last checked for lines to rearm.
-    may_rearm: Vec<bool>,
+    /// Per set: where its hand stood when the set was last checked for lines to rearm. Only
+    /// the ways the hand passed since are looked at: a look at every way cost each miss
+    /// thousands of steps in a large fully associative set (CLOCK's misses spent more time
+    /// there than in the kernel).
+    rearm_from: Vec<usize>,
     /// Per set: lines the background evictor is taking out (`LineState::Evicting`).
     evicting: Vec<usize>,
     /// Per set: pinned lines in its ways, at most [`ExCache::pin_cap`].
@@ -209,7 +214,7 @@ impl ExCache {
             held: vec![0; nsets],
             past_end: vec![0; nsets],
             free: (0..nsets).map(|_| (0..ways as u32).rev().collect()).collect(),
-            may_rearm: vec![false; nsets],
+            rearm_from: vec![0; nsets],
             evicting: vec![0; nsets],
             pinned: vec![0; nsets],
             interleave: None,
@@ -255,6 +260,8 @@ impl ExCache {
         );
         self.ways = ways;
         for set in 0..self.nsets {
+            // The hand's steps since then counted other ways: the next look takes them all.
+            self.rearm_from[set] = self.hands[set].wrapping_sub(self.stride);
             let base = set * self.stride;
             let (within, past) = self.slots[base..base + self.stride].split_at(ways);
             self.held[set] = within.iter().flatten().count();
@@ -552,7 +559,6 @@ impl ExCache {
             self.used += 1;
             (base + i, None)
         } else {
-            self.may_rearm[set] |= self.policy.rearms();
             let mut floor = self.floor_lines();
             let mut spared = 0;
             // Lines passed over for their process's floor, kept out of the policy's sight as
@@ -670,15 +676,17 @@ impl ExCache {
     /// their reference bit); their marks are cleared.
     pub fn take_rearm(&mut self, vpn: u64) -> Vec<usize> {
         let set = self.set_of(vpn);
-        if !std::mem::take(&mut self.may_rearm[set]) {
-            return Vec::new();
-        }
+        let (from, to) = (self.rearm_from[set], self.hands[set]);
+        self.rearm_from[set] = to;
+        let passed = to.wrapping_sub(from).min(self.ways);
+        let first = (to % self.ways + self.ways - passed) % self.ways;
         let base = set * self.stride;
         let mut out = Vec::new();
-        for (i, l) in self.slots[base..base + self.ways].iter_mut().enumerate() {
-            if let Some(l) = l.as_mut().filter(|l| l.rearm) {
+        for step in 0..passed {
+            let way = base + (first + step) % self.ways;
+            if let Some(l) = self.slots[way].as_mut().filter(|l| l.rearm) {
                 l.rearm = false;
-                out.push(base + i);
+                out.push(way);
             }
         }
         out
@@ -728,13 +736,41 @@ impl ExCache {
             return None;
         }
         let base = set * self.stride;
-        self.may_rearm[set] |= self.policy.rearms();
         let i = self
             .policy
             .victim(set, &mut self.slots[base..base + self.ways], &mut self.hands[set])?;
         self.line_mut(base + i).state = LineState::Evicting;
         self.evicting[set] += 1;
         Some(base + i)
+    }
+
+    /// Marks `Evicting`, beside the line in `slot` that [`ExCache::pick`] chose, the lines of
+    /// its process on either side of it, up to `reach` pages each way, as long as each is a
+    /// candidate its policy would let go soon ([`EvictionPolicy::cold`]) and was filled before
+    /// the last three quarters of the cache's fills. The first line that is not (or a page
+    /// not resident) ends the run on its side. Returns their slots.
+    pub fn pick_beside(&mut self, slot: usize, reach: u64) -> Vec<usize> {
+        let victim = *self.line(slot);
+        // Not the newest lines, which the policy may still know nothing of: a miss's
+        // read-ahead and fault-around sit beside it, unused as yet.
+        let old = self.seq.saturating_sub(self.lines() as u64 * 3 / 4);
+        let mut out = Vec::new();
+        for step in [u64::checked_add, u64::checked_sub] {
+            for d in 1..=reach {
+                let Some(s) = step(victim.vpn, d).and_then(|vpn| self.lookup(victim.pid, vpn)) else {
+                    break;
+                };
+                let (set, way) = (s / self.stride, s % self.stride);
+                let l = self.line(s);
+                if way >= self.ways || !l.candidate() || l.seq > old || !self.policy.cold(set, way, l) {
+                    break;
+                }
+                self.line_mut(s).state = LineState::Evicting;
+                self.evicting[set] += 1;
+                out.push(s);
+            }
+        }
+        out
     }
 
     /// A line [`ExCache::pick`] chose stays after all.

@@ -134,6 +134,11 @@ counters! {
         /// Lines the background evictor took out ahead of the misses. Also counted in
         /// `evictions`.
         bg_evictions,
+        /// Of those, the lines that left beside a victim, in its run (`evict_beside`).
+        evicted_beside,
+        /// The runs of neighbouring pages the background evictor took out, each in one step
+        /// (one hole punch, one TLB flush) unless a page of it could not be copied.
+        bg_eviction_runs,
         /// Pages the background evictor wrote back: dirty victims, and the dirty tier entries
         /// they pushed out.
         bg_writebacks,

@@ -650,7 +650,9 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             miss = miss.with_tier(Box::new(OldestFirst::new(cfg.compressed_tier.0)), Box::new(Lz4));
         }
         if cfg.reserve_ways() > 0 {
-            miss = miss.with_evictor(cfg.reserve_ways());
+            miss = miss
+                .with_evictor(cfg.reserve_ways())
+                .evicting_beside(cfg.evict_beside as u64);
         }
         Pcomp {
             node: node.clone(),

@@ -15,7 +15,7 @@ impl Pcomp {
                 "excache": {
                     "capacity_bytes": c.lines() as u64 * PAGE_SIZE as u64, "max_bytes": c.max_lines() as u64 * PAGE_SIZE as u64, "lines": c.lines(), "ways": c.ways(),
                     "sets": c.sets(), "eviction": c.policy_name(), "piggyback": self.miss.piggyback(), "prefetch_lines": self.cfg.prefetch_lines, "prefetch": prefetch_policy, "victims_by_policy": c.victims_by_policy(), "policy_swaps": {"eviction": self.policies.eviction.generation(), "prefetch": self.policies.prefetch.generation()}, "fault_around": self.cfg.fault_around, "prealloc": self.cfg.prealloc, "heap_reuse": self.cfg.heap_reuse, "huge_pages": self.cfg.huge_pages.to_string(), "dirty_tracking": self.cfg.dirty_tracking.to_string(), "access_sampling": if self.sampling { "unmap" } else { "off" }, "one_sided": self.cfg.one_sided.to_string(), "idle_poll": self.cfg.idle_poll.to_string(),
-                    "used_lines": c.used(), "pinned_lines": c.pinned_lines(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.reserve_ways(), "share_floor": self.cfg.share_floor,
+                    "used_lines": c.used(), "pinned_lines": c.pinned_lines(), "fault_workers": self.cfg.fault_workers, "fault_cpu": self.cfg.fault_cpu.to_string(), "evict_reserve": self.cfg.reserve_ways(), "evict_beside": self.cfg.evict_beside, "share_floor": self.cfg.share_floor,
                 },
                 "compressed_tier": tier,
                 "net": self.net.stats(),

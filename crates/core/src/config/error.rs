@@ -136,6 +136,8 @@ pub enum ConfigError {
     EvictReserve { reserve: usize, ways: u64 },
     #[error("share_floor: {0}% is more than an equal share (at most 100; 0 turns it off)")]
     ShareFloor(usize),
+    #[error("evict_beside: {0} pages on either side of a victim is more than 64 (0 turns it off)")]
+    EvictBeside(usize),
 }
 
 impl ConfigError {

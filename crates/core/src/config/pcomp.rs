@@ -262,6 +262,13 @@ pub struct PcompConfig {
     /// with dirty_tracking = scan or huge pages, none.
     #[arg(long, default_value_t)]
     pub evict_reserve: EvictReserve,
+    /// Pages on either side of each of the background evictor's victims that leave with it
+    /// when its policy would let them go soon too (not seen used, filled before the last three
+    /// quarters of the ExCache's fills), at most 64; 0: victims leave alone. A run of pages
+    /// leaves its program with one hole punch and one TLB flush where scattered victims cost
+    /// one each (docs/excache.md#the-background-evictor).
+    #[arg(long, default_value_t = 15)]
+    pub evict_beside: usize,
     /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
     /// (or ranges of interleave_unit) in the ExCache for good, local, and the others remote,
     /// round robin; off: none. A set keeps at most all its ways but two (and but
@@ -320,6 +327,9 @@ impl Default for PcompConfig {
 /// interpreter's hot pages need lines at once, and with fewer (4K: one) each miss evicts the
 /// line the next access needs again, so that even a Python one-liner never ends.
 const MIN_EXCACHE: u64 = 256 << 10;
+/// The most pages on either side of a victim that may leave with it (`evict_beside`): in a
+/// run of 129 the flush is already a small part of each page's cost.
+const MAX_EVICT_BESIDE: usize = 64;
 
 /// Interleaving's share of the heap kept local: `off`, or `N:M`, N of every M pages (or ranges)
 /// with 1 <= N < M <= 1024.
@@ -534,6 +544,9 @@ impl PcompConfig {
         if self.share_floor > 100 {
             return Err(ConfigError::ShareFloor(self.share_floor));
         }
+        if self.evict_beside > MAX_EVICT_BESIDE {
+            return Err(ConfigError::EvictBeside(self.evict_beside));
+        }
         check_netns(&self.netns)
     }
 }
@@ -656,6 +669,22 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("any, faulting"));
+    }
+
+    #[test]
+    fn an_evictor_takes_at_most_64_pages_on_either_side_of_a_victim() {
+        let with = |evict_beside| {
+            PcompConfig {
+                evict_beside,
+                ..PcompConfig::default()
+            }
+            .validate()
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(PcompConfig::default().evict_beside, 15);
+        assert!(with(0).is_ok());
+        assert!(with(64).is_ok());
+        assert!(with(65).unwrap_err().starts_with("evict_beside:"));
     }
 
     #[test]

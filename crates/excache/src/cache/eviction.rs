@@ -34,6 +34,11 @@ pub trait EvictionPolicy: Send {
     }
     /// A line of set `set_id` left the cache as a victim.
     fn evicted(&mut self, _set_id: usize, _line: &Line) {}
+    /// Whether the line in way `way` of set `set_id` is one the policy would let go soon:
+    /// it may leave beside a victim ([`super::ExCache::pick_beside`]).
+    fn cold(&self, _set_id: usize, _way: usize, line: &Line) -> bool {
+        !line.referenced
+    }
 }
 
 pub struct Fifo;
@@ -48,6 +53,10 @@ impl EvictionPolicy for Fifo {
             .filter_map(|(i, l)| l.filter(|l| l.candidate()).map(|l| (i, l.seq)))
             .min_by_key(|(_, seq)| *seq)
             .map(|(i, _)| i)
+    }
+    /// Every line goes in its turn, used or not: age alone says how soon.
+    fn cold(&self, _set_id: usize, _way: usize, _line: &Line) -> bool {
+        true
     }
 }
 
@@ -72,7 +81,7 @@ fn clock_victim(set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
     // Two sweeps: the first clears reference bits, the second must find an unreferenced line.
     for _ in 0..2 * n + 1 {
         let i = *hand % n;
-        *hand = (i + 1) % n;
+        *hand = hand.wrapping_add(1);
         if let Some(l) = set[i].as_mut() {
             if !l.candidate() {
                 continue;

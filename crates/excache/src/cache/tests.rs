@@ -468,3 +468,54 @@ fn workingset_takes_over_the_lines_another_policy_left_and_passes_over_those_not
     }
     assert_eq!(c.used(), 4);
 }
+
+#[test]
+fn only_inactive_old_lines_of_the_victims_process_leave_beside_it() {
+    let mut c = ExCache::new(16, 16, Box::new(Workingset::new(16)));
+    // Process 1's pages 0-5 first (the oldest quarter is the first four fills), then process
+    // 2's page 6, then younger lines of process 1.
+    for v in 0..6 {
+        fill(&mut c, 1, v, false);
+    }
+    fill(&mut c, 2, 6, false);
+    for v in 100..109 {
+        fill(&mut c, 1, v, false);
+    }
+    // Page 2 was written while inactive: the policy keeps it a while (active).
+    c.touch(c.lookup(1, 2).unwrap());
+    let victim = c.pick(0).expect("a victim");
+    assert_eq!(c.line(victim).vpn, 0);
+    let run: Vec<u64> = c.pick_beside(victim, 8).iter().map(|s| c.line(*s).vpn).collect();
+    assert_eq!(run, vec![1], "page 2 is active and ends the run");
+    assert!(c.pick_beside(victim, 8).is_empty(), "page 1 is being evicted already");
+    // Page 3 is inactive and old, page 4 is inactive but filled after the oldest quarter.
+    let s3 = c.lookup(1, 3).unwrap();
+    let run: Vec<u64> = c.pick_beside(s3, 8).iter().map(|s| c.line(*s).vpn).collect();
+    assert_eq!(run, Vec::<u64>::new(), "page 2 active, page 4 too young");
+    // Process 2's page 6 is not process 1's page 6, which is not resident.
+    let s5 = c.lookup(1, 5).unwrap();
+    assert!(c.pick_beside(s5, 8).is_empty());
+}
+
+#[test]
+fn clock_looks_for_lines_to_rearm_only_where_its_hand_went() {
+    let mut c = ExCache::new(64, 64, Box::new(Clock));
+    for v in 0..64 {
+        fill(&mut c, 1, v, false);
+    }
+    // All referenced: the hand clears every bit in one turn and takes page 0 on the second.
+    assert_eq!(fill(&mut c, 1, 64, false).unwrap().vpn, 0);
+    assert_eq!(c.take_rearm(64).len(), 63);
+    // A mark far from the hand's way is not looked for; those it passes are.
+    let far = c.lookup(1, 40).unwrap();
+    c.line_mut(far).rearm = true;
+    c.touch(c.lookup(1, 1).unwrap());
+    assert_eq!(fill(&mut c, 1, 65, false).unwrap().vpn, 2);
+    let near = c.lookup(1, 1).unwrap();
+    assert_eq!(c.take_rearm(65), vec![near]);
+    assert!(c.line(far).rearm);
+    // After a resize the hand's count means other ways: every way is looked at once.
+    c.resize(64);
+    assert_eq!(c.take_rearm(65), vec![far]);
+    assert!(c.take_rearm(65).is_empty());
+}

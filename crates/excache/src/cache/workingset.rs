@@ -189,6 +189,15 @@ impl EvictionPolicy for Workingset {
         }
     }
 
+    /// Inactive: the lines it lets go first. An active line is one a miss showed evicted too
+    /// early, or one seen used since.
+    fn cold(&self, set_id: usize, way: usize, line: &Line) -> bool {
+        self.sets
+            .get(set_id)
+            .and_then(|l| l.ways.get(way))
+            .is_some_and(|m| *m == (line.seq, false))
+    }
+
     fn evicted(&mut self, set_id: usize, line: &Line) {
         let l = self.lists(set_id);
         l.clock += 1;

@@ -274,6 +274,8 @@ struct Reserve {
     owed: usize,
     /// Those claims by process: whose misses the next round's victims make room for.
     owed_by: HashMap<u64, usize>,
+    /// Pages on either side of a victim that may leave with it ([`ExCache::pick_beside`]).
+    beside: u64,
     /// Sets short of `ways` spare ways, each queued once, oldest first.
     short: VecDeque<usize>,
     queued: Vec<bool>,

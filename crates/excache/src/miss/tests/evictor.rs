@@ -4,13 +4,18 @@ use super::*;
 
 /// A miss path whose evictor keeps `reserve` spare ways in sets of `ways`.
 fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
+    rig_beside(lines, ways, reserve, places, 0)
+}
+
+/// The same, its evictor taking up to `beside` pages on either side of a victim with it.
+fn rig_beside(lines: usize, ways: usize, reserve: usize, places: u64, beside: u64) -> Rig {
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
     let mp = MissPath::new(parts(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), hook));
     Rig {
-        mp: Arc::new(mp.with_evictor(reserve)),
+        mp: Arc::new(mp.with_evictor(reserve).evicting_beside(beside)),
         store,
         failed,
     }
@@ -136,6 +141,36 @@ fn the_evictor_frees_ways_ahead_of_misses_in_batches() {
     assert_eq!(p.stat(|s| &s.inline_evictions), 4);
     assert_eq!(p.stat(|s| &s.evictions), 8);
     assert!(r.failed().is_empty());
+}
+
+#[test]
+fn scattered_victims_take_their_old_neighbours_out_in_one_punch_each() {
+    // One set of 32 ways, filled a page in eight at a time (0, 8, 16, 24, 1, 9, ...): FIFO's
+    // oldest lines, 0, 8, 16 and 24, are a page apart from each other's runs.
+    let order: Vec<u64> = (0..8).flat_map(|i| [i, i + 8, i + 16, i + 24]).collect();
+    let run = |beside| {
+        let r = rig_beside(32, 32, 4, 1, beside);
+        let (p, w) = watched(&r.mp, 1);
+        for &v in &order {
+            assert!(p.write(&r.mp, v, v as u8 + 1));
+        }
+        r.mp.refill();
+        assert!(r.failed().is_empty());
+        for v in 0..32 {
+            assert_eq!(p.read(&r.mp, v), Some(v as u8 + 1), "page {v}");
+        }
+        let runs = p.stat(|s| &s.bg_eviction_runs);
+        assert_eq!(runs, w.calls("punch").len() as u64);
+        (
+            w.calls("punch"),
+            p.stat(|s| &s.bg_evictions),
+            p.stat(|s| &s.evicted_beside),
+        )
+    };
+    assert_eq!(run(0), (vec![(0, 1), (8, 1), (16, 1), (24, 1)], 4, 0));
+    // Page 1 was filled fifth, old enough; page 2 was the ninth of 32, after the first
+    // quarter, too young: each run ends there.
+    assert_eq!(run(3), (vec![(0, 2), (8, 2)], 4, 2));
 }
 
 #[test]
