@@ -250,6 +250,8 @@ mod tests {
         "pages_peak",
         "pages_again",
         "taken_dirty",
+        "evicted_beside",
+        "bg_eviction_runs",
     ];
     const READ_METRICS: &[&str] = &[
         "splitos_pcomp_misses_total",

@@ -266,7 +266,7 @@ pub struct PcompConfig {
     /// when its policy would let them go soon too (not seen used, filled before the last three
     /// quarters of the ExCache's fills), at most 64; 0: victims leave alone. A run of pages
     /// leaves its program with one hole punch and one TLB flush where scattered victims cost
-    /// one each (docs/excache.md#the-background-evictor).
+    /// one each (docs/excache.md#victims-neighbours).
     #[arg(long, default_value_t = 15)]
     pub evict_beside: usize,
     /// Interleaving (ThymesisFlow's best configuration): "N:M" keeps N of every M heap pages
