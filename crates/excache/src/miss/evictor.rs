@@ -199,10 +199,14 @@ impl MissPath {
                     Vec::new()
                 };
                 victims.extend(victim);
+                // Its process's lines, making room for the same claims.
                 for slot in run {
                     if let Some(v) = self.victim_at(st, slot) {
                         self.bump(&v.heap, |s| {
                             s.evicted_beside.fetch_add(1, Relaxed);
+                            if by_others {
+                                s.evicted_by_others.fetch_add(1, Relaxed);
+                            }
                         });
                         victims.push(v);
                     }
