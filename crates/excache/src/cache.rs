@@ -747,9 +747,9 @@ impl ExCache {
     /// Marks `Evicting`, beside the line in `slot` that [`ExCache::pick`] chose, the lines of
     /// its process on either side of it, up to `reach` pages each way, as long as each is a
     /// candidate its policy would let go soon ([`EvictionPolicy::cold`]) and was filled before
-    /// the last three quarters of the cache's fills. The first line that is not (or a page
-    /// not resident) ends the run on its side. Returns their slots.
-    pub fn pick_beside(&mut self, slot: usize, reach: u64) -> Vec<usize> {
+    /// the last three quarters of the cache's fills, and `stays` does not name it. The first
+    /// line that is not (or a page not resident) ends the run on its side. Returns their slots.
+    pub fn pick_beside(&mut self, slot: usize, reach: u64, stays: impl Fn(&Line) -> bool) -> Vec<usize> {
         let victim = *self.line(slot);
         // Not the newest lines, which the policy may still know nothing of: a miss's
         // read-ahead and fault-around sit beside it, unused as yet.
@@ -762,7 +762,7 @@ impl ExCache {
                 };
                 let (set, way) = (s / self.stride, s % self.stride);
                 let l = self.line(s);
-                if way >= self.ways || !l.candidate() || l.seq > old || !self.policy.cold(set, way, l) {
+                if way >= self.ways || !l.candidate() || l.seq > old || !self.policy.cold(set, way, l) || stays(l) {
                     break;
                 }
                 self.line_mut(s).state = LineState::Evicting;

@@ -72,6 +72,15 @@ impl EvictionPolicy for Clock {
     fn victim(&mut self, _set_id: usize, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
         clock_victim(set, hand)
     }
+    fn cold(&self, _set_id: usize, _way: usize, line: &Line) -> bool {
+        clock_cold(line)
+    }
+}
+
+/// Whether CLOCK would let a line go soon: its bit is clear and it is not one the hand has
+/// just cleared, whose use since could not be seen yet (its second chance).
+fn clock_cold(line: &Line) -> bool {
+    !line.referenced && !line.rearm
 }
 
 /// CLOCK's sweep: the first `Ready` line from the hand on whose reference bit is clear,
@@ -164,6 +173,9 @@ impl EvictionPolicy for GhostClock {
     }
     fn victim(&mut self, _set_id: usize, set: &mut [Option<Line>], hand: &mut usize) -> Option<usize> {
         clock_victim(set, hand)
+    }
+    fn cold(&self, _set_id: usize, _way: usize, line: &Line) -> bool {
+        clock_cold(line)
     }
     fn admit(&mut self, pid: u64, vpn: u64) -> bool {
         self.ghosts.take(pid, vpn).is_some()

@@ -485,16 +485,52 @@ fn only_inactive_old_lines_of_the_victims_process_leave_beside_it() {
     c.touch(c.lookup(1, 2).unwrap());
     let victim = c.pick(0).expect("a victim");
     assert_eq!(c.line(victim).vpn, 0);
-    let run: Vec<u64> = c.pick_beside(victim, 8).iter().map(|s| c.line(*s).vpn).collect();
+    let run: Vec<u64> = c
+        .pick_beside(victim, 8, |_| false)
+        .iter()
+        .map(|s| c.line(*s).vpn)
+        .collect();
     assert_eq!(run, vec![1], "page 2 is active and ends the run");
-    assert!(c.pick_beside(victim, 8).is_empty(), "page 1 is being evicted already");
+    assert!(
+        c.pick_beside(victim, 8, |_| false).is_empty(),
+        "page 1 is being evicted already"
+    );
     // Page 3 is inactive and old, page 4 is inactive but filled after the oldest quarter.
     let s3 = c.lookup(1, 3).unwrap();
-    let run: Vec<u64> = c.pick_beside(s3, 8).iter().map(|s| c.line(*s).vpn).collect();
+    let run: Vec<u64> = c.pick_beside(s3, 8, |_| false).iter().map(|s| c.line(*s).vpn).collect();
     assert_eq!(run, Vec::<u64>::new(), "page 2 active, page 4 too young");
-    // Process 2's page 6 is not process 1's page 6, which is not resident.
+    // Process 2's page 6 is not process 1's page 6, which is not resident; and a line the
+    // caller keeps (a staged sample) ends a run as well.
     let s5 = c.lookup(1, 5).unwrap();
-    assert!(c.pick_beside(s5, 8).is_empty());
+    assert!(c.pick_beside(s5, 8, |_| false).is_empty());
+    assert!(c.pick_beside(s3, 8, |l| l.vpn == 4).is_empty());
+}
+
+#[test]
+fn clock_keeps_the_second_chance_of_lines_its_hand_just_passed() {
+    let mut c = ExCache::new(32, 32, Box::new(Clock));
+    for v in 0..16 {
+        fill(&mut c, 1, v, false);
+    }
+    // 24 fills since: pages 0-15 are older than the last three quarters of them.
+    for v in 100..124 {
+        fill(&mut c, 1, v, false);
+        c.remove(1, v);
+    }
+    // Pages 0-3 were seen unused a turn ago (bit clear, nothing pending); page 2's bit was
+    // cleared by the hand just now (rearm pending): its use since could not be seen yet.
+    for v in 0..4 {
+        c.line_mut(c.lookup(1, v).unwrap()).referenced = false;
+    }
+    c.line_mut(c.lookup(1, 2).unwrap()).rearm = true;
+    let victim = c.pick(0).expect("a victim");
+    assert_eq!(c.line(victim).vpn, 0);
+    let run: Vec<u64> = c
+        .pick_beside(victim, 8, |_| false)
+        .iter()
+        .map(|s| c.line(*s).vpn)
+        .collect();
+    assert_eq!(run, vec![1]);
 }
 
 #[test]

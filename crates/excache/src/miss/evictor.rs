@@ -50,6 +50,10 @@ pub(super) struct Victim {
     protected: bool,
     /// Punched out of its process.
     dropped: bool,
+    /// Taken beside another victim ([`crate::cache::ExCache::pick_beside`]), in the same set
+    /// as it when `for_others`: making room for another run's claims as it does.
+    beside: bool,
+    for_others: bool,
 }
 
 impl MissPath {
@@ -193,21 +197,21 @@ impl MissPath {
                         s.evicted_by_others.fetch_add(1, Relaxed);
                     });
                 }
-                let run = if victim.is_some() && beside > 0 {
-                    st.cache.pick_beside(slot, beside)
+                // Within a round's bound, the victim counted; staged samples were never in the
+                // program and are judged by the prefetcher as they leave, so they end a run.
+                let reach = beside.min((ROUND.saturating_sub(victims.len() + 1) / 2) as u64);
+                let run = if victim.is_some() && reach > 0 {
+                    let staged = &st.staged;
+                    st.cache
+                        .pick_beside(slot, reach, |l| staged.contains_key(&(l.pid, l.vpn)))
                 } else {
                     Vec::new()
                 };
                 victims.extend(victim);
-                // Its process's lines, making room for the same claims.
-                for slot in run {
-                    if let Some(v) = self.victim_at(st, slot) {
-                        self.bump(&v.heap, |s| {
-                            s.evicted_beside.fetch_add(1, Relaxed);
-                            if by_others {
-                                s.evicted_by_others.fetch_add(1, Relaxed);
-                            }
-                        });
+                for s in run {
+                    if let Some(mut v) = self.victim_at(st, s) {
+                        v.beside = true;
+                        v.for_others = by_others && st.cache.set_of(v.vpn) == set;
                         victims.push(v);
                     }
                 }
@@ -271,6 +275,8 @@ impl MissPath {
             data: None,
             protected: line.wp,
             dropped: false,
+            beside: false,
+            for_others: false,
         })
     }
 
@@ -355,7 +361,7 @@ impl MissPath {
     /// the others stay, `Ready` again. A line its process gave up meanwhile is forgotten.
     fn finish(&self, run: &mut [Victim], wbs: &mut Vec<Writeback>) {
         let mut g = self.state.lock().unwrap();
-        let mut evicted = 0;
+        let (mut evicted, mut beside, mut for_others) = (0, 0, 0);
         for v in run.iter_mut() {
             let (pid, vpn) = (v.heap.pid, v.vpn);
             if g.cache.lookup(pid, vpn) != Some(v.slot) || g.cache.line(v.slot).state != LineState::Evicting {
@@ -368,6 +374,8 @@ impl MissPath {
             }
             let line = g.cache.remove(pid, vpn).expect("a picked line is resident");
             evicted += 1;
+            beside += v.beside as u64;
+            for_others += v.for_others as u64;
             let Some(data) = v.data.take() else { continue };
             if !self.needs_no_write_back(&g, &v.heap, &line, &data) {
                 g.inflight.insert((pid, vpn));
@@ -386,6 +394,8 @@ impl MissPath {
             self.bump(&run[0].heap, |s| {
                 s.evictions.fetch_add(evicted, Relaxed);
                 s.bg_evictions.fetch_add(evicted, Relaxed);
+                s.evicted_beside.fetch_add(beside, Relaxed);
+                s.evicted_by_others.fetch_add(for_others, Relaxed);
             });
         }
     }
