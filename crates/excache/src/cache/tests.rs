@@ -469,6 +469,14 @@ fn workingset_takes_over_the_lines_another_policy_left_and_passes_over_those_not
     assert_eq!(c.used(), 4);
 }
 
+/// The pages [`ExCache::pick_beside`] takes beside the victim in `slot`, 8 either side.
+fn beside(c: &mut ExCache, slot: usize) -> Vec<u64> {
+    c.pick_beside(slot, 8, |_| false)
+        .iter()
+        .map(|s| c.line(*s).vpn)
+        .collect()
+}
+
 #[test]
 fn only_inactive_old_lines_of_the_victims_process_leave_beside_it() {
     let mut c = ExCache::new(16, 16, Box::new(Workingset::new(16)));
@@ -485,25 +493,14 @@ fn only_inactive_old_lines_of_the_victims_process_leave_beside_it() {
     c.touch(c.lookup(1, 2).unwrap());
     let victim = c.pick(0).expect("a victim");
     assert_eq!(c.line(victim).vpn, 0);
-    let run: Vec<u64> = c
-        .pick_beside(victim, 8, |_| false)
-        .iter()
-        .map(|s| c.line(*s).vpn)
-        .collect();
-    assert_eq!(run, vec![1], "page 2 is active and ends the run");
-    assert!(
-        c.pick_beside(victim, 8, |_| false).is_empty(),
-        "page 1 is being evicted already"
-    );
+    assert_eq!(beside(&mut c, victim), vec![1], "page 2 is active and ends the run");
+    assert!(beside(&mut c, victim).is_empty(), "page 1 is being evicted already");
     // Page 3 is inactive and old, page 4 is inactive but filled after the oldest quarter.
     let s3 = c.lookup(1, 3).unwrap();
-    let run: Vec<u64> = c.pick_beside(s3, 8, |_| false).iter().map(|s| c.line(*s).vpn).collect();
-    assert_eq!(run, Vec::<u64>::new(), "page 2 active, page 4 too young");
-    // Process 2's page 6 is not process 1's page 6, which is not resident; and a line the
-    // caller keeps (a staged sample) ends a run as well.
+    assert_eq!(beside(&mut c, s3), Vec::<u64>::new(), "page 2 active, page 4 too young");
+    // Process 2's page 6 is not process 1's page 6, which is not resident.
     let s5 = c.lookup(1, 5).unwrap();
-    assert!(c.pick_beside(s5, 8, |_| false).is_empty());
-    assert!(c.pick_beside(s3, 8, |l| l.vpn == 4).is_empty());
+    assert!(beside(&mut c, s5).is_empty());
 }
 
 #[test]
@@ -525,12 +522,9 @@ fn clock_keeps_the_second_chance_of_lines_its_hand_just_passed() {
     c.line_mut(c.lookup(1, 2).unwrap()).rearm = true;
     let victim = c.pick(0).expect("a victim");
     assert_eq!(c.line(victim).vpn, 0);
-    let run: Vec<u64> = c
-        .pick_beside(victim, 8, |_| false)
-        .iter()
-        .map(|s| c.line(*s).vpn)
-        .collect();
-    assert_eq!(run, vec![1]);
+    // A line the caller keeps (a staged sample) ends a run as well.
+    assert!(c.pick_beside(victim, 8, |l| l.vpn == 1).is_empty());
+    assert_eq!(beside(&mut c, victim), vec![1]);
 }
 
 #[test]

@@ -15,8 +15,9 @@
 //! the policy's victims are scattered (a program that misses all over its heap fills lines,
 //! and so lets them go, in no order of address), their neighbours that the policy would let
 //! go soon too leave with them (`evict_beside`): a CPython program's evictor took out 1.4
-//! pages per flush, each flush an interrupt of the program's CPU. Victims are captured and dropped without the miss path's lock: a picked line is `Evicting`, still
-//! resident, and a miss on it waits as on a line being filled. Dirty victims are then written
+//! pages per flush, each flush an interrupt of the program's CPU. Victims are captured and
+//! dropped without the miss path's lock: a picked line is `Evicting`, still resident, and a
+//! miss on it waits as on a line being filled. Dirty victims are then written
 //! back together, per process and place, under the miss path's one failure rule
 //! ([`MissPath::settle`]); clean ones are dropped, or offered to the compressed tier first.
 use std::collections::{HashMap, VecDeque};
