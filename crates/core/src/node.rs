@@ -344,8 +344,9 @@ impl Node {
             .name("heartbeat".into())
             .spawn(move || {
                 let mut silence = Silence::default();
+                // The first beat goes at once: its answer tells what registering did not (the
+                // cluster's memory, for one).
                 loop {
-                std::thread::sleep(HEARTBEAT);
                 let leaving = self.leaving.lock().unwrap().clone();
                 match self.call_gm(X2G_HEARTBEAT {
                     id: self.id(),
@@ -389,6 +390,7 @@ impl Node {
                         None => tracing::debug!(error = %e, "heartbeat to the global managers failed"),
                     },
                 }
+                std::thread::sleep(HEARTBEAT);
                 }
             })
             .expect("spawn heartbeat");

@@ -87,6 +87,16 @@ impl VmaMap {
         (self.covers(start, end) && self.map.range(start..end).all(|(_, v)| v.prot == prot)).then_some(prot)
     }
 
+    /// Bytes of [start, end) mapped writable.
+    pub fn writable_in(&self, start: u64, end: u64) -> u64 {
+        let first = self.find(start).map_or(start, |(s, _)| s);
+        self.map
+            .range(first..end)
+            .filter(|(_, v)| v.prot & libc::PROT_WRITE as u32 != 0)
+            .map(|(s, v)| v.end.min(end).saturating_sub((*s).max(start)))
+            .sum()
+    }
+
     pub fn find(&self, addr: u64) -> Option<(u64, Vma)> {
         self.map
             .range(..=addr)
@@ -138,5 +148,24 @@ mod tests {
         assert_eq!(m.find_gap(0x1000, 0x10000, 0x1000, 0x6000), Some(0x6000));
         m.remove_range(0x0, 0x10000);
         assert_eq!(m.iter().count(), 0);
+    }
+
+    #[test]
+    fn writable_bytes_count_only_writable_areas_cut_at_the_range() {
+        let mut m = VmaMap::default();
+        m.insert(0x1000, v(0x4000));
+        m.insert(
+            0x4000,
+            Vma {
+                end: 0x6000,
+                prot: 1,
+                accounted: false,
+            },
+        );
+        m.insert(0x8000, v(0xa000));
+        assert_eq!(m.writable_in(0x2000, 0x9000), 0x2000 + 0x1000);
+        assert_eq!(m.writable_in(0x4000, 0x6000), 0);
+        assert_eq!(m.writable_in(0x0, 0x10000), 0x3000 + 0x2000);
+        assert_eq!(m.writable_in(0x6000, 0x8000), 0);
     }
 }

@@ -56,6 +56,12 @@ counters! {
         heap_call_ns,
         /// Of the heap calls, the ones answered without asking the home mComponent.
         heap_calls_local,
+        /// Of the heap calls, the ones answered before the home mComponent had them (an
+        /// unmap, a protection change no home would refuse): the home is told after the reply.
+        heap_calls_posted,
+        /// Of the posted heap calls, the ones the home refused after the program had its
+        /// answer (logged; expected never).
+        heap_calls_posted_refused,
         /// Of the heap calls, the ones the pComponent's thread serving the program found
         /// without sleeping for them: caught while polling (`heap_call_spin_us`), or already
         /// waiting when it looked.

@@ -238,6 +238,17 @@ impl RemoteStore {
         all
     }
 
+    /// Whether [start, start + len) lies in vRegions the process has already (as its home
+    /// last said): a mapping there costs the home no new vRegion.
+    pub fn in_active_vregions(&self, mem: &ProcMemory, start: u64, len: u64) -> bool {
+        let vrs = self.vregion_size.load(Relaxed);
+        let Some(last) = start.checked_add(len).filter(|_| len > 0).map(|e| (e - 1) / vrs) else {
+            return false;
+        };
+        let v = mem.view.lock().unwrap();
+        (start / vrs..=last).all(|i| v.vregions.contains_key(&i))
+    }
+
     pub fn set_vregion_size(&self, v: u64) {
         self.vregion_size.store(v, Relaxed);
     }

@@ -416,6 +416,14 @@ impl Gm {
                 .into_iter()
                 .filter(|id| !comps.iter().any(|e| e.info.id == *id)),
         );
+        // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
+        // there to be promised (heuristic overcommit refuses a mapping larger than this;
+        // a pComponent answers the changes no home would refuse before the home has them).
+        let memory = comps
+            .iter()
+            .filter(|e| self.takes_memory(e))
+            .map(|e| e.info.load.capacity)
+            .sum();
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
@@ -424,7 +432,7 @@ impl Gm {
                 lost,
                 lost_mcomps,
                 fenced: false,
-                memory: 0,
+                memory,
                 vnodes: self.vnodes.version(),
                 cordoned: self.cordons.has(r.id),
                 leaving: Vec::new(),
@@ -436,13 +444,6 @@ impl Gm {
         if self.replication != Replication::None && !fenced {
             self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
-        // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
-        // there to be promised (heuristic overcommit refuses a mapping larger than this).
-        let memory = comps
-            .iter()
-            .filter(|e| self.takes_memory(e))
-            .map(|e| e.info.load.capacity)
-            .sum();
         let leaving = self.leaving_ids(&comps);
         let rebalance = self.rebalance_from(&comps);
         if exit {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
@@ -97,11 +97,9 @@ impl Handouts {
     /// Serves the pages socket at `path`: each connection presents a token and gets the
     /// segment's memfd, or a refusal.
     pub(super) fn serve(self: Arc<Self>, path: PathBuf) -> std::io::Result<()> {
-        if UnixStream::connect(&path).is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
-        let l = UnixListener::bind(&path)?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        // Bound so that another component's sweep of the transport's directory, which takes
+        // a socket refusing connections for a dead component's, never removes it.
+        let l = splitos_rpc::transport::shm::bind_private(&path)?;
         tracing::info!(socket = %path.display(), "serving one-sided access to the pages of this host's processes");
         std::thread::Builder::new()
             .name("mcomp-pages".into())

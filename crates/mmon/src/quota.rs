@@ -51,7 +51,10 @@ impl Ledger {
         let mut all = self.vnodes.lock().unwrap();
         let v = all.entry(vnode.to_string()).or_default();
         v.quota = quota;
-        if let Some(q) = quota.filter(|q| v.used.saturating_add(more) > *q) {
+        // A change that takes nothing more (an unmap, a protection that adds no writable byte)
+        // is never refused, even for a vNode already past a quota lowered under it: the
+        // pComponent answers such changes before they reach here.
+        if let Some(q) = quota.filter(|q| more > 0 && v.used.saturating_add(more) > *q) {
             v.refused += 1;
             crate::series::VNODE_MEMORY_REFUSED
                 .with([vnode.to_string()])

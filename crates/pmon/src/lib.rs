@@ -92,6 +92,8 @@ pub struct Proc {
     conn: std::os::unix::net::UnixStream,
     /// Who it is and where its memory lives (shared with the page store).
     pub memory: Arc<ProcMemory>,
+    /// Its vNode's memory quota, which its home enforces.
+    memory_quota: Option<u64>,
     /// Its heap as the miss path sees it.
     pub heap: Arc<ProcHeap>,
     /// The userfaultfd its fault workers read (the region holds it too).
@@ -111,6 +113,7 @@ pub struct Proc {
 /// A forked child between its parent's FORK_PREPARE and its own hello.
 struct PendingChild {
     memory: Arc<ProcMemory>,
+    memory_quota: Option<u64>,
     run: Arc<RunStats>,
     /// The interleaving its job chose, if it chose one.
     interleave: Option<Option<Interleave>>,
@@ -175,6 +178,8 @@ pub struct Pcomp {
     sampling: bool,
     /// Idle polling while programs run (`idle_poll`).
     idle: Arc<host::idle::CpuLatency>,
+    /// What homes may refuse, to answer the other heap calls before the home has them.
+    refusals: host::shim::HomeRefusals,
 }
 
 impl Pcomp {
@@ -676,6 +681,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             net: Arc::new(net::NetStub::new(node.clone(), cfg.net_shortcut, cfg.net_path)),
             sampling,
             idle: host::idle::CpuLatency::new(cfg.idle_poll == IdlePoll::On),
+            refusals: Default::default(),
         }
     });
     let p2 = p.clone();
@@ -712,6 +718,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         .register(Some(shim_sock.clone()), p.load())
         .map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
     store.set_vregion_size(reg.vregion_size);
+    p.refusals.set_overcommit(reg.overcommit);
     p.follow_vnodes(reg.vnodes);
     let p2 = p.clone();
     let p3 = p.clone();
@@ -722,6 +729,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             p3.net.forget_peers(&beat.lost);
             p3.follow_vnodes(beat.vnodes);
             p3.set_cordon(beat.cordoned);
+            p3.refusals.set_memory(beat.memory);
         },
     );
     if cfg.link_probe_ms > 0 {

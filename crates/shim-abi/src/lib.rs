@@ -27,7 +27,7 @@ use core::mem::{offset_of, size_of};
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use zerocopy::{Immutable, KnownLayout};
 
-pub const SHIM_ABI_VERSION: u32 = 8;
+pub const SHIM_ABI_VERSION: u32 = 9;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -146,11 +146,14 @@ impl Op {
 pub const MMAP_FIXED: u64 = 1;
 /// The program passed `MAP_NORESERVE`: not charged when mapped (heuristic overcommit).
 pub const MMAP_NORESERVE: u64 = 2;
+/// The program wants the hint's address or nothing (`MAP_FIXED_NOREPLACE`): the hint is
+/// tried wherever it lies. Other hints are followed only inside the process's vRegions.
+pub const MMAP_AT_HINT: u64 = 4;
 pub const MREMAP_MAYMOVE: u64 = 1;
 pub const MREMAP_FIXED: u64 = 2;
 
 /// One request. Argument meaning by op:
-/// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED | MMAP_NORESERVE) -> val=addr; Munmap(a=addr, b=len);
+/// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED | MMAP_NORESERVE | MMAP_AT_HINT) -> val=addr; Munmap(a=addr, b=len);
 /// Mprotect(a, b, c=prot); Dontneed(a, b); Mremap(a=old, b=old_len, c=new_len, d=flags,
 /// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token);
 /// RunStats(a=run id) -> val=length of the JSON that follows.

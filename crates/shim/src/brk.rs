@@ -7,6 +7,7 @@ use libc::size_t;
 use crate::start::ready;
 use crate::sys::{page_up, set_errno, spin_lock, spin_unlock};
 use crate::vm::{madvise, mprotect, region_mmap};
+use splitos_shim_abi::MMAP_NORESERVE;
 
 static BRK_LOCK: AtomicBool = AtomicBool::new(false);
 static BRK_BASE: AtomicU64 = AtomicU64::new(0);
@@ -55,7 +56,7 @@ pub unsafe extern "C" fn sbrk(inc: isize) -> *mut c_void {
 /// BRK_LOCK is held, and as sbrk: a shrink revokes memory the program no longer uses.
 unsafe fn sbrk_locked(inc: isize) -> Result<u64, c_int> {
     if BRK_BASE.load(Relaxed) == 0 {
-        let base = region_mmap(0, BRK_RESERVE, libc::PROT_NONE, false, true)?;
+        let base = region_mmap(0, BRK_RESERVE, libc::PROT_NONE, MMAP_NORESERVE)?;
         BRK_BASE.store(base, Relaxed);
         BRK_CUR.store(base, Relaxed);
         BRK_TOP.store(base, Relaxed);

@@ -2,7 +2,7 @@
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 use libc::{off_t, size_t};
-use splitos_shim_abi::{uffd, Op, MMAP_FIXED, MMAP_NORESERVE, REGION_BASE};
+use splitos_shim_abi::{uffd, Op, MMAP_AT_HINT, MMAP_FIXED, MMAP_NORESERVE, REGION_BASE};
 
 use crate::conn::{connect, hello, request};
 use crate::start::{is_ready, ready};
@@ -131,13 +131,13 @@ fn is_heap_mapping(prot: c_int, flags: c_int, fd: c_int) -> bool {
         && (fd == -1 || flags & libc::MAP_ANONYMOUS != 0)
 }
 
-pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, fixed: bool, noreserve: bool) -> Result<u64, c_int> {
-    let flags = (if fixed { MMAP_FIXED } else { 0 }) | (if noreserve { MMAP_NORESERVE } else { 0 });
+/// A heap mapping from the pComponent; `flags` are the protocol's `MMAP_*`.
+pub(crate) fn region_mmap(hint: u64, len: u64, prot: c_int, flags: u64) -> Result<u64, c_int> {
     let r = request(Op::Mmap, hint, len, prot as u64, flags, 0);
     if r.ret < 0 {
         return Err((-r.ret) as c_int);
     }
-    if fixed && hint != r.val {
+    if flags & MMAP_FIXED != 0 && hint != r.val {
         return Err(libc::ENOMEM);
     }
     // SAFETY: the range was just handed out by the pComponent: no one references it yet.
@@ -206,9 +206,13 @@ pub unsafe extern "C" fn mmap(
         set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
     };
-    let noreserve = flags & libc::MAP_NORESERVE != 0;
+    let noreserve = if flags & libc::MAP_NORESERVE != 0 {
+        MMAP_NORESERVE
+    } else {
+        0
+    };
     if flags & libc::MAP_FIXED_NOREPLACE != 0 {
-        match region_mmap(a, len, prot, false, noreserve) {
+        match region_mmap(a, len, prot, MMAP_AT_HINT | noreserve) {
             Ok(got) if got == a => return got as *mut c_void,
             Ok(got) => {
                 // SAFETY: gives back the range just handed out, which no one has seen.
@@ -222,7 +226,7 @@ pub unsafe extern "C" fn mmap(
             }
         }
     }
-    match region_mmap(a, len, prot, fixed, noreserve) {
+    match region_mmap(a, len, prot, if fixed { MMAP_FIXED } else { 0 } | noreserve) {
         Ok(p) => p as *mut c_void,
         Err(e) => {
             set_errno(e);

@@ -414,6 +414,13 @@ impl MissPath {
             .and_then(|m| m.prot_of(start, end))
     }
 
+    /// Bytes of [start, end) the process has writable, if its layout maps all of it.
+    pub fn writable_in(&self, pid: u64, start: u64, end: u64) -> Option<u64> {
+        let g = self.state.lock().unwrap();
+        let m = g.layouts.get(&pid)?;
+        m.covers(start, end).then(|| m.writable_in(start, end))
+    }
+
     /// The pComponent's counters over all runs.
     pub fn total(&self) -> &Arc<RunStats> {
         &self.total

@@ -224,7 +224,7 @@ impl<P: Peers> Mem<P> {
         self.homes.lock().unwrap().insert(pid, hp.clone());
         h.epoch = h.epoch.max(seen) + 1;
         // Charged here now: what it had mapped is not refused, only what it maps next.
-        h.charged = h.writable_in(h.base, h.limit);
+        h.charged = h.layout.writable_in(h.base, h.limit);
         self.quotas.settle(&h.who.vnode, 0, 0, h.charged);
         let epoch_who = h.who();
         for o in h.all_owners() {

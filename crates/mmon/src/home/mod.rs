@@ -128,15 +128,6 @@ impl HomeProc {
         Ok(end)
     }
 
-    /// Bytes of [start, end) its layout has writable.
-    fn writable_in(&self, start: u64, end: u64) -> u64 {
-        self.layout
-            .iter()
-            .filter(|(_, v)| v.prot & PROT_WRITE != 0)
-            .map(|(s, v)| v.end.min(end).saturating_sub(s.max(start)))
-            .sum()
-    }
-
     fn mapped(&self, addr: u64, prot: u32) -> M2P_MAPPED {
         M2P_MAPPED {
             addr,

@@ -66,7 +66,7 @@ impl<P: Peers> Mem<P> {
         let mut h = lock_home(&hp)?;
         // A fixed mapping replaces what it lands on.
         let replaced = if r.fixed {
-            h.writable_in(r.hint, r.hint.saturating_add(r.len))
+            h.layout.writable_in(r.hint, r.hint.saturating_add(r.len))
         } else {
             0
         };
@@ -103,7 +103,7 @@ impl<P: Peers> Mem<P> {
     ) -> Result<T, Refusal> {
         self.quotas.reserve(&h.who.vnode, h.memory_quota, more)?;
         let out = change(self, h);
-        let after = h.writable_in(h.base, h.limit);
+        let after = h.layout.writable_in(h.base, h.limit);
         self.quotas.settle(&h.who.vnode, more, h.charged, after);
         h.charged = after;
         out
@@ -142,7 +142,7 @@ impl<P: Peers> Mem<P> {
         }
         self.obvious_overcommit(r.len, r.prot)?;
         let more = if r.prot & PROT_WRITE != 0 {
-            r.len - h.writable_in(r.addr, end)
+            r.len - h.layout.writable_in(r.addr, end)
         } else {
             0
         };
@@ -181,7 +181,7 @@ impl<P: Peers> Mem<P> {
     pub(crate) fn mremap(&self, r: P2M_MREMAP) -> Result<M2P_MAPPED, Refusal> {
         let hp = self.home_proc(&r.who)?;
         let mut h = lock_home(&hp)?;
-        let writable = h.writable_in(r.old, r.old.saturating_add(r.old_len)) > 0;
+        let writable = h.layout.writable_in(r.old, r.old.saturating_add(r.old_len)) > 0;
         let more = if writable {
             r.new_len.saturating_sub(r.old_len)
         } else {

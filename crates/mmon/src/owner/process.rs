@@ -56,8 +56,10 @@ impl<P: Peers> Mem<P> {
         let writable = r.prot & PROT_WRITE != 0 && self.charges_mappings();
         if writable {
             let need: u64 = parts.iter().filter(|(_, v)| !v.accounted).map(|(s, v)| v.end - s).sum();
-            self.commit(&r.who.vnode, need)?;
-            g.committed += need;
+            if need > 0 {
+                self.commit(&r.who.vnode, need)?;
+                g.committed += need;
+            }
         }
         for (s, v) in parts {
             g.vmas.set(

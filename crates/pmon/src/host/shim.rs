@@ -4,6 +4,8 @@
 //! peer's credentials and the admin's grants ([`crate::fs::grants`]).
 mod requests;
 
+pub(crate) use requests::HomeRefusals;
+
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::io::{Read, Write};
@@ -20,8 +22,8 @@ use splitos_rpc::{
 };
 use splitos_shim_abi::{
     uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, DEFAULT_VNODE, HELLO_CREATE_VNODE,
-    HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION,
-    WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV,
+    HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_AT_HINT, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE,
+    SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV,
 };
 
 use super::fault;
@@ -442,7 +444,8 @@ impl Pcomp {
                 break;
             };
             let t0 = std::time::Instant::now();
-            let (ret, val, val2) = match self.request(&proc_, &req) {
+            let mut posted = None;
+            let (ret, val, val2) = match self.request(&proc_, &req, &mut posted) {
                 Ok((v, v2)) => (0, v, v2),
                 Err(e) => (-e, 0, 0),
             };
@@ -459,6 +462,9 @@ impl Pcomp {
             }
             if reply(&mut s, ret, val, val2).is_err() {
                 break;
+            }
+            if let Some(w) = posted {
+                self.post(&proc_, w);
             }
         }
         self.exit_process(&proc_);
@@ -591,6 +597,7 @@ impl Pcomp {
                     pid,
                     PendingChild {
                         memory: Arc::new(ProcMemory::new(who, home, created.backup)),
+                        memory_quota,
                         run,
                         interleave,
                         vmas: Vec::new(),
@@ -636,6 +643,7 @@ impl Pcomp {
             pidfd: peer.pidfd.clone(),
             conn,
             memory: child.memory,
+            memory_quota: child.memory_quota,
             heap,
             uffd,
             stop,

@@ -739,19 +739,8 @@ impl Transport for ShmTransport {
         let tcp = self.tcp.listen_stream(addr)?;
         self.sweep();
         let path = self.socket_path(&tcp.addr());
-        // Bound and listening under a name the sweep ignores, then renamed into place: a
-        // neighbour's sweep never sees this socket between bind and listen (when a connect
-        // would be refused). The TCP port is ours, so a socket left at the final name belongs
-        // to a component that is gone, and the rename replaces it.
-        let tmp = self.dir.join(format!(
-            ".{}.{}.tmp",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("sock"),
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&tmp);
-        let unix = UnixListener::bind(&tmp)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-        std::fs::rename(&tmp, &path)?;
+        // The TCP port is ours, and so the name.
+        let unix = bind_private(&path)?;
         Ok(Box::new(ShmListen {
             tcp,
             unix,
@@ -762,6 +751,24 @@ impl Transport for ShmTransport {
             max_channels: self.max_channels,
         }))
     }
+}
+
+/// A listening socket at `path` that only this user may reach. It is bound and listening
+/// under a name the sweep ignores, then renamed into place: a neighbour's sweep never sees it
+/// between bind and listen (when a connect would be refused, as by a dead component's). The
+/// caller owns the name (the TCP port in it is its own), so a socket left there belongs to a
+/// component that is gone, and the rename replaces it.
+pub fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("sock"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let unix = UnixListener::bind(&tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(unix)
 }
 
 /// Closes, as long as the transport exists, the free channels unused for `idle`: each one

@@ -279,8 +279,8 @@ message_types! {
     /// silent for as long, whose replicas the homes rebuild elsewhere. `fenced`: the receiver
     /// itself was declared lost in a replicated cluster; its copies are out of date, and it
     /// drops them and registers again.
-    /// `memory`: the capacity of all live mComponents (a mapping larger than that is an
-    /// obvious overcommit).
+    /// `memory` (to mComponents and pComponents): the capacity of all live mComponents (a
+    /// mapping larger than that is an obvious overcommit).
     /// `vnodes`: the version of the vNodes' table; a pComponent that has another asks for
     /// the table (`P2G_VNODES`). `cordoned`: the receiver (a pComponent) takes no new
     /// programs. `leaving` (to mComponents): the mComponents being detached; every home moves

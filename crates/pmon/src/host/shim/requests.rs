@@ -1,6 +1,51 @@
 //! A program's requests on its socket once it runs: its virtual-memory calls, most forwarded to
 //! its home mComponent, and a fork's preparation.
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use splitos_rpc::Overcommit;
+
 use super::*;
+
+/// A heap call's part at the home that the program need not wait for: the home is told after
+/// the program has its answer and before its next request is read, so the home still sees
+/// the program's calls in their order, and the program's fault path goes by the local
+/// layout, already changed.
+pub(super) enum Posted {
+    Munmap { addr: u64, len: u64 },
+    Mprotect { addr: u64, len: u64, prot: u32 },
+}
+
+/// What a home may refuse that this pComponent can tell beforehand: strict overcommit
+/// (learnt when registering) refuses writable memory past the owners' room, heuristic
+/// overcommit a writable range larger than all the cluster's memory (told in heartbeats);
+/// a vNode's memory quota is the process's own.
+#[derive(Default)]
+pub(crate) struct HomeRefusals {
+    strict: AtomicBool,
+    /// The capacity of all live mComponents; 0 until the managers have said.
+    memory: AtomicU64,
+}
+
+impl HomeRefusals {
+    pub(crate) fn set_overcommit(&self, o: Overcommit) {
+        self.strict.store(o == Overcommit::Strict, Relaxed);
+    }
+
+    pub(crate) fn set_memory(&self, bytes: u64) {
+        self.memory.store(bytes, Relaxed);
+    }
+
+    /// Whether a home could refuse to make `len` bytes `writable` (or not), `more` of them
+    /// newly, for a process under `quota`. Half the cluster's memory leaves room for the
+    /// mComponents lost or detached since the last heartbeat.
+    fn may_refuse(&self, len: u64, writable: bool, more: u64, quota: Option<u64>) -> bool {
+        if !writable {
+            return false;
+        }
+        let memory = self.memory.load(Relaxed);
+        memory == 0 || len > memory / 2 || (more > 0 && (quota.is_some() || self.strict.load(Relaxed)))
+    }
+}
 
 impl Pcomp {
     /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
@@ -19,6 +64,49 @@ impl Pcomp {
     pub(super) fn count_local(&self, p: &Proc) {
         for s in [&p.heap.stats, self.miss.total()] {
             s.heap_calls_local.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Counted before the reply: whoever reads the counters after the program's call sees it.
+    fn count_posted(&self, p: &Proc) {
+        for s in [&p.heap.stats, self.miss.total()] {
+            s.heap_calls_posted.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Tells the home a call the program already has its answer to.
+    pub(super) fn post(&self, p: &Proc, posted: Posted) {
+        let who = p.memory.who.clone();
+        let (op, addr, len, done) = match posted {
+            Posted::Munmap { addr, len } => (
+                "munmap",
+                addr,
+                len,
+                self.release_kept(p, addr, addr + len)
+                    .and_then(|()| self.home_call(p, P2M_MUNMAP { who, addr, len }).map(drop)),
+            ),
+            Posted::Mprotect { addr, len, prot } => (
+                "mprotect",
+                addr,
+                len,
+                self.home_call(p, P2M_MPROTECT { who, addr, len, prot }).map(drop),
+            ),
+        };
+        if let Err(errno) = done {
+            for s in [&p.heap.stats, self.miss.total()] {
+                s.heap_calls_posted_refused.fetch_add(1, Relaxed);
+            }
+            static POSTED: Refusals = Refusals::new("the home refused a heap call its program had been answered");
+            if POSTED.log_this(format_args!("uid {}", p.uid)) {
+                tracing::warn!(
+                    pid = p.pid,
+                    op,
+                    addr,
+                    len,
+                    errno,
+                    "the home refused a heap call its program had been answered"
+                );
+            }
         }
     }
 
@@ -42,7 +130,8 @@ impl Pcomp {
         Ok(())
     }
 
-    pub(super) fn request(&self, p: &Arc<Proc>, r: &ShimReq) -> Result<(u64, u64), i64> {
+    /// Answers request `r`; what the home is to be told after the answer goes to `posted`.
+    pub(super) fn request(&self, p: &Arc<Proc>, r: &ShimReq, posted: &mut Option<Posted>) -> Result<(u64, u64), i64> {
         // The shim sends only ranges in the heap region; anything else (an end past the end of
         // the address space included) is refused before it reaches the miss path.
         let within =
@@ -75,9 +164,19 @@ impl Pcomp {
                 let fixed = r.d & MMAP_FIXED != 0;
                 let noreserve = r.d & MMAP_NORESERVE != 0;
                 let prot = r.c as u32;
-                // A hint outside the heap region cannot be honoured (the home ignores it): V8
-                // gives a random one with each of its 508 KiB mappings.
-                if (r.a == 0 || !p.heap_range.contains(&r.a)) && !fixed {
+                // A hint is followed where the program insists (fixed, MAP_FIXED_NOREPLACE) or
+                // where it costs nothing: inside the process's vRegions. V8 gives a random one
+                // anywhere with each of its 508 KiB mappings, and following each would have
+                // the home place a vRegion for it.
+                let hint = if fixed
+                    || r.d & MMAP_AT_HINT != 0
+                    || (p.heap_range.contains(&r.a) && self.store.in_active_vregions(&p.memory, r.a, r.b))
+                {
+                    r.a
+                } else {
+                    0
+                };
+                if hint == 0 {
                     let reused = p.reuse.lock().unwrap().take(r.b, prot);
                     if let Some(addr) = reused {
                         self.miss.set_prot(p.pid, addr, addr + r.b, Some(prot));
@@ -127,7 +226,7 @@ impl Pcomp {
                         p,
                         P2M_MMAP {
                             who: who.clone(),
-                            hint: r.a,
+                            hint,
                             len: r.b,
                             prot,
                             fixed,
@@ -161,6 +260,13 @@ impl Pcomp {
                         return Ok((0, 0));
                     }
                 }
+                self.miss.set_prot(p.pid, r.a, end, None);
+                if r.a.is_multiple_of(PAGE) && r.b.is_multiple_of(PAGE) {
+                    // The home never refuses an aligned unmap in the heap region.
+                    self.count_posted(p);
+                    *posted = Some(Posted::Munmap { addr: r.a, len: r.b });
+                    return Ok((0, 0));
+                }
                 self.release_kept(p, r.a, end)?;
                 self.home_call(
                     p,
@@ -170,13 +276,33 @@ impl Pcomp {
                         len: r.b,
                     },
                 )?;
-                self.miss.set_prot(p.pid, r.a, end, None);
                 Ok((0, 0))
             }
             Some(Op::Mprotect) => {
                 if p.reuse.lock().unwrap().overlaps(r.a, r.a.saturating_add(r.b)) {
                     // Part of the range is unmapped, as far as the program knows.
                     return Err(libc::ENOMEM as i64);
+                }
+                let (end, prot) = (r.a + r.b, r.c as u32);
+                // Answered here when the home could not refuse it: a range the layout maps
+                // whole (else ENOMEM), aligned, and nothing the overcommit or a quota stops.
+                let sure = r.a.is_multiple_of(PAGE)
+                    && r.b.is_multiple_of(PAGE)
+                    && r.b > 0
+                    && self.miss.writable_in(p.pid, r.a, end).is_some_and(|w| {
+                        !self
+                            .refusals
+                            .may_refuse(r.b, prot & libc::PROT_WRITE as u32 != 0, r.b - w, p.memory_quota)
+                    });
+                if sure {
+                    self.miss.set_prot(p.pid, r.a, end, Some(prot));
+                    self.count_posted(p);
+                    *posted = Some(Posted::Mprotect {
+                        addr: r.a,
+                        len: r.b,
+                        prot,
+                    });
+                    return Ok((0, 0));
                 }
                 self.home_call(
                     p,
@@ -311,6 +437,7 @@ impl Pcomp {
             child,
             PendingChild {
                 memory,
+                memory_quota: p.memory_quota,
                 run: p.heap.stats.clone(),
                 interleave: self.miss.job_interleave(p.pid),
                 vmas: forked.vmas,
