@@ -27,6 +27,7 @@ impl Pcomp {
                 "totals": self.miss.total().json(),
                 "one_sided": splitos_metrics::counters::json(self.store.one_sided.stats.counters()),
                 "idle_poll": {"in_force": self.idle.in_force(), "counters": splitos_metrics::counters::json(self.idle.stats.counters())},
+                "home_refusals": self.refusals.json(),
             })
         })
         .to_string()

@@ -1508,3 +1508,31 @@ pub fn as_user(uid: u32, args: &[&str], env: &[(&str, &str)]) -> std::process::O
         .output()
         .unwrap()
 }
+
+/// Requests of kind `msg` the component at `addr` served, by its own counter.
+pub fn requests_of(c: &TestCluster, addr: &str, msg: &str) -> f64 {
+    let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
+    let (ours, kind) = (format!("component=\"{addr}\""), format!("msg=\"{msg}\""));
+    text(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("splitos_mcomp_requests_total{") && l.contains(&ours) && l.contains(&kind))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Waits until every pComponent of `c` has heard from the managers how much memory the cluster
+/// has: until then it asks the home before answering a change that adds write access.
+pub fn wait_cluster_memory_known(c: &TestCluster) {
+    let t0 = Instant::now();
+    while !c
+        .components("pcomponent")
+        .iter()
+        .all(|p| p["stats"]["home_refusals"]["cluster_memory"].as_u64().unwrap_or(0) > 0)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the pComponents never learnt the cluster's memory"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

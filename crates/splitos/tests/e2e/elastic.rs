@@ -217,17 +217,6 @@ fn standby_memory_takes_nothing_until_attached_and_detach_refuses_bad_requests()
     );
 }
 
-/// Requests of kind `msg` the component at `addr` served, by its own counter.
-fn requests_of(c: &TestCluster, addr: &str, msg: &str) -> f64 {
-    let out = c.cmd(&["cluster", "metrics"]).output().unwrap();
-    let (ours, kind) = (format!("component=\"{addr}\""), format!("msg=\"{msg}\""));
-    text(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("splitos_mcomp_requests_total{") && l.contains(&ours) && l.contains(&kind))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
 fn pcomp(c: &TestCluster) -> serde_json::Value {
     c.components("pcomponent").remove(0)
 }

@@ -118,6 +118,34 @@ fn a_program_over_its_vnodes_memory_quota_gets_null_from_malloc_and_other_vnodes
 }
 
 #[test]
+fn mprotect_past_the_quota_is_refused_and_memory_made_inaccessible_is_free_again_at_once() {
+    // Write access added under a quota is asked of the home; write access taken away is
+    // answered before the home has it, and the home has it before the program's next call.
+    let c = TestCluster::up(Some(TWO_VNODES));
+    wait_cluster_memory_known(&c);
+    let p = program("protect_past");
+    let out = c.run(&["--vnode", "small"], &[p.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{:?} {} {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "220 MiB writable: ENOMEM\n150 MiB writable: ok, inaccessible again: ok, the next 150 MiB: ok, 4\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let small = vnode_memory(&c, "small");
+    assert!(small["refused"].as_u64().unwrap() >= 1, "{small}");
+    let totals = &c.components("pcomponent")[0]["stats"]["totals"];
+    assert!(n(totals, "heap_calls_posted") >= 1, "{totals}");
+    assert_eq!(n(totals, "heap_calls_posted_refused"), 0, "{totals}");
+}
+
+#[test]
 fn a_bad_memory_quota_is_refused_with_a_message_naming_it() {
     let dir = tempfile::Builder::new().prefix("splitos-quota-").tempdir().unwrap();
     for (value, says) in [

@@ -278,6 +278,10 @@ fn heap_mappings_handed_out_again_without_the_home_behave_as_natively() {
                     if reuse == "0" { local == 0 } else { local > 300 },
                     "heap calls answered locally with --heap-reuse {reuse}: {s}"
                 );
+                // Without reuse every unmap goes to the home, after the program's answer.
+                if reuse == "0" {
+                    assert!(n(&s, "heap_calls_posted") >= 200, "{s}");
+                }
             }
         }
     }
@@ -294,6 +298,36 @@ fn heap_mappings_handed_out_again_without_the_home_behave_as_natively() {
     let js = "const m = new Map();\nfor (let i = 0; i < 300000; i++) m.set('k' + i, [i, i * 2]);\nlet s = 0;\nfor (const [k, v] of m) s += v[1];\nconsole.log(m.size, s);\n";
     let (_, s) = same_as_native_with_stats(&["--excache", "256M", "--heap-reuse", "64M"], &["node", "-e", js]);
     assert!(n(&s, "heap_calls_local") * 3 > n(&s, "heap_calls"), "{s}");
+}
+
+#[test]
+fn address_hints_outside_the_process_vregions_are_passed_over_and_noreplace_gets_its_address() {
+    // 64 mappings at hints 64 GiB apart: followed, each would have the home place a vRegion of
+    // its own. The program's line is the same as natively; its home shows how few vRegions it
+    // placed while the program still holds its mappings.
+    let p = prog("hints");
+    let native_line = text(&native(&[&p]).stdout);
+    assert_eq!(
+        native_line,
+        "ready; 64 mappings hold their data; MAP_FIXED_NOREPLACE: at its address\n"
+    );
+    let c = TestCluster::up(None);
+    let mut child = c.spawn(&[], &[&p]);
+    assert_eq!(read_line(&mut child), native_line);
+    let pid = c.process_of(&child)["pid"].as_u64().unwrap();
+    let homes: Vec<serde_json::Value> = c
+        .components("mcomponent")
+        .iter()
+        .flat_map(|m| m["stats"]["home_processes"].as_array().cloned().unwrap_or_default())
+        .filter(|h| h["pid"] == pid)
+        .collect();
+    assert_eq!(homes.len(), 1, "{homes:?}");
+    let vregions = homes[0]["vregions"].as_array().unwrap().len();
+    // The first mapping's vRegion, the fixed one's, and what the C library and the loader map.
+    assert!(vregions <= 4, "{vregions} vRegions placed: {homes:?}");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 #[test]

@@ -290,10 +290,12 @@ fn components_on_another_host_are_reached_over_tcp_and_neighbours_through_shared
 
 #[test]
 fn heap_calls_are_served_on_a_shared_memory_channels_own_thread_and_handed_off_over_tcp() {
-    // Every mprotect is answered by the process's home, which may call the owners of the range:
-    // a request that fans out. Over shared memory the channel's thread serves it (it waits for
+    // Every mprotect reaches the process's home, which may call the owners of the range: a
+    // request that fans out. Over shared memory the channel's thread serves it (it waits for
     // the answer either way); a TCP connection is shared by the pComponent's callers, so its
-    // receiving thread hands it to the fan-out pool.
+    // receiving thread hands it to the fan-out pool. No home could refuse these (the range is
+    // mapped, no quota, heuristic overcommit): the program has its answer before the home has
+    // the call.
     let p = program("protects");
     let cmd = [p.to_str().unwrap(), "1500"];
     let base = "[[pcomponent]]\nexcache = \"16M\"\n[[mcomponent]]\n";
@@ -302,12 +304,23 @@ fn heap_calls_are_served_on_a_shared_memory_channels_own_thread_and_handed_off_o
         ("tcp", format!("{base}[transport]\nkind = \"tcp\"\n")),
     ] {
         let c = TestCluster::up(Some(&config));
+        wait_cluster_memory_known(&c);
         let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
         let handed_off = || c.metric(&m, "splitos_rpc_requests_handed_off_total");
         let before = handed_off();
+        let protects = requests_of(&c, &m, "P2M_MPROTECT");
         let s = c.run_stats(&cmd);
         let calls = n(&s, "heap_calls") - n(&s, "heap_calls_local");
         assert!(calls >= 1500, "{kind}: every mprotect went to the home: {s}");
+        assert!(
+            n(&s, "heap_calls_posted") >= 1500,
+            "{kind}: answered before the home had them: {s}"
+        );
+        assert_eq!(n(&s, "heap_calls_posted_refused"), 0, "{kind}: {s}");
+        assert!(
+            requests_of(&c, &m, "P2M_MPROTECT") - protects >= 1500.0,
+            "{kind}: the home served every one of them"
+        );
         let by_pool = handed_off() - before;
         if kind == "shm" {
             assert!(

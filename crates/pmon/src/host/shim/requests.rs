@@ -35,6 +35,11 @@ impl HomeRefusals {
         self.memory.store(bytes, Relaxed);
     }
 
+    /// What this pComponent knows, for its statistics.
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({"strict_overcommit": self.strict.load(Relaxed), "cluster_memory": self.memory.load(Relaxed)})
+    }
+
     /// Whether a home could refuse to make `len` bytes `writable` (or not), `more` of them
     /// newly, for a process under `quota`. Half the cluster's memory leaves room for the
     /// mComponents lost or detached since the last heartbeat.
@@ -449,5 +454,37 @@ impl Pcomp {
             },
         );
         Ok(child)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_write_access_added_under_a_quota_strict_overcommit_or_unknown_memory_may_be_refused() {
+        let r = HomeRefusals::default();
+        assert!(!r.may_refuse(1 << 40, false, 0, Some(1)), "taking write access away");
+        assert!(
+            r.may_refuse(4096, true, 4096, None),
+            "the cluster's memory not known yet"
+        );
+        r.set_memory(1 << 30);
+        assert!(!r.may_refuse(4096, true, 4096, None));
+        assert!(r.may_refuse(4096, true, 4096, Some(1 << 20)), "under a quota");
+        assert!(
+            !r.may_refuse(4096, true, 0, Some(1 << 20)),
+            "already writable, under a quota"
+        );
+        assert!(
+            r.may_refuse((1 << 29) + 4096, true, 0, None),
+            "more than half the cluster's memory"
+        );
+        r.set_overcommit(Overcommit::Strict);
+        assert!(r.may_refuse(4096, true, 4096, None), "strict overcommit");
+        assert!(
+            !r.may_refuse(4096, true, 0, None),
+            "already writable, strict overcommit"
+        );
     }
 }
