@@ -319,7 +319,11 @@ impl<P: Peers> Mem<P> {
 
     /// A heartbeat's answer, on the rebuilder thread (fencing was done on the heartbeat's).
     fn on_beat(&self, beat: G2X_BEAT) {
-        self.cluster_memory.store(beat.memory, Relaxed);
+        // A fenced or departing component's answer says 0: the last figure stays the best
+        // known (a pComponent answers changes a home would refuse only past half of it).
+        if beat.memory > 0 {
+            self.cluster_memory.store(beat.memory, Relaxed);
+        }
         self.leave(&beat.leaving);
         if let Some(full) = beat.rebalance {
             self.rebalance_pass(full);

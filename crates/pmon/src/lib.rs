@@ -102,6 +102,9 @@ pub struct Proc {
     stop: OwnedFd,
     /// Its unmapped heap ranges still mapped at its home (only its shim thread uses them).
     reuse: Mutex<host::reuse::HeapReuse>,
+    /// Calls answered before its home had them that the home did not take (only its shim
+    /// thread uses them).
+    owed: Mutex<Vec<host::shim::Posted>>,
     /// Its heap region's addresses.
     heap_range: std::ops::Range<u64>,
     /// Its share of the idle-polling request, while it runs.

@@ -4,7 +4,7 @@
 //! peer's credentials and the admin's grants ([`crate::fs::grants`]).
 mod requests;
 
-pub(crate) use requests::HomeRefusals;
+pub(crate) use requests::{HomeRefusals, Posted};
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
@@ -648,6 +648,7 @@ impl Pcomp {
             uffd,
             stop,
             reuse,
+            owed: Mutex::new(Vec::new()),
             heap_range,
             _idle: self.idle.hold(),
             started: std::time::SystemTime::now(),

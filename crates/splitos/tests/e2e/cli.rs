@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 
 /// A Python program that says "ready", then waits for a KeyboardInterrupt, says so and lets it
 /// end the interpreter (exit by SIGINT: status 130, as in a shell).
-const CATCHES_SIGINT: &str = "import time\ntry:\n    print('ready', flush=True)\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    print('caught KeyboardInterrupt', flush=True)\n    raise\n";
+// Short sleeps: a SIGINT that lands before a sleep begins (its handler run on the way back from
+// a trapped page fault, say) is only seen by the interpreter between sleeps, not during one.
+const CATCHES_SIGINT: &str = "import time\ntry:\n    print('ready', flush=True)\n    for _ in range(6000):\n        time.sleep(0.1)\nexcept KeyboardInterrupt:\n    print('caught KeyboardInterrupt', flush=True)\n    raise\n";
 
 /// `splitos run` on an embedded cluster, in a process group of its own as a shell puts a job.
 pub(crate) fn run_cmd(opts: &[&str], prog: &[&str], data: &std::path::Path) -> Command {

@@ -10,7 +10,8 @@ use super::*;
 /// the program has its answer and before its next request is read, so the home still sees
 /// the program's calls in their order, and the program's fault path goes by the local
 /// layout, already changed.
-pub(super) enum Posted {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Posted {
     Munmap { addr: u64, len: u64 },
     Mprotect { addr: u64, len: u64, prot: u32 },
 }
@@ -79,40 +80,45 @@ impl Pcomp {
         }
     }
 
-    /// Tells the home a call the program already has its answer to.
-    pub(super) fn post(&self, p: &Proc, posted: Posted) {
+    fn send_posted(&self, p: &Proc, posted: Posted) -> Result<(), i64> {
         let who = p.memory.who.clone();
-        let (op, addr, len, done) = match posted {
-            Posted::Munmap { addr, len } => (
-                "munmap",
-                addr,
-                len,
-                self.release_kept(p, addr, addr + len)
-                    .and_then(|()| self.home_call(p, P2M_MUNMAP { who, addr, len }).map(drop)),
-            ),
-            Posted::Mprotect { addr, len, prot } => (
-                "mprotect",
-                addr,
-                len,
-                self.home_call(p, P2M_MPROTECT { who, addr, len, prot }).map(drop),
-            ),
-        };
-        if let Err(errno) = done {
+        match posted {
+            Posted::Munmap { addr, len } => {
+                // Kept ranges first: unmapped at the home with the rest, one left kept would
+                // later be handed out as mapped there.
+                self.release_kept(p, addr, addr + len)?;
+                self.home_call(p, P2M_MUNMAP { who, addr, len }).map(drop)
+            }
+            Posted::Mprotect { addr, len, prot } => self.home_call(p, P2M_MPROTECT { who, addr, len, prot }).map(drop),
+        }
+    }
+
+    /// Tells the home a call the program already has its answer to. One that fails (a
+    /// component lost on the way) is owed: tried again before the program's next call that
+    /// depends on the home's layout.
+    pub(super) fn post(&self, p: &Proc, posted: Posted) {
+        if let Err(errno) = self.send_posted(p, posted) {
             for s in [&p.heap.stats, self.miss.total()] {
                 s.heap_calls_posted_refused.fetch_add(1, Relaxed);
             }
             static POSTED: Refusals = Refusals::new("the home refused a heap call its program had been answered");
             if POSTED.log_this(format_args!("uid {}", p.uid)) {
-                tracing::warn!(
-                    pid = p.pid,
-                    op,
-                    addr,
-                    len,
-                    errno,
-                    "the home refused a heap call its program had been answered"
-                );
+                tracing::warn!(pid = p.pid, call = ?posted, errno, "the home refused a heap call its program had been answered; it is tried again before the next");
             }
+            p.owed.lock().unwrap().push(posted);
         }
+    }
+
+    /// Sends the posted calls the home did not take, in their order; while one still fails,
+    /// the program's call waiting on them fails with its errno: the home's layout (what a
+    /// fork copies, where an mremap grows) must be the program's before it is used.
+    fn pay_owed(&self, p: &Proc) -> Result<(), i64> {
+        let mut owed = p.owed.lock().unwrap();
+        while let Some(&first) = owed.first() {
+            self.send_posted(p, first)?;
+            owed.remove(0);
+        }
+        Ok(())
     }
 
     /// Unmaps at the home the kept ranges (see [`HeapReuse`]) that overlap [start, end): the
@@ -142,7 +148,8 @@ impl Pcomp {
         let within =
             |a: u64, len: u64| a >= p.heap_range.start && a.checked_add(len).is_some_and(|e| e <= p.heap_range.end);
         let valid = match Op::from_u32(r.op) {
-            Some(Op::Munmap) => r.b > 0 && within(r.a, r.b),
+            // The shim sends whole pages (it refuses an unaligned address, rounds the length up).
+            Some(Op::Munmap) => r.b > 0 && r.a.is_multiple_of(PAGE) && r.b.is_multiple_of(PAGE) && within(r.a, r.b),
             Some(Op::Mprotect | Op::Dontneed) => within(r.a, r.b),
             Some(Op::Mmap) => r.b > 0 && (r.d & MMAP_FIXED == 0 || within(r.a, r.b)),
             Some(Op::Mremap) => r.b > 0 && r.c > 0 && within(r.a, r.b) && (r.d & MREMAP_FIXED == 0 || within(r.e, r.c)),
@@ -160,6 +167,9 @@ impl Pcomp {
                 );
             }
             return Err(libc::EINVAL as i64);
+        }
+        if !matches!(Op::from_u32(r.op), Some(Op::ForkAbort | Op::RunStats) | None) {
+            self.pay_owed(p)?;
         }
         let who = p.memory.who.clone();
         let t = &p.heap;
@@ -266,21 +276,9 @@ impl Pcomp {
                     }
                 }
                 self.miss.set_prot(p.pid, r.a, end, None);
-                if r.a.is_multiple_of(PAGE) && r.b.is_multiple_of(PAGE) {
-                    // The home never refuses an aligned unmap in the heap region.
-                    self.count_posted(p);
-                    *posted = Some(Posted::Munmap { addr: r.a, len: r.b });
-                    return Ok((0, 0));
-                }
-                self.release_kept(p, r.a, end)?;
-                self.home_call(
-                    p,
-                    P2M_MUNMAP {
-                        who,
-                        addr: r.a,
-                        len: r.b,
-                    },
-                )?;
+                // The home refuses no aligned unmap in the heap region.
+                self.count_posted(p);
+                *posted = Some(Posted::Munmap { addr: r.a, len: r.b });
                 Ok((0, 0))
             }
             Some(Op::Mprotect) => {
@@ -363,8 +361,13 @@ impl Pcomp {
                 )?;
                 p.memory.learn(&m.owners, m.epoch, m.backup.clone());
                 self.miss.shift_materialized(p.pid, r.a, r.b, r.c, m.addr);
-                self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
-                self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
+                if m.addr == r.a && r.c <= r.b {
+                    // Shrunk in place: the areas kept keep their protections, as at the home.
+                    self.miss.set_prot(p.pid, r.a + r.c, r.a + r.b, None);
+                } else {
+                    self.miss.set_prot(p.pid, r.a, r.a + r.b, None);
+                    self.miss.set_prot(p.pid, m.addr, m.addr + r.c, Some(m.prot));
+                }
                 Ok((m.addr, m.prot as u64))
             }
             Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),
