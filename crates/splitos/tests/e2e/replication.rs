@@ -347,7 +347,10 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
     let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\nreclaim_dead_ms = 20000\nforget_dead_ms = 60000\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n"));
     let mcomp = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     for trial in 1..=3 {
-        let (mut child, pid) = spawn_hold(&c, 24);
+        let (mut child, _) = spawn_hold(&c, 24);
+        // The admin's tool reads a page of another program, which lives on until it has: the
+        // first may have read its heap back and ended by then.
+        let (kept, pid) = spawn_hold(&c, 24);
         let served = c.metric(&mcomp, "splitos_mcomp_requests_total");
         // Shorter than reclaim_dead_ms; the admin's tool below has 5 s for its handshake.
         let paused = Stalled::new(c.pid_of_addr(&mcomp));
@@ -401,6 +404,7 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
             text(&fetched.stderr)
         );
         assert_hold_ends_native(child);
+        assert_hold_ends_native(kept);
         assert!(
             c.metric(&mcomp, "splitos_mcomp_requests_total") > served,
             "trial {trial}: the paused mComponent is used again once it goes on"
