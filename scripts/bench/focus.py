@@ -76,7 +76,7 @@ def main():
                         secs, d, code, _, err = suite.run(cmd, env, suite.splitos_prefix(int(ws * f), st.name, opts))
                         stats = json.load(open(st.name)) if os.path.getsize(st.name) else {}
                     run = {"s": stats.get("wall_s", secs), "ok": d == digest and code == 0, "timed_out": code == -1,
-                           **{k: stats.get(k) for k in ("misses", "plocal_fills", "evictions", "flushes", "wp_faults", "miss_ns_p50", "miss_ns_mean", "processes")}}
+                           **{k: stats.get(k) for k in ("misses", "plocal_fills", "evictions", "flushes", "wp_faults", "sample_touches", "miss_ns_p50", "miss_ns_mean", "processes")}}
                     if not run["ok"] and code != -1:
                         run["stderr"] = err.decode(errors="replace")[-300:]
                     r["runs"].setdefault(f"{label} {f}", []).append(run)

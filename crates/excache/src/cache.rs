@@ -677,11 +677,18 @@ impl ExCache {
     /// their reference bit); their marks are cleared.
     pub fn take_rearm(&mut self, vpn: u64) -> Vec<usize> {
         let set = self.set_of(vpn);
+        let base = set * self.stride;
+        if let Some(ways) = self.policy.take_rearmed(set) {
+            return ways
+                .into_iter()
+                .map(|w| base + w)
+                .filter(|&slot| self.slots[slot].as_mut().is_some_and(|l| std::mem::take(&mut l.rearm)))
+                .collect();
+        }
         let (from, to) = (self.rearm_from[set], self.hands[set]);
         self.rearm_from[set] = to;
         let passed = to.wrapping_sub(from).min(self.ways);
         let first = (to % self.ways + self.ways - passed) % self.ways;
-        let base = set * self.stride;
         let mut out = Vec::new();
         for step in 0..passed {
             let way = base + (first + step) % self.ways;

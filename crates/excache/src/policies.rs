@@ -29,16 +29,18 @@ use splitos_core::config::{EvictPolicy, PrefetchPolicy};
 /// What each eviction policy's name ([`EvictPolicy`], in the configuration) builds: the miss
 /// handler of the `excache-eviction` Ebb.
 pub trait BuildEviction {
-    fn build(self, lines: usize) -> Box<dyn EvictionPolicy>;
+    /// `sampled`: the programs' touches of lines the policy asks to observe are seen (access
+    /// sampling), not only their writes.
+    fn build(self, lines: usize, sampled: bool) -> Box<dyn EvictionPolicy>;
 }
 
 impl BuildEviction for EvictPolicy {
-    fn build(self, lines: usize) -> Box<dyn EvictionPolicy> {
+    fn build(self, lines: usize, sampled: bool) -> Box<dyn EvictionPolicy> {
         match self {
             EvictPolicy::Fifo => Box::new(Fifo),
             EvictPolicy::Clock => Box::new(Clock),
             EvictPolicy::GhostClock => Box::new(GhostClock::new(lines)),
-            EvictPolicy::Workingset => Box::new(Workingset::new(lines)),
+            EvictPolicy::Workingset => Box::new(Workingset::new(lines, sampled)),
         }
     }
 }
@@ -62,18 +64,27 @@ impl BuildPrefetch for PrefetchPolicy {
 pub struct Policies {
     pub eviction: Ebb<Box<dyn EvictionPolicy>>,
     pub prefetch: Ebb<Box<dyn Prefetcher>>,
+    /// Access sampling is on: replacements are built for it too.
+    sampled: bool,
     /// Replacements one at a time: an Ebb and the representative the ExCache holds change
     /// together.
     replacing: Mutex<()>,
 }
 
 impl Policies {
-    /// The policies a pComponent starts with: `eviction` for a cache of `lines`, `prefetch`
-    /// reading ahead at most `window` lines.
-    pub fn new(eviction: EvictPolicy, lines: usize, prefetch: PrefetchPolicy, window: usize) -> Policies {
+    /// The policies a pComponent starts with: `eviction` for a cache of `lines` (`sampled`:
+    /// with access sampling), `prefetch` reading ahead at most `window` lines.
+    pub fn new(
+        eviction: EvictPolicy,
+        lines: usize,
+        sampled: bool,
+        prefetch: PrefetchPolicy,
+        window: usize,
+    ) -> Policies {
         Policies {
-            eviction: Ebb::new("excache-eviction", move |_| eviction.build(lines)),
+            eviction: Ebb::new("excache-eviction", move |_| eviction.build(lines, sampled)),
             prefetch: Ebb::new("excache-prefetch", move |_| prefetcher(prefetch, window)),
+            sampled,
             replacing: Mutex::new(()),
         }
     }
@@ -90,7 +101,8 @@ impl Policies {
     ) -> (&'static str, &'static str) {
         let _one = self.replacing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = eviction {
-            self.eviction.replace(move |_| k.build(lines));
+            let sampled = self.sampled;
+            self.eviction.replace(move |_| k.build(lines, sampled));
             crate::series::POLICY_SWAPS.with(["eviction"]).increment(1);
         }
         if let Some(k) = prefetch {
@@ -114,7 +126,7 @@ mod tests {
     #[test]
     fn every_registered_policy_builds_under_its_own_name() {
         for name in EVICT_POLICIES {
-            assert_eq!(name.parse::<EvictPolicy>().unwrap().build(64).name(), *name);
+            assert_eq!(name.parse::<EvictPolicy>().unwrap().build(64, false).name(), *name);
         }
         for name in PREFETCH_POLICIES {
             assert_eq!(name.parse::<PrefetchPolicy>().unwrap().build(8).name(), *name);

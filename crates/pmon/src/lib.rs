@@ -602,11 +602,6 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
         HugePages::On => Some(host::huge::HeapFs::mount().map_err(|e| anyhow::anyhow!("huge_pages = \"on\" needs a private tmpfs mount for program heaps, which needs CAP_SYS_ADMIN (run the pComponent as root): {e}"))?),
     };
     let max_lines = (cfg.excache_max() / PAGE_SIZE as u64) as usize;
-    let policies = excache::Policies::new(cfg.eviction, lines, cfg.prefetch, cfg.prefetch_lines);
-    let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
-        .with_floor(cfg.share_floor)
-        .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
-        .with_evict_reserve(cfg.reserve_ways());
     let sampling = cfg.access_sampling == AccessSampling::Unmap
         && match host::uffd::cannot_unmap() {
             Some(why) => {
@@ -615,6 +610,11 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             }
             None => true,
         };
+    let policies = excache::Policies::new(cfg.eviction, lines, sampling, cfg.prefetch, cfg.prefetch_lines);
+    let cache = ExCache::growable(lines, max_lines, cfg.ways, policies.eviction.build())
+        .with_floor(cfg.share_floor)
+        .with_interleave(Interleave::of(cfg.interleave, cfg.interleave_unit))
+        .with_evict_reserve(cfg.reserve_ways());
     let grants = Arc::new(fs::grants::Grants::default());
     // Programs of every user hand their memory to whoever answers at the program socket, and
     // vNodes are mounted by name under the vNode root: no other user may have a hand in either.

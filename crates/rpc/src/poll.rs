@@ -17,6 +17,10 @@
 //! (`most_polling`); the others sleep at once. A poller holds a CPU that the thread it waits
 //! for (a program, a fault worker, a channel's server) may need: when many programs miss on one
 //! pComponent, a poller per waiter would take the CPUs from the work they all wait for.
+//!
+//! A thread that nobody waits on (the pComponent's background evictor) never polls
+//! ([`set_unhurried`]): a wake-up costs it microseconds that no program sees.
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -42,6 +46,22 @@ const MIN_BUDGET_NS: u64 = 1_000;
 /// whether events came back within reach (how long a sleeping waiter took to see its event
 /// says nothing about that: the wake-up itself may be most of it).
 const PROBE_EVERY: u64 = 16;
+
+thread_local! {
+    static UNHURRIED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Says that no program waits on the calling thread's calls (a background writer): its waits
+/// sleep at once instead of polling, and its shared-memory calls ask their server to sleep
+/// rather than poll for its next request (transport.md, "Callers nobody waits on").
+pub fn set_unhurried(on: bool) {
+    UNHURRIED.with(|u| u.set(on));
+}
+
+/// Whether the calling thread said that nobody waits on its calls.
+pub fn unhurried() -> bool {
+    UNHURRIED.with(Cell::get)
+}
 
 /// Threads of this process polling at this moment.
 static POLLERS: AtomicUsize = AtomicUsize::new(0);
@@ -96,6 +116,7 @@ pub struct Poller {
 pub struct Pending<'a> {
     poller: &'a Poller,
     t0: Instant,
+    learns: bool,
 }
 
 impl Poller {
@@ -130,12 +151,28 @@ impl Poller {
         }
         if budget == 0 {
             self.skips.increment(1);
-            return try_once().ok_or(Pending { poller: self, t0 });
+            return try_once().ok_or(Pending {
+                poller: self,
+                t0,
+                learns: true,
+            });
+        }
+        // Its waits teach the poller nothing: they say how long it slept, not how soon events come.
+        if unhurried() {
+            return try_once().ok_or(Pending {
+                poller: self,
+                t0,
+                learns: false,
+            });
         }
         let place = if self.limited { Place::take() } else { None };
         if self.limited && place.is_none() {
             self.crowded.increment(1);
-            return try_once().ok_or(Pending { poller: self, t0 });
+            return try_once().ok_or(Pending {
+                poller: self,
+                t0,
+                learns: true,
+            });
         }
         let budget = Duration::from_nanos(budget);
         self.spins.increment(1);
@@ -147,7 +184,11 @@ impl Poller {
             let waited = t0.elapsed();
             if waited >= budget {
                 self.sleeps.increment(1);
-                return Err(Pending { poller: self, t0 });
+                return Err(Pending {
+                    poller: self,
+                    t0,
+                    learns: true,
+                });
             }
             if waited < budget / 4 {
                 std::hint::spin_loop();
@@ -190,7 +231,9 @@ impl Poller {
 impl Pending<'_> {
     /// The sleep that followed is over (the event came, or the wait gave up).
     pub fn slept(self) {
-        self.poller.learn(self.t0.elapsed().as_nanos() as u64);
+        if self.learns {
+            self.poller.learn(self.t0.elapsed().as_nanos() as u64);
+        }
     }
 }
 

@@ -45,6 +45,9 @@ splitos_metrics::series! {
     pub SHM_REFUSED: Counter = "rpc_shm_refused_total";
     /// Requests served over shared memory.
     pub SHM_REQUESTS: Counter = "rpc_shm_requests_total";
+    /// Requests whose caller said no program waits on it: the channel's thread slept, without
+    /// polling, until the next one.
+    pub SHM_UNHURRIED: Counter = "rpc_shm_unhurried_total";
     /// TCP connections refused for exceeding a per-peer or total cap.
     pub CONNECTIONS_REFUSED: Counter = "rpc_connections_refused_total";
     /// TCP connections whose handshake completed.

@@ -238,7 +238,7 @@ enum ClusterCmd {
     SetPolicy {
         /// The pComponent's id (`cluster status`).
         id: u32,
-        /// The eviction policy: fifo, clock or ghost-clock.
+        /// The eviction policy: workingset, fifo, clock or ghost-clock.
         #[arg(long)]
         eviction: Option<String>,
         /// The read-ahead policy: leap, sequential or nextline.

@@ -118,8 +118,8 @@ pub enum ConfigError {
     ScanWithHugePages,
     #[error("dirty_tracking: \"scan\" cannot be used with evict_reserve > 0: the background evictor copies a line after write-protecting it, which asynchronous write protection does not make a barrier")]
     ScanWithEvictor,
-    #[error("access_sampling: \"unmap\" needs eviction = \"clock\" or \"ghost-clock\": only a policy with reference bits uses what sampling sees")]
-    SamplingWithoutClock,
+    #[error("access_sampling: \"unmap\" needs eviction = \"workingset\", \"clock\" or \"ghost-clock\": fifo uses nothing sampling sees")]
+    SamplingWithFifo,
     #[error("access_sampling: \"unmap\" needs dirty_tracking = \"fault\": unmapping a page drops the written bit the kernel keeps for a scan")]
     SamplingWithScan,
     #[error(

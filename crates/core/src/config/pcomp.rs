@@ -238,10 +238,12 @@ pub struct PcompConfig {
     /// pages or the evictor).
     #[arg(long, default_value_t)]
     pub dirty_tracking: DirtyTracking,
-    /// Reads made visible: off, or unmap (lines the clock hand passes are unmapped in batches
-    /// and their next touch is a minor fault that sets their reference bit; needs eviction =
-    /// clock or ghost-clock and dirty_tracking = fault, not huge pages; the pComponent needs CAP_SYS_NICE and a
-    /// host without swap, else it runs with off and says why).
+    /// Reads made visible: off, or unmap (lines the policy asks to observe are unmapped in
+    /// batches and their next touch is a minor fault that counts as a use: with workingset, an
+    /// eighth of the lines, the next to leave, wait unmapped at the inactive list's head and
+    /// stay if touched; with clock, every line the hand passes; not with fifo; needs
+    /// dirty_tracking = fault, not huge pages; the pComponent needs CAP_SYS_NICE and a host
+    /// without swap, else it runs with off and says why).
     #[arg(long, default_value_t)]
     pub access_sampling: AccessSampling,
     /// One-sided access: on (owners on this host hand over their pages of each vRegion in a
@@ -517,8 +519,8 @@ impl PcompConfig {
             return Err(ConfigError::ScanWithEvictor);
         }
         if self.access_sampling == AccessSampling::Unmap {
-            if !matches!(self.eviction, EvictPolicy::Clock | EvictPolicy::GhostClock) {
-                return Err(ConfigError::SamplingWithoutClock);
+            if self.eviction == EvictPolicy::Fifo {
+                return Err(ConfigError::SamplingWithFifo);
             } else if self.dirty_tracking != DirtyTracking::Fault {
                 return Err(ConfigError::SamplingWithScan);
             } else if self.huge_pages != HugePages::Off {

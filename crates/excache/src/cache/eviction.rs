@@ -21,6 +21,11 @@ pub trait EvictionPolicy: Send {
     fn rearms(&self) -> bool {
         false
     }
+    /// The ways of set `set_id` whose lines it asked to be observed since it was last asked,
+    /// if it keeps them itself; `None`: those the set's hand passed (CLOCK's).
+    fn take_rearmed(&mut self, _set_id: usize) -> Option<Vec<usize>> {
+        None
+    }
     /// Whether a line just claimed for (pid, vpn) starts referenced.
     fn admit(&mut self, _pid: u64, _vpn: u64) -> bool {
         true

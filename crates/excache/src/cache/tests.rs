@@ -417,7 +417,7 @@ fn workingset_keeps_lines_missed_again_soon_against_a_scan_and_fifo_does_not() {
         }
         misses
     }
-    let (fifo, lists) = (misses(Box::new(Fifo)), misses(Box::new(Workingset::new(8))));
+    let (fifo, lists) = (misses(Box::new(Fifo)), misses(Box::new(Workingset::new(8, false))));
     // 300 scan misses either way; FIFO misses the hot pages at every turn as well.
     assert_eq!(fifo, 500);
     assert!(lists <= 300 + 8, "{lists}");
@@ -425,7 +425,7 @@ fn workingset_keeps_lines_missed_again_soon_against_a_scan_and_fifo_does_not() {
 
 #[test]
 fn workingset_activates_a_written_inactive_line_and_ages_the_active_list_to_half() {
-    let mut c = ExCache::new(4, 4, Box::new(Workingset::new(4)));
+    let mut c = ExCache::new(4, 4, Box::new(Workingset::new(4, false)));
     for v in [10, 11, 12, 13] {
         fill(&mut c, 1, v, false);
     }
@@ -442,13 +442,48 @@ fn workingset_activates_a_written_inactive_line_and_ages_the_active_list_to_half
     assert_eq!(fill(&mut c, 1, 17, false).unwrap().vpn, 11);
 }
 
+/// The pages of the lines a policy asked to be observed since the last call.
+fn rearmed(c: &mut ExCache, vpn: u64) -> Vec<u64> {
+    c.take_rearm(vpn).iter().map(|s| c.line(*s).vpn).collect()
+}
+
+#[test]
+fn sampled_workingset_keeps_a_line_touched_while_it_waited_at_the_inactive_head() {
+    // 16 lines, an eighth of them (2) waiting at the head of the inactive list to be seen used.
+    let mut c = ExCache::new(16, 0, Box::new(Workingset::new(16, true)));
+    for v in 0..16 {
+        fill(&mut c, 1, v, false);
+    }
+    // The first miss asks for the two lines at the head to be observed, and takes the first
+    // (it has nothing older): only page 1 is still there to be observed.
+    assert_eq!(fill(&mut c, 1, 100, false).unwrap().vpn, 0);
+    assert_eq!(rearmed(&mut c, 100), vec![1]);
+    assert_eq!(fill(&mut c, 1, 101, false).unwrap().vpn, 1);
+    assert_eq!(rearmed(&mut c, 101), vec![2]);
+    // Page 2 is touched while it waits: it becomes active and stays; 3 and 4 leave untouched.
+    c.touch(c.lookup(1, 2).unwrap());
+    assert_eq!(fill(&mut c, 1, 102, false).unwrap().vpn, 3);
+    assert_eq!(fill(&mut c, 1, 103, false).unwrap().vpn, 4);
+    assert_eq!(rearmed(&mut c, 103), vec![5], "3 and 4 were asked for, and left");
+    assert!(c.lookup(1, 2).is_some());
+    // Without sampling the head of the inactive list leaves at once, and nothing is asked.
+    let mut plain = ExCache::new(16, 0, Box::new(Workingset::new(16, false)));
+    for v in 0..16 {
+        fill(&mut plain, 1, v, false);
+    }
+    for (v, out) in [(100, 0), (101, 1), (102, 2)] {
+        assert_eq!(fill(&mut plain, 1, v, false).unwrap().vpn, out);
+        assert!(rearmed(&mut plain, v).is_empty());
+    }
+}
+
 #[test]
 fn workingset_takes_over_the_lines_another_policy_left_and_passes_over_those_not_candidates() {
     let mut c = ExCache::new(4, 4, Box::new(Fifo));
     for v in [10, 11, 12, 13] {
         fill(&mut c, 1, v, false);
     }
-    c.set_policy(Box::new(Workingset::new(4)));
+    c.set_policy(Box::new(Workingset::new(4, false)));
     let s = c.lookup(1, 10).unwrap();
     c.line_mut(s).state = LineState::Filling;
     assert_eq!(
@@ -479,7 +514,7 @@ fn beside(c: &mut ExCache, slot: usize) -> Vec<u64> {
 
 #[test]
 fn only_inactive_old_lines_of_the_victims_process_leave_beside_it() {
-    let mut c = ExCache::new(16, 16, Box::new(Workingset::new(16)));
+    let mut c = ExCache::new(16, 16, Box::new(Workingset::new(16, false)));
     // Process 1's pages 0-5 first (the oldest quarter is the first four fills), then process
     // 2's page 6, then younger lines of process 1.
     for v in 0..6 {

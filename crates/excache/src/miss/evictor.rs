@@ -97,6 +97,9 @@ impl MissPath {
     /// The evictor's thread: sleeps until enough sets are short of their reserve, refills
     /// them, and again, until [`MissPath::stop_evictor`].
     pub fn run_evictor(&self) {
+        // No program waits on its write-backs: its polling, and its mComponents' polling for
+        // its next batch, would only take CPUs from the programs.
+        splitos_rpc::poll::set_unhurried(true);
         loop {
             let mut g = self.state.lock().unwrap();
             loop {
@@ -112,6 +115,9 @@ impl MissPath {
             drop(g);
             let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
             let served = self.refill();
+            // The lines its policy asked to observe are unmapped here rather than after the
+            // next miss, on a thread no program waits on.
+            self.flush_unmaps();
             // Each process's run is charged its share of the round.
             let (ns, cpu) = (t0.elapsed().as_nanos() as u64, thread_cpu_ns().saturating_sub(cpu0));
             let lines: u64 = served.values().map(|(_, n)| n).sum();

@@ -160,7 +160,7 @@ impl From<PolicyState> for PolicyView {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyChange {
-    /// An eviction policy: fifo, clock or ghost-clock (the `eviction` knob's names).
+    /// An eviction policy: workingset, fifo, clock or ghost-clock (the `eviction` knob's names).
     pub eviction: Option<String>,
     /// A read-ahead policy: leap, sequential or nextline (the `prefetch` knob's names).
     pub prefetch: Option<String>,

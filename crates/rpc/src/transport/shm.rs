@@ -31,6 +31,11 @@
 //! one whose server already runs on its CPU, else one whose server runs anywhere, else a new
 //! one.
 //!
+//! A caller that nobody waits on ([`crate::poll::set_unhurried`]: the pComponent's evictor,
+//! whose write-backs come a batch at a time) says so with each request; its server answers,
+//! then sleeps rather than polls until the next one, which would come long after any polling
+//! gave up, and the caller sleeps while it waits for its answer.
+//!
 //! The caller's side is here and in channel.rs; the server's in serve.rs.
 mod channel;
 mod serve;
@@ -155,6 +160,9 @@ struct Header {
     follow_cpu: AtomicU32,
     /// Set by the server: the channels it lets this caller have open at once (its credits).
     credits: AtomicU32,
+    /// Set by the caller with each request: 1 if no program waits on it (a background
+    /// writer), so the server sleeps rather than polls for its next request.
+    unhurried: AtomicU32,
 }
 
 /// One channel's memory, mapped in this process.

@@ -1,5 +1,5 @@
-//! Access sampling with real components and real programs: the pComponent unmaps lines the
-//! clock hand passed (their pages kept), a touch of one is a minor fault that marks it used,
+//! Access sampling with real components and real programs: the pComponent unmaps lines its
+//! policy asks to observe (their pages kept), a touch of one is a minor fault that marks it used,
 //! programs give their native output, and a read-only hot set survives streams that push it
 //! out of an ExCache that sees only misses and writes.
 use crate::common;
@@ -72,18 +72,26 @@ fn programs_keep_their_output_with_sampling_and_their_writes_survive_unmapping()
     if !sampling_possible() {
         return;
     }
-    let opts = ["--excache", "2M", "--eviction", "clock", "--access-sampling", "unmap"];
-    // Python: dicts and lists written and read while their pages are unmapped under them.
-    let (_, s) = through_components(
-        &opts,
-        &[
-            &python3(),
-            "-c",
-            "d={i:str(i)*3 for i in range(60000)}; print(sum(len(v) for v in d.values()), sorted(d)[-1])",
-        ],
-        1,
-    );
-    assert!(n(&s, "sample_touches") > 0, "{s}");
+    // Python: dicts and lists written and read while their pages are unmapped under them, with
+    // CLOCK (every line the hand passes) and with the default workingset (the lines about to
+    // leave, at the head of the inactive list).
+    for eviction in ["clock", "workingset"] {
+        let opts = ["--excache", "2M", "--eviction", eviction, "--access-sampling", "unmap"];
+        let (_, s) = through_components(
+            &opts,
+            &[
+                &python3(),
+                "-c",
+                "d={i:str(i)*3 for i in range(60000)}; print(sum(len(v) for v in d.values()), sorted(d)[-1])",
+            ],
+            1,
+        );
+        assert!(
+            n(&s, "sample_unmaps") > 0 && n(&s, "sample_touches") > 0,
+            "{eviction}: {s}"
+        );
+        assert_eq!(s["pcomponent"]["eviction"], eviction, "{s}");
+    }
     // Threads incrementing counters in pages that are evicted and unmapped as they write.
     let p = program("rewriters");
     let (out, s) = through_components(
@@ -105,7 +113,7 @@ fn programs_keep_their_output_with_sampling_and_their_writes_survive_unmapping()
 #[test]
 fn access_sampling_that_cannot_work_is_refused_with_why() {
     for (opts, why) in [
-        (&["--access-sampling", "unmap"][..], "policy"),
+        (&["--access-sampling", "unmap", "--eviction", "fifo"][..], "fifo"),
         (
             &[
                 "--access-sampling",

@@ -339,3 +339,32 @@ fn heap_calls_are_served_on_a_shared_memory_channels_own_thread_and_handed_off_o
         }
     }
 }
+
+#[test]
+fn the_evictors_write_backs_let_their_mcomponent_sleep_between_batches() {
+    // 24 MiB written in random order through an 8 MiB ExCache: the background evictor writes
+    // dirty victims back a batch at a time, the first of each page by message (its owner holds
+    // none yet). No program waits on them, so the mComponent's channel thread sleeps after
+    // each instead of polling for the next.
+    let p = program("randpages");
+    let cmd = [p.to_str().unwrap(), "24", "2"];
+    let c = TestCluster::up(Some("[[pcomponent]]\nexcache = \"8M\"\n[[mcomponent]]\n"));
+    let m = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let unhurried = || c.metric(&m, "splitos_rpc_shm_unhurried_total");
+    // What the evictor sends: write-backs of one page or many, and when it is the first to
+    // reach a vRegion, the question where its replicas are and the lease of its pages.
+    let sent = |msgs: &[&str]| msgs.iter().map(|msg| requests_of(&c, &m, msg)).sum::<f64>();
+    let writes = ["P2M_FLUSH", "P2M_FLUSH_MANY"];
+    let asks = ["P2M_VREGIONS", "P2M_LEASE"];
+    let (before, writes0, asks0) = (unhurried(), sent(&writes), sent(&asks));
+    let s = c.run_stats(&cmd);
+    let said = unhurried() - before;
+    let (written, asked) = (sent(&writes) - writes0, sent(&asks) - asks0);
+    // Marked: the evictor's, at most one message per batch; not the fault worker's (victims
+    // of inline evictions, which a loaded machine has more of).
+    let batches = n(&s, "bg_writeback_batches") as f64;
+    assert!(
+        said > 0.0 && said <= written + asked && said <= batches + asked,
+        "{said} requests said no program waits on them, of {written} write-backs ({batches} batches of the evictor) and {asked} other requests the mComponent served: {s}"
+    );
+}

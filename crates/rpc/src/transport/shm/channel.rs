@@ -143,6 +143,7 @@ impl Channel {
         self.map.put(REQ, &body);
         h.req_len.store(body.len() as u32, Relaxed);
         h.follow_cpu.store(follow.map_or(0, |c| c + 1), Relaxed);
+        h.unhurried.store(crate::poll::unhurried() as u32, Relaxed);
         self.server_at = follow;
         self.seq += 1;
         ring(&h.req_seq, self.seq, &h.server_sleeps, &self.sock);

@@ -216,11 +216,13 @@ pub(super) fn serve_channel(
     let moves = crate::series::SHM_SERVER_MOVES.handle();
     let mut place = Placement::new();
     let mut last = 0;
-    // Whether this thread runs on its caller's CPU: polling there would only hold the CPU from
-    // the caller, who sleeps until it sends its next request.
-    let mut beside_caller = false;
+    let unhurried = crate::series::SHM_UNHURRIED.handle();
+    // Whether to sleep at once until the next request: on the caller's CPU polling would only
+    // hold it from the caller, who sleeps until it sends; a caller nobody waits on sends its
+    // next one long after polling would have given up.
+    let mut sleep_first = false;
     loop {
-        let got = if beside_caller {
+        let got = if sleep_first {
             sleep_until_moved(&h.req_seq, last, &h.server_sleeps, &sock, None)
         } else {
             wait(&h.req_seq, last, &h.server_sleeps, &sock, &poller, None)
@@ -228,6 +230,7 @@ pub(super) fn serve_channel(
         let Ok(n) = got else { return };
         last = n;
         let follow = h.follow_cpu.load(Relaxed).checked_sub(1);
+        let unhurried_caller = h.unhurried.load(Relaxed) == 1;
         let Some(msg) = map
             .take(REQ, h.req_len.load(Relaxed))
             .and_then(|b| postcard::from_bytes::<Msg>(&b).ok())
@@ -267,7 +270,10 @@ pub(super) fn serve_channel(
             }
             None => place.release(),
         }
-        beside_caller = follow.is_some() && place.at() == follow;
+        if unhurried_caller {
+            unhurried.increment(1);
+        }
+        sleep_first = unhurried_caller || (follow.is_some() && place.at() == follow);
     }
 }
 
