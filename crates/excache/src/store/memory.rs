@@ -109,8 +109,14 @@ impl ProcMemory {
             home = self.home();
             r = node.rpc.call(&home.addr, req.clone());
         }
+        // A home that is only late is waited for while the global managers have not declared it
+        // lost, even where a backup could take over: one that answers nothing in time but
+        // holds its connection may hold the process through a long repair (a logger made
+        // primary replays its backup under the process's lock), and its backup would refuse
+        // to take over from a home it still reaches, failing the program.
         while let Err(e) = &r {
-            if self.backup().is_some() || !waited_for(node, &home, e) {
+            let late = matches!(e, RpcError::Timeout { .. });
+            if (self.backup().is_some() && !late) || !waited_for(node, &home, e) {
                 break;
             }
             r = node.rpc.call(&home.addr, req.clone());
