@@ -61,7 +61,7 @@ pub enum ControlError {
     Prefetch(splitos_rpc::knob::UnknownName),
     #[error("prefetch: this pComponent reads no line ahead (prefetch_lines = 0): a read-ahead policy would have nothing to do")]
     NoReadAhead,
-    #[error("eviction: fifo cannot replace a policy with reference bits while access_sampling = \"unmap\" (nothing would use what sampling sees)")]
+    #[error("eviction: fifo cannot replace the eviction policy while access_sampling = \"unmap\" (fifo uses nothing sampling sees)")]
     FifoWhileSampling,
     #[error("{0} is not a signal")]
     NotASignal(i32),

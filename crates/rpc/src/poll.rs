@@ -151,28 +151,16 @@ impl Poller {
         }
         if budget == 0 {
             self.skips.increment(1);
-            return try_once().ok_or(Pending {
-                poller: self,
-                t0,
-                learns: true,
-            });
+            return try_once().ok_or(self.pending(t0, true));
         }
         // Its waits teach the poller nothing: they say how long it slept, not how soon events come.
         if unhurried() {
-            return try_once().ok_or(Pending {
-                poller: self,
-                t0,
-                learns: false,
-            });
+            return try_once().ok_or(self.pending(t0, false));
         }
         let place = if self.limited { Place::take() } else { None };
         if self.limited && place.is_none() {
             self.crowded.increment(1);
-            return try_once().ok_or(Pending {
-                poller: self,
-                t0,
-                learns: true,
-            });
+            return try_once().ok_or(self.pending(t0, true));
         }
         let budget = Duration::from_nanos(budget);
         self.spins.increment(1);
@@ -184,17 +172,23 @@ impl Poller {
             let waited = t0.elapsed();
             if waited >= budget {
                 self.sleeps.increment(1);
-                return Err(Pending {
-                    poller: self,
-                    t0,
-                    learns: true,
-                });
+                return Err(self.pending(t0, true));
             }
             if waited < budget / 4 {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// A wait polling did not end, begun at `t0`; `learns`: whether its length teaches this
+    /// poller how soon events come.
+    fn pending(&self, t0: Instant, learns: bool) -> Pending<'_> {
+        Pending {
+            poller: self,
+            t0,
+            learns,
         }
     }
 

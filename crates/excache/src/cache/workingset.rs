@@ -161,7 +161,7 @@ impl SetLists {
 /// cost to the program; here each look is a minor fault of a line the program touches, so
 /// only lines about to leave are looked at, for as long as it takes an eighth of the set to be
 /// replaced. A quarter cut node's word-pair count at half its memory to 13.4k misses against
-/// 17.6k, for 28.5k touches against 15.3k, in the same time (docs/excache.md).
+/// 17.6k, for 28.5k touches against 15.3k, in about the same time (one run each).
 const SAMPLED_SHARE: usize = 8;
 
 pub struct Workingset {

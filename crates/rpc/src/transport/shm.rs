@@ -36,13 +36,15 @@
 //! then sleeps rather than polls until the next one, which would come long after any polling
 //! gave up, and the caller sleeps while it waits for its answer.
 //!
-//! The caller's side is here and in channel.rs; the server's in serve.rs.
+//! The caller's side is here, in channel.rs and in credits.rs; the server's in serve.rs.
 mod channel;
+mod credits;
 mod serve;
 #[cfg(test)]
 mod tests;
 
 use channel::{pick, Channel};
+use credits::{Credit, Credits};
 #[cfg(test)]
 use serve::{offer, Held};
 use serve::{ShmListen, NO_CREDIT};
@@ -387,84 +389,6 @@ struct Pool {
     credits: Arc<Credits>,
 }
 
-/// A caller's credits at one peer: channels open (in use or free) and how many the peer
-/// grants. `gen` moves whenever a channel comes back or closes, for a caller waiting for one.
-struct Credits {
-    state: Mutex<CreditState>,
-    back: std::sync::Condvar,
-}
-
-struct CreditState {
-    open: usize,
-    granted: usize,
-    gen: u64,
-}
-
-/// Credits a caller has at a peer before the peer's first channel says how many it grants: no
-/// bound of its own, the server's refusals bound it. One credit (as over TCP) made every
-/// caller at a peer that was still starting wait behind one handshake after another, each up
-/// to its timeout.
-const FIRST_CREDITS: usize = usize::MAX;
-
-impl Credits {
-    fn new() -> Arc<Credits> {
-        Arc::new(Credits {
-            state: Mutex::new(CreditState {
-                open: 0,
-                granted: FIRST_CREDITS,
-                gen: 0,
-            }),
-            back: std::sync::Condvar::new(),
-        })
-    }
-
-    fn gen(&self) -> u64 {
-        self.state.lock().unwrap().gen
-    }
-
-    /// Takes a credit if one is left.
-    fn take(self: &Arc<Credits>) -> Option<Credit> {
-        let mut s = self.state.lock().unwrap();
-        (s.open < s.granted).then(|| {
-            s.open += 1;
-            Credit(self.clone())
-        })
-    }
-
-    /// Waits until `deadline` for a credit or a channel to come back after `gen`; false if
-    /// none did.
-    fn wait(&self, gen: u64, deadline: Instant) -> bool {
-        let mut s = self.state.lock().unwrap();
-        while s.gen == gen && s.open >= s.granted {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            s = self.back.wait_timeout(s, left).unwrap().0;
-        }
-        true
-    }
-
-    fn grant(&self, n: u32) {
-        let mut s = self.state.lock().unwrap();
-        s.granted = (n as usize).max(1);
-        s.gen += 1;
-        self.back.notify_all();
-    }
-
-    /// The server refused a channel: it grants no more than the channels open now.
-    fn refused(&self) {
-        let mut s = self.state.lock().unwrap();
-        s.granted = s.open.max(1);
-    }
-
-    /// A channel came back to the pool.
-    fn returned(&self) {
-        self.state.lock().unwrap().gen += 1;
-        self.back.notify_all();
-    }
-}
-
 /// What opening a channel came to.
 enum Opened {
     Channel(Box<Channel>),
@@ -472,18 +396,6 @@ enum Opened {
     Remote,
     /// No credit left at the server.
     Refused,
-}
-
-/// A channel's hold on one of its peer's credits, given back when the channel closes.
-struct Credit(Arc<Credits>);
-
-impl Drop for Credit {
-    fn drop(&mut self) {
-        let mut s = self.0.state.lock().unwrap();
-        s.open -= 1;
-        s.gen += 1;
-        self.0.back.notify_all();
-    }
 }
 
 /// How long a peer found without a rendezvous socket is reached over TCP before looking again.
