@@ -119,8 +119,8 @@ knob_enum! {
     /// Where fault workers run.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub enum FaultCpu, "fault_cpu", FAULT_CPUS {
-        #[default]
         Any = "any",
+        #[default]
         Faulting = "faulting",
     }
 }
@@ -228,9 +228,9 @@ pub struct PcompConfig {
     /// huge pages (needs root); off: memfd heaps, 4 KiB pages.
     #[arg(long, default_value_t)]
     pub huge_pages: HugePages,
-    /// Where fault workers run: any (anywhere, polling fault_spin_us), or faulting (each on
-    /// the CPU of the thread whose fault it serves, sleeping between faults unless the thread
-    /// keeps leaving that CPU; the mComponents' shared-memory channels follow it).
+    /// Where fault workers run: faulting (each on the CPU of the thread whose fault it serves,
+    /// sleeping between faults unless the thread keeps leaving that CPU; the mComponents'
+    /// shared-memory channels follow it), or any (anywhere, polling fault_spin_us).
     #[arg(long, default_value_t)]
     pub fault_cpu: FaultCpu,
     /// How it learns which lines a program wrote: fault (the first write to a line traps to

@@ -156,3 +156,43 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
         .unwrap_or_default();
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }
+
+/// The paging floor's pagers (scripts/bench/pager.c, which pagerfloor.py times) keep the
+/// program's memory as it is natively, and really page: a floor measured by a pager that lost
+/// writes, or never evicted, would be no floor.
+#[test]
+fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("pager");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/pager.c");
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(st.success(), "compiling {}", src.display());
+    let run = |mode: &str| -> serde_json::Value {
+        let out = Command::new(&exe)
+            .args([mode, "2048", "1024", "50000", "10"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let native = run("native");
+    for mode in ["inline", "bg", "samecpu", "samecpu-bg", "sigbus"] {
+        let r = run(mode);
+        assert_eq!(
+            r["sum"], native["sum"],
+            "{mode}: the memory differs from the native run's: {r}"
+        );
+        // Half the pages resident and uniform accesses: about half the accesses miss.
+        let misses = r["misses"].as_u64().unwrap();
+        assert!((15_000..=35_000).contains(&misses), "{mode}: {r}");
+        assert!(
+            r["evictions"].as_u64().unwrap() >= misses,
+            "{mode}: every miss past the fill evicted: {r}"
+        );
+    }
+}

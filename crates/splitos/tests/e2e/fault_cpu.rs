@@ -145,8 +145,15 @@ fn programs_give_native_output_with_workers_on_the_faulting_cpu() {
         &[rnd.to_str().unwrap(), "24", "2"],
     );
     assert!(n(&s, "faults_on_faulting_cpu") > 0, "{s}");
-    // With the default, workers run anywhere and nothing is counted.
+    // The default follows the faulting thread too; with `any`, workers run anywhere and
+    // nothing is counted.
     let (_, s) = same_as_native_with_stats(&["--excache", "4M"], &[rnd.to_str().unwrap(), "24", "2"]);
+    assert_eq!(s["pcomponent"]["fault_cpu"], "faulting", "{s}");
+    assert!(n(&s, "faults_on_faulting_cpu") > 0, "{s}");
+    let (_, s) = same_as_native_with_stats(
+        &["--excache", "4M", "--fault-cpu", "any"],
+        &[rnd.to_str().unwrap(), "24", "2"],
+    );
     assert_eq!(
         n(&s, "faults_on_faulting_cpu") + n(&s, "faults_off_faulting_cpu") + n(&s, "fault_worker_moves"),
         0,

@@ -65,8 +65,9 @@ fn adaptive_polling_stops_polling_while_a_program_idles_and_fixed_polling_never_
         "-c",
         "import time; b = bytearray(8 << 20); time.sleep(2); print(len(b))",
     ];
-    let adaptive = "[[pcomponent]]\nexcache = \"4M\"\nfault_polling = \"adaptive\"\n[[mcomponent]]\n[transport]\npolling = \"adaptive\"\n";
-    let fixed = "[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n";
+    // Fault workers that poll wherever they run: beside the faulting thread they sleep at once.
+    let adaptive = "[[pcomponent]]\nexcache = \"4M\"\nfault_cpu = \"any\"\nfault_polling = \"adaptive\"\n[[mcomponent]]\n[transport]\npolling = \"adaptive\"\n";
+    let fixed = "[[pcomponent]]\nexcache = \"4M\"\nfault_cpu = \"any\"\n[[mcomponent]]\n";
     for (polling, config) in [("adaptive", adaptive), ("fixed", fixed)] {
         let c = TestCluster::up(Some(config));
         let out = c.run(&[], &cmd);

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The floor of paging from user space on this machine, beside the kernel's own.
+
+Runs scripts/bench/pager.c (a program making random read-modify-writes of its pages, with
+some arithmetic between them) natively, under Linux with a memory cgroup of half its pages
+swapping to zram, and under the cheapest userfaultfd pagers there can be, whose "remote"
+memory is a local buffer: no network, no bookkeeping, no checksum (the configurations are
+MODES below). Interleaved repetitions; reports each configuration's time and µs over native
+per miss (per swap-in for Linux). Needs root (memory cgroup, swap device). Results go to
+results/pagerfloor.json and the "Paging floor" section of docs/benchmarks.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import suite  # noqa: E402
+from benchlib import ROOT, machine, replace_section  # noqa: E402
+
+PAGER_SRC = os.path.join(ROOT, "scripts", "bench", "pager.c")
+# What each configuration of the pager is, for the report.
+MODES = {
+    "native": "natively, all in memory",
+    "zram": "Linux, half in a memory cgroup, swapping to zram",
+    "inline": "handler thread polling on the other CPU; it evicts (copy, punch) and installs (UFFDIO_COPY) on each miss",
+    "bg": "as inline, and a second thread takes victims out ahead (splice, punch, read), 32 at a time",
+    "samecpu": "handler on the program's CPU, sleeping until a fault; evicts and installs on each miss",
+    "samecpu-bg": "as samecpu, and bg's evictor on the other CPU",
+    "sigbus": "no handler thread: the faulting thread evicts and installs in its own SIGBUS handler",
+}
+
+
+def build(tmp):
+    exe = os.path.join(tmp, "pager")
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", exe, PAGER_SRC], check=True)
+    return exe
+
+
+def run(exe, mode, pages, accesses, work):
+    resident = pages // 2
+    args = [exe, "native" if mode == "zram" else mode, str(pages), str(resident), str(accesses), str(work)]
+    if mode != "zram":
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+    local = 4 << 20  # the program's code, stack and page tables, as a cgroup charges them
+    with suite.swap_device("zram", max(2 * pages * 4 // 1024, 64)), suite.memory_cgroup(resident * 4096 + local) as (pre, kills):
+        before, swapped = kills(), suite.swap_ins()
+        out = subprocess.run(pre + args, capture_output=True, text=True, preexec_fn=suite.four_kib_pages)
+        killed, swapped = kills() > before, suite.swap_ins() - swapped
+    if out.returncode != 0 or killed:
+        return {"mode": "zram", "failed": True, "oom": killed}
+    r = json.loads(out.stdout)
+    r["misses"] = swapped
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pages", type=int, default=16384, help="pages of the program's memory (default 16384: 64 MiB); half stay resident")
+    ap.add_argument("--accesses", type=int, default=400000, help="random accesses timed (default 400000)")
+    ap.add_argument("--work", default="0,200,1000", help="rounds of arithmetic after each access, comma-separated (default 0,200,1000)")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "pagerfloor.json"))
+    ap.add_argument("--no-doc", action="store_true", help="do not write the section of docs/benchmarks.md")
+    ap.add_argument("--report", action="store_true", help="measure nothing: write the section again from the JSON at --out")
+    args = ap.parse_args()
+    if args.report:
+        write_report(json.load(open(args.out)), args.no_doc)
+        return
+    if os.geteuid() != 0:
+        sys.exit("pagerfloor.py needs root: a memory cgroup and a swap device")
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "pages": args.pages, "accesses": args.accesses, "reps": args.reps, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build(tmp)
+        for rep in range(args.reps):
+            for work in [int(w) for w in args.work.split(",")]:
+                native_sum = None
+                for mode in MODES:
+                    r = run(exe, mode, args.pages, args.accesses, work)
+                    if mode == "native":
+                        native_sum = r["sum"]
+                    elif "sum" in r and r["sum"] != native_sum:
+                        sys.exit(f"{mode} at {work}: memory differs from the native run's ({r['sum']} against {native_sum})")
+                    res["runs"].setdefault(f"{work}", {}).setdefault(mode, []).append(r)
+            print(f"repetition {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    json.dump(res, open(args.out, "w"), indent=2)
+    write_report(res, args.no_doc)
+
+
+def write_report(res, no_doc):
+    lines = report(res)
+    print("\n".join(lines))
+    if not no_doc:
+        replace_section(os.path.join(ROOT, "docs"), "pagerfloor", ["<!-- pagerfloor:begin (generated by scripts/bench/pagerfloor.py; do not edit by hand) -->", "## Paging floor", "", *lines, "<!-- pagerfloor:end -->"])
+
+
+def report(res):
+    lines = [f"Machine: {suite_machine(res)}. {res['pages']:,} pages, half resident, {res['accesses']:,} random "
+             f"read-modify-writes timed; medians of {res['reps']} interleaved runs (min-max of the per-miss figure). Configurations:", ""]
+    lines += [f"- `{m}`: {what}" for m, what in MODES.items()]
+    lines += ["", "| arithmetic per access | configuration | s | misses (swap-ins) | µs over native per miss | time over zram |", "|---|---|---|---|---|---|"]
+    for work, by in res["runs"].items():
+        nat = statistics.median(r["s"] for r in by["native"])
+        zram_ok = not any(r.get("failed") for r in by["zram"])
+        zram = statistics.median(r["s"] for r in by["zram"]) if zram_ok else None
+        for mode in MODES:
+            rs = by.get(mode)
+            if not rs:
+                continue
+            if any(r.get("failed") for r in rs):
+                lines.append(f"| {work} | {mode} | failed | | | |")
+                continue
+            s = statistics.median(r["s"] for r in rs)
+            per = [(r["s"] - nat) / r["misses"] * 1e6 for r in rs if r["misses"]]
+            per_s = f"{statistics.median(per):.1f} ({min(per):.1f}-{max(per):.1f})" if per else ""
+            over = f"{s / zram:.2f}" if zram and mode != "native" else ""
+            misses = f"{statistics.median(r['misses'] for r in rs):,.0f}" if mode != "native" else ""
+            lines.append(f"| {work} | {mode} | {s:.3f} | {misses} | {per_s} | {over} |")
+    per = {m: statistics.median(per_miss(res, m)) for m in ("zram", "inline", "samecpu", "sigbus")}
+    lines += ["", f"Per miss, over all arithmetic: zram {per['zram']:.1f} µs, the pager on the faulting CPU {per['samecpu']:.1f} µs "
+              f"({per['samecpu'] / per['zram']:.2f}x), from another CPU {per['inline']:.1f} µs ({per['inline'] / per['zram']:.2f}x), "
+              f"in the faulting thread {per['sigbus']:.1f} µs ({per['sigbus'] / per['zram']:.2f}x). A pager that any program can run "
+              "under cannot take the last (a system call that reads into a missing page fails instead of waiting: "
+              "[excache.md](excache.md#fault-delivery)), so the faulting-CPU figure is what a userfaultfd pager pays on this "
+              "machine for a miss that copies nothing over a network and keeps no books; splitos's own per miss is in the "
+              "focus section."]
+    return lines
+
+
+def per_miss(res, mode):
+    """Every run's µs over its work's native median per miss, for `mode`."""
+    out = []
+    for by in res["runs"].values():
+        if any(r.get("failed") for r in by.get(mode, [])):
+            continue
+        nat = statistics.median(r["s"] for r in by["native"])
+        out += [(r["s"] - nat) / r["misses"] * 1e6 for r in by.get(mode, []) if r.get("misses")]
+    return out
+
+
+def suite_machine(res):
+    m = res["machine"]
+    return f"{m.get('cores')} vCPUs ({m.get('cpu')}), {m.get('memory_mib')} MiB, Linux {m.get('kernel')}, load {res['load_before']:.2f} before"
+
+
+if __name__ == "__main__":
+    main()
