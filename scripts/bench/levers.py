@@ -38,13 +38,13 @@ DEFAULT_LEVERS = [
     ("heap reuse", ["--heap-reuse", "0"]),
     ("one-sided access", ["--one-sided", "off"]),
     ("idle polling", ["--idle-poll", "off"]),
+    ("miss served on the faulting CPU", ["--fault-cpu", "any"]),
 ]
 OPTIONAL_LEVERS = [
     ("read-ahead sequential", ["--prefetch", "sequential"]),
     ("read-ahead nextline", ["--prefetch", "nextline"]),
     ("background evictor", ["--evict-reserve", "1"]),
     ("dirty tracking by scan", ["--dirty-tracking", "scan"]),
-    ("miss served on the faulting CPU", ["--fault-cpu", "faulting"]),
     ("huge pages", ["--huge-pages", "on"]),
     ("adaptive polling", ["--polling", "adaptive"]),
     ("access sampling with ghost-clock", ["--eviction", "ghost-clock", "--access-sampling", "unmap"]),
