@@ -175,7 +175,8 @@ pub struct PcompConfig {
     #[arg(long, default_value_t = 1)]
     pub fault_workers: usize,
     /// How long a fault worker polls for the next fault before sleeping (µs): a busy program
-    /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake.
+    /// faults again within microseconds, and a sleeping worker's vCPU is slow to wake. Beside
+    /// the faulting thread (fault_cpu = faulting) a worker sleeps at once instead.
     #[arg(long, default_value_t = 100)]
     pub fault_spin_us: u64,
     /// How long the thread serving a program's heap calls (mmap, munmap, mprotect, madvise,
