@@ -243,6 +243,19 @@ def swap_device(kind, mib):
             subprocess.run(["swapon", dev], capture_output=True)
 
 
+@contextlib.contextmanager
+def linux_swapping(kind, swap_mib, limit_bytes):
+    """Linux swapping to `kind` ("zram", or "file" for a swap file of `swap_mib`) under a memory
+    cgroup of `limit_bytes`: yields the command prefix that runs a program there and a dict
+    that holds, once the block ends, whether the OOM killer ended a process in it (`oom`) and
+    the pages swapped in meanwhile (`swap_ins`)."""
+    with swap_device(kind, swap_mib), memory_cgroup(limit_bytes) as (pre, kills):
+        seen = {}
+        before, swapped = kills(), swap_ins()
+        yield pre, seen
+        seen["oom"], seen["swap_ins"] = kills() > before, swap_ins() - swapped
+
+
 # prctl(2)'s option; not in Python's standard library.
 PR_SET_THP_DISABLE = 41
 
@@ -428,10 +441,9 @@ def main():
                     continue
                 bar.set_description(f"{name[:24]}: {label}")
                 limit = int(ws[name] * f) * 1024 + local
-                with swap_device("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64)), memory_cgroup(limit) as (pre, kills):
-                    before, swapped = kills(), swap_ins()
+                with linux_swapping("file" if kind == "swap-file" else "zram", max(2 * ws[name] // 1024, 64), limit) as (pre, seen):
                     secs, digest, code, _, err = run(spec["cmd"], env, pre, four_kib_pages)
-                    killed, swapped = kills() > before, swap_ins() - swapped
+                killed, swapped = seen["oom"], seen["swap_ins"]
                 if code == -1:
                     timed_out(label)
                 elif killed:
