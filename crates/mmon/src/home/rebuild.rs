@@ -591,7 +591,9 @@ impl<P: Peers> Mem<P> {
     /// the old sets can land on them while their pages are copied, and so be missed by the
     /// new member), and copies `source`'s vmas and pages of the vRegion to it. `None`: no
     /// mComponent has room. The caller puts the new member into the set. In a logged set a
-    /// new member joining `as_logger` is told so first: the copy starts its backup.
+    /// new member joining `as_logger` is told so first: the copy starts its backup. A picked
+    /// member that turns out full (the managers' view of its room lags its writes) is left out
+    /// and the next is tried.
     fn copy_to_new_member(
         &self,
         h: &mut HomeProc,
@@ -603,9 +605,30 @@ impl<P: Peers> Mem<P> {
         let set = h.vregions.get(&idx).cloned().expect("checked by the caller");
         let mut out: Vec<u32> = set.owners.iter().map(|o| o.id).collect();
         out.extend_from_slice(exclude);
-        let Some(new) = self.pick_other(self.vrs(), &out, h.pcomp)? else {
-            return Ok(None);
-        };
+        loop {
+            let Some(new) = self.pick_other(self.vrs(), &out, h.pcomp)? else {
+                return Ok(None);
+            };
+            match self.copy_to(h, idx, &set, source, &new, as_logger) {
+                Err(e) if e.code == ErrCode::NoMemory => {
+                    tracing::info!(vregion = idx, mcomp = new.id, error = %e, "the mComponent picked for a vRegion is full; trying another");
+                    out.push(new.id);
+                }
+                r => return r.map(|n| Some((new, n))),
+            }
+        }
+    }
+
+    /// As [`Self::copy_to_new_member`], to the member `new`: the number of pages copied.
+    fn copy_to(
+        &self,
+        h: &mut HomeProc,
+        idx: u64,
+        set: &Replicas,
+        source: &ComponentRef,
+        new: &ComponentRef,
+        as_logger: bool,
+    ) -> Result<u64, Refusal> {
         h.epoch += 1;
         let who = h.who();
         self.fence_set(&set.wire(idx), &who, None)?;
@@ -634,33 +657,29 @@ impl<P: Peers> Mem<P> {
             if with.log.is_some() {
                 self.tell_member(
                     h,
-                    &new,
+                    new,
                     idx,
                     &with,
                     if as_logger { LogStep::Restart } else { LogStep::Keep },
                 )?;
             }
-            let n = self.copy_vregion(h, source, &new, &who, lo, hi)?;
+            let n = self.copy_vregion(h, source, new, &who, lo, hi)?;
             if with.log.is_some() && as_logger {
-                self.tell_member(h, &new, idx, &with, LogStep::Whole)?;
+                self.tell_member(h, new, idx, &with, LogStep::Whole)?;
             }
             Ok(n)
         };
-        match copied(h) {
-            Ok(n) => Ok(Some((new, n))),
-            Err(e) => {
-                // Whatever reached the new member is released there.
-                let _ = self.to_owner(
-                    &new,
-                    M2M_VMA_REMOVE {
-                        who,
-                        start: lo,
-                        end: hi,
-                    },
-                );
-                Err(e)
-            }
-        }
+        copied(h).inspect_err(|_| {
+            // Whatever reached the new member is released there.
+            let _ = self.to_owner(
+                new,
+                M2M_VMA_REMOVE {
+                    who: who.clone(),
+                    start: lo,
+                    end: hi,
+                },
+            );
+        })
     }
 
     /// Gives `new` the process's vmas of [lo, hi).

@@ -76,7 +76,8 @@ fn a_write_back_that_finds_its_owner_full_moves_the_vregion_to_one_with_room() {
     );
     assert!(
         mcomp_metric(&c, "splitos_mcomp_vregions_moved_total") >= 1.0,
-        "and vRegions moved off them"
+        "and vRegions moved off them: {}",
+        text(&out.stderr)
     );
     let p = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     assert!(c.metric(&p, "splitos_pcomp_owner_full_total") >= 1.0);
