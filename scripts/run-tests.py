@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,20 @@ KNOWN_TIMES = ROOT / "tests" / "test-times.json"
 CPU = ROOT / "target" / "test-cpu.json"
 ALONE = ROOT / "tests" / "alone.txt"
 APART = ROOT / "tests" / "apart.txt"
+# Where a failed test's cluster leaves its logs (CARGO_TARGET_TMPDIR/failed/<test>).
+FAILED = ROOT / "target" / "tmp" / "failed"
+
+
+def print_warnings(test):
+    """The warnings and errors its components logged, for a failed test whose cluster kept its
+    logs (tests/e2e/common.rs copies them to FAILED when a test panics): what a failure seen once
+    in a loaded run is explained by."""
+    kept = FAILED / test.split("::", 1)[-1].replace("::", "-")
+    for log in sorted(kept.glob("*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines() if " WARN " in line or " ERROR " in line]
+        if lines:
+            print(f"-- {log.name}: {len(lines)} warnings and errors, the last {min(len(lines), 25)}:")
+            print("\n".join(lines[-25:]))
 
 
 def lint_env():
@@ -289,6 +304,7 @@ def main():
     pool = [j for j in jobs if j not in solo]
     # Longest first; a test never timed yet counts as long, so it does not start last.
     pool.sort(key=lambda j: -times.get(j["id"], 120))
+    shutil.rmtree(FAILED, ignore_errors=True)
     log_dir = ROOT / "target" / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"run-tests: built in {built:.0f} s; {len(pool)} jobs {args.jobs} at a time, then {len(solo)} alone", flush=True)
@@ -303,6 +319,7 @@ def main():
     failed = [k for k, v in results.items() if not v["ok"]]
     for k in failed:
         print(f"\n==== {k} ====\n{results[k]['output'][-20000:]}")
+        print_warnings(k)
     slowest = sorted(results.items(), key=lambda kv: -kv[1]["secs"])[:10]
     print("\nslowest: " + ", ".join(f"{k} {v['secs']:.0f}s" for k, v in slowest))
     used = {k: v["cpu"] for k, v in results.items() if v["cpu"] is not None}

@@ -77,6 +77,12 @@ const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, 
 
 /// Signals received and not yet passed on (bits), set by the handler.
 static RECEIVED: AtomicU64 = AtomicU64::new(0);
+/// The process that last sent each signal (0: the kernel, a terminal), set by the handler.
+static SENDERS: [AtomicI32; 64] = [const { AtomicI32::new(0) }; 64];
+/// How close a sender's second signal of a kind must follow its first to be its twin: a
+/// supervisor's signal to `run` and then to `run`'s group are two system calls in a row, which
+/// only a preempted sender draws apart, and natively the program takes them as one.
+const TWINS: std::time::Duration = std::time::Duration::from_millis(100);
 /// The write end of the pipe that wakes the forwarding thread.
 static WAKE: AtomicI32 = AtomicI32::new(-1);
 
@@ -90,7 +96,10 @@ static FORWARDING: Mutex<Forwarding> = Mutex::new(Forwarding {
     pending: 0,
 });
 
-extern "C" fn note(sig: libc::c_int) {
+extern "C" fn note(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel hands an SA_SIGINFO handler a valid siginfo; si_pid only reads it.
+    let sender = if info.is_null() { 0 } else { unsafe { (*info).si_pid() } };
+    SENDERS[sig as usize].store(sender, Ordering::SeqCst);
     RECEIVED.fetch_or(1 << sig, Ordering::SeqCst);
     // SAFETY: errno is this thread's, saved and restored around write, which is
     // async-signal-safe; the buffer outlives the call. A full pipe already holds a wake-up.
@@ -120,15 +129,27 @@ fn send(program: i32, sigs: SigBits) {
 /// embedded cluster) while the program lives. A thread passes them on, not the handler: a
 /// signal that arrives again before the first was passed on is passed on once, as the kernel
 /// keeps one of a kind pending. `timeout` sends its signal to `run` and then to `run`'s group:
-/// natively the two meet in the program as one, and so they do here.
+/// natively the two meet in the program as one, and so they do here, even when this thread
+/// passed the first on before the second came ([`TWINS`]).
 pub fn forward_signals() -> std::io::Result<()> {
     let (mut wakes, wake) = std::os::unix::net::UnixStream::pair()?;
     wake.set_nonblocking(true)?;
     WAKE.store(wake.into_raw_fd(), Ordering::SeqCst);
     std::thread::Builder::new().name("signals".into()).spawn(move || {
         let mut buf = [0u8; 64];
+        let mut passed: [Option<(i32, std::time::Instant)>; 64] = [None; 64];
         while wakes.read(&mut buf).is_ok_and(|n| n > 0) {
-            let sigs = RECEIVED.swap(0, Ordering::SeqCst);
+            let got = RECEIVED.swap(0, Ordering::SeqCst);
+            let (mut sigs, now) = (got, std::time::Instant::now());
+            for sig in SIGNALS.filter(|s| got & (1 << s) != 0) {
+                let sender = SENDERS[sig as usize].load(Ordering::SeqCst);
+                let twin = passed[sig as usize].is_some_and(|(s, at)| s == sender && sender != 0 && now - at < TWINS);
+                if twin {
+                    sigs &= !(1 << sig);
+                } else {
+                    passed[sig as usize] = Some((sender, now));
+                }
+            }
             let mut f = FORWARDING.lock().unwrap_or_else(|p| p.into_inner());
             match f.program {
                 Some(p) => send(p, sigs),
@@ -136,11 +157,15 @@ pub fn forward_signals() -> std::io::Result<()> {
             }
         }
     })?;
-    // SAFETY: `note` only uses atomics and write, all async-signal-safe. With these valid
-    // signal numbers signal() cannot fail.
+    // SAFETY: `note` only uses atomics and write, all async-signal-safe; the action is a
+    // zeroed structure that outlives the call. With these valid signal numbers sigaction
+    // cannot fail.
     unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = note as *const () as libc::sighandler_t;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         for sig in FORWARDED.into_iter().filter(|&s| !inherited_ignored(s)) {
-            libc::signal(sig, note as *const () as libc::sighandler_t);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
         }
         // Taking the terminal back from the program's group, from the background, must not stop us.
         libc::signal(libc::SIGTTOU, libc::SIG_IGN);

@@ -83,6 +83,31 @@ fn ctrl_c_to_the_job_reaches_the_program_not_the_cluster() {
 }
 
 #[test]
+fn a_senders_signal_to_run_and_to_its_group_reach_the_program_once_even_apart() {
+    // What `timeout` does when it is preempted between its two kill(2)s: the same signal from
+    // the same sender, to `run` and then to `run`'s group, a few milliseconds apart. A program
+    // that cleans up on SIGINT must not be interrupted again in its clean-up.
+    let data = tempfile::tempdir().unwrap();
+    let py = python3();
+    let cleans_up = CATCHES_SIGINT.replace("    raise", "    time.sleep(0.5)\n    raise");
+    let mut job = Job(run_cmd(&["--embedded"], &[&py, "-c", &cleans_up], data.path())
+        .process_group(0)
+        .spawn()
+        .unwrap());
+    assert_eq!(first_line(&mut job), "ready\n");
+    let run = job.0.id() as i32;
+    // SAFETY: kill(2) takes no pointers; the process and group are this test's job.
+    unsafe { libc::kill(run, libc::SIGINT) };
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    // SAFETY: as above.
+    unsafe { libc::kill(-run, libc::SIGINT) };
+    let (out, err, code) = finish(job);
+    assert_eq!(out, "caught KeyboardInterrupt\n", "{err}");
+    assert_eq!(err.matches("KeyboardInterrupt").count(), 1, "{err}");
+    assert_eq!(code, 130, "{err}");
+}
+
+#[test]
 fn timeout_signals_the_program_not_the_cluster() {
     let data = tempfile::tempdir().unwrap();
     let py = python3();

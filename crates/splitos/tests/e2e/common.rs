@@ -542,12 +542,35 @@ pub fn assert_hold_ends_native(mut child: std::process::Child) {
 
 static ISSUED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Copies the logs of a failed test's cluster to target/tmp/failed/<test>/, which the test
+/// runner names in its report: the cluster's directory goes with the test, and a failure seen
+/// once under load is explained by its components' logs or not at all.
+fn keep_logs(dir: &std::path::Path) {
+    let test = std::thread::current().name().unwrap_or("test").replace("::", "-");
+    let to = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("failed")
+        .join(test);
+    let logs = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let logs: Vec<_> = logs
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .collect();
+    if !logs.is_empty() && std::fs::create_dir_all(&to).is_ok() {
+        for e in logs {
+            let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+        }
+        eprintln!("the cluster's logs: {}", to.display());
+    }
+}
+
 impl Drop for TestCluster {
     fn drop(&mut self) {
         let pids = std::fs::read_to_string(self.dir.path().join("cluster.json"))
             .ok()
             .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
         let _ = self.cmd(&["cluster", "down", "--force"]).output();
+        if std::thread::panicking() {
+            keep_logs(self.dir.path());
+        }
         // Whatever `cluster down` left running, if it is still a splitos process (a PID of a
         // component that ended may belong to another process by now).
         let exe = std::fs::canonicalize(splitos()).unwrap_or_else(|_| splitos());
