@@ -6,7 +6,10 @@ some arithmetic between them) natively, under Linux with a memory cgroup of half
 swapping to zram, and under the cheapest userfaultfd pagers there can be, whose "remote"
 memory is a local buffer: no network, no bookkeeping, no checksum (the configurations are
 MODES below). Interleaved repetitions; reports each configuration's time and µs over native
-per miss (per swap-in for Linux). Needs root (memory cgroup, swap device). Results go to
+per miss (per swap-in for Linux). Then the same for a program's first touches of new memory
+(scripts/bench/firsttouch.c, FIRST_TOUCH below): natively in anonymous memory and in a shared
+memfd, under the cheapest userfaultfd pager of a memfd (one UFFDIO_COPY of a window of zeros
+per first touch), and under splitos. Needs root (memory cgroup, swap device). Results go to
 results/pagerfloor.json and the "Paging floor" section of docs/benchmarks.md.
 """
 import argparse
@@ -19,7 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import suite  # noqa: E402
-from benchlib import ROOT, machine, publish  # noqa: E402
+from benchlib import ROOT, SPLITOS, machine, publish  # noqa: E402
 
 PAGER_SRC = os.path.join(ROOT, "scripts", "bench", "pager.c")
 # What each configuration of the pager is, for the report.
@@ -33,11 +36,30 @@ MODES = {
     "sigbus": "no handler thread: the faulting thread evicts and installs in its own SIGBUS handler",
 }
 
+FIRST_TOUCH_SRC = os.path.join(ROOT, "scripts", "bench", "firsttouch.c")
+# splitos's window of fresh lines for a first touch that continues a run of them: its
+# fault-around and pre-allocation defaults (16 + 64).
+WINDOW = 80
+FIRST_TOUCH = {
+    "anon": "natively, private anonymous memory (a program's heap)",
+    "shmem": "natively, a shared mapping of a memfd (what a pager's heap must be), filled by the kernel page by page",
+    "uffd": f"the memfd under a userfaultfd handler that answers each first touch with {WINDOW} pages of zeros in one UFFDIO_COPY",
+    "splitos": "anonymous memory under `splitos run --embedded` with its defaults (the program's own time)",
+}
 
-def build(tmp):
-    exe = os.path.join(tmp, "pager")
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", exe, PAGER_SRC], check=True)
+
+def build(tmp, src=PAGER_SRC, name="pager"):
+    exe = os.path.join(tmp, name)
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", exe, src], check=True)
     return exe
+
+
+def first_touch(exe, mode, mib):
+    """One timed pass of first touches over `mib` MiB in `mode` (FIRST_TOUCH)."""
+    args = [exe, "anon" if mode == "splitos" else mode, str(mib), str(WINDOW)]
+    if mode == "splitos":
+        args = [SPLITOS, "run", "--embedded", "--quiet", "--", *args]
+    return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 
 def run(exe, mode, pages, accesses, work, local):
@@ -61,6 +83,7 @@ def main():
     ap.add_argument("--accesses", type=int, default=400000, help="random accesses timed (default 400000)")
     ap.add_argument("--work", default="0,200,1000", help="rounds of arithmetic after each access, comma-separated (default 0,200,1000)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    ap.add_argument("--first-touch-mib", type=int, default=256, help="MiB of new memory the first-touch runs touch (default 256)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "pagerfloor.json"))
     ap.add_argument("--no-doc", action="store_true", help="do not write the section of docs/benchmarks.md")
     ap.add_argument("--report", action="store_true", help="measure nothing: write the section again from the JSON at --out")
@@ -70,9 +93,11 @@ def main():
         return
     if os.geteuid() != 0:
         sys.exit("pagerfloor.py needs root: a memory cgroup and a swap device")
-    res = {"machine": machine(), "load_before": os.getloadavg()[0], "pages": args.pages, "accesses": args.accesses, "reps": args.reps, "runs": {}}
+    res = {"machine": machine(), "load_before": os.getloadavg()[0], "pages": args.pages, "accesses": args.accesses, "reps": args.reps, "runs": {},
+           "first_touch_mib": args.first_touch_mib, "first_touch": {}}
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tmp)
+        touch = build(tmp, FIRST_TOUCH_SRC, "firsttouch")
         # What a cgroup charges the program beyond its pages (code, stack, page tables), added
         # to Linux's limit as the pagers keep it outside the resident pages.
         local = suite.local_footprint_bytes([exe, "native", str(args.pages), str(args.pages // 2), "1000", "0"], None)
@@ -87,6 +112,8 @@ def main():
                     elif "sum" in r and r["sum"] != native_sum:
                         sys.exit(f"{mode} at {work}: memory differs from the native run's ({r['sum']} against {native_sum})")
                     res["runs"].setdefault(f"{work}", {}).setdefault(mode, []).append(r)
+            for mode in FIRST_TOUCH:
+                res["first_touch"].setdefault(mode, []).append(first_touch(touch, mode, args.first_touch_mib))
             print(f"repetition {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     json.dump(res, open(args.out, "w"), indent=2)
@@ -127,6 +154,29 @@ def report(res):
               "[excache.md](excache.md#fault-delivery)), so the faulting-CPU figure is what a userfaultfd pager pays on this "
               "machine for a miss that copies nothing over a network and keeps no books; splitos's own per miss is in the "
               "focus section."]
+    if res.get("first_touch"):
+        lines += ["", *first_touch_report(res)]
+    return lines
+
+
+def first_touch_report(res):
+    ft = res["first_touch"]
+    pages = ft["anon"][0]["pages"]
+    us = {m: [r["s"] / r["pages"] * 1e6 for r in rs] for m, rs in ft.items()}
+    med = {m: statistics.median(v) for m, v in us.items()}
+    lines = [f"First touches: one write to each page of {res['first_touch_mib']} MiB ({pages:,} pages) of new memory, in order, "
+             f"timed by the program (scripts/bench/firsttouch.c); medians of {len(ft['anon'])} interleaved runs. Configurations:", ""]
+    lines += [f"- `{m}`: {what}" for m, what in FIRST_TOUCH.items()]
+    lines += ["", "| configuration | µs per page (min-max) | over anonymous memory | traps |", "|---|---|---|---|"]
+    for m in FIRST_TOUCH:
+        traps = f"{statistics.median(r['faults'] for r in ft[m]):,.0f}" if m == "uffd" else ""
+        lines.append(f"| {m} | {med[m]:.2f} ({min(us[m]):.2f}-{max(us[m]):.2f}) | {med[m] / med['anon']:.2f} | {traps} |")
+    lines += ["", f"A heap that a pager can read and punch is a shared memfd, whose pages the kernel fills at "
+              f"{med['shmem'] / med['anon']:.2f}x the cost of anonymous memory; a pager that fills a window per trap "
+              f"pays {med['uffd'] / med['anon']:.2f}x, and splitos {med['splitos'] / med['uffd']:.2f}x that pager. A program "
+              "that does little but touch new memory "
+              f"{'cannot' if med['uffd'] / med['anon'] > 1.05 else 'can'} come within 1.05x of native under a userfaultfd "
+              "pager of a memfd on this machine."]
     return lines
 
 

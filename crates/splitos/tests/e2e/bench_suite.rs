@@ -196,3 +196,56 @@ fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
         );
     }
 }
+
+/// The first-touch floor's programs (scripts/bench/firsttouch.c, which pagerfloor.py times)
+/// touch every page and find it written, natively and under splitos; its pager traps once a
+/// window, and under splitos the pComponent filled the pages (its own counters): a floor whose
+/// pager installed nothing, or whose splitos run never reached splitos, would be no floor.
+#[test]
+fn the_first_touch_floors_programs_touch_every_page_and_their_pagers_fill_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("firsttouch");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/firsttouch.c");
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(st.success(), "compiling {}", src.display());
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // 16 MiB: 4,096 pages, each written once and summed.
+    for mode in ["anon", "shmem", "uffd"] {
+        let r = json(&Command::new(&exe).args([mode, "16", "80"]).output().unwrap());
+        assert_eq!(
+            (r["pages"].as_u64(), r["sum"].as_u64()),
+            (Some(4096), Some(4096)),
+            "{mode}: {r}"
+        );
+        let traps = if mode == "uffd" { 4096_u64.div_ceil(80) } else { 0 };
+        assert_eq!(r["faults"].as_u64(), Some(traps), "{mode}: {r}");
+    }
+    let stats = dir.path().join("stats.json");
+    let out = Command::new(common::splitos())
+        .args(["run", "--embedded", "--quiet", "--stats-json"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe)
+        .args(["anon", "16", "80"])
+        .env_remove("SPLITOS_GM")
+        .env("SPLITOS_STATE_DIR", dir.path().join("state"))
+        .env("SPLITOS_DATA_DIR", dir.path().join("data"))
+        .output()
+        .unwrap();
+    let r = json(&out);
+    assert_eq!(r["sum"].as_u64(), Some(4096), "{r}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let filled = ["plocal_fills", "faulted_around", "preallocated"]
+        .iter()
+        .map(|k| s[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert!(filled >= 4096, "the pComponent filled {filled} pages of 4,096: {s}");
+}
