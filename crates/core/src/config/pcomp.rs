@@ -222,7 +222,7 @@ pub struct PcompConfig {
     #[arg(long, default_value_t = 8)]
     pub fault_around_start: usize,
     /// Unmapped heap each process keeps mapped at its home, to map again without asking it
-    /// (0: off).
+    /// (0: off; none for processes of a vNode with a memory quota, which it would charge).
     #[arg(long, default_value_t = Size(64 << 20))]
     pub heap_reuse: Size,
     /// Huge pages: on puts heaps on a private tmpfs and pre-allocates fresh 2 MiB extents as

@@ -279,3 +279,35 @@ fn with_heuristic_overcommit_the_vnode_filling_the_memory_is_stopped_and_the_one
         );
     }
 }
+
+/// A quota charges what a vNode's programs map, and nothing the pComponent keeps mapped at the
+/// home for reuse (heap reuse keeps up to a chunk of 8 MiB per process by default): a shell
+/// running a program that maps most of the quota gets what it asks for, as it would natively.
+#[test]
+fn a_vnodes_quota_is_what_its_programs_map_not_what_heap_reuse_would_keep() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n[[vnode]]\nname = \"vq\"\nusers = [\"root\"]\nmemory = \"48M\"\n",
+    ));
+    let hold = program("hold");
+    let mut holder = c.spawn(&["--vnode", "vq"], &[hold.to_str().unwrap(), "16"]);
+    assert_eq!(read_line(&mut holder), "ready\n");
+    // 16 MiB and the process's own start (the allocator's first arena, a few MiB).
+    let used = vnode_memory(&c, "vq")["used"].as_u64().unwrap();
+    assert!(
+        (16 << 20..22 << 20).contains(&used),
+        "vq is charged {used} bytes for 16 MiB"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait_with_output().unwrap().status.success());
+    // Two processes, the shell and a program of 30 MiB (and a calloc of 4 MiB).
+    let touch = program("memtouch");
+    let cmd = format!("{} 30; true", touch.display());
+    let out = c.run(&["--vnode", "vq", "--quiet"], &["sh", "-c", &cmd]);
+    let native = native(&["sh", "-c", &cmd]);
+    assert_eq!(
+        (text(&out.stdout), text(&out.stderr)),
+        (text(&native.stdout), text(&native.stderr)),
+        "{}",
+        text(&out.stderr)
+    );
+}
