@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define PAGE 4096UL
 
 static char *base;
@@ -34,17 +36,6 @@ static size_t pages, window;
 static int uffd = -1;
 static long faults;
 static char *zeros;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
 
 /* Installs `n` zero pages at page `first`; a page already there (EEXIST) is skipped. */
 static void install(size_t first, size_t n) {

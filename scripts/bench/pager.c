@@ -43,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define PAGE 4096ul
 
 static size_t pages, resident, accesses, work;
@@ -54,17 +56,6 @@ static atomic_ulong misses, evictions;
 /* Resident pages in the order they came: a ring the handler pushes to and victims leave. */
 static size_t *ring, head, tail, count;
 static pthread_mutex_t ring_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
 
 /* Takes the oldest resident page out: its bytes to the far buffer, its page freed. The one
  * program thread is waiting in a fault, so it cannot write the page meanwhile. */

@@ -3,6 +3,7 @@
 //! It runs beside other tests (its times are not results here), with its time bounds four times
 //! as long, and never beside the access-sampling tests: it turns swap devices on, and those
 //! need a host without swap (tests/apart.txt).
+use crate::cli::run_cmd;
 use crate::common;
 
 use std::path::Path;
@@ -157,14 +158,10 @@ fn quick_suite_runs_every_configuration_and_cleans_up() {
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }
 
-/// The paging floor's pagers (scripts/bench/pager.c, which pagerfloor.py times) keep the
-/// program's memory as it is natively, and really page: a floor measured by a pager that lost
-/// writes, or never evicted, would be no floor.
-#[test]
-fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
-    let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("pager");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/pager.c");
+/// Compiles scripts/bench/<name>.c into `dir` as the benchmark scripts do.
+fn bench_program(dir: &Path, name: &str) -> std::path::PathBuf {
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../scripts/bench/{name}.c"));
     let st = Command::new("gcc")
         .args(["-O2", "-pthread", "-o"])
         .arg(&exe)
@@ -172,6 +169,16 @@ fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
         .status()
         .expect("gcc runs");
     assert!(st.success(), "compiling {}", src.display());
+    exe
+}
+
+/// The paging floor's pagers (scripts/bench/pager.c, which pagerfloor.py times) keep the
+/// program's memory as it is natively, and really page: a floor measured by a pager that lost
+/// writes, or never evicted, would be no floor.
+#[test]
+fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = bench_program(dir.path(), "pager");
     let run = |mode: &str| -> serde_json::Value {
         let out = Command::new(&exe)
             .args([mode, "2048", "1024", "50000", "10"])
@@ -204,15 +211,7 @@ fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
 #[test]
 fn the_first_touch_floors_programs_touch_every_page_and_their_pagers_fill_them() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("firsttouch");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench/firsttouch.c");
-    let st = Command::new("gcc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("gcc runs");
-    assert!(st.success(), "compiling {}", src.display());
+    let exe = bench_program(dir.path(), "firsttouch");
     let json = |out: &std::process::Output| -> serde_json::Value {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
@@ -229,17 +228,14 @@ fn the_first_touch_floors_programs_touch_every_page_and_their_pagers_fill_them()
         assert_eq!(r["faults"].as_u64(), Some(traps), "{mode}: {r}");
     }
     let stats = dir.path().join("stats.json");
-    let out = Command::new(common::splitos())
-        .args(["run", "--embedded", "--quiet", "--stats-json"])
-        .arg(&stats)
-        .arg("--")
-        .arg(&exe)
-        .args(["anon", "16", "80"])
-        .env_remove("SPLITOS_GM")
-        .env("SPLITOS_STATE_DIR", dir.path().join("state"))
-        .env("SPLITOS_DATA_DIR", dir.path().join("data"))
-        .output()
-        .unwrap();
+    let (stats_arg, exe) = (stats.to_str().unwrap(), exe.to_str().unwrap());
+    let out = run_cmd(
+        &["--embedded", "--quiet", "--stats-json", stats_arg],
+        &[exe, "anon", "16", "80"],
+        dir.path(),
+    )
+    .output()
+    .unwrap();
     let r = json(&out);
     assert_eq!(r["sum"].as_u64(), Some(4096), "{r}");
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
