@@ -528,10 +528,11 @@ impl ExCache {
         self.claim_where(pid, vpn, |v| !v.dirty, |_| false)
     }
 
-    /// As [`ExCache::claim`], for lines whose writes nobody sees as they happen. Before the
-    /// policy's victim goes, a policy that watches writes asks `used` whether it was written
-    /// since its reference bit was cleared: a used line gets its bit back and the policy picks
-    /// again, at most once per way. Then `evictable` may still refuse the victim (as
+    /// As [`ExCache::claim`], for lines whose uses nobody sees as they happen. Before the
+    /// policy's victim goes, `used` is asked whether it was used since it was last looked at
+    /// (by a policy that watches writes, of every victim: written since its reference bit was
+    /// cleared; by any, of a victim access sampling unmapped: touched since): the policy hears
+    /// of a used line as of any use and picks again, at most once per way. Then `evictable` may still refuse the victim (as
     /// [`ExCache::claim_clean`] refuses a dirty one). Both may mark the line dirty.
     pub fn claim_observing(
         &mut self,
@@ -608,11 +609,12 @@ impl ExCache {
                     continue;
                 }
                 let l = self.slots[base + i].as_mut().expect("victim is a line");
-                // Only a policy that watches writes (one that rearms) asks.
-                if !self.policy.rearms() || spared == self.ways || !used(l) {
+                // A policy that watches writes (one that rearms) asks of every victim; any asks
+                // of one that access sampling unmapped, which the program may have touched since.
+                if !(self.policy.rearms() || l.unmapped) || spared == self.ways || !used(l) {
                     break i;
                 }
-                l.referenced = true;
+                self.policy.touched(set, i, l);
                 spared += 1;
             };
             self.unshield(&mut shielded);

@@ -67,6 +67,7 @@ pub fn uffd_features(tracking: DirtyTracking) -> u64 {
 const PAGEMAP_SCAN: u64 = 0xc060_6610;
 const PAGE_IS_WPALLOWED: u64 = 1 << 0;
 const PAGE_IS_WRITTEN: u64 = 1 << 1;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
 /// Written runs one PAGEMAP_SCAN call reports before the range is walked on.
 const RUNS: usize = 64;
@@ -149,6 +150,12 @@ fn written(pagemap: &File, first: u64, end: u64, protect: bool) -> io::Result<Ve
         if protect { PM_SCAN_WP_MATCHING } else { 0 },
         PAGE_IS_WRITTEN,
     )
+}
+
+/// The pages of [first, end) mapped in the program: of those access sampling unmapped
+/// (MADV_PAGEOUT keeps them in the memfd), the ones the program touched since.
+pub fn present(pagemap: &File, first: u64, end: u64) -> io::Result<Vec<u64>> {
+    scan(pagemap, first, end, 0, PAGE_IS_PRESENT)
 }
 
 /// Which pages [`Tracker::take`] hands back the contents of.
@@ -440,6 +447,8 @@ pub fn check_kernel() -> Result<(), NoScan> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     /// A heap region like a shim's, in this test process: a memfd mapped shared and
@@ -453,6 +462,12 @@ mod tests {
 
     impl Heap {
         fn new(pages: u64) -> Heap {
+            Heap::with(pages, uffd::FEATURE_WP_ASYNC)
+        }
+
+        /// With write protection as `features` ask (0: a write to a protected page would wait
+        /// for a fault message nobody reads).
+        fn with(pages: u64, features: u64) -> Heap {
             let len = pages * PAGE;
             // SAFETY: creates and sizes a file, maps it at an address the kernel picks, and
             // creates a userfaultfd; every result is checked.
@@ -474,7 +489,7 @@ mod tests {
                 let uffd = OwnedFd::from_raw_fd(u);
                 let mut api = uffd::Api {
                     api: uffd::UFFD_API,
-                    features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | uffd::FEATURE_WP_ASYNC,
+                    features: uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_WP_HUGETLBFS_SHMEM | features,
                     ioctls: 0,
                 };
                 assert_eq!(libc::ioctl(u, uffd::UFFDIO_API as _, &mut api), 0);
@@ -610,6 +625,36 @@ mod tests {
             "the write after the splice is in the pipe's page"
         );
         assert_eq!(page_out(&p.r, true).unwrap().unwrap()[0], 2);
+    }
+
+    /// What access sampling stands on (miss/sample.rs): a page unmapped as reclaim would stays
+    /// in the memfd; the program's next touch maps it again with no fault message,
+    /// write-protected as it was; the page tables then show it present.
+    #[test]
+    fn the_kernel_maps_an_unmapped_page_again_as_it_was_and_says_so() {
+        if let Some(why) = crate::uffd::cannot_unmap() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let h = Heap::with(2, 0);
+        h.install(0, 5);
+        h.install(1, 6);
+        let pagemap = File::open("/proc/self/pagemap").unwrap();
+        // SAFETY: pidfd_open(2) of this process; the result is checked before it is owned.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id(), 0) } as i32;
+        assert!(pidfd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        crate::uffd::unmap(&pidfd, &[(h.base, 2 * PAGE)]).unwrap();
+        assert_eq!(present(&pagemap, h.vpn(0), h.vpn(2)).unwrap(), Vec::<u64>::new());
+        // SAFETY: page 0 is in the memfd: the kernel maps it without a fault message.
+        let b = unsafe { std::ptr::read_volatile(h.base as *const u8) };
+        assert_eq!(b, 5);
+        assert_eq!(present(&pagemap, h.vpn(0), h.vpn(2)).unwrap(), vec![h.vpn(0)]);
+        let mut entry = [0u8; 8];
+        pagemap.read_exact_at(&mut entry, h.vpn(0) * 8).unwrap();
+        const PM_UFFD_WP: u64 = 1 << 57;
+        assert_ne!(u64::from_ne_bytes(entry) & PM_UFFD_WP, 0, "still write-protected");
     }
 
     #[test]

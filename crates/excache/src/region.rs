@@ -1,6 +1,7 @@
 //! What the miss path does to a program's heap: the [`Region`] interface, and
 //! [`UffdRegion`], its implementation with the userfaultfd and memfd the program's shim handed
 //! over. Pages are numbered by virtual page (address / 4096).
+use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -39,19 +40,20 @@ pub trait Region: Send + Sync {
     fn punch(&self, vpn: u64, pages: u64) -> io::Result<()>;
     /// The current contents of a resident page.
     fn read_out(&self, vpn: u64, buf: &mut [u8]) -> io::Result<()>;
-    /// True if resident pages can be unmapped and kept ([`Region::unmap`]): their next touch
-    /// is a minor fault, which [`Region::map`] answers.
+    /// True if resident pages can be unmapped and kept ([`Region::unmap`]): the kernel maps
+    /// each again at its next touch, and [`Region::present`] tells which it did.
     fn samples(&self) -> bool {
         false
     }
-    /// Unmaps resident pages, keeping them: the next touch of each faults as a minor fault.
+    /// Unmaps resident pages, keeping them in the memfd: the program's next touch of each is a
+    /// minor fault the kernel serves, mapping it again as it was (write-protected if it was).
     /// `vpns` is sorted.
     fn unmap(&self, _vpns: &[u64]) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
-    /// Maps a resident page that was unmapped and wakes the threads waiting for it; `wp` maps
-    /// it write-protected. `Gone` if the page is not resident.
-    fn map(&self, _vpn: u64, _wp: bool) -> io::Result<Install> {
+    /// The pages of [first, end) mapped in the program now: of the pages [`Region::unmap`]
+    /// unmapped, those the program touched since.
+    fn present(&self, _first: u64, _end: u64) -> io::Result<Vec<u64>> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
     /// Whether fresh 2 MiB extents can be made resident as huge pages ([`Region::allocate_huge`]).
@@ -106,8 +108,15 @@ pub struct UffdRegion {
     /// Without it, where the heap's pages are all small: what takes dirty pages out
     /// ([`Taker::for_heap`]).
     pub taker: Option<Taker>,
-    /// With access sampling: the program, whose pages are unmapped through it.
-    pub pidfd: Option<Arc<OwnedFd>>,
+    /// With access sampling: the program, whose pages are unmapped through it, and its page
+    /// tables, which say which it touched since.
+    pub sampling: Option<Sampling>,
+}
+
+/// What access sampling needs of a program.
+pub struct Sampling {
+    pub pidfd: Arc<OwnedFd>,
+    pub pagemap: File,
 }
 
 /// Pages of zeros to install from: one ioctl installs a fault-around window of up to this
@@ -118,6 +127,12 @@ static ZEROS: [u8; (ZERO_RUN * PAGE) as usize] = [0; (ZERO_RUN * PAGE) as usize]
 impl UffdRegion {
     fn offset(&self, vpn: u64) -> u64 {
         vpn * PAGE - self.base
+    }
+
+    fn sampling(&self) -> io::Result<&Sampling> {
+        self.sampling
+            .as_ref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
     }
 
     fn tracker(&self) -> io::Result<&Tracker> {
@@ -176,14 +191,11 @@ impl Region for UffdRegion {
     }
 
     fn samples(&self) -> bool {
-        self.pidfd.is_some()
+        self.sampling.is_some()
     }
 
     fn unmap(&self, vpns: &[u64]) -> io::Result<()> {
-        let pidfd = self
-            .pidfd
-            .as_deref()
-            .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))?;
+        let s = self.sampling()?;
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for &v in vpns {
             match runs.last_mut() {
@@ -191,11 +203,11 @@ impl Region for UffdRegion {
                 _ => runs.push((v * PAGE, PAGE)),
             }
         }
-        uffd::unmap(pidfd, &runs)
+        uffd::unmap(&s.pidfd, &runs)
     }
 
-    fn map(&self, vpn: u64, wp: bool) -> io::Result<Install> {
-        uffd::map(&self.uffd, vpn * PAGE, PAGE, wp, true)
+    fn present(&self, first: u64, end: u64) -> io::Result<Vec<u64>> {
+        super::dirty::present(&self.sampling()?.pagemap, first, end)
     }
 
     fn huge_pages(&self) -> bool {

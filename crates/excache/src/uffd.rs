@@ -88,43 +88,9 @@ pub fn copy_range(uffd_fd: &OwnedFd, addr: u64, data: &[u8], wp: bool) -> io::Re
     Ok(result)
 }
 
-/// Maps pages the memfd holds into the program (answers minor faults), write-protected if
-/// `wp`; `wake` wakes the threads waiting in the range. A page already mapped is left as it is.
-/// `Gone` when the memfd no longer holds a page (it was punched meanwhile) or the program is gone.
-pub fn map(uffd_fd: &OwnedFd, addr: u64, len: u64, wp: bool, wake: bool) -> io::Result<Install> {
-    let mode = if wp { uffd::CONTINUE_MODE_WP } else { 0 } | if wake { 0 } else { uffd::CONTINUE_MODE_DONTWAKE };
-    let (mut done, mut result) = (0, Install::Done);
-    while done < len {
-        let mut c = uffd::Continue {
-            range: uffd::Range {
-                start: addr + done,
-                len: len - done,
-            },
-            mode,
-            mapped: 0,
-        };
-        match ioctl(uffd_fd, uffd::UFFDIO_CONTINUE, &mut c) {
-            Ok(()) => done = len,
-            Err(_) if c.mapped > 0 => done += c.mapped as u64,
-            Err(e) => match e.raw_os_error() {
-                Some(libc::EEXIST) => {
-                    if wake {
-                        self::wake(uffd_fd, addr + done, PAGE);
-                    }
-                    done += PAGE;
-                    result = Install::Exists;
-                }
-                Some(libc::EAGAIN) => std::thread::yield_now(),
-                Some(libc::ESRCH) | Some(libc::ENOENT) | Some(libc::EFAULT) => return Ok(Install::Gone),
-                _ => return Err(e),
-            },
-        }
-    }
-    Ok(result)
-}
-
 /// Unmaps pages of the program at `runs` (start address, length) and keeps them in its memfd,
-/// so that the next touch of each is a minor fault. `pidfd` is the program's. The kernel
+/// so that the next touch of each is a minor fault, which the kernel serves from the memfd.
+/// `pidfd` is the program's. The kernel
 /// unmaps them as reclaim would (MADV_PAGEOUT) and, with no swap to write them to, keeps them:
 /// which is why sampling is off on a host with swap. Needs CAP_SYS_NICE.
 pub fn unmap(pidfd: &OwnedFd, runs: &[(u64, u64)]) -> io::Result<()> {

@@ -421,14 +421,15 @@ pub mod uffd {
     /// Each page-fault message carries the faulting thread's id ([`Msg::tid`]).
     pub const FEATURE_THREAD_ID: u64 = 1 << 8;
     /// A touch of a page that the memfd holds but the program does not map is a fault message
-    /// too (a minor fault), answered with UFFDIO_CONTINUE: the ExCache sees reads this way.
+    /// too (a minor fault), answered with UFFDIO_CONTINUE (`splitos bench` measures the install
+    /// this way).
     pub const FEATURE_MINOR_SHMEM: u64 = 1 << 10;
     pub const FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
     /// A write to a write-protected page lifts the protection in the kernel, without a fault
     /// message; PAGEMAP_SCAN tells which pages were written (Linux 6.7).
     pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
     /// What a [`super::Welcome`] may ask for.
-    pub const FEATURES_ON_REQUEST: u64 = FEATURE_WP_ASYNC | FEATURE_MINOR_SHMEM;
+    pub const FEATURES_ON_REQUEST: u64 = FEATURE_WP_ASYNC;
 
     pub const REGISTER_MODE_MISSING: u64 = 1;
     pub const REGISTER_MODE_WP: u64 = 2;
@@ -436,13 +437,10 @@ pub mod uffd {
 
     pub const COPY_MODE_WP: u64 = 2;
     pub const WP_MODE_WP: u64 = 1;
-    pub const CONTINUE_MODE_DONTWAKE: u64 = 1;
-    pub const CONTINUE_MODE_WP: u64 = 2;
 
     pub const EVENT_PAGEFAULT: u8 = 0x12;
     pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
     pub const PAGEFAULT_FLAG_WP: u64 = 2;
-    pub const PAGEFAULT_FLAG_MINOR: u64 = 4;
 
     #[repr(C)]
     #[derive(Default, FromBytes, IntoBytes, Immutable, KnownLayout)]

@@ -1,6 +1,6 @@
 //! The heap region and the virtual-memory calls that land on it.
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicI32, AtomicU64, Ordering::*};
 use libc::{off_t, size_t};
 use splitos_shim_abi::{uffd, Op, MMAP_AT_HINT, MMAP_FIXED, MMAP_NORESERVE, REGION_BASE};
 
@@ -83,12 +83,8 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
         if wanted & uffd::FEATURE_WP_ASYNC != 0 {
             die(&[b"this kernel's userfaultfd lacks asynchronous write protection, which the pComponent's dirty tracking by scan needs"]);
         }
-        if wanted & uffd::FEATURE_MINOR_SHMEM != 0 {
-            die(&[b"this kernel's userfaultfd lacks minor faults on shared memory, which the pComponent's access sampling needs"]);
-        }
         die(&[b"this kernel's userfaultfd lacks missing and write-protect faults on shared memory"]);
     }
-    MINOR_FAULTS.store(wanted & uffd::FEATURE_MINOR_SHMEM != 0, Relaxed);
     register_range(uffd, REGION_BASE, size);
     let memfd = high_fd(memfd);
     let uffd = high_fd(uffd);
@@ -98,16 +94,8 @@ pub(crate) unsafe fn setup_region(fork_token: u64) {
     unsafe { hello(uffd, memfd, fork_token) };
 }
 
-/// The pComponent samples accesses: resident pages it unmapped fault again as minor faults.
-static MINOR_FAULTS: AtomicBool = AtomicBool::new(false);
-
 fn register_range(uffd: c_int, start: u64, len: u64) {
-    let minor = if MINOR_FAULTS.load(Relaxed) {
-        uffd::REGISTER_MODE_MINOR
-    } else {
-        0
-    };
-    let mode = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP | minor;
+    let mode = uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP;
     let mut reg = uffd::Register {
         range: uffd::Range { start, len },
         mode,

@@ -71,8 +71,9 @@ knob_enum! {
         /// Only misses and first writes are seen: a line read but never written looks unused.
         #[default]
         Off = "off",
-        /// Lines the policy passed over are unmapped in batches, their pages kept; the next
-        /// touch of one is a minor fault, a reference bit (docs/excache.md).
+        /// Lines the policy passed over are unmapped in batches, their pages kept; the kernel
+        /// maps one again at its next touch, and the page tables say so before it would
+        /// leave: a reference bit (docs/excache.md).
         Unmap = "unmap",
     }
 }
@@ -240,9 +241,9 @@ pub struct PcompConfig {
     #[arg(long, default_value_t)]
     pub dirty_tracking: DirtyTracking,
     /// Reads made visible: off, or unmap (lines the policy asks to observe are unmapped in
-    /// batches and their next touch is a minor fault that counts as a use: with workingset, an
-    /// eighth of the lines, the next to leave, wait unmapped at the inactive list's head and
-    /// stay if touched; with clock, every line the hand passes; not with fifo; needs
+    /// batches, the kernel maps one again at its next touch, and a line found mapped again
+    /// when it would leave counts as used: with workingset, an eighth of the lines, the next
+    /// to leave, wait unmapped at the inactive list's head and stay if touched; with clock, every line the hand passes; not with fifo; needs
     /// dirty_tracking = fault, not huge pages; the pComponent needs CAP_SYS_NICE and a host
     /// without swap, else it runs with off and says why).
     #[arg(long, default_value_t)]

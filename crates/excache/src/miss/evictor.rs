@@ -40,9 +40,9 @@ const ROUND: usize = 64;
 
 /// A line the evictor picked, between the lock hold that picked it and the one that drops it.
 pub(super) struct Victim {
-    heap: Arc<ProcHeap>,
-    vpn: u64,
-    slot: usize,
+    pub(super) heap: Arc<ProcHeap>,
+    pub(super) vpn: u64,
+    pub(super) slot: usize,
     dirty: bool,
     /// Copied out before it is dropped: dirty, or clean and wanted by the compressed tier.
     capture: bool,
@@ -55,6 +55,8 @@ pub(super) struct Victim {
     /// as it when `for_others`: making room for another run's claims as it does.
     beside: bool,
     for_others: bool,
+    /// Unmapped by access sampling when it was picked: the program may have touched it since.
+    pub(super) unmapped: bool,
 }
 
 impl MissPath {
@@ -147,6 +149,7 @@ impl MissPath {
     /// neighbouring pages, and writes the dirty ones back. Returns the processes whose lines
     /// it took, with how many.
     pub(super) fn evict_picked(&self, mut victims: Vec<Victim>) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
+        self.spare_touched(&mut victims);
         let mut served: HashMap<u64, (Arc<ProcHeap>, u64)> = HashMap::new();
         for v in &victims {
             served.entry(v.heap.pid).or_insert_with(|| (v.heap.clone(), 0)).1 += 1;
@@ -284,6 +287,7 @@ impl MissPath {
             dropped: false,
             beside: false,
             for_others: false,
+            unmapped: line.unmapped,
         })
     }
 

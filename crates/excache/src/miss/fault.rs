@@ -169,10 +169,6 @@ impl MissPath {
                     self.unstage_used(&mut g, t, vpn, slot, &page, access);
                     return None;
                 }
-                if let Access::Touch(write) = access {
-                    self.touched(&mut g, t, slot, vpn, write);
-                    return None;
-                }
                 // A write-protect fault on a line believed writable (its protection was set but
                 // not recorded) is lifted too, or the writer would fault forever.
                 if access != Access::Read && (line.wp || access == Access::WriteProtect) {
@@ -183,10 +179,6 @@ impl MissPath {
                 } else {
                     t.region.wake(vpn);
                 }
-                return None;
-            }
-            if let Access::Touch(_) = access {
-                self.stray_touch(t, vpn);
                 return None;
             }
             if access == Access::WriteProtect {
@@ -260,10 +252,13 @@ impl MissPath {
         let st = &mut **g;
         let heaps = &st.heaps;
         let used = |l: &mut Line| {
-            heaps
-                .get(&l.pid)
-                .filter(|t| t.region.tracks_writes())
-                .is_some_and(|t| self.observe(t, l))
+            heaps.get(&l.pid).is_some_and(|t| {
+                if l.unmapped {
+                    self.probe(t, l)
+                } else {
+                    t.region.tracks_writes() && self.observe(t, l)
+                }
+            })
         };
         let c = st.cache.claim_observing(
             pid,

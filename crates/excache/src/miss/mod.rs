@@ -123,9 +123,6 @@ pub enum Access {
     Write,
     /// A write to a page mapped write-protected.
     WriteProtect,
-    /// A touch of a resident page that access sampling unmapped (a minor fault); `true` if
-    /// it was a write.
-    Touch(bool),
 }
 
 /// Called once for a process whose memory cannot be served, with why.

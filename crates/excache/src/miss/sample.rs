@@ -1,14 +1,20 @@
 //! Access sampling: how the ExCache sees reads. The kernel keeps a page's accessed bit to
 //! itself, so a line that is read but never written looks unused to the policy, which then
-//! evicts the program's hottest data. Instead, when the clock hand passes a referenced line
-//! and clears its bit, the line's page is unmapped from the program but kept in its memfd
-//! (`MissPath::rearm` queues it; [`MissPath::flush_unmaps`] unmaps a batch in one system
-//! call). The program's next touch of it is a minor fault: the line is referenced again and
-//! mapped as it was ([`MissPath::touched`]), without a copy or a round trip. A line the hand
-//! finds still unmapped was not touched for a whole turn and is evicted; its page being
-//! unmapped already, dropping it needs no TLB flush.
+//! evicts the program's hottest data. Instead, when the policy asks to observe a line (CLOCK's
+//! hand clears its bit; it nears the head of `workingset`'s inactive list), the line's page is
+//! unmapped from the program but kept in its memfd (`MissPath::rearm` queues it;
+//! [`MissPath::flush_unmaps`] unmaps a batch in one system call). The program's next touch of
+//! it is a minor fault that the kernel serves itself, mapping the page again from the memfd
+//! (write-protected if it was: the protection stays in the page table), about 0.3 µs where a
+//! fault served by the pComponent costs a trap and a wake-up, 8-24 µs. So nothing tells the
+//! pComponent of the touch when it happens; it asks when it matters, as the kernel's reclaim
+//! looks at a page's accessed bit when the page is about to go: before an unmapped line
+//! leaves, the program's page tables say whether it is mapped again ([`MissPath::probe`], and
+//! for the background evictor's victims a walk per run, [`MissPath::spare_touched`]). A touched
+//! line stays, seen used; an untouched one leaves, and its page being unmapped already,
+//! dropping it flushes no TLB entry.
+use super::evictor::Victim;
 use super::*;
-use crate::region::Install;
 
 /// Lines unmapped per batch at most: one system call per process per batch, and a line
 /// passed by the hand stays mapped (unobserved) until its batch is due. A small cache takes
@@ -21,39 +27,61 @@ pub(super) fn unmap_batch(lines: usize) -> usize {
 }
 
 impl MissPath {
-    /// A touch of line `slot` (page `vpn` of `t`) while it was unmapped: it is referenced, and
-    /// mapped again as it was (write-protected if clean). A write makes a clean line dirty and
-    /// maps it writable, sparing the write-protect fault that would follow.
-    pub(super) fn touched(&self, g: &mut MutexGuard<'_, State>, t: &ProcHeap, slot: usize, vpn: u64, write: bool) {
-        g.cache.line_mut(slot).unmapped = false;
-        if write && g.cache.line(slot).wp {
-            self.written(g, t, slot);
-        } else {
-            g.cache.touch(slot);
+    /// Whether the program touched line `l` of `t` since sampling unmapped it (the kernel
+    /// mapped it again): if so it is mapped, as far as sampling goes, and seen used. A line
+    /// whose page tables cannot be read counts as untouched, as without sampling.
+    pub(super) fn probe(&self, t: &ProcHeap, l: &mut Line) -> bool {
+        let touched = t.region.present(l.vpn, l.vpn + 1).is_ok_and(|p| !p.is_empty());
+        if touched {
+            l.unmapped = false;
+            self.bump(t, |s| {
+                s.sample_touches.fetch_add(1, Relaxed);
+            });
         }
-        let wp = g.cache.line(slot).wp;
-        self.bump(t, |s| {
-            s.sample_touches.fetch_add(1, Relaxed);
-        });
-        match t.region.map(vpn, wp) {
-            Ok(Install::Done | Install::Exists) => {}
-            // Punched meanwhile, or a page the program itself mapped: woken, the thread
-            // faults again and is served as that fault says.
-            Ok(Install::Gone) => t.region.wake(vpn),
-            Err(e) => {
-                tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot map a sampled line again");
-                t.region.wake(vpn);
-            }
-        }
+        touched
     }
 
-    /// A touch of a page the memfd holds but no line stands for (a victim dropped after the
-    /// fault was queued): the page is stale, so it goes, and the woken thread misses.
-    pub(super) fn stray_touch(&self, t: &ProcHeap, vpn: u64) {
-        if let Err(e) = t.region.punch(vpn, 1) {
-            tracing::warn!(pid = t.pid, addr = vpn * PAGE, error = %e, "cannot drop a stale heap page");
+    /// The background evictor's victims that sampling unmapped and the program touched since
+    /// stay, seen used: one walk of the page tables per run of neighbouring victims, without
+    /// the lock, then the lock once for all that stay.
+    pub(super) fn spare_touched(&self, victims: &mut Vec<Victim>) {
+        victims.sort_by_key(|v| (v.heap.pid, v.vpn));
+        let mut touched = Vec::new();
+        let mut i = 0;
+        while i < victims.len() {
+            let n = 1 + victims[i..]
+                .windows(2)
+                .take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1)
+                .count();
+            let run = &victims[i..i + n];
+            if run.iter().any(|v| v.unmapped) {
+                if let Ok(p) = run[0].heap.region.present(run[0].vpn, run[0].vpn + n as u64) {
+                    touched.extend(p.into_iter().map(|vpn| (run[0].heap.pid, vpn)));
+                }
+            }
+            i += n;
         }
-        t.region.wake(vpn);
+        if touched.is_empty() {
+            return;
+        }
+        touched.sort_unstable();
+        let mut g = self.state.lock().unwrap();
+        victims.retain(|v| {
+            if !v.unmapped || touched.binary_search(&(v.heap.pid, v.vpn)).is_err() {
+                return true;
+            }
+            if g.cache.lookup(v.heap.pid, v.vpn) == Some(v.slot) && g.cache.line(v.slot).state == LineState::Evicting {
+                g.cache.keep(v.slot);
+                g.cache.line_mut(v.slot).unmapped = false;
+                g.cache.touch(v.slot);
+                self.bump(&v.heap, |s| {
+                    s.sample_touches.fetch_add(1, Relaxed);
+                });
+            }
+            false
+        });
+        drop(g);
+        self.cv.notify_all();
     }
 
     /// A write to the write-protected line in `slot`: it is dirty from now on, and mapped
@@ -70,6 +98,8 @@ impl MissPath {
             n.fetch_add(1, Relaxed);
         }
         l.ahead = false;
+        // Mapped, or it could not have been written.
+        l.unmapped = false;
         l.wp = false;
         l.dirty = true;
         l.writes = l.writes.wrapping_add(1);

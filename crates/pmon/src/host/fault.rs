@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use splitos_rpc::poll::Poller;
-use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_MINOR, PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
+use splitos_shim_abi::uffd::{PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
 
 use super::fault_cpu::Follower;
 use super::uffd::{FaultWait, PAGE};
@@ -59,9 +59,7 @@ pub fn worker(p: Arc<Pcomp>, proc_: Arc<Proc>) {
             if let Some(fo) = &mut follower {
                 fo.fault(f.tid, stats);
             }
-            let access = if f.flags & PAGEFAULT_FLAG_MINOR != 0 {
-                Access::Touch(f.flags & PAGEFAULT_FLAG_WRITE != 0)
-            } else if f.flags & PAGEFAULT_FLAG_WP != 0 {
+            let access = if f.flags & PAGEFAULT_FLAG_WP != 0 {
                 Access::WriteProtect
             } else if f.flags & PAGEFAULT_FLAG_WRITE != 0 {
                 Access::Write

@@ -21,7 +21,7 @@ use splitos_rpc::{
     P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
 };
 use splitos_shim_abi::{
-    uffd, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, DEFAULT_VNODE, HELLO_CREATE_VNODE,
+    FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, DEFAULT_VNODE, HELLO_CREATE_VNODE,
     HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_AT_HINT, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE,
     SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV,
 };
@@ -67,7 +67,7 @@ use crate::{Pcomp, PendingChild, Proc};
 use splitos_core::config::{DirtyTracking, InterleaveRatio, Size};
 use splitos_excache::dirty::{Taker, Tracker};
 use splitos_excache::miss::ProcHeap;
-use splitos_excache::region::UffdRegion;
+use splitos_excache::region::{Sampling, UffdRegion};
 use splitos_excache::store::ProcMemory;
 use splitos_excache::Interleave;
 
@@ -253,8 +253,7 @@ impl Pcomp {
             mark: WELCOME_MARK,
             abi: SHIM_ABI_VERSION,
             flags: 0,
-            uffd_features: splitos_excache::dirty::uffd_features(self.cfg.dirty_tracking)
-                | if self.sampling { uffd::FEATURE_MINOR_SHMEM } else { 0 },
+            uffd_features: splitos_excache::dirty::uffd_features(self.cfg.dirty_tracking),
             refused: 0,
             reply_spin_us: u32::try_from(self.cfg.heap_call_spin_us).unwrap_or(u32::MAX),
         };
@@ -550,6 +549,17 @@ impl Pcomp {
                 Tracker::open(peer.pid, h.region_base).map_err(|error| AdmitError::Track { pid: peer.pid, error })?,
             ),
         };
+        // Access sampling reads in the program's page tables which pages it unmapped were
+        // touched again; without them the program runs unsampled.
+        let sampling = self.sampling.then(|| {
+            std::fs::File::open(format!("/proc/{}/pagemap", peer.pid))
+                .map(|pagemap| Sampling {
+                    pidfd: peer.pidfd.clone(),
+                    pagemap,
+                })
+                .inspect_err(|e| tracing::warn!(pid = peer.pid, error = %e, "cannot open the program's page tables; its lines are not sampled"))
+                .ok()
+        });
         // The pid is the process's only while it lives: one that connected and ended (its
         // pid perhaps another's now) is no program to serve. Checked after the page tables
         // above were opened by that pid.
@@ -631,7 +641,7 @@ impl Pcomp {
             huge,
             tracker,
             taker,
-            pidfd: self.sampling.then(|| peer.pidfd.clone()),
+            sampling: sampling.flatten(),
         };
         let heap = ProcHeap::new(pid, Box::new(region), child.run);
         // What is kept for reuse is mapped at the home, and a quota charges mappings: under a

@@ -1,5 +1,6 @@
 //! Access sampling with real components and real programs: the pComponent unmaps lines its
-//! policy asks to observe (their pages kept), a touch of one is a minor fault that marks it used,
+//! policy asks to observe (their pages kept), the kernel maps one again when it is touched and
+//! the page tables tell the pComponent before the line would leave,
 //! programs give their native output, and a read-only hot set survives streams that push it
 //! out of an ExCache that sees only misses and writes.
 use crate::common;

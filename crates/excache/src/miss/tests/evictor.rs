@@ -9,11 +9,15 @@ fn rig_evictor(lines: usize, ways: usize, reserve: usize, places: u64) -> Rig {
 
 /// The same, its evictor taking up to `beside` pages on either side of a victim with it.
 fn rig_beside(lines: usize, ways: usize, reserve: usize, places: u64, beside: u64) -> Rig {
+    rig_policy(ExCache::new(lines, ways, Box::new(Fifo)), reserve, places, beside)
+}
+
+fn rig_policy(cache: ExCache, reserve: usize, places: u64, beside: u64) -> Rig {
     let store = MemStore::new(places);
     let failed = Arc::new(Mutex::new(Vec::new()));
     let f2 = failed.clone();
     let hook: FailHook = Box::new(move |t, why| f2.lock().unwrap().push((t.pid, why.to_string())));
-    let mp = MissPath::new(parts(ExCache::new(lines, ways, Box::new(Fifo)), store.clone(), hook));
+    let mp = MissPath::new(parts(cache, store.clone(), hook));
     Rig {
         mp: Arc::new(mp.with_evictor(reserve).evicting_beside(beside)),
         store,
@@ -309,4 +313,55 @@ fn the_evictor_thread_sleeps_until_sets_run_short_and_stops_when_told() {
         assert_eq!(p.read(&r.mp, v), Some(v as u8), "page {v}");
     }
     assert!(r.failed().is_empty());
+}
+
+#[test]
+fn the_evictor_keeps_a_sampled_victim_the_program_touched_and_lets_the_others_go() {
+    // One set of 64: the 8 lines nearest the head of workingset's inactive list wait unmapped.
+    let r = rig_policy(ExCache::new(64, 64, Box::new(Workingset::new(64, true))), 2, 1, 0);
+    let p = r.mp_prog(1, true);
+    for v in 0..64 {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    r.mp.refill();
+    r.mp.flush_unmaps();
+    let waiting: Vec<u64> = {
+        let mut u: Vec<u64> = p.mem.0.unmapped.lock().unwrap().iter().copied().collect();
+        u.sort_unstable();
+        u
+    };
+    assert!(
+        waiting.len() >= 4,
+        "lines wait unmapped at the inactive head: {waiting:?}"
+    );
+    // The program reads the first two waiting; the kernel maps them again, nobody is told.
+    for v in &waiting[..2] {
+        assert_eq!(p.read(&r.mp, *v), Some(*v as u8));
+    }
+    let fetches = r.store.calls("fetch");
+    // New lines take the spare ways; the evictor refills the reserve from the waiting lines.
+    for v in 100..104 {
+        assert!(p.write(&r.mp, v, 1));
+        r.mp.refill();
+    }
+    let g = r.mp.state.lock().unwrap();
+    for v in &waiting[..2] {
+        assert!(g.cache.lookup(1, *v).is_some(), "touched line {v} stays");
+    }
+    let gone: Vec<u64> = waiting[2..]
+        .iter()
+        .copied()
+        .filter(|v| g.cache.lookup(1, *v).is_none())
+        .collect();
+    assert!(!gone.is_empty(), "untouched waiting lines leave: {waiting:?}");
+    drop(g);
+    assert_eq!(p.stat(|s| &s.sample_touches), 2);
+    for v in &waiting[..2] {
+        assert_eq!(p.read(&r.mp, *v), Some(*v as u8));
+    }
+    assert_eq!(
+        r.store.calls("fetch"),
+        fetches,
+        "the touched lines were never fetched again"
+    );
 }
