@@ -56,8 +56,12 @@ pub struct Line {
     /// Set by a policy that cleared `referenced` and wants the next use observed again (the
     /// next write, or with access sampling the next touch).
     pub rearm: bool,
-    /// Resident but unmapped by access sampling: the next touch is a minor fault.
+    /// Unmapped by access sampling, its page kept: the kernel maps it again at the program's
+    /// next touch, which only the page tables tell.
     pub unmapped: bool,
+    /// Queued to be unmapped by access sampling, not unmapped yet: still mapped, which says
+    /// nothing of its use.
+    pub unmap_queued: bool,
     /// Fill order, for FIFO.
     pub seq: u64,
     /// Pre-allocated ahead of the program: it may have been written without any trap, and
@@ -643,6 +647,7 @@ impl ExCache {
             referenced,
             rearm: false,
             unmapped: false,
+            unmap_queued: false,
             seq: self.seq,
             fresh: false,
             writes: 0,

@@ -313,8 +313,8 @@ impl MissPath {
                 continue;
             };
             if q.region.samples() {
-                if !l.unmapped {
-                    g.cache.line_mut(slot).unmapped = true;
+                if !l.unmapped && !l.unmap_queued {
+                    g.cache.line_mut(slot).unmap_queued = true;
                     g.unmaps.push((l.pid, l.vpn));
                     if g.unmaps.len() >= unmap_batch(g.cache.lines()) {
                         self.unmaps_due.store(true, Relaxed);

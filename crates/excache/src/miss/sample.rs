@@ -98,8 +98,10 @@ impl MissPath {
             n.fetch_add(1, Relaxed);
         }
         l.ahead = false;
-        // Mapped, or it could not have been written.
+        // Mapped, or it could not have been written: it was seen used, and a queued unmap
+        // would only hide its next use.
         l.unmapped = false;
+        l.unmap_queued = false;
         l.wp = false;
         l.dirty = true;
         l.writes = l.writes.wrapping_add(1);
@@ -109,7 +111,7 @@ impl MissPath {
     }
 
     /// Unmaps the lines queued by `rearm` once a batch is due, one system call per process.
-    /// Runs after a miss was served, off its wait.
+    /// Runs after a miss was served, off its wait, and after the background evictor's rounds.
     pub(super) fn flush_unmaps(&self) {
         if !self.unmaps_due.swap(false, Relaxed) {
             return;
@@ -119,8 +121,8 @@ impl MissPath {
         queued.sort_unstable();
         let mut batches: Vec<(Arc<ProcHeap>, Vec<u64>)> = Vec::new();
         for (pid, vpn) in queued {
-            // A line touched or evicted since it was queued is left as it is.
-            if !g.cache.lookup(pid, vpn).is_some_and(|s| g.cache.line(s).unmapped) {
+            // A line written or evicted since it was queued is left as it is.
+            if !g.cache.lookup(pid, vpn).is_some_and(|s| g.cache.line(s).unmap_queued) {
                 continue;
             }
             match batches.last_mut() {
@@ -133,14 +135,35 @@ impl MissPath {
             }
         }
         drop(g);
+        let mut done = Vec::new();
         for (h, vpns) in batches {
-            match h.region.unmap(&vpns) {
-                Ok(()) => self.bump(&h, |s| {
-                    s.sample_unmaps.fetch_add(vpns.len() as u64, Relaxed);
-                    s.sample_unmap_calls.fetch_add(1, Relaxed);
-                }),
-                // Left mapped, the lines look untouched and go first: as without sampling.
-                Err(e) => tracing::warn!(pid = h.pid, lines = vpns.len(), error = %e, "cannot unmap sampled lines"),
+            let unmapped = match h.region.unmap(&vpns) {
+                Ok(()) => {
+                    self.bump(&h, |s| {
+                        s.sample_unmaps.fetch_add(vpns.len() as u64, Relaxed);
+                        s.sample_unmap_calls.fetch_add(1, Relaxed);
+                    });
+                    true
+                }
+                // Left mapped, the lines are observed no further: as without sampling.
+                Err(e) => {
+                    tracing::warn!(pid = h.pid, lines = vpns.len(), error = %e, "cannot unmap sampled lines");
+                    false
+                }
+            };
+            done.push((h.pid, vpns, unmapped));
+        }
+        let mut g = self.state.lock().unwrap();
+        for (pid, vpns, unmapped) in done {
+            for vpn in vpns {
+                let Some(slot) = g.cache.lookup(pid, vpn) else { continue };
+                let l = g.cache.line_mut(slot);
+                // Only now may a line found mapped have been touched; one written meanwhile
+                // was seen used already.
+                if l.unmap_queued {
+                    l.unmap_queued = false;
+                    l.unmapped = unmapped;
+                }
             }
         }
     }

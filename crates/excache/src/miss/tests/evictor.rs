@@ -365,3 +365,28 @@ fn the_evictor_keeps_a_sampled_victim_the_program_touched_and_lets_the_others_go
         "the touched lines were never fetched again"
     );
 }
+
+#[test]
+fn a_sampled_victim_not_unmapped_yet_is_not_taken_for_touched() {
+    let r = rig_policy(ExCache::new(64, 64, Box::new(Workingset::new(64, true))), 2, 1, 0);
+    let p = r.mp_prog(1, true);
+    for v in 0..64 {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    // The lines at the inactive head are queued to be unmapped, but no batch is flushed: they
+    // are still mapped, which says nothing of whether the program used them.
+    r.mp.refill();
+    r.mp.unmaps_due.store(false, Ordering::Relaxed);
+    for v in 100..104 {
+        assert!(p.write(&r.mp, v, 1));
+        r.mp.refill();
+        r.mp.unmaps_due.store(false, Ordering::Relaxed);
+    }
+    assert_eq!(p.stat(|s| &s.sample_unmaps), 0, "nothing was unmapped");
+    assert_eq!(p.stat(|s| &s.sample_touches), 0, "no touch was seen");
+    let g = r.mp.state.lock().unwrap();
+    assert!(
+        (2..6).all(|v| g.cache.lookup(1, v).is_none()),
+        "the head of the inactive list left as without sampling"
+    );
+}
