@@ -77,7 +77,8 @@ counters! {
         sample_unmaps,
         /// Access sampling: the unmap requests that carried them (one per process per batch).
         sample_unmap_calls,
-        /// Access sampling: touches of unmapped lines (minor faults), each a reference bit.
+        /// Access sampling: unmapped lines found mapped again (touched) when they would have
+        /// left, each a reference bit.
         sample_touches,
         /// Misses served by decompressing the line from the compressed tier (no round trip).
         tier_hits,

@@ -158,10 +158,11 @@ impl SetLists {
 
 /// With access sampling, one in this many of a set's ways waits unmapped at the head of its
 /// inactive list. The kernel looks at a page's accessed bit when reclaim reaches it, at no
-/// cost to the program; here each look is a minor fault of a line the program touches, so
-/// only lines about to leave are looked at, for as long as it takes an eighth of the set to be
-/// replaced. A quarter cut node's word-pair count at half its memory to 13.4k misses against
-/// 17.6k, for 28.5k touches against 15.3k, in about the same time (one run each).
+/// cost to the program; here each look costs an unmap of the line (and a minor fault if the
+/// program touches it), so only lines about to leave are looked at, for as long as it takes
+/// an eighth of the set to be replaced. A quarter cut node's word-pair count at half its
+/// memory to 13.4k misses against 17.6k, for 28.5k touches against 15.3k, in about the same
+/// time (one run each, when the pComponent served each touch).
 const SAMPLED_SHARE: usize = 8;
 
 pub struct Workingset {
