@@ -158,11 +158,7 @@ impl MissPath {
         let mut wbs = Vec::new();
         let mut rest = &mut victims[..];
         while !rest.is_empty() {
-            let n = 1 + rest
-                .windows(2)
-                .take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1)
-                .count();
-            let (run, tail) = rest.split_at_mut(n);
+            let (run, tail) = rest.split_at_mut(run_len(rest));
             self.bump(&run[0].heap, |s| {
                 s.bg_eviction_runs.fetch_add(1, Relaxed);
             });
@@ -410,6 +406,15 @@ impl MissPath {
             });
         }
     }
+}
+
+/// How many of `victims` (sorted by process and page) from the first are neighbouring pages of
+/// one process: a run, taken out in one step.
+pub(super) fn run_len(victims: &[Victim]) -> usize {
+    1 + victims
+        .windows(2)
+        .take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1)
+        .count()
 }
 
 /// CPU time of the calling thread: what the evictor costs the machine, unlike its wall time,

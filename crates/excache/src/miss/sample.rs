@@ -13,7 +13,7 @@
 //! for the background evictor's victims a walk per run, [`MissPath::spare_touched`]). A touched
 //! line stays, seen used; an untouched one leaves, and its page being unmapped already,
 //! dropping it flushes no TLB entry.
-use super::evictor::Victim;
+use super::evictor::{run_len, Victim};
 use super::*;
 
 /// Lines unmapped per batch at most: one system call per process per batch, and a line
@@ -49,10 +49,7 @@ impl MissPath {
         let mut touched = Vec::new();
         let mut i = 0;
         while i < victims.len() {
-            let n = 1 + victims[i..]
-                .windows(2)
-                .take_while(|w| w[1].heap.pid == w[0].heap.pid && w[1].vpn == w[0].vpn + 1)
-                .count();
+            let n = run_len(&victims[i..]);
             let run = &victims[i..i + n];
             if run.iter().any(|v| v.unmapped) {
                 if let Ok(p) = run[0].heap.region.present(run[0].vpn, run[0].vpn + n as u64) {
