@@ -51,7 +51,7 @@ pub struct Line {
     /// Mapped write-protected in the program, so the next write traps to us.
     pub wp: bool,
     /// CLOCK's reference bit: set on fill, on every write we observe and, with access
-    /// sampling, on every touch of the line while it was unmapped.
+    /// sampling, when the line is found touched since it was unmapped.
     pub referenced: bool,
     /// Set by a policy that cleared `referenced` and wants the next use observed again (the
     /// next write, or with access sampling the next touch).

@@ -118,6 +118,12 @@ pub fn unmap(pidfd: &OwnedFd, runs: &[(u64, u64)]) -> io::Result<()> {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
+        // The kernel stops at the first range it cannot advise (one unmapped meanwhile): the
+        // pages after it are still mapped.
+        let asked: usize = chunk.iter().map(|&(_, l)| l as usize).sum();
+        if (r as usize) < asked {
+            return Err(io::Error::other(format!("unmapped {r} of {asked} bytes")));
+        }
     }
     Ok(())
 }
@@ -139,6 +145,14 @@ pub fn cannot_unmap() -> Option<String> {
     const CAP_SYS_NICE: u64 = 23;
     if caps.is_some_and(|c| c & (1 << CAP_SYS_NICE) == 0) {
         return Some("the pComponent lacks CAP_SYS_NICE, which unmapping another process's pages needs".into());
+    }
+    // A touch is seen in the program's page tables (PAGEMAP_SCAN, Linux 6.7).
+    let here = 0u8;
+    let page = std::ptr::addr_of!(here) as u64 / PAGE;
+    if let Err(e) = std::fs::File::open("/proc/self/pagemap").and_then(|m| crate::dirty::present(&m, page, page + 1)) {
+        return Some(format!(
+            "this kernel cannot tell which pages a program touched again (PAGEMAP_SCAN, Linux 6.7): {e}"
+        ));
     }
     None
 }

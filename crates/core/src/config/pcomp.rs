@@ -243,9 +243,10 @@ pub struct PcompConfig {
     /// Reads made visible: off, or unmap (lines the policy asks to observe are unmapped in
     /// batches, the kernel maps one again at its next touch, and a line found mapped again
     /// when it would leave counts as used: with workingset, an eighth of the lines, the next
-    /// to leave, wait unmapped at the inactive list's head and stay if touched; with clock, every line the hand passes; not with fifo; needs
-    /// dirty_tracking = fault, not huge pages; the pComponent needs CAP_SYS_NICE and a host
-    /// without swap, else it runs with off and says why).
+    /// to leave, wait unmapped at the inactive list's head and stay if touched; with clock,
+    /// every line the hand passes; not with fifo; needs dirty_tracking = fault, not huge
+    /// pages; the pComponent needs CAP_SYS_NICE, Linux 6.7+ and a host without swap, else it
+    /// runs with off and says why).
     #[arg(long, default_value_t)]
     pub access_sampling: AccessSampling,
     /// One-sided access: on (owners on this host hand over their pages of each vRegion in a

@@ -146,8 +146,9 @@ impl MissPath {
     }
 
     /// Without the lock: takes lines marked `Evicting` out of their programs, in runs of
-    /// neighbouring pages, and writes the dirty ones back. Returns the processes whose lines
-    /// it took, with how many.
+    /// neighbouring pages, and writes the dirty ones back; those that access sampling unmapped
+    /// and the program touched since stay. Returns the processes whose lines it took, with how
+    /// many.
     pub(super) fn evict_picked(&self, mut victims: Vec<Victim>) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
         self.spare_touched(&mut victims);
         let mut served: HashMap<u64, (Arc<ProcHeap>, u64)> = HashMap::new();

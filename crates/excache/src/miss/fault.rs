@@ -251,19 +251,26 @@ impl MissPath {
     ) -> Option<cache::Claim> {
         let st = &mut **g;
         let heaps = &st.heaps;
-        let used = |l: &mut Line| {
-            heaps.get(&l.pid).is_some_and(|t| {
-                if l.unmapped {
-                    self.probe(t, l)
-                } else {
-                    t.region.tracks_writes() && self.observe(t, l)
-                }
-            })
+        // Written since it was last asked (dirty tracking by scan).
+        let written = |l: &mut Line| {
+            heaps
+                .get(&l.pid)
+                .filter(|t| t.region.tracks_writes())
+                .is_some_and(|t| self.observe(t, l))
         };
+        let used = |l: &mut Line| {
+            if l.unmapped {
+                heaps.get(&l.pid).is_some_and(|t| self.probe(t, l))
+            } else {
+                written(l)
+            }
+        };
+        // A clean line that was only read needs no write-back: a claim that wants such a
+        // victim asks about writes alone.
         let c = st.cache.claim_observing(
             pid,
             vpn,
-            |l| evictable == Evictable::Any || (!l.dirty && !used(l)),
+            |l| evictable == Evictable::Any || (!l.dirty && !written(l)),
             used,
         )?;
         let owner = c.victim.and_then(|v| heaps.get(&v.pid));
@@ -315,7 +322,7 @@ impl MissPath {
             if q.region.samples() {
                 if !l.unmapped && !l.unmap_queued {
                     g.cache.line_mut(slot).unmap_queued = true;
-                    g.unmaps.push((l.pid, l.vpn));
+                    g.unmaps.push((l.pid, l.vpn, l.seq));
                     if g.unmaps.len() >= unmap_batch(g.cache.lines()) {
                         self.unmaps_due.store(true, Relaxed);
                     }

@@ -254,9 +254,9 @@ struct State {
     staged: BTreeMap<(u64, u64), Page>,
     /// What the background evictor keeps free, when on (evictor.rs).
     reserve: Option<Reserve>,
-    /// Access sampling: lines marked unmapped whose pages are still mapped, (pid, page),
+    /// Access sampling: lines queued to be unmapped (`Line::unmap_queued`), (pid, page, fill),
     /// unmapped in batches (sample.rs).
-    unmaps: Vec<(u64, u64)>,
+    unmaps: Vec<(u64, u64, u64)>,
     /// vNodes by the group id the cache knows them by (resize.rs).
     vnode_ids: HashMap<String, u32>,
 }

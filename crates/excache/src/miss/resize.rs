@@ -103,7 +103,11 @@ impl MissPath {
             for (slot, line) in beyond {
                 if line.state == LineState::Ready {
                     g.cache.mark_evicting(slot);
-                    victims.extend(self.victim_at(&mut g, slot));
+                    // Past the end, a line leaves whether or not the program touched it.
+                    victims.extend(self.victim_at(&mut g, slot).map(|mut v| {
+                        v.unmapped = false;
+                        v
+                    }));
                 }
             }
             drop(g);

@@ -26,6 +26,10 @@ pub(super) fn unmap_batch(lines: usize) -> usize {
     (lines / 64).clamp(1, UNMAP_BATCH)
 }
 
+/// A line queued to be unmapped: its page, and its fill (`Line::seq`), which tells it from a
+/// line filled at the same page since.
+type Queued = (u64, u64);
+
 impl MissPath {
     /// Whether the program touched line `l` of `t` since sampling unmapped it (the kernel
     /// mapped it again): if so it is mapped, as far as sampling goes, and seen used. A line
@@ -116,24 +120,28 @@ impl MissPath {
         let mut g = self.state.lock().unwrap();
         let mut queued = std::mem::take(&mut g.unmaps);
         queued.sort_unstable();
-        let mut batches: Vec<(Arc<ProcHeap>, Vec<u64>)> = Vec::new();
-        for (pid, vpn) in queued {
+        queued.dedup();
+        // Per process, its lines to unmap: (page, fill).
+        let mut batches: Vec<(Arc<ProcHeap>, Vec<Queued>)> = Vec::new();
+        for (pid, vpn, seq) in queued {
             // A line written or evicted since it was queued is left as it is.
-            if !g.cache.lookup(pid, vpn).is_some_and(|s| g.cache.line(s).unmap_queued) {
+            let queued_still = |l: &Line| l.seq == seq && l.unmap_queued;
+            if !g.cache.lookup(pid, vpn).is_some_and(|s| queued_still(g.cache.line(s))) {
                 continue;
             }
             match batches.last_mut() {
-                Some((h, vpns)) if h.pid == pid => vpns.push(vpn),
+                Some((h, lines)) if h.pid == pid => lines.push((vpn, seq)),
                 _ => {
                     if let Some(h) = g.heaps.get(&pid) {
-                        batches.push((h.clone(), vec![vpn]));
+                        batches.push((h.clone(), vec![(vpn, seq)]));
                     }
                 }
             }
         }
         drop(g);
         let mut done = Vec::new();
-        for (h, vpns) in batches {
+        for (h, lines) in batches {
+            let vpns: Vec<u64> = lines.iter().map(|(v, _)| *v).collect();
             let unmapped = match h.region.unmap(&vpns) {
                 Ok(()) => {
                     self.bump(&h, |s| {
@@ -148,16 +156,17 @@ impl MissPath {
                     false
                 }
             };
-            done.push((h.pid, vpns, unmapped));
+            done.push((h.pid, lines, unmapped));
         }
         let mut g = self.state.lock().unwrap();
-        for (pid, vpns, unmapped) in done {
-            for vpn in vpns {
+        for (pid, lines, unmapped) in done {
+            for (vpn, seq) in lines {
                 let Some(slot) = g.cache.lookup(pid, vpn) else { continue };
                 let l = g.cache.line_mut(slot);
-                // Only now may a line found mapped have been touched; one written meanwhile
-                // was seen used already.
-                if l.unmap_queued {
+                // Only now may a line found mapped have been touched (reclaim may skip a page it
+                // cannot isolate at once, which is then taken for touched once); one written meanwhile
+                // was seen used already, and one filled anew at the page was never unmapped.
+                if l.seq == seq && l.unmap_queued {
                     l.unmap_queued = false;
                     l.unmapped = unmapped;
                 }

@@ -390,3 +390,35 @@ fn a_sampled_victim_not_unmapped_yet_is_not_taken_for_touched() {
         "the head of the inactive list left as without sampling"
     );
 }
+
+#[test]
+fn a_line_resized_out_leaves_even_if_touched_since_sampling_unmapped_it() {
+    let r = rig_policy(
+        ExCache::growable(16, 16, 0, Box::new(Workingset::new(16, true))),
+        2,
+        1,
+        0,
+    );
+    let p = r.mp_prog(1, true);
+    for v in 0..16 {
+        assert!(p.write(&r.mp, v, v as u8));
+    }
+    {
+        let mut g = r.mp.state.lock().unwrap();
+        for v in 0..16 {
+            let s = g.cache.lookup(1, v).unwrap();
+            g.cache.line_mut(s).unmapped = true;
+        }
+    }
+    p.mem.unmap(&(0..16).collect::<Vec<u64>>()).unwrap();
+    // Every line touched again since: each would stay, were it asked.
+    for v in 0..16 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8));
+    }
+    assert_eq!(r.mp.reconfigure(Some(8), None).unwrap(), 8);
+    assert!(r.mp.state.lock().unwrap().cache.beyond().is_empty());
+    assert_eq!(p.stat(|s| &s.sample_touches), 0, "lines past the end are not asked");
+    for v in 0..16 {
+        assert_eq!(p.read(&r.mp, v), Some(v as u8), "page {v} kept its contents");
+    }
+}
