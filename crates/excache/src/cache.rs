@@ -536,8 +536,9 @@ impl ExCache {
     /// policy's victim goes, `used` is asked whether it was used since it was last looked at
     /// (by a policy that watches writes, of every victim: written since its reference bit was
     /// cleared; by any, of a victim access sampling unmapped: touched since): the policy hears
-    /// of a used line as of any use and picks again, at most once per way. Then `evictable` may still refuse the victim (as
-    /// [`ExCache::claim_clean`] refuses a dirty one). Both may mark the line dirty.
+    /// of a used line as of any use and picks again, at most once per way. Then `evictable`
+    /// may still refuse the victim (as [`ExCache::claim_clean`] refuses a dirty one). Both may
+    /// mark the line dirty.
     pub fn claim_observing(
         &mut self,
         pid: u64,

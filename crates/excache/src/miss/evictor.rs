@@ -150,12 +150,12 @@ impl MissPath {
     /// and the program touched since stay. Returns the processes whose lines it took, with how
     /// many.
     pub(super) fn evict_picked(&self, mut victims: Vec<Victim>) -> HashMap<u64, (Arc<ProcHeap>, u64)> {
+        victims.sort_by_key(|v| (v.heap.pid, v.vpn));
         self.spare_touched(&mut victims);
         let mut served: HashMap<u64, (Arc<ProcHeap>, u64)> = HashMap::new();
         for v in &victims {
             served.entry(v.heap.pid).or_insert_with(|| (v.heap.clone(), 0)).1 += 1;
         }
-        victims.sort_by_key(|v| (v.heap.pid, v.vpn));
         let mut wbs = Vec::new();
         let mut rest = &mut victims[..];
         while !rest.is_empty() {

@@ -47,9 +47,9 @@ impl MissPath {
 
     /// The background evictor's victims that sampling unmapped and the program touched since
     /// stay, seen used: one walk of the page tables per run of neighbouring victims, without
-    /// the lock, then the lock once for all that stay.
+    /// the lock, then the lock once for all that stay. `victims` is sorted by process and page,
+    /// and stays so.
     pub(super) fn spare_touched(&self, victims: &mut Vec<Victim>) {
-        victims.sort_by_key(|v| (v.heap.pid, v.vpn));
         let mut touched = Vec::new();
         let mut i = 0;
         while i < victims.len() {
@@ -163,9 +163,10 @@ impl MissPath {
             for (vpn, seq) in lines {
                 let Some(slot) = g.cache.lookup(pid, vpn) else { continue };
                 let l = g.cache.line_mut(slot);
-                // Only now may a line found mapped have been touched (reclaim may skip a page it
-                // cannot isolate at once, which is then taken for touched once); one written meanwhile
-                // was seen used already, and one filled anew at the page was never unmapped.
+                // Only now may a line found mapped have been touched (reclaim may skip a page
+                // it cannot isolate at once, which is then taken for touched once); one written
+                // meanwhile was seen used already, and one filled anew at the page was never
+                // unmapped.
                 if l.seq == seq && l.unmap_queued {
                     l.unmap_queued = false;
                     l.unmapped = unmapped;

@@ -315,14 +315,20 @@ fn the_evictor_thread_sleeps_until_sets_run_short_and_stops_when_told() {
     assert!(r.failed().is_empty());
 }
 
-#[test]
-fn the_evictor_keeps_a_sampled_victim_the_program_touched_and_lets_the_others_go() {
-    // One set of 64: the 8 lines nearest the head of workingset's inactive list wait unmapped.
+/// One set of 64 under sampled workingset, filled by one process, its evictor keeping 2 ways
+/// spare: the 8 lines nearest the head of the inactive list wait unmapped.
+fn sampled_and_full() -> (Rig, Prog) {
     let r = rig_policy(ExCache::new(64, 64, Box::new(Workingset::new(64, true))), 2, 1, 0);
     let p = r.mp_prog(1, true);
     for v in 0..64 {
         assert!(p.write(&r.mp, v, v as u8));
     }
+    (r, p)
+}
+
+#[test]
+fn the_evictor_keeps_a_sampled_victim_the_program_touched_and_lets_the_others_go() {
+    let (r, p) = sampled_and_full();
     r.mp.refill();
     r.mp.flush_unmaps();
     let waiting: Vec<u64> = {
@@ -368,11 +374,7 @@ fn the_evictor_keeps_a_sampled_victim_the_program_touched_and_lets_the_others_go
 
 #[test]
 fn a_sampled_victim_not_unmapped_yet_is_not_taken_for_touched() {
-    let r = rig_policy(ExCache::new(64, 64, Box::new(Workingset::new(64, true))), 2, 1, 0);
-    let p = r.mp_prog(1, true);
-    for v in 0..64 {
-        assert!(p.write(&r.mp, v, v as u8));
-    }
+    let (r, p) = sampled_and_full();
     // The lines at the inactive head are queued to be unmapped, but no batch is flushed: they
     // are still mapped, which says nothing of whether the program used them.
     r.mp.refill();
