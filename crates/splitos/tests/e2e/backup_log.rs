@@ -100,6 +100,15 @@ fn cpython_and_sqlite_survive_a_lost_primary_and_restarts_of_the_global_managers
     )));
     python_phases_as_native(&c, |c, phase, round, pid| {
         if phase == 1 {
+            // A log that filled while the program wrote (the sComponent slower than its
+            // write-backs, as on a busy machine) protects again once it drains, and the program
+            // waits between phases: the primary is lost within what the log tolerates
+            // (a_full_log_stops_protecting_... shows the other side).
+            assert!(
+                c.eventually(Duration::from_secs(30), |c| unprotected(c).is_empty()),
+                "{:?}",
+                mcomp_stats(c)
+            );
             c.kill_component(c.pid_of_addr(&busiest_primary(c, pid)));
             wait_rebuilt(c, pid, 2);
         } else {
