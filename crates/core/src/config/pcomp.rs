@@ -263,7 +263,7 @@ pub struct PcompConfig {
     pub idle_poll: IdlePoll,
     /// Spare ways a background evictor keeps in each ExCache set a miss used, fewer than ways
     /// (0: off, misses evict inline), or auto: a fully associative ExCache of 64 lines or more
-    /// keeps a sixteenth of its lines spare, at most 32, and a set-associative one, or one
+    /// keeps a sixteenth of its lines spare, at most 128, and a set-associative one, or one
     /// with dirty_tracking = scan or huge pages, none.
     #[arg(long, default_value_t)]
     pub evict_reserve: EvictReserve,
@@ -472,7 +472,11 @@ impl PcompConfig {
     /// The background evictor's reserve in spare ways per set, `auto` resolved (0: off). In a
     /// fully associative ExCache a reserve costs a few lines of thousands, and a miss finds a
     /// free line instead of evicting on its way; in sets of a few ways it costs a share of
-    /// every set.
+    /// every set. A first touch claims its fault-around window with it, 17 lines: a reserve
+    /// of 32 ran dry within two such misses of a burst, and the evictor woke for a half of
+    /// it, 16 lines a round; 128 lets it work in rounds of 64 and left node and word counting
+    /// a fifth of the inline evictions (docs/excache.md#background-evictor). More costs
+    /// capacity: 256 and 512 missed more on GNU sort and the record table.
     pub fn reserve_ways(&self) -> usize {
         match self.evict_reserve.0 {
             Some(n) => n,
@@ -484,7 +488,7 @@ impl PcompConfig {
                 if ways < 64 {
                     0
                 } else {
-                    (ways / 16).min(32)
+                    (ways / 16).min(128)
                 }
             }
         }
@@ -739,7 +743,8 @@ mod tests {
             assert!(c.validate().is_ok());
             c.reserve_ways()
         };
-        assert_eq!(reserve(0, 64 << 20, DirtyTracking::Fault), 32);
+        assert_eq!(reserve(0, 64 << 20, DirtyTracking::Fault), 128);
+        assert_eq!(reserve(0, 4 << 20, DirtyTracking::Fault), 64);
         assert_eq!(reserve(0, 256 << 10, DirtyTracking::Fault), 4);
         assert_eq!(reserve(8, 64 << 20, DirtyTracking::Fault), 0);
         assert_eq!(reserve(0, 64 << 20, DirtyTracking::Scan), 0);
