@@ -192,7 +192,7 @@ pub struct PcompConfig {
     #[arg(long, default_value_t)]
     pub fault_polling: Polling,
     /// Most lines read ahead with a remote miss (0: off; docs/excache.md).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 32)]
     pub prefetch_lines: usize,
     /// Links to each mComponent a batch of fetched pages is striped across, all under way at
     /// once (ThymesisFlow's bonding): a miss that reads ahead N pages sends up to `links`
