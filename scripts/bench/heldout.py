@@ -96,7 +96,7 @@ def one_run(prefix, load, keys, requests, preexec=None):
             "loaded": ok, "digest": digest, "code": p.returncode}, rss
 
 
-def local_footprint(load, keys, requests):
+def local_footprint(load):
     """What a memory cgroup charges a native server beyond its anonymous memory and the inactive
     file pages (its code and libraries, kernel memory): Linux's limit adds it, as the suite's
     does (suite.local_footprint_bytes)."""
@@ -148,7 +148,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="splitos-heldout-load-") as tmp:
         load = os.path.join(tmp, "load.resp")
         write_load(load, args.keys, args.value)
-        local = local_footprint(load, args.keys, args.requests)
+        local = local_footprint(load)
         res["local_footprint_bytes"] = local
         for rep in range(args.reps):
             run, rss = one_run([], load, args.keys, args.requests)
