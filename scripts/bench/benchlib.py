@@ -7,6 +7,7 @@ import platform
 import random
 import re
 import resource
+import shlex
 import shutil
 import socket
 import statistics
@@ -201,6 +202,18 @@ def run_defaults():
         if d and opt:
             defaults[opt] = d.group(1)
     return defaults
+
+
+def splitos_configs(specs):
+    """The `--with LABEL=OPTIONS` arguments of an A/B benchmark as (label, `splitos run`
+    options) pairs; none given measures the defaults alone."""
+    configs = []
+    for c in specs or ["default="]:
+        label, sep, opts = c.partition("=")
+        if not sep or not label:
+            sys.exit(f"--with wants LABEL=OPTIONS, got {c!r}")
+        configs.append((label, shlex.split(opts)))
+    return configs
 
 
 def publish(tag, script, lines, no_doc):

@@ -17,13 +17,12 @@ are suite.py's, so figures compare with docs/benchmarks.md. Needs root.
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
 
 import suite
-from benchlib import ROOT, ensure_env, machine, publish
+from benchlib import ROOT, ensure_env, machine, publish, splitos_configs
 
 
 def main():
@@ -43,12 +42,7 @@ def main():
         return
     if os.geteuid() != 0:
         sys.exit("focus.py needs root: memory cgroups and swap devices")
-    configs = []
-    for c in args.configs or ["default="]:
-        label, sep, opts = c.partition("=")
-        if not sep or not label:
-            sys.exit(f"--with wants LABEL=OPTIONS, got {c!r}")
-        configs.append((label, shlex.split(opts)))
+    configs = splitos_configs(args.configs)
     fractions = [float(f) for f in args.fractions.split(",")]
     ensure_env()
     wl = {n: s for n, s in suite.workloads(args.quick).items() if not args.only or any(o in n for o in args.only)}

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import tempfile
 import time
 
 import suite
-from benchlib import ROOT, ensure_env, machine, publish
+from benchlib import ROOT, ensure_env, machine, publish, splitos_configs
 
 SERVER = ["redis-server", "--port", "0", "--save", "", "--appendonly", "no", "--enable-debug-command", "local", "--daemonize", "no"]
 
@@ -49,51 +48,55 @@ def cli(sock, *args, timeout=60):
     return subprocess.run(["redis-cli", "-s", sock, *args], capture_output=True, text=True, timeout=timeout).stdout.strip()
 
 
-def serve(prefix, d, preexec=None):
-    """Starts redis-server under `prefix` in directory `d`; returns it once it answers."""
-    sock, log = os.path.join(d, "redis.sock"), os.path.join(d, "redis.log")
-    p = subprocess.Popen([*prefix, *SERVER, "--unixsocket", sock, "--dir", d, "--logfile", log, "--pidfile", os.path.join(d, "redis.pid")],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
-    deadline = time.monotonic() + 60
-    while cli(sock, "ping", timeout=10) != "PONG":
-        if p.poll() is not None or time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, 9)
-            log_tail = open(log).read()[-1500:] if os.path.exists(log) else ""
-            sys.exit(f"redis-server did not answer: {p.stderr.read().decode(errors='replace')[-1500:]} {log_tail}")
-        time.sleep(0.05)
-    return p, sock
-
-
-def one_run(prefix, load, keys, requests, preexec=None):
-    """Loads and benchmarks one server; returns what was measured, and its peak RSS (native)."""
+@contextlib.contextmanager
+def served(prefix, preexec=None):
+    """redis-server started under `prefix` in a directory of its own, once it answers: yields
+    the process, its socket and its directory; shut down (killed if it does not go) after."""
     with tempfile.TemporaryDirectory(prefix="splitos-heldout-") as d:
-        p, sock = serve(prefix, d, preexec)
+        sock, log = os.path.join(d, "redis.sock"), os.path.join(d, "redis.log")
+        p = subprocess.Popen([*prefix, *SERVER, "--unixsocket", sock, "--dir", d, "--logfile", log, "--pidfile", os.path.join(d, "redis.pid")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
         try:
-            t0 = time.monotonic()
-            with open(load, "rb") as f:
-                out = subprocess.run(["redis-cli", "-s", sock, "--pipe"], stdin=f, capture_output=True, text=True, timeout=600).stdout
-            load_s = time.monotonic() - t0
-            ok = f"errors: 0, replies: {keys}" in out
-            t0 = time.monotonic()
-            csv = subprocess.run(["redis-benchmark", "-s", sock, "-t", "get", "-n", str(requests), "-r", str(keys), "-c", "8", "--csv"],
-                                 capture_output=True, text=True, timeout=1200).stdout
-            bench_s = time.monotonic() - t0
-            row = next(l for l in csv.splitlines() if l.startswith('"GET"'))
-            rps, avg, _, p50, p95, p99, mx = (float(x.strip('"')) for x in row.split(",")[1:])
-            digest = cli(sock, "debug", "digest")
-            rss = 0
-            with contextlib.suppress(OSError, ValueError, StopIteration):
-                pid = open(os.path.join(d, "redis.pid")).read().strip()
-                rss = int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM")))
+            deadline = time.monotonic() + 60
+            while cli(sock, "ping", timeout=10) != "PONG":
+                if p.poll() is not None or time.monotonic() > deadline:
+                    log_tail = open(log).read()[-1500:] if os.path.exists(log) else ""
+                    sys.exit(f"redis-server did not answer: {p.stderr.read().decode(errors='replace')[-1500:]} {log_tail}")
+                time.sleep(0.05)
+            yield p, sock, d
             cli(sock, "shutdown", "nosave")
             p.wait(timeout=120)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 9)
             p.wait()
+
+
+def load_into(sock, load):
+    """Sends the data set; returns how long it took and redis-cli's summary."""
+    t0 = time.monotonic()
+    with open(load, "rb") as f:
+        out = subprocess.run(["redis-cli", "-s", sock, "--pipe"], stdin=f, capture_output=True, text=True, timeout=600).stdout
+    return time.monotonic() - t0, out
+
+
+def one_run(prefix, load, keys, requests, preexec=None):
+    """Loads and benchmarks one server; returns what was measured, and its peak RSS (native)."""
+    with served(prefix, preexec) as (p, sock, d):
+        load_s, out = load_into(sock, load)
+        t0 = time.monotonic()
+        csv = subprocess.run(["redis-benchmark", "-s", sock, "-t", "get", "-n", str(requests), "-r", str(keys), "-c", "8", "--csv"],
+                             capture_output=True, text=True, timeout=1200).stdout
+        bench_s = time.monotonic() - t0
+        row = next(l for l in csv.splitlines() if l.startswith('"GET"'))
+        rps, avg, _, p50, p95, p99, mx = (float(x.strip('"')) for x in row.split(",")[1:])
+        digest = cli(sock, "debug", "digest")
+        rss = 0
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            pid = open(os.path.join(d, "redis.pid")).read().strip()
+            rss = int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM")))
     return {"load_s": load_s, "bench_s": bench_s, "rps": rps, "avg_ms": avg, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "max_ms": mx,
-            "loaded": ok, "digest": digest, "code": p.returncode}, rss
+            "loaded": f"errors: 0, replies: {keys}" in out, "digest": digest, "code": p.returncode}, rss
 
 
 def local_footprint(load):
@@ -102,19 +105,10 @@ def local_footprint(load):
     does (suite.local_footprint_bytes)."""
     with suite.memory_cgroup(64 << 30) as (pre, _):
         cg = os.path.join(suite.CGROUP_ROOT, f"splitos-bench-{os.getpid()}")
-        with tempfile.TemporaryDirectory(prefix="splitos-heldout-") as d:
-            p, sock = serve(pre, d)
-            try:
-                with open(load, "rb") as f:
-                    subprocess.run(["redis-cli", "-s", sock, "--pipe"], stdin=f, capture_output=True, timeout=600)
-                stat = dict(l.split() for l in open(os.path.join(cg, "memory.stat")))
-                usage = int(open(os.path.join(cg, "memory.usage_in_bytes")).read())
-                cli(sock, "shutdown", "nosave")
-                p.wait(timeout=60)
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, 9)
-                p.wait()
+        with served(pre) as (_, sock, _):
+            load_into(sock, load)
+            stat = dict(l.split() for l in open(os.path.join(cg, "memory.stat")))
+            usage = int(open(os.path.join(cg, "memory.usage_in_bytes")).read())
     return max(usage - int(stat.get("rss", 0)) - int(stat.get("inactive_file", 0)), 0)
 
 
@@ -136,12 +130,7 @@ def main():
     if os.geteuid() != 0:
         sys.exit("heldout.py needs root: memory cgroups and swap devices")
     ensure_env()
-    configs = []
-    for c in args.configs or ["default="]:
-        label, sep, opts = c.partition("=")
-        if not sep or not label:
-            sys.exit(f"--with wants LABEL=OPTIONS, got {c!r}")
-        configs.append((label, shlex.split(opts)))
+    configs = splitos_configs(args.configs)
     fractions = [float(f) for f in args.fractions.split(",")]
     res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": args.reps, "keys": args.keys, "value": args.value,
            "requests": args.requests, "configs": {l: o for l, o in configs}, "runs": {}}
