@@ -183,6 +183,8 @@ pub struct Pcomp {
     idle: Arc<host::idle::CpuLatency>,
     /// What homes may refuse, to answer the other heap calls before the home has them.
     refusals: host::shim::HomeRefusals,
+    /// Processes that ended and are being released at their homes.
+    ending: host::shim::Ending,
 }
 
 impl Pcomp {
@@ -685,6 +687,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             sampling,
             idle: host::idle::CpuLatency::new(cfg.idle_poll == IdlePoll::On),
             refusals: Default::default(),
+            ending: Default::default(),
         }
     });
     let p2 = p.clone();

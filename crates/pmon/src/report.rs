@@ -28,6 +28,7 @@ impl Pcomp {
                 "one_sided": splitos_metrics::counters::json(self.store.one_sided.stats.counters()),
                 "idle_poll": {"in_force": self.idle.in_force(), "counters": splitos_metrics::counters::json(self.idle.stats.counters())},
                 "home_refusals": self.refusals.json(),
+                "ending": self.ending.json(),
             })
         })
         .to_string()

@@ -9,6 +9,9 @@ splitos_metrics::series! {
     pub FAULT_SOURCES_REFUSED: Counter = "pcomp_fault_sources_refused_total";
     /// Connections to the program socket refused (not a program this pComponent started).
     pub PROGRAM_CONNECTIONS_REFUSED: Counter = "pcomp_program_connections_refused_total";
+    /// Calls refused for memory that were tried again once the vNode's ended processes had
+    /// been released at their homes.
+    pub CALLS_RETRIED_AFTER_RELEASES: Counter = "pcomp_calls_retried_after_releases_total";
     /// Messages sent to mComponents to measure the links to them.
     pub LINK_PROBES: Counter = "pcomp_link_probes_total";
     /// ExCache lines holding a page.

@@ -2,8 +2,10 @@
 //! request at a time per program. A closed connection is the process's exit (or exec). The
 //! socket is open to every user of the host; what a connection may do follows from its
 //! peer's credentials and the admin's grants ([`crate::fs::grants`]).
+mod ending;
 mod requests;
 
+pub(crate) use ending::Ending;
 pub(crate) use requests::{HomeRefusals, Posted};
 
 use std::collections::{BTreeSet, HashMap};
@@ -439,7 +441,7 @@ impl Pcomp {
         );
         loop {
             let mut req = ShimReq::default();
-            let Some(polled) = next_request(&mut s, &polling, req.as_mut_bytes()) else {
+            let Some(polled) = next_request(&mut s, &proc_.pidfd, &polling, req.as_mut_bytes()) else {
                 break;
             };
             let t0 = std::time::Instant::now();
@@ -733,29 +735,18 @@ impl Pcomp {
             );
         }
     }
-
-    fn exit_process(&self, p: &Arc<Proc>) {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of `one` to the process's own eventfd.
-        unsafe { libc::write(p.stop.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-        self.procs.lock().unwrap().remove(&p.pid);
-        self.miss.remove(&p.heap);
-        self.store.detach(p.pid);
-        if let Err(e) = p.memory.call_home(
-            &self.node,
-            P2M_EXIT {
-                who: p.memory.who.clone(),
-            },
-        ) {
-            tracing::warn!(pid = p.pid, error = %e, "home did not release an exited process");
-        }
-        tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
-    }
 }
 
 /// Reads the program's next request into `buf`, polling for it first as `polling` allows:
-/// whether polling caught it, or None once the program is gone.
-fn next_request(s: &mut UnixStream, polling: &splitos_rpc::poll::Poller, buf: &mut [u8]) -> Option<bool> {
+/// whether polling caught it, or None once the program is gone. Gone is also its process's
+/// end while its connection stays open (a child it made with a raw clone holds it): what
+/// comes on it then is no request of the process's.
+fn next_request(
+    s: &mut UnixStream,
+    pidfd: &OwnedFd,
+    polling: &splitos_rpc::poll::Poller,
+    buf: &mut [u8],
+) -> Option<bool> {
     let fd = s.as_raw_fd();
     let got = polling.poll(|| {
         // SAFETY: reads into a live, exclusively borrowed buffer of its length.
@@ -777,9 +768,20 @@ fn next_request(s: &mut UnixStream, polling: &splitos_rpc::poll::Poller, buf: &m
         Ok(0) => None,
         Ok(n) => s.read_exact(&mut buf[n..]).ok().map(|_| true),
         Err(pending) => {
-            let read = s.read_exact(buf);
+            let mut fds = [fd, pidfd.as_raw_fd()].map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            // SAFETY: polls two pollfds that live through the call.
+            while unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+            {}
             pending.slept();
-            read.ok().map(|_| false)
+            if fds[1].revents != 0 {
+                return None;
+            }
+            s.read_exact(buf).ok().map(|_| false)
         }
     }
 }

@@ -311,3 +311,42 @@ fn a_vnodes_quota_is_what_its_programs_map_not_what_heap_reuse_would_keep() {
         text(&out.stderr)
     );
 }
+
+/// A process's memory is its vNode's again when it ends, as natively, even while a child it
+/// made with a raw clone (which no LD_PRELOAD library sees) holds its connection to the
+/// pComponent open: the pComponent watches the process, not only its connection.
+#[test]
+fn an_ended_process_leaves_its_vnodes_quota_while_a_raw_clone_child_holds_its_connection() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"96M\"\n[[vnode]]\nname = \"vq\"\nusers = [\"root\"]\nmemory = \"48M\"\n",
+    ));
+    let raw = program("rawclone");
+    let touch = program("memtouch");
+    let cmd = [touch.to_str().unwrap(), "24"];
+    let native_touch = native(&cmd);
+    for round in 1..=3 {
+        let mut parent = c.spawn(&["--vnode", "vq"], &[raw.to_str().unwrap(), "outlive", "28"]);
+        assert_eq!(read_line(&mut parent), "parent ends\n", "round {round}");
+        // The run ends with the parent; the child lives on until the run's stdin closes
+        // (which waiting for the run would close).
+        let stdin = parent.stdin.take();
+        assert!(parent.wait().unwrap().success(), "round {round}");
+        let used = |c: &TestCluster| vnode_memory(c, "vq")["used"].as_u64().unwrap();
+        assert!(
+            c.eventually(std::time::Duration::from_secs(3), |c| used(c) == 0),
+            "round {round}: vq is still charged {} bytes for a process that ended",
+            used(&c)
+        );
+        let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
+        assert_eq!(
+            (text(&out.stdout), text(&out.stderr), out.status.code()),
+            (
+                text(&native_touch.stdout),
+                text(&native_touch.stderr),
+                native_touch.status.code()
+            ),
+            "round {round}: a program within the quota the ended process left"
+        );
+        drop(stdin);
+    }
+}

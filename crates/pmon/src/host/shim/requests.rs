@@ -57,8 +57,12 @@ impl Pcomp {
     /// A virtual-memory call to the process's home mComponent; a refusal is the errno the
     /// program sees.
     pub(super) fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
-        p.memory.call_home(&self.node, req).map_err(|e| {
-            let e = Refusal::from(e);
+        let mut res = p.memory.call_home(&self.node, req.clone()).map_err(Refusal::from);
+        // What the vNode's ended processes held may be what was missing (see `ending`).
+        if matches!(&res, Err(e) if e.code == ErrCode::NoMemory) && self.release_ended(&p.memory.who.vnode) {
+            res = p.memory.call_home(&self.node, req).map_err(Refusal::from);
+        }
+        res.map_err(|e| {
             static REFUSED: Refusals = Refusals::new("the home mComponent refused a memory call");
             if e.code != ErrCode::NoMemory && REFUSED.log_this(format_args!("uid {}", p.uid)) {
                 tracing::warn!(pid = p.pid, error = %e, "the home mComponent refused a memory call");
