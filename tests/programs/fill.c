@@ -1,7 +1,8 @@
 /* Fills memory 8 MiB at a time, writing every byte, until it has MIB MiB or malloc returns NULL,
  * and says which ("filled N MiB" or "filled N MiB, then malloc returned NULL"). With a second
  * argument "wait", it then waits until its stdin closes before it frees the blocks and says
- * "freed". Usage: fill MIB [wait] */
+ * "freed". With "exec PROG ARG...", it then runs PROG in its place, holding the blocks until then.
+ * Usage: fill MIB [wait | exec PROG ARG...] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,11 @@ int main(int argc, char **argv) {
     }
     printf("filled %zu MiB%s\n", n * 8, null ? ", then malloc returned NULL" : "");
     fflush(stdout);
+    if (argc > 3 && strcmp(argv[2], "exec") == 0) {
+        execv(argv[3], argv + 3);
+        perror("execv");
+        return 127;
+    }
     if (argc > 2 && strcmp(argv[2], "wait") == 0) {
         char c;
         while (read(0, &c, 1) > 0) {}

@@ -111,6 +111,8 @@ pub struct Proc {
     _idle: Option<host::idle::LatencyHold>,
     /// When this pComponent took it on (the control plane's job list).
     started: std::time::SystemTime,
+    /// It exec'd and said hello again: this entry's image is gone, as an ended process's is.
+    replaced: std::sync::atomic::AtomicBool,
 }
 
 /// A forked child between its parent's FORK_PREPARE and its own hello.

@@ -671,6 +671,7 @@ impl Pcomp {
             heap_range,
             _idle: self.idle.hold(),
             started: std::time::SystemTime::now(),
+            replaced: Default::default(),
         });
         p.heap.stats.processes.fetch_add(1, Relaxed);
         self.miss.total().processes.fetch_add(1, Relaxed);
@@ -687,6 +688,7 @@ impl Pcomp {
         // its earlier connection the kernel closed; ending that connection here too keeps a
         // process from holding many.
         for o in earlier {
+            o.replaced.store(true, Relaxed);
             let _ = o.conn.shutdown(std::net::Shutdown::Both);
         }
         self.miss.add(p.heap.clone(), child.materialized);

@@ -349,4 +349,20 @@ fn an_ended_process_leaves_its_vnodes_quota_while_a_raw_clone_child_holds_its_co
         );
         drop(stdin);
     }
+    // An exec ends the image it replaces: what it mapped is the vNode's again for the new one.
+    let fill = program("fill");
+    let cmd = [fill.to_str().unwrap(), "28", "exec", touch.to_str().unwrap(), "24"];
+    let native_exec = native(&cmd);
+    for round in 1..=3 {
+        let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
+        assert_eq!(
+            (text(&out.stdout), text(&out.stderr), out.status.code()),
+            (
+                text(&native_exec.stdout),
+                text(&native_exec.stderr),
+                native_exec.status.code()
+            ),
+            "round {round}: a program exec'd by one that held 28 MiB of the quota"
+        );
+    }
 }

@@ -111,7 +111,8 @@ impl Pcomp {
     }
 
     /// After a call of a process of `vnode` was refused for memory: waits until the vNode's
-    /// processes that ended are released at their homes (their connections' threads see the
+    /// processes that ended (or exec'd: the image they were admitted with is gone) are released
+    /// at their homes (their connections' threads see the
     /// ends at once, but a call may beat them). Whether there were any, so that the call is
     /// worth trying again.
     pub(super) fn release_ended(&self, vnode: &str) -> bool {
@@ -120,7 +121,7 @@ impl Pcomp {
                 .lock()
                 .unwrap()
                 .values()
-                .any(|o| o.memory.who.vnode == vnode && ended(&o.pidfd))
+                .any(|o| o.memory.who.vnode == vnode && (o.replaced.load(Relaxed) || ended(&o.pidfd)))
         })
     }
 }
