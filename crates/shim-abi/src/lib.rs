@@ -27,7 +27,7 @@ use core::mem::{offset_of, size_of};
 pub use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use zerocopy::{Immutable, KnownLayout};
 
-pub const SHIM_ABI_VERSION: u32 = 9;
+pub const SHIM_ABI_VERSION: u32 = 10;
 
 /// The welcome's `flags` bit set when a heap file comes with it.
 pub const WELCOME_HEAP_FILE: u32 = 1;
@@ -169,8 +169,9 @@ pub struct ShimReq {
     pub e: u64,
 }
 
-/// `ret` is 0 or a negative errno. The reply to a Hello of a forked child is followed by
-/// `val2` [`VmaRec`]s: the protections the child must re-apply to its new region.
+/// `ret` is 0 or a negative errno. The reply that admits a program is followed by an
+/// [`Admitted`] and, for a forked child, `val2` [`VmaRec`]s: the protections the child must
+/// re-apply to its new region.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ShimResp {
@@ -178,6 +179,21 @@ pub struct ShimResp {
     pub val: u64,
     pub val2: u64,
 }
+
+/// Follows the [`ShimResp`] that admits a program (before a forked child's [`VmaRec`]s): how
+/// its memory is charged, which its allocator follows.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Admitted {
+    /// [`ADMITTED_COMMIT_ON_USE`], or 0.
+    pub flags: u64,
+}
+
+/// The program is charged for what it maps writable (its vNode has a memory quota, or the
+/// cluster overcommits strictly): its allocator maps arenas inaccessible and makes them
+/// writable as it uses them, instead of charging whole arenas (and, at a fork, the child's
+/// copies of them) at once.
+pub const ADMITTED_COMMIT_ON_USE: u64 = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -399,7 +415,7 @@ const _: () = assert!(
 );
 const _: () = assert!(size_of::<ShimReq>() == 48 && offset_of!(ShimReq, a) == 8);
 const _: () = assert!(size_of::<ShimResp>() == 24);
-const _: () = assert!(size_of::<VmaRec>() == 24);
+const _: () = assert!(size_of::<VmaRec>() == 24 && size_of::<Admitted>() == 8);
 const _: () = assert!(size_of::<NetReq>() == 168 && size_of::<NetResp>() == 144);
 
 /// The userfaultfd uapi subset both sides use (include/uapi/linux/userfaultfd.h).

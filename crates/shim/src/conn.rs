@@ -4,8 +4,8 @@
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 use splitos_shim_abi::{
-    uffd, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, HELLO_PROGRAM, REGION_BASE, WELCOME_HEAP_FILE,
-    WELCOME_UFFD_DEV,
+    uffd, Admitted, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, ADMITTED_COMMIT_ON_USE, HELLO_PROGRAM,
+    REGION_BASE, WELCOME_HEAP_FILE, WELCOME_UFFD_DEV,
 };
 
 use crate::start::env;
@@ -178,6 +178,9 @@ pub(crate) fn connect() -> Welcomed {
     }
 }
 
+/// `mi_option_arena_eager_commit` in mimalloc v3's option enum (the binding does not name it).
+const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+
 /// Sends the hello with the two descriptors on the connection [`connect`] made and, in a
 /// forked child, re-applies the protections of the address space it inherited.
 ///
@@ -249,6 +252,14 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
             fmt_u64((-resp.ret) as u64, &mut b),
             b")",
         ]);
+    }
+    let mut admitted = Admitted::default();
+    if !read_all(sock, admitted.as_mut_bytes()) {
+        die(&[b"the pComponent closed the connection during the hello"]);
+    }
+    if admitted.flags & ADMITTED_COMMIT_ON_USE != 0 {
+        // SAFETY: a plain setter; mimalloc reads the option when it next reserves an arena.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
     }
     for _ in 0..resp.val2 {
         let mut v = VmaRec::default();

@@ -23,9 +23,9 @@ use splitos_rpc::{
     P2M_MMAP, P2M_MPROTECT, P2M_MREMAP, P2M_MUNMAP, P2M_PROC_CREATE,
 };
 use splitos_shim_abi::{
-    FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, DEFAULT_VNODE, HELLO_CREATE_VNODE,
-    HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_AT_HINT, MMAP_FIXED, MMAP_NORESERVE, MREMAP_FIXED, MREMAP_MAYMOVE,
-    SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV,
+    Admitted, FromZeros, Hello, IntoBytes, Op, ShimReq, ShimResp, VmaRec, Welcome, ADMITTED_COMMIT_ON_USE,
+    DEFAULT_VNODE, HELLO_CREATE_VNODE, HELLO_LAUNCHER, HELLO_PROGRAM, MMAP_AT_HINT, MMAP_FIXED, MMAP_NORESERVE,
+    MREMAP_FIXED, MREMAP_MAYMOVE, SHIM_ABI_VERSION, WELCOME_HEAP_FILE, WELCOME_MARK, WELCOME_UFFD_DEV,
 };
 
 use super::fault;
@@ -403,7 +403,12 @@ impl Pcomp {
             .and_then(|conn| self.admit(&hello, &peer, uffd_fd, memfd, conn, start))
         {
             Ok((p, vmas, slot)) => {
+                let charged = p.memory_quota.is_some() || self.refusals.strict();
+                let admitted = Admitted {
+                    flags: if charged { ADMITTED_COMMIT_ON_USE } else { 0 },
+                };
                 let ok = reply(&mut s, 0, p.pid, vmas.len() as u64).is_ok()
+                    && s.write_all(admitted.as_bytes()).is_ok()
                     && vmas.iter().all(|v| {
                         s.write_all(
                             VmaRec {

@@ -366,3 +366,27 @@ fn an_ended_process_leaves_its_vnodes_quota_while_a_raw_clone_child_holds_its_co
         );
     }
 }
+
+/// A quota charges what is mapped writable, and a fork charges the child as much again: a
+/// program's allocator under a quota maps its arenas inaccessible and makes them writable as it
+/// uses them, so that a shell script's forks cost what the shell uses, as natively, not two of
+/// the allocator's arenas (64 MiB each, which took a 128 MiB quota's shell past it at its first
+/// fork).
+#[test]
+fn a_shell_forks_under_a_quota_smaller_than_two_allocator_arenas() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"256M\"\n[[vnode]]\nname = \"vr\"\nusers = [\"root\"]\nmemory = \"128M\"\n",
+    ));
+    let cmd = ["bash", "-c", "x=$(echo forked); true | cat; echo $x $(seq 3)"];
+    let native = native(&cmd);
+    let out = c.run(&["--vnode", "vr", "--quiet"], &cmd);
+    assert_eq!(
+        (text(&out.stdout), text(&out.stderr), out.status.code()),
+        (text(&native.stdout), text(&native.stderr), native.status.code())
+    );
+    assert_eq!(
+        vnode_memory(&c, "vr")["refused"].as_u64(),
+        Some(0),
+        "no mapping of the shell's was refused"
+    );
+}

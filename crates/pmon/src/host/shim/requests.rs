@@ -32,6 +32,10 @@ impl HomeRefusals {
         self.strict.store(o == Overcommit::Strict, Relaxed);
     }
 
+    pub(crate) fn strict(&self) -> bool {
+        self.strict.load(Relaxed)
+    }
+
     pub(crate) fn set_memory(&self, bytes: u64) {
         self.memory.store(bytes, Relaxed);
     }
