@@ -110,18 +110,15 @@ impl Pcomp {
         tracing::info!(pid = p.pid, os_pid = p.os_pid, "process exited; its memory is released");
     }
 
-    /// After a call of a process of `vnode` was refused for memory: waits until the vNode's
-    /// processes that ended (or exec'd: the image they were admitted with is gone) are released
-    /// at their homes (their connections' threads see the
-    /// ends at once, but a call may beat them). Whether there were any, so that the call is
-    /// worth trying again.
-    pub(super) fn release_ended(&self, vnode: &str) -> bool {
+    /// After a call of process `caller` of `vnode` was refused for memory: waits until the
+    /// vNode's other processes that ended (or exec'd: the image they were admitted with is
+    /// gone) are released at their homes; their connections' threads see the ends at once, but
+    /// a call may beat them. Whether there were any, so that the call is worth trying again.
+    pub(super) fn release_ended(&self, vnode: &str, caller: u64) -> bool {
         self.ending.wait(vnode, Instant::now() + RELEASE_WAIT, || {
-            self.procs
-                .lock()
-                .unwrap()
-                .values()
-                .any(|o| o.memory.who.vnode == vnode && (o.replaced.load(Relaxed) || ended(&o.pidfd)))
+            self.procs.lock().unwrap().values().any(|o| {
+                o.pid != caller && o.memory.who.vnode == vnode && (o.replaced.load(Relaxed) || ended(&o.pidfd))
+            })
         })
     }
 }

@@ -63,7 +63,7 @@ impl Pcomp {
     pub(super) fn home_call<R: Request + Clone>(&self, p: &Proc, req: R) -> Result<R::Reply, i64> {
         let mut res = p.memory.call_home(&self.node, req.clone()).map_err(Refusal::from);
         // What the vNode's ended processes held may be what was missing (see `ending`).
-        if matches!(&res, Err(e) if e.code == ErrCode::NoMemory) && self.release_ended(&p.memory.who.vnode) {
+        if matches!(&res, Err(e) if e.code == ErrCode::NoMemory) && self.release_ended(&p.memory.who.vnode, p.pid) {
             res = p.memory.call_home(&self.node, req).map_err(Refusal::from);
         }
         res.map_err(|e| {
