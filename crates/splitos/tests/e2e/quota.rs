@@ -7,6 +7,11 @@ use std::io::Write;
 
 const TWO_VNODES: &str = "[cluster]\nreplication = \"none\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\ncapacity = \"256M\"\n[[mcomponent]]\ncapacity = \"256M\"\n[[vnode]]\nname = \"small\"\nusers = [\"root\"]\nmemory = \"200M\"\n[[vnode]]\nname = \"big\"\nusers = [\"root\"]\n";
 
+/// What a run printed and how it ended, to compare with a native run's.
+fn outcome(o: &std::process::Output) -> (String, String, Option<i32>) {
+    (text(&o.stdout), text(&o.stderr), o.status.code())
+}
+
 /// The vNode's entry in the stats of the mComponent that is home of its processes.
 fn vnode_memory(c: &TestCluster, vnode: &str) -> serde_json::Value {
     let homes: Vec<serde_json::Value> = c
@@ -256,12 +261,8 @@ fn with_heuristic_overcommit_the_vnode_filling_the_memory_is_stopped_and_the_one
         for round in 1..=3 {
             let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
             assert_eq!(
-                (text(&out.stdout), text(&out.stderr), out.status.code()),
-                (
-                    text(&native_touch.stdout),
-                    text(&native_touch.stderr),
-                    native_touch.status.code()
-                ),
+                outcome(&out),
+                outcome(&native_touch),
                 "trial {trial}, round {round}: vq's program, within its quota"
             );
         }
@@ -339,12 +340,8 @@ fn an_ended_process_leaves_its_vnodes_quota_while_a_raw_clone_child_holds_its_co
         );
         let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
         assert_eq!(
-            (text(&out.stdout), text(&out.stderr), out.status.code()),
-            (
-                text(&native_touch.stdout),
-                text(&native_touch.stderr),
-                native_touch.status.code()
-            ),
+            outcome(&out),
+            outcome(&native_touch),
             "round {round}: a program within the quota the ended process left"
         );
         drop(stdin);
@@ -356,12 +353,8 @@ fn an_ended_process_leaves_its_vnodes_quota_while_a_raw_clone_child_holds_its_co
     for round in 1..=3 {
         let out = c.run(&["--vnode", "vq", "--quiet"], &cmd);
         assert_eq!(
-            (text(&out.stdout), text(&out.stderr), out.status.code()),
-            (
-                text(&native_exec.stdout),
-                text(&native_exec.stderr),
-                native_exec.status.code()
-            ),
+            outcome(&out),
+            outcome(&native_exec),
             "round {round}: a program exec'd by one that held 28 MiB of the quota"
         );
     }
@@ -380,10 +373,7 @@ fn a_shell_forks_under_a_quota_smaller_than_two_allocator_arenas() {
     let cmd = ["bash", "-c", "x=$(echo forked); true | cat; echo $x $(seq 3)"];
     let native = native(&cmd);
     let out = c.run(&["--vnode", "vr", "--quiet"], &cmd);
-    assert_eq!(
-        (text(&out.stdout), text(&out.stderr), out.status.code()),
-        (text(&native.stdout), text(&native.stderr), native.status.code())
-    );
+    assert_eq!(outcome(&out), outcome(&native));
     assert_eq!(
         vnode_memory(&c, "vr")["refused"].as_u64(),
         Some(0),

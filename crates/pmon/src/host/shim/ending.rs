@@ -78,7 +78,7 @@ impl Ending {
 
 /// Whether the process of `pidfd` has ended (a zombie has: its memory is gone, only its
 /// parent has yet to hear of it).
-pub(crate) fn ended(pidfd: &OwnedFd) -> bool {
+fn ended(pidfd: &OwnedFd) -> bool {
     let mut p = libc::pollfd {
         fd: pidfd.as_raw_fd(),
         events: libc::POLLIN,
