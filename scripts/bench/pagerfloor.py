@@ -9,8 +9,11 @@ MODES below). Interleaved repetitions; reports each configuration's time and µs
 per miss (per swap-in for Linux). Then the same for a program's first touches of new memory
 (scripts/bench/firsttouch.c, FIRST_TOUCH below): natively in anonymous memory and in a shared
 memfd, under the cheapest userfaultfd pager of a memfd (one UFFDIO_COPY of a window of zeros
-per first touch), and under splitos. Needs root (memory cgroup, swap device). Results go to
-results/pagerfloor.json and the "Paging floor" section of docs/benchmarks.md.
+per first touch), and under splitos. Then what it costs a pager to take pages out of a program's
+page tables, as evicting and sampling lines do (scripts/bench/unmap.c, UNMAP_HOW below), with
+the program waiting or running on the other CPU. Needs root (memory
+cgroup, swap device). Results go to results/pagerfloor.json and the "Paging floor" section of
+docs/benchmarks.md; --parts measures some parts again and keeps the others' results.
 """
 import argparse
 import json
@@ -48,6 +51,21 @@ FIRST_TOUCH = {
 }
 
 
+UNMAP_SRC = os.path.join(ROOT, "scripts", "bench", "unmap.c")
+# How a pager takes pages out, and where the program is meanwhile (unmap.c says each).
+UNMAP_HOW = {
+    "pageout": "`process_madvise(MADV_PAGEOUT)` of 32 scattered pages per call; the pages stay in the memfd (sampling's unmap)",
+    "pageout-run": "`process_madvise(MADV_PAGEOUT)` of 32 neighbouring pages in one range",
+    "punch": "`fallocate(PUNCH_HOLE)` of one scattered page per call (an eviction's)",
+    "punch-run": "`fallocate(PUNCH_HOLE)` of 32 neighbouring pages in one call (a run of victims leaving together)",
+}
+UNMAP_WHERE = {
+    "waits": "the program blocked, as while it waits for its miss",
+    "other": "the program running on the other CPU",
+}
+PARTS = ("pager", "first-touch", "unmap")
+
+
 def build(tmp, src=PAGER_SRC, name="pager"):
     exe = os.path.join(tmp, name)
     subprocess.run(["gcc", "-O2", "-pthread", "-o", exe, src], check=True)
@@ -60,6 +78,12 @@ def first_touch(exe, mode, mib):
     if mode == "splitos":
         args = [SPLITOS, "run", "--embedded", "--quiet", "--", *args]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+
+
+def unmap(exe, how, where, pages):
+    """One timed pass of unmap.c: µs per page for `how` with the program `where`."""
+    out = subprocess.run([exe, how, where, str(pages), "32", "5"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
 
 
 def run(exe, mode, pages, accesses, work, local):
@@ -84,6 +108,9 @@ def main():
     ap.add_argument("--work", default="0,200,1000", help="rounds of arithmetic after each access, comma-separated (default 0,200,1000)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
     ap.add_argument("--first-touch-mib", type=int, default=256, help="MiB of new memory the first-touch runs touch (default 256)")
+    ap.add_argument("--unmap-pages", type=int, default=16384, help="pages each unmap run takes out, five times (default 16384)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"parts to measure, comma-separated, of {', '.join(PARTS)} (default all); "
+                    "the others' results are kept from --out")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "pagerfloor.json"))
     ap.add_argument("--no-doc", action="store_true", help="do not write the section of docs/benchmarks.md")
     ap.add_argument("--report", action="store_true", help="measure nothing: write the section again from the JSON at --out")
@@ -93,17 +120,28 @@ def main():
         return
     if os.geteuid() != 0:
         sys.exit("pagerfloor.py needs root: a memory cgroup and a swap device")
-    res = {"machine": machine(), "load_before": os.getloadavg()[0], "pages": args.pages, "accesses": args.accesses, "reps": args.reps, "runs": {},
-           "first_touch_mib": args.first_touch_mib, "first_touch": {}}
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        sys.exit(f"unknown parts {sorted(parts - set(PARTS))}: the parts are {', '.join(PARTS)}")
+    res = json.load(open(args.out)) if parts != set(PARTS) and os.path.exists(args.out) else {}
+    res.update({"machine": machine()})
+    res.setdefault("load_before", {}).update({p: os.getloadavg()[0] for p in parts})
+    if "pager" in parts:
+        res.update({"pages": args.pages, "accesses": args.accesses, "runs": {}})
+    if "first-touch" in parts:
+        res.update({"first_touch_mib": args.first_touch_mib, "first_touch": {}})
+    if "unmap" in parts:
+        res.update({"unmap_pages": args.unmap_pages, "unmap": {}})
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tmp)
         touch = build(tmp, FIRST_TOUCH_SRC, "firsttouch")
+        unmapper = build(tmp, UNMAP_SRC, "unmap")
         # What a cgroup charges the program beyond its pages (code, stack, page tables), added
         # to Linux's limit as the pagers keep it outside the resident pages.
         local = suite.local_footprint_bytes([exe, "native", str(args.pages), str(args.pages // 2), "1000", "0"], None)
         res["local_footprint_bytes"] = local
         for rep in range(args.reps):
-            for work in [int(w) for w in args.work.split(",")]:
+            for work in [int(w) for w in args.work.split(",")] if "pager" in parts else []:
                 native_sum = None
                 for mode in MODES:
                     r = run(exe, mode, args.pages, args.accesses, work, local)
@@ -112,8 +150,11 @@ def main():
                     elif "sum" in r and r["sum"] != native_sum:
                         sys.exit(f"{mode} at {work}: memory differs from the native run's ({r['sum']} against {native_sum})")
                     res["runs"].setdefault(f"{work}", {}).setdefault(mode, []).append(r)
-            for mode in FIRST_TOUCH:
+            for mode in FIRST_TOUCH if "first-touch" in parts else []:
                 res["first_touch"].setdefault(mode, []).append(first_touch(touch, mode, args.first_touch_mib))
+            for how in UNMAP_HOW if "unmap" in parts else []:
+                for where in UNMAP_WHERE:
+                    res["unmap"].setdefault(f"{how} {where}", []).append(unmap(unmapper, how, where, args.unmap_pages))
             print(f"repetition {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     json.dump(res, open(args.out, "w"), indent=2)
@@ -125,8 +166,19 @@ def write_report(res, no_doc):
 
 
 def report(res):
-    lines = [f"Machine: {suite_machine(res)}. {res['pages']:,} pages, half resident, {res['accesses']:,} random "
-             f"read-modify-writes timed; medians of {res['reps']} interleaved runs (min-max of the per-miss figure). Configurations:", ""]
+    lines = [f"Machine: {suite_machine(res)}."]
+    if res.get("runs"):
+        lines += [""] + pager_report(res)
+    if res.get("first_touch"):
+        lines += ["", *first_touch_report(res)]
+    if res.get("unmap"):
+        lines += ["", *unmap_report(res)]
+    return lines
+
+
+def pager_report(res):
+    lines = [f"{res['pages']:,} pages, half resident, {res['accesses']:,} random "
+             f"read-modify-writes timed; medians of {len(next(iter(res['runs'].values()))['native'])} interleaved runs (min-max of the per-miss figure). Configurations:", ""]
     lines += [f"- `{m}`: {what}" for m, what in MODES.items()]
     lines += ["", "| arithmetic per access | configuration | s | misses (swap-ins) | µs over native per miss | time over zram |", "|---|---|---|---|---|---|"]
     for work, by in res["runs"].items():
@@ -154,8 +206,6 @@ def report(res):
               "[excache.md](excache.md#fault-delivery)), so the faulting-CPU figure is what a userfaultfd pager pays on this "
               "machine for a miss that copies nothing over a network and keeps no books; splitos's own per miss is in the "
               "focus section."]
-    if res.get("first_touch"):
-        lines += ["", *first_touch_report(res)]
     return lines
 
 
@@ -180,6 +230,33 @@ def first_touch_report(res):
     return lines
 
 
+def unmap_report(res):
+    um = res["unmap"]
+    med = {k: statistics.median(r["us_per_page"] for r in rs) for k, rs in um.items()}
+    reps = len(next(iter(um.values())))
+    lines = [f"Taking pages out of a program: a pager process takes each of {res['unmap_pages']:,} written pages of a program's "
+             f"shared memfd out of its page tables, five times, timed (scripts/bench/unmap.c); medians of {reps} interleaved runs "
+             "(min-max), µs per page. How:", ""]
+    lines += [f"- `{h}`: {what}" for h, what in UNMAP_HOW.items()]
+    lines += ["", "| how | " + " | ".join(f"{w}: {what}" for w, what in UNMAP_WHERE.items()) + " |", "|---|---|---|"]
+    for h in UNMAP_HOW:
+        cells = []
+        for w in UNMAP_WHERE:
+            v = [r["us_per_page"] for r in um[f"{h} {w}"]]
+            cells.append(f"{med[f'{h} {w}']:.2f} ({min(v):.2f}-{max(v):.2f})")
+        lines.append(f"| {h} | " + " | ".join(cells) + " |")
+    lines += ["", f"A page taken out of a program that runs on the other CPU costs {med['pageout other']:.1f} µs (sampling's unmap) and "
+              f"{med['punch other']:.1f} µs (an eviction's punch), against {med['pageout waits']:.1f} and {med['punch waits']:.1f} "
+              "while it waits: each flushes the other CPU's TLB with an interrupt, and 32 scattered pages in one call flush "
+              f"one by one, as reclaim's path flushes a dirty page before it tries to write it ({med['pageout-run other']:.1f} µs a "
+              f"page even for neighbours); a punch of 32 neighbours shares one flush ({med['punch-run other']:.2f} µs a page). The kernel's "
+              "reclaim batches the flushes of 32 scattered pages in one interrupt, and reads and clears a page's accessed "
+              "bit without a flush at all (x86), so it can look at every page it might evict. A pager in user space sees a "
+              "read only by taking the page out and finding it mapped again, and a victim it takes out while a thread of "
+              "the program runs elsewhere costs it an interrupt."]
+    return lines
+
+
 def per_miss(res, mode):
     """Every run's µs over its work's native median per miss, for `mode`."""
     out = []
@@ -193,7 +270,8 @@ def per_miss(res, mode):
 
 def suite_machine(res):
     m = res["machine"]
-    return f"{m.get('cores')} vCPUs ({m.get('cpu')}), {m.get('memory_mib')} MiB, Linux {m.get('kernel')}, load {res['load_before']:.2f} before"
+    loads = ", ".join(f"{load:.2f} before the {part} runs" for part, load in res["load_before"].items())
+    return f"{m.get('cores')} vCPUs ({m.get('cpu')}), {m.get('memory_mib')} MiB, Linux {m.get('kernel')}; load {loads}"
 
 
 if __name__ == "__main__":

@@ -204,6 +204,38 @@ fn the_paging_floors_pagers_page_and_keep_the_programs_memory() {
     }
 }
 
+/// The unmap floor's program (scripts/bench/unmap.c, which pagerfloor.py times) really takes
+/// the program's pages out of its page tables, keeping what they hold for sampling's unmap and
+/// freeing them for an eviction's punch, with the program waiting and running: a floor
+/// timed over calls that unmapped nothing would be no floor.
+#[test]
+fn the_unmap_floors_program_takes_the_pages_out_of_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = bench_program(dir.path(), "unmap");
+    for how in ["pageout", "pageout-run", "punch", "punch-run"] {
+        for place in ["waits", "other"] {
+            let out = Command::new(&exe)
+                .args([how, place, "1024", "32", "1"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{how} {place}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let (mapped, kept) = (r["still_mapped"].as_u64().unwrap(), r["kept"].as_u64().unwrap());
+            if how.starts_with("punch") {
+                assert_eq!((mapped, kept), (0, 0), "{how} {place}: a punch frees the pages: {r}");
+            } else {
+                // Reclaim skips a page it cannot isolate at once (a few in a hundred).
+                assert!(mapped <= 1024 / 10, "{how} {place}: most pages unmapped: {r}");
+                assert_eq!(kept, 1024, "{how} {place}: the pages keep what the program wrote: {r}");
+            }
+        }
+    }
+}
+
 /// The first-touch floor's programs (scripts/bench/firsttouch.c, which pagerfloor.py times)
 /// touch every page and find it written, natively and under splitos; its pager traps once a
 /// window, and under splitos the pComponent filled the pages (its own counters): a floor whose
