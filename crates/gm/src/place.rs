@@ -144,6 +144,11 @@ impl Gm {
                 .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
                 .collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
+            // None alive (managers started again before any heartbeat came): a wait, not a
+            // full cluster.
+            if free.is_empty() {
+                return Err(PlaceError::NoMComponentAlive);
+            }
             return Err(PlaceError::NoRoom { need });
         };
         e.pending += need;

@@ -12,6 +12,9 @@ splitos_metrics::series! {
     /// Calls refused for memory that were tried again once the vNode's ended processes had
     /// been released at their homes.
     pub CALLS_RETRIED_AFTER_RELEASES: Counter = "pcomp_calls_retried_after_releases_total";
+    /// Tries of a program's start that found no manager, no live mComponent or no home to
+    /// reach, and waited to try again.
+    pub STARTS_WAITED_FOR_MANAGERS: Counter = "pcomp_starts_waited_for_managers_total";
     /// Messages sent to mComponents to measure the links to them.
     pub LINK_PROBES: Counter = "pcomp_link_probes_total";
     /// ExCache lines holding a page.

@@ -101,6 +101,12 @@ enum Cmd {
     /// the tasks that could not be placed and their waits, utilization, and the failure
     /// model of LegoOS section 6.3 for the units the replay needed.
     Sim(Box<sim::SimArgs>),
+    /// Random faults against a cluster of its own while programs run on it, with a checker:
+    /// every run prints what it prints natively or fails with an error a fault beyond the
+    /// configuration's tolerance explains, never hangs, and the cluster settles and holds
+    /// nothing of ended programs afterwards (docs/reliability.md). Exits 1 if not; the
+    /// seed replays the same faults.
+    Chaos(Box<control::chaos::ChaosArgs>),
     /// Measure the floors a miss is compared with (JSON on stdout).
     BenchFloor {
         #[arg(long, default_value_t = 20000)]
@@ -504,6 +510,7 @@ fn main() {
         Cmd::Storage(start) => component(*start, splitos_smon::run),
         Cmd::Net(start) => component(*start, splitos_nmon::run),
         Cmd::Sim(args) => sim::run(*args),
+        Cmd::Chaos(args) => control::chaos::chaos(*args).map(|code| std::process::exit(code)),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp, &control::cluster::admin_credentials()),
         Cmd::Loadgen(args) => loadgen::run(*args),
         Cmd::Memcached(args) => memcached::run(*args),

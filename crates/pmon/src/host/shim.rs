@@ -105,6 +105,10 @@ pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a program's start waits for the global managers, or a home, when none can be
+/// reached: a manager started again is back within seconds, and a dead home is held lost
+/// after the managers' silence limit.
+const MANAGERS_BACK: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a connection may take to say hello after its welcome.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Connections of one user that may wait for their hello at once, and of all users: each
@@ -540,6 +544,54 @@ impl Pcomp {
 
     /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
     /// The process is the peer's, whatever the hello says. Returns its program slot with it.
+    /// A new process's home, picked by the managers and made there. While no manager can be
+    /// reached (the only one restarting), none knows a live mComponent yet (one just started
+    /// again), or the home picked cannot be reached (dead, not yet held lost), the program's
+    /// start waits and asks again, for at most [`MANAGERS_BACK`], rather than failing with
+    /// nothing to say why. A request that may have arrived (its answer lost) is not sent again.
+    fn make_home(
+        &self,
+        who: &Who,
+        region_base: u64,
+        region_size: u64,
+    ) -> Result<(G2P_HOME, <P2M_PROC_CREATE as Request>::Reply), splitos_rpc::RpcError> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let r = self
+                .node
+                .call_gm(P2G_PICK_HOME {
+                    vnode: who.vnode.clone(),
+                    pcomp: self.node.id(),
+                })
+                .and_then(|home| {
+                    let created = self.node.rpc.call(
+                        &home.mcomp.addr,
+                        P2M_PROC_CREATE {
+                            who: who.clone(),
+                            region_base,
+                            region_size,
+                            pcomp: self.node.id(),
+                            memory_quota: home.memory_quota,
+                        },
+                    )?;
+                    Ok((home, created))
+                });
+            let again = matches!(
+                r,
+                Err(splitos_rpc::RpcError::Unreachable { .. }
+                    | splitos_rpc::RpcError::Remote {
+                        code: ErrCode::Unreachable,
+                        ..
+                    })
+            );
+            if !again || t0.elapsed() >= MANAGERS_BACK {
+                return r;
+            }
+            crate::series::STARTS_WAITED_FOR_MANAGERS.increment(1);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
     fn admit(
         &self,
         h: &Hello,
@@ -592,24 +644,14 @@ impl Pcomp {
             Start::New { vnode, program } => {
                 let (run, interleave) = self.run_of(h.run_id, peer.uid);
                 let pid = crate::new_pid();
-                let G2P_HOME {
-                    mcomp: home,
-                    memory_quota,
-                } = self.node.call_gm(P2G_PICK_HOME {
-                    vnode: vnode.clone(),
-                    pcomp: self.node.id(),
-                })?;
                 let who = Who::new(vnode, pid);
-                let created = self.node.rpc.call(
-                    &home.addr,
-                    P2M_PROC_CREATE {
-                        who: who.clone(),
-                        region_base: h.region_base,
-                        region_size: h.region_size,
-                        pcomp: self.node.id(),
+                let (
+                    G2P_HOME {
+                        mcomp: home,
                         memory_quota,
                     },
-                )?;
+                    created,
+                ) = self.make_home(&who, h.region_base, h.region_size)?;
                 (
                     pid,
                     PendingChild {

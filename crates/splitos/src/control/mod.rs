@@ -1,6 +1,7 @@
 //! The control plane's command-line side: running programs and managing a cluster.
 mod api;
 mod as_user;
+pub mod chaos;
 pub mod cluster;
 pub mod job;
 pub mod launcher;

@@ -1,0 +1,735 @@
+//! `splitos chaos`: random faults against a running cluster, with a checker (docs/reliability.md).
+//!
+//! A cluster of its own is started from the configuration; programs run on it again and again
+//! while faults drawn from the seed hit its components one at a time, each healed and the
+//! cluster settled before the next, so that no more is down at once than the configuration
+//! tolerates. Every run's output is compared with a native run of the same command: a run
+//! either prints what it prints natively, or fails with an error that a fault beyond the
+//! configuration's tolerance explains. Afterwards the cluster must settle (every component
+//! alive, every vRegion with its copies) and hold nothing of a program that ended.
+mod schedule;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::ClusterConfig;
+use schedule::{Fault, Kind, Targets};
+
+#[derive(clap::Args, Debug)]
+pub struct ChaosArgs {
+    /// The seed the faults are drawn from (default: one from the clock, printed): the same
+    /// seed and configuration give the same faults, in the same order, on the same components.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// For how long faults are drawn, in minutes of quiet gaps and holds (fractions allowed);
+    /// waiting for the cluster to settle after each fault comes on top.
+    #[arg(long, default_value_t = 5.0)]
+    pub minutes: f64,
+    /// The cluster's configuration file (default: one global manager, one pComponent with a
+    /// 16 MiB ExCache and four mComponents with replicas, vRegions of 4 MiB, a component
+    /// declared lost after 2 s of silence).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A workload: a shell command (`sh -c CMD`) run again and again on the cluster, its
+    /// output and exit status compared with a native run of it. Repeatable; adds to the
+    /// default workloads (CPython's heap, a pipeline of C programs, threads).
+    #[arg(long = "workload", value_name = "CMD")]
+    pub workloads: Vec<String>,
+    /// Run only the --workload commands, not the default ones.
+    #[arg(long)]
+    pub only_workloads: bool,
+    /// Programs running at once.
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Print the schedule the seed draws for the configuration, and run nothing.
+    #[arg(long)]
+    pub schedule_only: bool,
+}
+
+const DEFAULT_CONFIG: &str = r#"[cluster]
+vregion_size = "4M"
+reclaim_dead_ms = 2000
+
+[[pcomponent]]
+excache = "16M"
+
+[[mcomponent]]
+[[mcomponent]]
+[[mcomponent]]
+[[mcomponent]]
+"#;
+
+/// The default workloads: a CPython heap of about 60 MiB through a 16 MiB ExCache; a shell
+/// pipeline of C programs (forks, pipes, execs); CPython threads.
+const DEFAULT_WORKLOADS: [(&str, &str); 3] = [
+    (
+        "cpython-heap",
+        "python3 -c 'import hashlib\nd = {i: str(i * 7) * 3 for i in range(300000)}\nprint(hashlib.sha256(\"\".join(d[k] for k in sorted(d, key=lambda k: d[k])).encode()).hexdigest())'",
+    ),
+    ("c-pipeline", "seq 1 400000 | sort -r | md5sum"),
+    (
+        "cpython-threads",
+        "python3 -c 'import threading\nr = [0] * 4\ndef w(i):\n    r[i] = sum(len(str(x * (i + 1))) for x in range(150000))\nt = [threading.Thread(target=w, args=(i,)) for i in range(4)]\n[x.start() for x in t]\n[x.join() for x in t]\nprint(r)'",
+    ),
+];
+
+struct Workload {
+    name: String,
+    cmd: String,
+    stdout: Vec<u8>,
+    code: Option<i32>,
+    native_s: f64,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+enum Outcome {
+    AsNative,
+    /// Exited as natively but printed something else.
+    Wrong,
+    /// Exited otherwise than natively (the end of its stderr in the record's detail).
+    Error,
+    /// Still running past the bound; killed.
+    Hang,
+}
+
+#[derive(Serialize, Clone, Debug)]
+struct RunRecord {
+    workload: String,
+    start_ms: u64,
+    end_ms: u64,
+    outcome: Outcome,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    detail: String,
+    /// The injected fault that explains a failure, if one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    explained_by: Option<String>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+struct Injected {
+    #[serde(flatten)]
+    fault: Fault,
+    start_ms: u64,
+    end_ms: u64,
+    /// What the cluster showed of it (a component held lost, copies rebuilt, ...).
+    seen: String,
+}
+
+#[derive(Serialize)]
+struct WorkloadReport {
+    name: String,
+    command: String,
+    runs: usize,
+    as_native: usize,
+    wrong: usize,
+    errors: usize,
+    explained: usize,
+    hangs: usize,
+}
+
+#[derive(Serialize)]
+struct Report {
+    seed: u64,
+    minutes: f64,
+    faults: BTreeMap<&'static str, usize>,
+    schedule: Vec<Injected>,
+    workloads: Vec<WorkloadReport>,
+    wrong: usize,
+    unexplained: usize,
+    hangs: usize,
+    errors: Vec<RunRecord>,
+    leaks: Vec<String>,
+    passed: bool,
+}
+
+/// The cluster under test, in a directory of its own; stopped when dropped, whatever happened.
+struct Rig {
+    exe: PathBuf,
+    _tmp: tempfile::TempDir,
+    state: PathBuf,
+    data: PathBuf,
+    t0: Instant,
+    up: bool,
+}
+
+impl Rig {
+    fn splitos(&self) -> Command {
+        let mut c = Command::new(&self.exe);
+        c.env("SPLITOS_STATE_DIR", &self.state)
+            .env("SPLITOS_DATA_DIR", &self.data);
+        for v in ["SPLITOS_GM", "SPLITOS_PCOMPONENT", "SPLITOS_CREDENTIALS"] {
+            c.env_remove(v);
+        }
+        c
+    }
+
+    fn ms(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    fn cluster(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.splitos().arg("cluster").args(args).stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "`splitos cluster {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn status(&self) -> Option<Value> {
+        serde_json::from_str(&self.cluster(&["status", "--json"]).ok()?).ok()
+    }
+
+    /// The live process of component `name`, by its configuration file in the state directory.
+    fn pid_of(&self, name: &str) -> Option<u32> {
+        super::procs::running(&self.state)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p)
+    }
+
+    fn addr_of(&self, name: &str) -> Option<String> {
+        std::fs::read_to_string(self.state.join(format!("{name}.ready")))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    /// Waits up to `limit` for `ok` of the cluster's status; whether it came.
+    fn until(&self, limit: Duration, mut ok: impl FnMut(&Value) -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if self.status().is_some_and(|s| ok(&s)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if self.up {
+            if let Err(e) = self.cluster(&["down", "--force"]) {
+                crate::errln!("splitos chaos: {e}");
+            }
+        }
+    }
+}
+
+fn components<'a>(s: &'a Value, role: &str) -> Vec<&'a Value> {
+    s["components"]
+        .as_array()
+        .map(|a| a.iter().filter(|c| c["role"] == role).collect())
+        .unwrap_or_default()
+}
+
+fn alive(s: &Value, role: &str) -> usize {
+    components(s, role).iter().filter(|c| c["alive"] == true).count()
+}
+
+/// vRegions short of a copy, over every live mComponent.
+fn short_vregions(s: &Value) -> u64 {
+    components(s, "mcomponent")
+        .iter()
+        .filter(|c| c["alive"] == true)
+        .map(|c| c["stats"]["rebuild"]["short_vregions"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The cluster as configured, every live vRegion with its copies.
+fn settled(s: &Value, t: &Targets) -> bool {
+    alive(s, "mcomponent") == t.mems && alive(s, "pcomponent") == t.procs && short_vregions(s) == 0
+}
+
+/// What the live components still hold of programs: empty once every program has ended.
+fn held(s: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in components(s, "pcomponent").into_iter().filter(|c| c["alive"] == true) {
+        let n = c["stats"]["processes"].as_array().map_or(0, Vec::len);
+        if n > 0 {
+            out.push(format!("pComponent {} still has {n} process(es)", c["addr"]));
+        }
+    }
+    for c in components(s, "mcomponent").into_iter().filter(|c| c["alive"] == true) {
+        let st = &c["stats"];
+        let homes = st["home_processes"].as_array().map_or(0, Vec::len);
+        let owned = st["owned_processes"].as_array().map_or(0, Vec::len);
+        let taken = st["taken"].as_u64().unwrap_or(0);
+        if homes + owned > 0 || taken > 0 {
+            out.push(format!(
+                "mComponent {} still holds {taken} bytes, {homes} home(s) and {owned} owned process(es)",
+                c["addr"]
+            ));
+        }
+    }
+    out
+}
+
+pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    if !(args.minutes > 0.0 && args.minutes.is_finite()) {
+        anyhow::bail!("--minutes must be a positive number, not {}", args.minutes);
+    }
+    if args.parallel == 0 {
+        anyhow::bail!("--parallel must be at least 1");
+    }
+    let tmp = tempfile::Builder::new().prefix("splitos-chaos-").tempdir()?;
+    let config = match &args.config {
+        Some(p) => p.clone(),
+        None => {
+            let p = tmp.path().join("cluster.toml");
+            std::fs::write(&p, DEFAULT_CONFIG)?;
+            p
+        }
+    };
+    let cfg = ClusterConfig::load(&config).map_err(|e| anyhow::anyhow!(e))?;
+    let targets = Targets {
+        mems: cfg.mcomponent.len(),
+        procs: cfg.pcomponent.len(),
+        managers: cfg.managers().len(),
+        mem_loss_tolerated: cfg.replication() != splitos_rpc::Replication::None && cfg.mcomponent.len() >= 3,
+        silence_ms: cfg.cluster.reclaim_dead_ms,
+    };
+    if !cfg.ncomponent.is_empty() || cfg.managers().iter().any(|m| m.netns.is_some()) {
+        anyhow::bail!("splitos chaos runs clusters of this host's loopback alone: the configuration has nComponents or namespaces");
+    }
+    let schedule = schedule::draw(seed, (args.minutes * 60_000.0) as u64, &targets);
+    if args.schedule_only {
+        crate::outln!("{}", serde_json::to_string_pretty(&schedule)?);
+        return Ok(0);
+    }
+    let mut workloads = Vec::new();
+    let defaults = DEFAULT_WORKLOADS.iter().filter(|_| !args.only_workloads);
+    let named = args
+        .workloads
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("workload-{}", i + 1), c.clone()));
+    for (name, cmd) in defaults.map(|(n, c)| (n.to_string(), c.to_string())).chain(named) {
+        let t = Instant::now();
+        let out = Command::new("sh").args(["-c", &cmd]).stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "workload {name} fails natively ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        workloads.push(Workload {
+            name,
+            cmd,
+            stdout: out.stdout,
+            code: out.status.code(),
+            native_s: t.elapsed().as_secs_f64(),
+        });
+    }
+    if workloads.is_empty() {
+        anyhow::bail!("no workload: --only-workloads needs a --workload");
+    }
+    let mut rig = Rig {
+        exe: std::env::current_exe()?,
+        state: tmp.path().join("state"),
+        data: tmp.path().join("data"),
+        _tmp: tmp,
+        t0: Instant::now(),
+        up: false,
+    };
+    crate::outln!(
+        "splitos chaos: seed {seed}, {} fault(s) over {} minute(s), {} workload(s), {} at once",
+        schedule.len(),
+        args.minutes,
+        workloads.len(),
+        args.parallel
+    );
+    rig.up = true;
+    rig.cluster(&["up", "--config", &config.to_string_lossy()])?;
+    let rig = Arc::new(rig);
+    let workloads = Arc::new(workloads);
+    let runs = Arc::new(Mutex::new(Vec::<RunRecord>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicUsize::new(0));
+    let runners: Vec<_> = (0..args.parallel)
+        .map(|_| {
+            let (rig, workloads, runs, stop, next) =
+                (rig.clone(), workloads.clone(), runs.clone(), stop.clone(), next.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let w = &workloads[next.fetch_add(1, Ordering::Relaxed) % workloads.len()];
+                    let r = run_once(&rig, w);
+                    // A cluster that refuses programs (its manager down) would be asked
+                    // hundreds of times a second.
+                    if r.outcome != Outcome::AsNative {
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    runs.lock().unwrap().push(r);
+                }
+            })
+        })
+        .collect();
+    let mut injected = Vec::new();
+    for f in &schedule {
+        std::thread::sleep(Duration::from_millis(f.gap_ms));
+        let start_ms = rig.ms();
+        let seen = inject(&rig, f, &targets).unwrap_or_else(|e| format!("could not inject: {e}"));
+        injected.push(Injected {
+            fault: f.clone(),
+            start_ms,
+            end_ms: rig.ms(),
+            seen,
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in runners {
+        let _ = r.join();
+    }
+    let mut leaks = Vec::new();
+    if !rig.until(Duration::from_secs(60), |s| settled(s, &targets)) {
+        leaks.push(match rig.status() {
+            Some(s) => format!(
+                "the cluster did not settle within 60 s: {} of {} mComponents and {} of {} pComponents alive, {} vRegion(s) short of a copy",
+                alive(&s, "mcomponent"),
+                targets.mems,
+                alive(&s, "pcomponent"),
+                targets.procs,
+                short_vregions(&s)
+            ),
+            None => "the cluster did not answer `cluster status` within 60 s".to_string(),
+        });
+    }
+    // What ended programs held is released in the background: give it the time a lost
+    // component's reclaim takes.
+    let limit = Duration::from_millis(targets.silence_ms * 2 + 10_000);
+    if !rig.until(limit, |s| held(s).is_empty()) {
+        leaks.extend(rig.status().map(|s| held(&s)).unwrap_or_default());
+    }
+    let runs = runs.lock().unwrap().clone();
+    let report = report(seed, args.minutes, &workloads, injected, runs, leaks, &targets);
+    print_report(&report);
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    if !report.passed {
+        let config = args
+            .config
+            .as_ref()
+            .map(|c| format!(" --config {}", c.display()))
+            .unwrap_or_default();
+        crate::errln!(
+            "splitos chaos: FAILED with seed {seed}; the same faults again: splitos chaos --seed {seed} --minutes {}{config}",
+            args.minutes
+        );
+    }
+    Ok(if report.passed { 0 } else { 1 })
+}
+
+/// Runs workload `w` once on the cluster, bounded.
+fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
+    let start_ms = rig.ms();
+    let bound = Duration::from_secs_f64(120.0 + 30.0 * w.native_s);
+    let mut cmd = rig.splitos();
+    cmd.args(["run", "--quiet", "--", "sh", "-c", &w.cmd])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let record = |outcome, detail: String| RunRecord {
+        workload: w.name.clone(),
+        start_ms,
+        end_ms: rig.ms(),
+        outcome,
+        detail,
+        explained_by: None,
+    };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return record(Outcome::Error, format!("cannot start splitos run: {e}")),
+    };
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let t = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if t.elapsed() < bound => std::thread::sleep(Duration::from_millis(20)),
+            _ => break None,
+        }
+    };
+    let Some(status) = status else {
+        kill_group(&mut child);
+        return record(
+            Outcome::Hang,
+            format!("still running after {} s; killed", bound.as_secs()),
+        );
+    };
+    // A program's child that outlived it would hold the pipes open: the group goes with it.
+    kill_group(&mut child);
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let stderr = String::from_utf8_lossy(&err);
+    let tail: String = stderr
+        .trim()
+        .chars()
+        .rev()
+        .take(400)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let tail = tail.replace('\n', " / ");
+    if status.code() != w.code {
+        record(Outcome::Error, format!("exit {status}: {tail}"))
+    } else if out == w.stdout {
+        record(Outcome::AsNative, String::new())
+    } else {
+        record(
+            Outcome::Wrong,
+            format!(
+                "exit {status} (natively {:?}); stdout {} bytes (natively {}); stderr: {tail}",
+                w.code,
+                out.len(),
+                w.stdout.len()
+            ),
+        )
+    }
+}
+
+fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+fn kill_group(child: &mut Child) {
+    // SAFETY: kill takes plain integers; the group is the run's own (process_group(0)).
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill takes plain integers.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// Injects fault `f` and heals it: what the cluster showed of it, or why it could not.
+fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
+    let pid = rig
+        .pid_of(&f.target)
+        .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
+    let hold = Duration::from_millis(f.hold_ms);
+    match f.kind {
+        Kind::StopMem | Kind::StopGm | Kind::StopProc => {
+            signal(pid, libc::SIGSTOP);
+            std::thread::sleep(hold);
+            signal(pid, libc::SIGCONT);
+            Ok(format!("stopped for {} ms", f.hold_ms))
+        }
+        Kind::KillMem => {
+            let addr = rig.addr_of(&f.target).unwrap_or_default();
+            signal(pid, libc::SIGKILL);
+            let lost = rig.until(Duration::from_millis(t.silence_ms + 15_000), |s| {
+                components(s, "mcomponent")
+                    .iter()
+                    .any(|c| c["addr"] == addr.as_str() && c["lost"] == true)
+            });
+            let mut short = 0;
+            let rebuilt = rig.until(Duration::from_secs(60), |s| {
+                short = short.max(short_vregions(s));
+                short_vregions(s) == 0
+            });
+            std::thread::sleep(hold);
+            restart(rig, &f.target, t)?;
+            Ok(format!(
+                "held lost: {lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; started again"
+            ))
+        }
+        Kind::KillGm | Kind::KillProc => {
+            signal(pid, libc::SIGKILL);
+            std::thread::sleep(hold);
+            restart(rig, &f.target, t)?;
+            Ok(format!("dead for {} ms; started again", f.hold_ms))
+        }
+    }
+}
+
+/// Starts component `name` again once its process is gone, and waits for the cluster to settle.
+fn restart(rig: &Rig, name: &str, t: &Targets) -> anyhow::Result<()> {
+    let gone = Instant::now();
+    while rig.pid_of(name).is_some() {
+        if gone.elapsed() > Duration::from_secs(10) {
+            anyhow::bail!("{name} did not exit after kill -9");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rig.cluster(&["restart", name])?;
+    if !rig.until(Duration::from_secs(60), |s| settled(s, t)) {
+        anyhow::bail!("the cluster did not settle within 60 s after {name} started again");
+    }
+    Ok(())
+}
+
+/// The fault that explains a failed run, if any: one beyond the configuration's tolerance
+/// (a pComponent killed; with one manager, the manager down; an mComponent lost without a
+/// copy elsewhere) while the run went on, which its error names.
+fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
+    // A run that started as a fault healed may have met it on its way in.
+    let grace = 2_000;
+    let names = |k: Kind| match k {
+        Kind::KillProc => r.detail.contains("pComponent"),
+        Kind::KillGm | Kind::StopGm => r.detail.contains("global managers"),
+        Kind::KillMem => r.detail.contains("mComponent"),
+        Kind::StopMem | Kind::StopProc => false,
+    };
+    faults
+        .iter()
+        .rev()
+        .find(|f| {
+            let overlaps = f.start_ms <= r.end_ms && r.start_ms <= f.end_ms + grace;
+            let beyond = match f.fault.kind {
+                Kind::KillProc => true,
+                Kind::KillGm | Kind::StopGm => t.managers == 1,
+                Kind::KillMem => !t.mem_loss_tolerated,
+                Kind::StopMem | Kind::StopProc => false,
+            };
+            overlaps && beyond && names(f.fault.kind)
+        })
+        .map(|f| format!("{} {} at {} ms", f.fault.kind.name(), f.fault.target, f.start_ms))
+}
+
+fn report(
+    seed: u64,
+    minutes: f64,
+    workloads: &[Workload],
+    schedule: Vec<Injected>,
+    mut runs: Vec<RunRecord>,
+    leaks: Vec<String>,
+    t: &Targets,
+) -> Report {
+    for r in runs.iter_mut().filter(|r| r.outcome == Outcome::Error) {
+        r.explained_by = explain(r, &schedule, t);
+    }
+    let mut faults = BTreeMap::new();
+    for f in &schedule {
+        *faults.entry(f.fault.kind.name()).or_default() += 1;
+    }
+    let per: Vec<WorkloadReport> = workloads
+        .iter()
+        .map(|w| {
+            let mine: Vec<&RunRecord> = runs.iter().filter(|r| r.workload == w.name).collect();
+            let n = |o: Outcome| mine.iter().filter(|r| r.outcome == o).count();
+            WorkloadReport {
+                name: w.name.clone(),
+                command: w.cmd.clone(),
+                runs: mine.len(),
+                as_native: n(Outcome::AsNative),
+                wrong: n(Outcome::Wrong),
+                errors: n(Outcome::Error),
+                explained: mine.iter().filter(|r| r.explained_by.is_some()).count(),
+                hangs: n(Outcome::Hang),
+            }
+        })
+        .collect();
+    let wrong = per.iter().map(|w| w.wrong).sum();
+    let hangs = per.iter().map(|w| w.hangs).sum();
+    let unexplained = per.iter().map(|w| w.errors - w.explained).sum();
+    let unreached = schedule.iter().filter(|f| f.seen.starts_with("could not")).count();
+    let passed = wrong == 0 && hangs == 0 && unexplained == 0 && leaks.is_empty() && unreached == 0;
+    Report {
+        seed,
+        minutes,
+        faults,
+        schedule,
+        workloads: per,
+        wrong,
+        unexplained,
+        hangs,
+        errors: runs.into_iter().filter(|r| r.outcome != Outcome::AsNative).collect(),
+        leaks,
+        passed,
+    }
+}
+
+fn print_report(r: &Report) {
+    let faults: Vec<String> = r.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    crate::outln!("faults injected: {}", faults.join(", "));
+    for f in &r.schedule {
+        crate::outln!(
+            "  {:>7} ms  {:<10} {:<6} hold {:>4} ms  {}",
+            f.start_ms,
+            f.fault.kind.name(),
+            f.fault.target,
+            f.fault.hold_ms,
+            f.seen
+        );
+    }
+    crate::outln!("workload          runs  as native  wrong  errors (explained)  hangs");
+    for w in &r.workloads {
+        crate::outln!(
+            "{:<16} {:>5} {:>10} {:>6} {:>7} ({}) {:>12}",
+            w.name,
+            w.runs,
+            w.as_native,
+            w.wrong,
+            w.errors,
+            w.explained,
+            w.hangs
+        );
+    }
+    const SHOWN: usize = 10;
+    if r.errors.len() > SHOWN {
+        crate::outln!(
+            "the first {SHOWN} of {} runs that did not end as natively:",
+            r.errors.len()
+        );
+    }
+    for e in r.errors.iter().take(SHOWN) {
+        crate::outln!(
+            "  {} at {}-{} ms: {:?}, {}{}",
+            e.workload,
+            e.start_ms,
+            e.end_ms,
+            e.outcome,
+            e.detail,
+            e.explained_by
+                .as_ref()
+                .map(|x| format!(" [explained by {x}]"))
+                .unwrap_or_default()
+        );
+    }
+    match r.leaks.is_empty() {
+        true => crate::outln!("leaks: none"),
+        false => r.leaks.iter().for_each(|l| crate::outln!("leak: {l}")),
+    }
+    crate::outln!(
+        "chaos {}: seed {}, {} wrong, {} unexplained error(s), {} hang(s), {} leak(s)",
+        if r.passed { "passed" } else { "FAILED" },
+        r.seed,
+        r.wrong,
+        r.unexplained,
+        r.hangs,
+        r.leaks.len()
+    );
+}
