@@ -205,11 +205,28 @@ enum Target {
     Embedded,
 }
 
+/// How long `run` waits for global managers that do not answer: one started again is back
+/// within seconds; a cluster that is down is said so after this.
+const MANAGERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn reachable(gm: String, named_by: &str, instead: &str) -> anyhow::Result<Target> {
-    let gm =
-        cluster::leader(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
-    cluster::status(&gm).map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
-    Ok(Target::Cluster(gm))
+    let t0 = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match cluster::leader(&gm).and_then(|l| cluster::status(&l).map(|_| l)) {
+            Ok(l) => return Ok(Target::Cluster(l)),
+            Err(e) if t0.elapsed() >= MANAGERS_WAIT => {
+                anyhow::bail!("cannot reach the cluster {named_by}: {e} ({instead})")
+            }
+            Err(e) => {
+                if !said && t0.elapsed() >= std::time::Duration::from_secs(1) {
+                    crate::errln!("splitos: waiting for the global managers of the cluster {named_by} ({e})");
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    }
 }
 
 /// The cluster to run on: --embedded; --pcomponent; --gm; $SPLITOS_GM; $SPLITOS_PCOMPONENT;

@@ -8,6 +8,7 @@ mod access_sampling;
 mod api;
 mod backup_log;
 mod bench_suite;
+mod chaos;
 mod cli;
 mod cluster;
 mod common;

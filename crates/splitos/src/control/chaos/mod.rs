@@ -158,6 +158,11 @@ struct Report {
 /// The cluster under test, in a directory of its own; stopped when dropped, whatever happened.
 struct Rig {
     exe: PathBuf,
+    /// The managers `cluster up` started, named to every run so that none can fall back to
+    /// an embedded cluster of its own while this one is down.
+    gm: Mutex<Option<String>>,
+    /// The process groups of the runs under way, ended with the rig when it is interrupted.
+    runs: Arc<Mutex<Vec<u32>>>,
     _tmp: tempfile::TempDir,
     state: PathBuf,
     data: PathBuf,
@@ -295,6 +300,8 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     if args.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
+    // Before any thread: an interrupted run stops its cluster instead of leaving it running.
+    let stop_signals = splitos_core::node::block_stop_signals();
     let tmp = tempfile::Builder::new().prefix("splitos-chaos-").tempdir()?;
     let config = match &args.config {
         Some(p) => p.clone(),
@@ -350,6 +357,8 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     }
     let mut rig = Rig {
         exe: std::env::current_exe()?,
+        gm: Mutex::new(None),
+        runs: Arc::new(Mutex::new(Vec::new())),
         state: tmp.path().join("state"),
         data: tmp.path().join("data"),
         _tmp: tmp,
@@ -364,7 +373,26 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         args.parallel
     );
     rig.up = true;
+    let (exe, state, dir) = (rig.exe.clone(), rig.state.clone(), rig._tmp.path().to_path_buf());
+    let in_flight = rig.runs.clone();
+    stop_signals.on_stop(move || {
+        for g in in_flight.lock().unwrap().iter() {
+            // SAFETY: kill takes plain integers; each is a run's own process group.
+            unsafe { libc::kill(-(*g as i32), libc::SIGKILL) };
+        }
+        let _ = Command::new(exe)
+            .args(["cluster", "down", "--force"])
+            .env("SPLITOS_STATE_DIR", state)
+            .stdout(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(dir);
+        crate::errln!("splitos chaos: interrupted; its cluster is stopped (seed {seed})");
+        std::process::exit(130);
+    });
     rig.cluster(&["up", "--config", &config.to_string_lossy()])?;
+    let state: super::cluster::ClusterState =
+        serde_json::from_str(&std::fs::read_to_string(rig.state.join("cluster.json"))?)?;
+    *rig.gm.lock().unwrap() = Some(state.gm);
     let rig = Arc::new(rig);
     let workloads = Arc::new(workloads);
     let runs = Arc::new(Mutex::new(Vec::<RunRecord>::new()));
@@ -449,6 +477,9 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
     let start_ms = rig.ms();
     let bound = Duration::from_secs_f64(120.0 + 30.0 * w.native_s);
     let mut cmd = rig.splitos();
+    if let Some(gm) = rig.gm.lock().unwrap().as_ref() {
+        cmd.env("SPLITOS_GM", gm);
+    }
     cmd.args(["run", "--quiet", "--", "sh", "-c", &w.cmd])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -466,6 +497,7 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
         Ok(c) => c,
         Err(e) => return record(Outcome::Error, format!("cannot start splitos run: {e}")),
     };
+    rig.runs.lock().unwrap().push(child.id());
     let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let t = Instant::now();
     let status = loop {
@@ -476,14 +508,15 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
         }
     };
     let Some(status) = status else {
-        kill_group(&mut child);
+        kill_group(rig, &mut child);
         return record(
             Outcome::Hang,
             format!("still running after {} s; killed", bound.as_secs()),
         );
     };
-    // A program's child that outlived it would hold the pipes open: the group goes with it.
-    kill_group(&mut child);
+    // A child of `run` that outlived it would hold the pipes open. (What splitos holds of a
+    // program that ended, forks included, is checked at the components afterwards.)
+    kill_group(rig, &mut child);
     let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
     let stderr = String::from_utf8_lossy(&err);
     let tail: String = stderr
@@ -523,10 +556,11 @@ fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<
     })
 }
 
-fn kill_group(child: &mut Child) {
+fn kill_group(rig: &Rig, child: &mut Child) {
     // SAFETY: kill takes plain integers; the group is the run's own (process_group(0)).
     unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
     let _ = child.wait();
+    rig.runs.lock().unwrap().retain(|g| *g != child.id());
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -542,10 +576,23 @@ fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
     let hold = Duration::from_millis(f.hold_ms);
     match f.kind {
         Kind::StopMem | Kind::StopGm | Kind::StopProc => {
+            let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGSTOP);
             std::thread::sleep(hold);
             signal(pid, libc::SIGCONT);
-            Ok(format!("stopped for {} ms", f.hold_ms))
+            // On a loaded host a stop shorter than the silence limit can still outlast it
+            // (heartbeats late before it): then the managers gave the component up, as if
+            // it had died.
+            let lost = rig.status().is_some_and(|s| {
+                s["components"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|c| c["addr"] == addr.as_str() && c["lost"] == true))
+            });
+            Ok(format!(
+                "stopped for {} ms{}",
+                f.hold_ms,
+                if lost { "; held lost" } else { "" }
+            ))
         }
         Kind::KillMem => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
@@ -592,27 +639,31 @@ fn restart(rig: &Rig, name: &str, t: &Targets) -> anyhow::Result<()> {
 }
 
 /// The fault that explains a failed run, if any: one beyond the configuration's tolerance
-/// (a pComponent killed; with one manager, the manager down; an mComponent lost without a
-/// copy elsewhere) while the run went on, which its error names.
+/// (a pComponent killed, or stopped until the managers gave it up; with one manager, the
+/// manager down; an mComponent lost without a copy elsewhere) while the run went on, which
+/// its error names.
 fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
     // A run that started as a fault healed may have met it on its way in.
     let grace = 2_000;
     let names = |k: Kind| match k {
-        Kind::KillProc => r.detail.contains("pComponent"),
-        Kind::KillGm | Kind::StopGm => r.detail.contains("global managers"),
-        Kind::KillMem => r.detail.contains("mComponent"),
-        Kind::StopMem | Kind::StopProc => false,
+        Kind::KillProc | Kind::StopProc => r.detail.contains("pComponent"),
+        Kind::KillGm | Kind::StopGm => {
+            r.detail.contains("global managers") || r.detail.contains("cannot reach the cluster")
+        }
+        Kind::KillMem | Kind::StopMem => r.detail.contains("mComponent"),
     };
     faults
         .iter()
         .rev()
         .find(|f| {
             let overlaps = f.start_ms <= r.end_ms && r.start_ms <= f.end_ms + grace;
+            let held_lost = f.seen.contains("held lost");
             let beyond = match f.fault.kind {
                 Kind::KillProc => true,
+                Kind::StopProc => held_lost,
                 Kind::KillGm | Kind::StopGm => t.managers == 1,
                 Kind::KillMem => !t.mem_loss_tolerated,
-                Kind::StopMem | Kind::StopProc => false,
+                Kind::StopMem => held_lost && !t.mem_loss_tolerated,
             };
             overlaps && beyond && names(f.fault.kind)
         })
