@@ -1102,3 +1102,55 @@ fn an_mcomponent_gives_the_memory_of_a_killed_program_back_to_the_kernel() {
         resident()
     );
 }
+
+/// A program started while the cluster's only manager is down waits for it instead of
+/// failing: the pComponent waits to pick its home (a run given the pComponent's socket
+/// asks no manager itself), and `run` waits for the managers it needs to place a program.
+/// Both then print what they print natively once the manager is started again.
+#[test]
+fn a_program_started_while_the_only_manager_restarts_waits_for_it_and_runs_as_natively() {
+    let c = TestCluster::up(None);
+    let cmd = ["python3", "-c", "print(sum(range(10**6)))"];
+    let want = text(&native(&cmd).stdout);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let sock = c.components("pcomponent")[0]["shim_sock"].as_str().unwrap().to_string();
+    let down_then_up = |c: &TestCluster, child: std::process::Child| {
+        std::thread::sleep(Duration::from_secs(2));
+        let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+        assert!(again.status.success(), "{}", text(&again.stderr));
+        child.wait_with_output().unwrap()
+    };
+    c.kill_component(c.pid_of_addr(&gm));
+    let out = down_then_up(&c, c.spawn(&["--pcomponent", &sock], &cmd));
+    assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(
+        c.metric(&pcomp, "splitos_pcomp_starts_waited_for_managers_total") >= 1.0,
+        "the pComponent waited for the manager"
+    );
+    // Started again by `cluster restart`, the manager is known by its configuration file.
+    let conf = c.dir.path().join("gm.json");
+    let again = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|l| l.split(|b| *b == 0).any(|a| a == conf.as_os_str().as_encoded_bytes()))
+        })
+        .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .expect("the manager started again");
+    // Not in the PID record (`cluster down` finds it by its file): killed as it is.
+    // SAFETY: kill(2) takes no pointers; `again` is this test's cluster's manager.
+    unsafe { libc::kill(again, libc::SIGKILL) };
+    assert!(c.eventually(Duration::from_secs(5), |_| !std::path::Path::new(&format!(
+        "/proc/{again}"
+    ))
+    .exists()));
+    let out = down_then_up(&c, c.spawn(&[], &cmd));
+    assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("waiting for the global managers"),
+        "{}",
+        text(&out.stderr)
+    );
+}
