@@ -144,11 +144,6 @@ impl Gm {
                 .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
                 .collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
-            // None alive (managers started again before any heartbeat came): a wait, not a
-            // full cluster.
-            if free.is_empty() {
-                return Err(PlaceError::NoMComponentAlive);
-            }
             return Err(PlaceError::NoRoom { need });
         };
         e.pending += need;
@@ -198,6 +193,12 @@ impl Gm {
     /// on one mComponent (rendezvous on its name), which so sees all the memory the vNode
     /// maps and enforces the quota alone; other processes go where the placement policy says.
     pub(super) fn pick_home(&self, r: P2G_PICK_HOME) -> Result<G2P_HOME, Refusal> {
+        // None alive (the managers started again and no heartbeat came yet, or every
+        // mComponent is late): the pComponent waits for one, where "no room" would refuse
+        // the program.
+        if !self.comps().iter().any(|e| e.info.role == Role::Mem && Gm::alive(e)) {
+            return Err(PlaceError::NoMComponentAlive.into());
+        }
         let memory_quota = self.vnodes.quota(&r.vnode);
         let mcomp = match memory_quota {
             Some(_) => self.quota_home(&self.comps(), &r.vnode)?,

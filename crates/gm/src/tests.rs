@@ -211,6 +211,30 @@ fn silence_makes_an_mcomponent_late_then_lost_then_forgotten_and_still_told_lost
 }
 
 #[test]
+fn a_new_process_waits_for_a_live_mcomponent_to_be_its_home_where_memory_is_refused() {
+    let r = Rig::new(|_| {});
+    let m1 = r.join(Role::Mem, "10.0.0.1:7000", GIB);
+    let p = r.join(Role::Proc, "10.0.0.3:7000", 0);
+    let home = |r: &Rig| {
+        r.gm.pick_home(P2G_PICK_HOME {
+            vnode: "default".into(),
+            pcomp: p,
+        })
+        .map(|h| h.mcomp.id)
+        .map_err(|e| e.code)
+    };
+    assert_eq!(home(&r), Ok(m1));
+    r.silent(m1, HEARTBEAT * MISSED_BEATS + Duration::from_millis(100));
+    // Unreachable: the pComponent asks again until one is back (or its bound).
+    assert_eq!(home(&r), Err(ErrCode::Unreachable), "no mComponent alive");
+    assert_eq!(
+        r.pick(MIB, &[]),
+        Err(ErrCode::NoMemory),
+        "a vRegion is refused as before"
+    );
+}
+
+#[test]
 fn memory_goes_to_the_least_loaded_mcomponent_with_room_never_a_cordoned_or_excluded_one() {
     let r = Rig::new(|_| {});
     let addrs = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];

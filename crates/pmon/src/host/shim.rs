@@ -542,8 +542,6 @@ impl Pcomp {
         }
     }
 
-    /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
-    /// The process is the peer's, whatever the hello says. Returns its program slot with it.
     /// A new process's home, picked by the managers and made there. While no manager can be
     /// reached (the only one restarting), none knows a live mComponent yet (one just started
     /// again), or the home picked cannot be reached (dead, not yet held lost), the program's
@@ -585,6 +583,9 @@ impl Pcomp {
                     })
             );
             if !again || t0.elapsed() >= MANAGERS_BACK {
+                if let (true, Err(e)) = (again, &r) {
+                    tracing::warn!(vnode = %who.vnode, error = %e, waited_s = MANAGERS_BACK.as_secs(), "no home for a new process: the program is refused");
+                }
                 return r;
             }
             crate::series::STARTS_WAITED_FOR_MANAGERS.increment(1);
@@ -592,6 +593,8 @@ impl Pcomp {
         }
     }
 
+    /// Creates the process for a hello: a new one (home chosen by GMM) or a forked child.
+    /// The process is the peer's, whatever the hello says. Returns its program slot with it.
     fn admit(
         &self,
         h: &Hello,

@@ -210,22 +210,28 @@ enum Target {
 const MANAGERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn reachable(gm: String, named_by: &str, instead: &str) -> anyhow::Result<Target> {
-    let t0 = std::time::Instant::now();
-    let mut said = false;
+    use splitos_rpc::RpcError;
+    let (t0, mut said) = (Instant::now(), false);
     loop {
-        match cluster::leader(&gm).and_then(|l| cluster::status(&l).map(|_| l)) {
-            Ok(l) => return Ok(Target::Cluster(l)),
-            Err(e) if t0.elapsed() >= MANAGERS_WAIT => {
-                anyhow::bail!("cannot reach the cluster {named_by}: {e} ({instead})")
-            }
-            Err(e) => {
-                if !said && t0.elapsed() >= std::time::Duration::from_secs(1) {
-                    crate::errln!("splitos: waiting for the global managers of the cluster {named_by} ({e})");
-                    said = true;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
+        let leader = cluster::leader(&gm)
+            .map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
+        let e = match cluster::rpc()?.call(&leader, splitos_rpc::C2G_STATUS) {
+            Ok(_) => return Ok(Target::Cluster(leader)),
+            Err(e) => e,
+        };
+        // Only a manager that does not answer is waited for; one that refuses says why.
+        let silent = matches!(
+            e,
+            RpcError::Unreachable { .. } | RpcError::Closed { .. } | RpcError::Timeout { .. }
+        );
+        if !silent || t0.elapsed() >= MANAGERS_WAIT {
+            anyhow::bail!("cannot reach the cluster {named_by}: global managers at {leader}: {e} ({instead})");
         }
+        if !said && t0.elapsed() >= std::time::Duration::from_secs(1) {
+            crate::errln!("splitos: waiting for the global managers of the cluster {named_by} at {leader} ({e})");
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 

@@ -1115,7 +1115,7 @@ fn a_program_started_while_the_only_manager_restarts_waits_for_it_and_runs_as_na
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let sock = c.components("pcomponent")[0]["shim_sock"].as_str().unwrap().to_string();
     let down_then_up = |c: &TestCluster, child: std::process::Child| {
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(Duration::from_secs(1));
         let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
         assert!(again.status.success(), "{}", text(&again.stderr));
         child.wait_with_output().unwrap()
@@ -1142,10 +1142,7 @@ fn a_program_started_while_the_only_manager_restarts_waits_for_it_and_runs_as_na
     // Not in the PID record (`cluster down` finds it by its file): killed as it is.
     // SAFETY: kill(2) takes no pointers; `again` is this test's cluster's manager.
     unsafe { libc::kill(again, libc::SIGKILL) };
-    assert!(c.eventually(Duration::from_secs(5), |_| !std::path::Path::new(&format!(
-        "/proc/{again}"
-    ))
-    .exists()));
+    assert!(c.eventually(Duration::from_secs(5), |_| !pid_running(again)));
     let out = down_then_up(&c, c.spawn(&[], &cmd));
     assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
     assert!(

@@ -35,8 +35,7 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 5.0)]
     pub minutes: f64,
     /// The cluster's configuration file (default: one global manager, one pComponent with a
-    /// 16 MiB ExCache and four mComponents with replicas, vRegions of 4 MiB, a component
-    /// declared lost after 2 s of silence).
+    /// 16 MiB ExCache and four mComponents with replicas, vRegions of 4 MiB).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// A workload: a shell command (`sh -c CMD`) run again and again on the cluster, its
@@ -58,9 +57,19 @@ pub struct ChaosArgs {
     pub schedule_only: bool,
 }
 
+/// How long the cluster may take to settle after a fault, or after the last one.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// Set by SIGINT or SIGTERM: the runs and the faults stop, the cluster is stopped, and the
+/// command exits 130.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
 const DEFAULT_CONFIG: &str = r#"[cluster]
 vregion_size = "4M"
-reclaim_dead_ms = 2000
 
 [[pcomponent]]
 excache = "16M"
@@ -85,11 +94,12 @@ const DEFAULT_WORKLOADS: [(&str, &str); 3] = [
     ),
 ];
 
+/// A workload, and what it printed natively (where it exited 0: one that fails natively is
+/// refused).
 struct Workload {
     name: String,
     cmd: String,
     stdout: Vec<u8>,
-    code: Option<i32>,
     native_s: f64,
 }
 
@@ -113,6 +123,9 @@ struct RunRecord {
     outcome: Outcome,
     #[serde(skip_serializing_if = "String::is_empty")]
     detail: String,
+    /// The last line of its stderr: the error that says why it failed, if it did.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    error: String,
     /// The injected fault that explains a failure, if one does.
     #[serde(skip_serializing_if = "Option::is_none")]
     explained_by: Option<String>,
@@ -160,9 +173,7 @@ struct Rig {
     exe: PathBuf,
     /// The managers `cluster up` started, named to every run so that none can fall back to
     /// an embedded cluster of its own while this one is down.
-    gm: Mutex<Option<String>>,
-    /// The process groups of the runs under way, ended with the rig when it is interrupted.
-    runs: Arc<Mutex<Vec<u32>>>,
+    gm: Option<String>,
     _tmp: tempfile::TempDir,
     state: PathBuf,
     data: PathBuf,
@@ -209,6 +220,14 @@ impl Rig {
             .map(|(_, p)| p)
     }
 
+    /// Whether the managers hold the component at `addr` lost, as they alone say: quick
+    /// where `cluster status` asks every component for its statistics, and so waits for a
+    /// stopped one.
+    fn lost(&self, addr: &str) -> bool {
+        let Some(gm) = &self.gm else { return false };
+        super::cluster::gm_status(gm).is_ok_and(|s| s.components.iter().any(|c| c.addr == addr && c.lost))
+    }
+
     fn addr_of(&self, name: &str) -> Option<String> {
         std::fs::read_to_string(self.state.join(format!("{name}.ready")))
             .ok()
@@ -218,7 +237,7 @@ impl Rig {
     /// Waits up to `limit` for `ok` of the cluster's status; whether it came.
     fn until(&self, limit: Duration, mut ok: impl FnMut(&Value) -> bool) -> bool {
         let t = Instant::now();
-        while t.elapsed() < limit {
+        while t.elapsed() < limit && !interrupted() {
             if self.status().is_some_and(|s| ok(&s)) {
                 return true;
             }
@@ -316,7 +335,8 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         mems: cfg.mcomponent.len(),
         procs: cfg.pcomponent.len(),
         managers: cfg.managers().len(),
-        mem_loss_tolerated: cfg.replication() != splitos_rpc::Replication::None && cfg.mcomponent.len() >= 3,
+        // A copy survives the loss, and another mComponent can take the rebuilt one.
+        mem_loss_tolerated: cfg.replication().members() > 1 && cfg.mcomponent.len() > cfg.replication().members(),
         silence_ms: cfg.cluster.reclaim_dead_ms,
     };
     if !cfg.ncomponent.is_empty() || cfg.managers().iter().any(|m| m.netns.is_some()) {
@@ -348,17 +368,18 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
             name,
             cmd,
             stdout: out.stdout,
-            code: out.status.code(),
             native_s: t.elapsed().as_secs_f64(),
         });
     }
     if workloads.is_empty() {
         anyhow::bail!("no workload: --only-workloads needs a --workload");
     }
+    // This process's own calls to the managers (`Rig::lost`) go to the rig's cluster, with
+    // its admin's credentials and transport; set before any thread starts.
+    std::env::set_var("SPLITOS_STATE_DIR", tmp.path().join("state"));
     let mut rig = Rig {
         exe: std::env::current_exe()?,
-        gm: Mutex::new(None),
-        runs: Arc::new(Mutex::new(Vec::new())),
+        gm: None,
         state: tmp.path().join("state"),
         data: tmp.path().join("data"),
         _tmp: tmp,
@@ -372,27 +393,18 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         workloads.len(),
         args.parallel
     );
-    rig.up = true;
-    let (exe, state, dir) = (rig.exe.clone(), rig.state.clone(), rig._tmp.path().to_path_buf());
-    let in_flight = rig.runs.clone();
-    stop_signals.on_stop(move || {
-        for g in in_flight.lock().unwrap().iter() {
-            // SAFETY: kill takes plain integers; each is a run's own process group.
-            unsafe { libc::kill(-(*g as i32), libc::SIGKILL) };
+    // The main thread stops what runs and the cluster (dropping the rig), then exits.
+    stop_signals.on_stop(|| {
+        INTERRUPTED.store(true, Ordering::Relaxed);
+        loop {
+            std::thread::park();
         }
-        let _ = Command::new(exe)
-            .args(["cluster", "down", "--force"])
-            .env("SPLITOS_STATE_DIR", state)
-            .stdout(Stdio::null())
-            .status();
-        let _ = std::fs::remove_dir_all(dir);
-        crate::errln!("splitos chaos: interrupted; its cluster is stopped (seed {seed})");
-        std::process::exit(130);
     });
+    rig.up = true;
     rig.cluster(&["up", "--config", &config.to_string_lossy()])?;
     let state: super::cluster::ClusterState =
         serde_json::from_str(&std::fs::read_to_string(rig.state.join("cluster.json"))?)?;
-    *rig.gm.lock().unwrap() = Some(state.gm);
+    rig.gm = Some(state.gm);
     let rig = Arc::new(rig);
     let workloads = Arc::new(workloads);
     let runs = Arc::new(Mutex::new(Vec::<RunRecord>::new()));
@@ -403,7 +415,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
             let (rig, workloads, runs, stop, next) =
                 (rig.clone(), workloads.clone(), runs.clone(), stop.clone(), next.clone());
             std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) && !interrupted() {
                     let w = &workloads[next.fetch_add(1, Ordering::Relaxed) % workloads.len()];
                     let r = run_once(&rig, w);
                     // A cluster that refuses programs (its manager down) would be asked
@@ -418,7 +430,13 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         .collect();
     let mut injected = Vec::new();
     for f in &schedule {
-        std::thread::sleep(Duration::from_millis(f.gap_ms));
+        let gap = Instant::now();
+        while gap.elapsed() < Duration::from_millis(f.gap_ms) && !interrupted() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if interrupted() {
+            break;
+        }
         let start_ms = rig.ms();
         let seen = inject(&rig, f, &targets).unwrap_or_else(|e| format!("could not inject: {e}"));
         injected.push(Injected {
@@ -432,18 +450,24 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     for r in runners {
         let _ = r.join();
     }
+    if interrupted() {
+        drop(rig);
+        crate::errln!("splitos chaos: interrupted; its programs and cluster are stopped (seed {seed})");
+        return Ok(130);
+    }
     let mut leaks = Vec::new();
-    if !rig.until(Duration::from_secs(60), |s| settled(s, &targets)) {
+    if !rig.until(SETTLE, |s| settled(s, &targets)) {
         leaks.push(match rig.status() {
             Some(s) => format!(
-                "the cluster did not settle within 60 s: {} of {} mComponents and {} of {} pComponents alive, {} vRegion(s) short of a copy",
+                "the cluster did not settle within {} s: {} of {} mComponents and {} of {} pComponents alive, {} vRegion(s) short of a copy",
+                SETTLE.as_secs(),
                 alive(&s, "mcomponent"),
                 targets.mems,
                 alive(&s, "pcomponent"),
                 targets.procs,
                 short_vregions(&s)
             ),
-            None => "the cluster did not answer `cluster status` within 60 s".to_string(),
+            None => format!("the cluster did not answer `cluster status` within {} s", SETTLE.as_secs()),
         });
     }
     // What ended programs held is released in the background: give it the time a lost
@@ -459,14 +483,9 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
     if !report.passed {
-        let config = args
-            .config
-            .as_ref()
-            .map(|c| format!(" --config {}", c.display()))
-            .unwrap_or_default();
         crate::errln!(
-            "splitos chaos: FAILED with seed {seed}; the same faults again: splitos chaos --seed {seed} --minutes {}{config}",
-            args.minutes
+            "splitos chaos: FAILED with seed {seed}; the same faults again: {}",
+            replay(seed)
         );
     }
     Ok(if report.passed { 0 } else { 1 })
@@ -477,7 +496,7 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
     let start_ms = rig.ms();
     let bound = Duration::from_secs_f64(120.0 + 30.0 * w.native_s);
     let mut cmd = rig.splitos();
-    if let Some(gm) = rig.gm.lock().unwrap().as_ref() {
+    if let Some(gm) = &rig.gm {
         cmd.env("SPLITOS_GM", gm);
     }
     cmd.args(["run", "--quiet", "--", "sh", "-c", &w.cmd])
@@ -491,24 +510,24 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
         end_ms: rig.ms(),
         outcome,
         detail,
+        error: String::new(),
         explained_by: None,
     };
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return record(Outcome::Error, format!("cannot start splitos run: {e}")),
     };
-    rig.runs.lock().unwrap().push(child.id());
     let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let t = Instant::now();
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
-            Ok(None) if t.elapsed() < bound => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) if t.elapsed() < bound && !interrupted() => std::thread::sleep(Duration::from_millis(20)),
             _ => break None,
         }
     };
     let Some(status) = status else {
-        kill_group(rig, &mut child);
+        kill_group(&mut child);
         return record(
             Outcome::Hang,
             format!("still running after {} s; killed", bound.as_secs()),
@@ -516,7 +535,7 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
     };
     // A child of `run` that outlived it would hold the pipes open. (What splitos holds of a
     // program that ended, forks included, is checked at the components afterwards.)
-    kill_group(rig, &mut child);
+    kill_group(&mut child);
     let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
     let stderr = String::from_utf8_lossy(&err);
     let tail: String = stderr
@@ -529,20 +548,21 @@ fn run_once(rig: &Rig, w: &Workload) -> RunRecord {
         .rev()
         .collect();
     let tail = tail.replace('\n', " / ");
-    if status.code() != w.code {
-        record(Outcome::Error, format!("exit {status}: {tail}"))
+    if !status.success() {
+        let error = stderr.trim().lines().last().unwrap_or("").to_string();
+        RunRecord {
+            error,
+            ..record(Outcome::Error, format!("{status}: {tail}"))
+        }
     } else if out == w.stdout {
         record(Outcome::AsNative, String::new())
     } else {
-        record(
-            Outcome::Wrong,
-            format!(
-                "exit {status} (natively {:?}); stdout {} bytes (natively {}); stderr: {tail}",
-                w.code,
-                out.len(),
-                w.stdout.len()
-            ),
-        )
+        let got = format!(
+            "{status}; stdout {} bytes (natively {}); stderr: {tail}",
+            out.len(),
+            w.stdout.len()
+        );
+        record(Outcome::Wrong, got)
     }
 }
 
@@ -556,11 +576,10 @@ fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<
     })
 }
 
-fn kill_group(rig: &Rig, child: &mut Child) {
+fn kill_group(child: &mut Child) {
     // SAFETY: kill takes plain integers; the group is the run's own (process_group(0)).
     unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
     let _ = child.wait();
-    rig.runs.lock().unwrap().retain(|g| *g != child.id());
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -578,39 +597,37 @@ fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
         Kind::StopMem | Kind::StopGm | Kind::StopProc => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGSTOP);
-            std::thread::sleep(hold);
-            signal(pid, libc::SIGCONT);
             // On a loaded host a stop shorter than the silence limit can still outlast it
-            // (heartbeats late before it): then the managers gave the component up, as if
-            // it had died.
-            let lost = rig.status().is_some_and(|s| {
-                s["components"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|c| c["addr"] == addr.as_str() && c["lost"] == true))
-            });
-            Ok(format!(
-                "stopped for {} ms{}",
-                f.hold_ms,
-                if lost { "; held lost" } else { "" }
-            ))
+            // (heartbeats late before it): then the managers gave the component up, as if it
+            // had died. They say so only until its next heartbeat, so they are asked meanwhile.
+            let (t0, mut held_lost) = (Instant::now(), false);
+            let ask = |held: &mut bool| *held |= f.kind != Kind::StopGm && rig.lost(&addr);
+            while t0.elapsed() < hold {
+                ask(&mut held_lost);
+                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
+            }
+            signal(pid, libc::SIGCONT);
+            ask(&mut held_lost);
+            let said = if held_lost { "; held lost" } else { "" };
+            Ok(format!("stopped for {} ms{said}", f.hold_ms))
         }
         Kind::KillMem => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGKILL);
-            let lost = rig.until(Duration::from_millis(t.silence_ms + 15_000), |s| {
-                components(s, "mcomponent")
-                    .iter()
-                    .any(|c| c["addr"] == addr.as_str() && c["lost"] == true)
-            });
+            let t0 = Instant::now();
+            while !rig.lost(&addr) && t0.elapsed() < Duration::from_millis(t.silence_ms + 15_000) && !interrupted() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let held_lost = rig.lost(&addr);
             let mut short = 0;
-            let rebuilt = rig.until(Duration::from_secs(60), |s| {
+            let rebuilt = rig.until(SETTLE, |s| {
                 short = short.max(short_vregions(s));
                 short_vregions(s) == 0
             });
             std::thread::sleep(hold);
             restart(rig, &f.target, t)?;
             Ok(format!(
-                "held lost: {lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; started again"
+                "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; started again"
             ))
         }
         Kind::KillGm | Kind::KillProc => {
@@ -632,25 +649,27 @@ fn restart(rig: &Rig, name: &str, t: &Targets) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     rig.cluster(&["restart", name])?;
-    if !rig.until(Duration::from_secs(60), |s| settled(s, t)) {
-        anyhow::bail!("the cluster did not settle within 60 s after {name} started again");
+    if !rig.until(SETTLE, |s| settled(s, t)) {
+        anyhow::bail!(
+            "the cluster did not settle within {} s after {name} started again",
+            SETTLE.as_secs()
+        );
     }
     Ok(())
 }
 
 /// The fault that explains a failed run, if any: one beyond the configuration's tolerance
 /// (a pComponent killed, or stopped until the managers gave it up; with one manager, the
-/// manager down; an mComponent lost without a copy elsewhere) while the run went on, which
-/// its error names.
+/// manager killed; an mComponent lost without a copy elsewhere) while the run went on, which
+/// its error (the last line of its stderr) names.
 fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
     // A run that started as a fault healed may have met it on its way in.
     let grace = 2_000;
+    let e = &r.error;
     let names = |k: Kind| match k {
-        Kind::KillProc | Kind::StopProc => r.detail.contains("pComponent"),
-        Kind::KillGm | Kind::StopGm => {
-            r.detail.contains("global managers") || r.detail.contains("cannot reach the cluster")
-        }
-        Kind::KillMem | Kind::StopMem => r.detail.contains("mComponent"),
+        Kind::KillProc | Kind::StopProc => e.contains("pComponent"),
+        Kind::KillGm | Kind::StopGm => e.contains("cannot reach the cluster"),
+        Kind::KillMem | Kind::StopMem => e.contains("mComponent"),
     };
     faults
         .iter()
@@ -661,7 +680,9 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
             let beyond = match f.fault.kind {
                 Kind::KillProc => true,
                 Kind::StopProc => held_lost,
-                Kind::KillGm | Kind::StopGm => t.managers == 1,
+                // A start waits 10 s for the managers: a stop is shorter than that.
+                Kind::KillGm => t.managers == 1,
+                Kind::StopGm => false,
                 Kind::KillMem => !t.mem_loss_tolerated,
                 Kind::StopMem => held_lost && !t.mem_loss_tolerated,
             };
@@ -721,6 +742,22 @@ fn report(
         leaks,
         passed,
     }
+}
+
+/// This command line again, with the seed it drew.
+fn replay(seed: u64) -> String {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--seed" || a.starts_with("--seed=")) {
+        args.splice(1..1, ["--seed".to_string(), seed.to_string()]);
+    }
+    let quote = |a: &String| match a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:+,".contains(c)) {
+        true => a.clone(),
+        false => format!("'{}'", a.replace('\'', "'\\''")),
+    };
+    std::iter::once("splitos".to_string())
+        .chain(args.iter().map(quote))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn print_report(r: &Report) {
