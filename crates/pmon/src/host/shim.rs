@@ -553,15 +553,23 @@ impl Pcomp {
         region_base: u64,
         region_size: u64,
     ) -> Result<(G2P_HOME, <P2M_PROC_CREATE as Request>::Reply), splitos_rpc::RpcError> {
+        use splitos_rpc::RpcError;
         let t0 = std::time::Instant::now();
         loop {
-            let r = self
-                .node
-                .call_gm(P2G_PICK_HOME {
-                    vnode: who.vnode.clone(),
-                    pcomp: self.node.id(),
-                })
-                .and_then(|home| {
+            // A pick may be asked again whatever became of the last (it takes nothing, and a
+            // manager killed during the call answers no more); the process is made at most
+            // once, so only a creation surely not delivered is sent again.
+            let picked = self.node.call_gm(P2G_PICK_HOME {
+                vnode: who.vnode.clone(),
+                pcomp: self.node.id(),
+            });
+            let (r, again) = match picked {
+                // Not delivered, closed, late, or answered "no mComponent alive".
+                Err(e) => {
+                    let again = e.code() == ErrCode::Unreachable;
+                    (Err(e), again)
+                }
+                Ok(home) => {
                     let created = self.node.rpc.call(
                         &home.mcomp.addr,
                         P2M_PROC_CREATE {
@@ -571,17 +579,11 @@ impl Pcomp {
                             pcomp: self.node.id(),
                             memory_quota: home.memory_quota,
                         },
-                    )?;
-                    Ok((home, created))
-                });
-            let again = matches!(
-                r,
-                Err(splitos_rpc::RpcError::Unreachable { .. }
-                    | splitos_rpc::RpcError::Remote {
-                        code: ErrCode::Unreachable,
-                        ..
-                    })
-            );
+                    );
+                    let again = matches!(created, Err(RpcError::Unreachable { .. }));
+                    (created.map(|c| (home, c)), again)
+                }
+            };
             if !again || t0.elapsed() >= MANAGERS_BACK {
                 if let (true, Err(e)) = (again, &r) {
                     tracing::warn!(vnode = %who.vnode, error = %e, waited_s = MANAGERS_BACK.as_secs(), "no home for a new process: the program is refused");
