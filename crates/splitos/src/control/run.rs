@@ -215,7 +215,10 @@ fn reachable(gm: String, named_by: &str, instead: &str) -> anyhow::Result<Target
     loop {
         let leader = cluster::leader(&gm)
             .map_err(|e| anyhow::anyhow!("cannot reach the cluster {named_by}: {e} ({instead})"))?;
-        let e = match cluster::rpc()?.call(&leader, splitos_rpc::C2G_STATUS) {
+        let rpc = cluster::rpc().map_err(|e| {
+            anyhow::anyhow!("cannot reach the cluster {named_by}: global managers at {leader}: {e} ({instead})")
+        })?;
+        let e = match rpc.call(&leader, splitos_rpc::C2G_STATUS) {
             Ok(_) => return Ok(Target::Cluster(leader)),
             Err(e) => e,
         };
