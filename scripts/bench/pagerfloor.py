@@ -11,9 +11,9 @@ per miss (per swap-in for Linux). Then the same for a program's first touches of
 memfd, under the cheapest userfaultfd pager of a memfd (one UFFDIO_COPY of a window of zeros
 per first touch), and under splitos. Then what it costs a pager to take pages out of a program's
 page tables, as evicting and sampling lines do (scripts/bench/unmap.c, UNMAP_HOW below), with
-the program waiting or running on the other CPU. Needs root (memory
-cgroup, swap device). Results go to results/pagerfloor.json and the "Paging floor" section of
-docs/benchmarks.md; --parts measures some parts again and keeps the others' results.
+the program waiting or running on the other CPU. Needs root (memory cgroup, swap device).
+Results go to results/pagerfloor.json and the "Paging floor" section of docs/benchmarks.md;
+--parts measures some parts again and keeps the others' results.
 """
 import argparse
 import json
