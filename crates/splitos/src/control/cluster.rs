@@ -616,14 +616,16 @@ impl Cluster {
         }
         let t0 = Instant::now();
         loop {
-            let alive = status(&self.state.gm)
-                .map(|s| s.iter().filter(|c| c.alive && c.role != Role::Gm).count())
-                .unwrap_or(0);
-            if alive >= want {
+            let alive = status(&self.state.gm).map(|s| s.iter().filter(|c| c.alive && c.role != Role::Gm).count());
+            if alive.as_ref().is_ok_and(|a| *a >= want) {
                 return Ok(());
             }
             if t0.elapsed() > Duration::from_secs(20) {
-                anyhow::bail!("only {alive} of {want} components registered with the global managers");
+                match alive {
+                    Ok(alive) => anyhow::bail!("only {alive} of {want} components registered with the global managers"),
+                    // Its components may well have registered: this machine cannot ask.
+                    Err(e) => anyhow::bail!("the global managers at {} do not answer here: {e}", self.state.gm),
+                }
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -1115,7 +1115,8 @@ fn a_program_started_while_the_only_manager_restarts_waits_for_it_and_runs_as_na
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let sock = c.components("pcomponent")[0]["shim_sock"].as_str().unwrap().to_string();
     let down_then_up = |c: &TestCluster, child: std::process::Child| {
-        std::thread::sleep(Duration::from_secs(1));
+        // Long enough past the 1 s after which `run` says it waits, on a busy machine too.
+        std::thread::sleep(Duration::from_secs(3));
         let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
         assert!(again.status.success(), "{}", text(&again.stderr));
         child.wait_with_output().unwrap()

@@ -916,7 +916,6 @@ fn claim_subnet() -> u8 {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(format!("{SUBNET_CLAIMS}/{}", self.subnet));
         for name in &self.names {
             for pid in self.pids(name) {
                 // SAFETY: kill(2) takes no pointers; these are processes of this test's own host.
@@ -927,6 +926,9 @@ impl Drop for Hosts {
         let _ = Command::new("ip")
             .args(["link", "del", &format!("{}br", self.tag)])
             .output();
+        // Only now: a set given this subnet while the bridge was still here would have two
+        // routes to it, and its hosts could not be reached.
+        let _ = std::fs::remove_file(format!("{SUBNET_CLAIMS}/{}", self.subnet));
     }
 }
 
