@@ -74,6 +74,9 @@ counters! {
         log_promoted_pages,
         /// Leases of a vRegion's pages granted for one-sided access.
         leases,
+        /// Times a heap call needing a new vRegion's set found no global manager answering and
+        /// waited to ask again (the only manager restarting).
+        waits_for_managers,
     }
 }
 

@@ -61,12 +61,18 @@ pub fn recv_fds(s: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    // SAFETY: `msg` points at `iov` (the bytes of `buf`) and at `cbuf`, both alive for the call
-    // and sized as declared.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = loop {
+        // SAFETY: `msg` points at `iov` (the bytes of `buf`) and at `cbuf`, both alive for the
+        // call and sized as declared.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL) };
+        let e = io::Error::last_os_error();
+        // On a socket with a receive timeout, Linux fails the call with EINTR when the process
+        // is stopped and continued (signal(7)), even with no handler: a component paused by
+        // SIGSTOP must not drop the connections whose greeting it was waiting for.
+        if n >= 0 || e.kind() != io::ErrorKind::Interrupted {
+            break if n < 0 { return Err(e) } else { n };
+        }
+    };
     let mut fds = Vec::new();
     // SAFETY: the kernel filled `msg`'s control buffer; CMSG_FIRSTHDR/NXTHDR stay inside
     // `msg_controllen`, and each SCM_RIGHTS payload holds `cmsg_len - CMSG_LEN(0)` bytes of
@@ -174,4 +180,43 @@ pub fn peer_pidfd(s: &UnixStream, pid: libc::pid_t) -> io::Result<OwnedFd> {
     }
     // SAFETY: a descriptor the kernel just installed for us alone.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    extern "C" fn nothing(_: libc::c_int) {}
+
+    /// A receive interrupted by a signal (what a SIGSTOP and SIGCONT do to a receive with a
+    /// timeout) goes on waiting and gets the message sent after it.
+    #[test]
+    fn an_interrupted_receive_waits_on_for_the_message() {
+        // SAFETY: a handler that does nothing, installed without SA_RESTART so that the
+        // blocked recvmsg fails with EINTR as it does after a stop.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let (a, b) = UnixStream::pair().unwrap();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: pthread_self takes no pointers.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut buf = [0u8; 3];
+            let fds = recv_fds(&b, &mut buf);
+            (fds.map(|f| f.len()), buf)
+        });
+        let thread = rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // SAFETY: the waiting thread is alive (it cannot return before the message is sent).
+        assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR2) }, 0);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        send_fds(&a, b"hey", &[a.as_raw_fd()]).unwrap();
+        let (fds, buf) = waiter.join().unwrap();
+        assert_eq!(fds.unwrap(), 1);
+        assert_eq!(&buf, b"hey");
+    }
 }

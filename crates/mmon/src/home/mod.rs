@@ -48,6 +48,11 @@ const PROT_WRITE: u32 = 2;
 /// it would replace, before it takes them for lost.
 const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a heap call that needs a new vRegion's set waits for global managers that do not
+/// answer: one started again is back within seconds, and the program waits on its call, as
+/// under a kernel short of memory, rather than seeing ENOMEM it cannot explain.
+const MANAGERS_BACK: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The mComponents holding one vRegion: the primary (where fetches go) first.
 #[derive(Clone, Debug)]
 pub(super) struct Replicas {
@@ -409,6 +414,22 @@ impl<P: Peers> Mem<P> {
         }
     }
 
+    /// [`Mem::pick_other`] for a program's heap call: while the managers cannot be reached
+    /// it asks again, for at most [`MANAGERS_BACK`]. Only this process's lock is held (its
+    /// caller waits on it anyway); heap calls are served where they wait, blocking no other.
+    fn pick_waiting(&self, bytes: u64, exclude: &[u32], near: u32) -> Result<Option<ComponentRef>, Refusal> {
+        let t0 = std::time::Instant::now();
+        loop {
+            match self.pick_other(bytes, exclude, near) {
+                Err(e) if unreachable(&e) && t0.elapsed() < MANAGERS_BACK => {
+                    self.c.waits_for_managers.fetch_add(1, Relaxed);
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// The replica set of vRegion `idx`, asking GMM for its members when it becomes active.
     fn ensure_owners(&self, h: &mut HomeProc, idx: u64) -> Result<Vec<ComponentRef>, Refusal> {
         if let Some(r) = h.vregions.get(&idx) {
@@ -423,11 +444,11 @@ impl<P: Peers> Mem<P> {
         let mut owners: Vec<ComponentRef> = if here { vec![self.me()] } else { Vec::new() };
         for _ in owners.len()..scheme.members() {
             let ids: Vec<u32> = owners.iter().map(|o| o.id).collect();
-            match self.pick_other(share, &ids, h.pcomp)? {
+            match self.pick_waiting(share, &ids, h.pcomp)? {
                 Some(o) => owners.push(o),
                 // A striped set needs all its places: with too few mComponents one stands at
                 // two (losing it then loses rows).
-                None if data > 0 => owners.push(self.pick_other(share, &[], h.pcomp)?.unwrap_or_else(|| self.me())),
+                None if data > 0 => owners.push(self.pick_waiting(share, &[], h.pcomp)?.unwrap_or_else(|| self.me())),
                 // With every mComponent short of a whole free vRegion, the home holds it and
                 // the accounting of each mapping decides what fits.
                 None if !ids.contains(&self.peers.id()) => owners.push(self.me()),

@@ -361,7 +361,11 @@ fn a_full_member_hands_its_vregion_to_one_with_room() {
 fn an_mmap_whose_set_cannot_be_made_leaves_nothing_behind() {
     let rig = Rig::new(3, Replication::Replica);
     let who = rig.create(1);
-    rig.down(GM);
+    let broken = RpcError::Remote {
+        code: ErrCode::Internal,
+        msg: "the managers failed in the test".into(),
+    };
+    rig.net.fail("M2G_PICK_OWNER", None, 1, broken);
     let e = rig
         .call(
             HOME,
@@ -374,11 +378,10 @@ fn an_mmap_whose_set_cannot_be_made_leaves_nothing_behind() {
                 noreserve: false,
             },
         )
-        .expect_err("no managers to pick members");
-    assert_eq!(e.code, ErrCode::Unreachable);
+        .expect_err("the managers pick no members");
+    assert_eq!(e.code, ErrCode::Internal);
     assert!(rig.sets(HOME, &who).owners.is_empty(), "no vRegion was activated");
 
-    rig.net.down.lock().unwrap().clear();
     let m = rig
         .call(
             HOME,
@@ -393,4 +396,36 @@ fn an_mmap_whose_set_cannot_be_made_leaves_nothing_behind() {
         )
         .expect("the managers are back");
     assert_eq!(m.addr, BASE, "the range the failed mmap took is free again");
+}
+
+#[test]
+fn an_mmap_waits_for_managers_that_do_not_answer_and_maps_when_they_are_back() {
+    let rig = Rig::new(3, Replication::Replica);
+    let who = rig.create(1);
+    rig.down(GM);
+    let net = rig.net.clone();
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        net.down.lock().unwrap().clear();
+    });
+    let m = rig
+        .call(
+            HOME,
+            P2M_MMAP {
+                who: who.clone(),
+                hint: 0,
+                len: VRS,
+                prot: 3,
+                fixed: false,
+                noreserve: false,
+            },
+        )
+        .expect("the mmap waits for the managers");
+    back.join().unwrap();
+    assert_eq!(m.addr, BASE);
+    assert_eq!(ids(&rig.set(HOME, &who, idx(0))).len(), 2, "a whole set");
+    assert!(rig.mem(HOME).c.waits_for_managers.load(Relaxed) >= 1);
+    rig.write(HOME, &who, vpn(0, 0), 0)
+        .expect("the new vRegion takes write-backs");
+    check_pages(&rig, HOME, &who, 1, 1);
 }

@@ -1152,3 +1152,34 @@ fn a_program_started_while_the_only_manager_restarts_waits_for_it_and_runs_as_na
         text(&out.stderr)
     );
 }
+
+/// A running program whose heap grows into new vRegions while the cluster's only manager is
+/// down waits on its heap call (the home asks the managers for the new vRegion's places
+/// again) and goes on when the manager is back, printing what it prints natively: no ENOMEM
+/// it could not explain, no crash.
+#[test]
+fn a_heap_growing_while_the_only_manager_restarts_waits_for_it_and_prints_as_natively() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n",
+    ));
+    // A new mapping of a vRegion's size every 150 ms for 6 s, each filled: a refused one
+    // ends the program with its errno.
+    let grow = program("mapgrow");
+    let cmd = [grow.to_str().unwrap(), "40", "4", "150"];
+    let want = text(&native(&cmd).stdout);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let child = c.spawn(&[], &cmd);
+    std::thread::sleep(Duration::from_millis(1500));
+    c.kill_component(c.pid_of_addr(&gm));
+    std::thread::sleep(Duration::from_secs(3));
+    let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+    let waited: f64 = c
+        .components("mcomponent")
+        .iter()
+        .map(|m| c.metric(m["addr"].as_str().unwrap(), "splitos_mcomp_waits_for_managers_total"))
+        .sum();
+    assert!(waited >= 1.0, "the home waited for the manager to place a new vRegion");
+}
