@@ -42,15 +42,23 @@ fn a_short_seed_hits_every_kind_of_component_and_every_run_ends_as_natively_or_e
         "{said}"
     );
     assert_eq!(r["leaks"].as_array().map(Vec::len), Some(0), "{said}");
-    for kind in ["kill-mem", "stop-mem", "kill-gm", "stop-gm", "stop-proc", "kill-proc"] {
+    for kind in [
+        "kill-mem",
+        "stop-mem",
+        "pause-mem",
+        "kill-gm",
+        "stop-gm",
+        "stop-proc",
+        "kill-proc",
+    ] {
         assert!(r["faults"][kind].as_u64().unwrap_or(0) >= 1, "{kind} injected: {said}");
     }
     for f in r["schedule"].as_array().unwrap() {
         let seen = f["seen"].as_str().unwrap();
         assert!(!seen.starts_with("could not"), "{f}");
-        if f["kind"] == "kill-mem" {
+        if f["kind"] == "kill-mem" || f["kind"] == "pause-mem" {
             // The managers declared it lost and the mComponents left no vRegion short of
-            // a copy before it was started again.
+            // a copy before it was started again (went on).
             assert!(
                 seen.contains("held lost: true") && seen.contains("rebuilt: true"),
                 "{f}"

@@ -586,9 +586,10 @@ fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
             let said = if held_lost { "; held lost" } else { "" };
             Ok(format!("stopped for {} ms{said}", f.hold_ms))
         }
-        Kind::KillMem => {
+        Kind::KillMem | Kind::PauseMem => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
-            signal(pid, libc::SIGKILL);
+            let paused = f.kind == Kind::PauseMem;
+            signal(pid, if paused { libc::SIGSTOP } else { libc::SIGKILL });
             let t0 = Instant::now();
             while !rig.lost(&addr) && t0.elapsed() < Duration::from_millis(t.silence_ms + 15_000) && !interrupted() {
                 std::thread::sleep(Duration::from_millis(200));
@@ -600,9 +601,22 @@ fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
                 short_vregions(s) == 0
             });
             std::thread::sleep(hold);
-            restart(rig, &f.target, t)?;
+            let back = if paused {
+                signal(pid, libc::SIGCONT);
+                if !rig.until(SETTLE, |s| settled(s, t)) {
+                    anyhow::bail!(
+                        "the cluster did not settle within {} s after {} went on",
+                        SETTLE.as_secs(),
+                        f.target
+                    );
+                }
+                "went on"
+            } else {
+                restart(rig, &f.target, t)?;
+                "started again"
+            };
             Ok(format!(
-                "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; started again"
+                "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; {back}"
             ))
         }
         Kind::KillGm | Kind::KillProc => {

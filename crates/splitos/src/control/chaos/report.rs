@@ -40,7 +40,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
     let names = |k: Kind| match k {
         Kind::KillProc | Kind::StopProc => e.contains("pComponent"),
         Kind::KillGm | Kind::StopGm => e.contains("cannot reach the cluster"),
-        Kind::KillMem | Kind::StopMem => e.contains("mComponent"),
+        Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent"),
     };
     faults
         .iter()
@@ -54,7 +54,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 // A start waits 10 s for the managers: a stop is shorter than that.
                 Kind::KillGm => t.managers == 1,
                 Kind::StopGm => false,
-                Kind::KillMem => !t.mem_loss_tolerated,
+                Kind::KillMem | Kind::PauseMem => !t.mem_loss_tolerated,
                 Kind::StopMem => held_lost && !t.mem_loss_tolerated,
             };
             overlaps && beyond && names(f.fault.kind)

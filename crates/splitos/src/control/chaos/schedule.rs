@@ -13,6 +13,9 @@ pub enum Kind {
     KillMem,
     /// SIGSTOP an mComponent for the hold, shorter than the managers' silence limit.
     StopMem,
+    /// SIGSTOP an mComponent past the silence limit, until the managers hold it lost and its
+    /// copies are rebuilt elsewhere; SIGCONT after the hold: it comes back fenced.
+    PauseMem,
     /// kill -9 the global manager; start it again after the hold.
     KillGm,
     /// SIGSTOP the global manager for the hold.
@@ -29,6 +32,7 @@ impl Kind {
         match self {
             Kind::KillMem => "kill-mem",
             Kind::StopMem => "stop-mem",
+            Kind::PauseMem => "pause-mem",
             Kind::KillGm => "kill-gm",
             Kind::StopGm => "stop-gm",
             Kind::StopProc => "stop-proc",
@@ -39,7 +43,7 @@ impl Kind {
     /// The component kind it hits, as the state directory names them (`mem0`, `gm`, ...).
     pub fn target_kind(self) -> &'static str {
         match self {
-            Kind::KillMem | Kind::StopMem => "mem",
+            Kind::KillMem | Kind::StopMem | Kind::PauseMem => "mem",
             Kind::KillGm | Kind::StopGm => "gm",
             Kind::StopProc | Kind::KillProc => "proc",
         }
@@ -84,6 +88,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
     ];
     if t.mem_loss_tolerated {
         kinds.push((Kind::KillMem, 3));
+        kinds.push((Kind::PauseMem, 2));
     }
     kinds.push((Kind::KillProc, 1));
     kinds.retain(|(k, _)| match k.target_kind() {
@@ -113,7 +118,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         };
         let hold_ms = match kind {
             Kind::StopMem | Kind::StopGm | Kind::StopProc => rng.random_range(100..=stop_ms),
-            Kind::KillMem | Kind::KillGm | Kind::KillProc => rng.random_range(200..=2000),
+            Kind::KillMem | Kind::PauseMem | Kind::KillGm | Kind::KillProc => rng.random_range(200..=2000),
         };
         let gap_ms = rng.random_range(500..=4000);
         spent += gap_ms + hold_ms;
@@ -156,6 +161,7 @@ mod tests {
         for k in [
             Kind::KillMem,
             Kind::StopMem,
+            Kind::PauseMem,
             Kind::KillGm,
             Kind::StopGm,
             Kind::StopProc,
@@ -174,6 +180,6 @@ mod tests {
         }));
         assert!(draw(1, 600_000, &targets(false))
             .iter()
-            .all(|f| f.kind != Kind::KillMem));
+            .all(|f| !matches!(f.kind, Kind::KillMem | Kind::PauseMem)));
     }
 }
