@@ -95,8 +95,8 @@ pub(super) struct HomeProc {
     /// Bumped whenever a replica set changes.
     epoch: u64,
     backup: Option<ComponentRef>,
-    /// Members taken out of its sets that may still hold copies (they were only cut off):
-    /// freed when the process exits.
+    /// Members taken out of its sets that may still hold copies (they were only cut off) or
+    /// its record (its vRegions moved off them): freed when the process exits.
     retired: Vec<ComponentRef>,
     /// The process exited: a rebuild queued before must not bring it back.
     exited: bool,

@@ -129,6 +129,12 @@ impl<P: Peers> Mem<P> {
         }
         s.epoch = h.epoch;
         let set = s.clone();
+        let left = !h.vregions.values().any(|s| s.owners.iter().any(|o| o.id == full.id));
+        if left && !h.retired.iter().any(|r| r.id == full.id) {
+            // It keeps the process's record (whose epoch refuses late write-backs) until the
+            // process exits, and is told then: a drained mComponent would keep it for good.
+            h.retired.push(full.clone());
+        }
         if set.announced() {
             // The full member learns it left the set before it frees its copy: what it frees
             // is on the new member now, and no change of it may reach the parity.

@@ -355,6 +355,16 @@ fn a_full_member_hands_its_vregion_to_one_with_room() {
             assert_eq!(rig.read_from(o.id, &who, vpn(0, p)).unwrap(), content(vpn(0, p), 0));
         }
     }
+    // It keeps the process's record while the process lives (its epoch refuses late
+    // write-backs), and is told to free it when the process exits, as the members are.
+    assert!(rig.mem(3).owned.lock().unwrap().contains_key(&who.pid));
+    rig.call(HOME, P2M_EXIT { who: who.clone() }).expect("exit");
+    for id in 1..=4 {
+        assert!(
+            !rig.mem(id).owned.lock().unwrap().contains_key(&who.pid),
+            "mComponent {id} freed the exited process's record"
+        );
+    }
 }
 
 #[test]

@@ -76,6 +76,8 @@ vregion_size = "4M"
 [[pcomponent]]
 excache = "16M"
 
+[[scomponent]]
+
 [[mcomponent]]
 [[mcomponent]]
 [[mcomponent]]
@@ -83,8 +85,10 @@ excache = "16M"
 "#;
 
 /// The default workloads: a CPython heap of about 60 MiB through a 16 MiB ExCache; a shell
-/// pipeline of C programs (forks, pipes, execs); CPython threads.
-const DEFAULT_WORKLOADS: [(&str, &str); 3] = [
+/// pipeline of C programs (forks, pipes, execs); CPython threads; a file of 4 MiB written in
+/// the vNode's file system with an fsync every MiB, read back and removed (natively, in a
+/// temporary directory).
+const DEFAULT_WORKLOADS: [(&str, &str); 4] = [
     (
         "cpython-heap",
         "python3 -c 'import hashlib\nd = {i: str(i * 7) * 3 for i in range(300000)}\nprint(hashlib.sha256(\"\".join(d[k] for k in sorted(d, key=lambda k: d[k])).encode()).hexdigest())'",
@@ -93,6 +97,10 @@ const DEFAULT_WORKLOADS: [(&str, &str); 3] = [
     (
         "cpython-threads",
         "python3 -c 'import threading\nr = [0] * 4\ndef w(i):\n    r[i] = sum(len(str(x * (i + 1))) for x in range(150000))\nt = [threading.Thread(target=w, args=(i,)) for i in range(4)]\n[x.start() for x in t]\n[x.join() for x in t]\nprint(r)'",
+    ),
+    (
+        "files",
+        "python3 -c 'import hashlib, os, tempfile\nwith tempfile.TemporaryDirectory(dir=os.environ.get(\"SPLITOS_VNODE_DIR\")) as t:\n    p = os.path.join(t, \"f\")\n    with open(p, \"wb\") as f:\n        for i in range(64):\n            f.write(hashlib.sha256(str(i).encode()).digest() * 2048)\n            if i % 16 == 15:\n                f.flush()\n                os.fsync(f.fileno())\n    with open(p, \"rb\") as f:\n        print(hashlib.sha256(f.read()).hexdigest())'",
     ),
 ];
 
@@ -203,6 +211,19 @@ impl Rig {
         super::cluster::gm_status(gm).is_ok_and(|s| s.components.iter().any(|c| c.addr == addr && c.lost))
     }
 
+    /// The id the cluster knows component `name` by, which the API's changes name.
+    fn id_of(&self, name: &str) -> anyhow::Result<String> {
+        let addr = self.addr_of(name).unwrap_or_default();
+        let s = self
+            .status()
+            .ok_or_else(|| anyhow::anyhow!("no status of the cluster"))?;
+        s["components"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["addr"] == addr.as_str() && c["alive"] == true))
+            .map(|c| c["id"].to_string())
+            .ok_or_else(|| anyhow::anyhow!("{name} is not alive at {addr}"))
+    }
+
     fn addr_of(&self, name: &str) -> Option<String> {
         std::fs::read_to_string(self.state.join(format!("{name}.ready")))
             .ok()
@@ -254,7 +275,10 @@ fn short_vregions(s: &Value) -> u64 {
 
 /// The cluster as configured, every live vRegion with its copies.
 fn settled(s: &Value, t: &Targets) -> bool {
-    alive(s, "mcomponent") == t.mems && alive(s, "pcomponent") == t.procs && short_vregions(s) == 0
+    alive(s, "mcomponent") == t.mems
+        && alive(s, "pcomponent") == t.procs
+        && alive(s, "scomponent") == t.storages
+        && short_vregions(s) == 0
 }
 
 /// What the live components still hold of programs: empty once every program has ended.
@@ -309,6 +333,9 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     let targets = Targets {
         mems: cfg.mcomponent.len(),
         procs: cfg.pcomponent.len(),
+        storages: cfg.scomponent.len(),
+        excaches: cfg.pcomponent.iter().map(|p| p.excache.0).collect(),
+        api: cfg.cluster.api != "off",
         managers: cfg.managers().len(),
         // A copy survives the loss, and another mComponent can take the rebuilt one.
         mem_loss_tolerated: cfg.replication().members() > 1 && cfg.mcomponent.len() > cfg.replication().members(),
@@ -569,7 +596,7 @@ fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
         .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
     let hold = Duration::from_millis(f.hold_ms);
     match f.kind {
-        Kind::StopMem | Kind::StopGm | Kind::StopProc => {
+        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGSTOP);
             // On a loaded host a stop shorter than the silence limit can still outlast it
@@ -619,13 +646,70 @@ fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
                 "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; {back}"
             ))
         }
-        Kind::KillGm | Kind::KillProc => {
+        Kind::KillGm | Kind::KillProc | Kind::KillStorage => {
             signal(pid, libc::SIGKILL);
             std::thread::sleep(hold);
             restart(rig, &f.target, t)?;
             Ok(format!("dead for {} ms; started again", f.hold_ms))
         }
+        Kind::DrainMem => {
+            let id = rig.id_of(&f.target)?;
+            let said = rig.cluster(&["drain", &id, "--timeout", &SETTLE.as_secs().to_string()])?;
+            std::thread::sleep(hold);
+            rig.cluster(&["uncordon", &id])?;
+            Ok(last_line(&said))
+        }
+        Kind::ResizeExcache => {
+            let (id, to) = (rig.id_of(&f.target)?, f.to.clone().unwrap_or_default());
+            let said = rig.cluster(&["set-excache", &id, &to])?;
+            std::thread::sleep(hold);
+            let size = t.excaches[target_index(&f.target)].to_string();
+            let back = rig.cluster(&["set-excache", &id, &size])?;
+            Ok(format!("{}; back: {}", last_line(&said), last_line(&back)))
+        }
+        Kind::SwapPolicy => {
+            let id = rig.id_of(&f.target)?;
+            let was = rig.cluster(&["set-policy", &id])?;
+            let (eviction, prefetch) = f.to.as_deref().unwrap_or_default().split_once('/').unwrap_or_default();
+            let said = rig.cluster(&["set-policy", &id, "--eviction", eviction, "--prefetch", prefetch])?;
+            std::thread::sleep(hold);
+            rig.cluster(&[
+                "set-policy",
+                &id,
+                "--eviction",
+                word_after(&was, "eviction ")?,
+                "--prefetch",
+                word_after(&was, "read-ahead ")?,
+            ])?;
+            Ok(format!("{}; then back", last_line(&said)))
+        }
+        Kind::SwapPlacement => {
+            let was = rig.cluster(&["set-placement"])?;
+            let said = rig.cluster(&["set-placement", f.to.as_deref().unwrap_or_default()])?;
+            std::thread::sleep(hold);
+            rig.cluster(&["set-placement", word_after(&was, "placement ")?])?;
+            Ok(format!("{}; then back", last_line(&said)))
+        }
     }
+}
+
+fn last_line(s: &str) -> String {
+    s.trim().lines().last().unwrap_or_default().trim().to_string()
+}
+
+/// The word after `key` in what a command printed (`eviction clock (replaced 1 times)`).
+fn word_after<'a>(s: &'a str, key: &str) -> anyhow::Result<&'a str> {
+    s.split_once(key)
+        .and_then(|(_, rest)| rest.split([' ', ',', '\n']).next())
+        .filter(|w| !w.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no {key:?} in {s:?}"))
+}
+
+/// The index in a component's name (`proc0`: 0).
+fn target_index(name: &str) -> usize {
+    name.trim_start_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or(0)
 }
 
 /// Starts component `name` again once its process is gone, and waits for the cluster to settle.

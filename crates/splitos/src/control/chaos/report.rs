@@ -31,8 +31,9 @@ pub(super) struct Report {
 
 /// The fault that explains a failed run, if any: one beyond the configuration's tolerance
 /// (a pComponent killed, or stopped until the managers gave it up; with one manager, the
-/// manager killed; an mComponent lost without a copy elsewhere) while the run went on, which
-/// its error (the last line of its stderr) names.
+/// manager killed; an mComponent lost without a copy elsewhere; an sComponent killed) while
+/// the run went on, which its error (the last line of its stderr) names. A change an
+/// operator makes (a drain, a resize, a policy) explains nothing.
 fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
     // A run that started as a fault healed may have met it on its way in.
     let grace = 2_000;
@@ -41,6 +42,9 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillProc | Kind::StopProc => e.contains("pComponent"),
         Kind::KillGm | Kind::StopGm => e.contains("cannot reach the cluster"),
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent"),
+        // A file call the sComponent could not serve fails with EIO.
+        Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
+        Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
     };
     faults
         .iter()
@@ -56,6 +60,10 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 Kind::StopGm => false,
                 Kind::KillMem | Kind::PauseMem => !t.mem_loss_tolerated,
                 Kind::StopMem => held_lost && !t.mem_loss_tolerated,
+                // The vNodes' files have no copy elsewhere.
+                Kind::KillStorage => true,
+                Kind::StopStorage => held_lost,
+                Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
             };
             overlaps && beyond && names(f.fault.kind)
         })
@@ -136,18 +144,19 @@ pub(super) fn print_report(r: &Report) {
     crate::outln!("faults injected: {}", faults.join(", "));
     for f in &r.schedule {
         crate::outln!(
-            "  {:>7} ms  {:<10} {:<6} hold {:>4} ms  {}",
+            "  {:>7} ms  {:<14} {:<8} hold {:>4} ms  {}{}",
             f.start_ms,
             f.fault.kind.name(),
             f.fault.target,
             f.fault.hold_ms,
+            f.fault.to.as_ref().map(|t| format!("to {t}: ")).unwrap_or_default(),
             f.seen
         );
     }
-    crate::outln!("workload          runs  as native  wrong  errors (explained)  hangs");
+    crate::outln!("workload            runs  as native  wrong  errors (explained)  hangs");
     for w in &r.workloads {
         crate::outln!(
-            "{:<16} {:>5} {:>10} {:>6} {:>7} ({}) {:>12}",
+            "{:<18} {:>5} {:>10} {:>6} {:>7} ({}) {:>12}",
             w.name,
             w.runs,
             w.as_native,

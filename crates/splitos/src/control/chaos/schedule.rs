@@ -25,7 +25,29 @@ pub enum Kind {
     /// kill -9 a pComponent (its programs end with it: beyond any configuration's tolerance);
     /// start it again after the hold.
     KillProc,
+    /// Drain an mComponent while programs run (`cluster drain`: its memory moves to the
+    /// others), then put it back into placement.
+    DrainMem,
+    /// Resize a pComponent's ExCache (`cluster set-excache`) to the fault's size for the hold,
+    /// then back.
+    ResizeExcache,
+    /// Replace a pComponent's eviction and read-ahead policies (`cluster set-policy`) with the
+    /// fault's for the hold, then back.
+    SwapPolicy,
+    /// Replace the managers' placement policy (`cluster set-placement`) with the fault's for
+    /// the hold, then back.
+    SwapPlacement,
+    /// SIGSTOP an sComponent for the hold, shorter than the silence limit: file calls wait.
+    StopStorage,
+    /// kill -9 an sComponent; start it again after the hold. With no other copy of the
+    /// vNodes' files, beyond the tolerance of any configuration: file calls meanwhile fail.
+    KillStorage,
 }
+
+/// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
+const EVICTIONS: [&str; 4] = ["workingset", "fifo", "clock", "ghost-clock"];
+const PREFETCHERS: [&str; 3] = ["leap", "sequential", "nextline"];
+const PLACEMENTS: [&str; 4] = ["least-loaded", "best-fit", "first-fit", "nearest"];
 
 impl Kind {
     pub fn name(self) -> &'static str {
@@ -37,16 +59,31 @@ impl Kind {
             Kind::StopGm => "stop-gm",
             Kind::StopProc => "stop-proc",
             Kind::KillProc => "kill-proc",
+            Kind::DrainMem => "drain-mem",
+            Kind::ResizeExcache => "resize-excache",
+            Kind::SwapPolicy => "swap-policy",
+            Kind::SwapPlacement => "swap-placement",
+            Kind::StopStorage => "stop-storage",
+            Kind::KillStorage => "kill-storage",
         }
     }
 
     /// The component kind it hits, as the state directory names them (`mem0`, `gm`, ...).
     pub fn target_kind(self) -> &'static str {
         match self {
-            Kind::KillMem | Kind::StopMem | Kind::PauseMem => "mem",
-            Kind::KillGm | Kind::StopGm => "gm",
-            Kind::StopProc | Kind::KillProc => "proc",
+            Kind::KillMem | Kind::StopMem | Kind::PauseMem | Kind::DrainMem => "mem",
+            Kind::KillGm | Kind::StopGm | Kind::SwapPlacement => "gm",
+            Kind::StopProc | Kind::KillProc | Kind::ResizeExcache | Kind::SwapPolicy => "proc",
+            Kind::StopStorage | Kind::KillStorage => "storage",
         }
+    }
+
+    /// Whether it is a change an operator makes through the REST API (none without it).
+    pub fn through_api(self) -> bool {
+        matches!(
+            self,
+            Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement
+        )
     }
 }
 
@@ -56,8 +93,11 @@ pub struct Fault {
     pub kind: Kind,
     /// The component, by its name in the state directory.
     pub target: String,
-    /// How long the component stays stopped, or dead before it is started again.
+    /// How long the component stays stopped, dead before it is started again, or changed.
     pub hold_ms: u64,
+    /// What a change sets: an ExCache's size in bytes, `EVICTION/PREFETCH`, a placement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
     /// The quiet time before the fault, while the programs run on.
     pub gap_ms: u64,
 }
@@ -67,6 +107,11 @@ pub struct Fault {
 pub struct Targets {
     pub mems: usize,
     pub procs: usize,
+    pub storages: usize,
+    /// The configured ExCache of each pComponent, in bytes: a resize draws around it.
+    pub excaches: Vec<u64>,
+    /// Whether the managers serve the REST API, which changes go through.
+    pub api: bool,
     /// Global managers: one is `gm`, several `gm0`, `gm1`, ...
     pub managers: usize,
     /// Whether an mComponent's loss loses no program's memory (replication with a copy
@@ -90,11 +135,26 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         kinds.push((Kind::KillMem, 3));
         kinds.push((Kind::PauseMem, 2));
     }
-    kinds.push((Kind::KillProc, 1));
-    kinds.retain(|(k, _)| match k.target_kind() {
-        "mem" => t.mems > 0,
-        "proc" => t.procs > 0,
-        _ => true,
+    kinds.extend([
+        (Kind::KillProc, 1),
+        (Kind::ResizeExcache, 2),
+        (Kind::SwapPolicy, 2),
+        (Kind::SwapPlacement, 1),
+        (Kind::StopStorage, 2),
+        (Kind::KillStorage, 1),
+    ]);
+    // Draining the only mComponent is refused: its memory has nowhere to go.
+    if t.mems > 1 {
+        kinds.push((Kind::DrainMem, 2));
+    }
+    kinds.retain(|(k, _)| {
+        (t.api || !k.through_api())
+            && match k.target_kind() {
+                "mem" => t.mems > 0,
+                "proc" => t.procs > 0,
+                "storage" => t.storages > 0,
+                _ => true,
+            }
     });
     let total: u32 = kinds.iter().map(|(_, w)| w).sum();
     let stop_ms = (t.silence_ms / 3).max(100);
@@ -110,15 +170,35 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             })
             .map(|(k, _)| *k)
             .expect("a weight was drawn");
-        let target = match kind.target_kind() {
-            "mem" => format!("mem{}", rng.random_range(0..t.mems)),
-            "proc" => format!("proc{}", rng.random_range(0..t.procs)),
-            _ if t.managers > 1 => format!("gm{}", rng.random_range(0..t.managers)),
-            _ => "gm".to_string(),
+        let (target, index) = match kind.target_kind() {
+            "mem" => ("mem", rng.random_range(0..t.mems)),
+            "proc" => ("proc", rng.random_range(0..t.procs)),
+            // Storage components are named from 0 with one as with several.
+            "storage" => ("storage", rng.random_range(0..t.storages)),
+            _ if t.managers > 1 => ("gm", rng.random_range(0..t.managers)),
+            _ => ("gm", usize::MAX),
+        };
+        let target = match index {
+            usize::MAX => target.to_string(),
+            i => format!("{target}{i}"),
         };
         let hold_ms = match kind {
-            Kind::StopMem | Kind::StopGm | Kind::StopProc => rng.random_range(100..=stop_ms),
-            Kind::KillMem | Kind::PauseMem | Kind::KillGm | Kind::KillProc => rng.random_range(200..=2000),
+            Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => rng.random_range(100..=stop_ms),
+            _ => rng.random_range(200..=2000),
+        };
+        let to = match kind {
+            // From a quarter of the configured size to twice it, in whole MiB, 1 MiB at least.
+            Kind::ResizeExcache => {
+                let mib = (t.excaches[index] >> 20).max(1);
+                Some((rng.random_range((mib / 4).max(1)..=mib * 2) << 20).to_string())
+            }
+            Kind::SwapPolicy => Some(format!(
+                "{}/{}",
+                EVICTIONS[rng.random_range(0..EVICTIONS.len())],
+                PREFETCHERS[rng.random_range(0..PREFETCHERS.len())]
+            )),
+            Kind::SwapPlacement => Some(PLACEMENTS[rng.random_range(0..PLACEMENTS.len())].to_string()),
+            _ => None,
         };
         let gap_ms = rng.random_range(500..=4000);
         spent += gap_ms + hold_ms;
@@ -126,6 +206,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             kind,
             target,
             hold_ms,
+            to,
             gap_ms,
         });
     }
@@ -136,10 +217,29 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
+    const ALL: [Kind; 13] = [
+        Kind::KillMem,
+        Kind::StopMem,
+        Kind::PauseMem,
+        Kind::DrainMem,
+        Kind::KillGm,
+        Kind::StopGm,
+        Kind::SwapPlacement,
+        Kind::StopProc,
+        Kind::KillProc,
+        Kind::ResizeExcache,
+        Kind::SwapPolicy,
+        Kind::StopStorage,
+        Kind::KillStorage,
+    ];
+
     fn targets(tolerated: bool) -> Targets {
         Targets {
             mems: 4,
             procs: 1,
+            storages: 1,
+            excaches: vec![16 << 20],
+            api: true,
             managers: 1,
             mem_loss_tolerated: tolerated,
             silence_ms: 2000,
@@ -158,28 +258,48 @@ mod tests {
     #[test]
     fn stops_stay_under_the_silence_limit_and_mcomponents_die_only_where_replicas_hold() {
         let s = draw(1, 600_000, &targets(true));
-        for k in [
-            Kind::KillMem,
-            Kind::StopMem,
-            Kind::PauseMem,
-            Kind::KillGm,
-            Kind::StopGm,
-            Kind::StopProc,
-            Kind::KillProc,
-        ] {
+        for k in ALL {
             assert!(s.iter().any(|f| f.kind == k), "{k:?} drawn in ten minutes");
         }
         assert!(s
             .iter()
-            .filter(|f| matches!(f.kind, Kind::StopMem | Kind::StopGm | Kind::StopProc))
+            .filter(|f| matches!(
+                f.kind,
+                Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage
+            ))
             .all(|f| f.hold_ms <= 2000 / 3));
         assert!(s.iter().all(|f| match f.kind.target_kind() {
             "mem" => ["mem0", "mem1", "mem2", "mem3"].contains(&f.target.as_str()),
             "proc" => f.target == "proc0",
+            "storage" => f.target == "storage0",
             _ => f.target == "gm",
         }));
+        // Each change says what it sets, within what the component takes.
+        for f in &s {
+            let to = f.to.as_deref();
+            match f.kind {
+                Kind::ResizeExcache => {
+                    let b: u64 = to.unwrap().parse().unwrap();
+                    assert!((4 << 20..=32 << 20).contains(&b) && b % (1 << 20) == 0, "{b}");
+                }
+                Kind::SwapPolicy => {
+                    let (e, p) = to.unwrap().split_once('/').unwrap();
+                    assert!(EVICTIONS.contains(&e) && PREFETCHERS.contains(&p));
+                }
+                Kind::SwapPlacement => assert!(PLACEMENTS.contains(&to.unwrap())),
+                _ => assert_eq!(to, None),
+            }
+        }
         assert!(draw(1, 600_000, &targets(false))
             .iter()
             .all(|f| !matches!(f.kind, Kind::KillMem | Kind::PauseMem)));
+        let bare = Targets {
+            storages: 0,
+            api: false,
+            ..targets(true)
+        };
+        assert!(draw(1, 600_000, &bare)
+            .iter()
+            .all(|f| !f.kind.through_api() && f.kind.target_kind() != "storage"));
     }
 }
