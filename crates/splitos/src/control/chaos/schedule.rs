@@ -280,7 +280,7 @@ mod tests {
             match f.kind {
                 Kind::ResizeExcache => {
                     let b: u64 = to.unwrap().parse().unwrap();
-                    assert!((4 << 20..=32 << 20).contains(&b) && b % (1 << 20) == 0, "{b}");
+                    assert!((4 << 20..=32 << 20).contains(&b) && b.is_multiple_of(1 << 20), "{b}");
                 }
                 Kind::SwapPolicy => {
                     let (e, p) = to.unwrap().split_once('/').unwrap();
