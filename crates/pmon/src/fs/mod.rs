@@ -70,6 +70,14 @@ struct State {
     /// Kept while the pComponent lives, so that a file's blocks stay at one mComponent even
     /// if GMM's choice changes when mComponents join.
     caches: HashMap<u64, String>,
+    /// The mComponent holding writes to each file not yet synced: its buffer cache has no
+    /// copy elsewhere, so if the file's cache is placed again on another (that one lost),
+    /// they are gone, and the file is in `lost_writes`.
+    unsynced: HashMap<u64, String>,
+    /// Files whose written data was lost with a buffer cache: reads fail with EIO, and so
+    /// does the next fsync (as Linux reports a failed write back), which clears it, instead
+    /// of succeeding on what is left.
+    lost_writes: HashSet<u64>,
     open: HashMap<u64, u32>,
     /// Inodes whose name is gone but which are still open here.
     detached: HashSet<u64>,
@@ -87,6 +95,27 @@ pub struct VnodeFs {
 }
 
 const ACL_ACCESS: &str = "system.posix_acl_access";
+
+/// What a request to a file's buffer cache does to the file's unsynced writes there.
+trait FileRequest {
+    /// `Some(true)`: it adds some; `Some(false)`: it makes them durable; `None`: neither.
+    const DIRTIES: Option<bool>;
+}
+
+macro_rules! file_requests {
+    ($($req:ident => $dirties:expr),* $(,)?) => {
+        $( impl FileRequest for splitos_rpc::$req { const DIRTIES: Option<bool> = $dirties; } )*
+    };
+}
+
+file_requests! {
+    P2M_FILE_WRITE => Some(true),
+    P2M_FILE_SETSIZE => Some(true),
+    P2M_FILE_SYNC => Some(false),
+    P2M_FILE_READ => None,
+    P2M_FILE_STAT => None,
+    P2M_FILE_FORGET => None,
+}
 
 /// How many times a file request follows a buffer cache that moved (a heartbeat apart).
 const MOVED_TRIES: usize = 40;
@@ -178,6 +207,8 @@ impl VnodeFs {
                 paths,
                 lookups: HashMap::new(),
                 caches: HashMap::new(),
+                unsynced: HashMap::new(),
+                lost_writes: HashSet::new(),
                 open: HashMap::new(),
                 detached: HashSet::new(),
                 listings: HashMap::new(),
@@ -246,16 +277,36 @@ impl VnodeFs {
     /// places the cache again (on a live one) and the request is retried once.
     /// A cache that moved (its mComponent is leaving, `ErrCode::Moved`) is asked for again
     /// until GMM places it elsewhere, which it does once the old one wrote the file back.
-    fn m_call<Q: RpcRequest>(&self, ino: u64, req: impl Fn(String) -> Q) -> R<Q::Reply> {
+    fn m_call<Q: RpcRequest + FileRequest>(&self, ino: u64, req: impl Fn(String) -> Q) -> R<Q::Reply> {
         let mut unreached = 0;
         for _ in 0..MOVED_TRIES {
             let (m, s) = (self.cache_of(ino)?, self.storage()?);
+            {
+                let mut st = self.st.lock().unwrap();
+                if st.unsynced.get(&ino).is_some_and(|u| *u != m) {
+                    st.unsynced.remove(&ino);
+                    st.lost_writes.insert(ino);
+                    tracing::warn!(vnode = %self.vnode, ino, "a file's buffer cache was lost with writes not yet synced: its next fsync fails with EIO");
+                }
+            }
             match self.node.rpc.call(&m, req(s)) {
-                Ok(r) => return Ok(r),
+                Ok(r) => {
+                    let mut st = self.st.lock().unwrap();
+                    match Q::DIRTIES {
+                        Some(true) => drop(st.unsynced.insert(ino, m)),
+                        Some(false) if st.unsynced.get(&ino) == Some(&m) => drop(st.unsynced.remove(&ino)),
+                        _ => {}
+                    }
+                    return Ok(r);
+                }
                 Err(RpcError::Remote {
                     code: ErrCode::Moved, ..
                 }) => {
-                    self.st.lock().unwrap().caches.remove(&ino);
+                    // GMM places the cache elsewhere only once the old one wrote the file back.
+                    let mut st = self.st.lock().unwrap();
+                    st.caches.remove(&ino);
+                    st.unsynced.remove(&ino);
+                    drop(st);
                     std::thread::sleep(splitos_core::node::HEARTBEAT);
                 }
                 Err(e) if unreachable(&e) && unreached == 0 => {

@@ -271,6 +271,8 @@ impl Filesystem for VnodeFs {
             offset,
             len: size,
         }) {
+            // What was written and lost is not read as if it had never been written.
+            Ok(_) if self.st.lock().unwrap().lost_writes.contains(&ino) => reply.error(Errno::EIO),
             Ok(r) => reply.data(&r.data),
             Err(e) => reply.error(e),
         }
@@ -334,11 +336,16 @@ impl Filesystem for VnodeFs {
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let ino = ino.0;
-        match self.m_call(ino, |scomp| P2M_FILE_SYNC {
+        let synced = self.m_call(ino, |scomp| P2M_FILE_SYNC {
             scomp,
             vnode: self.vnode.clone(),
             ino,
-        }) {
+        });
+        // Reported once, as Linux reports a failed write back to the next fsync.
+        if self.st.lock().unwrap().lost_writes.remove(&ino) {
+            return reply.error(Errno::EIO);
+        }
+        match synced {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }

@@ -25,6 +25,7 @@ mod help;
 mod hosts;
 mod huge_pages;
 mod links;
+mod lost_writes;
 mod managers;
 mod memcached;
 mod metrics;

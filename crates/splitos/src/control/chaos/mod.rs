@@ -48,6 +48,16 @@ pub struct ChaosArgs {
     /// Run only the --workload commands, not the default ones.
     #[arg(long)]
     pub only_workloads: bool,
+    /// Leave out a default workload, by name: cpython-heap, c-pipeline, cpython-threads,
+    /// files. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub without: Vec<String>,
+    /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
+    /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
+    /// kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
+    /// stop-storage, kill-storage (docs/reliability.md says what each does).
+    #[arg(long, value_delimiter = ',', value_name = "KIND")]
+    pub faults: Vec<Kind>,
     /// Programs running at once.
     #[arg(long, default_value_t = 2)]
     pub parallel: usize,
@@ -340,17 +350,33 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         // A copy survives the loss, and another mComponent can take the rebuilt one.
         mem_loss_tolerated: cfg.replication().members() > 1 && cfg.mcomponent.len() > cfg.replication().members(),
         silence_ms: cfg.cluster.reclaim_dead_ms,
+        only: args.faults.clone(),
     };
     if !cfg.ncomponent.is_empty() || cfg.managers().iter().any(|m| m.netns.is_some()) {
         anyhow::bail!("splitos chaos runs clusters of this host's loopback alone: the configuration has nComponents or namespaces");
     }
     let schedule = schedule::draw(seed, (args.minutes * 60_000.0) as u64, &targets);
+    if schedule.is_empty() {
+        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a change the REST API)");
+    }
+    if let Some(w) = args
+        .without
+        .iter()
+        .find(|w| !DEFAULT_WORKLOADS.iter().any(|(n, _)| n == w))
+    {
+        anyhow::bail!(
+            "--without {w}: no such default workload (they are {})",
+            DEFAULT_WORKLOADS.map(|(n, _)| n).join(", ")
+        );
+    }
     if args.schedule_only {
         crate::outln!("{}", serde_json::to_string_pretty(&schedule)?);
         return Ok(0);
     }
     let mut workloads = Vec::new();
-    let defaults = DEFAULT_WORKLOADS.iter().filter(|_| !args.only_workloads);
+    let defaults = DEFAULT_WORKLOADS
+        .iter()
+        .filter(|(n, _)| !args.only_workloads && !args.without.iter().any(|w| w == n));
     let named = args
         .workloads
         .iter()
@@ -485,12 +511,31 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
     if !report.passed {
+        match keep_logs(&rig.state, seed) {
+            Ok(dir) => crate::errln!("splitos chaos: the components' logs are kept in {}", dir.display()),
+            Err(e) => crate::errln!("splitos chaos: cannot keep the components' logs: {e}"),
+        }
         crate::errln!(
             "splitos chaos: FAILED with seed {seed}; the same faults again: {}",
             replay(seed)
         );
     }
     Ok(if report.passed { 0 } else { 1 })
+}
+
+/// Copies the components' logs of a failed run out of its state directory, which goes with
+/// the cluster: what each component said around a fault is what explains a failure.
+fn keep_logs(state: &std::path::Path, seed: u64) -> anyhow::Result<PathBuf> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("splitos-chaos-logs-{seed}-"))
+        .tempdir()?
+        .keep();
+    for e in std::fs::read_dir(state)?.flatten() {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            std::fs::copy(e.path(), dir.join(e.file_name()))?;
+        }
+    }
+    Ok(dir)
 }
 
 /// Runs workload `w` once on the cluster, bounded.

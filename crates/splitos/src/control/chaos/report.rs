@@ -38,10 +38,13 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
     // A run that started as a fault healed may have met it on its way in.
     let grace = 2_000;
     let e = &r.error;
+    // A file's buffer cache has no copy elsewhere: writes not yet synced die with their
+    // mComponent, and the file's reads and next fsync say so with EIO.
+    let file_lost = e.contains("Input/output error");
     let names = |k: Kind| match k {
         Kind::KillProc | Kind::StopProc => e.contains("pComponent"),
         Kind::KillGm | Kind::StopGm => e.contains("cannot reach the cluster"),
-        Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent"),
+        Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
         Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
@@ -58,8 +61,8 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 // A start waits 10 s for the managers: a stop is shorter than that.
                 Kind::KillGm => t.managers == 1,
                 Kind::StopGm => false,
-                Kind::KillMem | Kind::PauseMem => !t.mem_loss_tolerated,
-                Kind::StopMem => held_lost && !t.mem_loss_tolerated,
+                Kind::KillMem | Kind::PauseMem => !t.mem_loss_tolerated || file_lost,
+                Kind::StopMem => held_lost && (!t.mem_loss_tolerated || file_lost),
                 // The vNodes' files have no copy elsewhere.
                 Kind::KillStorage => true,
                 Kind::StopStorage => held_lost,

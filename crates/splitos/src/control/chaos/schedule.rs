@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 /// What one fault does to one component.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     /// kill -9 an mComponent; once its copies are rebuilt elsewhere, start it again.
@@ -119,6 +119,8 @@ pub struct Targets {
     pub mem_loss_tolerated: bool,
     /// The managers' silence limit (`reclaim_dead_ms`): a stop stays well under it.
     pub silence_ms: u64,
+    /// The kinds of fault to draw from (empty: every kind the cluster has).
+    pub only: Vec<Kind>,
 }
 
 /// The faults for `ms` of gaps and holds from `seed`.
@@ -148,7 +150,8 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         kinds.push((Kind::DrainMem, 2));
     }
     kinds.retain(|(k, _)| {
-        (t.api || !k.through_api())
+        (t.only.is_empty() || t.only.contains(k))
+            && (t.api || !k.through_api())
             && match k.target_kind() {
                 "mem" => t.mems > 0,
                 "proc" => t.procs > 0,
@@ -240,6 +243,7 @@ mod tests {
             storages: 1,
             excaches: vec![16 << 20],
             api: true,
+            only: Vec::new(),
             managers: 1,
             mem_loss_tolerated: tolerated,
             silence_ms: 2000,
@@ -301,5 +305,12 @@ mod tests {
         assert!(draw(1, 600_000, &bare)
             .iter()
             .all(|f| !f.kind.through_api() && f.kind.target_kind() != "storage"));
+        let only = Targets {
+            only: vec![Kind::KillStorage, Kind::SwapPolicy],
+            ..targets(true)
+        };
+        let s = draw(1, 120_000, &only);
+        assert!(s.iter().any(|f| f.kind == Kind::KillStorage) && s.iter().any(|f| f.kind == Kind::SwapPolicy));
+        assert!(s.iter().all(|f| only.only.contains(&f.kind)));
     }
 }
