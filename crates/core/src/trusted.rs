@@ -64,8 +64,9 @@ fn check_entries(dir: &Path, top: &Path) -> anyhow::Result<()> {
         let path = e.path();
         let m = match std::fs::symlink_metadata(&path) {
             Ok(m) => m,
-            // The mount of a pComponent that died: it unmounts before mounting there again.
-            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => continue,
+            // The mount of a pComponent that died (ECONNABORTED for a look that was pending
+            // when its connection was aborted): it unmounts before mounting there again.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => continue,
             Err(e) => anyhow::bail!("{}: {e}", path.display()),
         };
         // A vNode's file system mounted there by a pComponent: not part of the tree.

@@ -25,7 +25,6 @@ mod help;
 mod hosts;
 mod huge_pages;
 mod links;
-mod lost_writes;
 mod managers;
 mod memcached;
 mod metrics;
@@ -48,6 +47,7 @@ mod storage;
 mod topology;
 mod transport;
 mod users;
+mod vnode_failures;
 
 /// The tests signal jobs as a terminal and a supervisor do, and expect what an interactive
 /// shell's foreground job gets. A suite started under `nohup` or as a script's background job
