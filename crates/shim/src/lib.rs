@@ -18,6 +18,7 @@
 //! - `fork`: fork, giving the child a private copy through the mComponents, and the
 //!   registration of fork handlers, the shim's own child handler first;
 //! - `exec`: the exec family and spawn, so that a new image keeps the shim;
+//! - `directio`: reads from FUSE files into the heap, through memory outside it;
 //! - `heap`: the malloc family;
 //! - `net`: TCP sockets run by an nComponent (the socket stub's program side);
 //! - `trap`: the seccomp filter that sends the program's own socket system calls to `net`;
@@ -28,6 +29,7 @@
 
 mod brk;
 mod conn;
+mod directio;
 mod exec;
 mod fork;
 mod heap;

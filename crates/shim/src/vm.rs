@@ -17,7 +17,7 @@ fn in_region(addr: u64, len: u64) -> bool {
     size != 0 && addr >= REGION_BASE && addr.saturating_add(len) <= REGION_BASE + size
 }
 
-fn overlaps_region(addr: u64, len: u64) -> bool {
+pub(crate) fn overlaps_region(addr: u64, len: u64) -> bool {
     let size = REGION_SIZE.load(Relaxed);
     size != 0 && addr < REGION_BASE + size && addr.saturating_add(len) > REGION_BASE
 }

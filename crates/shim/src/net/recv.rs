@@ -65,6 +65,14 @@ fn reset_or(fd: c_int, want: usize, n: ssize_t) -> ssize_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if crate::directio::needed(fd, buf, n) {
+        // SAFETY: read(2) into the bounce buffer; the caller's buffer has room for `n`.
+        let bounced =
+            unsafe { crate::directio::bounced(buf, n, |p, len, _| sys!(libc::SYS_read, fd, p, len) as isize) };
+        if let Some(r) = bounced {
+            return r;
+        }
+    }
     // SAFETY: read(2) with the caller's arguments.
     let r = unsafe { sys!(libc::SYS_read, fd, buf, n) as ssize_t };
     reset_or(fd, n, r)
