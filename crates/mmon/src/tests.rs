@@ -408,6 +408,21 @@ impl Rig {
         Ok(self.net.send(PCOMP, &addr(to), req, How::Rpc)?)
     }
 
+    /// A writable mapping of `len` bytes anywhere, as a program's mmap asks `home`.
+    fn mmap(&self, home: u32, who: &Who, len: u64) -> Result<M2P_MAPPED, Refusal> {
+        self.call(
+            home,
+            P2M_MMAP {
+                who: who.clone(),
+                hint: 0,
+                len,
+                prot: 3,
+                fixed: false,
+                noreserve: false,
+            },
+        )
+    }
+
     /// Process `pid`, created on [`HOME`] with nothing mapped.
     fn create(&self, pid: u64) -> Who {
         let who = Who::new("v", pid);
@@ -428,19 +443,7 @@ impl Rig {
     /// A process with `vregions` vRegions mapped writable, each with `pages` pages written.
     fn process(&self, pid: u64, vregions: u64, pages: u64) -> Who {
         let who = self.create(pid);
-        let m = self
-            .call(
-                HOME,
-                P2M_MMAP {
-                    who: who.clone(),
-                    hint: 0,
-                    len: vregions * VRS,
-                    prot: 3,
-                    fixed: false,
-                    noreserve: false,
-                },
-            )
-            .expect("mmap");
+        let m = self.mmap(HOME, &who, vregions * VRS).expect("mmap");
         assert_eq!(m.addr, BASE, "the first mapping starts the heap region");
         for v in 0..vregions {
             for p in 0..pages {

@@ -73,18 +73,8 @@ fn the_backup_takes_over_a_home_it_cannot_reach_either() {
         assert_eq!(e.expect_err("every owner was told the new epoch").code, ErrCode::Stale);
     }
     check_pages(&rig, BACKUP, &who, 2, 4);
-    rig.call(
-        BACKUP,
-        P2M_MMAP {
-            who: who.clone(),
-            hint: 0,
-            len: VRS,
-            prot: 3,
-            fixed: false,
-            noreserve: false,
-        },
-    )
-    .expect("the new home serves the process's calls");
+    rig.mmap(BACKUP, &who, VRS)
+        .expect("the new home serves the process's calls");
 }
 
 #[test]
@@ -151,19 +141,7 @@ fn a_backup_that_cannot_be_reached_is_replaced() {
     let rig = Rig::new(4, Replication::Replica);
     let who = rig.create(1);
     rig.down(BACKUP);
-    let m = rig
-        .call(
-            HOME,
-            P2M_MMAP {
-                who: who.clone(),
-                hint: 0,
-                len: VRS,
-                prot: 3,
-                fixed: false,
-                noreserve: false,
-            },
-        )
-        .expect("mmap");
+    let m = rig.mmap(HOME, &who, VRS).expect("mmap");
     let backup = m.backup.expect("another backup home").id;
     assert_ne!(backup, BACKUP);
     assert!(rig.mem(backup).backups.lock().unwrap().contains_key(&who.pid));

@@ -313,18 +313,7 @@ fn a_full_member_hands_its_vregion_to_one_with_room() {
         1 << 20,
     );
     let who = rig.create(1);
-    rig.call(
-        HOME,
-        P2M_MMAP {
-            who: who.clone(),
-            hint: 0,
-            len: VRS,
-            prot: 3,
-            fixed: false,
-            noreserve: false,
-        },
-    )
-    .unwrap();
+    rig.mmap(HOME, &who, VRS).unwrap();
     assert!(
         ids(&rig.set(HOME, &who, idx(0))).contains(&3),
         "the small mComponent holds the vRegion"
@@ -376,35 +365,11 @@ fn an_mmap_whose_set_cannot_be_made_leaves_nothing_behind() {
         msg: "the managers failed in the test".into(),
     };
     rig.net.fail("M2G_PICK_OWNER", None, 1, broken);
-    let e = rig
-        .call(
-            HOME,
-            P2M_MMAP {
-                who: who.clone(),
-                hint: 0,
-                len: VRS,
-                prot: 3,
-                fixed: false,
-                noreserve: false,
-            },
-        )
-        .expect_err("the managers pick no members");
+    let e = rig.mmap(HOME, &who, VRS).expect_err("the managers pick no members");
     assert_eq!(e.code, ErrCode::Internal);
     assert!(rig.sets(HOME, &who).owners.is_empty(), "no vRegion was activated");
 
-    let m = rig
-        .call(
-            HOME,
-            P2M_MMAP {
-                who: who.clone(),
-                hint: 0,
-                len: VRS,
-                prot: 3,
-                fixed: false,
-                noreserve: false,
-            },
-        )
-        .expect("the managers are back");
+    let m = rig.mmap(HOME, &who, VRS).expect("the managers are back");
     assert_eq!(m.addr, BASE, "the range the failed mmap took is free again");
 }
 
@@ -418,19 +383,7 @@ fn an_mmap_waits_for_managers_that_do_not_answer_and_maps_when_they_are_back() {
         std::thread::sleep(std::time::Duration::from_millis(700));
         net.down.lock().unwrap().clear();
     });
-    let m = rig
-        .call(
-            HOME,
-            P2M_MMAP {
-                who: who.clone(),
-                hint: 0,
-                len: VRS,
-                prot: 3,
-                fixed: false,
-                noreserve: false,
-            },
-        )
-        .expect("the mmap waits for the managers");
+    let m = rig.mmap(HOME, &who, VRS).expect("the mmap waits for the managers");
     back.join().unwrap();
     assert_eq!(m.addr, BASE);
     assert_eq!(ids(&rig.set(HOME, &who, idx(0))).len(), 2, "a whole set");

@@ -1,11 +1,10 @@
 //! A vNode's files when components fail (docs/storage.md). Writes not yet synced live in one
 //! mComponent's buffer cache, with no copy elsewhere: when that mComponent is lost they are
 //! gone, and the program must hear it (its next fsync fails with EIO, as Linux reports a
-//! failed write back) rather than have fsync succeed on what is left. A pComponent that died
-//! leaves its vNode mounts behind, dead, and must start again over them.
+//! failed write back) rather than have fsync succeed on what is left. A program's reads
+//! of them land in its heap pages even when another program's misses evict those pages.
 use crate::common;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::*;
@@ -74,66 +73,6 @@ fn writes_lost_with_their_buffer_cache_fail_the_next_fsync_with_eio() {
         "{pcomp}: {}",
         c.log("proc0")
     );
-}
-
-/// The kernel answers at a dead pComponent's mount point with ENOTCONN once its connection is
-/// aborted (here through `/sys/fs/fuse/connections/N/abort`, as when the daemon dies), and
-/// with ECONNABORTED a request that was pending at the abort (seen by a chaos run: a new
-/// pComponent's look at the mount while the old one's connection went down): either way a
-/// new pComponent starts over it and mounts the vNode anew.
-#[test]
-fn a_pcomponent_starts_again_over_the_aborted_mount_of_the_one_that_died() {
-    let c = TestCluster::up(None);
-    let touch = [
-        "python3",
-        "-c",
-        "import os; d = os.environ['SPLITOS_VNODE_DIR']; open(os.path.join(d, 'x'), 'w').write('x'); print(sorted(os.listdir(d)))",
-    ];
-    let first = c.run(&[], &touch);
-    assert_eq!(text(&first.stdout), "['x']\n", "{}", text(&first.stderr));
-    let mnt = c.dir.path().join("vnodes").join("default");
-    let dev = std::fs::metadata(&mnt).unwrap().dev();
-    let _fusectl = Fusectl::mounted();
-    std::fs::write(format!("{FUSECTL}/{dev}/abort"), "1").unwrap();
-    // Past the attributes' time to live: the kernel asks the dead connection.
-    std::thread::sleep(Duration::from_millis(1500));
-    let dead = std::fs::metadata(&mnt).unwrap_err().raw_os_error();
-    assert!(matches!(dead, Some(libc::ECONNABORTED | libc::ENOTCONN)), "{dead:?}");
-    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
-    c.kill_component(c.pid_of_addr(&pcomp));
-    let again = c.cmd(&["cluster", "restart", "proc0"]).output().unwrap();
-    assert!(again.status.success(), "{}", text(&again.stderr));
-    let second = c.run(&[], &touch);
-    assert_eq!(text(&second.stdout), "['x']\n", "{}", text(&second.stderr));
-}
-
-const FUSECTL: &str = "/sys/fs/fuse/connections";
-
-/// The FUSE control file system, mounted for the test where it was not (and unmounted after
-/// it, also when it fails).
-struct Fusectl(bool);
-
-impl Fusectl {
-    fn mounted() -> Fusectl {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-        if mounts.lines().any(|l| l.split(' ').nth(1) == Some(FUSECTL)) {
-            return Fusectl(false);
-        }
-        let out = std::process::Command::new("mount")
-            .args(["-t", "fusectl", "fusectl", FUSECTL])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        Fusectl(true)
-    }
-}
-
-impl Drop for Fusectl {
-    fn drop(&mut self) {
-        if self.0 {
-            let _ = std::process::Command::new("umount").arg(FUSECTL).output();
-        }
-    }
 }
 
 /// Reads a durable 4 MiB vNode file 30 times into fresh heap buffers while its heap grows,
