@@ -101,6 +101,9 @@ pub struct Mem<P = RpcPeers> {
     /// Bytes of parity rows freed since the allocator last gave free memory back to the kernel.
     freed: AtomicU64,
     homes: Mutex<HashMap<u64, Arc<Mutex<home::HomeProc>>>>,
+    /// Processes said to have ended that were not (yet) made here, with their pComponent's
+    /// key: a creation that comes after is late, and refused.
+    ended: Mutex<std::collections::VecDeque<(Option<[u8; 32]>, u64)>>,
     /// Home states this mComponent keeps as backup home, for taking over.
     backups: Mutex<HashMap<u64, HomeState>>,
     owned: Mutex<HashMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
@@ -213,6 +216,7 @@ impl<P: Peers> Mem<P> {
             room: room::Room::new(cfg.capacity.0),
             freed: AtomicU64::new(0),
             homes: Mutex::new(HashMap::new()),
+            ended: Mutex::default(),
             backups: Mutex::new(HashMap::new()),
             owned: Mutex::new(HashMap::new()),
             replication: Mutex::new(Replication::None),

@@ -8,6 +8,12 @@ splitos_metrics::series! {
     pub USED_BYTES: Gauge = "mcomp_used_bytes";
     /// Bytes no other vNode may take, now: every vNode's share.
     pub TAKEN_BYTES: Gauge = "mcomp_taken_bytes";
+    /// Creations of a process sent again by its pComponent (the first answer was late or
+    /// lost), answered as the first was.
+    pub CREATIONS_REPEATED: Counter = "mcomp_creations_repeated_total";
+    /// Creations refused because their pComponent had said the process ended: it gave up
+    /// waiting for this mComponent and made the process elsewhere.
+    pub CREATIONS_AFTER_END: Counter = "mcomp_creations_after_end_total";
     /// Times the managers fenced this mComponent (it let go of every process it held).
     pub FENCED: Counter = "mcomp_fenced_total";
     /// Times freed memory was given back to the host (malloc_trim).

@@ -15,6 +15,11 @@ splitos_metrics::series! {
     /// Tries of a program's start that found no manager, no live mComponent or no home to
     /// reach, and waited to try again.
     pub STARTS_WAITED_FOR_MANAGERS: Counter = "pcomp_starts_waited_for_managers_total";
+    /// Creations of a process sent again to the home picked, which had not answered.
+    pub CREATIONS_SENT_AGAIN: Counter = "pcomp_creations_sent_again_total";
+    /// Homes picked for a new process given up after a creation that may have arrived
+    /// (held lost, or silent too long): told the process ended, and another one picked.
+    pub CREATIONS_GIVEN_UP: Counter = "pcomp_creations_given_up_total";
     /// Messages sent to mComponents to measure the links to them.
     pub LINK_PROBES: Counter = "pcomp_link_probes_total";
     /// ExCache lines holding a page.

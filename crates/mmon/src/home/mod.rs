@@ -284,6 +284,8 @@ pub(crate) enum HomeError {
     NoReplicaReachable { idx: u64, pid: u64 },
     #[error("process id {pid} is in use")]
     PidInUse { pid: u64 },
+    #[error("process {pid} ended before its creation came")]
+    EndedBeforeCreated { pid: u64 },
     #[error("the heap region has no free range that large")]
     NoFreeRange,
     #[error("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)")]
@@ -324,7 +326,9 @@ impl Refuse for HomeError {
                 ErrCode::Invalid
             }
             Moved { .. } | NotHome { .. } => ErrCode::NotHome,
-            OtherVnode { .. } | PidInUse { .. } | NowHome { .. } | NotLeaving { .. } => ErrCode::Denied,
+            OtherVnode { .. } | PidInUse { .. } | EndedBeforeCreated { .. } | NowHome { .. } | NotLeaving { .. } => {
+                ErrCode::Denied
+            }
             OtherPcomponent(e) => e.code(),
             NoReplicaReachable { .. } | StillHome { .. } => ErrCode::Unreachable,
             NoFreeRange

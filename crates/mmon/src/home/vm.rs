@@ -13,6 +13,10 @@ use super::{ignore_unknown, lock_home, HomeError, HomeProc, MOVE_BATCH, PROT_WRI
 use crate::{Mem, Peers, PAGE};
 use splitos_core::vma::{Vma, VmaMap};
 
+/// How many ended processes not made here are remembered: enough for the creations a
+/// pComponent gave up on during one pause of this mComponent.
+const ENDED_KEPT: usize = 4096;
+
 impl<P: Peers> Mem<P> {
     /// Refuses a process id already in use here: a pComponent may not take over another's
     /// process by creating (or forking into) its id.
@@ -24,14 +28,19 @@ impl<P: Peers> Mem<P> {
         Ok(())
     }
 
+    /// Makes the home of a new process. A pComponent sends a creation again when the first
+    /// got no answer in time (this mComponent paused, or its answer lost): the same process
+    /// from the same pComponent gets the same answer, and a creation that comes after its
+    /// pComponent said the process ended (it gave up and made it elsewhere) is refused.
     pub(crate) fn proc_create(&self, r: P2M_PROC_CREATE) -> Result<M2P_HOME, Refusal> {
-        self.fresh_pid(r.who.pid)?;
-        let mut h = HomeProc {
+        let creator = splitos_rpc::current_peer().map(|p| p.key);
+        let pid = r.who.pid;
+        let hp = Arc::new(Mutex::new(HomeProc {
             who: Who {
                 epoch: 0,
                 ..r.who.clone()
             },
-            creator: splitos_rpc::current_peer().map(|p| p.key),
+            creator,
             pcomp: r.pcomp,
             base: r.region_base,
             limit: r.region_base.saturating_add(r.region_size),
@@ -46,14 +55,64 @@ impl<P: Peers> Mem<P> {
             adopted_from: None,
             memory_quota: r.memory_quota,
             charged: 0,
+        }));
+        // Held until the home is whole: a creation sent again, and the process's first
+        // calls, wait for it.
+        let mut h = hp.lock().unwrap();
+        let earlier = {
+            // Both held, in this order, as an end of the process not made here records it.
+            let ended = self.ended.lock().unwrap();
+            if ended.contains(&(creator, pid)) {
+                crate::series::CREATIONS_AFTER_END.increment(1);
+                return Err(HomeError::EndedBeforeCreated { pid }.into());
+            }
+            let mut homes = self.homes.lock().unwrap();
+            let earlier = homes.get(&pid).cloned();
+            if earlier.is_none() {
+                homes.insert(pid, hp.clone());
+            }
+            earlier
         };
+        if let Some(earlier) = earlier {
+            drop(h);
+            return self.created_again(&earlier, &r, creator);
+        }
         // Shows the vNode and its quota before it maps anything.
-        self.quotas.reserve(&r.who.vnode, r.memory_quota, 0)?;
+        if let Err(e) = self.quotas.reserve(&r.who.vnode, r.memory_quota, 0) {
+            self.homes.lock().unwrap().remove(&pid);
+            return Err(e.into());
+        }
         self.sync_backup(&mut h);
-        let backup = h.backup.clone();
-        self.homes.lock().unwrap().insert(r.who.pid, Arc::new(Mutex::new(h)));
-        tracing::debug!(pid = r.who.pid, vnode = %r.who.vnode, "home of a new process");
-        Ok(M2P_HOME { backup })
+        tracing::debug!(pid, vnode = %r.who.vnode, "home of a new process");
+        Ok(M2P_HOME {
+            backup: h.backup.clone(),
+        })
+    }
+
+    /// The answer to a creation of a process already made here: the first's, if the same
+    /// pComponent sends it again; a refusal otherwise (a pComponent may not take over
+    /// another's process by creating its id).
+    fn created_again(
+        &self,
+        earlier: &Arc<Mutex<HomeProc>>,
+        r: &P2M_PROC_CREATE,
+        creator: Option<[u8; 32]>,
+    ) -> Result<M2P_HOME, Refusal> {
+        let h = lock_home(earlier)?;
+        let same = h.creator == creator
+            && h.pcomp == r.pcomp
+            && h.who.vnode == r.who.vnode
+            && h.base == r.region_base
+            && h.limit == r.region_base.saturating_add(r.region_size)
+            && !h.exited;
+        if !same {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(HomeError::PidInUse { pid: r.who.pid }.into());
+        }
+        crate::series::CREATIONS_REPEATED.increment(1);
+        Ok(M2P_HOME {
+            backup: h.backup.clone(),
+        })
     }
 
     pub(crate) fn mmap(&self, r: P2M_MMAP) -> Result<M2P_MAPPED, Refusal> {
@@ -390,7 +449,17 @@ impl<P: Peers> Mem<P> {
     }
 
     pub(crate) fn home_exit(&self, r: P2M_EXIT) -> Result<OK, Refusal> {
-        let hp = self.home_proc(&r.who)?;
+        let hp = match self.home_proc(&r.who) {
+            Ok(hp) => hp,
+            Err(e @ HomeError::NotHome { .. }) => {
+                if self.ended_unmade(r.who.pid) {
+                    return Err(e.into());
+                }
+                // Made meanwhile: its creation, on its way, came first.
+                self.home_proc(&r.who)?
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.homes.lock().unwrap().remove(&r.who.pid);
         let mut h = lock_home(&hp)?;
         h.exited = true;
@@ -446,6 +515,22 @@ impl<P: Peers> Mem<P> {
             }
         }
         Ok(OK)
+    }
+
+    /// Remembers that the sender's process `pid`, not made here, ended: its creation may be
+    /// on its way still (sent to this mComponent while it was paused), and is refused.
+    /// Whether it was not made meanwhile.
+    fn ended_unmade(&self, pid: u64) -> bool {
+        let creator = splitos_rpc::current_peer().map(|p| p.key);
+        let mut ended = self.ended.lock().unwrap();
+        if self.homes.lock().unwrap().contains_key(&pid) {
+            return false;
+        }
+        if ended.len() == ENDED_KEPT {
+            ended.pop_front();
+        }
+        ended.push_back((creator, pid));
+        true
     }
 
     /// Releases, as their exit would, the processes created by pComponents the global

@@ -216,3 +216,43 @@ fn a_home_exit_frees_the_process_on_every_member_and_the_backup() {
         ErrCode::NotHome
     );
 }
+
+#[test]
+fn a_creation_sent_again_gets_the_first_answer_and_one_after_the_end_is_refused() {
+    let rig = Rig::new(4, Replication::Replica);
+    let create = |pid: u64, pcomp: u32| {
+        rig.call(
+            HOME,
+            P2M_PROC_CREATE {
+                who: Who::new("v", pid),
+                region_base: BASE,
+                region_size: REGION,
+                pcomp,
+                memory_quota: None,
+            },
+        )
+    };
+    // The first answer was lost: the pComponent asks again, and the same home answers.
+    let first = create(1, 7).expect("create");
+    let again = create(1, 7).expect("the same creation again");
+    assert_eq!(first.backup, again.backup);
+    assert!(first.backup.is_some(), "a replicated home has a backup");
+    assert_eq!(rig.mem(HOME).homes.lock().unwrap().len(), 1);
+    // Another pComponent may not take the process over by creating its id.
+    assert_eq!(create(1, 8).expect_err("in use").code, ErrCode::Denied);
+
+    // The pComponent gave up on a home that did not answer and said the process ended
+    // there; the creation it had sent comes afterwards, and is refused.
+    let who = Who::new("v", 2);
+    assert_eq!(
+        rig.call(HOME, P2M_EXIT { who: who.clone() })
+            .expect_err("not made")
+            .code,
+        ErrCode::NotHome
+    );
+    assert_eq!(create(2, 7).expect_err("ended first").code, ErrCode::Denied);
+    assert!(!rig.mem(HOME).homes.lock().unwrap().contains_key(&2));
+    // A process that ended after it was made is gone as before.
+    rig.call(HOME, P2M_EXIT { who: Who::new("v", 1) }).expect("exit");
+    assert!(rig.mem(HOME).homes.lock().unwrap().is_empty());
+}

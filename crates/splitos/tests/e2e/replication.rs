@@ -411,3 +411,52 @@ fn an_mcomponent_paused_for_less_than_reclaim_dead_ms_is_waited_for_and_used_aga
         );
     }
 }
+
+#[test]
+fn programs_started_while_their_home_pauses_start_elsewhere_and_the_paused_one_keeps_none() {
+    // Every process of vNode "q", which has a quota, has the same home; lost after 3 s silent.
+    let c = TestCluster::up(Some("[cluster]\nvregion_size = \"4M\"\nreplication = \"replica\"\nreclaim_dead_ms = 3000\nforget_dead_ms = 60000\n[[pcomponent]]\nexcache = \"8M\"\n[[mcomponent]]\n[[mcomponent]]\n[[mcomponent]]\n[[vnode]]\nname = \"q\"\nusers = [\"root\"]\nmemory = \"200M\"\n"));
+    let fill = program("fill");
+    let cmd = [fill.to_str().unwrap(), "16"];
+    let native_out = text(&native(&cmd).stdout);
+    let out = c.run(&["--vnode", "q"], &cmd);
+    assert_eq!(text(&out.stdout), native_out, "{}", text(&out.stderr));
+    let home = c
+        .components("mcomponent")
+        .into_iter()
+        .find(|m| !m["stats"]["vnode_memory"]["q"].is_null())
+        .expect("the vNode's home")["addr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+
+    // Started at once, while the managers still count the home alive: each creation goes to
+    // the paused home, is sent again, and is given up for another home once it is held lost.
+    let paused = Stalled::new(c.pid_of_addr(&home));
+    let runs: Vec<std::process::Child> = (0..3).map(|_| c.spawn(&["--vnode", "q"], &cmd)).collect();
+    for r in runs {
+        let out = r.wait_with_output().unwrap();
+        assert_eq!(text(&out.stdout), native_out, "{}", text(&out.stderr));
+    }
+    assert!(c.metric(&pcomp, "splitos_pcomp_creations_sent_again_total") >= 1.0);
+    assert!(c.metric(&pcomp, "splitos_pcomp_creations_given_up_total") >= 1.0);
+
+    // It goes on, carries out the creations it was sent, hears it was declared lost and
+    // that the processes ended: it holds none of them.
+    drop(paused);
+    let empty = |c: &TestCluster| {
+        c.components_now("mcomponent")
+            .iter()
+            .find(|m| m["addr"] == home.as_str() && m["alive"] == true)
+            .is_some_and(|m| m["stats"]["home_processes"].as_array().is_some_and(Vec::is_empty))
+    };
+    assert!(
+        c.eventually(Duration::from_secs(30), empty),
+        "{:?}",
+        c.components_now("mcomponent")
+    );
+    assert!(c.metric(&home, "splitos_mcomp_fenced_total") >= 1.0);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(empty(&c), "no late creation made a home since");
+}
