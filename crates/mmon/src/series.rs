@@ -8,8 +8,8 @@ splitos_metrics::series! {
     pub USED_BYTES: Gauge = "mcomp_used_bytes";
     /// Bytes no other vNode may take, now: every vNode's share.
     pub TAKEN_BYTES: Gauge = "mcomp_taken_bytes";
-    /// Creations of a process sent again by its pComponent (the first answer was late or
-    /// lost), answered as the first was.
+    /// Creations and forks of a process sent again by its pComponent (the first answer was
+    /// late or lost), answered as the first was.
     pub CREATIONS_REPEATED: Counter = "mcomp_creations_repeated_total";
     /// Creations refused because their pComponent had said the process ended: it gave up
     /// waiting for this mComponent and made the process elsewhere.

@@ -124,6 +124,25 @@ impl HomeProc {
         self.vregions.iter().map(|(i, r)| r.wire(*i)).collect()
     }
 
+    /// The answer to the fork that made this process.
+    fn forked(&self) -> M2P_FORKED {
+        let vmas = self
+            .layout
+            .iter()
+            .map(|(s, v)| VmaInfo {
+                start: s,
+                end: v.end,
+                prot: v.prot,
+            })
+            .collect();
+        M2P_FORKED {
+            vmas,
+            owners: self.owners(),
+            epoch: self.epoch,
+            backup: self.backup.clone(),
+        }
+    }
+
     /// The end of [addr, addr + len), which must be page-aligned and inside the heap region.
     fn check_range(&self, addr: u64, len: u64) -> Result<u64, HomeError> {
         let end = addr.checked_add(len).ok_or(HomeError::RangeOverflows)?;

@@ -380,9 +380,17 @@ impl<P: Peers> Mem<P> {
 
     pub(crate) fn home_fork(&self, r: P2M_FORK) -> Result<M2P_FORKED, Refusal> {
         let P2M_FORK { parent, child } = r;
-        self.fresh_pid(child)?;
         let hp = self.home_proc(&parent)?;
         let mut h = lock_home(&hp)?;
+        // After the parent's lock: a fork sent again (its answer late or lost) waits for the
+        // first, and gets its answer.
+        let earlier = self.homes.lock().unwrap().get(&child).cloned();
+        if let Some(earlier) = earlier.filter(|_| child != parent.pid) {
+            let of = (h.creator, h.pcomp, h.who.vnode.clone());
+            drop(h);
+            return self.forked_again(&earlier, of);
+        }
+        self.fresh_pid(child)?;
         // The child maps what its parent does: charged as much, or refused.
         self.quotas.reserve(&h.who.vnode, h.memory_quota, h.charged)?;
         let vrs = self.vrs();
@@ -429,23 +437,26 @@ impl<P: Peers> Mem<P> {
             charged: h.charged,
         };
         self.sync_backup(&mut copy);
-        let vmas = h
-            .layout
-            .iter()
-            .map(|(s, v)| VmaInfo {
-                start: s,
-                end: v.end,
-                prot: v.prot,
-            })
-            .collect();
-        let forked = M2P_FORKED {
-            vmas,
-            owners: copy.owners(),
-            epoch: copy.epoch,
-            backup: copy.backup.clone(),
-        };
+        let forked = copy.forked();
         self.homes.lock().unwrap().insert(child, Arc::new(Mutex::new(copy)));
         Ok(forked)
+    }
+
+    /// The answer to a fork into `earlier`, a process already made here: the first's, if the
+    /// parent's pComponent (`of`: its key, its id, the vNode) sends it again (a random child
+    /// id is never another fork's); a refusal otherwise.
+    fn forked_again(
+        &self,
+        earlier: &Arc<Mutex<HomeProc>>,
+        of: (Option<[u8; 32]>, u32, String),
+    ) -> Result<M2P_FORKED, Refusal> {
+        let c = lock_home(earlier)?;
+        if (c.creator, c.pcomp, &c.who.vnode) != (of.0, of.1, &of.2) || c.exited {
+            self.c.denied.fetch_add(1, Relaxed);
+            return Err(HomeError::PidInUse { pid: c.who.pid }.into());
+        }
+        crate::series::CREATIONS_REPEATED.increment(1);
+        Ok(c.forked())
     }
 
     pub(crate) fn home_exit(&self, r: P2M_EXIT) -> Result<OK, Refusal> {

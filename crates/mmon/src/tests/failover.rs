@@ -252,7 +252,32 @@ fn a_creation_sent_again_gets_the_first_answer_and_one_after_the_end_is_refused(
     );
     assert_eq!(create(2, 7).expect_err("ended first").code, ErrCode::Denied);
     assert!(!rig.mem(HOME).homes.lock().unwrap().contains_key(&2));
+    // A fork sent again gets the first's answer; a fork into the parent's own id is refused.
+    let parent = rig.process(3, 1, 2);
+    let fork = |child: u64| {
+        rig.call(
+            HOME,
+            P2M_FORK {
+                parent: parent.clone(),
+                child,
+            },
+        )
+    };
+    let first = fork(4).expect("fork");
+    let again = fork(4).expect("the same fork again");
+    assert_eq!((first.vmas, first.epoch), (again.vmas, again.epoch));
+    assert_eq!(first.owners.len(), again.owners.len());
+    assert_eq!(fork(3).expect_err("the parent").code, ErrCode::Denied);
+
     // A process that ended after it was made is gone as before.
-    rig.call(HOME, P2M_EXIT { who: Who::new("v", 1) }).expect("exit");
+    for pid in [1, 3, 4] {
+        rig.call(
+            HOME,
+            P2M_EXIT {
+                who: Who::new("v", pid),
+            },
+        )
+        .expect("exit");
+    }
     assert!(rig.mem(HOME).homes.lock().unwrap().is_empty());
 }
