@@ -16,6 +16,30 @@ pub const HEARTBEAT: Duration = Duration::from_millis(300);
 /// How many missed heartbeats make a component dead.
 pub const MISSED_BEATS: u32 = 4;
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a program's call that needs the global managers (its start, a new vRegion, a
+/// file's buffer cache) waits for them when none answers: a manager started again is back
+/// within seconds, and the program waits on its call, as under a kernel short of memory,
+/// rather than failing with nothing to say why.
+pub const MANAGERS_BACK: Duration = Duration::from_secs(30);
+
+/// `call`, asked again every 200 ms while it fails `unreachable` (the managers restarting,
+/// none of them answering), for at most [`MANAGERS_BACK`]; `waited` is told of each wait.
+pub fn waiting_for_managers<T, E>(
+    mut call: impl FnMut() -> Result<T, E>,
+    unreachable: impl Fn(&E) -> bool,
+    waited: impl Fn(),
+) -> Result<T, E> {
+    let t0 = Instant::now();
+    loop {
+        match call() {
+            Err(e) if unreachable(&e) && t0.elapsed() < MANAGERS_BACK => {
+                waited();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
 
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPLITOS_LOG").unwrap_or_else(|_| "info".into());

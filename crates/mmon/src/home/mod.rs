@@ -48,11 +48,6 @@ const PROT_WRITE: u32 = 2;
 /// it would replace, before it takes them for lost.
 const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How long a heap call that needs a new vRegion's set waits for global managers that do not
-/// answer: one started again is back within seconds, and the program waits on its call, as
-/// under a kernel short of memory, rather than seeing ENOMEM it cannot explain.
-const MANAGERS_BACK: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// The mComponents holding one vRegion: the primary (where fetches go) first.
 #[derive(Clone, Debug)]
 pub(super) struct Replicas {
@@ -438,19 +433,17 @@ impl<P: Peers> Mem<P> {
     }
 
     /// [`Mem::pick_other`] for a program's heap call: while the managers cannot be reached
-    /// it asks again, for at most [`MANAGERS_BACK`]. Only this process's lock is held (its
-    /// caller waits on it anyway); heap calls are served where they wait, blocking no other.
+    /// it asks again ([`splitos_core::node::waiting_for_managers`]), rather than answer ENOMEM
+    /// the program cannot explain. Only this process's lock is held (its caller waits on it
+    /// anyway); heap calls are served where they wait, blocking no other.
     fn pick_waiting(&self, bytes: u64, exclude: &[u32], near: u32) -> Result<Option<ComponentRef>, Refusal> {
-        let t0 = std::time::Instant::now();
-        loop {
-            match self.pick_other(bytes, exclude, near) {
-                Err(e) if unreachable(&e) && t0.elapsed() < MANAGERS_BACK => {
-                    self.c.waits_for_managers.fetch_add(1, Relaxed);
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                }
-                r => return r,
-            }
-        }
+        splitos_core::node::waiting_for_managers(
+            || self.pick_other(bytes, exclude, near),
+            unreachable,
+            || {
+                self.c.waits_for_managers.fetch_add(1, Relaxed);
+            },
+        )
     }
 
     /// The replica set of vRegion `idx`, asking GMM for its members when it becomes active.

@@ -222,7 +222,7 @@ impl VnodeFs {
         if let Some(s) = self.st.lock().unwrap().scomp.clone() {
             return Ok(s);
         }
-        match self.node.call_gm(P2G_VNODE_STORAGE {
+        match self.call_gm_waiting(|| P2G_VNODE_STORAGE {
             vnode: self.vnode.clone(),
         }) {
             Ok(r) => {
@@ -261,7 +261,7 @@ impl VnodeFs {
         if let Some(m) = self.st.lock().unwrap().caches.get(&ino).cloned() {
             return Ok(m);
         }
-        match self.node.call_gm(P2G_FILE_CACHE {
+        match self.call_gm_waiting(|| P2G_FILE_CACHE {
             vnode: self.vnode.clone(),
             ino,
         }) {
@@ -269,8 +269,22 @@ impl VnodeFs {
                 self.st.lock().unwrap().caches.insert(ino, r.mcomp.addr.clone());
                 Ok(r.mcomp.addr)
             }
-            Err(_) => Err(Errno::EIO),
+            Err(e) => {
+                tracing::warn!(vnode = %self.vnode, ino, error = %e, "no buffer cache for a file: EIO");
+                Err(Errno::EIO)
+            }
         }
+    }
+
+    /// A question for the managers that a file call waits on: while none answers (the only
+    /// one restarting) it is asked again, as heap calls and starts do, rather than failing
+    /// the call with EIO at once.
+    fn call_gm_waiting<Q: RpcRequest>(&self, req: impl Fn() -> Q) -> Result<Q::Reply, RpcError> {
+        splitos_core::node::waiting_for_managers(
+            || self.node.call_gm(req()),
+            |e: &RpcError| e.code() == ErrCode::Unreachable,
+            || crate::series::FILE_CALLS_WAITED_FOR_MANAGERS.increment(1),
+        )
     }
 
     /// A request to the mComponent holding the file's buffer cache; if it is gone, GMM

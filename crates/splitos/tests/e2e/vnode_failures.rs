@@ -117,3 +117,38 @@ fn reads_of_vnode_files_into_heap_pages_evicted_meanwhile_return_the_files_bytes
         "the programs evicted each other's pages"
     );
 }
+
+/// A new file written while the cluster's only manager is down: its buffer cache must be
+/// placed by the managers, and the write waits for them (as heap calls and starts do) instead
+/// of failing with EIO at once.
+#[test]
+fn a_file_written_while_the_only_manager_restarts_waits_for_it_and_reads_back() {
+    const NEW_FILE: &str = r#"
+import os, sys
+print("ready", flush=True)
+sys.stdin.readline()
+path = os.path.join(os.environ["SPLITOS_VNODE_DIR"], "while-down")
+with open(path, "wb") as f:
+    f.write(b"x" * 100000)
+    f.flush()
+    os.fsync(f.fileno())
+with open(path, "rb") as f:
+    print(len(f.read()), "bytes read back")
+"#;
+    let c = TestCluster::up(Some("[[pcomponent]]\n[[mcomponent]]\n[[scomponent]]\n"));
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let mut w = c.spawn(&[], &["python3", "-c", NEW_FILE]);
+    assert_eq!(read_line(&mut w), "ready\n");
+    c.kill_component(c.pid_of_addr(&gm));
+    writeln!(w.stdin.as_mut().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let out = w.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "100000 bytes read back\n", "{}", text(&out.stderr));
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(
+        c.metric(&pcomp, "splitos_pcomp_file_calls_waited_for_managers_total") >= 1.0,
+        "the file call waited for the manager"
+    );
+}

@@ -4,10 +4,7 @@ use super::*;
 use splitos_rpc::{ComponentRef, RpcError, M2P_HOME};
 use std::time::{Duration, Instant};
 
-/// How long a program's start waits for the global managers, or a home, when none can be
-/// reached: a manager started again is back within seconds, and a dead or paused home is held
-/// lost after the managers' silence limit.
-const MANAGERS_BACK: Duration = Duration::from_secs(30);
+use splitos_core::node::MANAGERS_BACK;
 
 /// How long a home given up on is told, again and again, that the process it may have made
 /// ended: a paused mComponent may go on much later and carry out the creation then.
@@ -31,9 +28,9 @@ enum Creation {
 impl Pcomp {
     /// A new process's home, picked by the managers and made there. While no manager can be
     /// reached (the only one restarting), none knows a live mComponent yet (one just started
-    /// again), or the home picked cannot be reached (dead, or paused, until held lost), the
-    /// program's start waits and asks again, for at most [`MANAGERS_BACK`], rather than
-    /// failing with nothing to say why.
+    /// again), or the home picked cannot be reached (dead, or paused, until held lost, which
+    /// the managers' silence limit bounds), the program's start waits and asks again, for at
+    /// most [`MANAGERS_BACK`].
     pub(super) fn make_home(
         &self,
         who: &Who,

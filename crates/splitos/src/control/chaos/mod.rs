@@ -302,13 +302,21 @@ fn held(s: &Value) -> Vec<String> {
     }
     for c in components(s, "mcomponent").into_iter().filter(|c| c["alive"] == true) {
         let st = &c["stats"];
-        let homes = st["home_processes"].as_array().map_or(0, Vec::len);
-        let owned = st["owned_processes"].as_array().map_or(0, Vec::len);
+        // By pid, to be looked up in the components' logs.
+        let pids = |what: &str| -> Vec<String> {
+            st[what]
+                .as_array()
+                .map(|ps| ps.iter().map(|p| p["pid"].to_string()).collect())
+                .unwrap_or_default()
+        };
+        let (homes, owned) = (pids("home_processes"), pids("owned_processes"));
         let taken = st["taken"].as_u64().unwrap_or(0);
-        if homes + owned > 0 || taken > 0 {
+        if !homes.is_empty() || !owned.is_empty() || taken > 0 {
             out.push(format!(
-                "mComponent {} still holds {taken} bytes, {homes} home(s) and {owned} owned process(es)",
-                c["addr"]
+                "mComponent {} still holds {taken} bytes, the homes of [{}] and pages of [{}]",
+                c["addr"],
+                homes.join(", "),
+                owned.join(", ")
             ));
         }
     }
