@@ -104,6 +104,9 @@ pub struct Mem<P = RpcPeers> {
     /// Processes said to have ended that were not (yet) made here, with their pComponent's
     /// key: a creation that comes after is late, and refused.
     ended: Mutex<std::collections::VecDeque<(Option<[u8; 32]>, u64)>>,
+    /// The mComponents the managers last said are lost: until fenced, they may still act on
+    /// homes moved away since, and their copies of those are refused.
+    declared_lost: Mutex<Vec<u32>>,
     /// Home states this mComponent keeps as backup home, for taking over.
     backups: Mutex<HashMap<u64, HomeState>>,
     owned: Mutex<HashMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
@@ -217,6 +220,7 @@ impl<P: Peers> Mem<P> {
             freed: AtomicU64::new(0),
             homes: Mutex::new(HashMap::new()),
             ended: Mutex::default(),
+            declared_lost: Mutex::default(),
             backups: Mutex::new(HashMap::new()),
             owned: Mutex::new(HashMap::new()),
             replication: Mutex::new(Replication::None),
@@ -287,25 +291,6 @@ impl<P: Peers> Mem<P> {
             Job::Beat(beat) => self.on_beat(beat),
             Job::Resync(who, index, home) => self.resync(who, index, home),
         }
-    }
-
-    /// The global managers declared this mComponent lost and rebuilt its copies elsewhere:
-    /// what it holds may be older than those, so it holds nothing any more.
-    fn fence(&self) {
-        let owned = std::mem::take(&mut *self.owned.lock().unwrap());
-        let homes = std::mem::take(&mut *self.homes.lock().unwrap());
-        let backups = std::mem::take(&mut *self.backups.lock().unwrap());
-        self.backup_log.clear();
-        for p in owned.values() {
-            self.let_go(&p.lock().unwrap());
-        }
-        crate::series::FENCED.increment(1);
-        tracing::error!(
-            processes = owned.len(),
-            homes = homes.len(),
-            backups = backups.len(),
-            "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held"
-        );
     }
 
     /// Hands the memory of parity rows freed since the last heartbeat back to the kernel. Rows

@@ -14,6 +14,9 @@ splitos_metrics::series! {
     /// Creations refused because their pComponent had said the process ended: it gave up
     /// waiting for this mComponent and made the process elsewhere.
     pub CREATIONS_AFTER_END: Counter = "mcomp_creations_after_end_total";
+    /// Copies of a home's state refused because that home was declared lost (it went on
+    /// before hearing so).
+    pub STALE_HOME_SYNCS: Counter = "mcomp_stale_home_syncs_total";
     /// Times the managers fenced this mComponent (it let go of every process it held).
     pub FENCED: Counter = "mcomp_fenced_total";
     /// Times freed memory was given back to the host (malloc_trim).

@@ -18,6 +18,7 @@ use splitos_core::config::Size;
 mod failover;
 mod logged;
 mod replica;
+mod sim;
 mod striped;
 
 /// Bytes of a vRegion: small, so that a rebuild copies little; a multiple of a striped row.
@@ -154,6 +155,8 @@ struct Net {
     /// Pairs that cannot reach each other (either way).
     cut: Mutex<HashSet<(u32, u32)>>,
     faults: Mutex<Vec<Fault>>,
+    /// Calls delivered and handled whose answers are lost: (message, times left).
+    lost_replies: Mutex<Vec<(&'static str, usize)>>,
     hooks: Mutex<Vec<Hook>>,
     calls: Mutex<Vec<Call>>,
     /// The global managers: mComponents they declared lost (never chosen again), those
@@ -219,6 +222,21 @@ impl Net {
                 m.handle(msg)
             }
         };
+        if let Some(left) = self
+            .lost_replies
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .find(|(m, left)| *m == name && *left > 0)
+            .map(|(_, left)| left)
+        {
+            *left -= 1;
+            return Err(RpcError::Timeout {
+                addr: to_addr.into(),
+                msg: name,
+                after: Duration::ZERO,
+            });
+        }
         match reply {
             Msg::ERR(e) => Err(RpcError::Remote {
                 code: e.code,
@@ -276,6 +294,11 @@ impl Net {
     /// Calls to `to` fail with `error`, `times` times (`None`: to any component).
     fn fail(&self, msg: &'static str, to: Option<u32>, times: usize, error: RpcError) {
         self.faults.lock().unwrap().push(Fault { to, msg, times, error });
+    }
+
+    /// The next `times` answers to `msg` are lost after it was handled (a timeout).
+    fn lose_replies(&self, msg: &'static str, times: usize) {
+        self.lost_replies.lock().unwrap().push((msg, times));
     }
 
     fn before(&self, msg: &'static str, to: u32, run: impl FnOnce() + Send + 'static) {

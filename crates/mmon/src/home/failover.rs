@@ -49,10 +49,30 @@ impl<P: Peers> Mem<P> {
         }
     }
 
+    /// The global managers declared this mComponent lost and rebuilt its copies elsewhere:
+    /// what it holds may be older than those, so it holds nothing any more.
+    pub(crate) fn fence(&self) {
+        let owned = std::mem::take(&mut *self.owned.lock().unwrap());
+        let homes = std::mem::take(&mut *self.homes.lock().unwrap());
+        let backups = std::mem::take(&mut *self.backups.lock().unwrap());
+        self.backup_log.clear();
+        for p in owned.values() {
+            self.let_go(&p.lock().unwrap());
+        }
+        crate::series::FENCED.increment(1);
+        tracing::error!(
+            processes = owned.len(),
+            homes = homes.len(),
+            backups = backups.len(),
+            "fenced by the global managers (declared lost while unreachable): dropped every copy this mComponent held"
+        );
+    }
+
     /// The global managers say these mComponents are lost: every process this mComponent is
     /// home of loses its replicas there, and every process whose home was one of them gets
     /// this mComponent as its home if it was the backup.
     pub(crate) fn mcomps_lost(&self, lost: &[u32]) {
+        *self.declared_lost.lock().unwrap() = lost.to_vec();
         if lost.is_empty() || !self.replication().redundant() {
             return;
         }
@@ -87,6 +107,17 @@ impl<P: Peers> Mem<P> {
     /// A home's copy of its state of one process, kept for taking over.
     pub(crate) fn home_sync(&self, r: M2M_HOME_SYNC) -> Result<OK, Refusal> {
         let pid = r.state.who.pid;
+        // A home declared lost that goes on before it hears so (paused, cut off) carries out
+        // what it was sent meanwhile: its copy may be of a process that has another home now,
+        // or has ended, and would be taken over as a second home or one nobody ends.
+        if self.declared_lost.lock().unwrap().contains(&r.state.home.id) {
+            crate::series::STALE_HOME_SYNCS.increment(1);
+            return Err(HomeError::DeclaredLost {
+                mcomp: r.state.home.id,
+                pid,
+            }
+            .into());
+        }
         if self.homes.lock().unwrap().contains_key(&pid) {
             return Err(HomeError::NowHome {
                 mcomp: self.peers.id(),

@@ -300,6 +300,8 @@ pub(crate) enum HomeError {
     PidInUse { pid: u64 },
     #[error("process {pid} ended before its creation came")]
     EndedBeforeCreated { pid: u64 },
+    #[error("mComponent {mcomp}, which sent a copy of process {pid}'s home, was declared lost")]
+    DeclaredLost { mcomp: u32, pid: u64 },
     #[error("the heap region has no free range that large")]
     NoFreeRange,
     #[error("making {len} bytes writable at once is more than all the cluster's memory ({memory} bytes)")]
@@ -340,9 +342,12 @@ impl Refuse for HomeError {
                 ErrCode::Invalid
             }
             Moved { .. } | NotHome { .. } => ErrCode::NotHome,
-            OtherVnode { .. } | PidInUse { .. } | EndedBeforeCreated { .. } | NowHome { .. } | NotLeaving { .. } => {
-                ErrCode::Denied
-            }
+            OtherVnode { .. }
+            | PidInUse { .. }
+            | EndedBeforeCreated { .. }
+            | DeclaredLost { .. }
+            | NowHome { .. }
+            | NotLeaving { .. } => ErrCode::Denied,
             OtherPcomponent(e) => e.code(),
             NoReplicaReachable { .. } | StillHome { .. } => ErrCode::Unreachable,
             NoFreeRange

@@ -281,3 +281,29 @@ fn a_creation_sent_again_gets_the_first_answer_and_one_after_the_end_is_refused(
     }
     assert!(rig.mem(HOME).homes.lock().unwrap().is_empty());
 }
+
+#[test]
+fn a_lost_home_that_goes_on_before_it_is_fenced_gets_no_copy_taken_over() {
+    let rig = Rig::new(5, Replication::Replica);
+    let who = rig.process(1, 1, 2);
+    rig.declare_lost(&[HOME]);
+    assert!(rig.mem(BACKUP).homes.lock().unwrap().contains_key(&who.pid));
+    rig.call(BACKUP, P2M_EXIT { who: who.clone() })
+        .expect("exit at the new home");
+
+    // The lost home goes on and carries out a mapping sent to it before; it has not heard it
+    // was declared lost, and sends its copy of the process to its backup.
+    rig.net.down.lock().unwrap().remove(&HOME);
+    let _ = rig.mmap(HOME, &who, VRS);
+    assert!(
+        rig.net
+            .calls("M2M_HOME_SYNC")
+            .iter()
+            .any(|c| c.from == HOME && c.to == BACKUP),
+        "the lost home sent its copy"
+    );
+    assert!(rig.mem(BACKUP).backups.lock().unwrap().is_empty(), "and it was refused");
+    // The managers' next word that the home is lost makes no second home of the process.
+    rig.declare_lost(&[HOME]);
+    assert!(rig.mem(BACKUP).homes.lock().unwrap().is_empty());
+}
