@@ -221,6 +221,8 @@ pub struct Node {
     /// When the global managers last answered a heartbeat, and the mComponents they had
     /// declared lost then.
     heard: Mutex<Option<(Instant, Vec<u32>)>>,
+    /// Whether this component was stopped for long, and the managers have not answered since.
+    stop: stop::StopWatch,
     /// What it last measured of its links to the components it uses, and when: told to the
     /// global managers in every heartbeat (`crate::topology`).
     links: Mutex<Vec<(LinkSample, Instant)>>,
@@ -270,6 +272,7 @@ impl Node {
                 metrics,
                 standby: Default::default(),
                 heard: Mutex::new(None),
+                stop: stop::StopWatch::new(),
                 links: Mutex::new(Vec::new()),
                 leaving: Mutex::new(None),
             }),
@@ -356,6 +359,12 @@ impl Node {
             .is_some_and(|(_, lost)| lost.contains(&id))
     }
 
+    /// After a long stop of this component, waits until the managers have answered since
+    /// ([`stop`]): what it was sent before is not carried out by a home it may no longer be.
+    pub fn after_stop(&self) {
+        self.stop.after_stop();
+    }
+
     /// Heartbeats forever, handing each answer to `on_beat`; re-registers if the global
     /// managers forgot us (they restarted).
     pub fn heartbeat_forever(
@@ -367,11 +376,17 @@ impl Node {
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
+                let watched = self.clone();
+                std::thread::Builder::new()
+                    .name("stop-watch".into())
+                    .spawn(move || watched.stop.tick_forever())
+                    .expect("spawn the stop watch");
                 let mut silence = Silence::default();
                 // The first beat goes at once: its answer tells what registering did not (the
                 // cluster's memory, for one).
                 loop {
                 let leaving = self.leaving.lock().unwrap().clone();
+                let sent = self.stop.beat_sent();
                 match self.call_gm(X2G_HEARTBEAT {
                     id: self.id(),
                     addr: self.addr.clone(),
@@ -385,7 +400,8 @@ impl Node {
                             tracing::info!(silent_s = silent.as_secs(), "the global managers answer heartbeats again");
                         }
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
-                        on_beat(beat)
+                        on_beat(beat);
+                        self.stop.answered(sent);
                     }
                     Err(RpcError::Remote {
                         code: ErrCode::NotFound,
@@ -407,6 +423,7 @@ impl Node {
                                     keep: Vec::new(),
                                 });
                             }
+                            self.stop.answered(sent);
                         }
                     }
                     Err(e) => match silence.failed() {
@@ -527,5 +544,6 @@ pub fn park_forever() -> ! {
     }
 }
 
+mod stop;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,10 @@ splitos_metrics::series! {
     pub TLS_HANDSHAKES_FAILED: Counter["server"] = "http_tls_handshakes_failed_total";
     /// Times this component found that the global managers have another leader.
     pub NODE_GM_LEADER_CHANGES: Counter = "node_gm_leader_changes_total";
+    /// Stops of this component (SIGSTOP, a stalled host) long enough to be taken for a death.
+    pub NODE_STOPS_NOTICED: Counter = "node_stops_noticed_total";
+    /// Requests held after such a stop until the managers answered a heartbeat.
+    pub NODE_REQUESTS_HELD_AFTER_STOPS: Counter = "node_requests_held_after_stops_total";
     /// Times the managers did not know this component at a heartbeat and it registered again.
     pub NODE_REGISTRATIONS_AGAIN: Counter = "node_registrations_again_total";
     /// Placement policies the managers swapped in while the cluster ran.

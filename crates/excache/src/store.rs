@@ -261,8 +261,8 @@ impl RemoteStore {
         self.procs.lock().unwrap().remove(&pid);
     }
 
-    /// `M2P_HOME_MOVED`: the home of one of this pComponent's processes left and gave it to
-    /// another mComponent. Only an mComponent may say so (the transport's roles), and only of
+    /// `M2P_HOME_MOVED`: the home of one of this pComponent's processes left (or was lost, and
+    /// its backup took over) and gave it to another mComponent. Only an mComponent may say so (the transport's roles), and only of
     /// a process of the vNode it names.
     pub fn home_moved(&self, r: M2P_HOME_MOVED) -> Result<OK, Refusal> {
         let m = self.memory_of(r.who.pid)?;
@@ -284,7 +284,7 @@ impl RemoteStore {
             pid = r.who.pid,
             from = r.from,
             to = r.home.id,
-            "a process's home moved (its old home is leaving)"
+            "a process's home moved (its old home left, or was lost and its backup took over)"
         );
         crate::series::HOME_MOVES.increment(1);
         // The new home's backup, or none: the old one's copy names the old home.

@@ -27,7 +27,7 @@ pub mod series;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -100,7 +100,7 @@ pub struct Mem<P = RpcPeers> {
     room: room::Room,
     /// Bytes of parity rows freed since the allocator last gave free memory back to the kernel.
     freed: AtomicU64,
-    homes: Mutex<HashMap<u64, Arc<Mutex<home::HomeProc>>>>,
+    homes: Mutex<BTreeMap<u64, Arc<Mutex<home::HomeProc>>>>,
     /// Processes said to have ended that were not (yet) made here, with their pComponent's
     /// key: a creation that comes after is late, and refused.
     ended: Mutex<std::collections::VecDeque<(Option<[u8; 32]>, u64)>>,
@@ -108,8 +108,8 @@ pub struct Mem<P = RpcPeers> {
     /// homes moved away since, and their copies of those are refused.
     declared_lost: Mutex<Vec<u32>>,
     /// Home states this mComponent keeps as backup home, for taking over.
-    backups: Mutex<HashMap<u64, HomeState>>,
-    owned: Mutex<HashMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
+    backups: Mutex<BTreeMap<u64, HomeState>>,
+    owned: Mutex<BTreeMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
     replication: Mutex<Replication>,
     overcommit: Mutex<Overcommit>,
     /// The capacity of all live mComponents, as the global managers last said.
@@ -119,7 +119,7 @@ pub struct Mem<P = RpcPeers> {
     rebuilt_pages: AtomicU64,
     /// mComponents found unreachable lately: the global managers may still count them
     /// alive for a few heartbeats, and a replica placed there would be lost again.
-    lost: Mutex<HashMap<u32, std::time::Instant>>,
+    lost: Mutex<BTreeMap<u32, std::time::Instant>>,
     last_retry: Mutex<std::time::Instant>,
     bcache: Arc<bcache::BufferCache<P>>,
     /// The log of the vRegions this mComponent is the logger of.
@@ -218,17 +218,17 @@ impl<P: Peers> Mem<P> {
             vregion_size: AtomicU64::new(1 << 30),
             room: room::Room::new(cfg.capacity.0),
             freed: AtomicU64::new(0),
-            homes: Mutex::new(HashMap::new()),
+            homes: Mutex::new(BTreeMap::new()),
             ended: Mutex::default(),
             declared_lost: Mutex::default(),
-            backups: Mutex::new(HashMap::new()),
-            owned: Mutex::new(HashMap::new()),
+            backups: Mutex::new(BTreeMap::new()),
+            owned: Mutex::new(BTreeMap::new()),
             replication: Mutex::new(Replication::None),
             overcommit: Mutex::new(Overcommit::Heuristic),
             cluster_memory: AtomicU64::new(0),
             jobs: Mutex::new(jobs),
             rebuilt_pages: AtomicU64::new(0),
-            lost: Mutex::new(HashMap::new()),
+            lost: Mutex::new(BTreeMap::new()),
             last_retry: Mutex::new(std::time::Instant::now()),
             bcache: bcache::BufferCache::new(peers, cfg.bcache.0, cfg.readahead.0),
             backup_log: log::BackupLog::new(cfg.backup_log.0),
@@ -529,6 +529,7 @@ impl<P: Peers> Handler for Mem<P> {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
         crate::series::REQUESTS.with([name]).increment(1);
+        self.peers.after_stop();
         if !self.serve_delay.is_zero() {
             std::thread::sleep(self.serve_delay);
         }

@@ -30,6 +30,9 @@ pub trait Peers: Clone + Send + Sync + 'static {
     /// Whether mComponent `id`, which did not answer, is only late (paused, overloaded): the
     /// global managers answer this mComponent's heartbeats and have not declared it lost.
     fn late(&self, id: u32) -> bool;
+    /// After a stop of this mComponent long enough to be taken for a death, waits until the
+    /// managers have answered (and their answer, a fence maybe, was handled).
+    fn after_stop(&self);
 }
 
 /// The calls over the component's RPC client, to the global managers it registered with.
@@ -67,5 +70,9 @@ impl Peers for RpcPeers {
 
     fn late(&self, id: u32) -> bool {
         self.0.mcomp_not_lost(id)
+    }
+
+    fn after_stop(&self) {
+        self.0.after_stop();
     }
 }

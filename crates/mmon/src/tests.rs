@@ -165,6 +165,11 @@ struct Net {
     full: Mutex<HashSet<u32>>,
     picks: Mutex<HashMap<u32, u32>>,
     scomp: BackupFiles,
+    /// Members stopped past the managers' patience that went on and have not heard that
+    /// they were declared lost.
+    stopped: Mutex<HashSet<u32>>,
+    /// What mComponents told the pComponent (`M2P_HOME_MOVED`), in order.
+    pcomp_inbox: Mutex<Vec<Msg>>,
 }
 
 impl Net {
@@ -211,6 +216,10 @@ impl Net {
         let reply = match to {
             GM => self.managers(msg),
             SCOMP => self.scomp.handle(msg),
+            PCOMP => {
+                self.pcomp_inbox.lock().unwrap().push(msg);
+                Msg::OK(OK)
+            }
             id => {
                 let m = self
                     .mems
@@ -264,6 +273,14 @@ impl Net {
                 *picks.entry(id).or_default() += 1;
                 Ok(G2M_OWNER {
                     mcomp: ComponentRef { id, addr: addr(id) },
+                })
+            }),
+            Msg::M2G_FIND(r) => on(r, |r| {
+                Ok(G2M_FOUND {
+                    comp: ComponentRef {
+                        id: r.id,
+                        addr: addr(PCOMP),
+                    },
                 })
             }),
             Msg::M2G_BACKUP_STORE(r) => on(r, |_| {
@@ -367,6 +384,17 @@ impl Peers for Peer {
     /// A member these tests cut off or fail is lost, never late.
     fn late(&self, _: u32) -> bool {
         false
+    }
+
+    /// A member a test stopped and let go on hears the managers' word (it is fenced) before
+    /// it serves what was queued for it.
+    fn after_stop(&self) {
+        if self.net.stopped.lock().unwrap().remove(&self.id) {
+            let m = self.net.mems.lock().unwrap().get(&self.id).and_then(Weak::upgrade);
+            if let Some(m) = m {
+                m.fence();
+            }
+        }
     }
 }
 

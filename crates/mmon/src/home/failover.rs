@@ -88,20 +88,33 @@ impl<P: Peers> Mem<P> {
                 self.drop_replicas(&mut h, lost, None);
             }
         }
-        let orphans: Vec<(Who, u32)> = self
+        let orphans: Vec<(Who, u32, u32)> = self
             .backups
             .lock()
             .unwrap()
             .values()
             .filter(|s| lost.contains(&s.home.id))
-            .map(|s| (s.who.clone(), s.home.id))
+            .map(|s| (s.who.clone(), s.home.id, s.pcomp))
             .collect();
-        for (who, home) in orphans {
+        for (who, home, pcomp) in orphans {
             let pid = who.pid;
-            if let Err(e) = self.take_over(who, home) {
-                tracing::warn!(pid, error = %e, "cannot take over a process whose home is lost");
+            match self.take_over(who.clone(), home) {
+                // Its pComponent is told, or it would know only the lost home and its backup
+                // (this one): lost too before its next call, the process would have no home
+                // it can find.
+                Ok(took) => self.unannounced.lock().unwrap().push((
+                    pcomp,
+                    M2P_HOME_MOVED {
+                        who,
+                        from: home,
+                        home: self.me(),
+                        backup: took.backup,
+                    },
+                )),
+                Err(e) => tracing::warn!(pid, error = %e, "cannot take over a process whose home is lost"),
             }
         }
+        self.announce_moves();
     }
 
     /// A home's copy of its state of one process, kept for taking over.

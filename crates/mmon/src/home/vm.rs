@@ -2,7 +2,7 @@
 //! `P2M_MMAP`, `P2M_MUNMAP`, `P2M_MPROTECT`, `P2M_MREMAP`, `P2M_DONTNEED`, `P2M_FORK`,
 //! `P2M_EXIT`): each changes the home's layout within the vNode's quota and goes to the
 //! replicas of the vRegions it touches.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
@@ -343,7 +343,7 @@ impl<P: Peers> Mem<P> {
                     if let Some((last, _)) = pages.last() {
                         from = (last + 1) * PAGE;
                     }
-                    let mut by_owner: HashMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = HashMap::new();
+                    let mut by_owner: BTreeMap<u32, (ComponentRef, Vec<(u64, ByteBuf)>)> = BTreeMap::new();
                     for (vpn, data) in pages {
                         let nv = shift(vpn);
                         let to = h

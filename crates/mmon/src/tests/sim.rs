@@ -15,9 +15,12 @@ const MEMBERS: u32 = 7;
 const MOST_LOST: usize = 3;
 const STEPS: usize = 80;
 
-/// What the simulated programs wrote, by process: (vRegions mapped, round of each page).
-#[derive(Clone, Default)]
+/// A simulated program's process as its pComponent knows it: its home and backup home as
+/// last answered, the vRegions it mapped and the round it last wrote in each page.
+#[derive(Clone)]
 struct Written {
+    home: u32,
+    backup: Option<u32>,
     vregions: u64,
     pages: BTreeMap<u64, u8>,
 }
@@ -59,14 +62,62 @@ impl Sim {
         }
     }
 
-    /// A pComponent's call to the home: sent again while its answer is lost.
-    fn call_home<R: Request + Clone>(&self, req: R) -> Result<R::Reply, Refusal> {
+    fn home(&self, pid: u64) -> u32 {
+        self.live[&pid].home
+    }
+
+    fn is_down(&self, id: u32) -> bool {
+        self.rig.net.down.lock().unwrap().contains(&id)
+    }
+
+    /// A pComponent's call to `to`: sent again while its answer is lost.
+    fn call_again<R: Request + Clone>(&self, to: u32, req: &R) -> Result<R::Reply, Refusal> {
         loop {
-            match self.rig.call(HOME, req.clone()) {
-                Err(e) if e.code == ErrCode::Unreachable => continue,
+            match self.rig.call(to, req.clone()) {
+                Err(e) if e.msg.contains("no reply") => continue,
                 r => return r,
             }
         }
+    }
+
+    /// A pComponent's call to the home of `pid`: sent again while its answer is lost, and to
+    /// the backup, made the home, when the home cannot be reached or no longer is the home.
+    fn call_home<R: Request + Clone>(&mut self, pid: u64, req: R) -> Result<R::Reply, String> {
+        for _ in 0..MEMBERS {
+            match self.call_again(self.home(pid), &req) {
+                Err(e) if matches!(e.code, ErrCode::Unreachable | ErrCode::NotHome) => self.take_over(pid)?,
+                r => return r.map_err(|e| e.to_string()),
+            }
+        }
+        Err(format!("no home of {pid} answers"))
+    }
+
+    /// The home of `pid` cannot be reached (or is no longer its home): its backup takes over,
+    /// as the pComponent asks it to (`P2M_HOME_TAKEOVER`).
+    fn take_over(&mut self, pid: u64) -> Result<(), String> {
+        self.hear();
+        if !self.is_down(self.home(pid)) && self.rig.mem(self.home(pid)).homes.lock().unwrap().contains_key(&pid) {
+            return Ok(());
+        }
+        let (home, backup) = (self.home(pid), self.live[&pid].backup);
+        let backup = backup.ok_or_else(|| format!("the home {home} of {pid} is gone and it has no backup"))?;
+        self.note(
+            "takeovers asked",
+            format!("  the backup {backup} of {pid} is asked to take over from {home}"),
+        );
+        let r = self
+            .rig
+            .call(
+                backup,
+                P2M_HOME_TAKEOVER {
+                    who: Sim::who(pid),
+                    lost: home,
+                },
+            )
+            .map_err(|e| format!("takeover of {pid} by {backup}: {e}"))?;
+        let w = self.live.get_mut(&pid).unwrap();
+        (w.home, w.backup) = (backup, r.backup.map(|b| b.id));
+        Ok(())
     }
 
     /// Records step `what` in the trace, counted as `kind`.
@@ -84,7 +135,52 @@ impl Sim {
         (!pids.is_empty()).then(|| pids[self.rng.random_range(0..pids.len())])
     }
 
+    /// What the mComponents told the pComponent meanwhile: a process's home moved (its
+    /// backup took over on the managers' word). As the pComponent does, only a move from the
+    /// home it knows counts.
+    fn hear(&mut self) {
+        let told = std::mem::take(&mut *self.rig.net.pcomp_inbox.lock().unwrap());
+        for msg in told {
+            let Msg::M2P_HOME_MOVED(m) = msg else { continue };
+            if let Some(w) = self.live.get_mut(&m.who.pid).filter(|w| w.home == m.from) {
+                (w.home, w.backup) = (m.home.id, m.backup.map(|b| b.id));
+                *self.tally.entry("moves told").or_default() += 1;
+                self.trace
+                    .push(format!("  told: {} moved from {} to {}", m.who.pid, m.from, m.home.id));
+            }
+        }
+    }
+
+    /// The managers' heartbeat answer to every member up: the members lost and not come
+    /// back (fenced) since, as the real managers name them until they register again.
+    fn beat(&self) {
+        let lost: Vec<u32> = self
+            .lost
+            .iter()
+            .copied()
+            .filter(|id| !self.fenced.contains(id))
+            .collect();
+        for (id, m) in &self.rig.mems {
+            if !self.is_down(*id) {
+                m.on_beat(G2X_BEAT {
+                    lost: Vec::new(),
+                    lost_mcomps: lost.clone(),
+                    fenced: false,
+                    memory: 0,
+                    vnodes: 0,
+                    cordoned: false,
+                    leaving: Vec::new(),
+                    exit: false,
+                    rebalance: None,
+                    keep: Vec::new(),
+                });
+            }
+        }
+    }
+
     fn step(&mut self) -> Result<(), String> {
+        self.beat();
+        self.hear();
         match self.rng.random_range(0..100) {
             0..10 => self.create(),
             10..20 => self.map(),
@@ -105,15 +201,27 @@ impl Sim {
         self.next_pid += 1;
         self.note("creations", format!("create {pid}"));
         self.maybe_lose("P2M_PROC_CREATE");
-        self.call_home(P2M_PROC_CREATE {
-            who: Sim::who(pid),
-            region_base: BASE,
-            region_size: REGION,
-            pcomp: 7,
-            memory_quota: None,
-        })
-        .map_err(|e| format!("create {pid}: {e}"))?;
-        self.live.insert(pid, Written::default());
+        // The managers' pick: a member neither lost nor down.
+        let home = (1..=MEMBERS).find(|id| !self.lost.contains(id)).expect("a member left");
+        let created = self
+            .call_again(
+                home,
+                &P2M_PROC_CREATE {
+                    who: Sim::who(pid),
+                    region_base: BASE,
+                    region_size: REGION,
+                    pcomp: 7,
+                    memory_quota: None,
+                },
+            )
+            .map_err(|e| format!("create {pid} at {home}: {e}"))?;
+        let w = Written {
+            home,
+            backup: created.backup.map(|b| b.id),
+            vregions: 0,
+            pages: BTreeMap::new(),
+        };
+        self.live.insert(pid, w);
         Ok(())
     }
 
@@ -123,10 +231,17 @@ impl Sim {
             return Ok(());
         }
         self.note("mappings", format!("map a vRegion of {pid}"));
-        let m = self
-            .rig
-            .mmap(HOME, &Sim::who(pid), VRS)
-            .map_err(|e| format!("mmap of {pid}: {e}"))?;
+        let m = self.call_home(
+            pid,
+            P2M_MMAP {
+                who: Sim::who(pid),
+                hint: 0,
+                len: VRS,
+                prot: 3,
+                fixed: false,
+                noreserve: false,
+            },
+        )?;
         let w = self.live.get_mut(&pid).unwrap();
         if m.addr != BASE + w.vregions * VRS {
             return Err(format!("mmap of {pid} at {:#x}, not after its others", m.addr));
@@ -143,16 +258,25 @@ impl Sim {
 
     /// Sends `act` again after telling the home of each member that could not be reached,
     /// as the pComponent's page store does.
-    fn to_members<T>(
+    fn through_members<T>(
         &mut self,
         pid: u64,
         vpn: u64,
-        mut act: impl FnMut(&Rig) -> Result<T, Refusal>,
+        mut act: impl FnMut(&Rig, u32) -> Result<T, Refusal>,
     ) -> Result<T, String> {
-        for _ in 0..MEMBERS {
-            match act(&self.rig) {
+        for _ in 0..2 * MEMBERS {
+            let home = self.home(pid);
+            // The tests' page calls take the home's answers for granted: one that would not
+            // answer (down, or no longer the home) makes the pComponent's first call fail, and
+            // the backup take over.
+            if self.is_down(home) || !self.rig.mem(home).homes.lock().unwrap().contains_key(&pid) {
+                self.take_over(pid)?;
+                continue;
+            }
+            match act(&self.rig, home) {
+                Err(e) if self.is_down(home) || e.code == ErrCode::NotHome => self.take_over(pid)?,
                 Err(e) if e.code == ErrCode::Unreachable => {
-                    let set = self.rig.set(HOME, &Sim::who(pid), vpn * PAGE / VRS);
+                    let set = self.rig.set(home, &Sim::who(pid), vpn * PAGE / VRS);
                     let gone = set
                         .owners
                         .iter()
@@ -163,7 +287,7 @@ impl Sim {
                     self.note("members reported lost", format!("  member {gone} is reported lost"));
                     self.rig
                         .call(
-                            HOME,
+                            home,
                             P2M_REPLICA_LOST {
                                 who: Sim::who(pid),
                                 lost: gone,
@@ -184,8 +308,8 @@ impl Sim {
         let round: u8 = self.rng.random_range(1..=250);
         self.note("writes", format!("write page {vpn:#x} of {pid}, round {round}"));
         self.maybe_lose("P2M_FLUSH");
-        self.to_members(pid, vpn, |rig| loop {
-            match rig.write(HOME, &Sim::who(pid), vpn, round) {
+        self.through_members(pid, vpn, |rig, home| loop {
+            match rig.write(home, &Sim::who(pid), vpn, round) {
                 // Its answer lost: a write back is sent again, whole.
                 Err(e) if e.code == ErrCode::Unreachable && e.msg.contains("no reply") => continue,
                 r => return r,
@@ -207,7 +331,7 @@ impl Sim {
             Some(round) => content(vpn, *round),
             None => vec![0; PAGE_SIZE],
         };
-        let got = self.to_members(pid, vpn, |rig| rig.read(HOME, &Sim::who(pid), vpn))?;
+        let got = self.through_members(pid, vpn, |rig, home| rig.read(home, &Sim::who(pid), vpn))?;
         if got != want {
             return Err(format!(
                 "page {vpn:#x} of {pid} reads {:?}, written {:?}",
@@ -227,12 +351,17 @@ impl Sim {
         self.next_pid += 1;
         self.note("forks", format!("fork {parent} into {child}"));
         self.maybe_lose("P2M_FORK");
-        self.call_home(P2M_FORK {
-            parent: Sim::who(parent),
-            child,
-        })
-        .map_err(|e| format!("fork of {parent} into {child}: {e}"))?;
-        let copy = self.live[&parent].clone();
+        let forked = self
+            .call_home(
+                parent,
+                P2M_FORK {
+                    parent: Sim::who(parent),
+                    child,
+                },
+            )
+            .map_err(|e| format!("fork of {parent} into {child}: {e}"))?;
+        let mut copy = self.live[&parent].clone();
+        copy.backup = forked.backup.map(|b| b.id);
         self.live.insert(child, copy);
         Ok(())
     }
@@ -241,10 +370,11 @@ impl Sim {
         let Some(pid) = self.pick_live() else { return Ok(()) };
         self.note("exits", format!("exit {pid}"));
         self.maybe_lose("P2M_EXIT");
-        match self.call_home(P2M_EXIT { who: Sim::who(pid) }) {
-            // Sent again after its answer was lost: the first freed it.
+        // An answer lost and the exit sent again: the first freed it, and the repeat finds
+        // no home, as does a takeover asked then.
+        match self.call_home(pid, P2M_EXIT { who: Sim::who(pid) }) {
             Ok(_) => {}
-            Err(e) if e.code == ErrCode::NotHome => {}
+            Err(e) if e.contains("NotHome") || e.contains("keeps no copy") => {}
             Err(e) => return Err(format!("exit of {pid}: {e}")),
         }
         self.live.remove(&pid);
@@ -258,7 +388,8 @@ impl Sim {
         if self.lost.len() >= MOST_LOST {
             return Ok(());
         }
-        let up: Vec<u32> = (2..=MEMBERS).filter(|id| !self.lost.contains(id)).collect();
+        // Any member: one holding pages, or the home of processes (their backups take over).
+        let up: Vec<u32> = (1..=MEMBERS).filter(|id| !self.lost.contains(id)).collect();
         let id = up[self.rng.random_range(0..up.len())];
         self.note("members lost", format!("member {id} is lost"));
         self.lost.push(id);
@@ -269,7 +400,8 @@ impl Sim {
             self.step_programs()?;
         }
         self.trace.push("  the managers declare it lost".into());
-        self.rig.declare_lost(&[id]);
+        self.rig.net.lost.lock().unwrap().insert(id);
+        self.beat();
         for _ in 0..self.rng.random_range(0..3) {
             self.step_programs()?;
         }
@@ -293,8 +425,24 @@ impl Sim {
             return Ok(());
         };
         self.note("members fenced", format!("member {id} goes on, and is fenced"));
+        self.rig.net.stopped.lock().unwrap().insert(id);
         self.rig.net.down.lock().unwrap().remove(&id);
-        self.rig.mem(id).fence();
+        // A request sent to it before it stopped comes first (a mapping of a process it was
+        // home of, whose home is another now): it waits for the managers' word, and is
+        // refused once that fenced it.
+        let stale = self.rig.mem(id).homes.lock().unwrap().keys().next().copied();
+        if let Some(pid) = stale.filter(|_| self.rng.random_ratio(2, 3)) {
+            self.note(
+                "stale requests",
+                format!("  it is asked to map a vRegion of {pid} as the home it was"),
+            );
+            if let Ok(m) = self.rig.mmap(id, &Sim::who(pid), VRS) {
+                return Err(format!("member {id}, lost, mapped {:#x} for {pid} as its home", m.addr));
+            }
+        }
+        if self.rig.net.stopped.lock().unwrap().remove(&id) {
+            self.rig.mem(id).fence();
+        }
         self.fenced.push(id);
         Ok(())
     }
@@ -304,16 +452,23 @@ impl Sim {
         let up: Vec<u32> = (1..=MEMBERS)
             .filter(|id| !self.rig.net.down.lock().unwrap().contains(id))
             .collect();
-        for pid in self.live.keys() {
+        let pids: Vec<u64> = self.live.keys().copied().collect();
+        for pid in &pids {
             let homes: Vec<u32> = up
                 .iter()
                 .copied()
                 .filter(|id| self.rig.mem(*id).homes.lock().unwrap().contains_key(pid))
                 .collect();
-            if homes != [HOME] {
+            // The pComponent may not know yet that the managers' word made the backup the
+            // home: it finds out at its next call.
+            if homes.len() != 1 {
                 return Err(format!("process {pid} has the homes {homes:?}"));
             }
-            for set in self.rig.sets(HOME, &Sim::who(*pid)).owners {
+            let sets = self.rig.sets(homes[0], &Sim::who(*pid));
+            if homes[0] == self.home(*pid) {
+                self.live.get_mut(pid).unwrap().backup = sets.backup.map(|b| b.id);
+            }
+            for set in sets.owners {
                 let mut ids = ids(&set);
                 if let Some(gone) = ids.iter().find(|id| self.fenced.contains(id)) {
                     return Err(format!("vRegion {} of {pid} names fenced member {gone}", set.index));
@@ -328,11 +483,15 @@ impl Sim {
         for pid in &self.ended {
             for id in &up {
                 let m = self.rig.mem(*id);
-                if m.homes.lock().unwrap().contains_key(pid)
-                    || m.owned.lock().unwrap().contains_key(pid)
-                    || m.backups.lock().unwrap().contains_key(pid)
-                {
-                    return Err(format!("member {id} still holds process {pid}, which ended"));
+                let held = [
+                    ("home", m.homes.lock().unwrap().contains_key(pid)),
+                    ("pages", m.owned.lock().unwrap().contains_key(pid)),
+                    ("backup", m.backups.lock().unwrap().contains_key(pid)),
+                ];
+                if let Some((what, _)) = held.iter().find(|(_, held)| *held) {
+                    return Err(format!(
+                        "member {id} still holds the {what} of process {pid}, which ended"
+                    ));
                 }
             }
         }
@@ -399,6 +558,9 @@ fn seeded_faults_never_lose_an_acknowledged_write_nor_leave_two_homes_or_a_leak(
             "pages copied by rebuilds",
             "forks",
             "exits",
+            "takeovers asked",
+            "moves told",
+            "stale requests",
         ] {
             let n = tally.get(kind).copied().unwrap_or(0);
             assert!(n >= seeds / 10, "{kind}: {n} in {seeds} seeds: {tally:?}");

@@ -222,7 +222,10 @@ impl VnodeFs {
         if let Some(s) = self.st.lock().unwrap().scomp.clone() {
             return Ok(s);
         }
-        match self.call_gm_waiting(|| P2G_VNODE_STORAGE {
+        // Waits only for managers that do not answer: "no sComponent is alive" is how a
+        // cluster without one answers, for good.
+        let unanswered = |e: &RpcError| !matches!(e, RpcError::Remote { .. }) && e.code() == ErrCode::Unreachable;
+        match self.call_gm_waiting(unanswered, || P2G_VNODE_STORAGE {
             vnode: self.vnode.clone(),
         }) {
             Ok(r) => {
@@ -261,7 +264,9 @@ impl VnodeFs {
         if let Some(m) = self.st.lock().unwrap().caches.get(&ino).cloned() {
             return Ok(m);
         }
-        match self.call_gm_waiting(|| P2G_FILE_CACHE {
+        // "No mComponent is alive" too: managers started again know none until they beat.
+        let unreachable = |e: &RpcError| e.code() == ErrCode::Unreachable;
+        match self.call_gm_waiting(unreachable, || P2G_FILE_CACHE {
             vnode: self.vnode.clone(),
             ino,
         }) {
@@ -276,13 +281,17 @@ impl VnodeFs {
         }
     }
 
-    /// A question for the managers that a file call waits on: while none answers (the only
-    /// one restarting) it is asked again, as heap calls and starts do, rather than failing
-    /// the call with EIO at once.
-    fn call_gm_waiting<Q: RpcRequest>(&self, req: impl Fn() -> Q) -> Result<Q::Reply, RpcError> {
+    /// A question for the managers that a file call waits on: while it fails `unreachable`
+    /// (the only manager restarting) it is asked again, as heap calls and starts do, rather
+    /// than failing the call with EIO at once.
+    fn call_gm_waiting<Q: RpcRequest>(
+        &self,
+        unreachable: impl Fn(&RpcError) -> bool,
+        req: impl Fn() -> Q,
+    ) -> Result<Q::Reply, RpcError> {
         splitos_core::node::waiting_for_managers(
             || self.node.call_gm(req()),
-            |e: &RpcError| e.code() == ErrCode::Unreachable,
+            unreachable,
             || crate::series::FILE_CALLS_WAITED_FOR_MANAGERS.increment(1),
         )
     }

@@ -457,7 +457,8 @@ message_types! {
     /// epoch moves past the state's), and answers with its backup home.
     M2M_HOME_ADOPT { pub state: HomeState };
     M2M_HOME_ADOPTED { pub backup: Option<ComponentRef> };
-    /// From a leaving home to the pComponent of a process it gave to `home` (with its backup).
+    /// From a leaving home to the pComponent of a process it gave to `home` (with its backup);
+    /// or from a backup that took over on the managers' word (`from`: the lost home).
     M2P_HOME_MOVED { pub who: Who, pub from: u32, pub home: ComponentRef, pub backup: Option<ComponentRef> };
     M2M_VMA_REMOVE { pub who: Who, pub start: u64, pub end: u64 };
     M2M_VMA_PROTECT { pub who: Who, pub start: u64, pub end: u64, pub prot: u32 };

@@ -457,6 +457,9 @@ fn programs_started_while_their_home_pauses_start_elsewhere_and_the_paused_one_k
         c.components_now("mcomponent")
     );
     assert!(c.metric(&home, "splitos_mcomp_fenced_total") >= 1.0);
+    // It knew it had been stopped, and held what was queued until the managers' word.
+    assert!(c.metric(&home, "splitos_node_stops_noticed_total") >= 1.0);
+    assert!(c.metric(&home, "splitos_node_requests_held_after_stops_total") >= 1.0);
     std::thread::sleep(Duration::from_secs(2));
     assert!(empty(&c), "no late creation made a home since");
 }
