@@ -107,6 +107,8 @@ pub struct Mem<P = RpcPeers> {
     /// The mComponents the managers last said are lost: until fenced, they may still act on
     /// homes moved away since, and their copies of those are refused.
     declared_lost: Mutex<Vec<u32>>,
+    /// Times this mComponent was fenced: a request held across one was sent to what it was.
+    fences: AtomicU64,
     /// Home states this mComponent keeps as backup home, for taking over.
     backups: Mutex<BTreeMap<u64, HomeState>>,
     owned: Mutex<BTreeMap<u64, Arc<Mutex<owner::OwnerProc>>>>,
@@ -221,6 +223,7 @@ impl<P: Peers> Mem<P> {
             homes: Mutex::new(BTreeMap::new()),
             ended: Mutex::default(),
             declared_lost: Mutex::default(),
+            fences: AtomicU64::new(0),
             backups: Mutex::new(BTreeMap::new()),
             owned: Mutex::new(BTreeMap::new()),
             replication: Mutex::new(Replication::None),
@@ -529,7 +532,20 @@ impl<P: Peers> Handler for Mem<P> {
     fn handle(&self, msg: Msg) -> Msg {
         let name = msg.name();
         crate::series::REQUESTS.with([name]).increment(1);
+        let fences = self.fences.load(Relaxed);
         self.peers.after_stop();
+        // A home's change held through a stop that ended in a fence would make this member
+        // hold pages of a process whose sets have moved on without it (or that has ended):
+        // the sender hears it lost it, as it would have had it arrived after the fence.
+        if self.fences.load(Relaxed) != fences && name.starts_with("M2M_") {
+            return Msg::ERR(ERR::new(
+                ErrCode::NotFound,
+                format!(
+                    "mComponent {} was fenced while {name} waited: it holds nothing",
+                    self.peers.id()
+                ),
+            ));
+        }
         if !self.serve_delay.is_zero() {
             std::thread::sleep(self.serve_delay);
         }

@@ -52,6 +52,7 @@ impl<P: Peers> Mem<P> {
     /// The global managers declared this mComponent lost and rebuilt its copies elsewhere:
     /// what it holds may be older than those, so it holds nothing any more.
     pub(crate) fn fence(&self) {
+        self.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let owned = std::mem::take(&mut *self.owned.lock().unwrap());
         let homes = std::mem::take(&mut *self.homes.lock().unwrap());
         let backups = std::mem::take(&mut *self.backups.lock().unwrap());

@@ -307,3 +307,54 @@ fn a_lost_home_that_goes_on_before_it_is_fenced_gets_no_copy_taken_over() {
     rig.declare_lost(&[HOME]);
     assert!(rig.mem(BACKUP).homes.lock().unwrap().is_empty());
 }
+
+#[test]
+fn a_homes_change_held_through_a_stop_that_ended_in_a_fence_is_refused() {
+    let rig = Rig::new(5, Replication::Replica);
+    let who = rig.create(1);
+    // Member 3 was stopped past the managers' patience and goes on: the mapping a home sent
+    // it before waits for the managers' word, which fences it.
+    rig.net.stopped.lock().unwrap().insert(3);
+    let added = rig.net.send(
+        HOME,
+        &addr(3),
+        M2M_VMA_ADD {
+            who: who.clone(),
+            start: BASE,
+            end: BASE + VRS,
+            prot: 3,
+            creator: None,
+            quota: None,
+        },
+        How::Rpc,
+    );
+    assert!(
+        matches!(
+            added,
+            Err(RpcError::Remote {
+                code: ErrCode::NotFound,
+                ..
+            })
+        ),
+        "{added:?}"
+    );
+    assert!(
+        rig.mem(3).owned.lock().unwrap().is_empty(),
+        "it holds nothing of the process"
+    );
+    // Sent after the fence, a change is served as ever.
+    let again = rig.net.send(
+        HOME,
+        &addr(3),
+        M2M_VMA_ADD {
+            who,
+            start: BASE,
+            end: BASE + VRS,
+            prot: 3,
+            creator: None,
+            quota: None,
+        },
+        How::Rpc,
+    );
+    assert!(again.is_ok(), "{again:?}");
+}
