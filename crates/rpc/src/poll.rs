@@ -278,8 +278,13 @@ mod tests {
             "sleeps of 10 ms against a 1 ms ceiling: polling is wasted"
         );
         // Events now come 100 µs into each wait: polling resumes and catches them.
+        let mut most = Duration::ZERO;
         let hits: Vec<bool> = (0..30)
-            .map(|_| wait(&p, Duration::from_micros(100), Duration::ZERO))
+            .map(|_| {
+                let hit = wait(&p, Duration::from_micros(100), Duration::ZERO);
+                most = most.max(p.budget());
+                hit
+            })
             .collect();
         // Most, not all: a poller descheduled past an event on a busy machine misses it.
         assert!(
@@ -287,8 +292,9 @@ mod tests {
             "the last waits were caught polling: {hits:?}"
         );
         // At least the events' delay (twice it, measured from the poll's start, a little
-        // after the wait's).
-        assert!(p.budget() >= Duration::from_micros(100), "{:?}", p.budget());
+        // after the wait's), once the caught waits have grown it: a last wait missed on a busy
+        // machine shrinks it again.
+        assert!(most >= Duration::from_micros(100), "{most:?}, now {:?}", p.budget());
     }
 
     #[test]
