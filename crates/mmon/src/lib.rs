@@ -348,57 +348,6 @@ impl<P: Peers> Mem<P> {
         }
     }
 
-    /// Moves what this home has on the `leaving` mComponents elsewhere; if this mComponent is
-    /// among them, gives up its homes and its buffer cache too (and takes them back if the
-    /// detach was called off).
-    fn leave(&self, leaving: &[u32]) {
-        *self.leavers.lock().unwrap() = leaving.to_vec();
-        let me = leaving.contains(&self.peers.id());
-        if !me && self.leaving.lock().unwrap().take().is_some() {
-            *self.files_closed.write().unwrap() = false;
-            tracing::info!("detach called off: this mComponent takes file requests again");
-        }
-        if me && self.leaving.lock().unwrap().is_none() {
-            let at_start = self.room.used();
-            *self.leaving.lock().unwrap() = Some(Leaving {
-                bytes_at_start: at_start,
-                ..Leaving::default()
-            });
-            tracing::info!(
-                bytes = at_start,
-                homes = self.homes.lock().unwrap().len(),
-                "leaving: moving homes, vRegions and the buffer cache to other mComponents"
-            );
-        }
-        if leaving.is_empty() {
-            return;
-        }
-        let stuck = self.leave_pass(leaving);
-        if me {
-            self.announce_moves();
-            let released = {
-                *self.files_closed.write().unwrap() = true;
-                self.bcache.release()
-            };
-            if let Some(l) = self.leaving.lock().unwrap().as_mut() {
-                l.files_released = released;
-                l.stuck = stuck;
-            }
-        }
-    }
-
-    /// How far this mComponent's detach has come, for its heartbeat (none: not leaving).
-    fn leave_report(&self) -> Option<Leaving> {
-        let mut l = self.leaving.lock().unwrap().clone()?;
-        let owned: Vec<Arc<Mutex<owner::OwnerProc>>> = self.owned.lock().unwrap().values().cloned().collect();
-        l.processes = owned.iter().filter(|p| p.lock().unwrap().holds()).count() as u32;
-        l.bytes_left = self.room.used();
-        l.homes = (self.homes.lock().unwrap().len() + self.unannounced.lock().unwrap().len()) as u32;
-        l.backups = self.backups.lock().unwrap().len() as u32;
-        l.socket_buffers = self.netbufs.count() as u32;
-        Some(l)
-    }
-
     /// A file request, unless this mComponent left (its files' caches are elsewhere now).
     fn file_request<R>(&self, f: impl FnOnce() -> Result<R, Refusal>) -> Result<R, Refusal> {
         let closed = self.files_closed.read().unwrap();
@@ -466,7 +415,7 @@ impl<P: Peers> Mem<P> {
         }
         let msg: Msg = req.into();
         let name = msg.name();
-        match self.handle(msg) {
+        match self.serve(msg) {
             Msg::ERR(e) => Err(e),
             m => R::Reply::try_from(m).map_err(|m| {
                 WrongReply {
@@ -526,17 +475,16 @@ impl<P: Peers> Mem<P> {
     }
 }
 
-/// The mComponent's dispatch table: home calls in [`home`], owner and data-path requests in
-/// [`owner`], file requests in [`bcache`].
+/// What other components send: held after a stop of this mComponent until the managers'
+/// word, then served.
 impl<P: Peers> Handler for Mem<P> {
     fn handle(&self, msg: Msg) -> Msg {
-        let name = msg.name();
-        crate::series::REQUESTS.with([name]).increment(1);
         let fences = self.fences.load(Relaxed);
         self.peers.after_stop();
         // A home's change held through a stop that ended in a fence would make this member
         // hold pages of a process whose sets have moved on without it (or that has ended):
         // the sender hears it lost it, as it would have had it arrived after the fence.
+        let name = msg.name();
         if self.fences.load(Relaxed) != fences && name.starts_with("M2M_") {
             return Msg::ERR(ERR::new(
                 ErrCode::NotFound,
@@ -546,6 +494,84 @@ impl<P: Peers> Handler for Mem<P> {
                 ),
             ));
         }
+        self.serve(msg)
+    }
+
+    /// A program's heap calls and its process's start, fork and exit: the home may call the
+    /// owners of the range, but on a channel that serves its caller alone that blocks no one
+    /// else, and a heap call is on the program's path.
+    fn served_where_it_waits(&self, msg: &Msg) -> bool {
+        matches!(
+            msg,
+            Msg::P2M_MMAP(_)
+                | Msg::P2M_MUNMAP(_)
+                | Msg::P2M_MPROTECT(_)
+                | Msg::P2M_MREMAP(_)
+                | Msg::P2M_DONTNEED(_)
+                | Msg::P2M_PROC_CREATE(_)
+                | Msg::P2M_FORK(_)
+                | Msg::P2M_EXIT(_)
+        )
+    }
+
+    fn fans_out(&self, msg: &Msg) -> bool {
+        // A write-back to a striped set waits on the parity member, which may be waiting on
+        // this one (and a change of epoch on write-backs): with a shared worker pool or event
+        // loops neither may hold a worker or a loop while it waits. With neither, each
+        // connection's receiving thread serves its own requests, and the wait blocks no other.
+        let forwards = matches!(
+            msg,
+            Msg::P2M_FLUSH(_)
+                | Msg::P2M_FLUSH_MANY(_)
+                | Msg::P2M_FLUSH_FETCH(_)
+                | Msg::P2M_FLUSH_FETCH_MANY(_)
+                | Msg::M2M_VMA_ADD(_)
+                | Msg::M2M_VMA_REMOVE(_)
+                | Msg::M2M_DISCARD(_)
+                | Msg::M2M_PUT_PAGES(_)
+                | Msg::M2M_EPOCH(_)
+        );
+        if forwards && self.shared_receivers && self.replication().data() > 0 {
+            return true;
+        }
+        // A file request that misses the buffer cache waits on the sComponent's disk.
+        if self.on_loops
+            && matches!(
+                msg,
+                Msg::P2M_FILE_READ(_) | Msg::P2M_FILE_WRITE(_) | Msg::P2M_FILE_STAT(_) | Msg::P2M_FILE_FORGET(_)
+            )
+        {
+            return true;
+        }
+        self.served_where_it_waits(msg)
+            || matches!(
+                msg,
+                Msg::P2M_VREGIONS(_)
+                | Msg::P2M_REPLICA_LOST(_)
+                | Msg::P2M_OWNER_FULL(_)
+                | Msg::P2M_HOME_TAKEOVER(_)
+                | Msg::M2M_HOME_ADOPT(_)
+                | Msg::P2M_RECONSTRUCT(_)
+                | Msg::M2M_LOG_RESYNC(_)
+                // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
+                // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
+                // page faults use their own connections, so only this pComponent's other control
+                // requests queue behind a read that misses.
+                | Msg::P2M_FILE_SETSIZE(_)
+                | Msg::P2M_FILE_SYNC(_)
+            )
+    }
+}
+
+/// The mComponent's dispatch table: home calls in [`home`], owner and data-path requests in
+/// [`owner`], file requests in [`bcache`].
+impl<P: Peers> Mem<P> {
+    /// Serves `msg`, from another component or from this one as an owner of its own
+    /// processes' pages ([`Mem::to_owner`]: already past the wait its request made, and
+    /// holding a home's lock that the managers' word may need).
+    fn serve(&self, msg: Msg) -> Msg {
+        let name = msg.name();
+        crate::series::REQUESTS.with([name]).increment(1);
         if !self.serve_delay.is_zero() {
             std::thread::sleep(self.serve_delay);
         }
@@ -653,71 +679,6 @@ impl<P: Peers> Handler for Mem<P> {
             tracing::debug!(request = name, code = ?e.code, msg = %e.msg, "request refused");
         }
         reply
-    }
-
-    /// A program's heap calls and its process's start, fork and exit: the home may call the
-    /// owners of the range, but on a channel that serves its caller alone that blocks no one
-    /// else, and a heap call is on the program's path.
-    fn served_where_it_waits(&self, msg: &Msg) -> bool {
-        matches!(
-            msg,
-            Msg::P2M_MMAP(_)
-                | Msg::P2M_MUNMAP(_)
-                | Msg::P2M_MPROTECT(_)
-                | Msg::P2M_MREMAP(_)
-                | Msg::P2M_DONTNEED(_)
-                | Msg::P2M_PROC_CREATE(_)
-                | Msg::P2M_FORK(_)
-                | Msg::P2M_EXIT(_)
-        )
-    }
-
-    fn fans_out(&self, msg: &Msg) -> bool {
-        // A write-back to a striped set waits on the parity member, which may be waiting on
-        // this one (and a change of epoch on write-backs): with a shared worker pool or event
-        // loops neither may hold a worker or a loop while it waits. With neither, each
-        // connection's receiving thread serves its own requests, and the wait blocks no other.
-        let forwards = matches!(
-            msg,
-            Msg::P2M_FLUSH(_)
-                | Msg::P2M_FLUSH_MANY(_)
-                | Msg::P2M_FLUSH_FETCH(_)
-                | Msg::P2M_FLUSH_FETCH_MANY(_)
-                | Msg::M2M_VMA_ADD(_)
-                | Msg::M2M_VMA_REMOVE(_)
-                | Msg::M2M_DISCARD(_)
-                | Msg::M2M_PUT_PAGES(_)
-                | Msg::M2M_EPOCH(_)
-        );
-        if forwards && self.shared_receivers && self.replication().data() > 0 {
-            return true;
-        }
-        // A file request that misses the buffer cache waits on the sComponent's disk.
-        if self.on_loops
-            && matches!(
-                msg,
-                Msg::P2M_FILE_READ(_) | Msg::P2M_FILE_WRITE(_) | Msg::P2M_FILE_STAT(_) | Msg::P2M_FILE_FORGET(_)
-            )
-        {
-            return true;
-        }
-        self.served_where_it_waits(msg)
-            || matches!(
-                msg,
-                Msg::P2M_VREGIONS(_)
-                | Msg::P2M_REPLICA_LOST(_)
-                | Msg::P2M_OWNER_FULL(_)
-                | Msg::P2M_HOME_TAKEOVER(_)
-                | Msg::M2M_HOME_ADOPT(_)
-                | Msg::P2M_RECONSTRUCT(_)
-                | Msg::M2M_LOG_RESYNC(_)
-                // Waits on the sComponent's disk: not on a receiving thread. Reads and writes stay
-                // there: on two cores a hand-off to a pool thread costs more than a cache hit, and
-                // page faults use their own connections, so only this pComponent's other control
-                // requests queue behind a read that misses.
-                | Msg::P2M_FILE_SETSIZE(_)
-                | Msg::P2M_FILE_SYNC(_)
-            )
     }
 }
 

@@ -15,6 +15,57 @@ use super::{HomeError, HomeProc};
 use crate::{Mem, Peers};
 
 impl<P: Peers> Mem<P> {
+    /// Moves what this home has on the `leaving` mComponents elsewhere; if this mComponent is
+    /// among them, gives up its homes and its buffer cache too (and takes them back if the
+    /// detach was called off).
+    pub(crate) fn leave(&self, leaving: &[u32]) {
+        *self.leavers.lock().unwrap() = leaving.to_vec();
+        let me = leaving.contains(&self.peers.id());
+        if !me && self.leaving.lock().unwrap().take().is_some() {
+            *self.files_closed.write().unwrap() = false;
+            tracing::info!("detach called off: this mComponent takes file requests again");
+        }
+        if me && self.leaving.lock().unwrap().is_none() {
+            let at_start = self.room.used();
+            *self.leaving.lock().unwrap() = Some(Leaving {
+                bytes_at_start: at_start,
+                ..Leaving::default()
+            });
+            tracing::info!(
+                bytes = at_start,
+                homes = self.homes.lock().unwrap().len(),
+                "leaving: moving homes, vRegions and the buffer cache to other mComponents"
+            );
+        }
+        if leaving.is_empty() {
+            return;
+        }
+        let stuck = self.leave_pass(leaving);
+        if me {
+            self.announce_moves();
+            let released = {
+                *self.files_closed.write().unwrap() = true;
+                self.bcache.release()
+            };
+            if let Some(l) = self.leaving.lock().unwrap().as_mut() {
+                l.files_released = released;
+                l.stuck = stuck;
+            }
+        }
+    }
+
+    /// How far this mComponent's detach has come, for its heartbeat (none: not leaving).
+    pub(crate) fn leave_report(&self) -> Option<Leaving> {
+        let mut l = self.leaving.lock().unwrap().clone()?;
+        let owned: Vec<Arc<Mutex<crate::owner::OwnerProc>>> = self.owned.lock().unwrap().values().cloned().collect();
+        l.processes = owned.iter().filter(|p| p.lock().unwrap().holds()).count() as u32;
+        l.bytes_left = self.room.used();
+        l.homes = (self.homes.lock().unwrap().len() + self.unannounced.lock().unwrap().len()) as u32;
+        l.backups = self.backups.lock().unwrap().len() as u32;
+        l.socket_buffers = self.netbufs.count() as u32;
+        Some(l)
+    }
+
     /// One pass of moving this home's processes off the `leaving` mComponents (this one
     /// among them: its processes get other homes). Returns why something could not move,
     /// if it could not: everything stays as it was, and the next pass tries again.
