@@ -326,6 +326,9 @@ impl<P: Peers> Mem<P> {
         self.reclaim_lost(&beat.lost);
         self.netbufs_of_lost(&beat.lost);
         self.mcomps_lost(&beat.lost_mcomps);
+        if !self.unannounced.lock().unwrap().is_empty() {
+            self.announce_moves();
+        }
         self.give_back_freed();
         // Sets a rebuild could not complete (no room then) are tried again, now and then.
         let mut last = self.last_retry.lock().unwrap();
@@ -482,10 +485,12 @@ impl<P: Peers> Handler for Mem<P> {
         let fences = self.fences.load(Relaxed);
         self.peers.after_stop();
         // A home's change held through a stop that ended in a fence would make this member
-        // hold pages of a process whose sets have moved on without it (or that has ended):
-        // the sender hears it lost it, as it would have had it arrived after the fence.
+        // hold pages of a process whose sets have moved on without it (or that has ended),
+        // and a creation or fork held so a home its pComponent gave up on: the sender hears
+        // it lost it, as it would have had it arrived after the fence.
         let name = msg.name();
-        if self.fences.load(Relaxed) != fences && name.starts_with("M2M_") {
+        let makes = name.starts_with("M2M_") || matches!(msg, Msg::P2M_PROC_CREATE(_) | Msg::P2M_FORK(_));
+        if self.fences.load(Relaxed) != fences && makes {
             return Msg::ERR(ERR::new(
                 ErrCode::NotFound,
                 format!(

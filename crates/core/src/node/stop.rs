@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use super::{HEARTBEAT, MISSED_BEATS};
 
 /// A pause longer than this may have been taken for a death: the managers count a component
-/// late after as long, and none declares one lost sooner.
+/// late after as long. A `reclaim_dead_ms` below it (it has no lower bound) declares lost
+/// components stopped for less, which this watch does not see.
 const STOP: Duration = Duration::from_millis(HEARTBEAT.as_millis() as u64 * MISSED_BEATS as u64);
 /// How often the ticker looks at the clock.
 const TICK: Duration = Duration::from_millis(100);
@@ -43,11 +44,14 @@ impl StopWatch {
 
     /// Runs forever: a sleep that overran by more than [`STOP`] was a stop.
     pub(super) fn tick_forever(&self) {
+        // From now: the time the component took to start is no stop.
+        self.last_tick.store(self.now_ms(), Relaxed);
         loop {
             std::thread::sleep(TICK);
             let now = self.now_ms();
-            let gap = now.saturating_sub(self.last_tick.swap(now, Relaxed));
+            let gap = now.saturating_sub(self.last_tick.load(Relaxed));
             if gap > STOP.as_millis() as u64 {
+                // Before the tick is new again: a request sees one or the other.
                 self.stopped.store(now + 1, Relaxed);
                 crate::series::NODE_STOPS_NOTICED.increment(1);
                 tracing::warn!(
@@ -55,6 +59,7 @@ impl StopWatch {
                     "this component was stopped for longer than the managers wait: requests wait for their next word"
                 );
             }
+            self.last_tick.store(now, Relaxed);
         }
     }
 
@@ -80,15 +85,21 @@ impl StopWatch {
             || (ticked != 0 && self.now_ms().saturating_sub(ticked) > STOP.as_millis() as u64)
     }
 
-    /// Waits, for at most [`WORD_WAIT`], while a stop is not yet answered.
+    /// Waits while a stop is not yet answered, until [`WORD_WAIT`] after it was noticed:
+    /// past that (managers that do not answer) the stop is forgotten, and requests are served
+    /// as before.
     pub(super) fn after_stop(&self) {
         if !self.unanswered() {
             return;
         }
+        crate::series::NODE_REQUESTS_HELD_AFTER_STOPS.increment(1);
         let t0 = Instant::now();
         while self.unanswered() && t0.elapsed() < WORD_WAIT {
             std::thread::sleep(Duration::from_millis(10));
+            let stopped = self.stopped.load(Relaxed);
+            if stopped != 0 && self.now_ms().saturating_sub(stopped - 1) > WORD_WAIT.as_millis() as u64 {
+                let _ = self.stopped.compare_exchange(stopped, 0, Relaxed, Relaxed);
+            }
         }
-        crate::series::NODE_REQUESTS_HELD_AFTER_STOPS.increment(1);
     }
 }

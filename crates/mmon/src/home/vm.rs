@@ -13,13 +13,20 @@ use super::{ignore_unknown, lock_home, HomeError, HomeProc, MOVE_BATCH, PROT_WRI
 use crate::{Mem, Peers, PAGE};
 use splitos_core::vma::{Vma, VmaMap};
 
-/// How many ended processes not made here are remembered: enough for the creations a
-/// pComponent gave up on during one pause of this mComponent.
+/// How many ended processes are remembered: enough for the creations sent again during one
+/// pause of this mComponent.
 const ENDED_KEPT: usize = 4096;
+
+fn push_ended(ended: &mut std::collections::VecDeque<(Option<[u8; 32]>, u64)>, e: (Option<[u8; 32]>, u64)) {
+    if ended.len() == ENDED_KEPT {
+        ended.pop_front();
+    }
+    ended.push_back(e);
+}
 
 impl<P: Peers> Mem<P> {
     /// Refuses a process id already in use here: a pComponent may not take over another's
-    /// process by creating (or forking into) its id.
+    /// process by forking into its id.
     fn fresh_pid(&self, pid: u64) -> Result<(), Refusal> {
         if self.homes.lock().unwrap().contains_key(&pid) {
             self.c.denied.fetch_add(1, Relaxed);
@@ -79,6 +86,8 @@ impl<P: Peers> Mem<P> {
         }
         // Shows the vNode and its quota before it maps anything.
         if let Err(e) = self.quotas.reserve(&r.who.vnode, r.memory_quota, 0) {
+            // A repeat waiting on its lock must not answer for a home that was never made.
+            h.exited = true;
             self.homes.lock().unwrap().remove(&pid);
             return Err(e.into());
         }
@@ -474,6 +483,8 @@ impl<P: Peers> Mem<P> {
         self.homes.lock().unwrap().remove(&r.who.pid);
         let mut h = lock_home(&hp)?;
         h.exited = true;
+        // A repeat of its creation still on its way (answer lost, home paused) is late.
+        self.remember_ended(h.creator, r.who.pid);
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
         let owners = h.all_owners();
@@ -533,15 +544,19 @@ impl<P: Peers> Mem<P> {
     /// Whether it was not made meanwhile.
     fn ended_unmade(&self, pid: u64) -> bool {
         let creator = splitos_rpc::current_peer().map(|p| p.key);
+        // Both held, as a creation checks and makes it.
         let mut ended = self.ended.lock().unwrap();
         if self.homes.lock().unwrap().contains_key(&pid) {
             return false;
         }
-        if ended.len() == ENDED_KEPT {
-            ended.pop_front();
-        }
-        ended.push_back((creator, pid));
+        push_ended(&mut ended, (creator, pid));
         true
+    }
+
+    /// Process `pid` of the pComponent with key `creator` ended: a creation of it that comes
+    /// later is refused.
+    fn remember_ended(&self, creator: Option<[u8; 32]>, pid: u64) {
+        push_ended(&mut self.ended.lock().unwrap(), (creator, pid));
     }
 
     /// Releases, as their exit would, the processes created by pComponents the global

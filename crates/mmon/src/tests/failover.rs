@@ -252,6 +252,11 @@ fn a_creation_sent_again_gets_the_first_answer_and_one_after_the_end_is_refused(
     );
     assert_eq!(create(2, 7).expect_err("ended first").code, ErrCode::Denied);
     assert!(!rig.mem(HOME).homes.lock().unwrap().contains_key(&2));
+    // Made, ended, and then a repeat of its creation comes (held through a pause): refused.
+    create(5, 7).expect("create");
+    rig.call(HOME, P2M_EXIT { who: Who::new("v", 5) }).expect("exit");
+    assert_eq!(create(5, 7).expect_err("a late repeat").code, ErrCode::Denied);
+    assert!(!rig.mem(HOME).homes.lock().unwrap().contains_key(&5));
     // A fork sent again gets the first's answer; a fork into the parent's own id is refused.
     let parent = rig.process(3, 1, 2);
     let fork = |child: u64| {
