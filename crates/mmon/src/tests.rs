@@ -602,18 +602,7 @@ impl Rig {
         self.net.lost.lock().unwrap().extend(ids);
         for (id, m) in &self.mems {
             if !ids.contains(id) {
-                m.on_beat(G2X_BEAT {
-                    lost: Vec::new(),
-                    lost_mcomps: ids.to_vec(),
-                    fenced: false,
-                    memory: 0,
-                    vnodes: 0,
-                    cordoned: false,
-                    leaving: Vec::new(),
-                    exit: false,
-                    rebalance: None,
-                    keep: Vec::new(),
-                });
+                m.on_beat(lost_beat(ids.to_vec()));
             }
         }
     }
@@ -625,6 +614,22 @@ impl Rig {
     /// mComponent `id`'s stats, as `cluster status --json` shows them.
     fn stats(&self, id: u32) -> serde_json::Value {
         serde_json::from_str(&self.mem(id).stats_json()).expect("stats are JSON")
+    }
+}
+
+/// The global managers' heartbeat answer to an mComponent, naming `lost_mcomps` lost.
+fn lost_beat(lost_mcomps: Vec<u32>) -> G2X_BEAT {
+    G2X_BEAT {
+        lost: Vec::new(),
+        lost_mcomps,
+        fenced: false,
+        memory: 0,
+        vnodes: 0,
+        cordoned: false,
+        leaving: Vec::new(),
+        exit: false,
+        rebalance: None,
+        keep: Vec::new(),
     }
 }
 

@@ -320,19 +320,22 @@ fn a_homes_change_held_through_a_stop_that_ended_in_a_fence_is_refused() {
     // Member 3 was stopped past the managers' patience and goes on: the mapping a home sent
     // it before waits for the managers' word, which fences it.
     rig.net.stopped.lock().unwrap().insert(3);
-    let added = rig.net.send(
-        HOME,
-        &addr(3),
-        M2M_VMA_ADD {
-            who: who.clone(),
-            start: BASE,
-            end: BASE + VRS,
-            prot: 3,
-            creator: None,
-            quota: None,
-        },
-        How::Rpc,
-    );
+    let add = || {
+        rig.net.send(
+            HOME,
+            &addr(3),
+            M2M_VMA_ADD {
+                who: who.clone(),
+                start: BASE,
+                end: BASE + VRS,
+                prot: 3,
+                creator: None,
+                quota: None,
+            },
+            How::Rpc,
+        )
+    };
+    let added = add();
     assert!(
         matches!(
             added,
@@ -348,18 +351,6 @@ fn a_homes_change_held_through_a_stop_that_ended_in_a_fence_is_refused() {
         "it holds nothing of the process"
     );
     // Sent after the fence, a change is served as ever.
-    let again = rig.net.send(
-        HOME,
-        &addr(3),
-        M2M_VMA_ADD {
-            who,
-            start: BASE,
-            end: BASE + VRS,
-            prot: 3,
-            creator: None,
-            quota: None,
-        },
-        How::Rpc,
-    );
+    let again = add();
     assert!(again.is_ok(), "{again:?}");
 }

@@ -286,18 +286,7 @@ fn a_set_with_no_room_elsewhere_stays_short_until_a_heartbeat_finds_room() {
     // Room appears (the home takes pages now), and a heartbeat some time later retries.
     rig.net.full.lock().unwrap().clear();
     *rig.mem(HOME).last_retry.lock().unwrap() -= REBUILD_RETRY;
-    rig.mem(HOME).on_beat(G2X_BEAT {
-        lost: Vec::new(),
-        lost_mcomps: Vec::new(),
-        fenced: false,
-        memory: 0,
-        vnodes: 0,
-        cordoned: false,
-        leaving: Vec::new(),
-        exit: false,
-        rebalance: None,
-        keep: Vec::new(),
-    });
+    rig.mem(HOME).on_beat(lost_beat(Vec::new()));
     assert_eq!(rig.mem(HOME).short_vregions(), 0);
     assert_eq!(ids(&rig.set(HOME, &who, idx(0))), vec![set[0], HOME]);
     check_pages(&rig, HOME, &who, 1, 2);

@@ -162,18 +162,7 @@ impl Sim {
             .collect();
         for (id, m) in &self.rig.mems {
             if !self.is_down(*id) {
-                m.on_beat(G2X_BEAT {
-                    lost: Vec::new(),
-                    lost_mcomps: lost.clone(),
-                    fenced: false,
-                    memory: 0,
-                    vnodes: 0,
-                    cordoned: false,
-                    leaving: Vec::new(),
-                    exit: false,
-                    rebalance: None,
-                    keep: Vec::new(),
-                });
+                m.on_beat(lost_beat(lost.clone()));
             }
         }
     }
@@ -193,12 +182,16 @@ impl Sim {
         }
     }
 
+    /// The id of a new process, unless four live already.
+    fn fresh_pid(&mut self) -> Option<u64> {
+        (self.live.len() < 4).then(|| {
+            self.next_pid += 1;
+            self.next_pid - 1
+        })
+    }
+
     fn create(&mut self) -> Result<(), String> {
-        if self.live.len() >= 4 {
-            return Ok(());
-        }
-        let pid = self.next_pid;
-        self.next_pid += 1;
+        let Some(pid) = self.fresh_pid() else { return Ok(()) };
         self.note("creations", format!("create {pid}"));
         self.maybe_lose("P2M_PROC_CREATE");
         // The managers' pick: a member neither lost nor down.
@@ -344,11 +337,7 @@ impl Sim {
 
     fn fork(&mut self) -> Result<(), String> {
         let Some(parent) = self.pick_live() else { return Ok(()) };
-        if self.live.len() >= 4 {
-            return Ok(());
-        }
-        let child = self.next_pid;
-        self.next_pid += 1;
+        let Some(child) = self.fresh_pid() else { return Ok(()) };
         self.note("forks", format!("fork {parent} into {child}"));
         self.maybe_lose("P2M_FORK");
         let forked = self
