@@ -57,6 +57,15 @@ fn writes_lost_with_their_buffer_cache_fail_the_next_fsync_with_eio() {
         "the managers hold the buffer cache's mComponent lost"
     );
     drop(paused);
+    // Until the managers hear the sComponent again they answer that none is alive, and the
+    // fsyncs below would fail for that.
+    assert!(
+        c.eventually(Duration::from_secs(20), |c| c
+            .components_now("scomponent")
+            .iter()
+            .any(|s| s["addr"] == storage.as_str() && s["alive"] == true)),
+        "the sComponent is heard again"
+    );
     writeln!(w.stdin.as_mut().unwrap()).unwrap();
     drop(w.stdin.take());
     let out = w.wait_with_output().unwrap();
