@@ -300,6 +300,35 @@ fn local(listen: &str, netns: Option<&str>) -> bool {
     }
 }
 
+/// `listen` itself, unless it asks for any port (0) of an address here: then a free port below
+/// the host's ephemeral range. A manager is started again at the address the others know it by,
+/// and a port of that range, free while it is down, can be taken meanwhile by any connection's
+/// or listener's "any port", so the manager could not come back there.
+fn lasting(listen: &str, netns: Option<&str>) -> String {
+    use rand::Rng;
+    let Ok(addr) = listen.parse::<std::net::SocketAddr>() else {
+        return listen.to_string();
+    };
+    if addr.port() != 0 || netns.is_some() {
+        return listen.to_string();
+    }
+    // The kernel's default range starts at 32768; ports under 10000 are where services are
+    // configured by hand.
+    let below = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let from = 10000.min(below / 2).max(1024);
+    if below <= from {
+        return listen.to_string();
+    }
+    let mut rng = rand::rng();
+    (0..64)
+        .map(|_| std::net::SocketAddr::new(addr.ip(), rng.random_range(from..below)))
+        .find(|a| std::net::TcpListener::bind(a).is_ok())
+        .map_or_else(|| listen.to_string(), |a| a.to_string())
+}
+
 /// Whether component `name` is another machine's (`local`), noted in `elsewhere` if so.
 fn away(elsewhere: &mut Vec<String>, name: &str, listen: &str, netns: Option<&str>) -> bool {
     let away = !local(listen, netns);
@@ -478,12 +507,12 @@ impl Cluster {
             }
             let etcd_tls = cfg.cluster.etcd.iter().any(|e| e.starts_with("https://"));
             let cluster = GmConfig {
-                api: m.api.clone().unwrap_or_else(|| cfg.cluster.api.clone()),
+                api: lasting(m.api.as_deref().unwrap_or(&cfg.cluster.api), m.netns.as_deref()),
                 ..cfg.gm()
             };
             let api_ca = api_cert.as_ref().map(|_| dir.join(CA_CERT));
             let gm = GmArgs {
-                listen: m.listen.clone(),
+                listen: lasting(&m.listen, m.netns.as_deref()),
                 cluster,
                 vnodes: cfg.vnode.clone(),
                 state,

@@ -247,6 +247,20 @@ fn top_on_a_terminal(c: &TestCluster) {
 fn a_dead_manager_is_restarted_by_name_and_down_stops_it_counting_only_what_it_stopped() {
     let c = TestCluster::up(None);
     let gm = c.status()["gm"].as_str().unwrap().to_string();
+    // While it is down, no "any port" of a connection or listener on this host may take the
+    // addresses it comes back at: they are below the ephemeral range.
+    let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let api = c.status()["api"].as_str().unwrap().to_string();
+    for a in [&gm, &api] {
+        let port = a.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+        assert!(port < ephemeral, "{a} is in the ephemeral range, from {ephemeral}");
+    }
     let recorded = c.state_pids();
     let gm_pid = c.pid_of_addr(&gm);
     // Dead, but still in the record, as a crash leaves it.
