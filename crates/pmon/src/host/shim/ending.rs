@@ -138,13 +138,14 @@ mod tests {
         // then it does, and its home answers 50 ms later.
         let in_table = Arc::new(AtomicBool::new(true));
         let (e2, t2) = (e.clone(), in_table.clone());
+        // Before the releaser starts its sleeps, which the bound below adds up.
+        let t0 = Instant::now();
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             e2.begin("a", || t2.store(false, Relaxed));
             std::thread::sleep(Duration::from_millis(50));
             e2.end("a");
         });
-        let t0 = Instant::now();
         assert!(!e.wait("b", soon(), || false), "b does not wait for a's release");
         assert!(e.wait("a", soon(), || in_table.load(Relaxed)));
         assert!(t0.elapsed() >= Duration::from_millis(70), "{:?}", t0.elapsed());
