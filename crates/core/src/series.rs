@@ -21,6 +21,8 @@ splitos_metrics::series! {
     pub NODE_REGISTRATIONS_AGAIN: Counter = "node_registrations_again_total";
     /// Placement policies the managers swapped in while the cluster ran.
     pub GM_PLACEMENT_SWAPS: Counter = "gm_placement_swaps_total";
+    /// Records of the managers' state written (etcd puts and deletes, or the state file's).
+    pub GM_STATE_WRITES: Counter = "gm_state_writes_total";
     /// Records of the managers' state that could not be read (left out of what was loaded).
     pub GM_STATE_UNREADABLE: Counter = "gm_state_unreadable_total";
     /// Records of the managers' state whose tag did not verify: forged or written with

@@ -196,6 +196,7 @@ impl Store {
             .map(postcard::to_allocvec)
             .transpose()?
             .map(|v| sk.seal(table.0, key, &v));
+        crate::series::GM_STATE_WRITES.increment(1);
         b.put(table.0, key, bytes.as_deref())
     }
 

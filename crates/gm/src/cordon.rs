@@ -60,6 +60,7 @@ impl Gm {
             });
         }
         self.cordons.set(id, on).map_err(ComponentError::KeepCordon)?;
+        self.views.changed();
         if !on {
             self.stay(id);
         }

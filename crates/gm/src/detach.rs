@@ -5,7 +5,7 @@
 //! managers forget it and tell it to exit (or, drained, it stays, empty and cordoned).
 use splitos_rpc::*;
 
-use super::{ComponentError, Entry, Gm};
+use super::{ComponentError, Comps, Entry, Gm};
 
 impl Gm {
     /// Whether new homes, vRegions and buffer caches may go to this entry.
@@ -15,9 +15,9 @@ impl Gm {
 
     /// The mComponents being detached or drained. One declared lost meanwhile is not: its
     /// copies are rebuilt from the others, as for any loss.
-    pub(super) fn leaving_ids(&self, comps: &[Entry]) -> Vec<u32> {
+    pub(super) fn leaving_ids(&self, comps: &Comps) -> Vec<u32> {
         comps
-            .iter()
+            .values()
             .filter(|e| e.info.leaving.is_some() && !self.lost(e))
             .map(|e| e.info.id)
             .collect()
@@ -30,21 +30,24 @@ impl Gm {
     pub fn detach(&self, id: u32, exit: bool) -> Result<ComponentInfo, ComponentError> {
         let mut comps = self.comps();
         let others_free: u64 = comps
-            .iter()
+            .values()
             .filter(|e| e.info.id != id && self.takes_memory(e))
             .map(|e| e.info.load.capacity.saturating_sub(Gm::taken(e)))
             .sum();
-        let others = comps.iter().filter(|e| e.info.id != id && self.takes_memory(e)).count();
+        let others = comps
+            .values()
+            .filter(|e| e.info.id != id && self.takes_memory(e))
+            .count();
         // A finished drain (empty, staying) is no detach under way.
         let busy: Vec<u32> = comps
-            .iter()
+            .values()
             .filter(|e| {
                 e.info.id != id && e.info.leaving.as_ref().is_some_and(|l| l.exit || !l.empty()) && !self.lost(e)
             })
             .map(|e| e.info.id)
             .collect();
         let e = comps
-            .iter_mut()
+            .values_mut()
             .find(|e| e.info.id == id)
             .ok_or(ComponentError::NoSuch { id })?;
         if e.info.role != Role::Mem {
@@ -100,6 +103,7 @@ impl Gm {
             ..Leaving::default()
         });
         self.keep_change(e);
+        self.views.changed();
         crate::series::MCOMPONENT_DETACHES.increment(1);
         tracing::info!(id, addr = %e.info.addr, bytes = e.info.load.used, exit, "mComponent leaving: its memory moves to the others");
         Ok(ComponentInfo {
@@ -114,7 +118,7 @@ impl Gm {
     pub fn attach(&self, id: u32) -> Result<ComponentInfo, ComponentError> {
         let role = self
             .comps()
-            .iter()
+            .values()
             .find(|e| e.info.id == id)
             .map(|e| e.info.role)
             .ok_or(ComponentError::NoSuch { id })?;
@@ -129,9 +133,10 @@ impl Gm {
 
     /// Calls off the detach or drain of mComponent `id`, if one is under way.
     pub(super) fn stay(&self, id: u32) {
-        if let Some(e) = self.comps().iter_mut().find(|e| e.info.id == id) {
+        if let Some(e) = self.comps().values_mut().find(|e| e.info.id == id) {
             if e.info.leaving.take().is_some() {
                 self.keep_change(e);
+                self.views.changed();
                 tracing::info!(id, "detach called off: the mComponent takes memory again");
             }
         }
@@ -156,12 +161,12 @@ impl Gm {
     /// fullest for its capacity, from when it is `rebalance_percent` points fuller than the
     /// emptiest until the gap is under half of that (so that moves settle rather than swing).
     /// Only mComponents that take memory count.
-    pub(super) fn rebalance_from(&self, comps: &[Entry]) -> Option<u32> {
+    pub(super) fn rebalance_from(&self, comps: &Comps) -> Option<u32> {
         if self.rebalance_percent == 0 {
             return None;
         }
         let fill: Vec<(u32, f64)> = comps
-            .iter()
+            .values()
             .filter(|e| self.takes_memory(e) && e.info.load.capacity > 0)
             .map(|e| (e.info.id, e.info.load.used as f64 * 100.0 / e.info.load.capacity as f64))
             .collect();

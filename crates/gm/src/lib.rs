@@ -47,6 +47,7 @@ pub mod series;
 #[cfg(test)]
 mod tests;
 pub mod tokens;
+mod view;
 pub mod vnodes;
 
 use manager::principal;
@@ -82,6 +83,9 @@ const EXCACHE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The most measured links the managers keep of one component.
 const MAX_LINKS: usize = 256;
+
+/// The components known, by id, in the order they registered (first-fit placement's order).
+type Comps = indexmap::IndexMap<u32, Entry>;
 
 struct Entry {
     info: ComponentInfo,
@@ -196,7 +200,11 @@ pub struct Gm {
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
-    comps: Mutex<Vec<Entry>>,
+    comps: Mutex<Comps>,
+    /// When `comps` was last walked for components to forget.
+    swept: Mutex<Instant>,
+    /// What the heartbeats' answers tell of the whole cluster (view.rs).
+    views: view::Views,
     /// Where membership and the rest of the managers' state are kept (kept.rs).
     store: state::Store,
     /// Starts of pComponents replaced by a new start at their address, kept for
@@ -395,7 +403,7 @@ impl Gm {
         // after it.
         let served: Vec<(EbbHome, Vec<EbbServed>)> = self
             .comps()
-            .iter()
+            .values()
             .filter(|e| Gm::alive(e) && !e.ebbs.is_empty())
             .map(|e| {
                 (
@@ -468,6 +476,10 @@ impl Gm {
 
 /// The global managers' dispatch table.
 impl Handler for Gm {
+    fn fans_out(&self, msg: &Msg) -> bool {
+        !from_memory(msg)
+    }
+
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
             Msg::X2G_REGISTER(r) => on(r, |r| self.register(r)),
@@ -518,7 +530,7 @@ impl Handler for Gm {
                 // other use for it.
                 let c = self
                     .comps()
-                    .iter()
+                    .values()
                     .find(|e| e.info.id == r.id && e.info.role == Role::Proc && !self.lost(e))
                     .map(|e| ComponentRef {
                         id: e.info.id,
@@ -551,12 +563,42 @@ impl Handler for Gm {
     }
 }
 
+/// Whether `msg` is answered from the managers' memory alone: heartbeats and placement
+/// questions, the bulk of what they serve, are answered on the event loop they arrive on
+/// (a hand-off to a worker per request cost more than the answer). The rest may wait on the
+/// state's store (etcd) or on other components, and go to a pool, which the loop does not wait
+/// for. (A heartbeat or placement writes to the store only when membership changes: a
+/// component forgotten or fenced, a vNode's quota home named.)
+fn from_memory(msg: &Msg) -> bool {
+    matches!(
+        msg,
+        Msg::X2G_HEARTBEAT(_)
+            | Msg::P2G_PICK_HOME(_)
+            | Msg::M2G_PICK_OWNER(_)
+            | Msg::M2G_FIND(_)
+            | Msg::P2G_FILE_CACHE(_)
+            | Msg::P2G_VNODE_STORAGE(_)
+            | Msg::M2G_BACKUP_STORE(_)
+            | Msg::P2G_PICK_NET(_)
+            | Msg::P2G_VNODES(_)
+            | Msg::X2G_WHO_LEADS(_)
+            | Msg::C2X_PING(_)
+    )
+}
+
+/// The managers serve on event loops that sleep in epoll between requests: no thread per
+/// component, and no CPU polling for requests that come every few hundred milliseconds from
+/// each (docs/benchmarks.md, "The managers at datacenter scale").
 fn server_config() -> ServerConfig {
     ServerConfig {
         name: "gm".into(),
-        workers: 2,
-        fanout_workers: 1,
-        serving: Default::default(),
+        workers: 0,
+        fanout_workers: 2,
+        serving: splitos_rpc::serving::ServingConfig {
+            kind: splitos_rpc::serving::Serving::Loops,
+            waiting: splitos_ebb::event::Waiting::Sleep,
+            ..Default::default()
+        },
     }
 }
 
@@ -730,7 +772,9 @@ impl Gm {
             rebalancing: Mutex::new(None),
             forget_dead,
             reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
-            comps: Mutex::new(Gm::resume(&state)?),
+            comps: Mutex::new(Gm::resume(&state)?.into_iter().map(|e| (e.info.id, e)).collect()),
+            swept: Mutex::new(Instant::now()),
+            views: Default::default(),
             replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
             replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
             forgotten_mcomps: kept::Recent::open(state.clone(), state::Table("forgotten-mcomponents"), forget_dead)?,

@@ -136,6 +136,11 @@ pub struct Manager {
 }
 
 impl Handler for Manager {
+    /// A follower forwards to the leader: only a leader answers from its memory.
+    fn fans_out(&self, msg: &Msg) -> bool {
+        !from_memory(msg) || self.leading().is_none()
+    }
+
     fn handle(&self, msg: Msg) -> Msg {
         match msg {
             Msg::X2G_WHO_LEADS(r) => return on(r, |_| Ok(self.who_leads())),

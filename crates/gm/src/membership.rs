@@ -53,10 +53,19 @@ impl Gm {
         matches!(e.info.role, Role::Proc | Role::Mem) && e.last.elapsed() > self.reclaim_dead
     }
 
-    /// The entries, less those silent for longer than `forget_dead`.
-    pub(super) fn comps(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+    /// The entries, less those silent for longer than `forget_dead` (looked for at most every
+    /// [`view::VIEW_FOR`]: a walk over every component, which each call would pay).
+    pub(super) fn comps(&self) -> std::sync::MutexGuard<'_, Comps> {
         let mut comps = self.comps.lock().unwrap();
-        comps.retain(|e| {
+        {
+            let mut swept = self.swept.lock().unwrap();
+            if swept.elapsed() < view::VIEW_FOR {
+                return comps;
+            }
+            *swept = Instant::now();
+        }
+        let before = comps.len();
+        comps.retain(|_, e| {
             let keep = e.last.elapsed() < self.forget_dead;
             if !keep {
                 tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
@@ -68,6 +77,9 @@ impl Gm {
             }
             keep
         });
+        if comps.len() != before {
+            self.views.changed();
+        }
         crate::series::COMPONENTS.set(comps.len() as f64);
         comps
     }
@@ -157,7 +169,7 @@ impl Gm {
 
     pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
         self.comps()
-            .iter()
+            .values()
             .map(|e| ComponentInfo {
                 alive: Gm::alive(e),
                 since_heartbeat_ms: e.last.elapsed().as_millis() as u64,
@@ -186,7 +198,7 @@ impl Gm {
         // A component restarting at the same address replaces its old entry (with new
         // credentials, after the old entry was forgotten).
         if comps
-            .iter()
+            .values()
             .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e))
         {
             return Err(MembershipError::OtherCredentials {
@@ -197,7 +209,7 @@ impl Gm {
         }
         let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
         let before: Vec<LostPcomp> = comps
-            .iter()
+            .values()
             .filter(|e| replaces(e) && r.role == Role::Proc)
             .filter_map(|e| {
                 Some(LostPcomp {
@@ -206,8 +218,8 @@ impl Gm {
                 })
             })
             .collect();
-        let earlier: Vec<u32> = comps.iter().filter(|e| replaces(e)).map(|e| e.info.id).collect();
-        let taken = |id: u32| id == 0 || comps.iter().any(|e| e.info.id == id && !replaces(e));
+        let earlier: Vec<u32> = comps.values().filter(|e| replaces(e)).map(|e| e.info.id).collect();
+        let taken = |id: u32| id == 0 || comps.values().any(|e| e.info.id == id && !replaces(e));
         let again = !taken(r.id);
         let id = if again {
             r.id
@@ -242,7 +254,7 @@ impl Gm {
         // Kept before anything changes: a manager that cannot keep it (it stopped leading)
         // registers nobody, and changes nothing.
         self.keep(&e).map_err(MembershipError::Keep)?;
-        comps.retain(|e| !replaces(e));
+        comps.retain(|_, e| !replaces(e));
         for old in earlier.iter().filter(|old| **old != id) {
             self.unkeep(*old);
         }
@@ -271,7 +283,8 @@ impl Gm {
         }
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         crate::series::REGISTRATIONS.increment(1);
-        comps.push(e);
+        comps.insert(id, e);
+        self.views.changed();
         crate::series::COMPONENTS.set(comps.len() as f64);
         Ok(G2X_REGISTERED {
             id,
@@ -303,37 +316,40 @@ impl Gm {
                     "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost"
                 );
                 let now = Instant::now();
-                for e in comps.iter_mut() {
+                for e in comps.values_mut() {
                     e.last = now;
                 }
+                self.views.changed();
             }
             *last_any = Instant::now();
         }
         // A component reports links only to components the managers know, a bounded number.
-        let known: std::collections::HashSet<u32> = comps.iter().map(|e| e.info.id).collect();
-        let Some(e) = comps.iter_mut().find(|e| {
-            e.info.id == r.id && e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key)
-        }) else {
+        let links: Vec<LinkSample> = r
+            .links
+            .into_iter()
+            .filter(|l| comps.contains_key(&l.peer))
+            .take(MAX_LINKS)
+            .collect();
+        let Some(e) = comps
+            .get_mut(&r.id)
+            .filter(|e| e.info.addr == r.addr && current_peer().is_none_or(|p| Some(p.key) == e.key))
+        else {
             // A detached mComponent whose `exit` answer was lost is told again, rather than
             // registering as a new one.
             if current_peer().is_none_or(|p| p.role == Role::Mem) && self.detached.current().contains(&r.id) {
                 return Ok(G2X_BEAT {
-                    lost: Vec::new(),
-                    lost_mcomps: Vec::new(),
-                    fenced: false,
-                    memory: 0,
-                    vnodes: 0,
                     cordoned: true,
                     leaving: vec![r.id],
                     exit: true,
-                    rebalance: None,
-                    keep: Vec::new(),
+                    ..told_nothing()
                 });
             }
             return Err(MembershipError::NotRegistered { id: r.id, addr: r.addr }.into());
         };
         if !Gm::alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
+            // The view may name it lost: every answer from now on must not.
+            self.views.changed();
         }
         // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
         // what it holds may be older.
@@ -347,10 +363,9 @@ impl Gm {
         }
         e.info.load = r.load;
         let files_gone = e.files_gone;
+        let was_leaving = e.info.leaving.is_some();
         let exit = Gm::leaving_report(e, r.leaving);
-        e.links = r.links;
-        e.links.retain(|l| known.contains(&l.peer));
-        e.links.truncate(MAX_LINKS);
+        e.links = links;
         let mut changed = e.files_gone != files_gone;
         if let Some(ebbs) = ebbs.filter(|ebbs| *ebbs != e.ebbs) {
             e.ebbs = ebbs;
@@ -359,114 +374,79 @@ impl Gm {
         if changed {
             self.keep_change(e);
         }
+        if e.info.leaving.is_some() != was_leaving {
+            self.views.changed();
+        }
         e.last = Instant::now();
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(G2X_BEAT {
-                lost: Vec::new(),
-                lost_mcomps: Vec::new(),
-                fenced: false,
-                memory: 0,
-                vnodes: 0,
-                cordoned: false,
-                leaving: Vec::new(),
-                exit: false,
-                rebalance: None,
-                keep: Vec::new(),
-            });
+            return Ok(told_nothing());
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
-        let mut lost: Vec<LostPcomp> = comps
-            .iter()
-            .filter(|e| e.info.role == Role::Proc && self.lost(e))
-            .filter_map(|e| {
-                Some(LostPcomp {
-                    key: e.key?,
-                    id: e.info.id,
-                })
-            })
-            .collect();
-        lost.extend(self.replaced.current());
+        let view = self.view(&comps);
         // An nComponent closes the sockets of lost pComponents.
         if role == Role::Net {
             return Ok(G2X_BEAT {
-                lost,
-                lost_mcomps: Vec::new(),
-                fenced: false,
-                memory: 0,
-                vnodes: 0,
-                cordoned: false,
-                leaving: Vec::new(),
-                exit: false,
-                rebalance: None,
-                keep: Vec::new(),
+                lost: view.lost.clone(),
+                ..told_nothing()
             });
         }
-        let mut lost_mcomps: Vec<u32> = comps
-            .iter()
-            .filter(|e| e.info.role == Role::Mem && self.lost(e))
-            .map(|e| e.info.id)
-            .collect();
-        lost_mcomps.extend(self.replaced_mcomps.current());
-        lost_mcomps.extend(
-            self.forgotten_mcomps
-                .current()
-                .into_iter()
-                .filter(|id| !comps.iter().any(|e| e.info.id == *id)),
-        );
         // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
         // there to be promised (heuristic overcommit refuses a mapping larger than this;
         // a pComponent answers the changes no home would refuse before the home has them).
-        let memory = comps
-            .iter()
-            .filter(|e| self.takes_memory(e))
-            .map(|e| e.info.load.capacity)
-            .sum();
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
-            lost_mcomps.extend(self.detached.current());
             return Ok(G2X_BEAT {
-                lost,
-                lost_mcomps,
-                fenced: false,
-                memory,
+                lost: view.lost.clone(),
+                lost_mcomps: view.lost_mcomps.iter().chain(&view.detached).copied().collect(),
+                memory: view.memory,
                 vnodes: self.vnodes.version(),
                 cordoned: self.cordons.has(r.id),
-                leaving: Vec::new(),
-                exit: false,
-                rebalance: None,
-                keep: Vec::new(),
+                ..told_nothing()
             });
         }
         if self.replication != Replication::None && !fenced {
-            self.announce(lost_mcomps.iter().copied().filter(|id| *id != r.id));
+            self.announce(view.lost_mcomps.iter().copied().filter(|id| *id != r.id));
         }
-        let leaving = self.leaving_ids(&comps);
-        let rebalance = self.rebalance_from(&comps);
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
-            comps.retain(|e| e.info.id != r.id);
+            comps.shift_remove(&r.id);
+            self.views.changed();
             self.unkeep(r.id);
             self.detached.push(r.id);
             crate::series::MCOMPONENTS_DETACHED.increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
-        let keep = self.quotas_kept_by(&comps, r.id);
         Ok(G2X_BEAT {
-            lost,
-            lost_mcomps,
+            lost: view.lost.clone(),
+            lost_mcomps: view.lost_mcomps.clone(),
             fenced,
-            memory,
-            vnodes: 0,
-            cordoned: false,
-            leaving,
+            memory: view.memory,
+            leaving: view.leaving.clone(),
             exit,
-            rebalance,
-            keep,
+            rebalance: view.rebalance,
+            keep: view.quotas.get(&r.id).cloned().unwrap_or_default(),
+            ..told_nothing()
         })
+    }
+}
+
+/// An answer to a heartbeat that tells nothing: what the answers that tell something start from.
+fn told_nothing() -> G2X_BEAT {
+    G2X_BEAT {
+        lost: Vec::new(),
+        lost_mcomps: Vec::new(),
+        fenced: false,
+        memory: 0,
+        vnodes: 0,
+        cordoned: false,
+        leaving: Vec::new(),
+        exit: false,
+        rebalance: None,
+        keep: Vec::new(),
     }
 }
 

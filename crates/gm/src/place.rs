@@ -51,9 +51,9 @@ impl Gm {
     /// The cluster's topology graph, with the links components measured.
     pub fn topology(&self) -> splitos_core::topology::Graph {
         let comps = self.comps();
-        let infos: Vec<ComponentInfo> = comps.iter().map(|e| e.info.clone()).collect();
+        let infos: Vec<ComponentInfo> = comps.values().map(|e| e.info.clone()).collect();
         let samples = comps
-            .iter()
+            .values()
             .map(|e| {
                 (
                     e.info.id,
@@ -109,12 +109,12 @@ impl Gm {
         let hops = self.hops(near, rule);
         let mut comps = self.comps();
         let taken_hosts: Vec<String> = comps
-            .iter()
+            .values()
             .filter(|e| exclude.contains(&e.info.id))
             .map(|e| host_of(&e.info.addr).to_string())
             .collect();
         let best = comps
-            .iter_mut()
+            .values_mut()
             .enumerate()
             .filter(|(_, e)| self.takes_memory(e) && !exclude.contains(&e.info.id))
             .map(|(index, e)| (index, e.info.load.capacity.saturating_sub(Gm::taken(e)), e))
@@ -139,7 +139,7 @@ impl Gm {
             .map(|(_, _, e)| e);
         let Some(e) = best else {
             let free: Vec<String> = comps
-                .iter()
+                .values()
                 .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
                 .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
                 .collect();
@@ -163,9 +163,9 @@ impl Gm {
         let mut comps = self.comps();
         let rule = self.placement.rule();
         let takes = |e: &Entry| e.info.role == Role::Proc && !self.cordons.has(e.info.id) && !self.lost(e);
-        let any_alive = comps.iter().any(|e| takes(e) && Gm::alive(e));
+        let any_alive = comps.values().any(|e| takes(e) && Gm::alive(e));
         let e = comps
-            .iter_mut()
+            .values_mut()
             .enumerate()
             .filter(|(_, e)| takes(e) && (Gm::alive(e) || !any_alive))
             .map(|(index, e)| {
@@ -196,7 +196,7 @@ impl Gm {
         // None alive (the managers started again and no heartbeat came yet, or every
         // mComponent is late): the pComponent waits for one, where "no room" would refuse
         // the program.
-        if !self.comps().iter().any(|e| e.info.role == Role::Mem && Gm::alive(e)) {
+        if !self.comps().values().any(|e| e.info.role == Role::Mem && Gm::alive(e)) {
             return Err(PlaceError::NoMComponentAlive.into());
         }
         let memory_quota = self.vnodes.quota(&r.vnode);
@@ -209,13 +209,13 @@ impl Gm {
 
     /// The home of every process of `vnode`, which has a memory quota: the one it had while
     /// that one is alive and not leaving, else a new one (rendezvous on the vNode's name).
-    pub(super) fn quota_home(&self, comps: &[Entry], vnode: &str) -> Result<ComponentRef, PlaceError> {
+    pub(super) fn quota_home(&self, comps: &Comps, vnode: &str) -> Result<ComponentRef, PlaceError> {
         let mut homes = self.quota_homes.lock().unwrap();
         let kept = homes
             .get(vnode)
             .filter(|h| {
                 comps
-                    .iter()
+                    .values()
                     .any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())
             })
             .cloned();
@@ -223,7 +223,7 @@ impl Gm {
             Some(h) => h,
             // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
             None => rendezvous(
-                comps.iter().filter(|e| self.takes_memory(e)),
+                comps.values().filter(|e| self.takes_memory(e)),
                 Role::Mem,
                 &format!("home\0{vnode}"),
             )
@@ -240,21 +240,9 @@ impl Gm {
         Ok(home)
     }
 
-    /// The vNodes with a quota whose home mComponent `id` is, and their quotas: it keeps room
-    /// for them from the moment they exist, before their first process (a home is named for
-    /// each now if it has none yet).
-    pub(super) fn quotas_kept_by(&self, comps: &[Entry], id: u32) -> Vec<(String, u64)> {
-        let (_, vnodes) = self.vnodes.list();
-        vnodes
-            .into_iter()
-            .filter_map(|v| Some((v.memory?, v.name)))
-            .filter(|(_, name)| self.quota_home(comps, name).is_ok_and(|h| h.id == id))
-            .map(|(q, name)| (name, q))
-            .collect()
-    }
-
     /// Forgets the home of a deleted vNode: one made later under its name is placed anew.
     pub fn forget_quota_home(&self, vnode: &str) {
+        self.views.changed();
         if self.quota_homes.lock().unwrap().remove(vnode).is_some() {
             if let Err(e) = self.store.put::<ComponentRef>(kept::QUOTA_HOMES, vnode, None) {
                 tracing::warn!(vnode, error = %e, "cannot drop a deleted vNode's home from the managers' state");
@@ -278,9 +266,9 @@ impl Gm {
     /// for: on a loaded host a heartbeat comes late, and the sComponent is still there.
     fn storage_of(&self, vnode: &str) -> Option<ComponentRef> {
         let comps = self.comps();
-        rendezvous(comps.iter().filter(|e| Gm::alive(e)), Role::Storage, vnode).or_else(|| {
+        rendezvous(comps.values().filter(|e| Gm::alive(e)), Role::Storage, vnode).or_else(|| {
             rendezvous(
-                comps.iter().filter(|e| e.last.elapsed() < self.reclaim_dead),
+                comps.values().filter(|e| e.last.elapsed() < self.reclaim_dead),
                 Role::Storage,
                 vnode,
             )
@@ -298,7 +286,7 @@ impl Gm {
                 .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
         if let Some(ip) = specific {
             let holder = comps
-                .iter()
+                .values()
                 .find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
             return match holder {
                 Some(e) => Ok(G2P_NET {
@@ -310,10 +298,10 @@ impl Gm {
                 None => Err(PlaceError::NoNComponentAt { ip }.into()),
             };
         }
-        if !comps.iter().any(|e| e.info.role == Role::Net) {
+        if !comps.values().any(|e| e.info.role == Role::Net) {
             return Err(PlaceError::NoNComponent.into());
         }
-        let ncomp = rendezvous(comps.iter().filter(|e| Gm::alive(e)), Role::Net, &r.vnode)
+        let ncomp = rendezvous(comps.values().filter(|e| Gm::alive(e)), Role::Net, &r.vnode)
             .ok_or(PlaceError::NoNComponentAlive)?;
         Ok(G2P_NET { ncomp })
     }
@@ -324,7 +312,7 @@ impl Gm {
         // file at once would each miss the other's writes.
         let comps = self.comps();
         let mcomp = rendezvous(
-            comps.iter().filter(|e| Gm::alive(e) && !e.files_gone),
+            comps.values().filter(|e| Gm::alive(e) && !e.files_gone),
             Role::Mem,
             &format!("{}\0{}", r.vnode, r.ino),
         )

@@ -11,6 +11,9 @@ splitos_metrics::series! {
     pub COMPONENTS: Gauge = "gm_components";
     /// Components known from the state when this manager started to lead.
     pub COMPONENTS_RESUMED: Gauge = "gm_components_resumed";
+    /// Views of the cluster worked out for heartbeats' answers (each serves those of up to
+    /// 100 ms, unless membership changes sooner).
+    pub VIEWS: Counter = "gm_views_total";
     /// Registrations of components (first ones and again after a restart).
     pub REGISTRATIONS: Counter = "gm_registrations_total";
     /// Components forgotten after no heartbeat for `forget_dead`.

@@ -129,11 +129,14 @@ impl Rig {
         .unwrap();
     }
 
-    /// Component `id` was last heard `ago`.
+    /// Component `id` was last heard `ago`: as if that time had passed, the views and the
+    /// walk for components to forget, which time renews, are due.
     fn silent(&self, id: u32, ago: Duration) {
         let mut comps = self.gm.comps.lock().unwrap();
-        let e = comps.iter_mut().find(|e| e.info.id == id).expect("registered");
+        let e = comps.get_mut(&id).expect("registered");
         e.last = Instant::now().checked_sub(ago).expect("this host has been up longer");
+        *self.gm.swept.lock().unwrap() = Instant::now() - crate::view::VIEW_FOR;
+        self.gm.views.changed();
     }
 
     fn info(&self, id: u32) -> Option<ComponentInfo> {

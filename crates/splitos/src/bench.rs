@@ -3,6 +3,8 @@
 //! another thread with a local page, a raw TCP loopback round trip carrying 4 KB, and the
 //! splitos RPC round trip carrying 4 KB to a running mComponent. Waiters poll before they
 //! sleep, as the system's own do.
+pub mod managers;
+
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;

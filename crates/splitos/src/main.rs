@@ -115,6 +115,10 @@ enum Cmd {
         #[arg(long)]
         mcomp: Option<String>,
     },
+    /// Load the global managers with thousands of simulated components (registrations,
+    /// heartbeats, placement questions, mComponents falling silent) and measure their CPU,
+    /// memory, state writes and decision latencies (JSON on stdout; docs/benchmarks.md).
+    BenchManagers(Box<bench::managers::ManagersArgs>),
     /// Drive memcached-protocol servers with Facebook's ETC load (key and value sizes, GET:SET
     /// 30:1, Zipf keys), open or closed loop, and report throughput, hit ratio and latency
     /// percentiles; every value read back is checked (docs/benchmarks.md).
@@ -512,6 +516,7 @@ fn main() {
         Cmd::Sim(args) => sim::run(*args),
         Cmd::Chaos(args) => control::chaos::chaos(*args).map(|code| std::process::exit(code)),
         Cmd::BenchFloor { n, mcomp } => bench::floor(n, mcomp, &control::cluster::admin_credentials()),
+        Cmd::BenchManagers(a) => bench::managers::managers(*a, &control::cluster::admin_credentials()),
         Cmd::Loadgen(args) => loadgen::run(*args),
         Cmd::Memcached(args) => memcached::run(*args),
         Cmd::Debug {
