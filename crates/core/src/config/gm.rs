@@ -9,8 +9,9 @@ use super::{check_netns, ConfigError, Size, ANY_PORT, PAGE};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields, default)]
 pub struct GmConfig {
-    /// Where `cluster up` starts the global managers (port 0: any free port, which it tells
-    /// every component it starts); one started by hand listens at `splitos gm --listen`.
+    /// Where `cluster up` starts the global managers (port 0: a free port below the kernel's
+    /// ephemeral range, which it tells every component it starts, and where a manager started
+    /// again comes back); one started by hand listens at `splitos gm --listen`.
     #[arg(skip = ANY_PORT.to_string())]
     pub gm: String,
     /// vRegion size: a power of two of at least 4096.
