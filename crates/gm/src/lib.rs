@@ -201,6 +201,8 @@ pub struct Gm {
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
     comps: Mutex<Comps>,
+    /// Held by a registration throughout, `comps` only while it reads and changes it.
+    registering: Mutex<()>,
     /// When `comps` was last walked for components to forget.
     swept: Mutex<Instant>,
     /// What the heartbeats' answers tell of the whole cluster (view.rs).
@@ -774,6 +776,7 @@ impl Gm {
             reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
             comps: Mutex::new(Gm::resume(&state)?.into_iter().map(|e| (e.info.id, e)).collect()),
             swept: Mutex::new(Instant::now()),
+            registering: Mutex::new(()),
             views: Default::default(),
             replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
             replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,

@@ -194,7 +194,11 @@ impl Gm {
             .into());
         }
         let key = peer.map(|p| p.key);
-        let mut comps = self.comps();
+        // Registrations one at a time: each picks its id and finds what it replaces from the
+        // membership, then writes to the state without the membership's lock (which every
+        // heartbeat waits for, and a write to etcd takes milliseconds), then changes it.
+        let _one_at_a_time = self.registering.lock().unwrap();
+        let comps = self.comps();
         // A component restarting at the same address replaces its old entry (with new
         // credentials, after the old entry was forgotten).
         if comps
@@ -219,7 +223,7 @@ impl Gm {
             })
             .collect();
         let earlier: Vec<u32> = comps.values().filter(|e| replaces(e)).map(|e| e.info.id).collect();
-        let taken = |id: u32| id == 0 || comps.values().any(|e| e.info.id == id && !replaces(e));
+        let taken = |id: u32| id == 0 || comps.get(&id).is_some_and(|e| !replaces(e));
         let again = !taken(r.id);
         let id = if again {
             r.id
@@ -251,9 +255,11 @@ impl Gm {
             files_gone: false,
             ebbs,
         };
+        drop(comps);
         // Kept before anything changes: a manager that cannot keep it (it stopped leading)
         // registers nobody, and changes nothing.
         self.keep(&e).map_err(MembershipError::Keep)?;
+        let mut comps = self.comps();
         comps.retain(|_, e| !replaces(e));
         for old in earlier.iter().filter(|old| **old != id) {
             self.unkeep(*old);

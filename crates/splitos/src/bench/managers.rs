@@ -121,7 +121,8 @@ fn summary(h: &Histogram<u64>) -> serde_json::Value {
 
 /// CPU seconds (user and system) process `pid` used so far.
 fn cpu_s(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| anyhow::anyhow!("cannot read the CPU time of process {pid}: {e}"))?;
     // The fields after the command name, which may hold spaces, closed by the last ')'.
     let rest = stat
         .rsplit_once(')')
@@ -409,6 +410,7 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
         0 => args.hosts,
         c => c.min(args.hosts),
     };
+    cpu_s(args.gm_pid)?;
     let creds = splitos_core::node::credentials(admin, Role::Admin)?;
     // The components it plays are on other hosts: TCP, never this host's shared memory.
     let t = TransportConfig {

@@ -651,6 +651,10 @@ fn every_command_whose_reader_goes_away_exits_without_a_panic() {
                 .to_vec(),
             "sim" => vec!["--nodes".into(), file("nodes.csv"), "--tasks".into(), file("tasks.csv")],
             "bench-floor" => vec!["--n".into(), "100".into()],
+            // Refused before it registers anything, which the cluster's later commands would see.
+            "bench-managers" => ["--gm", "127.0.0.1:1", "--gm-pid", "999999999"]
+                .map(String::from)
+                .to_vec(),
             "loadgen" => [
                 "--server",
                 &server,
