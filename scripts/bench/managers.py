@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The global managers at datacenter scale (issue "reliability you can show", part 3): the
 real `splitos gm`, keeping its state in a real etcd (TLS, one member), under thousands of
-components that `splitos bench managers` plays over the wire protocol: each registers, then
+components that `splitos bench-managers` plays over the wire protocol: each registers, then
 heartbeats every 300 ms; one pComponent per host, one sComponent on every tenth host, the
 rest mComponents; placement questions (a new process's home, a vRegion's owner) at a steady
 rate; four mComponents falling silent halfway through the window.
@@ -136,7 +136,7 @@ def report(res):
     lines = [
         "## The managers at datacenter scale",
         "",
-        machine_line(res) + f"The real `splitos gm` with its state in etcd (TLS, one member), loaded by `splitos bench managers`: "
+        machine_line(res) + f"The real `splitos gm` with its state in etcd (TLS, one member), loaded by `splitos bench-managers`: "
         "components on loopback hosts of their own (one pComponent per host, one sComponent on every tenth, the rest mComponents; "
         "ten per host, one connection per host) registering, then heartbeating every 300 ms; "
         f"{res['picks_per_s']} placement questions a second (a home, an owner in turn); four mComponents falling silent halfway through "

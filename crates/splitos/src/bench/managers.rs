@@ -1,4 +1,4 @@
-//! `splitos bench managers`: the real global managers under the registrations, heartbeats and
+//! `splitos bench-managers`: the real global managers under the registrations, heartbeats and
 //! placement questions of thousands of components, which this process plays over the wire
 //! protocol (docs/benchmarks.md, "The managers at datacenter scale").
 //!
@@ -19,7 +19,7 @@ use rand::Rng;
 use splitos_core::node::HEARTBEAT;
 use splitos_rpc::{Load, Role, Rpc, TransportConfig, M2G_PICK_OWNER, P2G_PICK_HOME, X2G_HEARTBEAT, X2G_REGISTER};
 
-/// What `splitos bench managers` is asked to simulate.
+/// What `splitos bench-managers` is asked to simulate.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ManagersArgs {
     /// The global managers to load: their RPC address.
