@@ -759,3 +759,36 @@ fn a_leader_whose_lease_lapses_while_it_answers_sends_a_refusal_instead() {
     assert_eq!(e.code, ErrCode::NotLeader);
     assert!(e.msg.contains("10.0.0.10:7100"), "{e}");
 }
+
+/// The heartbeats' answers share a view of the cluster for up to 100 ms (view.rs); an
+/// mComponent back after it was declared lost must not be named lost by an answer made from the
+/// view before it came back: its peers would announce it again, and its next heartbeat would
+/// fence it a second time, dropping copies rebuilt onto it meanwhile.
+#[test]
+fn an_mcomponent_back_after_its_loss_is_fenced_once_and_no_later_answer_names_it_lost() {
+    let r = Rig::new(|c| {
+        c.reclaim_dead_ms = 2_000;
+        c.replication = Some(Replication::Replica);
+    });
+    let addrs = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];
+    let m: Vec<u32> = addrs.iter().map(|a| r.join(Role::Mem, a, GIB)).collect();
+    let beat = |i: usize| r.beat(m[i], addrs[i], Load::default()).unwrap();
+    r.silent(m[0], Duration::from_millis(2_100));
+    assert_eq!(beat(1).lost_mcomps, vec![m[0]], "declared lost, and so announced");
+    // The view of that answer is fresh: what follows happens within its 100 ms.
+    assert!(beat(0).fenced, "back after it was announced lost: fenced");
+    for i in [1, 2, 1] {
+        assert!(
+            beat(i).lost_mcomps.is_empty(),
+            "an answer after it came back names it lost"
+        );
+    }
+    assert!(!beat(0).fenced, "fenced twice");
+    // Answers within the 100 ms share one view: no more were worked out for them.
+    let views = || r.gm.views.worked_out();
+    let before = views();
+    for i in [1, 2, 1, 2] {
+        beat(i);
+    }
+    assert!(views() - before <= 1, "{} views for four heartbeats", views() - before);
+}

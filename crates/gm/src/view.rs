@@ -43,6 +43,8 @@ type Dated = (Instant, (u64, u64), Arc<View>);
 pub(crate) struct Views {
     /// Bumped by every change a view must show at once.
     changes: AtomicU64,
+    /// Views worked out (also `gm_views_total`, which is the process's, not this manager's).
+    worked_out: AtomicU64,
     last: Mutex<Option<Dated>>,
 }
 
@@ -50,6 +52,12 @@ impl Views {
     /// Makes the next answer work the view out again.
     pub(crate) fn changed(&self) {
         self.changes.fetch_add(1, Relaxed);
+    }
+
+    /// Views worked out so far.
+    #[cfg(test)]
+    pub(crate) fn worked_out(&self) -> u64 {
+        self.worked_out.load(Relaxed)
     }
 }
 
@@ -65,6 +73,7 @@ impl Gm {
         }
         let v = Arc::new(self.work_out(comps));
         crate::series::VIEWS.increment(1);
+        self.views.worked_out.fetch_add(1, Relaxed);
         *last = Some((Instant::now(), changes, v.clone()));
         v
     }
