@@ -411,16 +411,8 @@ impl Node {
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
                             if r.fenced {
                                 on_beat(splitos_rpc::G2X_BEAT {
-                                    lost: Vec::new(),
-                                    lost_mcomps: Vec::new(),
                                     fenced: true,
-                                    memory: 0,
-                                    vnodes: 0,
-                                    cordoned: false,
-                                    leaving: Vec::new(),
-                                    exit: false,
-                                    rebalance: None,
-                                    keep: Vec::new(),
+                                    ..splitos_rpc::G2X_BEAT::nothing()
                                 });
                             }
                             self.stop.answered(sent);

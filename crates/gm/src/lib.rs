@@ -26,7 +26,8 @@
 //! (splitos-core's `state`, kept.rs): a local file, or etcd when several managers run, one
 //! elected leader (etcd.rs). A restarted manager, or a new leader, resumes with it.
 //!
-//! Membership (registrations, heartbeats) is in membership.rs, the pickers in place.rs, and
+//! Membership (registrations, heartbeats) is in membership.rs, what heartbeats' answers tell of
+//! the cluster in view.rs, how requests are served in serve.rs, the pickers in place.rs, and
 //! what a manager answers while another leads in manager.rs; this file is the managers' state,
 //! their dispatch table, their operations for the admin, and their start.
 //!
@@ -43,6 +44,8 @@ mod manager;
 mod membership;
 pub use membership::forget_components;
 mod place;
+mod serve;
+use serve::{from_memory, server_config};
 pub mod series;
 #[cfg(test)]
 mod tests;
@@ -562,45 +565,6 @@ impl Handler for Gm {
                 .into(),
             ),
         }
-    }
-}
-
-/// Whether `msg` is answered from the managers' memory alone: heartbeats and placement
-/// questions, the bulk of what they serve, are answered on the event loop they arrive on
-/// (a hand-off to a worker per request cost more than the answer). The rest may wait on the
-/// state's store (etcd) or on other components, and go to a pool, which the loop does not wait
-/// for. (A heartbeat or placement writes to the store only when membership changes: a
-/// component forgotten or fenced, a vNode's quota home named.)
-fn from_memory(msg: &Msg) -> bool {
-    matches!(
-        msg,
-        Msg::X2G_HEARTBEAT(_)
-            | Msg::P2G_PICK_HOME(_)
-            | Msg::M2G_PICK_OWNER(_)
-            | Msg::M2G_FIND(_)
-            | Msg::P2G_FILE_CACHE(_)
-            | Msg::P2G_VNODE_STORAGE(_)
-            | Msg::M2G_BACKUP_STORE(_)
-            | Msg::P2G_PICK_NET(_)
-            | Msg::P2G_VNODES(_)
-            | Msg::X2G_WHO_LEADS(_)
-            | Msg::C2X_PING(_)
-    )
-}
-
-/// The managers serve on event loops that sleep in epoll between requests: no thread per
-/// component, and no CPU polling for requests that come every few hundred milliseconds from
-/// each (docs/benchmarks.md, "The managers at datacenter scale").
-fn server_config() -> ServerConfig {
-    ServerConfig {
-        name: "gm".into(),
-        workers: 0,
-        fanout_workers: 2,
-        serving: splitos_rpc::serving::ServingConfig {
-            kind: splitos_rpc::serving::Serving::Loops,
-            waiting: splitos_ebb::event::Waiting::Sleep,
-            ..Default::default()
-        },
     }
 }
 

@@ -347,7 +347,7 @@ impl Gm {
                     cordoned: true,
                     leaving: vec![r.id],
                     exit: true,
-                    ..told_nothing()
+                    ..G2X_BEAT::nothing()
                 });
             }
             return Err(MembershipError::NotRegistered { id: r.id, addr: r.addr }.into());
@@ -387,7 +387,7 @@ impl Gm {
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {
-            return Ok(told_nothing());
+            return Ok(G2X_BEAT::nothing());
         }
         // Only what is known to be gone: after a restart of the global managers a pComponent
         // that has not registered again yet is not lost, merely not heard of.
@@ -396,7 +396,7 @@ impl Gm {
         if role == Role::Net {
             return Ok(G2X_BEAT {
                 lost: view.lost.clone(),
-                ..told_nothing()
+                ..G2X_BEAT::nothing()
             });
         }
         // Memory that takes new vRegions: a standby, cordoned or leaving mComponent's is not
@@ -411,7 +411,7 @@ impl Gm {
                 memory: view.memory,
                 vnodes: self.vnodes.version(),
                 cordoned: self.cordons.has(r.id),
-                ..told_nothing()
+                ..G2X_BEAT::nothing()
             });
         }
         if self.replication != Replication::None && !fenced {
@@ -435,24 +435,8 @@ impl Gm {
             exit,
             rebalance: view.rebalance,
             keep: view.quotas.get(&r.id).cloned().unwrap_or_default(),
-            ..told_nothing()
+            ..G2X_BEAT::nothing()
         })
-    }
-}
-
-/// An answer to a heartbeat that tells nothing: what the answers that tell something start from.
-fn told_nothing() -> G2X_BEAT {
-    G2X_BEAT {
-        lost: Vec::new(),
-        lost_mcomps: Vec::new(),
-        fenced: false,
-        memory: 0,
-        vnodes: 0,
-        cordoned: false,
-        leaving: Vec::new(),
-        exit: false,
-        rebalance: None,
-        keep: Vec::new(),
     }
 }
 

@@ -620,16 +620,8 @@ impl Rig {
 /// The global managers' heartbeat answer to an mComponent, naming `lost_mcomps` lost.
 fn lost_beat(lost_mcomps: Vec<u32>) -> G2X_BEAT {
     G2X_BEAT {
-        lost: Vec::new(),
         lost_mcomps,
-        fenced: false,
-        memory: 0,
-        vnodes: 0,
-        cordoned: false,
-        leaving: Vec::new(),
-        exit: false,
-        rebalance: None,
-        keep: Vec::new(),
+        ..G2X_BEAT::nothing()
     }
 }
 

@@ -231,6 +231,24 @@ pub struct PlacementState {
 
 // The senders of these two messages are the managers and the control plane; the asking lives
 // beside the messages, so that neither imports the pComponent or the placement policies.
+impl G2X_BEAT {
+    /// An answer that tells nothing: what the answers that tell something start from.
+    pub fn nothing() -> G2X_BEAT {
+        G2X_BEAT {
+            lost: Vec::new(),
+            lost_mcomps: Vec::new(),
+            fenced: false,
+            memory: 0,
+            vnodes: 0,
+            cordoned: false,
+            leaving: Vec::new(),
+            exit: false,
+            rebalance: None,
+            keep: Vec::new(),
+        }
+    }
+}
+
 impl SetPolicy {
     /// Sends this message to a pComponent's `excache-policies` representative through `send`
     /// and returns its policies after it.

@@ -15,6 +15,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+
+use super::hist;
 use rand::Rng;
 use splitos_core::node::HEARTBEAT;
 use splitos_rpc::{Load, Role, Rpc, TransportConfig, M2G_PICK_OWNER, P2G_PICK_HOME, X2G_HEARTBEAT, X2G_REGISTER};
@@ -102,10 +104,6 @@ fn load(s: &Sim) -> Load {
         committed: s.used,
         used: s.used,
     }
-}
-
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("bounds")
 }
 
 fn summary(h: &Histogram<u64>) -> serde_json::Value {
