@@ -10,7 +10,7 @@ use super::{ComponentError, Comps, Entry, Gm};
 impl Gm {
     /// Whether new homes, vRegions and buffer caches may go to this entry.
     pub(super) fn takes_memory(&self, e: &Entry) -> bool {
-        e.info.role == Role::Mem && Gm::alive(e) && !self.cordons.has(e.info.id) && e.info.leaving.is_none()
+        e.info.role == Role::Mem && self.alive(e) && !self.cordons.has(e.info.id) && e.info.leaving.is_none()
     }
 
     /// The mComponents being detached or drained. One declared lost meanwhile is not: its
@@ -56,7 +56,7 @@ impl Gm {
                 role: e.info.role.name(),
             });
         }
-        if !Gm::alive(e) {
+        if !self.alive(e) {
             return Err(ComponentError::LostMComponent { id });
         }
         match e.info.leaving.as_mut() {
@@ -102,7 +102,15 @@ impl Gm {
             exit,
             ..Leaving::default()
         });
-        self.keep_change(e);
+        // Kept before it is answered: a detach the admin was told of that a successor does
+        // not know would never end, the mComponent half emptied and taken back.
+        // One whose write may have reached the state all the same (its answer was lost) is
+        // taken back there too, as far as it can be.
+        if let Err(err) = self.keep(e) {
+            e.info.leaving = None;
+            self.keep_change(e);
+            return Err(ComponentError::KeepDetach(err));
+        }
         self.views.changed();
         crate::series::MCOMPONENT_DETACHES.increment(1);
         tracing::info!(id, addr = %e.info.addr, bytes = e.info.load.used, exit, "mComponent leaving: its memory moves to the others");

@@ -4,12 +4,14 @@
 //! recently each component was heard is not kept: the one that resumes gives every component
 //! a fresh start, as after a stall of its own.
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use splitos_rpc::{ComponentInfo, EbbServed};
 
+use crate::clock::Clock;
 use splitos_core::state::{Store, Table};
 
 pub const MEMBERS: Table = Table("members");
@@ -27,12 +29,6 @@ pub struct Member {
     pub files_gone: bool,
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[derive(Serialize, Deserialize)]
 struct Dated<T> {
     item: T,
@@ -47,11 +43,12 @@ pub struct Recent<T> {
     table: Table,
     keep: Duration,
     items: Mutex<Vec<(T, Instant, String)>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
-    pub fn open(store: Store, table: Table, keep: Duration) -> anyhow::Result<Recent<T>> {
-        let now = (Instant::now(), unix_ms());
+    pub fn open(store: Store, table: Table, keep: Duration, clock: &Arc<dyn Clock>) -> anyhow::Result<Recent<T>> {
+        let now = (clock.now(), clock.unix_ms());
         let items = store
             .load_keyed::<Dated<T>>(table)?
             .into_iter()
@@ -67,13 +64,14 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
             table,
             keep,
             items: Mutex::new(items),
+            clock: clock.clone(),
         };
         r.current();
         Ok(r)
     }
 
     pub fn push(&self, item: T) {
-        let at_unix_ms = unix_ms();
+        let at_unix_ms = self.clock.unix_ms();
         let key = format!("{at_unix_ms}-{:08x}", splitos_rpc::auth::random_u64() as u32);
         if let Err(e) = self.store.put(
             self.table,
@@ -85,14 +83,14 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
         ) {
             tracing::warn!(table = self.table.0, error = %e, "cannot keep a departure in the managers' state; a successor will not tell it");
         }
-        self.items.lock().unwrap().push((item, Instant::now(), key));
+        self.items.lock().unwrap().push((item, self.clock.now(), key));
     }
 
     /// The departures of the last `keep`; older ones are dropped.
     pub fn current(&self) -> Vec<T> {
         let mut items = self.items.lock().unwrap();
         items.retain(|(_, at, key)| {
-            let keep = at.elapsed() < self.keep;
+            let keep = self.clock.now().saturating_duration_since(*at) < self.keep;
             if !keep {
                 let _ = self.store.put::<Dated<T>>(self.table, key, None);
             }
@@ -111,13 +109,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("state.redb");
         let table = Table("departures");
-        // Long enough that a reopen on a loaded machine happens well inside it.
         let keep = Duration::from_secs(4);
-        let r = Recent::<u32>::open(Store::for_test(&file), table, keep).unwrap();
+        let sim = Arc::new(crate::clock::Simulated::new());
+        let clock: Arc<dyn Clock> = sim.clone();
+        let r = Recent::<u32>::open(Store::for_test(&file), table, keep, &clock).unwrap();
         r.push(7);
         r.push(9);
-        // Taken after the pushes: the open before them may take long on a loaded machine.
-        let pushed = Instant::now();
         drop(r);
         // One that had already outlived its time when the state was written is not told.
         Store::for_test(&file)
@@ -126,17 +123,19 @@ mod tests {
                 "old",
                 Some(&Dated {
                     item: 5u32,
-                    at_unix_ms: unix_ms() - 2 * keep.as_millis() as u64,
+                    at_unix_ms: clock.unix_ms() - 2 * keep.as_millis() as u64,
                 }),
             )
             .unwrap();
-        std::thread::sleep(Duration::from_secs(1));
-        let r = Recent::<u32>::open(Store::for_test(&file), table, keep).unwrap();
+        sim.advance(Duration::from_secs(1));
+        let r = Recent::<u32>::open(Store::for_test(&file), table, keep, &clock).unwrap();
         let mut kept = r.current();
         kept.sort();
         assert_eq!(kept, [7, 9]);
         // The rest of their time counts from when they were pushed, not from the reopen.
-        std::thread::sleep((pushed + keep + Duration::from_millis(100)).saturating_duration_since(Instant::now()));
+        sim.advance(keep - Duration::from_millis(1100));
+        assert_eq!(r.current().len(), 2, "told until their time is up");
+        sim.advance(Duration::from_millis(200));
         assert!(r.current().is_empty());
         drop(r);
         let store = Store::for_test(&file);

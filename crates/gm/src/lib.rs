@@ -35,8 +35,10 @@
 //! with them; they start it through the function `run` is given, so the managers' own code
 //! imports nothing of it.
 pub mod api;
+pub mod clock;
 pub mod cordon;
 mod detach;
+mod election;
 mod etcd;
 pub mod joins;
 mod kept;
@@ -141,6 +143,8 @@ pub enum ComponentError {
     NotCordonable { id: u32, role: &'static str },
     #[error("cannot keep the cordon: {0}")]
     KeepCordon(anyhow::Error),
+    #[error("cannot keep the detach in the managers' state, so it is called off (a successor would not know of it; if the write reached the state after all, the detach goes on): {0}")]
+    KeepDetach(anyhow::Error),
     #[error("component {id} is a {role}: only pComponents have an ExCache")]
     NotPComponent { id: u32, role: &'static str },
     #[error("pComponent {id} does not answer")]
@@ -180,7 +184,7 @@ impl Refuse for ComponentError {
             | NotAttachable { .. }
             | AlreadyDetaching { .. }
             | OneDetachAtATime { .. } => ErrCode::Invalid,
-            KeepCordon(_) => ErrCode::Internal,
+            KeepCordon(_) | KeepDetach(_) => ErrCode::Internal,
             Silent { .. } | LostMComponent { .. } => ErrCode::Unreachable,
             LastMComponent { .. } | TooFewOthers { .. } | NoRoomToMove { .. } => ErrCode::NoMemory,
         }
@@ -253,7 +257,9 @@ pub struct Gm {
     /// that a hung pComponent delays a job list by that much at most.
     rpc: Rpc,
     /// Their election, when several managers keep the state in etcd.
-    election: Option<Arc<etcd::Election>>,
+    election: Option<Arc<election::Election>>,
+    /// Their time (the host's, but in a simulation).
+    clock: Arc<dyn clock::Clock>,
 }
 
 impl Gm {
@@ -409,7 +415,7 @@ impl Gm {
         let served: Vec<(EbbHome, Vec<EbbServed>)> = self
             .comps()
             .values()
-            .filter(|e| Gm::alive(e) && !e.ebbs.is_empty())
+            .filter(|e| self.alive(e) && !e.ebbs.is_empty())
             .map(|e| {
                 (
                     EbbHome {
@@ -474,7 +480,7 @@ impl Gm {
     }
 
     fn stats(&self) -> Result<X2C_STATS, Refusal> {
-        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.started.elapsed().as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.now().to_string(), "placement_swaps": self.placement.swaps()}).to_string();
+        let json = serde_json::json!({"role": "global-managers", "uptime_ms": self.since(self.started).as_millis() as u64, "components": self.snapshot().len(), "placement": self.placement.now().to_string(), "placement_swaps": self.placement.swaps()}).to_string();
         Ok(X2C_STATS { json })
     }
 }
@@ -498,7 +504,7 @@ impl Handler for Gm {
             Msg::X2G_WHO_LEADS(r) => on(r, |_| {
                 Ok(G2X_LEADER {
                     leader: Some(self.addr.clone()),
-                    term: self.election.as_ref().map_or(0, |e| e.etcd.term()),
+                    term: self.election.as_ref().map_or(0, |e| e.term().max(0) as u64),
                 })
             }),
             Msg::C2G_TOKEN_CREATE(r) => on(r, |r| {
@@ -607,7 +613,7 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Manager>, &GmArgs) -> anyhow::Result
             )?,
             None => state::Store::default(),
         };
-        let gm = Gm::open(&args, &addr, &t, store.clone(), None)?;
+        let gm = Gm::open(&args, &addr, &t, store.clone(), None, Arc::new(clock::Host))?;
         ep.serve(gm.clone(), server_config());
         let alone = Arc::new(Manager {
             election: Arc::new(manager::Alone { addr: addr.clone() }),
@@ -638,9 +644,10 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Manager>, &GmArgs) -> anyhow::Result
         (Some(ca), Some(cert), Some(key)) => Some(etcd::Tls { ca, cert, key }),
         _ => None,
     };
-    let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix, tls, key.clone())?;
-    let store = state::Store::on(etcd.clone(), key);
-    let election = etcd::Election::new(etcd, &addr, Duration::from_secs(cfg.leader_lease_s));
+    let etcd = etcd::Etcd::connect(&cfg.etcd, &cfg.etcd_prefix, tls)?;
+    let store = state::Store::on(etcd.clone(), key.clone());
+    let clock: Arc<dyn clock::Clock> = Arc::new(clock::Host);
+    let election = election::Election::new(etcd, key, &addr, Duration::from_secs(cfg.leader_lease_s), clock.clone());
     let manager = Arc::new(Manager {
         election: election.clone(),
         gm: std::sync::OnceLock::new(),
@@ -660,7 +667,7 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Manager>, &GmArgs) -> anyhow::Result
     node::announce_ready(args.process.ready_file.as_deref(), &addr);
     let e = election.clone();
     election.run(move || {
-        let gm = Gm::open(&args, &addr, &t, store, Some(e.clone()))?;
+        let gm = Gm::open(&args, &addr, &t, store, Some(e.clone()), clock)?;
         if let Some(at) = metrics {
             let _ = gm.metrics.set(at);
         }
@@ -701,6 +708,15 @@ pub fn run(args: GmArgs, start_api: fn(&Arc<Manager>, &GmArgs) -> anyhow::Result
 }
 
 impl Gm {
+    fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// How long ago `t` was, in the managers' time.
+    fn since(&self, t: Instant) -> Duration {
+        self.now().saturating_duration_since(t)
+    }
+
     /// The managers, resuming from what `state` keeps; `election`: theirs, when they are
     /// several.
     fn open(
@@ -708,7 +724,8 @@ impl Gm {
         addr: &str,
         t: &Arc<dyn splitos_rpc::Transport>,
         state: state::Store,
-        election: Option<Arc<etcd::Election>>,
+        election: Option<Arc<election::Election>>,
+        clock: Arc<dyn clock::Clock>,
     ) -> anyhow::Result<Arc<Gm>> {
         let cfg = &args.cluster;
         let forget_dead = Duration::from_millis(cfg.forget_dead_ms);
@@ -738,18 +755,18 @@ impl Gm {
             rebalancing: Mutex::new(None),
             forget_dead,
             reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
-            comps: Mutex::new(Gm::resume(&state)?.into_iter().map(|e| (e.info.id, e)).collect()),
-            swept: Mutex::new(Instant::now()),
+            comps: Mutex::new(Gm::resume(&state, clock.now())?.into_iter().map(|e| (e.info.id, e)).collect()),
+            swept: Mutex::new(clock.now()),
             registering: Mutex::new(()),
             views: Default::default(),
-            replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead)?,
-            replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead)?,
-            forgotten_mcomps: kept::Recent::open(state.clone(), state::Table("forgotten-mcomponents"), forget_dead)?,
-            detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead)?,
+            replaced: kept::Recent::open(state.clone(), state::Table("replaced-pcomponents"), forget_dead, &clock)?,
+            replaced_mcomps: kept::Recent::open(state.clone(), state::Table("replaced-mcomponents"), forget_dead, &clock)?,
+            forgotten_mcomps: kept::Recent::open(state.clone(), state::Table("forgotten-mcomponents"), forget_dead, &clock)?,
+            detached: kept::Recent::open(state.clone(), state::Table("detached"), forget_dead, &clock)?,
             announced: Mutex::new(state.load::<u32>(kept::ANNOUNCED)?.into_iter().collect()),
             store: state.clone(),
-            last_any: Mutex::new(Instant::now()),
-            started: Instant::now(),
+            last_any: Mutex::new(clock.now()),
+            started: clock.now(),
             vnodes: vnodes::Vnodes::open(state.clone(), &args.vnodes)?,
             cordons: cordon::Cordons::open(state.clone())?,
             quota_homes: Mutex::new(
@@ -763,6 +780,7 @@ impl Gm {
             metrics: std::sync::OnceLock::new(),
             rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
             election,
+            clock,
         });
         let resumed = gm.comps.lock().unwrap().len();
         crate::series::COMPONENTS_RESUMED.set(resumed as f64);

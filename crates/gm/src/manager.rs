@@ -1,5 +1,5 @@
 //! Leading and following, where several managers keep their state in etcd (the election is
-//! etcd.rs's).
+//! election.rs's).
 use super::*;
 
 /// Why a manager that does not lead refuses, or cannot answer what followers answer.
@@ -28,14 +28,14 @@ impl Refuse for ManagerError {
     }
 }
 
-/// What a manager needs of the election to lead or follow (etcd.rs's `Election` in a running
-/// cluster): a seam, so that the answers of a follower, and of a leader whose lease lapses, are
+/// What a manager needs of the election to lead or follow (election.rs's `Election` in a
+/// running cluster): a seam, so that the answers of a follower, and of a leader whose lease lapses, are
 /// tested in process.
 pub(crate) trait Lead: Send + Sync {
     /// Whether this manager leads now, its lease not lapsed.
     fn leading(&self) -> bool;
     /// Who leads, as this manager last saw it.
-    fn seen(&self) -> etcd::Seen;
+    fn seen(&self) -> election::Seen;
     /// Every manager's address.
     fn managers(&self) -> Vec<String>;
     /// The leader's last published status, if a manager of this cluster signed it.
@@ -50,7 +50,7 @@ pub(crate) trait Lead: Send + Sync {
 }
 
 /// Where this process serves the REST API, once it does: kept across a step-down's new image
-/// ([`etcd::step_down`]), so that each manager's API address lasts as long as its process.
+/// ([`election::step_down`]), so that each manager's API address lasts as long as its process.
 pub(crate) static API_AT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 /// The environment variable that hands [`API_AT`] to the new image.
 pub const API_AGAIN: &str = "SPLITOS_GM_API_AGAIN";
@@ -65,8 +65,8 @@ impl Lead for Alone {
         true
     }
 
-    fn seen(&self) -> etcd::Seen {
-        etcd::Seen {
+    fn seen(&self) -> election::Seen {
+        election::Seen {
             leader: Some(self.addr.clone()),
             term: 0,
         }
@@ -95,33 +95,33 @@ impl Lead for Alone {
     }
 }
 
-impl Lead for etcd::Election {
+impl Lead for election::Election {
     fn leading(&self) -> bool {
-        etcd::Election::leading(self)
+        election::Election::leading(self)
     }
 
-    fn seen(&self) -> etcd::Seen {
-        etcd::Election::seen(self)
+    fn seen(&self) -> election::Seen {
+        election::Election::seen(self)
     }
 
     fn managers(&self) -> Vec<String> {
-        etcd::Election::managers(self)
+        election::Election::managers(self)
     }
 
     fn published_status(&self) -> Option<Vec<u8>> {
-        etcd::Election::published_status(self)
+        election::Election::published_status(self)
     }
 
     fn resign(&self) {
-        etcd::Election::resign(self)
+        election::Election::resign(self)
     }
 
     fn apis(&self) -> Vec<(String, String)> {
-        etcd::Election::apis(self)
+        election::Election::apis(self)
     }
 
     fn apis_known(&self) -> Vec<String> {
-        etcd::Election::apis_known(self)
+        election::Election::apis_known(self)
     }
 }
 

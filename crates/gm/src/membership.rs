@@ -43,14 +43,14 @@ impl Gm {
         e.info.load.committed.max(e.info.load.used) + e.pending
     }
 
-    pub(super) fn alive(e: &Entry) -> bool {
-        e.last.elapsed() < HEARTBEAT * MISSED_BEATS
+    pub(super) fn alive(&self, e: &Entry) -> bool {
+        self.since(e.last) < HEARTBEAT * MISSED_BEATS
     }
 
     /// Whether a pComponent or mComponent is declared lost: its programs or its copies are
     /// given up, where until then it was only late and waited for.
     pub(super) fn lost(&self, e: &Entry) -> bool {
-        matches!(e.info.role, Role::Proc | Role::Mem) && e.last.elapsed() > self.reclaim_dead
+        matches!(e.info.role, Role::Proc | Role::Mem) && self.since(e.last) > self.reclaim_dead
     }
 
     /// The entries, less those silent for longer than `forget_dead` (looked for at most every
@@ -59,14 +59,14 @@ impl Gm {
         let mut comps = self.comps.lock().unwrap();
         {
             let mut swept = self.swept.lock().unwrap();
-            if swept.elapsed() < view::VIEW_FOR {
+            if self.since(*swept) < view::VIEW_FOR {
                 return comps;
             }
-            *swept = Instant::now();
+            *swept = self.now();
         }
         let before = comps.len();
         comps.retain(|_, e| {
-            let keep = e.last.elapsed() < self.forget_dead;
+            let keep = self.since(e.last) < self.forget_dead;
             if !keep {
                 tracing::info!(id = e.info.id, role = e.info.role.name(), addr = %e.info.addr, "component forgotten: no heartbeat for {:?}", self.forget_dead);
                 crate::series::COMPONENTS_FORGOTTEN.increment(1);
@@ -150,8 +150,7 @@ impl Gm {
 
     /// The registrations kept in `store`, each with a fresh start: whether a component is
     /// alive is learnt again from its heartbeats.
-    pub(super) fn resume(store: &state::Store) -> anyhow::Result<Vec<Entry>> {
-        let now = Instant::now();
+    pub(super) fn resume(store: &state::Store, now: Instant) -> anyhow::Result<Vec<Entry>> {
         Ok(store
             .load::<kept::Member>(kept::MEMBERS)?
             .into_iter()
@@ -171,8 +170,8 @@ impl Gm {
         self.comps()
             .values()
             .map(|e| ComponentInfo {
-                alive: Gm::alive(e),
-                since_heartbeat_ms: e.last.elapsed().as_millis() as u64,
+                alive: self.alive(e),
+                since_heartbeat_ms: self.since(e.last).as_millis() as u64,
                 lost: self.lost(e),
                 cordoned: self.cordons.has(e.info.id),
                 ..e.info.clone()
@@ -203,7 +202,7 @@ impl Gm {
         // credentials, after the old entry was forgotten).
         if comps
             .values()
-            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && Gm::alive(e))
+            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && self.alive(e))
         {
             return Err(MembershipError::OtherCredentials {
                 role: r.role.name(),
@@ -232,6 +231,12 @@ impl Gm {
                 .find(|id| !taken(*id))
                 .expect("an endless supply")
         };
+        // A detach or drain under way goes on across a registration under the same id (the
+        // managers had lost it, or it started anew, holding nothing): it ends as the admin asked.
+        let leaving = comps
+            .get(&id)
+            .filter(|e| again && replaces(e))
+            .and_then(|e| e.info.leaving.clone());
         let info = ComponentInfo {
             id,
             role: r.role,
@@ -244,12 +249,12 @@ impl Gm {
             lost: false,
             metrics: r.metrics,
             cordoned: false,
-            leaving: None,
+            leaving,
         };
         let e = Entry {
             info,
             key,
-            last: Instant::now(),
+            last: self.now(),
             pending: 0,
             links: Vec::new(),
             files_gone: false,
@@ -316,18 +321,18 @@ impl Gm {
         let mut comps = self.comps();
         {
             let mut last_any = self.last_any.lock().unwrap();
-            if last_any.elapsed() > HEARTBEAT * MISSED_BEATS {
+            if self.since(*last_any) > HEARTBEAT * MISSED_BEATS {
                 tracing::warn!(
-                    silent_ms = last_any.elapsed().as_millis() as u64,
+                    silent_ms = self.since(*last_any).as_millis() as u64,
                     "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost"
                 );
-                let now = Instant::now();
+                let now = self.now();
                 for e in comps.values_mut() {
                     e.last = now;
                 }
                 self.views.changed();
             }
-            *last_any = Instant::now();
+            *last_any = self.now();
         }
         // A component reports links only to components the managers know, a bounded number.
         let links: Vec<LinkSample> = r
@@ -352,7 +357,7 @@ impl Gm {
             }
             return Err(MembershipError::NotRegistered { id: r.id, addr: r.addr }.into());
         };
-        if !Gm::alive(e) {
+        if !self.alive(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
             // The view may name it lost: every answer from now on must not.
             self.views.changed();
@@ -383,7 +388,7 @@ impl Gm {
         if e.info.leaving.is_some() != was_leaving {
             self.views.changed();
         }
-        e.last = Instant::now();
+        e.last = self.now();
         e.pending = 0;
         let role = e.info.role;
         if !matches!(role, Role::Mem | Role::Net | Role::Proc) {

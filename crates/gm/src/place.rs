@@ -60,7 +60,7 @@ impl Gm {
                     e.links
                         .iter()
                         .map(|l| LinkSample {
-                            age_ms: l.age_ms.saturating_add(e.last.elapsed().as_millis() as u64),
+                            age_ms: l.age_ms.saturating_add(self.since(e.last).as_millis() as u64),
                             ..l.clone()
                         })
                         .collect(),
@@ -140,7 +140,7 @@ impl Gm {
         let Some(e) = best else {
             let free: Vec<String> = comps
                 .values()
-                .filter(|e| e.info.role == Role::Mem && Gm::alive(e))
+                .filter(|e| e.info.role == Role::Mem && self.alive(e))
                 .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
                 .collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
@@ -163,11 +163,11 @@ impl Gm {
         let mut comps = self.comps();
         let rule = self.placement.rule();
         let takes = |e: &Entry| e.info.role == Role::Proc && !self.cordons.has(e.info.id) && !self.lost(e);
-        let any_alive = comps.values().any(|e| takes(e) && Gm::alive(e));
+        let any_alive = comps.values().any(|e| takes(e) && self.alive(e));
         let e = comps
             .values_mut()
             .enumerate()
-            .filter(|(_, e)| takes(e) && (Gm::alive(e) || !any_alive))
+            .filter(|(_, e)| takes(e) && (self.alive(e) || !any_alive))
             .map(|(index, e)| {
                 (
                     rule.key(&Unit {
@@ -196,7 +196,7 @@ impl Gm {
         // None alive (the managers started again and no heartbeat came yet, or every
         // mComponent is late): the pComponent waits for one, where "no room" would refuse
         // the program.
-        if !self.comps().values().any(|e| e.info.role == Role::Mem && Gm::alive(e)) {
+        if !self.comps().values().any(|e| e.info.role == Role::Mem && self.alive(e)) {
             return Err(PlaceError::NoMComponentAlive.into());
         }
         let memory_quota = self.vnodes.quota(&r.vnode);
@@ -216,7 +216,7 @@ impl Gm {
             .filter(|h| {
                 comps
                     .values()
-                    .any(|e| e.info.id == h.id && e.info.role == Role::Mem && Gm::alive(e) && e.info.leaving.is_none())
+                    .any(|e| e.info.id == h.id && e.info.role == Role::Mem && self.alive(e) && e.info.leaving.is_none())
             })
             .cloned();
         let home = match kept {
@@ -266,9 +266,9 @@ impl Gm {
     /// for: on a loaded host a heartbeat comes late, and the sComponent is still there.
     fn storage_of(&self, vnode: &str) -> Option<ComponentRef> {
         let comps = self.comps();
-        rendezvous(comps.values().filter(|e| Gm::alive(e)), Role::Storage, vnode).or_else(|| {
+        rendezvous(comps.values().filter(|e| self.alive(e)), Role::Storage, vnode).or_else(|| {
             rendezvous(
-                comps.values().filter(|e| e.last.elapsed() < self.reclaim_dead),
+                comps.values().filter(|e| self.since(e.last) < self.reclaim_dead),
                 Role::Storage,
                 vnode,
             )
@@ -287,7 +287,7 @@ impl Gm {
         if let Some(ip) = specific {
             let holder = comps
                 .values()
-                .find(|e| e.info.role == Role::Net && Gm::alive(e) && e.info.nics.contains(&ip));
+                .find(|e| e.info.role == Role::Net && self.alive(e) && e.info.nics.contains(&ip));
             return match holder {
                 Some(e) => Ok(G2P_NET {
                     ncomp: ComponentRef {
@@ -301,7 +301,7 @@ impl Gm {
         if !comps.values().any(|e| e.info.role == Role::Net) {
             return Err(PlaceError::NoNComponent.into());
         }
-        let ncomp = rendezvous(comps.values().filter(|e| Gm::alive(e)), Role::Net, &r.vnode)
+        let ncomp = rendezvous(comps.values().filter(|e| self.alive(e)), Role::Net, &r.vnode)
             .ok_or(PlaceError::NoNComponentAlive)?;
         Ok(G2P_NET { ncomp })
     }
@@ -312,7 +312,7 @@ impl Gm {
         // file at once would each miss the other's writes.
         let comps = self.comps();
         let mcomp = rendezvous(
-            comps.values().filter(|e| Gm::alive(e) && !e.files_gone),
+            comps.values().filter(|e| self.alive(e) && !e.files_gone),
             Role::Mem,
             &format!("{}\0{}", r.vnode, r.ino),
         )

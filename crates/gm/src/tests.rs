@@ -52,7 +52,7 @@ impl Rig {
     }
 
     fn open(args: &GmArgs, dir: &tempfile::TempDir, t: &Arc<dyn Transport>) -> Arc<Gm> {
-        Gm::open(args, "127.0.0.1:7100", t, Rig::store(dir), None).unwrap()
+        Gm::open(args, "127.0.0.1:7100", t, Rig::store(dir), None, Arc::new(clock::Host)).unwrap()
     }
 
     fn store(dir: &tempfile::TempDir) -> state::Store {
@@ -630,8 +630,8 @@ impl Lead for Election {
         }
     }
 
-    fn seen(&self) -> etcd::Seen {
-        etcd::Seen {
+    fn seen(&self) -> election::Seen {
+        election::Seen {
             leader: self.leader.clone(),
             term: 3,
         }
@@ -792,3 +792,5 @@ fn an_mcomponent_back_after_its_loss_is_fenced_once_and_no_later_answer_names_it
     }
     assert!(views() - before <= 1, "{} views for four heartbeats", views() - before);
 }
+
+mod sim;

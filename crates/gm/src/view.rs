@@ -67,14 +67,14 @@ impl Gm {
         let changes = (self.views.changes.load(Relaxed), self.vnodes.version());
         let mut last = self.views.last.lock().unwrap();
         if let Some((at, seen, v)) = last.as_ref() {
-            if *seen == changes && at.elapsed() < VIEW_FOR {
+            if *seen == changes && self.since(*at) < VIEW_FOR {
                 return v.clone();
             }
         }
         let v = Arc::new(self.work_out(comps));
         crate::series::VIEWS.increment(1);
         self.views.worked_out.fetch_add(1, Relaxed);
-        *last = Some((Instant::now(), changes, v.clone()));
+        *last = Some((self.now(), changes, v.clone()));
         v
     }
 

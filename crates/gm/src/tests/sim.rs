@@ -1,0 +1,1087 @@
+//! The managers under seeded faults, in simulated time: three managers take leases and elect a
+//! leader through a simulated keeper (leases, revisions and transactions as etcd keeps them),
+//! and the one that leads serves its real handlers (`Manager::handle` over `Gm`, the state in
+//! the keeper) to simulated pComponents and mComponents. The network loses, delays, reorders
+//! and duplicates messages; managers crash, pause, and lose the keeper; the keeper's answers
+//! are lost or late; components crash, pause and are detached. Time moves only when the
+//! simulator moves it, so a seed replays exactly. Invariants are checked after every step; a
+//! failing seed panics with the seed, what broke and the whole trace.
+//! `SPLITOS_GM_SIM_SEEDS` (how many) and `SPLITOS_GM_SIM_FIRST` (from which) run others.
+use super::*;
+use crate::clock::{Clock, Simulated};
+use crate::election::{Claim, Election, Held, Keeper, Round, WATCH};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
+
+const MANAGERS: usize = 3;
+const PCOMPS: u32 = 3;
+const MCOMPS: u32 = 5;
+/// One step of simulated time.
+const TICK: Duration = Duration::from_millis(10);
+/// Faults are drawn for this long, then the network heals and everything that is down comes
+/// back (but crashed components, which stay down) for [`QUIET`].
+const FAULTY: Duration = Duration::from_secs(40);
+const QUIET: Duration = Duration::from_secs(14);
+/// How long a component waits for the managers' answer (a real one waits 5 s; shorter here,
+/// so that lost answers cost less simulated time).
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Lease of each manager at the keeper.
+const LEASE: Duration = Duration::from_secs(2);
+/// The keeper applies a request up to this long after it was sent: its clock may run ahead
+/// of a manager's by as much (less than the election's margin).
+const KEEPER_LATE: u64 = 150;
+
+/// Who holds what at the keeper, as etcd would.
+struct Kv {
+    /// The keeper's time: never behind the simulation's, at most [`KEEPER_LATE`] ahead.
+    now: Instant,
+    revision: i64,
+    keys: BTreeMap<String, Held>,
+    /// Each lease with when it expires.
+    leases: BTreeMap<i64, Instant>,
+}
+
+impl Kv {
+    /// Moves the keeper's time to `t` (never back), expiring leases and their keys.
+    fn at(&mut self, t: Instant) {
+        self.now = self.now.max(t);
+        let now = self.now;
+        let gone: Vec<i64> = self.leases.iter().filter(|(_, e)| **e <= now).map(|(l, _)| *l).collect();
+        for l in gone {
+            self.leases.remove(&l);
+            self.keys.retain(|_, h| h.lease != l);
+        }
+    }
+
+    fn put(&mut self, key: &str, value: Vec<u8>, lease: i64) {
+        self.revision += 1;
+        let revision = self.keys.get(key).map_or(self.revision, |h| h.revision);
+        self.keys.insert(key.to_string(), Held { value, revision, lease });
+    }
+
+    /// The manager whose term the leader key carries, with a live lease, if any.
+    fn leader(&self) -> Option<(String, i64)> {
+        let h = self.keys.get("leader")?;
+        self.leases
+            .get(&h.lease)
+            .filter(|e| **e > self.now)
+            .map(|_| (String::from_utf8_lossy(&h.value).into_owned(), h.revision))
+    }
+}
+
+/// What the simulation draws from, shared by the keeper's clients (everything runs on one
+/// thread, in one order, so draws made inside the managers' calls replay too).
+struct World {
+    kv: Mutex<Kv>,
+    clock: Arc<Simulated>,
+    rng: Mutex<StdRng>,
+    tally: Mutex<BTreeMap<&'static str, u64>>,
+    /// Set once the faults end: nothing is lost or late any more.
+    calm: AtomicBool,
+}
+
+impl World {
+    fn count(&self, what: &'static str) {
+        *self.tally.lock().unwrap().entry(what).or_default() += 1;
+    }
+
+    /// A fault drawn with odds `n` in `d` (none once calm).
+    fn ratio(&self, n: u32, d: u32) -> bool {
+        !self.calm.load(Relaxed) && self.rng.lock().unwrap().random_ratio(n, d)
+    }
+}
+
+/// One manager's client of the keeper.
+struct SimKeeper {
+    world: Arc<World>,
+    cut: AtomicBool,
+    term: AtomicI64,
+}
+
+impl SimKeeper {
+    /// A request to the keeper: refused while cut off, lost on the way one time in fifty,
+    /// applied up to [`KEEPER_LATE`] ms late, and its answer lost one time in thirty.
+    fn op<T>(&self, f: impl FnOnce(&mut Kv) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        anyhow::ensure!(!self.cut.load(Relaxed), "cut off from the keeper");
+        if self.world.ratio(1, 50) {
+            self.world.count("keeper requests lost");
+            anyhow::bail!("the request to the keeper was lost");
+        }
+        let late = match self.world.calm.load(Relaxed) {
+            true => Duration::ZERO,
+            false => Duration::from_millis(self.world.rng.lock().unwrap().random_range(0..=KEEPER_LATE)),
+        };
+        let r = {
+            let mut kv = self.world.kv.lock().unwrap();
+            kv.at(self.world.clock.now() + late);
+            f(&mut kv)
+        };
+        if self.world.ratio(1, 30) {
+            self.world.count("keeper answers lost");
+            anyhow::bail!("the keeper's answer was lost");
+        }
+        r
+    }
+
+    /// Whether `term` is the leader key's: a state write in another term is refused.
+    fn fenced(kv: &Kv, term: i64) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            term > 0 && kv.keys.get("leader").is_some_and(|h| h.revision == term),
+            "this manager no longer leads (term {term})"
+        );
+        Ok(())
+    }
+}
+
+impl Keeper for SimKeeper {
+    fn grant(&self, ttl: Duration) -> anyhow::Result<i64> {
+        self.op(|kv| {
+            kv.revision += 1;
+            let id = kv.revision;
+            let expires = kv.now + ttl;
+            kv.leases.insert(id, expires);
+            Ok(id)
+        })
+    }
+
+    fn keep_alive(&self, lease: i64) -> anyhow::Result<bool> {
+        self.op(|kv| {
+            let now = kv.now;
+            Ok(kv.leases.get_mut(&lease).map(|e| *e = now + LEASE).is_some())
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> anyhow::Result<()> {
+        self.op(|kv| {
+            kv.leases.remove(&lease);
+            kv.keys.retain(|_, h| h.lease != lease);
+            Ok(())
+        })
+    }
+
+    fn put(&self, key: &str, value: Vec<u8>, lease: Option<i64>) -> anyhow::Result<()> {
+        self.op(|kv| {
+            let lease = lease.unwrap_or(0);
+            anyhow::ensure!(lease == 0 || kv.leases.contains_key(&lease), "no such lease");
+            kv.put(key, value, lease);
+            Ok(())
+        })
+    }
+
+    fn list(&self, prefix: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        self.op(|kv| {
+            Ok(kv
+                .keys
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, h)| (k[prefix.len()..].to_string(), h.value.clone()))
+                .collect())
+        })
+    }
+
+    fn get(&self, key: &str) -> anyhow::Result<Option<Held>> {
+        self.op(|kv| Ok(kv.keys.get(key).cloned()))
+    }
+
+    fn claim(&self, key: &str, value: Vec<u8>, lease: i64) -> anyhow::Result<Claim> {
+        self.op(|kv| {
+            if let Some(h) = kv.keys.get(key) {
+                return Ok(Claim::Held(Some(h.clone())));
+            }
+            anyhow::ensure!(kv.leases.contains_key(&lease), "no such lease");
+            kv.put(key, value, lease);
+            Ok(Claim::Won(kv.revision))
+        })
+    }
+
+    fn delete_if(&self, key: &str, revision: i64) -> anyhow::Result<()> {
+        self.op(|kv| {
+            if kv.keys.get(key).is_some_and(|h| h.revision == revision) {
+                kv.keys.remove(key);
+            }
+            Ok(())
+        })
+    }
+
+    fn put_if(&self, guard: &str, revision: i64, key: &str, value: Vec<u8>, lease: i64) -> anyhow::Result<bool> {
+        self.op(|kv| {
+            if !kv.keys.get(guard).is_some_and(|h| h.revision == revision) {
+                return Ok(false);
+            }
+            kv.put(key, value, lease);
+            Ok(true)
+        })
+    }
+
+    fn lead_in(&self, term: i64) {
+        self.term.store(term, Relaxed);
+    }
+}
+
+impl state::Backend for SimKeeper {
+    fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        self.list(&format!("state/{table}/"))
+    }
+
+    fn put(&self, table: &str, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
+        let term = self.term.load(Relaxed);
+        let key = format!("state/{table}/{key}");
+        self.op(|kv| {
+            SimKeeper::fenced(kv, term)?;
+            match value {
+                Some(v) => kv.put(&key, v.to_vec(), 0),
+                None => {
+                    kv.keys.remove(&key);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A manager's process, as the simulator runs it.
+struct Mgr {
+    addr: String,
+    keeper: Arc<SimKeeper>,
+    /// Its election and what answers its address; none while it is down.
+    run: Option<(Arc<Election>, Arc<Manager>)>,
+    lease_taken: bool,
+    next_round: Instant,
+    next_renew: Instant,
+    paused_until: Option<Instant>,
+    down_until: Option<Instant>,
+    /// Heard by the managers it leads now: each component's last heartbeat or registration
+    /// answered, when they opened or took every component for alive after a stall (`fresh`),
+    /// their last heartbeat of all, the mComponents they are detaching.
+    heard: BTreeMap<u32, Instant>,
+    fresh: Instant,
+    last_any: Option<Instant>,
+    detaching: BTreeSet<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Up {
+    Running,
+    Crashed,
+    Paused,
+    Exited,
+}
+
+struct Comp {
+    id: u32,
+    role: Role,
+    addr: String,
+    up: Up,
+    paused_until: Option<Instant>,
+    registered: bool,
+    /// The manager it sends to.
+    guess: usize,
+    /// Its call under way: its number and until when it waits for the answer.
+    call: Option<(u64, Instant)>,
+    next: Instant,
+    /// Once asked to leave: what it still holds (it moves one unit a beat).
+    left: Option<u32>,
+    /// The admin detached it: it is to exit (or crash).
+    detaching: bool,
+    /// When answers made from then on must fence it first: the managers announced it lost to
+    /// another mComponent, which rebuilds its copies.
+    must_fence: Option<Instant>,
+}
+
+enum Flight {
+    Request { m: usize, c: usize, seq: u64, msg: Msg },
+    Answer { c: usize, seq: u64, made: Instant, msg: Msg },
+}
+
+struct Sim {
+    world: Arc<World>,
+    mgrs: Vec<Mgr>,
+    comps: Vec<Comp>,
+    /// Messages under way, by when they arrive.
+    net: BTreeMap<(Instant, u64), Flight>,
+    /// Cuts between component and manager, until when.
+    cuts: BTreeMap<(usize, usize), Instant>,
+    order: u64,
+    args: GmArgs,
+    t: Arc<dyn Transport>,
+    key: state::StateKey,
+    reclaim_dead: Duration,
+    trace: Vec<String>,
+    start: Instant,
+    /// mComponents the admin detached, or told to exit: pComponents hear of them among the
+    /// lost ones once they exit, however recently they were heard.
+    detached: BTreeSet<u32>,
+}
+
+fn is_leader_only(msg: &Msg) -> bool {
+    matches!(msg, Msg::X2G_REGISTER(_) | Msg::X2G_HEARTBEAT(_) | Msg::P2G_PICK_HOME(_))
+}
+
+impl Sim {
+    fn new(seed: u64, args: &GmArgs, t: &Arc<dyn Transport>, key: &state::StateKey) -> Sim {
+        let clock = Arc::new(Simulated::new());
+        let world = Arc::new(World {
+            kv: Mutex::new(Kv {
+                now: clock.now(),
+                revision: 1,
+                keys: BTreeMap::new(),
+                leases: BTreeMap::new(),
+            }),
+            clock: clock.clone(),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            tally: Mutex::default(),
+            calm: AtomicBool::new(false),
+        });
+        let start = clock.now();
+        let mgrs = (0..MANAGERS)
+            .map(|i| Mgr {
+                addr: format!("10.0.0.{}:7100", i + 1),
+                keeper: Arc::new(SimKeeper {
+                    world: world.clone(),
+                    cut: AtomicBool::new(false),
+                    term: AtomicI64::new(0),
+                }),
+                run: None,
+                lease_taken: false,
+                next_round: start,
+                next_renew: start,
+                paused_until: None,
+                down_until: Some(start),
+                heard: BTreeMap::new(),
+                fresh: start,
+                last_any: None,
+                detaching: BTreeSet::new(),
+            })
+            .collect();
+        let comps = (0..PCOMPS + MCOMPS)
+            .map(|i| Comp {
+                id: 1000 + i,
+                role: if i < PCOMPS { Role::Proc } else { Role::Mem },
+                addr: format!("10.0.1.{}:7200", i + 1),
+                up: Up::Running,
+                paused_until: None,
+                registered: false,
+                guess: i as usize % MANAGERS,
+                call: None,
+                next: start + Duration::from_millis(10 * i as u64),
+                left: None,
+                detaching: false,
+                must_fence: None,
+            })
+            .collect();
+        Sim {
+            world,
+            mgrs,
+            comps,
+            net: BTreeMap::new(),
+            cuts: BTreeMap::new(),
+            order: 0,
+            args: args.clone(),
+            t: t.clone(),
+            key: key.clone(),
+            reclaim_dead: Duration::from_millis(args.cluster.reclaim_dead_ms),
+            trace: Vec::new(),
+            start,
+            detached: BTreeSet::new(),
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.world.clock.now()
+    }
+
+    fn rng(&self) -> std::sync::MutexGuard<'_, StdRng> {
+        self.world.rng.lock().unwrap()
+    }
+
+    fn note(&mut self, what: &'static str, line: String) {
+        self.world.count(what);
+        let at = self.now().duration_since(self.start).as_millis();
+        self.trace.push(format!("{at:>6} ms  {line}"));
+    }
+
+    fn fail(&self, seed: u64, why: String) -> ! {
+        let trace = self.trace.join("\n");
+        panic!("gm simulation seed {seed}: {why}\n(SPLITOS_GM_SIM_FIRST={seed} SPLITOS_GM_SIM_SEEDS=1 replays it)\ntrace:\n{trace}");
+    }
+
+    /// Sends `flight` to arrive after a drawn delay: lost one time in twenty-five, late one time in
+    /// ten (which reorders it behind later ones), a request duplicated one time in forty.
+    fn send(&mut self, flight: Flight, cut: bool) {
+        let (lost, late, again) = (
+            self.world.ratio(1, 25),
+            self.world.ratio(1, 10),
+            self.world.ratio(1, 40),
+        );
+        let (delay, delay2) = {
+            let mut r = self.rng();
+            (r.random_range(1..=40u64), r.random_range(1..=1500u64))
+        };
+        if cut || lost {
+            self.world.count("messages lost");
+            return;
+        }
+        let delay = Duration::from_millis(if late { 200 + delay2 } else { delay });
+        if late {
+            self.world.count("messages late");
+        }
+        let at = self.now() + delay;
+        if let (true, Flight::Request { m, c, seq, msg }) = (again, &flight) {
+            self.world.count("requests duplicated");
+            let copy = Flight::Request {
+                m: *m,
+                c: *c,
+                seq: *seq,
+                msg: msg.clone(),
+            };
+            self.order += 1;
+            self.net.insert((at + Duration::from_millis(delay2), self.order), copy);
+        }
+        self.order += 1;
+        self.net.insert((at, self.order), flight);
+    }
+
+    fn cut(&self, c: usize, m: usize) -> bool {
+        self.cuts.get(&(c, m)).is_some_and(|u| *u > self.now())
+    }
+
+    fn leader_at_keeper(&self) -> Option<(String, i64)> {
+        let mut kv = self.world.kv.lock().unwrap();
+        kv.at(self.world.clock.now());
+        kv.leader()
+    }
+
+    // ---- the managers
+
+    fn start_manager(&mut self, m: usize) {
+        let g = &mut self.mgrs[m];
+        let election = Election::new(
+            g.keeper.clone(),
+            self.key.clone(),
+            &g.addr,
+            LEASE,
+            self.world.clock.clone() as Arc<dyn Clock>,
+        );
+        g.keeper.lead_in(0);
+        let manager = Arc::new(Manager {
+            election: election.clone(),
+            gm: std::sync::OnceLock::new(),
+            store: state::Store::on(g.keeper.clone(), self.key.clone()),
+        });
+        g.run = Some((election, manager));
+        g.lease_taken = false;
+        g.down_until = None;
+        g.next_round = self.world.clock.now();
+    }
+
+    /// The manager's process ends (it steps down, or is killed): a new one starts later.
+    fn end_manager(&mut self, m: usize, why: &str, after: Duration) {
+        let now = self.now();
+        let g = &mut self.mgrs[m];
+        g.run = None;
+        g.keeper.lead_in(0);
+        g.paused_until = None;
+        g.down_until = Some(now + after);
+        let addr = g.addr.clone();
+        self.note("managers ended", format!("manager {addr} ends: {why}"));
+    }
+
+    /// What a manager does in a step: its lease watch, keep-alive and election round.
+    fn manager_step(&mut self, m: usize, seed: u64) {
+        let now = self.now();
+        if self.mgrs[m].down_until.is_some_and(|u| u <= now) {
+            self.start_manager(m);
+        }
+        if self.mgrs[m].paused_until.is_some_and(|u| u > now) {
+            return;
+        }
+        if self.mgrs[m].paused_until.take().is_some() {
+            let addr = self.mgrs[m].addr.clone();
+            self.note("managers resumed", format!("manager {addr} resumes"));
+            // Requests that arrived while it was paused are served before its lease watch
+            // runs: the order in which a resumed process's threads run is not given.
+            self.deliver(seed, Some(m));
+        }
+        let Some((election, _)) = self.mgrs[m].run.clone() else {
+            return;
+        };
+        if !self.mgrs[m].lease_taken {
+            if now >= self.mgrs[m].next_round {
+                match election.take_lease() {
+                    Ok(l) => {
+                        self.mgrs[m].lease_taken = true;
+                        self.mgrs[m].next_renew = now + LEASE / 4;
+                        let addr = self.mgrs[m].addr.clone();
+                        self.note("leases taken", format!("manager {addr} takes lease {l}"));
+                    }
+                    Err(_) => self.mgrs[m].next_round = now + Duration::from_secs(1),
+                }
+            }
+            return;
+        }
+        if !election.lease_alive() {
+            self.end_manager(m, "its lease may have run out", Duration::from_millis(100));
+            return;
+        }
+        if now >= self.mgrs[m].next_renew {
+            match election.renew() {
+                Ok(true) => self.mgrs[m].next_renew = now + LEASE / 4,
+                Ok(false) => return self.end_manager(m, "its lease expired at the keeper", Duration::from_millis(100)),
+                Err(_) => self.mgrs[m].next_renew = now + Duration::from_millis(200),
+            }
+        }
+        if now >= self.mgrs[m].next_round {
+            self.mgrs[m].next_round = now + WATCH;
+            match election.round() {
+                Round::Won => self.lead(m),
+                Round::Deposed => self.end_manager(m, "another manager leads", Duration::from_millis(100)),
+                Round::Same | Round::Unreachable => {}
+            }
+        }
+    }
+
+    /// Manager `m` won: it opens the managers from the keeper's state. One `Gm` a process (its
+    /// placement Ebb has a static id): another manager's, left by a paused leader deposed
+    /// meanwhile, is dropped first, as that process would drop it when it resumes.
+    fn lead(&mut self, m: usize) {
+        for o in (0..MANAGERS).filter(|o| *o != m) {
+            let Some((e, old)) = self.mgrs[o].run.clone() else { continue };
+            if old.gm.get().is_some() {
+                self.mgrs[o].run = Some((
+                    e.clone(),
+                    Arc::new(Manager {
+                        election: e,
+                        gm: std::sync::OnceLock::new(),
+                        store: old.store.clone(),
+                    }),
+                ));
+            }
+        }
+        let (election, manager) = self.mgrs[m].run.clone().expect("it runs");
+        let store = state::Store::on(self.mgrs[m].keeper.clone(), self.key.clone());
+        let addr = self.mgrs[m].addr.clone();
+        let opened = Gm::open(
+            &self.args,
+            &addr,
+            &self.t,
+            store,
+            Some(election.clone()),
+            self.world.clock.clone() as Arc<dyn Clock>,
+        );
+        match opened {
+            Ok(gm) => {
+                let _ = manager.gm.set(gm);
+                let now = self.now();
+                let g = &mut self.mgrs[m];
+                g.heard.clear();
+                g.fresh = now;
+                g.last_any = Some(now);
+                g.detaching.clear();
+                self.note("elections won", format!("manager {addr} leads in term {}", election.term()));
+            }
+            Err(e) => {
+                election.revoke();
+                self.end_manager(m, &format!("it could not start leading: {e}"), Duration::from_millis(100));
+            }
+        }
+    }
+
+    // ---- the components
+
+    fn request(&self, c: usize) -> Msg {
+        let k = &self.comps[c];
+        let load = Load {
+            capacity: GIB,
+            ..Load::default()
+        };
+        if !k.registered {
+            return Msg::X2G_REGISTER(X2G_REGISTER {
+                role: k.role,
+                addr: k.addr.clone(),
+                shim_sock: None,
+                nics: Vec::new(),
+                load,
+                id: k.id,
+                metrics: None,
+                standby: false,
+                ebbs: Vec::new(),
+            });
+        }
+        if k.role == Role::Proc && self.rng().random_ratio(1, 3) {
+            return Msg::P2G_PICK_HOME(P2G_PICK_HOME {
+                vnode: "sim".into(),
+                pcomp: k.id,
+            });
+        }
+        Msg::X2G_HEARTBEAT(X2G_HEARTBEAT {
+            id: k.id,
+            addr: k.addr.clone(),
+            load,
+            links: Vec::new(),
+            leaving: k.left.map(|n| Leaving {
+                bytes_left: n as u64 * MIB,
+                homes: n,
+                files_released: n == 0,
+                exit: true,
+                ..Leaving::default()
+            }),
+            ebbs: Vec::new(),
+        })
+    }
+
+    fn component_step(&mut self, c: usize) {
+        let now = self.now();
+        let k = &mut self.comps[c];
+        if k.up == Up::Paused && k.paused_until.is_some_and(|u| u <= now) {
+            k.up = Up::Running;
+            k.paused_until = None;
+            let id = k.id;
+            self.note("components resumed", format!("component {id} resumes"));
+        }
+        let k = &mut self.comps[c];
+        if k.up != Up::Running {
+            return;
+        }
+        if let Some((_, deadline)) = k.call {
+            if deadline > now {
+                return;
+            }
+            // No answer in time: it asks another manager (as a component asks who leads).
+            k.call = None;
+            k.guess = (k.guess + 1) % MANAGERS;
+            k.next = now;
+        }
+        if now < k.next {
+            return;
+        }
+        let msg = self.request(c);
+        self.order += 1;
+        let seq = self.order;
+        let k = &mut self.comps[c];
+        k.call = Some((seq, now + CALL_TIMEOUT));
+        let m = k.guess;
+        if std::env::var("SIMDBG").is_ok() { eprintln!("DBG {:?} comp {} sends {} to {}", now.duration_since(self.start), k.id, msg.name(), m); }
+        let cut = self.cut(c, m);
+        self.send(Flight::Request { m, c, seq, msg }, cut);
+    }
+
+    /// Delivers what is due (only to manager `only`, if given: what waited for it while it was
+    /// paused).
+    fn deliver(&mut self, seed: u64, only: Option<usize>) {
+        let now = self.now();
+        let due: Vec<(Instant, u64)> = self
+            .net
+            .range(..=(now, u64::MAX))
+            .filter(|(_, f)| match (only, f) {
+                (Some(o), Flight::Request { m, .. }) => *m == o,
+                (Some(_), Flight::Answer { .. }) => false,
+                (None, _) => true,
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            let f = self.net.remove(&k).expect("due");
+            match f {
+                Flight::Request { m, c, seq, msg } => self.serve(seed, m, c, seq, msg, k),
+                Flight::Answer { c, seq, made, msg } => self.answered(seed, c, seq, made, msg),
+            }
+        }
+    }
+
+    /// Manager `m` serves a request of component `c`.
+    fn serve(&mut self, seed: u64, m: usize, c: usize, seq: u64, msg: Msg, key: (Instant, u64)) {
+        let now = self.now();
+        if self.mgrs[m].paused_until.is_some_and(|u| u > now) {
+            // It waits in the paused manager's socket.
+            self.net.insert((self.mgrs[m].paused_until.unwrap(), key.1), Flight::Request { m, c, seq, msg });
+            return;
+        }
+        let Some((election, manager)) = self.mgrs[m].run.clone() else {
+            return;
+        };
+        let leader_only = is_leader_only(&msg);
+        let name = msg.name();
+        let heartbeat = matches!(msg, Msg::X2G_HEARTBEAT(_));
+        let answer = manager.handle(msg);
+        let id = self.comps[c].id;
+        if leader_only && !matches!(answer, Msg::ERR(_)) {
+            // Invariant: only the manager whose lease is live at the keeper answers for the
+            // cluster.
+            let holder = self.leader_at_keeper();
+            if holder.as_ref() != Some(&(self.mgrs[m].addr.clone(), election.term())) {
+                self.fail(
+                    seed,
+                    format!(
+                        "manager {} answered {name} of component {id} in term {} while the keeper's live leader is {holder:?}",
+                        self.mgrs[m].addr,
+                        election.term()
+                    ),
+                );
+            }
+            self.check_answer(seed, m, c, &answer);
+        }
+        if heartbeat && manager.leading().is_some() {
+            let g = &mut self.mgrs[m];
+            if g.last_any.is_some_and(|l| now.saturating_duration_since(l) > HEARTBEAT * MISSED_BEATS) {
+                g.fresh = now;
+            }
+            g.last_any = Some(now);
+        }
+        if matches!(answer, Msg::G2X_BEAT(_) | Msg::G2X_REGISTERED(_)) {
+            self.mgrs[m].heard.insert(id, now);
+        }
+        if matches!(&answer, Msg::G2X_BEAT(b) if b.exit) {
+            self.detached.insert(id);
+        }
+        let cut = self.cut(c, m);
+        self.send(
+            Flight::Answer {
+                c,
+                seq,
+                made: now,
+                msg: answer,
+            },
+            cut,
+        );
+    }
+
+    /// Invariants of an answer leader `m` made for component `c`.
+    fn check_answer(&mut self, seed: u64, m: usize, c: usize, answer: &Msg) {
+        let now = self.now();
+        let g = &self.mgrs[m];
+        let alive = |id: u32| {
+            g.heard
+                .get(&id)
+                .copied()
+                .max(Some(g.fresh))
+                .is_some_and(|t| now.saturating_duration_since(t) < HEARTBEAT * MISSED_BEATS)
+        };
+        match answer {
+            Msg::G2X_BEAT(b) => {
+                // Nothing heard of within the silence limit is named lost.
+                let told = b.lost_mcomps.iter().filter(|x| !self.detached.contains(x));
+                for lost in b.lost.iter().map(|l| l.id).chain(told.copied()) {
+                    if let Some(t) = g.heard.get(&lost).filter(|t| now.saturating_duration_since(**t) <= self.reclaim_dead) {
+                        let ago = now.saturating_duration_since(*t);
+                        self.fail(seed, format!("the leader named component {lost} lost {ago:?} after it answered it"));
+                    }
+                }
+                if self.comps[c].role == Role::Mem {
+                    let named: Vec<u32> = b.lost_mcomps.iter().copied().filter(|x| *x != self.comps[c].id).collect();
+                    for x in named {
+                        let k = self.comps.iter_mut().find(|k| k.id == x);
+                        if let Some(k) = k.filter(|k| k.must_fence.is_none()) {
+                            k.must_fence = Some(now);
+                            let to = self.comps[c].id;
+                            self.note("mComponents announced lost", format!("mComponent {x} announced lost to {to}"));
+                        }
+                    }
+                }
+            }
+            Msg::G2P_HOME(h) => {
+                let x = h.mcomp.id;
+                if !alive(x) {
+                    self.fail(seed, format!("mComponent {x} was picked as a home while the leader had not heard it for the silence limit"));
+                }
+                if g.detaching.contains(&x) {
+                    self.fail(seed, format!("mComponent {x} was picked as a home while it was being detached"));
+                }
+                self.world.count("homes picked");
+            }
+            Msg::G2X_REGISTERED(r) if r.id != self.comps[c].id => {
+                let want = self.comps[c].id;
+                self.fail(seed, format!("component {want} registering again got id {}", r.id));
+            }
+            _ => {}
+        }
+    }
+
+    /// Component `c` receives an answer made at `made`.
+    fn answered(&mut self, seed: u64, c: usize, seq: u64, made: Instant, msg: Msg) {
+        let now = self.now();
+        let k = &mut self.comps[c];
+        if k.up != Up::Running || k.call.is_none_or(|(s, d)| s != seq || d < now) {
+            // Late, or for a call given up: the caller's transport drops it.
+            return;
+        }
+        k.call = None;
+        k.next = now + HEARTBEAT;
+        let id = k.id;
+        if std::env::var("SIMDBG").is_ok() { eprintln!("DBG {:?} comp {} gets {} {:?} left {:?}", now.duration_since(self.start), id, msg.name(), match &msg { Msg::G2X_BEAT(b) => (b.leaving.clone(), b.exit), _ => (vec![], false) }, k.left); }
+        let fenced = match &msg {
+            Msg::G2X_BEAT(b) => b.fenced,
+            Msg::G2X_REGISTERED(r) => r.fenced,
+            _ => false,
+        };
+        if matches!(msg, Msg::G2X_BEAT(_) | Msg::G2X_REGISTERED(_)) {
+            match (fenced, k.must_fence) {
+                (true, _) => {
+                    // It holds nothing now: a detach under way finds it empty.
+                    k.must_fence = None;
+                    k.left = k.left.map(|_| 0);
+                    self.note("mComponents fenced", format!("mComponent {id} is fenced: it drops its copies"));
+                }
+                (false, Some(a)) if made > a => {
+                    let ago = made.duration_since(a);
+                    self.fail(
+                        seed,
+                        format!("mComponent {id} was announced lost, and an answer made {ago:?} later did not fence it: it serves copies rebuilt elsewhere"),
+                    );
+                }
+                _ => {}
+            }
+        }
+        let k = &mut self.comps[c];
+        match msg {
+            Msg::G2X_REGISTERED(_) => k.registered = true,
+            Msg::G2X_BEAT(b) => {
+                if b.exit {
+                    k.up = Up::Exited;
+                    self.note("mComponents detached", format!("mComponent {id} is detached and exits"));
+                    return;
+                }
+                // Named leaving, it moves a unit a beat; no longer named, it stays.
+                k.left = match b.leaving.contains(&id) {
+                    true => Some(k.left.map_or(3, |n| n.saturating_sub(1))),
+                    false => None,
+                };
+            }
+            Msg::ERR(e) if e.code == ErrCode::NotFound => k.registered = false,
+            Msg::ERR(e) if matches!(e.code, ErrCode::NotLeader | ErrCode::Unreachable) => {
+                k.guess = (k.guess + 1) % MANAGERS;
+                k.next = now;
+            }
+            _ => {}
+        }
+    }
+
+    // ---- faults
+
+    fn fault(&mut self) {
+        let now = self.now();
+        let (kind, m, c, d) = {
+            let mut r = self.rng();
+            if !r.random_ratio(1, 60) {
+                return;
+            }
+            (
+                r.random_range(0..9u32),
+                r.random_range(0..MANAGERS),
+                r.random_range(0..self.comps.len()),
+                Duration::from_millis(r.random_range(300..=6000)),
+            )
+        };
+        let addr = self.mgrs[m].addr.clone();
+        match kind {
+            0 if self.mgrs[m].run.is_some() => self.end_manager(m, "killed", d),
+            1 if self.mgrs[m].run.is_some() && self.mgrs[m].paused_until.is_none() => {
+                self.mgrs[m].paused_until = Some(now + d);
+                self.note("managers paused", format!("manager {addr} paused for {d:?}"));
+            }
+            2 => {
+                self.mgrs[m].keeper.cut.store(true, Relaxed);
+                self.note("managers cut from the keeper", format!("manager {addr} cut off from the keeper"));
+            }
+            3 => {
+                self.cuts.insert((c, m), now + d);
+                let id = self.comps[c].id;
+                self.note("links cut", format!("component {id} and manager {addr} cut off for {d:?}"));
+            }
+            4 if self.comps[c].up == Up::Running && self.crashed() < 2 => {
+                self.comps[c].up = Up::Crashed;
+                self.comps[c].call = None;
+                let id = self.comps[c].id;
+                self.note("components crashed", format!("component {id} crashes"));
+            }
+            5 if self.comps[c].up == Up::Running => {
+                self.comps[c].up = Up::Paused;
+                self.comps[c].paused_until = Some(now + d);
+                let id = self.comps[c].id;
+                self.note("components paused", format!("component {id} paused for {d:?}"));
+            }
+            6 if self.comps[c].up == Up::Crashed => {
+                // A new start: it registers again with the id it had.
+                let k = &mut self.comps[c];
+                k.up = Up::Running;
+                k.registered = false;
+                k.left = None;
+                k.next = now;
+                let id = k.id;
+                self.note("components restarted", format!("component {id} starts again"));
+            }
+            7 => self.detach(c),
+            _ => {
+                for g in &self.mgrs {
+                    g.keeper.cut.store(false, Relaxed);
+                }
+            }
+        }
+    }
+
+    fn crashed(&self) -> usize {
+        self.comps.iter().filter(|k| k.up == Up::Crashed).count()
+    }
+
+    /// The admin detaches mComponent `c` through whichever manager leads.
+    fn detach(&mut self, c: usize) {
+        if self.comps[c].role != Role::Mem {
+            return;
+        }
+        let id = self.comps[c].id;
+        let Some(m) = (0..MANAGERS).find(|m| {
+            self.mgrs[*m].paused_until.is_none() && self.mgrs[*m].run.as_ref().is_some_and(|(_, g)| g.leading().is_some())
+        }) else {
+            return;
+        };
+        let gm = self.mgrs[m].run.as_ref().unwrap().1.leading().unwrap().clone();
+        match gm.detach(id, true) {
+            Ok(_) => {
+                self.mgrs[m].detaching.insert(id);
+                self.detached.insert(id);
+                self.comps[c].detaching = true;
+                self.note("detaches started", format!("the admin detaches mComponent {id}"));
+            }
+            Err(e) => self.note("detaches refused", format!("detach of {id} refused: {e}")),
+        }
+    }
+
+    fn heal(&mut self) {
+        let now = self.now();
+        self.cuts.clear();
+        self.world.calm.store(true, Relaxed);
+        for g in &mut self.mgrs {
+            g.keeper.cut.store(false, Relaxed);
+            if g.paused_until.is_some_and(|u| u > now) {
+                g.paused_until = Some(now);
+            }
+        }
+        for k in &mut self.comps {
+            if k.up == Up::Paused {
+                k.paused_until = Some(now);
+            }
+        }
+        self.note("healed", "the network heals (nothing is lost or late any more); paused processes resume".into());
+    }
+
+    fn step(&mut self, seed: u64, faults: bool) {
+        self.world.clock.advance(TICK);
+        if faults {
+            self.fault();
+        }
+        self.deliver(seed, None);
+        for m in 0..MANAGERS {
+            self.manager_step(m, seed);
+        }
+        for c in 0..self.comps.len() {
+            self.component_step(c);
+        }
+        // At most one manager leads, and only while its lease is live at the keeper.
+        let leading: Vec<usize> = (0..MANAGERS)
+            .filter(|m| self.mgrs[*m].run.as_ref().is_some_and(|(e, _)| e.leading()))
+            .collect();
+        if !leading.is_empty() {
+            let holder = self.leader_at_keeper();
+            for m in leading {
+                let (e, _) = self.mgrs[m].run.as_ref().unwrap();
+                if holder.as_ref() != Some(&(self.mgrs[m].addr.clone(), e.term())) {
+                    self.fail(
+                        seed,
+                        format!(
+                            "manager {} takes itself for the leader in term {} while the keeper's live leader is {holder:?}",
+                            self.mgrs[m].addr,
+                            e.term()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// After the faults: one leader, every component that runs registered with it and heard,
+    /// every detach ended, every mComponent announced lost fenced.
+    fn converged(&mut self, seed: u64) {
+        let leaders: Vec<usize> = (0..MANAGERS)
+            .filter(|m| self.mgrs[*m].run.as_ref().is_some_and(|(_, g)| g.leading().is_some()))
+            .collect();
+        if leaders.len() != 1 {
+            self.fail(seed, format!("{} managers lead after the faults", leaders.len()));
+        }
+        let g = &self.mgrs[leaders[0]];
+        let now = self.now();
+        for k in self.comps.iter().filter(|k| k.up == Up::Running) {
+            let heard = g.heard.get(&k.id).is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_secs(2));
+            if !heard || !k.registered {
+                let (id, leader, guess, registered) = (k.id, g.addr.clone(), k.guess, k.registered);
+                self.fail(
+                    seed,
+                    format!("component {id} runs but the leader {leader} has not answered it lately (registered: {registered}, sends to manager {guess})"),
+                );
+            }
+            if k.must_fence.is_some() {
+                let id = k.id;
+                self.fail(seed, format!("mComponent {id} was announced lost and runs unfenced"));
+            }
+            if k.detaching {
+                let id = k.id;
+                self.fail(seed, format!("the detach of mComponent {id} did not end"));
+            }
+        }
+    }
+}
+
+fn run(seed: u64, args: &GmArgs, t: &Arc<dyn Transport>, key: &state::StateKey) -> BTreeMap<&'static str, u64> {
+    let mut sim = Sim::new(seed, args, t, key);
+    let faulty = (FAULTY.as_millis() / TICK.as_millis()) as usize;
+    let quiet = (QUIET.as_millis() / TICK.as_millis()) as usize;
+    for _ in 0..faulty {
+        sim.step(seed, true);
+    }
+    sim.heal();
+    for _ in 0..quiet {
+        sim.step(seed, false);
+    }
+    sim.converged(seed);
+    let tally = sim.world.tally.lock().unwrap().clone();
+    tally
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+fn seeded_faults_never_give_two_leaders_an_answer_from_a_lapsed_lease_nor_a_lost_fence() {
+    let _turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let key = state::StateKey::at(&dir.path().join("state.key"), true).unwrap();
+    let mut args = GmArgs::for_test();
+    args.cluster.replication = Some(Replication::Replica);
+    let t = args.process.transport.build(None).unwrap();
+    let (first, seeds) = (env("SPLITOS_GM_SIM_FIRST", 0), env("SPLITOS_GM_SIM_SEEDS", 200));
+    let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for seed in first..first + seeds {
+        for (k, v) in run(seed, &args, &t, &key) {
+            *total.entry(k).or_default() += v;
+        }
+    }
+    eprintln!("gm simulation, {seeds} seeds from {first}: {total:?}");
+    // The faults were drawn, not only the components' steps.
+    for kind in [
+        "elections won",
+        "managers ended",
+        "managers paused",
+        "keeper answers lost",
+        "messages late",
+        "requests duplicated",
+        "components crashed",
+        "mComponents announced lost",
+        "mComponents fenced",
+        "detaches started",
+        "mComponents detached",
+        "homes picked",
+    ] {
+        assert!(total.get(kind).copied().unwrap_or(0) > 0, "no {kind} in {seeds} seeds: {total:?}");
+    }
+}
