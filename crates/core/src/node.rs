@@ -1,6 +1,6 @@
 //! What every component process shares: logging, its metrics, its RPC server, and
 //! registration plus heartbeats with the global managers.
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -228,6 +228,9 @@ pub struct Node {
     links: Mutex<Vec<(LinkSample, Instant)>>,
     /// A leaving mComponent's progress, told in every heartbeat.
     leaving: Mutex<Option<Leaving>>,
+    /// The last fence the managers gave this component that it acted on (0: none), told in
+    /// every heartbeat and registration: they give it again until it is.
+    fenced_by: AtomicU64,
 }
 
 impl Node {
@@ -275,6 +278,7 @@ impl Node {
                 stop: stop::StopWatch::new(),
                 links: Mutex::new(Vec::new()),
                 leaving: Mutex::new(None),
+                fenced_by: AtomicU64::new(0),
             }),
             ep,
         ))
@@ -283,6 +287,14 @@ impl Node {
     /// Replaces what it tells the global managers of its links.
     pub fn set_links(&self, links: Vec<(LinkSample, Instant)>) {
         *self.links.lock().unwrap() = links;
+    }
+
+    /// This component acted on `fence` (a fence of the managers' answer; 0: none): it holds
+    /// nothing of before it, and says so from its next heartbeat.
+    pub fn acted_on_fence(&self, fence: u64) {
+        if fence != 0 {
+            self.fenced_by.store(fence, Ordering::Relaxed);
+        }
     }
 
     /// Replaces what it tells the global managers of its detach.
@@ -325,6 +337,7 @@ impl Node {
                 metrics: self.metrics.clone(),
                 standby: self.standby.load(Ordering::Relaxed),
                 ebbs: splitos_rpc::messenger::served(),
+                fenced_by: self.fenced_by.load(Ordering::Relaxed),
             };
             match self.call_gm(msg) {
                 Ok(r) => {
@@ -394,13 +407,17 @@ impl Node {
                     links: self.links(),
                     leaving,
                     ebbs: splitos_rpc::messenger::served(),
+                    fenced_by: self.fenced_by.load(Ordering::Relaxed),
                 }) {
                     Ok(beat) => {
                         if let Some(silent) = silence.answered() {
                             tracing::info!(silent_s = silent.as_secs(), "the global managers answer heartbeats again");
                         }
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
+                        // Acted on once `on_beat` returns: a fence drops everything before.
+                        let fence = beat.fence;
                         on_beat(beat);
+                        self.acted_on_fence(fence);
                         self.stop.answered(sent);
                     }
                     Err(RpcError::Remote {
@@ -409,11 +426,12 @@ impl Node {
                     }) => {
                         crate::series::NODE_REGISTRATIONS_AGAIN.increment(1);
                         if let Ok(r) = self.register(shim_sock.clone(), load()) {
-                            if r.fenced {
+                            if r.fence != 0 {
                                 on_beat(splitos_rpc::G2X_BEAT {
-                                    fenced: true,
+                                    fence: r.fence,
                                     ..splitos_rpc::G2X_BEAT::nothing()
                                 });
+                                self.acted_on_fence(r.fence);
                             }
                             self.stop.answered(sent);
                         }

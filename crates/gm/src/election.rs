@@ -315,8 +315,11 @@ impl Election {
         // Kept after this manager is gone: a dashboard it served reads the stream from another
         // manager, which lets that page's origin in (api/follow.rs).
         if !api.is_empty() {
-            self.keeper
-                .put(&format!("apis/{api}"), self.key.seal("apis", &api, api.as_bytes()), None)?;
+            self.keeper.put(
+                &format!("apis/{api}"),
+                self.key.seal("apis", &api, api.as_bytes()),
+                None,
+            )?;
         }
         Ok(id)
     }
@@ -338,7 +341,9 @@ impl Election {
     /// One round: a follower tries to win, a leader checks it still leads.
     pub(crate) fn round(&self) -> Round {
         let r = match self.term() > 0 {
-            true => self.check().map(|still| if still { Round::Same } else { Round::Deposed }),
+            true => self
+                .check()
+                .map(|still| if still { Round::Same } else { Round::Deposed }),
             false => self.campaign(self.lease()),
         };
         r.unwrap_or_else(|e| {
@@ -399,7 +404,10 @@ impl Election {
         // lease runs out, and only that term's key.
         if let Some(h) = mine {
             self.keeper.delete_if("leader", h.revision)?;
-            tracing::info!(term = h.revision, "the lead of an earlier run of this manager is given up");
+            tracing::info!(
+                term = h.revision,
+                "the lead of an earlier run of this manager is given up"
+            );
             return Ok(Round::Same);
         }
         let mut seen = self.seen.lock().unwrap();

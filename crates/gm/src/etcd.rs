@@ -210,10 +210,16 @@ impl Keeper for Etcd {
     fn list(&self, prefix: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         let p = self.key(prefix);
         let p2 = p.clone();
-        let r = self.run(move |mut c| Box::pin(async move { c.get(p2, Some(GetOptions::new().with_prefix())).await }))?;
+        let r =
+            self.run(move |mut c| Box::pin(async move { c.get(p2, Some(GetOptions::new().with_prefix())).await }))?;
         Ok(r.kvs()
             .iter()
-            .map(|kv| (String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned(), kv.value().to_vec()))
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned(),
+                    kv.value().to_vec(),
+                )
+            })
             .collect())
     }
 
@@ -227,7 +233,11 @@ impl Keeper for Etcd {
         let key = self.key(key);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), value, Some(PutOptions::new().with_lease(lease)))])
+            .and_then([TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )])
             .or_else([TxnOp::get(key, None)]);
         let r = self.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?;
         if r.succeeded() {
@@ -251,8 +261,14 @@ impl Keeper for Etcd {
     fn put_if(&self, guard: &str, revision: i64, key: &str, value: Vec<u8>, lease: i64) -> anyhow::Result<bool> {
         let txn = Txn::new()
             .when([Compare::create_revision(self.key(guard), CompareOp::Equal, revision)])
-            .and_then([TxnOp::put(self.key(key), value, Some(PutOptions::new().with_lease(lease)))]);
-        Ok(self.run(move |mut c| Box::pin(async move { c.txn(txn).await }))?.succeeded())
+            .and_then([TxnOp::put(
+                self.key(key),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        Ok(self
+            .run(move |mut c| Box::pin(async move { c.txn(txn).await }))?
+            .succeeded())
     }
 
     fn lead_in(&self, term: i64) {

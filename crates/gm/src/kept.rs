@@ -3,8 +3,8 @@
 //! is checked against), and the recent departures every component must still hear of. How
 //! recently each component was heard is not kept: the one that resumes gives every component
 //! a fresh start, as after a stall of its own.
-use std::sync::Mutex;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -17,7 +17,8 @@ use splitos_core::state::{Store, Table};
 pub const MEMBERS: Table = Table("members");
 /// The home of each vNode with a memory quota (`Gm::quota_homes`), by vNode.
 pub const QUOTA_HOMES: Table = Table("quota-homes");
-/// mComponents announced lost to another (`Gm::announced`).
+/// mComponents announced lost to another, each with its fence (`Gm::announced`; a record of
+/// an earlier version holds the id, which serves as the fence as well).
 pub const ANNOUNCED: Table = Table("announced");
 
 /// A component's registration, as kept.
@@ -70,20 +71,29 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
         Ok(r)
     }
 
+    /// Tells `item` from now, kept in the state if it can be (else only this run tells it).
     pub fn push(&self, item: T) {
+        if let Err(e) = self.keep(item.clone()) {
+            tracing::warn!(table = self.table.0, error = %e, "cannot keep a departure in the managers' state; a successor will not tell it");
+            self.items.lock().unwrap().push((item, self.clock.now(), String::new()));
+        }
+    }
+
+    /// Keeps `item` in the state and tells it from now; an item that cannot be kept is not
+    /// told either.
+    pub fn keep(&self, item: T) -> anyhow::Result<()> {
         let at_unix_ms = self.clock.unix_ms();
         let key = format!("{at_unix_ms}-{:08x}", splitos_rpc::auth::random_u64() as u32);
-        if let Err(e) = self.store.put(
+        self.store.put(
             self.table,
             &key,
             Some(&Dated {
                 item: item.clone(),
                 at_unix_ms,
             }),
-        ) {
-            tracing::warn!(table = self.table.0, error = %e, "cannot keep a departure in the managers' state; a successor will not tell it");
-        }
+        )?;
         self.items.lock().unwrap().push((item, self.clock.now(), key));
+        Ok(())
     }
 
     /// The departures of the last `keep`; older ones are dropped.
@@ -91,7 +101,7 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
         let mut items = self.items.lock().unwrap();
         items.retain(|(_, at, key)| {
             let keep = self.clock.now().saturating_duration_since(*at) < self.keep;
-            if !keep {
+            if !keep && !key.is_empty() {
                 let _ = self.store.put::<Dated<T>>(self.table, key, None);
             }
             keep

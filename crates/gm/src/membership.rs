@@ -35,6 +35,13 @@ impl Refuse for MembershipError {
     }
 }
 
+/// An mComponent announced lost: its fence, and whether the fence may have been told to it
+/// (by these managers, or by a predecessor, whose fences these find in their state).
+pub(super) struct Announced {
+    pub(super) fence: u64,
+    pub(super) told: bool,
+}
+
 impl Gm {
     /// Memory of an mComponent that others cannot have: what is charged to mappings
     /// (strict overcommit) or holds pages (heuristic), and what GMM promised since its last
@@ -116,28 +123,54 @@ impl Gm {
         }
     }
 
-    /// Adds mComponents to those announced lost, kept in the managers' state: a successor
-    /// fences them too when they speak again.
-    pub(super) fn announce(&self, ids: impl Iterator<Item = u32>) {
+    /// Adds mComponents to those announced lost, each with a fence of its own, kept in the
+    /// managers' state: a successor fences them too when they speak again. Returns those
+    /// that could not be kept, which are not announced (the next answer tries again).
+    ///
+    /// A fence that may have been told gets a new one when its mComponent is announced again:
+    /// it may have acted on the old one, with the word of it lost on the way, and taken
+    /// copies since that the second loss had rebuilt; naming the old fence back must not end
+    /// the new one.
+    pub(super) fn announce(&self, ids: impl Iterator<Item = u32>) -> Vec<u32> {
         let mut announced = self.announced.lock().unwrap();
+        let mut unkept = Vec::new();
         for id in ids {
-            if announced.insert(id) {
-                if let Err(e) = self.store.put(kept::ANNOUNCED, &id.to_string(), Some(&id)) {
-                    tracing::warn!(id, error = %e, "cannot keep an mComponent announced lost in the managers' state");
+            if announced.get(&id).is_some_and(|a| !a.told) {
+                continue;
+            }
+            let fence = splitos_rpc::auth::random_u64().max(1);
+            match self.store.put(kept::ANNOUNCED, &id.to_string(), Some(&fence)) {
+                Ok(()) => _ = announced.insert(id, Announced { fence, told: false }),
+                Err(e) => {
+                    tracing::warn!(id, error = %e, "cannot keep an mComponent announced lost in the managers' state: it is not announced yet");
+                    unkept.push(id);
                 }
             }
         }
+        unkept
     }
 
-    /// Whether mComponent `id` was announced lost, which it no longer is from now.
-    pub(super) fn unannounce(&self, id: u32) -> bool {
-        let was = self.announced.lock().unwrap().remove(&id);
-        if was {
-            if let Err(e) = self.store.put::<u32>(kept::ANNOUNCED, &id.to_string(), None) {
-                tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
+    /// The fence mComponent `id` is to act on (0: none), given the last it acted on
+    /// (`fenced_by`): one announced lost is fenced by every answer until it names its fence
+    /// back, which ends it. An answer that fenced it may be lost on the way, or made for a
+    /// call its sender had given up; the next one must fence it again.
+    pub(super) fn fence(&self, id: u32, fenced_by: u64) -> u64 {
+        let mut announced = self.announced.lock().unwrap();
+        match announced.get_mut(&id) {
+            None => 0,
+            Some(a) if a.fence != fenced_by => {
+                a.told = true;
+                a.fence
+            }
+            Some(_) => {
+                announced.remove(&id);
+                if let Err(e) = self.store.put::<u64>(kept::ANNOUNCED, &id.to_string(), None) {
+                    tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
+                }
+                tracing::info!(id, "an mComponent fenced after it was declared lost acted on its fence");
+                0
             }
         }
-        was
     }
 
     /// Drops every registration `store` keeps.
@@ -282,8 +315,11 @@ impl Gm {
             self.replaced_mcomps.push(old);
         }
         // One declared lost that registers again (it was forgotten meanwhile) is fenced too.
-        let fenced = r.role == Role::Mem && self.unannounce(id);
-        if fenced {
+        let fence = match r.role {
+            Role::Mem => self.fence(id, r.fenced_by),
+            _ => 0,
+        };
+        if fence != 0 {
             tracing::warn!(id, addr = %r.addr, "an mComponent declared lost registers again: fenced, it drops its copies");
             crate::series::MCOMPONENTS_FENCED.increment(1);
         }
@@ -302,7 +338,7 @@ impl Gm {
             vregion_size: self.vregion_size,
             replication: self.replication,
             overcommit: self.overcommit,
-            fenced,
+            fence,
             vnodes: self.vnodes.version(),
         })
     }
@@ -365,9 +401,13 @@ impl Gm {
         // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
         // what it holds may be older.
         // (Only one silent for longer than `reclaim_dead` is announced, and it leaves the set
-        // at its first heartbeat: being in it is enough, also after a restart of the managers,
-        // which gives every component a fresh start.)
-        let fenced = e.info.role == Role::Mem && self.replication != Replication::None && self.unannounce(r.id);
+        // once it acted on its fence: being in it is enough, also after a restart of the
+        // managers, which gives every component a fresh start.)
+        let fence = match e.info.role == Role::Mem && self.replication != Replication::None {
+            true => self.fence(r.id, r.fenced_by),
+            false => 0,
+        };
+        let fenced = fence != 0;
         if fenced {
             tracing::warn!(id = r.id, addr = %e.info.addr, "an mComponent declared lost is back: fenced, it drops its copies");
             crate::series::MCOMPONENTS_FENCED.increment(1);
@@ -419,22 +459,33 @@ impl Gm {
                 ..G2X_BEAT::nothing()
             });
         }
+        // Named lost to a peer, which rebuilds its copies, only once its fence is kept: a
+        // successor that did not know of it would take it back unfenced.
+        let mut lost_mcomps = view.lost_mcomps.clone();
         if self.replication != Replication::None && !fenced {
-            self.announce(view.lost_mcomps.iter().copied().filter(|id| *id != r.id));
+            let unkept = self.announce(view.lost_mcomps.iter().copied().filter(|id| *id != r.id));
+            lost_mcomps.retain(|id| !unkept.contains(id));
         }
+        // Told to exit once its departure is kept: a successor tells it again if this answer
+        // is lost (else it would register anew, an ordinary member, its detach never ended).
+        let exit = exit
+            && self
+                .detached
+                .keep(r.id)
+                .inspect_err(|e| tracing::warn!(id = r.id, error = %e, "cannot keep a detached mComponent's departure in the managers' state: it exits at a later heartbeat"))
+                .is_ok();
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
             comps.shift_remove(&r.id);
             self.views.changed();
             self.unkeep(r.id);
-            self.detached.push(r.id);
             crate::series::MCOMPONENTS_DETACHED.increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }
         Ok(G2X_BEAT {
             lost: view.lost.clone(),
-            lost_mcomps: view.lost_mcomps.clone(),
-            fenced,
+            lost_mcomps,
+            fence,
             memory: view.memory,
             leaving: view.leaving.clone(),
             exit,

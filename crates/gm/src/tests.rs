@@ -14,6 +14,9 @@ struct Rig {
     args: GmArgs,
     dir: tempfile::TempDir,
     t: Arc<dyn Transport>,
+    /// The last fence each component acted on, as a component's node keeps it: what its
+    /// heartbeats name back (`beat` acts on every fence it is given).
+    fenced_by: Mutex<std::collections::HashMap<u32, u64>>,
     /// The managers serve their placement Ebb under its static id, which one process holds
     /// once: tests running side by side take turns.
     _turn: std::sync::MutexGuard<'static, ()>,
@@ -47,6 +50,7 @@ impl Rig {
             args,
             dir,
             t,
+            fenced_by: Mutex::default(),
             _turn,
         }
     }
@@ -66,6 +70,7 @@ impl Rig {
             args,
             dir,
             t,
+            fenced_by,
             _turn,
         } = self;
         drop(gm);
@@ -75,6 +80,7 @@ impl Rig {
             args,
             dir,
             t,
+            fenced_by,
             _turn,
         }
     }
@@ -94,6 +100,7 @@ impl Rig {
                 metrics: None,
                 standby: false,
                 ebbs: Vec::new(),
+                fenced_by: 0,
             })
             .map(|r| r.id)
             .map_err(|e| e.code)
@@ -103,7 +110,18 @@ impl Rig {
         self.register(role, addr, capacity, 0).unwrap()
     }
 
+    /// A heartbeat of component `id`, which acts on a fence its answer gives.
     fn beat(&self, id: u32, addr: &str, load: Load) -> Result<G2X_BEAT, Refusal> {
+        let fenced_by = self.fenced_by.lock().unwrap().get(&id).copied().unwrap_or(0);
+        let b = self.beat_naming(id, addr, load, fenced_by)?;
+        if b.fence != 0 {
+            self.fenced_by.lock().unwrap().insert(id, b.fence);
+        }
+        Ok(b)
+    }
+
+    /// A heartbeat of component `id` naming `fenced_by` as the last fence it acted on.
+    fn beat_naming(&self, id: u32, addr: &str, load: Load, fenced_by: u64) -> Result<G2X_BEAT, Refusal> {
         // Others heartbeat meanwhile: the managers were not stalled.
         *self.gm.last_any.lock().unwrap() = Instant::now();
         self.gm.heartbeat(X2G_HEARTBEAT {
@@ -113,6 +131,7 @@ impl Rig {
             links: Vec::new(),
             leaving: None,
             ebbs: Vec::new(),
+            fenced_by,
         })
     }
 
@@ -413,6 +432,7 @@ fn a_detached_mcomponent_leaves_placement_one_at_a_time_and_is_told_to_exit_once
             links: Vec::new(),
             leaving,
             ebbs: Vec::new(),
+            fenced_by: 0,
         })
         .unwrap()
     };
@@ -692,6 +712,7 @@ fn a_follower_answers_who_leads_and_reads_and_refuses_the_rest_naming_the_leader
             metrics: None,
             standby: false,
             ebbs: Vec::new(),
+            fenced_by: 0,
         })
     };
     let token = r.gm.tokens.create("ops", true, Vec::new()).unwrap();
@@ -776,14 +797,14 @@ fn an_mcomponent_back_after_its_loss_is_fenced_once_and_no_later_answer_names_it
     r.silent(m[0], Duration::from_millis(2_100));
     assert_eq!(beat(1).lost_mcomps, vec![m[0]], "declared lost, and so announced");
     // The view of that answer is fresh: what follows happens within its 100 ms.
-    assert!(beat(0).fenced, "back after it was announced lost: fenced");
+    assert_ne!(beat(0).fence, 0, "back after it was announced lost: fenced");
     for i in [1, 2, 1] {
         assert!(
             beat(i).lost_mcomps.is_empty(),
             "an answer after it came back names it lost"
         );
     }
-    assert!(!beat(0).fenced, "fenced twice");
+    assert_eq!(beat(0).fence, 0, "fenced twice");
     // Answers within the 100 ms share one view: no more were worked out for them.
     let views = || r.gm.views.worked_out();
     let before = views();
@@ -794,3 +815,32 @@ fn an_mcomponent_back_after_its_loss_is_fenced_once_and_no_later_answer_names_it
 }
 
 mod sim;
+
+/// A fence is told until the mComponent names it back (`fenced_by`): the answer that fenced
+/// it may be lost on the way, or made for a call its sender had given up, and an mComponent
+/// that never heard it would serve copies rebuilt elsewhere. The fence outlives a restart of
+/// the managers; once named back it ends, and a later loss brings a new one.
+#[test]
+fn a_fence_is_told_again_until_the_mcomponent_names_it_back_also_after_a_restart_of_the_managers() {
+    let r = Rig::new(|c| {
+        c.reclaim_dead_ms = 2_000;
+        c.replication = Some(Replication::Replica);
+    });
+    let addrs = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];
+    let m: Vec<u32> = addrs.iter().map(|a| r.join(Role::Mem, a, GIB)).collect();
+    r.silent(m[0], Duration::from_millis(2_100));
+    assert_eq!(r.beat(m[1], addrs[1], Load::default()).unwrap().lost_mcomps, vec![m[0]]);
+    let unheard = |r: &Rig| r.beat_naming(m[0], addrs[0], Load::default(), 0).unwrap().fence;
+    let fence = unheard(&r);
+    assert_ne!(fence, 0, "back after it was announced lost: fenced");
+    assert_eq!(unheard(&r), fence, "its answer was lost: the same fence again");
+    let r = r.restart();
+    assert_eq!(unheard(&r), fence, "a restart of the managers keeps the fence");
+    let named = r.beat_naming(m[0], addrs[0], Load::default(), fence).unwrap();
+    assert_eq!(named.fence, 0, "it acted on the fence: not fenced again");
+    assert_eq!(unheard(&r), 0, "the fence ended once named back");
+    r.silent(m[0], Duration::from_millis(2_100));
+    assert_eq!(r.beat(m[1], addrs[1], Load::default()).unwrap().lost_mcomps, vec![m[0]]);
+    let again = unheard(&r);
+    assert!(again != 0 && again != fence, "a second loss brings a new fence");
+}

@@ -718,6 +718,9 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
     let reg = node
         .register(None, mem.load())
         .map_err(|e| anyhow::anyhow!("cannot register with the global managers at {}: {e}", args.node.gm))?;
+    // A new start holds nothing: a fence it is given (it was declared lost before this
+    // start) is acted on already.
+    node.acted_on_fence(reg.fence);
     mem.vregion_size.store(reg.vregion_size, Relaxed);
     *mem.replication.lock().unwrap() = reg.replication;
     *mem.overcommit.lock().unwrap() = reg.overcommit;
@@ -736,7 +739,7 @@ pub fn run(args: MemArgs) -> anyhow::Result<()> {
             // At once, not behind a rebuild: until then this mComponent serves what may be old,
             // and other vNodes may take what is to be kept.
             m3.room.keep_homes(&beat.keep);
-            if beat.fenced {
+            if beat.fence != 0 {
                 m3.fence();
             } else {
                 m3.queue(Job::Beat(beat));

@@ -48,7 +48,12 @@ impl Kv {
     fn at(&mut self, t: Instant) {
         self.now = self.now.max(t);
         let now = self.now;
-        let gone: Vec<i64> = self.leases.iter().filter(|(_, e)| **e <= now).map(|(l, _)| *l).collect();
+        let gone: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|(_, e)| **e <= now)
+            .map(|(l, _)| *l)
+            .collect();
         for l in gone {
             self.leases.remove(&l);
             self.keys.retain(|_, h| h.lease != l);
@@ -207,7 +212,7 @@ impl Keeper for SimKeeper {
 
     fn put_if(&self, guard: &str, revision: i64, key: &str, value: Vec<u8>, lease: i64) -> anyhow::Result<bool> {
         self.op(|kv| {
-            if !kv.keys.get(guard).is_some_and(|h| h.revision == revision) {
+            if kv.keys.get(guard).is_none_or(|h| h.revision != revision) {
                 return Ok(false);
             }
             kv.put(key, value, lease);
@@ -288,11 +293,25 @@ struct Comp {
     /// When answers made from then on must fence it first: the managers announced it lost to
     /// another mComponent, which rebuilds its copies.
     must_fence: Option<Instant>,
+    /// The last fence it acted on.
+    fenced_by: u64,
+    /// Its last call asked for a home.
+    picked: bool,
 }
 
 enum Flight {
-    Request { m: usize, c: usize, seq: u64, msg: Msg },
-    Answer { c: usize, seq: u64, made: Instant, msg: Msg },
+    Request {
+        m: usize,
+        c: usize,
+        seq: u64,
+        msg: Msg,
+    },
+    Answer {
+        c: usize,
+        seq: u64,
+        made: Instant,
+        msg: Msg,
+    },
 }
 
 struct Sim {
@@ -316,7 +335,10 @@ struct Sim {
 }
 
 fn is_leader_only(msg: &Msg) -> bool {
-    matches!(msg, Msg::X2G_REGISTER(_) | Msg::X2G_HEARTBEAT(_) | Msg::P2G_PICK_HOME(_))
+    matches!(
+        msg,
+        Msg::X2G_REGISTER(_) | Msg::X2G_HEARTBEAT(_) | Msg::P2G_PICK_HOME(_)
+    )
 }
 
 impl Sim {
@@ -369,6 +391,8 @@ impl Sim {
                 left: None,
                 detaching: false,
                 must_fence: None,
+                fenced_by: 0,
+                picked: false,
             })
             .collect();
         Sim {
@@ -547,7 +571,9 @@ impl Sim {
     /// meanwhile, is dropped first, as that process would drop it when it resumes.
     fn lead(&mut self, m: usize) {
         for o in (0..MANAGERS).filter(|o| *o != m) {
-            let Some((e, old)) = self.mgrs[o].run.clone() else { continue };
+            let Some((e, old)) = self.mgrs[o].run.clone() else {
+                continue;
+            };
             if old.gm.get().is_some() {
                 self.mgrs[o].run = Some((
                     e.clone(),
@@ -579,11 +605,18 @@ impl Sim {
                 g.fresh = now;
                 g.last_any = Some(now);
                 g.detaching.clear();
-                self.note("elections won", format!("manager {addr} leads in term {}", election.term()));
+                self.note(
+                    "elections won",
+                    format!("manager {addr} leads in term {}", election.term()),
+                );
             }
             Err(e) => {
                 election.revoke();
-                self.end_manager(m, &format!("it could not start leading: {e}"), Duration::from_millis(100));
+                self.end_manager(
+                    m,
+                    &format!("it could not start leading: {e}"),
+                    Duration::from_millis(100),
+                );
             }
         }
     }
@@ -607,9 +640,12 @@ impl Sim {
                 metrics: None,
                 standby: false,
                 ebbs: Vec::new(),
+                fenced_by: k.fenced_by,
             });
         }
-        if k.role == Role::Proc && self.rng().random_ratio(1, 3) {
+        // A pComponent asks for homes between its heartbeats (which a real one sends from a
+        // thread of their own), never instead of two in a row.
+        if k.role == Role::Proc && !k.picked && self.rng().random_ratio(1, 3) {
             return Msg::P2G_PICK_HOME(P2G_PICK_HOME {
                 vnode: "sim".into(),
                 pcomp: k.id,
@@ -628,6 +664,7 @@ impl Sim {
                 ..Leaving::default()
             }),
             ebbs: Vec::new(),
+            fenced_by: k.fenced_by,
         })
     }
 
@@ -657,12 +694,12 @@ impl Sim {
             return;
         }
         let msg = self.request(c);
+        self.comps[c].picked = matches!(msg, Msg::P2G_PICK_HOME(_));
         self.order += 1;
         let seq = self.order;
         let k = &mut self.comps[c];
         k.call = Some((seq, now + CALL_TIMEOUT));
         let m = k.guess;
-        if std::env::var("SIMDBG").is_ok() { eprintln!("DBG {:?} comp {} sends {} to {}", now.duration_since(self.start), k.id, msg.name(), m); }
         let cut = self.cut(c, m);
         self.send(Flight::Request { m, c, seq, msg }, cut);
     }
@@ -695,7 +732,10 @@ impl Sim {
         let now = self.now();
         if self.mgrs[m].paused_until.is_some_and(|u| u > now) {
             // It waits in the paused manager's socket.
-            self.net.insert((self.mgrs[m].paused_until.unwrap(), key.1), Flight::Request { m, c, seq, msg });
+            self.net.insert(
+                (self.mgrs[m].paused_until.unwrap(), key.1),
+                Flight::Request { m, c, seq, msg },
+            );
             return;
         }
         let Some((election, manager)) = self.mgrs[m].run.clone() else {
@@ -724,7 +764,9 @@ impl Sim {
         }
         if heartbeat && manager.leading().is_some() {
             let g = &mut self.mgrs[m];
-            if g.last_any.is_some_and(|l| now.saturating_duration_since(l) > HEARTBEAT * MISSED_BEATS) {
+            if g.last_any
+                .is_some_and(|l| now.saturating_duration_since(l) > HEARTBEAT * MISSED_BEATS)
+            {
                 g.fresh = now;
             }
             g.last_any = Some(now);
@@ -763,19 +805,36 @@ impl Sim {
                 // Nothing heard of within the silence limit is named lost.
                 let told = b.lost_mcomps.iter().filter(|x| !self.detached.contains(x));
                 for lost in b.lost.iter().map(|l| l.id).chain(told.copied()) {
-                    if let Some(t) = g.heard.get(&lost).filter(|t| now.saturating_duration_since(**t) <= self.reclaim_dead) {
+                    if let Some(t) = g
+                        .heard
+                        .get(&lost)
+                        .filter(|t| now.saturating_duration_since(**t) <= self.reclaim_dead)
+                    {
                         let ago = now.saturating_duration_since(*t);
-                        self.fail(seed, format!("the leader named component {lost} lost {ago:?} after it answered it"));
+                        self.fail(
+                            seed,
+                            format!("the leader named component {lost} lost {ago:?} after it answered it"),
+                        );
                     }
                 }
-                if self.comps[c].role == Role::Mem {
-                    let named: Vec<u32> = b.lost_mcomps.iter().copied().filter(|x| *x != self.comps[c].id).collect();
+                // Told to one it fences, which drops everything rather than rebuild, they are
+                // no announcement.
+                if self.comps[c].role == Role::Mem && b.fence == 0 {
+                    let named: Vec<u32> = b
+                        .lost_mcomps
+                        .iter()
+                        .copied()
+                        .filter(|x| *x != self.comps[c].id)
+                        .collect();
                     for x in named {
                         let k = self.comps.iter_mut().find(|k| k.id == x);
                         if let Some(k) = k.filter(|k| k.must_fence.is_none()) {
                             k.must_fence = Some(now);
                             let to = self.comps[c].id;
-                            self.note("mComponents announced lost", format!("mComponent {x} announced lost to {to}"));
+                            self.note(
+                                "mComponents announced lost",
+                                format!("mComponent {x} announced lost to {to}"),
+                            );
                         }
                     }
                 }
@@ -786,7 +845,10 @@ impl Sim {
                     self.fail(seed, format!("mComponent {x} was picked as a home while the leader had not heard it for the silence limit"));
                 }
                 if g.detaching.contains(&x) {
-                    self.fail(seed, format!("mComponent {x} was picked as a home while it was being detached"));
+                    self.fail(
+                        seed,
+                        format!("mComponent {x} was picked as a home while it was being detached"),
+                    );
                 }
                 self.world.count("homes picked");
             }
@@ -809,21 +871,26 @@ impl Sim {
         k.call = None;
         k.next = now + HEARTBEAT;
         let id = k.id;
-        if std::env::var("SIMDBG").is_ok() { eprintln!("DBG {:?} comp {} gets {} {:?} left {:?}", now.duration_since(self.start), id, msg.name(), match &msg { Msg::G2X_BEAT(b) => (b.leaving.clone(), b.exit), _ => (vec![], false) }, k.left); }
-        let fenced = match &msg {
-            Msg::G2X_BEAT(b) => b.fenced,
-            Msg::G2X_REGISTERED(r) => r.fenced,
-            _ => false,
+        let fence = match &msg {
+            Msg::G2X_BEAT(b) => b.fence,
+            Msg::G2X_REGISTERED(r) => r.fence,
+            _ => 0,
         };
+        let fenced = fence != 0;
         if matches!(msg, Msg::G2X_BEAT(_) | Msg::G2X_REGISTERED(_)) {
             match (fenced, k.must_fence) {
                 (true, _) => {
                     // It holds nothing now: a detach under way finds it empty.
                     k.must_fence = None;
+                    k.fenced_by = fence;
                     k.left = k.left.map(|_| 0);
-                    self.note("mComponents fenced", format!("mComponent {id} is fenced: it drops its copies"));
+                    self.note(
+                        "mComponents fenced",
+                        format!("mComponent {id} is fenced: it drops its copies"),
+                    );
                 }
-                (false, Some(a)) if made > a => {
+                // Told to exit (detached, and empty), it serves nothing more.
+                (false, Some(a)) if made > a && !matches!(&msg, Msg::G2X_BEAT(b) if b.exit) => {
                     let ago = made.duration_since(a);
                     self.fail(
                         seed,
@@ -882,12 +949,18 @@ impl Sim {
             }
             2 => {
                 self.mgrs[m].keeper.cut.store(true, Relaxed);
-                self.note("managers cut from the keeper", format!("manager {addr} cut off from the keeper"));
+                self.note(
+                    "managers cut from the keeper",
+                    format!("manager {addr} cut off from the keeper"),
+                );
             }
             3 => {
                 self.cuts.insert((c, m), now + d);
                 let id = self.comps[c].id;
-                self.note("links cut", format!("component {id} and manager {addr} cut off for {d:?}"));
+                self.note(
+                    "links cut",
+                    format!("component {id} and manager {addr} cut off for {d:?}"),
+                );
             }
             4 if self.comps[c].up == Up::Running && self.crashed() < 2 => {
                 self.comps[c].up = Up::Crashed;
@@ -907,6 +980,7 @@ impl Sim {
                 k.up = Up::Running;
                 k.registered = false;
                 k.left = None;
+                k.fenced_by = 0;
                 k.next = now;
                 let id = k.id;
                 self.note("components restarted", format!("component {id} starts again"));
@@ -931,7 +1005,8 @@ impl Sim {
         }
         let id = self.comps[c].id;
         let Some(m) = (0..MANAGERS).find(|m| {
-            self.mgrs[*m].paused_until.is_none() && self.mgrs[*m].run.as_ref().is_some_and(|(_, g)| g.leading().is_some())
+            self.mgrs[*m].paused_until.is_none()
+                && self.mgrs[*m].run.as_ref().is_some_and(|(_, g)| g.leading().is_some())
         }) else {
             return;
         };
@@ -962,7 +1037,10 @@ impl Sim {
                 k.paused_until = Some(now);
             }
         }
-        self.note("healed", "the network heals (nothing is lost or late any more); paused processes resume".into());
+        self.note(
+            "healed",
+            "the network heals (nothing is lost or late any more); paused processes resume".into(),
+        );
     }
 
     fn step(&mut self, seed: u64, faults: bool) {
@@ -1011,7 +1089,10 @@ impl Sim {
         let g = &self.mgrs[leaders[0]];
         let now = self.now();
         for k in self.comps.iter().filter(|k| k.up == Up::Running) {
-            let heard = g.heard.get(&k.id).is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_secs(2));
+            let heard = g
+                .heard
+                .get(&k.id)
+                .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_secs(2));
             if !heard || !k.registered {
                 let (id, leader, guess, registered) = (k.id, g.addr.clone(), k.guess, k.registered);
                 self.fail(
@@ -1059,7 +1140,7 @@ fn seeded_faults_never_give_two_leaders_an_answer_from_a_lapsed_lease_nor_a_lost
     let mut args = GmArgs::for_test();
     args.cluster.replication = Some(Replication::Replica);
     let t = args.process.transport.build(None).unwrap();
-    let (first, seeds) = (env("SPLITOS_GM_SIM_FIRST", 0), env("SPLITOS_GM_SIM_SEEDS", 200));
+    let (first, seeds) = (env("SPLITOS_GM_SIM_FIRST", 0), env("SPLITOS_GM_SIM_SEEDS", 2000));
     let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
     for seed in first..first + seeds {
         for (k, v) in run(seed, &args, &t, &key) {
@@ -1082,6 +1163,9 @@ fn seeded_faults_never_give_two_leaders_an_answer_from_a_lapsed_lease_nor_a_lost
         "mComponents detached",
         "homes picked",
     ] {
-        assert!(total.get(kind).copied().unwrap_or(0) > 0, "no {kind} in {seeds} seeds: {total:?}");
+        assert!(
+            total.get(kind).copied().unwrap_or(0) > 0,
+            "no {kind} in {seeds} seeds: {total:?}"
+        );
     }
 }

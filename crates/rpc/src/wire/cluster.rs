@@ -237,7 +237,7 @@ impl G2X_BEAT {
         G2X_BEAT {
             lost: Vec::new(),
             lost_mcomps: Vec::new(),
-            fenced: false,
+            fence: 0,
             memory: 0,
             vnodes: 0,
             cordoned: false,
@@ -280,23 +280,26 @@ message_types! {
     /// `metrics`: where it serves its Prometheus metrics over HTTP, if it does.
     /// `standby`: an mComponent that joins cordoned, for the admin to attach.
     /// `ebbs`: the Ebbs whose messages it serves, for the global id map.
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool, pub ebbs: Vec<EbbServed> };
-    /// `fenced`: as in `G2X_BEAT`, for an mComponent that registers again after it was
+    /// `fenced_by`: the last fence the sender acted on (0: none), as in `X2G_HEARTBEAT`.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool, pub ebbs: Vec<EbbServed>, pub fenced_by: u64 };
+    /// `fence`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.
-    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fenced: bool, pub vnodes: u64 };
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fence: u64, pub vnodes: u64 };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     /// `links`: what the sender last measured of its links to the components it uses (the
     /// topology graph's measured links).
     /// `leaving`: a leaving mComponent's progress.
     /// `ebbs`: as in `X2G_REGISTER`, now.
-    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample>, pub leaving: Option<Leaving>, pub ebbs: Vec<EbbServed> };
+    /// `fenced_by`: the last fence (`G2X_BEAT.fence`) the sender acted on, 0 if none: until
+    /// it names the fence it was given, every answer gives it again.
+    X2G_HEARTBEAT { pub id: u32, pub addr: String, pub load: Load, pub links: Vec<LinkSample>, pub leaving: Option<Leaving>, pub ebbs: Vec<EbbServed>, pub fenced_by: u64 };
     /// `lost` (to mComponents and nComponents): the pComponents silent for longer than the
     /// cluster's `reclaim_dead_ms`, or replaced by a new start at their address, whose
     /// processes' memory the mComponents release and whose sockets the nComponents close. `lost_mcomps` (to mComponents only): the mComponents
-    /// silent for as long, whose replicas the homes rebuild elsewhere. `fenced`: the receiver
-    /// itself was declared lost in a replicated cluster; its copies are out of date, and it
-    /// drops them and registers again.
+    /// silent for as long, whose replicas the homes rebuild elsewhere. `fence` (not 0): the
+    /// receiver itself was declared lost in a replicated cluster; its copies are out of date,
+    /// and it drops them, then names this fence in its heartbeats (`fenced_by`), which ends it.
     /// `memory` (to mComponents and pComponents): the capacity of all live mComponents (a
     /// mapping larger than that is an obvious overcommit).
     /// `vnodes`: the version of the vNodes' table; a pComponent that has another asks for
@@ -309,7 +312,7 @@ message_types! {
     /// fullest for its capacity, off which each home moves one vRegion of its processes now.
     /// `keep` (to mComponents): the vNodes with a memory quota whose home the receiver is, and
     /// their quotas: it keeps that much of its memory for each, which no other vNode takes.
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fenced: bool, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32>, pub keep: Vec<(String, u64)> };
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fence: u64, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32>, pub keep: Vec<(String, u64)> };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics. `leader`: the manager that leads (the one

@@ -61,7 +61,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `M2M_VMA_ADD.quota`.
 /// Version 27 added every manager's REST API address, `G2C_STATUS.apis`, and `G2P_CORDON`:
 /// the managers tell a pComponent its cordon at once.
-pub const WIRE_VERSION: u16 = 27;
+/// Version 28 told fences until they are acted on: `G2X_BEAT.fence` and
+/// `G2X_REGISTERED.fence` (a number, where `fenced` was a flag), named back in
+/// `X2G_HEARTBEAT.fenced_by` and `X2G_REGISTER.fenced_by`.
+pub const WIRE_VERSION: u16 = 28;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -547,6 +550,7 @@ mod role_tests {
                     links: Vec::new(),
                     leaving: None,
                     ebbs: Vec::new(),
+                    fenced_by: 0,
                 }
                 .into(),
                 &[Role::Gm, Role::Proc, Role::Mem, Role::Storage, Role::Net, Role::Admin],
@@ -627,6 +631,7 @@ mod role_tests {
                     links: Vec::new(),
                     leaving: None,
                     ebbs: Vec::new(),
+                    fenced_by: 0,
                 }
                 .into(),
                 &[Role::Gm],

@@ -275,6 +275,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                     metrics: None,
                     standby: false,
                     ebbs: Vec::new(),
+                    fenced_by: 0,
                 };
                 match rpc.call(&a.gm, reg) {
                     Ok(r) => {
@@ -296,6 +297,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                 links: Vec::new(),
                 leaving: None,
                 ebbs: Vec::new(),
+                fenced_by: 0,
             };
             let answer = rpc.call(&a.gm, beat);
             let at = Instant::now();

@@ -146,6 +146,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
                 metrics: None,
                 standby: false,
                 ebbs: Vec::new(),
+                fenced_by: 0,
             }
             .into(),
         ),
@@ -302,6 +303,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
             metrics: None,
             standby: false,
             ebbs: Vec::new(),
+            fenced_by: 0,
         }
         .into(),
     ) {
