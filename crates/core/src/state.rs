@@ -3,8 +3,8 @@
 //! each value postcard-encoded, so that a restart or another manager resumes with it.
 //!
 //! Where it lives is a [`Backend`]: a local redb file (one manager, the embedded default), or
-//! etcd (several managers, one leader; `gm/etcd.rs`), or nowhere (it lasts as long as the
-//! process).
+//! etcd (several managers, one leader; `gm/etcd.rs`, the election in `gm/election.rs`), or
+//! nowhere (it lasts as long as the process).
 //!
 //! It is a top-level module, not the managers' own, because what keeps its records here is not
 //! all of the managers: the placement policies (`placement`, shared with the simulator) and the

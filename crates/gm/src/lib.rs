@@ -24,7 +24,8 @@
 //! What they are told at run time (membership, fencing, the REST API's tokens and join tokens
 //! (tokens.rs, joins.rs), the vNodes, cordons, the placement policy) they keep in their state
 //! (splitos-core's `state`, kept.rs): a local file, or etcd when several managers run, one
-//! elected leader (etcd.rs). A restarted manager, or a new leader, resumes with it.
+//! elected leader (election.rs, over etcd: etcd.rs). A restarted manager, or a new leader,
+//! resumes with it (open.rs). Their time is a clock (clock.rs): the host's, or a simulation's.
 //!
 //! Membership (registrations, heartbeats) is in membership.rs, what heartbeats' answers tell of
 //! the cluster in view.rs, how requests are served in serve.rs, the pickers in place.rs, and

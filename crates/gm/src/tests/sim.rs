@@ -15,6 +15,12 @@ use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 
+mod faults;
+mod keeper;
+mod managers;
+use keeper::{Kv, SimKeeper, World};
+use managers::Mgr;
+
 const MANAGERS: usize = 3;
 const PCOMPS: u32 = 3;
 const MCOMPS: u32 = 5;
@@ -32,239 +38,6 @@ const LEASE: Duration = Duration::from_secs(2);
 /// The keeper applies a request up to this long after it was sent: its clock may run ahead
 /// of a manager's by as much (less than the election's margin).
 const KEEPER_LATE: u64 = 150;
-
-/// Who holds what at the keeper, as etcd would.
-struct Kv {
-    /// The keeper's time: never behind the simulation's, at most [`KEEPER_LATE`] ahead.
-    now: Instant,
-    revision: i64,
-    keys: BTreeMap<String, Held>,
-    /// Each lease with when it expires.
-    leases: BTreeMap<i64, Instant>,
-}
-
-impl Kv {
-    /// Moves the keeper's time to `t` (never back), expiring leases and their keys.
-    fn at(&mut self, t: Instant) {
-        self.now = self.now.max(t);
-        let now = self.now;
-        let gone: Vec<i64> = self
-            .leases
-            .iter()
-            .filter(|(_, e)| **e <= now)
-            .map(|(l, _)| *l)
-            .collect();
-        for l in gone {
-            self.leases.remove(&l);
-            self.keys.retain(|_, h| h.lease != l);
-        }
-    }
-
-    fn put(&mut self, key: &str, value: Vec<u8>, lease: i64) {
-        self.revision += 1;
-        let revision = self.keys.get(key).map_or(self.revision, |h| h.revision);
-        self.keys.insert(key.to_string(), Held { value, revision, lease });
-    }
-
-    /// The manager whose term the leader key carries, with a live lease, if any.
-    fn leader(&self) -> Option<(String, i64)> {
-        let h = self.keys.get("leader")?;
-        self.leases
-            .get(&h.lease)
-            .filter(|e| **e > self.now)
-            .map(|_| (String::from_utf8_lossy(&h.value).into_owned(), h.revision))
-    }
-}
-
-/// What the simulation draws from, shared by the keeper's clients (everything runs on one
-/// thread, in one order, so draws made inside the managers' calls replay too).
-struct World {
-    kv: Mutex<Kv>,
-    clock: Arc<Simulated>,
-    rng: Mutex<StdRng>,
-    tally: Mutex<BTreeMap<&'static str, u64>>,
-    /// Set once the faults end: nothing is lost or late any more.
-    calm: AtomicBool,
-}
-
-impl World {
-    fn count(&self, what: &'static str) {
-        *self.tally.lock().unwrap().entry(what).or_default() += 1;
-    }
-
-    /// A fault drawn with odds `n` in `d` (none once calm).
-    fn ratio(&self, n: u32, d: u32) -> bool {
-        !self.calm.load(Relaxed) && self.rng.lock().unwrap().random_ratio(n, d)
-    }
-}
-
-/// One manager's client of the keeper.
-struct SimKeeper {
-    world: Arc<World>,
-    cut: AtomicBool,
-    term: AtomicI64,
-}
-
-impl SimKeeper {
-    /// A request to the keeper: refused while cut off, lost on the way one time in fifty,
-    /// applied up to [`KEEPER_LATE`] ms late, and its answer lost one time in thirty.
-    fn op<T>(&self, f: impl FnOnce(&mut Kv) -> anyhow::Result<T>) -> anyhow::Result<T> {
-        anyhow::ensure!(!self.cut.load(Relaxed), "cut off from the keeper");
-        if self.world.ratio(1, 50) {
-            self.world.count("keeper requests lost");
-            anyhow::bail!("the request to the keeper was lost");
-        }
-        let late = match self.world.calm.load(Relaxed) {
-            true => Duration::ZERO,
-            false => Duration::from_millis(self.world.rng.lock().unwrap().random_range(0..=KEEPER_LATE)),
-        };
-        let r = {
-            let mut kv = self.world.kv.lock().unwrap();
-            kv.at(self.world.clock.now() + late);
-            f(&mut kv)
-        };
-        if self.world.ratio(1, 30) {
-            self.world.count("keeper answers lost");
-            anyhow::bail!("the keeper's answer was lost");
-        }
-        r
-    }
-
-    /// Whether `term` is the leader key's: a state write in another term is refused.
-    fn fenced(kv: &Kv, term: i64) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            term > 0 && kv.keys.get("leader").is_some_and(|h| h.revision == term),
-            "this manager no longer leads (term {term})"
-        );
-        Ok(())
-    }
-}
-
-impl Keeper for SimKeeper {
-    fn grant(&self, ttl: Duration) -> anyhow::Result<i64> {
-        self.op(|kv| {
-            kv.revision += 1;
-            let id = kv.revision;
-            let expires = kv.now + ttl;
-            kv.leases.insert(id, expires);
-            Ok(id)
-        })
-    }
-
-    fn keep_alive(&self, lease: i64) -> anyhow::Result<bool> {
-        self.op(|kv| {
-            let now = kv.now;
-            Ok(kv.leases.get_mut(&lease).map(|e| *e = now + LEASE).is_some())
-        })
-    }
-
-    fn revoke(&self, lease: i64) -> anyhow::Result<()> {
-        self.op(|kv| {
-            kv.leases.remove(&lease);
-            kv.keys.retain(|_, h| h.lease != lease);
-            Ok(())
-        })
-    }
-
-    fn put(&self, key: &str, value: Vec<u8>, lease: Option<i64>) -> anyhow::Result<()> {
-        self.op(|kv| {
-            let lease = lease.unwrap_or(0);
-            anyhow::ensure!(lease == 0 || kv.leases.contains_key(&lease), "no such lease");
-            kv.put(key, value, lease);
-            Ok(())
-        })
-    }
-
-    fn list(&self, prefix: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
-        self.op(|kv| {
-            Ok(kv
-                .keys
-                .range(prefix.to_string()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .map(|(k, h)| (k[prefix.len()..].to_string(), h.value.clone()))
-                .collect())
-        })
-    }
-
-    fn get(&self, key: &str) -> anyhow::Result<Option<Held>> {
-        self.op(|kv| Ok(kv.keys.get(key).cloned()))
-    }
-
-    fn claim(&self, key: &str, value: Vec<u8>, lease: i64) -> anyhow::Result<Claim> {
-        self.op(|kv| {
-            if let Some(h) = kv.keys.get(key) {
-                return Ok(Claim::Held(Some(h.clone())));
-            }
-            anyhow::ensure!(kv.leases.contains_key(&lease), "no such lease");
-            kv.put(key, value, lease);
-            Ok(Claim::Won(kv.revision))
-        })
-    }
-
-    fn delete_if(&self, key: &str, revision: i64) -> anyhow::Result<()> {
-        self.op(|kv| {
-            if kv.keys.get(key).is_some_and(|h| h.revision == revision) {
-                kv.keys.remove(key);
-            }
-            Ok(())
-        })
-    }
-
-    fn put_if(&self, guard: &str, revision: i64, key: &str, value: Vec<u8>, lease: i64) -> anyhow::Result<bool> {
-        self.op(|kv| {
-            if kv.keys.get(guard).is_none_or(|h| h.revision != revision) {
-                return Ok(false);
-            }
-            kv.put(key, value, lease);
-            Ok(true)
-        })
-    }
-
-    fn lead_in(&self, term: i64) {
-        self.term.store(term, Relaxed);
-    }
-}
-
-impl state::Backend for SimKeeper {
-    fn load(&self, table: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
-        self.list(&format!("state/{table}/"))
-    }
-
-    fn put(&self, table: &str, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
-        let term = self.term.load(Relaxed);
-        let key = format!("state/{table}/{key}");
-        self.op(|kv| {
-            SimKeeper::fenced(kv, term)?;
-            match value {
-                Some(v) => kv.put(&key, v.to_vec(), 0),
-                None => {
-                    kv.keys.remove(&key);
-                }
-            }
-            Ok(())
-        })
-    }
-}
-
-/// A manager's process, as the simulator runs it.
-struct Mgr {
-    addr: String,
-    keeper: Arc<SimKeeper>,
-    /// Its election and what answers its address; none while it is down.
-    run: Option<(Arc<Election>, Arc<Manager>)>,
-    lease_taken: bool,
-    next_round: Instant,
-    next_renew: Instant,
-    paused_until: Option<Instant>,
-    down_until: Option<Instant>,
-    /// Heard by the managers it leads now: each component's last heartbeat or registration
-    /// answered, when they opened or took every component for alive after a stall (`fresh`),
-    /// their last heartbeat of all, the mComponents they are detaching.
-    heard: BTreeMap<u32, Instant>,
-    fresh: Instant,
-    last_any: Option<Instant>,
-    detaching: BTreeSet<u32>,
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Up {
@@ -290,6 +63,9 @@ struct Comp {
     left: Option<u32>,
     /// The admin detached it: it is to exit (or crash).
     detaching: bool,
+    /// The managers told it to exit (the answer may have been lost): a new start after that
+    /// is a new member.
+    told_exit: bool,
     /// When answers made from then on must fence it first: the managers announced it lost to
     /// another mComponent, which rebuilds its copies.
     must_fence: Option<Instant>,
@@ -390,6 +166,7 @@ impl Sim {
                 next: start + Duration::from_millis(10 * i as u64),
                 left: None,
                 detaching: false,
+                told_exit: false,
                 must_fence: None,
                 fenced_by: 0,
                 picked: false,
@@ -475,150 +252,6 @@ impl Sim {
         let mut kv = self.world.kv.lock().unwrap();
         kv.at(self.world.clock.now());
         kv.leader()
-    }
-
-    // ---- the managers
-
-    fn start_manager(&mut self, m: usize) {
-        let g = &mut self.mgrs[m];
-        let election = Election::new(
-            g.keeper.clone(),
-            self.key.clone(),
-            &g.addr,
-            LEASE,
-            self.world.clock.clone() as Arc<dyn Clock>,
-        );
-        g.keeper.lead_in(0);
-        let manager = Arc::new(Manager {
-            election: election.clone(),
-            gm: std::sync::OnceLock::new(),
-            store: state::Store::on(g.keeper.clone(), self.key.clone()),
-        });
-        g.run = Some((election, manager));
-        g.lease_taken = false;
-        g.down_until = None;
-        g.next_round = self.world.clock.now();
-    }
-
-    /// The manager's process ends (it steps down, or is killed): a new one starts later.
-    fn end_manager(&mut self, m: usize, why: &str, after: Duration) {
-        let now = self.now();
-        let g = &mut self.mgrs[m];
-        g.run = None;
-        g.keeper.lead_in(0);
-        g.paused_until = None;
-        g.down_until = Some(now + after);
-        let addr = g.addr.clone();
-        self.note("managers ended", format!("manager {addr} ends: {why}"));
-    }
-
-    /// What a manager does in a step: its lease watch, keep-alive and election round.
-    fn manager_step(&mut self, m: usize, seed: u64) {
-        let now = self.now();
-        if self.mgrs[m].down_until.is_some_and(|u| u <= now) {
-            self.start_manager(m);
-        }
-        if self.mgrs[m].paused_until.is_some_and(|u| u > now) {
-            return;
-        }
-        if self.mgrs[m].paused_until.take().is_some() {
-            let addr = self.mgrs[m].addr.clone();
-            self.note("managers resumed", format!("manager {addr} resumes"));
-            // Requests that arrived while it was paused are served before its lease watch
-            // runs: the order in which a resumed process's threads run is not given.
-            self.deliver(seed, Some(m));
-        }
-        let Some((election, _)) = self.mgrs[m].run.clone() else {
-            return;
-        };
-        if !self.mgrs[m].lease_taken {
-            if now >= self.mgrs[m].next_round {
-                match election.take_lease() {
-                    Ok(l) => {
-                        self.mgrs[m].lease_taken = true;
-                        self.mgrs[m].next_renew = now + LEASE / 4;
-                        let addr = self.mgrs[m].addr.clone();
-                        self.note("leases taken", format!("manager {addr} takes lease {l}"));
-                    }
-                    Err(_) => self.mgrs[m].next_round = now + Duration::from_secs(1),
-                }
-            }
-            return;
-        }
-        if !election.lease_alive() {
-            self.end_manager(m, "its lease may have run out", Duration::from_millis(100));
-            return;
-        }
-        if now >= self.mgrs[m].next_renew {
-            match election.renew() {
-                Ok(true) => self.mgrs[m].next_renew = now + LEASE / 4,
-                Ok(false) => return self.end_manager(m, "its lease expired at the keeper", Duration::from_millis(100)),
-                Err(_) => self.mgrs[m].next_renew = now + Duration::from_millis(200),
-            }
-        }
-        if now >= self.mgrs[m].next_round {
-            self.mgrs[m].next_round = now + WATCH;
-            match election.round() {
-                Round::Won => self.lead(m),
-                Round::Deposed => self.end_manager(m, "another manager leads", Duration::from_millis(100)),
-                Round::Same | Round::Unreachable => {}
-            }
-        }
-    }
-
-    /// Manager `m` won: it opens the managers from the keeper's state. One `Gm` a process (its
-    /// placement Ebb has a static id): another manager's, left by a paused leader deposed
-    /// meanwhile, is dropped first, as that process would drop it when it resumes.
-    fn lead(&mut self, m: usize) {
-        for o in (0..MANAGERS).filter(|o| *o != m) {
-            let Some((e, old)) = self.mgrs[o].run.clone() else {
-                continue;
-            };
-            if old.gm.get().is_some() {
-                self.mgrs[o].run = Some((
-                    e.clone(),
-                    Arc::new(Manager {
-                        election: e,
-                        gm: std::sync::OnceLock::new(),
-                        store: old.store.clone(),
-                    }),
-                ));
-            }
-        }
-        let (election, manager) = self.mgrs[m].run.clone().expect("it runs");
-        let store = state::Store::on(self.mgrs[m].keeper.clone(), self.key.clone());
-        let addr = self.mgrs[m].addr.clone();
-        let opened = Gm::open(
-            &self.args,
-            &addr,
-            &self.t,
-            store,
-            Some(election.clone()),
-            self.world.clock.clone() as Arc<dyn Clock>,
-        );
-        match opened {
-            Ok(gm) => {
-                let _ = manager.gm.set(gm);
-                let now = self.now();
-                let g = &mut self.mgrs[m];
-                g.heard.clear();
-                g.fresh = now;
-                g.last_any = Some(now);
-                g.detaching.clear();
-                self.note(
-                    "elections won",
-                    format!("manager {addr} leads in term {}", election.term()),
-                );
-            }
-            Err(e) => {
-                election.revoke();
-                self.end_manager(
-                    m,
-                    &format!("it could not start leading: {e}"),
-                    Duration::from_millis(100),
-                );
-            }
-        }
     }
 
     // ---- the components
@@ -776,6 +409,7 @@ impl Sim {
         }
         if matches!(&answer, Msg::G2X_BEAT(b) if b.exit) {
             self.detached.insert(id);
+            self.comps[c].told_exit = true;
         }
         let cut = self.cut(c, m);
         self.send(
@@ -922,125 +556,6 @@ impl Sim {
             }
             _ => {}
         }
-    }
-
-    // ---- faults
-
-    fn fault(&mut self) {
-        let now = self.now();
-        let (kind, m, c, d) = {
-            let mut r = self.rng();
-            if !r.random_ratio(1, 60) {
-                return;
-            }
-            (
-                r.random_range(0..9u32),
-                r.random_range(0..MANAGERS),
-                r.random_range(0..self.comps.len()),
-                Duration::from_millis(r.random_range(300..=6000)),
-            )
-        };
-        let addr = self.mgrs[m].addr.clone();
-        match kind {
-            0 if self.mgrs[m].run.is_some() => self.end_manager(m, "killed", d),
-            1 if self.mgrs[m].run.is_some() && self.mgrs[m].paused_until.is_none() => {
-                self.mgrs[m].paused_until = Some(now + d);
-                self.note("managers paused", format!("manager {addr} paused for {d:?}"));
-            }
-            2 => {
-                self.mgrs[m].keeper.cut.store(true, Relaxed);
-                self.note(
-                    "managers cut from the keeper",
-                    format!("manager {addr} cut off from the keeper"),
-                );
-            }
-            3 => {
-                self.cuts.insert((c, m), now + d);
-                let id = self.comps[c].id;
-                self.note(
-                    "links cut",
-                    format!("component {id} and manager {addr} cut off for {d:?}"),
-                );
-            }
-            4 if self.comps[c].up == Up::Running && self.crashed() < 2 => {
-                self.comps[c].up = Up::Crashed;
-                self.comps[c].call = None;
-                let id = self.comps[c].id;
-                self.note("components crashed", format!("component {id} crashes"));
-            }
-            5 if self.comps[c].up == Up::Running => {
-                self.comps[c].up = Up::Paused;
-                self.comps[c].paused_until = Some(now + d);
-                let id = self.comps[c].id;
-                self.note("components paused", format!("component {id} paused for {d:?}"));
-            }
-            6 if self.comps[c].up == Up::Crashed => {
-                // A new start: it registers again with the id it had.
-                let k = &mut self.comps[c];
-                k.up = Up::Running;
-                k.registered = false;
-                k.left = None;
-                k.fenced_by = 0;
-                k.next = now;
-                let id = k.id;
-                self.note("components restarted", format!("component {id} starts again"));
-            }
-            7 => self.detach(c),
-            _ => {
-                for g in &self.mgrs {
-                    g.keeper.cut.store(false, Relaxed);
-                }
-            }
-        }
-    }
-
-    fn crashed(&self) -> usize {
-        self.comps.iter().filter(|k| k.up == Up::Crashed).count()
-    }
-
-    /// The admin detaches mComponent `c` through whichever manager leads.
-    fn detach(&mut self, c: usize) {
-        if self.comps[c].role != Role::Mem {
-            return;
-        }
-        let id = self.comps[c].id;
-        let Some(m) = (0..MANAGERS).find(|m| {
-            self.mgrs[*m].paused_until.is_none()
-                && self.mgrs[*m].run.as_ref().is_some_and(|(_, g)| g.leading().is_some())
-        }) else {
-            return;
-        };
-        let gm = self.mgrs[m].run.as_ref().unwrap().1.leading().unwrap().clone();
-        match gm.detach(id, true) {
-            Ok(_) => {
-                self.mgrs[m].detaching.insert(id);
-                self.detached.insert(id);
-                self.comps[c].detaching = true;
-                self.note("detaches started", format!("the admin detaches mComponent {id}"));
-            }
-            Err(e) => self.note("detaches refused", format!("detach of {id} refused: {e}")),
-        }
-    }
-
-    fn heal(&mut self) {
-        let now = self.now();
-        self.cuts.clear();
-        self.world.calm.store(true, Relaxed);
-        for g in &mut self.mgrs {
-            g.keeper.cut.store(false, Relaxed);
-            if g.paused_until.is_some_and(|u| u > now) {
-                g.paused_until = Some(now);
-            }
-        }
-        for k in &mut self.comps {
-            if k.up == Up::Paused {
-                k.paused_until = Some(now);
-            }
-        }
-        self.note(
-            "healed",
-            "the network heals (nothing is lost or late any more); paused processes resume".into(),
-        );
     }
 
     fn step(&mut self, seed: u64, faults: bool) {
