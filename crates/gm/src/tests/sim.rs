@@ -205,6 +205,8 @@ impl Sim {
 
     fn fail(&self, seed: u64, why: String) -> ! {
         let trace = self.trace.join("\n");
+        let at = self.now().duration_since(self.start).as_millis();
+        let why = format!("at {at} ms, {why}");
         panic!("gm simulation seed {seed}: {why}\n(SPLITOS_GM_SIM_FIRST={seed} SPLITOS_GM_SIM_SEEDS=1 replays it)\ntrace:\n{trace}");
     }
 
@@ -407,9 +409,12 @@ impl Sim {
         if matches!(answer, Msg::G2X_BEAT(_) | Msg::G2X_REGISTERED(_)) {
             self.mgrs[m].heard.insert(id, now);
         }
+        // Told to exit, it has left the membership: its detach ended, and a new start at its
+        // address is a new member.
         if matches!(&answer, Msg::G2X_BEAT(b) if b.exit) {
             self.detached.insert(id);
             self.comps[c].told_exit = true;
+            self.mgrs[m].detaching.remove(&id);
         }
         let cut = self.cut(c, m);
         self.send(
