@@ -59,6 +59,7 @@ impl Sim {
                 // Its detach goes on, unless the managers had told it to exit already.
                 k.detaching &= !k.told_exit;
                 k.told_exit = false;
+                k.first_call = self.order + 1;
                 k.fenced_by = 0;
                 k.next = now;
                 let id = k.id;
