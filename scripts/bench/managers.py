@@ -14,10 +14,15 @@ plus one second. Each size runs --reps times, sizes in a fresh random order each
 medians with their spread. The simulated components run on the same machine as the managers
 and compete with them for its cores.
 
+Each size also runs in the simulator (`splitos bench-managers --simulated`): the same managers'
+code in one process, in simulated time, with the components played beside it and the state in
+memory, so that the managers' own work is measured apart from the transport, etcd and the
+load generator. --only-simulated runs just those and keeps the last over-the-wire results.
+
 Writes results/managers.json, docs/managers-scale.png and the "managers-scale" section of
 docs/benchmarks.md.
 
-    python3 scripts/bench/managers.py [--reps 3] [--sizes 1000,2500,5000,10000] [--seconds 20]
+    python3 scripts/bench/managers.py [--reps 3] [--sizes 1000,2500,5000,10000] [--seconds 20] [--only-simulated]
 """
 import argparse
 import json
@@ -90,6 +95,13 @@ def one(tmp, n, seconds):
         shutil.rmtree(state, ignore_errors=True)
 
 
+def simulated(n, seconds):
+    """One run at `n` components in the simulator."""
+    env = dict(os.environ, SPLITOS_LOG="warn")
+    return json.loads(run([SPLITOS, "bench-managers", "--simulated", "--components", str(n),
+                           "--hosts", str(max(1, n // 10)), "--seconds", str(seconds)], env))
+
+
 def med(runs, f):
     xs = [f(r) for r in runs]
     xs = [x for x in xs if x is not None]
@@ -112,14 +124,16 @@ def plot(res, path):
     sizes = sorted(res["sizes"], key=int)
     xs = [int(s) for s in sizes]
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    cpu = [med(res["sizes"][s], lambda r: r["gm"]["cpu_percent_of_one_core"]) for s in sizes]
-    ax[0].errorbar(xs, [c[0] for c in cpu], yerr=[[c[0] - c[1] for c in cpu], [c[2] - c[0] for c in cpu]], marker="o")
+    for key, label in (("sizes", "over the wire (etcd, TCP)"), ("simulated", "in the simulator")):
+        cpu = [med(res[key][s], lambda r: r["gm"]["cpu_percent_of_one_core"]) for s in sizes]
+        ax[0].errorbar(xs, [c[0] for c in cpu], yerr=[[c[0] - c[1] for c in cpu], [c[2] - c[0] for c in cpu]], marker="o", label=label)
     ax[0].axhline(20, color="grey", ls="--", label="goal: 20% of one core")
     ax[0].set(xlabel="components", ylabel="managers' CPU, % of one core", title="CPU")
     ax[0].legend()
     for key, label in (("beats", "heartbeat"), ("home", "placement: home"), ("owner", "placement: owner")):
         get = (lambda r: r["beats"]["latency"]["p99_us"]) if key == "beats" else (lambda r, k=key: r["picks"][k]["p99_us"])
         ax[1].plot(xs, [med(res["sizes"][s], get)[0] for s in sizes], marker="o", label=label)
+        ax[1].plot(xs, [med(res["simulated"][s], get)[0] for s in sizes], marker="o", ls="--", label=label + " (simulator)")
     ax[1].set(xlabel="components", ylabel="p99 latency (us)", yscale="log", title="Decisions")
     ax[1].legend()
     fo = [med(res["sizes"][s], lambda r: max(r["failover"]["delays_ms"] or [None]) if r["failover"]["delays_ms"] else None) for s in sizes]
@@ -162,6 +176,28 @@ def report(res):
             fmt(med(runs, lambda r: max(r["failover"]["delays_ms"]) if r["failover"]["delays_ms"] else None), 0),
             fmt(med(runs, lambda r: r["wrongly_lost"]), 0),
         ]) + " |")
+    lines += [
+        "",
+        f"In the simulator (`splitos bench-managers --simulated`, run {res['sim_reps']} times per size beside the above): the same managers' code in one process, "
+        "in simulated time, the components played beside it and the state in memory, so that only the managers' own work is timed "
+        "(the time each request took them, on the host's clock); no transport, etcd or load generator shares the core.",
+        "",
+        "| components | managers' CPU (% of one core) | state writes/s | heartbeat p50 / p99 (us) | home p50 / p99 (us) | owner p50 / p99 (us) | failover, slowest (ms) | wrongly lost |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in sizes:
+        runs = res["simulated"][s]
+        pair = lambda f, g: f"{med(runs, f)[0]:.1f} / {med(runs, g)[0]:.1f}"
+        lines.append("| " + " | ".join([
+            s,
+            fmt(med(runs, lambda r: r["gm"]["cpu_percent_of_one_core"])),
+            fmt(med(runs, lambda r: r["gm"]["state_writes_per_s"]), 2),
+            pair(lambda r: r["beats"]["latency"]["p50_us"], lambda r: r["beats"]["latency"]["p99_us"]),
+            pair(lambda r: r["picks"]["home"]["p50_us"], lambda r: r["picks"]["home"]["p99_us"]),
+            pair(lambda r: r["picks"]["owner"]["p50_us"], lambda r: r["picks"]["owner"]["p99_us"]),
+            fmt(med(runs, lambda r: max(r["failover"]["delays_ms"]) if r["failover"]["delays_ms"] else None), 0),
+            fmt(med(runs, lambda r: r["wrongly_lost"]), 0),
+        ]) + " |")
     lines += ["", "![managers at scale](managers-scale.png)"]
     return lines
 
@@ -172,20 +208,37 @@ def main():
     ap.add_argument("--sizes", default="1000,2500,5000,10000")
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--no-doc", action="store_true", help="print the report; leave results/ and docs/ alone")
+    ap.add_argument("--only-simulated", action="store_true",
+                    help="run only the simulator's runs; the over-the-wire results are the last ones in results/managers.json")
     a = ap.parse_args()
     ensure_env()
     sizes = [int(s) for s in a.sizes.split(",")]
-    res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": a.reps, "seconds": a.seconds,
-           "picks_per_s": 50, "reclaim_dead_ms": RECLAIM_DEAD_MS, "sizes": {str(n): [] for n in sizes}}
+    saved = os.path.join(ROOT, "results", "managers.json")
+    if a.only_simulated:
+        res = json.load(open(saved))
+        res["load_before"] = os.getloadavg()[0]
+        missing = [n for n in sizes if str(n) not in res["sizes"]]
+        if missing:
+            sys.exit(f"--only-simulated: {saved} has no over-the-wire runs of {missing} components")
+    else:
+        res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": a.reps, "seconds": a.seconds,
+               "picks_per_s": 50, "reclaim_dead_ms": RECLAIM_DEAD_MS, "sizes": {str(n): [] for n in sizes}}
+    res["simulated"] = {str(n): [] for n in sizes}
+    res["sim_reps"] = a.reps
     with tempfile.TemporaryDirectory(prefix="splitos-managers-") as tmp:
         for rep in range(a.reps):
             for n in random.sample(sizes, len(sizes)):
                 t0 = time.monotonic()
-                r = one(tmp, n, a.seconds)
-                res["sizes"][str(n)].append(r)
-                print(f"rep {rep + 1}, {n} components: managers' CPU {r['gm']['cpu_percent_of_one_core']:.1f}% of a core, "
-                      f"beats {r['beats']['per_s']:.0f}/s of {r['beats']['expected_per_s']:.0f}, wrongly lost {r['wrongly_lost']}, "
-                      f"failover {r['failover']['delays_ms']} ms, errors {r['errors']} ({time.monotonic() - t0:.0f} s)", flush=True)
+                if not a.only_simulated:
+                    r = one(tmp, n, a.seconds)
+                    res["sizes"][str(n)].append(r)
+                    print(f"rep {rep + 1}, {n} components: managers' CPU {r['gm']['cpu_percent_of_one_core']:.1f}% of a core, "
+                          f"beats {r['beats']['per_s']:.0f}/s of {r['beats']['expected_per_s']:.0f}, wrongly lost {r['wrongly_lost']}, "
+                          f"failover {r['failover']['delays_ms']} ms, errors {r['errors']} ({time.monotonic() - t0:.0f} s)", flush=True)
+                r = simulated(n, a.seconds)
+                res["simulated"][str(n)].append(r)
+                print(f"rep {rep + 1}, {n} components in the simulator: managers' CPU {r['gm']['cpu_percent_of_one_core']:.2f}% of a core, "
+                      f"wrongly lost {r['wrongly_lost']}, failover {r['failover']['delays_ms']} ms, errors {r['errors']} ({r['wall_s']:.0f} s)", flush=True)
     res["load_after"] = os.getloadavg()[0]
     lines = report(res)
     if not a.no_doc:

@@ -51,6 +51,12 @@ const SIGNED_V1: u8 = 1;
 const TAG: usize = 32;
 
 impl StateKey {
+    /// A key of this process alone, for a state that lives no longer than it (a simulation).
+    pub fn ephemeral() -> anyhow::Result<StateKey> {
+        let secret = splitos_rpc::auth::random::<32>().map_err(|e| anyhow::anyhow!("a state key: {e}"))?;
+        Ok(StateKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret)))
+    }
+
     /// The key kept at `path`; made there (mode 0600) when it is missing and `create`.
     pub fn at(path: &Path, create: bool) -> anyhow::Result<StateKey> {
         let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("the managers' state key {}: {e}", path.display());

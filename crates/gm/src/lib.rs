@@ -48,6 +48,7 @@ mod membership;
 mod open;
 pub use membership::forget_components;
 mod place;
+pub mod scale;
 mod serve;
 use serve::{from_memory, server_config};
 pub mod series;

@@ -22,11 +22,11 @@ struct Rig {
     _turn: std::sync::MutexGuard<'static, ()>,
 }
 
-static TURNS: Mutex<()> = Mutex::new(());
+pub(crate) static TURNS: Mutex<()> = Mutex::new(());
 
 impl Rig {
     fn new(cluster: impl FnOnce(&mut splitos_core::config::GmConfig)) -> Rig {
-        let mut args = GmArgs::for_test();
+        let mut args = GmArgs::defaults();
         cluster(&mut args.cluster);
         let t = args.process.transport.build(None).unwrap();
         Rig::on(args, t)
@@ -38,7 +38,7 @@ impl Rig {
             calls: Mutex::default(),
             answer: Box::new(answer),
         });
-        (Rig::on(GmArgs::for_test(), comps.clone()), comps)
+        (Rig::on(GmArgs::defaults(), comps.clone()), comps)
     }
 
     fn on(args: GmArgs, t: Arc<dyn Transport>) -> Rig {

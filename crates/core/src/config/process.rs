@@ -121,9 +121,9 @@ pub struct GmArgs {
 }
 
 impl GmArgs {
-    /// What `splitos gm` with no option starts with: for the managers' in-process tests.
-    #[cfg(any(test, feature = "test-support"))]
-    pub fn for_test() -> GmArgs {
+    /// What `splitos gm` with no option starts with: for the managers' in-process tests and
+    /// their simulation.
+    pub fn defaults() -> GmArgs {
         #[derive(clap::Parser)]
         struct Gm {
             #[command(flatten)]

@@ -665,7 +665,7 @@ fn seeded_faults_never_give_two_leaders_an_answer_from_a_lapsed_lease_nor_a_lost
     let _turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let key = state::StateKey::at(&dir.path().join("state.key"), true).unwrap();
-    let mut args = GmArgs::for_test();
+    let mut args = GmArgs::defaults();
     args.cluster.replication = Some(Replication::Replica);
     let t = args.process.transport.build(None).unwrap();
     let (first, seeds) = (env("SPLITOS_GM_SIM_FIRST", 0), env("SPLITOS_GM_SIM_SEEDS", 2000));

@@ -25,11 +25,17 @@ use splitos_rpc::{Load, Role, Rpc, TransportConfig, M2G_PICK_OWNER, P2G_PICK_HOM
 #[derive(clap::Args, Debug, Clone)]
 pub struct ManagersArgs {
     /// The global managers to load: their RPC address.
-    #[arg(long)]
-    pub gm: String,
+    #[arg(long, required_unless_present = "simulated")]
+    pub gm: Option<String>,
     /// Their process id, whose CPU time and resident memory are read from /proc.
-    #[arg(long)]
-    pub gm_pid: u32,
+    #[arg(long, required_unless_present = "simulated")]
+    pub gm_pid: Option<u32>,
+    /// Run the managers in this process, in simulated time, with the components played
+    /// beside them (no transport, no etcd: their state in memory, its writes counted): what
+    /// the managers' own work costs, apart from what shares the cores with them. The
+    /// managers' CPU is the time their requests took in the window.
+    #[arg(long, conflicts_with_all = ["gm", "gm_pid", "connections"])]
+    pub simulated: bool,
     /// Components simulated, spread evenly over --hosts: one pComponent per host, one
     /// sComponent on every tenth host, mComponents for the rest.
     #[arg(long, default_value_t = 10_000)]
@@ -199,6 +205,9 @@ impl Seen {
 
 struct Plan {
     args: ManagersArgs,
+    /// The managers' address and process id.
+    gm: String,
+    gm_pid: u32,
     rpcs: Vec<Rpc>,
     ids: Vec<AtomicU32>,
     /// The components that fall silent halfway through the window.
@@ -277,7 +286,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                     ebbs: Vec::new(),
                     fenced_by: 0,
                 };
-                match rpc.call(&a.gm, reg) {
+                match rpc.call(&plan.gm, reg) {
                     Ok(r) => {
                         plan.ids[i].store(r.id, Ordering::Relaxed);
                         let _ = register.record(t0.elapsed().as_nanos() as u64);
@@ -299,7 +308,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                 ebbs: Vec::new(),
                 fenced_by: 0,
             };
-            let answer = rpc.call(&a.gm, beat);
+            let answer = rpc.call(&plan.gm, beat);
             let at = Instant::now();
             let answer = match answer {
                 Ok(b) => b,
@@ -369,7 +378,7 @@ fn picker(plan: &Plan, rpc: &Rpc, seen: &Seen) -> (Histogram<u64>, Histogram<u64
         let t0 = Instant::now();
         let (done, h) = if n % 2 == 0 {
             let r = rpc.call(
-                &a.gm,
+                &plan.gm,
                 P2G_PICK_HOME {
                     vnode: "default".into(),
                     pcomp: near,
@@ -378,7 +387,7 @@ fn picker(plan: &Plan, rpc: &Rpc, seen: &Seen) -> (Histogram<u64>, Histogram<u64
             (r.map(drop), &mut home)
         } else {
             let r = rpc.call(
-                &a.gm,
+                &plan.gm,
                 M2G_PICK_OWNER {
                     bytes: 1 << 20,
                     exclude: Vec::new(),
@@ -398,8 +407,25 @@ fn picker(plan: &Plan, rpc: &Rpc, seen: &Seen) -> (Histogram<u64>, Histogram<u64
 }
 
 /// Runs the simulation against the managers at `args.gm`, proving the admin's credentials in
-/// `admin`, and prints what was measured as JSON.
+/// `admin` (or, `--simulated`, the managers in this process in simulated time), and prints
+/// what was measured as JSON.
 pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
+    if args.simulated {
+        let out = splitos_gm::scale::run(&splitos_gm::scale::Scale {
+            components: args.components,
+            hosts: args.hosts,
+            seconds: args.seconds,
+            picks_per_s: args.picks_per_s,
+            registrations_per_s: args.registrations_per_s,
+            fail: args.fail,
+            seed: rand::rng().random(),
+        })?;
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let (Some(gm), Some(gm_pid)) = (args.gm.clone(), args.gm_pid) else {
+        anyhow::bail!("--gm and --gm-pid name the managers to load (or --simulated runs them here)");
+    };
     if args.components == 0 || args.hosts == 0 || args.hosts > args.components {
         anyhow::bail!("--hosts must be between 1 and --components ({})", args.components);
     }
@@ -410,7 +436,7 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
         0 => args.hosts,
         c => c.min(args.hosts),
     };
-    cpu_s(args.gm_pid)?;
+    cpu_s(gm_pid)?;
     let creds = splitos_core::node::credentials(admin, Role::Admin)?;
     // The components it plays are on other hosts: TCP, never this host's shared memory.
     let t = TransportConfig {
@@ -438,6 +464,8 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
     let plan = Plan {
         ids: (0..args.components).map(|_| AtomicU32::new(0)).collect(),
         args,
+        gm,
+        gm_pid,
         rpcs,
         failing,
         start: Instant::now(),
@@ -445,7 +473,7 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
     };
     let seen = Seen::default();
     let senders = SENDERS.min(plan.rpcs.len());
-    let cpu_before_registering = cpu_s(plan.args.gm_pid)?;
+    let cpu_before_registering = cpu_s(plan.gm_pid)?;
     let out = std::thread::scope(|s| -> anyhow::Result<serde_json::Value> {
         let workers: Vec<_> = (0..senders)
             .map(|t| {
@@ -470,23 +498,23 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(20));
         }
         let registered_s = plan.start.elapsed().as_secs_f64();
-        let registering_cpu = cpu_s(plan.args.gm_pid)? - cpu_before_registering;
+        let registering_cpu = cpu_s(plan.gm_pid)? - cpu_before_registering;
         plan.open_ms
             .store((plan.start.elapsed() + WARMUP).as_millis() as u64, Ordering::Relaxed);
         let (open, close) = plan.window().expect("just opened");
         std::thread::sleep(open.saturating_duration_since(Instant::now()));
         let (cpu0, own0, writes0, t0) = (
-            cpu_s(plan.args.gm_pid)?,
+            cpu_s(plan.gm_pid)?,
             cpu_s(std::process::id())?,
-            state_writes(&control, &plan.args.gm),
+            state_writes(&control, &plan.gm),
             Instant::now(),
         );
         let (home, owner) = picker(&plan, &control, &seen);
         std::thread::sleep(close.saturating_duration_since(Instant::now()));
         let (cpu1, own1, writes1) = (
-            cpu_s(plan.args.gm_pid)?,
+            cpu_s(plan.gm_pid)?,
             cpu_s(std::process::id())?,
-            state_writes(&control, &plan.args.gm),
+            state_writes(&control, &plan.gm),
         );
         // As long as it took: the last placement question may end after the window.
         let window_s = t0.elapsed().as_secs_f64();
@@ -517,8 +545,8 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
             },
             "gm": {
                 "cpu_percent_of_one_core": (cpu1 - cpu0) / window_s * 100.0,
-                "rss_mib": status_field(a.gm_pid, "VmRSS").map(|kb| kb as f64 / 1024.0),
-                "threads": status_field(a.gm_pid, "Threads"),
+                "rss_mib": status_field(plan.gm_pid, "VmRSS").map(|kb| kb as f64 / 1024.0),
+                "threads": status_field(plan.gm_pid, "Threads"),
                 "state_writes_per_s": writes0.zip(writes1).map(|(w0, w1)| (w1 - w0) / window_s),
             },
             "simulation_cpu_percent_of_one_core": (own1 - own0) / window_s * 100.0,

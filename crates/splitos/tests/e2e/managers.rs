@@ -462,3 +462,33 @@ fn the_rest_api_and_the_dashboard_follow_the_leader_when_it_is_killed() {
         "{text_status}"
     );
 }
+
+/// `splitos bench-managers --simulated` runs the real managers in its own process, in simulated
+/// time, under the components it plays: every component registers and heartbeats, the failed
+/// mComponent is named lost after the silence limit, no other is; asked for managers to load
+/// as well, it refuses.
+#[test]
+fn bench_managers_simulated_runs_the_real_managers_in_simulated_time() {
+    let out = std::process::Command::new(splitos())
+        .args(["bench-managers", "--simulated", "--components", "200", "--hosts", "20"])
+        .args(["--seconds", "10", "--fail", "1", "--picks-per-s", "10"])
+        .env("SPLITOS_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["simulated"], true);
+    assert_eq!(r["register"]["latency"]["n"], 200, "{r}");
+    assert_eq!(r["failover"]["named_lost"], 1, "{r}");
+    assert_eq!(r["wrongly_lost"], 0, "{r}");
+    assert!(r["beats"]["per_s"].as_f64().unwrap() > 600.0, "{r}");
+    let both = std::process::Command::new(splitos())
+        .args(["bench-managers", "--simulated", "--gm", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!both.status.success());
+    assert!(
+        String::from_utf8_lossy(&both.stderr).contains("cannot be used with"),
+        "{both:?}"
+    );
+}
