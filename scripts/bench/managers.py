@@ -130,14 +130,15 @@ def plot(res, path):
     ax[0].axhline(20, color="grey", ls="--", label="goal: 20% of one core")
     ax[0].set(xlabel="components", ylabel="managers' CPU, % of one core", title="CPU")
     ax[0].legend()
-    for key, label in (("beats", "heartbeat"), ("home", "placement: home"), ("owner", "placement: owner")):
+    for i, (key, label) in enumerate((("beats", "heartbeat"), ("home", "placement: home"), ("owner", "placement: owner"))):
         get = (lambda r: r["beats"]["latency"]["p99_us"]) if key == "beats" else (lambda r, k=key: r["picks"][k]["p99_us"])
-        ax[1].plot(xs, [med(res["sizes"][s], get)[0] for s in sizes], marker="o", label=label)
-        ax[1].plot(xs, [med(res["simulated"][s], get)[0] for s in sizes], marker="o", ls="--", label=label + " (simulator)")
+        ax[1].plot(xs, [med(res["sizes"][s], get)[0] for s in sizes], marker="o", color=f"C{i}", label=label)
+        ax[1].plot(xs, [med(res["simulated"][s], get)[0] for s in sizes], marker="o", ls="--", color=f"C{i}", label=label + " (simulator)")
     ax[1].set(xlabel="components", ylabel="p99 latency (us)", yscale="log", title="Decisions")
     ax[1].legend()
-    fo = [med(res["sizes"][s], lambda r: max(r["failover"]["delays_ms"] or [None]) if r["failover"]["delays_ms"] else None) for s in sizes]
-    ax[2].plot(xs, [f[0] for f in fo], marker="o", label="slowest of 4 named lost")
+    for key, label, ls in (("sizes", "over the wire", "-"), ("simulated", "in the simulator", "--")):
+        fo = [med(res[key][s], lambda r: max(r["failover"]["delays_ms"]) if r["failover"]["delays_ms"] else None) for s in sizes]
+        ax[2].plot(xs, [f[0] for f in fo], marker="o", ls=ls, label=f"slowest of 4 named lost, {label}")
     ax[2].axhline(RECLAIM_DEAD_MS + 1000, color="grey", ls="--", label="goal: silence limit + 1 s")
     ax[2].set(xlabel="components", ylabel="ms after its last answered heartbeat", title="Failover")
     ax[2].legend()
